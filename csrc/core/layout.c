@@ -1,0 +1,232 @@
+/* Layout math: validation of (shape, mesh, placements) and the box each mesh
+ * coordinate owns. Nothing here touches MPI, so any rank can answer for any other. */
+#include <assert.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core-private.h"
+#include "mpitensor/layout.h"
+#include "mpitensor/status.h"
+
+/* "dim" or "dims", so messages read naturally for 1-d tensors. */
+static const char *dims_word(int n) { return n == 1 ? "dim" : "dims"; }
+
+void mt_chunk(int64_t n, int64_t k, int64_t i, int64_t *size, int64_t *offset) {
+  assert(n >= 0 && k >= 1 && i >= 0 && i < k);
+  /* ceil(n / k) without forming n + k - 1, which could overflow. */
+  int64_t chunk = n / k + (n % k != 0);
+  /* i > n / chunk implies i * chunk > n, so the product is only formed when it
+   * cannot overflow. */
+  if (chunk == 0 || i > n / chunk || i * chunk == n) {
+    *size = 0;
+    *offset = n;
+    return;
+  }
+  int64_t start = i * chunk;
+  *size = n - start < chunk ? n - start : chunk;
+  *offset = start;
+}
+
+/* Checks a tensor's rank and sizes; `shape` may be NULL only for a 0-d tensor. */
+static int check_tensor(int ndim, const int64_t *shape, mt_error *err) {
+  if (ndim < 0 || ndim > MT_MAX_NDIM)
+    return mt__fail(err, MT_EINVAL, "A tensor may have 0 to %d dims, got %d",
+                    MT_MAX_NDIM, ndim);
+  if (ndim > 0 && shape == NULL)
+    return mt__fail(err, MT_EINVAL, "The shape of a %d-dim tensor is missing (NULL)",
+                    ndim);
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] < 0)
+      return mt__fail(err, MT_EINVAL,
+                      "Tensor dim %d has size %" PRId64 "; sizes must be >= 0", d,
+                      shape[d]);
+  }
+  return MT_OK;
+}
+
+/* Global flat indices are int64, so a tensor whose element count does not fit
+ * could not be indexed, drawn from or planned for; reject it up front. */
+static int check_numel(int ndim, const int64_t *shape, mt_error *err) {
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] == 0) return MT_OK;
+  }
+  for (int d = 0; d < ndim; ++d) {
+    if (numel > INT64_MAX / shape[d])
+      return mt__fail(err, MT_EOVERFLOW,
+                      "The tensor has more than %" PRId64 " elements", INT64_MAX);
+    numel *= shape[d];
+  }
+  return MT_OK;
+}
+
+/* Checks the placement of mesh dim `m` against a tensor of `ndim` dims. */
+static int check_placement(int ndim, int m, const mt_placement *p, mt_error *err) {
+  switch (p->kind) {
+    case MT_PLACEMENT_REPLICATE:
+      return MT_OK;
+    case MT_PLACEMENT_SHARD:
+      if (p->dim < 0 || p->dim >= ndim)
+        return mt__fail(err, MT_EINDEX,
+                        "Shard(dim=%d) on mesh dim %d is out of range for a tensor "
+                        "with %d %s",
+                        p->dim, m, ndim, dims_word(ndim));
+      return MT_OK;
+    case MT_PLACEMENT_PARTIAL:
+      if (p->reduce_op < 0 || p->reduce_op >= MT_REDUCE_COUNT)
+        return mt__fail(err, MT_EINVAL,
+                        "Partial on mesh dim %d has unknown reduce op %d", m,
+                        p->reduce_op);
+      return MT_OK;
+    default:
+      return mt__fail(err, MT_EINVAL,
+                      "Placement kind %d on mesh dim %d is not Replicate (0), "
+                      "Shard (1) or Partial (2)",
+                      p->kind, m);
+  }
+}
+
+/* Checks a mesh shape and its placements for a tensor of `ndim` dims. */
+static int check_mesh(int ndim, int mesh_ndim, const int64_t *mesh_shape,
+                      const mt_placement *placements, mt_error *err) {
+  if (mesh_ndim < 1 || mesh_ndim > MT_MAX_MESH_NDIM)
+    return mt__fail(err, MT_EINVAL, "A mesh may have 1 to %d dims, got %d",
+                    MT_MAX_MESH_NDIM, mesh_ndim);
+  if (mesh_shape == NULL || placements == NULL)
+    return mt__fail(err, MT_EINVAL,
+                    "The mesh shape and the placements (one per mesh dim) are "
+                    "required");
+  for (int m = 0; m < mesh_ndim; ++m) {
+    if (mesh_shape[m] < 1)
+      return mt__fail(err, MT_EINVAL,
+                      "Mesh dim %d has size %" PRId64 "; sizes must be >= 1", m,
+                      mesh_shape[m]);
+    int rc = check_placement(ndim, m, &placements[m], err);
+    if (rc != MT_OK) return rc;
+  }
+  return MT_OK;
+}
+
+int mt_layout_init(mt_layout *out, int ndim, const int64_t *shape, int mesh_ndim,
+                   const int64_t *mesh_shape, const mt_placement *placements,
+                   mt_error *err) {
+  if (out == NULL) return mt__fail(err, MT_EINVAL, "The output layout is NULL");
+  int rc = check_tensor(ndim, shape, err);
+  if (rc == MT_OK) rc = check_numel(ndim, shape, err);
+  if (rc == MT_OK) rc = check_mesh(ndim, mesh_ndim, mesh_shape, placements, err);
+  if (rc != MT_OK) return rc;
+  /* Zero the unused tails so two equal layouts are also equal byte for byte. */
+  mt_layout l;
+  memset(&l, 0, sizeof l);
+  l.ndim = ndim;
+  if (ndim > 0) memcpy(l.shape, shape, (size_t)ndim * sizeof *shape);
+  l.mesh_ndim = mesh_ndim;
+  memcpy(l.mesh_shape, mesh_shape, (size_t)mesh_ndim * sizeof *mesh_shape);
+  memcpy(l.placements, placements, (size_t)mesh_ndim * sizeof *placements);
+  *out = l;
+  return MT_OK;
+}
+
+/* A layout is plain data the caller may have filled by hand, so it is checked
+ * again before it steers any array index. */
+static int check_layout(const mt_layout *layout, mt_error *err) {
+  int rc = check_tensor(layout->ndim, layout->shape, err);
+  if (rc != MT_OK) return rc;
+  return check_mesh(layout->ndim, layout->mesh_ndim, layout->mesh_shape,
+                    layout->placements, err);
+}
+
+int mt_layout_local_box(const mt_layout *layout, const int64_t *coord, mt_box *out,
+                        mt_error *err) {
+  if (layout == NULL || coord == NULL || out == NULL)
+    return mt__fail(err, MT_EINVAL,
+                    "The layout, coordinate and output box are required");
+  int rc = check_layout(layout, err);
+  if (rc != MT_OK) return rc;
+  for (int m = 0; m < layout->mesh_ndim; ++m) {
+    if (coord[m] < 0 || coord[m] >= layout->mesh_shape[m])
+      return mt__fail(err, MT_EINDEX,
+                      "Coordinate %" PRId64 " on mesh dim %d is out of range for "
+                      "its size %" PRId64,
+                      coord[m], m, layout->mesh_shape[m]);
+  }
+  /* No error can happen past this point, so `out` is written in place. */
+  int ndim = layout->ndim;
+  out->ndim = ndim;
+  for (int d = 0; d < MT_MAX_NDIM; ++d) {
+    out->offset[d] = 0;
+    out->shape[d] = d < ndim ? layout->shape[d] : 0;
+  }
+  for (int m = 0; m < layout->mesh_ndim; ++m) {
+    const mt_placement *p = &layout->placements[m];
+    if (p->kind != MT_PLACEMENT_SHARD) continue;
+    int64_t size, offset;
+    mt_chunk(out->shape[p->dim], layout->mesh_shape[m], coord[m], &size, &offset);
+    out->offset[p->dim] += offset;
+    out->shape[p->dim] = size;
+  }
+  /* Where an empty shard starts is arbitrary; the global size keeps it
+   * inside [0, size] and identical on every rank that holds nothing. */
+  for (int d = 0; d < ndim; ++d) {
+    if (out->shape[d] == 0) out->offset[d] = layout->shape[d];
+  }
+  return MT_OK;
+}
+
+int mt_layout_even_global_shape(int ndim, const int64_t *local_shape, int mesh_ndim,
+                                const int64_t *mesh_shape,
+                                const mt_placement *placements, int64_t *global_shape,
+                                mt_error *err) {
+  int rc = check_tensor(ndim, local_shape, err);
+  if (rc == MT_OK) rc = check_mesh(ndim, mesh_ndim, mesh_shape, placements, err);
+  if (rc != MT_OK) return rc;
+  if (ndim > 0 && global_shape == NULL)
+    return mt__fail(err, MT_EINVAL, "The output global shape is NULL");
+  int64_t shape[MT_MAX_NDIM];
+  for (int d = 0; d < ndim; ++d) shape[d] = local_shape[d];
+  for (int m = 0; m < mesh_ndim; ++m) {
+    if (placements[m].kind != MT_PLACEMENT_SHARD) continue;
+    int d = placements[m].dim;
+    if (shape[d] > INT64_MAX / mesh_shape[m])
+      return mt__fail(err, MT_EOVERFLOW,
+                      "Global size of dim %d overflows int64 when Shard(dim=%d) on "
+                      "mesh dim %d multiplies it by %" PRId64,
+                      d, d, m, mesh_shape[m]);
+    shape[d] *= mesh_shape[m];
+  }
+  for (int d = 0; d < ndim; ++d) global_shape[d] = shape[d];
+  return MT_OK;
+}
+
+int64_t mt_box_numel(const mt_box *box) {
+  assert(box != NULL && box->ndim >= 0 && box->ndim <= MT_MAX_NDIM);
+  /* An empty dim makes the box empty however large the others are, so test for it
+   * before multiplying. */
+  for (int d = 0; d < box->ndim; ++d) {
+    if (box->shape[d] == 0) return 0;
+  }
+  int64_t numel = 1;
+  for (int d = 0; d < box->ndim; ++d) numel *= box->shape[d];
+  return numel;
+}
+
+int mt_box_intersect(const mt_box *a, const mt_box *b, mt_box *out) {
+  assert(a != NULL && b != NULL && out != NULL);
+  /* Boxes of different ranks share no element; there is no error channel here. */
+  if (a->ndim != b->ndim) return 0;
+  mt_box r;
+  memset(&r, 0, sizeof r);
+  r.ndim = a->ndim;
+  for (int d = 0; d < a->ndim; ++d) {
+    int64_t lo = a->offset[d] > b->offset[d] ? a->offset[d] : b->offset[d];
+    int64_t a_hi = a->offset[d] + a->shape[d];
+    int64_t b_hi = b->offset[d] + b->shape[d];
+    int64_t hi = a_hi < b_hi ? a_hi : b_hi;
+    if (hi <= lo) return 0;
+    r.offset[d] = lo;
+    r.shape[d] = hi - lo;
+  }
+  *out = r;
+  return 1;
+}

@@ -1,0 +1,44 @@
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "core-private.h"
+#include "mpitensor/status.h"
+
+const char *mt_strerror(int code) {
+  switch (code) {
+    case MT_OK:
+      return "success";
+#define MT__ERRNO_TEXT(name, value, text) \
+  case MT_##name:                         \
+    return text;
+      MT_ERRNO_MAP(MT__ERRNO_TEXT)
+#undef MT__ERRNO_TEXT
+    default:
+      return "unknown error";
+  }
+}
+
+const char *mt_status_name(int code) {
+  switch (code) {
+    case MT_OK:
+      return "MT_OK";
+#define MT__ERRNO_NAME(name, value, text) \
+  case MT_##name:                         \
+    return "MT_" #name;
+      MT_ERRNO_MAP(MT__ERRNO_NAME)
+#undef MT__ERRNO_NAME
+    default:
+      return "MT_UNKNOWN";
+  }
+}
+
+int mt__fail(mt_error *err, int code, const char *fmt, ...) {
+  if (err != NULL) {
+    va_list ap;
+    va_start(ap, fmt);
+    err->code = code;
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}

@@ -1,0 +1,43 @@
+/* Element types the core knows, as plain codes with their sizes. */
+#ifndef MPITENSOR_DTYPE_H
+#define MPITENSOR_DTYPE_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_DTYPE_MAP(X)            \
+  X(BOOL, 1, "bool")               \
+  X(INT8, 1, "int8")               \
+  X(INT16, 2, "int16")             \
+  X(INT32, 4, "int32")             \
+  X(INT64, 8, "int64")             \
+  X(UINT8, 1, "uint8")             \
+  X(UINT16, 2, "uint16")           \
+  X(UINT32, 4, "uint32")           \
+  X(UINT64, 8, "uint64")           \
+  X(FLOAT16, 2, "float16")         \
+  X(FLOAT32, 4, "float32")         \
+  X(FLOAT64, 8, "float64")         \
+  X(COMPLEX64, 8, "complex64")     \
+  X(COMPLEX128, 16, "complex128")
+
+typedef enum mt_dtype {
+#define MT__DTYPE_ENUM(name, size, text) MT_DTYPE_##name,
+  MT_DTYPE_MAP(MT__DTYPE_ENUM)
+#undef MT__DTYPE_ENUM
+  MT_DTYPE_COUNT
+} mt_dtype;
+
+/* Local. Bytes per element, or 0 for a code outside the enum. */
+size_t mt_dtype_size(int dtype);
+
+/* Local. NumPy's name for the type ("float32"), or "unknown". */
+const char *mt_dtype_name(int dtype);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,95 @@
+/* Layout math: where each rank's shard of a global tensor lies.
+ *
+ * Every function here is Local (no MPI): it answers for any rank of any mesh, so the
+ * same code serves the executor and simulations of meshes far larger than the job. */
+#ifndef MPITENSOR_LAYOUT_H
+#define MPITENSOR_LAYOUT_H
+
+#include <stdint.h>
+
+#include "mpitensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_MAX_NDIM 16
+#define MT_MAX_MESH_NDIM 8
+
+typedef enum mt_placement_kind {
+  MT_PLACEMENT_REPLICATE = 0,
+  MT_PLACEMENT_SHARD = 1,
+  MT_PLACEMENT_PARTIAL = 2
+} mt_placement_kind;
+
+typedef enum mt_reduce_op {
+  MT_REDUCE_SUM = 0,
+  MT_REDUCE_AVG = 1,
+  MT_REDUCE_PRODUCT = 2,
+  MT_REDUCE_MAX = 3,
+  MT_REDUCE_MIN = 4,
+  MT_REDUCE_COUNT
+} mt_reduce_op;
+
+/* How a tensor lies along one mesh dim. `dim` is the tensor dim for SHARD,
+ * `reduce_op` the pending reduction for PARTIAL; the other field is ignored. */
+typedef struct mt_placement {
+  int kind;
+  int dim;
+  int reduce_op;
+} mt_placement;
+
+/* An axis-aligned block of a tensor: element offsets and extents per dim. */
+typedef struct mt_box {
+  int ndim;
+  int64_t offset[MT_MAX_NDIM];
+  int64_t shape[MT_MAX_NDIM];
+} mt_box;
+
+/* A global tensor shape laid out over a mesh, one placement per mesh dim. */
+typedef struct mt_layout {
+  int ndim;
+  int64_t shape[MT_MAX_NDIM];
+  int mesh_ndim;
+  int64_t mesh_shape[MT_MAX_MESH_NDIM];
+  mt_placement placements[MT_MAX_MESH_NDIM];
+} mt_layout;
+
+/* Local. The torch.chunk rule: `n` items cut into `k` chunks of ceil(n/k), the
+ * trailing ones short or empty. Chunk `i` starts at `*offset` and holds `*size`
+ * items; an empty chunk starts at `n`. Requires n >= 0, k >= 1, 0 <= i < k. */
+void mt_chunk(int64_t n, int64_t k, int64_t i, int64_t *size, int64_t *offset);
+
+/* Local. Validates and fills `out`: 0 <= ndim <= MT_MAX_NDIM, sizes >= 0,
+ * 1 <= mesh_ndim <= MT_MAX_MESH_NDIM, mesh sizes >= 1, shard dims in [0, ndim),
+ * reduce ops known. `out` is untouched on error. */
+int mt_layout_init(mt_layout *out, int ndim, const int64_t *shape, int mesh_ndim,
+                   const int64_t *mesh_shape, const mt_placement *placements,
+                   mt_error *err);
+
+/* Local. The box of the rank at mesh coordinate `coord` (mesh_ndim entries).
+ * Shards nest left to right over mesh dims: a tensor dim sharded on mesh dims 0
+ * and 1 is chunked over dim 0 first, then each chunk over dim 1. An empty extent
+ * reports the global size of that dim as its offset. */
+int mt_layout_local_box(const mt_layout *layout, const int64_t *coord, mt_box *out,
+                        mt_error *err);
+
+/* Local. The global shape that local shards of shape `local_shape` make when the
+ * tensor is evenly sharded (each Shard multiplies its dim by the mesh dim size),
+ * the rule torch uses for DTensor.from_local without `shape`. */
+int mt_layout_even_global_shape(int ndim, const int64_t *local_shape, int mesh_ndim,
+                                const int64_t *mesh_shape,
+                                const mt_placement *placements, int64_t *global_shape,
+                                mt_error *err);
+
+/* Local. Number of elements in a box (1 for a 0-d box). */
+int64_t mt_box_numel(const mt_box *box);
+
+/* Local. The intersection of two boxes of equal ndim; returns 1 when it holds at
+ * least one element (and fills `out`), 0 otherwise (and leaves `out` untouched). */
+int mt_box_intersect(const mt_box *a, const mt_box *b, mt_box *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,46 @@
+/* Status codes and the error record every fallible mpitensor call fills in. */
+#ifndef MPITENSOR_STATUS_H
+#define MPITENSOR_STATUS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Each error is named once here; mt_strerror() and mt_status_name() are generated
+ * from this list so the three can never disagree. */
+#define MT_ERRNO_MAP(X)                                   \
+  X(EINVAL, -1, "invalid argument")                       \
+  X(EINDEX, -2, "index out of range")                     \
+  X(ETYPE, -3, "unsupported type")                        \
+  X(ENOMEM, -4, "out of memory")                          \
+  X(EMPI, -5, "MPI call failed")                          \
+  X(ESTATE, -6, "invalid state")                          \
+  X(EOVERFLOW, -7, "size overflow")                       \
+  X(ENOTSUP, -8, "not supported")
+
+typedef enum mt_status {
+  MT_OK = 0,
+#define MT__ERRNO_ENUM(name, value, text) MT_##name = (value),
+  MT_ERRNO_MAP(MT__ERRNO_ENUM)
+#undef MT__ERRNO_ENUM
+} mt_status;
+
+#define MT_ERROR_LEN 512
+
+/* Filled in by a failing call: the status it returned and a sentence for the user.
+ * Callers may pass NULL where they do not want the message. */
+typedef struct mt_error {
+  int code;
+  char msg[MT_ERROR_LEN];
+} mt_error;
+
+/* Local. A short description of a status code ("invalid argument"). */
+const char *mt_strerror(int code);
+
+/* Local. The symbolic name of a status code ("MT_EINVAL"). */
+const char *mt_status_name(int code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
