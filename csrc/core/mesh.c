@@ -1,0 +1,336 @@
+/* Device meshes: the communicators behind a DeviceMesh.
+ *
+ * A mesh splits the user's communicator once into a communicator of its members
+ * (ordered by their row-major mesh position) and that one into one communicator per
+ * mesh dim. Every communicator gets MPI_ERRORS_RETURN so an MPI failure comes back
+ * as a status instead of killing the job. */
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm-private.h"
+#include "mpitensor/mesh.h"
+
+struct mt_mesh {
+  int refcount;    /* Slices hold a reference to their parent. */
+  mt_mesh *parent; /* Non-NULL for a slice, which owns only its mesh_comm. */
+  mt_mesh *root;   /* The mesh that was created; itself for a created mesh. */
+  int root_dims[MT_MAX_MESH_NDIM]; /* For a slice: its dims among the root's. */
+  int ndim;
+  int64_t shape[MT_MAX_MESH_NDIM];
+  int in_mesh;
+  int64_t coord[MT_MAX_MESH_NDIM];
+  MPI_Comm mesh_comm;
+  MPI_Comm dim_comm[MT_MAX_MESH_NDIM];
+};
+
+/* Communicators are a scarce, process-wide MPI resource; this one counter lets
+ * long-job tests prove that meshes give theirs back. */
+static atomic_llong live_comms;
+
+int64_t mt_comm_live_count(void) { return (int64_t)atomic_load(&live_comms); }
+
+int mt__mpi_fail(mt_error *err, int rc, const char *what) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) {
+    strcpy(text, "unknown MPI error");
+  }
+  return mt__fail(err, MT_EMPI, "%s failed: %s", what, text);
+}
+
+static void free_comm(MPI_Comm *comm) {
+  if (*comm != MPI_COMM_NULL) {
+    MPI_Comm_free(comm);
+    atomic_fetch_sub(&live_comms, 1);
+    *comm = MPI_COMM_NULL;
+  }
+}
+
+/* Checks everything that can be checked without communicating, so bad input fails
+ * identically on every rank before any collective starts. */
+static int check_args(int comm_size, int ndim, const int64_t *shape, const int *ranks,
+                      int64_t *numel, mt_error *err) {
+  if (ndim < 1 || ndim > MT_MAX_MESH_NDIM) {
+    return mt__fail(err, MT_EINVAL, "a mesh needs 1 to %d dims, got %d",
+                    MT_MAX_MESH_NDIM, ndim);
+  }
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) {
+    if (shape[d] < 1) {
+      return mt__fail(err, MT_EINVAL, "mesh dim %d has size %lld; sizes must be >= 1",
+                      d, (long long)shape[d]);
+    }
+    n *= shape[d];
+    if (n > comm_size) {
+      return mt__fail(err, MT_EINVAL,
+                      "the mesh needs more ranks than the communicator has (%d)",
+                      comm_size);
+    }
+  }
+  char *seen = calloc((size_t)comm_size, 1);
+  if (seen == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  int rc = MT_OK;
+  for (int64_t i = 0; i < n && rc == MT_OK; ++i) {
+    if (ranks[i] < 0 || ranks[i] >= comm_size) {
+      rc = mt__fail(err, MT_EINVAL, "mesh rank %d is not a rank of the communicator "
+                    "(size %d)", ranks[i], comm_size);
+    } else if (seen[ranks[i]]++) {
+      rc = mt__fail(err, MT_EINVAL, "rank %d appears twice in the mesh", ranks[i]);
+    }
+  }
+  free(seen);
+  *numel = n;
+  return rc;
+}
+
+/* Position of this rank in the mesh, from its row-major linear index. */
+static void set_coordinate(mt_mesh *m, int64_t linear) {
+  for (int d = m->ndim - 1; d >= 0; --d) {
+    m->coord[d] = linear % m->shape[d];
+    linear /= m->shape[d];
+  }
+}
+
+/* The row-major index of this rank's line along `dim`: its coordinate with the
+ * `dim` entry zeroed. Ranks on one line share a dim communicator. */
+static int line_color(const mt_mesh *m, int dim) {
+  int64_t color = 0;
+  for (int d = 0; d < m->ndim; ++d) {
+    color = color * m->shape[d] + (d == dim ? 0 : m->coord[d]);
+  }
+  return (int)color;
+}
+
+static int split_comm(MPI_Comm from, int color, int key, MPI_Comm *out, mt_error *err) {
+  MT__MPI_TRY(MPI_Comm_split(from, color, key, out), "MPI_Comm_split");
+  if (*out == MPI_COMM_NULL) return MT_OK;
+  atomic_fetch_add(&live_comms, 1);
+  MT__MPI_TRY(MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  return MT_OK;
+}
+
+static mt_mesh *mesh_alloc(int ndim, const int64_t *shape) {
+  mt_mesh *m = calloc(1, sizeof *m);
+  if (m == NULL) return NULL;
+  m->refcount = 1;
+  m->root = m;
+  m->ndim = ndim;
+  memcpy(m->shape, shape, (size_t)ndim * sizeof *shape);
+  m->mesh_comm = MPI_COMM_NULL;
+  for (int d = 0; d < MT_MAX_MESH_NDIM; ++d) m->dim_comm[d] = MPI_COMM_NULL;
+  return m;
+}
+
+static int64_t find_linear(int me, const int *ranks, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ranks[i] == me) return i;
+  }
+  return -1;
+}
+
+static int build_comms(mt_mesh *m, MPI_Comm comm, int64_t linear, mt_error *err) {
+  int color = linear >= 0 ? 0 : MPI_UNDEFINED;
+  int rc = split_comm(comm, color, (int)(linear >= 0 ? linear : 0), &m->mesh_comm, err);
+  for (int d = 0; rc == MT_OK && m->in_mesh && d < m->ndim; ++d) {
+    rc = split_comm(m->mesh_comm, line_color(m, d), (int)m->coord[d], &m->dim_comm[d],
+                    err);
+  }
+  return rc;
+}
+
+int mt_mesh_create(MPI_Comm comm, int ndim, const int64_t *shape, const int *ranks,
+                   mt_mesh **out, mt_error *err) {
+  int size = 0, me = 0;
+  MT__MPI_TRY(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  MT__MPI_TRY(MPI_Comm_rank(comm, &me), "MPI_Comm_rank");
+  int64_t n = 0;
+  int rc = check_args(size, ndim, shape, ranks, &n, err);
+  if (rc != MT_OK) return rc;
+  mt_mesh *m = mesh_alloc(ndim, shape);
+  if (m == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  int64_t linear = find_linear(me, ranks, n);
+  m->in_mesh = linear >= 0;
+  if (m->in_mesh) set_coordinate(m, linear);
+  rc = build_comms(m, comm, linear, err);
+  if (rc != MT_OK) {
+    mt_mesh_destroy(m);
+    return rc;
+  }
+  *out = m;
+  return MT_OK;
+}
+
+int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
+                  mt_error *err) {
+  if (n < 1 || n > parent->ndim) {
+    return mt__fail(err, MT_EINVAL, "a slice needs 1 to %d mesh dims, got %d",
+                    parent->ndim, n);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (dims[i] < 0 || dims[i] >= parent->ndim || (i > 0 && dims[i] <= dims[i - 1])) {
+      return mt__fail(err, MT_EINVAL, "slice dims must be distinct, ascending and in "
+                      "[0, %d)", parent->ndim);
+    }
+  }
+  mt_mesh *m = calloc(1, sizeof *m);
+  if (m == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  m->refcount = 1;
+  m->parent = parent;
+  m->root = parent->root;
+  parent->refcount++;
+  m->ndim = n;
+  m->in_mesh = parent->in_mesh;
+  m->mesh_comm = MPI_COMM_NULL;
+  for (int d = n; d < MT_MAX_MESH_NDIM; ++d) m->dim_comm[d] = MPI_COMM_NULL;
+  for (int i = 0; i < n; ++i) {
+    m->root_dims[i] = parent == parent->root ? dims[i] : parent->root_dims[dims[i]];
+    m->shape[i] = parent->shape[dims[i]];
+    m->coord[i] = parent->coord[dims[i]];
+    m->dim_comm[i] = parent->dim_comm[dims[i]];
+  }
+  *out = m;
+  return MT_OK;
+}
+
+void mt_mesh_destroy(mt_mesh *mesh) {
+  if (mesh == NULL || --mesh->refcount > 0) return;
+  /* At interpreter exit MPI may already be finalized; the communicators died
+   * with it and must not be touched. */
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) free_comm(&mesh->mesh_comm);
+  if (mesh->parent != NULL) {
+    mt_mesh_destroy(mesh->parent);
+  } else {
+    for (int d = 0; d < mesh->ndim && !finalized; ++d) free_comm(&mesh->dim_comm[d]);
+  }
+  free(mesh);
+}
+
+int mt_mesh_ndim(const mt_mesh *mesh) { return mesh->ndim; }
+
+int64_t mt_mesh_dim_size(const mt_mesh *mesh, int dim) {
+  return (dim >= 0 && dim < mesh->ndim) ? mesh->shape[dim] : 0;
+}
+
+int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord) {
+  if (!mesh->in_mesh) return 0;
+  memcpy(coord, mesh->coord, (size_t)mesh->ndim * sizeof *coord);
+  return 1;
+}
+
+MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim) {
+  return (dim >= 0 && dim < mesh->ndim) ? mesh->dim_comm[dim] : MPI_COMM_NULL;
+}
+
+/* Above INT_MAX bytes MPI counts overflow, so whole gigabyte blocks travel as one
+ * derived element and the remainder as bytes. */
+static int bcast_bytes(char *buf, int64_t nbytes, MPI_Comm comm, mt_error *err) {
+  const int64_t block = (int64_t)1 << 30;
+  if (nbytes > INT_MAX) {
+    MPI_Datatype gib;
+    MT__MPI_TRY(MPI_Type_contiguous((int)block, MPI_BYTE, &gib), "MPI_Type_contiguous");
+    MT__MPI_TRY(MPI_Type_commit(&gib), "MPI_Type_commit");
+    int rc = MPI_Bcast(buf, (int)(nbytes / block), gib, 0, comm);
+    MPI_Type_free(&gib);
+    if (rc != MPI_SUCCESS) return mt__mpi_fail(err, rc, "MPI_Bcast");
+    buf += (nbytes / block) * block;
+    nbytes %= block;
+  }
+  MT__MPI_TRY(MPI_Bcast(buf, (int)nbytes, MPI_BYTE, 0, comm), "MPI_Bcast");
+  return MT_OK;
+}
+
+int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
+                  mt_error *err) {
+  if (dim < 0 || dim >= mesh->ndim) {
+    return mt__fail(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh", dim,
+                    mesh->ndim);
+  }
+  if (nbytes < 0) return mt__fail(err, MT_EINVAL, "negative byte count");
+  if (!mesh->in_mesh || mesh->shape[dim] == 1) return MT_OK;
+  int rc = bcast_bytes(buf, nbytes, mesh->dim_comm[dim], err);
+  if (rc == MT_OK) mt__count(MT_COLL_BROADCAST, mesh->coord[dim] == 0 ?
+                             nbytes * (mesh->shape[dim] - 1) : 0);
+  return rc;
+}
+
+/* The root-mesh ranks of a slice's members: the slice varies its own dims and
+ * keeps this rank's root coordinate on the others. */
+static void slice_members(const mt_mesh *m, int *ranks) {
+  const mt_mesh *root = m->root;
+  int64_t coord[MT_MAX_MESH_NDIM], n = 1;
+  memcpy(coord, root->coord, sizeof coord);
+  for (int d = 0; d < m->ndim; ++d) n *= m->shape[d];
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rest = i, linear = 0;
+    for (int d = m->ndim - 1; d >= 0; --d) {
+      coord[m->root_dims[d]] = rest % m->shape[d];
+      rest /= m->shape[d];
+    }
+    for (int d = 0; d < root->ndim; ++d) linear = linear * root->shape[d] + coord[d];
+    ranks[i] = (int)linear;
+  }
+}
+
+/* MPI_Comm_create_group is collective over the slice's members only, which are
+ * exactly the ranks that reach this point together in an SPMD program. */
+static int create_slice_comm(mt_mesh *m, mt_error *err) {
+  int64_t n = 1;
+  for (int d = 0; d < m->ndim; ++d) n *= m->shape[d];
+  int *ranks = malloc((size_t)n * sizeof *ranks);
+  if (ranks == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  slice_members(m, ranks);
+  MPI_Group all, sub;
+  int rc = MPI_Comm_group(m->root->mesh_comm, &all);
+  if (rc == MPI_SUCCESS) rc = MPI_Group_incl(all, (int)n, ranks, &sub);
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Comm_create_group(m->root->mesh_comm, sub, 0, &m->mesh_comm);
+    MPI_Group_free(&sub);
+  }
+  MPI_Group_free(&all);
+  free(ranks);
+  if (rc != MPI_SUCCESS) return mt__mpi_fail(err, rc, "MPI_Comm_create_group");
+  atomic_fetch_add(&live_comms, 1);
+  MT__MPI_TRY(MPI_Comm_set_errhandler(m->mesh_comm, MPI_ERRORS_RETURN),
+              "MPI_Comm_set_errhandler");
+  return MT_OK;
+}
+
+int mt__mesh_flat_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err) {
+  if (!mesh->in_mesh) {
+    return mt__fail(err, MT_ESTATE, "this rank is not a member of the mesh");
+  }
+  if (mesh->mesh_comm == MPI_COMM_NULL) {
+    int rc = create_slice_comm(mesh, err);
+    if (rc != MT_OK) return rc;
+  }
+  *out = mesh->mesh_comm;
+  return MT_OK;
+}
+
+int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err) {
+  int value = flag != 0;
+  /* OR along dim 0, then dim 1, ...: after the last dim every rank holds the OR
+   * over the whole grid. */
+  for (int d = 0; mesh->in_mesh && d < mesh->ndim; ++d) {
+    if (mesh->shape[d] == 1) continue;
+    MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, mesh->dim_comm[d]),
+            "MPI_Allreduce");
+  }
+  *result = value;
+  return MT_OK;
+}
+
+int mt_mpi_library_version(char *buf, int buflen, mt_error *err) {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MT__MPI_TRY(MPI_Get_library_version(text, &len), "MPI_Get_library_version");
+  if (buflen < 1) return mt__fail(err, MT_EINVAL, "empty buffer");
+  int n = len < buflen - 1 ? len : buflen - 1;
+  memcpy(buf, text, (size_t)n);
+  buf[n] = '\0';
+  return MT_OK;
+}

@@ -1,0 +1,82 @@
+/* Executing redistribution plans with MPI, and counting what was sent.
+ *
+ * Buffers are C-contiguous local arrays: `src` holds this rank's box of the plan's
+ * source layout, `dst` receives its box of the target layout. Every call that moves
+ * data is Collective on the mesh (every member calls it with the same plan). */
+#ifndef MPITENSOR_COMM_H
+#define MPITENSOR_COMM_H
+
+#include <stdint.h>
+
+#include "mpitensor/layout.h"
+#include "mpitensor/mesh.h"
+#include "mpitensor/plan.h"
+#include "mpitensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Collective kinds, named as torch's functional collectives so CommDebugMode keys
+ * read the same. A DIRECT exchange counts as an all-to-all. */
+#define MT_COLL_MAP(X)                              \
+  X(ALL_GATHER, "all_gather_into_tensor")           \
+  X(ALL_REDUCE, "all_reduce")                       \
+  X(REDUCE_SCATTER, "reduce_scatter_tensor")        \
+  X(ALL_TO_ALL, "all_to_all_single")                \
+  X(BROADCAST, "broadcast")                         \
+  X(SCATTER, "scatter")
+
+typedef enum mt_coll {
+#define MT__COLL_ENUM(name, text) MT_COLL_##name,
+  MT_COLL_MAP(MT__COLL_ENUM)
+#undef MT__COLL_ENUM
+  MT_COLL_COUNT
+} mt_coll;
+
+/* Calls made and payload bytes this process delivered to other ranks, per kind. */
+typedef struct mt_comm_counters {
+  int64_t calls[MT_COLL_COUNT];
+  int64_t bytes[MT_COLL_COUNT];
+} mt_comm_counters;
+
+/* Local. A snapshot of the process-wide counters (they only grow; callers diff
+ * two snapshots). */
+void mt_comm_counters_get(mt_comm_counters *out);
+
+/* Local. torch's name of a collective kind, or "unknown". */
+const char *mt_coll_name(int coll);
+
+/* An in-flight redistribute started by mt_redistribute_start. */
+typedef struct mt_request mt_request;
+
+/* Collective on the mesh. Runs every step of `plan` (built for this mesh's shape)
+ * on elements of `dtype`, from `src` to `dst`. Intermediate steps use buffers the
+ * call allocates and frees. */
+int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
+                    void *dst, mt_error *err);
+
+/* Collective on the mesh. Starts the plan's first communicating step with a
+ * nonblocking MPI call and returns; `src` and `dst` must stay valid and untouched
+ * until mt_request_wait. Later steps, if any, run inside mt_request_wait. */
+int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
+                          const void *src, void *dst, mt_request **out, mt_error *err);
+
+/* Collective on the mesh. Completes the redistribute and frees the request (also
+ * on error). */
+int mt_request_wait(mt_request *req, mt_error *err);
+
+/* Collective on the mesh. distribute_tensor: `full` is the whole tensor of
+ * `layout`'s shape on every member, of which the copy on the rank at coordinate 0
+ * of every mesh dim is the source of truth; `local` receives this rank's box.
+ * Shard dims are scattered first among the ranks holding the source's replica,
+ * then Replicate dims are broadcast, so each byte leaves a rank once per receiver.
+ * Partial(sum) and Partial(product) put the value on coordinate 0 of that dim and
+ * the identity elsewhere; Partial(avg|max|min) put the value everywhere. */
+int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void *full,
+                  void *local, mt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

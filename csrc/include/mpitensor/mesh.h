@@ -1,0 +1,66 @@
+/* Device meshes over MPI: a duplicate of the user's communicator and one
+ * sub-communicator per mesh dim, created once per mesh. */
+#ifndef MPITENSOR_MESH_H
+#define MPITENSOR_MESH_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "mpitensor/layout.h"
+#include "mpitensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mt_mesh mt_mesh;
+
+/* Collective on `comm`. Builds a mesh of shape `shape` (ndim dims) whose element at
+ * row-major position i is rank ranks[i] of `comm`. Every rank of `comm` calls it,
+ * members or not; a non-member gets a mesh with no coordinate and null
+ * communicators. Ranks must be distinct and in [0, size of comm). */
+int mt_mesh_create(MPI_Comm comm, int ndim, const int64_t *shape, const int *ranks,
+                   mt_mesh **out, mt_error *err);
+
+/* Local. The sub-mesh over mesh dims `dims` (n of them, ascending) that holds this
+ * rank. It reuses the parent's communicators and keeps the parent alive. */
+int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
+                  mt_error *err);
+
+/* Local. Releases the caller's reference; the last one frees the communicators
+ * (with no MPI call once MPI has been finalized). Accepts NULL. */
+void mt_mesh_destroy(mt_mesh *mesh);
+
+/* Local. Number of mesh dims. */
+int mt_mesh_ndim(const mt_mesh *mesh);
+
+/* Local. Size of mesh dim `dim`. */
+int64_t mt_mesh_dim_size(const mt_mesh *mesh, int dim);
+
+/* Local. Writes this rank's coordinate (ndim entries) and returns 1, or returns 0
+ * when this rank is not in the mesh. */
+int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord);
+
+/* Local. The communicator of mesh dim `dim` (ranks ordered by their coordinate on
+ * that dim), or MPI_COMM_NULL on a non-member. Owned by the mesh. */
+MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim);
+
+/* Collective on the ranks of mesh dim `dim`. Broadcasts `nbytes` bytes of `buf`
+ * from coordinate 0 on that dim; counts above INT_MAX use a derived type. */
+int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
+                  mt_error *err);
+
+/* Collective on the mesh. Logical OR of `flag` over every member, combined along
+ * one mesh dim after another so no whole-mesh communicator is needed. */
+int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err);
+
+/* Local. Communicators created by mpitensor and not yet freed, process-wide. */
+int64_t mt_comm_live_count(void);
+
+/* Local. The version string of the MPI library this code is linked to. */
+int mt_mpi_library_version(char *buf, int buflen, mt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

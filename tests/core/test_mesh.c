@@ -1,0 +1,141 @@
+/* Meshes over MPI_COMM_WORLD at whatever size mpiexec gave: coordinates,
+ * per-dim communicators, non-members, slices, collectives and bad input. */
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "mpitensor/mesh.h"
+
+static int world_rank, world_size;
+
+static int *iota(int n, int reversed) {
+  int *r = malloc((size_t)n * sizeof *r);
+  for (int i = 0; i < n; ++i) r[i] = reversed ? n - 1 - i : i;
+  return r;
+}
+
+static void test_1d(int reversed) {
+  int *ranks = iota(world_size, reversed);
+  int64_t shape[1] = {world_size};
+  mt_mesh *m = NULL;
+  mt_error err = {0};
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, &err) == MT_OK);
+  int64_t coord[1] = {-1};
+  CHECK(mt_mesh_coordinate(m, coord) == 1);
+  int expect = reversed ? world_size - 1 - world_rank : world_rank;
+  CHECK(coord[0] == expect);
+  int sub_rank = -1, sub_size = -1;
+  MPI_Comm_rank(mt_mesh_dim_comm(m, 0), &sub_rank);
+  MPI_Comm_size(mt_mesh_dim_comm(m, 0), &sub_size);
+  CHECK(sub_rank == expect);
+  CHECK(sub_size == world_size);
+  mt_mesh_destroy(m);
+  free(ranks);
+}
+
+/* A (2, n/2) mesh, or (1, n) for odd n: each dim communicator holds the ranks of
+ * one row or one column, in coordinate order. */
+static void test_2d(void) {
+  int64_t shape[2] = {world_size % 2 == 0 ? 2 : 1, 0};
+  shape[1] = world_size / shape[0];
+  int *ranks = iota(world_size, 0);
+  mt_mesh *m = NULL;
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 2, shape, ranks, &m, NULL) == MT_OK);
+  int64_t coord[2];
+  CHECK(mt_mesh_coordinate(m, coord) == 1);
+  CHECK(coord[0] == world_rank / shape[1] && coord[1] == world_rank % shape[1]);
+  for (int d = 0; d < 2; ++d) {
+    int r = -1, s = -1;
+    MPI_Comm_rank(mt_mesh_dim_comm(m, d), &r);
+    MPI_Comm_size(mt_mesh_dim_comm(m, d), &s);
+    CHECK(r == coord[d] && s == shape[d]);
+  }
+  int dims[1] = {1};
+  mt_mesh *col = NULL;
+  CHECK(mt_mesh_slice(m, 1, dims, &col, NULL) == MT_OK);
+  mt_mesh_destroy(m); /* the slice keeps its parent's communicators alive */
+  int64_t c1[1];
+  CHECK(mt_mesh_coordinate(col, c1) == 1 && c1[0] == coord[1]);
+  CHECK(mt_mesh_ndim(col) == 1 && mt_mesh_dim_size(col, 0) == shape[1]);
+  int s = -1;
+  MPI_Comm_size(mt_mesh_dim_comm(col, 0), &s);
+  CHECK(s == shape[1]);
+  mt_mesh_destroy(col);
+  free(ranks);
+}
+
+/* A one-rank mesh on rank 0: the others are not members. */
+static void test_non_member(void) {
+  int ranks[1] = {0};
+  int64_t shape[1] = {1};
+  mt_mesh *m = NULL;
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
+  int64_t coord[1];
+  CHECK(mt_mesh_coordinate(m, coord) == (world_rank == 0));
+  CHECK((mt_mesh_dim_comm(m, 0) == MPI_COMM_NULL) == (world_rank != 0));
+  int any = -1;
+  CHECK(mt_mesh_any(m, 1, &any, NULL) == MT_OK && any == 1);
+  mt_mesh_destroy(m);
+}
+
+static void test_collectives(void) {
+  int *ranks = iota(world_size, 0);
+  int64_t shape[1] = {world_size};
+  mt_mesh *m = NULL;
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
+  double v[3] = {world_rank, world_rank + 1.0, -1.0};
+  CHECK(mt_mesh_bcast(m, 0, v, (int64_t)sizeof v, NULL) == MT_OK);
+  CHECK(v[0] == 0.0 && v[1] == 1.0 && v[2] == -1.0);
+  int any = -1;
+  CHECK(mt_mesh_any(m, world_rank == world_size - 1, &any, NULL) == MT_OK && any == 1);
+  CHECK(mt_mesh_any(m, 0, &any, NULL) == MT_OK && any == 0);
+  mt_error err = {0};
+  CHECK(mt_mesh_bcast(m, 1, v, 8, &err) == MT_EINDEX && strlen(err.msg) > 0);
+  mt_mesh_destroy(m);
+  free(ranks);
+}
+
+/* Bad input fails on every rank before any communication, so no rank hangs. */
+static void test_bad_input(void) {
+  mt_mesh *m = NULL;
+  mt_error err = {0};
+  int64_t too_big[1] = {world_size + 1};
+  int *ranks = iota(world_size + 1, 0);
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, too_big, ranks, &m, &err) == MT_EINVAL);
+  CHECK(strstr(err.msg, "more ranks") != NULL);
+  int64_t two[1] = {2};
+  int dup[2] = {0, 0};
+  if (world_size >= 2) {
+    CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, two, dup, &m, &err) == MT_EINVAL);
+    CHECK(strstr(err.msg, "twice") != NULL);
+  }
+  int64_t one[1] = {1};
+  int bad[1] = {world_size};
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, one, bad, &m, &err) == MT_EINVAL);
+  int64_t zero[1] = {0};
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, zero, ranks, &m, &err) == MT_EINVAL);
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 0, zero, ranks, &m, &err) == MT_EINVAL);
+  CHECK(m == NULL);
+  free(ranks);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  test_1d(0);
+  test_1d(1);
+  test_2d();
+  test_non_member();
+  test_collectives();
+  test_bad_input();
+  CHECK(mt_comm_live_count() == 0);
+  char version[256];
+  CHECK(mt_mpi_library_version(version, (int)sizeof version, NULL) == MT_OK);
+  CHECK(strlen(version) > 0);
+  int failed = mt_test_exit("test_mesh") != 0, any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any_failed;
+}
