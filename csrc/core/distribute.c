@@ -1,0 +1,205 @@
+/* distribute_tensor: from a whole tensor on the mesh's first rank to every rank's
+ * box. Shard dims are scattered first, among the ranks that hold the source's
+ * replica, then Replicate dims are broadcast, so no rank receives data it does not
+ * keep and no byte is scattered twice. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm-private.h"
+#include "mpitensor/dtype.h"
+#include "mpitensor/pack.h"
+
+typedef struct dist_ctx {
+  mt_mesh *mesh;
+  int64_t coord[MT_MAX_MESH_NDIM];
+  int64_t itemsize;
+  int dtype;
+} dist_ctx;
+
+static void my_box(const dist_ctx *c, const mt_layout *l, int m, int64_t k, mt_box *out) {
+  int64_t coord[MT_MAX_MESH_NDIM];
+  memcpy(coord, c->coord, sizeof coord);
+  if (m >= 0) coord[m] = k;
+  int rc = mt_layout_local_box(l, coord, out, NULL);
+  (void)rc;
+}
+
+/* True when this rank's coordinate is 0 on every mesh dim in [from, ndim) that
+ * `want_shard` selects (shard dims, or non-shard dims). */
+static int zero_after(const dist_ctx *c, const mt_layout *l, int from, int want_shard) {
+  for (int m = from; m < l->mesh_ndim; ++m) {
+    int is_shard = l->placements[m].kind == MT_PLACEMENT_SHARD;
+    if (is_shard == want_shard && c->coord[m] != 0) return 0;
+  }
+  return 1;
+}
+
+/* Root side of one scatter: each member's box of `to`, consecutive in member order,
+ * from the root's box of `from`; packed into `*staging` unless they are slabs. */
+static int scatter_send(const dist_ctx *c, const mt_layout *from, const mt_layout *to,
+                        int m, const void *in, const int *counts, const char **send,
+                        char **staging, mt_error *err) {
+  mt_box fb;
+  my_box(c, from, -1, 0, &fb);
+  int64_t lead = 1, g = mt_mesh_dim_size(c->mesh, m), off = 0;
+  for (int i = 0; i < to->placements[m].dim; ++i) lead *= fb.shape[i];
+  *send = in;
+  if (lead == 1) return MT_OK;
+  *staging = malloc((size_t)(mt_box_numel(&fb) * c->itemsize) + 1);
+  if (*staging == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
+  for (int64_t k = 0; k < g; ++k) {
+    mt_box b;
+    my_box(c, to, m, k, &b);
+    if (counts[k] == 0) continue;
+    for (int i = 0; i < b.ndim; ++i) at[i] = b.offset[i] - fb.offset[i];
+    mt_copy_box(in, fb.shape, at, *staging + off, b.shape, zero, &b, c->itemsize);
+    off += counts[k];
+  }
+  *send = *staging;
+  return MT_OK;
+}
+
+static int scatter_counts(const dist_ctx *c, const mt_layout *to, int m, int *counts,
+                          int *displs, mt_error *err) {
+  int64_t off = 0;
+  for (int64_t k = 0; k < mt_mesh_dim_size(c->mesh, m); ++k) {
+    mt_box b;
+    my_box(c, to, m, k, &b);
+    int64_t bytes = mt_box_numel(&b) * c->itemsize;
+    if (bytes > INT_MAX || off > INT_MAX) {
+      return mt__fail(err, MT_EOVERFLOW, "a scattered block exceeds MPI's int count");
+    }
+    counts[k] = (int)bytes, displs[k] = (int)off;
+    off += bytes;
+  }
+  return MT_OK;
+}
+
+static int scatter_step(const dist_ctx *c, const mt_layout *from, const mt_layout *to,
+                        int m, const void *in, void *out, mt_error *err) {
+  int64_t g = mt_mesh_dim_size(c->mesh, m);
+  int *ints = malloc((size_t)(2 * g) * sizeof *ints);
+  char *staging = NULL;
+  const char *send = NULL;
+  if (ints == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  int root = c->coord[m] == 0;
+  int rc = scatter_counts(c, to, m, ints, ints + g, err);
+  if (rc == MT_OK && root) rc = scatter_send(c, from, to, m, in, ints, &send, &staging, err);
+  if (rc == MT_OK) {
+    int mpi = MPI_Scatterv(send, ints, ints + g, MPI_BYTE, out, ints[c->coord[m]], MPI_BYTE,
+                           0, mt_mesh_dim_comm(c->mesh, m));
+    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Scatterv");
+  }
+  if (rc == MT_OK) {
+    int64_t sent = 0;
+    for (int64_t k = 1; root && k < g; ++k) sent += ints[k];
+    mt__count(MT_COLL_SCATTER, sent);
+  }
+  free(staging);
+  free(ints);
+  return rc;
+}
+
+/* Phase 1: scatter along each Shard mesh dim in order. Before the step on mesh dim
+ * m the data lies in the layout where dims < m that shard are applied and all
+ * others replicate; only ranks at coordinate 0 on the later shard dims and on all
+ * non-shard dims hold it. Returns the buffer with this rank's final box: `local`,
+ * or `full` when nothing is sharded. */
+static int scatter_phase(const dist_ctx *c, const mt_layout *layout, const void *full,
+                         void *local, mt_error *err) {
+  mt_layout cur = *layout;
+  for (int m = 0; m < cur.mesh_ndim; ++m) cur.placements[m].kind = MT_PLACEMENT_REPLICATE;
+  int last = -1;
+  for (int m = 0; m < layout->mesh_ndim; ++m) {
+    if (layout->placements[m].kind == MT_PLACEMENT_SHARD) last = m;
+  }
+  const void *in = full;
+  char *owned = NULL;
+  int rc = MT_OK;
+  for (int m = 0; m <= last && rc == MT_OK; ++m) {
+    if (layout->placements[m].kind != MT_PLACEMENT_SHARD) continue;
+    mt_layout next = cur;
+    next.placements[m] = layout->placements[m];
+    if (zero_after(c, layout, m + 1, 1) && zero_after(c, layout, 0, 0)) {
+      mt_box b;
+      my_box(c, &next, -1, 0, &b);
+      char *out = m == last ? local : malloc((size_t)(mt_box_numel(&b) * c->itemsize) + 1);
+      if (out == NULL) rc = mt__fail(err, MT_ENOMEM, "out of memory");
+      if (rc == MT_OK) rc = scatter_step(c, &cur, &next, m, in, out, err);
+      free(owned);
+      owned = m == last ? NULL : out;
+      in = out;
+    }
+    cur = next;
+  }
+  free(owned);
+  if (rc == MT_OK && last < 0) {
+    mt_box b;
+    my_box(c, layout, -1, 0, &b);
+    memcpy(local, full, (size_t)(mt_box_numel(&b) * c->itemsize));
+  }
+  return rc;
+}
+
+static void fill_one(void *buf, int64_t n, int dtype) {
+  for (int64_t i = 0; i < n; ++i) {
+    char *p = (char *)buf + i * (int64_t)mt_dtype_size(dtype);
+    switch (dtype) {
+      case MT_DTYPE_FLOAT16: *(uint16_t *)p = 0x3C00; break;
+      case MT_DTYPE_FLOAT32: *(float *)p = 1.0f; break;
+      case MT_DTYPE_FLOAT64: *(double *)p = 1.0; break;
+      case MT_DTYPE_COMPLEX64: ((float *)p)[0] = 1.0f, ((float *)p)[1] = 0.0f; break;
+      case MT_DTYPE_COMPLEX128: ((double *)p)[0] = 1.0, ((double *)p)[1] = 0.0; break;
+      default:  /* integers and bool, little-endian: 1 in the lowest byte */
+        memset(p, 0, mt_dtype_size(dtype));
+        p[0] = 1;
+    }
+  }
+}
+
+/* Phase 2: every non-shard mesh dim in order: broadcast from coordinate 0, except
+ * that a Partial(sum|product) dim gives the other coordinates the identity. */
+static int spread_phase(const dist_ctx *c, const mt_layout *layout, void *local,
+                        mt_error *err) {
+  mt_box b;
+  my_box(c, layout, -1, 0, &b);
+  int64_t n = mt_box_numel(&b);
+  int rc = MT_OK;
+  for (int m = 0; m < layout->mesh_ndim && rc == MT_OK; ++m) {
+    mt_placement p = layout->placements[m];
+    if (p.kind == MT_PLACEMENT_SHARD || !zero_after(c, layout, m + 1, 0)) continue;
+    int identity = p.kind == MT_PLACEMENT_PARTIAL &&
+                   (p.reduce_op == MT_REDUCE_SUM || p.reduce_op == MT_REDUCE_PRODUCT);
+    if (!identity) {
+      rc = mt_mesh_bcast(c->mesh, m, local, n * c->itemsize, err);
+    } else if (c->coord[m] != 0 && p.reduce_op == MT_REDUCE_SUM) {
+      memset(local, 0, (size_t)(n * c->itemsize));
+    } else if (c->coord[m] != 0) {
+      fill_one(local, n, c->dtype);
+    }
+  }
+  return rc;
+}
+
+int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void *full,
+                  void *local, mt_error *err) {
+  dist_ctx c = {.mesh = mesh, .dtype = dtype};
+  c.itemsize = (int64_t)mt_dtype_size(dtype);
+  if (c.itemsize == 0) return mt__fail(err, MT_ETYPE, "unknown dtype code %d", dtype);
+  if (layout->mesh_ndim != mt_mesh_ndim(mesh)) {
+    return mt__fail(err, MT_EINVAL, "a %d-D layout on a %d-D mesh", layout->mesh_ndim,
+                    mt_mesh_ndim(mesh));
+  }
+  for (int m = 0; m < layout->mesh_ndim; ++m) {
+    if (layout->mesh_shape[m] != mt_mesh_dim_size(mesh, m)) {
+      return mt__fail(err, MT_EINVAL, "the layout's mesh shape differs from the mesh's");
+    }
+  }
+  if (!mt_mesh_coordinate(mesh, c.coord)) {
+    return mt__fail(err, MT_ESTATE, "this rank is not a member of the mesh");
+  }
+  int rc = scatter_phase(&c, layout, full, local, err);
+  return rc == MT_OK ? spread_phase(&c, layout, local, err) : rc;
+}

@@ -1,0 +1,146 @@
+/* MPI datatypes and reduction operations for mpitensor's element types.
+ *
+ * Data movement never needs typed MPI: boxes travel as bytes. Reductions do, and
+ * MPI lacks float16 and NumPy's NaN-propagating max/min, so those go through
+ * user-defined operations that call the core's own reduction kernel. */
+#include <stdatomic.h>
+
+#include "comm-private.h"
+#include "mpitensor/dtype.h"
+#include "mpitensor/pack.h"
+#include "mpi-types-private.h"
+
+enum { USER_SUM, USER_PRODUCT, USER_MAX, USER_MIN, USER_COUNT };
+
+static MPI_Op user_ops[USER_COUNT];
+static atomic_int user_state; /* 0 none, 1 being created, 2 ready */
+
+/* float16 travels as MPI_UINT16_T, which only these operations ever see. */
+static int dtype_of(MPI_Datatype t) {
+  if (t == MPI_UINT16_T) return MT_DTYPE_FLOAT16;
+  if (t == MPI_FLOAT) return MT_DTYPE_FLOAT32;
+  return MT_DTYPE_FLOAT64;
+}
+
+static void apply(void *in, void *inout, const int *len, const MPI_Datatype *t, int op) {
+  mt_reduce(inout, in, *len, dtype_of(*t), op, NULL);
+}
+
+static void user_sum(void *in, void *io, int *len, MPI_Datatype *t) {
+  apply(in, io, len, t, MT_REDUCE_SUM);
+}
+static void user_product(void *in, void *io, int *len, MPI_Datatype *t) {
+  apply(in, io, len, t, MT_REDUCE_PRODUCT);
+}
+static void user_max(void *in, void *io, int *len, MPI_Datatype *t) {
+  apply(in, io, len, t, MT_REDUCE_MAX);
+}
+static void user_min(void *in, void *io, int *len, MPI_Datatype *t) {
+  apply(in, io, len, t, MT_REDUCE_MIN);
+}
+
+/* Frees the operations when MPI_Finalize deletes MPI_COMM_SELF's attributes. */
+static int free_user_ops(MPI_Comm comm, int keyval, void *value, void *extra) {
+  (void)comm, (void)keyval, (void)value, (void)extra;
+  for (int i = 0; i < USER_COUNT; ++i) MPI_Op_free(&user_ops[i]);
+  atomic_store(&user_state, 0);
+  return MPI_SUCCESS;
+}
+
+static int create_user_ops(mt_error *err) {
+  MPI_User_function *fns[USER_COUNT] = {user_sum, user_product, user_max, user_min};
+  for (int i = 0; i < USER_COUNT; ++i) {
+    MT__MPI_TRY(MPI_Op_create(fns[i], 1, &user_ops[i]), "MPI_Op_create");
+  }
+  int keyval;
+  MT__MPI_TRY(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_user_ops, &keyval, NULL),
+              "MPI_Comm_create_keyval");
+  MT__MPI_TRY(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, NULL), "MPI_Comm_set_attr");
+  return MT_OK;
+}
+
+static int ensure_user_ops(mt_error *err) {
+  int expected = 0;
+  if (atomic_compare_exchange_strong(&user_state, &expected, 1)) {
+    int rc = create_user_ops(err);
+    atomic_store(&user_state, rc == MT_OK ? 2 : 0);
+    return rc;
+  }
+  while (atomic_load(&user_state) == 1) {
+  }
+  return atomic_load(&user_state) == 2 ? MT_OK : mt__fail(err, MT_EMPI, "MPI operations unavailable");
+}
+
+static MPI_Datatype builtin_type(int dtype) {
+  switch (dtype) {
+    case MT_DTYPE_BOOL: return MPI_C_BOOL;
+    case MT_DTYPE_INT8: return MPI_INT8_T;
+    case MT_DTYPE_INT16: return MPI_INT16_T;
+    case MT_DTYPE_INT32: return MPI_INT32_T;
+    case MT_DTYPE_INT64: return MPI_INT64_T;
+    case MT_DTYPE_UINT8: return MPI_UINT8_T;
+    case MT_DTYPE_UINT16: return MPI_UINT16_T;
+    case MT_DTYPE_UINT32: return MPI_UINT32_T;
+    case MT_DTYPE_UINT64: return MPI_UINT64_T;
+    case MT_DTYPE_FLOAT16: return MPI_UINT16_T;
+    case MT_DTYPE_FLOAT32: return MPI_FLOAT;
+    case MT_DTYPE_FLOAT64: return MPI_DOUBLE;
+    case MT_DTYPE_COMPLEX64: return MPI_C_FLOAT_COMPLEX;
+    case MT_DTYPE_COMPLEX128: return MPI_C_DOUBLE_COMPLEX;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+static MPI_Op builtin_op(int dtype, int op) {
+  if (dtype == MT_DTYPE_BOOL) {
+    return (op == MT_REDUCE_PRODUCT || op == MT_REDUCE_MIN) ? MPI_LAND : MPI_LOR;
+  }
+  switch (op) {
+    case MT_REDUCE_SUM:
+    case MT_REDUCE_AVG: return MPI_SUM;
+    case MT_REDUCE_PRODUCT: return MPI_PROD;
+    case MT_REDUCE_MAX: return MPI_MAX;
+    default: return MPI_MIN;
+  }
+}
+
+int mt__reduce_check(int dtype, int op, mt_error *err) {
+  if (builtin_type(dtype) == MPI_DATATYPE_NULL) {
+    return mt__fail(err, MT_ETYPE, "dtype code %d cannot be reduced", dtype);
+  }
+  if (op < 0 || op >= MT_REDUCE_COUNT) {
+    return mt__fail(err, MT_EINVAL, "unknown reduce op %d", op);
+  }
+  int complex = dtype == MT_DTYPE_COMPLEX64 || dtype == MT_DTYPE_COMPLEX128;
+  if (complex && (op == MT_REDUCE_MAX || op == MT_REDUCE_MIN)) {
+    return mt__fail(err, MT_ETYPE, "Partial(%s) of %s values: complex numbers have no "
+                    "order", op == MT_REDUCE_MAX ? "max" : "min", mt_dtype_name(dtype));
+  }
+  int exact = dtype <= MT_DTYPE_UINT64; /* bool and the integers */
+  if (exact && op == MT_REDUCE_AVG) {
+    return mt__fail(err, MT_ETYPE, "Partial(avg) of %s values: an average is not a %s; "
+                    "cast to a float dtype first (forward_dtype=)", mt_dtype_name(dtype),
+                    mt_dtype_name(dtype));
+  }
+  return MT_OK;
+}
+
+int mt__reduce_type(int dtype, int op, MPI_Datatype *type, MPI_Op *mop, mt_error *err) {
+  int rc = mt__reduce_check(dtype, op, err);
+  if (rc != MT_OK) return rc;
+  *type = builtin_type(dtype);
+  int is_float = dtype == MT_DTYPE_FLOAT32 || dtype == MT_DTYPE_FLOAT64;
+  int nan_order = is_float && (op == MT_REDUCE_MAX || op == MT_REDUCE_MIN);
+  if (dtype != MT_DTYPE_FLOAT16 && !nan_order) {
+    *mop = builtin_op(dtype, op);
+    return MT_OK;
+  }
+  rc = ensure_user_ops(err);
+  if (rc != MT_OK) return rc;
+  int slot = op == MT_REDUCE_PRODUCT ? USER_PRODUCT
+             : op == MT_REDUCE_MAX   ? USER_MAX
+             : op == MT_REDUCE_MIN   ? USER_MIN
+                                     : USER_SUM;
+  *mop = user_ops[slot];
+  return MT_OK;
+}
