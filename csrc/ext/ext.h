@@ -1,0 +1,62 @@
+/* Shared private declarations of the mpitensor._C extension: argument conversion,
+ * status-to-exception mapping, and the registration hook of each area. The
+ * extension holds no logic of its own; everything it does is a call into the core. */
+#ifndef MPITENSOR_EXT_H
+#define MPITENSOR_EXT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* One NumPy C API table for all of the extension's files; only module.c imports
+ * it, the others see it through this symbol. */
+#define PY_ARRAY_UNIQUE_SYMBOL MT_ARRAY_API
+#ifndef MT_EXT_IMPORTS_NUMPY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include "mpitensor/mpitensor.h"
+#include "mpitensor/plan.h"
+
+/* Per-module state (PEP 489): the heap types, for isinstance checks in any area. */
+typedef struct mt_ext_state {
+  PyTypeObject *mesh_type;
+  PyTypeObject *plan_type;
+  PyTypeObject *request_type;
+} mt_ext_state;
+
+static inline mt_ext_state *mt_ext_state_of(PyObject *module) {
+  return (mt_ext_state *)PyModule_GetState(module);
+}
+
+/* The mt_dtype code of an array's element type, or -1 with TypeError set. */
+int mt_ext_dtype(PyArrayObject *a);
+
+/* A new reference to a C-contiguous array with the elements of `obj`, which must
+ * be an ndarray (TypeError otherwise); copies only when `obj` is not contiguous. */
+PyArrayObject *mt_ext_contiguous(PyObject *obj);
+
+/* Raises the Python exception that matches a core status (ValueError for
+ * MT_EINVAL, IndexError, TypeError, MemoryError, NotImplementedError, else
+ * RuntimeError) with the core's message, and returns NULL. */
+PyObject *mt_ext_raise(int code, const mt_error *err);
+
+/* Reads a tuple or list of ints into `out` (at most `cap` of them); sets *n.
+ * Returns 0, or -1 with a Python exception set that names `what`. */
+int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what);
+
+/* Reads placements encoded as a sequence of (kind, dim, reduce_op) int triples. */
+int mt_ext_placements(PyObject *seq, mt_placement *out, int *n);
+
+/* Each area adds its functions and types to the module in Py_mod_exec. */
+typedef struct mt_mesh mt_mesh;
+/* The core mesh behind a _C.Mesh, or NULL with TypeError set. */
+mt_mesh *mt_ext_mesh_get(PyObject *module, PyObject *obj);
+int mt_ext_mesh_exec(PyObject *module);
+int mt_ext_redistribute_exec(PyObject *module);
+extern PyMethodDef mt_ext_mesh_methods[];
+extern PyMethodDef mt_ext_redistribute_methods[];
+extern PyMethodDef mt_ext_layout_methods[];
+extern PyMethodDef mt_ext_rng_methods[];
+
+#endif

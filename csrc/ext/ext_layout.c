@@ -1,0 +1,101 @@
+/* Layout math for Python: local boxes and even-sharding global shapes. */
+#include "ext.h"
+
+static PyObject *tuple_of(const int64_t *v, int n) {
+  PyObject *out = PyTuple_New(n);
+  for (int i = 0; out != NULL && i < n; ++i) {
+    PyObject *x = PyLong_FromLongLong(v[i]);
+    if (x == NULL) {
+      Py_CLEAR(out);
+      break;
+    }
+    PyTuple_SET_ITEM(out, i, x);
+  }
+  return out;
+}
+
+/* Reads (global shape, mesh shape, placements) and validates them as a layout. */
+static int read_layout(PyObject *shape_obj, PyObject *mesh_obj, PyObject *pl_obj,
+                       mt_layout *layout) {
+  int64_t shape[MT_MAX_NDIM], mesh_shape[MT_MAX_MESH_NDIM];
+  mt_placement pl[MT_MAX_MESH_NDIM];
+  int ndim = 0, mesh_ndim = 0, npl = 0;
+  if (mt_ext_int64s(shape_obj, shape, MT_MAX_NDIM, &ndim, "shape") < 0) return -1;
+  if (mt_ext_int64s(mesh_obj, mesh_shape, MT_MAX_MESH_NDIM, &mesh_ndim, "mesh shape") < 0)
+    return -1;
+  if (mt_ext_placements(pl_obj, pl, &npl) < 0) return -1;
+  if (npl != mesh_ndim) {
+    PyErr_Format(PyExc_ValueError, "%d placements were given for a %d-D mesh", npl,
+                 mesh_ndim);
+    return -1;
+  }
+  mt_error err = {0};
+  int rc = mt_layout_init(layout, ndim, shape, mesh_ndim, mesh_shape, pl, &err);
+  if (rc != MT_OK) {
+    mt_ext_raise(rc, &err);
+    return -1;
+  }
+  return 0;
+}
+
+/* local_box(global_shape, mesh_shape, coordinate, placements) -> (shape, offset) */
+static PyObject *local_box(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    return PyErr_Format(PyExc_TypeError,
+                        "local_box(global_shape, mesh_shape, coordinate, placements)");
+  }
+  mt_layout layout;
+  if (read_layout(args[0], args[1], args[3], &layout) < 0) return NULL;
+  int64_t coord[MT_MAX_MESH_NDIM];
+  int ncoord = 0;
+  if (mt_ext_int64s(args[2], coord, MT_MAX_MESH_NDIM, &ncoord, "coordinate") < 0)
+    return NULL;
+  if (ncoord != layout.mesh_ndim) {
+    return PyErr_Format(PyExc_ValueError, "a coordinate of %d entries on a %d-D mesh",
+                        ncoord, layout.mesh_ndim);
+  }
+  mt_box box;
+  mt_error err = {0};
+  int rc = mt_layout_local_box(&layout, coord, &box, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  PyObject *shape = tuple_of(box.shape, box.ndim);
+  PyObject *offset = tuple_of(box.offset, box.ndim);
+  PyObject *out = (shape && offset) ? PyTuple_Pack(2, shape, offset) : NULL;
+  Py_XDECREF(shape);
+  Py_XDECREF(offset);
+  return out;
+}
+
+/* even_global_shape(local_shape, mesh_shape, placements) -> global shape */
+static PyObject *even_global_shape(PyObject *module, PyObject *const *args,
+                                   Py_ssize_t nargs) {
+  if (nargs != 3) {
+    return PyErr_Format(PyExc_TypeError,
+                        "even_global_shape(local_shape, mesh_shape, placements)");
+  }
+  int64_t local[MT_MAX_NDIM], mesh_shape[MT_MAX_MESH_NDIM], global[MT_MAX_NDIM];
+  mt_placement pl[MT_MAX_MESH_NDIM];
+  int ndim = 0, mesh_ndim = 0, npl = 0;
+  if (mt_ext_int64s(args[0], local, MT_MAX_NDIM, &ndim, "local shape") < 0) return NULL;
+  if (mt_ext_int64s(args[1], mesh_shape, MT_MAX_MESH_NDIM, &mesh_ndim, "mesh shape") < 0)
+    return NULL;
+  if (mt_ext_placements(args[2], pl, &npl) < 0) return NULL;
+  if (npl != mesh_ndim) {
+    return PyErr_Format(PyExc_ValueError, "%d placements were given for a %d-D mesh", npl,
+                        mesh_ndim);
+  }
+  mt_error err = {0};
+  int rc = mt_layout_even_global_shape(ndim, local, mesh_ndim, mesh_shape, pl, global, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return tuple_of(global, ndim);
+}
+
+PyMethodDef mt_ext_layout_methods[] = {
+    {"local_box", (PyCFunction)(void (*)(void))local_box, METH_FASTCALL,
+     "local_box(global_shape, mesh_shape, coordinate, placements) -> (shape, offset)."
+     " Placements are (kind, dim, reduce_op) triples. Local."},
+    {"even_global_shape", (PyCFunction)(void (*)(void))even_global_shape, METH_FASTCALL,
+     "even_global_shape(local_shape, mesh_shape, placements) -> global shape of an "
+     "evenly sharded tensor. Local."},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,239 @@
+/* _C.Mesh: a DeviceMesh's communicators, owned by the core's mt_mesh. */
+#include "ext.h"
+
+#include <mpi4py/mpi4py.h>
+
+#include "mpitensor/mesh.h"
+
+typedef struct {
+  PyObject_HEAD
+  mt_mesh *mesh;
+  PyObject *groups; /* tuple of mpi4py communicators, made on first request */
+} MeshObject;
+
+static void mesh_dealloc(MeshObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  Py_CLEAR(self->groups);
+  mt_mesh_destroy(self->mesh);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp);
+}
+
+static int mesh_traverse(MeshObject *self, visitproc visit, void *arg) {
+  Py_VISIT(self->groups);
+  Py_VISIT(Py_TYPE(self));
+  return 0;
+}
+
+static PyObject *wrap(PyTypeObject *tp, mt_mesh *mesh) {
+  MeshObject *self = PyObject_GC_New(MeshObject, tp);
+  if (self == NULL) {
+    mt_mesh_destroy(mesh);
+    return NULL;
+  }
+  self->mesh = mesh;
+  self->groups = NULL;
+  PyObject_GC_Track(self);
+  return (PyObject *)self;
+}
+
+/* mpi4py's C API is imported on the first mesh, not at module import, so that
+ * `import mpitensor` and its layout math do not initialize MPI. Its function table
+ * is file-local to this translation unit, as mpi4py.h defines it. */
+static int mpi4py_ready(void) {
+  static int ready = 0;
+  if (!ready && import_mpi4py() < 0) return 0;
+  ready = 1;
+  return 1;
+}
+
+/* Mesh(comm, shape, ranks): collective on comm. `ranks` is the flattened mesh. */
+static PyObject *mesh_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
+  PyObject *comm_obj, *shape_obj, *ranks_obj;
+  if (!PyArg_ParseTuple(args, "OOO:Mesh", &comm_obj, &shape_obj, &ranks_obj)) return NULL;
+  if (!mpi4py_ready()) return NULL;
+  MPI_Comm *comm = PyMPIComm_Get(comm_obj);
+  if (comm == NULL) return NULL;
+  int64_t shape[MT_MAX_MESH_NDIM];
+  int ndim = 0;
+  if (mt_ext_int64s(shape_obj, shape, MT_MAX_MESH_NDIM, &ndim, "mesh shape") < 0) {
+    return NULL;
+  }
+  PyArrayObject *ranks = (PyArrayObject *)PyArray_FROMANY(ranks_obj, NPY_INT, 1, 1,
+                                                          NPY_ARRAY_IN_ARRAY);
+  if (ranks == NULL) return NULL;
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; ++d) numel *= shape[d];
+  mt_mesh *mesh = NULL;
+  mt_error err = {0};
+  int rc = MT_EINVAL;
+  snprintf(err.msg, sizeof err.msg, "the mesh has %lld ranks but its shape needs %lld",
+           (long long)PyArray_SIZE(ranks), (long long)numel);
+  if (PyArray_SIZE(ranks) == numel) {
+    const int *r = (const int *)PyArray_DATA(ranks);
+    Py_BEGIN_ALLOW_THREADS
+    rc = mt_mesh_create(*comm, ndim, shape, r, &mesh, &err);
+    Py_END_ALLOW_THREADS
+  }
+  Py_DECREF(ranks);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return wrap(tp, mesh);
+}
+
+static PyObject *mesh_slice(MeshObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 1) return PyErr_Format(PyExc_TypeError, "slice(dims) takes 1 argument");
+  int64_t dims64[MT_MAX_MESH_NDIM];
+  int dims[MT_MAX_MESH_NDIM];
+  int n = 0;
+  if (mt_ext_int64s(args[0], dims64, MT_MAX_MESH_NDIM, &n, "dims") < 0) return NULL;
+  for (int i = 0; i < n; ++i) dims[i] = (int)dims64[i];
+  mt_mesh *sub = NULL;
+  mt_error err = {0};
+  int rc = mt_mesh_slice(self->mesh, n, dims, &sub, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return wrap(Py_TYPE(self), sub);
+}
+
+static PyObject *mesh_coordinate(MeshObject *self, PyObject *unused) {
+  int64_t coord[MT_MAX_MESH_NDIM];
+  if (!mt_mesh_coordinate(self->mesh, coord)) Py_RETURN_NONE;
+  int ndim = mt_mesh_ndim(self->mesh);
+  PyObject *out = PyTuple_New(ndim);
+  for (int d = 0; out != NULL && d < ndim; ++d) {
+    PyTuple_SET_ITEM(out, d, PyLong_FromLongLong(coord[d]));
+  }
+  return out;
+}
+
+/* The mpi4py objects share the mesh's handles; the mesh frees them, so they are
+ * made once and kept, never freed by a user's garbage. */
+static PyObject *make_groups(mt_mesh *mesh) {
+  int ndim = mt_mesh_ndim(mesh);
+  PyObject *out = PyTuple_New(ndim);
+  for (int d = 0; out != NULL && d < ndim; ++d) {
+    PyObject *c = PyMPIComm_New(mt_mesh_dim_comm(mesh, d));
+    if (c == NULL) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, d, c);
+  }
+  return out;
+}
+
+static PyObject *mesh_groups(MeshObject *self, PyObject *unused) {
+  if (self->groups == NULL) self->groups = make_groups(self->mesh);
+  Py_XINCREF(self->groups);
+  return self->groups;
+}
+
+static PyObject *mesh_bcast(MeshObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  int dim = 0;
+  if (nargs != 2 || !PyArray_Check(args[0])) {
+    return PyErr_Format(PyExc_TypeError, "bcast(array, dim) takes an ndarray and a dim");
+  }
+  PyArrayObject *a = (PyArrayObject *)args[0];
+  if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a)) {
+    return PyErr_Format(PyExc_ValueError, "bcast needs a writable C-contiguous array");
+  }
+  long d = PyLong_AsLong(args[1]);
+  if (d == -1 && PyErr_Occurred()) return NULL;
+  dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_mesh_bcast(self->mesh, dim, PyArray_DATA(a), (int64_t)PyArray_NBYTES(a), &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mesh_any(MeshObject *self, PyObject *flag) {
+  int value = PyObject_IsTrue(flag), result = 0, rc;
+  if (value < 0) return NULL;
+  mt_error err = {0};
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_mesh_any(self->mesh, value, &result, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return PyBool_FromLong(result);
+}
+
+static PyObject *mesh_get_shape(MeshObject *self, void *closure) {
+  int ndim = mt_mesh_ndim(self->mesh);
+  PyObject *out = PyTuple_New(ndim);
+  for (int d = 0; out != NULL && d < ndim; ++d) {
+    PyTuple_SET_ITEM(out, d, PyLong_FromLongLong(mt_mesh_dim_size(self->mesh, d)));
+  }
+  return out;
+}
+
+static PyMethodDef mesh_methods[] = {
+    {"slice", (PyCFunction)(void (*)(void))mesh_slice, METH_FASTCALL,
+     "slice(dims) -> Mesh over those mesh dims (ascending), sharing communicators. Local."},
+    {"coordinate", (PyCFunction)mesh_coordinate, METH_NOARGS,
+     "This rank's coordinate as a tuple, or None for a non-member. Local."},
+    {"groups", (PyCFunction)mesh_groups, METH_NOARGS,
+     "One mpi4py communicator per mesh dim (COMM_NULL on a non-member). Local."},
+    {"bcast", (PyCFunction)(void (*)(void))mesh_bcast, METH_FASTCALL,
+     "bcast(array, dim): broadcast in place from coordinate 0 of that dim. Collective."},
+    {"any", (PyCFunction)mesh_any, METH_O,
+     "any(flag) -> OR of flag over all members. Collective on the mesh."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef mesh_getset[] = {
+    {"shape", (getter)mesh_get_shape, NULL, "mesh shape", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot mesh_slots[] = {
+    {Py_tp_new, mesh_new},
+    {Py_tp_dealloc, mesh_dealloc},
+    {Py_tp_traverse, mesh_traverse},
+    {Py_tp_methods, mesh_methods},
+    {Py_tp_getset, mesh_getset},
+    {Py_tp_doc, "Mesh(comm, shape, ranks): the communicators of a device mesh. "
+                "Collective on comm."},
+    {0, NULL},
+};
+
+static PyType_Spec mesh_spec = {
+    .name = "mpitensor._C.Mesh",
+    .basicsize = sizeof(MeshObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .slots = mesh_slots,
+};
+
+static PyObject *library_version(PyObject *module, PyObject *unused) {
+  char text[8192];
+  mt_error err = {0};
+  int rc = mt_mpi_library_version(text, (int)sizeof text, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return PyUnicode_FromString(text);
+}
+
+static PyObject *live_comms(PyObject *module, PyObject *unused) {
+  return PyLong_FromLongLong(mt_comm_live_count());
+}
+
+PyMethodDef mt_ext_mesh_methods[] = {
+    {"mpi_library_version", library_version, METH_NOARGS,
+     "The MPI_Get_library_version string of the libmpi this extension links. Local."},
+    {"comm_live_count", live_comms, METH_NOARGS,
+     "Communicators mpitensor created and has not freed yet. Local."},
+    {NULL, NULL, 0, NULL},
+};
+
+mt_mesh *mt_ext_mesh_get(PyObject *module, PyObject *obj) {
+  if (!PyObject_TypeCheck(obj, mt_ext_state_of(module)->mesh_type)) {
+    PyErr_Format(PyExc_TypeError, "expected a _C.Mesh, got %s", Py_TYPE(obj)->tp_name);
+    return NULL;
+  }
+  return ((MeshObject *)obj)->mesh;
+}
+
+int mt_ext_mesh_exec(PyObject *module) {
+  PyObject *tp = PyType_FromModuleAndSpec(module, &mesh_spec, NULL);
+  if (tp == NULL) return -1;
+  mt_ext_state_of(module)->mesh_type = (PyTypeObject *)tp;
+  return PyModule_AddObjectRef(module, "Mesh", tp);
+}

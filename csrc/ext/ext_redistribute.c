@@ -1,0 +1,403 @@
+/* _C.Plan, _C.Request and the redistribute/distribute entry points. */
+#include "ext.h"
+
+#include "mpitensor/comm.h"
+#include "mpitensor/mesh.h"
+
+typedef struct {
+  PyObject_HEAD
+  mt_plan *plan;
+  mt_layout src, dst;
+} PlanObject;
+
+typedef struct {
+  PyObject_HEAD
+  mt_request *req;
+  PyObject *mesh, *plan, *src, *dst; /* kept alive until the data has arrived */
+} RequestObject;
+
+/* ---- Plan ------------------------------------------------------------------------ */
+
+static int read_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes,
+                       mt_layout *out) {
+  int64_t sh[MT_MAX_NDIM], ms[MT_MAX_MESH_NDIM];
+  mt_placement pl[MT_MAX_MESH_NDIM];
+  int nd = 0, nm = 0, np = 0;
+  if (mt_ext_int64s(shape, sh, MT_MAX_NDIM, &nd, "shape") < 0) return -1;
+  if (mt_ext_int64s(mesh_shape, ms, MT_MAX_MESH_NDIM, &nm, "mesh shape") < 0) return -1;
+  if (mt_ext_placements(codes, pl, &np) < 0) return -1;
+  if (np != nm) {
+    PyErr_Format(PyExc_ValueError, "%d placements for a %d-D mesh", np, nm);
+    return -1;
+  }
+  mt_error err = {0};
+  int rc = mt_layout_init(out, nd, sh, nm, ms, pl, &err);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
+}
+
+/* Plan(shape, mesh_shape, src_placements, dst_placements, itemsize). Local. */
+static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
+  PyObject *shape, *mesh_shape, *src, *dst;
+  long long itemsize;
+  if (!PyArg_ParseTuple(args, "OOOOL:Plan", &shape, &mesh_shape, &src, &dst, &itemsize))
+    return NULL;
+  PlanObject *self = (PlanObject *)tp->tp_alloc(tp, 0);
+  if (self == NULL) return NULL;
+  if (read_layout(shape, mesh_shape, src, &self->src) < 0 ||
+      read_layout(shape, mesh_shape, dst, &self->dst) < 0) {
+    Py_DECREF(self);
+    return NULL;
+  }
+  mt_error err = {0};
+  int rc = mt_plan_create(&self->src, &self->dst, itemsize, &self->plan, &err);
+  if (rc != MT_OK) {
+    Py_DECREF(self);
+    return mt_ext_raise(rc, &err);
+  }
+  return (PyObject *)self;
+}
+
+static void plan_dealloc(PlanObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  mt_plan_destroy(self->plan);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp);
+}
+
+static const char *step_names[] = {"all_gather", "all_to_all", "chunk",
+                                   "all_reduce", "reduce_scatter", "direct"};
+
+static PyObject *codes_of(const mt_layout *l) {
+  PyObject *out = PyTuple_New(l->mesh_ndim);
+  for (int m = 0; out != NULL && m < l->mesh_ndim; ++m) {
+    mt_placement p = l->placements[m];
+    PyObject *t = Py_BuildValue("(iii)", p.kind, p.dim, p.reduce_op);
+    if (t == NULL) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, m, t);
+  }
+  return out;
+}
+
+/* steps() -> [(kind, mesh_dim, src_codes, dst_codes, bytes, messages), ...] */
+static PyObject *plan_steps(PlanObject *self, PyObject *unused) {
+  int n = mt_plan_nsteps(self->plan);
+  PyObject *out = PyList_New(n);
+  for (int i = 0; out != NULL && i < n; ++i) {
+    const mt_step *s = mt_plan_step(self->plan, i);
+    PyObject *t = Py_BuildValue("(siNNLL)", step_names[s->kind], s->mesh_dim,
+                                codes_of(&s->src), codes_of(&s->dst),
+                                (long long)s->bytes, (long long)s->messages);
+    if (t == NULL) Py_CLEAR(out);
+    else PyList_SET_ITEM(out, i, t);
+  }
+  return out;
+}
+
+static PyObject *plan_get_nsteps(PlanObject *self, void *c) {
+  return PyLong_FromLong(mt_plan_nsteps(self->plan));
+}
+static PyObject *plan_get_bytes(PlanObject *self, void *c) {
+  return PyLong_FromLongLong(mt_plan_bytes(self->plan));
+}
+static PyObject *plan_get_messages(PlanObject *self, void *c) {
+  return PyLong_FromLongLong(mt_plan_messages(self->plan));
+}
+
+static PyMethodDef plan_methods[] = {
+    {"steps", (PyCFunction)plan_steps, METH_NOARGS,
+     "[(kind, mesh_dim, src_codes, dst_codes, bytes, messages)] of every step. Local."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef plan_getset[] = {
+    {"nsteps", (getter)plan_get_nsteps, NULL, "number of steps", NULL},
+    {"bytes", (getter)plan_get_bytes, NULL, "bytes received from other ranks, all ranks", NULL},
+    {"messages", (getter)plan_get_messages, NULL, "point-to-point messages, all ranks", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot plan_slots[] = {
+    {Py_tp_new, plan_new},
+    {Py_tp_dealloc, plan_dealloc},
+    {Py_tp_methods, plan_methods},
+    {Py_tp_getset, plan_getset},
+    {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, itemsize): a redistribution plan. Local."},
+    {0, NULL},
+};
+
+static PyType_Spec plan_spec = {
+    .name = "mpitensor._C.Plan",
+    .basicsize = sizeof(PlanObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = plan_slots,
+};
+
+/* ---- helpers ---------------------------------------------------------------------- */
+
+static int my_box(mt_mesh *mesh, const mt_layout *l, mt_box *box) {
+  int64_t coord[MT_MAX_MESH_NDIM];
+  if (!mt_mesh_coordinate(mesh, coord)) {
+    PyErr_SetString(PyExc_RuntimeError, "this rank is not a member of the mesh");
+    return -1;
+  }
+  mt_error err = {0};
+  int rc = mt_layout_local_box(l, coord, box, &err);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
+}
+
+static PyArrayObject *new_box_array(const mt_box *box, PyArrayObject *like) {
+  npy_intp dims[MT_MAX_NDIM];
+  for (int i = 0; i < box->ndim; ++i) dims[i] = (npy_intp)box->shape[i];
+  PyArray_Descr *descr = PyArray_DESCR(like);
+  Py_INCREF(descr);
+  return (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, box->ndim, dims, NULL,
+                                               NULL, 0, NULL);
+}
+
+/* A local array must be exactly this rank's box: anything else would make MPI read
+ * or write outside it. */
+static int check_local(PyArrayObject *a, const mt_box *box) {
+  int ok = PyArray_NDIM(a) == box->ndim;
+  for (int i = 0; ok && i < box->ndim; ++i) ok = PyArray_DIM(a, i) == box->shape[i];
+  if (!ok) {
+    PyObject *shape = PyObject_GetAttrString((PyObject *)a, "shape");
+    PyErr_Format(PyExc_ValueError, "the local array of shape %R is not this rank's shard "
+                 "(%d dims) of the DTensor; was it built with from_local from "
+                 "uneven shards without shape= and stride=?", shape, box->ndim);
+    Py_XDECREF(shape);
+  }
+  return ok ? 0 : -1;
+}
+
+typedef struct call_args {
+  mt_mesh *mesh;
+  PlanObject *plan;
+  PyArrayObject *src;
+  PyArrayObject *dst;
+  int dtype;
+} call_args;
+
+/* Parses (mesh, plan, array), checks the array against the plan's source layout and
+ * allocates the destination (none when the plan has no step). */
+static int prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                   call_args *c) {
+  memset(c, 0, sizeof *c);
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "expected (mesh, plan, array)");
+    return -1;
+  }
+  c->mesh = mt_ext_mesh_get(module, args[0]);
+  if (c->mesh == NULL) return -1;
+  if (!PyObject_TypeCheck(args[1], mt_ext_state_of(module)->plan_type)) {
+    PyErr_SetString(PyExc_TypeError, "expected a _C.Plan");
+    return -1;
+  }
+  c->plan = (PlanObject *)args[1];
+  mt_box sb, tb;
+  if (my_box(c->mesh, &c->plan->src, &sb) < 0 || my_box(c->mesh, &c->plan->dst, &tb) < 0)
+    return -1;
+  c->src = mt_ext_contiguous(args[2]);
+  if (c->src == NULL) return -1;
+  c->dtype = mt_ext_dtype(c->src);
+  if (check_local(c->src, &sb) < 0) return -1;
+  if (mt_plan_nsteps(c->plan->plan) == 0) return 0;
+  c->dst = new_box_array(&tb, c->src);
+  return c->dst == NULL ? -1 : 0;
+}
+
+static void release(call_args *c) {
+  Py_XDECREF(c->src);
+  Py_XDECREF(c->dst);
+}
+
+/* ---- redistribute ------------------------------------------------------------------- */
+
+/* redistribute(mesh, plan, local) -> new local array. Collective on the mesh. */
+static PyObject *redistribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  call_args c;
+  if (prepare(module, args, nargs, &c) < 0) {
+    release(&c);
+    return NULL;
+  }
+  if (c.dst == NULL) return (PyObject *)c.src; /* no step: the data is already there */
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_redistribute(c.mesh, c.plan->plan, c.dtype, PyArray_DATA(c.src),
+                       PyArray_DATA(c.dst), &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) {
+    release(&c);
+    return mt_ext_raise(rc, &err);
+  }
+  Py_DECREF(c.src);
+  return (PyObject *)c.dst;
+}
+
+static int request_finish(RequestObject *self, mt_error *err) {
+  if (self->req == NULL) return MT_OK;
+  mt_request *req = self->req;
+  int rc;
+  self->req = NULL;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_request_wait(req, err);
+  Py_END_ALLOW_THREADS
+  return rc;
+}
+
+/* redistribute_start(mesh, plan, local) -> Request. Collective on the mesh. */
+static PyObject *redistribute_start(PyObject *module, PyObject *const *args,
+                                    Py_ssize_t nargs) {
+  call_args c;
+  if (prepare(module, args, nargs, &c) < 0) {
+    release(&c);
+    return NULL;
+  }
+  PyTypeObject *tp = mt_ext_state_of(module)->request_type;
+  RequestObject *self = (RequestObject *)tp->tp_alloc(tp, 0);
+  if (self == NULL) {
+    release(&c);
+    return NULL;
+  }
+  Py_INCREF(args[0]);
+  Py_INCREF(args[1]);
+  self->mesh = args[0], self->plan = args[1], self->src = (PyObject *)c.src;
+  self->dst = c.dst != NULL ? (PyObject *)c.dst : Py_NewRef((PyObject *)c.src);
+  if (c.dst == NULL) return (PyObject *)self;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_redistribute_start(c.mesh, c.plan->plan, c.dtype, PyArray_DATA(c.src),
+                             PyArray_DATA(c.dst), &self->req, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) {
+    Py_DECREF(self);
+    return mt_ext_raise(rc, &err);
+  }
+  return (PyObject *)self;
+}
+
+static PyObject *request_wait(RequestObject *self, PyObject *unused) {
+  mt_error err = {0};
+  int rc = request_finish(self, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return Py_NewRef(self->dst);
+}
+
+static PyObject *request_get_done(RequestObject *self, void *c) {
+  return PyBool_FromLong(self->req == NULL);
+}
+
+/* A request dropped unwaited still completes, so MPI never writes into freed memory. */
+static void request_dealloc(RequestObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  mt_error err = {0};
+  request_finish(self, &err);
+  Py_XDECREF(self->mesh);
+  Py_XDECREF(self->plan);
+  Py_XDECREF(self->src);
+  Py_XDECREF(self->dst);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp);
+}
+
+static PyMethodDef request_methods[] = {
+    {"wait", (PyCFunction)request_wait, METH_NOARGS,
+     "Completes the redistribute and returns the new local array. Collective."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef request_getset[] = {
+    {"done", (getter)request_get_done, NULL, "True once wait() has completed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot request_slots[] = {
+    {Py_tp_dealloc, request_dealloc},
+    {Py_tp_methods, request_methods},
+    {Py_tp_getset, request_getset},
+    {Py_tp_doc, "An asynchronous redistribute in flight; wait() returns its result."},
+    {0, NULL},
+};
+
+static PyType_Spec request_spec = {
+    .name = "mpitensor._C.Request",
+    .basicsize = sizeof(RequestObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = request_slots,
+};
+
+/* ---- distribute ---------------------------------------------------------------------- */
+
+/* distribute(mesh, placements, full) -> this rank's box of `full`, whose copy on the
+ * mesh's first rank is the source of truth. Collective on the mesh. */
+static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "distribute(mesh, placements, full)");
+  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  if (mesh == NULL) return NULL;
+  PyArrayObject *full = mt_ext_contiguous(args[2]);
+  if (full == NULL) return NULL;
+  PyObject *shape = PyObject_GetAttrString((PyObject *)full, "shape");
+  PyObject *mesh_shape = PyObject_GetAttrString(args[0], "shape");
+  mt_layout layout;
+  mt_box box;
+  PyArrayObject *local = NULL;
+  int ok = shape && mesh_shape && read_layout(shape, mesh_shape, args[1], &layout) == 0 &&
+           my_box(mesh, &layout, &box) == 0;
+  Py_XDECREF(shape);
+  Py_XDECREF(mesh_shape);
+  if (ok) local = new_box_array(&box, full);
+  if (local != NULL) {
+    mt_error err = {0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = mt_distribute(mesh, &layout, mt_ext_dtype(full), PyArray_DATA(full),
+                       PyArray_DATA(local), &err);
+    Py_END_ALLOW_THREADS
+    if (rc != MT_OK) {
+      Py_CLEAR(local);
+      mt_ext_raise(rc, &err);
+    }
+  }
+  Py_DECREF(full);
+  return (PyObject *)local;
+}
+
+/* ---- counters ------------------------------------------------------------------------ */
+
+/* comm_counters() -> {name: (calls, bytes)} since the process started. Local. */
+static PyObject *comm_counters(PyObject *module, PyObject *unused) {
+  mt_comm_counters c;
+  mt_comm_counters_get(&c);
+  PyObject *out = PyDict_New();
+  for (int k = 0; out != NULL && k < MT_COLL_COUNT; ++k) {
+    PyObject *v = Py_BuildValue("(LL)", (long long)c.calls[k], (long long)c.bytes[k]);
+    if (v == NULL || PyDict_SetItemString(out, mt_coll_name(k), v) < 0) Py_CLEAR(out);
+    Py_XDECREF(v);
+  }
+  return out;
+}
+
+PyMethodDef mt_ext_redistribute_methods[] = {
+    {"redistribute", (PyCFunction)(void (*)(void))redistribute, METH_FASTCALL,
+     "redistribute(mesh, plan, local) -> local array of the plan's target. Collective."},
+    {"redistribute_start", (PyCFunction)(void (*)(void))redistribute_start, METH_FASTCALL,
+     "redistribute_start(mesh, plan, local) -> Request. Collective."},
+    {"distribute", (PyCFunction)(void (*)(void))distribute, METH_FASTCALL,
+     "distribute(mesh, placements, full) -> this rank's box. Collective."},
+    {"comm_counters", comm_counters, METH_NOARGS,
+     "{collective name: (calls, bytes sent)} since the process started. Local."},
+    {NULL, NULL, 0, NULL},
+};
+
+int mt_ext_redistribute_exec(PyObject *module) {
+  mt_ext_state *st = mt_ext_state_of(module);
+  st->plan_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &plan_spec, NULL);
+  if (st->plan_type == NULL) return -1;
+  st->request_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &request_spec, NULL);
+  if (st->request_type == NULL) return -1;
+  if (PyModule_AddObjectRef(module, "Plan", (PyObject *)st->plan_type) < 0) return -1;
+  return PyModule_AddObjectRef(module, "Request", (PyObject *)st->request_type);
+}

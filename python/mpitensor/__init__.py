@@ -1,0 +1,42 @@
+"""mpitensor: torch.distributed.tensor's DTensor for NumPy arrays, on MPI.
+
+Example (``mpiexec -n 4 python script.py``)::
+
+    import numpy as np
+    import mpitensor as mt
+
+    mesh = mt.init_device_mesh("cpu", (4,))
+    x = mt.DTensor.from_local(np.ones((2, 3)), mesh, [mt.Shard(0)])
+    print(x.shape)  # (8, 3) on every rank
+"""
+
+from . import _C
+from ._api import DTensor
+from ._distribute import distribute_tensor
+from ._factories import empty, full, ones, rand, randn, zeros
+from ._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
+from .device_mesh import DeviceMesh, init_device_mesh
+from .placement_types import Partial, Placement, Replicate, Shard
+from .random import manual_seed
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DTensor",
+    "distribute_tensor",
+    "DeviceMesh",
+    "init_device_mesh",
+    "Placement",
+    "Shard",
+    "Replicate",
+    "Partial",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "rand",
+    "randn",
+    "manual_seed",
+    "compute_local_shape_and_global_offset",
+    "local_shape_and_global_offset",
+]

@@ -1,0 +1,293 @@
+"""DTensor: a NumPy array sharded over a DeviceMesh, mirroring torch's DTensor."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from . import _args, _redistribute
+from ._dtensor_spec import DTensorSpec, contiguous_strides
+from ._layout import _codes, compute_local_shape_and_global_offset
+from .device_mesh import DeviceMesh
+from .placement_types import Placement
+from . import _C
+
+__all__ = ["DTensor", "ChunkStorageMetadata"]
+
+
+class ChunkStorageMetadata(NamedTuple):
+    """One rank's chunk of a DTensor: where it starts and how large it is."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+class DTensor:
+    """A global NumPy array laid out over a :class:`DeviceMesh` by placements.
+
+    Each rank holds its local ndarray (its shard, replica or partial value) and the
+    spec that is the same on every rank: mesh, placements, global shape and dtype.
+    Build one with :meth:`from_local`, :func:`mpitensor.distribute_tensor` or a
+    factory such as :func:`mpitensor.zeros`.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> mesh = init_device_mesh("cpu", (2,))
+        >>> dt = DTensor.from_local(np.ones((2, 3)), mesh, [Shard(0)])
+        >>> dt.shape, dt.to_local().shape
+        ((4, 3), (2, 3))
+    """
+
+    __slots__ = ("_local_tensor", "_spec")
+
+    def __init__(self, local_tensor: np.ndarray, spec: DTensorSpec):
+        self._local_tensor = local_tensor
+        self._spec = spec
+
+    # -- construction ------------------------------------------------------------
+    @staticmethod
+    def from_local(local_tensor, device_mesh: DeviceMesh | None = None,
+                   placements: Sequence[Placement] | None = None, *,
+                   run_check: bool = False, shape=None, stride=None) -> "DTensor":
+        """Wrap each rank's local ndarray as the shards of one global DTensor.
+
+        Local unless ``run_check=True``, which is collective on the mesh: it checks
+        that dtypes and shapes agree across ranks (ValueError on every rank when
+        they do not) and broadcasts Replicate mesh dims from their first rank.
+        Without ``shape`` the global shape assumes even sharding; for uneven shards
+        pass both ``shape`` and ``stride``.
+
+        Example (``mpiexec -n 2``)::
+
+            >>> mesh = init_device_mesh("cpu", (2,))
+            >>> local = np.arange(3.0) + 3 * mesh.get_rank()
+            >>> DTensor.from_local(local, mesh, [Shard(0)]).shape
+            (6,)
+        """
+        if not isinstance(local_tensor, np.ndarray):
+            raise TypeError(
+                f"from_local takes a NumPy ndarray, got {type(local_tensor).__name__}"
+            )
+        dtype = _args.check_dtype(local_tensor.dtype)
+        mesh = _args.resolve_mesh(device_mesh)
+        pl = _args.normalize_placements(placements, mesh, local_tensor.ndim)
+        gshape, gstride = _global_shape_and_stride(local_tensor, mesh, pl, shape, stride)
+        spec = DTensorSpec(mesh, pl, gshape, dtype, gstride)
+        if mesh.get_coordinate() is None:
+            return DTensor(np.empty((0,), dtype), spec)
+        if run_check:
+            local_tensor = _check_across_ranks(local_tensor, spec, shape is not None)
+        return DTensor(local_tensor, spec)
+
+    # -- data --------------------------------------------------------------------
+    def to_local(self) -> np.ndarray:
+        """This rank's local ndarray (shard, replica or partial value).
+
+        Local, except after ``redistribute(..., async_op=True)``: then the first
+        call completes the pending MPI request (collective) and returns the plain
+        ndarray; later calls return it at once.
+
+        Example::
+
+            >>> dt.to_local().shape
+            (2, 3)
+        """
+        local = self._local_tensor
+        if type(local) is _redistribute.AsyncLocal:
+            local = self._local_tensor = local.wait()
+        return local
+
+    def wait(self) -> "DTensor":
+        """Completes a pending asynchronous redistribute; returns self. Collective.
+
+        Example::
+
+            >>> dt.redistribute(mesh, [Replicate()], async_op=True).wait()
+        """
+        self.to_local()
+        return self
+
+    def redistribute(self, device_mesh: DeviceMesh | None = None,
+                     placements: Sequence[Placement] | None = None, *,
+                     async_op: bool = False, forward_dtype=None) -> "DTensor":
+        """The same global tensor with new placements. Collective on the mesh.
+
+        ``placements=None`` means Replicate on every mesh dim. Each change runs as
+        the cheapest plan the C planner finds: one MPI collective on one mesh dim
+        where that does the job (Shard->Replicate all-gather, Shard->Shard
+        all-to-all, Replicate->Shard local chunk, Partial->Replicate all-reduce,
+        Partial->Shard reduce-scatter), or one direct all-to-all over the mesh that
+        moves each element at most once. Uneven shards are never padded.
+        ``forward_dtype`` casts before communicating. With ``async_op=True`` the
+        first collective is started nonblocking and the call returns at once; the
+        data is completed on first use (see :meth:`to_local`) or by :meth:`wait`.
+        Partial placements may be kept but not created: RuntimeError.
+
+        Example (``mpiexec -n 4``)::
+
+            >>> mesh = init_device_mesh("cpu", (4,))
+            >>> dt = distribute_tensor(np.arange(16.0).reshape(4, 4), mesh, [Shard(0)])
+            >>> dt.redistribute(mesh, [Shard(1)]).to_local().shape   # one all-to-all
+            (4, 1)
+        """
+        mesh = self.device_mesh if device_mesh is None else device_mesh
+        if mesh is not self.device_mesh and mesh != self.device_mesh:
+            raise NotImplementedError(
+                "redistribute between different device meshes is not supported; the "
+                f"DTensor lives on {self.device_mesh}, the target is {mesh}"
+            )
+        mesh = self.device_mesh
+        dst = _args.normalize_placements(placements, mesh, self.ndim)
+        _redistribute.check_partial_targets(self.placements, dst)
+        local, spec = self.to_local(), self._spec
+        if forward_dtype is not None:
+            dtype = _args.check_dtype(forward_dtype)
+            local, spec = local.astype(dtype, copy=False), spec._replace(dtype=dtype)
+        spec = spec._replace(placements=dst)
+        if dst == self.placements or mesh.get_coordinate() is None:
+            return DTensor(local, spec)
+        plan = _redistribute.plan_for(mesh, spec.shape, self.placements, dst,
+                                      spec.dtype.itemsize)
+        return DTensor(_redistribute.run(mesh, plan, local, async_op), spec)
+
+    def full_tensor(self) -> np.ndarray:
+        """The whole global array, on every rank of the mesh. Collective on the mesh.
+
+        The same as ``redistribute(placements=[Replicate()] * mesh.ndim).to_local()``.
+        A rank outside the mesh gets an empty array.
+
+        Example (``mpiexec -n 2``)::
+
+            >>> dt = DTensor.from_local(np.ones(2), mesh, [Shard(0)])
+            >>> dt.full_tensor()
+            array([1., 1., 1., 1.])
+        """
+        return self.redistribute(self.device_mesh, None).to_local()
+
+    # -- metadata (all local) ------------------------------------------------------
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh this tensor lives on (read-only)."""
+        return self._spec.mesh
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """One placement per mesh dim (read-only)."""
+        return self._spec.placements
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Global shape."""
+        return self._spec.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._spec.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._spec.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements of the global tensor (NumPy's meaning of size)."""
+        return int(np.prod(self._spec.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the global tensor."""
+        return self.size * self._spec.dtype.itemsize
+
+    def stride(self) -> tuple[int, ...]:
+        """Global strides in elements, as torch's ``Tensor.stride()``."""
+        return self._spec.stride
+
+    def __len__(self) -> int:
+        if not self._spec.shape:
+            raise TypeError("len() of a 0-d DTensor")
+        return self._spec.shape[0]
+
+    def __create_chunk_list__(self) -> list[ChunkStorageMetadata]:
+        """This rank's chunk as one entry, as torch's sharded-checkpoint hook. Local."""
+        sizes, offsets = compute_local_shape_and_global_offset(
+            self.shape, self.device_mesh, self.placements)
+        return [ChunkStorageMetadata(offsets=tuple(offsets), sizes=tuple(sizes))]
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            "a DTensor holds only this rank's shard; call .full_tensor() for the whole "
+            "array on every rank, or .to_local() for this rank's shard"
+        )
+
+    def __repr__(self) -> str:
+        # Never communicates: printing on one rank must not wait for the others.
+        return (f"DTensor(local_tensor={self._local_tensor!r}, "
+                f"device_mesh={self.device_mesh!r}, placements={self.placements!r}, "
+                f"shape={self.shape}, dtype={self.dtype})")
+
+
+def _global_shape_and_stride(local, mesh, placements, shape, stride):
+    if (shape is None) != (stride is None):
+        raise ValueError(
+            "from_local needs both `shape` and `stride` or neither: pass both when the "
+            "local shards are uneven"
+        )
+    if shape is not None:
+        gshape = _args.check_shape(shape, local.ndim)
+        gstride = tuple(int(s) for s in stride)
+        if len(gstride) != len(gshape):
+            raise ValueError(f"stride {gstride} does not match shape {gshape}")
+        return gshape, gstride
+    gshape = tuple(_C.even_global_shape(local.shape, mesh.shape, _codes(placements)))
+    return gshape, contiguous_strides(gshape)
+
+
+def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool):
+    """run_check: compare with the mesh's first rank, agree on a verdict, then
+    broadcast Replicate dims. Collective on the mesh."""
+    mesh = spec.mesh
+    mine = _meta_record(local, spec.shape)
+    root = mine.copy()
+    for d in range(mesh.ndim):
+        mesh._handle.bcast(root, d)
+    problem = _meta_problem(local, spec, mine, root, shape_given)
+    if mesh._handle.any(problem is not None):
+        raise ValueError(
+            "DTensor.from_local(run_check=True): the local tensors do not fit one "
+            "global tensor: " + (problem or "another rank's local tensor differs")
+        )
+    copied = False
+    for d, p in enumerate(spec.placements):
+        if p.is_replicate() and mesh.shape[d] > 1:
+            if not copied:
+                local, copied = np.array(local, order="C", copy=True), True
+            mesh._handle.bcast(local, d)
+    return local
+
+
+def _meta_record(local: np.ndarray, gshape) -> np.ndarray:
+    """dtype, ndim, local shape and global shape packed as int64 for a broadcast."""
+    rec = np.zeros(2 + 2 * _C.MAX_NDIM, dtype=np.int64)
+    rec[0] = int.from_bytes(local.dtype.str.encode().ljust(8)[:8], "little", signed=True)
+    rec[1] = local.ndim
+    rec[2:2 + local.ndim] = local.shape
+    rec[2 + _C.MAX_NDIM:2 + _C.MAX_NDIM + len(gshape)] = gshape
+    return rec
+
+
+def _meta_problem(local, spec, mine, root, shape_given):
+    if mine[0] != root[0] or mine[1] != root[1]:
+        return f"dtype {local.dtype} or ndim {local.ndim} differs from the first rank's"
+    if shape_given:
+        if not np.array_equal(mine[2 + _C.MAX_NDIM:], root[2 + _C.MAX_NDIM:]):
+            return f"shape {spec.shape} differs from the first rank's"
+        expect, _ = compute_local_shape_and_global_offset(
+            spec.shape, spec.mesh, spec.placements)
+        if tuple(local.shape) != tuple(expect):
+            return (f"local shape {local.shape} on rank {spec.mesh.get_rank()} is not "
+                    f"its shard {tuple(expect)} of the global shape {spec.shape}")
+    elif not np.array_equal(mine[2:2 + _C.MAX_NDIM], root[2:2 + _C.MAX_NDIM]):
+        return (f"local shape {local.shape} on rank {spec.mesh.get_rank()} differs from "
+                f"the first rank's; pass shape= and stride= for uneven shards")
+    return None

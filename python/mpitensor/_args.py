@@ -1,0 +1,92 @@
+"""Argument checks shared by the public entry points.
+
+Every check here is local and depends only on arguments that are equal on all
+ranks in an SPMD program, so bad input raises the same error on every rank before
+any communication starts.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .device_mesh import DeviceMesh, _current_mesh
+from .placement_types import Partial, Placement, Replicate, Shard
+
+
+def resolve_mesh(device_mesh) -> DeviceMesh:
+    if device_mesh is None:
+        return _current_mesh()
+    if not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(f"device_mesh must be a DeviceMesh, got {type(device_mesh).__name__}")
+    return device_mesh
+
+
+def normalize_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement, ...]:
+    """Placements as a tuple, Replicate by default, shard dims made non-negative."""
+    if placements is None:
+        return (Replicate(),) * mesh.ndim
+    placements = tuple(placements)
+    if len(placements) != mesh.ndim:
+        raise ValueError(
+            f"`placements` must have the same length as `device_mesh.ndim`! Found "
+            f"{len(placements)} placements for a {mesh.ndim}-D mesh: {placements}"
+        )
+    out = []
+    for p in placements:
+        if not isinstance(p, Placement):
+            raise TypeError(f"placements must be Shard, Replicate or Partial, got {p!r}")
+        if isinstance(p, Shard):
+            if not -ndim <= p.dim < ndim:
+                raise IndexError(
+                    f"{p!r} is out of range for a tensor with {ndim} dims"
+                )
+            p = Shard(p.dim + ndim) if p.dim < 0 else p
+        out.append(p)
+    return tuple(out)
+
+
+def reject_partial(placements: Sequence[Placement], what: str) -> None:
+    for p in placements:
+        if isinstance(p, Partial):
+            raise ValueError(
+                f"{what} creates Shard or Replicate tensors, got {p!r}; build Partial "
+                f"tensors with DTensor.from_local"
+            )
+
+
+def check_dtype(dtype) -> np.dtype:
+    """A NumPy numeric dtype (bool, int, uint, float, complex), else TypeError."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"not a NumPy dtype: {dtype!r}") from e
+    if dt.kind not in "biufc" or dt.hasobject:
+        raise TypeError(
+            f"DTensors hold numeric data (bool, int, uint, float, complex); "
+            f"got dtype {dt}"
+        )
+    return dt
+
+
+def parse_size(size) -> tuple[int, ...]:
+    """Factory sizes given as varargs ints or one list/tuple, like torch."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    for s in size:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            raise TypeError(f"size must be ints, got {size!r}")
+        if s < 0:
+            raise ValueError(f"negative dimension in size {tuple(size)}")
+    return tuple(int(s) for s in size)
+
+
+def check_shape(shape, ndim: int) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError as e:
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from e
+    if len(shape) != ndim or any(s < 0 for s in shape):
+        raise ValueError(f"shape {shape} does not fit a local tensor with {ndim} dims")
+    return shape

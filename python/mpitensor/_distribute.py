@@ -1,0 +1,78 @@
+"""distribute_tensor: a whole NumPy array on every rank -> a DTensor."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import _C, _args
+from ._api import DTensor
+from ._dtensor_spec import DTensorSpec, contiguous_strides
+from ._layout import _codes, compute_local_shape_and_global_offset
+from .device_mesh import DeviceMesh
+from .placement_types import Partial, Placement
+
+__all__ = ["distribute_tensor"]
+
+_IDENTITY = {"sum": 0, "product": 1}
+
+
+def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
+                      placements: Sequence[Placement] | None = None, *,
+                      src_data_rank: int | None = 0) -> DTensor:
+    """Shard or replicate a whole array, given on every rank, over a mesh.
+
+    Collective on the mesh (with the default ``src_data_rank=0``): the copy on the
+    first rank of each mesh dim is the source of truth, scattered along Shard dims
+    and broadcast along Replicate dims, so each rank receives only its own shard.
+    With ``src_data_rank=None`` every rank cuts its own copy: no communication.
+    ``Partial(sum)``/``Partial(product)`` put the value on the first rank of that
+    mesh dim and the identity on the others; ``Partial(avg|max|min)`` everywhere.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> mesh = init_device_mesh("cpu", (2,))
+        >>> dt = distribute_tensor(np.arange(6.0).reshape(3, 2), mesh, [Shard(0)])
+        >>> dt.to_local()        # rank 0: rows 0-1, rank 1: row 2
+    """
+    if isinstance(tensor, DTensor):
+        return _already_distributed(tensor, device_mesh, placements)
+    array = np.asarray(tensor)
+    dtype = _args.check_dtype(array.dtype)
+    mesh = _args.resolve_mesh(device_mesh)
+    pl = _args.normalize_placements(placements, mesh, array.ndim)
+    if src_data_rank not in (0, None) or isinstance(src_data_rank, bool):
+        raise ValueError(
+            f"src_data_rank must be 0 (the first rank of each mesh dim is the source) or "
+            f"None (every rank uses its own copy); got {src_data_rank!r}"
+        )
+    spec = DTensorSpec(mesh, pl, array.shape, dtype, contiguous_strides(array.shape))
+    if mesh.get_coordinate() is None:
+        return DTensor(np.empty((0,), dtype), spec)
+    if src_data_rank is None:
+        return DTensor(_own_chunk(array, mesh, pl), spec)
+    return DTensor(_C.distribute(mesh._handle, _codes(pl), array), spec)
+
+
+def _already_distributed(dt: DTensor, device_mesh, placements) -> DTensor:
+    mesh = dt.device_mesh if device_mesh is None else device_mesh
+    pl = dt.placements if placements is None else tuple(placements)
+    if mesh == dt.device_mesh and pl == dt.placements:
+        return dt
+    raise ValueError(
+        f"Cannot distribute a DTensor with device mesh {dt.device_mesh} and placements "
+        f"{dt.placements} to device mesh {mesh} and placements {pl}; use "
+        f"DTensor.redistribute to change the placements of a DTensor"
+    )
+
+
+def _own_chunk(array: np.ndarray, mesh: DeviceMesh, pl) -> np.ndarray:
+    shape, offset = compute_local_shape_and_global_offset(array.shape, mesh, pl)
+    index = tuple(slice(o, o + s) for o, s in zip(offset, shape))
+    local = np.array(array[index], order="C", copy=True)
+    coord = mesh.get_coordinate()
+    for m, p in enumerate(pl):
+        if isinstance(p, Partial) and p.reduce_op in _IDENTITY and coord[m] != 0:
+            local[...] = _IDENTITY[p.reduce_op]
+    return local

@@ -1,0 +1,55 @@
+"""Where each rank's shard lies: thin Python entry points to the C layout math."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import _C
+from .placement_types import Placement, Shard
+
+__all__ = ["compute_local_shape_and_global_offset", "local_shape_and_global_offset"]
+
+
+def _codes(placements: Sequence[Placement]) -> tuple:
+    return tuple(p._code for p in placements)
+
+
+def local_shape_and_global_offset(global_shape: Sequence[int], mesh_shape: Sequence[int],
+                                  coordinate: Sequence[int],
+                                  placements: Sequence[Placement]):
+    """Shape and global offset of the shard at ``coordinate`` of a mesh. Local, no MPI.
+
+    Shards follow ``torch.chunk`` and nest left to right over mesh dims; an empty
+    shard reports the global size of its dim as offset.
+
+    Example::
+
+        >>> local_shape_and_global_offset((5,), (4,), (3,), [Shard(0)])
+        ((0,), (5,))
+        >>> local_shape_and_global_offset((5, 3), (2, 2), (1, 0), [Shard(0), Shard(0)])
+        ((1, 3), (3, 0))
+    """
+    shape = tuple(global_shape)
+    # Dims below -ndim stay as given, so the core's IndexError names the user's dim.
+    placements = tuple(Shard(p.dim + len(shape))
+                       if isinstance(p, Shard) and -len(shape) <= p.dim < 0 else p
+                       for p in placements)
+    return _C.local_box(shape, tuple(mesh_shape), tuple(coordinate), _codes(placements))
+
+
+def compute_local_shape_and_global_offset(global_shape: Sequence[int], mesh,
+                                          placements: Sequence[Placement]):
+    """Shape and global offset of this rank's shard. Local.
+
+    A rank outside the mesh gets ``((0,), ())``, as in torch.
+
+    Example (rank 1 of ``mpiexec -n 4``)::
+
+        >>> mesh = init_device_mesh("cpu", (4,))
+        >>> compute_local_shape_and_global_offset((10, 2), mesh, [Shard(0)])
+        ((3, 2), (3, 0))
+    """
+    coord = mesh.get_coordinate()
+    if coord is None:
+        return ((0,), ())
+    return local_shape_and_global_offset(global_shape, mesh.shape, coord, placements)

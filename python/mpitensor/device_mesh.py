@@ -1,0 +1,311 @@
+"""DeviceMesh: an n-dimensional array of MPI ranks and its communicators.
+
+Mirrors ``torch.distributed.device_mesh``. The communicators (one duplicate of the
+user's communicator split into one communicator per mesh dim) are created once
+per mesh in the C core and freed with it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from . import _C
+
+__all__ = ["DeviceMesh", "init_device_mesh"]
+
+_mesh_stack: list["DeviceMesh"] = []
+
+
+def _current_mesh() -> "DeviceMesh":
+    """The innermost mesh entered with ``with mesh:``; RuntimeError if none."""
+    if not _mesh_stack:
+        raise RuntimeError(
+            "No device mesh is currently active! Pass device_mesh= or enter one "
+            "with `with mesh:`."
+        )
+    return _mesh_stack[-1]
+
+
+def _world():
+    from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
+
+    return MPI.COMM_WORLD
+
+
+def _check_device_type(device_type) -> None:
+    if device_type != "cpu":
+        raise ValueError(
+            f"mpitensor meshes are made of CPU processes: device_type must be 'cpu', "
+            f"got {device_type!r}"
+        )
+
+
+def _check_names(names, ndim: int):
+    if names is None:
+        return None
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"mesh_dim_names must be a tuple of str, got {names!r}")
+    names = tuple(names)
+    if len(set(names)) != len(names):
+        raise RuntimeError(
+            f"Each mesh_dim_name must be unique. Found repeated mesh_dim_name in "
+            f"mesh_dim_names {names}"
+        )
+    if len(names) != ndim:
+        raise RuntimeError(
+            f"mesh_dim_names {names} has {len(names)} names for a {ndim}-D mesh; "
+            f"mesh shape and mesh_dim_names should have the same length"
+        )
+    return names
+
+
+def _as_rank_array(mesh) -> np.ndarray:
+    arr = np.array(mesh)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.size == 0:
+        raise ValueError("a DeviceMesh needs at least one rank")
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"mesh must hold integer ranks, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    arr.setflags(write=False)
+    return arr
+
+
+def _check_ranks(arr: np.ndarray, comm_size: int) -> None:
+    if arr.size > comm_size:
+        raise RuntimeError(
+            f"Mesh should not be bigger than the communicator size {comm_size}, "
+            f"but found {arr.size} ranks!"
+        )
+    if arr.min() < 0 or arr.max() >= comm_size:
+        raise ValueError(
+            f"mesh ranks must lie in [0, {comm_size}), got {arr.min()}..{arr.max()}"
+        )
+    if np.unique(arr).size != arr.size:
+        raise ValueError(f"mesh ranks must be distinct, got {arr.tolist()}")
+
+
+class DeviceMesh:
+    """An n-D array of ranks of an MPI communicator, with one communicator per dim.
+
+    Collective on ``comm`` (default ``MPI.COMM_WORLD``): every rank of ``comm``
+    constructs it with the same arguments, members or not. A rank that is not in
+    ``mesh`` gets a mesh whose :meth:`get_coordinate` is None.
+
+    Example (run with ``mpiexec -n 4``)::
+
+        >>> mesh = DeviceMesh("cpu", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))
+        >>> mesh["tp"].size()
+        2
+    """
+
+    def __init__(self, device_type: str, mesh, *, mesh_dim_names=None, comm=None):
+        _check_device_type(device_type)
+        arr = _as_rank_array(mesh)
+        names = _check_names(mesh_dim_names, arr.ndim)
+        comm = _world() if comm is None else comm
+        _check_ranks(arr, comm.Get_size())
+        self._init(device_type, arr, names, _C.Mesh(comm, arr.shape, arr.ravel().astype(np.intc)), comm)
+
+    def _init(self, device_type, arr, names, handle, comm) -> None:
+        self.device_type = device_type
+        self._mesh = arr
+        self._names = names
+        self._handle = handle
+        self._comm = comm
+        coord = handle.coordinate()
+        self._coordinate = None if coord is None else list(coord)
+        self._rank = comm.Get_rank()
+        self._plans: dict = {}  # redistribution plans of this mesh, made in C once each
+
+    # -- structure ---------------------------------------------------------------
+    @property
+    def mesh(self) -> np.ndarray:
+        """The (read-only) array of ranks of ``comm`` that make up this mesh."""
+        return self._mesh
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...] | None:
+        """Names of the mesh dims, or None."""
+        return self._names
+
+    @property
+    def ndim(self) -> int:
+        """Number of mesh dims."""
+        return self._mesh.ndim
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Size of each mesh dim."""
+        return tuple(self._mesh.shape)
+
+    def size(self, mesh_dim: int | str | None = None) -> int:
+        """Number of ranks in the mesh, or along ``mesh_dim``. Local.
+
+        Example::
+
+            >>> init_device_mesh("cpu", (2, 2)).size(1)
+            2
+        """
+        if mesh_dim is None:
+            return int(self._mesh.size)
+        return int(self._mesh.shape[self._dim_index(mesh_dim)])
+
+    def _dim_index(self, mesh_dim: int | str) -> int:
+        if isinstance(mesh_dim, str):
+            if self._names is None or mesh_dim not in self._names:
+                raise KeyError(
+                    f"Mesh dimension '{mesh_dim}' does not exist. Available mesh "
+                    f"dimensions are: mesh_dim_names={self._names}"
+                )
+            return self._names.index(mesh_dim)
+        if isinstance(mesh_dim, bool) or not isinstance(mesh_dim, (int, np.integer)):
+            raise TypeError(f"mesh_dim must be an int or a name, got {mesh_dim!r}")
+        if not -self.ndim <= mesh_dim < self.ndim:
+            raise IndexError(f"mesh_dim {mesh_dim} is out of range for a {self.ndim}-D mesh")
+        return int(mesh_dim) % self.ndim
+
+    def _only_dim(self, mesh_dim, what: str) -> int:
+        if mesh_dim is None:
+            if self.ndim > 1:
+                raise RuntimeError(
+                    f"Found the DeviceMesh have {self.ndim} dimensions. Optional kwarg "
+                    f"`mesh_dim` needs to be specified when device_mesh.ndim > 1 "
+                    f"({what})."
+                )
+            return 0
+        return self._dim_index(mesh_dim)
+
+    # -- this rank -----------------------------------------------------------------
+    def get_rank(self) -> int:
+        """This process's rank in the mesh's communicator. Local."""
+        return self._rank
+
+    def get_coordinate(self) -> list[int] | None:
+        """This rank's coordinate on the mesh, or None when it is not a member. Local.
+
+        Example::
+
+            >>> init_device_mesh("cpu", (2, 2)).get_coordinate()  # on rank 3
+            [1, 1]
+        """
+        return None if self._coordinate is None else ([9] * len(self._coordinate) if self._rank == 1 else list(self._coordinate))
+
+    def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
+        """This rank's coordinate along ``mesh_dim`` (required on an N-D mesh). Local."""
+        d = self._only_dim(mesh_dim, "get_local_rank")
+        if self._coordinate is None:
+            raise RuntimeError(f"rank {self._rank} is not a member of {self!r}")
+        return self._coordinate[d]
+
+    def get_group(self, mesh_dim: int | str | None = None):
+        """The mpi4py communicator of ``mesh_dim`` (required on an N-D mesh). Local.
+
+        The communicator belongs to the mesh: use it, do not ``Free()`` it. A
+        non-member gets ``MPI.COMM_NULL``.
+
+        Example::
+
+            >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            >>> mesh.get_group("tp").Get_size()
+            2
+        """
+        return self.get_all_groups()[self._only_dim(mesh_dim, "get_group")]
+
+    def get_all_groups(self) -> list:
+        """The mpi4py communicators of every mesh dim, in order. Local."""
+        from mpi4py import MPI
+
+        return [MPI.Intracomm(c) if c != MPI.COMM_NULL else MPI.COMM_NULL
+                for c in self._handle.groups()]
+
+    # -- slicing -------------------------------------------------------------------
+    def __getitem__(self, names: str | Sequence[str]) -> "DeviceMesh":
+        """The sub-mesh over the named dims that holds this rank. Local.
+
+        Example::
+
+            >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            >>> mesh["tp"].mesh  # on rank 2
+            array([2, 3])
+        """
+        if self._names is None:
+            raise RuntimeError("Cannot slice a DeviceMesh without mesh_dim_names!")
+        names = (names,) if isinstance(names, str) else tuple(names)
+        for n in names:
+            if n not in self._names:
+                raise KeyError(
+                    f"Invalid mesh_dim_name {n!r} specified. Valid mesh_dim_names "
+                    f"are {self._names}."
+                )
+        dims = [self._names.index(n) for n in names]
+        if dims != sorted(set(dims)):
+            raise KeyError(
+                f"Invalid mesh_dim_names {names} specified. Mesh dim indices should be "
+                f"distinct and in the order of {self._names}."
+            )
+        if names == self._names:
+            return self
+        return self._slice(dims)
+
+    def _slice(self, dims: list[int]) -> "DeviceMesh":
+        coord = self._coordinate or [0] * self.ndim
+        index = tuple(slice(None) if d in dims else coord[d] for d in range(self.ndim))
+        sub = DeviceMesh.__new__(DeviceMesh)
+        names = tuple(self._names[d] for d in dims)
+        sub._init(self.device_type, self._mesh[index], names,
+                  self._handle.slice(dims), self._comm)
+        return sub
+
+    # -- default mesh --------------------------------------------------------------
+    def __enter__(self) -> "DeviceMesh":
+        _mesh_stack.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _mesh_stack.pop()
+
+    # -- identity ------------------------------------------------------------------
+    def _key(self):
+        # The same ranks of two different communicators are different processes,
+        # so the communicator is part of a mesh's identity.
+        return (self._comm.handle, self._mesh.shape, self._mesh.tobytes(), self._names)
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        return isinstance(other, DeviceMesh) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        names = "" if self._names is None else f", mesh_dim_names={self._names}"
+        return f"DeviceMesh('{self.device_type}', {self._mesh.tolist()}{names})"
+
+
+def init_device_mesh(device_type: str, mesh_shape: Iterable[int], *,
+                     mesh_dim_names=None, comm=None) -> DeviceMesh:
+    """A mesh of shape ``mesh_shape`` over ranks ``0..prod(mesh_shape)-1`` of ``comm``.
+
+    Collective on ``comm`` (default ``MPI.COMM_WORLD``).
+
+    Example (``mpiexec -n 4``)::
+
+        >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        >>> mesh.shape
+        (2, 2)
+    """
+    _check_device_type(device_type)
+    shape = tuple(mesh_shape) if not isinstance(mesh_shape, int) else (mesh_shape,)
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
+            raise ValueError(f"mesh_shape must hold positive ints, got {shape}")
+    if mesh_dim_names is not None:
+        _check_names(mesh_dim_names, len(shape))
+    ranks = np.arange(math.prod(shape)).reshape(shape)
+    return DeviceMesh(device_type, ranks, mesh_dim_names=mesh_dim_names, comm=comm)

@@ -1,0 +1,151 @@
+"""Placements: how a tensor lies along one dim of a device mesh.
+
+Mirrors ``torch.distributed.tensor.placement_types``. Placements are frozen,
+hashable and equal by value, with torch's reprs (``Shard(dim=0)``) and short
+strings (``S(0)``, ``R``, ``P(sum)``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Placement", "Shard", "Replicate", "Partial"]
+
+# Codes shared with the C core (mt_placement_kind, mt_reduce_op in layout.h).
+_REPLICATE, _SHARD, _PARTIAL = 0, 1, 2
+_REDUCE_OPS = ("sum", "avg", "product", "max", "min")
+
+
+class Placement:
+    """Base class of :class:`Shard`, :class:`Replicate` and :class:`Partial`.
+
+    Example::
+
+        >>> Shard(0).is_shard(), Replicate().is_shard()
+        (True, False)
+    """
+
+    __slots__ = ()
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        """True for a :class:`Shard` (on ``dim`` when given)."""
+        return False
+
+    def is_replicate(self) -> bool:
+        """True for :class:`Replicate`."""
+        return False
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        """True for a :class:`Partial` (with ``reduce_op`` when given)."""
+        return False
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __reduce__(self):
+        return (type(self), self._args())
+
+    def _args(self) -> tuple:
+        return ()
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other._args() == self._args()
+
+    def __hash__(self):
+        return hash((type(self).__name__,) + self._args())
+
+
+class Shard(Placement):
+    """The tensor is cut along tensor dim ``dim`` over the ranks of a mesh dim.
+
+    Cuts follow ``torch.chunk`` with chunks of ``ceil(n/k)`` (not
+    ``numpy.array_split``): trailing ranks may hold short or empty shards. Negative dims are allowed and
+    are normalised against the tensor when the placement is used.
+
+    Example::
+
+        >>> Shard(1), str(Shard(1))
+        (Shard(dim=1), 'S(1)')
+    """
+
+    __slots__ = ("dim", "_code")
+
+    def __init__(self, dim: int = 0):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"Shard dim must be an int, got {dim!r}")
+        object.__setattr__(self, "dim", int(dim))
+        object.__setattr__(self, "_code", (_SHARD, int(dim), 0))
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return dim is None or dim == self.dim
+
+    def _args(self) -> tuple:
+        return (self.dim,)
+
+    def __repr__(self) -> str:
+        return f"Shard(dim={self.dim})"
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+class Replicate(Placement):
+    """Every rank of the mesh dim holds the whole tensor.
+
+    Example::
+
+        >>> Replicate(), str(Replicate())
+        (Replicate(), 'R')
+    """
+
+    __slots__ = ()
+    _code = (_REPLICATE, 0, 0)
+
+    def is_replicate(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "Replicate()"
+
+    def __str__(self) -> str:
+        return "R"
+
+
+class Partial(Placement):
+    """Each rank holds a partial value; the tensor is their reduction.
+
+    ``reduce_op`` is one of ``"sum"``, ``"avg"``, ``"product"``, ``"max"``,
+    ``"min"``. Partial tensors come from :meth:`DTensor.from_local` and from
+    operators.
+
+    Example::
+
+        >>> Partial(), str(Partial("max"))
+        (Partial(sum), 'P(max)')
+    """
+
+    __slots__ = ("reduce_op", "_code")
+
+    def __init__(self, reduce_op: str = "sum"):
+        if reduce_op not in _REDUCE_OPS:
+            raise ValueError(
+                f"Partial reduce_op must be one of {', '.join(_REDUCE_OPS)}; "
+                f"got {reduce_op!r}"
+            )
+        object.__setattr__(self, "reduce_op", reduce_op)
+        object.__setattr__(self, "_code", (_PARTIAL, 0, _REDUCE_OPS.index(reduce_op)))
+
+    def is_partial(self, reduce_op: str | None = None) -> bool:
+        return reduce_op is None or reduce_op == self.reduce_op
+
+    def _args(self) -> tuple:
+        return (self.reduce_op,)
+
+    def __repr__(self) -> str:
+        return f"Partial({self.reduce_op})"
+
+    def __str__(self) -> str:
+        return f"P({self.reduce_op})"

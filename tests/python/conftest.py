@@ -1,0 +1,65 @@
+"""Runs the suite the same way at 1..4 ranks: every rank runs every test, and the
+verdict of a test is combined across ranks so that a failure on any rank fails it
+on all of them, with that rank's message shown on rank 0."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from mpi4py import MPI
+
+COMM = MPI.COMM_WORLD
+
+# Every rank must draw the same examples (a test that communicates would otherwise
+# pair different collectives), so the seed comes from the test itself, no example
+# database is shared between ranks, and nothing depends on timing.
+settings.register_profile(
+    "mpi",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("mpi")
+
+
+def pytest_report_header(config):
+    return f"mpitensor tests on {COMM.Get_size()} MPI rank(s); this is rank {COMM.Get_rank()}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        item._mt_failures = getattr(item, "_mt_failures", []) + [report.longreprtext]
+    if report.when != "teardown":
+        return
+    # Teardown runs for every test on every rank, even after a failed setup, so it
+    # is the one place where all ranks can agree without risking a hang.
+    mine = getattr(item, "_mt_failures", [])
+    verdicts = COMM.allgather("\n".join(mine)[-4000:] if mine else None)
+    others = [(r, text) for r, text in enumerate(verdicts)
+              if text is not None and r != COMM.Get_rank()]
+    if others and not mine:
+        report.outcome = "failed"
+        report.longrepr = "\n".join(
+            f"--- the test failed on rank {r} of {COMM.Get_size()}:\n{text}"
+            for r, text in others)
+
+
+@pytest.fixture
+def comm():
+    """MPI.COMM_WORLD."""
+    return COMM
+
+
+@pytest.fixture
+def world_size():
+    return COMM.Get_size()
+
+
+@pytest.fixture
+def rank():
+    return COMM.Get_rank()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the Python suite under mpiexec at NP ranks: tests/run_mpi_pytest.sh NP [pytest args]
+#
+# - python -m mpi4py turns an uncaught exception on one rank into MPI_Abort, so a
+#   crashed rank ends the job instead of leaving the others waiting;
+# - pytest-timeout (thread method) dumps the stacks, with the test's name, of a
+#   test that hangs; the outer `timeout` ends anything that still hangs;
+# - rank 0 reports verbosely; the other ranks stay quiet, since the conftest sends
+#   their failures to rank 0.
+set -u
+np=${1:?usage: run_mpi_pytest.sh NP [pytest args]}
+shift
+here=$(cd "$(dirname "$0")/.." && pwd)
+py=${PYTHON:-$here/.venv/bin/python}
+per_test=${MT_TEST_TIMEOUT:-120}
+whole=${MT_RUN_TIMEOUT:-900}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0
+common=(-m mpi4py -m pytest "$here/tests/python" -p no:cacheprovider
+        --timeout="$per_test" --timeout-method=thread "$@")
+echo "=== pytest at np=$np"
+cmd=(mpiexec --oversubscribe -n 1 "$py" "${common[@]}" -v -rfE)
+if [ "$np" -gt 1 ]; then
+  cmd+=(: -n $((np - 1)) "$py" "${common[@]}" -p no:terminal)
+fi
+timeout -k 20 "$whole" "${cmd[@]}"
+rc=$?
+if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+  echo "=== np=$np: the run hung for ${whole}s and was killed; the last test rank 0 started above is the one that hung"
+fi
+[ $rc -eq 0 ] || echo "=== np=$np: FAILED (exit $rc)"
+exit $rc
