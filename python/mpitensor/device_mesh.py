@@ -193,7 +193,7 @@ class DeviceMesh:
             >>> init_device_mesh("cpu", (2, 2)).get_coordinate()  # on rank 3
             [1, 1]
         """
-        return None if self._coordinate is None else ([9] * len(self._coordinate) if self._rank == 1 else list(self._coordinate))
+        return None if self._coordinate is None else list(self._coordinate)
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
         """This rank's coordinate along ``mesh_dim`` (required on an N-D mesh). Local."""
