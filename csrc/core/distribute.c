@@ -86,6 +86,12 @@ static int scatter_step(const dist_ctx *c, const mt_layout *from, const mt_layou
   if (ints == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
   int root = c->coord[m] == 0;
   int rc = scatter_counts(c, to, m, ints, ints + g, err);
+  if (rc == MT_OK && g == 1) {
+    /* A mesh dim of one rank cuts nothing and costs no communication. */
+    memcpy(out, in, (size_t)ints[0]);
+    free(ints);
+    return MT_OK;
+  }
   if (rc == MT_OK && root) rc = scatter_send(c, from, to, m, in, ints, &send, &staging, err);
   if (rc == MT_OK) {
     int mpi = MPI_Scatterv(send, ints, ints + g, MPI_BYTE, out, ints[c->coord[m]], MPI_BYTE,

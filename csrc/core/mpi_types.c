@@ -2,7 +2,9 @@
  *
  * Data movement never needs typed MPI: boxes travel as bytes. Reductions do, and
  * MPI lacks float16 and NumPy's NaN-propagating max/min, so those go through
- * user-defined operations that call the core's own reduction kernel. */
+ * user-defined operations that call the core's own reduction kernel. So do sums of
+ * 8- and 16-bit integers, which must wrap as in NumPy: Open MPI 4.1's AVX
+ * operations saturate them instead (open-mpi/ompi#8045, closed as wontfix). */
 #include <stdatomic.h>
 
 #include "comm-private.h"
@@ -10,7 +12,7 @@
 #include "mpitensor/pack.h"
 #include "mpi-types-private.h"
 
-enum { USER_SUM, USER_PRODUCT, USER_MAX, USER_MIN, USER_COUNT };
+enum { USER_SUM, USER_PRODUCT, USER_MAX, USER_MIN, USER_WRAP_SUM, USER_COUNT };
 
 static MPI_Op user_ops[USER_COUNT];
 static atomic_int user_state; /* 0 none, 1 being created, 2 ready */
@@ -24,6 +26,23 @@ static int dtype_of(MPI_Datatype t) {
 
 static void apply(void *in, void *inout, const int *len, const MPI_Datatype *t, int op) {
   mt_reduce(inout, in, *len, dtype_of(*t), op, NULL);
+}
+
+/* Narrow integers reach only the wrapping sum, under their own MPI types. */
+static int narrow_dtype_of(MPI_Datatype t) {
+  if (t == MPI_INT8_T) return MT_DTYPE_INT8;
+  if (t == MPI_UINT8_T) return MT_DTYPE_UINT8;
+  if (t == MPI_INT16_T) return MT_DTYPE_INT16;
+  return MT_DTYPE_UINT16;
+}
+
+static int is_narrow_int(int dtype) {
+  return dtype == MT_DTYPE_INT8 || dtype == MT_DTYPE_UINT8 || dtype == MT_DTYPE_INT16 ||
+         dtype == MT_DTYPE_UINT16;
+}
+
+static void user_wrap_sum(void *in, void *io, int *len, MPI_Datatype *t) {
+  mt_reduce(io, in, *len, narrow_dtype_of(*t), MT_REDUCE_SUM, NULL);
 }
 
 static void user_sum(void *in, void *io, int *len, MPI_Datatype *t) {
@@ -48,7 +67,8 @@ static int free_user_ops(MPI_Comm comm, int keyval, void *value, void *extra) {
 }
 
 static int create_user_ops(mt_error *err) {
-  MPI_User_function *fns[USER_COUNT] = {user_sum, user_product, user_max, user_min};
+  MPI_User_function *fns[USER_COUNT] = {user_sum, user_product, user_max, user_min,
+                                        user_wrap_sum};
   for (int i = 0; i < USER_COUNT; ++i) {
     MT__MPI_TRY(MPI_Op_create(fns[i], 1, &user_ops[i]), "MPI_Op_create");
   }
@@ -56,6 +76,8 @@ static int create_user_ops(mt_error *err) {
   MT__MPI_TRY(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_user_ops, &keyval, NULL),
               "MPI_Comm_create_keyval");
   MT__MPI_TRY(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, NULL), "MPI_Comm_set_attr");
+  /* The attribute keeps the keyval alive until MPI_Finalize deletes it. */
+  MT__MPI_TRY(MPI_Comm_free_keyval(&keyval), "MPI_Comm_free_keyval");
   return MT_OK;
 }
 
@@ -131,16 +153,18 @@ int mt__reduce_type(int dtype, int op, MPI_Datatype *type, MPI_Op *mop, mt_error
   *type = builtin_type(dtype);
   int is_float = dtype == MT_DTYPE_FLOAT32 || dtype == MT_DTYPE_FLOAT64;
   int nan_order = is_float && (op == MT_REDUCE_MAX || op == MT_REDUCE_MIN);
-  if (dtype != MT_DTYPE_FLOAT16 && !nan_order) {
+  int wrap = is_narrow_int(dtype) && op == MT_REDUCE_SUM;
+  if (dtype != MT_DTYPE_FLOAT16 && !nan_order && !wrap) {
     *mop = builtin_op(dtype, op);
     return MT_OK;
   }
   rc = ensure_user_ops(err);
   if (rc != MT_OK) return rc;
-  int slot = op == MT_REDUCE_PRODUCT ? USER_PRODUCT
-             : op == MT_REDUCE_MAX   ? USER_MAX
-             : op == MT_REDUCE_MIN   ? USER_MIN
-                                     : USER_SUM;
+  int slot = wrap                      ? USER_WRAP_SUM
+             : op == MT_REDUCE_PRODUCT ? USER_PRODUCT
+             : op == MT_REDUCE_MAX     ? USER_MAX
+             : op == MT_REDUCE_MIN     ? USER_MIN
+                                       : USER_SUM;
   *mop = user_ops[slot];
   return MT_OK;
 }

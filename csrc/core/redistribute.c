@@ -103,7 +103,7 @@ static int gather_layout(const exec_ctx *c, const mt_step *s, pending *p, mt_err
     mt_box b;
     box_at(c, &s->src, m, k, &b);
     int64_t bytes = mt_box_numel(&b) * c->itemsize;
-    if (!fits_int(bytes, err) || !fits_int(off, err)) return err->code;
+    if (!fits_int(bytes, err) || !fits_int(off, err)) return MT_EOVERFLOW;
     p->ints[k] = (int)bytes;
     p->ints[g + k] = (int)off;
     off += bytes;
@@ -164,7 +164,7 @@ static int subarray(const mt_box *whole, const mt_box *part, MPI_Datatype elem,
                     MPI_Datatype *out, mt_error *err) {
   int sizes[MT_MAX_NDIM], sub[MT_MAX_NDIM], starts[MT_MAX_NDIM];
   for (int i = 0; i < whole->ndim; ++i) {
-    if (!fits_int(whole->shape[i], err)) return err->code;
+    if (!fits_int(whole->shape[i], err)) return MT_EOVERFLOW;
     sizes[i] = (int)whole->shape[i];
     sub[i] = (int)part->shape[i];
     starts[i] = (int)(part->offset[i] - whole->offset[i]);
@@ -306,6 +306,14 @@ static int run_chunk(const exec_ctx *c, pending *p) {
 
 static int partial_op(const mt_step *s) { return s->src.placements[s->mesh_dim].reduce_op; }
 
+/* This rank's share of the ring model's 2 (G - 1) buffers for its group of G: each
+ * rank receives 2 (G - 1) / G of the buffer; the remainder of that division goes to
+ * the lowest coordinates, so the group's counts sum to the plan's step bytes. */
+static int64_t ring_share(const exec_ctx *c, int m, int64_t nbytes, int64_t group) {
+  int64_t total = 2 * (group - 1) * nbytes;
+  return total / group + (c->coord[m] < total % group);
+}
+
 static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
   const mt_step *s = p->step;
   int m = s->mesh_dim;
@@ -316,7 +324,7 @@ static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
   mt_box sb;
   box_at(c, &s->src, -1, 0, &sb);
   int64_t n = mt_box_numel(&sb);
-  if (!fits_int(n, err)) return err->code;
+  if (!fits_int(n, err)) return MT_EOVERFLOW;
   p->group = mt_mesh_dim_size(c->mesh, m);
   if (c->nonblocking) {
     MT__MPI_TRY(MPI_Iallreduce(p->in, p->out, (int)n, type, op, dim_comm(c, m), &p->req),
@@ -325,7 +333,7 @@ static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
     MT__MPI_TRY(MPI_Allreduce(p->in, p->out, (int)n, type, op, dim_comm(c, m)),
                 "MPI_Allreduce");
   }
-  mt__count(MT_COLL_ALL_REDUCE, 2 * (p->group - 1) * n * c->itemsize / p->group);
+  mt__count(MT_COLL_ALL_REDUCE, ring_share(c, m, n * c->itemsize, p->group));
   return MT_OK;
 }
 
@@ -359,7 +367,7 @@ static int scatter_counts(const exec_ctx *c, pending *p, mt_error *err) {
   for (int64_t k = 0; k < p->group; ++k) {
     mt_box b;
     box_at(c, &p->step->dst, p->step->mesh_dim, k, &b);
-    if (!fits_int(mt_box_numel(&b), err)) return err->code;
+    if (!fits_int(mt_box_numel(&b), err)) return MT_EOVERFLOW;
     p->ints[k] = (int)mt_box_numel(&b);
   }
   return MT_OK;
@@ -429,6 +437,22 @@ static int finish_step(const exec_ctx *c, pending *p, mt_error *err) {
 
 /* ---- running plans --------------------------------------------------------------- */
 
+/* A plan's layouts must be for the mesh's shape, or its boxes and groups would not
+ * match the mesh's communicators (and ranks would disagree on message sizes). */
+static int check_mesh_shape(const mt_mesh *mesh, const mt_layout *l, mt_error *err) {
+  if (l->mesh_ndim != mt_mesh_ndim(mesh)) {
+    return mt__fail(err, MT_EINVAL, "the plan was made for a %d-D mesh, not a %d-D one",
+                    l->mesh_ndim, mt_mesh_ndim(mesh));
+  }
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    if (l->mesh_shape[m] == mt_mesh_dim_size(mesh, m)) continue;
+    return mt__fail(err, MT_EINVAL, "the plan was made for a mesh of size %lld on dim "
+                    "%d, not %lld", (long long)l->mesh_shape[m], m,
+                    (long long)mt_mesh_dim_size(mesh, m));
+  }
+  return MT_OK;
+}
+
 /* Checks what can be checked locally before the first collective, so that bad
  * input fails on every rank instead of leaving some waiting. */
 static int ctx_init(exec_ctx *c, mt_mesh *mesh, const mt_plan *plan, int dtype, int nb,
@@ -442,12 +466,9 @@ static int ctx_init(exec_ctx *c, mt_mesh *mesh, const mt_plan *plan, int dtype, 
   }
   for (int i = 0; i < mt_plan_nsteps(plan); ++i) {
     const mt_step *s = mt_plan_step(plan, i);
-    if (s->src.mesh_ndim != mt_mesh_ndim(mesh)) {
-      return mt__fail(err, MT_EINVAL, "the plan was made for a %d-D mesh, not a %d-D one",
-                      s->src.mesh_ndim, mt_mesh_ndim(mesh));
-    }
     int reduces = s->kind == MT_STEP_ALLREDUCE || s->kind == MT_STEP_REDUCE_SCATTER;
-    int rc = reduces ? mt__reduce_check(dtype, partial_op(s), err) : MT_OK;
+    int rc = check_mesh_shape(mesh, &s->src, err);
+    if (rc == MT_OK && reduces) rc = mt__reduce_check(dtype, partial_op(s), err);
     if (rc != MT_OK) return rc;
   }
   return MT_OK;

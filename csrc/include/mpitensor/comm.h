@@ -52,7 +52,8 @@ typedef struct mt_request mt_request;
 
 /* Collective on the mesh. Runs every step of `plan` (built for this mesh's shape)
  * on elements of `dtype`, from `src` to `dst`. Intermediate steps use buffers the
- * call allocates and frees. */
+ * call allocates and frees. A plan without steps moves nothing and leaves `dst`
+ * untouched: `src` already holds the result, and callers use it as it is. */
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
                     void *dst, mt_error *err);
 
