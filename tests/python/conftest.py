@@ -1,14 +1,25 @@
 """Runs the suite the same way at 1..4 ranks: every rank runs every test, and the
 verdict of a test is combined across ranks so that a failure on any rank fails it
-on all of them, with that rank's message shown on rank 0."""
+on all of them, with that rank's message shown on rank 0.
+
+A test that fails on one rank while the others wait in a collective cannot finish;
+a watchdog then ends the job with every thread's stack (naming the test), also when
+the rank is stuck inside an MPI call that holds the GIL, where pytest-timeout's
+thread cannot run."""
 
 from __future__ import annotations
+
+import faulthandler
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
 from mpi4py import MPI
 
 COMM = MPI.COMM_WORLD
+# Verdicts travel on their own communicator, so a rank that left a test early can
+# never pair its verdict with a collective the other ranks make inside the test.
+VERDICTS = COMM.Dup()
 
 # Every rank must draw the same examples (a test that communicates would otherwise
 # pair different collectives), so the seed comes from the test itself, no example
@@ -29,6 +40,19 @@ def pytest_report_header(config):
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # faulthandler's watchdog is a C thread: it needs no GIL to dump and exit. It
+    # fires after pytest-timeout would have, had that been able to.
+    per_test = item.config.getoption("timeout", None)
+    seconds = float(per_test) + 30 if per_test else 300.0
+    faulthandler.dump_traceback_later(seconds, exit=True, file=sys.__stderr__)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
@@ -39,7 +63,7 @@ def pytest_runtest_makereport(item, call):
     # Teardown runs for every test on every rank, even after a failed setup, so it
     # is the one place where all ranks can agree without risking a hang.
     mine = getattr(item, "_mt_failures", [])
-    verdicts = COMM.allgather("\n".join(mine)[-4000:] if mine else None)
+    verdicts = VERDICTS.allgather("\n".join(mine)[-4000:] if mine else None)
     others = [(r, text) for r, text in enumerate(verdicts)
               if text is not None and r != COMM.Get_rank()]
     if others and not mine:

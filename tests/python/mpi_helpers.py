@@ -1,0 +1,120 @@
+"""Ground truth for the MPI tests, written independently of mpitensor's layout code.
+
+`ref_box` is a brute-force reference of where a shard lies (index arrays cut with
+torch.chunk's rule), and `gather_global` rebuilds a DTensor's global array on every
+rank from every rank's local array with mpi4py, checking replicas bit for bit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+from mpi4py import MPI
+
+from mpitensor import Shard
+
+COMM = MPI.COMM_WORLD
+
+
+def chunk(indices: np.ndarray, k: int, i: int) -> np.ndarray:
+    """Piece i of k of `indices` by torch.chunk's rule: pieces of ceil(n/k), the
+    trailing ones short or empty (numpy.array_split would spread the remainder)."""
+    size = -(-len(indices) // k)
+    return indices[i * size:(i + 1) * size]
+
+
+def ref_box(global_shape, mesh_shape, coord, placements):
+    """(local shape, global offset) of the shard at mesh coordinate `coord`.
+
+    Each tensor dim starts as the index array arange(n); every Shard mesh dim, left
+    to right, keeps its chunk of the indices that are left. An empty extent reports
+    the global size as offset."""
+    ndim = len(global_shape)
+    idx = [np.arange(n) for n in global_shape]
+    for m, p in enumerate(placements):
+        if isinstance(p, Shard):
+            d = p.dim + ndim if p.dim < 0 else p.dim
+            idx[d] = chunk(idx[d], mesh_shape[m], coord[m])
+    shape = tuple(len(i) for i in idx)
+    offset = tuple(int(i[0]) if len(i) else n for i, n in zip(idx, global_shape))
+    return shape, offset
+
+
+def ref_index(global_shape, mesh_shape, coord, placements):
+    """The slices of the global array that the shard at `coord` holds."""
+    shape, offset = ref_box(global_shape, mesh_shape, coord, placements)
+    return tuple(slice(o, o + s) for o, s in zip(offset, shape))
+
+
+def coordinates(mesh_shape):
+    """Every coordinate of a mesh, row-major."""
+    return itertools.product(*(range(s) for s in mesh_shape))
+
+
+def bits_equal(a, b) -> bool:
+    """Same shape, dtype and bytes (NaN-safe, -0.0 differs from 0.0)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def gather_global(dt, comm=COMM):
+    """Collective on `comm`. Rebuilds the global array of a Shard/Replicate DTensor.
+
+    Returns (array, problems): `problems` lists, identically on every rank, the ranks
+    whose local array is not the shape/dtype of its reference box, replicas that
+    disagree, and elements nobody holds. The test asserts `problems == []`."""
+    mesh = dt.device_mesh
+    coord = mesh.get_coordinate()
+    mine = None if coord is None else (tuple(coord), dt.to_local())
+    items = comm.allgather(mine)
+    out = np.zeros(dt.shape, dt.dtype)
+    seen = np.zeros(dt.shape, bool)
+    problems = []
+    for r, item in enumerate(items):
+        if item is None:
+            continue
+        c, local = item
+        shape, _ = ref_box(dt.shape, mesh.shape, c, dt.placements)
+        if local.shape != shape or local.dtype != dt.dtype:
+            problems.append(f"rank {r} at {c}: local {local.shape} {local.dtype}, "
+                            f"expected {shape} {dt.dtype}")
+            continue
+        index = ref_index(dt.shape, mesh.shape, c, dt.placements)
+        held = seen[index]
+        if held.any() and not bits_equal(out[index][held], local[held]):
+            problems.append(f"rank {r} at {c}: replica differs from another rank's")
+        out[index] = local
+        seen[index] = True
+    if not seen.all():
+        problems.append(f"{int((~seen).sum())} elements are held by no rank")
+    return out, problems
+
+
+def all_ranks(flag: bool, comm=COMM) -> bool:
+    """Collective: True when `flag` is true on every rank."""
+    return bool(comm.allreduce(bool(flag), op=MPI.LAND))
+
+
+class Problems(list):
+    """Failed expectations, collected instead of raised, so that a test finishes
+    all its collective calls on every rank before it asserts `problems == []`."""
+
+    def expect(self, ok, what: str) -> None:
+        if not ok:
+            self.append(what)
+
+
+def raised(call, exc, match=None):
+    """True when call() raises `exc` (whose message contains the regex `match`),
+    else a description of what happened instead. Never raises."""
+    try:
+        call()
+    except exc as e:
+        if match is None or re.search(match, str(e)):
+            return True
+        return f"{type(e).__name__} without {match!r}: {e}"
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return f"{type(e).__name__} instead of {exc.__name__}: {e}"
+    return f"no exception instead of {exc.__name__}"

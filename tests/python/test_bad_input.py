@@ -1,0 +1,188 @@
+"""Bad input raises a clear exception of the right type on every rank, before any
+communication, and leaves every rank in step: never a crash, an abort or a hang."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import DTensor, DeviceMesh, Partial, Replicate, Shard, init_device_mesh
+from mpi_helpers import raised
+
+N = MPI.COMM_WORLD.Get_size()
+RANK = MPI.COMM_WORLD.Get_rank()
+X = np.ones((2, 2))
+
+
+@pytest.fixture(scope="module")
+def m():
+    return SimpleNamespace(
+        world=init_device_mesh("cpu", (N,)),
+        grid=init_device_mesh("cpu", (1, N), mesh_dim_names=("a", "b")),
+        unnamed=init_device_mesh("cpu", (1, N)),
+    )
+
+
+def from_local(*args, **kw):
+    return DTensor.from_local(*args, **kw)
+
+
+# (id, call taking the meshes, exception type, regex the message must contain)
+CASES = [
+    # DTensor.from_local
+    ("placements_too_many", lambda m: from_local(X, m.world, [Shard(0), Replicate()]),
+     ValueError, "placements"),
+    ("placements_too_few", lambda m: from_local(X, m.grid, [Shard(0)]), ValueError,
+     "placements"),
+    ("shard_dim_too_large", lambda m: from_local(X, m.world, [Shard(2)]), IndexError, None),
+    ("shard_dim_too_negative", lambda m: from_local(X, m.world, [Shard(-3)]), IndexError, None),
+    ("shard_a_0d_local", lambda m: from_local(np.array(1.0), m.world, [Shard(0)]),
+     IndexError, None),
+    ("local_is_a_list", lambda m: from_local([[1.0, 2.0]], m.world), TypeError, "ndarray"),
+    ("local_is_a_float", lambda m: from_local(3.0, m.world), TypeError, "ndarray"),
+    ("local_object_dtype", lambda m: from_local(np.array([object()]), m.world), TypeError,
+     "object"),
+    ("local_str_dtype", lambda m: from_local(np.array(["a"]), m.world), TypeError, None),
+    ("local_bytes_dtype", lambda m: from_local(np.array([b"a"]), m.world), TypeError, None),
+    ("local_structured_dtype",
+     lambda m: from_local(np.zeros(2, dtype=[("a", "f8")]), m.world), TypeError, None),
+    ("placement_is_a_string", lambda m: from_local(X, m.world, ["S(0)"]), TypeError, None),
+    ("device_mesh_is_a_string", lambda m: from_local(X, "cpu"), TypeError, "DeviceMesh"),
+    ("shape_without_stride", lambda m: from_local(X, m.world, shape=(2, 2)), ValueError,
+     "both"),
+    ("stride_without_shape", lambda m: from_local(X, m.world, stride=(2, 1)), ValueError,
+     "both"),
+    ("shape_of_wrong_length",
+     lambda m: from_local(X, m.world, shape=(4,), stride=(1,)), ValueError, None),
+    # factories
+    ("zeros_negative_size", lambda m: mt.zeros(-1, device_mesh=m.world), ValueError,
+     "negative"),
+    ("ones_negative_size", lambda m: mt.ones(3, -2, device_mesh=m.world), ValueError, None),
+    ("empty_negative_size", lambda m: mt.empty([-3], device_mesh=m.world), ValueError, None),
+    ("full_negative_size", lambda m: mt.full((2, -1), 0.0, device_mesh=m.world), ValueError,
+     None),
+    ("rand_negative_size", lambda m: mt.rand(-1, device_mesh=m.world), ValueError, None),
+    ("randn_negative_size", lambda m: mt.randn((2, -2), device_mesh=m.world), ValueError, None),
+    ("float_size", lambda m: mt.zeros(2.5, device_mesh=m.world), TypeError, None),
+    ("object_dtype_factory", lambda m: mt.zeros(3, dtype=object, device_mesh=m.world),
+     TypeError, None),
+    ("str_dtype_factory", lambda m: mt.ones(3, dtype=str, device_mesh=m.world), TypeError, None),
+    ("full_string_fill", lambda m: mt.full((3,), "a", device_mesh=m.world), TypeError, None),
+    ("factory_shard_dim_out_of_range",
+     lambda m: mt.zeros(4, device_mesh=m.world, placements=[Shard(1)]), IndexError, None),
+    ("factory_wrong_number_of_placements",
+     lambda m: mt.zeros(4, device_mesh=m.grid, placements=[Shard(0)]), ValueError, None),
+    ("zeros_partial", lambda m: mt.zeros(4, device_mesh=m.world, placements=[Partial()]),
+     ValueError, "Partial"),
+    ("ones_partial", lambda m: mt.ones(4, device_mesh=m.world, placements=[Partial("max")]),
+     ValueError, "Partial"),
+    ("empty_partial", lambda m: mt.empty(4, device_mesh=m.grid,
+                                         placements=[Replicate(), Partial()]),
+     ValueError, "Partial"),
+    ("full_partial", lambda m: mt.full((4,), 1.0, device_mesh=m.world, placements=[Partial()]),
+     ValueError, "Partial"),
+    ("rand_partial", lambda m: mt.rand(4, device_mesh=m.world, placements=[Partial()]),
+     ValueError, "Partial"),
+    ("randn_partial", lambda m: mt.randn(4, device_mesh=m.world, placements=[Partial()]),
+     ValueError, "Partial"),
+    ("rand_int_dtype", lambda m: mt.rand(4, dtype=np.int64, device_mesh=m.world), TypeError,
+     None),
+    ("randn_bool_dtype", lambda m: mt.randn(4, dtype=bool, device_mesh=m.world), TypeError,
+     None),
+    # device meshes
+    ("init_device_mesh_cuda", lambda m: init_device_mesh("cuda", (N,)), ValueError, "cpu"),
+    ("device_mesh_cuda", lambda m: DeviceMesh("cuda", list(range(N))), ValueError, "cpu"),
+    ("init_mesh_larger_than_comm", lambda m: init_device_mesh("cpu", (N + 1,)), RuntimeError,
+     "bigger"),
+    ("mesh_larger_than_comm", lambda m: DeviceMesh("cpu", np.arange(N + 1)), RuntimeError,
+     "bigger"),
+    ("mesh_larger_than_comm_self",
+     lambda m: init_device_mesh("cpu", (2,), comm=MPI.COMM_SELF), RuntimeError, "bigger"),
+    ("mesh_shape_zero", lambda m: init_device_mesh("cpu", (0,)), ValueError, None),
+    ("mesh_shape_negative", lambda m: init_device_mesh("cpu", (N, -1)), ValueError, None),
+    ("mesh_rank_out_of_range", lambda m: DeviceMesh("cpu", [N]), ValueError, None),
+    ("mesh_rank_negative", lambda m: DeviceMesh("cpu", [-1]), ValueError, None),
+    ("mesh_of_floats", lambda m: DeviceMesh("cpu", [0.0]), TypeError, None),
+    ("mesh_without_ranks", lambda m: DeviceMesh("cpu", []), ValueError, None),
+    ("duplicate_mesh_dim_names",
+     lambda m: init_device_mesh("cpu", (1, N), mesh_dim_names=("a", "a")), RuntimeError,
+     "unique"),
+    ("duplicate_mesh_dim_names_device_mesh",
+     lambda m: DeviceMesh("cpu", [list(range(N))], mesh_dim_names=("a", "a")), RuntimeError,
+     "unique"),
+    ("too_few_mesh_dim_names",
+     lambda m: init_device_mesh("cpu", (1, N), mesh_dim_names=("a",)), RuntimeError, None),
+    ("too_many_mesh_dim_names",
+     lambda m: DeviceMesh("cpu", list(range(N)), mesh_dim_names=("a", "b")), RuntimeError, None),
+    ("mesh_dim_names_a_string",
+     lambda m: init_device_mesh("cpu", (N,), mesh_dim_names="a"), TypeError, None),
+    ("unknown_name_slice", lambda m: m.grid["zz"], KeyError, r"zz.*\('a', 'b'\)"),
+    ("unknown_name_in_several", lambda m: m.grid["a", "zz"], KeyError, r"\('a', 'b'\)"),
+    ("unknown_name_size", lambda m: m.grid.size("zz"), KeyError, r"\('a', 'b'\)"),
+    ("unknown_name_get_group", lambda m: m.grid.get_group("zz"), KeyError, r"\('a', 'b'\)"),
+    ("unknown_name_local_rank", lambda m: m.grid.get_local_rank("zz"), KeyError,
+     r"\('a', 'b'\)"),
+    ("slice_names_out_of_order", lambda m: m.grid["b", "a"], KeyError, None),
+    ("slice_without_names", lambda m: m.unnamed["a"], RuntimeError, "mesh_dim_names"),
+    ("get_local_rank_nd_without_dim", lambda m: m.grid.get_local_rank(), RuntimeError,
+     "mesh_dim"),
+    ("get_group_nd_without_dim", lambda m: m.grid.get_group(), RuntimeError, "mesh_dim"),
+    ("mesh_dim_out_of_range", lambda m: m.grid.size(2), IndexError, None),
+    ("get_group_dim_out_of_range", lambda m: m.grid.get_group(-3), IndexError, None),
+    # placements and layout
+    ("partial_mean", lambda m: Partial("mean"), ValueError, "mean"),
+    ("shard_bool", lambda m: Shard(True), TypeError, None),
+    ("shard_str", lambda m: Shard("0"), TypeError, None),
+    ("layout_shard_dim_out_of_range",
+     lambda m: mt.compute_local_shape_and_global_offset((5,), m.world, [Shard(1)]),
+     IndexError, None),
+    ("layout_negative_size",
+     lambda m: mt.compute_local_shape_and_global_offset((-5,), m.world, [Shard(0)]),
+     ValueError, None),
+    # manual_seed
+    ("seed_negative", lambda m: mt.manual_seed(-1), ValueError, None),
+    ("seed_too_large", lambda m: mt.manual_seed(2**64), ValueError, None),
+    ("seed_float", lambda m: mt.manual_seed(1.5), TypeError, None),
+    ("seed_str", lambda m: mt.manual_seed("3"), TypeError, None),
+    ("seed_none", lambda m: mt.manual_seed(None), TypeError, None),
+    ("seed_bool", lambda m: mt.manual_seed(True), TypeError, None),
+]
+if N >= 2:
+    CASES.append(("duplicate_ranks", lambda m: DeviceMesh("cpu", [0, 0]), ValueError,
+                  "distinct"))
+    CASES.append(("duplicate_ranks_2d", lambda m: DeviceMesh("cpu", [[0, 1], [1, 0]]),
+                  ValueError if N >= 4 else RuntimeError, None))
+
+IDS = [c[0] for c in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_raises_on_every_rank(case, m, comm):
+    _, call, exc, match = case
+    outcome = raised(lambda: call(m), exc, match)
+    # Every rank came back, and all ranks see every rank's outcome.
+    outcomes = comm.allgather(outcome)
+    assert outcome is True
+    assert outcomes == [True] * N
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_raises_before_any_communication(case, m, comm):
+    """Only the last rank makes the bad call. Had it communicated before raising,
+    it would wait for ranks that never join, while they wait in the allgather."""
+    _, call, exc, _ = case
+    outcome = raised(lambda: call(m), exc) if RANK == N - 1 else None
+    assert comm.allgather(outcome)[-1] is True
+
+
+def test_library_works_after_bad_input(m, comm):
+    dt = DTensor.from_local(np.full((2,), float(RANK)), m.world, [Replicate()],
+                            run_check=True)
+    values = comm.allgather(dt.to_local().tolist())
+    mesh = init_device_mesh("cpu", (N,), mesh_dim_names=("x",))
+    total = mesh["x"].get_group().allreduce(1)
+    assert values == [[0.0, 0.0]] * N
+    assert total == N
