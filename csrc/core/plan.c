@@ -502,18 +502,23 @@ static int step_to(step_list *list, mt_layout *cur, int m, mt_placement to,
   return rc;
 }
 
-/* Reduces every Partial that `dst` does not keep, last mesh dim first: straight
- * to the target Shard by reduce-scatter where that is valid, else to Replicate by
- * all-reduce (the later phase cuts it). */
+/* Reduces every Partial that `dst` does not keep. First the ones that
+ * reduce-scatter straight to their target Shard, first mesh dim first, so nested
+ * shards build from the outside in and each step is valid; then the rest by
+ * all-reduce to Replicate (a later phase cuts them), on data the reduce-scatters
+ * have already shrunk: `[P, P] -> [S(0), R]` reduce-scatters the whole buffer and
+ * all-reduces half, instead of all-reducing all of it. */
 static int reduce_phase(step_list *list, mt_layout *cur, const mt_layout *dst,
                         int64_t itemsize, mt_error *err) {
-  for (int m = cur->mesh_ndim - 1; m >= 0; --m) {
-    mt_placement a = cur->placements[m], b = dst->placements[m];
-    if (a.kind != MT_PLACEMENT_PARTIAL || b.kind == MT_PLACEMENT_PARTIAL) continue;
-    mt_placement to = b;
-    if (b.kind != MT_PLACEMENT_SHARD || !kind_valid(cur, m, &a, &b)) to = replicate();
-    int rc = step_to(list, cur, m, to, itemsize, err);
-    if (rc != MT_OK) return rc;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int m = 0; m < cur->mesh_ndim; ++m) {
+      mt_placement a = cur->placements[m], b = dst->placements[m];
+      if (a.kind != MT_PLACEMENT_PARTIAL || b.kind == MT_PLACEMENT_PARTIAL) continue;
+      int scatter = b.kind == MT_PLACEMENT_SHARD && kind_valid(cur, m, &a, &b);
+      if (pass == 0 && !scatter) continue;
+      int rc = step_to(list, cur, m, scatter ? b : replicate(), itemsize, err);
+      if (rc != MT_OK) return rc;
+    }
   }
   return MT_OK;
 }

@@ -360,12 +360,27 @@ static void test_partial_2d(void) {
       mt_plan_destroy(plan);
     }
   }
-  /* [P, P] -> [S0, S1]: two reduce-scatters, the inner mesh dim first. */
+  /* [P, P] -> [S0, S1]: two reduce-scatters, the outer mesh dim first. */
   mt_layout s = with(&l, (mt_placement[]){P(MT_REDUCE_SUM), P(MT_REDUCE_SUM)});
   mt_layout t = with(&l, (mt_placement[]){S(0), S(1)});
   mt_plan *plan = plan_of(&s, &t, 4);
   CHECK(mt_plan_nsteps(plan) == 2 && count_kind(plan, MT_STEP_REDUCE_SCATTER) == 2);
-  CHECK(mt_plan_step(plan, 0)->mesh_dim == 1 && mt_plan_step(plan, 1)->mesh_dim == 0);
+  CHECK(mt_plan_step(plan, 0)->mesh_dim == 0 && mt_plan_step(plan, 1)->mesh_dim == 1);
+  mt_plan_destroy(plan);
+  /* [P, P] -> [S0, S0]: two nested reduce-scatters, as torch. */
+  t = with(&l, (mt_placement[]){S(0), S(0)});
+  plan = plan_of(&s, &t, 4);
+  CHECK(mt_plan_nsteps(plan) == 2 && count_kind(plan, MT_STEP_REDUCE_SCATTER) == 2);
+  mt_plan_destroy(plan);
+  /* [P, P] -> [S0, R]: reduce-scatter first, so the all-reduce carries half the data
+   * (torch's order); all-reducing first would move the whole buffer twice. */
+  t = with(&l, (mt_placement[]){S(0), R()});
+  plan = plan_of(&s, &t, 4);
+  CHECK(mt_plan_nsteps(plan) == 2);
+  CHECK(mt_plan_step(plan, 0)->kind == MT_STEP_REDUCE_SCATTER &&
+        mt_plan_step(plan, 1)->kind == MT_STEP_ALLREDUCE);
+  int torch_comm = 0;
+  CHECK(mt_plan_bytes(plan) <= torch_bytes(&s, &t, 4, &torch_comm));
   mt_plan_destroy(plan);
 }
 
