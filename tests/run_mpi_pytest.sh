@@ -16,7 +16,12 @@ per_test=${MT_TEST_TIMEOUT:-120}
 whole=${MT_RUN_TIMEOUT:-900}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0
-common=(-m mpi4py -m pytest "$here/tests/python" -p no:cacheprovider
+# Test paths among the arguments replace the default of the whole suite.
+paths=("$here/tests/python")
+for a in "$@"; do
+  case "$a" in -*) ;; *.py|*.py::*|*/*) paths=(); break ;; esac
+done
+common=(-m mpi4py -m pytest "${paths[@]}" -p no:cacheprovider
         --timeout="$per_test" --timeout-method=thread "$@")
 echo "=== pytest at np=$np"
 cmd=(mpiexec --oversubscribe -n 1 "$py" "${common[@]}" -v -rfE)

@@ -122,7 +122,9 @@ class DTensor:
         ``forward_dtype`` casts before communicating. With ``async_op=True`` the
         first collective is started nonblocking and the call returns at once; the
         data is completed on first use (see :meth:`to_local`) or by :meth:`wait`.
-        Partial placements may be kept but not created: RuntimeError.
+        Partial placements may be kept but not created: RuntimeError. A reduction
+        the dtype lacks (complex max/min, bool or integer avg) is a TypeError on
+        every rank, whatever the mesh size.
 
         Example (``mpiexec -n 4``)::
 
@@ -140,11 +142,11 @@ class DTensor:
         mesh = self.device_mesh
         dst = _args.normalize_placements(placements, mesh, self.ndim)
         _redistribute.check_partial_targets(self.placements, dst)
-        local, spec = self.to_local(), self._spec
+        dtype = self.dtype if forward_dtype is None else _args.check_dtype(forward_dtype)
+        _redistribute.check_reductions(self.placements, dst, dtype)
+        local, spec = self.to_local(), self._spec._replace(dtype=dtype, placements=dst)
         if forward_dtype is not None:
-            dtype = _args.check_dtype(forward_dtype)
-            local, spec = local.astype(dtype, copy=False), spec._replace(dtype=dtype)
-        spec = spec._replace(placements=dst)
+            local = local.astype(dtype, copy=False)
         if dst == self.placements or mesh.get_coordinate() is None:
             return DTensor(local, spec)
         plan = _redistribute.plan_for(mesh, spec.shape, self.placements, dst,

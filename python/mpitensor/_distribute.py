@@ -56,8 +56,10 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
 
 
 def _already_distributed(dt: DTensor, device_mesh, placements) -> DTensor:
-    mesh = dt.device_mesh if device_mesh is None else device_mesh
-    pl = dt.placements if placements is None else tuple(placements)
+    """The DTensor itself when it already has this mesh and these placements
+    (None means Replicate, as for an array, and as in torch), else ValueError."""
+    mesh = dt.device_mesh if device_mesh is None else _args.resolve_mesh(device_mesh)
+    pl = _args.normalize_placements(placements, mesh, dt.ndim)
     if mesh == dt.device_mesh and pl == dt.placements:
         return dt
     raise ValueError(

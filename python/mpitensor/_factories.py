@@ -78,9 +78,8 @@ def full(size, fill_value, *, dtype=None, device_mesh=None, placements=None) -> 
 def _random_tensor(size, dtype, device_mesh, placements, what, dist) -> DTensor:
     spec, local_shape, offset = _spec_and_box(size, dtype, device_mesh, placements, what)
     if spec.dtype not in _random._DTYPES:
-        raise TypeError(
-            f"{what} makes {', '.join(map(str, _random._DTYPES))} tensors, not {spec.dtype}"
-        )
+        kinds = ", ".join(map(str, _random._DTYPES))
+        raise TypeError(f"{what} makes {kinds} tensors, not {spec.dtype}")
     stream = _random._next_stream()  # every rank advances, members or not
     local = np.empty(local_shape, spec.dtype)
     if spec.mesh.get_coordinate() is not None:  # a 0-d member also has offset ()

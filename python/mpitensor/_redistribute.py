@@ -47,6 +47,25 @@ def check_partial_targets(src: tuple[Placement, ...], dst: tuple[Placement, ...]
             )
 
 
+def check_reductions(src: tuple[Placement, ...], dst: tuple[Placement, ...],
+                     dtype: np.dtype) -> None:
+    """The reductions a move would run must exist for the dtype: complex numbers
+    have no max/min, and an average of bool or integers is not of that dtype.
+    Checked from the arguments alone, so a mesh dim of size 1 (which needs no
+    reduction) raises the same TypeError as a larger one, on every rank."""
+    for s, d in zip(src, dst):
+        if not s.is_partial() or s == d:
+            continue
+        op = s.reduce_op
+        if dtype.kind == "c" and op in ("max", "min"):
+            raise TypeError(f"Partial({op}) of {dtype} values: complex numbers have no order")
+        if dtype.kind in "biu" and op == "avg":
+            raise TypeError(
+                f"Partial(avg) of {dtype} values: an average is not a {dtype}; cast to a "
+                f"float dtype first (forward_dtype=)"
+            )
+
+
 def plan_for(mesh, shape: tuple[int, ...], src, dst, itemsize: int):
     """The C plan for this move, made once per (mesh, shape, placements, itemsize)."""
     key = (shape, src, dst, itemsize)

@@ -62,8 +62,9 @@ class Shard(Placement):
     """The tensor is cut along tensor dim ``dim`` over the ranks of a mesh dim.
 
     Cuts follow ``torch.chunk`` with chunks of ``ceil(n/k)`` (not
-    ``numpy.array_split``): trailing ranks may hold short or empty shards. Negative dims are allowed and
-    are normalised against the tensor when the placement is used.
+    ``numpy.array_split``): trailing ranks may hold short or empty shards. Negative
+    dims are allowed and are normalised against the tensor when the placement is
+    used.
 
     Example::
 
