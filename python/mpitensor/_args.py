@@ -26,7 +26,7 @@ def resolve_mesh(device_mesh) -> DeviceMesh:
 def normalize_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Placement, ...]:
     """Placements as a tuple, Replicate by default, shard dims made non-negative."""
     if placements is None:
-        return (Replicate(),) * mesh.ndim
+        return _all_replicate(mesh.ndim)
     placements = tuple(placements)
     if len(placements) != mesh.ndim:
         raise ValueError(
@@ -45,6 +45,16 @@ def normalize_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Place
             p = Shard(p.dim + ndim) if p.dim < 0 else p
         out.append(p)
     return tuple(out)
+
+
+_REPLICATED: dict[int, tuple] = {}
+
+
+def _all_replicate(ndim: int) -> tuple[Placement, ...]:
+    out = _REPLICATED.get(ndim)
+    if out is None:
+        out = _REPLICATED[ndim] = (Replicate(),) * ndim
+    return out
 
 
 def reject_partial(placements: Sequence[Placement], what: str) -> None:

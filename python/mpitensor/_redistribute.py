@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _C
 from ._layout import _codes
-from .placement_types import Placement
+from .placement_types import Partial, Placement
 
 
 class AsyncLocal:
@@ -36,26 +36,25 @@ class AsyncLocal:
         return f"AsyncLocal(done={self._request.done})"
 
 
-def check_partial_targets(src: tuple[Placement, ...], dst: tuple[Placement, ...]) -> None:
-    """Partial can be kept but never created by a redistribute, as in torch."""
+def check_targets(src: tuple[Placement, ...], dst: tuple[Placement, ...],
+                  dtype: np.dtype) -> None:
+    """Refuses, from the arguments alone and so on every rank alike, what torch
+    refuses and what has no reduction for this dtype.
+
+    Partial can be kept but never created by a redistribute. The reductions a move
+    runs must exist for the dtype: complex numbers have no max/min, and an average
+    of bools or integers is not of their dtype. A mesh dim of size 1, which needs no
+    reduction, raises the same errors as a larger one.
+    """
     for m, (s, d) in enumerate(zip(src, dst)):
-        if d.is_partial() and s != d:
+        if s is d or (type(s) is not Partial and type(d) is not Partial):
+            continue
+        if type(d) is Partial:
             raise RuntimeError(
-                f"Can not redistribute from {s} to {d} on mesh dim {m}: redistributing to "
-                f"Partial is for internal use only! Partial tensors come from "
+                f"Can not redistribute from {s} to {d} on mesh dim {m}: redistributing "
+                f"to Partial is for internal use only! Partial tensors come from "
                 f"DTensor.from_local and from operators."
             )
-
-
-def check_reductions(src: tuple[Placement, ...], dst: tuple[Placement, ...],
-                     dtype: np.dtype) -> None:
-    """The reductions a move would run must exist for the dtype: complex numbers
-    have no max/min, and an average of bool or integers is not of that dtype.
-    Checked from the arguments alone, so a mesh dim of size 1 (which needs no
-    reduction) raises the same TypeError as a larger one, on every rank."""
-    for s, d in zip(src, dst):
-        if not s.is_partial() or s == d:
-            continue
         op = s.reduce_op
         if dtype.kind == "c" and op in ("max", "min"):
             raise TypeError(f"Partial({op}) of {dtype} values: complex numbers have no order")

@@ -3,6 +3,10 @@
 Mirrors ``torch.distributed.tensor.placement_types``. Placements are frozen,
 hashable and equal by value, with torch's reprs (``Shard(dim=0)``) and short
 strings (``S(0)``, ``R``, ``P(sum)``).
+
+Each distinct placement exists once (``Shard(0) is Shard(0)``): equal values are the
+same object, so comparing and hashing placements, which every redistribute and
+every cached sharding decision does, runs at the speed of identity.
 """
 
 from __future__ import annotations
@@ -48,14 +52,29 @@ class Placement:
     def __reduce__(self):
         return (type(self), self._args())
 
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
     def _args(self) -> tuple:
         return ()
 
-    def __eq__(self, other):
-        return type(other) is type(self) and other._args() == self._args()
 
-    def __hash__(self):
-        return hash((type(self).__name__,) + self._args())
+# One instance per value; object's identity equality and hash are value semantics.
+_interned: dict = {}
+
+
+def _intern(cls, key, fields: dict, code: tuple):
+    obj = _interned.get((cls, key))
+    if obj is None:
+        obj = object.__new__(cls)
+        for name, value in fields.items():
+            object.__setattr__(obj, name, value)
+        object.__setattr__(obj, "_code", code)
+        obj = _interned.setdefault((cls, key), obj)
+    return obj
 
 
 class Shard(Placement):
@@ -74,11 +93,11 @@ class Shard(Placement):
 
     __slots__ = ("dim", "_code")
 
-    def __init__(self, dim: int = 0):
+    def __new__(cls, dim: int = 0):
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
             raise TypeError(f"Shard dim must be an int, got {dim!r}")
-        object.__setattr__(self, "dim", int(dim))
-        object.__setattr__(self, "_code", (_SHARD, int(dim), 0))
+        dim = int(dim)
+        return _intern(cls, dim, {"dim": dim}, (_SHARD, dim, 0))
 
     def is_shard(self, dim: int | None = None) -> bool:
         return dim is None or dim == self.dim
@@ -102,8 +121,10 @@ class Replicate(Placement):
         (Replicate(), 'R')
     """
 
-    __slots__ = ()
-    _code = (_REPLICATE, 0, 0)
+    __slots__ = ("_code",)
+
+    def __new__(cls):
+        return _intern(cls, None, {}, (_REPLICATE, 0, 0))
 
     def is_replicate(self) -> bool:
         return True
@@ -130,14 +151,14 @@ class Partial(Placement):
 
     __slots__ = ("reduce_op", "_code")
 
-    def __init__(self, reduce_op: str = "sum"):
-        if reduce_op not in _REDUCE_OPS:
+    def __new__(cls, reduce_op: str = "sum"):
+        if not isinstance(reduce_op, str) or reduce_op not in _REDUCE_OPS:
             raise ValueError(
                 f"Partial reduce_op must be one of {', '.join(_REDUCE_OPS)}; "
                 f"got {reduce_op!r}"
             )
-        object.__setattr__(self, "reduce_op", reduce_op)
-        object.__setattr__(self, "_code", (_PARTIAL, 0, _REDUCE_OPS.index(reduce_op)))
+        code = (_PARTIAL, 0, _REDUCE_OPS.index(reduce_op))
+        return _intern(cls, reduce_op, {"reduce_op": reduce_op}, code)
 
     def is_partial(self, reduce_op: str | None = None) -> bool:
         return reduce_op is None or reduce_op == self.reduce_op
