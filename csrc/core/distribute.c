@@ -18,11 +18,7 @@ typedef struct dist_ctx {
 } dist_ctx;
 
 static void my_box(const dist_ctx *c, const mt_layout *l, int m, int64_t k, mt_box *out) {
-  int64_t coord[MT_MAX_MESH_NDIM];
-  memcpy(coord, c->coord, sizeof coord);
-  if (m >= 0) coord[m] = k;
-  int rc = mt_layout_local_box(l, coord, out, NULL);
-  (void)rc;
+  mt__box_at(l, c->coord, m, k, out);
 }
 
 /* True when this rank's coordinate is 0 on every mesh dim in [from, ndim) that

@@ -63,14 +63,8 @@ static void pending_free(pending *p) {
   p->types = NULL, p->ints = NULL, p->staging = NULL, p->ntypes = 0;
 }
 
-/* The box of the rank at this rank's coordinate with mesh dim `m` set to `k`
- * (m < 0: this rank's own box). Layouts in a plan are valid by construction. */
 static void box_at(const exec_ctx *c, const mt_layout *l, int m, int64_t k, mt_box *out) {
-  int64_t coord[MT_MAX_MESH_NDIM];
-  memcpy(coord, c->coord, sizeof coord);
-  if (m >= 0) coord[m] = k;
-  int rc = mt_layout_local_box(l, coord, out, NULL);
-  (void)rc;
+  mt__box_at(l, c->coord, m, k, out);
 }
 
 static int64_t leading(const mt_box *b, int d) {

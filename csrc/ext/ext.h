@@ -48,6 +48,10 @@ int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what
 /* Reads placements encoded as a sequence of (kind, dim, reduce_op) int triples. */
 int mt_ext_placements(PyObject *seq, mt_placement *out, int *n);
 
+/* Reads (global shape, mesh shape, placement codes) into a validated layout.
+ * Returns 0, or -1 with the matching Python exception set. */
+int mt_ext_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes, mt_layout *out);
+
 /* Each area adds its functions and types to the module in Py_mod_exec. */
 typedef struct mt_mesh mt_mesh;
 /* The core mesh behind a _C.Mesh, or NULL with TypeError set. */

@@ -14,30 +14,6 @@ static PyObject *tuple_of(const int64_t *v, int n) {
   return out;
 }
 
-/* Reads (global shape, mesh shape, placements) and validates them as a layout. */
-static int read_layout(PyObject *shape_obj, PyObject *mesh_obj, PyObject *pl_obj,
-                       mt_layout *layout) {
-  int64_t shape[MT_MAX_NDIM], mesh_shape[MT_MAX_MESH_NDIM];
-  mt_placement pl[MT_MAX_MESH_NDIM];
-  int ndim = 0, mesh_ndim = 0, npl = 0;
-  if (mt_ext_int64s(shape_obj, shape, MT_MAX_NDIM, &ndim, "shape") < 0) return -1;
-  if (mt_ext_int64s(mesh_obj, mesh_shape, MT_MAX_MESH_NDIM, &mesh_ndim, "mesh shape") < 0)
-    return -1;
-  if (mt_ext_placements(pl_obj, pl, &npl) < 0) return -1;
-  if (npl != mesh_ndim) {
-    PyErr_Format(PyExc_ValueError, "%d placements were given for a %d-D mesh", npl,
-                 mesh_ndim);
-    return -1;
-  }
-  mt_error err = {0};
-  int rc = mt_layout_init(layout, ndim, shape, mesh_ndim, mesh_shape, pl, &err);
-  if (rc != MT_OK) {
-    mt_ext_raise(rc, &err);
-    return -1;
-  }
-  return 0;
-}
-
 /* local_box(global_shape, mesh_shape, coordinate, placements) -> (shape, offset) */
 static PyObject *local_box(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 4) {
@@ -45,7 +21,7 @@ static PyObject *local_box(PyObject *module, PyObject *const *args, Py_ssize_t n
                         "local_box(global_shape, mesh_shape, coordinate, placements)");
   }
   mt_layout layout;
-  if (read_layout(args[0], args[1], args[3], &layout) < 0) return NULL;
+  if (mt_ext_layout(args[0], args[1], args[3], &layout) < 0) return NULL;
   int64_t coord[MT_MAX_MESH_NDIM];
   int ncoord = 0;
   if (mt_ext_int64s(args[2], coord, MT_MAX_MESH_NDIM, &ncoord, "coordinate") < 0)

@@ -18,24 +18,6 @@ typedef struct {
 
 /* ---- Plan ------------------------------------------------------------------------ */
 
-static int read_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes,
-                       mt_layout *out) {
-  int64_t sh[MT_MAX_NDIM], ms[MT_MAX_MESH_NDIM];
-  mt_placement pl[MT_MAX_MESH_NDIM];
-  int nd = 0, nm = 0, np = 0;
-  if (mt_ext_int64s(shape, sh, MT_MAX_NDIM, &nd, "shape") < 0) return -1;
-  if (mt_ext_int64s(mesh_shape, ms, MT_MAX_MESH_NDIM, &nm, "mesh shape") < 0) return -1;
-  if (mt_ext_placements(codes, pl, &np) < 0) return -1;
-  if (np != nm) {
-    PyErr_Format(PyExc_ValueError, "%d placements for a %d-D mesh", np, nm);
-    return -1;
-  }
-  mt_error err = {0};
-  int rc = mt_layout_init(out, nd, sh, nm, ms, pl, &err);
-  if (rc != MT_OK) mt_ext_raise(rc, &err);
-  return rc == MT_OK ? 0 : -1;
-}
-
 /* Plan(shape, mesh_shape, src_placements, dst_placements, itemsize). Local. */
 static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
   PyObject *shape, *mesh_shape, *src, *dst;
@@ -44,8 +26,8 @@ static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
     return NULL;
   PlanObject *self = (PlanObject *)tp->tp_alloc(tp, 0);
   if (self == NULL) return NULL;
-  if (read_layout(shape, mesh_shape, src, &self->src) < 0 ||
-      read_layout(shape, mesh_shape, dst, &self->dst) < 0) {
+  if (mt_ext_layout(shape, mesh_shape, src, &self->src) < 0 ||
+      mt_ext_layout(shape, mesh_shape, dst, &self->dst) < 0) {
     Py_DECREF(self);
     return NULL;
   }
@@ -344,7 +326,7 @@ static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t 
   mt_layout layout;
   mt_box box;
   PyArrayObject *local = NULL;
-  int ok = shape && mesh_shape && read_layout(shape, mesh_shape, args[1], &layout) == 0 &&
+  int ok = shape && mesh_shape && mt_ext_layout(shape, mesh_shape, args[1], &layout) == 0 &&
            my_box(mesh, &layout, &box) == 0;
   Py_XDECREF(shape);
   Py_XDECREF(mesh_shape);

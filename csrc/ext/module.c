@@ -96,6 +96,23 @@ PyArrayObject *mt_ext_contiguous(PyObject *obj) {
   return (PyArrayObject *)PyArray_GETCONTIGUOUS((PyArrayObject *)obj);
 }
 
+int mt_ext_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes, mt_layout *out) {
+  int64_t sh[MT_MAX_NDIM], ms[MT_MAX_MESH_NDIM];
+  mt_placement pl[MT_MAX_MESH_NDIM];
+  int nd = 0, nm = 0, np = 0;
+  if (mt_ext_int64s(shape, sh, MT_MAX_NDIM, &nd, "shape") < 0) return -1;
+  if (mt_ext_int64s(mesh_shape, ms, MT_MAX_MESH_NDIM, &nm, "mesh shape") < 0) return -1;
+  if (mt_ext_placements(codes, pl, &np) < 0) return -1;
+  if (np != nm) {
+    PyErr_Format(PyExc_ValueError, "%d placements were given for a %d-D mesh", np, nm);
+    return -1;
+  }
+  mt_error err = {0};
+  int rc = mt_layout_init(out, nd, sh, nm, ms, pl, &err);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
+}
+
 static int add_methods(PyObject *module, PyMethodDef *defs) {
   return PyModule_AddFunctions(module, defs);
 }

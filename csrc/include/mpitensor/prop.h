@@ -1,0 +1,168 @@
+/* Sharding propagation: which placements an operation's inputs need and its output
+ * gets, chosen by the cost of the redistributions that reach them.
+ *
+ * An operation is described once as a dim map: einsum-like labels on every input
+ * dim and output dim, and what a label means when the mesh shards it. One engine
+ * serves every operation (elementwise with broadcasting, matmul, einsum,
+ * reductions, transposes, softmax-like ops, ...). All calls are Local. */
+#ifndef MPITENSOR_PROP_H
+#define MPITENSOR_PROP_H
+
+#include <stdint.h>
+
+#include "mpitensor/layout.h"
+#include "mpitensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_PROP_MAX_INPUTS 8
+#define MT_PROP_MAX_LABELS 32
+
+/* Combinations of per-mesh-dim candidates priced one by one; above this many the
+ * engine chooses mesh dim by mesh dim (see mt_propagate). */
+#define MT_PROP_MAX_COMBOS 4096
+
+/* The latency of one message expressed in bytes (about 1 us at 8 GB/s): the cost
+ * of a choice is bytes + MT_PROP_MESSAGE_BYTES * messages, both summed over ranks,
+ * so small tensors are decided by how many collectives they need and large ones by
+ * how many bytes they move. */
+#define MT_PROP_MESSAGE_BYTES 8192
+
+/* What sharding a label means. KEEP: the label is an output dim, a Shard of it
+ * passes through to the output. CONTRACT: summed away (matmul's inner dim); inputs
+ * sharded on it give an output Partial(sum). REDUCE: reduced away with `reduce_op`
+ * (sum, max, min, ...): inputs sharded on it give an output Partial(reduce_op); a
+ * REDUCE label with MT_REDUCE_AVG is always even_only. REPLICATE: may not be
+ * sharded (a softmax dim, which stays in the output, a dim a non-linear reduction
+ * removes, a dim whose sharding the op cannot honour). */
+typedef enum mt_label_kind {
+  MT_LABEL_KEEP = 0,
+  MT_LABEL_CONTRACT = 1,
+  MT_LABEL_REDUCE = 2,
+  MT_LABEL_REPLICATE = 3
+} mt_label_kind;
+
+/* How an op treats Partial inputs on one mesh dim. NONE: every Partial input is
+ * reduced first. LINEAR_ALL: when every input carries the same Partial(sum) or
+ * Partial(avg), they may keep it, giving that Partial (add, subtract, negative,
+ * sum: P + P -> P). LINEAR_ONE: one input listed in `partial_inputs` that carries
+ * Partial(sum|avg) may keep it while every other input is Replicate on that mesh
+ * dim, giving that Partial (multiply, matmul, divide's numerator: P * R -> P); with
+ * several such inputs, one candidate each. SAME_OP: when every input carries the
+ * same Partial(op) for an op in `partial_ops`, they may keep it (maximum keeps
+ * P(max), minimum P(min)). */
+typedef enum mt_partial_rule {
+  MT_PARTIAL_NONE = 0,
+  MT_PARTIAL_LINEAR_ALL = 1,
+  MT_PARTIAL_LINEAR_ONE = 2,
+  MT_PARTIAL_SAME_OP = 3
+} mt_partial_rule;
+
+/* An operation. Input i has in_ndim[i] dims labelled in_labels[i][0..]; the output
+ * has out_ndim dims labelled out_labels[0..]. Labels are small ints in
+ * [0, nlabels). A label may appear in several inputs (they must then agree on its
+ * size, except an input dim of size 1 that broadcasts: mark it with `in_bcast`;
+ * such a dim is Replicate wherever its label is sharded). A label repeated within
+ * one input (einsum's "ii") is never sharded. An output label takes its size from
+ * the non-broadcast input dims holding it, else 1 if only broadcast dims hold it;
+ * a label in `sized_labels` takes label_size[label] instead (broadcast_to's and
+ * expand_dims's new dims, which no input holds; inputs holding it must agree).
+ * `partial_inputs` is a bitmask of the inputs LINEAR_ONE allows to be Partial;
+ * `partial_ops` a bitmask of mt_reduce_op values SAME_OP keeps. `even_only` is a
+ * bitmask of labels that may be sharded only when every shard has the same size
+ * (mean's Partial(avg): uneven shards would weigh the partial means wrongly).
+ * Zero-initialise the struct and fill what the op uses. */
+typedef struct mt_dimmap {
+  int ninputs;
+  int nlabels;
+  int in_ndim[MT_PROP_MAX_INPUTS];
+  int in_labels[MT_PROP_MAX_INPUTS][MT_MAX_NDIM];
+  uint32_t in_bcast[MT_PROP_MAX_INPUTS]; /* bit d: input dim d broadcasts (size 1) */
+  int out_ndim;
+  int out_labels[MT_MAX_NDIM];
+  int label_kind[MT_PROP_MAX_LABELS];
+  int label_reduce_op[MT_PROP_MAX_LABELS]; /* for MT_LABEL_REDUCE */
+  uint32_t even_only;
+  int partial_rule;
+  uint32_t partial_inputs;
+  uint32_t partial_ops;
+  uint32_t sized_labels;
+  int64_t label_size[MT_PROP_MAX_LABELS]; /* for labels in sized_labels */
+} mt_dimmap;
+
+/* The inputs as they are: global shapes and current placements on one mesh.
+ * `out_itemsize` prices the later reduction of a Partial the op creates; 0 means
+ * the largest input itemsize. */
+typedef struct mt_prop_inputs {
+  int ninputs;
+  int mesh_ndim;
+  int64_t mesh_shape[MT_MAX_MESH_NDIM];
+  int ndim[MT_PROP_MAX_INPUTS];
+  int64_t shape[MT_PROP_MAX_INPUTS][MT_MAX_NDIM];
+  int64_t itemsize[MT_PROP_MAX_INPUTS];
+  mt_placement placements[MT_PROP_MAX_INPUTS][MT_MAX_MESH_NDIM];
+  int64_t out_itemsize;
+} mt_prop_inputs;
+
+/* The decision: the placements each input must be redistributed to (equal to its
+ * current ones where it needs no communication), the output's placements and global
+ * shape, and the total cost (bytes over all ranks of the redistributions, then
+ * their messages, as mt_plan_bytes and mt_plan_messages count them) of reaching
+ * the input placements. */
+typedef struct mt_prop_result {
+  mt_placement in_placements[MT_PROP_MAX_INPUTS][MT_MAX_MESH_NDIM];
+  mt_placement out_placements[MT_MAX_MESH_NDIM];
+  int out_ndim;
+  int64_t out_shape[MT_MAX_NDIM];
+  int64_t bytes;
+  int64_t messages;
+} mt_prop_result;
+
+/* Local. Checks a dim map on its own: 1 to MT_PROP_MAX_INPUTS inputs, label
+ * ranges and kinds, every output label KEEP or REPLICATE and at most once, every
+ * KEEP label in the output, CONTRACT/REDUCE labels absent from it, every output
+ * label held by an input or sized, bitmasks within range. MT_EINVAL with a
+ * sentence otherwise. */
+int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
+
+/* Local. Chooses placements for `map` applied to `in`.
+ *
+ * Candidates per mesh dim of size > 1, in this order: all Replicate; for each
+ * shardable label in increasing order (not REPLICATE, held by some input on a
+ * non-broadcast dim and repeated in none), every input holding it sharded on it
+ * and the others Replicate; then the Partial pass-throughs `partial_rule` allows
+ * for the inputs' current Partials, in input order. The output of a candidate is
+ * Shard(the label's output dim) for KEEP, Partial(sum) for CONTRACT,
+ * Partial(reduce_op) for REDUCE, the kept Partial for a pass-through, else
+ * Replicate. A mesh dim of size 1 moves no data whatever its labels say, so its
+ * only candidate keeps every input's current placement and gives the output
+ * Replicate.
+ *
+ * Candidates are combined over mesh dims (a label sharded by several mesh dims is
+ * nested in mesh-dim order); a combination is valid when every CONTRACT or REDUCE
+ * label has at least one element per shard (KEEP labels may leave shards empty,
+ * as an input already sharded so does) and every even_only label divides evenly
+ * over its shards. Each input is priced with mt_plan_create from its current
+ * placements; a plan that fails makes the combination invalid. The winner is, in
+ * this order: one that needs no communication; the lowest cost, which is bytes +
+ * MT_PROP_MESSAGE_BYTES * messages plus, for each Partial the op creates
+ * (CONTRACT, REDUCE), an estimate of reducing it later (a reduce-scatter of the
+ * output, so S0 @ S0 gathers one operand rather than all-to-all the other and
+ * leave a Partial to reduce); then fewer bytes, fewer messages, and the first in
+ * enumeration order (mesh dim 0's candidates outermost). Everything is integer
+ * arithmetic, so every rank decides the same. Above MT_PROP_MAX_COMBOS
+ * combinations the mesh dims are chosen one at a time from the first, later ones
+ * held at all-Replicate.
+ *
+ * Shapes that disagree on a label, a broadcast dim whose size is not 1, or inputs
+ * that do not fit the map are MT_EINVAL; bad placements fail as in
+ * mt_layout_init. `out` is untouched on error. */
+int mt_propagate(const mt_dimmap *map, const mt_prop_inputs *in, mt_prop_result *out,
+                 mt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
