@@ -9,6 +9,7 @@
 #include "comm-private.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/pack.h"
+#include "mpitensor/pool.h"
 
 typedef struct dist_ctx {
   mt_mesh *mesh;
@@ -42,7 +43,7 @@ static int scatter_send(const dist_ctx *c, const mt_layout *from, const mt_layou
   for (int i = 0; i < to->placements[m].dim; ++i) lead *= fb.shape[i];
   *send = in;
   if (lead == 1) return MT_OK;
-  *staging = malloc((size_t)(mt_box_numel(&fb) * c->itemsize) + 1);
+  *staging = mt_pool_alloc((size_t)(mt_box_numel(&fb) * c->itemsize));
   if (*staging == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
   int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
   for (int64_t k = 0; k < g; ++k) {
@@ -99,7 +100,7 @@ static int scatter_step(const dist_ctx *c, const mt_layout *from, const mt_layou
     for (int64_t k = 1; root && k < g; ++k) sent += ints[k];
     mt__count(MT_COLL_SCATTER, sent);
   }
-  free(staging);
+  mt_pool_free(staging);
   free(ints);
   return rc;
 }
@@ -127,16 +128,17 @@ static int scatter_phase(const dist_ctx *c, const mt_layout *layout, const void 
     if (zero_after(c, layout, m + 1, 1) && zero_after(c, layout, 0, 0)) {
       mt_box b;
       my_box(c, &next, -1, 0, &b);
-      char *out = m == last ? local : malloc((size_t)(mt_box_numel(&b) * c->itemsize) + 1);
+      size_t bytes = (size_t)(mt_box_numel(&b) * c->itemsize);
+      char *out = m == last ? local : mt_pool_alloc(bytes);
       if (out == NULL) rc = mt__fail(err, MT_ENOMEM, "out of memory");
       if (rc == MT_OK) rc = scatter_step(c, &cur, &next, m, in, out, err);
-      free(owned);
+      mt_pool_free(owned);
       owned = m == last ? NULL : out;
       in = out;
     }
     cur = next;
   }
-  free(owned);
+  mt_pool_free(owned);
   if (rc == MT_OK && last < 0) {
     mt_box b;
     my_box(c, layout, -1, 0, &b);

@@ -12,6 +12,7 @@
 #include "mpi-types-private.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/pack.h"
+#include "mpitensor/pool.h"
 
 typedef struct exec_ctx {
   mt_mesh *mesh;
@@ -59,7 +60,7 @@ static void pending_free(pending *p) {
   }
   free(p->types);
   free(p->ints);
-  free(p->staging);
+  mt_pool_free(p->staging);
   p->types = NULL, p->ints = NULL, p->staging = NULL, p->ntypes = 0;
 }
 
@@ -114,7 +115,7 @@ static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   box_at(c, &s->dst, -1, 0, &t);
   void *recv = p->out;
   if (leading(&t, shard_dim(&s->src, m)) != 1) {
-    p->staging = malloc((size_t)(mt_box_numel(&t) * c->itemsize) + 1);
+    p->staging = mt_pool_alloc((size_t)(mt_box_numel(&t) * c->itemsize));
     if (p->staging == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
     recv = p->staging;
   }
@@ -340,7 +341,7 @@ static int scatter_input(const exec_ctx *c, pending *p, const void **send, mt_er
   box_at(c, &s->src, -1, 0, &sb);
   *send = p->in;
   if (leading(&sb, shard_dim(&s->dst, m)) == 1) return MT_OK;
-  p->staging = malloc((size_t)(mt_box_numel(&sb) * c->itemsize) + 1);
+  p->staging = mt_pool_alloc((size_t)(mt_box_numel(&sb) * c->itemsize));
   if (p->staging == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
   int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM], off = 0;
   for (int64_t k = 0; k < p->group; ++k) {
@@ -471,7 +472,7 @@ static int ctx_init(exec_ctx *c, mt_mesh *mesh, const mt_plan *plan, int dtype, 
 static char *alloc_box(const exec_ctx *c, const mt_layout *l) {
   mt_box b;
   box_at(c, l, -1, 0, &b);
-  return malloc((size_t)(mt_box_numel(&b) * c->itemsize) + 1);
+  return mt_pool_alloc((size_t)(mt_box_numel(&b) * c->itemsize));
 }
 
 static int run_one(const exec_ctx *c, const mt_step *s, const void *in, void *out,
@@ -499,11 +500,11 @@ static int run_steps(const exec_ctx *c, const mt_plan *plan, int from, const voi
       break;
     }
     rc = run_one(c, s, in, out, err);
-    free(owned);
+    mt_pool_free(owned);
     owned = i == n - 1 ? NULL : out;
     in = out;
   }
-  free(owned);
+  mt_pool_free(owned);
   return rc;
 }
 
@@ -519,8 +520,8 @@ int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *s
 
 static void request_free(mt_request *r) {
   pending_free(&r->p);
-  free(r->tmp_in);
-  free(r->tmp_out);
+  mt_pool_free(r->tmp_in);
+  mt_pool_free(r->tmp_out);
   free(r);
 }
 
@@ -532,7 +533,7 @@ static int start_async(mt_request *r, mt_error *err) {
     const mt_step *s = mt_plan_step(r->plan, i);
     char *out = i == n - 1 ? r->dst : alloc_box(&r->ctx, &s->dst);
     if (out == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
-    free(r->tmp_in);
+    mt_pool_free(r->tmp_in);
     r->tmp_in = r->tmp_out;
     r->tmp_out = i == n - 1 ? NULL : out;
     pending_init(&r->p, s, in, out);
@@ -564,7 +565,7 @@ int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
 int mt_request_wait(mt_request *r, mt_error *err) {
   int rc = MT_OK;
   if (r->p.step != NULL) rc = finish_step(&r->ctx, &r->p, err);
-  free(r->tmp_in);
+  mt_pool_free(r->tmp_in);
   r->tmp_in = NULL;
   if (rc == MT_OK && r->next < mt_plan_nsteps(r->plan)) {
     r->ctx.nonblocking = 0;

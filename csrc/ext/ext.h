@@ -23,6 +23,7 @@ typedef struct mt_ext_state {
   PyTypeObject *mesh_type;
   PyTypeObject *plan_type;
   PyTypeObject *request_type;
+  PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
 } mt_ext_state;
 
 static inline mt_ext_state *mt_ext_state_of(PyObject *module) {
@@ -52,12 +53,19 @@ int mt_ext_placements(PyObject *seq, mt_placement *out, int *n);
  * Returns 0, or -1 with the matching Python exception set. */
 int mt_ext_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes, mt_layout *out);
 
+/* A new C-contiguous array; large ones take their memory from the block pool and
+ * give it back when freed. Steals no reference to `descr`. */
+PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim,
+                                const npy_intp *dims);
+
 /* Each area adds its functions and types to the module in Py_mod_exec. */
 typedef struct mt_mesh mt_mesh;
 /* The core mesh behind a _C.Mesh, or NULL with TypeError set. */
 mt_mesh *mt_ext_mesh_get(PyObject *module, PyObject *obj);
 int mt_ext_mesh_exec(PyObject *module);
 int mt_ext_redistribute_exec(PyObject *module);
+int mt_ext_pool_exec(PyObject *module);
+extern PyMethodDef mt_ext_pool_methods[];
 extern PyMethodDef mt_ext_mesh_methods[];
 extern PyMethodDef mt_ext_redistribute_methods[];
 extern PyMethodDef mt_ext_layout_methods[];

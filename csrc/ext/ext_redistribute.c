@@ -129,13 +129,11 @@ static int my_box(mt_mesh *mesh, const mt_layout *l, mt_box *box) {
   return rc == MT_OK ? 0 : -1;
 }
 
-static PyArrayObject *new_box_array(const mt_box *box, PyArrayObject *like) {
+static PyArrayObject *new_box_array(PyObject *module, const mt_box *box,
+                                    PyArrayObject *like) {
   npy_intp dims[MT_MAX_NDIM];
   for (int i = 0; i < box->ndim; ++i) dims[i] = (npy_intp)box->shape[i];
-  PyArray_Descr *descr = PyArray_DESCR(like);
-  Py_INCREF(descr);
-  return (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, box->ndim, dims, NULL,
-                                               NULL, 0, NULL);
+  return mt_ext_new_array(module, PyArray_DESCR(like), box->ndim, dims);
 }
 
 /* A local array must be exactly this rank's box: anything else would make MPI read
@@ -185,7 +183,7 @@ static int prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
   c->dtype = mt_ext_dtype(c->src);
   if (check_local(c->src, &sb) < 0) return -1;
   if (mt_plan_nsteps(c->plan->plan) == 0) return 0;
-  c->dst = new_box_array(&tb, c->src);
+  c->dst = new_box_array(module, &tb, c->src);
   return c->dst == NULL ? -1 : 0;
 }
 
@@ -330,7 +328,7 @@ static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t 
            my_box(mesh, &layout, &box) == 0;
   Py_XDECREF(shape);
   Py_XDECREF(mesh_shape);
-  if (ok) local = new_box_array(&box, full);
+  if (ok) local = new_box_array(module, &box, full);
   if (local != NULL) {
     mt_error err = {0};
     int rc;

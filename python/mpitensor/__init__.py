@@ -10,6 +10,8 @@ Example (``mpiexec -n 4 python script.py``)::
     print(x.shape)  # (8, 3) on every rank
 """
 
+import os as _os
+
 from . import _C
 from ._api import DTensor
 from ._distribute import distribute_tensor
@@ -20,6 +22,11 @@ from .placement_types import Partial, Placement, Replicate, Shard
 from .random import manual_seed
 
 __version__ = "0.1.0"
+
+# Freed large output and staging blocks are kept resident for reuse (see
+# csrc/include/mpitensor/pool.h); MPITENSOR_POOL_BYTES caps them, 0 turns it off.
+if _os.environ.get("MPITENSOR_POOL_BYTES"):
+    _C.pool_set_limit(int(_os.environ["MPITENSOR_POOL_BYTES"]))
 
 __all__ = [
     "DTensor",

@@ -1,0 +1,87 @@
+/* NumPy arrays whose data lives in the core's block pool (mpitensor/pool.h).
+ *
+ * NumPy (>= 1.22) lets an array remember the allocator that made it and frees its
+ * data through that allocator, so the outputs of redistribute give their blocks back
+ * to the pool when the user drops them, and the next redistribute of that size
+ * finds them resident instead of page-faulting fresh memory in. */
+#include "ext.h"
+
+#include <string.h>
+
+#include "mpitensor/pool.h"
+
+/* Below this, glibc's own caching already keeps blocks warm. */
+#define POOLED_MIN_BYTES (64 << 10)
+
+static void *pool_malloc(void *ctx, size_t size) {
+  return mt_pool_alloc(size > 0 ? size : 1);
+}
+
+static void *pool_calloc(void *ctx, size_t n, size_t elsize) {
+  if (elsize != 0 && n > SIZE_MAX / elsize) return NULL;
+  void *p = pool_malloc(ctx, n * elsize);
+  if (p != NULL) memset(p, 0, n * elsize);
+  return p;
+}
+
+static void *pool_realloc(void *ctx, void *ptr, size_t size) {
+  if (ptr == NULL) return pool_malloc(ctx, size);
+  size_t have = mt_pool_block_size(ptr);
+  if (size <= have) return ptr;
+  void *p = pool_malloc(ctx, size);
+  if (p == NULL) return NULL;
+  memcpy(p, ptr, have);
+  mt_pool_free(ptr);
+  return p;
+}
+
+static void pool_free(void *ctx, void *ptr, size_t size) { mt_pool_free(ptr); }
+
+static PyDataMem_Handler pool_handler = {
+    "mpitensor_pool",
+    1,
+    {NULL, pool_malloc, pool_calloc, pool_realloc, pool_free},
+};
+
+PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim,
+                                const npy_intp *dims) {
+  npy_intp bytes = PyDataType_ELSIZE(descr);
+  for (int i = 0; i < ndim; ++i) bytes *= dims[i];
+  PyObject *pool = mt_ext_state_of(module)->pool_handler;
+  PyObject *old = bytes >= POOLED_MIN_BYTES ? PyDataMem_SetHandler(pool) : NULL;
+  Py_INCREF(descr);
+  PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, ndim, (npy_intp *)dims, NULL,
+                                       NULL, 0, NULL);
+  if (old != NULL) {
+    Py_XDECREF(PyDataMem_SetHandler(old));
+    Py_DECREF(old);
+  }
+  return (PyArrayObject *)arr;
+}
+
+/* pool_set_limit(bytes): cap the bytes the pool keeps cached (0: none). Local. */
+static PyObject *pool_set_limit(PyObject *module, PyObject *arg) {
+  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+  if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  mt_pool_set_limit((size_t)n);
+  Py_RETURN_NONE;
+}
+
+static PyObject *pool_cached_bytes(PyObject *module, PyObject *unused) {
+  return PyLong_FromSize_t(mt_pool_cached_bytes());
+}
+
+PyMethodDef mt_ext_pool_methods[] = {
+    {"pool_set_limit", pool_set_limit, METH_O,
+     "pool_set_limit(bytes): the most bytes of freed large blocks kept for reuse. Local."},
+    {"pool_cached_bytes", pool_cached_bytes, METH_NOARGS,
+     "Bytes of freed blocks the pool holds for reuse. Local."},
+    {NULL, NULL, 0, NULL},
+};
+
+int mt_ext_pool_exec(PyObject *module) {
+  PyObject *capsule = PyCapsule_New(&pool_handler, "mem_handler", NULL);
+  if (capsule == NULL) return -1;
+  mt_ext_state_of(module)->pool_handler = capsule;
+  return 0;
+}

@@ -1,0 +1,40 @@
+/* A cache of large memory blocks kept resident between redistributes.
+ *
+ * A fresh multi-megabyte malloc is an mmap that the first write page-faults in,
+ * and on a busy node that costs more than copying the data: a redistribute of
+ * 64 MiB spent more time faulting its new output and staging buffers in than in
+ * MPI. Blocks that the executor and mpitensor's output arrays give back are kept
+ * (up to a byte limit) and handed out again. All calls are Local and thread-safe;
+ * the cache is process-wide, like the MPI library it serves. */
+#ifndef MPITENSOR_POOL_H
+#define MPITENSOR_POOL_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Local. A block of at least `size` bytes, 64-byte aligned, or NULL when memory
+ * is exhausted. Blocks of 64 KiB and more come from the cache when one fits (no
+ * more than twice the size asked for). */
+void *mt_pool_alloc(size_t size);
+
+/* Local. Gives a block from mt_pool_alloc back: large blocks are cached while the
+ * cache holds fewer bytes than its limit, others are freed. Accepts NULL. */
+void mt_pool_free(void *block);
+
+/* Local. The usable size of a block from mt_pool_alloc. */
+size_t mt_pool_block_size(const void *block);
+
+/* Local. Sets the cache's byte limit (0 turns caching off) and frees cached blocks
+ * beyond it. The default is 512 MiB. */
+void mt_pool_set_limit(size_t bytes);
+
+/* Local. Bytes currently cached (not in use). */
+size_t mt_pool_cached_bytes(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
