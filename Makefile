@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
-.PHONY: install system-deps demo test test-c test-python clean
+.PHONY: install system-deps demo test test-c test-python test-examples clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
 # (a test checks this); a binary wheel could bring its own MPI.
@@ -50,6 +50,7 @@ test: install
 	@start=$$(date +%s); status=0; \
 	$(MAKE) --no-print-directory test-c || status=1; \
 	$(MAKE) --no-print-directory test-python || status=1; \
+	$(MAKE) --no-print-directory test-examples || status=1; \
 	echo "make test: $$(( $$(date +%s) - start ))s, $$( [ $$status = 0 ] && echo passed || echo FAILED )"; \
 	exit $$status
 
@@ -61,6 +62,13 @@ test-c: $(VENV)/.deps
 
 test-python: install
 	@status=0; for np in $(NPS); do tests/run_mpi_pytest.sh $$np || status=1; done; exit $$status
+
+# The examples run as one plain process and under mpiexec, as the README promises.
+test-examples: install
+	@set -e; for f in examples/*.py; do \
+	  echo "=== $$f (python)"; timeout 120 $(PY) $$f > /dev/null; \
+	  echo "=== $$f (mpiexec -n 4)"; timeout 120 mpiexec --oversubscribe -n 4 $(PY) $$f > /dev/null; \
+	done; echo "examples: all ran"
 
 clean:
 	rm -rf build $(VENV)
