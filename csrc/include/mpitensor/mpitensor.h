@@ -4,6 +4,10 @@
 
 #include "mpitensor/dtype.h"
 #include "mpitensor/layout.h"
+#include "mpitensor/pack.h"
+#include "mpitensor/plan.h"
+#include "mpitensor/pool.h"
+#include "mpitensor/prop.h"
 #include "mpitensor/rng.h"
 #include "mpitensor/status.h"
 

@@ -145,16 +145,17 @@ int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * label has at least one element per shard (KEEP labels may leave shards empty,
  * as an input already sharded so does) and every even_only label divides evenly
  * over its shards. Each input is priced with mt_plan_create from its current
- * placements; a plan that fails makes the combination invalid. The winner is, in
- * this order: one that needs no communication; the lowest cost, which is bytes +
+ * placements (plans that provably cannot change the outcome are skipped); a plan
+ * that fails makes the combination invalid. The winner is, in this order: one
+ * that needs no communication; the lowest cost, which is bytes +
  * MT_PROP_MESSAGE_BYTES * messages plus, for each Partial the op creates
  * (CONTRACT, REDUCE), an estimate of reducing it later (a reduce-scatter of the
- * output, so S0 @ S0 gathers one operand rather than all-to-all the other and
- * leave a Partial to reduce); then fewer bytes, fewer messages, and the first in
- * enumeration order (mesh dim 0's candidates outermost). Everything is integer
+ * output, so S0 @ S0 gathers one operand rather than move the other by all-to-all
+ * and leave a Partial to reduce); then fewer bytes, fewer messages, and the first
+ * in enumeration order (mesh dim 0's candidates outermost). Everything is integer
  * arithmetic, so every rank decides the same. Above MT_PROP_MAX_COMBOS
- * combinations the mesh dims are chosen one at a time from the first, later ones
- * held at all-Replicate.
+ * combinations the mesh dims are chosen one at a time from the first, by the same
+ * order, with later mesh dims held at their first candidate (all-Replicate).
  *
  * Shapes that disagree on a label, a broadcast dim whose size is not 1, or inputs
  * that do not fit the map are MT_EINVAL; bad placements fail as in

@@ -1,0 +1,1263 @@
+/* Sharding propagation: the decisions the NumPy-ops issue names, with dim maps
+ * built the way the Python layer builds them (elementwise with broadcasting,
+ * matmul with batch dims, reductions, softmax), a checker that the chosen
+ * placements compute the op correctly on every rank, random cases through it,
+ * error paths, and decision times.
+ *
+ * `test_prop --quick` (or MT_TEST_QUICK=1) runs fewer random cases, for valgrind.
+ * MPITENSOR_TRACE=1 prints decision times. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "mpitensor/layout.h"
+#include "mpitensor/plan.h"
+#include "mpitensor/prop.h"
+#include "mpitensor/status.h"
+
+static mt_placement R(void) {
+  return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
+}
+static mt_placement P(int op) {
+  return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op};
+}
+static mt_placement S(int dim) {
+  return (mt_placement){MT_PLACEMENT_SHARD, dim, 0};
+}
+
+#define PSUM P(MT_REDUCE_SUM)
+#define PAVG P(MT_REDUCE_AVG)
+#define PMAX P(MT_REDUCE_MAX)
+
+static int quick = 0;
+static int trace = 0;
+
+static int peq(mt_placement a, mt_placement b) {
+  if (a.kind != b.kind) return 0;
+  if (a.kind == MT_PLACEMENT_SHARD) return a.dim == b.dim;
+  if (a.kind == MT_PLACEMENT_PARTIAL) return a.reduce_op == b.reduce_op;
+  return 1;
+}
+
+static const char *pname(mt_placement p, char *buf) {
+  static const char *ops[] = {"sum", "avg", "prod", "max", "min"};
+  if (p.kind == MT_PLACEMENT_SHARD)
+    sprintf(buf, "S%d", p.dim);
+  else if (p.kind == MT_PLACEMENT_PARTIAL)
+    sprintf(buf, "P(%s)", p.reduce_op >= 0 && p.reduce_op < 5 ? ops[p.reduce_op] : "?");
+  else
+    sprintf(buf, "R");
+  return buf;
+}
+
+/* ---- Dim maps as the Python layer builds them. ---- */
+
+/* NumPy broadcasting: the output has the largest rank; input dims align to the
+ * right and take the output dim's label; an input dim of size 1 where the output
+ * is larger broadcasts. Labels are the output dims, all KEEP. */
+static mt_dimmap map_elementwise(int nin, const int *ndim, const int64_t (*shape)[4],
+                                 int rule) {
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  int n = 0;
+  for (int i = 0; i < nin; ++i) n = ndim[i] > n ? ndim[i] : n;
+  int64_t out[4] = {1, 1, 1, 1};
+  for (int i = 0; i < nin; ++i) {
+    for (int d = 0; d < ndim[i]; ++d) {
+      int o = n - ndim[i] + d;
+      if (shape[i][d] != 1) out[o] = shape[i][d];
+    }
+  }
+  map.ninputs = nin, map.nlabels = n, map.out_ndim = n;
+  for (int o = 0; o < n; ++o) map.out_labels[o] = o;
+  for (int i = 0; i < nin; ++i) {
+    map.in_ndim[i] = ndim[i];
+    for (int d = 0; d < ndim[i]; ++d) {
+      int o = n - ndim[i] + d;
+      map.in_labels[i][d] = o;
+      if (shape[i][d] == 1 && out[o] != 1) map.in_bcast[i] |= 1u << d;
+    }
+  }
+  map.partial_rule = rule;
+  return map;
+}
+
+/* matmul of x (..., n, k) and y (..., k, m), batch dims broadcast as NumPy does:
+ * labels 0..nb-1 for the output batch dims, then i, j (KEEP) and k (CONTRACT).
+ * P @ R -> P for either operand. */
+static mt_dimmap map_matmul(int xnd, const int64_t *xs, int ynd, const int64_t *ys) {
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  int xb = xnd - 2, yb = ynd - 2, nb = xb > yb ? xb : yb;
+  int li = nb, lj = nb + 1, lk = nb + 2;
+  map.ninputs = 2, map.nlabels = nb + 3, map.out_ndim = nb + 2;
+  for (int b = 0; b < nb + 2; ++b) map.out_labels[b] = b;
+  map.label_kind[lk] = MT_LABEL_CONTRACT;
+  const int nds[2] = {xnd, ynd};
+  const int64_t *shapes[2] = {xs, ys};
+  for (int t = 0; t < 2; ++t) {
+    int bt = nds[t] - 2;
+    map.in_ndim[t] = nds[t];
+    for (int d = 0; d < bt; ++d) {
+      map.in_labels[t][d] = nb - bt + d;
+      if (shapes[t][d] == 1) map.in_bcast[t] |= 1u << d;
+    }
+    map.in_labels[t][bt] = t == 0 ? li : lk;
+    map.in_labels[t][bt + 1] = t == 0 ? lk : lj;
+  }
+  map.partial_rule = MT_PARTIAL_LINEAR_ONE;
+  map.partial_inputs = 3;
+  return map;
+}
+
+enum { RED_SUM, RED_MEAN, RED_MAX, RED_STD };
+
+/* A reduction over the dims in `axes` (a bitmask) of an ndim-d input: sum and mean
+ * are linear (P(sum) in, P(sum) out); max keeps P(max); std reduces every Partial
+ * and may not split its reduced dims. With `keepdims` each reduced dim stays as
+ * an output dim of size 1, labelled by a new sized REPLICATE label. */
+static mt_dimmap map_reduce(int ndim, uint32_t axes, int op, int keepdims) {
+  static const int red_op[] = {MT_REDUCE_SUM, MT_REDUCE_AVG, MT_REDUCE_MAX, 0};
+  static const int rule[] = {MT_PARTIAL_LINEAR_ALL, MT_PARTIAL_LINEAR_ALL,
+                             MT_PARTIAL_SAME_OP, MT_PARTIAL_NONE};
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = 1, map.nlabels = ndim, map.in_ndim[0] = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    map.in_labels[0][d] = d;
+    int reduced = (int)((axes >> d) & 1u);
+    if (reduced) {
+      map.label_kind[d] = op == RED_STD ? MT_LABEL_REPLICATE : MT_LABEL_REDUCE;
+      map.label_reduce_op[d] = red_op[op];
+      if (op == RED_MEAN) map.even_only |= 1u << d;
+    }
+    if (!reduced) {
+      map.out_labels[map.out_ndim++] = d;
+    } else if (keepdims) {
+      int l = map.nlabels++;
+      map.label_kind[l] = MT_LABEL_REPLICATE;
+      map.sized_labels |= 1u << l;
+      map.label_size[l] = 1;
+      map.out_labels[map.out_ndim++] = l;
+    }
+  }
+  map.partial_rule = rule[op];
+  map.partial_ops = 1u << MT_REDUCE_MAX;
+  return map;
+}
+
+/* softmax along `axis`: that dim must be whole, the others pass through. */
+static mt_dimmap map_softmax(int ndim, int axis) {
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = 1, map.nlabels = ndim, map.in_ndim[0] = ndim, map.out_ndim = ndim;
+  for (int d = 0; d < ndim; ++d) map.in_labels[0][d] = map.out_labels[d] = d;
+  map.label_kind[axis] = MT_LABEL_REPLICATE;
+  return map;
+}
+
+/* ---- Inputs and decisions. ---- */
+
+typedef struct tin {
+  int ndim;
+  int64_t shape[4];
+  mt_placement pl[4];
+} tin;
+
+static mt_prop_inputs make_inputs(int nin, const tin *t, int mesh_ndim,
+                                  const int64_t *mesh) {
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.ninputs = nin, in.mesh_ndim = mesh_ndim;
+  for (int m = 0; m < mesh_ndim; ++m) in.mesh_shape[m] = mesh[m];
+  for (int i = 0; i < nin; ++i) {
+    in.ndim[i] = t[i].ndim;
+    in.itemsize[i] = 8;
+    for (int d = 0; d < t[i].ndim; ++d) in.shape[i][d] = t[i].shape[d];
+    for (int m = 0; m < mesh_ndim; ++m) in.placements[i][m] = t[i].pl[m];
+  }
+  return in;
+}
+
+static mt_prop_result decide(const mt_dimmap *map, const mt_prop_inputs *in) {
+  mt_prop_result res;
+  mt_error err = {0, ""};
+  memset(&res, 0, sizeof res);
+  int rc = mt_propagate(map, in, &res, &err);
+  CHECK_MSG(rc == MT_OK, "propagate failed: %s: %s", mt_status_name(rc), err.msg);
+  return res;
+}
+
+static mt_layout layout_of(const mt_prop_inputs *in, int i, const mt_placement *pl) {
+  mt_layout l;
+  int rc = mt_layout_init(&l, in->ndim[i], in->shape[i], in->mesh_ndim, in->mesh_shape,
+                          pl, NULL);
+  CHECK(rc == MT_OK);
+  return l;
+}
+
+/* Bytes and messages of moving input i from its placements to `to`. */
+static void plan_cost(const mt_prop_inputs *in, int i, const mt_placement *to,
+                      int64_t *bytes, int64_t *msgs) {
+  mt_layout a = layout_of(in, i, in->placements[i]), b = layout_of(in, i, to);
+  mt_plan *plan = NULL;
+  int rc = mt_plan_create(&a, &b, in->itemsize[i], &plan, NULL);
+  CHECK(rc == MT_OK);
+  *bytes = mt_plan_bytes(plan);
+  *msgs = mt_plan_messages(plan);
+  mt_plan_destroy(plan);
+}
+
+/* The output placements are `want` (mesh_ndim of them). */
+static int out_is(const mt_prop_result *r, int mesh_ndim, const mt_placement *want) {
+  for (int m = 0; m < mesh_ndim; ++m) {
+    if (!peq(r->out_placements[m], want[m])) return 0;
+  }
+  return 1;
+}
+
+static int in_is(const mt_prop_result *r, int i, int mesh_ndim,
+                 const mt_placement *want) {
+  for (int m = 0; m < mesh_ndim; ++m) {
+    if (!peq(r->in_placements[i][m], want[m])) return 0;
+  }
+  return 1;
+}
+
+static void describe(const mt_prop_result *r, int nin, int mesh_ndim, char *buf) {
+  char p[32];
+  buf[0] = '\0';
+  for (int i = 0; i < nin; ++i) {
+    strcat(buf, "in[");
+    for (int m = 0; m < mesh_ndim; ++m)
+      strcat(strcat(buf, " "), pname(r->in_placements[i][m], p));
+    strcat(buf, " ] ");
+  }
+  strcat(buf, "-> out[");
+  for (int m = 0; m < mesh_ndim; ++m)
+    strcat(strcat(buf, " "), pname(r->out_placements[m], p));
+  sprintf(buf + strlen(buf), " ] bytes %lld msgs %lld", (long long)r->bytes,
+          (long long)r->messages);
+}
+
+#define EXPECT_OUT(r, nin, mesh_ndim, ...)                                       \
+  do {                                                                           \
+    char _b[512];                                                                \
+    describe(&(r), nin, mesh_ndim, _b);                                          \
+    CHECK_MSG(out_is(&(r), mesh_ndim, (mt_placement[]){__VA_ARGS__}), "%s", _b); \
+  } while (0)
+
+#define EXPECT_IN(r, i, nin, mesh_ndim, ...)                                       \
+  do {                                                                             \
+    char _b[512];                                                                  \
+    describe(&(r), nin, mesh_ndim, _b);                                            \
+    CHECK_MSG(in_is(&(r), i, mesh_ndim, (mt_placement[]){__VA_ARGS__}), "%s", _b); \
+  } while (0)
+
+/* ---- The semantic checker: the decision computes the op on every rank. ---- */
+
+typedef struct range {
+  int64_t lo, n;
+} range;
+
+/* The range of label l that the rank at `coord` computes with, from the inputs
+ * holding it (all must agree); the whole label when none splits it. */
+static int label_range(const mt_dimmap *map, const mt_prop_inputs *in,
+                       const mt_prop_result *r, const int64_t *coord, int l,
+                       int64_t size, range *out) {
+  int seen = 0;
+  out->lo = 0, out->n = size;
+  for (int i = 0; i < map->ninputs; ++i) {
+    for (int d = 0; d < map->in_ndim[i]; ++d) {
+      if (map->in_labels[i][d] != l || ((map->in_bcast[i] >> d) & 1u)) continue;
+      mt_layout lay = layout_of(in, i, r->in_placements[i]);
+      mt_box b;
+      mt_layout_local_box(&lay, coord, &b, NULL);
+      range got = {b.shape[d] == 0 ? 0 : b.offset[d], b.shape[d]};
+      if (seen && (got.n != out->n || (got.n > 0 && got.lo != out->lo))) return 0;
+      *out = got, seen = 1;
+    }
+  }
+  return 1;
+}
+
+/* Whether tensor `t` placed by `pl` is cut along label-holding dim d on mesh m. */
+static int cuts(const mt_placement *pl, int m, int d) {
+  return pl[m].kind == MT_PLACEMENT_SHARD && pl[m].dim == d;
+}
+
+/* A mesh dim where some input keeps a Partial: the op's rule allows it and the
+ * output keeps that Partial; no input is cut there. */
+static int partial_ok(const mt_dimmap *map, const mt_prop_result *r, int m,
+                      int npartial, int nrep, int cut_label) {
+  mt_placement out = r->out_placements[m];
+  int linear = out.reduce_op == MT_REDUCE_SUM || out.reduce_op == MT_REDUCE_AVG;
+  if (cut_label >= 0 || out.kind != MT_PLACEMENT_PARTIAL) return 0;
+  if (map->partial_rule == MT_PARTIAL_LINEAR_ONE) {
+    for (int i = 0; i < map->ninputs; ++i) {
+      mt_placement p = r->in_placements[i][m];
+      if (p.kind == MT_PLACEMENT_PARTIAL &&
+          (!peq(p, out) || !((map->partial_inputs >> i) & 1u)))
+        return 0;
+    }
+    return npartial == 1 && nrep == map->ninputs - 1 && linear;
+  }
+  if (npartial != map->ninputs) return 0;
+  for (int i = 0; i < map->ninputs; ++i)
+    if (!peq(r->in_placements[i][m], out)) return 0;
+  if (map->partial_rule == MT_PARTIAL_LINEAR_ALL) return linear;
+  return map->partial_rule == MT_PARTIAL_SAME_OP &&
+         ((map->partial_ops >> out.reduce_op) & 1u);
+}
+
+/* Per mesh dim: the output's placement follows from what the inputs need there. */
+static int check_mesh_dim(const mt_dimmap *map, const mt_prop_inputs *in,
+                          const mt_prop_result *r, int m, const int64_t *size) {
+  mt_placement out = r->out_placements[m];
+  if (in->mesh_shape[m] == 1) return out.kind == MT_PLACEMENT_REPLICATE;
+  int npartial = 0, nrep = 0, cut_label = -1;
+  for (int i = 0; i < map->ninputs; ++i) {
+    mt_placement p = r->in_placements[i][m];
+    npartial += p.kind == MT_PLACEMENT_PARTIAL;
+    nrep += p.kind == MT_PLACEMENT_REPLICATE;
+    /* A needed Partial is one the input has. */
+    if (p.kind == MT_PLACEMENT_PARTIAL && !peq(p, in->placements[i][m])) return 0;
+    if (p.kind != MT_PLACEMENT_SHARD) continue;
+    int l = map->in_labels[i][p.dim];
+    if (cut_label >= 0 && cut_label != l) return 0;
+    cut_label = l;
+  }
+  if (npartial > 0) return partial_ok(map, r, m, npartial, nrep, cut_label);
+  if (cut_label < 0) return out.kind == MT_PLACEMENT_REPLICATE;
+  /* Every input holding the label (not broadcast) is cut on it. */
+  for (int i = 0; i < map->ninputs; ++i) {
+    for (int d = 0; d < map->in_ndim[i]; ++d) {
+      if (map->in_labels[i][d] == cut_label && !((map->in_bcast[i] >> d) & 1u) &&
+          !cuts(r->in_placements[i], m, d))
+        return 0;
+    }
+  }
+  int kind = map->label_kind[cut_label];
+  (void)size;
+  if (kind == MT_LABEL_REPLICATE) return 0;
+  if (kind == MT_LABEL_CONTRACT) return peq(out, PSUM);
+  if (kind == MT_LABEL_REDUCE) return peq(out, P(map->label_reduce_op[cut_label]));
+  for (int d = 0; d < map->out_ndim; ++d)
+    if (map->out_labels[d] == cut_label) return peq(out, S(d));
+  return 0;
+}
+
+/* Sizes of every label from the inputs (or label_size). */
+static void sizes_of(const mt_dimmap *map, const mt_prop_inputs *in, int64_t *size) {
+  for (int l = 0; l < map->nlabels; ++l)
+    size[l] = ((map->sized_labels >> l) & 1u) ? map->label_size[l] : 1;
+  for (int i = 0; i < map->ninputs; ++i)
+    for (int d = 0; d < map->in_ndim[i]; ++d)
+      if (!((map->in_bcast[i] >> d) & 1u)) size[map->in_labels[i][d]] = in->shape[i][d];
+}
+
+/* Every rank's inputs agree on each label's range, its output box is exactly the
+ * ranges of the output labels, and every mean shard has the same size. */
+static int check_ranks(const mt_dimmap *map, const mt_prop_inputs *in,
+                       const mt_prop_result *r, const int64_t *size) {
+  mt_layout out;
+  if (mt_layout_init(&out, r->out_ndim, r->out_shape, in->mesh_ndim, in->mesh_shape,
+                     r->out_placements, NULL) != MT_OK)
+    return 0;
+  int64_t coord[MT_MAX_MESH_NDIM] = {0}, mean_n[MT_PROP_MAX_LABELS];
+  for (int l = 0; l < map->nlabels; ++l) mean_n[l] = -1;
+  for (;;) {
+    mt_box ob;
+    mt_layout_local_box(&out, coord, &ob, NULL);
+    int empty = mt_box_numel(&ob) == 0;
+    for (int l = 0; l < map->nlabels; ++l) {
+      range g;
+      if (!label_range(map, in, r, coord, l, size[l], &g)) return 0;
+      int evenl = ((map->even_only >> l) & 1u) && g.n < size[l];
+      if (evenl && mean_n[l] >= 0 && mean_n[l] != g.n) return 0;
+      if (evenl) mean_n[l] = g.n;
+      for (int d = 0; d < map->out_ndim && !empty; ++d) {
+        if (map->out_labels[d] != l || ((map->sized_labels >> l) & 1u)) continue;
+        if (ob.shape[d] != g.n || (g.n > 0 && ob.offset[d] != g.lo)) return 0;
+      }
+    }
+    int m = in->mesh_ndim - 1;
+    while (m >= 0 && ++coord[m] == in->mesh_shape[m]) coord[m--] = 0;
+    if (m < 0) return 1;
+  }
+}
+
+/* The decision is a correct way to run the op, its cost is the plans' cost, and
+ * deciding again gives the same answer. */
+static void check_semantics(const mt_dimmap *map, const mt_prop_inputs *in,
+                            const mt_prop_result *r) {
+  int64_t size[MT_PROP_MAX_LABELS], bytes = 0, msgs = 0;
+  char buf[512];
+  sizes_of(map, in, size);
+  describe(r, map->ninputs, in->mesh_ndim, buf);
+  for (int m = 0; m < in->mesh_ndim; ++m)
+    CHECK_MSG(check_mesh_dim(map, in, r, m, size), "mesh dim %d: %s", m, buf);
+  CHECK_MSG(check_ranks(map, in, r, size), "ranks: %s", buf);
+  for (int i = 0; i < map->ninputs; ++i) {
+    int64_t b, n;
+    plan_cost(in, i, r->in_placements[i], &b, &n);
+    bytes += b, msgs += n;
+  }
+  CHECK_MSG(r->bytes == bytes && r->messages == msgs,
+            "cost %lld/%lld vs plans %lld/%lld", (long long)r->bytes,
+            (long long)r->messages, (long long)bytes, (long long)msgs);
+  mt_prop_result again = decide(map, in);
+  CHECK(memcmp(&again, r, sizeof again) == 0);
+}
+
+/* ---- An oracle: prop.h's rules by brute force, every combination planned. ---- */
+
+typedef struct ocand {
+  mt_placement in[MT_PROP_MAX_INPUTS];
+  mt_placement out;
+  int label, creates;
+} ocand;
+
+static int held_ok(const mt_dimmap *map, int l) {
+  int held = 0;
+  for (int i = 0; i < map->ninputs; ++i) {
+    int count = 0;
+    for (int d = 0; d < map->in_ndim[i]; ++d) {
+      if (map->in_labels[i][d] != l) continue;
+      ++count;
+      held |= !((map->in_bcast[i] >> d) & 1u);
+    }
+    if (count > 1) return 0;
+  }
+  return held && map->label_kind[l] != MT_LABEL_REPLICATE;
+}
+
+static int o_fits(const mt_dimmap *map, const int64_t *size, int l, int64_t shards) {
+  int even = ((map->even_only >> l) & 1u) || (map->label_kind[l] == MT_LABEL_REDUCE &&
+                                              map->label_reduce_op[l] == MT_REDUCE_AVG);
+  if (map->label_kind[l] != MT_LABEL_KEEP && size[l] < shards) return 0;
+  return !even || size[l] % shards == 0;
+}
+
+static ocand o_new(int label) {
+  ocand c;
+  memset(&c, 0, sizeof c);
+  c.label = label;
+  c.out = R();
+  for (int i = 0; i < MT_PROP_MAX_INPUTS; ++i) c.in[i] = R();
+  return c;
+}
+
+static void o_label(const mt_dimmap *map, int l, ocand *c) {
+  *c = o_new(l);
+  for (int i = 0; i < map->ninputs; ++i)
+    for (int d = 0; d < map->in_ndim[i]; ++d)
+      if (map->in_labels[i][d] == l && !((map->in_bcast[i] >> d) & 1u)) c->in[i] = S(d);
+  int kind = map->label_kind[l];
+  c->creates = kind != MT_LABEL_KEEP;
+  if (kind == MT_LABEL_CONTRACT) c->out = PSUM;
+  if (kind == MT_LABEL_REDUCE) c->out = P(map->label_reduce_op[l]);
+  for (int d = 0; d < map->out_ndim; ++d)
+    if (kind == MT_LABEL_KEEP && map->out_labels[d] == l) c->out = S(d);
+}
+
+/* Pass-throughs of mesh dim m, appended to c[*n]. */
+static void o_partials(const mt_dimmap *map, const mt_prop_inputs *in, int m, ocand *c,
+                       int *n) {
+  mt_placement p0 = in->placements[0][m];
+  int all = p0.kind == MT_PLACEMENT_PARTIAL;
+  for (int i = 0; i < map->ninputs; ++i) all &= peq(in->placements[i][m], p0);
+  int lin0 = p0.reduce_op == MT_REDUCE_SUM || p0.reduce_op == MT_REDUCE_AVG;
+  if (all && ((map->partial_rule == MT_PARTIAL_LINEAR_ALL && lin0) ||
+              (map->partial_rule == MT_PARTIAL_SAME_OP &&
+               ((map->partial_ops >> p0.reduce_op) & 1u)))) {
+    c[*n] = o_new(-1);
+    for (int i = 0; i < map->ninputs; ++i) c[*n].in[i] = p0;
+    c[(*n)++].out = p0;
+  }
+  for (int i = 0; map->partial_rule == MT_PARTIAL_LINEAR_ONE && i < map->ninputs; ++i) {
+    mt_placement p = in->placements[i][m];
+    if (!((map->partial_inputs >> i) & 1u) || p.kind != MT_PLACEMENT_PARTIAL ||
+        (p.reduce_op != MT_REDUCE_SUM && p.reduce_op != MT_REDUCE_AVG))
+      continue;
+    c[*n] = o_new(-1);
+    c[*n].in[i] = p;
+    c[(*n)++].out = p;
+  }
+}
+
+static int o_cands(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t *size,
+                   int m, ocand *c) {
+  int n = 0;
+  int64_t g = in->mesh_shape[m];
+  c[n++] = o_new(-1);
+  if (g == 1) {
+    for (int i = 0; i < map->ninputs; ++i) c[0].in[i] = in->placements[i][m];
+    return n;
+  }
+  for (int l = 0; l < map->nlabels; ++l)
+    if (held_ok(map, l) && o_fits(map, size, l, g)) o_label(map, l, &c[n++]);
+  o_partials(map, in, m, c, &n);
+  return n;
+}
+
+typedef struct okey {
+  int comm;
+  int64_t cost, bytes, msgs;
+} okey;
+
+/* Prices one combination; 0 when it is not valid. */
+static int o_price(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t *size,
+                   ocand (*c)[48], const int *ch, okey *k) {
+  int64_t shards[MT_PROP_MAX_LABELS], numel = 1, ranks = 1, bytes = 0, msgs = 0;
+  for (int l = 0; l < map->nlabels; ++l) shards[l] = 1;
+  for (int m = 0; m < in->mesh_ndim; ++m) {
+    ranks *= in->mesh_shape[m];
+    if (c[m][ch[m]].label >= 0) shards[c[m][ch[m]].label] *= in->mesh_shape[m];
+  }
+  for (int l = 0; l < map->nlabels; ++l)
+    if (shards[l] > 1 && !o_fits(map, size, l, shards[l])) return 0;
+  for (int i = 0; i < map->ninputs; ++i) {
+    mt_placement to[MT_MAX_MESH_NDIM];
+    for (int m = 0; m < in->mesh_ndim; ++m) to[m] = c[m][ch[m]].in[i];
+    mt_layout a = layout_of(in, i, in->placements[i]), b = layout_of(in, i, to);
+    mt_plan *plan = NULL;
+    if (mt_plan_create(&a, &b, in->itemsize[i], &plan, NULL) != MT_OK) return 0;
+    bytes += mt_plan_bytes(plan), msgs += mt_plan_messages(plan);
+    mt_plan_destroy(plan);
+  }
+  for (int d = 0; d < map->out_ndim; ++d) numel *= size[map->out_labels[d]];
+  int64_t held = numel, db = 0, dm = 0;
+  for (int m = 0; m < in->mesh_ndim; ++m)
+    if (c[m][ch[m]].out.kind != MT_PLACEMENT_SHARD) held *= in->mesh_shape[m];
+  for (int m = 0; m < in->mesh_ndim; ++m) {
+    int64_t g = in->mesh_shape[m];
+    if (!c[m][ch[m]].creates) continue;
+    db += held / g * (g - 1) * 8, dm += ranks * (g - 1), held /= g;
+  }
+  k->comm = bytes > 0 || msgs > 0;
+  k->cost = bytes + db + (msgs + dm) * MT_PROP_MESSAGE_BYTES;
+  k->bytes = bytes, k->msgs = msgs;
+  return 1;
+}
+
+static int o_better(const okey *a, const okey *b) {
+  if (a->comm != b->comm) return a->comm < b->comm;
+  if (a->cost != b->cost) return a->cost < b->cost;
+  if (a->bytes != b->bytes) return a->bytes < b->bytes;
+  return a->msgs < b->msgs;
+}
+
+/* The engine's decision is the oracle's (inputs of itemsize 8). */
+static void check_oracle(const mt_dimmap *map, const mt_prop_inputs *in,
+                         const mt_prop_result *r) {
+  static ocand c[MT_MAX_MESH_NDIM][48];
+  int n[MT_MAX_MESH_NDIM], ch[MT_MAX_MESH_NDIM] = {0}, best[MT_MAX_MESH_NDIM] = {0};
+  int64_t size[MT_PROP_MAX_LABELS];
+  int found = 0;
+  okey bk = {0, 0, 0, 0};
+  sizes_of(map, in, size);
+  for (int m = 0; m < in->mesh_ndim; ++m) n[m] = o_cands(map, in, size, m, c[m]);
+  for (;;) {
+    okey k;
+    if (o_price(map, in, size, c, ch, &k) && (!found || o_better(&k, &bk)))
+      found = 1, bk = k, memcpy(best, ch, sizeof ch);
+    int m = in->mesh_ndim - 1;
+    while (m >= 0 && ++ch[m] == n[m]) ch[m--] = 0;
+    if (m < 0) break;
+  }
+  char buf[512];
+  describe(r, map->ninputs, in->mesh_ndim, buf);
+  CHECK_MSG(found, "oracle found nothing: %s", buf);
+  int same = r->bytes == bk.bytes && r->messages == bk.msgs;
+  for (int m = 0; m < in->mesh_ndim; ++m) {
+    same &= peq(r->out_placements[m], c[m][best[m]].out);
+    for (int i = 0; i < map->ninputs; ++i)
+      same &= peq(r->in_placements[i][m], c[m][best[m]].in[i]);
+  }
+  CHECK_MSG(same, "engine %s; oracle bytes %lld msgs %lld", buf, (long long)bk.bytes,
+            (long long)bk.msgs);
+}
+
+/* decide() followed by check_semantics(). */
+static mt_prop_result run(const mt_dimmap *map, const mt_prop_inputs *in) {
+  mt_error err = {0, ""};
+  CHECK_MSG(mt_dimmap_check(map, &err) == MT_OK, "bad map: %s", err.msg);
+  mt_prop_result r = decide(map, in);
+  check_semantics(map, in, &r);
+  return r;
+}
+
+/* ---- The issue's cases. ---- */
+
+static const int64_t MESH2[1] = {2};
+
+/* A binary elementwise op of two 8 x 8 (or broadcast) tensors on 2 ranks. */
+static mt_prop_result binary(int rule, tin a, tin b) {
+  tin t[2] = {a, b};
+  const int nd[2] = {a.ndim, b.ndim};
+  const int64_t shapes[2][4] = {{a.shape[0], a.shape[1], a.shape[2], a.shape[3]},
+                                {b.shape[0], b.shape[1], b.shape[2], b.shape[3]}};
+  mt_dimmap map = map_elementwise(2, nd, shapes, rule);
+  if (rule == MT_PARTIAL_LINEAR_ONE) map.partial_inputs = 3;
+  if (rule == MT_PARTIAL_SAME_OP) map.partial_ops = 1u << MT_REDUCE_MAX;
+  mt_prop_inputs in = make_inputs(2, t, 1, MESH2);
+  return run(&map, &in);
+}
+
+static tin t88(mt_placement p) {
+  return (tin){2, {8, 8}, {p}};
+}
+
+static void test_elementwise(void) {
+  mt_prop_result r = binary(MT_PARTIAL_LINEAR_ALL, t88(S(0)), t88(S(0)));
+  EXPECT_OUT(r, 2, 1, S(0));
+  CHECK(r.bytes == 0 && r.messages == 0);
+  CHECK(r.out_ndim == 2 && r.out_shape[0] == 8 && r.out_shape[1] == 8);
+  /* S0 + S1: one input moves by one all-to-all; ties go to the first label. */
+  r = binary(MT_PARTIAL_LINEAR_ALL, t88(S(0)), t88(S(1)));
+  EXPECT_OUT(r, 2, 1, S(0));
+  EXPECT_IN(r, 0, 2, 1, S(0));
+  EXPECT_IN(r, 1, 2, 1, S(0));
+  CHECK(r.bytes == 32 * 8 && r.messages == 2);
+  r = binary(MT_PARTIAL_LINEAR_ALL, t88(S(1)), t88(S(0)));
+  EXPECT_OUT(r, 2, 1, S(0));
+  EXPECT_IN(r, 1, 2, 1, S(0));
+  /* Broadcasting: (8,) aligned to the last dim, and an explicit (1, 8). */
+  r = binary(MT_PARTIAL_LINEAR_ALL, t88(S(0)), (tin){1, {8}, {R()}});
+  EXPECT_OUT(r, 2, 1, S(0));
+  EXPECT_IN(r, 1, 2, 1, R());
+  CHECK(r.bytes == 0 && r.messages == 0);
+  r = binary(MT_PARTIAL_LINEAR_ALL, (tin){2, {1, 8}, {R()}}, t88(S(0)));
+  EXPECT_OUT(r, 2, 1, S(0));
+  EXPECT_IN(r, 0, 2, 1, R());
+  CHECK(r.bytes == 0);
+  /* (8,)[S0] + (8, 8)[R]: the small one's shard goes along the last dim. */
+  r = binary(MT_PARTIAL_LINEAR_ALL, (tin){1, {8}, {S(0)}}, t88(R()));
+  EXPECT_OUT(r, 2, 1, S(1));
+  CHECK(r.bytes == 0);
+  /* Replicate everywhere stays Replicate (ties go to all-Replicate). */
+  r = binary(MT_PARTIAL_LINEAR_ALL, t88(R()), t88(R()));
+  EXPECT_OUT(r, 2, 1, R());
+  /* S0 + R cuts the replicated operand for free. */
+  r = binary(MT_PARTIAL_NONE, t88(S(0)), t88(R()));
+  EXPECT_OUT(r, 2, 1, S(0));
+  EXPECT_IN(r, 1, 2, 1, S(0));
+  CHECK(r.bytes == 0 && r.messages == 0);
+}
+
+static void test_partial_rules(void) {
+  /* add: P + P -> P, for sum and avg; mixed ops or P + R reduce first. */
+  mt_prop_result r = binary(MT_PARTIAL_LINEAR_ALL, t88(PSUM), t88(PSUM));
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.bytes == 0 && r.messages == 0);
+  r = binary(MT_PARTIAL_LINEAR_ALL, t88(PAVG), t88(PAVG));
+  EXPECT_OUT(r, 2, 1, PAVG);
+  r = binary(MT_PARTIAL_LINEAR_ALL, t88(PSUM), t88(PAVG));
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
+  r = binary(MT_PARTIAL_LINEAR_ALL, t88(PSUM), t88(R()));
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
+  CHECK(r.bytes > 0);
+  r = binary(MT_PARTIAL_LINEAR_ALL, t88(PMAX), t88(PMAX));
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
+}
+
+static void test_partial_multiply(void) {
+  /* multiply: P * R -> P either way round, free. */
+  mt_prop_result r;
+  r = binary(MT_PARTIAL_LINEAR_ONE, t88(PSUM), t88(R()));
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.bytes == 0 && r.messages == 0);
+  r = binary(MT_PARTIAL_LINEAR_ONE, t88(R()), t88(PAVG));
+  EXPECT_OUT(r, 2, 1, PAVG);
+  /* P * S: gathering the sharded operand to keep the Partial costs as much as
+   * reduce-scattering the Partial onto the other's shards; the tie goes to the
+   * earlier candidate, the label, which leaves no reduction pending. */
+  r = binary(MT_PARTIAL_LINEAR_ONE, t88(PSUM), t88(S(0)));
+  EXPECT_IN(r, 0, 2, 1, S(0));
+  EXPECT_IN(r, 1, 2, 1, S(0));
+  EXPECT_OUT(r, 2, 1, S(0));
+  CHECK(r.bytes == 64 * 8 && r.messages == 2);
+  /* P * P: never both kept; here one is all-reduced and the other kept. */
+  r = binary(MT_PARTIAL_LINEAR_ONE, t88(PSUM), t88(PSUM));
+  int kept = (r.in_placements[0][0].kind == MT_PLACEMENT_PARTIAL) +
+             (r.in_placements[1][0].kind == MT_PLACEMENT_PARTIAL);
+  CHECK(kept <= 1);
+  CHECK(kept == (r.out_placements[0].kind == MT_PLACEMENT_PARTIAL));
+  EXPECT_IN(r, 0, 2, 1, PSUM);
+  EXPECT_IN(r, 1, 2, 1, R());
+}
+
+static void test_partial_other(void) {
+  /* maximum keeps P(max) with P(max), nothing else. */
+  mt_prop_result r;
+  r = binary(MT_PARTIAL_SAME_OP, t88(PMAX), t88(PMAX));
+  EXPECT_OUT(r, 2, 1, PMAX);
+  CHECK(r.bytes == 0);
+  r = binary(MT_PARTIAL_SAME_OP, t88(PSUM), t88(PSUM));
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
+  /* A unary op without a rule reduces first: a reduce-scatter beats an
+   * all-reduce, so the output comes out sharded. */
+  const int nd[1] = {2};
+  const int64_t sh[1][4] = {{8, 8}};
+  mt_dimmap exp_map = map_elementwise(1, nd, sh, MT_PARTIAL_NONE);
+  tin x = t88(PSUM);
+  mt_prop_inputs in = make_inputs(1, &x, 1, MESH2);
+  r = run(&exp_map, &in);
+  EXPECT_OUT(r, 1, 1, S(0));
+  EXPECT_IN(r, 0, 1, 1, S(0));
+  int64_t b, n;
+  plan_cost(&in, 0, (mt_placement[]){S(0)}, &b, &n);
+  CHECK(r.bytes == b && b == 64 * 8); /* each rank receives its half */
+}
+
+static mt_prop_result matmul(int mesh_ndim, const int64_t *mesh, tin x, tin y) {
+  tin t[2] = {x, y};
+  mt_dimmap map = map_matmul(x.ndim, x.shape, y.ndim, y.shape);
+  mt_prop_inputs in = make_inputs(2, t, mesh_ndim, mesh);
+  return run(&map, &in);
+}
+
+static void test_matmul(void) {
+  tin x = {2, {8, 8}, {S(0)}}, y = {2, {8, 32}, {S(0)}};
+  /* The issue's case: x [S0] @ y [S0] -> [S0] by exactly one all-gather of y. */
+  mt_prop_result r = matmul(1, MESH2, x, y);
+  EXPECT_OUT(r, 2, 1, S(0));
+  EXPECT_IN(r, 0, 2, 1, S(0));
+  EXPECT_IN(r, 1, 2, 1, R());
+  mt_layout ly;
+  mt_layout_init(&ly, 2, y.shape, 1, MESH2, y.pl, NULL);
+  mt_layout lr = ly;
+  lr.placements[0] = R();
+  mt_plan *plan = NULL;
+  CHECK(mt_plan_create(&ly, &lr, 8, &plan, NULL) == MT_OK);
+  CHECK(mt_plan_nsteps(plan) == 1 && mt_plan_step(plan, 0)->kind == MT_STEP_ALLGATHER);
+  CHECK(r.bytes == mt_plan_bytes(plan) && r.messages == mt_plan_messages(plan));
+  CHECK(r.out_shape[0] == 8 && r.out_shape[1] == 32);
+  mt_plan_destroy(plan);
+  /* S1 @ S0 -> Partial(sum), free; S0 @ R -> S0; R @ S1 -> S1. */
+  x.pl[0] = S(1);
+  r = matmul(1, MESH2, x, y);
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.bytes == 0 && r.messages == 0);
+  x.pl[0] = S(0), y.pl[0] = R();
+  r = matmul(1, MESH2, x, y);
+  EXPECT_OUT(r, 2, 1, S(0));
+  CHECK(r.bytes == 0);
+  x.pl[0] = R(), y.pl[0] = S(1);
+  r = matmul(1, MESH2, x, y);
+  EXPECT_OUT(r, 2, 1, S(1));
+  CHECK(r.bytes == 0);
+  /* Partial(sum) @ R -> Partial(sum). */
+  x.pl[0] = PSUM, y.pl[0] = R();
+  r = matmul(1, MESH2, x, y);
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.bytes == 0);
+}
+
+static void test_batch_matmul(void) {
+  /* Batch dims shard through, also when one operand broadcasts them. */
+  mt_prop_result r;
+  tin bx = {3, {4, 8, 8}, {S(0)}}, by = {3, {4, 8, 8}, {S(0)}};
+  r = matmul(1, MESH2, bx, by);
+  EXPECT_OUT(r, 2, 1, S(0));
+  CHECK(r.bytes == 0 && r.out_ndim == 3 && r.out_shape[0] == 4);
+  tin b1 = {3, {1, 8, 8}, {R()}};
+  r = matmul(1, MESH2, bx, b1);
+  EXPECT_OUT(r, 2, 1, S(0));
+  EXPECT_IN(r, 1, 2, 1, R());
+  CHECK(r.bytes == 0);
+  tin y2 = {2, {8, 8}, {R()}};
+  r = matmul(1, MESH2, bx, y2);
+  EXPECT_OUT(r, 2, 1, S(0));
+  CHECK(r.bytes == 0 && r.out_ndim == 3);
+}
+
+static mt_prop_result reduce(tin x, int mesh_ndim, const int64_t *mesh, uint32_t axes,
+                             int op, int keepdims) {
+  mt_dimmap map = map_reduce(x.ndim, axes, op, keepdims);
+  mt_prop_inputs in = make_inputs(1, &x, mesh_ndim, mesh);
+  return run(&map, &in);
+}
+
+static void test_reductions(void) {
+  mt_prop_result r = reduce(t88(S(0)), 1, MESH2, 2u, RED_SUM, 0);
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes == 0 && r.messages == 0 && r.out_ndim == 1 && r.out_shape[0] == 8);
+  r = reduce(t88(S(0)), 1, MESH2, 1u, RED_SUM, 0);
+  EXPECT_OUT(r, 1, 1, PSUM);
+  CHECK(r.bytes == 0);
+  r = reduce(t88(S(1)), 1, MESH2, 3u, RED_SUM, 0); /* x.sum() */
+  EXPECT_OUT(r, 1, 1, PSUM);
+  CHECK(r.bytes == 0 && r.out_ndim == 0);
+  r = reduce(t88(S(0)), 1, MESH2, 1u, RED_MAX, 0);
+  EXPECT_OUT(r, 1, 1, PMAX);
+  CHECK(r.bytes == 0);
+  r = reduce(t88(PMAX), 1, MESH2, 1u, RED_MAX, 0); /* max of P(max) keeps it */
+  EXPECT_OUT(r, 1, 1, PMAX);
+  r = reduce(t88(PSUM), 1, MESH2, 1u, RED_SUM, 0); /* sum is linear */
+  EXPECT_OUT(r, 1, 1, PSUM);
+  CHECK(r.bytes == 0);
+}
+
+static void test_mean_std(void) {
+  mt_prop_result r;
+  /* mean: Partial(avg) over even shards only; uneven ones are not split on the
+   * reduced dim (here one all-to-all puts the cut on the kept dim). */
+  r = reduce(t88(S(0)), 1, MESH2, 1u, RED_MEAN, 0);
+  EXPECT_OUT(r, 1, 1, PAVG);
+  CHECK(r.bytes == 0);
+  r = reduce((tin){2, {7, 8}, {S(0)}}, 1, MESH2, 1u, RED_MEAN, 0);
+  EXPECT_IN(r, 0, 1, 1, S(1));
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes > 0);
+  /* keepdims: the reduced dim stays as a size-1 dim. */
+  r = reduce(t88(S(1)), 1, MESH2, 1u, RED_MEAN, 1);
+  EXPECT_OUT(r, 1, 1, S(1));
+  CHECK(r.out_ndim == 2 && r.out_shape[0] == 1 && r.out_shape[1] == 8 && r.bytes == 0);
+  /* std may not split its reduced dim. */
+  r = reduce(t88(S(0)), 1, MESH2, 1u, RED_STD, 0);
+  EXPECT_IN(r, 0, 1, 1, S(1));
+  EXPECT_OUT(r, 1, 1, S(0));
+  r = reduce(t88(S(1)), 1, MESH2, 1u, RED_STD, 0);
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes == 0);
+  /* Nested uneven mean: 6 rows over 2 x 2 ranks are 2, 1, 2, 1. */
+  const int64_t m22[2] = {2, 2};
+  r = reduce((tin){2, {6, 8}, {S(0), S(0)}}, 2, m22, 1u, RED_MEAN, 0);
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL ||
+        r.out_placements[1].kind != MT_PLACEMENT_PARTIAL);
+  r = reduce((tin){2, {8, 8}, {S(0), S(0)}}, 2, m22, 1u, RED_MEAN, 0);
+  EXPECT_OUT(r, 1, 2, PAVG, PAVG);
+  CHECK(r.bytes == 0);
+}
+
+static void test_softmax(void) {
+  mt_dimmap map = map_softmax(2, 1);
+  tin x = t88(S(1));
+  mt_prop_inputs in = make_inputs(1, &x, 1, MESH2);
+  mt_prop_result r = run(&map, &in);
+  EXPECT_IN(r, 0, 1, 1, S(0));
+  EXPECT_OUT(r, 1, 1, S(0));
+  int64_t b, n;
+  plan_cost(&in, 0, (mt_placement[]){S(0)}, &b, &n);
+  CHECK(r.bytes == b && b > 0);
+  x = t88(S(0));
+  in = make_inputs(1, &x, 1, MESH2);
+  r = run(&map, &in);
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes == 0 && r.messages == 0);
+}
+
+static void test_meshes_2d(void) {
+  const int64_t m22[2] = {2, 2};
+  tin a = {2, {8, 8}, {S(0), S(1)}};
+  tin t[2] = {a, a};
+  const int nd[2] = {2, 2};
+  const int64_t sh[2][4] = {{8, 8}, {8, 8}};
+  mt_dimmap add = map_elementwise(2, nd, sh, MT_PARTIAL_LINEAR_ALL);
+  mt_prop_inputs in = make_inputs(2, t, 2, m22);
+  mt_prop_result r = run(&add, &in);
+  EXPECT_OUT(r, 2, 2, S(0), S(1));
+  CHECK(r.bytes == 0 && r.messages == 0);
+  /* A label cut by both mesh dims (nested) passes through. */
+  t[0].pl[1] = t[1].pl[1] = S(0);
+  in = make_inputs(2, t, 2, m22);
+  r = run(&add, &in);
+  EXPECT_OUT(r, 2, 2, S(0), S(0));
+  CHECK(r.bytes == 0);
+  /* [S0, S1] + [S1, S0]: one input moves. */
+  t[0] = a, t[1].pl[0] = S(1), t[1].pl[1] = S(0);
+  in = make_inputs(2, t, 2, m22);
+  r = run(&add, &in);
+  CHECK(r.bytes > 0 && (in_is(&r, 0, 2, a.pl) || in_is(&r, 1, 2, t[1].pl)));
+  /* matmul [S0, R] @ [R, S1] -> [S0, S1] for free. */
+  r = matmul(2, m22, (tin){2, {8, 8}, {S(0), R()}}, (tin){2, {8, 8}, {R(), S(1)}});
+  EXPECT_OUT(r, 2, 2, S(0), S(1));
+  CHECK(r.bytes == 0 && r.messages == 0);
+  /* [S1, S0] @ [S0, S1]: both mesh dims contract -> [P, P]... or cheaper. */
+  r = matmul(2, m22, (tin){2, {8, 8}, {S(1), R()}}, (tin){2, {8, 8}, {S(0), S(1)}});
+  EXPECT_OUT(r, 2, 2, PSUM, S(1));
+  CHECK(r.bytes == 0);
+}
+
+/* Size-1 mesh dims cost nothing and keep what the inputs have there. */
+static void test_size1_mesh_dims(void) {
+  const int64_t m41[2] = {4, 1}, m14[2] = {1, 4};
+  tin a = {2, {8, 8}, {S(0), S(1)}};
+  tin t[2] = {a, (tin){2, {8, 8}, {S(0), R()}}};
+  const int nd[2] = {2, 2};
+  const int64_t sh[2][4] = {{8, 8}, {8, 8}};
+  mt_dimmap add = map_elementwise(2, nd, sh, MT_PARTIAL_LINEAR_ALL);
+  mt_prop_inputs in;
+  mt_prop_result r;
+  in = make_inputs(2, t, 2, m41);
+  r = run(&add, &in);
+  EXPECT_OUT(r, 2, 2, S(0), R());
+  EXPECT_IN(r, 0, 2, 2, S(0), S(1));
+  EXPECT_IN(r, 1, 2, 2, S(0), R());
+  CHECK(r.bytes == 0 && r.messages == 0);
+  t[0] = (tin){2, {8, 8}, {S(1), S(0)}}, t[1] = (tin){2, {8, 8}, {PSUM, S(0)}};
+  in = make_inputs(2, t, 2, m14);
+  r = run(&add, &in);
+  EXPECT_OUT(r, 2, 2, R(), S(0));
+  CHECK(r.bytes == 0 && r.messages == 0);
+  r = matmul(2, m14, (tin){2, {8, 8}, {PMAX, S(1)}}, (tin){2, {8, 8}, {S(1), S(0)}});
+  EXPECT_OUT(r, 2, 2, R(), PSUM);
+  CHECK(r.bytes == 0);
+}
+
+/* Shards may be empty along kept labels (as the inputs already are), never along
+ * reduced ones. */
+static void test_small_dims(void) {
+  const int64_t m4[1] = {4};
+  tin a = {2, {3, 8}, {S(0)}};
+  tin t[2] = {a, a};
+  const int nd[2] = {2, 2};
+  const int64_t sh[2][4] = {{3, 8}, {3, 8}};
+  mt_dimmap add = map_elementwise(2, nd, sh, MT_PARTIAL_LINEAR_ALL);
+  mt_prop_inputs in = make_inputs(2, t, 1, m4);
+  mt_prop_result r = run(&add, &in);
+  EXPECT_OUT(r, 2, 1, S(0));
+  CHECK(r.bytes == 0);
+  r = reduce(a, 1, m4, 1u, RED_SUM, 0);
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
+  CHECK(r.bytes > 0);
+  /* A zero-size tensor moves no bytes, whatever it needs. */
+  r = reduce((tin){2, {0, 8}, {S(0)}}, 1, m4, 1u, RED_MAX, 0);
+  CHECK(r.bytes == 0 && r.out_shape[0] == 8);
+}
+
+/* broadcast_to and expand_dims: new output dims are sized labels. */
+static void test_new_dims(void) {
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = 1, map.nlabels = 2, map.in_ndim[0] = 1, map.in_labels[0][0] = 1;
+  map.out_ndim = 2, map.out_labels[0] = 0, map.out_labels[1] = 1;
+  map.sized_labels = 1u, map.label_size[0] = 4;
+  tin x = {1, {8}, {S(0)}};
+  mt_prop_inputs in = make_inputs(1, &x, 1, MESH2);
+  mt_prop_result r = run(&map, &in);
+  EXPECT_OUT(r, 1, 1, S(1));
+  CHECK(r.out_shape[0] == 4 && r.out_shape[1] == 8 && r.bytes == 0);
+  map.label_size[0] = 1; /* expand_dims(x, 0) */
+  r = run(&map, &in);
+  EXPECT_OUT(r, 1, 1, S(1));
+  CHECK(r.out_shape[0] == 1 && r.out_ndim == 2);
+  /* transpose: labels permuted. */
+  mt_dimmap tr;
+  memset(&tr, 0, sizeof tr);
+  tr.ninputs = 1, tr.nlabels = 2, tr.in_ndim[0] = 2, tr.out_ndim = 2;
+  tr.in_labels[0][0] = 0, tr.in_labels[0][1] = 1;
+  tr.out_labels[0] = 1, tr.out_labels[1] = 0;
+  tr.partial_rule = MT_PARTIAL_LINEAR_ALL;
+  x = (tin){2, {8, 4}, {S(0)}};
+  in = make_inputs(1, &x, 1, MESH2);
+  r = run(&tr, &in);
+  EXPECT_OUT(r, 1, 1, S(1));
+  CHECK(r.out_shape[0] == 4 && r.bytes == 0);
+  /* einsum "ii->i" (diagonal): the repeated label is never cut. */
+  mt_dimmap dg;
+  memset(&dg, 0, sizeof dg);
+  dg.ninputs = 1, dg.nlabels = 1, dg.in_ndim[0] = 2, dg.out_ndim = 1;
+  x = (tin){2, {8, 8}, {S(0)}};
+  in = make_inputs(1, &x, 1, MESH2);
+  r = run(&dg, &in);
+  EXPECT_IN(r, 0, 1, 1, R());
+  EXPECT_OUT(r, 1, 1, R());
+}
+
+/* ---- Random cases through the checker. ---- */
+
+static unsigned rng_state = 12345u;
+
+static int rnd(int n) {
+  rng_state = rng_state * 1103515245u + 12345u;
+  return (int)((rng_state >> 16) % (unsigned)n);
+}
+
+static mt_placement random_placement(int ndim) {
+  static const int ops[] = {MT_REDUCE_SUM, MT_REDUCE_AVG, MT_REDUCE_MAX};
+  int k = rnd(ndim + 2);
+  if (k < ndim) return S(k);
+  return k == ndim ? R() : P(ops[rnd(3)]);
+}
+
+static tin random_tin(int ndim, const int64_t *shape, int mesh_ndim) {
+  tin t;
+  memset(&t, 0, sizeof t);
+  t.ndim = ndim;
+  for (int d = 0; d < ndim; ++d) t.shape[d] = shape[d];
+  for (int m = 0; m < mesh_ndim; ++m) t.pl[m] = random_placement(ndim);
+  return t;
+}
+
+static void random_case(int mesh_ndim, const int64_t *mesh) {
+  int64_t s[4] = {1 + rnd(9), 1 + rnd(9), 1 + rnd(9), 0};
+  int op = rnd(6);
+  mt_dimmap map;
+  tin t[2];
+  if (op < 3) { /* elementwise, the second operand maybe broadcast */
+    static const int rules[] = {MT_PARTIAL_LINEAR_ALL, MT_PARTIAL_LINEAR_ONE,
+                                MT_PARTIAL_SAME_OP};
+    int64_t s2[2] = {rnd(3) == 0 ? 1 : s[0], s[1]};
+    t[0] = random_tin(2, s, mesh_ndim), t[1] = random_tin(2, s2, mesh_ndim);
+    const int nd[2] = {2, 2};
+    const int64_t sh[2][4] = {{s[0], s[1]}, {s2[0], s2[1]}};
+    map = map_elementwise(2, nd, sh, rules[op]);
+    map.partial_inputs = 3, map.partial_ops = 1u << MT_REDUCE_MAX;
+  } else if (op == 3) {
+    int64_t xs[2] = {s[0], s[1]}, ys[2] = {s[1], s[2]};
+    t[0] = random_tin(2, xs, mesh_ndim), t[1] = random_tin(2, ys, mesh_ndim);
+    map = map_matmul(2, xs, 2, ys);
+  } else {
+    t[0] = random_tin(2, s, mesh_ndim);
+    map = op == 4 ? map_reduce(2, 1u + (unsigned)rnd(3), rnd(4), rnd(2))
+                  : map_softmax(2, rnd(2));
+  }
+  mt_prop_inputs in = make_inputs(map.ninputs, t, mesh_ndim, mesh);
+  mt_prop_result r = run(&map, &in);
+  check_oracle(&map, &in, &r);
+}
+
+static void test_random(void) {
+  static const int64_t meshes[][2] = {{1, 0}, {2, 0}, {3, 0}, {4, 0}, {2, 2},
+                                      {2, 3}, {1, 3}, {3, 1}, {4, 2}};
+  int n = quick ? 60 : 600;
+  for (size_t k = 0; k < sizeof meshes / sizeof meshes[0]; ++k) {
+    int mesh_ndim = meshes[k][1] == 0 ? 1 : 2;
+    for (int c = 0; c < n; ++c) random_case(mesh_ndim, meshes[k]);
+  }
+}
+
+/* ---- Errors. ---- */
+
+static mt_dimmap good_map(void) {
+  const int nd[2] = {2, 2};
+  const int64_t sh[2][4] = {{8, 8}, {8, 8}};
+  return map_elementwise(2, nd, sh, MT_PARTIAL_LINEAR_ALL);
+}
+
+static void expect_bad_map(mt_dimmap map, const char *needle) {
+  mt_error err = {0, ""};
+  int rc = mt_dimmap_check(&map, &err);
+  CHECK_MSG(rc == MT_EINVAL && err.code == MT_EINVAL && strstr(err.msg, needle) != NULL,
+            "rc %d msg '%s' (wanted '%s')", rc, err.msg, needle);
+}
+
+static void test_map_errors(void) {
+  mt_dimmap m = good_map();
+  CHECK(mt_dimmap_check(&m, NULL) == MT_OK);
+  CHECK(mt_dimmap_check(NULL, NULL) == MT_EINVAL);
+  m.ninputs = MT_PROP_MAX_INPUTS + 1;
+  expect_bad_map(m, "inputs");
+  m = good_map(), m.ninputs = 0;
+  expect_bad_map(m, "inputs");
+  m = good_map(), m.nlabels = MT_PROP_MAX_LABELS + 1;
+  expect_bad_map(m, "labels");
+  m = good_map(), m.in_labels[1][0] = 2;
+  expect_bad_map(m, "outside");
+  m = good_map(), m.in_labels[0][1] = -1;
+  expect_bad_map(m, "outside");
+  m = good_map(), m.out_labels[0] = 5;
+  expect_bad_map(m, "outside");
+  m = good_map(), m.out_labels[1] = 0;
+  expect_bad_map(m, "two output dims");
+  m = good_map(), m.label_kind[1] = MT_LABEL_CONTRACT;
+  expect_bad_map(m, "contracts");
+  m = good_map(), m.out_ndim = 1;
+  expect_bad_map(m, "KEEP");
+  m = good_map(), m.label_kind[0] = 7;
+  expect_bad_map(m, "kind");
+  m = good_map(), m.out_ndim = 1, m.label_kind[1] = MT_LABEL_REDUCE,
+  m.label_reduce_op[1] = MT_REDUCE_COUNT;
+  expect_bad_map(m, "unknown op");
+  m = good_map(), m.in_bcast[0] = 4u;
+  expect_bad_map(m, "in_bcast");
+}
+
+static void test_map_errors_masks(void) {
+  mt_dimmap m = good_map();
+  m.partial_inputs = 4u;
+  expect_bad_map(m, "partial_inputs");
+  m = good_map(), m.partial_ops = 1u << MT_REDUCE_COUNT;
+  expect_bad_map(m, "partial_ops");
+  m = good_map(), m.partial_rule = 9;
+  expect_bad_map(m, "partial rule");
+  m = good_map(), m.even_only = 4u;
+  expect_bad_map(m, "even_only");
+  m = good_map(), m.sized_labels = 1u, m.label_size[0] = -1;
+  expect_bad_map(m, "label_size");
+  m = good_map(), m.in_ndim[0] = MT_MAX_NDIM + 1;
+  expect_bad_map(m, "dims");
+  m = good_map(), m.out_ndim = MT_MAX_NDIM + 1;
+  expect_bad_map(m, "output");
+  /* An output label no input holds needs a size. */
+  m = good_map(), m.nlabels = 3, m.out_ndim = 3, m.out_labels[2] = 2;
+  expect_bad_map(m, "no size");
+  m.sized_labels = 4u, m.label_size[2] = 5;
+  CHECK(mt_dimmap_check(&m, NULL) == MT_OK);
+}
+
+static void expect_bad_call(const mt_dimmap *map, const mt_prop_inputs *in, int code,
+                            const char *needle) {
+  mt_error err = {0, ""};
+  mt_prop_result res, before;
+  memset(&res, 0x5a, sizeof res);
+  before = res;
+  int rc = mt_propagate(map, in, &res, &err);
+  CHECK_MSG(rc == code && strstr(err.msg, needle) != NULL,
+            "rc %s msg '%s' (wanted %s '%s')", mt_status_name(rc), err.msg,
+            mt_status_name(code), needle);
+  CHECK(memcmp(&res, &before, sizeof res) == 0);
+}
+
+static void test_call_errors(void) {
+  mt_dimmap m = good_map();
+  tin t[2] = {t88(S(0)), t88(S(0))};
+  mt_prop_inputs in = make_inputs(2, t, 1, MESH2);
+  mt_prop_result res;
+  CHECK(mt_propagate(&m, &in, &res, NULL) == MT_OK);
+  CHECK(mt_propagate(NULL, &in, &res, NULL) == MT_EINVAL);
+  CHECK(mt_propagate(&m, NULL, &res, NULL) == MT_EINVAL);
+  CHECK(mt_propagate(&m, &in, NULL, NULL) == MT_EINVAL);
+  mt_prop_inputs bad = in;
+  bad.shape[1][0] = 7;
+  expect_bad_call(&m, &bad, MT_EINVAL, "size 7");
+  bad = in, bad.ninputs = 3;
+  expect_bad_call(&m, &bad, MT_EINVAL, "inputs");
+  bad = in, bad.ndim[1] = 1;
+  expect_bad_call(&m, &bad, MT_EINVAL, "dims");
+  bad = in, bad.itemsize[0] = 0;
+  expect_bad_call(&m, &bad, MT_EINVAL, "item size");
+  bad = in, bad.out_itemsize = -1;
+  expect_bad_call(&m, &bad, MT_EINVAL, "item size");
+  bad = in, bad.placements[1][0] = S(2);
+  expect_bad_call(&m, &bad, MT_EINDEX, "Input 1");
+  bad = in, bad.mesh_ndim = 0;
+  expect_bad_call(&m, &bad, MT_EINVAL, "mesh");
+  bad = in, bad.mesh_shape[0] = 0;
+  expect_bad_call(&m, &bad, MT_EINVAL, "Mesh dim 0");
+  /* A broadcast dim must have size 1. */
+  mt_dimmap mb = m;
+  mb.in_bcast[1] = 1u;
+  expect_bad_call(&mb, &in, MT_EINVAL, "broadcasts");
+  /* A sized label must agree with the inputs holding it. */
+  mt_dimmap ms = m;
+  ms.sized_labels = 1u, ms.label_size[0] = 9;
+  expect_bad_call(&ms, &in, MT_EINVAL, "sized 9");
+  mt_dimmap mk = m;
+  mk.ninputs = MT_PROP_MAX_INPUTS + 1;
+  expect_bad_call(&mk, &in, MT_EINVAL, "inputs");
+}
+
+/* ---- Determinism, the greedy fallback and timing. ---- */
+
+static double now_us(void) {
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* 8-d tensors on a 4-d mesh: 9^4 combinations, above MT_PROP_MAX_COMBOS. */
+static void test_greedy(void) {
+  const int64_t mesh[4] = {2, 2, 2, 2};
+  tin a;
+  memset(&a, 0, sizeof a);
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = 2, map.nlabels = 8, map.out_ndim = 8;
+  map.in_ndim[0] = map.in_ndim[1] = 8;
+  for (int d = 0; d < 8; ++d)
+    map.in_labels[0][d] = map.in_labels[1][d] = map.out_labels[d] = d;
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.ninputs = 2, in.mesh_ndim = 4;
+  for (int i = 0; i < 2; ++i) {
+    in.ndim[i] = 8, in.itemsize[i] = 4;
+    for (int d = 0; d < 8; ++d) in.shape[i][d] = 4;
+    for (int m = 0; m < 4; ++m) {
+      in.mesh_shape[m] = mesh[m];
+      in.placements[i][m] = S(i == 0 ? m : (m + 1) % 4);
+    }
+  }
+  in.placements[1][0] = S(0), in.placements[1][1] = S(1);
+  in.placements[1][2] = S(2), in.placements[1][3] = S(3);
+  double t0 = now_us();
+  mt_prop_result r = run(&map, &in);
+  double t1 = now_us();
+  EXPECT_OUT(r, 2, 4, S(0), S(1), S(2), S(3));
+  CHECK(r.bytes == 0);
+  in.placements[1][3] = S(7);
+  r = run(&map, &in);
+  CHECK(r.bytes > 0);
+  if (trace) printf("greedy 8-d on (2,2,2,2): %.1f us\n", t1 - t0);
+  (void)a;
+}
+
+static void time_one(const char *what, const mt_dimmap *map, const mt_prop_inputs *in) {
+  int n = quick ? 20 : strstr(what, "(64,64)") != NULL ? 20 : 10000;
+  mt_prop_result r;
+  double t0 = now_us();
+  for (int k = 0; k < n; ++k) CHECK(mt_propagate(map, in, &r, NULL) == MT_OK);
+  double t1 = now_us();
+  if (trace) printf("%s: %.2f us per decision (%d runs)\n", what, (t1 - t0) / n, n);
+}
+
+static void test_timing(void) {
+  const int64_t m22[2] = {2, 2};
+  tin x = {2, {8, 8}, {S(0), R()}}, y = {2, {8, 8}, {R(), S(1)}};
+  tin t[2] = {x, y};
+  mt_dimmap mm = map_matmul(2, x.shape, 2, y.shape);
+  mt_prop_inputs in = make_inputs(2, t, 2, m22);
+  time_one("matmul (2,2) [S0,R]@[R,S1], no comm", &mm, &in);
+  t[0].pl[0] = S(1), t[0].pl[1] = S(0), t[1].pl[0] = S(1), t[1].pl[1] = S(0);
+  in = make_inputs(2, t, 2, m22);
+  time_one("matmul (2,2) [S1,S0]@[S1,S0], comm", &mm, &in);
+  tin big[2] = {{2, {2048, 2048}, {S(1), S(0)}}, {2, {2048, 2048}, {S(1), S(0)}}};
+  in = make_inputs(2, big, 2, m22);
+  time_one("matmul (2,2) 2048^2 [S1,S0]@[S1,S0], comm", &mm, &in);
+  /* A simulated 64 x 64 mesh: every layout walks 4,096 ranks. */
+  const int64_t m64[2] = {64, 64};
+  tin h[2] = {{2, {4096, 4096}, {S(1), S(0)}}, {2, {4096, 4096}, {S(1), S(0)}}};
+  in = make_inputs(2, h, 2, m64);
+  time_one("matmul (64,64) 4096^2 [S1,S0]@[S1,S0], comm", &mm, &in);
+  const int nd[2] = {2, 2};
+  const int64_t sh[2][4] = {{8, 8}, {8, 8}};
+  mt_dimmap add = map_elementwise(2, nd, sh, MT_PARTIAL_LINEAR_ALL);
+  tin e[2] = {t88(S(0)), t88(S(0))};
+  in = make_inputs(2, e, 1, MESH2);
+  time_one("add (2) [S0]+[S0]", &add, &in);
+  e[1] = t88(S(1));
+  in = make_inputs(2, e, 1, MESH2);
+  time_one("add (2) [S0]+[S1], comm", &add, &in);
+}
+
+int main(int argc, char **argv) {
+  const char *q = getenv("MT_TEST_QUICK");
+  quick = (argc > 1 && strcmp(argv[1], "--quick") == 0) || (q != NULL && q[0] == '1');
+  trace = getenv("MPITENSOR_TRACE") != NULL;
+  test_elementwise();
+  test_partial_rules();
+  test_partial_multiply();
+  test_partial_other();
+  test_matmul();
+  test_batch_matmul();
+  test_reductions();
+  test_mean_std();
+  test_softmax();
+  test_meshes_2d();
+  test_size1_mesh_dims();
+  test_small_dims();
+  test_new_dims();
+  test_random();
+  test_map_errors();
+  test_map_errors_masks();
+  test_call_errors();
+  test_greedy();
+  test_timing();
+  return mt_test_exit("test_prop");
+}
