@@ -2,7 +2,6 @@
  * box. Shard dims are scattered first, among the ranks that hold the source's
  * replica, then Replicate dims are broadcast, so no rank receives data it does not
  * keep and no byte is scattered twice. */
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +9,7 @@
 #include "mpitensor/dtype.h"
 #include "mpitensor/pack.h"
 #include "mpitensor/pool.h"
+#include "mpi-types-private.h"
 
 typedef struct dist_ctx {
   mt_mesh *mesh;
@@ -35,7 +35,7 @@ static int zero_after(const dist_ctx *c, const mt_layout *l, int from, int want_
 /* Root side of one scatter: each member's box of `to`, consecutive in member order,
  * from the root's box of `from`; packed into `*staging` unless they are slabs. */
 static int scatter_send(const dist_ctx *c, const mt_layout *from, const mt_layout *to,
-                        int m, const void *in, const int *counts, const char **send,
+                        int m, const void *in, const int64_t *counts, const char **send,
                         char **staging, mt_error *err) {
   mt_box fb;
   my_box(c, from, -1, 0, &fb);
@@ -58,50 +58,57 @@ static int scatter_send(const dist_ctx *c, const mt_layout *from, const mt_layou
   return MT_OK;
 }
 
-static int scatter_counts(const dist_ctx *c, const mt_layout *to, int m, int *counts,
-                          int *displs, mt_error *err) {
-  int64_t off = 0;
-  for (int64_t k = 0; k < mt_mesh_dim_size(c->mesh, m); ++k) {
+/* Bytes and byte offsets of every member's block, in member order. */
+static void scatter_bytes(const dist_ctx *c, const mt_layout *to, int m, int64_t *bytes) {
+  int64_t g = mt_mesh_dim_size(c->mesh, m), off = 0;
+  for (int64_t k = 0; k < g; ++k) {
     mt_box b;
     my_box(c, to, m, k, &b);
-    int64_t bytes = mt_box_numel(&b) * c->itemsize;
-    if (bytes > INT_MAX || off > INT_MAX) {
-      return mt__fail(err, MT_EOVERFLOW, "a scattered block exceeds MPI's int count");
-    }
-    counts[k] = (int)bytes, displs[k] = (int)off;
-    off += bytes;
+    bytes[k] = mt_box_numel(&b) * c->itemsize;
+    bytes[g + k] = off;
+    off += bytes[k];
   }
-  return MT_OK;
+}
+
+/* MPI_Scatterv from coordinate 0 along `m`, in the largest unit that keeps every
+ * count an int; counts one scatter with the bytes the root sent. */
+static int scatterv(const dist_ctx *c, int m, const char *send, const int64_t *bytes,
+                    void *out, mt_error *err) {
+  int64_t g = mt_mesh_dim_size(c->mesh, m), unit = 1, sent = 0;
+  MPI_Datatype type;
+  int *ints = malloc((size_t)(2 * g) * sizeof *ints);
+  if (ints == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  int rc = mt__byte_unit(bytes, 2 * g, &type, &unit, err);
+  for (int64_t i = 0; rc == MT_OK && i < 2 * g; ++i) ints[i] = (int)(bytes[i] / unit);
+  if (rc == MT_OK) {
+    int mpi = MPI_Scatterv(send, ints, ints + g, type, out, ints[c->coord[m]], type, 0,
+                           mt_mesh_dim_comm(c->mesh, m));
+    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Scatterv");
+    if (type != MPI_BYTE) MPI_Type_free(&type);
+  }
+  for (int64_t k = 1; rc == MT_OK && c->coord[m] == 0 && k < g; ++k) sent += bytes[k];
+  if (rc == MT_OK) mt__count(MT_COLL_SCATTER, sent);
+  free(ints);
+  return rc;
 }
 
 static int scatter_step(const dist_ctx *c, const mt_layout *from, const mt_layout *to,
                         int m, const void *in, void *out, mt_error *err) {
   int64_t g = mt_mesh_dim_size(c->mesh, m);
-  int *ints = malloc((size_t)(2 * g) * sizeof *ints);
+  int64_t *bytes = malloc((size_t)(2 * g) * sizeof *bytes);
   char *staging = NULL;
   const char *send = NULL;
-  if (ints == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
-  int root = c->coord[m] == 0;
-  int rc = scatter_counts(c, to, m, ints, ints + g, err);
-  if (rc == MT_OK && g == 1) {
-    /* A mesh dim of one rank cuts nothing and costs no communication. */
-    memcpy(out, in, (size_t)ints[0]);
-    free(ints);
-    return MT_OK;
-  }
-  if (rc == MT_OK && root) rc = scatter_send(c, from, to, m, in, ints, &send, &staging, err);
-  if (rc == MT_OK) {
-    int mpi = MPI_Scatterv(send, ints, ints + g, MPI_BYTE, out, ints[c->coord[m]], MPI_BYTE,
-                           0, mt_mesh_dim_comm(c->mesh, m));
-    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Scatterv");
-  }
-  if (rc == MT_OK) {
-    int64_t sent = 0;
-    for (int64_t k = 1; root && k < g; ++k) sent += ints[k];
-    mt__count(MT_COLL_SCATTER, sent);
+  if (bytes == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  scatter_bytes(c, to, m, bytes);
+  int rc = MT_OK;
+  if (g == 1) {
+    memcpy(out, in, (size_t)bytes[0]); /* one rank: nothing to cut, nothing to send */
+  } else {
+    if (c->coord[m] == 0) rc = scatter_send(c, from, to, m, in, bytes, &send, &staging, err);
+    if (rc == MT_OK) rc = scatterv(c, m, send, bytes, out, err);
   }
   mt_pool_free(staging);
-  free(ints);
+  free(bytes);
   return rc;
 }
 

@@ -5,6 +5,7 @@
  * user-defined operations that call the core's own reduction kernel. So do sums of
  * 8- and 16-bit integers, which must wrap as in NumPy: Open MPI 4.1's AVX
  * operations saturate them instead (open-mpi/ompi#8045, closed as wontfix). */
+#include <limits.h>
 #include <stdatomic.h>
 
 #include "comm-private.h"
@@ -167,4 +168,50 @@ int mt__reduce_type(int dtype, int op, MPI_Datatype *type, MPI_Op *mop, mt_error
                                        : USER_SUM;
   *mop = user_ops[slot];
   return MT_OK;
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b != 0) {
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+/* A committed contiguous datatype of `bytes` bytes, nested when `bytes` itself
+ * exceeds an int: blocks of its largest power-of-two divisor up to 2**30. */
+static int unit_type(int64_t bytes, MPI_Datatype *type, mt_error *err) {
+  int64_t inner = bytes & -bytes;
+  if (inner > ((int64_t)1 << 30)) inner = (int64_t)1 << 30;
+  if (bytes <= INT_MAX) inner = bytes;
+  if (bytes / inner > INT_MAX) {
+    return mt__fail(err, MT_EOVERFLOW, "a unit of %lld bytes cannot be expressed as an "
+                    "MPI datatype", (long long)bytes);
+  }
+  MPI_Datatype block;
+  MT__MPI_TRY(MPI_Type_contiguous((int)inner, MPI_BYTE, &block), "MPI_Type_contiguous");
+  int rc = MPI_Type_contiguous((int)(bytes / inner), block, type);
+  MPI_Type_free(&block);
+  if (rc != MPI_SUCCESS) return mt__mpi_fail(err, rc, "MPI_Type_contiguous");
+  MT__MPI_TRY(MPI_Type_commit(type), "MPI_Type_commit");
+  return MT_OK;
+}
+
+int mt__byte_unit(const int64_t *values, int64_t n, MPI_Datatype *type, int64_t *unit,
+                  mt_error *err) {
+  int64_t g = 0, big = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    g = gcd64(g, values[i]);
+    if (values[i] > big) big = values[i];
+  }
+  *type = MPI_BYTE, *unit = 1;
+  if (big <= INT_MAX) return MT_OK;
+  if (big / g > INT_MAX) {
+    return mt__fail(err, MT_EOVERFLOW, "blocks of %lld bytes share no unit that brings "
+                    "their count under MPI's int limit", (long long)big);
+  }
+  int rc = unit_type(g, type, err);
+  if (rc == MT_OK) *unit = g;
+  return rc;
 }

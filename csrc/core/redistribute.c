@@ -32,6 +32,8 @@ typedef struct pending {
   int *ints;            /* counts and displacements of v/w collectives */
   MPI_Datatype *types;  /* subarray types of an all-to-all-w */
   int ntypes;
+  MPI_Datatype unit;    /* element of a v-collective's counts (MPI_BYTE or bigger) */
+  int64_t unit_bytes;
   int64_t group;        /* group size, for averages */
 } pending;
 
@@ -49,6 +51,8 @@ struct mt_request {
 static void pending_init(pending *p, const mt_step *s, const void *in, void *out) {
   memset(p, 0, sizeof *p);
   p->req = MPI_REQUEST_NULL;
+  p->unit = MPI_BYTE;
+  p->unit_bytes = 1;
   p->step = s;
   p->in = in;
   p->out = out;
@@ -59,6 +63,8 @@ static void pending_free(pending *p) {
     if (p->types[i] != MPI_BYTE) MPI_Type_free(&p->types[i]);
   }
   free(p->types);
+  if (p->unit != MPI_BYTE) MPI_Type_free(&p->unit);
+  p->unit = MPI_BYTE;
   free(p->ints);
   mt_pool_free(p->staging);
   p->types = NULL, p->ints = NULL, p->staging = NULL, p->ntypes = 0;
@@ -92,19 +98,24 @@ static MPI_Comm dim_comm(const exec_ctx *c, int m) { return mt_mesh_dim_comm(c->
 static int gather_layout(const exec_ctx *c, const mt_step *s, pending *p, mt_error *err) {
   int m = s->mesh_dim;
   int64_t g = mt_mesh_dim_size(c->mesh, m), off = 0;
+  int64_t *bytes = malloc((size_t)(2 * g) * sizeof *bytes);
   p->ints = malloc((size_t)(2 * g) * sizeof *p->ints);
-  if (p->ints == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (bytes == NULL || p->ints == NULL) {
+    free(bytes);
+    return mt__fail(err, MT_ENOMEM, "out of memory");
+  }
   for (int64_t k = 0; k < g; ++k) {
     mt_box b;
     box_at(c, &s->src, m, k, &b);
-    int64_t bytes = mt_box_numel(&b) * c->itemsize;
-    if (!fits_int(bytes, err) || !fits_int(off, err)) return MT_EOVERFLOW;
-    p->ints[k] = (int)bytes;
-    p->ints[g + k] = (int)off;
-    off += bytes;
+    bytes[k] = mt_box_numel(&b) * c->itemsize;
+    bytes[g + k] = off;
+    off += bytes[k];
   }
+  int rc = mt__byte_unit(bytes, 2 * g, &p->unit, &p->unit_bytes, err);
+  for (int64_t i = 0; rc == MT_OK && i < 2 * g; ++i) p->ints[i] = (int)(bytes[i] / p->unit_bytes);
+  free(bytes);
   p->group = g;
-  return MT_OK;
+  return rc;
 }
 
 static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
@@ -122,13 +133,13 @@ static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   int64_t g = p->group;
   int mine = p->ints[c->coord[m]];
   if (c->nonblocking) {
-    MT__MPI_TRY(MPI_Iallgatherv(p->in, mine, MPI_BYTE, recv, p->ints, p->ints + g,
-                                MPI_BYTE, dim_comm(c, m), &p->req), "MPI_Iallgatherv");
+    MT__MPI_TRY(MPI_Iallgatherv(p->in, mine, p->unit, recv, p->ints, p->ints + g,
+                                p->unit, dim_comm(c, m), &p->req), "MPI_Iallgatherv");
   } else {
-    MT__MPI_TRY(MPI_Allgatherv(p->in, mine, MPI_BYTE, recv, p->ints, p->ints + g,
-                               MPI_BYTE, dim_comm(c, m)), "MPI_Allgatherv");
+    MT__MPI_TRY(MPI_Allgatherv(p->in, mine, p->unit, recv, p->ints, p->ints + g,
+                               p->unit, dim_comm(c, m)), "MPI_Allgatherv");
   }
-  mt__count(MT_COLL_ALL_GATHER, (int64_t)mine * (g - 1));
+  mt__count(MT_COLL_ALL_GATHER, (int64_t)mine * p->unit_bytes * (g - 1));
   return MT_OK;
 }
 
@@ -146,8 +157,8 @@ static int finish_allgather(const exec_ctx *c, pending *p, mt_error *err) {
     box_at(c, &s->src, s->mesh_dim, k, &b);
     for (int i = 0; i < t.ndim; ++i) at[i] = b.offset[i] - t.offset[i];
     if (mt_box_numel(&b) == 0) continue;
-    mt_copy_box(p->staging + p->ints[p->group + k], b.shape, zero, p->out, t.shape, at, &b,
-                c->itemsize);
+    mt_copy_box(p->staging + p->ints[p->group + k] * p->unit_bytes, b.shape, zero, p->out,
+                t.shape, at, &b, c->itemsize);
   }
   return MT_OK;
 }
@@ -309,6 +320,20 @@ static int64_t ring_share(const exec_ctx *c, int m, int64_t nbytes, int64_t grou
   return total / group + (c->coord[m] < total % group);
 }
 
+/* Counts above INT_MAX elements are reduced in rounds of blocking calls (also
+ * under async_op: a round needs the previous one's buffers free). */
+static int allreduce_rounds(const exec_ctx *c, pending *p, int64_t n, MPI_Datatype type,
+                            MPI_Op op, MPI_Comm comm, mt_error *err) {
+  const int64_t round = (int64_t)1 << 30;
+  for (int64_t at = 0; at < n; at += round) {
+    int64_t k = n - at < round ? n - at : round;
+    const char *in = (const char *)p->in + at * c->itemsize;
+    char *out = (char *)p->out + at * c->itemsize;
+    MT__MPI_TRY(MPI_Allreduce(in, out, (int)k, type, op, comm), "MPI_Allreduce");
+  }
+  return MT_OK;
+}
+
 static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
   const mt_step *s = p->step;
   int m = s->mesh_dim;
@@ -319,17 +344,18 @@ static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
   mt_box sb;
   box_at(c, &s->src, -1, 0, &sb);
   int64_t n = mt_box_numel(&sb);
-  if (!fits_int(n, err)) return MT_EOVERFLOW;
   p->group = mt_mesh_dim_size(c->mesh, m);
-  if (c->nonblocking) {
+  if (n > INT_MAX) {
+    rc = allreduce_rounds(c, p, n, type, op, dim_comm(c, m), err);
+  } else if (c->nonblocking) {
     MT__MPI_TRY(MPI_Iallreduce(p->in, p->out, (int)n, type, op, dim_comm(c, m), &p->req),
                 "MPI_Iallreduce");
   } else {
     MT__MPI_TRY(MPI_Allreduce(p->in, p->out, (int)n, type, op, dim_comm(c, m)),
                 "MPI_Allreduce");
   }
-  mt__count(MT_COLL_ALL_REDUCE, ring_share(c, m, n * c->itemsize, p->group));
-  return MT_OK;
+  if (rc == MT_OK) mt__count(MT_COLL_ALL_REDUCE, ring_share(c, m, n * c->itemsize, p->group));
+  return rc;
 }
 
 /* Each member's part of the reduced box, consecutive in member order: the input
