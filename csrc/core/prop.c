@@ -412,7 +412,13 @@ static int even_only(const mt_dimmap *map, int l) {
  * value for max or min and would weigh an average wrongly, so only KEEP labels
  * may leave shards empty; even_only labels need equal shards. */
 static int fits(const engine *e, int l, int64_t shards) {
-  if (e->map->label_kind[l] != MT_LABEL_KEEP && e->size[l] < shards) return 0;
+  /* torch.chunk's rule cuts chunks of ceil(n/k): 4 over 3 is 2, 2, 0, so n >= k
+   * does not make every shard non-empty; the last one is when (k-1) chunks leave
+   * some of n over. */
+  if (e->map->label_kind[l] != MT_LABEL_KEEP &&
+      (e->size[l] < shards ||
+       sat_mul((e->size[l] + shards - 1) / shards, shards - 1) >= e->size[l]))
+    return 0;
   return !even_only(e->map, l) || e->size[l] % shards == 0;
 }
 

@@ -438,7 +438,10 @@ static int held_ok(const mt_dimmap *map, int l) {
 static int o_fits(const mt_dimmap *map, const int64_t *size, int l, int64_t shards) {
   int even = ((map->even_only >> l) & 1u) || (map->label_kind[l] == MT_LABEL_REDUCE &&
                                               map->label_reduce_op[l] == MT_REDUCE_AVG);
-  if (map->label_kind[l] != MT_LABEL_KEEP && size[l] < shards) return 0;
+  /* chunks of ceil(n/k): every shard holds an element iff (k-1) chunks leave some */
+  if (map->label_kind[l] != MT_LABEL_KEEP &&
+      (size[l] < shards || (size[l] + shards - 1) / shards * (shards - 1) >= size[l]))
+    return 0;
   return !even || size[l] % shards == 0;
 }
 
