@@ -124,9 +124,11 @@ static int module_exec(PyObject *module) {
   if (add_methods(module, mt_ext_rng_methods) < 0) return -1;
   if (add_methods(module, mt_ext_redistribute_methods) < 0) return -1;
   if (add_methods(module, mt_ext_pool_methods) < 0) return -1;
+  if (add_methods(module, mt_ext_prop_methods) < 0) return -1;
   if (mt_ext_pool_exec(module) < 0) return -1;
   if (mt_ext_mesh_exec(module) < 0) return -1;
   if (mt_ext_redistribute_exec(module) < 0) return -1;
+  if (mt_ext_prop_exec(module) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_MESH_NDIM", MT_MAX_MESH_NDIM) < 0) return -1;
   return 0;
@@ -137,6 +139,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->mesh_type);
   Py_VISIT(st->plan_type);
   Py_VISIT(st->request_type);
+  Py_VISIT(st->dimmap_type);
   Py_VISIT(st->pool_handler);
   return 0;
 }
@@ -146,6 +149,7 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->mesh_type);
   Py_CLEAR(st->plan_type);
   Py_CLEAR(st->request_type);
+  Py_CLEAR(st->dimmap_type);
   Py_CLEAR(st->pool_handler);
   return 0;
 }

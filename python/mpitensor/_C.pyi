@@ -60,3 +60,21 @@ def rng_fill(out: np.ndarray, global_shape: Sequence[int], offset: Sequence[int]
 def redistribute(mesh: Mesh, plan: Plan, local: np.ndarray) -> np.ndarray: ...
 def redistribute_start(mesh: Mesh, plan: Plan, local: np.ndarray) -> Request: ...
 def distribute(mesh: Mesh, placements: Codes, full: np.ndarray) -> np.ndarray: ...
+
+class DimMap:
+    """An operation's dim map for the sharding-propagation engine, checked once.
+    Local. Kinds: 0 KEEP, 1 CONTRACT, 2 REDUCE, 3 REPLICATE; partial rules: 0 NONE,
+    1 LINEAR_ALL, 2 LINEAR_ONE, 3 SAME_OP (see csrc/include/mpitensor/prop.h)."""
+
+    def __init__(self, in_labels: Sequence[Sequence[int]], in_bcast: Sequence[int],
+                 out_labels: Sequence[int], label_kind: Sequence[int],
+                 label_reduce_op: Sequence[int], even_only: int, partial_rule: int,
+                 partial_inputs: int, partial_ops: int, sized_labels: int,
+                 label_size: Sequence[int]) -> None: ...
+    @property
+    def ninputs(self) -> int: ...
+
+def propagate(dimmap: DimMap, mesh_shape: Sequence[int], shapes: Sequence[Sequence[int]],
+              codes: Sequence[Codes], itemsizes: Sequence[int]
+              ) -> tuple[tuple[tuple[tuple[int, int, int], ...], ...],
+                         tuple[tuple[int, int, int], ...], tuple[int, ...]]: ...

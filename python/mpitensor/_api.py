@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import _args, _redistribute
+from . import _args, _ops, _redistribute
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
 from .device_mesh import DeviceMesh
@@ -23,7 +24,7 @@ class ChunkStorageMetadata(NamedTuple):
     sizes: tuple[int, ...]
 
 
-class DTensor:
+class DTensor(NDArrayOperatorsMixin):
     """A global NumPy array laid out over a :class:`DeviceMesh` by placements.
 
     Each rank holds its local ndarray (its shard, replica or partial value) and the
@@ -40,6 +41,26 @@ class DTensor:
     """
 
     __slots__ = ("_local_tensor", "_spec")
+
+    # NumPy operations (operators, ufuncs, registered functions) run sharded; see
+    # mpitensor._ops. The comparison operators make DTensors, so keep identity hashing.
+    __array_ufunc__ = _ops.array_ufunc
+    __hash__ = object.__hash__
+
+    def __array_function__(self, func, types, args, kwargs):
+        return _ops.array_function(func, types, args, kwargs)
+
+    sum = _ops.reduction_method("sum")
+    mean = _ops.reduction_method("mean")
+    prod = _ops.reduction_method("prod")
+    max = _ops.reduction_method("max")
+    min = _ops.reduction_method("min")
+    all = _ops.reduction_method("all")
+    any = _ops.reduction_method("any")
+    argmax = _ops.reduction_method("argmax")
+    argmin = _ops.reduction_method("argmin")
+    std = _ops.reduction_method("std")
+    var = _ops.reduction_method("var")
 
     def __init__(self, local_tensor: np.ndarray, spec: DTensorSpec):
         self._local_tensor = local_tensor

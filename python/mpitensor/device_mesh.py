@@ -121,6 +121,7 @@ class DeviceMesh:
         self._coordinate = None if coord is None else list(coord)
         self._rank = comm.Get_rank()
         self._plans: dict = {}  # redistribution plans of this mesh, made in C once each
+        self._decisions: dict = {}  # sharding decisions of operations (mpitensor._ops)
 
     # -- structure ---------------------------------------------------------------
     @property

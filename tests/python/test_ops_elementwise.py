@@ -1,0 +1,160 @@
+"""Ufuncs on DTensors (operators, np.* ufuncs, scalars, broadcasting, out=): the
+result equals NumPy on the full arrays for random shapes (uneven included), meshes
+and placements (Partial included); the key placement outcomes and collective
+counts; and the errors for mixed ndarrays, different meshes and unsupported calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpitensor import DTensor, Partial, Replicate, Shard, init_device_mesh
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+
+R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
+BINARY = [np.add, np.subtract, np.multiply, np.true_divide, np.maximum, np.minimum,
+          np.power, np.greater, np.equal, np.floor_divide, np.arctan2, np.logical_and]
+UNARY = [np.negative, np.positive, np.exp, np.abs, np.sqrt, np.sin, np.isfinite,
+         np.floor, np.square, np.logical_not]
+INT_OK = {np.add, np.subtract, np.multiply, np.maximum, np.minimum, np.greater,
+          np.equal, np.floor_divide, np.logical_and, np.negative, np.positive,
+          np.abs, np.square, np.logical_not}
+
+
+@st.composite
+def broadcast_pair(draw):
+    out = draw(st.lists(st.integers(1, 7), min_size=0, max_size=3))
+    shapes = []
+    for _ in range(2):
+        drop = draw(st.integers(0, len(out)))
+        s = [1 if draw(st.booleans()) and draw(st.booleans()) else n for n in out[drop:]]
+        shapes.append(tuple(s))
+    return shapes
+
+
+def values(rng, shape, dtype):
+    if dtype == np.int64:
+        return np.asarray(rng.integers(1, 9, size=shape), dtype=np.int64)
+    return np.asarray(rng.uniform(0.5, 2.0, size=shape))
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_binary_matches_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    op = data.draw(st.sampled_from(BINARY))
+    dtype = data.draw(st.sampled_from([np.float64, np.int64] if op in INT_OK else [np.float64]))
+    sa, sb = data.draw(broadcast_pair())
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    a, b = values(rng, sa, dtype), values(rng, sb, dtype)
+    da = make(a, mesh, placements(data.draw, a.ndim, mesh.ndim))
+    db = make(b, mesh, placements(data.draw, b.ndim, mesh.ndim))
+    assert_matches(op(da, db), op(a, b))
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_unary_and_scalar_matches_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    shape = tuple(data.draw(st.lists(st.integers(1, 7), min_size=0, max_size=3)))
+    dtype = data.draw(st.sampled_from([np.float64, np.int64]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    a = values(rng, shape, dtype)
+    da = make(a, mesh, placements(data.draw, a.ndim, mesh.ndim))
+    ops = [op for op in UNARY if dtype == np.float64 or op in INT_OK]
+    op = data.draw(st.sampled_from(ops))
+    assert_matches(op(da), op(a))
+    c = data.draw(st.sampled_from([2, 3.5, np.float32(1.5), np.int64(4), np.array(2.0)]))
+    assert_matches(da + c, a + c)
+    assert_matches(c - da, c - a)
+    assert_matches(da * c, a * c)
+    assert_matches(da / c, a / c)
+    assert_matches(c / da, c / a)
+    assert_matches(np.maximum(da, c), np.maximum(a, c))
+    assert_matches(da ** 2, a ** 2)
+
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes())
+def test_out_and_inplace(mesh_shape):
+    mesh = mesh_of(mesh_shape)
+    a = np.arange(35.0).reshape(5, 7)
+    b = np.arange(7.0)
+    for pa in ([S0] * mesh.ndim, [S1] * mesh.ndim, [R] * mesh.ndim):
+        da, db = make(a, mesh, pa), make(b, mesh, [R] * mesh.ndim)
+        da += db
+        assert tuple(da.placements) == tuple(pa)
+        assert_matches(da, a + b)
+        target = make(np.zeros((5, 7)), mesh, [S1] * mesh.ndim)
+        res = np.multiply(make(a, mesh, pa), 2.0, out=(target,))
+        assert res is target and tuple(target.placements) == (S1,) * mesh.ndim
+        assert_matches(target, a * 2.0)
+
+
+def test_partial_rules_placements():
+    mesh = mesh_of((W,))
+    one = np.ones((4, 4))
+    p, r = make(one, mesh, [PS]), make(one, mesh, [R])
+    expect_p = (PS,) if W > 1 else (R,)
+    with CommDebugMode() as mode:
+        outs = [p + p, -p, p * r, p * 2.0, p / r, p / 2.0, p - p]
+    assert mode.get_total_counts() == 0
+    for o in outs:
+        assert o.placements == expect_p
+    assert_matches(p + 1.0, one + 1.0)  # the scalar is added once, not once per rank
+    assert_matches(np.exp(p), np.exp(one))
+    pm = DTensor.from_local(np.full((4,), float(mesh.get_rank())), mesh, [Partial("max")])
+    assert np.maximum(pm, pm).placements == ((Partial("max"),) if W > 1 else (R,))
+    assert_matches(np.maximum(pm, 0.5), np.maximum(np.full(4, W - 1.0), 0.5))
+
+
+def test_shard_plus_shard_no_communication():
+    mesh = mesh_of((W,))
+    x = make(np.arange(64.0).reshape(8, 8), mesh, [S0])
+    with CommDebugMode() as mode:
+        y = x + x
+    assert mode.get_total_counts() == 0
+    assert y.placements == ((S0,) if W > 1 else (R,))
+    assert_matches(y, 2 * np.arange(64.0).reshape(8, 8))
+
+
+def test_cached_decision_repeats_the_same():
+    mesh = mesh_of((W,))
+    x = make(np.arange(12.0).reshape(3, 4), mesh, [S1])
+    y = make(np.arange(4.0), mesh, [R])
+    first, second = x * y, x * y
+    assert first.placements == second.placements
+    assert_matches(second, np.arange(12.0).reshape(3, 4) * np.arange(4.0))
+
+
+def test_mixed_ndarray_is_type_error():
+    mesh = mesh_of((W,))
+    x = make(np.ones((4, 3)), mesh, [S0])
+    with pytest.raises(TypeError, match=r"numpy\.add.*distribute_tensor"):
+        x + np.ones(3)
+    with pytest.raises(TypeError, match=r"numpy\.multiply.*distribute_tensor"):
+        np.ones((4, 3)) * x
+    assert_matches(x + np.float64(2.0), np.full((4, 3), 3.0))  # 0-d is a scalar
+
+
+def test_different_meshes_value_error():
+    a = mesh_of((W,))
+    b = init_device_mesh("cpu", (W,), mesh_dim_names=("other",))
+    x, y = make(np.ones(4), a, [R]), make(np.ones(4), b, [R])
+    with pytest.raises(ValueError, match="different device meshes"):
+        x + y
+
+
+def test_unsupported_calls_are_type_errors():
+    mesh = mesh_of((W,))
+    x = make(np.ones((4, 3)), mesh, [S0])
+    with pytest.raises(TypeError, match=r"numpy\.concatenate"):
+        np.concatenate([x, x])
+    with pytest.raises(TypeError, match=r"numpy\.add\.reduce"):
+        np.add.reduce(x)
+    with pytest.raises(TypeError, match=r"where="):
+        np.add(x, x, where=True)
+    with pytest.raises(TypeError, match="full_tensor"):
+        np.asarray(x)

@@ -1,0 +1,82 @@
+"""matmul (@, np.matmul) and np.dot on DTensors: full_tensor() equals NumPy for
+random shapes (batch, broadcast and 1-D operands, uneven shards) and placements;
+the placement outcomes and collective counts of the key cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpitensor import Partial, Replicate, Shard
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+
+R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
+
+
+@st.composite
+def matmul_shapes(draw):
+    n, k, m = (draw(st.integers(1, 7)) for _ in range(3))
+    a = [k] if draw(st.integers(0, 4)) == 0 else [n, k]
+    b = [k] if draw(st.integers(0, 4)) == 0 else [k, m]
+    if len(a) == 2 and draw(st.booleans()):
+        batch = draw(st.integers(1, 4))
+        a = [batch] + a
+        if len(b) == 2 and draw(st.booleans()):
+            b = [draw(st.sampled_from([1, batch]))] + b
+    return tuple(a), tuple(b)
+
+
+@settings(max_examples=50)
+@given(data=st.data())
+def test_matmul_matches_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    sa, sb = data.draw(matmul_shapes())
+    dtype = data.draw(st.sampled_from([np.float64, np.int64]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    a = rng.integers(-5, 6, size=sa).astype(dtype)
+    b = rng.integers(-5, 6, size=sb).astype(dtype)
+    da = make(a, mesh, placements(data.draw, a.ndim, mesh.ndim))
+    db = make(b, mesh, placements(data.draw, b.ndim, mesh.ndim))
+    assert_matches(da @ db, a @ b)
+    if a.ndim <= 2 and b.ndim <= 2:
+        assert_matches(np.dot(da, db), np.dot(a, b))
+
+
+def test_s0_at_s0_gathers_once():
+    mesh = mesh_of((W,))
+    x = np.arange(64.0).reshape(8, 8)
+    y = np.arange(256.0).reshape(8, 32)
+    dx, dy = make(x, mesh, [S0]), make(y, mesh, [S0])
+    with CommDebugMode() as mode:
+        z = dx @ dy
+    assert dict(mode.get_comm_counts()) == ({"all_gather_into_tensor": 1} if W > 1 else {})
+    assert z.placements == ((S0,) if W > 1 else (R,))
+    assert_matches(z, x @ y)
+
+
+@pytest.mark.parametrize("pa,pb,expect", [(S1, S0, PS), (S0, R, S0), (R, S1, S1),
+                                          (PS, R, PS), (R, PS, PS)])
+def test_placement_outcomes_without_communication(pa, pb, expect):
+    mesh = mesh_of((W,))
+    x = np.arange(48.0).reshape(6, 8) / 7
+    y = np.arange(64.0).reshape(8, 8) / 5
+    dx, dy = make(x, mesh, [pa]), make(y, mesh, [pb])
+    with CommDebugMode() as mode:
+        z = np.matmul(dx, dy)
+    assert mode.get_total_counts() == 0
+    assert z.placements == ((expect,) if W > 1 else (R,))
+    assert_matches(z, x @ y)
+
+
+def test_errors():
+    mesh = mesh_of((W,))
+    dx = make(np.ones((4, 4)), mesh, [S0])
+    with pytest.raises(TypeError, match=r"numpy\.matmul.*distribute_tensor"):
+        dx @ np.ones((4, 4))
+    with pytest.raises(TypeError, match="1-D and 2-D"):
+        np.dot(make(np.ones((2, 4, 4)), mesh, [R]), dx)
+    with pytest.raises(ValueError):
+        dx @ make(np.ones((3, 4)), mesh, [R])

@@ -1,0 +1,104 @@
+"""Reductions on DTensors as NumPy functions and methods: full_tensor() equals
+NumPy on the full array for random shapes (uneven included), axes (int, tuple,
+None), keepdims, meshes and placements (Partial included); the placements a
+reduction over a sharded axis gives, and no collective for x.sum(axis=1) on [S0]."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpitensor import Partial, Replicate, Shard
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+
+R, S0, S1 = Replicate(), Shard(0), Shard(1)
+FUNCS = ["sum", "mean", "prod", "max", "min", "amax", "amin", "all", "any", "argmax",
+         "argmin", "std", "var", "nansum"]
+METHODS = {"sum", "mean", "prod", "max", "min", "all", "any", "argmax", "argmin", "std", "var"}
+
+
+@settings(max_examples=60)
+@given(data=st.data())
+def test_reduction_matches_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    name = data.draw(st.sampled_from(FUNCS))
+    shape = tuple(data.draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    ndim = len(shape)
+    if name in ("argmax", "argmin"):
+        axis = data.draw(st.sampled_from([None] + list(range(-ndim, ndim))))
+    else:
+        axis = data.draw(st.one_of(
+            st.none(), st.integers(-ndim, ndim - 1),
+            st.lists(st.integers(0, ndim - 1), unique=True).map(tuple)))
+    keepdims = data.draw(st.booleans())
+    dtype = data.draw(st.sampled_from([np.float64, np.int64]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    if name == "prod":
+        full = rng.integers(1, 3, size=shape).astype(dtype)
+    else:
+        full = rng.integers(-9, 10, size=shape).astype(dtype)
+    # A Partial input is only exact through linear reductions; others reduce it first.
+    pls = placements(data.draw, ndim, mesh.ndim)
+    dt = make(full, mesh, pls)
+    func = getattr(np, name)
+    expect = func(full, axis=axis, keepdims=keepdims)
+    assert_matches(func(dt, axis=axis, keepdims=keepdims), expect)
+    if name in METHODS:
+        assert_matches(getattr(dt, name)(axis=axis, keepdims=keepdims), expect)
+
+
+def test_positional_and_extra_arguments():
+    mesh = mesh_of((W,))
+    full = np.arange(30.0).reshape(5, 6)
+    dt = make(full, mesh, [S0])
+    assert_matches(np.sum(dt, 0), full.sum(0))
+    assert_matches(dt.sum(1, np.float32), full.sum(1, np.float32))
+    assert_matches(np.std(dt, axis=0, ddof=1), np.std(full, axis=0, ddof=1))
+    assert_matches(dt.var(None, None, None, 1), full.var(None, None, None, 1))
+    assert_matches(np.mean(dt, dtype=np.float32), np.mean(full, dtype=np.float32))
+
+
+@pytest.mark.parametrize("name,op", [("sum", "sum"), ("mean", "avg"), ("max", "max"),
+                                     ("min", "min"), ("prod", "product")])
+def test_reducing_a_sharded_axis_gives_partial(name, op):
+    mesh = mesh_of((W,))
+    full = np.arange(1.0, 2.0 * W * 3 + 1).reshape(2 * W, 3) / 8
+    dt = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        out = getattr(np, name)(dt, axis=0)
+    assert mode.get_total_counts() == 0
+    assert out.placements == ((Partial(op),) if W > 1 else (R,))
+    assert_matches(out, getattr(np, name)(full, axis=0))
+
+
+def test_sum_over_unsharded_axis_no_communication():
+    mesh = mesh_of((W,))
+    full = np.arange(64.0).reshape(8, 8)
+    x = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        y = x.sum(axis=1)
+    assert mode.get_total_counts() == 0
+    assert y.placements == ((S0,) if W > 1 else (R,))
+    assert_matches(y, full.sum(axis=1))
+
+
+def test_mean_over_uneven_shards_replicates_first():
+    mesh = mesh_of((W,))
+    full = np.arange(float((W + 1) * 2)).reshape(W + 1, 2)  # W+1 rows: uneven for W > 1
+    out = np.mean(make(full, mesh, [S0]), axis=0)
+    assert not out.placements[0].is_partial()
+    assert_matches(out, full.mean(axis=0))
+
+
+def test_unsupported_arguments():
+    mesh = mesh_of((W,))
+    dt = make(np.ones((4, 2)), mesh, [S0])
+    with pytest.raises(TypeError, match="out="):
+        np.sum(dt, out=dt)
+    with pytest.raises(TypeError, match="initial="):
+        np.sum(dt, initial=1.0)
+    with pytest.raises(np.exceptions.AxisError):
+        dt.sum(axis=2)
