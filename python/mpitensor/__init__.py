@@ -20,6 +20,7 @@ from ._layout import compute_local_shape_and_global_offset, local_shape_and_glob
 from .device_mesh import DeviceMesh, init_device_mesh
 from .placement_types import Partial, Placement, Replicate, Shard
 from .random import manual_seed
+from . import nn
 
 __version__ = "0.1.0"
 
@@ -46,4 +47,5 @@ __all__ = [
     "manual_seed",
     "compute_local_shape_and_global_offset",
     "local_shape_and_global_offset",
+    "nn",
 ]

@@ -62,6 +62,30 @@ class DTensor(NDArrayOperatorsMixin):
     std = _ops.reduction_method("std")
     var = _ops.reduction_method("var")
 
+    @property
+    def T(self) -> "DTensor":
+        """The DTensor with its dims reversed; Shards follow their dims. Local."""
+        return np.transpose(self)
+
+    def transpose(self, *axes) -> "DTensor":
+        """numpy.ndarray.transpose: ``dt.transpose()``, ``dt.transpose(1, 0)`` or
+        ``dt.transpose((1, 0))``. Shards follow their dims. Local."""
+        if len(axes) == 0 or (len(axes) == 1 and axes[0] is None):
+            axes = None
+        elif len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
+            axes = axes[0]
+        return np.transpose(self, axes)
+
+    def astype(self, dtype, copy: bool = True) -> "DTensor":
+        """numpy.ndarray.astype, placements kept; a Partial is reduced first unless
+        the cast is float/complex to equal or wider (see mpitensor._ops._select).
+        Local unless a Partial must be reduced."""
+        return _ops._select.astype(self, dtype, copy)
+
+    def copy(self) -> "DTensor":
+        """A DTensor with its own copy of the local data, placements kept. Local."""
+        return _ops._select.copy(self)
+
     def __init__(self, local_tensor: np.ndarray, spec: DTensorSpec):
         self._local_tensor = local_tensor
         self._spec = spec

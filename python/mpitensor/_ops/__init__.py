@@ -5,6 +5,8 @@ _dispatch.py), and the dim maps of each family of operations."""
 from ._dispatch import array_function
 from ._elementwise import array_ufunc
 from ._reductions import method as reduction_method
-from . import _linalg  # noqa: F401  (registers numpy.dot)
+from . import _linalg  # noqa: F401  (registers dot, einsum, tensordot, inner, outer)
+from . import _shape  # noqa: F401  (registers transpose, concatenate, ...)
+from . import _select  # noqa: F401  (registers where, clip, copy)
 
 __all__ = ["array_function", "array_ufunc", "reduction_method"]

@@ -1,4 +1,5 @@
-"""matmul (``@``, the ufunc ``np.matmul``) and ``np.dot`` for 1-D and 2-D operands.
+"""matmul (``@``, the ufunc ``np.matmul``), ``np.dot`` for 1-D and 2-D operands, and
+``np.einsum`` with ``np.tensordot``, ``np.inner`` and ``np.outer`` as its instances.
 
 Dim map: batch dims broadcast like elementwise inputs (KEEP), the rows ``i`` and
 columns ``j`` are KEEP, the inner dim ``k`` is CONTRACT (sharded -> Partial(sum));
@@ -64,3 +65,151 @@ def dot(a, b, out=None):
                 f"numpy.dot on DTensors supports 1-D and 2-D operands, got {x.ndim}-D; "
                 f"use numpy.matmul")
     return np.matmul(a, b)
+
+
+# -- einsum and its instances ---------------------------------------------------------
+#
+# Dim map: one label per subscript letter; letters in the output are KEEP, the
+# others CONTRACT (sharded -> Partial(sum)); a letter repeated within one operand
+# (a diagonal) is never sharded (the engine's rule). einsum is linear in every
+# operand, so one Partial(sum|avg) operand passes through while the others are
+# Replicate (LINEAR_ONE over all inputs).
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _parse_einsum(subscripts, operands):
+    name = "numpy.einsum"
+    if not isinstance(subscripts, str):
+        raise TypeError(f"{name} on DTensors takes a subscripts string (the interleaved "
+                        f"operand/sublist form is not supported)")
+    spec = subscripts.replace(" ", "")
+    if "->" not in spec:
+        raise TypeError(f"{name} on DTensors needs explicit output subscripts "
+                        f"('ij,jk->ik'), got {subscripts!r}")
+    if "." in spec:
+        raise TypeError(f"{name} on DTensors does not support '...'; spell every dim")
+    lhs, out = spec.split("->")
+    ins = lhs.split(",")
+    if len(ins) != len(operands):
+        raise ValueError(f"{name}: {len(ins)} operand subscripts for {len(operands)} "
+                         f"operands")
+    for term in ins + [out]:
+        for ch in term:
+            if ch not in _LETTERS:
+                raise ValueError(f"{name}: invalid subscript {ch!r} in {subscripts!r}")
+    for term, x in zip(ins, operands):
+        if len(term) != x.ndim:
+            raise ValueError(f"{name}: subscripts {term!r} for an operand of {x.ndim} "
+                             f"dims")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name}: output subscript repeated in {subscripts!r}")
+    letters = sorted(set(lhs.replace(",", "")), key=lhs.index)
+    for ch in out:
+        if ch not in letters:
+            raise ValueError(f"{name}: output subscript {ch!r} is in no operand")
+    return ins, out, letters
+
+
+def einsum_map(ins, out, letters):
+    label = {ch: i for i, ch in enumerate(letters)}
+    kinds = [D.KEEP if ch in out else D.CONTRACT for ch in letters]
+    return D.dimmap([[label[ch] for ch in term] for term in ins],
+                    [label[ch] for ch in out], kinds, partial_rule=D.P_LINEAR_ONE,
+                    partial_inputs=(1 << len(ins)) - 1)
+
+
+@D.implements(np.einsum)
+def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
+    """np.einsum with explicit "->" subscripts on DTensors (all operands DTensors)."""
+    from .._api import DTensor
+
+    name = "numpy.einsum"
+    if out is not None or kwargs:
+        raise TypeError(f"{name}: out= and {', '.join(kwargs) or 'out'}= are not "
+                        f"supported on DTensors")
+    for x in operands:
+        if type(x) is not DTensor:
+            raise D.mixed_error(name, x)
+    if not operands:
+        raise ValueError(f"{name}: no operands")
+    if len(operands) > 8:
+        raise TypeError(f"{name}: at most 8 DTensor operands at once, got "
+                        f"{len(operands)}")
+    ins, outs, letters = _parse_einsum(subscripts, operands)
+    if len(letters) > 32:
+        raise TypeError(f"{name}: at most 32 distinct subscripts on DTensors")
+    sub = ",".join(ins) + "->" + outs
+    mesh = D.same_mesh(name, operands)
+    dec = D.decide(D.input_key(("einsum", sub), operands), mesh, operands,
+                   lambda: einsum_map(ins, outs, letters))
+    local = D.local_inputs(mesh, operands, dec)
+    return D.wrap(mesh, dec, np.einsum(sub, *local, optimize=optimize))
+
+
+def _two_dtensors(name, a, b):
+    from .._api import DTensor
+
+    for x in (a, b):
+        if type(x) is not DTensor:
+            if isinstance(x, np.ndarray) or D.is_scalar(x):
+                raise D.mixed_error(name, x)
+            raise TypeError(f"{name}: expected DTensors, got {type(x).__name__}")
+
+
+@D.implements(np.tensordot)
+def tensordot(a, b, axes=2):
+    """np.tensordot of two DTensors as an einsum."""
+    from numpy.lib.array_utils import normalize_axis_tuple
+
+    name = "numpy.tensordot"
+    _two_dtensors(name, a, b)
+    if isinstance(axes, (int, np.integer)):
+        n = int(axes)
+        if n < 0 or n > min(a.ndim, b.ndim):
+            raise ValueError(f"{name}: axes={n} does not fit shapes {a.shape}, {b.shape}")
+        ax_a, ax_b = tuple(range(a.ndim - n, a.ndim)), tuple(range(n))
+    else:
+        ax_a, ax_b = axes
+        ax_a = normalize_axis_tuple(ax_a, a.ndim)
+        ax_b = normalize_axis_tuple(ax_b, b.ndim)
+        if len(ax_a) != len(ax_b):
+            raise ValueError(f"{name}: shape-mismatch for sum")
+    if a.ndim + b.ndim - len(ax_a) > 32 or a.ndim + b.ndim > 52:
+        raise TypeError(f"{name}: too many dims for einsum on DTensors")
+    sa = list(_LETTERS[:a.ndim])
+    sb = [None] * b.ndim
+    for i, j in zip(ax_a, ax_b):
+        if a.shape[i] != b.shape[j]:
+            raise ValueError(f"{name}: shape-mismatch for sum")
+        sb[j] = sa[i]
+    fresh = iter(_LETTERS[a.ndim:])
+    sb = [s if s is not None else next(fresh) for s in sb]
+    out = [s for i, s in enumerate(sa) if i not in ax_a] + \
+          [s for j, s in enumerate(sb) if j not in ax_b]
+    return einsum("".join(sa) + "," + "".join(sb) + "->" + "".join(out), a, b)
+
+
+@D.implements(np.inner)
+def inner(a, b):
+    """np.inner of two DTensors (at least 1-D) as an einsum over their last dims."""
+    name = "numpy.inner"
+    _two_dtensors(name, a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise TypeError(f"{name} on DTensors needs operands of at least one dim; for a "
+                        f"scalar factor use *")
+    return tensordot(a, b, axes=((-1,), (-1,)))
+
+
+@D.implements(np.outer)
+def outer(a, b, out=None):
+    """np.outer of two 1-D DTensors as an einsum ("i,j->ij")."""
+    name = "numpy.outer"
+    _two_dtensors(name, a, b)
+    if out is not None:
+        raise TypeError(f"{name}: out= is not supported on DTensors")
+    if a.ndim != 1 or b.ndim != 1:
+        raise TypeError(f"{name} on DTensors takes 1-D operands (NumPy would flatten "
+                        f"them, which has no sharding rule); got {a.ndim}-D and "
+                        f"{b.ndim}-D")
+    return einsum("i,j->ij", a, b)

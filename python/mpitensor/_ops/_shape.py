@@ -1,0 +1,264 @@
+"""Shape operations on DTensors: permutations, squeeze, expand_dims, broadcast_to,
+concatenate and stack.
+
+Permutations (``np.transpose``, ``DTensor.T``/``.transpose``, ``np.swapaxes``,
+``np.moveaxis``) need no decision: every Shard follows its dim, Replicate and every
+Partial stay, and no rank communicates.
+
+The others are dim maps with one label per input dim (KEEP, shared by the inputs
+on the dims they have in common) and ``P_LINEAR_ALL`` (they are linear, so a
+Partial(sum|avg) carried by every input stays): a new output dim (expand_dims,
+broadcast_to's leading dims, stack's axis) is a sized REPLICATE label; a size-1
+dim that broadcast_to widens, a dim squeeze removes and each input's concatenate
+axis are REPLICATE labels of their own (a Shard of them is gathered first), and
+concatenate's output axis is a sized REPLICATE label of the summed length.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
+
+from . import _dispatch as D
+from ..placement_types import Shard
+
+# MT_PROP_MAX_INPUTS (prop.h): the most inputs one decision takes.
+MAX_INPUTS = 8
+
+
+def _dtensor(name, a):
+    from .._api import DTensor
+
+    if type(a) is not DTensor:
+        raise TypeError(f"numpy.{name}: expected a DTensor, got {type(a).__name__}")
+    return a
+
+
+# -- permutations ---------------------------------------------------------------------
+
+def permute(a, perm):
+    """``a`` with its dims in the order ``perm`` (output dim j is input dim
+    perm[j]): local, no communication."""
+    from .._api import DTensor
+    from .._dtensor_spec import DTensorSpec, contiguous_strides
+
+    spec = a._spec
+    inv = {p: j for j, p in enumerate(perm)}
+    pls = tuple(Shard(inv[p.dim]) if isinstance(p, Shard) else p for p in spec.placements)
+    shape = tuple(spec.shape[p] for p in perm)
+    local = a.to_local()
+    if spec.mesh._coordinate is not None:
+        local = np.ascontiguousarray(np.transpose(local, perm))
+    return DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
+                                      contiguous_strides(shape)))
+
+
+@D.implements(np.transpose)
+def transpose(a, axes=None):
+    a = _dtensor("transpose", a)
+    n = a.ndim
+    if axes is None:
+        perm = tuple(range(n - 1, -1, -1))
+    else:
+        perm = normalize_axis_tuple(axes, n, "axes")
+        if len(perm) != n:
+            raise ValueError("numpy.transpose: axes don't match array")
+    return permute(a, perm)
+
+
+@D.implements(np.swapaxes)
+def swapaxes(a, axis1, axis2):
+    a = _dtensor("swapaxes", a)
+    n = a.ndim
+    i, j = normalize_axis_index(axis1, n), normalize_axis_index(axis2, n)
+    perm = list(range(n))
+    perm[i], perm[j] = j, i
+    return permute(a, tuple(perm))
+
+
+@D.implements(np.moveaxis)
+def moveaxis(a, source, destination):
+    a = _dtensor("moveaxis", a)
+    n = a.ndim
+    src = normalize_axis_tuple(source, n, "source")
+    dst = normalize_axis_tuple(destination, n, "destination")
+    if len(src) != len(dst):
+        raise ValueError("numpy.moveaxis: `source` and `destination` arguments must "
+                         "have the same number of elements")
+    order = [d for d in range(n) if d not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return permute(a, tuple(order))
+
+
+# -- maps ----------------------------------------------------------------------------
+
+def _run(name, key, inputs, build, compute):
+    mesh = D.same_mesh(f"numpy.{name}", inputs)
+    dec = D.decide(D.input_key(key, inputs), mesh, inputs, build)
+    locals_ = D.local_inputs(mesh, inputs, dec)
+    return D.wrap(mesh, dec, compute(locals_, mesh._coordinate is not None))
+
+
+@D.implements(np.squeeze)
+def squeeze(a, axis=None):
+    a = _dtensor("squeeze", a)
+    shape, n = a.shape, a.ndim
+    if axis is None:
+        axes = tuple(d for d in range(n) if shape[d] == 1)
+    else:
+        axes = normalize_axis_tuple(axis, n)
+        for d in axes:
+            if shape[d] != 1:
+                raise ValueError("numpy.squeeze: cannot select an axis to squeeze out "
+                                 "which has size not equal to one")
+
+    def build():
+        kinds = [D.REPLICATE if d in axes else D.KEEP for d in range(n)]
+        return D.dimmap([range(n)], [d for d in range(n) if d not in axes], kinds,
+                        partial_rule=D.P_LINEAR_ALL)
+
+    return _run("squeeze", ("squeeze", axes), (a,), build,
+                lambda ls, member: np.squeeze(ls[0], axis=axes))
+
+
+@D.implements(np.expand_dims)
+def expand_dims(a, axis):
+    a = _dtensor("expand_dims", a)
+    n = a.ndim
+    nout = n + (len(axis) if isinstance(axis, (tuple, list)) else 1)
+    axes = normalize_axis_tuple(axis, nout)
+
+    def build():
+        kinds, out, sizes, src = [D.KEEP] * n, [], {}, iter(range(n))
+        for j in range(nout):
+            if j in axes:
+                sizes[len(kinds)] = 1
+                out.append(len(kinds))
+                kinds.append(D.REPLICATE)
+            else:
+                out.append(next(src))
+        return D.dimmap([range(n)], out, kinds, partial_rule=D.P_LINEAR_ALL, sizes=sizes)
+
+    return _run("expand_dims", ("expand_dims", axes), (a,), build,
+                lambda ls, member: np.expand_dims(ls[0], axes))
+
+
+@D.implements(np.broadcast_to)
+def broadcast_to(array, shape, subok=False):
+    a = _dtensor("broadcast_to", array)
+    shape = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(
+        operator.index(s) for s in shape)
+    np.broadcast_shapes(a.shape, shape)  # NumPy's error for shapes that do not fit
+    if len(shape) < a.ndim or np.broadcast_shapes(a.shape, shape) != shape:
+        raise ValueError(f"numpy.broadcast_to: cannot broadcast a DTensor of shape "
+                         f"{a.shape} to {shape}")
+    n, nout = a.ndim, len(shape)
+    first = nout - n
+    widened = tuple(d for d in range(n) if a.shape[d] == 1 and shape[first + d] != 1)
+
+    def build():
+        kinds = [D.REPLICATE if d in widened else D.KEEP for d in range(n)]
+        out, sizes = [], {}
+        for j in range(nout):
+            d = j - first
+            if d >= 0 and d not in widened:
+                out.append(d)
+            else:
+                sizes[len(kinds)] = shape[j]
+                out.append(len(kinds))
+                kinds.append(D.REPLICATE)
+        return D.dimmap([range(n)], out, kinds, partial_rule=D.P_LINEAR_ALL, sizes=sizes)
+
+    def compute(ls, member):
+        local = ls[0]
+        target = tuple(local.shape[j - first] if j >= first and j - first not in widened
+                       else shape[j] for j in range(nout))
+        return np.ascontiguousarray(np.broadcast_to(local, target))
+
+    return _run("broadcast_to", ("broadcast_to", shape), (a,), build, compute)
+
+
+def _sequence(name, arrays):
+    from .._api import DTensor
+
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError(f"numpy.{name}: need at least one array")
+    for x in arrays:
+        if type(x) is not DTensor:
+            if isinstance(x, np.ndarray) or D.is_scalar(x):
+                raise D.mixed_error(f"numpy.{name}", x)
+            raise TypeError(f"numpy.{name}: expected DTensors, got {type(x).__name__}")
+    if len(arrays) > MAX_INPUTS:
+        raise TypeError(
+            f"numpy.{name}: at most {MAX_INPUTS} DTensors at once, got {len(arrays)}; "
+            f"combine them in groups (e.g. numpy.{name} of numpy.{name}s)")
+    return arrays
+
+
+def _check_kwargs(name, out, kwargs):
+    if out is not None:
+        raise TypeError(f"numpy.{name}: out= is not supported on DTensors")
+    for k, v in kwargs.items():
+        if v is not None and not (k == "casting" and v == "same_kind"):
+            raise TypeError(f"numpy.{name}: the keyword argument {k}= is not supported "
+                            f"on DTensors")
+
+
+@D.implements(np.concatenate)
+def concatenate(arrays, axis=0, out=None, **kwargs):
+    _check_kwargs("concatenate", out, kwargs)
+    arrays = _sequence("concatenate", arrays)
+    if axis is None:
+        raise TypeError("numpy.concatenate: axis=None (flattening) is not supported on "
+                        "DTensors")
+    n = arrays[0].ndim
+    if n == 0:
+        raise ValueError("numpy.concatenate: zero-dimensional arrays cannot be "
+                         "concatenated")
+    for x in arrays:
+        if x.ndim != n:
+            raise ValueError("numpy.concatenate: all the input arrays must have the "
+                             "same number of dimensions")
+    ax = normalize_axis_index(axis, n)
+    total = sum(x.shape[ax] for x in arrays)
+
+    def build():
+        # Label ax is the output's axis; each input's axis gets a label of its own.
+        kinds = [D.KEEP] * n
+        kinds[ax] = D.REPLICATE
+        in_labels = []
+        for _ in arrays:
+            labels = list(range(n))
+            labels[ax] = len(kinds)
+            kinds.append(D.REPLICATE)
+            in_labels.append(labels)
+        return D.dimmap(in_labels, range(n), kinds, partial_rule=D.P_LINEAR_ALL,
+                        sizes={ax: total})
+
+    return _run("concatenate", ("concatenate", ax), arrays, build,
+                lambda ls, member: np.concatenate(ls, axis=ax))
+
+
+@D.implements(np.stack)
+def stack(arrays, axis=0, out=None, **kwargs):
+    _check_kwargs("stack", out, kwargs)
+    arrays = _sequence("stack", arrays)
+    n = arrays[0].ndim
+    for x in arrays:
+        if x.shape != arrays[0].shape:
+            raise ValueError("numpy.stack: all input arrays must have the same shape")
+    ax = normalize_axis_index(axis, n + 1)
+
+    def build():
+        kinds = [D.KEEP] * n + [D.REPLICATE]
+        out = list(range(n))
+        out.insert(ax, n)
+        return D.dimmap([range(n)] * len(arrays), out, kinds,
+                        partial_rule=D.P_LINEAR_ALL, sizes={n: len(arrays)})
+
+    return _run("stack", ("stack", ax), arrays, build,
+                lambda ls, member: np.stack(ls, axis=ax))

@@ -1,0 +1,121 @@
+"""np.where, np.clip, DTensor.astype, DTensor.copy / np.copy on DTensors:
+full_tensor() equals NumPy on the full arrays for random shapes (uneven shards,
+broadcasting, scalars) and placements; copy and exact casts keep every placement
+without communicating; inexact casts of a Partial reduce it first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpitensor import Partial, Shard
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+
+S0, S1, PS = Shard(0), Shard(1), Partial("sum")
+
+
+@st.composite
+def bshapes(draw, k):
+    """k shapes that broadcast together."""
+    out = tuple(draw(st.integers(1, 6)) for _ in range(draw(st.integers(1, 3))))
+    shapes = []
+    for _ in range(k):
+        n = draw(st.integers(1, len(out)))
+        shapes.append(tuple(draw(st.sampled_from([1, s])) for s in out[len(out) - n:]))
+    return shapes
+
+
+@settings(max_examples=50)
+@given(data=st.data())
+def test_where_matches_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    sc, sx, sy = data.draw(bshapes(3))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    c = rng.integers(0, 2, size=sc).astype(bool)
+    x = rng.integers(-5, 6, size=sx).astype(np.float64)
+    y = rng.integers(-5, 6, size=sy).astype(np.int64)
+    dc = make(c, mesh, placements(data.draw, c.ndim, mesh.ndim, partial=False))
+    dx = make(x, mesh, placements(data.draw, x.ndim, mesh.ndim))
+    dy = make(y, mesh, placements(data.draw, y.ndim, mesh.ndim))
+    assert_matches(np.where(dc, dx, dy), np.where(c, x, y))
+    assert_matches(np.where(dc, dx, 7), np.where(c, x, 7))
+    assert_matches(np.where(dc, -1.5, dy), np.where(c, -1.5, y))
+    assert_matches(np.where(True, dx, dy), np.where(True, x, y))
+
+
+@settings(max_examples=50)
+@given(data=st.data())
+def test_clip_matches_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    shape = tuple(data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
+    dtype = data.draw(st.sampled_from([np.float64, np.int64]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    a = rng.integers(-5, 6, size=shape).astype(dtype)
+    da = make(a, mesh, placements(data.draw, a.ndim, mesh.ndim))
+    assert_matches(np.clip(da, -2, 3), np.clip(a, -2, 3))
+    assert_matches(np.clip(da, None, 1), np.clip(a, None, 1))
+    assert_matches(np.clip(da, -1, None), np.clip(a, -1, None))
+
+
+@settings(max_examples=50)
+@given(data=st.data())
+def test_astype_copy_match_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    shape = tuple(data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
+    src = data.draw(st.sampled_from([np.float32, np.float64, np.int32, np.int64]))
+    dst = data.draw(st.sampled_from([np.float32, np.float64, np.int8, np.int64,
+                                     np.complex128, np.bool_]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    a = (rng.integers(-300, 300, size=shape) / 4).astype(src)
+    pls = placements(data.draw, a.ndim, mesh.ndim)
+    da = make(a, mesh, pls)
+    assert_matches(da.astype(dst), a.astype(dst))
+    c = da.copy()
+    assert c.placements == da.placements and c.dtype == da.dtype
+    assert_matches(c, a)
+    c2 = np.copy(da)
+    assert c2.placements == da.placements
+    assert_matches(c2, a)
+
+
+def test_copy_and_exact_cast_keep_partial_locally():
+    mesh = mesh_of((W,))
+    a = np.arange(12.0).reshape(4, 3) / 4  # exact in float32, partials too
+    dp = make(a.astype(np.float32), mesh, [PS])
+    ds = make(a, mesh, [S1])
+    with CommDebugMode() as mode:
+        c = dp.copy()
+        w = dp.astype(np.float64)
+        s = ds.astype(np.int32)
+    assert mode.get_total_counts() == 0
+    assert c.placements == (PS,) and w.placements == (PS,) and s.placements == (S1,)
+    assert_matches(w, a.astype(np.float32).astype(np.float64))
+    assert_matches(s, a.astype(np.int32))
+    # c is a copy: writing it leaves dp alone
+    c.to_local()[...] = 0
+    assert_matches(dp, a.astype(np.float32))
+
+
+def test_inexact_cast_of_partial_reduces_first():
+    mesh = mesh_of((W,))
+    a = np.full((4, 4), 2.5)  # partials 3 and 2.5 - 3(n-1): truncating each is wrong
+    dp = make(a, mesh, [PS])
+    with CommDebugMode() as mode:
+        got = dp.astype(np.int64)
+    assert not any(p.is_partial() for p in got.placements)
+    assert mode.get_total_counts() == (1 if W > 1 else 0)
+    assert_matches(got, a.astype(np.int64))
+
+
+def test_errors():
+    mesh = mesh_of((W,))
+    dt = make(np.ones((4, 2)), mesh, [S0])
+    with pytest.raises(TypeError, match="distribute_tensor"):
+        np.where(dt > 0, dt, np.ones((4, 2)))
+    with pytest.raises(TypeError, match="scalar bounds"):
+        np.clip(dt, dt, 2)
+    with pytest.raises(TypeError, match="x and y"):
+        np.where(dt)

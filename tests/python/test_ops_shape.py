@@ -1,0 +1,162 @@
+"""Shape operations on DTensors (transpose, .T, swapaxes, moveaxis, squeeze,
+expand_dims, broadcast_to, concatenate, stack): full_tensor() equals NumPy on the
+full arrays for random shapes (uneven shards included) and placements; permutations
+move Shards with their dims and never communicate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpitensor import Partial, Replicate, Shard
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+
+R, S0, S1, S2, PS = Replicate(), Shard(0), Shard(1), Shard(2), Partial("sum")
+
+
+def _shape(draw, lo=1, hi=4, maxdim=5):
+    return tuple(draw(st.integers(lo, maxdim)) for _ in range(draw(st.integers(lo, hi))))
+
+
+def _setup(data, shape, dtype=np.float64):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    full = rng.integers(-5, 6, size=shape).astype(dtype)
+    return mesh, full, make(full, mesh, placements(data.draw, full.ndim, mesh.ndim))
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_permutations_match_numpy_without_communication(data):
+    shape = data.draw(st.builds(tuple, st.lists(st.integers(1, 6), min_size=1, max_size=4)))
+    mesh, full, dt = _setup(data, shape)
+    n = full.ndim
+    perm = tuple(data.draw(st.permutations(range(n))))
+    i, j = data.draw(st.integers(-n, n - 1)), data.draw(st.integers(-n, n - 1))
+    src = data.draw(st.integers(0, n - 1))
+    dst = data.draw(st.integers(0, n - 1))
+    with CommDebugMode() as mode:
+        results = [
+            (np.transpose(dt, perm), np.transpose(full, perm), perm),
+            (np.transpose(dt), full.T, tuple(range(n - 1, -1, -1))),
+            (dt.T, full.T, tuple(range(n - 1, -1, -1))),
+            (dt.transpose(*perm), full.transpose(*perm), perm),
+            (dt.transpose(perm), full.transpose(perm), perm),
+            (np.swapaxes(dt, i, j), np.swapaxes(full, i, j), None),
+            (np.moveaxis(dt, src, dst), np.moveaxis(full, src, dst), None),
+        ]
+    assert mode.get_total_counts() == 0
+    for got, expect, p in results:
+        if p is not None:
+            inv = {q: k for k, q in enumerate(p)}
+            want = tuple(Shard(inv[x.dim]) if isinstance(x, Shard) else x
+                         for x in dt.placements)
+            assert got.placements == want
+        assert_matches(got, expect)
+
+
+def test_transpose_placements_exact():
+    mesh = mesh_of((W,))
+    full = np.arange(2 * 3 * 5.0).reshape(2, 3, 5)
+    dt, dp = make(full, mesh, [S2]), make(full, mesh, [PS])
+    with CommDebugMode() as mode:
+        t = np.transpose(dt, (2, 0, 1))
+        m = np.moveaxis(dt, 0, -1)
+        p = dp.T
+    assert mode.get_total_counts() == 0
+    assert t.placements == (S0,) and m.placements == (S1,) and p.placements == (PS,)
+    assert_matches(t, np.transpose(full, (2, 0, 1)))
+    assert_matches(m, np.moveaxis(full, 0, -1))
+    assert_matches(p, full.T)
+    if W == 4:
+        mesh2 = mesh_of((2, 2))
+        d2 = make(full, mesh2, [S0, S2])
+        with CommDebugMode() as mode:
+            t2 = d2.transpose(2, 1, 0)
+        assert mode.get_total_counts() == 0
+        assert t2.placements == (S2, S0)
+        assert_matches(t2, full.transpose(2, 1, 0))
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_squeeze_expand_dims_match_numpy(data):
+    shape = data.draw(st.builds(tuple, st.lists(st.integers(1, 3), min_size=1, max_size=4)))
+    mesh, full, dt = _setup(data, shape)
+    ones = [d for d in range(full.ndim) if shape[d] == 1]
+    assert_matches(np.squeeze(dt), np.squeeze(full))
+    if ones:
+        ax = data.draw(st.sampled_from(ones))
+        assert_matches(np.squeeze(dt, axis=ax), np.squeeze(full, axis=ax))
+    ax = data.draw(st.integers(-full.ndim - 1, full.ndim))
+    assert_matches(np.expand_dims(dt, ax), np.expand_dims(full, ax))
+    assert_matches(np.expand_dims(dt, (0, -1)), np.expand_dims(full, (0, -1)))
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_broadcast_to_matches_numpy(data):
+    shape = data.draw(st.builds(tuple, st.lists(st.sampled_from([1, 2, 3, 5]),
+                                                min_size=1, max_size=3)))
+    mesh, full, dt = _setup(data, shape)
+    target = tuple(data.draw(st.integers(1, 4)) if s == 1 else s for s in shape)
+    lead = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2)))
+    target = lead + target
+    assert_matches(np.broadcast_to(dt, target), np.broadcast_to(full, target))
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_concatenate_stack_match_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    base = data.draw(st.builds(list, st.lists(st.integers(1, 5), min_size=1, max_size=3)))
+    ax = data.draw(st.integers(-len(base), len(base) - 1))
+    k = data.draw(st.integers(1, 4))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    fulls, dts = [], []
+    for _ in range(k):
+        shape = list(base)
+        shape[ax] = data.draw(st.integers(1, 5))
+        f = rng.integers(-5, 6, size=shape).astype(np.float64)
+        fulls.append(f)
+        dts.append(make(f, mesh, placements(data.draw, f.ndim, mesh.ndim)))
+    assert_matches(np.concatenate(dts, axis=ax), np.concatenate(fulls, axis=ax))
+    same = [make(rng.integers(-5, 6, size=base).astype(np.float64), mesh,
+                 placements(data.draw, len(base), mesh.ndim)) for _ in range(k)]
+    sax = data.draw(st.integers(-len(base) - 1, len(base)))
+    assert_matches(np.stack(same, axis=sax),
+                   np.stack([d.full_tensor() for d in same], axis=sax))
+
+
+def test_concatenate_keeps_other_shards():
+    mesh = mesh_of((W,))
+    a, b = np.arange(24.0).reshape(8, 3), np.arange(16.0).reshape(8, 2)
+    da, db = make(a, mesh, [S0]), make(b, mesh, [S0])
+    with CommDebugMode() as mode:
+        c = np.concatenate([da, db], axis=1)
+        s = np.stack([da, da], axis=1)
+    assert mode.get_total_counts() == 0
+    assert c.placements == ((S0,) if W > 1 else (R,))
+    assert s.placements == ((S0,) if W > 1 else (R,))
+    assert_matches(c, np.concatenate([a, b], axis=1))
+    assert_matches(s, np.stack([a, a], axis=1))
+    p = np.concatenate([make(a, mesh, [PS]), make(a, mesh, [PS])])
+    assert_matches(p, np.concatenate([a, a]))
+
+
+def test_errors():
+    mesh = mesh_of((W,))
+    dt = make(np.ones((4, 2)), mesh, [S0])
+    with pytest.raises(TypeError, match="at most 8"):
+        np.concatenate([dt] * 9)
+    with pytest.raises(TypeError, match="at most 8"):
+        np.stack([dt] * 9)
+    with pytest.raises(TypeError, match="distribute_tensor"):
+        np.concatenate([dt, np.ones((4, 2))])
+    with pytest.raises(ValueError):
+        np.squeeze(dt, axis=0)
+    with pytest.raises(ValueError):
+        np.broadcast_to(dt, (3, 2))
