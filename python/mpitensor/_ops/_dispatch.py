@@ -18,6 +18,7 @@ import numbers
 import numpy as np
 
 from .. import _C
+from ..experimental import _implicit
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._redistribute import check_targets, plan_for
 from ..placement_types import _REDUCE_OPS, Partial, Replicate, Shard
@@ -150,6 +151,21 @@ def is_scalar(obj) -> bool:
     if isinstance(obj, (numbers.Number, np.generic)):
         return True
     return type(obj) is np.ndarray and obj.ndim == 0
+
+
+def implicit(operands) -> tuple:
+    """Inside ``implicit_replication()``, plain ndarrays (not 0-d) among the operands
+    become Replicate DTensors on the mesh of the first DTensor operand (no
+    communication: every rank is trusted to hold the same array); else unchanged."""
+    if not _implicit.active:
+        return tuple(operands)
+    from .._api import DTensor
+
+    mesh = next((o._spec.mesh for o in operands if type(o) is DTensor), None)
+    if mesh is None:
+        return tuple(operands)
+    return tuple(DTensor.from_local(o, mesh) if type(o) is np.ndarray and o.ndim > 0
+                 else o for o in operands)
 
 
 def mixed_error(op_name: str, obj) -> TypeError:

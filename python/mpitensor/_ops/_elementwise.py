@@ -73,6 +73,7 @@ def array_ufunc(self, ufunc, method, *operands, **kwargs):
     for k in kwargs:
         if k not in _KWARGS:
             raise TypeError(f"{name}: the keyword argument {k}= is not supported on DTensors")
+    operands = D.implicit(operands)
     inputs, pattern = [], []
     for obj in operands:
         if type(obj) is DTensor:

@@ -54,6 +54,7 @@ def dot(a, b, out=None):
 
     if out is not None:
         raise TypeError("numpy.dot: out= is not supported on DTensors")
+    a, b = D.implicit((a, b))
     for x in (a, b):
         if type(x) is not DTensor:
             if isinstance(x, np.ndarray) and x.ndim > 0:
@@ -128,6 +129,7 @@ def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
     if out is not None or kwargs:
         raise TypeError(f"{name}: out= and {', '.join(kwargs) or 'out'}= are not "
                         f"supported on DTensors")
+    operands = D.implicit(operands)
     for x in operands:
         if type(x) is not DTensor:
             raise D.mixed_error(name, x)

@@ -27,6 +27,7 @@ def _run_elementwise(name, key, operands, func):
     every Partial reduced first."""
     from .._api import DTensor
 
+    operands = D.implicit(operands)
     inputs, pattern = [], []
     for obj in operands:
         if type(obj) is DTensor:

@@ -184,7 +184,7 @@ def broadcast_to(array, shape, subok=False):
 def _sequence(name, arrays):
     from .._api import DTensor
 
-    arrays = list(arrays)
+    arrays = list(D.implicit(arrays))
     if not arrays:
         raise ValueError(f"numpy.{name}: need at least one array")
     for x in arrays:

@@ -1,0 +1,59 @@
+"""implicit_replication(): plain ndarrays mixed with DTensors count as Replicate."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Replicate, Shard
+from mpitensor.debug import CommDebugMode
+from mpitensor.experimental import implicit_replication
+
+W = MPI.COMM_WORLD.Get_size()
+
+
+@pytest.fixture
+def mesh():
+    return mt.init_device_mesh("cpu", (W,))
+
+
+def test_outside_the_context_mixing_is_a_type_error(mesh):
+    dt = mt.distribute_tensor(np.ones((5, 3)), mesh, [Shard(0)])
+    with pytest.raises(TypeError, match="distribute_tensor"):
+        dt + np.ones(3)
+
+
+def test_elementwise_with_a_plain_array_is_local(mesh):
+    g = np.arange(15.0).reshape(5, 3)
+    dt = mt.distribute_tensor(g, mesh, [Shard(0)])
+    bias = np.array([1.0, 2.0, 3.0])
+    with implicit_replication(), CommDebugMode() as comm:
+        out = dt + bias
+    assert comm.get_total_counts() == 0
+    # A mesh dim of one rank holds the whole tensor: the engine reports Replicate.
+    assert out.placements == ((Shard(0),) if W > 1 else (Replicate(),))
+    assert np.array_equal(out.full_tensor(), g + bias)
+
+
+def test_matmul_dot_einsum_concatenate_where(mesh):
+    g = np.arange(12.0).reshape(4, 3)
+    w = np.arange(6.0).reshape(3, 2)
+    dt = mt.distribute_tensor(g, mesh, [Shard(0)])
+    with implicit_replication():
+        assert np.allclose((dt @ w).full_tensor(), g @ w)
+        assert np.allclose(np.dot(dt, w).full_tensor(), g @ w)
+        assert np.allclose(np.einsum("ij,jk->ik", dt, w).full_tensor(), g @ w)
+        assert np.array_equal(np.concatenate([dt, g], axis=1).full_tensor(),
+                              np.concatenate([g, g], axis=1))
+        assert np.array_equal(np.where(dt > 5, dt, g * 0).full_tensor(),
+                              np.where(g > 5, g, 0))
+    with pytest.raises(TypeError):
+        dt @ w  # the context has ended
+
+
+def test_nesting(mesh):
+    dt = mt.distribute_tensor(np.zeros(4), mesh, [Replicate()])
+    with implicit_replication():
+        with implicit_replication():
+            pass
+        assert np.array_equal((dt + np.ones(4)).full_tensor(), np.ones(4))
