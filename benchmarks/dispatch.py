@@ -1,0 +1,319 @@
+#!/usr/bin/env python
+"""Per-operation overhead of mpitensor's NumPy dispatch on DTensors, against NumPy on
+the local arrays alone, in the same run, interleaved.
+
+Run under MPI (see benchmarks/README.md)::
+
+    OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe -n 2 .venv/bin/python \
+        benchmarks/dispatch.py [--torch] [--reps 31]
+
+Operations, on a 1-D mesh over all ranks, float64, global n x n with n in (8, 2048):
+
+* ``add``    ``a + b``   a, b: [Shard(0)]          (no communication)
+* ``matmul`` ``a @ b``   a: [Shard(0)], b: [Replicate()]  (no communication)
+* ``sum0``   ``a.sum(0)`` a: [Shard(0)] -> Partial(sum)    (no communication)
+
+For each (op, n) a repetition times, in an order that rotates between repetitions,
+``inner`` back-to-back calls of: ``mt`` (the DTensor expression), ``np`` (the same
+expression on the local ndarrays), and with --torch ``torch`` (torch DTensor on gloo)
+and ``tlocal`` (the same on torch's local tensors). Each repetition starts with a
+Barrier and its time is the max over ranks. ``overhead = mt - np`` per repetition
+(torch: ``torch - tlocal``), reported as median and [min..max] over repetitions.
+
+Cache MISS: before each timed call the mesh's decision and plan caches are cleared
+(``mesh._decisions``, ``mesh._plans``), so the call decides the sharding anew; its
+overhead is that call minus the median NumPy time of the op. With --torch, torch's
+miss clears its sharding-propagation caches the same way (where they exist).
+
+Writes benchmarks/results/dispatch-np{N}[-torch].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Replicate, Shard
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+OPS = ("add", "matmul", "sum0")
+SIZES = (8, 2048)
+TARGET_CACHED_US, TARGET_MISS_US, TARGET_TORCH_X = 10.0, 200.0, 10.0
+
+
+def build_ops(mesh, n, comm, tctx=None):
+    """{op: {variant: zero-argument callable}} for global n x n operands."""
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    a = mt.distribute_tensor(A, mesh, [Shard(0)])
+    b = mt.distribute_tensor(B, mesh, [Shard(0)])
+    bR = mt.distribute_tensor(B, mesh, [Replicate()])
+    la, lb, lbR = a.to_local(), b.to_local(), bR.to_local()
+    ops = {
+        "add": {"mt": lambda: a + b, "np": lambda: la + lb},
+        "matmul": {"mt": lambda: a @ bR, "np": lambda: la @ lbR},
+        "sum0": {"mt": lambda: a.sum(0), "np": lambda: la.sum(0)},
+    }
+    # correctness once: the local result of mt is NumPy's on the local arrays
+    for name, v in ops.items():
+        got, want = v["mt"]().to_local(), v["np"]()
+        if not np.allclose(got, want):
+            raise SystemExit(f"{name} n={n}: mpitensor's local result differs from NumPy's")
+    if tctx is not None:
+        torch = tctx.torch
+        from torch.distributed.tensor import distribute_tensor as tdist
+        from torch.distributed.tensor import Replicate as TR, Shard as TS
+        ta = tdist(torch.from_numpy(A), tctx.mesh, [TS(0)])
+        tb = tdist(torch.from_numpy(B), tctx.mesh, [TS(0)])
+        tbR = tdist(torch.from_numpy(B), tctx.mesh, [TR()])
+        tla, tlb, tlbR = ta.to_local(), tb.to_local(), tbR.to_local()
+        ops["add"].update(torch=lambda: ta + tb, tlocal=lambda: tla + tlb)
+        ops["matmul"].update(torch=lambda: ta @ tbR, tlocal=lambda: tla @ tlbR)
+        ops["sum0"].update(torch=lambda: ta.sum(0), tlocal=lambda: tla.sum(0))
+        for name, v in ops.items():
+            if not np.allclose(v["torch"]().to_local().numpy(), v["np"]()):
+                raise SystemExit(f"{name} n={n}: torch's local result differs from NumPy's")
+    return ops
+
+
+def time_interleaved(comm, variants: dict, reps: int, inner: int, warmup: int) -> dict:
+    names = list(variants)
+    times = {k: [] for k in names}
+    for r in range(-warmup, reps):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            f = variants[k]
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                f()
+            dt = (time.perf_counter() - t0) / inner
+            if r >= 0:
+                times[k].append(dt)
+    # max over ranks, repetition by repetition
+    return {k: rank_max(comm, v) for k, v in times.items()}
+
+
+def rank_max(comm, values) -> list:
+    buf = np.array(values, dtype=np.float64)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+    return buf.tolist()
+
+
+def clear_torch_caches():
+    try:
+        from torch.distributed.tensor import DTensor as TD
+        prop = TD._op_dispatcher.sharding_propagator
+    except Exception:
+        return False
+    cleared = False
+    for attr in ("propagate_op_sharding", "_propagate_tensor_meta_non_cached"):
+        fn = getattr(prop, attr, None)
+        if fn is not None and hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+            cleared = True
+    return cleared
+
+
+def time_miss(comm, mesh, f, reps, torch_side=False) -> tuple[list, bool]:
+    out, cleared = [], True
+    for _ in range(reps):
+        if torch_side:
+            cleared = clear_torch_caches()
+        else:
+            mesh._decisions.clear()
+            mesh._plans.clear()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        f()
+        out.append(time.perf_counter() - t0)
+    return rank_max(comm, out), cleared
+
+
+def stats_us(xs) -> dict:
+    a = np.asarray(xs) * 1e6
+    return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max()),
+            "q1": float(np.percentile(a, 25)), "q3": float(np.percentile(a, 75))}
+
+
+class TorchCtx:
+    """torch.distributed on gloo over loopback (as benchmarks/redistribute.py)."""
+
+    def __init__(self, comm):
+        port = None
+        if comm.rank == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = comm.bcast(port)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                          RANK=str(comm.rank), WORLD_SIZE=str(comm.size))
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method="env://")
+        self.torch, self.dist = torch, dist
+        self.mesh = init_device_mesh("cpu", (comm.size,))
+        self.version = torch.__version__
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+def machine_info(comm):
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "csrc", "python"],
+                               capture_output=True, text=True).stdout.strip()
+    except OSError:
+        rev, dirty = "?", ""
+    return {"np": comm.size, "cores": os.cpu_count(), "cpu": cpu,
+            "mpi": MPI.Get_library_version().strip().splitlines()[0],
+            "numpy": np.__version__, "python": platform.python_version(),
+            "git": rev + ("+dirty" if dirty else ""),
+            "loadavg_start": open("/proc/loadavg").read().split()[:3],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "env": {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS",) if k in os.environ}}
+
+
+def plan_for(op, n, args):
+    """(reps, inner): many short calls per repetition at 8x8; few long ones at 2048."""
+    if n <= 64:
+        return args.reps, args.inner
+    if op == "matmul":
+        return args.reps_matmul, 1
+    return args.reps_large, 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--torch", action="store_true", help="also time torch DTensor on gloo")
+    ap.add_argument("--reps", type=int, default=31, help="repetitions at 8x8")
+    ap.add_argument("--inner", type=int, default=200, help="calls per repetition at 8x8")
+    ap.add_argument("--reps-large", type=int, default=15, help="repetitions at 2048 (add, sum0)")
+    ap.add_argument("--reps-matmul", type=int, default=5, help="repetitions of matmul at 2048")
+    ap.add_argument("--miss-reps", type=int, default=51, help="timed cache misses per op")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    args = ap.parse_args()
+
+    comm = MPI.COMM_WORLD
+    mesh = mt.init_device_mesh("cpu", (comm.size,))
+    tctx = TorchCtx(comm) if args.torch else None
+    info = machine_info(comm)
+    if tctx:
+        info["torch"] = tctx.version
+    results = []
+    for n in args.sizes:
+        ops = build_ops(mesh, n, comm, tctx)
+        for op in OPS:
+            reps, inner = plan_for(op, n, args)
+            t = time_interleaved(comm, ops[op], reps, inner, args.warmup)
+            row = {"op": op, "n": n, "reps": reps, "inner": inner,
+                   "times_s": t, "stats_us": {k: stats_us(v) for k, v in t.items()}}
+            row["overhead_us"] = stats_us(np.array(t["mt"]) - np.array(t["np"]))
+            row["overhead_min_us"] = (min(t["mt"]) - min(t["np"])) * 1e6
+            if tctx:
+                row["torch_overhead_us"] = stats_us(np.array(t["torch"]) - np.array(t["tlocal"]))
+                row["torch_overhead_min_us"] = (min(t["torch"]) - min(t["tlocal"])) * 1e6
+            if n == min(args.sizes):
+                np_med = statistics.median(t["np"])
+                miss, _ = time_miss(comm, mesh, ops[op]["mt"], args.miss_reps)
+                row["miss_overhead_us"] = stats_us(np.array(miss) - np_med)
+                if tctx:
+                    tl_med = statistics.median(t["tlocal"])
+                    tmiss, cleared = time_miss(comm, mesh, ops[op]["torch"], args.miss_reps,
+                                               torch_side=True)
+                    row["torch_miss_overhead_us"] = stats_us(np.array(tmiss) - tl_med)
+                    row["torch_miss_cleared"] = cleared
+            results.append(row)
+            if comm.rank == 0:
+                report_row(row, tctx is not None)
+    if comm.rank == 0:
+        verdicts(results, tctx is not None)
+        out = args.out or os.path.join(
+            HERE, "results", f"dispatch-np{comm.size}{'-torch' if tctx else ''}.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({"info": info, "args": vars(args), "results": results}, f, indent=1)
+        print(f"machine: {info['cpu']}, {info['cores']} cores, np={info['np']}, "
+              f"numpy {info['numpy']}, {info['mpi']}, git {info['git']}, "
+              f"load {' '.join(info['loadavg_start'])}" + (f", torch {info['torch']}" if tctx else ""))
+        print(f"wrote {out}")
+    if tctx:
+        tctx.close()
+
+
+def fmt(s):
+    return (f"{s['median']:9.2f} [{s['min']:.2f}..{s['max']:.2f}] "
+            f"(IQR {s['q1']:.2f}..{s['q3']:.2f})")
+
+
+def report_row(row, torch_on):
+    st = row["stats_us"]
+    line = (f"{row['op']:6s} n={row['n']:5d}  np {st['np']['median']:10.2f} us  "
+            f"mt {st['mt']['median']:10.2f} us  overhead {fmt(row['overhead_us'])} us")
+    if "miss_overhead_us" in row:
+        line += f"  miss {fmt(row['miss_overhead_us'])} us"
+    if torch_on:
+        line += (f"\n{'':13s} torch-local {st['tlocal']['median']:10.2f} us  torch "
+                 f"{st['torch']['median']:10.2f} us  torch overhead "
+                 f"{fmt(row['torch_overhead_us'])} us")
+        if "torch_miss_overhead_us" in row:
+            line += f"  torch miss {fmt(row['torch_miss_overhead_us'])} us"
+    print(line, flush=True)
+
+
+def resolvable(s) -> bool:
+    """The paired difference resolves the 10 us target when its interquartile range
+    is within 10x the target; above that the op's own time jitter hides it."""
+    return s["q3"] - s["q1"] <= 10 * TARGET_CACHED_US
+
+
+def verdicts(results, torch_on):
+    print("\nverdicts (medians):")
+    for row in results:
+        o = row["overhead_us"]["median"]
+        if not resolvable(row["overhead_us"]):
+            iqr = row["overhead_us"]["q3"] - row["overhead_us"]["q1"]
+            print(f"  {row['op']:6s} n={row['n']:5d}: UNRESOLVED: overhead median {o:.1f} us, "
+                  f"min-min {row['overhead_min_us']:.1f} us, but the op's jitter "
+                  f"(IQR {iqr:.0f} us) is far above the target")
+            continue
+        v = [f"cached {o:.2f} us {'<=' if o <= TARGET_CACHED_US else '>'} {TARGET_CACHED_US:g}"
+             f" -> {'MET' if o <= TARGET_CACHED_US else 'MISSED'}"]
+        if "miss_overhead_us" in row:
+            m = row["miss_overhead_us"]["median"]
+            v.append(f"miss {m:.1f} us -> {'MET' if m <= TARGET_MISS_US else 'MISSED'}")
+        if torch_on:
+            t = row["torch_overhead_us"]["median"]
+            x = t / o if o > 0 else float("inf")
+            v.append(f"torch/mt overhead {x:.1f}x -> {'MET' if x >= TARGET_TORCH_X else 'MISSED'}")
+        print(f"  {row['op']:6s} n={row['n']:5d}: " + "; ".join(v))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
