@@ -168,6 +168,26 @@ def implicit(operands) -> tuple:
                  else o for o in operands)
 
 
+def split_operands(name: str, operands):
+    """(DTensor inputs, pattern of which operands they are) of an elementwise call,
+    after implicit replication; scalars stay operands, a plain ndarray is a
+    TypeError, and anything else gives None (NotImplemented for ufuncs)."""
+    from .._api import DTensor
+
+    inputs, pattern = [], []
+    for obj in implicit(operands):
+        if type(obj) is DTensor:
+            inputs.append(obj)
+            pattern.append(True)
+        elif is_scalar(obj):
+            pattern.append(False)
+        elif isinstance(obj, np.ndarray):
+            raise mixed_error(name, obj)
+        else:
+            return None
+    return inputs, tuple(pattern)
+
+
 def mixed_error(op_name: str, obj) -> TypeError:
     what = (f"a plain ndarray of shape {obj.shape}" if isinstance(obj, np.ndarray)
             else f"a {type(obj).__name__}")

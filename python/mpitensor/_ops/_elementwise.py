@@ -74,17 +74,10 @@ def array_ufunc(self, ufunc, method, *operands, **kwargs):
         if k not in _KWARGS:
             raise TypeError(f"{name}: the keyword argument {k}= is not supported on DTensors")
     operands = D.implicit(operands)
-    inputs, pattern = [], []
-    for obj in operands:
-        if type(obj) is DTensor:
-            inputs.append(obj)
-            pattern.append(True)
-        elif D.is_scalar(obj):
-            pattern.append(False)
-        elif isinstance(obj, np.ndarray):
-            raise D.mixed_error(name, obj)
-        else:
-            return NotImplemented
+    split = D.split_operands(name, operands)
+    if split is None:
+        return NotImplemented
+    inputs, pattern = split
     outs = kwargs.pop("out", None)
     if outs is not None:
         if len(outs) != ufunc.nout or any(type(o) is not DTensor for o in outs):

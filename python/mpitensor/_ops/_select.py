@@ -28,18 +28,13 @@ def _run_elementwise(name, key, operands, func):
     from .._api import DTensor
 
     operands = D.implicit(operands)
-    inputs, pattern = [], []
-    for obj in operands:
-        if type(obj) is DTensor:
-            inputs.append(obj)
-            pattern.append(True)
-        elif D.is_scalar(obj):
-            pattern.append(False)
-        else:
-            raise D.mixed_error(name, obj)
+    split = D.split_operands(name, operands)
+    if split is None:
+        raise D.mixed_error(name, next(o for o in operands
+                                       if type(o) is not DTensor and not D.is_scalar(o)))
+    inputs, pattern = split
     if not inputs:
         raise TypeError(f"{name}: expected a DTensor operand")
-    pattern = tuple(pattern)
     mesh = D.same_mesh(name, inputs)
     dec = D.decide(D.input_key((key, pattern), inputs), mesh, inputs,
                    lambda: _elementwise_map(None, pattern, [x.shape for x in inputs]))
