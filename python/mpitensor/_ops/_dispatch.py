@@ -200,6 +200,9 @@ def mixed_error(op_name: str, obj) -> TypeError:
 # -- __array_function__ registry ------------------------------------------------------
 
 _FUNCTIONS: dict = {}
+# NumPy function or ufunc -> its experimental.register_sharding rule, called as
+# rule(args, kwargs); checked before the built-in rules, which it overrides.
+CUSTOM: dict = {}
 
 
 def implements(*np_funcs):
@@ -217,6 +220,10 @@ def array_function(func, types, args, kwargs):
     for t in types:
         if t is not DTensor and not issubclass(t, np.ndarray):
             return NotImplemented
+    if CUSTOM:
+        custom = CUSTOM.get(func)
+        if custom is not None:
+            return custom(args, kwargs)
     impl = _FUNCTIONS.get(func)
     if impl is None:
         name = getattr(func, "__name__", repr(func))

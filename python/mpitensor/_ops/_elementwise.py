@@ -63,6 +63,10 @@ def array_ufunc(self, ufunc, method, *operands, **kwargs):
     from .._api import DTensor
 
     name = f"numpy.{ufunc.__name__}"
+    if D.CUSTOM and method == "__call__":
+        custom = D.CUSTOM.get(ufunc)
+        if custom is not None:  # experimental.register_sharding overrides the rule
+            return custom(operands, kwargs)
     if method != "__call__":
         raise TypeError(
             f"{name}.{method} has no sharding rule for DTensors in mpitensor; use the "

@@ -1,8 +1,10 @@
 """Experimental APIs, as torch.distributed.tensor.experimental: ``local_map`` and
-``implicit_replication``. Subject to change."""
+``implicit_replication`` and ``register_sharding``. Subject to change."""
 
 from . import _implicit
 from ._implicit import implicit_replication
 from ._local_map import local_map
+from ._register_sharding import clear_sharding_registry, register_sharding
 
-__all__ = ["local_map", "implicit_replication"]
+__all__ = ["local_map", "implicit_replication", "register_sharding",
+           "clear_sharding_registry"]
