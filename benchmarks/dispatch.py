@@ -35,7 +35,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,8 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard
+
+from _torch_gloo import init_gloo  # benchmarks/ is sys.path[0] when run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -153,23 +154,8 @@ class TorchCtx:
     """torch.distributed on gloo over loopback (as benchmarks/redistribute.py)."""
 
     def __init__(self, comm):
-        port = None
-        if comm.rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                          RANK=str(comm.rank), WORLD_SIZE=str(comm.size))
-        import torch
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method="env://")
-        self.torch, self.dist = torch, dist
-        self.mesh = init_device_mesh("cpu", (comm.size,))
-        self.version = torch.__version__
+        self.torch, self.dist, self.mesh = init_gloo(comm)
+        self.version = self.torch.__version__
 
     def close(self):
         self.dist.destroy_process_group()

@@ -37,8 +37,6 @@ import gc
 import json
 import os
 import platform
-import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -48,6 +46,8 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
+
+from _torch_gloo import init_gloo  # benchmarks/ is sys.path[0] when run
 
 KiB, MiB = 1024, 1024 * 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -234,26 +234,11 @@ class TorchCtx:
     """torch.distributed on gloo over loopback, ranks and world size from MPI."""
 
     def __init__(self, comm, max_bytes):
-        port = None
-        if comm.rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = comm.bcast(port)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                          RANK=str(comm.rank), WORLD_SIZE=str(comm.size))
-        import torch
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
+        self.torch, self.dist, self.mesh = init_gloo(comm)
         from torch.distributed.tensor import Partial as TP, Replicate as TR, Shard as TS
         from torch.distributed._functional_collectives import AsyncCollectiveTensor
-
-        torch.set_num_threads(1)  # as OPENBLAS_NUM_THREADS=1 for NumPy: one core per rank
-        dist.init_process_group("gloo", init_method="env://")
-        self.torch, self.dist = torch, dist
-        self.mesh = init_device_mesh("cpu", (comm.size,))
         self.max_bytes = max_bytes
-        self.version = torch.__version__
+        self.version = self.torch.__version__
         self._pl = {"S0": TS(0), "S1": TS(1), "R": TR(), "P": TP("sum")}
         act = AsyncCollectiveTensor
 
