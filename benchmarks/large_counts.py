@@ -68,3 +68,15 @@ del dt, local
 red = timed("Partial(sum) -> Replicate (all-reduce in rounds)",
             lambda: part.redistribute(mesh, [Replicate()]))
 check(red.to_local(), 0, "reduced tensor")
+del red, part
+# Partial(sum) -> Shard(0): every rank holds the whole global tensor as a partial sum
+# (rank 0 the values, the others zeros); each member's block exceeds an int.
+whole = np.zeros(N, np.int8)
+if rank == 0:
+    for at in range(0, N, CHUNK):
+        whole[at:min(at + CHUNK, N)] = pattern(at, min(at + CHUNK, N))
+part = mt.DTensor.from_local(whole, mesh, [Partial("sum")])
+del whole
+scat = timed("Partial(sum) -> Shard(0) (reduce-scatter in rounds)",
+             lambda: part.redistribute(mesh, [Shard(0)]))
+check(scat.to_local(), rank * SHARD, "reduce-scattered shard")

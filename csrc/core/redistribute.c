@@ -382,41 +382,78 @@ static int scatter_input(const exec_ctx *c, pending *p, const void **send, mt_er
   return MT_OK;
 }
 
-static int scatter_counts(const exec_ctx *c, pending *p, mt_error *err) {
+/* Each member's element count; *big is set when one exceeds an int. */
+static int scatter_counts(const exec_ctx *c, pending *p, int64_t *counts, int *big,
+                          mt_error *err) {
   p->ints = malloc((size_t)p->group * sizeof *p->ints);
   if (p->ints == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  *big = 0;
   for (int64_t k = 0; k < p->group; ++k) {
     mt_box b;
     box_at(c, &p->step->dst, p->step->mesh_dim, k, &b);
-    if (!fits_int(mt_box_numel(&b), err)) return MT_EOVERFLOW;
-    p->ints[k] = (int)mt_box_numel(&b);
+    counts[k] = mt_box_numel(&b);
+    *big |= counts[k] > INT_MAX;
+    p->ints[k] = (int)(counts[k] > INT_MAX ? 0 : counts[k]);
   }
   return MT_OK;
 }
 
+/* Blocks above INT_MAX elements are reduce-scattered in rounds of blocking calls:
+ * round r carries elements [r R, (r + 1) R) of every member's block, packed one
+ * member after another (256 MiB of each, so the packed round stays small), and
+ * lands at r R in this rank's output. */
+static int reduce_scatter_rounds(const exec_ctx *c, pending *p, const char *send,
+                                 const int64_t *counts, MPI_Datatype type, MPI_Op op,
+                                 mt_error *err) {
+  const int64_t isz = c->itemsize, g = p->group, round = ((int64_t)1 << 28) / isz;
+  int64_t most = 0;
+  for (int64_t k = 0; k < g; ++k) most = counts[k] > most ? counts[k] : most;
+  char *pack = mt_pool_alloc((size_t)(g * round * isz));
+  if (pack == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  int rc = MT_OK;
+  for (int64_t at = 0; rc == MT_OK && at < most; at += round) {
+    int64_t start = 0, pos = 0;
+    for (int64_t k = 0; k < g; ++k) {
+      int64_t n = counts[k] - at < 0 ? 0 : (counts[k] - at < round ? counts[k] - at : round);
+      memcpy(pack + pos * isz, send + (start + at) * isz, (size_t)(n * isz));
+      p->ints[k] = (int)n, pos += n, start += counts[k];
+    }
+    int mpi = MPI_Reduce_scatter(pack, (char *)p->out + at * isz, p->ints, type, op,
+                                 dim_comm(c, p->step->mesh_dim));
+    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Reduce_scatter");
+  }
+  mt_pool_free(pack);
+  return rc;
+}
+
 static int start_reduce_scatter(const exec_ctx *c, pending *p, mt_error *err) {
   const mt_step *s = p->step;
-  int m = s->mesh_dim;
+  int m = s->mesh_dim, big = 0;
   MPI_Datatype type;
   MPI_Op op;
   const void *send = NULL;
   p->group = mt_mesh_dim_size(c->mesh, m);
+  int64_t *counts = malloc((size_t)p->group * sizeof *counts);
+  if (counts == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
   int rc = mt__reduce_type(c->dtype, partial_op(s), &type, &op, err);
-  if (rc == MT_OK) rc = scatter_counts(c, p, err);
+  if (rc == MT_OK) rc = scatter_counts(c, p, counts, &big, err);
   if (rc == MT_OK) rc = scatter_input(c, p, &send, err);
-  if (rc != MT_OK) return rc;
-  if (c->nonblocking) {
-    MT__MPI_TRY(MPI_Ireduce_scatter(send, p->out, p->ints, type, op, dim_comm(c, m),
-                                    &p->req), "MPI_Ireduce_scatter");
-  } else {
-    MT__MPI_TRY(MPI_Reduce_scatter(send, p->out, p->ints, type, op, dim_comm(c, m)),
-                "MPI_Reduce_scatter");
+  if (rc == MT_OK && big) {
+    rc = reduce_scatter_rounds(c, p, send, counts, type, op, err);
+  } else if (rc == MT_OK && c->nonblocking) {
+    int mpi = MPI_Ireduce_scatter(send, p->out, p->ints, type, op, dim_comm(c, m), &p->req);
+    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Ireduce_scatter");
+  } else if (rc == MT_OK) {
+    int mpi = MPI_Reduce_scatter(send, p->out, p->ints, type, op, dim_comm(c, m));
+    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Reduce_scatter");
   }
-  mt_box sb;
-  box_at(c, &s->src, -1, 0, &sb);
-  int64_t kept = p->ints[c->coord[m]];
-  mt__count(MT_COLL_REDUCE_SCATTER, (mt_box_numel(&sb) - kept) * c->itemsize);
-  return MT_OK;
+  if (rc == MT_OK) {
+    mt_box sb;
+    box_at(c, &s->src, -1, 0, &sb);
+    mt__count(MT_COLL_REDUCE_SCATTER, (mt_box_numel(&sb) - counts[c->coord[m]]) * c->itemsize);
+  }
+  free(counts);
+  return rc;
 }
 
 static int finish_reduce(const exec_ctx *c, pending *p, mt_error *err) {
