@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -46,7 +45,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Replicate, Shard
 
-from _torch_gloo import init_gloo  # benchmarks/ is sys.path[0] when run
+from _common import cpu_model, git_revision, init_gloo  # benchmarks/ is sys.path[0]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -162,23 +161,12 @@ class TorchCtx:
 
 
 def machine_info(comm):
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "csrc", "python"],
-                               capture_output=True, text=True).stdout.strip()
-    except OSError:
-        rev, dirty = "?", ""
+    cpu = cpu_model()
+    rev = git_revision(REPO)
     return {"np": comm.size, "cores": os.cpu_count(), "cpu": cpu,
             "mpi": MPI.Get_library_version().strip().splitlines()[0],
             "numpy": np.__version__, "python": platform.python_version(),
-            "git": rev + ("+dirty" if dirty else ""),
+            "git": rev,
             "loadavg_start": open("/proc/loadavg").read().split()[:3],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "env": {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS",) if k in os.environ}}

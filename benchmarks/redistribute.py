@@ -37,7 +37,6 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -47,7 +46,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 
-from _torch_gloo import init_gloo  # benchmarks/ is sys.path[0] when run
+from _common import cpu_model, git_revision, init_gloo  # benchmarks/ is sys.path[0]
 
 KiB, MiB = 1024, 1024 * 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -588,29 +587,15 @@ def profile(comm, mesh, sizes, args, names):
 
 
 def machine_info(comm):
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     cores = os.cpu_count()  # the machine: ranks may be bound to one core each
-    try:
-        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "csrc", "python"],
-                               capture_output=True, text=True).stdout.strip()
-    except OSError:
-        rev, dirty = "?", ""
+    rev = git_revision(REPO)
     ext = mt._C.__file__
     return {
         "np": comm.size, "cores": cores, "oversubscribed": comm.size > cores,
         "cpu": cpu, "mpi": MPI.Get_library_version().strip().splitlines()[0],
         "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
-        "python": platform.python_version(), "git": rev + ("+dirty" if dirty else ""),
+        "python": platform.python_version(), "git": rev,
         "extension": ext,
         "extension_mtime": datetime.datetime.fromtimestamp(
             os.path.getmtime(ext), datetime.timezone.utc).isoformat(timespec="seconds"),

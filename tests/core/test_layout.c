@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "boxes.h"
 #include "check.h"
 #include "mpitensor/layout.h"
 #include "mpitensor/status.h"
@@ -379,14 +380,6 @@ static void test_even_global_shape_errors(void) {
   CHECK(mt_layout_even_global_shape(2, local, 1, zero_mesh, (mt_placement[]){R()}, g,
                                     NULL) == MT_EINVAL);
   CHECK(g[0] == 77 && g[1] == 88);
-}
-
-static mt_box box2(int64_t o0, int64_t s0, int64_t o1, int64_t s1) {
-  mt_box b;
-  memset(&b, 0, sizeof b);
-  b.ndim = 2;
-  b.offset[0] = o0, b.shape[0] = s0, b.offset[1] = o1, b.shape[1] = s1;
-  return b;
 }
 
 static void test_boxes(void) {

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "boxes.h"
 #include "check.h"
 #include "mpitensor/layout.h"
 #include "mpitensor/plan.h"
@@ -772,14 +773,6 @@ static int tiles(mt_box *boxes, int64_t n, const mt_box *region) {
   qsort(boxes, (size_t)k, sizeof *boxes, cmp_box);
   for (int64_t i = 1; ok && i < k; ++i) ok &= cmp_box(&boxes[i], &boxes[i - 1]) != 0;
   return ok && cells == k;
-}
-
-static mt_box box2(int64_t o0, int64_t s0, int64_t o1, int64_t s1) {
-  mt_box b;
-  memset(&b, 0, sizeof b);
-  b.ndim = 2;
-  b.offset[0] = o0, b.shape[0] = s0, b.offset[1] = o1, b.shape[1] = s1;
-  return b;
 }
 
 /* The tiling checker catches gaps, overlaps and missing grid cells. */

@@ -1,0 +1,52 @@
+"""Shared by the benchmarks: torch.distributed on gloo over loopback (ranks and world
+size from MPI) for the side-by-side torch comparisons, and the machine facts every
+result records."""
+
+import os
+import socket
+
+
+def init_gloo(comm):
+    """Initialises torch.distributed (gloo, env://) on the ranks of `comm` and returns
+    (torch, torch.distributed, a 1-D torch DeviceMesh over all ranks). Collective."""
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      RANK=str(comm.rank), WORLD_SIZE=str(comm.size))
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)  # as OPENBLAS_NUM_THREADS=1 for NumPy: one core per rank
+    dist.init_process_group("gloo", init_method="env://")
+    return torch, dist, init_device_mesh("cpu", (comm.size,))
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, or "?"."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def git_revision(repo: str) -> str:
+    """The short HEAD of `repo`, with "+dirty" when csrc/ or python/ have changes."""
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "csrc", "python"],
+                               capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
+    return rev + ("+dirty" if dirty else "")
