@@ -76,6 +76,14 @@ class DTensor(NDArrayOperatorsMixin):
             axes = axes[0]
         return np.transpose(self, axes)
 
+    def reshape(self, *shape, order: str = "C") -> "DTensor":
+        """numpy.ndarray.reshape: ``dt.reshape(2, -1)`` or ``dt.reshape((2, -1))``;
+        see :func:`numpy.reshape` on DTensors (mpitensor._ops._shape.reshape).
+        Collective on the mesh when the input must move first."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = shape[0]
+        return _ops._shape.reshape(self, shape, order)
+
     def astype(self, dtype, copy: bool = True) -> "DTensor":
         """numpy.ndarray.astype, placements kept; a Partial is reduced first unless
         the cast is float/complex to equal or wider (see mpitensor._ops._select).

@@ -31,10 +31,11 @@ R_SUM, R_AVG, R_PRODUCT, R_MAX, R_MIN = 0, 1, 2, 3, 4
 
 def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
            even_only=0, partial_rule=P_NONE, partial_inputs=0, partial_ops=0,
-           sizes=None) -> "_C.DimMap":
+           sizes=None, out_sizes=None) -> "_C.DimMap":
     """A checked C dim map. ``kinds`` has one mt_label_kind per label;
     ``reduce_ops`` maps REDUCE labels to their op; ``sizes`` maps labels no input
-    holds (keepdims' size-1 dims) to their size."""
+    holds (keepdims' size-1 dims) to their size; ``out_sizes`` maps output dims
+    resized from their label's size (reshape's groups) to their size."""
     n = len(kinds)
     ops = [0] * n
     for label, op in (reduce_ops or {}).items():
@@ -44,9 +45,15 @@ def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
         label_size[label] = size
         sized |= 1 << label
     bcast = tuple(in_bcast) if in_bcast is not None else (0,) * len(in_labels)
-    return _C.DimMap(tuple(tuple(l) for l in in_labels), bcast, tuple(out_labels),
-                     tuple(kinds), tuple(ops), even_only, partial_rule, partial_inputs,
-                     partial_ops, sized, tuple(label_size))
+    args = (tuple(tuple(l) for l in in_labels), bcast, tuple(out_labels), tuple(kinds),
+            tuple(ops), even_only, partial_rule, partial_inputs, partial_ops, sized,
+            tuple(label_size))
+    if out_sizes:
+        out_size = [-1] * len(args[2])
+        for d, size in out_sizes.items():
+            out_size[d] = size
+        args += (tuple(out_size),)
+    return _C.DimMap(*args)
 
 
 def _placement(code) -> object:
