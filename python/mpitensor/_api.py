@@ -84,6 +84,16 @@ class DTensor(NDArrayOperatorsMixin):
             shape = shape[0]
         return _ops._shape.reshape(self, shape, order)
 
+    def __getitem__(self, key) -> "DTensor":
+        """Basic indexing (ints, slices with any step, None, ...), placements as
+        torch's select/slice: a Shard of a dim the key cuts becomes Replicate, and
+        only the picked elements move. Collective on the mesh when a sharded dim is
+        cut, else local. Example: ``dt[1:, ::2]``, ``dt[..., 0, None]``."""
+        return _ops._indexing.getitem(self, key)
+
+    def __setitem__(self, key, value) -> None:
+        _ops._indexing.setitem(self, key, value)
+
     def astype(self, dtype, copy: bool = True) -> "DTensor":
         """numpy.ndarray.astype, placements kept; a Partial is reduced first unless
         the cast is float/complex to equal or wider (see mpitensor._ops._select).
