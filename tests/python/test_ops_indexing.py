@@ -194,3 +194,14 @@ def test_dtensor_key_and_assignment_are_refused():
         dt[dt > 3]
     with pytest.raises(TypeError, match="item assignment"):
         dt[0] = 1.0
+
+
+def test_repeated_keys_reuse_the_plan_on_new_data():
+    mesh = mesh_of((W,))
+    full = np.arange(30.0).reshape(6, 5)
+    a, b = make(full, mesh, [S0]), make(-full, mesh, [S0])
+    for _ in range(2):
+        assert_matches(a[1:4, ::2], full[1:4, ::2])
+        assert_matches(b[1:4, ::2], -full[1:4, ::2])
+        assert_matches(a[np.int64(2), 1:], full[2, 1:])    # NumPy ints: uncached path
+        assert_matches(a[(slice(np.int64(1), None), 0)], full[1:, 0])

@@ -176,3 +176,14 @@ def test_order_f_is_refused():
     with pytest.raises(TypeError, match="order='F'"):
         np.reshape(dt, (6, 4), order="F")
     assert math.prod(dt.reshape(6, 4, order="A").shape) == 24
+
+
+def test_repeated_reshapes_and_shape_kinds():
+    mesh = mesh_of((W,))
+    full = np.arange(24.0).reshape(4, 6)
+    a, b = make(full, mesh, [S0]), make(2 * full, mesh, [S0])
+    for _ in range(2):
+        assert_matches(a.reshape([2, 12]), full.reshape(2, 12))
+        assert_matches(b.reshape(2, 12), 2 * full.reshape(2, 12))
+        assert_matches(np.reshape(a, np.array([6, 4])), full.reshape(6, 4))
+        assert_matches(a.reshape(np.int64(24)), full.reshape(24))

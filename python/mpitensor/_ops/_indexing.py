@@ -113,6 +113,65 @@ def _local_cut(s, lo, n):
     return slice(first, stop if stop >= 0 else None, step)
 
 
+class _Plan:
+    """What ``dt[key]`` does for one key and input spec on this rank: the local cut,
+    the exchange (None when nothing moves) and the output spec. Kept on the mesh,
+    so a repeated key costs one dict lookup before NumPy cuts the local array."""
+
+    __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec")
+
+    def __init__(self, dt, key):
+        spec = dt._spec
+        mesh, shape = spec.mesh, spec.shape
+        sel, self.outdims = _parse(key, shape)
+        pos = {o[1]: j for j, o in enumerate(self.outdims) if o[0] == "in"}
+        mid, out, moves = [], [], False
+        for m, p in enumerate(spec.placements):
+            if isinstance(p, Shard) and _whole(sel[p.dim], shape[p.dim]):
+                mid.append(p)
+                out.append(Shard(pos[p.dim]))
+            elif isinstance(p, Shard):
+                mid.append(Replicate())
+                out.append(Replicate())
+                moves = moves or mesh.shape[m] > 1
+            else:
+                mid.append(p)
+                out.append(p)
+        self.counts = counts = tuple(s[2] for s in sel)
+        self.mid = tuple(mid)
+        out_shape = tuple(1 if o[0] == "new" else counts[o[1]] for o in self.outdims)
+        self.spec = DTensorSpec(mesh, tuple(out), out_shape, spec.dtype,
+                                contiguous_strides(out_shape))
+        # Nothing picked is the same on every rank: then nobody joins an exchange.
+        self.exchange = None
+        if moves and 0 not in counts:
+            self.exchange = (shape, tuple(p._code for p in spec.placements),
+                             tuple(p._code for p in mid), tuple(s[0] for s in sel),
+                             tuple(s[1] for s in sel), counts)
+        self.cut = None
+        if mesh._coordinate is not None:
+            lshape, loff = local_shape_and_global_offset(
+                shape, mesh.shape, mesh._coordinate, spec.placements)
+            self.cut = tuple(_local_cut(s, loff[d], lshape[d]) for d, s in enumerate(sel))
+
+
+def _cache_key(key):
+    """A hashable stand-in for a key of ints, slices of ints, None and ..., else
+    None (such keys take the uncached path, which also reports bad ones)."""
+    out = []
+    for k in key if type(key) is tuple else (key,):
+        t = type(k)
+        if t is slice:
+            if not all(type(b) is int or b is None for b in (k.start, k.stop, k.step)):
+                return None
+            out.append((k.start, k.stop, k.step))
+        elif t is int or k is None or k is Ellipsis:
+            out.append(k)
+        else:
+            return None
+    return tuple(out)
+
+
 def getitem(dt, key):
     """``dt[key]`` for a basic key; see the module docstring. Collective on the mesh
     when the key cuts a sharded dim (one exchange of the picked elements), else
@@ -122,50 +181,26 @@ def getitem(dt, key):
     if type(key) is DTensor:
         raise _advanced_error("a DTensor")
     spec = dt._spec
-    mesh, shape = spec.mesh, spec.shape
-    sel, outdims = _parse(key, shape)
-    pos = {o[1]: j for j, o in enumerate(outdims) if o[0] == "in"}
-    mid, out, exchange = [], [], False
-    for m, p in enumerate(spec.placements):
-        if isinstance(p, Shard) and _whole(sel[p.dim], shape[p.dim]):
-            mid.append(p)
-            out.append(Shard(pos[p.dim]))
-        elif isinstance(p, Shard):
-            mid.append(Replicate())
-            out.append(Replicate())
-            exchange = exchange or mesh.shape[m] > 1
-        else:
-            mid.append(p)
-            out.append(p)
-    counts = tuple(s[2] for s in sel)
-    out_shape = tuple(1 if o[0] == "new" else counts[o[1]] for o in outdims)
-    if mesh._coordinate is None:
-        local = np.empty((0,), spec.dtype)
-    else:
-        local = _local_result(dt, sel, mid, exchange, outdims)
-    return DTensor(local, DTensorSpec(mesh, tuple(out), out_shape, spec.dtype,
-                                      contiguous_strides(out_shape)))
-
-
-def _local_result(dt, sel, mid, exchange, outdims):
-    spec = dt._spec
-    mesh, shape = spec.mesh, spec.shape
-    lshape, loff = local_shape_and_global_offset(shape, mesh.shape, mesh._coordinate,
-                                                 spec.placements)
-    cut = tuple(_local_cut(s, loff[d], lshape[d]) for d, s in enumerate(sel))
-    piece = np.ascontiguousarray(dt.to_local()[cut])
-    counts = tuple(s[2] for s in sel)
-    if 0 in counts:  # the same on every rank: nobody joins an exchange
+    mesh = spec.mesh
+    ck = _cache_key(key)
+    cache_key = ("getitem", ck, spec.placements, spec.shape, spec.dtype)
+    plan = mesh._decisions.get(cache_key) if ck is not None else None
+    if plan is None:
+        plan = _Plan(dt, key)
+        if ck is not None:
+            mesh._decisions[cache_key] = plan
+    if plan.cut is None:
+        return DTensor(np.empty((0,), spec.dtype), plan.spec)
+    piece = np.ascontiguousarray(dt.to_local()[plan.cut])
+    if 0 in plan.counts:
         piece = np.empty(local_shape_and_global_offset(
-            counts, mesh.shape, mesh._coordinate, mid)[0], spec.dtype)
-    elif exchange:
-        piece = _C.select_exchange(
-            mesh._handle, shape, tuple(p._code for p in spec.placements),
-            tuple(p._code for p in mid), tuple(s[0] for s in sel),
-            tuple(s[1] for s in sel), tuple(s[2] for s in sel), piece)
+            plan.counts, mesh.shape, mesh._coordinate, plan.mid)[0], spec.dtype)
+    elif plan.exchange is not None:
+        piece = _C.select_exchange(mesh._handle, *plan.exchange, piece)
     # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
-    return piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
-                               for o in outdims))
+    local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
+                                for o in plan.outdims))
+    return DTensor(local, plan.spec)
 
 
 def setitem(dt, key, value):

@@ -281,8 +281,10 @@ def _target_shape(size, shape, order):
     if order not in ("C", "A"):
         raise TypeError(f"numpy.reshape: order={order!r} is not supported on DTensors; "
                         f"only order='C' (and 'A', which is 'C' for them)")
-    shape = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(
-        operator.index(s) for s in shape)
+    try:
+        shape = (operator.index(shape),)
+    except TypeError:
+        shape = tuple(operator.index(s) for s in shape)
     unknown = [d for d, n in enumerate(shape) if n == -1]
     if len(unknown) > 1:
         raise ValueError("numpy.reshape: can only specify one unknown dimension")
@@ -370,16 +372,29 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     if copy is False:
         raise ValueError("numpy.reshape: copy=False is not supported on DTensors (the "
                          "local result is a new array whenever the layout changes)")
-    src = a.shape
-    shape = _target_shape(math.prod(src), shape, order)
-    mesh = a._spec.mesh
-    dec = D.decide(D.input_key(("reshape", shape), (a,)), mesh, (a,),
-                   lambda: _reshape_map(src, shape))
-    local = D.local_inputs(mesh, (a,), dec)[0]
-    if mesh._coordinate is not None:
+    spec = a._spec
+    mesh = spec.mesh
+    # A repeated call skips parsing the shape and the layout math: one lookup.
+    ck = (shape if type(shape) is int else tuple(shape) if type(shape) in (tuple, list)
+          else None)
+    cache_key = ("reshape", ck, order, spec.placements, spec.shape, spec.dtype)
+    hit = mesh._decisions.get(cache_key) if ck is not None else None
+    if hit is None:
+        src = spec.shape
+        target = _target_shape(math.prod(src), shape, order)
+        dec = D.decide(D.input_key(("reshape", target), (a,)), mesh, (a,),
+                       lambda: _reshape_map(src, target))
         # The engine let a Shard through only where the shares scale, so this
         # rank's elements are exactly its box of the output.
-        local = local.reshape(_local_shape(mesh, shape, dec.out_placements))
+        lshape = (None if mesh._coordinate is None
+                  else _local_shape(mesh, target, dec.out_placements))
+        hit = (dec, lshape)
+        if ck is not None:
+            mesh._decisions[cache_key] = hit
+    dec, lshape = hit
+    local = D.local_inputs(mesh, (a,), dec)[0]
+    if lshape is not None:
+        local = local.reshape(lshape)
     return D.wrap(mesh, dec, local)
 
 
