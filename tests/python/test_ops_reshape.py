@@ -164,9 +164,12 @@ def test_zero_size_and_0d():
     ((-1, -1), ValueError, "one unknown"),
     ((-2, 12), ValueError, "negative"),
     ((2.5, 2), TypeError, "integer"),
+    ((24.0,), TypeError, "integer"),       # after (24,) was cached: still refused
+    ([True, 24], TypeError, "booleans"),
 ])
 def test_bad_shapes_fail_on_every_rank(shape, exc, words):
     dt = make(np.arange(24.0).reshape(4, 6), mesh_of((W,)), [S0])
+    dt.reshape(24)
     with pytest.raises(exc, match=words):
         dt.reshape(shape)
 

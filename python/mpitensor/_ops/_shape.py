@@ -282,9 +282,12 @@ def _target_shape(size, shape, order):
         raise TypeError(f"numpy.reshape: order={order!r} is not supported on DTensors; "
                         f"only order='C' (and 'A', which is 'C' for them)")
     try:
-        shape = (operator.index(shape),)
+        shape = (shape,) if operator.index(shape) is not None else ()
     except TypeError:
-        shape = tuple(operator.index(s) for s in shape)
+        shape = tuple(shape)
+    if any(isinstance(n, (bool, np.bool_)) for n in shape):
+        raise TypeError("numpy.reshape: the shape must be integers, not booleans")
+    shape = tuple(operator.index(n) for n in shape)
     unknown = [d for d, n in enumerate(shape) if n == -1]
     if len(unknown) > 1:
         raise ValueError("numpy.reshape: can only specify one unknown dimension")
@@ -375,7 +378,9 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     spec = a._spec
     mesh = spec.mesh
     # A repeated call skips parsing the shape and the layout math: one lookup.
-    ck = (shape if type(shape) is int else tuple(shape) if type(shape) in (tuple, list)
+    # Only plain ints: 2.0 or True would hash like 2 and 1 and skip NumPy's errors.
+    ck = (shape if type(shape) is int else tuple(shape)
+          if type(shape) in (tuple, list) and all(type(n) is int for n in shape)
           else None)
     cache_key = ("reshape", ck, order, spec.placements, spec.shape, spec.dtype)
     hit = mesh._decisions.get(cache_key) if ck is not None else None
@@ -395,6 +400,8 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     local = D.local_inputs(mesh, (a,), dec)[0]
     if lshape is not None:
         local = local.reshape(lshape)
+        if copy:
+            local = local.copy()
     return D.wrap(mesh, dec, local)
 
 
