@@ -205,3 +205,9 @@ def test_repeated_keys_reuse_the_plan_on_new_data():
         assert_matches(b[1:4, ::2], -full[1:4, ::2])
         assert_matches(a[np.int64(2), 1:], full[2, 1:])    # NumPy ints: uncached path
         assert_matches(a[(slice(np.int64(1), None), 0)], full[1:, 0])
+
+
+def test_zero_d_integer_arrays_are_ints():
+    dt = make(np.arange(12.0).reshape(3, 4), mesh_of((W,)), [S0])
+    key = (np.array(2), Ellipsis, np.array(-1))
+    assert_matches(dt[key], np.arange(12.0).reshape(3, 4)[2, ..., -1])

@@ -61,8 +61,9 @@ def _parse(key, shape):
     if used > n:
         raise IndexError(f"too many indices for DTensor: it is {n}-dimensional, but "
                          f"{used} were indexed")
-    if Ellipsis in key:
-        at = key.index(Ellipsis)
+    # Found by identity: == on a 0-d array index would compare elementwise.
+    at = next((j for j, k in enumerate(key) if k is Ellipsis), None)
+    if at is not None:
         key = key[:at] + (slice(None),) * (n - used) + key[at + 1:]
     else:
         key = key + (slice(None),) * (n - used)
