@@ -89,8 +89,11 @@ def plot_redistribute(src, placements, path) -> list:
         _draw_layout(right, src.shape, dst_blocks, mesh.device_type, colour)
         left.set_title(f"source {list(src.placements)}", fontsize=9)
         right.set_title(f"target {list(dst)}", fontsize=9)
+        fig.subplots_adjust(bottom=0.2)
         _draw_arrows(fig, left, right, src.shape, moves)
         fig.suptitle(f"redistribute {src.shape} {src.dtype} on {mesh!r}", fontsize=10)
+        fig.text(0.5, 0.06, f"transfers (sender->receiver): {_moves_text(moves)}",
+                 ha="center", fontsize=7, wrap=True)
         fig.text(0.5, 0.02, f"plan: {steps}", ha="center", fontsize=8, wrap=True)
 
     _write_on_one_rank(mesh, path, draw, "plot_redistribute")
@@ -134,6 +137,7 @@ def _draw_layout(ax, shape, blocks, device_type, colour=None):
     {owner set: colour} so that two panels colour alike."""
     from matplotlib import colormaps
     from matplotlib.patches import Rectangle
+    from matplotlib.ticker import MaxNLocator
 
     palette = colormaps["tab20"]
     colour = {} if colour is None else colour
@@ -151,21 +155,38 @@ def _draw_layout(ax, shape, blocks, device_type, colour=None):
     ax.set_ylim(max(nrows, 1), 0)
     ax.set_aspect("equal" if nrows and ncols and max(nrows, ncols) <= 8 * min(nrows, ncols)
                   else "auto")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("columns")
     ax.set_ylabel("rows")
     return colour
 
 
 def _draw_arrows(fig, left, right, shape, moves) -> None:
+    """An arrow per transfer, from the block's place in the source panel to its
+    place in the target panel, shifted per receiver so that replicated targets
+    stay apart, coloured by sender."""
     from matplotlib import colormaps
     from matplotlib.patches import ConnectionPatch
 
     palette = colormaps["tab10"]
+    receivers = sorted({m[1] for m in moves})
     for sender, receiver, (r, c) in moves:
         y, x = (r[0] + r[1] + 1) / 2, (c[0] + c[1] + 1) / 2
+        shift = (receivers.index(receiver) + 1) / (len(receivers) + 1) - 0.5
+        end = (x + shift * (c[1] - c[0] + 1) * 0.6, y + shift * (r[1] - r[0] + 1) * 0.6)
         fig.add_artist(ConnectionPatch(
-            xyA=(x, y), coordsA=left.transData, xyB=(x, y), coordsB=right.transData,
-            arrowstyle="->", color=palette(sender % 10), linewidth=1.2, alpha=0.8))
+            xyA=(x, y), coordsA=left.transData, xyB=end, coordsB=right.transData,
+            arrowstyle="->", color=palette(sender % 10), linewidth=1.2, alpha=0.8,
+            connectionstyle="arc3,rad=-0.15"))
+
+
+def _moves_text(moves, limit: int = 8) -> str:
+    text = ", ".join(f"{s}->{d} rows {r[0]}-{r[1]} cols {c[0]}-{c[1]}"
+                     for s, d, (r, c) in moves[:limit])
+    if len(moves) > limit:
+        text += f", and {len(moves) - limit} more"
+    return text or "none"
 
 
 def _write_on_one_rank(mesh, path, draw, what: str) -> None:
