@@ -75,11 +75,8 @@ def dtype_text(dtype) -> str:
 
 def redistribute(what: str, mesh, plan, shape, dtype) -> None:
     """Right before ``plan`` runs on ``mesh`` (every member rank calls this)."""
-    from ._ops._dispatch import _placement
-
     steps = plan.steps()
-    src = tuple(_placement(c) for c in steps[0][2]) if steps else ()
-    dst = tuple(_placement(c) for c in steps[-1][3]) if steps else ()
+    src, dst = _plan_placements(mesh, plan, steps)
     explicit = what != "operation"
     if not explicit:
         what = f"{_current_op}: redistribute an input" if _current_op else "redistribute"
@@ -96,6 +93,20 @@ def redistribute(what: str, mesh, plan, shape, dtype) -> None:
                   parts or "no step")
     for listener in _listeners:
         listener._record_redistribute(explicit, mesh, steps, shape, src)
+
+
+def _plan_placements(mesh, plan, steps):
+    """(source, target) placements of a plan: from the mesh's plan cache, whose
+    keys hold them (searched only while debugging), else from its steps."""
+    from ._ops._dispatch import _placement
+
+    for key, cached in mesh._plans.items():
+        if cached is plan:
+            return key[1], key[2]
+    if not steps:
+        return (), ()
+    return (tuple(_placement(c) for c in steps[0][2]),
+            tuple(_placement(c) for c in steps[-1][3]))
 
 
 def collective(what: str, mesh, placements, shape, dtype) -> None:
