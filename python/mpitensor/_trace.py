@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
+
 # Read at every hook site; True while any listener below is on.
 active = False
 
@@ -163,7 +165,9 @@ def op_name(op_key) -> str:
     name = getattr(op_key, "__name__", None)
     if name is None:
         name = str(op_key)
-    return name if "." in name else "numpy." + name
+    # NumPy's own functions get their module; others (nn.functional's softmax, a
+    # user's register_sharding function) keep their bare name.
+    return "numpy." + name if "." not in name and hasattr(np, name) else name
 
 
 def _check(text: str, mesh) -> None:
