@@ -223,6 +223,12 @@ def test_hooks_removed_on_exit_and_reentry_resets(mesh):
     with mode:
         pass
     assert mode.get_sharding_info() == {} and mode.comm_module_counts == {}
+    mode.track(model).track(model.net1)  # tracked twice: still one pair of hooks each
+    with mode:
+        assert model.hook_count() == 2 * 4
+        model(x)
+    assert model.hook_count() == 0
+    assert list(mode.get_sharding_info())[:2] == ["MLP.net1.weight", "MLP.net1.bias"]
 
 
 def test_track_inside_and_collectives_outside_modules(mesh):

@@ -59,7 +59,7 @@ class ModuleTracker:
     def _attach(self, root) -> None:
         root_name = self._names.get(id(root), (None, type(root).__name__))[1]
         for sub_name, sub in root.named_modules():
-            if id(sub) in self._names and sub is not root:
+            if id(sub) in self._names:  # tracked already, maybe under another root
                 continue
             fqn = f"{root_name}.{sub_name}" if sub_name else root_name
             self._names[id(sub)] = (sub, fqn)
