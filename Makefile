@@ -24,7 +24,7 @@ $(VENV)/.deps: pyproject.toml Makefile | system-deps
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
 	  "scikit-build-core>=0.10" cmake ninja \
-	  "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6"
+	  "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" tabulate rich matplotlib
 	touch $@
 
 system-deps:

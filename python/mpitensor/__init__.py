@@ -29,6 +29,13 @@ __version__ = "0.1.0"
 if _os.environ.get("MPITENSOR_POOL_BYTES"):
     _C.pool_set_limit(int(_os.environ["MPITENSOR_POOL_BYTES"]))
 
+# MPITENSOR_LOGS=+dtensor (debug lines) and MPITENSOR_CHECK=1 (collective mismatch
+# detection); see mpitensor.debug.
+from . import _logging, _trace
+
+_logging.configure_from_environment()
+_trace._configure_from_environment()
+
 __all__ = [
     "DTensor",
     "distribute_tensor",

@@ -7,7 +7,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import _args, _ops, _redistribute
+from . import _args, _ops, _redistribute, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
 from .device_mesh import DeviceMesh
@@ -215,6 +215,8 @@ class DTensor(NDArrayOperatorsMixin):
         if dst == src or mesh._coordinate is None:
             return DTensor(local, spec)
         plan = _redistribute.plan_for(mesh, spec.shape, src, dst, dtype.itemsize)
+        if _trace.active:
+            _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
         return DTensor(_redistribute.run(mesh, plan, local, async_op), spec)
 
     def full_tensor(self) -> np.ndarray:
@@ -313,6 +315,10 @@ def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool)
     """run_check: compare with the mesh's first rank, agree on a verdict, then
     broadcast Replicate dims. Collective on the mesh."""
     mesh = spec.mesh
+    if _trace.active:
+        # No shape here: a shape that differs is what run_check itself reports.
+        _trace.collective("DTensor.from_local(run_check=True)", mesh, spec.placements,
+                          None, None)
     mine = _meta_record(local, spec.shape)
     root = mine.copy()
     for d in range(mesh.ndim):

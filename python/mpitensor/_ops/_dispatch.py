@@ -17,7 +17,7 @@ import numbers
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _trace
 from ..experimental import _implicit
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._redistribute import check_targets, plan_for
@@ -112,6 +112,10 @@ def decide(key, mesh, inputs, build_map) -> Decision:
     dec = mesh._decisions.get(key)
     if dec is None:
         dec = mesh._decisions[key] = _decide(mesh, inputs, build_map())
+        if _trace.active:
+            _trace.decision(key, inputs, dec, False)
+    elif _trace.active:
+        _trace.decision(key, inputs, dec, True)
     return dec
 
 
@@ -122,6 +126,10 @@ def local_inputs(mesh, inputs, dec: Decision) -> list:
         # Not a member: no data; run on stand-ins only to learn the output dtype.
         return [np.zeros((1,) * x.ndim, x.dtype) for x in inputs]
     handle = mesh._handle
+    if _trace.active:
+        for x, p in zip(inputs, dec.plans):
+            if p is not None:
+                _trace.redistribute("operation", mesh, p, x._spec.shape, x._spec.dtype)
     return [x.to_local() if p is None else _C.redistribute(handle, p, x.to_local())
             for x, p in zip(inputs, dec.plans)]
 

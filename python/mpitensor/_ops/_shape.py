@@ -29,6 +29,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
+from .. import _trace
 from . import _dispatch as D
 from ..placement_types import Shard
 
@@ -59,8 +60,11 @@ def permute(a, perm):
     local = a.to_local()
     if spec.mesh._coordinate is not None:
         local = np.ascontiguousarray(np.transpose(local, perm))
-    return DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
-                                      contiguous_strides(shape)))
+    out = DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
+                                     contiguous_strides(shape)))
+    if _trace.active:
+        _trace.view("numpy.transpose", a, out)
+    return out
 
 
 @D.implements(np.transpose)
