@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
-.PHONY: install system-deps demo test test-c test-python test-plain test-examples clean
+.PHONY: install system-deps demo docs test test-c test-python test-plain test-examples clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
 # (a test checks this); a binary wheel could bring its own MPI.
@@ -71,6 +71,12 @@ test-python: install
 test-plain: install
 	timeout -k 20 1200 $(PY) -m pytest -m mpi tests/python -q
 	timeout -k 20 1200 $(PY) -m pytest tests/plugin tests/notebooks -q
+	$(MAKE) --no-print-directory docs
+
+# docs/ as HTML in build/site (MkDocs, strict: a warning such as a broken link fails).
+docs: $(VENV)/.deps
+	$(PIP) install -q "mkdocs>=1.6"
+	$(VENV)/bin/mkdocs build -q
 
 # The examples run as one plain process and under mpiexec, as the README promises.
 test-examples: install
