@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
-.PHONY: install system-deps demo test test-c test-python test-examples clean
+.PHONY: install system-deps demo docs test test-c test-python test-plain test-examples clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
 # (a test checks this); a binary wheel could bring its own MPI.
@@ -24,7 +24,9 @@ $(VENV)/.deps: pyproject.toml Makefile | system-deps
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
 	  "scikit-build-core>=0.10" cmake ninja \
-	  "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" tabulate rich matplotlib
+	  "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" tabulate rich matplotlib \
+	  "ipyparallel>=8.6" "nbclient>=0.10" "ipykernel>=6.29"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
 system-deps:
@@ -50,6 +52,7 @@ test: install
 	@start=$$(date +%s); status=0; \
 	$(MAKE) --no-print-directory test-c || status=1; \
 	$(MAKE) --no-print-directory test-python || status=1; \
+	$(MAKE) --no-print-directory test-plain || status=1; \
 	$(MAKE) --no-print-directory test-examples || status=1; \
 	echo "make test: $$(( $$(date +%s) - start ))s, $$( [ $$status = 0 ] && echo passed || echo FAILED )"; \
 	exit $$status
@@ -62,6 +65,18 @@ test-c: $(VENV)/.deps
 
 test-python: install
 	@status=0; for np in $(NPS); do tests/run_mpi_pytest.sh $$np || status=1; done; exit $$status
+
+# Plain pytest, as users run it: the mpi-marked tests (each started under mpiexec by
+# the pytest_mpitensor plugin), the plugin's own tests, and every notebook headless.
+test-plain: install
+	timeout -k 20 1200 $(PY) -m pytest -m mpi tests/python -q
+	timeout -k 20 1200 $(PY) -m pytest tests/plugin tests/notebooks -q
+	$(MAKE) --no-print-directory docs
+
+# docs/ as HTML in build/site (MkDocs, strict: a warning such as a broken link fails).
+docs: $(VENV)/.deps
+	$(PIP) install -q "mkdocs>=1.6"
+	$(VENV)/bin/mkdocs build -q
 
 # The examples run as one plain process and under mpiexec, as the README promises.
 test-examples: install
