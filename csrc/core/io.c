@@ -1,0 +1,310 @@
+/* Sharded files with MPI-IO: one file view per rank, built from its box, and one
+ * collective write or read of the whole array.
+ *
+ * A box is described to MPI as nested hvectors of byte runs rather than as an
+ * MPI_Type_create_subarray, whose int sizes cap every dim at INT_MAX elements and
+ * whose extent spans the whole array; here every count, stride and displacement
+ * is 64-bit safe, and the box's start goes into the view's displacement. Between
+ * phases the members agree on the first failure so that they all return it. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm-private.h"
+#include "mpitensor/io.h"
+
+/* ---- datatypes --------------------------------------------------------------- */
+
+/* `count` copies of `inner`, `stride` bytes apart (count <= INT_MAX). */
+static int hvector(int64_t count, int64_t stride, MPI_Datatype inner, MPI_Datatype *out) {
+  MPI_Aint lb = 0, extent = 0;
+  int rc = MPI_Type_get_extent(inner, &lb, &extent);
+  if (rc != MPI_SUCCESS) return rc;
+  if ((int64_t)extent == stride) return MPI_Type_contiguous((int)count, inner, out);
+  return MPI_Type_create_hvector((int)count, 1, (MPI_Aint)stride, inner, out);
+}
+
+/* Any count: MPI counts are ints, so above INT_MAX the copies go in groups of
+ * 2**30, and a struct appends the remainder after the last whole group. */
+static int repeat(int64_t count, int64_t stride, MPI_Datatype inner, MPI_Datatype *out) {
+  if (count <= INT_MAX) return hvector(count, stride, inner, out);
+  const int64_t group = (int64_t)1 << 30;
+  int64_t q = count / group, r = count % group;
+  MPI_Datatype g = MPI_DATATYPE_NULL, whole = MPI_DATATYPE_NULL, rest = MPI_DATATYPE_NULL;
+  int rc = hvector(group, stride, inner, &g);
+  if (rc == MPI_SUCCESS) rc = hvector(q, group * stride, g, r == 0 ? out : &whole);
+  if (rc == MPI_SUCCESS && r != 0) rc = hvector(r, stride, inner, &rest);
+  if (rc == MPI_SUCCESS && r != 0) {
+    int lens[2] = {1, 1};
+    MPI_Aint disps[2] = {0, (MPI_Aint)(q * group * stride)};
+    MPI_Datatype types[2] = {whole, rest};
+    rc = MPI_Type_create_struct(2, lens, disps, types, out);
+  }
+  if (g != MPI_DATATYPE_NULL) MPI_Type_free(&g);
+  if (whole != MPI_DATATYPE_NULL) MPI_Type_free(&whole);
+  if (rest != MPI_DATATYPE_NULL) MPI_Type_free(&rest);
+  return rc;
+}
+
+/* Wraps `*type` in `count` copies `stride` bytes apart, replacing it. */
+static int wrap(int64_t count, int64_t stride, MPI_Datatype *type) {
+  MPI_Datatype outer;
+  int rc = repeat(count, stride, *type, &outer);
+  if (*type != MPI_BYTE) MPI_Type_free(type);
+  *type = rc == MPI_SUCCESS ? outer : MPI_DATATYPE_NULL;
+  return rc;
+}
+
+static int check_box(const mt_io_array *a, const mt_box *box, mt_error *err) {
+  if (a->ndim < 0 || a->ndim > MT_MAX_NDIM || box->ndim != a->ndim || a->itemsize < 1 ||
+      a->offset < 0) {
+    return mt__fail(err, MT_EINVAL, "a box of %d dims does not fit an array of %d dims",
+                    box->ndim, a->ndim);
+  }
+  for (int d = 0; d < a->ndim; ++d) {
+    int64_t o = box->offset[d], s = box->shape[d], n = a->shape[d];
+    if (n < 0 || s < 0 || (s > 0 && (o < 0 || o > n - s))) {
+      return mt__fail(err, MT_EINDEX, "dim %d of the box (offset %lld, size %lld) lies "
+                      "outside the array's %lld", d, (long long)o, (long long)s,
+                      (long long)n);
+    }
+  }
+  return MT_OK;
+}
+
+/* Dims inner to the first one the box does not span whole form one byte run. */
+static int64_t run_start(const mt_io_array *a, const mt_box *box, int64_t *run) {
+  int k = a->ndim - 1;
+  *run = a->itemsize * (a->ndim > 0 ? box->shape[k] : 1);
+  while (k > 0 && box->shape[k] == a->shape[k]) *run *= box->shape[--k];
+  return k;
+}
+
+int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *type,
+                   int64_t *disp, int64_t *nbytes, mt_error *err) {
+  int rc = check_box(array, box, err);
+  if (rc != MT_OK) return rc;
+  int64_t n = mt_box_numel(box), stride[MT_MAX_NDIM], step = array->itemsize;
+  if (n == 0) {
+    *type = MPI_BYTE, *disp = array->offset, *nbytes = 0;
+    return MT_OK;
+  }
+  int64_t at = array->offset;
+  for (int d = array->ndim - 1; d >= 0; --d) {
+    stride[d] = step;
+    step *= array->shape[d];
+    at += box->offset[d] * stride[d];
+  }
+  int64_t run = 0;
+  int64_t k = run_start(array, box, &run);
+  MPI_Datatype t = MPI_BYTE;
+  int mrc = wrap(run, 1, &t);
+  for (int64_t d = k - 1; mrc == MPI_SUCCESS && d >= 0; --d) {
+    if (box->shape[d] > 1) mrc = wrap(box->shape[d], stride[d], &t);
+  }
+  if (mrc == MPI_SUCCESS) mrc = MPI_Type_commit(&t);
+  if (mrc != MPI_SUCCESS) {
+    if (t != MPI_DATATYPE_NULL && t != MPI_BYTE) MPI_Type_free(&t);
+    return mt__mpi_fail(err, mrc, "building the file type of a box");
+  }
+  *type = t, *disp = at, *nbytes = n * array->itemsize;
+  return MT_OK;
+}
+
+/* A committed datatype of `nbytes` contiguous bytes, and the count to send of it. */
+static int bytes_type(int64_t nbytes, MPI_Datatype *type, int *count, mt_error *err) {
+  *type = MPI_BYTE, *count = (int)(nbytes > 0);
+  if (nbytes == 0) return MT_OK;
+  int rc = wrap(nbytes, 1, type);
+  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(type);
+  return rc == MPI_SUCCESS ? MT_OK : mt__mpi_fail(err, rc, "MPI_Type_contiguous");
+}
+
+static void free_type(MPI_Datatype *t) {
+  if (*t != MPI_BYTE && *t != MPI_DATATYPE_NULL) MPI_Type_free(t);
+}
+
+/* ---- agreement --------------------------------------------------------------- */
+
+/* Collective on `comm`. The first failing rank's status and message, on every
+ * rank; MT_OK when every rank passes MT_OK. */
+static int agree(MPI_Comm comm, int rc, mt_error *err) {
+  int me = 0, size = 0;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(comm, &size);
+  int first = rc != MT_OK ? me : size;
+  MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm),
+              "MPI_Allreduce");
+  if (first == size) return MT_OK;
+  mt_error rec = {0};
+  if (me == first) {
+    rec.code = rc;
+    if (err != NULL) memcpy(rec.msg, err->msg, sizeof rec.msg);
+  }
+  MT__MPI_TRY(MPI_Bcast(&rec, (int)sizeof rec, MPI_BYTE, first, comm), "MPI_Bcast");
+  if (err != NULL) *err = rec;
+  return rec.code;
+}
+
+/* File errors are I/O errors for the user, whatever MPI's error class. */
+static int io_fail(mt_error *err, int rc, const char *what, const char *path) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) strcpy(text, "unknown MPI error");
+  return mt__fail(err, MT_EIO, "%s of '%s' failed: %s", what, path, text);
+}
+
+/* ---- save -------------------------------------------------------------------- */
+
+/* A temporary name beside `path`, the same on every rank: rank 0's pid decides. */
+static int temp_name(MPI_Comm comm, const char *path, char *out, size_t cap,
+                     mt_error *err) {
+  long long pid = (long long)getpid();
+  MT__MPI_TRY(MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, comm), "MPI_Bcast");
+  int n = snprintf(out, cap, "%s.mpitensor-%lld.tmp", path, pid);
+  if (n < 0 || (size_t)n >= cap) {
+    return mt__fail(err, MT_EINVAL, "the path '%s' is too long", path);
+  }
+  return MT_OK;
+}
+
+typedef struct io_call {
+  MPI_Comm comm;
+  int rank;
+  MPI_Datatype ftype, mtype;
+  int64_t disp;
+  int count;
+} io_call;
+
+/* Local. The types of this rank's box, in the file and in memory. */
+static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, mt_error *err) {
+  int64_t nbytes = 0;
+  c->ftype = c->mtype = MPI_BYTE;
+  int rc = mt_io_box_type(a, box, &c->ftype, &c->disp, &nbytes, err);
+  if (rc == MT_OK) rc = bytes_type(nbytes, &c->mtype, &c->count, err);
+  return rc;
+}
+
+static void finish(io_call *c) {
+  free_type(&c->ftype);
+  free_type(&c->mtype);
+}
+
+/* Every rank makes every collective call here, failed or not, so none waits. */
+static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
+                     int64_t size, const void *buf, const char *path, mt_error *err) {
+  int rc = MPI_File_set_size(fh, (MPI_Offset)size), mine = MT_OK;
+  if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_set_size", path);
+  if (c->rank == 0 && hlen > 0 && mine == MT_OK) {
+    rc = MPI_File_write_at(fh, 0, header, (int)hlen, MPI_BYTE, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "writing the header", path);
+  }
+  rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
+                         MPI_INFO_NULL);
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_set_view", path);
+  rc = MPI_File_write_at_all(fh, 0, buf, c->count, c->mtype, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS && mine == MT_OK) {
+    mine = io_fail(err, rc, "MPI_File_write_at_all", path);
+  }
+  return mine;
+}
+
+static int64_t array_bytes(const mt_io_array *a) {
+  int64_t n = a->itemsize;
+  for (int d = 0; d < a->ndim; ++d) n *= a->shape[d];
+  return n;
+}
+
+/* Opens, writes and closes `tmp`; on every rank the agreed status. */
+static int write_file(io_call *c, const char *tmp, const void *header, int64_t hlen,
+                      const mt_io_array *a, const void *buf, mt_error *err) {
+  MPI_File fh = MPI_FILE_NULL;
+  int rc = MPI_File_open(c->comm, tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL,
+                         &fh);
+  int mine = rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_open", tmp);
+  mine = agree(c->comm, mine, err);
+  if (mine != MT_OK) return mine;
+  mine = write_all(c, fh, header, hlen, a->offset + array_bytes(a), buf, tmp, err);
+  rc = MPI_File_close(&fh);
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
+  return agree(c->comm, mine, err);
+}
+
+/* Rank 0 renames the finished file into place (or removes it after a failure)
+ * and every rank learns the outcome. */
+static int commit(io_call *c, const char *tmp, const char *path, int rc, mt_error *err) {
+  int mine = MT_OK;
+  if (c->rank == 0 && rc == MT_OK && rename(tmp, path) != 0) {
+    mine = mt__fail(err, MT_EIO, "renaming '%s' to '%s' failed", tmp, path);
+  }
+  if (c->rank == 0 && (rc != MT_OK || mine != MT_OK)) remove(tmp);
+  return rc != MT_OK ? rc : agree(c->comm, mine, err);
+}
+
+int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
+               const mt_io_array *array, const mt_box *box, const void *buf,
+               mt_error *err) {
+  io_call c = {0};
+  int rc = mt__mesh_flat_comm(mesh, &c.comm, err);
+  if (rc != MT_OK) return rc;
+  MPI_Comm_rank(c.comm, &c.rank);
+  char tmp[4096];
+  rc = temp_name(c.comm, path, tmp, sizeof tmp, err);
+  if (rc == MT_OK && (hlen < 0 || hlen > INT_MAX || hlen > array->offset)) {
+    rc = mt__fail(err, MT_EINVAL, "a header of %lld bytes does not fit before the data "
+                  "at byte %lld", (long long)hlen, (long long)array->offset);
+  }
+  if (rc == MT_OK) rc = prepare(&c, array, box, err);
+  rc = agree(c.comm, rc, err);
+  if (rc == MT_OK) {
+    rc = write_file(&c, tmp, header, hlen, array, buf, err);
+    rc = commit(&c, tmp, path, rc, err);
+  }
+  finish(&c);
+  return rc;
+}
+
+/* ---- load -------------------------------------------------------------------- */
+
+static int read_all(io_call *c, MPI_File fh, int64_t need, void *buf, const char *path,
+                    mt_error *err) {
+  MPI_Offset size = 0;
+  int rc = MPI_File_get_size(fh, &size), mine = MT_OK;
+  if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_get_size", path);
+  if (mine == MT_OK && (int64_t)size < need) {
+    mine = mt__fail(err, MT_EIO, "'%s' is truncated: it has %lld bytes, the array needs "
+                    "%lld", path, (long long)size, (long long)need);
+  }
+  mine = agree(c->comm, mine, err);
+  if (mine != MT_OK) return mine;
+  rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
+                         MPI_INFO_NULL);
+  if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_set_view", path);
+  rc = MPI_File_read_at_all(fh, 0, buf, c->count, c->mtype, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_read_at_all", path);
+  return mine;
+}
+
+int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
+               const mt_box *box, void *buf, mt_error *err) {
+  io_call c = {0};
+  int rc = mt__mesh_flat_comm(mesh, &c.comm, err);
+  if (rc != MT_OK) return rc;
+  MPI_Comm_rank(c.comm, &c.rank);
+  rc = agree(c.comm, prepare(&c, array, box, err), err);
+  MPI_File fh = MPI_FILE_NULL;
+  if (rc == MT_OK) {
+    int mrc = MPI_File_open(c.comm, path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
+    rc = agree(c.comm, mrc == MPI_SUCCESS ? MT_OK : io_fail(err, mrc, "MPI_File_open", path),
+               err);
+  }
+  if (rc == MT_OK) {
+    rc = read_all(&c, fh, array->offset + array_bytes(array), buf, path, err);
+    int mrc = MPI_File_close(&fh);
+    if (mrc != MPI_SUCCESS && rc == MT_OK) rc = io_fail(err, mrc, "MPI_File_close", path);
+    rc = agree(c.comm, rc, err);
+  }
+  finish(&c);
+  return rc;
+}
