@@ -178,10 +178,15 @@ typedef struct io_call {
 } io_call;
 
 /* Local. The types of this rank's box, in the file and in memory. */
-static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, mt_error *err) {
+static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t buflen,
+                   mt_error *err) {
   int64_t nbytes = 0;
   c->ftype = c->mtype = MPI_BYTE;
   int rc = mt_io_box_type(a, box, &c->ftype, &c->disp, &nbytes, err);
+  if (rc == MT_OK && nbytes != buflen) {
+    rc = mt__fail(err, MT_EINVAL, "the buffer holds %lld bytes; the box needs %lld",
+                  (long long)buflen, (long long)nbytes);
+  }
   if (rc == MT_OK) rc = bytes_type(nbytes, &c->mtype, &c->count, err);
   return rc;
 }
@@ -244,7 +249,7 @@ static int commit(io_call *c, const char *tmp, const char *path, int rc, mt_erro
 
 int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
                const mt_io_array *array, const mt_box *box, const void *buf,
-               mt_error *err) {
+               int64_t buflen, mt_error *err) {
   io_call c = {0};
   int rc = mt__mesh_flat_comm(mesh, &c.comm, err);
   if (rc != MT_OK) return rc;
@@ -255,7 +260,7 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
     rc = mt__fail(err, MT_EINVAL, "a header of %lld bytes does not fit before the data "
                   "at byte %lld", (long long)hlen, (long long)array->offset);
   }
-  if (rc == MT_OK) rc = prepare(&c, array, box, err);
+  if (rc == MT_OK) rc = prepare(&c, array, box, buflen, err);
   rc = agree(c.comm, rc, err);
   if (rc == MT_OK) {
     rc = write_file(&c, tmp, header, hlen, array, buf, err);
@@ -287,12 +292,12 @@ static int read_all(io_call *c, MPI_File fh, int64_t need, void *buf, const char
 }
 
 int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
-               const mt_box *box, void *buf, mt_error *err) {
+               const mt_box *box, void *buf, int64_t buflen, mt_error *err) {
   io_call c = {0};
   int rc = mt__mesh_flat_comm(mesh, &c.comm, err);
   if (rc != MT_OK) return rc;
   MPI_Comm_rank(c.comm, &c.rank);
-  rc = agree(c.comm, prepare(&c, array, box, err), err);
+  rc = agree(c.comm, prepare(&c, array, box, buflen, err), err);
   MPI_File fh = MPI_FILE_NULL;
   if (rc == MT_OK) {
     int mrc = MPI_File_open(c.comm, path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);

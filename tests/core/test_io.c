@@ -92,8 +92,8 @@ static void test_round_trip(mt_mesh *m) {
   for (int64_t i = 0; i < nr * cols; ++i) mine[i] = (int32_t)(r0 * cols + i);
   mt_box b = box2(r0, nr, 0, cols);
   mt_error err = {0};
-  CHECK_MSG(mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, &err) == MT_OK,
-            "%s", err.msg);
+  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, nr * cols * 4, &err);
+  CHECK_MSG(rc == MT_OK, "%s", err.msg);
   if (world_rank == 0) {
     FILE *f = fopen(path, "rb");
     char head[16];
@@ -106,7 +106,7 @@ static void test_round_trip(mt_mesh *m) {
   }
   int64_t c0 = world_rank < cols ? world_rank : cols, nc = world_rank < cols ? 1 : 0;
   mt_box rb = box2(1, rows - 1, c0, nc);
-  CHECK(mt_io_load(m, path, &a, &rb, mine, &err) == MT_OK);
+  CHECK(mt_io_load(m, path, &a, &rb, mine, (rows - 1) * nc * 4, &err) == MT_OK);
   for (int64_t i = 0; i < (rows - 1) * nc; ++i) CHECK(mine[i] == (i + 1) * cols + c0);
   free(mine);
 }
@@ -121,11 +121,11 @@ static void test_high_offset(mt_mesh *m) {
   unsigned char buf[64];
   for (int i = 0; i < 64; ++i) buf[i] = (unsigned char)(world_rank * 64 + i);
   mt_error err = {0};
-  CHECK_MSG(mt_io_save(m, path, "H", 1, &a, &b, buf, &err) == MT_OK, "%s", err.msg);
+  CHECK_MSG(mt_io_save(m, path, "H", 1, &a, &b, buf, 64, &err) == MT_OK, "%s", err.msg);
   int other = (world_rank + 1) % world_size;
   mt_box rb = box2(2, 1, big - 64 * (other + 1), 64);
   memset(buf, 0, sizeof buf);
-  CHECK_MSG(mt_io_load(m, path, &a, &rb, buf, &err) == MT_OK, "%s", err.msg);
+  CHECK_MSG(mt_io_load(m, path, &a, &rb, buf, 64, &err) == MT_OK, "%s", err.msg);
   for (int i = 0; i < 64; ++i) CHECK(buf[i] == (unsigned char)(other * 64 + i));
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank == 0) remove(path);
@@ -149,23 +149,27 @@ static void test_failures(mt_mesh *m) {
   mt_box b = box2(0, world_rank == 0 ? 2 : 0, 0, 2);
   unsigned char buf[4] = {1, 2, 3, 4};
   mt_error err = {0};
-  CHECK(mt_io_save(m, path, "KEEP", 4, &a, &b, buf, &err) == MT_OK);
-  int rc = mt_io_save(m, missing, "HEAD", 4, &a, &b, buf, &err);
+  int64_t nb = mt_box_numel(&b);
+  CHECK(mt_io_save(m, path, "KEEP", 4, &a, &b, buf, nb, &err) == MT_OK);
+  int rc = mt_io_save(m, missing, "HEAD", 4, &a, &b, buf, nb, &err);
   expect_everywhere(rc, MT_EIO, &err, "no-such-dir");
-  rc = mt_io_load(m, missing, &a, &b, buf, &err);
+  rc = mt_io_load(m, missing, &a, &b, buf, nb, &err);
   expect_everywhere(rc, MT_EIO, &err, "MPI_File_open");
   mt_io_array longer = array2(4, 2, 1, 4);
-  rc = mt_io_load(m, path, &longer, &b, buf, &err);
+  rc = mt_io_load(m, path, &longer, &b, buf, nb, &err);
   expect_everywhere(rc, MT_EIO, &err, "truncated");
   /* A bad box on the last rank only: the others must not write, and the file at
    * `path` stays as it was. */
   mt_box bad = box2(world_rank == world_size - 1 ? 1 : 0, 2, 0, 2);
   unsigned char other[4] = {9, 9, 9, 9};
-  rc = mt_io_save(m, path, "LOST", 4, &a, &bad, other, &err);
+  rc = mt_io_save(m, path, "LOST", 4, &a, &bad, other, mt_box_numel(&bad), &err);
   expect_everywhere(rc, MT_EINDEX, &err, "outside");
+  int short_buf = world_rank == world_size - 1;
+  rc = mt_io_save(m, path, "LOST", 4, &a, &b, other, nb - short_buf, &err);
+  expect_everywhere(rc, MT_EINVAL, &err, "buffer");
   memset(buf, 0, sizeof buf);
   mt_box whole = box2(0, 2, 0, 2);
-  CHECK(mt_io_load(m, path, &a, &whole, buf, &err) == MT_OK);
+  CHECK(mt_io_load(m, path, &a, &whole, buf, 4, &err) == MT_OK);
   CHECK(buf[0] == 1 && buf[3] == 4);
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank == 0) remove(path);
@@ -184,10 +188,11 @@ static void test_big_box(mt_mesh *m) {
   mt_box b = {.ndim = 1};
   b.shape[0] = writer ? n : 0;
   mt_error err = {0};
-  CHECK_MSG(mt_io_save(m, path, "B", 1, &a, &b, buf, &err) == MT_OK, "%s", err.msg);
+  CHECK_MSG(mt_io_save(m, path, "B", 1, &a, &b, buf, b.shape[0], &err) == MT_OK, "%s",
+            err.msg);
   if (reader) memset(buf, 0, (size_t)n);
   b.shape[0] = reader ? n : 0;
-  CHECK_MSG(mt_io_load(m, path, &a, &b, buf, &err) == MT_OK, "%s", err.msg);
+  CHECK_MSG(mt_io_load(m, path, &a, &b, buf, b.shape[0], &err) == MT_OK, "%s", err.msg);
   int64_t bad = 0;
   for (int64_t i = 0; reader && i < n; ++i) bad += buf[i] != (unsigned char)(i % 251);
   CHECK(bad == 0);

@@ -40,7 +40,8 @@ int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *ty
 /* Collective on the mesh. Writes a new file at `path`: `hlen` bytes of `header`
  * at offset 0 (all members pass the same header; the first member writes it),
  * then the array, of which this rank supplies `box` from the C-contiguous buffer
- * `buf` (an empty box contributes nothing). The file is sized to exactly
+ * `buf` of `buflen` bytes, which must be the box's (an empty box contributes
+ * nothing). Arguments are checked on every member before any data moves. The file is sized to exactly
  * array->offset plus the array's bytes. It is written under a temporary name in
  * the same directory and renamed to `path` only after every member has written
  * its box, so an existing file at `path` is replaced whole or not at all; on
@@ -48,14 +49,15 @@ int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *ty
  * on every member with the message of the member that failed first. */
 int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
                const mt_io_array *array, const mt_box *box, const void *buf,
-               mt_error *err);
+               int64_t buflen, mt_error *err);
 
 /* Collective on the mesh. Reads this rank's `box` of `array` from the existing
- * file `path` into the C-contiguous buffer `buf` (an empty box reads nothing).
+ * file `path` into the C-contiguous buffer `buf` of `buflen` bytes, which must be
+ * the box's (an empty box reads nothing).
  * MT_EIO on every member when the file cannot be opened or is too short to hold
  * the array. */
 int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
-               const mt_box *box, void *buf, mt_error *err);
+               const mt_box *box, void *buf, int64_t buflen, mt_error *err);
 
 #ifdef __cplusplus
 }

@@ -52,10 +52,13 @@ def save_dtensor(dt: DTensor, path: str) -> tuple:
     _agree.first_rank(mesh, lambda: _check_target(path))
     sizes, offsets = compute_local_shape_and_global_offset(dt.shape, mesh, placements)
     local = np.ascontiguousarray(dt.to_local())
+    # A 0-d array travels as shape (1,), where a rank can also hold nothing.
+    shape = dt.shape or (1,)
+    sizes, offsets = (tuple(sizes), tuple(offsets)) if dt.ndim else ((1,), (0,))
     if not _writes(mesh, placements):
-        sizes, offsets, local = (0,) * dt.ndim, (0,) * dt.ndim, _NOTHING
+        sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
     header = _npy.encode(dt.shape, dt.dtype)
-    _C.io_save(mesh._handle, path, header, dt.shape, dt.dtype.itemsize, len(header),
+    _C.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, len(header),
                offsets, sizes, local.reshape(-1).view(np.uint8))
     return placements
 
@@ -95,8 +98,10 @@ def load_dtensor(head: _npy.NpyHeader, path: str, mesh, placements) -> DTensor:
     order = slice(None, None, -1) if head.fortran_order else slice(None)
     # A Fortran-order file holds the transpose in C order: read the mirrored box.
     out = np.empty(tuple(sizes)[order], head.dtype)
-    _C.io_load(mesh._handle, path, head.shape[order], head.dtype.itemsize, head.offset,
-               tuple(offsets)[order], tuple(sizes)[order], out.reshape(-1).view(np.uint8))
+    shape, sizes, offsets = ((head.shape[order], tuple(sizes)[order], tuple(offsets)[order])
+                             if head.shape else ((1,), (1,), (0,)))
+    _C.io_load(mesh._handle, path, shape, head.dtype.itemsize, head.offset, offsets, sizes,
+               out.reshape(-1).view(np.uint8))
     if head.fortran_order:
         out = np.ascontiguousarray(out.T)
     if out.dtype != dtype:
