@@ -175,7 +175,27 @@ typedef struct io_call {
   MPI_Datatype ftype, mtype;
   int64_t disp;
   int count;
+  int contiguous; /* every rank's box is one run of the file */
 } io_call;
+
+/* Whether `t` covers its extent without holes. */
+static int is_contiguous(MPI_Datatype t) {
+  MPI_Count size = 0, lb = 0, extent = 0;
+  MPI_Type_size_x(t, &size);
+  MPI_Type_get_true_extent_x(t, &lb, &extent);
+  return t == MPI_BYTE || size == extent;
+}
+
+/* Collective. Two-phase collective buffering pays off when boxes interleave in
+ * the file; when every box is one run it only adds copies through aggregators
+ * (measured: about half the bandwidth of plain writes with Open MPI's OMPIO), so
+ * then each rank moves its run itself, as ROMIO's automatic mode decides. */
+static int decide_contiguous(io_call *c, mt_error *err) {
+  c->contiguous = is_contiguous(c->ftype);
+  MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &c->contiguous, 1, MPI_INT, MPI_LAND, c->comm),
+              "MPI_Allreduce");
+  return MT_OK;
+}
 
 /* Local. The types of this rank's box, in the file and in memory. */
 static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t buflen,
@@ -204,6 +224,11 @@ static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
   if (c->rank == 0 && hlen > 0 && mine == MT_OK) {
     rc = MPI_File_write_at(fh, 0, header, (int)hlen, MPI_BYTE, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "writing the header", path);
+  }
+  if (c->contiguous) {
+    rc = MPI_File_write_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
+                           MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS || mine != MT_OK ? mine : io_fail(err, rc, "MPI_File_write_at", path);
   }
   rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
                          MPI_INFO_NULL);
@@ -262,6 +287,7 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
   }
   if (rc == MT_OK) rc = prepare(&c, array, box, buflen, err);
   rc = agree(c.comm, rc, err);
+  if (rc == MT_OK) rc = decide_contiguous(&c, err);
   if (rc == MT_OK) {
     rc = write_file(&c, tmp, header, hlen, array, buf, err);
     rc = commit(&c, tmp, path, rc, err);
@@ -283,6 +309,11 @@ static int read_all(io_call *c, MPI_File fh, int64_t need, void *buf, const char
   }
   mine = agree(c->comm, mine, err);
   if (mine != MT_OK) return mine;
+  if (c->contiguous) {
+    rc = MPI_File_read_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
+                          MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_read_at", path);
+  }
   rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
                          MPI_INFO_NULL);
   if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_set_view", path);
@@ -298,6 +329,7 @@ int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
   if (rc != MT_OK) return rc;
   MPI_Comm_rank(c.comm, &c.rank);
   rc = agree(c.comm, prepare(&c, array, box, buflen, err), err);
+  if (rc == MT_OK) rc = decide_contiguous(&c, err);
   MPI_File fh = MPI_FILE_NULL;
   if (rc == MT_OK) {
     int mrc = MPI_File_open(c.comm, path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);

@@ -79,7 +79,22 @@ static void path_of(char *out, size_t cap, const char *name) {
   snprintf(out, cap, "%s/%s", dir, name);
 }
 
-/* Rows split among ranks (uneven) on write, columns on read. */
+/* On rank 0: the file is the 16-byte header and then the values 0, 1, 2, ... */
+static void check_file(const char *path, int64_t n) {
+  if (world_rank != 0) return;
+  FILE *f = fopen(path, "rb");
+  char head[16];
+  int32_t all[64];
+  CHECK(f != NULL && fread(head, 1, 16, f) == 16 && memcmp(head, "0123456789abcdef", 16) == 0);
+  CHECK(f != NULL && fread(all, 4, (size_t)n, f) == (size_t)n);
+  CHECK(f != NULL && fgetc(f) == EOF);
+  for (int64_t i = 0; i < n; ++i) CHECK(all[i] == i);
+  if (f != NULL) fclose(f);
+}
+
+/* Rows split among ranks (uneven) on write, columns on read, and back: both the
+ * independent path (every box one run) and, from 2 ranks, the collective one
+ * (boxes interleave). */
 static void test_round_trip(mt_mesh *m) {
   const int64_t rows = 3 * world_size + 1, cols = 5;
   char path[512];
@@ -94,20 +109,20 @@ static void test_round_trip(mt_mesh *m) {
   mt_error err = {0};
   int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, nr * cols * 4, &err);
   CHECK_MSG(rc == MT_OK, "%s", err.msg);
-  if (world_rank == 0) {
-    FILE *f = fopen(path, "rb");
-    char head[16];
-    int32_t all[64];
-    CHECK(f != NULL && fread(head, 1, 16, f) == 16 && memcmp(head, "0123456789abcdef", 16) == 0);
-    CHECK(f != NULL && fread(all, 4, (size_t)(rows * cols), f) == (size_t)(rows * cols));
-    CHECK(f != NULL && fgetc(f) == EOF);
-    for (int64_t i = 0; i < rows * cols; ++i) CHECK(all[i] == i);
-    if (f != NULL) fclose(f);
-  }
-  int64_t c0 = world_rank < cols ? world_rank : cols, nc = world_rank < cols ? 1 : 0;
+  check_file(path, rows * cols);
+  int64_t per_c = (cols + world_size - 1) / world_size;
+  int64_t c0 = per_c * world_rank < cols ? per_c * world_rank : cols;
+  int64_t nc = c0 + per_c <= cols ? per_c : cols - c0;
   mt_box rb = box2(1, rows - 1, c0, nc);
   CHECK(mt_io_load(m, path, &a, &rb, mine, (rows - 1) * nc * 4, &err) == MT_OK);
-  for (int64_t i = 0; i < (rows - 1) * nc; ++i) CHECK(mine[i] == (i + 1) * cols + c0);
+  for (int64_t i = 0; i < (rows - 1) * nc; ++i) {
+    CHECK(mine[i] == (i / nc + 1) * cols + c0 + i % nc);
+  }
+  mt_box cb = box2(0, rows, c0, nc);
+  for (int64_t i = 0; i < rows * nc; ++i) mine[i] = (int32_t)((i / nc) * cols + c0 + i % nc);
+  rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &cb, mine, rows * nc * 4, &err);
+  CHECK_MSG(rc == MT_OK, "%s", err.msg);
+  check_file(path, rows * cols);
   free(mine);
 }
 
