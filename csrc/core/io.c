@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm-private.h"
@@ -128,15 +129,20 @@ static void free_type(MPI_Datatype *t) {
 /* ---- agreement --------------------------------------------------------------- */
 
 /* Collective on `comm`. The first failing rank's status and message, on every
- * rank; MT_OK when every rank passes MT_OK. */
-static int agree(MPI_Comm comm, int rc, mt_error *err) {
+ * rank; MT_OK when every rank passes MT_OK. The `n` values of `min` ride along
+ * and come back as their minimum over the ranks, so a phase that must also agree
+ * on something costs one allreduce, not two. */
+static int agree_min(MPI_Comm comm, int rc, int64_t *min, int n, mt_error *err) {
   int me = 0, size = 0;
   MPI_Comm_rank(comm, &me);
   MPI_Comm_size(comm, &size);
-  int first = rc != MT_OK ? me : size;
-  MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm),
+  int64_t v[4] = {rc != MT_OK ? me : size, 0, 0, 0};
+  for (int i = 0; i < n; ++i) v[1 + i] = min[i];
+  MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, v, 1 + n, MPI_INT64_T, MPI_MIN, comm),
               "MPI_Allreduce");
-  if (first == size) return MT_OK;
+  for (int i = 0; i < n; ++i) min[i] = v[1 + i];
+  if (v[0] == size) return MT_OK;
+  int first = (int)v[0];
   mt_error rec = {0};
   if (me == first) {
     rec.code = rc;
@@ -147,6 +153,10 @@ static int agree(MPI_Comm comm, int rc, mt_error *err) {
   return rec.code;
 }
 
+static int agree(MPI_Comm comm, int rc, mt_error *err) {
+  return agree_min(comm, rc, NULL, 0, err);
+}
+
 /* File errors are I/O errors for the user, whatever MPI's error class. */
 static int io_fail(mt_error *err, int rc, const char *what, const char *path) {
   char text[MPI_MAX_ERROR_STRING];
@@ -155,19 +165,7 @@ static int io_fail(mt_error *err, int rc, const char *what, const char *path) {
   return mt__fail(err, MT_EIO, "%s of '%s' failed: %s", what, path, text);
 }
 
-/* ---- save -------------------------------------------------------------------- */
-
-/* A temporary name beside `path`, the same on every rank: rank 0's pid decides. */
-static int temp_name(MPI_Comm comm, const char *path, char *out, size_t cap,
-                     mt_error *err) {
-  long long pid = (long long)getpid();
-  MT__MPI_TRY(MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, comm), "MPI_Bcast");
-  int n = snprintf(out, cap, "%s.mpitensor-%lld.tmp", path, pid);
-  if (n < 0 || (size_t)n >= cap) {
-    return mt__fail(err, MT_EINVAL, "the path '%s' is too long", path);
-  }
-  return MT_OK;
-}
+/* ---- one call ---------------------------------------------------------------- */
 
 typedef struct io_call {
   MPI_Comm comm;
@@ -186,17 +184,6 @@ static int is_contiguous(MPI_Datatype t) {
   return t == MPI_BYTE || size == extent;
 }
 
-/* Collective. Two-phase collective buffering pays off when boxes interleave in
- * the file; when every box is one run it only adds copies through aggregators
- * (measured: about half the bandwidth of plain writes with Open MPI's OMPIO), so
- * then each rank moves its run itself, as ROMIO's automatic mode decides. */
-static int decide_contiguous(io_call *c, mt_error *err) {
-  c->contiguous = is_contiguous(c->ftype);
-  MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &c->contiguous, 1, MPI_INT, MPI_LAND, c->comm),
-              "MPI_Allreduce");
-  return MT_OK;
-}
-
 /* Local. The types of this rank's box, in the file and in memory. */
 static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t buflen,
                    mt_error *err) {
@@ -211,24 +198,60 @@ static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t 
   return rc;
 }
 
+/* Collective. Checks the arguments everywhere and decides how the data moves.
+ * Two-phase collective buffering pays off when boxes interleave in the file; when
+ * every box is one run it only adds copies through aggregators (measured: about
+ * half the bandwidth of plain writes with Open MPI's OMPIO), so then each rank
+ * moves its run itself, as ROMIO's automatic mode decides. `rc` is the caller's
+ * own verdict so far; `extra` (n <= 2 values) is reduced to its minimum. */
+static int start(io_call *c, mt_mesh *mesh, int rc, const mt_io_array *a,
+                 const mt_box *box, int64_t buflen, int64_t *extra, int n, mt_error *err) {
+  c->ftype = c->mtype = MPI_BYTE;
+  int mrc = mt__mesh_flat_comm(mesh, &c->comm, err);
+  if (mrc != MT_OK) return mrc;
+  MPI_Comm_rank(c->comm, &c->rank);
+  if (rc == MT_OK) rc = prepare(c, a, box, buflen, err);
+  int64_t v[3] = {rc == MT_OK && is_contiguous(c->ftype)};
+  for (int i = 0; i < n; ++i) v[1 + i] = extra[i];
+  rc = agree_min(c->comm, rc, v, 1 + n, err);
+  c->contiguous = (int)v[0];
+  for (int i = 0; i < n; ++i) extra[i] = v[1 + i];
+  return rc;
+}
+
 static void finish(io_call *c) {
   free_type(&c->ftype);
   free_type(&c->mtype);
 }
 
-/* Every rank makes every collective call here, failed or not, so none waits. */
+/* ---- save -------------------------------------------------------------------- */
+
+/* A temporary name beside `path`, the same on every rank: rank 0's pid and clock,
+ * so no two saves, even of crashed jobs, share one. */
+static int temp_name(const char *path, const int64_t *nonce, char *out, size_t cap,
+                     mt_error *err) {
+  int n = snprintf(out, cap, "%s.mpitensor-%lld-%lld.tmp", path, (long long)nonce[0],
+                   (long long)nonce[1]);
+  if (n < 0 || (size_t)n >= cap) {
+    return mt__fail(err, MT_EINVAL, "the path '%s' is too long", path);
+  }
+  return MT_OK;
+}
+
+/* Every rank makes every collective call here, failed or not, so none waits. The
+ * boxes cover the array, so the file ends exactly where its last byte lands. */
 static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
-                     int64_t size, const void *buf, const char *path, mt_error *err) {
-  int rc = MPI_File_set_size(fh, (MPI_Offset)size), mine = MT_OK;
-  if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_set_size", path);
-  if (c->rank == 0 && hlen > 0 && mine == MT_OK) {
+                     const void *buf, const char *path, mt_error *err) {
+  int rc = MPI_SUCCESS, mine = MT_OK;
+  if (c->rank == 0 && hlen > 0) {
     rc = MPI_File_write_at(fh, 0, header, (int)hlen, MPI_BYTE, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "writing the header", path);
   }
   if (c->contiguous) {
     rc = MPI_File_write_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
                            MPI_STATUS_IGNORE);
-    return rc == MPI_SUCCESS || mine != MT_OK ? mine : io_fail(err, rc, "MPI_File_write_at", path);
+    return rc == MPI_SUCCESS || mine != MT_OK ? mine
+                                              : io_fail(err, rc, "MPI_File_write_at", path);
   }
   rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
                          MPI_INFO_NULL);
@@ -240,22 +263,16 @@ static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
   return mine;
 }
 
-static int64_t array_bytes(const mt_io_array *a) {
-  int64_t n = a->itemsize;
-  for (int d = 0; d < a->ndim; ++d) n *= a->shape[d];
-  return n;
-}
-
 /* Opens, writes and closes `tmp`; on every rank the agreed status. */
 static int write_file(io_call *c, const char *tmp, const void *header, int64_t hlen,
-                      const mt_io_array *a, const void *buf, mt_error *err) {
+                      const void *buf, mt_error *err) {
   MPI_File fh = MPI_FILE_NULL;
   int rc = MPI_File_open(c->comm, tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL,
                          &fh);
   int mine = rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_open", tmp);
   mine = agree(c->comm, mine, err);
   if (mine != MT_OK) return mine;
-  mine = write_all(c, fh, header, hlen, a->offset + array_bytes(a), buf, tmp, err);
+  mine = write_all(c, fh, header, hlen, buf, tmp, err);
   rc = MPI_File_close(&fh);
   if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
   return agree(c->comm, mine, err);
@@ -272,24 +289,35 @@ static int commit(io_call *c, const char *tmp, const char *path, int rc, mt_erro
   return rc != MT_OK ? rc : agree(c->comm, mine, err);
 }
 
+/* Rank 0's pid and clock; the others offer the maximum, so the minimum over the
+ * ranks is rank 0's. */
+static int64_t *nonce_of(mt_mesh *mesh, int64_t *nonce) {
+  int64_t coord[MT_MAX_MESH_NDIM] = {0};
+  int first = mt_mesh_coordinate(mesh, coord);
+  for (int d = 0; d < mt_mesh_ndim(mesh); ++d) first = first && coord[d] == 0;
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  nonce[0] = first ? (int64_t)getpid() : INT64_MAX;
+  nonce[1] = first ? (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec : INT64_MAX;
+  return nonce;
+}
+
 int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
                const mt_io_array *array, const mt_box *box, const void *buf,
                int64_t buflen, mt_error *err) {
   io_call c = {0};
-  int rc = mt__mesh_flat_comm(mesh, &c.comm, err);
-  if (rc != MT_OK) return rc;
-  MPI_Comm_rank(c.comm, &c.rank);
-  char tmp[4096];
-  rc = temp_name(c.comm, path, tmp, sizeof tmp, err);
-  if (rc == MT_OK && (hlen < 0 || hlen > INT_MAX || hlen > array->offset)) {
+  int64_t nonce[2];
+  int rc = MT_OK;
+  if (hlen < 0 || hlen > INT_MAX || hlen > array->offset) {
     rc = mt__fail(err, MT_EINVAL, "a header of %lld bytes does not fit before the data "
                   "at byte %lld", (long long)hlen, (long long)array->offset);
   }
-  if (rc == MT_OK) rc = prepare(&c, array, box, buflen, err);
-  rc = agree(c.comm, rc, err);
-  if (rc == MT_OK) rc = decide_contiguous(&c, err);
+  rc = start(&c, mesh, rc, array, box, buflen, nonce_of(mesh, nonce), 2, err);
+  char tmp[4096];
+  /* Every rank builds the same name from the same inputs: no need to agree. */
+  if (rc == MT_OK) rc = temp_name(path, nonce, tmp, sizeof tmp, err);
   if (rc == MT_OK) {
-    rc = write_file(&c, tmp, header, hlen, array, buf, err);
+    rc = write_file(&c, tmp, header, hlen, buf, err);
     rc = commit(&c, tmp, path, rc, err);
   }
   finish(&c);
@@ -298,22 +326,32 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
 
 /* ---- load -------------------------------------------------------------------- */
 
-static int read_all(io_call *c, MPI_File fh, int64_t need, void *buf, const char *path,
-                    mt_error *err) {
+static int64_t array_bytes(const mt_io_array *a) {
+  int64_t n = a->itemsize;
+  for (int d = 0; d < a->ndim; ++d) n *= a->shape[d];
+  return n;
+}
+
+/* Local. MPI_File_get_size is not collective, so the size check costs no message. */
+static int check_size(MPI_File fh, int64_t need, const char *path, mt_error *err) {
   MPI_Offset size = 0;
-  int rc = MPI_File_get_size(fh, &size), mine = MT_OK;
-  if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_get_size", path);
-  if (mine == MT_OK && (int64_t)size < need) {
-    mine = mt__fail(err, MT_EIO, "'%s' is truncated: it has %lld bytes, the array needs "
+  int rc = MPI_File_get_size(fh, &size);
+  if (rc != MPI_SUCCESS) return io_fail(err, rc, "MPI_File_get_size", path);
+  if ((int64_t)size < need) {
+    return mt__fail(err, MT_EIO, "'%s' is truncated: it has %lld bytes, the array needs "
                     "%lld", path, (long long)size, (long long)need);
   }
-  mine = agree(c->comm, mine, err);
-  if (mine != MT_OK) return mine;
+  return MT_OK;
+}
+
+static int read_all(io_call *c, MPI_File fh, void *buf, const char *path, mt_error *err) {
+  int rc;
   if (c->contiguous) {
     rc = MPI_File_read_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
                           MPI_STATUS_IGNORE);
     return rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_read_at", path);
   }
+  int mine = MT_OK;
   rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
                          MPI_INFO_NULL);
   if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_set_view", path);
@@ -325,20 +363,15 @@ static int read_all(io_call *c, MPI_File fh, int64_t need, void *buf, const char
 int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
                const mt_box *box, void *buf, int64_t buflen, mt_error *err) {
   io_call c = {0};
-  int rc = mt__mesh_flat_comm(mesh, &c.comm, err);
-  if (rc != MT_OK) return rc;
-  MPI_Comm_rank(c.comm, &c.rank);
-  rc = agree(c.comm, prepare(&c, array, box, buflen, err), err);
-  if (rc == MT_OK) rc = decide_contiguous(&c, err);
-  MPI_File fh = MPI_FILE_NULL;
+  int rc = start(&c, mesh, MT_OK, array, box, buflen, NULL, 0, err);
   if (rc == MT_OK) {
+    MPI_File fh = MPI_FILE_NULL;
     int mrc = MPI_File_open(c.comm, path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
-    rc = agree(c.comm, mrc == MPI_SUCCESS ? MT_OK : io_fail(err, mrc, "MPI_File_open", path),
-               err);
-  }
-  if (rc == MT_OK) {
-    rc = read_all(&c, fh, array->offset + array_bytes(array), buf, path, err);
-    int mrc = MPI_File_close(&fh);
+    rc = mrc == MPI_SUCCESS ? check_size(fh, array->offset + array_bytes(array), path, err)
+                            : io_fail(err, mrc, "MPI_File_open", path);
+    rc = agree(c.comm, rc, err);
+    if (rc == MT_OK) rc = read_all(&c, fh, buf, path, err);
+    mrc = fh != MPI_FILE_NULL ? MPI_File_close(&fh) : MPI_SUCCESS;
     if (mrc != MPI_SUCCESS && rc == MT_OK) rc = io_fail(err, mrc, "MPI_File_close", path);
     rc = agree(c.comm, rc, err);
   }

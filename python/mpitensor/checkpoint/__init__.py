@@ -23,7 +23,7 @@ import os
 from .._api import DTensor
 from .._args import resolve_mesh
 from ..device_mesh import _mesh_stack, init_device_mesh
-from . import _agree, _directory, _tensor
+from . import _agree, _directory, _npy, _tensor
 
 __all__ = ["save", "load"]
 
@@ -81,12 +81,14 @@ def save(obj, path, *, device_mesh=None) -> None:
                         f"{type(obj).__name__}")
 
 
-def _kind(path: str) -> bytes:
+def _look(path: str) -> bytes:
+    """On the first rank: b"D" for a directory, else b"F" and the file's first
+    bytes (its .npy header), so one broadcast serves both questions."""
     if os.path.isdir(path):
-        return b"dir"
+        return b"D"
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path!r}: no such file or directory")
-    return b"file"
+    return b"F" + _tensor.read_prefix(path)
 
 
 def load(path, device_mesh=None, placements=None, *, like=None):
@@ -113,11 +115,12 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     """
     path = os.path.abspath(os.fspath(path))
     mesh = _load_mesh(device_mesh, like)
-    if _agree.first_rank(mesh, lambda: _kind(path)) == b"dir":
+    seen = _agree.first_rank(mesh, lambda: _look(path))
+    if seen == b"D":
         if like is not None and not isinstance(like, dict):
             raise TypeError(f"{path!r} is a checkpoint directory; like= must be a dict")
         return _directory.load_dict(path, mesh, placements, like)
-    head = _tensor.read_header(mesh, path)
+    head = _npy.decode(seen[1:], path)
     if like is not None:
         return _tensor.load_like(head, path, like, mesh)
     return _tensor.load_dtensor(head, path, mesh, placements)

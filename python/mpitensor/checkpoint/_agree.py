@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 
 # Exceptions that may travel, by index; anything else travels as OSError.
+_HEAD = 16  # int64 kind and int64 payload length
 _KINDS = (None, FileNotFoundError, IsADirectoryError, NotADirectoryError,
           PermissionError, FileExistsError, OSError, ValueError, TypeError)
 
@@ -40,10 +41,11 @@ def _outcome(produce) -> tuple[int, bytes]:
         return _kind_of(e), str(e).encode("utf-8")
 
 
-def first_rank(mesh, produce: Callable[[], bytes]) -> bytes:
+def first_rank(mesh, produce: Callable[[], bytes], cap: int = 4096) -> bytes:
     """Collective on the mesh. The bytes that ``produce()`` returns on the mesh's
     first rank, on every rank; or the exception it raised there, raised on every
-    rank with the same type and message. Non-members get b"".
+    rank with the same type and message. Non-members get b"". One broadcast when
+    the result fits in ``cap`` bytes, two otherwise.
 
     Example::
 
@@ -53,11 +55,17 @@ def first_rank(mesh, produce: Callable[[], bytes]) -> bytes:
     if coord is None:
         return b""
     kind, payload = _outcome(produce) if coord == [0] * mesh.ndim else (0, b"")
-    head = np.array([kind, len(payload)], np.int64)
-    _bcast_from_first(mesh, head)
-    buf = np.frombuffer(bytearray(payload.ljust(int(head[1]), b"\0")), np.uint8)
+    buf = np.zeros(_HEAD + cap, np.uint8)
+    buf[:_HEAD].view(np.int64)[:] = (kind, len(payload))
+    buf[_HEAD:_HEAD + min(cap, len(payload))] = np.frombuffer(payload[:cap], np.uint8)
     _bcast_from_first(mesh, buf)
-    payload = buf.tobytes()
-    if head[0] == 0:
+    kind, length = (int(v) for v in buf[:_HEAD].view(np.int64))
+    if length > cap:
+        rest = np.frombuffer(bytearray(payload[cap:].ljust(length - cap, b"\0")), np.uint8)
+        _bcast_from_first(mesh, rest)
+        payload = buf[_HEAD:].tobytes() + rest.tobytes()
+    else:
+        payload = buf[_HEAD:_HEAD + length].tobytes()
+    if kind == 0:
         return payload
-    raise _KINDS[int(head[0])](payload.decode("utf-8", "replace"))
+    raise _KINDS[kind](payload.decode("utf-8", "replace"))

@@ -55,6 +55,16 @@ def encode(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     raise ValueError(f"a header for shape {shape} does not fit the .npy format")
 
 
+def header_end(prefix: bytes) -> int:
+    """Where the data starts by the length field of a .npy prefix (0 when
+    ``prefix`` is not one), so a reader knows how much to read. Local."""
+    if not prefix.startswith(MAGIC) or len(prefix) < 12:
+        return 0
+    if prefix[6] == 1:
+        return 10 + int.from_bytes(prefix[8:10], "little")
+    return 12 + int.from_bytes(prefix[8:12], "little")
+
+
 def decode(prefix: bytes, path: str) -> NpyHeader:
     """Parses the header at the start of ``prefix`` (the file's first bytes).
     ValueError that names ``path`` for anything that is not a .npy file of a

@@ -30,7 +30,8 @@ def _writes(mesh, placements) -> bool:
 
 
 def _check_target(path: str) -> bytes:
-    """On the first rank: the directory exists and ``path`` is not a directory."""
+    """On the first rank, after a failed save: a missing directory or a directory
+    in the way, as FileNotFoundError or IsADirectoryError."""
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"cannot save to {path!r}: the directory {parent!r} "
@@ -49,7 +50,6 @@ def save_dtensor(dt: DTensor, path: str) -> tuple:
         dt = dt.redistribute(mesh, placements)
     if mesh.get_coordinate() is None:
         return placements
-    _agree.first_rank(mesh, lambda: _check_target(path))
     sizes, offsets = compute_local_shape_and_global_offset(dt.shape, mesh, placements)
     local = np.ascontiguousarray(dt.to_local())
     # A 0-d array travels as shape (1,), where a rank can also hold nothing.
@@ -58,20 +58,28 @@ def save_dtensor(dt: DTensor, path: str) -> tuple:
     if not _writes(mesh, placements):
         sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
     header = _npy.encode(dt.shape, dt.dtype)
-    _C.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, len(header),
-               offsets, sizes, local.reshape(-1).view(np.uint8))
+    try:
+        _C.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, len(header),
+                   offsets, sizes, local.reshape(-1).view(np.uint8))
+    except OSError:
+        # Every rank got the error; the first rank finds the plainer reason.
+        _agree.first_rank(mesh, lambda: _check_target(path))
+        raise
     return placements
 
 
-def _read_prefix(path: str) -> bytes:
+def read_prefix(path: str) -> bytes:
+    """The file's first bytes: its whole .npy header when it has one. Local."""
     with open(path, "rb") as f:
-        return f.read(_npy.PREFIX_BYTES)
+        prefix = f.read(4000)
+        end = min(_npy.header_end(prefix), _npy.PREFIX_BYTES)
+        return prefix + f.read(max(0, end - len(prefix)))
 
 
 def read_header(mesh, path: str) -> _npy.NpyHeader:
     """Collective on the mesh. The header of the .npy file ``path``, read by the
     first rank; the same exception on every rank when there is none."""
-    return _npy.decode(_agree.first_rank(mesh, lambda: _read_prefix(path)), path)
+    return _npy.decode(_agree.first_rank(mesh, lambda: read_prefix(path)), path)
 
 
 def check_expected(head: _npy.NpyHeader, path: str, shape=None, dtype=None) -> None:
