@@ -219,6 +219,13 @@ static int start(io_call *c, mt_mesh *mesh, int rc, const mt_io_array *a,
   return rc;
 }
 
+/* Independent I/O needs no shared handle: each rank opens the file by itself,
+ * which spares the communicator duplication and the synchronisations of a
+ * collective open and close; the ranks agree through `comm` instead. */
+static MPI_Comm file_comm(const io_call *c) {
+  return c->contiguous ? MPI_COMM_SELF : c->comm;
+}
+
 static void finish(io_call *c) {
   free_type(&c->ftype);
   free_type(&c->mtype);
@@ -263,18 +270,26 @@ static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
   return mine;
 }
 
-/* Opens, writes and closes `tmp`; on every rank the agreed status. */
+/* Opens, writes and closes `tmp`; on every rank the agreed status. A collective
+ * write needs every rank's handle, so its open is agreed first; independent
+ * writes need only the one agreement at the end. */
 static int write_file(io_call *c, const char *tmp, const void *header, int64_t hlen,
                       const void *buf, mt_error *err) {
   MPI_File fh = MPI_FILE_NULL;
-  int rc = MPI_File_open(c->comm, tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL,
-                         &fh);
+  int rc = MPI_File_open(file_comm(c), tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY,
+                         MPI_INFO_NULL, &fh);
   int mine = rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_open", tmp);
-  mine = agree(c->comm, mine, err);
-  if (mine != MT_OK) return mine;
-  mine = write_all(c, fh, header, hlen, buf, tmp, err);
-  rc = MPI_File_close(&fh);
-  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
+  if (!c->contiguous) {
+    int agreed = agree(c->comm, mine, err);
+    /* A collective open fails on every rank or none; a handle left open by a
+     * partial failure is not closed, since closing is collective too. */
+    if (agreed != MT_OK) return agreed;
+  }
+  if (mine == MT_OK) {
+    mine = write_all(c, fh, header, hlen, buf, tmp, err);
+    rc = MPI_File_close(&fh);
+    if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
+  }
   return agree(c->comm, mine, err);
 }
 
@@ -360,21 +375,25 @@ static int read_all(io_call *c, MPI_File fh, void *buf, const char *path, mt_err
   return mine;
 }
 
+/* Opens, checks and reads; as write_file, one agreement for independent reads. */
+static int read_file(io_call *c, const char *path, int64_t need, void *buf,
+                     mt_error *err) {
+  MPI_File fh = MPI_FILE_NULL;
+  int rc = MPI_File_open(file_comm(c), path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
+  int mine = rc == MPI_SUCCESS ? check_size(fh, need, path, err)
+                               : io_fail(err, rc, "MPI_File_open", path);
+  if (!c->contiguous) mine = agree(c->comm, mine, err);
+  if (mine == MT_OK) mine = read_all(c, fh, buf, path, err);
+  rc = fh != MPI_FILE_NULL ? MPI_File_close(&fh) : MPI_SUCCESS;
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", path);
+  return agree(c->comm, mine, err);
+}
+
 int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
                const mt_box *box, void *buf, int64_t buflen, mt_error *err) {
   io_call c = {0};
   int rc = start(&c, mesh, MT_OK, array, box, buflen, NULL, 0, err);
-  if (rc == MT_OK) {
-    MPI_File fh = MPI_FILE_NULL;
-    int mrc = MPI_File_open(c.comm, path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
-    rc = mrc == MPI_SUCCESS ? check_size(fh, array->offset + array_bytes(array), path, err)
-                            : io_fail(err, mrc, "MPI_File_open", path);
-    rc = agree(c.comm, rc, err);
-    if (rc == MT_OK) rc = read_all(&c, fh, buf, path, err);
-    mrc = fh != MPI_FILE_NULL ? MPI_File_close(&fh) : MPI_SUCCESS;
-    if (mrc != MPI_SUCCESS && rc == MT_OK) rc = io_fail(err, mrc, "MPI_File_close", path);
-    rc = agree(c.comm, rc, err);
-  }
+  if (rc == MT_OK) rc = read_file(&c, path, array->offset + array_bytes(array), buf, err);
   finish(&c);
   return rc;
 }
