@@ -23,8 +23,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import DTensor, Partial, Replicate, Shard, init_device_mesh
-from mpitensor.checkpoint import _tensor
-from mpi_helpers import Problems, all_ranks, bits_equal, gather_global, raised
+from mpi_helpers import Problems, all_ranks, bits_equal, gather_global, raised, ref_index
 import checkpoint_files as cf
 
 COMM = MPI.COMM_WORLD
@@ -395,4 +394,27 @@ def test_load_into_a_sub_mesh_and_default_mesh(tmp):
     with mesh:
         check_dtensor(p, mt.load(path), g, "current mesh, default Replicate")
     assert p == []
-    _tensor  # the module under test, imported for the monkeypatching tests
+
+
+def test_ranks_outside_the_mesh_take_no_part(tmp):
+    """A mesh of all ranks but the last: the outsider writes and reads nothing, and
+    its loaded DTensor has the global shape and an empty local array."""
+    if N == 1:
+        return
+    mesh = mt.DeviceMesh("cpu", list(range(N - 1)))
+    g = cf.global_array((5, 4), "float32", 6)
+    path = os.path.join(tmp, "outsider.npy")
+    local = g[RANK:RANK + 1] if RANK < N - 1 else np.empty((0, 4), np.float32)
+    dt = DTensor.from_local(local, mesh, [Shard(0)], shape=(N - 1, 4), stride=(4, 1))
+    mt.save(dt, path)
+    COMM.Barrier()
+    back = mt.load(path, mesh, [Shard(1)])
+    p = Problems()
+    p.expect(bits_equal(np.load(path), g[:N - 1]), "numpy.load differs")
+    p.expect(back.shape == (N - 1, 4), f"shape {back.shape}")
+    if RANK == N - 1:
+        p.expect(back.to_local().size == 0, "the outsider holds data")
+    else:
+        idx = ref_index((N - 1, 4), (N - 1,), (RANK,), [Shard(1)])
+        p.expect(bits_equal(back.to_local(), g[:N - 1][idx]), "local differs")
+    assert p == []

@@ -115,7 +115,7 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     """
     path = os.path.abspath(os.fspath(path))
     mesh = _load_mesh(device_mesh, like)
-    seen = _agree.first_rank(mesh, lambda: _look(path))
+    seen = _agree.first_rank(mesh, lambda: _look(path), outsiders=True)
     if seen == b"D":
         if like is not None and not isinstance(like, dict):
             raise TypeError(f"{path!r} is a checkpoint directory; like= must be a dict")

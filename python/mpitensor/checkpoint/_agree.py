@@ -41,11 +41,14 @@ def _outcome(produce) -> tuple[int, bytes]:
         return _kind_of(e), str(e).encode("utf-8")
 
 
-def first_rank(mesh, produce: Callable[[], bytes], cap: int = 4096) -> bytes:
+def first_rank(mesh, produce: Callable[[], bytes], cap: int = 4096, *,
+               outsiders: bool = False) -> bytes:
     """Collective on the mesh. The bytes that ``produce()`` returns on the mesh's
     first rank, on every rank; or the exception it raised there, raised on every
-    rank with the same type and message. Non-members get b"". One broadcast when
-    the result fits in ``cap`` bytes, two otherwise.
+    rank with the same type and message. Ranks outside the mesh, which take part in
+    no collective, run ``produce()`` themselves when ``outsiders`` is set (to learn
+    a file's header) and get b"" otherwise. One broadcast when the result fits in
+    ``cap`` bytes, two otherwise.
 
     Example::
 
@@ -53,7 +56,7 @@ def first_rank(mesh, produce: Callable[[], bytes], cap: int = 4096) -> bytes:
     """
     coord = mesh.get_coordinate()
     if coord is None:
-        return b""
+        return bytes(produce()) if outsiders else b""
     kind, payload = _outcome(produce) if coord == [0] * mesh.ndim else (0, b"")
     buf = np.zeros(_HEAD + cap, np.uint8)
     buf[:_HEAD].view(np.int64)[:] = (kind, len(payload))

@@ -94,7 +94,7 @@ def _read_index(path: str) -> bytes:
 
 def read_index(mesh, path: str) -> dict:
     """Collective on the mesh: the parsed index, the same on every rank."""
-    index = json.loads(_agree.first_rank(mesh, lambda: _read_index(path)))
+    index = json.loads(_agree.first_rank(mesh, lambda: _read_index(path), outsiders=True))
     if index.get("format") != FORMAT or not isinstance(index.get("entries"), dict):
         raise ValueError(f"{os.path.join(path, INDEX)!r} is not an mpitensor "
                          f"checkpoint index")

@@ -79,7 +79,8 @@ def read_prefix(path: str) -> bytes:
 def read_header(mesh, path: str) -> _npy.NpyHeader:
     """Collective on the mesh. The header of the .npy file ``path``, read by the
     first rank; the same exception on every rank when there is none."""
-    return _npy.decode(_agree.first_rank(mesh, lambda: read_prefix(path)), path)
+    return _npy.decode(_agree.first_rank(mesh, lambda: read_prefix(path), outsiders=True),
+                       path)
 
 
 def check_expected(head: _npy.NpyHeader, path: str, shape=None, dtype=None) -> None:
