@@ -73,5 +73,6 @@ extern PyMethodDef mt_ext_redistribute_methods[];
 extern PyMethodDef mt_ext_layout_methods[];
 extern PyMethodDef mt_ext_rng_methods[];
 extern PyMethodDef mt_ext_prop_methods[];
+extern PyMethodDef mt_ext_io_methods[];
 
 #endif

@@ -12,6 +12,7 @@ PyObject *mt_ext_raise(int code, const mt_error *err) {
     case MT_ENOMEM: type = PyExc_MemoryError; break;
     case MT_ENOTSUP: type = PyExc_NotImplementedError; break;
     case MT_EOVERFLOW: type = PyExc_OverflowError; break;
+    case MT_EIO: type = PyExc_OSError; break;
     default: break;
   }
   const char *msg = (err != NULL && err->msg[0] != '\0') ? err->msg : mt_strerror(code);
@@ -125,6 +126,7 @@ static int module_exec(PyObject *module) {
   if (add_methods(module, mt_ext_redistribute_methods) < 0) return -1;
   if (add_methods(module, mt_ext_pool_methods) < 0) return -1;
   if (add_methods(module, mt_ext_prop_methods) < 0) return -1;
+  if (add_methods(module, mt_ext_io_methods) < 0) return -1;
   if (mt_ext_pool_exec(module) < 0) return -1;
   if (mt_ext_mesh_exec(module) < 0) return -1;
   if (mt_ext_redistribute_exec(module) < 0) return -1;

@@ -81,3 +81,17 @@ def propagate(dimmap: DimMap, mesh_shape: Sequence[int], shapes: Sequence[Sequen
               codes: Sequence[Codes], itemsizes: Sequence[int]
               ) -> tuple[tuple[tuple[tuple[int, int, int], ...], ...],
                          tuple[tuple[int, int, int], ...], tuple[int, ...]]: ...
+
+def io_save(mesh: Mesh, path: str | bytes, header: bytes, shape: Sequence[int],
+            itemsize: int, offset: int, box_offset: Sequence[int],
+            box_shape: Sequence[int], buf: np.ndarray) -> None:
+    """Collective. A new file: header, then the array at `offset`, this rank's box
+    from `buf`; written under a temporary name and renamed when all ranks are done.
+    OSError (the same on every rank) when any rank fails."""
+    ...
+
+def io_load(mesh: Mesh, path: str | bytes, shape: Sequence[int], itemsize: int,
+            offset: int, box_offset: Sequence[int], box_shape: Sequence[int],
+            out: np.ndarray) -> None:
+    """Collective. Reads this rank's box of the array at `offset` into `out`."""
+    ...

@@ -21,6 +21,8 @@ from .device_mesh import DeviceMesh, init_device_mesh
 from .placement_types import Partial, Placement, Replicate, Shard
 from .random import manual_seed
 from . import nn
+from . import checkpoint
+from .checkpoint import load, save
 
 __version__ = "0.1.0"
 
@@ -55,4 +57,7 @@ __all__ = [
     "compute_local_shape_and_global_offset",
     "local_shape_and_global_offset",
     "nn",
+    "checkpoint",
+    "save",
+    "load",
 ]

@@ -282,6 +282,13 @@ class DTensor(NDArrayOperatorsMixin):
             self.shape, self.device_mesh, self.placements)
         return [ChunkStorageMetadata(offsets=tuple(offsets), sizes=tuple(sizes))]
 
+    def __reduce__(self):
+        """Pickles the local array and the spec; unpickling needs an equal mesh alive
+        on the receiving rank (see mpitensor.checkpoint._pickle). Local."""
+        from .checkpoint._pickle import reduce_dtensor
+
+        return reduce_dtensor(self)
+
     def __array__(self, dtype=None, copy=None):
         raise TypeError(
             "a DTensor holds only this rank's shard; call .full_tensor() for the whole "
