@@ -25,7 +25,12 @@ typedef struct mt_ext_state {
   PyTypeObject *request_type;
   PyTypeObject *dimmap_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
+  PyTypeObject *dtensor_base_type;
+  struct mt_ext_dispatch *dispatch; /* the fast path's state (ext_dispatch.c), owned */
 } mt_ext_state;
+
+/* The module's definition, to find the module state from a type (PEP 573). */
+extern struct PyModuleDef mt_ext_module_def;
 
 static inline mt_ext_state *mt_ext_state_of(PyObject *module) {
   return (mt_ext_state *)PyModule_GetState(module);
@@ -67,11 +72,17 @@ int mt_ext_mesh_exec(PyObject *module);
 int mt_ext_redistribute_exec(PyObject *module);
 int mt_ext_pool_exec(PyObject *module);
 int mt_ext_prop_exec(PyObject *module);
+int mt_ext_dispatch_exec(PyObject *module);
+typedef struct mt_ext_dispatch mt_ext_dispatch;
+int mt_ext_dispatch_traverse(mt_ext_state *st, visitproc visit, void *arg);
+void mt_ext_dispatch_clear(mt_ext_state *st);
+void mt_ext_dispatch_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[];
 extern PyMethodDef mt_ext_mesh_methods[];
 extern PyMethodDef mt_ext_redistribute_methods[];
 extern PyMethodDef mt_ext_layout_methods[];
 extern PyMethodDef mt_ext_rng_methods[];
 extern PyMethodDef mt_ext_prop_methods[];
+extern PyMethodDef mt_ext_dispatch_methods[];
 
 #endif

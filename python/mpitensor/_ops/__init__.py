@@ -8,5 +8,6 @@ from ._reductions import method as reduction_method
 from . import _linalg  # noqa: F401  (registers dot, einsum, tensordot, inner, outer)
 from . import _shape  # noqa: F401  (registers transpose, concatenate, ...)
 from . import _select  # noqa: F401  (registers where, clip, copy)
+from ._fast import install as install_fast_path
 
-__all__ = ["array_function", "array_ufunc", "reduction_method"]
+__all__ = ["array_function", "array_ufunc", "reduction_method", "install_fast_path"]

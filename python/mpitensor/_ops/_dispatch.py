@@ -62,13 +62,19 @@ class Decision:
     """What an operation does on given inputs: a redistribute plan per input (None
     where the input is used as it is) and the output's placements, shape, strides."""
 
-    __slots__ = ("plans", "out_placements", "out_shape", "out_stride")
+    __slots__ = ("plans", "out_placements", "out_shape", "out_stride", "local_only",
+                 "out_spec")
 
     def __init__(self, plans, out_placements, out_shape):
         self.plans = plans
         self.out_placements = out_placements
         self.out_shape = out_shape
         self.out_stride = contiguous_strides(out_shape)
+        # No input is redistributed: the C fast path may run this decision.
+        self.local_only = all(p is None for p in plans)
+        # The spec of the last result, shared by the results of this decision so
+        # that the fast path (keyed by spec identity) hits on chained operations.
+        self.out_spec = None
 
 
 def _decide(mesh, inputs, dmap) -> Decision:
@@ -127,8 +133,11 @@ def wrap(mesh, dec: Decision, local):
         local = np.asarray(local)
     if mesh._coordinate is None:
         local = np.empty((0,), local.dtype)
-    return DTensor(local, DTensorSpec(mesh, dec.out_placements, dec.out_shape,
-                                      local.dtype, dec.out_stride))
+    spec = dec.out_spec
+    if spec is None or spec.dtype != local.dtype:
+        spec = dec.out_spec = DTensorSpec(mesh, dec.out_placements, dec.out_shape,
+                                          local.dtype, dec.out_stride)
+    return DTensor(local, spec)
 
 
 def input_key(op_key, inputs) -> tuple:

@@ -1,0 +1,75 @@
+"""The C fast path of NumPy operations on DTensors (csrc/ext/ext_dispatch.c).
+
+The operators, ``__array_ufunc__`` and the reduction methods of DTensor are C
+functions of its base ``_C.DTensorBase``. A call whose decision the Python slow
+path (this package) has made before and recorded there runs in C: a lookup keyed
+by the identity of the input spec objects, the NumPy call on the local arrays, and
+the result allocated with the recorded output spec. The slow path records only
+decisions that need no communication, on ranks of the mesh, for calls without
+keywords (``out=``, ``dtype=``, ...) whose operands are DTensors and Python or
+NumPy scalars. Any other call, and any call of a ufunc with an
+``experimental.register_sharding`` rule, takes the slow path unchanged.
+
+Results of one decision share one spec object (``Decision.out_spec``), so chains
+of operations hit; a DTensor made by ``from_local``, ``distribute_tensor`` or
+``redistribute`` has a spec object of its own and takes the slow path on its first
+operation of each kind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from .. import _C
+from . import _dispatch as D
+from ._elementwise import array_ufunc
+from ._reductions import IMPLS
+
+__all__ = ["install", "enabled", "clear", "stats"]
+
+
+def install(dtensor_type) -> None:
+    """Connects the C fast path of ``dtensor_type`` (mpitensor.DTensor) to the slow
+    path. Local; called once when mpitensor._api is imported."""
+    _C.dispatch_install(dtensor_type, D.CUSTOM, array_ufunc, _rewrap,
+                        NDArrayOperatorsMixin, np, IMPLS)
+
+
+def _rewrap(spec, local):
+    """A fast-path result that is not an ndarray of the recorded dtype: wrapped as
+    the slow path's D.wrap would."""
+    from .._api import DTensor
+
+    local = np.asarray(local)
+    if local.dtype != spec.dtype:
+        spec = spec._replace(dtype=local.dtype)
+    return DTensor(local, spec)
+
+
+@contextlib.contextmanager
+def enabled(flag: bool):
+    """Within this context the fast path is on (True) or off (False). Local.
+
+    Example::
+
+        >>> with enabled(False):
+        ...     c = a + b      # the Python slow path, for comparison
+    """
+    was = _C.dispatch_enable(flag)
+    try:
+        yield
+    finally:
+        _C.dispatch_enable(was)
+
+
+def clear() -> None:
+    """Forgets every decision recorded for the fast path. Local."""
+    _C.dispatch_clear()
+
+
+def stats() -> tuple[int, int, int]:
+    """(hits, misses, entries) of the fast path since the extension was loaded. Local."""
+    return _C.dispatch_stats()
