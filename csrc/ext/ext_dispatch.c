@@ -447,6 +447,17 @@ static void base_dealloc(PyObject *self) {
   Py_DECREF(tp);
 }
 
+/* copy.copy(dt) as before the C base: a DTensor of the same local array and spec
+ * (pickling then fails on the mesh's communicator, as it always did). */
+static PyObject *base_reduce(PyObject *self, PyObject *unused) {
+  BaseObject *b = (BaseObject *)self;
+  if (b->local == NULL || b->spec == NULL) {
+    PyErr_SetString(PyExc_AttributeError, "DTensor has no _local_tensor or _spec");
+    return NULL;
+  }
+  return Py_BuildValue("(O(OO))", (PyObject *)Py_TYPE(self), b->local, b->spec);
+}
+
 static PyMemberDef base_members[] = {
     {"_local_tensor", T_OBJECT_EX, offsetof(BaseObject, local), 0,
      "This rank's local ndarray (or a pending asynchronous one)."},
@@ -459,6 +470,7 @@ static PyMethodDef base_methods[] = {
     {"__array_ufunc__", (PyCFunction)(void (*)(void))array_ufunc,
      METH_FASTCALL | METH_KEYWORDS,
      "NumPy ufuncs on DTensors, sharded (see mpitensor._ops._elementwise)."},
+    {"__reduce__", base_reduce, METH_NOARGS, "(type, (local_tensor, spec))."},
     RED_DEF("sum", m_sum), RED_DEF("mean", m_mean), RED_DEF("prod", m_prod),
     RED_DEF("max", m_max), RED_DEF("min", m_min),   RED_DEF("all", m_all),
     RED_DEF("any", m_any), RED_DEF("std", m_std),   RED_DEF("var", m_var),

@@ -5,7 +5,9 @@ it steps aside for everything the slow path must see (register_sharding rules,
 implicit_replication, redistributions, out=, keywords, pending async data); and it
 leaks no references."""
 
+import copy
 import operator
+import pickle
 import sys
 
 import numpy as np
@@ -350,3 +352,7 @@ def test_the_base_keeps_the_dtensor_api(mesh):
     assert d.shape == (4, 4)
     with pytest.raises(TypeError):
         DTensor(a.to_local())
+    c = copy.copy(a)
+    assert type(c) is DTensor and c._spec is a._spec and c.to_local() is a.to_local()
+    with pytest.raises(TypeError, match="pickle"):
+        pickle.dumps(a)  # the mesh's communicator cannot be pickled, as before
