@@ -30,7 +30,7 @@ operand or result, so the added work is the size-independent dispatch measured a
 the small sizes.
 
 Cache MISS: before each timed call the mesh's decision and plan caches and the fast
-path's table are cleared (``mesh._decisions``, ``mesh._plans``, ``_fast.clear()``), so
+path's table are cleared (``mesh._decisions``, ``mesh._plans``, ``_fast.clear(mesh)``), so
 the call decides the sharding anew (and records it); its overhead is that call minus
 the median NumPy time of the op. With --torch, torch's miss clears its
 sharding-propagation caches the same way (where they exist).
@@ -160,7 +160,7 @@ def time_miss(comm, mesh, f, reps, torch_side=False) -> tuple[list, bool]:
         else:
             mesh._decisions.clear()
             mesh._plans.clear()
-            _fast.clear()
+            _fast.clear(mesh)
         comm.Barrier()
         t0 = time.perf_counter()
         f()

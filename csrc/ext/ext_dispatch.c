@@ -10,15 +10,15 @@
  * keywords, plain ndarrays, unusual scalars, register_sharding rules, decisions
  * with redistributions, ranks outside the mesh) takes the Python path unchanged.
  *
- * The table is keyed by object identity (spec objects are immutable and the
- * table holds a reference to each key, so an address is never reused while its
- * entry lives) and is emptied whole when half full. */
+ * The decisions are kept per mesh, in its ``_dispatch`` table
+ * (ext_dispatch_table.c), keyed by spec identity; the table also gives every
+ * DTensor of one layout on the mesh the same spec object. */
 #include "ext.h"
 
 #include <stddef.h>
 #include <structmember.h>
 
-enum { BIN_N = 13, UN_N = 4, CMP_N = 6, RED_N = 9, CACHE_SLOTS = 2048 };
+enum { BIN_N = 13, UN_N = 4, CMP_N = 6, RED_N = 9 };
 
 static const char *const BIN_NAMES[BIN_N][3] = {
     {"add", "__add__", "__radd__"},
@@ -59,15 +59,8 @@ typedef struct {
   PyObject_HEAD
   PyObject *local; /* _local_tensor */
   PyObject *spec;  /* _spec */
+  PyObject *table; /* the DispatchTable of the spec's mesh, or NULL */
 } BaseObject;
-
-typedef struct {
-  PyObject *op;       /* ufunc, or a reduction's interned name; NULL: empty slot */
-  PyObject *key[2];   /* per operand: its spec (DTensor) or its type (scalar) */
-  long long aux;      /* ufunc: operand count; reduction: axis and keepdims */
-  PyObject *out_spec; /* the output DTensorSpec */
-  PyObject *axes;     /* reduction: the normalized axis tuple; else NULL */
-} Entry;
 
 struct mt_ext_dispatch {
   PyTypeObject *dtensor; /* mpitensor.DTensor: the exact type of fast operands */
@@ -79,11 +72,10 @@ struct mt_ext_dispatch {
   PyObject *cmp[CMP_N][2];
   PyObject *red_name[RED_N];
   PyObject *red_impl[RED_N];
-  PyObject *s_call, *s_axis, *s_keepdims, *kw_axis_keepdims;
+  PyObject *s_call, *s_axis, *s_keepdims, *s_dispatch, *kw_axis_keepdims;
+  PyTypeObject *table_type; /* borrowed from the module state */
   int enabled;
   long long hits, misses;
-  int used;
-  Entry table[CACHE_SLOTS];
 };
 
 /* -- state -------------------------------------------------------------------- */
@@ -99,59 +91,27 @@ static mt_ext_dispatch *dispatch_of(PyObject *obj) {
   return d;
 }
 
-static void entry_clear(Entry *e) {
-  Py_CLEAR(e->op);
-  Py_CLEAR(e->key[0]);
-  Py_CLEAR(e->key[1]);
-  Py_CLEAR(e->out_spec);
-  Py_CLEAR(e->axes);
-}
-
-static void table_clear(mt_ext_dispatch *d) {
-  for (int i = 0; i < CACHE_SLOTS; ++i) entry_clear(&d->table[i]);
-  d->used = 0;
-}
-
-static size_t slot_of(PyObject *op, PyObject *k0, PyObject *k1, long long aux) {
-  uint64_t h = (uint64_t)(uintptr_t)op * 0x9E3779B97F4A7C15u;
-  h ^= (uint64_t)(uintptr_t)k0 * 0xC2B2AE3D27D4EB4Fu;
-  h ^= (uint64_t)(uintptr_t)k1 * 0x165667B19E3779F9u;
-  h ^= (uint64_t)aux * 0x27D4EB2F165667C5u;
-  return (size_t)(h >> 40) & (CACHE_SLOTS - 1);
-}
-
-/* The entry of the key, or the empty slot where it would go. */
-static Entry *probe(mt_ext_dispatch *d, PyObject *op, PyObject *k0, PyObject *k1,
-                    long long aux) {
-  size_t i = slot_of(op, k0, k1, aux);
-  for (;;) {
-    Entry *e = &d->table[i];
-    if (e->op == NULL ||
-        (e->op == op && e->key[0] == k0 && e->key[1] == k1 && e->aux == aux))
-      return e;
-    i = (i + 1) & (CACHE_SLOTS - 1);
+/* The decision table of the mesh of `spec` (new reference), or NULL without an
+ * exception when the spec or its mesh has none. */
+static mt_ext_table *table_of(mt_ext_dispatch *d, PyObject *spec) {
+  if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return NULL;
+  PyObject *t = PyObject_GetAttr(PyTuple_GET_ITEM(spec, 0), d->s_dispatch);
+  if (t == NULL) {
+    PyErr_Clear();
+    return NULL;
   }
+  if (Py_TYPE(t) != d->table_type) Py_CLEAR(t);
+  return (mt_ext_table *)t;
 }
 
-static Entry *lookup(mt_ext_dispatch *d, PyObject *op, PyObject *k0, PyObject *k1,
-                     long long aux) {
-  Entry *e = probe(d, op, k0, k1, aux);
-  return e->op != NULL ? e : NULL;
-}
-
-static void insert(mt_ext_dispatch *d, PyObject *op, PyObject *k0, PyObject *k1,
-                   long long aux, PyObject *out_spec, PyObject *axes) {
-  if (d->used >= CACHE_SLOTS / 2) table_clear(d);
-  Entry *e = probe(d, op, k0, k1, aux);
-  if (e->op == NULL) {
-    d->used++;
-    e->op = Py_NewRef(op);
-    e->key[0] = Py_NewRef(k0);
-    e->key[1] = Py_XNewRef(k1);
-    e->aux = aux;
-  }
-  Py_XSETREF(e->out_spec, Py_NewRef(out_spec));
-  Py_XSETREF(e->axes, Py_XNewRef(axes));
+/* The recorded entry of the key in the table of DTensor `dt`'s mesh, or NULL.
+ * *table gets a new reference to that table (keep it while the entry is used). */
+static mt_ext_entry *find(PyObject *dt, PyObject *op, PyObject *k0, PyObject *k1,
+                          long long aux, PyObject **table) {
+  PyObject *t = ((BaseObject *)dt)->table;
+  mt_ext_entry *e = t == NULL ? NULL : mt_ext_table_lookup((mt_ext_table *)t, op, k0, k1, aux);
+  *table = e == NULL ? NULL : Py_NewRef(t);
+  return e;
 }
 
 /* -- the fast path -------------------------------------------------------------- */
@@ -176,8 +136,9 @@ static int operand(mt_ext_dispatch *d, PyObject *o, PyObject **key, PyObject **a
   return -1;
 }
 
-/* A DTensor of `out_spec` around `res` (stolen). */
-static PyObject *wrap(mt_ext_dispatch *d, PyObject *out_spec, PyObject *res) {
+/* A DTensor of `out_spec` (on the mesh of `table`) around `res` (stolen). */
+static PyObject *wrap(mt_ext_dispatch *d, PyObject *table, PyObject *out_spec,
+                      PyObject *res) {
   if (PyArray_CheckExact(res)) {
     PyArray_Descr *have = PyArray_DESCR((PyArrayObject *)res);
     PyObject *want = PyTuple_GET_ITEM(out_spec, 3); /* DTensorSpec.dtype */
@@ -189,6 +150,7 @@ static PyObject *wrap(mt_ext_dispatch *d, PyObject *out_spec, PyObject *res) {
       }
       o->local = res;
       o->spec = Py_NewRef(out_spec);
+      o->table = Py_NewRef(table);
       return (PyObject *)o;
     }
   }
@@ -197,28 +159,40 @@ static PyObject *wrap(mt_ext_dispatch *d, PyObject *out_spec, PyObject *res) {
   return out;
 }
 
+/* The keys and NumPy arguments of n operands, and the first DTensor among them;
+ * -1 when an operand is not fast or none is a DTensor. */
+static int operands(mt_ext_dispatch *d, PyObject *const *ops, int n, PyObject **key,
+                    PyObject **arg, PyObject **dt) {
+  *dt = NULL;
+  for (int i = 0; i < n; ++i) {
+    if (operand(d, ops[i], &key[i], &arg[i]) < 0) return -1;
+    if (*dt == NULL && Py_TYPE(ops[i]) == d->dtensor) *dt = ops[i];
+  }
+  return *dt != NULL ? 0 : -1;
+}
+
 /* 1 with *out set (a hit), 0 for a miss (nothing done), -1 with an exception. */
 static int fast_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops, int n,
                       PyObject **out) {
-  PyObject *key[2] = {NULL, NULL}, *arg[2];
+  PyObject *key[2] = {NULL, NULL}, *arg[2], *dt, *table;
   if (!d->enabled || n < 1 || n > 2) return 0;
   if (PyDict_GET_SIZE(d->custom) != 0) {
     int has = PyDict_Contains(d->custom, ufunc);
     if (has != 0) return has < 0 ? -1 : 0;
   }
-  for (int i = 0; i < n; ++i)
-    if (operand(d, ops[i], &key[i], &arg[i]) < 0) goto miss;
-  Entry *e = lookup(d, ufunc, key[0], key[1], n);
-  if (e == NULL) goto miss;
+  mt_ext_entry *e = operands(d, ops, n, key, arg, &dt) < 0
+                        ? NULL : find(dt, ufunc, key[0], key[1], n, &table);
+  if (e == NULL) {
+    d->misses++;
+    return 0;
+  }
   d->hits++;
   PyObject *out_spec = Py_NewRef(e->out_spec); /* the ufunc may run Python code */
   PyObject *res = PyObject_Vectorcall(ufunc, arg, (size_t)n, NULL);
-  *out = res == NULL ? NULL : wrap(d, out_spec, res);
+  *out = res == NULL ? NULL : wrap(d, table, out_spec, res);
   Py_DECREF(out_spec);
+  Py_DECREF(table);
   return *out != NULL ? 1 : -1;
-miss:
-  d->misses++;
-  return 0;
 }
 
 /* f(first, args..., **kwnames) for a vectorcall argument list. */
@@ -371,20 +345,26 @@ static PyObject *reduce_method(int idx, PyObject *self, PyObject *const *args,
   if (d == NULL) return NULL;
   PyObject *axis, *keepdims;
   long long aux;
+  PyObject *table;
   BaseObject *b = (BaseObject *)self;
   if (d->enabled && Py_TYPE(self) == d->dtensor && b->local != NULL &&
-      PyArray_CheckExact(b->local) &&
+      b->spec != NULL && PyArray_CheckExact(b->local) &&
       reduction_args(d, args, nargs, kwnames, &axis, &keepdims) == 0 &&
       reduction_aux(axis, keepdims, &aux) == 0) {
-    Entry *e = lookup(d, d->red_name[idx], b->spec, NULL, aux);
+    mt_ext_entry *e = find(self, d->red_name[idx], b->spec, NULL, aux, &table);
     if (e != NULL) {
       d->hits++;
-      PyObject *out_spec = Py_NewRef(e->out_spec);
-      PyObject *stack[3] = {b->local, e->axes, keepdims};
+      /* The method may run Python code that changes the table: own what we use. */
+      PyObject *out_spec = Py_NewRef(e->out_spec), *axes = Py_NewRef(e->axes);
+      PyObject *local = Py_NewRef(b->local);
+      PyObject *stack[3] = {local, axes, keepdims};
       PyObject *res = PyObject_VectorcallMethod(d->red_name[idx], stack, 1,
                                                 d->kw_axis_keepdims);
-      PyObject *out = res == NULL ? NULL : wrap(d, out_spec, res);
+      PyObject *out = res == NULL ? NULL : wrap(d, table, out_spec, res);
+      Py_DECREF(table);
       Py_DECREF(out_spec);
+      Py_DECREF(axes);
+      Py_DECREF(local);
       return out;
     }
   }
@@ -413,22 +393,68 @@ REDUCTION(m_var, 8)
 
 /* -- the type -------------------------------------------------------------------- */
 
+/* Sets the spec of `b` and the table of its mesh. With `share`, the spec becomes
+ * the table's one object of spec's value: the fast path keys on spec identity,
+ * so DTensors of one layout made anywhere (from_local, redistribute, factories)
+ * share it. 0, or -1 with an exception. */
+static int set_spec(BaseObject *b, PyObject *spec, int share) {
+  PyObject *module = PyType_GetModuleByDef(Py_TYPE(b), &mt_ext_module_def);
+  if (module == NULL) return -1;
+  mt_ext_dispatch *d = mt_ext_state_of(module)->dispatch;
+  PyObject *table = d != NULL && d->table_type != NULL
+                        ? (PyObject *)table_of(d, spec) : NULL;
+  PyObject *shared = table != NULL && share
+                         ? mt_ext_table_intern((mt_ext_table *)table, spec)
+                         : Py_NewRef(spec);
+  if (shared == NULL) {
+    Py_XDECREF(table);
+    return -1;
+  }
+  Py_XSETREF(b->spec, shared);
+  Py_XSETREF(b->table, table);
+  return 0;
+}
+
 static int base_init(PyObject *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"local_tensor", "spec", NULL};
   PyObject *local, *spec;
   if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:DTensor", kwlist, &local, &spec))
     return -1;
   BaseObject *b = (BaseObject *)self;
+  if (set_spec(b, spec, 1) < 0) return -1;
   Py_XSETREF(b->local, Py_NewRef(local));
-  Py_XSETREF(b->spec, Py_NewRef(spec));
   return 0;
 }
+
+static PyObject *spec_get(PyObject *self, void *closure) {
+  BaseObject *b = (BaseObject *)self;
+  if (b->spec == NULL) {
+    PyErr_SetString(PyExc_AttributeError, "_spec");
+    return NULL;
+  }
+  return Py_NewRef(b->spec);
+}
+
+static int spec_set(PyObject *self, PyObject *value, void *closure) {
+  BaseObject *b = (BaseObject *)self;
+  if (value != NULL) return set_spec(b, value, 0);
+  Py_CLEAR(b->spec);
+  Py_CLEAR(b->table);
+  return 0;
+}
+
+static PyGetSetDef base_getset[] = {
+    {"_spec", spec_get, spec_set,
+     "The DTensorSpec: mesh, placements, global shape, dtype, stride.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static int base_traverse(PyObject *self, visitproc visit, void *arg) {
   BaseObject *b = (BaseObject *)self;
   Py_VISIT(Py_TYPE(self));
   Py_VISIT(b->local);
   Py_VISIT(b->spec);
+  Py_VISIT(b->table);
   return 0;
 }
 
@@ -436,6 +462,7 @@ static int base_clear(PyObject *self) {
   BaseObject *b = (BaseObject *)self;
   Py_CLEAR(b->local);
   Py_CLEAR(b->spec);
+  Py_CLEAR(b->table);
   return 0;
 }
 
@@ -461,8 +488,6 @@ static PyObject *base_reduce(PyObject *self, PyObject *unused) {
 static PyMemberDef base_members[] = {
     {"_local_tensor", T_OBJECT_EX, offsetof(BaseObject, local), 0,
      "This rank's local ndarray (or a pending asynchronous one)."},
-    {"_spec", T_OBJECT_EX, offsetof(BaseObject, spec), 0,
-     "The DTensorSpec: mesh, placements, global shape, dtype, stride."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -486,6 +511,7 @@ static PyType_Slot base_slots[] = {
     {Py_tp_traverse, base_traverse},
     {Py_tp_clear, base_clear},
     {Py_tp_members, base_members},
+    {Py_tp_getset, base_getset},
     {Py_tp_methods, base_methods},
     {Py_tp_richcompare, richcompare},
     {Py_nb_add, nb_add},
@@ -550,6 +576,8 @@ static int install_reductions(mt_ext_dispatch *d, PyObject *impls) {
   d->s_axis = PyUnicode_InternFromString("axis");
   d->s_keepdims = PyUnicode_InternFromString("keepdims");
   if (d->s_call == NULL || d->s_axis == NULL || d->s_keepdims == NULL) return -1;
+  d->s_dispatch = PyUnicode_InternFromString("_dispatch");
+  if (d->s_dispatch == NULL) return -1;
   d->kw_axis_keepdims = PyTuple_Pack(2, d->s_axis, d->s_keepdims);
   return d->kw_axis_keepdims == NULL ? -1 : 0;
 }
@@ -582,6 +610,7 @@ static PyObject *dispatch_install(PyObject *module, PyObject *const *args,
     mt_ext_dispatch_clear(st);
     return NULL;
   }
+  d->table_type = st->table_type;
   d->dtensor = (PyTypeObject *)Py_NewRef(args[0]);
   d->enabled = 1;
   Py_RETURN_NONE;
@@ -596,6 +625,17 @@ static mt_ext_dispatch *installed(PyObject *module) {
   return d;
 }
 
+/* Adds an entry to the table of spec's mesh, if it has one. */
+static PyObject *record(mt_ext_dispatch *d, PyObject *spec, PyObject *op, PyObject *k0,
+                        PyObject *k1, long long aux, PyObject *out_spec, PyObject *axes) {
+  mt_ext_table *table = table_of(d, spec);
+  if (table == NULL) Py_RETURN_NONE;
+  int rc = mt_ext_table_insert(table, op, k0, k1, aux, out_spec, axes);
+  Py_DECREF(table);
+  if (rc < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
 /* dispatch_record_ufunc(ufunc, operands, out_spec): no-op unless every operand is
  * a DTensor or a Python/NumPy scalar. */
 static PyObject *dispatch_record_ufunc(PyObject *module, PyObject *const *args,
@@ -606,13 +646,11 @@ static PyObject *dispatch_record_ufunc(PyObject *module, PyObject *const *args,
     PyErr_SetString(PyExc_TypeError, "dispatch_record_ufunc(ufunc, operands, out_spec)");
     return NULL;
   }
-  Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
-  PyObject *key[2] = {NULL, NULL}, *arg;
-  if (n < 1 || n > 2) Py_RETURN_NONE;
-  for (Py_ssize_t i = 0; i < n; ++i)
-    if (operand(d, PyTuple_GET_ITEM(args[1], i), &key[i], &arg) < 0) Py_RETURN_NONE;
-  insert(d, args[0], key[0], key[1], n, args[2], NULL);
-  Py_RETURN_NONE;
+  int n = (int)PyTuple_GET_SIZE(args[1]);
+  PyObject *key[2] = {NULL, NULL}, *arg[2], *dt;
+  if (n < 1 || n > 2 || operands(d, &PyTuple_GET_ITEM(args[1], 0), n, key, arg, &dt) < 0)
+    Py_RETURN_NONE;
+  return record(d, ((BaseObject *)dt)->spec, args[0], key[0], key[1], n, args[2], NULL);
 }
 
 /* dispatch_record_reduction(name, dtensor, axis, keepdims, axes, out_spec): no-op
@@ -629,12 +667,9 @@ static PyObject *dispatch_record_reduction(PyObject *module, PyObject *const *ar
   long long aux;
   PyObject *spec = ((BaseObject *)args[1])->spec;
   if (spec == NULL || reduction_aux(args[2], args[3], &aux) < 0) Py_RETURN_NONE;
-  for (int i = 0; i < RED_N; ++i) {
-    if (PyUnicode_Check(args[0]) && is_str(args[0], d->red_name[i])) {
-      insert(d, d->red_name[i], spec, NULL, aux, args[5], args[4]);
-      break;
-    }
-  }
+  for (int i = 0; i < RED_N; ++i)
+    if (PyUnicode_Check(args[0]) && is_str(args[0], d->red_name[i]))
+      return record(d, spec, d->red_name[i], spec, NULL, aux, args[5], args[4]);
   Py_RETURN_NONE;
 }
 
@@ -649,14 +684,9 @@ static PyObject *dispatch_enable(PyObject *module, PyObject *flag) {
   return PyBool_FromLong(was);
 }
 
-static PyObject *dispatch_clear(PyObject *module, PyObject *unused) {
-  table_clear(module_dispatch(module));
-  Py_RETURN_NONE;
-}
-
 static PyObject *dispatch_stats(PyObject *module, PyObject *unused) {
   mt_ext_dispatch *d = module_dispatch(module);
-  return Py_BuildValue("(LLi)", d->hits, d->misses, d->used);
+  return Py_BuildValue("(LL)", d->hits, d->misses);
 }
 
 PyMethodDef mt_ext_dispatch_methods[] = {
@@ -672,17 +702,14 @@ PyMethodDef mt_ext_dispatch_methods[] = {
      "dispatch_record_reduction(name, dtensor, axis, keepdims, axes, out_spec). Local."},
     {"dispatch_enable", dispatch_enable, METH_O,
      "dispatch_enable(flag) -> previous: turns the fast path on or off. Local."},
-    {"dispatch_clear", dispatch_clear, METH_NOARGS,
-     "dispatch_clear(): forgets every recorded decision. Local."},
     {"dispatch_stats", dispatch_stats, METH_NOARGS,
-     "dispatch_stats() -> (hits, misses, entries). Local."},
+     "dispatch_stats() -> (hits, misses) of the fast path so far. Local."},
     {NULL, NULL, 0, NULL},
 };
 
 void mt_ext_dispatch_clear(mt_ext_state *st) {
   mt_ext_dispatch *d = st->dispatch;
   if (d == NULL) return;
-  table_clear(d);
   Py_CLEAR(d->dtensor);
   Py_CLEAR(d->custom);
   Py_CLEAR(d->ufunc_impl);
@@ -704,7 +731,9 @@ void mt_ext_dispatch_clear(mt_ext_state *st) {
   Py_CLEAR(d->s_call);
   Py_CLEAR(d->s_axis);
   Py_CLEAR(d->s_keepdims);
+  Py_CLEAR(d->s_dispatch);
   Py_CLEAR(d->kw_axis_keepdims);
+  d->table_type = NULL;
   d->enabled = 0;
 }
 
@@ -715,14 +744,17 @@ int mt_ext_dispatch_traverse(mt_ext_state *st, visitproc visit, void *arg) {
   Py_VISIT(d->custom);
   Py_VISIT(d->ufunc_impl);
   Py_VISIT(d->rewrap);
-  for (int i = 0; i < CACHE_SLOTS; ++i) {
-    Entry *e = &d->table[i];
-    Py_VISIT(e->op);
-    Py_VISIT(e->key[0]);
-    Py_VISIT(e->key[1]);
-    Py_VISIT(e->out_spec);
-    Py_VISIT(e->axes);
+  for (int i = 0; i < BIN_N; ++i)
+    for (int j = 0; j < 3; ++j) Py_VISIT(d->bin[i][j]);
+  for (int i = 0; i < UN_N; ++i) {
+    Py_VISIT(d->un[i][0]);
+    Py_VISIT(d->un[i][1]);
   }
+  for (int i = 0; i < CMP_N; ++i) {
+    Py_VISIT(d->cmp[i][0]);
+    Py_VISIT(d->cmp[i][1]);
+  }
+  for (int i = 0; i < RED_N; ++i) Py_VISIT(d->red_impl[i]);
   return 0;
 }
 

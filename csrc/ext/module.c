@@ -130,6 +130,7 @@ static int module_exec(PyObject *module) {
   if (mt_ext_mesh_exec(module) < 0) return -1;
   if (mt_ext_redistribute_exec(module) < 0) return -1;
   if (mt_ext_prop_exec(module) < 0) return -1;
+  if (mt_ext_table_exec(module) < 0) return -1;
   if (mt_ext_dispatch_exec(module) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_MESH_NDIM", MT_MAX_MESH_NDIM) < 0) return -1;
@@ -144,6 +145,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->dimmap_type);
   Py_VISIT(st->pool_handler);
   Py_VISIT(st->dtensor_base_type);
+  Py_VISIT(st->table_type);
   return mt_ext_dispatch_traverse(st, visit, arg);
 }
 
@@ -155,6 +157,7 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->dimmap_type);
   Py_CLEAR(st->pool_handler);
   Py_CLEAR(st->dtensor_base_type);
+  Py_CLEAR(st->table_type);
   mt_ext_dispatch_clear(st);
   return 0;
 }

@@ -122,6 +122,7 @@ class DeviceMesh:
         self._rank = comm.Get_rank()
         self._plans: dict = {}  # redistribution plans of this mesh, made in C once each
         self._decisions: dict = {}  # sharding decisions of operations (mpitensor._ops)
+        self._dispatch = _C.DispatchTable()  # what the C fast path replays (_ops._fast)
 
     # -- structure ---------------------------------------------------------------
     @property

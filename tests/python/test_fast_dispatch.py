@@ -6,6 +6,7 @@ implicit_replication, redistributions, out=, keywords, pending async data); and 
 leaks no references."""
 
 import copy
+import gc
 import operator
 import pickle
 import sys
@@ -15,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, Partial, Replicate, Shard
+from mpitensor import DTensor, Partial, Replicate, Shard, _C
 from mpitensor._ops import _fast
 from mpitensor.debug import CommDebugMode
 from mpitensor.experimental import (clear_sharding_registry, implicit_replication,
@@ -331,7 +332,7 @@ def test_disabled_fast_path_never_hits(mesh):
         for _ in range(5):
             a + a, a.sum(0)
         assert hits() == before
-    _fast.clear()
+    _fast.clear(mesh)
     before = hits()
     a + a
     assert hits() == before  # cleared: decided again by the slow path
@@ -356,3 +357,32 @@ def test_the_base_keeps_the_dtensor_api(mesh):
     assert type(c) is DTensor and c._spec is a._spec and c.to_local() is a.to_local()
     with pytest.raises(TypeError, match="pickle"):
         pickle.dumps(a)  # the mesh's communicator cannot be pickled, as before
+
+
+def test_fresh_dtensors_of_a_known_layout_hit(mesh):
+    w = mt.distribute_tensor(np.ones((4, 3)), mesh, [Replicate()])
+    x0 = DTensor.from_local(np.ones((2, 4)), mesh, [Shard(0)])
+    x0 @ w
+    x1 = DTensor.from_local(np.full((2, 4), 2.0), mesh, [Shard(0)])
+    assert x1._spec is x0._spec  # one spec object per layout on a mesh
+    before = hits()
+    y = x1 @ w
+    assert hits() - before == 1
+    assert np.array_equal(y.to_local(), x1.to_local() @ w.to_local())
+    r = x1.redistribute(mesh, [Replicate()])
+    assert r._spec is w.redistribute(mesh, [Replicate()])._spec or r.shape != w.shape
+
+
+def test_a_dropped_mesh_frees_its_communicators_and_table():
+    gc.collect()
+    before = _C.comm_live_count()
+    m = mt.init_device_mesh("cpu", (W,))
+    a = mt.distribute_tensor(np.ones((4, 4)), m, [Shard(0)])
+    for _ in range(2):
+        a + a, a.sum(0), a * 2
+    assert len(m._dispatch) >= 3
+    during = _C.comm_live_count()
+    del a, m
+    gc.collect()
+    assert during > before
+    assert _C.comm_live_count() == before

@@ -10,10 +10,12 @@ keywords (``out=``, ``dtype=``, ...) whose operands are DTensors and Python or
 NumPy scalars. Any other call, and any call of a ufunc with an
 ``experimental.register_sharding`` rule, takes the slow path unchanged.
 
-Results of one decision share one spec object (``Decision.out_spec``), so chains
-of operations hit; a DTensor made by ``from_local``, ``distribute_tensor`` or
-``redistribute`` has a spec object of its own and takes the slow path on its first
-operation of each kind.
+The recorded decisions live on each mesh (``mesh._dispatch``, a
+``_C.DispatchTable``), which also hands every DTensor of one layout on that mesh the
+same spec object when the DTensor is made (``DTensor(local, spec)``), so that a
+fresh DTensor (``from_local``, ``redistribute``, a result) of a known layout hits on
+its first operation. Table and mesh reference each other; the garbage collector
+frees both once the mesh is unreachable.
 """
 
 from __future__ import annotations
@@ -65,11 +67,12 @@ def enabled(flag: bool):
         _C.dispatch_enable(was)
 
 
-def clear() -> None:
-    """Forgets every decision recorded for the fast path. Local."""
-    _C.dispatch_clear()
+def clear(mesh) -> None:
+    """Forgets the decisions recorded for the fast path on ``mesh``, and its shared
+    spec objects. Local."""
+    mesh._dispatch.clear()
 
 
-def stats() -> tuple[int, int, int]:
-    """(hits, misses, entries) of the fast path since the extension was loaded. Local."""
+def stats() -> tuple[int, int]:
+    """(hits, misses) of the fast path since the extension was loaded. Local."""
     return _C.dispatch_stats()
