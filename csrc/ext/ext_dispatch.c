@@ -625,9 +625,12 @@ static mt_ext_dispatch *installed(PyObject *module) {
   return d;
 }
 
-/* Adds an entry to the table of spec's mesh, if it has one. */
+/* Adds an entry to the table of spec's mesh, if it has one, when out_spec is a
+ * DTensorSpec whose dtype is a NumPy dtype (wrap() reads it as one). */
 static PyObject *record(mt_ext_dispatch *d, PyObject *spec, PyObject *op, PyObject *k0,
                         PyObject *k1, long long aux, PyObject *out_spec, PyObject *axes) {
+  if (PyTuple_GET_SIZE(out_spec) != 5 || !PyArray_DescrCheck(PyTuple_GET_ITEM(out_spec, 3)))
+    Py_RETURN_NONE;
   mt_ext_table *table = table_of(d, spec);
   if (table == NULL) Py_RETURN_NONE;
   int rc = mt_ext_table_insert(table, op, k0, k1, aux, out_spec, axes);

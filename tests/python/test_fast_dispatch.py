@@ -377,7 +377,7 @@ def test_a_dropped_mesh_frees_its_communicators_and_table():
     gc.collect()
     before = _C.comm_live_count()
     m = mt.init_device_mesh("cpu", (W,))
-    a = mt.distribute_tensor(np.ones((4, 4)), m, [Shard(0)])
+    a = mt.distribute_tensor(np.ones((12, 4)), m, [Shard(0)])  # even at 1..4 ranks
     for _ in range(2):
         a + a, a.sum(0), a * 2
     assert len(m._dispatch) >= 3
