@@ -386,3 +386,20 @@ def test_a_dropped_mesh_frees_its_communicators_and_table():
     gc.collect()
     assert during > before
     assert _C.comm_live_count() == before
+
+
+@pytest.mark.skipif(W < 2, reason="needs a rank outside the mesh")
+def test_ranks_outside_the_mesh_take_the_python_path():
+    m = mt.DeviceMesh("cpu", list(range(W - 1)))
+    outsider = MPI.COMM_WORLD.Get_rank() == W - 1
+    a = mt.distribute_tensor(np.arange(12.0).reshape(6, 2), m, [Replicate()])
+    a + a, a.sum(0)
+    before = hits()
+    r, s = a + a, a.sum(0)
+    assert r.shape == (6, 2) and s.shape == (2,)
+    if outsider:
+        assert hits() == before and len(m._dispatch) == 0
+        assert r.to_local().size == 0
+    else:
+        assert hits() - before == 2
+        assert np.array_equal(r.to_local(), np.arange(12.0).reshape(6, 2) * 2)
