@@ -79,9 +79,9 @@ typedef struct mt_ext_dispatch mt_ext_dispatch;
 /* A recorded decision of the fast path (ext_dispatch_table.c). */
 typedef struct {
   PyObject *op;       /* ufunc, or a reduction's interned name; NULL: empty slot */
-  PyObject *key[2];   /* per operand: its spec (DTensor) or its type (scalar) */
+  PyObject *key[2];   /* per operand: its layout (DTensor) or its type (scalar) */
   long long aux;      /* ufunc: operand count; reduction: axis and keepdims */
-  PyObject *out_spec; /* the output DTensorSpec */
+  PyObject *out;      /* the output's layout (placements, shape, dtype, stride) */
   PyObject *axes;     /* reduction: the normalized axis tuple; else NULL */
 } mt_ext_entry;
 typedef struct mt_ext_table mt_ext_table;
@@ -90,9 +90,10 @@ mt_ext_entry *mt_ext_table_lookup(mt_ext_table *t, PyObject *op, PyObject *k0,
                                   PyObject *k1, long long aux);
 /* Adds or replaces an entry. 0, or -1 with MemoryError. */
 int mt_ext_table_insert(mt_ext_table *t, PyObject *op, PyObject *k0, PyObject *k1,
-                        long long aux, PyObject *out_spec, PyObject *axes);
-/* The table's one spec object equal to `spec` (a DTensorSpec of the table's mesh);
- * new reference, or NULL with an exception. */
+                        long long aux, PyObject *out, PyObject *axes);
+/* The table's one layout tuple (placements, shape, dtype, stride) equal to that of
+ * `spec` (a DTensorSpec of the table's mesh); new reference, or NULL with an
+ * exception. */
 PyObject *mt_ext_table_intern(mt_ext_table *t, PyObject *spec);
 int mt_ext_table_exec(PyObject *module);
 int mt_ext_dispatch_traverse(mt_ext_state *st, visitproc visit, void *arg);

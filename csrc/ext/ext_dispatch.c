@@ -11,8 +11,10 @@
  * with redistributions, ranks outside the mesh) takes the Python path unchanged.
  *
  * The decisions are kept per mesh, in its ``_dispatch`` table
- * (ext_dispatch_table.c), keyed by spec identity; the table also gives every
- * DTensor of one layout on the mesh the same spec object. */
+ * (ext_dispatch_table.c), keyed by the identity of layouts: the table gives every
+ * DTensor of one (placements, shape, dtype, stride) on the mesh the same layout
+ * tuple, kept beside its spec. Nothing in the table references the mesh, so a
+ * dropped mesh is freed at once, as before. */
 #include "ext.h"
 
 #include <stddef.h>
@@ -58,8 +60,9 @@ static const char *const RED_NAMES[RED_N] = {"sum", "mean", "prod", "max", "min"
 typedef struct {
   PyObject_HEAD
   PyObject *local; /* _local_tensor */
-  PyObject *spec;  /* _spec */
-  PyObject *table; /* the DispatchTable of the spec's mesh, or NULL */
+  PyObject *spec;   /* _spec */
+  PyObject *table;  /* the DispatchTable of the spec's mesh, or NULL */
+  PyObject *layout; /* the table's (placements, shape, dtype, stride), or NULL */
 } BaseObject;
 
 struct mt_ext_dispatch {
@@ -116,14 +119,14 @@ static mt_ext_entry *find(PyObject *dt, PyObject *op, PyObject *k0, PyObject *k1
 
 /* -- the fast path -------------------------------------------------------------- */
 
-/* The key and the NumPy argument of one operand: a DTensor gives its spec and
+/* The key and the NumPy argument of one operand: a DTensor gives its layout and
  * local ndarray, a Python or NumPy scalar its type and itself. -1: not fast. */
 static int operand(mt_ext_dispatch *d, PyObject *o, PyObject **key, PyObject **arg) {
   PyTypeObject *t = Py_TYPE(o);
   if (t == d->dtensor) {
     BaseObject *b = (BaseObject *)o;
-    if (b->spec == NULL || b->local == NULL || !PyArray_CheckExact(b->local)) return -1;
-    *key = b->spec;
+    if (b->layout == NULL || b->local == NULL || !PyArray_CheckExact(b->local)) return -1;
+    *key = b->layout;
     *arg = b->local;
     return 0;
   }
@@ -136,25 +139,62 @@ static int operand(mt_ext_dispatch *d, PyObject *o, PyObject **key, PyObject **a
   return -1;
 }
 
-/* A DTensor of `out_spec` (on the mesh of `table`) around `res` (stolen). */
-static PyObject *wrap(mt_ext_dispatch *d, PyObject *table, PyObject *out_spec,
-                      PyObject *res) {
-  if (PyArray_CheckExact(res)) {
-    PyArray_Descr *have = PyArray_DESCR((PyArrayObject *)res);
-    PyObject *want = PyTuple_GET_ITEM(out_spec, 3); /* DTensorSpec.dtype */
-    if ((PyObject *)have == want || PyArray_EquivTypes(have, (PyArray_Descr *)want)) {
-      BaseObject *o = (BaseObject *)d->dtensor->tp_alloc(d->dtensor, 0);
-      if (o == NULL) {
-        Py_DECREF(res);
-        return NULL;
-      }
-      o->local = res;
-      o->spec = Py_NewRef(out_spec);
-      o->table = Py_NewRef(table);
-      return (PyObject *)o;
-    }
+/* What a result needs from its first DTensor operand: the spec's class, the mesh
+ * and the table; owned, since the NumPy call may run Python code. */
+typedef struct {
+  PyObject *spec_type, *mesh, *table, *layout;
+} Origin;
+
+static void origin_take(Origin *o, PyObject *dt, PyObject *out_layout) {
+  BaseObject *b = (BaseObject *)dt;
+  o->spec_type = Py_NewRef((PyObject *)Py_TYPE(b->spec));
+  o->mesh = Py_NewRef(PyTuple_GET_ITEM(b->spec, 0));
+  o->table = Py_NewRef(b->table);
+  o->layout = Py_NewRef(out_layout);
+}
+
+static void origin_drop(Origin *o) {
+  Py_DECREF(o->spec_type);
+  Py_DECREF(o->mesh);
+  Py_DECREF(o->table);
+  Py_DECREF(o->layout);
+}
+
+/* A new DTensorSpec (the class of the operand's) of the mesh and the layout. */
+static PyObject *make_spec(const Origin *o) {
+  PyTypeObject *tp = (PyTypeObject *)o->spec_type;
+  PyObject *spec = tp->tp_alloc(tp, 5);
+  if (spec == NULL) return NULL;
+  PyTuple_SET_ITEM(spec, 0, Py_NewRef(o->mesh));
+  for (Py_ssize_t i = 0; i < 4; ++i)
+    PyTuple_SET_ITEM(spec, i + 1, Py_NewRef(PyTuple_GET_ITEM(o->layout, i)));
+  return spec;
+}
+
+/* A DTensor of the recorded layout around `res` (stolen); a result of another
+ * type or dtype goes through the Python rewrap(spec, result). */
+static PyObject *wrap(mt_ext_dispatch *d, const Origin *o, PyObject *res) {
+  PyObject *spec = make_spec(o), *out = NULL;
+  if (spec == NULL) {
+    Py_DECREF(res);
+    return NULL;
   }
-  PyObject *out = PyObject_CallFunctionObjArgs(d->rewrap, out_spec, res, NULL);
+  PyObject *want = PyTuple_GET_ITEM(o->layout, 2); /* the dtype */
+  if (PyArray_CheckExact(res) &&
+      ((PyObject *)PyArray_DESCR((PyArrayObject *)res) == want ||
+       PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)res), (PyArray_Descr *)want))) {
+    BaseObject *b = (BaseObject *)d->dtensor->tp_alloc(d->dtensor, 0);
+    if (b != NULL) {
+      b->local = Py_NewRef(res);
+      b->spec = Py_NewRef(spec);
+      b->table = Py_NewRef(o->table);
+      b->layout = Py_NewRef(o->layout);
+    }
+    out = (PyObject *)b;
+  } else {
+    out = PyObject_CallFunctionObjArgs(d->rewrap, spec, res, NULL);
+  }
+  Py_DECREF(spec);
   Py_DECREF(res);
   return out;
 }
@@ -187,11 +227,12 @@ static int fast_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
     return 0;
   }
   d->hits++;
-  PyObject *out_spec = Py_NewRef(e->out_spec); /* the ufunc may run Python code */
-  PyObject *res = PyObject_Vectorcall(ufunc, arg, (size_t)n, NULL);
-  *out = res == NULL ? NULL : wrap(d, table, out_spec, res);
-  Py_DECREF(out_spec);
+  Origin o;
+  origin_take(&o, dt, e->out);
   Py_DECREF(table);
+  PyObject *res = PyObject_Vectorcall(ufunc, arg, (size_t)n, NULL);
+  *out = res == NULL ? NULL : wrap(d, &o, res);
+  origin_drop(&o);
   return *out != NULL ? 1 : -1;
 }
 
@@ -348,21 +389,22 @@ static PyObject *reduce_method(int idx, PyObject *self, PyObject *const *args,
   PyObject *table;
   BaseObject *b = (BaseObject *)self;
   if (d->enabled && Py_TYPE(self) == d->dtensor && b->local != NULL &&
-      b->spec != NULL && PyArray_CheckExact(b->local) &&
+      b->layout != NULL && PyArray_CheckExact(b->local) &&
       reduction_args(d, args, nargs, kwnames, &axis, &keepdims) == 0 &&
       reduction_aux(axis, keepdims, &aux) == 0) {
-    mt_ext_entry *e = find(self, d->red_name[idx], b->spec, NULL, aux, &table);
+    mt_ext_entry *e = find(self, d->red_name[idx], b->layout, NULL, aux, &table);
     if (e != NULL) {
       d->hits++;
       /* The method may run Python code that changes the table: own what we use. */
-      PyObject *out_spec = Py_NewRef(e->out_spec), *axes = Py_NewRef(e->axes);
-      PyObject *local = Py_NewRef(b->local);
+      Origin o;
+      origin_take(&o, self, e->out);
+      PyObject *axes = Py_NewRef(e->axes), *local = Py_NewRef(b->local);
+      Py_DECREF(table);
       PyObject *stack[3] = {local, axes, keepdims};
       PyObject *res = PyObject_VectorcallMethod(d->red_name[idx], stack, 1,
                                                 d->kw_axis_keepdims);
-      PyObject *out = res == NULL ? NULL : wrap(d, table, out_spec, res);
-      Py_DECREF(table);
-      Py_DECREF(out_spec);
+      PyObject *out = res == NULL ? NULL : wrap(d, &o, res);
+      origin_drop(&o);
       Py_DECREF(axes);
       Py_DECREF(local);
       return out;
@@ -393,25 +435,27 @@ REDUCTION(m_var, 8)
 
 /* -- the type -------------------------------------------------------------------- */
 
-/* Sets the spec of `b` and the table of its mesh. With `share`, the spec becomes
- * the table's one object of spec's value: the fast path keys on spec identity,
- * so DTensors of one layout made anywhere (from_local, redistribute, factories)
- * share it. 0, or -1 with an exception. */
-static int set_spec(BaseObject *b, PyObject *spec, int share) {
+/* Sets the spec of `b`, the table of its mesh and its layout there: the fast path
+ * keys on layout identity, so every DTensor of one layout on a mesh, made
+ * anywhere (from_local, redistribute, factories, results), gets the table's one
+ * layout tuple. 0, or -1 with an exception. */
+static int set_spec(BaseObject *b, PyObject *spec) {
   PyObject *module = PyType_GetModuleByDef(Py_TYPE(b), &mt_ext_module_def);
   if (module == NULL) return -1;
   mt_ext_dispatch *d = mt_ext_state_of(module)->dispatch;
   PyObject *table = d != NULL && d->table_type != NULL
                         ? (PyObject *)table_of(d, spec) : NULL;
-  PyObject *shared = table != NULL && share
-                         ? mt_ext_table_intern((mt_ext_table *)table, spec)
-                         : Py_NewRef(spec);
-  if (shared == NULL) {
-    Py_XDECREF(table);
-    return -1;
+  PyObject *layout = NULL;
+  if (table != NULL) {
+    layout = mt_ext_table_intern((mt_ext_table *)table, spec);
+    if (layout == NULL) {
+      Py_DECREF(table);
+      return -1;
+    }
   }
-  Py_XSETREF(b->spec, shared);
+  Py_XSETREF(b->spec, Py_NewRef(spec));
   Py_XSETREF(b->table, table);
+  Py_XSETREF(b->layout, layout);
   return 0;
 }
 
@@ -421,7 +465,7 @@ static int base_init(PyObject *self, PyObject *args, PyObject *kwds) {
   if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:DTensor", kwlist, &local, &spec))
     return -1;
   BaseObject *b = (BaseObject *)self;
-  if (set_spec(b, spec, 1) < 0) return -1;
+  if (set_spec(b, spec) < 0) return -1;
   Py_XSETREF(b->local, Py_NewRef(local));
   return 0;
 }
@@ -437,9 +481,10 @@ static PyObject *spec_get(PyObject *self, void *closure) {
 
 static int spec_set(PyObject *self, PyObject *value, void *closure) {
   BaseObject *b = (BaseObject *)self;
-  if (value != NULL) return set_spec(b, value, 0);
+  if (value != NULL) return set_spec(b, value);
   Py_CLEAR(b->spec);
   Py_CLEAR(b->table);
+  Py_CLEAR(b->layout);
   return 0;
 }
 
@@ -455,6 +500,7 @@ static int base_traverse(PyObject *self, visitproc visit, void *arg) {
   Py_VISIT(b->local);
   Py_VISIT(b->spec);
   Py_VISIT(b->table);
+  Py_VISIT(b->layout);
   return 0;
 }
 
@@ -463,6 +509,7 @@ static int base_clear(PyObject *self) {
   Py_CLEAR(b->local);
   Py_CLEAR(b->spec);
   Py_CLEAR(b->table);
+  Py_CLEAR(b->layout);
   return 0;
 }
 
@@ -625,54 +672,53 @@ static mt_ext_dispatch *installed(PyObject *module) {
   return d;
 }
 
-/* Adds an entry to the table of spec's mesh, if it has one, when out_spec is a
- * DTensorSpec whose dtype is a NumPy dtype (wrap() reads it as one). */
-static PyObject *record(mt_ext_dispatch *d, PyObject *spec, PyObject *op, PyObject *k0,
-                        PyObject *k1, long long aux, PyObject *out_spec, PyObject *axes) {
-  if (PyTuple_GET_SIZE(out_spec) != 5 || !PyArray_DescrCheck(PyTuple_GET_ITEM(out_spec, 3)))
+/* Adds (op, k0, k1, aux) -> the layout of DTensor `out` to the table of DTensor
+ * `dt`'s mesh, when both have layouts there and out's dtype is a NumPy dtype. */
+static PyObject *record(mt_ext_dispatch *d, PyObject *dt, PyObject *op, PyObject *k0,
+                        PyObject *k1, long long aux, PyObject *out, PyObject *axes) {
+  BaseObject *b = (BaseObject *)dt, *r = (BaseObject *)out;
+  if (Py_TYPE(out) != d->dtensor || b->table == NULL || r->layout == NULL ||
+      r->table != b->table || !PyArray_DescrCheck(PyTuple_GET_ITEM(r->layout, 2)))
     Py_RETURN_NONE;
-  mt_ext_table *table = table_of(d, spec);
-  if (table == NULL) Py_RETURN_NONE;
-  int rc = mt_ext_table_insert(table, op, k0, k1, aux, out_spec, axes);
-  Py_DECREF(table);
-  if (rc < 0) return NULL;
+  if (mt_ext_table_insert((mt_ext_table *)b->table, op, k0, k1, aux, r->layout, axes) < 0)
+    return NULL;
   Py_RETURN_NONE;
 }
 
-/* dispatch_record_ufunc(ufunc, operands, out_spec): no-op unless every operand is
- * a DTensor or a Python/NumPy scalar. */
+/* dispatch_record_ufunc(ufunc, operands, out): no-op unless every operand is a
+ * DTensor or a Python/NumPy scalar. */
 static PyObject *dispatch_record_ufunc(PyObject *module, PyObject *const *args,
                                        Py_ssize_t nargs) {
   mt_ext_dispatch *d = installed(module);
   if (d == NULL) return NULL;
-  if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2])) {
-    PyErr_SetString(PyExc_TypeError, "dispatch_record_ufunc(ufunc, operands, out_spec)");
+  if (nargs != 3 || !PyTuple_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "dispatch_record_ufunc(ufunc, operands, out)");
     return NULL;
   }
   int n = (int)PyTuple_GET_SIZE(args[1]);
   PyObject *key[2] = {NULL, NULL}, *arg[2], *dt;
   if (n < 1 || n > 2 || operands(d, &PyTuple_GET_ITEM(args[1], 0), n, key, arg, &dt) < 0)
     Py_RETURN_NONE;
-  return record(d, ((BaseObject *)dt)->spec, args[0], key[0], key[1], n, args[2], NULL);
+  return record(d, dt, args[0], key[0], key[1], n, args[2], NULL);
 }
 
-/* dispatch_record_reduction(name, dtensor, axis, keepdims, axes, out_spec): no-op
- * unless name is one of the fast methods and axis an int or None. */
+/* dispatch_record_reduction(name, dtensor, axis, keepdims, axes, out): no-op unless
+ * name is one of the fast methods and axis an int or None. */
 static PyObject *dispatch_record_reduction(PyObject *module, PyObject *const *args,
                                            Py_ssize_t nargs) {
   mt_ext_dispatch *d = installed(module);
   if (d == NULL) return NULL;
-  if (nargs != 6 || Py_TYPE(args[1]) != d->dtensor || !PyTuple_Check(args[5])) {
+  if (nargs != 6 || Py_TYPE(args[1]) != d->dtensor || !PyTuple_Check(args[4])) {
     PyErr_SetString(PyExc_TypeError,
-                    "dispatch_record_reduction(name, dtensor, axis, keepdims, axes, spec)");
+                    "dispatch_record_reduction(name, dtensor, axis, keepdims, axes, out)");
     return NULL;
   }
   long long aux;
-  PyObject *spec = ((BaseObject *)args[1])->spec;
-  if (spec == NULL || reduction_aux(args[2], args[3], &aux) < 0) Py_RETURN_NONE;
+  PyObject *layout = ((BaseObject *)args[1])->layout;
+  if (layout == NULL || reduction_aux(args[2], args[3], &aux) < 0) Py_RETURN_NONE;
   for (int i = 0; i < RED_N; ++i)
     if (PyUnicode_Check(args[0]) && is_str(args[0], d->red_name[i]))
-      return record(d, spec, d->red_name[i], spec, NULL, aux, args[5], args[4]);
+      return record(d, args[1], d->red_name[i], layout, NULL, aux, args[5], args[4]);
   Py_RETURN_NONE;
 }
 
@@ -698,11 +744,11 @@ PyMethodDef mt_ext_dispatch_methods[] = {
      "connects the fast path to the Python slow path. Local."},
     {"dispatch_record_ufunc", (PyCFunction)(void (*)(void))dispatch_record_ufunc,
      METH_FASTCALL,
-     "dispatch_record_ufunc(ufunc, operands, out_spec): a decision without "
+     "dispatch_record_ufunc(ufunc, operands, out): a decision without "
      "communication, for the fast path. Local."},
     {"dispatch_record_reduction", (PyCFunction)(void (*)(void))dispatch_record_reduction,
      METH_FASTCALL,
-     "dispatch_record_reduction(name, dtensor, axis, keepdims, axes, out_spec). Local."},
+     "dispatch_record_reduction(name, dtensor, axis, keepdims, axes, out). Local."},
     {"dispatch_enable", dispatch_enable, METH_O,
      "dispatch_enable(flag) -> previous: turns the fast path on or off. Local."},
     {"dispatch_stats", dispatch_stats, METH_NOARGS,

@@ -1,29 +1,31 @@
 /* _C.DispatchTable: one mesh's recorded decisions for the fast path of NumPy
- * operations (ext_dispatch.c), and the one spec object of each layout on it.
+ * operations (ext_dispatch.c), and the one layout tuple of each layout on it.
  *
- * Each DeviceMesh holds one (``mesh._dispatch``). An entry maps (operation, one
- * key per operand: the spec object of a DTensor or the type of a scalar, an int
- * for static arguments) to the output spec. Keys are compared by identity; the
- * entry holds a reference to each, so an address is never reused while its
- * entry lives. The specs reference the mesh, so mesh and table form a cycle that
- * the garbage collector frees once the mesh is unreachable. Open addressing with
- * linear probing, kept at most half full; past MAX_SLOTS it is emptied whole. */
+ * Each DeviceMesh holds one (``mesh._dispatch``). A layout is the tuple
+ * (placements, shape, dtype, stride) of a DTensorSpec without its mesh; the table
+ * hands every DTensor of equal layout the same tuple. An entry maps (operation, one
+ * key per operand: the layout of a DTensor or the type of a scalar, an int for
+ * static arguments) to the output's layout. Keys are compared by identity; the
+ * entry holds a reference to each, so an address is never reused while its entry
+ * lives. Nothing here references the mesh: no cycle, and the table dies with its
+ * mesh. Open addressing with linear probing, kept at most half full; past
+ * MAX_SLOTS it is emptied whole. */
 #include "ext.h"
 
-enum { FIRST_SLOTS = 64, MAX_SLOTS = 4096, MAX_SPECS = 4096 };
+enum { FIRST_SLOTS = 64, MAX_SLOTS = 4096, MAX_LAYOUTS = 4096 };
 
 struct mt_ext_table {
   PyObject_HEAD
   int cap, used;
   mt_ext_entry *slots; /* cap entries; op == NULL marks an empty one */
-  PyObject *specs;     /* (placements, shape, dtype, stride) -> the spec */
+  PyObject *layouts;   /* layout -> the table's one equal layout tuple */
 };
 
 static void entry_clear(mt_ext_entry *e) {
   Py_CLEAR(e->op);
   Py_CLEAR(e->key[0]);
   Py_CLEAR(e->key[1]);
-  Py_CLEAR(e->out_spec);
+  Py_CLEAR(e->out);
   Py_CLEAR(e->axes);
 }
 
@@ -88,7 +90,7 @@ static int make_room(mt_ext_table *t) {
 }
 
 int mt_ext_table_insert(mt_ext_table *t, PyObject *op, PyObject *k0, PyObject *k1,
-                        long long aux, PyObject *out_spec, PyObject *axes) {
+                        long long aux, PyObject *out, PyObject *axes) {
   if (make_room(t) < 0) return -1;
   mt_ext_entry *e = probe(t, op, k0, k1, aux);
   if (e->op == NULL) {
@@ -98,7 +100,7 @@ int mt_ext_table_insert(mt_ext_table *t, PyObject *op, PyObject *k0, PyObject *k
     e->key[1] = Py_XNewRef(k1);
     e->aux = aux;
   }
-  Py_XSETREF(e->out_spec, Py_NewRef(out_spec));
+  Py_XSETREF(e->out, Py_NewRef(out));
   Py_XSETREF(e->axes, Py_XNewRef(axes));
   return 0;
 }
@@ -106,18 +108,22 @@ int mt_ext_table_insert(mt_ext_table *t, PyObject *op, PyObject *k0, PyObject *k
 PyObject *mt_ext_table_intern(mt_ext_table *t, PyObject *spec) {
   PyObject *key = PyTuple_GetSlice(spec, 1, 5);
   if (key == NULL) return NULL;
-  PyObject *found = PyDict_GetItemWithError(t->specs, key);
-  if (found != NULL || PyErr_Occurred()) {
+  PyObject *found = PyDict_GetItemWithError(t->layouts, key);
+  if (found != NULL) {
     Py_DECREF(key);
-    if (found != NULL) return Py_NewRef(found);
-    if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
-    PyErr_Clear(); /* an unhashable field: this spec is simply not shared */
-    return Py_NewRef(spec);
+    return Py_NewRef(found);
   }
-  if (PyDict_GET_SIZE(t->specs) >= MAX_SPECS) PyDict_Clear(t->specs);
-  int rc = PyDict_SetItem(t->specs, key, spec);
-  Py_DECREF(key);
-  return rc < 0 ? NULL : Py_NewRef(spec);
+  if (PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+      Py_DECREF(key);
+      return NULL;
+    }
+    PyErr_Clear(); /* an unhashable field: this layout is simply not shared */
+    return key;
+  }
+  if (PyDict_GET_SIZE(t->layouts) >= MAX_LAYOUTS) PyDict_Clear(t->layouts);
+  if (PyDict_SetItem(t->layouts, key, key) < 0) Py_CLEAR(key);
+  return key;
 }
 
 static PyObject *table_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
@@ -127,21 +133,21 @@ static PyObject *table_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
   }
   mt_ext_table *t = (mt_ext_table *)tp->tp_alloc(tp, 0);
   if (t == NULL) return NULL;
-  t->specs = PyDict_New();
-  if (t->specs == NULL) Py_CLEAR(t);
+  t->layouts = PyDict_New();
+  if (t->layouts == NULL) Py_CLEAR(t);
   return (PyObject *)t;
 }
 
 static int table_traverse(PyObject *self, visitproc visit, void *arg) {
   mt_ext_table *t = (mt_ext_table *)self;
   Py_VISIT(Py_TYPE(self));
-  Py_VISIT(t->specs);
+  Py_VISIT(t->layouts);
   for (int i = 0; t->slots != NULL && i < t->cap; ++i) {
     mt_ext_entry *e = &t->slots[i];
     Py_VISIT(e->op);
     Py_VISIT(e->key[0]);
     Py_VISIT(e->key[1]);
-    Py_VISIT(e->out_spec);
+    Py_VISIT(e->out);
     Py_VISIT(e->axes);
   }
   return 0;
@@ -150,7 +156,7 @@ static int table_traverse(PyObject *self, visitproc visit, void *arg) {
 static int table_clear(PyObject *self) {
   mt_ext_table *t = (mt_ext_table *)self;
   table_clear_entries(t);
-  if (t->specs != NULL) PyDict_Clear(t->specs);
+  if (t->layouts != NULL) PyDict_Clear(t->layouts);
   return 0;
 }
 
@@ -159,7 +165,7 @@ static void table_dealloc(PyObject *self) {
   PyTypeObject *tp = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
   table_clear(self);
-  Py_CLEAR(t->specs);
+  Py_CLEAR(t->layouts);
   PyMem_Free(t->slots);
   tp->tp_free(self);
   Py_DECREF(tp);
@@ -174,7 +180,7 @@ static Py_ssize_t table_len(PyObject *self) { return ((mt_ext_table *)self)->use
 
 static PyMethodDef table_methods[] = {
     {"clear", table_clear_method, METH_NOARGS,
-     "Forgets every recorded decision and shared spec of this mesh. Local."},
+     "Forgets every recorded decision and shared layout of this mesh. Local."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -62,8 +62,7 @@ class Decision:
     """What an operation does on given inputs: a redistribute plan per input (None
     where the input is used as it is) and the output's placements, shape, strides."""
 
-    __slots__ = ("plans", "out_placements", "out_shape", "out_stride", "local_only",
-                 "out_spec")
+    __slots__ = ("plans", "out_placements", "out_shape", "out_stride", "local_only")
 
     def __init__(self, plans, out_placements, out_shape):
         self.plans = plans
@@ -72,9 +71,6 @@ class Decision:
         self.out_stride = contiguous_strides(out_shape)
         # No input is redistributed: the C fast path may run this decision.
         self.local_only = all(p is None for p in plans)
-        # The spec of the last result, shared by the results of this decision so
-        # that the fast path (keyed by spec identity) hits on chained operations.
-        self.out_spec = None
 
 
 def _decide(mesh, inputs, dmap) -> Decision:
@@ -133,11 +129,8 @@ def wrap(mesh, dec: Decision, local):
         local = np.asarray(local)
     if mesh._coordinate is None:
         local = np.empty((0,), local.dtype)
-    spec = dec.out_spec
-    if spec is None or spec.dtype != local.dtype:
-        spec = dec.out_spec = DTensorSpec(mesh, dec.out_placements, dec.out_shape,
-                                          local.dtype, dec.out_stride)
-    return DTensor(local, spec)
+    return DTensor(local, DTensorSpec(mesh, dec.out_placements, dec.out_shape,
+                                      local.dtype, dec.out_stride))
 
 
 def input_key(op_key, inputs) -> tuple:

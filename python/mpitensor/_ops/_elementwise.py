@@ -103,7 +103,7 @@ def array_ufunc(self, ufunc, method, *operands, **kwargs):
         if ufunc.nout == 1:
             out = D.wrap(mesh, dec, result)
             if dec.local_only and not kwargs and mesh._coordinate is not None:
-                _C.dispatch_record_ufunc(ufunc, given, out._spec)
+                _C.dispatch_record_ufunc(ufunc, given, out)
             return out
         return tuple(D.wrap(mesh, dec, r) for r in result)
     return _into_outs(mesh, dec, ufunc, args, kwargs, outs)

@@ -3,19 +3,19 @@
 The operators, ``__array_ufunc__`` and the reduction methods of DTensor are C
 functions of its base ``_C.DTensorBase``. A call whose decision the Python slow
 path (this package) has made before and recorded there runs in C: a lookup keyed
-by the identity of the input spec objects, the NumPy call on the local arrays, and
-the result allocated with the recorded output spec. The slow path records only
+by the identity of the operands' layouts, the NumPy call on the local arrays, and
+the result allocated with the recorded output layout. The slow path records only
 decisions that need no communication, on ranks of the mesh, for calls without
 keywords (``out=``, ``dtype=``, ...) whose operands are DTensors and Python or
 NumPy scalars. Any other call, and any call of a ufunc with an
 ``experimental.register_sharding`` rule, takes the slow path unchanged.
 
 The recorded decisions live on each mesh (``mesh._dispatch``, a
-``_C.DispatchTable``), which also hands every DTensor of one layout on that mesh the
-same spec object when the DTensor is made (``DTensor(local, spec)``), so that a
-fresh DTensor (``from_local``, ``redistribute``, a result) of a known layout hits on
-its first operation. Table and mesh reference each other; the garbage collector
-frees both once the mesh is unreachable.
+``_C.DispatchTable``), which also hands every DTensor of one layout (placements,
+shape, dtype, stride) on that mesh the same layout tuple when the DTensor is made
+(``DTensor(local, spec)``), so a fresh DTensor (``from_local``, ``redistribute``, a
+result) of a known layout hits on its first operation. The table holds no
+reference to its mesh, so a dropped mesh is freed as before.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def enabled(flag: bool):
 
 def clear(mesh) -> None:
     """Forgets the decisions recorded for the fast path on ``mesh``, and its shared
-    spec objects. Local."""
+    layouts. Local."""
     mesh._dispatch.clear()
 
 

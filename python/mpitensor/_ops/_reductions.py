@@ -100,7 +100,7 @@ def _reduce(name, a, axis, keepdims, out, extra):
     out = D.wrap(mesh, dec, result)
     if (dec.local_only and mesh._coordinate is not None
             and (not extra or extra == _DDOF_0)):
-        _C.dispatch_record_reduction(name, a, axis, keepdims, axes, out._spec)
+        _C.dispatch_record_reduction(name, a, axis, keepdims, axes, out)
     return out
 
 
