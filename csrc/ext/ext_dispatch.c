@@ -139,33 +139,36 @@ static int operand(mt_ext_dispatch *d, PyObject *o, PyObject **key, PyObject **a
   return -1;
 }
 
-/* What a result needs from its first DTensor operand: the spec's class, the mesh
- * and the table; owned, since the NumPy call may run Python code. */
+/* What a result needs from its first DTensor operand: its spec (the result's own
+ * when the layouts are the same object, as for most elementwise ops) and the
+ * table; owned, since the NumPy call may run Python code. */
 typedef struct {
-  PyObject *spec_type, *mesh, *table, *layout;
+  PyObject *spec, *table, *layout;
+  int same; /* the result's layout is the operand's */
 } Origin;
 
 static void origin_take(Origin *o, PyObject *dt, PyObject *out_layout) {
   BaseObject *b = (BaseObject *)dt;
-  o->spec_type = Py_NewRef((PyObject *)Py_TYPE(b->spec));
-  o->mesh = Py_NewRef(PyTuple_GET_ITEM(b->spec, 0));
+  o->spec = Py_NewRef(b->spec);
   o->table = Py_NewRef(b->table);
   o->layout = Py_NewRef(out_layout);
+  o->same = out_layout == b->layout;
 }
 
 static void origin_drop(Origin *o) {
-  Py_DECREF(o->spec_type);
-  Py_DECREF(o->mesh);
+  Py_DECREF(o->spec);
   Py_DECREF(o->table);
   Py_DECREF(o->layout);
 }
 
-/* A new DTensorSpec (the class of the operand's) of the mesh and the layout. */
+/* The result's DTensorSpec: the operand's when the layout is the same, else a new
+ * one of the operand's spec class, mesh and the result's layout. */
 static PyObject *make_spec(const Origin *o) {
-  PyTypeObject *tp = (PyTypeObject *)o->spec_type;
+  if (o->same) return Py_NewRef(o->spec);
+  PyTypeObject *tp = Py_TYPE(o->spec);
   PyObject *spec = tp->tp_alloc(tp, 5);
   if (spec == NULL) return NULL;
-  PyTuple_SET_ITEM(spec, 0, Py_NewRef(o->mesh));
+  PyTuple_SET_ITEM(spec, 0, Py_NewRef(PyTuple_GET_ITEM(o->spec, 0)));
   for (Py_ssize_t i = 0; i < 4; ++i)
     PyTuple_SET_ITEM(spec, i + 1, Py_NewRef(PyTuple_GET_ITEM(o->layout, i)));
   return spec;
