@@ -24,7 +24,7 @@ class ChunkStorageMetadata(NamedTuple):
     sizes: tuple[int, ...]
 
 
-class DTensor(NDArrayOperatorsMixin):
+class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
     """A global NumPy array laid out over a :class:`DeviceMesh` by placements.
 
     Each rank holds its local ndarray (its shard, replica or partial value) and the
@@ -40,11 +40,13 @@ class DTensor(NDArrayOperatorsMixin):
         ((4, 3), (2, 3))
     """
 
-    __slots__ = ("_local_tensor", "_spec")
-
-    # NumPy operations (operators, ufuncs, registered functions) run sharded; see
-    # mpitensor._ops. The comparison operators make DTensors, so keep identity hashing.
-    __array_ufunc__ = _ops.array_ufunc
+    # The C base holds the two fields, ``_local_tensor`` and ``_spec`` (its
+    # ``__init__(local_tensor, spec)`` sets them), and the fast path of NumPy
+    # operations: the operators, ``__array_ufunc__`` and the reduction methods run
+    # a cached decision in C and fall back to mpitensor._ops (see
+    # csrc/ext/ext_dispatch.c). The comparison operators make DTensors, so keep
+    # identity hashing.
+    __slots__ = ()
     __hash__ = object.__hash__
 
     def __array_function__(self, func, types, args, kwargs):
@@ -103,10 +105,6 @@ class DTensor(NDArrayOperatorsMixin):
     def copy(self) -> "DTensor":
         """A DTensor with its own copy of the local data, placements kept. Local."""
         return _ops._select.copy(self)
-
-    def __init__(self, local_tensor: np.ndarray, spec: DTensorSpec):
-        self._local_tensor = local_tensor
-        self._spec = spec
 
     # -- construction ------------------------------------------------------------
     @staticmethod
@@ -282,6 +280,10 @@ class DTensor(NDArrayOperatorsMixin):
             self.shape, self.device_mesh, self.placements)
         return [ChunkStorageMetadata(offsets=tuple(offsets), sizes=tuple(sizes))]
 
+    def __copy__(self) -> "DTensor":
+        """copy.copy: a new DTensor around the same local array and spec. Local."""
+        return type(self)(self._local_tensor, self._spec)
+
     def __reduce__(self):
         """Pickles the local array and the spec; unpickling needs an equal mesh alive
         on the receiving rank (see mpitensor.checkpoint._pickle). Local."""
@@ -300,6 +302,9 @@ class DTensor(NDArrayOperatorsMixin):
         return (f"DTensor(local_tensor={self._local_tensor!r}, "
                 f"device_mesh={self.device_mesh!r}, placements={self.placements!r}, "
                 f"shape={self.shape}, dtype={self.dtype})")
+
+
+_ops.install_fast_path(DTensor)
 
 
 def _global_shape_and_stride(local, mesh, placements, shape, stride):

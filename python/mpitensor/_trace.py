@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+from . import _C
+
 # Read at every hook site; True while any listener below is on.
 active = False
 
@@ -40,6 +42,9 @@ log = logging.getLogger("mpitensor")
 def _refresh() -> None:
     global active
     active = _checks or _log_debug or bool(_listeners)
+    # The C fast path of operations (csrc/ext/ext_dispatch.c) skips every hook site,
+    # so it steps aside while anything listens.
+    _C.dispatch_trace(active)
 
 
 def set_checks(enabled: bool) -> None:

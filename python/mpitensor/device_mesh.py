@@ -128,6 +128,8 @@ class DeviceMesh:
         self._decisions: dict = {}  # sharding decisions of operations (mpitensor._ops)
         _live_meshes.add(self)
 
+        self._dispatch = _C.DispatchTable()  # what the C fast path replays (_ops._fast)
+
     # -- structure ---------------------------------------------------------------
     @property
     def mesh(self) -> np.ndarray:

@@ -68,6 +68,22 @@ def test_debug_lines(capsys):
     ]
 
 
+def test_fast_path_steps_aside_while_logging(capsys):
+    # A decision recorded for the C fast path before logging was on must still be
+    # logged: the fast path skips the hook sites, so it yields to the slow path.
+    mesh = init_device_mesh("cpu", (W,))
+    x = sharded(mesh)
+    x + x
+    x + x
+    set_logs(dtensor=logging.DEBUG)
+    x + x
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].endswith("(cache hit)"), lines
+    set_logs(dtensor=None)
+    x + x
+    assert capsys.readouterr().err == ""
+
+
 def test_operation_redistribution_is_named(capsys):
     mesh = init_device_mesh("cpu", (W,))
     set_logs(dtensor=logging.DEBUG)

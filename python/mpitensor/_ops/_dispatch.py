@@ -69,13 +69,15 @@ class Decision:
     """What an operation does on given inputs: a redistribute plan per input (None
     where the input is used as it is) and the output's placements, shape, strides."""
 
-    __slots__ = ("plans", "out_placements", "out_shape", "out_stride")
+    __slots__ = ("plans", "out_placements", "out_shape", "out_stride", "local_only")
 
     def __init__(self, plans, out_placements, out_shape):
         self.plans = plans
         self.out_placements = out_placements
         self.out_shape = out_shape
         self.out_stride = contiguous_strides(out_shape)
+        # No input is redistributed: the C fast path may run this decision.
+        self.local_only = all(p is None for p in plans)
 
 
 def _decide(mesh, inputs, dmap) -> Decision:
