@@ -126,7 +126,7 @@ test-fuzz: build/fuzz/fuzz_plan
 # are caught by tests/python/test_leaks.py (RSS and live communicators) instead.
 ASAN_VENV := .venv-asan
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0 \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONMALLOC=malloc
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONMALLOC=malloc MT_SANITIZED=1
 test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 	$(VENV)/bin/cmake -S . -B build/asan-ctest -DMPITENSOR_BUILD_TESTS=ON \
 	  -DMPITENSOR_BUILD_EXTENSION=OFF -DMPITENSOR_SANITIZE=ON >/dev/null
