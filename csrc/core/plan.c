@@ -416,7 +416,7 @@ static int64_t rank_messages(const mt_layout *src, const mt_layout *dst,
   local_box(dst, coord, &t);
   if (mt_box_numel(&t) == 0) return 0;
   int64_t peers = 1;
-  for (int d = 0; d < dst->ndim; ++d)
+  for (int d = 0; d < src->ndim; ++d)
     peers *= leaves_meeting(&sets[d], t.offset[d], t.offset[d] + t.shape[d]);
   local_box(src, coord, &s);
   return peers - mt_box_intersect(&s, &t, &st);

@@ -24,6 +24,7 @@
  * plus the plans priced, each freed at once. */
 #include "mpitensor/prop.h"
 
+#include <assert.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -945,6 +946,7 @@ static int search_greedy(engine *e, int *best, score *best_s, int *found,
 /* Sizes the per-input memos for an exhaustive search (each at most the number of
  * combinations) and allocates them in one block. */
 static int alloc_memo(engine *e, mt_error *err) {
+  assert(e->ninputs >= 1 && e->mesh_ndim >= 1); /* load_inputs checked them */
   int64_t total = 0;
   for (int i = 0; i < e->ninputs; ++i) {
     int64_t n = 1;
@@ -954,7 +956,8 @@ static int alloc_memo(engine *e, mt_error *err) {
     }
     total += n;
   }
-  e->memo_block = calloc((size_t)total, sizeof *e->memo_block);
+  /* calloc(0) may return NULL, which would read as out of memory. */
+  e->memo_block = calloc((size_t)(total > 0 ? total : 1), sizeof *e->memo_block);
   if (e->memo_block == NULL)
     return mt__fail(err, MT_ENOMEM, "Out of memory choosing placements");
   for (int i = 0, off = 0; i < e->ninputs; ++i) {
@@ -1006,6 +1009,7 @@ static int prepare(engine *e, mt_error *err) {
   if (rc == MT_OK) rc = label_sizes(e, err);
   if (rc != MT_OK) return rc;
   label_roles(e);
+  assert(e->mesh_ndim >= 1 && e->mesh_ndim <= MT_MAX_MESH_NDIM);
   e->dims = malloc((size_t)e->mesh_ndim * sizeof *e->dims);
   if (e->dims == NULL)
     return mt__fail(err, MT_ENOMEM, "Out of memory choosing placements");
