@@ -15,12 +15,14 @@ import os as _os
 from . import _C
 from ._api import DTensor
 from ._distribute import distribute_tensor
+from ._distribute_module import distribute_module
 from ._factories import empty, full, ones, rand, randn, zeros
 from ._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
 from .device_mesh import DeviceMesh, init_device_mesh
 from .placement_types import Partial, Placement, Replicate, Shard
 from .random import manual_seed
 from . import nn
+from . import parallel
 
 __version__ = "0.1.0"
 
@@ -32,6 +34,7 @@ if _os.environ.get("MPITENSOR_POOL_BYTES"):
 __all__ = [
     "DTensor",
     "distribute_tensor",
+    "distribute_module",
     "DeviceMesh",
     "init_device_mesh",
     "Placement",
@@ -48,4 +51,5 @@ __all__ = [
     "compute_local_shape_and_global_offset",
     "local_shape_and_global_offset",
     "nn",
+    "parallel",
 ]
