@@ -20,7 +20,7 @@ from .._distribute_module import distribute_module
 from ..nn.attention import MultiheadAttention
 from ..nn.linear import Linear
 from ..placement_types import Replicate, Shard
-from ._utils import validate_tp_mesh_dim
+from ._utils import annotate, validate_tp_mesh_dim
 from .style import ParallelStyle
 
 
@@ -63,7 +63,7 @@ def _prepare_output_validate(func):
 def _to_placement(x, mesh, placement):
     if isinstance(x, DTensor):
         return x.redistribute(mesh, [placement])
-    return DTensor.from_local(x, mesh, [placement], run_check=False)
+    return annotate(x, mesh, [placement])
 
 
 @_prepare_input_validate

@@ -34,3 +34,46 @@ def layouts(value, what: str):
         raise TypeError(f"{what} must be a Placement or a tuple of Placements/None, got "
                         f"{value!r}")
     return tuple(check_placement(v, what) for v in value)
+
+
+def annotate(local, mesh, placements, what: str = "input"):
+    """A rank's local array as the DTensor it is a piece of, by ``placements``.
+
+    Unlike a bare ``DTensor.from_local`` (which assumes even shards, as torch
+    does), the sizes along each sharded dim are exchanged on that mesh dim's
+    communicator (one small allgather of integers, not a data collective and not
+    counted by CommDebugMode): uneven shards get their true global shape, and
+    sizes that do not fit torch.chunk's rule raise ValueError on every rank
+    instead of leaving some ranks waiting in the next collective.
+    """
+    import numpy as np
+
+    from .._api import DTensor
+    from .._dtensor_spec import contiguous_strides
+
+    if not isinstance(local, np.ndarray):
+        raise TypeError(f"expecting the {what} to be an ndarray or a DTensor, got "
+                        f"{type(local).__name__}")
+    placements = tuple(placements)
+    if mesh.get_coordinate() is None or not any(p.is_shard() for p in placements):
+        return DTensor.from_local(local, mesh, placements, run_check=False)
+    shape = list(local.shape)
+    for m, p in enumerate(placements):
+        if not p.is_shard() or mesh.size(m) == 1:
+            continue
+        d = p.dim % local.ndim if local.ndim else 0
+        if local.ndim == 0:
+            raise ValueError(f"cannot shard a 0-d {what} on dim {p.dim}")
+        sizes = mesh.get_group(m).allgather(int(local.shape[d]))
+        total = sum(sizes)
+        step = -(-total // len(sizes))
+        expect = [max(0, min(step, total - i * step)) for i in range(len(sizes))]
+        if sizes != expect:
+            raise ValueError(
+                f"the local {what}s along dim {d} have sizes {sizes} over mesh dim {m}, "
+                f"which are not the shards of a dim of {total} (torch.chunk gives "
+                f"{expect}); pass a DTensor for other layouts")
+        shape[d] = total
+    shape = tuple(shape)
+    return DTensor.from_local(local, mesh, placements, shape=shape,
+                              stride=contiguous_strides(shape))

@@ -27,7 +27,7 @@ from ..device_mesh import DeviceMesh
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..placement_types import Placement, Replicate, Shard
-from ._utils import check_placement, layouts
+from ._utils import annotate, check_placement, layouts
 
 __all__ = [
     "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
@@ -53,8 +53,8 @@ class ParallelStyle(ABC):
 
 def _local_to_dtensor(local, mesh, placements, mod=None):
     """An input array annotated with ``placements``. A local array sharded on its
-    last dim that feeds a Linear gets its true global width (``in_features``), so
-    uneven splits keep a consistent global shape on every rank."""
+    last dim that feeds a Linear gets its global width from ``in_features``; other
+    sharded inputs learn their global shape from their peers (see annotate)."""
     if not isinstance(local, np.ndarray):
         raise TypeError(f"expecting the input of {type(mod).__name__} to be an ndarray or "
                         f"a DTensor, got {type(local).__name__}")
@@ -63,7 +63,7 @@ def _local_to_dtensor(local, mesh, placements, mod=None):
         shape = local.shape[:-1] + (mod.in_features,)
         return DTensor.from_local(local, mesh, placements, shape=shape,
                                   stride=contiguous_strides(shape))
-    return DTensor.from_local(local, mesh, placements, run_check=False)
+    return annotate(local, mesh, placements, f"input of {type(mod).__name__}")
 
 
 def _prepare_linear_like_input(input_layouts, desired_input_layouts, mod, inputs, mesh):
@@ -230,7 +230,7 @@ class SequenceParallel(ParallelStyle):
             if x.placements != sequence_sharding:
                 x = x.redistribute(placements=sequence_sharding)
         elif isinstance(x, np.ndarray):
-            x = DTensor.from_local(x, mesh, sequence_sharding, run_check=False)
+            x = annotate(x, mesh, sequence_sharding, f"input of {type(mod).__name__}")
         else:
             raise ValueError(f"expecting input of {type(mod).__name__} to be an ndarray or "
                              f"DTensor, but got {type(x).__name__}")
@@ -294,7 +294,7 @@ class PrepareModuleInput(ParallelStyle):
         if isinstance(value, DTensor):
             dt = value
         elif isinstance(value, np.ndarray):
-            dt = DTensor.from_local(value, mesh, (input_layout,), run_check=False)
+            dt = annotate(value, mesh, (input_layout,))
         else:
             raise TypeError(f"expecting an input with layout {input_layout} to be an "
                             f"ndarray or a DTensor, got {type(value).__name__}")
@@ -374,8 +374,7 @@ class PrepareModuleOutput(ParallelStyle):
             if layout is None:
                 prepared.append(out)
                 continue
-            dt = out if isinstance(out, DTensor) else DTensor.from_local(
-                out, mesh, (layout,), run_check=False)
+            dt = out if isinstance(out, DTensor) else annotate(out, mesh, (layout,), "output")
             if want is not None and layout != want:
                 dt = dt.redistribute(placements=(want,))
             prepared.append(dt.to_local() if self.use_local_output else dt)
