@@ -65,22 +65,25 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *,
         if path == "":
             parallelize_module(module, mesh, style, src_data_rank=src_data_rank)
             continue
-        _apply_path(module, mesh, path, style, src_data_rank)
+        targets, missing = _resolve(module, path.split("."))
+        if not targets:
+            warnings.warn(f"Parallelize plan key '{path}' could not be resolved: no "
+                          f"submodule matching token '{missing}', skipping this plan entry.",
+                          stacklevel=2)
+        for parent, name, child in targets:
+            new = parallelize_module(child, mesh, style, src_data_rank=src_data_rank)
+            if new is not child:
+                parent.register_module(name, new)
     return module
 
 
-def _apply_path(module, mesh, path: str, style, src_data_rank) -> None:
-    atom, _, rest = path.partition(".")
-    matched = [(n, m) for n, m in module.named_children() if fnmatch(n, atom)]
-    if not matched:
-        warnings.warn(f"Parallelize plan key '{path}' could not be resolved: no submodule "
-                      f"matching token '{atom}' in module {type(module).__name__}, skipping "
-                      f"this plan entry.", stacklevel=3)
-        return
-    for name, child in matched:
-        if rest:
-            _apply_path(child, mesh, rest, style, src_data_rank)
-        else:
-            new = parallelize_module(child, mesh, style, src_data_rank=src_data_rank)
-            if new is not child:
-                module.register_module(name, new)
+def _resolve(module, atoms):
+    """Every (parent, name, submodule) whose path matches ``atoms`` segment by
+    segment with fnmatch, and the first token that matched nothing (or None)."""
+    level = [(None, "", module)]
+    for atom in atoms:
+        level = [(m, n, c) for _, _, m in level for n, c in m.named_children()
+                 if fnmatch(n, atom)]
+        if not level:
+            return [], atom
+    return level, None
