@@ -68,15 +68,15 @@ class MultiheadAttention(Module):
         return self.out_proj(self._attend(projected, attn_mask))
 
     def _attend(self, projected, attn_mask):
-        """Attention of this rank's heads, on local arrays; a DTensor projection
-        output gives a DTensor of its placements (its last dim is whole heads)."""
+        """Attention of this rank's heads, on local arrays; DTensor projections
+        give a DTensor of the query's placements (its last dim is whole heads)."""
         if not F._is_dt(projected[0]):
             return self._attend_local([np.asarray(p) for p in projected], attn_mask)
         outs = [F._without_partial(p) for p in projected]
-        last = outs[-1]
+        q = outs[0]  # the output has the query's positions and layout
         local = self._attend_local([p.to_local() for p in outs], attn_mask)
-        shape = tuple(last.shape[:-1]) + (self.embed_dim,)
-        return F._wrap_like(last.device_mesh, last.placements, shape, local)
+        shape = tuple(q.shape[:-1]) + (self.embed_dim,)
+        return F._wrap_like(q.device_mesh, q.placements, shape, local)
 
     def _attend_local(self, projected, attn_mask):
         d = self.head_dim
