@@ -21,11 +21,11 @@ from .style import (
 from .api import parallelize_module
 from .loss import loss_parallel
 from .multihead_attention_tp import TensorParallelMultiheadAttention
-from . import style
+from . import fsdp, style
 
 __all__ = [
     "parallelize_module", "ParallelStyle", "ColwiseParallel", "RowwiseParallel",
     "SequenceParallel", "PrepareModuleInput", "PrepareModuleOutput",
     "PrepareModuleInputOutput", "PairwiseParallel", "PairwiseSequenceParallel",
-    "TensorParallelMultiheadAttention", "loss_parallel", "style",
+    "TensorParallelMultiheadAttention", "loss_parallel", "style", "fsdp",
 ]

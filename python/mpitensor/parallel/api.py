@@ -7,6 +7,7 @@ from fnmatch import fnmatch
 
 from .. import _args
 from ..nn.module import Module
+from . import fsdp as _fsdp
 from ._utils import validate_tp_mesh_dim
 from .style import ParallelStyle
 
@@ -23,7 +24,9 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *,
     names with ``fnmatch`` (``"layers.*.attention"``, ``"w[13]"``, ``"net*"``); every
     match gets the style, and ``""`` means ``module`` itself. A key that matches
     nothing is a UserWarning; a plan of another type is a TypeError; a mesh that is
-    not 1-D is a ValueError (slice it first: ``mesh["tp"]``); no plan warns and
+    not 1-D is a ValueError (slice it first: ``mesh["tp"]``), unless
+    :func:`mpitensor.parallel.fsdp.enable_2d_with_fsdp` was called, which takes a 2-D
+    (dp, tp) mesh (the plan over tp, parameters Replicate over dp); no plan warns and
     returns the module unchanged. ``src_data_rank`` is the rank whose parameter
     values are scattered (None: every rank cuts its own copy, no communication).
     Collective on the mesh. Returns the module (the root may be replaced by a
@@ -41,6 +44,9 @@ def parallelize_module(module, device_mesh=None, parallelize_plan=None, *,
         raise TypeError(f"parallelize_module takes an mpitensor.nn.Module, got "
                         f"{type(module).__name__}")
     mesh = _args.resolve_mesh(device_mesh)
+    if mesh.ndim == 2 and _fsdp.is_2d_enabled() and parallelize_plan is not None:
+        return _fsdp.parallelize_2d(module, mesh, parallelize_plan, src_data_rank,
+                                    parallelize_module)
     validate_tp_mesh_dim(mesh)
     if parallelize_plan is None:
         warnings.warn("No parallelize_plan is provided and auto-parallel is not supported "
