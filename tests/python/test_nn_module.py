@@ -171,3 +171,22 @@ def test_manual_seed_makes_initialisation_reproducible():
         np.testing.assert_array_equal(p, q, err_msg=n)
     lin = nn.Linear(16, 4)
     assert np.abs(lin.weight).max() <= 0.25 and lin.weight.dtype == np.float64
+
+
+def test_global_hooks_see_every_module_call():
+    seen = []
+    seq = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    own = seq[0].register_forward_pre_hook(lambda m, a: seen.append("own"))
+    h1 = nn.register_module_forward_pre_hook(lambda m, a: seen.append(("pre", type(m).__name__)))
+    h2 = nn.register_module_forward_hook(lambda m, a, out: seen.append(("post", type(m).__name__)))
+    try:
+        seq(np.ones((1, 2)))
+    finally:
+        h1.remove()
+        h2.remove()
+    assert seen == [("pre", "Sequential"), ("pre", "Linear"), "own", ("post", "Linear"),
+                    ("pre", "ReLU"), ("post", "ReLU"), ("post", "Sequential")]
+    seen.clear()
+    own.remove()
+    seq(np.ones((1, 2)))
+    assert seen == []

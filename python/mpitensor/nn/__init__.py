@@ -22,10 +22,12 @@ from .container import ModuleList, Sequential
 from .dropout import Dropout
 from .embedding import Embedding
 from .linear import Linear
-from .module import Module, Parameter, RemovableHandle
+from .module import (Module, Parameter, RemovableHandle, register_module_forward_hook,
+                     register_module_forward_pre_hook)
 from .normalization import LayerNorm, RMSNorm
 from .transformer import FeedForward, TransformerBlock
 
 __all__ = ["functional", "Module", "Parameter", "RemovableHandle", "Linear", "Embedding",
            "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "Sequential", "ModuleList",
-           "MultiheadAttention", "FeedForward", "TransformerBlock"]
+           "MultiheadAttention", "FeedForward", "TransformerBlock",
+           "register_module_forward_pre_hook", "register_module_forward_hook"]

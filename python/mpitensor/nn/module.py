@@ -15,7 +15,31 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-__all__ = ["Module", "Parameter", "RemovableHandle"]
+__all__ = ["Module", "Parameter", "RemovableHandle", "register_module_forward_pre_hook",
+           "register_module_forward_hook"]
+
+# Hooks that run around every module's forward (before the module's own), for
+# tools that trace whole models, such as a module-level CommDebugMode.
+_global_forward_pre_hooks: OrderedDict = OrderedDict()
+_global_forward_hooks: OrderedDict = OrderedDict()
+
+
+def register_module_forward_pre_hook(hook: Callable) -> "RemovableHandle":
+    """Run ``hook(module, args)`` before every module's forward, as torch's global
+    hook of the same name (a non-None result replaces the inputs). Local.
+
+    Example::
+
+        >>> h = register_module_forward_pre_hook(lambda m, args: print(type(m).__name__))
+        >>> h.remove()
+    """
+    return Module._add_hook(_global_forward_pre_hooks, hook, False, False)
+
+
+def register_module_forward_hook(hook: Callable) -> "RemovableHandle":
+    """Run ``hook(module, args, output)`` after every module's forward (a non-None
+    result replaces the output). Local."""
+    return Module._add_hook(_global_forward_hooks, hook, False, False)
 
 
 class Parameter:
@@ -358,7 +382,10 @@ class Module:
         return handle
 
     def __call__(self, *args, **kwargs):
-        for hook, with_kwargs in list(self._forward_pre_hooks.values()):
+        pre = self._forward_pre_hooks
+        if _global_forward_pre_hooks:
+            pre = OrderedDict(list(_global_forward_pre_hooks.items()) + list(pre.items()))
+        for hook, with_kwargs in list(pre.values()):
             if with_kwargs:
                 result = hook(self, args, kwargs)
                 if result is not None:
@@ -371,7 +398,10 @@ class Module:
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
         output = self.forward(*args, **kwargs)
-        for hook, with_kwargs in list(self._forward_hooks.values()):
+        post = self._forward_hooks
+        if _global_forward_hooks:
+            post = OrderedDict(list(_global_forward_hooks.items()) + list(post.items()))
+        for hook, with_kwargs in list(post.values()):
             result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
             if result is not None:
                 output = result
