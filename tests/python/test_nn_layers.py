@@ -213,3 +213,15 @@ def test_cross_entropy_dtensor_without_loss_parallel(mesh):
     got = F.cross_entropy(distribute_tensor(x, mesh, [Shard(1)]), t)
     assert isinstance(got, DTensor) and got.placements == (Replicate(),)
     close(got.to_local(), F.cross_entropy(x, t))
+
+
+def test_float32_models_stay_float32():
+    """No float64 constant may promote a float32 model (a mixed-dtype matmul drops
+    out of BLAS: the forward ran 5x slower)."""
+    x = RNG.standard_normal((2, 4, 8)).astype(np.float32)
+    for act in ("gelu", "gelu_tanh", "relu"):
+        block = nn.TransformerBlock(8, 2, activation=act, dtype=np.float32)
+        assert block(x).dtype == np.float32, act
+    assert F.gelu(x).dtype == np.float32 and F.gelu(x, "tanh").dtype == np.float32
+    assert nn.RMSNorm(8, dtype=np.float32)(x).dtype == np.float32
+    assert F.dropout(x, 0.5).dtype == np.float32

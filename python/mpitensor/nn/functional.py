@@ -232,7 +232,9 @@ def relu(input):
     return _pointwise(input, lambda x: np.maximum(x, 0))
 
 
-_SQRT_2_OVER_PI = np.sqrt(2.0 / np.pi)
+# Python floats, not NumPy float64 scalars: those would promote float32 inputs.
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
@@ -249,11 +251,20 @@ def gelu(input, approximate: str = "none"):
     if approximate == "tanh":
         def func(x):
             x = _float(x)
-            return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
+            t = x * x  # in place from here: one temporary for the whole formula
+            t *= 0.044715
+            t += 1.0
+            t *= x
+            t *= _SQRT_2_OVER_PI
+            np.tanh(t, out=t)
+            t += 1.0
+            t *= x
+            t *= 0.5
+            return t
     elif approximate == "none":
         def func(x):
             x = _float(x)
-            cdf = _erf(x / np.sqrt(2.0)).astype(x.dtype) if x.size else x
+            cdf = _erf(x * _SQRT_HALF).astype(x.dtype) if x.size else x
             return 0.5 * x * (1.0 + cdf)
     else:
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
