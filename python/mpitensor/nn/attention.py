@@ -84,12 +84,15 @@ class MultiheadAttention(Module):
             (y,) = projected
             width = self._local_width(y.shape[-1], 3 * d)
             y = y.reshape(y.shape[:-1] + (width // (3 * d), 3, d))
-            q, k, v = (np.moveaxis(y[..., i, :], -2, -3) for i in range(3))
+            q, k, v = (np.ascontiguousarray(np.moveaxis(y[..., i, :], -2, -3))
+                       for i in range(3))
         else:
             for p in projected:
                 self._local_width(p.shape[-1], d)
-            q, k, v = (np.moveaxis(p.reshape(p.shape[:-1] + (p.shape[-1] // d, d)), -2, -3)
-                       for p in projected)
+            # Contiguous heads: the batched matmuls run faster than on strided views.
+            q, k, v = (np.ascontiguousarray(
+                np.moveaxis(p.reshape(p.shape[:-1] + (p.shape[-1] // d, d)), -2, -3))
+                for p in projected)
         p = self.dropout if self.training else 0.0
         o = F.scaled_dot_product_attention(q, k, v, attn_mask, p, self.causal and
                                            attn_mask is None)

@@ -507,20 +507,27 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
 def _sdpa_local(q, k, v, attn_mask, dropout_p, is_causal, scale, drop):
     L, S = q.shape[-2], k.shape[-2]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = np.matmul(q, np.swapaxes(k, -1, -2))  # a fresh array: the rest is in place
+    scores *= scale
     if is_causal:
         if attn_mask is not None:
             raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, "
                              "not both")
-        attn_mask = np.tril(np.ones((L, S), bool))
-    if attn_mask is not None:
+        np.copyto(scores, -np.inf, where=~np.tri(L, S, dtype=bool))
+    elif attn_mask is not None:
         mask = np.asarray(attn_mask)
-        scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + mask
-    weights = _softmax_local(scores, scores.ndim - 1) if scores.size else scores
+        if mask.dtype == bool:
+            np.copyto(scores, -np.inf, where=~mask)
+        else:
+            scores = scores + mask
+    if scores.size:
+        scores -= np.max(scores, axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= np.sum(scores, axis=-1, keepdims=True)
     if dropout_p > 0.0:
-        weights = _dropout_weights(weights, dropout_p, drop)
-    return np.matmul(weights, v)
+        scores = _dropout_weights(scores, dropout_p, drop)
+    return np.matmul(scores, v)
 
 
 def _dropout_weights(weights, p, drop):
