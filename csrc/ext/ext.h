@@ -24,6 +24,7 @@ typedef struct mt_ext_state {
   PyTypeObject *plan_type;
   PyTypeObject *request_type;
   PyTypeObject *dimmap_type;
+  PyTypeObject *exchange_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
 } mt_ext_state;
 
@@ -67,11 +68,13 @@ int mt_ext_mesh_exec(PyObject *module);
 int mt_ext_redistribute_exec(PyObject *module);
 int mt_ext_pool_exec(PyObject *module);
 int mt_ext_prop_exec(PyObject *module);
+int mt_ext_ring_exec(PyObject *module);
 extern PyMethodDef mt_ext_pool_methods[];
 extern PyMethodDef mt_ext_mesh_methods[];
 extern PyMethodDef mt_ext_redistribute_methods[];
 extern PyMethodDef mt_ext_layout_methods[];
 extern PyMethodDef mt_ext_rng_methods[];
 extern PyMethodDef mt_ext_prop_methods[];
+extern PyMethodDef mt_ext_ring_methods[];
 
 #endif
