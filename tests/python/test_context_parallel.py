@@ -258,3 +258,16 @@ def test_shards_of_different_problems_fail_on_every_rank(mesh):
         RA.ring_attention(q2, q2, q2, mesh=mesh)
     with pytest.raises(ValueError, match="differ|load-balanced"):
         context_parallel_unshard(mesh, [np.zeros((4, 3 + RANK))], [0])
+
+
+def test_sdpa_hook(mesh):
+    q, k, v = qkv((2, 3, 10, 4), seed=9)
+    want = reference_attention(q, k, v, True, scale=0.5)
+    with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+        out = CP.sdpa(CP.active(), q, k, v, None, 0.0, True, 0.5)
+        got = context_parallel_unshard(mesh, [out], [2])[0]
+        with pytest.raises(NotImplementedError, match="attn_mask"):
+            CP.sdpa(mesh, q, k, v, np.ones((10, 10), bool))
+        with pytest.raises(NotImplementedError, match="dropout"):
+            CP.sdpa(mesh, q, k, v, None, 0.1)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)

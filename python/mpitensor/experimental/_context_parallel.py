@@ -21,7 +21,7 @@ from . import _load_balance as LB
 from ._ring_attention import ring_attention, set_rotate_method  # noqa: F401 (re-exported)
 
 __all__ = ["context_parallel", "context_parallel_unshard", "set_rotate_method",
-           "ring_attention", "active"]
+           "ring_attention", "active", "sdpa"]
 
 _meshes: list = []  # the meshes of the context_parallel blocks entered, innermost last
 
@@ -30,6 +30,34 @@ def active():
     """The mesh of the innermost ``context_parallel`` block this code runs in, or
     None outside any: where attention switches to ring attention. Local."""
     return _meshes[-1] if _meshes else None
+
+
+def sdpa(mesh, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+         scale=None):
+    """scaled_dot_product_attention inside ``context_parallel(mesh)``: ring
+    attention over the sequence shards (dim -2) of plain ndarrays, as torch's
+    patched SDPA. mpitensor.nn.functional calls it when ``active()`` is a mesh.
+    Collective on the mesh.
+
+    Example::
+
+        >>> mesh = active()
+        >>> if mesh is not None:
+        ...     return sdpa(mesh, q, k, v, None, 0.0, True, None)
+    """
+    if attn_mask is not None:
+        raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
+                                  "does not take attn_mask (use is_causal)")
+    if dropout_p:
+        raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
+                                  "does not support dropout_p > 0")
+    from .._api import DTensor
+
+    if any(isinstance(x, DTensor) for x in (query, key, value)):
+        raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
+                                  "takes the ndarray shards of the buffers, not DTensors")
+    return ring_attention(query, key, value, mesh=mesh, seq_dim=-2, is_causal=is_causal,
+                          scale=scale)
 
 
 def _cp_mesh(mesh, what: str):
