@@ -123,16 +123,15 @@ class _Accumulator:
         self.progress = progress
         self.tile = _tile_rows(int(np.prod(batch, dtype=np.int64)))
 
-    def attend(self, kv, k_segments):
-        """Folds one key/value block (keys and values side by side on the last
-        axis) into the accumulator."""
+    def attend(self, k, v, k_segments):
+        """Folds one key/value block into the accumulator."""
         q_pieces = _pieces(self.q_segments, self.causal)
         k_pieces = _pieces(k_segments, self.causal)
         for q_local, q_start, q_len in q_pieces:
             for k_local, k_start, k_len in k_pieces:
-                self._pair(kv, q_local, q_start, q_len, k_local, k_start, k_len)
+                self._pair(k, v, q_local, q_start, q_len, k_local, k_start, k_len)
 
-    def _pair(self, kv, q_local, q_start, q_len, k_local, k_start, k_len):
+    def _pair(self, k, v, q_local, q_start, q_len, k_local, k_start, k_len):
         t = self.tile
         for qa in range(0, q_len, t):
             qn = min(t, q_len - qa)
@@ -144,9 +143,9 @@ class _Accumulator:
                     mask = _causal_mask(q_start + qa, qn, k_start + ka, kn)
                     if mask is False:
                         continue
-                block = kv[..., k_local + ka:k_local + ka + kn, :]
-                o, l = attention_block(self.q[..., rows, :], block[..., :self.e],
-                                       block[..., self.e:], self.scale, mask)
+                cols = slice(k_local + ka, k_local + ka + kn)
+                o, l = attention_block(self.q[..., rows, :], k[..., cols, :],
+                                       v[..., cols, :], self.scale, mask)
                 merge_partial(self.out[..., rows, :], self.lse[..., rows], o, l)
             self.progress()
 
@@ -255,12 +254,17 @@ def ring_attention(query, key, value, *, mesh, seq_dim=-2, is_causal=False, scal
     lq, lk = _agree(handle, n, r, _meta(q, k, v, problem, is_causal, scale, rotate), problem)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
-    kv = np.ascontiguousarray(np.concatenate([k, v], axis=-1))
     acc = _Accumulator(q, LB.rank_segments(sum(lq), n, r), v.shape[-1], k.shape[:-2],
                        scale, is_causal, lambda: None)
     segments = [LB.rank_segments(sum(lk), n, i) for i in range(n)]
-    run = _rotate_allgather if rotate == "allgather" else _rotate_ring
-    run(handle, n, r, kv, lk, segments, acc)
+    if n == 1:  # nothing to rotate: no exchange, and no copy of k/v
+        acc.attend(k, v, segments[0])
+    else:
+        # One message per exchange carries keys and values side by side, as torch's
+        # rotaters send cat([k, v]).
+        kv = np.ascontiguousarray(np.concatenate([k, v], axis=-1))
+        run = _rotate_allgather if rotate == "allgather" else _rotate_ring
+        run(handle, n, r, kv, lk, segments, acc)
     # The sequence dim keeps its place counted from the end (batch dims may broadcast).
     return np.moveaxis(acc.out, -2, dims[0] - q.ndim)
 
@@ -274,7 +278,7 @@ def _rotate_ring(handle, n, r, kv, lk, segments, acc):
             nxt = np.empty(kv.shape[:-2] + (lk[(src - 1) % n], kv.shape[-1]), kv.dtype)
             ex = _C.ring_shift_start(handle, 0, cur, nxt)
             acc.progress = ex.test
-        acc.attend(cur, segments[src])
+        acc.attend(cur[..., :acc.e], cur[..., acc.e:], segments[src])
         if ex is not None:
             cur = ex.wait()
 
@@ -286,11 +290,11 @@ def _rotate_allgather(handle, n, r, kv, lk, segments, acc):
     flat = np.empty(sum(lk) * row // kv.itemsize, kv.dtype)
     ex = _C.ring_allgatherv_start(handle, 0, kv, flat, [n_k * row for n_k in lk])
     acc.progress = ex.test
-    acc.attend(kv, segments[r])
+    acc.attend(kv[..., :acc.e], kv[..., acc.e:], segments[r])
     ex.wait()
     acc.progress = lambda: None
     offsets = np.concatenate([[0], np.cumsum(lk)]) * (row // kv.itemsize)
     for step in range(1, n):
         src = (r - step) % n
         block = flat[offsets[src]:offsets[src + 1]].reshape(kv.shape[:-2] + (lk[src], kv.shape[-1]))
-        acc.attend(block, segments[src])
+        acc.attend(block[..., :acc.e], block[..., acc.e:], segments[src])
