@@ -271,3 +271,22 @@ def test_sdpa_hook(mesh):
         with pytest.raises(NotImplementedError, match="dropout"):
             CP.sdpa(mesh, q, k, v, None, 0.1)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_failure_while_sharding_restores_earlier_buffers(mesh, monkeypatch):
+    real, calls = CP._shard_in_place, []
+
+    def fail_second(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("no room for the second shard")
+        return real(*args)
+
+    monkeypatch.setattr(CP, "_shard_in_place", fail_second)
+    a, b = np.arange(12.0), np.arange(12.0)
+    with pytest.raises(MemoryError):
+        with context_parallel(mesh, buffers=[a, b], buffer_seq_dims=[0, 0]):
+            pass
+    np.testing.assert_array_equal(a, np.arange(12.0))
+    np.testing.assert_array_equal(b, np.arange(12.0))
+    assert CP.active() is None

@@ -150,23 +150,25 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
     no_restore = [] if no_restore_buffers is None else list(no_restore_buffers)
     dims = _check_buffers(buffers, seq_dims, no_restore)
     n, rank = mesh.size(), mesh.get_local_rank()
-    shards, restores = [], []
-    for i, (buf, dim) in enumerate(zip(buffers, dims)):
-        why = _resizable(buf)
-        if why:
-            warnings.warn(f"context_parallel cannot shard buffers[{i}] in place because "
-                          f"{why}; it is left whole: use its shard from the list the "
-                          f"context yields", stacklevel=3)
-            shards.append(_take_shard(buf, dim, n, rank))
-            continue
-        restore = not any(buf is b for b in no_restore)
-        restores.append((buf, _shard_in_place(buf, dim, n, rank, restore)))
-        shards.append(buf)
-    _meshes.append(mesh)
-    try:
+    shards, restores, entered = [], [], False
+    try:  # a failure while sharding restores the buffers already sharded
+        for i, (buf, dim) in enumerate(zip(buffers, dims)):
+            why = _resizable(buf)
+            if why:
+                warnings.warn(f"context_parallel cannot shard buffers[{i}] in place "
+                              f"because {why}; it is left whole: use its shard from the "
+                              f"list the context yields", stacklevel=3)
+                shards.append(_take_shard(buf, dim, n, rank))
+                continue
+            restore = not any(buf is b for b in no_restore)
+            restores.append((buf, _shard_in_place(buf, dim, n, rank, restore)))
+            shards.append(buf)
+        _meshes.append(mesh)
+        entered = True
         yield shards
     finally:
-        _meshes.pop()
+        if entered:
+            _meshes.pop()
         for buf, saved in restores:
             if saved is not None:
                 buf.resize(saved.shape, refcheck=False)
