@@ -13,7 +13,8 @@
 #define SHIFT_TAG 0x6d74
 
 struct mt_exchange {
-  MPI_Request reqs[2];
+  MPI_Request reqs[2 * MT_RING_MAX_BLOCKS];
+  int nreqs;
   int *ints; /* counts and displacements of an all-gather, read by MPI until done */
 };
 
@@ -37,15 +38,18 @@ static int dim_member(const mt_mesh *mesh, int dim, MPI_Comm *comm, int64_t *coo
 
 static mt_exchange *exchange_new(void) {
   mt_exchange *ex = calloc(1, sizeof *ex);
-  if (ex != NULL) ex->reqs[0] = ex->reqs[1] = MPI_REQUEST_NULL;
+  if (ex == NULL) return NULL;
+  for (int i = 0; i < 2 * MT_RING_MAX_BLOCKS; ++i) ex->reqs[i] = MPI_REQUEST_NULL;
   return ex;
 }
 
 /* An exchange that failed to start: a receive already posted would wait forever
  * for a send that never comes, so it is cancelled before the request is freed. */
 static void exchange_abort(mt_exchange *ex) {
-  if (ex->reqs[0] != MPI_REQUEST_NULL) MPI_Cancel(&ex->reqs[0]);
-  MPI_Waitall(2, ex->reqs, MPI_STATUSES_IGNORE);
+  for (int i = 0; i < ex->nreqs; ++i) {
+    if (ex->reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&ex->reqs[i]);
+  }
+  MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE);
   free(ex->ints);
   free(ex);
 }
@@ -66,39 +70,71 @@ static int post(int is_send, void *buf, int64_t bytes, int peer, MPI_Comm comm,
                            : mt__mpi_fail(err, rc, is_send ? "MPI_Isend" : "MPI_Irecv");
 }
 
-/* A ring of one rank: the block goes to itself, without MPI. */
-static int shift_alone(const void *send, int64_t send_bytes, void *recv,
-                       int64_t recv_bytes, mt_error *err) {
-  if (send_bytes != recv_bytes) {
-    return mt__fail(err, MT_EINVAL, "a shift on a ring of one rank sends %lld bytes to "
-                    "itself but expects %lld", (long long)send_bytes,
-                    (long long)recv_bytes);
+/* A ring of one rank: the blocks go to itself, without MPI. */
+static int shift_alone(int nblocks, const void *const *send, const int64_t *send_bytes,
+                       void *const *recv, const int64_t *recv_bytes, mt_error *err) {
+  for (int i = 0; i < nblocks; ++i) {
+    if (send_bytes[i] != recv_bytes[i]) {
+      return mt__fail(err, MT_EINVAL, "a shift on a ring of one rank sends %lld bytes "
+                      "to itself but expects %lld", (long long)send_bytes[i],
+                      (long long)recv_bytes[i]);
+    }
   }
-  if (send_bytes > 0) memcpy(recv, send, (size_t)send_bytes);
+  for (int i = 0; i < nblocks; ++i) {
+    if (send_bytes[i] > 0) memcpy(recv[i], send[i], (size_t)send_bytes[i]);
+  }
   return MT_OK;
 }
 
-int mt_ring_shift_start(const mt_mesh *mesh, int dim, const void *send,
-                        int64_t send_bytes, void *recv, int64_t recv_bytes,
+static int check_blocks(int nblocks, const int64_t *send_bytes, const int64_t *recv_bytes,
+                        mt_error *err) {
+  if (nblocks < 1 || nblocks > MT_RING_MAX_BLOCKS) {
+    return mt__fail(err, MT_EINVAL, "a shift moves 1 to %d blocks, got %d",
+                    MT_RING_MAX_BLOCKS, nblocks);
+  }
+  for (int i = 0; i < nblocks; ++i) {
+    if (send_bytes[i] < 0 || recv_bytes[i] < 0) {
+      return mt__fail(err, MT_EINVAL, "negative byte count");
+    }
+  }
+  return MT_OK;
+}
+
+/* Receives are posted before sends, block by block: the matching order on both
+ * sides is the block order, since messages between two ranks do not overtake. */
+static int post_shift(mt_exchange *ex, int nblocks, const void *const *send,
+                      const int64_t *send_bytes, void *const *recv,
+                      const int64_t *recv_bytes, int64_t me, int64_t n, MPI_Comm comm,
+                      mt_error *err) {
+  int prev = (int)((me + n - 1) % n), next = (int)((me + 1) % n), rc = MT_OK;
+  for (int i = 0; rc == MT_OK && i < nblocks; ++i) {
+    rc = post(0, recv[i], recv_bytes[i], prev, comm, &ex->reqs[ex->nreqs++], err);
+  }
+  for (int i = 0; rc == MT_OK && i < nblocks; ++i) {
+    rc = post(1, (void *)(uintptr_t)send[i], send_bytes[i], next, comm,
+              &ex->reqs[ex->nreqs++], err);
+  }
+  return rc;
+}
+
+int mt_ring_shift_start(const mt_mesh *mesh, int dim, int nblocks,
+                        const void *const *send, const int64_t *send_bytes,
+                        void *const *recv, const int64_t *recv_bytes,
                         mt_exchange **out, mt_error *err) {
   MPI_Comm comm = MPI_COMM_NULL;
   int64_t me = 0, n = 0;
   int rc = dim_member(mesh, dim, &comm, &me, &n, err);
+  if (rc == MT_OK) rc = check_blocks(nblocks, send_bytes, recv_bytes, err);
   if (rc != MT_OK) return rc;
-  if (send_bytes < 0 || recv_bytes < 0) {
-    return mt__fail(err, MT_EINVAL, "negative byte count");
-  }
   mt_exchange *ex = exchange_new();
   if (ex == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
   if (n == 1) {
-    rc = shift_alone(send, send_bytes, recv, recv_bytes, err);
+    rc = shift_alone(nblocks, send, send_bytes, recv, recv_bytes, err);
   } else {
-    rc = post(0, recv, recv_bytes, (int)((me + n - 1) % n), comm, &ex->reqs[0], err);
-    if (rc == MT_OK) {
-      rc = post(1, (void *)(uintptr_t)send, send_bytes, (int)((me + 1) % n), comm,
-                &ex->reqs[1], err);
-    }
-    if (rc == MT_OK) mt__count(MT_COLL_ALL_TO_ALL, send_bytes);
+    rc = post_shift(ex, nblocks, send, send_bytes, recv, recv_bytes, me, n, comm, err);
+    int64_t total = 0;
+    for (int i = 0; i < nblocks; ++i) total += send_bytes[i];
+    if (rc == MT_OK) mt__count(MT_COLL_ALL_TO_ALL, total);
   }
   if (rc != MT_OK) {
     exchange_abort(ex);
@@ -154,7 +190,7 @@ int mt_ring_allgatherv_start(const mt_mesh *mesh, int dim, const void *send,
   rc = gather_counts(bytes, n, &ex->ints, &unit, &unit_bytes, err);
   if (rc == MT_OK) {
     int mpi = MPI_Iallgatherv(send, ex->ints[me], unit, recv, ex->ints, ex->ints + n,
-                              unit, comm, &ex->reqs[0]);
+                              unit, comm, &ex->reqs[ex->nreqs++]);
     if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Iallgatherv");
   }
   if (unit != MPI_BYTE) MPI_Type_free(&unit);
@@ -168,13 +204,13 @@ int mt_ring_allgatherv_start(const mt_mesh *mesh, int dim, const void *send,
 }
 
 int mt_exchange_test(mt_exchange *ex, int *done, mt_error *err) {
-  MT__MPI_TRY(MPI_Testall(2, ex->reqs, done, MPI_STATUSES_IGNORE), "MPI_Testall");
+  MT__MPI_TRY(MPI_Testall(ex->nreqs, ex->reqs, done, MPI_STATUSES_IGNORE), "MPI_Testall");
   return MT_OK;
 }
 
 int mt_exchange_wait(mt_exchange *ex, mt_error *err) {
   if (ex == NULL) return MT_OK;
-  int rc = MPI_Waitall(2, ex->reqs, MPI_STATUSES_IGNORE);
+  int rc = MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE);
   free(ex->ints);
   free(ex);
   return rc == MPI_SUCCESS ? MT_OK : mt__mpi_fail(err, rc, "MPI_Waitall");

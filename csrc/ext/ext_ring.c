@@ -94,38 +94,75 @@ static int dim_arg(PyObject *obj, int *dim) {
   return 0;
 }
 
-static PyObject *new_exchange(PyObject *module, PyObject *mesh, PyArrayObject *send,
-                              PyArrayObject *recv) {
+/* `send` and `recv` (arrays, or the sequences of them) stay referenced until the
+ * exchange has completed; wait() returns `recv`. */
+static PyObject *new_exchange(PyObject *module, PyObject *mesh, PyObject *send,
+                              PyObject *recv) {
   PyTypeObject *tp = mt_ext_state_of(module)->exchange_type;
   ExchangeObject *self = (ExchangeObject *)tp->tp_alloc(tp, 0);
   if (self == NULL) return NULL;
   self->mesh = Py_NewRef(mesh);
-  self->send = Py_NewRef((PyObject *)send);
-  self->recv = Py_NewRef((PyObject *)recv);
+  self->send = Py_NewRef(send);
+  self->recv = Py_NewRef(recv);
   return (PyObject *)self;
 }
 
 /* ---- entry points ---------------------------------------------------------------- */
 
-/* ring_shift_start(mesh, dim, send, recv) -> Exchange: `send` goes to the next rank
- * on mesh dim `dim`, `recv` is filled from the previous one. Collective on the dim. */
+/* Up to MT_RING_MAX_BLOCKS arrays from a tuple or list, checked as contiguous_arg. */
+static int block_args(PyObject *seq, int writable, const char *what, PyArrayObject **out,
+                      int *n) {
+  PyObject *fast = PySequence_Fast(seq, "expected a sequence of arrays");
+  if (fast == NULL) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  int rc = 0;
+  if (len < 1 || len > MT_RING_MAX_BLOCKS) {
+    PyErr_Format(PyExc_ValueError, "a shift moves 1 to %d arrays, got %zd",
+                 MT_RING_MAX_BLOCKS, len);
+    rc = -1;
+  }
+  for (Py_ssize_t i = 0; rc == 0 && i < len; ++i) {
+    out[i] = contiguous_arg(PySequence_Fast_GET_ITEM(fast, i), writable, what);
+    if (out[i] == NULL) rc = -1;
+  }
+  Py_DECREF(fast);
+  *n = (int)len;
+  return rc;
+}
+
+/* ring_shift_start(mesh, dim, sends, recvs) -> Exchange: the arrays of `sends` go to
+ * the next rank on mesh dim `dim`, those of `recvs` are filled from the previous
+ * one, pairwise. Collective on the dim. */
 static PyObject *ring_shift_start(PyObject *module, PyObject *const *args,
                                   Py_ssize_t nargs) {
-  if (nargs != 4) return PyErr_Format(PyExc_TypeError, "ring_shift_start(mesh, dim, send, recv)");
-  int dim = 0;
+  if (nargs != 4) return PyErr_Format(PyExc_TypeError, "ring_shift_start(mesh, dim, sends, recvs)");
+  int dim = 0, ns = 0, nr = 0;
+  PyArrayObject *send[MT_RING_MAX_BLOCKS], *recv[MT_RING_MAX_BLOCKS];
   mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
-  if (mesh == NULL || dim_arg(args[1], &dim) < 0) return NULL;
-  PyArrayObject *send = contiguous_arg(args[2], 0, "send");
-  PyArrayObject *recv = send == NULL ? NULL : contiguous_arg(args[3], 1, "recv");
-  if (recv == NULL) return NULL;
-  ExchangeObject *self = (ExchangeObject *)new_exchange(module, args[0], send, recv);
+  if (mesh == NULL || dim_arg(args[1], &dim) < 0 ||
+      block_args(args[2], 0, "every send", send, &ns) < 0 ||
+      block_args(args[3], 1, "every recv", recv, &nr) < 0)
+    return NULL;
+  if (ns != nr) return PyErr_Format(PyExc_ValueError, "%d sends but %d recvs", ns, nr);
+  const void *sp[MT_RING_MAX_BLOCKS];
+  void *rp[MT_RING_MAX_BLOCKS];
+  int64_t sb[MT_RING_MAX_BLOCKS], rb[MT_RING_MAX_BLOCKS];
+  for (int i = 0; i < ns; ++i) {
+    sp[i] = PyArray_DATA(send[i]), sb[i] = (int64_t)PyArray_NBYTES(send[i]);
+    rp[i] = PyArray_DATA(recv[i]), rb[i] = (int64_t)PyArray_NBYTES(recv[i]);
+  }
+  /* Tuples, so the arrays MPI is reading and writing cannot leave them meanwhile. */
+  PyObject *sends = PySequence_Tuple(args[2]);
+  PyObject *recvs = sends == NULL ? NULL : PySequence_Tuple(args[3]);
+  ExchangeObject *self = recvs == NULL ? NULL
+      : (ExchangeObject *)new_exchange(module, args[0], sends, recvs);
+  Py_XDECREF(sends);
+  Py_XDECREF(recvs);
   if (self == NULL) return NULL;
   mt_error err = {0};
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_ring_shift_start(mesh, dim, PyArray_DATA(send), (int64_t)PyArray_NBYTES(send),
-                           PyArray_DATA(recv), (int64_t)PyArray_NBYTES(recv), &self->ex,
-                           &err);
+  rc = mt_ring_shift_start(mesh, dim, ns, sp, sb, rp, rb, &self->ex, &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) {
     Py_DECREF(self);
@@ -170,7 +207,8 @@ static PyObject *ring_allgatherv_start(PyObject *module, PyObject *const *args,
   if (recv == NULL || mt_ext_int64s(args[4], bytes, 1024, &n, "byte counts") < 0 ||
       check_gather(mesh, dim, send, recv, bytes, n) < 0)
     return NULL;
-  ExchangeObject *self = (ExchangeObject *)new_exchange(module, args[0], send, recv);
+  ExchangeObject *self = (ExchangeObject *)new_exchange(module, args[0], (PyObject *)send,
+                                                       (PyObject *)recv);
   if (self == NULL) return NULL;
   mt_error err = {0};
   int rc;
@@ -218,7 +256,7 @@ static PyObject *ring_allgather_int64(PyObject *module, PyObject *const *args,
 
 PyMethodDef mt_ext_ring_methods[] = {
     {"ring_shift_start", (PyCFunction)(void (*)(void))ring_shift_start, METH_FASTCALL,
-     "ring_shift_start(mesh, dim, send, recv) -> Exchange. Collective on the mesh dim."},
+     "ring_shift_start(mesh, dim, sends, recvs) -> Exchange. Collective on the mesh dim."},
     {"ring_allgatherv_start", (PyCFunction)(void (*)(void))ring_allgatherv_start,
      METH_FASTCALL,
      "ring_allgatherv_start(mesh, dim, send, recv, byte_counts) -> Exchange. "

@@ -38,25 +38,34 @@ static mt_mesh *world_mesh(void) {
 }
 
 /* After step s every rank holds the block of rank (me - s) mod n; after n steps
- * its own again. */
+ * its own again. Each shift moves two blocks: the origin's block and, reversed in
+ * size order, a second one of 1 + origin bytes, so a swapped pair shows. */
 static void test_shift_turn(mt_mesh *m) {
-  unsigned char cur[64], next[64];
+  unsigned char cur[64], next[64], cur2[64], next2[64];
   int holder = world_rank;
   fill_block(holder, cur);
+  memset(cur2, holder, sizeof cur2);
   mt_comm_counters before, after;
   mt_comm_counters_get(&before);
   for (int s = 1; s <= world_size; ++s) {
     int from = (holder + world_size - 1) % world_size;
+    const void *send[2] = {cur, cur2};
+    void *recv[2] = {next, next2};
+    int64_t send_bytes[2] = {block_len(holder), 1 + holder};
+    int64_t recv_bytes[2] = {block_len(from), 1 + from};
     mt_exchange *ex = NULL;
     mt_error err = {0};
-    CHECK_MSG(mt_ring_shift_start(m, 0, cur, block_len(holder), next, block_len(from),
-                                  &ex, &err) == MT_OK, "%s", err.msg);
+    memset(next2, 0xff, sizeof next2);
+    CHECK_MSG(mt_ring_shift_start(m, 0, 2, send, send_bytes, recv, recv_bytes, &ex,
+                                  &err) == MT_OK, "%s", err.msg);
     int done = 0;
     CHECK(mt_exchange_test(ex, &done, &err) == MT_OK);
     CHECK(mt_exchange_wait(ex, &err) == MT_OK);
     holder = from;
     CHECK(block_ok(holder, next));
+    CHECK(next2[0] == holder && next2[holder] == holder && next2[holder + 1] == 0xff);
     memcpy(cur, next, sizeof cur);
+    memcpy(cur2, next2, sizeof cur2);
   }
   CHECK(holder == world_rank);
   mt_comm_counters_get(&after);
@@ -94,14 +103,20 @@ static void test_bad_input(mt_mesh *m) {
   unsigned char a[4] = {0}, b[4] = {0};
   mt_exchange *ex = NULL;
   mt_error err = {0};
-  CHECK(mt_ring_shift_start(m, 1, a, 1, b, 1, &ex, &err) == MT_EINDEX);
+  const void *send[1] = {a};
+  void *recv[1] = {b};
+  int64_t one[1] = {1}, minus[1] = {-1}, two[1] = {2}, three[1] = {3};
+  CHECK(mt_ring_shift_start(m, 1, 1, send, one, recv, one, &ex, &err) == MT_EINDEX);
   CHECK(strstr(err.msg, "out of range") != NULL);
-  CHECK(mt_ring_shift_start(m, 0, a, -1, b, 1, &ex, &err) == MT_EINVAL);
+  CHECK(mt_ring_shift_start(m, 0, 1, send, minus, recv, one, &ex, &err) == MT_EINVAL);
+  CHECK(mt_ring_shift_start(m, 0, 0, send, one, recv, one, &ex, &err) == MT_EINVAL);
+  CHECK(mt_ring_shift_start(m, 0, MT_RING_MAX_BLOCKS + 1, send, one, recv, one, &ex,
+                            &err) == MT_EINVAL);
   int64_t bytes[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
   CHECK(mt_ring_allgatherv_start(m, 0, a, b, bytes, &ex, &err) == MT_EINVAL);
   CHECK(ex == NULL);
   if (world_size == 1) {
-    CHECK(mt_ring_shift_start(m, 0, a, 2, b, 3, &ex, &err) == MT_EINVAL);
+    CHECK(mt_ring_shift_start(m, 0, 1, send, two, recv, three, &ex, &err) == MT_EINVAL);
   }
   CHECK(mt_exchange_wait(NULL, &err) == MT_OK);
 }

@@ -21,14 +21,19 @@ extern "C" {
 /* An exchange in flight, started by mt_ring_shift_start or mt_ring_allgatherv_start. */
 typedef struct mt_exchange mt_exchange;
 
-/* Collective on the ranks of mesh dim `dim`. Starts sending `send_bytes` bytes of
- * `send` to the rank at the next coordinate on that dim (the last sends to the
- * first) and receiving `recv_bytes` bytes into `recv` from the previous one, with
- * nonblocking point-to-point calls, and returns at once. On a dim of size 1 the
- * block is copied (the sizes must then agree). Counted as an all_to_all_single of
- * `send_bytes`, as torch's permute_tensor is. */
-int mt_ring_shift_start(const mt_mesh *mesh, int dim, const void *send,
-                        int64_t send_bytes, void *recv, int64_t recv_bytes,
+/* The most blocks one shift moves (keys and values, say, without packing them). */
+#define MT_RING_MAX_BLOCKS 4
+
+/* Collective on the ranks of mesh dim `dim`. Starts sending `nblocks` blocks, block
+ * i being `send_bytes[i]` bytes at `send[i]`, to the rank at the next coordinate on
+ * that dim (the last sends to the first), and receiving block i, `recv_bytes[i]`
+ * bytes, into `recv[i]` from the previous one, with nonblocking point-to-point
+ * calls, and returns at once. On a dim of size 1 the blocks are copied (the sizes
+ * must then agree). Counted as one all_to_all_single of all the bytes sent, as
+ * torch counts its permute_tensor of cat([k, v]). */
+int mt_ring_shift_start(const mt_mesh *mesh, int dim, int nblocks,
+                        const void *const *send, const int64_t *send_bytes,
+                        void *const *recv, const int64_t *recv_bytes,
                         mt_exchange **out, mt_error *err);
 
 /* Collective on the ranks of mesh dim `dim`. Starts a nonblocking all-gather:

@@ -259,26 +259,45 @@ def ring_attention(query, key, value, *, mesh, seq_dim=-2, is_causal=False, scal
     segments = [LB.rank_segments(sum(lk), n, i) for i in range(n)]
     if n == 1:  # nothing to rotate: no exchange, and no copy of k/v
         acc.attend(k, v, segments[0])
-    else:
-        # One message per exchange carries keys and values side by side, as torch's
-        # rotaters send cat([k, v]).
+    elif rotate == "allgather":
+        # One message carries keys and values side by side, as torch's rotater
+        # gathers cat([k, v]).
         kv = np.ascontiguousarray(np.concatenate([k, v], axis=-1))
-        run = _rotate_allgather if rotate == "allgather" else _rotate_ring
-        run(handle, n, r, kv, lk, segments, acc)
+        _rotate_allgather(handle, n, r, kv, lk, segments, acc)
+    else:
+        _rotate_ring(handle, n, r, np.ascontiguousarray(k), np.ascontiguousarray(v), lk,
+                     segments, acc)
     # The sequence dim keeps its place counted from the end (batch dims may broadcast).
     return np.moveaxis(acc.out, -2, dims[0] - q.ndim)
 
 
-def _rotate_ring(handle, n, r, kv, lk, segments, acc):
-    """Step s computes the block of rank r - s while the next one arrives."""
-    cur = kv
+class _RingBuffers:
+    """Two receive buffers for each of k and v, used in turn: the one received at
+    step s is sent at step s+1 while the other receives, and is free again once
+    that exchange completes. Sized for the longest shard; a shard is a prefix."""
+
+    def __init__(self, k, v, longest):
+        self.flat = [[np.empty(k.shape[:-2] + (longest, a.shape[-1]), a.dtype).reshape(-1)
+                      for a in (k, v)] for _ in range(2)]
+        self.batch = k.shape[:-2]
+
+    def take(self, step, rows, k, v):
+        return tuple(f[:int(np.prod(self.batch, dtype=np.int64)) * rows * a.shape[-1]]
+                     .reshape(self.batch + (rows, a.shape[-1]))
+                     for f, a in zip(self.flat[step % 2], (k, v)))
+
+
+def _rotate_ring(handle, n, r, k, v, lk, segments, acc):
+    """Step s computes the block of rank r - s while the next one arrives; keys
+    and values travel as two messages of one exchange (no packing copy)."""
+    cur, bufs = (k, v), _RingBuffers(k, v, max(lk))
     for step in range(n):
         src, ex = (r - step) % n, None
         if step < n - 1:
-            nxt = np.empty(kv.shape[:-2] + (lk[(src - 1) % n], kv.shape[-1]), kv.dtype)
+            nxt = bufs.take(step, lk[(src - 1) % n], k, v)
             ex = _C.ring_shift_start(handle, 0, cur, nxt)
             acc.progress = ex.test
-        acc.attend(cur[..., :acc.e], cur[..., acc.e:], segments[src])
+        acc.attend(cur[0], cur[1], segments[src])
         if ex is not None:
             cur = ex.wait()
 
