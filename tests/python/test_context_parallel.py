@@ -17,6 +17,7 @@ from mpitensor.debug import CommDebugMode
 from mpitensor.experimental import (context_parallel, context_parallel_unshard,
                                     set_rotate_method)
 from mpitensor.experimental import _context_parallel as CP
+from mpitensor.experimental import _load_balance as LB
 from mpitensor.experimental import _ring_attention as RA
 
 COMM = MPI.COMM_WORLD
@@ -290,3 +291,30 @@ def test_failure_while_sharding_restores_earlier_buffers(mesh, monkeypatch):
     np.testing.assert_array_equal(a, np.arange(12.0))
     np.testing.assert_array_equal(b, np.arange(12.0))
     assert CP.active() is None
+
+
+@pytest.mark.parametrize("n,length", [(2, 64), (3, 100), (4, 1000), (4, 1024)])
+def test_causal_work_is_balanced(n, length, monkeypatch):
+    # Count the visible (query, key) pairs each rank computes, with tiles of 16
+    # rows: head+tail chunks give every rank the same share of L(L+1)/2.
+    seen = []
+
+    def counting_block(q, k, v, scale, mask=None):
+        seen[-1] += q.shape[-2] * k.shape[-2] if mask is None else int((~mask).sum())
+        return np.zeros(q.shape[:-1] + (1,)), np.zeros(q.shape[:-1])
+
+    monkeypatch.setattr(RA, "attention_block", counting_block)
+    monkeypatch.setattr(RA, "merge_partial", lambda *args: None)
+    monkeypatch.setattr(RA, "_TILE_ELEMS", 256)
+    for r in range(n):
+        seen.append(0)
+        q = np.zeros((1, length // n + 1, 1))
+        acc = RA._Accumulator(q, LB.rank_segments(length, n, r), 1, (1,), 1.0, True,
+                              lambda: None)
+        for src in range(n):
+            k = np.zeros((1, LB.local_length(length, n, src), 1))
+            acc.attend(k, k, LB.rank_segments(length, n, src))
+    assert sum(seen) == length * (length + 1) // 2
+    # Chunk lengths differ by at most one, each row of difference moving at most L
+    # pairs; with equal chunks the shares are equal.
+    assert max(seen) - min(seen) <= (0 if length % (2 * n) == 0 else 2 * length)
