@@ -9,29 +9,39 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NPS ?= 1 2 3 4
+FUZZ_SECONDS ?= 60
+# Debian packages the build and the checks need; each is probed by its command.
+SYSTEM_TOOLS := mpicc:libopenmpi-dev mpiexec:openmpi-bin valgrind:valgrind \
+  clang:clang clang-tidy:clang-tidy cppcheck:cppcheck
 
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
-.PHONY: install system-deps demo test test-c test-python test-examples clean
+.PHONY: install system-deps demo docs test test-c test-python test-plain test-examples \
+  test-network test-lint test-fuzz test-asan clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
 # (a test checks this); a binary wheel could bring its own MPI.
-$(VENV)/.deps: pyproject.toml Makefile | system-deps
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
-	  "scikit-build-core>=0.10" cmake ninja \
-	  "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6"
+PY_DEPS := --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
+  "scikit-build-core>=0.10" cmake ninja \
+  "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" "psutil>=5" \
+  tabulate rich matplotlib "ipyparallel>=8.6" "nbclient>=0.10" "ipykernel>=6.29"
+%/.deps: pyproject.toml Makefile | system-deps
+	$(PYTHON) -m venv $*
+	$*/bin/python -m pip --disable-pip-version-check install -q --upgrade pip
+	$*/bin/python -m pip --disable-pip-version-check install -q $(PY_DEPS)
+	$*/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
 system-deps:
-	@if ! command -v mpicc >/dev/null || ! command -v mpiexec >/dev/null; then \
-	  echo "Installing Open MPI from Debian"; \
+	@missing=; for t in $(SYSTEM_TOOLS); do \
+	  command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing from Debian:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq libopenmpi-dev openmpi-bin; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 	@$(PYTHON) -c "import venv, ensurepip" 2>/dev/null || { \
 	  $(SUDO) apt-get update -qq && \
@@ -50,18 +60,35 @@ test: install
 	@start=$$(date +%s); status=0; \
 	$(MAKE) --no-print-directory test-c || status=1; \
 	$(MAKE) --no-print-directory test-python || status=1; \
+	$(MAKE) --no-print-directory test-plain || status=1; \
 	$(MAKE) --no-print-directory test-examples || status=1; \
+	$(MAKE) --no-print-directory test-network || status=1; \
+	$(MAKE) --no-print-directory test-lint || status=1; \
+	$(MAKE) --no-print-directory test-fuzz || status=1; \
 	echo "make test: $$(( $$(date +%s) - start ))s, $$( [ $$status = 0 ] && echo passed || echo FAILED )"; \
 	exit $$status
 
 test-c: $(VENV)/.deps
 	$(VENV)/bin/cmake -S . -B build/ctest \
-	  -DMPITENSOR_BUILD_TESTS=ON -DMPITENSOR_BUILD_EXTENSION=OFF -DMPITENSOR_WERROR=ON >/dev/null
+	  -DMPITENSOR_BUILD_TESTS=ON -DMPITENSOR_BUILD_EXTENSION=OFF -DMPITENSOR_WERROR=ON \
+	  -DMPITENSOR_VALGRIND=ON >/dev/null
 	$(VENV)/bin/cmake --build build/ctest -j2
 	cd build/ctest && ../../$(VENV)/bin/ctest --output-on-failure -j2
 
 test-python: install
 	@status=0; for np in $(NPS); do tests/run_mpi_pytest.sh $$np || status=1; done; exit $$status
+
+# Plain pytest, as users run it: the mpi-marked tests (each started under mpiexec by
+# the pytest_mpitensor plugin), the plugin's own tests, and every notebook headless.
+test-plain: install
+	timeout -k 20 1200 $(PY) -m pytest -m mpi tests/python -q
+	timeout -k 20 1200 $(PY) -m pytest tests/plugin tests/notebooks -q
+	$(MAKE) --no-print-directory docs
+
+# docs/ as HTML in build/site (MkDocs, strict: a warning such as a broken link fails).
+docs: $(VENV)/.deps
+	$(PIP) install -q "mkdocs>=1.6"
+	$(VENV)/bin/mkdocs build -q
 
 # The examples run as one plain process and under mpiexec, as the README promises.
 test-examples: install
@@ -70,5 +97,64 @@ test-examples: install
 	  echo "=== $$f (mpiexec -n 4)"; timeout 120 mpiexec --oversubscribe -n 4 $(PY) $$f > /dev/null; \
 	done; echo "examples: all ran"
 
+# The MPI suite once more at np 4 with Open MPI kept off shared memory: the ob1
+# point-to-point layer over TCP on loopback, the path a multi-node job takes.
+test-network: install
+	OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo \
+	  tests/run_mpi_pytest.sh 4
+
+# Warnings as errors over the core, the extension and the C tests; clang-tidy
+# (.clang-tidy) and cppcheck (.cppcheck-suppressions) over csrc/. The Debug build
+# keeps assert()s, which tell the analyzer the invariants.
+test-lint: $(VENV)/.deps
+	$(VENV)/bin/cmake -S . -B build/lint -DCMAKE_BUILD_TYPE=Debug \
+	  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DMPITENSOR_BUILD_EXTENSION=ON \
+	  -DMPITENSOR_BUILD_TESTS=ON -DMPITENSOR_WERROR=ON \
+	  -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
+	$(VENV)/bin/cmake --build build/lint -j2
+	ls csrc/core/*.c csrc/ext/*.c | xargs -P2 -n4 clang-tidy -p build/lint --quiet 2>/dev/null
+	cppcheck --quiet --error-exitcode=1 --enable=warning,style,performance,portability \
+	  --std=c11 --library=python --inline-suppr --suppressions-list=.cppcheck-suppressions \
+	  -I csrc/include -I csrc/core csrc/
+	@echo "lint: no warnings, clang-tidy and cppcheck clean"
+
+# libFuzzer over layout and planning for FUZZ_SECONDS; the corpus in build/fuzz
+# grows from run to run. A crash leaves its input as build/fuzz/crash-*.
+FUZZ_SRC := tests/fuzz/fuzz_plan.c csrc/core/status.c csrc/core/layout.c csrc/core/plan.c
+build/fuzz/fuzz_plan: $(FUZZ_SRC) $(wildcard csrc/core/*.h csrc/include/mpitensor/*.h) | system-deps
+	mkdir -p build/fuzz/corpus
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  -Icsrc/include -Icsrc/core $(FUZZ_SRC) -lm -o $@
+
+test-fuzz: build/fuzz/fuzz_plan
+	@cd build/fuzz && ./fuzz_plan -max_total_time=$(FUZZ_SECONDS) -max_len=64 -timeout=60 \
+	  -rss_limit_mb=4096 -print_final_stats=1 corpus > last.log 2>&1 \
+	  || { tail -40 last.log; echo "fuzz: FAILED (input saved in build/fuzz)"; exit 1; }
+	@grep -E "^(Done|stat::(number_of_executed_units|average_exec_per_sec|new_units_added))" \
+	  build/fuzz/last.log; echo "fuzz: no invariant broken in $(FUZZ_SECONDS)s"
+
+# ASan and UBSan over the C tests and over the Python suite at np 2. The Python
+# side runs in its own venv, .venv-asan, whose editable mpitensor is built with
+# MPITENSOR_SANITIZE=ON; the interpreter is not instrumented, so libasan is
+# preloaded. Leak detection is on for the C unit tests and off where CPython and
+# Open MPI run (both keep their allocations until exit by design); leaks there
+# are caught by tests/python/test_leaks.py (RSS and live communicators) instead.
+ASAN_VENV := .venv-asan
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONMALLOC=malloc MT_SANITIZED=1
+test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
+	$(VENV)/bin/cmake -S . -B build/asan-ctest -DMPITENSOR_BUILD_TESTS=ON \
+	  -DMPITENSOR_BUILD_EXTENSION=OFF -DMPITENSOR_SANITIZE=ON >/dev/null
+	$(VENV)/bin/cmake --build build/asan-ctest -j2
+	cd build/asan-ctest && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 \
+	  ../../$(VENV)/bin/ctest --output-on-failure -j2 -L unit
+	cd build/asan-ctest && $(ASAN_ENV) ../../$(VENV)/bin/ctest --output-on-failure -j2 -L mpi
+	$(ASAN_VENV)/bin/python -m pip --disable-pip-version-check install -q \
+	  --no-build-isolation -e . -Ccmake.define.MPITENSOR_SANITIZE=ON \
+	  -Cbuild-dir=build/asan-{wheel_tag}
+	$(ASAN_ENV) LD_PRELOAD=$$(gcc -print-file-name=libasan.so) \
+	  PYTHON=$(abspath $(ASAN_VENV))/bin/python MT_TEST_TIMEOUT=300 \
+	  tests/run_mpi_pytest.sh 2
+
 clean:
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) $(ASAN_VENV)

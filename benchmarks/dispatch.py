@@ -14,16 +14,26 @@ Operations, on a 1-D mesh over all ranks, float64, global n x n with n in (8, 20
 * ``sum0``   ``a.sum(0)`` a: [Shard(0)] -> Partial(sum)    (no communication)
 
 For each (op, n) a repetition times, in an order that rotates between repetitions,
-``inner`` back-to-back calls of: ``mt`` (the DTensor expression), ``np`` (the same
-expression on the local ndarrays), and with --torch ``torch`` (torch DTensor on gloo)
-and ``tlocal`` (the same on torch's local tensors). Each repetition starts with a
-Barrier and its time is the max over ranks. ``overhead = mt - np`` per repetition
-(torch: ``torch - tlocal``), reported as median and [min..max] over repetitions.
+``inner`` back-to-back calls of: ``mt`` (the DTensor expression: the C fast path on a
+cached decision), ``slow`` (the same with the fast path switched off: the Python
+path), ``np`` (the same expression on the local ndarrays), and with --torch ``torch``
+(torch DTensor on gloo) and ``tlocal`` (the same on torch's local tensors). Each
+repetition starts with a Barrier and its time is the max over ranks.
+``overhead = mt - np`` per repetition (``slow - np``; torch: ``torch - tlocal``),
+reported as median, [min..max] and interquartile range over repetitions.
 
-Cache MISS: before each timed call the mesh's decision and plan caches are cleared
-(``mesh._decisions``, ``mesh._plans``), so the call decides the sharding anew; its
-overhead is that call minus the median NumPy time of the op. With --torch, torch's
-miss clears its sharding-propagation caches the same way (where they exist).
+Large sizes: the op's own time jitters by milliseconds on a shared machine, far above
+a microsecond overhead, so besides the paired differences each (op, n) records the
+bytes tracemalloc sees allocated per call (NumPy's data allocations included):
+``mt - np`` of those is what the dispatch adds; zero extra bytes means no copy of an
+operand or result, so the added work is the size-independent dispatch measured at
+the small sizes.
+
+Cache MISS: before each timed call the mesh's decision and plan caches and the fast
+path's table are cleared (``mesh._decisions``, ``mesh._plans``, ``_fast.clear(mesh)``), so
+the call decides the sharding anew (and records it); its overhead is that call minus
+the median NumPy time of the op. With --torch, torch's miss clears its
+sharding-propagation caches the same way (where they exist).
 
 Writes benchmarks/results/dispatch-np{N}[-torch].json.
 """
@@ -38,12 +48,14 @@ import platform
 import statistics
 import sys
 import time
+import tracemalloc
 
 import numpy as np
 from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard
+from mpitensor._ops import _fast
 
 from _common import cpu_model, git_revision, init_gloo  # benchmarks/ is sys.path[0]
 
@@ -52,6 +64,9 @@ REPO = os.path.dirname(HERE)
 OPS = ("add", "matmul", "sum0")
 SIZES = (8, 2048)
 TARGET_CACHED_US, TARGET_MISS_US, TARGET_TORCH_X = 10.0, 200.0, 10.0
+# Extra bytes a call may allocate over NumPy's and still copy nothing: a decision's
+# Python objects take a few KiB; a copy at 2048 (local 1024 x 2048 float64) is 16 MiB.
+NO_COPY_BYTES = 64 << 10
 
 
 def build_ops(mesh, n, comm, tctx=None):
@@ -67,6 +82,9 @@ def build_ops(mesh, n, comm, tctx=None):
         "matmul": {"mt": lambda: a @ bR, "np": lambda: la @ lbR},
         "sum0": {"mt": lambda: a.sum(0), "np": lambda: la.sum(0)},
     }
+    for v in ops.values():
+        v["slow"] = v["mt"]  # run with the fast path off (see SLOW)
+        v["mt"]()  # the first call decides and records: later ones are cached
     # correctness once: the local result of mt is NumPy's on the local arrays
     for name, v in ops.items():
         got, want = v["mt"]().to_local(), v["np"]()
@@ -89,6 +107,9 @@ def build_ops(mesh, n, comm, tctx=None):
     return ops
 
 
+SLOW = "slow"  # the variant timed with the C fast path switched off
+
+
 def time_interleaved(comm, variants: dict, reps: int, inner: int, warmup: int) -> dict:
     names = list(variants)
     times = {k: [] for k in names}
@@ -97,14 +118,20 @@ def time_interleaved(comm, variants: dict, reps: int, inner: int, warmup: int) -
         for k in order:
             f = variants[k]
             comm.Barrier()
+            was = mt._C.dispatch_enable(k != SLOW)
             t0 = time.perf_counter()
             for _ in range(inner):
                 f()
             dt = (time.perf_counter() - t0) / inner
+            mt._C.dispatch_enable(was)
             if r >= 0:
                 times[k].append(dt)
     # max over ranks, repetition by repetition
     return {k: rank_max(comm, v) for k, v in times.items()}
+
+
+def _max_dict(x, y, *_):
+    return {k: max(x[k], y[k]) for k in x}
 
 
 def rank_max(comm, values) -> list:
@@ -136,11 +163,50 @@ def time_miss(comm, mesh, f, reps, torch_side=False) -> tuple[list, bool]:
         else:
             mesh._decisions.clear()
             mesh._plans.clear()
+            _fast.clear(mesh)
         comm.Barrier()
         t0 = time.perf_counter()
         f()
         out.append(time.perf_counter() - t0)
     return rank_max(comm, out), cleared
+
+
+def traced_bytes(variants: dict, calls: int = 3) -> dict:
+    """{variant: bytes tracemalloc sees allocated during one call} (the max over
+    `calls` calls; the result is kept alive until measured), for mt, slow and np."""
+    out = {}
+    for k in ("mt", SLOW, "np"):
+        was = mt._C.dispatch_enable(k != SLOW)
+        worst = 0
+        for _ in range(calls):
+            tracemalloc.start()
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            r = variants[k]()
+            peak = tracemalloc.get_traced_memory()[1] - base
+            tracemalloc.stop()
+            del r
+            worst = max(worst, peak)
+        mt._C.dispatch_enable(was)
+        out[k] = worst
+    return out
+
+
+def traced_miss_bytes(mesh, f, calls: int = 3) -> int:
+    """Bytes tracemalloc sees allocated during one cache-missing call (max of
+    `calls`), for comparison with NumPy's own (traced_bytes()["np"])."""
+    worst = 0
+    for _ in range(calls):
+        mesh._decisions.clear()
+        mesh._plans.clear()
+        _fast.clear(mesh)
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        r = f()
+        worst = max(worst, tracemalloc.get_traced_memory()[1] - base)
+        tracemalloc.stop()
+        del r
+    return worst
 
 
 def stats_us(xs) -> dict:
@@ -176,6 +242,8 @@ def plan_for(op, n, args):
     """(reps, inner): many short calls per repetition at 8x8; few long ones at 2048."""
     if n <= 64:
         return args.reps, args.inner
+    if n < 2048:
+        return args.reps, max(1, args.inner * 64 // n)
     if op == "matmul":
         return args.reps_matmul, 1
     return args.reps_large, 1
@@ -186,8 +254,9 @@ def main():
     ap.add_argument("--torch", action="store_true", help="also time torch DTensor on gloo")
     ap.add_argument("--reps", type=int, default=31, help="repetitions at 8x8")
     ap.add_argument("--inner", type=int, default=200, help="calls per repetition at 8x8")
-    ap.add_argument("--reps-large", type=int, default=15, help="repetitions at 2048 (add, sum0)")
-    ap.add_argument("--reps-matmul", type=int, default=5, help="repetitions of matmul at 2048")
+    ap.add_argument("--reps-large", type=int, default=101,
+                    help="repetitions at 2048 (add, sum0)")
+    ap.add_argument("--reps-matmul", type=int, default=21, help="repetitions of matmul at 2048")
     ap.add_argument("--miss-reps", type=int, default=51, help="timed cache misses per op")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
@@ -210,13 +279,19 @@ def main():
                    "times_s": t, "stats_us": {k: stats_us(v) for k, v in t.items()}}
             row["overhead_us"] = stats_us(np.array(t["mt"]) - np.array(t["np"]))
             row["overhead_min_us"] = (min(t["mt"]) - min(t["np"])) * 1e6
+            row["slow_overhead_us"] = stats_us(np.array(t[SLOW]) - np.array(t["np"]))
+            alloc = traced_bytes(ops[op])
+            row["traced_bytes"] = comm.allreduce(alloc, op=_max_dict)
             if tctx:
                 row["torch_overhead_us"] = stats_us(np.array(t["torch"]) - np.array(t["tlocal"]))
                 row["torch_overhead_min_us"] = (min(t["torch"]) - min(t["tlocal"])) * 1e6
+            # a miss at every size: its work (deciding) is size-independent too
+            np_med = statistics.median(t["np"])
+            miss, _ = time_miss(comm, mesh, ops[op]["mt"], min(args.miss_reps, reps))
+            row["miss_overhead_us"] = stats_us(np.array(miss) - np_med)
+            row["miss_traced_bytes"] = comm.allreduce(
+                traced_miss_bytes(mesh, ops[op]["mt"]), op=MPI.MAX)
             if n == min(args.sizes):
-                np_med = statistics.median(t["np"])
-                miss, _ = time_miss(comm, mesh, ops[op]["mt"], args.miss_reps)
-                row["miss_overhead_us"] = stats_us(np.array(miss) - np_med)
                 if tctx:
                     tl_med = statistics.median(t["tlocal"])
                     tmiss, cleared = time_miss(comm, mesh, ops[op]["torch"], args.miss_reps,
@@ -248,10 +323,15 @@ def fmt(s):
 
 def report_row(row, torch_on):
     st = row["stats_us"]
+    tb = row["traced_bytes"]
     line = (f"{row['op']:6s} n={row['n']:5d}  np {st['np']['median']:10.2f} us  "
-            f"mt {st['mt']['median']:10.2f} us  overhead {fmt(row['overhead_us'])} us")
+            f"mt {st['mt']['median']:10.2f} us  overhead {fmt(row['overhead_us'])} us"
+            f"\n{'':13s} slow (fast path off) overhead {fmt(row['slow_overhead_us'])} us;"
+            f" traced bytes per call: np {tb['np']}, mt {tb['mt']} (+{tb['mt'] - tb['np']}),"
+            f" slow {tb[SLOW]} (+{tb[SLOW] - tb['np']})")
     if "miss_overhead_us" in row:
-        line += f"  miss {fmt(row['miss_overhead_us'])} us"
+        line += (f"\n{'':13s} miss {fmt(row['miss_overhead_us'])} us; traced bytes "
+                 f"{row['miss_traced_bytes']} (+{row['miss_traced_bytes'] - tb['np']})")
     if torch_on:
         line += (f"\n{'':13s} torch-local {st['tlocal']['median']:10.2f} us  torch "
                  f"{st['torch']['median']:10.2f} us  torch overhead "
@@ -269,13 +349,25 @@ def resolvable(s) -> bool:
 
 def verdicts(results, torch_on):
     print("\nverdicts (medians):")
+    small = {r["op"]: r["overhead_us"]["median"] for r in results
+             if r["n"] == min(x["n"] for x in results)}
+    small_miss = {r["op"]: r["miss_overhead_us"]["median"] for r in results
+                  if r["n"] == min(x["n"] for x in results)}
     for row in results:
         o = row["overhead_us"]["median"]
         if not resolvable(row["overhead_us"]):
             iqr = row["overhead_us"]["q3"] - row["overhead_us"]["q1"]
-            print(f"  {row['op']:6s} n={row['n']:5d}: UNRESOLVED: overhead median {o:.1f} us, "
-                  f"min-min {row['overhead_min_us']:.1f} us, but the op's jitter "
-                  f"(IQR {iqr:.0f} us) is far above the target")
+            extra = row["traced_bytes"]["mt"] - row["traced_bytes"]["np"]
+            mextra = row["miss_traced_bytes"] - row["traced_bytes"]["np"]
+            n0 = min(x["n"] for x in results)
+            print(f"  {row['op']:6s} n={row['n']:5d}: timing UNRESOLVED (overhead median "
+                  f"{o:.1f} us, IQR {iqr:.0f} us of op jitter); extra bytes allocated: "
+                  f"cached {extra}, miss {mextra} -> " + (
+                      f"no copy: the added work is the size-independent dispatch, "
+                      f"{small[row['op']]:.2f} us cached and {small_miss[row['op']]:.1f} us "
+                      f"on a miss at n={n0}"
+                      if max(extra, mextra) < NO_COPY_BYTES
+                      else "the dispatch COPIES data at this size"))
             continue
         v = [f"cached {o:.2f} us {'<=' if o <= TARGET_CACHED_US else '>'} {TARGET_CACHED_US:g}"
              f" -> {'MET' if o <= TARGET_CACHED_US else 'MISSED'}"]

@@ -240,3 +240,73 @@ void mt__box_at(const mt_layout *layout, const int64_t *coord, int m, int64_t k,
   assert(rc == MT_OK);
   (void)rc;
 }
+
+/* ---- Selections. ---- */
+
+/* Floor of a / b for b > 0. */
+static int64_t floor_div(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+static int64_t clamp(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+int mt_selection_check(const mt_selection *sel, int ndim, const int64_t *shape,
+                       mt_error *err) {
+  if (sel == NULL || (ndim > 0 && shape == NULL))
+    return mt__fail(err, MT_EINVAL, "The selection and shape are required");
+  if (sel->ndim != ndim)
+    return mt__fail(err, MT_EINVAL, "The selection has %d dims but the tensor %d",
+                    sel->ndim, ndim);
+  for (int d = 0; d < ndim; ++d) {
+    int64_t n = sel->count[d], first = sel->start[d];
+    if (sel->step[d] == 0 || n < 0)
+      return mt__fail(err, MT_EINVAL,
+                      "Dim %d selects with step %" PRId64 " and count %" PRId64
+                      "; the step must be nonzero and the count >= 0",
+                      d, sel->step[d], n);
+    if (n == 0) continue;
+    /* |step| * (n - 1) < shape keeps the last index from overflowing. */
+    int64_t span = sel->step[d] > 0 ? sel->step[d] : -sel->step[d];
+    int ok = first >= 0 && first < shape[d] && (n - 1) <= (shape[d] - 1) / span;
+    int64_t last = ok ? first + (n - 1) * sel->step[d] : -1;
+    if (!ok || last < 0 || last >= shape[d])
+      return mt__fail(err, MT_EINDEX,
+                      "Dim %d of size %" PRId64 " cannot select %" PRId64
+                      " indices from %" PRId64 " by %" PRId64,
+                      d, shape[d], n, first, sel->step[d]);
+  }
+  return MT_OK;
+}
+
+/* The k with start + k * step in [lo, hi), as [*k0, *k1) within [0, count). */
+static void picked(const mt_selection *sel, int d, int64_t lo, int64_t hi, int64_t *k0,
+                   int64_t *k1) {
+  int64_t start = sel->start[d], step = sel->step[d], n = sel->count[d];
+  if (step > 0) {
+    *k0 = -floor_div(start - lo, step);
+    *k1 = -floor_div(start - hi, step);
+  } else {
+    *k0 = floor_div(start - hi, -step) + 1;
+    *k1 = floor_div(start - lo, -step) + 1;
+  }
+  *k0 = clamp(*k0, 0, n), *k1 = clamp(*k1, *k0, n);
+}
+
+int mt_selection_image(const mt_selection *sel, const mt_box *in, mt_box *out) {
+  assert(sel != NULL && in != NULL && out != NULL && sel->ndim == in->ndim);
+  int any = 1;
+  memset(out, 0, sizeof *out);
+  out->ndim = in->ndim;
+  for (int d = 0; d < in->ndim; ++d) {
+    int64_t k0 = 0, k1 = 0;
+    if (in->shape[d] > 0)
+      picked(sel, d, in->offset[d], in->offset[d] + in->shape[d], &k0, &k1);
+    out->offset[d] = k0;
+    out->shape[d] = k1 - k0;
+    any &= k1 > k0;
+  }
+  return any;
+}

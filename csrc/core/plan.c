@@ -416,7 +416,7 @@ static int64_t rank_messages(const mt_layout *src, const mt_layout *dst,
   local_box(dst, coord, &t);
   if (mt_box_numel(&t) == 0) return 0;
   int64_t peers = 1;
-  for (int d = 0; d < dst->ndim; ++d)
+  for (int d = 0; d < src->ndim; ++d)
     peers *= leaves_meeting(&sets[d], t.offset[d], t.offset[d] + t.shape[d]);
   local_box(src, coord, &s);
   return peers - mt_box_intersect(&s, &t, &st);
@@ -775,23 +775,37 @@ static void meet(const mt_box *x, const mt_box *y, const mt_layout *l, mt_box *o
   if (!mt_box_intersect(x, y, out)) empty_box(l, out);
 }
 
-/* The send and recv boxes of the rank at `coord` against every mesh rank. */
-static void fill_exchange(const mt_layout *a, const mt_layout *b, const int64_t *coord,
-                          const int *scope, mt_box *send, mt_box *recv) {
+/* The src box of a rank in b's coordinates: its image under `sel`, or the box
+ * itself without one. */
+static void src_box(const mt_layout *a, const mt_selection *sel, const int64_t *coord,
+                    mt_box *out) {
+  mt_box box;
+  local_box(a, coord, &box);
+  if (sel == NULL)
+    *out = box;
+  else
+    mt_selection_image(sel, &box, out);
+}
+
+/* The send and recv boxes of the rank at `coord` against every mesh rank; with a
+ * selection, src boxes are mapped to b's coordinates first. */
+static void fill_exchange(const mt_layout *a, const mt_selection *sel,
+                          const mt_layout *b, const int64_t *coord, const int *scope,
+                          mt_box *send, mt_box *recv) {
   mt_box s_me, t_me;
-  local_box(a, coord, &s_me);
+  src_box(a, sel, coord, &s_me);
   local_box(b, coord, &t_me);
   int64_t pc[MT_MAX_MESH_NDIM] = {0}, p = 0;
   do {
     if (is_peer(a, coord, pc, scope)) {
       mt_box s_p, t_p;
-      local_box(a, pc, &s_p);
+      src_box(a, sel, pc, &s_p);
       local_box(b, pc, &t_p);
-      meet(&s_me, &t_p, a, &send[p]);
-      meet(&s_p, &t_me, a, &recv[p]);
+      meet(&s_me, &t_p, b, &send[p]);
+      meet(&s_p, &t_me, b, &recv[p]);
     } else {
-      empty_box(a, &send[p]);
-      empty_box(a, &recv[p]);
+      empty_box(b, &send[p]);
+      empty_box(b, &recv[p]);
     }
     ++p;
   } while (next_coord(pc, a));
@@ -836,6 +850,58 @@ int mt_exchange_boxes(const mt_layout *src, const mt_layout *dst, int mesh_dim,
   if (mesh_dim >= -1 && mesh_dim < a.mesh_ndim) exchange_scope(&a, mesh_dim, scope);
   rc = check_exchange(&a, mesh_dim, coord, npeers, scope, err);
   if (rc != MT_OK) return rc;
-  fill_exchange(&a, &b, coord, scope, send, recv);
+  fill_exchange(&a, NULL, &b, coord, scope, send, recv);
+  return MT_OK;
+}
+
+/* A selection's layouts: one mesh, dst shaped as the selection, Partials kept. */
+static int check_selection_pair(const mt_layout *a, const mt_selection *sel,
+                                const mt_layout *b, mt_error *err) {
+  int rc = mt_selection_check(sel, a->ndim, a->shape, err);
+  if (rc != MT_OK) return rc;
+  if (a->ndim == 0 || b->ndim != a->ndim || a->mesh_ndim != b->mesh_ndim)
+    return mt__fail(err, MT_EINVAL,
+                    "A selection exchange needs layouts of equal ndim (>= 1) on one "
+                    "mesh; got %d and %d dims on %d- and %d-dim meshes",
+                    a->ndim, b->ndim, a->mesh_ndim, b->mesh_ndim);
+  for (int d = 0; d < a->ndim; ++d) {
+    if (b->shape[d] != sel->count[d])
+      return mt__fail(err, MT_EINVAL,
+                      "The target's dim %d has size %" PRId64
+                      " but the selection picks %" PRId64,
+                      d, b->shape[d], sel->count[d]);
+  }
+  for (int m = 0; m < a->mesh_ndim; ++m) {
+    const mt_placement *p = &a->placements[m], *q = &b->placements[m];
+    int pa = p->kind == MT_PLACEMENT_PARTIAL, pb = q->kind == MT_PLACEMENT_PARTIAL;
+    if (a->mesh_shape[m] != b->mesh_shape[m])
+      return mt__fail(err, MT_EINVAL, "The layouts are on different meshes");
+    if ((pa || pb) && !placement_eq(p, q))
+      return mt__fail(err, MT_EINVAL,
+                      "Mesh dim %d: a selection exchange keeps Partials as they are",
+                      m);
+  }
+  return MT_OK;
+}
+
+int mt_selection_exchange_boxes(const mt_layout *src, const mt_selection *sel,
+                                const mt_layout *dst, const int64_t *coord,
+                                int64_t npeers, mt_box *send, mt_box *recv,
+                                mt_error *err) {
+  if (src == NULL || sel == NULL || dst == NULL || coord == NULL || send == NULL ||
+      recv == NULL)
+    return mt__fail(err, MT_EINVAL,
+                    "The layouts, selection, coordinate and send and recv arrays are "
+                    "required");
+  mt_layout a, b;
+  int rc = check_layout(src, "source", &a, err);
+  if (rc == MT_OK) rc = check_layout(dst, "target", &b, err);
+  if (rc == MT_OK) rc = check_selection_pair(&a, sel, &b, err);
+  if (rc == MT_OK) rc = check_mesh_size(&a, err);
+  int scope[MT_MAX_MESH_NDIM] = {0};
+  if (rc == MT_OK) exchange_scope(&a, -1, scope);
+  if (rc == MT_OK) rc = check_exchange(&a, -1, coord, npeers, scope, err);
+  if (rc != MT_OK) return rc;
+  fill_exchange(&a, sel, &b, coord, scope, send, recv);
   return MT_OK;
 }

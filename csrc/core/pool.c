@@ -53,7 +53,7 @@ void *mt_pool_alloc(size_t size) {
     release();
   }
   if (h == NULL) {
-    if (size > SIZE_MAX - 2 * HEADER) return NULL;
+    if (size > SIZE_MAX - 2 * (size_t)HEADER) return NULL;
     size_t rounded = (size + HEADER - 1) / HEADER * HEADER;
     h = aligned_alloc(HEADER, HEADER + (rounded > 0 ? rounded : HEADER));
     if (h == NULL) return NULL;

@@ -24,6 +24,7 @@
  * plus the plans priced, each freed at once. */
 #include "mpitensor/prop.h"
 
+#include <assert.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -201,6 +202,14 @@ static int check_masks(const mt_dimmap *map, mt_error *err) {
       return mt__fail(err, MT_EINVAL, "label_size[%d] is %" PRId64 "; it must be >= 0",
                       l, map->label_size[l]);
   }
+  if (map->out_resized & ~low_bits(map->out_ndim))
+    return mt__fail(err, MT_EINVAL, "out_resized names dims beyond the output's %d dims",
+                    map->out_ndim);
+  for (int d = 0; d < map->out_ndim; ++d) {
+    if (bit(map->out_resized, d) && map->out_size[d] < 0)
+      return mt__fail(err, MT_EINVAL, "out_size[%d] is %" PRId64 "; it must be >= 0", d,
+                      map->out_size[d]);
+  }
   return MT_OK;
 }
 
@@ -252,6 +261,11 @@ static int check_output_labels(const mt_dimmap *map, uint32_t held, uint32_t *ou
                       "Output label %d has no size: no input holds it and it is not "
                       "in sized_labels",
                       l);
+    if (bit(map->out_resized, d) && (!bit(held, l) || bit(map->sized_labels, l)))
+      return mt__fail(err, MT_EINVAL,
+                      "Output dim %d is resized, so its label %d must be held by an "
+                      "input and not be in sized_labels",
+                      d, l);
     *out |= 1u << l;
   }
   return MT_OK;
@@ -372,7 +386,8 @@ static int label_sizes(engine *e, mt_error *err) {
   e->out_numel = 1;
   for (int l = 0; l < map->nlabels; ++l) e->size[l] = e->size[l] < 0 ? 1 : e->size[l];
   for (int d = 0; d < map->out_ndim; ++d) {
-    e->out_shape[d] = e->size[map->out_labels[d]];
+    e->out_shape[d] =
+        bit(map->out_resized, d) ? map->out_size[d] : e->size[map->out_labels[d]];
     e->out_numel = sat_mul(e->out_numel, e->out_shape[d]);
   }
   if (e->out_numel == INT64_MAX)
@@ -675,8 +690,53 @@ static int input_price(engine *e, int i, const int *choice, int full, price *out
 
 /* ---- Combinations. ---- */
 
-/* Every CONTRACT/REDUCE label has an element per shard and even_only labels
- * divide evenly, counting the shards of all mesh dims that cut them. */
+/* The extent [*off, *off + *n) of a dim of size `size` held at `idx`, nested
+ * chunks over `k` mesh dims of sizes `g` (an empty extent has offset 0). */
+static void nested_extent(int64_t size, const int64_t *g, const int64_t *idx, int k,
+                          int64_t *off, int64_t *n) {
+  int64_t o = 0, s = size;
+  for (int j = 0; j < k; ++j) {
+    int64_t sz, of;
+    mt_chunk(s, g[j], idx[j], &sz, &of);
+    o += sz > 0 ? of : 0;
+    s = sz;
+  }
+  *off = s > 0 ? o : 0, *n = s;
+}
+
+/* Whether x/a == y/b, as x*b == y*a; a product too large for int64 counts as
+ * different, which only keeps a shard from passing (a redistribution is safe). */
+static int same_fraction(int64_t x, int64_t a, int64_t y, int64_t b) {
+  int64_t p = sat_mul(x, b), q = sat_mul(y, a);
+  return p == q && p != INT64_MAX;
+}
+
+/* Whether label l, cut by the mesh dims `choice` shards it on, may stay sharded on
+ * its resized output dim: every rank's share of the label (size a) and of the
+ * output dim (size b) is the same fraction of the group (prop.h). */
+static int scales(const engine *e, const int *choice, int l) {
+  int d = e->out_pos[l], k = 0;
+  if (d < 0 || !bit(e->map->out_resized, d)) return 1;
+  int64_t g[MT_MAX_MESH_NDIM], idx[MT_MAX_MESH_NDIM] = {0};
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    if (e->dims[m].c[choice[m]].kind == CAND_LABEL && e->dims[m].c[choice[m]].label == l)
+      g[k++] = e->in->mesh_shape[m];
+  }
+  int64_t a = e->size[l], b = e->out_shape[d];
+  for (;;) {
+    int64_t ia, na, ib, nb;
+    nested_extent(a, g, idx, k, &ia, &na);
+    nested_extent(b, g, idx, k, &ib, &nb);
+    if (!same_fraction(na, a, nb, b) || !same_fraction(ia, a, ib, b)) return 0;
+    int j = k - 1;
+    while (j >= 0 && ++idx[j] == g[j]) idx[j--] = 0;
+    if (j < 0) return 1;
+  }
+}
+
+/* Every CONTRACT/REDUCE label has an element per shard, even_only labels divide
+ * evenly and labels kept on a resized dim scale, counting the shards of all mesh
+ * dims that cut them. */
 static int combo_valid(const engine *e, const int *choice) {
   int labels[MT_MAX_MESH_NDIM], n = 0;
   int64_t shards[MT_MAX_MESH_NDIM];
@@ -689,7 +749,7 @@ static int combo_valid(const engine *e, const int *choice) {
     shards[k] = sat_mul(shards[k], e->in->mesh_shape[m]);
   }
   for (int k = 0; k < n; ++k) {
-    if (!fits(e, labels[k], shards[k])) return 0;
+    if (!fits(e, labels[k], shards[k]) || !scales(e, choice, labels[k])) return 0;
   }
   return 1;
 }
@@ -886,6 +946,7 @@ static int search_greedy(engine *e, int *best, score *best_s, int *found,
 /* Sizes the per-input memos for an exhaustive search (each at most the number of
  * combinations) and allocates them in one block. */
 static int alloc_memo(engine *e, mt_error *err) {
+  assert(e->ninputs >= 1 && e->mesh_ndim >= 1); /* load_inputs checked them */
   int64_t total = 0;
   for (int i = 0; i < e->ninputs; ++i) {
     int64_t n = 1;
@@ -895,7 +956,8 @@ static int alloc_memo(engine *e, mt_error *err) {
     }
     total += n;
   }
-  e->memo_block = calloc((size_t)total, sizeof *e->memo_block);
+  /* calloc(0) may return NULL, which would read as out of memory. */
+  e->memo_block = calloc((size_t)(total > 0 ? total : 1), sizeof *e->memo_block);
   if (e->memo_block == NULL)
     return mt__fail(err, MT_ENOMEM, "Out of memory choosing placements");
   for (int i = 0, off = 0; i < e->ninputs; ++i) {
@@ -947,6 +1009,7 @@ static int prepare(engine *e, mt_error *err) {
   if (rc == MT_OK) rc = label_sizes(e, err);
   if (rc != MT_OK) return rc;
   label_roles(e);
+  assert(e->mesh_ndim >= 1 && e->mesh_ndim <= MT_MAX_MESH_NDIM);
   e->dims = malloc((size_t)e->mesh_ndim * sizeof *e->dims);
   if (e->dims == NULL)
     return mt__fail(err, MT_ENOMEM, "Out of memory choosing placements");

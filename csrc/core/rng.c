@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core-private.h"
 #include "mpitensor/dtype.h"
@@ -67,6 +68,7 @@ static void gen_init(gen *s, uint64_t seed, uint64_t stream) {
   s->stream[1] = (uint32_t)(stream >> 32);
   s->block = 0;
   s->valid = 0;
+  memset(s->x, 0, sizeof s->x);
 }
 
 /* Makes `s->x` the output of `block`; returns 1 when it had to run Philox. */

@@ -26,7 +26,13 @@ typedef struct mt_ext_state {
   PyTypeObject *dimmap_type;
   PyTypeObject *exchange_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
+  PyTypeObject *dtensor_base_type;
+  PyTypeObject *table_type;
+  struct mt_ext_dispatch *dispatch; /* the fast path's state (ext_dispatch.c), owned */
 } mt_ext_state;
+
+/* The module's definition, to find the module state from a type (PEP 573). */
+extern struct PyModuleDef mt_ext_module_def;
 
 static inline mt_ext_state *mt_ext_state_of(PyObject *module) {
   return (mt_ext_state *)PyModule_GetState(module);
@@ -68,6 +74,32 @@ int mt_ext_mesh_exec(PyObject *module);
 int mt_ext_redistribute_exec(PyObject *module);
 int mt_ext_pool_exec(PyObject *module);
 int mt_ext_prop_exec(PyObject *module);
+int mt_ext_dispatch_exec(PyObject *module);
+typedef struct mt_ext_dispatch mt_ext_dispatch;
+
+/* A recorded decision of the fast path (ext_dispatch_table.c). */
+typedef struct {
+  PyObject *op;       /* ufunc, or a reduction's interned name; NULL: empty slot */
+  PyObject *key[2];   /* per operand: its layout (DTensor) or its type (scalar) */
+  long long aux;      /* ufunc: operand count; reduction: axis and keepdims */
+  PyObject *out;      /* the output's layout (placements, shape, dtype, stride) */
+  PyObject *axes;     /* reduction: the normalized axis tuple; else NULL */
+} mt_ext_entry;
+typedef struct mt_ext_table mt_ext_table;
+/* The entry of a key, or NULL. Borrowed: valid until the table next changes. */
+mt_ext_entry *mt_ext_table_lookup(mt_ext_table *t, PyObject *op, PyObject *k0,
+                                  PyObject *k1, long long aux);
+/* Adds or replaces an entry. 0, or -1 with MemoryError. */
+int mt_ext_table_insert(mt_ext_table *t, PyObject *op, PyObject *k0, PyObject *k1,
+                        long long aux, PyObject *out, PyObject *axes);
+/* The table's one layout tuple (placements, shape, dtype, stride) equal to that of
+ * `spec` (a DTensorSpec of the table's mesh); new reference, or NULL with an
+ * exception. */
+PyObject *mt_ext_table_intern(mt_ext_table *t, PyObject *spec);
+int mt_ext_table_exec(PyObject *module);
+int mt_ext_dispatch_traverse(mt_ext_state *st, visitproc visit, void *arg);
+void mt_ext_dispatch_clear(mt_ext_state *st);
+void mt_ext_dispatch_free(mt_ext_state *st);
 int mt_ext_ring_exec(PyObject *module);
 extern PyMethodDef mt_ext_pool_methods[];
 extern PyMethodDef mt_ext_mesh_methods[];
@@ -75,6 +107,9 @@ extern PyMethodDef mt_ext_redistribute_methods[];
 extern PyMethodDef mt_ext_layout_methods[];
 extern PyMethodDef mt_ext_rng_methods[];
 extern PyMethodDef mt_ext_prop_methods[];
+extern PyMethodDef mt_ext_io_methods[];
+
+extern PyMethodDef mt_ext_dispatch_methods[];
 extern PyMethodDef mt_ext_ring_methods[];
 
 #endif

@@ -26,19 +26,39 @@ static int read_ints(PyObject *seq, int *out, int cap, int *n, const char *what)
   return 0;
 }
 
+/* Optional out_size: one entry per output dim, its size, or -1 where the dim takes
+ * its label's size (mt_dimmap's out_resized). */
+static int read_out_sizes(PyObject *seq, mt_dimmap *m) {
+  int64_t sizes[MT_MAX_NDIM];
+  int n = 0;
+  if (seq == NULL) return 0;
+  if (mt_ext_int64s(seq, sizes, MT_MAX_NDIM, &n, "out_size") < 0) return -1;
+  if (n != m->out_ndim) {
+    PyErr_SetString(PyExc_ValueError, "out_size needs one entry per output dim");
+    return -1;
+  }
+  for (int d = 0; d < n; ++d) {
+    if (sizes[d] < 0) continue;
+    m->out_resized |= 1u << d;
+    m->out_size[d] = sizes[d];
+  }
+  return 0;
+}
+
 /* DimMap(in_labels, in_bcast, out_labels, label_kind, label_reduce_op, even_only,
- *        partial_rule, partial_inputs, partial_ops, sized_labels, label_size). Local. */
+ *        partial_rule, partial_inputs, partial_ops, sized_labels, label_size
+ *        [, out_size]). Local. */
 static PyObject *dimmap_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
-  PyObject *in_labels, *in_bcast, *out_labels, *kinds, *ops, *sizes;
+  PyObject *in_labels, *in_bcast, *out_labels, *kinds, *ops, *sizes, *out_sizes = NULL;
   unsigned int even_only, partial_inputs, partial_ops, sized_labels;
   int partial_rule;
   if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
     PyErr_SetString(PyExc_TypeError, "DimMap takes positional arguments only");
     return NULL;
   }
-  if (!PyArg_ParseTuple(args, "OOOOOIiIIIO:DimMap", &in_labels, &in_bcast, &out_labels,
+  if (!PyArg_ParseTuple(args, "OOOOOIiIIIO|O:DimMap", &in_labels, &in_bcast, &out_labels,
                         &kinds, &ops, &even_only, &partial_rule, &partial_inputs,
-                        &partial_ops, &sized_labels, &sizes))
+                        &partial_ops, &sized_labels, &sizes, &out_sizes))
     return NULL;
   DimMapObject *self = (DimMapObject *)tp->tp_alloc(tp, 0);
   if (self == NULL) return NULL;
@@ -72,7 +92,8 @@ static PyObject *dimmap_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
   if (read_ints(out_labels, m->out_labels, MT_MAX_NDIM, &m->out_ndim, "output labels") < 0 ||
       read_ints(kinds, m->label_kind, MT_PROP_MAX_LABELS, &nk, "label kinds") < 0 ||
       read_ints(ops, m->label_reduce_op, MT_PROP_MAX_LABELS, &no, "label reduce ops") < 0 ||
-      mt_ext_int64s(sizes, m->label_size, MT_PROP_MAX_LABELS, &ns, "label sizes") < 0)
+      mt_ext_int64s(sizes, m->label_size, MT_PROP_MAX_LABELS, &ns, "label sizes") < 0 ||
+      read_out_sizes(out_sizes, m) < 0)
     goto fail;
   if (no != nk || ns != nk) {
     PyErr_SetString(PyExc_ValueError,
@@ -118,7 +139,7 @@ static PyType_Slot dimmap_slots[] = {
     {Py_tp_getset, dimmap_getset},
     {Py_tp_doc, "DimMap(in_labels, in_bcast, out_labels, label_kind, label_reduce_op, "
                 "even_only, partial_rule, partial_inputs, partial_ops, sized_labels, "
-                "label_size): an op's dim map, checked once. Local."},
+                "label_size[, out_size]): an op's dim map, checked once. Local."},
     {0, NULL},
 };
 

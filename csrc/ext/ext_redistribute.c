@@ -360,7 +360,87 @@ static PyObject *comm_counters(PyObject *module, PyObject *unused) {
   return out;
 }
 
+/* ---- selection exchange (basic indexing) ---------------------------------------- */
+
+/* A layout of `shape` placed by `codes` on the mesh's shape. */
+static int mesh_layout(mt_mesh *mesh, const int64_t *shape, int ndim, PyObject *codes,
+                       mt_layout *out) {
+  mt_placement pl[MT_MAX_MESH_NDIM];
+  int64_t mshape[MT_MAX_MESH_NDIM];
+  int np = 0, nm = mt_mesh_ndim(mesh);
+  if (mt_ext_placements(codes, pl, &np) < 0) return -1;
+  if (np != nm) {
+    PyErr_Format(PyExc_ValueError, "%d placements for a %d-D mesh", np, nm);
+    return -1;
+  }
+  for (int m = 0; m < nm; ++m) mshape[m] = mt_mesh_dim_size(mesh, m);
+  mt_error err = {0};
+  int rc = mt_layout_init(out, ndim, shape, nm, mshape, pl, &err);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
+}
+
+/* The selection from (starts, steps, counts). */
+static int read_selection(PyObject *const *args, int ndim, mt_selection *sel) {
+  int n[3] = {0, 0, 0};
+  memset(sel, 0, sizeof *sel);
+  if (mt_ext_int64s(args[0], sel->start, MT_MAX_NDIM, &n[0], "starts") < 0 ||
+      mt_ext_int64s(args[1], sel->step, MT_MAX_NDIM, &n[1], "steps") < 0 ||
+      mt_ext_int64s(args[2], sel->count, MT_MAX_NDIM, &n[2], "counts") < 0)
+    return -1;
+  if (n[0] != ndim || n[1] != ndim || n[2] != ndim) {
+    PyErr_SetString(PyExc_ValueError, "starts, steps and counts need one entry per dim");
+    return -1;
+  }
+  sel->ndim = ndim;
+  return 0;
+}
+
+/* select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts, piece)
+ *   -> this rank's box of the selection laid out by dst_codes. `piece` is the
+ * rank's local array indexed by the selection. Collective on the mesh. */
+static PyObject *select_exchange(PyObject *module, PyObject *const *args,
+                                 Py_ssize_t nargs) {
+  if (nargs != 8)
+    return PyErr_Format(PyExc_TypeError, "select_exchange(mesh, shape, src_codes, "
+                        "dst_codes, starts, steps, counts, piece)");
+  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  int64_t shape[MT_MAX_NDIM];
+  int ndim = 0;
+  mt_selection sel;
+  mt_layout src, dst;
+  if (mesh == NULL || mt_ext_int64s(args[1], shape, MT_MAX_NDIM, &ndim, "shape") < 0 ||
+      read_selection(args + 4, ndim, &sel) < 0 ||
+      mesh_layout(mesh, shape, ndim, args[2], &src) < 0 ||
+      mesh_layout(mesh, sel.count, ndim, args[3], &dst) < 0)
+    return NULL;
+  mt_error err = {0};
+  int rc = mt_selection_check(&sel, ndim, shape, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  mt_box sb, image, tb;
+  if (my_box(mesh, &src, &sb) < 0 || my_box(mesh, &dst, &tb) < 0) return NULL;
+  mt_selection_image(&sel, &sb, &image);
+  PyArrayObject *in = mt_ext_contiguous(args[7]);
+  if (in == NULL) return NULL;
+  PyArrayObject *out = check_local(in, &image) < 0 ? NULL : new_box_array(module, &tb, in);
+  if (out == NULL) {
+    Py_DECREF(in);
+    return NULL;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_selection_exchange(mesh, &src, &sel, &dst, mt_ext_dtype(in), PyArray_DATA(in),
+                             PyArray_DATA(out), &err);
+  Py_END_ALLOW_THREADS
+  Py_DECREF(in);
+  if (rc == MT_OK) return (PyObject *)out;
+  Py_DECREF(out);
+  return mt_ext_raise(rc, &err);
+}
+
 PyMethodDef mt_ext_redistribute_methods[] = {
+    {"select_exchange", (PyCFunction)(void (*)(void))select_exchange, METH_FASTCALL,
+     "select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts, piece) "
+     "-> this rank's box of a selection moved to dst_codes. Collective."},
     {"redistribute", (PyCFunction)(void (*)(void))redistribute, METH_FASTCALL,
      "redistribute(mesh, plan, local) -> local array of the plan's target. Collective."},
     {"redistribute_start", (PyCFunction)(void (*)(void))redistribute_start, METH_FASTCALL,

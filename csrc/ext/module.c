@@ -12,6 +12,7 @@ PyObject *mt_ext_raise(int code, const mt_error *err) {
     case MT_ENOMEM: type = PyExc_MemoryError; break;
     case MT_ENOTSUP: type = PyExc_NotImplementedError; break;
     case MT_EOVERFLOW: type = PyExc_OverflowError; break;
+    case MT_EIO: type = PyExc_OSError; break;
     default: break;
   }
   const char *msg = (err != NULL && err->msg[0] != '\0') ? err->msg : mt_strerror(code);
@@ -125,11 +126,16 @@ static int module_exec(PyObject *module) {
   if (add_methods(module, mt_ext_redistribute_methods) < 0) return -1;
   if (add_methods(module, mt_ext_pool_methods) < 0) return -1;
   if (add_methods(module, mt_ext_prop_methods) < 0) return -1;
+  if (add_methods(module, mt_ext_io_methods) < 0) return -1;
+
+  if (add_methods(module, mt_ext_dispatch_methods) < 0) return -1;
   if (add_methods(module, mt_ext_ring_methods) < 0) return -1;
   if (mt_ext_pool_exec(module) < 0) return -1;
   if (mt_ext_mesh_exec(module) < 0) return -1;
   if (mt_ext_redistribute_exec(module) < 0) return -1;
   if (mt_ext_prop_exec(module) < 0) return -1;
+  if (mt_ext_table_exec(module) < 0) return -1;
+  if (mt_ext_dispatch_exec(module) < 0) return -1;
   if (mt_ext_ring_exec(module) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_MESH_NDIM", MT_MAX_MESH_NDIM) < 0) return -1;
@@ -144,7 +150,9 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->dimmap_type);
   Py_VISIT(st->exchange_type);
   Py_VISIT(st->pool_handler);
-  return 0;
+  Py_VISIT(st->dtensor_base_type);
+  Py_VISIT(st->table_type);
+  return mt_ext_dispatch_traverse(st, visit, arg);
 }
 
 static int module_clear(PyObject *module) {
@@ -155,17 +163,23 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->dimmap_type);
   Py_CLEAR(st->exchange_type);
   Py_CLEAR(st->pool_handler);
+  Py_CLEAR(st->dtensor_base_type);
+  Py_CLEAR(st->table_type);
+  mt_ext_dispatch_clear(st);
   return 0;
 }
 
-static void module_free(void *module) { module_clear((PyObject *)module); }
+static void module_free(void *module) {
+  module_clear((PyObject *)module);
+  mt_ext_dispatch_free(mt_ext_state_of((PyObject *)module));
+}
 
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, (void *)module_exec},
     {0, NULL},
 };
 
-static struct PyModuleDef module_def = {
+struct PyModuleDef mt_ext_module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "mpitensor._C",
     .m_doc = "The C core of mpitensor. Internal: use the mpitensor package.",
@@ -176,4 +190,4 @@ static struct PyModuleDef module_def = {
     .m_free = module_free,
 };
 
-PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&module_def); }
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&mt_ext_module_def); }

@@ -21,6 +21,8 @@ from .device_mesh import DeviceMesh, init_device_mesh
 from .placement_types import Partial, Placement, Replicate, Shard
 from .random import manual_seed
 from . import nn
+from . import checkpoint
+from .checkpoint import load, save
 
 __version__ = "0.1.0"
 
@@ -28,6 +30,13 @@ __version__ = "0.1.0"
 # csrc/include/mpitensor/pool.h); MPITENSOR_POOL_BYTES caps them, 0 turns it off.
 if _os.environ.get("MPITENSOR_POOL_BYTES"):
     _C.pool_set_limit(int(_os.environ["MPITENSOR_POOL_BYTES"]))
+
+# MPITENSOR_LOGS=+dtensor (debug lines) and MPITENSOR_CHECK=1 (collective mismatch
+# detection); see mpitensor.debug.
+from . import _logging, _trace
+
+_logging.configure_from_environment()
+_trace._configure_from_environment()
 
 __all__ = [
     "DTensor",
@@ -48,4 +57,7 @@ __all__ = [
     "compute_local_shape_and_global_offset",
     "local_shape_and_global_offset",
     "nn",
+    "checkpoint",
+    "save",
+    "load",
 ]

@@ -7,7 +7,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import _args, _ops, _redistribute
+from . import _args, _ops, _redistribute, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
 from .device_mesh import DeviceMesh
@@ -24,7 +24,7 @@ class ChunkStorageMetadata(NamedTuple):
     sizes: tuple[int, ...]
 
 
-class DTensor(NDArrayOperatorsMixin):
+class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
     """A global NumPy array laid out over a :class:`DeviceMesh` by placements.
 
     Each rank holds its local ndarray (its shard, replica or partial value) and the
@@ -40,11 +40,13 @@ class DTensor(NDArrayOperatorsMixin):
         ((4, 3), (2, 3))
     """
 
-    __slots__ = ("_local_tensor", "_spec")
-
-    # NumPy operations (operators, ufuncs, registered functions) run sharded; see
-    # mpitensor._ops. The comparison operators make DTensors, so keep identity hashing.
-    __array_ufunc__ = _ops.array_ufunc
+    # The C base holds the two fields, ``_local_tensor`` and ``_spec`` (its
+    # ``__init__(local_tensor, spec)`` sets them), and the fast path of NumPy
+    # operations: the operators, ``__array_ufunc__`` and the reduction methods run
+    # a cached decision in C and fall back to mpitensor._ops (see
+    # csrc/ext/ext_dispatch.c). The comparison operators make DTensors, so keep
+    # identity hashing.
+    __slots__ = ()
     __hash__ = object.__hash__
 
     def __array_function__(self, func, types, args, kwargs):
@@ -76,6 +78,24 @@ class DTensor(NDArrayOperatorsMixin):
             axes = axes[0]
         return np.transpose(self, axes)
 
+    def reshape(self, *shape, order: str = "C") -> "DTensor":
+        """numpy.ndarray.reshape: ``dt.reshape(2, -1)`` or ``dt.reshape((2, -1))``;
+        see :func:`numpy.reshape` on DTensors (mpitensor._ops._shape.reshape).
+        Collective on the mesh when the input must move first."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = shape[0]
+        return _ops._shape.reshape(self, shape, order)
+
+    def __getitem__(self, key) -> "DTensor":
+        """Basic indexing (ints, slices with any step, None, ...), placements as
+        torch's select/slice: a Shard of a dim the key cuts becomes Replicate, and
+        only the picked elements move. Collective on the mesh when a sharded dim is
+        cut, else local. Example: ``dt[1:, ::2]``, ``dt[..., 0, None]``."""
+        return _ops._indexing.getitem(self, key)
+
+    def __setitem__(self, key, value) -> None:
+        _ops._indexing.setitem(self, key, value)
+
     def astype(self, dtype, copy: bool = True) -> "DTensor":
         """numpy.ndarray.astype, placements kept; a Partial is reduced first unless
         the cast is float/complex to equal or wider (see mpitensor._ops._select).
@@ -85,10 +105,6 @@ class DTensor(NDArrayOperatorsMixin):
     def copy(self) -> "DTensor":
         """A DTensor with its own copy of the local data, placements kept. Local."""
         return _ops._select.copy(self)
-
-    def __init__(self, local_tensor: np.ndarray, spec: DTensorSpec):
-        self._local_tensor = local_tensor
-        self._spec = spec
 
     # -- construction ------------------------------------------------------------
     @staticmethod
@@ -197,6 +213,8 @@ class DTensor(NDArrayOperatorsMixin):
         if dst == src or mesh._coordinate is None:
             return DTensor(local, spec)
         plan = _redistribute.plan_for(mesh, spec.shape, src, dst, dtype.itemsize)
+        if _trace.active:
+            _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
         return DTensor(_redistribute.run(mesh, plan, local, async_op), spec)
 
     def full_tensor(self) -> np.ndarray:
@@ -262,6 +280,17 @@ class DTensor(NDArrayOperatorsMixin):
             self.shape, self.device_mesh, self.placements)
         return [ChunkStorageMetadata(offsets=tuple(offsets), sizes=tuple(sizes))]
 
+    def __copy__(self) -> "DTensor":
+        """copy.copy: a new DTensor around the same local array and spec. Local."""
+        return type(self)(self._local_tensor, self._spec)
+
+    def __reduce__(self):
+        """Pickles the local array and the spec; unpickling needs an equal mesh alive
+        on the receiving rank (see mpitensor.checkpoint._pickle). Local."""
+        from .checkpoint._pickle import reduce_dtensor
+
+        return reduce_dtensor(self)
+
     def __array__(self, dtype=None, copy=None):
         raise TypeError(
             "a DTensor holds only this rank's shard; call .full_tensor() for the whole "
@@ -273,6 +302,9 @@ class DTensor(NDArrayOperatorsMixin):
         return (f"DTensor(local_tensor={self._local_tensor!r}, "
                 f"device_mesh={self.device_mesh!r}, placements={self.placements!r}, "
                 f"shape={self.shape}, dtype={self.dtype})")
+
+
+_ops.install_fast_path(DTensor)
 
 
 def _global_shape_and_stride(local, mesh, placements, shape, stride):
@@ -295,6 +327,10 @@ def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool)
     """run_check: compare with the mesh's first rank, agree on a verdict, then
     broadcast Replicate dims. Collective on the mesh."""
     mesh = spec.mesh
+    if _trace.active:
+        # No shape here: a shape that differs is what run_check itself reports.
+        _trace.collective("DTensor.from_local(run_check=True)", mesh, spec.placements,
+                          None, None)
     mine = _meta_record(local, spec.shape)
     root = mine.copy()
     for d in range(mesh.ndim):

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _C, _args
+from . import _C, _args, _trace
 from ._api import DTensor
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
@@ -52,6 +52,8 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
         return DTensor(np.empty((0,), dtype), spec)
     if src_data_rank is None:
         return DTensor(_own_chunk(array, mesh, pl), spec)
+    if _trace.active:
+        _trace.collective("distribute_tensor", mesh, pl, array.shape, dtype)
     return DTensor(_C.distribute(mesh._handle, _codes(pl), array), spec)
 
 

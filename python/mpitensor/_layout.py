@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import _C
+from .device_mesh import DeviceMesh
 from .placement_types import Placement, Shard
 
 __all__ = ["compute_local_shape_and_global_offset", "local_shape_and_global_offset"]
 
 
 def _codes(placements: Sequence[Placement]) -> tuple:
+    for p in placements:
+        if not isinstance(p, Placement):
+            raise TypeError(f"placements must be Shard, Replicate or Partial, got {p!r}")
     return tuple(p._code for p in placements)
 
 
@@ -49,6 +53,8 @@ def compute_local_shape_and_global_offset(global_shape: Sequence[int], mesh,
         >>> compute_local_shape_and_global_offset((10, 2), mesh, [Shard(0)])
         ((3, 2), (3, 0))
     """
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"mesh must be a DeviceMesh, got {type(mesh).__name__}")
     coord = mesh.get_coordinate()
     if coord is None:
         return ((0,), ())

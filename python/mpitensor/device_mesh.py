@@ -8,6 +8,7 @@ per mesh in the C core and freed with it.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -17,6 +18,9 @@ from . import _C
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
 _mesh_stack: list["DeviceMesh"] = []
+# Meshes alive in this process, so that an unpickled DTensor finds its mesh
+# without creating one (a collective) inside pickle.load.
+_live_meshes: "weakref.WeakSet[DeviceMesh]" = weakref.WeakSet()
 
 
 def _current_mesh() -> "DeviceMesh":
@@ -122,6 +126,9 @@ class DeviceMesh:
         self._rank = comm.Get_rank()
         self._plans: dict = {}  # redistribution plans of this mesh, made in C once each
         self._decisions: dict = {}  # sharding decisions of operations (mpitensor._ops)
+        _live_meshes.add(self)
+
+        self._dispatch = _C.DispatchTable()  # what the C fast path replays (_ops._fast)
 
     # -- structure ---------------------------------------------------------------
     @property

@@ -159,6 +159,54 @@ static mt_dimmap map_softmax(int ndim, int axis) {
   return map;
 }
 
+/* A new REPLICATE label of size n on output dim j. */
+static void new_output_dim(mt_dimmap *map, int j, int64_t n) {
+  int l = map->nlabels++;
+  map->label_kind[l] = MT_LABEL_REPLICATE;
+  map->sized_labels |= 1u << l;
+  map->label_size[l] = n;
+  map->out_labels[j] = l;
+}
+
+/* reshape from shape `is` to `os` (no size 0), grouped as the Python layer does:
+ * a size-1 dim facing a larger one stands alone; otherwise input and output dims
+ * are taken until their products agree. A group's leftmost input label is KEEP on
+ * the group's leftmost output dim (resized where the sizes differ); its other
+ * input labels are REPLICATE and its other output dims new REPLICATE labels.
+ * reshape is linear: P(sum) and P(avg) pass. */
+static mt_dimmap map_reshape(int nin, const int64_t *is, int nout, const int64_t *os) {
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = 1, map.in_ndim[0] = nin, map.nlabels = nin, map.out_ndim = nout;
+  map.partial_rule = MT_PARTIAL_LINEAR_ALL;
+  for (int d = 0; d < nin; ++d)
+    map.in_labels[0][d] = d, map.label_kind[d] = MT_LABEL_REPLICATE;
+  int i = 0, j = 0;
+  while (i < nin || j < nout) {
+    if (j == nout || (i < nin && is[i] == 1 && os[j] != 1)) {
+      ++i;
+      continue;
+    }
+    if (i == nin || (os[j] == 1 && is[i] != 1)) {
+      new_output_dim(&map, j++, 1);
+      continue;
+    }
+    int i0 = i, j0 = j;
+    int64_t f = is[i++], t = os[j++];
+    while (f != t) {
+      if (f < t)
+        f *= is[i++];
+      else
+        t *= os[j++];
+    }
+    map.label_kind[i0] = MT_LABEL_KEEP;
+    map.out_labels[j0] = i0;
+    if (is[i0] != os[j0]) map.out_resized |= 1u << j0, map.out_size[j0] = os[j0];
+    for (int k = j0 + 1; k < j; ++k) new_output_dim(&map, k, os[k]);
+  }
+  return map;
+}
+
 /* ---- Inputs and decisions. ---- */
 
 typedef struct tin {
@@ -359,6 +407,13 @@ static void sizes_of(const mt_dimmap *map, const mt_prop_inputs *in, int64_t *si
       if (!((map->in_bcast[i] >> d) & 1u)) size[map->in_labels[i][d]] = in->shape[i][d];
 }
 
+/* Output extent [o, o+n) of a dim of size b holds the same share of its group as
+ * range g of a label of size a (the same range when not resized). */
+static int same_share(int64_t o, int64_t n, int64_t b, range g, int64_t a) {
+  if (n == 0 || g.n == 0) return n == 0 && g.n == 0;
+  return n * a == g.n * b && o * a == g.lo * b;
+}
+
 /* Every rank's inputs agree on each label's range, its output box is exactly the
  * ranges of the output labels, and every mean shard has the same size. */
 static int check_ranks(const mt_dimmap *map, const mt_prop_inputs *in,
@@ -381,7 +436,8 @@ static int check_ranks(const mt_dimmap *map, const mt_prop_inputs *in,
       if (evenl) mean_n[l] = g.n;
       for (int d = 0; d < map->out_ndim && !empty; ++d) {
         if (map->out_labels[d] != l || ((map->sized_labels >> l) & 1u)) continue;
-        if (ob.shape[d] != g.n || (g.n > 0 && ob.offset[d] != g.lo)) return 0;
+        if (!same_share(ob.offset[d], ob.shape[d], r->out_shape[d], g, size[l]))
+          return 0;
       }
     }
     int m = in->mesh_ndim - 1;
@@ -507,6 +563,39 @@ static int o_cands(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t
   return n;
 }
 
+static int64_t o_out_size(const mt_dimmap *map, const int64_t *size, int d) {
+  return ((map->out_resized >> d) & 1u) ? map->out_size[d] : size[map->out_labels[d]];
+}
+
+/* Every rank's output box on a resized dim holds the same share of its group as
+ * the rank's input 0 box holds of the dim's label (reshape maps: one input whose
+ * dim l carries label l). */
+static int o_scales(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t *size,
+                    ocand (*c)[48], const int *ch) {
+  if (map->out_resized == 0) return 1;
+  mt_placement to[MT_MAX_MESH_NDIM], op[MT_MAX_MESH_NDIM];
+  int64_t oshape[MT_MAX_NDIM], coord[MT_MAX_MESH_NDIM] = {0};
+  for (int m = 0; m < in->mesh_ndim; ++m) to[m] = c[m][ch[m]].in[0], op[m] = c[m][ch[m]].out;
+  for (int d = 0; d < map->out_ndim; ++d) oshape[d] = o_out_size(map, size, d);
+  mt_layout il = layout_of(in, 0, to), ol;
+  CHECK(mt_layout_init(&ol, map->out_ndim, oshape, in->mesh_ndim, in->mesh_shape, op,
+                       NULL) == MT_OK);
+  for (;;) {
+    mt_box ib, ob;
+    mt_layout_local_box(&il, coord, &ib, NULL);
+    mt_layout_local_box(&ol, coord, &ob, NULL);
+    for (int d = 0; d < map->out_ndim; ++d) {
+      int l = map->out_labels[d];
+      if (!((map->out_resized >> d) & 1u)) continue;
+      range g = {ib.shape[l] == 0 ? 0 : ib.offset[l], ib.shape[l]};
+      if (!same_share(ob.offset[d], ob.shape[d], oshape[d], g, size[l])) return 0;
+    }
+    int m = in->mesh_ndim - 1;
+    while (m >= 0 && ++coord[m] == in->mesh_shape[m]) coord[m--] = 0;
+    if (m < 0) return 1;
+  }
+}
+
 typedef struct okey {
   int comm;
   int64_t cost, bytes, msgs;
@@ -523,6 +612,7 @@ static int o_price(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t
   }
   for (int l = 0; l < map->nlabels; ++l)
     if (shards[l] > 1 && !o_fits(map, size, l, shards[l])) return 0;
+  if (!o_scales(map, in, size, c, ch)) return 0;
   for (int i = 0; i < map->ninputs; ++i) {
     mt_placement to[MT_MAX_MESH_NDIM];
     for (int m = 0; m < in->mesh_ndim; ++m) to[m] = c[m][ch[m]].in[i];
@@ -532,7 +622,7 @@ static int o_price(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t
     bytes += mt_plan_bytes(plan), msgs += mt_plan_messages(plan);
     mt_plan_destroy(plan);
   }
-  for (int d = 0; d < map->out_ndim; ++d) numel *= size[map->out_labels[d]];
+  for (int d = 0; d < map->out_ndim; ++d) numel *= o_out_size(map, size, d);
   int64_t held = numel, db = 0, dm = 0;
   for (int m = 0; m < in->mesh_ndim; ++m)
     if (c[m][ch[m]].out.kind != MT_PLACEMENT_SHARD) held *= in->mesh_shape[m];
@@ -973,6 +1063,65 @@ static void test_new_dims(void) {
   EXPECT_OUT(r, 1, 1, R());
 }
 
+static mt_prop_result reshape(tin x, int mesh_ndim, const int64_t *mesh, int nout,
+                              const int64_t *os) {
+  mt_dimmap map = map_reshape(x.ndim, x.shape, nout, os);
+  mt_prop_inputs in = make_inputs(1, &x, mesh_ndim, mesh);
+  mt_prop_result r = run(&map, &in);
+  check_oracle(&map, &in, &r);
+  for (int d = 0; d < nout; ++d) CHECK(r.out_shape[d] == os[d]);
+  return r;
+}
+
+/* A merged group keeps a shard on its leftmost dim and a split on its first
+ * piece when the shares scale (even shards, and uneven ones that happen to);
+ * otherwise the input moves first. */
+static void test_reshape(void) {
+  static const int64_t MESH4[1] = {4}, MESH3[1] = {3}, MESH22[2] = {2, 2};
+  const int64_t o32[1] = {32}, o84[2] = {8, 4}, o32b[2] = {3, 2}, o10[1] = {10};
+  const int64_t o6[1] = {6}, o64[2] = {6, 4}, o284[3] = {2, 4, 4};
+  mt_prop_result r = reshape((tin){2, {8, 4}, {S(0)}}, 1, MESH2, 1, o32);
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes == 0 && r.messages == 0);
+  /* A shard on a merged dim that is not leftmost moves to the leftmost one
+   * (an all-to-all is cheaper than the all-gather torch does). */
+  r = reshape((tin){2, {8, 4}, {S(1)}}, 1, MESH2, 1, o32);
+  EXPECT_IN(r, 0, 1, 1, S(0));
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes > 0);
+  r = reshape((tin){1, {32}, {S(0)}}, 1, MESH2, 2, o84);
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes == 0);
+  /* Uneven but scaling: 6 over 4 is (2, 2, 2, 0), 3 rows of 2 are (1, 1, 1, 0). */
+  r = reshape((tin){1, {6}, {S(0)}}, 1, MESH4, 2, o32b);
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes == 0);
+  /* 5 rows of 2 over 3: (2, 2, 1) rows are (4, 4, 2) of 10. */
+  r = reshape((tin){2, {5, 2}, {S(0)}}, 1, MESH3, 1, o10);
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes == 0);
+  /* 3 rows of 2 over 2 are (4, 2) elements, but 6 over 2 is (3, 3): replicate. */
+  r = reshape((tin){2, {3, 2}, {S(0)}}, 1, MESH2, 1, o6);
+  EXPECT_IN(r, 0, 1, 1, R());
+  EXPECT_OUT(r, 1, 1, R());
+  /* Merge and split in one group: (4, 6) -> (6, 4), halves on both sides. */
+  r = reshape((tin){2, {4, 6}, {S(0)}}, 1, MESH2, 2, o64);
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes == 0);
+  /* Nested shards on a 2-D mesh, and a Partial passing through. */
+  r = reshape((tin){2, {8, 4}, {S(0), S(0)}}, 2, MESH22, 1, o32);
+  EXPECT_OUT(r, 1, 2, S(0), S(0));
+  CHECK(r.bytes == 0);
+  r = reshape((tin){2, {8, 4}, {PSUM, S(0)}}, 2, MESH22, 3, o284);
+  EXPECT_OUT(r, 1, 2, PSUM, S(0));
+  CHECK(r.bytes == 0);
+  /* Size-1 dims stand alone: (1, 8) -> (8, 1) keeps the shard. */
+  const int64_t o81[2] = {8, 1};
+  r = reshape((tin){2, {1, 8}, {S(1)}}, 1, MESH2, 2, o81);
+  EXPECT_OUT(r, 1, 1, S(0));
+  CHECK(r.bytes == 0);
+}
+
 /* ---- Random cases through the checker. ---- */
 
 static unsigned rng_state = 12345u;
@@ -1000,7 +1149,7 @@ static tin random_tin(int ndim, const int64_t *shape, int mesh_ndim) {
 
 static void random_case(int mesh_ndim, const int64_t *mesh) {
   int64_t s[4] = {1 + rnd(9), 1 + rnd(9), 1 + rnd(9), 0};
-  int op = rnd(6);
+  int op = rnd(7);
   mt_dimmap map;
   tin t[2];
   if (op < 3) { /* elementwise, the second operand maybe broadcast */
@@ -1016,6 +1165,14 @@ static void random_case(int mesh_ndim, const int64_t *mesh) {
     int64_t xs[2] = {s[0], s[1]}, ys[2] = {s[1], s[2]};
     t[0] = random_tin(2, xs, mesh_ndim), t[1] = random_tin(2, ys, mesh_ndim);
     map = map_matmul(2, xs, 2, ys);
+  } else if (op == 6) { /* reshape: split, merge or both */
+    int k = rnd(4);
+    int64_t a = s[0], b = s[1], c = s[2];
+    int64_t ins[4][3] = {{a * b, c}, {a, b, c}, {a, b * c}, {a, b, c}};
+    int64_t outs[4][3] = {{a, b, c}, {a * b, c}, {a * b, c}, {c, a * b}};
+    int nin[4] = {2, 3, 2, 3}, nout[4] = {3, 2, 2, 2};
+    t[0] = random_tin(nin[k], ins[k], mesh_ndim);
+    map = map_reshape(nin[k], ins[k], nout[k], outs[k]);
   } else {
     t[0] = random_tin(2, s, mesh_ndim);
     map = op == 4 ? map_reduce(2, 1u + (unsigned)rnd(3), rnd(4), rnd(2))
@@ -1103,6 +1260,14 @@ static void test_map_errors_masks(void) {
   expect_bad_map(m, "no size");
   m.sized_labels = 4u, m.label_size[2] = 5;
   CHECK(mt_dimmap_check(&m, NULL) == MT_OK);
+  /* Resized output dims: in range, sized >= 0, on a label an input holds. */
+  m = good_map(), m.out_resized = 4u;
+  expect_bad_map(m, "out_resized");
+  m = good_map(), m.out_resized = 1u, m.out_size[0] = -1;
+  expect_bad_map(m, "out_size");
+  m.sized_labels = 4u, m.label_size[2] = 5, m.nlabels = 3, m.out_ndim = 3;
+  m.out_labels[2] = 2, m.out_resized = 4u, m.out_size[2] = 3, m.out_size[0] = 0;
+  expect_bad_map(m, "resized");
 }
 
 static void expect_bad_call(const mt_dimmap *map, const mt_prop_inputs *in, int code,
@@ -1256,6 +1421,7 @@ int main(int argc, char **argv) {
   test_size1_mesh_dims();
   test_small_dims();
   test_new_dims();
+  test_reshape();
   test_random();
   test_map_errors();
   test_map_errors_masks();

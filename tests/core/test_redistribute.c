@@ -1066,6 +1066,96 @@ static void test_slices(void) {
   flush_records();
 }
 
+/* ---- Selection exchange (basic indexing) --------------------------------------- */
+
+/* The value every rank holds at input element `flat`: the element, and on each
+ * Partial mesh dim the rank's coordinate there (a Partial's ranks differ). */
+static int64_t sel_value(const mt_layout* l, const int64_t* coord, int64_t flat) {
+  int64_t v = flat * 64;
+  for (int m = 0; m < l->mesh_ndim; ++m)
+    if (is_partial(l, m)) v += coord[m] * (m + 1) * 7;
+  return v;
+}
+
+/* Input flat index of output index `k` (per dim) of a selection. */
+static int64_t sel_source(const mt_layout* l, const mt_selection* sel, const int64_t* k) {
+  int64_t flat = 0;
+  for (int d = 0; d < l->ndim; ++d) flat = flat * l->shape[d] + sel->start[d] + k[d] * sel->step[d];
+  return flat;
+}
+
+/* Output index of element e of box b (row-major within the box). */
+static void box_index(const mt_box* b, int64_t e, int64_t* k) {
+  for (int d = b->ndim - 1; d >= 0; --d) {
+    k[d] = b->offset[d] + e % b->shape[d];
+    e /= b->shape[d];
+  }
+}
+
+static void random_selection(mt_selection* sel, int ndim, const int64_t* shape) {
+  memset(sel, 0, sizeof *sel);
+  sel->ndim = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    sel->step[d] = rnd(3) ? 1 + rnd(3) : -1 - rnd(3);
+    if (shape[d] == 0) continue;
+    int64_t span = sel->step[d] > 0 ? sel->step[d] : -sel->step[d];
+    sel->start[d] = rnd((int)shape[d]);
+    int64_t room = (sel->step[d] > 0 ? shape[d] - 1 - sel->start[d] : sel->start[d]) / span;
+    sel->count[d] = rnd((int)room + 2);
+  }
+}
+
+/* One random selection moved on `mesh`: every rank's target box holds the picked
+ * elements, with its own Partial contributions. */
+static void selection_case(mt_mesh* mesh, int mesh_ndim, const int64_t* mesh_shape) {
+  int ndim = 1 + rnd(3);
+  int64_t shape[3], coord[MT_MAX_MESH_NDIM], k[MT_MAX_NDIM];
+  for (int d = 0; d < ndim; ++d) shape[d] = rnd(7);
+  mt_selection sel;
+  random_selection(&sel, ndim, shape);
+  mt_placement a[3], b[3];
+  for (int m = 0; m < mesh_ndim; ++m) {
+    int c = rnd(ndim + 2);
+    a[m] = c < ndim ? S(c) : (c == ndim ? R() : P(MT_REDUCE_SUM));
+    b[m] = a[m].kind == MT_PLACEMENT_SHARD && rnd(3) ? R() : a[m];
+  }
+  mt_layout src = make_layout(ndim, shape, mesh_ndim, mesh_shape, a);
+  mt_layout dst = make_layout(ndim, sel.count, mesh_ndim, mesh_shape, b);
+  mt_box sb, img, tb;
+  CHECK(mt_mesh_coordinate(mesh, coord));
+  mt_layout_local_box(&src, coord, &sb, NULL);
+  mt_selection_image(&sel, &sb, &img);
+  mt_layout_local_box(&dst, coord, &tb, NULL);
+  int64_t ni = mt_box_numel(&img), nt = mt_box_numel(&tb);
+  int64_t* in = malloc((size_t)(ni + 1) * sizeof *in);
+  int64_t* out = malloc((size_t)(nt + 1) * sizeof *out);
+  for (int64_t e = 0; e < ni; ++e) {
+    box_index(&img, e, k);
+    in[e] = sel_value(&src, coord, sel_source(&src, &sel, k));
+  }
+  mt_error err = {0};
+  int rc = mt_selection_exchange(mesh, &src, &sel, &dst, MT_DTYPE_INT64, in, out, &err);
+  CHECK_MSG(rc == MT_OK, "selection exchange: %s", err.msg);
+  for (int64_t e = 0; rc == MT_OK && e < nt; ++e) {
+    box_index(&tb, e, k);
+    int64_t want = sel_value(&src, coord, sel_source(&src, &sel, k));
+    CHECK_MSG(out[e] == want, "element %lld: %lld, want %lld", (long long)e,
+              (long long)out[e], (long long)want);
+  }
+  free(in);
+  free(out);
+}
+
+static void test_selection(void) {
+  int64_t shapes[32][3];
+  int ndims[32], n = mesh_shapes(shapes, ndims);
+  for (int i = 0; i < n; ++i) {
+    mt_mesh* mesh = make_mesh(ndims[i], shapes[i], i % 2);
+    for (int c = 0; c < (quick ? 20 : 150); ++c) selection_case(mesh, ndims[i], shapes[i]);
+    mt_mesh_destroy(mesh);
+  }
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -1076,6 +1166,7 @@ int main(int argc, char** argv) {
   test_distribute();
   test_errors();
   test_slices();
+  test_selection();
   CHECK(mt_comm_live_count() == 0);
   int failed = mt_test_exit("test_redistribute") != 0, any_failed = 0;
   MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);

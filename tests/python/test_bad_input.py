@@ -1,5 +1,9 @@
 """Bad input raises a clear exception of the right type on every rank, before any
-communication, and leaves every rank in step: never a crash, an abort or a hang."""
+communication, and leaves every rank in step: never a crash, an abort or a hang.
+
+Three tables: CASES (each call raises), WORKS (unusual but valid arrays, such as
+non-contiguous, read-only, NaN and empty ones, give what NumPy gives) and DISAGREE
+(one rank passes something else to a run_check=True call: every rank raises)."""
 
 from types import SimpleNamespace
 
@@ -8,8 +12,9 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, DeviceMesh, Partial, Replicate, Shard, init_device_mesh
-from mpi_helpers import raised
+from mpitensor import (DTensor, DeviceMesh, Partial, Replicate, Shard, distribute_tensor,
+                       init_device_mesh)
+from mpi_helpers import bits_equal, raised
 
 N = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
@@ -18,10 +23,14 @@ X = np.ones((2, 2))
 
 @pytest.fixture(scope="module")
 def m():
+    world = init_device_mesh("cpu", (N,))
+    grid = init_device_mesh("cpu", (1, N), mesh_dim_names=("a", "b"))
     return SimpleNamespace(
-        world=init_device_mesh("cpu", (N,)),
-        grid=init_device_mesh("cpu", (1, N), mesh_dim_names=("a", "b")),
-        unnamed=init_device_mesh("cpu", (1, N)),
+        world=world, grid=grid, unnamed=init_device_mesh("cpu", (1, N)),
+        dt=distribute_tensor(np.arange(8.0).reshape(4, 2), world, [Shard(0)]),
+        on_grid=distribute_tensor(np.arange(8.0).reshape(4, 2), grid,
+                                  [Replicate(), Shard(0)]),
+        other=distribute_tensor(np.ones((3, 2)), world, [Shard(0)]),
     )
 
 
@@ -141,6 +150,52 @@ CASES = [
     ("layout_negative_size",
      lambda m: mt.compute_local_shape_and_global_offset((-5,), m.world, [Shard(0)]),
      ValueError, None),
+    ("layout_mesh_is_a_string",
+     lambda m: mt.compute_local_shape_and_global_offset((4,), "cpu", [Shard(0)]),
+     TypeError, "DeviceMesh"),
+    ("layout_placement_is_a_string",
+     lambda m: mt.compute_local_shape_and_global_offset((4,), m.world, ["S(0)"]),
+     TypeError, "Shard, Replicate or Partial"),
+    # distribute_tensor
+    ("distribute_object_dtype",
+     lambda m: distribute_tensor(np.array([object()] * 4), m.world, [Shard(0)]), TypeError,
+     "object"),
+    ("distribute_str_dtype", lambda m: distribute_tensor(np.array(["a", "b"]), m.world),
+     TypeError, None),
+    ("distribute_shard_dim_out_of_range",
+     lambda m: distribute_tensor(X, m.world, [Shard(2)]), IndexError, None),
+    ("distribute_wrong_number_of_placements",
+     lambda m: distribute_tensor(X, m.grid, [Shard(0)]), ValueError, "placements"),
+    ("distribute_placement_is_a_string",
+     lambda m: distribute_tensor(X, m.world, ["R"]), TypeError, None),
+    ("distribute_mesh_is_a_string", lambda m: distribute_tensor(X, "cpu"), TypeError,
+     "DeviceMesh"),
+    # DTensor.redistribute
+    ("redistribute_too_many_placements",
+     lambda m: m.dt.redistribute(m.world, [Shard(0), Replicate()]), ValueError, "placements"),
+    ("redistribute_placement_is_a_string",
+     lambda m: m.dt.redistribute(m.world, ["R"]), TypeError, None),
+    ("redistribute_shard_dim_out_of_range",
+     lambda m: m.dt.redistribute(m.world, [Shard(2)]), IndexError, None),
+    ("redistribute_async_shard_dim_out_of_range",
+     lambda m: m.dt.redistribute(m.world, [Shard(-3)], async_op=True), IndexError, None),
+    ("redistribute_to_partial",
+     lambda m: m.dt.redistribute(m.world, [Partial()]), RuntimeError, "Partial"),
+    ("redistribute_to_another_mesh",
+     lambda m: m.dt.redistribute(m.grid, [Replicate(), Replicate()]),
+     NotImplementedError, "different device meshes"),
+    # operators: mismatched meshes and shapes, wrong types, as NumPy would refuse them
+    ("op_mismatched_meshes", lambda m: m.dt + m.on_grid, ValueError, "device meshes"),
+    ("op_mismatched_shapes", lambda m: m.dt + m.other, ValueError, "broadcast"),
+    ("op_with_a_string", lambda m: np.add(m.dt, "a"), TypeError, None),
+    ("op_with_none", lambda m: m.dt + None, TypeError, None),
+    ("op_with_object_array", lambda m: m.dt + np.array([object(), object()]), TypeError,
+     None),
+    ("op_with_plain_ndarray", lambda m: np.concatenate([m.dt, X]), TypeError, "DTensor"),
+    ("matmul_inner_dims_differ", lambda m: m.dt @ m.dt, ValueError, None),
+    ("reduction_axis_out_of_range", lambda m: np.sum(m.dt, axis=5), np.exceptions.AxisError,
+     None),
+    ("transpose_repeated_axis", lambda m: np.transpose(m.dt, (0, 0)), ValueError, None),
     # manual_seed
     ("seed_negative", lambda m: mt.manual_seed(-1), ValueError, None),
     ("seed_too_large", lambda m: mt.manual_seed(2**64), ValueError, None),
@@ -176,6 +231,96 @@ def test_raises_before_any_communication(case, m, comm):
     _, call, exc, _ = case
     outcome = raised(lambda: call(m), exc) if RANK == N - 1 else None
     assert comm.allgather(outcome)[-1] is True
+
+
+def _readonly(a):
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+NAN = np.array([1.0, np.nan, -np.inf, np.nan])
+Y = np.arange(24.0).reshape(4, 6)
+
+# (id, call taking the meshes, NumPy's result): valid but unusual input gives what
+# NumPy gives, bit for bit (NaNs included), on every rank.
+WORKS = [
+    ("distribute_non_contiguous",
+     lambda m: distribute_tensor(Y.T, m.world, [Shard(0)]).full_tensor(), Y.T),
+    ("distribute_strided_view",
+     lambda m: distribute_tensor(Y[:, ::2], m.world, [Shard(1)]).full_tensor(), Y[:, ::2]),
+    ("distribute_read_only",
+     lambda m: distribute_tensor(_readonly(Y), m.world, [Shard(1)]).full_tensor(), Y),
+    ("distribute_nans", lambda m: distribute_tensor(NAN, m.world, [Shard(0)]).full_tensor(),
+     NAN),
+    ("distribute_empty",
+     lambda m: distribute_tensor(np.zeros((0, 3)), m.world, [Shard(0)]).full_tensor(),
+     np.zeros((0, 3))),
+    ("from_local_non_contiguous",
+     lambda m: DTensor.from_local(Y.T, m.world, [Replicate()]).full_tensor(), Y.T),
+    ("from_local_read_only",
+     lambda m: DTensor.from_local(_readonly(Y), m.world, [Replicate()]).full_tensor(), Y),
+    ("redistribute_nans",
+     lambda m: distribute_tensor(NAN, m.world, [Shard(0)]).redistribute(
+         m.world, [Replicate()]).to_local(), NAN),
+    ("partial_sum_of_nans",
+     lambda m: DTensor.from_local(NAN, m.world, [Partial()]).full_tensor(), NAN * N),
+    ("partial_max_of_nans",
+     lambda m: DTensor.from_local(NAN, m.world, [Partial("max")]).full_tensor(), NAN),
+    ("op_on_non_contiguous_local",
+     lambda m: (DTensor.from_local(Y.T, m.world, [Replicate()]) * 2.0).full_tensor(),
+     Y.T * 2.0),
+    ("op_on_empty", lambda m: (distribute_tensor(np.zeros((0, 2)), m.world, [Shard(0)]) + 1.0)
+     .full_tensor(), np.zeros((0, 2)) + 1.0),
+    ("sum_of_empty",
+     lambda m: np.sum(distribute_tensor(np.zeros((0, 2)), m.world, [Shard(0)])).full_tensor(),
+     np.sum(np.zeros((0, 2)))),
+    ("max_with_nan",
+     lambda m: np.max(distribute_tensor(NAN, m.world, [Shard(0)])).full_tensor(), np.max(NAN)),
+    ("list_like_input",
+     lambda m: distribute_tensor([[1.0, 2.0]], m.world, [Shard(1)]).full_tensor(),
+     np.array([[1.0, 2.0]])),
+]
+
+
+@pytest.mark.parametrize("case", WORKS, ids=[c[0] for c in WORKS])
+def test_works_like_numpy(case, m, comm):
+    _, call, expected = case
+    try:
+        got = call(m)
+        outcome = True if bits_equal(got, expected) else f"got {got!r}"
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        outcome = f"{type(e).__name__}: {e}"
+    assert comm.allgather(outcome) == [True] * N
+
+
+# (id, call taking the meshes and whether this rank is the odd one out): with
+# run_check=True every rank raises ValueError when one rank's local tensor does
+# not fit the others'.
+DISAGREE = [
+    ("local_shape", lambda m, odd: DTensor.from_local(
+        np.ones((3 if odd else 2, 2)), m.world, [Shard(0)], run_check=True)),
+    ("local_ndim", lambda m, odd: DTensor.from_local(
+        np.ones((2, 2, 1) if odd else (2, 2)), m.world, [Shard(0)], run_check=True)),
+    ("local_dtype", lambda m, odd: DTensor.from_local(
+        np.ones((2, 2), np.float32 if odd else np.float64), m.world, [Shard(0)],
+        run_check=True)),
+    ("empty_on_one_rank", lambda m, odd: DTensor.from_local(
+        np.ones((0 if odd else 2, 2)), m.world, [Shard(0)], run_check=True)),
+    ("given_shape", lambda m, odd: DTensor.from_local(
+        np.ones((2, 2)), m.world, [Shard(0)], run_check=True, shape=(2 * N + odd, 2),
+        stride=(2, 1))),
+    ("replicate_shape_on_2d_mesh", lambda m, odd: DTensor.from_local(
+        np.ones((3 if odd else 2, 2)), m.grid, [Replicate(), Shard(1)], run_check=True)),
+]
+
+
+@pytest.mark.skipif(N < 2, reason="needs a second rank to disagree with")
+@pytest.mark.parametrize("case", DISAGREE, ids=[c[0] for c in DISAGREE])
+def test_run_check_raises_on_every_rank_when_ranks_disagree(case, m, comm):
+    _, call = case
+    outcome = raised(lambda: call(m, RANK == N - 1), ValueError, "run_check")
+    assert comm.allgather(outcome) == [True] * N
 
 
 def test_library_works_after_bad_input(m, comm):

@@ -47,6 +47,15 @@ void mt_comm_counters_get(mt_comm_counters *out);
 /* Local. torch's name of a collective kind, or "unknown". */
 const char *mt_coll_name(int coll);
 
+/* Collective on the mesh. Moves a selection (basic indexing) of a tensor laid out
+ * by `src` into layout `dst` of the selection's output, as
+ * mt_selection_exchange_boxes describes, with one MPI_Alltoallw: `in` holds, C
+ * contiguous, the image of this rank's src box (its local array indexed by the
+ * selection), `out` receives this rank's dst box. Only selected elements move. */
+int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selection *sel,
+                          const mt_layout *dst, int dtype, const void *in, void *out,
+                          mt_error *err);
+
 /* An in-flight redistribute started by mt_redistribute_start. */
 typedef struct mt_request mt_request;
 

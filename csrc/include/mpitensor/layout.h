@@ -82,6 +82,29 @@ int mt_layout_even_global_shape(int ndim, const int64_t *local_shape, int mesh_n
                                 const mt_placement *placements, int64_t *global_shape,
                                 mt_error *err);
 
+/* A basic-indexing selection (NumPy's ints and slices) of every dim of a tensor:
+ * index k of output dim d is input index start[d] + k * step[d], for
+ * 0 <= k < count[d]. step != 0; a negative step walks backwards. An integer index
+ * is a dim of count 1 here (the caller drops it afterwards). */
+typedef struct mt_selection {
+  int ndim;
+  int64_t start[MT_MAX_NDIM];
+  int64_t step[MT_MAX_NDIM];
+  int64_t count[MT_MAX_NDIM];
+} mt_selection;
+
+/* Local. Checks `sel` against a tensor of `ndim` dims of sizes `shape`: the same
+ * ndim, step != 0, count >= 0 and, where count > 0, its first and last indices in
+ * range. MT_EINVAL or MT_EINDEX with a sentence otherwise. */
+int mt_selection_check(const mt_selection *sel, int ndim, const int64_t *shape,
+                       mt_error *err);
+
+/* Local. The elements of input box `in` that a checked `sel` picks, as a box of the
+ * selection's output (contiguous there, since indices are monotone in k), in
+ * output order. Returns 1 when it holds an element; else 0 and `out` is an empty
+ * box (extent 0 where nothing is picked). */
+int mt_selection_image(const mt_selection *sel, const mt_box *in, mt_box *out);
+
 /* Local. Number of elements in a box (1 for a 0-d box). */
 int64_t mt_box_numel(const mt_box *box);
 

@@ -88,6 +88,20 @@ int mt_exchange_boxes(const mt_layout *src, const mt_layout *dst, int mesh_dim,
                       const int64_t *coord, int64_t npeers, mt_box *send, mt_box *recv,
                       mt_error *err);
 
+/* Local. The exchange that moves a selection (basic indexing) of a tensor laid out
+ * by `src` into layout `dst` of the selection's output (dst's shape is the
+ * selection's counts, its mesh is src's). Each rank starts with the image of its
+ * src box (mt_selection_image) and ends with its dst box. Only selected elements
+ * move, each at most once to each rank that needs it. Peers, send and recv are as
+ * for a direct exchange in mt_exchange_boxes (boxes in the output's coordinates):
+ * ranks differing on the mesh dims src shards, and equal elsewhere. So a Partial
+ * mesh dim must stay the same Partial, and a mesh dim src replicates can be
+ * anything but Partial in dst. At least one tensor dim. */
+int mt_selection_exchange_boxes(const mt_layout *src, const mt_selection *sel,
+                                const mt_layout *dst, const int64_t *coord,
+                                int64_t npeers, mt_box *send, mt_box *recv,
+                                mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -69,6 +69,16 @@ typedef enum mt_partial_rule {
  * the non-broadcast input dims holding it, else 1 if only broadcast dims hold it;
  * a label in `sized_labels` takes label_size[label] instead (broadcast_to's and
  * expand_dims's new dims, which no input holds; inputs holding it must agree).
+ * An output dim may be resized (bit d of `out_resized`, size `out_size[d]`): the
+ * leftmost dim of a group that reshape merges or splits, labelled like the
+ * group's leftmost input dim (size a) but of the group's leftmost output size b.
+ * Seen as the group's flat elements, a shard of the label is then a shard of the
+ * output dim exactly when its share scales: a rank holding [o, o+n) of the label
+ * holds [o', o'+n') of the output dim with o*b == o'*a and n*b == n'*a (both
+ * empty, or the same fraction of the group). A Shard of that label passes to the
+ * output only on combinations where every rank's share scales so (always when a
+ * and b divide evenly by the shards; also some uneven cases, e.g. 5 rows of 2
+ * over 3 ranks (2, 2, 1) as 10 elements (4, 4, 2)).
  * `partial_inputs` is a bitmask of the inputs LINEAR_ONE allows to be Partial;
  * `partial_ops` a bitmask of mt_reduce_op values SAME_OP keeps. `even_only` is a
  * bitmask of labels that may be sharded only when every shard has the same size
@@ -90,6 +100,8 @@ typedef struct mt_dimmap {
   uint32_t partial_ops;
   uint32_t sized_labels;
   int64_t label_size[MT_PROP_MAX_LABELS]; /* for labels in sized_labels */
+  uint32_t out_resized;                   /* bit d: output dim d is out_size[d] long */
+  int64_t out_size[MT_MAX_NDIM];
 } mt_dimmap;
 
 /* The inputs as they are: global shapes and current placements on one mesh.
@@ -123,7 +135,8 @@ typedef struct mt_prop_result {
 /* Local. Checks a dim map on its own: 1 to MT_PROP_MAX_INPUTS inputs, label
  * ranges and kinds, every output label KEEP or REPLICATE and at most once, every
  * KEEP label in the output, CONTRACT/REDUCE labels absent from it, every output
- * label held by an input or sized, bitmasks within range. MT_EINVAL with a
+ * label held by an input or sized, a resized output dim's label held by an input
+ * and not sized, sizes >= 0, bitmasks within range. MT_EINVAL with a
  * sentence otherwise. */
 int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
 
@@ -143,8 +156,8 @@ int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * Candidates are combined over mesh dims (a label sharded by several mesh dims is
  * nested in mesh-dim order); a combination is valid when every CONTRACT or REDUCE
  * label has at least one element per shard (KEEP labels may leave shards empty,
- * as an input already sharded so does) and every even_only label divides evenly
- * over its shards. Each input is priced with mt_plan_create from its current
+ * as an input already sharded so does), every even_only label divides evenly
+ * over its shards and every label kept on a resized output dim scales (above). Each input is priced with mt_plan_create from its current
  * placements (plans that provably cannot change the outcome are skipped); a plan
  * that fails makes the combination invalid. The winner is, in this order: one
  * that needs no communication; the lowest cost, which is bytes +

@@ -16,7 +16,8 @@ extern "C" {
   X(EMPI, -5, "MPI call failed")                          \
   X(ESTATE, -6, "invalid state")                          \
   X(EOVERFLOW, -7, "size overflow")                       \
-  X(ENOTSUP, -8, "not supported")
+  X(ENOTSUP, -8, "not supported")                        \
+  X(EIO, -9, "I/O error")
 
 typedef enum mt_status {
   MT_OK = 0,

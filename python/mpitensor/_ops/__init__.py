@@ -8,5 +8,8 @@ from ._reductions import method as reduction_method
 from . import _linalg  # noqa: F401  (registers dot, einsum, tensordot, inner, outer)
 from . import _shape  # noqa: F401  (registers transpose, concatenate, ...)
 from . import _select  # noqa: F401  (registers where, clip, copy)
+from . import _indexing  # noqa: F401  (DTensor.__getitem__)
 
-__all__ = ["array_function", "array_ufunc", "reduction_method"]
+from ._fast import install as install_fast_path
+
+__all__ = ["array_function", "array_ufunc", "reduction_method", "install_fast_path"]

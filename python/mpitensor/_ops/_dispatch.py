@@ -17,7 +17,7 @@ import numbers
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _trace
 from ..experimental import _implicit
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._redistribute import check_targets, plan_for
@@ -31,10 +31,11 @@ R_SUM, R_AVG, R_PRODUCT, R_MAX, R_MIN = 0, 1, 2, 3, 4
 
 def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
            even_only=0, partial_rule=P_NONE, partial_inputs=0, partial_ops=0,
-           sizes=None) -> "_C.DimMap":
+           sizes=None, out_sizes=None) -> "_C.DimMap":
     """A checked C dim map. ``kinds`` has one mt_label_kind per label;
     ``reduce_ops`` maps REDUCE labels to their op; ``sizes`` maps labels no input
-    holds (keepdims' size-1 dims) to their size."""
+    holds (keepdims' size-1 dims) to their size; ``out_sizes`` maps output dims
+    resized from their label's size (reshape's groups) to their size."""
     n = len(kinds)
     ops = [0] * n
     for label, op in (reduce_ops or {}).items():
@@ -44,9 +45,15 @@ def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
         label_size[label] = size
         sized |= 1 << label
     bcast = tuple(in_bcast) if in_bcast is not None else (0,) * len(in_labels)
-    return _C.DimMap(tuple(tuple(l) for l in in_labels), bcast, tuple(out_labels),
-                     tuple(kinds), tuple(ops), even_only, partial_rule, partial_inputs,
-                     partial_ops, sized, tuple(label_size))
+    args = (tuple(tuple(l) for l in in_labels), bcast, tuple(out_labels), tuple(kinds),
+            tuple(ops), even_only, partial_rule, partial_inputs, partial_ops, sized,
+            tuple(label_size))
+    if out_sizes:
+        out_size = [-1] * len(args[2])
+        for d, size in out_sizes.items():
+            out_size[d] = size
+        args += (tuple(out_size),)
+    return _C.DimMap(*args)
 
 
 def _placement(code) -> object:
@@ -62,13 +69,15 @@ class Decision:
     """What an operation does on given inputs: a redistribute plan per input (None
     where the input is used as it is) and the output's placements, shape, strides."""
 
-    __slots__ = ("plans", "out_placements", "out_shape", "out_stride")
+    __slots__ = ("plans", "out_placements", "out_shape", "out_stride", "local_only")
 
     def __init__(self, plans, out_placements, out_shape):
         self.plans = plans
         self.out_placements = out_placements
         self.out_shape = out_shape
         self.out_stride = contiguous_strides(out_shape)
+        # No input is redistributed: the C fast path may run this decision.
+        self.local_only = all(p is None for p in plans)
 
 
 def _decide(mesh, inputs, dmap) -> Decision:
@@ -105,6 +114,10 @@ def decide(key, mesh, inputs, build_map) -> Decision:
     dec = mesh._decisions.get(key)
     if dec is None:
         dec = mesh._decisions[key] = _decide(mesh, inputs, build_map())
+        if _trace.active:
+            _trace.decision(key, inputs, dec, False)
+    elif _trace.active:
+        _trace.decision(key, inputs, dec, True)
     return dec
 
 
@@ -115,6 +128,10 @@ def local_inputs(mesh, inputs, dec: Decision) -> list:
         # Not a member: no data; run on stand-ins only to learn the output dtype.
         return [np.zeros((1,) * x.ndim, x.dtype) for x in inputs]
     handle = mesh._handle
+    if _trace.active:
+        for x, p in zip(inputs, dec.plans):
+            if p is not None:
+                _trace.redistribute("operation", mesh, p, x._spec.shape, x._spec.dtype)
     return [x.to_local() if p is None else _C.redistribute(handle, p, x.to_local())
             for x, p in zip(inputs, dec.plans)]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _C
 from . import _dispatch as D
 from . import _linalg
 
@@ -77,6 +78,7 @@ def array_ufunc(self, ufunc, method, *operands, **kwargs):
     for k in kwargs:
         if k not in _KWARGS:
             raise TypeError(f"{name}: the keyword argument {k}= is not supported on DTensors")
+    given = operands
     operands = D.implicit(operands)
     split = D.split_operands(name, operands)
     if split is None:
@@ -99,7 +101,10 @@ def array_ufunc(self, ufunc, method, *operands, **kwargs):
     if outs is None:
         result = ufunc(*args, **kwargs)
         if ufunc.nout == 1:
-            return D.wrap(mesh, dec, result)
+            out = D.wrap(mesh, dec, result)
+            if dec.local_only and not kwargs and mesh._coordinate is not None:
+                _C.dispatch_record_ufunc(ufunc, given, out)
+            return out
         return tuple(D.wrap(mesh, dec, r) for r in result)
     return _into_outs(mesh, dec, ufunc, args, kwargs, outs)
 

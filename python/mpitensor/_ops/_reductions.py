@@ -16,7 +16,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
+from .. import _C
 from . import _dispatch as D
+
+_DDOF_0 = {"ddof": 0}  # std/var's default, which the ndarray methods also use
 
 # name -> (NumPy function, reduce op or None for REPLICATE, partial rule,
 #          partial ops, even_only)
@@ -94,7 +97,11 @@ def _reduce(name, a, axis, keepdims, out, extra):
             result = np.asarray(result)
     else:
         result = func(local, axis=axes, keepdims=keepdims, **extra)
-    return D.wrap(mesh, dec, result)
+    out = D.wrap(mesh, dec, result)
+    if (dec.local_only and mesh._coordinate is not None
+            and (not extra or extra == _DDOF_0)):
+        _C.dispatch_record_reduction(name, a, axis, keepdims, axes, out)
+    return out
 
 
 def _with_dtype(name):
@@ -144,7 +151,12 @@ for _name, _impl in IMPLS.items():
 
 
 def method(name):
-    """The DTensor method ``name`` (``dt.sum(axis=0)``), NumPy's argument order."""
+    """The DTensor method ``name`` (``dt.sum(axis=0)``), NumPy's argument order:
+    the C method of ``_C.DTensorBase`` where there is one (it runs a recorded
+    decision and otherwise calls ``IMPLS[name]``), else a Python method."""
+    fast = _C.DTensorBase.__dict__.get(name)
+    if fast is not None:
+        return fast
     impl = IMPLS[name]
 
     def m(self, *args, **kwargs):

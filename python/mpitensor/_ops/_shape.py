@@ -1,5 +1,5 @@
-"""Shape operations on DTensors: permutations, squeeze, expand_dims, broadcast_to,
-concatenate and stack.
+"""Shape operations on DTensors: permutations, reshape, squeeze, expand_dims,
+broadcast_to, concatenate and stack.
 
 Permutations (``np.transpose``, ``DTensor.T``/``.transpose``, ``np.swapaxes``,
 ``np.moveaxis``) need no decision: every Shard follows its dim, Replicate and every
@@ -12,15 +12,24 @@ broadcast_to's leading dims, stack's axis) is a sized REPLICATE label; a size-1
 dim that broadcast_to widens, a dim squeeze removes and each input's concatenate
 axis are REPLICATE labels of their own (a Shard of them is gathered first), and
 concatenate's output axis is a sized REPLICATE label of the summed length.
+
+reshape splits the two shapes into groups of dims with equal products (see
+``_reshape_groups``); a group's leftmost input dim keeps its label on the group's
+leftmost output dim, resized to that dim's length, and the engine lets a Shard
+through only where every rank's share of both is the same part of the group
+(prop.h: out_resized). Every Partial passes: reshape moves elements, it does not
+combine them.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
+from .. import _trace
 from . import _dispatch as D
 from ..placement_types import Shard
 
@@ -51,8 +60,11 @@ def permute(a, perm):
     local = a.to_local()
     if spec.mesh._coordinate is not None:
         local = np.ascontiguousarray(np.transpose(local, perm))
-    return DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
-                                      contiguous_strides(shape)))
+    out = DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
+                                     contiguous_strides(shape)))
+    if _trace.active:
+        _trace.view("numpy.transpose", a, out)
+    return out
 
 
 @D.implements(np.transpose)
@@ -94,6 +106,9 @@ def moveaxis(a, source, destination):
 
 
 # -- maps ----------------------------------------------------------------------------
+
+# Every mt_reduce_op (layout.h): a rule keeping Partials of any op.
+ALL_OPS = (1 << 5) - 1
 
 def _run(name, key, inputs, build, compute):
     mesh = D.same_mesh(f"numpy.{name}", inputs)
@@ -262,3 +277,140 @@ def stack(arrays, axis=0, out=None, **kwargs):
 
     return _run("stack", ("stack", ax), arrays, build,
                 lambda ls, member: np.stack(ls, axis=ax))
+
+
+# -- reshape -------------------------------------------------------------------------
+
+def _target_shape(size, shape, order):
+    if order not in ("C", "A"):
+        raise TypeError(f"numpy.reshape: order={order!r} is not supported on DTensors; "
+                        f"only order='C' (and 'A', which is 'C' for them)")
+    try:
+        shape = (shape,) if operator.index(shape) is not None else ()
+    except TypeError:
+        shape = tuple(shape)
+    if any(isinstance(n, (bool, np.bool_)) for n in shape):
+        raise TypeError("numpy.reshape: the shape must be integers, not booleans")
+    shape = tuple(operator.index(n) for n in shape)
+    unknown = [d for d, n in enumerate(shape) if n == -1]
+    if len(unknown) > 1:
+        raise ValueError("numpy.reshape: can only specify one unknown dimension")
+    if any(n < -1 for n in shape):
+        raise ValueError("numpy.reshape: negative dimensions not allowed")
+    known = math.prod(n for n in shape if n != -1)
+    if unknown and known != 0 and size % known == 0:
+        shape = shape[:unknown[0]] + (size // known,) + shape[unknown[0] + 1:]
+    if math.prod(shape) != size or -1 in shape:
+        raise ValueError(f"numpy.reshape: cannot reshape a DTensor of size {size} "
+                         f"into shape {tuple(shape)}")
+    return shape
+
+
+def _reshape_groups(src, dst):
+    """(input dims, output dims) groups of equal products, left to right: a size-1
+    dim facing a larger one stands alone, otherwise dims are taken from the side
+    with the smaller product until the products agree (as torch's view_groups and
+    map_reshape in tests/core/test_prop.c)."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        if j == len(dst) or (i < len(src) and src[i] == 1 and dst[j] != 1):
+            groups.append(((i,), ()))
+            i += 1
+            continue
+        if i == len(src) or (dst[j] == 1 and src[i] != 1):
+            groups.append(((), (j,)))
+            j += 1
+            continue
+        i0, j0, f, t = i, j, src[i], dst[j]
+        i, j = i + 1, j + 1
+        while f != t:
+            if f < t:
+                f, i = f * src[i], i + 1
+            else:
+                t, j = t * dst[j], j + 1
+        groups.append((tuple(range(i0, i)), tuple(range(j0, j))))
+    return groups
+
+
+def _reshape_map(src, dst):
+    n = len(src)
+    kinds, out, resized = [D.REPLICATE] * n, [None] * len(dst), {}
+    sizes = {}
+
+    def new_dim(j):
+        sizes[len(kinds)] = dst[j]
+        out[j] = len(kinds)
+        kinds.append(D.REPLICATE)
+
+    # An empty array has nothing to keep sharded: every output dim is new.
+    groups = _reshape_groups(src, dst) if math.prod(src) else [((), tuple(range(len(dst))))]
+    for ins, outs in groups:
+        if ins and outs:
+            kinds[ins[0]] = D.KEEP
+            out[outs[0]] = ins[0]
+            if src[ins[0]] != dst[outs[0]]:
+                resized[outs[0]] = dst[outs[0]]
+            outs = outs[1:]
+        for j in outs:
+            new_dim(j)
+    return D.dimmap([range(n)], out, kinds, partial_rule=D.P_SAME_OP,
+                    partial_ops=ALL_OPS, sizes=sizes, out_sizes=resized)
+
+
+@D.implements(np.reshape)
+def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
+    """numpy.reshape of a DTensor (also ``dt.reshape``). Collective on the mesh
+    when the input must move: a group of dims that reshape merges or splits keeps
+    a Shard of its leftmost input dim on its leftmost output dim when every rank's
+    share of both is the same part of the group (always for even shards);
+    elsewhere the cheapest redistribution comes first. Partials pass through.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> dt = distribute_tensor(np.arange(24.0).reshape(4, 6), mesh, [Shard(0)])
+        >>> np.reshape(dt, (8, 3)).placements      # rows 0-1 are 12 elements
+        (Shard(dim=0),)
+    """
+    a = _dtensor("reshape", a)
+    if shape is None:
+        shape = newshape
+    if shape is None:
+        raise TypeError("numpy.reshape: the shape is required")
+    if copy is False:
+        raise ValueError("numpy.reshape: copy=False is not supported on DTensors (the "
+                         "local result is a new array whenever the layout changes)")
+    spec = a._spec
+    mesh = spec.mesh
+    # A repeated call skips parsing the shape and the layout math: one lookup.
+    # Only plain ints: 2.0 or True would hash like 2 and 1 and skip NumPy's errors.
+    ck = (shape if type(shape) is int else tuple(shape)
+          if type(shape) in (tuple, list) and all(type(n) is int for n in shape)
+          else None)
+    cache_key = ("reshape", ck, order, spec.placements, spec.shape, spec.dtype)
+    hit = mesh._decisions.get(cache_key) if ck is not None else None
+    if hit is None:
+        src = spec.shape
+        target = _target_shape(math.prod(src), shape, order)
+        dec = D.decide(D.input_key(("reshape", target), (a,)), mesh, (a,),
+                       lambda: _reshape_map(src, target))
+        # The engine let a Shard through only where the shares scale, so this
+        # rank's elements are exactly its box of the output.
+        lshape = (None if mesh._coordinate is None
+                  else _local_shape(mesh, target, dec.out_placements))
+        hit = (dec, lshape)
+        if ck is not None:
+            mesh._decisions[cache_key] = hit
+    dec, lshape = hit
+    local = D.local_inputs(mesh, (a,), dec)[0]
+    if lshape is not None:
+        local = local.reshape(lshape)
+        if copy:
+            local = local.copy()
+    return D.wrap(mesh, dec, local)
+
+
+def _local_shape(mesh, shape, placements):
+    from .._layout import local_shape_and_global_offset
+
+    return local_shape_and_global_offset(shape, mesh.shape, mesh._coordinate,
+                                         placements)[0]

@@ -1,5 +1,28 @@
-"""Seeing what mpitensor does: communication counting (``CommDebugMode``)."""
+"""Seeing what mpitensor does.
 
+* :class:`CommDebugMode`: the collectives that ran (counts and bytes), per module,
+  with the DTensor operations behind them; tables, JSON and a one-line summary.
+* :func:`visualize_sharding`: which rank holds which block, as a terminal table.
+* :func:`plot_sharding`, :func:`plot_redistribute`: the same, and a redistribute's
+  transfers, as PNG pictures (matplotlib).
+* :func:`set_collective_checks` (or ``MPITENSOR_CHECK=1``): ranks that are about to
+  make different collectives raise a RuntimeError instead of hanging.
+* :func:`set_logs` (or ``MPITENSOR_LOGS=+dtensor``): debug lines for every
+  redistribute and sharding decision.
+"""
+
+from ._collective_check import collective_checks_enabled, set_collective_checks
 from ._comm_mode import CommDebugMode
+from ._logs import set_logs
+from ._plot import plot_redistribute, plot_sharding
+from ._visualize_sharding import visualize_sharding
 
-__all__ = ["CommDebugMode"]
+__all__ = [
+    "CommDebugMode",
+    "visualize_sharding",
+    "plot_sharding",
+    "plot_redistribute",
+    "set_collective_checks",
+    "collective_checks_enabled",
+    "set_logs",
+]

@@ -1,10 +1,33 @@
-"""CommDebugMode: counts the collectives that really ran, and their bytes."""
+"""CommDebugMode: counts the collectives that really ran, and their bytes, per
+module, with the DTensor operations that led to them."""
 
 from __future__ import annotations
 
+import copy
+import json
+import re
 from collections import defaultdict
 
-from .. import _C
+from .. import _C, _trace
+from ._module_tracker import ModuleTracker
+
+__all__ = ["CommDebugMode"]
+
+# Views and copies: operations that never communicate, shown at noise level 3 only
+# (torch's trivial aten ops: detach, t, view, transpose, ...).
+TRIVIAL_OPS = frozenset({
+    "numpy.transpose", "numpy.permute_dims", "numpy.matrix_transpose", "numpy.reshape",
+    "numpy.ravel", "numpy.squeeze", "numpy.expand_dims", "numpy.moveaxis",
+    "numpy.swapaxes", "numpy.copy", "numpy.positive", "numpy.asarray",
+})
+# Plan step kinds (csrc/ext/ext_redistribute.c) -> the collective that runs them.
+_STEP_COLLECTIVE = {
+    "all_gather": "all_gather_into_tensor", "all_to_all": "all_to_all_single",
+    "all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter_tensor",
+    "direct": "all_to_all_single",
+}
+_ANSI = re.compile(r"\x1B\[[0-?]*[ -/]*[@-~]")
+_YELLOW, _RED, _RESET = "\033[1;33m", "\033[1;31m", "\033[0m"
 
 
 def _diff(now: dict, then: dict, index: int) -> defaultdict:
@@ -16,39 +39,123 @@ def _diff(now: dict, then: dict, index: int) -> defaultdict:
     return out
 
 
+def _noise(level: int) -> tuple[bool, bool, bool]:
+    """(DTensor operations and module data, operations without DTensor inputs,
+    trivial operations) shown at ``level``, as torch's noise levels 0..3."""
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 3:
+        raise ValueError(f"noise_level must be an int in 0..3, got {level!r}")
+    return level > 0, level > 1, level > 2
+
+
 class CommDebugMode:
-    """Context manager that counts the MPI collectives run inside it, on this rank.
+    """Context manager that counts the MPI collectives run inside it, on this rank,
+    and tells which module and which DTensor operation ran them.
 
     Counts come from the C executor, so they are the MPI calls that really ran.
     Keys are torch's functional-collective names: ``"all_gather_into_tensor"``,
     ``"all_reduce"``, ``"reduce_scatter_tensor"``, ``"all_to_all_single"``,
-    ``"broadcast"``, ``"scatter"``; missing keys read 0. Entering resets the counts.
-    Local: counting never communicates.
+    ``"broadcast"``, ``"scatter"``; missing keys read 0. Entering resets everything.
+    Local: counting and reporting never communicate (files are written by the rank
+    that asks; give each rank its own file name or ask on one rank).
+
+    Modules: pass a module (or call :meth:`track`) to trace it and all its
+    submodules; counts then also appear per module FQN in
+    ``comm_module_counts[fqn]["forward"][name]``, added to every enclosing module
+    and to ``"Global"`` (see ``_module_tracker`` for the module methods used).
 
     Example::
 
-        >>> with CommDebugMode() as comm_mode:
-        ...     dt.redistribute(mesh, [Replicate()])
-        >>> comm_mode.get_comm_counts()["all_gather_into_tensor"]
+        >>> with CommDebugMode(model) as comm_mode:
+        ...     model(x)
+        >>> comm_mode.get_comm_counts()["all_reduce"]
         1
-        >>> comm_mode.get_comm_bytes()["all_gather_into_tensor"]   # bytes this rank sent
+        >>> comm_mode.comm_module_counts["MLP.net2"]["forward"]["all_reduce"]
+        1
+        >>> print(comm_mode.generate_comm_debug_tracing_table(noise_level=1))
+        >>> comm_mode.summary()
+        '1 collective, 256 B sent by this rank: all_reduce 1 (256 B)'
     """
 
-    def __init__(self):
-        self._start = self._end = None
+    def __init__(self, module=None):
+        self._start = self._end = self._last = None
+        self.comm_module_counts: dict = {}
+        self.comm_module_bytes: dict = {}
+        self.comm_module_operation_counts: dict = {}
+        self.advanced_module_tracker = ModuleTracker(self._attribute)
+        if module is not None:
+            self.track(module)
+
+    def track(self, module) -> "CommDebugMode":
+        """Traces ``module`` and its submodules (from now on, if already entered).
+        Local. Returns self."""
+        self.advanced_module_tracker.track(module, attached=self._inside())
+        return self
+
+    # -- context -----------------------------------------------------------------------
+    def _inside(self) -> bool:
+        return self._start is not None and self._end is None
 
     def __enter__(self) -> "CommDebugMode":
+        self.comm_module_counts.clear()
+        self.comm_module_bytes.clear()
+        self.comm_module_operation_counts.clear()
+        self.advanced_module_tracker.reset()
         self._start, self._end = _C.comm_counters(), None
+        self._last = self._start
+        self.advanced_module_tracker.attach()
+        _trace.add_listener(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        _trace.remove_listener(self)
         self._end = _C.comm_counters()
+        self._attribute(self._end)
+        self.advanced_module_tracker.detach()
 
     def _window(self):
         if self._start is None:
             raise RuntimeError("CommDebugMode has not been entered yet: use `with CommDebugMode() as m:`")
         return (self._end or _C.comm_counters()), self._start
 
+    def _attribute(self, now=None) -> None:
+        """Adds the collectives since the last module boundary to the running module
+        and to every module around it."""
+        now = _C.comm_counters() if now is None else now
+        calls, nbytes = _diff(now, self._last, 0), _diff(now, self._last, 1)
+        self._last = now
+        if not calls:
+            return
+        for fqn in dict.fromkeys(self.advanced_module_tracker.parent_list):
+            for table, delta in ((self.comm_module_counts, calls),
+                                 (self.comm_module_bytes, nbytes)):
+                entry = table.setdefault(fqn, {"forward": defaultdict(int),
+                                               "backward": defaultdict(int)})
+                for name, value in delta.items():
+                    entry["forward"][name] += value
+
+    def _settle(self) -> None:
+        if self._inside():
+            self._attribute()
+
+    # -- operation trace (called by mpitensor._trace) ------------------------------------
+    def _record_operation(self, name, shapes, shardings, mesh) -> None:
+        ops = self.comm_module_operation_counts.setdefault(
+            self.advanced_module_tracker.name, {"operations_list": []})
+        ops["operations_list"].append({
+            "name": name, "input_shape": list(shapes), "input_sharding": list(shardings),
+            "device_mesh": str(mesh) if shapes else "",
+            "is_bw": False, "is_activation_checkpointing": False,
+        })
+
+    def _record_redistribute(self, explicit, mesh, steps, shape, src) -> None:
+        if explicit:
+            self._record_operation("DTensor.redistribute", [tuple(shape)], [src], mesh)
+        for step in steps:
+            collective = _STEP_COLLECTIVE.get(step[0])
+            if collective is not None:
+                self._record_operation(collective, [], [], mesh)
+
+    # -- counts ----------------------------------------------------------------------------
     def get_comm_counts(self) -> defaultdict:
         """``{collective name: calls}`` inside the context (so far, while inside it)."""
         return _diff(*self._window(), 0)
@@ -60,3 +167,147 @@ class CommDebugMode:
     def get_total_counts(self) -> int:
         """All collective calls inside the context."""
         return sum(self.get_comm_counts().values())
+
+    def get_parameter_info(self) -> dict:
+        """``{module FQN: {parameter name: DTensor or ndarray}}`` of the tracked
+        modules that ran inside the context."""
+        return self.advanced_module_tracker.module_parameters_dict
+
+    def get_sharding_info(self) -> dict:
+        """``{"MLP.net1.weight": placements}`` of the DTensor parameters of the
+        tracked modules that ran inside the context."""
+        return self.advanced_module_tracker.sharding_dict
+
+    def summary(self) -> str:
+        """One line: collectives, bytes this rank sent, and each kind's share.
+
+        >>> comm_mode.summary()
+        '3 collectives, 1536 B sent by this rank: all_gather_into_tensor 2 (1024 B), all_reduce 1 (512 B)'
+        """
+        counts, nbytes = self.get_comm_counts(), self.get_comm_bytes()
+        total = sum(counts.values())
+        head = (f"{total} collective{'' if total == 1 else 's'}, "
+                f"{sum(nbytes.values())} B sent by this rank")
+        if not total:
+            return head
+        return head + ": " + ", ".join(f"{name} {counts[name]} ({nbytes[name]} B)"
+                                       for name in sorted(counts))
+
+    # -- reports ---------------------------------------------------------------------------
+    def _operations(self, fqn: str, level: int) -> list:
+        with_dtensor, without_dtensor, trivial = _noise(level)
+        if not with_dtensor:
+            return []
+        ops = self.comm_module_operation_counts.get(fqn, {"operations_list": []})
+        return [op for op in ops["operations_list"]
+                if (without_dtensor or op["input_shape"])
+                and (trivial or op["name"] not in TRIVIAL_OPS)]
+
+    def _collectives(self, fqn: str) -> list:
+        counts = self.comm_module_counts.get(fqn)
+        if counts is None:
+            return []
+        nbytes = self.comm_module_bytes[fqn]["forward"]
+        return [(name, count, nbytes[name]) for name, count in counts["forward"].items()]
+
+    def generate_comm_debug_tracing_table(self, noise_level: int = 3) -> str:
+        """The module tree with each module's collectives (count and bytes this rank
+        sent) and, by ``noise_level``, more: 0 module-level collective counts;
+        1 also module types, DTensor parameters and DTensor operations (shapes,
+        placements, mesh) except trivial ones; 2 also operations without DTensor
+        inputs (the collectives themselves); 3 also trivial operations (views).
+        Collective and operation lines carry ANSI colours, as torch's. Local.
+
+        Example::
+
+            >>> print(comm_mode.generate_comm_debug_tracing_table(noise_level=0))
+            Global
+              FORWARD PASS
+                *all_reduce: 1 (256 B)
+        """
+        self._settle()
+        with_module_data = _noise(noise_level)[0]
+        tracker = self.advanced_module_tracker
+        lines = []
+        for fqn, info in tracker.module_helper_dict.items():
+            indent = "  " * (2 * info["depth"])
+            lines.append(f"{indent}{fqn}")
+            if with_module_data and "module_type" in info:
+                lines.append(f"{indent}*module type: {info['module_type']}")
+            if with_module_data and "parameters" in info:
+                lines.append(f"{indent}*Parameter List")
+                lines += [f"{indent} *{p}: {pl}" for p, pl in info["parameters"].items()]
+            collectives = self._collectives(fqn)
+            operations = self._operations(fqn, noise_level)
+            if not collectives and not operations:
+                continue
+            lines.append(f"{indent}  FORWARD PASS")
+            c_indent = "  " * (2 * info["depth"] + 2)
+            o_indent = "  " * (2 * info["depth"] + 3)
+            lines += [f"{_YELLOW}{c_indent}*{name}: {count} ({nbytes} B){_RESET}"
+                      for name, count, nbytes in collectives]
+            for op in operations:
+                lines.append(f"{_YELLOW}{c_indent}**{op['name']}{_RESET}")
+                if op["input_shape"]:
+                    lines.append(f"{_RED}{o_indent}shape: {op['input_shape']}{_RESET}")
+                    lines.append(f"{_RED}{o_indent}sharding: {op['input_sharding']}{_RESET}")
+                    lines.append(f"{_RED}{o_indent}device mesh: {op['device_mesh']}{_RESET}")
+        return "".join(line + "\n" for line in lines)
+
+    def log_comm_debug_tracing_table_to_file(self, file_name: str = "comm_mode_log.txt",
+                                             noise_level: int = 3) -> None:
+        """Writes :meth:`generate_comm_debug_tracing_table` to ``file_name`` without
+        colour codes. Local: the calling rank writes.
+
+        Example::
+
+            >>> if mesh.get_rank() == 0:
+            ...     comm_mode.log_comm_debug_tracing_table_to_file("comm.txt", 1)
+        """
+        table = _ANSI.sub("", self.generate_comm_debug_tracing_table(noise_level))
+        with open(file_name, "w") as f:
+            f.write(table)
+
+    def generate_json_dump(self, file_name: str = "comm_mode_log.json",
+                           noise_level: int = 3) -> None:
+        """Writes the module tree as JSON, in torch's format (``fqn``,
+        ``module_type``, ``parameters``, ``children``, ``collectives_forward`` as
+        ``[name, count]`` pairs, ``operations_forward``; the backward and
+        checkpointing lists stay empty: mpitensor has no autograd) plus
+        ``collective_bytes_forward``: ``[name, bytes this rank sent]`` pairs.
+        ``noise_level`` selects operations as in
+        :meth:`generate_comm_debug_tracing_table`. Local: the calling rank writes.
+
+        Example::
+
+            >>> comm_mode.generate_json_dump("comm.json", noise_level=1)
+            >>> json.load(open("comm.json"))["collectives_forward"]
+            [['all_reduce', 1]]
+        """
+        self._settle()
+        with open(file_name, "w") as f:
+            json.dump(self._json_node("Global", noise_level), f, indent=4)
+
+    def _json_node(self, fqn: str, noise_level: int) -> dict:
+        tracker = self.advanced_module_tracker
+        info = tracker.module_helper_dict[fqn]
+        with_module_data = _noise(noise_level)[0]
+        operations = copy.deepcopy(self._operations(fqn, noise_level))
+        for op in operations:
+            op["input_shape"] = [str(s) for s in op["input_shape"]]
+            op["input_sharding"] = [str(s) for s in op["input_sharding"]]
+        collectives = self._collectives(fqn)
+        return {
+            "fqn": fqn,
+            "module_type": info.get("module_type", "") if with_module_data else "",
+            "parameters": (list(info.get("parameters", {}).items())
+                           if with_module_data else []),
+            "children": [self._json_node(child, noise_level)
+                         for child in tracker.parent_dict.get(fqn, [])],
+            "collectives_forward": [[name, count] for name, count, _ in collectives],
+            "collective_bytes_forward": [[name, nbytes] for name, _, nbytes in collectives],
+            "collectives_backward": [],
+            "operations_forward": operations,
+            "operations_backward": [],
+            "operations_checkpointing": [],
+        }

@@ -1,0 +1,399 @@
+/* Sharded files with MPI-IO: one file view per rank, built from its box, and one
+ * collective write or read of the whole array.
+ *
+ * A box is described to MPI as nested hvectors of byte runs rather than as an
+ * MPI_Type_create_subarray, whose int sizes cap every dim at INT_MAX elements and
+ * whose extent spans the whole array; here every count, stride and displacement
+ * is 64-bit safe, and the box's start goes into the view's displacement. Between
+ * phases the members agree on the first failure so that they all return it. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm-private.h"
+#include "mpitensor/io.h"
+
+/* ---- datatypes --------------------------------------------------------------- */
+
+/* `count` copies of `inner`, `stride` bytes apart (count <= INT_MAX). */
+static int hvector(int64_t count, int64_t stride, MPI_Datatype inner, MPI_Datatype *out) {
+  MPI_Aint lb = 0, extent = 0;
+  int rc = MPI_Type_get_extent(inner, &lb, &extent);
+  if (rc != MPI_SUCCESS) return rc;
+  if ((int64_t)extent == stride) return MPI_Type_contiguous((int)count, inner, out);
+  return MPI_Type_create_hvector((int)count, 1, (MPI_Aint)stride, inner, out);
+}
+
+/* Any count: MPI counts are ints, so above INT_MAX the copies go in groups of
+ * 2**30, and a struct appends the remainder after the last whole group. */
+static int repeat(int64_t count, int64_t stride, MPI_Datatype inner, MPI_Datatype *out) {
+  if (count <= INT_MAX) return hvector(count, stride, inner, out);
+  const int64_t group = (int64_t)1 << 30;
+  int64_t q = count / group, r = count % group;
+  MPI_Datatype g = MPI_DATATYPE_NULL, whole = MPI_DATATYPE_NULL, rest = MPI_DATATYPE_NULL;
+  int rc = hvector(group, stride, inner, &g);
+  if (rc == MPI_SUCCESS) rc = hvector(q, group * stride, g, r == 0 ? out : &whole);
+  if (rc == MPI_SUCCESS && r != 0) rc = hvector(r, stride, inner, &rest);
+  if (rc == MPI_SUCCESS && r != 0) {
+    int lens[2] = {1, 1};
+    MPI_Aint disps[2] = {0, (MPI_Aint)(q * group * stride)};
+    MPI_Datatype types[2] = {whole, rest};
+    rc = MPI_Type_create_struct(2, lens, disps, types, out);
+  }
+  if (g != MPI_DATATYPE_NULL) MPI_Type_free(&g);
+  if (whole != MPI_DATATYPE_NULL) MPI_Type_free(&whole);
+  if (rest != MPI_DATATYPE_NULL) MPI_Type_free(&rest);
+  return rc;
+}
+
+/* Wraps `*type` in `count` copies `stride` bytes apart, replacing it. */
+static int wrap(int64_t count, int64_t stride, MPI_Datatype *type) {
+  MPI_Datatype outer;
+  int rc = repeat(count, stride, *type, &outer);
+  if (*type != MPI_BYTE) MPI_Type_free(type);
+  *type = rc == MPI_SUCCESS ? outer : MPI_DATATYPE_NULL;
+  return rc;
+}
+
+static int check_box(const mt_io_array *a, const mt_box *box, mt_error *err) {
+  if (a->ndim < 0 || a->ndim > MT_MAX_NDIM || box->ndim != a->ndim || a->itemsize < 1 ||
+      a->offset < 0) {
+    return mt__fail(err, MT_EINVAL, "a box of %d dims does not fit an array of %d dims",
+                    box->ndim, a->ndim);
+  }
+  for (int d = 0; d < a->ndim; ++d) {
+    int64_t o = box->offset[d], s = box->shape[d], n = a->shape[d];
+    if (n < 0 || s < 0 || (s > 0 && (o < 0 || o > n - s))) {
+      return mt__fail(err, MT_EINDEX, "dim %d of the box (offset %lld, size %lld) lies "
+                      "outside the array's %lld", d, (long long)o, (long long)s,
+                      (long long)n);
+    }
+  }
+  return MT_OK;
+}
+
+/* Dims inner to the first one the box does not span whole form one byte run. */
+static int64_t run_start(const mt_io_array *a, const mt_box *box, int64_t *run) {
+  int k = a->ndim - 1;
+  *run = a->itemsize * (a->ndim > 0 ? box->shape[k] : 1);
+  while (k > 0 && box->shape[k] == a->shape[k]) *run *= box->shape[--k];
+  return k;
+}
+
+int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *type,
+                   int64_t *disp, int64_t *nbytes, mt_error *err) {
+  int rc = check_box(array, box, err);
+  if (rc != MT_OK) return rc;
+  int64_t n = mt_box_numel(box), stride[MT_MAX_NDIM], step = array->itemsize;
+  if (n == 0) {
+    *type = MPI_BYTE, *disp = array->offset, *nbytes = 0;
+    return MT_OK;
+  }
+  int64_t at = array->offset;
+  for (int d = array->ndim - 1; d >= 0; --d) {
+    stride[d] = step;
+    step *= array->shape[d];
+    at += box->offset[d] * stride[d];
+  }
+  int64_t run = 0;
+  int64_t k = run_start(array, box, &run);
+  MPI_Datatype t = MPI_BYTE;
+  int mrc = wrap(run, 1, &t);
+  for (int64_t d = k - 1; mrc == MPI_SUCCESS && d >= 0; --d) {
+    if (box->shape[d] > 1) mrc = wrap(box->shape[d], stride[d], &t);
+  }
+  if (mrc == MPI_SUCCESS) mrc = MPI_Type_commit(&t);
+  if (mrc != MPI_SUCCESS) {
+    if (t != MPI_DATATYPE_NULL && t != MPI_BYTE) MPI_Type_free(&t);
+    return mt__mpi_fail(err, mrc, "building the file type of a box");
+  }
+  *type = t, *disp = at, *nbytes = n * array->itemsize;
+  return MT_OK;
+}
+
+/* A committed datatype of `nbytes` contiguous bytes, and the count to send of it. */
+static int bytes_type(int64_t nbytes, MPI_Datatype *type, int *count, mt_error *err) {
+  *type = MPI_BYTE, *count = (int)(nbytes > 0);
+  if (nbytes == 0) return MT_OK;
+  int rc = wrap(nbytes, 1, type);
+  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(type);
+  return rc == MPI_SUCCESS ? MT_OK : mt__mpi_fail(err, rc, "MPI_Type_contiguous");
+}
+
+static void free_type(MPI_Datatype *t) {
+  if (*t != MPI_BYTE && *t != MPI_DATATYPE_NULL) MPI_Type_free(t);
+}
+
+/* ---- agreement --------------------------------------------------------------- */
+
+/* Collective on `comm`. The first failing rank's status and message, on every
+ * rank; MT_OK when every rank passes MT_OK. The `n` values of `min` ride along
+ * and come back as their minimum over the ranks, so a phase that must also agree
+ * on something costs one allreduce, not two. */
+static int agree_min(MPI_Comm comm, int rc, int64_t *min, int n, mt_error *err) {
+  int me = 0, size = 0;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(comm, &size);
+  int64_t v[4] = {rc != MT_OK ? me : size, 0, 0, 0};
+  for (int i = 0; i < n; ++i) v[1 + i] = min[i];
+  MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, v, 1 + n, MPI_INT64_T, MPI_MIN, comm),
+              "MPI_Allreduce");
+  for (int i = 0; i < n; ++i) min[i] = v[1 + i];
+  if (v[0] == size) return MT_OK;
+  int first = (int)v[0];
+  mt_error rec = {0};
+  if (me == first) {
+    rec.code = rc;
+    if (err != NULL) memcpy(rec.msg, err->msg, sizeof rec.msg);
+  }
+  MT__MPI_TRY(MPI_Bcast(&rec, (int)sizeof rec, MPI_BYTE, first, comm), "MPI_Bcast");
+  if (err != NULL) *err = rec;
+  return rec.code;
+}
+
+static int agree(MPI_Comm comm, int rc, mt_error *err) {
+  return agree_min(comm, rc, NULL, 0, err);
+}
+
+/* File errors are I/O errors for the user, whatever MPI's error class. */
+static int io_fail(mt_error *err, int rc, const char *what, const char *path) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) strcpy(text, "unknown MPI error");
+  return mt__fail(err, MT_EIO, "%s of '%s' failed: %s", what, path, text);
+}
+
+/* ---- one call ---------------------------------------------------------------- */
+
+typedef struct io_call {
+  MPI_Comm comm;
+  int rank;
+  MPI_Datatype ftype, mtype;
+  int64_t disp;
+  int count;
+  int contiguous; /* every rank's box is one run of the file */
+} io_call;
+
+/* Whether `t` covers its extent without holes. */
+static int is_contiguous(MPI_Datatype t) {
+  MPI_Count size = 0, lb = 0, extent = 0;
+  MPI_Type_size_x(t, &size);
+  MPI_Type_get_true_extent_x(t, &lb, &extent);
+  return t == MPI_BYTE || size == extent;
+}
+
+/* Local. The types of this rank's box, in the file and in memory. */
+static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t buflen,
+                   mt_error *err) {
+  int64_t nbytes = 0;
+  c->ftype = c->mtype = MPI_BYTE;
+  int rc = mt_io_box_type(a, box, &c->ftype, &c->disp, &nbytes, err);
+  if (rc == MT_OK && nbytes != buflen) {
+    rc = mt__fail(err, MT_EINVAL, "the buffer holds %lld bytes; the box needs %lld",
+                  (long long)buflen, (long long)nbytes);
+  }
+  if (rc == MT_OK) rc = bytes_type(nbytes, &c->mtype, &c->count, err);
+  return rc;
+}
+
+/* Collective. Checks the arguments everywhere and decides how the data moves.
+ * Two-phase collective buffering pays off when boxes interleave in the file; when
+ * every box is one run it only adds copies through aggregators (measured: about
+ * half the bandwidth of plain writes with Open MPI's OMPIO), so then each rank
+ * moves its run itself, as ROMIO's automatic mode decides. `rc` is the caller's
+ * own verdict so far; `extra` (n <= 2 values) is reduced to its minimum. */
+static int start(io_call *c, mt_mesh *mesh, int rc, const mt_io_array *a,
+                 const mt_box *box, int64_t buflen, int64_t *extra, int n, mt_error *err) {
+  c->ftype = c->mtype = MPI_BYTE;
+  int mrc = mt__mesh_flat_comm(mesh, &c->comm, err);
+  if (mrc != MT_OK) return mrc;
+  MPI_Comm_rank(c->comm, &c->rank);
+  if (rc == MT_OK) rc = prepare(c, a, box, buflen, err);
+  int64_t v[3] = {rc == MT_OK && is_contiguous(c->ftype)};
+  for (int i = 0; i < n; ++i) v[1 + i] = extra[i];
+  rc = agree_min(c->comm, rc, v, 1 + n, err);
+  c->contiguous = (int)v[0];
+  for (int i = 0; i < n; ++i) extra[i] = v[1 + i];
+  return rc;
+}
+
+/* Independent I/O needs no shared handle: each rank opens the file by itself,
+ * which spares the communicator duplication and the synchronisations of a
+ * collective open and close; the ranks agree through `comm` instead. */
+static MPI_Comm file_comm(const io_call *c) {
+  return c->contiguous ? MPI_COMM_SELF : c->comm;
+}
+
+static void finish(io_call *c) {
+  free_type(&c->ftype);
+  free_type(&c->mtype);
+}
+
+/* ---- save -------------------------------------------------------------------- */
+
+/* A temporary name beside `path`, the same on every rank: rank 0's pid and clock,
+ * so no two saves, even of crashed jobs, share one. */
+static int temp_name(const char *path, const int64_t *nonce, char *out, size_t cap,
+                     mt_error *err) {
+  int n = snprintf(out, cap, "%s.mpitensor-%lld-%lld.tmp", path, (long long)nonce[0],
+                   (long long)nonce[1]);
+  if (n < 0 || (size_t)n >= cap) {
+    return mt__fail(err, MT_EINVAL, "the path '%s' is too long", path);
+  }
+  return MT_OK;
+}
+
+/* Every rank makes every collective call here, failed or not, so none waits. The
+ * boxes cover the array, so the file ends exactly where its last byte lands. */
+static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
+                     const void *buf, const char *path, mt_error *err) {
+  int rc = MPI_SUCCESS, mine = MT_OK;
+  if (c->rank == 0 && hlen > 0) {
+    rc = MPI_File_write_at(fh, 0, header, (int)hlen, MPI_BYTE, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "writing the header", path);
+  }
+  if (c->contiguous) {
+    rc = MPI_File_write_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
+                           MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS || mine != MT_OK ? mine
+                                              : io_fail(err, rc, "MPI_File_write_at", path);
+  }
+  rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
+                         MPI_INFO_NULL);
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_set_view", path);
+  rc = MPI_File_write_at_all(fh, 0, buf, c->count, c->mtype, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS && mine == MT_OK) {
+    mine = io_fail(err, rc, "MPI_File_write_at_all", path);
+  }
+  return mine;
+}
+
+/* Opens, writes and closes `tmp`; on every rank the agreed status. A collective
+ * write needs every rank's handle, so its open is agreed first; independent
+ * writes need only the one agreement at the end. */
+static int write_file(io_call *c, const char *tmp, const void *header, int64_t hlen,
+                      const void *buf, mt_error *err) {
+  MPI_File fh = MPI_FILE_NULL;
+  int rc = MPI_File_open(file_comm(c), tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY,
+                         MPI_INFO_NULL, &fh);
+  int mine = rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_open", tmp);
+  if (!c->contiguous) {
+    int agreed = agree(c->comm, mine, err);
+    /* A collective open fails on every rank or none; a handle left open by a
+     * partial failure is not closed, since closing is collective too. */
+    if (agreed != MT_OK) return agreed;
+  }
+  if (mine == MT_OK) {
+    mine = write_all(c, fh, header, hlen, buf, tmp, err);
+    rc = MPI_File_close(&fh);
+    if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
+  }
+  return agree(c->comm, mine, err);
+}
+
+/* Rank 0 renames the finished file into place (or removes it after a failure)
+ * and every rank learns the outcome. */
+static int commit(io_call *c, const char *tmp, const char *path, int rc, mt_error *err) {
+  int mine = MT_OK;
+  if (c->rank == 0 && rc == MT_OK && rename(tmp, path) != 0) {
+    mine = mt__fail(err, MT_EIO, "renaming '%s' to '%s' failed", tmp, path);
+  }
+  if (c->rank == 0 && (rc != MT_OK || mine != MT_OK)) remove(tmp);
+  return rc != MT_OK ? rc : agree(c->comm, mine, err);
+}
+
+/* Rank 0's pid and clock; the others offer the maximum, so the minimum over the
+ * ranks is rank 0's. */
+static int64_t *nonce_of(mt_mesh *mesh, int64_t *nonce) {
+  int64_t coord[MT_MAX_MESH_NDIM] = {0};
+  int first = mt_mesh_coordinate(mesh, coord);
+  for (int d = 0; d < mt_mesh_ndim(mesh); ++d) first = first && coord[d] == 0;
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  nonce[0] = first ? (int64_t)getpid() : INT64_MAX;
+  nonce[1] = first ? (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec : INT64_MAX;
+  return nonce;
+}
+
+int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
+               const mt_io_array *array, const mt_box *box, const void *buf,
+               int64_t buflen, mt_error *err) {
+  io_call c = {0};
+  int64_t nonce[2];
+  int rc = MT_OK;
+  if (hlen < 0 || hlen > INT_MAX || hlen > array->offset) {
+    rc = mt__fail(err, MT_EINVAL, "a header of %lld bytes does not fit before the data "
+                  "at byte %lld", (long long)hlen, (long long)array->offset);
+  }
+  rc = start(&c, mesh, rc, array, box, buflen, nonce_of(mesh, nonce), 2, err);
+  char tmp[4096];
+  /* Every rank builds the same name from the same inputs: no need to agree. */
+  if (rc == MT_OK) rc = temp_name(path, nonce, tmp, sizeof tmp, err);
+  if (rc == MT_OK) {
+    rc = write_file(&c, tmp, header, hlen, buf, err);
+    rc = commit(&c, tmp, path, rc, err);
+  }
+  finish(&c);
+  return rc;
+}
+
+/* ---- load -------------------------------------------------------------------- */
+
+static int64_t array_bytes(const mt_io_array *a) {
+  int64_t n = a->itemsize;
+  for (int d = 0; d < a->ndim; ++d) n *= a->shape[d];
+  return n;
+}
+
+/* Local. MPI_File_get_size is not collective, so the size check costs no message. */
+static int check_size(MPI_File fh, int64_t need, const char *path, mt_error *err) {
+  MPI_Offset size = 0;
+  int rc = MPI_File_get_size(fh, &size);
+  if (rc != MPI_SUCCESS) return io_fail(err, rc, "MPI_File_get_size", path);
+  if ((int64_t)size < need) {
+    return mt__fail(err, MT_EIO, "'%s' is truncated: it has %lld bytes, the array needs "
+                    "%lld", path, (long long)size, (long long)need);
+  }
+  return MT_OK;
+}
+
+static int read_all(io_call *c, MPI_File fh, void *buf, const char *path, mt_error *err) {
+  int rc;
+  if (c->contiguous) {
+    rc = MPI_File_read_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
+                          MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_read_at", path);
+  }
+  int mine = MT_OK;
+  rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
+                         MPI_INFO_NULL);
+  if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_set_view", path);
+  rc = MPI_File_read_at_all(fh, 0, buf, c->count, c->mtype, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_read_at_all", path);
+  return mine;
+}
+
+/* Opens, checks and reads; as write_file, one agreement for independent reads. */
+static int read_file(io_call *c, const char *path, int64_t need, void *buf,
+                     mt_error *err) {
+  MPI_File fh = MPI_FILE_NULL;
+  int rc = MPI_File_open(file_comm(c), path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
+  int mine = rc == MPI_SUCCESS ? check_size(fh, need, path, err)
+                               : io_fail(err, rc, "MPI_File_open", path);
+  if (!c->contiguous) mine = agree(c->comm, mine, err);
+  if (mine == MT_OK) mine = read_all(c, fh, buf, path, err);
+  rc = fh != MPI_FILE_NULL ? MPI_File_close(&fh) : MPI_SUCCESS;
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", path);
+  return agree(c->comm, mine, err);
+}
+
+int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
+               const mt_box *box, void *buf, int64_t buflen, mt_error *err) {
+  io_call c = {0};
+  int rc = start(&c, mesh, MT_OK, array, box, buflen, NULL, 0, err);
+  if (rc == MT_OK) rc = read_file(&c, path, array->offset + array_bytes(array), buf, err);
+  finish(&c);
+  return rc;
+}

@@ -1,0 +1,65 @@
+/* Sharded files with MPI-IO: each member of a mesh writes or reads its own box of
+ * one C-order array that starts at a byte offset of one file, in one collective
+ * call, so a tensor saved by N ranks is an ordinary file that M ranks read back.
+ *
+ * The file format (the .npy header) is the caller's business: the core writes the
+ * header bytes it is given and moves data bytes, whatever their element type.
+ * Every failure on any member comes back on every member as the same status and
+ * message, so no rank is ever left alone in a collective. */
+#ifndef MPITENSOR_IO_H
+#define MPITENSOR_IO_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "mpitensor/layout.h"
+#include "mpitensor/mesh.h"
+#include "mpitensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The array that a file holds: a C-order array of `shape` (ndim dims) with
+ * `itemsize`-byte elements, starting at byte `offset` of the file. */
+typedef struct mt_io_array {
+  int ndim;
+  int64_t shape[MT_MAX_NDIM];
+  int64_t itemsize;
+  int64_t offset;
+} mt_io_array;
+
+/* Local. The file datatype of `box` (ndim equal to the array's) within `array`:
+ * a committed datatype of the box's bytes, in file order, placed relative to byte
+ * *disp of the file. Counts and strides above INT_MAX bytes go through nested
+ * derived types, so boxes and files of any size work. An empty box gives
+ * MPI_BYTE and *nbytes 0. Free any other type with MPI_Type_free. */
+int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *type,
+                   int64_t *disp, int64_t *nbytes, mt_error *err);
+
+/* Collective on the mesh. Writes a new file at `path`: `hlen` bytes of `header`
+ * at offset 0 (all members pass the same header; the first member writes it),
+ * then the array, of which this rank supplies `box` from the C-contiguous buffer
+ * `buf` of `buflen` bytes, which must be the box's (an empty box contributes
+ * nothing). Arguments are checked on every member before any data moves. The file is sized to exactly
+ * array->offset plus the array's bytes. It is written under a temporary name in
+ * the same directory and renamed to `path` only after every member has written
+ * its box, so an existing file at `path` is replaced whole or not at all; on
+ * failure the temporary file is removed and MT_EIO (or the first error) returns
+ * on every member with the message of the member that failed first. */
+int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
+               const mt_io_array *array, const mt_box *box, const void *buf,
+               int64_t buflen, mt_error *err);
+
+/* Collective on the mesh. Reads this rank's `box` of `array` from the existing
+ * file `path` into the C-contiguous buffer `buf` of `buflen` bytes, which must be
+ * the box's (an empty box reads nothing).
+ * MT_EIO on every member when the file cannot be opened or is too short to hold
+ * the array. */
+int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
+               const mt_box *box, void *buf, int64_t buflen, mt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

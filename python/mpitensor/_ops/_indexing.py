@@ -1,0 +1,210 @@
+"""Basic indexing of DTensors: ``dt[...]`` with ints, slices (any step), ``None``
+and ``...``.
+
+Placements follow torch's rules for select, slice and unsqueeze: a Shard of a dim
+that the key keeps whole (``:``) follows that dim; a Shard of a dim that an int or
+a partial slice cuts becomes Replicate; Replicate and every Partial stay (indexing
+only picks elements). Only what the key picks moves: each rank cuts its local
+array first, and when some sharded dim was cut, one exchange in C
+(``_C.select_exchange``) brings each rank exactly the picked elements its output
+box lacks; an int index on a sharded dim is sent by its owner alone. Cutting
+replicated or whole dims is local.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from .. import _C
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._layout import local_shape_and_global_offset
+from ..placement_types import Replicate, Shard
+
+
+def _advanced_error(what) -> TypeError:
+    return TypeError(
+        f"DTensor indexing supports ints, slices, None and ... only, not {what} "
+        f"(advanced or boolean indexing); index dt.full_tensor() for the whole array, "
+        f"or dt.to_local() for this rank's shard")
+
+
+def _as_int(obj):
+    """The int of an integer index (Python/NumPy ints, 0-d integer arrays), else None."""
+    if isinstance(obj, (bool, np.bool_)):
+        return None
+    if isinstance(obj, np.ndarray):
+        return int(obj) if obj.ndim == 0 and obj.dtype.kind in "iu" else None
+    try:
+        return operator.index(obj)
+    except TypeError:
+        return None
+
+
+def _parse(key, shape):
+    """(per input dim (start, step, count, is_int), output dims) for a basic key;
+    an output dim is ('new',) for None or ('in', d) for a kept input dim."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    n = len(shape)
+    used = 0
+    for k in key:
+        if k is None or k is Ellipsis:
+            continue
+        if isinstance(k, slice) or _as_int(k) is not None:
+            used += 1
+            continue
+        raise _advanced_error(f"an index of type {type(k).__name__}")
+    if sum(k is Ellipsis for k in key) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if used > n:
+        raise IndexError(f"too many indices for DTensor: it is {n}-dimensional, but "
+                         f"{used} were indexed")
+    # Found by identity: == on a 0-d array index would compare elementwise.
+    at = next((j for j, k in enumerate(key) if k is Ellipsis), None)
+    if at is not None:
+        key = key[:at] + (slice(None),) * (n - used) + key[at + 1:]
+    else:
+        key = key + (slice(None),) * (n - used)
+    sel, out, d = [], [], 0
+    for k in key:
+        if k is None:
+            out.append(("new",))
+            continue
+        size = shape[d]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(size)
+            sel.append((start, step, len(range(start, stop, step)), False))
+            out.append(("in", d))
+        else:
+            i = _as_int(k)
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for axis {d} with size "
+                                 f"{size}")
+            sel.append((i % size, 1, 1, True))
+        d += 1
+    return sel, out
+
+
+def _whole(s, size):
+    """Whether a slice picks every index in order (so a Shard of it can stay)."""
+    start, step, count, is_int = s
+    return not is_int and count == size and (size <= 1 or (start == 0 and step == 1))
+
+
+def _local_cut(s, lo, n):
+    """The slice of a local extent [lo, lo + n) that picks selection s's elements
+    there: the k with start + k * step in it are consecutive (as in
+    mt_selection_image)."""
+    start, step, count, _ = s
+    if n == 0:
+        return slice(0, 0)
+    hi = lo + n
+    if step > 0:
+        k0, k1 = -((start - lo) // step), -((start - hi) // step)
+    else:
+        k0, k1 = (start - hi) // -step + 1, (start - lo) // -step + 1
+    k0 = min(max(k0, 0), count)
+    k1 = min(max(k1, k0), count)
+    if k1 == k0:
+        return slice(0, 0)
+    first = start + k0 * step - lo
+    stop = first + (k1 - k0) * step
+    return slice(first, stop if stop >= 0 else None, step)
+
+
+class _Plan:
+    """What ``dt[key]`` does for one key and input spec on this rank: the local cut,
+    the exchange (None when nothing moves) and the output spec. Kept on the mesh,
+    so a repeated key costs one dict lookup before NumPy cuts the local array."""
+
+    __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec")
+
+    def __init__(self, dt, key):
+        spec = dt._spec
+        mesh, shape = spec.mesh, spec.shape
+        sel, self.outdims = _parse(key, shape)
+        pos = {o[1]: j for j, o in enumerate(self.outdims) if o[0] == "in"}
+        mid, out, moves = [], [], False
+        for m, p in enumerate(spec.placements):
+            if isinstance(p, Shard) and _whole(sel[p.dim], shape[p.dim]):
+                mid.append(p)
+                out.append(Shard(pos[p.dim]))
+            elif isinstance(p, Shard):
+                mid.append(Replicate())
+                out.append(Replicate())
+                moves = moves or mesh.shape[m] > 1
+            else:
+                mid.append(p)
+                out.append(p)
+        self.counts = counts = tuple(s[2] for s in sel)
+        self.mid = tuple(mid)
+        out_shape = tuple(1 if o[0] == "new" else counts[o[1]] for o in self.outdims)
+        self.spec = DTensorSpec(mesh, tuple(out), out_shape, spec.dtype,
+                                contiguous_strides(out_shape))
+        # Nothing picked is the same on every rank: then nobody joins an exchange.
+        self.exchange = None
+        if moves and 0 not in counts:
+            self.exchange = (shape, tuple(p._code for p in spec.placements),
+                             tuple(p._code for p in mid), tuple(s[0] for s in sel),
+                             tuple(s[1] for s in sel), counts)
+        self.cut = None
+        if mesh._coordinate is not None:
+            lshape, loff = local_shape_and_global_offset(
+                shape, mesh.shape, mesh._coordinate, spec.placements)
+            self.cut = tuple(_local_cut(s, loff[d], lshape[d]) for d, s in enumerate(sel))
+
+
+def _cache_key(key):
+    """A hashable stand-in for a key of ints, slices of ints, None and ..., else
+    None (such keys take the uncached path, which also reports bad ones)."""
+    out = []
+    for k in key if type(key) is tuple else (key,):
+        t = type(k)
+        if t is slice:
+            if not all(type(b) is int or b is None for b in (k.start, k.stop, k.step)):
+                return None
+            out.append((k.start, k.stop, k.step))
+        elif t is int or k is None or k is Ellipsis:
+            out.append(k)
+        else:
+            return None
+    return tuple(out)
+
+
+def getitem(dt, key):
+    """``dt[key]`` for a basic key; see the module docstring. Collective on the mesh
+    when the key cuts a sharded dim (one exchange of the picked elements), else
+    local."""
+    from .._api import DTensor
+
+    if type(key) is DTensor:
+        raise _advanced_error("a DTensor")
+    spec = dt._spec
+    mesh = spec.mesh
+    ck = _cache_key(key)
+    cache_key = ("getitem", ck, spec.placements, spec.shape, spec.dtype)
+    plan = mesh._decisions.get(cache_key) if ck is not None else None
+    if plan is None:
+        plan = _Plan(dt, key)
+        if ck is not None:
+            mesh._decisions[cache_key] = plan
+    if plan.cut is None:
+        return DTensor(np.empty((0,), spec.dtype), plan.spec)
+    piece = np.ascontiguousarray(dt.to_local()[plan.cut])
+    if 0 in plan.counts:
+        piece = np.empty(local_shape_and_global_offset(
+            plan.counts, mesh.shape, mesh._coordinate, plan.mid)[0], spec.dtype)
+    elif plan.exchange is not None:
+        piece = _C.select_exchange(mesh._handle, *plan.exchange, piece)
+    # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
+    local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
+                                for o in plan.outdims))
+    return DTensor(local, plan.spec)
+
+
+def setitem(dt, key, value):
+    raise TypeError("DTensor does not support item assignment; build the new value "
+                    "with NumPy operations (e.g. numpy.where) or assign into "
+                    "dt.to_local() for this rank's shard")

@@ -1,0 +1,132 @@
+"""Sharded checkpoints as ordinary .npy files, written and read with MPI-IO.
+
+A DTensor saved by N ranks is one standard ``.npy`` file that ``numpy.load``
+reads; it loads back onto any mesh and placements, each rank reading only its
+own bytes. A state_dict (a dict of names to DTensors and ndarrays) is a directory
+with one ``.npy`` per entry and an ``index.json``.
+
+Example (``mpiexec -n 4``)::
+
+    >>> mesh = init_device_mesh("cpu", (2, 2))
+    >>> dt = distribute_tensor(np.arange(24.0).reshape(4, 6), mesh, [Shard(0), Shard(1)])
+    >>> mpitensor.save(dt, "x.npy")
+    >>> np.load("x.npy").shape
+    (4, 6)
+    >>> mpitensor.load("x.npy", init_device_mesh("cpu", (4,)), [Shard(1)]).placements
+    (Shard(dim=1),)
+"""
+
+from __future__ import annotations
+
+import os
+
+from .._api import DTensor
+from .._args import resolve_mesh
+from ..device_mesh import _mesh_stack, init_device_mesh
+from . import _agree, _directory, _npy, _tensor
+
+__all__ = ["save", "load"]
+
+_world_mesh = []
+
+
+def _default_mesh():
+    """The innermost ``with mesh:``, else a 1-D mesh of every rank (made once)."""
+    if _mesh_stack:
+        return _mesh_stack[-1]
+    if not _world_mesh:
+        from mpi4py import MPI
+
+        _world_mesh.append(init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),)))
+    return _world_mesh[0]
+
+
+def _mesh_of(obj, device_mesh):
+    if device_mesh is not None:
+        return resolve_mesh(device_mesh)
+    if isinstance(obj, DTensor):
+        return obj.device_mesh
+    meshes = [v.device_mesh for v in obj.values() if isinstance(v, DTensor)] \
+        if isinstance(obj, dict) else []
+    # The largest mesh holds the others' members when they are its slices.
+    return max(meshes, key=lambda m: m.size()) if meshes else _default_mesh()
+
+
+def save(obj, path, *, device_mesh=None) -> None:
+    """Saves a DTensor as one .npy file, or a state_dict as a directory.
+
+    Collective on the DTensor's mesh (for a dict: on ``device_mesh``, else the
+    largest mesh among its DTensors, else the current ``with mesh:`` or all ranks).
+    Each rank writes only its own box, once: of the replicas of a box only the one
+    at coordinate 0 of every Replicate mesh dim writes it, and a Partial is reduced
+    first. The file is written under a temporary name and renamed into place after
+    every rank has finished, so an existing file is replaced whole or not at all.
+    ndarray entries of a dict must be equal on every rank; the first rank writes
+    them. Any failure (a missing directory, an unwritable path, ...) raises the same
+    exception on every rank.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> mesh = init_device_mesh("cpu", (2,))
+        >>> w = distribute_tensor(np.ones((4, 3), np.float32), mesh, [Shard(0)])
+        >>> mpitensor.save({"w": w, "step": np.array(7)}, "ckpt")   # ckpt/w.npy, ...
+    """
+    path = os.path.abspath(os.fspath(path))
+    if isinstance(obj, DTensor):
+        _tensor.save_dtensor(obj, path)
+    elif isinstance(obj, dict):
+        _directory.save_dict(obj, path, _mesh_of(obj, device_mesh))
+    else:
+        raise TypeError(f"save takes a DTensor or a dict of DTensors and ndarrays, got "
+                        f"{type(obj).__name__}")
+
+
+def _look(path: str) -> bytes:
+    """On the first rank: b"D" for a directory, else b"F" and the file's first
+    bytes (its .npy header), so one broadcast serves both questions."""
+    if os.path.isdir(path):
+        return b"D"
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}: no such file or directory")
+    return b"F" + _tensor.read_prefix(path)
+
+
+def load(path, device_mesh=None, placements=None, *, like=None):
+    """Loads a .npy file as a DTensor, or a checkpoint directory as a dict.
+
+    Collective on the mesh. Any mesh and placements (Shard, Replicate, even or
+    not) work, whatever the file was saved with; each rank reads only its own box.
+    Plain .npy files written by NumPy load too, Fortran order and any byte order
+    included. ``device_mesh`` defaults to the mesh of ``like``, then to the current
+    ``with mesh:``, then to a 1-D mesh of all ranks; ``placements`` to Replicate.
+    For a directory, ``placements`` may be one list for every entry or a dict of
+    names to lists; entries without one keep the placements they were saved with
+    when the mesh has the same shape, else are replicated; ndarray entries come back
+    as ndarrays. ``like`` (a DTensor, or a dict of DTensors and ndarrays such as a
+    ``state_dict()``) gives each entry its mesh and placements and must match the
+    checkpoint's keys, shapes and dtypes (KeyError, ValueError, TypeError).
+    A missing, truncated or non-.npy file raises the same exception on every rank.
+
+    Example (``mpiexec -n 3``)::
+
+        >>> mesh = init_device_mesh("cpu", (3,))
+        >>> w = mpitensor.load("ckpt/w.npy", mesh, [Shard(0)])  # rows 2, 1, 1
+        >>> sd = mpitensor.load("ckpt", mesh, {"w": [Shard(1)]})
+    """
+    path = os.path.abspath(os.fspath(path))
+    mesh = _load_mesh(device_mesh, like)
+    seen = _agree.first_rank(mesh, lambda: _look(path), outsiders=True)
+    if seen == b"D":
+        if like is not None and not isinstance(like, dict):
+            raise TypeError(f"{path!r} is a checkpoint directory; like= must be a dict")
+        return _directory.load_dict(path, mesh, placements, like)
+    head = _npy.decode(seen[1:], path)
+    if like is not None:
+        return _tensor.load_like(head, path, like, mesh)
+    return _tensor.load_dtensor(head, path, mesh, placements)
+
+
+def _load_mesh(device_mesh, like):
+    if device_mesh is not None or like is None:
+        return resolve_mesh(device_mesh) if device_mesh is not None else _default_mesh()
+    return _mesh_of(like, None)

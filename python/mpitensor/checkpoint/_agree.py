@@ -1,0 +1,74 @@
+"""One rank looks, every rank learns: file-system checks made by the mesh's first
+rank and broadcast, so that every rank raises the same exception or none does.
+
+A file system may answer differently on different ranks (caches, races with other
+jobs); when each rank looked for itself, one could raise while the others went on
+into a collective and waited forever.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+# Exceptions that may travel, by index; anything else travels as OSError.
+_HEAD = 16  # int64 kind and int64 payload length
+_KINDS = (None, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+          PermissionError, FileExistsError, OSError, ValueError, TypeError)
+
+
+def _bcast_from_first(mesh, buf: np.ndarray) -> None:
+    """Collective on the mesh: ``buf`` from coordinate (0, ..., 0) to every rank,
+    one mesh dim after another."""
+    for d in range(mesh.ndim):
+        mesh._handle.bcast(buf, d)
+
+
+def _kind_of(e: Exception) -> int:
+    """The index of the most specific travelling type that ``e`` is."""
+    for i, k in enumerate(_KINDS[1:], 1):
+        if type(e) is k:
+            return i
+    return next((i for i, k in enumerate(_KINDS[1:], 1) if isinstance(e, k)),
+                _KINDS.index(OSError))
+
+
+def _outcome(produce) -> tuple[int, bytes]:
+    try:
+        return 0, bytes(produce())
+    except Exception as e:  # noqa: BLE001 - every kind travels to the other ranks
+        return _kind_of(e), str(e).encode("utf-8")
+
+
+def first_rank(mesh, produce: Callable[[], bytes], cap: int = 4096, *,
+               outsiders: bool = False) -> bytes:
+    """Collective on the mesh. The bytes that ``produce()`` returns on the mesh's
+    first rank, on every rank; or the exception it raised there, raised on every
+    rank with the same type and message. Ranks outside the mesh, which take part in
+    no collective, run ``produce()`` themselves when ``outsiders`` is set (to learn
+    a file's header) and get b"" otherwise. One broadcast when the result fits in
+    ``cap`` bytes, two otherwise.
+
+    Example::
+
+        >>> prefix = first_rank(mesh, lambda: open(path, "rb").read(64))
+    """
+    coord = mesh.get_coordinate()
+    if coord is None:
+        return bytes(produce()) if outsiders else b""
+    kind, payload = _outcome(produce) if coord == [0] * mesh.ndim else (0, b"")
+    buf = np.zeros(_HEAD + cap, np.uint8)
+    buf[:_HEAD].view(np.int64)[:] = (kind, len(payload))
+    buf[_HEAD:_HEAD + min(cap, len(payload))] = np.frombuffer(payload[:cap], np.uint8)
+    _bcast_from_first(mesh, buf)
+    kind, length = (int(v) for v in buf[:_HEAD].view(np.int64))
+    if length > cap:
+        rest = np.frombuffer(bytearray(payload[cap:].ljust(length - cap, b"\0")), np.uint8)
+        _bcast_from_first(mesh, rest)
+        payload = buf[_HEAD:].tobytes() + rest.tobytes()
+    else:
+        payload = buf[_HEAD:_HEAD + length].tobytes()
+    if kind == 0:
+        return payload
+    raise _KINDS[kind](payload.decode("utf-8", "replace"))

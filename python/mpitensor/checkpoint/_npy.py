@@ -1,0 +1,98 @@
+"""The .npy header: written here byte for byte as numpy.save writes it, and read
+with numpy's own parser, so files go both ways between mpitensor and NumPy.
+
+Only the header is handled in Python; the data bytes after it travel with MPI-IO
+(mpitensor._C.io_save / io_load).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+from typing import NamedTuple
+
+import numpy as np
+from numpy.lib import format as npformat
+
+MAGIC = b"\x93NUMPY"
+# NumPy pads the header so that the data starts on this boundary.
+ALIGN = 64
+# numpy.load refuses headers above 10000 bytes unless told otherwise; a prefix
+# this long holds every header it accepts.
+PREFIX_BYTES = 16384
+
+
+class NpyHeader(NamedTuple):
+    """What a .npy header says: the array's shape and dtype, whether its data is
+    in Fortran order, and the byte offset where the data starts."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def encode(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """The header numpy.save writes for a C-order array, byte for byte (version 1.0
+    when the header fits its 16-bit length, else 2.0). Local."""
+    shape = tuple(int(s) for s in shape)
+    fields = {"descr": npformat.dtype_to_descr(dtype), "fortran_order": False,
+              "shape": shape}
+    text = "{" + "".join(f"'{k}': {v!r}, " for k, v in fields.items()) + "}"
+    # NumPy leaves room to grow the first dim in place (GROWTH_AXIS_MAX_DIGITS).
+    text += " " * (21 - len(repr(shape[0])) if shape else 0)
+    body = text.encode("latin1")
+    for version, lenbytes in (((1, 0), 2), ((2, 0), 4)):
+        pad = ALIGN - (len(MAGIC) + 2 + lenbytes + len(body) + 1) % ALIGN
+        head = body + b" " * pad + b"\n"
+        if len(head) < 256 ** lenbytes:
+            return (MAGIC + bytes(version) + len(head).to_bytes(lenbytes, "little")
+                    + head)
+    raise ValueError(f"a header for shape {shape} does not fit the .npy format")
+
+
+def header_end(prefix: bytes) -> int:
+    """Where the data starts by the length field of a .npy prefix (0 when
+    ``prefix`` is not one), so a reader knows how much to read. Local."""
+    if not prefix.startswith(MAGIC) or len(prefix) < 12:
+        return 0
+    if prefix[6] == 1:
+        return 10 + int.from_bytes(prefix[8:10], "little")
+    return 12 + int.from_bytes(prefix[8:12], "little")
+
+
+def decode(prefix: bytes, path: str) -> NpyHeader:
+    """Parses the header at the start of ``prefix`` (the file's first bytes).
+    ValueError that names ``path`` for anything that is not a .npy file of a
+    numeric dtype. Local."""
+    if not prefix.startswith(MAGIC):
+        raise ValueError(f"{path!r} is not a .npy file: it does not start with the "
+                         f"NumPy magic string")
+    f = io.BytesIO(prefix)
+    try:
+        version = npformat.read_magic(f)
+        reader = {(1, 0): npformat.read_array_header_1_0,
+                  (2, 0): npformat.read_array_header_2_0}.get(version)
+        if reader is None:
+            raise ValueError(f"format version {version} is not supported")
+        shape, fortran_order, dtype = reader(f, max_header_size=PREFIX_BYTES)
+    except (ValueError, SyntaxError, EOFError) as e:
+        raise ValueError(f"{path!r} is not a valid .npy file: {e}") from None
+    if dtype.kind not in "biufc" or dtype.hasobject or dtype.fields is not None:
+        raise TypeError(f"{path!r} holds dtype {dtype}; DTensors hold numeric data "
+                        f"(bool, int, uint, float, complex)")
+    return NpyHeader(tuple(int(s) for s in shape), dtype, bool(fortran_order), f.tell())
+
+
+def descr(dtype: np.dtype) -> str:
+    """The dtype as the .npy format names it ("<f4"), for index files."""
+    return npformat.dtype_to_descr(dtype)
+
+
+def dtype_of(text: str) -> np.dtype:
+    """Inverse of :func:`descr`."""
+    return npformat.descr_to_dtype(ast.literal_eval(repr(text)))

@@ -1,0 +1,121 @@
+"""Collective mismatch detection: before each collective, the ranks of the mesh
+agree on what they are about to call, so that a rank calling something else, or
+skipping a collective, is an error message on every rank instead of a hang or
+silently mixed data.
+
+The agreement runs on a communicator of its own per mesh (made on the first check,
+by the mesh's members only), so check messages never pair with data messages: a
+rank that skipped a collective meets the others' check of that collective with its
+check of the next one, and both sides see the mismatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+import numpy as np
+
+from .. import _trace
+
+__all__ = ["set_collective_checks", "collective_checks_enabled"]
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_comms: dict = {}
+
+
+def set_collective_checks(enabled: bool) -> None:
+    """Turns collective mismatch detection on or off (off by default; on from the
+    start with ``MPITENSOR_CHECK=1``). Local, but every rank must choose the same.
+
+    While on, before each collective (redistribute, an operation's input
+    redistribution, distribute_tensor, from_local's run_check) the ranks of the mesh
+    agree on a fingerprint of the operation, the placements, the global shape, the
+    dtype and the call site (file:line of the first caller outside mpitensor).
+    When they differ, every rank raises a RuntimeError that names the ranks of
+    each variant and what they called. Costs one small allreduce per collective.
+
+    Example::
+
+        >>> mpitensor.debug.set_collective_checks(True)
+        >>> if mesh.get_rank() == 0:
+        ...     dt.redistribute(mesh, [Shard(1)])   # the others run line 5
+        ... else:
+        ...     dt.redistribute(mesh, [Replicate()])
+        RuntimeError: collective mismatch on DeviceMesh('cpu', [0, 1]): rank 0 called ...
+    """
+    _trace.set_checks(enabled)
+
+
+def collective_checks_enabled() -> bool:
+    """Whether collective mismatch detection is on. Local."""
+    return _trace._checks
+
+
+def call_site() -> str:
+    """file:line of the innermost caller outside the mpitensor package."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _check_comm(mesh):
+    """The mesh members' own communicator for checks, made on first use."""
+    key = mesh._key()
+    comm = _comms.get(key)
+    if comm is None:
+        parent = mesh._comm
+        ranks = [int(r) for r in mesh.mesh.ravel()]
+        if ranks == list(range(parent.Get_size())):
+            comm = parent.Dup()
+        else:
+            group = parent.Get_group().Incl(ranks)
+            comm = parent.Create_group(group)
+            group.Free()
+        _comms[key] = comm
+    return comm
+
+
+def _digest(text: str) -> int:
+    # A hash that is the same in every process (Python's str hash is salted);
+    # 62 bits so that its negation fits an int64.
+    raw = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little") >> 2
+
+
+def agree(what: str, mesh) -> None:
+    """Collective on the mesh: RuntimeError on every rank unless every rank is
+    about to call the same ``what`` from the same call site."""
+    from mpi4py import MPI
+
+    if mesh._coordinate is None:
+        return
+    comm = _check_comm(mesh)
+    if comm.Get_size() == 1:
+        return
+    text = f"{what} at {call_site()}"
+    h = _digest(text)
+    buf = np.array([h, -h], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MIN)
+    if buf[0] == -buf[1]:
+        return
+    texts = comm.allgather(text)
+    raise RuntimeError(mismatch_message(mesh, texts))
+
+
+def mismatch_message(mesh, texts) -> str:
+    """Names, in order of first rank, each variant and the mesh ranks that called it."""
+    ranks = [int(r) for r in mesh.mesh.ravel()]
+    groups: dict = {}
+    for i, text in enumerate(texts):
+        groups.setdefault(text, []).append(ranks[i])
+    parts = []
+    for text, who in groups.items():
+        label = "rank" if len(who) == 1 else "ranks"
+        parts.append(f"{label} {', '.join(map(str, who))} called {text}")
+    return (f"collective mismatch on {mesh!r}: " + "; ".join(parts) + ". Every rank of "
+            f"the mesh must make the same collective calls in the same order.")

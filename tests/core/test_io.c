@@ -1,0 +1,252 @@
+/* Sharded files with MPI-IO at whatever size mpiexec gave: file types of boxes
+ * beyond INT_MAX (checked without allocating them), a round trip in which the ranks
+ * that read cut the array differently from those that wrote, a box at an offset
+ * above 4 GiB of a sparse file, and failures that every rank reports alike.
+ * MPITENSOR_BIG_IO=1 also writes and reads back a real 2 GiB + 1 KiB box. */
+#include <limits.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "mpitensor/io.h"
+
+static int world_rank, world_size;
+static char dir[256];
+
+static mt_mesh *world_mesh(void) {
+  int *ranks = malloc((size_t)world_size * sizeof *ranks);
+  for (int i = 0; i < world_size; ++i) ranks[i] = i;
+  int64_t shape[1] = {world_size};
+  mt_mesh *m = NULL;
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
+  free(ranks);
+  return m;
+}
+
+static mt_io_array array2(int64_t rows, int64_t cols, int64_t itemsize, int64_t offset) {
+  mt_io_array a = {.ndim = 2, .itemsize = itemsize, .offset = offset};
+  a.shape[0] = rows, a.shape[1] = cols;
+  return a;
+}
+
+static mt_box box2(int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  mt_box b = {.ndim = 2};
+  b.offset[0] = r0, b.shape[0] = nr, b.offset[1] = c0, b.shape[1] = nc;
+  return b;
+}
+
+static void check_type(const mt_io_array *a, const mt_box *b, MPI_Count size,
+                       MPI_Count extent, int64_t disp) {
+  MPI_Datatype t;
+  int64_t d = -1, n = -1;
+  CHECK(mt_io_box_type(a, b, &t, &d, &n, NULL) == MT_OK);
+  MPI_Count s = 0, lb = -1, e = 0;
+  MPI_Type_size_x(t, &s);
+  MPI_Type_get_extent_x(t, &lb, &e);
+  CHECK_MSG(s == (size == 0 ? 1 : size) && n == size, "size %lld, expected %lld", (long long)s, (long long)size);
+  CHECK_MSG(lb == 0 && e == extent, "extent %lld, expected %lld", (long long)e,
+            (long long)extent);
+  CHECK_MSG(d == disp, "disp %lld, expected %lld", (long long)d, (long long)disp);
+  if (t != MPI_BYTE) MPI_Type_free(&t);
+}
+
+/* Counts and strides past INT_MAX, built but never allocated. */
+static void test_large_types(void) {
+  const int64_t big = (int64_t)1 << 31; /* one more than INT_MAX */
+  mt_io_array a = array2(3, big, 1, 128);
+  mt_box b = box2(1, 2, 5, big - 5);
+  check_type(&a, &b, 2 * (big - 5), big + big - 5, 128 + big + 5);
+  mt_io_array flat = {.ndim = 1, .itemsize = 4, .offset = 64};
+  flat.shape[0] = big + 7; /* a run of 8 GiB + 28 bytes: whole groups and a rest */
+  mt_box all = {.ndim = 1};
+  all.shape[0] = big + 7;
+  check_type(&flat, &all, 4 * (big + 7), 4 * (big + 7), 64);
+  mt_io_array tall = array2(big + 3, 2, 8, 0); /* more rows than an int counts */
+  mt_box col = box2(0, big + 3, 1, 1);
+  check_type(&tall, &col, 8 * (big + 3), 16 * (big + 2) + 8, 8);
+  mt_box empty = box2(3, 0, 0, 4);
+  check_type(&a, &empty, 0, 1, 128); /* MPI_BYTE, sent 0 times */
+  mt_box outside = box2(2, 2, 0, 1);
+  MPI_Datatype t;
+  int64_t d, n;
+  CHECK(mt_io_box_type(&a, &outside, &t, &d, &n, NULL) == MT_EINDEX);
+}
+
+static void path_of(char *out, size_t cap, const char *name) {
+  snprintf(out, cap, "%s/%s", dir, name);
+}
+
+/* On rank 0: the file is the 16-byte header and then the values 0, 1, 2, ... */
+static void check_file(const char *path, int64_t n) {
+  if (world_rank != 0) return;
+  FILE *f = fopen(path, "rb");
+  char head[16];
+  int32_t all[64];
+  CHECK(f != NULL && fread(head, 1, 16, f) == 16 && memcmp(head, "0123456789abcdef", 16) == 0);
+  CHECK(f != NULL && fread(all, 4, (size_t)n, f) == (size_t)n);
+  CHECK(f != NULL && fgetc(f) == EOF);
+  for (int64_t i = 0; i < n; ++i) CHECK(all[i] == i);
+  if (f != NULL) fclose(f);
+}
+
+/* Rows split among ranks (uneven) on write, columns on read, and back: both the
+ * independent path (every box one run) and, from 2 ranks, the collective one
+ * (boxes interleave). */
+static void test_round_trip(mt_mesh *m) {
+  const int64_t rows = 3 * world_size + 1, cols = 5;
+  char path[512];
+  path_of(path, sizeof path, "round.bin");
+  mt_io_array a = array2(rows, cols, 4, 16);
+  int64_t per = (rows + world_size - 1) / world_size;
+  int64_t r0 = per * world_rank < rows ? per * world_rank : rows;
+  int64_t nr = r0 + per <= rows ? per : rows - r0;
+  int32_t *mine = malloc((size_t)(rows * cols) * sizeof *mine);
+  for (int64_t i = 0; i < nr * cols; ++i) mine[i] = (int32_t)(r0 * cols + i);
+  mt_box b = box2(r0, nr, 0, cols);
+  mt_error err = {0};
+  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, nr * cols * 4, &err);
+  CHECK_MSG(rc == MT_OK, "%s", err.msg);
+  check_file(path, rows * cols);
+  int64_t per_c = (cols + world_size - 1) / world_size;
+  int64_t c0 = per_c * world_rank < cols ? per_c * world_rank : cols;
+  int64_t nc = c0 + per_c <= cols ? per_c : cols - c0;
+  mt_box rb = box2(1, rows - 1, c0, nc);
+  CHECK(mt_io_load(m, path, &a, &rb, mine, (rows - 1) * nc * 4, &err) == MT_OK);
+  for (int64_t i = 0; i < (rows - 1) * nc; ++i) {
+    CHECK(mine[i] == (i / nc + 1) * cols + c0 + i % nc);
+  }
+  mt_box cb = box2(0, rows, c0, nc);
+  for (int64_t i = 0; i < rows * nc; ++i) mine[i] = (int32_t)((i / nc) * cols + c0 + i % nc);
+  rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &cb, mine, rows * nc * 4, &err);
+  CHECK_MSG(rc == MT_OK, "%s", err.msg);
+  check_file(path, rows * cols);
+  free(mine);
+}
+
+/* Each rank writes 64 bytes near the end of a 6 GiB sparse file. */
+static void test_high_offset(mt_mesh *m) {
+  const int64_t big = (int64_t)1 << 31;
+  char path[512];
+  path_of(path, sizeof path, "sparse.bin");
+  mt_io_array a = array2(3, big, 1, 64);
+  mt_box b = box2(2, 1, big - 64 * (world_rank + 1), 64);
+  unsigned char buf[64];
+  for (int i = 0; i < 64; ++i) buf[i] = (unsigned char)(world_rank * 64 + i);
+  mt_error err = {0};
+  CHECK_MSG(mt_io_save(m, path, "H", 1, &a, &b, buf, 64, &err) == MT_OK, "%s", err.msg);
+  int other = (world_rank + 1) % world_size;
+  mt_box rb = box2(2, 1, big - 64 * (other + 1), 64);
+  memset(buf, 0, sizeof buf);
+  CHECK_MSG(mt_io_load(m, path, &a, &rb, buf, 64, &err) == MT_OK, "%s", err.msg);
+  for (int i = 0; i < 64; ++i) CHECK(buf[i] == (unsigned char)(other * 64 + i));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank == 0) remove(path);
+}
+
+/* Every rank gets the same status and message, also when only one rank failed. */
+static void expect_everywhere(int rc, int code, const mt_error *err, const char *needle) {
+  CHECK_MSG(rc == code, "status %d, expected %d (%s)", rc, code, err->msg);
+  CHECK_MSG(strstr(err->msg, needle) != NULL, "'%s' lacks '%s'", err->msg, needle);
+  char first[MT_ERROR_LEN];
+  memcpy(first, err->msg, sizeof first);
+  MPI_Bcast(first, (int)sizeof first, MPI_CHAR, 0, MPI_COMM_WORLD);
+  CHECK(strcmp(first, err->msg) == 0);
+}
+
+static void test_failures(mt_mesh *m) {
+  char path[512], missing[512];
+  path_of(path, sizeof path, "keep.bin");
+  path_of(missing, sizeof missing, "no-such-dir/x.bin");
+  mt_io_array a = array2(2, 2, 1, 4);
+  mt_box b = box2(0, world_rank == 0 ? 2 : 0, 0, 2);
+  unsigned char buf[4] = {1, 2, 3, 4};
+  mt_error err = {0};
+  int64_t nb = mt_box_numel(&b);
+  CHECK(mt_io_save(m, path, "KEEP", 4, &a, &b, buf, nb, &err) == MT_OK);
+  int rc = mt_io_save(m, missing, "HEAD", 4, &a, &b, buf, nb, &err);
+  expect_everywhere(rc, MT_EIO, &err, "no-such-dir");
+  rc = mt_io_load(m, missing, &a, &b, buf, nb, &err);
+  expect_everywhere(rc, MT_EIO, &err, "MPI_File_open");
+  mt_io_array longer = array2(4, 2, 1, 4);
+  rc = mt_io_load(m, path, &longer, &b, buf, nb, &err);
+  expect_everywhere(rc, MT_EIO, &err, "truncated");
+  /* A bad box on the last rank only: the others must not write, and the file at
+   * `path` stays as it was. */
+  mt_box bad = box2(world_rank == world_size - 1 ? 1 : 0, 2, 0, 2);
+  unsigned char other[4] = {9, 9, 9, 9};
+  rc = mt_io_save(m, path, "LOST", 4, &a, &bad, other, mt_box_numel(&bad), &err);
+  expect_everywhere(rc, MT_EINDEX, &err, "outside");
+  int short_buf = world_rank == world_size - 1;
+  rc = mt_io_save(m, path, "LOST", 4, &a, &b, other, nb - short_buf, &err);
+  expect_everywhere(rc, MT_EINVAL, &err, "buffer");
+  memset(buf, 0, sizeof buf);
+  mt_box whole = box2(0, 2, 0, 2);
+  CHECK(mt_io_load(m, path, &a, &whole, buf, 4, &err) == MT_OK);
+  CHECK(buf[0] == 1 && buf[3] == 4);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank == 0) remove(path);
+}
+
+/* A real box of more than INT_MAX bytes, written by rank 0 and read by the last. */
+static void test_big_box(mt_mesh *m) {
+  const int64_t n = ((int64_t)1 << 31) + 1024;
+  char path[512];
+  path_of(path, sizeof path, "big.bin");
+  mt_io_array a = {.ndim = 1, .itemsize = 1, .offset = 64};
+  a.shape[0] = n;
+  int reader = world_rank == world_size - 1, writer = world_rank == 0;
+  unsigned char *buf = (reader || writer) ? malloc((size_t)n) : NULL;
+  for (int64_t i = 0; writer && i < n; ++i) buf[i] = (unsigned char)(i % 251);
+  mt_box b = {.ndim = 1};
+  b.shape[0] = writer ? n : 0;
+  mt_error err = {0};
+  CHECK_MSG(mt_io_save(m, path, "B", 1, &a, &b, buf, b.shape[0], &err) == MT_OK, "%s",
+            err.msg);
+  if (reader) memset(buf, 0, (size_t)n);
+  b.shape[0] = reader ? n : 0;
+  CHECK_MSG(mt_io_load(m, path, &a, &b, buf, b.shape[0], &err) == MT_OK, "%s", err.msg);
+  int64_t bad = 0;
+  for (int64_t i = 0; reader && i < n; ++i) bad += buf[i] != (unsigned char)(i % 251);
+  CHECK(bad == 0);
+  free(buf);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank == 0) remove(path);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  long long pid = (long long)getpid();
+  MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/mt-test-io-%lld", tmp ? tmp : "/tmp", pid);
+  if (world_rank == 0) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    CHECK(system(cmd) == 0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  mt_mesh *m = world_mesh();
+  test_large_types();
+  test_round_trip(m);
+  test_high_offset(m);
+  test_failures(m);
+  const char *big = getenv("MPITENSOR_BIG_IO");
+  if (big != NULL && strcmp(big, "1") == 0) test_big_box(m);
+  mt_mesh_destroy(m);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank == 0) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+  }
+  int failed = mt_test_failures;
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  int rc = mt_test_exit("test_io");
+  MPI_Finalize();
+  return failed == 0 ? rc : 1;
+}

@@ -1,0 +1,147 @@
+"""The pytest plugin (pytest_mpitensor), seen from a user's suite: plain pytest runs
+mpi-marked tests under mpiexec and reports each as one ordinary test; a pytest that
+already runs under mpiexec runs them in place or skips them; -p no:mpitensor turns
+the plugin off. Each test runs a user's suite in a fresh pytest process.
+
+Run with plain pytest (never under mpiexec): `python -m pytest tests/plugin`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")),
+    reason="runs pytest sessions of its own: run it with plain pytest, not under mpiexec")
+
+USER_SUITE = '''
+import numpy as np
+import pytest
+import mpitensor as mt
+from mpitensor.testing import assert_equal
+
+
+@pytest.mark.mpi(ranks=2)
+def test_two_ranks(mesh):
+    from mpi4py import MPI
+    assert MPI.COMM_WORLD.Get_size() == 2 and mesh.shape == (2,)
+    assert_equal(mt.ones(4, device_mesh=mesh, placements=[mt.Shard(0)]), np.ones(4))
+
+
+@pytest.mark.mpi(ranks=3)
+def test_fails_on_rank_1_only():
+    from mpi4py import MPI
+    assert MPI.COMM_WORLD.Get_rank() != 1, "rank one disagrees"
+
+
+@pytest.mark.mpi(ranks=2)
+def test_collective_assert_names_the_rank(mesh):
+    x = mt.distribute_tensor(np.arange(4.0), mesh, [mt.Shard(0)])
+    assert_equal(x, np.array([0.0, 1.0, 2.0, 9.0]))
+
+
+@pytest.mark.mpi(ranks=2, timeout=5)
+def test_hangs():
+    from mpi4py import MPI
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        MPI.COMM_WORLD.barrier()  # rank 1 never comes
+
+
+@pytest.mark.mpi(ranks=2)
+def test_skipped_everywhere():
+    pytest.skip("nothing to see")
+
+
+@pytest.mark.mpi(ranks=2)
+@pytest.mark.xfail(reason="known to fail")
+def test_expected_to_fail():
+    assert False
+
+
+@pytest.mark.mpi(ranks=2)
+@pytest.mark.parametrize("k", [1, 2])
+def test_parametrized(k):
+    assert k == 1
+
+
+def test_unmarked_runs_in_the_pytest_process():
+    assert "OMPI_COMM_WORLD_SIZE" not in __import__("os").environ
+'''
+
+
+def run_suite(tmp_path, *args, launcher=(), env=None):
+    """Runs the user's suite in a new pytest; returns ({test name: (outcome,
+    message)}, output)."""
+    (tmp_path / "test_user.py").write_text(USER_SUITE)
+    report = tmp_path / "report.xml"
+    cmd = [*launcher, sys.executable, "-m", "pytest", "test_user.py", "-p", "no:cacheprovider",
+           f"--junitxml={report}", "-W", "ignore::pytest.PytestAssertRewriteWarning", *args]
+    run_env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1", **(env or {})}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=run_env, capture_output=True, text=True,
+                          timeout=600)
+    outcomes = {}
+    if report.exists():
+        for case in ET.parse(report).getroot().iter("testcase"):
+            kind = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
+            outcome = "passed" if kind is None else kind.tag
+            text = "" if kind is None else (kind.get("message", "") + "\n" + (kind.text or ""))
+            outcomes[case.get("name")] = (outcome, text)
+    return outcomes, proc.stdout + proc.stderr
+
+
+def test_plain_pytest_runs_marked_tests_under_mpiexec(tmp_path):
+    got, output = run_suite(tmp_path)
+    assert got["test_two_ranks"][0] == "passed", output
+    assert got["test_unmarked_runs_in_the_pytest_process"][0] == "passed", output
+
+    outcome, text = got["test_fails_on_rank_1_only"]
+    assert outcome == "failure" and "failed on rank(s) [1]" in text, text
+    assert "rank one disagrees" in text
+
+    # assert_equal fails on both ranks; the message names the rank holding index 3.
+    outcome, text = got["test_collective_assert_names_the_rank"]
+    assert outcome == "failure" and "failed on rank(s) [0, 1]" in text, text
+    assert "global index (3,) on rank 1" in text and "actual 3.0, expected 9.0" in text
+
+    outcome, text = got["test_hangs"]
+    assert outcome == "failure", text
+    assert "test_user.py::test_hangs on 2 MPI rank(s) did not finish within 5 s" in text
+    line = USER_SUITE.splitlines().index("        MPI.COMM_WORLD.barrier()  # rank 1 never comes") + 1
+    assert f'test_user.py", line {line} in test_hangs' in text  # rank 0's stack at the limit
+
+    outcome, text = got["test_skipped_everywhere"]
+    assert outcome == "skipped" and "nothing to see" in text, text
+    assert got["test_expected_to_fail"][0] == "skipped"  # junit's word for xfailed
+    assert got["test_parametrized[1]"][0] == "passed"
+    assert got["test_parametrized[2]"][0] == "failure"
+
+
+def test_under_mpiexec_marked_tests_run_in_place_or_skip(tmp_path):
+    # A launcher that always fails proves that no nested mpiexec is started.
+    got, output = run_suite(
+        tmp_path, "-k", "two_ranks or rank_1 or unmarked or parametrized",
+        launcher=["mpiexec", "-n", "2"], env={"MPITENSOR_MPIEXEC": "false"})
+    assert got["test_two_ranks"][0] == "passed", output
+    outcome, text = got["test_fails_on_rank_1_only"]
+    assert outcome == "skipped" and "needs 3 MPI ranks; this pytest runs on 2" in text, output
+    assert got["test_parametrized[1]"][0] == "passed", output
+
+
+def test_plugin_can_be_switched_off(tmp_path):
+    got, output = run_suite(tmp_path, "-k", "two_ranks", "-p", "no:mpitensor")
+    outcome, text = got["test_two_ranks"]
+    assert outcome == "error" and "fixture 'mesh' not found" in text, output
+
+
+def test_a_bad_marker_is_a_usage_error(tmp_path):
+    (tmp_path / "test_bad.py").write_text(
+        "import pytest\n@pytest.mark.mpi(ranks=0)\ndef test_x():\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "test_bad.py", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "@pytest.mark.mpi needs ranks=<positive int>" in proc.stdout + proc.stderr

@@ -1,0 +1,111 @@
+"""A failing rank ends the whole job instead of leaving the others waiting.
+
+Each test starts its own 3-rank job with mpiexec, as a user would, and checks how
+it ends: an uncaught exception on one rank under `python -m mpi4py` (the pattern
+the README recommends) aborts the job with that rank's traceback; a rank killed by
+a signal in the middle of redistributes ends the job with a non-zero exit. Both
+within a timeout far below the hang it would otherwise be.
+
+The jobs are launched from the np=1 run only: a job started from inside a
+multi-rank job would share its ranks' cores and Open MPI environment.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mpi4py import MPI
+
+N = MPI.COMM_WORLD.Get_size()
+pytestmark = pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+
+DEADLINE = 60  # seconds; a hang would last until the outer timeout
+
+WORKER = """
+import os, sys, time
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Replicate, Shard
+
+mode, piddir = sys.argv[1], sys.argv[2]
+rank = MPI.COMM_WORLD.Get_rank()
+mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+x = mt.distribute_tensor(np.arange(3000.0).reshape(300, 10), mesh, [Shard(0)])
+for i in range(10**7):
+    x = x.redistribute(mesh, [Replicate()]).redistribute(mesh, [Shard(i % 2)])
+    if i == 10:
+        open(os.path.join(piddir, f"{rank}.pid"), "w").write(str(os.getpid()))
+        if mode == "raise" and rank == 1:
+            raise RuntimeError("rank 1 failed on purpose")
+"""
+
+
+def job_env():
+    """The environment of a fresh job: none of the outer job's Open MPI/PMIx
+    variables, which would make mpiexec think it runs inside that job."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
+    return env
+
+
+def start_job(tmp_path: Path, mode: str, *python_args: str) -> subprocess.Popen:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    cmd = ["mpiexec", "--oversubscribe", "-n", "3", sys.executable, *python_args,
+           str(script), mode, str(tmp_path)]
+    return subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, started: float):
+    """(exit code, output, seconds); kills the job if it outlives DEADLINE."""
+    try:
+        out, _ = proc.communicate(timeout=DEADLINE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        return None, out, time.monotonic() - started
+    return proc.returncode, out, time.monotonic() - started
+
+
+def wait_for_pids(tmp_path: Path, proc: subprocess.Popen, n: int) -> dict:
+    """The pids of the n ranks, once each has finished some redistributes."""
+    end = time.monotonic() + DEADLINE
+    while time.monotonic() < end and proc.poll() is None:
+        files = list(tmp_path.glob("*.pid"))
+        if len(files) == n and all(f.read_text() for f in files):
+            return {int(f.stem): int(f.read_text()) for f in files}
+        time.sleep(0.05)
+    return {}
+
+
+@pytest.mark.timeout(3 * DEADLINE)
+def test_exception_on_one_rank_aborts_the_job_with_its_traceback(tmp_path):
+    started = time.monotonic()
+    proc = start_job(tmp_path, "raise", "-m", "mpi4py")
+    code, out, seconds = finish(proc, started)
+    assert code not in (None, 0), f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert "rank 1 failed on purpose" in out, out[-3000:]
+    assert "Traceback" in out, out[-3000:]
+
+
+@pytest.mark.timeout(3 * DEADLINE)
+def test_rank_killed_during_redistributes_ends_the_job(tmp_path):
+    started = time.monotonic()
+    proc = start_job(tmp_path, "loop", "-m", "mpi4py")
+    pids = wait_for_pids(tmp_path, proc, 3)
+    if not pids:
+        proc.kill()
+        pytest.fail(f"the job never got going:\n{proc.communicate()[0][-3000:]}")
+    os.kill(pids[1], signal.SIGKILL)
+    killed = time.monotonic()
+    code, out, _ = finish(proc, started)
+    assert code not in (None, 0), (
+        f"exit {code} {time.monotonic() - killed:.0f}s after the kill:\n{out[-3000:]}")
