@@ -15,6 +15,7 @@ import os as _os
 from . import _C
 from ._api import DTensor
 from ._distribute import distribute_tensor
+from ._distribute_module import distribute_module
 from ._factories import empty, full, ones, rand, randn, zeros
 from ._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
 from .device_mesh import DeviceMesh, init_device_mesh
@@ -23,6 +24,8 @@ from .random import manual_seed
 from . import nn
 from . import checkpoint
 from .checkpoint import load, save
+from . import parallel
+from . import testing
 
 __version__ = "0.1.0"
 
@@ -41,6 +44,7 @@ _trace._configure_from_environment()
 __all__ = [
     "DTensor",
     "distribute_tensor",
+    "distribute_module",
     "DeviceMesh",
     "init_device_mesh",
     "Placement",
@@ -60,4 +64,6 @@ __all__ = [
     "checkpoint",
     "save",
     "load",
+    "parallel",
+    "testing",
 ]

@@ -1,15 +1,6 @@
 """nn.functional.scaled_dot_product_attention and MultiheadAttention inside
 context_parallel run as ring attention: unsharded outputs equal the same calls
-outside the context (float64, rtol 1e-10), at np 1..4.
-
-Needs mpitensor.nn's attention (issue 5) and the three-line hook at the top of
-nn.functional.scaled_dot_product_attention::
-
-    from ..experimental import _context_parallel as _cp
-    cp_mesh = _cp.active()
-    if cp_mesh is not None:
-        return _cp.sdpa(cp_mesh, query, key, value, attn_mask, dropout_p, is_causal, scale)
-"""
+outside the context (float64, rtol 1e-10), at np 1..4."""
 
 from __future__ import annotations
 
@@ -24,9 +15,6 @@ from mpitensor.experimental import (context_parallel, context_parallel_unshard,
 from mpitensor import nn
 from mpitensor.nn import functional as F
 
-pytestmark = pytest.mark.skipif(
-    not (hasattr(F, "scaled_dot_product_attention") and hasattr(nn, "MultiheadAttention")),
-    reason="mpitensor.nn has no attention yet (issue 5)")
 
 N = MPI.COMM_WORLD.Get_size()
 

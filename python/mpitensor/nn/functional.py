@@ -1,5 +1,9 @@
 """Functions on DTensors and plain ndarrays, after torch.nn.functional.
 
+Each function takes plain ndarrays (plain NumPy) or DTensors (sharded, with the
+communication the placements need and nothing more). Pointwise functions (gelu,
+relu, dropout) keep the input's placements and reduce a Partial first.
+
 softmax and log_softmax normalise along ``axis``: for a DTensor that dim must be
 whole on every rank, so its label is REPLICATE (a Shard of it is gathered first,
 and it stays Replicate in the output) while every other Shard is kept; a Partial
@@ -9,12 +13,15 @@ maximum along ``axis`` is subtracted before exponentiating).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from .._ops import _dispatch as D
 
-__all__ = ["softmax", "log_softmax"]
+__all__ = ["softmax", "log_softmax", "linear", "relu", "gelu", "dropout", "layer_norm",
+           "rms_norm", "embedding", "scaled_dot_product_attention", "cross_entropy"]
 
 
 def _softmax_local(x, axis):
@@ -67,3 +74,559 @@ def softmax(x, axis: int = -1):
 def log_softmax(x, axis: int = -1):
     """log(softmax(x, axis)), computed stably as x - max - log(sum(exp(x - max)))."""
     return _apply("log_softmax", _log_softmax_local, x, axis)
+
+
+# -- helpers ----------------------------------------------------------------------
+
+def _is_dt(x) -> bool:
+    from .._api import DTensor
+
+    return type(x) is DTensor
+
+
+def _wrap_like(mesh, placements, shape, local):
+    """A DTensor with the given spec around a local result (no communication)."""
+    from .._api import DTensor
+    from .._dtensor_spec import DTensorSpec, contiguous_strides
+
+    if mesh.get_coordinate() is None:
+        local = np.empty((0,), local.dtype)
+    return DTensor(local, DTensorSpec(mesh, tuple(placements), tuple(shape), local.dtype,
+                                      contiguous_strides(tuple(shape))))
+
+
+def _without_partial(x):
+    """``x`` with every Partial mesh dim reduced to Replicate (all-reduce)."""
+    from ..placement_types import Replicate
+
+    if not any(p.is_partial() for p in x.placements):
+        return x
+    return x.redistribute(x.device_mesh,
+                          [Replicate() if p.is_partial() else p for p in x.placements])
+
+
+def _pointwise(x, func):
+    """``func`` on the local values; a DTensor keeps its Shard/Replicate placements."""
+    if not _is_dt(x):
+        return func(np.asarray(x))
+    x = _without_partial(x)
+    return _wrap_like(x.device_mesh, x.placements, x.shape, func(x.to_local()))
+
+
+def _mixed(name, what):
+    return TypeError(
+        f"mpitensor.nn.functional.{name}: {what}; a module whose parameters are DTensors "
+        f"needs DTensor inputs (convert them with DTensor.from_local or distribute_tensor, "
+        f"or let a parallel style / distribute_module's input_fn do it)"
+    )
+
+
+# -- layers -------------------------------------------------------------------------
+
+def linear(input, weight, bias=None):
+    """``input @ weight.T + bias``, as torch.nn.functional.linear (weight is
+    ``(out_features, in_features)``).
+
+    With DTensors the matmul follows the placements: a Replicate input times a
+    Shard(0) weight gives an output sharded on its last dim (no communication);
+    an input sharded on its last dim times a Shard(1) weight gives a Partial(sum)
+    output, to which a Replicate bias is added on one rank only, so the Partial can
+    later become Replicate (all-reduce) or a Shard (reduce-scatter). Collective only
+    when the placements require a redistribution.
+
+    Example::
+
+        >>> linear(np.ones((2, 3)), np.ones((4, 3)), np.zeros(4)).shape
+        (2, 4)
+    """
+    if not (_is_dt(input) or _is_dt(weight)):
+        out = np.matmul(input, np.asarray(weight).T)
+        return out if bias is None else out + bias
+    if not (_is_dt(input) and _is_dt(weight)):
+        raise _mixed("linear", "the input and the weight must both be DTensors or both "
+                     "be ndarrays")
+    if bias is not None and not _is_dt(bias):
+        raise _mixed("linear", "the bias is an ndarray but the weight is a DTensor")
+    fast = _linear_layouts(input, weight, bias)
+    if fast is not None:
+        return _linear_local(input, weight, bias, fast)
+    out = np.matmul(input, weight.T)
+    if bias is None:
+        return out
+    return out + _bias_for(out, bias)
+
+
+def _linear_layouts(x, w, b):
+    """The output placements of the tensor-parallel layouts of a linear layer that
+    need no communication, or None (then the general matmul dispatch decides).
+    Per mesh dim: R x R -> R; R x Shard(0) -> Shard(-1) (column-wise);
+    Shard(-1) x Shard(1) -> Partial (row-wise); a Shard of a leading input dim
+    x R -> that Shard. The bias must follow the output features."""
+    from ..placement_types import Partial, Shard
+
+    last = x.ndim - 1
+    if x.ndim == 0 or w.ndim != 2 or x.shape[-1] != w.shape[1] or \
+            x.device_mesh != w.device_mesh:
+        return None
+    out, used = [], set()
+    for m, (px, pw) in enumerate(zip(x.placements, w.placements)):
+        pb = b.placements[m] if b is not None else None
+        if px.is_replicate() and pw.is_replicate():
+            o, want_b = px, "r"
+        elif px.is_replicate() and pw.is_shard(0):
+            o, want_b = Shard(last), "s"
+        elif px.is_shard(last) and pw.is_shard(1):
+            o, want_b = Partial("sum"), "r"
+        elif px.is_shard() and px.dim < last and pw.is_replicate():
+            o, want_b = px, "r"
+        else:
+            return None
+        if pb is not None and not (pb.is_replicate() if want_b == "r" else pb.is_shard(0)):
+            return None
+        key = o.dim if o.is_shard() else None
+        if key is not None and key in used:
+            return None  # two mesh dims on one tensor dim: leave it to the dispatch
+        used.add(key)
+        out.append(o)
+    return out
+
+
+def _linear_local(x, w, b, out_pl):
+    mesh = x.device_mesh
+    shape = tuple(x.shape[:-1]) + (w.shape[0],)
+    if mesh.get_coordinate() is None:
+        return _wrap_like(mesh, out_pl, shape, np.empty((0,), np.result_type(x.dtype, w.dtype)))
+    local = np.matmul(x.to_local(), w.to_local().T)
+    if b is not None:
+        coord = mesh.get_coordinate()
+        # A Partial output gets the bias on the first rank of its mesh dims only.
+        if all(coord[m] == 0 for m, p in enumerate(out_pl) if p.is_partial()):
+            local += b.to_local()
+    return _wrap_like(mesh, out_pl, shape, local)
+
+
+def _bias_for(out, bias):
+    """The bias as a Partial(sum) DTensor on the mesh dims where ``out`` is Partial,
+    so that ``out + bias`` stays Partial (added on the first rank of each such mesh
+    dim, zero elsewhere) instead of forcing an all-reduce first."""
+    from ..placement_types import Partial
+
+    partial_dims = [m for m, p in enumerate(out.placements) if p.is_partial("sum")]
+    if not partial_dims:
+        return bias
+    mesh, pl = bias.device_mesh, list(bias.placements)
+    if any(not pl[m].is_replicate() for m in partial_dims):
+        return bias  # sharded along a Partial mesh dim: let the dispatch reduce first
+    coord = mesh.get_coordinate()
+    local = bias.to_local()
+    if coord is not None and any(coord[m] != 0 for m in partial_dims):
+        local = np.zeros_like(local)
+    for m in partial_dims:
+        pl[m] = Partial("sum")
+    return _wrap_like(mesh, pl, bias.shape, local)
+
+
+def relu(input):
+    """max(x, 0), elementwise; DTensor placements kept (a Partial is reduced first).
+    Local for Shard/Replicate inputs."""
+    return _pointwise(input, lambda x: np.maximum(x, 0))
+
+
+# Python floats, not NumPy float64 scalars: those would promote float32 inputs.
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def gelu(input, approximate: str = "none"):
+    """Gaussian error linear unit, as torch: ``x * Phi(x)`` with the exact normal CDF
+    (``approximate="none"``) or its tanh approximation (``"tanh"``, GPT-2's).
+    DTensor placements kept; local for Shard/Replicate inputs.
+
+    Example::
+
+        >>> gelu(np.array([0.0, 1.0]), approximate="tanh")
+        array([0.        , 0.84119199])
+    """
+    if approximate == "tanh":
+        def func(x):
+            x = _float(x)
+            t = x * x  # in place from here: one temporary for the whole formula
+            t *= 0.044715
+            t += 1.0
+            t *= x
+            t *= _SQRT_2_OVER_PI
+            np.tanh(t, out=t)
+            t += 1.0
+            t *= x
+            t *= 0.5
+            return t
+    elif approximate == "none":
+        def func(x):
+            x = _float(x)
+            cdf = _erf(x * _SQRT_HALF).astype(x.dtype) if x.size else x
+            return 0.5 * x * (1.0 + cdf)
+    else:
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _pointwise(input, func)
+
+
+def _float(x):
+    return x if x.dtype.kind in "fc" else x.astype(np.float64)
+
+
+def dropout(input, p: float = 0.5, training: bool = True):
+    """Zero each element with probability ``p`` and scale the rest by 1/(1-p).
+
+    The mask comes from mpitensor's counter-based generator keyed by each element's
+    global index (see :func:`mpitensor.manual_seed`), so a sharded input drops the
+    same elements as the whole array would: TP output equals the single-process
+    output also in training. Local (a Partial input is reduced first).
+
+    Example::
+
+        >>> manual_seed(0); dropout(np.ones(4), p=0.5)
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return input
+    from .. import random as _random
+
+    def func(x, shape, offset):
+        x = _float(x)
+        if p == 1.0:
+            return np.zeros_like(x)
+        u = _random.fill(np.empty(x.shape, np.float64), shape, offset, _random._UNIFORM,
+                         stream)
+        return np.where(u >= p, x / (1.0 - p), 0.0).astype(x.dtype)
+
+    stream = _random._next_stream()
+    if not _is_dt(input):
+        x = np.asarray(input)
+        return func(x, x.shape, (0,) * x.ndim)
+    from .._layout import compute_local_shape_and_global_offset
+
+    x = _without_partial(input)
+    if x.device_mesh.get_coordinate() is None:
+        return x
+    _, offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
+    return _wrap_like(x.device_mesh, x.placements, x.shape,
+                      func(x.to_local(), x.shape, offset))
+
+
+def _norm_axes(normalized_shape, ndim):
+    if isinstance(normalized_shape, (int, np.integer)):
+        normalized_shape = (int(normalized_shape),)
+    k = len(normalized_shape)
+    if k == 0 or k > ndim:
+        raise ValueError(f"normalized_shape {tuple(normalized_shape)} does not fit an "
+                         f"input of {ndim} dims")
+    return tuple(range(ndim - k, ndim)), tuple(normalized_shape)
+
+
+def _affine(y, weight, bias):
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the trailing
+    ``normalized_shape`` dims, as torch. A DTensor sharded on other dims (e.g. the
+    sequence dim under SequenceParallel) runs without communication; sharded
+    normalized dims cost all-reduces. Weight and bias are ndarrays or (with a
+    DTensor input) Replicate DTensors.
+
+    Example::
+
+        >>> layer_norm(np.array([[1.0, 3.0]]), (2,))
+        array([[-0.99999501,  0.99999501]])
+    """
+    axes, shape = _norm_axes(normalized_shape, input.ndim)
+    if tuple(input.shape[-len(shape):]) != shape:
+        raise ValueError(f"layer_norm: input shape {tuple(input.shape)} does not end "
+                         f"with normalized_shape {shape}")
+    if not _is_dt(input):
+        input = _float(np.asarray(input))
+    mean = np.mean(input, axis=axes, keepdims=True)
+    centered = input - mean
+    var = np.mean(centered * centered, axis=axes, keepdims=True)
+    return _affine(centered / np.sqrt(var + eps), weight, bias)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
+    """x / sqrt(mean(x**2) + eps) * weight over the trailing ``normalized_shape``
+    dims, as torch.nn.functional.rms_norm (``eps=None`` means the dtype's machine
+    epsilon). Communication as :func:`layer_norm`."""
+    axes, shape = _norm_axes(normalized_shape, input.ndim)
+    if tuple(input.shape[-len(shape):]) != shape:
+        raise ValueError(f"rms_norm: input shape {tuple(input.shape)} does not end "
+                         f"with normalized_shape {shape}")
+    if not _is_dt(input):
+        input = _float(np.asarray(input))
+    if eps is None:
+        eps = float(np.finfo(input.dtype).eps)
+    ms = np.mean(input * input, axis=axes, keepdims=True)
+    return _affine(input / np.sqrt(ms + eps), weight, None)
+
+
+def embedding(input, weight):
+    """Rows of ``weight`` (num_embeddings, embedding_dim) picked by integer ``input``.
+
+    With a DTensor weight the input must be a DTensor too (indices, on the same
+    mesh). Per mesh dim: a Replicate weight keeps the input's placement (indices
+    sharded on dim d give an output sharded on dim d); a weight sharded on the
+    embedding dim (``Shard(1)``, ColwiseParallel) gives an output sharded on its
+    last dim; a weight sharded on the vocabulary (``Shard(0)``, RowwiseParallel)
+    looks up only the indices in its rows and zeroes the others, giving a
+    ``Partial(sum)`` output. Indices are first made Replicate on the mesh dims
+    where the weight is sharded. Local unless indices must be redistributed.
+
+    Example::
+
+        >>> embedding(np.array([2, 0]), np.arange(6.0).reshape(3, 2))
+        array([[4., 5.],
+               [0., 1.]])
+    """
+    if not _is_dt(weight):
+        if _is_dt(input):
+            raise _mixed("embedding", "the indices are a DTensor but the weight is not")
+        w = np.asarray(weight)
+        idx = np.asarray(input)
+        _check_indices(idx, w.shape[0])
+        return w[idx]
+    if not _is_dt(input):
+        raise _mixed("embedding", "the indices are an ndarray but the weight is a DTensor")
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-D, got shape {weight.shape}")
+    if input.dtype.kind not in "iu":
+        raise TypeError(f"embedding: indices must be integers, got {input.dtype}")
+    return _sharded_embedding(input, weight)
+
+
+def _check_indices(idx, n):
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"embedding: indices must be integers, got {idx.dtype}")
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError(f"embedding: index out of range [0, {n}): min {idx.min()}, "
+                         f"max {idx.max()}")
+
+
+def _sharded_embedding(idx, weight):
+    from .._layout import compute_local_shape_and_global_offset
+    from ..placement_types import Partial, Replicate, Shard
+
+    mesh = weight.device_mesh
+    if idx.device_mesh != mesh:
+        raise ValueError("embedding: indices and weight live on different meshes")
+    need, out_pl = list(idx.placements), []
+    for m, (wp, ip) in enumerate(zip(weight.placements, idx.placements)):
+        if ip.is_partial():
+            raise ValueError("embedding: Partial indices make no sense; reduce them first")
+        if wp.is_replicate():
+            out_pl.append(ip)
+        elif wp.is_shard(1):
+            need[m] = Replicate()
+            out_pl.append(Shard(idx.ndim))
+        elif wp.is_shard(0):
+            need[m] = Replicate()
+            out_pl.append(Partial("sum"))
+        else:
+            raise ValueError(f"embedding: weight placement {wp} is not supported "
+                             f"(Replicate, Shard(0) or Shard(1))")
+    if tuple(need) != idx.placements:
+        idx = idx.redistribute(mesh, need)
+    out_shape = tuple(idx.shape) + (weight.shape[1],)
+    if mesh.get_coordinate() is None:
+        return _wrap_like(mesh, out_pl, out_shape, np.empty((0,), weight.dtype))
+    local_idx, w = idx.to_local(), weight.to_local()
+    shape, offset = compute_local_shape_and_global_offset(weight.shape, mesh,
+                                                          weight.placements)
+    lo, rows = offset[0], shape[0]
+    if weight.shape[0] == rows:  # the whole vocabulary is here
+        _check_indices(local_idx, rows)
+        out = w[local_idx]
+    else:
+        outside = (local_idx < lo) | (local_idx >= lo + rows)
+        out = np.zeros(local_idx.shape + (w.shape[1],), w.dtype)
+        if rows:
+            inside = ~outside
+            out[inside] = w[local_idx[inside] - lo]
+    return _wrap_like(mesh, out_pl, out_shape, out)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale=None):
+    """softmax(q @ k^T * scale + mask) @ v over the last two dims, as torch
+    (``scale`` defaults to 1/sqrt(head_dim); a boolean ``attn_mask`` keeps True;
+    a float one is added). Query (..., L, E), key (..., S, E), value (..., S, Ev).
+
+    DTensor inputs are computed locally per shard of the leading (batch, head)
+    dims: key and value are first given the query's placements, and the sequence
+    and feature dims are made whole (gathered) where they are sharded. The output
+    has the query's placements. ``attn_mask`` is an ndarray of shape (L, S).
+
+    Example::
+
+        >>> q = np.ones((1, 2, 4, 8)); scaled_dot_product_attention(q, q, q).shape
+        (1, 2, 4, 8)
+
+    Inside ``mpitensor.experimental.context_parallel(mesh)`` the inputs are this
+    rank's sequence shards (dim -2) and attention runs as ring attention over
+    ``mesh``: collective, without ``attn_mask`` or dropout.
+    """
+    from ..experimental import _context_parallel as _cp
+
+    cp_mesh = _cp.active()
+    if cp_mesh is not None:
+        return _cp.sdpa(cp_mesh, query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if not (_is_dt(query) or _is_dt(key) or _is_dt(value)):
+        return _sdpa_local(_float(np.asarray(query)), _float(np.asarray(key)),
+                           _float(np.asarray(value)), attn_mask, dropout_p, is_causal,
+                           scale, None)
+    if not (_is_dt(query) and _is_dt(key) and _is_dt(value)):
+        raise _mixed("scaled_dot_product_attention", "query, key and value must all be "
+                     "DTensors or all ndarrays")
+    if _is_dt(attn_mask):
+        attn_mask = attn_mask.full_tensor()
+    if attn_mask is not None and np.ndim(attn_mask) > 2:
+        raise ValueError("scaled_dot_product_attention on DTensors takes an (L, S) mask")
+    from ..placement_types import Replicate
+
+    nd = query.ndim
+    pl = [Replicate() if p.is_partial() or (p.is_shard() and p.dim >= nd - 2) else p
+          for p in query.placements]
+    q, k, v = (x.redistribute(query.device_mesh, pl) if x.placements != tuple(pl) else x
+               for x in (query, key, value))
+    from .._layout import compute_local_shape_and_global_offset
+
+    out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    drop = None
+    if dropout_p > 0.0:
+        shape = tuple(q.shape[:-1]) + (k.shape[-2],)
+        _, offset = compute_local_shape_and_global_offset(shape, q.device_mesh, pl)
+        drop = (shape, offset)
+    local = _sdpa_local(q.to_local(), k.to_local(), v.to_local(), attn_mask, dropout_p,
+                        is_causal, scale, drop)
+    return _wrap_like(q.device_mesh, pl, out_shape, local)
+
+
+def _sdpa_local(q, k, v, attn_mask, dropout_p, is_causal, scale, drop):
+    L, S = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = np.matmul(q, np.swapaxes(k, -1, -2))  # a fresh array: the rest is in place
+    scores *= scale
+    if is_causal:
+        if attn_mask is not None:
+            raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, "
+                             "not both")
+        np.copyto(scores, -np.inf, where=~np.tri(L, S, dtype=bool))
+    elif attn_mask is not None:
+        mask = np.asarray(attn_mask)
+        if mask.dtype == bool:
+            np.copyto(scores, -np.inf, where=~mask)
+        else:
+            scores = scores + mask
+    if scores.size:
+        scores -= np.max(scores, axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= np.sum(scores, axis=-1, keepdims=True)
+    if dropout_p > 0.0:
+        scores = _dropout_weights(scores, dropout_p, drop)
+    return np.matmul(scores, v)
+
+
+def _dropout_weights(weights, p, drop):
+    from .. import random as _random
+
+    shape, offset = drop if drop is not None else (weights.shape, (0,) * weights.ndim)
+    u = _random.fill(np.empty(weights.shape, np.float64), shape, offset, _random._UNIFORM,
+                     _random._next_stream())
+    return np.where(u >= p, weights / (1.0 - p), 0.0)
+
+
+def cross_entropy(input, target, weight=None, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0):
+    """Cross entropy between logits ``input`` ((N, C), (N, C, d...) or (C,)) and class
+    indices ``target``, as torch (``weight`` per class, ``ignore_index``,
+    ``reduction`` "mean" | "sum" | "none").
+
+    Plain arrays give plain results. A DTensor input is made whole on the class
+    dim first (an all-gather), unless inside :func:`mpitensor.parallel.loss_parallel`,
+    where logits sharded on the class dim are never gathered: the log-sum-exp and
+    the target logits are combined with two all-reduces of size N. DTensor inputs
+    give a Replicate DTensor. Collective for DTensor inputs.
+
+    Example::
+
+        >>> cross_entropy(np.array([[0.0, 0.0]]), np.array([1]))
+        0.6931471805599453
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', "
+                         f"got {reduction!r}")
+    if label_smoothing != 0.0:
+        raise NotImplementedError("cross_entropy: label_smoothing is not supported")
+    from ..parallel import loss as _loss
+
+    if _is_dt(target):
+        target = target.full_tensor()
+    target = np.asarray(target)
+    if target.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: target must hold class indices (integers), got "
+                        f"{target.dtype}")
+    if _is_dt(weight):
+        weight = weight.full_tensor()
+    if not _is_dt(input):
+        return _cross_entropy_local(_float(np.asarray(input)), target, weight,
+                                    ignore_index, reduction)
+    if _loss._active():
+        return _loss.sharded_cross_entropy(input, target, weight, ignore_index, reduction)
+    full = input.full_tensor()
+    out = _cross_entropy_local(_float(full), target, weight, ignore_index, reduction)
+    from .._api import DTensor
+
+    return DTensor.from_local(np.asarray(out), input.device_mesh)
+
+
+def class_dim(ndim: int) -> int:
+    """The class dim of cross_entropy's input: 0 for (C,), else 1."""
+    return 0 if ndim == 1 else 1
+
+
+def check_target(input_shape, target, ignore_index) -> None:
+    """Same checks on every rank (shapes and indices are replicated): ValueError."""
+    cd = class_dim(len(input_shape))
+    want = tuple(input_shape[:cd]) + tuple(input_shape[cd + 1:])
+    if tuple(target.shape) != want:
+        raise ValueError(f"cross_entropy: target shape {tuple(target.shape)} does not "
+                         f"match input shape {tuple(input_shape)} (expected {want})")
+    valid = target[target != ignore_index]
+    if valid.size and (valid.min() < 0 or valid.max() >= input_shape[cd]):
+        raise IndexError(f"cross_entropy: target out of range [0, {input_shape[cd]})")
+
+
+def reduce_loss(losses, target, weight, ignore_index, reduction):
+    """Apply ignore_index, class weights and the reduction to per-item losses."""
+    keep = target != ignore_index
+    w = np.ones(target.shape) if weight is None else np.asarray(weight)[
+        np.where(keep, target, 0)]
+    w = np.where(keep, w, 0.0)
+    losses = losses * w
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / w.sum()
+
+
+def _cross_entropy_local(x, target, weight, ignore_index, reduction):
+    check_target(x.shape, target, ignore_index)
+    cd = class_dim(x.ndim)
+    logp = _log_softmax_local(x, cd)
+    safe = np.expand_dims(np.where(target != ignore_index, target, 0), cd)
+    picked = np.squeeze(np.take_along_axis(logp, safe, axis=cd), axis=cd)
+    return reduce_loss(-picked, target, weight, ignore_index, reduction)

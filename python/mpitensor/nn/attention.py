@@ -1,0 +1,132 @@
+"""Megatron-style multi-head self-attention whose heads split over ranks.
+
+The projections are Linear modules, so a tensor-parallel plan shards them like
+any Linear: q/k/v (or the fused qkv) column-wise, the output projection row-wise.
+Each rank then holds whole heads: the forward infers its number of heads from the
+width of its projection outputs (``width // head_dim``), as Megatron does with
+``num_heads // tp_size``, and computes attention for its heads only.
+
+The fused projection ``qkv_proj`` has ``3 * embed_dim`` output rows laid out per
+head as ``(num_heads, 3, head_dim)`` (q, k, v of head 0, then of head 1, ...), so
+that a column-wise split keeps each head's q, k and v together.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import functional as F
+from .linear import Linear
+from .module import Module
+
+__all__ = ["MultiheadAttention"]
+
+
+class MultiheadAttention(Module):
+    """Self-attention: ``out_proj(sdpa(q_proj(x), k_proj(x), v_proj(x)))`` over
+    ``num_heads`` heads of ``embed_dim // num_heads``, on inputs ``(..., S, E)``.
+
+    ``fused_qkv=True`` uses one ``qkv_proj`` Linear(E, 3E) instead of three;
+    ``causal=True`` masks future positions. Under tensor parallelism a rank must
+    hold whole heads: a split of the projections that cuts a head is a ValueError
+    on every rank (e.g. 3 heads of size 4 over 2 ranks: torch.chunk gives each rank
+    6 rows, one and a half heads).
+
+    Example::
+
+        >>> attn = MultiheadAttention(8, 2, causal=True)
+        >>> attn(np.ones((1, 5, 8))).shape
+        (1, 5, 8)
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True,
+                 fused_qkv: bool = False, causal: bool = False, dropout: float = 0.0,
+                 dtype=np.float64):
+        super().__init__()
+        if num_heads <= 0 or embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} must be a positive multiple of "
+                             f"num_heads {num_heads}")
+        self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
+        self.head_dim = self.embed_dim // self.num_heads
+        self.fused_qkv, self.causal, self.dropout = bool(fused_qkv), bool(causal), dropout
+        if fused_qkv:
+            self.qkv_proj = Linear(embed_dim, 3 * embed_dim, bias, dtype)
+        else:
+            self.q_proj = Linear(embed_dim, embed_dim, bias, dtype)
+            self.k_proj = Linear(embed_dim, embed_dim, bias, dtype)
+            self.v_proj = Linear(embed_dim, embed_dim, bias, dtype)
+        self.out_proj = Linear(embed_dim, embed_dim, bias, dtype)
+
+    def forward(self, x, attn_mask=None):
+        if self.fused_qkv:
+            self._check_heads(self.qkv_proj, 3)
+            projected = (self.qkv_proj(x),)
+        else:
+            for proj in (self.q_proj, self.k_proj, self.v_proj):
+                self._check_heads(proj, 1)
+            projected = (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        return self.out_proj(self._attend(projected, attn_mask))
+
+    def _attend(self, projected, attn_mask):
+        """Attention of this rank's heads, on local arrays; DTensor projections
+        give a DTensor of the query's placements (its last dim is whole heads)."""
+        if not F._is_dt(projected[0]):
+            return self._attend_local([np.asarray(p) for p in projected], attn_mask)
+        outs = [F._without_partial(p) for p in projected]
+        q = outs[0]  # the output has the query's positions and layout
+        local = self._attend_local([p.to_local() for p in outs], attn_mask)
+        shape = tuple(q.shape[:-1]) + (self.embed_dim,)
+        return F._wrap_like(q.device_mesh, q.placements, shape, local)
+
+    def _attend_local(self, projected, attn_mask):
+        d = self.head_dim
+        if self.fused_qkv:
+            (y,) = projected
+            width = self._local_width(y.shape[-1], 3 * d)
+            y = y.reshape(y.shape[:-1] + (width // (3 * d), 3, d))
+            q, k, v = (np.ascontiguousarray(np.moveaxis(y[..., i, :], -2, -3))
+                       for i in range(3))
+        else:
+            for p in projected:
+                self._local_width(p.shape[-1], d)
+            # Contiguous heads: the batched matmuls run faster than on strided views.
+            q, k, v = (np.ascontiguousarray(
+                np.moveaxis(p.reshape(p.shape[:-1] + (p.shape[-1] // d, d)), -2, -3))
+                for p in projected)
+        p = self.dropout if self.training else 0.0
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask, p, self.causal and
+                                           attn_mask is None)
+        o = np.moveaxis(o, -3, -2)
+        return np.ascontiguousarray(o.reshape(o.shape[:-2] + (-1,)))
+
+    def _local_width(self, width: int, unit: int) -> int:
+        if width % unit:
+            raise ValueError(
+                f"MultiheadAttention: this rank's projection output has {width} features, "
+                f"not a multiple of {unit} (whole heads of head_dim {self.head_dim}); "
+                f"the tensor-parallel split must not cut a head")
+        return width
+
+    def _check_heads(self, proj: Linear, per_head: int) -> None:
+        """Every rank's rows of a sharded projection weight must be whole heads; the
+        verdict depends only on the spec, so every rank raises together."""
+        w = proj.weight
+        if not F._is_dt(w):
+            return
+        unit = per_head * self.head_dim
+        rows = w.shape[0]
+        for m, p in enumerate(w.placements):
+            if p.is_shard(0):
+                n = w.device_mesh.size(m)
+                chunk = -(-rows // n)
+                sizes = [max(0, min(chunk, rows - i * chunk)) for i in range(n)]
+                if any(s % unit for s in sizes):
+                    raise ValueError(
+                        f"MultiheadAttention with {self.num_heads} heads of size "
+                        f"{self.head_dim}: sharding {rows} projection rows over {n} ranks "
+                        f"gives {sizes} rows per rank, which cuts a head (each rank needs a "
+                        f"multiple of {unit}); use a number of heads the ranks can split")
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"fused_qkv={self.fused_qkv}, causal={self.causal}")

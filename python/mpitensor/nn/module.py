@@ -1,0 +1,425 @@
+"""Module: torch.nn.Module's shape for NumPy arrays and DTensors.
+
+A module holds parameters and buffers (ndarrays or DTensors) and child modules as
+attributes, and runs ``forward`` when called, between its forward pre-hooks and
+forward hooks. Hooks are the one place where the parallel styles (and tracing
+tools such as a module-level CommDebugMode) plug in: ``distribute_module``
+installs its ``input_fn`` as a pre-hook and its ``output_fn`` as a hook.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+__all__ = ["Module", "Parameter", "RemovableHandle", "register_module_forward_pre_hook",
+           "register_module_forward_hook"]
+
+# Hooks that run around every module's forward (before the module's own), for
+# tools that trace whole models, such as a module-level CommDebugMode.
+_global_forward_pre_hooks: OrderedDict = OrderedDict()
+_global_forward_hooks: OrderedDict = OrderedDict()
+
+
+def register_module_forward_pre_hook(hook: Callable) -> "RemovableHandle":
+    """Run ``hook(module, args)`` before every module's forward, as torch's global
+    hook of the same name (a non-None result replaces the inputs). Local.
+
+    Example::
+
+        >>> h = register_module_forward_pre_hook(lambda m, args: print(type(m).__name__))
+        >>> h.remove()
+    """
+    return Module._add_hook(_global_forward_pre_hooks, hook, False, False)
+
+
+def register_module_forward_hook(hook: Callable) -> "RemovableHandle":
+    """Run ``hook(module, args, output)`` after every module's forward (a non-None
+    result replaces the output). Local."""
+    return Module._add_hook(_global_forward_hooks, hook, False, False)
+
+
+class Parameter:
+    """Marks an array or DTensor as a parameter when assigned to a module attribute:
+    ``self.weight = Parameter(np.zeros((4, 4)))``. The module stores the array
+    itself (reading ``self.weight`` gives the ndarray or DTensor back). Local.
+
+    Example::
+
+        >>> m = Module(); m.w = Parameter(np.ones(3)); [n for n, _ in m.named_parameters()]
+        ['w']
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"Parameter({self.data!r})"
+
+
+class RemovableHandle:
+    """What ``register_forward_pre_hook`` / ``register_forward_hook`` return:
+    ``handle.remove()`` takes the hook out again. Local."""
+
+    _ids = itertools.count()
+
+    def __init__(self, hooks: OrderedDict):
+        self._hooks = hooks
+        self.id = next(RemovableHandle._ids)
+
+    def remove(self) -> None:
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self) -> "RemovableHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def _is_tensor(value) -> bool:
+    from .._api import DTensor
+
+    return isinstance(value, (np.ndarray, DTensor))
+
+
+class Module:
+    """Base class of every layer, as torch.nn.Module.
+
+    Assigning a :class:`Parameter` registers a parameter, a Module registers a child;
+    ``register_buffer`` registers a buffer. Calling the module runs the forward
+    pre-hooks, ``forward`` and the forward hooks. Local unless ``forward`` or a hook
+    communicates (DTensor parameters and inputs make it collective on their mesh).
+
+    Example::
+
+        >>> class Affine(Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.w = Parameter(np.ones(3))
+        ...     def forward(self, x):
+        ...         return x * self.w
+        >>> Affine()(np.arange(3.0))
+        array([0., 1., 2.])
+    """
+
+    training: bool
+
+    def __init__(self) -> None:
+        d = self.__dict__
+        d["training"] = True
+        d["_parameters"] = OrderedDict()
+        d["_buffers"] = OrderedDict()
+        d["_modules"] = OrderedDict()
+        d["_forward_pre_hooks"] = OrderedDict()
+        d["_forward_hooks"] = OrderedDict()
+
+    # -- attributes ------------------------------------------------------------------
+    def __setattr__(self, name: str, value) -> None:
+        d = self.__dict__
+        if "_parameters" not in d:
+            raise AttributeError(
+                f"cannot assign {name!r} before Module.__init__() call "
+                f"(call super().__init__() first in {type(self).__name__}.__init__)"
+            )
+        if isinstance(value, Parameter):
+            self.register_parameter(name, value)
+        elif isinstance(value, Module):
+            self.register_module(name, value)
+        elif name in d["_parameters"]:
+            self._check_slot("parameter", name, value)
+            d["_parameters"][name] = value
+        elif name in d["_buffers"]:
+            self._check_slot("buffer", name, value)
+            d["_buffers"][name] = value
+        elif name in d["_modules"]:
+            if value is not None:
+                raise TypeError(f"cannot assign {type(value).__name__} as child module "
+                                f"{name!r} (a Module or None is expected)")
+            d["_modules"][name] = None
+        else:
+            object.__setattr__(self, name, value)
+
+    @staticmethod
+    def _check_slot(kind: str, name: str, value) -> None:
+        if value is not None and not _is_tensor(value):
+            raise TypeError(f"cannot assign {type(value).__name__} as {kind} {name!r} "
+                            f"(an ndarray, a DTensor or None is expected)")
+
+    def _forget(self, name: str) -> None:
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            d[table].pop(name, None)
+        d.pop(name, None)
+
+    def __getattr__(self, name: str):
+        # Called only when normal lookup fails: parameters, buffers and children.
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            if table in d and name in d[table]:
+                return d[table][name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name: str) -> None:
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            if name in d[table]:
+                del d[table][name]
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param) -> None:
+        """Add (or replace) parameter ``name``: an ndarray, a DTensor, a
+        :class:`Parameter` or None. Local."""
+        self._check_name(name, "parameter")
+        if isinstance(param, Parameter):
+            param = param.data
+        self._check_slot("parameter", name, param)
+        if name not in self._parameters:  # replacing keeps the registration order
+            self._forget(name)
+        self.__dict__["_parameters"][name] = param
+
+    def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
+        """Add (or replace) buffer ``name`` (state that is not a parameter, such as
+        a mask). All buffers are saved by ``state_dict``. Local."""
+        self._check_name(name, "buffer")
+        self._check_slot("buffer", name, tensor)
+        if name not in self._buffers:
+            self._forget(name)
+        self.__dict__["_buffers"][name] = tensor
+
+    def register_module(self, name: str, module: "Module | None") -> None:
+        """Add (or replace) child module ``name``. Local."""
+        self._check_name(name, "module")
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        if name not in self._modules:
+            self._forget(name)
+        self.__dict__["_modules"][name] = module
+
+    add_module = register_module
+
+    @staticmethod
+    def _check_name(name, kind) -> None:
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"{kind} name must be a non-empty string without '.', got {name!r}")
+
+    # -- traversal -------------------------------------------------------------------
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        """Direct children as (name, module), in registration order."""
+        for name, m in self._modules.items():
+            if m is not None:
+                yield name, m
+
+    def children(self) -> Iterator["Module"]:
+        for _, m in self.named_children():
+            yield m
+
+    def named_modules(self, memo=None, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        """This module (name ``""``) and every descendant, each once, by dotted path.
+
+        Example::
+
+            >>> [n for n, _ in Sequential(Linear(2, 2), ReLU()).named_modules()]
+            ['', '0', '1']
+        """
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, m in self.named_children():
+            yield from m.named_modules(memo, f"{prefix}.{name}" if prefix else name)
+
+    def modules(self) -> Iterator["Module"]:
+        for _, m in self.named_modules():
+            yield m
+
+    def _named_members(self, table: str, prefix: str, recurse: bool):
+        seen = set()
+        mods = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
+        for mod_prefix, m in mods:
+            for name, value in getattr(m, table).items():
+                if value is None or id(value) in seen:
+                    continue
+                seen.add(id(value))
+                yield (f"{mod_prefix}.{name}" if mod_prefix else name), value
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True):
+        """(dotted name, parameter) for every parameter, shared ones once."""
+        return self._named_members("_parameters", prefix, recurse)
+
+    def parameters(self, recurse: bool = True):
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True):
+        """(dotted name, buffer) for every buffer."""
+        return self._named_members("_buffers", prefix, recurse)
+
+    def buffers(self, recurse: bool = True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    def get_submodule(self, target: str) -> "Module":
+        """The descendant at dotted path ``target`` (``""`` is this module)."""
+        m = self
+        for atom in target.split(".") if target else []:
+            if atom not in m._modules or m._modules[atom] is None:
+                raise AttributeError(f"{type(m).__name__} has no submodule {atom!r} "
+                                     f"(looking up {target!r})")
+            m = m._modules[atom]
+        return m
+
+    # -- state -----------------------------------------------------------------------
+    def state_dict(self, prefix: str = "") -> "OrderedDict[str, Any]":
+        """Every parameter and buffer by dotted name (the objects themselves, not
+        copies: ndarrays or DTensors). Local.
+
+        Example::
+
+            >>> list(Linear(2, 3).state_dict())
+            ['weight', 'bias']
+        """
+        out: OrderedDict = OrderedDict()
+        for mod_prefix, m in self.named_modules(prefix=prefix):
+            for table in (m._parameters, m._buffers):
+                for name, value in table.items():
+                    if value is not None:
+                        out[f"{mod_prefix}.{name}" if mod_prefix else name] = value
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        """Copy values into the parameters and buffers of the same names.
+
+        A plain array loads into a DTensor parameter as the global value: each rank
+        keeps its own shard (local; every rank must pass the same array). A DTensor
+        loads into a DTensor of the same shape by redistribution (collective).
+        With ``strict`` a missing or unexpected key, or a shape mismatch, is a
+        KeyError/ValueError (the same on every rank, since every rank has the
+        same keys and shapes). Returns ``(missing_keys, unexpected_keys)``.
+        """
+        own = self.state_dict()
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys "
+                           f"{unexpected} for {type(self).__name__}")
+        for key, target in own.items():
+            if key in state_dict:
+                self._load_one(key, target, state_dict[key])
+        return missing, unexpected
+
+    def _load_one(self, key: str, target, value) -> None:
+        from .._api import DTensor
+        from .._layout import compute_local_shape_and_global_offset
+
+        if tuple(np.shape(value) if not isinstance(value, DTensor) else value.shape) \
+                != tuple(target.shape):
+            raise ValueError(f"load_state_dict: {key!r} has shape {tuple(target.shape)}, "
+                             f"the state dict gives {tuple(value.shape)}")
+        if not isinstance(target, DTensor):
+            src = value.full_tensor() if isinstance(value, DTensor) else np.asarray(value)
+            np.copyto(target, src, casting="same_kind")
+            return
+        if isinstance(value, DTensor):
+            local = value.redistribute(target.device_mesh, target.placements).to_local()
+        else:
+            if any(p.is_partial() for p in target.placements):
+                raise ValueError(f"load_state_dict: {key!r} is a Partial DTensor; load a "
+                                 f"DTensor into it, not a plain array")
+            shape, offset = compute_local_shape_and_global_offset(
+                target.shape, target.device_mesh, target.placements)
+            local = np.asarray(value)[tuple(slice(o, o + s) for o, s in zip(offset, shape))]
+        np.copyto(target.to_local(), local, casting="same_kind")
+
+    # -- modes -----------------------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        """Training mode for this module and its descendants (Dropout drops). Local."""
+        for m in self.modules():
+            m.__dict__["training"] = bool(mode)
+        return self
+
+    def eval(self) -> "Module":
+        """Evaluation mode (Dropout is the identity). Local."""
+        return self.train(False)
+
+    # -- hooks and calling -------------------------------------------------------------
+    def register_forward_pre_hook(self, hook: Callable, *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:
+        """Run ``hook(module, args)`` before ``forward``; a non-None result replaces
+        the positional inputs (a non-tuple is wrapped in a 1-tuple). With
+        ``with_kwargs=True`` it is ``hook(module, args, kwargs)`` returning None or
+        ``(args, kwargs)``. Local.
+
+        Example::
+
+            >>> h = m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+            >>> h.remove()
+        """
+        return self._add_hook(self._forward_pre_hooks, hook, with_kwargs, prepend)
+
+    def register_forward_hook(self, hook: Callable, *, prepend: bool = False,
+                              with_kwargs: bool = False) -> RemovableHandle:
+        """Run ``hook(module, args, output)`` after ``forward``; a non-None result
+        replaces the output. With ``with_kwargs=True`` it is
+        ``hook(module, args, kwargs, output)``. Local."""
+        return self._add_hook(self._forward_hooks, hook, with_kwargs, prepend)
+
+    @staticmethod
+    def _add_hook(table: OrderedDict, hook, with_kwargs: bool, prepend: bool):
+        if not callable(hook):
+            raise TypeError(f"a hook must be callable, got {type(hook).__name__}")
+        handle = RemovableHandle(table)
+        table[handle.id] = (hook, bool(with_kwargs))
+        if prepend:
+            table.move_to_end(handle.id, last=False)
+        return handle
+
+    def __call__(self, *args, **kwargs):
+        pre = self._forward_pre_hooks
+        if _global_forward_pre_hooks:
+            pre = OrderedDict(list(_global_forward_pre_hooks.items()) + list(pre.items()))
+        for hook, with_kwargs in list(pre.values()):
+            if with_kwargs:
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise RuntimeError("a forward pre-hook with kwargs must return "
+                                           "None or a tuple (args, kwargs)")
+                    args, kwargs = result
+            else:
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+        output = self.forward(*args, **kwargs)
+        post = self._forward_hooks
+        if _global_forward_hooks:
+            post = OrderedDict(list(_global_forward_hooks.items()) + list(post.items()))
+        for hook, with_kwargs in list(post.values()):
+            result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
+            if result is not None:
+                output = result
+        return output
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward()")
+
+    # -- printing ----------------------------------------------------------------------
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = []
+        for name, m in self._modules.items():
+            child = repr(m).replace("\n", "\n  ")
+            lines.append(f"({name}): {child}")
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        if not lines:
+            return head + ")"
+        return head + "\n  " + "\n  ".join(lines) + "\n)"

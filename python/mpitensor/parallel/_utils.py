@@ -1,0 +1,79 @@
+"""Argument checks shared by the parallel styles and parallelize_module."""
+
+from __future__ import annotations
+
+from ..placement_types import Placement
+
+
+def validate_tp_mesh_dim(device_mesh) -> None:
+    """Tensor parallelism takes a 1-D mesh (ValueError on every rank otherwise)."""
+    if device_mesh.ndim != 1:
+        raise ValueError(
+            f"Tensor Parallel only accepts a 1D DeviceMesh, but found {device_mesh.ndim}D! "
+            f"If you have a 2-D or N-D device_mesh, consider passing in device_mesh[\"tp\"]"
+        )
+
+
+def check_placement(value, what: str, optional: bool = True):
+    """``value`` itself when it is a Placement (or None when ``optional``)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, Placement):
+        raise TypeError(f"{what} must be a Placement such as Shard(0) or Replicate(), got "
+                        f"{value!r}")
+    return value
+
+
+def layouts(value, what: str):
+    """A Placement or a tuple of optional Placements, as a tuple (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, Placement):
+        return (value,)
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{what} must be a Placement or a tuple of Placements/None, got "
+                        f"{value!r}")
+    return tuple(check_placement(v, what) for v in value)
+
+
+def annotate(local, mesh, placements, what: str = "input"):
+    """A rank's local array as the DTensor it is a piece of, by ``placements``.
+
+    Unlike a bare ``DTensor.from_local`` (which assumes even shards, as torch
+    does), the sizes along each sharded dim are exchanged on that mesh dim's
+    communicator (one small allgather of integers, not a data collective and not
+    counted by CommDebugMode): uneven shards get their true global shape, and
+    sizes that do not fit torch.chunk's rule raise ValueError on every rank
+    instead of leaving some ranks waiting in the next collective.
+    """
+    import numpy as np
+
+    from .._api import DTensor
+    from .._dtensor_spec import contiguous_strides
+
+    if not isinstance(local, np.ndarray):
+        raise TypeError(f"expecting the {what} to be an ndarray or a DTensor, got "
+                        f"{type(local).__name__}")
+    placements = tuple(placements)
+    if mesh.get_coordinate() is None or not any(p.is_shard() for p in placements):
+        return DTensor.from_local(local, mesh, placements, run_check=False)
+    shape = list(local.shape)
+    for m, p in enumerate(placements):
+        if not p.is_shard() or mesh.size(m) == 1:
+            continue
+        d = p.dim % local.ndim if local.ndim else 0
+        if local.ndim == 0:
+            raise ValueError(f"cannot shard a 0-d {what} on dim {p.dim}")
+        sizes = mesh.get_group(m).allgather(int(local.shape[d]))
+        total = sum(sizes)
+        step = -(-total // len(sizes))
+        expect = [max(0, min(step, total - i * step)) for i in range(len(sizes))]
+        if sizes != expect:
+            raise ValueError(
+                f"the local {what}s along dim {d} have sizes {sizes} over mesh dim {m}, "
+                f"which are not the shards of a dim of {total} (torch.chunk gives "
+                f"{expect}); pass a DTensor for other layouts")
+        shape[d] = total
+    shape = tuple(shape)
+    return DTensor.from_local(local, mesh, placements, shape=shape,
+                              stride=contiguous_strides(shape))

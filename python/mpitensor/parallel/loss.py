@@ -1,0 +1,85 @@
+"""loss_parallel: cross entropy on logits sharded on the class dim, without
+gathering them (the vocabulary-parallel loss of Megatron)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .._layout import compute_local_shape_and_global_offset
+from ..placement_types import Partial, Replicate
+
+__all__ = ["loss_parallel"]
+
+_depth = [0]
+
+
+def _active() -> bool:
+    return _depth[0] > 0
+
+
+@contextlib.contextmanager
+def loss_parallel():
+    """Inside this context, :func:`mpitensor.nn.functional.cross_entropy` on a DTensor
+    of logits sharded on the class dim (``Shard(1)``, or ``Shard(0)`` for a 1-D
+    input; the usual output of ``ColwiseParallel(use_local_output=False)``) computes
+    the loss without gathering the logits: each rank finds its part of the
+    log-sum-exp and of the target logits, combined by two all-reduces of one value
+    per item. The result is a Replicate DTensor. Collective on the logits' mesh.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> logits = distribute_tensor(x, mesh, [Shard(1)])
+        >>> with loss_parallel():
+        ...     loss = F.cross_entropy(logits, target)      # loss.placements == (Replicate(),)
+    """
+    _depth[0] += 1
+    try:
+        yield
+    finally:
+        _depth[0] -= 1
+
+
+def sharded_cross_entropy(input, target, weight, ignore_index, reduction):
+    """cross_entropy of a DTensor whose class dim is sharded; see loss_parallel."""
+    from .._api import DTensor
+    from .._dtensor_spec import contiguous_strides
+    from ..nn import functional as F
+
+    F.check_target(input.shape, target, ignore_index)
+    cd = F.class_dim(input.ndim)
+    mesh = input.device_mesh
+    x = F._without_partial(input)
+    class_dims = [m for m, p in enumerate(x.placements) if p.is_shard(cd)]
+    if any(not (p.is_replicate() or p.is_shard(cd)) for p in x.placements):
+        raise ValueError(f"loss_parallel: the logits must be sharded on the class dim "
+                         f"{cd} only (other mesh dims Replicate), got {x.placements}")
+    item_shape = tuple(target.shape)
+    pl = [Replicate()] * mesh.ndim
+
+    def reduce(local, op):
+        for m in class_dims:
+            pl[m] = Partial(op)
+        shape = local.shape
+        dt = DTensor.from_local(np.ascontiguousarray(local), mesh, pl, shape=shape,
+                                stride=contiguous_strides(shape))
+        return dt.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
+
+    local = F._float(x.to_local())
+    _, offset = compute_local_shape_and_global_offset(x.shape, mesh, x.placements)
+    lo, n = offset[cd] if local.shape[cd] else 0, local.shape[cd]
+    if n:
+        big = reduce(np.max(local, axis=cd), "max")
+        summed = np.sum(np.exp(local - np.expand_dims(big, cd)), axis=cd)
+        mine = (target >= lo) & (target < lo + n)
+        idx = np.expand_dims(np.where(mine, target - lo, 0), cd)
+        picked = np.where(mine, np.squeeze(np.take_along_axis(local, idx, cd), cd), 0.0)
+    else:
+        big = reduce(np.full(item_shape, -np.inf, local.dtype), "max")
+        summed = np.zeros(item_shape, local.dtype)
+        picked = np.zeros(item_shape, local.dtype)
+    both = reduce(np.stack([summed, picked]), "sum")
+    losses = big + np.log(both[0]) - both[1]
+    out = F.reduce_loss(losses, target, weight, ignore_index, reduction)
+    return DTensor.from_local(np.asarray(out), mesh)

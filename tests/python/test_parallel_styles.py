@@ -1,0 +1,248 @@
+"""Each parallel style on Linear(16, 16) and Embedding at any number of ranks: the
+parameter placements, the local output shapes and the forward collectives that
+torch gives, reprs like torch's, and the errors of wrong arguments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, nn
+from mpitensor.debug import CommDebugMode
+from mpitensor.parallel import (
+    ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput, PrepareModuleOutput,
+    RowwiseParallel, SequenceParallel, parallelize_module)
+
+W = MPI.COMM_WORLD.Get_size()
+RANK = MPI.COMM_WORLD.Get_rank()
+ONE = 1 if W > 1 else 0  # a mesh of one rank runs no collective
+
+
+def chunk(n, i=RANK):
+    size = -(-n // W)
+    return max(0, min(size, n - i * size))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return mt.init_device_mesh("cpu", (W,))
+
+
+def linear(seed=0, i=16, o=16):
+    mt.manual_seed(seed)
+    return nn.Linear(i, o)
+
+
+def embedding():
+    mt.manual_seed(3)
+    return nn.Embedding(13, 16)
+
+
+X = np.random.default_rng(5).standard_normal((4, 16))
+IDX = np.array([[0, 12, 5, 7], [3, 3, 11, 1]])
+
+
+def run(module, x):
+    with CommDebugMode() as comm:
+        y = module(x)
+    return y, dict(comm.get_comm_counts())
+
+
+def test_colwise_linear(mesh):
+    ref = linear()(X)
+    m = parallelize_module(linear(), mesh, ColwiseParallel())
+    assert m.weight.placements == (Shard(0),) and m.bias.placements == (Shard(0),)
+    assert m.weight.to_local().shape == (chunk(16), 16)
+    y, counts = run(m, X)
+    assert counts == {}
+    assert isinstance(y, np.ndarray) and y.shape == (4, chunk(16))
+    start = RANK * -(-16 // W)
+    np.testing.assert_allclose(y, ref[:, start:start + chunk(16)], rtol=1e-12)
+
+
+def test_colwise_linear_sharded_input_gathers_once(mesh):
+    ref = linear()(X)
+    m = parallelize_module(linear(), mesh, ColwiseParallel(
+        input_layouts=Shard(0), output_layouts=Replicate()))
+    x = distribute_tensor(X, mesh, [Shard(0)])
+    with CommDebugMode() as comm:
+        y = m(x.to_local())
+    counts = comm.get_comm_counts()
+    assert counts["all_gather_into_tensor"] == 2 * ONE  # the input, then the output
+    m2 = parallelize_module(linear(), mesh, ColwiseParallel(input_layouts=Shard(0)))
+    y2, counts2 = run(m2, x.to_local())
+    assert counts2 == ({"all_gather_into_tensor": 1} if W > 1 else {})
+    np.testing.assert_allclose(y, ref, rtol=1e-12)
+
+
+def test_rowwise_linear_all_reduce(mesh):
+    ref = linear()(X)
+    m = parallelize_module(linear(), mesh, RowwiseParallel())
+    assert m.weight.placements == (Shard(1),) and m.bias.placements == (Replicate(),)
+    x = distribute_tensor(X, mesh, [Shard(1)]).to_local()
+    y, counts = run(m, x)
+    assert counts == ({"all_reduce": 1} if W > 1 else {})
+    assert y.shape == (4, 16)
+    np.testing.assert_allclose(y, ref, rtol=1e-12)
+
+
+def test_rowwise_linear_uneven_input_width(mesh):
+    """A local input of an uneven split feeds the right global width."""
+    lin = linear(1, 11, 5)
+    ref = lin(X[:, :11])
+    m = parallelize_module(linear(1, 11, 5), mesh, RowwiseParallel())
+    y, _ = run(m, distribute_tensor(X[:, :11], mesh, [Shard(1)]).to_local())
+    np.testing.assert_allclose(y, ref, rtol=1e-12)
+
+
+def test_rowwise_linear_reduce_scatter(mesh):
+    ref = linear()(X)
+    m = parallelize_module(linear(), mesh, RowwiseParallel(output_layouts=Shard(0),
+                                                           use_local_output=False))
+    y, counts = run(m, distribute_tensor(X, mesh, [Shard(1)]).to_local())
+    assert counts == ({"reduce_scatter_tensor": 1} if W > 1 else {})
+    assert isinstance(y, DTensor) and y.placements == (Shard(0),)
+    assert y.to_local().shape == (chunk(4), 16)
+    np.testing.assert_allclose(y.full_tensor(), ref, rtol=1e-12)
+
+
+def test_colwise_embedding(mesh):
+    ref = embedding()(IDX)
+    m = parallelize_module(embedding(), mesh, ColwiseParallel())
+    assert m.weight.placements == (Shard(1),)
+    y, counts = run(m, IDX)
+    assert counts == {}
+    assert y.shape == (2, 4, chunk(16))
+    m2 = parallelize_module(embedding(), mesh, ColwiseParallel(output_layouts=Replicate()))
+    y2, _ = run(m2, IDX)
+    np.testing.assert_array_equal(y2, ref)
+
+
+def test_rowwise_embedding_is_vocab_parallel(mesh):
+    ref = embedding()(IDX)
+    m = parallelize_module(embedding(), mesh, RowwiseParallel(input_layouts=Replicate()))
+    assert m.weight.placements == (Shard(0),)
+    assert m.weight.to_local().shape == (chunk(13), 16)
+    y, counts = run(m, IDX)
+    assert counts == ({"all_reduce": 1} if W > 1 else {})
+    np.testing.assert_array_equal(y, ref)
+    m2 = parallelize_module(embedding(), mesh, RowwiseParallel(
+        input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False))
+    y2, counts2 = run(m2, IDX)
+    assert counts2 == ({"reduce_scatter_tensor": 1} if W > 1 else {})
+    assert y2.placements == (Shard(1),)
+    np.testing.assert_array_equal(y2.full_tensor(), ref)
+
+
+def test_sequence_parallel_layer_norm(mesh):
+    x = np.random.default_rng(2).standard_normal((2, 4 * W, 16))
+    ref = nn.LayerNorm(16)(x)
+    m = parallelize_module(nn.LayerNorm(16), mesh, SequenceParallel())
+    assert m.weight.placements == (Replicate(),)
+    local = distribute_tensor(x, mesh, [Shard(1)]).to_local()
+    y, counts = run(m, local)
+    assert counts == {}
+    assert isinstance(y, DTensor) and (y.placements == (Shard(1),) or W == 1)
+    assert y.to_local().shape == (2, 4, 16)
+    np.testing.assert_allclose(y.full_tensor(), ref, rtol=1e-12)
+    # A replicated DTensor input is resharded on the sequence dim (no communication).
+    y2, counts2 = run(m, distribute_tensor(x, mesh, [Replicate()]))
+    assert counts2 == {} and (y2.placements == (Shard(1),) or W == 1)
+    m3 = parallelize_module(nn.RMSNorm(16), mesh, SequenceParallel(sequence_dim=0,
+                                                                   use_local_output=True))
+    y3, _ = run(m3, distribute_tensor(x[0], mesh, [Shard(0)]).to_local())
+    assert isinstance(y3, np.ndarray) and y3.shape == (4, 16)
+
+
+def test_prepare_module_input_and_output(mesh):
+    seen = {}
+
+    class Probe(nn.Module):
+        def forward(self, a, b, *, c=None):
+            seen.update(a=a, b=b, c=c)
+            return a
+
+    x = np.random.default_rng(4).standard_normal((2 * W, 3))
+    local = distribute_tensor(x, mesh, [Shard(0)]).to_local()
+    p = parallelize_module(Probe(), mesh, PrepareModuleInput(
+        input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None)))
+    with CommDebugMode() as comm:
+        p(local, "untouched")
+    assert comm.get_comm_counts()["all_gather_into_tensor"] == ONE
+    assert seen["a"].placements == (Replicate(),) and seen["b"] == "untouched"
+    np.testing.assert_array_equal(seen["a"].to_local(), x)
+
+    q = parallelize_module(Probe(), mesh, PrepareModuleInput(
+        input_kwarg_layouts={"c": Shard(0)}, desired_input_kwarg_layouts={"c": Replicate()},
+        use_local_output=True))
+    q(1, 2, c=local)
+    assert isinstance(seen["c"], np.ndarray)
+    np.testing.assert_array_equal(seen["c"], x)
+
+    o = parallelize_module(Probe(), mesh, PrepareModuleOutput(
+        output_layouts=Replicate(), desired_output_layouts=Shard(0)))
+    y = o(x, None)
+    np.testing.assert_array_equal(y, distribute_tensor(x, mesh, [Shard(0)]).to_local())
+
+    io = parallelize_module(Probe(), mesh, PrepareModuleInputOutput(
+        input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None),
+        output_layouts=Replicate(), desired_output_layouts=Shard(0)))
+    np.testing.assert_array_equal(io(local, None), local)
+    with pytest.raises(ValueError, match="same length"):
+        p(local)
+
+
+def test_reprs_like_torch():
+    assert repr(ColwiseParallel()) == ("ColwiseParallel(input_layouts=(Replicate(),), "
+                                       "output_layouts=(Shard(dim=-1),), use_local_output=True)")
+    assert repr(RowwiseParallel(output_layouts=Shard(1))) == (
+        "RowwiseParallel(input_layouts=(Shard(dim=-1),), output_layouts=(Shard(dim=1),), "
+        "use_local_output=True)")
+    assert repr(SequenceParallel()) == "SequenceParallel(sequence_dim=1, use_local_output=False)"
+    assert repr(PrepareModuleInput(input_layouts=Shard(0), desired_input_layouts=Replicate())) \
+        == ("PrepareModuleInput(input_layouts=(Shard(dim=0),), desired_input_layouts="
+            "(Replicate(),), input_kwarg_layouts={}, desired_input_kwarg_layouts={}, "
+            "use_local_output=False)")
+    assert repr(PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0))) \
+        == ("PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts="
+            "(Shard(dim=0),), use_local_output=True)")
+    assert repr(PrepareModuleInputOutput(output_layouts=Replicate(),
+                                         desired_output_layouts=Shard(0))).startswith(
+        "PrepareModuleInputOutput(input_layouts=None, desired_input_layouts=None, "
+        "input_kwarg_layouts={}, desired_input_kwarg_layouts={}, use_local_input=False, "
+        "output_layouts=(Replicate(),)")
+
+
+def test_bad_arguments(mesh):
+    with pytest.raises(TypeError):
+        ColwiseParallel(Replicate())  # keyword-only
+    with pytest.raises(TypeError, match="Placement"):
+        RowwiseParallel(input_layouts="shard")
+    with pytest.raises(ValueError, match="same length"):
+        PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=Replicate())
+    with pytest.raises(ValueError, match="should not be None"):
+        PrepareModuleInput(input_layouts=Shard(0))
+    with pytest.raises(NotImplementedError, match="nn.Linear and nn.Embedding"):
+        parallelize_module(nn.LayerNorm(4), mesh, ColwiseParallel())
+    with pytest.raises(NotImplementedError, match="nn.Linear and nn.Embedding"):
+        parallelize_module(nn.ReLU(), mesh, RowwiseParallel())
+    m = parallelize_module(linear(), mesh, ColwiseParallel())
+    with pytest.raises(RuntimeError, match="only be called once"):
+        parallelize_module(m, mesh, RowwiseParallel())
+
+
+def test_local_inputs_of_uneven_and_inconsistent_sizes(mesh):
+    """Local shards of an uneven split get their true global shape; sizes that are
+    not torch.chunk shards raise on every rank rather than hanging."""
+    x = np.random.default_rng(8).standard_normal((W + 1, 16))
+    ref = linear()(x)
+    m = parallelize_module(linear(), mesh, ColwiseParallel(input_layouts=Shard(0),
+                                                           output_layouts=Replicate()))
+    np.testing.assert_allclose(m(distribute_tensor(x, mesh, [Shard(0)]).to_local()), ref,
+                               rtol=1e-12)
+    if W > 1:
+        bad = np.ones((1 if RANK == 0 else 2, 16))
+        with pytest.raises(ValueError, match="not the shards"):
+            m(bad)
