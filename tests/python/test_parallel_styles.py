@@ -97,6 +97,16 @@ def test_rowwise_linear_uneven_input_width(mesh):
     np.testing.assert_allclose(y, ref, rtol=1e-12)
 
 
+def test_rowwise_linear_of_six_features_is_one_all_reduce(mesh):
+    """6 input features over 4 ranks are 2, 2, 2, 0: the rank with none adds zeros
+    to the Partial, so the forward is still one all-reduce and no gather."""
+    ref = linear(2, 6, 5)(X[:, :6])
+    m = parallelize_module(linear(2, 6, 5), mesh, RowwiseParallel())
+    y, counts = run(m, distribute_tensor(X[:, :6], mesh, [Shard(1)]).to_local())
+    assert counts == ({"all_reduce": 1} if W > 1 else {})
+    np.testing.assert_allclose(y, ref, rtol=1e-12)
+
+
 def test_rowwise_linear_reduce_scatter(mesh):
     ref = linear()(X)
     m = parallelize_module(linear(), mesh, RowwiseParallel(output_layouts=Shard(0),
