@@ -184,3 +184,26 @@ def test_repeated_reshapes_and_shape_kinds():
         assert_matches(b.reshape(2, 12), 2 * full.reshape(2, 12))
         assert_matches(np.reshape(a, np.array([6, 4])), full.reshape(6, 4))
         assert_matches(a.reshape(np.int64(24)), full.reshape(24))
+
+
+def test_ravel_and_flatten_are_reshape_minus_one():
+    mesh = mesh_of((W,))
+    full = np.arange(4 * W * 6.0).reshape(4 * W, 6)
+    dt = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        outs = [np.ravel(dt), dt.ravel(), dt.flatten(), np.ravel(dt, order="A")]
+    assert mode.get_total_counts() == 0
+    for got in outs:
+        assert got.shape == (24 * W,) and got.placements == (S0,)
+        assert_matches(got, full.ravel())
+    # flatten copies: writing its local array leaves the input alone
+    flat = dt.flatten()
+    flat.to_local()[...] = -1.0
+    assert_matches(dt, full)
+    # a Shard of a later dim cannot stay: the input moves, the values are NumPy's
+    uneven = np.arange(5 * 7.0).reshape(5, 7)
+    assert_matches(make(uneven, mesh, [S1]).ravel(), uneven.ravel())
+    with pytest.raises(TypeError, match="order='F'"):
+        np.ravel(dt, order="F")
+    with pytest.raises(TypeError, match="order='K'"):
+        dt.flatten(order="K")
