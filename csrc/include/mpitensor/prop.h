@@ -159,9 +159,9 @@ int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * max, min or avg has at least one element per shard (KEEP labels may leave
  * shards empty, as an input already sharded so does, and CONTRACT labels and sum
  * or product REDUCE labels too: an empty shard gives 0 or 1, the identity of the
- * pending Partial), every even_only label divides evenly
- * over its shards and every label kept on a resized output dim scales (above). Each input is priced with mt_plan_create from its current
- * placements (plans that provably cannot change the outcome are skipped); a plan
+ * pending Partial), every even_only label divides evenly over its shards and
+ * every label kept on a resized output dim scales (above). Each input is priced
+ * with mt_plan_create from its current placements (plans that provably cannot change the outcome are skipped); a plan
  * that fails makes the combination invalid. The winner is, in this order: one
  * that needs no communication; the lowest cost, which is bytes +
  * MT_PROP_MESSAGE_BYTES * messages plus, for each Partial the op creates
@@ -171,7 +171,8 @@ int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * in enumeration order (mesh dim 0's candidates outermost). Everything is integer
  * arithmetic, so every rank decides the same. Above MT_PROP_MAX_COMBOS
  * combinations the mesh dims are chosen one at a time from the first, by the same
- * order, with later mesh dims held at their first candidate (all-Replicate).
+ * order, with later mesh dims held at their first candidate (Replicate, or on a
+ * mesh dim of size 1 the one ordered first).
  *
  * Shapes that disagree on a label, a broadcast dim whose size is not 1, or inputs
  * that do not fit the map are MT_EINVAL; bad placements fail as in
