@@ -956,7 +956,8 @@ static int search_bounded(engine *e, int64_t combos, int *best, score *best_s,
 }
 
 /* Above MT_PROP_MAX_COMBOS: each mesh dim in turn takes its best candidate, the
- * earlier ones fixed and the later ones at their first (all-Replicate). */
+ * earlier ones fixed and the later ones at their first (Replicate, or on a
+ * mesh dim of size 1 the one ordered first). */
 static int search_greedy(engine *e, int *best, score *best_s, int *found,
                          mt_error *err) {
   int choice[MT_MAX_MESH_NDIM] = {0};
