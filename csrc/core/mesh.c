@@ -257,6 +257,24 @@ int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
   return rc;
 }
 
+int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value, int64_t *out,
+                          mt_error *err) {
+  if (dim < 0 || dim >= mesh->ndim) {
+    return mt__fail(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh", dim,
+                    mesh->ndim);
+  }
+  if (!mesh->in_mesh) return mt__fail(err, MT_EINVAL, "this rank is not in the mesh");
+  if (mesh->shape[dim] == 1) {
+    out[0] = value;
+    return MT_OK;
+  }
+  MT__MPI_TRY(MPI_Allgather(&value, 1, MPI_INT64_T, out, 1, MPI_INT64_T,
+                            mesh->dim_comm[dim]),
+              "MPI_Allgather");
+  mt__count(MT_COLL_ALL_GATHER, (int64_t)sizeof value * (mesh->shape[dim] - 1));
+  return MT_OK;
+}
+
 /* The root-mesh ranks of a slice's members: the slice varies its own dims and
  * keeps this rank's root coordinate on the others. */
 static void slice_members(const mt_mesh *m, int *ranks) {

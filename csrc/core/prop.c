@@ -42,7 +42,7 @@
  * numbers ranks with an int, so no larger mesh exists. */
 #define MAX_MESH_NUMEL ((int64_t)INT32_MAX)
 
-enum { CAND_REPLICATE, CAND_LABEL, CAND_PARTIAL, CAND_KEEP };
+enum { CAND_REPLICATE, CAND_LABEL, CAND_PARTIAL };
 
 /* One candidate on one mesh dim: what each input needs there and what the
  * output gets. `creates` marks an output Partial the op makes (CONTRACT, REDUCE),
@@ -423,14 +423,24 @@ static int even_only(const mt_dimmap *map, int l) {
                                     map->label_reduce_op[l] == MT_REDUCE_AVG);
 }
 
-/* Whether label l may be cut into `shards` chunks: reducing an empty shard has no
- * value for max or min and would weigh an average wrongly, so only KEEP labels
- * may leave shards empty; even_only labels need equal shards. */
+/* Whether a shard of label l may be empty: a kept label leaves an output shard
+ * empty (as its inputs already are), and a contraction or a sum or product over
+ * an empty shard is its identity (0 or 1), which the pending Partial adds or
+ * multiplies in harmlessly. Max and min have no such value, and an average
+ * weighs its shards equally, so those need an element in every shard. */
+static int may_be_empty(const mt_dimmap *map, int l) {
+  int kind = map->label_kind[l], op = map->label_reduce_op[l];
+  return kind == MT_LABEL_KEEP || kind == MT_LABEL_CONTRACT ||
+         (kind == MT_LABEL_REDUCE && (op == MT_REDUCE_SUM || op == MT_REDUCE_PRODUCT));
+}
+
+/* Whether label l may be cut into `shards` chunks: even_only labels need equal
+ * shards, and labels that may not leave a shard empty need an element in each. */
 static int fits(const engine *e, int l, int64_t shards) {
   /* torch.chunk's rule cuts chunks of ceil(n/k): 4 over 3 is 2, 2, 0, so n >= k
    * does not make every shard non-empty; the last one is when (k-1) chunks leave
    * some of n over. */
-  if (e->map->label_kind[l] != MT_LABEL_KEEP &&
+  if (!may_be_empty(e->map, l) &&
       (e->size[l] < shards ||
        sat_mul((e->size[l] + shards - 1) / shards, shards - 1) >= e->size[l]))
     return 0;
@@ -519,21 +529,45 @@ static void assign_variants(const engine *e, dim_cands *dc) {
   }
 }
 
-/* The candidates of mesh dim m. A mesh dim of size 1 holds every input whole, so
- * keeping what the inputs have there costs nothing and is always right. */
+/* How many inputs already hold on mesh dim m what candidate c needs there. */
+static int held_now(const engine *e, int m, const cand *c) {
+  int n = 0;
+  for (int i = 0; i < e->ninputs; ++i)
+    n += placement_eq(&c->in[i], &e->cur[i].placements[m]);
+  return n;
+}
+
+/* Whether `a` goes before `b` on a mesh dim of size 1: the one more inputs hold
+ * now, then one creating no Partial, then one keeping a Shard. */
+static int first_on_one(const engine *e, int m, const cand *a, const cand *b) {
+  int ha = held_now(e, m, a), hb = held_now(e, m, b);
+  if (ha != hb) return ha > hb;
+  if (a->creates != b->creates) return b->creates;
+  return a->out.kind == MT_PLACEMENT_SHARD && b->out.kind != MT_PLACEMENT_SHARD;
+}
+
+/* A mesh dim of size 1 holds every input whole, so all its candidates are free
+ * and the earliest wins a tie: a stable sort puts first what the inputs already
+ * have, so a Shard stays a Shard there, as in torch. */
+static void order_on_one(const engine *e, int m, dim_cands *dc) {
+  for (int k = 1; k < dc->n; ++k) {
+    cand c = dc->c[k];
+    int j = k;
+    for (; j > 0 && first_on_one(e, m, &c, &dc->c[j - 1]); --j) dc->c[j] = dc->c[j - 1];
+    dc->c[j] = c;
+  }
+}
+
+/* The candidates of mesh dim m. */
 static void build_dim(const engine *e, int m, dim_cands *dc) {
   int64_t g = e->in->mesh_shape[m];
   dc->n = 0;
-  if (g == 1) {
-    cand *c = new_cand(dc, CAND_KEEP, -1);
-    for (int i = 0; i < e->ninputs; ++i) c->in[i] = e->cur[i].placements[m];
-  } else {
-    new_cand(dc, CAND_REPLICATE, -1);
-    for (int l = 0; l < e->map->nlabels; ++l) {
-      if (e->shardable[l] && fits(e, l, g)) add_label(e, dc, l);
-    }
-    add_partials(e, dc, m);
+  new_cand(dc, CAND_REPLICATE, -1);
+  for (int l = 0; l < e->map->nlabels; ++l) {
+    if (e->shardable[l] && fits(e, l, g)) add_label(e, dc, l);
   }
+  add_partials(e, dc, m);
+  if (g == 1) order_on_one(e, m, dc);
   assign_variants(e, dc);
 }
 
@@ -734,7 +768,7 @@ static int scales(const engine *e, const int *choice, int l) {
   }
 }
 
-/* Every CONTRACT/REDUCE label has an element per shard, even_only labels divide
+/* Every max/min/avg REDUCE label has an element per shard, even_only labels divide
  * evenly and labels kept on a resized dim scale, counting the shards of all mesh
  * dims that cut them. */
 static int combo_valid(const engine *e, const int *choice) {
@@ -922,7 +956,8 @@ static int search_bounded(engine *e, int64_t combos, int *best, score *best_s,
 }
 
 /* Above MT_PROP_MAX_COMBOS: each mesh dim in turn takes its best candidate, the
- * earlier ones fixed and the later ones at their first (all-Replicate). */
+ * earlier ones fixed and the later ones at their first (Replicate, or on a
+ * mesh dim of size 1 the one ordered first). */
 static int search_greedy(engine *e, int *best, score *best_s, int *found,
                          mt_error *err) {
   int choice[MT_MAX_MESH_NDIM] = {0};

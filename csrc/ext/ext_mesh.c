@@ -157,6 +157,33 @@ static PyObject *mesh_any(MeshObject *self, PyObject *flag) {
   return PyBool_FromLong(result);
 }
 
+static PyObject *mesh_allgather_int(MeshObject *self, PyObject *const *args,
+                                    Py_ssize_t nargs) {
+  if (nargs != 2) return PyErr_Format(PyExc_TypeError, "allgather_int(value, dim)");
+  long long value = PyLong_AsLongLong(args[0]);
+  if (value == -1 && PyErr_Occurred()) return NULL;
+  long d = PyLong_AsLong(args[1]);
+  if (d == -1 && PyErr_Occurred()) return NULL;
+  int dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
+  int in_range = dim >= 0 && dim < mt_mesh_ndim(self->mesh);
+  int64_t n = in_range ? mt_mesh_dim_size(self->mesh, dim) : 1;
+  int64_t *out = PyMem_Malloc((size_t)n * sizeof *out);
+  if (out == NULL) return PyErr_NoMemory();
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_mesh_allgather_i64(self->mesh, dim, (int64_t)value, out, &err);
+  Py_END_ALLOW_THREADS
+  PyObject *t = rc != MT_OK ? mt_ext_raise(rc, &err) : PyTuple_New((Py_ssize_t)n);
+  for (Py_ssize_t i = 0; rc == MT_OK && t != NULL && i < (Py_ssize_t)n; ++i) {
+    PyObject *v = PyLong_FromLongLong(out[i]);
+    if (v == NULL) Py_CLEAR(t);
+    else PyTuple_SET_ITEM(t, i, v);
+  }
+  PyMem_Free(out);
+  return t;
+}
+
 static PyObject *mesh_get_shape(MeshObject *self, void *closure) {
   int ndim = mt_mesh_ndim(self->mesh);
   PyObject *out = PyTuple_New(ndim);
@@ -175,6 +202,9 @@ static PyMethodDef mesh_methods[] = {
      "One mpi4py communicator per mesh dim (COMM_NULL on a non-member). Local."},
     {"bcast", (PyCFunction)(void (*)(void))mesh_bcast, METH_FASTCALL,
      "bcast(array, dim): broadcast in place from coordinate 0 of that dim. Collective."},
+    {"allgather_int", (PyCFunction)(void (*)(void))mesh_allgather_int, METH_FASTCALL,
+     "allgather_int(value, dim) -> tuple of every member's int on that dim, by "
+     "coordinate. Collective on the dim; counted as an all-gather."},
     {"any", (PyCFunction)mesh_any, METH_O,
      "any(flag) -> OR of flag over all members. Collective on the mesh."},
     {NULL, NULL, 0, NULL},

@@ -86,6 +86,31 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
             shape = shape[0]
         return _ops._shape.reshape(self, shape, order)
 
+    def ravel(self, order: str = "C") -> "DTensor":
+        """numpy.ndarray.ravel: ``dt.reshape(-1)``; see :func:`numpy.ravel` on
+        DTensors. Collective on the mesh when the input must move first.
+
+        Example::
+
+            >>> distribute_tensor(np.ones((2, 3)), mesh, [Shard(0)]).ravel().shape
+            (6,)
+        """
+        return _ops._shape.ravel(self, order)
+
+    def flatten(self, order: str = "C") -> "DTensor":
+        """numpy.ndarray.flatten: a copy as ``dt.reshape(-1)``. Collective on the
+        mesh when the input must move first.
+
+        Example::
+
+            >>> distribute_tensor(np.ones((2, 3)), mesh, [Shard(0)]).flatten().shape
+            (6,)
+        """
+        if order not in ("C", "A"):
+            raise TypeError(f"DTensor.flatten: order={order!r} is not supported; only "
+                            f"order='C' (and 'A', which is 'C' for DTensors)")
+        return _ops._shape.reshape(self, -1, copy=True)
+
     def __getitem__(self, key) -> "DTensor":
         """Basic indexing (ints, slices with any step, None, ...), placements as
         torch's select/slice: a Shard of a dim the key cuts becomes Replicate, and

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "mpitensor/comm.h"
 #include "mpitensor/mesh.h"
 
 static int world_rank, world_size;
@@ -76,6 +77,10 @@ static void test_non_member(void) {
   CHECK((mt_mesh_dim_comm(m, 0) == MPI_COMM_NULL) == (world_rank != 0));
   int any = -1;
   CHECK(mt_mesh_any(m, 1, &any, NULL) == MT_OK && any == 1);
+  /* One member: its own value, no communication; a non-member is refused. */
+  int64_t one = -1;
+  int rc = mt_mesh_allgather_i64(m, 0, 5, &one, NULL);
+  CHECK(world_rank == 0 ? rc == MT_OK && one == 5 : rc == MT_EINVAL);
   mt_mesh_destroy(m);
 }
 
@@ -92,6 +97,20 @@ static void test_collectives(void) {
   CHECK(mt_mesh_any(m, 0, &any, NULL) == MT_OK && any == 0);
   mt_error err = {0};
   CHECK(mt_mesh_bcast(m, 1, v, 8, &err) == MT_EINDEX && strlen(err.msg) > 0);
+  /* Every member's value, by coordinate, counted as one all-gather of 8 bytes a
+   * peer (none on one rank). */
+  int64_t *got = malloc((size_t)world_size * sizeof *got);
+  mt_comm_counters before, after;
+  mt_comm_counters_get(&before);
+  CHECK(mt_mesh_allgather_i64(m, 0, 10 * world_rank + 1, got, NULL) == MT_OK);
+  mt_comm_counters_get(&after);
+  for (int r = 0; r < world_size; ++r) CHECK(got[r] == 10 * r + 1);
+  int gathered = world_size > 1;
+  CHECK(after.calls[MT_COLL_ALL_GATHER] - before.calls[MT_COLL_ALL_GATHER] == gathered);
+  CHECK(after.bytes[MT_COLL_ALL_GATHER] - before.bytes[MT_COLL_ALL_GATHER] ==
+        8 * (world_size - 1));
+  CHECK(mt_mesh_allgather_i64(m, 1, 0, got, &err) == MT_EINDEX);
+  free(got);
   mt_mesh_destroy(m);
   free(ranks);
 }

@@ -365,7 +365,6 @@ static int partial_ok(const mt_dimmap *map, const mt_prop_result *r, int m,
 static int check_mesh_dim(const mt_dimmap *map, const mt_prop_inputs *in,
                           const mt_prop_result *r, int m, const int64_t *size) {
   mt_placement out = r->out_placements[m];
-  if (in->mesh_shape[m] == 1) return out.kind == MT_PLACEMENT_REPLICATE;
   int npartial = 0, nrep = 0, cut_label = -1;
   for (int i = 0; i < map->ninputs; ++i) {
     mt_placement p = r->in_placements[i][m];
@@ -495,7 +494,13 @@ static int o_fits(const mt_dimmap *map, const int64_t *size, int l, int64_t shar
   int even = ((map->even_only >> l) & 1u) || (map->label_kind[l] == MT_LABEL_REDUCE &&
                                               map->label_reduce_op[l] == MT_REDUCE_AVG);
   /* chunks of ceil(n/k): every shard holds an element iff (k-1) chunks leave some */
-  if (map->label_kind[l] != MT_LABEL_KEEP &&
+  /* sum, product and contraction have an identity for an empty shard */
+  int op = map->label_reduce_op[l];
+  int empty_ok = map->label_kind[l] == MT_LABEL_KEEP ||
+                 map->label_kind[l] == MT_LABEL_CONTRACT ||
+                 (map->label_kind[l] == MT_LABEL_REDUCE &&
+                  (op == MT_REDUCE_SUM || op == MT_REDUCE_PRODUCT));
+  if (!empty_ok &&
       (size[l] < shards || (size[l] + shards - 1) / shards * (shards - 1) >= size[l]))
     return 0;
   return !even || size[l] % shards == 0;
@@ -548,18 +553,35 @@ static void o_partials(const mt_dimmap *map, const mt_prop_inputs *in, int m, oc
   }
 }
 
+/* The rank of a candidate on a mesh dim of size 1, lower first: inputs that
+ * must change, then whether it creates a Partial, then whether its output is not
+ * a Shard. */
+static int o_rank_on_one(const mt_dimmap *map, const mt_prop_inputs *in, int m,
+                         const ocand *c) {
+  int change = 0;
+  for (int i = 0; i < map->ninputs; ++i) change += !peq(c->in[i], in->placements[i][m]);
+  return change * 4 + c->creates * 2 + (c->out.kind != MT_PLACEMENT_SHARD);
+}
+
 static int o_cands(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t *size,
                    int m, ocand *c) {
   int n = 0;
   int64_t g = in->mesh_shape[m];
-  c[n++] = o_new(-1);
-  if (g == 1) {
-    for (int i = 0; i < map->ninputs; ++i) c[0].in[i] = in->placements[i][m];
+  ocand all[48];
+  all[n++] = o_new(-1);
+  for (int l = 0; l < map->nlabels; ++l)
+    if (held_ok(map, l) && o_fits(map, size, l, g)) o_label(map, l, &all[n++]);
+  o_partials(map, in, m, all, &n);
+  if (g != 1) {
+    memcpy(c, all, (size_t)n * sizeof *c);
     return n;
   }
-  for (int l = 0; l < map->nlabels; ++l)
-    if (held_ok(map, l) && o_fits(map, size, l, g)) o_label(map, l, &c[n++]);
-  o_partials(map, in, m, c, &n);
+  /* Size 1: every candidate is free, so the order decides (rank, then as built). */
+  int k = 0;
+  for (int r = 0; r < 4 * MT_PROP_MAX_INPUTS + 4; ++r)
+    for (int j = 0; j < n; ++j)
+      if (o_rank_on_one(map, in, m, &all[j]) == r) c[k++] = all[j];
+  CHECK(k == n);
   return n;
 }
 
@@ -977,7 +999,11 @@ static void test_meshes_2d(void) {
   CHECK(r.bytes == 0);
 }
 
-/* Size-1 mesh dims cost nothing and keep what the inputs have there. */
+static mt_prop_result reshape(tin x, int mesh_ndim, const int64_t *mesh, int nout,
+                              const int64_t *os);
+
+/* Size-1 mesh dims cost nothing; ties there go to what most inputs hold, then to
+ * no new Partial, then to a Shard (torch keeps a Shard on a one-rank mesh). */
 static void test_size1_mesh_dims(void) {
   const int64_t m41[2] = {4, 1}, m14[2] = {1, 4};
   tin a = {2, {8, 8}, {S(0), S(1)}};
@@ -989,22 +1015,45 @@ static void test_size1_mesh_dims(void) {
   mt_prop_result r;
   in = make_inputs(2, t, 2, m41);
   r = run(&add, &in);
-  EXPECT_OUT(r, 2, 2, S(0), R());
+  check_oracle(&add, &in, &r);
+  EXPECT_OUT(r, 2, 2, S(0), S(1));
   EXPECT_IN(r, 0, 2, 2, S(0), S(1));
-  EXPECT_IN(r, 1, 2, 2, S(0), R());
+  EXPECT_IN(r, 1, 2, 2, S(0), S(1));
   CHECK(r.bytes == 0 && r.messages == 0);
   t[0] = (tin){2, {8, 8}, {S(1), S(0)}}, t[1] = (tin){2, {8, 8}, {PSUM, S(0)}};
   in = make_inputs(2, t, 2, m14);
   r = run(&add, &in);
-  EXPECT_OUT(r, 2, 2, R(), S(0));
+  check_oracle(&add, &in, &r);
+  EXPECT_OUT(r, 2, 2, S(1), S(0));
   CHECK(r.bytes == 0 && r.messages == 0);
+  /* Both inputs Partial(sum) on the one-rank dim: add keeps it. */
+  t[0] = (tin){2, {8, 8}, {PSUM, S(0)}};
+  in = make_inputs(2, t, 2, m14);
+  r = run(&add, &in);
+  check_oracle(&add, &in, &r);
+  EXPECT_OUT(r, 2, 2, PSUM, S(0));
   r = matmul(2, m14, (tin){2, {8, 8}, {PMAX, S(1)}}, (tin){2, {8, 8}, {S(1), S(0)}});
-  EXPECT_OUT(r, 2, 2, R(), PSUM);
+  EXPECT_OUT(r, 2, 2, S(1), PSUM);
   CHECK(r.bytes == 0);
+  /* A one-rank mesh: x [S0] + y [R] stays [S0], a reshape keeps its Shard, and
+   * all-Replicate inputs stay Replicate. */
+  const int64_t m1[1] = {1};
+  t[0] = (tin){2, {8, 8}, {S(0)}}, t[1] = (tin){2, {8, 8}, {R()}};
+  in = make_inputs(2, t, 1, m1);
+  r = run(&add, &in);
+  check_oracle(&add, &in, &r);
+  EXPECT_OUT(r, 2, 1, S(0));
+  t[0] = (tin){2, {8, 8}, {R()}};
+  in = make_inputs(2, t, 1, m1);
+  r = run(&add, &in);
+  EXPECT_OUT(r, 2, 1, R());
+  const int64_t flat[1] = {24};
+  r = reshape((tin){2, {4, 6}, {S(0)}}, 1, m1, 1, flat);
+  EXPECT_OUT(r, 1, 1, S(0));
 }
 
-/* Shards may be empty along kept labels (as the inputs already are), never along
- * reduced ones. */
+/* Shards may be empty along kept and contracted labels and sum or product ones
+ * (0 and 1 are their identities), never along max, min or avg ones. */
 static void test_small_dims(void) {
   const int64_t m4[1] = {4};
   tin a = {2, {3, 8}, {S(0)}};
@@ -1016,9 +1065,21 @@ static void test_small_dims(void) {
   mt_prop_result r = run(&add, &in);
   EXPECT_OUT(r, 2, 1, S(0));
   CHECK(r.bytes == 0);
+  /* 3 rows over 4 ranks are 1, 1, 1, 0: the last rank's sum is 0. */
   r = reduce(a, 1, m4, 1u, RED_SUM, 0);
+  EXPECT_OUT(r, 1, 1, PSUM);
+  CHECK(r.bytes == 0 && r.messages == 0);
+  r = reduce(a, 1, m4, 1u, RED_MAX, 0);
   CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
   CHECK(r.bytes > 0);
+  /* A row-wise Linear of 6 features over 4 ranks (2, 2, 2, 0): x [S1] @ w.T [S0]
+   * contracts locally, no gather; and 2 features over 4 (1, 1, 0, 0) too. */
+  r = matmul(1, m4, (tin){2, {5, 6}, {S(1)}}, (tin){2, {6, 3}, {S(0)}});
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.bytes == 0 && r.messages == 0);
+  r = matmul(1, m4, (tin){2, {5, 2}, {S(1)}}, (tin){2, {2, 3}, {S(0)}});
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.bytes == 0 && r.messages == 0);
   /* A zero-size tensor moves no bytes, whatever it needs. */
   r = reduce((tin){2, {0, 8}, {S(0)}}, 1, m4, 1u, RED_MAX, 0);
   CHECK(r.bytes == 0 && r.out_shape[0] == 8);

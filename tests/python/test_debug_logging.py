@@ -58,13 +58,12 @@ def test_debug_lines(capsys):
     gather = ("0 step(s), 0 B received over all ranks: no step" if W == 1 else
               f"1 step(s), {(W - 1) * 8 * 4 * 8} B received over all ranks: "
               f"all_gather(mesh dim 0, {(W - 1) * 8 * 4 * 8} B)")
-    out = "[R]" if W == 1 else "[S(0)]"  # a mesh of one rank prefers Replicate
     assert lines == [
         f"{p}DTensor.redistribute [S(0)] -> [R], shape (8, 4), float64 on {m}: {gather}",
         f"{p}numpy.add: inputs [S(0)] (8, 4) float64; [S(0)] (8, 4) float64 -> output "
-        f"{out} (8, 4) (cache miss)",
+        f"[S(0)] (8, 4) (cache miss)",
         f"{p}numpy.add: inputs [S(0)] (8, 4) float64; [S(0)] (8, 4) float64 -> output "
-        f"{out} (8, 4) (cache hit)",
+        f"[S(0)] (8, 4) (cache hit)",
     ]
 
 

@@ -30,8 +30,7 @@ def test_elementwise_with_a_plain_array_is_local(mesh):
     with implicit_replication(), CommDebugMode() as comm:
         out = dt + bias
     assert comm.get_total_counts() == 0
-    # A mesh dim of one rank holds the whole tensor: the engine reports Replicate.
-    assert out.placements == ((Shard(0),) if W > 1 else (Replicate(),))
+    assert out.placements == (Shard(0),)
     assert np.array_equal(out.full_tensor(), g + bias)
 
 

@@ -97,7 +97,7 @@ def test_partial_rules_placements():
     mesh = mesh_of((W,))
     one = np.ones((4, 4))
     p, r = make(one, mesh, [PS]), make(one, mesh, [R])
-    expect_p = (PS,) if W > 1 else (R,)
+    expect_p = (PS,)
     with CommDebugMode() as mode:
         outs = [p + p, -p, p * r, p * 2.0, p / r, p / 2.0, p - p]
     assert mode.get_total_counts() == 0
@@ -106,7 +106,7 @@ def test_partial_rules_placements():
     assert_matches(p + 1.0, one + 1.0)  # the scalar is added once, not once per rank
     assert_matches(np.exp(p), np.exp(one))
     pm = DTensor.from_local(np.full((4,), float(mesh.get_rank())), mesh, [Partial("max")])
-    assert np.maximum(pm, pm).placements == ((Partial("max"),) if W > 1 else (R,))
+    assert np.maximum(pm, pm).placements == (Partial("max"),)
     assert_matches(np.maximum(pm, 0.5), np.maximum(np.full(4, W - 1.0), 0.5))
 
 
@@ -116,7 +116,7 @@ def test_shard_plus_shard_no_communication():
     with CommDebugMode() as mode:
         y = x + x
     assert mode.get_total_counts() == 0
-    assert y.placements == ((S0,) if W > 1 else (R,))
+    assert y.placements == (S0,)
     assert_matches(y, 2 * np.arange(64.0).reshape(8, 8))
 
 

@@ -53,7 +53,7 @@ def test_s0_at_s0_gathers_once():
     with CommDebugMode() as mode:
         z = dx @ dy
     assert dict(mode.get_comm_counts()) == ({"all_gather_into_tensor": 1} if W > 1 else {})
-    assert z.placements == ((S0,) if W > 1 else (R,))
+    assert z.placements == (S0,)
     assert_matches(z, x @ y)
 
 
@@ -67,8 +67,25 @@ def test_placement_outcomes_without_communication(pa, pb, expect):
     with CommDebugMode() as mode:
         z = np.matmul(dx, dy)
     assert mode.get_total_counts() == 0
-    assert z.placements == ((expect,) if W > 1 else (R,))
+    assert z.placements == (expect,)
     assert_matches(z, x @ y)
+
+
+@pytest.mark.parametrize("k", [2, 6])
+def test_contraction_with_empty_shards_stays_local(k):
+    """k features over W ranks (6 over 4 is 2, 2, 2, 0; 2 over 3 is 1, 1, 0): a rank
+    with an empty shard contributes zeros to the Partial(sum) instead of gathering."""
+    mesh = mesh_of((W,))
+    x = np.arange(5.0 * k).reshape(5, k) / 7
+    y = np.arange(3.0 * k).reshape(k, 3) / 5
+    dx, dy = make(x, mesh, [S1]), make(y, mesh, [S0])
+    with CommDebugMode() as mode:
+        z = dx @ dy
+        e = np.einsum("ik,kj->ij", dx, dy)
+    assert mode.get_total_counts() == 0
+    assert z.placements == (PS,) and e.placements == (PS,)
+    assert_matches(z, x @ y)
+    assert_matches(e, x @ y)
 
 
 def test_errors():

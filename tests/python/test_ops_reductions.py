@@ -70,8 +70,27 @@ def test_reducing_a_sharded_axis_gives_partial(name, op):
     with CommDebugMode() as mode:
         out = getattr(np, name)(dt, axis=0)
     assert mode.get_total_counts() == 0
-    assert out.placements == ((Partial(op),) if W > 1 else (R,))
+    assert out.placements == (Partial(op),)
     assert_matches(out, getattr(np, name)(full, axis=0))
+
+
+def test_sum_and_prod_over_empty_shards_stay_partial():
+    """3 rows over W ranks leave the last ones empty at W = 4: their sum is 0 and
+    their product 1, the identities, so the result stays Partial with no
+    communication; max and min have no identity and reduce a Replicate first."""
+    mesh = mesh_of((W,))
+    full = np.arange(1.0, 7.0).reshape(3, 2) / 4
+    dt = make(full, mesh, [S0])
+    for name, op in (("sum", "sum"), ("prod", "product")):
+        with CommDebugMode() as mode:
+            out = getattr(np, name)(dt, axis=0)
+        assert mode.get_total_counts() == 0
+        assert out.placements == (Partial(op),)
+        assert_matches(out, getattr(np, name)(full, axis=0))
+    for name in ("max", "min"):
+        out = getattr(np, name)(dt, axis=0)
+        assert not out.placements[0].is_partial() or W < 4
+        assert_matches(out, getattr(np, name)(full, axis=0))
 
 
 def test_sum_over_unsharded_axis_no_communication():
@@ -81,7 +100,7 @@ def test_sum_over_unsharded_axis_no_communication():
     with CommDebugMode() as mode:
         y = x.sum(axis=1)
     assert mode.get_total_counts() == 0
-    assert y.placements == ((S0,) if W > 1 else (R,))
+    assert y.placements == (S0,)
     assert_matches(y, full.sum(axis=1))
 
 
@@ -89,7 +108,8 @@ def test_mean_over_uneven_shards_replicates_first():
     mesh = mesh_of((W,))
     full = np.arange(float((W + 1) * 2)).reshape(W + 1, 2)  # W+1 rows: uneven for W > 1
     out = np.mean(make(full, mesh, [S0]), axis=0)
-    assert not out.placements[0].is_partial()
+    # one rank's single shard is even: it may stay Partial(avg) there
+    assert not out.placements[0].is_partial() or W == 1
     assert_matches(out, full.mean(axis=0))
 
 

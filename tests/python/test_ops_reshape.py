@@ -19,12 +19,6 @@ from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placement
 R, S0, S1, PS, PMAX = Replicate(), Shard(0), Shard(1), Partial("sum"), Partial("max")
 
 
-def _on_mesh(p):
-    """What a 1-D mesh of W ranks leaves of placement p: a mesh dim of size 1 holds
-    everything whole, so its output is Replicate."""
-    return p if W > 1 else R
-
-
 def _factor(draw, n):
     """A random shape of product n (n >= 1), size-1 dims sprinkled in."""
     dims = []
@@ -76,7 +70,7 @@ def test_merge_and_split_keep_even_shards_without_communication():
     assert mode.get_total_counts() == 0
     for got, shape in ((merged, (24 * W,)), (split, (2 * W, 2, 6)),
                        (both, (6 * W, 4)), (back, (4 * W, 6))):
-        assert got.placements == (_on_mesh(S0),)
+        assert got.placements == (S0,)
         assert got.to_local().size == 24
         assert_matches(got, full.reshape(shape))
 
@@ -89,7 +83,7 @@ def test_partial_passes_through():
         with CommDebugMode() as mode:
             out = dt.reshape(2, 3, 4)
         assert mode.get_total_counts() == 0
-        assert out.placements == (_on_mesh(p),)
+        assert out.placements == (p,)
         assert_matches(out, full.reshape(2, 3, 4))
 
 
@@ -125,7 +119,7 @@ def test_shard_that_cannot_stay_moves_the_cheapest_way():
         out = dt.reshape(-1)
     assert_matches(out, full.reshape(-1))
     assert dict(mode.get_comm_counts()) == ({"all_to_all_single": 1} if W > 1 else {})
-    assert out.placements == (_on_mesh(S0),)
+    assert out.placements == (S0,)
     # Uneven shares: 3 rows of 2 over 2 ranks are (4, 2) elements but 6 over 2 is
     # (3, 3), so the input is gathered.
     if W == 2:
@@ -190,3 +184,26 @@ def test_repeated_reshapes_and_shape_kinds():
         assert_matches(b.reshape(2, 12), 2 * full.reshape(2, 12))
         assert_matches(np.reshape(a, np.array([6, 4])), full.reshape(6, 4))
         assert_matches(a.reshape(np.int64(24)), full.reshape(24))
+
+
+def test_ravel_and_flatten_are_reshape_minus_one():
+    mesh = mesh_of((W,))
+    full = np.arange(4 * W * 6.0).reshape(4 * W, 6)
+    dt = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        outs = [np.ravel(dt), dt.ravel(), dt.flatten(), np.ravel(dt, order="A")]
+    assert mode.get_total_counts() == 0
+    for got in outs:
+        assert got.shape == (24 * W,) and got.placements == (S0,)
+        assert_matches(got, full.ravel())
+    # flatten copies: writing its local array leaves the input alone
+    flat = dt.flatten()
+    flat.to_local()[...] = -1.0
+    assert_matches(dt, full)
+    # a Shard of a later dim cannot stay: the input moves, the values are NumPy's
+    uneven = np.arange(5 * 7.0).reshape(5, 7)
+    assert_matches(make(uneven, mesh, [S1]).ravel(), uneven.ravel())
+    with pytest.raises(TypeError, match="order='F'"):
+        np.ravel(dt, order="F")
+    with pytest.raises(TypeError, match="order='K'"):
+        dt.flatten(order="K")

@@ -139,8 +139,8 @@ def test_concatenate_keeps_other_shards():
         c = np.concatenate([da, db], axis=1)
         s = np.stack([da, da], axis=1)
     assert mode.get_total_counts() == 0
-    assert c.placements == ((S0,) if W > 1 else (R,))
-    assert s.placements == ((S0,) if W > 1 else (R,))
+    assert c.placements == (S0,)
+    assert s.placements == (S0,)
     assert_matches(c, np.concatenate([a, b], axis=1))
     assert_matches(s, np.stack([a, a], axis=1))
     p = np.concatenate([make(a, mesh, [PS]), make(a, mesh, [PS])])

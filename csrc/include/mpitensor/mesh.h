@@ -50,6 +50,12 @@ MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim);
 int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
                   mt_error *err);
 
+/* Collective on the ranks of mesh dim `dim`. Gathers every member's `value` into
+ * `out` (one per coordinate of that dim, mt_mesh_dim_size entries), counted as an
+ * all-gather: how uneven shards learn each other's sizes. */
+int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value, int64_t *out,
+                          mt_error *err);
+
 /* Collective on the mesh. Logical OR of `flag` over every member, combined along
  * one mesh dim after another so no whole-mesh communicator is needed. */
 int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err);

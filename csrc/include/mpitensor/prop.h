@@ -149,16 +149,19 @@ int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * for the inputs' current Partials, in input order. The output of a candidate is
  * Shard(the label's output dim) for KEEP, Partial(sum) for CONTRACT,
  * Partial(reduce_op) for REDUCE, the kept Partial for a pass-through, else
- * Replicate. A mesh dim of size 1 moves no data whatever its labels say, so its
- * only candidate keeps every input's current placement and gives the output
- * Replicate.
+ * Replicate. A mesh dim of size 1 moves no data whatever its labels say, so all
+ * its candidates are free; they are ordered so that ties go to the one the most
+ * inputs already hold, then to one creating no Partial, then to one whose output
+ * is a Shard (a Shard stays a Shard there, as in torch).
  *
  * Candidates are combined over mesh dims (a label sharded by several mesh dims is
- * nested in mesh-dim order); a combination is valid when every CONTRACT or REDUCE
- * label has at least one element per shard (KEEP labels may leave shards empty,
- * as an input already sharded so does), every even_only label divides evenly
- * over its shards and every label kept on a resized output dim scales (above). Each input is priced with mt_plan_create from its current
- * placements (plans that provably cannot change the outcome are skipped); a plan
+ * nested in mesh-dim order); a combination is valid when every REDUCE label with
+ * max, min or avg has at least one element per shard (KEEP labels may leave
+ * shards empty, as an input already sharded so does, and CONTRACT labels and sum
+ * or product REDUCE labels too: an empty shard gives 0 or 1, the identity of the
+ * pending Partial), every even_only label divides evenly over its shards and
+ * every label kept on a resized output dim scales (above). Each input is priced
+ * with mt_plan_create from its current placements (plans that provably cannot change the outcome are skipped); a plan
  * that fails makes the combination invalid. The winner is, in this order: one
  * that needs no communication; the lowest cost, which is bytes +
  * MT_PROP_MESSAGE_BYTES * messages plus, for each Partial the op creates
@@ -168,7 +171,8 @@ int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * in enumeration order (mesh dim 0's candidates outermost). Everything is integer
  * arithmetic, so every rank decides the same. Above MT_PROP_MAX_COMBOS
  * combinations the mesh dims are chosen one at a time from the first, by the same
- * order, with later mesh dims held at their first candidate (all-Replicate).
+ * order, with later mesh dims held at their first candidate (Replicate, or on a
+ * mesh dim of size 1 the one ordered first).
  *
  * Shapes that disagree on a label, a broadcast dim whose size is not 1, or inputs
  * that do not fit the map are MT_EINVAL; bad placements fail as in

@@ -409,6 +409,26 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     return D.wrap(mesh, dec, local)
 
 
+
+@D.implements(np.ravel)
+def ravel(a, order="C"):
+    """numpy.ravel of a DTensor (also ``dt.ravel()`` and ``dt.flatten()``), which is
+    ``reshape(a, -1)``: a Shard of the leading dim stays where every rank's share
+    scales (always for even shards), otherwise the input moves first. Collective on
+    the mesh when the input must move.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> dt = distribute_tensor(np.arange(24.0).reshape(4, 6), mesh, [Shard(0)])
+        >>> np.ravel(dt).placements
+        (Shard(dim=0),)
+    """
+    a = _dtensor("ravel", a)
+    if order not in ("C", "A"):
+        raise TypeError(f"numpy.ravel: order={order!r} is not supported on DTensors; "
+                        f"only order='C' (and 'A', which is 'C' for them)")
+    return reshape(a, -1)
+
 def _local_shape(mesh, shape, placements):
     from .._layout import local_shape_and_global_offset
 

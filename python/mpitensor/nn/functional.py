@@ -147,62 +147,10 @@ def linear(input, weight, bias=None):
                      "be ndarrays")
     if bias is not None and not _is_dt(bias):
         raise _mixed("linear", "the bias is an ndarray but the weight is a DTensor")
-    fast = _linear_layouts(input, weight, bias)
-    if fast is not None:
-        return _linear_local(input, weight, bias, fast)
     out = np.matmul(input, weight.T)
     if bias is None:
         return out
     return out + _bias_for(out, bias)
-
-
-def _linear_layouts(x, w, b):
-    """The output placements of the tensor-parallel layouts of a linear layer that
-    need no communication, or None (then the general matmul dispatch decides).
-    Per mesh dim: R x R -> R; R x Shard(0) -> Shard(-1) (column-wise);
-    Shard(-1) x Shard(1) -> Partial (row-wise); a Shard of a leading input dim
-    x R -> that Shard. The bias must follow the output features."""
-    from ..placement_types import Partial, Shard
-
-    last = x.ndim - 1
-    if x.ndim == 0 or w.ndim != 2 or x.shape[-1] != w.shape[1] or \
-            x.device_mesh != w.device_mesh:
-        return None
-    out, used = [], set()
-    for m, (px, pw) in enumerate(zip(x.placements, w.placements)):
-        pb = b.placements[m] if b is not None else None
-        if px.is_replicate() and pw.is_replicate():
-            o, want_b = px, "r"
-        elif px.is_replicate() and pw.is_shard(0):
-            o, want_b = Shard(last), "s"
-        elif px.is_shard(last) and pw.is_shard(1):
-            o, want_b = Partial("sum"), "r"
-        elif px.is_shard() and px.dim < last and pw.is_replicate():
-            o, want_b = px, "r"
-        else:
-            return None
-        if pb is not None and not (pb.is_replicate() if want_b == "r" else pb.is_shard(0)):
-            return None
-        key = o.dim if o.is_shard() else None
-        if key is not None and key in used:
-            return None  # two mesh dims on one tensor dim: leave it to the dispatch
-        used.add(key)
-        out.append(o)
-    return out
-
-
-def _linear_local(x, w, b, out_pl):
-    mesh = x.device_mesh
-    shape = tuple(x.shape[:-1]) + (w.shape[0],)
-    if mesh.get_coordinate() is None:
-        return _wrap_like(mesh, out_pl, shape, np.empty((0,), np.result_type(x.dtype, w.dtype)))
-    local = np.matmul(x.to_local(), w.to_local().T)
-    if b is not None:
-        coord = mesh.get_coordinate()
-        # A Partial output gets the bias on the first rank of its mesh dims only.
-        if all(coord[m] == 0 for m, p in enumerate(out_pl) if p.is_partial()):
-            local += b.to_local()
-    return _wrap_like(mesh, out_pl, shape, local)
 
 
 def _bias_for(out, bias):

@@ -40,9 +40,9 @@ def annotate(local, mesh, placements, what: str = "input"):
     """A rank's local array as the DTensor it is a piece of, by ``placements``.
 
     Unlike a bare ``DTensor.from_local`` (which assumes even shards, as torch
-    does), the sizes along each sharded dim are exchanged on that mesh dim's
-    communicator (one small allgather of integers, not a data collective and not
-    counted by CommDebugMode): uneven shards get their true global shape, and
+    does), the sizes along each sharded dim are exchanged on that mesh dim (one
+    small all-gather of integers through the C layer, which CommDebugMode counts):
+    uneven shards get their true global shape, and
     sizes that do not fit torch.chunk's rule raise ValueError on every rank
     instead of leaving some ranks waiting in the next collective.
     """
@@ -64,7 +64,7 @@ def annotate(local, mesh, placements, what: str = "input"):
         d = p.dim % local.ndim if local.ndim else 0
         if local.ndim == 0:
             raise ValueError(f"cannot shard a 0-d {what} on dim {p.dim}")
-        sizes = mesh.get_group(m).allgather(int(local.shape[d]))
+        sizes = list(mesh._handle.allgather_int(int(local.shape[d]), m))
         total = sum(sizes)
         step = -(-total // len(sizes))
         expect = [max(0, min(step, total - i * step)) for i in range(len(sizes))]
