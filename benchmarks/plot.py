@@ -6,7 +6,7 @@ Reads every `*.json` the benchmarks wrote into the results directory (files of
 benchmarks it does not know are skipped with a note) and draws what each holds:
 
 * `redistribute-np{N}[-torch].json`: mt / raw MPI time per transition against the
-  local size per rank (median, bars from the per-repetition min to max), and with
+  local size per rank (median, bars over the per-repetition interquartile range), and with
   torch, how many times slower torch DTensor is than mpitensor;
 * `dispatch-np{N}[-torch].json`: the per-operation overhead over NumPy at the
   smallest size (cached fast path, Python path, cache miss; torch's over its local
@@ -53,10 +53,12 @@ def subtitle(machine: dict) -> str:
         return ""
     np_ = machine.get("np", "?")
     cores = machine.get("cores", machine.get("cpus", "?"))
-    load = machine.get("loadavg_start") or machine.get("loadavg") or "?"
+    load = machine.get("loadavg_start") or machine.get("load_avg") or "?"
     if isinstance(load, list):
         load = load[0]
-    date = str(machine.get("date", ""))[:16].replace("T", " ")
+    if isinstance(load, float):
+        load = f"{load:.2f}"
+    date = str(machine.get("date") or machine.get("when", ""))[:16].replace("T", " ")
     return f"np {np_} on {cores} cores, load avg {load} at start, {date} UTC"
 
 
@@ -70,16 +72,22 @@ def plot_redistribute(data: dict, path: str) -> str:
     for i, name in enumerate(names):
         pts = [p for p in points if p["transition"] == name]
         x = [p["bytes"] for p in pts]
+        # shifted a little per transition so that the bars of one size stay apart
+        x = [b * 1.08 ** (i - len(names) / 2) for b in x]
         y = [p["summary"]["ratio"] for p in pts]
-        lo = [max(yy - p["summary"]["ratio_min"], 0) for yy, p in zip(y, pts)]
-        hi = [max(p["summary"]["ratio_max"] - yy, 0) for yy, p in zip(y, pts)]
+        # the interquartile range of the per-repetition ratio: min..max is dominated
+        # by single descheduled repetitions on a busy machine (it is in the JSON)
+        lo_key, hi_key = (("ratio_p25", "ratio_p75") if "ratio_p25" in pts[0]["summary"]
+                          else ("ratio_min", "ratio_max"))
+        lo = [max(yy - p["summary"][lo_key], 0) for yy, p in zip(y, pts)]
+        hi = [max(p["summary"][hi_key] - yy, 0) for yy, p in zip(y, pts)]
         ax.errorbar(x, y, yerr=[lo, hi], fmt="o-", ms=3, capsize=2, lw=1,
                     color=f"C{i}", label=f"{name} ({pts[0]['raw']})", alpha=0.85)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("local input per rank (bytes)")
-    ax.set_ylabel("time mpitensor / raw MPI (median, min..max)")
+    ax.set_ylabel("time mpitensor / raw MPI (median, IQR)")
     ax.set_title("redistribute vs the raw collective")
     ax.legend(fontsize=7)
     if torch:
