@@ -158,7 +158,7 @@ test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 
 # The benchmarks at np 2 (and np 4 for redistribute), one BLAS thread per rank,
 # JSON into benchmarks/results/ and PNG plots into benchmarks/results/plots/.
-# The short set takes about 10 minutes on 2 quiet cores; BENCH_FULL=1 runs every
+# The short set took 7.3 minutes on 2 cores busy with other jobs; BENCH_FULL=1 runs every
 # benchmark with its own defaults (sizes up to 64 MiB per rank, 1 GiB checkpoints,
 # 16k-token attention) and checkpoint and context parallelism at np 4 too, which
 # takes several times longer. torch is timed alongside when it is importable in
