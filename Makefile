@@ -20,7 +20,7 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
 .PHONY: install system-deps demo docs test test-c test-python test-plain test-examples \
-  test-network test-lint test-fuzz test-asan clean
+  test-network test-lint test-fuzz test-asan bench clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
 # (a test checks this); a binary wheel could bring its own MPI.
@@ -155,6 +155,49 @@ test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 	$(ASAN_ENV) LD_PRELOAD=$$(gcc -print-file-name=libasan.so) \
 	  PYTHON=$(abspath $(ASAN_VENV))/bin/python MT_TEST_TIMEOUT=300 \
 	  tests/run_mpi_pytest.sh 2
+
+# The benchmarks at np 2 (and np 4 for redistribute), one BLAS thread per rank,
+# JSON into benchmarks/results/ and PNG plots into benchmarks/results/plots/.
+# The short set took 7.3 minutes on 2 cores busy with other jobs; BENCH_FULL=1 runs every
+# benchmark with its own defaults (sizes up to 64 MiB per rank, 1 GiB checkpoints,
+# 16k-token attention) and checkpoint and context parallelism at np 4 too, which
+# takes several times longer. torch is timed alongside when it is importable in
+# the venv. Every figure is a ratio against a baseline timed
+# interleaved in the same run (see docs/performance.md).
+BENCH_FULL ?=
+MPIRUN := mpiexec --oversubscribe -n
+ifeq ($(BENCH_FULL),)
+BENCH_REDIST := --max-bytes 16MiB --reps 15 --reps-large 7 --no-plot
+BENCH_DISPATCH := --reps 15 --reps-large 31 --reps-matmul 7 --miss-reps 15
+BENCH_TP := --hidden 1024 2048 --reps 5
+BENCH_CKPT := --sizes 64MiB,256MiB --reps 5
+BENCH_CP := --seq 4096 --reps 3
+BENCH_DEBUG := --reps 11
+BENCH_NP4 :=
+else
+BENCH_REDIST := --no-plot
+BENCH_DISPATCH :=
+BENCH_TP :=
+BENCH_CKPT :=
+BENCH_CP :=
+BENCH_DEBUG :=
+BENCH_NP4 := 4
+endif
+bench: install
+	@set -e; mkdir -p benchmarks/results/plots; \
+	torch=$$($(PY) -c "import torch" 2>/dev/null && echo --torch || true); \
+	start=$$(date +%s); echo "load average at start: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	$(MPIRUN) 2 $(PY) benchmarks/redistribute.py $(BENCH_REDIST) $$torch; \
+	$(MPIRUN) 4 $(PY) benchmarks/redistribute.py $(BENCH_REDIST); \
+	$(MPIRUN) 2 $(PY) benchmarks/dispatch.py $(BENCH_DISPATCH) $$torch; \
+	$(MPIRUN) 2 $(PY) benchmarks/tensor_parallel.py $(BENCH_TP) $$torch; \
+	for np in 2 $(BENCH_NP4); do \
+	  $(MPIRUN) $$np $(PY) benchmarks/checkpoint.py $(BENCH_CKPT); \
+	  $(MPIRUN) $$np $(PY) benchmarks/context_parallel.py $(BENCH_CP); done; \
+	$(MPIRUN) 2 $(PY) benchmarks/debug.py $(BENCH_DEBUG); \
+	echo "load average at end: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	$(PY) benchmarks/plot.py benchmarks/results --out benchmarks/results/plots; \
+	echo "make bench: $$(( $$(date +%s) - start ))s"
 
 clean:
 	rm -rf build $(VENV) $(ASAN_VENV)
