@@ -12,7 +12,7 @@ and the operation trace of an entered ``CommDebugMode``. Every hook site reads
 Hook sites: ``DTensor.redistribute`` and ``_ops._dispatch.local_inputs`` (plan
 execution), ``distribute_tensor`` and ``DTensor.from_local(run_check=True)`` (other
 collectives), ``_ops._dispatch.decide`` (sharding decisions) and
-``_ops._shape.permute`` (views). A fast path that skips these functions for
+``_ops._shape.permute`` (views), nn.functional's local layouts (``local``). A fast path that skips these functions for
 operations without communication must step aside while ``active`` is set, so that
 decisions are still logged and traced.
 """
@@ -158,6 +158,20 @@ def view(name: str, x, out) -> None:
     for listener in _listeners:
         listener._record_operation(name, [tuple(x._spec.shape)], [tuple(x._spec.placements)],
                                    x._spec.mesh)
+
+
+def local(name: str, inputs, out_placements) -> None:
+    """Before an operation whose layouts need no decision and no communication
+    (nn.functional's linear and pointwise functions on local shards)."""
+    if _log_debug:
+        ins = "; ".join(f"{placements_text(x._spec.placements)} {tuple(x._spec.shape)}"
+                        for x in inputs)
+        log.debug("%s: inputs %s -> output %s (local, no decision needed)", name, ins,
+                  placements_text(out_placements))
+    for listener in _listeners:
+        listener._record_operation(name, [tuple(x._spec.shape) for x in inputs],
+                                   [tuple(x._spec.placements) for x in inputs],
+                                   inputs[0]._spec.mesh)
 
 
 def op_name(op_key) -> str:

@@ -124,6 +124,11 @@ class DeviceMesh:
         coord = handle.coordinate()
         self._coordinate = None if coord is None else list(coord)
         self._rank = comm.Get_rank()
+        # A slice knows the mesh it was cut from, and whether this rank's slice is
+        # the first of its kind (coordinate 0 on every dim cut away), so that a
+        # state_dict's replicated slices are saved once.
+        self._root: "DeviceMesh | None" = None
+        self._first_slice = True
         self._plans: dict = {}  # redistribution plans of this mesh, made in C once each
         self._decisions: dict = {}  # sharding decisions of operations (mpitensor._ops)
         _live_meshes.add(self)
@@ -267,7 +272,14 @@ class DeviceMesh:
         names = tuple(self._names[d] for d in dims)
         sub._init(self.device_type, self._mesh[index], names,
                   self._handle.slice(dims), self._comm)
+        sub._root = self._get_root_mesh()
+        sub._first_slice = self._first_slice and all(
+            coord[d] == 0 for d in range(self.ndim) if d not in dims)
         return sub
+
+    def _get_root_mesh(self) -> "DeviceMesh":
+        """The mesh this one was sliced from (itself when not a slice), as torch's."""
+        return self._root if self._root is not None else self
 
     # -- default mesh --------------------------------------------------------------
     def __enter__(self) -> "DeviceMesh":

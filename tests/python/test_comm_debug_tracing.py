@@ -1,8 +1,8 @@
-"""CommDebugMode's module and operation trace, on an MLP parallelized Colwise ->
-Rowwise by hand (duck_modules: a stand-in with exactly the Module methods the
-tracker uses): per-module counts added to parents, the tracing table at noise
-levels 0..3 and its file form, the JSON dump, get_sharding_info /
-get_parameter_info, summary(), and hooks removed on exit."""
+"""CommDebugMode's module and operation trace on an mpitensor.nn MLP parallelized
+Colwise -> Rowwise with parallelize_module, traced as torch traces it (no module
+named: global module hooks): per-module counts added to parents, the tracing table
+at noise levels 0..3 and its file form, the JSON dump, get_sharding_info /
+get_parameter_info, summary(), the naming of modules, and hooks removed on exit."""
 
 from __future__ import annotations
 
@@ -13,26 +13,56 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
+import mpitensor as mt
+from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, nn
 from mpitensor.debug import CommDebugMode
-from duck_modules import MLP, Linear, replicated_input
+from mpitensor.nn import module as nn_module
+from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
 RANK = COMM.Get_rank()
 Y, RED, Z = "\033[1;33m", "\033[1;31m", "\033[0m"
+MLP_TYPE = f"class '{__name__}.MLP'"
+LINEAR_TYPE = "class 'mpitensor.nn.linear.Linear'"
+RELU_TYPE = "class 'mpitensor.nn.activation.ReLU'"
+
+
+class MLP(nn.Module):
+    """torch's MLPModule in small: net1 -> relu -> net2."""
+
+    def __init__(self, dim: int = 8, hidden: int = 16):
+        super().__init__()
+        mt.manual_seed(5)
+        self.net1 = nn.Linear(dim, hidden)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+PLAN = {"net1": ColwiseParallel(), "net2": RowwiseParallel()}
 
 
 @pytest.fixture(scope="module")
 def mesh():
-    return init_device_mesh("cpu", (W,))
+    return mt.init_device_mesh("cpu", (W,))
+
+
+def parallel_mlp(mesh):
+    return parallelize_module(MLP(), mesh, PLAN)
+
+
+def batch():
+    return np.random.default_rng(7).standard_normal((4, 8))
 
 
 @pytest.fixture
 def traced(mesh):
-    model = MLP(mesh)
-    x = replicated_input(mesh)
-    with CommDebugMode(model) as mode:
+    model = parallel_mlp(mesh)
+    x = batch()
+    with CommDebugMode() as mode:
         out = model(x)
     return model, x, out, mode
 
@@ -54,59 +84,65 @@ def op(name, shapes, shardings, mesh_text):
 
 
 def expected_table(level: int) -> str:
-    """The MLP's table at W > 1, written out: one all-reduce in net2 (Rowwise
-    output), counted in MLP and Global too; operations by noise level."""
+    """The MLP's table, written out: one all-reduce in net2 (RowwiseParallel's
+    output, counted in MLP and Global too; none on one rank); relu gets net1's
+    local output (use_local_output), so it runs no DTensor operation."""
     b = ring_share(4 * 8 * 8)
     m = f"DeviceMesh('cpu', {list(range(W))})"
-    coll = "*all_reduce: 1 ({} B)".format(b)
+    coll = [f"*all_reduce: 1 ({b} B)"] if W > 1 else []
     R, S0, S1, P = Replicate(), Shard(0), Shard(1), Partial()
-    trivial, plain, detail = level >= 3, level >= 2, level >= 1
-    lines = ["Global", "  FORWARD PASS", f"{Y}    {coll}{Z}", "    MLP"]
+    plain, detail = level >= 2, level >= 1
+
+    def forward(indent, ops=()):
+        if not coll and not ops:
+            return []
+        return [f"{indent}  FORWARD PASS"] + [f"{Y}{indent}    {c}{Z}" for c in coll] + list(ops)
+
+    lines = ["Global"] + forward("") + ["    MLP"]
     if detail:
-        lines.append("    *module type: class 'duck_modules.MLP'")
-    lines += ["      FORWARD PASS", f"{Y}        {coll}{Z}", "        MLP.net1"]
+        lines.append(f"    *module type: {MLP_TYPE}")
+    lines += forward("    ") + ["        MLP.net1"]
     if detail:
-        lines += ["        *module type: class 'duck_modules.Linear'",
-                  "        *Parameter List",
+        lines += [f"        *module type: {LINEAR_TYPE}", "        *Parameter List",
                   "         *weight: (Shard(dim=0),)", "         *bias: (Shard(dim=0),)",
                   "          FORWARD PASS"]
-        if trivial:
+        # Linear is x @ w.T + b through the dispatch; the transpose is a view, shown
+        # at noise level 3 only.
+        if level >= 3:
             lines += op("numpy.transpose", [(16, 8)], [(S0,)], m)
         lines += op("numpy.matmul", [(4, 8), (8, 16)], [(R,), (S1,)], m)
         lines += op("numpy.add", [(4, 16), (16,)], [(S1,), (S0,)], m)
     lines.append("        MLP.relu")
     if detail:
-        lines += ["        *module type: class 'duck_modules.ReLU'", "          FORWARD PASS"]
-        lines += op("numpy.maximum", [(4, 16)], [(S1,)], m)
+        lines.append(f"        *module type: {RELU_TYPE}")
     lines.append("        MLP.net2")
+    ops = []
     if detail:
-        lines += ["        *module type: class 'duck_modules.Linear'",
-                  "        *Parameter List",
+        lines += [f"        *module type: {LINEAR_TYPE}", "        *Parameter List",
                   "         *weight: (Shard(dim=1),)", "         *bias: (Replicate(),)"]
-    lines += ["          FORWARD PASS", f"{Y}            {coll}{Z}"]
-    if detail:
-        if trivial:
-            lines += op("numpy.transpose", [(8, 16)], [(S1,)], m)
-        lines += op("numpy.matmul", [(4, 16), (16, 8)], [(S1,), (S0,)], m)
-        lines += op("DTensor.redistribute", [(4, 8)], [(P,)], m)
-        if plain:
-            lines += op("all_reduce", [], [], m)
-        lines += op("numpy.add", [(4, 8), (8,)], [(R,), (R,)], m)
+        if level >= 3:
+            ops += op("numpy.transpose", [(8, 16)], [(S1,)], m)
+        ops += op("numpy.matmul", [(4, 16), (16, 8)], [(S1,), (S0,)], m)
+        # The Replicate bias joins the Partial product as a Partial (on one rank).
+        ops += op("numpy.add", [(4, 8), (8,)], [(P,), (P,)], m)
+        ops += op("DTensor.redistribute", [(4, 8)], [(P,)], m)
+        if plain and W > 1:
+            ops += op("all_reduce", [], [], m)
+    lines += forward("        ", ops)
     return "".join(line + "\n" for line in lines)
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_tracing_table_exact(traced, level):
     _, _, _, mode = traced
-    table = mode.generate_comm_debug_tracing_table(noise_level=level)
-    if W == 1:
-        # A mesh of one rank needs no collective: the module tree alone at level 0.
-        if level == 0:
-            assert table == "Global\n    MLP\n        MLP.net1\n        MLP.relu\n        MLP.net2\n"
-        else:
-            assert "all_reduce" not in table and "**numpy.matmul" in table
-        return
-    assert table == expected_table(level)
+    assert mode.generate_comm_debug_tracing_table(noise_level=level) == expected_table(level)
+
+
+def test_explicit_module_gives_the_same_trace(mesh):
+    model = parallel_mlp(mesh)
+    with CommDebugMode(model) as mode:
+        model(batch())
+    assert mode.generate_comm_debug_tracing_table(1) == expected_table(1)
 
 
 def test_module_counts_added_to_parents(traced):
@@ -123,14 +159,9 @@ def test_module_counts_added_to_parents(traced):
 
 
 def test_result_is_the_dense_mlp(traced):
-    """The trace does not change what runs: the output is the dense computation."""
-    model, x, out, _ = traced
-    dense = x.full_tensor()
-    for lin in (model.net1, model.net2):
-        dense = dense @ lin._params["weight"].full_tensor().T + lin._params["bias"].full_tensor()
-        if lin is model.net1:
-            dense = np.maximum(dense, 0.0)
-    np.testing.assert_allclose(out.full_tensor(), dense, rtol=1e-12, atol=1e-12)
+    """The trace does not change what runs: the output is the plain model's."""
+    _, x, out, _ = traced
+    np.testing.assert_allclose(out, MLP()(x), rtol=1e-12, atol=1e-12)
 
 
 def test_sharding_and_parameter_info(traced):
@@ -142,13 +173,23 @@ def test_sharding_and_parameter_info(traced):
     info = mode.get_parameter_info()
     assert list(info) == ["MLP.net1", "MLP.net2"]
     assert list(info["MLP.net1"]) == ["weight", "bias"]
-    assert info["MLP.net2"]["weight"] is model.net2._params["weight"]
+    assert info["MLP.net2"]["weight"] is model.net2.weight
+    assert all(isinstance(p, DTensor) for params in info.values() for p in params.values())
+
+
+def test_plain_parameters_listed_without_sharding(mesh):
+    model = MLP()
+    with CommDebugMode() as mode:
+        model(batch())
+    assert mode.get_sharding_info() == {}
+    assert mode.get_parameter_info()["MLP.net1"]["weight"] is model.net1.weight
+    assert "*Parameter List" not in mode.generate_comm_debug_tracing_table(1)
 
 
 def test_json_dump_exact(traced, tmp_path_factory):
     _, _, _, mode = traced
     path = tmp_path_factory.mktemp(f"json{RANK}") / "comm.json"
-    mode.generate_json_dump(str(path), noise_level=1)
+    mode.generate_json_dump(str(path), noise_level=2)
     root = json.loads(path.read_text())
     keys = ["fqn", "module_type", "parameters", "children", "collectives_forward",
             "collective_bytes_forward", "collectives_backward", "operations_forward",
@@ -157,22 +198,28 @@ def test_json_dump_exact(traced, tmp_path_factory):
     mlp = root["children"][0]
     assert [root["fqn"], mlp["fqn"]] == ["Global", "MLP"]
     assert [c["fqn"] for c in mlp["children"]] == ["MLP.net1", "MLP.relu", "MLP.net2"]
-    net1, _, net2 = mlp["children"]
-    assert net1["module_type"] == "class 'duck_modules.Linear'"
+    net1, relu, net2 = mlp["children"]
+    assert [mlp["module_type"], net1["module_type"], relu["module_type"]] == [
+        MLP_TYPE, LINEAR_TYPE, RELU_TYPE]
     assert net1["parameters"] == [["weight", "(Shard(dim=0),)"], ["bias", "(Shard(dim=0),)"]]
-    # a one-rank mesh too: the contraction leaves a Partial there, as in torch
-    assert [o["name"] for o in net2["operations_forward"]] == [
-        "numpy.matmul", "DTensor.redistribute", "numpy.add"]
+    assert net2["parameters"] == [["weight", "(Shard(dim=1),)"], ["bias", "(Replicate(),)"]]
+    assert relu["parameters"] == [] and relu["operations_forward"] == []
+    assert [o["name"] for o in net2["operations_forward"]] == (
+        ["numpy.matmul", "numpy.add", "DTensor.redistribute"]
+        + (["all_reduce"] if W > 1 else []))
     first = net1["operations_forward"][0]
-    assert list(first) == ["name", "input_shape", "input_sharding", "device_mesh", "is_bw",
-                           "is_activation_checkpointing"]
-    assert first["input_shape"] == ["(4, 8)", "(8, 16)"]
+    assert first == {"name": "numpy.matmul", "input_shape": ["(4, 8)", "(8, 16)"],
+                     "input_sharding": ["(Replicate(),)", "(Shard(dim=1),)"],
+                     "device_mesh": f"DeviceMesh('cpu', {list(range(W))})",
+                     "is_bw": False, "is_activation_checkpointing": False}
     expect = [["all_reduce", 1]] if W > 1 else []
     for node in (root, mlp, net2):
         assert node["collectives_forward"] == expect
         assert node["collective_bytes_forward"] == (
             [["all_reduce", ring_share(256)]] if W > 1 else [])
-    assert net1["collectives_forward"] == [] and root["operations_forward"] == []
+    for node in (net1, relu):
+        assert node["collectives_forward"] == [] and node["children"] == []
+    assert root["operations_forward"] == [] and root["module_type"] == ""
 
 
 def test_json_noise_level_zero_has_no_operations(traced, tmp_path_factory):
@@ -188,7 +235,8 @@ def test_json_noise_level_zero_has_no_operations(traced, tmp_path_factory):
 
     nodes = list(walk(root))
     assert [n["fqn"] for n in nodes] == ["Global", "MLP", "MLP.net1", "MLP.relu", "MLP.net2"]
-    assert all(n["operations_forward"] == [] and n["module_type"] == "" for n in nodes)
+    assert all(n["operations_forward"] == [] and n["module_type"] == ""
+               and n["parameters"] == [] for n in nodes)
 
 
 def test_log_to_file_has_no_colour_codes(traced, tmp_path_factory):
@@ -197,9 +245,7 @@ def test_log_to_file_has_no_colour_codes(traced, tmp_path_factory):
     mode.log_comm_debug_tracing_table_to_file(str(path), noise_level=2)
     text = path.read_text()
     assert "\033" not in text
-    assert text == re.sub(r"\x1b\[[0-9;]*m", "", mode.generate_comm_debug_tracing_table(2))
-    if W > 1:
-        assert f"            *all_reduce: 1 ({ring_share(256)} B)\n" in text
+    assert text == re.sub(r"\x1b\[[0-9;]*m", "", expected_table(2))
 
 
 def test_summary(traced):
@@ -211,55 +257,81 @@ def test_summary(traced):
         assert mode.summary() == f"1 collective, {b} B sent by this rank: all_reduce 1 ({b} B)"
 
 
+def hook_counts(model):
+    return (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
+            sum(len(m._forward_hooks) for m in model.modules()))
+
+
 def test_hooks_removed_on_exit_and_reentry_resets(mesh):
-    model = MLP(mesh)
-    x = replicated_input(mesh)
-    mode = CommDebugMode(model)
-    assert model.hook_count() == 0
+    model = parallel_mlp(mesh)
+    before = hook_counts(model)
+    mode = CommDebugMode()
     with mode:
-        assert model.hook_count() == 2 * 4  # pre and post on MLP, net1, relu, net2
-        model(x)
-    assert model.hook_count() == 0
+        assert hook_counts(model)[0] == before[0] + 1
+        model(batch())
+        assert hook_counts(model) == (before[0] + 1,) + before[1:]  # per-call hooks gone
+    assert hook_counts(model) == before
     with mode:
         pass
     assert mode.get_sharding_info() == {} and mode.comm_module_counts == {}
-    mode.track(model).track(model.net1)  # tracked twice: still one pair of hooks each
-    with mode:
-        assert model.hook_count() == 2 * 4
-        model(x)
-    assert model.hook_count() == 0
-    assert list(mode.get_sharding_info())[:2] == ["MLP.net1.weight", "MLP.net1.bias"]
+    assert list(mode.advanced_module_tracker.module_helper_dict) == ["Global"]
+    boom = Boom()
+    with pytest.raises(RuntimeError, match="boom"), mode:
+        boom()  # its per-call hook never ran: it is removed on exit
+    assert hook_counts(model) == before and hook_counts(boom) == (before[0], before[1], 0)
 
 
-def test_track_inside_and_collectives_outside_modules(mesh):
-    """track() inside the context attaches at once; collectives outside every
-    module count for Global only; a sub-module called alone is named by its root."""
-    model = MLP(mesh)
-    x = replicated_input(mesh)
+class Boom(nn.Module):
+    def forward(self):
+        raise RuntimeError("boom")
+
+
+def test_submodule_names_as_torch(mesh):
+    """A module first seen running is named after its class; naming the root up
+    front (or running it once) names its submodules under it; collectives outside
+    every module count for Global only."""
+    model = parallel_mlp(mesh)
+    h = model.relu(model.net1(batch()))
     sharded = distribute_tensor(np.zeros((8, 4)), mesh, [Shard(0)])
     with CommDebugMode() as mode:
+        model.net2(h)
+    assert list(mode.advanced_module_tracker.module_helper_dict) == ["Global", "Linear"]
+    with CommDebugMode().track(model) as mode:
         sharded.full_tensor()  # an all-gather outside every module
-        mode.track(model)
-        model.net2(model.relu(model.net1(x)))
+        model.net2(h)
     counts = {fqn: dict(v["forward"]) for fqn, v in mode.comm_module_counts.items()}
     if W > 1:
         assert counts == {"Global": {"all_gather_into_tensor": 1, "all_reduce": 1},
                           "MLP.net2": {"all_reduce": 1}}
-    assert list(mode.advanced_module_tracker.module_helper_dict) == [
-        "Global", "MLP.net1", "MLP.relu", "MLP.net2"]
-    assert mode.advanced_module_tracker.module_helper_dict["MLP.net1"]["depth"] == 1
+    helper = mode.advanced_module_tracker.module_helper_dict
+    assert list(helper) == ["Global", "MLP.net2"] and helper["MLP.net2"]["depth"] == 1
+    with pytest.raises(TypeError, match="mpitensor.nn modules"):
+        CommDebugMode(object())
 
 
-def test_operations_outside_modules_and_standalone_module(mesh):
-    lin = Linear(mesh, 4, 6, [Shard(0)], [Shard(0)])
-    x = DTensor.from_local(np.ones((2, 4)), mesh, [Replicate()])
-    with CommDebugMode(lin) as mode:
-        lin(x)
-        x + 1.0
+def test_operations_outside_modules_and_trivial_ones(mesh):
+    lin = parallelize_module(nn.Linear(4, 6), mesh, ColwiseParallel(use_local_output=False))
+    x = np.ones((2, 4))
+    with CommDebugMode() as mode:
+        y = lin(x)
+        y.T + 1.0
     ops = mode.comm_module_operation_counts
     assert [o["name"] for o in ops["Linear"]["operations_list"]] == [
         "numpy.transpose", "numpy.matmul", "numpy.add"]
-    assert [o["name"] for o in ops["Global"]["operations_list"]] == ["numpy.add"]
+    assert [o["name"] for o in ops["Global"]["operations_list"]] == [
+        "numpy.transpose", "numpy.add"]
+    # Views are trivial: shown at noise level 3 only.
+    assert "**numpy.transpose" not in mode.generate_comm_debug_tracing_table(2)
+    assert "**numpy.transpose" in mode.generate_comm_debug_tracing_table(3)
+
+
+def test_nested_modes_both_trace(mesh):
+    model = parallel_mlp(mesh)
+    with CommDebugMode() as outer:
+        with CommDebugMode() as inner:
+            model(batch())
+    for mode in (outer, inner):
+        assert mode.generate_comm_debug_tracing_table(1) == expected_table(1)
 
 
 def test_noise_level_checked(traced):

@@ -46,9 +46,10 @@ def _mesh_of(obj, device_mesh):
         return resolve_mesh(device_mesh)
     if isinstance(obj, DTensor):
         return obj.device_mesh
-    meshes = [v.device_mesh for v in obj.values() if isinstance(v, DTensor)] \
-        if isinstance(obj, dict) else []
-    # The largest mesh holds the others' members when they are its slices.
+    meshes = [v.device_mesh._get_root_mesh() for v in obj.values()
+              if isinstance(v, DTensor)] if isinstance(obj, dict) else []
+    # A slice (mesh["tp"]) stands for the mesh it was cut from, so that every slice
+    # takes part; the largest mesh holds the others' members.
     return max(meshes, key=lambda m: m.size()) if meshes else _default_mesh()
 
 
@@ -56,13 +57,16 @@ def save(obj, path, *, device_mesh=None) -> None:
     """Saves a DTensor as one .npy file, or a state_dict as a directory.
 
     Collective on the DTensor's mesh (for a dict: on ``device_mesh``, else the
-    largest mesh among its DTensors, else the current ``with mesh:`` or all ranks).
+    largest mesh among its DTensors, a slice such as ``mesh["tp"]`` counting as the
+    mesh it was cut from, else the current ``with mesh:`` or all ranks).
     Each rank writes only its own box, once: of the replicas of a box only the one
     at coordinate 0 of every Replicate mesh dim writes it, and a Partial is reduced
     first. The file is written under a temporary name and renamed into place after
     every rank has finished, so an existing file is replaced whole or not at all.
     ndarray entries of a dict must be equal on every rank; the first rank writes
-    them. Any failure (a missing directory, an unwritable path, ...) raises the same
+    them. Likewise an entry on a slice of a larger mesh is taken to be equal on
+    every slice (data-parallel replicas, as torch's checkpoints assume): only the
+    first slice (coordinate 0 on the dims cut away) writes it. Any failure (a missing directory, an unwritable path, ...) raises the same
     exception on every rank.
 
     Example (``mpiexec -n 2``)::

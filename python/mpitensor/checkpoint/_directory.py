@@ -68,6 +68,32 @@ def _entry(name: str, value, mesh) -> DTensor:
                     f"DTensors and NumPy arrays")
 
 
+def _save_entry(dt: DTensor, file: str, mesh) -> tuple:
+    """Collective on ``mesh``. Writes one entry; returns the placements written.
+
+    An entry on a slice (``mesh["tp"]``) is written by the first slice only: the
+    others hold the same values. The first rank of ``mesh`` is in that slice, so
+    its outcome, broadcast, makes every rank raise or none (the other slices must
+    not go on into the next entry's collectives while the first one has failed).
+    """
+    if dt.device_mesh._get_root_mesh() is dt.device_mesh:
+        return _tensor.save_dtensor(dt, file)
+    failure = None
+    if dt.device_mesh._first_slice:
+        try:
+            _tensor.save_dtensor(dt, file)
+        except Exception as e:  # noqa: BLE001 - raised on every rank just below
+            failure = e
+
+    def outcome() -> bytes:
+        if failure is not None:
+            raise failure
+        return b""
+
+    _agree.first_rank(mesh, outcome)
+    return _tensor.written_placements(dt.placements)
+
+
 def save_dict(state: dict, path: str, mesh) -> None:
     """Collective on ``mesh`` (which holds every DTensor's mesh members)."""
     entries = {name: _entry(name, value, mesh) for name, value in state.items()}
@@ -75,7 +101,7 @@ def save_dict(state: dict, path: str, mesh) -> None:
     _agree.first_rank(mesh, lambda: _make_dir(path))
     index = {"format": FORMAT, "version": VERSION, "entries": {}}
     for name, dt in entries.items():
-        written = _tensor.save_dtensor(dt, os.path.join(path, files[name]))
+        written = _save_entry(dt, os.path.join(path, files[name]), mesh)
         index["entries"][name] = {
             "file": files[name], "shape": list(dt.shape), "dtype": _npy.descr(dt.dtype),
             "kind": "dtensor" if isinstance(state[name], DTensor) else "ndarray",

@@ -41,11 +41,16 @@ def _check_target(path: str) -> bytes:
     return b""
 
 
+def written_placements(placements) -> tuple:
+    """What a save writes for ``placements``: a Partial is reduced to Replicate."""
+    return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+
+
 def save_dtensor(dt: DTensor, path: str) -> tuple:
     """Collective on ``dt``'s mesh. Writes ``dt`` as the .npy file ``path``; a
     Partial is reduced first. Returns the placements that were written."""
     mesh = dt.device_mesh
-    placements = tuple(Replicate() if isinstance(p, Partial) else p for p in dt.placements)
+    placements = written_placements(dt.placements)
     if placements != dt.placements:
         dt = dt.redistribute(mesh, placements)
     if mesh.get_coordinate() is None:

@@ -58,14 +58,16 @@ class CommDebugMode:
     Local: counting and reporting never communicate (files are written by the rank
     that asks; give each rank its own file name or ask on one rank).
 
-    Modules: pass a module (or call :meth:`track`) to trace it and all its
-    submodules; counts then also appear per module FQN in
+    Modules: every ``mpitensor.nn`` module that runs inside the context is traced,
+    as in torch (global module hooks): counts also appear per module FQN in
     ``comm_module_counts[fqn]["forward"][name]``, added to every enclosing module
-    and to ``"Global"`` (see ``_module_tracker`` for the module methods used).
+    and to ``"Global"``. FQNs are torch's: ``MLP``, ``MLP.net2``. Passing a module
+    (or calling :meth:`track`) names its submodules up front, so that one of them
+    called on its own is still ``MLP.net1``.
 
     Example::
 
-        >>> with CommDebugMode(model) as comm_mode:
+        >>> with CommDebugMode() as comm_mode:
         ...     model(x)
         >>> comm_mode.get_comm_counts()["all_reduce"]
         1
@@ -86,9 +88,17 @@ class CommDebugMode:
             self.track(module)
 
     def track(self, module) -> "CommDebugMode":
-        """Traces ``module`` and its submodules (from now on, if already entered).
-        Local. Returns self."""
-        self.advanced_module_tracker.track(module, attached=self._inside())
+        """Names ``module`` after its class and its submodules under it (``MLP``,
+        ``MLP.net1``), as if it had run first. Local. Returns self.
+
+        Example::
+
+            >>> with CommDebugMode().track(model) as comm_mode:
+            ...     model.net2(h)
+            >>> list(comm_mode.comm_module_counts)
+            ['Global', 'MLP.net2']
+        """
+        self.advanced_module_tracker.track(module)
         return self
 
     # -- context -----------------------------------------------------------------------
@@ -169,13 +179,13 @@ class CommDebugMode:
         return sum(self.get_comm_counts().values())
 
     def get_parameter_info(self) -> dict:
-        """``{module FQN: {parameter name: DTensor or ndarray}}`` of the tracked
-        modules that ran inside the context."""
+        """``{module FQN: {parameter name: DTensor or ndarray}}`` of the modules
+        that ran inside the context."""
         return self.advanced_module_tracker.module_parameters_dict
 
     def get_sharding_info(self) -> dict:
         """``{"MLP.net1.weight": placements}`` of the DTensor parameters of the
-        tracked modules that ran inside the context."""
+        modules that ran inside the context."""
         return self.advanced_module_tracker.sharding_dict
 
     def summary(self) -> str:

@@ -1,22 +1,22 @@
 """Which module is running: the module half of CommDebugMode.
 
-Attaches to modules through the small part of the torch ``nn.Module`` interface
-that ``mpitensor.nn`` mirrors, and nothing else:
+As torch's ``_CommModeModuleTracker``: while attached, global forward hooks of
+``mpitensor.nn`` (``register_module_forward_pre_hook``) see every module call, so
+``with CommDebugMode(): model(x)`` traces the model without naming it.
 
-* ``named_modules()`` -> iterable of ``(name, module)``, the module itself first
-  with name ``""`` (gives every submodule its FQN);
-* ``named_parameters(recurse=False)`` -> iterable of ``(name, parameter)``, where a
-  parameter is a DTensor, an ndarray, or has either as ``.data`` (optional: a
-  module without the method has no parameters listed);
-* ``register_forward_pre_hook(hook)``, called as ``hook(module, args)`` before
-  ``forward``, and ``register_forward_hook(hook)``, called as
-  ``hook(module, args, output)`` after it; each returns a handle with ``remove()``.
+FQNs are torch's: a module first seen running is named after its class (``MLP``)
+and names its submodules under it (``MLP.net1``); what runs outside every module
+is ``Global``. Naming a root up front (``track``) names its tree before anything
+runs, so a submodule called on its own is still ``MLP.net1``.
 
-FQNs are torch's: the root module is named after its class (``MLP``), its
-submodules ``MLP.net1``, and what runs outside every tracked module is ``Global``.
+A module leaves the stack in a forward hook that its pre-hook appends for that
+call, so the module's own forward hooks (a parallel style's ``output_fn``, such as
+RowwiseParallel's all-reduce) run, and are counted, inside it, as in torch.
 """
 
 from __future__ import annotations
+
+import weakref
 
 from .._api import DTensor
 
@@ -28,13 +28,15 @@ class ModuleTracker:
 
     def __init__(self, on_boundary):
         self._on_boundary = on_boundary
-        self._roots: list = []
+        self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> fqn
+        self._seen: weakref.WeakSet = weakref.WeakSet()  # modules whose children are named
         self._handles: list = []
-        self._names: dict = {}  # id(module) -> (module, fqn)
+        self._exits: dict = {}  # per-call exit hooks not yet run, by handle id
         self.reset()
 
     def reset(self) -> None:
-        """Forgets what ran (entering a CommDebugMode again starts afresh)."""
+        """Forgets what ran (entering a CommDebugMode again starts afresh); the
+        names of modules stay."""
         self.module_helper_dict: dict = {"Global": {"depth": 0}}
         self.module_parameters_dict: dict = {}
         self.sharding_dict: dict = {}
@@ -46,36 +48,43 @@ class ModuleTracker:
         """The FQN of the innermost running module, ``Global`` outside all."""
         return self.parent_list[-1]
 
+    # -- names -----------------------------------------------------------------------
+    def track(self, module) -> None:
+        """Names ``module`` after its class and its submodules under it."""
+        from ..nn import Module
+
+        if not isinstance(module, Module):
+            raise TypeError(f"CommDebugMode traces mpitensor.nn modules, got "
+                            f"{type(module).__name__}")
+        self.fqn(module)
+
+    def fqn(self, module) -> str:
+        if module not in self._known:
+            self._known[module] = type(module).__name__
+        name = self._known[module]
+        if module not in self._seen:
+            self._seen.add(module)
+            for child_name, child in module.named_children():
+                self._known[child] = f"{name}.{child_name}"
+                self.fqn(child)
+        return name
+
     # -- attaching -------------------------------------------------------------------
-    def track(self, module, attached: bool) -> None:
-        self._roots.append(module)
-        if attached:
-            self._attach(module)
-
     def attach(self) -> None:
-        for module in self._roots:
-            self._attach(module)
+        from ..nn import register_module_forward_pre_hook
 
-    def _attach(self, root) -> None:
-        root_name = self._names.get(id(root), (None, type(root).__name__))[1]
-        for sub_name, sub in root.named_modules():
-            if id(sub) in self._names:  # tracked already, maybe under another root
-                continue
-            fqn = f"{root_name}.{sub_name}" if sub_name else root_name
-            self._names[id(sub)] = (sub, fqn)
-            self._handles.append(sub.register_forward_pre_hook(self._pre_hook))
-            self._handles.append(sub.register_forward_hook(self._post_hook))
+        self._handles.append(register_module_forward_pre_hook(self._pre_hook))
 
     def detach(self) -> None:
-        for handle in self._handles:
+        for handle in self._handles + list(self._exits.values()):
             handle.remove()
         self._handles.clear()
-        self._names.clear()
+        self._exits.clear()
 
     # -- hooks -----------------------------------------------------------------------
     def _pre_hook(self, module, args) -> None:
         self._on_boundary()
-        fqn = self._names[id(module)][1]
+        fqn = self.fqn(module)
         info = self.module_helper_dict.setdefault(fqn, {})
         info["module_type"] = str(type(module)).replace("<", "").replace(">", "")
         info["depth"] = len(self.parent_list)
@@ -84,19 +93,25 @@ class ModuleTracker:
         if fqn not in children:
             children.append(fqn)
         self.parent_list.append(fqn)
+        self._add_exit(module, fqn)
 
-    def _post_hook(self, module, args, output) -> None:
-        self._on_boundary()
-        if len(self.parent_list) > 1 and self.parent_list[-1] == self._names[id(module)][1]:
-            self.parent_list.pop()
+    def _add_exit(self, module, fqn: str) -> None:
+        """A forward hook after the module's own, for this call only."""
+        handle = None
+
+        def leave(mod, args, output) -> None:
+            self._exits.pop(handle.id, None)
+            handle.remove()
+            self._on_boundary()
+            if len(self.parent_list) > 1 and self.parent_list[-1] == fqn:
+                self.parent_list.pop()
+
+        handle = module.register_forward_hook(leave)
+        self._exits[handle.id] = handle
 
     def _record_parameters(self, fqn: str, module, info: dict) -> None:
-        named = getattr(module, "named_parameters", None)
-        if named is None:
-            return
-        for pname, param in named(recurse=False):
-            data = param if isinstance(param, DTensor) else getattr(param, "data", param)
-            self.module_parameters_dict.setdefault(fqn, {})[pname] = data
-            if isinstance(data, DTensor):
-                self.sharding_dict[f"{fqn}.{pname}"] = data.placements
-                info.setdefault("parameters", {})[pname] = str(data.placements)
+        for pname, param in module.named_parameters(recurse=False):
+            self.module_parameters_dict.setdefault(fqn, {})[pname] = param
+            if isinstance(param, DTensor):
+                self.sharding_dict[f"{fqn}.{pname}"] = param.placements
+                info.setdefault("parameters", {})[pname] = str(param.placements)

@@ -18,6 +18,7 @@ import math
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
+from .. import _trace
 from .._ops import _dispatch as D
 
 __all__ = ["softmax", "log_softmax", "linear", "relu", "gelu", "dropout", "layer_norm",
@@ -105,11 +106,13 @@ def _without_partial(x):
                           [Replicate() if p.is_partial() else p for p in x.placements])
 
 
-def _pointwise(x, func):
+def _pointwise(name, x, func):
     """``func`` on the local values; a DTensor keeps its Shard/Replicate placements."""
     if not _is_dt(x):
         return func(np.asarray(x))
     x = _without_partial(x)
+    if _trace.active:
+        _trace.local(name, (x,), x.placements)
     return _wrap_like(x.device_mesh, x.placements, x.shape, func(x.to_local()))
 
 
@@ -177,7 +180,7 @@ def _bias_for(out, bias):
 def relu(input):
     """max(x, 0), elementwise; DTensor placements kept (a Partial is reduced first).
     Local for Shard/Replicate inputs."""
-    return _pointwise(input, lambda x: np.maximum(x, 0))
+    return _pointwise("relu", input, lambda x: np.maximum(x, 0))
 
 
 # Python floats, not NumPy float64 scalars: those would promote float32 inputs.
@@ -216,7 +219,7 @@ def gelu(input, approximate: str = "none"):
             return 0.5 * x * (1.0 + cdf)
     else:
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _pointwise(input, func)
+    return _pointwise("gelu", input, func)
 
 
 def _float(x):

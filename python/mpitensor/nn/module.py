@@ -88,6 +88,21 @@ def _is_tensor(value) -> bool:
     return isinstance(value, (np.ndarray, DTensor))
 
 
+def _same_ranks(a, b) -> bool:
+    """Meshes of the same ranks in the same shape, whatever their dim names."""
+    return a == b or (a._comm.handle == b._comm.handle and a.mesh.shape == b.mesh.shape
+                      and np.array_equal(a.mesh, b.mesh))
+
+
+def _on_mesh(dt, mesh):
+    """``dt`` relabelled onto ``mesh`` (same ranks, same shape): no data moves."""
+    from .._api import DTensor
+
+    if dt.device_mesh == mesh:
+        return dt
+    return DTensor(dt.to_local(), dt._spec._replace(mesh=mesh))
+
+
 class Module:
     """Base class of every layer, as torch.nn.Module.
 
@@ -295,14 +310,26 @@ class Module:
         return out
 
     def load_state_dict(self, state_dict, strict: bool = True):
-        """Copy values into the parameters and buffers of the same names.
+        """Copy values into the parameters and buffers of the same names, each
+        keeping its own placements.
 
         A plain array loads into a DTensor parameter as the global value: each rank
         keeps its own shard (local; every rank must pass the same array). A DTensor
-        loads into a DTensor of the same shape by redistribution (collective).
-        With ``strict`` a missing or unexpected key, or a shape mismatch, is a
-        KeyError/ValueError (the same on every rank, since every rank has the
-        same keys and shapes). Returns ``(missing_keys, unexpected_keys)``.
+        in any placements loads into a DTensor parameter by redistribution to the
+        parameter's placements (collective on its mesh); one on another mesh (such
+        as what ``mpitensor.load(dir)`` returns on its default mesh) is gathered
+        whole first (collective on its mesh: ``mpitensor.load(dir,
+        like=model.state_dict())`` reads each rank's box directly instead). A
+        DTensor into a plain array parameter is gathered. With ``strict`` a missing
+        or unexpected key, or a shape mismatch, is a KeyError/ValueError (the same
+        on every rank, since every rank has the same keys and shapes). Returns
+        ``(missing_keys, unexpected_keys)``.
+
+        Example::
+
+            >>> sd = mpitensor.load("ckpt")             # saved with another plan
+            >>> model.load_state_dict(sd)
+            ([], [])
         """
         own = self.state_dict()
         missing = [k for k in own if k not in state_dict]
@@ -315,27 +342,31 @@ class Module:
                 self._load_one(key, target, state_dict[key])
         return missing, unexpected
 
-    def _load_one(self, key: str, target, value) -> None:
+    @staticmethod
+    def _load_one(key: str, target, value) -> None:
         from .._api import DTensor
         from .._layout import compute_local_shape_and_global_offset
 
-        if tuple(np.shape(value) if not isinstance(value, DTensor) else value.shape) \
-                != tuple(target.shape):
+        got = tuple(value.shape if isinstance(value, DTensor) else np.shape(value))
+        if got != tuple(target.shape):
             raise ValueError(f"load_state_dict: {key!r} has shape {tuple(target.shape)}, "
-                             f"the state dict gives {tuple(value.shape)}")
+                             f"the state dict gives {got}")
         if not isinstance(target, DTensor):
             src = value.full_tensor() if isinstance(value, DTensor) else np.asarray(value)
             np.copyto(target, src, casting="same_kind")
             return
-        if isinstance(value, DTensor):
-            local = value.redistribute(target.device_mesh, target.placements).to_local()
+        mesh = target.device_mesh
+        if isinstance(value, DTensor) and _same_ranks(value.device_mesh, mesh):
+            value = _on_mesh(value, mesh)
+            local = value.redistribute(mesh, target.placements).to_local()
         else:
             if any(p.is_partial() for p in target.placements):
                 raise ValueError(f"load_state_dict: {key!r} is a Partial DTensor; load a "
-                                 f"DTensor into it, not a plain array")
+                                 f"DTensor on its mesh into it")
+            whole = value.full_tensor() if isinstance(value, DTensor) else np.asarray(value)
             shape, offset = compute_local_shape_and_global_offset(
-                target.shape, target.device_mesh, target.placements)
-            local = np.asarray(value)[tuple(slice(o, o + s) for o, s in zip(offset, shape))]
+                target.shape, mesh, target.placements)
+            local = whole[tuple(slice(o, o + s) for o, s in zip(offset, shape))]
         np.copyto(target.to_local(), local, casting="same_kind")
 
     # -- modes -----------------------------------------------------------------------
