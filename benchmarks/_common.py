@@ -1,7 +1,8 @@
 """Shared by the benchmarks: torch.distributed on gloo over loopback (ranks and world
-size from MPI) for the side-by-side torch comparisons, and the machine facts every
-result records."""
+size from MPI) for the side-by-side torch comparisons, the machine facts every
+result records, and the peak-memory probe."""
 
+import gc
 import os
 import socket
 
@@ -50,3 +51,28 @@ def git_revision(repo: str) -> str:
     except OSError:
         return "?"
     return rev + ("+dirty" if dirty else "")
+
+
+def status_kib(key: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM), or -1."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def peak_growth(fn) -> int:
+    """Bytes by which this process's peak RSS rises above its current RSS during fn().
+
+    Resets the kernel's high-water mark (VmHWM) to the current RSS by writing 5 to
+    /proc/self/clear_refs, runs fn, keeps its result alive while reading VmHWM.
+    """
+    gc.collect()
+    before = status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    result = fn()
+    peak = status_kib("VmHWM")
+    del result
+    return (peak - before) * 1024

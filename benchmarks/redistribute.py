@@ -46,7 +46,8 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 
-from _common import cpu_model, git_revision, init_gloo  # benchmarks/ is sys.path[0]
+from _common import (cpu_model, git_revision, init_gloo,  # benchmarks/ is sys.path[0]
+                     peak_growth)
 
 KiB, MiB = 1024, 1024 * 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -106,14 +107,6 @@ def output_shape(name: str, gshape, n: int):
     r, c = gshape
     return {"S0->R": (r, c), "S1->R": (r, c), "P->R": (r, c), "P->S0": (r // n, c),
             "P->S1": (r, c // n), "S0->S1": (r, c // n), "R->S0": (r // n, c)}[name]
-
-
-def status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return -1
 
 
 # ---- the variants ---------------------------------------------------------------------
@@ -367,22 +360,6 @@ def summarize(times: dict) -> dict:
 
 
 # ---- peak memory ------------------------------------------------------------------------
-
-
-def peak_growth(fn) -> int:
-    """Bytes by which this process's peak RSS rises above its current RSS during fn().
-
-    Resets the kernel's high-water mark (VmHWM) to the current RSS by writing 5 to
-    /proc/self/clear_refs, runs fn, keeps its result alive while reading VmHWM.
-    """
-    gc.collect()
-    before = status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    result = fn()
-    peak = status_kib("VmHWM")
-    del result
-    return (peak - before) * KiB
 
 
 def measure_memory(comm, mesh, nbytes, tctx, names):

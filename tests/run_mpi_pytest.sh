@@ -22,11 +22,17 @@ for a in "$@"; do
   case "$a" in -*) ;; *.py|*.py::*|*/*) paths=(); break ;; esac
 done
 common=(-m mpi4py -m pytest "${paths[@]}" -p no:cacheprovider
-        --timeout="$per_test" --timeout-method=thread "$@")
+        --timeout="$per_test" --timeout-method=thread)
+# The other ranks run without pytest's terminal plugin, which owns the verbosity and
+# report options: they take the remaining arguments only.
+quiet=()
+for a in "$@"; do
+  case "$a" in -q|-qq|-v|-vv|--quiet|--verbose|-r*) ;; *) quiet+=("$a") ;; esac
+done
 echo "=== pytest at np=$np"
-cmd=(mpiexec --oversubscribe -n 1 "$py" "${common[@]}" -v -rfE)
+cmd=(mpiexec --oversubscribe -n 1 "$py" "${common[@]}" -v -rfE "$@")
 if [ "$np" -gt 1 ]; then
-  cmd+=(: -n $((np - 1)) "$py" "${common[@]}" -p no:terminal)
+  cmd+=(: -n $((np - 1)) "$py" "${common[@]}" "${quiet[@]}" -p no:terminal)
 fi
 timeout -k 20 "$whole" "${cmd[@]}"
 rc=$?

@@ -245,8 +245,12 @@ void mt__box_at(const mt_layout *layout, const int64_t *coord, int m, int64_t k,
 
 /* Floor of a / b for b > 0. */
 static int64_t floor_div(int64_t a, int64_t b) {
-  int64_t q = a / b;
-  return (a % b != 0 && a < 0) ? q - 1 : q;
+  assert(b > 0);
+  /* b is |step| of a checked selection. cppcheck, which ignores asserts, reads the
+   * sign test in picked() as a zero test. */
+  /* cppcheck-suppress zerodivcond */
+  int64_t q = a / b, r = a % b;
+  return (r != 0 && a < 0) ? q - 1 : q;
 }
 
 static int64_t clamp(int64_t v, int64_t lo, int64_t hi) {
@@ -285,6 +289,7 @@ int mt_selection_check(const mt_selection *sel, int ndim, const int64_t *shape,
 static void picked(const mt_selection *sel, int d, int64_t lo, int64_t hi, int64_t *k0,
                    int64_t *k1) {
   int64_t start = sel->start[d], step = sel->step[d], n = sel->count[d];
+  assert(step != 0); /* sel passed mt_selection_check */
   if (step > 0) {
     *k0 = -floor_div(start - lo, step);
     *k1 = -floor_div(start - hi, step);

@@ -898,9 +898,10 @@ int mt_selection_exchange_boxes(const mt_layout *src, const mt_selection *sel,
   if (rc == MT_OK) rc = check_layout(dst, "target", &b, err);
   if (rc == MT_OK) rc = check_selection_pair(&a, sel, &b, err);
   if (rc == MT_OK) rc = check_mesh_size(&a, err);
+  if (rc != MT_OK) return rc;
   int scope[MT_MAX_MESH_NDIM] = {0};
-  if (rc == MT_OK) exchange_scope(&a, -1, scope);
-  if (rc == MT_OK) rc = check_exchange(&a, -1, coord, npeers, scope, err);
+  exchange_scope(&a, -1, scope);
+  rc = check_exchange(&a, -1, coord, npeers, scope, err);
   if (rc != MT_OK) return rc;
   fill_exchange(&a, sel, &b, coord, scope, send, recv);
   return MT_OK;

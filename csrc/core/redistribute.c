@@ -185,15 +185,12 @@ static int subarray(const mt_box *whole, const mt_box *part, MPI_Datatype elem,
   return MT_OK;
 }
 
-/* The comm and this rank's peers: along one mesh dim, or the whole mesh. Peer q of
- * the comm is mesh position lin[q]. */
-static int exchange_comm(const exec_ctx *c, int m, MPI_Comm *comm, int64_t *lin,
-                         int *me, mt_error *err) {
+/* The group of this rank's g peers: along mesh dim m, or the whole mesh when m < 0
+ * (g being the size of that dim or of the mesh). Peer q of the comm is mesh
+ * position lin[q]; every one of the g is written. */
+static int exchange_comm(const exec_ctx *c, int m, int64_t g, MPI_Comm *comm,
+                         int64_t *lin, int *me, mt_error *err) {
   int nd = mt_mesh_ndim(c->mesh);
-  int64_t g = m >= 0 ? mt_mesh_dim_size(c->mesh, m) : 1;
-  if (m < 0) {
-    for (int d = 0; d < nd; ++d) g *= mt_mesh_dim_size(c->mesh, d);
-  }
   for (int64_t q = 0; q < g; ++q) {
     int64_t l = 0;
     for (int d = 0; d < nd; ++d) {
@@ -276,11 +273,15 @@ static int start_exchange(const exec_ctx *c, pending *p, mt_error *err) {
   int64_t n = mesh_numel(c->mesh), sent = 0;
   mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
   int64_t *lin = malloc((size_t)n * sizeof *lin);
+  if (boxes == NULL || lin == NULL) {
+    free(boxes);
+    free(lin);
+    return mt__fail(err, MT_ENOMEM, "out of memory");
+  }
   MPI_Comm comm = MPI_COMM_NULL;
-  int me = 0, rc = (boxes && lin) ? MT_OK : mt__fail(err, MT_ENOMEM, "out of memory");
-  int m = p->step->mesh_dim;
+  int me = 0, m = p->step->mesh_dim;
   int g = (int)(m >= 0 ? mt_mesh_dim_size(c->mesh, m) : n);
-  if (rc == MT_OK) rc = exchange_comm(c, m, &comm, lin, &me, err);
+  int rc = exchange_comm(c, m, g, &comm, lin, &me, err);
   if (rc == MT_OK) rc = mt_exchange_boxes(&p->step->src, &p->step->dst, m, c->coord, n,
                                           boxes, boxes + n, err);
   mt_box sb, tb;
@@ -606,12 +607,15 @@ int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selectio
   int64_t n = mesh_numel(mesh), sent = 0;
   mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
   int64_t *lin = malloc((size_t)n * sizeof *lin);
+  if (boxes == NULL || lin == NULL) {
+    free(boxes);
+    free(lin);
+    return mt__fail(err, MT_ENOMEM, "out of memory");
+  }
   MPI_Comm comm = MPI_COMM_NULL;
   int me = 0;
-  rc = (boxes && lin) ? MT_OK : mt__fail(err, MT_ENOMEM, "out of memory");
-  if (rc == MT_OK)
-    rc = mt_selection_exchange_boxes(src, sel, dst, c.coord, n, boxes, boxes + n, err);
-  if (rc == MT_OK) rc = exchange_comm(&c, -1, &comm, lin, &me, err);
+  rc = mt_selection_exchange_boxes(src, sel, dst, c.coord, n, boxes, boxes + n, err);
+  if (rc == MT_OK) rc = exchange_comm(&c, -1, n, &comm, lin, &me, err);
   pending p;
   pending_init(&p, NULL, in, out);
   mt_box sb, tb;

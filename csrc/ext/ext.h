@@ -24,6 +24,7 @@ typedef struct mt_ext_state {
   PyTypeObject *plan_type;
   PyTypeObject *request_type;
   PyTypeObject *dimmap_type;
+  PyTypeObject *exchange_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
   PyTypeObject *dtensor_base_type;
   PyTypeObject *table_type;
@@ -99,6 +100,7 @@ int mt_ext_table_exec(PyObject *module);
 int mt_ext_dispatch_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_dispatch_clear(mt_ext_state *st);
 void mt_ext_dispatch_free(mt_ext_state *st);
+int mt_ext_ring_exec(PyObject *module);
 extern PyMethodDef mt_ext_pool_methods[];
 extern PyMethodDef mt_ext_mesh_methods[];
 extern PyMethodDef mt_ext_redistribute_methods[];
@@ -108,5 +110,6 @@ extern PyMethodDef mt_ext_prop_methods[];
 extern PyMethodDef mt_ext_io_methods[];
 
 extern PyMethodDef mt_ext_dispatch_methods[];
+extern PyMethodDef mt_ext_ring_methods[];
 
 #endif

@@ -353,7 +353,7 @@ static PyObject *array_ufunc(PyObject *self, PyObject *const *args, Py_ssize_t n
 
 /* The key part of a reduction's (axis, keepdims): 0 and *aux set, or -1 when the
  * arguments are not a plain int or None axis and a bool keepdims. */
-static int reduction_aux(PyObject *axis, PyObject *keepdims, long long *aux) {
+static int reduction_aux(PyObject *axis, const PyObject *keepdims, long long *aux) {
   long long a = 0;
   if (keepdims != Py_True && keepdims != Py_False) return -1;
   if (axis != Py_None) {

@@ -71,9 +71,9 @@ static int make_room(mt_ext_table *t) {
     table_clear_entries(t);
     return 0;
   }
-  int cap = t->slots == NULL ? FIRST_SLOTS : 2 * t->cap;
   mt_ext_entry *old = t->slots;
-  int old_cap = t->cap;
+  int old_cap = old == NULL ? 0 : t->cap; /* no array yet: no entries to move */
+  int cap = old == NULL ? FIRST_SLOTS : 2 * old_cap;
   t->slots = PyMem_Calloc((size_t)cap, sizeof(mt_ext_entry));
   if (t->slots == NULL) {
     t->slots = old;

@@ -129,12 +129,14 @@ static int module_exec(PyObject *module) {
   if (add_methods(module, mt_ext_io_methods) < 0) return -1;
 
   if (add_methods(module, mt_ext_dispatch_methods) < 0) return -1;
+  if (add_methods(module, mt_ext_ring_methods) < 0) return -1;
   if (mt_ext_pool_exec(module) < 0) return -1;
   if (mt_ext_mesh_exec(module) < 0) return -1;
   if (mt_ext_redistribute_exec(module) < 0) return -1;
   if (mt_ext_prop_exec(module) < 0) return -1;
   if (mt_ext_table_exec(module) < 0) return -1;
   if (mt_ext_dispatch_exec(module) < 0) return -1;
+  if (mt_ext_ring_exec(module) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_MESH_NDIM", MT_MAX_MESH_NDIM) < 0) return -1;
   return 0;
@@ -146,6 +148,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->plan_type);
   Py_VISIT(st->request_type);
   Py_VISIT(st->dimmap_type);
+  Py_VISIT(st->exchange_type);
   Py_VISIT(st->pool_handler);
   Py_VISIT(st->dtensor_base_type);
   Py_VISIT(st->table_type);
@@ -158,6 +161,7 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->plan_type);
   Py_CLEAR(st->request_type);
   Py_CLEAR(st->dimmap_type);
+  Py_CLEAR(st->exchange_type);
   Py_CLEAR(st->pool_handler);
   Py_CLEAR(st->dtensor_base_type);
   Py_CLEAR(st->table_type);

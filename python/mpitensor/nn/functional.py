@@ -503,7 +503,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
         >>> q = np.ones((1, 2, 4, 8)); scaled_dot_product_attention(q, q, q).shape
         (1, 2, 4, 8)
+
+    Inside ``mpitensor.experimental.context_parallel(mesh)`` the inputs are this
+    rank's sequence shards (dim -2) and attention runs as ring attention over
+    ``mesh``: collective, without ``attn_mask`` or dropout.
     """
+    from ..experimental import _context_parallel as _cp
+
+    cp_mesh = _cp.active()
+    if cp_mesh is not None:
+        return _cp.sdpa(cp_mesh, query, key, value, attn_mask, dropout_p, is_causal, scale)
     if not (_is_dt(query) or _is_dt(key) or _is_dt(value)):
         return _sdpa_local(_float(np.asarray(query)), _float(np.asarray(key)),
                            _float(np.asarray(value)), attn_mask, dropout_p, is_causal,

@@ -1,0 +1,276 @@
+/* _C.Exchange and the ring entry points behind context parallelism: a shift to
+ * the next rank, an uneven all-gather, and the metadata all-gather. */
+#include "ext.h"
+
+#include "mpitensor/mesh.h"
+#include "mpitensor/ring.h"
+
+typedef struct {
+  PyObject_HEAD
+  mt_exchange *ex;
+  PyObject *mesh, *send, *recv; /* kept alive until the data has moved */
+} ExchangeObject;
+
+static int finish(ExchangeObject *self, mt_error *err) {
+  if (self->ex == NULL) return MT_OK;
+  mt_exchange *ex = self->ex;
+  int rc;
+  self->ex = NULL;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_exchange_wait(ex, err);
+  Py_END_ALLOW_THREADS
+  return rc;
+}
+
+static PyObject *exchange_wait(ExchangeObject *self, PyObject *unused) {
+  mt_error err = {0};
+  int rc = finish(self, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return Py_NewRef(self->recv);
+}
+
+static PyObject *exchange_test(ExchangeObject *self, PyObject *unused) {
+  if (self->ex == NULL) Py_RETURN_TRUE;
+  mt_error err = {0};
+  int done = 0, rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_exchange_test(self->ex, &done, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return PyBool_FromLong(done);
+}
+
+/* An exchange dropped unwaited still completes, so MPI never touches freed memory. */
+static void exchange_dealloc(ExchangeObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  mt_error err = {0};
+  finish(self, &err);
+  Py_XDECREF(self->mesh);
+  Py_XDECREF(self->send);
+  Py_XDECREF(self->recv);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp);
+}
+
+static PyMethodDef exchange_methods[] = {
+    {"wait", (PyCFunction)exchange_wait, METH_NOARGS,
+     "Completes the exchange and returns the receive array. Local once started."},
+    {"test", (PyCFunction)exchange_test, METH_NOARGS,
+     "Lets MPI progress the exchange; True once it has completed. Local."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot exchange_slots[] = {
+    {Py_tp_dealloc, exchange_dealloc},
+    {Py_tp_methods, exchange_methods},
+    {Py_tp_doc, "A ring exchange in flight; wait() returns the receive array."},
+    {0, NULL},
+};
+
+static PyType_Spec exchange_spec = {
+    .name = "mpitensor._C.Exchange",
+    .basicsize = sizeof(ExchangeObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = exchange_slots,
+};
+
+/* ---- argument checks ------------------------------------------------------------- */
+
+/* MPI reads and writes these buffers as flat bytes while Python runs on. */
+static PyArrayObject *contiguous_arg(PyObject *obj, int writable, const char *what) {
+  if (!PyArray_Check(obj) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) ||
+      (writable && !PyArray_ISWRITEABLE((PyArrayObject *)obj))) {
+    PyErr_Format(PyExc_TypeError, "%s must be a%s C-contiguous ndarray", what,
+                 writable ? " writable" : "");
+    return NULL;
+  }
+  return (PyArrayObject *)obj;
+}
+
+static int dim_arg(PyObject *obj, int *dim) {
+  long d = PyLong_AsLong(obj);
+  if (d == -1 && PyErr_Occurred()) return -1;
+  *dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
+  return 0;
+}
+
+/* `send` and `recv` (arrays, or the sequences of them) stay referenced until the
+ * exchange has completed; wait() returns `recv`. */
+static PyObject *new_exchange(PyObject *module, PyObject *mesh, PyObject *send,
+                              PyObject *recv) {
+  PyTypeObject *tp = mt_ext_state_of(module)->exchange_type;
+  ExchangeObject *self = (ExchangeObject *)tp->tp_alloc(tp, 0);
+  if (self == NULL) return NULL;
+  self->mesh = Py_NewRef(mesh);
+  self->send = Py_NewRef(send);
+  self->recv = Py_NewRef(recv);
+  return (PyObject *)self;
+}
+
+/* ---- entry points ---------------------------------------------------------------- */
+
+/* Up to MT_RING_MAX_BLOCKS arrays from a tuple or list, checked as contiguous_arg. */
+static int block_args(PyObject *seq, int writable, const char *what, PyArrayObject **out,
+                      int *n) {
+  PyObject *fast = PySequence_Fast(seq, "expected a sequence of arrays");
+  if (fast == NULL) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  int rc = 0;
+  if (len < 1 || len > MT_RING_MAX_BLOCKS) {
+    PyErr_Format(PyExc_ValueError, "a shift moves 1 to %d arrays, got %zd",
+                 MT_RING_MAX_BLOCKS, len);
+    rc = -1;
+  }
+  for (Py_ssize_t i = 0; rc == 0 && i < len; ++i) {
+    out[i] = contiguous_arg(PySequence_Fast_GET_ITEM(fast, i), writable, what);
+    if (out[i] == NULL) rc = -1;
+  }
+  Py_DECREF(fast);
+  *n = (int)len;
+  return rc;
+}
+
+/* ring_shift_start(mesh, dim, sends, recvs) -> Exchange: the arrays of `sends` go to
+ * the next rank on mesh dim `dim`, those of `recvs` are filled from the previous
+ * one, pairwise. Collective on the dim. */
+static PyObject *ring_shift_start(PyObject *module, PyObject *const *args,
+                                  Py_ssize_t nargs) {
+  if (nargs != 4) return PyErr_Format(PyExc_TypeError, "ring_shift_start(mesh, dim, sends, recvs)");
+  int dim = 0, ns = 0, nr = 0;
+  PyArrayObject *send[MT_RING_MAX_BLOCKS], *recv[MT_RING_MAX_BLOCKS];
+  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  if (mesh == NULL || dim_arg(args[1], &dim) < 0 ||
+      block_args(args[2], 0, "every send", send, &ns) < 0 ||
+      block_args(args[3], 1, "every recv", recv, &nr) < 0)
+    return NULL;
+  if (ns != nr) return PyErr_Format(PyExc_ValueError, "%d sends but %d recvs", ns, nr);
+  const void *sp[MT_RING_MAX_BLOCKS];
+  void *rp[MT_RING_MAX_BLOCKS];
+  int64_t sb[MT_RING_MAX_BLOCKS], rb[MT_RING_MAX_BLOCKS];
+  for (int i = 0; i < ns; ++i) {
+    sp[i] = PyArray_DATA(send[i]), sb[i] = (int64_t)PyArray_NBYTES(send[i]);
+    rp[i] = PyArray_DATA(recv[i]), rb[i] = (int64_t)PyArray_NBYTES(recv[i]);
+  }
+  /* Tuples, so the arrays MPI is reading and writing cannot leave them meanwhile. */
+  PyObject *sends = PySequence_Tuple(args[2]);
+  PyObject *recvs = sends == NULL ? NULL : PySequence_Tuple(args[3]);
+  ExchangeObject *self = recvs == NULL ? NULL
+      : (ExchangeObject *)new_exchange(module, args[0], sends, recvs);
+  Py_XDECREF(sends);
+  Py_XDECREF(recvs);
+  if (self == NULL) return NULL;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_ring_shift_start(mesh, dim, ns, sp, sb, rp, rb, &self->ex, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) {
+    Py_DECREF(self);
+    return mt_ext_raise(rc, &err);
+  }
+  return (PyObject *)self;
+}
+
+/* The byte counts must fit the buffers, or MPI would write past `recv`. */
+static int check_gather(mt_mesh *mesh, int dim, PyArrayObject *send, PyArrayObject *recv,
+                        const int64_t *bytes, int n) {
+  int64_t coord[MT_MAX_MESH_NDIM], total = 0;
+  if (dim < 0 || dim >= mt_mesh_ndim(mesh) || !mt_mesh_coordinate(mesh, coord)) return 0;
+  if (n != mt_mesh_dim_size(mesh, dim)) {
+    PyErr_Format(PyExc_ValueError, "%d byte counts for a mesh dim of size %lld", n,
+                 (long long)mt_mesh_dim_size(mesh, dim));
+    return -1;
+  }
+  for (int k = 0; k < n; ++k) total += bytes[k];
+  if (bytes[coord[dim]] != (int64_t)PyArray_NBYTES(send) ||
+      total != (int64_t)PyArray_NBYTES(recv)) {
+    PyErr_SetString(PyExc_ValueError, "the byte counts do not match the send and "
+                    "receive arrays");
+    return -1;
+  }
+  return 0;
+}
+
+/* ring_allgatherv_start(mesh, dim, send, recv, byte_counts) -> Exchange. Collective
+ * on the dim: `recv` receives every rank's block in coordinate order. */
+static PyObject *ring_allgatherv_start(PyObject *module, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+  if (nargs != 5) {
+    return PyErr_Format(PyExc_TypeError, "ring_allgatherv_start(mesh, dim, send, recv, bytes)");
+  }
+  int dim = 0, n = 0;
+  int64_t bytes[1024];
+  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  if (mesh == NULL || dim_arg(args[1], &dim) < 0) return NULL;
+  PyArrayObject *send = contiguous_arg(args[2], 0, "send");
+  PyArrayObject *recv = send == NULL ? NULL : contiguous_arg(args[3], 1, "recv");
+  if (recv == NULL || mt_ext_int64s(args[4], bytes, 1024, &n, "byte counts") < 0 ||
+      check_gather(mesh, dim, send, recv, bytes, n) < 0)
+    return NULL;
+  ExchangeObject *self = (ExchangeObject *)new_exchange(module, args[0], (PyObject *)send,
+                                                       (PyObject *)recv);
+  if (self == NULL) return NULL;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_ring_allgatherv_start(mesh, dim, PyArray_DATA(send), PyArray_DATA(recv), bytes,
+                                &self->ex, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) {
+    Py_DECREF(self);
+    return mt_ext_raise(rc, &err);
+  }
+  return (PyObject *)self;
+}
+
+/* ring_allgather_int64(mesh, dim, values) -> tuple of len(values) * dim size ints,
+ * in coordinate order. Collective on the dim. */
+static PyObject *ring_allgather_int64(PyObject *module, PyObject *const *args,
+                                      Py_ssize_t nargs) {
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "ring_allgather_int64(mesh, dim, values)");
+  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  int dim = 0, n = 0;
+  int64_t values[64];
+  if (mesh == NULL || dim_arg(args[1], &dim) < 0 ||
+      mt_ext_int64s(args[2], values, 64, &n, "values") < 0)
+    return NULL;
+  int64_t size = mt_mesh_dim_size(mesh, dim);
+  int64_t *out = PyMem_Calloc((size_t)(size > 0 ? size : 1) * (size_t)(n > 0 ? n : 1),
+                              sizeof *out);
+  if (out == NULL) return PyErr_NoMemory();
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_ring_allgather_int64(mesh, dim, values, n, out, &err);
+  Py_END_ALLOW_THREADS
+  PyObject *result = rc == MT_OK ? PyTuple_New((Py_ssize_t)(size * n)) : NULL;
+  for (Py_ssize_t i = 0; result != NULL && i < (Py_ssize_t)(size * n); ++i) {
+    PyObject *v = PyLong_FromLongLong(out[i]);
+    if (v == NULL) Py_CLEAR(result);
+    else PyTuple_SET_ITEM(result, i, v);
+  }
+  PyMem_Free(out);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return result;
+}
+
+PyMethodDef mt_ext_ring_methods[] = {
+    {"ring_shift_start", (PyCFunction)(void (*)(void))ring_shift_start, METH_FASTCALL,
+     "ring_shift_start(mesh, dim, sends, recvs) -> Exchange. Collective on the mesh dim."},
+    {"ring_allgatherv_start", (PyCFunction)(void (*)(void))ring_allgatherv_start,
+     METH_FASTCALL,
+     "ring_allgatherv_start(mesh, dim, send, recv, byte_counts) -> Exchange. "
+     "Collective on the mesh dim."},
+    {"ring_allgather_int64", (PyCFunction)(void (*)(void))ring_allgather_int64,
+     METH_FASTCALL,
+     "ring_allgather_int64(mesh, dim, values) -> tuple of every rank's values. "
+     "Collective on the mesh dim."},
+    {NULL, NULL, 0, NULL},
+};
+
+int mt_ext_ring_exec(PyObject *module) {
+  mt_ext_state *st = mt_ext_state_of(module);
+  st->exchange_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &exchange_spec, NULL);
+  if (st->exchange_type == NULL) return -1;
+  return PyModule_AddObjectRef(module, "Exchange", (PyObject *)st->exchange_type);
+}

@@ -1,0 +1,239 @@
+"""context_parallel: shard sequence buffers in place and run attention as ring
+attention, after torch.distributed.tensor.experimental.context_parallel.
+
+Inside the context every buffer holds this rank's load-balanced shard of its
+sequence dim (see _load_balance), and mpitensor.nn.functional's
+scaled_dot_product_attention asks ``active()`` for the mesh and, when there is
+one, calls ``ring_attention`` on the shards it is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
+
+from .. import _C
+from ..device_mesh import DeviceMesh
+from . import _load_balance as LB
+from ._ring_attention import ring_attention, set_rotate_method  # noqa: F401 (re-exported)
+
+__all__ = ["context_parallel", "context_parallel_unshard", "set_rotate_method",
+           "ring_attention", "active", "sdpa"]
+
+_meshes: list = []  # the meshes of the context_parallel blocks entered, innermost last
+
+
+def active():
+    """The mesh of the innermost ``context_parallel`` block this code runs in, or
+    None outside any: where attention switches to ring attention. Local."""
+    return _meshes[-1] if _meshes else None
+
+
+def sdpa(mesh, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+         scale=None):
+    """scaled_dot_product_attention inside ``context_parallel(mesh)``: ring
+    attention over the sequence shards (dim -2) of plain ndarrays, as torch's
+    patched SDPA. mpitensor.nn.functional calls it when ``active()`` is a mesh.
+    Collective on the mesh.
+
+    Example::
+
+        >>> mesh = active()
+        >>> if mesh is not None:
+        ...     return sdpa(mesh, q, k, v, None, 0.0, True, None)
+    """
+    if attn_mask is not None:
+        raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
+                                  "does not take attn_mask (use is_causal)")
+    if dropout_p:
+        raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
+                                  "does not support dropout_p > 0")
+    from .._api import DTensor
+
+    if any(isinstance(x, DTensor) for x in (query, key, value)):
+        raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
+                                  "takes the ndarray shards of the buffers, not DTensors")
+    return ring_attention(query, key, value, mesh=mesh, seq_dim=-2, is_causal=is_causal,
+                          scale=scale)
+
+
+def _cp_mesh(mesh, what: str):
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"{what} needs a DeviceMesh, got {type(mesh).__name__}")
+    if mesh.ndim != 1:
+        raise ValueError(f"{what} needs a 1-D mesh (the context-parallel dim, e.g. "
+                         f"mesh['cp']), got a {mesh.ndim}-D mesh")
+    if mesh.get_coordinate() is None:
+        raise ValueError(f"{what}: this rank is not a member of the mesh")
+    return mesh
+
+
+def _take_shard(buf: np.ndarray, dim: int, n: int, rank: int) -> np.ndarray:
+    head, tail = LB.rank_segments(buf.shape[dim], n, rank)
+    pick = np.r_[head[0]:head[1], tail[0]:tail[1]]
+    return np.take(buf, pick, axis=dim)
+
+
+def _resizable(buf: np.ndarray) -> str:
+    """Why ``buf`` cannot change shape in place, or ''."""
+    if buf.base is not None or not buf.flags.owndata:
+        return "it is a view of another array (it does not own its data)"
+    if not buf.flags.c_contiguous:
+        return "it is not C-contiguous"
+    if not buf.flags.writeable:
+        return "it is read-only"
+    return ""
+
+
+def _check_buffers(buffers, seq_dims, no_restore):
+    if len(buffers) != len(seq_dims):
+        raise ValueError(f"buffers and buffer_seq_dims must have the same length, got "
+                         f"{len(buffers)} and {len(seq_dims)}")
+    for i, buf in enumerate(buffers):
+        if not isinstance(buf, np.ndarray):
+            raise TypeError(f"buffers[{i}] is a {type(buf).__name__}, not an ndarray")
+        if any(buf is other for other in buffers[:i]):
+            raise ValueError(f"buffers[{i}] appears twice in buffers")
+    for buf in no_restore:
+        if not any(buf is b for b in buffers):
+            raise ValueError("no_restore_buffers must be a subset of buffers: a buffer "
+                             "in no_restore_buffers is not in buffers")
+    return [normalize_axis_index(d, b.ndim) for b, d in zip(buffers, seq_dims)]
+
+
+def _shard_in_place(buf, dim, n, rank, restore):
+    """Makes ``buf`` its own shard; returns the copy to restore it from (or None)."""
+    saved = buf.copy() if restore else None
+    shard = _take_shard(buf if saved is None else saved, dim, n, rank)
+    buf.resize(shard.shape, refcheck=False)
+    buf[...] = shard
+    return saved
+
+
+@contextlib.contextmanager
+def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+    """Context parallelism: shards ``buffers`` along their sequence dims
+    (``buffer_seq_dims``) in place for the duration of the block, and makes
+    ``mpitensor.nn.functional.scaled_dot_product_attention`` (and
+    ``MultiheadAttention``) run as ring attention over ``mesh``.
+
+    Every rank passes the same full buffers. Each one that owns its data (a
+    C-contiguous, writable array that is not a view) is resized in place to this
+    rank's shard, as torch changes a buffer's shape, and restored to its full
+    contents on exit unless it is in ``no_restore_buffers`` (then it keeps the
+    shard). Views of a buffer taken before the block must not be used inside it
+    (its memory is reallocated). A buffer that cannot change shape in place (a
+    view, a read-only or non-contiguous array) stays as it is, with a warning;
+    use its shard from the list the context yields, which holds every buffer's
+    local shard in order. A rank keeps the head chunk r and the tail chunk 2N-1-r
+    of 2N chunks, so causal attention costs the same on every rank; undo the order
+    with ``context_parallel_unshard``. ``mesh`` is 1-D.
+
+    Local: entering and leaving do not communicate (attention inside does).
+
+    Example::
+
+        >>> mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("cp",))
+        >>> q, k, v = (rng.standard_normal((2, 8, 1000, 64)) for _ in range(3))
+        >>> with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+        ...     out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        ...     out = context_parallel_unshard(mesh, [out], [2])[0]
+        >>> q.shape       # restored
+        (2, 8, 1000, 64)
+    """
+    _cp_mesh(mesh, "context_parallel")
+    buffers = [] if buffers is None else list(buffers)
+    seq_dims = [] if buffer_seq_dims is None else list(buffer_seq_dims)
+    no_restore = [] if no_restore_buffers is None else list(no_restore_buffers)
+    dims = _check_buffers(buffers, seq_dims, no_restore)
+    n, rank = mesh.size(), mesh.get_local_rank()
+    shards, restores, entered = [], [], False
+    try:  # a failure while sharding restores the buffers already sharded
+        for i, (buf, dim) in enumerate(zip(buffers, dims)):
+            why = _resizable(buf)
+            if why:
+                warnings.warn(f"context_parallel cannot shard buffers[{i}] in place "
+                              f"because {why}; it is left whole: use its shard from the "
+                              f"list the context yields", stacklevel=3)
+                shards.append(_take_shard(buf, dim, n, rank))
+                continue
+            restore = not any(buf is b for b in no_restore)
+            restores.append((buf, _shard_in_place(buf, dim, n, rank, restore)))
+            shards.append(buf)
+        _meshes.append(mesh)
+        entered = True
+        yield shards
+    finally:
+        if entered:
+            _meshes.pop()
+        for buf, saved in restores:
+            if saved is not None:
+                buf.resize(saved.shape, refcheck=False)
+                buf[...] = saved
+
+
+def _gather_meta(handle, n, local, problem):
+    """Every rank's shard length, after checking on every rank alike that the
+    shards are of one array (a bad input anywhere fails everywhere)."""
+    meta = [1, 0, 0, 0] if problem else \
+        [0, local.shape[0], hash(local.shape[1:]), local.dtype.num]
+    got = _C.ring_allgather_int64(handle, 0, meta)
+    rows = [got[4 * i:4 * i + 4] for i in range(n)]
+    bad = [i for i in range(n) if rows[i][0]]
+    if bad:
+        raise ValueError(f"context_parallel_unshard: {problem}" if problem else
+                         f"context_parallel_unshard: rank(s) {bad} rejected their input")
+    if any(row[2:] != rows[0][2:] for row in rows):
+        raise ValueError("context_parallel_unshard: the ranks' shards differ in shape "
+                         "(other than the sequence dim) or dtype")
+    lens = [row[1] for row in rows]
+    total = sum(lens)
+    if any(lens[i] != LB.local_length(total, n, i) for i in range(n)):
+        raise ValueError(f"context_parallel_unshard: shard lengths {lens} are not the "
+                         f"load-balanced shards of a sequence of {total}")
+    return lens, total
+
+
+def _unshard_one(handle, n, buf, seq_dim):
+    local, problem = None, ""
+    try:
+        dim = normalize_axis_index(seq_dim, buf.ndim)
+        local = np.ascontiguousarray(np.moveaxis(buf, dim, 0))
+    except ValueError as exc:
+        problem = str(exc)
+    lens, total = _gather_meta(handle, n, local, problem)
+    row = int(np.prod(local.shape[1:], dtype=np.int64)) * local.itemsize
+    gathered = np.empty((total,) + local.shape[1:], local.dtype)
+    _C.ring_allgatherv_start(handle, 0, local, gathered, [m * row for m in lens]).wait()
+    out = np.empty_like(gathered)
+    offset = 0
+    for k in range(n):
+        for start, stop in LB.rank_segments(total, n, k):
+            out[start:stop] = gathered[offset:offset + stop - start]
+            offset += stop - start
+    return np.moveaxis(out, 0, dim)
+
+
+def context_parallel_unshard(mesh, buffers, seq_dims):
+    """The full sequences of ``buffers`` (shards made by ``context_parallel`` or
+    computed from them, e.g. attention outputs), each gathered along its dim of
+    ``seq_dims`` and put back in the original order. Returns a list of new arrays.
+
+    Collective on the mesh.
+
+    Example::
+
+        >>> with context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]) as (xs,):
+        ...     y = layer(xs)
+        ...     full_y = context_parallel_unshard(mesh, [y], [1])[0]
+    """
+    _cp_mesh(mesh, "context_parallel_unshard")
+    buffers, seq_dims = list(buffers), list(seq_dims)
+    if len(buffers) != len(seq_dims):
+        raise ValueError(f"buffers and seq_dims must have the same length, got "
+                         f"{len(buffers)} and {len(seq_dims)}")
+    return [_unshard_one(mesh._handle, mesh.size(), np.asarray(b), d)
+            for b, d in zip(buffers, seq_dims)]
