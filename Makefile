@@ -79,10 +79,11 @@ test-python: install
 	@status=0; for np in $(NPS); do tests/run_mpi_pytest.sh $$np || status=1; done; exit $$status
 
 # Plain pytest, as users run it: the mpi-marked tests (each started under mpiexec by
-# the pytest_mpitensor plugin), the plugin's own tests, and every notebook headless.
+# the pytest_mpitensor plugin), the plugin's own tests, every notebook headless, and
+# the programs on the tutorial pages of docs/.
 test-plain: install
 	timeout -k 20 1200 $(PY) -m pytest -m mpi tests/python -q
-	timeout -k 20 1200 $(PY) -m pytest tests/plugin tests/notebooks -q
+	timeout -k 20 1200 $(PY) -m pytest tests/plugin tests/notebooks tests/docs -q
 	$(MAKE) --no-print-directory docs
 
 # docs/ as HTML in build/site (MkDocs, strict: a warning such as a broken link fails).

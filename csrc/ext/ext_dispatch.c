@@ -435,7 +435,10 @@ REDUCTION(m_var, 8)
 
 #define RED_DEF(name, fn)                                             \
   {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL | METH_KEYWORDS, \
-   "numpy." name " of this DTensor; see numpy.ndarray." name "."}
+   "numpy." name " of this DTensor; see numpy.ndarray." name ". Collective on the " \
+   "mesh when a sharded axis or a Partial must be gathered or reduced; a sum, mean, " \
+   "prod, max or min over a sharded axis is local and gives a Partial.\n\n"       \
+   "Example: dt." name "(axis=0)"}
 
 /* -- the type -------------------------------------------------------------------- */
 

@@ -66,12 +66,18 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
 
     @property
     def T(self) -> "DTensor":
-        """The DTensor with its dims reversed; Shards follow their dims. Local."""
+        """The DTensor with its dims reversed; Shards follow their dims. Local.
+
+        Example: ``dt.T.placements`` is ``(Shard(1),)`` when ``dt``'s is ``(Shard(0),)``.
+        """
         return np.transpose(self)
 
     def transpose(self, *axes) -> "DTensor":
         """numpy.ndarray.transpose: ``dt.transpose()``, ``dt.transpose(1, 0)`` or
-        ``dt.transpose((1, 0))``. Shards follow their dims. Local."""
+        ``dt.transpose((1, 0))``. Shards follow their dims. Local.
+
+        Example: ``dt.transpose(1, 0).shape == dt.shape[::-1]`` for a 2-D ``dt``.
+        """
         if len(axes) == 0 or (len(axes) == 1 and axes[0] is None):
             axes = None
         elif len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
@@ -81,7 +87,10 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
     def reshape(self, *shape, order: str = "C") -> "DTensor":
         """numpy.ndarray.reshape: ``dt.reshape(2, -1)`` or ``dt.reshape((2, -1))``;
         see :func:`numpy.reshape` on DTensors (mpitensor._ops._shape.reshape).
-        Collective on the mesh when the input must move first."""
+        Collective on the mesh when the input must move first, else local.
+
+        Example: ``dt.reshape(2, -1)`` of a ``(4, 6)`` DTensor has shape ``(2, 12)``.
+        """
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
         return _ops._shape.reshape(self, shape, order)
@@ -124,11 +133,17 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
     def astype(self, dtype, copy: bool = True) -> "DTensor":
         """numpy.ndarray.astype, placements kept; a Partial is reduced first unless
         the cast is float/complex to equal or wider (see mpitensor._ops._select).
-        Local unless a Partial must be reduced."""
+        Local unless a Partial must be reduced (then collective on the mesh).
+
+        Example: ``dt.astype(np.float32).dtype == np.float32``.
+        """
         return _ops._select.astype(self, dtype, copy)
 
     def copy(self) -> "DTensor":
-        """A DTensor with its own copy of the local data, placements kept. Local."""
+        """A DTensor with its own copy of the local data, placements kept. Local.
+
+        Example: ``dt.copy().to_local() is not dt.to_local()``.
+        """
         return _ops._select.copy(self)
 
     # -- construction ------------------------------------------------------------
@@ -259,39 +274,66 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
     # -- metadata (all local) ------------------------------------------------------
     @property
     def device_mesh(self) -> DeviceMesh:
-        """The mesh this tensor lives on (read-only)."""
+        """The mesh this tensor lives on (read-only). Local.
+
+        Example: ``dt.device_mesh.shape`` is ``(2, 2)`` on a 2 x 2 mesh.
+        """
         return self._spec.mesh
 
     @property
     def placements(self) -> tuple[Placement, ...]:
-        """One placement per mesh dim (read-only)."""
+        """One placement per mesh dim (read-only). Local.
+
+        Example: ``distribute_tensor(a, mesh, [Shard(0)]).placements == (Shard(0),)``.
+        """
         return self._spec.placements
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Global shape."""
+        """Global shape (the whole tensor's, not this rank's shard). Local.
+
+        Example: ``distribute_tensor(np.ones((8, 6)), mesh, [Shard(0)]).shape == (8, 6)``.
+        """
         return self._spec.shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The NumPy dtype of the elements. Local.
+
+        Example: ``distribute_tensor(np.ones(4), mesh).dtype == np.float64``.
+        """
         return self._spec.dtype
 
     @property
     def ndim(self) -> int:
+        """Number of dims of the global tensor. Local.
+
+        Example: ``distribute_tensor(np.ones((8, 6)), mesh, [Shard(0)]).ndim == 2``.
+        """
         return len(self._spec.shape)
 
     @property
     def size(self) -> int:
-        """Number of elements of the global tensor (NumPy's meaning of size)."""
+        """Number of elements of the global tensor (NumPy's meaning of size; torch's
+        ``size()`` is this package's ``shape``). Local.
+
+        Example: ``distribute_tensor(np.ones((8, 6)), mesh, [Shard(0)]).size == 48``.
+        """
         return int(np.prod(self._spec.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the global tensor."""
+        """Bytes of the global tensor. Local.
+
+        Example: ``distribute_tensor(np.ones((8, 6)), mesh, [Shard(0)]).nbytes == 384``.
+        """
         return self.size * self._spec.dtype.itemsize
 
     def stride(self) -> tuple[int, ...]:
-        """Global strides in elements, as torch's ``Tensor.stride()``."""
+        """Global strides in elements, as torch's ``Tensor.stride()``. Local.
+
+        Example: ``distribute_tensor(np.ones((8, 6)), mesh, [Shard(0)]).stride() == (6, 1)``.
+        """
         return self._spec.stride
 
     def __len__(self) -> int:

@@ -138,22 +138,35 @@ class DeviceMesh:
     # -- structure ---------------------------------------------------------------
     @property
     def mesh(self) -> np.ndarray:
-        """The (read-only) array of ranks of ``comm`` that make up this mesh."""
+        """The (read-only) array of ranks of ``comm`` that make up this mesh. Local.
+
+        Example: ``init_device_mesh("cpu", (2, 2)).mesh.tolist() == [[0, 1], [2, 3]]``.
+        """
         return self._mesh
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...] | None:
-        """Names of the mesh dims, or None."""
+        """Names of the mesh dims, or None. Local.
+
+        Example: ``init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        .mesh_dim_names == ("dp", "tp")``.
+        """
         return self._names
 
     @property
     def ndim(self) -> int:
-        """Number of mesh dims."""
+        """Number of mesh dims. Local.
+
+        Example: ``init_device_mesh("cpu", (2, 2)).ndim == 2``.
+        """
         return self._mesh.ndim
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Size of each mesh dim."""
+        """Size of each mesh dim. Local.
+
+        Example: ``init_device_mesh("cpu", (2, 2)).shape == (2, 2)``.
+        """
         return tuple(self._mesh.shape)
 
     def size(self, mesh_dim: int | str | None = None) -> int:
@@ -195,7 +208,10 @@ class DeviceMesh:
 
     # -- this rank -----------------------------------------------------------------
     def get_rank(self) -> int:
-        """This process's rank in the mesh's communicator. Local."""
+        """This process's rank in the mesh's communicator. Local.
+
+        Example: ``init_device_mesh("cpu", (4,)).get_rank() == MPI.COMM_WORLD.Get_rank()``.
+        """
         return self._rank
 
     def get_coordinate(self) -> list[int] | None:
@@ -209,7 +225,11 @@ class DeviceMesh:
         return None if self._coordinate is None else list(self._coordinate)
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
-        """This rank's coordinate along ``mesh_dim`` (required on an N-D mesh). Local."""
+        """This rank's coordinate along ``mesh_dim`` (required on an N-D mesh). Local.
+
+        Example: on rank 2 of a ``(2, 2)`` mesh named ``("dp", "tp")``,
+        ``mesh.get_local_rank("dp") == 1`` and ``mesh.get_local_rank("tp") == 0``.
+        """
         d = self._only_dim(mesh_dim, "get_local_rank")
         if self._coordinate is None:
             raise RuntimeError(f"rank {self._rank} is not a member of {self!r}")
@@ -230,7 +250,11 @@ class DeviceMesh:
         return self.get_all_groups()[self._only_dim(mesh_dim, "get_group")]
 
     def get_all_groups(self) -> list:
-        """The mpi4py communicators of every mesh dim, in order. Local."""
+        """The mpi4py communicators of every mesh dim, in order. Local.
+
+        Example: ``[g.Get_size() for g in init_device_mesh("cpu", (2, 2)).get_all_groups()]``
+        is ``[2, 2]``.
+        """
         from mpi4py import MPI
 
         return [MPI.Intracomm(c) if c != MPI.COMM_NULL else MPI.COMM_NULL

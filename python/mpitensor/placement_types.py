@@ -22,6 +22,7 @@ _REDUCE_OPS = ("sum", "avg", "product", "max", "min")
 
 class Placement:
     """Base class of :class:`Shard`, :class:`Replicate` and :class:`Partial`.
+    Placements are local values: making or comparing one never communicates.
 
     Example::
 
@@ -32,15 +33,27 @@ class Placement:
     __slots__ = ()
 
     def is_shard(self, dim: int | None = None) -> bool:
-        """True for a :class:`Shard` (on ``dim`` when given)."""
+        """True for a :class:`Shard` (on ``dim`` when given). Local.
+
+        Example: ``Shard(1).is_shard()``, ``Shard(1).is_shard(dim=1)`` are True;
+        ``Shard(1).is_shard(0)`` and ``Replicate().is_shard()`` are False.
+        """
         return False
 
     def is_replicate(self) -> bool:
-        """True for :class:`Replicate`."""
+        """True for :class:`Replicate`. Local.
+
+        Example: ``Replicate().is_replicate()`` is True, ``Shard(0).is_replicate()``
+        False.
+        """
         return False
 
     def is_partial(self, reduce_op: str | None = None) -> bool:
-        """True for a :class:`Partial` (with ``reduce_op`` when given)."""
+        """True for a :class:`Partial` (with ``reduce_op`` when given). Local.
+
+        Example: ``Partial().is_partial()`` and ``Partial("max").is_partial("max")``
+        are True, ``Partial().is_partial("max")`` is False.
+        """
         return False
 
     def __setattr__(self, name, value):
@@ -83,7 +96,7 @@ class Shard(Placement):
     Cuts follow ``torch.chunk`` with chunks of ``ceil(n/k)`` (not
     ``numpy.array_split``): trailing ranks may hold short or empty shards. Negative
     dims are allowed and are normalised against the tensor when the placement is
-    used.
+    used. Local (a value; no communication).
 
     Example::
 
@@ -113,7 +126,7 @@ class Shard(Placement):
 
 
 class Replicate(Placement):
-    """Every rank of the mesh dim holds the whole tensor.
+    """Every rank of the mesh dim holds the whole tensor. Local (a value).
 
     Example::
 
@@ -141,7 +154,7 @@ class Partial(Placement):
 
     ``reduce_op`` is one of ``"sum"``, ``"avg"``, ``"product"``, ``"max"``,
     ``"min"``. Partial tensors come from :meth:`DTensor.from_local` and from
-    operators.
+    operators. Local (a value; reducing happens in :meth:`DTensor.redistribute`).
 
     Example::
 

@@ -49,7 +49,10 @@ def manual_seed(seed: int) -> None:
 
 
 def initial_seed() -> int:
-    """The seed in use (the last :func:`manual_seed`, or the fixed default)."""
+    """The seed in use (the last :func:`manual_seed`, or the fixed default). Local.
+
+    Example: ``manual_seed(42); assert initial_seed() == 42``.
+    """
     return _State.seed
 
 

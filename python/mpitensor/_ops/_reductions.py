@@ -162,5 +162,7 @@ def method(name):
     def m(self, *args, **kwargs):
         return impl(self, *args, **kwargs)
     m.__name__ = name
-    m.__doc__ = f"numpy.{name} of this DTensor; see numpy.ndarray.{name}."
+    m.__doc__ = (f"numpy.{name} of this DTensor; see numpy.ndarray.{name}. Collective "
+                 f"on the mesh when a sharded axis or a Partial must be gathered or "
+                 f"reduced.\n\nExample: dt.{name}(axis=0)")
     return m

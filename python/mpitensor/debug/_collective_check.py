@@ -49,7 +49,10 @@ def set_collective_checks(enabled: bool) -> None:
 
 
 def collective_checks_enabled() -> bool:
-    """Whether collective mismatch detection is on. Local."""
+    """Whether collective mismatch detection is on. Local.
+
+    Example: ``set_collective_checks(True); assert collective_checks_enabled()``.
+    """
     return _trace._checks
 
 

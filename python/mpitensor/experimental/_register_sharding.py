@@ -73,7 +73,12 @@ def register_sharding(func):
 
 def clear_sharding_registry(func=None) -> None:
     """Removes the strategies registered for ``func`` (all of them when None); the
-    built-in rule, if any, applies again."""
+    built-in rule, if any, applies again. Local, but do it on every rank alike:
+    ranks with different rules would make different collective calls.
+
+    Example: ``clear_sharding_registry(np.linalg.norm)`` after a
+    ``@register_sharding(np.linalg.norm)`` rule.
+    """
     if func is None:
         D.CUSTOM.clear()
     else:

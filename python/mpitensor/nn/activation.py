@@ -11,6 +11,8 @@ __all__ = ["GELU", "ReLU"]
 class GELU(Module):
     """torch.nn.GELU: exact (``approximate="none"``) or tanh-approximated.
 
+    Local: construction and forward never communicate (element-wise).
+
     Example::
 
         >>> GELU(approximate="tanh")(np.zeros(2))
@@ -32,6 +34,8 @@ class GELU(Module):
 
 class ReLU(Module):
     """torch.nn.ReLU: max(x, 0).
+
+    Local: construction and forward never communicate (element-wise).
 
     Example::
 

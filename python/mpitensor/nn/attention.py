@@ -32,6 +32,10 @@ class MultiheadAttention(Module):
     on every rank (e.g. 3 heads of size 4 over 2 ranks: torch.chunk gives each rank
     6 rows, one and a half heads).
 
+    Construction is local. The forward is local on ndarrays and on DTensors that
+    need no communication; collective on the mesh otherwise (as laid out by
+    :func:`~mpitensor.parallel.parallelize_module`).
+
     Example::
 
         >>> attn = MultiheadAttention(8, 2, causal=True)

@@ -13,6 +13,9 @@ class Sequential(Module):
     """Runs its children in order, each on the previous one's output. Children are
     named "0", "1", ... (or by the keys of an OrderedDict), as torch.
 
+    Construction is local; the forward is whatever its children's are (local, or
+    collective on the mesh once they are parallelized).
+
     Example::
 
         >>> Sequential(Linear(4, 8), ReLU(), Linear(8, 4))(np.ones((2, 4))).shape
@@ -50,6 +53,9 @@ class ModuleList(Module):
     """A list of modules, registered as children "0", "1", ... (for ``layers.*``
     plan keys). Indexing, ``len``, iteration and ``append``, as torch.
 
+    Construction is local; the forward is whatever its children's are (local, or
+    collective on the mesh once they are parallelized).
+
     Example::
 
         >>> layers = ModuleList([Linear(4, 4) for _ in range(2)]); len(layers)
@@ -62,10 +68,18 @@ class ModuleList(Module):
             self.append(m)
 
     def append(self, module: Module) -> "ModuleList":
+        """Adds ``module`` as the next child. Local.
+
+        Example: ``layers.append(TransformerBlock(16, 4))``.
+        """
         self.register_module(str(len(self._modules)), module)
         return self
 
     def extend(self, modules) -> "ModuleList":
+        """Appends each of ``modules``. Local.
+
+        Example: ``layers.extend([Linear(4, 4), ReLU()])``.
+        """
         for m in modules:
             self.append(m)
         return self

@@ -12,6 +12,8 @@ class Dropout(Module):
     """torch.nn.Dropout for NumPy. The mask depends only on the seed and each
     element's global index, so a sharded input drops what the whole array would.
 
+    Local: construction and forward never communicate (the mask needs none).
+
     Example::
 
         >>> Dropout(0.1).eval()(np.ones(3))

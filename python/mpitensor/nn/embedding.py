@@ -19,6 +19,10 @@ class Embedding(Module):
     RowwiseParallel on the vocabulary (``Shard(0)``): each rank looks up the
     indices in its rows and the partial results are summed.
 
+    Construction is local. The forward is local on ndarrays and on DTensors that
+    need no communication; collective on the mesh otherwise (as laid out by
+    :func:`~mpitensor.parallel.parallelize_module`).
+
     Example::
 
         >>> Embedding(10, 4)(np.array([[1, 2]])).shape

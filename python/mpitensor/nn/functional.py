@@ -68,12 +68,27 @@ def _apply(name, func, x, axis):
 def softmax(x, axis: int = -1):
     """exp(x) / sum(exp(x), axis), computed stably. For a DTensor the result keeps
     every Shard except along ``axis``, which is Replicate. Integer inputs give
-    float64."""
+    float64. Local, unless ``axis`` is sharded or the input Partial (then
+    collective on the mesh: gathered or reduced first).
+
+    Example::
+
+        >>> softmax(np.array([0.0, np.log(3.0)]))
+        array([0.25, 0.75])
+    """
     return _apply("softmax", _softmax_local, x, axis)
 
 
 def log_softmax(x, axis: int = -1):
-    """log(softmax(x, axis)), computed stably as x - max - log(sum(exp(x - max)))."""
+    """log(softmax(x, axis)), computed stably as x - max - log(sum(exp(x - max))).
+    Placements and collectiveness as :func:`softmax`: local unless ``axis`` is
+    sharded or the input Partial.
+
+    Example::
+
+        >>> np.exp(log_softmax(np.array([0.0, np.log(3.0)])))
+        array([0.25, 0.75])
+    """
     return _apply("log_softmax", _log_softmax_local, x, axis)
 
 
@@ -179,7 +194,13 @@ def _bias_for(out, bias):
 
 def relu(input):
     """max(x, 0), elementwise; DTensor placements kept (a Partial is reduced first).
-    Local for Shard/Replicate inputs."""
+    Local for Shard/Replicate inputs; collective on the mesh for a Partial one.
+
+    Example::
+
+        >>> relu(np.array([-1.0, 2.0]))
+        array([0., 2.])
+    """
     return _pointwise("relu", input, lambda x: np.maximum(x, 0))
 
 
@@ -288,7 +309,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     """(x - mean) / sqrt(var + eps) * weight + bias over the trailing
     ``normalized_shape`` dims, as torch. A DTensor sharded on other dims (e.g. the
     sequence dim under SequenceParallel) runs without communication; sharded
-    normalized dims cost all-reduces. Weight and bias are ndarrays or (with a
+    normalized dims cost all-reduces (collective on the mesh; else local). Weight and bias are ndarrays or (with a
     DTensor input) Replicate DTensors.
 
     Example::
@@ -311,7 +332,14 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     """x / sqrt(mean(x**2) + eps) * weight over the trailing ``normalized_shape``
     dims, as torch.nn.functional.rms_norm (``eps=None`` means the dtype's machine
-    epsilon). Communication as :func:`layer_norm`."""
+    epsilon). Communication as :func:`layer_norm`: local unless the normalized
+    dims are sharded.
+
+    Example::
+
+        >>> rms_norm(np.array([[3.0, 4.0]]), (2,), eps=0.0) * np.sqrt(12.5)
+        array([[3., 4.]])
+    """
     axes, shape = _norm_axes(normalized_shape, input.ndim)
     if tuple(input.shape[-len(shape):]) != shape:
         raise ValueError(f"rms_norm: input shape {tuple(input.shape)} does not end "
@@ -419,6 +447,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     dims: key and value are first given the query's placements, and the sequence
     and feature dims are made whole (gathered) where they are sharded. The output
     has the query's placements. ``attn_mask`` is an ndarray of shape (L, S).
+    Local when only batch or head dims are sharded (the tensor-parallel case);
+    collective on the mesh when a sequence or feature dim must be gathered.
 
     Example::
 

@@ -21,6 +21,10 @@ class Linear(Module):
     ColwiseParallel shards weight and bias on dim 0 (the output features);
     RowwiseParallel shards the weight on dim 1 and replicates the bias.
 
+    Construction is local. The forward is local on ndarrays and on DTensors that
+    need no communication; collective on the mesh otherwise (as laid out by
+    :func:`~mpitensor.parallel.parallelize_module`).
+
     Example::
 
         >>> Linear(3, 4)(np.ones((2, 3))).shape

@@ -38,7 +38,11 @@ def register_module_forward_pre_hook(hook: Callable) -> "RemovableHandle":
 
 def register_module_forward_hook(hook: Callable) -> "RemovableHandle":
     """Run ``hook(module, args, output)`` after every module's forward (a non-None
-    result replaces the output). Local."""
+    result replaces the output). Local.
+
+    Example: ``h = register_module_forward_hook(lambda m, args, out: print(type(m)))``,
+    later ``h.remove()``.
+    """
     return Module._add_hook(_global_forward_hooks, hook, False, False)
 
 
@@ -64,7 +68,10 @@ class Parameter:
 
 class RemovableHandle:
     """What ``register_forward_pre_hook`` / ``register_forward_hook`` return:
-    ``handle.remove()`` takes the hook out again. Local."""
+    ``handle.remove()`` takes the hook out again. Local.
+
+    Example: ``with m.register_forward_hook(hook): m(x)`` runs ``hook`` once.
+    """
 
     _ids = itertools.count()
 
@@ -73,6 +80,10 @@ class RemovableHandle:
         self.id = next(RemovableHandle._ids)
 
     def remove(self) -> None:
+        """Takes the hook out; removing twice is harmless. Local.
+
+        Example: ``h = m.register_forward_hook(hook); h.remove()``.
+        """
         self._hooks.pop(self.id, None)
 
     def __enter__(self) -> "RemovableHandle":
@@ -190,7 +201,10 @@ class Module:
 
     def register_parameter(self, name: str, param) -> None:
         """Add (or replace) parameter ``name``: an ndarray, a DTensor, a
-        :class:`Parameter` or None. Local."""
+        :class:`Parameter` or None. Local.
+
+        Example: ``m.register_parameter("scale", np.ones(4))``, then ``m.scale``.
+        """
         self._check_name(name, "parameter")
         if isinstance(param, Parameter):
             param = param.data
@@ -201,7 +215,10 @@ class Module:
 
     def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
         """Add (or replace) buffer ``name`` (state that is not a parameter, such as
-        a mask). All buffers are saved by ``state_dict``. Local."""
+        a mask). All buffers are saved by ``state_dict``. Local.
+
+        Example: ``m.register_buffer("mask", np.tril(np.ones((4, 4))))``.
+        """
         self._check_name(name, "buffer")
         self._check_slot("buffer", name, tensor)
         if name not in self._buffers:
@@ -209,7 +226,10 @@ class Module:
         self.__dict__["_buffers"][name] = tensor
 
     def register_module(self, name: str, module: "Module | None") -> None:
-        """Add (or replace) child module ``name``. Local."""
+        """Add (or replace) child module ``name``. Local.
+
+        Example: ``m.register_module("proj", Linear(4, 4))``, then ``m.proj``.
+        """
         self._check_name(name, "module")
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(module).__name__} is not a Module subclass")
@@ -226,17 +246,26 @@ class Module:
 
     # -- traversal -------------------------------------------------------------------
     def named_children(self) -> Iterator[tuple[str, "Module"]]:
-        """Direct children as (name, module), in registration order."""
+        """Direct children as (name, module), in registration order. Local.
+
+        Example: ``[n for n, _ in Sequential(Linear(2, 2), ReLU()).named_children()]``
+        is ``['0', '1']``.
+        """
         for name, m in self._modules.items():
             if m is not None:
                 yield name, m
 
     def children(self) -> Iterator["Module"]:
+        """The direct children, in registration order. Local.
+
+        Example: ``len(list(Sequential(Linear(2, 2), ReLU()).children())) == 2``.
+        """
         for _, m in self.named_children():
             yield m
 
     def named_modules(self, memo=None, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
         """This module (name ``""``) and every descendant, each once, by dotted path.
+        Local.
 
         Example::
 
@@ -252,6 +281,10 @@ class Module:
             yield from m.named_modules(memo, f"{prefix}.{name}" if prefix else name)
 
     def modules(self) -> Iterator["Module"]:
+        """This module and every descendant, each once. Local.
+
+        Example: ``len(list(Sequential(Linear(2, 2), ReLU()).modules())) == 3``.
+        """
         for _, m in self.named_modules():
             yield m
 
@@ -266,23 +299,42 @@ class Module:
                 yield (f"{mod_prefix}.{name}" if mod_prefix else name), value
 
     def named_parameters(self, prefix: str = "", recurse: bool = True):
-        """(dotted name, parameter) for every parameter, shared ones once."""
+        """(dotted name, parameter) for every parameter, shared ones once. Local.
+
+        Example: ``[n for n, _ in Sequential(Linear(2, 2)).named_parameters()]`` is
+        ``['0.weight', '0.bias']``.
+        """
         return self._named_members("_parameters", prefix, recurse)
 
     def parameters(self, recurse: bool = True):
+        """Every parameter (ndarray or DTensor), shared ones once. Local.
+
+        Example: ``sum(p.size for p in Linear(2, 3).parameters()) == 9``.
+        """
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
     def named_buffers(self, prefix: str = "", recurse: bool = True):
-        """(dotted name, buffer) for every buffer."""
+        """(dotted name, buffer) for every buffer. Local.
+
+        Example: ``dict(m.named_buffers())["mask"]`` after
+        ``m.register_buffer("mask", ...)``.
+        """
         return self._named_members("_buffers", prefix, recurse)
 
     def buffers(self, recurse: bool = True):
+        """Every buffer. Local.
+
+        Example: ``list(Linear(2, 2).buffers()) == []``.
+        """
         for _, b in self.named_buffers(recurse=recurse):
             yield b
 
     def get_submodule(self, target: str) -> "Module":
-        """The descendant at dotted path ``target`` (``""`` is this module)."""
+        """The descendant at dotted path ``target`` (``""`` is this module). Local.
+
+        Example: ``model.get_submodule("layers.0.attention.q_proj")``.
+        """
         m = self
         for atom in target.split(".") if target else []:
             if atom not in m._modules or m._modules[atom] is None:
@@ -371,13 +423,19 @@ class Module:
 
     # -- modes -----------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
-        """Training mode for this module and its descendants (Dropout drops). Local."""
+        """Training mode for this module and its descendants (Dropout drops). Local.
+
+        Example: ``model.train()`` before training steps; returns ``model``.
+        """
         for m in self.modules():
             m.__dict__["training"] = bool(mode)
         return self
 
     def eval(self) -> "Module":
-        """Evaluation mode (Dropout is the identity). Local."""
+        """Evaluation mode (Dropout is the identity). Local.
+
+        Example: ``model.eval()`` before checking outputs; returns ``model``.
+        """
         return self.train(False)
 
     # -- hooks and calling -------------------------------------------------------------
@@ -399,7 +457,10 @@ class Module:
                               with_kwargs: bool = False) -> RemovableHandle:
         """Run ``hook(module, args, output)`` after ``forward``; a non-None result
         replaces the output. With ``with_kwargs=True`` it is
-        ``hook(module, args, kwargs, output)``. Local."""
+        ``hook(module, args, kwargs, output)``. Local.
+
+        Example: ``h = m.register_forward_hook(lambda mod, args, out: out * 2)``.
+        """
         return self._add_hook(self._forward_hooks, hook, with_kwargs, prepend)
 
     @staticmethod
@@ -439,10 +500,20 @@ class Module:
         return output
 
     def forward(self, *args, **kwargs):
+        """The computation; subclasses define it, callers call the module (which
+        runs the hooks around ``forward``). Local unless the module is
+        parallelized: then collective on the mesh of its DTensor parameters.
+
+        Example: ``Linear(2, 3)(np.ones((4, 2))).shape == (4, 3)``.
+        """
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     # -- printing ----------------------------------------------------------------------
     def extra_repr(self) -> str:
+        """The text inside the parentheses of this module's ``repr``. Local.
+
+        Example: ``Linear(2, 3).extra_repr()`` names its in and out features.
+        """
         return ""
 
     def __repr__(self) -> str:

@@ -22,6 +22,10 @@ class LayerNorm(Module):
     parameters are Replicate and the input is sharded on the sequence dim: no
     communication.
 
+    Construction is local. The forward is local on ndarrays and on DTensors that
+    need no communication; collective on the mesh otherwise (as laid out by
+    :func:`~mpitensor.parallel.parallelize_module`).
+
     Example::
 
         >>> LayerNorm(4)(np.arange(8.0).reshape(2, 4)).shape
@@ -52,6 +56,10 @@ class LayerNorm(Module):
 class RMSNorm(Module):
     """torch.nn.RMSNorm for NumPy: ``x / sqrt(mean(x**2) + eps) * weight``, weight
     ones of ``normalized_shape``.
+
+    Construction is local. The forward is local on ndarrays and on DTensors that
+    need no communication; collective on the mesh otherwise (as laid out by
+    :func:`~mpitensor.parallel.parallelize_module`).
 
     Example::
 

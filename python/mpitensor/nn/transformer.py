@@ -18,6 +18,10 @@ class FeedForward(Module):
     """``w2(act(w1(x)))``: the MLP of a transformer block. Megatron's plan shards
     ``w1`` column-wise and ``w2`` row-wise: one all-reduce per forward.
 
+    Construction is local. The forward is local on ndarrays and on DTensors that
+    need no communication; collective on the mesh otherwise (as laid out by
+    :func:`~mpitensor.parallel.parallelize_module`).
+
     Example::
 
         >>> FeedForward(8, 32)(np.ones((2, 8))).shape
@@ -50,6 +54,10 @@ class TransformerBlock(Module):
     causal), ``ffn_norm``, ``feed_forward`` (:class:`FeedForward`, hidden
     ``4 * dim`` by default) and ``dropout`` on both residual branches. ``norm`` is
     "layer" or "rms".
+
+    Construction is local. The forward is local on ndarrays and on DTensors that
+    need no communication; collective on the mesh otherwise (as laid out by
+    :func:`~mpitensor.parallel.parallelize_module`).
 
     Example::
 

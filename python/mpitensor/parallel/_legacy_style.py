@@ -173,6 +173,9 @@ class PairwiseParallel(ParallelStyle):
     output through ``_prepare_output`` (default :func:`make_output_tensor`): one
     all-reduce per pair.
 
+    Constructing a style is local; :func:`parallelize_module` applying it is
+    collective on the mesh, and so is the forward where it redistributes.
+
     Example::
 
         >>> mlp = parallelize_module(mlp, mesh, PairwiseParallel())
@@ -235,6 +238,9 @@ class PairwiseSequenceParallel(PairwiseParallel):
     all-gathered (:func:`make_input_reshard_replicate`); the output is
     reduce-scattered back to shards on dim 0 (:func:`make_output_reshard_tensor`)
     instead of all-reduced.
+
+    Constructing a style is local; :func:`parallelize_module` applying it is
+    collective on the mesh, and so is the forward where it redistributes.
 
     Example::
 

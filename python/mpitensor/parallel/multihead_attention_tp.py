@@ -20,6 +20,9 @@ class TensorParallelMultiheadAttention(MultiheadAttention):
     modules are swapped for this one by ``PairwiseParallel``, keeping their
     parameters.
 
+    Construction is local; once parallelized its forward is collective on the mesh
+    (one all-reduce, in ``out_proj``).
+
     Example::
 
         >>> mha = TensorParallelMultiheadAttention(16, 4)
@@ -38,7 +41,10 @@ class TensorParallelMultiheadAttention(MultiheadAttention):
     @classmethod
     def from_module(cls, module: MultiheadAttention) -> "TensorParallelMultiheadAttention":
         """A TensorParallelMultiheadAttention with ``module``'s configuration, child
-        modules and hooks (the parameters are shared, not copied). Local."""
+        modules and hooks (the parameters are shared, not copied). Local.
+
+        Example: ``TensorParallelMultiheadAttention.from_module(MultiheadAttention(16, 4))``.
+        """
         new = cls.__new__(cls)
         new.__dict__.update(module.__dict__)
         new.__dict__["tp_size"] = 1

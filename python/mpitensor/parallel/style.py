@@ -42,7 +42,12 @@ __all__ = [
 class ParallelStyle(ABC):
     """What a style must do: ``_apply(module, device_mesh)`` shards ``module`` (and
     installs its hooks) and returns it. ``src_data_rank`` (set by
-    parallelize_module) is the rank whose parameter values are scattered."""
+    parallelize_module) is the rank whose parameter values are scattered.
+    Subclasses are local values; applying one is collective on the mesh.
+
+    Example: ``class Mine(ParallelStyle): def _apply(self, module, device_mesh): ...``,
+    then ``parallelize_module(model, mesh, {"proj": Mine()})``.
+    """
 
     src_data_rank: int | None = 0
 
@@ -152,6 +157,9 @@ class RowwiseParallel(ParallelStyle):
     ``output_layouts``: Replicate (default) is one all-reduce, a Shard one
     reduce-scatter.
 
+    Constructing a style is local; :func:`parallelize_module` applying it is
+    collective on the mesh, and so is the forward where it redistributes.
+
     Example (``mpiexec -n 2``)::
 
         >>> parallelize_module(model, mesh, {"tok_embeddings": RowwiseParallel(
@@ -257,6 +265,9 @@ class PrepareModuleInput(ParallelStyle):
     PrepareModuleInput. ``None`` entries leave an input untouched; keyword inputs
     use ``input_kwarg_layouts`` / ``desired_input_kwarg_layouts``. Inputs stay
     DTensors unless ``use_local_output``. Parameters are not touched.
+
+    Constructing a style is local; :func:`parallelize_module` applying it is
+    collective on the mesh, and so is the forward where it redistributes.
 
     Example::
 
@@ -395,6 +406,9 @@ class PrepareModuleInputOutput(ParallelStyle):
     """:class:`PrepareModuleInput` and :class:`PrepareModuleOutput` on one module, as
     torch's PrepareModuleInputOutput (``use_local_input`` is the input side's
     ``use_local_output``).
+
+    Constructing a style is local; :func:`parallelize_module` applying it is
+    collective on the mesh, and so is the forward where it redistributes.
 
     Example::
 

@@ -70,7 +70,8 @@ def assert_equal(actual, expected, *, check_dtype=True, msg=None) -> None:
     """Asserts that ``actual`` and ``expected`` are equal element-wise (NaNs in the
     same places count as equal, as in ``numpy.testing.assert_array_equal``).
 
-    Same operands, collectiveness and messages as :func:`assert_close`.
+    Same operands and messages as :func:`assert_close`; collective on the mesh like
+    it (every rank raises together).
 
     Example (``mpiexec -n 2``)::
 
