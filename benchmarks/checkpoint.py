@@ -9,7 +9,9 @@ Run under MPI (see benchmarks/README.md)::
 
 For each size (of the whole float32 array, 1024 columns) and layout on a 1-D mesh
 over all ranks (``S0``: Shard(0), each rank's box one run of the file; ``S1``:
-Shard(1), boxes interleave row by row, up to --s1-max) it times, interleaved:
+Shard(1), boxes interleave row by row, so mt.save exchanges them in memory to
+row slabs first and mt.load reads row slabs and exchanges back; up to --s1-max)
+it times, interleaved:
 
 * ``mt_save``  every rank: ``mt.save(dt, path)`` (MPI-IO, temporary name + rename);
 * ``np_save``  rank 0 alone: ``numpy.save(path, a)`` of the whole array;

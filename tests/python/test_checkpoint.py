@@ -418,3 +418,80 @@ def test_ranks_outside_the_mesh_take_no_part(tmp):
         idx = ref_index((N - 1, 4), (N - 1,), (RANK,), [Shard(1)])
         p.expect(bits_equal(back.to_local(), g[:N - 1][idx]), "local differs")
     assert p == []
+
+
+# -- interleaved layouts go through row slabs ---------------------------------------
+
+def one_run(shape, box_shape) -> bool:
+    """Whether a box is one run of a C-order file: ones, then any size, then whole."""
+    return any(all(s == 1 for s in box_shape[:i]) and box_shape[i + 1:] == shape[i + 1:]
+               for i in range(len(shape)))
+
+
+@pytest.fixture
+def moved(monkeypatch):
+    """Every box that this rank passes to io_save / io_load: (shape, box, bytes)."""
+    log = []
+    for name in ("io_save", "io_load"):
+        real = getattr(mt._C, name)
+
+        def spy(*args, real=real, name=name):
+            # (..., shape, itemsize, offset, box_offset, box_shape, buffer)
+            shape, box_shape, buf = args[-6], args[-2], args[-1]
+            log.append((name, tuple(shape), tuple(box_shape), buf.nbytes))
+            return real(*args)
+
+        monkeypatch.setattr(mt._C, name, spy)
+    return log
+
+
+def interleaved_layouts():
+    """Layouts whose boxes are many short runs of the file, on this run's meshes."""
+    out = [((N,), [Shard(1)])]
+    for a, b in [s for s in meshes() if len(s) == 2]:
+        out += [((a, b), [Shard(0), Shard(1)]), ((a, b), [Shard(1), Shard(0)])]
+    return out
+
+
+@pytest.mark.parametrize("shape", [(12, 10), (7, 5, 3)], ids=str)
+def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, shape):
+    """Shard(1) and 2-D layouts: each rank writes and reads one run of the file,
+    every byte once, an equal share when the rows divide evenly."""
+    g = cf.global_array(shape, "float32", 5)
+    p = Problems()
+    for mesh_shape, pl in interleaved_layouts():
+        mesh = init_device_mesh("cpu", mesh_shape)
+        path = os.path.join(tmp, f"inter-{len(shape)}-{len(mesh_shape)}.npy")
+        dt = mt.distribute_tensor(g, mesh, pl)
+        moved.clear()
+        mt.save(dt, path)
+        p.expect(bits_equal(np.load(path), g), f"{mesh_shape} {pl}: numpy.load differs")
+        dt = mt.load(path, mesh, pl)
+        check_dtensor(p, dt, g, f"{mesh_shape} {pl} loaded")
+        for kind in ("io_save", "io_load"):
+            boxes = [m for m in moved if m[0] == kind]
+            p.expect(len(boxes) == 1, f"{kind}: {len(boxes)} calls")
+            p.expect(all(one_run(m[1], m[2]) for m in boxes), f"{kind}: {boxes} interleave")
+            mine = sum(m[3] for m in boxes)
+            p.expect(COMM.allreduce(mine) == g.nbytes, f"{kind}: not every byte once")
+            if shape[0] % N == 0:
+                p.expect(mine == g.nbytes // N, f"{kind}: {mine} bytes, not 1/{N}")
+    assert p == []
+
+
+def test_fortran_file_loads_through_column_slabs(tmp, moved):
+    """Shard(0) of a Fortran-order file interleaves in it: read as one run per rank."""
+    g = cf.global_array((9, 8), "int32", 6)
+    path = os.path.join(tmp, "fortran-slabs.npy")
+    if RANK == 0:
+        np.save(path, np.asfortranarray(g))
+    COMM.Barrier()
+    p = Problems()
+    for mesh_shape in meshes():
+        mesh = init_device_mesh("cpu", mesh_shape)
+        moved.clear()
+        pl = [Shard(0)] * len(mesh_shape)
+        check_dtensor(p, mt.load(path, mesh, pl), g, f"{mesh_shape} {pl}")
+        p.expect(all(one_run(m[1], m[2]) for m in moved), f"{moved} interleave")
+        p.expect(COMM.allreduce(sum(m[3] for m in moved)) == g.nbytes, "bytes read twice")
+    assert p == []

@@ -1,8 +1,8 @@
 """Sharded checkpoints as ordinary .npy files, written and read with MPI-IO.
 
 A DTensor saved by N ranks is one standard ``.npy`` file that ``numpy.load``
-reads; it loads back onto any mesh and placements, each rank reading only its
-own bytes. A state_dict (a dict of names to DTensors and ndarrays) is a directory
+reads; it loads back onto any mesh and placements, each rank reading about a 1/N
+share of the file. A state_dict (a dict of names to DTensors and ndarrays) is a directory
 with one ``.npy`` per entry and an ``index.json``.
 
 Example (``mpiexec -n 4``)::
@@ -59,14 +59,17 @@ def save(obj, path, *, device_mesh=None) -> None:
     Collective on the DTensor's mesh (for a dict: on ``device_mesh``, else the
     largest mesh among its DTensors, a slice such as ``mesh["tp"]`` counting as the
     mesh it was cut from, else the current ``with mesh:`` or all ranks).
-    Each rank writes only its own box, once: of the replicas of a box only the one
-    at coordinate 0 of every Replicate mesh dim writes it, and a Partial is reduced
-    first. The file is written under a temporary name and renamed into place after
+    Every byte is written once: of the replicas of a box only the one at
+    coordinate 0 of every Replicate mesh dim writes it, and a Partial is reduced
+    first. When the boxes interleave in the file (Shard(1), say) they are first
+    exchanged in memory into row slabs, so each rank writes one run, a 1/N share.
+    The file is written under a temporary name and renamed into place after
     every rank has finished, so an existing file is replaced whole or not at all.
     ndarray entries of a dict must be equal on every rank; the first rank writes
     them. Likewise an entry on a slice of a larger mesh is taken to be equal on
     every slice (data-parallel replicas, as torch's checkpoints assume): only the
-    first slice (coordinate 0 on the dims cut away) writes it. Any failure (a missing directory, an unwritable path, ...) raises the same
+    first slice (coordinate 0 on the dims cut away) writes it. Any failure (a
+    missing directory, an unwritable path, ...) raises the same
     exception on every rank.
 
     Example (``mpiexec -n 2``)::
@@ -99,7 +102,9 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     """Loads a .npy file as a DTensor, or a checkpoint directory as a dict.
 
     Collective on the mesh. Any mesh and placements (Shard, Replicate, even or
-    not) work, whatever the file was saved with; each rank reads only its own box.
+    not) work, whatever the file was saved with; each rank reads only its own box,
+    or, when the boxes interleave in the file, one row slab that an in-memory
+    exchange then turns into its box.
     Plain .npy files written by NumPy load too, Fortran order and any byte order
     included. ``device_mesh`` defaults to the mesh of ``like``, then to the current
     ``with mesh:``, then to a 1-D mesh of all ranks; ``placements`` to Replicate.
