@@ -57,9 +57,10 @@ def permute(a, perm):
     inv = {p: j for j, p in enumerate(perm)}
     pls = tuple(Shard(inv[p.dim]) if isinstance(p, Shard) else p for p in spec.placements)
     shape = tuple(spec.shape[p] for p in perm)
-    local = a.to_local()
-    if spec.mesh._coordinate is not None:
-        local = np.ascontiguousarray(np.transpose(local, perm))
+    # A view, as NumPy's and torch's transposes are: copying here would cost a full
+    # pass over the weight in every `x @ w.T` (nn.functional.linear). Consumers that
+    # need contiguous memory (the C redistribute) make it themselves.
+    local = np.transpose(a.to_local(), perm)
     out = DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
                                      contiguous_strides(shape)))
     if _trace.active:
