@@ -132,18 +132,24 @@ class ColwiseParallel(ParallelStyle):
             raise NotImplementedError("ColwiseParallel currently only support nn.Linear and "
                                       f"nn.Embedding! (got {type(module).__name__})")
 
-        def partition(name, mod, mesh):
-            if mod is module:
-                _distribute_params(mod, mesh, lambda _: Shard(dim), self.src_data_rank)
-
-        return distribute_module(
-            module, device_mesh, partition,
-            partial(_prepare_linear_like_input, self.input_layouts,
-                    self.desired_input_layouts),
-            partial(_prepare_linear_like_output, self.output_layouts, self.use_local_output))
+        return _apply_linear_like(self, module, device_mesh, lambda _: Shard(dim))
 
     def __repr__(self) -> str:
         return _layouts_repr(self)
+
+
+def _apply_linear_like(style, module, device_mesh, placement_of):
+    """Colwise/Rowwise: ``module``'s parameters placed by ``placement_of(name)``, the
+    input and output hooks of the style's layouts. Collective on the mesh."""
+    def partition(name, mod, mesh):
+        if mod is module:
+            _distribute_params(mod, mesh, placement_of, style.src_data_rank)
+
+    return distribute_module(
+        module, device_mesh, partition,
+        partial(_prepare_linear_like_input, style.input_layouts,
+                style.desired_input_layouts),
+        partial(_prepare_linear_like_output, style.output_layouts, style.use_local_output))
 
 
 class RowwiseParallel(ParallelStyle):
@@ -189,15 +195,7 @@ class RowwiseParallel(ParallelStyle):
             raise NotImplementedError("RowwiseParallel currently only support nn.Linear and "
                                       f"nn.Embedding! (got {type(module).__name__})")
 
-        def partition(name, mod, mesh):
-            if mod is module:
-                _distribute_params(mod, mesh, placement_of, self.src_data_rank)
-
-        return distribute_module(
-            module, device_mesh, partition,
-            partial(_prepare_linear_like_input, self.input_layouts,
-                    self.desired_input_layouts),
-            partial(_prepare_linear_like_output, self.output_layouts, self.use_local_output))
+        return _apply_linear_like(self, module, device_mesh, placement_of)
 
     def __repr__(self) -> str:
         return _layouts_repr(self)
