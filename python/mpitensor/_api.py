@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -154,8 +155,8 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
         """Wrap each rank's local ndarray as the shards of one global DTensor.
 
         Local unless ``run_check=True``, which is collective on the mesh: it checks
-        that dtypes and shapes agree across ranks (ValueError on every rank when
-        they do not) and broadcasts Replicate mesh dims from their first rank.
+        that dtypes, shapes and placements agree across ranks (ValueError on every
+        rank when they do not) and broadcasts Replicate mesh dims from their first rank.
         Without ``shape`` the global shape assumes even sharding; for uneven shards
         pass both ``shape`` and ``stride``.
 
@@ -398,7 +399,7 @@ def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool)
         # No shape here: a shape that differs is what run_check itself reports.
         _trace.collective("DTensor.from_local(run_check=True)", mesh, spec.placements,
                           None, None)
-    mine = _meta_record(local, spec.shape)
+    mine = _meta_record(local, spec.shape, spec.placements)
     root = mine.copy()
     for d in range(mesh.ndim):
         mesh._handle.bcast(root, d)
@@ -417,9 +418,12 @@ def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool)
     return local
 
 
-def _meta_record(local: np.ndarray, gshape) -> np.ndarray:
-    """dtype, ndim, local shape and global shape packed as int64 for a broadcast."""
-    rec = np.zeros(2 + 2 * _C.MAX_NDIM, dtype=np.int64)
+def _meta_record(local: np.ndarray, gshape, placements) -> np.ndarray:
+    """dtype, ndim, local shape, global shape and a checksum of the placements
+    packed as int64 for a broadcast. Placements that differ across ranks would make
+    the ranks' next collectives differ, i.e. hang, so they are checked too."""
+    rec = np.zeros(3 + 2 * _C.MAX_NDIM, dtype=np.int64)
+    rec[-1] = zlib.crc32(repr(tuple(placements)).encode())
     rec[0] = int.from_bytes(local.dtype.str.encode().ljust(8)[:8], "little", signed=True)
     rec[1] = local.ndim
     rec[2:2 + local.ndim] = local.shape
@@ -430,8 +434,11 @@ def _meta_record(local: np.ndarray, gshape) -> np.ndarray:
 def _meta_problem(local, spec, mine, root, shape_given):
     if mine[0] != root[0] or mine[1] != root[1]:
         return f"dtype {local.dtype} or ndim {local.ndim} differs from the first rank's"
+    if mine[-1] != root[-1]:
+        return (f"placements {list(spec.placements)} on rank {spec.mesh.get_rank()} "
+                f"differ from the first rank's")
     if shape_given:
-        if not np.array_equal(mine[2 + _C.MAX_NDIM:], root[2 + _C.MAX_NDIM:]):
+        if not np.array_equal(mine[2 + _C.MAX_NDIM:-1], root[2 + _C.MAX_NDIM:-1]):
             return f"shape {spec.shape} differs from the first rank's"
         expect, _ = compute_local_shape_and_global_offset(
             spec.shape, spec.mesh, spec.placements)

@@ -310,6 +310,10 @@ DISAGREE = [
     ("given_shape", lambda m, odd: DTensor.from_local(
         np.ones((2, 2)), m.world, [Shard(0)], run_check=True, shape=(2 * N + odd, 2),
         stride=(2, 1))),
+    ("placements", lambda m, odd: DTensor.from_local(
+        np.ones((2, 2)), m.world, [Shard(1) if odd else Shard(0)], run_check=True)),
+    ("partial_op", lambda m, odd: DTensor.from_local(
+        np.ones((2, 2)), m.world, [Partial("max" if odd else "sum")], run_check=True)),
     ("replicate_shape_on_2d_mesh", lambda m, odd: DTensor.from_local(
         np.ones((3 if odd else 2, 2)), m.grid, [Replicate(), Shard(1)], run_check=True)),
 ]
