@@ -257,3 +257,18 @@ def test_sharded_layer_norm_keeps_placements(mesh, path):
     r = F.layer_norm(distribute_tensor(x, mesh, [Replicate()]), (6,))
     assert r.placements == (Replicate(),)
     np.testing.assert_allclose(r.to_local(), ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("fused", [False, True])
+def test_multihead_attention_reads_heads_in_place(monkeypatch, causal, fused):
+    mt.manual_seed(5)
+    attn = nn.MultiheadAttention(12, 3, fused_qkv=fused, causal=causal)
+    x = data((2, 7, 12), np.float64, 1.0)
+    mask = np.tri(7, 7, dtype=bool)
+    got = [attn(x), attn(x, mask)]
+    monkeypatch.setattr(_kernels, "enabled", False)
+    want = [attn(x), attn(x, mask)]
+    for g, w in zip(got, want):
+        assert g.shape == (2, 7, 12) and g.flags.c_contiguous
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)

@@ -139,3 +139,22 @@ def _inner(a):
     if st[-1] == a.itemsize and all(s % a.itemsize == 0 for s in st):
         return a
     return np.ascontiguousarray(a)
+
+
+def attention_heads(q, k, v, scale: float, causal: bool):
+    """Attention of heads laid out as the projections leave them, q (..., L, H, E),
+    k (..., S, H, E), v (..., S, H, Ev), read in place (strided); returns
+    (..., L, H * Ev) with the heads side by side, as the output projection wants
+    them, or None when the operands do not fit the C kernel."""
+    if not (enabled and blas and _fits(q, k, v) and q.ndim >= 3
+            and q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
+            and q.shape[-2] == k.shape[-2] == v.shape[-2] and k.shape[-3] == v.shape[-3]
+            and q.shape[-1] == k.shape[-1]):
+        return None
+    lead, (L, H), Ev = q.shape[:-3], q.shape[-3:-1], v.shape[-1]
+    out = np.empty(lead + (L, H, Ev), q.dtype)
+    b = math.prod(lead)
+    q4, k4, v4, o4 = (a.reshape((b,) + a.shape[-3:]).transpose(0, 2, 1, 3)
+                      for a in (q, k, v, out))
+    _C.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
+    return out.reshape(lead + (L, H * Ev))
