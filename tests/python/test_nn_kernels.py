@@ -272,3 +272,14 @@ def test_multihead_attention_reads_heads_in_place(monkeypatch, causal, fused):
     for g, w in zip(got, want):
         assert g.shape == (2, 7, 12) and g.flags.c_contiguous
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+
+
+def test_attention_of_no_heads_or_no_rows(path):
+    """A rank that holds no head (3 heads over 4 ranks) gets an empty result."""
+    for shape in ((2, 12, 0, 2), (2, 0, 3, 2), (0, 12, 3, 2)):
+        q = data(shape, np.float64)
+        out = _kernels.attention_heads(q, q, q, 0.5, True)
+        assert out is None or out.shape == shape[:-2] + (shape[-2] * shape[-1],)
+        check(F.scaled_dot_product_attention(np.moveaxis(q, -2, -3), np.moveaxis(q, -2, -3),
+                                             np.moveaxis(q, -2, -3), is_causal=True),
+              np.zeros(np.moveaxis(q, -2, -3).shape), np.float64)

@@ -127,6 +127,8 @@ def attention(q, k, v, scale: float, causal: bool):
     """softmax(q @ k^T * scale, causal mask) @ v for operands that
     :func:`attention_fits`: (..., L, E), (..., S, E), (..., S, Ev)."""
     out = np.empty(q.shape[:-1] + (v.shape[-1],), q.dtype)
+    if out.size == 0:  # NumPy gives empty arrays arbitrary strides: nothing to pass
+        return out
     heads = math.prod(q.shape[:-2])
     q4, k4, v4, o4 = (a.reshape((1, heads) + a.shape[-2:]) for a in (q, k, v, out))
     _C.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
@@ -153,6 +155,8 @@ def attention_heads(q, k, v, scale: float, causal: bool):
         return None
     lead, (L, H), Ev = q.shape[:-3], q.shape[-3:-1], v.shape[-1]
     out = np.empty(lead + (L, H, Ev), q.dtype)
+    if out.size == 0:  # e.g. a rank that holds no head: nothing to compute
+        return out.reshape(lead + (L, H * Ev))
     b = math.prod(lead)
     q4, k4, v4, o4 = (a.reshape((b,) + a.shape[-3:]).transpose(0, 2, 1, 3)
                       for a in (q, k, v, out))
