@@ -111,5 +111,6 @@ extern PyMethodDef mt_ext_io_methods[];
 
 extern PyMethodDef mt_ext_dispatch_methods[];
 extern PyMethodDef mt_ext_ring_methods[];
+extern PyMethodDef mt_ext_kernels_methods[];
 
 #endif

@@ -130,6 +130,7 @@ static int module_exec(PyObject *module) {
 
   if (add_methods(module, mt_ext_dispatch_methods) < 0) return -1;
   if (add_methods(module, mt_ext_ring_methods) < 0) return -1;
+  if (add_methods(module, mt_ext_kernels_methods) < 0) return -1;
   if (mt_ext_pool_exec(module) < 0) return -1;
   if (mt_ext_mesh_exec(module) < 0) return -1;
   if (mt_ext_redistribute_exec(module) < 0) return -1;

@@ -106,12 +106,10 @@ def expected_table(level: int) -> str:
         lines += [f"        *module type: {LINEAR_TYPE}", "        *Parameter List",
                   "         *weight: (Shard(dim=0),)", "         *bias: (Shard(dim=0),)",
                   "          FORWARD PASS"]
-        # Linear is x @ w.T + b through the dispatch; the transpose is a view, shown
-        # at noise level 3 only.
-        if level >= 3:
-            lines += op("numpy.transpose", [(16, 8)], [(S0,)], m)
-        lines += op("numpy.matmul", [(4, 8), (8, 16)], [(R,), (S1,)], m)
-        lines += op("numpy.add", [(4, 16), (16,)], [(S1,), (S0,)], m)
+        # Linear is one operation, x @ w.T with the bias added in the same step
+        # (the Shard(0) bias lines up with the output's Shard(1)), as torch's
+        # aten.addmm.
+        lines += op("linear", [(4, 8), (16, 8)], [(R,), (S0,)], m)
     lines.append("        MLP.relu")
     if detail:
         lines.append(f"        *module type: {RELU_TYPE}")
@@ -120,11 +118,9 @@ def expected_table(level: int) -> str:
     if detail:
         lines += [f"        *module type: {LINEAR_TYPE}", "        *Parameter List",
                   "         *weight: (Shard(dim=1),)", "         *bias: (Replicate(),)"]
-        if level >= 3:
-            ops += op("numpy.transpose", [(8, 16)], [(S1,)], m)
-        ops += op("numpy.matmul", [(4, 16), (16, 8)], [(S1,), (S0,)], m)
-        # The Replicate bias joins the Partial product as a Partial (on one rank).
-        ops += op("numpy.add", [(4, 8), (8,)], [(P,), (P,)], m)
+        # The Replicate bias joins the Partial product inside the same operation,
+        # on the first rank only.
+        ops += op("linear", [(4, 16), (8, 16)], [(S1,), (S1,)], m)
         ops += op("DTensor.redistribute", [(4, 8)], [(P,)], m)
         if plain and W > 1:
             ops += op("all_reduce", [], [], m)
@@ -205,11 +201,11 @@ def test_json_dump_exact(traced, tmp_path_factory):
     assert net2["parameters"] == [["weight", "(Shard(dim=1),)"], ["bias", "(Replicate(),)"]]
     assert relu["parameters"] == [] and relu["operations_forward"] == []
     assert [o["name"] for o in net2["operations_forward"]] == (
-        ["numpy.matmul", "numpy.add", "DTensor.redistribute"]
+        ["linear", "DTensor.redistribute"]
         + (["all_reduce"] if W > 1 else []))
     first = net1["operations_forward"][0]
-    assert first == {"name": "numpy.matmul", "input_shape": ["(4, 8)", "(8, 16)"],
-                     "input_sharding": ["(Replicate(),)", "(Shard(dim=1),)"],
+    assert first == {"name": "linear", "input_shape": ["(4, 8)", "(16, 8)"],
+                     "input_sharding": ["(Replicate(),)", "(Shard(dim=0),)"],
                      "device_mesh": f"DeviceMesh('cpu', {list(range(W))})",
                      "is_bw": False, "is_activation_checkpointing": False}
     expect = [["all_reduce", 1]] if W > 1 else []
@@ -316,8 +312,7 @@ def test_operations_outside_modules_and_trivial_ones(mesh):
         y = lin(x)
         y.T + 1.0
     ops = mode.comm_module_operation_counts
-    assert [o["name"] for o in ops["Linear"]["operations_list"]] == [
-        "numpy.transpose", "numpy.matmul", "numpy.add"]
+    assert [o["name"] for o in ops["Linear"]["operations_list"]] == ["linear"]
     assert [o["name"] for o in ops["Global"]["operations_list"]] == [
         "numpy.transpose", "numpy.add"]
     # Views are trivial: shown at noise level 3 only.

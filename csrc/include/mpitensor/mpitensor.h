@@ -3,6 +3,7 @@
 #define MPITENSOR_H
 
 #include "mpitensor/dtype.h"
+#include "mpitensor/kernels.h"
 #include "mpitensor/layout.h"
 #include "mpitensor/pack.h"
 #include "mpitensor/plan.h"

@@ -14,7 +14,9 @@ import numpy as np
 from . import _dispatch as D
 
 
-def matmul_map(name, shapes):
+def matmul_map(name, shapes, transpose_b=False):
+    """The dim map of ``a @ b`` or, with ``transpose_b``, of ``a @ b.T`` for a 2-D
+    ``b`` held as it is (nn.functional.linear's weight, (out, in))."""
     a, b = shapes
     if len(a) == 0 or len(b) == 0:
         raise ValueError(f"{name}: operands must have at least one dim (scalars: use *)")
@@ -32,8 +34,8 @@ def matmul_map(name, shapes):
     i = new(D.KEEP) if len(a) >= 2 else None
     j = new(D.KEEP) if len(b) >= 2 else None
     in_labels, bcast = [], []
-    for shape, core in ((a, [i, k] if i is not None else [k]),
-                        (b, [k, j] if j is not None else [k])):
+    b_core = [k] if j is None else [j, k] if transpose_b else [k, j]
+    for shape, core in ((a, [i, k] if i is not None else [k]), (b, b_core)):
         bshape = shape[:-2] if len(shape) >= 2 else ()
         first = nb - len(bshape)
         bits = 0

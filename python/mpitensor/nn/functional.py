@@ -20,20 +20,18 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _trace
 from .._ops import _dispatch as D
+from . import _kernels
 
 __all__ = ["softmax", "log_softmax", "linear", "relu", "gelu", "dropout", "layer_norm",
            "rms_norm", "embedding", "scaled_dot_product_attention", "cross_entropy"]
 
 
 def _softmax_local(x, axis):
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    e = np.exp(shifted)
-    return e / np.sum(e, axis=axis, keepdims=True)
+    return _kernels.softmax(x, axis, False)
 
 
 def _log_softmax_local(x, axis):
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    return _kernels.softmax(x, axis, True)
 
 
 def _apply(name, func, x, axis):
@@ -158,17 +156,56 @@ def linear(input, weight, bias=None):
         (2, 4)
     """
     if not (_is_dt(input) or _is_dt(weight)):
-        out = np.matmul(input, np.asarray(weight).T)
-        return out if bias is None else out + bias
+        return _kernels.linear(np.asarray(input), np.asarray(weight),
+                               None if bias is None else np.asarray(bias))
     if not (_is_dt(input) and _is_dt(weight)):
         raise _mixed("linear", "the input and the weight must both be DTensors or both "
                      "be ndarrays")
     if bias is not None and not _is_dt(bias):
         raise _mixed("linear", "the bias is an ndarray but the weight is a DTensor")
-    out = np.matmul(input, weight.T)
-    if bias is None:
+    if _kernels.enabled and weight.ndim == 2 and input.ndim >= 1 \
+            and np.matmul not in D.CUSTOM:
+        out, fused = _linear_local(input, weight, bias)
+    else:  # what matmul's rule (or a rule registered for it) makes of it
+        out, fused = np.matmul(input, weight.T), bias is None
+    if fused:
         return out
     return out + _bias_for(out, bias)
+
+
+def _linear_local(input, weight, bias):
+    """``input @ weight.T`` by matmul's sharding rule, computed on the local arrays by
+    one gemm, and whether ``bias`` was added in that gemm (see :func:`_fused_bias`)."""
+    from .._ops import _linalg
+
+    name = "linear"  # traced as one operation, as torch's CommDebugMode shows aten.addmm
+    mesh = D.same_mesh(name, (input, weight))
+    dec = D.decide(D.input_key((name,), (input, weight)), mesh, (input, weight),
+                   lambda: _linalg.matmul_map(name, [input.shape, weight.shape], True))
+    x, w = D.local_inputs(mesh, (input, weight), dec)
+    fused, b = _fused_bias(mesh, dec, bias, x.dtype)
+    return D.wrap(mesh, dec, _kernels.linear(x, w, b if fused else None)), fused
+
+
+def _fused_bias(mesh, dec, bias, dtype):
+    """(True, local bias or None) when ``out + _bias_for(out, bias)`` would keep the
+    output's placements without communication, so each rank can add its local bias
+    (None: zeros, on the ranks that are not first along a Partial mesh dim) inside
+    the gemm; else (False, None) and the bias is added as a DTensor afterwards."""
+    if bias is None:
+        return True, None
+    spec, last = bias._spec, len(dec.out_shape) - 1
+    if (spec.mesh is not mesh and spec.mesh != mesh) or spec.shape != dec.out_shape[-1:] \
+            or spec.dtype != dtype or mesh._coordinate is None:
+        return False, None
+    zero = False
+    for m, (op, bp) in enumerate(zip(dec.out_placements, spec.placements)):
+        if op.is_partial("sum") and bp.is_replicate():
+            zero = zero or mesh._coordinate[m] != 0
+        elif not ((op.is_shard(last) and bp.is_shard(0))
+                  or (not op.is_partial() and not op.is_shard(last) and bp.is_replicate())):
+            return False, None
+    return True, None if zero else bias.to_local()
 
 
 def _bias_for(out, bias):
@@ -204,12 +241,6 @@ def relu(input):
     return _pointwise("relu", input, lambda x: np.maximum(x, 0))
 
 
-# Python floats, not NumPy float64 scalars: those would promote float32 inputs.
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_SQRT_HALF = math.sqrt(0.5)
-_erf = np.frompyfunc(math.erf, 1, 1)
-
-
 def gelu(input, approximate: str = "none"):
     """Gaussian error linear unit, as torch: ``x * Phi(x)`` with the exact normal CDF
     (``approximate="none"``) or its tanh approximation (``"tanh"``, GPT-2's).
@@ -220,27 +251,9 @@ def gelu(input, approximate: str = "none"):
         >>> gelu(np.array([0.0, 1.0]), approximate="tanh")
         array([0.        , 0.84119199])
     """
-    if approximate == "tanh":
-        def func(x):
-            x = _float(x)
-            t = x * x  # in place from here: one temporary for the whole formula
-            t *= 0.044715
-            t += 1.0
-            t *= x
-            t *= _SQRT_2_OVER_PI
-            np.tanh(t, out=t)
-            t += 1.0
-            t *= x
-            t *= 0.5
-            return t
-    elif approximate == "none":
-        def func(x):
-            x = _float(x)
-            cdf = _erf(x * _SQRT_HALF).astype(x.dtype) if x.size else x
-            return 0.5 * x * (1.0 + cdf)
-    else:
+    if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _pointwise("gelu", input, func)
+    return _pointwise("gelu", input, lambda x: _kernels.gelu(_float(x), approximate))
 
 
 def _float(x):
@@ -322,11 +335,36 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         raise ValueError(f"layer_norm: input shape {tuple(input.shape)} does not end "
                          f"with normalized_shape {shape}")
     if not _is_dt(input):
-        input = _float(np.asarray(input))
+        return _kernels.layer_norm(_float(np.asarray(input)), len(shape),
+                                   None if weight is None else np.asarray(weight),
+                                   None if bias is None else np.asarray(bias), eps)
+    if _kernels.enabled and _rows_local(input, len(shape), (weight, bias)):
+        local = _float(input.to_local())
+        if input._spec.mesh._coordinate is not None:
+            local = _kernels.layer_norm(local, len(shape), *(
+                None if p is None else p.to_local() for p in (weight, bias)), eps)
+        if _trace.active:
+            _trace.local("layer_norm", (input,), input.placements)
+        return _wrap_like(input.device_mesh, input.placements, input.shape, local)
     mean = np.mean(input, axis=axes, keepdims=True)
     centered = input - mean
     var = np.mean(centered * centered, axis=axes, keepdims=True)
     return _affine(centered / np.sqrt(var + eps), weight, bias)
+
+
+def _rows_local(x, k, params) -> bool:
+    """Whether a norm over the trailing ``k`` dims of DTensor ``x`` is local with
+    the result in x's placements: no Partial, no Shard of those dims, and each
+    parameter None or a Replicate DTensor on x's mesh (anything else takes the
+    NumPy-ops path, which communicates or raises as each operation rules)."""
+    spec = x._spec
+    if any(p.is_partial() or (p.is_shard() and p.dim >= x.ndim - k)
+           for p in spec.placements):
+        return False
+    return all(p is None or (_is_dt(p) and (p._spec.mesh is spec.mesh or p._spec.mesh ==
+                                           spec.mesh)
+                             and all(q.is_replicate() for q in p._spec.placements))
+               for p in params)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
@@ -498,6 +536,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 def _sdpa_local(q, k, v, attn_mask, dropout_p, is_causal, scale, drop):
     L, S = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, "
+                         "not both")
+    if attn_mask is None and dropout_p == 0.0 and _kernels.attention_fits(q, k, v):
+        return _kernels.attention(q, k, v, scale, is_causal)
     scores = np.matmul(q, np.swapaxes(k, -1, -2))  # a fresh array: the rest is in place
     scores *= scale
     if is_causal:

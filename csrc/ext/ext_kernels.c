@@ -1,0 +1,208 @@
+/* The nn kernels (mpitensor/kernels.h) on NumPy arrays. Inputs must already be
+ * float32 or float64 of one dtype and laid out as each function says: the Python
+ * layer (mpitensor.nn._kernels) checks that and uses NumPy otherwise, so a
+ * mismatch here is a TypeError or ValueError, never a silent copy. All Local; the
+ * GIL is released while a kernel runs. */
+#include "ext.h"
+
+/* The array behind args[i], float32/float64 of `dtype` (or any of the two when
+ * *dtype < 0, which is then set), C-contiguous and aligned unless `any_layout`. */
+static PyArrayObject *float_arg(PyObject *obj, int *dtype, int any_layout,
+                                const char *name) {
+  if (!PyArray_Check(obj)) {
+    PyErr_Format(PyExc_TypeError, "%s must be an ndarray, got %s", name,
+                 Py_TYPE(obj)->tp_name);
+    return NULL;
+  }
+  PyArrayObject *a = (PyArrayObject *)obj;
+  int t = PyArray_TYPE(a);
+  int code = t == NPY_FLOAT32 ? MT_DTYPE_FLOAT32 : t == NPY_FLOAT64 ? MT_DTYPE_FLOAT64 : -1;
+  if (code < 0 || (*dtype >= 0 && code != *dtype)) {
+    PyErr_Format(PyExc_TypeError, "%s: float32 or float64 of one dtype, got %R", name,
+                 (PyObject *)PyArray_DESCR(a));
+    return NULL;
+  }
+  if (!PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a) ||
+      (!any_layout && !PyArray_IS_C_CONTIGUOUS(a))) {
+    PyErr_Format(PyExc_ValueError, "%s must be an aligned C-contiguous array", name);
+    return NULL;
+  }
+  *dtype = code;
+  return a;
+}
+
+/* NULL for None, else the array as float_arg; sets *ok to 0 on error. */
+static PyArrayObject *optional_arg(PyObject *obj, int *dtype, npy_intp size,
+                                   const char *name, int *ok) {
+  if (obj == Py_None) return NULL;
+  PyArrayObject *a = float_arg(obj, dtype, 0, name);
+  if (a != NULL && PyArray_SIZE(a) != size) {
+    PyErr_Format(PyExc_ValueError, "%s has %zd elements, expected %zd", name,
+                 (Py_ssize_t)PyArray_SIZE(a), (Py_ssize_t)size);
+    a = NULL;
+  }
+  *ok = a != NULL;
+  return a;
+}
+
+/* A new array of x's dtype and shape. */
+static PyArrayObject *like(PyObject *module, PyArrayObject *x) {
+  return mt_ext_new_array(module, PyArray_DESCR(x), PyArray_NDIM(x), PyArray_DIMS(x));
+}
+
+static PyObject *kernels_have_blas(PyObject *module, PyObject *unused) {
+  return PyBool_FromLong(mt_kernels_have_blas());
+}
+
+/* gelu(x, approximate) -> a new array: approximate 0 erf, 1 tanh. */
+static PyObject *gelu(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) return PyErr_Format(PyExc_TypeError, "gelu(x, approximate)");
+  int dtype = -1;
+  PyArrayObject *x = float_arg(args[0], &dtype, 0, "gelu: x");
+  long approx = PyLong_AsLong(args[1]);
+  if (x == NULL || (approx == -1 && PyErr_Occurred())) return NULL;
+  PyArrayObject *y = like(module, x);
+  if (y == NULL) return NULL;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_gelu(dtype, (int)approx, (int64_t)PyArray_SIZE(x), PyArray_DATA(x),
+               PyArray_DATA(y), &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) {
+    Py_DECREF(y);
+    return mt_ext_raise(rc, &err);
+  }
+  return (PyObject *)y;
+}
+
+/* softmax(x, log) -> softmax (log 0) or log_softmax (log 1) along the last dim. */
+static PyObject *softmax(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) return PyErr_Format(PyExc_TypeError, "softmax(x, log)");
+  int dtype = -1;
+  PyArrayObject *x = float_arg(args[0], &dtype, 0, "softmax: x");
+  int log = PyObject_IsTrue(args[1]);
+  if (x == NULL || log < 0) return NULL;
+  if (PyArray_NDIM(x) < 1) return PyErr_Format(PyExc_ValueError, "softmax: x is 0-d");
+  PyArrayObject *y = like(module, x);
+  if (y == NULL) return NULL;
+  int64_t cols = PyArray_DIM(x, PyArray_NDIM(x) - 1);
+  int64_t rows = cols > 0 ? (int64_t)PyArray_SIZE(x) / cols : 0;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_softmax_rows(dtype, log, rows, cols, PyArray_DATA(x), PyArray_DATA(y), &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) {
+    Py_DECREF(y);
+    return mt_ext_raise(rc, &err);
+  }
+  return (PyObject *)y;
+}
+
+/* layer_norm(x, cols, weight, bias, eps): over the trailing `cols` elements of
+ * each row of x; weight and bias None or `cols` elements. */
+static PyObject *layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 5) return PyErr_Format(PyExc_TypeError, "layer_norm(x, cols, w, b, eps)");
+  int dtype = -1, ok = 1;
+  PyArrayObject *x = float_arg(args[0], &dtype, 0, "layer_norm: x");
+  Py_ssize_t cols = PyLong_AsSsize_t(args[1]);
+  double eps = PyFloat_AsDouble(args[4]);
+  if (x == NULL || PyErr_Occurred()) return NULL;
+  if (cols <= 0 || PyArray_SIZE(x) % cols != 0) {
+    return PyErr_Format(PyExc_ValueError, "layer_norm: %zd columns do not divide x", cols);
+  }
+  PyArrayObject *w = optional_arg(args[2], &dtype, cols, "layer_norm: weight", &ok);
+  PyArrayObject *b = ok ? optional_arg(args[3], &dtype, cols, "layer_norm: bias", &ok) : NULL;
+  if (!ok) return NULL;
+  PyArrayObject *y = like(module, x);
+  if (y == NULL) return NULL;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_layer_norm_rows(dtype, (int64_t)(PyArray_SIZE(x) / cols), cols, PyArray_DATA(x),
+                          w ? PyArray_DATA(w) : NULL, b ? PyArray_DATA(b) : NULL, eps,
+                          PyArray_DATA(y), &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) {
+    Py_DECREF(y);
+    return mt_ext_raise(rc, &err);
+  }
+  return (PyObject *)y;
+}
+
+/* A 4-D (batch, heads, rows, cols) array as an attention operand: its last dim
+ * contiguous (or of size <= 1) and its strides whole elements. */
+static int attn_operand(PyArrayObject *a, mt_attn_operand *op, const char *name) {
+  npy_intp size = PyArray_ITEMSIZE(a);
+  npy_intp *st = PyArray_STRIDES(a);
+  if (PyArray_NDIM(a) != 4 || (PyArray_DIM(a, 3) > 1 && st[3] != size) ||
+      st[0] % size || st[1] % size || st[2] % size) {
+    PyErr_Format(PyExc_ValueError,
+                 "attention: %s must be 4-D with a contiguous last dim", name);
+    return -1;
+  }
+  *op = (mt_attn_operand){PyArray_DATA(a), st[0] / size, st[1] / size, st[2] / size};
+  return 0;
+}
+
+static int attn_shapes(PyArrayObject *const *a, mt_attn_shape *s) {
+  npy_intp *q = PyArray_DIMS(a[0]), *k = PyArray_DIMS(a[1]), *v = PyArray_DIMS(a[2]),
+           *o = PyArray_DIMS(a[3]);
+  *s = (mt_attn_shape){q[0], q[1], q[2], k[2], q[3], v[3]};
+  for (int i = 1; i < 4; ++i) {
+    npy_intp *d = PyArray_DIMS(a[i]);
+    if (d[0] != q[0] || d[1] != q[1]) goto bad;
+  }
+  if (k[3] != q[3] || v[2] != k[2] || o[2] != q[2] || o[3] != v[3]) goto bad;
+  return 0;
+bad:
+  PyErr_SetString(PyExc_ValueError,
+                  "attention: q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev) and out "
+                  "(B, H, L, Ev) expected");
+  return -1;
+}
+
+/* attention(q, k, v, out, scale, causal): writes softmax(q k^T scale) v into out. */
+static PyObject *attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 6) return PyErr_Format(PyExc_TypeError, "attention(q, k, v, out, scale, causal)");
+  static const char *names[4] = {"attention: q", "attention: k", "attention: v",
+                                 "attention: out"};
+  int dtype = -1;
+  PyArrayObject *a[4];
+  mt_attn_operand op[4];
+  for (int i = 0; i < 4; ++i) {
+    a[i] = float_arg(args[i], &dtype, 1, names[i]);
+    if (a[i] == NULL || attn_operand(a[i], &op[i], names[i]) < 0) return NULL;
+  }
+  if (!PyArray_ISWRITEABLE(a[3])) {
+    return PyErr_Format(PyExc_ValueError, "attention: out must be writable");
+  }
+  mt_attn_shape shape;
+  double scale = PyFloat_AsDouble(args[4]);
+  int causal = PyObject_IsTrue(args[5]);
+  if (attn_shapes(a, &shape) < 0 || PyErr_Occurred() || causal < 0) return NULL;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_attention(dtype, &shape, &op[0], &op[1], &op[2], &op[3], scale, causal, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef mt_ext_kernels_methods[] = {
+    {"kernels_have_blas", kernels_have_blas, METH_NOARGS,
+     "kernels_have_blas(): whether attention can run in C (built with a BLAS). "
+     "Local."},
+    {"gelu", (PyCFunction)(void (*)(void))gelu, METH_FASTCALL,
+     "gelu(x, approximate): GELU as a new array (0 exact, 1 tanh). Local."},
+    {"softmax", (PyCFunction)(void (*)(void))softmax, METH_FASTCALL,
+     "softmax(x, log): (log_)softmax along the last dim as a new array. Local."},
+    {"layer_norm", (PyCFunction)(void (*)(void))layer_norm, METH_FASTCALL,
+     "layer_norm(x, cols, weight, bias, eps): layer norm of rows of `cols`. Local."},
+    {"attention", (PyCFunction)(void (*)(void))attention, METH_FASTCALL,
+     "attention(q, k, v, out, scale, causal): scaled-dot-product attention of 4-D "
+     "arrays into out. Local."},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,68 @@
+/* Dense compute of the nn layers on one rank's local arrays: GELU, row softmax and
+ * layer norm in one pass each, and scaled-dot-product attention (CBLAS gemms) that
+ * computes only the unmasked blocks of a causal mask. Buffers hold
+ * `dtype` elements, MT_DTYPE_FLOAT32 or MT_DTYPE_FLOAT64 (else MT_ETYPE). Every
+ * call is Local; none communicates, and only attention allocates (a block of
+ * scores, freed before it returns). */
+#ifndef MPITENSOR_KERNELS_H
+#define MPITENSOR_KERNELS_H
+
+#include <stdint.h>
+
+#include "mpitensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Local. 1 when the core was built against a CBLAS, which mt_attention needs
+ * (without one it returns MT_ENOTSUP); else 0. */
+int mt_kernels_have_blas(void);
+
+typedef enum mt_gelu_approx {
+  MT_GELU_ERF = 0, /* x * Phi(x), Phi through erfc */
+  MT_GELU_TANH = 1 /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+} mt_gelu_approx;
+
+/* Local. y[i] = gelu(x[i]) for n elements; y may be x (in place). */
+int mt_gelu(int dtype, int approx, int64_t n, const void *x, void *y, mt_error *err);
+
+/* Local. Each of `rows` rows of `cols` elements: y = softmax(x) or, with `log`
+ * nonzero, log_softmax(x), both with the row maximum subtracted first. y may be x. */
+int mt_softmax_rows(int dtype, int log, int64_t rows, int64_t cols, const void *x,
+                    void *y, mt_error *err);
+
+/* Local. Each of `rows` rows of `cols` elements: y = (x - mean) / sqrt(var + eps)
+ * * weight + bias (biased variance, as torch); `weight` and `bias` are NULL or
+ * `cols` elements. y may be x. */
+int mt_layer_norm_rows(int dtype, int64_t rows, int64_t cols, const void *x,
+                       const void *weight, const void *bias, double eps, void *y,
+                       mt_error *err);
+
+/* One operand of mt_attention: a (batch, heads, rows, cols) array whose last dim
+ * is contiguous, with its other strides in elements (so a head may be a strided
+ * slice of a projection's output, as (batch, rows, heads, cols) is laid out). */
+typedef struct mt_attn_operand {
+  const void *data;
+  int64_t batch_stride, head_stride, row_stride;
+} mt_attn_operand;
+
+/* The sizes of an attention: q (batch, heads, L, E), k (.., S, E), v (.., S, Ev),
+ * out (.., L, Ev). */
+typedef struct mt_attn_shape {
+  int64_t batch, heads, L, S, E, Ev;
+} mt_attn_shape;
+
+/* Local. out = softmax(q @ k^T * scale [causal: keys j <= i only]) @ v, per head.
+ * Queries are taken in blocks; with `causal` a block's scores and its product
+ * with v cover only the keys up to its last row (the masked upper triangle is
+ * never computed). Each row's softmax is exact (max subtracted). S == 0 gives
+ * zeros. `out->data` is written through. */
+int mt_attention(int dtype, const mt_attn_shape *shape, const mt_attn_operand *q,
+                 const mt_attn_operand *k, const mt_attn_operand *v,
+                 const mt_attn_operand *out, double scale, int causal, mt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

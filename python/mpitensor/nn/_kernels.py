@@ -1,0 +1,164 @@
+"""The local dense compute of the nn layers: mpitensor._C's kernels where the
+arrays fit them, NumPy otherwise, with the same results to rounding.
+
+The C kernels (csrc/core: activation.c, softmax.c, layer_norm.c, attention.c)
+take float32 or float64 arrays of one dtype. GELU, row softmax and layer norm are
+one vectorized pass over memory instead of NumPy's several temporaries; attention
+computes only the unmasked blocks of a causal mask and needs the BLAS the build
+found (BLIS). For other dtypes, a softmax not along the last dim, broadcast
+shapes, masks, dropout or a build without BLAS these functions compute with NumPy
+as before the kernels existed. linear stays NumPy's matmul, with the bias added in
+place.
+
+``enabled = False`` (or ``MPITENSOR_NN_KERNELS=0`` in the environment) makes every
+layer use NumPy, which is how the tests compare the two paths.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from .. import _C
+
+enabled = os.environ.get("MPITENSOR_NN_KERNELS", "1") != "0"
+# Whether linear and attention can run in C: the build linked a BLAS.
+blas = _C.kernels_have_blas()
+
+_FLOAT = (np.dtype(np.float32), np.dtype(np.float64))
+# Python floats, not NumPy float64 scalars: those would promote float32 inputs.
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
+
+
+def _fits(*arrays) -> bool:
+    """All ndarrays (None allowed after the first) of one float32/float64 dtype."""
+    dtype = arrays[0].dtype if type(arrays[0]) is np.ndarray else None
+    if dtype not in _FLOAT:
+        return False
+    return all(a is None or (type(a) is np.ndarray and a.dtype == dtype) for a in arrays)
+
+
+def _c(a):
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def linear(x, w, b):
+    """x @ w.T + b for ndarrays x (..., k), w (n, k) and b None or broadcastable.
+
+    The product is NumPy's (its OpenBLAS ran these shapes faster than BLIS did, see
+    docs/performance.md); the bias is added in place when that gives the same
+    array as ``out + b`` (same dtype and shape), which saves a temporary."""
+    out = np.matmul(x, w.T)
+    if b is None:
+        return out
+    shape = np.shape(b)
+    if (type(out) is np.ndarray and len(shape) <= out.ndim
+            and all(n in (1, m) for n, m in zip(shape[::-1], out.shape[::-1]))
+            and np.result_type(out, b) == out.dtype):
+        out += b
+        return out
+    return out + b
+
+
+def gelu(x, approximate: str):
+    """GELU of a float ndarray ("none": exact, "tanh": approximated)."""
+    if enabled and x.dtype in _FLOAT:
+        return _C.gelu(_c(x), 1 if approximate == "tanh" else 0)
+    if approximate == "tanh":
+        t = x * x  # in place from here: one temporary for the whole formula
+        t *= 0.044715
+        t += 1.0
+        t *= x
+        t *= _SQRT_2_OVER_PI
+        np.tanh(t, out=t)
+        t += 1.0
+        t *= x
+        t *= 0.5
+        return t
+    # Phi(x) = erfc(-x / sqrt 2) / 2: no cancellation where 1 + erf(x / sqrt 2) has it.
+    cdf = _erfc(x * -_SQRT_HALF).astype(x.dtype) if x.size else x
+    return 0.5 * x * cdf
+
+
+def softmax(x, axis: int, log: bool):
+    """(log_)softmax of a float ndarray along a normalized ``axis``."""
+    if enabled and x.dtype in _FLOAT and axis == x.ndim - 1:
+        return _C.softmax(_c(x), log)
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    if log:
+        return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    e = np.exp(shifted)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def layer_norm(x, ndim: int, weight, bias, eps: float):
+    """Layer norm of a float ndarray over its trailing ``ndim`` dims, weight and
+    bias None or ndarrays of those dims' shape."""
+    shape = x.shape[x.ndim - ndim:]
+    if (enabled and _fits(x, weight, bias) and x.size
+            and all(p is None or p.shape == shape for p in (weight, bias))):
+        return _C.layer_norm(_c(x), math.prod(shape), None if weight is None else _c(weight),
+                             None if bias is None else _c(bias), float(eps))
+    axes = tuple(range(x.ndim - ndim, x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    centered = x - mean
+    var = np.mean(centered * centered, axis=axes, keepdims=True)
+    y = centered / np.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def attention_fits(q, k, v) -> bool:
+    """Whether :func:`attention` runs in C for these operands: float ndarrays of one
+    dtype, at least 2-D, with the same leading (batch, head) dims."""
+    return (enabled and blas and _fits(q, k, v) and q.ndim >= 2
+            and q.ndim == k.ndim == v.ndim and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+            and k.shape[-2] == v.shape[-2] and q.shape[-1] == k.shape[-1])
+
+
+def attention(q, k, v, scale: float, causal: bool):
+    """softmax(q @ k^T * scale, causal mask) @ v for operands that
+    :func:`attention_fits`: (..., L, E), (..., S, E), (..., S, Ev)."""
+    out = np.empty(q.shape[:-1] + (v.shape[-1],), q.dtype)
+    if out.size == 0:  # NumPy gives empty arrays arbitrary strides: nothing to pass
+        return out
+    heads = math.prod(q.shape[:-2])
+    q4, k4, v4, o4 = (a.reshape((1, heads) + a.shape[-2:]) for a in (q, k, v, out))
+    _C.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
+    return out
+
+
+def _inner(a):
+    """``a`` itself when its last dim is contiguous and strides are whole elements."""
+    st = a.strides
+    if st[-1] == a.itemsize and all(s % a.itemsize == 0 for s in st):
+        return a
+    return np.ascontiguousarray(a)
+
+
+def attention_heads(q, k, v, scale: float, causal: bool):
+    """Attention of heads laid out as the projections leave them, q (..., L, H, E),
+    k (..., S, H, E), v (..., S, H, Ev), read in place (strided); returns
+    (..., L, H * Ev) with the heads side by side, as the output projection wants
+    them, or None when the operands do not fit the C kernel."""
+    if not (enabled and blas and _fits(q, k, v) and q.ndim >= 3
+            and q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
+            and q.shape[-2] == k.shape[-2] == v.shape[-2] and k.shape[-3] == v.shape[-3]
+            and q.shape[-1] == k.shape[-1]):
+        return None
+    lead, (L, H), Ev = q.shape[:-3], q.shape[-3:-1], v.shape[-1]
+    out = np.empty(lead + (L, H, Ev), q.dtype)
+    if out.size == 0:  # e.g. a rank that holds no head: nothing to compute
+        return out.reshape(lead + (L, H * Ev))
+    b = math.prod(lead)
+    q4, k4, v4, o4 = (a.reshape((b,) + a.shape[-3:]).transpose(0, 2, 1, 3)
+                      for a in (q, k, v, out))
+    _C.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
+    return out.reshape(lead + (L, H * Ev))

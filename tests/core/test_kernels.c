@@ -1,0 +1,305 @@
+/* The nn kernels against plain double-precision formulas written out here: GELU
+ * (both forms), row softmax and log-softmax, layer norm, and attention (causal and
+ * not, L != S, strided heads, empty sizes), in float64 (1e-12) and float32 (1e-5,
+ * with an absolute floor), plus every error path. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "mpitensor/dtype.h"
+#include "mpitensor/kernels.h"
+#include "mpitensor/status.h"
+
+/* A fixed pseudo-random sequence in [-scale, scale) (an LCG: reproducible, no libc
+ * rand state). */
+static double next_value(uint64_t *state, double scale) {
+  *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+  return ((double)(*state >> 11) / 9007199254740992.0 * 2.0 - 1.0) * scale;
+}
+
+static void fill(double *d, float *f, int64_t n, uint64_t seed, double scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    d[i] = next_value(&seed, scale);
+    if (f != NULL) f[i] = (float)d[i];
+  }
+}
+
+/* |got - want| <= rtol |want| + atol, and NaN only where want is NaN. */
+static int close_to(double got, double want, double rtol, double atol) {
+  if (isnan(want)) return isnan(got);
+  return fabs(got - want) <= rtol * fabs(want) + atol;
+}
+
+static double gelu_ref(double x, int approx) {
+  if (approx == MT_GELU_TANH) { /* 0.5 x (1 + tanh u) = x / (1 + exp(-2u)), exactly */
+    double u = 0.79788456080286535588 /* sqrt(2 / pi) */ * (x + 0.044715 * x * x * x);
+    return x / (1.0 + exp(-2.0 * u));
+  }
+  return 0.5 * x * erfc(-x / sqrt(2.0));
+}
+
+static void test_gelu(void) {
+  enum { N = 1001 };
+  static double x[N], y[N];
+  static float xf[N], yf[N];
+  fill(x, xf, N, 1, 12.0);
+  x[0] = xf[0] = 0.0f;
+  x[1] = -INFINITY, xf[1] = -INFINITY;
+  x[2] = NAN, xf[2] = NAN;
+  for (int approx = 0; approx < 2; ++approx) {
+    CHECK(mt_gelu(MT_DTYPE_FLOAT64, approx, N, x, y, NULL) == MT_OK);
+    CHECK(mt_gelu(MT_DTYPE_FLOAT32, approx, N, xf, yf, NULL) == MT_OK);
+    for (int i = 3; i < N; ++i) {
+      double want = gelu_ref(x[i], approx), wantf = gelu_ref((double)xf[i], approx);
+      CHECK_MSG(close_to(y[i], want, 1e-12, 1e-300), "approx %d x %g: %.17g vs %.17g",
+                approx, x[i], y[i], want);
+      CHECK_MSG(close_to(yf[i], wantf, 1e-5, 1e-30), "approx %d x %g: %.9g vs %.9g",
+                approx, (double)xf[i], (double)yf[i], wantf);
+    }
+    CHECK(y[0] == 0.0 && yf[0] == 0.0f);
+    CHECK(isnan(y[2]) && isnan(yf[2]));
+    /* In place. */
+    memcpy(yf, xf, sizeof xf);
+    CHECK(mt_gelu(MT_DTYPE_FLOAT32, approx, N, yf, yf, NULL) == MT_OK);
+    CHECK(close_to(yf[5], gelu_ref((double)xf[5], approx), 1e-5, 1e-30));
+  }
+  /* Where exp in float saturates: far below -87 and above 88. */
+  float big[4] = {-200.0f, -60.0f, 60.0f, 200.0f}, out[4];
+  CHECK(mt_gelu(MT_DTYPE_FLOAT32, MT_GELU_TANH, 4, big, out, NULL) == MT_OK);
+  CHECK(out[0] == 0.0f && fabsf(out[1]) < 1e-30f && out[2] == 60.0f && out[3] == 200.0f);
+}
+
+/* softmax (or log-softmax) of each row, in double. */
+static void softmax_ref(const double *x, double *y, int64_t rows, int64_t cols,
+                        int want_log) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const double *a = x + r * cols;
+    double m = a[0], s = 0.0;
+    for (int64_t i = 1; i < cols; ++i) m = a[i] > m ? a[i] : m;
+    for (int64_t i = 0; i < cols; ++i) s += exp(a[i] - m);
+    for (int64_t i = 0; i < cols; ++i) {
+      y[r * cols + i] = want_log ? (a[i] - m) - log(s) : exp(a[i] - m) / s;
+    }
+  }
+}
+
+static void test_softmax(void) {
+  static const int64_t shapes[][2] = {{1, 1}, {3, 7}, {5, 8}, {2, 17}, {4, 300}};
+  for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; ++t) {
+    int64_t rows = shapes[t][0], cols = shapes[t][1], n = rows * cols;
+    double *x = malloc((size_t)n * 3 * sizeof(double));
+    float *xf = malloc((size_t)n * 2 * sizeof(float));
+    double *y = x + n, *ref = x + 2 * n;
+    float *yf = xf + n;
+    fill(x, xf, n, 7 + (uint64_t)t, 30.0);
+    for (int want_log = 0; want_log < 2; ++want_log) {
+      CHECK(mt_softmax_rows(MT_DTYPE_FLOAT64, want_log, rows, cols, x, y, NULL) == MT_OK);
+      softmax_ref(x, ref, rows, cols, want_log);
+      for (int64_t i = 0; i < n; ++i) {
+        /* log-softmax near 0 (the row's maximum) is -log(sum): absolute accuracy. */
+        CHECK_MSG(close_to(y[i], ref[i], 1e-12, want_log ? 1e-14 : 1e-300), "f64 log %d [%lld]: %.17g vs %.17g",
+                  want_log, (long long)i, y[i], ref[i]);
+      }
+      CHECK(mt_softmax_rows(MT_DTYPE_FLOAT32, want_log, rows, cols, xf, yf, NULL) == MT_OK);
+      for (int64_t i = 0; i < n; ++i) x[i] = (double)xf[i];
+      softmax_ref(x, ref, rows, cols, want_log);
+      for (int64_t i = 0; i < n; ++i) {
+        CHECK_MSG(close_to(yf[i], ref[i], 1e-5, 1e-6), "f32 log %d [%lld]: %.9g vs %.9g",
+                  want_log, (long long)i, (double)yf[i], ref[i]);
+      }
+      fill(x, NULL, n, 7 + (uint64_t)t, 30.0);
+    }
+    /* In place, and -inf entries (masked) give exact zeros. */
+    xf[0] = -INFINITY;
+    CHECK(mt_softmax_rows(MT_DTYPE_FLOAT32, 0, rows, cols, xf, xf, NULL) == MT_OK);
+    CHECK(cols == 1 ? isnan(xf[0]) : xf[0] == 0.0f);
+    free(x);
+    free(xf);
+  }
+}
+
+static void layer_norm_ref(const double *x, const double *w, const double *b, double eps,
+                           int64_t rows, int64_t cols, double *y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const double *a = x + r * cols;
+    double mean = 0.0, var = 0.0;
+    for (int64_t i = 0; i < cols; ++i) mean += a[i];
+    mean /= (double)cols;
+    for (int64_t i = 0; i < cols; ++i) var += (a[i] - mean) * (a[i] - mean);
+    var /= (double)cols;
+    for (int64_t i = 0; i < cols; ++i) {
+      double t = (a[i] - mean) / sqrt(var + eps);
+      y[r * cols + i] = t * (w ? w[i] : 1.0) + (b ? b[i] : 0.0);
+    }
+  }
+}
+
+static void test_layer_norm(void) {
+  enum { ROWS = 6, COLS = 37, N = ROWS * COLS };
+  static double x[N], y[N], ref[N], w[COLS], b[COLS];
+  static float xf[N], yf[N], wf[COLS], bf[COLS];
+  fill(x, xf, N, 3, 5.0);
+  for (int i = 0; i < N; ++i) x[i] += 100.0, xf[i] += 100.0f; /* a large mean */
+  fill(w, wf, COLS, 4, 2.0);
+  fill(b, bf, COLS, 5, 1.0);
+  for (int with = 0; with < 4; ++with) {
+    const double *wp = with & 1 ? w : NULL, *bp = with & 2 ? b : NULL;
+    CHECK(mt_layer_norm_rows(MT_DTYPE_FLOAT64, ROWS, COLS, x, wp, bp, 1e-5, y, NULL) ==
+          MT_OK);
+    layer_norm_ref(x, wp, bp, 1e-5, ROWS, COLS, ref);
+    for (int i = 0; i < N; ++i) CHECK(close_to(y[i], ref[i], 1e-12, 1e-12));
+    CHECK(mt_layer_norm_rows(MT_DTYPE_FLOAT32, ROWS, COLS, xf, with & 1 ? wf : NULL,
+                             with & 2 ? bf : NULL, 1e-5, yf, NULL) == MT_OK);
+    double xd[N], wd[COLS], bd[COLS];
+    for (int i = 0; i < N; ++i) xd[i] = (double)xf[i];
+    for (int i = 0; i < COLS; ++i) wd[i] = (double)wf[i], bd[i] = (double)bf[i];
+    layer_norm_ref(xd, with & 1 ? wd : NULL, with & 2 ? bd : NULL, 1e-5, ROWS, COLS, ref);
+    for (int i = 0; i < N; ++i) {
+      CHECK_MSG(close_to(yf[i], ref[i], 1e-5, 1e-5), "f32 [%d]: %.9g vs %.9g", i,
+                (double)yf[i], ref[i]);
+    }
+  }
+  /* A constant row is all bias (variance 0, eps keeps it finite). */
+  double flat[4] = {2.0, 2.0, 2.0, 2.0}, out[4];
+  CHECK(mt_layer_norm_rows(MT_DTYPE_FLOAT64, 1, 4, flat, NULL, b, 1e-5, out, NULL) == MT_OK);
+  CHECK(out[0] == b[0] && out[3] == b[3]);
+}
+
+/* Element (b, h, i, j) of an attention operand. */
+static int64_t at(const mt_attn_operand *a, int64_t b, int64_t h, int64_t i, int64_t j) {
+  return b * a->batch_stride + h * a->head_stride + i * a->row_stride + j;
+}
+
+/* softmax(q k^T scale) v per head in double, from the operands' float or double data. */
+static void attention_ref(int f32, const mt_attn_shape *s, const mt_attn_operand *q,
+                          const mt_attn_operand *k, const mt_attn_operand *v, double scale,
+                          int causal, double *out /* (batch, heads, L, Ev) */) {
+#define MT_T_GET(op, idx) \
+  (f32 ? (double)((const float *)(op)->data)[idx] : ((const double *)(op)->data)[idx])
+  double *p = malloc((size_t)(s->S > 0 ? s->S : 1) * sizeof(double));
+  for (int64_t b = 0; b < s->batch; ++b) {
+    for (int64_t h = 0; h < s->heads; ++h) {
+      for (int64_t i = 0; i < s->L; ++i) {
+        int64_t keys = causal && i + 1 < s->S ? i + 1 : s->S;
+        double m = -INFINITY, sum = 0.0;
+        for (int64_t j = 0; j < keys; ++j) {
+          double dot = 0.0;
+          for (int64_t e = 0; e < s->E; ++e) {
+            dot += MT_T_GET(q, at(q, b, h, i, e)) * MT_T_GET(k, at(k, b, h, j, e));
+          }
+          p[j] = dot * scale;
+          m = p[j] > m ? p[j] : m;
+        }
+        for (int64_t j = 0; j < keys; ++j) sum += (p[j] = exp(p[j] - m));
+        for (int64_t c = 0; c < s->Ev; ++c) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < keys; ++j) acc += p[j] / sum * MT_T_GET(v, at(v, b, h, j, c));
+          out[((b * s->heads + h) * s->L + i) * s->Ev + c] = acc;
+        }
+      }
+    }
+  }
+  free(p);
+#undef MT_T_GET
+}
+
+/* One attention case: q and out laid out (batch, L, heads, cols), as a projection's
+ * output is, k and v contiguous per head. */
+static void check_attention(int f32, mt_attn_shape s, int causal) {
+  size_t isz = f32 ? sizeof(float) : sizeof(double);
+  int64_t nq = s.batch * s.heads * s.L * s.E, nk = s.batch * s.heads * s.S * s.E;
+  int64_t nv = s.batch * s.heads * s.S * s.Ev, no = s.batch * s.heads * s.L * s.Ev;
+  void *qd = calloc((size_t)nq + 1, isz), *kd = calloc((size_t)nk + 1, isz);
+  void *vd = calloc((size_t)nv + 1, isz), *od = calloc((size_t)no + 1, isz);
+  double *tmp = malloc((size_t)(nq + nk + nv + 1) * sizeof(double));
+  double *ref = malloc((size_t)(no + 1) * sizeof(double));
+  fill(tmp, NULL, nq + nk + nv, 11, 1.5);
+  for (int64_t i = 0; i < nq + nk + nv; ++i) {
+    void *dst = i < nq ? qd : i < nq + nk ? kd : vd;
+    int64_t j = i < nq ? i : i < nq + nk ? i - nq : i - nq - nk;
+    if (f32) ((float *)dst)[j] = (float)tmp[i];
+    else ((double *)dst)[j] = tmp[i];
+  }
+  mt_attn_operand q = {qd, s.L * s.heads * s.E, s.E, s.heads * s.E};
+  mt_attn_operand k = {kd, s.heads * s.S * s.E, s.S * s.E, s.E};
+  mt_attn_operand v = {vd, s.heads * s.S * s.Ev, s.S * s.Ev, s.Ev};
+  mt_attn_operand o = {od, s.L * s.heads * s.Ev, s.Ev, s.heads * s.Ev};
+  double scale = 1.0 / sqrt((double)(s.E > 0 ? s.E : 1));
+  int rc = mt_attention(f32 ? MT_DTYPE_FLOAT32 : MT_DTYPE_FLOAT64, &s, &q, &k, &v, &o,
+                        scale, causal, NULL);
+  if (!mt_kernels_have_blas()) {
+    CHECK(rc == MT_ENOTSUP);
+  } else {
+    CHECK(rc == MT_OK);
+    attention_ref(f32, &s, &q, &k, &v, scale, causal, ref);
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t i = 0; i < s.L; ++i)
+          for (int64_t c = 0; c < s.Ev; ++c) {
+            int64_t idx = at(&o, b, h, i, c);
+            double got = f32 ? (double)((float *)od)[idx] : ((double *)od)[idx];
+            double want = ref[((b * s.heads + h) * s.L + i) * s.Ev + c];
+            CHECK_MSG(close_to(got, want, f32 ? 1e-5 : 1e-12, f32 ? 1e-5 : 1e-13),
+                      "f32 %d causal %d L %lld S %lld (%lld %lld %lld %lld): %.17g vs %.17g",
+                      f32, causal, (long long)s.L, (long long)s.S, (long long)b,
+                      (long long)h, (long long)i, (long long)c, got, want);
+          }
+  }
+  free(qd), free(kd), free(vd), free(od), free(tmp), free(ref);
+}
+
+static void test_attention(void) {
+  /* batch, heads, L, S, E, Ev: blocks of 64 query rows, ragged last block, L < S,
+   * L > S, one row, and the empty sizes. */
+  static const mt_attn_shape shapes[] = {
+      {2, 3, 130, 130, 16, 8}, {1, 2, 70, 150, 9, 5}, {1, 2, 150, 70, 9, 12},
+      {1, 1, 1, 1, 4, 4},      {1, 2, 5, 0, 4, 3},    {1, 2, 5, 6, 0, 3},
+      {1, 2, 0, 6, 4, 3},      {0, 2, 5, 6, 4, 3},
+  };
+  for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; ++t)
+    for (int f32 = 0; f32 < 2; ++f32)
+      for (int causal = 0; causal < 2; ++causal) check_attention(f32, shapes[t], causal);
+}
+
+static void test_errors(void) {
+  mt_error err = {0};
+  float x[4] = {0}, y[4];
+  CHECK(mt_gelu(MT_DTYPE_INT32, 0, 4, x, y, &err) == MT_ETYPE);
+  CHECK(strstr(err.msg, "int32") != NULL);
+  CHECK(mt_gelu(MT_DTYPE_FLOAT32, 2, 4, x, y, &err) == MT_EINVAL);
+  CHECK(mt_gelu(MT_DTYPE_FLOAT32, 0, -1, x, y, &err) == MT_EINVAL);
+  CHECK(mt_gelu(MT_DTYPE_FLOAT32, 0, 4, NULL, y, &err) == MT_EINVAL);
+  CHECK(mt_gelu(MT_DTYPE_FLOAT32, 0, 0, NULL, NULL, &err) == MT_OK);
+  CHECK(mt_softmax_rows(MT_DTYPE_FLOAT16, 0, 1, 4, x, y, &err) == MT_ETYPE);
+  CHECK(mt_softmax_rows(MT_DTYPE_FLOAT32, 0, -1, 4, x, y, &err) == MT_EINVAL);
+  CHECK(mt_softmax_rows(MT_DTYPE_FLOAT32, 0, 1, 4, x, NULL, &err) == MT_EINVAL);
+  CHECK(mt_softmax_rows(MT_DTYPE_FLOAT32, 0, 0, 4, NULL, NULL, &err) == MT_OK);
+  CHECK(mt_layer_norm_rows(MT_DTYPE_INT8, 1, 4, x, NULL, NULL, 1e-5, y, &err) == MT_ETYPE);
+  CHECK(mt_layer_norm_rows(MT_DTYPE_FLOAT32, 1, -4, x, NULL, NULL, 1e-5, y, &err) ==
+        MT_EINVAL);
+  CHECK(mt_layer_norm_rows(MT_DTYPE_FLOAT32, 1, 4, NULL, NULL, NULL, 1e-5, y, &err) ==
+        MT_EINVAL);
+  mt_attn_shape s = {1, 1, 2, 2, 2, 2};
+  mt_attn_operand a = {x, 4, 4, 2}, overlap = {x, 4, 4, 1}, none = {NULL, 4, 4, 2};
+  CHECK(mt_attention(MT_DTYPE_INT64, &s, &a, &a, &a, &a, 1.0, 0, &err) == MT_ETYPE);
+  CHECK(mt_attention(MT_DTYPE_FLOAT32, NULL, &a, &a, &a, &a, 1.0, 0, &err) == MT_EINVAL);
+  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &overlap, &a, &a, 1.0, 0, &err) ==
+        MT_EINVAL);
+  CHECK(strstr(err.msg, "overlap") != NULL);
+  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &a, &none, &a, 1.0, 0, &err) == MT_EINVAL);
+  mt_attn_shape neg = {1, -1, 2, 2, 2, 2};
+  CHECK(mt_attention(MT_DTYPE_FLOAT32, &neg, &a, &a, &a, &a, 1.0, 0, &err) == MT_EINVAL);
+  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &a, &a, &a, 1.0, 0, NULL) ==
+        (mt_kernels_have_blas() ? MT_OK : MT_ENOTSUP));
+}
+
+int main(void) {
+  test_gelu();
+  test_softmax();
+  test_layer_norm();
+  test_attention();
+  test_errors();
+  return mt_test_exit("test_kernels");
+}
