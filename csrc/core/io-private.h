@@ -12,6 +12,11 @@
 /* Adds to the process-wide data bytes read from or written to files. */
 void mt__io_count(int64_t read, int64_t written);
 
+/* Local. Writes `len` bytes from `out` at byte `at` of the file `fd`, or (out
+ * NULL) reads them into `in`, whole: pwrite and pread may move less than asked.
+ * 0, or the errno of the failure (EIO when the file ends first). */
+int mt__io_transfer(int fd, const char *out, char *in, int64_t len, int64_t at);
+
 /* One interleaved transfer through row slabs: `boxes` holds every rank's box of
  * `array` (comm rank order); `buf` is this rank's, C-contiguous. `fd` is the file,
  * open on every rank (or -1 on a rank that failed to open it, whose status is in

@@ -1,7 +1,13 @@
-/* Sharded files with MPI-IO: one file view per rank, built from its box, and one
- * collective write or read of the whole array.
+/* Sharded files: each rank writes or reads its own box of one array in one file.
+ * How depends on every rank's box, decided alike everywhere:
+ * - every box one run of the file: each rank pwrites / preads its run on its own
+ *   descriptor (no shared handle, no collective open);
+ * - some box many runs shorter than LONG_RUN (Shard(1)): row slabs, one run per
+ *   rank, exchanged in memory chunk by chunk (io_slabs.c);
+ * - otherwise (long runs, or boxes that do not tile the array on a save): one
+ *   file view per rank and one collective MPI-IO write or read.
  *
- * A box is described to MPI as nested hvectors of byte runs rather than as an
+ * For MPI-IO a box is described as nested hvectors of byte runs rather than as an
  * MPI_Type_create_subarray, whose int sizes cap every dim at INT_MAX elements and
  * whose extent spans the whole array; here every count, stride and displacement
  * is 64-bit safe, and the box's start goes into the view's displacement. Between
@@ -291,13 +297,6 @@ static int start(io_call *c, mt_mesh *mesh, int rc, const mt_io_array *a,
   return rc;
 }
 
-/* Independent I/O needs no shared handle: each rank opens the file by itself,
- * which spares the communicator duplication and the synchronisations of a
- * collective open and close; the ranks agree through `comm` instead. */
-static MPI_Comm file_comm(const io_call *c) {
-  return c->contiguous ? MPI_COMM_SELF : c->comm;
-}
-
 static void finish(io_call *c) {
   free_type(&c->ftype);
   free_type(&c->mtype);
@@ -358,18 +357,6 @@ static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
     rc = MPI_File_write_at(fh, 0, header, (int)hlen, MPI_BYTE, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "writing the header", path);
   }
-  if (c->contiguous) {
-    /* Sizing the file before its data lands spares ext4 extending it under each
-     * write (measured at np 2 and 4: 10-45% more write bandwidth). Every rank
-     * sets the same final size on its own handle, so no order between them
-     * matters and no byte written is cut. */
-    rc = c->count > 0 ? MPI_File_set_size(fh, (MPI_Offset)c->end) : MPI_SUCCESS;
-    if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_set_size", path);
-    rc = MPI_File_write_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
-                           MPI_STATUS_IGNORE);
-    return rc == MPI_SUCCESS || mine != MT_OK ? mine
-                                              : io_fail(err, rc, "MPI_File_write_at", path);
-  }
   rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
                          MPI_INFO_NULL);
   if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_set_view", path);
@@ -380,48 +367,74 @@ static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
   return mine;
 }
 
-/* Opens, writes and closes `tmp`; on every rank the agreed status. A collective
- * write needs every rank's handle, so its open is agreed first; independent
- * writes need only the one agreement at the end. */
+/* The collective path (boxes of long runs): opens, writes and closes `tmp`; on
+ * every rank the agreed status. A collective write needs every rank's handle, so
+ * its open is agreed first. */
 static int write_file(io_call *c, const char *tmp, const void *header, int64_t hlen,
                       const void *buf, mt_error *err) {
   MPI_File fh = MPI_FILE_NULL;
-  int rc = MPI_File_open(file_comm(c), tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY,
-                         MPI_INFO_NULL, &fh);
+  int rc = MPI_File_open(c->comm, tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL,
+                         &fh);
   int mine = rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_open", tmp);
-  if (!c->contiguous) {
-    int agreed = agree(c->comm, mine, err);
-    /* A collective open fails on every rank or none; a handle left open by a
-     * partial failure is not closed, since closing is collective too. */
-    if (agreed != MT_OK) return agreed;
-  }
-  if (mine == MT_OK) {
-    mine = write_all(c, fh, header, hlen, buf, tmp, err);
-    rc = MPI_File_close(&fh);
-    if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
-  }
+  int agreed = agree(c->comm, mine, err);
+  /* A collective open fails on every rank or none; a handle left open by a
+   * partial failure is not closed, since closing is collective too. */
+  if (agreed != MT_OK) return agreed;
+  mine = write_all(c, fh, header, hlen, buf, tmp, err);
+  rc = MPI_File_close(&fh);
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
   return agree(c->comm, mine, err);
 }
 
-/* The slab path: plain POSIX I/O, each rank on its own descriptor; the file is
- * sized first, as in write_all. The pipeline agrees once before its first round
- * and this once at the end. */
+/* Opens `tmp` for this rank alone and writes the header on the first rank; -1 and
+ * *mine set on failure. Independent writes need no shared handle (MPI-IO's
+ * independent writes are these same pwrites behind a costlier open), and the
+ * ranks agree through `comm` instead. */
+static int open_for_writing(const io_call *c, const char *tmp, const void *header,
+                            int64_t hlen, int *mine, mt_error *err) {
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  *mine = fd >= 0 ? MT_OK : posix_fail(err, "open", tmp);
+  if (*mine == MT_OK && c->rank == 0 && hlen > 0) {
+    int e = mt__io_transfer(fd, header, NULL, hlen, 0);
+    if (e != 0) *mine = mt__fail(err, MT_EIO, "writing the header of '%s' failed: %s", tmp,
+                                 strerror(e));
+  }
+  return fd;
+}
+
+static int close_file(int fd, int mine, const char *path, mt_error *err) {
+  if (fd >= 0 && close(fd) != 0 && mine == MT_OK) return posix_fail(err, "close", path);
+  return mine;
+}
+
+/* The independent path: every box one run, each rank pwrites its own. Sizing the
+ * file before its data lands spares ext4 extending it under each write (measured
+ * at np 2 and 4: 10-45% more write bandwidth); every rank sets the same final
+ * size, so no order between them matters and no byte written is cut. */
+static int write_runs(io_call *c, const char *tmp, const void *header, int64_t hlen,
+                      const void *buf, int64_t buflen, mt_error *err) {
+  int mine = MT_OK;
+  int fd = open_for_writing(c, tmp, header, hlen, &mine, err);
+  if (mine == MT_OK && buflen > 0 && ftruncate(fd, (off_t)c->end) != 0) {
+    mine = posix_fail(err, "ftruncate", tmp);
+  }
+  int e = mine == MT_OK ? mt__io_transfer(fd, buf, NULL, buflen, c->disp) : 0;
+  if (e != 0) mine = mt__fail(err, MT_EIO, "writing '%s' failed: %s", tmp, strerror(e));
+  return agree(c->comm, close_file(fd, mine, tmp, err), err);
+}
+
+/* The slab path: the file is sized first, as in write_runs, by one rank: the
+ * pipeline agrees once before its first round, and this once at the end. */
 static int write_slabs(io_call *c, const mt_io_array *a, const char *tmp, const void *header,
                        int64_t hlen, const void *buf, mt_error *err) {
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
-  int mine = fd >= 0 ? MT_OK : posix_fail(err, "open", tmp);
-  if (mine == MT_OK && c->rank == 0 && hlen > 0 &&
-      pwrite(fd, header, (size_t)hlen, 0) != (ssize_t)hlen) {
-    mine = posix_fail(err, "writing the header", tmp);
-  }
-  /* Sized once, before the pipeline's first agreement lets any rank write. */
+  int mine = MT_OK;
+  int fd = open_for_writing(c, tmp, header, hlen, &mine, err);
   if (mine == MT_OK && c->rank == 0 && ftruncate(fd, (off_t)c->end) != 0) {
     mine = posix_fail(err, "ftruncate", tmp);
   }
   mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded};
   mine = mt__slabs_write(&s, mine, buf, err);
-  if (fd >= 0 && close(fd) != 0 && mine == MT_OK) mine = posix_fail(err, "close", tmp);
-  return agree(c->comm, mine, err);
+  return agree(c->comm, close_file(fd, mine, tmp, err), err);
 }
 
 /* Rank 0 renames the finished file into place (or removes it after a failure)
@@ -465,8 +478,9 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
   if (rc == MT_OK) {
     /* Every rank has every box: all choose alike, with no message. */
     slabs = c.short_runs && boxes_tile(&c, array);
-    rc = slabs ? write_slabs(&c, array, tmp, header, hlen, buf, err)
-             : write_file(&c, tmp, header, hlen, buf, err);
+    if (c.contiguous) rc = write_runs(&c, tmp, header, hlen, buf, buflen, err);
+    else if (slabs) rc = write_slabs(&c, array, tmp, header, hlen, buf, err);
+    else rc = write_file(&c, tmp, header, hlen, buf, err);
     rc = commit(&c, tmp, path, rc, err);
   }
   if (rc == MT_OK && !slabs) mt__io_count(0, buflen);
@@ -485,57 +499,69 @@ static int check_size(MPI_File fh, int64_t need, const char *path, mt_error *err
 }
 
 static int read_all(io_call *c, MPI_File fh, void *buf, const char *path, mt_error *err) {
-  int rc;
-  if (c->contiguous) {
-    rc = MPI_File_read_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
-                          MPI_STATUS_IGNORE);
-    return rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_read_at", path);
-  }
   int mine = MT_OK;
-  rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
-                         MPI_INFO_NULL);
+  int rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
+                             MPI_INFO_NULL);
   if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_set_view", path);
   rc = MPI_File_read_at_all(fh, 0, buf, c->count, c->mtype, MPI_STATUS_IGNORE);
   if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_read_at_all", path);
   return mine;
 }
 
-/* Opens, checks and reads; as write_file, one agreement for independent reads. */
-static int read_file(io_call *c, const char *path, int64_t need, void *buf,
-                     mt_error *err) {
+/* The collective path: opens, checks and reads, agreeing after the open. */
+static int read_file(io_call *c, const char *path, void *buf, mt_error *err) {
   MPI_File fh = MPI_FILE_NULL;
-  int rc = MPI_File_open(file_comm(c), path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
-  int mine = rc == MPI_SUCCESS ? check_size(fh, need, path, err)
+  int rc = MPI_File_open(c->comm, path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
+  int mine = rc == MPI_SUCCESS ? check_size(fh, c->end, path, err)
                                : io_fail(err, rc, "MPI_File_open", path);
-  if (!c->contiguous) mine = agree(c->comm, mine, err);
+  mine = agree(c->comm, mine, err);
   if (mine == MT_OK) mine = read_all(c, fh, buf, path, err);
   rc = fh != MPI_FILE_NULL ? MPI_File_close(&fh) : MPI_SUCCESS;
   if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", path);
   return agree(c->comm, mine, err);
 }
 
-/* The slab path of a load: as write_slabs, with the size checked first. */
+/* Opens `path` for this rank alone and checks that it holds the array; -1 and
+ * *mine set on failure. */
+static int open_for_reading(const io_call *c, const char *path, int *mine, mt_error *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  *mine = fd >= 0 ? MT_OK : posix_fail(err, "open", path);
+  struct stat st;
+  if (*mine == MT_OK && fstat(fd, &st) != 0) *mine = posix_fail(err, "fstat", path);
+  if (*mine == MT_OK && (int64_t)st.st_size < c->end) {
+    *mine = truncated(err, path, (int64_t)st.st_size, c->end);
+  }
+  return fd;
+}
+
+/* The independent path: every box one run, each rank preads its own; one
+ * agreement, at the end. */
+static int read_runs(io_call *c, const char *path, void *buf, int64_t buflen,
+                     mt_error *err) {
+  int mine = MT_OK;
+  int fd = open_for_reading(c, path, &mine, err);
+  int e = mine == MT_OK ? mt__io_transfer(fd, NULL, buf, buflen, c->disp) : 0;
+  if (e != 0) mine = mt__fail(err, MT_EIO, "reading '%s' failed: %s", path, strerror(e));
+  return agree(c->comm, close_file(fd, mine, path, err), err);
+}
+
+/* The slab path of a load: as write_slabs. */
 static int read_slabs(io_call *c, const mt_io_array *a, const char *path, void *buf,
                       mt_error *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  int mine = fd >= 0 ? MT_OK : posix_fail(err, "open", path);
-  struct stat st;
-  if (mine == MT_OK && fstat(fd, &st) != 0) mine = posix_fail(err, "fstat", path);
-  if (mine == MT_OK && (int64_t)st.st_size < c->end) {
-    mine = truncated(err, path, (int64_t)st.st_size, c->end);
-  }
+  int mine = MT_OK;
+  int fd = open_for_reading(c, path, &mine, err);
   mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded};
   mine = mt__slabs_read(&s, mine, buf, err);
-  if (fd >= 0 && close(fd) != 0 && mine == MT_OK) mine = posix_fail(err, "close", path);
-  return agree(c->comm, mine, err);
+  return agree(c->comm, close_file(fd, mine, path, err), err);
 }
 
 int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
                const mt_box *box, void *buf, int64_t buflen, mt_error *err) {
   io_call c = {0};
   int rc = start(&c, mesh, MT_OK, array, box, buflen, NULL, 0, err);
-  if (rc == MT_OK && c.short_runs) rc = read_slabs(&c, array, path, buf, err);
-  else if (rc == MT_OK) rc = read_file(&c, path, c.end, buf, err);
+  if (rc == MT_OK && c.contiguous) rc = read_runs(&c, path, buf, buflen, err);
+  else if (rc == MT_OK && c.short_runs) rc = read_slabs(&c, array, path, buf, err);
+  else if (rc == MT_OK) rc = read_file(&c, path, buf, err);
   if (rc == MT_OK && !c.short_runs) mt__io_count(buflen, 0);
   finish(&c);
   return rc;

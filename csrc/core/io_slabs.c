@@ -52,20 +52,23 @@ typedef struct io_worker {
   int error; /* the first errno of a transfer, or 0 */
 } io_worker;
 
-/* A whole job: pwrite and pread may move less than asked. */
-static int transfer(int fd, int writing, const io_job *j) {
+int mt__io_transfer(int fd, const char *out, char *in, int64_t len, int64_t at) {
   int64_t moved = 0;
-  while (moved < j->len) {
-    size_t want = (size_t)(j->len - moved);
-    off_t at = (off_t)(j->at + moved);
-    ssize_t n = writing ? pwrite(fd, j->buf + moved, want, at)
-                        : pread(fd, j->buf + moved, want, at);
+  while (moved < len) {
+    size_t want = (size_t)(len - moved);
+    off_t where = (off_t)(at + moved);
+    ssize_t n = out != NULL ? pwrite(fd, out + moved, want, where)
+                            : pread(fd, in + moved, want, where);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return errno;
     if (n == 0) return EIO; /* the file ended before the array did */
     moved += (int64_t)n;
   }
   return 0;
+}
+
+static int transfer(int fd, int writing, const io_job *j) {
+  return mt__io_transfer(fd, writing ? j->buf : NULL, writing ? NULL : j->buf, j->len, j->at);
 }
 
 static void *work(void *arg) {

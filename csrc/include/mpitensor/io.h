@@ -1,6 +1,7 @@
-/* Sharded files with MPI-IO: each member of a mesh writes or reads its own box of
- * one C-order array that starts at a byte offset of one file, in one collective
- * call, so a tensor saved by N ranks is an ordinary file that M ranks read back.
+/* Sharded files: each member of a mesh writes or reads its own box of one C-order
+ * array that starts at a byte offset of one file, in one collective call (POSIX
+ * I/O by each member, or collective MPI-IO where boxes interleave in long runs),
+ * so a tensor saved by N ranks is an ordinary file that M ranks read back.
  *
  * The file format (the .npy header) is the caller's business: the core writes the
  * header bytes it is given and moves data bytes, whatever their element type.
