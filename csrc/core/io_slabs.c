@@ -29,6 +29,7 @@
 
 #include "io-private.h"
 #include "mpitensor/pack.h"
+#include "mpitensor/pool.h"
 
 /* The largest message, so that a count fits an int; and the tag of the chunks'
  * messages (the comm's other traffic is collective, which tags never match). */
@@ -374,7 +375,8 @@ static int io_status(int e, int writing, mt_error *err) {
                   strerror(e));
 }
 
-/* Two chunk buffers of this rank's chunk size and the staging buffer. */
+/* Two chunk buffers of this rank's chunk size and the staging buffer, from the
+ * pool: fresh ones would be faulted in on every save. */
 typedef struct buffers {
   char *chunk[2], *stage;
 } buffers;
@@ -384,9 +386,9 @@ static int alloc_buffers(const slabs *g, buffers *b, mt_error *err) {
   slab_of(g, g->me, &s0, &s1);
   int64_t rows = s1 - s0 < g->rows ? s1 - s0 : g->rows;
   size_t bytes = (size_t)(rows * g->rowbytes);
-  b->chunk[0] = bytes > 0 ? malloc(bytes) : NULL;
-  b->chunk[1] = bytes > 0 && g->rounds > 1 ? malloc(bytes) : b->chunk[0];
-  b->stage = g->stage > 0 ? malloc((size_t)g->stage) : NULL;
+  b->chunk[0] = bytes > 0 ? mt_pool_alloc(bytes) : NULL;
+  b->chunk[1] = bytes > 0 && g->rounds > 1 ? mt_pool_alloc(bytes) : b->chunk[0];
+  b->stage = g->stage > 0 ? mt_pool_alloc((size_t)g->stage) : NULL;
   if ((bytes > 0 && (b->chunk[0] == NULL || b->chunk[1] == NULL)) ||
       (g->stage > 0 && b->stage == NULL)) {
     return mt__fail(err, MT_ENOMEM, "out of memory for the chunks of a sharded file");
@@ -395,9 +397,9 @@ static int alloc_buffers(const slabs *g, buffers *b, mt_error *err) {
 }
 
 static void free_buffers(buffers *b) {
-  if (b->chunk[1] != b->chunk[0]) free(b->chunk[1]);
-  free(b->chunk[0]);
-  free(b->stage);
+  if (b->chunk[1] != b->chunk[0]) mt_pool_free(b->chunk[1]);
+  mt_pool_free(b->chunk[0]);
+  mt_pool_free(b->stage);
 }
 
 /* Where round k's chunk of this rank goes in the file, and its bytes. */
