@@ -9,9 +9,10 @@ Run under MPI (see benchmarks/README.md)::
 
 For each size (of the whole float32 array, 1024 columns) and layout on a 1-D mesh
 over all ranks (``S0``: Shard(0), each rank's box one run of the file; ``S1``:
-Shard(1), boxes interleave row by row, so mt.save exchanges them in memory to
-row slabs first and mt.load reads row slabs and exchanges back; up to --s1-max)
-it times, interleaved:
+Shard(1), boxes interleave row by row, so mt.save exchanges them in memory into
+row slabs, chunk by chunk while the previous chunk is written, and mt.load reads
+row slabs and exchanges them back the same way; up to --s1-max) it times,
+interleaved:
 
 * ``mt_save``  every rank: ``mt.save(dt, path)`` (MPI-IO, temporary name + rename);
 * ``np_save``  rank 0 alone: ``numpy.save(path, a)`` of the whole array;
@@ -246,7 +247,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="64MiB,256MiB,1GiB")
     ap.add_argument("--layouts", default="S0,S1")
-    ap.add_argument("--s1-max", default="256MiB", help="largest size timed for S1")
+    ap.add_argument("--s1-max", default="1GiB", help="largest size timed for S1")
     ap.add_argument("--reps", type=int, default=9, help="repetitions up to 256 MiB")
     ap.add_argument("--reps-large", type=int, default=5, help="repetitions above")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temp dir)")

@@ -1,19 +1,29 @@
-/* Sharded files with MPI-IO: one file view per rank, built from its box, and one
- * collective write or read of the whole array.
+/* Sharded files: each rank writes or reads its own box of one array in one file.
+ * How depends on every rank's box, decided alike everywhere:
+ * - every box one run of the file: each rank pwrites / preads its run on its own
+ *   descriptor (no shared handle, no collective open);
+ * - some box many runs shorter than LONG_RUN (Shard(1)): row slabs, one run per
+ *   rank, exchanged in memory chunk by chunk (io_slabs.c);
+ * - otherwise (long runs, or boxes that do not tile the array on a save): one
+ *   file view per rank and one collective MPI-IO write or read.
  *
- * A box is described to MPI as nested hvectors of byte runs rather than as an
+ * For MPI-IO a box is described as nested hvectors of byte runs rather than as an
  * MPI_Type_create_subarray, whose int sizes cap every dim at INT_MAX elements and
  * whose extent spans the whole array; here every count, stride and displacement
  * is 64-bit safe, and the box's start goes into the view's displacement. Between
  * phases the members agree on the first failure so that they all return it. */
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "comm-private.h"
-#include "mpitensor/io.h"
+#include "io-private.h"
 
 /* ---- datatypes --------------------------------------------------------------- */
 
@@ -126,17 +136,45 @@ static void free_type(MPI_Datatype *t) {
   if (*t != MPI_BYTE && *t != MPI_DATATYPE_NULL) MPI_Type_free(t);
 }
 
+/* ---- counters and tuning ---------------------------------------------------- */
+
+static atomic_llong bytes_read, bytes_written;
+/* The pipeline's chunk per rank: a few MiB keeps both the exchange and the writes
+ * efficient while letting them overlap (see docs/benchmarks.md, "Checkpoints"). */
+static atomic_llong chunk_bytes = 2 << 20;
+static atomic_int io_thread = 1;
+
+void mt__io_count(int64_t read, int64_t written) {
+  atomic_fetch_add_explicit(&bytes_read, (long long)read, memory_order_relaxed);
+  atomic_fetch_add_explicit(&bytes_written, (long long)written, memory_order_relaxed);
+}
+
+void mt_io_counters_get(mt_io_counters *out) {
+  out->read_bytes = (int64_t)atomic_load_explicit(&bytes_read, memory_order_relaxed);
+  out->written_bytes = (int64_t)atomic_load_explicit(&bytes_written, memory_order_relaxed);
+}
+
+void mt_io_set_pipeline(int64_t chunk, int threaded) {
+  atomic_store(&chunk_bytes, (long long)(chunk > 0 ? chunk : 1));
+  atomic_store(&io_thread, threaded != 0);
+}
+
+void mt_io_get_pipeline(int64_t *chunk, int *threaded) {
+  *chunk = (int64_t)atomic_load(&chunk_bytes);
+  *threaded = atomic_load(&io_thread);
+}
+
 /* ---- agreement --------------------------------------------------------------- */
 
 /* Collective on `comm`. The first failing rank's status and message, on every
- * rank; MT_OK when every rank passes MT_OK. The `n` values of `min` ride along
+ * rank; MT_OK when every rank passes MT_OK. The `n` (<= 7) values of `min` ride along
  * and come back as their minimum over the ranks, so a phase that must also agree
  * on something costs one allreduce, not two. */
 static int agree_min(MPI_Comm comm, int rc, int64_t *min, int n, mt_error *err) {
   int me = 0, size = 0;
   MPI_Comm_rank(comm, &me);
   MPI_Comm_size(comm, &size);
-  int64_t v[4] = {rc != MT_OK ? me : size, 0, 0, 0};
+  int64_t v[8] = {rc != MT_OK ? me : size, 0, 0, 0, 0, 0, 0, 0};
   for (int i = 0; i < n; ++i) v[1 + i] = min[i];
   MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, v, 1 + n, MPI_INT64_T, MPI_MIN, comm),
               "MPI_Allreduce");
@@ -169,13 +207,22 @@ static int io_fail(mt_error *err, int rc, const char *what, const char *path) {
 
 typedef struct io_call {
   MPI_Comm comm;
-  int rank;
+  int rank, size;
   MPI_Datatype ftype, mtype;
   int64_t disp;
   int count;
   int contiguous; /* every rank's box is one run of the file */
+  int short_runs; /* some rank's box is many runs, each short: it goes through slabs */
+  int threaded;   /* this rank's I/O thread setting (ranks may differ) */
+  int64_t chunk;  /* the slab pipeline's chunk, the same on every rank */
   int64_t end;    /* the file's final size: the array's offset plus its bytes */
+  mt_box box;     /* this rank's */
+  mt_box *boxes;  /* every rank's, when short_runs */
 } io_call;
+
+/* Runs shorter than this, many to a box, are exchanged into slabs: per run, a
+ * seek or an MPI-IO piece costs more than moving the bytes through memory. */
+#define LONG_RUN ((int64_t)4 << 20)
 
 /* Whether `t` covers its extent without holes. */
 static int is_contiguous(MPI_Datatype t) {
@@ -185,24 +232,38 @@ static int is_contiguous(MPI_Datatype t) {
   return t == MPI_BYTE || size == extent;
 }
 
+/* Whether the box is more than one run of the file, each shorter than LONG_RUN. */
+static int has_short_runs(const mt_io_array *a, const mt_box *box) {
+  if (mt_box_numel(box) == 0) return 0;
+  int64_t run = 0;
+  int64_t k = run_start(a, box, &run);
+  int many = 0;
+  for (int64_t d = 0; d < k; ++d) many = many || box->shape[d] > 1;
+  return many && run < LONG_RUN;
+}
+
 static int64_t array_bytes(const mt_io_array *a) {
   int64_t n = a->itemsize;
   for (int d = 0; d < a->ndim; ++d) n *= a->shape[d];
   return n;
 }
 
-/* Local. The types of this rank's box, in the file and in memory. */
+/* Local. The types of this rank's box, in the file and in memory, and room for
+ * every rank's box. */
 static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t buflen,
                    mt_error *err) {
   int64_t nbytes = 0;
   c->ftype = c->mtype = MPI_BYTE;
   c->end = a->offset + array_bytes(a);
+  c->box = *box;
   int rc = mt_io_box_type(a, box, &c->ftype, &c->disp, &nbytes, err);
   if (rc == MT_OK && nbytes != buflen) {
     rc = mt__fail(err, MT_EINVAL, "the buffer holds %lld bytes; the box needs %lld",
                   (long long)buflen, (long long)nbytes);
   }
   if (rc == MT_OK) rc = bytes_type(nbytes, &c->mtype, &c->count, err);
+  c->boxes = rc == MT_OK ? malloc((size_t)c->size * sizeof *c->boxes) : NULL;
+  if (rc == MT_OK && c->boxes == NULL) rc = mt__fail(err, MT_ENOMEM, "out of memory");
   return rc;
 }
 
@@ -210,33 +271,67 @@ static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t 
  * Two-phase collective buffering pays off when boxes interleave in the file; when
  * every box is one run it only adds copies through aggregators (measured: about
  * half the bandwidth of plain writes with Open MPI's OMPIO), so then each rank
- * moves its run itself, as ROMIO's automatic mode decides. `rc` is the caller's
- * own verdict so far; `extra` (n <= 2 values) is reduced to its minimum. */
+ * moves its run itself, as ROMIO's automatic mode decides. Boxes of many short
+ * runs go through row slabs (io_slabs.c), for which every rank learns every box.
+ * `rc` is the caller's own verdict so far; `extra` (n <= 2 values) is reduced to
+ * its minimum. */
 static int start(io_call *c, mt_mesh *mesh, int rc, const mt_io_array *a,
                  const mt_box *box, int64_t buflen, int64_t *extra, int n, mt_error *err) {
   c->ftype = c->mtype = MPI_BYTE;
   int mrc = mt__mesh_flat_comm(mesh, &c->comm, err);
   if (mrc != MT_OK) return mrc;
   MPI_Comm_rank(c->comm, &c->rank);
+  MPI_Comm_size(c->comm, &c->size);
   if (rc == MT_OK) rc = prepare(c, a, box, buflen, err);
-  int64_t v[3] = {rc == MT_OK && is_contiguous(c->ftype)};
-  for (int i = 0; i < n; ++i) v[1 + i] = extra[i];
-  rc = agree_min(c->comm, rc, v, 1 + n, err);
-  c->contiguous = (int)v[0];
-  for (int i = 0; i < n; ++i) extra[i] = v[1 + i];
+  int64_t v[5] = {rc == MT_OK && is_contiguous(c->ftype), rc != MT_OK || !has_short_runs(a, box)};
+  mt_io_get_pipeline(&v[2], &c->threaded);
+  for (int i = 0; i < n; ++i) v[3 + i] = extra[i];
+  rc = agree_min(c->comm, rc, v, 3 + n, err);
+  c->contiguous = (int)v[0], c->short_runs = !v[1], c->chunk = v[2];
+  for (int i = 0; i < n; ++i) extra[i] = v[3 + i];
+  if (rc == MT_OK && c->short_runs) {
+    int bytes = (int)sizeof *c->boxes;
+    MT__MPI_TRY(MPI_Allgather(&c->box, bytes, MPI_BYTE, c->boxes, bytes, MPI_BYTE, c->comm),
+                "MPI_Allgather");
+  }
   return rc;
-}
-
-/* Independent I/O needs no shared handle: each rank opens the file by itself,
- * which spares the communicator duplication and the synchronisations of a
- * collective open and close; the ranks agree through `comm` instead. */
-static MPI_Comm file_comm(const io_call *c) {
-  return c->contiguous ? MPI_COMM_SELF : c->comm;
 }
 
 static void finish(io_call *c) {
   free_type(&c->ftype);
   free_type(&c->mtype);
+  free(c->boxes);
+}
+
+/* A failed system call on a file, as an I/O error with the system's reason. */
+static int posix_fail(mt_error *err, const char *what, const char *path) {
+  return mt__fail(err, MT_EIO, "%s of '%s' failed: %s", what, path, strerror(errno));
+}
+
+static int truncated(mt_error *err, const char *path, int64_t size, int64_t need) {
+  return mt__fail(err, MT_EIO, "'%s' is truncated: it has %lld bytes, the array needs "
+                  "%lld", path, (long long)size, (long long)need);
+}
+
+/* Whether the boxes cover the array exactly once (the slabs of a save must be
+ * filled whole): their sizes add up to it and no two overlap. Local. */
+static int boxes_tile(const io_call *c, const mt_io_array *a) {
+  if (c->boxes == NULL) return 0;
+  int64_t total = 0;
+  for (int r = 0; r < c->size; ++r) total += mt_box_numel(&c->boxes[r]);
+  if (total != array_bytes(a) / a->itemsize) return 0;
+  for (int r = 0; r < c->size; ++r) {
+    for (int q = r + 1; q < c->size; ++q) {
+      const mt_box *x = &c->boxes[r], *y = &c->boxes[q];
+      int apart = mt_box_numel(x) == 0 || mt_box_numel(y) == 0;
+      for (int d = 0; d < a->ndim && !apart; ++d) {
+        apart = x->offset[d] + x->shape[d] <= y->offset[d] ||
+                y->offset[d] + y->shape[d] <= x->offset[d];
+      }
+      if (!apart) return 0;
+    }
+  }
+  return 1;
 }
 
 /* ---- save -------------------------------------------------------------------- */
@@ -262,18 +357,6 @@ static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
     rc = MPI_File_write_at(fh, 0, header, (int)hlen, MPI_BYTE, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "writing the header", path);
   }
-  if (c->contiguous) {
-    /* Sizing the file before its data lands spares ext4 extending it under each
-     * write (measured at np 2 and 4: 10-45% more write bandwidth). Every rank
-     * sets the same final size on its own handle, so no order between them
-     * matters and no byte written is cut. */
-    rc = c->count > 0 ? MPI_File_set_size(fh, (MPI_Offset)c->end) : MPI_SUCCESS;
-    if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_set_size", path);
-    rc = MPI_File_write_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
-                           MPI_STATUS_IGNORE);
-    return rc == MPI_SUCCESS || mine != MT_OK ? mine
-                                              : io_fail(err, rc, "MPI_File_write_at", path);
-  }
   rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
                          MPI_INFO_NULL);
   if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_set_view", path);
@@ -284,27 +367,74 @@ static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
   return mine;
 }
 
-/* Opens, writes and closes `tmp`; on every rank the agreed status. A collective
- * write needs every rank's handle, so its open is agreed first; independent
- * writes need only the one agreement at the end. */
+/* The collective path (boxes of long runs): opens, writes and closes `tmp`; on
+ * every rank the agreed status. A collective write needs every rank's handle, so
+ * its open is agreed first. */
 static int write_file(io_call *c, const char *tmp, const void *header, int64_t hlen,
                       const void *buf, mt_error *err) {
   MPI_File fh = MPI_FILE_NULL;
-  int rc = MPI_File_open(file_comm(c), tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY,
-                         MPI_INFO_NULL, &fh);
+  int rc = MPI_File_open(c->comm, tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL,
+                         &fh);
   int mine = rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_open", tmp);
-  if (!c->contiguous) {
-    int agreed = agree(c->comm, mine, err);
-    /* A collective open fails on every rank or none; a handle left open by a
-     * partial failure is not closed, since closing is collective too. */
-    if (agreed != MT_OK) return agreed;
-  }
-  if (mine == MT_OK) {
-    mine = write_all(c, fh, header, hlen, buf, tmp, err);
-    rc = MPI_File_close(&fh);
-    if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
-  }
+  int agreed = agree(c->comm, mine, err);
+  /* A collective open fails on every rank or none; a handle left open by a
+   * partial failure is not closed, since closing is collective too. */
+  if (agreed != MT_OK) return agreed;
+  mine = write_all(c, fh, header, hlen, buf, tmp, err);
+  rc = MPI_File_close(&fh);
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
   return agree(c->comm, mine, err);
+}
+
+/* Opens `tmp` for this rank alone and writes the header on the first rank; -1 and
+ * *mine set on failure. Independent writes need no shared handle (MPI-IO's
+ * independent writes are these same pwrites behind a costlier open), and the
+ * ranks agree through `comm` instead. */
+static int open_for_writing(const io_call *c, const char *tmp, const void *header,
+                            int64_t hlen, int *mine, mt_error *err) {
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  *mine = fd >= 0 ? MT_OK : posix_fail(err, "open", tmp);
+  if (*mine == MT_OK && c->rank == 0 && hlen > 0) {
+    int e = mt__io_transfer(fd, header, NULL, hlen, 0);
+    if (e != 0) *mine = mt__fail(err, MT_EIO, "writing the header of '%s' failed: %s", tmp,
+                                 strerror(e));
+  }
+  return fd;
+}
+
+static int close_file(int fd, int mine, const char *path, mt_error *err) {
+  if (fd >= 0 && close(fd) != 0 && mine == MT_OK) return posix_fail(err, "close", path);
+  return mine;
+}
+
+/* The independent path: every box one run, each rank pwrites its own. Sizing the
+ * file before its data lands spares ext4 extending it under each write (measured
+ * at np 2 and 4: 10-45% more write bandwidth); every rank sets the same final
+ * size, so no order between them matters and no byte written is cut. */
+static int write_runs(io_call *c, const char *tmp, const void *header, int64_t hlen,
+                      const void *buf, int64_t buflen, mt_error *err) {
+  int mine = MT_OK;
+  int fd = open_for_writing(c, tmp, header, hlen, &mine, err);
+  if (mine == MT_OK && buflen > 0 && ftruncate(fd, (off_t)c->end) != 0) {
+    mine = posix_fail(err, "ftruncate", tmp);
+  }
+  int e = mine == MT_OK ? mt__io_transfer(fd, buf, NULL, buflen, c->disp) : 0;
+  if (e != 0) mine = mt__fail(err, MT_EIO, "writing '%s' failed: %s", tmp, strerror(e));
+  return agree(c->comm, close_file(fd, mine, tmp, err), err);
+}
+
+/* The slab path: the file is sized first, as in write_runs, by one rank: the
+ * pipeline agrees once before its first round, and this once at the end. */
+static int write_slabs(io_call *c, const mt_io_array *a, const char *tmp, const void *header,
+                       int64_t hlen, const void *buf, mt_error *err) {
+  int mine = MT_OK;
+  int fd = open_for_writing(c, tmp, header, hlen, &mine, err);
+  if (mine == MT_OK && c->rank == 0 && ftruncate(fd, (off_t)c->end) != 0) {
+    mine = posix_fail(err, "ftruncate", tmp);
+  }
+  mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded};
+  mine = mt__slabs_write(&s, mine, buf, err);
+  return agree(c->comm, close_file(fd, mine, tmp, err), err);
 }
 
 /* Rank 0 renames the finished file into place (or removes it after a failure)
@@ -336,7 +466,7 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
                int64_t buflen, mt_error *err) {
   io_call c = {0};
   int64_t nonce[2];
-  int rc = MT_OK;
+  int rc = MT_OK, slabs = 0;
   if (hlen < 0 || hlen > INT_MAX || hlen > array->offset) {
     rc = mt__fail(err, MT_EINVAL, "a header of %lld bytes does not fit before the data "
                   "at byte %lld", (long long)hlen, (long long)array->offset);
@@ -346,9 +476,14 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
   /* Every rank builds the same name from the same inputs: no need to agree. */
   if (rc == MT_OK) rc = temp_name(path, nonce, tmp, sizeof tmp, err);
   if (rc == MT_OK) {
-    rc = write_file(&c, tmp, header, hlen, buf, err);
+    /* Every rank has every box: all choose alike, with no message. */
+    slabs = c.short_runs && boxes_tile(&c, array);
+    if (c.contiguous) rc = write_runs(&c, tmp, header, hlen, buf, buflen, err);
+    else if (slabs) rc = write_slabs(&c, array, tmp, header, hlen, buf, err);
+    else rc = write_file(&c, tmp, header, hlen, buf, err);
     rc = commit(&c, tmp, path, rc, err);
   }
+  if (rc == MT_OK && !slabs) mt__io_count(0, buflen);
   finish(&c);
   return rc;
 }
@@ -360,48 +495,74 @@ static int check_size(MPI_File fh, int64_t need, const char *path, mt_error *err
   MPI_Offset size = 0;
   int rc = MPI_File_get_size(fh, &size);
   if (rc != MPI_SUCCESS) return io_fail(err, rc, "MPI_File_get_size", path);
-  if ((int64_t)size < need) {
-    return mt__fail(err, MT_EIO, "'%s' is truncated: it has %lld bytes, the array needs "
-                    "%lld", path, (long long)size, (long long)need);
-  }
-  return MT_OK;
+  return (int64_t)size < need ? truncated(err, path, (int64_t)size, need) : MT_OK;
 }
 
 static int read_all(io_call *c, MPI_File fh, void *buf, const char *path, mt_error *err) {
-  int rc;
-  if (c->contiguous) {
-    rc = MPI_File_read_at(fh, (MPI_Offset)c->disp, buf, c->count, c->mtype,
-                          MPI_STATUS_IGNORE);
-    return rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_read_at", path);
-  }
   int mine = MT_OK;
-  rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
-                         MPI_INFO_NULL);
+  int rc = MPI_File_set_view(fh, (MPI_Offset)c->disp, MPI_BYTE, c->ftype, "native",
+                             MPI_INFO_NULL);
   if (rc != MPI_SUCCESS) mine = io_fail(err, rc, "MPI_File_set_view", path);
   rc = MPI_File_read_at_all(fh, 0, buf, c->count, c->mtype, MPI_STATUS_IGNORE);
   if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_read_at_all", path);
   return mine;
 }
 
-/* Opens, checks and reads; as write_file, one agreement for independent reads. */
-static int read_file(io_call *c, const char *path, int64_t need, void *buf,
-                     mt_error *err) {
+/* The collective path: opens, checks and reads, agreeing after the open. */
+static int read_file(io_call *c, const char *path, void *buf, mt_error *err) {
   MPI_File fh = MPI_FILE_NULL;
-  int rc = MPI_File_open(file_comm(c), path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
-  int mine = rc == MPI_SUCCESS ? check_size(fh, need, path, err)
+  int rc = MPI_File_open(c->comm, path, MPI_MODE_RDONLY, MPI_INFO_NULL, &fh);
+  int mine = rc == MPI_SUCCESS ? check_size(fh, c->end, path, err)
                                : io_fail(err, rc, "MPI_File_open", path);
-  if (!c->contiguous) mine = agree(c->comm, mine, err);
+  mine = agree(c->comm, mine, err);
   if (mine == MT_OK) mine = read_all(c, fh, buf, path, err);
   rc = fh != MPI_FILE_NULL ? MPI_File_close(&fh) : MPI_SUCCESS;
   if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", path);
   return agree(c->comm, mine, err);
 }
 
+/* Opens `path` for this rank alone and checks that it holds the array; -1 and
+ * *mine set on failure. */
+static int open_for_reading(const io_call *c, const char *path, int *mine, mt_error *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  *mine = fd >= 0 ? MT_OK : posix_fail(err, "open", path);
+  struct stat st;
+  if (*mine == MT_OK && fstat(fd, &st) != 0) *mine = posix_fail(err, "fstat", path);
+  if (*mine == MT_OK && (int64_t)st.st_size < c->end) {
+    *mine = truncated(err, path, (int64_t)st.st_size, c->end);
+  }
+  return fd;
+}
+
+/* The independent path: every box one run, each rank preads its own; one
+ * agreement, at the end. */
+static int read_runs(io_call *c, const char *path, void *buf, int64_t buflen,
+                     mt_error *err) {
+  int mine = MT_OK;
+  int fd = open_for_reading(c, path, &mine, err);
+  int e = mine == MT_OK ? mt__io_transfer(fd, NULL, buf, buflen, c->disp) : 0;
+  if (e != 0) mine = mt__fail(err, MT_EIO, "reading '%s' failed: %s", path, strerror(e));
+  return agree(c->comm, close_file(fd, mine, path, err), err);
+}
+
+/* The slab path of a load: as write_slabs. */
+static int read_slabs(io_call *c, const mt_io_array *a, const char *path, void *buf,
+                      mt_error *err) {
+  int mine = MT_OK;
+  int fd = open_for_reading(c, path, &mine, err);
+  mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded};
+  mine = mt__slabs_read(&s, mine, buf, err);
+  return agree(c->comm, close_file(fd, mine, path, err), err);
+}
+
 int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
                const mt_box *box, void *buf, int64_t buflen, mt_error *err) {
   io_call c = {0};
   int rc = start(&c, mesh, MT_OK, array, box, buflen, NULL, 0, err);
-  if (rc == MT_OK) rc = read_file(&c, path, c.end, buf, err);
+  if (rc == MT_OK && c.contiguous) rc = read_runs(&c, path, buf, buflen, err);
+  else if (rc == MT_OK && c.short_runs) rc = read_slabs(&c, array, path, buf, err);
+  else if (rc == MT_OK) rc = read_file(&c, path, buf, err);
+  if (rc == MT_OK && !c.short_runs) mt__io_count(buflen, 0);
   finish(&c);
   return rc;
 }

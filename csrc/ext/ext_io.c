@@ -90,12 +90,34 @@ static PyObject *io_load(PyObject *module, PyObject *const *args, Py_ssize_t nar
     mt_error err = {0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = mt_io_load(c.mesh, PyBytes_AS_STRING(c.path), &c.array, &c.box, c.view.buf, (int64_t)c.view.len, &err);
+    rc = mt_io_load(c.mesh, PyBytes_AS_STRING(c.path), &c.array, &c.box, c.view.buf,
+                    (int64_t)c.view.len, &err);
     Py_END_ALLOW_THREADS
     out = rc == MT_OK ? Py_NewRef(Py_None) : mt_ext_raise(rc, &err);
   }
   release(&c);
   return out;
+}
+
+/* io_counters() -> (data bytes read, data bytes written) by this process. Local. */
+static PyObject *io_counters(PyObject *module, PyObject *unused) {
+  mt_io_counters c;
+  mt_io_counters_get(&c);
+  return Py_BuildValue("(LL)", (long long)c.read_bytes, (long long)c.written_bytes);
+}
+
+/* io_pipeline(chunk_bytes, io_thread) -> the previous (chunk_bytes, io_thread). Local. */
+static PyObject *io_pipeline(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) return PyErr_Format(PyExc_TypeError, "io_pipeline takes 2 arguments");
+  long long chunk = PyLong_AsLongLong(args[0]);
+  int threaded = PyObject_IsTrue(args[1]);
+  if (PyErr_Occurred() || threaded < 0) return NULL;
+  if (chunk < 1) return PyErr_Format(PyExc_ValueError, "chunk_bytes must be positive");
+  int64_t old_chunk = 0;
+  int old_threaded = 0;
+  mt_io_get_pipeline(&old_chunk, &old_threaded);
+  mt_io_set_pipeline((int64_t)chunk, threaded);
+  return Py_BuildValue("(LO)", (long long)old_chunk, old_threaded ? Py_True : Py_False);
 }
 
 PyMethodDef mt_ext_io_methods[] = {
@@ -105,5 +127,10 @@ PyMethodDef mt_ext_io_methods[] = {
     {"io_load", (PyCFunction)(void (*)(void))io_load, METH_FASTCALL,
      "io_load(mesh, path, shape, itemsize, offset, box_offset, box_shape, out): reads "
      "this rank's box of the array at `offset` into out. Collective."},
+    {"io_counters", io_counters, METH_NOARGS,
+     "io_counters() -> (data bytes read, data bytes written) by this process. Local."},
+    {"io_pipeline", (PyCFunction)(void (*)(void))io_pipeline, METH_FASTCALL,
+     "io_pipeline(chunk_bytes, io_thread) -> the previous pair: how boxes of many short "
+     "runs move through row slabs (mt_io_set_pipeline). Local."},
     {NULL, NULL, 0, NULL},
 };

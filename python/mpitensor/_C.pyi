@@ -104,6 +104,17 @@ def io_load(mesh: Mesh, path: str | bytes, shape: Sequence[int], itemsize: int,
     """Collective. Reads this rank's box of the array at `offset` into `out`."""
     ...
 
+def io_counters() -> tuple[int, int]:
+    """Local. (data bytes read, data bytes written) by this process through io_save
+    and io_load since it started."""
+    ...
+
+def io_pipeline(chunk_bytes: int, io_thread: bool) -> tuple[int, bool]:
+    """Local. Sets how boxes of many short runs move (row slabs in chunks of about
+    chunk_bytes per rank, written or read by an I/O thread while the next chunk is
+    exchanged); returns the previous setting."""
+    ...
+
 class DTensorBase:
     """The C base of mpitensor.DTensor: its two fields and the fast path of NumPy
     operations (operators, __array_ufunc__, reduction methods) on recorded

@@ -422,27 +422,23 @@ def test_ranks_outside_the_mesh_take_no_part(tmp):
 
 # -- interleaved layouts go through row slabs ---------------------------------------
 
-def one_run(shape, box_shape) -> bool:
-    """Whether a box is one run of a C-order file: ones, then any size, then whole."""
-    return any(all(s == 1 for s in box_shape[:i]) and box_shape[i + 1:] == shape[i + 1:]
-               for i in range(len(shape)))
-
-
 @pytest.fixture
-def moved(monkeypatch):
-    """Every box that this rank passes to io_save / io_load: (shape, box, bytes)."""
-    log = []
-    for name in ("io_save", "io_load"):
-        real = getattr(mt._C, name)
+def moved():
+    """The data bytes this rank read and wrote, counted by the core, since the
+    last clear(): a dict {"read": n, "written": n}."""
 
-        def spy(*args, real=real, name=name):
-            # (..., shape, itemsize, offset, box_offset, box_shape, buffer)
-            shape, box_shape, buf = args[-6], args[-2], args[-1]
-            log.append((name, tuple(shape), tuple(box_shape), buf.nbytes))
-            return real(*args)
+    class Moved(dict):
+        def clear(self):
+            self.start = mt._C.io_counters()
 
-        monkeypatch.setattr(mt._C, name, spy)
-    return log
+        def __getitem__(self, key):
+            now = mt._C.io_counters()
+            i = ("read", "written").index(key)
+            return now[i] - self.start[i]
+
+    m = Moved()
+    m.clear()
+    return m
 
 
 def interleaved_layouts():
@@ -455,8 +451,8 @@ def interleaved_layouts():
 
 @pytest.mark.parametrize("shape", [(12, 10), (7, 5, 3)], ids=str)
 def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, shape):
-    """Shard(1) and 2-D layouts: each rank writes and reads one run of the file,
-    every byte once, an equal share when the rows divide evenly."""
+    """Shard(1) and 2-D layouts: each rank writes and reads its row slab of the
+    file, every byte once, an equal share when the rows divide evenly."""
     g = cf.global_array(shape, "float32", 5)
     p = Problems()
     for mesh_shape, pl in interleaved_layouts():
@@ -465,14 +461,13 @@ def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, shape):
         dt = mt.distribute_tensor(g, mesh, pl)
         moved.clear()
         mt.save(dt, path)
+        wrote = moved["written"]
         p.expect(bits_equal(np.load(path), g), f"{mesh_shape} {pl}: numpy.load differs")
+        moved.clear()
         dt = mt.load(path, mesh, pl)
+        read = moved["read"]
         check_dtensor(p, dt, g, f"{mesh_shape} {pl} loaded")
-        for kind in ("io_save", "io_load"):
-            boxes = [m for m in moved if m[0] == kind]
-            p.expect(len(boxes) == 1, f"{kind}: {len(boxes)} calls")
-            p.expect(all(one_run(m[1], m[2]) for m in boxes), f"{kind}: {boxes} interleave")
-            mine = sum(m[3] for m in boxes)
+        for kind, mine in (("save", wrote), ("load", read)):
             p.expect(COMM.allreduce(mine) == g.nbytes, f"{kind}: not every byte once")
             if shape[0] % N == 0:
                 p.expect(mine == g.nbytes // N, f"{kind}: {mine} bytes, not 1/{N}")
@@ -480,7 +475,8 @@ def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, shape):
 
 
 def test_fortran_file_loads_through_column_slabs(tmp, moved):
-    """Shard(0) of a Fortran-order file interleaves in it: read as one run per rank."""
+    """Shard(0) of a Fortran-order file interleaves in it: read as slabs of
+    columns (the file's rows), every byte once."""
     g = cf.global_array((9, 8), "int32", 6)
     path = os.path.join(tmp, "fortran-slabs.npy")
     if RANK == 0:
@@ -492,6 +488,102 @@ def test_fortran_file_loads_through_column_slabs(tmp, moved):
         moved.clear()
         pl = [Shard(0)] * len(mesh_shape)
         check_dtensor(p, mt.load(path, mesh, pl), g, f"{mesh_shape} {pl}")
-        p.expect(all(one_run(m[1], m[2]) for m in moved), f"{moved} interleave")
-        p.expect(COMM.allreduce(sum(m[3] for m in moved)) == g.nbytes, "bytes read twice")
+        mine = moved["read"]
+        if g.shape[1] % N == 0:
+            p.expect(mine == g.nbytes // N, f"read {mine} bytes, not 1/{N}")
+        p.expect(COMM.allreduce(mine) == g.nbytes, "bytes read twice")
+    assert p == []
+
+
+# -- the slab pipeline: chunks, threads, dtypes, orders ------------------------------
+
+@pytest.fixture(params=[(1, True), (600, True), (600, False), (4096, True)],
+                ids=lambda p: f"chunk{p[0]}-{'thread' if p[1] else 'inline'}")
+def pipeline(request):
+    """Every rank moves interleaved boxes in chunks of this many bytes (at least one
+    row), with the I/O thread or inline; the default comes back afterwards."""
+    old = mt._C.io_pipeline(*request.param)
+    yield request.param
+    mt._C.io_pipeline(*old)
+
+
+@pytest.mark.parametrize("shape,dtype", [((37, 23), "float16"), ((10, 9, 7), "complex64"),
+                                         ((1, 40), "float64"), ((5, 3), "int8")], ids=str)
+def test_slab_pipeline_round_trips_at_every_chunk_size(tmp, pipeline, shape, dtype):
+    """Chunks of one row, of several rows that divide no slab, and larger than a
+    slab; uneven shards; C and Fortran files; 1-D and 2-D meshes: numpy.load reads
+    what was saved, and every layout loads back exactly."""
+    g = cf.global_array(shape, dtype, 3)
+    p = Problems()
+    for mesh_shape, pl in interleaved_layouts() + [((N,), [Replicate()])]:
+        mesh = init_device_mesh("cpu", mesh_shape)
+        path = os.path.join(tmp, f"pipe-{len(shape)}-{len(mesh_shape)}.npy")
+        mt.save(mt.distribute_tensor(g, mesh, pl), path)
+        same = bits_equal(np.load(path), g) if RANK == 0 else True
+        p.expect(COMM.bcast(same), f"{mesh_shape} {pl}: numpy.load differs")
+        for mesh_shape2, pl2 in layouts(len(shape)):
+            mesh2 = init_device_mesh("cpu", mesh_shape2)
+            check_dtensor(p, mt.load(path, mesh2, pl2), g, f"{mesh_shape2} {pl2} from {pl}")
+    fortran = os.path.join(tmp, "pipe-fortran.npy")
+    if RANK == 0:
+        np.save(fortran, np.asfortranarray(g))
+    COMM.Barrier()
+    for mesh_shape, pl in layouts(len(shape)):
+        mesh = init_device_mesh("cpu", mesh_shape)
+        check_dtensor(p, mt.load(fortran, mesh, pl), g, f"Fortran {mesh_shape} {pl}")
+    assert p == []
+
+
+def test_slab_save_failure_on_one_rank_leaves_no_file(tmp, pipeline, monkeypatch):
+    """The last rank cannot write (its file size limit is below its slab, so from
+    2 ranks its first chunk fails inside the pipeline): every rank raises, the
+    existing file stays whole and no temporary file is left."""
+    import resource
+    import signal
+
+    g = cf.global_array((64, 24), "float32", 2)
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "pipe-fail.npy")
+    dt = mt.distribute_tensor(g, mesh, [Shard(1)])
+    mt.save(dt, path)
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        if RANK == N - 1:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1000, old[1]))
+        errors = None
+        try:
+            mt.save(mt.distribute_tensor(g * 2, mesh, [Shard(1)]), path)
+        except Exception as e:  # noqa: BLE001 - what each rank raised is the point
+            errors = e
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        signal.signal(signal.SIGXFSZ, handler)
+    p = Problems()
+    p.expect(all_ranks(isinstance(errors, OSError)), f"not OSError everywhere: {errors!r}")
+    p.expect(COMM.allgather(str(errors)) == [str(errors)] * N, "the messages differ")
+    if RANK == 0:
+        p.expect(bits_equal(np.load(path), g), "the existing file changed")
+        p.expect(glob.glob(os.path.join(tmp, "pipe-fail.npy.*")) == [], "a temporary is left")
+    assert p == []
+
+
+def test_slab_load_of_a_truncated_file_raises_everywhere(tmp, pipeline):
+    """Five bytes short: OSError naming the truncation on every rank."""
+    g = cf.global_array((40, 16), "float32", 4)
+    path = os.path.join(tmp, "pipe-short.npy")
+    if RANK == 0:
+        np.save(path, g)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 5)
+    COMM.Barrier()
+    mesh = init_device_mesh("cpu", (N,))
+    errors = None
+    try:
+        mt.load(path, mesh, [Shard(1)])
+    except Exception as e:  # noqa: BLE001
+        errors = e
+    p = Problems()
+    p.expect(all_ranks(isinstance(errors, OSError) and "truncated" in str(errors)),
+             f"{errors!r}")
     assert p == []

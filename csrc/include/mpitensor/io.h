@@ -1,6 +1,7 @@
-/* Sharded files with MPI-IO: each member of a mesh writes or reads its own box of
- * one C-order array that starts at a byte offset of one file, in one collective
- * call, so a tensor saved by N ranks is an ordinary file that M ranks read back.
+/* Sharded files: each member of a mesh writes or reads its own box of one C-order
+ * array that starts at a byte offset of one file, in one collective call (POSIX
+ * I/O by each member, or collective MPI-IO where boxes interleave in long runs),
+ * so a tensor saved by N ranks is an ordinary file that M ranks read back.
  *
  * The file format (the .npy header) is the caller's business: the core writes the
  * header bytes it is given and moves data bytes, whatever their element type.
@@ -41,23 +42,47 @@ int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *ty
  * at offset 0 (all members pass the same header; the first member writes it),
  * then the array, of which this rank supplies `box` from the C-contiguous buffer
  * `buf` of `buflen` bytes, which must be the box's (an empty box contributes
- * nothing). Arguments are checked on every member before any data moves. The file is sized to exactly
- * array->offset plus the array's bytes. It is written under a temporary name in
- * the same directory and renamed to `path` only after every member has written
- * its box, so an existing file at `path` is replaced whole or not at all; on
- * failure the temporary file is removed and MT_EIO (or the first error) returns
- * on every member with the message of the member that failed first. */
+ * nothing). Arguments are checked on every member before any data moves. The
+ * file is sized to exactly array->offset plus the array's bytes. Boxes of many
+ * short runs that tile the array are first exchanged into row slabs, one run of
+ * the file per member (see mt_io_set_pipeline). The file is written under a
+ * temporary name in the same directory and renamed to `path` only after every
+ * member has written its part, so an existing file at `path` is replaced whole
+ * or not at all; on failure the temporary file is removed and MT_EIO (or the
+ * first error) returns on every member with the message of the member that
+ * failed first. */
 int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
                const mt_io_array *array, const mt_box *box, const void *buf,
                int64_t buflen, mt_error *err);
 
 /* Collective on the mesh. Reads this rank's `box` of `array` from the existing
  * file `path` into the C-contiguous buffer `buf` of `buflen` bytes, which must be
- * the box's (an empty box reads nothing).
+ * the box's (an empty box reads nothing). Boxes of many short runs are read as
+ * row slabs, one run per member, and exchanged into the boxes. Boxes may overlap.
  * MT_EIO on every member when the file cannot be opened or is too short to hold
  * the array. */
 int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
                const mt_box *box, void *buf, int64_t buflen, mt_error *err);
+
+/* Data bytes this process has read from and written to files through
+ * mt_io_save / mt_io_load (headers not counted). Boxes of many short runs are
+ * exchanged with the other ranks and each rank moves one run of whole rows, so
+ * these count what the process itself transferred; otherwise they count its box. */
+typedef struct mt_io_counters {
+  int64_t read_bytes, written_bytes;
+} mt_io_counters;
+
+/* Local. A snapshot of the process-wide counters (they only grow). */
+void mt_io_counters_get(mt_io_counters *out);
+
+/* Local, process-wide. How boxes of many short runs move: their row slabs are
+ * exchanged and transferred in chunks of about `chunk_bytes` per rank (at least
+ * one row; default 2 MiB; every rank uses the smallest value any rank set), and
+ * with `io_thread` nonzero (the default) a POSIX thread that makes no MPI call
+ * writes or reads one chunk while the next is exchanged; with 0, or when the
+ * thread cannot start, each chunk's transfer runs after its exchange. */
+void mt_io_set_pipeline(int64_t chunk_bytes, int io_thread);
+void mt_io_get_pipeline(int64_t *chunk_bytes, int *io_thread);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-"""Sharded checkpoints as ordinary .npy files, written and read with MPI-IO.
+"""Sharded checkpoints as ordinary .npy files, each rank writing and reading its share.
 
 A DTensor saved by N ranks is one standard ``.npy`` file that ``numpy.load``
 reads; it loads back onto any mesh and placements, each rank reading about a 1/N

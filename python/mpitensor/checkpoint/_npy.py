@@ -1,8 +1,8 @@
 """The .npy header: written here byte for byte as numpy.save writes it, and read
 with numpy's own parser, so files go both ways between mpitensor and NumPy.
 
-Only the header is handled in Python; the data bytes after it travel with MPI-IO
-(mpitensor._C.io_save / io_load).
+Only the header is handled in Python; the data bytes after it travel through the
+C core (mpitensor._C.io_save / io_load: POSIX I/O per rank, or MPI-IO).
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ moving about a 1/N share of the file.
 
 The header is made and parsed here; the data moves through csrc/core/io.c, so a
 file saved by N ranks is what numpy.save would have written, and M ranks in any
-layout read it back. A layout whose boxes are each one run of the file (Shard(0)
-of a C-order array) goes straight to the file. One whose boxes interleave in it
-in short runs (Shard(1)) is first exchanged in memory into row slabs, one run per
-rank, and a load reads row slabs and exchanges them into the layout asked for:
-what two-phase collective I/O does inside MPI-IO, but with the redistribute
-executor's direct exchange, which on ext4 with Open MPI's OMPIO measured several
-times faster (see docs/benchmarks.md, "Checkpoints").
+layout read it back. Each rank hands the core its own box. A layout whose boxes
+are each one run of the file (Shard(0) of a C-order array) goes straight to the
+file. One whose boxes interleave in it in short runs (Shard(1)) is exchanged in
+memory into row slabs, one run per rank, chunk by chunk while an I/O thread
+writes the previous chunk, and a load mirrors it (csrc/core/io_slabs.c): what
+two-phase collective I/O does inside MPI-IO, which on ext4 with Open MPI's OMPIO
+measured several times slower (see docs/benchmarks.md, "Checkpoints").
 """
 
 from __future__ import annotations
@@ -21,59 +21,11 @@ import numpy as np
 from .. import _C, _args
 from .._api import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
-from .._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
-from ..placement_types import Partial, Replicate, Shard
+from .._layout import compute_local_shape_and_global_offset
+from ..placement_types import Partial, Replicate
 from . import _agree, _npy
 
 _NOTHING = np.empty(0, np.uint8)
-
-# Runs of the file at least this long are moved in place by MPI-IO (one seek per
-# run costs little next to the bytes); shorter ones go through row slabs.
-_LONG_RUN = 4 * 1024 * 1024
-
-
-def _runs(shape, itemsize: int, sizes) -> tuple:
-    """(count, bytes) of the runs that a box of ``sizes`` makes in a C-order file
-    of ``shape``: the dims inside the first one it does not span whole form one."""
-    if 0 in sizes:
-        return 0, 0
-    k = len(shape) - 1
-    run = itemsize * sizes[k]
-    while k > 0 and sizes[k] == shape[k]:
-        k -= 1
-        run *= sizes[k]
-    return int(np.prod(sizes[:k], dtype=np.int64)), run
-
-
-def _interleaved(file_shape, itemsize: int, mesh, placements, mirror: bool) -> bool:
-    """Whether some rank's box is many short runs of the file. The same answer on
-    every rank: it walks every coordinate of the mesh. Local."""
-    order = slice(None, None, -1) if mirror else slice(None)
-    shape = tuple(file_shape)[order]
-    for coord in np.ndindex(*mesh.shape):
-        sizes, _ = local_shape_and_global_offset(shape, mesh.shape, coord, placements)
-        count, run = _runs(file_shape, itemsize, tuple(sizes)[order])
-        if count > 1 and run < _LONG_RUN:
-            return True
-    return False
-
-
-def _exchange(local: np.ndarray, shape, mesh, src, dst) -> np.ndarray:
-    """Collective. ``local``, this rank's box of ``shape`` in layout ``src``, as its
-    box in layout ``dst``: the redistribute executor moves the raw bytes (a trailing
-    dim of itemsize bytes), so every dtype of the format moves, byte order kept."""
-    item = local.dtype.itemsize
-    raw = np.ascontiguousarray(local).view(np.uint8).reshape(local.shape + (item,))
-    whole = tuple(shape) + (item,)
-    spec = DTensorSpec(mesh, tuple(src), whole, np.dtype(np.uint8), contiguous_strides(whole))
-    out = DTensor(raw, spec).redistribute(mesh, dst).to_local()
-    return out.view(local.dtype).reshape(out.shape[:-1])
-
-
-def _slabs(mesh, ndim: int, mirror: bool) -> tuple:
-    """The layout whose boxes are consecutive runs of the file, one per rank: its
-    outermost dim in file order chunked over every mesh dim."""
-    return (Shard(ndim - 1 if mirror else 0),) * mesh.ndim
 
 
 def _writes(mesh, placements) -> bool:
@@ -109,15 +61,12 @@ def save_dtensor(dt: DTensor, path: str) -> tuple:
         dt = dt.redistribute(mesh, placements)
     if mesh.get_coordinate() is None:
         return placements
-    written, local = placements, np.ascontiguousarray(dt.to_local())
-    if dt.ndim and _interleaved(dt.shape, dt.dtype.itemsize, mesh, placements, False):
-        written = _slabs(mesh, dt.ndim, False)
-        local = _exchange(local, dt.shape, mesh, placements, written)
-    sizes, offsets = compute_local_shape_and_global_offset(dt.shape, mesh, written)
+    local = np.ascontiguousarray(dt.to_local())
+    sizes, offsets = compute_local_shape_and_global_offset(dt.shape, mesh, placements)
     # A 0-d array travels as shape (1,), where a rank can also hold nothing.
     shape = dt.shape or (1,)
     sizes, offsets = (tuple(sizes), tuple(offsets)) if dt.ndim else ((1,), (0,))
-    if not _writes(mesh, written):
+    if not _writes(mesh, placements):
         sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
     header = _npy.encode(dt.shape, dt.dtype)
     try:
@@ -165,13 +114,7 @@ def load_dtensor(head: _npy.NpyHeader, path: str, mesh, placements) -> DTensor:
     spec = DTensorSpec(mesh, pl, head.shape, dtype, contiguous_strides(head.shape))
     if mesh.get_coordinate() is None:
         return DTensor(np.empty((0,), dtype), spec)
-    file_shape = head.shape[::-1] if head.fortran_order else head.shape
-    if head.shape and _interleaved(file_shape, head.dtype.itemsize, mesh, pl,
-                                   head.fortran_order):
-        slabs = _slabs(mesh, len(head.shape), head.fortran_order)
-        out = _exchange(_read_box(head, path, mesh, slabs), head.shape, mesh, slabs, pl)
-    else:
-        out = _read_box(head, path, mesh, pl)
+    out = _read_box(head, path, mesh, pl)
     return DTensor(out if out.dtype == dtype else out.astype(dtype), spec)
 
 
