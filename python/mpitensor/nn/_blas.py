@@ -159,8 +159,20 @@ def use(spec: str | None = None) -> str:
             continue
         _C.kernels_set_blas(s, d, ilp64)
         _active, _library = (name, path), lib
+        _warm_up()
         break
     return _active[0]
+
+
+def _warm_up():
+    """One tiny product of each dtype, so that the library loads what it loads
+    lazily (MKL its kernels and threading layer) now, before torch may be imported
+    with MKL symbols of its own that a later load could bind to."""
+    import numpy as np
+
+    for dtype in (np.float32, np.float64):
+        one = np.ones((1, 1), dtype)
+        _C.gemm(one, one, np.empty((1, 1), dtype), False, 1.0, 0.0)
 
 
 def _mkl_installed() -> bool:
