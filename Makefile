@@ -13,10 +13,6 @@ FUZZ_SECONDS ?= 60
 # Debian packages the build and the checks need; each is probed by its command.
 SYSTEM_TOOLS := mpicc:libopenmpi-dev mpiexec:openmpi-bin valgrind:valgrind \
   clang:clang clang-tidy:clang-tidy cppcheck:cppcheck
-# Libraries have no command to probe, so each is probed as its installed package:
-# BLIS (threaded build, one thread unless BLIS_NUM_THREADS says otherwise) for the
-# attention kernel's gemm; without it the build still works and NumPy computes.
-SYSTEM_LIBS := libblis-pthread-dev
 
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
@@ -27,10 +23,12 @@ export OPENBLAS_NUM_THREADS := 1
   test-network test-lint test-fuzz test-asan bench clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
-# (a test checks this); a binary wheel could bring its own MPI.
+# (a test checks this); a binary wheel could bring its own MPI. mkl (the extra
+# mpitensor[mkl], about 7 s to install from the mirror) is the BLAS the nn kernels
+# load at import when it is there (docs/performance.md).
 PY_DEPS := --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
   "scikit-build-core>=0.10" cmake ninja \
-  "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" "psutil>=5" \
+  mkl "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" "psutil>=5" \
   tabulate rich matplotlib "ipyparallel>=8.6" "nbclient>=0.10" "ipykernel>=6.29"
 %/.deps: pyproject.toml Makefile | system-deps
 	$(PYTHON) -m venv $*
@@ -42,9 +40,6 @@ PY_DEPS := --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
 system-deps:
 	@missing=; for t in $(SYSTEM_TOOLS); do \
 	  command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
-	for p in $(SYSTEM_LIBS); do \
-	  [ "$$(dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null)" = installed ] \
-	    || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing from Debian:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
@@ -81,11 +76,6 @@ test-c: $(VENV)/.deps
 	  -DMPITENSOR_VALGRIND=ON >/dev/null
 	$(VENV)/bin/cmake --build build/ctest -j2
 	cd build/ctest && ../../$(VENV)/bin/ctest --output-on-failure -j2
-	@# The kernels built without a BLAS: attention reports MT_ENOTSUP, the rest work.
-	$(VENV)/bin/cmake -S . -B build/ctest-noblas -DMPITENSOR_BUILD_TESTS=ON \
-	  -DMPITENSOR_BUILD_EXTENSION=OFF -DMPITENSOR_WERROR=ON -DMPITENSOR_BLAS=OFF >/dev/null
-	$(VENV)/bin/cmake --build build/ctest-noblas -j2 --target test_kernels
-	build/ctest-noblas/tests/core/test_kernels
 
 test-python: install
 	@status=0; for np in $(NPS); do tests/run_mpi_pytest.sh $$np || status=1; done; exit $$status

@@ -26,7 +26,8 @@ Barrier, each time the max over ranks:
 Reported per (model, hidden): median and [min..max] over repetitions of each time,
 ``speedup = single / tp`` and ``torch / tp``. Targets (issue 5): speed-up >= 1.6x at
 np 2 for hidden >= 2048; tp no slower than torch at any size.
-Writes benchmarks/results/tensor_parallel-np{N}[-torch].json.
+Ours calls the BLAS mpitensor.nn chose at import (MPITENSOR_BLAS; printed first
+and stored in the JSON). Writes benchmarks/results/tensor_parallel-np{N}[-torch].json.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import nn
+from mpitensor.nn import _kernels
 from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from _common import cpu_model, git_revision, init_gloo  # benchmarks/ is sys.path[0]
@@ -200,6 +202,9 @@ def main():
     if args.torch:
         torch, _, tmesh = init_gloo(comm)
         tctx = (torch, tmesh)
+    if comm.rank == 0:  # which BLAS ours calls (MPITENSOR_BLAS); NumPy's is OpenBLAS
+        print(f"mpitensor BLAS: {_kernels.blas_provider()}"
+              f" ({_kernels._blas.library() or 'NumPy computes'})", flush=True)
     rows = []
     for kind in args.models:
         for hidden in args.hidden:
@@ -216,6 +221,8 @@ def main():
                 "np": comm.size, "cpu": cpu_model(), "cores": os.cpu_count(),
                 "python": platform.python_version(), "numpy": np.__version__,
                 "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+                "mpitensor_blas": _kernels.blas_provider(),
+                "mpitensor_blas_library": _kernels._blas.library(),
                 "revision": git_revision(REPO), "reps": args.reps,
                 "targets": {"speedup_np2_hidden_ge_2048": TARGET_SPEEDUP,
                             "torch_over_tp": TARGET_TORCH_X}}

@@ -66,16 +66,16 @@ static int attend_block(const attn_ctx *c, const attn_head *h, int64_t i0, int64
   }
   int rc = MT_OK;
   if (s->E > 0) {
-    rc = mt__gemm(c->dtype, 1, rows, keys, s->E, c->scale,
-                  h->q + (size_t)(i0 * h->lq) * c->itemsize, h->lq, h->k, h->lk, 0.0,
-                  c->scores, keys, err);
+    rc = mt_gemm(c->dtype, 1, rows, keys, s->E, c->scale,
+                 h->q + (size_t)(i0 * h->lq) * c->itemsize, h->lq, h->k, h->lk, 0.0,
+                 c->scores, keys, err);
   } else {
     memset(c->scores, 0, (size_t)(rows * keys) * c->itemsize);
   }
   if (rc != MT_OK || s->Ev == 0) return rc;
   softmax_block(c, i0, rows, keys);
-  return mt__gemm(c->dtype, 0, rows, s->Ev, keys, 1.0, c->scores, keys, h->v, h->lv, 0.0,
-                  o, h->lo, err);
+  return mt_gemm(c->dtype, 0, rows, s->Ev, keys, 1.0, c->scores, keys, h->v, h->lv, 0.0,
+                 o, h->lo, err);
 }
 
 static int attend_head(const attn_ctx *c, const attn_head *h, mt_error *err) {
@@ -141,16 +141,16 @@ int mt_attention(int dtype, const mt_attn_shape *shape, const mt_attn_operand *q
   if (rc == MT_OK) rc = check_attention(shape, q, k, v, out, err);
   if (rc != MT_OK) return rc;
   if (!mt_kernels_have_blas()) {
-    return mt__fail(err, MT_ENOTSUP, "attention: mpitensor was built without a BLAS");
+    return mt__fail(err, MT_ENOTSUP, "attention: no BLAS installed (mt_kernels_set_blas)");
   }
   if (shape->batch == 0 || shape->heads == 0 || shape->L == 0 || shape->Ev == 0) {
     return MT_OK;
   }
   attn_ctx c = {dtype, mt_dtype_size(dtype), *shape, scale, causal != 0, NULL};
   int64_t block = shape->L < MT__ATTN_BLOCK ? shape->L : MT__ATTN_BLOCK;
-  /* 64 bytes more than the scores need: BLIS 0.9's small-matrix kernels read a few
-   * elements past the end of an operand in some edge cases (flame/blis#635, #824);
-   * past this buffer they read our padding. */
+  /* 64 bytes more than the scores need: some BLAS builds (BLIS 0.9, which a library
+   * path may name) read a few elements past the end of an operand in edge-case
+   * kernels (flame/blis#635, #824); past this buffer they read our padding. */
   size_t bytes = (size_t)(block * (shape->S > 0 ? shape->S : 1)) * c.itemsize + 64;
   c.scores = malloc(bytes);
   if (c.scores == NULL) {

@@ -1,5 +1,5 @@
 /* What the nn kernels (activation.c, softmax.c, layer_norm.c, attention.c)
- * share: the gemm binding and the exponential they vectorize. */
+ * share: the dtype check and the exponential they vectorize. */
 #ifndef MPITENSOR_KERNELS_PRIVATE_H
 #define MPITENSOR_KERNELS_PRIVATE_H
 
@@ -20,15 +20,6 @@
 #else
 #define MT__VECTOR_CLONES
 #endif
-
-/* c (m, n) = alpha * a (m, k) @ op(b) + beta * c, row-major, where op(b) is b
- * (k, n) or, with `trans_b`, b^T for b stored (n, k); lda/ldb/ldc are row strides
- * in elements. alpha and beta are converted to `dtype`. MT_ENOTSUP without a CBLAS;
- * MT_EOVERFLOW when a size or stride exceeds the CBLAS int. Every size must be
- * positive: the callers handle empty products themselves. */
-int mt__gemm(int dtype, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-             const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
-             void *c, int64_t ldc, mt_error *err);
 
 /* MT_OK when dtype is float32 or float64, else MT_ETYPE naming `what`. */
 int mt__check_float(int dtype, const char *what, mt_error *err);

@@ -54,6 +54,80 @@ static PyObject *kernels_have_blas(PyObject *module, PyObject *unused) {
   return PyBool_FromLong(mt_kernels_have_blas());
 }
 
+/* kernels_set_blas(sgemm, dgemm, ilp64): installs the CBLAS functions at these
+ * addresses (ints, as ctypes gives them from a library it loaded, which keeps it
+ * loaded); (0, 0, any) removes the BLAS. */
+static PyObject *kernels_set_blas(PyObject *module, PyObject *const *args,
+                                  Py_ssize_t nargs) {
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "kernels_set_blas(sgemm, dgemm, ilp64)");
+  void *s = PyLong_AsVoidPtr(args[0]);
+  void *d = s == NULL && PyErr_Occurred() ? NULL : PyLong_AsVoidPtr(args[1]);
+  int ilp64 = PyObject_IsTrue(args[2]);
+  if (PyErr_Occurred() || ilp64 < 0) return NULL;
+  mt_blas blas = {0};
+  /* POSIX (dlsym) guarantees that a data pointer holds a function's address. */
+  if (ilp64) {
+    blas.sgemm64 = (mt_sgemm_ilp64 *)s, blas.dgemm64 = (mt_dgemm_ilp64 *)d;
+  } else {
+    blas.sgemm = (mt_sgemm_lp64 *)s, blas.dgemm = (mt_dgemm_lp64 *)d;
+  }
+  mt_error err = {0};
+  int rc = mt_kernels_set_blas(s == NULL && d == NULL ? NULL : &blas, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
+/* A 2-D gemm operand: its last dim contiguous (or of size <= 1), its row stride in
+ * whole elements, returned in elements (the row length when there is no second row
+ * or no element: NumPy gives such dims any stride, and they are never used). */
+static int gemm_operand(PyArrayObject *a, int64_t *ld, const char *name) {
+  npy_intp size = PyArray_ITEMSIZE(a);
+  if (PyArray_NDIM(a) != 2) goto bad;
+  int64_t cols = PyArray_DIM(a, 1) > 1 ? PyArray_DIM(a, 1) : 1;
+  *ld = cols;
+  if (PyArray_SIZE(a) == 0) return 0;
+  if ((PyArray_DIM(a, 1) > 1 && PyArray_STRIDE(a, 1) != size) || PyArray_STRIDE(a, 0) % size) {
+    goto bad;
+  }
+  if (PyArray_DIM(a, 0) > 1) *ld = PyArray_STRIDE(a, 0) / size;
+  return 0;
+bad:
+  PyErr_Format(PyExc_ValueError, "gemm: %s must be 2-D with a contiguous last dim", name);
+  return -1;
+}
+
+/* gemm(a, b, c, trans_b, alpha, beta): c = alpha a @ (b.T if trans_b else b) + beta c
+ * in place, for 2-D arrays a (m, k), b (k, n) or (n, k), c (m, n). */
+static PyObject *gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 6) return PyErr_Format(PyExc_TypeError, "gemm(a, b, c, trans_b, alpha, beta)");
+  static const char *names[3] = {"a", "b", "c"};
+  int dtype = -1;
+  PyArrayObject *x[3];
+  int64_t ld[3];
+  for (int i = 0; i < 3; ++i) {
+    x[i] = float_arg(args[i], &dtype, 1, names[i]);
+    if (x[i] == NULL || gemm_operand(x[i], &ld[i], names[i]) < 0) return NULL;
+  }
+  int tb = PyObject_IsTrue(args[3]);
+  double alpha = PyFloat_AsDouble(args[4]), beta = PyFloat_AsDouble(args[5]);
+  if (tb < 0 || PyErr_Occurred()) return NULL;
+  npy_intp m = PyArray_DIM(x[0], 0), k = PyArray_DIM(x[0], 1);
+  npy_intp n = PyArray_DIM(x[2], 1);
+  if (PyArray_DIM(x[1], tb ? 1 : 0) != k || PyArray_DIM(x[1], tb ? 0 : 1) != n ||
+      PyArray_DIM(x[2], 0) != m) {
+    return PyErr_Format(PyExc_ValueError, "gemm: shapes do not match");
+  }
+  if (!PyArray_ISWRITEABLE(x[2])) return PyErr_Format(PyExc_ValueError, "gemm: c must be writable");
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_gemm(dtype, tb, m, n, k, alpha, PyArray_DATA(x[0]), ld[0], PyArray_DATA(x[1]),
+               ld[1], beta, PyArray_DATA(x[2]), ld[2], &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
 /* gelu(x, approximate) -> a new array: approximate 0 erf, 1 tanh. */
 static PyObject *gelu(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "gelu(x, approximate)");
@@ -193,7 +267,13 @@ static PyObject *attention(PyObject *module, PyObject *const *args, Py_ssize_t n
 
 PyMethodDef mt_ext_kernels_methods[] = {
     {"kernels_have_blas", kernels_have_blas, METH_NOARGS,
-     "kernels_have_blas(): whether attention can run in C (built with a BLAS). "
+     "kernels_have_blas(): whether gemm and attention can run in C (a BLAS is "
+     "installed). Local."},
+    {"kernels_set_blas", (PyCFunction)(void (*)(void))kernels_set_blas, METH_FASTCALL,
+     "kernels_set_blas(sgemm, dgemm, ilp64): install the CBLAS gemms at these "
+     "addresses (0, 0: none). Local."},
+    {"gemm", (PyCFunction)(void (*)(void))gemm, METH_FASTCALL,
+     "gemm(a, b, c, trans_b, alpha, beta): c = alpha a @ op(b) + beta c in place. "
      "Local."},
     {"gelu", (PyCFunction)(void (*)(void))gelu, METH_FASTCALL,
      "gelu(x, approximate): GELU as a new array (0 exact, 1 tanh). Local."},

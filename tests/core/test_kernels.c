@@ -1,7 +1,10 @@
 /* The nn kernels against plain double-precision formulas written out here: GELU
- * (both forms), row softmax and log-softmax, layer norm, and attention (causal and
- * not, L != S, strided heads, empty sizes), in float64 (1e-12) and float32 (1e-5,
- * with an absolute floor), plus every error path. */
+ * (both forms), row softmax and log-softmax, layer norm, gemm and attention (causal
+ * and not, L != S, strided heads, empty sizes), in float64 (1e-12) and float32
+ * (1e-5, with an absolute floor), plus every error path. The BLAS is a reference
+ * loop installed as the provider, once with LP64 and once with ILP64 signatures,
+ * so the test needs no BLAS library. */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,6 +34,55 @@ static int close_to(double got, double want, double rtol, double atol) {
   if (isnan(want)) return isnan(got);
   return fabs(got - want) <= rtol * fabs(want) + atol;
 }
+
+/* The reference BLAS: row-major CBLAS gemm as a loop, accumulating in double. */
+static int ref_calls;
+static void ref_gemm(int f32, int order, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                     double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                     double beta, void *c, int64_t ldc) {
+  ++ref_calls;
+  CHECK(order == 101 && ta == 111 && (tb == 111 || tb == 112));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        int64_t ia = i * lda + p, ib = tb == 112 ? j * ldb + p : p * ldb + j;
+        acc += f32 ? (double)((const float *)a)[ia] * (double)((const float *)b)[ib]
+                   : ((const double *)a)[ia] * ((const double *)b)[ib];
+      }
+      if (f32) {
+        float *e = (float *)c + i * ldc + j;
+        *e = (float)(alpha * acc + (beta == 0.0 ? 0.0 : beta * (double)*e));
+      } else {
+        double *e = (double *)c + i * ldc + j;
+        *e = alpha * acc + (beta == 0.0 ? 0.0 : beta * *e);
+      }
+    }
+}
+
+static void ref_sgemm(int o, int ta, int tb, int m, int n, int k, float alpha,
+                      const float *a, int lda, const float *b, int ldb, float beta,
+                      float *c, int ldc) {
+  ref_gemm(1, o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+static void ref_dgemm(int o, int ta, int tb, int m, int n, int k, double alpha,
+                      const double *a, int lda, const double *b, int ldb, double beta,
+                      double *c, int ldc) {
+  ref_gemm(0, o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+static void ref_sgemm64(int o, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                        float alpha, const float *a, int64_t lda, const float *b,
+                        int64_t ldb, float beta, float *c, int64_t ldc) {
+  ref_gemm(1, o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+static void ref_dgemm64(int o, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                        double alpha, const double *a, int64_t lda, const double *b,
+                        int64_t ldb, double beta, double *c, int64_t ldc) {
+  ref_gemm(0, o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static const mt_blas lp64 = {ref_sgemm, ref_dgemm, NULL, NULL};
+static const mt_blas ilp64 = {NULL, NULL, ref_sgemm64, ref_dgemm64};
 
 static double gelu_ref(double x, int approx) {
   if (approx == MT_GELU_TANH) { /* 0.5 x (1 + tanh u) = x / (1 + exp(-2u)), exactly */
@@ -229,24 +281,20 @@ static void check_attention(int f32, mt_attn_shape s, int causal) {
   double scale = 1.0 / sqrt((double)(s.E > 0 ? s.E : 1));
   int rc = mt_attention(f32 ? MT_DTYPE_FLOAT32 : MT_DTYPE_FLOAT64, &s, &q, &k, &v, &o,
                         scale, causal, NULL);
-  if (!mt_kernels_have_blas()) {
-    CHECK(rc == MT_ENOTSUP);
-  } else {
-    CHECK(rc == MT_OK);
-    attention_ref(f32, &s, &q, &k, &v, scale, causal, ref);
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t h = 0; h < s.heads; ++h)
-        for (int64_t i = 0; i < s.L; ++i)
-          for (int64_t c = 0; c < s.Ev; ++c) {
-            int64_t idx = at(&o, b, h, i, c);
-            double got = f32 ? (double)((float *)od)[idx] : ((double *)od)[idx];
-            double want = ref[((b * s.heads + h) * s.L + i) * s.Ev + c];
-            CHECK_MSG(close_to(got, want, f32 ? 1e-5 : 1e-12, f32 ? 1e-5 : 1e-13),
-                      "f32 %d causal %d L %lld S %lld (%lld %lld %lld %lld): %.17g vs %.17g",
-                      f32, causal, (long long)s.L, (long long)s.S, (long long)b,
-                      (long long)h, (long long)i, (long long)c, got, want);
-          }
-  }
+  CHECK(rc == MT_OK);
+  attention_ref(f32, &s, &q, &k, &v, scale, causal, ref);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t i = 0; i < s.L; ++i)
+        for (int64_t c = 0; c < s.Ev; ++c) {
+          int64_t idx = at(&o, b, h, i, c);
+          double got = f32 ? (double)((float *)od)[idx] : ((double *)od)[idx];
+          double want = ref[((b * s.heads + h) * s.L + i) * s.Ev + c];
+          CHECK_MSG(close_to(got, want, f32 ? 1e-5 : 1e-12, f32 ? 1e-5 : 1e-13),
+                    "f32 %d causal %d L %lld S %lld (%lld %lld %lld %lld): %.17g vs %.17g",
+                    f32, causal, (long long)s.L, (long long)s.S, (long long)b,
+                    (long long)h, (long long)i, (long long)c, got, want);
+        }
   free(qd), free(kd), free(vd), free(od), free(tmp), free(ref);
 }
 
@@ -261,6 +309,51 @@ static void test_attention(void) {
   for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; ++t)
     for (int f32 = 0; f32 < 2; ++f32)
       for (int causal = 0; causal < 2; ++causal) check_attention(f32, shapes[t], causal);
+}
+
+/* c (m, n) in a buffer of row stride n + 3, a and b with padded rows too, against
+ * the formula written out here (the provider is itself a loop, so this checks the
+ * strides, transposes, alpha/beta and the special sizes mt_gemm handles). */
+static void check_gemm(int f32, int tb, int64_t m, int64_t n, int64_t k, double beta) {
+  int64_t lda = k + 2, ldb = (tb ? k : n) + 1, ldc = n + 3, brows = tb ? n : k;
+  int64_t na = m * lda + 1, nb = brows * ldb + 1, nc = m * ldc + 1;
+  double *ad = malloc((size_t)(na + nb + 2 * nc) * sizeof(double));
+  float *af = malloc((size_t)(na + nb + nc) * sizeof(float));
+  double *bd = ad + na, *cd = bd + nb, *c0 = cd + nc;
+  float *bf = af + na, *cf = bf + nb;
+  fill(ad, af, na, 11, 1.0), fill(bd, bf, nb, 12, 1.0), fill(c0, cf, nc, 13, 1.0);
+  memcpy(cd, c0, (size_t)nc * sizeof(double));
+  if (m > 0 && n > 0) c0[0] = cd[0] = NAN, cf[0] = NAN; /* beta == 0 must drop it */
+  int rc = mt_gemm(f32 ? MT_DTYPE_FLOAT32 : MT_DTYPE_FLOAT64, tb, m, n, k, 0.5,
+                   f32 ? (void *)af : (void *)ad, lda, f32 ? (void *)bf : (void *)bd, ldb,
+                   beta, f32 ? (void *)cf : (void *)cd, ldc, NULL);
+  CHECK(rc == MT_OK);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      double want = c0[i * ldc + j]; /* the padding stays as it was */
+      if (j < n) {
+        double acc = 0.0;
+        for (int64_t p = 0; p < k; ++p)
+          acc += ad[i * lda + p] * bd[tb ? j * ldb + p : p * ldb + j];
+        want = 0.5 * acc + (beta == 0.0 ? 0.0 : beta * want);
+      }
+      double got = f32 ? (double)cf[i * ldc + j] : cd[i * ldc + j];
+      CHECK_MSG(close_to(got, want, f32 ? 1e-5 : 1e-12, f32 ? 1e-5 : 1e-13),
+                "f32 %d tb %d (%lld %lld %lld) beta %g at (%lld %lld): %.17g vs %.17g",
+                f32, tb, (long long)m, (long long)n, (long long)k, beta, (long long)i,
+                (long long)j, got, want);
+    }
+  free(ad), free(af);
+}
+
+static void test_gemm(void) {
+  static const int64_t sizes[][3] = {{5, 7, 3}, {1, 4, 6}, {6, 1, 1}, {3, 4, 0},
+                                     {0, 4, 3}, {3, 0, 2}, {33, 17, 29}};
+  for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; ++t)
+    for (int f32 = 0; f32 < 2; ++f32)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int b = 0; b < 2; ++b)
+          check_gemm(f32, tb, sizes[t][0], sizes[t][1], sizes[t][2], b ? 1.0 : 0.0);
 }
 
 static void test_errors(void) {
@@ -291,15 +384,56 @@ static void test_errors(void) {
   CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &a, &none, &a, 1.0, 0, &err) == MT_EINVAL);
   mt_attn_shape neg = {1, -1, 2, 2, 2, 2};
   CHECK(mt_attention(MT_DTYPE_FLOAT32, &neg, &a, &a, &a, &a, 1.0, 0, &err) == MT_EINVAL);
-  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &a, &a, &a, 1.0, 0, NULL) ==
-        (mt_kernels_have_blas() ? MT_OK : MT_ENOTSUP));
+  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &a, &a, &a, 1.0, 0, NULL) == MT_OK);
+  CHECK(mt_gemm(MT_DTYPE_INT32, 0, 1, 1, 1, 1.0, x, 1, x, 1, 0.0, y, 1, &err) == MT_ETYPE);
+  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, -1, 1, 1, 1.0, x, 1, x, 1, 0.0, y, 1, &err) ==
+        MT_EINVAL);
+  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, x, 1, x, 2, 0.0, y, 2, &err) ==
+        MT_EINVAL);
+  CHECK(strstr(err.msg, "stride") != NULL);
+  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, NULL, 2, x, 2, 0.0, y, 2, &err) ==
+        MT_EINVAL);
+}
+
+/* Installing and removing the provider; the int of an LP64 BLAS. */
+static void test_provider(void) {
+  mt_error err = {0};
+  float x[4] = {1, 2, 3, 4}, y[4] = {0};
+  mt_blas half = {ref_sgemm, NULL, NULL, NULL}, mixed = {ref_sgemm, ref_dgemm, ref_sgemm64,
+                                                         ref_dgemm64};
+  CHECK(mt_kernels_set_blas(&half, &err) == MT_EINVAL);
+  CHECK(strstr(err.msg, "LP64") != NULL);
+  CHECK(mt_kernels_set_blas(&mixed, &err) == MT_EINVAL);
+  CHECK(mt_kernels_set_blas(NULL, &err) == MT_OK && !mt_kernels_have_blas());
+  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, x, 2, x, 2, 0.0, y, 2, &err) ==
+        MT_ENOTSUP);
+  mt_attn_shape s = {1, 1, 2, 2, 2, 2};
+  mt_attn_operand a = {x, 4, 4, 2};
+  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &a, &a, &a, 1.0, 0, &err) == MT_ENOTSUP);
+  CHECK(mt_kernels_set_blas(&lp64, &err) == MT_OK && mt_kernels_have_blas());
+  ref_calls = 0;
+  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, (int64_t)INT_MAX + 1, 1, 1, 1.0, x, 1, x, 1, 0.0, y,
+                1, &err) == MT_EOVERFLOW);
+  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 1, 2, 2, 2, 1.0, x, (int64_t)INT_MAX + 1, x, 2, 0.0, y,
+                2, &err) == MT_EOVERFLOW);
+  CHECK(ref_calls == 0);
+  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 1, 2, 2, 2, 1.0, x, 2, x, 2, 0.0, y, 2, &err) == MT_OK);
+  CHECK(ref_calls == 1 && y[0] == 5.0f && y[1] == 11.0f && y[3] == 25.0f);
 }
 
 int main(void) {
   test_gelu();
   test_softmax();
   test_layer_norm();
-  test_attention();
-  test_errors();
+  test_provider();
+  const mt_blas *providers[] = {&lp64, &ilp64};
+  for (int p = 0; p < 2; ++p) {
+    CHECK(mt_kernels_set_blas(providers[p], NULL) == MT_OK);
+    ref_calls = 0;
+    test_gemm();
+    test_attention();
+    test_errors();
+    CHECK(ref_calls > 0);
+  }
   return mt_test_exit("test_kernels");
 }

@@ -1,7 +1,7 @@
 """The C kernels behind mpitensor.nn (GELU, softmax, layer norm, attention) against
 NumPy written out here (float64 rtol 1e-12, float32 1e-5) over odd shapes, leading
 batch dims, empty and non-contiguous arrays, causal and plain attention with
-L != S; the NumPy fallback (kernels off, or a build without BLAS) giving the same;
+L != S; the NumPy fallback (kernels off, or no BLAS) giving the same;
 and tensor-parallel models equal to one process with the kernels on and off."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def mesh():
 @pytest.fixture(params=["c", "numpy"])
 def path(request, monkeypatch):
     """Each test once through the C kernels and once with them off (the NumPy path
-    a build without BLAS, or another dtype, takes)."""
+    no BLAS, or another dtype, takes)."""
     if request.param == "numpy":
         monkeypatch.setattr(_kernels, "enabled", False)
     return request.param
@@ -198,12 +198,13 @@ def test_the_c_path_runs_when_it_applies(monkeypatch):
     F.softmax(x, 0)  # not the last dim: NumPy
     q = data((2, 5, 8), np.float32)
     F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    expect = ["gelu", "softmax", "layer_norm"] + (["attention"] if _kernels.blas else [])
+    expect = ["gelu", "softmax", "layer_norm"] + (
+        ["attention"] if mt._C.kernels_have_blas() else [])
     assert calls == expect
 
 
 def test_without_blas_attention_is_numpy(monkeypatch):
-    monkeypatch.setattr(_kernels, "blas", False)
+    monkeypatch.setattr(_kernels._C, "kernels_have_blas", lambda: False)
     monkeypatch.setattr(_kernels._C, "attention", None)  # would raise if called
     q = data((3, 6, 4), np.float64)
     check(F.scaled_dot_product_attention(q, q, q, is_causal=True),

@@ -1,6 +1,7 @@
 /* Dense compute of the nn layers on one rank's local arrays: GELU, row softmax and
- * layer norm in one pass each, and scaled-dot-product attention (CBLAS gemms) that
- * computes only the unmasked blocks of a causal mask. Buffers hold
+ * layer norm in one pass each, gemm through an installed CBLAS, and
+ * scaled-dot-product attention (two such gemms) that computes only the unmasked
+ * blocks of a causal mask. Buffers hold
  * `dtype` elements, MT_DTYPE_FLOAT32 or MT_DTYPE_FLOAT64 (else MT_ETYPE). Every
  * call is Local; none communicates, and only attention allocates (a block of
  * scores, freed before it returns). */
@@ -15,9 +16,50 @@
 extern "C" {
 #endif
 
-/* Local. 1 when the core was built against a CBLAS, which mt_attention needs
- * (without one it returns MT_ENOTSUP); else 0. */
+/* CBLAS's sgemm and dgemm as a BLAS library exports them (cblas_sgemm ...), with
+ * the reference CBLAS's enum values for order and transposes: LP64 libraries take
+ * int sizes, ILP64 ones (NumPy's bundled OpenBLAS, MKL's *_64) int64_t sizes. */
+typedef void mt_sgemm_lp64(int order, int trans_a, int trans_b, int m, int n, int k,
+                           float alpha, const float *a, int lda, const float *b, int ldb,
+                           float beta, float *c, int ldc);
+typedef void mt_dgemm_lp64(int order, int trans_a, int trans_b, int m, int n, int k,
+                           double alpha, const double *a, int lda, const double *b,
+                           int ldb, double beta, double *c, int ldc);
+typedef void mt_sgemm_ilp64(int order, int trans_a, int trans_b, int64_t m, int64_t n,
+                            int64_t k, float alpha, const float *a, int64_t lda,
+                            const float *b, int64_t ldb, float beta, float *c,
+                            int64_t ldc);
+typedef void mt_dgemm_ilp64(int order, int trans_a, int trans_b, int64_t m, int64_t n,
+                            int64_t k, double alpha, const double *a, int64_t lda,
+                            const double *b, int64_t ldb, double beta, double *c,
+                            int64_t ldc);
+
+/* The BLAS the kernels call: the LP64 pair or the ILP64 pair, the other NULL. */
+typedef struct mt_blas {
+  mt_sgemm_lp64 *sgemm;
+  mt_dgemm_lp64 *dgemm;
+  mt_sgemm_ilp64 *sgemm64;
+  mt_dgemm_ilp64 *dgemm64;
+} mt_blas;
+
+/* Local, process-wide. Installs the BLAS that mt_gemm and mt_attention call (the
+ * struct is copied); NULL removes it. MT_EINVAL unless exactly one complete pair is
+ * set. Not synchronized: call it before kernels run, never while one runs. */
+int mt_kernels_set_blas(const mt_blas *blas, mt_error *err);
+
+/* Local. 1 when a BLAS is installed, which mt_gemm and mt_attention need (without
+ * one they return MT_ENOTSUP); else 0. */
 int mt_kernels_have_blas(void);
+
+/* Local. c (m, n) = alpha * a (m, k) @ op(b) + beta * c, row-major, where op(b) is
+ * b (k, n) or, with `trans_b`, b^T for b stored (n, k); lda/ldb/ldc are row
+ * strides in elements, each at least its row's length (and 1). alpha and beta are
+ * converted to `dtype`. m or n == 0 does nothing; k == 0 leaves beta * c (zeros
+ * when beta == 0). MT_ENOTSUP without a BLAS; MT_EOVERFLOW when a size or stride
+ * exceeds an LP64 BLAS's int. */
+int mt_gemm(int dtype, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+            const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+            int64_t ldc, mt_error *err);
 
 typedef enum mt_gelu_approx {
   MT_GELU_ERF = 0, /* x * Phi(x), Phi through erfc */

@@ -1,14 +1,15 @@
 """The local dense compute of the nn layers: mpitensor._C's kernels where the
 arrays fit them, NumPy otherwise, with the same results to rounding.
 
-The C kernels (csrc/core: activation.c, softmax.c, layer_norm.c, attention.c)
-take float32 or float64 arrays of one dtype. GELU, row softmax and layer norm are
-one vectorized pass over memory instead of NumPy's several temporaries; attention
-computes only the unmasked blocks of a causal mask and needs the BLAS the build
-found (BLIS). For other dtypes, a softmax not along the last dim, broadcast
-shapes, masks, dropout or a build without BLAS these functions compute with NumPy
-as before the kernels existed. linear stays NumPy's matmul, with the bias added in
-place.
+The C kernels (csrc/core: activation.c, softmax.c, layer_norm.c, gemm.c,
+attention.c) take float32 or float64 arrays of one dtype. GELU, row softmax and
+layer norm are one vectorized pass over memory instead of NumPy's several
+temporaries; attention computes only the unmasked blocks of a causal mask, and
+linear writes its bias into the output and adds the product to it in one gemm.
+Both gemm users call the BLAS that :mod:`._blas` loads at import (MKL, NumPy's
+OpenBLAS, ``MPITENSOR_BLAS``; :func:`blas_provider` says which). For other dtypes,
+a softmax not along the last dim, broadcast shapes, masks, dropout or no BLAS
+these functions compute with NumPy as before the kernels existed.
 
 ``enabled = False`` (or ``MPITENSOR_NN_KERNELS=0`` in the environment) makes every
 layer use NumPy, which is how the tests compare the two paths.
@@ -22,10 +23,12 @@ import os
 import numpy as np
 
 from .. import _C
+from . import _blas
 
 enabled = os.environ.get("MPITENSOR_NN_KERNELS", "1") != "0"
-# Whether linear and attention can run in C: the build linked a BLAS.
-blas = _C.kernels_have_blas()
+_blas.use()
+blas_provider = _blas.provider
+use_blas = _blas.use
 
 _FLOAT = (np.dtype(np.float32), np.dtype(np.float64))
 # Python floats, not NumPy float64 scalars: those would promote float32 inputs.
@@ -46,12 +49,39 @@ def _c(a):
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
+def _linear_by_gemm() -> bool:
+    """Whether linear calls the provider's gemm: not with NumPy's own OpenBLAS,
+    which np.matmul calls already (and as fast, see docs/benchmarks.md)."""
+    return enabled and _blas.provider() not in ("none", "openblas")
+
+
+def _rows(a):
+    """2-D ``a`` as the gemm takes it (contiguous rows at a stride of whole elements,
+    aligned), else None."""
+    size, (r, c), (sr, sc) = a.itemsize, a.shape, a.strides
+    return a if a.size == 0 or (a.flags.aligned and (c <= 1 or sc == size) and sr % size == 0
+                                and (r <= 1 or sr >= max(c, 1) * size)) else None
+
+
+def _bias_fits(b, shape, dtype) -> bool:
+    """b None, or an ndarray of ``dtype`` that broadcasts to ``shape`` unchanged."""
+    return b is None or (type(b) is np.ndarray and b.dtype == dtype and b.ndim <= len(shape)
+                         and all(n in (1, m) for n, m in zip(b.shape[::-1], shape[::-1])))
+
+
 def linear(x, w, b):
     """x @ w.T + b for ndarrays x (..., k), w (n, k) and b None or broadcastable.
 
-    The product is NumPy's (its OpenBLAS ran these shapes faster than BLIS did, see
-    docs/performance.md); the bias is added in place when that gives the same
+    With MKL as the BLAS (or a library named by MPITENSOR_BLAS) and float operands
+    of one dtype, the bias is broadcast into the output and one gemm adds the
+    product to it (beta = 1): no pass of its own over the output. Otherwise the
+    product is NumPy's, and the bias is added in place when that gives the same
     array as ``out + b`` (same dtype and shape), which saves a temporary."""
+    if (_linear_by_gemm() and _fits(x, w) and x.ndim >= 1 and w.ndim == 2
+            and x.shape[-1] == w.shape[1]):
+        shape = x.shape[:-1] + w.shape[:1]
+        if _bias_fits(b, shape, x.dtype):
+            return _linear_gemm(x, w, b, shape)
     out = np.matmul(x, w.T)
     if b is None:
         return out
@@ -62,6 +92,21 @@ def linear(x, w, b):
         out += b
         return out
     return out + b
+
+
+def _linear_gemm(x, w, b, shape):
+    (n, k), m = w.shape, math.prod(x.shape[:-1])
+    out = np.empty(shape, x.dtype)
+    if b is not None:
+        out[...] = b
+    x2 = x.reshape(m, k)  # a view unless x's leading dims cannot merge
+    x2 = _rows(x2) if _rows(x2) is not None else np.ascontiguousarray(x2)
+    if _rows(w) is not None:
+        _C.gemm(x2, w, out.reshape(m, n), True, 1.0, 0.0 if b is None else 1.0)
+    else:  # e.g. a transposed (Fortran-ordered) weight: its transpose has the rows
+        wt = w.T if _rows(w.T) is not None else np.ascontiguousarray(w.T)
+        _C.gemm(x2, wt, out.reshape(m, n), False, 1.0, 0.0 if b is None else 1.0)
+    return out
 
 
 def gelu(x, approximate: str):
@@ -118,7 +163,7 @@ def layer_norm(x, ndim: int, weight, bias, eps: float):
 def attention_fits(q, k, v) -> bool:
     """Whether :func:`attention` runs in C for these operands: float ndarrays of one
     dtype, at least 2-D, with the same leading (batch, head) dims."""
-    return (enabled and blas and _fits(q, k, v) and q.ndim >= 2
+    return (enabled and _C.kernels_have_blas() and _fits(q, k, v) and q.ndim >= 2
             and q.ndim == k.ndim == v.ndim and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
             and k.shape[-2] == v.shape[-2] and q.shape[-1] == k.shape[-1])
 
@@ -148,7 +193,7 @@ def attention_heads(q, k, v, scale: float, causal: bool):
     k (..., S, H, E), v (..., S, H, Ev), read in place (strided); returns
     (..., L, H * Ev) with the heads side by side, as the output projection wants
     them, or None when the operands do not fit the C kernel."""
-    if not (enabled and blas and _fits(q, k, v) and q.ndim >= 3
+    if not (enabled and _C.kernels_have_blas() and _fits(q, k, v) and q.ndim >= 3
             and q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
             and q.shape[-2] == k.shape[-2] == v.shape[-2] and k.shape[-3] == v.shape[-3]
             and q.shape[-1] == k.shape[-1]):

@@ -1,0 +1,183 @@
+"""The BLAS whose gemm the nn kernels call (nn.Linear's product and attention's),
+chosen at import and installed into mpitensor._C (the C core links no BLAS).
+
+``MPITENSOR_BLAS`` picks it: ``mkl`` (the ``mkl`` package's libmkl_rt, as
+``pip install mpitensor[mkl]`` brings it), ``openblas`` or ``numpy`` (the OpenBLAS
+NumPy's wheel bundles, called through its prefixed ILP64 symbols), the path of a
+library that exports ``cblas_sgemm``/``cblas_dgemm`` (LP64), or ``none`` (NumPy
+computes). Unset, MKL when it is installed, else NumPy's OpenBLAS when its symbols
+are found, else none. A library that cannot be loaded gives a RuntimeWarning
+saying why, and the next choice is taken (for an explicit choice: none); results
+are the same either way, only the speed differs.
+
+Each library is loaded with RTLD_LOCAL, so its symbols do not take the place of
+another's (NumPy's, or torch's MKL). MKL runs one thread per rank (its sequential
+layer), as OPENBLAS_NUM_THREADS=1 does for NumPy, unless MKL_NUM_THREADS asks for
+more (then its OpenMP layer) or MKL_THREADING_LAYER names a layer itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+import warnings
+
+from .. import _C
+
+# MKL's service-function constants (mkl_service.h).
+_MKL_THREADING_INTEL, _MKL_THREADING_SEQUENTIAL = 0, 1
+_MKL_INTERFACE_LP64 = 0
+
+# What is installed: (name, library path); the loaded library is kept so that the
+# addresses given to the core stay valid.
+_active = ("none", None)
+_library = None
+
+
+class _LoadError(Exception):
+    pass
+
+
+def provider() -> str:
+    """The BLAS the kernels call: ``"mkl"``, ``"openblas"``, a library path or
+    ``"none"`` (NumPy computes the products). Local."""
+    return _active[0]
+
+
+def library() -> str | None:
+    """The path of the loaded BLAS library, None when there is none. Local."""
+    return _active[1]
+
+
+def _mkl_path() -> str:
+    """libmkl_rt from the ``mkl`` package's file list, else from sys.prefix/lib."""
+    found = []
+    try:
+        from importlib.metadata import PackageNotFoundError, files
+        try:
+            found = [str(f.locate()) for f in files("mkl") or ()
+                     if os.path.basename(str(f)).startswith("libmkl_rt.so")]
+        except PackageNotFoundError:
+            pass
+    except ImportError:  # pragma: no cover (Python >= 3.8 has importlib.metadata)
+        pass
+    found += sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
+    for path in found:
+        if os.path.exists(path):
+            return os.path.realpath(path)
+    raise _LoadError("the mkl package is not installed (pip install mpitensor[mkl])")
+
+
+def _openblas_path() -> str:
+    """The OpenBLAS bundled in NumPy's wheel (numpy.libs, next to the package)."""
+    import numpy
+
+    site = os.path.dirname(os.path.dirname(numpy.__file__))
+    libs = sorted(glob.glob(os.path.join(site, "numpy.libs", "libscipy_openblas*.so*")))
+    if not libs:
+        raise _LoadError("this NumPy bundles no scipy-openblas library")
+    return libs[0]
+
+
+def _load(path: str):
+    try:
+        return ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as e:
+        raise _LoadError(f"cannot load {path}: {e}") from None
+
+
+def _symbols(lib, names):
+    """The addresses of the first pair of ``names`` (sgemm, dgemm) that ``lib``
+    exports, with its index."""
+    for i, (s, d) in enumerate(names):
+        if hasattr(lib, s) and hasattr(lib, d):
+            return i, [ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in (s, d)]
+    raise _LoadError(f"{lib._name} exports none of {', '.join(s for s, _ in names)}")
+
+
+def _open_mkl():
+    path = _mkl_path()
+    lib = _load(path)
+    lib.MKL_Set_Interface_Layer.restype = ctypes.c_int
+    if lib.MKL_Set_Interface_Layer(_MKL_INTERFACE_LP64) != _MKL_INTERFACE_LP64:
+        raise _LoadError(f"{path}: MKL keeps an ILP64 interface (MKL_INTERFACE_LAYER)")
+    if "MKL_THREADING_LAYER" not in os.environ:
+        try:
+            many = int(os.environ.get("MKL_NUM_THREADS", "1")) > 1
+        except ValueError:
+            many = False
+        lib.MKL_Set_Threading_Layer(_MKL_THREADING_INTEL if many else
+                                    _MKL_THREADING_SEQUENTIAL)
+    _, (s, d) = _symbols(lib, [("cblas_sgemm", "cblas_dgemm")])
+    return "mkl", path, lib, s, d, False
+
+
+def _open_openblas():
+    path = _openblas_path()
+    lib = _load(path)
+    i, (s, d) = _symbols(lib, [("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_"),
+                               ("scipy_cblas_sgemm", "scipy_cblas_dgemm")])
+    return "openblas", path, lib, s, d, i == 0
+
+
+def _open_path(path: str):
+    lib = _load(path)
+    _, (s, d) = _symbols(lib, [("cblas_sgemm", "cblas_dgemm")])
+    return path, path, lib, s, d, False
+
+
+def _open(spec: str):
+    if spec == "mkl":
+        return _open_mkl()
+    if spec in ("openblas", "numpy"):
+        return _open_openblas()
+    return _open_path(spec)
+
+
+def use(spec: str | None = None) -> str:
+    """Installs the BLAS named by ``spec`` (as ``MPITENSOR_BLAS``; None: that
+    variable, else the default order) and returns :func:`provider`. Local; call
+    it when no kernel runs (tests switch providers with it)."""
+    global _active, _library
+    spec = os.environ.get("MPITENSOR_BLAS", "").strip() if spec is None else spec.strip()
+    _C.kernels_set_blas(0, 0, False)
+    _active, _library = ("none", None), None
+    for choice in [spec] if spec else ["mkl", "openblas"]:
+        if choice.lower() == "none":
+            break
+        try:
+            name, path, lib, s, d, ilp64 = _open(
+                choice.lower() if choice.lower() in ("mkl", "openblas", "numpy") else choice)
+        except (_LoadError, AttributeError) as e:
+            # Unasked, a missing library is no news; a broken one (or any asked for) is.
+            if spec or (choice == "mkl" and _mkl_installed()):
+                then = "NumPy computes the products" if spec else "trying NumPy's OpenBLAS"
+                warnings.warn(f"mpitensor BLAS {choice!r} unusable: {e}; {then}",
+                              RuntimeWarning, stacklevel=2)
+            continue
+        _C.kernels_set_blas(s, d, ilp64)
+        _active, _library = (name, path), lib
+        _warm_up()
+        break
+    return _active[0]
+
+
+def _warm_up():
+    """One tiny product of each dtype, so that the library loads what it loads
+    lazily (MKL its kernels and threading layer) now, before torch may be imported
+    with MKL symbols of its own that a later load could bind to."""
+    import numpy as np
+
+    for dtype in (np.float32, np.float64):
+        one = np.ones((1, 1), dtype)
+        _C.gemm(one, one, np.empty((1, 1), dtype), False, 1.0, 0.0)
+
+
+def _mkl_installed() -> bool:
+    try:
+        _mkl_path()
+        return True
+    except _LoadError:
+        return False
