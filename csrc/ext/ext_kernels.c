@@ -128,6 +128,13 @@ static PyObject *gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
   Py_RETURN_NONE;
 }
 
+/* A kernel's new output array, or its error (the array is dropped). */
+static PyObject *new_result(int rc, PyArrayObject *y, const mt_error *err) {
+  if (rc == MT_OK) return (PyObject *)y;
+  Py_DECREF(y);
+  return mt_ext_raise(rc, err);
+}
+
 /* gelu(x, approximate) -> a new array: approximate 0 erf, 1 tanh. */
 static PyObject *gelu(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "gelu(x, approximate)");
@@ -143,11 +150,7 @@ static PyObject *gelu(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
   rc = mt_gelu(dtype, (int)approx, (int64_t)PyArray_SIZE(x), PyArray_DATA(x),
                PyArray_DATA(y), &err);
   Py_END_ALLOW_THREADS
-  if (rc != MT_OK) {
-    Py_DECREF(y);
-    return mt_ext_raise(rc, &err);
-  }
-  return (PyObject *)y;
+  return new_result(rc, y, &err);
 }
 
 /* softmax(x, log) -> softmax (log 0) or log_softmax (log 1) along the last dim. */
@@ -167,11 +170,7 @@ static PyObject *softmax(PyObject *module, PyObject *const *args, Py_ssize_t nar
   Py_BEGIN_ALLOW_THREADS
   rc = mt_softmax_rows(dtype, log, rows, cols, PyArray_DATA(x), PyArray_DATA(y), &err);
   Py_END_ALLOW_THREADS
-  if (rc != MT_OK) {
-    Py_DECREF(y);
-    return mt_ext_raise(rc, &err);
-  }
-  return (PyObject *)y;
+  return new_result(rc, y, &err);
 }
 
 /* layer_norm(x, cols, weight, bias, eps): over the trailing `cols` elements of
@@ -198,11 +197,7 @@ static PyObject *layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t 
                           w ? PyArray_DATA(w) : NULL, b ? PyArray_DATA(b) : NULL, eps,
                           PyArray_DATA(y), &err);
   Py_END_ALLOW_THREADS
-  if (rc != MT_OK) {
-    Py_DECREF(y);
-    return mt_ext_raise(rc, &err);
-  }
-  return (PyObject *)y;
+  return new_result(rc, y, &err);
 }
 
 /* A 4-D (batch, heads, rows, cols) array as an attention operand: its last dim
