@@ -274,8 +274,8 @@ static int post(slabs *g, const char *out, char *in, int64_t bytes, int peer, in
 }
 
 /* Completes the round's messages. MPI waits by spinning, which on a busy core
- * starves the I/O thread of the same rank: while that thread has work, poll and
- * yield the core between polls. */
+ * starves the I/O thread of the same rank: whenever the rank runs that thread,
+ * poll and yield the core between polls. */
 static int wait_round(slabs *g, int nreq, const io_worker *w, mt_error *err) {
   int done = 0, rc = MPI_SUCCESS;
   while (rc == MPI_SUCCESS && !done) {
