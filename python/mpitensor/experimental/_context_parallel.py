@@ -18,6 +18,7 @@ from numpy.lib.array_utils import normalize_axis_index
 from .. import _C
 from ..device_mesh import DeviceMesh
 from . import _load_balance as LB
+from ._agree import agree_on_shards
 from ._ring_attention import ring_attention, set_rotate_method  # noqa: F401 (re-exported)
 
 __all__ = ["context_parallel", "context_parallel_unshard", "set_rotate_method",
@@ -180,21 +181,9 @@ def _gather_meta(handle, n, local, problem):
     shards are of one array (a bad input anywhere fails everywhere)."""
     meta = [1, 0, 0, 0] if problem else \
         [0, local.shape[0], hash(local.shape[1:]), local.dtype.num]
-    got = _C.ring_allgather_int64(handle, 0, meta)
-    rows = [got[4 * i:4 * i + 4] for i in range(n)]
-    bad = [i for i in range(n) if rows[i][0]]
-    if bad:
-        raise ValueError(f"context_parallel_unshard: {problem}" if problem else
-                         f"context_parallel_unshard: rank(s) {bad} rejected their input")
-    if any(row[2:] != rows[0][2:] for row in rows):
-        raise ValueError("context_parallel_unshard: the ranks' shards differ in shape "
-                         "(other than the sequence dim) or dtype")
-    lens = [row[1] for row in rows]
-    total = sum(lens)
-    if any(lens[i] != LB.local_length(total, n, i) for i in range(n)):
-        raise ValueError(f"context_parallel_unshard: shard lengths {lens} are not the "
-                         f"load-balanced shards of a sequence of {total}")
-    return lens, total
+    (lens,) = agree_on_shards(handle, n, meta, problem, "context_parallel_unshard",
+                              ("sequence",), "shape (other than the sequence dim) or dtype")
+    return lens, sum(lens)
 
 
 def _unshard_one(handle, n, buf, seq_dim):

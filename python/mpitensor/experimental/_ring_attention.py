@@ -22,6 +22,7 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _C
 from . import _load_balance as LB
+from ._agree import agree_on_shards
 
 __all__ = ["ring_attention", "set_rotate_method", "attention_block", "merge_partial"]
 
@@ -201,24 +202,9 @@ def _agree(handle, n, r, meta, problem):
     """Gathers every rank's metadata and raises the same error on every rank when
     the inputs are bad anywhere or differ between ranks. Returns the query and
     key lengths per rank."""
-    width = len(meta)
-    got = _C.ring_allgather_int64(handle, 0, meta)
-    rows = [got[i * width:(i + 1) * width] for i in range(n)]
-    bad = [i for i in range(n) if rows[i][0]]
-    if bad:
-        raise ValueError(f"ring attention: {problem}" if problem else
-                         f"ring attention: rank(s) {bad} of the mesh rejected their inputs")
-    if any(row[3:] != rows[0][3:] for row in rows):
-        raise ValueError("ring attention: the ranks passed inputs that differ in shape "
-                         "(other than the sequence length), dtype, is_causal, scale or "
-                         "rotate method")
-    lq, lk = [row[1] for row in rows], [row[2] for row in rows]
-    for name, lens in (("query", lq), ("key/value", lk)):
-        total = sum(lens)
-        if any(lens[i] != LB.local_length(total, n, i) for i in range(n)):
-            raise ValueError(f"ring attention: the {name} shards have lengths {lens}, "
-                             f"not the load-balanced shards of a sequence of {total} "
-                             f"that context_parallel makes")
+    lq, lk = agree_on_shards(handle, n, meta, problem, "ring attention",
+                             ("query", "key/value"), "shape (other than the sequence "
+                             "length), dtype, is_causal, scale or rotate method")
     return lq, lk
 
 
