@@ -13,20 +13,11 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "world_mesh.h"
 #include "mpitensor/io.h"
 
 static int world_rank, world_size;
 static char dir[256];
-
-static mt_mesh *world_mesh(void) {
-  int *ranks = malloc((size_t)world_size * sizeof *ranks);
-  for (int i = 0; i < world_size; ++i) ranks[i] = i;
-  int64_t shape[1] = {world_size};
-  mt_mesh *m = NULL;
-  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
-  free(ranks);
-  return m;
-}
 
 static mt_io_array array2(int64_t rows, int64_t cols, int64_t itemsize, int64_t offset) {
   mt_io_array a = {.ndim = 2, .itemsize = itemsize, .offset = offset};

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "world_mesh.h"
 #include "mpitensor/comm.h"
 #include "mpitensor/mesh.h"
 #include "mpitensor/ring.h"
@@ -25,16 +26,6 @@ static int block_ok(int r, const unsigned char *buf) {
     if (buf[i] != (unsigned char)(10 * r + i)) return 0;
   }
   return 1;
-}
-
-static mt_mesh *world_mesh(void) {
-  int *ranks = malloc((size_t)world_size * sizeof *ranks);
-  for (int i = 0; i < world_size; ++i) ranks[i] = i;
-  int64_t shape[1] = {world_size};
-  mt_mesh *m = NULL;
-  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
-  free(ranks);
-  return m;
 }
 
 /* After step s every rank holds the block of rank (me - s) mod n; after n steps

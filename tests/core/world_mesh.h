@@ -1,0 +1,25 @@
+/* A 1-D mesh over all of MPI_COMM_WORLD, for the C tests that run under mpiexec. */
+#ifndef MPITENSOR_TEST_WORLD_MESH_H
+#define MPITENSOR_TEST_WORLD_MESH_H
+
+#include <mpi.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "mpitensor/mesh.h"
+
+static inline mt_mesh *world_mesh(void) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int *ranks = malloc((size_t)size * sizeof *ranks);
+  CHECK(ranks != NULL);
+  if (ranks == NULL) return NULL;
+  for (int i = 0; i < size; ++i) ranks[i] = i;
+  int64_t shape[1] = {size};
+  mt_mesh *m = NULL;
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
+  free(ranks);
+  return m;
+}
+
+#endif
