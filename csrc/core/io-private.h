@@ -1,9 +1,11 @@
-/* Shared by io.c (the calls, their checks and agreements) and io_slabs.c (the
- * pipelined path of interleaved boxes). */
+/* Shared by io.c (the calls, their checks and agreements), io_worker.c (the I/O
+ * thread), io_slabs.c (the pipelined path of interleaved boxes) and io_gather.c
+ * (its one-node form for saves). */
 #ifndef MPITENSOR_IO_PRIVATE_H
 #define MPITENSOR_IO_PRIVATE_H
 
 #include <mpi.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "comm-private.h"
@@ -16,6 +18,37 @@ void mt__io_count(int64_t read, int64_t written);
  * NULL) reads them into `in`, whole: pwrite and pread may move less than asked.
  * 0, or the errno of the failure (EIO when the file ends first). */
 int mt__io_transfer(int fd, const char *out, char *in, int64_t len, int64_t at);
+
+/* ---- the I/O worker (io_worker.c): one thread, jobs in order, at most two posted */
+
+typedef struct mt__io_job {
+  char *buf;
+  int64_t len, at;
+} mt__io_job;
+
+typedef struct mt__io_worker {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  pthread_t thread;
+  int fd, writing, threaded, stop;
+  int64_t posted, done;
+  mt__io_job jobs[2];
+  int error; /* the first errno of a transfer, or 0 */
+} mt__io_worker;
+
+/* Local. Starts the thread that writes (or reads) `fd` when `threaded` and
+ * possible; otherwise jobs run inline when posted. */
+void mt__worker_start(mt__io_worker *w, int fd, int writing, int threaded);
+
+/* Local. Job number w->posted: `len` bytes of `buf` at byte `at` of the file. The
+ * caller has waited for job posted - 2, so a slot is free. */
+void mt__worker_post(mt__io_worker *w, char *buf, int64_t len, int64_t at);
+
+/* Local. Waits until `count` jobs are done; the first error so far (an errno), or 0. */
+int mt__worker_wait(mt__io_worker *w, int64_t count);
+
+/* Local. Lets the thread finish what was posted and joins it; the first error, or 0. */
+int mt__worker_stop(mt__io_worker *w);
 
 /* One interleaved transfer through row slabs: `boxes` holds every rank's box of
  * `array` (comm rank order); `buf` is this rank's, C-contiguous. `fd` is the file,

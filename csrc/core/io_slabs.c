@@ -19,13 +19,9 @@
  *
  * The I/O thread makes no MPI call, so no MPI thread level is needed; when the
  * thread cannot start (or is turned off) the transfers run inline, in order. */
-#include <errno.h>
-#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/types.h>
-#include <unistd.h>
 
 #include "io-private.h"
 #include "mpitensor/pack.h"
@@ -35,115 +31,6 @@
  * messages (the comm's other traffic is collective, which tags never match). */
 #define MSG_MAX ((int64_t)1 << 30)
 #define TAG 7411
-
-/* ---- the I/O worker: one thread, jobs in order, at most two posted ------------ */
-
-typedef struct io_job {
-  char *buf;
-  int64_t len, at;
-} io_job;
-
-typedef struct io_worker {
-  pthread_mutex_t lock;
-  pthread_cond_t cond;
-  pthread_t thread;
-  int fd, writing, threaded, stop;
-  int64_t posted, done;
-  io_job jobs[2];
-  int error; /* the first errno of a transfer, or 0 */
-} io_worker;
-
-int mt__io_transfer(int fd, const char *out, char *in, int64_t len, int64_t at) {
-  int64_t moved = 0;
-  while (moved < len) {
-    size_t want = (size_t)(len - moved);
-    off_t where = (off_t)(at + moved);
-    ssize_t n = out != NULL ? pwrite(fd, out + moved, want, where)
-                            : pread(fd, in + moved, want, where);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return errno;
-    if (n == 0) return EIO; /* the file ended before the array did */
-    moved += (int64_t)n;
-  }
-  return 0;
-}
-
-static int transfer(int fd, int writing, const io_job *j) {
-  return mt__io_transfer(fd, writing ? j->buf : NULL, writing ? NULL : j->buf, j->len, j->at);
-}
-
-static void *work(void *arg) {
-  io_worker *w = arg;
-  pthread_mutex_lock(&w->lock);
-  for (;;) {
-    while (!w->stop && w->done == w->posted) pthread_cond_wait(&w->cond, &w->lock);
-    if (w->done == w->posted) break;
-    io_job j = w->jobs[w->done % 2];
-    int skip = w->error != 0; /* after a failure the rest only counts as done */
-    pthread_mutex_unlock(&w->lock);
-    int e = skip ? 0 : transfer(w->fd, w->writing, &j);
-    pthread_mutex_lock(&w->lock);
-    if (e != 0 && w->error == 0) w->error = e;
-    w->done++;
-    pthread_cond_broadcast(&w->cond);
-  }
-  pthread_mutex_unlock(&w->lock);
-  return NULL;
-}
-
-/* Starts the thread when asked and possible; otherwise jobs run inline. */
-static void worker_start(io_worker *w, int fd, int writing, int threaded) {
-  memset(w, 0, sizeof *w);
-  w->fd = fd, w->writing = writing;
-  if (!threaded || pthread_mutex_init(&w->lock, NULL) != 0) return;
-  if (pthread_cond_init(&w->cond, NULL) != 0) {
-    pthread_mutex_destroy(&w->lock);
-    return;
-  }
-  w->threaded = pthread_create(&w->thread, NULL, work, w) == 0;
-  if (!w->threaded) {
-    pthread_cond_destroy(&w->cond);
-    pthread_mutex_destroy(&w->lock);
-  }
-}
-
-/* Job number `posted`; the caller has waited for job posted - 2, so a slot is free. */
-static void worker_post(io_worker *w, char *buf, int64_t len, int64_t at) {
-  io_job j = {buf, len, at};
-  if (!w->threaded) {
-    if (w->error == 0) w->error = transfer(w->fd, w->writing, &j);
-    w->posted++, w->done++;
-    return;
-  }
-  pthread_mutex_lock(&w->lock);
-  w->jobs[w->posted % 2] = j;
-  w->posted++;
-  pthread_cond_broadcast(&w->cond);
-  pthread_mutex_unlock(&w->lock);
-}
-
-/* Waits until `count` jobs are done; the first error so far (an errno), or 0. */
-static int worker_wait(io_worker *w, int64_t count) {
-  if (!w->threaded) return w->error;
-  pthread_mutex_lock(&w->lock);
-  while (w->done < count) pthread_cond_wait(&w->cond, &w->lock);
-  int e = w->error;
-  pthread_mutex_unlock(&w->lock);
-  return e;
-}
-
-/* Lets the thread finish what was posted and joins it; the first error, or 0. */
-static int worker_stop(io_worker *w) {
-  if (!w->threaded) return w->error;
-  pthread_mutex_lock(&w->lock);
-  w->stop = 1;
-  pthread_cond_broadcast(&w->cond);
-  pthread_mutex_unlock(&w->lock);
-  pthread_join(w->thread, NULL);
-  pthread_cond_destroy(&w->cond);
-  pthread_mutex_destroy(&w->lock);
-  return w->error;
-}
 
 /* ---- geometry: slabs of rows, and the chunks of each slab ------------------- */
 
@@ -276,7 +163,7 @@ static int post(slabs *g, const char *out, char *in, int64_t bytes, int peer, in
 /* Completes the round's messages. MPI waits by spinning, which on a busy core
  * starves the I/O thread of the same rank: whenever the rank runs that thread,
  * poll and yield the core between polls. */
-static int wait_round(slabs *g, int nreq, const io_worker *w, mt_error *err) {
+static int wait_round(slabs *g, int nreq, const mt__io_worker *w, mt_error *err) {
   int done = 0, rc = MPI_SUCCESS;
   while (rc == MPI_SUCCESS && !done) {
     if (!w->threaded) {
@@ -311,7 +198,7 @@ static void pack(const slabs *g, const mt_box *part, const char *buf, const mt_b
  * peers' rows of this rank's chunk arrive in `stage` and are placed in `chunk`,
  * beside the rows this rank keeps. Adds the bytes sent to *sent. */
 static int gather_chunk(slabs *g, int64_t k, const char *buf, char *chunk,
-                        const mt_box *cbox, char *stage, const io_worker *w, int64_t *sent,
+                        const mt_box *cbox, char *stage, const mt__io_worker *w, int64_t *sent,
                         mt_error *err) {
   const mt_box *mine = &g->s->boxes[g->me];
   int nreq = 0, rc = MT_OK;
@@ -346,7 +233,7 @@ static int gather_chunk(slabs *g, int64_t k, const char *buf, char *chunk,
  * rank's chunk are packed into `stage` and sent; this rank's box rows arrive
  * from the peers straight into their place in `buf`. */
 static int scatter_chunk(slabs *g, int64_t k, char *buf, char *chunk, const mt_box *cbox,
-                         char *stage, const io_worker *w, int64_t *sent, mt_error *err) {
+                         char *stage, const mt__io_worker *w, int64_t *sent, mt_error *err) {
   const mt_box *mine = &g->s->boxes[g->me];
   int nreq = 0, rc = MT_OK;
   int64_t off = 0;
@@ -433,9 +320,9 @@ static int setup(slabs *g, buffers *b, const mt__slab_io *s, int rc, mt_error *e
   return rc;
 }
 
-static int finish_slabs(slabs *g, buffers *b, io_worker *w, int writing, int rc,
+static int finish_slabs(slabs *g, buffers *b, mt__io_worker *w, int writing, int rc,
                         int64_t sent, mt_error *err) {
-  int e = worker_stop(w);
+  int e = mt__worker_stop(w);
   if (rc == MT_OK) rc = io_status(e, writing, err);
   if (rc == MT_OK && g->rounds > 0) mt__count(MT_COLL_ALL_TO_ALL, sent);
   int64_t moved = rc == MT_OK && !g->stopped ? slab_bytes(g) : 0;
@@ -449,17 +336,17 @@ int mt__slabs_write(const mt__slab_io *s, int rc, const void *buf, mt_error *err
   slabs g;
   buffers b;
   rc = setup(&g, &b, s, rc, err);
-  io_worker w;
-  worker_start(&w, s->fd, 1, s->threaded);
+  mt__io_worker w;
+  mt__worker_start(&w, s->fd, 1, s->threaded);
   int64_t sent = 0;
   for (int64_t k = 0; rc == MT_OK && k < g.rounds; ++k) {
     mt_box cbox;
     int64_t at = 0, len = 0;
     chunk_place(&g, k, &cbox, &at, &len);
     /* The write of round k - 2 used this buffer; a failed one shows at the end. */
-    worker_wait(&w, k - 1);
+    mt__worker_wait(&w, k - 1);
     rc = gather_chunk(&g, k, buf, b.chunk[k % 2], &cbox, b.stage, &w, &sent, err);
-    if (rc == MT_OK) worker_post(&w, b.chunk[k % 2], len, at);
+    if (rc == MT_OK) mt__worker_post(&w, b.chunk[k % 2], len, at);
   }
   return finish_slabs(&g, &b, &w, 1, rc, sent, err);
 }
@@ -468,23 +355,23 @@ int mt__slabs_read(const mt__slab_io *s, int rc, void *buf, mt_error *err) {
   slabs g;
   buffers b;
   rc = setup(&g, &b, s, rc, err);
-  io_worker w;
-  worker_start(&w, s->fd, 0, s->threaded);
+  mt__io_worker w;
+  mt__worker_start(&w, s->fd, 0, s->threaded);
   int64_t sent = 0, at = 0, len = 0;
   mt_box cbox;
   if (rc == MT_OK && g.rounds > 0) {
     chunk_place(&g, 0, &cbox, &at, &len);
-    worker_post(&w, b.chunk[0], len, at);
+    mt__worker_post(&w, b.chunk[0], len, at);
   }
   for (int64_t k = 0; rc == MT_OK && k < g.rounds; ++k) {
     /* The exchange of round k - 1 is done with the other buffer: refill it. */
     if (k + 1 < g.rounds) {
       chunk_place(&g, k + 1, &cbox, &at, &len);
-      worker_post(&w, b.chunk[(k + 1) % 2], len, at);
+      mt__worker_post(&w, b.chunk[(k + 1) % 2], len, at);
     }
     chunk_place(&g, k, &cbox, &at, &len);
     /* A failed read leaves garbage that is sent on; it shows at the end. */
-    worker_wait(&w, k + 1);
+    mt__worker_wait(&w, k + 1);
     rc = scatter_chunk(&g, k, buf, b.chunk[k % 2], &cbox, b.stage, &w, &sent, err);
   }
   return finish_slabs(&g, &b, &w, 0, rc, sent, err);
