@@ -19,6 +19,24 @@ void mt__io_count(int64_t read, int64_t written);
  * 0, or the errno of the failure (EIO when the file ends first). */
 int mt__io_transfer(int fd, const char *out, char *in, int64_t len, int64_t at);
 
+/* ---- geometry of C-order boxes by rows of dim 0 (io_slabs.c) ----------------- */
+
+/* Local. `b` cut to rows [start, end) of dim 0 (empty when they miss it). */
+mt_box mt__rows_of(const mt_box *b, int64_t start, int64_t end);
+
+/* Local. Whole rows [start, end) of the array, as a box. */
+mt_box mt__whole_rows(const mt_io_array *a, int64_t start, int64_t end);
+
+/* Local. Where the rows of `part` start in the C-contiguous buffer of `whole`
+ * (elements of `itemsize` bytes), which holds them as one run: a box's rows of
+ * dim 0 are consecutive in it. */
+int64_t mt__row_at(int64_t itemsize, const mt_box *whole, const mt_box *part);
+
+/* Local. Copies `part`, held C-contiguous at `piece`, into its place in `buf`,
+ * the C-contiguous array of box `whole`. */
+void mt__unpack_box(int64_t itemsize, const mt_box *part, const char *piece, char *buf,
+                    const mt_box *whole);
+
 /* ---- the I/O worker (io_worker.c): one thread, jobs in order, at most two posted */
 
 typedef struct mt__io_job {
@@ -53,15 +71,25 @@ int mt__worker_stop(mt__io_worker *w);
 /* One interleaved transfer through row slabs: `boxes` holds every rank's box of
  * `array` (comm rank order); `buf` is this rank's, C-contiguous. `fd` is the file,
  * open on every rank (or -1 on a rank that failed to open it, whose status is in
- * `rc`). `chunk` (bytes) and `threaded` are the same on every rank. */
+ * `rc`). `chunk` (bytes) is the same on every rank; `threaded` and `gather` are
+ * this process's settings (mt_io_set_pipeline, mt_io_set_gather). */
 typedef struct mt__slab_io {
   MPI_Comm comm;
   const mt_io_array *array;
   const mt_box *boxes;
   int fd;
   int64_t chunk;
-  int threaded;
+  int threaded, gather;
 } mt__slab_io;
+
+/* Collective on s->comm. When every rank shares the first rank's node and the
+ * first rank can read their memory (and may use two CPUs, and the settings
+ * allow), the first rank alone writes the whole array, chunk by chunk, reading the
+ * other boxes from the ranks' memory, two threads taking turns (io_gather.c), and
+ * this returns 1; otherwise it moves nothing and returns 0 on every rank, for
+ * mt__slabs_write. *rc is this rank's status, in and out (a rank that failed
+ * before makes it return 0). */
+int mt__gather_write(const mt__slab_io *s, int *rc, const void *buf, mt_error *err);
 
 /* Collective on s->comm. Writes the array into the file: the boxes, which tile
  * the array, are exchanged in memory into one run of the file per rank (its row

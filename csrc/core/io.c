@@ -143,6 +143,7 @@ static atomic_llong bytes_read, bytes_written;
  * efficient while letting them overlap (see docs/benchmarks.md, "Checkpoints"). */
 static atomic_llong chunk_bytes = 2 << 20;
 static atomic_int io_thread = 1;
+static atomic_int gather = 1;
 
 void mt__io_count(int64_t read, int64_t written) {
   atomic_fetch_add_explicit(&bytes_read, (long long)read, memory_order_relaxed);
@@ -162,6 +163,10 @@ void mt_io_set_pipeline(int64_t chunk, int threaded) {
 void mt_io_get_pipeline(int64_t *chunk, int *threaded) {
   *chunk = (int64_t)atomic_load(&chunk_bytes);
   *threaded = atomic_load(&io_thread);
+}
+
+int mt_io_set_gather(int mode) {
+  return atomic_exchange(&gather, mode < 0 ? 0 : mode > 2 ? 2 : mode);
 }
 
 /* ---- agreement --------------------------------------------------------------- */
@@ -423,17 +428,21 @@ static int write_runs(io_call *c, const char *tmp, const void *header, int64_t h
   return agree(c->comm, close_file(fd, mine, tmp, err), err);
 }
 
-/* The slab path: the file is sized first, as in write_runs, by one rank: the
+/* The slab path. The first rank may write the whole file alone (io_gather.c),
+ * extending it as it goes, as numpy.save does; otherwise the file is sized first,
+ * as in write_runs, by one rank: the slabs' writers would each extend it. The
  * pipeline agrees once before its first round, and this once at the end. */
 static int write_slabs(io_call *c, const mt_io_array *a, const char *tmp, const void *header,
                        int64_t hlen, const void *buf, mt_error *err) {
   int mine = MT_OK;
   int fd = open_for_writing(c, tmp, header, hlen, &mine, err);
-  if (mine == MT_OK && c->rank == 0 && ftruncate(fd, (off_t)c->end) != 0) {
-    mine = posix_fail(err, "ftruncate", tmp);
+  mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded, atomic_load(&gather)};
+  if (!mt__gather_write(&s, &mine, buf, err)) {
+    if (mine == MT_OK && c->rank == 0 && ftruncate(fd, (off_t)c->end) != 0) {
+      mine = posix_fail(err, "ftruncate", tmp);
+    }
+    mine = mt__slabs_write(&s, mine, buf, err);
   }
-  mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded};
-  mine = mt__slabs_write(&s, mine, buf, err);
   return agree(c->comm, close_file(fd, mine, tmp, err), err);
 }
 
@@ -550,7 +559,7 @@ static int read_slabs(io_call *c, const mt_io_array *a, const char *path, void *
                       mt_error *err) {
   int mine = MT_OK;
   int fd = open_for_reading(c, path, &mine, err);
-  mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded};
+  mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded, 0};
   mine = mt__slabs_read(&s, mine, buf, err);
   return agree(c->comm, close_file(fd, mine, path, err), err);
 }

@@ -62,8 +62,7 @@ static void chunk_of(const slabs *g, int r, int64_t k, int64_t *start, int64_t *
   *end = *start + g->rows < b ? *start + g->rows : b;
 }
 
-/* `b` cut to rows [start, end) of dim 0. */
-static mt_box rows_of(const mt_box *b, int64_t start, int64_t end) {
+mt_box mt__rows_of(const mt_box *b, int64_t start, int64_t end) {
   mt_box out = *b;
   int64_t lo = b->offset[0] > start ? b->offset[0] : start;
   int64_t hi = b->offset[0] + b->shape[0] < end ? b->offset[0] + b->shape[0] : end;
@@ -72,8 +71,7 @@ static mt_box rows_of(const mt_box *b, int64_t start, int64_t end) {
   return out;
 }
 
-/* Whole rows [start, end) of the array, as a box. */
-static mt_box whole_rows(const mt_io_array *a, int64_t start, int64_t end) {
+mt_box mt__whole_rows(const mt_io_array *a, int64_t start, int64_t end) {
   mt_box out = {.ndim = a->ndim};
   for (int d = 1; d < a->ndim; ++d) out.shape[d] = a->shape[d];
   out.offset[0] = start, out.shape[0] = end - start;
@@ -84,11 +82,13 @@ static int64_t box_bytes(const slabs *g, const mt_box *b) {
   return mt_box_numel(b) * g->s->array->itemsize;
 }
 
-/* Where the rows of `part` start in the C-contiguous buffer of `whole`, which
- * holds them as one run: a box's rows of dim 0 are consecutive in it. */
-static int64_t row_at(const slabs *g, const mt_box *whole, const mt_box *part) {
-  int64_t row = whole->shape[0] > 0 ? box_bytes(g, whole) / whole->shape[0] : 0;
+int64_t mt__row_at(int64_t itemsize, const mt_box *whole, const mt_box *part) {
+  int64_t row = whole->shape[0] > 0 ? mt_box_numel(whole) * itemsize / whole->shape[0] : 0;
   return (part->offset[0] - whole->offset[0]) * row;
+}
+
+static int64_t row_at(const slabs *g, const mt_box *whole, const mt_box *part) {
+  return mt__row_at(g->s->array->itemsize, whole, part);
 }
 
 /* Round k's pieces with peer q: the rows of this rank's box that fall in q's
@@ -97,8 +97,8 @@ static void pieces(const slabs *g, int64_t k, int q, mt_box *mine_in_q, mt_box *
   int64_t m0 = 0, m1 = 0, q0 = 0, q1 = 0;
   chunk_of(g, g->me, k, &m0, &m1);
   chunk_of(g, q, k, &q0, &q1);
-  *mine_in_q = rows_of(&g->s->boxes[g->me], q0, q1);
-  *q_in_mine = rows_of(&g->s->boxes[q], m0, m1);
+  *mine_in_q = mt__rows_of(&g->s->boxes[g->me], q0, q1);
+  *q_in_mine = mt__rows_of(&g->s->boxes[q], m0, m1);
 }
 
 /* The staging bytes a round needs at most: what other ranks' boxes take of this
@@ -176,13 +176,16 @@ static int wait_round(slabs *g, int nreq, const mt__io_worker *w, mt_error *err)
   return rc == MPI_SUCCESS ? MT_OK : mt__mpi_fail(err, rc, "MPI_Waitall");
 }
 
-/* Copies `part`, held C-contiguous at `piece`, into its place in `buf`, the
- * C-contiguous array of box `whole`. */
-static void unpack(const slabs *g, const mt_box *part, const char *piece, char *buf,
-                   const mt_box *whole) {
+void mt__unpack_box(int64_t itemsize, const mt_box *part, const char *piece, char *buf,
+                    const mt_box *whole) {
   int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
   for (int d = 0; d < part->ndim; ++d) at[d] = part->offset[d] - whole->offset[d];
-  mt_copy_box(piece, part->shape, zero, buf, whole->shape, at, part, g->s->array->itemsize);
+  mt_copy_box(piece, part->shape, zero, buf, whole->shape, at, part, itemsize);
+}
+
+static void unpack(const slabs *g, const mt_box *part, const char *piece, char *buf,
+                   const mt_box *whole) {
+  mt__unpack_box(g->s->array->itemsize, part, piece, buf, whole);
 }
 
 /* The reverse: `part` out of `buf` (box `whole`) into `piece`, C-contiguous. */
@@ -293,7 +296,7 @@ static void free_buffers(buffers *b) {
 static void chunk_place(const slabs *g, int64_t k, mt_box *box, int64_t *at, int64_t *len) {
   int64_t c0 = 0, c1 = 0;
   chunk_of(g, g->me, k, &c0, &c1);
-  *box = whole_rows(g->s->array, c0, c1);
+  *box = mt__whole_rows(g->s->array, c0, c1);
   *at = g->s->array->offset + c0 * g->rowbytes;
   *len = (c1 - c0) * g->rowbytes;
 }

@@ -120,6 +120,14 @@ static PyObject *io_pipeline(PyObject *module, PyObject *const *args, Py_ssize_t
   return Py_BuildValue("(LO)", (long long)old_chunk, old_threaded ? Py_True : Py_False);
 }
 
+/* io_gather(mode) -> the previous mode. Local. */
+static PyObject *io_gather(PyObject *module, PyObject *arg) {
+  long mode = PyLong_AsLong(arg);
+  if (mode == -1 && PyErr_Occurred()) return NULL;
+  if (mode < 0 || mode > 2) return PyErr_Format(PyExc_ValueError, "io_gather takes 0, 1 or 2");
+  return PyLong_FromLong(mt_io_set_gather((int)mode));
+}
+
 PyMethodDef mt_ext_io_methods[] = {
     {"io_save", (PyCFunction)(void (*)(void))io_save, METH_FASTCALL,
      "io_save(mesh, path, header, shape, itemsize, offset, box_offset, box_shape, buf): "
@@ -132,5 +140,9 @@ PyMethodDef mt_ext_io_methods[] = {
     {"io_pipeline", (PyCFunction)(void (*)(void))io_pipeline, METH_FASTCALL,
      "io_pipeline(chunk_bytes, io_thread) -> the previous pair: how boxes of many short "
      "runs move through row slabs (mt_io_set_pipeline). Local."},
+    {"io_gather", io_gather, METH_O,
+     "io_gather(mode) -> the previous mode: whether a save of interleaved boxes on one "
+     "node is written by the first rank alone, reading the others' memory: 0 never, 1 "
+     "when it pays (default), 2 whenever it can (mt_io_set_gather). Local."},
     {NULL, NULL, 0, NULL},
 };

@@ -118,6 +118,17 @@ def io_pipeline(chunk_bytes: int, io_thread: bool) -> tuple[int, bool]:
     exchanged); returns the previous setting."""
     ...
 
+def io_gather(mode: int) -> int:
+    """Local. Whether a save of interleaved boxes whose ranks share one node is
+    written by the first rank alone, which reads the other ranks' boxes straight
+    from their memory while its I/O thread writes: 0 never, 1 where it pays (the
+    default: the first rank may use two CPUs), 2 wherever it works. The first
+    rank's setting decides; returns the previous mode.
+
+    Example: ``old = _C.io_gather(0)`` makes every rank write its row slab.
+    """
+    ...
+
 class DTensorBase:
     """The C base of mpitensor.DTensor: its two fields and the fast path of NumPy
     operations (operators, __array_ufunc__, reduction methods) on recorded

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import io
 import json
+import math
 import os
 import pickle
 import shutil
@@ -449,16 +450,37 @@ def interleaved_layouts():
     return out
 
 
+@pytest.fixture(params=[0, 2], ids=["slabs", "gather"])
+def gather(request):
+    """How interleaved boxes are saved: every rank writes its row slab (0), or the
+    first rank writes the whole file, reading the others' memory (2: wherever it
+    works, which on Linux with the I/O thread is everywhere these tests run)."""
+    old = mt._C.io_gather(request.param)
+    yield request.param
+    mt._C.io_gather(old)
+
+
+def short_runs(local_shape, shape) -> bool:
+    """Whether a box of this shape is many runs of the C-order file (not one)."""
+    k = len(shape) - 1
+    while k > 0 and local_shape[k] == shape[k]:
+        k -= 1
+    return math.prod(local_shape) > 0 and any(local_shape[d] > 1 for d in range(k))
+
+
 @pytest.mark.parametrize("shape", [(12, 10), (7, 5, 3)], ids=str)
-def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, shape):
-    """Shard(1) and 2-D layouts: each rank writes and reads its row slab of the
-    file, every byte once, an equal share when the rows divide evenly."""
+def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, gather, shape):
+    """Shard(1) and 2-D layouts: each rank reads its row slab of the file, every
+    byte once, an equal share when the rows divide evenly; a save writes the same
+    way, or, gathered, the first rank writes every byte and the others none."""
     g = cf.global_array(shape, "float32", 5)
     p = Problems()
     for mesh_shape, pl in interleaved_layouts():
         mesh = init_device_mesh("cpu", mesh_shape)
         path = os.path.join(tmp, f"inter-{len(shape)}-{len(mesh_shape)}.npy")
         dt = mt.distribute_tensor(g, mesh, pl)
+        gathered = gather and N > 1 and COMM.allreduce(short_runs(dt.to_local().shape, shape),
+                                                       op=MPI.LOR)
         moved.clear()
         mt.save(dt, path)
         wrote = moved["written"]
@@ -469,42 +491,61 @@ def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, shape):
         check_dtensor(p, dt, g, f"{mesh_shape} {pl} loaded")
         for kind, mine in (("save", wrote), ("load", read)):
             p.expect(COMM.allreduce(mine) == g.nbytes, f"{kind}: not every byte once")
-            if shape[0] % N == 0:
+            if kind == "save" and gathered:
+                p.expect(mine == (g.nbytes if RANK == 0 else 0),
+                         f"gathered save: rank {RANK} wrote {mine} bytes")
+            elif shape[0] % N == 0:
                 p.expect(mine == g.nbytes // N, f"{kind}: {mine} bytes, not 1/{N}")
     assert p == []
 
 
-def test_fortran_file_loads_through_column_slabs(tmp, moved):
-    """Shard(0) of a Fortran-order file interleaves in it: read as slabs of
-    columns (the file's rows), every byte once."""
-    g = cf.global_array((9, 8), "int32", 6)
-    path = os.path.join(tmp, "fortran-slabs.npy")
-    if RANK == 0:
-        np.save(path, np.asfortranarray(g))
-    COMM.Barrier()
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux CPU affinity and two CPUs")
+def test_gathered_save_only_where_the_first_rank_has_two_cpus(tmp, moved):
+    """By default (mode 1) the first rank writes an interleaved save alone only when
+    it may run on two CPUs; bound to one, its two threads would take turns, so every
+    rank writes its row slab instead. Either way the file is right."""
+    g = cf.global_array((4 * N, 8 * N), "float32", 8)
+    mesh = init_device_mesh("cpu", (N,))
+    dt = mt.distribute_tensor(g, mesh, [Shard(1)])
+    path = os.path.join(tmp, "affinity.npy")
+    old_mode, old_cpus = mt._C.io_gather(1), os.sched_getaffinity(0)
     p = Problems()
-    for mesh_shape in meshes():
-        mesh = init_device_mesh("cpu", mesh_shape)
-        moved.clear()
-        pl = [Shard(0)] * len(mesh_shape)
-        check_dtensor(p, mt.load(path, mesh, pl), g, f"{mesh_shape} {pl}")
-        mine = moved["read"]
-        if g.shape[1] % N == 0:
-            p.expect(mine == g.nbytes // N, f"read {mine} bytes, not 1/{N}")
-        p.expect(COMM.allreduce(mine) == g.nbytes, "bytes read twice")
+    try:
+        for bound in (False, True):
+            if bound and RANK == 0:
+                os.sched_setaffinity(0, {min(old_cpus)})
+            moved.clear()
+            mt.save(dt, path)
+            wrote = moved["written"]
+            if RANK == 0:
+                os.sched_setaffinity(0, old_cpus)
+            p.expect(bits_equal(np.load(path), g), f"bound={bound}: numpy.load differs")
+            alone = g.nbytes if RANK == 0 else 0
+            expected = g.nbytes // N if bound or N == 1 else alone
+            p.expect(wrote == expected, f"bound={bound}: rank {RANK} wrote {wrote}, "
+                                        f"not {expected}")
+    finally:
+        os.sched_setaffinity(0, old_cpus)
+        mt._C.io_gather(old_mode)
     assert p == []
 
 
 # -- the slab pipeline: chunks, threads, dtypes, orders ------------------------------
 
-@pytest.fixture(params=[(1, True), (600, True), (600, False), (4096, True)],
-                ids=lambda p: f"chunk{p[0]}-{'thread' if p[1] else 'inline'}")
+@pytest.fixture(params=[(1, True, 0), (600, True, 0), (600, False, 0), (4096, True, 0),
+                        (1, True, 2), (600, True, 2), (4096, True, 2)],
+                ids=lambda p: f"chunk{p[0]}-{'thread' if p[1] else 'inline'}"
+                              f"{'-gather' if p[2] else ''}")
 def pipeline(request):
     """Every rank moves interleaved boxes in chunks of this many bytes (at least one
-    row), with the I/O thread or inline; the default comes back afterwards."""
-    old = mt._C.io_pipeline(*request.param)
+    row), with the I/O thread or inline, and saves gather on the first rank or
+    not; the defaults come back afterwards."""
+    chunk, thread, gather = request.param
+    old = mt._C.io_pipeline(chunk, thread), mt._C.io_gather(gather)
     yield request.param
-    mt._C.io_pipeline(*old)
+    mt._C.io_pipeline(*old[0])
+    mt._C.io_gather(old[1])
 
 
 @pytest.mark.parametrize("shape,dtype", [((37, 23), "float16"), ((10, 9, 7), "complex64"),
@@ -535,9 +576,10 @@ def test_slab_pipeline_round_trips_at_every_chunk_size(tmp, pipeline, shape, dty
 
 
 def test_slab_save_failure_on_one_rank_leaves_no_file(tmp, pipeline, monkeypatch):
-    """The last rank cannot write (its file size limit is below its slab, so from
-    2 ranks its first chunk fails inside the pipeline): every rank raises, the
-    existing file stays whole and no temporary file is left."""
+    """A writer cannot write (its file size limit is below what it writes, so from
+    2 ranks its first chunk fails inside the pipeline): the last rank, or the first
+    when it gathers the save. Every rank raises, the existing file stays whole and
+    no temporary file is left."""
     import resource
     import signal
 
@@ -549,7 +591,7 @@ def test_slab_save_failure_on_one_rank_leaves_no_file(tmp, pipeline, monkeypatch
     old = resource.getrlimit(resource.RLIMIT_FSIZE)
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
-        if RANK == N - 1:
+        if RANK == (0 if pipeline[2] else N - 1):
             resource.setrlimit(resource.RLIMIT_FSIZE, (1000, old[1]))
         errors = None
         try:

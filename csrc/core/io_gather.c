@@ -1,0 +1,369 @@
+/* Saving interleaved boxes (Shard(1) of a C-order array) when every rank shares
+ * one node: the first rank alone assembles and writes the file, chunk by chunk,
+ * reading the other ranks' rows straight out of their memory into their place in
+ * the chunk (Linux's cross-memory attach, process_vm_readv: the single copy Open
+ * MPI's shared-memory transport makes for a large message). Two threads take
+ * turns, each filling and then writing its own chunks, so that one fills while
+ * the other writes. The other ranks sleep until it is done.
+ *
+ * Why one writer: a local file system serialises the buffered writers of one file
+ * (ext4 and XFS hold the inode lock through each write), so N writers of their
+ * row slabs take at least as long as one writer of the whole file, and the
+ * exchange into slabs (io_slabs.c) adds N ranks' worth of threads copying each
+ * byte twice (the MPI transfer and the placement), all competing with the writes
+ * for the cores. Here each byte is copied once before its write and two threads
+ * run. Measured on 2 cores, 64 MiB float32 (rows, 1024), Shard(1), against
+ * numpy.save in the same run (docs/benchmarks.md, "Checkpoints"): np 4 0.90 of
+ * numpy.save's bandwidth where the row-slab exchange reached 0.69, np 3 0.94
+ * (0.75).
+ *
+ * It runs only where it can work and pays: on Linux, with the I/O thread allowed
+ * (mt_io_set_pipeline) and the gather not turned off (mt_io_set_gather), when the
+ * first rank may run on two CPUs (bound to one core, its two threads would only
+ * take turns: 0.55 where the exchange reached 0.83 at np 2; mode 2 skips this
+ * check) and it can read every other rank's memory. That last check reads back a
+ * token each rank publishes, so a rank on another node or in another PID
+ * namespace, where the same pid is some other process, is never read from by
+ * mistake; ptrace restrictions (Yama) or a seccomp filter make it fail the same
+ * way. Otherwise the caller takes the row-slab exchange. Loads keep the exchange:
+ * readers of one file run in parallel, so there every rank reading its own slab
+ * is the faster way. */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "io-private.h"
+#include "mpitensor/pool.h"
+
+/* Bytes and iovecs per process_vm_readv: the kernel moves at most about 2 GiB per
+ * call, and IOV_MAX is 1024 on Linux. */
+#define READ_MAX ((int64_t)1 << 30)
+#define IOV_BATCH 1024
+
+/* What each rank tells the first: where its box is, and where its token is and
+ * what it says. `ready` is 0 on a rank that cannot take part. */
+typedef struct peer {
+  int64_t pid, buf, token_at, token, ready;
+} peer;
+
+/* This process's token: its pid, the clock at first use and the token's own
+ * address, so that no other process holds the same value at the same place. */
+static _Atomic int64_t token;
+
+static int64_t my_token(void) {
+  int64_t t = atomic_load(&token);
+  if (t != 0) return t;
+  struct timespec ts;
+  timespec_get(&ts, TIME_UTC);
+  t = ((int64_t)getpid() << 32) ^ (int64_t)ts.tv_nsec ^ ((int64_t)ts.tv_sec << 20) ^
+      (int64_t)(intptr_t)&token;
+  int64_t zero = 0;
+  atomic_compare_exchange_strong(&token, &zero, t != 0 ? t : 1);
+  return atomic_load(&token);
+}
+
+typedef struct gather {
+  const mt__slab_io *s;
+  int n, me;
+  int64_t rowbytes, rows; /* bytes per row of dim 0; rows per full chunk */
+  char *chunk[2];
+  peer *peers; /* on the first rank: every rank's */
+} gather;
+
+static int64_t box_bytes(const gather *g, const mt_box *b) {
+  return mt_box_numel(b) * g->s->array->itemsize;
+}
+
+/* ---- whether to gather: asked of the first rank, answered to all ------------ */
+
+/* The two system services this path needs, which only Linux has: reading another
+ * process's memory, and the number of CPUs this process may run on. Elsewhere the
+ * read fails and the gather is never chosen. */
+#ifdef __linux__
+static ssize_t read_memory(int64_t pid, const struct iovec *here, unsigned long n,
+                           const struct iovec *there) {
+  return process_vm_readv((pid_t)pid, here, n, there, 1, 0);
+}
+
+static int cpus(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+#else
+static ssize_t read_memory(int64_t pid, const struct iovec *here, unsigned long n,
+                           const struct iovec *there) {
+  (void)pid, (void)here, (void)n, (void)there;
+  errno = ENOSYS;
+  return -1;
+}
+
+static int cpus(void) { return 1; }
+#endif
+
+/* An address in another process, for read_memory: never dereferenced here. */
+static void *remote(int64_t address) {
+  return (void *)(intptr_t)address; /* NOLINT(performance-no-int-to-ptr) */
+}
+
+/* Whether `p`'s token reads back from `p`'s memory: that process is the rank. */
+static int reads_back(const peer *p) {
+  int64_t got = 0;
+  struct iovec here = {&got, sizeof got};
+  struct iovec there = {remote(p->token_at), sizeof got};
+  return read_memory(p->pid, &here, 1, &there) == (ssize_t)sizeof got && got == p->token;
+}
+
+/* The first rank, before anyone sends a record: whether a gather is possible at
+ * all here (settings, CPUs, a place for the records). */
+static int first_may(gather *g) {
+  const mt__slab_io *s = g->s;
+  if (!s->gather || !s->threaded || g->n < 2 || g->rowbytes == 0) return 0;
+  /* Off Linux cpus() is 1, which cppcheck's other configuration sees as constant. */
+  /* cppcheck-suppress knownConditionTrueFalse */
+  if (s->gather == 1 && cpus() < 2) return 0;
+  g->peers = malloc((size_t)g->n * sizeof *g->peers);
+  return g->peers != NULL;
+}
+
+/* The first rank, with everyone's record: whether every rank can take part and
+ * its memory reads back, and the chunks could be had. */
+static int first_decides(gather *g) {
+  for (int q = 0; q < g->n; ++q) {
+    if (!g->peers[q].ready || (q != g->me && !reads_back(&g->peers[q]))) return 0;
+  }
+  size_t bytes = (size_t)(g->rows * g->rowbytes);
+  g->chunk[0] = mt_pool_alloc(bytes);
+  g->chunk[1] = mt_pool_alloc(bytes);
+  return g->chunk[0] != NULL && g->chunk[1] != NULL;
+}
+
+/* Collective. The first rank says whether a gather is possible (the only message
+ * when it is not); then every rank sends it its record and it decides. The answer
+ * is the same on every rank. An MPI failure answers no on this rank and is left
+ * to the caller's agreement. */
+static int decide(gather *g, int rc, const void *buf) {
+  int use = g->me == 0 ? first_may(g) : 0;
+  if (MPI_Bcast(&use, 1, MPI_INT, 0, g->s->comm) != MPI_SUCCESS || !use) return 0;
+  peer mine = {(int64_t)getpid(), (int64_t)(intptr_t)buf, (int64_t)(intptr_t)&token,
+               my_token(), rc == MT_OK};
+  int bytes = (int)sizeof mine;
+  if (MPI_Gather(&mine, bytes, MPI_BYTE, g->peers, bytes, MPI_BYTE, 0, g->s->comm) !=
+      MPI_SUCCESS) {
+    return 0;
+  }
+  use = g->me == 0 ? first_decides(g) : 0;
+  if (MPI_Bcast(&use, 1, MPI_INT, 0, g->s->comm) != MPI_SUCCESS) return 0;
+  return use;
+}
+
+/* ---- the assembly, on the first rank --------------------------------------- */
+
+/* The runs of a box within whole rows of the array: each `len` bytes, `count` of
+ * them in C order, the first at byte `first` of the rows' buffer; they step over
+ * dims 0 .. k - 1 of the box. */
+typedef struct runs {
+  int k;
+  int64_t len, count, first;
+  int64_t shape[MT_MAX_NDIM], stride[MT_MAX_NDIM];
+} runs;
+
+/* `part` lies within rows [row0, ...) of `a`, held C-contiguous. */
+static void runs_of(runs *it, const mt_io_array *a, const mt_box *part, int64_t row0) {
+  int64_t step = a->itemsize;
+  for (int d = a->ndim - 1; d >= 0; --d) it->stride[d] = step, step *= a->shape[d];
+  int k = a->ndim - 1;
+  it->len = a->itemsize * part->shape[k];
+  while (k > 0 && part->shape[k] == a->shape[k]) it->len *= part->shape[--k];
+  it->k = k, it->count = 1, it->first = 0;
+  for (int d = 0; d < k; ++d) it->shape[d] = part->shape[d], it->count *= part->shape[d];
+  for (int d = 0; d < a->ndim; ++d) it->first += (part->offset[d] - (d ? 0 : row0)) * it->stride[d];
+}
+
+static int64_t run_at(const runs *it, int64_t i) {
+  int64_t at = it->first;
+  for (int d = it->k - 1; d >= 0; --d) at += (i % it->shape[d]) * it->stride[d], i /= it->shape[d];
+  return at;
+}
+
+/* Reads `part` of rank q's box (its rows are one run of q's buffer) into its
+ * runs in `chunk`, whole rows from row0, in calls of at most IOV_BATCH runs and
+ * READ_MAX bytes; a run longer than that is cut. */
+static int pull(const gather *g, int q, const mt_box *part, int64_t row0, char *chunk,
+                mt_error *err) {
+  const peer *p = &g->peers[q];
+  runs it;
+  runs_of(&it, g->s->array, part, row0);
+  struct iovec here[IOV_BATCH];
+  char *from = (char *)remote(p->buf) + mt__row_at(g->s->array->itemsize, &g->s->boxes[q], part);
+  int64_t i = 0, done = 0; /* the run, and the bytes of it already read */
+  while (i < it.count) {
+    int m = 0;
+    int64_t bytes = 0;
+    while (m < IOV_BATCH && i < it.count && bytes < READ_MAX) {
+      int64_t len = it.len - done < READ_MAX - bytes ? it.len - done : READ_MAX - bytes;
+      here[m++] = (struct iovec){chunk + run_at(&it, i) + done, (size_t)len};
+      bytes += len, done += len;
+      if (done == it.len) ++i, done = 0;
+    }
+    struct iovec there = {from, (size_t)bytes};
+    ssize_t got = read_memory(p->pid, here, (unsigned long)m, &there);
+    if (got != (ssize_t)bytes) {
+      return mt__fail(err, MT_EIO, "reading rank %d's box from its memory failed: %s", q,
+                      got < 0 ? strerror(errno) : "it ended early");
+    }
+    from += bytes;
+  }
+  return MT_OK;
+}
+
+/* Rows [r0, r1) of the file into `chunk`: this rank's own rows by copies, the
+ * others' read from their memory. */
+static int fill(const gather *g, int64_t r0, int64_t r1, char *chunk, const void *buf,
+                mt_error *err) {
+  const mt__slab_io *s = g->s;
+  mt_box rows = mt__whole_rows(s->array, r0, r1);
+  int rc = MT_OK;
+  for (int q = 0; q < g->n && rc == MT_OK; ++q) {
+    mt_box part = mt__rows_of(&s->boxes[q], r0, r1);
+    if (mt_box_numel(&part) == 0) continue;
+    if (q == g->me) {
+      const char *piece = (const char *)buf + mt__row_at(s->array->itemsize, &s->boxes[q], &part);
+      mt__unpack_box(s->array->itemsize, &part, piece, chunk, &rows);
+    } else {
+      rc = pull(g, q, &part, r0, chunk, err);
+    }
+  }
+  return rc;
+}
+
+/* Chunk k's rows [*r0, *r1) of the file, empty past its end. The first chunks
+ * are small, so that the writes start early: only the first chunk's assembly is
+ * not hidden behind a write. */
+static void chunk_rows(const gather *g, int64_t k, int64_t *r0, int64_t *r1) {
+  int64_t total = g->s->array->shape[0], at = 0, rows = 0;
+  for (int64_t j = 0; j <= k && at < total; ++j) {
+    at += rows;
+    rows = g->rows >> (j < 3 ? 3 - j : 0);
+    if (rows < 1) rows = 1;
+  }
+  *r0 = at < total ? at : total;
+  *r1 = at + rows < total ? at + rows : total;
+}
+
+/* One of the two threads of the assembly: the chunks k with k % 2 == part, each
+ * filled and then written by this same thread, from its own buffer. */
+typedef struct half {
+  const gather *g;
+  const void *buf;
+  int part;
+  atomic_int *stop; /* shared: set by the first failure */
+  int rc;
+  mt_error err;
+} half;
+
+static void *run_half(void *arg) {
+  half *h = arg;
+  const gather *g = h->g;
+  char *chunk = g->chunk[h->part];
+  for (int64_t k = h->part;; k += 2) {
+    int64_t r0 = 0, r1 = 0;
+    chunk_rows(g, k, &r0, &r1);
+    if (r0 == r1 || atomic_load(h->stop)) break;
+    h->rc = fill(g, r0, r1, chunk, h->buf, &h->err);
+    int e = h->rc == MT_OK ? mt__io_transfer(g->s->fd, chunk, NULL, (r1 - r0) * g->rowbytes,
+                                              g->s->array->offset + r0 * g->rowbytes)
+                           : 0;
+    if (e != 0) h->rc = mt__fail(&h->err, MT_EIO, "writing the file failed: %s", strerror(e));
+    if (h->rc != MT_OK) {
+      atomic_store(h->stop, 1);
+      break;
+    }
+  }
+  return NULL;
+}
+
+/* The whole file, by two threads that take turns: while one writes its chunk
+ * (the file system lets one writer in at a time) the other fills the next. Each
+ * chunk is filled and written on one core, so the write reads it from that
+ * core's cache; handing the chunks to an I/O thread to write (as io_slabs.c does)
+ * moved every byte across cores once more and measured slower (0.71-0.79 against
+ * 0.90 of numpy.save at np 4, 64 MiB). Without a second thread this one does it all, in order. */
+static int assemble(const gather *g, const void *buf, mt_error *err) {
+  atomic_int stop = 0;
+  half halves[2] = {{g, buf, 0, &stop, MT_OK, {0}}, {g, buf, 1, &stop, MT_OK, {0}}};
+  pthread_t other;
+  int threaded = pthread_create(&other, NULL, run_half, &halves[1]) == 0;
+  run_half(&halves[0]);
+  if (threaded) {
+    pthread_join(other, NULL);
+  } else if (halves[0].rc == MT_OK) {
+    run_half(&halves[1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (halves[i].rc != MT_OK) {
+      if (err != NULL) *err = halves[i].err;
+      return halves[i].rc;
+    }
+  }
+  return MT_OK;
+}
+
+/* ---- the end: the others wait, asleep, for the first rank's verdict --------- */
+
+/* Collective. *failed becomes the first rank's, on every rank; an MPI error code,
+ * or MPI_SUCCESS. The others have nothing to do meanwhile, and spinning in MPI
+ * would take the cores the first rank's two threads need, so they poll with naps
+ * (up to 200 us: a few percent of the smallest saves that gain from this path). */
+static int wait_for_first(const gather *g, int *failed) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Ibcast(failed, 1, MPI_INT, 0, g->s->comm, &req);
+  int done = rc != MPI_SUCCESS;
+  if (done) req = MPI_REQUEST_NULL;
+  long nap = 10L * 1000;
+  while (!done && g->me != 0 && MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+         !done) {
+    struct timespec ts = {0, nap};
+    nanosleep(&ts, NULL);
+    nap = nap < 200L * 1000 ? nap * 2 : nap;
+  }
+  /* The first rank (the root) waits outright; for the others it is a no-op once
+   * done, and completes the request if a test failed. */
+  int wrc = MPI_Wait(&req, MPI_STATUS_IGNORE);
+  return rc != MPI_SUCCESS ? rc : wrc;
+}
+
+int mt__gather_write(const mt__slab_io *s, int *rc, const void *buf, mt_error *err) {
+  gather g = {.s = s};
+  MPI_Comm_size(s->comm, &g.n);
+  MPI_Comm_rank(s->comm, &g.me);
+  const mt_io_array *a = s->array;
+  g.rowbytes = a->itemsize;
+  for (int d = 1; d < a->ndim; ++d) g.rowbytes *= a->shape[d];
+  g.rows = g.rowbytes > 0 && s->chunk / g.rowbytes > 1 ? s->chunk / g.rowbytes : 1;
+  if (g.rows > a->shape[0] && a->shape[0] > 0) g.rows = a->shape[0];
+  int use = decide(&g, *rc, buf);
+  if (use) {
+    if (g.me == 0) *rc = assemble(&g, buf, err);
+    /* The others keep MT_OK: the first rank's failure reaches them through the
+     * caller's agreement, with its message. */
+    int failed = *rc != MT_OK;
+    int mrc = wait_for_first(&g, &failed);
+    if (mrc != MPI_SUCCESS && *rc == MT_OK) *rc = mt__mpi_fail(err, mrc, "MPI_Ibcast");
+    if (*rc == MT_OK && !failed) {
+      mt__count(MT_COLL_ALL_TO_ALL, g.me == 0 ? 0 : box_bytes(&g, &s->boxes[g.me]));
+      mt__io_count(0, g.me == 0 ? a->shape[0] * g.rowbytes : 0);
+    }
+  }
+  mt_pool_free(g.chunk[0]);
+  mt_pool_free(g.chunk[1]);
+  free(g.peers);
+  return use;
+}
