@@ -35,8 +35,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "io-private.h"
@@ -244,18 +244,21 @@ static int fill(const gather *g, int64_t r0, int64_t r1, char *chunk, const void
   return rc;
 }
 
-/* Chunk k's rows [*r0, *r1) of the file, empty past its end. The first chunks
- * are small, so that the writes start early: only the first chunk's assembly is
- * not hidden behind a write. */
+/* Rows in chunk k: the first three chunks are an eighth, a quarter and a half of
+ * the others, so that the writes start early (only the first chunk's assembly is
+ * not hidden behind a write). */
+static int64_t rows_in(const gather *g, int64_t k) {
+  int64_t rows = k < 3 ? g->rows >> (3 - k) : g->rows;
+  return rows > 0 ? rows : 1;
+}
+
+/* Chunk k's rows [*r0, *r1) of the file, empty past its end. */
 static void chunk_rows(const gather *g, int64_t k, int64_t *r0, int64_t *r1) {
-  int64_t total = g->s->array->shape[0], at = 0, rows = 0;
-  for (int64_t j = 0; j <= k && at < total; ++j) {
-    at += rows;
-    rows = g->rows >> (j < 3 ? 3 - j : 0);
-    if (rows < 1) rows = 1;
-  }
+  int64_t total = g->s->array->shape[0], at = 0;
+  for (int64_t j = 0; j < k && j < 3; ++j) at += rows_in(g, j);
+  if (k > 3) at += (k - 3) * g->rows;
   *r0 = at < total ? at : total;
-  *r1 = at + rows < total ? at + rows : total;
+  *r1 = at + rows_in(g, k) < total ? at + rows_in(g, k) : total;
 }
 
 /* One of the two threads of the assembly: the chunks k with k % 2 == part, each
@@ -295,7 +298,8 @@ static void *run_half(void *arg) {
  * chunk is filled and written on one core, so the write reads it from that
  * core's cache; handing the chunks to an I/O thread to write (as io_slabs.c does)
  * moved every byte across cores once more and measured slower (0.71-0.79 against
- * 0.90 of numpy.save at np 4, 64 MiB). Without a second thread this one does it all, in order. */
+ * 0.90 of numpy.save at np 4, 64 MiB). Without a second thread this one does it
+ * all, in order. */
 static int assemble(const gather *g, const void *buf, mt_error *err) {
   atomic_int stop = 0;
   half halves[2] = {{g, buf, 0, &stop, MT_OK, {0}}, {g, buf, 1, &stop, MT_OK, {0}}};
