@@ -9,11 +9,11 @@ Run under MPI (see benchmarks/README.md)::
 
 For each size (of the whole float32 array, 1024 columns) and layout on a 1-D mesh
 over all ranks (``S0``: Shard(0), each rank's box one run of the file; ``S1``:
-Shard(1), boxes interleave row by row, so mt.save has the first rank read the
-other boxes from the ranks' memory and write the file alone when it may use two
-CPUs (else the boxes are exchanged in memory into row slabs, chunk by chunk while
-the previous chunk is written), and mt.load reads row slabs and exchanges them
-back; up to --s1-max) it times, interleaved:
+Shard(1), boxes interleave row by row, so mt.save has two writers (threads of
+rank 0, or ranks 0 and 1 when each is bound to its own CPU) read the boxes from
+the ranks' memory and write the file (else the boxes are exchanged in memory into
+row slabs, chunk by chunk while the previous chunk is written), and mt.load reads
+row slabs and exchanges them back; up to --s1-max) it times, interleaved:
 
 * ``mt_save``  every rank: ``mt.save(dt, path)`` (MPI-IO, temporary name + rename);
 * ``np_save``  rank 0 alone: ``numpy.save(path, a)`` of the whole array;
@@ -36,7 +36,7 @@ Reported per point: the median bandwidth of each side with its [min..max], and t
 ratio mt/np of bandwidths (median and [min..max] over repetitions; the target is
 >= 0.8). For the largest size it also records what each rank read and wrote during
 mt_load / mt_save (``rchar`` / ``wchar`` of /proc/self/io): each rank moves about
-1/N of the file, except a gathered S1 save, where rank 0 writes it all. Results go
+1/N of the file, except a gathered S1 save, where the writers write it all. Results go
 to benchmarks/results/checkpoint-np{N}.json.
 """
 

@@ -82,13 +82,13 @@ typedef struct mt__slab_io {
   int threaded, gather;
 } mt__slab_io;
 
-/* Collective on s->comm. When every rank shares the first rank's node and the
- * first rank can read their memory (and may use two CPUs, and the settings
- * allow), the first rank alone writes the whole array, chunk by chunk, reading the
- * other boxes from the ranks' memory, two threads taking turns (io_gather.c), and
- * this returns 1; otherwise it moves nothing and returns 0 on every rank, for
- * mt__slabs_write. *rc is this rank's status, in and out (a rank that failed
- * before makes it return 0). */
+/* Collective on s->comm. When every rank shares one node and the writers can
+ * read the others' memory (and have two CPUs between them, and the settings
+ * allow), two writers (threads of the first rank, or the first two ranks) write
+ * the whole array, chunk by chunk, reading the boxes from the ranks' memory
+ * (io_gather.c), and this returns 1; otherwise it moves nothing and returns 0 on
+ * every rank, for mt__slabs_write. *rc is this rank's status, in and out (a rank
+ * that failed before makes it return 0). */
 int mt__gather_write(const mt__slab_io *s, int *rc, const void *buf, mt_error *err);
 
 /* Collective on s->comm. Writes the array into the file: the boxes, which tile

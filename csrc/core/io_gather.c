@@ -1,14 +1,16 @@
 /* Saving interleaved boxes (Shard(1) of a C-order array) when every rank shares
- * one node: the first rank alone assembles and writes the file, chunk by chunk,
- * reading the other ranks' rows straight out of their memory into their place in
- * the chunk (Linux's cross-memory attach, process_vm_readv: the single copy Open
- * MPI's shared-memory transport makes for a large message). Two threads take
- * turns, each filling and then writing its own chunks, so that one fills while
- * the other writes. The other ranks sleep until it is done.
+ * one node: two writers assemble and write the file, chunk by chunk, reading the
+ * other ranks' rows straight out of their memory into their place in the chunk
+ * (Linux's cross-memory attach, process_vm_readv: the single copy Open MPI's
+ * shared-memory transport makes for a large message). The writers take turns,
+ * each filling and then writing its own chunks, so that one fills while the other
+ * writes: two threads of the first rank when it may run on two CPUs, else the
+ * first two ranks when each is bound to a CPU of its own (Open MPI binds two ranks
+ * to cores by default). The other ranks sleep until they are done.
  *
- * Why one writer: a local file system serialises the buffered writers of one file
- * (ext4 and XFS hold the inode lock through each write), so N writers of their
- * row slabs take at least as long as one writer of the whole file, and the
+ * Why so few writers: a local file system serialises the buffered writers of one
+ * file (ext4 and XFS hold the inode lock through each write), so N writers of
+ * their row slabs take at least as long as one writer of the whole file, and the
  * exchange into slabs (io_slabs.c) adds N ranks' worth of threads copying each
  * byte twice (the MPI transfer and the placement), all competing with the writes
  * for the cores. Here each byte is copied once before its write and two threads
@@ -19,15 +21,15 @@
  *
  * It runs only where it can work and pays: on Linux, with the I/O thread allowed
  * (mt_io_set_pipeline) and the gather not turned off (mt_io_set_gather), when the
- * first rank may run on two CPUs (bound to one core, its two threads would only
- * take turns: 0.55 where the exchange reached 0.83 at np 2; mode 2 skips this
- * check) and it can read every other rank's memory. That last check reads back a
- * token each rank publishes, so a rank on another node or in another PID
- * namespace, where the same pid is some other process, is never read from by
- * mistake; ptrace restrictions (Yama) or a seccomp filter make it fail the same
- * way. Otherwise the caller takes the row-slab exchange. Loads keep the exchange:
- * readers of one file run in parallel, so there every rank reading its own slab
- * is the faster way. */
+ * writers have two CPUs between them (two threads bound to one core would only
+ * take turns on it: 0.55 where the exchange reached 0.83 at np 2; mode 2 takes
+ * the first rank's threads regardless) and they can read every other rank's
+ * memory. That last check reads back a token each rank publishes, so a rank on
+ * another node or in another PID namespace, where the same pid is some other
+ * process, is never read from by mistake; ptrace restrictions (Yama) or a seccomp
+ * filter make it fail the same way. Otherwise the caller takes the row-slab
+ * exchange. Loads keep the exchange: readers of one file run in parallel, so
+ * there every rank reading its own slab is the faster way. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -47,11 +49,17 @@
 #define READ_MAX ((int64_t)1 << 30)
 #define IOV_BATCH 1024
 
-/* What each rank tells the first: where its box is, and where its token is and
- * what it says. `ready` is 0 on a rank that cannot take part. */
+/* What each rank tells the others: where its box is, where its token is and what
+ * it says, whether it can take part, and the CPUs it may run on (how many, and
+ * the first of them). */
 typedef struct peer {
-  int64_t pid, buf, token_at, token, ready;
+  int64_t pid, buf, token_at, token, ready, cpus, cpu;
 } peer;
+
+/* Who writes, chunk k by writer k % 2: nobody (the caller exchanges row slabs),
+ * two threads of the first rank (it may use two CPUs), or the main threads of the
+ * first two ranks (each bound to a CPU of its own, as Open MPI binds two ranks). */
+enum { NOBODY, THREADS, PAIR };
 
 /* This process's token: its pid, the clock at first use and the token's own
  * address, so that no other process holds the same value at the same place. */
@@ -71,10 +79,10 @@ static int64_t my_token(void) {
 
 typedef struct gather {
   const mt__slab_io *s;
-  int n, me;
+  int n, me, plan;
   int64_t rowbytes, rows; /* bytes per row of dim 0; rows per full chunk */
-  char *chunk[2];
-  peer *peers; /* on the first rank: every rank's */
+  char *chunk[2];         /* a writer's: both in THREADS, its own half's in PAIR */
+  peer *peers;            /* every rank's */
 } gather;
 
 static int64_t box_bytes(const gather *g, const mt_box *b) {
@@ -92,10 +100,13 @@ static ssize_t read_memory(int64_t pid, const struct iovec *here, unsigned long 
   return process_vm_readv((pid_t)pid, here, n, there, 1, 0);
 }
 
-static int cpus(void) {
+static void cpu_info(int64_t *count, int64_t *first) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  *count = 1, *first = -1;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return;
+  *count = CPU_COUNT(&set);
+  for (size_t c = 0; c < CPU_SETSIZE && *first < 0; ++c) *first = CPU_ISSET(c, &set) ? (int64_t)c : -1;
 }
 #else
 static ssize_t read_memory(int64_t pid, const struct iovec *here, unsigned long n,
@@ -105,7 +116,7 @@ static ssize_t read_memory(int64_t pid, const struct iovec *here, unsigned long 
   return -1;
 }
 
-static int cpus(void) { return 1; }
+static void cpu_info(int64_t *count, int64_t *first) { *count = 1, *first = -1; }
 #endif
 
 /* An address in another process, for read_memory: never dereferenced here. */
@@ -121,47 +132,68 @@ static int reads_back(const peer *p) {
   return read_memory(p->pid, &here, 1, &there) == (ssize_t)sizeof got && got == p->token;
 }
 
-/* The first rank, before anyone sends a record: whether a gather is possible at
- * all here (settings, CPUs, a place for the records). */
-static int first_may(gather *g) {
-  const mt__slab_io *s = g->s;
-  if (!s->gather || !s->threaded || g->n < 2 || g->rowbytes == 0) return 0;
-  /* Off Linux cpus() is 1, which cppcheck's other configuration sees as constant. */
-  /* cppcheck-suppress knownConditionTrueFalse */
-  if (s->gather == 1 && cpus() < 2) return 0;
-  g->peers = malloc((size_t)g->n * sizeof *g->peers);
-  return g->peers != NULL;
+/* Whether this rank writes chunk k. */
+static int writes(const gather *g, int64_t k) {
+  return g->plan == PAIR ? g->me == (int)(k % 2) : g->plan == THREADS && g->me == 0;
 }
 
-/* The first rank, with everyone's record: whether every rank can take part and
- * its memory reads back, and the chunks could be had. */
-static int first_decides(gather *g) {
+/* The plan, from every rank's record and the first rank's mode: the same on every
+ * rank. Two threads of one rank bound to one CPU would only take turns on it. */
+static int plan_of(const gather *g, int mode) {
+  const peer *p = g->peers;
   for (int q = 0; q < g->n; ++q) {
-    if (!g->peers[q].ready || (q != g->me && !reads_back(&g->peers[q]))) return 0;
+    if (!p[q].ready) return NOBODY;
+  }
+  if (mode == 2 || p[0].cpus >= 2) return THREADS;
+  if (p[0].cpus == 1 && p[1].cpus == 1 && p[0].cpu != p[1].cpu) return PAIR;
+  return NOBODY;
+}
+
+/* A writer: whether every other rank's memory reads back, and its chunks. */
+static int writer_ready(gather *g) {
+  for (int q = 0; q < g->n; ++q) {
+    if (q != g->me && !reads_back(&g->peers[q])) return 0;
   }
   size_t bytes = (size_t)(g->rows * g->rowbytes);
-  g->chunk[0] = mt_pool_alloc(bytes);
-  g->chunk[1] = mt_pool_alloc(bytes);
-  return g->chunk[0] != NULL && g->chunk[1] != NULL;
+  for (int i = 0; i < 2; ++i) {
+    if (g->plan == THREADS || i == g->me) g->chunk[i] = mt_pool_alloc(bytes);
+    if ((g->plan == THREADS || i == g->me) && g->chunk[i] == NULL) return 0;
+  }
+  return 1;
 }
 
-/* Collective. The first rank says whether a gather is possible (the only message
- * when it is not); then every rank sends it its record and it decides. The answer
- * is the same on every rank. An MPI failure answers no on this rank and is left
- * to the caller's agreement. */
+/* Collective. Three messages: whether a gather may happen at all (the first
+ * rank's settings; every rank's room for the records), every rank's record to
+ * every rank, and whether the writers are ready. The answer is the same on every
+ * rank; an MPI failure answers NOBODY on this rank and is left to the caller's
+ * agreement. */
 static int decide(gather *g, int rc, const void *buf) {
-  int use = g->me == 0 ? first_may(g) : 0;
-  if (MPI_Bcast(&use, 1, MPI_INT, 0, g->s->comm) != MPI_SUCCESS || !use) return 0;
-  peer mine = {(int64_t)getpid(), (int64_t)(intptr_t)buf, (int64_t)(intptr_t)&token,
-               my_token(), rc == MT_OK};
-  int bytes = (int)sizeof mine;
-  if (MPI_Gather(&mine, bytes, MPI_BYTE, g->peers, bytes, MPI_BYTE, 0, g->s->comm) !=
-      MPI_SUCCESS) {
-    return 0;
+  const mt__slab_io *s = g->s;
+  int mode = s->gather;
+  if (!s->threaded || g->n < 2 || g->rowbytes == 0) mode = 0;
+  g->peers = malloc((size_t)g->n * sizeof *g->peers);
+  int may = g->peers == NULL ? 0 : g->me == 0 ? mode : 2;
+  /* A rank without room offered 0, so may is 0 wherever peers is NULL. */
+  if (MPI_Allreduce(MPI_IN_PLACE, &may, 1, MPI_INT, MPI_MIN, s->comm) != MPI_SUCCESS ||
+      may == 0 || g->peers == NULL) {
+    return NOBODY;
   }
-  use = g->me == 0 ? first_decides(g) : 0;
-  if (MPI_Bcast(&use, 1, MPI_INT, 0, g->s->comm) != MPI_SUCCESS) return 0;
-  return use;
+  peer mine = {(int64_t)getpid(), (int64_t)(intptr_t)buf, (int64_t)(intptr_t)&token,
+               my_token(), rc == MT_OK, 1, -1};
+  cpu_info(&mine.cpus, &mine.cpu);
+  int bytes = (int)sizeof mine;
+  if (MPI_Allgather(&mine, bytes, MPI_BYTE, g->peers, bytes, MPI_BYTE, s->comm) !=
+      MPI_SUCCESS) {
+    return NOBODY;
+  }
+  g->plan = plan_of(g, may);
+  int ready = g->plan == NOBODY || !(g->me == 0 || (g->plan == PAIR && g->me == 1)) ||
+              writer_ready(g);
+  if (MPI_Allreduce(MPI_IN_PLACE, &ready, 1, MPI_INT, MPI_MIN, s->comm) != MPI_SUCCESS ||
+      !ready) {
+    return NOBODY;
+  }
+  return g->plan;
 }
 
 /* ---- the assembly, on the first rank --------------------------------------- */
@@ -293,16 +325,22 @@ static void *run_half(void *arg) {
   return NULL;
 }
 
-/* The whole file, by two threads that take turns: while one writes its chunk
+/* The whole file, by two writers that take turns: while one writes its chunk
  * (the file system lets one writer in at a time) the other fills the next. Each
  * chunk is filled and written on one core, so the write reads it from that
  * core's cache; handing the chunks to an I/O thread to write (as io_slabs.c does)
  * moved every byte across cores once more and measured slower (0.71-0.79 against
- * 0.90 of numpy.save at np 4, 64 MiB). Without a second thread this one does it
- * all, in order. */
+ * 0.90 of numpy.save at np 4, 64 MiB). In THREADS the first rank runs both halves
+ * (in order, when a second thread cannot start); in PAIR each of the first two
+ * ranks runs its own. */
 static int assemble(const gather *g, const void *buf, mt_error *err) {
   atomic_int stop = 0;
   half halves[2] = {{g, buf, 0, &stop, MT_OK, {0}}, {g, buf, 1, &stop, MT_OK, {0}}};
+  if (g->plan == PAIR) {
+    run_half(&halves[g->me]);
+    if (halves[g->me].rc != MT_OK && err != NULL) *err = halves[g->me].err;
+    return halves[g->me].rc;
+  }
   pthread_t other;
   int threaded = pthread_create(&other, NULL, run_half, &halves[1]) == 0;
   run_half(&halves[0]);
@@ -320,26 +358,40 @@ static int assemble(const gather *g, const void *buf, mt_error *err) {
   return MT_OK;
 }
 
-/* ---- the end: the others wait, asleep, for the first rank's verdict --------- */
+/* This rank's bytes of the file written, and of its box read by another rank. */
+static void moved(const gather *g, int64_t *written, int64_t *sent) {
+  const mt_box *mine = &g->s->boxes[g->me];
+  *written = *sent = 0;
+  for (int64_t k = 0;; ++k) {
+    int64_t r0 = 0, r1 = 0;
+    chunk_rows(g, k, &r0, &r1);
+    if (r0 == r1) break;
+    mt_box part = mt__rows_of(mine, r0, r1);
+    if (writes(g, k)) *written += (r1 - r0) * g->rowbytes;
+    else *sent += box_bytes(g, &part);
+  }
+}
 
-/* Collective. *failed becomes the first rank's, on every rank; an MPI error code,
- * or MPI_SUCCESS. The others have nothing to do meanwhile, and spinning in MPI
- * would take the cores the first rank's two threads need, so they poll with naps
+/* ---- the end: the others wait, asleep, for the writers' verdict ------------ */
+
+/* Collective. *failed becomes whether any writer failed, on every rank; an MPI
+ * error code, or MPI_SUCCESS. The others have nothing to do meanwhile, and
+ * spinning in MPI would take the cores the writers need, so they poll with naps
  * (up to 200 us: a few percent of the smallest saves that gain from this path). */
-static int wait_for_first(const gather *g, int *failed) {
+static int wait_for_writers(const gather *g, int *failed, int writer) {
   MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Ibcast(failed, 1, MPI_INT, 0, g->s->comm, &req);
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, failed, 1, MPI_INT, MPI_MAX, g->s->comm, &req);
   int done = rc != MPI_SUCCESS;
   if (done) req = MPI_REQUEST_NULL;
   long nap = 10L * 1000;
-  while (!done && g->me != 0 && MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+  while (!done && !writer && MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
          !done) {
     struct timespec ts = {0, nap};
     nanosleep(&ts, NULL);
     nap = nap < 200L * 1000 ? nap * 2 : nap;
   }
-  /* The first rank (the root) waits outright; for the others it is a no-op once
-   * done, and completes the request if a test failed. */
+  /* A writer waits outright; for the others it is a no-op once done, and
+   * completes the request if a test failed. */
   int wrc = MPI_Wait(&req, MPI_STATUS_IGNORE);
   return rc != MPI_SUCCESS ? rc : wrc;
 }
@@ -353,21 +405,24 @@ int mt__gather_write(const mt__slab_io *s, int *rc, const void *buf, mt_error *e
   for (int d = 1; d < a->ndim; ++d) g.rowbytes *= a->shape[d];
   g.rows = g.rowbytes > 0 && s->chunk / g.rowbytes > 1 ? s->chunk / g.rowbytes : 1;
   if (g.rows > a->shape[0] && a->shape[0] > 0) g.rows = a->shape[0];
-  int use = decide(&g, *rc, buf);
-  if (use) {
-    if (g.me == 0) *rc = assemble(&g, buf, err);
-    /* The others keep MT_OK: the first rank's failure reaches them through the
+  g.plan = decide(&g, *rc, buf);
+  if (g.plan != NOBODY) {
+    int writer = g.me == 0 || (g.plan == PAIR && g.me == 1);
+    if (writer) *rc = assemble(&g, buf, err);
+    /* The others keep MT_OK: a writer's failure reaches them through the
      * caller's agreement, with its message. */
     int failed = *rc != MT_OK;
-    int mrc = wait_for_first(&g, &failed);
-    if (mrc != MPI_SUCCESS && *rc == MT_OK) *rc = mt__mpi_fail(err, mrc, "MPI_Ibcast");
+    int mrc = wait_for_writers(&g, &failed, writer);
+    if (mrc != MPI_SUCCESS && *rc == MT_OK) *rc = mt__mpi_fail(err, mrc, "MPI_Iallreduce");
     if (*rc == MT_OK && !failed) {
-      mt__count(MT_COLL_ALL_TO_ALL, g.me == 0 ? 0 : box_bytes(&g, &s->boxes[g.me]));
-      mt__io_count(0, g.me == 0 ? a->shape[0] * g.rowbytes : 0);
+      int64_t written = 0, sent = 0;
+      moved(&g, &written, &sent);
+      mt__count(MT_COLL_ALL_TO_ALL, sent);
+      mt__io_count(0, written);
     }
   }
   mt_pool_free(g.chunk[0]);
   mt_pool_free(g.chunk[1]);
   free(g.peers);
-  return use;
+  return g.plan != NOBODY;
 }

@@ -142,7 +142,8 @@ PyMethodDef mt_ext_io_methods[] = {
      "runs move through row slabs (mt_io_set_pipeline). Local."},
     {"io_gather", io_gather, METH_O,
      "io_gather(mode) -> the previous mode: whether a save of interleaved boxes on one "
-     "node is written by the first rank alone, reading the others' memory: 0 never, 1 "
-     "when it pays (default), 2 whenever it can (mt_io_set_gather). Local."},
+     "node is written by two writers reading the others' memory: 0 never, 1 when it "
+     "pays (default), 2 by the first rank's threads whenever it can (mt_io_set_gather). "
+     "Local."},
     {NULL, NULL, 0, NULL},
 };

@@ -120,10 +120,11 @@ def io_pipeline(chunk_bytes: int, io_thread: bool) -> tuple[int, bool]:
 
 def io_gather(mode: int) -> int:
     """Local. Whether a save of interleaved boxes whose ranks share one node is
-    written by the first rank alone, which reads the other ranks' boxes straight
-    from their memory while its I/O thread writes: 0 never, 1 where it pays (the
-    default: the first rank may use two CPUs), 2 wherever it works. The first
-    rank's setting decides; returns the previous mode.
+    written by two writers that read the other ranks' boxes straight from their
+    memory (two threads of the first rank, or the first two ranks when each is
+    bound to its own CPU): 0 never, 1 where it pays (the default), 2 always by the
+    first rank's threads where it works. The first rank's setting decides; returns
+    the previous mode.
 
     Example: ``old = _C.io_gather(0)`` makes every rank write its row slab.
     """

@@ -499,35 +499,102 @@ def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, gather, shape):
     assert p == []
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs Linux CPU affinity and two CPUs")
-def test_gathered_save_only_where_the_first_rank_has_two_cpus(tmp, moved):
-    """By default (mode 1) the first rank writes an interleaved save alone only when
-    it may run on two CPUs; bound to one, its two threads would take turns, so every
-    rank writes its row slab instead. Either way the file is right."""
+def machine_cpus() -> set:
+    """The CPUs any rank may run on (collective); empty without Linux affinity."""
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else set()
+    return set().union(*COMM.allgather(mine))
+
+
+@pytest.mark.skipif(len(machine_cpus()) < 2, reason="needs Linux CPU affinity and two CPUs")
+def test_gathered_save_writers_follow_the_cpus(tmp, moved):
+    """By default (mode 1) an interleaved save is written by two threads of the
+    first rank when it may run on two CPUs, by the first two ranks when each is
+    bound to a CPU of its own, and otherwise by every rank into its row slab (two
+    writers on one CPU would only take turns). The file is right every time."""
     g = cf.global_array((4 * N, 8 * N), "float32", 8)
     mesh = init_device_mesh("cpu", (N,))
     dt = mt.distribute_tensor(g, mesh, [Shard(1)])
     path = os.path.join(tmp, "affinity.npy")
+    cpus = sorted(machine_cpus())
+    a, b = cpus[0], cpus[1]
+    slab = g.nbytes // N
+    # rank -> CPUs, and what each rank then writes: "all" (rank 0 alone), "pair"
+    # (ranks 0 and 1 share the file), "slab" (its row slab).
+    cases = [({}, "all" if N > 1 else "slab"), ({0: {a}}, "slab")]
+    if N > 1:
+        cases += [({0: {a}, 1: {b}}, "pair"), ({0: {a}, 1: {a}}, "slab")]
     old_mode, old_cpus = mt._C.io_gather(1), os.sched_getaffinity(0)
     p = Problems()
     try:
-        for bound in (False, True):
-            if bound and RANK == 0:
-                os.sched_setaffinity(0, {min(old_cpus)})
+        for binding, writers in cases:
+            os.sched_setaffinity(0, binding.get(RANK, set(cpus)))
             moved.clear()
             mt.save(dt, path)
             wrote = moved["written"]
-            if RANK == 0:
-                os.sched_setaffinity(0, old_cpus)
-            p.expect(bits_equal(np.load(path), g), f"bound={bound}: numpy.load differs")
-            alone = g.nbytes if RANK == 0 else 0
-            expected = g.nbytes // N if bound or N == 1 else alone
-            p.expect(wrote == expected, f"bound={bound}: rank {RANK} wrote {wrote}, "
-                                        f"not {expected}")
+            os.sched_setaffinity(0, old_cpus)
+            p.expect(bits_equal(np.load(path), g), f"{binding}: numpy.load differs")
+            p.expect(COMM.allreduce(wrote) == g.nbytes, f"{binding}: not every byte once")
+            if writers == "all":
+                ok = wrote == (g.nbytes if RANK == 0 else 0)
+            elif writers == "pair":
+                ok = wrote > 0 if RANK < 2 else wrote == 0
+            else:
+                ok = wrote == slab
+            p.expect(ok, f"{binding}: rank {RANK} wrote {wrote} ({writers} expected)")
     finally:
         os.sched_setaffinity(0, old_cpus)
         mt._C.io_gather(old_mode)
+    assert p == []
+
+
+def save_limited(dt, path, limited_rank):
+    """Collective. mt.save(dt, path) while `limited_rank` may not grow a file past
+    1000 bytes (SIGXFSZ ignored, so its write fails with EFBIG): what this rank
+    raised, or None."""
+    import resource
+    import signal
+
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        if RANK == limited_rank:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1000, old[1]))
+        mt.save(dt, path)
+    except Exception as e:  # noqa: BLE001 - what each rank raised is the point
+        return e
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        signal.signal(signal.SIGXFSZ, handler)
+    return None
+
+
+def expect_failed_everywhere(p, errors, path, g):
+    """The same OSError on every rank, and the file at `path` still holds `g`."""
+    p.expect(all_ranks(isinstance(errors, OSError)), f"not OSError everywhere: {errors!r}")
+    p.expect(COMM.allgather(str(errors)) == [str(errors)] * N, "the messages differ")
+    if RANK == 0:
+        p.expect(bits_equal(np.load(path), g), "the existing file changed")
+
+
+@pytest.mark.skipif(N < 2 or len(machine_cpus()) < 2, reason="needs 2 ranks and 2 CPUs")
+def test_gathered_save_by_a_pair_fails_everywhere_when_the_second_writer_fails(tmp):
+    """The first two ranks, each bound to its own CPU, write the file between them;
+    the second cannot write past 1000 bytes: every rank raises the same OSError and
+    the existing file stays whole."""
+    g = cf.global_array((64, 8 * N), "float32", 9)
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "pair-fail.npy")
+    mt.save(mt.distribute_tensor(g, mesh, [Shard(1)]), path)
+    cpus = sorted(machine_cpus())
+    old_mode, old_cpus = mt._C.io_gather(1), os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpus[RANK]} if RANK < 2 else set(cpus))
+        errors = save_limited(mt.distribute_tensor(g * 2, mesh, [Shard(1)]), path, 1)
+    finally:
+        os.sched_setaffinity(0, old_cpus)
+        mt._C.io_gather(old_mode)
+    p = Problems()
+    expect_failed_everywhere(p, errors, path, g)
     assert p == []
 
 
@@ -575,37 +642,20 @@ def test_slab_pipeline_round_trips_at_every_chunk_size(tmp, pipeline, shape, dty
     assert p == []
 
 
-def test_slab_save_failure_on_one_rank_leaves_no_file(tmp, pipeline, monkeypatch):
+def test_slab_save_failure_on_one_rank_leaves_no_file(tmp, pipeline):
     """A writer cannot write (its file size limit is below what it writes, so from
     2 ranks its first chunk fails inside the pipeline): the last rank, or the first
     when it gathers the save. Every rank raises, the existing file stays whole and
     no temporary file is left."""
-    import resource
-    import signal
-
     g = cf.global_array((64, 24), "float32", 2)
     mesh = init_device_mesh("cpu", (N,))
     path = os.path.join(tmp, "pipe-fail.npy")
-    dt = mt.distribute_tensor(g, mesh, [Shard(1)])
-    mt.save(dt, path)
-    old = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    try:
-        if RANK == (0 if pipeline[2] else N - 1):
-            resource.setrlimit(resource.RLIMIT_FSIZE, (1000, old[1]))
-        errors = None
-        try:
-            mt.save(mt.distribute_tensor(g * 2, mesh, [Shard(1)]), path)
-        except Exception as e:  # noqa: BLE001 - what each rank raised is the point
-            errors = e
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old)
-        signal.signal(signal.SIGXFSZ, handler)
+    mt.save(mt.distribute_tensor(g, mesh, [Shard(1)]), path)
+    errors = save_limited(mt.distribute_tensor(g * 2, mesh, [Shard(1)]), path,
+                          0 if pipeline[2] else N - 1)
     p = Problems()
-    p.expect(all_ranks(isinstance(errors, OSError)), f"not OSError everywhere: {errors!r}")
-    p.expect(COMM.allgather(str(errors)) == [str(errors)] * N, "the messages differ")
+    expect_failed_everywhere(p, errors, path, g)
     if RANK == 0:
-        p.expect(bits_equal(np.load(path), g), "the existing file changed")
         p.expect(glob.glob(os.path.join(tmp, "pipe-fail.npy.*")) == [], "a temporary is left")
     assert p == []
 

@@ -44,8 +44,8 @@ int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *ty
  * `buf` of `buflen` bytes, which must be the box's (an empty box contributes
  * nothing). Arguments are checked on every member before any data moves. The
  * file is sized to exactly array->offset plus the array's bytes. Boxes of many
- * short runs that tile the array are written by the first member alone when all
- * share one node (see mt_io_set_gather), else first exchanged into row slabs,
+ * short runs that tile the array are written by two writers when all share one
+ * node (see mt_io_set_gather), else first exchanged into row slabs,
  * one run of the file per member (see mt_io_set_pipeline). The file is written under a
  * temporary name in the same directory and renamed to `path` only after every
  * member has written its part, so an existing file at `path` is replaced whole
@@ -68,8 +68,8 @@ int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
 /* Data bytes this process has read from and written to files through
  * mt_io_save / mt_io_load (headers not counted): what the process itself
  * transferred. For boxes of many short runs that is its row slab (or, for a save
- * gathered on one node, the whole array on the first member and nothing on the
- * others); otherwise its box. */
+ * gathered on one node, the writers' chunks and nothing on the others); otherwise
+ * its box. */
 typedef struct mt_io_counters {
   int64_t read_bytes, written_bytes;
 } mt_io_counters;
@@ -88,14 +88,15 @@ void mt_io_get_pipeline(int64_t *chunk_bytes, int *io_thread);
 
 /* Local, process-wide; returns the previous setting. With `mode` 1 (the
  * default), a save of boxes of many short runs whose ranks all share one node is
- * written by the first rank alone, which reads the other ranks' boxes straight
- * from their memory (Linux process_vm_readv) into its chunks, two threads taking
- * turns at filling and writing; the others wait asleep. It is taken when the I/O
- * thread is allowed, the first rank may run on two CPUs (so that reading and writing
- * overlap) and can read every rank's memory; mode 2 drops the CPU condition, mode
- * 0 never gathers. Only the first rank's setting counts; without the gather the
- * row slabs are exchanged as mt_io_set_pipeline says. File systems that
- * serialise the writers of one file (ext4, XFS) gain most. */
+ * written by two writers that read the other ranks' boxes straight from their
+ * memory (Linux process_vm_readv) into their chunks and take turns at filling and
+ * writing: two threads of the first rank when it may run on two CPUs, else the
+ * first two ranks when each is bound to a CPU of its own; the others wait asleep.
+ * It also needs the I/O thread allowed and every rank's memory readable; mode 2
+ * takes the first rank's threads without the CPU condition, mode 0 never
+ * gathers. Only the first rank's setting counts; without the gather the row
+ * slabs are exchanged as mt_io_set_pipeline says. File systems that serialise
+ * the writers of one file (ext4, XFS) gain most. */
 int mt_io_set_gather(int mode);
 
 #ifdef __cplusplus
