@@ -523,24 +523,33 @@ def test_gathered_save_writers_follow_the_cpus(tmp, moved):
     cases = [({}, "all" if N > 1 else "slab"), ({0: {a}}, "slab")]
     if N > 1:
         cases += [({0: {a}, 1: {b}}, "pair"), ({0: {a}, 1: {a}}, "slab")]
+    box = dt.to_local().nbytes
     old_mode, old_cpus = mt._C.io_gather(1), os.sched_getaffinity(0)
     p = Problems()
     try:
         for binding, writers in cases:
             os.sched_setaffinity(0, binding.get(RANK, set(cpus)))
             moved.clear()
+            before = mt._C.comm_counters().get("all_to_all_single", (0, 0))[1]
             mt.save(dt, path)
             wrote = moved["written"]
+            sent = mt._C.comm_counters().get("all_to_all_single", (0, 0))[1] - before
             os.sched_setaffinity(0, old_cpus)
             p.expect(bits_equal(np.load(path), g), f"{binding}: numpy.load differs")
             p.expect(COMM.allreduce(wrote) == g.nbytes, f"{binding}: not every byte once")
             if writers == "all":
                 ok = wrote == (g.nbytes if RANK == 0 else 0)
+                # What another process read of this rank's box counts as sent.
+                ok = ok and sent == (0 if RANK == 0 else box)
             elif writers == "pair":
-                ok = wrote > 0 if RANK < 2 else wrote == 0
+                # The chunks alternate, and the first ones are smaller than the
+                # rest, so the pair's split is never the slabs' even one.
+                ok = 0 < wrote != slab and 0 < sent < box if RANK < 2 else wrote == 0
+                ok = ok and (RANK < 2 or sent == box)
             else:
                 ok = wrote == slab
-            p.expect(ok, f"{binding}: rank {RANK} wrote {wrote} ({writers} expected)")
+            p.expect(ok, f"{binding}: rank {RANK} wrote {wrote}, sent {sent} "
+                         f"({writers} expected)")
     finally:
         os.sched_setaffinity(0, old_cpus)
         mt._C.io_gather(old_mode)
@@ -587,13 +596,20 @@ def test_gathered_save_by_a_pair_fails_everywhere_when_the_second_writer_fails(t
     mt.save(mt.distribute_tensor(g, mesh, [Shard(1)]), path)
     cpus = sorted(machine_cpus())
     old_mode, old_cpus = mt._C.io_gather(1), os.sched_getaffinity(0)
+    p = Problems()
     try:
         os.sched_setaffinity(0, {cpus[RANK]} if RANK < 2 else set(cpus))
+        # Under this binding the pair writes (the slabs would split the file evenly,
+        # and their last rank would fail as well, proving nothing about the pair).
+        start = mt._C.io_counters()[1]
+        mt.save(mt.distribute_tensor(g, mesh, [Shard(1)]), path)
+        wrote = mt._C.io_counters()[1] - start
+        p.expect(0 < wrote != g.nbytes // N if RANK < 2 else wrote == 0,
+                 f"rank {RANK} wrote {wrote}: not the pair's split")
         errors = save_limited(mt.distribute_tensor(g * 2, mesh, [Shard(1)]), path, 1)
     finally:
         os.sched_setaffinity(0, old_cpus)
         mt._C.io_gather(old_mode)
-    p = Problems()
     expect_failed_everywhere(p, errors, path, g)
     assert p == []
 
