@@ -24,8 +24,9 @@ from .._api import DTensor
 from .._args import resolve_mesh
 from ..device_mesh import _mesh_stack, init_device_mesh
 from . import _agree, _directory, _npy, _tensor
+from ._pickle import DTensorShard, assemble
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "DTensorShard", "assemble"]
 
 _world_mesh = []
 
