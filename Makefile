@@ -27,7 +27,7 @@ export OPENBLAS_NUM_THREADS := 1
 # mpitensor[mkl], about 7 s to install from the mirror) is the BLAS the nn kernels
 # load at import when it is there (docs/performance.md).
 PY_DEPS := --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
-  "scikit-build-core>=0.10" cmake ninja \
+  "scikit-build-core>=0.11" cmake ninja threadpoolctl \
   mkl "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" "psutil>=5" \
   tabulate rich matplotlib "ipyparallel>=8.6" "nbclient>=0.10" "ipykernel>=6.29"
 %/.deps: pyproject.toml Makefile | system-deps

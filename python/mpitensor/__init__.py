@@ -27,7 +27,7 @@ from .checkpoint import load, save
 from . import parallel
 from . import testing
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # Freed large output and staging blocks are kept resident for reuse (see
 # csrc/include/mpitensor/pool.h); MPITENSOR_POOL_BYTES caps them, 0 turns it off.
