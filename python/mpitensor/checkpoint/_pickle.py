@@ -80,11 +80,15 @@ class DTensorShard:
 
     @property
     def rank(self) -> int | None:
-        """The rank this shard came from (None: a rank outside the mesh). Local."""
+        """The rank this shard came from (None: a rank outside the mesh). Local.
+
+        Example: ``[s.rank for s in rc[:]["x"]]`` gives ``[0, 1, 2, 3]``."""
         return None if self.coordinate is None else int(self.mesh[self.coordinate])
 
     def to_local(self) -> np.ndarray:
-        """The rank's local array, as ``DTensor.to_local()`` gave it there. Local."""
+        """The rank's local array, as ``DTensor.to_local()`` gave it there. Local.
+
+        Example: ``rc[:]["x"][1].to_local()`` is engine 1's rows of ``x``."""
         return self._local
 
     def __reduce__(self):
