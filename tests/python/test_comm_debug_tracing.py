@@ -161,10 +161,16 @@ def plain(text):
 
 def test_colours_only_for_a_terminal_without_no_color(traced, monkeypatch):
     _, _, _, mode = traced
-    monkeypatch.delenv("NO_COLOR", raising=False)
+    for name in ("NO_COLOR", "FORCE_COLOR", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
     with monkeypatch.context() as m:
         m.setattr(sys, "stdout", Terminal())
         assert _comm_mode._colours()
+        m.setenv("OMPI_COMM_WORLD_SIZE", "4")  # a rank's terminal is mpiexec's pty
+        assert not _comm_mode._colours()
+        m.setenv("FORCE_COLOR", "1")
+        assert _comm_mode._colours()
+        assert mode.generate_comm_debug_tracing_table(noise_level=2) == expected_table(2)
         m.setenv("NO_COLOR", "1")
         assert not _comm_mode._colours()
         assert mode.generate_comm_debug_tracing_table(noise_level=2) == plain(expected_table(2))

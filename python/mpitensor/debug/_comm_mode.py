@@ -41,8 +41,15 @@ class Counts(dict):
 
 
 def _colours() -> bool:
-    """ANSI colours only for a terminal, and never under NO_COLOR (no-color.org)."""
+    """ANSI colours for a terminal: never under NO_COLOR, always under FORCE_COLOR
+    (no-color.org, force-color.org). A rank of an MPI job gets none by default:
+    Open MPI gives every rank a pseudo-terminal whatever mpiexec's own output is
+    (a pipe, a file)."""
     if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    if any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")):
         return False
     isatty = getattr(sys.stdout, "isatty", None)
     return bool(isatty and isatty())
@@ -263,7 +270,9 @@ class CommDebugMode:
         placements, mesh) except trivial ones; 2 also operations without DTensor
         inputs (the collectives themselves); 3 also trivial operations (views).
         Collective and operation lines carry ANSI colours, as torch's, when
-        standard output is a terminal and ``NO_COLOR`` is unset. Local.
+        standard output is a terminal (not under mpiexec, whose ranks all write to
+        pseudo-terminals) and ``NO_COLOR`` is unset, or when ``FORCE_COLOR`` is
+        set. Local.
 
         Example::
 
