@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-# Pages written as one runnable program (their introductions say so), and pages
-# holding scripts of their own.
-PROGRAMS = ["README.md", "docs/tensor_parallel.md", "docs/checkpoints.md"]
+# Pages written as one runnable program (their introductions say so) with the rank
+# counts they run at (the README's example needs a 2 x 2 mesh), and pages holding
+# scripts of their own.
+PROGRAMS = {"README.md": [4], "docs/tensor_parallel.md": [1, 4], "docs/checkpoints.md": [1, 4]}
 SCRIPT_PAGES = ["docs/getting_started.md"]
 
 pytestmark = pytest.mark.skipif(
@@ -125,8 +126,7 @@ def test_every_page_shows_some_printed_output():
         assert instrument(program(page))[1], f"{page} shows no printed output to check"
 
 
-@pytest.mark.parametrize("nranks", [1, 4])
-@pytest.mark.parametrize("page", PROGRAMS)
+@pytest.mark.parametrize("page, nranks", [(p, n) for p, ns in PROGRAMS.items() for n in ns])
 def test_page_runs(page, nranks, tmp_path):
     check(page, program(page), nranks, tmp_path)
 
@@ -134,7 +134,20 @@ def test_page_runs(page, nranks, tmp_path):
 @pytest.mark.parametrize("nranks", [1, 4])
 @pytest.mark.parametrize("page", SCRIPT_PAGES)
 def test_scripts_on_page_run(page, nranks, tmp_path):
-    found = scripts(page)
+    found = {n: b for n, b in scripts(page).items() if not n.startswith("test_")}
     assert found, f"{page} has no '# name.py' script"
     for name, source in found.items():
         check(f"{page}: {name}", source, nranks, tmp_path)
+
+
+@pytest.mark.parametrize("page", SCRIPT_PAGES)
+def test_test_files_on_page_pass_under_plain_pytest(page, tmp_path):
+    """A ``# test_x.py`` block is a test file: plain pytest runs it as the page says."""
+    found = {n: b for n, b in scripts(page).items() if n.startswith("test_")}
+    for name, source in found.items():
+        (tmp_path / name).write_text(source)
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        proc = subprocess.run([sys.executable, "-m", "pytest", name, "-p", "no:cacheprovider",
+                               "-W", "ignore::pytest.PytestAssertRewriteWarning"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout + proc.stderr
