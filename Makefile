@@ -56,7 +56,7 @@ install: $(VENV)/.deps
 	$(PY) -c "import mpitensor"
 
 demo: install
-	mpiexec --oversubscribe -n 4 $(PY) examples/quickstart.py
+	mpiexec --oversubscribe -n 4 $(PY) -m mpi4py examples/quickstart.py
 
 test: install
 	@start=$$(date +%s); status=0; \
