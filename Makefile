@@ -27,7 +27,7 @@ export OPENBLAS_NUM_THREADS := 1
 # mpitensor[mkl], about 7 s to install from the mirror) is the BLAS the nn kernels
 # load at import when it is there (docs/performance.md).
 PY_DEPS := --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
-  "scikit-build-core>=0.10" cmake ninja \
+  "scikit-build-core>=0.11" cmake ninja threadpoolctl \
   mkl "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" "psutil>=5" \
   tabulate rich matplotlib "ipyparallel>=8.6" "nbclient>=0.10" "ipykernel>=6.29"
 %/.deps: pyproject.toml Makefile | system-deps
@@ -56,7 +56,7 @@ install: $(VENV)/.deps
 	$(PY) -c "import mpitensor"
 
 demo: install
-	mpiexec --oversubscribe -n 4 $(PY) examples/quickstart.py
+	mpiexec --oversubscribe -n 4 $(PY) -m mpi4py examples/quickstart.py
 
 test: install
 	@start=$$(date +%s); status=0; \
@@ -162,7 +162,8 @@ test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 	  tests/run_mpi_pytest.sh 2
 
 # The benchmarks at np 2 (and np 4 for redistribute), one BLAS thread per rank,
-# JSON into benchmarks/results/ and PNG plots into benchmarks/results/plots/.
+# JSON into benchmarks/results/, PNG plots into docs/img/perf/ and the tables of
+# docs/performance.md rewritten from the JSON (commit the three together).
 # The short set took 7.3 minutes on 2 cores busy with other jobs; BENCH_FULL=1 runs every
 # benchmark with its own defaults (sizes up to 64 MiB per rank, 1 GiB checkpoints,
 # 16k-token attention) and checkpoint and context parallelism at np 4 too, which
@@ -189,7 +190,7 @@ BENCH_DEBUG :=
 BENCH_NP4 := 4
 endif
 bench: install
-	@set -e; mkdir -p benchmarks/results/plots; \
+	@set -e; mkdir -p benchmarks/results; \
 	torch=$$($(PY) -c "import torch" 2>/dev/null && echo --torch || true); \
 	start=$$(date +%s); echo "load average at start: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	$(MPIRUN) 2 $(PY) benchmarks/redistribute.py $(BENCH_REDIST) $$torch; \
@@ -201,7 +202,8 @@ bench: install
 	  $(MPIRUN) $$np $(PY) benchmarks/context_parallel.py $(BENCH_CP); done; \
 	$(MPIRUN) 2 $(PY) benchmarks/debug.py $(BENCH_DEBUG); \
 	echo "load average at end: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	$(PY) benchmarks/plot.py benchmarks/results --out benchmarks/results/plots; \
+	$(PY) benchmarks/plot.py benchmarks/results --out docs/img/perf; \
+	$(PY) benchmarks/tables.py; \
 	echo "make bench: $$(( $$(date +%s) - start ))s"
 
 clean:

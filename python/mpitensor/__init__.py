@@ -27,7 +27,8 @@ from .checkpoint import load, save
 from . import parallel
 from . import testing
 
-__version__ = "0.1.0"
+from ._version import __version__
+from ._config import show_config
 
 # Freed large output and staging blocks are kept resident for reuse (see
 # csrc/include/mpitensor/pool.h); MPITENSOR_POOL_BYTES caps them, 0 turns it off.
@@ -66,4 +67,5 @@ __all__ = [
     "load",
     "parallel",
     "testing",
+    "show_config",
 ]

@@ -8,7 +8,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import _args, _ops, _redistribute, _trace
+from . import _args, _iterate, _ops, _redistribute, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
 from .device_mesh import DeviceMesh
@@ -336,6 +336,8 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
         Example: ``distribute_tensor(np.ones((8, 6)), mesh, [Shard(0)]).stride() == (6, 1)``.
         """
         return self._spec.stride
+
+    __iter__ = _iterate.iterate  # rows along dim 0, gathered once: collective
 
     def __len__(self) -> int:
         if not self._spec.shape:

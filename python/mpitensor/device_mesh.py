@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import _C
+from . import _C, _config
 
 __all__ = ["DeviceMesh", "init_device_mesh"]
 
@@ -113,6 +113,7 @@ class DeviceMesh:
         names = _check_names(mesh_dim_names, arr.ndim)
         comm = _world() if comm is None else comm
         _check_ranks(arr, comm.Get_size())
+        _config.check_mpi_library()  # before _C sees an mpi4py communicator
         self._init(device_type, arr, names, _C.Mesh(comm, arr.shape, arr.ravel().astype(np.intc)), comm)
 
     def _init(self, device_type, arr, names, handle, comm) -> None:

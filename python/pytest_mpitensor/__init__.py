@@ -15,6 +15,11 @@ is active once mpitensor is installed; ``pytest -p no:mpitensor`` turns it off.
   no nested ``mpiexec`` is started: the test runs in place when ``ranks == N`` and
   is skipped on every rank otherwise.
 
+pytest-isolate-mpi and pytest-mpi define an ``mpi`` marker of their own. When one of
+them is active this plugin leaves the marker to it, with a warning that says how to
+choose (``-p no:pytest_isolate_mpi``, ``-p no:pytest_mpi``); the ``mesh`` fixture
+works either way.
+
 The marker takes ``ranks`` (required), ``timeout`` (seconds, default
 ``--mpi-timeout``, 300) and, for the ``mesh`` fixture, ``mesh_shape`` and
 ``mesh_dim_names``. MPI is imported only by the tests that need it (and the
@@ -60,7 +65,32 @@ def pytest_addoption(parser):
     group.addoption(_worker.OPTION, default=None, help=_worker.OPTION_HELP)
 
 
+OTHER_MPI_PLUGINS = _launch.OTHER_MPI_PLUGINS
+_OWNS_MARKER = pytest.StashKey[bool]()
+
+
+def other_mpi_plugins(config) -> list[str]:
+    """The distributions of the active plugins that define their own ``mpi`` marker."""
+    return [dist for name, dist in OTHER_MPI_PLUGINS.items()
+            if config.pluginmanager.has_plugin(name)]
+
+
 def pytest_configure(config):
+    others = other_mpi_plugins(config)
+    config.stash[_OWNS_MARKER] = not others
+    if others:
+        # Leave the marker to the other plugin, so that installing mpitensor never
+        # changes what an existing suite's @pytest.mark.mpi means.
+        names = " and ".join(others)
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            f"mpitensor's pytest plugin leaves the `mpi` marker to {names}, which "
+            f"define(s) one of its own: @pytest.mark.mpi tests run as {names} says. "
+            f"For mpitensor's mpi(ranks=N) (each test in its own mpiexec job), run "
+            f"pytest with " + " ".join(f"-p no:{n}" for n, d in OTHER_MPI_PLUGINS.items()
+                                       if d in others)
+            + "; to silence this, -p no:mpitensor. The mesh fixture works either way."),
+            stacklevel=2)
+        return
     config.addinivalue_line("markers", _MARKER_HELP)
     if config.getoption(_worker.OPTION.lstrip("-").replace("-", "_")):
         config.pluginmanager.register(_worker.Worker(config), "mpitensor-worker")
@@ -70,7 +100,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     # Under a launcher every rank runs the tests in place; otherwise marked tests
     # become items that start their own job.
-    if _launch.launched_world_size() is not None:
+    if _launch.launched_world_size() is not None or not config.stash[_OWNS_MARKER]:
         return
     for i, item in enumerate(items):
         marker = item.get_closest_marker("mpi")
@@ -83,7 +113,7 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_runtest_setup(item):
     marker = item.get_closest_marker("mpi")
     size = _launch.launched_world_size()
-    if marker is None or size is None:
+    if marker is None or size is None or not item.config.stash[_OWNS_MARKER]:
         return
     ranks = _launch.marker_ranks(marker)
     if ranks != size:

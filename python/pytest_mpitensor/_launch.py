@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -16,6 +17,10 @@ import pytest
 
 from . import _worker
 
+# Plugins (by their pytest11 entry-point names) that define an ``mpi`` marker of
+# their own, with other meanings: both acting on one test breaks the run.
+OTHER_MPI_PLUGINS = {"pytest_isolate_mpi": "pytest-isolate-mpi", "pytest_mpi": "pytest-mpi"}
+
 # Variables a launcher gives its processes: their presence means pytest itself
 # runs as one rank of a job (Open MPI, then MPICH/Hydra and Intel MPI).
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -24,9 +29,9 @@ _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 # child mpiexec believe it is nested. Those present before any test ran are kept.
 _MPI_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "ORTE_", "PRTE_", "HYDRA_", "I_MPI_")
 _ENV_AT_START = dict(os.environ)
-_TAIL = 6000
+_TAIL = 6000  # characters of a job's output kept in a failure message
 # Seconds a job may take beyond the test's timeout to start and end its ranks.
-_START_ALLOWANCE = 120.0  # characters of a job's output kept in a failure message
+_START_ALLOWANCE = 120.0
 
 
 def launched_world_size() -> int | None:
@@ -76,21 +81,28 @@ class MPIItem(pytest.Item):
                 f"waiting in a collective that another skipped).\ncommand: {shlex.join(cmd)}"
                 + "".join(f"\n========== stacks of rank {r} at the time limit\n"
                           f"{_tail(_user_frames(text))}" for r, text in stacks.items())
-                + f"\n========== output\n{_tail(output)}")
+                + _output_section(output))
         if hung:
             raise MPIJobFailed(
                 f"{where}: the job did not end within {self.timeout + _START_ALLOWANCE:g} s "
-                f"and was killed.\ncommand: {shlex.join(cmd)}\n{_tail(output)}")
+                f"and was killed.\ncommand: {shlex.join(cmd)}{_output_section(output)}")
         _judge(where, reports, self.ranks, cmd, output)
 
     def _command(self, directory: str) -> list[str]:
         config = self.config
         cmd = [config.getoption("mpiexec"), *shlex.split(config.getoption("mpiexec_args")),
                "-n", str(self.ranks), sys.executable, "-m", "mpi4py", "-m", "pytest",
-               self.nodeid, "-q", "--color=no", "-p", "no:cacheprovider", "--rootdir", str(config.rootpath),
+               # The ranks report through files: their terminal output would only
+               # repeat it ("1 passed") in a failure's message.
+               self.nodeid, "-p", "no:terminal", "-p", "no:cacheprovider",
+               "--rootdir", str(config.rootpath),
                f"{_worker.OPTION}={directory}", f"--mpi-timeout={self.timeout:g}"]
         if config.inipath is not None:
             cmd += ["-c", str(config.inipath)]
+        # The ranks too must leave the marker to this plugin (the launching pytest
+        # runs only when they are off, by -p no:... or not installed).
+        for name in OTHER_MPI_PLUGINS:
+            cmd += ["-p", f"no:{name}"]
         if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
             cmd += ["-p", "pytest_mpitensor"]
         return cmd
@@ -154,8 +166,8 @@ def _judge(where, reports, ranks, cmd, output) -> None:
     missing = [r for r in range(ranks) if not reports.get(r)]
     if missing:
         raise MPIJobFailed(f"{where}: rank(s) {missing} reported no result (the test "
-                           f"was not found, or a rank died).\ncommand: {shlex.join(cmd)}\n"
-                           f"{_tail(output)}")
+                           f"was not found, or a rank died).\ncommand: {shlex.join(cmd)}"
+                           f"{_output_section(output)}")
     failed: dict = {}  # (phase, text) -> ranks, so that identical reports show once
     for r, rep in reports.items():
         for x in rep:
@@ -182,6 +194,25 @@ def _user_frames(stacks: str) -> str:
     noise = ("/_pytest/", "/pluggy/", "<frozen runpy>", "/mpi4py/run.py", "/mpi4py/__main__.py",
              "/pytest/__main__.py")
     return "\n".join(line for line in stacks.splitlines() if not any(n in line for n in noise))
+
+
+# Open MPI's notes that a job ended because a rank failed, between lines of dashes:
+# the failure message says so already. Its other notes (refusing to run as root,
+# too few slots) stay: they are the reason.
+_BANNER = re.compile(r"^-{20,}\n(?:(?!-{20,}\n).*\n)*?-{20,}\n?", re.M)
+_BANNER_WORDS = ("Primary job", "exited with non-zero status", "MPI_ABORT was invoked",
+                 "noticed that process rank")
+
+
+def _job_output(output: str) -> str:
+    """The job's own output, without the launcher's banners."""
+    return _BANNER.sub(lambda m: "" if any(w in m.group(0) for w in _BANNER_WORDS)
+                       else m.group(0), output).strip()
+
+
+def _output_section(output: str) -> str:
+    text = _job_output(output)
+    return f"\n========== output\n{_tail(text)}" if text else ""
 
 
 def _tail(text: str) -> str:

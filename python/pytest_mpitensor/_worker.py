@@ -52,6 +52,14 @@ class Worker:
             "skip_reason": _skip_reason(report),
         })
 
+    def pytest_collectreport(self, report):
+        # The ranks run without a terminal reporter: an import error in the test's
+        # module would otherwise show nowhere.
+        if report.failed:
+            self.reports.append({"when": "collect", "outcome": "failed",
+                                 "text": report.longreprtext, "wasxfail": None,
+                                 "skip_reason": None})
+
     def pytest_sessionfinish(self, session, exitstatus):
         self._stacks.close()
         path = os.path.join(self.directory, f"rank{_rank()}.json")

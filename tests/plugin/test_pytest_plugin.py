@@ -104,15 +104,20 @@ def test_plain_pytest_runs_marked_tests_under_mpiexec(tmp_path):
     assert "rank one disagrees" in text
 
     # assert_equal fails on both ranks; the message names the rank holding index 3.
+    # Its frames are hidden, so both ranks' reports are the same and show once.
     outcome, text = got["test_collective_assert_names_the_rank"]
     assert outcome == "failure" and "failed on rank(s) [0, 1]" in text, text
     assert "global index (3,) on rank 1" in text and "actual 3.0, expected 9.0" in text
+    assert "rank(s) [0, 1] (call)" in text and "rank(s) [0] (call)" not in text, text
+    assert "_comparison.py" not in text, text
 
     outcome, text = got["test_hangs"]
     assert outcome == "failure", text
     assert "test_user.py::test_hangs on 2 MPI rank(s) did not finish within 5 s" in text
     line = USER_SUITE.splitlines().index("        MPI.COMM_WORLD.barrier()  # rank 1 never comes") + 1
     assert f'test_user.py", line {line} in test_hangs' in text  # rank 0's stack at the limit
+    # Neither the healthy rank's pytest summary nor the launcher's banner.
+    assert "passed" not in text and "-" * 20 not in text, text
 
     outcome, text = got["test_skipped_everywhere"]
     assert outcome == "skipped" and "nothing to see" in text, text
@@ -145,3 +150,47 @@ def test_a_bad_marker_is_a_usage_error(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "@pytest.mark.mpi needs ranks=<positive int>" in proc.stdout + proc.stderr
+
+
+def test_an_import_error_on_the_ranks_is_shown(tmp_path):
+    (tmp_path / "test_ranks_only.py").write_text(
+        "import os\nimport pytest\n"
+        "if 'OMPI_COMM_WORLD_SIZE' in os.environ:\n"
+        "    raise ImportError('this module breaks under mpiexec')\n"
+        "@pytest.mark.mpi(ranks=2)\ndef test_x():\n    pass\n")
+    env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "test_ranks_only.py", "-p",
+                           "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "1 failed" in output, output
+    assert "failed on rank(s) [0, 1]" in output and "(collect)" in output, output
+    assert "this module breaks under mpiexec" in output, output
+
+
+# Stands for pytest-mpi / pytest-isolate-mpi: a plugin registered under the same name
+# that defines an `mpi` marker of its own (here: it skips every marked test).
+OTHER_PLUGIN = '''
+import pytest
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "mpi: the other plugin's marker")
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("mpi"):
+            item.add_marker(pytest.mark.skip(reason="the other plugin decides"))
+'''
+
+
+@pytest.mark.parametrize("name, dist", [("pytest_mpi", "pytest-mpi"),
+                                        ("pytest_isolate_mpi", "pytest-isolate-mpi")])
+def test_another_mpi_marker_plugin_keeps_its_marker(tmp_path, name, dist):
+    (tmp_path / f"{name}.py").write_text(OTHER_PLUGIN)
+    got, output = run_suite(tmp_path, "-k", "two_ranks or unmarked", "-p", name)
+    assert "INTERNALERROR" not in output, output
+    outcome, text = got["test_two_ranks"]
+    assert outcome == "skipped" and "the other plugin decides" in text, output
+    assert got["test_unmarked_runs_in_the_pytest_process"][0] == "passed", output
+    assert f"leaves the `mpi` marker to {dist}" in output, output
+    assert f"-p no:{name}" in output, output

@@ -14,7 +14,6 @@ import io
 import json
 import math
 import os
-import pickle
 import shutil
 import tempfile
 
@@ -276,23 +275,6 @@ def test_failed_save_leaves_the_existing_file(tmp, monkeypatch):
     assert all_ranks(outcome is True), outcome
     assert all_ranks(bits_equal(np.load(path), old))
     assert all_ranks(glob.glob(os.path.join(tmp, "*.tmp")) == [])
-
-
-def test_pickle_round_trip_onto_an_equal_mesh():
-    mesh = init_device_mesh("cpu", (N, 1), mesh_dim_names=("a", "b"))
-    g = cf.global_array((7, 3), "float32")
-    dt = mt.distribute_tensor(g, mesh, [Shard(0), Replicate()])
-    back = pickle.loads(pickle.dumps(dt))
-    p = Problems()
-    p.expect(back.device_mesh == mesh and back.placements == dt.placements, "spec")
-    check_dtensor(p, back, g, "unpickled")
-    reducer, args = dt.__reduce__()
-    p.expect(raised(lambda: reducer(*args[:7], ("x", "y")), RuntimeError, "no equal mesh"),
-             "a mesh that does not exist")
-    if N > 1:
-        wrong = (np.zeros((7, 3), np.float32),) + args[1:]
-        p.expect(raised(lambda: reducer(*wrong), ValueError, "shard"), "another rank's local")
-    assert p == []
 
 
 # -- bad input --------------------------------------------------------------------------

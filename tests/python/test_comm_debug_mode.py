@@ -113,6 +113,14 @@ def test_missing_keys_read_zero(mesh):
     assert mode.get_total_counts() == 0
     for name in NAMES:
         assert counts[name] == 0 and nbytes[name] == 0
+    assert counts == {} and nbytes == {}  # reading a missing key adds nothing
+
+
+def test_counts_show_as_a_dict(mesh):
+    with CommDebugMode() as mode:
+        gather(mesh)
+    want = {"all_gather_into_tensor": 1} if W > 1 else {}
+    assert repr(mode.get_comm_counts()) == repr(want) and isinstance(mode.get_comm_counts(), dict)
 
 
 def test_comm_bytes_are_what_this_rank_sent(mesh):

@@ -7,7 +7,9 @@ get_parameter_info, summary(), the naming of modules, and hooks removed on exit.
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, nn
-from mpitensor.debug import CommDebugMode
+from mpitensor.debug import CommDebugMode, _comm_mode
 from mpitensor.nn import module as nn_module
 from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -128,111 +130,54 @@ def expected_table(level: int) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+class Terminal:
+    """A stand-in for sys.stdout that says it is a terminal."""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+@pytest.fixture
+def terminal(monkeypatch):
+    """Tables as printed to a terminal (pytest's capture is not one)."""
+    monkeypatch.setattr(_comm_mode, "_colours", lambda: True)
+
+
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
-def test_tracing_table_exact(traced, level):
+def test_tracing_table_exact(traced, level, terminal):
     _, _, _, mode = traced
     assert mode.generate_comm_debug_tracing_table(noise_level=level) == expected_table(level)
 
 
-def test_explicit_module_gives_the_same_trace(mesh):
-    model = parallel_mlp(mesh)
-    with CommDebugMode(model) as mode:
-        model(batch())
-    assert mode.generate_comm_debug_tracing_table(1) == expected_table(1)
+def plain(text):
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
-def test_module_counts_added_to_parents(traced):
+def test_colours_only_for_a_terminal_without_no_color(traced, monkeypatch):
     _, _, _, mode = traced
-    counts = {fqn: dict(v["forward"]) for fqn, v in mode.comm_module_counts.items()}
-    if W == 1:
-        assert counts == {}
-        return
-    one = {"all_reduce": 1}
-    assert counts == {"Global": one, "MLP": one, "MLP.net2": one}
-    assert dict(mode.get_comm_counts()) == one
-    assert mode.comm_module_bytes["MLP.net2"]["forward"]["all_reduce"] == ring_share(256)
-    assert mode.get_comm_bytes()["all_reduce"] == ring_share(256)
-
-
-def test_result_is_the_dense_mlp(traced):
-    """The trace does not change what runs: the output is the plain model's."""
-    _, x, out, _ = traced
-    np.testing.assert_allclose(out, MLP()(x), rtol=1e-12, atol=1e-12)
-
-
-def test_sharding_and_parameter_info(traced):
-    model, _, _, mode = traced
-    assert mode.get_sharding_info() == {
-        "MLP.net1.weight": (Shard(0),), "MLP.net1.bias": (Shard(0),),
-        "MLP.net2.weight": (Shard(1),), "MLP.net2.bias": (Replicate(),),
-    }
-    info = mode.get_parameter_info()
-    assert list(info) == ["MLP.net1", "MLP.net2"]
-    assert list(info["MLP.net1"]) == ["weight", "bias"]
-    assert info["MLP.net2"]["weight"] is model.net2.weight
-    assert all(isinstance(p, DTensor) for params in info.values() for p in params.values())
-
-
-def test_plain_parameters_listed_without_sharding(mesh):
-    model = MLP()
-    with CommDebugMode() as mode:
-        model(batch())
-    assert mode.get_sharding_info() == {}
-    assert mode.get_parameter_info()["MLP.net1"]["weight"] is model.net1.weight
-    assert "*Parameter List" not in mode.generate_comm_debug_tracing_table(1)
-
-
-def test_json_dump_exact(traced, tmp_path_factory):
-    _, _, _, mode = traced
-    path = tmp_path_factory.mktemp(f"json{RANK}") / "comm.json"
-    mode.generate_json_dump(str(path), noise_level=2)
-    root = json.loads(path.read_text())
-    keys = ["fqn", "module_type", "parameters", "children", "collectives_forward",
-            "collective_bytes_forward", "collectives_backward", "operations_forward",
-            "operations_backward", "operations_checkpointing"]
-    assert list(root) == keys
-    mlp = root["children"][0]
-    assert [root["fqn"], mlp["fqn"]] == ["Global", "MLP"]
-    assert [c["fqn"] for c in mlp["children"]] == ["MLP.net1", "MLP.relu", "MLP.net2"]
-    net1, relu, net2 = mlp["children"]
-    assert [mlp["module_type"], net1["module_type"], relu["module_type"]] == [
-        MLP_TYPE, LINEAR_TYPE, RELU_TYPE]
-    assert net1["parameters"] == [["weight", "(Shard(dim=0),)"], ["bias", "(Shard(dim=0),)"]]
-    assert net2["parameters"] == [["weight", "(Shard(dim=1),)"], ["bias", "(Replicate(),)"]]
-    assert relu["parameters"] == [] and relu["operations_forward"] == []
-    assert [o["name"] for o in net2["operations_forward"]] == (
-        ["linear", "DTensor.redistribute"]
-        + (["all_reduce"] if W > 1 else []))
-    first = net1["operations_forward"][0]
-    assert first == {"name": "linear", "input_shape": ["(4, 8)", "(16, 8)"],
-                     "input_sharding": ["(Replicate(),)", "(Shard(dim=0),)"],
-                     "device_mesh": f"DeviceMesh('cpu', {list(range(W))})",
-                     "is_bw": False, "is_activation_checkpointing": False}
-    expect = [["all_reduce", 1]] if W > 1 else []
-    for node in (root, mlp, net2):
-        assert node["collectives_forward"] == expect
-        assert node["collective_bytes_forward"] == (
-            [["all_reduce", ring_share(256)]] if W > 1 else [])
-    for node in (net1, relu):
-        assert node["collectives_forward"] == [] and node["children"] == []
-    assert root["operations_forward"] == [] and root["module_type"] == ""
-
-
-def test_json_noise_level_zero_has_no_operations(traced, tmp_path_factory):
-    _, _, _, mode = traced
-    path = tmp_path_factory.mktemp(f"json0{RANK}") / "comm.json"
-    mode.generate_json_dump(str(path), noise_level=0)
-    root = json.loads(path.read_text())
-
-    def walk(node):
-        yield node
-        for child in node["children"]:
-            yield from walk(child)
-
-    nodes = list(walk(root))
-    assert [n["fqn"] for n in nodes] == ["Global", "MLP", "MLP.net1", "MLP.relu", "MLP.net2"]
-    assert all(n["operations_forward"] == [] and n["module_type"] == ""
-               and n["parameters"] == [] for n in nodes)
+    for name in ("NO_COLOR", "FORCE_COLOR", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with monkeypatch.context() as m:
+        m.setattr(sys, "stdout", Terminal())
+        assert _comm_mode._colours()
+        m.setenv("OMPI_COMM_WORLD_SIZE", "4")  # a rank's terminal is mpiexec's pty
+        assert not _comm_mode._colours()
+        m.setenv("FORCE_COLOR", "1")
+        assert _comm_mode._colours()
+        assert mode.generate_comm_debug_tracing_table(noise_level=2) == expected_table(2)
+        m.setenv("NO_COLOR", "1")
+        assert not _comm_mode._colours()
+        assert mode.generate_comm_debug_tracing_table(noise_level=2) == plain(expected_table(2))
+    with open(os.devnull, "w") as devnull, monkeypatch.context() as m:
+        m.setattr(sys, "stdout", devnull)  # a file, not a terminal
+        assert not _comm_mode._colours()
+        assert mode.generate_comm_debug_tracing_table(noise_level=2) == plain(expected_table(2))
 
 
 def test_log_to_file_has_no_colour_codes(traced, tmp_path_factory):
@@ -241,7 +186,7 @@ def test_log_to_file_has_no_colour_codes(traced, tmp_path_factory):
     mode.log_comm_debug_tracing_table_to_file(str(path), noise_level=2)
     text = path.read_text()
     assert "\033" not in text
-    assert text == re.sub(r"\x1b\[[0-9;]*m", "", expected_table(2))
+    assert text == plain(expected_table(2))
 
 
 def test_summary(traced):
@@ -320,7 +265,7 @@ def test_operations_outside_modules_and_trivial_ones(mesh):
     assert "**numpy.transpose" in mode.generate_comm_debug_tracing_table(3)
 
 
-def test_nested_modes_both_trace(mesh):
+def test_nested_modes_both_trace(mesh, terminal):
     model = parallel_mlp(mesh)
     with CommDebugMode() as outer:
         with CommDebugMode() as inner:

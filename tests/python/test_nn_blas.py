@@ -157,6 +157,24 @@ def test_unusable_library_warns_and_numpy_computes(monkeypatch, restore_blas):
         assert _blas.use(path) == "none"
 
 
+def test_openblas_is_the_library_numpy_loaded(restore_blas):
+    """Found through threadpoolctl, not NumPy's wheel's file layout: the same file
+    as NumPy's BLAS, so its gemm is np.matmul's."""
+    from threadpoolctl import threadpool_info
+
+    numpy_blas = [i["filepath"] for i in threadpool_info()
+                  if i["user_api"] == "blas" and i["internal_api"] == "openblas"]
+    if _blas.use("openblas") != "openblas":
+        assert numpy_blas == []
+        pytest.skip("this NumPy loaded no OpenBLAS")
+    assert _blas.library() in numpy_blas
+    x, w = data((4, 9), np.float64), data((6, 9), np.float64)
+    assert mt._C.kernels_have_blas()
+    out = np.empty((4, 6))
+    mt._C.gemm(x, w, out, True, 1.0, 0.0)
+    np.testing.assert_allclose(out, ref_linear(x, w, None), **TOL[np.float64])
+
+
 def test_a_library_path_with_lp64_cblas(restore_blas):
     """MKL's runtime library named by its path: the plain LP64 cblas_sgemm."""
     try:

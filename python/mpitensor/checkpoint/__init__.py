@@ -24,8 +24,9 @@ from .._api import DTensor
 from .._args import resolve_mesh
 from ..device_mesh import _mesh_stack, init_device_mesh
 from . import _agree, _directory, _npy, _tensor
+from ._pickle import DTensorShard, assemble
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "DTensorShard", "assemble"]
 
 _world_mesh = []
 
@@ -123,7 +124,7 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     Example (``mpiexec -n 3``)::
 
         >>> mesh = init_device_mesh("cpu", (3,))
-        >>> w = mpitensor.load("ckpt/w.npy", mesh, [Shard(0)])  # rows 2, 1, 1
+        >>> w = mpitensor.load("ckpt/w.npy", mesh, [Shard(0)])  # 4 rows: 2, 2, 0 (torch.chunk)
         >>> sd = mpitensor.load("ckpt", mesh, {"w": [Shard(1)]})
     """
     path = os.path.abspath(os.fspath(path))

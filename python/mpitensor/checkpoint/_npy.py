@@ -15,8 +15,6 @@ import numpy as np
 from numpy.lib import format as npformat
 
 MAGIC = b"\x93NUMPY"
-# NumPy pads the header so that the data starts on this boundary.
-ALIGN = 64
 # numpy.load refuses headers above 10000 bytes unless told otherwise; a prefix
 # this long holds every header it accepts.
 PREFIX_BYTES = 16384
@@ -37,22 +35,16 @@ class NpyHeader(NamedTuple):
 
 
 def encode(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    """The header numpy.save writes for a C-order array, byte for byte (version 1.0
-    when the header fits its 16-bit length, else 2.0). Local."""
-    shape = tuple(int(s) for s in shape)
-    fields = {"descr": npformat.dtype_to_descr(dtype), "fortran_order": False,
-              "shape": shape}
-    text = "{" + "".join(f"'{k}': {v!r}, " for k, v in fields.items()) + "}"
-    # NumPy leaves room to grow the first dim in place (GROWTH_AXIS_MAX_DIGITS).
-    text += " " * (21 - len(repr(shape[0])) if shape else 0)
-    body = text.encode("latin1")
-    for version, lenbytes in (((1, 0), 2), ((2, 0), 4)):
-        pad = ALIGN - (len(MAGIC) + 2 + lenbytes + len(body) + 1) % ALIGN
-        head = body + b" " * pad + b"\n"
-        if len(head) < 256 ** lenbytes:
-            return (MAGIC + bytes(version) + len(head).to_bytes(lenbytes, "little")
-                    + head)
-    raise ValueError(f"a header for shape {shape} does not fit the .npy format")
+    """The header numpy.save writes for a C-order array, byte for byte: NumPy's own
+    writer. Local.
+
+    Version 1.0 always fits: its 16-bit length holds the header of any numeric dtype
+    and any shape of at most 64 dims (numpy.save moves to 2.0 only beyond)."""
+    out = io.BytesIO()
+    npformat.write_array_header_1_0(out, {"descr": npformat.dtype_to_descr(dtype),
+                                          "fortran_order": False,
+                                          "shape": tuple(int(s) for s in shape)})
+    return out.getvalue()
 
 
 def header_end(prefix: bytes) -> int:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import sys
 from collections import defaultdict
 
 from .. import _C, _trace
@@ -30,8 +32,31 @@ _ANSI = re.compile(r"\x1B\[[0-?]*[ -/]*[@-~]")
 _YELLOW, _RED, _RESET = "\033[1;33m", "\033[1;31m", "\033[0m"
 
 
-def _diff(now: dict, then: dict, index: int) -> defaultdict:
-    out: defaultdict = defaultdict(int)
+class Counts(dict):
+    """A dict of counts whose missing keys count 0 (as torch's defaultdict(int)),
+    shown as a plain dict."""
+
+    def __missing__(self, key) -> int:
+        return 0
+
+
+def _colours() -> bool:
+    """ANSI colours for a terminal: never under NO_COLOR, always under FORCE_COLOR
+    (no-color.org, force-color.org). A rank of an MPI job gets none by default:
+    Open MPI gives every rank a pseudo-terminal whatever mpiexec's own output is
+    (a pipe, a file)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    if any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")):
+        return False
+    isatty = getattr(sys.stdout, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _diff(now: dict, then: dict, index: int) -> Counts:
+    out = Counts()
     for name, value in now.items():
         delta = value[index] - then[name][index]
         if delta:
@@ -166,16 +191,16 @@ class CommDebugMode:
                 self._record_operation(collective, [], [], mesh)
 
     # -- counts ----------------------------------------------------------------------------
-    def get_comm_counts(self) -> defaultdict:
-        """``{collective name: calls}`` inside the context (so far, while inside it).
-        Local: this rank's calls.
+    def get_comm_counts(self) -> Counts:
+        """``{collective name: calls}`` inside the context (so far, while inside it);
+        a collective that did not run counts 0. Local: this rank's calls.
 
         Example: ``comm_mode.get_comm_counts()["all_reduce"]`` is 1 after one
         ``Partial -> Replicate`` redistribute.
         """
         return _diff(*self._window(), 0)
 
-    def get_comm_bytes(self) -> defaultdict:
+    def get_comm_bytes(self) -> Counts:
         """``{collective name: payload bytes this rank delivered to other ranks}``.
         Local.
 
@@ -244,7 +269,10 @@ class CommDebugMode:
         1 also module types, DTensor parameters and DTensor operations (shapes,
         placements, mesh) except trivial ones; 2 also operations without DTensor
         inputs (the collectives themselves); 3 also trivial operations (views).
-        Collective and operation lines carry ANSI colours, as torch's. Local.
+        Collective and operation lines carry ANSI colours, as torch's, when
+        standard output is a terminal (not under mpiexec, whose ranks all write to
+        pseudo-terminals) and ``NO_COLOR`` is unset, or when ``FORCE_COLOR`` is
+        set. Local.
 
         Example::
 
@@ -256,6 +284,7 @@ class CommDebugMode:
         self._settle()
         with_module_data = _noise(noise_level)[0]
         tracker = self.advanced_module_tracker
+        yellow, red, reset = (_YELLOW, _RED, _RESET) if _colours() else ("", "", "")
         lines = []
         for fqn, info in tracker.module_helper_dict.items():
             indent = "  " * (2 * info["depth"])
@@ -272,14 +301,14 @@ class CommDebugMode:
             lines.append(f"{indent}  FORWARD PASS")
             c_indent = "  " * (2 * info["depth"] + 2)
             o_indent = "  " * (2 * info["depth"] + 3)
-            lines += [f"{_YELLOW}{c_indent}*{name}: {count} ({nbytes} B){_RESET}"
+            lines += [f"{yellow}{c_indent}*{name}: {count} ({nbytes} B){reset}"
                       for name, count, nbytes in collectives]
             for op in operations:
-                lines.append(f"{_YELLOW}{c_indent}**{op['name']}{_RESET}")
+                lines.append(f"{yellow}{c_indent}**{op['name']}{reset}")
                 if op["input_shape"]:
-                    lines.append(f"{_RED}{o_indent}shape: {op['input_shape']}{_RESET}")
-                    lines.append(f"{_RED}{o_indent}sharding: {op['input_sharding']}{_RESET}")
-                    lines.append(f"{_RED}{o_indent}device mesh: {op['device_mesh']}{_RESET}")
+                    lines.append(f"{red}{o_indent}shape: {op['input_shape']}{reset}")
+                    lines.append(f"{red}{o_indent}sharding: {op['input_sharding']}{reset}")
+                    lines.append(f"{red}{o_indent}device mesh: {op['device_mesh']}{reset}")
         return "".join(line + "\n" for line in lines)
 
     def log_comm_debug_tracing_table_to_file(self, file_name: str = "comm_mode_log.txt",

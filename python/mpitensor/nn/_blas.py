@@ -3,7 +3,8 @@ chosen at import and installed into mpitensor._C (the C core links no BLAS).
 
 ``MPITENSOR_BLAS`` picks it: ``mkl`` (the ``mkl`` package's libmkl_rt, as
 ``pip install mpitensor[mkl]`` brings it), ``openblas`` or ``numpy`` (the OpenBLAS
-NumPy's wheel bundles, called through its prefixed ILP64 symbols), the path of a
+NumPy loaded, found by threadpoolctl, called through its CBLAS symbols: the same
+library and functions as np.matmul's), the path of a
 library that exports ``cblas_sgemm``/``cblas_dgemm`` (LP64), or ``none`` (NumPy
 computes). Unset, MKL when it is installed, else NumPy's OpenBLAS when its symbols
 are found, else none. A library that cannot be loaded gives a RuntimeWarning
@@ -71,14 +72,22 @@ def _mkl_path() -> str:
 
 
 def _openblas_path() -> str:
-    """The OpenBLAS bundled in NumPy's wheel (numpy.libs, next to the package)."""
-    import numpy
+    """The OpenBLAS that NumPy loaded, as threadpoolctl finds it among the libraries
+    of this process (NumPy's wheel bundles scipy-openblas; a NumPy built against a
+    system OpenBLAS loads that). NumPy's wheel's own file layout is no API."""
+    import numpy  # noqa: F401  (NumPy loads its BLAS at import)
 
-    site = os.path.dirname(os.path.dirname(numpy.__file__))
-    libs = sorted(glob.glob(os.path.join(site, "numpy.libs", "libscipy_openblas*.so*")))
-    if not libs:
-        raise _LoadError("this NumPy bundles no scipy-openblas library")
-    return libs[0]
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        raise _LoadError("threadpoolctl is not installed (pip install threadpoolctl)") from None
+    found = [i for i in threadpool_info()
+             if i.get("user_api") == "blas" and i.get("internal_api") == "openblas"]
+    # NumPy's wheel's build first: its prefix names the symbols tried below.
+    found.sort(key=lambda i: i.get("prefix") != "libscipy_openblas")
+    if not found:
+        raise _LoadError("NumPy loaded no OpenBLAS")
+    return found[0]["filepath"]
 
 
 def _load(path: str):
@@ -114,12 +123,17 @@ def _open_mkl():
     return "mkl", path, lib, s, d, False
 
 
+# CBLAS gemm names an OpenBLAS exports: scipy-openblas prefixes "scipy_", and an
+# ILP64 build (64-bit integers, as NumPy's wheel's) suffixes "64_".
+_OPENBLAS_GEMMS = [(f"{prefix}cblas_sgemm{suffix}", f"{prefix}cblas_dgemm{suffix}")
+                   for prefix in ("scipy_", "") for suffix in ("64_", "")]
+
+
 def _open_openblas():
     path = _openblas_path()
     lib = _load(path)
-    i, (s, d) = _symbols(lib, [("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_"),
-                               ("scipy_cblas_sgemm", "scipy_cblas_dgemm")])
-    return "openblas", path, lib, s, d, i == 0
+    i, (s, d) = _symbols(lib, _OPENBLAS_GEMMS)
+    return "openblas", path, lib, s, d, _OPENBLAS_GEMMS[i][0].endswith("64_")
 
 
 def _open_path(path: str):

@@ -51,7 +51,7 @@ def _c(a):
 
 def _linear_by_gemm() -> bool:
     """Whether linear calls the provider's gemm: not with NumPy's own OpenBLAS,
-    which np.matmul calls already (and as fast, see docs/benchmarks.md)."""
+    which np.matmul calls already (benchmarks/tensor_parallel.py compares them)."""
     return enabled and _blas.provider() not in ("none", "openblas")
 
 

@@ -57,6 +57,9 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False,
         ...
           global index (0,) on rank 0: actual 1.0, expected 0.0
     """
+    # pytest leaves these frames out of a failure's traceback: the report stops at
+    # the test's own line, the same on every rank, so the plugin shows it once.
+    __tracebackhide__ = True
     if (rtol is None) != (atol is None):
         raise ValueError("assert_close: give both rtol and atol, or neither")
     if rtol is None:
@@ -82,12 +85,14 @@ def assert_equal(actual, expected, *, check_dtype=True, msg=None) -> None:
         AssertionError: Arrays are not equal
         ...
     """
+    __tracebackhide__ = True
     _compare(actual, expected, 0, 0, True, check_dtype, "Arrays are not equal", msg)
 
 
 # -- one comparison, two callers ----------------------------------------------------
 
 def _compare(actual, expected, rtol, atol, equal_nan, check_dtype, head, msg) -> None:
+    __tracebackhide__ = True
     lead = actual if isinstance(actual, DTensor) else expected
     if not isinstance(lead, DTensor):
         mine = _local_verdict(np.asarray(actual), expected, None, rtol, atol,
@@ -235,6 +240,7 @@ def _allgather_over_mesh(item, mesh) -> list:
 # -- the message -------------------------------------------------------------------
 
 def _raise_if_failed(verdicts, actual, expected, head, msg) -> None:
+    __tracebackhide__ = True
     failed = [v for v in verdicts if v["problem"] or v["count"]]
     if not failed:
         return

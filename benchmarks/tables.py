@@ -1,0 +1,263 @@
+"""The tables of docs/performance.md, generated from the benchmarks' JSON results.
+
+    python benchmarks/tables.py            # rewrite the tables in docs/performance.md
+    python benchmarks/tables.py --check    # exit 1 when the page differs from the JSON
+
+Each table sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` on the
+page and is made from ``benchmarks/results/*.json`` (committed; `make bench`
+rewrites them and runs this script), so the figures on the page are always those
+of the committed results. A benchmark without results gets a line that says so.
+Every figure is a ratio or a difference of two variants timed interleaved in the
+same run: ``median [low..high]`` is the median over repetitions and the range of
+the per-repetition ratio (its interquartile range where the JSON has one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+PAGE = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
+# The plots of the same results (benchmarks/plot.py --out docs/img/perf), shown
+# under their tables when present.
+PLOTS = os.path.join(os.path.dirname(HERE), "docs", "img", "perf")
+MARKER = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
+
+
+def load(results: str) -> dict:
+    """{(kind, np, torch?): data} of every result file, e.g. ("redistribute", 2, False)."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(results, "*.json"))):
+        m = re.fullmatch(r"(\w+)-np(\d+)(-torch)?", os.path.splitext(os.path.basename(path))[0])
+        if m:
+            with open(path) as f:
+                out[(m.group(1), int(m.group(2)), bool(m.group(3)))] = json.load(f)
+    return out
+
+
+def size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def ranged(median: float, low: float, high: float, digits: int = 2) -> str:
+    return f"{median:.{digits}f} [{low:.{digits}f}..{high:.{digits}f}]"
+
+
+def stat(s: dict, digits: int = 2) -> str:
+    """A {median, min, max[, q1, q3]} dict: median and IQR, else min..max."""
+    low, high = (s["q1"], s["q3"]) if "q1" in s else (s["min"], s["max"])
+    return ranged(s["median"], low, high, digits)
+
+
+def table(header: list, rows: list) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def machine(data: dict) -> dict:
+    """The machine block of a result, whatever the benchmark calls it."""
+    m = data.get("machine") or data.get("info") or data.get("meta") or {}
+    load_avg = m.get("loadavg_start") or m.get("load_avg") or ["?"]
+    load_avg = load_avg[0] if isinstance(load_avg, list) else load_avg
+    return {"date": str(m.get("date") or m.get("when") or "?")[:16].replace("T", " "),
+            "commit": m.get("git") or m.get("revision") or "?",
+            "cpu": f"{m.get('cpu', '?')}, {m.get('cores', m.get('cpus', '?'))} cores",
+            "load": f"{float(load_avg):.2f}" if load_avg != "?" else "?",
+            "mpi": str(m.get("mpi", "")).rstrip("\0").split(",")[0] or "?",
+            "numpy": m.get("numpy", "?"), "python": m.get("python", "?")}
+
+
+def conditions(results: dict) -> str:
+    rows = []
+    for (kind, n, torch), data in sorted(results.items()):
+        m = machine(data)
+        rows.append([f"`{kind}.py`" + (" with torch" if torch else ""), n, m["date"],
+                     f"`{m['commit']}`", m["cpu"], m["load"], m["mpi"], m["numpy"]])
+    return table(["benchmark", "np", "run (UTC)", "commit", "CPU", "load average",
+                  "MPI", "NumPy"], rows)
+
+
+def redistribute(results: dict) -> str:
+    out = []
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "redistribute":
+            continue
+        points = data["points"]
+        sizes = sorted({p["bytes"] for p in points})
+        rows = []
+        for name in dict.fromkeys(p["transition"] for p in points):
+            by_size = {p["bytes"]: p for p in points if p["transition"] == name}
+            first = next(iter(by_size.values()))
+            cells = []
+            for b in sizes:
+                s = by_size[b]["summary"] if b in by_size else None
+                cells.append("" if s is None else ranged(
+                    s["ratio"], s.get("ratio_p25", s["ratio_min"]),
+                    s.get("ratio_p75", s["ratio_max"])))
+            small = by_size[sizes[0]]["summary"].get("overhead_us") if sizes[0] in by_size else None
+            rows.append([name, first["raw"], *cells, "" if small is None else f"{small:.1f}"])
+        out.append(f"np {n}{' (more ranks than cores)' if n > data['machine'].get('cores', n) else ''}"
+                   f": time of `redistribute` / time of the raw mpi4py call, by local input "
+                   f"per rank\n\n" + table(["transition", "raw MPI call", *map(size, sizes),
+                                            f"us above raw at {size(sizes[0])}"], rows))
+        torch_rows = [[p["transition"], size(p["bytes"]), ranged(
+            p["summary"]["torch_over_mt"], p["summary"]["torch_over_mt_min"],
+            p["summary"]["torch_over_mt_max"])] for p in points if "torch_over_mt" in p["summary"]]
+        if torch_rows:
+            out.append(f"np {n}: time of torch DTensor (gloo) / time of mpitensor\n\n"
+                       + table(["transition", "local input", "torch / mpitensor"], torch_rows))
+    return "\n".join(out)
+
+
+def dispatch(results: dict) -> str:
+    out = []
+    columns = [("overhead_us", "cached (C fast path)"), ("slow_overhead_us", "Python path"),
+               ("miss_overhead_us", "decision not cached"),
+               ("torch_overhead_us", "torch DTensor, cached")]
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "dispatch":
+            continue
+        # Only the smallest size: above it the operation's own jitter swamps a
+        # sub-microsecond overhead (the JSON has every size).
+        smallest = min(r["n"] for r in data["results"])
+        rows_in = [r for r in data["results"] if r["n"] == smallest]
+        present = [(k, label) for k, label in columns if any(k in r for r in rows_in)]
+        rows = [[r["op"], f"{r['n']} x {r['n']}", *(stat(r[k]) if k in r else ""
+                                                     for k, _ in present)] for r in rows_in]
+        out.append(f"np {n}: microseconds above NumPy on the local arrays, per call "
+                   f"(median [IQR])\n\n" + table(["operation", "global shape",
+                                                  *(label for _, label in present)], rows))
+    return "\n".join(out)
+
+
+def tensor_parallel(results: dict) -> str:
+    out = []
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "tensor_parallel":
+            continue
+        has_torch = any("torch_over_tp" in r for r in data["rows"])
+        rows = [[r["model"], r["hidden"], r["tokens"], stat(r["speedup"]),
+                 *([stat(r["torch_over_tp"])] if "torch_over_tp" in r else
+                   ([""] if has_torch else []))] for r in data["rows"]]
+        meta = data.get("meta", {})
+        out.append(f"np {n}, BLAS `{meta.get('mpitensor_blas', '?')}`: forward of one "
+                   f"process / tensor-parallel forward (speed-up)\n\n"
+                   + table(["model", "hidden", "tokens", "speed-up",
+                            *(["torch TP / mpitensor TP"] if has_torch else [])], rows))
+    return "\n".join(out)
+
+
+def checkpoint(results: dict) -> str:
+    out = []
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "checkpoint":
+            continue
+        rows = [[r["layout"], size(r["bytes"]), stat(r["save"]["ratio"]),
+                 stat(r["load"]["ratio"])] for r in data["results"]]
+        out.append(f"np {n}: bandwidth of `mt.save` / `mt.load` over `numpy.save` / "
+                   f"`numpy.load` of the whole array by one process\n\n"
+                   + table(["placements", "array", "save", "load"], rows))
+    return "\n".join(out)
+
+
+def context_parallel(results: dict) -> str:
+    out = []
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "context_parallel":
+            continue
+        summary, peak, args = data["summary"], data["peak_bytes_per_rank"], data["args"]
+        rows = [[name, ranged(s["speedup_median"], s["speedup_min"], s["speedup_max"]),
+                 f"{peak[name] / peak['np1']:.2f}"] for name, s in summary.items()
+                if name != "np1"]
+        out.append(f"np {n}, {args['seq']} tokens, {args['heads']} heads of {args['dim']}, "
+                   f"{args['dtype']}{', causal' if args.get('causal') else ''}: against the "
+                   f"whole sequence on one rank\n\n"
+                   + table(["attention", "speed-up", "peak memory per rank / one rank's"],
+                           rows))
+    return "\n".join(out)
+
+
+def debug(results: dict) -> str:
+    out = []
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "debug":
+            continue
+        checks = [[f"{r['n']} x {r['n']}", stat(r["off_us"]), stat(r["on_us"]),
+                   stat(r["ratio"])] for r in data["rows"] if r["case"] == "checks"]
+        hooks = [[f"{r['n']} x {r['n']}", stat(r["overhead_ns"], 0)]
+                 for r in data["rows"] if r["case"] == "hooks"]
+        text = (f"np {n}: `Shard(0) -> Replicate` with `set_collective_checks(True)` "
+                f"(us per call)\n\n" + table(["global shape", "off", "on", "on / off"], checks))
+        if hooks:
+            text += ("\nDebug hooks with logging off, `a + b` (ns per call above no hooks)\n\n"
+                     + table(["global shape", "overhead"], hooks))
+        out.append(text)
+    return "\n".join(out)
+
+
+TABLES = {"conditions": conditions, "redistribute": redistribute, "dispatch": dispatch,
+          "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
+          "context_parallel": context_parallel, "debug": debug}
+
+
+def figures(name: str, results: dict, plots: str) -> str:
+    """Image lines for the plots of ``name``'s results that exist in ``plots``."""
+    lines = []
+    for kind, n, torch in sorted(results):
+        base = f"{kind}-np{n}{'-torch' if torch else ''}.png"
+        if kind == name and os.path.exists(os.path.join(plots, base)):
+            lines.append(f"![{kind} at np {n}{' with torch' if torch else ''}](img/perf/{base})")
+    return "\n" + "\n\n".join(lines) + "\n" if lines else ""
+
+
+def render(page: str, results: dict, plots: str = PLOTS) -> str:
+    """``page`` with every marked table made from ``results``, and the plots of
+    ``plots`` that belong to them."""
+    def fill(m):
+        name = m.group(2)
+        if name not in TABLES:
+            raise ValueError(f"docs/performance.md marks an unknown table {name!r}")
+        text = TABLES[name](results) if results else ""
+        if not text.strip():
+            text = ("No committed results yet: run `make bench`.\n" if name == "conditions"
+                    else f"No committed results of `benchmarks/{name}.py` yet: run "
+                         f"`make bench`, which rewrites this table.\n")
+        return m.group(1) + text + figures(name, results, plots) + m.group(4)
+
+    return MARKER.sub(fill, page)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--page", default=PAGE)
+    ap.add_argument("--plots", default=PLOTS)
+    ap.add_argument("--check", action="store_true", help="only compare, exit 1 on a difference")
+    args = ap.parse_args()
+    with open(args.page) as f:
+        page = f.read()
+    new = render(page, load(args.results), args.plots)
+    if args.check:
+        if new != page:
+            print(f"{args.page} differs from the tables of {args.results}: run "
+                  f"python benchmarks/tables.py", file=sys.stderr)
+            return 1
+        return 0
+    with open(args.page, "w") as f:
+        f.write(new)
+    print(f"wrote the tables of {args.page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

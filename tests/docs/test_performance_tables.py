@@ -1,0 +1,45 @@
+"""docs/performance.md shows the figures of the committed benchmark results: its
+tables are what benchmarks/tables.py makes of benchmarks/results/*.json, so they
+cannot drift from them. Plain pytest: `python -m pytest tests/docs`."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
+tables = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tables)
+
+
+def page() -> str:
+    return (ROOT / "docs" / "performance.md").read_text()
+
+
+def test_the_page_shows_the_committed_results():
+    results = tables.load(ROOT / "benchmarks" / "results")
+    assert results, "no committed results in benchmarks/results"
+    assert tables.render(page(), results) == page(), (
+        "docs/performance.md differs from benchmarks/results: run python benchmarks/tables.py")
+
+
+def test_every_marked_table_has_a_generator():
+    names = [m.group(2) for m in tables.MARKER.finditer(page())]
+    assert sorted(names) == sorted(tables.TABLES)
+
+
+def test_a_changed_result_changes_the_page():
+    results = tables.load(ROOT / "benchmarks" / "results")
+    key = next(k for k in results if k[0] == "redistribute")
+    changed = copy.deepcopy(results)
+    changed[key]["points"][0]["summary"]["ratio"] = 123.456
+    assert "123.46 [" in tables.render(page(), changed)
+    assert tables.render(page(), changed) != page()
+
+
+def test_a_benchmark_without_results_says_so():
+    text = tables.render(page(), {})
+    assert "No committed results of `benchmarks/checkpoint.py` yet" in text
+    assert "No committed results yet: run `make bench`." in text
