@@ -116,7 +116,7 @@ test-lint: $(VENV)/.deps
 	  -DMPITENSOR_BUILD_TESTS=ON -DMPITENSOR_WERROR=ON \
 	  -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
 	$(VENV)/bin/cmake --build build/lint -j2
-	ls csrc/core/*.c csrc/comm/*.c csrc/io/*.c csrc/kernels/*.c csrc/ext/*.c | grep -v -x -F -f .clang-tidy-skip \
+	ls csrc/*/*.c | grep -v -x -F -f .clang-tidy-skip \
 	  | xargs -P2 -n4 clang-tidy -p build/lint --quiet 2>/dev/null
 	cppcheck --quiet --error-exitcode=1 --enable=warning,style,performance,portability \
 	  --std=c11 --library=python --inline-suppr --suppressions-list=.cppcheck-suppressions \
@@ -125,11 +125,12 @@ test-lint: $(VENV)/.deps
 
 # libFuzzer over layout and planning for FUZZ_SECONDS; the corpus in build/fuzz
 # grows from run to run. A crash leaves its input as build/fuzz/crash-*.
-FUZZ_SRC := tests/fuzz/fuzz_plan.c csrc/core/status.c csrc/core/layout.c csrc/core/plan.c
-build/fuzz/fuzz_plan: $(FUZZ_SRC) $(wildcard csrc/*/*.h csrc/include/mpitensor/*.h) | system-deps
+FUZZ_SRC := tests/fuzz/fuzz_plan.c csrc/core/status.c csrc/core/layout.c \
+  csrc/core/placement.c csrc/core/plan.c
+build/fuzz/fuzz_plan: $(FUZZ_SRC) $(wildcard csrc/core/*.h csrc/include/mpitensor/*.h) | system-deps
 	mkdir -p build/fuzz/corpus
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-	  -Icsrc/include -Icsrc/core -Icsrc/comm -Icsrc/io -Icsrc/kernels $(FUZZ_SRC) -lm -o $@
+	  -Icsrc/include -Icsrc/core $(FUZZ_SRC) -lm -o $@
 
 test-fuzz: build/fuzz/fuzz_plan
 	@cd build/fuzz && ./fuzz_plan -max_total_time=$(FUZZ_SECONDS) -max_len=64 -timeout=60 \

@@ -1,30 +1,34 @@
-/* Helpers shared by the core's MPI translation units (mesh, counters, executor). */
+/* Helpers shared by the comm library's translation units (mesh, executors,
+ * distribute, ring, agreement); not part of the public API. */
 #ifndef MPITENSOR_COMM_PRIVATE_H
 #define MPITENSOR_COMM_PRIVATE_H
 
 #include <mpi.h>
 #include <stdint.h>
 
-#include "core-private.h"
-#include "mpitensor/comm.h"
-
-/* Turns an MPI error code into MT_EMPI with MPI's own explanation of it. */
-int mt__mpi_fail(mt_error *err, int rc, const char *what);
+#include "mpitensor/counters.h"
+#include "mpitensor/layout.h"
+#include "mpitensor/mesh.h"
+#include "mpitensor/status.h"
 
 /* Returns from the enclosing function with MT_EMPI when an MPI call fails; the
  * function must have an `mt_error *err` in scope. */
-#define MT__MPI_TRY(call, what)                                        \
-  do {                                                                 \
-    int mt_mpi_rc_ = (call);                                           \
-    if (mt_mpi_rc_ != MPI_SUCCESS) return mt__mpi_fail(err, mt_mpi_rc_, what); \
+#define MT__MPI_TRY(call, what)                                                \
+  do {                                                                         \
+    int mt_mpi_rc_ = (call);                                                   \
+    if (mt_mpi_rc_ != MPI_SUCCESS) return mt_mpi_error(err, mt_mpi_rc_, what); \
   } while (0)
 
-/* Records one collective call of `kind` that delivered `bytes` of payload from
- * this process to other ranks. */
-void mt__count(int kind, int64_t bytes);
+/* Counts one collective of `kind` on `mesh` that delivered `bytes` of payload from
+ * this process to other ranks, into the mesh's counters (if any). */
+static inline void mt__count(const mt_mesh *mesh, int kind, int64_t bytes) {
+  mt_comm_count(mt_mesh_counters(mesh), kind, bytes);
+}
 
-/* The communicator of all members of a mesh, ordered by row-major mesh position.
- * For a slice it is created on first use: Collective on the slice's members then. */
-int mt__mesh_flat_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err);
+/* The box of the rank whose coordinate is `coord` with mesh dim `m` set to `k`
+ * (m < 0: `coord` itself), for a layout already validated: the member boxes of a
+ * group along one mesh dim, as the executors walk them (redistribute.c). */
+void mt__box_at(const mt_layout *layout, const int64_t *coord, int m, int64_t k,
+                mt_box *out);
 
 #endif

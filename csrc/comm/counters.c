@@ -1,22 +1,21 @@
-/* Process-wide communication counters: one atomic cell per collective kind, so a
- * CommDebugMode sees every collective of every mesh, and counting costs a few ns. */
-#include <stdatomic.h>
+/* Communication counters (counters.h): atomic cells in a struct the caller owns, so
+ * counting costs a few ns and keeps no state in the library. */
+#include "mpitensor/counters.h"
 
-#include "comm-private.h"
-
-static atomic_llong calls[MT_COLL_COUNT];
-static atomic_llong bytes[MT_COLL_COUNT];
-
-void mt__count(int kind, int64_t nbytes) {
-  if (kind < 0 || kind >= MT_COLL_COUNT) return;
-  atomic_fetch_add_explicit(&calls[kind], 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&bytes[kind], (long long)nbytes, memory_order_relaxed);
+void mt_comm_count(mt_comm_counters *counters, int coll, int64_t nbytes) {
+  if (counters == NULL || coll < 0 || coll >= MT_COLL_COUNT) return;
+  atomic_fetch_add_explicit(&counters->calls[coll], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&counters->bytes[coll], nbytes, memory_order_relaxed);
 }
 
-void mt_comm_counters_get(mt_comm_counters *out) {
+void mt_comm_counters_read(const mt_comm_counters *counters, mt_comm_totals *out) {
   for (int k = 0; k < MT_COLL_COUNT; ++k) {
-    out->calls[k] = (int64_t)atomic_load_explicit(&calls[k], memory_order_relaxed);
-    out->bytes[k] = (int64_t)atomic_load_explicit(&bytes[k], memory_order_relaxed);
+    out->calls[k] = counters == NULL ? 0
+                                     : atomic_load_explicit(&counters->calls[k],
+                                                            memory_order_relaxed);
+    out->bytes[k] = counters == NULL ? 0
+                                     : atomic_load_explicit(&counters->bytes[k],
+                                                            memory_order_relaxed);
   }
 }
 

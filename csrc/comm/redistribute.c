@@ -3,13 +3,17 @@
  * Every step has a start and a finish. Blocking execution calls the blocking MPI
  * collective in start and has nothing to wait for; asynchronous execution calls
  * the nonblocking one and waits before finish. Finish does the local work that
- * follows the collective: unpacking a staging buffer, dividing an average. */
+ * follows the collective: unpacking a staging buffer, dividing an average. What a
+ * step needs besides its buffers (counts, displacements, datatypes) comes from the
+ * plan's compiled part (compiled.c), built on the plan's first execution. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm-private.h"
+#include "exec-private.h"
 #include "mpi-types-private.h"
+#include "mpitensor/comm.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/pack.h"
 #include "mpitensor/pool.h"
@@ -20,54 +24,44 @@ typedef struct exec_ctx {
   int dtype;
   int64_t itemsize;
   int nonblocking;
+  const mt__compiled *cp; /* the plan's compiled part for this rank */
+  mt__compiled *owned;    /* a private one (see mt__compiled_get), freed with ctx */
 } exec_ctx;
 
 /* Everything a started step owns until it finishes. */
 typedef struct pending {
   MPI_Request req;
   const mt_step *step;
+  const mt__step_exec *e;
   const void *in;
   void *out;
   char *staging;
-  int *ints;            /* counts and displacements of v/w collectives */
-  MPI_Datatype *types;  /* subarray types of an all-to-all-w */
-  int ntypes;
-  MPI_Datatype unit;    /* element of a v-collective's counts (MPI_BYTE or bigger) */
-  int64_t unit_bytes;
-  int64_t group;        /* group size, for averages */
 } pending;
 
 struct mt_request {
   exec_ctx ctx;
-  const mt_plan *plan;
-  int next;        /* index of the step after the pending one */
+  const mt_plan *plan; /* one of its owners while the request lives */
+  int next;            /* index of the step after the pending one */
   pending p;
   const void *src;
   void *dst;
-  char *tmp_in;    /* intermediate buffers owned by the request */
+  char *tmp_in; /* intermediate buffers owned by the request */
   char *tmp_out;
 };
 
-static void pending_init(pending *p, const mt_step *s, const void *in, void *out) {
+static void pending_init(pending *p, const exec_ctx *c, int i, const mt_step *s,
+                         const void *in, void *out) {
   memset(p, 0, sizeof *p);
   p->req = MPI_REQUEST_NULL;
-  p->unit = MPI_BYTE;
-  p->unit_bytes = 1;
   p->step = s;
+  p->e = s != NULL ? &c->cp->steps[i] : NULL;
   p->in = in;
   p->out = out;
 }
 
 static void pending_free(pending *p) {
-  for (int i = 0; i < p->ntypes; ++i) {
-    if (p->types[i] != MPI_BYTE) MPI_Type_free(&p->types[i]);
-  }
-  free(p->types);
-  if (p->unit != MPI_BYTE) MPI_Type_free(&p->unit);
-  p->unit = MPI_BYTE;
-  free(p->ints);
   mt_pool_free(p->staging);
-  p->types = NULL, p->ints = NULL, p->staging = NULL, p->ntypes = 0;
+  p->staging = NULL;
 }
 
 static void box_at(const exec_ctx *c, const mt_layout *l, int m, int64_t k, mt_box *out) {
@@ -80,220 +74,71 @@ static int64_t leading(const mt_box *b, int d) {
   return n;
 }
 
-static int fits_int(int64_t v, mt_error *err) {
-  if (v <= INT_MAX) return 1;
-  mt__fail(err, MT_EOVERFLOW, "a message of %lld units exceeds MPI's int count; "
-           "such sizes are not supported by this step yet", (long long)v);
-  return 0;
-}
-
 static int shard_dim(const mt_layout *l, int m) { return l->placements[m].dim; }
 
 static MPI_Comm dim_comm(const exec_ctx *c, int m) { return mt_mesh_dim_comm(c->mesh, m); }
 
 /* ---- all-gather: Shard(d) -> Replicate on one mesh dim ------------------------ */
 
-/* Counts and displacements in bytes of each member's block in the gathered box;
- * blocks are consecutive slabs when every dim before d has extent 1. */
-static int gather_layout(const exec_ctx *c, const mt_step *s, pending *p, mt_error *err) {
-  int m = s->mesh_dim;
-  int64_t g = mt_mesh_dim_size(c->mesh, m), off = 0;
-  int64_t *bytes = calloc((size_t)(2 * g), sizeof *bytes);
-  p->ints = malloc((size_t)(2 * g) * sizeof *p->ints);
-  if (bytes == NULL || p->ints == NULL) {
-    free(bytes);
-    return mt__fail(err, MT_ENOMEM, "out of memory");
-  }
-  for (int64_t k = 0; k < g; ++k) {
-    mt_box b;
-    box_at(c, &s->src, m, k, &b);
-    bytes[k] = mt_box_numel(&b) * c->itemsize;
-    bytes[g + k] = off;
-    off += bytes[k];
-  }
-  int rc = mt__byte_unit(bytes, 2 * g, &p->unit, &p->unit_bytes, err);
-  for (int64_t i = 0; rc == MT_OK && i < 2 * g; ++i) p->ints[i] = (int)(bytes[i] / p->unit_bytes);
-  free(bytes);
-  p->group = g;
-  return rc;
-}
-
+/* Blocks are consecutive slabs of the gathered box when every dim before d has
+ * extent 1; else they arrive in a staging buffer and are placed in finish. */
 static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   const mt_step *s = p->step;
-  int m = s->mesh_dim, rc = gather_layout(c, s, p, err);
-  if (rc != MT_OK) return rc;
+  const mt__step_exec *e = p->e;
+  int m = s->mesh_dim;
   mt_box t;
   box_at(c, &s->dst, -1, 0, &t);
   void *recv = p->out;
   if (leading(&t, shard_dim(&s->src, m)) != 1) {
     p->staging = mt_pool_alloc((size_t)(mt_box_numel(&t) * c->itemsize));
-    if (p->staging == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+    if (p->staging == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
     recv = p->staging;
   }
-  int64_t g = p->group;
-  int mine = p->ints[c->coord[m]];
+  int64_t g = e->group;
+  int mine = e->ints[c->coord[m]];
   if (c->nonblocking) {
-    MT__MPI_TRY(MPI_Iallgatherv(p->in, mine, p->unit, recv, p->ints, p->ints + g,
-                                p->unit, dim_comm(c, m), &p->req), "MPI_Iallgatherv");
+    MT__MPI_TRY(MPI_Iallgatherv(p->in, mine, e->unit, recv, e->ints, e->ints + g,
+                                e->unit, dim_comm(c, m), &p->req),
+                "MPI_Iallgatherv");
   } else {
-    MT__MPI_TRY(MPI_Allgatherv(p->in, mine, p->unit, recv, p->ints, p->ints + g,
-                               p->unit, dim_comm(c, m)), "MPI_Allgatherv");
+    MT__MPI_TRY(MPI_Allgatherv(p->in, mine, e->unit, recv, e->ints, e->ints + g,
+                               e->unit, dim_comm(c, m)),
+                "MPI_Allgatherv");
   }
-  mt__count(MT_COLL_ALL_GATHER, (int64_t)mine * p->unit_bytes * (g - 1));
+  mt__count(c->mesh, MT_COLL_ALL_GATHER, (int64_t)mine * e->unit_bytes * (g - 1));
   return MT_OK;
 }
 
 /* Blocks gathered along an inner dim arrive one after another; each goes to its
  * place in the output box. */
-static int finish_allgather(const exec_ctx *c, pending *p, mt_error *err) {
-  (void)err;
-  if (p->staging == NULL) return MT_OK;
+static void finish_allgather(const exec_ctx *c, pending *p) {
+  if (p->staging == NULL) return;
   const mt_step *s = p->step;
+  const mt__step_exec *e = p->e;
   mt_box t;
   box_at(c, &s->dst, -1, 0, &t);
   int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
-  for (int64_t k = 0; k < p->group; ++k) {
+  for (int64_t k = 0; k < e->group; ++k) {
     mt_box b;
     box_at(c, &s->src, s->mesh_dim, k, &b);
     for (int i = 0; i < t.ndim; ++i) at[i] = b.offset[i] - t.offset[i];
     if (mt_box_numel(&b) == 0) continue;
-    mt_copy_box(p->staging + p->ints[p->group + k] * p->unit_bytes, b.shape, zero, p->out,
-                t.shape, at, &b, c->itemsize);
+    mt_copy_box(p->staging + e->ints[e->group + k] * e->unit_bytes, b.shape, zero,
+                p->out, t.shape, at, &b, c->itemsize);
   }
-  return MT_OK;
 }
 
 /* ---- all-to-all and direct exchange: one MPI_Alltoallw with subarray types ---- */
 
-/* A datatype that picks `part` out of the C-contiguous array holding `whole`. */
-static int subarray(const mt_box *whole, const mt_box *part, MPI_Datatype elem,
-                    MPI_Datatype *out, mt_error *err) {
-  int sizes[MT_MAX_NDIM], sub[MT_MAX_NDIM], starts[MT_MAX_NDIM];
-  for (int i = 0; i < whole->ndim; ++i) {
-    if (!fits_int(whole->shape[i], err)) return MT_EOVERFLOW;
-    sizes[i] = (int)whole->shape[i];
-    sub[i] = (int)part->shape[i];
-    starts[i] = (int)(part->offset[i] - whole->offset[i]);
-  }
-  if (whole->ndim == 0) {
-    MT__MPI_TRY(MPI_Type_dup(elem, out), "MPI_Type_dup");
-  } else {
-    MT__MPI_TRY(MPI_Type_create_subarray(whole->ndim, sizes, sub, starts, MPI_ORDER_C,
-                                         elem, out), "MPI_Type_create_subarray");
-  }
-  MT__MPI_TRY(MPI_Type_commit(out), "MPI_Type_commit");
-  return MT_OK;
-}
-
-/* The group of this rank's g peers: along mesh dim m, or the whole mesh when m < 0
- * (g being the size of that dim or of the mesh). Peer q of the comm is mesh
- * position lin[q]; every one of the g is written. */
-static int exchange_comm(const exec_ctx *c, int m, int64_t g, MPI_Comm *comm,
-                         int64_t *lin, int *me, mt_error *err) {
-  int nd = mt_mesh_ndim(c->mesh);
-  for (int64_t q = 0; q < g; ++q) {
-    int64_t l = 0;
-    for (int d = 0; d < nd; ++d) {
-      int64_t x = m < 0 ? 0 : (d == m ? q : c->coord[d]);
-      l = l * mt_mesh_dim_size(c->mesh, d) + x;
-    }
-    lin[q] = m < 0 ? q : l;
-  }
-  *me = m >= 0 ? (int)c->coord[m] : 0;
-  if (m >= 0) {
-    *comm = dim_comm(c, m);
-    return MT_OK;
-  }
-  for (int d = 0; d < nd; ++d) *me = *me * (int)mt_mesh_dim_size(c->mesh, d) + (int)c->coord[d];
-  return mt__mesh_flat_comm(c->mesh, comm, err);
-}
-
-static int64_t mesh_numel(const mt_mesh *mesh) {
-  int64_t n = 1;
-  for (int d = 0; d < mt_mesh_ndim(mesh); ++d) n *= mt_mesh_dim_size(mesh, d);
-  return n;
-}
-
-/* Builds counts (1 or 0), zero displacements and subarray types for every peer,
- * and copies the part this rank keeps. Returns the bytes sent to other ranks. */
-static int exchange_types(const exec_ctx *c, pending *p, const mt_box *sb,
-                          const mt_box *tb, const mt_box *send, const mt_box *recv,
-                          const int64_t *lin, int g, int me, int64_t *sent,
-                          mt_error *err) {
-  MPI_Datatype elem;
-  MT__MPI_TRY(MPI_Type_contiguous((int)c->itemsize, MPI_BYTE, &elem), "MPI_Type_contiguous");
-  int rc = MT_OK;
-  *sent = 0;
-  for (int q = 0; q < g && rc == MT_OK; ++q) {
-    const mt_box *out = &send[lin[q]], *in = &recv[lin[q]];
-    int has_out = q != me && mt_box_numel(out) > 0, has_in = q != me && mt_box_numel(in) > 0;
-    p->ints[q] = has_out, p->ints[2 * g + q] = has_in;
-    if (has_out) rc = subarray(sb, out, elem, &p->types[q], err);
-    if (rc == MT_OK && has_in) rc = subarray(tb, in, elem, &p->types[g + q], err);
-    if (has_out) *sent += mt_box_numel(out) * c->itemsize;
-  }
-  MPI_Type_free(&elem);
-  const mt_box *keep = &recv[lin[me]];
-  if (rc == MT_OK && mt_box_numel(keep) > 0) {
-    int64_t from[MT_MAX_NDIM], to[MT_MAX_NDIM];
-    for (int i = 0; i < keep->ndim; ++i) {
-      from[i] = keep->offset[i] - sb->offset[i];
-      to[i] = keep->offset[i] - tb->offset[i];
-    }
-    mt_copy_box(p->in, sb->shape, from, p->out, tb->shape, to, keep, c->itemsize);
-  }
-  return rc;
-}
-
-static int alloc_exchange(pending *p, int g, mt_error *err) {
-  p->ints = calloc(4 * (size_t)g, sizeof *p->ints);
-  p->types = malloc(2 * (size_t)g * sizeof(MPI_Datatype));
-  if (p->ints == NULL || p->types == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
-  p->ntypes = 2 * g;
-  for (int i = 0; i < 2 * g; ++i) p->types[i] = MPI_BYTE;
-  return MT_OK;
-}
-
-static int post_alltoallw(const exec_ctx *c, pending *p, MPI_Comm comm, int g,
-                          mt_error *err) {
-  int *scounts = p->ints, *sdispls = p->ints + g, *rcounts = p->ints + 2 * (size_t)g;
-  int *rdispls = p->ints + 3 * (size_t)g;
-  MPI_Datatype *stypes = p->types, *rtypes = p->types + g;
-  if (c->nonblocking) {
-    MT__MPI_TRY(MPI_Ialltoallw(p->in, scounts, sdispls, stypes, p->out, rcounts, rdispls,
-                               rtypes, comm, &p->req), "MPI_Ialltoallw");
-  } else {
-    MT__MPI_TRY(MPI_Alltoallw(p->in, scounts, sdispls, stypes, p->out, rcounts, rdispls,
-                              rtypes, comm), "MPI_Alltoallw");
-  }
-  return MT_OK;
-}
-
 static int start_exchange(const exec_ctx *c, pending *p, mt_error *err) {
-  int64_t n = mesh_numel(c->mesh), sent = 0;
-  mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
-  int64_t *lin = malloc((size_t)n * sizeof *lin);
-  if (boxes == NULL || lin == NULL) {
-    free(boxes);
-    free(lin);
-    return mt__fail(err, MT_ENOMEM, "out of memory");
+  int m = p->step->mesh_dim;
+  MPI_Comm comm = m >= 0 ? dim_comm(c, m) : MPI_COMM_NULL;
+  int rc = m >= 0 ? MT_OK : mt_mesh_comm(c->mesh, &comm, err);
+  if (rc == MT_OK) {
+    rc = mt__exchange_post(&p->e->x, p->in, p->out, comm,
+                           c->nonblocking ? &p->req : NULL, err);
   }
-  MPI_Comm comm = MPI_COMM_NULL;
-  int me = 0, m = p->step->mesh_dim;
-  int g = (int)(m >= 0 ? mt_mesh_dim_size(c->mesh, m) : n);
-  int rc = exchange_comm(c, m, g, &comm, lin, &me, err);
-  if (rc == MT_OK) rc = mt_exchange_boxes(&p->step->src, &p->step->dst, m, c->coord, n,
-                                          boxes, boxes + n, err);
-  mt_box sb, tb;
-  box_at(c, &p->step->src, -1, 0, &sb);
-  box_at(c, &p->step->dst, -1, 0, &tb);
-  if (rc == MT_OK) rc = alloc_exchange(p, g, err);
-  if (rc == MT_OK)
-    rc = exchange_types(c, p, &sb, &tb, boxes, boxes + n, lin, g, me, &sent, err);
-  if (rc == MT_OK) rc = post_alltoallw(c, p, comm, g, err);
-  if (rc == MT_OK) mt__count(MT_COLL_ALL_TO_ALL, sent);
-  free(boxes);
-  free(lin);
+  if (rc == MT_OK) mt__count(c->mesh, MT_COLL_ALL_TO_ALL, p->e->x.sent);
   return rc;
 }
 
@@ -346,7 +191,6 @@ static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
   mt_box sb;
   box_at(c, &s->src, -1, 0, &sb);
   int64_t n = mt_box_numel(&sb);
-  p->group = mt_mesh_dim_size(c->mesh, m);
   if (n > INT_MAX) {
     rc = allreduce_rounds(c, p, n, type, op, dim_comm(c, m), err);
   } else if (c->nonblocking) {
@@ -356,7 +200,10 @@ static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
     MT__MPI_TRY(MPI_Allreduce(p->in, p->out, (int)n, type, op, dim_comm(c, m)),
                 "MPI_Allreduce");
   }
-  if (rc == MT_OK) mt__count(MT_COLL_ALL_REDUCE, ring_share(c, m, n * c->itemsize, p->group));
+  if (rc == MT_OK) {
+    mt__count(c->mesh, MT_COLL_ALL_REDUCE,
+              ring_share(c, m, n * c->itemsize, p->e->group));
+  }
   return rc;
 }
 
@@ -370,9 +217,9 @@ static int scatter_input(const exec_ctx *c, pending *p, const void **send, mt_er
   *send = p->in;
   if (leading(&sb, shard_dim(&s->dst, m)) == 1) return MT_OK;
   p->staging = mt_pool_alloc((size_t)(mt_box_numel(&sb) * c->itemsize));
-  if (p->staging == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (p->staging == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM], off = 0;
-  for (int64_t k = 0; k < p->group; ++k) {
+  for (int64_t k = 0; k < p->e->group; ++k) {
     mt_box b;
     box_at(c, &s->dst, m, k, &b);
     if (mt_box_numel(&b) == 0) continue;
@@ -384,20 +231,17 @@ static int scatter_input(const exec_ctx *c, pending *p, const void **send, mt_er
   return MT_OK;
 }
 
-/* Each member's element count; *big is set when one exceeds an int. */
-static int scatter_counts(const exec_ctx *c, pending *p, int64_t *counts, int *big,
-                          mt_error *err) {
-  p->ints = malloc((size_t)p->group * sizeof *p->ints);
-  if (p->ints == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
-  *big = 0;
-  for (int64_t k = 0; k < p->group; ++k) {
-    mt_box b;
-    box_at(c, &p->step->dst, p->step->mesh_dim, k, &b);
-    counts[k] = mt_box_numel(&b);
-    *big |= counts[k] > INT_MAX;
-    p->ints[k] = (int)(counts[k] > INT_MAX ? 0 : counts[k]);
+/* Round `at` of a reduce-scatter in rounds: elements [at, at + round) of every
+ * member's block of `send` (counts[k] elements each, one after another), packed
+ * member after member into `pack`; ints[k] is how many of member k's it holds. */
+static void pack_round(const int64_t *counts, int64_t g, int64_t at, int64_t round,
+                       int64_t isz, const char *send, char *pack, int *ints) {
+  int64_t start = 0, pos = 0;
+  for (int64_t k = 0; k < g; ++k) {
+    int64_t left = counts[k] - at, n = left < 0 ? 0 : (left < round ? left : round);
+    memcpy(pack + pos * isz, send + (start + at) * isz, (size_t)(n * isz));
+    ints[k] = (int)n, pos += n, start += counts[k];
   }
-  return MT_OK;
 }
 
 /* Blocks above INT_MAX elements are reduce-scattered in rounds of blocking calls:
@@ -405,56 +249,56 @@ static int scatter_counts(const exec_ctx *c, pending *p, int64_t *counts, int *b
  * member after another (256 MiB of each, so the packed round stays small), and
  * lands at r R in this rank's output. */
 static int reduce_scatter_rounds(const exec_ctx *c, pending *p, const char *send,
-                                 const int64_t *counts, MPI_Datatype type, MPI_Op op,
-                                 mt_error *err) {
-  const int64_t isz = c->itemsize, g = p->group, round = ((int64_t)1 << 28) / isz;
+                                 MPI_Datatype type, MPI_Op op, mt_error *err) {
+  const int64_t isz = c->itemsize, g = p->e->group, round = ((int64_t)1 << 28) / isz;
+  const int64_t *counts = p->e->counts;
   int64_t most = 0;
   for (int64_t k = 0; k < g; ++k) most = counts[k] > most ? counts[k] : most;
   char *pack = mt_pool_alloc((size_t)(g * round * isz));
-  if (pack == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  int *ints = malloc((size_t)g * sizeof *ints);
+  if (pack == NULL || ints == NULL) {
+    free(ints);
+    mt_pool_free(pack);
+    return mt_error_set(err, MT_ENOMEM, "out of memory");
+  }
   int rc = MT_OK;
   for (int64_t at = 0; rc == MT_OK && at < most; at += round) {
-    int64_t start = 0, pos = 0;
-    for (int64_t k = 0; k < g; ++k) {
-      int64_t n = counts[k] - at < 0 ? 0 : (counts[k] - at < round ? counts[k] - at : round);
-      memcpy(pack + pos * isz, send + (start + at) * isz, (size_t)(n * isz));
-      p->ints[k] = (int)n, pos += n, start += counts[k];
-    }
-    int mpi = MPI_Reduce_scatter(pack, (char *)p->out + at * isz, p->ints, type, op,
+    pack_round(counts, g, at, round, isz, send, pack, ints);
+    int mpi = MPI_Reduce_scatter(pack, (char *)p->out + at * isz, ints, type, op,
                                  dim_comm(c, p->step->mesh_dim));
-    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Reduce_scatter");
+    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Reduce_scatter");
   }
+  free(ints);
   mt_pool_free(pack);
   return rc;
 }
 
 static int start_reduce_scatter(const exec_ctx *c, pending *p, mt_error *err) {
   const mt_step *s = p->step;
-  int m = s->mesh_dim, big = 0;
+  const mt__step_exec *e = p->e;
+  int m = s->mesh_dim;
   MPI_Datatype type;
   MPI_Op op;
   const void *send = NULL;
-  p->group = mt_mesh_dim_size(c->mesh, m);
-  int64_t *counts = malloc((size_t)p->group * sizeof *counts);
-  if (counts == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
   int rc = mt__reduce_type(c->dtype, partial_op(s), &type, &op, err);
-  if (rc == MT_OK) rc = scatter_counts(c, p, counts, &big, err);
   if (rc == MT_OK) rc = scatter_input(c, p, &send, err);
-  if (rc == MT_OK && big) {
-    rc = reduce_scatter_rounds(c, p, send, counts, type, op, err);
+  if (rc == MT_OK && e->big) {
+    rc = reduce_scatter_rounds(c, p, send, type, op, err);
   } else if (rc == MT_OK && c->nonblocking) {
-    int mpi = MPI_Ireduce_scatter(send, p->out, p->ints, type, op, dim_comm(c, m), &p->req);
-    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Ireduce_scatter");
+    int mpi =
+        MPI_Ireduce_scatter(send, p->out, e->ints, type, op, dim_comm(c, m), &p->req);
+    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Ireduce_scatter");
   } else if (rc == MT_OK) {
-    int mpi = MPI_Reduce_scatter(send, p->out, p->ints, type, op, dim_comm(c, m));
-    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Reduce_scatter");
+    int mpi = MPI_Reduce_scatter(send, p->out, e->ints, type, op, dim_comm(c, m));
+    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Reduce_scatter");
   }
   if (rc == MT_OK) {
     mt_box sb;
     box_at(c, &s->src, -1, 0, &sb);
-    mt__count(MT_COLL_REDUCE_SCATTER, (mt_box_numel(&sb) - counts[c->coord[m]]) * c->itemsize);
+    int64_t kept = e->counts[c->coord[m]];
+    mt__count(c->mesh, MT_COLL_REDUCE_SCATTER,
+              (mt_box_numel(&sb) - kept) * c->itemsize);
   }
-  free(counts);
   return rc;
 }
 
@@ -463,7 +307,7 @@ static int finish_reduce(const exec_ctx *c, pending *p, mt_error *err) {
   if (partial_op(s) != MT_REDUCE_AVG) return MT_OK;
   mt_box tb;
   box_at(c, &s->dst, -1, 0, &tb);
-  return mt_divide(p->out, mt_box_numel(&tb), c->dtype, p->group, err);
+  return mt_divide(p->out, mt_box_numel(&tb), c->dtype, p->e->group, err);
 }
 
 /* ---- dispatch ------------------------------------------------------------------ */
@@ -476,7 +320,8 @@ static int start_step(const exec_ctx *c, pending *p, mt_error *err) {
     case MT_STEP_CHUNK: return run_chunk(c, p);
     case MT_STEP_ALLREDUCE: return start_allreduce(c, p, err);
     case MT_STEP_REDUCE_SCATTER: return start_reduce_scatter(c, p, err);
-    default: return mt__fail(err, MT_EINVAL, "unknown plan step kind %d", p->step->kind);
+    default:
+      return mt_error_set(err, MT_EINVAL, "unknown plan step kind %d", p->step->kind);
   }
 }
 
@@ -486,9 +331,9 @@ static int finish_step(const exec_ctx *c, pending *p, mt_error *err) {
     /* The request comes from the start_* call of the same step, which the MPI
      * checker does not follow through `pending`. */
     int mpi_rc = MPI_Wait(&p->req, MPI_STATUS_IGNORE); /* NOLINT(clang-analyzer-optin.mpi.MPI-Checker) */
-    if (mpi_rc != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi_rc, "MPI_Wait");
+    if (mpi_rc != MPI_SUCCESS) rc = mt_mpi_error(err, mpi_rc, "MPI_Wait");
   }
-  if (rc == MT_OK && p->step->kind == MT_STEP_ALLGATHER) rc = finish_allgather(c, p, err);
+  if (rc == MT_OK && p->step->kind == MT_STEP_ALLGATHER) finish_allgather(c, p);
   if (rc == MT_OK && (p->step->kind == MT_STEP_ALLREDUCE ||
                       p->step->kind == MT_STEP_REDUCE_SCATTER)) {
     rc = finish_reduce(c, p, err);
@@ -503,37 +348,55 @@ static int finish_step(const exec_ctx *c, pending *p, mt_error *err) {
  * match the mesh's communicators (and ranks would disagree on message sizes). */
 static int check_mesh_shape(const mt_mesh *mesh, const mt_layout *l, mt_error *err) {
   if (l->mesh_ndim != mt_mesh_ndim(mesh)) {
-    return mt__fail(err, MT_EINVAL, "the plan was made for a %d-D mesh, not a %d-D one",
-                    l->mesh_ndim, mt_mesh_ndim(mesh));
+    return mt_error_set(err, MT_EINVAL,
+                        "the plan was made for a %d-D mesh, not a %d-D "
+                        "one",
+                        l->mesh_ndim, mt_mesh_ndim(mesh));
   }
   for (int m = 0; m < l->mesh_ndim; ++m) {
     if (l->mesh_shape[m] == mt_mesh_dim_size(mesh, m)) continue;
-    return mt__fail(err, MT_EINVAL, "the plan was made for a mesh of size %lld on dim "
-                    "%d, not %lld", (long long)l->mesh_shape[m], m,
-                    (long long)mt_mesh_dim_size(mesh, m));
+    return mt_error_set(err, MT_EINVAL,
+                        "the plan was made for a mesh of size %lld on "
+                        "dim %d, not %lld",
+                        (long long)l->mesh_shape[m], m,
+                        (long long)mt_mesh_dim_size(mesh, m));
+  }
+  return MT_OK;
+}
+
+/* The dtype and this rank's membership, which every entry point needs. */
+static int ctx_base(exec_ctx *c, mt_mesh *mesh, int dtype, mt_error *err) {
+  memset(c, 0, sizeof *c);
+  c->mesh = mesh, c->dtype = dtype;
+  c->itemsize = (int64_t)mt_dtype_size(dtype);
+  if (c->itemsize == 0)
+    return mt_error_set(err, MT_ETYPE, "unknown dtype code %d", dtype);
+  if (!mt_mesh_coordinate(mesh, c->coord)) {
+    return mt_error_set(err, MT_ESTATE, "this rank is not a member of the mesh");
   }
   return MT_OK;
 }
 
 /* Checks what can be checked locally before the first collective, so that bad
- * input fails on every rank instead of leaving some waiting. */
+ * input fails on every rank instead of leaving some waiting, then finds the
+ * plan's compiled part. */
 static int ctx_init(exec_ctx *c, mt_mesh *mesh, const mt_plan *plan, int dtype, int nb,
                     mt_error *err) {
-  memset(c, 0, sizeof *c);
-  c->mesh = mesh, c->dtype = dtype, c->nonblocking = nb;
-  c->itemsize = (int64_t)mt_dtype_size(dtype);
-  if (c->itemsize == 0) return mt__fail(err, MT_ETYPE, "unknown dtype code %d", dtype);
-  if (!mt_mesh_coordinate(mesh, c->coord)) {
-    return mt__fail(err, MT_ESTATE, "this rank is not a member of the mesh");
-  }
-  for (int i = 0; i < mt_plan_nsteps(plan); ++i) {
+  int rc = ctx_base(c, mesh, dtype, err);
+  c->nonblocking = nb;
+  for (int i = 0; rc == MT_OK && i < mt_plan_nsteps(plan); ++i) {
     const mt_step *s = mt_plan_step(plan, i);
     int reduces = s->kind == MT_STEP_ALLREDUCE || s->kind == MT_STEP_REDUCE_SCATTER;
-    int rc = check_mesh_shape(mesh, &s->src, err);
-    if (rc == MT_OK && reduces) rc = mt__reduce_check(dtype, partial_op(s), err);
-    if (rc != MT_OK) return rc;
+    rc = check_mesh_shape(mesh, &s->src, err);
+    if (rc == MT_OK && reduces) rc = mt_partial_check(dtype, partial_op(s), err);
   }
-  return MT_OK;
+  if (rc != MT_OK) return rc;
+  return mt__compiled_get(mesh, plan, c->coord, c->itemsize, &c->cp, &c->owned, err);
+}
+
+static void ctx_free(exec_ctx *c) {
+  mt__compiled_free(c->owned);
+  c->owned = NULL;
 }
 
 static char *alloc_box(const exec_ctx *c, const mt_layout *l) {
@@ -542,10 +405,10 @@ static char *alloc_box(const exec_ctx *c, const mt_layout *l) {
   return mt_pool_alloc((size_t)(mt_box_numel(&b) * c->itemsize));
 }
 
-static int run_one(const exec_ctx *c, const mt_step *s, const void *in, void *out,
-                   mt_error *err) {
+static int run_one(const exec_ctx *c, int i, const mt_step *s, const void *in,
+                   void *out, mt_error *err) {
   pending p;
-  pending_init(&p, s, in, out);
+  pending_init(&p, c, i, s, in, out);
   int rc = start_step(c, &p, err);
   if (rc != MT_OK) {
     pending_free(&p);
@@ -563,10 +426,10 @@ static int run_steps(const exec_ctx *c, const mt_plan *plan, int from, const voi
     const mt_step *s = mt_plan_step(plan, i);
     char *out = i == n - 1 ? dst : alloc_box(c, &s->dst);
     if (out == NULL) {
-      rc = mt__fail(err, MT_ENOMEM, "out of memory");
+      rc = mt_error_set(err, MT_ENOMEM, "out of memory");
       break;
     }
-    rc = run_one(c, s, in, out, err);
+    rc = run_one(c, i, s, in, out, err);
     mt_pool_free(owned);
     owned = i == n - 1 ? NULL : out;
     in = out;
@@ -579,59 +442,56 @@ int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *s
                     void *dst, mt_error *err) {
   exec_ctx c;
   int rc = ctx_init(&c, mesh, plan, dtype, 0, err);
-  if (rc != MT_OK) return rc;
-  return run_steps(&c, plan, 0, src, NULL, dst, err);
+  if (rc == MT_OK) rc = run_steps(&c, plan, 0, src, NULL, dst, err);
+  ctx_free(&c);
+  return rc;
 }
 
 /* ---- selection exchange (basic indexing) ---------------------------------------- */
 
-/* Everything mt_selection_exchange checks before its collective, so that bad
- * input fails on every rank. */
-static int selection_ctx(exec_ctx *c, mt_mesh *mesh, const mt_layout *src, int dtype,
-                         mt_error *err) {
-  memset(c, 0, sizeof *c);
-  c->mesh = mesh, c->dtype = dtype;
-  c->itemsize = (int64_t)mt_dtype_size(dtype);
-  if (c->itemsize == 0) return mt__fail(err, MT_ETYPE, "unknown dtype code %d", dtype);
-  if (!mt_mesh_coordinate(mesh, c->coord))
-    return mt__fail(err, MT_ESTATE, "this rank is not a member of the mesh");
-  return check_mesh_shape(mesh, src, err);
+/* The exchange of a selection: every peer's boxes, then its datatypes. */
+static int selection_build(const exec_ctx *c, const mt_layout *src,
+                           const mt_selection *sel, const mt_layout *dst,
+                           mt__exchange *x, mt_error *err) {
+  int64_t n = 1;
+  for (int d = 0; d < mt_mesh_ndim(c->mesh); ++d) n *= mt_mesh_dim_size(c->mesh, d);
+  mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
+  int64_t *lin = malloc((size_t)n * sizeof *lin);
+  if (boxes == NULL || lin == NULL) {
+    free(boxes);
+    free(lin);
+    return mt_error_set(err, MT_ENOMEM, "out of memory");
+  }
+  int rc = mt_selection_exchange_boxes(src, sel, dst, c->coord, n, boxes, boxes + n, err);
+  if (rc == MT_OK) {
+    int me = 0;
+    mt_box own, sb, tb;
+    mt__exchange_peers(c->mesh, c->coord, -1, lin, &me);
+    box_at(c, src, -1, 0, &own);
+    mt_selection_image(sel, &own, &sb);
+    box_at(c, dst, -1, 0, &tb);
+    rc = mt__exchange_build(&sb, &tb, boxes, boxes + n, lin, (int)n, me, c->itemsize, x,
+                            err);
+  }
+  free(boxes);
+  free(lin);
+  return rc;
 }
 
 int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selection *sel,
                           const mt_layout *dst, int dtype, const void *in, void *out,
                           mt_error *err) {
   exec_ctx c;
-  int rc = selection_ctx(&c, mesh, src, dtype, err);
+  int rc = ctx_base(&c, mesh, dtype, err);
+  if (rc == MT_OK) rc = check_mesh_shape(mesh, src, err);
   if (rc != MT_OK) return rc;
-  int64_t n = mesh_numel(mesh), sent = 0;
-  mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
-  int64_t *lin = malloc((size_t)n * sizeof *lin);
-  if (boxes == NULL || lin == NULL) {
-    free(boxes);
-    free(lin);
-    return mt__fail(err, MT_ENOMEM, "out of memory");
-  }
   MPI_Comm comm = MPI_COMM_NULL;
-  int me = 0;
-  rc = mt_selection_exchange_boxes(src, sel, dst, c.coord, n, boxes, boxes + n, err);
-  if (rc == MT_OK) rc = exchange_comm(&c, -1, n, &comm, lin, &me, err);
-  pending p;
-  pending_init(&p, NULL, in, out);
-  mt_box sb, tb;
-  if (rc == MT_OK) {
-    box_at(&c, src, -1, 0, &tb);
-    mt_selection_image(sel, &tb, &sb);
-    box_at(&c, dst, -1, 0, &tb);
-    rc = alloc_exchange(&p, (int)n, err);
-  }
-  if (rc == MT_OK)
-    rc = exchange_types(&c, &p, &sb, &tb, boxes, boxes + n, lin, (int)n, me, &sent, err);
-  if (rc == MT_OK) rc = post_alltoallw(&c, &p, comm, (int)n, err);
-  if (rc == MT_OK) mt__count(MT_COLL_ALL_TO_ALL, sent);
-  pending_free(&p);
-  free(boxes);
-  free(lin);
+  mt__exchange x = {0};
+  rc = selection_build(&c, src, sel, dst, &x, err);
+  if (rc == MT_OK) rc = mt_mesh_comm(mesh, &comm, err);
+  if (rc == MT_OK) rc = mt__exchange_post(&x, in, out, comm, NULL, err);
+  if (rc == MT_OK) mt__count(mesh, MT_COLL_ALL_TO_ALL, x.sent);
+  mt__exchange_free(&x);
   return rc;
 }
 
@@ -641,6 +501,10 @@ static void request_free(mt_request *r) {
   pending_free(&r->p);
   mt_pool_free(r->tmp_in);
   mt_pool_free(r->tmp_out);
+  ctx_free(&r->ctx);
+  /* The request was one of the plan's owners (the counts of its steps are read by
+   * MPI until they complete); only ownership changes, not the plan. */
+  mt_plan_destroy((mt_plan *)r->plan);
   free(r);
 }
 
@@ -651,11 +515,11 @@ static int start_async(mt_request *r, mt_error *err) {
   for (int i = 0; i < n && rc == MT_OK; ++i) {
     const mt_step *s = mt_plan_step(r->plan, i);
     char *out = i == n - 1 ? r->dst : alloc_box(&r->ctx, &s->dst);
-    if (out == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+    if (out == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
     mt_pool_free(r->tmp_in);
     r->tmp_in = r->tmp_out;
     r->tmp_out = i == n - 1 ? NULL : out;
-    pending_init(&r->p, s, in, out);
+    pending_init(&r->p, &r->ctx, i, s, in, out);
     r->next = i + 1;
     rc = start_step(&r->ctx, &r->p, err);
     if (rc == MT_OK && s->kind != MT_STEP_CHUNK) return MT_OK;
@@ -668,9 +532,10 @@ static int start_async(mt_request *r, mt_error *err) {
 int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
                           const void *src, void *dst, mt_request **out, mt_error *err) {
   mt_request *r = calloc(1, sizeof *r);
-  if (r == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (r == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  mt_plan_retain((mt_plan *)plan);
   r->plan = plan, r->src = src, r->dst = dst;
-  pending_init(&r->p, NULL, NULL, NULL);
+  pending_init(&r->p, NULL, 0, NULL, NULL, NULL);
   int rc = ctx_init(&r->ctx, mesh, plan, dtype, 1, err);
   if (rc == MT_OK) rc = start_async(r, err);
   if (rc != MT_OK) {

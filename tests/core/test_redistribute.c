@@ -28,6 +28,9 @@
 static int world_rank, world_size;
 static int quick = 0;
 
+/* What every mesh of the test counts into. */
+static mt_comm_counters test_counters;
+
 /* ---- Placements, layouts and meshes. ---------------------------------------- */
 
 static mt_placement R(void) {
@@ -84,6 +87,7 @@ static mt_mesh* make_mesh(int ndim, const int64_t* shape, int reversed) {
   mt_error err = {0};
   int rc = mt_mesh_create(MPI_COMM_WORLD, ndim, shape, ranks, &mesh, &err);
   CHECK_MSG(rc == MT_OK, "mesh: %s", err.msg);
+  if (mesh != NULL) mt_mesh_set_counters(mesh, &test_counters);
   return mesh;
 }
 
@@ -170,7 +174,7 @@ typedef struct record {
 static record* records;
 static int nrecords, records_cap;
 
-static void add_record(const mt_comm_counters* before, const mt_comm_counters* after,
+static void add_record(const mt_comm_totals* before, const mt_comm_totals* after,
                        const int64_t* want, const char* what) {
   if (nrecords == records_cap) {
     records_cap = records_cap ? 2 * records_cap : 256;
@@ -232,9 +236,8 @@ static int64_t copies(const mt_step* s) {
 
 /* Calls on this rank must equal `times` runs of the plan's steps of each kind;
  * bytes are recorded against the plan's step bytes for flush_records. */
-static void check_counters(const mt_plan* plan, int times,
-                           const mt_comm_counters* before,
-                           const mt_comm_counters* after, const char* what) {
+static void check_counters(const mt_plan* plan, int times, const mt_comm_totals* before,
+                           const mt_comm_totals* after, const char* what) {
   int64_t calls[MT_COLL_COUNT] = {0}, bytes[MT_COLL_COUNT] = {0}, total = 0;
   for (int i = 0; i < mt_plan_nsteps(plan); ++i) {
     const mt_step* s = mt_plan_step(plan, i);
@@ -483,12 +486,12 @@ static void check_result(const mt_plan* plan, const buffers* b, const char* out,
 
 static void run_blocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffers* b,
                          const char* what) {
-  mt_comm_counters before, after;
+  mt_comm_totals before, after;
   mt_error err = {0};
   memset(b->got, 0xA5, (size_t)b->tbytes);
-  mt_comm_counters_get(&before);
+  mt_comm_counters_read(&test_counters, &before);
   int rc = mt_redistribute(mesh, plan, dtype, b->src, b->got, &err);
-  mt_comm_counters_get(&after);
+  mt_comm_counters_read(&test_counters, &after);
   CHECK_MSG(rc == MT_OK, "%s: mt_redistribute: %s", what, err.msg);
   check_counters(plan, 1, &before, &after, what);
   check_result(plan, b, b->got, dtype, "blocking", what);
@@ -498,12 +501,12 @@ static void run_blocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffers*
  * first is waited for, so both are in flight on the same communicators. */
 static void run_nonblocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffers* b,
                             int two, const char* what) {
-  mt_comm_counters before, after;
+  mt_comm_totals before, after;
   mt_error err = {0};
   mt_request *r1 = NULL, *r2 = NULL;
   memset(b->got, 0x5A, (size_t)b->tbytes);
   memset(b->got2, 0x3C, (size_t)b->tbytes);
-  mt_comm_counters_get(&before);
+  mt_comm_counters_read(&test_counters, &before);
   int rc = mt_redistribute_start(mesh, plan, dtype, b->src, b->got, &r1, &err);
   CHECK_MSG(rc == MT_OK, "%s: mt_redistribute_start: %s", what, err.msg);
   if (two)
@@ -513,7 +516,7 @@ static void run_nonblocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffe
     CHECK_MSG(mt_request_wait(r1, &err) == MT_OK, "%s: wait: %s", what, err.msg);
   if (r2 != NULL)
     CHECK_MSG(mt_request_wait(r2, &err) == MT_OK, "%s: wait: %s", what, err.msg);
-  mt_comm_counters_get(&after);
+  mt_comm_counters_read(&test_counters, &after);
   check_counters(plan, 1 + two, &before, &after, what);
   check_result(plan, b, b->got, dtype, two ? "first of two requests" : "nonblocking",
                what);
@@ -774,9 +777,8 @@ static void dist_bytes_1d(const mt_layout* l, int64_t isz, int64_t* want) {
 }
 
 /* Only scatters and broadcasts may have been counted. */
-static void dist_counters(const mt_layout* l, int64_t isz,
-                          const mt_comm_counters* before, const mt_comm_counters* after,
-                          const char* what) {
+static void dist_counters(const mt_layout* l, int64_t isz, const mt_comm_totals* before,
+                          const mt_comm_totals* after, const char* what) {
   for (int k = 0; k < MT_COLL_COUNT; ++k) {
     if (k == MT_COLL_SCATTER || k == MT_COLL_BROADCAST) continue;
     CHECK_MSG(
@@ -807,11 +809,11 @@ static void dist_case(mt_mesh* mesh, const mt_layout* l, int dtype, int source) 
     put(dtype, full + i * isz, dist_value(dtype, i, world_rank));
   dist_expected(l, &box, coord, dtype, source, want);
   memset(local, 0xA5, nbytes);
-  mt_comm_counters before, after;
+  mt_comm_totals before, after;
   mt_error err = {0};
-  mt_comm_counters_get(&before);
+  mt_comm_counters_read(&test_counters, &before);
   int rc = mt_distribute(mesh, l, dtype, full, local, &err);
-  mt_comm_counters_get(&after);
+  mt_comm_counters_read(&test_counters, &after);
   CHECK_MSG(rc == MT_OK, "%s: %s", what, err.msg);
   CHECK_MSG(memcmp(local, want, nbytes) == 0, "rank %d: %s: wrong box", world_rank,
             what);
@@ -890,9 +892,9 @@ static mt_plan* make_plan(int ndim, const int64_t* shape, const int64_t* mesh_sh
 static void expect_status(mt_mesh* mesh, const mt_plan* plan, int dtype, int code,
                           const char* what) {
   static double src[512], dst[512];
-  mt_comm_counters before, after;
+  mt_comm_totals before, after;
   mt_error err = {0};
-  mt_comm_counters_get(&before);
+  mt_comm_counters_read(&test_counters, &before);
   int rc = mt_redistribute(mesh, plan, dtype, src, dst, &err);
   CHECK_MSG(rc == code, "%s: mt_redistribute gave %s, expected %s", what,
             mt_status_name(rc), mt_status_name(code));
@@ -903,7 +905,7 @@ static void expect_status(mt_mesh* mesh, const mt_plan* plan, int dtype, int cod
             mt_status_name(rc), mt_status_name(code));
   CHECK_MSG((req == NULL) == (rc != MT_OK), "%s: request", what);
   if (req != NULL) CHECK(mt_request_wait(req, NULL) == MT_OK);
-  mt_comm_counters_get(&after);
+  mt_comm_counters_read(&test_counters, &after);
   if (code != MT_OK) {
     CHECK_MSG(memcmp(&before, &after, sizeof before) == 0, "%s: communicated", what);
   }
@@ -968,6 +970,7 @@ static void test_non_member(void) {
   int64_t one[1] = {1}, shape[1] = {3};
   mt_mesh* mesh = NULL;
   CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, one, ranks, &mesh, NULL) == MT_OK);
+  mt_mesh_set_counters(mesh, &test_counters);
   mt_plan* p = make_plan(1, shape, one, "Ps", "R", 8);
   int member = world_rank == 0;
   expect_status(mesh, p, MT_DTYPE_FLOAT64, member ? MT_OK : MT_ESTATE, "non-member");
