@@ -1,8 +1,10 @@
 """The walls between mpitensor's C libraries, read from the built archives.
 
-Usage: check_walls.py core=LIB kernels=LIB comm=LIB io=LIB   (ctest runs it)
+Usage: check_walls.py src=CSRC core=LIB kernels=LIB comm=LIB io=LIB   (ctest runs it)
 
 Fails, naming what it found, when
+- a source of a library includes another library's private header, or the public
+  header of a library that is not below its own;
 - an object file calls into a library that is not below its own (calls go down:
   core <- kernels, core <- comm <- io);
 - object files call each other in a cycle (within or across libraries);
@@ -14,6 +16,8 @@ Fails, naming what it found, when
 
 from __future__ import annotations
 
+import glob
+import os
 import re
 import subprocess
 import sys
@@ -34,6 +38,14 @@ ALLOWED_STATE = {
     ("pool.c.o", "lock"), ("pool.c.o", "slots"), ("pool.c.o", "cached"),
     ("pool.c.o", "limit"), ("mesh.c.o", "live_comms"), ("mpi_types.c.o", "user_ops"),
     ("mpi_types.c.o", "user_state"), ("io_gather.c.o", "token"),
+}
+
+# The library each public header (csrc/include/mpitensor) belongs to.
+HEADERS = {
+    "core": {"status", "dtype", "layout", "pack", "plan", "prop", "rng", "mpitensor"},
+    "kernels": {"kernels"},
+    "comm": {"mesh", "comm", "counters", "agree", "ring", "pool"},
+    "io": {"io"},
 }
 
 LINE = re.compile(r"^[0-9a-f]+ (.{7}) (\S+)\s+[0-9a-f]+\s+(?:\S+\s+)?(\S+)$")
@@ -62,6 +74,24 @@ def symbols(archive: str):
         if writable and flags[6] == "O":
             cur[2].add(name.split(".")[0])
     return members
+
+
+def include_problems(src: str) -> list[str]:
+    """Includes that cross a wall, in every library's sources and private headers."""
+    owner = {h: lib for lib, names in HEADERS.items() for h in names}
+    problems = []
+    for lib in BELOW:
+        for path in sorted(glob.glob(os.path.join(src, lib, "*.[ch]"))):
+            for name in re.findall(r'^#include "([^"]+)"', open(path).read(), re.M):
+                public = re.fullmatch(r"mpitensor/(\w+)\.h", name)
+                if public:
+                    target = owner.get(public.group(1))
+                    ok = target in BELOW[lib]
+                else:
+                    ok = os.path.exists(os.path.join(src, lib, name))
+                if not ok:
+                    problems.append(f"{lib}/{os.path.basename(path)} includes {name}")
+    return problems
 
 
 def cycles(edges: dict) -> list:
@@ -98,8 +128,9 @@ def cycles(edges: dict) -> list:
 
 def main(argv: list[str]) -> int:
     libs = dict(arg.split("=", 1) for arg in argv)
-    if set(libs) != set(BELOW):
-        print(f"expected {sorted(BELOW)}=archive arguments", file=sys.stderr)
+    src = libs.pop("src", None)
+    if set(libs) != set(BELOW) or src is None:
+        print(f"expected src=CSRC and {sorted(BELOW)}=archive arguments", file=sys.stderr)
         return 2
     where, members = {}, {}
     for lib, path in libs.items():
@@ -107,7 +138,7 @@ def main(argv: list[str]) -> int:
             members[(lib, member)] = table
             for name in table[0]:
                 where[name] = (lib, member)
-    problems, edges, calls = [], {}, []
+    problems, edges, calls = include_problems(src), {}, []
     for (lib, member), (_, undefined, state) in sorted(members.items()):
         for name in sorted(undefined):
             if lib in PURE and FORBIDDEN.match(name):
