@@ -3,8 +3,10 @@
 #ifndef MPITENSOR_COMM_PRIVATE_H
 #define MPITENSOR_COMM_PRIVATE_H
 
+#include <assert.h>
 #include <mpi.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "mpitensor/counters.h"
 #include "mpitensor/layout.h"
@@ -27,8 +29,15 @@ static inline void mt__count(const mt_mesh *mesh, int kind, int64_t bytes) {
 
 /* The box of the rank whose coordinate is `coord` with mesh dim `m` set to `k`
  * (m < 0: `coord` itself), for a layout already validated: the member boxes of a
- * group along one mesh dim, as the executors walk them (redistribute.c). */
-void mt__box_at(const mt_layout *layout, const int64_t *coord, int m, int64_t k,
-                mt_box *out);
+ * group along one mesh dim, as the executors walk them. */
+static inline void mt__box_at(const mt_layout *layout, const int64_t *coord, int m,
+                              int64_t k, mt_box *out) {
+  int64_t at[MT_MAX_MESH_NDIM];
+  memcpy(at, coord, (size_t)layout->mesh_ndim * sizeof *at);
+  if (m >= 0) at[m] = k;
+  int rc = mt_layout_local_box(layout, at, out, NULL);
+  assert(rc == MT_OK);
+  (void)rc;
+}
 
 #endif

@@ -6,7 +6,6 @@
  * as a status instead of killing the job. */
 #include "mpitensor/mesh.h"
 
-#include <assert.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -229,16 +228,6 @@ void mt_mesh_set_counters(mt_mesh *mesh, mt_comm_counters *counters) {
 
 mt_comm_counters *mt_mesh_counters(const mt_mesh *mesh) {
   return mesh->counters;
-}
-
-void mt__box_at(const mt_layout *layout, const int64_t *coord, int m, int64_t k,
-                mt_box *out) {
-  int64_t at[MT_MAX_MESH_NDIM];
-  memcpy(at, coord, (size_t)layout->mesh_ndim * sizeof *at);
-  if (m >= 0) at[m] = k;
-  int rc = mt_layout_local_box(layout, at, out, NULL);
-  assert(rc == MT_OK);
-  (void)rc;
 }
 
 int64_t mt_mesh_dim_size(const mt_mesh *mesh, int dim) {
