@@ -2,6 +2,7 @@
  * a check that fails on some ranks only raises the same exception, with the same
  * message, on every rank of the mesh. */
 #include "ext.h"
+
 #include "mpitensor/agree.h"
 
 /* The status that mt_ext_raise turns back into `kind` (or its closest base). The
@@ -62,8 +63,10 @@ static PyObject *agree(PyObject *module, PyObject *const *args, Py_ssize_t nargs
   mt_error err = {0};
   if (set_message(&err, args[3]) < 0) return NULL;
   int status = ok ? MT_OK : status_of(kind), rc;
-  Py_BEGIN_ALLOW_THREADS rc = mt_agree(mesh, status, (uint64_t)fp, &err);
-  Py_END_ALLOW_THREADS if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_agree(mesh, status, (uint64_t)fp, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
   Py_RETURN_NONE;
 }
 
@@ -76,7 +79,6 @@ PyMethodDef mt_ext_agree_methods[] = {
      "message) or when the members' fingerprints (ints, taken mod 2**64) differ "
      "(ValueError with the first member's message). Ranks outside the mesh take no "
      "part and raise only their own failure. Example: agree(mesh._handle, buf is not "
-     "None, hash(shape), 'no "
-     "memory', MemoryError)."},
+     "None, hash(shape), 'no memory', MemoryError)."},
     {NULL, NULL, 0, NULL},
 };

@@ -71,9 +71,9 @@ static PyObject *io_save(PyObject *module, PyObject *const *args, Py_ssize_t nar
     mt_io_options opts = mt_ext_state_of(module)->io_options;
     mt_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc =
-        mt_io_save(c.mesh, PyBytes_AS_STRING(c.path), header.buf, (int64_t)header.len,
-                   &c.array, &c.box, c.view.buf, (int64_t)c.view.len, &opts, &err);
+    Py_BEGIN_ALLOW_THREADS
+    rc = mt_io_save(c.mesh, PyBytes_AS_STRING(c.path), header.buf, (int64_t)header.len,
+                    &c.array, &c.box, c.view.buf, (int64_t)c.view.len, &opts, &err);
     Py_END_ALLOW_THREADS
     out = rc == MT_OK ? Py_NewRef(Py_None) : mt_ext_raise(rc, &err);
   }
@@ -91,9 +91,9 @@ static PyObject *io_load(PyObject *module, PyObject *const *args, Py_ssize_t nar
     mt_io_options opts = mt_ext_state_of(module)->io_options;
     mt_error err = {0};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc =
-        mt_io_load(c.mesh, PyBytes_AS_STRING(c.path), &c.array, &c.box, c.view.buf,
-                   (int64_t)c.view.len, &opts, &err);
+    Py_BEGIN_ALLOW_THREADS
+    rc = mt_io_load(c.mesh, PyBytes_AS_STRING(c.path), &c.array, &c.box, c.view.buf,
+                    (int64_t)c.view.len, &opts, &err);
     Py_END_ALLOW_THREADS
     out = rc == MT_OK ? Py_NewRef(Py_None) : mt_ext_raise(rc, &err);
   }
@@ -137,8 +137,7 @@ static PyObject *io_gather(PyObject *module, PyObject *arg) {
 
 PyMethodDef mt_ext_io_methods[] = {
     {"io_save", (PyCFunction)(void (*)(void))io_save, METH_FASTCALL,
-     "io_save(mesh, path, header, shape, itemsize, offset, box_offset, box_shape, "
-     "buf): "
+     "io_save(mesh, path, header, shape, itemsize, offset, box_offset, box_shape, buf): "
      "writes a new file of header + array, this rank's box from buf. Collective."},
     {"io_load", (PyCFunction)(void (*)(void))io_load, METH_FASTCALL,
      "io_load(mesh, path, shape, itemsize, offset, box_offset, box_shape, out): reads "
@@ -146,8 +145,7 @@ PyMethodDef mt_ext_io_methods[] = {
     {"io_counters", io_counters, METH_NOARGS,
      "io_counters() -> (data bytes read, data bytes written) by this process. Local."},
     {"io_pipeline", (PyCFunction)(void (*)(void))io_pipeline, METH_FASTCALL,
-     "io_pipeline(chunk_bytes, io_thread) -> the previous pair: how boxes of many "
-     "short "
+     "io_pipeline(chunk_bytes, io_thread) -> the previous pair: how boxes of many short "
      "runs move through row slabs (mt_io_options). Local."},
     {"io_gather", io_gather, METH_O,
      "io_gather(mode) -> the previous mode: whether a save of interleaved boxes on one "

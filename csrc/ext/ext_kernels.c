@@ -125,9 +125,9 @@ static PyObject *gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
   mt_blas blas = mt_ext_state_of(module)->blas;
   mt_error err = {0};
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc =
-      mt_gemm(&blas, dtype, tb, m, n, k, alpha, PyArray_DATA(x[0]), ld[0],
-              PyArray_DATA(x[1]), ld[1], beta, PyArray_DATA(x[2]), ld[2], &err);
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_gemm(&blas, dtype, tb, m, n, k, alpha, PyArray_DATA(x[0]), ld[0],
+               PyArray_DATA(x[1]), ld[1], beta, PyArray_DATA(x[2]), ld[2], &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
   Py_RETURN_NONE;
@@ -259,8 +259,9 @@ static PyObject *attention(PyObject *module, PyObject *const *args, Py_ssize_t n
   mt_blas blas = mt_ext_state_of(module)->blas;
   mt_error err = {0};
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = mt_attention(&blas, dtype, &shape, &op[0], &op[1], &op[2],
-                                           &op[3], scale, causal, &err);
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_attention(&blas, dtype, &shape, &op[0], &op[1], &op[2], &op[3], scale, causal,
+                    &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
   Py_RETURN_NONE;

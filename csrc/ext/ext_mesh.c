@@ -1,7 +1,8 @@
 /* _C.Mesh: a DeviceMesh's communicators, owned by the core's mt_mesh. */
+#include "ext.h"
+
 #include <mpi4py/mpi4py.h>
 
-#include "ext.h"
 #include "mpitensor/counters.h"
 #include "mpitensor/mesh.h"
 

@@ -345,8 +345,7 @@ static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t 
   return (PyObject *)local;
 }
 
-/* ---- plan_check
- * ----------------------------------------------------------------------- */
+/* ---- plan_check ----------------------------------------------------------------- */
 
 /* plan_check(src_codes, dst_codes, dtype) -> None: raises what a redistribution
  * between these placements of `dtype` elements refuses (mt_plan_check), before any
@@ -468,10 +467,9 @@ PyMethodDef mt_ext_redistribute_methods[] = {
      "select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts, piece) "
      "-> this rank's box of a selection moved to dst_codes. Collective."},
     {"redistribute", (PyCFunction)(void (*)(void))redistribute, METH_FASTCALL,
-     "redistribute(mesh, plan, local) -> local array of the plan's target. "
-     "Collective."},
-    {"redistribute_start", (PyCFunction)(void (*)(void))redistribute_start,
-     METH_FASTCALL, "redistribute_start(mesh, plan, local) -> Request. Collective."},
+     "redistribute(mesh, plan, local) -> local array of the plan's target. Collective."},
+    {"redistribute_start", (PyCFunction)(void (*)(void))redistribute_start, METH_FASTCALL,
+     "redistribute_start(mesh, plan, local) -> Request. Collective."},
     {"distribute", (PyCFunction)(void (*)(void))distribute, METH_FASTCALL,
      "distribute(mesh, placements, full) -> this rank's box. Collective."},
     {"plan_check", (PyCFunction)(void (*)(void))plan_check, METH_FASTCALL,

@@ -20,8 +20,8 @@
  * (0.75).
  *
  * It runs only where it can work and pays: on Linux, with the I/O thread allowed
- * and the gather not turned off (mt_io_options), when the
- * writers have two CPUs between them (two threads bound to one core would only
+ * and the gather not turned off (mt_io_options), when the writers have two CPUs
+ * between them (two threads bound to one core would only
  * take turns on it: 0.55 where the exchange reached 0.83 at np 2; mode 2 takes
  * the first rank's threads regardless) and they can read every other rank's
  * memory. That last check reads back a token each rank publishes, so a rank on
