@@ -116,16 +116,17 @@ test-lint: $(VENV)/.deps
 	  -DMPITENSOR_BUILD_TESTS=ON -DMPITENSOR_WERROR=ON \
 	  -DPython_EXECUTABLE=$(abspath $(PY)) >/dev/null
 	$(VENV)/bin/cmake --build build/lint -j2
-	ls csrc/core/*.c csrc/ext/*.c | grep -v -x -F -f .clang-tidy-skip \
+	ls csrc/*/*.c | grep -v -x -F -f .clang-tidy-skip \
 	  | xargs -P2 -n4 clang-tidy -p build/lint --quiet 2>/dev/null
 	cppcheck --quiet --error-exitcode=1 --enable=warning,style,performance,portability \
 	  --std=c11 --library=python --inline-suppr --suppressions-list=.cppcheck-suppressions \
-	  -I csrc/include -I csrc/core csrc/
+	  -I csrc/include -I csrc/core -I csrc/comm -I csrc/io -I csrc/kernels csrc/
 	@echo "lint: no warnings, clang-tidy and cppcheck clean"
 
 # libFuzzer over layout and planning for FUZZ_SECONDS; the corpus in build/fuzz
 # grows from run to run. A crash leaves its input as build/fuzz/crash-*.
-FUZZ_SRC := tests/fuzz/fuzz_plan.c csrc/core/status.c csrc/core/layout.c csrc/core/plan.c
+FUZZ_SRC := tests/fuzz/fuzz_plan.c csrc/core/status.c csrc/core/layout.c \
+  csrc/core/placement.c csrc/core/plan.c
 build/fuzz/fuzz_plan: $(FUZZ_SRC) $(wildcard csrc/core/*.h csrc/include/mpitensor/*.h) | system-deps
 	mkdir -p build/fuzz/corpus
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \

@@ -2,21 +2,56 @@
 #ifndef MPITENSOR_CORE_PRIVATE_H
 #define MPITENSOR_CORE_PRIVATE_H
 
+#include <stddef.h>
+
 #include "mpitensor/layout.h"
 #include "mpitensor/status.h"
 
-/* Records `code` and a printf-style message in `err` (which may be NULL) and
- * returns `code`, so a failure path is one line: `return mt__fail(err, ...);`. */
-int mt__fail(mt_error *err, int code, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
+/* The core's short name for mt_error_set: `return mt__fail(err, MT_EINVAL, ...);`. */
+#define mt__fail mt_error_set
 
-/* The box of the rank whose coordinate is `coord` with mesh dim `m` set to `k`
- * (m < 0: `coord` itself), for a layout already validated: the member boxes of a
- * group along one mesh dim, as the executors walk them. */
-void mt__box_at(const mt_layout *layout, const int64_t *coord, int m, int64_t k,
-                mt_box *out);
+/* ---- placements: the one definition of each rule (plan.c, prop.c, ...) ------- */
+
+static inline mt_placement replicate(void) {
+  mt_placement p = {MT_PLACEMENT_REPLICATE, 0, 0};
+  return p;
+}
+
+static inline mt_placement shard(int d) {
+  mt_placement p = {MT_PLACEMENT_SHARD, d, 0};
+  return p;
+}
+
+static inline mt_placement partial(int op) {
+  mt_placement p = {MT_PLACEMENT_PARTIAL, 0, op};
+  return p;
+}
+
+/* Placements compare on the fields their kind uses, so a Replicate with a stray
+ * `dim` still equals Replicate. */
+static inline int placement_eq(const mt_placement *a, const mt_placement *b) {
+  if (a->kind != b->kind) return 0;
+  if (a->kind == MT_PLACEMENT_SHARD) return a->dim == b->dim;
+  if (a->kind == MT_PLACEMENT_PARTIAL) return a->reduce_op == b->reduce_op;
+  return 1;
+}
+
+static inline int is_shard(const mt_placement *p, int d) {
+  return p->kind == MT_PLACEMENT_SHARD && p->dim == d;
+}
+
+/* Whether moving `from` to `to` would create a pending reduction, which only
+ * from_local and operators may do: a Partial target needs the same Partial. */
+static inline int creates_partial(const mt_placement *from, const mt_placement *to) {
+  return to->kind == MT_PLACEMENT_PARTIAL && !placement_eq(from, to);
+}
+
+/* torch's name of a reduce op ("sum"), or "?" (placement.c). */
+const char *mt__reduce_name(int op);
+
+/* A placement as torch prints it, for error messages: its repr ("Shard(dim=0)",
+ * "Replicate()", "Partial(sum)"), or with `brief` its str ("S(0)", "R",
+ * "P(sum)"). Returns `buf` (placement.c). */
+const char *mt__placement_text(const mt_placement *p, int brief, char *buf, size_t len);
 
 #endif

@@ -231,16 +231,6 @@ int mt_box_intersect(const mt_box *a, const mt_box *b, mt_box *out) {
   return 1;
 }
 
-void mt__box_at(const mt_layout *layout, const int64_t *coord, int m, int64_t k,
-                mt_box *out) {
-  int64_t at[MT_MAX_MESH_NDIM];
-  memcpy(at, coord, (size_t)layout->mesh_ndim * sizeof *at);
-  if (m >= 0) at[m] = k;
-  int rc = mt_layout_local_box(layout, at, out, NULL);
-  assert(rc == MT_OK);
-  (void)rc;
-}
-
 /* ---- Selections. ---- */
 
 /* Floor of a / b for b > 0. */

@@ -24,8 +24,11 @@
  * Costs visit every rank once per priced step with O(1) box math per rank, and
  * O(log) for the message count of a direct exchange, so a mesh of 16,384 ranks
  * plans in milliseconds. */
+#include "mpitensor/plan.h"
+
 #include <assert.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +36,6 @@
 
 #include "core-private.h"
 #include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
 #include "mpitensor/status.h"
 
 /* A chain may gather and cut again on every mesh dim (2 steps each), before and
@@ -51,8 +53,13 @@ typedef struct step_list {
   mt_step s[MAX_STEPS];
 } step_list;
 
+/* The steps, and what owns the plan: a count of owners, and the per-process
+ * compiled part an executor attached on first use (set once, then only read). */
 struct mt_plan {
   step_list list;
+  atomic_int owners;
+  _Atomic(void *) compiled;
+  void (*compiled_free)(void *);
 };
 
 /* The non-empty leaves of the nested chunking of one tensor dim, in order: they
@@ -63,7 +70,7 @@ typedef struct leaf_set {
   const int64_t *end;
 } leaf_set;
 
-/* ---- Arithmetic and placements. ---- */
+/* ---- Arithmetic. ---- */
 
 /* a + b for non-negative operands; 0 when the sum does not fit. */
 static int add_ok(int64_t a, int64_t b, int64_t *out) {
@@ -83,41 +90,6 @@ static int overflow(mt_error *err) {
   return mt__fail(err, MT_EOVERFLOW,
                   "The byte or message count of this redistribution does not fit in "
                   "int64");
-}
-
-static int is_shard(const mt_placement *p, int d) {
-  return p->kind == MT_PLACEMENT_SHARD && p->dim == d;
-}
-
-/* Placements compare on the fields their kind uses, so a Replicate with a stray
- * `dim` still equals Replicate. */
-static int placement_eq(const mt_placement *a, const mt_placement *b) {
-  if (a->kind != b->kind) return 0;
-  if (a->kind == MT_PLACEMENT_SHARD) return a->dim == b->dim;
-  if (a->kind == MT_PLACEMENT_PARTIAL) return a->reduce_op == b->reduce_op;
-  return 1;
-}
-
-static mt_placement replicate(void) {
-  mt_placement p = {MT_PLACEMENT_REPLICATE, 0, 0};
-  return p;
-}
-
-static const char *reduce_name(int op) {
-  static const char *const names[MT_REDUCE_COUNT] = {"sum", "avg", "product", "max",
-                                                     "min"};
-  return op >= 0 && op < MT_REDUCE_COUNT ? names[op] : "?";
-}
-
-/* torch's repr of a placement, for error messages. */
-static const char *placement_name(const mt_placement *p, char *buf, size_t len) {
-  if (p->kind == MT_PLACEMENT_SHARD)
-    snprintf(buf, len, "Shard(dim=%d)", p->dim);
-  else if (p->kind == MT_PLACEMENT_PARTIAL)
-    snprintf(buf, len, "Partial(%s)", reduce_name(p->reduce_op));
-  else
-    snprintf(buf, len, "Replicate()");
-  return buf;
 }
 
 /* ---- Layouts. ---- */
@@ -250,14 +222,14 @@ static int check_pair(const mt_layout *src, const mt_layout *dst, mt_layout *a,
 static int check_partials(const mt_layout *a, const mt_layout *b, mt_error *err) {
   for (int m = 0; m < a->mesh_ndim; ++m) {
     const mt_placement *p = &a->placements[m], *q = &b->placements[m];
-    if (q->kind != MT_PLACEMENT_PARTIAL || placement_eq(p, q)) continue;
+    if (!creates_partial(p, q)) continue;
     char from[32], to[32];
     return mt__fail(err, MT_EINVAL,
                     "Cannot redistribute %s to %s on mesh dim %d: a Partial target "
                     "needs the same Partial in the source (Partial comes from "
                     "from_local and from operators, not from redistribute)",
-                    placement_name(p, from, sizeof from),
-                    placement_name(q, to, sizeof to), m);
+                    mt__placement_text(p, 0, from, sizeof from),
+                    mt__placement_text(q, 0, to, sizeof to), m);
   }
   return MT_OK;
 }
@@ -718,6 +690,8 @@ int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
   if (rc != MT_OK) return rc;
   mt_plan *plan = calloc(1, sizeof *plan);
   if (plan == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory allocating a plan");
+  atomic_init(&plan->owners, 1);
+  atomic_init(&plan->compiled, NULL);
   rc = build(&plan->list, &a, &b, itemsize, err);
   if (rc != MT_OK) {
     free(plan);
@@ -727,7 +701,33 @@ int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
   return MT_OK;
 }
 
-void mt_plan_destroy(mt_plan *plan) { free(plan); }
+void mt_plan_retain(mt_plan *plan) {
+  atomic_fetch_add_explicit(&plan->owners, 1, memory_order_relaxed);
+}
+
+void mt_plan_destroy(mt_plan *plan) {
+  if (plan == NULL) return;
+  /* The last owner sees every other owner's writes (acq_rel), the compiled part's
+   * destructor included. */
+  if (atomic_fetch_sub_explicit(&plan->owners, 1, memory_order_acq_rel) != 1) return;
+  void *compiled = atomic_load_explicit(&plan->compiled, memory_order_acquire);
+  if (compiled != NULL && plan->compiled_free != NULL) plan->compiled_free(compiled);
+  free(plan);
+}
+
+void *mt_plan_compiled(const mt_plan *plan) {
+  return atomic_load_explicit(&((mt_plan *)plan)->compiled, memory_order_acquire);
+}
+
+int mt_plan_set_compiled(mt_plan *plan, void *data, void (*free_fn)(void *)) {
+  void *none = NULL;
+  if (!atomic_compare_exchange_strong_explicit(
+          &plan->compiled, &none, data, memory_order_acq_rel, memory_order_acquire)) {
+    return 0;
+  }
+  plan->compiled_free = free_fn;
+  return 1;
+}
 
 int mt_plan_nsteps(const mt_plan *plan) { return plan == NULL ? 0 : plan->list.n; }
 

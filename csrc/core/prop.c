@@ -134,33 +134,6 @@ static uint32_t low_bits(int n) {
   return n >= 32 ? 0xffffffffu : (1u << n) - 1u;
 }
 
-static mt_placement replicate(void) {
-  mt_placement p = {MT_PLACEMENT_REPLICATE, 0, 0};
-  return p;
-}
-
-static mt_placement shard(int d) {
-  mt_placement p = {MT_PLACEMENT_SHARD, d, 0};
-  return p;
-}
-
-static mt_placement partial(int op) {
-  mt_placement p = {MT_PLACEMENT_PARTIAL, 0, op};
-  return p;
-}
-
-/* Placements compare on the fields their kind uses. */
-static int placement_eq(const mt_placement *a, const mt_placement *b) {
-  if (a->kind != b->kind) return 0;
-  if (a->kind == MT_PLACEMENT_SHARD) return a->dim == b->dim;
-  if (a->kind == MT_PLACEMENT_PARTIAL) return a->reduce_op == b->reduce_op;
-  return 1;
-}
-
-static int is_shard(const mt_placement *p, int d) {
-  return p->kind == MT_PLACEMENT_SHARD && p->dim == d;
-}
-
 /* ---- Checking a dim map. ---- */
 
 static int check_counts(const mt_dimmap *map, mt_error *err) {

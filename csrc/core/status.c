@@ -1,8 +1,7 @@
+#include "mpitensor/status.h"
+
 #include <stdarg.h>
 #include <stdio.h>
-
-#include "core-private.h"
-#include "mpitensor/status.h"
 
 const char *mt_strerror(int code) {
   switch (code) {
@@ -32,7 +31,7 @@ const char *mt_status_name(int code) {
   }
 }
 
-int mt__fail(mt_error *err, int code, const char *fmt, ...) {
+int mt_error_set(mt_error *err, int code, const char *fmt, ...) {
   if (err != NULL) {
     va_list ap;
     va_start(ap, fmt);

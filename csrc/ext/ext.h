@@ -15,10 +15,16 @@
 #endif
 #include <numpy/arrayobject.h>
 
+#include "mpitensor/counters.h"
+#include "mpitensor/io.h"
+#include "mpitensor/kernels.h"
 #include "mpitensor/mpitensor.h"
 #include "mpitensor/plan.h"
 
-/* Per-module state (PEP 489): the heap types, for isinstance checks in any area. */
+/* Per-module state (PEP 489): the heap types, for isinstance checks in any area;
+ * and what the C libraries keep no global of: the communication and I/O counters
+ * (every mesh counts into `comm_counters`), the current I/O options and the BLAS
+ * of the kernels, read and changed under the GIL. */
 typedef struct mt_ext_state {
   PyTypeObject *mesh_type;
   PyTypeObject *plan_type;
@@ -29,6 +35,10 @@ typedef struct mt_ext_state {
   PyTypeObject *dtensor_base_type;
   PyTypeObject *table_type;
   struct mt_ext_dispatch *dispatch; /* the fast path's state (ext_dispatch.c), owned */
+  mt_comm_counters comm_counters;
+  mt_io_counters io_counters;
+  mt_io_options io_options; /* io_options.counters is &io_counters */
+  mt_blas blas;
 } mt_ext_state;
 
 /* The module's definition, to find the module state from a type (PEP 573). */
@@ -112,5 +122,10 @@ extern PyMethodDef mt_ext_io_methods[];
 extern PyMethodDef mt_ext_dispatch_methods[];
 extern PyMethodDef mt_ext_ring_methods[];
 extern PyMethodDef mt_ext_kernels_methods[];
+extern PyMethodDef mt_ext_agree_methods[];
+
+/* The mt_dtype code of a NumPy dtype, or a negative value for one the core does not
+ * know. */
+int mt_ext_descr_dtype(PyArray_Descr *d);
 
 #endif

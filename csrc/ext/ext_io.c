@@ -68,11 +68,12 @@ static PyObject *io_save(PyObject *module, PyObject *const *args, Py_ssize_t nar
   io_args c;
   PyObject *out = NULL;
   if (parse(module, rest, 8, PyBUF_C_CONTIGUOUS, &c) == 0) {
+    mt_io_options opts = mt_ext_state_of(module)->io_options;
     mt_error err = {0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = mt_io_save(c.mesh, PyBytes_AS_STRING(c.path), header.buf, (int64_t)header.len,
-                    &c.array, &c.box, c.view.buf, (int64_t)c.view.len, &err);
+                    &c.array, &c.box, c.view.buf, (int64_t)c.view.len, &opts, &err);
     Py_END_ALLOW_THREADS
     out = rc == MT_OK ? Py_NewRef(Py_None) : mt_ext_raise(rc, &err);
   }
@@ -87,11 +88,12 @@ static PyObject *io_load(PyObject *module, PyObject *const *args, Py_ssize_t nar
   io_args c;
   PyObject *out = NULL;
   if (parse(module, args, nargs, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, &c) == 0) {
+    mt_io_options opts = mt_ext_state_of(module)->io_options;
     mt_error err = {0};
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = mt_io_load(c.mesh, PyBytes_AS_STRING(c.path), &c.array, &c.box, c.view.buf,
-                    (int64_t)c.view.len, &err);
+                    (int64_t)c.view.len, &opts, &err);
     Py_END_ALLOW_THREADS
     out = rc == MT_OK ? Py_NewRef(Py_None) : mt_ext_raise(rc, &err);
   }
@@ -99,33 +101,38 @@ static PyObject *io_load(PyObject *module, PyObject *const *args, Py_ssize_t nar
   return out;
 }
 
-/* io_counters() -> (data bytes read, data bytes written) by this process. Local. */
+/* io_counters() -> (data bytes read, data bytes written) by this process through
+ * this module. Local. */
 static PyObject *io_counters(PyObject *module, PyObject *unused) {
-  mt_io_counters c;
-  mt_io_counters_get(&c);
-  return Py_BuildValue("(LL)", (long long)c.read_bytes, (long long)c.written_bytes);
+  mt_io_counters *c = &mt_ext_state_of(module)->io_counters;
+  return Py_BuildValue("(LL)", (long long)atomic_load(&c->read_bytes),
+                       (long long)atomic_load(&c->written_bytes));
 }
 
-/* io_pipeline(chunk_bytes, io_thread) -> the previous (chunk_bytes, io_thread). Local. */
+/* io_pipeline(chunk_bytes, io_thread) -> the previous (chunk_bytes, io_thread): the
+ * options every later io_save and io_load of this module passes. Local. */
 static PyObject *io_pipeline(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "io_pipeline takes 2 arguments");
   long long chunk = PyLong_AsLongLong(args[0]);
   int threaded = PyObject_IsTrue(args[1]);
   if (PyErr_Occurred() || threaded < 0) return NULL;
   if (chunk < 1) return PyErr_Format(PyExc_ValueError, "chunk_bytes must be positive");
-  int64_t old_chunk = 0;
-  int old_threaded = 0;
-  mt_io_get_pipeline(&old_chunk, &old_threaded);
-  mt_io_set_pipeline((int64_t)chunk, threaded);
-  return Py_BuildValue("(LO)", (long long)old_chunk, old_threaded ? Py_True : Py_False);
+  mt_io_options *o = &mt_ext_state_of(module)->io_options;
+  PyObject *old = Py_BuildValue("(LO)", (long long)o->chunk_bytes,
+                                o->io_thread ? Py_True : Py_False);
+  if (old != NULL) o->chunk_bytes = (int64_t)chunk, o->io_thread = threaded;
+  return old;
 }
 
-/* io_gather(mode) -> the previous mode. Local. */
+/* io_gather(mode) -> the previous mode, for every later io_save. Local. */
 static PyObject *io_gather(PyObject *module, PyObject *arg) {
   long mode = PyLong_AsLong(arg);
   if (mode == -1 && PyErr_Occurred()) return NULL;
   if (mode < 0 || mode > 2) return PyErr_Format(PyExc_ValueError, "io_gather takes 0, 1 or 2");
-  return PyLong_FromLong(mt_io_set_gather((int)mode));
+  mt_io_options *o = &mt_ext_state_of(module)->io_options;
+  int old = o->gather;
+  o->gather = (int)mode;
+  return PyLong_FromLong(old);
 }
 
 PyMethodDef mt_ext_io_methods[] = {
@@ -139,11 +146,11 @@ PyMethodDef mt_ext_io_methods[] = {
      "io_counters() -> (data bytes read, data bytes written) by this process. Local."},
     {"io_pipeline", (PyCFunction)(void (*)(void))io_pipeline, METH_FASTCALL,
      "io_pipeline(chunk_bytes, io_thread) -> the previous pair: how boxes of many short "
-     "runs move through row slabs (mt_io_set_pipeline). Local."},
+     "runs move through row slabs (mt_io_options). Local."},
     {"io_gather", io_gather, METH_O,
      "io_gather(mode) -> the previous mode: whether a save of interleaved boxes on one "
      "node is written by two writers reading the others' memory: 0 never, 1 when it "
-     "pays (default), 2 by the first rank's threads whenever it can (mt_io_set_gather). "
+     "pays (default), 2 by the first rank's threads whenever it can (mt_io_options). "
      "Local."},
     {NULL, NULL, 0, NULL},
 };

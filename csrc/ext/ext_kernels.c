@@ -4,6 +4,7 @@
  * mismatch here is a TypeError or ValueError, never a silent copy. All Local; the
  * GIL is released while a kernel runs. */
 #include "ext.h"
+#include "mpitensor/kernels.h"
 
 /* The array behind args[i], float32/float64 of `dtype` (or any of the two when
  * *dtype < 0, which is then set), C-contiguous and aligned unless `any_layout`. */
@@ -51,12 +52,14 @@ static PyArrayObject *like(PyObject *module, PyArrayObject *x) {
 }
 
 static PyObject *kernels_have_blas(PyObject *module, PyObject *unused) {
-  return PyBool_FromLong(mt_kernels_have_blas());
+  return PyBool_FromLong(mt_blas_available(&mt_ext_state_of(module)->blas));
 }
 
-/* kernels_set_blas(sgemm, dgemm, ilp64): installs the CBLAS functions at these
- * addresses (ints, as ctypes gives them from a library it loaded, which keeps it
- * loaded); (0, 0, any) removes the BLAS. */
+/* kernels_set_blas(sgemm, dgemm, ilp64): the CBLAS functions at these addresses
+ * (ints, as ctypes gives them from a library it loaded, which keeps it loaded)
+ * become the module's BLAS, handed to every gemm and attention; (0, 0, any)
+ * removes it. Changed under the GIL, and each call copies it before releasing
+ * the GIL, so a kernel running in another thread keeps the one it started with. */
 static PyObject *kernels_set_blas(PyObject *module, PyObject *const *args,
                                   Py_ssize_t nargs) {
   if (nargs != 3) return PyErr_Format(PyExc_TypeError, "kernels_set_blas(sgemm, dgemm, ilp64)");
@@ -72,8 +75,9 @@ static PyObject *kernels_set_blas(PyObject *module, PyObject *const *args,
     blas.sgemm = (mt_sgemm_lp64 *)s, blas.dgemm = (mt_dgemm_lp64 *)d;
   }
   mt_error err = {0};
-  int rc = mt_kernels_set_blas(s == NULL && d == NULL ? NULL : &blas, &err);
+  int rc = mt_blas_check(&blas, &err);
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  mt_ext_state_of(module)->blas = blas;
   Py_RETURN_NONE;
 }
 
@@ -118,11 +122,12 @@ static PyObject *gemm(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyErr_Format(PyExc_ValueError, "gemm: shapes do not match");
   }
   if (!PyArray_ISWRITEABLE(x[2])) return PyErr_Format(PyExc_ValueError, "gemm: c must be writable");
+  mt_blas blas = mt_ext_state_of(module)->blas;
   mt_error err = {0};
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_gemm(dtype, tb, m, n, k, alpha, PyArray_DATA(x[0]), ld[0], PyArray_DATA(x[1]),
-               ld[1], beta, PyArray_DATA(x[2]), ld[2], &err);
+  rc = mt_gemm(&blas, dtype, tb, m, n, k, alpha, PyArray_DATA(x[0]), ld[0],
+               PyArray_DATA(x[1]), ld[1], beta, PyArray_DATA(x[2]), ld[2], &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
   Py_RETURN_NONE;
@@ -251,10 +256,12 @@ static PyObject *attention(PyObject *module, PyObject *const *args, Py_ssize_t n
   double scale = PyFloat_AsDouble(args[4]);
   int causal = PyObject_IsTrue(args[5]);
   if (attn_shapes(a, &shape) < 0 || PyErr_Occurred() || causal < 0) return NULL;
+  mt_blas blas = mt_ext_state_of(module)->blas;
   mt_error err = {0};
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_attention(dtype, &shape, &op[0], &op[1], &op[2], &op[3], scale, causal, &err);
+  rc = mt_attention(&blas, dtype, &shape, &op[0], &op[1], &op[2], &op[3], scale, causal,
+                    &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
   Py_RETURN_NONE;

@@ -3,6 +3,7 @@
 
 #include <mpi4py/mpi4py.h>
 
+#include "mpitensor/counters.h"
 #include "mpitensor/mesh.h"
 
 typedef struct {
@@ -78,6 +79,10 @@ static PyObject *mesh_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
   }
   Py_DECREF(ranks);
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  /* Every mesh (and its slices) counts into the module's counters, which
+   * comm_counters() reads; the type keeps the module, and so them, alive. */
+  mt_mesh_set_counters(mesh,
+                       &((mt_ext_state *)PyType_GetModuleState(tp))->comm_counters);
   return wrap(tp, mesh);
 }
 

@@ -345,12 +345,37 @@ static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t 
   return (PyObject *)local;
 }
 
+/* ---- plan_check ----------------------------------------------------------------- */
+
+/* plan_check(src_codes, dst_codes, dtype) -> None: raises what a redistribution
+ * between these placements of `dtype` elements refuses (mt_plan_check), before any
+ * communication. Local. */
+static PyObject *plan_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "plan_check(src, dst, dtype)");
+  mt_layout src, dst;
+  memset(&src, 0, sizeof src);
+  memset(&dst, 0, sizeof dst);
+  PyArray_Descr *descr = NULL;
+  if (mt_ext_placements(args[0], src.placements, &src.mesh_ndim) < 0 ||
+      mt_ext_placements(args[1], dst.placements, &dst.mesh_ndim) < 0 ||
+      !PyArray_DescrConverter(args[2], &descr)) {
+    return NULL;
+  }
+  int dtype = mt_ext_descr_dtype(descr);
+  Py_DECREF(descr);
+  mt_error err = {0};
+  int rc = mt_plan_check(&src, &dst, dtype, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
 /* ---- counters ------------------------------------------------------------------------ */
 
-/* comm_counters() -> {name: (calls, bytes)} since the process started. Local. */
+/* comm_counters() -> {name: (calls, bytes)} of every mesh of this module since it
+ * was loaded. Local. */
 static PyObject *comm_counters(PyObject *module, PyObject *unused) {
-  mt_comm_counters c;
-  mt_comm_counters_get(&c);
+  mt_comm_totals c;
+  mt_comm_counters_read(&mt_ext_state_of(module)->comm_counters, &c);
   PyObject *out = PyDict_New();
   for (int k = 0; out != NULL && k < MT_COLL_COUNT; ++k) {
     PyObject *v = Py_BuildValue("(LL)", (long long)c.calls[k], (long long)c.bytes[k]);
@@ -447,6 +472,10 @@ PyMethodDef mt_ext_redistribute_methods[] = {
      "redistribute_start(mesh, plan, local) -> Request. Collective."},
     {"distribute", (PyCFunction)(void (*)(void))distribute, METH_FASTCALL,
      "distribute(mesh, placements, full) -> this rank's box. Collective."},
+    {"plan_check", (PyCFunction)(void (*)(void))plan_check, METH_FASTCALL,
+     "plan_check(src_codes, dst_codes, dtype) -> None: raises what redistributing "
+     "src to dst placements of dtype refuses (RuntimeError: creating a Partial; "
+     "TypeError: a reduction the dtype lacks). Local, no communication."},
     {"comm_counters", comm_counters, METH_NOARGS,
      "{collective name: (calls, bytes sent)} since the process started. Local."},
     {NULL, NULL, 0, NULL},

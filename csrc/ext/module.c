@@ -63,7 +63,10 @@ int mt_ext_placements(PyObject *seq, mt_placement *out, int *n) {
 }
 
 int mt_ext_dtype(PyArrayObject *a) {
-  PyArray_Descr *d = PyArray_DESCR(a);
+  return mt_ext_descr_dtype(PyArray_DESCR(a));
+}
+
+int mt_ext_descr_dtype(PyArray_Descr *d) {
   int size = (int)PyDataType_ELSIZE(d);
   switch (d->kind) {
     case 'b': return MT_DTYPE_BOOL;
@@ -131,6 +134,10 @@ static int module_exec(PyObject *module) {
   if (add_methods(module, mt_ext_dispatch_methods) < 0) return -1;
   if (add_methods(module, mt_ext_ring_methods) < 0) return -1;
   if (add_methods(module, mt_ext_kernels_methods) < 0) return -1;
+  if (add_methods(module, mt_ext_agree_methods) < 0) return -1;
+  mt_ext_state *st = mt_ext_state_of(module);
+  st->io_options = mt_io_options_default();
+  st->io_options.counters = &st->io_counters;
   if (mt_ext_pool_exec(module) < 0) return -1;
   if (mt_ext_mesh_exec(module) < 0) return -1;
   if (mt_ext_redistribute_exec(module) < 0) return -1;

@@ -50,6 +50,18 @@ class Request:
 def mpi_library_version() -> str: ...
 def comm_live_count() -> int: ...
 def comm_counters() -> dict[str, tuple[int, int]]: ...
+def agree(mesh: Mesh, ok: bool, fingerprint: int, message: str,
+          error: type[Exception] = ValueError) -> None:
+    """Collective on the mesh. Raises on every member when some member passed
+    ok=False (the first such member's `error`, as ValueError, TypeError,
+    IndexError, MemoryError, NotImplementedError, OverflowError, OSError or else
+    RuntimeError, with its message), or when the fingerprints (mod 2**64) differ
+    (ValueError with the first member's message). Outsiders raise only their own."""
+    ...
+def plan_check(src: Codes, dst: Codes, dtype: Any) -> None:
+    """Local. Raises what redistributing `src` to `dst` placements of `dtype` refuses:
+    RuntimeError for a new Partial, TypeError for a reduction the dtype lacks."""
+    ...
 def local_box(global_shape: Sequence[int], mesh_shape: Sequence[int],
               coordinate: Sequence[int], placements: Codes
               ) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
@@ -109,13 +121,14 @@ def io_load(mesh: Mesh, path: str | bytes, shape: Sequence[int], itemsize: int,
 
 def io_counters() -> tuple[int, int]:
     """Local. (data bytes read, data bytes written) by this process through io_save
-    and io_load since it started."""
+    and io_load since the module was loaded."""
     ...
 
 def io_pipeline(chunk_bytes: int, io_thread: bool) -> tuple[int, bool]:
-    """Local. Sets how boxes of many short runs move (row slabs in chunks of about
-    chunk_bytes per rank, written or read by an I/O thread while the next chunk is
-    exchanged); returns the previous setting."""
+    """Local. Sets how the following io_save and io_load calls move boxes of many
+    short runs (row slabs in chunks of about chunk_bytes per rank, written or read
+    by an I/O thread while the next chunk is exchanged); returns the previous
+    setting."""
     ...
 
 def io_gather(mode: int) -> int:

@@ -7,16 +7,22 @@
  * MPITENSOR_BIG_IO=1 also writes and reads back a real 2 GiB + 1 KiB box. */
 #include <limits.h>
 #include <mpi.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "check.h"
-#include "world_mesh.h"
 #include "mpitensor/io.h"
+#include "world_mesh.h"
 
 static int world_rank, world_size;
+
+/* The options (and their counters) that the test's saves and loads pass; the
+ * high-offset test passes NULL, the defaults. */
+static mt_io_counters test_io_counters;
+static mt_io_options test_opts;
 static char dir[256];
 
 static mt_io_array array2(int64_t rows, int64_t cols, int64_t itemsize, int64_t offset) {
@@ -103,20 +109,23 @@ static void test_round_trip(mt_mesh *m) {
   for (int64_t i = 0; i < nr * cols; ++i) mine[i] = (int32_t)(r0 * cols + i);
   mt_box b = box2(r0, nr, 0, cols);
   mt_error err = {0};
-  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, nr * cols * 4, &err);
+  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, nr * cols * 4,
+                      &test_opts, &err);
   CHECK_MSG(rc == MT_OK, "%s", err.msg);
   check_file(path, rows * cols);
   int64_t per_c = (cols + world_size - 1) / world_size;
   int64_t c0 = per_c * world_rank < cols ? per_c * world_rank : cols;
   int64_t nc = c0 + per_c <= cols ? per_c : cols - c0;
   mt_box rb = box2(1, rows - 1, c0, nc);
-  CHECK(mt_io_load(m, path, &a, &rb, mine, (rows - 1) * nc * 4, &err) == MT_OK);
+  CHECK(mt_io_load(m, path, &a, &rb, mine, (rows - 1) * nc * 4, &test_opts, &err) ==
+        MT_OK);
   for (int64_t i = 0; i < (rows - 1) * nc; ++i) {
     CHECK(mine[i] == (i / nc + 1) * cols + c0 + i % nc);
   }
   mt_box cb = box2(0, rows, c0, nc);
   for (int64_t i = 0; i < rows * nc; ++i) mine[i] = (int32_t)((i / nc) * cols + c0 + i % nc);
-  rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &cb, mine, rows * nc * 4, &err);
+  rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &cb, mine, rows * nc * 4,
+                  &test_opts, &err);
   CHECK_MSG(rc == MT_OK, "%s", err.msg);
   check_file(path, rows * cols);
   free(mine);
@@ -165,11 +174,12 @@ static void slab_round_trip(mt_mesh *m, const mt_io_array *a, const mt_box *sb,
                             const mt_box *lb, const char *what, int64_t *moved) {
   char path[512];
   path_of(path, sizeof path, "slabs.bin");
-  mt_io_counters before, after;
-  mt_io_counters_get(&before);
+  int64_t written = atomic_load(&test_io_counters.written_bytes);
+  int64_t read = atomic_load(&test_io_counters.read_bytes);
   int32_t *mine = fill(a, sb);
   mt_error err = {0};
-  int rc = mt_io_save(m, path, "0123456789abcdef", 16, a, sb, mine, mt_box_numel(sb) * 4, &err);
+  int rc = mt_io_save(m, path, "0123456789abcdef", 16, a, sb, mine,
+                      mt_box_numel(sb) * 4, &test_opts, &err);
   CHECK_MSG(rc == MT_OK, "%s: %s", what, err.msg);
   int64_t n = a->shape[0] * a->shape[1] * (a->ndim == 3 ? a->shape[2] : 1);
   if (world_rank == 0) {
@@ -184,12 +194,11 @@ static void slab_round_trip(mt_mesh *m, const mt_io_array *a, const mt_box *sb,
     if (f != NULL) fclose(f);
   }
   int32_t *expect = fill(a, lb), *got = malloc((size_t)(mt_box_numel(lb) + 1) * sizeof *got);
-  rc = mt_io_load(m, path, a, lb, got, mt_box_numel(lb) * 4, &err);
+  rc = mt_io_load(m, path, a, lb, got, mt_box_numel(lb) * 4, &test_opts, &err);
   CHECK_MSG(rc == MT_OK, "%s: %s", what, err.msg);
   CHECK_MSG(memcmp(got, expect, (size_t)mt_box_numel(lb) * 4) == 0, "%s: loaded values", what);
-  mt_io_counters_get(&after);
-  moved[0] = after.written_bytes - before.written_bytes;
-  moved[1] = after.read_bytes - before.read_bytes;
+  moved[0] = atomic_load(&test_io_counters.written_bytes) - written;
+  moved[1] = atomic_load(&test_io_counters.read_bytes) - read;
   free(mine);
   free(expect);
   free(got);
@@ -202,14 +211,13 @@ static void slab_round_trip(mt_mesh *m, const mt_io_array *a, const mt_box *sb,
  * and rows no box reads. Every byte is written once: in row slabs, or all by the
  * first rank when the save is gathered (with the I/O thread allowed). */
 static void test_pipeline(mt_mesh *m) {
-  int64_t chunks[3] = {1, 3 * 4 * 11 + 5, 1 << 20}, old_chunk = 0, moved[2];
-  int old_thread = 0;
-  mt_io_get_pipeline(&old_chunk, &old_thread);
-  int old_gather = mt_io_set_gather(0);
+  int64_t chunks[3] = {1, 3 * 4 * 11 + 5, 1 << 20}, moved[2];
+  mt_io_options old = test_opts;
   for (int i = 0; i < 12; ++i) {
     int thread = i % 2, gather = (i / 2) % 2 ? 2 : 0;
-    mt_io_set_pipeline(chunks[i / 4], thread);
-    mt_io_set_gather(gather);
+    test_opts.chunk_bytes = chunks[i / 4];
+    test_opts.io_thread = thread;
+    test_opts.gather = gather;
     int gathered = gather && thread && world_size > 1;
     char what[64];
     snprintf(what, sizeof what, "chunk %lld thread %d gather %d", (long long)chunks[i / 4],
@@ -244,8 +252,7 @@ static void test_pipeline(mt_mesh *m) {
       slab_round_trip(m, &q, &grid, &grid, what, moved);
     }
   }
-  mt_io_set_pipeline(old_chunk, old_thread);
-  mt_io_set_gather(old_gather);
+  test_opts = old;
 }
 
 /* Each rank writes 64 bytes near the end of a 6 GiB sparse file. */
@@ -258,11 +265,12 @@ static void test_high_offset(mt_mesh *m) {
   unsigned char buf[64];
   for (int i = 0; i < 64; ++i) buf[i] = (unsigned char)(world_rank * 64 + i);
   mt_error err = {0};
-  CHECK_MSG(mt_io_save(m, path, "H", 1, &a, &b, buf, 64, &err) == MT_OK, "%s", err.msg);
+  CHECK_MSG(mt_io_save(m, path, "H", 1, &a, &b, buf, 64, NULL, &err) == MT_OK, "%s",
+            err.msg);
   int other = (world_rank + 1) % world_size;
   mt_box rb = box2(2, 1, big - 64 * (other + 1), 64);
   memset(buf, 0, sizeof buf);
-  CHECK_MSG(mt_io_load(m, path, &a, &rb, buf, 64, &err) == MT_OK, "%s", err.msg);
+  CHECK_MSG(mt_io_load(m, path, &a, &rb, buf, 64, NULL, &err) == MT_OK, "%s", err.msg);
   for (int i = 0; i < 64; ++i) CHECK(buf[i] == (unsigned char)(other * 64 + i));
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank == 0) remove(path);
@@ -287,26 +295,27 @@ static void test_failures(mt_mesh *m) {
   unsigned char buf[4] = {1, 2, 3, 4};
   mt_error err = {0};
   int64_t nb = mt_box_numel(&b);
-  CHECK(mt_io_save(m, path, "KEEP", 4, &a, &b, buf, nb, &err) == MT_OK);
-  int rc = mt_io_save(m, missing, "HEAD", 4, &a, &b, buf, nb, &err);
+  CHECK(mt_io_save(m, path, "KEEP", 4, &a, &b, buf, nb, &test_opts, &err) == MT_OK);
+  int rc = mt_io_save(m, missing, "HEAD", 4, &a, &b, buf, nb, &test_opts, &err);
   expect_everywhere(rc, MT_EIO, &err, "no-such-dir");
-  rc = mt_io_load(m, missing, &a, &b, buf, nb, &err);
+  rc = mt_io_load(m, missing, &a, &b, buf, nb, &test_opts, &err);
   expect_everywhere(rc, MT_EIO, &err, "no-such-dir");
   mt_io_array longer = array2(4, 2, 1, 4);
-  rc = mt_io_load(m, path, &longer, &b, buf, nb, &err);
+  rc = mt_io_load(m, path, &longer, &b, buf, nb, &test_opts, &err);
   expect_everywhere(rc, MT_EIO, &err, "truncated");
   /* A bad box on the last rank only: the others must not write, and the file at
    * `path` stays as it was. */
   mt_box bad = box2(world_rank == world_size - 1 ? 1 : 0, 2, 0, 2);
   unsigned char other[4] = {9, 9, 9, 9};
-  rc = mt_io_save(m, path, "LOST", 4, &a, &bad, other, mt_box_numel(&bad), &err);
+  rc = mt_io_save(m, path, "LOST", 4, &a, &bad, other, mt_box_numel(&bad), &test_opts,
+                  &err);
   expect_everywhere(rc, MT_EINDEX, &err, "outside");
   int short_buf = world_rank == world_size - 1;
-  rc = mt_io_save(m, path, "LOST", 4, &a, &b, other, nb - short_buf, &err);
+  rc = mt_io_save(m, path, "LOST", 4, &a, &b, other, nb - short_buf, &test_opts, &err);
   expect_everywhere(rc, MT_EINVAL, &err, "buffer");
   memset(buf, 0, sizeof buf);
   mt_box whole = box2(0, 2, 0, 2);
-  CHECK(mt_io_load(m, path, &a, &whole, buf, 4, &err) == MT_OK);
+  CHECK(mt_io_load(m, path, &a, &whole, buf, 4, &test_opts, &err) == MT_OK);
   CHECK(buf[0] == 1 && buf[3] == 4);
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank == 0) remove(path);
@@ -325,11 +334,13 @@ static void test_big_box(mt_mesh *m) {
   mt_box b = {.ndim = 1};
   b.shape[0] = writer ? n : 0;
   mt_error err = {0};
-  CHECK_MSG(mt_io_save(m, path, "B", 1, &a, &b, buf, b.shape[0], &err) == MT_OK, "%s",
-            err.msg);
+  CHECK_MSG(
+      mt_io_save(m, path, "B", 1, &a, &b, buf, b.shape[0], &test_opts, &err) == MT_OK,
+      "%s", err.msg);
   if (reader) memset(buf, 0, (size_t)n);
   b.shape[0] = reader ? n : 0;
-  CHECK_MSG(mt_io_load(m, path, &a, &b, buf, b.shape[0], &err) == MT_OK, "%s", err.msg);
+  CHECK_MSG(mt_io_load(m, path, &a, &b, buf, b.shape[0], &test_opts, &err) == MT_OK,
+            "%s", err.msg);
   int64_t bad = 0;
   for (int64_t i = 0; reader && i < n; ++i) bad += buf[i] != (unsigned char)(i % 251);
   CHECK(bad == 0);
@@ -353,6 +364,8 @@ int main(int argc, char **argv) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   mt_mesh *m = world_mesh();
+  test_opts = mt_io_options_default();
+  test_opts.counters = &test_io_counters;
   test_large_types();
   test_round_trip(m);
   test_pipeline(m);

@@ -2,7 +2,7 @@
  * (both forms), row softmax and log-softmax, layer norm, gemm and attention (causal
  * and not, L != S, strided heads, empty sizes), in float64 (1e-12) and float32
  * (1e-5, with an absolute floor), plus every error path. The BLAS is a reference
- * loop installed as the provider, once with LP64 and once with ILP64 signatures,
+ * loop handed to the kernels, once with LP64 and once with ILP64 signatures,
  * so the test needs no BLAS library. */
 #include <limits.h>
 #include <math.h>
@@ -83,6 +83,9 @@ static void ref_dgemm64(int o, int ta, int tb, int64_t m, int64_t n, int64_t k,
 
 static const mt_blas lp64 = {ref_sgemm, ref_dgemm, NULL, NULL};
 static const mt_blas ilp64 = {NULL, NULL, ref_sgemm64, ref_dgemm64};
+
+/* The BLAS that the kernels under test are handed. */
+static const mt_blas *blas = &lp64;
 
 static double gelu_ref(double x, int approx) {
   if (approx == MT_GELU_TANH) { /* 0.5 x (1 + tanh u) = x / (1 + exp(-2u)), exactly */
@@ -279,8 +282,8 @@ static void check_attention(int f32, mt_attn_shape s, int causal) {
   mt_attn_operand v = {vd, s.heads * s.S * s.Ev, s.S * s.Ev, s.Ev};
   mt_attn_operand o = {od, s.L * s.heads * s.Ev, s.Ev, s.heads * s.Ev};
   double scale = 1.0 / sqrt((double)(s.E > 0 ? s.E : 1));
-  int rc = mt_attention(f32 ? MT_DTYPE_FLOAT32 : MT_DTYPE_FLOAT64, &s, &q, &k, &v, &o,
-                        scale, causal, NULL);
+  int rc = mt_attention(blas, f32 ? MT_DTYPE_FLOAT32 : MT_DTYPE_FLOAT64, &s, &q, &k, &v,
+                        &o, scale, causal, NULL);
   CHECK(rc == MT_OK);
   attention_ref(f32, &s, &q, &k, &v, scale, causal, ref);
   for (int64_t b = 0; b < s.batch; ++b)
@@ -324,9 +327,9 @@ static void check_gemm(int f32, int tb, int64_t m, int64_t n, int64_t k, double 
   fill(ad, af, na, 11, 1.0), fill(bd, bf, nb, 12, 1.0), fill(c0, cf, nc, 13, 1.0);
   memcpy(cd, c0, (size_t)nc * sizeof(double));
   if (m > 0 && n > 0) c0[0] = cd[0] = NAN, cf[0] = NAN; /* beta == 0 must drop it */
-  int rc = mt_gemm(f32 ? MT_DTYPE_FLOAT32 : MT_DTYPE_FLOAT64, tb, m, n, k, 0.5,
-                   f32 ? (void *)af : (void *)ad, lda, f32 ? (void *)bf : (void *)bd, ldb,
-                   beta, f32 ? (void *)cf : (void *)cd, ldc, NULL);
+  int rc = mt_gemm(blas, f32 ? MT_DTYPE_FLOAT32 : MT_DTYPE_FLOAT64, tb, m, n, k, 0.5,
+                   f32 ? (void *)af : (void *)ad, lda, f32 ? (void *)bf : (void *)bd,
+                   ldb, beta, f32 ? (void *)cf : (void *)cd, ldc, NULL);
   CHECK(rc == MT_OK);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < ldc; ++j) {
@@ -376,48 +379,60 @@ static void test_errors(void) {
         MT_EINVAL);
   mt_attn_shape s = {1, 1, 2, 2, 2, 2};
   mt_attn_operand a = {x, 4, 4, 2}, overlap = {x, 4, 4, 1}, none = {NULL, 4, 4, 2};
-  CHECK(mt_attention(MT_DTYPE_INT64, &s, &a, &a, &a, &a, 1.0, 0, &err) == MT_ETYPE);
-  CHECK(mt_attention(MT_DTYPE_FLOAT32, NULL, &a, &a, &a, &a, 1.0, 0, &err) == MT_EINVAL);
-  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &overlap, &a, &a, 1.0, 0, &err) ==
+  CHECK(mt_attention(blas, MT_DTYPE_INT64, &s, &a, &a, &a, &a, 1.0, 0, &err) ==
+        MT_ETYPE);
+  CHECK(mt_attention(blas, MT_DTYPE_FLOAT32, NULL, &a, &a, &a, &a, 1.0, 0, &err) ==
+        MT_EINVAL);
+  CHECK(mt_attention(blas, MT_DTYPE_FLOAT32, &s, &a, &overlap, &a, &a, 1.0, 0, &err) ==
         MT_EINVAL);
   CHECK(strstr(err.msg, "overlap") != NULL);
-  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &a, &none, &a, 1.0, 0, &err) == MT_EINVAL);
-  mt_attn_shape neg = {1, -1, 2, 2, 2, 2};
-  CHECK(mt_attention(MT_DTYPE_FLOAT32, &neg, &a, &a, &a, &a, 1.0, 0, &err) == MT_EINVAL);
-  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &a, &a, &a, 1.0, 0, NULL) == MT_OK);
-  CHECK(mt_gemm(MT_DTYPE_INT32, 0, 1, 1, 1, 1.0, x, 1, x, 1, 0.0, y, 1, &err) == MT_ETYPE);
-  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, -1, 1, 1, 1.0, x, 1, x, 1, 0.0, y, 1, &err) ==
+  CHECK(mt_attention(blas, MT_DTYPE_FLOAT32, &s, &a, &a, &none, &a, 1.0, 0, &err) ==
         MT_EINVAL);
-  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, x, 1, x, 2, 0.0, y, 2, &err) ==
+  mt_attn_shape neg = {1, -1, 2, 2, 2, 2};
+  CHECK(mt_attention(blas, MT_DTYPE_FLOAT32, &neg, &a, &a, &a, &a, 1.0, 0, &err) ==
+        MT_EINVAL);
+  CHECK(mt_attention(blas, MT_DTYPE_FLOAT32, &s, &a, &a, &a, &a, 1.0, 0, NULL) ==
+        MT_OK);
+  CHECK(mt_gemm(blas, MT_DTYPE_INT32, 0, 1, 1, 1, 1.0, x, 1, x, 1, 0.0, y, 1, &err) ==
+        MT_ETYPE);
+  CHECK(mt_gemm(blas, MT_DTYPE_FLOAT32, 0, -1, 1, 1, 1.0, x, 1, x, 1, 0.0, y, 1,
+                &err) == MT_EINVAL);
+  CHECK(mt_gemm(blas, MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, x, 1, x, 2, 0.0, y, 2, &err) ==
         MT_EINVAL);
   CHECK(strstr(err.msg, "stride") != NULL);
-  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, NULL, 2, x, 2, 0.0, y, 2, &err) ==
-        MT_EINVAL);
+  CHECK(mt_gemm(blas, MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, NULL, 2, x, 2, 0.0, y, 2,
+                &err) == MT_EINVAL);
 }
 
-/* Installing and removing the provider; the int of an LP64 BLAS. */
+/* Checking a BLAS, kernels without one, and the int of an LP64 BLAS. */
 static void test_provider(void) {
   mt_error err = {0};
   float x[4] = {1, 2, 3, 4}, y[4] = {0};
   mt_blas half = {ref_sgemm, NULL, NULL, NULL}, mixed = {ref_sgemm, ref_dgemm, ref_sgemm64,
                                                          ref_dgemm64};
-  CHECK(mt_kernels_set_blas(&half, &err) == MT_EINVAL);
+  mt_blas none = {NULL, NULL, NULL, NULL};
+  CHECK(mt_blas_check(&half, &err) == MT_EINVAL);
   CHECK(strstr(err.msg, "LP64") != NULL);
-  CHECK(mt_kernels_set_blas(&mixed, &err) == MT_EINVAL);
-  CHECK(mt_kernels_set_blas(NULL, &err) == MT_OK && !mt_kernels_have_blas());
-  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, x, 2, x, 2, 0.0, y, 2, &err) ==
-        MT_ENOTSUP);
+  CHECK(mt_blas_check(&mixed, &err) == MT_EINVAL && !mt_blas_available(&mixed));
+  CHECK(mt_blas_check(NULL, &err) == MT_OK && !mt_blas_available(NULL));
+  CHECK(mt_blas_check(&none, &err) == MT_OK && !mt_blas_available(&none));
+  CHECK(mt_blas_check(&ilp64, &err) == MT_OK && mt_blas_available(&ilp64));
+  CHECK(mt_gemm(&none, MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, x, 2, x, 2, 0.0, y, 2,
+                &err) == MT_ENOTSUP);
+  CHECK(mt_gemm(&half, MT_DTYPE_FLOAT32, 0, 2, 2, 2, 1.0, x, 2, x, 2, 0.0, y, 2,
+                &err) == MT_ENOTSUP);
   mt_attn_shape s = {1, 1, 2, 2, 2, 2};
   mt_attn_operand a = {x, 4, 4, 2};
-  CHECK(mt_attention(MT_DTYPE_FLOAT32, &s, &a, &a, &a, &a, 1.0, 0, &err) == MT_ENOTSUP);
-  CHECK(mt_kernels_set_blas(&lp64, &err) == MT_OK && mt_kernels_have_blas());
+  CHECK(mt_attention(NULL, MT_DTYPE_FLOAT32, &s, &a, &a, &a, &a, 1.0, 0, &err) ==
+        MT_ENOTSUP);
   ref_calls = 0;
-  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 0, (int64_t)INT_MAX + 1, 1, 1, 1.0, x, 1, x, 1, 0.0, y,
-                1, &err) == MT_EOVERFLOW);
-  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 1, 2, 2, 2, 1.0, x, (int64_t)INT_MAX + 1, x, 2, 0.0, y,
-                2, &err) == MT_EOVERFLOW);
+  CHECK(mt_gemm(&lp64, MT_DTYPE_FLOAT32, 0, (int64_t)INT_MAX + 1, 1, 1, 1.0, x, 1, x, 1,
+                0.0, y, 1, &err) == MT_EOVERFLOW);
+  CHECK(mt_gemm(&lp64, MT_DTYPE_FLOAT32, 1, 2, 2, 2, 1.0, x, (int64_t)INT_MAX + 1, x, 2,
+                0.0, y, 2, &err) == MT_EOVERFLOW);
   CHECK(ref_calls == 0);
-  CHECK(mt_gemm(MT_DTYPE_FLOAT32, 1, 2, 2, 2, 1.0, x, 2, x, 2, 0.0, y, 2, &err) == MT_OK);
+  CHECK(mt_gemm(&lp64, MT_DTYPE_FLOAT32, 1, 2, 2, 2, 1.0, x, 2, x, 2, 0.0, y, 2,
+                &err) == MT_OK);
   CHECK(ref_calls == 1 && y[0] == 5.0f && y[1] == 11.0f && y[3] == 25.0f);
 }
 
@@ -428,7 +443,7 @@ int main(void) {
   test_provider();
   const mt_blas *providers[] = {&lp64, &ilp64};
   for (int p = 0; p < 2; ++p) {
-    CHECK(mt_kernels_set_blas(providers[p], NULL) == MT_OK);
+    blas = providers[p];
     ref_calls = 0;
     test_gemm();
     test_attention();

@@ -10,6 +10,9 @@
 
 static int world_rank, world_size;
 
+/* What the meshes whose collectives are checked count into. */
+static mt_comm_counters test_counters;
+
 static int *iota(int n, int reversed) {
   int *r = malloc((size_t)n * sizeof *r);
   for (int i = 0; i < n; ++i) r[i] = reversed ? n - 1 - i : i;
@@ -54,7 +57,10 @@ static void test_2d(void) {
   }
   int dims[1] = {1};
   mt_mesh *col = NULL;
+  mt_mesh_set_counters(m, &test_counters);
   CHECK(mt_mesh_slice(m, 1, dims, &col, NULL) == MT_OK);
+  CHECK(mt_mesh_counters(col) ==
+        &test_counters); /* a slice counts where its parent does */
   mt_mesh_destroy(m); /* the slice keeps its parent's communicators alive */
   int64_t c1[1];
   CHECK(mt_mesh_coordinate(col, c1) == 1 && c1[0] == coord[1]);
@@ -89,6 +95,15 @@ static void test_collectives(void) {
   int64_t shape[1] = {world_size};
   mt_mesh *m = NULL;
   CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
+  /* A mesh counts nothing until it is given counters. */
+  mt_comm_totals before, after;
+  mt_comm_counters_read(&test_counters, &before);
+  CHECK(mt_mesh_counters(m) == NULL);
+  int64_t *got = malloc((size_t)world_size * sizeof *got);
+  CHECK(mt_mesh_allgather_i64(m, 0, 1, got, NULL) == MT_OK);
+  mt_comm_counters_read(&test_counters, &after);
+  CHECK(memcmp(&before, &after, sizeof before) == 0);
+  mt_mesh_set_counters(m, &test_counters);
   double v[3] = {world_rank, world_rank + 1.0, -1.0};
   CHECK(mt_mesh_bcast(m, 0, v, (int64_t)sizeof v, NULL) == MT_OK);
   CHECK(v[0] == 0.0 && v[1] == 1.0 && v[2] == -1.0);
@@ -99,11 +114,9 @@ static void test_collectives(void) {
   CHECK(mt_mesh_bcast(m, 1, v, 8, &err) == MT_EINDEX && strlen(err.msg) > 0);
   /* Every member's value, by coordinate, counted as one all-gather of 8 bytes a
    * peer (none on one rank). */
-  int64_t *got = malloc((size_t)world_size * sizeof *got);
-  mt_comm_counters before, after;
-  mt_comm_counters_get(&before);
+  mt_comm_counters_read(&test_counters, &before);
   CHECK(mt_mesh_allgather_i64(m, 0, 10 * world_rank + 1, got, NULL) == MT_OK);
-  mt_comm_counters_get(&after);
+  mt_comm_counters_read(&test_counters, &after);
   for (int r = 0; r < world_size; ++r) CHECK(got[r] == 10 * r + 1);
   int gathered = world_size > 1;
   CHECK(after.calls[MT_COLL_ALL_GATHER] - before.calls[MT_COLL_ALL_GATHER] == gathered);

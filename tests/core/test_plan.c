@@ -1006,6 +1006,40 @@ static void test_accessors(void) {
   mt_plan_destroy(plan);
 }
 
+/* What the owners' destructor saw: how often it ran, and on what. */
+static int freed_count;
+static void *freed_data;
+
+static void count_free(void *data) {
+  ++freed_count;
+  freed_data = data;
+}
+
+/* Owners and the compiled part: the last owner frees the plan and calls the
+ * destructor of the first compiled part, once; a second one is refused. */
+static void test_owners(void) {
+  const int64_t k = 2, n = 6;
+  mt_layout a = make(1, &n, 1, &k, (mt_placement[]){S(0)});
+  mt_layout b = with(&a, (mt_placement[]){R()});
+  mt_plan *plan = plan_of(&a, &b, 4);
+  static int first, second;
+  CHECK(mt_plan_compiled(plan) == NULL);
+  CHECK(mt_plan_set_compiled(plan, &first, count_free) == 1);
+  CHECK(mt_plan_set_compiled(plan, &second, count_free) == 0);
+  CHECK(mt_plan_compiled(plan) == &first);
+  mt_plan_retain(plan);
+  mt_plan_retain(plan);
+  mt_plan_destroy(plan);
+  mt_plan_destroy(plan);
+  CHECK(freed_count == 0 && mt_plan_nsteps(plan) == 1);
+  mt_plan_destroy(plan);
+  CHECK(freed_count == 1 && freed_data == &first);
+  /* Without a compiled part, destroying calls no destructor. */
+  plan = plan_of(&a, &b, 4);
+  mt_plan_destroy(plan);
+  CHECK(freed_count == 1);
+}
+
 static void test_step_valid(void) {
   const int64_t mesh[2] = {2, 2}, mesh21[2] = {2, 1}, shape[2] = {8, 6};
   mt_layout l = make(2, shape, 2, mesh, (mt_placement[]){R(), R()});
@@ -1089,6 +1123,7 @@ int main(int argc, char **argv) {
   test_plan_errors();
   test_plan_limits();
   test_accessors();
+  test_owners();
   test_step_valid();
   test_exchange_errors();
   return mt_test_exit("test_plan");

@@ -28,6 +28,9 @@
 static int world_rank, world_size;
 static int quick = 0;
 
+/* What every mesh of the test counts into. */
+static mt_comm_counters test_counters;
+
 /* ---- Placements, layouts and meshes. ---------------------------------------- */
 
 static mt_placement R(void) {
@@ -84,6 +87,7 @@ static mt_mesh* make_mesh(int ndim, const int64_t* shape, int reversed) {
   mt_error err = {0};
   int rc = mt_mesh_create(MPI_COMM_WORLD, ndim, shape, ranks, &mesh, &err);
   CHECK_MSG(rc == MT_OK, "mesh: %s", err.msg);
+  if (mesh != NULL) mt_mesh_set_counters(mesh, &test_counters);
   return mesh;
 }
 
@@ -170,7 +174,7 @@ typedef struct record {
 static record* records;
 static int nrecords, records_cap;
 
-static void add_record(const mt_comm_counters* before, const mt_comm_counters* after,
+static void add_record(const mt_comm_totals* before, const mt_comm_totals* after,
                        const int64_t* want, const char* what) {
   if (nrecords == records_cap) {
     records_cap = records_cap ? 2 * records_cap : 256;
@@ -230,11 +234,14 @@ static int64_t copies(const mt_step* s) {
   return world_size / n;
 }
 
+/* Off while a plan runs on elements of another size than it was planned for: its
+ * step bytes then count the planned size, the counters the moved one. */
+static int plan_counts_bytes = 1;
+
 /* Calls on this rank must equal `times` runs of the plan's steps of each kind;
  * bytes are recorded against the plan's step bytes for flush_records. */
-static void check_counters(const mt_plan* plan, int times,
-                           const mt_comm_counters* before,
-                           const mt_comm_counters* after, const char* what) {
+static void check_counters(const mt_plan* plan, int times, const mt_comm_totals* before,
+                           const mt_comm_totals* after, const char* what) {
   int64_t calls[MT_COLL_COUNT] = {0}, bytes[MT_COLL_COUNT] = {0}, total = 0;
   for (int i = 0; i < mt_plan_nsteps(plan); ++i) {
     const mt_step* s = mt_plan_step(plan, i);
@@ -249,7 +256,7 @@ static void check_counters(const mt_plan* plan, int times,
     CHECK_MSG(got == calls[k], "%s: %lld %s calls, expected %lld", what, (long long)got,
               mt_coll_name(k), (long long)calls[k]);
   }
-  add_record(before, after, bytes, what);
+  if (plan_counts_bytes) add_record(before, after, bytes, what);
 }
 
 /* ---- Labelled values. ----------------------------------------------------------- */
@@ -483,12 +490,12 @@ static void check_result(const mt_plan* plan, const buffers* b, const char* out,
 
 static void run_blocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffers* b,
                          const char* what) {
-  mt_comm_counters before, after;
+  mt_comm_totals before, after;
   mt_error err = {0};
   memset(b->got, 0xA5, (size_t)b->tbytes);
-  mt_comm_counters_get(&before);
+  mt_comm_counters_read(&test_counters, &before);
   int rc = mt_redistribute(mesh, plan, dtype, b->src, b->got, &err);
-  mt_comm_counters_get(&after);
+  mt_comm_counters_read(&test_counters, &after);
   CHECK_MSG(rc == MT_OK, "%s: mt_redistribute: %s", what, err.msg);
   check_counters(plan, 1, &before, &after, what);
   check_result(plan, b, b->got, dtype, "blocking", what);
@@ -498,12 +505,12 @@ static void run_blocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffers*
  * first is waited for, so both are in flight on the same communicators. */
 static void run_nonblocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffers* b,
                             int two, const char* what) {
-  mt_comm_counters before, after;
+  mt_comm_totals before, after;
   mt_error err = {0};
   mt_request *r1 = NULL, *r2 = NULL;
   memset(b->got, 0x5A, (size_t)b->tbytes);
   memset(b->got2, 0x3C, (size_t)b->tbytes);
-  mt_comm_counters_get(&before);
+  mt_comm_counters_read(&test_counters, &before);
   int rc = mt_redistribute_start(mesh, plan, dtype, b->src, b->got, &r1, &err);
   CHECK_MSG(rc == MT_OK, "%s: mt_redistribute_start: %s", what, err.msg);
   if (two)
@@ -513,7 +520,7 @@ static void run_nonblocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffe
     CHECK_MSG(mt_request_wait(r1, &err) == MT_OK, "%s: wait: %s", what, err.msg);
   if (r2 != NULL)
     CHECK_MSG(mt_request_wait(r2, &err) == MT_OK, "%s: wait: %s", what, err.msg);
-  mt_comm_counters_get(&after);
+  mt_comm_counters_read(&test_counters, &after);
   check_counters(plan, 1 + two, &before, &after, what);
   check_result(plan, b, b->got, dtype, two ? "first of two requests" : "nonblocking",
                what);
@@ -670,6 +677,74 @@ static void test_redistribute(void) {
   flush_records();
 }
 
+/* ---- Plans own what they compile. --------------------------------------------- */
+
+/* Runs `plan` blocking and with two requests in flight on `mesh`. */
+static void run_on(mt_mesh* mesh, const mt_plan* plan, const mt_layout* src,
+                   const mt_layout* dst, int dtype, const char* where) {
+  char what[200];
+  describe(what, sizeof what, src, dst, dtype);
+  append(what, sizeof what, " %s", where);
+  model md = make_model(src, dst, dtype);
+  buffers b;
+  buffers_init(&b, mesh, &md, dtype);
+  plan_counts_bytes = mt_dtype_size(dtype) == 8; /* the plans here are for 8 bytes */
+  run_blocking(mesh, plan, dtype, &b, what);
+  run_nonblocking(mesh, plan, dtype, &b, 1, what);
+  plan_counts_bytes = 1;
+  buffers_free(&b);
+}
+
+/* The creator drops the plan while a request of it is in flight: the request owns
+ * it (MPI reads its compiled counts) until the wait, which frees it. */
+static void drop_in_flight(mt_mesh* mesh, const mt_layout* src, const mt_layout* dst) {
+  mt_plan *plan = NULL, *twin = NULL;
+  CHECK(mt_plan_create(src, dst, 8, &plan, NULL) == MT_OK);
+  CHECK(mt_plan_create(src, dst, 8, &twin, NULL) == MT_OK);
+  model md = make_model(src, dst, MT_DTYPE_FLOAT64);
+  buffers b;
+  buffers_init(&b, mesh, &md, MT_DTYPE_FLOAT64);
+  mt_request* req = NULL;
+  mt_error err = {0};
+  CHECK(mt_redistribute_start(mesh, plan, MT_DTYPE_FLOAT64, b.src, b.got, &req, &err) ==
+        MT_OK);
+  mt_plan_destroy(plan);
+  CHECK_MSG(mt_request_wait(req, &err) == MT_OK, "wait: %s", err.msg);
+  check_result(twin, &b, b.got, MT_DTYPE_FLOAT64, "plan dropped in flight", "S0->S1");
+  buffers_free(&b);
+  mt_plan_destroy(twin);
+}
+
+/* One plan on meshes where this rank has other coordinates (the world in order and
+ * reversed), for two item sizes, twice over: the plan keeps the first compiled
+ * part it gets and every other run compiles its own, so every result is exact. */
+static void test_compiled_plans(void) {
+  int64_t mesh_shape[1] = {world_size};
+  int64_t shape[2] = {2 * world_size + 1, 3 * world_size + 2};
+  mt_mesh *in_order = make_mesh(1, mesh_shape, 0), *reversed = make_mesh(1, mesh_shape, 1);
+  static const char* cases[][2] = {{"S0", "S1"}, {"S1", "R"}, {"Ps", "S1"}};
+  static const int dtypes[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_INT16};
+  for (int i = 0; i < 3; ++i) {
+    mt_layout src = parse_layout(2, shape, mesh_shape, cases[i][0]);
+    mt_layout dst = parse_layout(2, shape, mesh_shape, cases[i][1]);
+    mt_plan* plan = NULL;
+    CHECK(mt_plan_create(&src, &dst, 8, &plan, NULL) == MT_OK);
+    for (int round = 0; plan != NULL && round < 2; ++round) {
+      for (int t = 0; t < 2; ++t) {
+        run_on(in_order, plan, &src, &dst, dtypes[t], "on the world in order");
+        run_on(reversed, plan, &src, &dst, dtypes[t], "on the world reversed");
+      }
+    }
+    mt_plan_destroy(plan);
+  }
+  mt_layout s0 = parse_layout(2, shape, mesh_shape, "S0");
+  mt_layout s1 = parse_layout(2, shape, mesh_shape, "S1");
+  drop_in_flight(reversed, &s0, &s1);
+  flush_records();
+  mt_mesh_destroy(in_order);
+  mt_mesh_destroy(reversed);
+}
+
 /* ---- NaN through max and min. ---------------------------------------------- */
 
 /* Stores a quiet NaN as an element of a float `dtype`. */
@@ -774,9 +849,8 @@ static void dist_bytes_1d(const mt_layout* l, int64_t isz, int64_t* want) {
 }
 
 /* Only scatters and broadcasts may have been counted. */
-static void dist_counters(const mt_layout* l, int64_t isz,
-                          const mt_comm_counters* before, const mt_comm_counters* after,
-                          const char* what) {
+static void dist_counters(const mt_layout* l, int64_t isz, const mt_comm_totals* before,
+                          const mt_comm_totals* after, const char* what) {
   for (int k = 0; k < MT_COLL_COUNT; ++k) {
     if (k == MT_COLL_SCATTER || k == MT_COLL_BROADCAST) continue;
     CHECK_MSG(
@@ -807,11 +881,11 @@ static void dist_case(mt_mesh* mesh, const mt_layout* l, int dtype, int source) 
     put(dtype, full + i * isz, dist_value(dtype, i, world_rank));
   dist_expected(l, &box, coord, dtype, source, want);
   memset(local, 0xA5, nbytes);
-  mt_comm_counters before, after;
+  mt_comm_totals before, after;
   mt_error err = {0};
-  mt_comm_counters_get(&before);
+  mt_comm_counters_read(&test_counters, &before);
   int rc = mt_distribute(mesh, l, dtype, full, local, &err);
-  mt_comm_counters_get(&after);
+  mt_comm_counters_read(&test_counters, &after);
   CHECK_MSG(rc == MT_OK, "%s: %s", what, err.msg);
   CHECK_MSG(memcmp(local, want, nbytes) == 0, "rank %d: %s: wrong box", world_rank,
             what);
@@ -890,9 +964,9 @@ static mt_plan* make_plan(int ndim, const int64_t* shape, const int64_t* mesh_sh
 static void expect_status(mt_mesh* mesh, const mt_plan* plan, int dtype, int code,
                           const char* what) {
   static double src[512], dst[512];
-  mt_comm_counters before, after;
+  mt_comm_totals before, after;
   mt_error err = {0};
-  mt_comm_counters_get(&before);
+  mt_comm_counters_read(&test_counters, &before);
   int rc = mt_redistribute(mesh, plan, dtype, src, dst, &err);
   CHECK_MSG(rc == code, "%s: mt_redistribute gave %s, expected %s", what,
             mt_status_name(rc), mt_status_name(code));
@@ -903,7 +977,7 @@ static void expect_status(mt_mesh* mesh, const mt_plan* plan, int dtype, int cod
             mt_status_name(rc), mt_status_name(code));
   CHECK_MSG((req == NULL) == (rc != MT_OK), "%s: request", what);
   if (req != NULL) CHECK(mt_request_wait(req, NULL) == MT_OK);
-  mt_comm_counters_get(&after);
+  mt_comm_counters_read(&test_counters, &after);
   if (code != MT_OK) {
     CHECK_MSG(memcmp(&before, &after, sizeof before) == 0, "%s: communicated", what);
   }
@@ -968,6 +1042,7 @@ static void test_non_member(void) {
   int64_t one[1] = {1}, shape[1] = {3};
   mt_mesh* mesh = NULL;
   CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, one, ranks, &mesh, NULL) == MT_OK);
+  mt_mesh_set_counters(mesh, &test_counters);
   mt_plan* p = make_plan(1, shape, one, "Ps", "R", 8);
   int member = world_rank == 0;
   expect_status(mesh, p, MT_DTYPE_FLOAT64, member ? MT_OK : MT_ESTATE, "non-member");
@@ -1162,6 +1237,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
   test_redistribute();
+  test_compiled_plans();
   test_nan();
   test_distribute();
   test_errors();

@@ -1,4 +1,5 @@
-/* A 1-D mesh over all of MPI_COMM_WORLD, for the C tests that run under mpiexec. */
+/* A 1-D mesh over all of MPI_COMM_WORLD, for the C tests that run under mpiexec,
+ * counting its collectives into `test_counters`. */
 #ifndef MPITENSOR_TEST_WORLD_MESH_H
 #define MPITENSOR_TEST_WORLD_MESH_H
 
@@ -6,7 +7,11 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "mpitensor/counters.h"
 #include "mpitensor/mesh.h"
+
+/* What the tests' meshes count into. */
+static mt_comm_counters test_counters;
 
 static inline mt_mesh *world_mesh(void) {
   int size = 0;
@@ -19,6 +24,7 @@ static inline mt_mesh *world_mesh(void) {
   mt_mesh *m = NULL;
   CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
   free(ranks);
+  if (m != NULL) mt_mesh_set_counters(m, &test_counters);
   return m;
 }
 

@@ -1,13 +1,15 @@
-/* Executing redistribution plans with MPI, and counting what was sent.
+/* Executing redistribution plans with MPI.
  *
  * Buffers are C-contiguous local arrays: `src` holds this rank's box of the plan's
  * source layout, `dst` receives its box of the target layout. Every call that moves
- * data is Collective on the mesh (every member calls it with the same plan). */
+ * data is Collective on the mesh (every member calls it with the same plan) and
+ * counts what it sent into the mesh's counters (counters.h). */
 #ifndef MPITENSOR_COMM_H
 #define MPITENSOR_COMM_H
 
 #include <stdint.h>
 
+#include "mpitensor/counters.h"
 #include "mpitensor/layout.h"
 #include "mpitensor/mesh.h"
 #include "mpitensor/plan.h"
@@ -16,36 +18,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Collective kinds, named as torch's functional collectives so CommDebugMode keys
- * read the same. A DIRECT exchange counts as an all-to-all. */
-#define MT_COLL_MAP(X)                              \
-  X(ALL_GATHER, "all_gather_into_tensor")           \
-  X(ALL_REDUCE, "all_reduce")                       \
-  X(REDUCE_SCATTER, "reduce_scatter_tensor")        \
-  X(ALL_TO_ALL, "all_to_all_single")                \
-  X(BROADCAST, "broadcast")                         \
-  X(SCATTER, "scatter")
-
-typedef enum mt_coll {
-#define MT__COLL_ENUM(name, text) MT_COLL_##name,
-  MT_COLL_MAP(MT__COLL_ENUM)
-#undef MT__COLL_ENUM
-  MT_COLL_COUNT
-} mt_coll;
-
-/* Calls made and payload bytes this process delivered to other ranks, per kind. */
-typedef struct mt_comm_counters {
-  int64_t calls[MT_COLL_COUNT];
-  int64_t bytes[MT_COLL_COUNT];
-} mt_comm_counters;
-
-/* Local. A snapshot of the process-wide counters (they only grow; callers diff
- * two snapshots). */
-void mt_comm_counters_get(mt_comm_counters *out);
-
-/* Local. torch's name of a collective kind, or "unknown". */
-const char *mt_coll_name(int coll);
 
 /* Collective on the mesh. Moves a selection (basic indexing) of a tensor laid out
  * by `src` into layout `dst` of the selection's output, as

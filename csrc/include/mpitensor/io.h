@@ -11,6 +11,7 @@
 #define MPITENSOR_IO_H
 
 #include <mpi.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "mpitensor/layout.h"
@@ -38,66 +39,70 @@ typedef struct mt_io_array {
 int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *type,
                    int64_t *disp, int64_t *nbytes, mt_error *err);
 
+/* Data bytes read from and written to files by mt_io_save / mt_io_load (headers
+ * not counted): what this process itself transferred. For boxes of many short runs
+ * that is its row slab (or, for a save gathered on one node, the writers' chunks
+ * and nothing on the others); otherwise its box. Zero-initialise it; the cells are
+ * atomic (read them with atomic_load) and only grow. */
+typedef struct mt_io_counters {
+  _Atomic int64_t read_bytes, written_bytes;
+} mt_io_counters;
+
+/* How one save or load moves its data. Boxes of many short runs go through row
+ * slabs, exchanged and transferred in chunks of about `chunk_bytes` per rank (at
+ * least one row; every rank uses the smallest value any rank passed); with
+ * `io_thread` nonzero a POSIX thread that makes no MPI call writes or reads one
+ * chunk while the next is exchanged (with 0, or when the thread cannot start, each
+ * chunk's transfer runs after its exchange). `gather` decides a save of such boxes
+ * whose ranks all share one node: with 1 it is written by two writers that read
+ * the other ranks' boxes straight from their memory (Linux process_vm_readv) into
+ * their chunks and take turns at filling and writing: two threads of the first
+ * rank when it may run on two CPUs, else the first two ranks when each is bound to
+ * a CPU of its own; the others wait asleep. It also needs the I/O thread allowed
+ * and every rank's memory readable. 2 takes the first rank's threads without the
+ * CPU condition, 0 never gathers; only the first rank's value counts. File systems
+ * that serialise the writers of one file (ext4, XFS) gain most. `counters`, when
+ * not NULL, count the bytes this process moved. */
+typedef struct mt_io_options {
+  int64_t chunk_bytes;
+  int io_thread;
+  int gather;
+  mt_io_counters *counters;
+} mt_io_options;
+
+/* Local. The defaults: chunks of 2 MiB, the I/O thread, gather 1, no counters.
+ *
+ *   mt_io_options opts = mt_io_options_default();
+ *   opts.counters = &my_counters;
+ *   rc = mt_io_save(mesh, path, hdr, hlen, &array, &box, buf, len, &opts, &err);
+ */
+mt_io_options mt_io_options_default(void);
+
 /* Collective on the mesh. Writes a new file at `path`: `hlen` bytes of `header`
  * at offset 0 (all members pass the same header; the first member writes it),
  * then the array, of which this rank supplies `box` from the C-contiguous buffer
  * `buf` of `buflen` bytes, which must be the box's (an empty box contributes
  * nothing). Arguments are checked on every member before any data moves. The
  * file is sized to exactly array->offset plus the array's bytes. Boxes of many
- * short runs that tile the array are written by two writers when all share one
- * node (see mt_io_set_gather), else first exchanged into row slabs,
- * one run of the file per member (see mt_io_set_pipeline). The file is written under a
- * temporary name in the same directory and renamed to `path` only after every
- * member has written its part, so an existing file at `path` is replaced whole
- * or not at all; on failure the temporary file is removed and MT_EIO (or the
- * first error) returns on every member with the message of the member that
- * failed first. */
+ * short runs that tile the array are written as `opts` says (NULL: the defaults).
+ * The file is written under a temporary name in the same directory and renamed to
+ * `path` only after every member has written its part, so an existing file at
+ * `path` is replaced whole or not at all; on failure the temporary file is removed
+ * and MT_EIO (or the first error) returns on every member with the message of the
+ * member that failed first. */
 int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
                const mt_io_array *array, const mt_box *box, const void *buf,
-               int64_t buflen, mt_error *err);
+               int64_t buflen, const mt_io_options *opts, mt_error *err);
 
 /* Collective on the mesh. Reads this rank's `box` of `array` from the existing
  * file `path` into the C-contiguous buffer `buf` of `buflen` bytes, which must be
  * the box's (an empty box reads nothing). Boxes of many short runs are read as
- * row slabs, one run per member, and exchanged into the boxes. Boxes may overlap.
- * MT_EIO on every member when the file cannot be opened or is too short to hold
- * the array. */
+ * row slabs, one run per member, and exchanged into the boxes, as `opts` says
+ * (NULL: the defaults). Boxes may overlap. MT_EIO on every member when the file
+ * cannot be opened or is too short to hold the array. */
 int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
-               const mt_box *box, void *buf, int64_t buflen, mt_error *err);
-
-/* Data bytes this process has read from and written to files through
- * mt_io_save / mt_io_load (headers not counted): what the process itself
- * transferred. For boxes of many short runs that is its row slab (or, for a save
- * gathered on one node, the writers' chunks and nothing on the others); otherwise
- * its box. */
-typedef struct mt_io_counters {
-  int64_t read_bytes, written_bytes;
-} mt_io_counters;
-
-/* Local. A snapshot of the process-wide counters (they only grow). */
-void mt_io_counters_get(mt_io_counters *out);
-
-/* Local, process-wide. How boxes of many short runs move: their row slabs are
- * exchanged and transferred in chunks of about `chunk_bytes` per rank (at least
- * one row; default 2 MiB; every rank uses the smallest value any rank set), and
- * with `io_thread` nonzero (the default) a POSIX thread that makes no MPI call
- * writes or reads one chunk while the next is exchanged; with 0, or when the
- * thread cannot start, each chunk's transfer runs after its exchange. */
-void mt_io_set_pipeline(int64_t chunk_bytes, int io_thread);
-void mt_io_get_pipeline(int64_t *chunk_bytes, int *io_thread);
-
-/* Local, process-wide; returns the previous setting. With `mode` 1 (the
- * default), a save of boxes of many short runs whose ranks all share one node is
- * written by two writers that read the other ranks' boxes straight from their
- * memory (Linux process_vm_readv) into their chunks and take turns at filling and
- * writing: two threads of the first rank when it may run on two CPUs, else the
- * first two ranks when each is bound to a CPU of its own; the others wait asleep.
- * It also needs the I/O thread allowed and every rank's memory readable; mode 2
- * takes the first rank's threads without the CPU condition, mode 0 never
- * gathers. Only the first rank's setting counts; without the gather the row
- * slabs are exchanged as mt_io_set_pipeline says. File systems that serialise
- * the writers of one file (ext4, XFS) gain most. */
-int mt_io_set_gather(int mode);
+               const mt_box *box, void *buf, int64_t buflen, const mt_io_options *opts,
+               mt_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /* Dense compute of the nn layers on one rank's local arrays: GELU, row softmax and
- * layer norm in one pass each, gemm through an installed CBLAS, and
+ * layer norm in one pass each, gemm through a CBLAS the caller hands in, and
  * scaled-dot-product attention (two such gemms) that computes only the unmasked
  * blocks of a causal mask. Buffers hold
  * `dtype` elements, MT_DTYPE_FLOAT32 or MT_DTYPE_FLOAT64 (else MT_ETYPE). Every
@@ -42,24 +42,31 @@ typedef struct mt_blas {
   mt_dgemm_ilp64 *dgemm64;
 } mt_blas;
 
-/* Local, process-wide. Installs the BLAS that mt_gemm and mt_attention call (the
- * struct is copied); NULL removes it. MT_EINVAL unless exactly one complete pair is
- * set. Not synchronized: call it before kernels run, never while one runs. */
-int mt_kernels_set_blas(const mt_blas *blas, mt_error *err);
+/* Local. MT_OK for a usable mt_blas: NULL or all four NULL (no BLAS), or exactly one
+ * complete pair; MT_EINVAL otherwise (half a pair, or parts of both). Check a
+ * struct once when it is made, before handing it to the kernels:
+ *
+ *   mt_blas blas = {.sgemm = cblas_sgemm, .dgemm = cblas_dgemm};
+ *   if (mt_blas_check(&blas, &err) != MT_OK) ...
+ */
+int mt_blas_check(const mt_blas *blas, mt_error *err);
 
-/* Local. 1 when a BLAS is installed, which mt_gemm and mt_attention need (without
- * one they return MT_ENOTSUP); else 0. */
-int mt_kernels_have_blas(void);
+/* Local. 1 when `blas` holds a complete pair, which mt_gemm and mt_attention need
+ * (without one they return MT_ENOTSUP); else 0. */
+int mt_blas_available(const mt_blas *blas);
 
 /* Local. c (m, n) = alpha * a (m, k) @ op(b) + beta * c, row-major, where op(b) is
  * b (k, n) or, with `trans_b`, b^T for b stored (n, k); lda/ldb/ldc are row
  * strides in elements, each at least its row's length (and 1). alpha and beta are
  * converted to `dtype`. m or n == 0 does nothing; k == 0 leaves beta * c (zeros
- * when beta == 0). MT_ENOTSUP without a BLAS; MT_EOVERFLOW when a size or stride
- * exceeds an LP64 BLAS's int. */
-int mt_gemm(int dtype, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-            const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
-            int64_t ldc, mt_error *err);
+ * when beta == 0), through `blas`. MT_ENOTSUP when `blas` holds no BLAS;
+ * MT_EOVERFLOW when a size or stride exceeds an LP64 BLAS's int.
+ *
+ *   mt_gemm(&blas, MT_DTYPE_FLOAT64, 0, 2, 2, 3, 1.0, a, 3, b, 2, 0.0, c, 2, &err);
+ */
+int mt_gemm(const mt_blas *blas, int dtype, int trans_b, int64_t m, int64_t n,
+            int64_t k, double alpha, const void *a, int64_t lda, const void *b,
+            int64_t ldb, double beta, void *c, int64_t ldc, mt_error *err);
 
 typedef enum mt_gelu_approx {
   MT_GELU_ERF = 0, /* x * Phi(x), Phi through erfc */
@@ -99,10 +106,12 @@ typedef struct mt_attn_shape {
  * Queries are taken in blocks; with `causal` a block's scores and its product
  * with v cover only the keys up to its last row (the masked upper triangle is
  * never computed). Each row's softmax is exact (max subtracted). S == 0 gives
- * zeros. `out->data` is written through. */
-int mt_attention(int dtype, const mt_attn_shape *shape, const mt_attn_operand *q,
-                 const mt_attn_operand *k, const mt_attn_operand *v,
-                 const mt_attn_operand *out, double scale, int causal, mt_error *err);
+ * zeros. `out->data` is written through. The gemms go through `blas`
+ * (MT_ENOTSUP when it holds none). */
+int mt_attention(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
+                 const mt_attn_operand *q, const mt_attn_operand *k,
+                 const mt_attn_operand *v, const mt_attn_operand *out, double scale,
+                 int causal, mt_error *err);
 
 #ifdef __cplusplus
 }

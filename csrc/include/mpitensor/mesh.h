@@ -45,6 +45,16 @@ int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord);
  * that dim), or MPI_COMM_NULL on a non-member. Owned by the mesh. */
 MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim);
 
+/* The communicator of all members of the mesh, ranked by row-major mesh position,
+ * owned by the mesh. A created mesh has it; a slice creates it on first use, which
+ * is then Collective on the slice's members (Local afterwards). MT_ESTATE on a
+ * rank outside the mesh.
+ *
+ *   MPI_Comm comm;
+ *   if (mt_mesh_comm(mesh, &comm, &err) == MT_OK) MPI_Barrier(comm);
+ */
+int mt_mesh_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err);
+
 /* Collective on the ranks of mesh dim `dim`. Broadcasts `nbytes` bytes of `buf`
  * from coordinate 0 on that dim; counts above INT_MAX use a derived type. */
 int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
@@ -65,6 +75,14 @@ int64_t mt_comm_live_count(void);
 
 /* Local. The version string of the MPI library this code is linked to. */
 int mt_mpi_library_version(char *buf, int buflen, mt_error *err);
+
+/* Local. Turns the failure `mpi_rc` of the MPI call named `what` into MT_EMPI with
+ * MPI's own explanation in `err` (which may be NULL), and returns MT_EMPI:
+ *
+ *   int rc = MPI_Barrier(comm);
+ *   if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Barrier");
+ */
+int mt_mpi_error(mt_error *err, int mpi_rc, const char *what);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,9 @@
  * A plan is pure data, built without MPI: a list of steps, each one collective on
  * one mesh dim or one direct exchange over the mesh, with byte and message counts
  * summed over all ranks. The same plan drives the MPI executor, the communication
- * counters and the cost model, so they cannot disagree. All calls are Local. */
+ * counters and the cost model, so they cannot disagree. A plan has owners (a
+ * reference count) and holds what an executor compiled from it on its first run,
+ * which dies with it. All calls are Local. */
 #ifndef MPITENSOR_PLAN_H
 #define MPITENSOR_PLAN_H
 
@@ -58,8 +60,46 @@ typedef struct mt_plan mt_plan;
 int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                    mt_plan **out, mt_error *err);
 
-/* Local. Frees a plan; accepts NULL. */
+/* Local. What a redistribution from `src` to `dst` of `dtype` elements refuses,
+ * checked from the arguments alone (only the layouts' mesh_ndim and placements
+ * are read), so that every rank refuses alike before any communication. A
+ * Partial is never created (MT_ESTATE, torch's RuntimeError: a Partial target
+ * needs the same Partial in the source), and every Partial that the move reduces
+ * must have a reduction for the dtype (mt_partial_check). A mesh dim of size 1,
+ * which needs no reduction, refuses the same as a larger one.
+ *
+ *   if (mt_plan_check(&src, &dst, MT_DTYPE_INT32, &err) != MT_OK) return err.code;
+ */
+int mt_plan_check(const mt_layout *src, const mt_layout *dst, int dtype, mt_error *err);
+
+/* Local. Whether a Partial(op) of `dtype` values can be reduced: MT_ETYPE for
+ * complex max/min (no order), for an average of bools or integers (it is not of
+ * their dtype) and for an unknown dtype, MT_EINVAL for an unknown op. */
+int mt_partial_check(int dtype, int op, mt_error *err);
+
+/* Local. One more owner of `plan`: each owner calls mt_plan_destroy once. The
+ * count is atomic, so owners in different threads may drop the plan.
+ *
+ *   mt_plan_retain(plan);   // e.g. a request in flight keeps it alive
+ *   ...
+ *   mt_plan_destroy(plan);  // the last owner frees it
+ */
+void mt_plan_retain(mt_plan *plan);
+
+/* Local. Drops one owner of `plan`; the last one frees the plan and its compiled
+ * part (through the destructor given to mt_plan_set_compiled). Accepts NULL. */
 void mt_plan_destroy(mt_plan *plan);
+
+/* Local. The per-process form of the plan that an executor compiled from it (the
+ * comm library: counts, displacements and MPI datatypes of its steps), or NULL
+ * before its first execution. Opaque to the core. */
+void *mt_plan_compiled(const mt_plan *plan);
+
+/* Local. Gives the plan its compiled part, freed with `free_fn` when the plan is
+ * freed. Returns 1 when the plan took it; 0, taking nothing, when the plan already
+ * has one (another thread compiled it first), so the caller frees its own. A plan
+ * keeps the first compiled part for its whole life: readers need no lock. */
+int mt_plan_set_compiled(mt_plan *plan, void *data, void (*free_fn)(void *));
 
 /* Local. Number of steps, and step i (0 <= i < nsteps). */
 int mt_plan_nsteps(const mt_plan *plan);

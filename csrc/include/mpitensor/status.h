@@ -41,6 +41,18 @@ const char *mt_strerror(int code);
 /* Local. The symbolic name of a status code ("MT_EINVAL"). */
 const char *mt_status_name(int code);
 
+/* Local. Records `code` and a printf-style message in `err` (which may be NULL)
+ * and returns `code`, so that a failure path is one line. How every library built
+ * on the core (comm, io, kernels, the extension) reports an error:
+ *
+ *   if (n < 0) return mt_error_set(err, MT_EINVAL, "n is %d; it must be >= 0", n);
+ */
+int mt_error_set(mt_error *err, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
 #ifdef __cplusplus
 }
 #endif

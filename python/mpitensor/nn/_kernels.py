@@ -1,7 +1,7 @@
 """The local dense compute of the nn layers: mpitensor._C's kernels where the
 arrays fit them, NumPy otherwise, with the same results to rounding.
 
-The C kernels (csrc/core: activation.c, softmax.c, layer_norm.c, gemm.c,
+The C kernels (csrc/kernels: activation.c, softmax.c, layer_norm.c, gemm.c,
 attention.c) take float32 or float64 arrays of one dtype. GELU, row softmax and
 layer norm are one vectorized pass over memory instead of NumPy's several
 temporaries; attention computes only the unmasked blocks of a causal mask, and

@@ -4,16 +4,19 @@
  * (ordered by their row-major mesh position) and that one into one communicator per
  * mesh dim. Every communicator gets MPI_ERRORS_RETURN so an MPI failure comes back
  * as a status instead of killing the job. */
+#include "mpitensor/mesh.h"
+
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm-private.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/counters.h"
 
 struct mt_mesh {
   int refcount;    /* Slices hold a reference to their parent. */
+  mt_comm_counters *counters; /* the caller's, or NULL; slices inherit it */
   mt_mesh *parent; /* Non-NULL for a slice, which owns only its mesh_comm. */
   mt_mesh *root;   /* The mesh that was created; itself for a created mesh. */
   int root_dims[MT_MAX_MESH_NDIM]; /* For a slice: its dims among the root's. */
@@ -25,19 +28,21 @@ struct mt_mesh {
   MPI_Comm dim_comm[MT_MAX_MESH_NDIM];
 };
 
-/* Communicators are a scarce, process-wide MPI resource; this one counter lets
- * long-job tests prove that meshes give theirs back. */
+/* Communicators are a scarce, process-wide MPI resource, so their count is
+ * process-wide too (the one mutable global of the meshes): it lets long-job tests
+ * prove that meshes give theirs back. Atomic, so meshes made and freed in several
+ * threads keep it exact. */
 static atomic_llong live_comms;
 
 int64_t mt_comm_live_count(void) { return (int64_t)atomic_load(&live_comms); }
 
-int mt__mpi_fail(mt_error *err, int rc, const char *what) {
+int mt_mpi_error(mt_error *err, int rc, const char *what) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) {
     strcpy(text, "unknown MPI error");
   }
-  return mt__fail(err, MT_EMPI, "%s failed: %s", what, text);
+  return mt_error_set(err, MT_EMPI, "%s failed: %s", what, text);
 }
 
 static void free_comm(MPI_Comm *comm) {
@@ -53,31 +58,34 @@ static void free_comm(MPI_Comm *comm) {
 static int check_args(int comm_size, int ndim, const int64_t *shape, const int *ranks,
                       int64_t *numel, mt_error *err) {
   if (ndim < 1 || ndim > MT_MAX_MESH_NDIM) {
-    return mt__fail(err, MT_EINVAL, "a mesh needs 1 to %d dims, got %d",
-                    MT_MAX_MESH_NDIM, ndim);
+    return mt_error_set(err, MT_EINVAL, "a mesh needs 1 to %d dims, got %d",
+                        MT_MAX_MESH_NDIM, ndim);
   }
   int64_t n = 1;
   for (int d = 0; d < ndim; ++d) {
     if (shape[d] < 1) {
-      return mt__fail(err, MT_EINVAL, "mesh dim %d has size %lld; sizes must be >= 1",
-                      d, (long long)shape[d]);
+      return mt_error_set(err, MT_EINVAL,
+                          "mesh dim %d has size %lld; sizes must be >= 1", d,
+                          (long long)shape[d]);
     }
     n *= shape[d];
     if (n > comm_size) {
-      return mt__fail(err, MT_EINVAL,
-                      "the mesh needs more ranks than the communicator has (%d)",
-                      comm_size);
+      return mt_error_set(err, MT_EINVAL,
+                          "the mesh needs more ranks than the communicator has (%d)",
+                          comm_size);
     }
   }
   char *seen = calloc((size_t)comm_size, 1);
-  if (seen == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (seen == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   int rc = MT_OK;
   for (int64_t i = 0; i < n && rc == MT_OK; ++i) {
     if (ranks[i] < 0 || ranks[i] >= comm_size) {
-      rc = mt__fail(err, MT_EINVAL, "mesh rank %d is not a rank of the communicator "
-                    "(size %d)", ranks[i], comm_size);
+      rc = mt_error_set(err, MT_EINVAL,
+                        "mesh rank %d is not a rank of the communicator "
+                        "(size %d)",
+                        ranks[i], comm_size);
     } else if (seen[ranks[i]]++) {
-      rc = mt__fail(err, MT_EINVAL, "rank %d appears twice in the mesh", ranks[i]);
+      rc = mt_error_set(err, MT_EINVAL, "rank %d appears twice in the mesh", ranks[i]);
     }
   }
   free(seen);
@@ -149,7 +157,7 @@ int mt_mesh_create(MPI_Comm comm, int ndim, const int64_t *shape, const int *ran
   int rc = check_args(size, ndim, shape, ranks, &n, err);
   if (rc != MT_OK) return rc;
   mt_mesh *m = mesh_alloc(ndim, shape);
-  if (m == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (m == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   int64_t linear = find_linear(me, ranks, n);
   m->in_mesh = linear >= 0;
   if (m->in_mesh) set_coordinate(m, linear);
@@ -165,18 +173,21 @@ int mt_mesh_create(MPI_Comm comm, int ndim, const int64_t *shape, const int *ran
 int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
                   mt_error *err) {
   if (n < 1 || n > parent->ndim) {
-    return mt__fail(err, MT_EINVAL, "a slice needs 1 to %d mesh dims, got %d",
-                    parent->ndim, n);
+    return mt_error_set(err, MT_EINVAL, "a slice needs 1 to %d mesh dims, got %d",
+                        parent->ndim, n);
   }
   for (int i = 0; i < n; ++i) {
     if (dims[i] < 0 || dims[i] >= parent->ndim || (i > 0 && dims[i] <= dims[i - 1])) {
-      return mt__fail(err, MT_EINVAL, "slice dims must be distinct, ascending and in "
-                      "[0, %d)", parent->ndim);
+      return mt_error_set(err, MT_EINVAL,
+                          "slice dims must be distinct, ascending and in "
+                          "[0, %d)",
+                          parent->ndim);
     }
   }
   mt_mesh *m = calloc(1, sizeof *m);
-  if (m == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (m == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   m->refcount = 1;
+  m->counters = parent->counters;
   m->parent = parent;
   m->root = parent->root;
   parent->refcount++;
@@ -211,6 +222,14 @@ void mt_mesh_destroy(mt_mesh *mesh) {
 
 int mt_mesh_ndim(const mt_mesh *mesh) { return mesh->ndim; }
 
+void mt_mesh_set_counters(mt_mesh *mesh, mt_comm_counters *counters) {
+  mesh->counters = counters;
+}
+
+mt_comm_counters *mt_mesh_counters(const mt_mesh *mesh) {
+  return mesh->counters;
+}
+
 int64_t mt_mesh_dim_size(const mt_mesh *mesh, int dim) {
   return (dim >= 0 && dim < mesh->ndim) ? mesh->shape[dim] : 0;
 }
@@ -235,7 +254,7 @@ static int bcast_bytes(char *buf, int64_t nbytes, MPI_Comm comm, mt_error *err) 
     MT__MPI_TRY(MPI_Type_commit(&gib), "MPI_Type_commit");
     int rc = MPI_Bcast(buf, (int)(nbytes / block), gib, 0, comm);
     MPI_Type_free(&gib);
-    if (rc != MPI_SUCCESS) return mt__mpi_fail(err, rc, "MPI_Bcast");
+    if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Bcast");
     buf += (nbytes / block) * block;
     nbytes %= block;
   }
@@ -246,24 +265,26 @@ static int bcast_bytes(char *buf, int64_t nbytes, MPI_Comm comm, mt_error *err) 
 int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
                   mt_error *err) {
   if (dim < 0 || dim >= mesh->ndim) {
-    return mt__fail(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh", dim,
-                    mesh->ndim);
+    return mt_error_set(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh",
+                        dim, mesh->ndim);
   }
-  if (nbytes < 0) return mt__fail(err, MT_EINVAL, "negative byte count");
+  if (nbytes < 0) return mt_error_set(err, MT_EINVAL, "negative byte count");
   if (!mesh->in_mesh || mesh->shape[dim] == 1) return MT_OK;
   int rc = bcast_bytes(buf, nbytes, mesh->dim_comm[dim], err);
-  if (rc == MT_OK) mt__count(MT_COLL_BROADCAST, mesh->coord[dim] == 0 ?
-                             nbytes * (mesh->shape[dim] - 1) : 0);
+  if (rc == MT_OK)
+    mt__count(mesh, MT_COLL_BROADCAST,
+              mesh->coord[dim] == 0 ? nbytes * (mesh->shape[dim] - 1) : 0);
   return rc;
 }
 
 int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value, int64_t *out,
                           mt_error *err) {
   if (dim < 0 || dim >= mesh->ndim) {
-    return mt__fail(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh", dim,
-                    mesh->ndim);
+    return mt_error_set(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh",
+                        dim, mesh->ndim);
   }
-  if (!mesh->in_mesh) return mt__fail(err, MT_EINVAL, "this rank is not in the mesh");
+  if (!mesh->in_mesh)
+    return mt_error_set(err, MT_EINVAL, "this rank is not in the mesh");
   if (mesh->shape[dim] == 1) {
     out[0] = value;
     return MT_OK;
@@ -271,7 +292,7 @@ int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value, int64_t *
   MT__MPI_TRY(MPI_Allgather(&value, 1, MPI_INT64_T, out, 1, MPI_INT64_T,
                             mesh->dim_comm[dim]),
               "MPI_Allgather");
-  mt__count(MT_COLL_ALL_GATHER, (int64_t)sizeof value * (mesh->shape[dim] - 1));
+  mt__count(mesh, MT_COLL_ALL_GATHER, (int64_t)sizeof value * (mesh->shape[dim] - 1));
   return MT_OK;
 }
 
@@ -299,7 +320,7 @@ static int create_slice_comm(mt_mesh *m, mt_error *err) {
   int64_t n = 1;
   for (int d = 0; d < m->ndim; ++d) n *= m->shape[d];
   int *ranks = malloc((size_t)n * sizeof *ranks);
-  if (ranks == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (ranks == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   slice_members(m, ranks);
   MPI_Group all, sub;
   int rc = MPI_Comm_group(m->root->mesh_comm, &all);
@@ -310,16 +331,16 @@ static int create_slice_comm(mt_mesh *m, mt_error *err) {
   }
   MPI_Group_free(&all);
   free(ranks);
-  if (rc != MPI_SUCCESS) return mt__mpi_fail(err, rc, "MPI_Comm_create_group");
+  if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Comm_create_group");
   atomic_fetch_add(&live_comms, 1);
   MT__MPI_TRY(MPI_Comm_set_errhandler(m->mesh_comm, MPI_ERRORS_RETURN),
               "MPI_Comm_set_errhandler");
   return MT_OK;
 }
 
-int mt__mesh_flat_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err) {
+int mt_mesh_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err) {
   if (!mesh->in_mesh) {
-    return mt__fail(err, MT_ESTATE, "this rank is not a member of the mesh");
+    return mt_error_set(err, MT_ESTATE, "this rank is not a member of the mesh");
   }
   if (mesh->mesh_comm == MPI_COMM_NULL) {
     int rc = create_slice_comm(mesh, err);
@@ -346,7 +367,7 @@ int mt_mpi_library_version(char *buf, int buflen, mt_error *err) {
   char text[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   MT__MPI_TRY(MPI_Get_library_version(text, &len), "MPI_Get_library_version");
-  if (buflen < 1) return mt__fail(err, MT_EINVAL, "empty buffer");
+  if (buflen < 1) return mt_error_set(err, MT_EINVAL, "empty buffer");
   int n = len < buflen - 1 ? len : buflen - 1;
   memcpy(buf, text, (size_t)n);
   buf[n] = '\0';

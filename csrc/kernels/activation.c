@@ -3,7 +3,6 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "core-private.h"
 #include "kernels-private.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/kernels.h"
@@ -49,12 +48,13 @@ int mt_gelu(int dtype, int approx, int64_t n, const void *x, void *y, mt_error *
   int rc = mt__check_float(dtype, "gelu", err);
   if (rc != MT_OK) return rc;
   if (approx != MT_GELU_ERF && approx != MT_GELU_TANH) {
-    return mt__fail(err, MT_EINVAL, "gelu: approximation %d is neither erf (0) nor tanh (1)",
-                    approx);
+    return mt_error_set(err, MT_EINVAL,
+                        "gelu: approximation %d is neither erf (0) nor tanh (1)",
+                        approx);
   }
-  if (n < 0) return mt__fail(err, MT_EINVAL, "gelu: negative size %" PRId64, n);
+  if (n < 0) return mt_error_set(err, MT_EINVAL, "gelu: negative size %" PRId64, n);
   if (n > 0 && (x == NULL || y == NULL)) {
-    return mt__fail(err, MT_EINVAL, "gelu: NULL buffer");
+    return mt_error_set(err, MT_EINVAL, "gelu: NULL buffer");
   }
   int f32 = dtype == MT_DTYPE_FLOAT32;
   if (approx == MT_GELU_TANH) {

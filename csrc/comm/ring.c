@@ -24,11 +24,11 @@ static int dim_member(const mt_mesh *mesh, int dim, MPI_Comm *comm, int64_t *coo
                       int64_t *size, mt_error *err) {
   int64_t all[MT_MAX_MESH_NDIM];
   if (dim < 0 || dim >= mt_mesh_ndim(mesh)) {
-    return mt__fail(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh", dim,
-                    mt_mesh_ndim(mesh));
+    return mt_error_set(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh",
+                        dim, mt_mesh_ndim(mesh));
   }
   if (!mt_mesh_coordinate(mesh, all)) {
-    return mt__fail(err, MT_ESTATE, "this rank is not a member of the mesh");
+    return mt_error_set(err, MT_ESTATE, "this rank is not a member of the mesh");
   }
   *comm = mt_mesh_dim_comm(mesh, dim);
   *coord = all[dim];
@@ -67,7 +67,7 @@ static int post(int is_send, void *buf, int64_t bytes, int peer, MPI_Comm comm,
                : MPI_Irecv(buf, count, unit, peer, SHIFT_TAG, comm, req);
   if (unit != MPI_BYTE) MPI_Type_free(&unit);
   return rc == MPI_SUCCESS ? MT_OK
-                           : mt__mpi_fail(err, rc, is_send ? "MPI_Isend" : "MPI_Irecv");
+                           : mt_mpi_error(err, rc, is_send ? "MPI_Isend" : "MPI_Irecv");
 }
 
 /* A ring of one rank: the blocks go to itself, without MPI. */
@@ -75,9 +75,10 @@ static int shift_alone(int nblocks, const void *const *send, const int64_t *send
                        void *const *recv, const int64_t *recv_bytes, mt_error *err) {
   for (int i = 0; i < nblocks; ++i) {
     if (send_bytes[i] != recv_bytes[i]) {
-      return mt__fail(err, MT_EINVAL, "a shift on a ring of one rank sends %lld bytes "
-                      "to itself but expects %lld", (long long)send_bytes[i],
-                      (long long)recv_bytes[i]);
+      return mt_error_set(err, MT_EINVAL,
+                          "a shift on a ring of one rank sends %lld bytes "
+                          "to itself but expects %lld",
+                          (long long)send_bytes[i], (long long)recv_bytes[i]);
     }
   }
   for (int i = 0; i < nblocks; ++i) {
@@ -89,12 +90,12 @@ static int shift_alone(int nblocks, const void *const *send, const int64_t *send
 static int check_blocks(int nblocks, const int64_t *send_bytes, const int64_t *recv_bytes,
                         mt_error *err) {
   if (nblocks < 1 || nblocks > MT_RING_MAX_BLOCKS) {
-    return mt__fail(err, MT_EINVAL, "a shift moves 1 to %d blocks, got %d",
-                    MT_RING_MAX_BLOCKS, nblocks);
+    return mt_error_set(err, MT_EINVAL, "a shift moves 1 to %d blocks, got %d",
+                        MT_RING_MAX_BLOCKS, nblocks);
   }
   for (int i = 0; i < nblocks; ++i) {
     if (send_bytes[i] < 0 || recv_bytes[i] < 0) {
-      return mt__fail(err, MT_EINVAL, "negative byte count");
+      return mt_error_set(err, MT_EINVAL, "negative byte count");
     }
   }
   return MT_OK;
@@ -127,14 +128,14 @@ int mt_ring_shift_start(const mt_mesh *mesh, int dim, int nblocks,
   if (rc == MT_OK) rc = check_blocks(nblocks, send_bytes, recv_bytes, err);
   if (rc != MT_OK) return rc;
   mt_exchange *ex = exchange_new();
-  if (ex == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (ex == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   if (n == 1) {
     rc = shift_alone(nblocks, send, send_bytes, recv, recv_bytes, err);
   } else {
     rc = post_shift(ex, nblocks, send, send_bytes, recv, recv_bytes, me, n, comm, err);
     int64_t total = 0;
     for (int i = 0; i < nblocks; ++i) total += send_bytes[i];
-    if (rc == MT_OK) mt__count(MT_COLL_ALL_TO_ALL, total);
+    if (rc == MT_OK) mt__count(mesh, MT_COLL_ALL_TO_ALL, total);
   }
   if (rc != MT_OK) {
     exchange_abort(ex);
@@ -151,7 +152,7 @@ static int gather_counts(const int64_t *bytes, int64_t n, int **ints, MPI_Dataty
   *ints = malloc((size_t)(2 * n) * sizeof **ints);
   if (v == NULL || *ints == NULL) {
     free(v);
-    return mt__fail(err, MT_ENOMEM, "out of memory");
+    return mt_error_set(err, MT_ENOMEM, "out of memory");
   }
   int64_t off = 0;
   for (int64_t k = 0; k < n; ++k) {
@@ -168,8 +169,8 @@ static int gather_counts(const int64_t *bytes, int64_t n, int **ints, MPI_Dataty
 static int check_sizes(const int64_t *bytes, int64_t n, mt_error *err) {
   for (int64_t k = 0; k < n; ++k) {
     if (bytes[k] < 0) {
-      return mt__fail(err, MT_EINVAL, "negative byte count for coordinate %lld",
-                      (long long)k);
+      return mt_error_set(err, MT_EINVAL, "negative byte count for coordinate %lld",
+                          (long long)k);
     }
   }
   return MT_OK;
@@ -184,21 +185,21 @@ int mt_ring_allgatherv_start(const mt_mesh *mesh, int dim, const void *send,
   if (rc == MT_OK) rc = check_sizes(bytes, n, err);
   if (rc != MT_OK) return rc;
   mt_exchange *ex = exchange_new();
-  if (ex == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (ex == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   MPI_Datatype unit = MPI_BYTE;
   int64_t unit_bytes = 1;
   rc = gather_counts(bytes, n, &ex->ints, &unit, &unit_bytes, err);
   if (rc == MT_OK) {
     int mpi = MPI_Iallgatherv(send, ex->ints[me], unit, recv, ex->ints, ex->ints + n,
                               unit, comm, &ex->reqs[ex->nreqs++]);
-    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Iallgatherv");
+    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Iallgatherv");
   }
   if (unit != MPI_BYTE) MPI_Type_free(&unit);
   if (rc != MT_OK) {
     exchange_abort(ex);
     return rc;
   }
-  if (n > 1) mt__count(MT_COLL_ALL_GATHER, bytes[me] * (n - 1));
+  if (n > 1) mt__count(mesh, MT_COLL_ALL_GATHER, bytes[me] * (n - 1));
   *out = ex;
   return MT_OK;
 }
@@ -213,7 +214,7 @@ int mt_exchange_wait(mt_exchange *ex, mt_error *err) {
   int rc = MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE);
   free(ex->ints);
   free(ex);
-  return rc == MPI_SUCCESS ? MT_OK : mt__mpi_fail(err, rc, "MPI_Waitall");
+  return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Waitall");
 }
 
 int mt_ring_allgather_int64(const mt_mesh *mesh, int dim, const int64_t *values,
@@ -222,7 +223,7 @@ int mt_ring_allgather_int64(const mt_mesh *mesh, int dim, const int64_t *values,
   int64_t me = 0, size = 0;
   int rc = dim_member(mesh, dim, &comm, &me, &size, err);
   if (rc != MT_OK) return rc;
-  if (n < 0) return mt__fail(err, MT_EINVAL, "negative value count");
+  if (n < 0) return mt_error_set(err, MT_EINVAL, "negative value count");
   MT__MPI_TRY(MPI_Allgather(values, n, MPI_INT64_T, out, n, MPI_INT64_T, comm),
               "MPI_Allgather");
   return MT_OK;

@@ -11,11 +11,11 @@
  * MPI_Type_create_subarray, whose int sizes cap every dim at INT_MAX elements and
  * whose extent spans the whole array; here every count, stride and displacement
  * is 64-bit safe, and the box's start goes into the view's displacement. Between
- * phases the members agree on the first failure so that they all return it. */
+ * phases the members agree on the first failure (mt_agree_comm) so that they all
+ * return it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "io-private.h"
+#include "mpitensor/agree.h"
 
 /* ---- datatypes --------------------------------------------------------------- */
 
@@ -70,15 +71,17 @@ static int wrap(int64_t count, int64_t stride, MPI_Datatype *type) {
 static int check_box(const mt_io_array *a, const mt_box *box, mt_error *err) {
   if (a->ndim < 0 || a->ndim > MT_MAX_NDIM || box->ndim != a->ndim || a->itemsize < 1 ||
       a->offset < 0) {
-    return mt__fail(err, MT_EINVAL, "a box of %d dims does not fit an array of %d dims",
-                    box->ndim, a->ndim);
+    return mt_error_set(err, MT_EINVAL,
+                        "a box of %d dims does not fit an array of %d dims", box->ndim,
+                        a->ndim);
   }
   for (int d = 0; d < a->ndim; ++d) {
     int64_t o = box->offset[d], s = box->shape[d], n = a->shape[d];
     if (n < 0 || s < 0 || (s > 0 && (o < 0 || o > n - s))) {
-      return mt__fail(err, MT_EINDEX, "dim %d of the box (offset %lld, size %lld) lies "
-                      "outside the array's %lld", d, (long long)o, (long long)s,
-                      (long long)n);
+      return mt_error_set(err, MT_EINDEX,
+                          "dim %d of the box (offset %lld, size %lld) lies "
+                          "outside the array's %lld",
+                          d, (long long)o, (long long)s, (long long)n);
     }
   }
   return MT_OK;
@@ -117,7 +120,7 @@ int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *ty
   if (mrc == MPI_SUCCESS) mrc = MPI_Type_commit(&t);
   if (mrc != MPI_SUCCESS) {
     if (t != MPI_DATATYPE_NULL && t != MPI_BYTE) MPI_Type_free(&t);
-    return mt__mpi_fail(err, mrc, "building the file type of a box");
+    return mt_mpi_error(err, mrc, "building the file type of a box");
   }
   *type = t, *disp = at, *nbytes = n * array->itemsize;
   return MT_OK;
@@ -129,75 +132,28 @@ static int bytes_type(int64_t nbytes, MPI_Datatype *type, int *count, mt_error *
   if (nbytes == 0) return MT_OK;
   int rc = wrap(nbytes, 1, type);
   if (rc == MPI_SUCCESS) rc = MPI_Type_commit(type);
-  return rc == MPI_SUCCESS ? MT_OK : mt__mpi_fail(err, rc, "MPI_Type_contiguous");
+  return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Type_contiguous");
 }
 
 static void free_type(MPI_Datatype *t) {
   if (*t != MPI_BYTE && *t != MPI_DATATYPE_NULL) MPI_Type_free(t);
 }
 
-/* ---- counters and tuning ---------------------------------------------------- */
+/* ---- options ---------------------------------------------------------------- */
 
-static atomic_llong bytes_read, bytes_written;
-/* The pipeline's chunk per rank: a few MiB keeps both the exchange and the writes
- * efficient while letting them overlap (see docs/benchmarks.md, "Checkpoints"). */
-static atomic_llong chunk_bytes = 2 << 20;
-static atomic_int io_thread = 1;
-static atomic_int gather = 1;
-
-void mt__io_count(int64_t read, int64_t written) {
-  atomic_fetch_add_explicit(&bytes_read, (long long)read, memory_order_relaxed);
-  atomic_fetch_add_explicit(&bytes_written, (long long)written, memory_order_relaxed);
-}
-
-void mt_io_counters_get(mt_io_counters *out) {
-  out->read_bytes = (int64_t)atomic_load_explicit(&bytes_read, memory_order_relaxed);
-  out->written_bytes = (int64_t)atomic_load_explicit(&bytes_written, memory_order_relaxed);
-}
-
-void mt_io_set_pipeline(int64_t chunk, int threaded) {
-  atomic_store(&chunk_bytes, (long long)(chunk > 0 ? chunk : 1));
-  atomic_store(&io_thread, threaded != 0);
-}
-
-void mt_io_get_pipeline(int64_t *chunk, int *threaded) {
-  *chunk = (int64_t)atomic_load(&chunk_bytes);
-  *threaded = atomic_load(&io_thread);
-}
-
-int mt_io_set_gather(int mode) {
-  return atomic_exchange(&gather, mode < 0 ? 0 : mode > 2 ? 2 : mode);
+mt_io_options mt_io_options_default(void) {
+  /* The pipeline's chunk per rank: a few MiB keeps both the exchange and the
+   * writes efficient while letting them overlap (docs/benchmarks.md, "Checkpoints"). */
+  mt_io_options o = {(int64_t)2 << 20, 1, 1, NULL};
+  return o;
 }
 
 /* ---- agreement --------------------------------------------------------------- */
 
-/* Collective on `comm`. The first failing rank's status and message, on every
- * rank; MT_OK when every rank passes MT_OK. The `n` (<= 7) values of `min` ride along
- * and come back as their minimum over the ranks, so a phase that must also agree
- * on something costs one allreduce, not two. */
-static int agree_min(MPI_Comm comm, int rc, int64_t *min, int n, mt_error *err) {
-  int me = 0, size = 0;
-  MPI_Comm_rank(comm, &me);
-  MPI_Comm_size(comm, &size);
-  int64_t v[8] = {rc != MT_OK ? me : size, 0, 0, 0, 0, 0, 0, 0};
-  for (int i = 0; i < n; ++i) v[1 + i] = min[i];
-  MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, v, 1 + n, MPI_INT64_T, MPI_MIN, comm),
-              "MPI_Allreduce");
-  for (int i = 0; i < n; ++i) min[i] = v[1 + i];
-  if (v[0] == size) return MT_OK;
-  int first = (int)v[0];
-  mt_error rec = {0};
-  if (me == first) {
-    rec.code = rc;
-    if (err != NULL) memcpy(rec.msg, err->msg, sizeof rec.msg);
-  }
-  MT__MPI_TRY(MPI_Bcast(&rec, (int)sizeof rec, MPI_BYTE, first, comm), "MPI_Bcast");
-  if (err != NULL) *err = rec;
-  return rec.code;
-}
-
+/* Every phase ends in the agreement primitive (agree.h), so every rank returns the
+ * first failure's status and message. */
 static int agree(MPI_Comm comm, int rc, mt_error *err) {
-  return agree_min(comm, rc, NULL, 0, err);
+  return mt_agree_comm(comm, rc, NULL, 0, err);
 }
 
 /* File errors are I/O errors for the user, whatever MPI's error class. */
@@ -205,7 +161,7 @@ static int io_fail(mt_error *err, int rc, const char *what, const char *path) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) strcpy(text, "unknown MPI error");
-  return mt__fail(err, MT_EIO, "%s of '%s' failed: %s", what, path, text);
+  return mt_error_set(err, MT_EIO, "%s of '%s' failed: %s", what, path, text);
 }
 
 /* ---- one call ---------------------------------------------------------------- */
@@ -218,8 +174,11 @@ typedef struct io_call {
   int count;
   int contiguous; /* every rank's box is one run of the file */
   int short_runs; /* some rank's box is many runs, each short: it goes through slabs */
-  int threaded;   /* this rank's I/O thread setting (ranks may differ) */
+  int threaded;   /* this rank's I/O thread option (ranks may differ) */
+  int gather;     /* this rank's gather option (the first rank's counts) */
   int64_t chunk;  /* the slab pipeline's chunk, the same on every rank */
+  mt_comm_counters *comm_counters; /* the mesh's */
+  mt_io_counters *io_counters;     /* the caller's */
   int64_t end;    /* the file's final size: the array's offset plus its bytes */
   mt_box box;     /* this rank's */
   mt_box *boxes;  /* every rank's, when short_runs */
@@ -263,12 +222,13 @@ static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t 
   c->box = *box;
   int rc = mt_io_box_type(a, box, &c->ftype, &c->disp, &nbytes, err);
   if (rc == MT_OK && nbytes != buflen) {
-    rc = mt__fail(err, MT_EINVAL, "the buffer holds %lld bytes; the box needs %lld",
-                  (long long)buflen, (long long)nbytes);
+    rc = mt_error_set(err, MT_EINVAL, "the buffer holds %lld bytes; the box needs %lld",
+                      (long long)buflen, (long long)nbytes);
   }
   if (rc == MT_OK) rc = bytes_type(nbytes, &c->mtype, &c->count, err);
   c->boxes = rc == MT_OK ? malloc((size_t)c->size * sizeof *c->boxes) : NULL;
-  if (rc == MT_OK && c->boxes == NULL) rc = mt__fail(err, MT_ENOMEM, "out of memory");
+  if (rc == MT_OK && c->boxes == NULL)
+    rc = mt_error_set(err, MT_ENOMEM, "out of memory");
   return rc;
 }
 
@@ -283,23 +243,33 @@ static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t 
 static int start(io_call *c, mt_mesh *mesh, int rc, const mt_io_array *a,
                  const mt_box *box, int64_t buflen, int64_t *extra, int n, mt_error *err) {
   c->ftype = c->mtype = MPI_BYTE;
-  int mrc = mt__mesh_flat_comm(mesh, &c->comm, err);
+  int mrc = mt_mesh_comm(mesh, &c->comm, err);
   if (mrc != MT_OK) return mrc;
+  c->comm_counters = mt_mesh_counters(mesh);
   MPI_Comm_rank(c->comm, &c->rank);
   MPI_Comm_size(c->comm, &c->size);
   if (rc == MT_OK) rc = prepare(c, a, box, buflen, err);
-  int64_t v[5] = {rc == MT_OK && is_contiguous(c->ftype), rc != MT_OK || !has_short_runs(a, box)};
-  mt_io_get_pipeline(&v[2], &c->threaded);
+  int64_t v[5] = {rc == MT_OK && is_contiguous(c->ftype),
+                  rc != MT_OK || !has_short_runs(a, box), c->chunk > 0 ? c->chunk : 1};
   for (int i = 0; i < n; ++i) v[3 + i] = extra[i];
-  rc = agree_min(c->comm, rc, v, 3 + n, err);
+  rc = mt_agree_comm(c->comm, rc, v, 3 + n, err);
   c->contiguous = (int)v[0], c->short_runs = !v[1], c->chunk = v[2];
   for (int i = 0; i < n; ++i) extra[i] = v[3 + i];
   if (rc == MT_OK && c->short_runs) {
     int bytes = (int)sizeof *c->boxes;
-    MT__MPI_TRY(MPI_Allgather(&c->box, bytes, MPI_BYTE, c->boxes, bytes, MPI_BYTE, c->comm),
-                "MPI_Allgather");
+    mrc = MPI_Allgather(&c->box, bytes, MPI_BYTE, c->boxes, bytes, MPI_BYTE, c->comm);
+    if (mrc != MPI_SUCCESS) rc = mt_mpi_error(err, mrc, "MPI_Allgather");
   }
   return rc;
+}
+
+/* The caller's options (NULL: the defaults) into the call. */
+static void take_options(io_call *c, const mt_io_options *opts) {
+  mt_io_options o = opts != NULL ? *opts : mt_io_options_default();
+  c->chunk = o.chunk_bytes;
+  c->threaded = o.io_thread != 0;
+  c->gather = o.gather < 0 ? 0 : o.gather > 2 ? 2 : o.gather;
+  c->io_counters = o.counters;
 }
 
 static void finish(io_call *c) {
@@ -310,12 +280,15 @@ static void finish(io_call *c) {
 
 /* A failed system call on a file, as an I/O error with the system's reason. */
 static int posix_fail(mt_error *err, const char *what, const char *path) {
-  return mt__fail(err, MT_EIO, "%s of '%s' failed: %s", what, path, strerror(errno));
+  return mt_error_set(err, MT_EIO, "%s of '%s' failed: %s", what, path,
+                      strerror(errno));
 }
 
 static int truncated(mt_error *err, const char *path, int64_t size, int64_t need) {
-  return mt__fail(err, MT_EIO, "'%s' is truncated: it has %lld bytes, the array needs "
-                  "%lld", path, (long long)size, (long long)need);
+  return mt_error_set(err, MT_EIO,
+                      "'%s' is truncated: it has %lld bytes, the array needs "
+                      "%lld",
+                      path, (long long)size, (long long)need);
 }
 
 /* Whether the boxes cover the array exactly once (the slabs of a save must be
@@ -348,7 +321,7 @@ static int temp_name(const char *path, const int64_t *nonce, char *out, size_t c
   int n = snprintf(out, cap, "%s.mpitensor-%lld-%lld.tmp", path, (long long)nonce[0],
                    (long long)nonce[1]);
   if (n < 0 || (size_t)n >= cap) {
-    return mt__fail(err, MT_EINVAL, "the path '%s' is too long", path);
+    return mt_error_set(err, MT_EINVAL, "the path '%s' is too long", path);
   }
   return MT_OK;
 }
@@ -401,8 +374,9 @@ static int open_for_writing(const io_call *c, const char *tmp, const void *heade
   *mine = fd >= 0 ? MT_OK : posix_fail(err, "open", tmp);
   if (*mine == MT_OK && c->rank == 0 && hlen > 0) {
     int e = mt__io_transfer(fd, header, NULL, hlen, 0);
-    if (e != 0) *mine = mt__fail(err, MT_EIO, "writing the header of '%s' failed: %s", tmp,
-                                 strerror(e));
+    if (e != 0)
+      *mine = mt_error_set(err, MT_EIO, "writing the header of '%s' failed: %s", tmp,
+                           strerror(e));
   }
   return fd;
 }
@@ -424,8 +398,22 @@ static int write_runs(io_call *c, const char *tmp, const void *header, int64_t h
     mine = posix_fail(err, "ftruncate", tmp);
   }
   int e = mine == MT_OK ? mt__io_transfer(fd, buf, NULL, buflen, c->disp) : 0;
-  if (e != 0) mine = mt__fail(err, MT_EIO, "writing '%s' failed: %s", tmp, strerror(e));
+  if (e != 0)
+    mine = mt_error_set(err, MT_EIO, "writing '%s' failed: %s", tmp, strerror(e));
   return agree(c->comm, close_file(fd, mine, tmp, err), err);
+}
+
+/* The slab pipeline's view of this call (no gather unless the caller sets it). */
+static mt__slab_io slab_io(const io_call *c, const mt_io_array *a, int fd) {
+  mt__slab_io s = {.comm = c->comm,
+                   .array = a,
+                   .boxes = c->boxes,
+                   .fd = fd,
+                   .chunk = c->chunk,
+                   .threaded = c->threaded,
+                   .comm_counters = c->comm_counters,
+                   .io_counters = c->io_counters};
+  return s;
 }
 
 /* The slab path. The first rank may write the whole file alone (io_gather.c),
@@ -436,7 +424,8 @@ static int write_slabs(io_call *c, const mt_io_array *a, const char *tmp, const 
                        int64_t hlen, const void *buf, mt_error *err) {
   int mine = MT_OK;
   int fd = open_for_writing(c, tmp, header, hlen, &mine, err);
-  mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded, atomic_load(&gather)};
+  mt__slab_io s = slab_io(c, a, fd);
+  s.gather = c->gather;
   if (!mt__gather_write(&s, &mine, buf, err)) {
     if (mine == MT_OK && c->rank == 0 && ftruncate(fd, (off_t)c->end) != 0) {
       mine = posix_fail(err, "ftruncate", tmp);
@@ -451,7 +440,7 @@ static int write_slabs(io_call *c, const mt_io_array *a, const char *tmp, const 
 static int commit(io_call *c, const char *tmp, const char *path, int rc, mt_error *err) {
   int mine = MT_OK;
   if (c->rank == 0 && rc == MT_OK && rename(tmp, path) != 0) {
-    mine = mt__fail(err, MT_EIO, "renaming '%s' to '%s' failed", tmp, path);
+    mine = mt_error_set(err, MT_EIO, "renaming '%s' to '%s' failed", tmp, path);
   }
   if (c->rank == 0 && (rc != MT_OK || mine != MT_OK)) remove(tmp);
   return rc != MT_OK ? rc : agree(c->comm, mine, err);
@@ -472,13 +461,16 @@ static int64_t *nonce_of(mt_mesh *mesh, int64_t *nonce) {
 
 int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
                const mt_io_array *array, const mt_box *box, const void *buf,
-               int64_t buflen, mt_error *err) {
+               int64_t buflen, const mt_io_options *opts, mt_error *err) {
   io_call c = {0};
   int64_t nonce[2];
   int rc = MT_OK, slabs = 0;
+  take_options(&c, opts);
   if (hlen < 0 || hlen > INT_MAX || hlen > array->offset) {
-    rc = mt__fail(err, MT_EINVAL, "a header of %lld bytes does not fit before the data "
-                  "at byte %lld", (long long)hlen, (long long)array->offset);
+    rc = mt_error_set(err, MT_EINVAL,
+                      "a header of %lld bytes does not fit before the data "
+                      "at byte %lld",
+                      (long long)hlen, (long long)array->offset);
   }
   rc = start(&c, mesh, rc, array, box, buflen, nonce_of(mesh, nonce), 2, err);
   char tmp[4096];
@@ -492,7 +484,7 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
     else rc = write_file(&c, tmp, header, hlen, buf, err);
     rc = commit(&c, tmp, path, rc, err);
   }
-  if (rc == MT_OK && !slabs) mt__io_count(0, buflen);
+  if (rc == MT_OK && !slabs) mt__io_count(c.io_counters, 0, buflen);
   finish(&c);
   return rc;
 }
@@ -550,7 +542,8 @@ static int read_runs(io_call *c, const char *path, void *buf, int64_t buflen,
   int mine = MT_OK;
   int fd = open_for_reading(c, path, &mine, err);
   int e = mine == MT_OK ? mt__io_transfer(fd, NULL, buf, buflen, c->disp) : 0;
-  if (e != 0) mine = mt__fail(err, MT_EIO, "reading '%s' failed: %s", path, strerror(e));
+  if (e != 0)
+    mine = mt_error_set(err, MT_EIO, "reading '%s' failed: %s", path, strerror(e));
   return agree(c->comm, close_file(fd, mine, path, err), err);
 }
 
@@ -559,19 +552,21 @@ static int read_slabs(io_call *c, const mt_io_array *a, const char *path, void *
                       mt_error *err) {
   int mine = MT_OK;
   int fd = open_for_reading(c, path, &mine, err);
-  mt__slab_io s = {c->comm, a, c->boxes, fd, c->chunk, c->threaded, 0};
+  mt__slab_io s = slab_io(c, a, fd);
   mine = mt__slabs_read(&s, mine, buf, err);
   return agree(c->comm, close_file(fd, mine, path, err), err);
 }
 
 int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
-               const mt_box *box, void *buf, int64_t buflen, mt_error *err) {
+               const mt_box *box, void *buf, int64_t buflen, const mt_io_options *opts,
+               mt_error *err) {
   io_call c = {0};
+  take_options(&c, opts);
   int rc = start(&c, mesh, MT_OK, array, box, buflen, NULL, 0, err);
   if (rc == MT_OK && c.contiguous) rc = read_runs(&c, path, buf, buflen, err);
   else if (rc == MT_OK && c.short_runs) rc = read_slabs(&c, array, path, buf, err);
   else if (rc == MT_OK) rc = read_file(&c, path, buf, err);
-  if (rc == MT_OK && !c.short_runs) mt__io_count(buflen, 0);
+  if (rc == MT_OK && !c.short_runs) mt__io_count(c.io_counters, buflen, 0);
   finish(&c);
   return rc;
 }

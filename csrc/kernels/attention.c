@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core-private.h"
 #include "kernels-private.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/kernels.h"
@@ -19,6 +18,7 @@
 
 /* One head's operands as byte pointers and row strides, and what every head shares. */
 typedef struct {
+  const mt_blas *blas;
   int dtype;
   size_t itemsize;
   mt_attn_shape sh;
@@ -66,7 +66,7 @@ static int attend_block(const attn_ctx *c, const attn_head *h, int64_t i0, int64
   }
   int rc = MT_OK;
   if (s->E > 0) {
-    rc = mt_gemm(c->dtype, 1, rows, keys, s->E, c->scale,
+    rc = mt_gemm(c->blas, c->dtype, 1, rows, keys, s->E, c->scale,
                  h->q + (size_t)(i0 * h->lq) * c->itemsize, h->lq, h->k, h->lk, 0.0,
                  c->scores, keys, err);
   } else {
@@ -74,8 +74,8 @@ static int attend_block(const attn_ctx *c, const attn_head *h, int64_t i0, int64
   }
   if (rc != MT_OK || s->Ev == 0) return rc;
   softmax_block(c, i0, rows, keys);
-  return mt_gemm(c->dtype, 0, rows, s->Ev, keys, 1.0, c->scores, keys, h->v, h->lv, 0.0,
-                 o, h->lo, err);
+  return mt_gemm(c->blas, c->dtype, 0, rows, s->Ev, keys, 1.0, c->scores, keys, h->v,
+                 h->lv, 0.0, o, h->lo, err);
 }
 
 static int attend_head(const attn_ctx *c, const attn_head *h, mt_error *err) {
@@ -94,13 +94,13 @@ static const char *at(const mt_attn_operand *a, int64_t b, int64_t h, size_t ite
 static int check_operand(const mt_attn_operand *a, int64_t rows, int64_t cols,
                          const char *name, mt_error *err) {
   if (a == NULL || (a->data == NULL && rows > 0 && cols > 0)) {
-    return mt__fail(err, MT_EINVAL, "attention: %s has no data", name);
+    return mt_error_set(err, MT_EINVAL, "attention: %s has no data", name);
   }
   if (rows > 1 && a->row_stride < cols) {
-    return mt__fail(err, MT_EINVAL,
-                    "attention: the rows of %s overlap (row stride %" PRId64
-                    " < %" PRId64 " columns)",
-                    name, a->row_stride, cols);
+    return mt_error_set(err, MT_EINVAL,
+                        "attention: the rows of %s overlap (row stride %" PRId64
+                        " < %" PRId64 " columns)",
+                        name, a->row_stride, cols);
   }
   return MT_OK;
 }
@@ -110,7 +110,7 @@ static int check_attention(const mt_attn_shape *s, const mt_attn_operand *q,
                            const mt_attn_operand *out, mt_error *err) {
   if (s == NULL || s->batch < 0 || s->heads < 0 || s->L < 0 || s->S < 0 || s->E < 0 ||
       s->Ev < 0) {
-    return mt__fail(err, MT_EINVAL, "attention: missing or negative sizes");
+    return mt_error_set(err, MT_EINVAL, "attention: missing or negative sizes");
   }
   int rc = check_operand(q, s->L, s->E, "q", err);
   if (rc == MT_OK) rc = check_operand(k, s->S, s->E, "k", err);
@@ -134,19 +134,20 @@ static int attend_all(attn_ctx *c, const mt_attn_operand *q, const mt_attn_opera
   return rc;
 }
 
-int mt_attention(int dtype, const mt_attn_shape *shape, const mt_attn_operand *q,
-                 const mt_attn_operand *k, const mt_attn_operand *v,
-                 const mt_attn_operand *out, double scale, int causal, mt_error *err) {
+int mt_attention(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
+                 const mt_attn_operand *q, const mt_attn_operand *k,
+                 const mt_attn_operand *v, const mt_attn_operand *out, double scale,
+                 int causal, mt_error *err) {
   int rc = mt__check_float(dtype, "attention", err);
   if (rc == MT_OK) rc = check_attention(shape, q, k, v, out, err);
   if (rc != MT_OK) return rc;
-  if (!mt_kernels_have_blas()) {
-    return mt__fail(err, MT_ENOTSUP, "attention: no BLAS installed (mt_kernels_set_blas)");
+  if (!mt_blas_available(blas)) {
+    return mt_error_set(err, MT_ENOTSUP, "attention: no BLAS given (see mt_blas)");
   }
   if (shape->batch == 0 || shape->heads == 0 || shape->L == 0 || shape->Ev == 0) {
     return MT_OK;
   }
-  attn_ctx c = {dtype, mt_dtype_size(dtype), *shape, scale, causal != 0, NULL};
+  attn_ctx c = {blas, dtype, mt_dtype_size(dtype), *shape, scale, causal != 0, NULL};
   int64_t block = shape->L < MT__ATTN_BLOCK ? shape->L : MT__ATTN_BLOCK;
   /* 64 bytes more than the scores need: some BLAS builds (BLIS 0.9, which a library
    * path may name) read a few elements past the end of an operand in edge-case
@@ -154,7 +155,8 @@ int mt_attention(int dtype, const mt_attn_shape *shape, const mt_attn_operand *q
   size_t bytes = (size_t)(block * (shape->S > 0 ? shape->S : 1)) * c.itemsize + 64;
   c.scores = malloc(bytes);
   if (c.scores == NULL) {
-    return mt__fail(err, MT_ENOMEM, "attention: no memory for %zu bytes of scores", bytes);
+    return mt_error_set(err, MT_ENOMEM, "attention: no memory for %zu bytes of scores",
+                        bytes);
   }
   rc = attend_all(&c, q, k, v, out, err);
   free(c.scores);

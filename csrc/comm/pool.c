@@ -16,6 +16,11 @@ typedef struct header {
   size_t size; /* usable bytes after the header */
 } header;
 
+/* The cache is process-wide state on purpose: the blocks it keeps are the
+ * process's resident memory, shared by every mesh and every thread, like the MPI
+ * library it serves (a per-mesh cache would keep the same megabytes once per
+ * mesh). Thread-safe: `slots`, `cached` and `limit` are read and written only
+ * while holding `lock`. */
 static atomic_flag lock = ATOMIC_FLAG_INIT;
 static void *slots[MAX_SLOTS]; /* cached blocks (their headers) */
 static size_t cached, limit = (size_t)512 << 20;

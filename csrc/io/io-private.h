@@ -1,6 +1,8 @@
-/* Shared by io.c (the calls, their checks and agreements), io_worker.c (the I/O
- * thread), io_slabs.c (the pipelined path of interleaved boxes) and io_gather.c
- * (its one-node form for saves). */
+/* Shared by the io library's files. Calls go one way: io.c (the calls, their
+ * checks and agreements) uses io_slabs.c (the pipelined path of interleaved boxes)
+ * and io_gather.c (its one-node form for saves); both use io_rows.c (the row
+ * geometry of C-order boxes) and io_worker.c (the I/O thread), which use nothing
+ * of the io library. */
 #ifndef MPITENSOR_IO_PRIVATE_H
 #define MPITENSOR_IO_PRIVATE_H
 
@@ -8,18 +10,25 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "comm-private.h"
+#include "mpitensor/counters.h"
 #include "mpitensor/io.h"
+#include "mpitensor/status.h"
 
-/* Adds to the process-wide data bytes read from or written to files. */
-void mt__io_count(int64_t read, int64_t written);
+/* Adds to the caller's counters (when given) the data bytes this process read from
+ * or wrote to files. */
+static inline void mt__io_count(mt_io_counters *counters, int64_t read,
+                                int64_t written) {
+  if (counters == NULL) return;
+  atomic_fetch_add_explicit(&counters->read_bytes, read, memory_order_relaxed);
+  atomic_fetch_add_explicit(&counters->written_bytes, written, memory_order_relaxed);
+}
 
 /* Local. Writes `len` bytes from `out` at byte `at` of the file `fd`, or (out
  * NULL) reads them into `in`, whole: pwrite and pread may move less than asked.
  * 0, or the errno of the failure (EIO when the file ends first). */
 int mt__io_transfer(int fd, const char *out, char *in, int64_t len, int64_t at);
 
-/* ---- geometry of C-order boxes by rows of dim 0 (io_slabs.c) ----------------- */
+/* ---- geometry of C-order boxes by rows of dim 0 (io_rows.c) ----------------- */
 
 /* Local. `b` cut to rows [start, end) of dim 0 (empty when they miss it). */
 mt_box mt__rows_of(const mt_box *b, int64_t start, int64_t end);
@@ -72,7 +81,8 @@ int mt__worker_stop(mt__io_worker *w);
  * `array` (comm rank order); `buf` is this rank's, C-contiguous. `fd` is the file,
  * open on every rank (or -1 on a rank that failed to open it, whose status is in
  * `rc`). `chunk` (bytes) is the same on every rank; `threaded` and `gather` are
- * this process's settings (mt_io_set_pipeline, mt_io_set_gather). */
+ * this process's options (mt_io_options). The bytes moved are counted into
+ * `comm_counters` (the mesh's) and `io_counters`, either of which may be NULL. */
 typedef struct mt__slab_io {
   MPI_Comm comm;
   const mt_io_array *array;
@@ -80,6 +90,8 @@ typedef struct mt__slab_io {
   int fd;
   int64_t chunk;
   int threaded, gather;
+  mt_comm_counters *comm_counters;
+  mt_io_counters *io_counters;
 } mt__slab_io;
 
 /* Collective on s->comm. When every rank shares one node and the writers can

@@ -62,29 +62,8 @@ static void chunk_of(const slabs *g, int r, int64_t k, int64_t *start, int64_t *
   *end = *start + g->rows < b ? *start + g->rows : b;
 }
 
-mt_box mt__rows_of(const mt_box *b, int64_t start, int64_t end) {
-  mt_box out = *b;
-  int64_t lo = b->offset[0] > start ? b->offset[0] : start;
-  int64_t hi = b->offset[0] + b->shape[0] < end ? b->offset[0] + b->shape[0] : end;
-  out.offset[0] = lo;
-  out.shape[0] = hi > lo ? hi - lo : 0;
-  return out;
-}
-
-mt_box mt__whole_rows(const mt_io_array *a, int64_t start, int64_t end) {
-  mt_box out = {.ndim = a->ndim};
-  for (int d = 1; d < a->ndim; ++d) out.shape[d] = a->shape[d];
-  out.offset[0] = start, out.shape[0] = end - start;
-  return out;
-}
-
 static int64_t box_bytes(const slabs *g, const mt_box *b) {
   return mt_box_numel(b) * g->s->array->itemsize;
-}
-
-int64_t mt__row_at(int64_t itemsize, const mt_box *whole, const mt_box *part) {
-  int64_t row = whole->shape[0] > 0 ? mt_box_numel(whole) * itemsize / whole->shape[0] : 0;
-  return (part->offset[0] - whole->offset[0]) * row;
 }
 
 static int64_t row_at(const slabs *g, const mt_box *whole, const mt_box *part) {
@@ -140,7 +119,7 @@ static int init_slabs(slabs *g, const mt__slab_io *s, mt_error *err) {
   g->stage = stage_bytes(g);
   g->parts = (int)((g->rows * g->rowbytes + MSG_MAX - 1) / MSG_MAX);
   g->reqs = malloc(2 * (size_t)g->n * (size_t)g->parts * sizeof(MPI_Request));
-  return g->reqs != NULL ? MT_OK : mt__fail(err, MT_ENOMEM, "out of memory");
+  return g->reqs != NULL ? MT_OK : mt_error_set(err, MT_ENOMEM, "out of memory");
 }
 
 /* ---- one round of the exchange: contiguous messages, placed by copies ------- */
@@ -155,7 +134,8 @@ static int post(slabs *g, const char *out, char *in, int64_t bytes, int peer, in
     MPI_Request *r = &g->reqs[(*nreq)++];
     int rc = out != NULL ? MPI_Isend(out + at, count, MPI_BYTE, peer, TAG, g->s->comm, r)
                          : MPI_Irecv(in + at, count, MPI_BYTE, peer, TAG, g->s->comm, r);
-    if (rc != MPI_SUCCESS) return mt__mpi_fail(err, rc, out ? "MPI_Isend" : "MPI_Irecv");
+    if (rc != MPI_SUCCESS)
+      return mt_mpi_error(err, rc, out ? "MPI_Isend" : "MPI_Irecv");
   }
   return MT_OK;
 }
@@ -173,14 +153,7 @@ static int wait_round(slabs *g, int nreq, const mt__io_worker *w, mt_error *err)
     rc = MPI_Testall(nreq, g->reqs, &done, MPI_STATUSES_IGNORE);
     if (rc == MPI_SUCCESS && !done) sched_yield();
   }
-  return rc == MPI_SUCCESS ? MT_OK : mt__mpi_fail(err, rc, "MPI_Waitall");
-}
-
-void mt__unpack_box(int64_t itemsize, const mt_box *part, const char *piece, char *buf,
-                    const mt_box *whole) {
-  int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
-  for (int d = 0; d < part->ndim; ++d) at[d] = part->offset[d] - whole->offset[d];
-  mt_copy_box(piece, part->shape, zero, buf, whole->shape, at, part, itemsize);
+  return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Waitall");
 }
 
 static void unpack(const slabs *g, const mt_box *part, const char *piece, char *buf,
@@ -261,8 +234,8 @@ static int scatter_chunk(slabs *g, int64_t k, char *buf, char *chunk, const mt_b
 
 static int io_status(int e, int writing, mt_error *err) {
   if (e == 0) return MT_OK;
-  return mt__fail(err, MT_EIO, "%s the file failed: %s", writing ? "writing" : "reading",
-                  strerror(e));
+  return mt_error_set(err, MT_EIO, "%s the file failed: %s",
+                      writing ? "writing" : "reading", strerror(e));
 }
 
 /* Two chunk buffers of this rank's chunk size and the staging buffer, from the
@@ -281,7 +254,8 @@ static int alloc_buffers(const slabs *g, buffers *b, mt_error *err) {
   b->stage = g->stage > 0 ? mt_pool_alloc((size_t)g->stage) : NULL;
   if ((bytes > 0 && (b->chunk[0] == NULL || b->chunk[1] == NULL)) ||
       (g->stage > 0 && b->stage == NULL)) {
-    return mt__fail(err, MT_ENOMEM, "out of memory for the chunks of a sharded file");
+    return mt_error_set(err, MT_ENOMEM,
+                        "out of memory for the chunks of a sharded file");
   }
   return MT_OK;
 }
@@ -317,7 +291,7 @@ static int setup(slabs *g, buffers *b, const mt__slab_io *s, int rc, mt_error *e
   if (rc == MT_OK) rc = local;
   int failed = rc != MT_OK;
   int mrc = MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, s->comm);
-  if (mrc != MPI_SUCCESS && rc == MT_OK) rc = mt__mpi_fail(err, mrc, "MPI_Allreduce");
+  if (mrc != MPI_SUCCESS && rc == MT_OK) rc = mt_mpi_error(err, mrc, "MPI_Allreduce");
   /* Another rank failed: it reports; this one moves nothing and stops with it. */
   if (failed) g->rounds = 0, g->stopped = 1;
   return rc;
@@ -327,9 +301,11 @@ static int finish_slabs(slabs *g, buffers *b, mt__io_worker *w, int writing, int
                         int64_t sent, mt_error *err) {
   int e = mt__worker_stop(w);
   if (rc == MT_OK) rc = io_status(e, writing, err);
-  if (rc == MT_OK && g->rounds > 0) mt__count(MT_COLL_ALL_TO_ALL, sent);
+  if (rc == MT_OK && g->rounds > 0) {
+    mt_comm_count(g->s->comm_counters, MT_COLL_ALL_TO_ALL, sent);
+  }
   int64_t moved = rc == MT_OK && !g->stopped ? slab_bytes(g) : 0;
-  mt__io_count(writing ? 0 : moved, writing ? moved : 0);
+  mt__io_count(g->s->io_counters, writing ? 0 : moved, writing ? moved : 0);
   free_buffers(b);
   free(g->reqs);
   return rc;

@@ -9,12 +9,18 @@
 #include <stdatomic.h>
 
 #include "comm-private.h"
+#include "mpi-types-private.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/pack.h"
-#include "mpi-types-private.h"
+#include "mpitensor/plan.h"
 
 enum { USER_SUM, USER_PRODUCT, USER_MAX, USER_MIN, USER_WRAP_SUM, USER_COUNT };
 
+/* The user-defined operations are MPI objects of the process: created once, on
+ * the first reduction that needs one, and freed by MPI_Finalize (an attribute
+ * of MPI_COMM_SELF), so they are process-wide state by nature. Thread-safe: the
+ * first caller creates them while `user_state` is 1 and others spin until it is 2
+ * (ready) or back to 0 (creation failed; the next caller tries again). */
 static MPI_Op user_ops[USER_COUNT];
 static atomic_int user_state; /* 0 none, 1 being created, 2 ready */
 
@@ -91,7 +97,9 @@ static int ensure_user_ops(mt_error *err) {
   }
   while (atomic_load(&user_state) == 1) {
   }
-  return atomic_load(&user_state) == 2 ? MT_OK : mt__fail(err, MT_EMPI, "MPI operations unavailable");
+  return atomic_load(&user_state) == 2
+             ? MT_OK
+             : mt_error_set(err, MT_EMPI, "MPI operations unavailable");
 }
 
 static MPI_Datatype builtin_type(int dtype) {
@@ -127,29 +135,8 @@ static MPI_Op builtin_op(int dtype, int op) {
   }
 }
 
-int mt__reduce_check(int dtype, int op, mt_error *err) {
-  if (builtin_type(dtype) == MPI_DATATYPE_NULL) {
-    return mt__fail(err, MT_ETYPE, "dtype code %d cannot be reduced", dtype);
-  }
-  if (op < 0 || op >= MT_REDUCE_COUNT) {
-    return mt__fail(err, MT_EINVAL, "unknown reduce op %d", op);
-  }
-  int complex = dtype == MT_DTYPE_COMPLEX64 || dtype == MT_DTYPE_COMPLEX128;
-  if (complex && (op == MT_REDUCE_MAX || op == MT_REDUCE_MIN)) {
-    return mt__fail(err, MT_ETYPE, "Partial(%s) of %s values: complex numbers have no "
-                    "order", op == MT_REDUCE_MAX ? "max" : "min", mt_dtype_name(dtype));
-  }
-  int exact = dtype <= MT_DTYPE_UINT64; /* bool and the integers */
-  if (exact && op == MT_REDUCE_AVG) {
-    return mt__fail(err, MT_ETYPE, "Partial(avg) of %s values: an average is not a %s; "
-                    "cast to a float dtype first (forward_dtype=)", mt_dtype_name(dtype),
-                    mt_dtype_name(dtype));
-  }
-  return MT_OK;
-}
-
 int mt__reduce_type(int dtype, int op, MPI_Datatype *type, MPI_Op *mop, mt_error *err) {
-  int rc = mt__reduce_check(dtype, op, err);
+  int rc = mt_partial_check(dtype, op, err);
   if (rc != MT_OK) return rc;
   *type = builtin_type(dtype);
   int is_float = dtype == MT_DTYPE_FLOAT32 || dtype == MT_DTYPE_FLOAT64;
@@ -186,14 +173,16 @@ static int unit_type(int64_t bytes, MPI_Datatype *type, mt_error *err) {
   if (inner > ((int64_t)1 << 30)) inner = (int64_t)1 << 30;
   if (bytes <= INT_MAX) inner = bytes;
   if (bytes / inner > INT_MAX) {
-    return mt__fail(err, MT_EOVERFLOW, "a unit of %lld bytes cannot be expressed as an "
-                    "MPI datatype", (long long)bytes);
+    return mt_error_set(err, MT_EOVERFLOW,
+                        "a unit of %lld bytes cannot be expressed as an "
+                        "MPI datatype",
+                        (long long)bytes);
   }
   MPI_Datatype block;
   MT__MPI_TRY(MPI_Type_contiguous((int)inner, MPI_BYTE, &block), "MPI_Type_contiguous");
   int rc = MPI_Type_contiguous((int)(bytes / inner), block, type);
   MPI_Type_free(&block);
-  if (rc != MPI_SUCCESS) return mt__mpi_fail(err, rc, "MPI_Type_contiguous");
+  if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Type_contiguous");
   MT__MPI_TRY(MPI_Type_commit(type), "MPI_Type_commit");
   return MT_OK;
 }
@@ -208,8 +197,10 @@ int mt__byte_unit(const int64_t *values, int64_t n, MPI_Datatype *type, int64_t 
   *type = MPI_BYTE, *unit = 1;
   if (big <= INT_MAX) return MT_OK;
   if (big / g > INT_MAX) {
-    return mt__fail(err, MT_EOVERFLOW, "blocks of %lld bytes share no unit that brings "
-                    "their count under MPI's int limit", (long long)big);
+    return mt_error_set(err, MT_EOVERFLOW,
+                        "blocks of %lld bytes share no unit that brings "
+                        "their count under MPI's int limit",
+                        (long long)big);
   }
   int rc = unit_type(g, type, err);
   if (rc == MT_OK) *unit = g;

@@ -4,11 +4,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "core-private.h"
 #include "kernels-private.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/kernels.h"
-#include "row_stats.h"
+#include "row-stats-private.h"
 
 static inline double exp_f64(double x) {
   return exp(x);
@@ -57,11 +56,13 @@ int mt_softmax_rows(int dtype, int log, int64_t rows, int64_t cols, const void *
   int rc = mt__check_float(dtype, "softmax", err);
   if (rc != MT_OK) return rc;
   if (rows < 0 || cols < 0) {
-    return mt__fail(err, MT_EINVAL, "softmax: negative size (%" PRId64 ", %" PRId64 ")",
-                    rows, cols);
+    return mt_error_set(err, MT_EINVAL,
+                        "softmax: negative size (%" PRId64 ", %" PRId64 ")", rows,
+                        cols);
   }
   if (rows == 0 || cols == 0) return MT_OK;
-  if (x == NULL || y == NULL) return mt__fail(err, MT_EINVAL, "softmax: NULL buffer");
+  if (x == NULL || y == NULL)
+    return mt_error_set(err, MT_EINVAL, "softmax: NULL buffer");
   for (int64_t r = 0; r < rows; ++r) {
     if (dtype == MT_DTYPE_FLOAT32) {
       mt__softmax_row_f32((const float *)x + r * cols, (float *)y + r * cols, cols, log);

@@ -6,11 +6,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "core-private.h"
 #include "kernels-private.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/kernels.h"
-#include "row_stats.h"
+#include "row-stats-private.h"
 
 #define MT__LAYER_NORM(T, ACC, S)                                           \
   MT__ROW_SUM(T, ACC, S)                                                    \
@@ -38,11 +37,13 @@ int mt_layer_norm_rows(int dtype, int64_t rows, int64_t cols, const void *x,
   int rc = mt__check_float(dtype, "layer_norm", err);
   if (rc != MT_OK) return rc;
   if (rows < 0 || cols < 0) {
-    return mt__fail(err, MT_EINVAL,
-                    "layer_norm: negative size (%" PRId64 ", %" PRId64 ")", rows, cols);
+    return mt_error_set(err, MT_EINVAL,
+                        "layer_norm: negative size (%" PRId64 ", %" PRId64 ")", rows,
+                        cols);
   }
   if (rows == 0 || cols == 0) return MT_OK;
-  if (x == NULL || y == NULL) return mt__fail(err, MT_EINVAL, "layer_norm: NULL buffer");
+  if (x == NULL || y == NULL)
+    return mt_error_set(err, MT_EINVAL, "layer_norm: NULL buffer");
   if (dtype == MT_DTYPE_FLOAT32) {
     layer_norm_f32(rows, cols, x, weight, bias, eps, y);
   } else {

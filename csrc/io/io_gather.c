@@ -20,8 +20,8 @@
  * (0.75).
  *
  * It runs only where it can work and pays: on Linux, with the I/O thread allowed
- * (mt_io_set_pipeline) and the gather not turned off (mt_io_set_gather), when the
- * writers have two CPUs between them (two threads bound to one core would only
+ * and the gather not turned off (mt_io_options), when the writers have two CPUs
+ * between them (two threads bound to one core would only
  * take turns on it: 0.55 where the exchange reached 0.83 at np 2; mode 2 takes
  * the first rank's threads regardless) and they can read every other rank's
  * memory. That last check reads back a token each rank publishes, so a rank on
@@ -62,7 +62,9 @@ typedef struct peer {
 enum { NOBODY, THREADS, PAIR };
 
 /* This process's token: its pid, the clock at first use and the token's own
- * address, so that no other process holds the same value at the same place. */
+ * address, so that no other process holds the same value at the same place. It
+ * names the process, so it is process-wide by nature: set once (an atomic
+ * compare-and-swap from 0, so concurrent first saves agree on it), read after. */
 static _Atomic int64_t token;
 
 static int64_t my_token(void) {
@@ -248,8 +250,9 @@ static int pull(const gather *g, int q, const mt_box *part, int64_t row0, char *
     struct iovec there = {from, (size_t)bytes};
     ssize_t got = read_memory(p->pid, here, (unsigned long)m, &there);
     if (got != (ssize_t)bytes) {
-      return mt__fail(err, MT_EIO, "reading rank %d's box from its memory failed: %s", q,
-                      got < 0 ? strerror(errno) : "it ended early");
+      return mt_error_set(err, MT_EIO,
+                          "reading rank %d's box from its memory failed: %s", q,
+                          got < 0 ? strerror(errno) : "it ended early");
     }
     from += bytes;
   }
@@ -316,7 +319,8 @@ static void *run_half(void *arg) {
     int e = h->rc == MT_OK ? mt__io_transfer(g->s->fd, chunk, NULL, (r1 - r0) * g->rowbytes,
                                               g->s->array->offset + r0 * g->rowbytes)
                            : 0;
-    if (e != 0) h->rc = mt__fail(&h->err, MT_EIO, "writing the file failed: %s", strerror(e));
+    if (e != 0)
+      h->rc = mt_error_set(&h->err, MT_EIO, "writing the file failed: %s", strerror(e));
     if (h->rc != MT_OK) {
       atomic_store(h->stop, 1);
       break;
@@ -413,12 +417,13 @@ int mt__gather_write(const mt__slab_io *s, int *rc, const void *buf, mt_error *e
      * caller's agreement, with its message. */
     int failed = *rc != MT_OK;
     int mrc = wait_for_writers(&g, &failed, writer);
-    if (mrc != MPI_SUCCESS && *rc == MT_OK) *rc = mt__mpi_fail(err, mrc, "MPI_Iallreduce");
+    if (mrc != MPI_SUCCESS && *rc == MT_OK)
+      *rc = mt_mpi_error(err, mrc, "MPI_Iallreduce");
     if (*rc == MT_OK && !failed) {
       int64_t written = 0, sent = 0;
       moved(&g, &written, &sent);
-      mt__count(MT_COLL_ALL_TO_ALL, sent);
-      mt__io_count(0, written);
+      mt_comm_count(s->comm_counters, MT_COLL_ALL_TO_ALL, sent);
+      mt__io_count(s->io_counters, 0, written);
     }
   }
   mt_pool_free(g.chunk[0]);

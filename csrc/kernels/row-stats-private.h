@@ -2,8 +2,8 @@
  * vectorizes them (a single accumulator would be a serial chain it may not
  * reorder). Included by softmax.c and layer_norm.c; T is the element type, ACC the
  * accumulator type, S the name suffix. */
-#ifndef MPITENSOR_ROW_STATS_H
-#define MPITENSOR_ROW_STATS_H
+#ifndef MPITENSOR_ROW_STATS_PRIVATE_H
+#define MPITENSOR_ROW_STATS_PRIVATE_H
 
 #include <stdint.h>
 

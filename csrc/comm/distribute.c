@@ -6,10 +6,11 @@
 #include <string.h>
 
 #include "comm-private.h"
+#include "mpi-types-private.h"
+#include "mpitensor/comm.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/pack.h"
 #include "mpitensor/pool.h"
-#include "mpi-types-private.h"
 
 typedef struct dist_ctx {
   mt_mesh *mesh;
@@ -44,7 +45,7 @@ static int scatter_send(const dist_ctx *c, const mt_layout *from, const mt_layou
   *send = in;
   if (lead == 1) return MT_OK;
   *staging = mt_pool_alloc((size_t)(mt_box_numel(&fb) * c->itemsize));
-  if (*staging == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (*staging == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
   for (int64_t k = 0; k < g; ++k) {
     mt_box b;
@@ -77,17 +78,17 @@ static int scatterv(const dist_ctx *c, int m, const char *send, const int64_t *b
   int64_t g = mt_mesh_dim_size(c->mesh, m), unit = 1, sent = 0;
   MPI_Datatype type;
   int *ints = calloc((size_t)(2 * g), sizeof *ints);
-  if (ints == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (ints == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   int rc = mt__byte_unit(bytes, 2 * g, &type, &unit, err);
   for (int64_t i = 0; rc == MT_OK && i < 2 * g; ++i) ints[i] = (int)(bytes[i] / unit);
   if (rc == MT_OK) {
     int mpi = MPI_Scatterv(send, ints, ints + g, type, out, ints[c->coord[m]], type, 0,
                            mt_mesh_dim_comm(c->mesh, m));
-    if (mpi != MPI_SUCCESS) rc = mt__mpi_fail(err, mpi, "MPI_Scatterv");
+    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Scatterv");
     if (type != MPI_BYTE) MPI_Type_free(&type);
   }
   for (int64_t k = 1; rc == MT_OK && c->coord[m] == 0 && k < g; ++k) sent += bytes[k];
-  if (rc == MT_OK) mt__count(MT_COLL_SCATTER, sent);
+  if (rc == MT_OK) mt__count(c->mesh, MT_COLL_SCATTER, sent);
   free(ints);
   return rc;
 }
@@ -98,7 +99,7 @@ static int scatter_step(const dist_ctx *c, const mt_layout *from, const mt_layou
   int64_t *bytes = calloc((size_t)(2 * g), sizeof *bytes);
   char *staging = NULL;
   const char *send = NULL;
-  if (bytes == NULL) return mt__fail(err, MT_ENOMEM, "out of memory");
+  if (bytes == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   scatter_bytes(c, to, m, bytes);
   int rc = MT_OK;
   if (g == 1) {
@@ -141,7 +142,7 @@ static int scatter_phase(const dist_ctx *c, const mt_layout *layout, const void 
       my_box(c, &next, -1, 0, &b);
       size_t bytes = (size_t)(mt_box_numel(&b) * c->itemsize);
       char *out = m == last ? local : mt_pool_alloc(bytes);
-      if (out == NULL && bytes > 0) rc = mt__fail(err, MT_ENOMEM, "out of memory");
+      if (out == NULL && bytes > 0) rc = mt_error_set(err, MT_ENOMEM, "out of memory");
       if (rc == MT_OK) rc = scatter_step(c, &cur, &next, m, in, out, err);
       mt_pool_free(owned);
       owned = m == last ? NULL : out;
@@ -213,18 +214,20 @@ int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void 
                   void *local, mt_error *err) {
   dist_ctx c = {.mesh = mesh, .dtype = dtype};
   c.itemsize = (int64_t)mt_dtype_size(dtype);
-  if (c.itemsize == 0) return mt__fail(err, MT_ETYPE, "unknown dtype code %d", dtype);
+  if (c.itemsize == 0)
+    return mt_error_set(err, MT_ETYPE, "unknown dtype code %d", dtype);
   if (layout->mesh_ndim != mt_mesh_ndim(mesh)) {
-    return mt__fail(err, MT_EINVAL, "a %d-D layout on a %d-D mesh", layout->mesh_ndim,
-                    mt_mesh_ndim(mesh));
+    return mt_error_set(err, MT_EINVAL, "a %d-D layout on a %d-D mesh",
+                        layout->mesh_ndim, mt_mesh_ndim(mesh));
   }
   for (int m = 0; m < layout->mesh_ndim; ++m) {
     if (layout->mesh_shape[m] != mt_mesh_dim_size(mesh, m)) {
-      return mt__fail(err, MT_EINVAL, "the layout's mesh shape differs from the mesh's");
+      return mt_error_set(err, MT_EINVAL,
+                          "the layout's mesh shape differs from the mesh's");
     }
   }
   if (!mt_mesh_coordinate(mesh, c.coord)) {
-    return mt__fail(err, MT_ESTATE, "this rank is not a member of the mesh");
+    return mt_error_set(err, MT_ESTATE, "this rank is not a member of the mesh");
   }
   int rc = scatter_phase(&c, layout, full, local, err);
   return rc == MT_OK ? spread_phase(&c, layout, local, err) : rc;

@@ -1,0 +1,67 @@
+/* The agreement primitive (agree.h): the lowest failing rank and the minima of the
+ * values in one MPI_Allreduce, then that rank's mt_error in one MPI_Bcast. */
+#include "mpitensor/agree.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "comm-private.h"
+
+int mt_agree_comm(MPI_Comm comm, int status, int64_t *values, int n, mt_error *err) {
+  if (n < 0 || n > MT_AGREE_MAX_VALUES || (n > 0 && values == NULL)) {
+    return mt_error_set(err, MT_EINVAL, "an agreement carries 0 to %d values, got %d",
+                        MT_AGREE_MAX_VALUES, n);
+  }
+  int me = 0, size = 0;
+  MT__MPI_TRY(MPI_Comm_rank(comm, &me), "MPI_Comm_rank");
+  MT__MPI_TRY(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  int64_t v[1 + MT_AGREE_MAX_VALUES] = {status != MT_OK ? me : size};
+  for (int i = 0; i < n; ++i) v[1 + i] = values[i];
+  MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, v, 1 + n, MPI_INT64_T, MPI_MIN, comm),
+              "MPI_Allreduce");
+  for (int i = 0; i < n; ++i) values[i] = v[1 + i];
+  if (v[0] == size) return MT_OK;
+  int first = (int)v[0];
+  mt_error rec = {0};
+  if (me == first) {
+    rec.code = status;
+    if (err != NULL) memcpy(rec.msg, err->msg, sizeof rec.msg);
+  }
+  MT__MPI_TRY(MPI_Bcast(&rec, (int)sizeof rec, MPI_BYTE, first, comm), "MPI_Bcast");
+  rec.msg[sizeof rec.msg - 1] = '\0';
+  if (err != NULL) *err = rec;
+  return rec.code;
+}
+
+/* Order-preserving: unsigned fingerprints compared as signed minima. */
+static int64_t as_signed(uint64_t u) {
+  uint64_t flipped = u ^ ((uint64_t)1 << 63);
+  int64_t s;
+  memcpy(&s, &flipped, sizeof s);
+  return s;
+}
+
+int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err) {
+  int64_t coord[MT_MAX_MESH_NDIM];
+  if (!mt_mesh_coordinate(mesh, coord)) return status;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rc = mt_mesh_comm(mesh, &comm, err);
+  if (rc != MT_OK) return rc;
+  mt_error mine = {0};
+  if (err != NULL) mine = *err;
+  /* min(x) and min(~x) = ~max(x): both ends of the range in one MIN reduction. */
+  int64_t v[2] = {as_signed(fingerprint), ~as_signed(fingerprint)};
+  rc = mt_agree_comm(comm, status, v, 2, err);
+  if (rc != MT_OK || v[0] == ~v[1]) return rc;
+  int me = 0;
+  MT__MPI_TRY(MPI_Comm_rank(comm, &me), "MPI_Comm_rank");
+  if (me == 0 && mine.msg[0] == '\0') {
+    snprintf(mine.msg, sizeof mine.msg,
+             "the ranks of the mesh disagree: their "
+             "fingerprints differ (an argument or call that must be the same on every "
+             "rank is not)");
+  }
+  if (err != NULL) *err = mine;
+  /* Only the first member "fails", so its sentence is the one every member gets. */
+  return mt_agree_comm(comm, me == 0 ? MT_EINVAL : MT_OK, NULL, 0, err);
+}

@@ -1,0 +1,85 @@
+/* The plan executor's parts (exchange.c, compiled.c, redistribute.c): the
+ * all-to-all-w of one exchange, and the per-rank compiled form of a plan that owns
+ * such exchanges and the counts of its other steps. */
+#ifndef MPITENSOR_EXEC_PRIVATE_H
+#define MPITENSOR_EXEC_PRIVATE_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "mpitensor/layout.h"
+#include "mpitensor/mesh.h"
+#include "mpitensor/plan.h"
+#include "mpitensor/status.h"
+
+/* ---- one MPI_Alltoallw with a subarray datatype per peer (exchange.c) -------- */
+
+/* What a rank sends and receives in one exchange over `g` peers: counts (1 or 0),
+ * zero displacements and a subarray type per peer (MPI_BYTE where no message), its
+ * own src and dst boxes, and the part of its src box it keeps. Built once; then
+ * only read, so a compiled plan may share it among calls. */
+typedef struct mt__exchange {
+  int g;
+  int *ints;           /* 4g: send counts, send displs, recv counts, recv displs */
+  MPI_Datatype *types; /* 2g: send types, then receive types */
+  mt_box sb, tb, keep; /* keep: the box this rank receives from itself */
+  int64_t itemsize;
+  int64_t sent; /* bytes sent to other ranks */
+} mt__exchange;
+
+/* Local. The mesh position (lin) of each of this rank's `g` peers along mesh dim
+ * `m` (m < 0: the whole mesh, in mesh order), and this rank's index among them. */
+void mt__exchange_peers(const mt_mesh *mesh, const int64_t *coord, int m, int64_t *lin,
+                        int *me);
+
+/* Local. Builds the exchange in which this rank (index `me` among g peers of mesh
+ * positions `lin`, with boxes `sb` and `tb`) sends send[lin[q]] to peer q and
+ * receives recv[lin[q]] from it (the global boxes of mt_exchange_boxes). */
+int mt__exchange_build(const mt_box *sb, const mt_box *tb, const mt_box *send,
+                       const mt_box *recv, const int64_t *lin, int g, int me,
+                       int64_t itemsize, mt__exchange *x, mt_error *err);
+
+/* Copies the kept part from `in` to `out`, then posts the MPI_Alltoallw on `comm`
+ * (nonblocking into *req when req is not NULL). Collective on comm. */
+int mt__exchange_post(const mt__exchange *x, const void *in, void *out, MPI_Comm comm,
+                      MPI_Request *req, mt_error *err);
+
+/* Frees what the exchange holds (never after MPI_Finalize); accepts a zeroed one. */
+void mt__exchange_free(mt__exchange *x);
+
+/* ---- a plan compiled for one rank (compiled.c) ------------------------------- */
+
+/* One step's counts, displacements and datatypes for this rank. */
+typedef struct mt__step_exec {
+  int64_t group;     /* the step's group size (its mesh dim's, or the mesh's) */
+  int *ints;         /* all-gather: 2g counts and displacements in units;
+                        reduce-scatter: g counts in elements (0 when big) */
+  MPI_Datatype unit; /* all-gather's unit (MPI_BYTE, or a contiguous type) */
+  int64_t unit_bytes;
+  int64_t *counts; /* reduce-scatter: g counts in elements */
+  int big;         /* reduce-scatter: some count exceeds an int */
+  mt__exchange x;  /* all-to-all and direct steps */
+} mt__step_exec;
+
+/* Every step of a plan for the rank at `coord` with elements of `itemsize`. */
+typedef struct mt__compiled {
+  int mesh_ndim;
+  int64_t coord[MT_MAX_MESH_NDIM];
+  int64_t itemsize;
+  int nsteps;
+  mt__step_exec *steps;
+} mt__compiled;
+
+/* Local. The plan's compiled part for this rank and itemsize: the one the plan
+ * holds (compiled and attached on its first execution), or, when the plan holds
+ * one for another coordinate or itemsize (the same plan run on another mesh), a
+ * private one returned in *owned as well, for the caller to free with
+ * mt__compiled_free after its last use. */
+int mt__compiled_get(const mt_mesh *mesh, const mt_plan *plan, const int64_t *coord,
+                     int64_t itemsize, const mt__compiled **out, mt__compiled **owned,
+                     mt_error *err);
+
+/* Frees a compiled plan (the destructor a plan is given); accepts NULL. */
+void mt__compiled_free(void *compiled);
+
+#endif

@@ -1,0 +1,563 @@
+/* The plan executor: runs each step of a redistribution plan with one MPI call.
+ *
+ * Every step has a start and a finish. Blocking execution calls the blocking MPI
+ * collective in start and has nothing to wait for; asynchronous execution calls
+ * the nonblocking one and waits before finish. Finish does the local work that
+ * follows the collective: unpacking a staging buffer, dividing an average. What a
+ * step needs besides its buffers (counts, displacements, datatypes) comes from the
+ * plan's compiled part (compiled.c), built on the plan's first execution. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm-private.h"
+#include "exec-private.h"
+#include "mpi-types-private.h"
+#include "mpitensor/comm.h"
+#include "mpitensor/dtype.h"
+#include "mpitensor/pack.h"
+#include "mpitensor/pool.h"
+
+typedef struct exec_ctx {
+  mt_mesh *mesh;
+  int64_t coord[MT_MAX_MESH_NDIM];
+  int dtype;
+  int64_t itemsize;
+  int nonblocking;
+  const mt__compiled *cp; /* the plan's compiled part for this rank */
+  mt__compiled *owned;    /* a private one (see mt__compiled_get), freed with ctx */
+} exec_ctx;
+
+/* Everything a started step owns until it finishes. */
+typedef struct pending {
+  MPI_Request req;
+  const mt_step *step;
+  const mt__step_exec *e;
+  const void *in;
+  void *out;
+  char *staging;
+} pending;
+
+struct mt_request {
+  exec_ctx ctx;
+  const mt_plan *plan; /* one of its owners while the request lives */
+  int next;            /* index of the step after the pending one */
+  pending p;
+  const void *src;
+  void *dst;
+  char *tmp_in; /* intermediate buffers owned by the request */
+  char *tmp_out;
+};
+
+static void pending_init(pending *p, const exec_ctx *c, int i, const mt_step *s,
+                         const void *in, void *out) {
+  memset(p, 0, sizeof *p);
+  p->req = MPI_REQUEST_NULL;
+  p->step = s;
+  p->e = s != NULL ? &c->cp->steps[i] : NULL;
+  p->in = in;
+  p->out = out;
+}
+
+static void pending_free(pending *p) {
+  mt_pool_free(p->staging);
+  p->staging = NULL;
+}
+
+static void box_at(const exec_ctx *c, const mt_layout *l, int m, int64_t k, mt_box *out) {
+  mt__box_at(l, c->coord, m, k, out);
+}
+
+static int64_t leading(const mt_box *b, int d) {
+  int64_t n = 1;
+  for (int i = 0; i < d; ++i) n *= b->shape[i];
+  return n;
+}
+
+static int shard_dim(const mt_layout *l, int m) { return l->placements[m].dim; }
+
+static MPI_Comm dim_comm(const exec_ctx *c, int m) { return mt_mesh_dim_comm(c->mesh, m); }
+
+/* ---- all-gather: Shard(d) -> Replicate on one mesh dim ------------------------ */
+
+/* Blocks are consecutive slabs of the gathered box when every dim before d has
+ * extent 1; else they arrive in a staging buffer and are placed in finish. */
+static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
+  const mt_step *s = p->step;
+  const mt__step_exec *e = p->e;
+  int m = s->mesh_dim;
+  mt_box t;
+  box_at(c, &s->dst, -1, 0, &t);
+  void *recv = p->out;
+  if (leading(&t, shard_dim(&s->src, m)) != 1) {
+    p->staging = mt_pool_alloc((size_t)(mt_box_numel(&t) * c->itemsize));
+    if (p->staging == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+    recv = p->staging;
+  }
+  int64_t g = e->group;
+  int mine = e->ints[c->coord[m]];
+  if (c->nonblocking) {
+    MT__MPI_TRY(MPI_Iallgatherv(p->in, mine, e->unit, recv, e->ints, e->ints + g,
+                                e->unit, dim_comm(c, m), &p->req),
+                "MPI_Iallgatherv");
+  } else {
+    MT__MPI_TRY(MPI_Allgatherv(p->in, mine, e->unit, recv, e->ints, e->ints + g,
+                               e->unit, dim_comm(c, m)),
+                "MPI_Allgatherv");
+  }
+  mt__count(c->mesh, MT_COLL_ALL_GATHER, (int64_t)mine * e->unit_bytes * (g - 1));
+  return MT_OK;
+}
+
+/* Blocks gathered along an inner dim arrive one after another; each goes to its
+ * place in the output box. */
+static void finish_allgather(const exec_ctx *c, pending *p) {
+  if (p->staging == NULL) return;
+  const mt_step *s = p->step;
+  const mt__step_exec *e = p->e;
+  mt_box t;
+  box_at(c, &s->dst, -1, 0, &t);
+  int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
+  for (int64_t k = 0; k < e->group; ++k) {
+    mt_box b;
+    box_at(c, &s->src, s->mesh_dim, k, &b);
+    for (int i = 0; i < t.ndim; ++i) at[i] = b.offset[i] - t.offset[i];
+    if (mt_box_numel(&b) == 0) continue;
+    mt_copy_box(p->staging + e->ints[e->group + k] * e->unit_bytes, b.shape, zero,
+                p->out, t.shape, at, &b, c->itemsize);
+  }
+}
+
+/* ---- all-to-all and direct exchange: one MPI_Alltoallw with subarray types ---- */
+
+static int start_exchange(const exec_ctx *c, pending *p, mt_error *err) {
+  int m = p->step->mesh_dim;
+  MPI_Comm comm = m >= 0 ? dim_comm(c, m) : MPI_COMM_NULL;
+  int rc = m >= 0 ? MT_OK : mt_mesh_comm(c->mesh, &comm, err);
+  if (rc == MT_OK) {
+    rc = mt__exchange_post(&p->e->x, p->in, p->out, comm,
+                           c->nonblocking ? &p->req : NULL, err);
+  }
+  if (rc == MT_OK) mt__count(c->mesh, MT_COLL_ALL_TO_ALL, p->e->x.sent);
+  return rc;
+}
+
+/* ---- chunk: Replicate -> Shard(d), a local copy ------------------------------ */
+
+static int run_chunk(const exec_ctx *c, pending *p) {
+  mt_box sb, tb;
+  box_at(c, &p->step->src, -1, 0, &sb);
+  box_at(c, &p->step->dst, -1, 0, &tb);
+  if (mt_box_numel(&tb) == 0) return MT_OK;
+  int64_t from[MT_MAX_NDIM], zero[MT_MAX_NDIM] = {0};
+  for (int i = 0; i < tb.ndim; ++i) from[i] = tb.offset[i] - sb.offset[i];
+  mt_copy_box(p->in, sb.shape, from, p->out, tb.shape, zero, &tb, c->itemsize);
+  return MT_OK;
+}
+
+/* ---- all-reduce and reduce-scatter: Partial(op) -> Replicate / Shard(d) ------ */
+
+static int partial_op(const mt_step *s) { return s->src.placements[s->mesh_dim].reduce_op; }
+
+/* This rank's share of the ring model's 2 (G - 1) buffers for its group of G: each
+ * rank receives 2 (G - 1) / G of the buffer; the remainder of that division goes to
+ * the lowest coordinates, so the group's counts sum to the plan's step bytes. */
+static int64_t ring_share(const exec_ctx *c, int m, int64_t nbytes, int64_t group) {
+  int64_t total = 2 * (group - 1) * nbytes;
+  return total / group + (c->coord[m] < total % group);
+}
+
+/* Counts above INT_MAX elements are reduced in rounds of blocking calls (also
+ * under async_op: a round needs the previous one's buffers free). */
+static int allreduce_rounds(const exec_ctx *c, pending *p, int64_t n, MPI_Datatype type,
+                            MPI_Op op, MPI_Comm comm, mt_error *err) {
+  const int64_t round = (int64_t)1 << 30;
+  for (int64_t at = 0; at < n; at += round) {
+    int64_t k = n - at < round ? n - at : round;
+    const char *in = (const char *)p->in + at * c->itemsize;
+    char *out = (char *)p->out + at * c->itemsize;
+    MT__MPI_TRY(MPI_Allreduce(in, out, (int)k, type, op, comm), "MPI_Allreduce");
+  }
+  return MT_OK;
+}
+
+static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
+  const mt_step *s = p->step;
+  int m = s->mesh_dim;
+  MPI_Datatype type;
+  MPI_Op op;
+  int rc = mt__reduce_type(c->dtype, partial_op(s), &type, &op, err);
+  if (rc != MT_OK) return rc;
+  mt_box sb;
+  box_at(c, &s->src, -1, 0, &sb);
+  int64_t n = mt_box_numel(&sb);
+  if (n > INT_MAX) {
+    rc = allreduce_rounds(c, p, n, type, op, dim_comm(c, m), err);
+  } else if (c->nonblocking) {
+    MT__MPI_TRY(MPI_Iallreduce(p->in, p->out, (int)n, type, op, dim_comm(c, m), &p->req),
+                "MPI_Iallreduce");
+  } else {
+    MT__MPI_TRY(MPI_Allreduce(p->in, p->out, (int)n, type, op, dim_comm(c, m)),
+                "MPI_Allreduce");
+  }
+  if (rc == MT_OK) {
+    mt__count(c->mesh, MT_COLL_ALL_REDUCE,
+              ring_share(c, m, n * c->itemsize, p->e->group));
+  }
+  return rc;
+}
+
+/* Each member's part of the reduced box, consecutive in member order: the input
+ * itself when the parts are slabs, else a packed staging copy. */
+static int scatter_input(const exec_ctx *c, pending *p, const void **send, mt_error *err) {
+  const mt_step *s = p->step;
+  int m = s->mesh_dim;
+  mt_box sb;
+  box_at(c, &s->src, -1, 0, &sb);
+  *send = p->in;
+  if (leading(&sb, shard_dim(&s->dst, m)) == 1) return MT_OK;
+  p->staging = mt_pool_alloc((size_t)(mt_box_numel(&sb) * c->itemsize));
+  if (p->staging == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM], off = 0;
+  for (int64_t k = 0; k < p->e->group; ++k) {
+    mt_box b;
+    box_at(c, &s->dst, m, k, &b);
+    if (mt_box_numel(&b) == 0) continue;
+    for (int i = 0; i < b.ndim; ++i) at[i] = b.offset[i] - sb.offset[i];
+    mt_copy_box(p->in, sb.shape, at, p->staging + off, b.shape, zero, &b, c->itemsize);
+    off += mt_box_numel(&b) * c->itemsize;
+  }
+  *send = p->staging;
+  return MT_OK;
+}
+
+/* Round `at` of a reduce-scatter in rounds: elements [at, at + round) of every
+ * member's block of `send` (counts[k] elements each, one after another), packed
+ * member after member into `pack`; ints[k] is how many of member k's it holds. */
+static void pack_round(const int64_t *counts, int64_t g, int64_t at, int64_t round,
+                       int64_t isz, const char *send, char *pack, int *ints) {
+  int64_t start = 0, pos = 0;
+  for (int64_t k = 0; k < g; ++k) {
+    int64_t left = counts[k] - at, n = left < 0 ? 0 : (left < round ? left : round);
+    memcpy(pack + pos * isz, send + (start + at) * isz, (size_t)(n * isz));
+    ints[k] = (int)n, pos += n, start += counts[k];
+  }
+}
+
+/* Blocks above INT_MAX elements are reduce-scattered in rounds of blocking calls:
+ * round r carries elements [r R, (r + 1) R) of every member's block, packed one
+ * member after another (256 MiB of each, so the packed round stays small), and
+ * lands at r R in this rank's output. */
+static int reduce_scatter_rounds(const exec_ctx *c, pending *p, const char *send,
+                                 MPI_Datatype type, MPI_Op op, mt_error *err) {
+  const int64_t isz = c->itemsize, g = p->e->group, round = ((int64_t)1 << 28) / isz;
+  const int64_t *counts = p->e->counts;
+  int64_t most = 0;
+  for (int64_t k = 0; k < g; ++k) most = counts[k] > most ? counts[k] : most;
+  char *pack = mt_pool_alloc((size_t)(g * round * isz));
+  int *ints = malloc((size_t)g * sizeof *ints);
+  if (pack == NULL || ints == NULL) {
+    free(ints);
+    mt_pool_free(pack);
+    return mt_error_set(err, MT_ENOMEM, "out of memory");
+  }
+  int rc = MT_OK;
+  for (int64_t at = 0; rc == MT_OK && at < most; at += round) {
+    pack_round(counts, g, at, round, isz, send, pack, ints);
+    int mpi = MPI_Reduce_scatter(pack, (char *)p->out + at * isz, ints, type, op,
+                                 dim_comm(c, p->step->mesh_dim));
+    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Reduce_scatter");
+  }
+  free(ints);
+  mt_pool_free(pack);
+  return rc;
+}
+
+static int start_reduce_scatter(const exec_ctx *c, pending *p, mt_error *err) {
+  const mt_step *s = p->step;
+  const mt__step_exec *e = p->e;
+  int m = s->mesh_dim;
+  MPI_Datatype type;
+  MPI_Op op;
+  const void *send = NULL;
+  int rc = mt__reduce_type(c->dtype, partial_op(s), &type, &op, err);
+  if (rc == MT_OK) rc = scatter_input(c, p, &send, err);
+  if (rc == MT_OK && e->big) {
+    rc = reduce_scatter_rounds(c, p, send, type, op, err);
+  } else if (rc == MT_OK && c->nonblocking) {
+    int mpi =
+        MPI_Ireduce_scatter(send, p->out, e->ints, type, op, dim_comm(c, m), &p->req);
+    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Ireduce_scatter");
+  } else if (rc == MT_OK) {
+    int mpi = MPI_Reduce_scatter(send, p->out, e->ints, type, op, dim_comm(c, m));
+    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Reduce_scatter");
+  }
+  if (rc == MT_OK) {
+    mt_box sb;
+    box_at(c, &s->src, -1, 0, &sb);
+    int64_t kept = e->counts[c->coord[m]];
+    mt__count(c->mesh, MT_COLL_REDUCE_SCATTER,
+              (mt_box_numel(&sb) - kept) * c->itemsize);
+  }
+  return rc;
+}
+
+static int finish_reduce(const exec_ctx *c, pending *p, mt_error *err) {
+  const mt_step *s = p->step;
+  if (partial_op(s) != MT_REDUCE_AVG) return MT_OK;
+  mt_box tb;
+  box_at(c, &s->dst, -1, 0, &tb);
+  return mt_divide(p->out, mt_box_numel(&tb), c->dtype, p->e->group, err);
+}
+
+/* ---- dispatch ------------------------------------------------------------------ */
+
+static int start_step(const exec_ctx *c, pending *p, mt_error *err) {
+  switch (p->step->kind) {
+    case MT_STEP_ALLGATHER: return start_allgather(c, p, err);
+    case MT_STEP_ALLTOALL:
+    case MT_STEP_DIRECT: return start_exchange(c, p, err);
+    case MT_STEP_CHUNK: return run_chunk(c, p);
+    case MT_STEP_ALLREDUCE: return start_allreduce(c, p, err);
+    case MT_STEP_REDUCE_SCATTER: return start_reduce_scatter(c, p, err);
+    default:
+      return mt_error_set(err, MT_EINVAL, "unknown plan step kind %d", p->step->kind);
+  }
+}
+
+static int finish_step(const exec_ctx *c, pending *p, mt_error *err) {
+  int rc = MT_OK;
+  if (p->req != MPI_REQUEST_NULL) {
+    /* The request comes from the start_* call of the same step, which the MPI
+     * checker does not follow through `pending`. */
+    int mpi_rc = MPI_Wait(&p->req, MPI_STATUS_IGNORE); /* NOLINT(clang-analyzer-optin.mpi.MPI-Checker) */
+    if (mpi_rc != MPI_SUCCESS) rc = mt_mpi_error(err, mpi_rc, "MPI_Wait");
+  }
+  if (rc == MT_OK && p->step->kind == MT_STEP_ALLGATHER) finish_allgather(c, p);
+  if (rc == MT_OK && (p->step->kind == MT_STEP_ALLREDUCE ||
+                      p->step->kind == MT_STEP_REDUCE_SCATTER)) {
+    rc = finish_reduce(c, p, err);
+  }
+  pending_free(p);
+  return rc;
+}
+
+/* ---- running plans --------------------------------------------------------------- */
+
+/* A plan's layouts must be for the mesh's shape, or its boxes and groups would not
+ * match the mesh's communicators (and ranks would disagree on message sizes). */
+static int check_mesh_shape(const mt_mesh *mesh, const mt_layout *l, mt_error *err) {
+  if (l->mesh_ndim != mt_mesh_ndim(mesh)) {
+    return mt_error_set(err, MT_EINVAL,
+                        "the plan was made for a %d-D mesh, not a %d-D "
+                        "one",
+                        l->mesh_ndim, mt_mesh_ndim(mesh));
+  }
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    if (l->mesh_shape[m] == mt_mesh_dim_size(mesh, m)) continue;
+    return mt_error_set(err, MT_EINVAL,
+                        "the plan was made for a mesh of size %lld on "
+                        "dim %d, not %lld",
+                        (long long)l->mesh_shape[m], m,
+                        (long long)mt_mesh_dim_size(mesh, m));
+  }
+  return MT_OK;
+}
+
+/* The dtype and this rank's membership, which every entry point needs. */
+static int ctx_base(exec_ctx *c, mt_mesh *mesh, int dtype, mt_error *err) {
+  memset(c, 0, sizeof *c);
+  c->mesh = mesh, c->dtype = dtype;
+  c->itemsize = (int64_t)mt_dtype_size(dtype);
+  if (c->itemsize == 0)
+    return mt_error_set(err, MT_ETYPE, "unknown dtype code %d", dtype);
+  if (!mt_mesh_coordinate(mesh, c->coord)) {
+    return mt_error_set(err, MT_ESTATE, "this rank is not a member of the mesh");
+  }
+  return MT_OK;
+}
+
+/* Checks what can be checked locally before the first collective, so that bad
+ * input fails on every rank instead of leaving some waiting, then finds the
+ * plan's compiled part. */
+static int ctx_init(exec_ctx *c, mt_mesh *mesh, const mt_plan *plan, int dtype, int nb,
+                    mt_error *err) {
+  int rc = ctx_base(c, mesh, dtype, err);
+  c->nonblocking = nb;
+  for (int i = 0; rc == MT_OK && i < mt_plan_nsteps(plan); ++i) {
+    const mt_step *s = mt_plan_step(plan, i);
+    int reduces = s->kind == MT_STEP_ALLREDUCE || s->kind == MT_STEP_REDUCE_SCATTER;
+    rc = check_mesh_shape(mesh, &s->src, err);
+    if (rc == MT_OK && reduces) rc = mt_partial_check(dtype, partial_op(s), err);
+  }
+  if (rc != MT_OK) return rc;
+  return mt__compiled_get(mesh, plan, c->coord, c->itemsize, &c->cp, &c->owned, err);
+}
+
+static void ctx_free(exec_ctx *c) {
+  mt__compiled_free(c->owned);
+  c->owned = NULL;
+}
+
+static char *alloc_box(const exec_ctx *c, const mt_layout *l) {
+  mt_box b;
+  box_at(c, l, -1, 0, &b);
+  return mt_pool_alloc((size_t)(mt_box_numel(&b) * c->itemsize));
+}
+
+static int run_one(const exec_ctx *c, int i, const mt_step *s, const void *in,
+                   void *out, mt_error *err) {
+  pending p;
+  pending_init(&p, c, i, s, in, out);
+  int rc = start_step(c, &p, err);
+  if (rc != MT_OK) {
+    pending_free(&p);
+    return rc;
+  }
+  return finish_step(c, &p, err);
+}
+
+/* Runs steps [from, nsteps) with blocking calls. `in` is step from's input and
+ * `owned` the buffer behind it when it is an intermediate one (freed here). */
+static int run_steps(const exec_ctx *c, const mt_plan *plan, int from, const void *in,
+                     char *owned, void *dst, mt_error *err) {
+  int n = mt_plan_nsteps(plan), rc = MT_OK;
+  for (int i = from; i < n && rc == MT_OK; ++i) {
+    const mt_step *s = mt_plan_step(plan, i);
+    char *out = i == n - 1 ? dst : alloc_box(c, &s->dst);
+    if (out == NULL) {
+      rc = mt_error_set(err, MT_ENOMEM, "out of memory");
+      break;
+    }
+    rc = run_one(c, i, s, in, out, err);
+    mt_pool_free(owned);
+    owned = i == n - 1 ? NULL : out;
+    in = out;
+  }
+  mt_pool_free(owned);
+  return rc;
+}
+
+int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
+                    void *dst, mt_error *err) {
+  exec_ctx c;
+  int rc = ctx_init(&c, mesh, plan, dtype, 0, err);
+  if (rc == MT_OK) rc = run_steps(&c, plan, 0, src, NULL, dst, err);
+  ctx_free(&c);
+  return rc;
+}
+
+/* ---- selection exchange (basic indexing) ---------------------------------------- */
+
+/* The exchange of a selection: every peer's boxes, then its datatypes. */
+static int selection_build(const exec_ctx *c, const mt_layout *src,
+                           const mt_selection *sel, const mt_layout *dst,
+                           mt__exchange *x, mt_error *err) {
+  int64_t n = 1;
+  for (int d = 0; d < mt_mesh_ndim(c->mesh); ++d) n *= mt_mesh_dim_size(c->mesh, d);
+  mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
+  int64_t *lin = malloc((size_t)n * sizeof *lin);
+  if (boxes == NULL || lin == NULL) {
+    free(boxes);
+    free(lin);
+    return mt_error_set(err, MT_ENOMEM, "out of memory");
+  }
+  int rc = mt_selection_exchange_boxes(src, sel, dst, c->coord, n, boxes, boxes + n, err);
+  if (rc == MT_OK) {
+    int me = 0;
+    mt_box own, sb, tb;
+    mt__exchange_peers(c->mesh, c->coord, -1, lin, &me);
+    box_at(c, src, -1, 0, &own);
+    mt_selection_image(sel, &own, &sb);
+    box_at(c, dst, -1, 0, &tb);
+    rc = mt__exchange_build(&sb, &tb, boxes, boxes + n, lin, (int)n, me, c->itemsize, x,
+                            err);
+  }
+  free(boxes);
+  free(lin);
+  return rc;
+}
+
+int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selection *sel,
+                          const mt_layout *dst, int dtype, const void *in, void *out,
+                          mt_error *err) {
+  exec_ctx c;
+  int rc = ctx_base(&c, mesh, dtype, err);
+  if (rc == MT_OK) rc = check_mesh_shape(mesh, src, err);
+  if (rc != MT_OK) return rc;
+  MPI_Comm comm = MPI_COMM_NULL;
+  mt__exchange x = {0};
+  rc = selection_build(&c, src, sel, dst, &x, err);
+  if (rc == MT_OK) rc = mt_mesh_comm(mesh, &comm, err);
+  if (rc == MT_OK) rc = mt__exchange_post(&x, in, out, comm, NULL, err);
+  if (rc == MT_OK) mt__count(mesh, MT_COLL_ALL_TO_ALL, x.sent);
+  mt__exchange_free(&x);
+  return rc;
+}
+
+/* ---- asynchronous redistribute ------------------------------------------------- */
+
+static void request_free(mt_request *r) {
+  pending_free(&r->p);
+  mt_pool_free(r->tmp_in);
+  mt_pool_free(r->tmp_out);
+  ctx_free(&r->ctx);
+  /* The request was one of the plan's owners (the counts of its steps are read by
+   * MPI until they complete); only ownership changes, not the plan. */
+  mt_plan_destroy((mt_plan *)r->plan);
+  free(r);
+}
+
+/* Runs local steps at once and posts the first communicating step nonblocking. */
+static int start_async(mt_request *r, mt_error *err) {
+  int n = mt_plan_nsteps(r->plan), rc = MT_OK;
+  const void *in = r->src;
+  for (int i = 0; i < n && rc == MT_OK; ++i) {
+    const mt_step *s = mt_plan_step(r->plan, i);
+    char *out = i == n - 1 ? r->dst : alloc_box(&r->ctx, &s->dst);
+    if (out == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+    mt_pool_free(r->tmp_in);
+    r->tmp_in = r->tmp_out;
+    r->tmp_out = i == n - 1 ? NULL : out;
+    pending_init(&r->p, &r->ctx, i, s, in, out);
+    r->next = i + 1;
+    rc = start_step(&r->ctx, &r->p, err);
+    if (rc == MT_OK && s->kind != MT_STEP_CHUNK) return MT_OK;
+    in = out;
+  }
+  r->p.step = NULL;
+  return rc;
+}
+
+int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
+                          const void *src, void *dst, mt_request **out, mt_error *err) {
+  mt_request *r = calloc(1, sizeof *r);
+  if (r == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  mt_plan_retain((mt_plan *)plan);
+  r->plan = plan, r->src = src, r->dst = dst;
+  pending_init(&r->p, NULL, 0, NULL, NULL, NULL);
+  int rc = ctx_init(&r->ctx, mesh, plan, dtype, 1, err);
+  if (rc == MT_OK) rc = start_async(r, err);
+  if (rc != MT_OK) {
+    request_free(r);
+    return rc;
+  }
+  *out = r;
+  return MT_OK;
+}
+
+int mt_request_wait(mt_request *r, mt_error *err) {
+  int rc = MT_OK;
+  if (r->p.step != NULL) rc = finish_step(&r->ctx, &r->p, err);
+  mt_pool_free(r->tmp_in);
+  r->tmp_in = NULL;
+  if (rc == MT_OK && r->next < mt_plan_nsteps(r->plan)) {
+    r->ctx.nonblocking = 0;
+    const void *in = r->tmp_out;
+    char *owned = r->tmp_out;
+    r->tmp_out = NULL;
+    rc = run_steps(&r->ctx, r->plan, r->next, in, owned, r->dst, err);
+  }
+  request_free(r);
+  return rc;
+}

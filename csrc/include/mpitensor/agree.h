@@ -1,0 +1,61 @@
+/* Agreement: anything that can fail on some ranks only (a size check, an
+ * allocation, a file, an argument that differs by rank) is agreed on before the
+ * next collective, so that every rank returns the same status and message and none
+ * is left waiting in a collective the others never reach.
+ *
+ * One small all-reduce carries every rank's verdict (and, in the same message,
+ * values whose minimum the ranks need anyway); only when some rank failed does a
+ * broadcast follow, of the first failing rank's message. */
+#ifndef MPITENSOR_AGREE_H
+#define MPITENSOR_AGREE_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "mpitensor/mesh.h"
+#include "mpitensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The most values mt_agree_comm carries along. */
+#define MT_AGREE_MAX_VALUES 7
+
+/* Collective on `comm`. Every rank passes its status so far (MT_OK, or an MT_E*
+ * code with its message in err->msg) and `n` values (0 <= n <= MT_AGREE_MAX_VALUES;
+ * `values` may be NULL when n is 0). Returns, on every rank, MT_OK when every rank
+ * passed MT_OK (leaving `err` as it was), else the status of the lowest rank of
+ * `comm` that failed, with its message in `err` (which may be NULL); the values come
+ * back as their minimum over the ranks either way. An MPI failure of the agreement
+ * itself is MT_EMPI on the ranks it happens on. MT_EINVAL, without communicating,
+ * for n out of range.
+ *
+ *   int64_t nonce = first ? my_nonce : INT64_MAX;
+ *   rc = mt_agree_comm(comm, rc, &nonce, 1, &err);  // same rc, same nonce everywhere
+ */
+int mt_agree_comm(MPI_Comm comm, int status, int64_t *values, int n, mt_error *err);
+
+/* Collective on the mesh. Whether every member succeeded and passed the same
+ * `fingerprint` (a hash of what must agree: shapes, placements, a path, a call
+ * site). `status` is this rank's verdict and err->msg its message: why it failed,
+ * or, with MT_OK, what a disagreement of fingerprints means ("" for a general
+ * sentence), so initialise `err` (`mt_error err = {0};`). Returns on every member:
+ * the status and message of the first member (by row-major mesh position) that
+ * failed; else, when the fingerprints differ, MT_EINVAL with the first member's
+ * mismatch message; else MT_OK. One all-reduce of three int64 values, and a
+ * broadcast only on failure. A rank outside the mesh takes no part and returns
+ * `status` as it is. For a slice, the first agreement creates the slice's
+ * communicator (mt_mesh_comm).
+ *
+ *   mt_error err = {0};
+ *   int rc = buf != NULL ? MT_OK : mt_error_set(&err, MT_ENOMEM, "out of memory");
+ *   rc = mt_agree(mesh, rc, hash_of(shape), &err);
+ *   if (rc != MT_OK) return rc;  // every member returns here, with one message
+ */
+int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

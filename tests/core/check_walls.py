@@ -1,0 +1,171 @@
+"""The walls between mpitensor's C libraries, read from the built archives.
+
+Usage: check_walls.py src=CSRC core=LIB kernels=LIB comm=LIB io=LIB   (ctest runs it)
+
+Fails, naming what it found, when
+- a source of a library includes another library's private header, or the public
+  header of a library that is not below its own;
+- an object file calls into a library that is not below its own (calls go down:
+  core <- kernels, core <- comm <- io);
+- object files call each other in a cycle (within or across libraries);
+- the core or the kernels use MPI, threads or file I/O;
+- an object holds process-wide mutable state (a writable global or static) that
+  is not one of the few documented at their definition (the block pool, the live
+  communicator count, MPI's user-defined operations, the process token).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+BELOW = {"core": {"core"}, "kernels": {"kernels", "core"}, "comm": {"comm", "core"},
+         "io": {"io", "comm", "core"}}
+
+# Symbols the pure libraries (core, kernels) must not use.
+FORBIDDEN = re.compile(
+    r"^(P?MPI_\w+|ompi_\w+|pthread_\w+|f?open(64)?|fclose|fread|fwrite|fseek|read|write|"
+    r"p(read|write)(64)?|close|f?truncate(64)?|f?stat(64)?|rename|remove|unlink|mmap|"
+    r"process_vm_readv)$")
+PURE = {"core", "kernels"}
+
+# The process-wide mutable state that must stay, each documented where it is
+# defined with its thread-safety: (object file, symbol).
+ALLOWED_STATE = {
+    ("pool.c.o", "lock"), ("pool.c.o", "slots"), ("pool.c.o", "cached"),
+    ("pool.c.o", "limit"), ("mesh.c.o", "live_comms"), ("mpi_types.c.o", "user_ops"),
+    ("mpi_types.c.o", "user_state"), ("io_gather.c.o", "token"),
+}
+
+# The library each public header (csrc/include/mpitensor) belongs to.
+HEADERS = {
+    "core": {"status", "dtype", "layout", "pack", "plan", "prop", "rng", "mpitensor"},
+    "kernels": {"kernels"},
+    "comm": {"mesh", "comm", "counters", "agree", "ring", "pool"},
+    "io": {"io"},
+}
+
+LINE = re.compile(r"^[0-9a-f]+ (.{7}) (\S+)\s+[0-9a-f]+\s+(?:\S+\s+)?(\S+)$")
+
+
+def symbols(archive: str):
+    """{member: (defined globals, undefined, writable data objects)} of an archive."""
+    out = subprocess.run(["objdump", "-t", archive], check=True, capture_output=True,
+                         text=True).stdout
+    members, cur = {}, None
+    for line in out.splitlines():
+        head = re.match(r"^(\S+\.o):\s+file format", line)
+        if head:
+            cur = members.setdefault(head.group(1), (set(), set(), set()))
+            continue
+        m = LINE.match(line)
+        if cur is None or m is None:
+            continue
+        flags, section, name = m.groups()
+        if section == "*UND*":
+            cur[1].add(name)
+        elif flags[0] == "g" and section != "*ABS*":
+            cur[0].add(name)
+        writable = section in (".data", ".bss", ".tdata", ".tbss") or (
+            section.startswith((".data.", ".bss.")) and ".rel.ro" not in section)
+        if writable and flags[6] == "O":
+            cur[2].add(name.split(".")[0])
+    return members
+
+
+def include_problems(src: str) -> list[str]:
+    """Includes that cross a wall, in every library's sources and private headers."""
+    owner = {h: lib for lib, names in HEADERS.items() for h in names}
+    problems = []
+    for lib in BELOW:
+        for path in sorted(glob.glob(os.path.join(src, lib, "*.[ch]"))):
+            for name in re.findall(r'^#include "([^"]+)"', open(path).read(), re.M):
+                public = re.fullmatch(r"mpitensor/(\w+)\.h", name)
+                if public:
+                    target = owner.get(public.group(1))
+                    ok = target in BELOW[lib]
+                else:
+                    ok = os.path.exists(os.path.join(src, lib, name))
+                if not ok:
+                    problems.append(f"{lib}/{os.path.basename(path)} includes {name}")
+    return problems
+
+
+def cycles(edges: dict) -> list:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def main(argv: list[str]) -> int:
+    libs = dict(arg.split("=", 1) for arg in argv)
+    src = libs.pop("src", None)
+    if set(libs) != set(BELOW) or src is None:
+        print(f"expected src=CSRC and {sorted(BELOW)}=archive arguments", file=sys.stderr)
+        return 2
+    where, members = {}, {}
+    for lib, path in libs.items():
+        for member, table in symbols(path).items():
+            members[(lib, member)] = table
+            for name in table[0]:
+                where[name] = (lib, member)
+    problems, edges, calls = include_problems(src), {}, []
+    for (lib, member), (_, undefined, state) in sorted(members.items()):
+        for name in sorted(undefined):
+            if lib in PURE and FORBIDDEN.match(name):
+                problems.append(f"{lib}/{member} uses {name}: no MPI, threads or files "
+                                f"in the {lib} library")
+            target = where.get(name)
+            if target is None or target == (lib, member):
+                continue
+            calls.append(f"{lib}/{member} -> {target[0]}/{target[1]}: {name}")
+            edges.setdefault((lib, member), set()).add(target)
+            if target[0] not in BELOW[lib]:
+                problems.append(f"{lib}/{member} calls {name} of {target[0]}/{target[1]}: "
+                                f"{target[0]} is not below {lib}")
+        for name in sorted(state):
+            if (member, name) not in ALLOWED_STATE:
+                problems.append(f"{lib}/{member} holds process-wide mutable state "
+                                f"'{name}'")
+    for comp in cycles(edges):
+        problems.append("call cycle between " + ", ".join(f"{l}/{m}" for l, m in comp))
+    if "-v" in sys.argv or problems:
+        print("\n".join(calls))
+    for p in problems:
+        print("WALL BROKEN:", p)
+    print(f"check_walls: {len(members)} object files, {len(calls)} cross-file calls, "
+          f"{len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main([a for a in sys.argv[1:] if a != "-v"]))
