@@ -49,7 +49,7 @@ int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *ty
  * one run of the file per member (see mt_io_set_pipeline). The file is written under a
  * temporary name in the same directory (`<name cut to 200 bytes>.<hex>-<hex>.tmp`,
  * created by the first member before the others open it), synced to the device
- * by every member that wrote, and renamed to `path` by the first member, which
+ * by every member, and renamed to `path` by the first member, which
  * then syncs the directory, only after every member has written its part: an
  * existing file at `path` is replaced whole or not at all, and the new one
  * survives a power cut once this returns. `path` itself is replaced (a symlink

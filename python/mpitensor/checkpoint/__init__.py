@@ -76,8 +76,8 @@ def save(obj, path, *, device_mesh=None) -> None:
     the entries are written under new names and ``index.json``, which names them,
     is switched last; a failed or killed save leaves the previous checkpoint
     whole, and the next save removes what it left. Every rank must pass the
-    same path (ValueError otherwise). ndarray entries of a dict must be equal on every rank; the first rank writes
-    them. Likewise an entry on a slice of a larger mesh is taken to be equal on
+    same path (ValueError otherwise). ndarray entries of a dict must be equal on
+    every rank; the first rank writes them. Likewise an entry on a slice of a larger mesh is taken to be equal on
     every slice (data-parallel replicas, as torch's checkpoints assume): only the
     first slice (coordinate 0 on the dims cut away) writes it. Any failure (a
     missing directory, an unwritable path, ...) raises the same

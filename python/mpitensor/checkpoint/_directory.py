@@ -39,8 +39,10 @@ def _pending(folder: str) -> list:
     except (OSError, ValueError):
         return []
     ours = (_index.INDEX, PENDING)
-    return [n for n in names if isinstance(n, str) and n not in ours and n not in ("", ".", "..")
-            and os.path.basename(n) == n] if isinstance(names, list) else []
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and n not in ours
+            and n not in ("", ".", "..") and os.path.basename(n) == n]
 
 
 def _tidy(folder: str) -> None:
@@ -70,8 +72,7 @@ def _begin(folder: str, names: list) -> bytes:
     _tidy(folder)
     current = _index.current_files(folder)
     files = {n: _index.file_name(n, _index.file_name(n) in current) for n in names}
-    for file in files.values():
-        _paths.check_target(os.path.join(folder, file))
+    _paths.check_targets(folder, list(files.values()))
     listed = sorted(current | set(files.values()))
     _paths.replace_synced(os.path.join(folder, PENDING), json.dumps(listed).encode())
     return json.dumps(files).encode()

@@ -93,7 +93,8 @@ def check(index, folder: str) -> None:
                          f"mpitensor checkpoint index")
     if index.get("version") != VERSION:
         raise ValueError(f"the checkpoint {folder!r} has an {INDEX} of version "
-                         f"{index.get('version')!r}; this mpitensor reads version {VERSION}")
+                         f"{index.get('version')!r}; this mpitensor reads version "
+                         f"{VERSION}")
     entries = index.get("entries")
     if not isinstance(entries, dict):
         raise ValueError(f"the checkpoint {folder!r} has a malformed {INDEX}: "
@@ -112,7 +113,8 @@ def _parse(data: bytes, folder: str):
     try:
         return json.loads(data)
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-        raise ValueError(f"the checkpoint {folder!r} has a malformed {INDEX}: {e}") from None
+        raise ValueError(f"the checkpoint {folder!r} has a malformed {INDEX}: "
+                         f"{e}") from None
 
 
 def read(folder: str) -> bytes:

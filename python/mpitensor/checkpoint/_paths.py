@@ -92,6 +92,19 @@ def replace_synced(path: str, data: bytes) -> None:
     sync_dir(os.path.dirname(path))
 
 
+def _check_kind(path: str) -> None:
+    """Nothing but a regular file at ``path``, if anything."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"cannot save to {path!r}: it is a directory")
+    if not stat.S_ISREG(mode):
+        raise OSError(f"cannot save to {path!r}: it is {_kind(mode)}; a save replaces "
+                      f"regular files only")
+
+
 def check_target(path: str) -> bytes:
     """Before a save to ``path`` (symlinks resolved): its directory exists and
     nothing but a regular file is there; removes what killed saves left."""
@@ -99,17 +112,16 @@ def check_target(path: str) -> bytes:
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"cannot save to {path!r}: the directory {parent!r} "
                                 f"does not exist")
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and stat.S_ISDIR(mode):
-        raise IsADirectoryError(f"cannot save to {path!r}: it is a directory")
-    if mode is not None and not stat.S_ISREG(mode):
-        raise OSError(f"cannot save to {path!r}: it is {_kind(mode)}; a save replaces "
-                      f"regular files only")
-    remove_leftovers(parent, [os.path.basename(path)])
+    check_targets(parent, [os.path.basename(path)])
     return b""
+
+
+def check_targets(folder: str, names) -> None:
+    """Before a save of the files ``names`` into the existing directory ``folder``:
+    nothing but regular files are there; removes what killed saves left."""
+    for name in names:
+        _check_kind(os.path.join(folder, name))
+    remove_leftovers(folder, names)
 
 
 def open_regular(path: str):
