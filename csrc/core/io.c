@@ -534,8 +534,11 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
     rc = mt__fail(err, MT_EINVAL, "a header of %lld bytes does not fit before the data "
                   "at byte %lld", (long long)hlen, (long long)array->offset);
   }
-  if (rc == MT_OK && first) rc = temp_name(path, nonce, tmp, sizeof tmp, err);
-  if (rc == MT_OK && first) made = (rc = create_temp(tmp, err)) == MT_OK;
+  if (rc == MT_OK && first) {
+    rc = temp_name(path, nonce, tmp, sizeof tmp, err);
+    if (rc == MT_OK) rc = create_temp(tmp, err);
+    made = rc == MT_OK;
+  }
   rc = start(&c, mesh, rc, array, box, buflen, nonce, 2, err);
   /* Every rank builds the same name from the same inputs: no need to agree. */
   if (rc == MT_OK) rc = temp_name(path, nonce, tmp, sizeof tmp, err);

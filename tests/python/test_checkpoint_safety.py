@@ -168,6 +168,32 @@ def test_a_failure_on_one_entry_leaves_the_previous_checkpoint(tmp, monkeypatch)
     assert p == []
 
 
+def test_a_failed_save_over_an_index_that_does_not_parse_removes_nothing(tmp, monkeypatch):
+    """With no index to tell which files are the checkpoint's, a failed save must
+    not remove the files it did not write (c and d, of the earlier save)."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "unparsed")
+    old = four(mesh, 4)
+    mt.save(old, path)
+    write_index(path, "{broken")
+    real, calls = mt._C.io_save, []
+
+    def fail_on_b(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf):
+        calls.append(path_)
+        if len(calls) == 2:
+            box_offset = (shape[0],) + tuple(box_offset[1:])
+        return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf)
+
+    monkeypatch.setattr(mt._C, "io_save", fail_on_b)
+    p = Problems()
+    expect_same_error(p, "entry b", lambda: mt.save(four(mesh, 5), path), IndexError,
+                      "outside")
+    for k in "cd":
+        p.expect(bits_equal(np.load(os.path.join(path, f"{k}.npy")), old[k].full_tensor()),
+                 f"{k}.npy was removed or changed")
+    assert p == []
+
+
 def test_saves_alternate_names_and_remove_the_previous_files(tmp):
     """Each save writes names the current index does not use, then removes the
     previous save's files, those of keys it no longer has too; files that are not

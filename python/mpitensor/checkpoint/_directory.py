@@ -47,20 +47,18 @@ def _pending(folder: str) -> list:
 
 def _tidy(folder: str) -> None:
     """On the first rank: removes the files PENDING lists that the index does not
-    name, the temporary files of their saves and of the index, then PENDING.
-    Never raises: what stays is found again by the next save."""
+    name, the temporary files of their saves and of the index, then PENDING. An
+    index that does not parse keeps every file. Never raises: what stays is found
+    again by the next save."""
     keep, listed = _index.current_files(folder), _pending(folder)
-    for name in listed:
-        if name not in keep:
-            try:
-                os.unlink(os.path.join(folder, name))
-            except OSError:
-                pass
     _paths.remove_leftovers(folder, [*listed, _index.INDEX, PENDING])
-    try:
-        os.unlink(os.path.join(folder, PENDING))
-    except OSError:
-        pass
+    if keep is None:
+        return
+    for name in [*(n for n in listed if n not in keep), PENDING]:
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
 
 
 def _begin(folder: str, names: list) -> bytes:
@@ -70,7 +68,7 @@ def _begin(folder: str, names: list) -> bytes:
     JSON."""
     _make_dir(folder)
     _tidy(folder)
-    current = _index.current_files(folder)
+    current = _index.current_files(folder) or set()
     files = {n: _index.file_name(n, _index.file_name(n) in current) for n in names}
     _paths.check_targets(folder, list(files.values()))
     listed = sorted(current | set(files.values()))

@@ -132,11 +132,17 @@ def read(folder: str) -> bytes:
     return data
 
 
-def current_files(folder: str) -> set:
+def current_files(folder: str):
     """On the first rank, before a save: the files that the index of ``folder``
-    names, or none when there is no valid index."""
-    try:
-        index = _parse(read(folder), folder)
-    except (OSError, ValueError):
+    names; an empty set when there is none, and None when there is one that does
+    not parse (nothing is removed on its account then)."""
+    path = os.path.join(folder, INDEX)
+    if not os.path.lexists(path):
         return set()
+    try:
+        with _paths.open_regular(path) as f:
+            index = _parse(f.read(), folder)
+        check(index, folder)
+    except (OSError, ValueError):
+        return None
     return {entry["file"] for entry in index["entries"].values()}
