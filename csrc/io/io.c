@@ -314,16 +314,39 @@ static int boxes_tile(const io_call *c, const mt_io_array *a) {
 
 /* ---- save -------------------------------------------------------------------- */
 
-/* A temporary name beside `path`, the same on every rank: rank 0's pid and clock,
- * so no two saves, even of crashed jobs, share one. */
+/* Bytes of the target's name kept in its temporary name: with the suffix (at most
+ * 35 bytes) any name the file system accepts (NAME_MAX, 255) gives a temporary
+ * name it accepts too. checkpoint/_paths.py knows this form, to remove what a
+ * killed save left. */
+#define TEMP_NAME_KEEP 200
+
+/* A temporary name beside `path`, the same on every rank:
+ * `<name, cut to TEMP_NAME_KEEP bytes>.<pid>-<clock>.tmp` in hex, with rank 0's pid
+ * and clock, so no two saves, even of crashed jobs, share one. */
 static int temp_name(const char *path, const int64_t *nonce, char *out, size_t cap,
                      mt_error *err) {
-  int n = snprintf(out, cap, "%s.mpitensor-%lld-%lld.tmp", path, (long long)nonce[0],
-                   (long long)nonce[1]);
+  const char *slash = strrchr(path, '/');
+  size_t dir = slash != NULL ? (size_t)(slash - path) + 1 : 0, name = strlen(path) - dir;
+  int n = -1;
+  if (dir + name < cap) {
+    n = snprintf(out, cap, "%.*s%.*s.%llx-%llx.tmp", (int)dir, path,
+                 (int)(name < TEMP_NAME_KEEP ? name : TEMP_NAME_KEEP), path + dir,
+                 (unsigned long long)nonce[0], (unsigned long long)nonce[1]);
+  }
   if (n < 0 || (size_t)n >= cap) {
     return mt_error_set(err, MT_EINVAL, "the path '%s' is too long", path);
   }
   return MT_OK;
+}
+
+/* The first rank creates the temporary file before any other rank opens it, and
+ * they open it without O_CREAT: if it is removed meanwhile (a cleanup of
+ * leftovers racing this save), the save fails instead of renaming into place a
+ * file recreated by some ranks, holding their bytes only. */
+static int create_temp(const char *tmp, mt_error *err) {
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) return posix_fail(err, "open", tmp);
+  return close(fd) == 0 ? MT_OK : posix_fail(err, "close", tmp);
 }
 
 /* Every rank makes every collective call here, failed or not, so none waits. The
@@ -351,14 +374,15 @@ static int write_all(io_call *c, MPI_File fh, const void *header, int64_t hlen,
 static int write_file(io_call *c, const char *tmp, const void *header, int64_t hlen,
                       const void *buf, mt_error *err) {
   MPI_File fh = MPI_FILE_NULL;
-  int rc = MPI_File_open(c->comm, tmp, MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL,
-                         &fh);
+  int rc = MPI_File_open(c->comm, tmp, MPI_MODE_WRONLY, MPI_INFO_NULL, &fh);
   int mine = rc == MPI_SUCCESS ? MT_OK : io_fail(err, rc, "MPI_File_open", tmp);
   int agreed = agree(c->comm, mine, err);
   /* A collective open fails on every rank or none; a handle left open by a
    * partial failure is not closed, since closing is collective too. */
   if (agreed != MT_OK) return agreed;
   mine = write_all(c, fh, header, hlen, buf, tmp, err);
+  rc = MPI_File_sync(fh);
+  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_sync", tmp);
   rc = MPI_File_close(&fh);
   if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
   return agree(c->comm, mine, err);
@@ -370,7 +394,7 @@ static int write_file(io_call *c, const char *tmp, const void *header, int64_t h
  * ranks agree through `comm` instead. */
 static int open_for_writing(const io_call *c, const char *tmp, const void *header,
                             int64_t hlen, int *mine, mt_error *err) {
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  int fd = open(tmp, O_WRONLY | O_CLOEXEC);
   *mine = fd >= 0 ? MT_OK : posix_fail(err, "open", tmp);
   if (*mine == MT_OK && c->rank == 0 && hlen > 0) {
     int e = mt__io_transfer(fd, header, NULL, hlen, 0);
@@ -384,6 +408,15 @@ static int open_for_writing(const io_call *c, const char *tmp, const void *heade
 static int close_file(int fd, int mine, const char *path, mt_error *err) {
   if (fd >= 0 && close(fd) != 0 && mine == MT_OK) return posix_fail(err, "close", path);
   return mine;
+}
+
+/* A writer's end: the bytes it wrote reach the device before the file is renamed
+ * into place, so a power cut after the save cannot leave zeros behind its name.
+ * Every rank syncs its own descriptor: where nodes share a file system, a sync
+ * flushes what its own node wrote; on one node the first sync flushes all. */
+static int sync_close(int fd, int mine, const char *path, mt_error *err) {
+  if (fd >= 0 && mine == MT_OK && fsync(fd) != 0) mine = posix_fail(err, "fsync", path);
+  return close_file(fd, mine, path, err);
 }
 
 /* The independent path: every box one run, each rank pwrites its own. Sizing the
@@ -400,7 +433,7 @@ static int write_runs(io_call *c, const char *tmp, const void *header, int64_t h
   int e = mine == MT_OK ? mt__io_transfer(fd, buf, NULL, buflen, c->disp) : 0;
   if (e != 0)
     mine = mt_error_set(err, MT_EIO, "writing '%s' failed: %s", tmp, strerror(e));
-  return agree(c->comm, close_file(fd, mine, tmp, err), err);
+  return agree(c->comm, sync_close(fd, mine, tmp, err), err);
 }
 
 /* The slab pipeline's view of this call (no gather unless the caller sets it). */
@@ -432,23 +465,43 @@ static int write_slabs(io_call *c, const mt_io_array *a, const char *tmp, const 
     }
     mine = mt__slabs_write(&s, mine, buf, err);
   }
-  return agree(c->comm, close_file(fd, mine, tmp, err), err);
+  return agree(c->comm, sync_close(fd, mine, tmp, err), err);
 }
 
-/* Rank 0 renames the finished file into place (or removes it after a failure)
- * and every rank learns the outcome. */
-static int commit(io_call *c, const char *tmp, const char *path, int rc, mt_error *err) {
-  int mine = MT_OK;
-  if (c->rank == 0 && rc == MT_OK && rename(tmp, path) != 0) {
-    mine = mt_error_set(err, MT_EIO, "renaming '%s' to '%s' failed", tmp, path);
+/* Syncs the directory that holds `path`, so that a rename into it survives a
+ * power cut too. File systems that cannot sync a directory (EINVAL) keep their
+ * own order, and are let be. */
+static int sync_dir(const char *path, mt_error *err) {
+  char dir[4096] = ".";
+  const char *slash = strrchr(path, '/');
+  size_t n = slash == NULL ? 0 : slash == path ? 1 : (size_t)(slash - path);
+  if (n >= sizeof dir) return mt_error_set(err, MT_EINVAL, "the path '%s' is too long", path);
+  if (n > 0) {
+    memcpy(dir, path, n);
+    dir[n] = '\0';
   }
-  if (c->rank == 0 && (rc != MT_OK || mine != MT_OK)) remove(tmp);
-  return rc != MT_OK ? rc : agree(c->comm, mine, err);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int rc = fd >= 0 && (fsync(fd) == 0 || errno == EINVAL) ? MT_OK
+                                                         : posix_fail(err, "fsync", dir);
+  if (fd >= 0) close(fd);
+  return rc;
+}
+
+/* Rank 0 renames the finished file into place and syncs its directory; every
+ * rank learns the outcome. */
+static int commit(io_call *c, const char *tmp, const char *path, mt_error *err) {
+  int mine = MT_OK;
+  if (c->rank == 0 && rename(tmp, path) != 0) {
+    mine = mt_error_set(err, MT_EIO, "renaming '%s' to '%s' failed: %s", tmp, path,
+                    strerror(errno));
+  }
+  if (c->rank == 0 && mine == MT_OK) mine = sync_dir(path, err);
+  return agree(c->comm, mine, err);
 }
 
 /* Rank 0's pid and clock; the others offer the maximum, so the minimum over the
- * ranks is rank 0's. */
-static int64_t *nonce_of(mt_mesh *mesh, int64_t *nonce) {
+ * ranks is rank 0's. Returns whether this rank is rank 0. */
+static int nonce_of(mt_mesh *mesh, int64_t *nonce) {
   int64_t coord[MT_MAX_MESH_NDIM] = {0};
   int first = mt_mesh_coordinate(mesh, coord);
   for (int d = 0; d < mt_mesh_ndim(mesh); ++d) first = first && coord[d] == 0;
@@ -456,7 +509,7 @@ static int64_t *nonce_of(mt_mesh *mesh, int64_t *nonce) {
   timespec_get(&ts, TIME_UTC);
   nonce[0] = first ? (int64_t)getpid() : INT64_MAX;
   nonce[1] = first ? (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec : INT64_MAX;
-  return nonce;
+  return first;
 }
 
 int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
@@ -464,7 +517,8 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
                int64_t buflen, const mt_io_options *opts, mt_error *err) {
   io_call c = {0};
   int64_t nonce[2];
-  int rc = MT_OK, slabs = 0;
+  char tmp[4096];
+  int rc = MT_OK, slabs = 0, first = nonce_of(mesh, nonce), made = 0;
   take_options(&c, opts);
   if (hlen < 0 || hlen > INT_MAX || hlen > array->offset) {
     rc = mt_error_set(err, MT_EINVAL,
@@ -472,8 +526,12 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
                       "at byte %lld",
                       (long long)hlen, (long long)array->offset);
   }
-  rc = start(&c, mesh, rc, array, box, buflen, nonce_of(mesh, nonce), 2, err);
-  char tmp[4096];
+  if (rc == MT_OK && first) {
+    rc = temp_name(path, nonce, tmp, sizeof tmp, err);
+    if (rc == MT_OK) rc = create_temp(tmp, err);
+    made = rc == MT_OK;
+  }
+  rc = start(&c, mesh, rc, array, box, buflen, nonce, 2, err);
   /* Every rank builds the same name from the same inputs: no need to agree. */
   if (rc == MT_OK) rc = temp_name(path, nonce, tmp, sizeof tmp, err);
   if (rc == MT_OK) {
@@ -482,8 +540,9 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
     if (c.contiguous) rc = write_runs(&c, tmp, header, hlen, buf, buflen, err);
     else if (slabs) rc = write_slabs(&c, array, tmp, header, hlen, buf, err);
     else rc = write_file(&c, tmp, header, hlen, buf, err);
-    rc = commit(&c, tmp, path, rc, err);
+    if (rc == MT_OK) rc = commit(&c, tmp, path, err);
   }
+  if (rc != MT_OK && made) remove(tmp);
   if (rc == MT_OK && !slabs) mt__io_count(c.io_counters, 0, buflen);
   finish(&c);
   return rc;

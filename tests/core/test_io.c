@@ -321,6 +321,45 @@ static void test_failures(mt_mesh *m) {
   if (world_rank == 0) remove(path);
 }
 
+/* A name of 251 bytes, which the file system and numpy.save accept: the temporary
+ * name beside it must fit NAME_MAX too. */
+static void test_long_name(mt_mesh *m) {
+  char name[256], path[512];
+  memset(name, 'n', 247);
+  memcpy(name + 247, ".bin", 5);
+  path_of(path, sizeof path, name);
+  mt_io_array a = array2(world_size, 3, 4, 16);
+  mt_box b = box2(world_rank, 1, 0, 3);
+  int32_t mine[3] = {world_rank * 3, world_rank * 3 + 1, world_rank * 3 + 2};
+  mt_error err = {0};
+  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, 12, &err);
+  CHECK_MSG(rc == MT_OK, "%s", err.msg);
+  check_file(path, 3 * world_size);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank == 0) remove(path);
+}
+
+/* Ranks that pass different paths must not each write a file of their own rows
+ * (and zeros elsewhere): the save fails on every rank and leaves no file. */
+static void test_paths_differ(mt_mesh *m) {
+  if (world_size < 2) return;
+  char name[32], path[512];
+  snprintf(name, sizeof name, "rank%d.bin", world_rank);
+  path_of(path, sizeof path, name);
+  mt_io_array a = array2(world_size, 3, 4, 16);
+  mt_box b = box2(world_rank, 1, 0, 3);
+  int32_t mine[3] = {1, 2, 3};
+  mt_error err = {0};
+  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, 12, &err);
+  expect_everywhere(rc, MT_EIO, &err, "failed");
+  for (int r = 0; r < world_size; ++r) {
+    snprintf(name, sizeof name, "rank%d.bin", r);
+    path_of(path, sizeof path, name);
+    CHECK_MSG(access(path, F_OK) != 0, "'%s' was written", path);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 /* A real box of more than INT_MAX bytes, written by rank 0 and read by the last. */
 static void test_big_box(mt_mesh *m) {
   const int64_t n = ((int64_t)1 << 31) + 1024;
@@ -371,6 +410,8 @@ int main(int argc, char **argv) {
   test_pipeline(m);
   test_high_offset(m);
   test_failures(m);
+  test_long_name(m);
+  test_paths_differ(m);
   const char *big = getenv("MPITENSOR_BIG_IO");
   if (big != NULL && strcmp(big, "1") == 0) test_big_box(m);
   mt_mesh_destroy(m);

@@ -85,11 +85,16 @@ mt_io_options mt_io_options_default(void);
  * nothing). Arguments are checked on every member before any data moves. The
  * file is sized to exactly array->offset plus the array's bytes. Boxes of many
  * short runs that tile the array are written as `opts` says (NULL: the defaults).
- * The file is written under a temporary name in the same directory and renamed to
- * `path` only after every member has written its part, so an existing file at
- * `path` is replaced whole or not at all; on failure the temporary file is removed
- * and MT_EIO (or the first error) returns on every member with the message of the
- * member that failed first. */
+ * The file is written under a temporary name in the same directory
+ * (`<name cut to 200 bytes>.<hex>-<hex>.tmp`, created by the first member before
+ * the others open it), synced to the device by every member, and renamed to
+ * `path` by the first member, which then syncs the directory, only after every
+ * member has written its part: an existing file at `path` is replaced whole or not
+ * at all, and the new one survives a power cut once this returns. `path` itself is
+ * replaced (a symlink too: callers resolve it first); members that pass different
+ * paths fail. On failure the temporary file is removed and MT_EIO (or the first
+ * error) returns on every member with the message of the member that failed
+ * first. */
 int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
                const mt_io_array *array, const mt_box *box, const void *buf,
                int64_t buflen, const mt_io_options *opts, mt_error *err);

@@ -23,7 +23,7 @@ import os
 from .._api import DTensor
 from .._args import resolve_mesh
 from ..device_mesh import _mesh_stack, init_device_mesh
-from . import _agree, _directory, _npy, _tensor
+from . import _agree, _directory, _paths, _tensor
 from ._pickle import DTensorShard, assemble
 
 __all__ = ["save", "load", "DTensorShard", "assemble"]
@@ -68,10 +68,17 @@ def save(obj, path, *, device_mesh=None) -> None:
     memory (a local file system lets one writer of a file in at a time anyway);
     otherwise they are first exchanged in memory into row slabs, so each rank
     writes one run, a 1/N share.
-    The file is written under a temporary name and renamed into place after
-    every rank has finished, so an existing file is replaced whole or not at all.
-    ndarray entries of a dict must be equal on every rank; the first rank writes
-    them. Likewise an entry on a slice of a larger mesh is taken to be equal on
+    The file is written under a temporary name, synced to the device and renamed
+    into place after every rank has finished, so an existing file is replaced
+    whole or not at all, and the new one survives a power cut once ``save``
+    returns. A symlink is followed (its target is replaced, as by
+    ``numpy.save``); anything else that is not a regular file (a directory, a
+    FIFO, a device) is refused. A directory save is all or nothing for ``load``:
+    the entries are written under new names and ``index.json``, which names them,
+    is switched last; a failed or killed save leaves the previous checkpoint
+    whole, and the next save removes what it left. Every rank must pass the
+    same path (ValueError otherwise). ndarray entries of a dict must be equal on
+    every rank; the first rank writes them. Likewise an entry on a slice of a larger mesh is taken to be equal on
     every slice (data-parallel replicas, as torch's checkpoints assume): only the
     first slice (coordinate 0 on the dims cut away) writes it. Any failure (a
     missing directory, an unwritable path, ...) raises the same
@@ -83,8 +90,12 @@ def save(obj, path, *, device_mesh=None) -> None:
         >>> w = distribute_tensor(np.ones((4, 3), np.float32), mesh, [Shard(0)])
         >>> mpitensor.save({"w": w, "step": np.array(7)}, "ckpt")   # ckpt/w.npy, ...
     """
-    path = os.path.abspath(os.fspath(path))
+    # Symlinks resolved: the rename then replaces the link's target, and the ranks
+    # compare the files they name.
+    path = os.path.realpath(os.fspath(path))
     if isinstance(obj, DTensor):
+        if obj.device_mesh.get_coordinate() is not None:
+            _agree.same_path(obj.device_mesh, path, lambda: _paths.check_target(path))
         _tensor.save_dtensor(obj, path)
     elif isinstance(obj, dict):
         _directory.save_dict(obj, path, _mesh_of(obj, device_mesh))
@@ -94,13 +105,13 @@ def save(obj, path, *, device_mesh=None) -> None:
 
 
 def _look(path: str) -> bytes:
-    """On the first rank: b"D" for a directory, else b"F" and the file's first
-    bytes (its .npy header), so one broadcast serves both questions."""
+    """On the first rank: b"D" for a directory, else b"F" and the file's size and
+    first bytes (its .npy header), so one broadcast serves both questions."""
     if os.path.isdir(path):
         return b"D"
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path!r}: no such file or directory")
-    return b"F" + _tensor.read_prefix(path)
+    return b"F" + _tensor.look_file(path)
 
 
 def load(path, device_mesh=None, placements=None, *, like=None):
@@ -119,7 +130,11 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     as ndarrays. ``like`` (a DTensor, or a dict of DTensors and ndarrays such as a
     ``state_dict()``) gives each entry its mesh and placements and must match the
     checkpoint's keys, shapes and dtypes (KeyError, ValueError, TypeError).
-    A missing, truncated or non-.npy file raises the same exception on every rank.
+    A missing, truncated or non-.npy file, a path that is not a regular file or
+    directory, a malformed ``index.json`` or one that names files outside its
+    directory, paths that differ between ranks, and a part that some rank cannot
+    allocate raise the same exception on every rank, so that "resume from the
+    checkpoint, else start afresh" works with ``try``/``except``.
 
     Example (``mpiexec -n 3``)::
 
@@ -127,14 +142,14 @@ def load(path, device_mesh=None, placements=None, *, like=None):
         >>> w = mpitensor.load("ckpt/w.npy", mesh, [Shard(0)])  # 4 rows: 2, 2, 0 (torch.chunk)
         >>> sd = mpitensor.load("ckpt", mesh, {"w": [Shard(1)]})
     """
-    path = os.path.abspath(os.fspath(path))
+    path = os.path.realpath(os.fspath(path))
     mesh = _load_mesh(device_mesh, like)
-    seen = _agree.first_rank(mesh, lambda: _look(path), outsiders=True)
+    seen = _agree.same_path(mesh, path, lambda: _look(path), outsiders=True)
     if seen == b"D":
         if like is not None and not isinstance(like, dict):
             raise TypeError(f"{path!r} is a checkpoint directory; like= must be a dict")
         return _directory.load_dict(path, mesh, placements, like)
-    head = _npy.decode(seen[1:], path)
+    head = _tensor.header_of(seen[1:], path)
     if like is not None:
         return _tensor.load_like(head, path, like, mesh)
     return _tensor.load_dtensor(head, path, mesh, placements)

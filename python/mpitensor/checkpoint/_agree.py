@@ -1,5 +1,7 @@
 """One rank looks, every rank learns: file-system checks made by the mesh's first
-rank and broadcast, so that every rank raises the same exception or none does.
+rank and broadcast, so that every rank raises the same exception or none does;
+the path every rank passed, checked to be the same; and steps that can fail on
+some ranks only (allocations), agreed on before the collective that follows.
 
 A file system may answer differently on different ranks (caches, races with other
 jobs); when each rank looked for itself, one could raise while the others went on
@@ -8,6 +10,7 @@ into a collective and waited forever.
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -72,3 +75,50 @@ def first_rank(mesh, produce: Callable[[], bytes], cap: int = 4096, *,
     if kind == 0:
         return payload
     raise _KINDS[kind](payload.decode("utf-8", "replace"))
+
+
+def same_path(mesh, path: str, look: Callable[[], bytes] = bytes, *,
+              outsiders: bool = False) -> bytes:
+    """Collective on the mesh. ``first_rank(mesh, look)``, after which every rank
+    of the mesh checks that it passed the same ``path`` as the first rank (paths
+    are compared resolved, so pass ``os.path.realpath``'s): ValueError on every
+    rank when any differs, since a collective save or load of several files (a
+    per-rank temporary directory, a pid in the name) would mix them or leave
+    holes. One broadcast and one small all-reduce.
+
+    Example::
+
+        >>> head = same_path(mesh, os.path.realpath(p), lambda: read_prefix(p))
+    """
+    mine = os.fsencode(path)
+    got = first_rank(mesh, lambda: len(mine).to_bytes(8, "little") + mine + bytes(look()),
+                     outsiders=outsiders)
+    if mesh.get_coordinate() is None:
+        return got[8 + len(mine):] if outsiders else b""
+    n = int.from_bytes(got[:8], "little")
+    theirs = got[8:8 + n]
+    if mesh._handle.any(theirs != mine):
+        raise ValueError(f"every rank of the mesh must pass the same path; the first "
+                         f"rank's is {os.fsdecode(theirs)!r} (symlinks resolved) and "
+                         f"another rank's differs")
+    return got[8 + n:]
+
+
+def everywhere(mesh, attempt: Callable[[], object], failure: Callable[[], Exception]):
+    """Collective on the mesh. ``attempt()`` on every rank, and its result when it
+    returned on every rank; otherwise ``failure()`` raised on every rank (chained
+    to the rank's own error where it had one), so that a step that can fail on
+    some ranks only (an allocation, above all) never leaves the others waiting in
+    the collective that follows. One small all-reduce.
+
+    Example::
+
+        >>> out = everywhere(mesh, lambda: np.empty(shape), lambda: MemoryError("..."))
+    """
+    try:
+        result, error = attempt(), None
+    except Exception as e:  # noqa: BLE001 - MemoryError, ValueError, OverflowError alike
+        result, error = None, e
+    if mesh._handle.any(error is not None):
+        raise failure() from error
+    return result

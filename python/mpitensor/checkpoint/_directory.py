@@ -1,58 +1,86 @@
-"""A state_dict as a directory: one .npy per entry and an index.json that records
-each entry's file, shape, dtype and the placements and mesh it was saved with.
+"""A state_dict as a directory: one .npy per entry and an index.json (_index.py)
+that names each entry's file, shape, dtype and the placements and mesh it was
+saved with.
 
-index.json is written last, atomically, by the first rank, once every entry's file
-is in place; a reader trusts only what it lists.
+A save is all or nothing as ``load`` sees it. Entries are written under names
+the current index does not use (``w.npy``, or ``w+1.npy`` while the index names
+``w.npy``), each synced, and then the index is replaced, atomically; only then
+are the previous save's files removed. Before any entry is written the first
+rank lists both saves' files in PENDING, so what a failed or killed save leaves
+is removed by the next save of the directory: every file PENDING lists that the
+index does not name, with the temporary files of their saves.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import urllib.parse
 
 import numpy as np
 
 from .._api import DTensor
-from ..placement_types import Replicate, Shard
-from . import _agree, _npy, _tensor
+from ..placement_types import Replicate
+from . import _agree, _index, _npy, _paths, _tensor
 
-INDEX = "index.json"
-FORMAT = "mpitensor-checkpoint"
-VERSION = 1
+PENDING = ".pending.json"
 
 
-def file_name(name: str) -> str:
-    """A file name for a state_dict key; dotted module paths stay readable."""
-    if not isinstance(name, str) or name in ("", ".", ".."):
-        raise ValueError(f"state_dict keys must be non-empty strings, got {name!r}")
-    return urllib.parse.quote(name, safe="._-") + ".npy"
-
-
-def placement_to_json(p) -> str:
-    return f"S({p.dim})" if isinstance(p, Shard) else "R"
-
-
-def placement_from_json(text: str):
-    if text == "R":
-        return Replicate()
-    if text.startswith("S(") and text.endswith(")"):
-        return Shard(int(text[2:-1]))
-    raise ValueError(f"unknown placement {text!r} in {INDEX}")
-
-
-def _make_dir(path: str) -> bytes:
+def _make_dir(path: str) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotADirectoryError(f"cannot save a state_dict to {path!r}: it is a file")
     os.makedirs(path, exist_ok=True)
-    return b""
 
 
-def _write_index(path: str, index: dict) -> bytes:
-    tmp = os.path.join(path, f".{INDEX}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(index, f, indent=1)
-    os.replace(tmp, os.path.join(path, INDEX))
+def _pending(folder: str) -> list:
+    """The file names PENDING lists (plain names in ``folder`` only), or none."""
+    try:
+        with _paths.open_regular(os.path.join(folder, PENDING)) as f:
+            names = json.loads(f.read())
+    except (OSError, ValueError):
+        return []
+    ours = (_index.INDEX, PENDING)
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and n not in ours
+            and n not in ("", ".", "..") and os.path.basename(n) == n]
+
+
+def _tidy(folder: str) -> None:
+    """On the first rank: removes the files PENDING lists that the index does not
+    name, the temporary files of their saves and of the index, then PENDING. An
+    index that does not parse keeps every file. Never raises: what stays is found
+    again by the next save."""
+    keep, listed = _index.current_files(folder), _pending(folder)
+    _paths.remove_leftovers(folder, [*listed, _index.INDEX, PENDING])
+    if keep is None:
+        return
+    for name in [*(n for n in listed if n not in keep), PENDING]:
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
+
+
+def _begin(folder: str, names: list) -> bytes:
+    """On the first rank, before a save of entries ``names``: the directory, made or
+    tidied; for each entry a file name that the index does not use, whose target
+    is absent or a regular file; both saves' files in PENDING. Returns the names as
+    JSON."""
+    _make_dir(folder)
+    _tidy(folder)
+    current = _index.current_files(folder) or set()
+    files = {n: _index.file_name(n, _index.file_name(n) in current) for n in names}
+    _paths.check_targets(folder, list(files.values()))
+    listed = sorted(current | set(files.values()))
+    _paths.replace_synced(os.path.join(folder, PENDING), json.dumps(listed).encode())
+    return json.dumps(files).encode()
+
+
+def _commit(folder: str, index: dict) -> bytes:
+    """On the first rank, once every entry is written: the index switched to this
+    save, then the previous save's files removed."""
+    _index.write(folder, index)
+    _tidy(folder)
     return b""
 
 
@@ -95,36 +123,40 @@ def _save_entry(dt: DTensor, file: str, mesh) -> tuple:
 
 
 def save_dict(state: dict, path: str, mesh) -> None:
-    """Collective on ``mesh`` (which holds every DTensor's mesh members)."""
+    """Collective on ``mesh`` (which holds every DTensor's mesh members); ranks
+    outside it take no part."""
     entries = {name: _entry(name, value, mesh) for name, value in state.items()}
-    files = {name: file_name(name) for name in entries}
-    _agree.first_rank(mesh, lambda: _make_dir(path))
-    index = {"format": FORMAT, "version": VERSION, "entries": {}}
-    for name, dt in entries.items():
-        written = _save_entry(dt, os.path.join(path, files[name]), mesh)
-        index["entries"][name] = {
-            "file": files[name], "shape": list(dt.shape), "dtype": _npy.descr(dt.dtype),
-            "kind": "dtensor" if isinstance(state[name], DTensor) else "ndarray",
-            "placements": [placement_to_json(p) for p in written],
-            "saved_placements": [repr(p) for p in dt.placements],
-            "mesh_shape": list(dt.device_mesh.shape),
-            "mesh_dim_names": dt.device_mesh.mesh_dim_names,
-        }
-    _agree.first_rank(mesh, lambda: _write_index(path, index))
-
-
-def _read_index(path: str) -> bytes:
-    with open(os.path.join(path, INDEX), "rb") as f:
-        return f.read()
+    for name in entries:
+        _index.file_name(name)
+    if mesh.get_coordinate() is None:
+        return
+    _agree.same_path(mesh, path)
+    files = json.loads(_agree.first_rank(mesh, lambda: _begin(path, list(entries))))
+    index = {"format": _index.FORMAT, "version": _index.VERSION, "entries": {}}
+    try:
+        for name, dt in entries.items():
+            written = _save_entry(dt, os.path.join(path, files[name]), mesh)
+            index["entries"][name] = {
+                "file": files[name], "shape": list(dt.shape), "dtype": _npy.descr(dt.dtype),
+                "kind": "dtensor" if isinstance(state[name], DTensor) else "ndarray",
+                "placements": [_index.placement_to_json(p) for p in written],
+                "saved_placements": [repr(p) for p in dt.placements],
+                "mesh_shape": list(dt.device_mesh.shape),
+                "mesh_dim_names": dt.device_mesh.mesh_dim_names,
+            }
+        _agree.first_rank(mesh, lambda: _commit(path, index))
+    except BaseException:
+        # Every rank raises the same error; the index still names the previous
+        # save's files, and this save's are removed.
+        if mesh.get_coordinate() == [0] * mesh.ndim:
+            _tidy(path)
+        raise
 
 
 def read_index(mesh, path: str) -> dict:
-    """Collective on the mesh: the parsed index, the same on every rank."""
-    index = json.loads(_agree.first_rank(mesh, lambda: _read_index(path), outsiders=True))
-    if index.get("format") != FORMAT or not isinstance(index.get("entries"), dict):
-        raise ValueError(f"{os.path.join(path, INDEX)!r} is not an mpitensor "
-                         f"checkpoint index")
-    return index
+    """Collective on the mesh: the index, checked by the first rank, the same on
+    every rank."""
+    return json.loads(_agree.first_rank(mesh, lambda: _index.read(path), outsiders=True))
 
 
 def _placements_for(name: str, entry: dict, mesh, placements):
@@ -132,7 +164,7 @@ def _placements_for(name: str, entry: dict, mesh, placements):
         placements = placements.get(name)
     if placements is not None:
         return placements
-    saved = [placement_from_json(t) for t in entry["placements"]]
+    saved = [_index.placement_from_json(t) for t in entry["placements"]]
     # The saved layout is kept when it fits this mesh; otherwise replicate.
     if len(saved) == mesh.ndim and list(entry["mesh_shape"]) == list(mesh.shape):
         return saved

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import io
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -31,7 +32,8 @@ class NpyHeader(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        # Python integers: a header may claim more bytes than an int64 counts.
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def encode(shape: tuple[int, ...], dtype: np.dtype) -> bytes:

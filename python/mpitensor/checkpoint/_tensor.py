@@ -1,17 +1,17 @@
 """One DTensor as one .npy file: every byte written once and read once, each rank
 reading about a 1/N share of the file.
 
-The header is made and parsed here; the data moves through csrc/core/io.c, so a
+The header is made and parsed here; the data moves through csrc/io/io.c, so a
 file saved by N ranks is what numpy.save would have written, and M ranks in any
 layout read it back. Each rank hands the core its own box. A layout whose boxes
 are each one run of the file (Shard(0) of a C-order array) goes straight to the
 file. One whose boxes interleave in it in short runs (Shard(1)) is saved by two
 writers when every rank shares one node, reading the boxes from the ranks' memory
-(csrc/core/io_gather.c); otherwise, and for loads, it is
+(csrc/io/io_gather.c); otherwise, and for loads, it is
 exchanged in memory into row slabs, one run per rank, chunk by chunk while an I/O
-thread writes (reads) the previous chunk (csrc/core/io_slabs.c): what two-phase
-collective I/O does inside MPI-IO, which on ext4 with Open MPI's OMPIO measured
-several times slower (see docs/benchmarks.md, "Checkpoints").
+thread writes (reads) the previous chunk (csrc/io/io_slabs.c): what two-phase
+collective I/O does inside MPI-IO, which on ext4 with Open MPI's OMPIO was
+several times slower.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .._api import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Partial, Replicate
-from . import _agree, _npy
+from . import _agree, _npy, _paths
 
 _NOTHING = np.empty(0, np.uint8)
 
@@ -37,25 +37,14 @@ def _writes(mesh, placements) -> bool:
     return all(coord[m] == 0 for m, p in enumerate(placements) if not p.is_shard())
 
 
-def _check_target(path: str) -> bytes:
-    """On the first rank, after a failed save: a missing directory or a directory
-    in the way, as FileNotFoundError or IsADirectoryError."""
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"cannot save to {path!r}: the directory {parent!r} "
-                                f"does not exist")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"cannot save to {path!r}: it is a directory")
-    return b""
-
-
 def written_placements(placements) -> tuple:
     """What a save writes for ``placements``: a Partial is reduced to Replicate."""
     return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
 
 
 def save_dtensor(dt: DTensor, path: str) -> tuple:
-    """Collective on ``dt``'s mesh. Writes ``dt`` as the .npy file ``path``; a
+    """Collective on ``dt``'s mesh. Writes ``dt`` as the .npy file ``path``, which
+    every rank passes alike and the first rank has checked (_paths.check_target); a
     Partial is reduced first. Returns the placements that were written."""
     mesh = dt.device_mesh
     placements = written_placements(dt.placements)
@@ -71,29 +60,38 @@ def save_dtensor(dt: DTensor, path: str) -> tuple:
     if not _writes(mesh, placements):
         sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
     header = _npy.encode(dt.shape, dt.dtype)
-    try:
-        _C.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, len(header),
-                   offsets, sizes, local.reshape(-1).view(np.uint8))
-    except OSError:
-        # Every rank got the error; the first rank finds the plainer reason.
-        _agree.first_rank(mesh, lambda: _check_target(path))
-        raise
+    _C.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, len(header),
+               offsets, sizes, local.reshape(-1).view(np.uint8))
     return placements
 
 
-def read_prefix(path: str) -> bytes:
-    """The file's first bytes: its whole .npy header when it has one. Local."""
-    with open(path, "rb") as f:
+def look_file(path: str) -> bytes:
+    """The file's size (8 bytes) and first bytes: its whole .npy header when it has
+    one. OSError for anything but a regular file. Local."""
+    with _paths.open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         prefix = f.read(4000)
         end = min(_npy.header_end(prefix), _npy.PREFIX_BYTES)
-        return prefix + f.read(max(0, end - len(prefix)))
+        prefix += f.read(max(0, end - len(prefix)))
+    return size.to_bytes(8, "little") + prefix
+
+
+def header_of(look: bytes, path: str) -> _npy.NpyHeader:
+    """The header in what look_file returned. The same bytes reach every rank, so
+    every rank raises alike: OSError when the file is too short for the array its
+    header describes, before any rank allocates room for a part of it. Local."""
+    head = _npy.decode(look[8:], path)
+    size, need = int.from_bytes(look[:8], "little"), head.offset + head.nbytes
+    if size < need:
+        raise OSError(f"{path!r} is truncated: it has {size} bytes, the array needs "
+                      f"{need}")
+    return head
 
 
 def read_header(mesh, path: str) -> _npy.NpyHeader:
     """Collective on the mesh. The header of the .npy file ``path``, read by the
     first rank; the same exception on every rank when there is none."""
-    return _npy.decode(_agree.first_rank(mesh, lambda: read_prefix(path), outsiders=True),
-                       path)
+    return header_of(_agree.first_rank(mesh, lambda: look_file(path), outsiders=True), path)
 
 
 def check_expected(head: _npy.NpyHeader, path: str, shape=None, dtype=None) -> None:
@@ -116,22 +114,39 @@ def load_dtensor(head: _npy.NpyHeader, path: str, mesh, placements) -> DTensor:
     spec = DTensorSpec(mesh, pl, head.shape, dtype, contiguous_strides(head.shape))
     if mesh.get_coordinate() is None:
         return DTensor(np.empty((0,), dtype), spec)
-    out = _read_box(head, path, mesh, pl)
-    return DTensor(out if out.dtype == dtype else out.astype(dtype), spec)
+    return DTensor(_read_box(head, path, mesh, pl, dtype), spec)
 
 
-def _read_box(head: _npy.NpyHeader, path: str, mesh, pl) -> np.ndarray:
-    """Collective. This rank's box of the file in layout ``pl``, C-order, in the
-    file's dtype; straight from the file in place."""
+def _allocate(head: _npy.NpyHeader, sizes: tuple, dtype: np.dtype) -> tuple:
+    """Room for a box of ``sizes``: as the file holds it (a Fortran-order file
+    holds the transpose) and, when that is not the result, the result."""
+    raw = np.empty(sizes[::-1] if head.fortran_order else sizes, head.dtype)
+    if not head.fortran_order and head.dtype == dtype:
+        return raw, raw
+    return raw, np.empty(sizes, dtype)
+
+
+def _read_box(head: _npy.NpyHeader, path: str, mesh, pl, dtype: np.dtype) -> np.ndarray:
+    """Collective. This rank's box of the file in layout ``pl``, C-order, in
+    ``dtype`` (the file's in native byte order); straight from the file in place.
+    Every array is allocated before the read and the ranks agree on it first: a
+    rank that cannot allocate its part (MemoryError, or a ValueError for a size
+    beyond any address space) must not leave the others in the read."""
     sizes, offsets = compute_local_shape_and_global_offset(head.shape, mesh, pl)
-    order = slice(None, None, -1) if head.fortran_order else slice(None)
+    raw, out = _agree.everywhere(
+        mesh, lambda: _allocate(head, tuple(sizes), dtype),
+        lambda: MemoryError(f"cannot load {path!r}: some rank of the mesh cannot allocate "
+                            f"its part of the {head.shape} {head.dtype} array as "
+                            f"{list(pl)}"))
     # A Fortran-order file holds the transpose in C order: read the mirrored box.
-    out = np.empty(tuple(sizes)[order], head.dtype)
+    order = slice(None, None, -1) if head.fortran_order else slice(None)
     shape, sizes, offsets = ((head.shape[order], tuple(sizes)[order], tuple(offsets)[order])
                              if head.shape else ((1,), (1,), (0,)))
     _C.io_load(mesh._handle, path, shape, head.dtype.itemsize, head.offset, offsets, sizes,
-               out.reshape(-1).view(np.uint8))
-    return np.ascontiguousarray(out.T) if head.fortran_order else out
+               raw.reshape(-1).view(np.uint8))
+    if out is not raw:
+        np.copyto(out, raw.T if head.fortran_order else raw)
+    return out
 
 
 def load_like(head: _npy.NpyHeader, path: str, like, mesh):

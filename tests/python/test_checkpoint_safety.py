@@ -1,0 +1,699 @@
+"""Checkpoints that never lose data and never leave a rank waiting (issue 16,
+items 4-8): ranks that pass different paths, directory saves that fail or are
+killed midway, what may stand at the target of a save (symlinks, FIFOs, devices,
+long names), data and directory synced before a save returns, index files that
+point outside their checkpoint or are malformed, and a part of a load that some
+rank cannot allocate. Every failure raises the same exception, with the same
+message, on every rank, and the job goes on.
+
+The jobs killed with SIGKILL and the job traced for fsync are started from the
+np=1 run only, as in test_failing_ranks.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Replicate, Shard, init_device_mesh
+from mpi_helpers import Problems, all_ranks, bits_equal
+import checkpoint_files as cf
+
+COMM = MPI.COMM_WORLD
+N = COMM.Get_size()
+RANK = COMM.Get_rank()
+
+
+@pytest.fixture(scope="module")
+def tmp():
+    """A directory that every rank sees, removed at the end."""
+    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-safe-") if RANK == 0 else None)
+    yield path
+    COMM.Barrier()
+    if RANK == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def on_first(action) -> None:
+    """Collective: ``action()`` on rank 0, then a barrier."""
+    if RANK == 0:
+        action()
+    COMM.Barrier()
+
+
+def expect_same_error(p: Problems, what: str, call, exc, match: str) -> None:
+    """call() must raise ``exc`` (whose message matches ``match``) on every rank,
+    with the same type and message everywhere."""
+    try:
+        call()
+        mine = None
+    except Exception as e:  # noqa: BLE001 - compared across ranks below
+        mine = (type(e).__name__, str(e))
+    seen = COMM.allgather(mine)
+    ok = (all(s == seen[0] for s in seen) and seen[0] is not None
+          and seen[0][0] == exc.__name__ and re.search(match, seen[0][1]) is not None)
+    p.expect(ok, f"{what}: expected the same {exc.__name__} matching {match!r} on every "
+                 f"rank, got {seen}")
+
+
+def rows(mesh, salt: int, shape=None) -> mt.DTensor:
+    g = cf.global_array(shape or (2 * N + 1, 3), "float32", salt)
+    return mt.distribute_tensor(g, mesh, [Shard(0)])
+
+
+def listing(path: str) -> list:
+    return sorted(os.listdir(path))
+
+
+# -- item 4: every rank must pass the same path ----------------------------------------
+
+@pytest.mark.skipif(N < 2, reason="needs ranks that can pass different paths")
+def test_save_with_a_path_per_rank_raises_everywhere_and_writes_nothing(tmp):
+    mesh = init_device_mesh("cpu", (N,))
+    dt = rows(mesh, 1)
+    own_dir = tempfile.mkdtemp(dir=tmp)  # a per-rank mkdtemp(), as in the issue
+    p = Problems()
+    expect_same_error(p, "file", lambda: mt.save(dt, os.path.join(tmp, f"rank{RANK}.npy")),
+                      ValueError, "same path")
+    expect_same_error(p, "pid in the name", lambda: mt.save(dt, os.path.join(
+        tmp, f"x-{os.getpid()}.npy")), ValueError, "same path")
+    expect_same_error(p, "state_dict", lambda: mt.save({"w": dt}, os.path.join(own_dir, "sd")),
+                      ValueError, "same path")
+    COMM.Barrier()
+    p.expect(not any(os.path.exists(os.path.join(tmp, f"rank{r}.npy")) for r in range(N)),
+             "a rank's file was written")
+    p.expect(not any(f.endswith(".tmp") for f in os.listdir(tmp)), "temporary files left")
+    p.expect(os.listdir(own_dir) == [], f"the state_dict wrote {os.listdir(own_dir)}")
+    assert p == []
+
+
+@pytest.mark.skipif(N < 2, reason="needs ranks that can pass different paths")
+def test_load_with_a_path_per_rank_raises_everywhere(tmp):
+    mesh = init_device_mesh("cpu", (N,))
+    for r in range(N):
+        mt.save(rows(mesh, r), os.path.join(tmp, f"load{r}.npy"))
+        mt.save({"w": rows(mesh, r)}, os.path.join(tmp, f"load{r}"))
+    p = Problems()
+    expect_same_error(p, "file", lambda: mt.load(os.path.join(tmp, f"load{RANK}.npy"), mesh,
+                                                 [Shard(0)]), ValueError, "same path")
+    expect_same_error(p, "directory", lambda: mt.load(os.path.join(tmp, f"load{RANK}"), mesh),
+                      ValueError, "same path")
+    assert p == []
+
+
+def test_the_same_file_named_differently_on_each_rank_is_the_same_path(tmp):
+    """Paths are compared with symlinks resolved: a link on some ranks and the
+    file itself on the others name one file."""
+    mesh = init_device_mesh("cpu", (N,))
+    real = os.path.join(tmp, "named.npy")
+    link = os.path.join(tmp, "named-link.npy")
+    on_first(lambda: os.symlink("named.npy", link))
+    dt = rows(mesh, 3)
+    mt.save(dt, link if RANK % 2 else real)
+    back = mt.load(real if RANK % 2 else link, mesh, [Replicate()])
+    assert all_ranks(bits_equal(back.to_local(), dt.full_tensor()) and os.path.islink(link))
+
+
+# -- item 5: a state_dict save is all or nothing -------------------------------------
+
+def four(mesh, salt: int) -> dict:
+    return {k: rows(mesh, salt * 10 + i) for i, k in enumerate("abcd")}
+
+
+def check_loads_as(p: Problems, path: str, state: dict, what: str) -> None:
+    back = mt.load(path, like=state)
+    for k, v in state.items():
+        p.expect(bits_equal(back[k].full_tensor(), v.full_tensor()), f"{what}: {k} differs")
+
+
+def test_a_failure_on_one_entry_leaves_the_previous_checkpoint(tmp, monkeypatch):
+    """The second entry's save fails (a bad box on the last rank, which the core
+    refuses on every rank): load still returns the previous save, whole, and no
+    file of the failed save is left."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "entry_b")
+    old = four(mesh, 1)
+    mt.save(old, path)
+    before = listing(path)
+    real, calls = mt._C.io_save, []
+
+    def fail_on_b(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf):
+        calls.append(path_)
+        if len(calls) == 2 and RANK == N - 1:
+            box_offset = (shape[0],) + tuple(box_offset[1:])
+            box_shape = (1,) + tuple(box_shape[1:])
+            buf = np.zeros(int(np.prod(box_shape)) * itemsize, np.uint8)
+        return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf)
+
+    monkeypatch.setattr(mt._C, "io_save", fail_on_b)
+    p = Problems()
+    expect_same_error(p, "entry b", lambda: mt.save(four(mesh, 2), path), IndexError,
+                      "outside")
+    monkeypatch.undo()
+    check_loads_as(p, path, old, "after the failed save")
+    p.expect(listing(path) == before, f"{before} became {listing(path)}")
+    assert p == []
+
+
+def test_a_failed_save_over_an_index_that_does_not_parse_removes_nothing(tmp, monkeypatch):
+    """With no index to tell which files are the checkpoint's, a failed save must
+    not remove the files it did not write (c and d, of the earlier save)."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "unparsed")
+    old = four(mesh, 4)
+    mt.save(old, path)
+    write_index(path, "{broken")
+    real, calls = mt._C.io_save, []
+
+    def fail_on_b(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf):
+        calls.append(path_)
+        if len(calls) == 2:
+            box_offset = (shape[0],) + tuple(box_offset[1:])
+        return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf)
+
+    monkeypatch.setattr(mt._C, "io_save", fail_on_b)
+    p = Problems()
+    expect_same_error(p, "entry b", lambda: mt.save(four(mesh, 5), path), IndexError,
+                      "outside")
+    for k in "cd":
+        p.expect(bits_equal(np.load(os.path.join(path, f"{k}.npy")), old[k].full_tensor()),
+                 f"{k}.npy was removed or changed")
+    assert p == []
+
+
+def test_saves_alternate_names_and_remove_the_previous_files(tmp):
+    """Each save writes names the current index does not use, then removes the
+    previous save's files, those of keys it no longer has too; files that are not
+    the checkpoint's stay."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "alternate")
+    p = Problems()
+    for salt, keys in ((1, "abcd"), (2, "abc"), (3, "abcd")):
+        state = {k: v for k, v in four(mesh, salt).items() if k in keys}
+        mt.save(state, path)
+        on_first(lambda: open(os.path.join(path, "notes.txt"), "w").close())
+        with open(os.path.join(path, "index.json")) as f:
+            files = sorted(e["file"] for e in json.load(f)["entries"].values())
+        p.expect(listing(path) == sorted(["index.json", "notes.txt", *files]),
+                 f"save {salt}: {listing(path)}")
+        check_loads_as(p, path, state, f"save {salt}")
+    p.expect(files == ["a.npy", "b.npy", "c.npy", "d.npy"], f"third save: {files}")
+    assert p == []
+
+
+KILLED = """
+import os, signal, sys
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Shard
+from mpitensor.checkpoint import _tensor
+
+mode, target, cols = sys.argv[1], sys.argv[2], int(sys.argv[3])
+comm = MPI.COMM_WORLD
+mesh = mt.init_device_mesh("cpu", (comm.Get_size(),))
+
+
+def state(gen):
+    return {k: mt.distribute_tensor(np.full((64, cols), gen * 10 + i, np.float64), mesh,
+                                    [Shard(0)]) for i, k in enumerate("abcd")}
+
+
+mt.save(state(0), target)
+comm.Barrier()
+if mode == "between":
+    real, count = _tensor.save_dtensor, [0]
+
+    def killing(dt, file):
+        count[0] += 1
+        if count[0] == 3 and comm.Get_rank() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(dt, file)
+
+    _tensor.save_dtensor = killing
+    mt.save(state(1), target)
+else:
+    folder = os.path.dirname(target)
+    open(os.path.join(folder, f"pid.{comm.Get_rank()}"), "w").write(str(os.getpid()))
+    gen = 1
+    while True:
+        mt.save(state(gen), target)
+        gen += 1
+"""
+
+
+def clean_env() -> dict:
+    """The environment of a fresh job: none of this job's Open MPI variables."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
+    return env
+
+
+def start_killed(folder: str, mode: str, cols: int) -> subprocess.Popen:
+    script = os.path.join(folder, "job.py")
+    with open(script, "w") as f:
+        f.write(KILLED)
+    cmd = ["mpiexec", "--oversubscribe", "-n", "2", sys.executable, script, mode,
+           os.path.join(folder, "ckpt"), str(cols)]
+    return subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def generations(path: str) -> list:
+    """The generation each entry of the checkpoint at ``path`` holds, as loaded."""
+    back = mt.load(path, init_device_mesh("cpu", (1,)))
+    return [int(back[k].to_local()[0, 0]) // 10 for k in "abcd"]
+
+
+def stale(path: str) -> list:
+    """What a save left that the index does not name."""
+    with open(os.path.join(path, "index.json")) as f:
+        named = {e["file"] for e in json.load(f)["entries"].values()}
+    return sorted(set(os.listdir(path)) - named - {"index.json"})
+
+
+def save_again(path: str) -> None:
+    mesh = init_device_mesh("cpu", (1,))
+    mt.save({k: mt.distribute_tensor(np.full((64, 8), 90.0 + i), mesh, [Shard(0)])
+             for i, k in enumerate("abcd")}, path)
+
+
+@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+def test_a_save_killed_between_entries_leaves_the_previous_checkpoint(tmp_path):
+    """Rank 0 is killed with SIGKILL after two of the four new entries are written:
+    load returns the previous save whole, and the next save removes the rest."""
+    job = start_killed(str(tmp_path), "between", 8)
+    out, _ = job.communicate(timeout=120)
+    path = str(tmp_path / "ckpt")
+    assert job.returncode != 0, out
+    left = stale(path)
+    assert generations(path) == [0, 0, 0, 0]
+    assert left, "the killed save left nothing: it was not killed midway"
+    save_again(path)
+    assert stale(path) == [] and generations(path) == [9, 9, 9, 9]
+
+
+@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+def test_saves_killed_while_writing_leave_a_whole_checkpoint(tmp_path):
+    """Both ranks are killed with SIGKILL while an entry of 4 MiB is being written
+    (its temporary file exists), four times at different points: load returns one
+    save's entries, all of them, and the next save removes the temporary file and
+    the other leftovers."""
+    path, left_a_temp = str(tmp_path / "ckpt"), 0
+    for attempt in range(4):
+        shutil.rmtree(path, ignore_errors=True)
+        for f in tmp_path.glob("pid.*"):
+            f.unlink()
+        job = start_killed(str(tmp_path), "loop", 8192)
+        try:
+            pids = wait_for_temp(tmp_path, path, job, attempt)
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            job.communicate(timeout=60)
+        finally:
+            job.kill()
+            job.wait()
+        gens = generations(path)
+        assert len(set(gens)) == 1, f"entries of different saves: {gens}"
+        left_a_temp += any(f.endswith(".tmp") for f in os.listdir(path))
+        save_again(path)
+        assert stale(path) == [], stale(path)
+        assert generations(path) == [9, 9, 9, 9]
+    assert left_a_temp, "no kill left a temporary file: the test did not test it"
+
+
+def wait_for_temp(folder, path: str, job, attempt: int) -> list:
+    """The ranks' pids, once a temporary file of a later save holds data."""
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        assert job.poll() is None, job.communicate()[0]
+        pids = [folder / f"pid.{r}" for r in range(2)]
+        names = os.listdir(path) if os.path.isdir(path) else []
+        busy = [n for n in names if ".npy." in n and n.endswith(".tmp")]
+        if all(p.exists() and p.read_text() for p in pids) and busy:
+            # A little later each time, to kill at other points of the write.
+            time.sleep(attempt * 0.003)
+            return [int(p.read_text()) for p in pids]
+        time.sleep(0.0005)
+    raise AssertionError("no temporary file appeared within 60 s")
+
+
+# -- item 6: what may stand at the target of a save -----------------------------------
+
+def test_saving_through_a_symlink_replaces_its_target(tmp):
+    """As numpy.save: the link stays and its target gets the new data, also a
+    target that does not exist yet."""
+    mesh = init_device_mesh("cpu", (N,))
+    target, link = os.path.join(tmp, "target.npy"), os.path.join(tmp, "link.npy")
+    made, dangling = os.path.join(tmp, "made.npy"), os.path.join(tmp, "dangling.npy")
+
+    def setup():
+        np.save(target, np.zeros(3))
+        os.symlink("target.npy", link)
+        os.symlink("made.npy", dangling)
+
+    on_first(setup)
+    dt, other = rows(mesh, 4), rows(mesh, 5)
+    mt.save(dt, link)
+    mt.save(other, dangling)
+    p = Problems()
+    p.expect(os.path.islink(link) and os.path.islink(dangling), "a link was replaced")
+    p.expect(bits_equal(np.load(target), dt.full_tensor()), "the target was not written")
+    p.expect(bits_equal(np.load(made), other.full_tensor()), "the new target is wrong")
+    assert p == []
+
+
+def test_anything_but_a_regular_file_is_refused_on_every_rank(tmp):
+    mesh = init_device_mesh("cpu", (N,))
+    fifo, device = os.path.join(tmp, "fifo.npy"), os.path.join(tmp, "null.npy")
+    is_root = os.geteuid() == 0
+
+    def setup():
+        os.mkfifo(fifo)
+        if is_root:  # a copy of /dev/null, which a save as root used to replace
+            os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+
+    on_first(setup)
+    dt = rows(mesh, 6)
+    p = Problems()
+    expect_same_error(p, "FIFO", lambda: mt.save(dt, fifo), OSError, "FIFO")
+    expect_same_error(p, "state_dict entry onto a FIFO", lambda: mt.save(
+        {"fifo": dt}, tmp), OSError, "FIFO")
+    expect_same_error(p, "load a FIFO", lambda: mt.load(fifo, mesh), OSError, "FIFO")
+    p.expect(stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO was replaced")
+    if is_root:
+        expect_same_error(p, "device", lambda: mt.save(dt, device), OSError,
+                          "character device")
+        p.expect(stat.S_ISCHR(os.stat(device).st_mode), "the device node was replaced")
+    expect_same_error(p, "directory", lambda: mt.save(dt, tmp), IsADirectoryError,
+                      "directory")
+    assert p == []
+
+
+def test_a_name_of_251_characters_saves(tmp):
+    """numpy.save takes it; the temporary name beside it must fit too."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "n" * 247 + ".npy")
+    on_first(lambda: np.save(path, np.zeros(1)))  # NumPy accepts the name
+    dt = rows(mesh, 7)
+    mt.save(dt, path)
+    back = mt.load(path, mesh, [Shard(1)])
+    assert all_ranks(bits_equal(np.load(path), dt.full_tensor())
+                     and bits_equal(back.full_tensor(), dt.full_tensor()))
+
+
+def test_the_next_save_removes_what_a_killed_save_of_its_file_left(tmp):
+    """Temporary files of the same target, in this version's form and the earlier
+    one, go; those of other files and other names stay."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "left.npy")
+    theirs = ["left.npy.7b-17f0a3c2d.tmp", "left.npy.mpitensor-123-456.tmp"]
+    others = ["left.npy2.7b-17f0a3c2d.tmp", "left.npy.notes.tmp", "right.npy.7b-1.tmp"]
+
+    def setup():
+        for name in theirs + others:
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(b"x" * 100)
+
+    on_first(setup)
+    mt.save(rows(mesh, 8), path)
+    names = set(os.listdir(tmp))
+    assert all_ranks(not names & set(theirs) and set(others) <= names), names
+
+
+@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_data_and_directory_are_synced_around_the_rename(tmp_path):
+    """An LD_PRELOAD spy logs fsync and rename in a 2-rank job: for each file
+    saved, its temporary file is synced before it is renamed into place, and the
+    directory after (the four ways a save writes: independent runs, the gathered
+    or slab path, collective MPI-IO, and index.json)."""
+    spy = tmp_path / "spy.so"
+    (tmp_path / "spy.c").write_text(SPY)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(spy),
+                    str(tmp_path / "spy.c"), "-ldl"], check=True)
+    (tmp_path / "job.py").write_text(SPIED)
+    log, folder = tmp_path / "log", os.path.realpath(tmp_path)
+    cmd = ["mpiexec", "--oversubscribe", "-n", "2", "-x", f"LD_PRELOAD={spy}", "-x",
+           f"MT_SPY_LOG={log}", sys.executable, str(tmp_path / "job.py"), folder]
+    run = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    events = [line.split(" ", 2)[1:] for line in log.read_text().splitlines()]
+    for name in ("rows.npy", "cols.npy", "long.npy", "sd/w.npy", "sd/index.json"):
+        target = os.path.join(folder, name)
+        assert synced_around_rename(events, target), (name, events)
+
+
+def synced_around_rename(events: list, target: str) -> bool:
+    temp = re.compile(re.escape(target) + r"\.[0-9a-f]+-[0-9a-f]+\.tmp")
+    renames = [i for i, (what, args) in enumerate(events)
+               if what == "rename" and args.split(" ")[1] == target
+               and temp.fullmatch(args.split(" ")[0])]
+    if len(renames) != 1:
+        return False
+    i, tmp = renames[0], events[renames[0]][1].split(" ")[0]
+    return (any(what == "fsync" and args == tmp for what, args in events[:i])
+            and any(what == "fsync" and args == os.path.dirname(target)
+                    for what, args in events[i:]))
+
+
+SPIED = """
+import os, sys
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Shard
+
+folder = sys.argv[1]
+mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+for name, shape, dim in (("rows.npy", (8, 4), 0), ("cols.npy", (8, 6), 1),
+                         ("long.npy", (2, 1 << 20), 1)):
+    mt.save(mt.distribute_tensor(np.ones(shape), mesh, [Shard(dim)]),
+            os.path.join(folder, name))
+mt.save({"w": mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])},
+        os.path.join(folder, "sd"))
+"""
+
+# Logs "<pid> fsync <path>" and "<pid> rename <from> <to>" after each call returns.
+SPY = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static void note(const char *what, const char *a, const char *b) {
+  const char *log = getenv("MT_SPY_LOG");
+  char line[3 * PATH_MAX];
+  int n = snprintf(line, sizeof line, "%d %s %s%s%s\n", (int)getpid(), what, a,
+                   b ? " " : "", b ? b : "");
+  int fd = log ? open(log, O_WRONLY | O_APPEND | O_CREAT, 0644) : -1;
+  if (fd >= 0 && write(fd, line, (size_t)n) >= 0) close(fd);
+}
+
+static int synced(int fd, int rc) {
+  char link[64], path[PATH_MAX];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, path, sizeof path - 1);
+  path[n > 0 ? n : 0] = 0;
+  if (rc == 0) note("fsync", path, NULL);
+  return rc;
+}
+
+int fsync(int fd) {
+  int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+  return synced(fd, real(fd));
+}
+
+int fdatasync(int fd) {
+  int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+  return synced(fd, real(fd));
+}
+
+int rename(const char *from, const char *to) {
+  int (*real)(const char *, const char *) =
+      (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
+  int rc = real(from, to);
+  if (rc == 0) note("rename", from, to);
+  return rc;
+}
+"""
+
+
+# -- item 7: what index.json may name ----------------------------------------------
+
+def test_index_entries_outside_the_checkpoint_are_refused(tmp):
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "hostile")
+    mt.save({"w": rows(mesh, 9)}, path)
+    secret = os.path.join(tmp, "secret.npy")
+    on_first(lambda: (np.save(secret, np.arange(3.0)),
+                      os.symlink("../secret.npy", os.path.join(path, "out.npy")),
+                      os.mkfifo(os.path.join(path, "fifo.npy"))))
+    with open(os.path.join(path, "index.json")) as f:
+        good = json.load(f)
+    COMM.Barrier()  # read everywhere before rank 0 rewrites it
+    p = Problems()
+    for what, file, exc, match in (
+            ("relative", "../secret.npy", ValueError, "outside"),
+            ("absolute", secret, ValueError, "outside"),
+            ("symlink out", "out.npy", ValueError, "outside"),
+            ("the directory", ".", ValueError, "outside"),
+            ("a FIFO", "fifo.npy", OSError, "FIFO"),
+            ("missing", "gone.npy", FileNotFoundError, "does not exist")):
+        index = json.loads(json.dumps(good))
+        index["entries"]["w"]["file"] = file
+        write_index(path, json.dumps(index))
+        expect_same_error(p, what, lambda: mt.load(path, mesh), exc,
+                          re.escape(repr(path)) + ".*" + match)
+    write_index(path, json.dumps(good))
+    check_loads_as(p, path, {"w": rows(mesh, 9)}, "the good index")
+    assert p == []
+
+
+def write_index(path: str, text: str) -> None:
+    def write():
+        with open(os.path.join(path, "index.json"), "w") as f:
+            f.write(text)
+
+    on_first(write)
+
+
+def test_a_malformed_index_raises_a_clear_error_naming_the_checkpoint(tmp):
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "malformed")
+    mt.save({"w": rows(mesh, 10)}, path)
+    with open(os.path.join(path, "index.json")) as f:
+        good = json.load(f)
+    COMM.Barrier()  # read everywhere before rank 0 rewrites it
+
+    def entry(**change):
+        index = json.loads(json.dumps(good))
+        index["entries"]["w"].update(change)
+        for k, v in change.items():
+            if v is None:
+                del index["entries"]["w"][k]
+        return json.dumps(index)
+
+    p = Problems()
+    for what, text in (("not JSON", "{not json"), ("a list", "[1, 2]"),
+                       ("entries a list", json.dumps({**good, "entries": [1]})),
+                       ("entry a string", json.dumps({**good, "entries": {"w": "w.npy"}})),
+                       ("no file", entry(file=None)), ("file a number", entry(file=3)),
+                       ("no shape", entry(shape=None)), ("shape text", entry(shape="4")),
+                       ("negative size", entry(shape=[-1, 3])),
+                       ("bad dtype", entry(dtype="<x9")), ("bad kind", entry(kind="list")),
+                       ("bad placement", entry(placements=["X"])),
+                       ("no mesh shape", entry(mesh_shape=None))):
+        write_index(path, text)
+        expect_same_error(p, what, lambda: mt.load(path, mesh), ValueError,
+                          re.escape(repr(path)) + ".*index.json")
+    assert p == []
+
+
+# -- item 8 (load): a part that some rank cannot allocate -----------------------------
+
+def resume_or_start_fresh(path: str, mesh):
+    """The usual pattern: resume from the checkpoint, else start afresh."""
+    try:
+        return mt.load(path, mesh, [Shard(0)]), "resumed"
+    except (OSError, MemoryError, ValueError):
+        return mt.zeros((4, 4), device_mesh=mesh, placements=[Shard(0)]), "fresh"
+
+
+def huge_header(shape) -> bytes:
+    from mpitensor.checkpoint import _npy
+
+    return _npy.encode(shape, np.dtype(np.float64))
+
+
+def test_a_truncated_file_claiming_a_huge_shape_raises_everywhere(tmp):
+    """The header says (1, 5e11) float64 (4 TB) and the file holds a few bytes: the
+    rank holding the row must not try to allocate it while the others read."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "huge-truncated.npy")
+
+    def write():
+        with open(path, "wb") as f:
+            f.write(huge_header((1, 5 * 10**11)) + b"\0" * 64)
+
+    on_first(write)
+    p = Problems()
+    expect_same_error(p, "load", lambda: mt.load(path, mesh, [Shard(0)]), OSError,
+                      "truncated")
+    w, how = resume_or_start_fresh(path, mesh)
+    p.expect(how == "fresh" and np.array_equal(w.full_tensor(), np.zeros((4, 4))), how)
+    assert p == []
+
+
+def overcommits() -> bool:
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(overcommits(), reason="an allocation of 4 TiB would succeed lazily")
+def test_a_part_too_large_to_allocate_raises_everywhere(tmp):
+    """A sparse file of 4 TiB that holds the array its header describes: the rank
+    holding the row cannot allocate it; every rank raises MemoryError."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "huge-sparse.npy")
+    head, cols = huge_header((1, 1 << 39)), 1 << 39
+
+    def write():
+        with open(path, "wb") as f:
+            f.write(head)
+            f.truncate(len(head) + 8 * cols)
+
+    on_first(write)
+    p = Problems()
+    expect_same_error(p, "load", lambda: mt.load(path, mesh, [Shard(0)]), MemoryError,
+                      "cannot allocate")
+    w, how = resume_or_start_fresh(path, mesh)
+    p.expect(how == "fresh" and np.array_equal(w.full_tensor(), np.zeros((4, 4))), how)
+    on_first(lambda: os.unlink(path))
+    assert p == []
+
+
+def test_an_allocation_failing_on_the_last_rank_only_raises_everywhere(tmp, monkeypatch):
+    from mpitensor.checkpoint import _tensor
+
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "alloc.npy")
+    dt = rows(mesh, 11)
+    mt.save(dt, path)
+    real = _tensor._allocate
+
+    def failing(*args):
+        if RANK == N - 1:
+            raise MemoryError("no room on this rank")
+        return real(*args)
+
+    monkeypatch.setattr(_tensor, "_allocate", failing)
+    p = Problems()
+    for pl in ([Shard(0)], [Shard(1)], [Replicate()]):
+        expect_same_error(p, f"{pl}", lambda: mt.load(path, mesh, pl), MemoryError,
+                          "cannot allocate")
+    monkeypatch.undo()
+    back = mt.load(path, mesh, [Shard(1)])
+    p.expect(bits_equal(back.full_tensor(), dt.full_tensor()), "the next load differs")
+    assert p == []
