@@ -332,7 +332,7 @@ static void test_long_name(mt_mesh *m) {
   mt_box b = box2(world_rank, 1, 0, 3);
   int32_t mine[3] = {world_rank * 3, world_rank * 3 + 1, world_rank * 3 + 2};
   mt_error err = {0};
-  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, 12, &err);
+  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, 12, NULL, &err);
   CHECK_MSG(rc == MT_OK, "%s", err.msg);
   check_file(path, 3 * world_size);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -350,7 +350,7 @@ static void test_paths_differ(mt_mesh *m) {
   mt_box b = box2(world_rank, 1, 0, 3);
   int32_t mine[3] = {1, 2, 3};
   mt_error err = {0};
-  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, 12, &err);
+  int rc = mt_io_save(m, path, "0123456789abcdef", 16, &a, &b, mine, 12, NULL, &err);
   expect_everywhere(rc, MT_EIO, &err, "failed");
   for (int r = 0; r < world_size; ++r) {
     snprintf(name, sizeof name, "rank%d.bin", r);
