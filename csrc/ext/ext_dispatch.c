@@ -740,12 +740,17 @@ static PyObject *dispatch_enable(PyObject *module, PyObject *flag) {
   return PyBool_FromLong(was);
 }
 
-/* dispatch_trace(flag): while a debugging tool listens, the slow path runs every
- * call, so that decisions are logged and traced there. Works before install. */
-static PyObject *dispatch_trace(PyObject *module, PyObject *flag) {
-  int on = PyObject_IsTrue(flag);
-  if (on < 0) return NULL;
-  module_dispatch(module)->traced = on;
+/* set_modes(tracing, grad_enabled): mpitensor._modes publishes the modes C needs.
+ * While a debugging tool listens, the slow path runs every call, so that decisions
+ * are logged and traced there. Works before install. */
+static PyObject *set_modes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "set_modes(tracing, grad_enabled)");
+    return NULL;
+  }
+  int traced = PyObject_IsTrue(args[0]), grad = PyObject_IsTrue(args[1]);
+  if (traced < 0 || grad < 0) return NULL;
+  module_dispatch(module)->traced = traced;
   Py_RETURN_NONE;
 }
 
@@ -767,8 +772,9 @@ PyMethodDef mt_ext_dispatch_methods[] = {
      "dispatch_record_reduction(name, dtensor, axis, keepdims, axes, out). Local."},
     {"dispatch_enable", dispatch_enable, METH_O,
      "dispatch_enable(flag) -> previous: turns the fast path on or off. Local."},
-    {"dispatch_trace", dispatch_trace, METH_O,
-     "dispatch_trace(flag): True while a debugging tool listens (slow path only). Local."},
+    {"set_modes", (PyCFunction)(void (*)(void))set_modes, METH_FASTCALL,
+     "set_modes(tracing, grad_enabled): the modes of mpitensor._modes that C reads. "
+     "Local."},
     {"dispatch_stats", dispatch_stats, METH_NOARGS,
      "dispatch_stats() -> (hits, misses) of the fast path so far. Local."},
     {NULL, NULL, 0, NULL},

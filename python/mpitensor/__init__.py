@@ -12,8 +12,8 @@ Example (``mpiexec -n 4 python script.py``)::
 
 import os as _os
 
-from . import _C
-from ._api import DTensor
+from . import _C, _ops  # _ops fills the registry DTensor's operations are found in
+from ._dtensor import DTensor
 from ._distribute import distribute_tensor
 from ._distribute_module import distribute_module
 from ._factories import empty, full, ones, rand, randn, zeros
@@ -26,6 +26,7 @@ from . import checkpoint
 from .checkpoint import load, save
 from . import parallel
 from . import testing
+from . import debug
 
 __version__ = "0.1.0"
 
@@ -36,10 +37,11 @@ if _os.environ.get("MPITENSOR_POOL_BYTES"):
 
 # MPITENSOR_LOGS=+dtensor (debug lines) and MPITENSOR_CHECK=1 (collective mismatch
 # detection); see mpitensor.debug.
-from . import _logging, _trace
+from . import _logging
+from .debug import _collective_check
 
 _logging.configure_from_environment()
-_trace._configure_from_environment()
+_collective_check.configure_from_environment()
 
 __all__ = [
     "DTensor",

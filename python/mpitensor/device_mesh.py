@@ -33,6 +33,28 @@ def _current_mesh() -> "DeviceMesh":
     return _mesh_stack[-1]
 
 
+def find_live_mesh(device_type, ranks: np.ndarray, names) -> "DeviceMesh":
+    """A mesh alive on this rank with these ranks and names (the innermost
+    ``with mesh:`` first), for unpickling without the collective of creating one.
+    RuntimeError when there is none. Local.
+
+    Example: ``find_live_mesh("cpu", np.arange(4), None)`` after
+    ``init_device_mesh("cpu", (4,))``.
+    """
+    def fits(m):
+        return (m.device_type == device_type and m.mesh_dim_names == names
+                and m.mesh.shape == ranks.shape and np.array_equal(m.mesh, ranks))
+
+    for m in [*reversed(_mesh_stack), *list(_live_meshes)]:
+        if fits(m):
+            return m
+    raise RuntimeError(
+        f"cannot unpickle a DTensor of DeviceMesh('{device_type}', {ranks.tolist()}, "
+        f"mesh_dim_names={names}): no equal mesh exists on this rank; create it first, "
+        f"e.g. init_device_mesh('{device_type}', {tuple(ranks.shape)}, "
+        f"mesh_dim_names={names})")
+
+
 def _world():
     from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
 

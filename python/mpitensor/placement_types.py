@@ -184,3 +184,16 @@ class Partial(Placement):
 
     def __str__(self) -> str:
         return f"P({self.reduce_op})"
+
+
+def from_code(code) -> Placement:
+    """The placement of a C placement code ``(kind, dim, reduce_op)``. Local.
+
+    Example: ``from_code((1, 0, 0)) is Shard(0)``.
+    """
+    kind, dim, op = code
+    if kind == _REPLICATE:
+        return Replicate()
+    if kind == _SHARD:
+        return Shard(dim)
+    return Partial(_REDUCE_OPS[op])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-import mpitensor.experimental as ex
+from mpitensor import _modes
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
 from mpitensor.experimental import implicit_replication, local_map
 from mpi_helpers import Problems, chunk, gather_global, raised, ref_box
@@ -258,14 +258,14 @@ def test_plain_ndarray_input_passes_unchecked_and_with_mesh_default():
 
 
 def test_implicit_replication_flag():
-    assert not ex._implicit.active
+    assert not _modes.implicit_replication
     with implicit_replication():
-        assert ex._implicit.active
+        assert _modes.implicit_replication
         with implicit_replication():
-            assert ex._implicit.active
-        assert ex._implicit.active
-    assert not ex._implicit.active
+            assert _modes.implicit_replication
+        assert _modes.implicit_replication
+    assert not _modes.implicit_replication
     with pytest.raises(RuntimeError):
         with implicit_replication():
             raise RuntimeError("boom")
-    assert not ex._implicit.active
+    assert not _modes.implicit_replication

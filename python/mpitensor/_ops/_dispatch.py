@@ -5,10 +5,7 @@ prop.h) that the C engine turns into a decision: the placements each input must
 have, and the output's placements and global shape. A decision is made once per
 (operation, static arguments, input placements, shapes, dtypes) and kept on the
 mesh, so a cached call costs one dict lookup before NumPy runs on the local arrays.
-
-Registry: ``implements(np.func)`` registers the DTensor version of a NumPy function
-for ``__array_function__``; a NumPy function nobody registered is a TypeError that
-names it, never a silent gather.
+The operations register themselves in mpitensor._registry (``implements``).
 """
 
 from __future__ import annotations
@@ -17,11 +14,11 @@ import numbers
 
 import numpy as np
 
-from .. import _C, _trace
-from ..experimental import _implicit
+from .. import _C, _modes, _trace
+from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._redistribute import check_targets, plan_for
-from ..placement_types import _REDUCE_OPS, Partial, Replicate, Shard
+from ..placement_types import from_code
 
 # mt_label_kind, mt_partial_rule and mt_reduce_op (prop.h, layout.h).
 KEEP, CONTRACT, REDUCE, REPLICATE = 0, 1, 2, 3
@@ -56,15 +53,6 @@ def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
     return _C.DimMap(*args)
 
 
-def _placement(code) -> object:
-    kind, dim, op = code
-    if kind == 0:
-        return Replicate()
-    if kind == 1:
-        return Shard(dim)
-    return Partial(_REDUCE_OPS[op])
-
-
 class Decision:
     """What an operation does on given inputs: a redistribute plan per input (None
     where the input is used as it is) and the output's placements, shape, strides."""
@@ -88,13 +76,13 @@ def _decide(mesh, inputs, dmap) -> Decision:
         [s.dtype.itemsize for s in specs])
     plans = []
     for s, codes in zip(specs, in_codes):
-        dst = tuple(_placement(c) for c in codes)
+        dst = tuple(from_code(c) for c in codes)
         if dst == s.placements:
             plans.append(None)
             continue
         check_targets(s.placements, dst, s.dtype)
         plans.append(plan_for(mesh, s.shape, s.placements, dst, s.dtype.itemsize))
-    return Decision(tuple(plans), tuple(_placement(c) for c in out_codes), tuple(out_shape))
+    return Decision(tuple(plans), tuple(from_code(c) for c in out_codes), tuple(out_shape))
 
 
 def same_mesh(op_name: str, inputs):
@@ -114,9 +102,9 @@ def decide(key, mesh, inputs, build_map) -> Decision:
     dec = mesh._decisions.get(key)
     if dec is None:
         dec = mesh._decisions[key] = _decide(mesh, inputs, build_map())
-        if _trace.active:
+        if _modes.tracing:
             _trace.decision(key, inputs, dec, False)
-    elif _trace.active:
+    elif _modes.tracing:
         _trace.decision(key, inputs, dec, True)
     return dec
 
@@ -128,7 +116,7 @@ def local_inputs(mesh, inputs, dec: Decision) -> list:
         # Not a member: no data; run on stand-ins only to learn the output dtype.
         return [np.zeros((1,) * x.ndim, x.dtype) for x in inputs]
     handle = mesh._handle
-    if _trace.active:
+    if _modes.tracing:
         for x, p in zip(inputs, dec.plans):
             if p is not None:
                 _trace.redistribute("operation", mesh, p, x._spec.shape, x._spec.dtype)
@@ -138,8 +126,6 @@ def local_inputs(mesh, inputs, dec: Decision) -> list:
 
 def wrap(mesh, dec: Decision, local):
     """A DTensor of the decision's output spec around a local result."""
-    from .._api import DTensor
-
     if type(local) is not np.ndarray:
         local = np.asarray(local)
     if mesh._coordinate is None:
@@ -174,10 +160,8 @@ def implicit(operands) -> tuple:
     """Inside ``implicit_replication()``, plain ndarrays (not 0-d) among the operands
     become Replicate DTensors on the mesh of the first DTensor operand (no
     communication: every rank is trusted to hold the same array); else unchanged."""
-    if not _implicit.active:
+    if not _modes.implicit_replication:
         return tuple(operands)
-    from .._api import DTensor
-
     mesh = next((o._spec.mesh for o in operands if type(o) is DTensor), None)
     if mesh is None:
         return tuple(operands)
@@ -189,8 +173,6 @@ def split_operands(name: str, operands):
     """(DTensor inputs, pattern of which operands they are) of an elementwise call,
     after implicit replication; scalars stay operands, a plain ndarray is a
     TypeError, and anything else gives None (NotImplemented for ufuncs)."""
-    from .._api import DTensor
-
     inputs, pattern = [], []
     for obj in implicit(operands):
         if type(obj) is DTensor:
@@ -212,41 +194,3 @@ def mixed_error(op_name: str, obj) -> TypeError:
         f"{op_name}: mixing a DTensor with {what} is not supported; wrap it with "
         f"mpitensor.distribute_tensor(array, mesh, placements) first"
     )
-
-
-# -- __array_function__ registry ------------------------------------------------------
-
-_FUNCTIONS: dict = {}
-# NumPy function or ufunc -> its experimental.register_sharding rule, called as
-# rule(args, kwargs); checked before the built-in rules, which it overrides.
-CUSTOM: dict = {}
-
-
-def implements(*np_funcs):
-    """Registers the decorated function as the DTensor version of ``np_funcs``."""
-    def register(impl):
-        for f in np_funcs:
-            _FUNCTIONS[f] = impl
-        return impl
-    return register
-
-
-def array_function(func, types, args, kwargs):
-    from .._api import DTensor
-
-    for t in types:
-        if t is not DTensor and not issubclass(t, np.ndarray):
-            return NotImplemented
-    if CUSTOM:
-        custom = CUSTOM.get(func)
-        if custom is not None:
-            return custom(args, kwargs)
-    impl = _FUNCTIONS.get(func)
-    if impl is None:
-        name = getattr(func, "__name__", repr(func))
-        raise TypeError(
-            f"numpy.{name} has no sharding rule for DTensors in mpitensor; call "
-            f".full_tensor() to work on the whole array, or .to_local() for this "
-            f"rank's shard"
-        )
-    return impl(*args, **kwargs)

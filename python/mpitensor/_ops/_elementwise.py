@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _registry
+from .._dtensor import DTensor
 from . import _dispatch as D
 from . import _linalg
 
@@ -61,11 +62,9 @@ def _elementwise_map(ufunc, pattern, shapes):
 
 def array_ufunc(self, ufunc, method, *operands, **kwargs):
     """DTensor.__array_ufunc__."""
-    from .._api import DTensor
-
     name = f"numpy.{ufunc.__name__}"
-    if D.CUSTOM and method == "__call__":
-        custom = D.CUSTOM.get(ufunc)
+    if _registry.rules and method == "__call__":
+        custom = _registry.rules.get(ufunc)
         if custom is not None:  # experimental.register_sharding overrides the rule
             return custom(operands, kwargs)
     if method != "__call__":

@@ -25,8 +25,8 @@ import contextlib
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from .. import _C
-from . import _dispatch as D
+from .. import _C, _registry
+from .._dtensor import DTensor
 from ._elementwise import array_ufunc
 from ._reductions import IMPLS
 
@@ -35,16 +35,14 @@ __all__ = ["install", "enabled", "clear", "stats"]
 
 def install(dtensor_type) -> None:
     """Connects the C fast path of ``dtensor_type`` (mpitensor.DTensor) to the slow
-    path. Local; called once when mpitensor._api is imported."""
-    _C.dispatch_install(dtensor_type, D.CUSTOM, array_ufunc, _rewrap,
+    path. Local; called once when mpitensor._ops is imported."""
+    _C.dispatch_install(dtensor_type, _registry.rules, array_ufunc, _rewrap,
                         NDArrayOperatorsMixin, np, IMPLS)
 
 
 def _rewrap(spec, local):
     """A fast-path result that is not an ndarray of the recorded dtype: wrapped as
     the slow path's D.wrap would."""
-    from .._api import DTensor
-
     local = np.asarray(local)
     if local.dtype != spec.dtype:
         spec = spec._replace(dtype=local.dtype)

@@ -17,7 +17,8 @@ import operator
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _registry
+from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
@@ -173,12 +174,11 @@ def _cache_key(key):
     return tuple(out)
 
 
+@_registry.implements(operator.getitem)
 def getitem(dt, key):
     """``dt[key]`` for a basic key; see the module docstring. Collective on the mesh
     when the key cuts a sharded dim (one exchange of the picked elements), else
     local."""
-    from .._api import DTensor
-
     if type(key) is DTensor:
         raise _advanced_error("a DTensor")
     spec = dt._spec
@@ -202,9 +202,3 @@ def getitem(dt, key):
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
                                 for o in plan.outdims))
     return DTensor(local, plan.spec)
-
-
-def setitem(dt, key, value):
-    raise TypeError("DTensor does not support item assignment; build the new value "
-                    "with NumPy operations (e.g. numpy.where) or assign into "
-                    "dt.to_local() for this rank's shard")

@@ -10,7 +10,10 @@ on both inputs): ``S1 @ S0 -> P(sum)``, ``S0 @ R -> S0``, ``R @ S1 -> S1``.
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
 
+from .. import _registry
+from .._dtensor import DTensor
 from . import _dispatch as D
 
 
@@ -49,11 +52,9 @@ def matmul_map(name, shapes, transpose_b=False):
                     partial_inputs=0b11)
 
 
-@D.implements(np.dot)
+@_registry.implements(np.dot)
 def dot(a, b, out=None):
     """np.dot for 1-D and 2-D DTensors (the cases where it equals matmul)."""
-    from .._api import DTensor
-
     if out is not None:
         raise TypeError("numpy.dot: out= is not supported on DTensors")
     a, b = D.implicit((a, b))
@@ -122,11 +123,9 @@ def einsum_map(ins, out, letters):
                     partial_inputs=(1 << len(ins)) - 1)
 
 
-@D.implements(np.einsum)
+@_registry.implements(np.einsum)
 def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
     """np.einsum with explicit "->" subscripts on DTensors (all operands DTensors)."""
-    from .._api import DTensor
-
     name = "numpy.einsum"
     if out is not None or kwargs:
         raise TypeError(f"{name}: out= and {', '.join(kwargs) or 'out'}= are not "
@@ -152,8 +151,6 @@ def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
 
 
 def _two_dtensors(name, a, b):
-    from .._api import DTensor
-
     for x in (a, b):
         if type(x) is not DTensor:
             if isinstance(x, np.ndarray) or D.is_scalar(x):
@@ -161,11 +158,9 @@ def _two_dtensors(name, a, b):
             raise TypeError(f"{name}: expected DTensors, got {type(x).__name__}")
 
 
-@D.implements(np.tensordot)
+@_registry.implements(np.tensordot)
 def tensordot(a, b, axes=2):
     """np.tensordot of two DTensors as an einsum."""
-    from numpy.lib.array_utils import normalize_axis_tuple
-
     name = "numpy.tensordot"
     _two_dtensors(name, a, b)
     if isinstance(axes, (int, np.integer)):
@@ -194,7 +189,7 @@ def tensordot(a, b, axes=2):
     return einsum("".join(sa) + "," + "".join(sb) + "->" + "".join(out), a, b)
 
 
-@D.implements(np.inner)
+@_registry.implements(np.inner)
 def inner(a, b):
     """np.inner of two DTensors (at least 1-D) as an einsum over their last dims."""
     name = "numpy.inner"
@@ -205,7 +200,7 @@ def inner(a, b):
     return tensordot(a, b, axes=((-1,), (-1,)))
 
 
-@D.implements(np.outer)
+@_registry.implements(np.outer)
 def outer(a, b, out=None):
     """np.outer of two 1-D DTensors as an einsum ("i,j->ij")."""
     name = "numpy.outer"

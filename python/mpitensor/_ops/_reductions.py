@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _C
+from .. import _C, _registry
+from .._dtensor import DTensor
 from . import _dispatch as D
 
 _DDOF_0 = {"ddof": 0}  # std/var's default, which the ndarray methods also use
@@ -68,8 +69,6 @@ def _reduce_map(name, ndim, axes, keepdims, dtype):
 
 
 def _reduce(name, a, axis, keepdims, out, extra):
-    from .._api import DTensor
-
     fname = f"numpy.{name}"
     if type(a) is not DTensor:
         raise TypeError(f"{fname}: expected a DTensor, got {type(a).__name__}")
@@ -147,22 +146,4 @@ for _name in ("argmax", "argmin"):
 for _name in ("std", "var"):
     IMPLS[_name] = _moment(_name)
 for _name, _impl in IMPLS.items():
-    D.implements(_RULES[_name][0])(_impl)
-
-
-def method(name):
-    """The DTensor method ``name`` (``dt.sum(axis=0)``), NumPy's argument order:
-    the C method of ``_C.DTensorBase`` where there is one (it runs a recorded
-    decision and otherwise calls ``IMPLS[name]``), else a Python method."""
-    fast = _C.DTensorBase.__dict__.get(name)
-    if fast is not None:
-        return fast
-    impl = IMPLS[name]
-
-    def m(self, *args, **kwargs):
-        return impl(self, *args, **kwargs)
-    m.__name__ = name
-    m.__doc__ = (f"numpy.{name} of this DTensor; see numpy.ndarray.{name}. Collective "
-                 f"on the mesh when a sharded axis or a Partial must be gathered or "
-                 f"reduced.\n\nExample: dt.{name}(axis=0)")
-    return m
+    _registry.implements(_RULES[_name][0])(_impl)

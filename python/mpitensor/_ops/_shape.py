@@ -29,17 +29,18 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _trace
-from . import _dispatch as D
+from .. import _modes, _registry, _trace
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._layout import local_shape_and_global_offset
 from ..placement_types import Shard
+from . import _dispatch as D
 
 # MT_PROP_MAX_INPUTS (prop.h): the most inputs one decision takes.
 MAX_INPUTS = 8
 
 
 def _dtensor(name, a):
-    from .._api import DTensor
-
     if type(a) is not DTensor:
         raise TypeError(f"numpy.{name}: expected a DTensor, got {type(a).__name__}")
     return a
@@ -50,9 +51,6 @@ def _dtensor(name, a):
 def permute(a, perm):
     """``a`` with its dims in the order ``perm`` (output dim j is input dim
     perm[j]): local, no communication."""
-    from .._api import DTensor
-    from .._dtensor_spec import DTensorSpec, contiguous_strides
-
     spec = a._spec
     inv = {p: j for j, p in enumerate(perm)}
     pls = tuple(Shard(inv[p.dim]) if isinstance(p, Shard) else p for p in spec.placements)
@@ -63,12 +61,12 @@ def permute(a, perm):
     local = np.transpose(a.to_local(), perm)
     out = DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
                                      contiguous_strides(shape)))
-    if _trace.active:
+    if _modes.tracing:
         _trace.view("numpy.transpose", a, out)
     return out
 
 
-@D.implements(np.transpose)
+@_registry.implements(np.transpose)
 def transpose(a, axes=None):
     a = _dtensor("transpose", a)
     n = a.ndim
@@ -81,7 +79,7 @@ def transpose(a, axes=None):
     return permute(a, perm)
 
 
-@D.implements(np.swapaxes)
+@_registry.implements(np.swapaxes)
 def swapaxes(a, axis1, axis2):
     a = _dtensor("swapaxes", a)
     n = a.ndim
@@ -91,7 +89,7 @@ def swapaxes(a, axis1, axis2):
     return permute(a, tuple(perm))
 
 
-@D.implements(np.moveaxis)
+@_registry.implements(np.moveaxis)
 def moveaxis(a, source, destination):
     a = _dtensor("moveaxis", a)
     n = a.ndim
@@ -118,7 +116,7 @@ def _run(name, key, inputs, build, compute):
     return D.wrap(mesh, dec, compute(locals_, mesh._coordinate is not None))
 
 
-@D.implements(np.squeeze)
+@_registry.implements(np.squeeze)
 def squeeze(a, axis=None):
     a = _dtensor("squeeze", a)
     shape, n = a.shape, a.ndim
@@ -140,7 +138,7 @@ def squeeze(a, axis=None):
                 lambda ls, member: np.squeeze(ls[0], axis=axes))
 
 
-@D.implements(np.expand_dims)
+@_registry.implements(np.expand_dims)
 def expand_dims(a, axis):
     a = _dtensor("expand_dims", a)
     n = a.ndim
@@ -162,7 +160,7 @@ def expand_dims(a, axis):
                 lambda ls, member: np.expand_dims(ls[0], axes))
 
 
-@D.implements(np.broadcast_to)
+@_registry.implements(np.broadcast_to)
 def broadcast_to(array, shape, subok=False):
     a = _dtensor("broadcast_to", array)
     shape = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(
@@ -198,8 +196,6 @@ def broadcast_to(array, shape, subok=False):
 
 
 def _sequence(name, arrays):
-    from .._api import DTensor
-
     arrays = list(D.implicit(arrays))
     if not arrays:
         raise ValueError(f"numpy.{name}: need at least one array")
@@ -224,7 +220,7 @@ def _check_kwargs(name, out, kwargs):
                             f"on DTensors")
 
 
-@D.implements(np.concatenate)
+@_registry.implements(np.concatenate)
 def concatenate(arrays, axis=0, out=None, **kwargs):
     _check_kwargs("concatenate", out, kwargs)
     arrays = _sequence("concatenate", arrays)
@@ -259,7 +255,7 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
                 lambda ls, member: np.concatenate(ls, axis=ax))
 
 
-@D.implements(np.stack)
+@_registry.implements(np.stack)
 def stack(arrays, axis=0, out=None, **kwargs):
     _check_kwargs("stack", out, kwargs)
     arrays = _sequence("stack", arrays)
@@ -358,7 +354,7 @@ def _reshape_map(src, dst):
                     partial_ops=ALL_OPS, sizes=sizes, out_sizes=resized)
 
 
-@D.implements(np.reshape)
+@_registry.implements(np.reshape)
 def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     """numpy.reshape of a DTensor (also ``dt.reshape``). Collective on the mesh
     when the input must move: a group of dims that reshape merges or splits keeps
@@ -411,7 +407,7 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
 
 
 
-@D.implements(np.ravel)
+@_registry.implements(np.ravel)
 def ravel(a, order="C"):
     """numpy.ravel of a DTensor (also ``dt.ravel()`` and ``dt.flatten()``), which is
     ``reshape(a, -1)``: a Shard of the leading dim stays where every rank's share
@@ -431,7 +427,5 @@ def ravel(a, order="C"):
     return reshape(a, -1)
 
 def _local_shape(mesh, shape, placements):
-    from .._layout import local_shape_and_global_offset
-
     return local_shape_and_global_offset(shape, mesh.shape, mesh._coordinate,
                                          placements)[0]

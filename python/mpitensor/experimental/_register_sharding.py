@@ -11,7 +11,8 @@ import itertools
 
 import numpy as np
 
-from .. import _api
+from .. import _registry
+from .._dtensor import DTensor
 from .._ops import _dispatch as D
 from .._redistribute import check_targets, plan_for
 from ..placement_types import Partial, Placement
@@ -65,7 +66,7 @@ def register_sharding(func):
 
     def decorator(custom_sharding):
         for f in funcs:
-            D.CUSTOM[f] = _Rule(f, custom_sharding)
+            _registry.rules[f] = _Rule(f, custom_sharding)
         return custom_sharding
 
     return decorator
@@ -80,9 +81,9 @@ def clear_sharding_registry(func=None) -> None:
     ``@register_sharding(np.linalg.norm)`` rule.
     """
     if func is None:
-        D.CUSTOM.clear()
+        _registry.rules.clear()
     else:
-        D.CUSTOM.pop(func, None)
+        _registry.rules.pop(func, None)
 
 
 def _flat_operands(args):
@@ -107,7 +108,7 @@ def _flat_operands(args):
 
 def _static_key(flat, kwargs):
     """A hashable key of the non-DTensor arguments, or None when one is not hashable."""
-    parts = tuple(("dt",) if type(o) is _api.DTensor else (type(o), o) for o in flat)
+    parts = tuple(("dt",) if type(o) is DTensor else (type(o), o) for o in flat)
     key = (parts, tuple(sorted(kwargs.items())))
     try:
         hash(key)
@@ -134,7 +135,7 @@ class _Rule:
             raise TypeError(f"{name}: out= is not supported with register_sharding rules")
         flat, rebuild = _flat_operands(args)
         flat = list(D.implicit(flat))
-        dts = [i for i, o in enumerate(flat) if type(o) is _api.DTensor]
+        dts = [i for i, o in enumerate(flat) if type(o) is DTensor]
         for o in flat:
             if isinstance(o, np.ndarray) and o.ndim > 0:
                 raise D.mixed_error(name, o)
@@ -162,7 +163,7 @@ class _Rule:
         if mesh._coordinate is None:
             result = np.empty((0,), result.dtype)
         shape = choice.out_shape
-        return _api.DTensor.from_local(result, mesh, choice.out_placements,
+        return DTensor.from_local(result, mesh, choice.out_placements,
                                        shape=shape, stride=_strides(shape))
 
     def _choose(self, mesh, flat, dts, args, kwargs) -> _Choice:

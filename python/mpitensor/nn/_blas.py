@@ -23,6 +23,9 @@ import glob
 import os
 import sys
 import warnings
+from importlib.metadata import PackageNotFoundError, files
+
+import numpy as np
 
 from .. import _C
 
@@ -55,13 +58,9 @@ def _mkl_path() -> str:
     """libmkl_rt from the ``mkl`` package's file list, else from sys.prefix/lib."""
     found = []
     try:
-        from importlib.metadata import PackageNotFoundError, files
-        try:
-            found = [str(f.locate()) for f in files("mkl") or ()
-                     if os.path.basename(str(f)).startswith("libmkl_rt.so")]
-        except PackageNotFoundError:
-            pass
-    except ImportError:  # pragma: no cover (Python >= 3.8 has importlib.metadata)
+        found = [str(f.locate()) for f in files("mkl") or ()
+                 if os.path.basename(str(f)).startswith("libmkl_rt.so")]
+    except PackageNotFoundError:
         pass
     found += sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
     for path in found:
@@ -72,9 +71,7 @@ def _mkl_path() -> str:
 
 def _openblas_path() -> str:
     """The OpenBLAS bundled in NumPy's wheel (numpy.libs, next to the package)."""
-    import numpy
-
-    site = os.path.dirname(os.path.dirname(numpy.__file__))
+    site = os.path.dirname(os.path.dirname(np.__file__))
     libs = sorted(glob.glob(os.path.join(site, "numpy.libs", "libscipy_openblas*.so*")))
     if not libs:
         raise _LoadError("this NumPy bundles no scipy-openblas library")
@@ -168,8 +165,6 @@ def _warm_up():
     """One tiny product of each dtype, so that the library loads what it loads
     lazily (MKL its kernels and threading layer) now, before torch may be imported
     with MKL symbols of its own that a later load could bind to."""
-    import numpy as np
-
     for dtype in (np.float32, np.float64):
         one = np.ones((1, 1), dtype)
         _C.gemm(one, one, np.empty((1, 1), dtype), False, 1.0, 0.0)

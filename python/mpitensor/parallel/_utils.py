@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from .._dtensor import DTensor
+from .._dtensor_spec import contiguous_strides
 from ..placement_types import Placement
 
 
@@ -46,11 +50,6 @@ def annotate(local, mesh, placements, what: str = "input"):
     sizes that do not fit torch.chunk's rule raise ValueError on every rank
     instead of leaving some ranks waiting in the next collective.
     """
-    import numpy as np
-
-    from .._api import DTensor
-    from .._dtensor_spec import contiguous_strides
-
     if not isinstance(local, np.ndarray):
         raise TypeError(f"expecting the {what} to be an ndarray or a DTensor, got "
                         f"{type(local).__name__}")
