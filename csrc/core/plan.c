@@ -26,6 +26,7 @@
  * plans in milliseconds. */
 #include <assert.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +52,10 @@ typedef struct step_list {
   mt_step s[MAX_STEPS];
 } step_list;
 
+/* A plan may be held by several owners (the redistribute cache, decisions of the
+ * operation memo, Python handles), dropped from any thread. */
 struct mt_plan {
+  atomic_int owners;
   step_list list;
 };
 
@@ -718,6 +722,7 @@ int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
   if (rc != MT_OK) return rc;
   mt_plan *plan = calloc(1, sizeof *plan);
   if (plan == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory allocating a plan");
+  atomic_init(&plan->owners, 1);
   rc = build(&plan->list, &a, &b, itemsize, err);
   if (rc != MT_OK) {
     free(plan);
@@ -727,7 +732,14 @@ int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
   return MT_OK;
 }
 
-void mt_plan_destroy(mt_plan *plan) { free(plan); }
+void mt_plan_retain(mt_plan *plan) {
+  if (plan != NULL) atomic_fetch_add_explicit(&plan->owners, 1, memory_order_relaxed);
+}
+
+void mt_plan_destroy(mt_plan *plan) {
+  if (plan == NULL) return;
+  if (atomic_fetch_sub_explicit(&plan->owners, 1, memory_order_acq_rel) == 1) free(plan);
+}
 
 int mt_plan_nsteps(const mt_plan *plan) { return plan == NULL ? 0 : plan->list.n; }
 

@@ -58,8 +58,20 @@ typedef struct mt_plan mt_plan;
 int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                    mt_plan **out, mt_error *err);
 
-/* Local. Frees a plan; accepts NULL. */
+/* Local. One more owner of `plan` (atomic: owners may live on other threads). */
+void mt_plan_retain(mt_plan *plan);
+
+/* Local. Drops one owner; the last one frees the plan. Accepts NULL. */
 void mt_plan_destroy(mt_plan *plan);
+
+/* Local. Refuses, from the layouts and the element type alone (so on every rank
+ * alike, before any communication), what a redistribution from `src` to `dst`
+ * (same mesh) cannot do: create a Partial, that is a Partial target that `src`
+ * does not hold on that mesh dim (MT_ESTATE, as torch's RuntimeError), or reduce a
+ * Partial with an op the element type lacks: max or min of complex values, avg of
+ * bool or integer values (MT_ETYPE). A mesh dim of size 1, where nothing is
+ * reduced, is checked like a larger one. `dtype` is an mt_dtype code. */
+int mt_plan_check(const mt_layout *src, const mt_layout *dst, int dtype, mt_error *err);
 
 /* Local. Number of steps, and step i (0 <= i < nsteps). */
 int mt_plan_nsteps(const mt_plan *plan);

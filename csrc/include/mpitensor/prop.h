@@ -104,6 +104,67 @@ typedef struct mt_dimmap {
   int64_t out_size[MT_MAX_NDIM];
 } mt_dimmap;
 
+/* ---- Dim maps of the operation families, built from an op's signature. ---- */
+
+/* How an elementwise op treats Partial inputs, by what it does to a pending sum.
+ * NONE: every Partial is reduced first (exp, comparisons, ...). ADD (add, subtract,
+ * negative, positive): when every operand is a tensor, Partial(sum|avg) inputs
+ * that all agree stay (P + P -> P); a scalar operand would be added once per
+ * rank, so then Partials are reduced. MUL (multiply): a tensor times scalars stays
+ * Partial; of several tensors one Partial factor may stay while the others are
+ * Replicate. DIV (true_divide): a Partial numerator (operand 0) over Replicate or
+ * a scalar stays; a Partial denominator is reduced. MAX, MIN (maximum, minimum):
+ * Partial(max), Partial(min) inputs that all agree stay. */
+typedef enum mt_elementwise_kind {
+  MT_ELEMENTWISE_NONE = 0,
+  MT_ELEMENTWISE_ADD = 1,
+  MT_ELEMENTWISE_MUL = 2,
+  MT_ELEMENTWISE_DIV = 3,
+  MT_ELEMENTWISE_MAX = 4,
+  MT_ELEMENTWISE_MIN = 5,
+  MT_ELEMENTWISE_COUNT
+} mt_elementwise_kind;
+
+/* Local. The dim map of an elementwise op of `noperands` operands (at most
+ * MT_PROP_MAX_INPUTS) of which those in the bitmask `tensors` are tensors (the
+ * map's inputs, in operand order; the others are scalars). Input i has ndim[i]
+ * dims of sizes shape[i]. NumPy broadcasting: inputs align to the right on the
+ * output, whose dims are the labels (all KEEP); a dim of size 1 facing a larger
+ * one broadcasts. Shapes that do not broadcast are MT_EINVAL. */
+int mt_dimmap_elementwise(int kind, int noperands, uint32_t tensors, const int *ndim,
+                          const int64_t (*shape)[MT_MAX_NDIM], mt_dimmap *out,
+                          mt_error *err);
+
+/* Local. The dim map of matmul (a @ b, NumPy's rules) or, with `transpose_b`, of
+ * a @ b.T for a 2-D b held as it is (nn.functional.linear's weight). Batch dims
+ * broadcast like elementwise inputs, the rows and columns are KEEP and the inner
+ * dim CONTRACT (sharded -> Partial(sum)); a Partial(sum|avg) operand passes when
+ * the other is Replicate (LINEAR_ONE on both). A 0-d operand, batch dims that do
+ * not broadcast, or transpose_b with a b that is not 2-D are MT_EINVAL. */
+int mt_dimmap_matmul(int a_ndim, const int64_t *a_shape, int b_ndim,
+                     const int64_t *b_shape, int transpose_b, mt_dimmap *out,
+                     mt_error *err);
+
+/* What a reduction does when the dims it reduces are sharded. `reduce_op` is the
+ * mt_reduce_op the partial results combine with (the reduced labels are REDUCE),
+ * or -1 when they do not combine (REPLICATE: all, any, argmax, std, ...);
+ * `partial_rule` and `partial_ops` treat Partial inputs as in mt_dimmap;
+ * `even_only` asks for equal shards of the reduced dims (mean). */
+typedef struct mt_reduction_rule {
+  int reduce_op;
+  int partial_rule;
+  uint32_t partial_ops;
+  int even_only;
+} mt_reduction_rule;
+
+/* Local. The dim map of a reduction by `rule` of an ndim-d input over the dims in
+ * the bitmask `axes`: kept dims are KEEP; with `keepdims` each reduced dim stays
+ * as a new sized REPLICATE label of size 1. Max and min of bool or complex values
+ * (`dtype`, an mt_dtype code) have no reduction over MPI, so their reduced dims
+ * are REPLICATE and Partials are reduced first. Axes beyond ndim are MT_EINVAL. */
+int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
+                        int keepdims, int dtype, mt_dimmap *out, mt_error *err);
+
 /* The inputs as they are: global shapes and current placements on one mesh.
  * `out_itemsize` prices the later reduction of a Partial the op creates; 0 means
  * the largest input itemsize. */
