@@ -181,7 +181,7 @@ static int combinable(int op, int dtype) {
 
 int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
                         int keepdims, int dtype, mt_dimmap *out, mt_error *err) {
-  if (rule == NULL || ndim < 0 || ndim > MT_MAX_NDIM || (ndim < 32 && (axes >> ndim) != 0))
+  if (rule == NULL || ndim < 0 || ndim > MT_MAX_NDIM || (axes >> ndim) != 0)
     return mt__fail(err, MT_EINVAL, "A reduction of a 0- to %d-d input over its own "
                     "dims was expected", MT_MAX_NDIM);
   int op = combinable(rule->reduce_op, dtype) ? rule->reduce_op : -1;
@@ -209,4 +209,25 @@ int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
   map.partial_ops = op < 0 ? 0 : rule->partial_ops;
   *out = map;
   return MT_OK;
+}
+
+int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inputs *in,
+                 int dtype, mt_dimmap *out, mt_error *err) {
+  const int n = in->ninputs;
+  switch (sig->family) {
+    case MT_OP_ELEMENTWISE:
+      return mt_dimmap_elementwise(sig->kind, args->noperands, args->tensors, in->ndim,
+                                   (const int64_t(*)[MT_MAX_NDIM])in->shape, out, err);
+    case MT_OP_MATMUL:
+      if (n != 2)
+        return mt__fail(err, MT_EINVAL, "takes two DTensors; for a scalar factor use *");
+      return mt_dimmap_matmul(in->ndim[0], in->shape[0], in->ndim[1], in->shape[1], 0, out,
+                              err);
+    case MT_OP_REDUCTION:
+      if (n != 1) return mt__fail(err, MT_EINVAL, "a reduction takes one tensor");
+      return mt_dimmap_reduction(&sig->rule, in->ndim[0], args->axes, args->keepdims, dtype,
+                                 out, err);
+    default:
+      return mt__fail(err, MT_EINVAL, "Unknown operation family %d", sig->family);
+  }
 }

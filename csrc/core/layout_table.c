@@ -35,6 +35,14 @@ static void pack(const mt_layout_key *k, int64_t *w) {
   }
 }
 
+void mt_layout_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+  int64_t step = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    stride[d] = step;
+    step *= shape[d] > 1 ? shape[d] : 1;
+  }
+}
+
 int mt_layout_table_create(int64_t capacity, mt_layout_table **out, mt_error *err) {
   mt_layout_table *t = calloc(1, sizeof *t);
   if (t == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory creating a layout table");

@@ -4,15 +4,15 @@
 #include "core-private.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/plan.h"
+#include "mpitensor/prop.h"
 
 /* A placement's short form, as Python's str(): S(0), R, P(sum). */
 static const char *short_name(const mt_placement *p, char *buf, size_t len) {
-  static const char *const ops[MT_REDUCE_COUNT] = {"sum", "avg", "product", "max", "min"};
+  const char *op = mt_reduce_op_name(p->reduce_op);
   if (p->kind == MT_PLACEMENT_SHARD)
     snprintf(buf, len, "S(%d)", p->dim);
-  else if (p->kind == MT_PLACEMENT_PARTIAL && p->reduce_op >= 0 &&
-           p->reduce_op < MT_REDUCE_COUNT)
-    snprintf(buf, len, "P(%s)", ops[p->reduce_op]);
+  else if (p->kind == MT_PLACEMENT_PARTIAL && op != NULL)
+    snprintf(buf, len, "P(%s)", op);
   else
     snprintf(buf, len, "R");
   return buf;

@@ -18,7 +18,7 @@ from ._distribute import distribute_tensor
 from ._distribute_module import distribute_module
 from ._factories import empty, full, ones, rand, randn, zeros
 from ._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
-from .device_mesh import DeviceMesh, init_device_mesh
+from .device_mesh import DeviceMesh, init_device_mesh, set_cache_limits
 from .placement_types import Partial, Placement, Replicate, Shard
 from .random import manual_seed
 from . import nn
@@ -49,6 +49,7 @@ __all__ = [
     "distribute_module",
     "DeviceMesh",
     "init_device_mesh",
+    "set_cache_limits",
     "Placement",
     "Shard",
     "Replicate",

@@ -13,13 +13,12 @@ import zlib
 from typing import NamedTuple, Sequence
 
 import numpy as np
-from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import _C, _args, _modes, _redistribute, _registry, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
 from .device_mesh import DeviceMesh, find_live_mesh
-from .placement_types import Placement
+from .placement_types import Partial, Placement, Replicate, Shard
 
 __all__ = ["DTensor", "ChunkStorageMetadata"]
 
@@ -31,7 +30,7 @@ class ChunkStorageMetadata(NamedTuple):
     sizes: tuple[int, ...]
 
 
-class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
+class DTensor(_C.DTensorBase):
     """A global NumPy array laid out over a :class:`DeviceMesh` by placements.
 
     Each rank holds its local ndarray (its shard, replica or partial value) and the
@@ -47,11 +46,12 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
         ((4, 3), (2, 3))
     """
 
-    # The C base holds the two fields, ``_local_tensor`` and ``_spec`` (its
-    # ``__init__(local_tensor, spec)`` sets them), and the dispatch of NumPy
-    # operations: the operators, ``__array_ufunc__`` and the reduction methods
-    # (csrc/ext/ext_dispatch.c). The comparison operators make DTensors, so keep
-    # identity hashing.
+    # The C base holds the fields, ``_local_tensor`` and ``_spec`` (its
+    # ``__init__(local_tensor, spec)`` sets them), and the entry points of NumPy
+    # operations: the operators (in place too), ``__array_ufunc__`` and the
+    # reduction methods sum, mean, prod, max, min, all, any, std, var, argmax and
+    # argmin (csrc/ext/ext_dtensor.c, ext_dispatch.c). The comparison operators
+    # make DTensors, so keep identity hashing.
     __slots__ = ()
     __hash__ = object.__hash__
 
@@ -60,23 +60,6 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
             if t is not DTensor and not issubclass(t, np.ndarray):
                 return NotImplemented
         return _registry.lookup(func)(*args, **kwargs)
-
-    def argmax(self, axis=None, out=None, *, keepdims=False) -> "DTensor":
-        """numpy.ndarray.argmax: the global index of the maximum (along ``axis``).
-        Collective on the mesh when the reduced dims are sharded or Partial
-        (they are gathered first).
-
-        Example: ``dt.argmax(axis=0)``.
-        """
-        return _registry.lookup(np.argmax)(self, axis, out, keepdims=keepdims)
-
-    def argmin(self, axis=None, out=None, *, keepdims=False) -> "DTensor":
-        """numpy.ndarray.argmin: the global index of the minimum (along ``axis``).
-        Collective on the mesh when the reduced dims are sharded or Partial.
-
-        Example: ``dt.argmin(axis=1)``.
-        """
-        return _registry.lookup(np.argmin)(self, axis, out, keepdims=keepdims)
 
     @property
     def T(self) -> "DTensor":
@@ -387,6 +370,12 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
         return (f"DTensor(local_tensor={self._local_tensor!r}, "
                 f"device_mesh={self.device_mesh!r}, placements={self.placements!r}, "
                 f"shape={self.shape}, dtype={self.dtype})")
+
+
+# The dispatch makes DTensors, specs and placements of these types, and finds the
+# operations in the registry mpitensor._ops fills.
+_C.dispatch_init(DTensor, DTensorSpec, Replicate, Shard, Partial, _registry.functions,
+                 _registry.rules)
 
 
 def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names):

@@ -66,12 +66,15 @@ def check_targets(src: tuple[Placement, ...], dst: tuple[Placement, ...],
 
 
 def plan_for(mesh, shape: tuple[int, ...], src, dst, itemsize: int):
-    """The C plan for this move, made once per (mesh, shape, placements, itemsize)."""
+    """The C plan for this move, made once per (mesh, shape, placements, itemsize)
+    and kept in the mesh's bounded cache (the oldest plan goes first)."""
     key = (shape, src, dst, itemsize)
     plan = mesh._plans.get(key)
     if plan is None:
-        plan = _C.Plan(shape, mesh.shape, _codes(src), _codes(dst), itemsize)
-        mesh._plans[key] = plan
+        plans = mesh._plans
+        if len(plans) >= mesh._plan_limit:
+            del plans[next(iter(plans))]
+        plan = plans[key] = _C.Plan(shape, mesh.shape, _codes(src), _codes(dst), itemsize)
     return plan
 
 

@@ -94,10 +94,10 @@ def collective(what: str, mesh, placements, shape, dtype) -> None:
         listener._record_operation(what, [], [], mesh)
 
 
-def decision(key, inputs, dec, hit: bool) -> None:
-    """After ``_ops._dispatch.decide`` found (hit) or made (miss) a decision."""
+def decision(op_key, inputs, dec, hit: bool) -> None:
+    """After an operation's decision was found (hit) or made (miss) in the memo."""
     global _current_op
-    name = op_name(key[0])
+    name = op_name(op_key)
     _current_op = name
     if _modes.log_debug:
         ins = "; ".join(f"{placements_text(x._spec.placements)} {tuple(x._spec.shape)} "
@@ -137,7 +137,7 @@ def local(name: str, inputs, out_placements) -> None:
 
 
 def op_name(op_key) -> str:
-    """``numpy.add``, ``numpy.einsum``, ... from the static part of a decision key."""
+    """``numpy.add``, ``numpy.einsum``, ... from an operation's key."""
     while isinstance(op_key, tuple) and op_key:
         if op_key[0] == "register_sharding" and len(op_key) > 1:
             op_key = op_key[1]

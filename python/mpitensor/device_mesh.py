@@ -15,9 +15,13 @@ import numpy as np
 
 from . import _C
 
-__all__ = ["DeviceMesh", "init_device_mesh"]
+__all__ = ["DeviceMesh", "init_device_mesh", "set_cache_limits"]
 
 _mesh_stack: list["DeviceMesh"] = []
+# Bounds of each mesh's caches (set_cache_limits): decisions of operations, the
+# layouts they are keyed by, and redistribution plans (of DTensor.redistribute,
+# of operations' decisions, and of indexing, each).
+_limits = {"decisions": 4096, "layouts": 4096, "plans": 256}
 # Meshes alive in this process, so that an unpickled DTensor finds its mesh
 # without creating one (a collective) inside pickle.load.
 _live_meshes: "weakref.WeakSet[DeviceMesh]" = weakref.WeakSet()
@@ -115,7 +119,7 @@ def _check_ranks(arr: np.ndarray, comm_size: int) -> None:
         raise ValueError(f"mesh ranks must be distinct, got {arr.tolist()}")
 
 
-class DeviceMesh:
+class DeviceMesh(_C.MeshBase):
     """An n-D array of ranks of an MPI communicator, with one communicator per dim.
 
     Collective on ``comm`` (default ``MPI.COMM_WORLD``): every rank of ``comm``
@@ -141,7 +145,7 @@ class DeviceMesh:
         self.device_type = device_type
         self._mesh = arr
         self._names = names
-        self._handle = handle
+        self._handle = handle  # the C base keeps it, and the dispatch reads it there
         self._comm = comm
         coord = handle.coordinate()
         self._coordinate = None if coord is None else list(coord)
@@ -151,11 +155,12 @@ class DeviceMesh:
         # state_dict's replicated slices are saved once.
         self._root: "DeviceMesh | None" = None
         self._first_slice = True
-        self._plans: dict = {}  # redistribution plans of this mesh, made in C once each
-        self._decisions: dict = {}  # sharding decisions of operations (mpitensor._ops)
+        # Redistribution plans made in C once each, and indexing plans, both bounded
+        # (FIFO); the decisions of operations live in the C base's memo.
+        self._plans: dict = {}
+        self._select_plans: dict = {}
+        self._plan_limit = _limits["plans"]
         _live_meshes.add(self)
-
-        self._dispatch = _C.DispatchTable()  # what the C fast path replays (_ops._fast)
 
     # -- structure ---------------------------------------------------------------
     @property
@@ -375,3 +380,37 @@ def init_device_mesh(device_type: str, mesh_shape: Iterable[int], *,
         _check_names(mesh_dim_names, len(shape))
     ranks = np.arange(math.prod(shape)).reshape(shape)
     return DeviceMesh(device_type, ranks, mesh_dim_names=mesh_dim_names, comm=comm)
+
+
+# The C base's memo and layout table take their bounds from here.
+_C.set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
+
+
+def set_cache_limits(*, decisions: int | None = None, layouts: int | None = None,
+                     plans: int | None = None) -> dict:
+    """Bounds of each mesh's caches, for every mesh, live or future; returns the
+    bounds now in force. Local (each rank bounds its own memory). Defaults:
+    4096 decisions of operations, 4096 layouts, 256 plans (redistribution plans
+    of DTensor.redistribute, of operations and of indexing, each). Changing a
+    bound empties the caches of the live meshes; past a bound the least recently
+    used entries go (decisions: CLOCK; plans: the oldest), to be made again when
+    needed.
+
+    Example::
+
+        >>> mpitensor.set_cache_limits(decisions=1024, plans=64)
+        {'decisions': 1024, 'layouts': 4096, 'plans': 64}
+    """
+    for name, value in (("decisions", decisions), ("layouts", layouts), ("plans", plans)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"set_cache_limits: {name} must be a positive int, got {value!r}")
+        _limits[name] = int(value)
+    _C.set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
+    for mesh in list(_live_meshes):
+        mesh._set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
+        mesh._plans.clear()
+        mesh._select_plans.clear()
+        mesh._plan_limit = _limits["plans"]
+    return dict(_limits)

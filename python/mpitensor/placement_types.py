@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _C
+
 __all__ = ["Placement", "Shard", "Replicate", "Partial"]
 
-# Codes shared with the C core (mt_placement_kind, mt_reduce_op in layout.h).
-_REPLICATE, _SHARD, _PARTIAL = 0, 1, 2
-_REDUCE_OPS = ("sum", "avg", "product", "max", "min")
+# The C core's codes (mt_placement_kind, mt_reduce_op in layout.h).
+_REPLICATE, _SHARD, _PARTIAL = _C.PLACEMENT_REPLICATE, _C.PLACEMENT_SHARD, _C.PLACEMENT_PARTIAL
+_REDUCE_OPS = _C.REDUCE_OPS
 
 
 class Placement:

@@ -1,23 +1,25 @@
 /* The decision memo and the layout table: ids that are never reused, bounds that
  * hold under CLOCK eviction (recently found entries survive), plans held exactly
- * as long as their decisions, and the bounded cache under them on a random
- * workload against a plain model. */
+ * as long as their decisions, a miss decided by the core (moves checked before any
+ * plan), and the bounded cache under them on a random workload. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "mpitensor/dtype.h"
 #include "mpitensor/layout.h"
 #include "mpitensor/layout_table.h"
 #include "mpitensor/memo.h"
 #include "mpitensor/plan.h"
+#include "mpitensor/prop.h"
 #include "mpitensor/status.h"
 
 static mt_layout_key layout(int64_t rows, int shard) {
   mt_layout_key k;
   memset(&k, 0xab, sizeof k); /* entries past ndim must not matter */
-  k.mesh_ndim = 1, k.ndim = 2, k.dtype = 11, k.itemsize = 8;
+  k.mesh_ndim = 1, k.ndim = 2, k.dtype = MT_DTYPE_FLOAT64, k.itemsize = 8;
   k.placements[0] = shard ? (mt_placement){MT_PLACEMENT_SHARD, 0, 0}
                           : (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
   k.shape[0] = rows, k.shape[1] = 4, k.stride[0] = 4, k.stride[1] = 1;
@@ -184,7 +186,87 @@ static void test_random_workload(void) {
   mt_layout_table_destroy(t);
 }
 
+static void test_contiguous_strides(void) {
+  const int64_t shape[4] = {2, 3, 0, 4};
+  int64_t stride[4];
+  mt_layout_contiguous_strides(4, shape, stride);
+  CHECK(stride[0] == 12 && stride[1] == 4 && stride[2] == 4 && stride[3] == 1);
+  const int64_t empty[2] = {4, 0};
+  mt_layout_contiguous_strides(2, empty, stride);
+  CHECK(stride[0] == 1 && stride[1] == 1); /* local_map's (4, 0) and x * 2 agree */
+}
+
+/* Inputs of an elementwise op of two 8 x 8 float64 tensors on a mesh of `ranks`. */
+static mt_prop_inputs two_inputs(int64_t ranks, mt_placement a, mt_placement b) {
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.ninputs = 2, in.mesh_ndim = 1, in.mesh_shape[0] = ranks;
+  for (int i = 0; i < 2; ++i) {
+    in.ndim[i] = 2, in.shape[i][0] = 8, in.shape[i][1] = 8, in.itemsize[i] = 8;
+    in.placements[i][0] = i == 0 ? a : b;
+  }
+  return in;
+}
+
+/* A miss decided by the core: placements by the engine, moves checked and planned. */
+static void test_decide(void) {
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0};
+  const mt_placement pmax = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_MAX};
+  const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0}};
+  const mt_op_args args = {2, 3u, 0, 0};
+  const int f64[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT64};
+  const int c128[2] = {MT_DTYPE_COMPLEX128, MT_DTYPE_COMPLEX128};
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);
+  mt_prop_inputs in = two_inputs(2, s0, s1);
+  mt_dimmap map;
+  CHECK(mt_op_dimmap(&add, &args, &in, MT_DTYPE_FLOAT64, &map, NULL) == MT_OK);
+  mt_memo_key k = key(1, 1, 2);
+  mt_decision *d = NULL;
+  CHECK(mt_memo_decide(memo, &k, &map, &in, f64, &d, NULL) == MT_OK && d != NULL);
+  CHECK(d->ninputs == 2 && d->out_ndim == 2 && d->out_placements[0].kind == MT_PLACEMENT_SHARD);
+  CHECK((d->plan[0] == NULL) != (d->plan[1] == NULL)); /* one input moves */
+  CHECK(mt_memo_peek(memo, &k) == d);
+  /* A Partial(max) of complex values reduced first: refused before any plan, on a
+   * mesh dim of size 1 too, where nothing would run; nothing stored. */
+  const mt_op_sig exp_ = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_NONE, {0, 0, 0, 0}};
+  for (int64_t ranks = 1; ranks <= 2; ++ranks) {
+    mt_prop_inputs one = two_inputs(ranks, pmax, pmax);
+    one.ninputs = 1;
+    const mt_op_args unary = {1, 1u, 0, 0};
+    CHECK(mt_op_dimmap(&exp_, &unary, &one, MT_DTYPE_COMPLEX128, &map, NULL) == MT_OK);
+    mt_memo_key k2 = key(2, ranks, 0);
+    mt_error err = {0, ""};
+    CHECK(mt_memo_decide(memo, &k2, &map, &one, c128, &d, &err) == MT_ETYPE);
+    CHECK(strstr(err.msg, "complex numbers have no order") != NULL);
+    CHECK(mt_memo_peek(memo, &k2) == NULL);
+    CHECK(mt_memo_decide(memo, &k2, &map, &one, f64, &d, NULL) == MT_OK);
+    CHECK(ranks == 2 ? d->plan[0] != NULL : d->plan[0] == NULL); /* no step: no plan */
+  }
+  /* A caller's targets: the same checks, its output as given. */
+  mt_placement to[2][MT_MAX_MESH_NDIM] = {{s1}, {s1}};
+  mt_decision outcome;
+  memset(&outcome, 0, sizeof outcome);
+  outcome.out_ndim = -1, outcome.out_placements[0] = s1;
+  mt_memo_key k3 = key(3, 1, 2);
+  CHECK(mt_memo_decide_targets(memo, &k3, &in, f64,
+                               (const mt_placement(*)[MT_MAX_MESH_NDIM])to, &outcome, &d,
+                               NULL) == MT_OK);
+  CHECK(d->out_ndim == -1 && d->plan[0] != NULL && d->plan[1] == NULL);
+  /* Shapes that do not fit the map: the engine's error, nothing stored. */
+  in.shape[1][0] = 4;
+  mt_memo_key k4 = key(4, 1, 2);
+  CHECK(mt_memo_decide(memo, &k4, &map, &in, f64, &d, NULL) == MT_EINVAL);
+  const mt_op_sig mm = {MT_OP_MATMUL, 0, {0, 0, 0, 0}}, bad = {9, 0, {0, 0, 0, 0}};
+  in.ninputs = 1;
+  CHECK(mt_op_dimmap(&mm, &args, &in, MT_DTYPE_FLOAT64, &map, NULL) == MT_EINVAL);
+  CHECK(mt_op_dimmap(&bad, &args, &in, MT_DTYPE_FLOAT64, &map, NULL) == MT_EINVAL);
+  mt_memo_destroy(memo);
+}
+
 int main(void) {
+  test_decide();
+  test_contiguous_strides();
   test_layout_ids();
   test_clock();
   test_memo_basics();

@@ -82,6 +82,23 @@ mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key);
 mt_decision *mt_memo_insert(mt_memo *memo, const mt_memo_key *key,
                             const mt_decision *decision, mt_error *err);
 
+/* Local. A miss, decided and stored: `map` propagated over `in` (the inputs' shapes,
+ * placements and item sizes on the memo's mesh; `dtypes` their mt_dtype codes),
+ * each input's move checked (mt_plan_check) and planned, and the decision stored
+ * under `key` (*out, valid until the next insert). An input whose move changes
+ * only mesh dims of size 1 needs no plan. Errors of mt_propagate, mt_plan_check,
+ * mt_plan_create; nothing is stored then. */
+int mt_memo_decide(mt_memo *memo, const mt_memo_key *key, const mt_dimmap *map,
+                   const mt_prop_inputs *in, const int *dtypes, mt_decision **out,
+                   mt_error *err);
+
+/* Local. As mt_memo_decide for a decision its caller made (a user's sharding
+ * rule): each input goes to `targets[i]`, the output is `outcome`'s. */
+int mt_memo_decide_targets(mt_memo *memo, const mt_memo_key *key,
+                           const mt_prop_inputs *in, const int *dtypes,
+                           const mt_placement (*targets)[MT_MAX_MESH_NDIM],
+                           const mt_decision *outcome, mt_decision **out, mt_error *err);
+
 /* Local. Drops every decision; the counts of hits and misses stay. */
 void mt_memo_clear(mt_memo *memo);
 

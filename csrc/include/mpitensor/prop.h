@@ -104,6 +104,10 @@ typedef struct mt_dimmap {
   int64_t out_size[MT_MAX_NDIM];
 } mt_dimmap;
 
+/* Local. torch's name of a reduce op ("sum", "avg", "product", "max", "min"), or
+ * NULL for a code outside mt_reduce_op. */
+const char *mt_reduce_op_name(int op);
+
 /* ---- Dim maps of the operation families, built from an op's signature. ---- */
 
 /* How an elementwise op treats Partial inputs, by what it does to a pending sum.
@@ -165,6 +169,29 @@ typedef struct mt_reduction_rule {
 int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
                         int keepdims, int dtype, mt_dimmap *out, mt_error *err);
 
+/* The signature of an operation of a registered family: which builder makes its
+ * dim map, with what. */
+typedef enum mt_op_family {
+  MT_OP_ELEMENTWISE = 0, /* `kind`: an mt_elementwise_kind */
+  MT_OP_MATMUL = 1,
+  MT_OP_REDUCTION = 2 /* `rule` */
+} mt_op_family;
+
+typedef struct mt_op_sig {
+  int family;
+  int kind;
+  mt_reduction_rule rule;
+} mt_op_sig;
+
+/* What one call adds to the shapes: elementwise, the operand count and the bitmask
+ * of the tensor operands (the inputs); a reduction, the reduced dims and keepdims. */
+typedef struct mt_op_args {
+  int noperands;
+  uint32_t tensors;
+  uint32_t axes;
+  int keepdims;
+} mt_op_args;
+
 /* The inputs as they are: global shapes and current placements on one mesh.
  * `out_itemsize` prices the later reduction of a Partial the op creates; 0 means
  * the largest input itemsize. */
@@ -192,6 +219,13 @@ typedef struct mt_prop_result {
   int64_t bytes;
   int64_t messages;
 } mt_prop_result;
+
+/* Local. The dim map of an operation of signature `sig` on `in`'s shapes (its
+ * mesh and placements are not used), by the builder of its family; `dtype` is the
+ * mt_dtype of the first input (reductions). Errors as the builders'; a matmul of
+ * other than two tensors or a reduction of other than one is MT_EINVAL. */
+int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inputs *in,
+                 int dtype, mt_dimmap *out, mt_error *err);
 
 /* Local. Checks a dim map on its own: 1 to MT_PROP_MAX_INPUTS inputs, label
  * ranges and kinds, every output label KEEP or REPLICATE and at most once, every

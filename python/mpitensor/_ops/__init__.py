@@ -1,10 +1,8 @@
-"""NumPy operations on DTensors: each family's dim maps and implementations,
-registered in mpitensor._registry when this package is imported, and the C
-dispatch connected to them (see _dispatch.py, _fast.py)."""
+"""NumPy operations on DTensors. Importing this package registers them: each
+ufunc's and reduction's signature with the C dispatch (_elementwise.py,
+_reductions.py), and each operation's DTensor version in mpitensor._registry,
+where DTensor's entry points and the C dispatch's Python entries find them."""
 
-from .._dtensor import DTensor
-from . import _elementwise, _linalg, _shape, _select, _indexing, _reductions, _fast
-
-_fast.install(DTensor)
+from . import _elementwise, _indexing, _linalg, _reductions, _select, _shape  # noqa: F401
 
 __all__: list = []

@@ -117,8 +117,9 @@ def _local_cut(s, lo, n):
 
 class _Plan:
     """What ``dt[key]`` does for one key and input spec on this rank: the local cut,
-    the exchange (None when nothing moves) and the output spec. Kept on the mesh,
-    so a repeated key costs one dict lookup before NumPy cuts the local array."""
+    the exchange (None when nothing moves) and the output spec. Kept in the mesh's
+    bounded cache of indexing plans (the oldest goes first), so a repeated key
+    costs one dict lookup before NumPy cuts the local array."""
 
     __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec")
 
@@ -184,12 +185,15 @@ def getitem(dt, key):
     spec = dt._spec
     mesh = spec.mesh
     ck = _cache_key(key)
-    cache_key = ("getitem", ck, spec.placements, spec.shape, spec.dtype)
-    plan = mesh._decisions.get(cache_key) if ck is not None else None
+    cache_key = (ck, spec.placements, spec.shape, spec.dtype)
+    plans = mesh._select_plans
+    plan = plans.get(cache_key) if ck is not None else None
     if plan is None:
         plan = _Plan(dt, key)
         if ck is not None:
-            mesh._decisions[cache_key] = plan
+            if len(plans) >= mesh._plan_limit:
+                del plans[next(iter(plans))]
+            plans[cache_key] = plan
     if plan.cut is None:
         return DTensor(np.empty((0,), spec.dtype), plan.spec)
     piece = np.ascontiguousarray(dt.to_local()[plan.cut])

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _registry
+from .. import _C, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 from . import _dispatch as D
-from ._elementwise import _elementwise_map
 
 
 def _run_elementwise(name, key, operands, func):
@@ -37,8 +36,9 @@ def _run_elementwise(name, key, operands, func):
     if not inputs:
         raise TypeError(f"{name}: expected a DTensor operand")
     mesh = D.same_mesh(name, inputs)
-    dec = D.decide(D.input_key((key, pattern), inputs), mesh, inputs,
-                   lambda: _elementwise_map(None, pattern, [x.shape for x in inputs]))
+    tensors = sum(1 << i for i, is_dt in enumerate(pattern) if is_dt)
+    dec = D.decide(key, operands, lambda: _C.dimmap_elementwise(
+        _C.ELEMENTWISE_NONE, len(pattern), tensors, [x.shape for x in inputs]))
     local = iter(D.local_inputs(mesh, inputs, dec))
     args = [next(local) if is_dt else obj for is_dt, obj in zip(pattern, operands)]
     return D.wrap(mesh, dec, func(*args))

@@ -32,12 +32,9 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 from .. import _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
-from .._layout import local_shape_and_global_offset
 from ..placement_types import Shard
 from . import _dispatch as D
 
-# MT_PROP_MAX_INPUTS (prop.h): the most inputs one decision takes.
-MAX_INPUTS = 8
 
 
 def _dtensor(name, a):
@@ -111,7 +108,7 @@ ALL_OPS = (1 << 5) - 1
 
 def _run(name, key, inputs, build, compute):
     mesh = D.same_mesh(f"numpy.{name}", inputs)
-    dec = D.decide(D.input_key(key, inputs), mesh, inputs, build)
+    dec = D.decide(key, inputs, build)
     locals_ = D.local_inputs(mesh, inputs, dec)
     return D.wrap(mesh, dec, compute(locals_, mesh._coordinate is not None))
 
@@ -204,9 +201,9 @@ def _sequence(name, arrays):
             if isinstance(x, np.ndarray) or D.is_scalar(x):
                 raise D.mixed_error(f"numpy.{name}", x)
             raise TypeError(f"numpy.{name}: expected DTensors, got {type(x).__name__}")
-    if len(arrays) > MAX_INPUTS:
+    if len(arrays) > D.MAX_INPUTS:
         raise TypeError(
-            f"numpy.{name}: at most {MAX_INPUTS} DTensors at once, got {len(arrays)}; "
+            f"numpy.{name}: at most {D.MAX_INPUTS} DTensors at once, got {len(arrays)}; "
             f"combine them in groups (e.g. numpy.{name} of numpy.{name}s)")
     return arrays
 
@@ -376,35 +373,31 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     if copy is False:
         raise ValueError("numpy.reshape: copy=False is not supported on DTensors (the "
                          "local result is a new array whenever the layout changes)")
-    spec = a._spec
-    mesh = spec.mesh
-    # A repeated call skips parsing the shape and the layout math: one lookup.
-    # Only plain ints: 2.0 or True would hash like 2 and 1 and skip NumPy's errors.
-    ck = (shape if type(shape) is int else tuple(shape)
-          if type(shape) in (tuple, list) and all(type(n) is int for n in shape)
-          else None)
-    cache_key = ("reshape", ck, order, spec.placements, spec.shape, spec.dtype)
-    hit = mesh._decisions.get(cache_key) if ck is not None else None
-    if hit is None:
-        src = spec.shape
-        target = _target_shape(math.prod(src), shape, order)
-        dec = D.decide(D.input_key(("reshape", target), (a,)), mesh, (a,),
-                       lambda: _reshape_map(src, target))
+    mesh = a._spec.mesh
+    src = a._spec.shape
+    # The shape as given names the operation when it is plain ints (the input's
+    # shape, in its layout, fixes the target); anything else is parsed first, so
+    # that 2.0 or True meet NumPy's errors rather than hash like 2 and 1.
+    given = (shape if type(shape) is int else tuple(shape)
+             if type(shape) in (tuple, list) and all(type(n) is int for n in shape)
+             else None)
+    if given is None:
+        given = _target_shape(math.prod(src), shape, order)
+    elif order not in ("C", "A"):
+        _target_shape(math.prod(src), shape, order)  # raises NumPy's error
+
+    def build():
+        return _reshape_map(src, _target_shape(math.prod(src), shape, order))
+
+    dec = D.decide(("reshape", given), (a,), build)
+    local = D.local_inputs(mesh, (a,), dec)[0]
+    if mesh._coordinate is not None:
         # The engine let a Shard through only where the shares scale, so this
         # rank's elements are exactly its box of the output.
-        lshape = (None if mesh._coordinate is None
-                  else _local_shape(mesh, target, dec.out_placements))
-        hit = (dec, lshape)
-        if ck is not None:
-            mesh._decisions[cache_key] = hit
-    dec, lshape = hit
-    local = D.local_inputs(mesh, (a,), dec)[0]
-    if lshape is not None:
-        local = local.reshape(lshape)
+        local = local.reshape(dec.out_local_shape)
         if copy:
             local = local.copy()
     return D.wrap(mesh, dec, local)
-
 
 
 @_registry.implements(np.ravel)
@@ -425,7 +418,3 @@ def ravel(a, order="C"):
         raise TypeError(f"numpy.ravel: order={order!r} is not supported on DTensors; "
                         f"only order='C' (and 'A', which is 'C' for them)")
     return reshape(a, -1)
-
-def _local_shape(mesh, shape, placements):
-    return local_shape_and_global_offset(shape, mesh.shape, mesh._coordinate,
-                                         placements)[0]

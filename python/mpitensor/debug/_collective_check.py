@@ -121,7 +121,7 @@ def mismatch_message(mesh, texts) -> str:
         label = "rank" if len(who) == 1 else "ranks"
         parts.append(f"{label} {', '.join(map(str, who))} called {text}")
     return (f"collective mismatch on {mesh!r}: " + "; ".join(parts) + ". Every rank of "
-            f"the mesh must make the same collective calls in the same order.")
+            "the mesh must make the same collective calls in the same order.")
 
 
 def configure_from_environment() -> None:

@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from .. import _registry
+from .. import _C, _registry
 from .._dtensor import DTensor
 from .._ops import _dispatch as D
 from .._redistribute import check_targets, plan_for
@@ -141,12 +141,14 @@ class _Rule:
                 raise D.mixed_error(name, o)
         inputs = [flat[i] for i in dts]
         mesh = D.same_mesh(name, inputs)
+        # The decision is kept in the mesh's memo when the call has a key: its
+        # static arguments hashable, and few enough DTensors.
         static = _static_key(flat, kwargs)
-        key = None
+        op = None
         choice = None
-        if static is not None:
-            key = D.input_key(("register_sharding", self.func, self.custom, static), inputs)
-            choice = mesh._decisions.get(key)
+        if static is not None and len(inputs) <= D.MAX_INPUTS:
+            op = _C.op_id(("register_sharding", self.func, self.custom, static))
+            choice = _C.memo_lookup(op, inputs)
         if choice is None:
             choice = self._choose(mesh, flat, dts, args, kwargs)
         local = iter(D.local_inputs(mesh, inputs, choice))
@@ -156,15 +158,15 @@ class _Rule:
         result = self.func(*rebuild(new_flat), **kwargs)
         if not isinstance(result, np.ndarray):
             result = np.asarray(result)
-        if choice.out_shape is None:
-            choice.out_shape = _global_shapes([result], [choice.out_placements], mesh)[0]
-            if key is not None:
-                mesh._decisions[key] = choice
+        shape = choice.out_shape
+        if shape is None:
+            shape = _global_shapes([result], [choice.out_placements], mesh)[0]
+            if op is not None:
+                _C.memo_insert(op, inputs, choice.targets, choice.out_placements, shape)
         if mesh._coordinate is None:
             result = np.empty((0,), result.dtype)
-        shape = choice.out_shape
         return DTensor.from_local(result, mesh, choice.out_placements,
-                                       shape=shape, stride=_strides(shape))
+                                  shape=shape, stride=_strides(shape))
 
     def _choose(self, mesh, flat, dts, args, kwargs) -> _Choice:
         name = self.name

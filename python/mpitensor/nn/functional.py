@@ -18,12 +18,11 @@ import math
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import _modes, _registry, _trace, random as _random
+from .. import _C, _modes, _registry, _trace, random as _random
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from .._ops import _dispatch as D
-from .._ops import _linalg
 from ..placement_types import Partial, Replicate, Shard
 from . import _kernels
 
@@ -57,7 +56,7 @@ def _apply(name, func, x, axis):
         kinds = [D.REPLICATE if d == ax else D.KEEP for d in range(n)]
         return D.dimmap([range(n)], range(n), kinds)
 
-    dec = D.decide(D.input_key((name, ax), (x,)), mesh, (x,), build)
+    dec = D.decide((name, ax), (x,), build)
     (local,) = D.local_inputs(mesh, (x,), dec)
     if local.dtype.kind not in "fc":
         local = local.astype(np.float64)
@@ -174,8 +173,8 @@ def _linear_local(input, weight, bias):
     one gemm, and whether ``bias`` was added in that gemm (see :func:`_fused_bias`)."""
     name = "linear"  # traced as one operation, as torch's CommDebugMode shows aten.addmm
     mesh = D.same_mesh(name, (input, weight))
-    dec = D.decide(D.input_key((name,), (input, weight)), mesh, (input, weight),
-                   lambda: _linalg.matmul_map(name, [input.shape, weight.shape], True))
+    dec = D.decide((name,), (input, weight),
+                   lambda: _C.dimmap_matmul(input.shape, weight.shape, True))
     x, w = D.local_inputs(mesh, (input, weight), dec)
     fused, b = _fused_bias(mesh, dec, bias, x.dtype)
     return D.wrap(mesh, dec, _kernels.linear(x, w, b if fused else None)), fused
