@@ -18,12 +18,18 @@ typedef struct {
 
 /* ---- Plan ------------------------------------------------------------------------ */
 
-/* Plan(shape, mesh_shape, src_placements, dst_placements, itemsize). Local. */
+/* Plan(shape, mesh_shape, src_placements, dst_placements, dtype): the move checked
+ * first (mt_plan_check: no Partial created, no reduction the dtype lacks), then
+ * planned for elements of dtype's size. Local. */
 static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
   PyObject *shape, *mesh_shape, *src, *dst;
-  long long itemsize;
-  if (!PyArg_ParseTuple(args, "OOOOL:Plan", &shape, &mesh_shape, &src, &dst, &itemsize))
+  PyArray_Descr *descr;
+  if (!PyArg_ParseTuple(args, "OOOOO&:Plan", &shape, &mesh_shape, &src, &dst,
+                        PyArray_DescrConverter, &descr))
     return NULL;
+  int dtype = mt_ext_descr_dtype(descr);
+  int64_t itemsize = (int64_t)PyDataType_ELSIZE(descr);
+  Py_DECREF(descr);
   PlanObject *self = (PlanObject *)tp->tp_alloc(tp, 0);
   if (self == NULL) return NULL;
   if (mt_ext_layout(shape, mesh_shape, src, &self->src) < 0 ||
@@ -32,7 +38,8 @@ static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
     return NULL;
   }
   mt_error err = {0};
-  int rc = mt_plan_create(&self->src, &self->dst, itemsize, &self->plan, &err);
+  int rc = mt_plan_check(&self->src, &self->dst, dtype, &err);
+  if (rc == MT_OK) rc = mt_plan_create(&self->src, &self->dst, itemsize, &self->plan, &err);
   if (rc != MT_OK) {
     Py_DECREF(self);
     return mt_ext_raise(rc, &err);
@@ -104,7 +111,9 @@ static PyType_Slot plan_slots[] = {
     {Py_tp_dealloc, plan_dealloc},
     {Py_tp_methods, plan_methods},
     {Py_tp_getset, plan_getset},
-    {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, itemsize): a redistribution plan. Local."},
+    {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, dtype): a redistribution plan, the "
+                "move checked first (RuntimeError: creating a Partial; TypeError: a "
+                "reduction the dtype lacks). Local."},
     {0, NULL},
 };
 

@@ -244,14 +244,15 @@ class DTensor(_C.DTensorBase):
         mesh, src = self._spec.mesh, self._spec.placements
         dst = _args.normalize_placements(placements, mesh, len(self._spec.shape))
         dtype = self._spec.dtype if forward_dtype is None else _args.check_dtype(forward_dtype)
-        _redistribute.check_targets(src, dst, dtype)
+        # Made (and checked: no Partial created, no reduction the dtype lacks) on
+        # every rank alike, members of the mesh or not, before anything moves.
+        plan = _redistribute.plan_for(mesh, self._spec.shape, src, dst, dtype)
         local = self.to_local()
         if forward_dtype is not None:
             local = local.astype(dtype, copy=False)
         spec = DTensorSpec(mesh, dst, self._spec.shape, dtype, self._spec.stride)
         if dst == src or mesh._coordinate is None:
             return DTensor(local, spec)
-        plan = _redistribute.plan_for(mesh, spec.shape, src, dst, dtype.itemsize)
         if _modes.tracing:
             _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
         return DTensor(_redistribute.run(mesh, plan, local, async_op), spec)

@@ -22,9 +22,11 @@ _mesh_stack: list["DeviceMesh"] = []
 # layouts they are keyed by, and redistribution plans (of DTensor.redistribute,
 # of operations' decisions, and of indexing, each).
 _limits = {"decisions": 4096, "layouts": 4096, "plans": 256}
-# Meshes alive in this process, so that an unpickled DTensor finds its mesh
-# without creating one (a collective) inside pickle.load.
-_live_meshes: "weakref.WeakSet[DeviceMesh]" = weakref.WeakSet()
+# Meshes alive in this process, so that an unpickled DTensor finds its mesh without
+# creating one (a collective) inside pickle.load, and set_cache_limits reaches every
+# mesh's caches. Keyed by identity: equal meshes (the same ranks of the same
+# communicator) are distinct objects with caches of their own.
+_live_meshes: "weakref.WeakValueDictionary[int, DeviceMesh]" = weakref.WeakValueDictionary()
 
 
 def _current_mesh() -> "DeviceMesh":
@@ -49,7 +51,7 @@ def find_live_mesh(device_type, ranks: np.ndarray, names) -> "DeviceMesh":
         return (m.device_type == device_type and m.mesh_dim_names == names
                 and m.mesh.shape == ranks.shape and np.array_equal(m.mesh, ranks))
 
-    for m in [*reversed(_mesh_stack), *list(_live_meshes)]:
+    for m in [*reversed(_mesh_stack), *list(_live_meshes.values())]:
         if fits(m):
             return m
     raise RuntimeError(
@@ -160,7 +162,7 @@ class DeviceMesh(_C.MeshBase):
         self._plans: dict = {}
         self._select_plans: dict = {}
         self._plan_limit = _limits["plans"]
-        _live_meshes.add(self)
+        _live_meshes[id(self)] = self
 
     # -- structure ---------------------------------------------------------------
     @property
@@ -408,7 +410,7 @@ def set_cache_limits(*, decisions: int | None = None, layouts: int | None = None
             raise ValueError(f"set_cache_limits: {name} must be a positive int, got {value!r}")
         _limits[name] = int(value)
     _C.set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
-    for mesh in list(_live_meshes):
+    for mesh in list(_live_meshes.values()):
         mesh._set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
         mesh._plans.clear()
         mesh._select_plans.clear()

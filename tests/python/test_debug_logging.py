@@ -67,9 +67,9 @@ def test_debug_lines(capsys):
     ]
 
 
-def test_fast_path_steps_aside_while_logging(capsys):
-    # A decision recorded for the C fast path before logging was on must still be
-    # logged: the fast path skips the hook sites, so it yields to the slow path.
+def test_c_path_steps_aside_while_logging(capsys):
+    # A decision made before logging was on must still be logged: while a tool
+    # listens, every call takes the Python entry, where the hook sites are.
     mesh = init_device_mesh("cpu", (W,))
     x = sharded(mesh)
     x + x

@@ -44,6 +44,17 @@ def mm_allreduce_forward(device_mesh, W_, X):
     return out
 
 
+def test_an_empty_output_has_the_spec_of_any_empty_result():
+    # One rule for strides: a dim of size 0 counts as 1, for local_map's outputs as
+    # for the results of operations.
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.zeros((4, 0)), mesh, [R])
+    y = local_map(lambda a: a * 2, out_placements=[R])(x)
+    z = x * 2
+    assert y.stride() == z.stride() == (1, 1)
+    assert y._spec == z._spec
+
+
 def test_mm_allreduce_forward_seed_example():
     mesh = mesh_of((W,))
     Wg, Xg = data(12, 8, seed=1), data(8, 16, seed=2)

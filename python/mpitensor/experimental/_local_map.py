@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._dtensor import DTensor
+from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..device_mesh import _mesh_stack
 from ..placement_types import Placement, Shard
@@ -205,17 +206,9 @@ def _local_map_wrapped(func, out_placements, in_placements, in_grad_placements,
             placements.append(None)
     shapes = _global_shapes(flat_out, placements, mesh)
     wrapped = [o if pl is None else
-               DTensor.from_local(o, mesh, pl, shape=shp, stride=_strides(shp))
+               DTensor.from_local(o, mesh, pl, shape=shp, stride=contiguous_strides(shp))
                for o, pl, shp in zip(flat_out, placements, shapes)]
     return _unflatten(out_spec, iter(wrapped))
-
-
-def _strides(shape) -> tuple:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= n
-    return tuple(reversed(out))
 
 
 def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh) -> list:

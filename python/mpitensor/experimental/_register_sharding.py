@@ -14,9 +14,10 @@ import numpy as np
 from .. import _C, _registry
 from .._dtensor import DTensor
 from .._ops import _dispatch as D
-from .._redistribute import check_targets, plan_for
+from .._redistribute import plan_for
 from ..placement_types import Partial, Placement
-from ._local_map import _global_shapes, _strides
+from .._dtensor_spec import contiguous_strides
+from ._local_map import _global_shapes
 
 __all__ = ["register_sharding", "clear_sharding_registry"]
 
@@ -166,7 +167,7 @@ class _Rule:
         if mesh._coordinate is None:
             result = np.empty((0,), result.dtype)
         return DTensor.from_local(result, mesh, choice.out_placements,
-                                  shape=shape, stride=_strides(shape))
+                                  shape=shape, stride=contiguous_strides(shape))
 
     def _choose(self, mesh, flat, dts, args, kwargs) -> _Choice:
         name = self.name
@@ -205,12 +206,11 @@ class _Rule:
                 if dst == s.placements:
                     plans.append(None)
                     continue
-                try:
-                    check_targets(s.placements, dst, s.dtype)
+                try:  # a reduction the dtype lacks rules the strategy out
+                    plan = plan_for(mesh, s.shape, s.placements, dst, s.dtype)
                 except (RuntimeError, TypeError):
                     plans = None
                     break
-                plan = plan_for(mesh, s.shape, s.placements, dst, s.dtype.itemsize)
                 total += plan.bytes
                 comm = comm or plan.messages > 0
                 plans.append(plan)

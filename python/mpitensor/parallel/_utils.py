@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _C
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from ..placement_types import Placement
@@ -65,8 +66,7 @@ def annotate(local, mesh, placements, what: str = "input"):
             raise ValueError(f"cannot shard a 0-d {what} on dim {p.dim}")
         sizes = list(mesh._handle.allgather_int(int(local.shape[d]), m))
         total = sum(sizes)
-        step = -(-total // len(sizes))
-        expect = [max(0, min(step, total - i * step)) for i in range(len(sizes))]
+        expect = list(_C.chunk_sizes(total, len(sizes)))
         if sizes != expect:
             raise ValueError(
                 f"the local {what}s along dim {d} have sizes {sizes} over mesh dim {m}, "
