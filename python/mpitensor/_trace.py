@@ -12,7 +12,7 @@ three off a hot path pays one attribute test::
 
 Hook sites: ``DTensor.redistribute`` and ``_ops._dispatch.local_inputs`` (plan
 execution), ``distribute_tensor`` and ``DTensor.from_local(run_check=True)`` (other
-collectives), ``_ops._dispatch.decide`` (sharding decisions),
+collectives), ``_ops._dispatch``'s decide functions (sharding decisions),
 ``_ops._shape.permute`` (views) and nn.functional's local layouts (``local``).
 While ``_modes.tracing`` is set the C dispatch takes the Python entry for every
 operation, so that every decision passes a hook site.
