@@ -131,7 +131,8 @@ typedef struct mt_ext_dispatch {
   /* The ground floor's types and registry (dispatch_init). */
   PyTypeObject *dtensor;
   PyTypeObject *spec;
-  PyTypeObject *mesh_base; /* borrowed from the module state */
+  PyTypeObject *mesh_base;    /* borrowed from the module state */
+  PyTypeObject *dtensor_base; /* borrowed from the module state */
   PyObject *functions; /* NumPy function -> its DTensor version (mpitensor._registry) */
   PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
   PyObject *ufunc_type;
@@ -153,11 +154,17 @@ typedef struct mt_ext_dispatch {
   int64_t decision_limit, plan_limit, layout_limit; /* for new meshes */
 } mt_ext_dispatch;
 
-mt_ext_dispatch *mt_ext_dispatch_of(PyObject *obj); /* from an instance of our types */
-mt_ext_dispatch *mt_ext_dispatch_module(PyObject *module);
+/* The dispatch's state, from the module or from an instance of one of its types
+ * (NULL with an exception before dispatch_init). */
+static inline mt_ext_dispatch *mt_ext_dispatch_module(PyObject *module) {
+  return mt_ext_state_of(module)->dispatch;
+}
+mt_ext_dispatch *mt_ext_dispatch_of(PyObject *obj);
 
 /* Whether `o` is a DTensorBase (or a subclass) instance. */
-int mt_ext_is_dtensor(PyObject *o);
+static inline int mt_ext_is_dtensor(const mt_ext_dispatch *d, PyObject *o) {
+  return PyObject_TypeCheck(o, d->dtensor_base);
+}
 
 /* A call of an operator, ufunc or reduction method: the C path when it can take
  * the call, else the operation's Python entry in the registry. `ops` holds n
@@ -169,16 +176,6 @@ PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *meth
 PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
                                 PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames);
-
-/* The memo's aux word of a reduction over `axis` (None, an int or a tuple of ints,
- * normalised here) with `keepdims`, and the reduced dims in *axes; -1 when `axis`
- * names a dim twice or out of range. */
-int64_t mt_ext_reduction_aux(PyObject *axis, int ndim, int keepdims, uint32_t *axes);
-
-/* The registered signature of `func` (a ufunc or reduction), or NULL. */
-const mt_ext_sig *mt_ext_sig_of(mt_ext_dispatch *d, PyObject *func);
-/* The op id of a hashable Python key, or -1 with an exception. */
-int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key);
 
 /* DTensorSpec <-> C layouts (ext_spec.c). */
 int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *spec,
@@ -212,6 +209,15 @@ typedef struct mt_ext_inputs {
   mt_prop_inputs prop;
   int dtype[MT_PROP_MAX_INPUTS]; /* mt_dtype codes */
 } mt_ext_inputs;
+
+/* The registered signature of `func` (a ufunc or reduction), or NULL. */
+const mt_ext_sig *mt_ext_sig_of(mt_ext_dispatch *d, PyObject *func);
+/* The op id of a hashable Python key, or -1 with an exception. */
+int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key);
+/* The memo's aux word of a reduction over `axis` (None, an int or a tuple of ints,
+ * normalised here) with `keepdims`, and the reduced dims in *axes; -1 when `axis`
+ * names a dim twice or out of range. */
+int64_t mt_ext_reduction_aux(PyObject *axis, int ndim, int keepdims, uint32_t *axes);
 
 /* Classifies n operands. `strict` (the C path): only exact DTensors on one mesh
  * this rank is in, with ndarray local data and not recording for autograd, and

@@ -1,13 +1,63 @@
-/* What the C path and the Python entry share: the memo key of a call (each
- * operand's layout id or scalar kind), the decision found in the mesh's memo or
- * made by the core on a miss (dim map, mt_propagate, mt_plan_check, the plans),
- * and the layout of an output. One miss is one memo miss, whichever entry meets
- * it. */
+/* What the C path and the Python entry share: the registered signatures and op
+ * ids, the memo key of a call (each operand's layout id or scalar kind, a
+ * reduction's axes), the decision found in the mesh's memo or made by the core on
+ * a miss (mt_op_dimmap, mt_memo_decide), and the layout of an output. One miss is
+ * one memo miss, whichever entry meets it. */
 #include "ext.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "mpitensor/prop.h"
+
+const mt_ext_sig *mt_ext_sig_of(mt_ext_dispatch *d, PyObject *func) {
+  PyObject *index = PyDict_GetItemWithError(d->sig_index, func);
+  if (index == NULL) {
+    PyErr_Clear(); /* an unhashable object is no registered function */
+    return NULL;
+  }
+  return &d->sigs[PyLong_AsLong(index)];
+}
+
+int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
+  PyObject *id = PyDict_GetItemWithError(d->op_ids, key);
+  if (id != NULL) return PyLong_AsLongLong(id);
+  if (PyErr_Occurred()) return -1;
+  /* Bounded: forgotten keys get new ids, and their decisions simply miss. */
+  if (PyDict_GET_SIZE(d->op_ids) >= (1 << 16)) PyDict_Clear(d->op_ids);
+  id = PyLong_FromLongLong(d->next_op);
+  if (id == NULL || PyDict_SetItem(d->op_ids, key, id) < 0) {
+    Py_XDECREF(id);
+    return -1;
+  }
+  Py_DECREF(id);
+  return d->next_op++;
+}
+
+/* The bitmask of the dims `axis` names in an ndim-d tensor; -1 when it names one
+ * twice or out of range (the Python entry raises NumPy's error). */
+static int64_t axes_mask(PyObject *axis, int ndim) {
+  if (axis == Py_None) return ndim >= 32 ? -1 : (int64_t)((1u << ndim) - 1u);
+  int one = PyLong_CheckExact(axis);
+  Py_ssize_t n = one ? 1 : PyTuple_GET_SIZE(axis);
+  int64_t mask = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *item = one ? axis : PyTuple_GET_ITEM(axis, i);
+    long a = PyLong_CheckExact(item) ? PyLong_AsLong(item) : LONG_MIN;
+    if (a == -1 && PyErr_Occurred()) PyErr_Clear(), a = LONG_MIN;
+    if (a < 0) a += ndim;
+    if (a < 0 || a >= ndim || (mask >> a & 1)) return -1;
+    mask |= (int64_t)1 << a;
+  }
+  return mask;
+}
+
+int64_t mt_ext_reduction_aux(PyObject *axis, int ndim, int keepdims, uint32_t *axes) {
+  int64_t mask = axes_mask(axis, ndim);
+  if (mask < 0) return -1;
+  *axes = (uint32_t)mask;
+  return mask | (int64_t)keepdims << 32;
+}
 
 /* Scalar kinds: Python numbers, NumPy scalars by type number, 0-d ndarrays by type
  * number, and (from the Python entry only) other types by op id. */
@@ -83,7 +133,7 @@ int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int stri
   c->key.noperands = c->noperands = n;
   for (int i = 0; i < n; ++i) {
     int rc;
-    if (mt_ext_is_dtensor(ops[i])) {
+    if (mt_ext_is_dtensor(d, ops[i])) {
       rc = gather_tensor(d, ops[i], i, strict, c);
     } else {
       int64_t kind = scalar_kind(d, ops[i], strict);

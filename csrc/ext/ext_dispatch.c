@@ -17,10 +17,6 @@
 
 #include <string.h>
 
-mt_ext_dispatch *mt_ext_dispatch_module(PyObject *module) {
-  return mt_ext_state_of(module)->dispatch;
-}
-
 mt_ext_dispatch *mt_ext_dispatch_of(PyObject *obj) {
   PyObject *module = PyType_GetModuleByDef(Py_TYPE(obj), &mt_ext_module_def);
   if (module == NULL) return NULL;
@@ -33,30 +29,6 @@ mt_ext_dispatch *mt_ext_dispatch_of(PyObject *obj) {
 }
 
 /* -- registered operations ------------------------------------------------------------ */
-
-const mt_ext_sig *mt_ext_sig_of(mt_ext_dispatch *d, PyObject *func) {
-  PyObject *index = PyDict_GetItemWithError(d->sig_index, func);
-  if (index == NULL) {
-    PyErr_Clear(); /* an unhashable object is no registered function */
-    return NULL;
-  }
-  return &d->sigs[PyLong_AsLong(index)];
-}
-
-int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
-  PyObject *id = PyDict_GetItemWithError(d->op_ids, key);
-  if (id != NULL) return PyLong_AsLongLong(id);
-  if (PyErr_Occurred()) return -1;
-  /* Bounded: forgotten keys get new ids, and their decisions simply miss. */
-  if (PyDict_GET_SIZE(d->op_ids) >= (1 << 16)) PyDict_Clear(d->op_ids);
-  id = PyLong_FromLongLong(d->next_op);
-  if (id == NULL || PyDict_SetItem(d->op_ids, key, id) < 0) {
-    Py_XDECREF(id);
-    return -1;
-  }
-  Py_DECREF(id);
-  return d->next_op++;
-}
 
 /* A new signature for `func`; NULL with an exception. */
 static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
@@ -317,31 +289,6 @@ static int reduction_args(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *c
   return !sig->int_axis && PyTuple_CheckExact(*axis) ? 0 : -1;
 }
 
-/* The bitmask of the dims `axis` names in an ndim-d tensor; -1 when it names one
- * twice or out of range (the Python entry raises NumPy's error). */
-static int64_t axes_mask(PyObject *axis, int ndim) {
-  if (axis == Py_None) return ndim >= 32 ? -1 : (int64_t)((1u << ndim) - 1u);
-  int one = PyLong_CheckExact(axis);
-  Py_ssize_t n = one ? 1 : PyTuple_GET_SIZE(axis);
-  int64_t mask = 0;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject *item = one ? axis : PyTuple_GET_ITEM(axis, i);
-    long a = PyLong_CheckExact(item) ? PyLong_AsLong(item) : LONG_MIN;
-    if (a == -1 && PyErr_Occurred()) PyErr_Clear(), a = LONG_MIN;
-    if (a < 0) a += ndim;
-    if (a < 0 || a >= ndim || (mask >> a & 1)) return -1;
-    mask |= (int64_t)1 << a;
-  }
-  return mask;
-}
-
-int64_t mt_ext_reduction_aux(PyObject *axis, int ndim, int keepdims, uint32_t *axes) {
-  int64_t mask = axes_mask(axis, ndim);
-  if (mask < 0) return -1;
-  *axes = (uint32_t)mask;
-  return mask | (int64_t)keepdims << 32;
-}
-
 static int c_reduction(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *self,
                        PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                        PyObject **out) {
@@ -524,7 +471,7 @@ int mt_ext_dispatch_exec(PyObject *module) {
   }
   d->module = module, d->enabled = 1, d->grad_enabled = 1, d->next_op = 1;
   d->decision_limit = 4096, d->plan_limit = 256, d->layout_limit = 4096;
-  d->mesh_base = st->mesh_base_type;
+  d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
   d->sig_index = PyDict_New();
   d->op_ids = PyDict_New();
   if (d->sig_index == NULL || d->op_ids == NULL || intern_names(d) < 0) return -1;

@@ -24,8 +24,18 @@ const char *const mt_ext_compare_names[MT_EXT_NCOMPARE] = {
 const char *const mt_ext_reduction_names[MT_EXT_NREDUCTION] = {
     "sum", "mean", "prod", "max", "min", "all", "any", "std", "var", "argmax", "argmin"};
 
+/* Whether `o` is an instance of DTensorBase or a subclass: its type or a base has
+ * our tp_init, which a subclass without __init__ inherits as is. */
+static int is_ours(PyObject *o) {
+  PyObject *mro = Py_TYPE(o)->tp_mro;
+  for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); ++i)
+    if (((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_init == base_init) return 1;
+  return 0;
+}
+
+/* A binary operator: the slot runs for l or r, whichever is a DTensor. */
 static PyObject *binary(int op, PyObject *l, PyObject *r) {
-  mt_ext_dispatch *d = mt_ext_dispatch_of(mt_ext_is_dtensor(l) ? l : r);
+  mt_ext_dispatch *d = mt_ext_dispatch_of(is_ours(l) ? l : r);
   if (d == NULL) return NULL;
   PyObject *ops[2] = {l, r};
   return mt_ext_call_ufunc(d, d->binary[op], ops, 2, NULL);
@@ -158,13 +168,6 @@ static int base_init(PyObject *self, PyObject *args, PyObject *kwds) {
   Py_XSETREF(b->spec, Py_NewRef(spec));
   Py_XSETREF(b->local, Py_NewRef(local));
   b->layout_id = 0;
-  return 0;
-}
-
-int mt_ext_is_dtensor(PyObject *o) {
-  PyObject *mro = Py_TYPE(o)->tp_mro;
-  for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); ++i)
-    if (((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_init == base_init) return 1;
   return 0;
 }
 
