@@ -13,11 +13,13 @@ Cases, on a 1-D mesh over all ranks, float64, global n x n:
 * ``checks``: ``a.redistribute(mesh, [Replicate()])`` from [Shard(0)] (one
   all-gather), n in (8, 512), with ``set_collective_checks(True)`` (``on``) and
   ``False`` (``off``); ``ratio = on / off`` per repetition.
-* ``hooks``: the cached decision of ``a + b`` (both [Shard(0)], no communication,
-  n = 8), with the library as it is (``hooked``: the ``if _trace.active:`` tests
-  in ``decide``) and with ``_ops._dispatch.decide`` replaced by the same function
-  without the test (``bare``); ``overhead = hooked - bare`` in ns per call. Also
-  ``+dtensor`` to a handler that drops lines, to show what logging costs when on.
+* ``hooks``: ``a + b`` (both [Shard(0)], no communication, n = 8, decision
+  cached) through its Python entry (the C path switched off, as while a tool
+  listens), with the library as it is (``hooked``: the ``if _modes.tracing:``
+  test in ``_ops._dispatch._traced``) and with ``_traced`` replaced by the same
+  function without the test (``bare``); ``overhead = hooked - bare`` in ns per
+  call. Also ``+dtensor`` to a handler that drops lines, to show what logging
+  costs when on. (The C path reads one C flag instead.)
 
 Each repetition times ``inner`` back-to-back calls per variant, in an order that
 rotates between repetitions, after a Barrier; its time is the max over ranks.
@@ -47,11 +49,8 @@ from dispatch import machine_info, stats_us, time_interleaved  # benchmarks/ is 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def bare_decide(key, mesh, inputs, build_map):
-    """_ops._dispatch.decide without the debug hook: the baseline of ``hooks``."""
-    dec = mesh._decisions.get(key)
-    if dec is None:
-        dec = mesh._decisions[key] = _dispatch._decide(mesh, inputs, build_map())
+def bare_traced(op_key, operands, dec):
+    """_ops._dispatch._traced without the debug hook: the baseline of ``hooks``."""
     return dec
 
 
@@ -86,18 +85,22 @@ def hooks_case(comm, mesh, reps, inner, warmup) -> dict:
     a = mt.distribute_tensor(rng.standard_normal((8, 8)), mesh, [Shard(0)])
     b = mt.distribute_tensor(rng.standard_normal((8, 8)), mesh, [Shard(0)])
     add = lambda: a + b  # noqa: E731
-    hooked = _dispatch.decide
+    hooked = _dispatch._traced
 
     def loop():
-        for _ in range(inner):
-            add()
+        was = mt._C.dispatch_enable(False)  # the Python entry, where the hook is
+        try:
+            for _ in range(inner):
+                add()
+        finally:
+            mt._C.dispatch_enable(was)
 
     def bare():
-        _dispatch.decide = bare_decide
+        _dispatch._traced = bare_traced
         try:
             loop()
         finally:
-            _dispatch.decide = hooked
+            _dispatch._traced = hooked
 
     def logged():
         logger = logging.getLogger("mpitensor")

@@ -9,7 +9,7 @@ benchmarks it does not know are skipped with a note) and draws what each holds:
   local size per rank (median, bars over the per-repetition interquartile range), and with
   torch, how many times slower torch DTensor is than mpitensor;
 * `dispatch-np{N}[-torch].json`: the per-operation overhead over NumPy at the
-  smallest size (cached fast path, Python path, cache miss; torch's over its local
+  smallest size (cached C path, Python entry, cache miss; torch's over its local
   tensors where timed);
 * `tensor_parallel-np{N}[-torch].json`: speed-up of the tensor-parallel forward
   over one process against hidden size;
@@ -120,8 +120,8 @@ def plot_dispatch(data: dict, path: str) -> str:
     # sub-microsecond overhead, which the benchmark reports as "timing UNRESOLVED".
     sizes = [min(r["n"] for r in rows)]
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
-    series = [("overhead_us", "mpitensor (cached, C fast path)"),
-              ("slow_overhead_us", "mpitensor, Python path"),
+    series = [("overhead_us", "mpitensor (cached, C path)"),
+              ("slow_overhead_us", "mpitensor, Python entry (cached)"),
               ("miss_overhead_us", "mpitensor, cache miss"),
               ("torch_overhead_us", "torch DTensor (cached)"),
               ("torch_miss_overhead_us", "torch DTensor, cache miss")]

@@ -527,7 +527,7 @@ def profile(comm, mesh, sizes, args, names):
             case = Case(name, src, dst, nbytes, comm, mesh)
             dt = case.dt
             plan = _redistribute.plan_for(mesh, dt.shape, dt.placements,
-                                          tuple(case.dst_pl), 8)
+                                          tuple(case.dst_pl), dt.dtype)
             handle, local = mesh._handle, case.local
             em = Emulation(case)
             want = case.run_mt().to_local()

@@ -702,7 +702,7 @@ int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
 }
 
 void mt_plan_retain(mt_plan *plan) {
-  atomic_fetch_add_explicit(&plan->owners, 1, memory_order_relaxed);
+  if (plan != NULL) atomic_fetch_add_explicit(&plan->owners, 1, memory_order_relaxed);
 }
 
 void mt_plan_destroy(mt_plan *plan) {

@@ -114,6 +114,11 @@ typedef struct engine {
   mt_error plan_err;
 } engine;
 
+const char *mt_reduce_op_name(int op) {
+  static const char *const names[MT_REDUCE_COUNT] = {"sum", "avg", "product", "max", "min"};
+  return op >= 0 && op < MT_REDUCE_COUNT ? names[op] : NULL;
+}
+
 /* ---- Arithmetic and placements. ---- */
 
 /* Costs saturate: a sum too large for int64 is simply the worst cost. */

@@ -21,6 +21,9 @@
 #include "mpitensor/mpitensor.h"
 #include "mpitensor/plan.h"
 
+#include "mpitensor/layout_table.h"
+#include "mpitensor/memo.h"
+
 /* Per-module state (PEP 489): the heap types, for isinstance checks in any area;
  * and what the C libraries keep no global of: the communication and I/O counters
  * (every mesh counts into `comm_counters`), the current I/O options and the BLAS
@@ -33,8 +36,9 @@ typedef struct mt_ext_state {
   PyTypeObject *exchange_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
   PyTypeObject *dtensor_base_type;
-  PyTypeObject *table_type;
-  struct mt_ext_dispatch *dispatch; /* the fast path's state (ext_dispatch.c), owned */
+  PyTypeObject *mesh_base_type;
+  PyTypeObject *decision_type;
+  struct mt_ext_dispatch *dispatch; /* the dispatch's state (ext_dispatch.c), owned */
   mt_comm_counters comm_counters;
   mt_io_counters io_counters;
   mt_io_options io_options; /* io_options.counters is &io_counters */
@@ -48,8 +52,10 @@ static inline mt_ext_state *mt_ext_state_of(PyObject *module) {
   return (mt_ext_state *)PyModule_GetState(module);
 }
 
-/* The mt_dtype code of an array's element type, or -1 with TypeError set. */
+/* The mt_dtype code of an array's element type (of a dtype), or -2 for a type
+ * the core does not know. */
 int mt_ext_dtype(PyArrayObject *a);
+int mt_ext_descr_dtype(PyArray_Descr *d);
 
 /* A new reference to a C-contiguous array with the elements of `obj`, which must
  * be an ndarray (TypeError otherwise); copies only when `obj` is not contiguous. */
@@ -78,35 +84,192 @@ PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim
 
 /* Each area adds its functions and types to the module in Py_mod_exec. */
 typedef struct mt_mesh mt_mesh;
-/* The core mesh behind a _C.Mesh, or NULL with TypeError set. */
+/* The core mesh behind a _C.Mesh, or NULL with TypeError set; without the check
+ * for an object known to be one (a MeshBase's handle). */
 mt_mesh *mt_ext_mesh_get(PyObject *module, PyObject *obj);
+mt_mesh *mt_ext_mesh_get_unchecked(PyObject *obj);
+
+/* ---- The dispatch of NumPy operations on DTensors. ---- */
+
+/* _C.MeshBase, the C base of DeviceMesh: its communicators' handle, and the
+ * decision memo and layout table of the tensors on it, with the Python form of
+ * each layout (placements, shape, dtype, stride) kept by layout slot. */
+typedef struct mt_ext_mesh_base {
+  PyObject_HEAD
+  PyObject *handle; /* the _C.Mesh (`_handle`), or NULL */
+  mt_memo *memo;
+  mt_layout_table *layouts;
+  PyObject **py_layouts; /* by layout slot, for py_ids[slot]; py_cap of each */
+  int64_t *py_ids;
+  int64_t py_cap;
+  int member; /* this rank holds a coordinate of the mesh */
+  int mesh_ndim;
+  int64_t mesh_shape[MT_MAX_MESH_NDIM];
+} mt_ext_mesh_base;
+
+/* _C.DTensorBase, the C base of DTensor. */
+typedef struct mt_ext_dtensor {
+  PyObject_HEAD
+  PyObject *local;   /* _local_tensor */
+  PyObject *spec;    /* _spec: (mesh, placements, shape, dtype, stride) */
+  int64_t layout_id; /* on the spec's mesh; 0 until first needed */
+  char requires_grad;
+} mt_ext_dtensor;
+
+/* A registered operation: a ufunc, or a reduction with its ndarray method, and
+ * the signature its dim map is built from (core/dimmap.c). */
+typedef struct mt_ext_sig {
+  PyObject *func;   /* the ufunc, or the NumPy reduction (numpy.sum) */
+  PyObject *method; /* reduction: the ndarray method's name */
+  int64_t id;       /* its op id in the memo */
+  mt_op_sig op;
+  int nin, nout; /* ufunc */
+  int int_axis;  /* reduction: axis is an int or None (argmax, argmin) */
+} mt_ext_sig;
+
+enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
+       MT_EXT_NREDUCTION = 11 };
+/* The ufuncs of the operators and the names of the reduction methods
+ * (ext_dtensor.c), in the order of the arrays of mt_ext_dispatch. */
+extern const char *const mt_ext_binary_names[MT_EXT_NBINARY];
+extern const char *const mt_ext_unary_names[MT_EXT_NUNARY];
+extern const char *const mt_ext_compare_names[MT_EXT_NCOMPARE];
+extern const char *const mt_ext_reduction_names[MT_EXT_NREDUCTION];
+
+typedef struct mt_ext_dispatch {
+  PyObject *module; /* borrowed: the module whose state this is */
+  /* The ground floor's types and registry (dispatch_init). */
+  PyTypeObject *dtensor;
+  PyTypeObject *spec;
+  PyTypeObject *mesh_base;    /* borrowed from the module state */
+  PyTypeObject *dtensor_base; /* borrowed from the module state */
+  PyObject *functions; /* NumPy function -> its DTensor version (mpitensor._registry) */
+  PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
+  PyObject *ufunc_type;
+  PyObject *replicate, *shard[MT_MAX_NDIM], *partial[MT_REDUCE_COUNT];
+  /* The operators' ufuncs, the reduction methods' names and their signatures. */
+  PyObject *binary[MT_EXT_NBINARY], *unary[MT_EXT_NUNARY], *compare[MT_EXT_NCOMPARE];
+  PyObject *reduction_name[MT_EXT_NREDUCTION];
+  int reduction_sig[MT_EXT_NREDUCTION]; /* index into sigs, or -1 */
+  /* Registered operations and op ids. */
+  mt_ext_sig *sigs;
+  int nsigs, sig_cap;
+  PyObject *sig_index; /* func -> index into sigs; a reduction's method name too */
+  PyObject *op_ids;    /* a Python op key -> its op id (bounded) */
+  int64_t next_op;
+  PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_axis_keepdims;
+  /* Modes (mpitensor._modes) and switches. */
+  int enabled, tracing, grad_enabled;
+  long long c_calls, python_calls;
+  int64_t decision_limit, plan_limit, layout_limit; /* for new meshes */
+} mt_ext_dispatch;
+
+/* The dispatch's state, from the module or from an instance of one of its types
+ * (NULL with an exception before dispatch_init). */
+static inline mt_ext_dispatch *mt_ext_dispatch_module(PyObject *module) {
+  return mt_ext_state_of(module)->dispatch;
+}
+mt_ext_dispatch *mt_ext_dispatch_of(PyObject *obj);
+
+/* Whether `o` is a DTensorBase (or a subclass) instance. */
+static inline int mt_ext_is_dtensor(const mt_ext_dispatch *d, PyObject *o) {
+  return PyObject_TypeCheck(o, d->dtensor_base);
+}
+
+/* A call of an operator, ufunc or reduction method: the C path when it can take
+ * the call, else the operation's Python entry in the registry. `ops` holds n
+ * operands and then the keyword values of `kwnames`. */
+PyObject *mt_ext_call_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
+                            Py_ssize_t n, PyObject *kwnames);
+PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
+                             PyObject *const *ops, Py_ssize_t n, PyObject *kwnames);
+PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
+                                PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames);
+
+/* DTensorSpec <-> C layouts (ext_spec.c). */
+int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *spec,
+                    mt_layout_key *key);
+int mt_ext_layout_id(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *dt,
+                     mt_layout_key *key, int64_t *id);
+int mt_ext_key_layout(const mt_layout_key *key, const mt_ext_mesh_base *mb,
+                      mt_layout *out);
+int mt_ext_dtype_key(PyArray_Descr *descr);
+int mt_ext_placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out);
+PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, int n);
+PyObject *mt_ext_int_tuple(const int64_t *v, int n);
+PyObject *mt_ext_py_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t id,
+                           int64_t slot, const mt_layout_key *key, PyObject *dtype);
+PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout);
+mt_ext_mesh_base *mt_ext_spec_mesh(mt_ext_dispatch *d, PyObject *spec);
+
+/* Deciding (ext_decide.c). A call's operands: its mesh, the DTensors among them
+ * and the memo key (each DTensor's layout id, each scalar's kind). */
+typedef struct mt_ext_call {
+  mt_ext_mesh_base *mb;
+  int noperands, ntensors;
+  uint32_t tensors; /* bit i: operand i is a DTensor */
+  mt_ext_dtensor *dt[MT_MEMO_MAX_OPERANDS];
+  int64_t id[MT_MEMO_MAX_OPERANDS];
+  mt_memo_key key; /* op and aux are the caller's to set */
+} mt_ext_call;
+
+/* The tensor inputs as the core sees them, and their element types, for a miss. */
+typedef struct mt_ext_inputs {
+  mt_prop_inputs prop;
+  int dtype[MT_PROP_MAX_INPUTS]; /* mt_dtype codes */
+} mt_ext_inputs;
+
+/* The registered signature of `func` (a ufunc or reduction), or NULL. */
+const mt_ext_sig *mt_ext_sig_of(mt_ext_dispatch *d, PyObject *func);
+/* The op id of a hashable Python key, or -1 with an exception. */
+int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key);
+/* The memo's aux word of a reduction over `axis` (None, an int or a tuple of ints,
+ * normalised here) with `keepdims`, and the reduced dims in *axes; -1 when `axis`
+ * names a dim twice or out of range. */
+int64_t mt_ext_reduction_aux(PyObject *axis, int ndim, int keepdims, uint32_t *axes);
+
+/* Classifies n operands. `strict` (the C path): only exact DTensors on one mesh
+ * this rank is in, with ndarray local data and not recording for autograd, and
+ * Python or NumPy scalars; 0 otherwise, with no exception. Else (the Python
+ * entry) any DTensor (the first one's mesh) and any scalar. 1, 0 or -1. */
+int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int strict,
+                       mt_ext_call *c);
+int mt_ext_call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_ext_inputs *in);
+/* The decision of a registered op for the call: from the memo (a hit), else made
+ * from the op's signature and stored (a miss). NULL with an exception. */
+mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, const mt_ext_sig *sig,
+                                const mt_ext_call *c, uint32_t axes, int keepdims,
+                                int *hit);
+/* A miss of `key` decided from `map` by the core (mt_memo_decide); NULL with an
+ * exception (naming the op of `sig`, if any). */
+mt_decision *mt_ext_decide_map(mt_ext_mesh_base *mb, const mt_memo_key *key,
+                               const mt_dimmap *map, const mt_ext_inputs *in,
+                               const mt_ext_sig *sig);
+/* The layout id and Python layout of an output of element type `descr`: the
+ * decision's own when known and of that type, else interned now and recorded in
+ * the memo's decision of `key`. */
+int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
+                           const mt_memo_key *key, const mt_decision *dec,
+                           PyArray_Descr *descr, int64_t *id, PyObject **layout);
+/* The dim map of a _C.DimMap, or NULL with TypeError; a new _C.DimMap of a map. */
+const mt_dimmap *mt_ext_dimmap_get(PyObject *module, PyObject *obj);
+PyObject *mt_ext_dimmap_new(PyObject *module, const mt_dimmap *map);
+
+/* Plans (ext_redistribute.c): a _C.Plan around a plan the caller owns one of,
+ * and a plan run on a local array. */
+PyObject *mt_ext_plan_wrap(PyObject *module, mt_plan *plan);
+PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
+                          PyObject *local);
+
 int mt_ext_mesh_exec(PyObject *module);
 int mt_ext_redistribute_exec(PyObject *module);
 int mt_ext_pool_exec(PyObject *module);
 int mt_ext_prop_exec(PyObject *module);
+int mt_ext_mesh_base_exec(PyObject *module);
+int mt_ext_dtensor_exec(PyObject *module);
 int mt_ext_dispatch_exec(PyObject *module);
-typedef struct mt_ext_dispatch mt_ext_dispatch;
-
-/* A recorded decision of the fast path (ext_dispatch_table.c). */
-typedef struct {
-  PyObject *op;       /* ufunc, or a reduction's interned name; NULL: empty slot */
-  PyObject *key[2];   /* per operand: its layout (DTensor) or its type (scalar) */
-  long long aux;      /* ufunc: operand count; reduction: axis and keepdims */
-  PyObject *out;      /* the output's layout (placements, shape, dtype, stride) */
-  PyObject *axes;     /* reduction: the normalized axis tuple; else NULL */
-} mt_ext_entry;
-typedef struct mt_ext_table mt_ext_table;
-/* The entry of a key, or NULL. Borrowed: valid until the table next changes. */
-mt_ext_entry *mt_ext_table_lookup(mt_ext_table *t, PyObject *op, PyObject *k0,
-                                  PyObject *k1, long long aux);
-/* Adds or replaces an entry. 0, or -1 with MemoryError. */
-int mt_ext_table_insert(mt_ext_table *t, PyObject *op, PyObject *k0, PyObject *k1,
-                        long long aux, PyObject *out, PyObject *axes);
-/* The table's one layout tuple (placements, shape, dtype, stride) equal to that of
- * `spec` (a DTensorSpec of the table's mesh); new reference, or NULL with an
- * exception. */
-PyObject *mt_ext_table_intern(mt_ext_table *t, PyObject *spec);
-int mt_ext_table_exec(PyObject *module);
+int mt_ext_decide_exec(PyObject *module);
 int mt_ext_dispatch_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_dispatch_clear(mt_ext_state *st);
 void mt_ext_dispatch_free(mt_ext_state *st);
@@ -118,8 +281,8 @@ extern PyMethodDef mt_ext_layout_methods[];
 extern PyMethodDef mt_ext_rng_methods[];
 extern PyMethodDef mt_ext_prop_methods[];
 extern PyMethodDef mt_ext_io_methods[];
-
 extern PyMethodDef mt_ext_dispatch_methods[];
+extern PyMethodDef mt_ext_decide_methods[];
 extern PyMethodDef mt_ext_ring_methods[];
 extern PyMethodDef mt_ext_kernels_methods[];
 extern PyMethodDef mt_ext_agree_methods[];

@@ -66,7 +66,27 @@ static PyObject *even_global_shape(PyObject *module, PyObject *const *args,
   return tuple_of(global, ndim);
 }
 
+/* chunk_sizes(n, k) -> the k sizes torch.chunk cuts n items into (mt_chunk). */
+static PyObject *chunk_sizes(PyObject *module, PyObject *args) {
+  long long n, k;
+  if (!PyArg_ParseTuple(args, "LL:chunk_sizes", &n, &k)) return NULL;
+  if (n < 0 || k < 1 || k > (1 << 24))
+    return PyErr_Format(PyExc_ValueError, "chunk_sizes(n, k) needs n >= 0 and k >= 1");
+  PyObject *out = PyTuple_New((Py_ssize_t)k);
+  for (int64_t i = 0; out != NULL && i < k; ++i) {
+    int64_t size, offset;
+    mt_chunk(n, k, i, &size, &offset);
+    PyObject *v = PyLong_FromLongLong(size);
+    if (v == NULL) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, (Py_ssize_t)i, v);
+  }
+  return out;
+}
+
 PyMethodDef mt_ext_layout_methods[] = {
+    {"chunk_sizes", chunk_sizes, METH_VARARGS,
+     "chunk_sizes(n, k) -> the sizes of the k chunks torch.chunk cuts n items into "
+     "(the shards of a dim of n over k ranks). Local."},
     {"local_box", (PyCFunction)(void (*)(void))local_box, METH_FASTCALL,
      "local_box(global_shape, mesh_shape, coordinate, placements) -> (shape, offset)."
      " Placements are (kind, dim, reduce_op) triples. Local."},

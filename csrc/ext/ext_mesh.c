@@ -258,6 +258,8 @@ PyMethodDef mt_ext_mesh_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+mt_mesh *mt_ext_mesh_get_unchecked(PyObject *obj) { return ((MeshObject *)obj)->mesh; }
+
 mt_mesh *mt_ext_mesh_get(PyObject *module, PyObject *obj) {
   if (!PyObject_TypeCheck(obj, mt_ext_state_of(module)->mesh_type)) {
     PyErr_Format(PyExc_TypeError, "expected a _C.Mesh, got %s", Py_TYPE(obj)->tp_name);

@@ -18,12 +18,18 @@ typedef struct {
 
 /* ---- Plan ------------------------------------------------------------------------ */
 
-/* Plan(shape, mesh_shape, src_placements, dst_placements, itemsize). Local. */
+/* Plan(shape, mesh_shape, src_placements, dst_placements, dtype): the move checked
+ * first (mt_plan_check: no Partial created, no reduction the dtype lacks), then
+ * planned for elements of dtype's size. Local. */
 static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
   PyObject *shape, *mesh_shape, *src, *dst;
-  long long itemsize;
-  if (!PyArg_ParseTuple(args, "OOOOL:Plan", &shape, &mesh_shape, &src, &dst, &itemsize))
+  PyArray_Descr *descr;
+  if (!PyArg_ParseTuple(args, "OOOOO&:Plan", &shape, &mesh_shape, &src, &dst,
+                        PyArray_DescrConverter, &descr))
     return NULL;
+  int dtype = mt_ext_descr_dtype(descr);
+  int64_t itemsize = (int64_t)PyDataType_ELSIZE(descr);
+  Py_DECREF(descr);
   PlanObject *self = (PlanObject *)tp->tp_alloc(tp, 0);
   if (self == NULL) return NULL;
   if (mt_ext_layout(shape, mesh_shape, src, &self->src) < 0 ||
@@ -32,7 +38,8 @@ static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
     return NULL;
   }
   mt_error err = {0};
-  int rc = mt_plan_create(&self->src, &self->dst, itemsize, &self->plan, &err);
+  int rc = mt_plan_check(&self->src, &self->dst, dtype, &err);
+  if (rc == MT_OK) rc = mt_plan_create(&self->src, &self->dst, itemsize, &self->plan, &err);
   if (rc != MT_OK) {
     Py_DECREF(self);
     return mt_ext_raise(rc, &err);
@@ -47,8 +54,8 @@ static void plan_dealloc(PlanObject *self) {
   Py_DECREF(tp);
 }
 
-static const char *step_names[] = {"all_gather", "all_to_all", "chunk",
-                                   "all_reduce", "reduce_scatter", "direct"};
+static const char *const step_names[] = {"all_gather", "all_to_all", "chunk",
+                                         "all_reduce", "reduce_scatter", "direct"};
 
 static PyObject *codes_of(const mt_layout *l) {
   PyObject *out = PyTuple_New(l->mesh_ndim);
@@ -104,7 +111,9 @@ static PyType_Slot plan_slots[] = {
     {Py_tp_dealloc, plan_dealloc},
     {Py_tp_methods, plan_methods},
     {Py_tp_getset, plan_getset},
-    {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, itemsize): a redistribution plan. Local."},
+    {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, dtype): a redistribution plan, the "
+                "move checked first (RuntimeError: creating a Partial; TypeError: a "
+                "reduction the dtype lacks). Local."},
     {0, NULL},
 };
 
@@ -153,14 +162,31 @@ static int check_local(PyArrayObject *a, const mt_box *box) {
 
 typedef struct call_args {
   mt_mesh *mesh;
-  PlanObject *plan;
+  const mt_plan *plan;
   PyArrayObject *src;
   PyArrayObject *dst;
   int dtype;
 } call_args;
 
-/* Parses (mesh, plan, array), checks the array against the plan's source layout and
- * allocates the destination (none when the plan has no step). */
+/* Checks `local` against the plan's source layout and allocates the destination
+ * (none when the plan has no step). */
+static int prepare_run(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
+                       const mt_layout *src, const mt_layout *dst, PyObject *local,
+                       call_args *c) {
+  memset(c, 0, sizeof *c);
+  c->mesh = mesh, c->plan = plan;
+  mt_box sb, tb;
+  if (my_box(mesh, src, &sb) < 0 || my_box(mesh, dst, &tb) < 0) return -1;
+  c->src = mt_ext_contiguous(local);
+  if (c->src == NULL) return -1;
+  c->dtype = mt_ext_dtype(c->src);
+  if (check_local(c->src, &sb) < 0) return -1;
+  if (mt_plan_nsteps(plan) == 0) return 0;
+  c->dst = new_box_array(module, &tb, c->src);
+  return c->dst == NULL ? -1 : 0;
+}
+
+/* Parses (mesh, plan, array) for prepare_run. */
 static int prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                    call_args *c) {
   memset(c, 0, sizeof *c);
@@ -168,28 +194,36 @@ static int prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
     PyErr_SetString(PyExc_TypeError, "expected (mesh, plan, array)");
     return -1;
   }
-  c->mesh = mt_ext_mesh_get(module, args[0]);
-  if (c->mesh == NULL) return -1;
+  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  if (mesh == NULL) return -1;
   if (!PyObject_TypeCheck(args[1], mt_ext_state_of(module)->plan_type)) {
     PyErr_SetString(PyExc_TypeError, "expected a _C.Plan");
     return -1;
   }
-  c->plan = (PlanObject *)args[1];
-  mt_box sb, tb;
-  if (my_box(c->mesh, &c->plan->src, &sb) < 0 || my_box(c->mesh, &c->plan->dst, &tb) < 0)
-    return -1;
-  c->src = mt_ext_contiguous(args[2]);
-  if (c->src == NULL) return -1;
-  c->dtype = mt_ext_dtype(c->src);
-  if (check_local(c->src, &sb) < 0) return -1;
-  if (mt_plan_nsteps(c->plan->plan) == 0) return 0;
-  c->dst = new_box_array(module, &tb, c->src);
-  return c->dst == NULL ? -1 : 0;
+  PlanObject *p = (PlanObject *)args[1];
+  return prepare_run(module, mesh, p->plan, &p->src, &p->dst, args[2], c);
 }
 
 static void release(call_args *c) {
   Py_XDECREF(c->src);
   Py_XDECREF(c->dst);
+}
+
+/* Runs a prepared plan, blocking; the new local array, or NULL with an exception. */
+static PyObject *execute(call_args *c) {
+  if (c->dst == NULL) return (PyObject *)c->src; /* no step: the data is already there */
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_redistribute(c->mesh, c->plan, c->dtype, PyArray_DATA(c->src),
+                       PyArray_DATA(c->dst), &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) {
+    release(c);
+    return mt_ext_raise(rc, &err);
+  }
+  Py_DECREF(c->src);
+  return (PyObject *)c->dst;
 }
 
 /* ---- redistribute ------------------------------------------------------------------- */
@@ -201,19 +235,36 @@ static PyObject *redistribute(PyObject *module, PyObject *const *args, Py_ssize_
     release(&c);
     return NULL;
   }
-  if (c.dst == NULL) return (PyObject *)c.src; /* no step: the data is already there */
-  mt_error err = {0};
-  int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = mt_redistribute(c.mesh, c.plan->plan, c.dtype, PyArray_DATA(c.src),
-                       PyArray_DATA(c.dst), &err);
-  Py_END_ALLOW_THREADS
-  if (rc != MT_OK) {
+  return execute(&c);
+}
+
+PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
+                          PyObject *local) {
+  int n = mt_plan_nsteps(plan);
+  if (n == 0) return Py_NewRef(local);
+  call_args c;
+  if (prepare_run(module, mesh, plan, &mt_plan_step(plan, 0)->src,
+                  &mt_plan_step(plan, n - 1)->dst, local, &c) < 0) {
     release(&c);
-    return mt_ext_raise(rc, &err);
+    return NULL;
   }
-  Py_DECREF(c.src);
-  return (PyObject *)c.dst;
+  return execute(&c);
+}
+
+PyObject *mt_ext_plan_wrap(PyObject *module, mt_plan *plan) {
+  PyTypeObject *tp = mt_ext_state_of(module)->plan_type;
+  int n = mt_plan_nsteps(plan);
+  if (n == 0) {
+    PyErr_SetString(PyExc_SystemError, "a plan without steps is not wrapped");
+    return NULL;
+  }
+  PlanObject *self = (PlanObject *)tp->tp_alloc(tp, 0);
+  if (self == NULL) return NULL;
+  mt_plan_retain(plan);
+  self->plan = plan;
+  self->src = mt_plan_step(plan, 0)->src;
+  self->dst = mt_plan_step(plan, n - 1)->dst;
+  return (PyObject *)self;
 }
 
 static int request_finish(RequestObject *self, mt_error *err) {
@@ -249,7 +300,7 @@ static PyObject *redistribute_start(PyObject *module, PyObject *const *args,
   mt_error err = {0};
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_redistribute_start(c.mesh, c.plan->plan, c.dtype, PyArray_DATA(c.src),
+  rc = mt_redistribute_start(c.mesh, c.plan, c.dtype, PyArray_DATA(c.src),
                              PyArray_DATA(c.dst), &self->req, &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) {
@@ -488,5 +539,16 @@ int mt_ext_redistribute_exec(PyObject *module) {
   st->request_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &request_spec, NULL);
   if (st->request_type == NULL) return -1;
   if (PyModule_AddObjectRef(module, "Plan", (PyObject *)st->plan_type) < 0) return -1;
+  PyObject *kinds = PyTuple_New(MT_STEP_DIRECT + 1);
+  for (int k = 0; kinds != NULL && k <= MT_STEP_DIRECT; ++k) {
+    PyObject *name = PyUnicode_FromString(step_names[k]);
+    if (name == NULL) Py_CLEAR(kinds);
+    else PyTuple_SET_ITEM(kinds, k, name);
+  }
+  if (kinds == NULL || PyModule_AddObjectRef(module, "STEP_KINDS", kinds) < 0) {
+    Py_XDECREF(kinds);
+    return -1;
+  }
+  Py_DECREF(kinds);
   return PyModule_AddObjectRef(module, "Request", (PyObject *)st->request_type);
 }

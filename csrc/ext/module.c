@@ -62,9 +62,7 @@ int mt_ext_placements(PyObject *seq, mt_placement *out, int *n) {
   return rc;
 }
 
-int mt_ext_dtype(PyArrayObject *a) {
-  return mt_ext_descr_dtype(PyArray_DESCR(a));
-}
+int mt_ext_dtype(PyArrayObject *a) { return mt_ext_descr_dtype(PyArray_DESCR(a)); }
 
 int mt_ext_descr_dtype(PyArray_Descr *d) {
   int size = (int)PyDataType_ELSIZE(d);
@@ -130,8 +128,8 @@ static int module_exec(PyObject *module) {
   if (add_methods(module, mt_ext_pool_methods) < 0) return -1;
   if (add_methods(module, mt_ext_prop_methods) < 0) return -1;
   if (add_methods(module, mt_ext_io_methods) < 0) return -1;
-
   if (add_methods(module, mt_ext_dispatch_methods) < 0) return -1;
+  if (add_methods(module, mt_ext_decide_methods) < 0) return -1;
   if (add_methods(module, mt_ext_ring_methods) < 0) return -1;
   if (add_methods(module, mt_ext_kernels_methods) < 0) return -1;
   if (add_methods(module, mt_ext_agree_methods) < 0) return -1;
@@ -142,7 +140,9 @@ static int module_exec(PyObject *module) {
   if (mt_ext_mesh_exec(module) < 0) return -1;
   if (mt_ext_redistribute_exec(module) < 0) return -1;
   if (mt_ext_prop_exec(module) < 0) return -1;
-  if (mt_ext_table_exec(module) < 0) return -1;
+  if (mt_ext_mesh_base_exec(module) < 0) return -1;
+  if (mt_ext_dtensor_exec(module) < 0) return -1;
+  if (mt_ext_decide_exec(module) < 0) return -1;
   if (mt_ext_dispatch_exec(module) < 0) return -1;
   if (mt_ext_ring_exec(module) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0) return -1;
@@ -159,7 +159,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->exchange_type);
   Py_VISIT(st->pool_handler);
   Py_VISIT(st->dtensor_base_type);
-  Py_VISIT(st->table_type);
+  Py_VISIT(st->mesh_base_type);
+  Py_VISIT(st->decision_type);
   return mt_ext_dispatch_traverse(st, visit, arg);
 }
 
@@ -172,7 +173,8 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->exchange_type);
   Py_CLEAR(st->pool_handler);
   Py_CLEAR(st->dtensor_base_type);
-  Py_CLEAR(st->table_type);
+  Py_CLEAR(st->mesh_base_type);
+  Py_CLEAR(st->decision_type);
   mt_ext_dispatch_clear(st);
   return 0;
 }

@@ -28,10 +28,12 @@ class Mesh:
     def any(self, flag: object) -> bool: ...
 
 class Plan:
-    """A redistribution plan made by the C planner. Local."""
+    """A redistribution plan made by the C planner for elements of ``dtype``, the
+    move checked first (RuntimeError: a Partial created; TypeError: a reduction the
+    dtype lacks). Local."""
 
     def __init__(self, shape: Sequence[int], mesh_shape: Sequence[int], src: Codes,
-                 dst: Codes, itemsize: int) -> None: ...
+                 dst: Codes, dtype: Any) -> None: ...
     @property
     def nsteps(self) -> int: ...
     @property
@@ -65,6 +67,7 @@ def plan_check(src: Codes, dst: Codes, dtype: Any) -> None:
 def local_box(global_shape: Sequence[int], mesh_shape: Sequence[int],
               coordinate: Sequence[int], placements: Codes
               ) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
+def chunk_sizes(n: int, k: int) -> tuple[int, ...]: ...
 def even_global_shape(local_shape: Sequence[int], mesh_shape: Sequence[int],
                       placements: Codes) -> tuple[int, ...]: ...
 def rng_fill(out: np.ndarray, global_shape: Sequence[int], offset: Sequence[int],
@@ -89,8 +92,8 @@ def select_exchange(mesh: Mesh, shape: Sequence[int], src_codes: Codes, dst_code
 
 class DimMap:
     """An operation's dim map for the sharding-propagation engine, checked once.
-    Local. Kinds: 0 KEEP, 1 CONTRACT, 2 REDUCE, 3 REPLICATE; partial rules: 0 NONE,
-    1 LINEAR_ALL, 2 LINEAR_ONE, 3 SAME_OP (see csrc/include/mpitensor/prop.h)."""
+    Local. Label kinds LABEL_*, partial rules PARTIAL_*, reduce ops REDUCE_* (see
+    csrc/include/mpitensor/prop.h)."""
 
     def __init__(self, in_labels: Sequence[Sequence[int]], in_bcast: Sequence[int],
                  out_labels: Sequence[int], label_kind: Sequence[int],
@@ -100,10 +103,41 @@ class DimMap:
     @property
     def ninputs(self) -> int: ...
 
-def propagate(dimmap: DimMap, mesh_shape: Sequence[int], shapes: Sequence[Sequence[int]],
-              codes: Sequence[Codes], itemsizes: Sequence[int]
-              ) -> tuple[tuple[tuple[tuple[int, int, int], ...], ...],
-                         tuple[tuple[int, int, int], ...], tuple[int, ...]]: ...
+def dimmap_elementwise(kind: int, noperands: int, tensors: int,
+                       shapes: Sequence[Sequence[int]]) -> DimMap: ...
+def dimmap_matmul(a_shape: Sequence[int], b_shape: Sequence[int],
+                  transpose_b: bool) -> DimMap: ...
+
+# The core's enums (prop.h, layout.h, plan.h).
+LABEL_KEEP: int
+LABEL_CONTRACT: int
+LABEL_REDUCE: int
+LABEL_REPLICATE: int
+PARTIAL_NONE: int
+PARTIAL_LINEAR_ALL: int
+PARTIAL_LINEAR_ONE: int
+PARTIAL_SAME_OP: int
+REDUCE_SUM: int
+REDUCE_AVG: int
+REDUCE_PRODUCT: int
+REDUCE_MAX: int
+REDUCE_MIN: int
+REDUCE_COUNT: int
+REDUCE_OPS: tuple[str, ...]
+PLACEMENT_REPLICATE: int
+PLACEMENT_SHARD: int
+PLACEMENT_PARTIAL: int
+ELEMENTWISE_NONE: int
+ELEMENTWISE_ADD: int
+ELEMENTWISE_MUL: int
+ELEMENTWISE_DIV: int
+ELEMENTWISE_MAX: int
+ELEMENTWISE_MIN: int
+FAMILY_ELEMENTWISE: int
+FAMILY_MATMUL: int
+PROP_MAX_INPUTS: int
+PROP_MAX_LABELS: int
+STEP_KINDS: tuple[str, ...]
 
 def io_save(mesh: Mesh, path: str | bytes, header: bytes, shape: Sequence[int],
             itemsize: int, offset: int, box_offset: Sequence[int],
@@ -144,12 +178,13 @@ def io_gather(mode: int) -> int:
     ...
 
 class DTensorBase:
-    """The C base of mpitensor.DTensor: its two fields and the fast path of NumPy
-    operations (operators, __array_ufunc__, reduction methods) on recorded
-    decisions; see csrc/ext/ext_dispatch.c and mpitensor._ops._fast. Local."""
+    """The C base of mpitensor.DTensor: its fields and the entry points of NumPy
+    operations (operators, __array_ufunc__, reduction methods); see
+    csrc/ext/ext_dispatch.c. Local."""
 
     _local_tensor: Any
     _spec: Any
+    _requires_grad: bool
     def __init__(self, local_tensor: Any, spec: Any) -> None: ...
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any: ...
     def sum(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -161,23 +196,48 @@ class DTensorBase:
     def any(self, *args: Any, **kwargs: Any) -> Any: ...
     def std(self, *args: Any, **kwargs: Any) -> Any: ...
     def var(self, *args: Any, **kwargs: Any) -> Any: ...
+    def argmax(self, *args: Any, **kwargs: Any) -> Any: ...
+    def argmin(self, *args: Any, **kwargs: Any) -> Any: ...
 
-def dispatch_install(dtensor_type: type, custom: dict, ufunc_impl: Any, rewrap: Any,
-                     mixin: type, numpy: Any, reductions: Any) -> None: ...
-def dispatch_record_ufunc(ufunc: Any, operands: tuple, out_spec: tuple) -> None: ...
-def dispatch_record_reduction(name: str, dtensor: DTensorBase, axis: Any, keepdims: bool,
-                              axes: tuple[int, ...], out_spec: tuple) -> None: ...
+class MeshBase:
+    """The C base of mpitensor.DeviceMesh: the communicators' handle and the
+    decision memo and layout table of the operations on the mesh. Local."""
+
+    _handle: Mesh
+    def _dispatch_stats(self) -> dict[str, int]: ...
+    def _dispatch_clear(self) -> None: ...
+    def _set_cache_limits(self, decisions: int, plans: int, layouts: int) -> None: ...
+
+class Decision:
+    """What an operation does on given inputs (from the mesh's memo). Local."""
+
+    plans: tuple[Plan | None, ...]
+    out_placements: tuple[Any, ...]
+    out_shape: tuple[int, ...] | None
+    out_stride: tuple[int, ...] | None
+    out_local_shape: tuple[int, ...] | None
+    local_only: bool
+    cached: bool
+
+def dispatch_init(dtensor_type: type, spec_type: type, replicate: type, shard: type,
+                  partial: type, functions: dict, rules: dict) -> None: ...
+def register_ufunc(ufunc: Any, family: int, kind: int) -> None: ...
+def register_reduction(func: Any, method: str | None, reduce_op: int, partial_rule: int,
+                       partial_ops: int, even_only: bool) -> None: ...
 def dispatch_enable(flag: bool) -> bool: ...
-def dispatch_trace(flag: bool) -> None: ...
-def dispatch_stats() -> tuple[int, int]: ...
-
-class DispatchTable:
-    """One mesh's decisions for the C fast path (``mesh._dispatch``) and its one spec
-    object per layout; len() is the number of entries. Local."""
-
-    def __init__(self) -> None: ...
-    def clear(self) -> None: ...
-    def __len__(self) -> int: ...
+def dispatch_stats() -> dict[str, int]: ...
+def set_modes(tracing: bool, grad_enabled: bool) -> None: ...
+def set_cache_limits(decisions: int, plans: int, layouts: int) -> None: ...
+def op_id(key: Any) -> int: ...
+def decide(op: int, operands: Sequence[Any], build: Any) -> Decision: ...
+def decide_ufunc(ufunc: Any, operands: Sequence[Any]) -> Decision: ...
+def decide_reduction(func: Any, dtensor: DTensorBase, axis: Any, keepdims: bool
+                     ) -> Decision: ...
+def memo_lookup(op: int, operands: Sequence[Any]) -> Decision | None: ...
+def memo_insert(op: int, operands: Sequence[Any], targets: Sequence[Sequence[Any]],
+                out_placements: Sequence[Any], out_shape: Sequence[int] | None
+                ) -> Decision: ...
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]: ...
 
 class Exchange:
     """A ring exchange in flight (context parallelism)."""

@@ -12,13 +12,13 @@ Example (``mpiexec -n 4 python script.py``)::
 
 import os as _os
 
-from . import _C
-from ._api import DTensor
+from . import _C, _ops  # _ops fills the registry DTensor's operations are found in
+from ._dtensor import DTensor
 from ._distribute import distribute_tensor
 from ._distribute_module import distribute_module
 from ._factories import empty, full, ones, rand, randn, zeros
 from ._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
-from .device_mesh import DeviceMesh, init_device_mesh
+from .device_mesh import DeviceMesh, init_device_mesh, set_cache_limits
 from .placement_types import Partial, Placement, Replicate, Shard
 from .random import manual_seed
 from . import nn
@@ -26,9 +26,10 @@ from . import checkpoint
 from .checkpoint import load, save
 from . import parallel
 from . import testing
+from . import debug
 
 from ._version import __version__
-from ._config import show_config
+from ._show_config import show_config
 
 # Freed large output and staging blocks are kept resident for reuse (see
 # csrc/include/mpitensor/pool.h); MPITENSOR_POOL_BYTES caps them, 0 turns it off.
@@ -37,10 +38,11 @@ if _os.environ.get("MPITENSOR_POOL_BYTES"):
 
 # MPITENSOR_LOGS=+dtensor (debug lines) and MPITENSOR_CHECK=1 (collective mismatch
 # detection); see mpitensor.debug.
-from . import _logging, _trace
+from . import _logging
+from .debug import _collective_check
 
 _logging.configure_from_environment()
-_trace._configure_from_environment()
+_collective_check.configure_from_environment()
 
 __all__ = [
     "DTensor",
@@ -48,6 +50,7 @@ __all__ = [
     "distribute_module",
     "DeviceMesh",
     "init_device_mesh",
+    "set_cache_limits",
     "Placement",
     "Shard",
     "Replicate",

@@ -6,8 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _C, _args, _trace
-from ._api import DTensor
+from . import _C, _args, _modes, _trace
+from ._dtensor import DTensor
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
 from .device_mesh import DeviceMesh
@@ -52,7 +52,7 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
         return DTensor(np.empty((0,), dtype), spec)
     if src_data_rank is None:
         return DTensor(_own_chunk(array, mesh, pl), spec)
-    if _trace.active:
+    if _modes.tracing:
         _trace.collective("distribute_tensor", mesh, pl, array.shape, dtype)
     return DTensor(_C.distribute(mesh._handle, _codes(pl), array), spec)
 

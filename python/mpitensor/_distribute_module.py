@@ -8,9 +8,10 @@ import warnings
 from typing import Callable
 
 from . import _args
-from ._api import DTensor
+from ._dtensor import DTensor
 from ._distribute import distribute_tensor
 from .device_mesh import DeviceMesh
+from .nn.module import Module
 
 __all__ = ["distribute_module"]
 
@@ -45,8 +46,6 @@ def distribute_module(module, device_mesh: DeviceMesh | None = None,
         >>> lin.weight.placements, lin.bias.placements
         ((Shard(dim=0),), (Replicate(),))
     """
-    from .nn.module import Module
-
     if not isinstance(module, Module):
         raise TypeError(f"distribute_module takes an mpitensor.nn.Module, got "
                         f"{type(module).__name__}")

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import _C
 from .device_mesh import DeviceMesh
 from .placement_types import Placement
 
@@ -21,9 +22,9 @@ class DTensorSpec(NamedTuple):
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides in elements, torch's meaning of ``stride()``."""
-    strides, step = [], 1
-    for s in reversed(shape):
-        strides.append(step)
-        step *= max(s, 1)
-    return tuple(reversed(strides))
+    """Row-major strides in elements, torch's meaning of ``stride()``: the core's
+    rule (a dim of size 0 counts as 1), so the specs Python and C make agree. Local.
+
+    Example: ``contiguous_strides((4, 0)) == (1, 1)``.
+    """
+    return _C.contiguous_strides(shape)

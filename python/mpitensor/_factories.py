@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _args, random as _random
-from ._api import DTensor
+from ._dtensor import DTensor
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import compute_local_shape_and_global_offset
 

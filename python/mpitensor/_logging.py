@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-from . import _trace
+from . import _modes
 
 _NAMES = ("dtensor", "all")
 _FORMAT = "[rank%(mpi_rank)s]:%(levelname)s:%(name)s: %(message)s"
@@ -91,7 +91,7 @@ def set_level(level: int | None) -> None:
             logger.addHandler(_handler)
         logger.setLevel(level)
         logger.propagate = False
-    _trace.set_log_debug(logger.isEnabledFor(logging.DEBUG))
+    _modes.set_log_debug(logger.isEnabledFor(logging.DEBUG))
 
 
 def configure_from_environment() -> None:

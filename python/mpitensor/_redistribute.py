@@ -1,8 +1,8 @@
-"""Moving a DTensor between layouts: argument rules, plan lookup, async handles.
+"""Moving a DTensor between layouts: plan lookup and async handles.
 
-The plan itself (which collectives, in which order, how many bytes) is made by the
-C core and cached per mesh; this module only checks what torch checks and hands
-the local array to the executor.
+The plan itself (which collectives, in which order, how many bytes) and the check
+of what a move may not do are the C core's (mt_plan_check, mt_plan_create); plans
+are cached per mesh, and this module hands the local array to the executor.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import numpy as np
 
 from . import _C
 from ._layout import _codes
-from .placement_types import Partial, Placement
 
 
 class AsyncLocal:
@@ -36,42 +35,22 @@ class AsyncLocal:
         return f"AsyncLocal(done={self._request.done})"
 
 
-def check_targets(src: tuple[Placement, ...], dst: tuple[Placement, ...],
-                  dtype: np.dtype) -> None:
-    """Refuses, from the arguments alone and so on every rank alike, what torch
-    refuses and what has no reduction for this dtype.
+def plan_for(mesh, shape: tuple[int, ...], src, dst, dtype):
+    """The C plan for this move of ``dtype`` elements, checked when made (RuntimeError
+    for a Partial target the source lacks, TypeError for a reduction the dtype
+    lacks: complex max/min, an average of bools or integers; mesh dims of size 1
+    alike) and kept in the mesh's bounded cache (the oldest plan goes first).
+    Local.
 
-    Partial can be kept but never created by a redistribute. The reductions a move
-    runs must exist for the dtype: complex numbers have no max/min, and an average
-    of bools or integers is not of their dtype. A mesh dim of size 1, which needs no
-    reduction, raises the same errors as a larger one.
+    Example: ``plan_for(mesh, (8, 8), (Shard(0),), (Replicate(),), np.dtype("f8"))``.
     """
-    for m, (s, d) in enumerate(zip(src, dst)):
-        if s is d or (type(s) is not Partial and type(d) is not Partial):
-            continue
-        if type(d) is Partial:
-            raise RuntimeError(
-                f"Can not redistribute from {s} to {d} on mesh dim {m}: redistributing "
-                f"to Partial is for internal use only! Partial tensors come from "
-                f"DTensor.from_local and from operators."
-            )
-        op = s.reduce_op
-        if dtype.kind == "c" and op in ("max", "min"):
-            raise TypeError(f"Partial({op}) of {dtype} values: complex numbers have no order")
-        if dtype.kind in "biu" and op == "avg":
-            raise TypeError(
-                f"Partial(avg) of {dtype} values: an average is not a {dtype}; cast to a "
-                f"float dtype first (forward_dtype=)"
-            )
-
-
-def plan_for(mesh, shape: tuple[int, ...], src, dst, itemsize: int):
-    """The C plan for this move, made once per (mesh, shape, placements, itemsize)."""
-    key = (shape, src, dst, itemsize)
+    key = (shape, src, dst, dtype)
     plan = mesh._plans.get(key)
     if plan is None:
-        plan = _C.Plan(shape, mesh.shape, _codes(src), _codes(dst), itemsize)
-        mesh._plans[key] = plan
+        plans = mesh._plans
+        if len(plans) >= mesh._plan_limit:
+            del plans[next(iter(plans))]
+        plan = plans[key] = _C.Plan(shape, mesh.shape, _codes(src), _codes(dst), dtype)
     return plan
 
 

@@ -1,73 +1,37 @@
-"""The places where Python starts a collective or decides an operation's sharding,
-gathered in one module so that the debugging tools share one switch.
+"""The hook sites where Python starts a collective or decides an operation's
+sharding, gathered in one module so that the debugging tools share them.
 
-Three tools listen here: the collective mismatch detector
-(``mpitensor.debug.set_collective_checks``), debug logging (``MPITENSOR_LOGS=+dtensor``)
-and the operation trace of an entered ``CommDebugMode``. Every hook site reads
-``_trace.active`` first, so with all three off a hot path pays one attribute test::
+Three tools listen (their state is in mpitensor._modes): the collective mismatch
+detector (``mpitensor.debug.set_collective_checks``), debug logging
+(``MPITENSOR_LOGS=+dtensor``) and the operation trace of an entered
+``CommDebugMode``. Every hook site reads ``_modes.tracing`` first, so with all
+three off a hot path pays one attribute test::
 
-    if _trace.active:
+    if _modes.tracing:
         _trace.redistribute("DTensor.redistribute", mesh, plan, shape, dtype)
 
 Hook sites: ``DTensor.redistribute`` and ``_ops._dispatch.local_inputs`` (plan
 execution), ``distribute_tensor`` and ``DTensor.from_local(run_check=True)`` (other
-collectives), ``_ops._dispatch.decide`` (sharding decisions) and
-``_ops._shape.permute`` (views), nn.functional's local layouts (``local``). A fast path that skips these functions for
-operations without communication must step aside while ``active`` is set, so that
-decisions are still logged and traced.
+collectives), ``_ops._dispatch``'s decide functions (sharding decisions),
+``_ops._shape.permute`` (views) and nn.functional's local layouts (``local``).
+While ``_modes.tracing`` is set the C dispatch takes the Python entry for every
+operation, so that every decision passes a hook site.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 
-from . import _C
+from . import _modes
+from .placement_types import from_code
 
-# Read at every hook site; True while any listener below is on.
-active = False
-
-_checks = False  # collective mismatch detection
-_log_debug = False  # the mpitensor logger is at DEBUG
-_listeners: list = []  # entered CommDebugModes, innermost last
 # The operation whose inputs are being redistributed (set by `decision`, read by
 # `redistribute`), so that checks and logs name it.
 _current_op = ""
 
 log = logging.getLogger("mpitensor")
-
-
-def _refresh() -> None:
-    global active
-    active = _checks or _log_debug or bool(_listeners)
-    # The C fast path of operations (csrc/ext/ext_dispatch.c) skips every hook site,
-    # so it steps aside while anything listens.
-    _C.dispatch_trace(active)
-
-
-def set_checks(enabled: bool) -> None:
-    global _checks
-    _checks = bool(enabled)
-    _refresh()
-
-
-def set_log_debug(enabled: bool) -> None:
-    global _log_debug
-    _log_debug = bool(enabled)
-    _refresh()
-
-
-def add_listener(listener) -> None:
-    _listeners.append(listener)
-    _refresh()
-
-
-def remove_listener(listener) -> None:
-    if listener in _listeners:
-        _listeners.remove(listener)
-    _refresh()
 
 
 def placements_text(placements) -> str:
@@ -90,30 +54,28 @@ def redistribute(what: str, mesh, plan, shape, dtype) -> None:
     communicates = any(s[0] != "chunk" for s in steps)
     text = (f"{what} {placements_text(src)} -> {placements_text(dst)}, shape "
             f"{tuple(shape)}, {dtype_text(dtype)}")
-    if _checks and communicates:
-        _check(text, mesh)
-    if _log_debug:
+    if _modes.checks and communicates:
+        _modes.checker(text, mesh)
+    if _modes.log_debug:
         parts = ", ".join(f"{s[0]}(mesh dim {s[1]}, {s[4]} B)" if s[1] >= 0
                           else f"{s[0]}({s[4]} B)" for s in steps)
         log.debug("%s on %r: %d step(s), %d B received over all ranks: %s", text, mesh,
                   len(steps), plan.bytes,
                   parts or "no step")
-    for listener in _listeners:
+    for listener in _modes.listeners:
         listener._record_redistribute(explicit, mesh, steps, shape, src)
 
 
 def _plan_placements(mesh, plan, steps):
     """(source, target) placements of a plan: from the mesh's plan cache, whose
     keys hold them (searched only while debugging), else from its steps."""
-    from ._ops._dispatch import _placement
-
     for key, cached in mesh._plans.items():
         if cached is plan:
             return key[1], key[2]
     if not steps:
         return (), ()
-    return (tuple(_placement(c) for c in steps[0][2]),
-            tuple(_placement(c) for c in steps[-1][3]))
+    return (tuple(from_code(c) for c in steps[0][2]),
+            tuple(from_code(c) for c in steps[-1][3]))
 
 
 def collective(what: str, mesh, placements, shape, dtype) -> None:
@@ -124,26 +86,26 @@ def collective(what: str, mesh, placements, shape, dtype) -> None:
         text += f", shape {tuple(shape)}"
     if dtype is not None:
         text += f", {dtype_text(dtype)}"
-    if _checks:
-        _check(text, mesh)
-    if _log_debug:
+    if _modes.checks:
+        _modes.checker(text, mesh)
+    if _modes.log_debug:
         log.debug("%s on %r", text, mesh)
-    for listener in _listeners:
+    for listener in _modes.listeners:
         listener._record_operation(what, [], [], mesh)
 
 
-def decision(key, inputs, dec, hit: bool) -> None:
-    """After ``_ops._dispatch.decide`` found (hit) or made (miss) a decision."""
+def decision(op_key, inputs, dec, hit: bool) -> None:
+    """After an operation's decision was found (hit) or made (miss) in the memo."""
     global _current_op
-    name = op_name(key[0])
+    name = op_name(op_key)
     _current_op = name
-    if _log_debug:
+    if _modes.log_debug:
         ins = "; ".join(f"{placements_text(x._spec.placements)} {tuple(x._spec.shape)} "
                         f"{dtype_text(x._spec.dtype)}" for x in inputs)
         log.debug("%s: inputs %s -> output %s %s (cache %s)", name, ins,
                   placements_text(dec.out_placements), tuple(dec.out_shape),
                   "hit" if hit else "miss")
-    for listener in _listeners:
+    for listener in _modes.listeners:
         listener._record_operation(name, [tuple(x._spec.shape) for x in inputs],
                                    [tuple(x._spec.placements) for x in inputs],
                                    inputs[0]._spec.mesh)
@@ -151,11 +113,11 @@ def decision(key, inputs, dec, hit: bool) -> None:
 
 def view(name: str, x, out) -> None:
     """After a view-like operation that needs no decision (dims permuted)."""
-    if _log_debug:
+    if _modes.log_debug:
         log.debug("%s: input %s %s -> output %s %s (no decision needed)", name,
                   placements_text(x._spec.placements), tuple(x._spec.shape),
                   placements_text(out._spec.placements), tuple(out._spec.shape))
-    for listener in _listeners:
+    for listener in _modes.listeners:
         listener._record_operation(name, [tuple(x._spec.shape)], [tuple(x._spec.placements)],
                                    x._spec.mesh)
 
@@ -163,19 +125,19 @@ def view(name: str, x, out) -> None:
 def local(name: str, inputs, out_placements) -> None:
     """Before an operation whose layouts need no decision and no communication
     (nn.functional's linear and pointwise functions on local shards)."""
-    if _log_debug:
+    if _modes.log_debug:
         ins = "; ".join(f"{placements_text(x._spec.placements)} {tuple(x._spec.shape)}"
                         for x in inputs)
         log.debug("%s: inputs %s -> output %s (local, no decision needed)", name, ins,
                   placements_text(out_placements))
-    for listener in _listeners:
+    for listener in _modes.listeners:
         listener._record_operation(name, [tuple(x._spec.shape) for x in inputs],
                                    [tuple(x._spec.placements) for x in inputs],
                                    inputs[0]._spec.mesh)
 
 
 def op_name(op_key) -> str:
-    """``numpy.add``, ``numpy.einsum``, ... from the static part of a decision key."""
+    """``numpy.add``, ``numpy.einsum``, ... from an operation's key."""
     while isinstance(op_key, tuple) and op_key:
         if op_key[0] == "register_sharding" and len(op_key) > 1:
             op_key = op_key[1]
@@ -187,17 +149,3 @@ def op_name(op_key) -> str:
     # NumPy's own functions get their module; others (nn.functional's softmax, a
     # user's register_sharding function) keep their bare name.
     return "numpy." + name if "." not in name and hasattr(np, name) else name
-
-
-def _check(text: str, mesh) -> None:
-    from .debug._collective_check import agree
-
-    agree(text, mesh)
-
-
-def _configure_from_environment() -> None:
-    """MPITENSOR_CHECK=1 turns the collective checks on from the start."""
-    value = os.environ.get("MPITENSOR_CHECK", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"MPITENSOR_CHECK must be 0 or 1, got {value!r}")
-    set_checks(value == "1")

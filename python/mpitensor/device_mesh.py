@@ -13,14 +13,20 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import _C, _config
+from . import _C, _mpi_library
 
-__all__ = ["DeviceMesh", "init_device_mesh"]
+__all__ = ["DeviceMesh", "init_device_mesh", "set_cache_limits"]
 
 _mesh_stack: list["DeviceMesh"] = []
-# Meshes alive in this process, so that an unpickled DTensor finds its mesh
-# without creating one (a collective) inside pickle.load.
-_live_meshes: "weakref.WeakSet[DeviceMesh]" = weakref.WeakSet()
+# Bounds of each mesh's caches (set_cache_limits): decisions of operations, the
+# layouts they are keyed by, and redistribution plans (of DTensor.redistribute,
+# of operations' decisions, and of indexing, each).
+_limits = {"decisions": 4096, "layouts": 4096, "plans": 256}
+# Meshes alive in this process, so that an unpickled DTensor finds its mesh without
+# creating one (a collective) inside pickle.load, and set_cache_limits reaches every
+# mesh's caches. Keyed by identity: equal meshes (the same ranks of the same
+# communicator) are distinct objects with caches of their own.
+_live_meshes: "weakref.WeakValueDictionary[int, DeviceMesh]" = weakref.WeakValueDictionary()
 
 
 def _current_mesh() -> "DeviceMesh":
@@ -31,6 +37,24 @@ def _current_mesh() -> "DeviceMesh":
             "with `with mesh:`."
         )
     return _mesh_stack[-1]
+
+
+def find_live_mesh(device_type, ranks: np.ndarray, names) -> "DeviceMesh | None":
+    """A mesh alive on this rank with these ranks and names (the innermost
+    ``with mesh:`` first), for unpickling without the collective of creating one;
+    None when there is none. Local.
+
+    Example: ``find_live_mesh("cpu", np.arange(4), None)`` after
+    ``init_device_mesh("cpu", (4,))``.
+    """
+    def fits(m):
+        return (m.device_type == device_type and m.mesh_dim_names == names
+                and m.mesh.shape == ranks.shape and np.array_equal(m.mesh, ranks))
+
+    for m in [*reversed(_mesh_stack), *list(_live_meshes.values())]:
+        if fits(m):
+            return m
+    return None
 
 
 def _world():
@@ -93,7 +117,7 @@ def _check_ranks(arr: np.ndarray, comm_size: int) -> None:
         raise ValueError(f"mesh ranks must be distinct, got {arr.tolist()}")
 
 
-class DeviceMesh:
+class DeviceMesh(_C.MeshBase):
     """An n-D array of ranks of an MPI communicator, with one communicator per dim.
 
     Collective on ``comm`` (default ``MPI.COMM_WORLD``): every rank of ``comm``
@@ -113,14 +137,14 @@ class DeviceMesh:
         names = _check_names(mesh_dim_names, arr.ndim)
         comm = _world() if comm is None else comm
         _check_ranks(arr, comm.Get_size())
-        _config.check_mpi_library()  # before _C sees an mpi4py communicator
+        _mpi_library.check_mpi_library()  # before _C sees an mpi4py communicator
         self._init(device_type, arr, names, _C.Mesh(comm, arr.shape, arr.ravel().astype(np.intc)), comm)
 
     def _init(self, device_type, arr, names, handle, comm) -> None:
         self.device_type = device_type
         self._mesh = arr
         self._names = names
-        self._handle = handle
+        self._handle = handle  # the C base keeps it, and the dispatch reads it there
         self._comm = comm
         coord = handle.coordinate()
         self._coordinate = None if coord is None else list(coord)
@@ -130,11 +154,12 @@ class DeviceMesh:
         # state_dict's replicated slices are saved once.
         self._root: "DeviceMesh | None" = None
         self._first_slice = True
-        self._plans: dict = {}  # redistribution plans of this mesh, made in C once each
-        self._decisions: dict = {}  # sharding decisions of operations (mpitensor._ops)
-        _live_meshes.add(self)
-
-        self._dispatch = _C.DispatchTable()  # what the C fast path replays (_ops._fast)
+        # Redistribution plans made in C once each, and indexing plans, both bounded
+        # (FIFO); the decisions of operations live in the C base's memo.
+        self._plans: dict = {}
+        self._select_plans: dict = {}
+        self._plan_limit = _limits["plans"]
+        _live_meshes[id(self)] = self
 
     # -- structure ---------------------------------------------------------------
     @property
@@ -354,3 +379,37 @@ def init_device_mesh(device_type: str, mesh_shape: Iterable[int], *,
         _check_names(mesh_dim_names, len(shape))
     ranks = np.arange(math.prod(shape)).reshape(shape)
     return DeviceMesh(device_type, ranks, mesh_dim_names=mesh_dim_names, comm=comm)
+
+
+# The C base's memo and layout table take their bounds from here.
+_C.set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
+
+
+def set_cache_limits(*, decisions: int | None = None, layouts: int | None = None,
+                     plans: int | None = None) -> dict:
+    """Bounds of each mesh's caches, for every mesh, live or future; returns the
+    bounds now in force. Local (each rank bounds its own memory). Defaults:
+    4096 decisions of operations, 4096 layouts, 256 plans (redistribution plans
+    of DTensor.redistribute, of operations and of indexing, each). Changing a
+    bound empties the caches of the live meshes; past a bound the least recently
+    used entries go (decisions: CLOCK; plans: the oldest), to be made again when
+    needed.
+
+    Example::
+
+        >>> mpitensor.set_cache_limits(decisions=1024, plans=64)
+        {'decisions': 1024, 'layouts': 4096, 'plans': 64}
+    """
+    for name, value in (("decisions", decisions), ("layouts", layouts), ("plans", plans)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"set_cache_limits: {name} must be a positive int, got {value!r}")
+        _limits[name] = int(value)
+    _C.set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
+    for mesh in list(_live_meshes.values()):
+        mesh._set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
+        mesh._plans.clear()
+        mesh._select_plans.clear()
+        mesh._plan_limit = _limits["plans"]
+    return dict(_limits)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _C
+
 __all__ = ["Placement", "Shard", "Replicate", "Partial"]
 
-# Codes shared with the C core (mt_placement_kind, mt_reduce_op in layout.h).
-_REPLICATE, _SHARD, _PARTIAL = 0, 1, 2
-_REDUCE_OPS = ("sum", "avg", "product", "max", "min")
+# The C core's codes (mt_placement_kind, mt_reduce_op in layout.h).
+_REPLICATE, _SHARD, _PARTIAL = _C.PLACEMENT_REPLICATE, _C.PLACEMENT_SHARD, _C.PLACEMENT_PARTIAL
+_REDUCE_OPS = _C.REDUCE_OPS
 
 
 class Placement:
@@ -184,3 +186,16 @@ class Partial(Placement):
 
     def __str__(self) -> str:
         return f"P({self.reduce_op})"
+
+
+def from_code(code) -> Placement:
+    """The placement of a C placement code ``(kind, dim, reduce_op)``. Local.
+
+    Example: ``from_code((1, 0, 0)) is Shard(0)``.
+    """
+    kind, dim, op = code
+    if kind == _REPLICATE:
+        return Replicate()
+    if kind == _SHARD:
+        return Shard(dim)
+    return Partial(_REDUCE_OPS[op])

@@ -1,8 +1,8 @@
 /* Sharding propagation: the decisions the NumPy-ops issue names, with dim maps
- * built the way the Python layer builds them (elementwise with broadcasting,
- * matmul with batch dims, reductions, softmax), a checker that the chosen
- * placements compute the op correctly on every rank, random cases through it,
- * error paths, and decision times.
+ * written out here (elementwise with broadcasting, matmul with batch dims,
+ * reductions, softmax, reshape), a checker that the chosen placements compute the
+ * op correctly on every rank, the core's own map builders against those maps,
+ * random cases through the checker, error paths, and decision times.
  *
  * `test_prop --quick` (or MT_TEST_QUICK=1) runs fewer random cases, for valgrind.
  * MPITENSOR_TRACE=1 prints decision times. */
@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "mpitensor/dtype.h"
 #include "mpitensor/layout.h"
 #include "mpitensor/plan.h"
 #include "mpitensor/prop.h"
@@ -53,7 +54,7 @@ static const char *pname(mt_placement p, char *buf) {
   return buf;
 }
 
-/* ---- Dim maps as the Python layer builds them. ---- */
+/* ---- Dim maps written out, the references of the core's builders. ---- */
 
 /* NumPy broadcasting: the output has the largest rank; input dims align to the
  * right and take the output dim's label; an input dim of size 1 where the output
@@ -1183,6 +1184,218 @@ static void test_reshape(void) {
   CHECK(r.bytes == 0);
 }
 
+/* ---- The core's builders against the maps above. ---- */
+
+/* The placements a tensor of `ndim` dims can hold on one mesh dim. */
+static int some_placements(int ndim, mt_placement *out) {
+  int n = 0;
+  out[n++] = R(), out[n++] = PSUM, out[n++] = PAVG, out[n++] = PMAX;
+  for (int d = 0; d < ndim; ++d) out[n++] = S(d);
+  return n;
+}
+
+/* Both maps decide alike for every pair of placements of two inputs (one input
+ * when nin is 1) on a mesh of 2 ranks, and the built map decides correctly. */
+static void same_decisions(const mt_dimmap *built, const mt_dimmap *ref, int nin,
+                           const tin *shapes) {
+  mt_placement pa[8], pb[8];
+  int na = some_placements(shapes[0].ndim, pa);
+  int nb = nin == 2 ? some_placements(shapes[1].ndim, pb) : 1;
+  for (int a = 0; a < na; ++a) {
+    for (int b = 0; b < nb; ++b) {
+      tin t[2] = {shapes[0], nin == 2 ? shapes[1] : shapes[0]};
+      t[0].pl[0] = pa[a];
+      t[1].pl[0] = nin == 2 ? pb[b] : R();
+      mt_prop_inputs in = make_inputs(nin, t, 1, MESH2);
+      mt_prop_result x = run(built, &in), y = decide(ref, &in);
+      char bx[512], by[512];
+      describe(&x, nin, 1, bx);
+      describe(&y, nin, 1, by);
+      CHECK_MSG(strcmp(bx, by) == 0, "built %s, reference %s", bx, by);
+    }
+  }
+}
+
+/* Python's partial rules by kind and by which of two operands are tensors. */
+static void reference_rule(int kind, uint32_t tensors, mt_dimmap *m) {
+  int both = tensors == 3u;
+  m->partial_rule = MT_PARTIAL_NONE, m->partial_inputs = 0, m->partial_ops = 0;
+  if (kind == MT_ELEMENTWISE_ADD && both) m->partial_rule = MT_PARTIAL_LINEAR_ALL;
+  if (kind == MT_ELEMENTWISE_MUL) {
+    m->partial_rule = both ? MT_PARTIAL_LINEAR_ONE : MT_PARTIAL_LINEAR_ALL;
+    m->partial_inputs = both ? 3u : 0u;
+  }
+  if (kind == MT_ELEMENTWISE_DIV && (tensors & 1u)) {
+    m->partial_rule = both ? MT_PARTIAL_LINEAR_ONE : MT_PARTIAL_LINEAR_ALL;
+    m->partial_inputs = both ? 1u : 0u;
+  }
+  if (kind == MT_ELEMENTWISE_MAX || kind == MT_ELEMENTWISE_MIN) {
+    m->partial_rule = MT_PARTIAL_SAME_OP;
+    m->partial_ops = 1u << (kind == MT_ELEMENTWISE_MAX ? MT_REDUCE_MAX : MT_REDUCE_MIN);
+  }
+}
+
+static mt_dimmap built_elementwise(int kind, int nops, uint32_t tensors, int nin,
+                                   const tin *t) {
+  int nd[2] = {t[0].ndim, nin == 2 ? t[1].ndim : 0};
+  int64_t sh[2][MT_MAX_NDIM] = {{0}};
+  for (int i = 0; i < nin; ++i)
+    for (int d = 0; d < t[i].ndim; ++d) sh[i][d] = t[i].shape[d];
+  mt_dimmap map;
+  mt_error err = {0, ""};
+  int rc = mt_dimmap_elementwise(kind, nops, tensors, nd,
+                                 (const int64_t(*)[MT_MAX_NDIM])sh, &map, &err);
+  CHECK_MSG(rc == MT_OK, "elementwise map: %s", err.msg);
+  return map;
+}
+
+static void test_builder_elementwise(void) {
+  const tin pairs[][2] = {
+      {{2, {8, 8}, {R()}}, {2, {8, 8}, {R()}}},
+      {{2, {8, 6}, {R()}}, {1, {6}, {R()}}},
+      {{2, {1, 6}, {R()}}, {2, {8, 6}, {R()}}},
+      {{3, {4, 1, 6}, {R()}}, {2, {5, 6}, {R()}}},
+  };
+  for (int kind = 0; kind < MT_ELEMENTWISE_COUNT; ++kind) {
+    for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; ++p) {
+      const tin *t = pairs[p];
+      int nd[2] = {t[0].ndim, t[1].ndim};
+      const int64_t sh[2][4] = {{t[0].shape[0], t[0].shape[1], t[0].shape[2], 0},
+                                {t[1].shape[0], t[1].shape[1], t[1].shape[2], 0}};
+      mt_dimmap ref = map_elementwise(2, nd, sh, 0);
+      reference_rule(kind, 3u, &ref);
+      mt_dimmap built = built_elementwise(kind, 2, 3u, 2, t);
+      same_decisions(&built, &ref, 2, t);
+      for (uint32_t one = 1; one <= 2; ++one) { /* the other operand a scalar */
+        const tin *u = &t[one - 1];
+        mt_dimmap ref1 = map_elementwise(1, &u->ndim,
+                                         (const int64_t(*)[4])(one == 1 ? sh[0] : sh[1]), 0);
+        reference_rule(kind, one, &ref1);
+        mt_dimmap built1 = built_elementwise(kind, 2, one, 1, u);
+        same_decisions(&built1, &ref1, 1, u);
+      }
+    }
+  }
+  /* NumPy's message for shapes that do not broadcast. */
+  mt_dimmap map;
+  mt_error err = {0, ""};
+  int nd[2] = {2, 1};
+  int64_t sh[2][MT_MAX_NDIM] = {{8, 6}, {3}};
+  int rc = mt_dimmap_elementwise(0, 2, 3u, nd, (const int64_t(*)[MT_MAX_NDIM])sh, &map,
+                                 &err);
+  CHECK(rc == MT_EINVAL &&
+        strstr(err.msg, "could not be broadcast together with shapes (8,6) (3,)") != NULL);
+  CHECK(mt_dimmap_elementwise(9, 2, 3u, nd, (const int64_t(*)[MT_MAX_NDIM])sh, &map,
+                              NULL) == MT_EINVAL);
+  CHECK(mt_dimmap_elementwise(0, 2, 4u, nd, (const int64_t(*)[MT_MAX_NDIM])sh, &map,
+                              NULL) == MT_EINVAL);
+}
+
+static mt_dimmap built_matmul(tin x, tin y, int transpose_b) {
+  mt_dimmap map;
+  mt_error err = {0, ""};
+  int rc = mt_dimmap_matmul(x.ndim, x.shape, y.ndim, y.shape, transpose_b, &map, &err);
+  CHECK_MSG(rc == MT_OK, "matmul map: %s", err.msg);
+  return map;
+}
+
+static void test_builder_matmul(void) {
+  const tin pairs[][2] = {
+      {{2, {8, 6}, {R()}}, {2, {6, 4}, {R()}}},
+      {{3, {2, 8, 6}, {R()}}, {2, {6, 4}, {R()}}},
+      {{3, {3, 8, 6}, {R()}}, {3, {1, 6, 4}, {R()}}},
+  };
+  for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; ++p) {
+    const tin *t = pairs[p];
+    mt_dimmap ref = map_matmul(t[0].ndim, t[0].shape, t[1].ndim, t[1].shape);
+    mt_dimmap built = built_matmul(t[0], t[1], 0);
+    same_decisions(&built, &ref, 2, t);
+  }
+  /* a @ b.T with b held as (4, 6): as a @ (6, 4), its placements transposed. */
+  tin x = {2, {8, 6}, {R()}}, w = {2, {4, 6}, {R()}}, wt = {2, {6, 4}, {R()}};
+  mt_dimmap lin = built_matmul(x, w, 1);
+  mt_dimmap mm = map_matmul(2, x.shape, 2, wt.shape);
+  mt_placement px[8];
+  for (int a = 0, na = some_placements(2, px); a < na; ++a) {
+    for (int b = 0; b < na; ++b) {
+      mt_placement pw = px[b], pwt = pw.kind == MT_PLACEMENT_SHARD ? S(1 - pw.dim) : pw;
+      tin t1[2] = {x, w}, t2[2] = {x, wt};
+      t1[0].pl[0] = t2[0].pl[0] = px[a];
+      t1[1].pl[0] = pw, t2[1].pl[0] = pwt;
+      mt_prop_inputs i1 = make_inputs(2, t1, 1, MESH2), i2 = make_inputs(2, t2, 1, MESH2);
+      mt_prop_result r1 = run(&lin, &i1), r2 = decide(&mm, &i2);
+      CHECK(peq(r1.out_placements[0], r2.out_placements[0]) &&
+            peq(r1.in_placements[0][0], r2.in_placements[0][0]) &&
+            r1.bytes == r2.bytes && r1.messages == r2.messages);
+    }
+  }
+  /* 1-D operands: (6,) @ (6, 4) -> (4,); sharded inner dims give Partial(sum). */
+  tin v = {1, {6}, {S(0)}}, m = {2, {6, 4}, {S(0)}};
+  mt_dimmap vm = built_matmul(v, m, 0);
+  tin t[2] = {v, m};
+  mt_prop_inputs in = make_inputs(2, t, 1, MESH2);
+  mt_prop_result r = run(&vm, &in);
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.out_ndim == 1 && r.out_shape[0] == 4 && r.bytes == 0);
+  tin u = {1, {6}, {S(0)}};
+  mt_dimmap vv = built_matmul(v, u, 0);
+  t[1] = u;
+  in = make_inputs(2, t, 1, MESH2);
+  r = run(&vv, &in);
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.out_ndim == 0);
+  mt_dimmap bad;
+  mt_error err = {0, ""};
+  CHECK(mt_dimmap_matmul(0, NULL, 2, m.shape, 0, &bad, &err) == MT_EINVAL &&
+        strstr(err.msg, "at least one dim") != NULL);
+  CHECK(mt_dimmap_matmul(2, x.shape, 1, v.shape, 1, &bad, NULL) == MT_EINVAL);
+  tin b1 = {3, {3, 8, 6}, {R()}}, b2 = {3, {2, 6, 4}, {R()}};
+  CHECK(mt_dimmap_matmul(3, b1.shape, 3, b2.shape, 0, &bad, NULL) == MT_EINVAL);
+}
+
+/* Field by field: the reference map of map_reduce and the built one. */
+static int same_reduction(const mt_dimmap *a, const mt_dimmap *b) {
+  int same = a->nlabels == b->nlabels && a->out_ndim == b->out_ndim &&
+             a->even_only == b->even_only && a->partial_rule == b->partial_rule &&
+             a->sized_labels == b->sized_labels && a->in_ndim[0] == b->in_ndim[0];
+  for (int l = 0; same && l < a->nlabels; ++l) {
+    same = a->label_kind[l] == b->label_kind[l] &&
+           (a->label_kind[l] != MT_LABEL_REDUCE ||
+            a->label_reduce_op[l] == b->label_reduce_op[l]);
+  }
+  for (int d = 0; same && d < a->out_ndim; ++d) same = a->out_labels[d] == b->out_labels[d];
+  if (same && a->partial_rule == MT_PARTIAL_SAME_OP) same = a->partial_ops == b->partial_ops;
+  return same;
+}
+
+static void test_builder_reduction(void) {
+  static const mt_reduction_rule rules[4] = {
+      {MT_REDUCE_SUM, MT_PARTIAL_LINEAR_ALL, 0, 0},
+      {MT_REDUCE_AVG, MT_PARTIAL_LINEAR_ALL, 0, 1},
+      {MT_REDUCE_MAX, MT_PARTIAL_SAME_OP, 1u << MT_REDUCE_MAX, 0},
+      {-1, MT_PARTIAL_NONE, 0, 0},
+  };
+  for (int op = 0; op < 4; ++op) {
+    for (uint32_t axes = 1; axes < 8; ++axes) {
+      for (int keep = 0; keep < 2; ++keep) {
+        mt_dimmap built, ref = map_reduce(3, axes, op, keep);
+        int rc = mt_dimmap_reduction(&rules[op], 3, axes, keep, MT_DTYPE_FLOAT64, &built, NULL);
+        CHECK_MSG(rc == MT_OK && same_reduction(&built, &ref), "op %d axes %u keep %d",
+                  op, axes, keep);
+      }
+    }
+  }
+  /* max of bool or complex values: the reduced dims may not be sharded. */
+  mt_dimmap m;
+  CHECK(mt_dimmap_reduction(&rules[2], 2, 1u, 0, MT_DTYPE_BOOL, &m, NULL) == MT_OK);
+  CHECK(m.label_kind[0] == MT_LABEL_REPLICATE && m.partial_rule == MT_PARTIAL_NONE);
+  CHECK(mt_dimmap_reduction(&rules[2], 2, 1u, 0, MT_DTYPE_COMPLEX128, &m, NULL) == MT_OK);
+  CHECK(m.label_kind[0] == MT_LABEL_REPLICATE);
+  CHECK(mt_dimmap_reduction(&rules[2], 2, 1u, 0, MT_DTYPE_FLOAT64, &m, NULL) == MT_OK);
+  CHECK(m.label_kind[0] == MT_LABEL_REDUCE && m.label_reduce_op[0] == MT_REDUCE_MAX);
+  CHECK(mt_dimmap_reduction(&rules[0], 2, 4u, 0, MT_DTYPE_FLOAT64, &m, NULL) == MT_EINVAL);
+}
+
 /* ---- Random cases through the checker. ---- */
 
 static unsigned rng_state = 12345u;
@@ -1483,6 +1696,9 @@ int main(int argc, char **argv) {
   test_small_dims();
   test_new_dims();
   test_reshape();
+  test_builder_elementwise();
+  test_builder_matmul();
+  test_builder_reduction();
   test_random();
   test_map_errors();
   test_map_errors_masks();

@@ -16,6 +16,7 @@ import mpitensor
 from mpitensor.debug import CommDebugMode
 from mpitensor.experimental import (context_parallel, context_parallel_unshard,
                                     set_rotate_method)
+from mpitensor import _modes
 from mpitensor.experimental import _context_parallel as CP
 from mpitensor.experimental import _load_balance as LB
 from mpitensor.experimental import _ring_attention as RA
@@ -265,12 +266,15 @@ def test_sdpa_hook(mesh):
     q, k, v = qkv((2, 3, 10, 4), seed=9)
     want = reference_attention(q, k, v, True, scale=0.5)
     with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
-        out = CP.sdpa(CP.active(), q, k, v, None, 0.0, True, 0.5)
+        mode = _modes.context_parallel()
+        assert mode.mesh is CP.active() is mesh
+        out = mode.sdpa(q, k, v, None, 0.0, True, 0.5)
         got = context_parallel_unshard(mesh, [out], [2])[0]
         with pytest.raises(NotImplementedError, match="attn_mask"):
-            CP.sdpa(mesh, q, k, v, np.ones((10, 10), bool))
+            mode.sdpa(q, k, v, np.ones((10, 10), bool))
         with pytest.raises(NotImplementedError, match="dropout"):
-            CP.sdpa(mesh, q, k, v, None, 0.1)
+            mode.sdpa(q, k, v, None, 0.1)
+    assert _modes.context_parallel() is None
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpitensor import DTensor, Replicate, Shard, _logging, _trace, init_device_mesh
+from mpitensor import DTensor, Replicate, Shard, _logging, _modes, init_device_mesh
 from mpitensor.debug import set_logs
 from mpi_helpers import ref_box
 
@@ -67,9 +67,9 @@ def test_debug_lines(capsys):
     ]
 
 
-def test_fast_path_steps_aside_while_logging(capsys):
-    # A decision recorded for the C fast path before logging was on must still be
-    # logged: the fast path skips the hook sites, so it yields to the slow path.
+def test_c_path_steps_aside_while_logging(capsys):
+    # A decision made before logging was on must still be logged: while a tool
+    # listens, every call takes the Python entry, where the hook sites are.
     mesh = init_device_mesh("cpu", (W,))
     x = sharded(mesh)
     x + x
@@ -98,7 +98,7 @@ def test_absent_by_default_and_at_info(capsys):
     mesh = init_device_mesh("cpu", (W,))
     for level in (None, logging.INFO, logging.WARNING):
         set_logs(dtensor=level)
-        assert _trace.active is False
+        assert _modes.tracing is False
         x = sharded(mesh)
         x.redistribute(mesh, [Replicate()])
         x + x
@@ -117,8 +117,8 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_environment_variables():
-    code = ("import logging, mpitensor; from mpitensor import _trace; "
-            "print(logging.getLogger('mpitensor').level, _trace._log_debug, _trace._checks)")
+    code = ("import logging, mpitensor; from mpitensor import _modes; "
+            "print(logging.getLogger('mpitensor').level, _modes.log_debug, _modes.checks)")
     assert run_python(code, MPITENSOR_LOGS="+dtensor").stdout.split() == ["10", "True", "False"]
     assert run_python(code, MPITENSOR_LOGS="dtensor").stdout.split() == ["20", "False", "False"]
     assert run_python(code, MPITENSOR_LOGS="-dtensor").stdout.split() == ["30", "False", "False"]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-import mpitensor.experimental as ex
+from mpitensor import _modes
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
 from mpitensor.experimental import implicit_replication, local_map
 from mpi_helpers import Problems, chunk, gather_global, raised, ref_box
@@ -42,6 +42,17 @@ def mm_allreduce_forward(device_mesh, W_, X):
     out = np.empty_like(partial_sum)
     device_mesh.get_group().Allreduce(partial_sum, out, op=MPI.SUM)
     return out
+
+
+def test_an_empty_output_has_the_spec_of_any_empty_result():
+    # One rule for strides: a dim of size 0 counts as 1, for local_map's outputs as
+    # for the results of operations.
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.zeros((4, 0)), mesh, [R])
+    y = local_map(lambda a: a * 2, out_placements=[R])(x)
+    z = x * 2
+    assert y.stride() == z.stride() == (1, 1)
+    assert y._spec == z._spec
 
 
 def test_mm_allreduce_forward_seed_example():
@@ -258,14 +269,14 @@ def test_plain_ndarray_input_passes_unchecked_and_with_mesh_default():
 
 
 def test_implicit_replication_flag():
-    assert not ex._implicit.active
+    assert not _modes.implicit_replication
     with implicit_replication():
-        assert ex._implicit.active
+        assert _modes.implicit_replication
         with implicit_replication():
-            assert ex._implicit.active
-        assert ex._implicit.active
-    assert not ex._implicit.active
+            assert _modes.implicit_replication
+        assert _modes.implicit_replication
+    assert not _modes.implicit_replication
     with pytest.raises(RuntimeError):
         with implicit_replication():
             raise RuntimeError("boom")
-    assert not ex._implicit.active
+    assert not _modes.implicit_replication

@@ -1,4 +1,4 @@
-"""Pickling DTensors (mpitensor.checkpoint._pickle): back onto an equal mesh as a
+"""Pickling DTensors (mpitensor._dtensor, mpitensor._shard): back onto an equal mesh as a
 DTensor; where no equal mesh exists (a Jupyter client) as a DTensorShard, never an
 exception; every rank's shards assembled into the global array without MPI; a
 shard pickled again becomes the DTensor on its own rank; another rank's pickle is

@@ -1,5 +1,5 @@
 """mpitensor.show_config() prints every field, and the check before the first mesh
-that mpi4py and mpitensor._C use one MPI library (mpitensor._config): the
+that mpi4py and mpitensor._C use one MPI library (mpitensor._mpi_library): the
 comparison on made-up version strings, and a mesh refused on every rank, naming
 both libraries, when the extension reports another MPI."""
 
@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import _config
+from mpitensor import _mpi_library, _show_config
 from mpi_helpers import Problems, raised
 
 OPEN_MPI = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022"
@@ -20,24 +20,24 @@ MPICH = "MPICH Version:      4.2.0\nMPICH Release date: Fri Feb  9 12:29:21 CST 
 
 
 def test_comparison_of_library_versions():
-    assert _config.same_mpi_library(OPEN_MPI, OPEN_MPI + "\0")  # Open MPI's counted NUL
-    assert _config.same_mpi_library(MPICH, MPICH.rstrip())
-    assert not _config.same_mpi_library(OPEN_MPI, MPICH)
-    assert not _config.same_mpi_library(OPEN_MPI, OPEN_MPI.replace("4.1.4", "5.0.3"))
-    message = _config.mismatch_message(OPEN_MPI, MPICH)
+    assert _mpi_library.same_mpi_library(OPEN_MPI, OPEN_MPI + "\0")  # Open MPI's counted NUL
+    assert _mpi_library.same_mpi_library(MPICH, MPICH.rstrip())
+    assert not _mpi_library.same_mpi_library(OPEN_MPI, MPICH)
+    assert not _mpi_library.same_mpi_library(OPEN_MPI, OPEN_MPI.replace("4.1.4", "5.0.3"))
+    message = _mpi_library.mismatch_message(OPEN_MPI, MPICH)
     assert "mpi4py:       MPICH Version:      4.2.0\n" in message
     assert f"mpitensor._C: {OPEN_MPI}\n" in message
     assert "--no-binary=mpi4py" in message and "show_config()" in message
 
 
 def test_the_libraries_of_this_build_agree():
-    _config.check_mpi_library()
-    assert _config.config()["MPI of mpitensor._C"]["same as mpi4py's"] is True
+    _mpi_library.check_mpi_library()
+    assert _show_config.config()["MPI of mpitensor._C"]["same as mpi4py's"] is True
 
 
 def test_a_mesh_over_another_mpi_is_refused(monkeypatch):
-    monkeypatch.setattr(_config, "_checked", False)
-    monkeypatch.setattr(_config._C, "mpi_library_version", lambda: MPICH)
+    monkeypatch.setattr(_mpi_library, "_checked", False)
+    monkeypatch.setattr(_mpi_library._C, "mpi_library_version", lambda: MPICH)
     p = Problems()
     p.expect(raised(lambda: mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),)),
                     RuntimeError, "mpitensor._C: MPICH Version"), "mesh on another MPI")
@@ -54,7 +54,7 @@ def test_show_config_prints_every_field(monkeypatch):
     with contextlib.redirect_stdout(out):
         assert mt.show_config() is None
     text = out.getvalue()
-    sections = _config.config()
+    sections = _show_config.config()
     for title, fields in sections.items():
         assert f"{title}:\n" in text
         for name in fields:

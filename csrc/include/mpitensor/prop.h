@@ -104,6 +104,94 @@ typedef struct mt_dimmap {
   int64_t out_size[MT_MAX_NDIM];
 } mt_dimmap;
 
+/* Local. torch's name of a reduce op ("sum", "avg", "product", "max", "min"), or
+ * NULL for a code outside mt_reduce_op. */
+const char *mt_reduce_op_name(int op);
+
+/* ---- Dim maps of the operation families, built from an op's signature. ---- */
+
+/* How an elementwise op treats Partial inputs, by what it does to a pending sum.
+ * NONE: every Partial is reduced first (exp, comparisons, ...). ADD (add, subtract,
+ * negative, positive): when every operand is a tensor, Partial(sum|avg) inputs
+ * that all agree stay (P + P -> P); a scalar operand would be added once per
+ * rank, so then Partials are reduced. MUL (multiply): a tensor times scalars stays
+ * Partial; of several tensors one Partial factor may stay while the others are
+ * Replicate. DIV (true_divide): a Partial numerator (operand 0) over Replicate or
+ * a scalar stays; a Partial denominator is reduced. MAX, MIN (maximum, minimum):
+ * Partial(max), Partial(min) inputs that all agree stay. */
+typedef enum mt_elementwise_kind {
+  MT_ELEMENTWISE_NONE = 0,
+  MT_ELEMENTWISE_ADD = 1,
+  MT_ELEMENTWISE_MUL = 2,
+  MT_ELEMENTWISE_DIV = 3,
+  MT_ELEMENTWISE_MAX = 4,
+  MT_ELEMENTWISE_MIN = 5,
+  MT_ELEMENTWISE_COUNT
+} mt_elementwise_kind;
+
+/* Local. The dim map of an elementwise op of `noperands` operands (at most
+ * MT_PROP_MAX_INPUTS) of which those in the bitmask `tensors` are tensors (the
+ * map's inputs, in operand order; the others are scalars). Input i has ndim[i]
+ * dims of sizes shape[i]. NumPy broadcasting: inputs align to the right on the
+ * output, whose dims are the labels (all KEEP); a dim of size 1 facing a larger
+ * one broadcasts. Shapes that do not broadcast are MT_EINVAL. */
+int mt_dimmap_elementwise(int kind, int noperands, uint32_t tensors, const int *ndim,
+                          const int64_t (*shape)[MT_MAX_NDIM], mt_dimmap *out,
+                          mt_error *err);
+
+/* Local. The dim map of matmul (a @ b, NumPy's rules) or, with `transpose_b`, of
+ * a @ b.T for a 2-D b held as it is (nn.functional.linear's weight). Batch dims
+ * broadcast like elementwise inputs, the rows and columns are KEEP and the inner
+ * dim CONTRACT (sharded -> Partial(sum)); a Partial(sum|avg) operand passes when
+ * the other is Replicate (LINEAR_ONE on both). A 0-d operand, batch dims that do
+ * not broadcast, or transpose_b with a b that is not 2-D are MT_EINVAL. */
+int mt_dimmap_matmul(int a_ndim, const int64_t *a_shape, int b_ndim,
+                     const int64_t *b_shape, int transpose_b, mt_dimmap *out,
+                     mt_error *err);
+
+/* What a reduction does when the dims it reduces are sharded. `reduce_op` is the
+ * mt_reduce_op the partial results combine with (the reduced labels are REDUCE),
+ * or -1 when they do not combine (REPLICATE: all, any, argmax, std, ...);
+ * `partial_rule` and `partial_ops` treat Partial inputs as in mt_dimmap;
+ * `even_only` asks for equal shards of the reduced dims (mean). */
+typedef struct mt_reduction_rule {
+  int reduce_op;
+  int partial_rule;
+  uint32_t partial_ops;
+  int even_only;
+} mt_reduction_rule;
+
+/* Local. The dim map of a reduction by `rule` of an ndim-d input over the dims in
+ * the bitmask `axes`: kept dims are KEEP; with `keepdims` each reduced dim stays
+ * as a new sized REPLICATE label of size 1. Max and min of bool or complex values
+ * (`dtype`, an mt_dtype code) have no reduction over MPI, so their reduced dims
+ * are REPLICATE and Partials are reduced first. Axes beyond ndim are MT_EINVAL. */
+int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
+                        int keepdims, int dtype, mt_dimmap *out, mt_error *err);
+
+/* The signature of an operation of a registered family: which builder makes its
+ * dim map, with what. */
+typedef enum mt_op_family {
+  MT_OP_ELEMENTWISE = 0, /* `kind`: an mt_elementwise_kind */
+  MT_OP_MATMUL = 1,
+  MT_OP_REDUCTION = 2 /* `rule` */
+} mt_op_family;
+
+typedef struct mt_op_sig {
+  int family;
+  int kind;
+  mt_reduction_rule rule;
+} mt_op_sig;
+
+/* What one call adds to the shapes: elementwise, the operand count and the bitmask
+ * of the tensor operands (the inputs); a reduction, the reduced dims and keepdims. */
+typedef struct mt_op_args {
+  int noperands;
+  uint32_t tensors;
+  uint32_t axes;
+  int keepdims;
+} mt_op_args;
+
 /* The inputs as they are: global shapes and current placements on one mesh.
  * `out_itemsize` prices the later reduction of a Partial the op creates; 0 means
  * the largest input itemsize. */
@@ -131,6 +219,13 @@ typedef struct mt_prop_result {
   int64_t bytes;
   int64_t messages;
 } mt_prop_result;
+
+/* Local. The dim map of an operation of signature `sig` on `in`'s shapes (its
+ * mesh and placements are not used), by the builder of its family; `dtype` is the
+ * mt_dtype of the first input (reductions). Errors as the builders'; a matmul of
+ * other than two tensors or a reduction of other than one is MT_EINVAL. */
+int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inputs *in,
+                 int dtype, mt_dimmap *out, mt_error *err);
 
 /* Local. Checks a dim map on its own: 1 to MT_PROP_MAX_INPUTS inputs, label
  * ranges and kinds, every output label KEEP or REPLICATE and at most once, every

@@ -1,15 +1,8 @@
-"""NumPy operations on DTensors: the dispatch from ``__array_ufunc__`` and
-``__array_function__`` to sharding decisions made by the C engine (see
-_dispatch.py), and the dim maps of each family of operations."""
+"""NumPy operations on DTensors. Importing this package registers them: each
+ufunc's and reduction's signature with the C dispatch (_elementwise.py,
+_reductions.py), and each operation's DTensor version in mpitensor._registry,
+where DTensor's entry points and the C dispatch's Python entries find them."""
 
-from ._dispatch import array_function
-from ._elementwise import array_ufunc
-from ._reductions import method as reduction_method
-from . import _linalg  # noqa: F401  (registers dot, einsum, tensordot, inner, outer)
-from . import _shape  # noqa: F401  (registers transpose, concatenate, ...)
-from . import _select  # noqa: F401  (registers where, clip, copy)
-from . import _indexing  # noqa: F401  (DTensor.__getitem__)
+from . import _elementwise, _indexing, _linalg, _reductions, _select, _shape  # noqa: F401
 
-from ._fast import install as install_fast_path
-
-__all__ = ["array_function", "array_ufunc", "reduction_method", "install_fast_path"]
+__all__: list = []

@@ -1,14 +1,14 @@
-"""Running a NumPy operation on DTensors: decide, redistribute, compute, wrap.
+"""The Python entry of NumPy operations on DTensors: decide, redistribute, compute,
+wrap.
 
-Every supported operation is described by a dim map (see csrc/include/mpitensor/
-prop.h) that the C engine turns into a decision: the placements each input must
-have, and the output's placements and global shape. A decision is made once per
-(operation, static arguments, input placements, shapes, dtypes) and kept on the
-mesh, so a cached call costs one dict lookup before NumPy runs on the local arrays.
-
-Registry: ``implements(np.func)`` registers the DTensor version of a NumPy function
-for ``__array_function__``; a NumPy function nobody registered is a TypeError that
-names it, never a silent gather.
+Every operation is described by a dim map (csrc/include/mpitensor/prop.h). The
+ufuncs and reductions register their signatures with the C dispatch at import
+(_elementwise.py, _reductions.py), which builds their maps; the operations driven
+from Python (einsum, reshape, concatenate, softmax, ...) build theirs here, on a
+miss only. Either way the decision lives in the mesh's C memo, keyed by the
+operation and the identity of the inputs' layouts: a repeated call costs one
+lookup before NumPy runs on the local arrays, and an operation decided by the C
+path is decided for its Python entry too.
 """
 
 from __future__ import annotations
@@ -17,25 +17,31 @@ import numbers
 
 import numpy as np
 
-from .. import _C, _trace
-from ..experimental import _implicit
-from .._dtensor_spec import DTensorSpec, contiguous_strides
-from .._redistribute import check_targets, plan_for
-from ..placement_types import _REDUCE_OPS, Partial, Replicate, Shard
+from .. import _C, _modes, _trace
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec
 
-# mt_label_kind, mt_partial_rule and mt_reduce_op (prop.h, layout.h).
-KEEP, CONTRACT, REDUCE, REPLICATE = 0, 1, 2, 3
-P_NONE, P_LINEAR_ALL, P_LINEAR_ONE, P_SAME_OP = 0, 1, 2, 3
-R_SUM, R_AVG, R_PRODUCT, R_MAX, R_MIN = 0, 1, 2, 3, 4
+# The label kinds, partial rules and reduce ops of dim maps, from the core.
+KEEP, CONTRACT, REDUCE, REPLICATE = (_C.LABEL_KEEP, _C.LABEL_CONTRACT, _C.LABEL_REDUCE,
+                                     _C.LABEL_REPLICATE)
+P_NONE, P_LINEAR_ALL, P_LINEAR_ONE, P_SAME_OP = (
+    _C.PARTIAL_NONE, _C.PARTIAL_LINEAR_ALL, _C.PARTIAL_LINEAR_ONE, _C.PARTIAL_SAME_OP)
+R_SUM, R_AVG, R_PRODUCT, R_MAX, R_MIN = (_C.REDUCE_SUM, _C.REDUCE_AVG, _C.REDUCE_PRODUCT,
+                                         _C.REDUCE_MAX, _C.REDUCE_MIN)
+# The most DTensor inputs one decision takes.
+MAX_INPUTS = _C.PROP_MAX_INPUTS
 
 
 def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
            even_only=0, partial_rule=P_NONE, partial_inputs=0, partial_ops=0,
            sizes=None, out_sizes=None) -> "_C.DimMap":
-    """A checked C dim map. ``kinds`` has one mt_label_kind per label;
-    ``reduce_ops`` maps REDUCE labels to their op; ``sizes`` maps labels no input
-    holds (keepdims' size-1 dims) to their size; ``out_sizes`` maps output dims
-    resized from their label's size (reshape's groups) to their size."""
+    """A checked C dim map. ``kinds`` has one label kind per label; ``reduce_ops``
+    maps REDUCE labels to their op; ``sizes`` maps labels no input holds
+    (keepdims' size-1 dims) to their size; ``out_sizes`` maps output dims resized
+    from their label's size (reshape's groups) to their size. Local.
+
+    Example: ``dimmap([range(2)], [1, 0], [KEEP, KEEP])`` is a transpose's.
+    """
     n = len(kinds)
     ops = [0] * n
     for label, op in (reduce_ops or {}).items():
@@ -56,48 +62,8 @@ def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
     return _C.DimMap(*args)
 
 
-def _placement(code) -> object:
-    kind, dim, op = code
-    if kind == 0:
-        return Replicate()
-    if kind == 1:
-        return Shard(dim)
-    return Partial(_REDUCE_OPS[op])
-
-
-class Decision:
-    """What an operation does on given inputs: a redistribute plan per input (None
-    where the input is used as it is) and the output's placements, shape, strides."""
-
-    __slots__ = ("plans", "out_placements", "out_shape", "out_stride", "local_only")
-
-    def __init__(self, plans, out_placements, out_shape):
-        self.plans = plans
-        self.out_placements = out_placements
-        self.out_shape = out_shape
-        self.out_stride = contiguous_strides(out_shape)
-        # No input is redistributed: the C fast path may run this decision.
-        self.local_only = all(p is None for p in plans)
-
-
-def _decide(mesh, inputs, dmap) -> Decision:
-    specs = [x._spec for x in inputs]
-    in_codes, out_codes, out_shape = _C.propagate(
-        dmap, mesh.shape, [s.shape for s in specs],
-        [tuple(p._code for p in s.placements) for s in specs],
-        [s.dtype.itemsize for s in specs])
-    plans = []
-    for s, codes in zip(specs, in_codes):
-        dst = tuple(_placement(c) for c in codes)
-        if dst == s.placements:
-            plans.append(None)
-            continue
-        check_targets(s.placements, dst, s.dtype)
-        plans.append(plan_for(mesh, s.shape, s.placements, dst, s.dtype.itemsize))
-    return Decision(tuple(plans), tuple(_placement(c) for c in out_codes), tuple(out_shape))
-
-
 def same_mesh(op_name: str, inputs):
+    """The mesh of the DTensor inputs, which must be one (ValueError otherwise)."""
     mesh = inputs[0]._spec.mesh
     for x in inputs[1:]:
         m = x._spec.mesh
@@ -109,26 +75,39 @@ def same_mesh(op_name: str, inputs):
     return mesh
 
 
-def decide(key, mesh, inputs, build_map) -> Decision:
-    """The cached decision for ``key``; ``build_map()`` makes the dim map on a miss."""
-    dec = mesh._decisions.get(key)
-    if dec is None:
-        dec = mesh._decisions[key] = _decide(mesh, inputs, build_map())
-        if _trace.active:
-            _trace.decision(key, inputs, dec, False)
-    elif _trace.active:
-        _trace.decision(key, inputs, dec, True)
+def _traced(op_key, operands, dec):
+    if _modes.tracing:
+        _trace.decision(op_key, [o for o in operands if type(o) is DTensor], dec,
+                        dec.cached)
     return dec
 
 
-def local_inputs(mesh, inputs, dec: Decision) -> list:
+def decide(op_key, operands, build_map) -> "_C.Decision":
+    """The decision of the operation ``op_key`` (hashable: the function and its
+    static arguments) on ``operands`` (DTensors of one mesh, and scalars whose
+    types matter); ``build_map()`` makes its dim map on a miss. Local."""
+    return _traced(op_key, operands, _C.decide(_C.op_id(op_key), operands, build_map))
+
+
+def decide_ufunc(ufunc, operands) -> "_C.Decision":
+    """The decision of a ufunc on DTensors and scalars: the C path's own. Local."""
+    return _traced(ufunc, operands, _C.decide_ufunc(ufunc, operands))
+
+
+def decide_reduction(func, a, axis, keepdims) -> "_C.Decision":
+    """The decision of a registered reduction over ``axis`` (None, an int or a
+    normalised tuple): the C path's own. Local."""
+    return _traced(func, (a,), _C.decide_reduction(func, a, axis, keepdims))
+
+
+def local_inputs(mesh, inputs, dec) -> list:
     """Each input's local array after the redistribution the decision needs.
     Collective on the mesh when a plan has steps."""
     if mesh._coordinate is None:
         # Not a member: no data; run on stand-ins only to learn the output dtype.
         return [np.zeros((1,) * x.ndim, x.dtype) for x in inputs]
     handle = mesh._handle
-    if _trace.active:
+    if _modes.tracing:
         for x, p in zip(inputs, dec.plans):
             if p is not None:
                 _trace.redistribute("operation", mesh, p, x._spec.shape, x._spec.dtype)
@@ -136,29 +115,14 @@ def local_inputs(mesh, inputs, dec: Decision) -> list:
             for x, p in zip(inputs, dec.plans)]
 
 
-def wrap(mesh, dec: Decision, local):
+def wrap(mesh, dec, local):
     """A DTensor of the decision's output spec around a local result."""
-    from .._api import DTensor
-
     if type(local) is not np.ndarray:
         local = np.asarray(local)
     if mesh._coordinate is None:
         local = np.empty((0,), local.dtype)
     return DTensor(local, DTensorSpec(mesh, dec.out_placements, dec.out_shape,
                                       local.dtype, dec.out_stride))
-
-
-def input_key(op_key, inputs) -> tuple:
-    """The cache key: the op's static key and each input's placements, shape, dtype."""
-    if len(inputs) == 1:
-        s = inputs[0]._spec
-        return (op_key, s.placements, s.shape, s.dtype)
-    s, t = inputs[0]._spec, inputs[1]._spec
-    key = (op_key, s.placements, s.shape, s.dtype, t.placements, t.shape, t.dtype)
-    for x in inputs[2:]:
-        s = x._spec
-        key += (s.placements, s.shape, s.dtype)
-    return key
 
 
 # -- operands ---------------------------------------------------------------------
@@ -174,10 +138,8 @@ def implicit(operands) -> tuple:
     """Inside ``implicit_replication()``, plain ndarrays (not 0-d) among the operands
     become Replicate DTensors on the mesh of the first DTensor operand (no
     communication: every rank is trusted to hold the same array); else unchanged."""
-    if not _implicit.active:
+    if not _modes.implicit_replication:
         return tuple(operands)
-    from .._api import DTensor
-
     mesh = next((o._spec.mesh for o in operands if type(o) is DTensor), None)
     if mesh is None:
         return tuple(operands)
@@ -189,8 +151,6 @@ def split_operands(name: str, operands):
     """(DTensor inputs, pattern of which operands they are) of an elementwise call,
     after implicit replication; scalars stay operands, a plain ndarray is a
     TypeError, and anything else gives None (NotImplemented for ufuncs)."""
-    from .._api import DTensor
-
     inputs, pattern = [], []
     for obj in implicit(operands):
         if type(obj) is DTensor:
@@ -212,41 +172,3 @@ def mixed_error(op_name: str, obj) -> TypeError:
         f"{op_name}: mixing a DTensor with {what} is not supported; wrap it with "
         f"mpitensor.distribute_tensor(array, mesh, placements) first"
     )
-
-
-# -- __array_function__ registry ------------------------------------------------------
-
-_FUNCTIONS: dict = {}
-# NumPy function or ufunc -> its experimental.register_sharding rule, called as
-# rule(args, kwargs); checked before the built-in rules, which it overrides.
-CUSTOM: dict = {}
-
-
-def implements(*np_funcs):
-    """Registers the decorated function as the DTensor version of ``np_funcs``."""
-    def register(impl):
-        for f in np_funcs:
-            _FUNCTIONS[f] = impl
-        return impl
-    return register
-
-
-def array_function(func, types, args, kwargs):
-    from .._api import DTensor
-
-    for t in types:
-        if t is not DTensor and not issubclass(t, np.ndarray):
-            return NotImplemented
-    if CUSTOM:
-        custom = CUSTOM.get(func)
-        if custom is not None:
-            return custom(args, kwargs)
-    impl = _FUNCTIONS.get(func)
-    if impl is None:
-        name = getattr(func, "__name__", repr(func))
-        raise TypeError(
-            f"numpy.{name} has no sharding rule for DTensors in mpitensor; call "
-            f".full_tensor() to work on the whole array, or .to_local() for this "
-            f"rank's shard"
-        )
-    return impl(*args, **kwargs)

@@ -1,71 +1,57 @@
-"""NumPy ufuncs on DTensors (``__array_ufunc__``): every elementwise ufunc with one or
-two inputs, with broadcasting, scalars, NumPy's own dtype promotion and ``out=``.
+"""NumPy ufuncs on DTensors: every elementwise ufunc, with broadcasting, scalars,
+NumPy's own dtype promotion and ``out=``, and matmul.
 
-Dim map: inputs right-aligned on the output's dims (all KEEP); an input dim of
-size 1 that broadcasts gets its in_bcast bit. Partial inputs are kept by linear
-ufuncs only as the algebra allows: ``P + P``, ``-P``, ``P * R``, ``P * c``,
-``P / R``, ``P / c`` stay Partial(sum|avg); ``maximum`` keeps Partial(max) and
-``minimum`` Partial(min); anything else, including ``P + c`` (the scalar would be
-added once per rank), reduces the Partial first.
+Each ufunc is registered with the C dispatch at import with its family and the
+way it treats Partial inputs (prop.h's mt_elementwise_kind): ``P + P``, ``-P``,
+``P * R``, ``P * c``, ``P / R``, ``P / c`` stay Partial(sum|avg); ``maximum``
+keeps Partial(max) and ``minimum`` Partial(min); anything else, ``P + c``
+included (the scalar would be added once per rank), reduces the Partial first.
+The C path runs the calls it can take; ``array_ufunc`` below is the Python entry
+of the others (``out=`` and other keywords, plain ndarrays, implicit replication,
+debugging tools, ranks outside the mesh), deciding through the same memo.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _registry
+from .._dtensor import DTensor
 from . import _dispatch as D
-from . import _linalg
 
-_LINEAR_ALL = frozenset({np.add, np.subtract, np.negative, np.positive})
 _KWARGS = frozenset({"out", "dtype", "casting"})
+_KINDS = {
+    np.add: _C.ELEMENTWISE_ADD, np.subtract: _C.ELEMENTWISE_ADD,
+    np.negative: _C.ELEMENTWISE_ADD, np.positive: _C.ELEMENTWISE_ADD,
+    np.multiply: _C.ELEMENTWISE_MUL, np.true_divide: _C.ELEMENTWISE_DIV,
+    np.maximum: _C.ELEMENTWISE_MAX, np.minimum: _C.ELEMENTWISE_MIN,
+}
 
 
-def _partial_rule(ufunc, pattern):
-    """(rule, partial_inputs, partial_ops) for a ufunc called with ``pattern``
-    (True where the operand is a DTensor)."""
-    both = all(pattern)
-    if ufunc in _LINEAR_ALL:
-        return (D.P_LINEAR_ALL, 0, 0) if both else (D.P_NONE, 0, 0)
-    if ufunc is np.multiply:
-        return (D.P_LINEAR_ONE, 0b11, 0) if both else (D.P_LINEAR_ALL, 0, 0)
-    if ufunc is np.true_divide:
-        if both:
-            return D.P_LINEAR_ONE, 0b01, 0
-        return (D.P_LINEAR_ALL, 0, 0) if pattern[0] else (D.P_NONE, 0, 0)
-    if ufunc is np.maximum:
-        return D.P_SAME_OP, 1 << D.R_MAX, 0
-    if ufunc is np.minimum:
-        return D.P_SAME_OP, 1 << D.R_MIN, 0
-    return D.P_NONE, 0, 0
+def _register() -> None:
+    """Registers every elementwise ufunc of NumPy, and matmul, once."""
+    seen = set()
+    for name in sorted(dir(np)):
+        u = getattr(np, name)
+        if not isinstance(u, np.ufunc) or u in seen:
+            continue
+        seen.add(u)
+        if u is np.matmul:
+            _C.register_ufunc(u, _C.FAMILY_MATMUL, 0)
+        elif u.signature is None and u.nin <= D.MAX_INPUTS:
+            _C.register_ufunc(u, _C.FAMILY_ELEMENTWISE,
+                              _KINDS.get(u, _C.ELEMENTWISE_NONE))
 
 
-def _elementwise_map(ufunc, pattern, shapes):
-    out_shape = np.broadcast_shapes(*shapes)
-    nout = len(out_shape)
-    in_labels, bcast = [], []
-    for shape in shapes:
-        first = nout - len(shape)
-        in_labels.append(range(first, nout))
-        bits = 0
-        for d, n in enumerate(shape):
-            if n == 1 and out_shape[first + d] != 1:
-                bits |= 1 << d
-        bcast.append(bits)
-    rule, pops, _ = _partial_rule(ufunc, pattern)
-    partial_inputs, partial_ops = (pops, 0) if rule == D.P_LINEAR_ONE else (0, pops)
-    return D.dimmap(in_labels, range(nout), [D.KEEP] * nout, in_bcast=bcast,
-                    partial_rule=rule, partial_inputs=partial_inputs,
-                    partial_ops=partial_ops)
+_register()
 
 
-def array_ufunc(self, ufunc, method, *operands, **kwargs):
-    """DTensor.__array_ufunc__."""
-    from .._api import DTensor
-
+@_registry.implements(np.ufunc)
+def array_ufunc(ufunc, method, *operands, **kwargs):
+    """The Python entry of ``ufunc.method(*operands, **kwargs)`` on DTensors."""
     name = f"numpy.{ufunc.__name__}"
-    if D.CUSTOM and method == "__call__":
-        custom = D.CUSTOM.get(ufunc)
+    if _registry.rules and method == "__call__":
+        custom = _registry.rules.get(ufunc)
         if custom is not None:  # experimental.register_sharding overrides the rule
             return custom(operands, kwargs)
     if method != "__call__":
@@ -78,7 +64,6 @@ def array_ufunc(self, ufunc, method, *operands, **kwargs):
     for k in kwargs:
         if k not in _KWARGS:
             raise TypeError(f"{name}: the keyword argument {k}= is not supported on DTensors")
-    given = operands
     operands = D.implicit(operands)
     split = D.split_operands(name, operands)
     if split is None:
@@ -89,22 +74,13 @@ def array_ufunc(self, ufunc, method, *operands, **kwargs):
         if len(outs) != ufunc.nout or any(type(o) is not DTensor for o in outs):
             raise TypeError(f"{name}: out= must be {ufunc.nout} DTensor(s)")
     mesh = D.same_mesh(name, inputs + list(outs or ()))
-    pattern = tuple(pattern)
-    key = D.input_key((ufunc, pattern), inputs)
-    if ufunc is np.matmul:
-        build = lambda: _linalg.matmul_map(name, [x.shape for x in inputs])  # noqa: E731
-    else:
-        build = lambda: _elementwise_map(ufunc, pattern, [x.shape for x in inputs])  # noqa: E731
-    dec = D.decide(key, mesh, inputs, build)
+    dec = D.decide_ufunc(ufunc, operands)
     local = iter(D.local_inputs(mesh, inputs, dec))
     args = [next(local) if is_dt else obj for is_dt, obj in zip(pattern, operands)]
     if outs is None:
         result = ufunc(*args, **kwargs)
         if ufunc.nout == 1:
-            out = D.wrap(mesh, dec, result)
-            if dec.local_only and not kwargs and mesh._coordinate is not None:
-                _C.dispatch_record_ufunc(ufunc, given, out)
-            return out
+            return D.wrap(mesh, dec, result)
         return tuple(D.wrap(mesh, dec, r) for r in result)
     return _into_outs(mesh, dec, ufunc, args, kwargs, outs)
 

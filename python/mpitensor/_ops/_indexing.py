@@ -17,7 +17,8 @@ import operator
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _registry
+from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
@@ -116,8 +117,9 @@ def _local_cut(s, lo, n):
 
 class _Plan:
     """What ``dt[key]`` does for one key and input spec on this rank: the local cut,
-    the exchange (None when nothing moves) and the output spec. Kept on the mesh,
-    so a repeated key costs one dict lookup before NumPy cuts the local array."""
+    the exchange (None when nothing moves) and the output spec. Kept in the mesh's
+    bounded cache of indexing plans (the oldest goes first), so a repeated key
+    costs one dict lookup before NumPy cuts the local array."""
 
     __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec")
 
@@ -173,23 +175,25 @@ def _cache_key(key):
     return tuple(out)
 
 
+@_registry.implements(operator.getitem)
 def getitem(dt, key):
     """``dt[key]`` for a basic key; see the module docstring. Collective on the mesh
     when the key cuts a sharded dim (one exchange of the picked elements), else
     local."""
-    from .._api import DTensor
-
     if type(key) is DTensor:
         raise _advanced_error("a DTensor")
     spec = dt._spec
     mesh = spec.mesh
     ck = _cache_key(key)
-    cache_key = ("getitem", ck, spec.placements, spec.shape, spec.dtype)
-    plan = mesh._decisions.get(cache_key) if ck is not None else None
+    cache_key = (ck, spec.placements, spec.shape, spec.dtype)
+    plans = mesh._select_plans
+    plan = plans.get(cache_key) if ck is not None else None
     if plan is None:
         plan = _Plan(dt, key)
         if ck is not None:
-            mesh._decisions[cache_key] = plan
+            if len(plans) >= mesh._plan_limit:
+                del plans[next(iter(plans))]
+            plans[cache_key] = plan
     if plan.cut is None:
         return DTensor(np.empty((0,), spec.dtype), plan.spec)
     piece = np.ascontiguousarray(dt.to_local()[plan.cut])
@@ -202,9 +206,3 @@ def getitem(dt, key):
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
                                 for o in plan.outdims))
     return DTensor(local, plan.spec)
-
-
-def setitem(dt, key, value):
-    raise TypeError("DTensor does not support item assignment; build the new value "
-                    "with NumPy operations (e.g. numpy.where) or assign into "
-                    "dt.to_local() for this rank's shard")

@@ -1,59 +1,26 @@
-"""matmul (``@``, the ufunc ``np.matmul``), ``np.dot`` for 1-D and 2-D operands, and
-``np.einsum`` with ``np.tensordot``, ``np.inner`` and ``np.outer`` as its instances.
+"""``np.dot`` for 1-D and 2-D operands, and ``np.einsum`` with ``np.tensordot``,
+``np.inner`` and ``np.outer`` as its instances.
 
-Dim map: batch dims broadcast like elementwise inputs (KEEP), the rows ``i`` and
-columns ``j`` are KEEP, the inner dim ``k`` is CONTRACT (sharded -> Partial(sum));
-a Partial(sum|avg) operand passes through when the other is Replicate (LINEAR_ONE
-on both inputs): ``S1 @ S0 -> P(sum)``, ``S0 @ R -> S0``, ``R @ S1 -> S1``.
+matmul itself (``@``, the ufunc ``np.matmul``) is registered with the C dispatch
+(_elementwise.py), whose dim map (core/dimmap.c) broadcasts batch dims, keeps the
+rows and columns and contracts the inner dim (sharded -> Partial(sum)); a
+Partial(sum|avg) operand passes through when the other is Replicate:
+``S1 @ S0 -> P(sum)``, ``S0 @ R -> S0``, ``R @ S1 -> S1``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
 
+from .. import _registry
+from .._dtensor import DTensor
 from . import _dispatch as D
 
 
-def matmul_map(name, shapes, transpose_b=False):
-    """The dim map of ``a @ b`` or, with ``transpose_b``, of ``a @ b.T`` for a 2-D
-    ``b`` held as it is (nn.functional.linear's weight, (out, in))."""
-    a, b = shapes
-    if len(a) == 0 or len(b) == 0:
-        raise ValueError(f"{name}: operands must have at least one dim (scalars: use *)")
-    a_batch, b_batch = a[:-2], b[:-2]
-    batch = np.broadcast_shapes(a_batch, b_batch)
-    nb = len(batch)
-    kinds = [D.KEEP] * nb
-    labels = list(range(nb))
-
-    def new(kind):
-        kinds.append(kind)
-        return len(kinds) - 1
-
-    k = new(D.CONTRACT)
-    i = new(D.KEEP) if len(a) >= 2 else None
-    j = new(D.KEEP) if len(b) >= 2 else None
-    in_labels, bcast = [], []
-    b_core = [k] if j is None else [j, k] if transpose_b else [k, j]
-    for shape, core in ((a, [i, k] if i is not None else [k]), (b, b_core)):
-        bshape = shape[:-2] if len(shape) >= 2 else ()
-        first = nb - len(bshape)
-        bits = 0
-        for d, n in enumerate(bshape):
-            if n == 1 and batch[first + d] != 1:
-                bits |= 1 << d
-        in_labels.append(labels[first:] + core)
-        bcast.append(bits)
-    out = labels + [x for x in (i, j) if x is not None]
-    return D.dimmap(in_labels, out, kinds, in_bcast=bcast, partial_rule=D.P_LINEAR_ONE,
-                    partial_inputs=0b11)
-
-
-@D.implements(np.dot)
+@_registry.implements(np.dot)
 def dot(a, b, out=None):
     """np.dot for 1-D and 2-D DTensors (the cases where it equals matmul)."""
-    from .._api import DTensor
-
     if out is not None:
         raise TypeError("numpy.dot: out= is not supported on DTensors")
     a, b = D.implicit((a, b))
@@ -122,11 +89,9 @@ def einsum_map(ins, out, letters):
                     partial_inputs=(1 << len(ins)) - 1)
 
 
-@D.implements(np.einsum)
+@_registry.implements(np.einsum)
 def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
     """np.einsum with explicit "->" subscripts on DTensors (all operands DTensors)."""
-    from .._api import DTensor
-
     name = "numpy.einsum"
     if out is not None or kwargs:
         raise TypeError(f"{name}: out= and {', '.join(kwargs) or 'out'}= are not "
@@ -145,15 +110,12 @@ def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
         raise TypeError(f"{name}: at most 32 distinct subscripts on DTensors")
     sub = ",".join(ins) + "->" + outs
     mesh = D.same_mesh(name, operands)
-    dec = D.decide(D.input_key(("einsum", sub), operands), mesh, operands,
-                   lambda: einsum_map(ins, outs, letters))
+    dec = D.decide(("einsum", sub), operands, lambda: einsum_map(ins, outs, letters))
     local = D.local_inputs(mesh, operands, dec)
     return D.wrap(mesh, dec, np.einsum(sub, *local, optimize=optimize))
 
 
 def _two_dtensors(name, a, b):
-    from .._api import DTensor
-
     for x in (a, b):
         if type(x) is not DTensor:
             if isinstance(x, np.ndarray) or D.is_scalar(x):
@@ -161,11 +123,9 @@ def _two_dtensors(name, a, b):
             raise TypeError(f"{name}: expected DTensors, got {type(x).__name__}")
 
 
-@D.implements(np.tensordot)
+@_registry.implements(np.tensordot)
 def tensordot(a, b, axes=2):
     """np.tensordot of two DTensors as an einsum."""
-    from numpy.lib.array_utils import normalize_axis_tuple
-
     name = "numpy.tensordot"
     _two_dtensors(name, a, b)
     if isinstance(axes, (int, np.integer)):
@@ -194,7 +154,7 @@ def tensordot(a, b, axes=2):
     return einsum("".join(sa) + "," + "".join(sb) + "->" + "".join(out), a, b)
 
 
-@D.implements(np.inner)
+@_registry.implements(np.inner)
 def inner(a, b):
     """np.inner of two DTensors (at least 1-D) as an einsum over their last dims."""
     name = "numpy.inner"
@@ -205,7 +165,7 @@ def inner(a, b):
     return tensordot(a, b, axes=((-1,), (-1,)))
 
 
-@D.implements(np.outer)
+@_registry.implements(np.outer)
 def outer(a, b, out=None):
     """np.outer of two 1-D DTensors as an einsum ("i,j->ij")."""
     name = "numpy.outer"

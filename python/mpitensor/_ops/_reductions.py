@@ -1,14 +1,17 @@
 """Reductions on DTensors, as NumPy functions and as DTensor methods.
 
-Dim map: reduced dims are REDUCE labels where sharding them gives a Partial
-(``sum``/``nansum`` -> Partial(sum), ``mean`` -> Partial(avg) for even shards only,
-``prod`` -> Partial(product), ``max``/``min`` -> Partial(max/min)), and REPLICATE
-labels for the reductions whose partial results do not combine (``all``, ``any``,
-``argmax``, ``argmin``, ``std``, ``var``, and max/min of bool or complex values,
-which have no MPI max/min here). Kept dims are KEEP; with ``keepdims`` each reduced
-dim becomes a new size-1 REPLICATE output label. Partial inputs: sum and mean are
-linear (a Partial(sum|avg) passes through), max/min keep Partial(max/min), the
-others reduce it first.
+Each reduction registers its signature with the C dispatch at import: reduced dims
+sharded give a Partial of its reduce op (``sum``/``nansum`` -> Partial(sum),
+``mean`` -> Partial(avg) for even shards only, ``prod`` -> Partial(product),
+``max``/``min`` -> Partial(max/min)), or, for the reductions whose partial results
+do not combine (``all``, ``any``, ``argmax``, ``argmin``, ``std``, ``var``; and
+max/min of bool or complex values, which the core decides from the dtype), are
+gathered first. Partial inputs: sum and mean are linear (a Partial(sum|avg)
+passes through), max/min keep Partial(max/min), the others reduce it first.
+
+DTensor's methods (``dt.sum(axis=0)``) are the C base's: the C path runs the calls
+it can take, the others come here (``IMPLS``), as do the NumPy functions
+(``np.sum(dt)``), deciding through the same memo.
 """
 
 from __future__ import annotations
@@ -16,60 +19,31 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _C
+from .. import _C, _registry
+from .._dtensor import DTensor
 from . import _dispatch as D
 
-_DDOF_0 = {"ddof": 0}  # std/var's default, which the ndarray methods also use
-
-# name -> (NumPy function, reduce op or None for REPLICATE, partial rule,
-#          partial ops, even_only)
+# name -> (NumPy function, DTensor method or None, reduce op (-1: gathered), partial
+#          rule, partial ops, even_only)
 _RULES = {
-    "sum": (np.sum, D.R_SUM, D.P_LINEAR_ALL, 0, False),
-    "nansum": (np.nansum, D.R_SUM, D.P_NONE, 0, False),
-    "mean": (np.mean, D.R_AVG, D.P_LINEAR_ALL, 0, True),
-    "prod": (np.prod, D.R_PRODUCT, D.P_NONE, 0, False),
-    "max": (np.max, D.R_MAX, D.P_SAME_OP, 1 << D.R_MAX, False),
-    "amax": (np.amax, D.R_MAX, D.P_SAME_OP, 1 << D.R_MAX, False),
-    "min": (np.min, D.R_MIN, D.P_SAME_OP, 1 << D.R_MIN, False),
-    "amin": (np.amin, D.R_MIN, D.P_SAME_OP, 1 << D.R_MIN, False),
-    "all": (np.all, None, D.P_NONE, 0, False),
-    "any": (np.any, None, D.P_NONE, 0, False),
-    "argmax": (np.argmax, None, D.P_NONE, 0, False),
-    "argmin": (np.argmin, None, D.P_NONE, 0, False),
-    "std": (np.std, None, D.P_NONE, 0, False),
-    "var": (np.var, None, D.P_NONE, 0, False),
+    "sum": (np.sum, "sum", D.R_SUM, D.P_LINEAR_ALL, 0, False),
+    "nansum": (np.nansum, None, D.R_SUM, D.P_NONE, 0, False),
+    "mean": (np.mean, "mean", D.R_AVG, D.P_LINEAR_ALL, 0, True),
+    "prod": (np.prod, "prod", D.R_PRODUCT, D.P_NONE, 0, False),
+    "max": (np.max, "max", D.R_MAX, D.P_SAME_OP, 1 << D.R_MAX, False),
+    "amax": (np.amax, None, D.R_MAX, D.P_SAME_OP, 1 << D.R_MAX, False),
+    "min": (np.min, "min", D.R_MIN, D.P_SAME_OP, 1 << D.R_MIN, False),
+    "amin": (np.amin, None, D.R_MIN, D.P_SAME_OP, 1 << D.R_MIN, False),
+    "all": (np.all, "all", -1, D.P_NONE, 0, False),
+    "any": (np.any, "any", -1, D.P_NONE, 0, False),
+    "argmax": (np.argmax, "argmax", -1, D.P_NONE, 0, False),
+    "argmin": (np.argmin, "argmin", -1, D.P_NONE, 0, False),
+    "std": (np.std, "std", -1, D.P_NONE, 0, False),
+    "var": (np.var, "var", -1, D.P_NONE, 0, False),
 }
 
 
-def _reduce_map(name, ndim, axes, keepdims, dtype):
-    _, op, rule, pops, even = _RULES[name]
-    if op in (D.R_MAX, D.R_MIN) and dtype.kind in "bc":
-        op, rule, pops = None, D.P_NONE, 0
-    kinds, reduce_ops, sizes, out = [], {}, {}, []
-    for d in range(ndim):
-        if d not in axes:
-            kinds.append(D.KEEP)
-        elif op is None:
-            kinds.append(D.REPLICATE)
-        else:
-            kinds.append(D.REDUCE)
-            reduce_ops[d] = op
-    for d in range(ndim):
-        if d not in axes:
-            out.append(d)
-        elif keepdims:
-            sizes[len(kinds)] = 1
-            out.append(len(kinds))
-            kinds.append(D.REPLICATE)
-    even_only = sum(1 << d for d in axes) if even and op is not None else 0
-    return D.dimmap([range(ndim)], out, kinds, reduce_ops=reduce_ops,
-                    even_only=even_only, partial_rule=rule, partial_ops=pops,
-                    sizes=sizes)
-
-
 def _reduce(name, a, axis, keepdims, out, extra):
-    from .._api import DTensor
-
     fname = f"numpy.{name}"
     if type(a) is not DTensor:
         raise TypeError(f"{fname}: expected a DTensor, got {type(a).__name__}")
@@ -79,29 +53,20 @@ def _reduce(name, a, axis, keepdims, out, extra):
         if k not in ("dtype", "ddof"):
             raise TypeError(f"{fname}: the keyword argument {k}= is not supported on DTensors")
     ndim = a.ndim
+    func = _RULES[name][0]
     if name in ("argmax", "argmin"):
         if axis is not None and not isinstance(axis, (int, np.integer)):
             raise TypeError(f"{fname}: axis must be an int or None, got {axis!r}")
-    axes = tuple(range(ndim)) if axis is None else normalize_axis_tuple(axis, ndim)
+    axes = None if axis is None else normalize_axis_tuple(axis, ndim)
     keepdims = bool(keepdims)
     mesh = a._spec.mesh
-    key = D.input_key((name, axes, keepdims), (a,))
-    dec = D.decide(key, mesh, (a,),
-                   lambda: _reduce_map(name, ndim, axes, keepdims, a._spec.dtype))
+    dec = D.decide_reduction(func, a, axes, keepdims)
     (local,) = D.local_inputs(mesh, (a,), dec)
-    func = _RULES[name][0]
     if name in ("argmax", "argmin"):
-        ax = None if axis is None else axes[0]
-        result = func(local, axis=ax, keepdims=keepdims)
-        if axis is None and not keepdims:
-            result = np.asarray(result)
+        result = func(local, axis=None if axes is None else axes[0], keepdims=keepdims)
     else:
         result = func(local, axis=axes, keepdims=keepdims, **extra)
-    out = D.wrap(mesh, dec, result)
-    if (dec.local_only and mesh._coordinate is not None
-            and (not extra or extra == _DDOF_0)):
-        _C.dispatch_record_reduction(name, a, axis, keepdims, axes, out)
-    return out
+    return D.wrap(mesh, dec, result)
 
 
 def _with_dtype(name):
@@ -146,23 +111,6 @@ for _name in ("argmax", "argmin"):
     IMPLS[_name] = _arg(_name)
 for _name in ("std", "var"):
     IMPLS[_name] = _moment(_name)
-for _name, _impl in IMPLS.items():
-    D.implements(_RULES[_name][0])(_impl)
-
-
-def method(name):
-    """The DTensor method ``name`` (``dt.sum(axis=0)``), NumPy's argument order:
-    the C method of ``_C.DTensorBase`` where there is one (it runs a recorded
-    decision and otherwise calls ``IMPLS[name]``), else a Python method."""
-    fast = _C.DTensorBase.__dict__.get(name)
-    if fast is not None:
-        return fast
-    impl = IMPLS[name]
-
-    def m(self, *args, **kwargs):
-        return impl(self, *args, **kwargs)
-    m.__name__ = name
-    m.__doc__ = (f"numpy.{name} of this DTensor; see numpy.ndarray.{name}. Collective "
-                 f"on the mesh when a sharded axis or a Partial must be gathered or "
-                 f"reduced.\n\nExample: dt.{name}(axis=0)")
-    return m
+for _name, (_func, _method, _op, _rule, _ops, _even) in _RULES.items():
+    _registry.implements(_func)(IMPLS[_name])
+    _C.register_reduction(_func, _method, _op, _rule, _ops, _even)

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _C, _registry
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec
 from . import _dispatch as D
-from ._elementwise import _elementwise_map
 
 
 def _run_elementwise(name, key, operands, func):
     """func(*operands) with the DTensor operands replaced by their local arrays;
     every Partial reduced first."""
-    from .._api import DTensor
-
     operands = D.implicit(operands)
     split = D.split_operands(name, operands)
     if split is None:
@@ -36,14 +36,15 @@ def _run_elementwise(name, key, operands, func):
     if not inputs:
         raise TypeError(f"{name}: expected a DTensor operand")
     mesh = D.same_mesh(name, inputs)
-    dec = D.decide(D.input_key((key, pattern), inputs), mesh, inputs,
-                   lambda: _elementwise_map(None, pattern, [x.shape for x in inputs]))
+    tensors = sum(1 << i for i, is_dt in enumerate(pattern) if is_dt)
+    dec = D.decide(key, operands, lambda: _C.dimmap_elementwise(
+        _C.ELEMENTWISE_NONE, len(pattern), tensors, [x.shape for x in inputs]))
     local = iter(D.local_inputs(mesh, inputs, dec))
     args = [next(local) if is_dt else obj for is_dt, obj in zip(pattern, operands)]
     return D.wrap(mesh, dec, func(*args))
 
 
-@D.implements(np.where)
+@_registry.implements(np.where)
 def where(condition, x=None, y=None):
     if x is None or y is None:
         raise TypeError("numpy.where on DTensors needs x and y (the one-argument form, "
@@ -51,7 +52,7 @@ def where(condition, x=None, y=None):
     return _run_elementwise("numpy.where", "where", (condition, x, y), np.where)
 
 
-@D.implements(np.clip)
+@_registry.implements(np.clip)
 def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue,
          max=np._NoValue, **kwargs):
     if out is not None or kwargs:
@@ -68,26 +69,17 @@ def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue,
 
 
 def _same_layout(a, local, dtype):
-    from .._api import DTensor
-    from .._dtensor_spec import DTensorSpec
-
     s = a._spec
     return DTensor(local, DTensorSpec(s.mesh, s.placements, s.shape, np.dtype(dtype),
                                       s.stride))
 
 
-def copy(a):
+@_registry.implements(np.copy)
+def copy(a, order="K", subok=False):
     """A DTensor with its own copy of the local data, placements kept. Local."""
-    return _same_layout(a, a.to_local().copy(), a.dtype)
-
-
-@D.implements(np.copy)
-def np_copy(a, order="K", subok=False):
-    from .._api import DTensor
-
     if type(a) is not DTensor:
         raise TypeError(f"numpy.copy: expected a DTensor, got {type(a).__name__}")
-    return copy(a)
+    return _same_layout(a, a.to_local().copy(), a.dtype)
 
 
 def exact_cast(src, dst) -> bool:
@@ -96,6 +88,7 @@ def exact_cast(src, dst) -> bool:
     return src.kind in "fc" and dst.kind in "fc" and np.can_cast(src, dst, "safe")
 
 
+@_registry.implements(np.ndarray.astype)
 def astype(a, dtype, copy=True):
     """DTensor.astype: placements kept, except that a Partial is reduced first unless
     the cast is exact (see the module notes). Local for exact casts and for inputs

@@ -29,17 +29,15 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _trace
-from . import _dispatch as D
+from .. import _modes, _registry, _trace
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Shard
+from . import _dispatch as D
 
-# MT_PROP_MAX_INPUTS (prop.h): the most inputs one decision takes.
-MAX_INPUTS = 8
 
 
 def _dtensor(name, a):
-    from .._api import DTensor
-
     if type(a) is not DTensor:
         raise TypeError(f"numpy.{name}: expected a DTensor, got {type(a).__name__}")
     return a
@@ -50,9 +48,6 @@ def _dtensor(name, a):
 def permute(a, perm):
     """``a`` with its dims in the order ``perm`` (output dim j is input dim
     perm[j]): local, no communication."""
-    from .._api import DTensor
-    from .._dtensor_spec import DTensorSpec, contiguous_strides
-
     spec = a._spec
     inv = {p: j for j, p in enumerate(perm)}
     pls = tuple(Shard(inv[p.dim]) if isinstance(p, Shard) else p for p in spec.placements)
@@ -63,12 +58,12 @@ def permute(a, perm):
     local = np.transpose(a.to_local(), perm)
     out = DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
                                      contiguous_strides(shape)))
-    if _trace.active:
+    if _modes.tracing:
         _trace.view("numpy.transpose", a, out)
     return out
 
 
-@D.implements(np.transpose)
+@_registry.implements(np.transpose)
 def transpose(a, axes=None):
     a = _dtensor("transpose", a)
     n = a.ndim
@@ -81,7 +76,7 @@ def transpose(a, axes=None):
     return permute(a, perm)
 
 
-@D.implements(np.swapaxes)
+@_registry.implements(np.swapaxes)
 def swapaxes(a, axis1, axis2):
     a = _dtensor("swapaxes", a)
     n = a.ndim
@@ -91,7 +86,7 @@ def swapaxes(a, axis1, axis2):
     return permute(a, tuple(perm))
 
 
-@D.implements(np.moveaxis)
+@_registry.implements(np.moveaxis)
 def moveaxis(a, source, destination):
     a = _dtensor("moveaxis", a)
     n = a.ndim
@@ -113,12 +108,12 @@ ALL_OPS = (1 << 5) - 1
 
 def _run(name, key, inputs, build, compute):
     mesh = D.same_mesh(f"numpy.{name}", inputs)
-    dec = D.decide(D.input_key(key, inputs), mesh, inputs, build)
+    dec = D.decide(key, inputs, build)
     locals_ = D.local_inputs(mesh, inputs, dec)
     return D.wrap(mesh, dec, compute(locals_, mesh._coordinate is not None))
 
 
-@D.implements(np.squeeze)
+@_registry.implements(np.squeeze)
 def squeeze(a, axis=None):
     a = _dtensor("squeeze", a)
     shape, n = a.shape, a.ndim
@@ -140,7 +135,7 @@ def squeeze(a, axis=None):
                 lambda ls, member: np.squeeze(ls[0], axis=axes))
 
 
-@D.implements(np.expand_dims)
+@_registry.implements(np.expand_dims)
 def expand_dims(a, axis):
     a = _dtensor("expand_dims", a)
     n = a.ndim
@@ -162,7 +157,7 @@ def expand_dims(a, axis):
                 lambda ls, member: np.expand_dims(ls[0], axes))
 
 
-@D.implements(np.broadcast_to)
+@_registry.implements(np.broadcast_to)
 def broadcast_to(array, shape, subok=False):
     a = _dtensor("broadcast_to", array)
     shape = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(
@@ -198,8 +193,6 @@ def broadcast_to(array, shape, subok=False):
 
 
 def _sequence(name, arrays):
-    from .._api import DTensor
-
     arrays = list(D.implicit(arrays))
     if not arrays:
         raise ValueError(f"numpy.{name}: need at least one array")
@@ -208,9 +201,9 @@ def _sequence(name, arrays):
             if isinstance(x, np.ndarray) or D.is_scalar(x):
                 raise D.mixed_error(f"numpy.{name}", x)
             raise TypeError(f"numpy.{name}: expected DTensors, got {type(x).__name__}")
-    if len(arrays) > MAX_INPUTS:
+    if len(arrays) > D.MAX_INPUTS:
         raise TypeError(
-            f"numpy.{name}: at most {MAX_INPUTS} DTensors at once, got {len(arrays)}; "
+            f"numpy.{name}: at most {D.MAX_INPUTS} DTensors at once, got {len(arrays)}; "
             f"combine them in groups (e.g. numpy.{name} of numpy.{name}s)")
     return arrays
 
@@ -224,7 +217,7 @@ def _check_kwargs(name, out, kwargs):
                             f"on DTensors")
 
 
-@D.implements(np.concatenate)
+@_registry.implements(np.concatenate)
 def concatenate(arrays, axis=0, out=None, **kwargs):
     _check_kwargs("concatenate", out, kwargs)
     arrays = _sequence("concatenate", arrays)
@@ -259,7 +252,7 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
                 lambda ls, member: np.concatenate(ls, axis=ax))
 
 
-@D.implements(np.stack)
+@_registry.implements(np.stack)
 def stack(arrays, axis=0, out=None, **kwargs):
     _check_kwargs("stack", out, kwargs)
     arrays = _sequence("stack", arrays)
@@ -358,7 +351,7 @@ def _reshape_map(src, dst):
                     partial_ops=ALL_OPS, sizes=sizes, out_sizes=resized)
 
 
-@D.implements(np.reshape)
+@_registry.implements(np.reshape)
 def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     """numpy.reshape of a DTensor (also ``dt.reshape``). Collective on the mesh
     when the input must move: a group of dims that reshape merges or splits keeps
@@ -380,38 +373,34 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     if copy is False:
         raise ValueError("numpy.reshape: copy=False is not supported on DTensors (the "
                          "local result is a new array whenever the layout changes)")
-    spec = a._spec
-    mesh = spec.mesh
-    # A repeated call skips parsing the shape and the layout math: one lookup.
-    # Only plain ints: 2.0 or True would hash like 2 and 1 and skip NumPy's errors.
-    ck = (shape if type(shape) is int else tuple(shape)
-          if type(shape) in (tuple, list) and all(type(n) is int for n in shape)
-          else None)
-    cache_key = ("reshape", ck, order, spec.placements, spec.shape, spec.dtype)
-    hit = mesh._decisions.get(cache_key) if ck is not None else None
-    if hit is None:
-        src = spec.shape
-        target = _target_shape(math.prod(src), shape, order)
-        dec = D.decide(D.input_key(("reshape", target), (a,)), mesh, (a,),
-                       lambda: _reshape_map(src, target))
+    mesh = a._spec.mesh
+    src = a._spec.shape
+    # The shape as given names the operation when it is plain ints (the input's
+    # shape, in its layout, fixes the target); anything else is parsed first, so
+    # that 2.0 or True meet NumPy's errors rather than hash like 2 and 1.
+    given = (shape if type(shape) is int else tuple(shape)
+             if type(shape) in (tuple, list) and all(type(n) is int for n in shape)
+             else None)
+    if given is None:
+        given = _target_shape(math.prod(src), shape, order)
+    elif order not in ("C", "A"):
+        _target_shape(math.prod(src), shape, order)  # raises NumPy's error
+
+    def build():
+        return _reshape_map(src, _target_shape(math.prod(src), shape, order))
+
+    dec = D.decide(("reshape", given), (a,), build)
+    local = D.local_inputs(mesh, (a,), dec)[0]
+    if mesh._coordinate is not None:
         # The engine let a Shard through only where the shares scale, so this
         # rank's elements are exactly its box of the output.
-        lshape = (None if mesh._coordinate is None
-                  else _local_shape(mesh, target, dec.out_placements))
-        hit = (dec, lshape)
-        if ck is not None:
-            mesh._decisions[cache_key] = hit
-    dec, lshape = hit
-    local = D.local_inputs(mesh, (a,), dec)[0]
-    if lshape is not None:
-        local = local.reshape(lshape)
+        local = local.reshape(dec.out_local_shape)
         if copy:
             local = local.copy()
     return D.wrap(mesh, dec, local)
 
 
-
-@D.implements(np.ravel)
+@_registry.implements(np.ravel)
 def ravel(a, order="C"):
     """numpy.ravel of a DTensor (also ``dt.ravel()`` and ``dt.flatten()``), which is
     ``reshape(a, -1)``: a Shard of the leading dim stays where every rank's share
@@ -429,9 +418,3 @@ def ravel(a, order="C"):
         raise TypeError(f"numpy.ravel: order={order!r} is not supported on DTensors; "
                         f"only order='C' (and 'A', which is 'C' for them)")
     return reshape(a, -1)
-
-def _local_shape(mesh, shape, placements):
-    from .._layout import local_shape_and_global_offset
-
-    return local_shape_and_global_offset(shape, mesh.shape, mesh._coordinate,
-                                         placements)[0]

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import os
 
-from .._api import DTensor
+from .._dtensor import DTensor
 from .._args import resolve_mesh
 from ..device_mesh import _mesh_stack, init_device_mesh
 from . import _agree, _directory, _paths, _tensor
-from ._pickle import DTensorShard, assemble
+from .._shard import DTensorShard, assemble
 
 __all__ = ["save", "load", "DTensorShard", "assemble"]
 

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from .._api import DTensor
+from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _agree, _index, _npy, _paths, _tensor
 

@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from .. import _C, _args
-from .._api import DTensor
+from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Partial, Replicate

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from .. import _trace
+from .. import _modes
 
 __all__ = ["set_collective_checks", "collective_checks_enabled"]
 
@@ -45,7 +45,7 @@ def set_collective_checks(enabled: bool) -> None:
         ...     dt.redistribute(mesh, [Replicate()])
         RuntimeError: collective mismatch on DeviceMesh('cpu', [0, 1]): rank 0 called ...
     """
-    _trace.set_checks(enabled)
+    _modes.set_checks(enabled)
 
 
 def collective_checks_enabled() -> bool:
@@ -53,7 +53,7 @@ def collective_checks_enabled() -> bool:
 
     Example: ``set_collective_checks(True); assert collective_checks_enabled()``.
     """
-    return _trace._checks
+    return _modes.checks
 
 
 def call_site() -> str:
@@ -121,4 +121,15 @@ def mismatch_message(mesh, texts) -> str:
         label = "rank" if len(who) == 1 else "ranks"
         parts.append(f"{label} {', '.join(map(str, who))} called {text}")
     return (f"collective mismatch on {mesh!r}: " + "; ".join(parts) + ". Every rank of "
-            f"the mesh must make the same collective calls in the same order.")
+            "the mesh must make the same collective calls in the same order.")
+
+
+def configure_from_environment() -> None:
+    """MPITENSOR_CHECK=1 turns the checks on from the start (mpitensor's import)."""
+    value = os.environ.get("MPITENSOR_CHECK", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"MPITENSOR_CHECK must be 0 or 1, got {value!r}")
+    set_collective_checks(value == "1")
+
+
+_modes.register_checker(agree)

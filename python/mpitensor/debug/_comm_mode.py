@@ -10,7 +10,7 @@ import re
 import sys
 from collections import defaultdict
 
-from .. import _C, _trace
+from .. import _C, _modes
 from ._module_tracker import ModuleTracker
 
 __all__ = ["CommDebugMode"]
@@ -138,11 +138,11 @@ class CommDebugMode:
         self._start, self._end = _C.comm_counters(), None
         self._last = self._start
         self.advanced_module_tracker.attach()
-        _trace.add_listener(self)
+        _modes.add_listener(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        _trace.remove_listener(self)
+        _modes.remove_listener(self)
         self._end = _C.comm_counters()
         self._attribute(self._end)
         self.advanced_module_tracker.detach()

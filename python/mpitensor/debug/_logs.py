@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from .. import _logging
 
 __all__ = ["set_logs"]

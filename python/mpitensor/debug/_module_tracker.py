@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import weakref
 
-from .._api import DTensor
+from .._dtensor import DTensor
+from ..nn import Module, register_module_forward_pre_hook
 
 
 class ModuleTracker:
@@ -51,8 +52,6 @@ class ModuleTracker:
     # -- names -----------------------------------------------------------------------
     def track(self, module) -> None:
         """Names ``module`` after its class and its submodules under it."""
-        from ..nn import Module
-
         if not isinstance(module, Module):
             raise TypeError(f"CommDebugMode traces mpitensor.nn modules, got "
                             f"{type(module).__name__}")
@@ -71,8 +70,6 @@ class ModuleTracker:
 
     # -- attaching -------------------------------------------------------------------
     def attach(self) -> None:
-        from ..nn import register_module_forward_pre_hook
-
         self._handles.append(register_module_forward_pre_hook(self._pre_hook))
 
     def detach(self) -> None:

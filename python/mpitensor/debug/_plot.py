@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _args
-from .._redistribute import check_targets, plan_for
+from .._redistribute import plan_for
 from ..placement_types import Partial
 from ._visualize_sharding import check_drawable, owners_grid, require, shard_blocks
 
@@ -74,12 +74,11 @@ def plot_redistribute(src, placements, path) -> list:
     require("matplotlib", "plot_redistribute")
     mesh = src.device_mesh
     dst = _args.normalize_placements(placements, mesh, src.ndim)
-    check_targets(src.placements, dst, src.dtype)
+    plan = plan_for(mesh, src.shape, src.placements, dst, src.dtype)  # checks the move
     src_blocks = shard_blocks(src.shape, mesh, src.placements)
     dst_blocks = shard_blocks(src.shape, mesh, dst)
     moves = transfers(mesh, src_blocks, dst_blocks,
                       any(isinstance(p, Partial) for p in src.placements))
-    plan = plan_for(mesh, src.shape, src.placements, dst, src.dtype.itemsize)
     steps = "; ".join(f"{s[0]}" + (f" on mesh dim {s[1]}" if s[1] >= 0 else "")
                       + f": {s[4]} B" for s in plan.steps()) or "no communication"
 

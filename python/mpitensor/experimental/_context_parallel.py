@@ -2,9 +2,9 @@
 attention, after torch.distributed.tensor.experimental.context_parallel.
 
 Inside the context every buffer holds this rank's load-balanced shard of its
-sequence dim (see _load_balance), and mpitensor.nn.functional's
-scaled_dot_product_attention asks ``active()`` for the mesh and, when there is
-one, calls ``ring_attention`` on the shards it is given.
+sequence dim (see _load_balance), and the block's mode (mpitensor._modes) makes
+mpitensor.nn.functional's scaled_dot_product_attention call ``ring_attention`` on
+the shards it is given.
 """
 
 from __future__ import annotations
@@ -15,45 +15,55 @@ import warnings
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import _C
+from .. import _C, _modes
+from .._dtensor import DTensor
 from ..device_mesh import DeviceMesh
 from . import _load_balance as LB
 from ._agree import agree_on_shards
 from ._ring_attention import ring_attention, set_rotate_method  # noqa: F401 (re-exported)
 
 __all__ = ["context_parallel", "context_parallel_unshard", "set_rotate_method",
-           "ring_attention", "active", "sdpa"]
-
-_meshes: list = []  # the meshes of the context_parallel blocks entered, innermost last
+           "ring_attention", "active", "RingAttentionMode"]
 
 
 def active():
     """The mesh of the innermost ``context_parallel`` block this code runs in, or
-    None outside any: where attention switches to ring attention. Local."""
-    return _meshes[-1] if _meshes else None
+    None outside any: where attention switches to ring attention. Local.
 
-
-def sdpa(mesh, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-         scale=None):
-    """scaled_dot_product_attention inside ``context_parallel(mesh)``: ring
-    attention over the sequence shards (dim -2) of plain ndarrays, as torch's
-    patched SDPA. mpitensor.nn.functional calls it when ``active()`` is a mesh.
-    Collective on the mesh.
-
-    Example::
-
-        >>> mesh = active()
-        >>> if mesh is not None:
-        ...     return sdpa(mesh, q, k, v, None, 0.0, True, None)
+    Example: ``with context_parallel(mesh): assert active() is mesh``.
     """
+    mode = _modes.context_parallel()
+    return None if mode is None else mode.mesh
+
+
+class RingAttentionMode:
+    """The mode a ``context_parallel(mesh)`` block installs (mpitensor._modes):
+    scaled dot-product attention runs as ring attention over ``mesh``."""
+
+    __slots__ = ("mesh",)
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    def sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+             scale=None):
+        """scaled_dot_product_attention inside ``context_parallel(mesh)``: ring
+        attention over the sequence shards (dim -2) of plain ndarrays, as torch's
+        patched SDPA. Collective on the mesh.
+
+        Example: ``_modes.context_parallel().sdpa(q, k, v, None, 0.0, True, None)``.
+        """
+        return _sdpa(self.mesh, query, key, value, attn_mask, dropout_p, is_causal,
+                     scale)
+
+
+def _sdpa(mesh, query, key, value, attn_mask, dropout_p, is_causal, scale):
     if attn_mask is not None:
         raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
                                   "does not take attn_mask (use is_causal)")
     if dropout_p:
         raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
                                   "does not support dropout_p > 0")
-    from .._api import DTensor
-
     if any(isinstance(x, DTensor) for x in (query, key, value)):
         raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
                                   "takes the ndarray shards of the buffers, not DTensors")
@@ -164,12 +174,12 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
             restore = not any(buf is b for b in no_restore)
             restores.append((buf, _shard_in_place(buf, dim, n, rank, restore)))
             shards.append(buf)
-        _meshes.append(mesh)
+        _modes.push_context_parallel(RingAttentionMode(mesh))
         entered = True
         yield shards
     finally:
         if entered:
-            _meshes.pop()
+            _modes.pop_context_parallel()
         for buf, saved in restores:
             if saved is not None:
                 buf.resize(saved.shape, refcheck=False)

@@ -1,19 +1,20 @@
 """implicit_replication: plain ndarrays mixed with DTensors count as Replicate.
 
-The dispatch layer (mpitensor._ops) reads the module-level flag ``active``: when it
-is true and an operation mixes DTensors with plain ``np.ndarray`` operands, each
-ndarray is treated as a DTensor on the DTensors' mesh with all-Replicate placements
-(``DTensor.from_local(arr, mesh, [Replicate()] * mesh.ndim)``, no communication: every
-rank is trusted to hold the same array). When it is false, such mixing is an error.
+The block counts itself in mpitensor._modes, which the dispatch (mpitensor._ops)
+reads: while it is entered and an operation mixes DTensors with plain
+``np.ndarray`` operands, each ndarray is treated as a DTensor on the DTensors' mesh
+with all-Replicate placements (``DTensor.from_local(arr, mesh, [Replicate()] *
+mesh.ndim)``, no communication: every rank is trusted to hold the same array).
+Outside it, such mixing is an error.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-__all__ = ["implicit_replication", "active"]
+from .. import _modes
 
-active: int = 0  # nesting depth; true while inside implicit_replication()
+__all__ = ["implicit_replication"]
 
 
 @contextlib.contextmanager
@@ -26,9 +27,8 @@ def implicit_replication():
         >>> with implicit_replication():
         ...     y = dt + np.ones(dt.shape[-1])
     """
-    global active
-    active += 1
+    _modes.push_implicit_replication()
     try:
         yield
     finally:
-        active -= 1
+        _modes.pop_implicit_replication()

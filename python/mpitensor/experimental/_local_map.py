@@ -26,7 +26,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import _api  # a module reference: mpitensor._ops may import this package early
+from .._dtensor import DTensor
+from .._dtensor_spec import contiguous_strides
+from .._layout import compute_local_shape_and_global_offset
 from ..device_mesh import _mesh_stack
 from ..placement_types import Placement, Shard
 
@@ -136,13 +138,13 @@ def _local_map_wrapped(func, out_placements, in_placements, in_grad_placements,
                                  f"of input args {len(flat_args)}!")
     mesh = device_mesh
     if mesh is None:
-        mesh = next((a.device_mesh for a in flat_args if isinstance(a, _api.DTensor)), None)
+        mesh = next((a.device_mesh for a in flat_args if isinstance(a, DTensor)), None)
         if mesh is None and _mesh_stack:
             mesh = _mesh_stack[-1]
     flat_local: list = []
     seen_dtensor = False
     for idx, arg in enumerate(flat_args):
-        if isinstance(arg, _api.DTensor):
+        if isinstance(arg, DTensor):
             seen_dtensor = True
             if arg.device_mesh != mesh:
                 raise AssertionError(
@@ -189,7 +191,7 @@ def _local_map_wrapped(func, out_placements, in_placements, in_grad_placements,
             f"received {len(specs)} out_placements but {len(flat_out)} is expected!")
     placements: list = []
     for i, (o, spec) in enumerate(zip(flat_out, specs)):
-        if isinstance(o, _api.DTensor):
+        if isinstance(o, DTensor):
             raise AssertionError(f"output {i}: a local ndarray is expected, "
                                  f"func returned a DTensor")
         if isinstance(o, np.ndarray):
@@ -204,17 +206,9 @@ def _local_map_wrapped(func, out_placements, in_placements, in_grad_placements,
             placements.append(None)
     shapes = _global_shapes(flat_out, placements, mesh)
     wrapped = [o if pl is None else
-               _api.DTensor.from_local(o, mesh, pl, shape=shp, stride=_strides(shp))
+               DTensor.from_local(o, mesh, pl, shape=shp, stride=contiguous_strides(shp))
                for o, pl, shp in zip(flat_out, placements, shapes)]
     return _unflatten(out_spec, iter(wrapped))
-
-
-def _strides(shape) -> tuple:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= n
-    return tuple(reversed(out))
 
 
 def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh) -> list:
@@ -223,8 +217,6 @@ def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh) -> list:
     sharded tensor dims per mesh dim that shards something (nested shards of one
     tensor dim sum over each of their mesh dims in turn), then one agreement on
     whether every rank's local shape is its torch.chunk shard of the result."""
-    from .._layout import compute_local_shape_and_global_offset
-
     shapes: list = [None if pl is None else list(o.shape)
                     for o, pl in zip(outs, placements)]
     coord = mesh.get_coordinate()

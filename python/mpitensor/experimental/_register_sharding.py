@@ -11,11 +11,13 @@ import itertools
 
 import numpy as np
 
-from .. import _api
+from .. import _C, _registry
+from .._dtensor import DTensor
 from .._ops import _dispatch as D
-from .._redistribute import check_targets, plan_for
+from .._redistribute import plan_for
 from ..placement_types import Partial, Placement
-from ._local_map import _global_shapes, _strides
+from .._dtensor_spec import contiguous_strides
+from ._local_map import _global_shapes
 
 __all__ = ["register_sharding", "clear_sharding_registry"]
 
@@ -65,7 +67,7 @@ def register_sharding(func):
 
     def decorator(custom_sharding):
         for f in funcs:
-            D.CUSTOM[f] = _Rule(f, custom_sharding)
+            _registry.rules[f] = _Rule(f, custom_sharding)
         return custom_sharding
 
     return decorator
@@ -80,9 +82,9 @@ def clear_sharding_registry(func=None) -> None:
     ``@register_sharding(np.linalg.norm)`` rule.
     """
     if func is None:
-        D.CUSTOM.clear()
+        _registry.rules.clear()
     else:
-        D.CUSTOM.pop(func, None)
+        _registry.rules.pop(func, None)
 
 
 def _flat_operands(args):
@@ -107,7 +109,7 @@ def _flat_operands(args):
 
 def _static_key(flat, kwargs):
     """A hashable key of the non-DTensor arguments, or None when one is not hashable."""
-    parts = tuple(("dt",) if type(o) is _api.DTensor else (type(o), o) for o in flat)
+    parts = tuple(("dt",) if type(o) is DTensor else (type(o), o) for o in flat)
     key = (parts, tuple(sorted(kwargs.items())))
     try:
         hash(key)
@@ -134,18 +136,20 @@ class _Rule:
             raise TypeError(f"{name}: out= is not supported with register_sharding rules")
         flat, rebuild = _flat_operands(args)
         flat = list(D.implicit(flat))
-        dts = [i for i, o in enumerate(flat) if type(o) is _api.DTensor]
+        dts = [i for i, o in enumerate(flat) if type(o) is DTensor]
         for o in flat:
             if isinstance(o, np.ndarray) and o.ndim > 0:
                 raise D.mixed_error(name, o)
         inputs = [flat[i] for i in dts]
         mesh = D.same_mesh(name, inputs)
+        # The decision is kept in the mesh's memo when the call has a key: its
+        # static arguments hashable, and few enough DTensors.
         static = _static_key(flat, kwargs)
-        key = None
+        op = None
         choice = None
-        if static is not None:
-            key = D.input_key(("register_sharding", self.func, self.custom, static), inputs)
-            choice = mesh._decisions.get(key)
+        if static is not None and len(inputs) <= D.MAX_INPUTS:
+            op = _C.op_id(("register_sharding", self.func, self.custom, static))
+            choice = _C.memo_lookup(op, inputs)
         if choice is None:
             choice = self._choose(mesh, flat, dts, args, kwargs)
         local = iter(D.local_inputs(mesh, inputs, choice))
@@ -155,15 +159,15 @@ class _Rule:
         result = self.func(*rebuild(new_flat), **kwargs)
         if not isinstance(result, np.ndarray):
             result = np.asarray(result)
-        if choice.out_shape is None:
-            choice.out_shape = _global_shapes([result], [choice.out_placements], mesh)[0]
-            if key is not None:
-                mesh._decisions[key] = choice
+        shape = choice.out_shape
+        if shape is None:
+            shape = _global_shapes([result], [choice.out_placements], mesh)[0]
+            if op is not None:
+                _C.memo_insert(op, inputs, choice.targets, choice.out_placements, shape)
         if mesh._coordinate is None:
             result = np.empty((0,), result.dtype)
-        shape = choice.out_shape
-        return _api.DTensor.from_local(result, mesh, choice.out_placements,
-                                       shape=shape, stride=_strides(shape))
+        return DTensor.from_local(result, mesh, choice.out_placements,
+                                  shape=shape, stride=contiguous_strides(shape))
 
     def _choose(self, mesh, flat, dts, args, kwargs) -> _Choice:
         name = self.name
@@ -202,12 +206,11 @@ class _Rule:
                 if dst == s.placements:
                     plans.append(None)
                     continue
-                try:
-                    check_targets(s.placements, dst, s.dtype)
+                try:  # a reduction the dtype lacks rules the strategy out
+                    plan = plan_for(mesh, s.shape, s.placements, dst, s.dtype)
                 except (RuntimeError, TypeError):
                     plans = None
                     break
-                plan = plan_for(mesh, s.shape, s.placements, dst, s.dtype.itemsize)
                 total += plan.bytes
                 comm = comm or plan.messages > 0
                 plans.append(plan)

@@ -24,6 +24,10 @@ import glob
 import os
 import sys
 import warnings
+from importlib.metadata import PackageNotFoundError, files
+
+import numpy as np
+from threadpoolctl import threadpool_info
 
 from .. import _C
 
@@ -56,13 +60,9 @@ def _mkl_path() -> str:
     """libmkl_rt from the ``mkl`` package's file list, else from sys.prefix/lib."""
     found = []
     try:
-        from importlib.metadata import PackageNotFoundError, files
-        try:
-            found = [str(f.locate()) for f in files("mkl") or ()
-                     if os.path.basename(str(f)).startswith("libmkl_rt.so")]
-        except PackageNotFoundError:
-            pass
-    except ImportError:  # pragma: no cover (Python >= 3.8 has importlib.metadata)
+        found = [str(f.locate()) for f in files("mkl") or ()
+                 if os.path.basename(str(f)).startswith("libmkl_rt.so")]
+    except PackageNotFoundError:
         pass
     found += sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
     for path in found:
@@ -75,12 +75,6 @@ def _openblas_path() -> str:
     """The OpenBLAS that NumPy loaded, as threadpoolctl finds it among the libraries
     of this process (NumPy's wheel bundles scipy-openblas; a NumPy built against a
     system OpenBLAS loads that). NumPy's wheel's own file layout is no API."""
-    import numpy  # noqa: F401  (NumPy loads its BLAS at import)
-
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        raise _LoadError("threadpoolctl is not installed (pip install threadpoolctl)") from None
     found = [i for i in threadpool_info()
              if i.get("user_api") == "blas" and i.get("internal_api") == "openblas"]
     # NumPy's wheel's build first: its prefix names the symbols tried below.
@@ -182,8 +176,6 @@ def _warm_up():
     """One tiny product of each dtype, so that the library loads what it loads
     lazily (MKL its kernels and threading layer) now, before torch may be imported
     with MKL symbols of its own that a later load could bind to."""
-    import numpy as np
-
     for dtype in (np.float32, np.float64):
         one = np.ones((1, 1), dtype)
         _C.gemm(one, one, np.empty((1, 1), dtype), False, 1.0, 0.0)

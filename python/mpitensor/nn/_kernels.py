@@ -9,7 +9,7 @@ linear writes its bias into the output and adds the product to it in one gemm.
 Both gemm users call the BLAS that :mod:`._blas` loads at import (MKL, NumPy's
 OpenBLAS, ``MPITENSOR_BLAS``; :func:`blas_provider` says which). For other dtypes,
 a softmax not along the last dim, broadcast shapes, masks, dropout or no BLAS
-these functions compute with NumPy as before the kernels existed.
+these functions compute with NumPy.
 
 ``enabled = False`` (or ``MPITENSOR_NN_KERNELS=0`` in the environment) makes every
 layer use NumPy, which is how the tests compare the two paths.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..experimental import _context_parallel as _cp
+from .. import _C, _modes
 from . import _kernels
 from . import functional as F
 from .linear import Linear
@@ -97,7 +97,7 @@ class MultiheadAttention(Module):
                 self._local_width(p.shape[-1], d)
             heads = [p.reshape(p.shape[:-1] + (p.shape[-1] // d, d)) for p in projected]
             p = self.dropout if self.training else 0.0
-            if attn_mask is None and p == 0.0 and _cp.active() is None:
+            if attn_mask is None and p == 0.0 and _modes.context_parallel() is None:
                 # The C kernel reads each head where the projection wrote it and
                 # writes the heads side by side: no transposing copies.
                 out = _kernels.attention_heads(*heads, 1.0 / np.sqrt(d), self.causal)
@@ -130,8 +130,7 @@ class MultiheadAttention(Module):
         for m, p in enumerate(w.placements):
             if p.is_shard(0):
                 n = w.device_mesh.size(m)
-                chunk = -(-rows // n)
-                sizes = [max(0, min(chunk, rows - i * chunk)) for i in range(n)]
+                sizes = list(_C.chunk_sizes(rows, n))
                 if any(s % unit for s in sizes):
                     raise ValueError(
                         f"MultiheadAttention with {self.num_heads} heads of size "

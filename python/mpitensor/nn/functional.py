@@ -18,8 +18,12 @@ import math
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import _trace
+from .. import _C, _modes, _registry, _trace, random as _random
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._layout import compute_local_shape_and_global_offset
 from .._ops import _dispatch as D
+from ..placement_types import Partial, Replicate, Shard
 from . import _kernels
 
 __all__ = ["softmax", "log_softmax", "linear", "relu", "gelu", "dropout", "layer_norm",
@@ -35,8 +39,6 @@ def _log_softmax_local(x, axis):
 
 
 def _apply(name, func, x, axis):
-    from .._api import DTensor
-
     if type(x) is not DTensor:
         x = np.asarray(x)
         if x.dtype.kind not in "fc":
@@ -54,7 +56,7 @@ def _apply(name, func, x, axis):
         kinds = [D.REPLICATE if d == ax else D.KEEP for d in range(n)]
         return D.dimmap([range(n)], range(n), kinds)
 
-    dec = D.decide(D.input_key((name, ax), (x,)), mesh, (x,), build)
+    dec = D.decide((name, ax), (x,), build)
     (local,) = D.local_inputs(mesh, (x,), dec)
     if local.dtype.kind not in "fc":
         local = local.astype(np.float64)
@@ -93,16 +95,11 @@ def log_softmax(x, axis: int = -1):
 # -- helpers ----------------------------------------------------------------------
 
 def _is_dt(x) -> bool:
-    from .._api import DTensor
-
     return type(x) is DTensor
 
 
 def _wrap_like(mesh, placements, shape, local):
     """A DTensor with the given spec around a local result (no communication)."""
-    from .._api import DTensor
-    from .._dtensor_spec import DTensorSpec, contiguous_strides
-
     if mesh.get_coordinate() is None:
         local = np.empty((0,), local.dtype)
     return DTensor(local, DTensorSpec(mesh, tuple(placements), tuple(shape), local.dtype,
@@ -111,8 +108,6 @@ def _wrap_like(mesh, placements, shape, local):
 
 def _without_partial(x):
     """``x`` with every Partial mesh dim reduced to Replicate (all-reduce)."""
-    from ..placement_types import Replicate
-
     if not any(p.is_partial() for p in x.placements):
         return x
     return x.redistribute(x.device_mesh,
@@ -124,7 +119,7 @@ def _pointwise(name, x, func):
     if not _is_dt(x):
         return func(np.asarray(x))
     x = _without_partial(x)
-    if _trace.active:
+    if _modes.tracing:
         _trace.local(name, (x,), x.placements)
     return _wrap_like(x.device_mesh, x.placements, x.shape, func(x.to_local()))
 
@@ -164,7 +159,7 @@ def linear(input, weight, bias=None):
     if bias is not None and not _is_dt(bias):
         raise _mixed("linear", "the bias is an ndarray but the weight is a DTensor")
     if _kernels.enabled and weight.ndim == 2 and input.ndim >= 1 \
-            and np.matmul not in D.CUSTOM:
+            and np.matmul not in _registry.rules:
         out, fused = _linear_local(input, weight, bias)
     else:  # what matmul's rule (or a rule registered for it) makes of it
         out, fused = np.matmul(input, weight.T), bias is None
@@ -176,12 +171,10 @@ def linear(input, weight, bias=None):
 def _linear_local(input, weight, bias):
     """``input @ weight.T`` by matmul's sharding rule, computed on the local arrays by
     one gemm, and whether ``bias`` was added in that gemm (see :func:`_fused_bias`)."""
-    from .._ops import _linalg
-
     name = "linear"  # traced as one operation, as torch's CommDebugMode shows aten.addmm
     mesh = D.same_mesh(name, (input, weight))
-    dec = D.decide(D.input_key((name,), (input, weight)), mesh, (input, weight),
-                   lambda: _linalg.matmul_map(name, [input.shape, weight.shape], True))
+    dec = D.decide((name,), (input, weight),
+                   lambda: _C.dimmap_matmul(input.shape, weight.shape, True))
     x, w = D.local_inputs(mesh, (input, weight), dec)
     fused, b = _fused_bias(mesh, dec, bias, x.dtype)
     return D.wrap(mesh, dec, _kernels.linear(x, w, b if fused else None)), fused
@@ -212,8 +205,6 @@ def _bias_for(out, bias):
     """The bias as a Partial(sum) DTensor on the mesh dims where ``out`` is Partial,
     so that ``out + bias`` stays Partial (added on the first rank of each such mesh
     dim, zero elsewhere) instead of forcing an all-reduce first."""
-    from ..placement_types import Partial
-
     partial_dims = [m for m, p in enumerate(out.placements) if p.is_partial("sum")]
     if not partial_dims:
         return bias
@@ -276,8 +267,6 @@ def dropout(input, p: float = 0.5, training: bool = True):
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return input
-    from .. import random as _random
-
     def func(x, shape, offset):
         x = _float(x)
         if p == 1.0:
@@ -290,8 +279,6 @@ def dropout(input, p: float = 0.5, training: bool = True):
     if not _is_dt(input):
         x = np.asarray(input)
         return func(x, x.shape, (0,) * x.ndim)
-    from .._layout import compute_local_shape_and_global_offset
-
     x = _without_partial(input)
     if x.device_mesh.get_coordinate() is None:
         return x
@@ -343,7 +330,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         if input._spec.mesh._coordinate is not None:
             local = _kernels.layer_norm(local, len(shape), *(
                 None if p is None else p.to_local() for p in (weight, bias)), eps)
-        if _trace.active:
+        if _modes.tracing:
             _trace.local("layer_norm", (input,), input.placements)
         return _wrap_like(input.device_mesh, input.placements, input.shape, local)
     mean = np.mean(input, axis=axes, keepdims=True)
@@ -433,9 +420,6 @@ def _check_indices(idx, n):
 
 
 def _sharded_embedding(idx, weight):
-    from .._layout import compute_local_shape_and_global_offset
-    from ..placement_types import Partial, Replicate, Shard
-
     mesh = weight.device_mesh
     if idx.device_mesh != mesh:
         raise ValueError("embedding: indices and weight live on different meshes")
@@ -497,11 +481,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     rank's sequence shards (dim -2) and attention runs as ring attention over
     ``mesh``: collective, without ``attn_mask`` or dropout.
     """
-    from ..experimental import _context_parallel as _cp
-
-    cp_mesh = _cp.active()
-    if cp_mesh is not None:
-        return _cp.sdpa(cp_mesh, query, key, value, attn_mask, dropout_p, is_causal, scale)
+    cp = _modes.context_parallel()
+    if cp is not None:
+        return cp.sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale)
     if not (_is_dt(query) or _is_dt(key) or _is_dt(value)):
         return _sdpa_local(_float(np.asarray(query)), _float(np.asarray(key)),
                            _float(np.asarray(value)), attn_mask, dropout_p, is_causal,
@@ -513,15 +495,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         attn_mask = attn_mask.full_tensor()
     if attn_mask is not None and np.ndim(attn_mask) > 2:
         raise ValueError("scaled_dot_product_attention on DTensors takes an (L, S) mask")
-    from ..placement_types import Replicate
-
     nd = query.ndim
     pl = [Replicate() if p.is_partial() or (p.is_shard() and p.dim >= nd - 2) else p
           for p in query.placements]
     q, k, v = (x.redistribute(query.device_mesh, pl) if x.placements != tuple(pl) else x
                for x in (query, key, value))
-    from .._layout import compute_local_shape_and_global_offset
-
     out_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     drop = None
     if dropout_p > 0.0:
@@ -564,8 +542,6 @@ def _sdpa_local(q, k, v, attn_mask, dropout_p, is_causal, scale, drop):
 
 
 def _dropout_weights(weights, p, drop):
-    from .. import random as _random
-
     shape, offset = drop if drop is not None else (weights.shape, (0,) * weights.ndim)
     u = _random.fill(np.empty(weights.shape, np.float64), shape, offset, _random._UNIFORM,
                      _random._next_stream())
@@ -594,8 +570,6 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
                          f"got {reduction!r}")
     if label_smoothing != 0.0:
         raise NotImplementedError("cross_entropy: label_smoothing is not supported")
-    from ..parallel import loss as _loss
-
     if _is_dt(target):
         target = target.full_tensor()
     target = np.asarray(target)
@@ -607,12 +581,11 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
     if not _is_dt(input):
         return _cross_entropy_local(_float(np.asarray(input)), target, weight,
                                     ignore_index, reduction)
-    if _loss._active():
-        return _loss.sharded_cross_entropy(input, target, weight, ignore_index, reduction)
+    sharded = _modes.loss_parallel()
+    if sharded is not None:
+        return sharded(input, target, weight, ignore_index, reduction)
     full = input.full_tensor()
     out = _cross_entropy_local(_float(full), target, weight, ignore_index, reduction)
-    from .._api import DTensor
-
     return DTensor.from_local(np.asarray(out), input.device_mesh)
 
 

@@ -15,6 +15,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .._dtensor import DTensor
+from .._layout import compute_local_shape_and_global_offset
+
 __all__ = ["Module", "Parameter", "RemovableHandle", "register_module_forward_pre_hook",
            "register_module_forward_hook"]
 
@@ -94,8 +97,6 @@ class RemovableHandle:
 
 
 def _is_tensor(value) -> bool:
-    from .._api import DTensor
-
     return isinstance(value, (np.ndarray, DTensor))
 
 
@@ -107,8 +108,6 @@ def _same_ranks(a, b) -> bool:
 
 def _on_mesh(dt, mesh):
     """``dt`` relabelled onto ``mesh`` (same ranks, same shape): no data moves."""
-    from .._api import DTensor
-
     if dt.device_mesh == mesh:
         return dt
     return DTensor(dt.to_local(), dt._spec._replace(mesh=mesh))
@@ -396,9 +395,6 @@ class Module:
 
     @staticmethod
     def _load_one(key: str, target, value) -> None:
-        from .._api import DTensor
-        from .._layout import compute_local_shape_and_global_offset
-
         got = tuple(value.shape if isinstance(value, DTensor) else np.shape(value))
         if got != tuple(target.shape):
             raise ValueError(f"load_state_dict: {key!r} has shape {tuple(target.shape)}, "

@@ -14,14 +14,15 @@ import functools
 
 import numpy as np
 
-from .._api import DTensor
+from .._dtensor import DTensor
 from .._distribute import distribute_tensor
 from .._distribute_module import distribute_module
 from ..nn.attention import MultiheadAttention
 from ..nn.linear import Linear
 from ..placement_types import Replicate, Shard
+from ._parallel_style import ParallelStyle
 from ._utils import annotate, validate_tp_mesh_dim
-from .style import ParallelStyle
+from .multihead_attention_tp import TensorParallelMultiheadAttention
 
 
 def _input_mesh(x, device_mesh, what):
@@ -186,8 +187,6 @@ class PairwiseParallel(ParallelStyle):
         self._prepare_output = _prepare_output or make_output_tensor
 
     def _apply(self, module, device_mesh):
-        from .multihead_attention_tp import TensorParallelMultiheadAttention
-
         if isinstance(module, MultiheadAttention):
             if not isinstance(module, TensorParallelMultiheadAttention):
                 module = TensorParallelMultiheadAttention.from_module(module)

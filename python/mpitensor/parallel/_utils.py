@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from .. import _C
+from .._dtensor import DTensor
+from .._dtensor_spec import contiguous_strides
 from ..placement_types import Placement
 
 
@@ -46,11 +51,6 @@ def annotate(local, mesh, placements, what: str = "input"):
     sizes that do not fit torch.chunk's rule raise ValueError on every rank
     instead of leaving some ranks waiting in the next collective.
     """
-    import numpy as np
-
-    from .._api import DTensor
-    from .._dtensor_spec import contiguous_strides
-
     if not isinstance(local, np.ndarray):
         raise TypeError(f"expecting the {what} to be an ndarray or a DTensor, got "
                         f"{type(local).__name__}")
@@ -66,8 +66,7 @@ def annotate(local, mesh, placements, what: str = "input"):
             raise ValueError(f"cannot shard a 0-d {what} on dim {p.dim}")
         sizes = list(mesh._handle.allgather_int(int(local.shape[d]), m))
         total = sum(sizes)
-        step = -(-total // len(sizes))
-        expect = [max(0, min(step, total - i * step)) for i in range(len(sizes))]
+        expect = list(_C.chunk_sizes(total, len(sizes)))
         if sizes != expect:
             raise ValueError(
                 f"the local {what}s along dim {d} have sizes {sizes} over mesh dim {m}, "

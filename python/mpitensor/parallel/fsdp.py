@@ -12,7 +12,7 @@ its own batch through its ``tp`` group.
 
 from __future__ import annotations
 
-from .._api import DTensor
+from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from ..placement_types import Replicate, Shard
 

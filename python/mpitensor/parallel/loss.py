@@ -7,16 +7,14 @@ import contextlib
 
 import numpy as np
 
+from .. import _modes
+from .._dtensor import DTensor
+from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
+from ..nn import functional as F
 from ..placement_types import Partial, Replicate
 
 __all__ = ["loss_parallel"]
-
-_depth = [0]
-
-
-def _active() -> bool:
-    return _depth[0] > 0
 
 
 @contextlib.contextmanager
@@ -34,19 +32,15 @@ def loss_parallel():
         >>> with loss_parallel():
         ...     loss = F.cross_entropy(logits, target)      # loss.placements == (Replicate(),)
     """
-    _depth[0] += 1
+    _modes.push_loss_parallel(sharded_cross_entropy)
     try:
         yield
     finally:
-        _depth[0] -= 1
+        _modes.pop_loss_parallel()
 
 
 def sharded_cross_entropy(input, target, weight, ignore_index, reduction):
     """cross_entropy of a DTensor whose class dim is sharded; see loss_parallel."""
-    from .._api import DTensor
-    from .._dtensor_spec import contiguous_strides
-    from ..nn import functional as F
-
     F.check_target(input.shape, target, ignore_index)
     cd = F.class_dim(input.ndim)
     mesh = input.device_mesh

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..nn import functional as F
 from ..nn.attention import MultiheadAttention
 
 __all__ = ["TensorParallelMultiheadAttention"]

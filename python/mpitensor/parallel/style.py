@@ -8,25 +8,30 @@ and redistributed to what the computation needs; outputs are redistributed to
 ``output_layouts`` and, with ``use_local_output``, handed back as local arrays.
 
 The 2023 API (PairwiseParallel, PairwiseSequenceParallel and the make_input_* /
-make_output_* helpers) is at the end of this file.
+make_output_* helpers, from _legacy_style) is re-exported here, where code written
+for torch 2.0 looks for it.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from .._api import DTensor
+from .._dtensor import DTensor
 from .._distribute import distribute_tensor
 from .._distribute_module import distribute_module
 from .._dtensor_spec import contiguous_strides
-from ..device_mesh import DeviceMesh
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..placement_types import Placement, Replicate, Shard
+from ._legacy_style import (
+    PairwiseParallel, PairwiseSequenceParallel, make_input_replicate_1d,
+    make_input_reshard_replicate, make_input_shard_1d, make_input_shard_1d_last_dim,
+    make_output_replicate_1d, make_output_reshard_tensor, make_output_shard_1d,
+    make_output_tensor, make_sharded_output_tensor)
+from ._parallel_style import ParallelStyle
 from ._utils import annotate, check_placement, layouts
 
 __all__ = [
@@ -36,24 +41,8 @@ __all__ = [
     "make_input_replicate_1d", "make_input_reshard_replicate", "make_input_shard_1d",
     "make_input_shard_1d_last_dim", "make_output_replicate_1d",
     "make_output_reshard_tensor", "make_output_shard_1d", "make_output_tensor",
+    "make_sharded_output_tensor",
 ]
-
-
-class ParallelStyle(ABC):
-    """What a style must do: ``_apply(module, device_mesh)`` shards ``module`` (and
-    installs its hooks) and returns it. ``src_data_rank`` (set by
-    parallelize_module) is the rank whose parameter values are scattered.
-    Subclasses are local values; applying one is collective on the mesh.
-
-    Example: ``class Mine(ParallelStyle): def _apply(self, module, device_mesh): ...``,
-    then ``parallelize_module(model, mesh, {"proj": Mine()})``.
-    """
-
-    src_data_rank: int | None = 0
-
-    @abstractmethod
-    def _apply(self, module, device_mesh: DeviceMesh):
-        ...
 
 
 def _local_to_dtensor(local, mesh, placements, mod=None):
@@ -443,11 +432,3 @@ class PrepareModuleInputOutput(ParallelStyle):
                 f"output_layouts={o.output_layouts}, "
                 f"desired_output_layouts={o.desired_output_layouts}, "
                 f"use_local_output={o.use_local_output})")
-
-
-# The 2023 API, where code written for torch 2.0 looks for it.
-from ._legacy_style import (  # noqa: E402
-    PairwiseParallel, PairwiseSequenceParallel, make_input_replicate_1d,
-    make_input_reshard_replicate, make_input_shard_1d, make_input_shard_1d_last_dim,
-    make_output_replicate_1d, make_output_reshard_tensor, make_output_shard_1d,
-    make_output_tensor, make_sharded_output_tensor)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._api import DTensor
+from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate
 

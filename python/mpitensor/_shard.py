@@ -1,25 +1,20 @@
-"""Pickling a DTensor, as torch.save(dtensor) does: its local array and spec go
-into the pickle, and unpickling puts them back onto an equal DeviceMesh.
+"""What unpickling a DTensor gives where no equal DeviceMesh exists: one rank's
+shard with its layout, and `assemble`, which puts every rank's shards together
+without MPI.
 
-A mesh's communicators cannot travel in a pickle and creating them is collective,
-which pickle.load must never be; so unpickling looks the mesh up among the meshes
-alive on the receiving rank (the innermost ``with mesh:`` first). Where no equal
-mesh exists (a Jupyter client pulling DTensors from its MPI engines, a process
-outside the job) unpickling must not fail: it may run inside a library's callback
-that cannot report an exception (ipyparallel's), so it gives a
-:class:`DTensorShard` instead, which pickles back into a DTensor where the mesh
-exists.
+A Jupyter client that pulls DTensors from its MPI engines has no mesh, and
+unpickling there may run inside a library's callback that cannot report an
+exception (ipyparallel's), so it must give something usable instead of raising.
+Pickling a shard again gives the DTensor back on the rank it came from (the rule is
+registered beside DTensor's own pickling, in mpitensor._dtensor).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._api import DTensor
-from .._dtensor_spec import DTensorSpec
-from .._layout import local_shape_and_global_offset
-from ..device_mesh import _live_meshes, _mesh_stack
-from ..placement_types import Partial, Replicate
+from ._layout import local_shape_and_global_offset
+from .placement_types import Partial, Replicate
 
 __all__ = ["DTensorShard", "assemble"]
 
@@ -28,16 +23,6 @@ _DTENSOR_ONLY = frozenset({
     "device_mesh", "full_tensor", "redistribute", "spec", "requires_grad", "grad",
     "backward", "sum", "mean", "max", "min", "reshape", "transpose", "T", "astype",
     "wait", "stride", "size", "ndim"})
-
-
-def reduce_dtensor(dt: DTensor):
-    """``DTensor.__reduce__``: everything but the communicators. Local."""
-    mesh = dt.device_mesh
-    coordinate = mesh.get_coordinate()
-    return rebuild_dtensor, (dt.to_local(), dt.placements, dt.shape, dt.stride(),
-                             dt.dtype, mesh.device_type, mesh.mesh.copy(),
-                             mesh.mesh_dim_names,
-                             None if coordinate is None else tuple(coordinate))
 
 
 class DTensorShard:
@@ -91,10 +76,10 @@ class DTensorShard:
         Example: ``rc[:]["x"][1].to_local()`` is engine 1's rows of ``x``."""
         return self._local
 
-    def __reduce__(self):
-        return rebuild_dtensor, (self._local, self.placements, self.shape, self._stride,
-                                 self.dtype, self.device_type, self.mesh,
-                                 self.mesh_dim_names, self.coordinate)
+    def _pickle_args(self) -> tuple:
+        """The arguments DTensor's pickling gives its rebuild function. Local."""
+        return (self._local, self.placements, self.shape, self._stride, self.dtype,
+                self.device_type, self.mesh, self.mesh_dim_names, self.coordinate)
 
     def __repr__(self) -> str:
         return (f"DTensorShard(rank={self.rank}, coordinate={self.coordinate}, "
@@ -187,38 +172,3 @@ def _reduce(arrays, op):
         total = np.sum(arrays, axis=0, dtype=arrays[0].dtype)
         return total / len(arrays) if op == "avg" else total
     return {"product": np.prod, "max": np.max, "min": np.min}[op](arrays, axis=0)
-
-
-def _find_mesh(device_type, ranks: np.ndarray, names):
-    def fits(m):
-        return (m.device_type == device_type and m.mesh_dim_names == names
-                and m.mesh.shape == ranks.shape and np.array_equal(m.mesh, ranks))
-
-    for m in [*reversed(_mesh_stack), *list(_live_meshes)]:
-        if fits(m):
-            return m
-    return None
-
-
-def rebuild_dtensor(local, placements, shape, stride, dtype, device_type, ranks, names,
-                    coordinate=None):
-    """Unpickles a DTensor onto an equal live mesh, else gives a
-    :class:`DTensorShard`. Local. ValueError when the local array is not this
-    rank's shard (a pickle made on another rank)."""
-    ranks = np.asarray(ranks)
-    mesh = _find_mesh(device_type, ranks, names)
-    if mesh is None:
-        return DTensorShard(local, placements, shape, stride, dtype, device_type, ranks,
-                            names, None if coordinate is None else tuple(coordinate))
-    spec = DTensorSpec(mesh, tuple(placements), tuple(shape), np.dtype(dtype), tuple(stride))
-    here = mesh.get_coordinate()
-    if here is not None:
-        expect, _ = local_shape_and_global_offset(shape, mesh.mesh.shape, here, placements)
-        if tuple(local.shape) != tuple(expect) or (
-                coordinate is not None and tuple(coordinate) != tuple(here)):
-            raise ValueError(
-                f"the pickled local array of shape {local.shape} (from mesh coordinate "
-                f"{coordinate}) is not rank {mesh.get_rank()}'s shard {tuple(expect)} at "
-                f"coordinate {tuple(here)} of the DTensor of shape {tuple(shape)}: "
-                f"unpickle each rank's pickle on that rank")
-    return DTensor(local, spec)

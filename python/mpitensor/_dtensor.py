@@ -1,19 +1,26 @@
-"""DTensor: a NumPy array sharded over a DeviceMesh, mirroring torch's DTensor."""
+"""DTensor: a NumPy array sharded over a DeviceMesh, mirroring torch's DTensor.
+
+This is the ground floor's DTensor: its data, its spec, construction,
+redistribution, metadata and pickling. Its NumPy entry points (operators, ufuncs,
+``__array_function__``, ``reshape``, ``__getitem__``, the reductions, ...) reach
+the operations through mpitensor._registry, which mpitensor._ops fills at import.
+"""
 
 from __future__ import annotations
 
+import copyreg
+import operator
 import zlib
 from typing import NamedTuple, Sequence
 
 import numpy as np
-from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import _args, _iterate, _ops, _redistribute, _trace
+from . import _C, _args, _iterate, _modes, _redistribute, _registry, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
-from .device_mesh import DeviceMesh
-from .placement_types import Placement
-from . import _C
+from .device_mesh import DeviceMesh, find_live_mesh
+from .placement_types import Partial, Placement, Replicate, Shard
+from ._shard import DTensorShard
 
 __all__ = ["DTensor", "ChunkStorageMetadata"]
 
@@ -25,7 +32,7 @@ class ChunkStorageMetadata(NamedTuple):
     sizes: tuple[int, ...]
 
 
-class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
+class DTensor(_C.DTensorBase):
     """A global NumPy array laid out over a :class:`DeviceMesh` by placements.
 
     Each rank holds its local ndarray (its shard, replica or partial value) and the
@@ -41,29 +48,20 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
         ((4, 3), (2, 3))
     """
 
-    # The C base holds the two fields, ``_local_tensor`` and ``_spec`` (its
-    # ``__init__(local_tensor, spec)`` sets them), and the fast path of NumPy
-    # operations: the operators, ``__array_ufunc__`` and the reduction methods run
-    # a cached decision in C and fall back to mpitensor._ops (see
-    # csrc/ext/ext_dispatch.c). The comparison operators make DTensors, so keep
-    # identity hashing.
+    # The C base holds the fields, ``_local_tensor`` and ``_spec`` (its
+    # ``__init__(local_tensor, spec)`` sets them), and the entry points of NumPy
+    # operations: the operators (in place too), ``__array_ufunc__`` and the
+    # reduction methods sum, mean, prod, max, min, all, any, std, var, argmax and
+    # argmin (csrc/ext/ext_dtensor.c, ext_dispatch.c). The comparison operators
+    # make DTensors, so keep identity hashing.
     __slots__ = ()
     __hash__ = object.__hash__
 
     def __array_function__(self, func, types, args, kwargs):
-        return _ops.array_function(func, types, args, kwargs)
-
-    sum = _ops.reduction_method("sum")
-    mean = _ops.reduction_method("mean")
-    prod = _ops.reduction_method("prod")
-    max = _ops.reduction_method("max")
-    min = _ops.reduction_method("min")
-    all = _ops.reduction_method("all")
-    any = _ops.reduction_method("any")
-    argmax = _ops.reduction_method("argmax")
-    argmin = _ops.reduction_method("argmin")
-    std = _ops.reduction_method("std")
-    var = _ops.reduction_method("var")
+        for t in types:
+            if t is not DTensor and not issubclass(t, np.ndarray):
+                return NotImplemented
+        return _registry.lookup(func)(*args, **kwargs)
 
     @property
     def T(self) -> "DTensor":
@@ -71,7 +69,7 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
 
         Example: ``dt.T.placements`` is ``(Shard(1),)`` when ``dt``'s is ``(Shard(0),)``.
         """
-        return np.transpose(self)
+        return _registry.lookup(np.transpose)(self)
 
     def transpose(self, *axes) -> "DTensor":
         """numpy.ndarray.transpose: ``dt.transpose()``, ``dt.transpose(1, 0)`` or
@@ -83,7 +81,7 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
             axes = None
         elif len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = axes[0]
-        return np.transpose(self, axes)
+        return _registry.lookup(np.transpose)(self, axes)
 
     def reshape(self, *shape, order: str = "C") -> "DTensor":
         """numpy.ndarray.reshape: ``dt.reshape(2, -1)`` or ``dt.reshape((2, -1))``;
@@ -94,7 +92,7 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
         """
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        return _ops._shape.reshape(self, shape, order)
+        return _registry.lookup(np.reshape)(self, shape, order)
 
     def ravel(self, order: str = "C") -> "DTensor":
         """numpy.ndarray.ravel: ``dt.reshape(-1)``; see :func:`numpy.ravel` on
@@ -105,7 +103,7 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
             >>> distribute_tensor(np.ones((2, 3)), mesh, [Shard(0)]).ravel().shape
             (6,)
         """
-        return _ops._shape.ravel(self, order)
+        return _registry.lookup(np.ravel)(self, order)
 
     def flatten(self, order: str = "C") -> "DTensor":
         """numpy.ndarray.flatten: a copy as ``dt.reshape(-1)``. Collective on the
@@ -119,17 +117,19 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
         if order not in ("C", "A"):
             raise TypeError(f"DTensor.flatten: order={order!r} is not supported; only "
                             f"order='C' (and 'A', which is 'C' for DTensors)")
-        return _ops._shape.reshape(self, -1, copy=True)
+        return _registry.lookup(np.reshape)(self, -1, copy=True)
 
     def __getitem__(self, key) -> "DTensor":
         """Basic indexing (ints, slices with any step, None, ...), placements as
         torch's select/slice: a Shard of a dim the key cuts becomes Replicate, and
         only the picked elements move. Collective on the mesh when a sharded dim is
         cut, else local. Example: ``dt[1:, ::2]``, ``dt[..., 0, None]``."""
-        return _ops._indexing.getitem(self, key)
+        return _registry.lookup(operator.getitem)(self, key)
 
     def __setitem__(self, key, value) -> None:
-        _ops._indexing.setitem(self, key, value)
+        raise TypeError("DTensor does not support item assignment; build the new value "
+                        "with NumPy operations (e.g. numpy.where) or assign into "
+                        "dt.to_local() for this rank's shard")
 
     def astype(self, dtype, copy: bool = True) -> "DTensor":
         """numpy.ndarray.astype, placements kept; a Partial is reduced first unless
@@ -138,14 +138,14 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
 
         Example: ``dt.astype(np.float32).dtype == np.float32``.
         """
-        return _ops._select.astype(self, dtype, copy)
+        return _registry.lookup(np.ndarray.astype)(self, dtype, copy=copy)
 
     def copy(self) -> "DTensor":
         """A DTensor with its own copy of the local data, placements kept. Local.
 
         Example: ``dt.copy().to_local() is not dt.to_local()``.
         """
-        return _ops._select.copy(self)
+        return _registry.lookup(np.copy)(self)
 
     # -- construction ------------------------------------------------------------
     @staticmethod
@@ -246,15 +246,16 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
         mesh, src = self._spec.mesh, self._spec.placements
         dst = _args.normalize_placements(placements, mesh, len(self._spec.shape))
         dtype = self._spec.dtype if forward_dtype is None else _args.check_dtype(forward_dtype)
-        _redistribute.check_targets(src, dst, dtype)
+        # Made (and checked: no Partial created, no reduction the dtype lacks) on
+        # every rank alike, members of the mesh or not, before anything moves.
+        plan = _redistribute.plan_for(mesh, self._spec.shape, src, dst, dtype)
         local = self.to_local()
         if forward_dtype is not None:
             local = local.astype(dtype, copy=False)
         spec = DTensorSpec(mesh, dst, self._spec.shape, dtype, self._spec.stride)
         if dst == src or mesh._coordinate is None:
             return DTensor(local, spec)
-        plan = _redistribute.plan_for(mesh, spec.shape, src, dst, dtype.itemsize)
-        if _trace.active:
+        if _modes.tracing:
             _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
         return DTensor(_redistribute.run(mesh, plan, local, async_op), spec)
 
@@ -355,11 +356,16 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
         return type(self)(self._local_tensor, self._spec)
 
     def __reduce__(self):
-        """Pickles the local array and the spec; unpickling needs an equal mesh alive
-        on the receiving rank (see mpitensor.checkpoint._pickle). Local."""
-        from .checkpoint._pickle import reduce_dtensor
-
-        return reduce_dtensor(self)
+        """Pickles the local array and the spec, as torch.save(dtensor) does: a
+        mesh's communicators cannot travel, so unpickling puts them back onto an
+        equal mesh alive on the receiving rank, else gives a DTensorShard (see
+        :func:`_rebuild`). Local."""
+        mesh = self.device_mesh
+        coordinate = mesh.get_coordinate()
+        return _rebuild, (self.to_local(), self.placements, self.shape, self.stride(),
+                          self.dtype, mesh.device_type, mesh.mesh.copy(),
+                          mesh.mesh_dim_names,
+                          None if coordinate is None else tuple(coordinate))
 
     def __array__(self, dtype=None, copy=None):
         raise TypeError(
@@ -374,7 +380,40 @@ class DTensor(_C.DTensorBase, NDArrayOperatorsMixin):
                 f"shape={self.shape}, dtype={self.dtype})")
 
 
-_ops.install_fast_path(DTensor)
+# The dispatch makes DTensors, specs and placements of these types, and finds the
+# operations in the registry mpitensor._ops fills.
+_C.dispatch_init(DTensor, DTensorSpec, Replicate, Shard, Partial, _registry.functions,
+                 _registry.rules)
+
+
+def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names,
+             coordinate=None):
+    """Unpickles a DTensor onto an equal live mesh (creating one would be collective,
+    which pickle.load must never be), else gives a :class:`DTensorShard`, since
+    unpickling may run where no mesh can exist (a Jupyter client) inside a callback
+    that cannot report an error. Local. ValueError when the local array is not this
+    rank's shard (a pickle made on another rank)."""
+    ranks = np.asarray(ranks)
+    mesh = find_live_mesh(device_type, ranks, names)
+    if mesh is None:
+        return DTensorShard(local, placements, shape, stride, dtype, device_type, ranks,
+                            names, None if coordinate is None else tuple(coordinate))
+    spec = DTensorSpec(mesh, tuple(placements), tuple(shape), np.dtype(dtype), tuple(stride))
+    here = mesh.get_coordinate()
+    if here is not None:
+        expect, _ = compute_local_shape_and_global_offset(shape, mesh, placements)
+        if tuple(local.shape) != tuple(expect) or (
+                coordinate is not None and tuple(coordinate) != tuple(here)):
+            raise ValueError(
+                f"the pickled local array of shape {local.shape} (from mesh coordinate "
+                f"{coordinate}) is not rank {mesh.get_rank()}'s shard {tuple(expect)} at "
+                f"coordinate {tuple(here)} of the DTensor of shape {tuple(shape)}: "
+                f"unpickle each rank's pickle on that rank")
+    return DTensor(local, spec)
+
+
+# A shard pickled again (pushed back to its engine) is a DTensor where its mesh exists.
+copyreg.pickle(DTensorShard, lambda shard: (_rebuild, shard._pickle_args()))
 
 
 def _global_shape_and_stride(local, mesh, placements, shape, stride):
@@ -397,7 +436,7 @@ def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool)
     """run_check: compare with the mesh's first rank, agree on a verdict, then
     broadcast Replicate dims. Collective on the mesh."""
     mesh = spec.mesh
-    if _trace.active:
+    if _modes.tracing:
         # No shape here: a shape that differs is what run_check itself reports.
         _trace.collective("DTensor.from_local(run_check=True)", mesh, spec.placements,
                           None, None)

@@ -1,13 +1,5 @@
-"""What this installation of mpitensor runs on (:func:`show_config`), and the
-check, made before the first mesh, that mpi4py and mpitensor's extension use one
-MPI library.
-
-mpi4py hands its communicators to mpitensor._C as C handles; an ``MPI_Comm`` of
-one MPI library means nothing to another (Open MPI's is a pointer, MPICH's an int),
-and an mpi4py wheel may load another MPI at run time than the one mpitensor was
-built against. Both would load side by side and crash at the first collective, so
-the versions are compared first and a mismatch is a clear error.
-"""
+"""What this installation of mpitensor runs on: :func:`show_config`, for bug
+reports and for checking an installation."""
 
 from __future__ import annotations
 
@@ -16,7 +8,12 @@ import platform
 import re
 import sys
 
-from . import _C
+import numpy as np
+from threadpoolctl import threadpool_info
+
+from . import _C, _mpi_library
+from ._version import __version__
+from .nn import _blas
 
 __all__ = ["show_config"]
 
@@ -33,57 +30,6 @@ SWITCHES = {
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _LIBMPI = re.compile(r"/libmpi\.so")
 
-_checked = False
-
-
-def same_mpi_library(ours: str, theirs: str) -> bool:
-    """Whether two ``MPI_Get_library_version`` strings name one library. Local.
-
-    Open MPI counts the terminating NUL in the length it reports and mpi4py passes
-    it on, so trailing NULs and blanks do not count.
-
-    Example::
-
-        >>> same_mpi_library("Open MPI v4.1.4", "Open MPI v4.1.4\\0")
-        True
-    """
-    return ours.rstrip("\0 \n") == theirs.rstrip("\0 \n")
-
-
-def mismatch_message(ours: str, theirs: str) -> str:
-    """The error raised when mpi4py and mpitensor._C use different MPIs. Local."""
-    return ("mpi4py and mpitensor's extension use different MPI libraries, which "
-            "cannot share communicators:\n"
-            f"  mpi4py:       {_first_line(theirs)}\n"
-            f"  mpitensor._C: {_first_line(ours)}\n"
-            "Build mpi4py against the MPI that mpitensor was built with (or the "
-            "reverse): `pip install --no-binary=mpi4py --force-reinstall mpi4py` with "
-            "that MPI's mpicc on PATH, then reinstall mpitensor. "
-            "mpitensor.show_config() lists both.")
-
-
-def check_mpi_library() -> None:
-    """Raises RuntimeError naming both libraries when mpi4py's MPI is not the one
-    mpitensor._C was built with; checked once per process, before the first mesh.
-    Local (every rank checks its own process).
-
-    Example::
-
-        >>> check_mpi_library()  # silent when both use one library
-    """
-    global _checked
-    if _checked:
-        return
-    from mpi4py import MPI
-
-    ours, theirs = _C.mpi_library_version(), MPI.Get_library_version()
-    if not same_mpi_library(ours, theirs):
-        raise RuntimeError(mismatch_message(ours, theirs))
-    _checked = True
-
-
-def _first_line(text: str) -> str:
-    return text.rstrip("\0 \n").splitlines()[0] if text.strip("\0 \n") else "(empty)"
 
 
 def _loaded_libmpi() -> list[str]:
@@ -96,18 +42,10 @@ def _loaded_libmpi() -> list[str]:
     return sorted({os.path.realpath(p) for p in paths if _LIBMPI.search(p)})
 
 
-def _blas() -> dict:
-    from .nn import _blas
-
-    numpy_blas = []
-    try:
-        from threadpoolctl import threadpool_info
-
-        numpy_blas = [f"{i.get('internal_api')} {i.get('version')} "
-                      f"({i.get('num_threads')} threads) {i.get('filepath')}"
-                      for i in threadpool_info() if i.get("user_api") == "blas"]
-    except ImportError:
-        pass
+def _blas_info() -> dict:
+    numpy_blas = [f"{i.get('internal_api')} {i.get('version')} "
+                  f"({i.get('num_threads')} threads) {i.get('filepath')}"
+                  for i in threadpool_info() if i.get("user_api") == "blas"]
     return {"nn kernels": _blas.provider(), "nn kernels library": _blas.library(),
             "loaded BLAS libraries": numpy_blas}
 
@@ -116,10 +54,7 @@ def config() -> dict:
     """What :func:`show_config` prints, as a dict of sections. Local; imports
     mpi4py.MPI, which initializes MPI if it is not yet."""
     import mpi4py
-    import numpy
     from mpi4py import MPI
-
-    from ._version import __version__
 
     theirs, ours = MPI.Get_library_version(), _C.mpi_library_version()
     return {
@@ -128,14 +63,14 @@ def config() -> dict:
                       "extension": _C.__file__},
         "Python": {"version": platform.python_version(), "executable": sys.executable,
                    "platform": platform.platform()},
-        "NumPy": {"version": numpy.__version__},
+        "NumPy": {"version": np.__version__},
         "mpi4py": {"version": mpi4py.__version__,
-                   "MPI library": _first_line(theirs),
+                   "MPI library": _mpi_library.first_line(theirs),
                    "MPI standard": "{}.{}".format(*MPI.Get_version())},
-        "MPI of mpitensor._C": {"MPI library": _first_line(ours),
-                                "same as mpi4py's": same_mpi_library(ours, theirs),
+        "MPI of mpitensor._C": {"MPI library": _mpi_library.first_line(ours),
+                                "same as mpi4py's": _mpi_library.same_mpi_library(ours, theirs),
                                 "libmpi files loaded": _loaded_libmpi()},
-        "BLAS": _blas(),
+        "BLAS": _blas_info(),
         "threads": {**{v: os.environ.get(v, "unset") for v in _THREAD_VARIABLES},
                     "CPUs available": len(os.sched_getaffinity(0))
                     if hasattr(os, "sched_getaffinity") else os.cpu_count()},

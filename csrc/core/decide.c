@@ -1,0 +1,80 @@
+/* Deciding on a miss (memo.h): the engine's placements or a caller's, each input's
+ * move checked and planned, and the decision stored in the memo. */
+#include <string.h>
+
+#include "core-private.h"
+#include "mpitensor/memo.h"
+
+static int same_placements(const mt_layout *l, const mt_placement *p) {
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    const mt_placement *a = &l->placements[m];
+    if (a->kind != p[m].kind) return 0;
+    if (a->kind == MT_PLACEMENT_SHARD && a->dim != p[m].dim) return 0;
+    if (a->kind == MT_PLACEMENT_PARTIAL && a->reduce_op != p[m].reduce_op) return 0;
+  }
+  return 1;
+}
+
+/* The plan that gives `src` the placements `to`, checked first; NULL in *out when
+ * nothing moves. */
+static int plan_input(const mt_layout *src, const mt_placement *to, int64_t itemsize,
+                      int dtype, mt_plan **out, mt_error *err) {
+  *out = NULL;
+  if (same_placements(src, to)) return MT_OK;
+  mt_layout dst = *src;
+  memcpy(dst.placements, to, (size_t)src->mesh_ndim * sizeof *to);
+  int rc = mt_plan_check(src, &dst, dtype, err);
+  if (rc == MT_OK) rc = mt_plan_create(src, &dst, itemsize, out, err);
+  if (rc == MT_OK && mt_plan_nsteps(*out) == 0) {
+    mt_plan_destroy(*out); /* only mesh dims of size 1 differ: nothing runs */
+    *out = NULL;
+  }
+  return rc;
+}
+
+static void drop_plans(mt_decision *d) {
+  for (int i = 0; i < d->ninputs; ++i) {
+    mt_plan_destroy(d->plan[i]);
+    d->plan[i] = NULL;
+  }
+}
+
+int mt_memo_decide_targets(mt_memo *memo, const mt_memo_key *key,
+                           const mt_prop_inputs *in, const int *dtypes,
+                           const mt_placement (*targets)[MT_MAX_MESH_NDIM],
+                           const mt_decision *outcome, mt_decision **out, mt_error *err) {
+  if (in->ninputs < 0 || in->ninputs > MT_PROP_MAX_INPUTS)
+    return mt__fail(err, MT_EINVAL, "A decision has 0 to %d inputs", MT_PROP_MAX_INPUTS);
+  mt_decision d = *outcome;
+  d.ninputs = in->ninputs, d.mesh_ndim = in->mesh_ndim;
+  memset(d.plan, 0, sizeof d.plan);
+  int rc = MT_OK;
+  for (int i = 0; rc == MT_OK && i < in->ninputs; ++i) {
+    mt_layout src;
+    rc = mt_layout_init(&src, in->ndim[i], in->shape[i], in->mesh_ndim, in->mesh_shape,
+                        in->placements[i], err);
+    if (rc == MT_OK)
+      rc = plan_input(&src, targets[i], in->itemsize[i], dtypes[i], &d.plan[i], err);
+  }
+  mt_decision *stored = rc == MT_OK ? mt_memo_insert(memo, key, &d, err) : NULL;
+  drop_plans(&d); /* the memo holds its own */
+  if (rc == MT_OK && stored == NULL) rc = err != NULL && err->code ? err->code : MT_ENOMEM;
+  if (rc == MT_OK) *out = stored;
+  return rc;
+}
+
+int mt_memo_decide(mt_memo *memo, const mt_memo_key *key, const mt_dimmap *map,
+                   const mt_prop_inputs *in, const int *dtypes, mt_decision **out,
+                   mt_error *err) {
+  mt_prop_result res;
+  int rc = mt_propagate(map, in, &res, err);
+  if (rc != MT_OK) return rc;
+  mt_decision outcome;
+  memset(&outcome, 0, sizeof outcome);
+  outcome.out_ndim = res.out_ndim;
+  memcpy(outcome.out_placements, res.out_placements, sizeof outcome.out_placements);
+  memcpy(outcome.out_shape, res.out_shape, sizeof outcome.out_shape);
+  return mt_memo_decide_targets(memo, key, in, dtypes,
+                                (const mt_placement(*)[MT_MAX_MESH_NDIM])res.in_placements,
+                                &outcome, out, err);
+}

@@ -1,0 +1,233 @@
+/* The dim maps of the operation families the extension registers (elementwise
+ * with broadcasting, matmul, reductions), built from shapes and an op's signature
+ * (prop.h). Python-driven operations (einsum, reshape, ...) build their own maps. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core-private.h"
+#include "mpitensor/dtype.h"
+#include "mpitensor/prop.h"
+
+static int bit(uint32_t mask, int i) { return (int)((mask >> i) & 1u); }
+
+static int popcount(uint32_t mask) {
+  int n = 0;
+  for (; mask != 0; mask &= mask - 1) ++n;
+  return n;
+}
+
+/* NumPy's text of a shape, "(8,6)" or "(3,)", for messages. */
+static const char *shape_text(int ndim, const int64_t *shape, char *buf, size_t len) {
+  int at = snprintf(buf, len, "(");
+  for (int d = 0; d < ndim && at > 0 && (size_t)at < len; ++d)
+    at += snprintf(buf + at, len - (size_t)at, d ? ",%" PRId64 : "%" PRId64, shape[d]);
+  if (at > 0 && (size_t)at < len) snprintf(buf + at, len - (size_t)at, ndim == 1 ? ",)" : ")");
+  return buf;
+}
+
+/* The broadcast shape of `n` shapes into out (ndim *out_ndim), NumPy's rule. */
+static int broadcast(int n, const int *ndim, const int64_t (*shape)[MT_MAX_NDIM],
+                     int *out_ndim, int64_t *out, mt_error *err) {
+  int nd = 0;
+  for (int i = 0; i < n; ++i) nd = ndim[i] > nd ? ndim[i] : nd;
+  for (int o = 0; o < nd; ++o) out[o] = 1;
+  for (int i = 0; i < n; ++i) {
+    for (int d = 0; d < ndim[i]; ++d) {
+      int o = nd - ndim[i] + d;
+      int64_t s = shape[i][d];
+      if (s == out[o] || s == 1) continue;
+      if (out[o] == 1) {
+        out[o] = s;
+        continue;
+      }
+      char a[160], b[160];
+      return mt__fail(err, MT_EINVAL, "operands could not be broadcast together with "
+                      "shapes %s %s", shape_text(ndim[0], shape[0], a, sizeof a),
+                      shape_text(ndim[i], shape[i], b, sizeof b));
+    }
+  }
+  *out_ndim = nd;
+  return MT_OK;
+}
+
+/* Input i labelled by the output dims it aligns with; broadcast dims marked. */
+static void align(mt_dimmap *map, int i, int ndim, const int64_t *shape, int first,
+                  const int64_t *out_shape) {
+  map->in_ndim[i] = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    map->in_labels[i][d] = first + d;
+    if (shape[d] == 1 && out_shape[first + d] != 1) map->in_bcast[i] |= 1u << d;
+  }
+}
+
+/* The partial rule of an elementwise op for the operands that are tensors. */
+static void elementwise_rule(mt_dimmap *map, int kind, int noperands, uint32_t tensors) {
+  int all = tensors == (noperands >= 32 ? 0xffffffffu : (1u << noperands) - 1u);
+  int one = map->ninputs == 1;
+  switch (kind) {
+    case MT_ELEMENTWISE_ADD:
+      map->partial_rule = all ? MT_PARTIAL_LINEAR_ALL : MT_PARTIAL_NONE;
+      break;
+    case MT_ELEMENTWISE_MUL:
+      map->partial_rule = one ? MT_PARTIAL_LINEAR_ALL : MT_PARTIAL_LINEAR_ONE;
+      map->partial_inputs = one ? 0 : (1u << map->ninputs) - 1u;
+      break;
+    case MT_ELEMENTWISE_DIV:
+      map->partial_rule = !bit(tensors, 0) ? MT_PARTIAL_NONE
+                          : one            ? MT_PARTIAL_LINEAR_ALL
+                                           : MT_PARTIAL_LINEAR_ONE;
+      map->partial_inputs = one ? 0 : 1u;
+      break;
+    case MT_ELEMENTWISE_MAX:
+    case MT_ELEMENTWISE_MIN:
+      map->partial_rule = MT_PARTIAL_SAME_OP;
+      map->partial_ops = 1u << (kind == MT_ELEMENTWISE_MAX ? MT_REDUCE_MAX : MT_REDUCE_MIN);
+      break;
+    default:
+      map->partial_rule = MT_PARTIAL_NONE;
+  }
+}
+
+int mt_dimmap_elementwise(int kind, int noperands, uint32_t tensors, const int *ndim,
+                          const int64_t (*shape)[MT_MAX_NDIM], mt_dimmap *out,
+                          mt_error *err) {
+  if (kind < 0 || kind >= MT_ELEMENTWISE_COUNT)
+    return mt__fail(err, MT_EINVAL, "Unknown elementwise kind %d", kind);
+  if (noperands < 1 || noperands > MT_PROP_MAX_INPUTS || tensors == 0 ||
+      (tensors >> noperands) != 0)
+    return mt__fail(err, MT_EINVAL, "An elementwise op of 1 to %d operands, at least one "
+                    "a tensor, was expected", MT_PROP_MAX_INPUTS);
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = popcount(tensors);
+  for (int i = 0; i < map.ninputs; ++i) {
+    if (ndim[i] < 0 || ndim[i] > MT_MAX_NDIM)
+      return mt__fail(err, MT_EINVAL, "Input %d has %d dims", i, ndim[i]);
+  }
+  int64_t out_shape[MT_MAX_NDIM];
+  int rc = broadcast(map.ninputs, ndim, shape, &map.out_ndim, out_shape, err);
+  if (rc != MT_OK) return rc;
+  map.nlabels = map.out_ndim;
+  for (int o = 0; o < map.out_ndim; ++o) map.out_labels[o] = o;
+  for (int i = 0; i < map.ninputs; ++i)
+    align(&map, i, ndim[i], shape[i], map.out_ndim - ndim[i], out_shape);
+  elementwise_rule(&map, kind, noperands, tensors);
+  *out = map;
+  return MT_OK;
+}
+
+/* A new label of `kind`; returns it. */
+static int new_label(mt_dimmap *map, int kind) {
+  map->label_kind[map->nlabels] = kind;
+  return map->nlabels++;
+}
+
+/* The batch dims of a matmul operand (all but its last two, none for 1-D). */
+static int batch_ndim(int ndim) { return ndim >= 2 ? ndim - 2 : 0; }
+
+/* The broadcast batch shape of both operands into map's first labels. */
+static int matmul_batch(mt_dimmap *map, const int *nd, const int64_t (*sh)[MT_MAX_NDIM],
+                        int64_t *batch, mt_error *err) {
+  int nb = 0;
+  int rc = broadcast(2, nd, sh, &nb, batch, err);
+  if (rc != MT_OK) return rc;
+  for (int b = 0; b < nb; ++b) new_label(map, MT_LABEL_KEEP);
+  for (int t = 0; t < 2; ++t) align(map, t, nd[t], sh[t], nb - nd[t], batch);
+  return MT_OK;
+}
+
+int mt_dimmap_matmul(int a_ndim, const int64_t *a_shape, int b_ndim,
+                     const int64_t *b_shape, int transpose_b, mt_dimmap *out,
+                     mt_error *err) {
+  if (a_ndim < 1 || b_ndim < 1 || a_ndim > MT_MAX_NDIM || b_ndim > MT_MAX_NDIM)
+    return mt__fail(err, MT_EINVAL, "operands must have at least one dim (scalars: use *)");
+  if (transpose_b && b_ndim != 2)
+    return mt__fail(err, MT_EINVAL, "a @ b.T needs a 2-D b, got %d dims", b_ndim);
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = 2;
+  const int nd[2] = {batch_ndim(a_ndim), batch_ndim(b_ndim)};
+  int64_t sh[2][MT_MAX_NDIM] = {{0}}, batch[MT_MAX_NDIM];
+  memcpy(sh[0], a_shape, (size_t)nd[0] * sizeof(int64_t));
+  memcpy(sh[1], b_shape, (size_t)nd[1] * sizeof(int64_t));
+  int rc = matmul_batch(&map, nd, (const int64_t(*)[MT_MAX_NDIM])sh, batch, err);
+  if (rc != MT_OK) return rc;
+  int nb = map.nlabels, k = new_label(&map, MT_LABEL_CONTRACT);
+  int i = a_ndim >= 2 ? new_label(&map, MT_LABEL_KEEP) : -1;
+  int j = b_ndim >= 2 ? new_label(&map, MT_LABEL_KEEP) : -1;
+  int *la = &map.in_labels[0][nd[0]], *lb = &map.in_labels[1][nd[1]];
+  if (i >= 0) *la++ = i;
+  *la = k;
+  if (j < 0) lb[0] = k;
+  else if (transpose_b) lb[0] = j, lb[1] = k;
+  else lb[0] = k, lb[1] = j;
+  map.in_ndim[0] = a_ndim, map.in_ndim[1] = b_ndim;
+  for (int b = 0; b < nb; ++b) map.out_labels[map.out_ndim++] = b;
+  if (i >= 0) map.out_labels[map.out_ndim++] = i;
+  if (j >= 0) map.out_labels[map.out_ndim++] = j;
+  map.partial_rule = MT_PARTIAL_LINEAR_ONE;
+  map.partial_inputs = 3u;
+  *out = map;
+  return MT_OK;
+}
+
+/* Max and min of bool or complex values have no MPI reduction here. */
+static int combinable(int op, int dtype) {
+  if (op != MT_REDUCE_MAX && op != MT_REDUCE_MIN) return op >= 0;
+  return dtype != MT_DTYPE_BOOL && dtype != MT_DTYPE_COMPLEX64 &&
+         dtype != MT_DTYPE_COMPLEX128;
+}
+
+int mt_dimmap_reduction(const mt_reduction_rule *rule, int ndim, uint32_t axes,
+                        int keepdims, int dtype, mt_dimmap *out, mt_error *err) {
+  if (rule == NULL || ndim < 0 || ndim > MT_MAX_NDIM || (axes >> ndim) != 0)
+    return mt__fail(err, MT_EINVAL, "A reduction of a 0- to %d-d input over its own "
+                    "dims was expected", MT_MAX_NDIM);
+  int op = combinable(rule->reduce_op, dtype) ? rule->reduce_op : -1;
+  mt_dimmap map;
+  memset(&map, 0, sizeof map);
+  map.ninputs = 1, map.in_ndim[0] = ndim, map.nlabels = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    map.in_labels[0][d] = d;
+    if (!bit(axes, d)) continue;
+    map.label_kind[d] = op < 0 ? MT_LABEL_REPLICATE : MT_LABEL_REDUCE;
+    map.label_reduce_op[d] = op < 0 ? 0 : op;
+    if (op >= 0 && rule->even_only) map.even_only |= 1u << d;
+  }
+  for (int d = 0; d < ndim; ++d) {
+    if (!bit(axes, d)) {
+      map.out_labels[map.out_ndim++] = d;
+    } else if (keepdims) {
+      int l = new_label(&map, MT_LABEL_REPLICATE);
+      map.sized_labels |= 1u << l;
+      map.label_size[l] = 1;
+      map.out_labels[map.out_ndim++] = l;
+    }
+  }
+  map.partial_rule = op < 0 ? MT_PARTIAL_NONE : rule->partial_rule;
+  map.partial_ops = op < 0 ? 0 : rule->partial_ops;
+  *out = map;
+  return MT_OK;
+}
+
+int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inputs *in,
+                 int dtype, mt_dimmap *out, mt_error *err) {
+  const int n = in->ninputs;
+  switch (sig->family) {
+    case MT_OP_ELEMENTWISE:
+      return mt_dimmap_elementwise(sig->kind, args->noperands, args->tensors, in->ndim,
+                                   (const int64_t(*)[MT_MAX_NDIM])in->shape, out, err);
+    case MT_OP_MATMUL:
+      if (n != 2)
+        return mt__fail(err, MT_EINVAL, "takes two DTensors; for a scalar factor use *");
+      return mt_dimmap_matmul(in->ndim[0], in->shape[0], in->ndim[1], in->shape[1], 0, out,
+                              err);
+    case MT_OP_REDUCTION:
+      if (n != 1) return mt__fail(err, MT_EINVAL, "a reduction takes one tensor");
+      return mt_dimmap_reduction(&sig->rule, in->ndim[0], args->axes, args->keepdims, dtype,
+                                 out, err);
+    default:
+      return mt__fail(err, MT_EINVAL, "Unknown operation family %d", sig->family);
+  }
+}

@@ -1,0 +1,127 @@
+/* The decision memo (memo.h) on the core's bounded cache. The cache bounds the
+ * decisions; this file bounds the plans they hold, evicting by the same clock. */
+#include "mpitensor/memo.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache-private.h"
+#include "core-private.h"
+
+/* op, aux, operand count, then the operands. */
+enum { KEY_WORDS = 3 + MT_MEMO_MAX_OPERANDS };
+
+struct mt_memo {
+  mt__cache *cache;
+  int64_t plans, plan_limit;
+  int64_t hits, misses;
+};
+
+static int count_plans(const mt_decision *d) {
+  int n = 0;
+  for (int i = 0; i < d->ninputs; ++i) n += d->plan[i] != NULL;
+  return n;
+}
+
+/* The cache lets a decision go: its plans go with it. */
+static void drop(void *value, void *ctx) {
+  mt_decision *d = value;
+  mt_memo *memo = ctx;
+  for (int i = 0; i < d->ninputs; ++i) {
+    if (d->plan[i] == NULL) continue;
+    mt_plan_destroy(d->plan[i]);
+    memo->plans--;
+  }
+}
+
+static int pack(const mt_memo_key *key, int64_t *w, mt_error *err) {
+  if (key->noperands < 0 || key->noperands > MT_MEMO_MAX_OPERANDS)
+    return mt__fail(err, MT_EINVAL, "A memo key has 0 to %d operands, got %d",
+                    MT_MEMO_MAX_OPERANDS, key->noperands);
+  memset(w, 0, KEY_WORDS * sizeof *w);
+  w[0] = key->op, w[1] = key->aux, w[2] = key->noperands;
+  for (int i = 0; i < key->noperands; ++i) w[3 + i] = key->operand[i];
+  return MT_OK;
+}
+
+int mt_memo_create(int64_t decisions, int64_t plans, mt_memo **out, mt_error *err) {
+  if (plans < 1) return mt__fail(err, MT_EINVAL, "A memo holds at least one plan");
+  mt_memo *memo = calloc(1, sizeof *memo);
+  if (memo == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory creating a memo");
+  int rc = mt__cache_create(KEY_WORDS, sizeof(mt_decision), decisions, drop, memo,
+                            &memo->cache, err);
+  if (rc != MT_OK) {
+    free(memo);
+    return rc;
+  }
+  memo->plan_limit = plans;
+  *out = memo;
+  return MT_OK;
+}
+
+void mt_memo_destroy(mt_memo *memo) {
+  if (memo == NULL) return;
+  mt__cache_destroy(memo->cache);
+  free(memo);
+}
+
+mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key) {
+  int64_t w[KEY_WORDS];
+  if (pack(key, w, NULL) != MT_OK) return NULL;
+  return mt__cache_find(memo->cache, w, NULL);
+}
+
+mt_decision *mt_memo_find(mt_memo *memo, const mt_memo_key *key) {
+  mt_decision *d = mt_memo_peek(memo, key);
+  if (d != NULL) memo->hits++;
+  else memo->misses++;
+  return d;
+}
+
+/* Stores `decision` in the fresh value `slot`, retaining its plans. */
+static mt_decision *store(mt_memo *memo, mt_decision *slot, const mt_decision *decision) {
+  *slot = *decision;
+  for (int i = 0; i < slot->ninputs; ++i) {
+    if (slot->plan[i] == NULL) continue;
+    mt_plan_retain(slot->plan[i]);
+    memo->plans++;
+  }
+  return slot;
+}
+
+mt_decision *mt_memo_insert(mt_memo *memo, const mt_memo_key *key,
+                            const mt_decision *decision, mt_error *err) {
+  int64_t w[KEY_WORDS], slot;
+  if (pack(key, w, err) != MT_OK) return NULL;
+  if (decision->ninputs < 0 || decision->ninputs > MT_PROP_MAX_INPUTS) {
+    mt__fail(err, MT_EINVAL, "A decision has 0 to %d inputs", MT_PROP_MAX_INPUTS);
+    return NULL;
+  }
+  mt_decision *old = mt__cache_find(memo->cache, w, &slot);
+  if (old != NULL) {
+    drop(old, memo);
+    return store(memo, old, decision);
+  }
+  int64_t need = count_plans(decision);
+  while (memo->plans + need > memo->plan_limit && mt__cache_evict_one(memo->cache)) {
+  }
+  mt_decision *fresh = mt__cache_add(memo->cache, w, NULL, err);
+  return fresh == NULL ? NULL : store(memo, fresh, decision);
+}
+
+void mt_memo_clear(mt_memo *memo) { mt__cache_clear(memo->cache); }
+
+int mt_memo_set_limits(mt_memo *memo, int64_t decisions, int64_t plans, mt_error *err) {
+  if (plans < 1) return mt__fail(err, MT_EINVAL, "A memo holds at least one plan");
+  int rc = mt__cache_set_capacity(memo->cache, decisions, err);
+  if (rc == MT_OK) memo->plan_limit = plans;
+  return rc;
+}
+
+void mt_memo_stats_get(const mt_memo *memo, mt_memo_stats *out) {
+  out->hits = memo->hits, out->misses = memo->misses;
+  out->decisions = mt__cache_count(memo->cache);
+  out->plans = memo->plans;
+  out->decision_limit = mt__cache_capacity(memo->cache);
+  out->plan_limit = memo->plan_limit;
+}

@@ -1,0 +1,301 @@
+/* _C.DTensorBase: the C base of mpitensor.DTensor. It holds the local ndarray,
+ * the spec, the layout id of the spec on its mesh (found when first needed) and
+ * the bit autograd will set; its operators, __array_ufunc__ and reduction methods
+ * are entry points of the dispatch (ext_dispatch.c). */
+#include "ext.h"
+
+#include <stddef.h>
+#include <structmember.h>
+
+static int base_init(PyObject *self, PyObject *args, PyObject *kwds);
+
+/* The operators and their ufuncs (NDArrayOperatorsMixin's list), in the order of
+ * mt_ext_dispatch.binary, .unary and .compare (Py_LT .. Py_GE). */
+const char *const mt_ext_binary_names[MT_EXT_NBINARY] = {
+    "add",         "subtract",   "multiply",    "matmul",      "true_divide",
+    "floor_divide", "remainder", "power",       "left_shift",  "right_shift",
+    "bitwise_and", "bitwise_xor", "bitwise_or", "divmod"};
+enum { B_ADD, B_SUB, B_MUL, B_MATMUL, B_TDIV, B_FDIV, B_MOD, B_POW, B_LSH, B_RSH,
+       B_AND, B_XOR, B_OR, B_DIVMOD };
+const char *const mt_ext_unary_names[MT_EXT_NUNARY] = {"negative", "positive",
+                                                       "absolute", "invert"};
+const char *const mt_ext_compare_names[MT_EXT_NCOMPARE] = {
+    "less", "less_equal", "equal", "not_equal", "greater", "greater_equal"};
+const char *const mt_ext_reduction_names[MT_EXT_NREDUCTION] = {
+    "sum", "mean", "prod", "max", "min", "all", "any", "std", "var", "argmax", "argmin"};
+
+/* Whether `o` is an instance of DTensorBase or a subclass: its type or a base has
+ * our tp_init, which a subclass without __init__ inherits as is. */
+static int is_ours(PyObject *o) {
+  PyObject *mro = Py_TYPE(o)->tp_mro;
+  for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); ++i)
+    if (((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_init == base_init) return 1;
+  return 0;
+}
+
+/* A binary operator: the slot runs for l or r, whichever is a DTensor. */
+static PyObject *binary(int op, PyObject *l, PyObject *r) {
+  mt_ext_dispatch *d = mt_ext_dispatch_of(is_ours(l) ? l : r);
+  if (d == NULL) return NULL;
+  PyObject *ops[2] = {l, r};
+  return mt_ext_call_ufunc(d, d->binary[op], ops, 2, NULL);
+}
+
+#define BINARY_SLOT(fn, op) \
+  static PyObject *fn(PyObject *l, PyObject *r) { return binary(op, l, r); }
+BINARY_SLOT(nb_add, B_ADD)
+BINARY_SLOT(nb_sub, B_SUB)
+BINARY_SLOT(nb_mul, B_MUL)
+BINARY_SLOT(nb_matmul, B_MATMUL)
+BINARY_SLOT(nb_tdiv, B_TDIV)
+BINARY_SLOT(nb_fdiv, B_FDIV)
+BINARY_SLOT(nb_mod, B_MOD)
+BINARY_SLOT(nb_lsh, B_LSH)
+BINARY_SLOT(nb_rsh, B_RSH)
+BINARY_SLOT(nb_and, B_AND)
+BINARY_SLOT(nb_xor, B_XOR)
+BINARY_SLOT(nb_or, B_OR)
+BINARY_SLOT(nb_divmod, B_DIVMOD)
+
+/* CPython's ternaryfunc fixes the parameter types. */
+/* cppcheck-suppress constParameter */
+static PyObject *nb_pow(PyObject *l, PyObject *r, PyObject *mod) {
+  if (mod == Py_None) return binary(B_POW, l, r);
+  PyErr_SetString(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
+  return NULL;
+}
+
+/* `self op= other`: the ufunc into self (out=), which the Python entry handles. */
+static PyObject *inplace(int op, PyObject *self, PyObject *other) {
+  mt_ext_dispatch *d = mt_ext_dispatch_of(self);
+  if (d == NULL) return NULL;
+  PyObject *outs = PyTuple_Pack(1, self);
+  if (outs == NULL) return NULL;
+  PyObject *kwnames = PyTuple_Pack(1, d->s_out);
+  PyObject *args[3] = {self, other, outs};
+  PyObject *res = kwnames == NULL ? NULL
+                                  : mt_ext_call_ufunc(d, d->binary[op], args, 2, kwnames);
+  Py_XDECREF(kwnames);
+  Py_DECREF(outs);
+  return res;
+}
+
+#define INPLACE_SLOT(fn, op) \
+  static PyObject *fn(PyObject *l, PyObject *r) { return inplace(op, l, r); }
+INPLACE_SLOT(nb_iadd, B_ADD)
+INPLACE_SLOT(nb_isub, B_SUB)
+INPLACE_SLOT(nb_imul, B_MUL)
+INPLACE_SLOT(nb_imatmul, B_MATMUL)
+INPLACE_SLOT(nb_itdiv, B_TDIV)
+INPLACE_SLOT(nb_ifdiv, B_FDIV)
+INPLACE_SLOT(nb_imod, B_MOD)
+INPLACE_SLOT(nb_ilsh, B_LSH)
+INPLACE_SLOT(nb_irsh, B_RSH)
+INPLACE_SLOT(nb_iand, B_AND)
+INPLACE_SLOT(nb_ixor, B_XOR)
+INPLACE_SLOT(nb_ior, B_OR)
+
+/* cppcheck-suppress constParameter */
+static PyObject *nb_ipow(PyObject *l, PyObject *r, PyObject *mod) {
+  if (mod == Py_None) return inplace(B_POW, l, r);
+  PyErr_SetString(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
+  return NULL;
+}
+
+static PyObject *unary(int op, PyObject *x) {
+  mt_ext_dispatch *d = mt_ext_dispatch_of(x);
+  return d == NULL ? NULL : mt_ext_call_ufunc(d, d->unary[op], &x, 1, NULL);
+}
+
+static PyObject *nb_neg(PyObject *x) { return unary(0, x); }
+static PyObject *nb_pos(PyObject *x) { return unary(1, x); }
+static PyObject *nb_abs(PyObject *x) { return unary(2, x); }
+static PyObject *nb_invert(PyObject *x) { return unary(3, x); }
+
+static PyObject *richcompare(PyObject *self, PyObject *other, int op) {
+  mt_ext_dispatch *d = mt_ext_dispatch_of(self);
+  if (d == NULL) return NULL;
+  PyObject *ops[2] = {self, other};
+  return mt_ext_call_ufunc(d, d->compare[op], ops, 2, NULL);
+}
+
+/* __array_ufunc__(ufunc, method, *operands, **kwargs). */
+static PyObject *array_ufunc(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames) {
+  mt_ext_dispatch *d = mt_ext_dispatch_of(self);
+  if (d == NULL) return NULL;
+  if (nargs < 2) {
+    PyErr_SetString(PyExc_TypeError, "__array_ufunc__(ufunc, method, *inputs, **kwargs)");
+    return NULL;
+  }
+  return mt_ext_array_ufunc(d, args[0], args[1], args + 2, nargs - 2, kwnames);
+}
+
+#define REDUCTION(fn, idx)                                                            \
+  static PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs,     \
+                      PyObject *kwnames) {                                         \
+    mt_ext_dispatch *d = mt_ext_dispatch_of(self);                                 \
+    return d == NULL ? NULL : mt_ext_call_reduction(d, idx, self, args, nargs, kwnames); \
+  }
+REDUCTION(m_sum, 0)
+REDUCTION(m_mean, 1)
+REDUCTION(m_prod, 2)
+REDUCTION(m_max, 3)
+REDUCTION(m_min, 4)
+REDUCTION(m_all, 5)
+REDUCTION(m_any, 6)
+REDUCTION(m_std, 7)
+REDUCTION(m_var, 8)
+REDUCTION(m_argmax, 9)
+REDUCTION(m_argmin, 10)
+
+#define RED_DEF(name, fn, what)                                                       \
+  {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL | METH_KEYWORDS,               \
+   "numpy." name " of this DTensor; see numpy.ndarray." name ". " what " Collective " \
+   "on the mesh when a sharded axis or a Partial must be gathered or reduced first." \
+   "\n\nExample: dt." name "(axis=0)"}
+#define PARTIAL_OK "Over a sharded axis it is local and gives a Partial."
+#define WHOLE "The reduced axes are gathered first."
+
+/* -- fields ------------------------------------------------------------------------- */
+
+static int base_init(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"local_tensor", "spec", NULL};
+  PyObject *local, *spec;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:DTensor", kwlist, &local, &spec))
+    return -1;
+  mt_ext_dtensor *b = (mt_ext_dtensor *)self;
+  Py_XSETREF(b->spec, Py_NewRef(spec));
+  Py_XSETREF(b->local, Py_NewRef(local));
+  b->layout_id = 0;
+  return 0;
+}
+
+static PyObject *spec_get(PyObject *self, void *closure) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)self;
+  if (b->spec == NULL) {
+    PyErr_SetString(PyExc_AttributeError, "_spec");
+    return NULL;
+  }
+  return Py_NewRef(b->spec);
+}
+
+/* A new spec may be another layout: its id is found again when needed. */
+static int spec_set(PyObject *self, PyObject *value, void *closure) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)self;
+  Py_XSETREF(b->spec, Py_XNewRef(value));
+  b->layout_id = 0;
+  return 0;
+}
+
+static PyGetSetDef base_getset[] = {
+    {"_spec", spec_get, spec_set,
+     "The DTensorSpec: mesh, placements, global shape, dtype, stride.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef base_members[] = {
+    {"_local_tensor", T_OBJECT_EX, offsetof(mt_ext_dtensor, local), 0,
+     "This rank's local ndarray (or a pending asynchronous one)."},
+    {"_requires_grad", T_BOOL, offsetof(mt_ext_dtensor, requires_grad), 0,
+     "Whether autograd records operations on this tensor: while grad mode is on, "
+     "they take the Python entry of the dispatch."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int base_traverse(PyObject *self, visitproc visit, void *arg) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)self;
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(b->local);
+  Py_VISIT(b->spec);
+  return 0;
+}
+
+static int base_clear(PyObject *self) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)self;
+  Py_CLEAR(b->local);
+  Py_CLEAR(b->spec);
+  return 0;
+}
+
+static void base_dealloc(PyObject *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  base_clear(self);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+static PyMethodDef base_methods[] = {
+    {"__array_ufunc__", (PyCFunction)(void (*)(void))array_ufunc,
+     METH_FASTCALL | METH_KEYWORDS,
+     "NumPy ufuncs on DTensors, sharded (see mpitensor._ops._elementwise)."},
+    RED_DEF("sum", m_sum, PARTIAL_OK),     RED_DEF("mean", m_mean, PARTIAL_OK),
+    RED_DEF("prod", m_prod, PARTIAL_OK),   RED_DEF("max", m_max, PARTIAL_OK),
+    RED_DEF("min", m_min, PARTIAL_OK),     RED_DEF("all", m_all, WHOLE),
+    RED_DEF("any", m_any, WHOLE),          RED_DEF("std", m_std, WHOLE),
+    RED_DEF("var", m_var, WHOLE),          RED_DEF("argmax", m_argmax, WHOLE),
+    RED_DEF("argmin", m_argmin, WHOLE),
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot base_slots[] = {
+    {Py_tp_doc, "The C base of mpitensor.DTensor: its fields and the entry points of "
+                "NumPy operations. Internal: use mpitensor.DTensor."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, base_init},
+    {Py_tp_dealloc, base_dealloc},
+    {Py_tp_traverse, base_traverse},
+    {Py_tp_clear, base_clear},
+    {Py_tp_members, base_members},
+    {Py_tp_getset, base_getset},
+    {Py_tp_methods, base_methods},
+    {Py_tp_richcompare, richcompare},
+    {Py_nb_add, nb_add},
+    {Py_nb_subtract, nb_sub},
+    {Py_nb_multiply, nb_mul},
+    {Py_nb_matrix_multiply, nb_matmul},
+    {Py_nb_true_divide, nb_tdiv},
+    {Py_nb_floor_divide, nb_fdiv},
+    {Py_nb_remainder, nb_mod},
+    {Py_nb_divmod, nb_divmod},
+    {Py_nb_power, nb_pow},
+    {Py_nb_lshift, nb_lsh},
+    {Py_nb_rshift, nb_rsh},
+    {Py_nb_and, nb_and},
+    {Py_nb_xor, nb_xor},
+    {Py_nb_or, nb_or},
+    {Py_nb_inplace_add, nb_iadd},
+    {Py_nb_inplace_subtract, nb_isub},
+    {Py_nb_inplace_multiply, nb_imul},
+    {Py_nb_inplace_matrix_multiply, nb_imatmul},
+    {Py_nb_inplace_true_divide, nb_itdiv},
+    {Py_nb_inplace_floor_divide, nb_ifdiv},
+    {Py_nb_inplace_remainder, nb_imod},
+    {Py_nb_inplace_power, nb_ipow},
+    {Py_nb_inplace_lshift, nb_ilsh},
+    {Py_nb_inplace_rshift, nb_irsh},
+    {Py_nb_inplace_and, nb_iand},
+    {Py_nb_inplace_xor, nb_ixor},
+    {Py_nb_inplace_or, nb_ior},
+    {Py_nb_negative, nb_neg},
+    {Py_nb_positive, nb_pos},
+    {Py_nb_absolute, nb_abs},
+    {Py_nb_invert, nb_invert},
+    {0, NULL},
+};
+
+static PyType_Spec base_spec = {
+    .name = "mpitensor._C.DTensorBase",
+    .basicsize = sizeof(mt_ext_dtensor),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = base_slots,
+};
+
+int mt_ext_dtensor_exec(PyObject *module) {
+  mt_ext_state *st = mt_ext_state_of(module);
+  st->dtensor_base_type =
+      (PyTypeObject *)PyType_FromModuleAndSpec(module, &base_spec, NULL);
+  if (st->dtensor_base_type == NULL) return -1;
+  return PyModule_AddObjectRef(module, "DTensorBase", (PyObject *)st->dtensor_base_type);
+}

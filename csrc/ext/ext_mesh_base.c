@@ -1,0 +1,170 @@
+/* _C.MeshBase: the C base of mpitensor.DeviceMesh. It holds the mesh's
+ * communicators (`_handle`, a _C.Mesh) and what the dispatch of operations on
+ * the mesh remembers: the decision memo and the layout table (core/memo.c,
+ * core/layout_table.c), with the Python form of each layout by its slot. The
+ * dispatch reaches them from a DTensor's spec by a type check and a field read.
+ * Nothing here references a DTensor or the mesh itself, so a dropped mesh is
+ * freed at once. */
+#include "ext.h"
+
+#include <structmember.h>
+
+#include "mpitensor/mesh.h"
+
+static void drop_py_layouts(mt_ext_mesh_base *mb) {
+  for (int64_t s = 0; s < mb->py_cap; ++s) Py_CLEAR(mb->py_layouts[s]);
+  PyMem_Free(mb->py_layouts);
+  PyMem_Free(mb->py_ids);
+  mb->py_layouts = NULL, mb->py_ids = NULL, mb->py_cap = 0;
+}
+
+static PyObject *mb_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
+  PyObject *module = PyType_GetModuleByDef(tp, &mt_ext_module_def);
+  if (module == NULL) return NULL;
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)tp->tp_alloc(tp, 0);
+  if (mb == NULL) return NULL;
+  mt_error err = {0};
+  int rc = mt_memo_create(d->decision_limit, d->plan_limit, &mb->memo, &err);
+  if (rc == MT_OK) rc = mt_layout_table_create(d->layout_limit, &mb->layouts, &err);
+  if (rc != MT_OK) {
+    Py_DECREF(mb);
+    return mt_ext_raise(rc, &err);
+  }
+  return (PyObject *)mb;
+}
+
+static int mb_traverse(PyObject *self, visitproc visit, void *arg) {
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(mb->handle);
+  for (int64_t s = 0; s < mb->py_cap; ++s) Py_VISIT(mb->py_layouts[s]);
+  return 0;
+}
+
+static int mb_clear(PyObject *self) {
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
+  Py_CLEAR(mb->handle);
+  for (int64_t s = 0; s < mb->py_cap; ++s) Py_CLEAR(mb->py_layouts[s]);
+  return 0;
+}
+
+static void mb_dealloc(PyObject *self) {
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
+  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  mb_clear(self);
+  drop_py_layouts(mb);
+  mt_memo_destroy(mb->memo);
+  mt_layout_table_destroy(mb->layouts);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+static PyObject *handle_get(PyObject *self, void *closure) {
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
+  if (mb->handle == NULL) Py_RETURN_NONE;
+  return Py_NewRef(mb->handle);
+}
+
+/* Sets the communicators' handle, and with it the mesh's shape and membership. */
+static int handle_set(PyObject *self, PyObject *value, void *closure) {
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
+  PyObject *module = PyType_GetModuleByDef(Py_TYPE(self), &mt_ext_module_def);
+  mt_mesh *mesh = value == NULL || module == NULL ? NULL : mt_ext_mesh_get(module, value);
+  if (mesh == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "_handle is a _C.Mesh");
+    return -1;
+  }
+  int64_t coord[MT_MAX_MESH_NDIM];
+  mb->mesh_ndim = mt_mesh_ndim(mesh);
+  for (int m = 0; m < mb->mesh_ndim; ++m) mb->mesh_shape[m] = mt_mesh_dim_size(mesh, m);
+  mb->member = mt_mesh_coordinate(mesh, coord);
+  Py_XSETREF(mb->handle, Py_NewRef(value));
+  return 0;
+}
+
+static PyObject *dispatch_stats(PyObject *self, PyObject *unused) {
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
+  mt_memo_stats st;
+  mt_memo_stats_get(mb->memo, &st);
+  return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "hits", (long long)st.hits, "misses",
+                       (long long)st.misses, "decisions", (long long)st.decisions,
+                       "plans", (long long)st.plans, "layouts",
+                       (long long)mt_layout_table_count(mb->layouts), "decision_limit",
+                       (long long)st.decision_limit, "plan_limit",
+                       (long long)st.plan_limit, "layout_limit",
+                       (long long)mt_layout_table_capacity(mb->layouts));
+}
+
+/* Empties the memo and the layout table under new bounds; ids go on increasing. */
+static int set_limits(mt_ext_mesh_base *mb, int64_t decisions, int64_t plans,
+                      int64_t layouts) {
+  mt_error err = {0};
+  int rc = mt_memo_set_limits(mb->memo, decisions, plans, &err);
+  if (rc == MT_OK) rc = mt_layout_table_set_capacity(mb->layouts, layouts, &err);
+  drop_py_layouts(mb);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
+}
+
+static PyObject *dispatch_clear(PyObject *self, PyObject *unused) {
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
+  mt_memo_stats st;
+  mt_memo_stats_get(mb->memo, &st);
+  if (set_limits(mb, st.decision_limit, st.plan_limit,
+                 mt_layout_table_capacity(mb->layouts)) < 0)
+    return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *set_cache_limits(PyObject *self, PyObject *args) {
+  long long decisions, plans, layouts;
+  if (!PyArg_ParseTuple(args, "LLL:_set_cache_limits", &decisions, &plans, &layouts))
+    return NULL;
+  if (set_limits((mt_ext_mesh_base *)self, decisions, plans, layouts) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyGetSetDef mb_getset[] = {
+    {"_handle", handle_get, handle_set,
+     "The _C.Mesh of this mesh's communicators (set once, by DeviceMesh).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef mb_methods[] = {
+    {"_dispatch_stats", dispatch_stats, METH_NOARGS,
+     "{hits, misses, decisions, plans, layouts, and their limits} of this mesh's "
+     "decision memo and layout table. Local."},
+    {"_dispatch_clear", dispatch_clear, METH_NOARGS,
+     "Forgets this mesh's decisions and layouts (ids are not reused). Local."},
+    {"_set_cache_limits", set_cache_limits, METH_VARARGS,
+     "_set_cache_limits(decisions, plans, layouts): new bounds; empties both. Local."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot mb_slots[] = {
+    {Py_tp_doc, "The C base of mpitensor.DeviceMesh: its communicators' handle and "
+                "the decisions of operations on it. Internal."},
+    {Py_tp_new, mb_new},
+    {Py_tp_dealloc, mb_dealloc},
+    {Py_tp_traverse, mb_traverse},
+    {Py_tp_clear, mb_clear},
+    {Py_tp_getset, mb_getset},
+    {Py_tp_methods, mb_methods},
+    {0, NULL},
+};
+
+static PyType_Spec mb_spec = {
+    .name = "mpitensor._C.MeshBase",
+    .basicsize = sizeof(mt_ext_mesh_base),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = mb_slots,
+};
+
+int mt_ext_mesh_base_exec(PyObject *module) {
+  mt_ext_state *st = mt_ext_state_of(module);
+  st->mesh_base_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &mb_spec, NULL);
+  if (st->mesh_base_type == NULL) return -1;
+  return PyModule_AddObjectRef(module, "MeshBase", (PyObject *)st->mesh_base_type);
+}

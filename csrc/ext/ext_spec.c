@@ -1,0 +1,202 @@
+/* DTensorSpec <-> the core's layouts: a spec's fields as a layout key, its
+ * layout id on its mesh, and the Python form of a layout made from core data
+ * (placements as the ground floor's Placement objects, shape and stride tuples),
+ * kept per mesh by layout slot so that an output of a known layout gets its spec
+ * without building tuples. */
+#include "ext.h"
+
+#include <string.h>
+
+/* The placement code of a Placement: the cached instances first (placements are
+ * interned, so identity decides), else its `_code` triple. 0, or -1 with an
+ * exception. */
+int mt_ext_placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
+  if (p == d->replicate) {
+    *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
+    return 0;
+  }
+  for (int i = 0; i < MT_MAX_NDIM; ++i) {
+    if (p != d->shard[i]) continue;
+    *out = (mt_placement){MT_PLACEMENT_SHARD, i, 0};
+    return 0;
+  }
+  for (int op = 0; op < MT_REDUCE_COUNT; ++op) {
+    if (p != d->partial[op]) continue;
+    *out = (mt_placement){MT_PLACEMENT_PARTIAL, 0, op};
+    return 0;
+  }
+  PyObject *code = PyObject_GetAttrString(p, "_code");
+  PyObject *one = code == NULL ? NULL : PyTuple_Pack(1, code);
+  Py_XDECREF(code);
+  int n = 0, rc = one == NULL ? -1 : mt_ext_placements(one, out, &n);
+  Py_XDECREF(one);
+  return rc;
+}
+
+int mt_ext_dtype_key(PyArray_Descr *descr) {
+  return descr->type_num + (PyArray_ISNBO(descr->byteorder) ? 0 : (1 << 16));
+}
+
+static int int64s_of(PyObject *tuple, int64_t *out, int cap, int *n) {
+  if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) > cap) {
+    PyErr_SetString(PyExc_TypeError, "a DTensorSpec's shape and stride are tuples of ints");
+    return -1;
+  }
+  *n = (int)PyTuple_GET_SIZE(tuple);
+  for (int i = 0; i < *n; ++i) {
+    out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, i));
+    if (out[i] == -1 && PyErr_Occurred()) return -1;
+  }
+  return 0;
+}
+
+int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *spec,
+                    mt_layout_key *key) {
+  if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
+    PyErr_SetString(PyExc_TypeError, "a DTensor's spec is a DTensorSpec");
+    return -1;
+  }
+  PyObject *pl = PyTuple_GET_ITEM(spec, 1), *dtype = PyTuple_GET_ITEM(spec, 3);
+  if (!PyTuple_Check(pl) || PyTuple_GET_SIZE(pl) != mb->mesh_ndim ||
+      !PyArray_DescrCheck(dtype)) {
+    PyErr_SetString(PyExc_TypeError, "a DTensorSpec holds a placement per mesh dim and a "
+                    "NumPy dtype");
+    return -1;
+  }
+  key->mesh_ndim = mb->mesh_ndim;
+  for (int m = 0; m < mb->mesh_ndim; ++m)
+    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(pl, m), &key->placements[m]) < 0)
+      return -1;
+  int nstride = 0;
+  if (int64s_of(PyTuple_GET_ITEM(spec, 2), key->shape, MT_MAX_NDIM, &key->ndim) < 0 ||
+      int64s_of(PyTuple_GET_ITEM(spec, 4), key->stride, MT_MAX_NDIM, &nstride) < 0)
+    return -1;
+  if (nstride != key->ndim) {
+    PyErr_SetString(PyExc_ValueError, "a DTensorSpec's stride has one entry per dim");
+    return -1;
+  }
+  PyArray_Descr *descr = (PyArray_Descr *)dtype;
+  key->dtype = mt_ext_dtype_key(descr);
+  key->itemsize = (int64_t)PyDataType_ELSIZE(descr);
+  return 0;
+}
+
+mt_ext_mesh_base *mt_ext_spec_mesh(mt_ext_dispatch *d, PyObject *spec) {
+  if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return NULL;
+  PyObject *mesh = PyTuple_GET_ITEM(spec, 0);
+  return PyObject_TypeCheck(mesh, d->mesh_base) ? (mt_ext_mesh_base *)mesh : NULL;
+}
+
+int mt_ext_layout_id(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *dt,
+                     mt_layout_key *key, int64_t *id) {
+  int own = PyTuple_Check(dt->spec) && PyTuple_GET_SIZE(dt->spec) == 5 &&
+            PyTuple_GET_ITEM(dt->spec, 0) == (PyObject *)mb;
+  if (own && dt->layout_id != 0 && key == NULL) {
+    *id = dt->layout_id;
+    return 0;
+  }
+  mt_layout_key local;
+  if (key == NULL) key = &local;
+  if (mt_ext_spec_key(d, mb, dt->spec, key) < 0) return -1;
+  int64_t slot;
+  mt_error err = {0};
+  int rc = mt_layout_table_intern(mb->layouts, key, id, &slot, &err);
+  if (rc != MT_OK) {
+    mt_ext_raise(rc, &err);
+    return -1;
+  }
+  if (own) dt->layout_id = *id;
+  return 0;
+}
+
+int mt_ext_key_layout(const mt_layout_key *key, const mt_ext_mesh_base *mb,
+                      mt_layout *out) {
+  mt_error err = {0};
+  int rc = mt_layout_init(out, key->ndim, key->shape, mb->mesh_ndim, mb->mesh_shape,
+                          key->placements, &err);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
+}
+
+PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, int n) {
+  PyObject *out = PyTuple_New(n);
+  for (int m = 0; out != NULL && m < n; ++m) {
+    PyObject *obj = p[m].kind == MT_PLACEMENT_SHARD && p[m].dim >= 0 &&
+                            p[m].dim < MT_MAX_NDIM
+                        ? d->shard[p[m].dim]
+                    : p[m].kind == MT_PLACEMENT_PARTIAL && p[m].reduce_op >= 0 &&
+                            p[m].reduce_op < MT_REDUCE_COUNT
+                        ? d->partial[p[m].reduce_op]
+                        : d->replicate;
+    PyTuple_SET_ITEM(out, m, Py_NewRef(obj));
+  }
+  return out;
+}
+
+PyObject *mt_ext_int_tuple(const int64_t *v, int n) {
+  PyObject *out = PyTuple_New(n);
+  for (int i = 0; out != NULL && i < n; ++i) {
+    PyObject *x = PyLong_FromLongLong(v[i]);
+    if (x == NULL) {
+      Py_CLEAR(out);
+      break;
+    }
+    PyTuple_SET_ITEM(out, i, x);
+  }
+  return out;
+}
+
+/* (placements, shape, dtype, stride) of `key` with the dtype object `dtype`. */
+static PyObject *layout_tuple(mt_ext_dispatch *d, const mt_layout_key *key,
+                              PyObject *dtype) {
+  PyObject *pl = mt_ext_placement_objects(d, key->placements, key->mesh_ndim);
+  PyObject *shape = mt_ext_int_tuple(key->shape, key->ndim);
+  PyObject *stride = mt_ext_int_tuple(key->stride, key->ndim);
+  PyObject *out = pl && shape && stride ? PyTuple_Pack(4, pl, shape, dtype, stride) : NULL;
+  Py_XDECREF(pl);
+  Py_XDECREF(shape);
+  Py_XDECREF(stride);
+  return out;
+}
+
+/* Room for the Python layout of `slot`: the arrays grow by doubling, as the
+ * layout table's slots do, so a mesh that holds few layouts costs little. */
+static int py_room(mt_ext_mesh_base *mb, int64_t slot) {
+  if (slot < mb->py_cap) return 0;
+  int64_t cap = mb->py_cap ? mb->py_cap : 16;
+  while (cap <= slot) cap *= 2;
+  PyObject **layouts = PyMem_Realloc(mb->py_layouts, (size_t)cap * sizeof(PyObject *));
+  if (layouts != NULL) mb->py_layouts = layouts;
+  int64_t *ids = PyMem_Realloc(mb->py_ids, (size_t)cap * sizeof *ids);
+  if (ids != NULL) mb->py_ids = ids;
+  if (layouts == NULL || ids == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  memset(layouts + mb->py_cap, 0, (size_t)(cap - mb->py_cap) * sizeof(PyObject *));
+  memset(ids + mb->py_cap, 0, (size_t)(cap - mb->py_cap) * sizeof *ids);
+  mb->py_cap = cap;
+  return 0;
+}
+
+PyObject *mt_ext_py_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t id,
+                           int64_t slot, const mt_layout_key *key, PyObject *dtype) {
+  if (slot < 0 || py_room(mb, slot) < 0) return NULL;
+  PyObject *have = mb->py_layouts[slot];
+  if (have != NULL && mb->py_ids[slot] == id) return Py_NewRef(have);
+  if (key == NULL) return NULL; /* unknown, and nothing to make it from */
+  PyObject *made = layout_tuple(d, key, dtype);
+  if (made == NULL) return NULL;
+  Py_XSETREF(mb->py_layouts[slot], Py_NewRef(made));
+  mb->py_ids[slot] = id;
+  return made;
+}
+
+PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout) {
+  PyObject *spec = d->spec->tp_alloc(d->spec, 5);
+  if (spec == NULL) return NULL;
+  PyTuple_SET_ITEM(spec, 0, Py_NewRef(mesh));
+  for (Py_ssize_t i = 0; i < 4; ++i)
+    PyTuple_SET_ITEM(spec, i + 1, Py_NewRef(PyTuple_GET_ITEM(layout, i)));
+  return spec;
+}

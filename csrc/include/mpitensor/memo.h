@@ -1,0 +1,114 @@
+/* The decision memo: what an operation did with inputs of given layouts, so that
+ * the next call with the same layouts runs without deciding or planning again.
+ *
+ * A key is the operation (an id its caller chose), its static arguments folded
+ * into one word, and per operand the layout id of a tensor (layout_table.h) or
+ * the kind of a scalar. A decision is the plan each input runs first (or none),
+ * the output's placements and global shape, and, once known, the output's layout
+ * id. Plans are held by the memo (mt_plan_retain) for as long as their decision
+ * stays. The memo is bounded twice, in decisions and in the plans they hold, and
+ * evicts by CLOCK past either bound.
+ *
+ * All calls are Local; a memo is not thread-safe (its owner serialises calls). */
+#ifndef MPITENSOR_MEMO_H
+#define MPITENSOR_MEMO_H
+
+#include <stdint.h>
+
+#include "mpitensor/layout.h"
+#include "mpitensor/plan.h"
+#include "mpitensor/prop.h"
+#include "mpitensor/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_MEMO_MAX_OPERANDS MT_PROP_MAX_INPUTS
+
+/* `operand[i]` is the layout id (> 0) of a tensor operand, or minus the caller's
+ * kind (>= 0) of a scalar operand, whose type can change the result. */
+typedef struct mt_memo_key {
+  int64_t op;
+  int64_t aux;
+  int noperands;
+  int64_t operand[MT_MEMO_MAX_OPERANDS];
+} mt_memo_key;
+
+/* `plan[i]` moves tensor input i (operand order, scalars skipped) to the layout
+ * the op needs; NULL when it is used as it is. out_ndim is -1 while the output's
+ * shape is unknown (a user rule's output, learnt after its first run); out_id 0
+ * while the output's layout id is unknown. */
+typedef struct mt_decision {
+  int ninputs;
+  mt_plan *plan[MT_PROP_MAX_INPUTS];
+  int mesh_ndim;
+  mt_placement out_placements[MT_MAX_MESH_NDIM];
+  int out_ndim;
+  int64_t out_shape[MT_MAX_NDIM];
+  int64_t out_id;
+  int64_t out_slot;
+} mt_decision;
+
+typedef struct mt_memo_stats {
+  int64_t hits;
+  int64_t misses;
+  int64_t decisions; /* held now */
+  int64_t plans;     /* held now */
+  int64_t decision_limit;
+  int64_t plan_limit;
+} mt_memo_stats;
+
+typedef struct mt_memo mt_memo;
+
+/* Local. A memo of at most `decisions` decisions holding at most `plans` plans
+ * (both >= 1). */
+int mt_memo_create(int64_t decisions, int64_t plans, mt_memo **out, mt_error *err);
+
+/* Local. Frees the memo and drops its plans; accepts NULL. */
+void mt_memo_destroy(mt_memo *memo);
+
+/* Local. The decision of `key`, or NULL; counts a hit or a miss. The decision may
+ * be updated in place (out_id, out_slot, out shape); valid until the next insert. */
+mt_decision *mt_memo_find(mt_memo *memo, const mt_memo_key *key);
+
+/* Local. As mt_memo_find, without counting. */
+mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key);
+
+/* Local. Stores a copy of `decision` for `key`, replacing any, and retains its
+ * plans. Evicts decisions (CLOCK) while the memo is full or the plans would pass
+ * their bound; a decision holding more plans than the bound is still stored once
+ * the memo is empty. Returns the stored copy, or NULL (MT_EINVAL, MT_ENOMEM). */
+mt_decision *mt_memo_insert(mt_memo *memo, const mt_memo_key *key,
+                            const mt_decision *decision, mt_error *err);
+
+/* Local. A miss, decided and stored: `map` propagated over `in` (the inputs' shapes,
+ * placements and item sizes on the memo's mesh; `dtypes` their mt_dtype codes),
+ * each input's move checked (mt_plan_check) and planned, and the decision stored
+ * under `key` (*out, valid until the next insert). An input whose move changes
+ * only mesh dims of size 1 needs no plan. Errors of mt_propagate, mt_plan_check,
+ * mt_plan_create; nothing is stored then. */
+int mt_memo_decide(mt_memo *memo, const mt_memo_key *key, const mt_dimmap *map,
+                   const mt_prop_inputs *in, const int *dtypes, mt_decision **out,
+                   mt_error *err);
+
+/* Local. As mt_memo_decide for a decision its caller made (a user's sharding
+ * rule): each input goes to `targets[i]`, the output is `outcome`'s. */
+int mt_memo_decide_targets(mt_memo *memo, const mt_memo_key *key,
+                           const mt_prop_inputs *in, const int *dtypes,
+                           const mt_placement (*targets)[MT_MAX_MESH_NDIM],
+                           const mt_decision *outcome, mt_decision **out, mt_error *err);
+
+/* Local. Drops every decision; the counts of hits and misses stay. */
+void mt_memo_clear(mt_memo *memo);
+
+/* Local. Empties the memo and sets both bounds (>= 1). */
+int mt_memo_set_limits(mt_memo *memo, int64_t decisions, int64_t plans, mt_error *err);
+
+/* Local. The counts and bounds. */
+void mt_memo_stats_get(const mt_memo *memo, mt_memo_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

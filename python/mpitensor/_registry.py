@@ -1,0 +1,59 @@
+"""Where DTensor finds its operations: a dask-style registry that mpitensor._ops
+fills when it is imported.
+
+``implements(np.func)`` registers the DTensor version of a NumPy function (or of
+an ndarray method, or ``operator.getitem``); DTensor's NumPy entry points
+(``__array_function__``, ``reshape``, ``__getitem__``, the reductions, the C
+dispatch's Python entry) look their operation up here, so the ground floor names
+no operation module. A NumPy function nobody registered is a TypeError that names
+it, never a silent gather.
+
+``rules`` holds the sharding rules a user registers
+(``mpitensor.experimental.register_sharding``): NumPy function or ufunc -> a
+callable ``rule(args, kwargs)`` that runs the call; they override the built-in
+operations.
+"""
+
+from __future__ import annotations
+
+__all__ = ["implements", "lookup", "functions", "rules"]
+
+# NumPy function (or ndarray method, operator.getitem) -> its DTensor version.
+functions: dict = {}
+rules: dict = {}
+
+
+def implements(*np_funcs):
+    """Registers the decorated function as the DTensor version of ``np_funcs``.
+    Local (at import).
+
+    Example::
+
+        >>> @implements(np.transpose)
+        ... def transpose(a, axes=None): ...
+    """
+    def register(impl):
+        for f in np_funcs:
+            functions[f] = impl
+        return impl
+    return register
+
+
+def lookup(func):
+    """The DTensor version of ``func``: a user's rule first, then the built-in one;
+    TypeError when there is none. Local.
+
+    Example: ``lookup(np.reshape)(dt, (2, -1))``.
+    """
+    if rules:
+        rule = rules.get(func)
+        if rule is not None:
+            return lambda *args, **kwargs: rule(args, kwargs)
+    impl = functions.get(func)
+    if impl is None:
+        name = getattr(func, "__name__", repr(func))
+        raise TypeError(
+            f"numpy.{name} has no sharding rule for DTensors in mpitensor; call "
+            f".full_tensor() to work on the whole array, or .to_local() for this "
+            f"rank's shard")
+    return impl

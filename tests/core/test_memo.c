@@ -1,0 +1,276 @@
+/* The decision memo and the layout table: ids that are never reused, bounds that
+ * hold under CLOCK eviction (recently found entries survive), plans held exactly
+ * as long as their decisions, a miss decided by the core (moves checked before any
+ * plan), and the bounded cache under them on a random workload. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "mpitensor/dtype.h"
+#include "mpitensor/layout.h"
+#include "mpitensor/layout_table.h"
+#include "mpitensor/memo.h"
+#include "mpitensor/plan.h"
+#include "mpitensor/prop.h"
+#include "mpitensor/status.h"
+
+static mt_layout_key layout(int64_t rows, int shard) {
+  mt_layout_key k;
+  memset(&k, 0xab, sizeof k); /* entries past ndim must not matter */
+  k.mesh_ndim = 1, k.ndim = 2, k.dtype = MT_DTYPE_FLOAT64, k.itemsize = 8;
+  k.placements[0] = shard ? (mt_placement){MT_PLACEMENT_SHARD, 0, 0}
+                          : (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
+  k.shape[0] = rows, k.shape[1] = 4, k.stride[0] = 4, k.stride[1] = 1;
+  return k;
+}
+
+static int64_t intern(mt_layout_table *t, mt_layout_key k, int64_t *slot) {
+  int64_t id = 0, s = 0;
+  CHECK(mt_layout_table_intern(t, &k, &id, &s, NULL) == MT_OK);
+  if (slot != NULL) *slot = s;
+  return id;
+}
+
+static void test_layout_ids(void) {
+  mt_layout_table *t = NULL;
+  CHECK(mt_layout_table_create(4, &t, NULL) == MT_OK);
+  int64_t s1, s2;
+  int64_t a = intern(t, layout(8, 1), &s1);
+  CHECK(a > 0 && intern(t, layout(8, 1), NULL) == a);
+  int64_t b = intern(t, layout(8, 0), &s2);
+  CHECK(b != a && s2 != s1);
+  mt_layout_key copy = layout(8, 1);
+  copy.shape[5] = 99, copy.placements[3].dim = 7; /* past ndim, mesh_ndim */
+  CHECK(intern(t, copy, NULL) == a);
+  const mt_layout_key *got = mt_layout_table_get(t, a, s1);
+  CHECK(got != NULL && got->shape[0] == 8 && got->placements[0].kind == MT_PLACEMENT_SHARD);
+  CHECK(mt_layout_table_get(t, b, s1) == NULL);
+  /* Past the capacity the clock evicts; ids never come back. */
+  int64_t seen[64], n = 0;
+  for (int64_t rows = 100; rows < 140; ++rows) {
+    int64_t id = intern(t, layout(rows, 1), NULL);
+    for (int64_t i = 0; i < n; ++i) CHECK(seen[i] != id);
+    CHECK(id != a && id != b);
+    seen[n++] = id;
+    CHECK(mt_layout_table_count(t) <= 4);
+  }
+  CHECK(mt_layout_table_get(t, a, s1) == NULL);
+  int64_t again = intern(t, layout(8, 1), NULL);
+  CHECK(again != a && again > seen[n - 1]);
+  mt_layout_key bad = layout(8, 1);
+  bad.ndim = MT_MAX_NDIM + 1;
+  int64_t id, slot;
+  CHECK(mt_layout_table_intern(t, &bad, &id, &slot, NULL) == MT_EINVAL);
+  CHECK(mt_layout_table_set_capacity(t, 2, NULL) == MT_OK && mt_layout_table_count(t) == 0);
+  CHECK(mt_layout_table_capacity(t) == 2 && intern(t, layout(8, 1), NULL) > again);
+  mt_layout_table_destroy(t);
+  mt_layout_table_destroy(NULL);
+}
+
+/* A second-chance entry: found since the hand passed, it outlives a cold one. */
+static void test_clock(void) {
+  mt_layout_table *t = NULL;
+  CHECK(mt_layout_table_create(3, &t, NULL) == MT_OK);
+  int64_t hot = intern(t, layout(1, 1), NULL);
+  intern(t, layout(2, 1), NULL);
+  intern(t, layout(3, 1), NULL);
+  for (int64_t rows = 10; rows < 30; ++rows) {
+    CHECK(intern(t, layout(1, 1), NULL) == hot);
+    intern(t, layout(rows, 1), NULL);
+  }
+  CHECK(intern(t, layout(1, 1), NULL) == hot);
+  mt_layout_table_destroy(t);
+}
+
+static mt_plan *make_plan(void) {
+  mt_layout a, b;
+  const int64_t shape[1] = {8}, mesh[1] = {2};
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, r = {MT_PLACEMENT_REPLICATE, 0, 0};
+  CHECK(mt_layout_init(&a, 1, shape, 1, mesh, &s0, NULL) == MT_OK);
+  CHECK(mt_layout_init(&b, 1, shape, 1, mesh, &r, NULL) == MT_OK);
+  mt_plan *p = NULL;
+  CHECK(mt_plan_create(&a, &b, 8, &p, NULL) == MT_OK);
+  return p;
+}
+
+static mt_memo_key key(int64_t op, int64_t a, int64_t b) {
+  mt_memo_key k;
+  memset(&k, 0x5a, sizeof k);
+  k.op = op, k.aux = 0, k.noperands = 2, k.operand[0] = a, k.operand[1] = b;
+  return k;
+}
+
+static mt_decision decision(mt_plan *p0, mt_plan *p1) {
+  mt_decision d;
+  memset(&d, 0, sizeof d);
+  d.ninputs = 2, d.plan[0] = p0, d.plan[1] = p1, d.mesh_ndim = 1, d.out_ndim = 1;
+  d.out_shape[0] = 8;
+  return d;
+}
+
+static void test_memo_basics(void) {
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(8, 4, &memo, NULL) == MT_OK);
+  mt_memo_key k = key(1, 5, -2);
+  CHECK(mt_memo_find(memo, &k) == NULL);
+  mt_decision d = decision(NULL, NULL);
+  mt_decision *got = mt_memo_insert(memo, &k, &d, NULL);
+  CHECK(got != NULL && got->out_shape[0] == 8);
+  got->out_id = 42;
+  mt_memo_key same = key(1, 5, -2);
+  same.operand[5] = 1234; /* past noperands: ignored */
+  got = mt_memo_find(memo, &same);
+  CHECK(got != NULL && got->out_id == 42);
+  mt_memo_key other = key(1, 5, -3), op2 = key(2, 5, -2);
+  CHECK(mt_memo_peek(memo, &other) == NULL && mt_memo_peek(memo, &op2) == NULL);
+  mt_memo_stats st;
+  mt_memo_stats_get(memo, &st);
+  CHECK(st.hits == 1 && st.misses == 1 && st.decisions == 1 && st.plans == 0);
+  mt_memo_key bad = key(1, 5, -2);
+  bad.noperands = MT_MEMO_MAX_OPERANDS + 1;
+  CHECK(mt_memo_insert(memo, &bad, &d, NULL) == NULL && mt_memo_peek(memo, &bad) == NULL);
+  mt_memo_clear(memo);
+  mt_memo_stats_get(memo, &st);
+  CHECK(st.decisions == 0 && st.hits == 1);
+  mt_memo_destroy(memo);
+  mt_memo_destroy(NULL);
+}
+
+/* Plans are held while their decision stays, and the plan bound evicts. */
+static void test_memo_plans(void) {
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(100, 3, &memo, NULL) == MT_OK);
+  mt_plan *p = make_plan();
+  mt_decision d = decision(p, NULL);
+  for (int64_t i = 1; i <= 10; ++i) {
+    mt_memo_key k = key(7, i, i);
+    CHECK(mt_memo_insert(memo, &k, &d, NULL) != NULL);
+    mt_memo_stats st;
+    mt_memo_stats_get(memo, &st);
+    CHECK(st.plans <= 3 && st.plans == st.decisions);
+  }
+  mt_memo_key k = key(7, 10, 10);
+  mt_decision two = decision(p, p);
+  CHECK(mt_memo_insert(memo, &k, &two, NULL) != NULL); /* replaces, keeps one plan more */
+  mt_memo_stats st;
+  mt_memo_stats_get(memo, &st);
+  CHECK(st.plans == st.decisions + 1);
+  CHECK(mt_memo_set_limits(memo, 5, 1, NULL) == MT_OK);
+  mt_memo_stats_get(memo, &st);
+  CHECK(st.decisions == 0 && st.plans == 0 && st.decision_limit == 5 && st.plan_limit == 1);
+  CHECK(mt_memo_insert(memo, &k, &two, NULL) != NULL); /* alone, over the plan bound */
+  CHECK(mt_memo_set_limits(memo, 5, 0, NULL) == MT_EINVAL);
+  mt_memo_destroy(memo);
+  /* The memo's owners are gone: ours is the last, so this frees the plan (valgrind
+   * would report a double free or a leak otherwise). */
+  mt_plan_destroy(p);
+}
+
+/* The bounded cache against a model: every key found is one still held, and
+ * the count never passes the bound. */
+static void test_random_workload(void) {
+  mt_layout_table *t = NULL;
+  CHECK(mt_layout_table_create(16, &t, NULL) == MT_OK);
+  int64_t ids[64] = {0};
+  unsigned state = 7;
+  for (int step = 0; step < 5000; ++step) {
+    state = state * 1103515245u + 12345u;
+    int rows = (int)((state >> 16) % 64);
+    int64_t id = intern(t, layout(rows + 1, 0), NULL);
+    CHECK(id >= ids[rows]); /* the same id while held, a newer one after */
+    ids[rows] = id;
+    CHECK(mt_layout_table_count(t) <= 16);
+  }
+  mt_layout_table_destroy(t);
+}
+
+static void test_contiguous_strides(void) {
+  const int64_t shape[4] = {2, 3, 0, 4};
+  int64_t stride[4];
+  mt_layout_contiguous_strides(4, shape, stride);
+  CHECK(stride[0] == 12 && stride[1] == 4 && stride[2] == 4 && stride[3] == 1);
+  const int64_t empty[2] = {4, 0};
+  mt_layout_contiguous_strides(2, empty, stride);
+  CHECK(stride[0] == 1 && stride[1] == 1); /* local_map's (4, 0) and x * 2 agree */
+}
+
+/* Inputs of an elementwise op of two 8 x 8 float64 tensors on a mesh of `ranks`. */
+static mt_prop_inputs two_inputs(int64_t ranks, mt_placement a, mt_placement b) {
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.ninputs = 2, in.mesh_ndim = 1, in.mesh_shape[0] = ranks;
+  for (int i = 0; i < 2; ++i) {
+    in.ndim[i] = 2, in.shape[i][0] = 8, in.shape[i][1] = 8, in.itemsize[i] = 8;
+    in.placements[i][0] = i == 0 ? a : b;
+  }
+  return in;
+}
+
+/* A miss decided by the core: placements by the engine, moves checked and planned. */
+static void test_decide(void) {
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0};
+  const mt_placement pmax = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_MAX};
+  const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0}};
+  const mt_op_args args = {2, 3u, 0, 0};
+  const int f64[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT64};
+  const int c128[2] = {MT_DTYPE_COMPLEX128, MT_DTYPE_COMPLEX128};
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);
+  mt_prop_inputs in = two_inputs(2, s0, s1);
+  mt_dimmap map;
+  CHECK(mt_op_dimmap(&add, &args, &in, MT_DTYPE_FLOAT64, &map, NULL) == MT_OK);
+  mt_memo_key k = key(1, 1, 2);
+  mt_decision *d = NULL;
+  CHECK(mt_memo_decide(memo, &k, &map, &in, f64, &d, NULL) == MT_OK && d != NULL);
+  CHECK(d->ninputs == 2 && d->out_ndim == 2 && d->out_placements[0].kind == MT_PLACEMENT_SHARD);
+  CHECK((d->plan[0] == NULL) != (d->plan[1] == NULL)); /* one input moves */
+  CHECK(mt_memo_peek(memo, &k) == d);
+  /* A Partial(max) of complex values reduced first: refused before any plan, on a
+   * mesh dim of size 1 too, where nothing would run; nothing stored. */
+  const mt_op_sig exp_ = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_NONE, {0, 0, 0, 0}};
+  for (int64_t ranks = 1; ranks <= 2; ++ranks) {
+    mt_prop_inputs one = two_inputs(ranks, pmax, pmax);
+    one.ninputs = 1;
+    const mt_op_args unary = {1, 1u, 0, 0};
+    CHECK(mt_op_dimmap(&exp_, &unary, &one, MT_DTYPE_COMPLEX128, &map, NULL) == MT_OK);
+    mt_memo_key k2 = key(2, ranks, 0);
+    mt_error err = {0, ""};
+    CHECK(mt_memo_decide(memo, &k2, &map, &one, c128, &d, &err) == MT_ETYPE);
+    CHECK(strstr(err.msg, "complex numbers have no order") != NULL);
+    CHECK(mt_memo_peek(memo, &k2) == NULL);
+    CHECK(mt_memo_decide(memo, &k2, &map, &one, f64, &d, NULL) == MT_OK);
+    CHECK(ranks == 2 ? d->plan[0] != NULL : d->plan[0] == NULL); /* no step: no plan */
+  }
+  /* A caller's targets: the same checks, its output as given. */
+  mt_placement to[2][MT_MAX_MESH_NDIM] = {{s1}, {s1}};
+  mt_decision outcome;
+  memset(&outcome, 0, sizeof outcome);
+  outcome.out_ndim = -1, outcome.out_placements[0] = s1;
+  mt_memo_key k3 = key(3, 1, 2);
+  CHECK(mt_memo_decide_targets(memo, &k3, &in, f64,
+                               (const mt_placement(*)[MT_MAX_MESH_NDIM])to, &outcome, &d,
+                               NULL) == MT_OK);
+  CHECK(d->out_ndim == -1 && d->plan[0] != NULL && d->plan[1] == NULL);
+  /* Shapes that do not fit the map: the engine's error, nothing stored. */
+  in.shape[1][0] = 4;
+  mt_memo_key k4 = key(4, 1, 2);
+  CHECK(mt_memo_decide(memo, &k4, &map, &in, f64, &d, NULL) == MT_EINVAL);
+  const mt_op_sig mm = {MT_OP_MATMUL, 0, {0, 0, 0, 0}}, bad = {9, 0, {0, 0, 0, 0}};
+  in.ninputs = 1;
+  CHECK(mt_op_dimmap(&mm, &args, &in, MT_DTYPE_FLOAT64, &map, NULL) == MT_EINVAL);
+  CHECK(mt_op_dimmap(&bad, &args, &in, MT_DTYPE_FLOAT64, &map, NULL) == MT_EINVAL);
+  mt_memo_destroy(memo);
+}
+
+int main(void) {
+  test_decide();
+  test_contiguous_strides();
+  test_layout_ids();
+  test_clock();
+  test_memo_basics();
+  test_memo_plans();
+  test_random_workload();
+  return mt_test_exit("test_memo");
+}

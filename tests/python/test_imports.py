@@ -1,0 +1,218 @@
+"""The package's floors (ARCHITECTURE.md, "The floors"): every module of
+python/mpitensor is parsed with ``ast``, its imports of the package's own modules
+become a graph, and the graph must have no cycle and no edge that goes up a floor.
+An import inside a function is allowed only for an optional dependency.
+
+No MPI is needed: nothing here imports mpitensor. Under the MPI runner every rank
+parses the same files and reaches the same verdict.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "mpitensor"
+ROOT = Path(__file__).resolve().parents[2] / "python" / PACKAGE
+
+# Calls go down, never up: a module may import modules of its own floor or lower.
+# A package's entry covers every module inside it; a longer entry wins.
+FLOORS = {
+    "_C": 0,  # the extension
+    # Ground floor: the DTensor model, its modes and the registry _ops fills.
+    "_modes": 1, "_registry": 1, "placement_types": 1, "device_mesh": 1,
+    "_dtensor_spec": 1, "_layout": 1, "_args": 1, "_trace": 1, "_logging": 1,
+    "_redistribute": 1, "random": 1, "_dtensor": 1, "_factories": 1, "_distribute": 1,
+    "_iterate": 1, "_shard": 1, "_mpi_library": 1, "_version": 1,
+    "_ops": 2,  # operations: each op's dim map, registered once; NumPy protocols
+    "autograd": 3,  # the tape and backward rules
+    "nn": 4, "optim": 4,  # training pieces
+    # Features.
+    "parallel": 5, "fsdp": 5, "experimental": 5, "debug": 5, "checkpoint": 5,
+    "testing": 5, "_distribute_module": 5, "_show_config": 5,
+    "__init__": 6,  # mpitensor/__init__.py: the public names; imports everything
+}
+
+# Imported inside functions because they are optional, heavy, or (mpi4py's MPI)
+# start MPI when imported.
+LAZY_OK = {"matplotlib", "ipyparallel", "torch", "tabulate", "rich", "mpi4py"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join((PACKAGE,) + parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def floor_of(module: str) -> int:
+    """The floor of a module of the package; KeyError for one FLOORS misses."""
+    if module == PACKAGE:
+        return FLOORS["__init__"]
+    parts = module.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in FLOORS:
+            return FLOORS[key]
+    raise KeyError(module)
+
+
+def _resolve(importer: str, is_pkg: bool, level: int, target: str | None) -> str:
+    """The absolute name of a relative import's base."""
+    base = importer.split(".")
+    drop = level - 1 if is_pkg else level
+    base = base[:len(base) - drop]
+    return ".".join(base + ([target] if target else []))
+
+
+def _within_function(tree: ast.AST):
+    """(import node, inside a function) for every import of a module's tree."""
+    out = []
+
+    def visit(node, inside):
+        for child in ast.iter_child_nodes(node):
+            nested = inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                  ast.Lambda))
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                out.append((child, nested))
+            visit(child, nested)
+
+    visit(tree, False)
+    return out
+
+
+def imports_of(name: str, path: Path, known: set[str]):
+    """(targets within the package, every imported top-level name, lazy imports) of
+    one module. Importing a.b.c also runs a.b's __init__ unless it is one of the
+    importer's own packages, already running."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    targets, lazy = set(), []
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+    if is_pkg:
+        ancestors.add(name)
+    for node, inside in _within_function(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif node.level:
+            base = _resolve(name, is_pkg, node.level, node.module)
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                     for a in node.names]
+        else:
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
+                     else node.module for a in node.names]
+        for full in names:
+            if inside and (node.lineno, full) not in lazy:
+                lazy.append((node.lineno, full))
+            if full.split(".")[0] != PACKAGE:
+                continue
+            parts = full.split(".")
+            for i in range(2, len(parts) + 1):
+                prefix = ".".join(parts[:i])
+                if prefix in known and prefix not in ancestors:
+                    targets.add(prefix)
+    return targets, lazy
+
+
+def graph():
+    mods = modules()
+    known = set(mods)
+    edges, lazy = {}, {}
+    for name, path in mods.items():
+        edges[name], lazy[name] = imports_of(name, path, known)
+    return mods, edges, lazy
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in edges.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_every_module_has_a_floor():
+    missing = []
+    for name in modules():
+        try:
+            floor_of(name)
+        except KeyError:
+            missing.append(name)
+    assert not missing, f"modules without a floor in FLOORS: {missing}"
+
+
+def test_no_import_cycles():
+    _, edges, _ = graph()
+    found = cycles(edges)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_upward_imports():
+    _, edges, _ = graph()
+    up = [f"{a} (floor {floor_of(a)}) imports {b} (floor {floor_of(b)})"
+          for a in sorted(edges) for b in sorted(edges[a]) if floor_of(b) > floor_of(a)]
+    assert not up, "upward imports:\n" + "\n".join(up)
+
+
+def test_imports_inside_functions_are_optional_dependencies():
+    mods, _, lazy = graph()
+    bad = [f"{mods[name].relative_to(ROOT.parent)}:{line}: {target}"
+           for name in sorted(lazy) for line, target in lazy[name]
+           if target.split(".")[0] not in LAZY_OK]
+    assert not bad, "imports inside functions:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("importer, source, expect", [
+    ("mpitensor.m", "from .a import x\n", {"mpitensor.a"}),
+    ("mpitensor.m", "from . import b\n", {"mpitensor.b"}),
+    ("mpitensor.sub.m", "from ..a import x\n", {"mpitensor.a"}),
+    ("mpitensor.m", "import mpitensor.p.q\n", {"mpitensor.p", "mpitensor.p.q"}),
+    ("mpitensor.sub.m", "from ..p import q\n", {"mpitensor.p", "mpitensor.p.q"}),
+    ("mpitensor.sub.m", "from . import n\n", set()),  # its own package: running
+])
+def test_the_parser_resolves_imports(tmp_path, importer, source, expect):
+    known = {"mpitensor.a", "mpitensor.b", "mpitensor.p", "mpitensor.p.q",
+             "mpitensor.sub", "mpitensor.sub.m"}
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    targets, _ = imports_of(importer, path, known)
+    assert targets == expect
+
+
+def test_the_checks_catch_a_cycle_and_a_lazy_import(tmp_path):
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    import numpy\n    from mpi4py import MPI\n")
+    _, lazy = imports_of("mpitensor.m", path, set())
+    assert lazy == [(2, "numpy"), (3, "mpi4py")]
