@@ -42,7 +42,8 @@ ALLOWED_STATE = {
 
 # The library each public header (csrc/include/mpitensor) belongs to.
 HEADERS = {
-    "core": {"status", "dtype", "layout", "pack", "plan", "prop", "rng", "mpitensor"},
+    "core": {"status", "dtype", "layout", "pack", "plan", "prop", "rng", "memo",
+             "layout_table", "mpitensor"},
     "kernels": {"kernels"},
     "comm": {"mesh", "comm", "counters", "agree", "ring", "pool"},
     "io": {"io"},
