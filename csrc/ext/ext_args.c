@@ -1,0 +1,116 @@
+/* The argument helpers every area of mpitensor._C shares: Python sequences to C
+ * arrays, NumPy dtypes to core codes, core statuses to exceptions. They call only
+ * the core and CPython, so every area depends on them and they on no area. */
+#include "ext.h"
+
+PyObject *mt_ext_raise(int code, const mt_error *err) {
+  PyObject *type = PyExc_RuntimeError;
+  switch (code) {
+    case MT_EINVAL: type = PyExc_ValueError; break;
+    case MT_EINDEX: type = PyExc_IndexError; break;
+    case MT_ETYPE: type = PyExc_TypeError; break;
+    case MT_ENOMEM: type = PyExc_MemoryError; break;
+    case MT_ENOTSUP: type = PyExc_NotImplementedError; break;
+    case MT_EOVERFLOW: type = PyExc_OverflowError; break;
+    case MT_EIO: type = PyExc_OSError; break;
+    default: break;
+  }
+  const char *msg = (err != NULL && err->msg[0] != '\0') ? err->msg : mt_strerror(code);
+  PyErr_SetString(type, msg);
+  return NULL;
+}
+
+int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what) {
+  PyObject *fast = PySequence_Fast(seq, what);
+  if (fast == NULL) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  int rc = 0;
+  if (len > cap) {
+    PyErr_Format(PyExc_ValueError, "%s has %zd entries; at most %d are supported", what,
+                 len, cap);
+    rc = -1;
+  }
+  for (Py_ssize_t i = 0; rc == 0 && i < len; ++i) {
+    long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (v == -1 && PyErr_Occurred()) rc = -1;
+    out[i] = (int64_t)v;
+  }
+  Py_DECREF(fast);
+  if (rc == 0) *n = (int)len;
+  return rc;
+}
+
+int mt_ext_placements(PyObject *seq, mt_placement *out, int *n) {
+  PyObject *fast = PySequence_Fast(seq, "placements must be a sequence");
+  if (fast == NULL) return -1;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+  int rc = 0;
+  if (len > MT_MAX_MESH_NDIM) {
+    PyErr_Format(PyExc_ValueError, "at most %d placements are supported", MT_MAX_MESH_NDIM);
+    rc = -1;
+  }
+  for (Py_ssize_t i = 0; rc == 0 && i < len; ++i) {
+    int kind, dim, op;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iii", &kind, &dim, &op)) {
+      rc = -1;
+    } else {
+      out[i] = (mt_placement){kind, dim, op};
+    }
+  }
+  Py_DECREF(fast);
+  if (rc == 0) *n = (int)len;
+  return rc;
+}
+
+int mt_ext_dtype(PyArrayObject *a) { return mt_ext_descr_dtype(PyArray_DESCR(a)); }
+
+int mt_ext_descr_dtype(PyArray_Descr *d) {
+  int size = (int)PyDataType_ELSIZE(d);
+  switch (d->kind) {
+    case 'b': return MT_DTYPE_BOOL;
+    case 'i': return size == 1 ? MT_DTYPE_INT8 : size == 2 ? MT_DTYPE_INT16
+                   : size == 4 ? MT_DTYPE_INT32 : size == 8 ? MT_DTYPE_INT64 : -2;
+    case 'u': return size == 1 ? MT_DTYPE_UINT8 : size == 2 ? MT_DTYPE_UINT16
+                   : size == 4 ? MT_DTYPE_UINT32 : size == 8 ? MT_DTYPE_UINT64 : -2;
+    case 'f': return size == 2 ? MT_DTYPE_FLOAT16 : size == 4 ? MT_DTYPE_FLOAT32
+                   : size == 8 ? MT_DTYPE_FLOAT64 : -2;
+    case 'c': return size == 8 ? MT_DTYPE_COMPLEX64 : size == 16 ? MT_DTYPE_COMPLEX128 : -2;
+    default: return -2;
+  }
+}
+
+static int dtype_or_raise(PyArrayObject *a) {
+  int code = mt_ext_dtype(a);
+  if (code < 0 || !PyArray_ISNOTSWAPPED(a)) {
+    PyErr_Format(PyExc_TypeError, "mpitensor does not move arrays of dtype %R",
+                 (PyObject *)PyArray_DESCR(a));
+    return -1;
+  }
+  return code;
+}
+
+PyArrayObject *mt_ext_contiguous(PyObject *obj) {
+  if (!PyArray_Check(obj)) {
+    PyErr_Format(PyExc_TypeError, "expected a NumPy ndarray, got %s", Py_TYPE(obj)->tp_name);
+    return NULL;
+  }
+  if (dtype_or_raise((PyArrayObject *)obj) < 0) return NULL;
+  return (PyArrayObject *)PyArray_GETCONTIGUOUS((PyArrayObject *)obj);
+}
+
+int mt_ext_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes, mt_layout *out) {
+  int64_t sh[MT_MAX_NDIM], ms[MT_MAX_MESH_NDIM];
+  mt_placement pl[MT_MAX_MESH_NDIM];
+  int nd = 0, nm = 0, np = 0;
+  if (mt_ext_int64s(shape, sh, MT_MAX_NDIM, &nd, "shape") < 0) return -1;
+  if (mt_ext_int64s(mesh_shape, ms, MT_MAX_MESH_NDIM, &nm, "mesh shape") < 0) return -1;
+  if (mt_ext_placements(codes, pl, &np) < 0) return -1;
+  if (np != nm) {
+    PyErr_Format(PyExc_ValueError, "%d placements were given for a %d-D mesh", np, nm);
+    return -1;
+  }
+  mt_error err = {0};
+  int rc = mt_layout_init(out, nd, sh, nm, ms, pl, &err);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
+}
