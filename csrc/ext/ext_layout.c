@@ -1,19 +1,6 @@
 /* Layout math for Python: local boxes and even-sharding global shapes. */
 #include "ext.h"
 
-static PyObject *tuple_of(const int64_t *v, int n) {
-  PyObject *out = PyTuple_New(n);
-  for (int i = 0; out != NULL && i < n; ++i) {
-    PyObject *x = PyLong_FromLongLong(v[i]);
-    if (x == NULL) {
-      Py_CLEAR(out);
-      break;
-    }
-    PyTuple_SET_ITEM(out, i, x);
-  }
-  return out;
-}
-
 /* local_box(global_shape, mesh_shape, coordinate, placements) -> (shape, offset) */
 static PyObject *local_box(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 4) {
@@ -34,8 +21,8 @@ static PyObject *local_box(PyObject *module, PyObject *const *args, Py_ssize_t n
   mt_error err = {0};
   int rc = mt_layout_local_box(&layout, coord, &box, &err);
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  PyObject *shape = tuple_of(box.shape, box.ndim);
-  PyObject *offset = tuple_of(box.offset, box.ndim);
+  PyObject *shape = mt_ext_int_tuple(box.shape, box.ndim);
+  PyObject *offset = mt_ext_int_tuple(box.offset, box.ndim);
   PyObject *out = (shape && offset) ? PyTuple_Pack(2, shape, offset) : NULL;
   Py_XDECREF(shape);
   Py_XDECREF(offset);
@@ -63,7 +50,7 @@ static PyObject *even_global_shape(PyObject *module, PyObject *const *args,
   mt_error err = {0};
   int rc = mt_layout_even_global_shape(ndim, local, mesh_ndim, mesh_shape, pl, global, &err);
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  return tuple_of(global, ndim);
+  return mt_ext_int_tuple(global, ndim);
 }
 
 /* chunk_sizes(n, k) -> the k sizes torch.chunk cuts n items into (mt_chunk). */
