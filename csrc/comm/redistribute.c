@@ -508,9 +508,17 @@ static void request_free(mt_request *r) {
   free(r);
 }
 
-/* Runs local steps at once and posts the first communicating step nonblocking. */
+/* Issues every communicating step here, in program order: the steps before the last
+ * communicating one run to completion, the last one is posted nonblocking, and only
+ * local steps (chunks) are left for mt_request_wait. A step posted from inside wait
+ * would follow the order in which each rank waits, and two requests waited in
+ * different orders on different ranks would pair one tensor's messages with the
+ * other's. */
 static int start_async(mt_request *r, mt_error *err) {
-  int n = mt_plan_nsteps(r->plan), rc = MT_OK;
+  int n = mt_plan_nsteps(r->plan), rc = MT_OK, last = -1;
+  for (int i = 0; i < n; ++i) {
+    if (mt_plan_step(r->plan, i)->kind != MT_STEP_CHUNK) last = i;
+  }
   const void *in = r->src;
   for (int i = 0; i < n && rc == MT_OK; ++i) {
     const mt_step *s = mt_plan_step(r->plan, i);
@@ -521,8 +529,10 @@ static int start_async(mt_request *r, mt_error *err) {
     r->tmp_out = i == n - 1 ? NULL : out;
     pending_init(&r->p, &r->ctx, i, s, in, out);
     r->next = i + 1;
+    r->ctx.nonblocking = i == last;
     rc = start_step(&r->ctx, &r->p, err);
-    if (rc == MT_OK && s->kind != MT_STEP_CHUNK) return MT_OK;
+    if (rc == MT_OK && i == last) return MT_OK;
+    if (rc == MT_OK) rc = finish_step(&r->ctx, &r->p, err);
     in = out;
   }
   r->p.step = NULL;
@@ -551,7 +561,7 @@ int mt_request_wait(mt_request *r, mt_error *err) {
   if (r->p.step != NULL) rc = finish_step(&r->ctx, &r->p, err);
   mt_pool_free(r->tmp_in);
   r->tmp_in = NULL;
-  if (rc == MT_OK && r->next < mt_plan_nsteps(r->plan)) {
+  if (rc == MT_OK && r->next < mt_plan_nsteps(r->plan)) { /* local steps only */
     r->ctx.nonblocking = 0;
     const void *in = r->tmp_out;
     char *owned = r->tmp_out;

@@ -38,9 +38,11 @@ typedef struct mt_request mt_request;
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
                     void *dst, mt_error *err);
 
-/* Collective on the mesh. Starts the plan's first communicating step with a
- * nonblocking MPI call and returns; `src` and `dst` must stay valid and untouched
- * until mt_request_wait. Later steps, if any, run inside mt_request_wait. */
+/* Collective on the mesh. Issues every communicating step of the plan before it
+ * returns: the earlier ones run to completion, the last one is posted with a
+ * nonblocking MPI call, so the order in which requests are waited on never changes
+ * a result. `src` and `dst` must stay valid and untouched until mt_request_wait,
+ * which runs any local steps after the last collective. */
 int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
                           const void *src, void *dst, mt_request **out, mt_error *err);
 
