@@ -244,13 +244,13 @@ static void pack_round(const int64_t *counts, int64_t g, int64_t at, int64_t rou
   }
 }
 
-/* Blocks above INT_MAX elements are reduce-scattered in rounds of blocking calls:
- * round r carries elements [r R, (r + 1) R) of every member's block, packed one
- * member after another (256 MiB of each, so the packed round stays small), and
- * lands at r R in this rank's output. */
+/* A reduce-scatter whose counts total more than an int runs in rounds of blocking
+ * calls: round r carries elements [r R, (r + 1) R) of every member's block (R =
+ * e->round), packed one member after another, and lands at r R in this rank's
+ * output. */
 static int reduce_scatter_rounds(const exec_ctx *c, pending *p, const char *send,
                                  MPI_Datatype type, MPI_Op op, mt_error *err) {
-  const int64_t isz = c->itemsize, g = p->e->group, round = ((int64_t)1 << 28) / isz;
+  const int64_t isz = c->itemsize, g = p->e->group, round = p->e->round;
   const int64_t *counts = p->e->counts;
   int64_t most = 0;
   for (int64_t k = 0; k < g; ++k) most = counts[k] > most ? counts[k] : most;
@@ -282,7 +282,7 @@ static int start_reduce_scatter(const exec_ctx *c, pending *p, mt_error *err) {
   const void *send = NULL;
   int rc = mt__reduce_type(c->dtype, partial_op(s), &type, &op, err);
   if (rc == MT_OK) rc = scatter_input(c, p, &send, err);
-  if (rc == MT_OK && e->big) {
+  if (rc == MT_OK && e->round != 0) {
     rc = reduce_scatter_rounds(c, p, send, type, op, err);
   } else if (rc == MT_OK && c->nonblocking) {
     int mpi =

@@ -50,6 +50,15 @@ int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
  * on error). */
 int mt_request_wait(mt_request *req, mt_error *err);
 
+/* Local. How a reduce-scatter of `group` blocks of counts[k] elements of `itemsize`
+ * bytes is issued when MPI takes counts up to `limit` (INT_MAX): 0 when one call
+ * takes them all (their total, not only each block, within the limit, since the
+ * library sums them into one count), else how many elements of every block one
+ * round of calls carries (at most 256 MiB of each, and group times it within the
+ * limit). Example: counts {2**30 + 8, 2**30 + 8} of int8 -> 2**28 per round. */
+int64_t mt_reduce_scatter_round(const int64_t *counts, int64_t group, int64_t itemsize,
+                                int64_t limit);
+
 /* Collective on the mesh. distribute_tensor: `full` is the whole tensor of
  * `layout`'s shape on every member, of which the copy on the rank at coordinate 0
  * of every mesh dim is the source of truth; `local` receives this rank's box.
