@@ -49,21 +49,36 @@ def annotate(local, mesh, placements, what: str = "input"):
     small all-gather of integers through the C layer, which CommDebugMode counts):
     uneven shards get their true global shape, and
     sizes that do not fit torch.chunk's rule raise ValueError on every rank
-    instead of leaving some ranks waiting in the next collective.
+    instead of leaving some ranks waiting in the next collective; so does a
+    non-array, a 0-d array or another ndim on some ranks only (agreed first).
+
+    Example: ``annotate(np.ones((3, 4)), mesh, [Shard(0)])`` on 2 ranks is a
+    DTensor of global shape (6, 4).
     """
-    if not isinstance(local, np.ndarray):
-        raise TypeError(f"expecting the {what} to be an ndarray or a DTensor, got "
-                        f"{type(local).__name__}")
     placements = tuple(placements)
-    if mesh.get_coordinate() is None or not any(p.is_shard() for p in placements):
+    sharded = [p for m, p in enumerate(placements) if p.is_shard() and mesh.size(m) > 1]
+    problem = None
+    if not isinstance(local, np.ndarray):
+        problem = TypeError(f"expecting the {what} to be an ndarray or a DTensor, got "
+                            f"{type(local).__name__}")
+    elif local.ndim == 0 and sharded:
+        problem = ValueError(f"cannot shard a 0-d {what} on dim {sharded[0].dim}")
+    if mesh.get_coordinate() is not None and sharded:
+        # A problem, or another ndim, on some ranks only must not leave the others
+        # in the size exchange below.
+        _C.agree(mesh._handle, problem is None, getattr(local, "ndim", -1),
+                 str(problem) if problem else
+                 f"the local {what}s have {local.ndim} dims on the mesh's first rank and "
+                 f"another number on another rank", type(problem or ValueError()))
+    if problem is not None:
+        raise problem
+    if not sharded or mesh.get_coordinate() is None:
         return DTensor.from_local(local, mesh, placements, run_check=False)
     shape = list(local.shape)
     for m, p in enumerate(placements):
         if not p.is_shard() or mesh.size(m) == 1:
             continue
-        d = p.dim % local.ndim if local.ndim else 0
-        if local.ndim == 0:
-            raise ValueError(f"cannot shard a 0-d {what} on dim {p.dim}")
+        d = p.dim % local.ndim
         sizes = list(mesh._handle.allgather_int(int(local.shape[d]), m))
         total = sum(sizes)
         expect = list(_C.chunk_sizes(total, len(sizes)))
