@@ -110,17 +110,29 @@ def test_local_map_output_that_does_not_fit_on_one_rank(mesh, bad):
                                           (np.array(1.0), "ValueError"),
                                           (np.ones(4), "ValueError")],
                          ids=["not_an_array", "zero_d", "other_ndim"])
-def test_parallel_input_annotation_bad_on_one_rank(mesh, bad, local, error):
+def test_parallel_input_annotation_bad_on_one_rank(mesh, bad, local, error, request):
+    kind = request.node.callspec.id.split("-")[-1]
     mine = local if RANK == bad else np.ones((4, 3))
-    if isinstance(local, np.ndarray) and local.ndim == 1 and bad == 0:
-        # the first rank's ndim is the reference: the message names it
-        want = "the local inputs have 1 dims on the mesh's first rank"
-    else:
-        want = {"TypeError": "ndarray or a DTensor", "ValueError": "dims|0-d"}[error]
+    want = {"not_an_array": f"ndarray or a DTensor; on rank(s) [{bad}]",
+            "zero_d": f"cannot shard a 0-d input on dim 0 (rank(s) [{bad}]",
+            "other_ndim": "dims on the ranks of the mesh"}[kind]
     got = same_everywhere(outcome(lambda: annotate(mine, mesh, [Shard(0)])))
-    assert got is not None and got[0] == error, got
-    assert any(w in got[1] for w in want.split("|")), got
+    assert got is not None and got[0] == error and want in got[1], got
     still_in_step(mesh)
+
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.parametrize("kind", ["not_an_array", "other_ndim", "misfit"])
+def test_parallel_input_annotation_on_a_2d_mesh(mesh, bad, kind):
+    square = init_device_mesh("cpu", (2, 2))
+    ok = np.ones((4, 3))
+    mine = {"not_an_array": "x", "other_ndim": np.ones(4),
+            "misfit": np.ones((1, 3))}[kind] if RANK == bad else ok
+    got = same_everywhere(outcome(lambda: annotate(mine, square, [Shard(0), Shard(1)])))
+    assert got is not None and got[0] == ("TypeError" if kind == "not_an_array"
+                                          else "ValueError"), got
+    still_in_step(mesh)
+    assert annotate(ok, square, [Shard(0), Shard(1)]).shape == (8, 6)
 
 
 def test_context_parallel_unshard_bad_on_one_rank(mesh, bad):
