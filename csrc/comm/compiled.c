@@ -46,9 +46,26 @@ static int compile_gather(const mt_step *s, const int64_t *coord, int64_t isz,
   return rc;
 }
 
-/* Reduce-scatter: each member's element count; `big` when one exceeds an int. */
-static int compile_scatter(const mt_step *s, const int64_t *coord, mt__step_exec *e,
-                           mt_error *err) {
+int64_t mt_reduce_scatter_round(const int64_t *counts, int64_t group, int64_t itemsize,
+                                int64_t limit) {
+  int64_t total = 0, most = 0;
+  for (int64_t k = 0; k < group; ++k) {
+    total += counts[k];
+    most = counts[k] > most ? counts[k] : most;
+  }
+  if (total <= limit) return 0;
+  /* 256 MiB of each member's block per round keeps the packed round small; the
+   * round's total (group times that) must itself be a count MPI takes. */
+  int64_t round = ((int64_t)1 << 28) / itemsize;
+  if (round > limit / group) round = limit / group;
+  if (round > most) round = most;
+  return round > 0 ? round : 1;
+}
+
+/* Reduce-scatter: each member's element count, and the round size when the counts'
+ * total exceeds an int (MPI's counts are ints, and the library sums them into one). */
+static int compile_scatter(const mt_step *s, const int64_t *coord, int64_t isz,
+                           mt__step_exec *e, mt_error *err) {
   e->ints = malloc((size_t)e->group * sizeof *e->ints);
   e->counts = malloc((size_t)e->group * sizeof *e->counts);
   if (e->ints == NULL || e->counts == NULL) {
@@ -58,8 +75,10 @@ static int compile_scatter(const mt_step *s, const int64_t *coord, mt__step_exec
     mt_box b;
     mt__box_at(&s->dst, coord, s->mesh_dim, k, &b);
     e->counts[k] = mt_box_numel(&b);
-    e->big |= e->counts[k] > INT_MAX;
-    e->ints[k] = (int)(e->counts[k] > INT_MAX ? 0 : e->counts[k]);
+  }
+  e->round = mt_reduce_scatter_round(e->counts, e->group, isz, INT_MAX);
+  for (int64_t k = 0; k < e->group; ++k) {
+    e->ints[k] = (int)(e->round != 0 ? 0 : e->counts[k]);
   }
   return MT_OK;
 }
@@ -103,7 +122,7 @@ static int compile_step(const mt_mesh *mesh, const mt_step *s, const int64_t *co
     case MT_STEP_ALLGATHER:
       return compile_gather(s, coord, isz, e, err);
     case MT_STEP_REDUCE_SCATTER:
-      return compile_scatter(s, coord, e, err);
+      return compile_scatter(s, coord, isz, e, err);
     case MT_STEP_ALLTOALL:
     case MT_STEP_DIRECT:
       return compile_exchange(mesh, s, coord, isz, e, err);

@@ -53,11 +53,11 @@ void mt__exchange_free(mt__exchange *x);
 typedef struct mt__step_exec {
   int64_t group;     /* the step's group size (its mesh dim's, or the mesh's) */
   int *ints;         /* all-gather: 2g counts and displacements in units;
-                        reduce-scatter: g counts in elements (0 when big) */
+                        reduce-scatter: g counts in elements (0 in rounds) */
   MPI_Datatype unit; /* all-gather's unit (MPI_BYTE, or a contiguous type) */
   int64_t unit_bytes;
   int64_t *counts; /* reduce-scatter: g counts in elements */
-  int big;         /* reduce-scatter: some count exceeds an int */
+  int64_t round;   /* reduce-scatter: elements of each block per round, 0 for one call */
   mt__exchange x;  /* all-to-all and direct steps */
 } mt__step_exec;
 

@@ -244,13 +244,13 @@ static void pack_round(const int64_t *counts, int64_t g, int64_t at, int64_t rou
   }
 }
 
-/* Blocks above INT_MAX elements are reduce-scattered in rounds of blocking calls:
- * round r carries elements [r R, (r + 1) R) of every member's block, packed one
- * member after another (256 MiB of each, so the packed round stays small), and
- * lands at r R in this rank's output. */
+/* A reduce-scatter whose counts total more than an int runs in rounds of blocking
+ * calls: round r carries elements [r R, (r + 1) R) of every member's block (R =
+ * e->round), packed one member after another, and lands at r R in this rank's
+ * output. */
 static int reduce_scatter_rounds(const exec_ctx *c, pending *p, const char *send,
                                  MPI_Datatype type, MPI_Op op, mt_error *err) {
-  const int64_t isz = c->itemsize, g = p->e->group, round = ((int64_t)1 << 28) / isz;
+  const int64_t isz = c->itemsize, g = p->e->group, round = p->e->round;
   const int64_t *counts = p->e->counts;
   int64_t most = 0;
   for (int64_t k = 0; k < g; ++k) most = counts[k] > most ? counts[k] : most;
@@ -282,7 +282,7 @@ static int start_reduce_scatter(const exec_ctx *c, pending *p, mt_error *err) {
   const void *send = NULL;
   int rc = mt__reduce_type(c->dtype, partial_op(s), &type, &op, err);
   if (rc == MT_OK) rc = scatter_input(c, p, &send, err);
-  if (rc == MT_OK && e->big) {
+  if (rc == MT_OK && e->round != 0) {
     rc = reduce_scatter_rounds(c, p, send, type, op, err);
   } else if (rc == MT_OK && c->nonblocking) {
     int mpi =
@@ -508,9 +508,17 @@ static void request_free(mt_request *r) {
   free(r);
 }
 
-/* Runs local steps at once and posts the first communicating step nonblocking. */
+/* Issues every communicating step here, in program order: the steps before the last
+ * communicating one run to completion, the last one is posted nonblocking, and only
+ * local steps (chunks) are left for mt_request_wait. A step posted from inside wait
+ * would follow the order in which each rank waits, and two requests waited in
+ * different orders on different ranks would pair one tensor's messages with the
+ * other's. */
 static int start_async(mt_request *r, mt_error *err) {
-  int n = mt_plan_nsteps(r->plan), rc = MT_OK;
+  int n = mt_plan_nsteps(r->plan), rc = MT_OK, last = -1;
+  for (int i = 0; i < n; ++i) {
+    if (mt_plan_step(r->plan, i)->kind != MT_STEP_CHUNK) last = i;
+  }
   const void *in = r->src;
   for (int i = 0; i < n && rc == MT_OK; ++i) {
     const mt_step *s = mt_plan_step(r->plan, i);
@@ -521,8 +529,10 @@ static int start_async(mt_request *r, mt_error *err) {
     r->tmp_out = i == n - 1 ? NULL : out;
     pending_init(&r->p, &r->ctx, i, s, in, out);
     r->next = i + 1;
+    r->ctx.nonblocking = i == last;
     rc = start_step(&r->ctx, &r->p, err);
-    if (rc == MT_OK && s->kind != MT_STEP_CHUNK) return MT_OK;
+    if (rc == MT_OK && i == last) return MT_OK;
+    if (rc == MT_OK) rc = finish_step(&r->ctx, &r->p, err);
     in = out;
   }
   r->p.step = NULL;
@@ -551,7 +561,7 @@ int mt_request_wait(mt_request *r, mt_error *err) {
   if (r->p.step != NULL) rc = finish_step(&r->ctx, &r->p, err);
   mt_pool_free(r->tmp_in);
   r->tmp_in = NULL;
-  if (rc == MT_OK && r->next < mt_plan_nsteps(r->plan)) {
+  if (rc == MT_OK && r->next < mt_plan_nsteps(r->plan)) { /* local steps only */
     r->ctx.nonblocking = 0;
     const void *in = r->tmp_out;
     char *owned = r->tmp_out;

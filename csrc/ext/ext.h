@@ -88,6 +88,11 @@ typedef struct mt_mesh mt_mesh;
  * for an object known to be one (a MeshBase's handle). */
 mt_mesh *mt_ext_mesh_get(PyObject *module, PyObject *obj);
 mt_mesh *mt_ext_mesh_get_unchecked(PyObject *obj);
+/* 0 on the thread that created the _C.Mesh `obj`, else -1 with RuntimeError set
+ * (the same on every rank, before any communication); what every collective on a
+ * mesh checks first. mt_ext_mesh_for_collective is mt_ext_mesh_get and the check. */
+int mt_ext_mesh_check_thread(PyObject *obj);
+mt_mesh *mt_ext_mesh_for_collective(PyObject *module, PyObject *obj);
 
 /* ---- The dispatch of NumPy operations on DTensors. ---- */
 

@@ -46,7 +46,7 @@ static PyObject *agree(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                         "agree(mesh, ok, fingerprint, message[, error]) takes 4 or 5 "
                         "arguments");
   }
-  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   if (mesh == NULL) return NULL;
   int ok = PyObject_IsTrue(args[1]);
   if (ok < 0) return NULL;

@@ -165,7 +165,9 @@ static int locals_of(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision
     }
     const mt_plan *plan = dec->plan[t];
     PyObject *local = c->dt[t++]->local;
-    args[i] = plan == NULL ? Py_NewRef(local) : mt_ext_run_plan(d->module, mesh, plan, local);
+    if (plan == NULL) args[i] = Py_NewRef(local);
+    else if (mt_ext_mesh_check_thread(c->mb->handle) < 0) args[i] = NULL;
+    else args[i] = mt_ext_run_plan(d->module, mesh, plan, local);
     if (args[i] == NULL) {
       for (int k = 0; k < i; ++k) Py_DECREF(args[k]);
       return -1;

@@ -44,7 +44,7 @@ static int parse(PyObject *module, PyObject *const *args, Py_ssize_t nargs, int 
                     "box_offset, box_shape, buffer)");
     return -1;
   }
-  c->mesh = mt_ext_mesh_get(module, args[0]);
+  c->mesh = mt_ext_mesh_for_collective(module, args[0]);
   if (c->mesh == NULL || !PyUnicode_FSConverter(args[1], &c->path)) return -1;
   if (parse_array(args[2], args[3], args[4], args[5], args[6], &c->array, &c->box) < 0)
     return -1;

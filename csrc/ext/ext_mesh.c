@@ -10,6 +10,8 @@ typedef struct {
   PyObject_HEAD
   mt_mesh *mesh;
   PyObject *groups; /* tuple of mpi4py communicators, made on first request */
+  uint64_t owner;   /* the thread that created the mesh (thread_serial): the only
+                       one that may run its collectives */
 } MeshObject;
 
 static void mesh_dealloc(MeshObject *self) {
@@ -27,6 +29,16 @@ static int mesh_traverse(MeshObject *self, visitproc visit, void *arg) {
   return 0;
 }
 
+/* A number for the calling thread, never given to another one: thread idents are
+ * reused once a thread ends, and whether a new thread got a dead creator's ident
+ * would differ across ranks. Called with the GIL held, which guards `next`. */
+static uint64_t thread_serial(void) {
+  static _Thread_local uint64_t mine = 0;
+  static uint64_t next = 0;
+  if (mine == 0) mine = ++next;
+  return mine;
+}
+
 static PyObject *wrap(PyTypeObject *tp, mt_mesh *mesh) {
   MeshObject *self = PyObject_GC_New(MeshObject, tp);
   if (self == NULL) {
@@ -35,8 +47,23 @@ static PyObject *wrap(PyTypeObject *tp, mt_mesh *mesh) {
   }
   self->mesh = mesh;
   self->groups = NULL;
+  self->owner = thread_serial();
   PyObject_GC_Track(self);
   return (PyObject *)self;
+}
+
+/* Two threads issuing collectives on one mesh would pair them in whatever order
+ * each rank's scheduler ran them: wrong data, then a hang. Which thread created a
+ * mesh is decided by the program, the same on every rank, so refusing every other
+ * thread raises on the same calls everywhere, before any communication; serialising
+ * the threads per mesh would not fix the order across ranks. */
+int mt_ext_mesh_check_thread(PyObject *obj) {
+  if (((MeshObject *)obj)->owner == thread_serial()) return 0;
+  PyErr_SetString(PyExc_RuntimeError,
+                  "a DeviceMesh's collectives must run on the thread that created it: "
+                  "two threads communicating on one mesh would pair different "
+                  "operations across ranks (create a mesh in the thread that uses it)");
+  return -1;
 }
 
 /* mpi4py's C API is imported on the first mesh, not at module import, so that
@@ -87,6 +114,7 @@ static PyObject *mesh_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *mesh_slice(MeshObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
   if (nargs != 1) return PyErr_Format(PyExc_TypeError, "slice(dims) takes 1 argument");
   int64_t dims64[MT_MAX_MESH_NDIM];
   int dims[MT_MAX_MESH_NDIM];
@@ -125,6 +153,7 @@ static PyObject *make_groups(mt_mesh *mesh) {
 }
 
 static PyObject *mesh_groups(MeshObject *self, PyObject *unused) {
+  if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
   if (self->groups == NULL) self->groups = make_groups(self->mesh);
   Py_XINCREF(self->groups);
   return self->groups;
@@ -132,6 +161,7 @@ static PyObject *mesh_groups(MeshObject *self, PyObject *unused) {
 
 static PyObject *mesh_bcast(MeshObject *self, PyObject *const *args, Py_ssize_t nargs) {
   int dim = 0;
+  if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
   if (nargs != 2 || !PyArray_Check(args[0])) {
     return PyErr_Format(PyExc_TypeError, "bcast(array, dim) takes an ndarray and a dim");
   }
@@ -152,6 +182,7 @@ static PyObject *mesh_bcast(MeshObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 static PyObject *mesh_any(MeshObject *self, PyObject *flag) {
+  if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
   int value = PyObject_IsTrue(flag), result = 0, rc;
   if (value < 0) return NULL;
   mt_error err = {0};
@@ -164,6 +195,7 @@ static PyObject *mesh_any(MeshObject *self, PyObject *flag) {
 
 static PyObject *mesh_allgather_int(MeshObject *self, PyObject *const *args,
                                     Py_ssize_t nargs) {
+  if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "allgather_int(value, dim)");
   long long value = PyLong_AsLongLong(args[0]);
   if (value == -1 && PyErr_Occurred()) return NULL;
@@ -266,6 +298,11 @@ mt_mesh *mt_ext_mesh_get(PyObject *module, PyObject *obj) {
     return NULL;
   }
   return ((MeshObject *)obj)->mesh;
+}
+
+mt_mesh *mt_ext_mesh_for_collective(PyObject *module, PyObject *obj) {
+  mt_mesh *mesh = mt_ext_mesh_get(module, obj);
+  return mesh == NULL || mt_ext_mesh_check_thread(obj) < 0 ? NULL : mesh;
 }
 
 int mt_ext_mesh_exec(PyObject *module) {

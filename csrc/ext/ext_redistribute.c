@@ -194,7 +194,7 @@ static int prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
     PyErr_SetString(PyExc_TypeError, "expected (mesh, plan, array)");
     return -1;
   }
-  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   if (mesh == NULL) return -1;
   if (!PyObject_TypeCheck(args[1], mt_ext_state_of(module)->plan_type)) {
     PyErr_SetString(PyExc_TypeError, "expected a _C.Plan");
@@ -366,7 +366,7 @@ static PyType_Spec request_spec = {
  * mesh's first rank is the source of truth. Collective on the mesh. */
 static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 3) return PyErr_Format(PyExc_TypeError, "distribute(mesh, placements, full)");
-  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   if (mesh == NULL) return NULL;
   PyArrayObject *full = mt_ext_contiguous(args[2]);
   if (full == NULL) return NULL;
@@ -480,7 +480,7 @@ static PyObject *select_exchange(PyObject *module, PyObject *const *args,
   if (nargs != 8)
     return PyErr_Format(PyExc_TypeError, "select_exchange(mesh, shape, src_codes, "
                         "dst_codes, starts, steps, counts, piece)");
-  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   int64_t shape[MT_MAX_NDIM];
   int ndim = 0;
   mt_selection sel;

@@ -138,7 +138,7 @@ static PyObject *ring_shift_start(PyObject *module, PyObject *const *args,
   if (nargs != 4) return PyErr_Format(PyExc_TypeError, "ring_shift_start(mesh, dim, sends, recvs)");
   int dim = 0, ns = 0, nr = 0;
   PyArrayObject *send[MT_RING_MAX_BLOCKS], *recv[MT_RING_MAX_BLOCKS];
-  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   if (mesh == NULL || dim_arg(args[1], &dim) < 0 ||
       block_args(args[2], 0, "every send", send, &ns) < 0 ||
       block_args(args[3], 1, "every recv", recv, &nr) < 0)
@@ -200,7 +200,7 @@ static PyObject *ring_allgatherv_start(PyObject *module, PyObject *const *args,
   }
   int dim = 0, n = 0;
   int64_t bytes[1024];
-  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   if (mesh == NULL || dim_arg(args[1], &dim) < 0) return NULL;
   PyArrayObject *send = contiguous_arg(args[2], 0, "send");
   PyArrayObject *recv = send == NULL ? NULL : contiguous_arg(args[3], 1, "recv");
@@ -228,7 +228,7 @@ static PyObject *ring_allgatherv_start(PyObject *module, PyObject *const *args,
 static PyObject *ring_allgather_int64(PyObject *module, PyObject *const *args,
                                       Py_ssize_t nargs) {
   if (nargs != 3) return PyErr_Format(PyExc_TypeError, "ring_allgather_int64(mesh, dim, values)");
-  mt_mesh *mesh = mt_ext_mesh_get(module, args[0]);
+  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   int dim = 0, n = 0;
   int64_t values[64];
   if (mesh == NULL || dim_arg(args[1], &dim) < 0 ||

@@ -38,15 +38,26 @@ typedef struct mt_request mt_request;
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
                     void *dst, mt_error *err);
 
-/* Collective on the mesh. Starts the plan's first communicating step with a
- * nonblocking MPI call and returns; `src` and `dst` must stay valid and untouched
- * until mt_request_wait. Later steps, if any, run inside mt_request_wait. */
+/* Collective on the mesh. Issues every communicating step of the plan before it
+ * returns: the earlier ones run to completion, the last one is posted with a
+ * nonblocking MPI call, so the order in which requests are waited on never changes
+ * a result. `src` and `dst` must stay valid and untouched until mt_request_wait,
+ * which runs any local steps after the last collective. */
 int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
                           const void *src, void *dst, mt_request **out, mt_error *err);
 
 /* Collective on the mesh. Completes the redistribute and frees the request (also
  * on error). */
 int mt_request_wait(mt_request *req, mt_error *err);
+
+/* Local. How a reduce-scatter of `group` blocks of counts[k] elements of `itemsize`
+ * bytes is issued when MPI takes counts up to `limit` (INT_MAX): 0 when one call
+ * takes them all (their total, not only each block, within the limit, since the
+ * library sums them into one count), else how many elements of every block one
+ * round of calls carries (at most 256 MiB of each, and group times it within the
+ * limit). Example: counts {2**30 + 8, 2**30 + 8} of int8 -> 2**28 per round. */
+int64_t mt_reduce_scatter_round(const int64_t *counts, int64_t group, int64_t itemsize,
+                                int64_t limit);
 
 /* Collective on the mesh. distribute_tensor: `full` is the whole tensor of
  * `layout`'s shape on every member, of which the copy on the rank at coordinate 0

@@ -1,7 +1,8 @@
 """One rank looks, every rank learns: file-system checks made by the mesh's first
 rank and broadcast, so that every rank raises the same exception or none does;
 the path every rank passed, checked to be the same; and steps that can fail on
-some ranks only (allocations), agreed on before the collective that follows.
+some ranks only (allocations), agreed on before the collective that follows. The
+checks go through the one agreement primitive, ``_C.agree``.
 
 A file system may answer differently on different ranks (caches, races with other
 jobs); when each rank looked for itself, one could raise while the others went on
@@ -10,10 +11,13 @@ into a collective and waited forever.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Callable
 
 import numpy as np
+
+from .. import _C
 
 # Exceptions that may travel, by index; anything else travels as OSError.
 _HEAD = 16  # int64 kind and int64 payload length
@@ -77,39 +81,38 @@ def first_rank(mesh, produce: Callable[[], bytes], cap: int = 4096, *,
     raise _KINDS[kind](payload.decode("utf-8", "replace"))
 
 
+def _digest(data: bytes) -> int:
+    """A hash that is the same in every process (Python's is salted)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
 def same_path(mesh, path: str, look: Callable[[], bytes] = bytes, *,
               outsiders: bool = False) -> bytes:
-    """Collective on the mesh. ``first_rank(mesh, look)``, after which every rank
-    of the mesh checks that it passed the same ``path`` as the first rank (paths
-    are compared resolved, so pass ``os.path.realpath``'s): ValueError on every
-    rank when any differs, since a collective save or load of several files (a
-    per-rank temporary directory, a pid in the name) would mix them or leave
-    holes. One broadcast and one small all-reduce.
+    """Collective on the mesh. Every rank of the mesh checks that it passed the same
+    ``path`` as the others (paths are compared resolved, so pass
+    ``os.path.realpath``'s): ValueError on every rank when any differs, since a
+    collective save or load of several files (a per-rank temporary directory, a pid
+    in the name) would mix them or leave holes; then ``first_rank(mesh, look)``.
+    One small all-reduce (``_C.agree`` on a hash of the path) and one broadcast.
 
     Example::
 
         >>> head = same_path(mesh, os.path.realpath(p), lambda: read_prefix(p))
     """
-    mine = os.fsencode(path)
-    got = first_rank(mesh, lambda: len(mine).to_bytes(8, "little") + mine + bytes(look()),
-                     outsiders=outsiders)
-    if mesh.get_coordinate() is None:
-        return got[8 + len(mine):] if outsiders else b""
-    n = int.from_bytes(got[:8], "little")
-    theirs = got[8:8 + n]
-    if mesh._handle.any(theirs != mine):
-        raise ValueError(f"every rank of the mesh must pass the same path; the first "
-                         f"rank's is {os.fsdecode(theirs)!r} (symlinks resolved) and "
-                         f"another rank's differs")
-    return got[8 + n:]
+    if mesh.get_coordinate() is not None:
+        _C.agree(mesh._handle, True, _digest(os.fsencode(path)),
+                 f"every rank of the mesh must pass the same path; the first rank's is "
+                 f"{path!r} (symlinks resolved) and another rank's differs")
+    return first_rank(mesh, look, outsiders=outsiders)
 
 
 def everywhere(mesh, attempt: Callable[[], object], failure: Callable[[], Exception]):
     """Collective on the mesh. ``attempt()`` on every rank, and its result when it
-    returned on every rank; otherwise ``failure()`` raised on every rank (chained
-    to the rank's own error where it had one), so that a step that can fail on
-    some ranks only (an allocation, above all) never leaves the others waiting in
-    the collective that follows. One small all-reduce.
+    returned on every rank; otherwise the first failing rank's ``failure()`` raised
+    on every rank (chained to the rank's own error where it had one), so that a step
+    that can fail on some ranks only (an allocation, above all) never leaves the
+    others waiting in the collective that follows. One small all-reduce
+    (``_C.agree``).
 
     Example::
 
@@ -119,6 +122,9 @@ def everywhere(mesh, attempt: Callable[[], object], failure: Callable[[], Except
         result, error = attempt(), None
     except Exception as e:  # noqa: BLE001 - MemoryError, ValueError, OverflowError alike
         result, error = None, e
-    if mesh._handle.any(error is not None):
-        raise failure() from error
+    mine = failure() if error is not None else ValueError("")
+    try:
+        _C.agree(mesh._handle, error is None, 0, str(mine), type(mine))
+    except Exception as agreed:  # noqa: BLE001 - the first failing rank's, everywhere
+        raise agreed from error
     return result

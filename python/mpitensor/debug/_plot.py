@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _args
+from .. import _C, _args
 from .._redistribute import plan_for
 from ..placement_types import Partial
 from ._visualize_sharding import check_drawable, owners_grid, require, shard_blocks
@@ -206,8 +206,9 @@ def _write_on_one_rank(mesh, path, draw, what: str) -> None:
             fig.savefig(path, format="png", dpi=100)
         except Exception as e:  # reported on every rank below
             error = e
-    if mesh._handle.any(error is not None):
-        if error is not None:
-            raise error
-        raise RuntimeError(f"{what}: writing {path!r} failed on the mesh's first rank "
-                           f"(rank {int(mesh.mesh.flat[0])}); see its error")
+    try:
+        _C.agree(mesh._handle, error is None, 0,
+                 f"{what}: writing {path!r} failed on the mesh's first rank (rank "
+                 f"{int(mesh.mesh.flat[0])}): {error}", type(error or RuntimeError()))
+    except Exception as agreed:  # noqa: BLE001 - the first rank's, on every rank
+        raise agreed from error

@@ -1,7 +1,8 @@
 """One all-gather that lets every rank of a context-parallel mesh agree on its
 shards before any data moves: a bad input anywhere, inputs that differ between
 ranks, or shard lengths that are not the load-balanced ones raise the same
-ValueError on every rank instead of leaving the others in a collective."""
+ValueError, with the same message, on every rank instead of leaving the others in
+a collective."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ def agree_on_shards(handle, n: int, meta: list, problem, who: str, names: tuple,
     width, k = len(meta), len(names)
     got = _C.ring_allgather_int64(handle, 0, meta)
     rows = [got[i * width:(i + 1) * width] for i in range(n)]
-    bad = [i for i in range(n) if rows[i][0]]
-    if bad:
-        raise ValueError(f"{who}: {problem}" if problem else
-                         f"{who}: rank(s) {bad} of the mesh rejected their inputs")
+    if any(row[0] for row in rows):
+        # Every rank learnt that some rank failed; the first one's reason travels
+        # through the agreement primitive, so every rank raises the same message.
+        _C.agree(handle, not problem, 0, f"{who}: {problem}", ValueError)
     if any(row[1 + k:] != rows[0][1 + k:] for row in rows):
         raise ValueError(f"{who}: the ranks passed inputs that differ in {differs}")
     lengths = [[row[1 + j] for row in rows] for j in range(k)]

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import _C
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -258,8 +259,7 @@ def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh) -> list:
             problem = (f"output {i}: local shape {o.shape} on rank {mesh.get_rank()} is "
                        f"not its shard {tuple(expect)} of the global shape "
                        f"{tuple(shapes[i])} under {pl}")
-    if mesh._handle.any(problem is not None):
-        raise ValueError("local_map: the local outputs do not form one global tensor "
-                         "laid out as torch.chunk shards: "
-                         + (problem or "another rank's output does not fit"))
+    _C.agree(mesh._handle, problem is None, 0,
+             "local_map: the local outputs do not form one global tensor laid out as "
+             f"torch.chunk shards: {problem}", ValueError)
     return [None if s is None else tuple(s) for s in shapes]

@@ -1,0 +1,111 @@
+"""Asynchronous redistributes waited on in a different order on every rank.
+
+Multi-step plans (two or more collectives, which only meshes with two dims of size
+above 1 have) used to post their later steps from inside `wait()`, so two pending
+redistributes waited in orders 0,1 on some ranks and 1,0 on others paired one
+tensor's messages with the other's: wrong values on every rank, no error. Every
+rank here draws its own wait order; every result must still equal NumPy's."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpitensor import DTensor, _C, init_device_mesh
+from mpitensor._layout import _codes
+from mpi_helpers import Problems
+from redistribute_ref import PLACEMENTS, expected_local, name, source_local, strides
+
+COMM = MPI.COMM_WORLD
+W = COMM.Get_size()
+RANK = COMM.Get_rank()
+SHAPE = (7, 5)
+
+pytestmark = pytest.mark.skipif(W == 1, reason="one rank: no plan communicates")
+
+_MESHES: dict = {}
+
+
+def mesh_of(shape):
+    if shape not in _MESHES:
+        _MESHES[shape] = init_device_mesh("cpu", shape)
+    return _MESHES[shape]
+
+
+def communicating_steps(ms, src, dst) -> int:
+    try:
+        plan = _C.Plan(SHAPE, ms, _codes(src), _codes(dst), np.dtype("f8"))
+    except (RuntimeError, TypeError):  # a Partial target, or avg of a mesh dim of 1
+        return -1
+    return sum(kind != "chunk" for kind, *_ in plan.steps())
+
+
+def cases():
+    """(mesh shape, src, dst) for every multi-step plan of the (2, 2) mesh and a
+    fixed sample of the 3-D meshes' (the same on every rank); on meshes without
+    multi-step plans (np 1..3), every one-step plan, so pending requests on one
+    communicator are still waited in per-rank orders."""
+    found = []
+    meshes = [(2, 2), (1, 2, 2), (2, 1, 2)] if W == 4 else [(W,)]
+    for ms in meshes:
+        mine = [(ms, s, d) for s in itertools.product(PLACEMENTS, repeat=len(ms))
+                for d in itertools.product(PLACEMENTS, repeat=len(ms))
+                if communicating_steps(ms, s, d) >= (2 if W == 4 else 1)]
+        if len(ms) == 3:
+            mine = random.Random(len(mine)).sample(mine, 40)
+        found += mine
+    return found
+
+
+def start(ms, src, dst, scale):
+    """A pending redistribute of `scale` times the base array, and what this rank's
+    local result must be."""
+    mesh = mesh_of(ms)
+    base = (np.arange(np.prod(SHAPE)) % 89 + 1).reshape(SHAPE) * scale
+    coord = mesh.get_coordinate()
+    local = source_local(base, ms, coord, src, np.float64)
+    dt = DTensor.from_local(local, mesh, src, shape=SHAPE, stride=strides(SHAPE))
+    return dt.redistribute(mesh, dst, async_op=True), expected_local(
+        base, ms, coord, src, dst, np.float64)
+
+
+def test_multi_step_plans_are_found():
+    found = cases()
+    assert sum(ms == (2, 2) for ms, _, _ in found) == (165 if W == 4 else 0)
+    assert len(found) == (165 + 80 if W == 4 else len(found)) and found
+
+
+def test_two_pending_redistributes_waited_in_per_rank_order():
+    rng = random.Random(1000 + RANK)
+    problems = Problems()
+    for ms, src, dst in cases():
+        pending = [start(ms, src, dst, k + 1) for k in range(3)]
+        for k in rng.sample(range(3), 3):
+            out, want = pending[k]
+            out.wait()
+            problems.expect(np.array_equal(out.to_local(), want),
+                            f"{ms} {name(src)}->{name(dst)} #{k}: {out.to_local()} != {want}")
+    assert problems == []
+
+
+def test_every_plan_pending_at_once_waited_in_per_rank_order():
+    """All the cases in flight together, over every communicator of the mesh, then
+    completed in a per-rank order, some by wait(), some by first use, some dropped."""
+    rng = random.Random(2000 + RANK)
+    problems = Problems()
+    all_cases = cases()
+    pending = [start(ms, src, dst, 1 + i % 5) for i, (ms, src, dst) in enumerate(all_cases)]
+    order = rng.sample(range(len(pending)), len(pending))
+    for i in order:
+        out, want = pending[i]
+        ms, src, dst = all_cases[i]
+        if i % 7 == 3:  # dropped unwaited: freed (and completed) in this rank's order
+            pending[i] = None
+            continue
+        local = out.to_local() if i % 2 else out.wait().to_local()
+        problems.expect(np.array_equal(local, want), f"{ms} {name(src)}->{name(dst)}")
+    assert problems == []
