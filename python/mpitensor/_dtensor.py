@@ -171,6 +171,7 @@ class DTensor(_C.DTensorBase):
             raise TypeError(
                 f"from_local takes a NumPy ndarray, got {type(local_tensor).__name__}"
             )
+        _args.reject_masked(local_tensor, "DTensor.from_local")
         dtype = _args.check_dtype(local_tensor.dtype)
         mesh = _args.resolve_mesh(device_mesh)
         pl = _args.normalize_placements(placements, mesh, local_tensor.ndim)
@@ -424,10 +425,7 @@ def _global_shape_and_stride(local, mesh, placements, shape, stride):
         )
     if shape is not None:
         gshape = _args.check_shape(shape, local.ndim)
-        gstride = tuple(int(s) for s in stride)
-        if len(gstride) != len(gshape):
-            raise ValueError(f"stride {gstride} does not match shape {gshape}")
-        return gshape, gstride
+        return gshape, _args.check_stride(stride, len(gshape))
     gshape = tuple(_C.even_global_shape(local.shape, mesh.shape, _codes(placements)))
     return gshape, contiguous_strides(gshape)
 
