@@ -234,14 +234,50 @@ def test_raises_on_every_rank(case, m, comm):
     assert outcomes == [True] * N
 
 
+# Cases that create a mesh on MPI.COMM_WORLD, and the good call the other ranks
+# make: creating a mesh is collective, and every rank checks every rank's arguments
+# before any communicator is made, so a bad argument on one rank raises its error
+# on every rank.
+MESH_CASES = {
+    "init_device_mesh_cuda", "init_mesh_larger_than_comm", "mesh_shape_zero",
+    "mesh_shape_negative", "duplicate_mesh_dim_names", "too_few_mesh_dim_names",
+    "mesh_dim_names_a_string", "device_mesh_cuda", "mesh_larger_than_comm",
+    "mesh_rank_out_of_range", "mesh_rank_negative", "mesh_of_floats", "mesh_without_ranks",
+    "duplicate_mesh_dim_names_device_mesh", "too_many_mesh_dim_names", "duplicate_ranks",
+    "duplicate_ranks_2d"}
+
+
+def good_mesh(case_id):
+    if case_id.startswith("init") or case_id in ("mesh_shape_zero", "mesh_shape_negative",
+                                                 "duplicate_mesh_dim_names",
+                                                 "too_few_mesh_dim_names",
+                                                 "mesh_dim_names_a_string"):
+        return init_device_mesh("cpu", (1, N), mesh_dim_names=None)
+    return DeviceMesh("cpu", list(range(N)))
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] not in MESH_CASES],
+                         ids=[i for i in IDS if i not in MESH_CASES])
 def test_raises_before_any_communication(case, m, comm):
     """Only the last rank makes the bad call. Had it communicated before raising,
     it would wait for ranks that never join, while they wait in the allgather."""
     _, call, exc, _ = case
     outcome = raised(lambda: call(m), exc) if RANK == N - 1 else None
     assert comm.allgather(outcome)[-1] is True
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(N < 2, reason="needs a second rank to disagree with")
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in MESH_CASES],
+                         ids=[i for i in IDS if i in MESH_CASES])
+def test_a_bad_mesh_on_one_rank_raises_on_every_rank(case, m, comm):
+    """Only the last rank passes the bad arguments; the others create a good mesh
+    (of another shape for init_device_mesh's cases), and get the last rank's error."""
+    case_id, call, exc, match = case
+    bad = RANK == N - 1
+    outcome = raised(lambda: call(m) if bad else good_mesh(case_id), exc, match)
+    assert comm.allgather(outcome) == [True] * N
 
 
 def _readonly(a):
