@@ -124,17 +124,12 @@ static mt_mesh *mesh_alloc(int ndim, const int64_t *shape) {
   return m;
 }
 
-/* FNV-1a of what every rank must pass alike: the shape and the ranks. */
+/* What every rank must pass alike: the shape and the ranks. */
 static uint64_t mesh_fingerprint(int ndim, const int64_t *shape, const int *ranks,
                                  int64_t n) {
-  uint64_t h = 14695981039346656037ULL;
-  int64_t words[1 + MT_MAX_MESH_NDIM] = {ndim};
-  for (int d = 0; d < ndim; ++d) words[1 + d] = shape[d];
-  for (int i = 0; i <= ndim + (int)n; ++i) {
-    uint64_t w = i <= ndim ? (uint64_t)words[i] : (uint64_t)(int64_t)ranks[i - ndim - 1];
-    for (int b = 0; b < 8; ++b) h = (h ^ ((w >> (8 * b)) & 0xFF)) * 1099511628211ULL;
-  }
-  return h;
+  uint64_t h = mt__fnv1a(MT__FNV_START, &ndim, sizeof ndim);
+  h = mt__fnv1a(h, shape, (size_t)ndim * sizeof *shape);
+  return mt__fnv1a(h, ranks, (size_t)n * sizeof *ranks);
 }
 
 static int64_t find_linear(int me, const int *ranks, int64_t n) {

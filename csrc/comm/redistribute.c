@@ -7,12 +7,14 @@
  * step needs besides its buffers (counts, displacements, datatypes) comes from the
  * plan's compiled part (compiled.c), built on the plan's first execution. */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm-private.h"
 #include "exec-private.h"
 #include "mpi-types-private.h"
+#include "mpitensor/agree.h"
 #include "mpitensor/comm.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/pack.h"
@@ -438,10 +440,52 @@ static int run_steps(const exec_ctx *c, const mt_plan *plan, int from, const voi
   return rc;
 }
 
+/* Before a plan of at least MT_AGREE_MIN_BYTES runs, its members agree that each
+ * got this far (its checks, its compiled counts, its destination: `dst` NULL for
+ * a non-empty box is an allocation that failed) with the same layouts and dtype,
+ * so that a rank that cannot allocate (its shard of uneven ones the largest), or
+ * that was given other placements or another shape, fails every rank alike
+ * instead of leaving the others waiting. Smaller plans skip it (the all-reduce
+ * would cost a share of their time that is not negligible): `rc` as it is, and
+ * MT_ENOMEM on this rank alone for a missing `dst`. */
+static int agree_before_run(const exec_ctx *c, const mt_plan *plan, const void *dst,
+                            int rc, mt_error *err) {
+  int n = mt_plan_nsteps(plan);
+  if (n == 0 || c->itemsize == 0) return rc;
+  const mt_layout *from = &mt_plan_step(plan, 0)->src, *to = &mt_plan_step(plan, n - 1)->dst;
+  mt_box b;
+  int64_t numel = 1;
+  for (int i = 0; i < to->ndim; ++i) numel *= to->shape[i];
+  if (rc == MT_OK && dst == NULL) {
+    box_at(c, to, -1, 0, &b);
+    if (mt_box_numel(&b) > 0) {
+      rc = mt_error_set(err, MT_ENOMEM,
+                        "redistribute: a rank of the mesh could not allocate its shard "
+                        "of %lld bytes",
+                        (long long)(mt_box_numel(&b) * c->itemsize));
+    }
+  }
+  if (numel < MT_AGREE_MIN_BYTES / c->itemsize) return rc;
+  mt_error e = {0};
+  if (rc != MT_OK && err != NULL) e = *err;
+  if (rc == MT_OK) {
+    snprintf(e.msg, sizeof e.msg,
+             "redistribute: the ranks of the mesh passed different placements, global "
+             "shapes or dtypes; every rank must redistribute the same DTensor to the "
+             "same placements (from_local of uneven shards needs shape= and "
+             "stride=)");
+  }
+  uint64_t h = mt__fnv1a(MT__FNV_START, &c->dtype, sizeof c->dtype);
+  rc = mt_agree(c->mesh, rc, mt__layout_fnv(mt__layout_fnv(h, from), to), &e);
+  if (rc != MT_OK && err != NULL) *err = e;
+  return rc;
+}
+
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
                     void *dst, mt_error *err) {
   exec_ctx c;
   int rc = ctx_init(&c, mesh, plan, dtype, 0, err);
+  rc = agree_before_run(&c, plan, dst, rc, err);
   if (rc == MT_OK) rc = run_steps(&c, plan, 0, src, NULL, dst, err);
   ctx_free(&c);
   return rc;
@@ -537,6 +581,7 @@ int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
   r->plan = plan, r->src = src, r->dst = dst;
   pending_init(&r->p, NULL, 0, NULL, NULL, NULL);
   int rc = ctx_init(&r->ctx, mesh, plan, dtype, 1, err);
+  rc = agree_before_run(&r->ctx, plan, dst, rc, err);
   if (rc == MT_OK) rc = start_async(r, err);
   if (rc != MT_OK) {
     request_free(r);

@@ -255,6 +255,8 @@ class DTensor(_C.DTensorBase):
             local = local.astype(dtype, copy=False)
         spec = DTensorSpec(mesh, dst, self._spec.shape, dtype, self._spec.stride)
         if dst == src or mesh._coordinate is None:
+            if _modes.tracing and mesh._coordinate is not None:
+                _trace.unmoved("DTensor.redistribute", mesh, dst, spec.shape, dtype)
             return DTensor(local, spec)
         if _modes.tracing:
             _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)

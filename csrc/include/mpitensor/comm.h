@@ -34,13 +34,20 @@ typedef struct mt_request mt_request;
 /* Collective on the mesh. Runs every step of `plan` (built for this mesh's shape)
  * on elements of `dtype`, from `src` to `dst`. Intermediate steps use buffers the
  * call allocates and frees. A plan without steps moves nothing and leaves `dst`
- * untouched: `src` already holds the result, and callers use it as it is. */
+ * untouched: `src` already holds the result, and callers use it as it is. When
+ * the global tensor holds at least MT_AGREE_MIN_BYTES (agree.h), the members first
+ * agree (mt_agree, one small all-reduce) that each passed its checks with the same
+ * layouts and dtype and has its `dst`: `dst` may be NULL for a non-empty box when
+ * the caller could not allocate it, and then every member returns MT_ENOMEM with
+ * one message (below that size, only this rank does). Intermediate buffers are
+ * allocated between steps and are not agreed on. */
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
                     void *dst, mt_error *err);
 
 /* Collective on the mesh. Starts the plan's first communicating step with a
  * nonblocking MPI call and returns; `src` and `dst` must stay valid and untouched
- * until mt_request_wait. Later steps, if any, run inside mt_request_wait. */
+ * until mt_request_wait. Later steps, if any, run inside mt_request_wait. Agrees
+ * first as mt_redistribute does. */
 int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
                           const void *src, void *dst, mt_request **out, mt_error *err);
 
@@ -54,7 +61,11 @@ int mt_request_wait(mt_request *req, mt_error *err);
  * Shard dims are scattered first among the ranks holding the source's replica,
  * then Replicate dims are broadcast, so each byte leaves a rank once per receiver.
  * Partial(sum) and Partial(product) put the value on coordinate 0 of that dim and
- * the identity elsewhere; Partial(avg|max|min) put the value everywhere. */
+ * the identity elsewhere; Partial(avg|max|min) put the value everywhere. First the
+ * members agree (mt_agree: one small all-reduce) that they passed the same global
+ * shape, dtype and placements, and that each has its box: `local` may be NULL for
+ * a non-empty box when the caller could not allocate it; then every member
+ * returns MT_ENOMEM (a mismatch: MT_EINVAL), with the same message. */
 int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void *full,
                   void *local, mt_error *err);
 
