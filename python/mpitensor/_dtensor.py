@@ -445,11 +445,10 @@ def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool)
     for d in range(mesh.ndim):
         mesh._handle.bcast(root, d)
     problem = _meta_problem(local, spec, mine, root, shape_given)
-    if mesh._handle.any(problem is not None):
-        raise ValueError(
-            "DTensor.from_local(run_check=True): the local tensors do not fit one "
-            "global tensor: " + (problem or "another rank's local tensor differs")
-        )
+    # The first rank that found a problem tells every rank what it is.
+    _C.agree(mesh._handle, problem is None, 0,
+             "DTensor.from_local(run_check=True): the local tensors do not fit one "
+             "global tensor: " + (problem or ""), ValueError)
     copied = False
     for d, p in enumerate(spec.placements):
         if p.is_replicate() and mesh.shape[d] > 1:

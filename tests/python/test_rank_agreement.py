@@ -67,3 +67,136 @@ def test_equal_meshes_are_made_as_before():
     mesh = init_device_mesh("cpu", (1, N), mesh_dim_names=("a", "b"))
     assert mesh.shape == (1, N) and mesh["b"].size() == N
     still_in_step()
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return init_device_mesh("cpu", (N,))
+
+
+@pytest.fixture
+def checks():
+    mt.debug.set_collective_checks(True)
+    yield
+    mt.debug.set_collective_checks(False)
+
+
+# -- distribute_tensor -----------------------------------------------------------------
+
+@many
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source", [
+    pytest.param(lambda odd: np.ones((4 * N + odd, 2)), id="global_shape"),
+    pytest.param(lambda odd: np.ones((4 * N, 2), np.float32 if odd else np.float64),
+                 id="dtype"),
+    pytest.param(lambda odd: np.ones((4 * N, 2), np.int32 if odd else np.float32),
+                 id="dtype_of_one_size"),
+    pytest.param(lambda odd: np.ones((4 * N, 3) if odd else (3, 4 * N)), id="transposed"),
+])
+@pytest.mark.parametrize("placements", [[Shard(0)], [Replicate()]], ids=["S0", "R"])
+def test_distribute_tensor_of_a_rank_dependent_array_raises_everywhere(mesh, source,
+                                                                       placements):
+    got = same_everywhere(outcome(
+        lambda: mt.distribute_tensor(source(LAST), mesh, placements)))
+    assert got is not None and got[0] == "ValueError", got
+    assert "different shapes or dtypes" in got[1] and "shape (" in got[1], got
+    still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_distribute_tensor_to_rank_dependent_placements_raises_everywhere(mesh):
+    got = same_everywhere(outcome(lambda: mt.distribute_tensor(
+        np.ones((4 * N, 4 * N)), mesh, [Shard(1) if LAST else Shard(0)])))
+    assert got is not None and got[0] == "ValueError", got
+    still_in_step()
+
+
+# -- redistribute: placements, shapes -----------------------------------------------------
+
+BIG = (2, 2**20)  # 16 MiB of float64: redistributes this large agree before they move
+
+
+@many
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", [
+    pytest.param(lambda odd: [Replicate()] if odd else [Shard(1)], id="gather_or_all_to_all"),
+    pytest.param(lambda odd: [Shard(1)] if odd else [Shard(0)], id="all_to_all_or_nothing"),
+    pytest.param(lambda odd: [Replicate()] if odd else [Shard(0)], id="gather_or_nothing"),
+])
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_rank_dependent_placements_raise_everywhere(mesh, checks, target, size):
+    """With collective checks on, whatever the size, also when one rank's move is a
+    no-op (it used to return at once, leaving the others in their check)."""
+    x = mt.zeros(*((4 * N, 2) if size == "small" else BIG), device_mesh=mesh,
+                 placements=[Shard(0)])
+    got = same_everywhere(outcome(lambda: x.redistribute(mesh, target(LAST))))
+    assert got is not None and got[0] == "RuntimeError", got
+    assert got[1].startswith("collective mismatch"), got
+    still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_rank_dependent_placements_of_a_large_tensor_raise_everywhere_without_checks(mesh):
+    """16 MiB or more: the agreement before the move is on by default."""
+    x = mt.zeros(*BIG, device_mesh=mesh, placements=[Shard(0)])
+    got = same_everywhere(outcome(
+        lambda: x.redistribute(mesh, [Replicate()] if LAST else [Shard(1)])))
+    assert got is not None and got[0] == "ValueError", got
+    assert "different placements" in got[1], got
+    still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_from_local_of_uneven_shards_without_shape_raises_everywhere(mesh):
+    """torch.chunk's shards of 2 * (4 * N) - 1 rows, without shape=: each rank's
+    global shape is its own shard times the mesh size, so the ranks disagree."""
+    rows = 2**21 // N
+    local = np.zeros((rows - 1 if LAST else rows, 8))
+    x = mt.DTensor.from_local(local, mesh, [Shard(0)])
+    got = same_everywhere(outcome(lambda: x.redistribute(mesh, [Shard(1)])))
+    assert got is not None and got[0] == "ValueError", got
+    assert "shape= and stride=" in got[1], got
+    # run_check=True finds it at any size.
+    small = np.zeros((3 if LAST else 4, 2))
+    got = same_everywhere(outcome(
+        lambda: mt.DTensor.from_local(small, mesh, [Shard(0)], run_check=True)))
+    assert got is not None and got[0] == "ValueError" and "shape= and stride=" in got[1]
+    still_in_step()
+
+
+# -- redistribute: an allocation that fails on one rank ------------------------------------
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize")
+
+
+@many
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+def test_an_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh, async_op):
+    """(1, 2**25) float64 Shard(1) -> Shard(0): rank 0 must allocate the whole 256
+    MiB row, the others nothing. Rank 0's address space is capped just above what
+    it uses, so only its allocation fails (it used to raise alone while the others
+    waited in the all-to-all forever); every rank raises MemoryError, and after a
+    `try`/`except` the job goes on."""
+    import resource
+
+    x = mt.empty(1, 2**25, device_mesh=mesh, placements=[Shard(1)])
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if RANK == 0:
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 64 * 2**20, hard))
+    try:
+        got = outcome(lambda: x.redistribute(mesh, [Shard(0)], async_op=async_op).wait())
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    got = same_everywhere(got)
+    assert got == ("MemoryError", "redistribute: a rank of the mesh could not allocate "
+                   f"its shard of {2**28} bytes"), got
+    still_in_step()
