@@ -5,6 +5,7 @@ Three tables: CASES (each call raises), WORKS (unusual but valid arrays, such as
 non-contiguous, read-only, NaN and empty ones, give what NumPy gives) and DISAGREE
 (one rank passes something else to a run_check=True call: every rank raises)."""
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -372,6 +373,65 @@ def test_run_check_raises_on_every_rank_when_ranks_disagree(case, m, comm):
     _, call = case
     outcome = raised(lambda: call(m, RANK == N - 1), ValueError, "run_check")
     assert comm.allgather(outcome) == [True] * N
+
+
+# (id, call taking the meshes and whether this rank is the odd one out, exception
+# type, regex of the message): arguments that one rank passes differently to a
+# collective call that checks them, whatever the size (a mesh's creation,
+# distribute_tensor, from_local's run_check): every rank raises the same exception
+# with the same message, where it used to hang, fill garbage or fail on one rank.
+RANK_DEPENDENT = [
+    ("mesh_shape", lambda m, odd: init_device_mesh("cpu", (N,) if odd else (1, N)),
+     ValueError, "different meshes"),
+    ("mesh_rank_list",
+     lambda m, odd: DeviceMesh("cpu", list(range(N))[::-1] if odd else list(range(N))),
+     ValueError, "different meshes"),
+    ("mesh_rank_count", lambda m, odd: DeviceMesh("cpu", [0] if odd else list(range(N))),
+     ValueError, "different meshes"),
+    ("mesh_dim_names", lambda m, odd: init_device_mesh(
+        "cpu", (N,), mesh_dim_names=("b" if odd else "a",)), ValueError, "different meshes"),
+    ("mesh_dim_names_on_one_rank", lambda m, odd: init_device_mesh(
+        "cpu", (N,), mesh_dim_names=("a",) if odd else None), ValueError, "different meshes"),
+    ("distribute_global_shape",
+     lambda m, odd: distribute_tensor(np.ones((4 * N + odd, 2)), m.world, [Shard(0)]),
+     ValueError, r"different shapes or dtypes.*shape \(\d+, 2\)"),
+    ("distribute_dtype", lambda m, odd: distribute_tensor(
+        np.ones((4 * N, 2), np.float32 if odd else np.float64), m.world, [Shard(0)]),
+     ValueError, "different shapes or dtypes"),
+    ("distribute_dtype_of_one_size", lambda m, odd: distribute_tensor(
+        np.ones((4 * N, 2), np.int32 if odd else np.float32), m.world, [Shard(0)]),
+     ValueError, "different shapes or dtypes"),
+    ("distribute_transposed", lambda m, odd: distribute_tensor(
+        np.ones((4 * N, 3) if odd else (3, 4 * N)), m.world, [Shard(0)]),
+     ValueError, "different shapes or dtypes"),
+    ("distribute_replicated_shape", lambda m, odd: distribute_tensor(
+        np.ones((2, 2 + odd)), m.grid, [Replicate(), Replicate()]),
+     ValueError, "different shapes or dtypes"),
+    ("distribute_placements", lambda m, odd: distribute_tensor(
+        np.ones((4 * N, 4 * N)), m.world, [Shard(1) if odd else Shard(0)]),
+     ValueError, "different shapes or dtypes, or different placements"),
+    ("from_local_uneven_shards_run_check", lambda m, odd: DTensor.from_local(
+        np.ones((3 if odd else 4, 2)), m.world, [Shard(0)], run_check=True),
+     ValueError, "pass shape= and stride="),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(N < 2, reason="needs a second rank to disagree with")
+@pytest.mark.parametrize("case", RANK_DEPENDENT, ids=[c[0] for c in RANK_DEPENDENT])
+def test_rank_dependent_arguments_raise_the_same_error_everywhere(case, m, comm):
+    _, call, exc, match = case
+    try:
+        call(m, RANK == N - 1)
+        got = None
+    except Exception as e:  # noqa: BLE001 - compared across ranks below
+        got = (type(e).__name__, str(e))
+    every = comm.allgather(got)
+    assert all(g == every[0] for g in every), every
+    assert every[0] is not None and every[0][0] == exc.__name__, every[0]
+    assert re.search(match, every[0][1]), every[0]
+    x = distribute_tensor(np.arange(2.0 * N), m.world, [Shard(0)])
+    assert x.full_tensor().tolist() == np.arange(2.0 * N).tolist()
 
 
 def test_library_works_after_bad_input(m, comm):

@@ -1,15 +1,18 @@
-"""Arguments that differ between ranks (issue 16 items 2 and 8): meshes, placements,
-shapes and dtypes that one rank passes differently, and allocations that fail on
-one rank only. Every rank raises the same exception, with the same message, and
-the job goes on: the next collectives pair up as before. Runs at 1..4 ranks; the
-disagreements need at least two."""
+"""Redistributions that differ between ranks or fail on one rank only (issue 16
+items 2 and 8): placements that one rank passes differently (with collective
+checks at any size, by default from 16 MiB), uneven shards without shape=, and an
+allocation that fails on one rank only. Every rank raises the same exception, with
+the same message, and the job goes on: the next collectives pair up as before.
+Meshes and distribute_tensor sources that differ between ranks are in
+test_bad_input.py's RANK_DEPENDENT table. Runs at 1..4 ranks; the disagreements
+need at least two."""
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DeviceMesh, Replicate, Shard, init_device_mesh
+from mpitensor import Replicate, Shard, init_device_mesh
 
 COMM = MPI.COMM_WORLD
 N, RANK = COMM.Get_size(), COMM.Get_rank()
@@ -40,35 +43,6 @@ def still_in_step():
     assert np.array_equal(x.redistribute(mesh, [Replicate()]).to_local(), np.arange(4.0 * N))
 
 
-# -- meshes ----------------------------------------------------------------------------
-
-@many
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("make", [
-    pytest.param(lambda odd: init_device_mesh("cpu", (N,) if odd else (1, N)), id="shape"),
-    pytest.param(lambda odd: DeviceMesh("cpu", list(range(N))[::-1] if odd else list(range(N))),
-                 id="rank_list"),
-    pytest.param(lambda odd: DeviceMesh("cpu", [0] if odd else list(range(N))),
-                 id="rank_count"),
-    pytest.param(lambda odd: init_device_mesh("cpu", (N,), mesh_dim_names=("b" if odd else "a",)),
-                 id="dim_names"),
-    pytest.param(lambda odd: init_device_mesh("cpu", (N,),
-                                              mesh_dim_names=("a",) if odd else None),
-                 id="dim_names_on_one_rank"),
-])
-def test_a_mesh_that_differs_on_one_rank_raises_everywhere(make):
-    got = same_everywhere(outcome(lambda: make(LAST)))
-    assert got is not None and got[0] == "ValueError", got
-    assert "different meshes" in got[1] or "same arguments" in got[1], got
-    still_in_step()
-
-
-def test_equal_meshes_are_made_as_before():
-    mesh = init_device_mesh("cpu", (1, N), mesh_dim_names=("a", "b"))
-    assert mesh.shape == (1, N) and mesh["b"].size() == N
-    still_in_step()
-
-
 @pytest.fixture(scope="module")
 def mesh():
     return init_device_mesh("cpu", (N,))
@@ -79,37 +53,6 @@ def checks():
     mt.debug.set_collective_checks(True)
     yield
     mt.debug.set_collective_checks(False)
-
-
-# -- distribute_tensor -----------------------------------------------------------------
-
-@many
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("source", [
-    pytest.param(lambda odd: np.ones((4 * N + odd, 2)), id="global_shape"),
-    pytest.param(lambda odd: np.ones((4 * N, 2), np.float32 if odd else np.float64),
-                 id="dtype"),
-    pytest.param(lambda odd: np.ones((4 * N, 2), np.int32 if odd else np.float32),
-                 id="dtype_of_one_size"),
-    pytest.param(lambda odd: np.ones((4 * N, 3) if odd else (3, 4 * N)), id="transposed"),
-])
-@pytest.mark.parametrize("placements", [[Shard(0)], [Replicate()]], ids=["S0", "R"])
-def test_distribute_tensor_of_a_rank_dependent_array_raises_everywhere(mesh, source,
-                                                                       placements):
-    got = same_everywhere(outcome(
-        lambda: mt.distribute_tensor(source(LAST), mesh, placements)))
-    assert got is not None and got[0] == "ValueError", got
-    assert "different shapes or dtypes" in got[1] and "shape (" in got[1], got
-    still_in_step()
-
-
-@many
-@pytest.mark.timeout(60)
-def test_distribute_tensor_to_rank_dependent_placements_raises_everywhere(mesh):
-    got = same_everywhere(outcome(lambda: mt.distribute_tensor(
-        np.ones((4 * N, 4 * N)), mesh, [Shard(1) if LAST else Shard(0)])))
-    assert got is not None and got[0] == "ValueError", got
-    still_in_step()
 
 
 # -- redistribute: placements, shapes -----------------------------------------------------
