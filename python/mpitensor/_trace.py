@@ -11,7 +11,8 @@ three off a hot path pays one attribute test::
         _trace.redistribute("DTensor.redistribute", mesh, plan, shape, dtype)
 
 Hook sites: ``DTensor.redistribute`` and ``_ops._dispatch.local_inputs`` (plan
-execution), ``distribute_tensor`` and ``DTensor.from_local(run_check=True)`` (other
+execution; ``unmoved`` for an explicit redistribute to its own placements),
+``distribute_tensor`` and ``DTensor.from_local(run_check=True)`` (other
 collectives), ``_ops._dispatch``'s decide functions (sharding decisions),
 ``_ops._shape.permute`` (views) and nn.functional's local layouts (``local``).
 While ``_modes.tracing`` is set the C dispatch takes the Python entry for every
