@@ -510,18 +510,26 @@ static PyObject *select_exchange(PyObject *module, PyObject *const *args,
   mt_selection_image(&sel, &sb, &image);
   PyArrayObject *in = mt_ext_contiguous(args[7]);
   if (in == NULL) return NULL;
-  PyArrayObject *out = check_local(in, &image) < 0 ? NULL : new_box_array(module, &tb, in);
-  if (out == NULL) {
+  if (check_local(in, &image) < 0) {
     Py_DECREF(in);
     return NULL;
   }
+  PyArrayObject *out = new_box_array(module, &tb, in);
+  /* A rank that cannot allocate its box takes part in the agreement the exchange
+   * starts with, with no buffer, so that every rank raises MemoryError. */
+  if (out == NULL && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+    Py_DECREF(in);
+    return NULL;
+  }
+  PyErr_Clear();
+  void *buf = out != NULL ? PyArray_DATA(out) : NULL;
   Py_BEGIN_ALLOW_THREADS
   rc = mt_selection_exchange(mesh, &src, &sel, &dst, mt_ext_dtype(in), PyArray_DATA(in),
-                             PyArray_DATA(out), &err);
+                             buf, &err);
   Py_END_ALLOW_THREADS
   Py_DECREF(in);
   if (rc == MT_OK) return (PyObject *)out;
-  Py_DECREF(out);
+  Py_XDECREF(out);
   return mt_ext_raise(rc, &err);
 }
 

@@ -143,3 +143,24 @@ def test_an_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh, 
     assert got == ("MemoryError", "redistribute: a rank of the mesh could not allocate "
                    f"its shard of {2**28} bytes"), got
     still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_an_indexing_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh):
+    """x[:, 1:] of a (1, 2**25) float64 Shard(1) tensor is Replicate: every rank
+    allocates the 256 MiB row, and rank 0, capped, cannot."""
+    import resource
+
+    x = mt.empty(1, 2**25, device_mesh=mesh, placements=[Shard(1)])
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if RANK == 0:
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 64 * 2**20, hard))
+    try:
+        got = outcome(lambda: x[:, 1:])
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    got = same_everywhere(got)
+    assert got == ("MemoryError", "indexing: a rank of the mesh could not allocate its "
+                   f"shard of {(2**25 - 1) * 8} bytes"), got
+    still_in_step()
