@@ -447,11 +447,13 @@ static int run_steps(const exec_ctx *c, const mt_plan *plan, int from, const voi
  * rank that cannot allocate (its shard of uneven ones the largest), or that was
  * given other placements or another shape, fails every rank alike instead of
  * leaving the others waiting. Smaller moves skip it (the all-reduce would cost a
- * share of their time that is not negligible): `rc` as it is, and MT_ENOMEM on
- * this rank alone for a missing `dst`. */
+ * share of their time that is not negligible), and so do moves that are not
+ * `collective` (local cuts, which have no collective to leave a rank waiting in,
+ * and must not gain one): `rc` as it is, and MT_ENOMEM on this rank alone for a
+ * missing `dst`. */
 static int agree_before_move(const exec_ctx *c, const char *what, const mt_layout *from,
-                             const mt_layout *to, uint64_t extra, const void *dst, int rc,
-                             mt_error *err) {
+                             const mt_layout *to, uint64_t extra, int collective,
+                             const void *dst, int rc, mt_error *err) {
   if (c->itemsize == 0) return rc;
   mt_box b;
   int64_t numel = 1;
@@ -465,7 +467,7 @@ static int agree_before_move(const exec_ctx *c, const char *what, const mt_layou
                         what, (long long)(mt_box_numel(&b) * c->itemsize));
     }
   }
-  if (numel < MT_AGREE_MIN_BYTES / c->itemsize) return rc;
+  if (!collective || numel < MT_AGREE_MIN_BYTES / c->itemsize) return rc;
   mt_error e = {0};
   if (rc != MT_OK && err != NULL) e = *err;
   if (rc == MT_OK) {
@@ -482,13 +484,15 @@ static int agree_before_move(const exec_ctx *c, const char *what, const mt_layou
   return rc;
 }
 
-/* agree_before_move for a plan: its first source and last target layouts. */
+/* agree_before_move for a plan: its first source and last target layouts;
+ * collective unless every step is a local cut. */
 static int agree_before_run(const exec_ctx *c, const mt_plan *plan, const void *dst,
                             int rc, mt_error *err) {
-  int n = mt_plan_nsteps(plan);
+  int n = mt_plan_nsteps(plan), communicates = 0;
+  for (int i = 0; i < n; ++i) communicates |= mt_plan_step(plan, i)->kind != MT_STEP_CHUNK;
   if (n == 0) return rc;
   return agree_before_move(c, "redistribute", &mt_plan_step(plan, 0)->src,
-                           &mt_plan_step(plan, n - 1)->dst, 0, dst, rc, err);
+                           &mt_plan_step(plan, n - 1)->dst, 0, communicates, dst, rc, err);
 }
 
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
@@ -543,7 +547,7 @@ int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selectio
   picked = mt__fnv1a(picked, sel->start, (size_t)sel->ndim * sizeof *sel->start);
   picked = mt__fnv1a(picked, sel->step, (size_t)sel->ndim * sizeof *sel->step);
   picked = mt__fnv1a(picked, sel->count, (size_t)sel->ndim * sizeof *sel->count);
-  rc = agree_before_move(&c, "indexing", src, dst, picked, out, rc, err);
+  rc = agree_before_move(&c, "indexing", src, dst, picked, 1, out, rc, err);
   if (rc != MT_OK) return rc;
   MPI_Comm comm = MPI_COMM_NULL;
   mt__exchange x = {0};

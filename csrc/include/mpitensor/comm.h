@@ -38,7 +38,8 @@ typedef struct mt_request mt_request;
  * on elements of `dtype`, from `src` to `dst`. Intermediate steps use buffers the
  * call allocates and frees. A plan without steps moves nothing and leaves `dst`
  * untouched: `src` already holds the result, and callers use it as it is. When
- * the global tensor holds at least MT_AGREE_MIN_BYTES (agree.h), the members first
+ * the global tensor holds at least MT_AGREE_MIN_BYTES (agree.h) and a step
+ * communicates (not only local cuts, which gain no collective), the members first
  * agree (mt_agree, one small all-reduce) that each passed its checks with the same
  * layouts and dtype and has its `dst`: `dst` may be NULL for a non-empty box when
  * the caller could not allocate it, and then every member returns MT_ENOMEM with
