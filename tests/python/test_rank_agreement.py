@@ -164,3 +164,25 @@ def test_an_indexing_allocation_failing_on_one_rank_raises_memory_error_everywhe
     assert got == ("MemoryError", "indexing: a rank of the mesh could not allocate its "
                    f"shard of {(2**25 - 1) * 8} bytes"), got
     still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_a_distribute_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh):
+    """distribute_tensor of a (2**25,) float64 array as Shard(0): rank 0, capped,
+    cannot allocate its shard; every rank raises MemoryError in the agreement the
+    scatter starts with."""
+    import resource
+
+    full = np.empty(2**25)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if RANK == 0:
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 16 * 2**20, hard))
+    try:
+        got = outcome(lambda: mt.distribute_tensor(full, mesh, [Shard(0)]))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    got = same_everywhere(got)
+    assert got == ("MemoryError", "distribute_tensor: a rank of the mesh could not "
+                   f"allocate its shard of {-(-2**25 // N) * 8} bytes"), got
+    still_in_step()
