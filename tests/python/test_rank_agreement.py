@@ -7,6 +7,8 @@ Meshes and distribute_tensor sources that differ between ranks are in
 test_bad_input.py's RANK_DEPENDENT table. Runs at 1..4 ranks; the disagreements
 need at least two."""
 
+import resource
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -94,8 +96,10 @@ def test_rank_dependent_placements_of_a_large_tensor_raise_everywhere_without_ch
 @many
 @pytest.mark.timeout(60)
 def test_from_local_of_uneven_shards_without_shape_raises_everywhere(mesh):
-    """torch.chunk's shards of 2 * (4 * N) - 1 rows, without shape=: each rank's
-    global shape is its own shard times the mesh size, so the ranks disagree."""
+    """Shards of 2**21 // N rows of 8 float64 (16 MiB in all), the last one row
+    short, without shape=: each rank's global shape is its own shard times the mesh
+    size, so the ranks disagree (it used to be MPI_ERR_TRUNCATE on one rank, garbage
+    or a hang)."""
     rows = 2**21 // N
     local = np.zeros((rows - 1 if LAST else rows, 8))
     x = mt.DTensor.from_local(local, mesh, [Shard(0)])
@@ -129,8 +133,6 @@ def test_an_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh, 
     it uses, so only its allocation fails (it used to raise alone while the others
     waited in the all-to-all forever); every rank raises MemoryError, and after a
     `try`/`except` the job goes on."""
-    import resource
-
     x = mt.empty(1, 2**25, device_mesh=mesh, placements=[Shard(1)])
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if RANK == 0:
@@ -150,8 +152,6 @@ def test_an_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh, 
 def test_an_indexing_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh):
     """x[:, 1:] of a (1, 2**25) float64 Shard(1) tensor is Replicate: every rank
     allocates the 256 MiB row, and rank 0, capped, cannot."""
-    import resource
-
     x = mt.empty(1, 2**25, device_mesh=mesh, placements=[Shard(1)])
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if RANK == 0:
@@ -172,8 +172,6 @@ def test_a_distribute_allocation_failing_on_one_rank_raises_memory_error_everywh
     """distribute_tensor of a (2**25,) float64 array as Shard(0): rank 0, capped,
     cannot allocate its shard; every rank raises MemoryError in the agreement the
     scatter starts with."""
-    import resource
-
     full = np.empty(2**25)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if RANK == 0:
