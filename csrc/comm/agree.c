@@ -1,5 +1,7 @@
-/* The agreement primitive (agree.h): the lowest failing rank and the minima of the
- * values in one MPI_Allreduce, then that rank's mt_error in one MPI_Bcast. */
+/* The agreement primitive (agree.h) over a communicator: the lowest failing rank
+ * and the minima of the values in one MPI_Allreduce, then that rank's mt_error in
+ * one MPI_Bcast. It calls nothing of the meshes, so that creating a mesh can agree
+ * (mesh.c); mt_agree, on a mesh, is in agree_mesh.c. */
 #include "mpitensor/agree.h"
 
 #include <stdio.h>
@@ -41,17 +43,13 @@ static int64_t as_signed(uint64_t u) {
   return s;
 }
 
-int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err) {
-  int64_t coord[MT_MAX_MESH_NDIM];
-  if (!mt_mesh_coordinate(mesh, coord)) return status;
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rc = mt_mesh_comm(mesh, &comm, err);
-  if (rc != MT_OK) return rc;
+int mt_agree_fingerprint_comm(MPI_Comm comm, int status, uint64_t fingerprint,
+                              mt_error *err) {
   mt_error mine = {0};
   if (err != NULL) mine = *err;
   /* min(x) and min(~x) = ~max(x): both ends of the range in one MIN reduction. */
   int64_t v[2] = {as_signed(fingerprint), ~as_signed(fingerprint)};
-  rc = mt_agree_comm(comm, status, v, 2, err);
+  int rc = mt_agree_comm(comm, status, v, 2, err);
   if (rc != MT_OK || v[0] == ~v[1]) return rc;
   int me = 0;
   MT__MPI_TRY(MPI_Comm_rank(comm, &me), "MPI_Comm_rank");
@@ -62,6 +60,6 @@ int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err) {
              "rank is not)");
   }
   if (err != NULL) *err = mine;
-  /* Only the first member "fails", so its sentence is the one every member gets. */
+  /* Only the first rank "fails", so its sentence is the one every rank gets. */
   return mt_agree_comm(comm, me == 0 ? MT_EINVAL : MT_OK, NULL, 0, err);
 }

@@ -40,4 +40,28 @@ static inline void mt__box_at(const mt_layout *layout, const int64_t *coord, int
   (void)rc;
 }
 
+/* FNV-1a of `n` bytes, continuing from `h` (start from MT__FNV_START): the
+ * fingerprints that ranks agree on (mt_agree), the same in every process. */
+#define MT__FNV_START 14695981039346656037ULL
+static inline uint64_t mt__fnv1a(uint64_t h, const void *data, size_t n) {
+  const unsigned char *p = (const unsigned char *)data;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+/* A layout's global shape and placements (the fields each placement kind uses)
+ * into an FNV-1a fingerprint. */
+static inline uint64_t mt__layout_fnv(uint64_t h, const mt_layout *l) {
+  h = mt__fnv1a(h, &l->ndim, sizeof l->ndim);
+  h = mt__fnv1a(h, l->shape, (size_t)l->ndim * sizeof *l->shape);
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    const mt_placement *p = &l->placements[m];
+    int64_t code = p->kind * 1024 + (p->kind == MT_PLACEMENT_SHARD     ? p->dim
+                                     : p->kind == MT_PLACEMENT_PARTIAL ? p->reduce_op
+                                                                       : 0);
+    h = mt__fnv1a(h, &code, sizeof code);
+  }
+  return h;
+}
+
 #endif

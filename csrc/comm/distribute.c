@@ -2,11 +2,13 @@
  * box. Shard dims are scattered first, among the ranks that hold the source's
  * replica, then Replicate dims are broadcast, so no rank receives data it does not
  * keep and no byte is scattered twice. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm-private.h"
 #include "mpi-types-private.h"
+#include "mpitensor/agree.h"
 #include "mpitensor/comm.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/pack.h"
@@ -210,6 +212,43 @@ static int spread_phase(const dist_ctx *c, const mt_layout *layout, void *local,
   return rc;
 }
 
+/* Every member passed the same global shape, dtype and placements, and could
+ * allocate its box (`local` not NULL): else each would cut the source by its own
+ * shape and the scatter would pair counts that differ (garbage on one rank,
+ * MPI_ERR_TRUNCATE on another), or one rank would leave the others waiting. */
+static int agree_on_source(const dist_ctx *c, const mt_layout *l, const void *local,
+                           mt_error *err) {
+  mt_box b;
+  my_box(c, l, -1, 0, &b);
+  int64_t bytes = mt_box_numel(&b) * c->itemsize;
+  mt_error e = {0};
+  int rc = MT_OK;
+  if (local == NULL && bytes > 0) {
+    rc = mt_error_set(&e, MT_ENOMEM,
+                      "distribute_tensor: a rank of the mesh could not allocate its "
+                      "shard of %lld bytes",
+                      (long long)bytes);
+  } else {
+    int n = snprintf(e.msg, sizeof e.msg,
+                     "distribute_tensor: the ranks of the mesh passed arrays of "
+                     "different shapes or dtypes, or different placements (the first "
+                     "rank's: shape (");
+    for (int i = 0; i < l->ndim && n > 0 && (size_t)n < sizeof e.msg; ++i) {
+      n += snprintf(e.msg + n, sizeof e.msg - (size_t)n, "%s%lld", i ? ", " : "",
+                    (long long)l->shape[i]);
+    }
+    if (n > 0 && (size_t)n < sizeof e.msg) {
+      snprintf(e.msg + n, sizeof e.msg - (size_t)n,
+               "), %lld-byte elements); every rank must pass the same global tensor",
+               (long long)c->itemsize);
+    }
+  }
+  uint64_t h = mt__layout_fnv(mt__fnv1a(MT__FNV_START, &c->dtype, sizeof c->dtype), l);
+  rc = mt_agree(c->mesh, rc, h, &e);
+  if (rc != MT_OK && err != NULL) *err = e;
+  return rc;
+}
+
 int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void *full,
                   void *local, mt_error *err) {
   dist_ctx c = {.mesh = mesh, .dtype = dtype};
@@ -229,6 +268,7 @@ int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void 
   if (!mt_mesh_coordinate(mesh, c.coord)) {
     return mt_error_set(err, MT_ESTATE, "this rank is not a member of the mesh");
   }
-  int rc = scatter_phase(&c, layout, full, local, err);
+  int rc = agree_on_source(&c, layout, local, err);
+  if (rc == MT_OK) rc = scatter_phase(&c, layout, full, local, err);
   return rc == MT_OK ? spread_phase(&c, layout, local, err) : rc;
 }

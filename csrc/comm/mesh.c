@@ -7,11 +7,13 @@
 #include "mpitensor/mesh.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm-private.h"
+#include "mpitensor/agree.h"
 #include "mpitensor/counters.h"
 
 struct mt_mesh {
@@ -35,15 +37,6 @@ struct mt_mesh {
 static atomic_llong live_comms;
 
 int64_t mt_comm_live_count(void) { return (int64_t)atomic_load(&live_comms); }
-
-int mt_mpi_error(mt_error *err, int rc, const char *what) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) {
-    strcpy(text, "unknown MPI error");
-  }
-  return mt_error_set(err, MT_EMPI, "%s failed: %s", what, text);
-}
 
 static void free_comm(MPI_Comm *comm) {
   if (*comm != MPI_COMM_NULL) {
@@ -131,6 +124,14 @@ static mt_mesh *mesh_alloc(int ndim, const int64_t *shape) {
   return m;
 }
 
+/* What every rank must pass alike: the shape and the ranks. */
+static uint64_t mesh_fingerprint(int ndim, const int64_t *shape, const int *ranks,
+                                 int64_t n) {
+  uint64_t h = mt__fnv1a(MT__FNV_START, &ndim, sizeof ndim);
+  h = mt__fnv1a(h, shape, (size_t)ndim * sizeof *shape);
+  return mt__fnv1a(h, ranks, (size_t)n * sizeof *ranks);
+}
+
 static int64_t find_linear(int me, const int *ranks, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (ranks[i] == me) return i;
@@ -150,12 +151,35 @@ static int build_comms(mt_mesh *m, MPI_Comm comm, int64_t linear, mt_error *err)
 
 int mt_mesh_create(MPI_Comm comm, int ndim, const int64_t *shape, const int *ranks,
                    mt_mesh **out, mt_error *err) {
+  return mt_mesh_create_agreed(comm, ndim, shape, ranks, MT_OK, 0, out, err);
+}
+
+int mt_mesh_create_agreed(MPI_Comm comm, int ndim, const int64_t *shape,
+                          const int *ranks, int status, uint64_t fingerprint,
+                          mt_mesh **out, mt_error *err) {
   int size = 0, me = 0;
   MT__MPI_TRY(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   MT__MPI_TRY(MPI_Comm_rank(comm, &me), "MPI_Comm_rank");
   int64_t n = 0;
-  int rc = check_args(size, ndim, shape, ranks, &n, err);
-  if (rc != MT_OK) return rc;
+  mt_error e = {0};
+  if (status != MT_OK && err != NULL) e = *err;
+  int rc = status != MT_OK ? status : check_args(size, ndim, shape, ranks, &n, &e);
+  /* A rank given another mesh would pair its splits with the others' and leave
+   * holes or a hang: every rank checks every rank's arguments, always (a mesh is
+   * made rarely, and it is one small all-reduce). */
+  if (rc == MT_OK) {
+    snprintf(e.msg, sizeof e.msg,
+             "the ranks of the communicator passed different meshes (their shapes or "
+             "rank lists differ): every rank must create the mesh with the same "
+             "arguments");
+  }
+  rc = mt_agree_fingerprint_comm(comm, rc,
+                                 rc == MT_OK ? mesh_fingerprint(ndim, shape, ranks, n) ^ fingerprint : 0,
+                                 &e);
+  if (rc != MT_OK) {
+    if (err != NULL) *err = e;
+    return rc;
+  }
   mt_mesh *m = mesh_alloc(ndim, shape);
   if (m == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   int64_t linear = find_linear(me, ranks, n);

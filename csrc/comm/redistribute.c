@@ -7,12 +7,14 @@
  * step needs besides its buffers (counts, displacements, datatypes) comes from the
  * plan's compiled part (compiled.c), built on the plan's first execution. */
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm-private.h"
 #include "exec-private.h"
 #include "mpi-types-private.h"
+#include "mpitensor/agree.h"
 #include "mpitensor/comm.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/pack.h"
@@ -438,10 +440,66 @@ static int run_steps(const exec_ctx *c, const mt_plan *plan, int from, const voi
   return rc;
 }
 
+/* Before a move of a global tensor of at least MT_AGREE_MIN_BYTES, its members
+ * agree that each got this far (its checks, its compiled counts, its destination:
+ * `dst` NULL for a non-empty box is an allocation that failed) with the same
+ * layouts, dtype and `extra` (a fingerprint of the rest of the call), so that a
+ * rank that cannot allocate (its shard of uneven ones the largest), or that was
+ * given other placements or another shape, fails every rank alike instead of
+ * leaving the others waiting. Smaller moves skip it (the all-reduce would cost a
+ * share of their time that is not negligible), and so do moves that are not
+ * `collective` (local cuts, which have no collective to leave a rank waiting in,
+ * and must not gain one): `rc` as it is, and MT_ENOMEM on this rank alone for a
+ * missing `dst`. */
+static int agree_before_move(const exec_ctx *c, const char *what, const mt_layout *from,
+                             const mt_layout *to, uint64_t extra, int collective,
+                             const void *dst, int rc, mt_error *err) {
+  if (c->itemsize == 0) return rc;
+  mt_box b;
+  int64_t numel = 1;
+  for (int i = 0; i < to->ndim; ++i) numel *= to->shape[i];
+  if (rc == MT_OK && dst == NULL) {
+    box_at(c, to, -1, 0, &b);
+    if (mt_box_numel(&b) > 0) {
+      rc = mt_error_set(err, MT_ENOMEM,
+                        "%s: a rank of the mesh could not allocate its shard of %lld "
+                        "bytes",
+                        what, (long long)(mt_box_numel(&b) * c->itemsize));
+    }
+  }
+  if (!collective || numel < MT_AGREE_MIN_BYTES / c->itemsize) return rc;
+  mt_error e = {0};
+  if (rc != MT_OK && err != NULL) e = *err;
+  if (rc == MT_OK) {
+    snprintf(e.msg, sizeof e.msg,
+             "%s: the ranks of the mesh passed different placements, global shapes or "
+             "dtypes; every rank must make the same call on the same DTensor (from_local "
+             "of uneven shards needs shape= and stride=)",
+             what);
+  }
+  uint64_t h = mt__fnv1a(MT__FNV_START, &c->dtype, sizeof c->dtype);
+  h = mt__fnv1a(mt__layout_fnv(mt__layout_fnv(h, from), to), &extra, sizeof extra);
+  rc = mt_agree(c->mesh, rc, h, &e);
+  if (rc != MT_OK && err != NULL) *err = e;
+  return rc;
+}
+
+/* agree_before_move for a plan: its first source and last target layouts;
+ * collective unless every step is a local cut. */
+static int agree_before_run(const exec_ctx *c, const mt_plan *plan, const void *dst,
+                            int rc, mt_error *err) {
+  int n = mt_plan_nsteps(plan), communicates = 0;
+  for (int i = 0; i < n; ++i) communicates |= mt_plan_step(plan, i)->kind != MT_STEP_CHUNK;
+  if (n == 0) return rc;
+  return agree_before_move(c, "redistribute", &mt_plan_step(plan, 0)->src,
+                           &mt_plan_step(plan, n - 1)->dst, 0, communicates, dst, rc, err);
+}
+
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
                     void *dst, mt_error *err) {
   exec_ctx c;
   int rc = ctx_init(&c, mesh, plan, dtype, 0, err);
+  rc = agree_before_run(&c, plan, dst, rc, err);
   if (rc == MT_OK) rc = run_steps(&c, plan, 0, src, NULL, dst, err);
   ctx_free(&c);
   return rc;
@@ -484,6 +542,12 @@ int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selectio
   exec_ctx c;
   int rc = ctx_base(&c, mesh, dtype, err);
   if (rc == MT_OK) rc = check_mesh_shape(mesh, src, err);
+  if (rc == MT_ESTATE) return rc; /* not a member: no agreement to take part in */
+  uint64_t picked = mt__fnv1a(MT__FNV_START, &sel->ndim, sizeof sel->ndim);
+  picked = mt__fnv1a(picked, sel->start, (size_t)sel->ndim * sizeof *sel->start);
+  picked = mt__fnv1a(picked, sel->step, (size_t)sel->ndim * sizeof *sel->step);
+  picked = mt__fnv1a(picked, sel->count, (size_t)sel->ndim * sizeof *sel->count);
+  rc = agree_before_move(&c, "indexing", src, dst, picked, 1, out, rc, err);
   if (rc != MT_OK) return rc;
   MPI_Comm comm = MPI_COMM_NULL;
   mt__exchange x = {0};
@@ -547,6 +611,7 @@ int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
   r->plan = plan, r->src = src, r->dst = dst;
   pending_init(&r->p, NULL, 0, NULL, NULL, NULL);
   int rc = ctx_init(&r->ctx, mesh, plan, dtype, 1, err);
+  rc = agree_before_run(&r->ctx, plan, dst, rc, err);
   if (rc == MT_OK) rc = start_async(r, err);
   if (rc != MT_OK) {
     request_free(r);

@@ -66,6 +66,15 @@ PyArrayObject *mt_ext_contiguous(PyObject *obj);
  * RuntimeError) with the core's message, and returns NULL. */
 PyObject *mt_ext_raise(int code, const mt_error *err);
 
+/* The status that mt_ext_raise turns back into the exception class `kind` (or its
+ * closest base; MT_ESTATE, a RuntimeError, for any other), so that an exception
+ * can travel through an agreement. */
+int mt_ext_status_of(PyObject *kind);
+
+/* `text` (a str) as UTF-8 in err->msg, cut at a character boundary; -1 with an
+ * exception when it is not a str. */
+int mt_ext_set_message(mt_error *err, PyObject *text);
+
 /* Reads a tuple or list of ints into `out` (at most `cap` of them); sets *n.
  * Returns 0, or -1 with a Python exception set that names `what`. */
 int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what);

@@ -5,40 +5,6 @@
 
 #include "mpitensor/agree.h"
 
-/* The status that mt_ext_raise turns back into `kind` (or its closest base). The
- * subclasses come before their bases: NotImplementedError is a RuntimeError. */
-static int status_of(PyObject *kind) {
-  static const struct {
-    int code;
-    PyObject **type;
-  } table[] = {
-      {MT_ENOMEM, &PyExc_MemoryError},
-      {MT_ENOTSUP, &PyExc_NotImplementedError},
-      {MT_EOVERFLOW, &PyExc_OverflowError},
-      {MT_EINDEX, &PyExc_IndexError},
-      {MT_ETYPE, &PyExc_TypeError},
-      {MT_EINVAL, &PyExc_ValueError},
-      {MT_EIO, &PyExc_OSError},
-  };
-  for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i) {
-    if (PyObject_IsSubclass(kind, *table[i].type) == 1) return table[i].code;
-  }
-  PyErr_Clear();
-  return MT_ESTATE;
-}
-
-/* `text` as UTF-8 in err->msg, cut at a character boundary if it is too long. */
-static int set_message(mt_error *err, PyObject *text) {
-  Py_ssize_t len = 0;
-  const char *utf8 = PyUnicode_AsUTF8AndSize(text, &len);
-  if (utf8 == NULL) return -1;
-  size_t n = (size_t)len < sizeof err->msg - 1 ? (size_t)len : sizeof err->msg - 1;
-  while (n > 0 && n < (size_t)len && ((unsigned char)utf8[n] & 0xC0) == 0x80) --n;
-  memcpy(err->msg, utf8, n);
-  err->msg[n] = '\0';
-  return 0;
-}
-
 /* agree(mesh, ok, fingerprint, message[, error]) -> None. Collective on the mesh. */
 static PyObject *agree(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 4 && nargs != 5) {
@@ -61,8 +27,8 @@ static PyObject *agree(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     return PyErr_Format(PyExc_TypeError, "agree: error must be an exception class");
   }
   mt_error err = {0};
-  if (set_message(&err, args[3]) < 0) return NULL;
-  int status = ok ? MT_OK : status_of(kind), rc;
+  if (mt_ext_set_message(&err, args[3]) < 0) return NULL;
+  int status = ok ? MT_OK : mt_ext_status_of(kind), rc;
   Py_BEGIN_ALLOW_THREADS
   rc = mt_agree(mesh, status, (uint64_t)fp, &err);
   Py_END_ALLOW_THREADS

@@ -76,10 +76,26 @@ static int mpi4py_ready(void) {
   return 1;
 }
 
-/* Mesh(comm, shape, ranks): collective on comm. `ranks` is the flattened mesh. */
+/* Mesh(comm, shape, ranks[, fingerprint, failure]): collective on comm. `ranks` is
+ * the flattened mesh; `fingerprint` (an int, mod 2**64) of what else every rank
+ * must pass alike, and `failure`, this rank's exception from its own checks or
+ * None, are agreed on with the shape and the ranks (mt_mesh_create_agreed). */
 static PyObject *mesh_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
-  PyObject *comm_obj, *shape_obj, *ranks_obj;
-  if (!PyArg_ParseTuple(args, "OOO:Mesh", &comm_obj, &shape_obj, &ranks_obj)) return NULL;
+  PyObject *comm_obj, *shape_obj, *ranks_obj, *fp_obj = NULL, *failure = Py_None;
+  if (!PyArg_ParseTuple(args, "OOO|OO:Mesh", &comm_obj, &shape_obj, &ranks_obj, &fp_obj,
+                        &failure))
+    return NULL;
+  unsigned long long fp = fp_obj == NULL ? 0 : PyLong_AsUnsignedLongLongMask(fp_obj);
+  if (fp == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  mt_error err = {0};
+  int status = MT_OK;
+  if (failure != Py_None) {
+    PyObject *text = PyObject_Str(failure);
+    int bad = text == NULL || mt_ext_set_message(&err, text) < 0;
+    Py_XDECREF(text);
+    if (bad) return NULL;
+    status = mt_ext_status_of((PyObject *)Py_TYPE(failure));
+  }
   if (!mpi4py_ready()) return NULL;
   MPI_Comm *comm = PyMPIComm_Get(comm_obj);
   if (comm == NULL) return NULL;
@@ -94,16 +110,15 @@ static PyObject *mesh_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
   int64_t numel = 1;
   for (int d = 0; d < ndim; ++d) numel *= shape[d];
   mt_mesh *mesh = NULL;
-  mt_error err = {0};
-  int rc = MT_EINVAL;
-  snprintf(err.msg, sizeof err.msg, "the mesh has %lld ranks but its shape needs %lld",
-           (long long)PyArray_SIZE(ranks), (long long)numel);
-  if (PyArray_SIZE(ranks) == numel) {
-    const int *r = (const int *)PyArray_DATA(ranks);
-    Py_BEGIN_ALLOW_THREADS
-    rc = mt_mesh_create(*comm, ndim, shape, r, &mesh, &err);
-    Py_END_ALLOW_THREADS
+  if (status == MT_OK && PyArray_SIZE(ranks) != numel) {
+    status = mt_error_set(&err, MT_EINVAL, "the mesh has %lld ranks but its shape needs %lld",
+                          (long long)PyArray_SIZE(ranks), (long long)numel);
   }
+  const int *r = (const int *)PyArray_DATA(ranks);
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_mesh_create_agreed(*comm, ndim, shape, r, status, (uint64_t)fp, &mesh, &err);
+  Py_END_ALLOW_THREADS
   Py_DECREF(ranks);
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
   /* Every mesh (and its slices) counts into the module's counters, which

@@ -166,6 +166,7 @@ typedef struct call_args {
   PyArrayObject *src;
   PyArrayObject *dst;
   int dtype;
+  int no_memory; /* dst could not be allocated: the executor agrees on that */
 } call_args;
 
 /* Checks `local` against the plan's source layout and allocates the destination
@@ -183,7 +184,13 @@ static int prepare_run(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
   if (check_local(c->src, &sb) < 0) return -1;
   if (mt_plan_nsteps(plan) == 0) return 0;
   c->dst = new_box_array(module, &tb, c->src);
-  return c->dst == NULL ? -1 : 0;
+  /* A rank that cannot allocate its box still takes part, with no buffer, in the
+   * agreement the executor starts with, so that every rank raises MemoryError. */
+  if (c->dst == NULL && PyErr_ExceptionMatches(PyExc_MemoryError)) {
+    PyErr_Clear();
+    c->no_memory = 1;
+  }
+  return c->dst == NULL && !c->no_memory ? -1 : 0;
 }
 
 /* Parses (mesh, plan, array) for prepare_run. */
@@ -211,12 +218,13 @@ static void release(call_args *c) {
 
 /* Runs a prepared plan, blocking; the new local array, or NULL with an exception. */
 static PyObject *execute(call_args *c) {
-  if (c->dst == NULL) return (PyObject *)c->src; /* no step: the data is already there */
+  /* No step: the data is already there. */
+  if (c->dst == NULL && !c->no_memory) return (PyObject *)c->src;
   mt_error err = {0};
   int rc;
+  void *dst = c->dst != NULL ? PyArray_DATA(c->dst) : NULL;
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_redistribute(c->mesh, c->plan, c->dtype, PyArray_DATA(c->src),
-                       PyArray_DATA(c->dst), &err);
+  rc = mt_redistribute(c->mesh, c->plan, c->dtype, PyArray_DATA(c->src), dst, &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) {
     release(c);
@@ -296,12 +304,13 @@ static PyObject *redistribute_start(PyObject *module, PyObject *const *args,
   Py_INCREF(args[1]);
   self->mesh = args[0], self->plan = args[1], self->src = (PyObject *)c.src;
   self->dst = c.dst != NULL ? (PyObject *)c.dst : Py_NewRef((PyObject *)c.src);
-  if (c.dst == NULL) return (PyObject *)self;
+  if (c.dst == NULL && !c.no_memory) return (PyObject *)self;
   mt_error err = {0};
   int rc;
+  void *dst = c.dst != NULL ? PyArray_DATA(c.dst) : NULL;
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_redistribute_start(c.mesh, c.plan, c.dtype, PyArray_DATA(c.src),
-                             PyArray_DATA(c.dst), &self->req, &err);
+  rc = mt_redistribute_start(c.mesh, c.plan, c.dtype, PyArray_DATA(c.src), dst,
+                             &self->req, &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) {
     Py_DECREF(self);
@@ -380,12 +389,15 @@ static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t 
   Py_XDECREF(shape);
   Py_XDECREF(mesh_shape);
   if (ok) local = new_box_array(module, &box, full);
-  if (local != NULL) {
+  /* A rank that cannot allocate its shard still takes part, with no buffer, in
+   * the agreement mt_distribute starts with, so every rank raises MemoryError. */
+  if (ok && local == NULL && PyErr_ExceptionMatches(PyExc_MemoryError)) PyErr_Clear();
+  if (ok && !PyErr_Occurred()) {
     mt_error err = {0};
     int rc;
+    void *out = local != NULL ? PyArray_DATA(local) : NULL;
     Py_BEGIN_ALLOW_THREADS
-    rc = mt_distribute(mesh, &layout, mt_ext_dtype(full), PyArray_DATA(full),
-                       PyArray_DATA(local), &err);
+    rc = mt_distribute(mesh, &layout, mt_ext_dtype(full), PyArray_DATA(full), out, &err);
     Py_END_ALLOW_THREADS
     if (rc != MT_OK) {
       Py_CLEAR(local);
@@ -498,18 +510,26 @@ static PyObject *select_exchange(PyObject *module, PyObject *const *args,
   mt_selection_image(&sel, &sb, &image);
   PyArrayObject *in = mt_ext_contiguous(args[7]);
   if (in == NULL) return NULL;
-  PyArrayObject *out = check_local(in, &image) < 0 ? NULL : new_box_array(module, &tb, in);
-  if (out == NULL) {
+  if (check_local(in, &image) < 0) {
     Py_DECREF(in);
     return NULL;
   }
+  PyArrayObject *out = new_box_array(module, &tb, in);
+  /* A rank that cannot allocate its box takes part in the agreement the exchange
+   * starts with, with no buffer, so that every rank raises MemoryError. */
+  if (out == NULL && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+    Py_DECREF(in);
+    return NULL;
+  }
+  PyErr_Clear();
+  void *buf = out != NULL ? PyArray_DATA(out) : NULL;
   Py_BEGIN_ALLOW_THREADS
   rc = mt_selection_exchange(mesh, &src, &sel, &dst, mt_ext_dtype(in), PyArray_DATA(in),
-                             PyArray_DATA(out), &err);
+                             buf, &err);
   Py_END_ALLOW_THREADS
   Py_DECREF(in);
   if (rc == MT_OK) return (PyObject *)out;
-  Py_DECREF(out);
+  Py_XDECREF(out);
   return mt_ext_raise(rc, &err);
 }
 

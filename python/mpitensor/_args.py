@@ -80,23 +80,50 @@ def check_dtype(dtype) -> np.dtype:
     return dt
 
 
+def _ints(values, what: str) -> tuple[int, ...]:
+    """The one rule for sizes, shapes and strides: Python or NumPy ints, never a
+    bool or a float (2.5 would be truncated silently), else TypeError."""
+    try:
+        values = tuple(values)
+    except TypeError as e:
+        raise TypeError(f"{what} must be a sequence of ints, got {values!r}") from e
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{what} must be ints, got {values!r}")
+    return tuple(int(v) for v in values)
+
+
 def parse_size(size) -> tuple[int, ...]:
     """Factory sizes given as varargs ints or one list/tuple, like torch."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = tuple(size[0])
-    for s in size:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-            raise TypeError(f"size must be ints, got {size!r}")
-        if s < 0:
-            raise ValueError(f"negative dimension in size {tuple(size)}")
-    return tuple(int(s) for s in size)
+    size = _ints(size, "size")
+    if any(s < 0 for s in size):
+        raise ValueError(f"negative dimension in size {size}")
+    return size
 
 
 def check_shape(shape, ndim: int) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(s) for s in shape)
-    except TypeError as e:
-        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from e
+    """from_local's ``shape=``: ints (as the factories' sizes), one per local dim."""
+    shape = _ints(shape, "shape")
     if len(shape) != ndim or any(s < 0 for s in shape):
         raise ValueError(f"shape {shape} does not fit a local tensor with {ndim} dims")
     return shape
+
+
+def check_stride(stride, ndim: int) -> tuple[int, ...]:
+    """from_local's ``stride=``: ints, one per dim of ``shape``."""
+    stride = _ints(stride, "stride")
+    if len(stride) != ndim:
+        raise ValueError(f"stride {stride} does not match a shape with {ndim} dims")
+    return stride
+
+
+def reject_masked(array, what: str) -> None:
+    """A numpy.ma.MaskedArray would lose its mask (a DTensor has none): TypeError."""
+    if isinstance(array, np.ma.MaskedArray):
+        raise TypeError(
+            f"{what} does not take a numpy.ma.MaskedArray: a DTensor has no mask, so "
+            f"the mask would be lost; pass array.filled(value) or array.data and the "
+            f"mask as a second (bool) DTensor"
+        )

@@ -38,6 +38,7 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
     """
     if isinstance(tensor, DTensor):
         return _already_distributed(tensor, device_mesh, placements)
+    _args.reject_masked(tensor, "distribute_tensor")
     array = np.asarray(tensor)
     dtype = _args.check_dtype(array.dtype)
     mesh = _args.resolve_mesh(device_mesh)

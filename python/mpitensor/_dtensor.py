@@ -171,6 +171,7 @@ class DTensor(_C.DTensorBase):
             raise TypeError(
                 f"from_local takes a NumPy ndarray, got {type(local_tensor).__name__}"
             )
+        _args.reject_masked(local_tensor, "DTensor.from_local")
         dtype = _args.check_dtype(local_tensor.dtype)
         mesh = _args.resolve_mesh(device_mesh)
         pl = _args.normalize_placements(placements, mesh, local_tensor.ndim)
@@ -254,6 +255,8 @@ class DTensor(_C.DTensorBase):
             local = local.astype(dtype, copy=False)
         spec = DTensorSpec(mesh, dst, self._spec.shape, dtype, self._spec.stride)
         if dst == src or mesh._coordinate is None:
+            if _modes.tracing and mesh._coordinate is not None:
+                _trace.unmoved("DTensor.redistribute", mesh, dst, spec.shape, dtype)
             return DTensor(local, spec)
         if _modes.tracing:
             _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
@@ -424,10 +427,7 @@ def _global_shape_and_stride(local, mesh, placements, shape, stride):
         )
     if shape is not None:
         gshape = _args.check_shape(shape, local.ndim)
-        gstride = tuple(int(s) for s in stride)
-        if len(gstride) != len(gshape):
-            raise ValueError(f"stride {gstride} does not match shape {gshape}")
-        return gshape, gstride
+        return gshape, _args.check_stride(stride, len(gshape))
     gshape = tuple(_C.even_global_shape(local.shape, mesh.shape, _codes(placements)))
     return gshape, contiguous_strides(gshape)
 
@@ -445,11 +445,10 @@ def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool)
     for d in range(mesh.ndim):
         mesh._handle.bcast(root, d)
     problem = _meta_problem(local, spec, mine, root, shape_given)
-    if mesh._handle.any(problem is not None):
-        raise ValueError(
-            "DTensor.from_local(run_check=True): the local tensors do not fit one "
-            "global tensor: " + (problem or "another rank's local tensor differs")
-        )
+    # The first rank that found a problem tells every rank what it is.
+    _C.agree(mesh._handle, problem is None, 0,
+             "DTensor.from_local(run_check=True): the local tensors do not fit one "
+             "global tensor: " + (problem or ""), ValueError)
     copied = False
     for d, p in enumerate(spec.placements):
         if p.is_replicate() and mesh.shape[d] > 1:

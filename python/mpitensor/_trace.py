@@ -11,7 +11,8 @@ three off a hot path pays one attribute test::
         _trace.redistribute("DTensor.redistribute", mesh, plan, shape, dtype)
 
 Hook sites: ``DTensor.redistribute`` and ``_ops._dispatch.local_inputs`` (plan
-execution), ``distribute_tensor`` and ``DTensor.from_local(run_check=True)`` (other
+execution; ``unmoved`` for an explicit redistribute to its own placements),
+``distribute_tensor`` and ``DTensor.from_local(run_check=True)`` (other
 collectives), ``_ops._dispatch``'s decide functions (sharding decisions),
 ``_ops._shape.permute`` (views) and nn.functional's local layouts (``local``).
 While ``_modes.tracing`` is set the C dispatch takes the Python entry for every
@@ -52,9 +53,11 @@ def redistribute(what: str, mesh, plan, shape, dtype) -> None:
     if not explicit:
         what = f"{_current_op}: redistribute an input" if _current_op else "redistribute"
     communicates = any(s[0] != "chunk" for s in steps)
-    text = (f"{what} {placements_text(src)} -> {placements_text(dst)}, shape "
-            f"{tuple(shape)}, {dtype_text(dtype)}")
-    if _modes.checks and communicates:
+    text = _redistribute_text(what, src, dst, shape, dtype)
+    # An explicit redistribute is checked even when this rank's move is local: on
+    # another rank the same call may communicate (its placements differ), and would
+    # wait in its check for a rank that never comes.
+    if _modes.checks and (communicates or explicit):
         _modes.checker(text, mesh)
     if _modes.log_debug:
         parts = ", ".join(f"{s[0]}(mesh dim {s[1]}, {s[4]} B)" if s[1] >= 0
@@ -64,6 +67,18 @@ def redistribute(what: str, mesh, plan, shape, dtype) -> None:
                   parts or "no step")
     for listener in _modes.listeners:
         listener._record_redistribute(explicit, mesh, steps, shape, src)
+
+
+def unmoved(what: str, mesh, placements, shape, dtype) -> None:
+    """Right before an explicit redistribute returns without a plan (the target is
+    the source): checked as any redistribute, for the same reason as a local one."""
+    if _modes.checks:
+        _modes.checker(_redistribute_text(what, placements, placements, shape, dtype), mesh)
+
+
+def _redistribute_text(what, src, dst, shape, dtype) -> str:
+    return (f"{what} {placements_text(src)} -> {placements_text(dst)}, shape "
+            f"{tuple(shape)}, {dtype_text(dtype)}")
 
 
 def _plan_placements(mesh, plan, steps):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import weakref
+import zlib
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -117,12 +118,20 @@ def _check_ranks(arr: np.ndarray, comm_size: int) -> None:
         raise ValueError(f"mesh ranks must be distinct, got {arr.tolist()}")
 
 
+def _fingerprint(device_type, names) -> int:
+    """What every rank must pass alike besides the ranks (which the C core hashes),
+    hashed the same in every process (Python's str hash is salted)."""
+    text = repr((device_type, names)).encode()
+    return zlib.crc32(text) | zlib.adler32(text) << 32
+
+
 class DeviceMesh(_C.MeshBase):
     """An n-D array of ranks of an MPI communicator, with one communicator per dim.
 
     Collective on ``comm`` (default ``MPI.COMM_WORLD``): every rank of ``comm``
-    constructs it with the same arguments, members or not. A rank that is not in
-    ``mesh`` gets a mesh whose :meth:`get_coordinate` is None.
+    constructs it with the same arguments, members or not (checked: otherwise every
+    rank raises the same ValueError). A rank that is not in ``mesh`` gets a mesh
+    whose :meth:`get_coordinate` is None.
 
     Example (run with ``mpiexec -n 4``)::
 
@@ -132,13 +141,33 @@ class DeviceMesh(_C.MeshBase):
     """
 
     def __init__(self, device_type: str, mesh, *, mesh_dim_names=None, comm=None):
-        _check_device_type(device_type)
-        arr = _as_rank_array(mesh)
-        names = _check_names(mesh_dim_names, arr.ndim)
+        self._create(device_type, lambda: mesh, mesh_dim_names, comm)
+
+    def _create(self, device_type, ranks, mesh_dim_names, comm) -> None:
+        """Checks (``ranks()`` gives the rank array, checking its own arguments),
+        agrees and builds. Collective on ``comm``."""
         comm = _world() if comm is None else comm
-        _check_ranks(arr, comm.Get_size())
         _mpi_library.check_mpi_library()  # before _C sees an mpi4py communicator
-        self._init(device_type, arr, names, _C.Mesh(comm, arr.shape, arr.ravel().astype(np.intc)), comm)
+        # A rank given other arguments than the rest would leave them waiting, or
+        # make a mesh that pairs other ranks: every rank's checks and arguments
+        # are agreed on in the creation's first all-reduce (mt_mesh_create_agreed),
+        # so every rank raises the first failing rank's error.
+        try:
+            _check_device_type(device_type)
+            arr = _as_rank_array(ranks())
+            names = _check_names(mesh_dim_names, arr.ndim)
+            _check_ranks(arr, comm.Get_size())
+            failure = None
+        except (TypeError, ValueError, RuntimeError) as e:
+            arr, names, failure = np.zeros(1, np.int64), None, e
+        try:
+            handle = _C.Mesh(comm, arr.shape, arr.ravel().astype(np.intc),
+                             _fingerprint(device_type, names), failure)
+        except (TypeError, ValueError, RuntimeError) as e:
+            if failure is not None and str(e) == str(failure):
+                raise failure from None
+            raise
+        self._init(device_type, arr, names, handle, comm)
 
     def _init(self, device_type, arr, names, handle, comm) -> None:
         self.device_type = device_type
@@ -362,7 +391,10 @@ def init_device_mesh(device_type: str, mesh_shape: Iterable[int], *,
                      mesh_dim_names=None, comm=None) -> DeviceMesh:
     """A mesh of shape ``mesh_shape`` over ranks ``0..prod(mesh_shape)-1`` of ``comm``.
 
-    Collective on ``comm`` (default ``MPI.COMM_WORLD``).
+    Collective on ``comm`` (default ``MPI.COMM_WORLD``). Every rank must pass the
+    same arguments: they are checked on every rank (one small all-reduce), and a
+    rank that passed another shape or other names makes every rank raise the same
+    ValueError, as a bad argument on one rank raises its error on every rank.
 
     Example (``mpiexec -n 4``)::
 
@@ -370,15 +402,18 @@ def init_device_mesh(device_type: str, mesh_shape: Iterable[int], *,
         >>> mesh.shape
         (2, 2)
     """
-    _check_device_type(device_type)
-    shape = tuple(mesh_shape) if not isinstance(mesh_shape, int) else (mesh_shape,)
-    for s in shape:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
-            raise ValueError(f"mesh_shape must hold positive ints, got {shape}")
-    if mesh_dim_names is not None:
-        _check_names(mesh_dim_names, len(shape))
-    ranks = np.arange(math.prod(shape)).reshape(shape)
-    return DeviceMesh(device_type, ranks, mesh_dim_names=mesh_dim_names, comm=comm)
+    def ranks():
+        shape = tuple(mesh_shape) if not isinstance(mesh_shape, int) else (mesh_shape,)
+        for s in shape:
+            if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
+                raise ValueError(f"mesh_shape must hold positive ints, got {shape}")
+        if mesh_dim_names is not None:
+            _check_names(mesh_dim_names, len(shape))
+        return np.arange(math.prod(shape)).reshape(shape)
+
+    mesh = DeviceMesh.__new__(DeviceMesh)
+    mesh._create(device_type, ranks, mesh_dim_names, comm)
+    return mesh
 
 
 # The C base's memo and layout table take their bounds from here.

@@ -126,6 +126,44 @@ static void test_outsiders(void) {
   mt_mesh_destroy(m);
 }
 
+/* Creating a mesh agrees on every rank's arguments: another shape or rank order on
+ * the last rank, or a check that fails there only, or a caller's verdict or
+ * fingerprint that differs, is the same status and message on every rank, and no
+ * mesh is made; equal arguments make the mesh as before. */
+static void test_mesh_creation(void) {
+  int ranks[64], reversed[64];
+  for (int i = 0; i < world_size; ++i) ranks[i] = i, reversed[i] = world_size - 1 - i;
+  int last = world_rank == world_size - 1;
+  int64_t flat[1] = {world_size}, grid[2] = {1, world_size};
+  mt_mesh *m = NULL;
+  mt_error err = {0};
+  int rc = mt_mesh_create(MPI_COMM_WORLD, last ? 2 : 1, last ? grid : flat, ranks, &m, &err);
+  if (world_size > 1) {
+    CHECK_MSG(rc == MT_EINVAL && m == NULL && strstr(err.msg, "different meshes") != NULL,
+              "%s '%s'", mt_status_name(rc), err.msg);
+    rc = mt_mesh_create(MPI_COMM_WORLD, 1, flat, last ? reversed : ranks, &m, &err);
+    CHECK(rc == MT_EINVAL && m == NULL);
+    int dup[64];
+    memcpy(dup, ranks, sizeof dup);
+    dup[0] = last ? 1 : 0; /* rank 1 twice, on the last rank only */
+    mt_error e = {0};
+    rc = mt_mesh_create(MPI_COMM_WORLD, 1, flat, dup, &m, &e);
+    CHECK_MSG(rc == MT_EINVAL && m == NULL && strstr(e.msg, "appears twice") != NULL,
+              "'%s'", e.msg);
+    mt_error mine = {0};
+    if (world_rank == 1) mt_error_set(&mine, MT_ETYPE, "names are not str");
+    rc = mt_mesh_create_agreed(MPI_COMM_WORLD, 1, flat, ranks,
+                               world_rank == 1 ? MT_ETYPE : MT_OK, 0, &m, &mine);
+    CHECK(rc == MT_ETYPE && m == NULL && strcmp(mine.msg, "names are not str") == 0);
+    rc = mt_mesh_create_agreed(MPI_COMM_WORLD, 1, flat, ranks, MT_OK,
+                               (uint64_t)last, &m, NULL);
+    CHECK(rc == MT_EINVAL && m == NULL);
+  }
+  CHECK(mt_mesh_create_agreed(MPI_COMM_WORLD, 1, flat, ranks, MT_OK, 9, &m, NULL) == MT_OK);
+  CHECK(mt_agree(m, MT_OK, 1, NULL) == MT_OK);
+  mt_mesh_destroy(m);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -142,6 +180,7 @@ int main(int argc, char **argv) {
   test_values();
   test_slices();
   test_outsiders();
+  test_mesh_creation();
   mt_mesh_destroy(m);
   int failed = mt_test_failures;
   MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -5,6 +5,7 @@ Three tables: CASES (each call raises), WORKS (unusual but valid arrays, such as
 non-contiguous, read-only, NaN and empty ones, give what NumPy gives) and DISAGREE
 (one rank passes something else to a run_check=True call: every rank raises)."""
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -65,6 +66,14 @@ CASES = [
      "both"),
     ("shape_of_wrong_length",
      lambda m: from_local(X, m.world, shape=(4,), stride=(1,)), ValueError, None),
+    ("float_shape", lambda m: from_local(X, m.world, [Shard(0)], shape=(2.5, 2),
+                                         stride=(2, 1)), TypeError, "ints"),
+    ("float_stride", lambda m: from_local(X, m.world, [Shard(0)], shape=(2 * N, 2),
+                                          stride=(2.0, 1)), TypeError, "ints"),
+    ("bool_shape", lambda m: from_local(X, m.world, shape=(True, 2), stride=(2, 1)),
+     TypeError, "ints"),
+    ("masked_local", lambda m: from_local(np.ma.masked_array(X, mask=X > 0), m.world),
+     TypeError, "MaskedArray"),
     # factories
     ("zeros_negative_size", lambda m: mt.zeros(-1, device_mesh=m.world), ValueError,
      "negative"),
@@ -162,6 +171,9 @@ CASES = [
      "object"),
     ("distribute_str_dtype", lambda m: distribute_tensor(np.array(["a", "b"]), m.world),
      TypeError, None),
+    ("distribute_masked",
+     lambda m: distribute_tensor(np.ma.masked_array(X, mask=X > 0), m.world, [Shard(0)]),
+     TypeError, "MaskedArray"),
     ("distribute_shard_dim_out_of_range",
      lambda m: distribute_tensor(X, m.world, [Shard(2)]), IndexError, None),
     ("distribute_wrong_number_of_placements",
@@ -223,14 +235,50 @@ def test_raises_on_every_rank(case, m, comm):
     assert outcomes == [True] * N
 
 
+# Cases that create a mesh on MPI.COMM_WORLD, and the good call the other ranks
+# make: creating a mesh is collective, and every rank checks every rank's arguments
+# before any communicator is made, so a bad argument on one rank raises its error
+# on every rank.
+MESH_CASES = {
+    "init_device_mesh_cuda", "init_mesh_larger_than_comm", "mesh_shape_zero",
+    "mesh_shape_negative", "duplicate_mesh_dim_names", "too_few_mesh_dim_names",
+    "mesh_dim_names_a_string", "device_mesh_cuda", "mesh_larger_than_comm",
+    "mesh_rank_out_of_range", "mesh_rank_negative", "mesh_of_floats", "mesh_without_ranks",
+    "duplicate_mesh_dim_names_device_mesh", "too_many_mesh_dim_names", "duplicate_ranks",
+    "duplicate_ranks_2d"}
+
+
+def good_mesh(case_id):
+    if case_id.startswith("init") or case_id in ("mesh_shape_zero", "mesh_shape_negative",
+                                                 "duplicate_mesh_dim_names",
+                                                 "too_few_mesh_dim_names",
+                                                 "mesh_dim_names_a_string"):
+        return init_device_mesh("cpu", (1, N), mesh_dim_names=None)
+    return DeviceMesh("cpu", list(range(N)))
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] not in MESH_CASES],
+                         ids=[i for i in IDS if i not in MESH_CASES])
 def test_raises_before_any_communication(case, m, comm):
     """Only the last rank makes the bad call. Had it communicated before raising,
     it would wait for ranks that never join, while they wait in the allgather."""
     _, call, exc, _ = case
     outcome = raised(lambda: call(m), exc) if RANK == N - 1 else None
     assert comm.allgather(outcome)[-1] is True
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(N < 2, reason="needs a second rank to disagree with")
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in MESH_CASES],
+                         ids=[i for i in IDS if i in MESH_CASES])
+def test_a_bad_mesh_on_one_rank_raises_on_every_rank(case, m, comm):
+    """Only the last rank passes the bad arguments; the others create a good mesh
+    (of another shape for init_device_mesh's cases), and get the last rank's error."""
+    case_id, call, exc, match = case
+    bad = RANK == N - 1
+    outcome = raised(lambda: call(m) if bad else good_mesh(case_id), exc, match)
+    assert comm.allgather(outcome) == [True] * N
 
 
 def _readonly(a):
@@ -325,6 +373,65 @@ def test_run_check_raises_on_every_rank_when_ranks_disagree(case, m, comm):
     _, call = case
     outcome = raised(lambda: call(m, RANK == N - 1), ValueError, "run_check")
     assert comm.allgather(outcome) == [True] * N
+
+
+# (id, call taking the meshes and whether this rank is the odd one out, exception
+# type, regex of the message): arguments that one rank passes differently to a
+# collective call that checks them, whatever the size (a mesh's creation,
+# distribute_tensor, from_local's run_check): every rank raises the same exception
+# with the same message, where it used to hang, fill garbage or fail on one rank.
+RANK_DEPENDENT = [
+    ("mesh_shape", lambda m, odd: init_device_mesh("cpu", (N,) if odd else (1, N)),
+     ValueError, "different meshes"),
+    ("mesh_rank_list",
+     lambda m, odd: DeviceMesh("cpu", list(range(N))[::-1] if odd else list(range(N))),
+     ValueError, "different meshes"),
+    ("mesh_rank_count", lambda m, odd: DeviceMesh("cpu", [0] if odd else list(range(N))),
+     ValueError, "different meshes"),
+    ("mesh_dim_names", lambda m, odd: init_device_mesh(
+        "cpu", (N,), mesh_dim_names=("b" if odd else "a",)), ValueError, "different meshes"),
+    ("mesh_dim_names_on_one_rank", lambda m, odd: init_device_mesh(
+        "cpu", (N,), mesh_dim_names=("a",) if odd else None), ValueError, "different meshes"),
+    ("distribute_global_shape",
+     lambda m, odd: distribute_tensor(np.ones((4 * N + odd, 2)), m.world, [Shard(0)]),
+     ValueError, r"different shapes or dtypes.*shape \(\d+, 2\)"),
+    ("distribute_dtype", lambda m, odd: distribute_tensor(
+        np.ones((4 * N, 2), np.float32 if odd else np.float64), m.world, [Shard(0)]),
+     ValueError, "different shapes or dtypes"),
+    ("distribute_dtype_of_one_size", lambda m, odd: distribute_tensor(
+        np.ones((4 * N, 2), np.int32 if odd else np.float32), m.world, [Shard(0)]),
+     ValueError, "different shapes or dtypes"),
+    ("distribute_transposed", lambda m, odd: distribute_tensor(
+        np.ones((4 * N, 3) if odd else (3, 4 * N)), m.world, [Shard(0)]),
+     ValueError, "different shapes or dtypes"),
+    ("distribute_replicated_shape", lambda m, odd: distribute_tensor(
+        np.ones((2, 2 + odd)), m.grid, [Replicate(), Replicate()]),
+     ValueError, "different shapes or dtypes"),
+    ("distribute_placements", lambda m, odd: distribute_tensor(
+        np.ones((4 * N, 4 * N)), m.world, [Shard(1) if odd else Shard(0)]),
+     ValueError, "different shapes or dtypes, or different placements"),
+    ("from_local_uneven_shards_run_check", lambda m, odd: DTensor.from_local(
+        np.ones((3 if odd else 4, 2)), m.world, [Shard(0)], run_check=True),
+     ValueError, "pass shape= and stride="),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(N < 2, reason="needs a second rank to disagree with")
+@pytest.mark.parametrize("case", RANK_DEPENDENT, ids=[c[0] for c in RANK_DEPENDENT])
+def test_rank_dependent_arguments_raise_the_same_error_everywhere(case, m, comm):
+    _, call, exc, match = case
+    try:
+        call(m, RANK == N - 1)
+        got = None
+    except Exception as e:  # noqa: BLE001 - compared across ranks below
+        got = (type(e).__name__, str(e))
+    every = comm.allgather(got)
+    assert all(g == every[0] for g in every), every
+    assert every[0] is not None and every[0][0] == exc.__name__, every[0]
+    assert re.search(match, every[0][1]), every[0]
+    x = distribute_tensor(np.arange(2.0 * N), m.world, [Shard(0)])
+    assert x.full_tensor().tolist() == np.arange(2.0 * N).tolist()
 
 
 def test_library_works_after_bad_input(m, comm):

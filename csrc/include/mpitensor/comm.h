@@ -23,7 +23,10 @@ extern "C" {
  * by `src` into layout `dst` of the selection's output, as
  * mt_selection_exchange_boxes describes, with one MPI_Alltoallw: `in` holds, C
  * contiguous, the image of this rank's src box (its local array indexed by the
- * selection), `out` receives this rank's dst box. Only selected elements move. */
+ * selection), `out` receives this rank's dst box. Only selected elements move.
+ * Agrees first as mt_redistribute does (on the selection too) when the output
+ * holds at least MT_AGREE_MIN_BYTES: `out` may be NULL for a box the caller
+ * could not allocate. */
 int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selection *sel,
                           const mt_layout *dst, int dtype, const void *in, void *out,
                           mt_error *err);
@@ -34,7 +37,14 @@ typedef struct mt_request mt_request;
 /* Collective on the mesh. Runs every step of `plan` (built for this mesh's shape)
  * on elements of `dtype`, from `src` to `dst`. Intermediate steps use buffers the
  * call allocates and frees. A plan without steps moves nothing and leaves `dst`
- * untouched: `src` already holds the result, and callers use it as it is. */
+ * untouched: `src` already holds the result, and callers use it as it is. When
+ * the global tensor holds at least MT_AGREE_MIN_BYTES (agree.h) and a step
+ * communicates (not only local cuts, which gain no collective), the members first
+ * agree (mt_agree, one small all-reduce) that each passed its checks with the same
+ * layouts and dtype and has its `dst`: `dst` may be NULL for a non-empty box when
+ * the caller could not allocate it, and then every member returns MT_ENOMEM with
+ * one message (below that size, only this rank does). Intermediate buffers are
+ * allocated between steps and are not agreed on. */
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
                     void *dst, mt_error *err);
 
@@ -42,7 +52,8 @@ int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *s
  * returns: the earlier ones run to completion, the last one is posted with a
  * nonblocking MPI call, so the order in which requests are waited on never changes
  * a result. `src` and `dst` must stay valid and untouched until mt_request_wait,
- * which runs any local steps after the last collective. */
+ * which runs any local steps after the last collective. Agrees first as
+ * mt_redistribute does. */
 int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
                           const void *src, void *dst, mt_request **out, mt_error *err);
 
@@ -65,7 +76,11 @@ int64_t mt_reduce_scatter_round(const int64_t *counts, int64_t group, int64_t it
  * Shard dims are scattered first among the ranks holding the source's replica,
  * then Replicate dims are broadcast, so each byte leaves a rank once per receiver.
  * Partial(sum) and Partial(product) put the value on coordinate 0 of that dim and
- * the identity elsewhere; Partial(avg|max|min) put the value everywhere. */
+ * the identity elsewhere; Partial(avg|max|min) put the value everywhere. First the
+ * members agree (mt_agree: one small all-reduce) that they passed the same global
+ * shape, dtype and placements, and that each has its box: `local` may be NULL for
+ * a non-empty box when the caller could not allocate it; then every member
+ * returns MT_ENOMEM (a mismatch: MT_EINVAL), with the same message. */
 int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void *full,
                   void *local, mt_error *err);
 

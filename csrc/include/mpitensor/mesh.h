@@ -18,9 +18,24 @@ typedef struct mt_mesh mt_mesh;
 /* Collective on `comm`. Builds a mesh of shape `shape` (ndim dims) whose element at
  * row-major position i is rank ranks[i] of `comm`. Every rank of `comm` calls it,
  * members or not; a non-member gets a mesh with no coordinate and null
- * communicators. Ranks must be distinct and in [0, size of comm). */
+ * communicators. Ranks must be distinct and in [0, size of comm). Every rank
+ * checks that every rank passed the same arguments (see mt_mesh_create_agreed). */
 int mt_mesh_create(MPI_Comm comm, int ndim, const int64_t *shape, const int *ranks,
                    mt_mesh **out, mt_error *err);
+
+/* Collective on `comm`. Before any communicator is made, the ranks of `comm` agree
+ * (mt_agree_fingerprint_comm) that each checked its arguments and passed the same
+ * shape and ranks: otherwise every rank returns the same status and message, the
+ * first failing rank's, or MT_EINVAL "the ranks ... passed different meshes".
+ * mt_mesh_create is this with MT_OK and 0; a caller with more to agree on passes
+ * its own verdict so far (`status`, with its message in err->msg) and a
+ * `fingerprint` of the rest (a binding: the dims' names).
+ *
+ *   rc = mt_mesh_create_agreed(comm, 2, shape, ranks, MT_OK, hash_of(names), &m, &err);
+ */
+int mt_mesh_create_agreed(MPI_Comm comm, int ndim, const int64_t *shape,
+                          const int *ranks, int status, uint64_t fingerprint,
+                          mt_mesh **out, mt_error *err);
 
 /* Local. The sub-mesh over mesh dims `dims` (n of them, ascending) that holds this
  * rank. It reuses the parent's communicators and keeps the parent alive. */

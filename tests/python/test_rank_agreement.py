@@ -1,0 +1,186 @@
+"""Redistributions that differ between ranks or fail on one rank only (issue 16
+items 2 and 8): placements that one rank passes differently (with collective
+checks at any size, by default from 16 MiB), uneven shards without shape=, and an
+allocation that fails on one rank only. Every rank raises the same exception, with
+the same message, and the job goes on: the next collectives pair up as before.
+Meshes and distribute_tensor sources that differ between ranks are in
+test_bad_input.py's RANK_DEPENDENT table. Runs at 1..4 ranks; the disagreements
+need at least two."""
+
+import resource
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Replicate, Shard, init_device_mesh
+
+COMM = MPI.COMM_WORLD
+N, RANK = COMM.Get_size(), COMM.Get_rank()
+LAST = RANK == N - 1
+many = pytest.mark.skipif(N < 2, reason="a disagreement needs two ranks")
+
+
+def outcome(call):
+    """(exception type name, message) of call(), or None when it returned."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - compared across ranks below
+        return type(e).__name__, str(e)
+    return None
+
+
+def same_everywhere(got):
+    """Every rank's outcome, gathered; asserts they are all equal."""
+    every = COMM.allgather(got)
+    assert all(o == every[0] for o in every), every
+    return every[0]
+
+
+def still_in_step():
+    """A new mesh and a collective on it after the failure pair up and give the data."""
+    mesh = init_device_mesh("cpu", (N,))
+    x = mt.distribute_tensor(np.arange(4.0 * N), mesh, [Shard(0)])
+    assert np.array_equal(x.redistribute(mesh, [Replicate()]).to_local(), np.arange(4.0 * N))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return init_device_mesh("cpu", (N,))
+
+
+@pytest.fixture
+def checks():
+    mt.debug.set_collective_checks(True)
+    yield
+    mt.debug.set_collective_checks(False)
+
+
+# -- redistribute: placements, shapes -----------------------------------------------------
+
+BIG = (2, 2**20)  # 16 MiB of float64: redistributes this large agree before they move
+
+
+@many
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", [
+    pytest.param(lambda odd: [Replicate()] if odd else [Shard(1)], id="gather_or_all_to_all"),
+    pytest.param(lambda odd: [Shard(1)] if odd else [Shard(0)], id="all_to_all_or_nothing"),
+    pytest.param(lambda odd: [Replicate()] if odd else [Shard(0)], id="gather_or_nothing"),
+])
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_rank_dependent_placements_raise_everywhere(mesh, checks, target, size):
+    """With collective checks on, whatever the size, also when one rank's move is a
+    no-op (it used to return at once, leaving the others in their check)."""
+    x = mt.zeros(*((4 * N, 2) if size == "small" else BIG), device_mesh=mesh,
+                 placements=[Shard(0)])
+    got = same_everywhere(outcome(lambda: x.redistribute(mesh, target(LAST))))
+    assert got is not None and got[0] == "RuntimeError", got
+    assert got[1].startswith("collective mismatch"), got
+    still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_rank_dependent_placements_of_a_large_tensor_raise_everywhere_without_checks(mesh):
+    """16 MiB or more: the agreement before the move is on by default."""
+    x = mt.zeros(*BIG, device_mesh=mesh, placements=[Shard(0)])
+    got = same_everywhere(outcome(
+        lambda: x.redistribute(mesh, [Replicate()] if LAST else [Shard(1)])))
+    assert got is not None and got[0] == "ValueError", got
+    assert "different placements" in got[1], got
+    still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_from_local_of_uneven_shards_without_shape_raises_everywhere(mesh):
+    """Shards of 2**21 // N rows of 8 float64 (16 MiB in all), the last one row
+    short, without shape=: each rank's global shape is its own shard times the mesh
+    size, so the ranks disagree (it used to be MPI_ERR_TRUNCATE on one rank, garbage
+    or a hang)."""
+    rows = 2**21 // N
+    local = np.zeros((rows - 1 if LAST else rows, 8))
+    x = mt.DTensor.from_local(local, mesh, [Shard(0)])
+    got = same_everywhere(outcome(lambda: x.redistribute(mesh, [Shard(1)])))
+    assert got is not None and got[0] == "ValueError", got
+    assert "shape= and stride=" in got[1], got
+    # run_check=True finds it at any size.
+    small = np.zeros((3 if LAST else 4, 2))
+    got = same_everywhere(outcome(
+        lambda: mt.DTensor.from_local(small, mesh, [Shard(0)], run_check=True)))
+    assert got is not None and got[0] == "ValueError" and "shape= and stride=" in got[1]
+    still_in_step()
+
+
+# -- redistribute: an allocation that fails on one rank ------------------------------------
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize")
+
+
+@many
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+def test_an_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh, async_op):
+    """(1, 2**25) float64 Shard(1) -> Shard(0): rank 0 must allocate the whole 256
+    MiB row, the others nothing. Rank 0's address space is capped just above what
+    it uses, so only its allocation fails (it used to raise alone while the others
+    waited in the all-to-all forever); every rank raises MemoryError, and after a
+    `try`/`except` the job goes on."""
+    x = mt.empty(1, 2**25, device_mesh=mesh, placements=[Shard(1)])
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if RANK == 0:
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 64 * 2**20, hard))
+    try:
+        got = outcome(lambda: x.redistribute(mesh, [Shard(0)], async_op=async_op).wait())
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    got = same_everywhere(got)
+    assert got == ("MemoryError", "redistribute: a rank of the mesh could not allocate "
+                   f"its shard of {2**28} bytes"), got
+    still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_an_indexing_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh):
+    """x[:, 1:] of a (1, 2**25) float64 Shard(1) tensor is Replicate: every rank
+    allocates the 256 MiB row, and rank 0, capped, cannot."""
+    x = mt.empty(1, 2**25, device_mesh=mesh, placements=[Shard(1)])
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if RANK == 0:
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 64 * 2**20, hard))
+    try:
+        got = outcome(lambda: x[:, 1:])
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    got = same_everywhere(got)
+    assert got == ("MemoryError", "indexing: a rank of the mesh could not allocate its "
+                   f"shard of {(2**25 - 1) * 8} bytes"), got
+    still_in_step()
+
+
+@many
+@pytest.mark.timeout(60)
+def test_a_distribute_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh):
+    """distribute_tensor of a (2**25,) float64 array as Shard(0): rank 0, capped,
+    cannot allocate its shard; every rank raises MemoryError in the agreement the
+    scatter starts with."""
+    full = np.empty(2**25)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if RANK == 0:
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 16 * 2**20, hard))
+    try:
+        got = outcome(lambda: mt.distribute_tensor(full, mesh, [Shard(0)]))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    got = same_everywhere(got)
+    assert got == ("MemoryError", "distribute_tensor: a rank of the mesh could not "
+                   f"allocate its shard of {-(-2**25 // N) * 8} bytes"), got
+    still_in_step()
