@@ -65,17 +65,37 @@ void mt_memo_destroy(mt_memo *memo) {
   free(memo);
 }
 
-mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key) {
-  int64_t w[KEY_WORDS];
-  if (pack(key, w, NULL) != MT_OK) return NULL;
-  return mt__cache_find(memo->cache, w, NULL);
+/* The words of `key` it uses into w (the rest of a packed key is zero); 0 when
+ * the count of operands is out of range. */
+static int pack_used(const mt_memo_key *key, int64_t *w) {
+  int n = key->noperands;
+  if (n < 0 || n > MT_MEMO_MAX_OPERANDS) return 0;
+  w[0] = key->op, w[1] = key->aux, w[2] = n;
+  for (int i = 0; i < n; ++i) w[3 + i] = key->operand[i];
+  return 3 + n;
 }
 
-mt_decision *mt_memo_find(mt_memo *memo, const mt_memo_key *key) {
-  mt_decision *d = mt_memo_peek(memo, key);
+mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key) {
+  int64_t w[KEY_WORDS];
+  int words = pack_used(key, w);
+  return words == 0 ? NULL : mt__cache_find_prefix(memo->cache, w, words, NULL);
+}
+
+static mt_decision *counted(mt_memo *memo, mt_decision *d) {
   if (d != NULL) memo->hits++;
   else memo->misses++;
   return d;
+}
+
+mt_decision *mt_memo_find(mt_memo *memo, const mt_memo_key *key) {
+  return counted(memo, mt_memo_peek(memo, key));
+}
+
+mt_decision *mt_memo_find_hinted(mt_memo *memo, const mt_memo_key *key, int64_t *hint) {
+  int64_t w[KEY_WORDS];
+  int words = pack_used(key, w);
+  return counted(memo, words == 0 ? NULL
+                                  : mt__cache_find_hinted(memo->cache, w, words, hint));
 }
 
 /* Stores `decision` in the fresh value `slot`, retaining its plans. */

@@ -125,6 +125,7 @@ typedef struct mt_ext_sig {
   mt_op_sig op;
   int nin, nout; /* ufunc */
   int int_axis;  /* reduction: axis is an int or None (argmax, argmin) */
+  int64_t hint;  /* the memo slot of its last decision (mt_memo_find_hinted) */
 } mt_ext_sig;
 
 enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
@@ -154,10 +155,13 @@ typedef struct mt_ext_dispatch {
   /* Registered operations and op ids. */
   mt_ext_sig *sigs;
   int nsigs, sig_cap;
-  PyObject *sig_index; /* func -> index into sigs; a reduction's method name too */
+  /* func -> index into sigs + 1 (0: empty), by address: a registered function is
+   * found by identity, as NumPy hands it back, without hashing a Python object. */
+  int *sig_slots;
+  size_t sig_mask;
   PyObject *op_ids;    /* a Python op key -> its op id (bounded) */
   int64_t next_op;
-  PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_axis_keepdims;
+  PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims;
   /* Modes (mpitensor._modes) and switches. */
   int enabled, tracing, grad_enabled;
   long long c_calls, python_calls;
@@ -221,7 +225,9 @@ typedef struct mt_ext_inputs {
 } mt_ext_inputs;
 
 /* The registered signature of `func` (a ufunc or reduction), or NULL. */
-const mt_ext_sig *mt_ext_sig_of(mt_ext_dispatch *d, PyObject *func);
+mt_ext_sig *mt_ext_sig_of(const mt_ext_dispatch *d, const PyObject *func);
+/* The first cell of `func` in sig_slots. */
+size_t mt_ext_sig_home(const mt_ext_dispatch *d, const PyObject *func);
 /* The op id of a hashable Python key, or -1 with an exception. */
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key);
 /* The memo's aux word of a reduction over `axis` (None, an int or a tuple of ints,
@@ -238,7 +244,7 @@ int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int stri
 int mt_ext_call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_ext_inputs *in);
 /* The decision of a registered op for the call: from the memo (a hit), else made
  * from the op's signature and stored (a miss). NULL with an exception. */
-mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, const mt_ext_sig *sig,
+mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, mt_ext_sig *sig,
                                 const mt_ext_call *c, uint32_t axes, int keepdims,
                                 int *hit);
 /* A miss of `key` decided from `map` by the core (mt_memo_decide); NULL with an
@@ -246,6 +252,11 @@ mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, const mt_ext_sig *sig,
 mt_decision *mt_ext_decide_map(mt_ext_mesh_base *mb, const mt_memo_key *key,
                                const mt_dimmap *map, const mt_ext_inputs *in,
                                const mt_ext_sig *sig);
+/* The Python layout of the output layout (out_id, out_slot) when the layout
+ * table still holds it and its element type is `descr`: 1 and *layout, else 0,
+ * or -1 with an exception. */
+int mt_ext_known_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t out_id,
+                        int64_t out_slot, PyArray_Descr *descr, PyObject **layout);
 /* The layout id and Python layout of an output of element type `descr`: the
  * decision's own when known and of that type, else interned now and recorded in
  * the memo's decision of `key`. */

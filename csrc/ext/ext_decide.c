@@ -10,13 +10,17 @@
 
 #include "mpitensor/prop.h"
 
-const mt_ext_sig *mt_ext_sig_of(mt_ext_dispatch *d, PyObject *func) {
-  PyObject *index = PyDict_GetItemWithError(d->sig_index, func);
-  if (index == NULL) {
-    PyErr_Clear(); /* an unhashable object is no registered function */
-    return NULL;
+size_t mt_ext_sig_home(const mt_ext_dispatch *d, const PyObject *func) {
+  return (size_t)(((uint64_t)(uintptr_t)func >> 4) * 0x9E3779B97F4A7C15u >> 32) & d->sig_mask;
+}
+
+mt_ext_sig *mt_ext_sig_of(const mt_ext_dispatch *d, const PyObject *func) {
+  if (d->sig_slots == NULL) return NULL;
+  for (size_t i = mt_ext_sig_home(d, func);; i = (i + 1) & d->sig_mask) {
+    int s = d->sig_slots[i];
+    if (s == 0) return NULL;
+    if (d->sigs[s - 1].func == func) return &d->sigs[s - 1];
   }
-  return &d->sigs[PyLong_AsLong(index)];
 }
 
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
@@ -121,9 +125,27 @@ static int gather_tensor(mt_ext_dispatch *d, PyObject *o, int i, int strict,
   return 1;
 }
 
+/* The C path's common operand: a DTensor that has met its mesh's layout table
+ * before. Its id is valid (ids are never reused and a new spec resets it), so
+ * neither the spec nor the table is read. 1 taken, 0 for gather_tensor to judge. */
+static int known_tensor(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
+  if (Py_TYPE(o) != d->dtensor || b->layout_id == 0 || !plain_dtensor(d, o)) return 0;
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
+  if (mb != c->mb && (c->mb != NULL || !mb->member)) return 0;
+  c->mb = mb;
+  c->dt[c->ntensors] = b;
+  c->id[c->ntensors++] = b->layout_id;
+  c->tensors |= 1u << i;
+  c->key.operand[i] = b->layout_id;
+  return 1;
+}
+
 int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int strict,
                        mt_ext_call *c) {
-  memset(c, 0, sizeof *c);
+  /* Only what is read is set: dt, id and key.operand up to the counts. */
+  c->mb = NULL, c->ntensors = 0, c->tensors = 0;
+  c->key.op = 0, c->key.aux = 0;
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) {
     if (strict) return 0;
     PyErr_Format(PyExc_TypeError, "an operation takes 1 to %d operands here",
@@ -132,6 +154,7 @@ int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int stri
   }
   c->key.noperands = c->noperands = n;
   for (int i = 0; i < n; ++i) {
+    if (strict && known_tensor(d, ops[i], i, c)) continue;
     int rc;
     if (mt_ext_is_dtensor(d, ops[i])) {
       rc = gather_tensor(d, ops[i], i, strict, c);
@@ -185,10 +208,10 @@ mt_decision *mt_ext_decide_map(mt_ext_mesh_base *mb, const mt_memo_key *key,
   return rc == MT_OK ? dec : raise_named(sig, rc, &err);
 }
 
-mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, const mt_ext_sig *sig,
+mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, mt_ext_sig *sig,
                                 const mt_ext_call *c, uint32_t axes, int keepdims,
                                 int *hit) {
-  mt_decision *dec = mt_memo_find(c->mb->memo, &c->key);
+  mt_decision *dec = mt_memo_find_hinted(c->mb->memo, &c->key, &sig->hint);
   *hit = dec != NULL;
   if (dec != NULL) return dec;
   mt_ext_inputs in;
@@ -208,17 +231,23 @@ static int same_dtype(PyObject *layout, PyArray_Descr *descr) {
          (PyArray_DescrCheck(have) && PyArray_EquivTypes((PyArray_Descr *)have, descr));
 }
 
+int mt_ext_known_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t out_id,
+                        int64_t out_slot, PyArray_Descr *descr, PyObject **layout) {
+  if (out_id == 0) return 0;
+  *layout = mt_ext_py_layout(d, mb, out_id, out_slot, NULL, NULL);
+  if (*layout == NULL) return PyErr_Occurred() ? -1 : 0;
+  if (same_dtype(*layout, descr)) return 1;
+  Py_CLEAR(*layout);
+  return 0;
+}
+
 int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
                            const mt_memo_key *key, const mt_decision *dec,
                            PyArray_Descr *descr, int64_t *id, PyObject **layout) {
-  if (dec->out_id != 0) {
-    *layout = mt_ext_py_layout(d, mb, dec->out_id, dec->out_slot, NULL, NULL);
-    if (*layout == NULL && PyErr_Occurred()) return -1;
-    if (*layout != NULL && same_dtype(*layout, descr)) {
-      *id = dec->out_id;
-      return 0;
-    }
-    Py_CLEAR(*layout);
+  int known = mt_ext_known_output(d, mb, dec->out_id, dec->out_slot, descr, layout);
+  if (known != 0) {
+    *id = dec->out_id;
+    return known < 0 ? -1 : 0;
   }
   mt_layout_key out;
   memset(&out, 0, sizeof out);
