@@ -89,19 +89,12 @@ static int64_t scalar_kind(mt_ext_dispatch *d, PyObject *o, int strict) {
   return id < 0 ? -1 : KIND_OTHER + id;
 }
 
-/* A DTensor operand the C path takes: exactly a DTensor, with a plain ndarray as
- * its local data, not recording for autograd. */
-static int plain_dtensor(mt_ext_dispatch *d, PyObject *o) {
-  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  return Py_TYPE(o) == d->dtensor && b->local != NULL && PyArray_CheckExact(b->local) &&
-         !(d->grad_enabled && b->requires_grad);
-}
 
 /* Adds DTensor operand i; the first sets the mesh. 1, 0 (not C-path), or -1. */
 static int gather_tensor(mt_ext_dispatch *d, PyObject *o, int i, int strict,
                          mt_ext_call *c) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  if (strict && !plain_dtensor(d, o)) return 0;
+  if (strict && !mt_ext_plain_dtensor(d, o)) return 0;
   if (c->mb == NULL) {
     c->mb = b->spec == NULL ? NULL : mt_ext_spec_mesh(d, b->spec);
     if (c->mb == NULL) {
@@ -125,22 +118,6 @@ static int gather_tensor(mt_ext_dispatch *d, PyObject *o, int i, int strict,
   return 1;
 }
 
-/* The C path's common operand: a DTensor that has met its mesh's layout table
- * before. Its id is valid (ids are never reused and a new spec resets it), so
- * neither the spec nor the table is read. 1 taken, 0 for gather_tensor to judge. */
-static int known_tensor(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c) {
-  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  if (Py_TYPE(o) != d->dtensor || b->layout_id == 0 || !plain_dtensor(d, o)) return 0;
-  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
-  if (mb != c->mb && (c->mb != NULL || !mb->member)) return 0;
-  c->mb = mb;
-  c->dt[c->ntensors] = b;
-  c->id[c->ntensors++] = b->layout_id;
-  c->tensors |= 1u << i;
-  c->key.operand[i] = b->layout_id;
-  return 1;
-}
-
 int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int strict,
                        mt_ext_call *c) {
   /* Only what is read is set: dt, id and key.operand up to the counts. */
@@ -154,7 +131,7 @@ int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int stri
   }
   c->key.noperands = c->noperands = n;
   for (int i = 0; i < n; ++i) {
-    if (strict && known_tensor(d, ops[i], i, c)) continue;
+    if (strict && mt_ext_known_tensor(d, ops[i], i, c)) continue;
     int rc;
     if (mt_ext_is_dtensor(d, ops[i])) {
       rc = gather_tensor(d, ops[i], i, strict, c);
@@ -208,12 +185,8 @@ mt_decision *mt_ext_decide_map(mt_ext_mesh_base *mb, const mt_memo_key *key,
   return rc == MT_OK ? dec : raise_named(sig, rc, &err);
 }
 
-mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, mt_ext_sig *sig,
-                                const mt_ext_call *c, uint32_t axes, int keepdims,
-                                int *hit) {
-  mt_decision *dec = mt_memo_find_hinted(c->mb->memo, &c->key, &sig->hint);
-  *hit = dec != NULL;
-  if (dec != NULL) return dec;
+mt_decision *mt_ext_call_miss(mt_ext_dispatch *d, const mt_ext_sig *sig,
+                              const mt_ext_call *c, uint32_t axes, int keepdims) {
   mt_ext_inputs in;
   if (mt_ext_call_inputs(d, c, &in) < 0) return NULL;
   mt_op_args args = {c->noperands, c->tensors, axes, keepdims};

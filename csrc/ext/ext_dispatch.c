@@ -17,17 +17,6 @@
 
 #include <string.h>
 
-mt_ext_dispatch *mt_ext_dispatch_of(PyObject *obj) {
-  PyObject *module = PyType_GetModuleByDef(Py_TYPE(obj), &mt_ext_module_def);
-  if (module == NULL) return NULL;
-  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  if (d->dtensor == NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "mpitensor._C.dispatch_init was not called");
-    return NULL;
-  }
-  return d;
-}
-
 /* -- registered operations ------------------------------------------------------------ */
 
 /* Indexes sigs[0..nsigs) in a table of `cells` (a power of two). */
@@ -248,7 +237,15 @@ static PyObject *run(mt_ext_dispatch *d, const mt_ext_call *c, const target *tg,
   int64_t out_id = found->out_id, out_slot = found->out_slot;
   PyObject *args[MT_MEMO_MAX_OPERANDS + 2];
   PyObject *res = NULL;
-  if (locals_of(d, c, dec != NULL ? dec : found, ops, args) == 0) {
+  int ok = 0;
+  if (plans) {
+    ok = locals_of(d, c, dec, ops, args) == 0;
+  } else {
+    for (int i = 0, t = 0; i < c->noperands; ++i)
+      args[i] = Py_NewRef(c->tensors >> i & 1u ? c->dt[t++]->local : ops[i]);
+    ok = 1;
+  }
+  if (ok) {
     for (Py_ssize_t k = 0; k < tg->nextra; ++k) args[c->noperands + k] = tg->extra[k];
     Py_ssize_t npos = c->noperands + tg->nextra -
                       (tg->kwnames != NULL ? PyTuple_GET_SIZE(tg->kwnames) : 0);
@@ -273,7 +270,7 @@ static int c_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops, in
     if (has != 0) return has < 0 ? -1 : 0;
   }
   mt_ext_call c;
-  int rc = mt_ext_call_gather(d, ops, n, 1, &c);
+  int rc = mt_ext_call_gather_c(d, ops, n, &c);
   if (rc <= 0) return rc;
   c.key.op = sig->id;
   int hit;
@@ -353,7 +350,7 @@ static int c_reduction(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *self,
   PyObject *axis, *keepdims;
   mt_ext_call c;
   if (reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0) return 0;
-  int rc = mt_ext_call_gather(d, &self, 1, 1, &c);
+  int rc = mt_ext_call_gather_c(d, &self, 1, &c);
   if (rc <= 0) return rc;
   uint32_t axes;
   int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));
