@@ -40,10 +40,6 @@ void *mt__cache_find(mt__cache *c, const int64_t *key, int64_t *slot);
  * zero (they are not read). */
 void *mt__cache_find_prefix(mt__cache *c, const int64_t *key, int words, int64_t *slot);
 
-/* As mt__cache_find_prefix, trying first the slot *hint (any number) and setting
- * it to the slot found: a caller that repeats a key finds it without hashing. */
-void *mt__cache_find_hinted(mt__cache *c, const int64_t *key, int words, int64_t *hint);
-
 /* Adds `key`, which must be absent, with a zeroed value, evicting one entry when
  * the cache is full; returns the value (its slot in *slot if given), or NULL when
  * growing the storage fails (MT_ENOMEM in err). */

@@ -180,15 +180,6 @@ void *mt__cache_find_prefix(mt__cache *c, const int64_t *key, int words, int64_t
   return value_of(c, s);
 }
 
-void *mt__cache_find_hinted(mt__cache *c, const int64_t *key, int words, int64_t *hint) {
-  int len = key_len(key, words);
-  if (*hint >= 0 && *hint < c->allocated && holds(c, *hint, key, len)) {
-    head_of(c, *hint)->ref = 1;
-    return value_of(c, *hint);
-  }
-  return mt__cache_find_prefix(c, key, len, hint);
-}
-
 int mt__cache_evict_one(mt__cache *c) {
   if (c->count == 0) return 0;
   for (;;) {

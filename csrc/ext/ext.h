@@ -125,7 +125,6 @@ typedef struct mt_ext_sig {
   mt_op_sig op;
   int nin, nout; /* ufunc */
   int int_axis;  /* reduction: axis is an int or None (argmax, argmin) */
-  int64_t hint;  /* the memo slot of its last decision (mt_memo_find_hinted) */
 } mt_ext_sig;
 
 enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
@@ -286,7 +285,7 @@ mt_decision *mt_ext_call_miss(mt_ext_dispatch *d, const mt_ext_sig *sig,
 static inline mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, mt_ext_sig *sig,
                                               const mt_ext_call *c, uint32_t axes,
                                               int keepdims, int *hit) {
-  mt_decision *dec = mt_memo_find_hinted(c->mb->memo, &c->key, &sig->hint);
+  mt_decision *dec = mt_memo_find(c->mb->memo, &c->key);
   *hit = dec != NULL;
   return dec != NULL ? dec : mt_ext_call_miss(d, sig, c, axes, keepdims);
 }

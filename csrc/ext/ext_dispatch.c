@@ -54,7 +54,7 @@ static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
     return NULL;
   mt_ext_sig *sig = &d->sigs[d->nsigs];
   memset(sig, 0, sizeof *sig);
-  sig->func = Py_NewRef(func), sig->id = id, sig->hint = -1;
+  sig->func = Py_NewRef(func), sig->id = id;
   size_t i = mt_ext_sig_home(d, func);
   while (d->sig_slots[i] != 0) i = (i + 1) & d->sig_mask;
   d->sig_slots[i] = ++d->nsigs;

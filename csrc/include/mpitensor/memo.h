@@ -72,11 +72,6 @@ void mt_memo_destroy(mt_memo *memo);
  * be updated in place (out_id, out_slot, out shape); valid until the next insert. */
 mt_decision *mt_memo_find(mt_memo *memo, const mt_memo_key *key);
 
-/* Local. As mt_memo_find, trying first the decision *hint names (a number an
- * earlier call set, or any) and setting it to the one found: a caller that
- * repeats a key, one hint per call site, finds it without hashing. */
-mt_decision *mt_memo_find_hinted(mt_memo *memo, const mt_memo_key *key, int64_t *hint);
-
 /* Local. As mt_memo_find, without counting. */
 mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key);
 
