@@ -222,9 +222,18 @@ typedef struct mt_ext_inputs {
 } mt_ext_inputs;
 
 /* The registered signature of `func` (a ufunc or reduction), or NULL. */
-mt_ext_sig *mt_ext_sig_of(const mt_ext_dispatch *d, const PyObject *func);
 /* The first cell of `func` in sig_slots. */
-size_t mt_ext_sig_home(const mt_ext_dispatch *d, const PyObject *func);
+static inline size_t mt_ext_sig_home(const mt_ext_dispatch *d, const PyObject *func) {
+  return (size_t)(((uint64_t)(uintptr_t)func >> 4) * 0x9E3779B97F4A7C15u >> 32) & d->sig_mask;
+}
+static inline mt_ext_sig *mt_ext_sig_of(const mt_ext_dispatch *d, const PyObject *func) {
+  if (d->sig_slots == NULL) return NULL;
+  for (size_t i = mt_ext_sig_home(d, func);; i = (i + 1) & d->sig_mask) {
+    int s = d->sig_slots[i];
+    if (s == 0) return NULL;
+    if (d->sigs[s - 1].func == func) return &d->sigs[s - 1];
+  }
+}
 /* The op id of a hashable Python key, or -1 with an exception. */
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key);
 /* The memo's aux word of a reduction over `axis` (None, an int or a tuple of ints,

@@ -10,19 +10,6 @@
 
 #include "mpitensor/prop.h"
 
-size_t mt_ext_sig_home(const mt_ext_dispatch *d, const PyObject *func) {
-  return (size_t)(((uint64_t)(uintptr_t)func >> 4) * 0x9E3779B97F4A7C15u >> 32) & d->sig_mask;
-}
-
-mt_ext_sig *mt_ext_sig_of(const mt_ext_dispatch *d, const PyObject *func) {
-  if (d->sig_slots == NULL) return NULL;
-  for (size_t i = mt_ext_sig_home(d, func);; i = (i + 1) & d->sig_mask) {
-    int s = d->sig_slots[i];
-    if (s == 0) return NULL;
-    if (d->sigs[s - 1].func == func) return &d->sigs[s - 1];
-  }
-}
-
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
   PyObject *id = PyDict_GetItemWithError(d->op_ids, key);
   if (id != NULL) return PyLong_AsLongLong(id);
