@@ -50,7 +50,7 @@ def machine(comm) -> dict:
     output starts with machine_line() of them: figures differ by CPU, so a result
     without them cannot be compared."""
     return {"np": comm.size, "cpu": cpu_model(), "cores": os.cpu_count(),
-            "mpi": MPI.Get_library_version().strip().splitlines()[0],
+            "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
             "numpy": np.__version__, "python": platform.python_version()}
 
 
