@@ -128,10 +128,11 @@ mt_decision *mt_memo_find(mt_memo *memo, const mt_memo_key *key) {
 /* Stores `decision` in the fresh value `slot`, retaining its plans. */
 static mt_decision *store(mt_memo *memo, mt_decision *slot, const mt_decision *decision) {
   *slot = *decision;
+  slot->nplans = 0;
   for (int i = 0; i < slot->ninputs; ++i) {
     if (slot->plan[i] == NULL) continue;
     mt_plan_retain(slot->plan[i]);
-    memo->plans++;
+    memo->plans++, slot->nplans++;
   }
   return slot;
 }

@@ -120,7 +120,7 @@ typedef struct mt_ext_dtensor {
  * the signature its dim map is built from (core/dimmap.c). */
 typedef struct mt_ext_sig {
   PyObject *func;   /* the ufunc, or the NumPy reduction (numpy.sum) */
-  PyObject *method; /* reduction: the ndarray method's name */
+  PyObject *method; /* reduction: ndarray's method (a descriptor: local array first) */
   int64_t id;       /* its op id in the memo */
   mt_op_sig op;
   int nin, nout; /* ufunc */
@@ -263,8 +263,7 @@ static inline int mt_ext_plain_dtensor(const mt_ext_dispatch *d, PyObject *o) {
 static inline int mt_ext_known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
                                       mt_ext_call *c) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  if (Py_TYPE(o) != d->dtensor || b->layout_id == 0 || !mt_ext_plain_dtensor(d, o))
-    return 0;
+  if (!mt_ext_plain_dtensor(d, o) || b->layout_id == 0) return 0;
   mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
   if (mb != c->mb && (c->mb != NULL || !mb->member)) return 0;
   c->mb = mb;

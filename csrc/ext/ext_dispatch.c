@@ -106,7 +106,10 @@ static PyObject *register_reduction(PyObject *module, PyObject *args) {
   if (sig == NULL) return NULL;
   sig->op.family = MT_OP_REDUCTION, sig->op.rule = rule;
   if (method == NULL) Py_RETURN_NONE;
-  sig->method = Py_NewRef(d->reduction_name[m]);
+  /* ndarray's own method, called as a function: a local array the C path takes is
+   * exactly an ndarray, so this is what looking the name up on it would find. */
+  sig->method = PyObject_GetAttr((PyObject *)&PyArray_Type, d->reduction_name[m]);
+  if (sig->method == NULL) return NULL;
   sig->int_axis = strncmp(method, "arg", 3) == 0;
   d->reduction_sig[m] = (int)(sig - d->sigs);
   Py_RETURN_NONE;
@@ -136,16 +139,15 @@ static PyObject *new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec
   return (PyObject *)b;
 }
 
-/* What a call runs on the local arrays: `func(*args)` or, for a reduction, the
- * method `func` of the one local array with `nextra` more arguments, the last of
- * them the values of `kwnames`; and what the decision was made from (the
- * registered op, a reduction's axes and keepdims). */
+/* What a call runs on the local arrays: `func(*locals, *extra)`, the last of the
+ * `nextra` extra arguments the values of `kwnames` (a ufunc, or ndarray's method
+ * of a reduction with the local array first); and what the decision was made
+ * from (the registered op, a reduction's axes and keepdims). */
 typedef struct target {
   mt_ext_sig *sig;
   uint32_t axes;
   int keepdims;
   PyObject *func;
-  int method;
   PyObject *const *extra;
   Py_ssize_t nextra;
   PyObject *kwnames;
@@ -225,8 +227,7 @@ static void hold(mt_decision *dec, int own) {
  * (no plan, output known) is read only before any such code runs. */
 static PyObject *run(mt_ext_dispatch *d, const mt_ext_call *c, const target *tg,
                      const mt_decision *found, PyObject *const *ops) {
-  int plans = 0;
-  for (int i = 0; i < found->ninputs; ++i) plans |= found->plan[i] != NULL;
+  int plans = found->nplans != 0;
   mt_decision copy;
   const mt_decision *dec = NULL;
   if (plans || found->out_id == 0) {
@@ -237,21 +238,22 @@ static PyObject *run(mt_ext_dispatch *d, const mt_ext_call *c, const target *tg,
   int64_t out_id = found->out_id, out_slot = found->out_slot;
   PyObject *args[MT_MEMO_MAX_OPERANDS + 2];
   PyObject *res = NULL;
-  int ok = 0;
+  /* Without plans the arguments are borrowed: the operands hold them (a DTensor
+   * its local array) for the call, and NumPy takes its own references before it
+   * runs code that could drop one. Plans make new arrays, owned here. */
+  int ok = 1;
   if (plans) {
     ok = locals_of(d, c, dec, ops, args) == 0;
   } else {
     for (int i = 0, t = 0; i < c->noperands; ++i)
-      args[i] = Py_NewRef(c->tensors >> i & 1u ? c->dt[t++]->local : ops[i]);
-    ok = 1;
+      args[i] = c->tensors >> i & 1u ? c->dt[t++]->local : ops[i];
   }
   if (ok) {
     for (Py_ssize_t k = 0; k < tg->nextra; ++k) args[c->noperands + k] = tg->extra[k];
     Py_ssize_t npos = c->noperands + tg->nextra -
                       (tg->kwnames != NULL ? PyTuple_GET_SIZE(tg->kwnames) : 0);
-    res = tg->method ? PyObject_VectorcallMethod(tg->func, args, (size_t)npos, tg->kwnames)
-                     : PyObject_Vectorcall(tg->func, args, (size_t)npos, NULL);
-    for (int i = 0; i < c->noperands; ++i) Py_DECREF(args[i]);
+    res = PyObject_Vectorcall(tg->func, args, (size_t)npos, tg->kwnames);
+    for (int i = 0; plans && i < c->noperands; ++i) Py_DECREF(args[i]);
   }
   d->c_calls++;
   PyObject *out = res == NULL ? NULL : wrap(d, c, tg, dec, out_id, out_slot, res);
@@ -260,8 +262,8 @@ static PyObject *run(mt_ext_dispatch *d, const mt_ext_call *c, const target *tg,
 }
 
 /* 1 with *out (done), 0 when the C path does not take the call, -1 on error. */
-static int c_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops, int n,
-                   PyObject **out) {
+static inline int c_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops, int n,
+                          PyObject **out) {
   mt_ext_sig *sig = mt_ext_sig_of(d, ufunc);
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nout != 1 || sig->nin != n)
     return 0;
@@ -276,7 +278,7 @@ static int c_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops, in
   int hit;
   const mt_decision *dec = mt_ext_call_decide(d, sig, &c, 0, 0, &hit);
   if (dec == NULL) return -1;
-  target tg = {sig, 0, 0, ufunc, 0, NULL, 0, NULL};
+  target tg = {sig, 0, 0, ufunc, NULL, 0, NULL};
   *out = run(d, &c, &tg, dec, ops);
   return *out != NULL ? 1 : -1;
 }
@@ -364,7 +366,7 @@ static int c_reduction(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *self,
    * NumPy the parsing of keywords. */
   PyObject *extra[2] = {axis, keepdims};
   int keep = keepdims == Py_True;
-  target tg = {sig, axes, keep, sig->method, 1, extra, 1 + keep, keep ? d->kw_keepdims : NULL};
+  target tg = {sig, axes, keep, sig->method, extra, 1 + keep, keep ? d->kw_keepdims : NULL};
   *out = run(d, &c, &tg, dec, &self);
   return *out != NULL ? 1 : -1;
 }
