@@ -283,7 +283,7 @@ static inline int mt_ext_call_gather_c(mt_ext_dispatch *d, PyObject *const *ops,
   c->key.noperands = c->noperands = n;
   for (int i = 0; i < n; ++i)
     if (!mt_ext_known_tensor(d, ops[i], i, c)) return mt_ext_call_gather(d, ops, n, 1, c);
-  return 1;
+  return c->ntensors > 0;
 }
 int mt_ext_call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_ext_inputs *in);
 /* The decision of a registered op for the call: from the memo (a hit), else made
