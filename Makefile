@@ -20,7 +20,7 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
 .PHONY: install system-deps demo docs test test-c test-python test-plain test-examples \
-  test-network test-lint test-fuzz test-asan bench clean
+  test-network test-lint test-fuzz test-asan bench bench-check clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
 # (a test checks this); a binary wheel could bring its own MPI. mkl (the extra
@@ -206,6 +206,18 @@ bench: install
 	$(PY) benchmarks/plot.py benchmarks/results --out docs/img/perf; \
 	$(PY) benchmarks/tables.py; \
 	echo "make bench: $$(( $$(date +%s) - start ))s"
+
+# Whether issue 21's redistribution goals hold on this machine (docs/benchmarks.md):
+# a short redistribute.py run at np 2 and 4 that prints PASS or FAIL per goal and
+# fails when one does. Not part of `make test`: it times, so run it on a quiet machine.
+BENCH_CHECK_NPS ?= 2 4
+BENCH_CHECK := --sizes 1KiB,1MiB,4MiB --reps 15 --reps-large 9 --no-memory --no-plot --goals
+bench-check: install
+	@mkdir -p benchmarks/results; status=0; for np in $(BENCH_CHECK_NPS); do \
+	  $(MPIRUN) $$np $(PY) benchmarks/redistribute.py $(BENCH_CHECK) $(BENCH_CHECK_ARGS) \
+	    --out benchmarks/results/bench-check-np$$np.json || status=1; done; \
+	echo "make bench-check: $$( [ $$status = 0 ] && echo every goal passes || echo a goal FAILED)"; \
+	exit $$status
 
 clean:
 	rm -rf build $(VENV) $(ASAN_VENV)

@@ -1,10 +1,14 @@
 """Shared by the benchmarks: torch.distributed on gloo over loopback (ranks and world
 size from MPI) for the side-by-side torch comparisons, the machine facts every
-result records, and the peak-memory probe."""
+result records and prints (machine, machine_line), and the peak-memory probe."""
 
 import gc
 import os
+import platform
 import socket
+
+import numpy as np
+from mpi4py import MPI
 
 
 def init_gloo(comm):
@@ -37,6 +41,23 @@ def cpu_model() -> str:
     except OSError:
         pass
     return "?"
+
+
+def machine(comm) -> dict:
+    """What every result records of where it ran: the CPU model, the machine's core
+    count, the MPI library (Open MPI's version line), NumPy, Python and the ranks.
+    A benchmark's JSON holds these keys in its machine (or meta) record, and its
+    output starts with machine_line() of them: figures differ by CPU, so a result
+    without them cannot be compared."""
+    return {"np": comm.size, "cpu": cpu_model(), "cores": os.cpu_count(),
+            "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
+            "numpy": np.__version__, "python": platform.python_version()}
+
+
+def machine_line(info: dict) -> str:
+    """The header line of a benchmark's output, from machine()'s keys."""
+    return (f"machine: {info['cpu']}, {info['cores']} cores; {info['mpi']}; "
+            f"NumPy {info['numpy']}; Python {info['python']}; np={info['np']}")
 
 
 def git_revision(repo: str) -> str:

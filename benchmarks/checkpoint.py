@@ -46,7 +46,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -58,7 +57,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import DTensor, Shard
 
-from _common import cpu_model, git_revision  # benchmarks/ is sys.path[0]
+from _common import git_revision, machine, machine_line  # benchmarks/ is sys.path[0]
 
 MiB = 1024 * 1024
 COLS = 1024
@@ -274,6 +273,9 @@ def main() -> None:
     directory = COMM.bcast(tempfile.mkdtemp(prefix="mt-bench-ckpt-", dir=args.dir)
                            if COMM.rank == 0 else None)
     mesh = mt.init_device_mesh("cpu", (COMM.size,))
+    info = machine(COMM)
+    if COMM.rank == 0:
+        print(machine_line(info), flush=True)
     results = []
     try:
         for nbytes in (parse_bytes(s) for s in args.sizes.split(",")):
@@ -292,11 +294,8 @@ def main() -> None:
             os.rmdir(directory)
     if COMM.rank == 0:
         report(results, COMM.size)
-        meta = {"np": COMM.size, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                "cpu": cpu_model(), "cores": os.cpu_count(), "load_avg": os.getloadavg(),
-                "python": platform.python_version(), "numpy": np.__version__,
-                "mpi": MPI.Get_library_version().splitlines()[0],
-                "revision": git_revision(REPO), "dir": args.dir or tempfile.gettempdir()}
+        meta = {**info, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                "load_avg": os.getloadavg(), "revision": git_revision(REPO), "dir": args.dir or tempfile.gettempdir()}
         os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
         out = os.path.join(HERE, "results", f"checkpoint-np{COMM.size}.json")
         with open(out, "w") as f:

@@ -31,7 +31,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,7 +43,8 @@ from mpitensor.experimental import set_rotate_method
 from mpitensor.experimental import _load_balance as LB
 from mpitensor.experimental._ring_attention import ring_attention
 
-from _common import cpu_model, git_revision, peak_growth  # benchmarks/ is sys.path[0]
+from _common import (git_revision, machine as machine_facts,  # benchmarks/ is sys.path[0]
+                     machine_line, peak_growth)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -179,14 +179,15 @@ def summarize(times):
 def machine(comm):
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
-    return {"np": comm.size, "cpus": os.cpu_count(), "cpu": cpu_model(),
-            "oversubscribed": comm.size > (os.cpu_count() or 1), "loadavg_start": load,
-            "python": platform.python_version(), "numpy": np.__version__,
+    info = machine_facts(comm)
+    return {**info, "cpus": info["cores"],
+            "oversubscribed": comm.size > (info["cores"] or 1), "loadavg_start": load,
             "revision": git_revision(REPO),
             "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def report(info, args, prob, ok, mem, summary):
+    print(machine_line(info))
     print(f"context_parallel ring attention: seq {args.seq}, {args.heads} heads of "
           f"{args.dim}, {args.dtype}, {'causal' if args.causal else 'non-causal'}; "
           f"np {info['np']} on {info['cpus']} CPUs ({info['cpu']}), load {info['loadavg_start']}"

@@ -44,7 +44,8 @@ from mpitensor import _logging
 from mpitensor._ops import _dispatch
 from mpitensor.debug import set_collective_checks
 
-from dispatch import machine_info, stats_us, time_interleaved  # benchmarks/ is sys.path[0]
+from _common import machine_line  # benchmarks/ is sys.path[0]
+from dispatch import machine_info, stats_us, time_interleaved
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -144,6 +145,8 @@ def main():
     comm = MPI.COMM_WORLD
     mesh = mt.init_device_mesh("cpu", (comm.size,))
     info = machine_info(comm)
+    if comm.rank == 0:
+        print(machine_line(info), flush=True)
     rows = [checks_case(comm, mesh, 8, args.reps, args.inner, args.warmup),
             checks_case(comm, mesh, 512, args.reps, max(args.inner // 20, 1), args.warmup),
             hooks_case(comm, mesh, args.reps * 3, args.inner // 10, args.warmup)]

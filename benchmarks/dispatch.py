@@ -47,7 +47,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -59,7 +58,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Replicate, Shard
 
-from _common import cpu_model, git_revision, init_gloo  # benchmarks/ is sys.path[0]
+from _common import git_revision, init_gloo, machine, machine_line  # benchmarks/ is sys.path[0]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -228,12 +227,7 @@ class TorchCtx:
 
 
 def machine_info(comm):
-    cpu = cpu_model()
-    rev = git_revision(REPO)
-    return {"np": comm.size, "cores": os.cpu_count(), "cpu": cpu,
-            "mpi": MPI.Get_library_version().strip().splitlines()[0],
-            "numpy": np.__version__, "python": platform.python_version(),
-            "git": rev,
+    return {**machine(comm), "git": git_revision(REPO),
             "loadavg_start": open("/proc/loadavg").read().split()[:3],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "env": {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS",) if k in os.environ}}
@@ -270,6 +264,8 @@ def main():
     info = machine_info(comm)
     if tctx:
         info["torch"] = tctx.version
+    if comm.rank == 0:
+        print(machine_line(info), flush=True)
     results = []
     for n in args.sizes:
         ops = build_ops(mesh, n, comm, tctx)

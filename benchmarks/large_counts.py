@@ -18,6 +18,8 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 
+from _common import machine, machine_line  # benchmarks/ is sys.path[0]
+
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 SHARD = 2**31 + 2**20
@@ -50,6 +52,8 @@ def timed(what, fn):
     return out
 
 
+if rank == 0:
+    print(machine_line(machine(comm)), flush=True)
 mesh = mt.init_device_mesh("cpu", (size,))
 full = np.empty(N, np.int8)
 for at in range(0, N, CHUNK):

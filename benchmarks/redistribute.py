@@ -36,7 +36,6 @@ import datetime
 import gc
 import json
 import os
-import platform
 import sys
 import time
 
@@ -46,24 +45,45 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 
-from _common import (cpu_model, git_revision, init_gloo,  # benchmarks/ is sys.path[0]
-                     peak_growth)
+from _common import (git_revision, init_gloo, machine,  # benchmarks/ is sys.path[0]
+                     machine_line, peak_growth)
 
 KiB, MiB = 1024, 1024 * 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 COLS = 512
 
-# name, source placement, target placement, raw collective, issue-3 target
-TRANSITIONS = [
-    ("S0->R", "S0", "R", "Allgather", "ratio<=1.10"),
-    ("S1->R", "S1", "R", "Allgather", "ratio<=1.5"),
-    ("P->R", "P", "R", "Allreduce", "ratio<=1.10"),
-    ("P->S0", "P", "S0", "Reduce_scatter_block", "ratio<=1.10"),
-    ("P->S1", "P", "S1", "Reduce_scatter_block", "ratio<=1.5"),
-    ("S0->S1", "S0", "S1", "Alltoall", "<= numpy pack+Alltoall+unpack"),
-    ("R->S0", "R", "S0", "memcpy of the chunk", "(local, no communication)"),
+# Issue 21's goals, written here only: --goals (make bench-check) gives each point
+# a goal covers PASS or FAIL, the points record them as their targets and the plot
+# draws the ratio limits. (name, transitions, from bytes/rank, up to bytes/rank,
+# the point's summary key, its limit, what the key is)
+DIM0 = ("S0->R", "P->R", "P->S0", "R->S0")
+INNER = ("S1->R", "P->S1")
+GOALS = [
+    ("dim-0 at >= 1 MiB", DIM0, MiB, None, "ratio", 1.10, "mt/raw"),
+    ("dim-0 at 1 KiB", DIM0, None, KiB, "overhead_us", 3.0, "mt - raw, us"),
+    ("inner dims at >= 1 MiB", INNER, MiB, None, "ratio", 1.25, "mt/raw"),
+    ("S(i)->S(j) at >= 1 MiB", ("S0->S1",), MiB, None, "ratio", 1.30, "mt/raw Alltoall"),
+    ("S(i)->S(j) vs NumPy", ("S0->S1",), None, None, "ratio_vs_np_a2a", 1.0,
+     "mt/(NumPy pack + Alltoall + unpack)"),
 ]
+
+
+def goal_text(name: str) -> str:
+    """The goals that cover transition `name`, as one line."""
+    return "; ".join(f"{g[0]}: {g[6]} <= {g[5]:g}" for g in GOALS if name in g[1])
+
+
+# name, source placement, target placement, raw collective
+TRANSITIONS = [(name, src, dst, raw, goal_text(name)) for name, src, dst, raw in [
+    ("S0->R", "S0", "R", "Allgather"),
+    ("S1->R", "S1", "R", "Allgather"),
+    ("P->R", "P", "R", "Allreduce"),
+    ("P->S0", "P", "S0", "Reduce_scatter_block"),
+    ("P->S1", "P", "S1", "Reduce_scatter_block"),
+    ("S0->S1", "S0", "S1", "Alltoall"),
+    ("R->S0", "R", "S0", "memcpy of the chunk"),
+]]
 
 
 def parse_bytes(text: str) -> int:
@@ -564,15 +584,12 @@ def profile(comm, mesh, sizes, args, names):
 
 
 def machine_info(comm):
-    cpu = cpu_model()
-    cores = os.cpu_count()  # the machine: ranks may be bound to one core each
+    info = machine(comm)  # cores: the machine's; ranks may be bound to one core each
     rev = git_revision(REPO)
     ext = mt._C.__file__
     return {
-        "np": comm.size, "cores": cores, "oversubscribed": comm.size > cores,
-        "cpu": cpu, "mpi": MPI.Get_library_version().strip().splitlines()[0],
-        "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
-        "python": platform.python_version(), "git": rev,
+        **info, "oversubscribed": comm.size > info["cores"],
+        "mpi4py": __import__("mpi4py").__version__, "git": rev,
         "extension": ext,
         "extension_mtime": datetime.datetime.fromtimestamp(
             os.path.getmtime(ext), datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -615,11 +632,48 @@ def print_table(points, info, torch_on):
 
 def print_overhead(points):
     small = min(p["bytes"] for p in points)
+    limit = next(g[5] for g in GOALS if g[4] == "overhead_us")
     print(f"\nabsolute overhead at {fmt_bytes(small)}/rank: median(mt) - median(raw), us "
-          "(target: <= 5 us)")
+          f"(goal at 1 KiB for {', '.join(DIM0)}: <= {limit:g} us)")
     for p in points:
         if p["bytes"] == small:
             print(f"  {p['transition']:<8} {p['summary']['overhead_us']:>8.1f}")
+
+
+def goal_verdicts(points) -> list:
+    """One row per (goal, point it covers): the value, the limit and whether it
+    passes (a point whose result differs from the raw collective's fails)."""
+    rows = []
+    for name, names, lo, hi, key, limit, what in GOALS:
+        for p in points:
+            b = p["bytes"]
+            if (p["transition"] in names and (lo is None or b >= lo)
+                    and (hi is None or b <= hi) and key in p["summary"]):
+                v = p["summary"][key]
+                rows.append({"goal": name, "transition": p["transition"], "bytes": b,
+                             "what": what, "value": v, "limit": limit,
+                             "pass": bool(v <= limit and p["check"])})
+    return rows
+
+
+def print_goals(rows, np_) -> bool:
+    """Prints PASS or FAIL per point and per goal; whether every goal passed. A
+    goal no point covered (sizes or transitions left out) does not pass."""
+    print(f"\nissue 21's goals at np={np_}, per point:")
+    for r in rows:
+        print(f"  {'PASS' if r['pass'] else 'FAIL'}  {r['goal']:<23} {r['transition']:<7} "
+              f"{fmt_bytes(r['bytes']):>8}: {r['what']} = {r['value']:.2f} "
+              f"(limit {r['limit']:g})")
+    print(f"per goal (np={np_}):")
+    passed = 0
+    for g in GOALS:
+        mine = [r for r in rows if r["goal"] == g[0]]
+        verdict = "NOT MEASURED" if not mine else (
+            "PASS" if all(r["pass"] for r in mine) else "FAIL")
+        passed += verdict == "PASS"
+        print(f"  {verdict:<12} {g[0]}: {g[6]} <= {g[5]:g} ({', '.join(g[1])})")
+    print(f"bench-check np={np_}: {passed} of {len(GOALS)} goals pass")
+    return passed == len(GOALS)
 
 
 def print_memory(rows):
@@ -662,8 +716,7 @@ def print_profile(rows):
               + ("" if r["check"] else "  MISMATCH"))
 
 
-TARGET_LINES = {"S0->R": 1.10, "S1->R": 1.5, "P->R": 1.10, "P->S0": 1.10, "P->S1": 1.5,
-                "S0->S1": None, "R->S0": None}
+TARGET_LINES = {t: g[5] for g in GOALS if g[2] == MiB and g[4] == "ratio" for t in g[1]}
 
 
 def size_label(x, _pos=None):
@@ -773,6 +826,12 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/"
                     "redistribute-np{N}[-torch].json)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--sizes", default=None,
+                    help="comma-separated bytes/rank to time instead of the powers of 4 "
+                    "from --min-bytes to --max-bytes")
+    ap.add_argument("--goals", action="store_true",
+                    help="print PASS or FAIL per goal of issue 21 and exit 1 unless all "
+                    "pass (make bench-check)")
     args = ap.parse_args(argv)
 
     comm = MPI.COMM_WORLD.Dup()
@@ -795,13 +854,16 @@ def main(argv=None):
     while s <= hi:
         sizes.append(s)
         s *= 4
+    if args.sizes:
+        sizes = [parse_bytes(x) for x in args.sizes.split(",")]
+        hi = max(sizes)
     mesh = mt.init_device_mesh("cpu", (n,))
     tctx = TorchCtx(comm, parse_bytes(args.torch_max_bytes)) if args.torch else None
     info = machine_info(comm) if rank == 0 else None
     if rank == 0:
         over = " -- OVERSUBSCRIBED" if info["oversubscribed"] else ""
-        print(f"np={n} on {info['cores']} cores{over}; {info['cpu']}; {info['mpi']}; "
-              f"mpitensor {info['git']} (extension built {info['extension_mtime']})"
+        print(machine_line(info) + over, flush=True)
+        print(f"mpitensor {info['git']} (extension built {info['extension_mtime']})"
               + (f"; torch {tctx.version} gloo" if tctx else ""), flush=True)
 
     result = {"machine": info, "args": vars(args), "points": []}
@@ -855,6 +917,7 @@ def main(argv=None):
 
     if tctx:
         tctx.close()
+    all_pass = True
     if rank == 0:
         print_table(result["points"], info, tctx is not None)
         print(f"load average at start {' '.join(info['loadavg_start'])}, at end "
@@ -862,6 +925,9 @@ def main(argv=None):
         print_overhead(result["points"])
         print_memory(mem_rows)
         print_profile(result.get("profile"))
+        if args.goals:
+            result["goals"] = goal_verdicts(result["points"])
+            all_pass = print_goals(result["goals"], n)
         out = args.out or os.path.join(
             HERE, "results", f"redistribute-np{n}{'-torch' if tctx else ''}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -873,7 +939,7 @@ def main(argv=None):
             if png:
                 print(f"wrote {png}")
     comm.Free()
-    return 0
+    return 0 if all_pass else 1  # rank 0's status is mpiexec's
 
 
 if __name__ == "__main__":

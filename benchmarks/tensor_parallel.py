@@ -36,7 +36,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -48,7 +47,7 @@ from mpitensor import nn
 from mpitensor.nn import _kernels
 from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from _common import cpu_model, git_revision, init_gloo  # benchmarks/ is sys.path[0]
+from _common import git_revision, init_gloo, machine, machine_line  # benchmarks/ is sys.path[0]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -202,7 +201,9 @@ def main():
     if args.torch:
         torch, _, tmesh = init_gloo(comm)
         tctx = (torch, tmesh)
+    info = machine(comm)
     if comm.rank == 0:  # which BLAS ours calls (MPITENSOR_BLAS); NumPy's is OpenBLAS
+        print(machine_line(info), flush=True)
         print(f"mpitensor BLAS: {_kernels.blas_provider()}"
               f" ({_kernels._blas.library() or 'NumPy computes'})", flush=True)
     rows = []
@@ -217,9 +218,7 @@ def main():
                       f"  tp {fmt(row['tp'], 1e3, 'ms')}  speedup "
                       f"{fmt(row['speedup'], unit='x')}{extra}", flush=True)
     if comm.rank == 0:
-        meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "np": comm.size, "cpu": cpu_model(), "cores": os.cpu_count(),
-                "python": platform.python_version(), "numpy": np.__version__,
+        meta = {**info, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
                 "mpitensor_blas": _kernels.blas_provider(),
                 "mpitensor_blas_library": _kernels._blas.library(),

@@ -1,9 +1,10 @@
 /* A bounded hash table with CLOCK eviction, private to the core: the layout table
  * and the decision memo are built on it.
  *
- * Keys are fixed-length arrays of int64 words (compared and hashed whole, so they
- * have no padding); values are fixed-size blocks the cache stores. Entries live
- * in numbered slots that stay put until the entry goes; storage grows by
+ * Keys are fixed-length arrays of int64 words, hashed and compared up to their
+ * last nonzero word (so they have no padding, and a short key in long words
+ * costs what it holds); values are fixed-size blocks the cache stores. Entries
+ * live in numbered slots that stay put until the entry goes; storage grows by
  * doubling up to the capacity, so a cache that holds little costs little. When
  * full, adding evicts one entry by CLOCK (second chance: an entry found since the
  * hand last passed survives one more round). Every value the cache lets go
@@ -34,6 +35,10 @@ void mt__cache_destroy(mt__cache *c);
 
 /* The value of `key`, marked as used, or NULL. Its slot goes to *slot if given. */
 void *mt__cache_find(mt__cache *c, const int64_t *key, int64_t *slot);
+
+/* As mt__cache_find for a key given by its first `words` words, the rest being
+ * zero (they are not read). */
+void *mt__cache_find_prefix(mt__cache *c, const int64_t *key, int words, int64_t *slot);
 
 /* Adds `key`, which must be absent, with a zeroed value, evicting one entry when
  * the cache is full; returns the value (its slot in *slot if given), or NULL when

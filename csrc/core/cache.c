@@ -15,7 +15,9 @@ enum { FIRST_SLOTS = 8 };
 
 typedef struct header {
   uint32_t used;
-  uint32_t ref; /* found since the clock hand last passed */
+  uint32_t ref;   /* found since the clock hand last passed */
+  uint32_t words; /* the key's length without its trailing zero words */
+  uint32_t unused;
 } header;
 
 struct mt__cache {
@@ -43,23 +45,41 @@ static void *value_of(const mt__cache *c, int64_t slot) {
   return (unsigned char *)key_of(c, slot) + (size_t)c->key_words * sizeof(int64_t);
 }
 
-static uint64_t hash_key(const int64_t *key, int words) {
-  uint64_t h = 0x9E3779B97F4A7C15u;
-  for (int i = 0; i < words; ++i) {
-    h ^= (uint64_t)key[i];
-    h *= 0xff51afd7ed558ccdu;
-    h ^= h >> 32;
-  }
-  return h ^ (h >> 29);
+/* A key's length without its trailing zero words: keys are hashed and compared
+ * over that much only, so that a short key in long words costs what it holds. */
+static int key_len(const int64_t *key, int words) {
+  while (words > 0 && key[words - 1] == 0) --words;
+  return words;
 }
 
-/* The index position of `key`, or of the empty cell where it would go. */
-static uint64_t probe(const mt__cache *c, const int64_t *key) {
-  uint64_t i = hash_key(key, c->key_words) & c->mask;
-  size_t bytes = (size_t)c->key_words * sizeof(int64_t);
-  while (c->index[i] >= 0 && memcmp(key_of(c, c->index[i]), key, bytes) != 0)
-    i = (i + 1) & c->mask;
+/* One multiply per word (keys are mostly small integers); the final fold brings
+ * the product's high bits down to the index's low ones. */
+static uint64_t hash_key(const int64_t *key, int words) {
+  uint64_t h = 0;
+  for (int i = 0; i < words; ++i) h = (h ^ (uint64_t)key[i]) * 0x9E3779B97F4A7C15u;
+  return h ^ (h >> 32);
+}
+
+/* Whether slot s holds `key` of `len` (key_len) words. */
+static int holds(const mt__cache *c, int64_t s, const int64_t *key, int len) {
+  const header *h = head_of(c, s);
+  if (!h->used || (int)h->words != len) return 0;
+  const int64_t *have = key_of(c, s);
+  for (int w = 0; w < len; ++w)
+    if (have[w] != key[w]) return 0;
+  return 1;
+}
+
+/* The index position of `key` of `len` (key_len) words, or of the empty cell
+ * where it would go. */
+static uint64_t probe_len(const mt__cache *c, const int64_t *key, int len) {
+  uint64_t i = hash_key(key, len) & c->mask;
+  while (c->index[i] >= 0 && !holds(c, c->index[i], key, len)) i = (i + 1) & c->mask;
   return i;
+}
+
+static uint64_t probe(const mt__cache *c, const int64_t *key) {
+  return probe_len(c, key, key_len(key, c->key_words));
 }
 
 /* Removes index cell i and shifts the rest of its probe chain back. */
@@ -68,7 +88,8 @@ static void unindex(mt__cache *c, uint64_t i) {
   for (;;) {
     j = (j + 1) & c->mask;
     if (c->index[j] < 0) break;
-    uint64_t home = hash_key(key_of(c, c->index[j]), c->key_words) & c->mask;
+    int64_t s = c->index[j];
+    uint64_t home = hash_key(key_of(c, s), (int)head_of(c, s)->words) & c->mask;
     /* Cell j may move to i unless its home lies cyclically in (i, j]. */
     int stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
     if (stays) continue;
@@ -147,8 +168,12 @@ void mt__cache_destroy(mt__cache *c) {
 }
 
 void *mt__cache_find(mt__cache *c, const int64_t *key, int64_t *slot) {
+  return mt__cache_find_prefix(c, key, c->key_words, slot);
+}
+
+void *mt__cache_find_prefix(mt__cache *c, const int64_t *key, int words, int64_t *slot) {
   if (c->count == 0) return NULL;
-  int64_t s = c->index[probe(c, key)];
+  int64_t s = c->index[probe_len(c, key, key_len(key, words))];
   if (s < 0) return NULL;
   head_of(c, s)->ref = 1;
   if (slot != NULL) *slot = s;
@@ -180,7 +205,7 @@ void *mt__cache_add(mt__cache *c, const int64_t *key, int64_t *slot, mt_error *e
   }
   int64_t s = c->free_slots[--c->nfree];
   header *h = head_of(c, s);
-  h->used = 1, h->ref = 0;
+  h->used = 1, h->ref = 0, h->words = (uint32_t)key_len(key, c->key_words);
   memcpy(key_of(c, s), key, (size_t)c->key_words * sizeof(int64_t));
   c->index[probe(c, key)] = s;
   c->count++;

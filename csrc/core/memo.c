@@ -11,10 +11,26 @@
 /* op, aux, operand count, then the operands. */
 enum { KEY_WORDS = 3 + MT_MEMO_MAX_OPERANDS };
 
+/* A direct-mapped front of the cache, by op: the decision an op found last,
+ * tried before the key is hashed (an op mostly meets the same layouts again).
+ * An entry is valid while the memo's epoch stays: every insert, clear or new
+ * bound, which may move or drop decisions, starts a new epoch. An entry found
+ * here is not marked for the clock, which is right: the first find of each
+ * epoch, which every insert starts, goes to the cache and marks it. */
+enum { FRONT = 64 };
+
+typedef struct front {
+  uint64_t epoch;
+  mt_decision *decision;
+  int64_t key[KEY_WORDS]; /* packed, the words the key uses */
+} front;
+
 struct mt_memo {
   mt__cache *cache;
   int64_t plans, plan_limit;
   int64_t hits, misses;
+  uint64_t epoch; /* from 1: a zeroed front entry is invalid */
+  front front[FRONT];
 };
 
 static int count_plans(const mt_decision *d) {
@@ -54,7 +70,7 @@ int mt_memo_create(int64_t decisions, int64_t plans, mt_memo **out, mt_error *er
     free(memo);
     return rc;
   }
-  memo->plan_limit = plans;
+  memo->plan_limit = plans, memo->epoch = 1;
   *out = memo;
   return MT_OK;
 }
@@ -65,26 +81,58 @@ void mt_memo_destroy(mt_memo *memo) {
   free(memo);
 }
 
+/* The words of `key` it uses into w (the rest of a packed key is zero); 0 when
+ * the count of operands is out of range. */
+static int pack_used(const mt_memo_key *key, int64_t *w) {
+  int n = key->noperands;
+  if (n < 0 || n > MT_MEMO_MAX_OPERANDS) return 0;
+  w[0] = key->op, w[1] = key->aux, w[2] = n;
+  for (int i = 0; i < n; ++i) w[3 + i] = key->operand[i];
+  return 3 + n;
+}
+
 mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key) {
   int64_t w[KEY_WORDS];
-  if (pack(key, w, NULL) != MT_OK) return NULL;
-  return mt__cache_find(memo->cache, w, NULL);
+  int words = pack_used(key, w);
+  return words == 0 ? NULL : mt__cache_find_prefix(memo->cache, w, words, NULL);
+}
+
+/* Whether the front entry f holds `key`. */
+static int front_holds(const front *f, const mt_memo_key *key) {
+  if (f->key[0] != key->op || f->key[1] != key->aux || f->key[2] != key->noperands)
+    return 0;
+  for (int i = 0; i < key->noperands; ++i)
+    if (f->key[3 + i] != key->operand[i]) return 0;
+  return 1;
 }
 
 mt_decision *mt_memo_find(mt_memo *memo, const mt_memo_key *key) {
-  mt_decision *d = mt_memo_peek(memo, key);
-  if (d != NULL) memo->hits++;
-  else memo->misses++;
+  front *f = &memo->front[(uint64_t)key->op % FRONT];
+  if (f->epoch == memo->epoch && front_holds(f, key)) {
+    memo->hits++;
+    return f->decision;
+  }
+  int64_t w[KEY_WORDS];
+  int words = pack_used(key, w);
+  mt_decision *d = words == 0 ? NULL : mt__cache_find_prefix(memo->cache, w, words, NULL);
+  if (d == NULL) {
+    memo->misses++;
+    return NULL;
+  }
+  memo->hits++;
+  f->epoch = memo->epoch, f->decision = d;
+  memcpy(f->key, w, (size_t)words * sizeof *w);
   return d;
 }
 
 /* Stores `decision` in the fresh value `slot`, retaining its plans. */
 static mt_decision *store(mt_memo *memo, mt_decision *slot, const mt_decision *decision) {
   *slot = *decision;
+  slot->nplans = 0;
   for (int i = 0; i < slot->ninputs; ++i) {
     if (slot->plan[i] == NULL) continue;
     mt_plan_retain(slot->plan[i]);
-    memo->plans++;
+    memo->plans++, slot->nplans++;
   }
   return slot;
 }
@@ -93,6 +141,7 @@ mt_decision *mt_memo_insert(mt_memo *memo, const mt_memo_key *key,
                             const mt_decision *decision, mt_error *err) {
   int64_t w[KEY_WORDS], slot;
   if (pack(key, w, err) != MT_OK) return NULL;
+  memo->epoch++;
   if (decision->ninputs < 0 || decision->ninputs > MT_PROP_MAX_INPUTS) {
     mt__fail(err, MT_EINVAL, "A decision has 0 to %d inputs", MT_PROP_MAX_INPUTS);
     return NULL;
@@ -109,10 +158,14 @@ mt_decision *mt_memo_insert(mt_memo *memo, const mt_memo_key *key,
   return fresh == NULL ? NULL : store(memo, fresh, decision);
 }
 
-void mt_memo_clear(mt_memo *memo) { mt__cache_clear(memo->cache); }
+void mt_memo_clear(mt_memo *memo) {
+  memo->epoch++;
+  mt__cache_clear(memo->cache);
+}
 
 int mt_memo_set_limits(mt_memo *memo, int64_t decisions, int64_t plans, mt_error *err) {
   if (plans < 1) return mt__fail(err, MT_EINVAL, "A memo holds at least one plan");
+  memo->epoch++;
   int rc = mt__cache_set_capacity(memo->cache, decisions, err);
   if (rc == MT_OK) memo->plan_limit = plans;
   return rc;

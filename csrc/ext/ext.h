@@ -134,7 +134,7 @@ typedef struct mt_ext_dtensor {
  * the signature its dim map is built from (core/dimmap.c). */
 typedef struct mt_ext_sig {
   PyObject *func;   /* the ufunc, or the NumPy reduction (numpy.sum) */
-  PyObject *method; /* reduction: the ndarray method's name */
+  PyObject *method; /* reduction: ndarray's method (a descriptor: local array first) */
   int64_t id;       /* its op id in the memo */
   mt_op_sig op;
   int nin, nout; /* ufunc */
@@ -168,22 +168,23 @@ typedef struct mt_ext_dispatch {
   /* Registered operations and op ids. */
   mt_ext_sig *sigs;
   int nsigs, sig_cap;
-  PyObject *sig_index; /* func -> index into sigs; a reduction's method name too */
+  /* func -> index into sigs + 1 (0: empty), by address: a registered function is
+   * found by identity, as NumPy hands it back, without hashing a Python object. */
+  int *sig_slots;
+  size_t sig_mask;
   PyObject *op_ids;    /* a Python op key -> its op id (bounded) */
   int64_t next_op;
-  PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_axis_keepdims;
+  PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims;
   /* Modes (mpitensor._modes) and switches. */
   int enabled, tracing, grad_enabled;
   long long c_calls, python_calls;
   int64_t decision_limit, plan_limit, layout_limit; /* for new meshes */
 } mt_ext_dispatch;
 
-/* The dispatch's state, from the module or from an instance of one of its types
- * (NULL with an exception before dispatch_init). */
+/* The dispatch's state of the module. */
 static inline mt_ext_dispatch *mt_ext_dispatch_module(PyObject *module) {
   return mt_ext_state_of(module)->dispatch;
 }
-mt_ext_dispatch *mt_ext_dispatch_of(PyObject *obj);
 
 /* Whether `o` is a DTensorBase (or a subclass) instance. */
 static inline int mt_ext_is_dtensor(const mt_ext_dispatch *d, PyObject *o) {
@@ -235,7 +236,18 @@ typedef struct mt_ext_inputs {
 } mt_ext_inputs;
 
 /* The registered signature of `func` (a ufunc or reduction), or NULL. */
-const mt_ext_sig *mt_ext_sig_of(mt_ext_dispatch *d, PyObject *func);
+/* The first cell of `func` in sig_slots. */
+static inline size_t mt_ext_sig_home(const mt_ext_dispatch *d, const PyObject *func) {
+  return (size_t)(((uint64_t)(uintptr_t)func >> 4) * 0x9E3779B97F4A7C15u >> 32) & d->sig_mask;
+}
+static inline mt_ext_sig *mt_ext_sig_of(const mt_ext_dispatch *d, const PyObject *func) {
+  if (d->sig_slots == NULL) return NULL;
+  for (size_t i = mt_ext_sig_home(d, func);; i = (i + 1) & d->sig_mask) {
+    int s = d->sig_slots[i];
+    if (s == 0) return NULL;
+    if (d->sigs[s - 1].func == func) return &d->sigs[s - 1];
+  }
+}
 /* The op id of a hashable Python key, or -1 with an exception. */
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key);
 /* The memo's aux word of a reduction over `axis` (None, an int or a tuple of ints,
@@ -249,17 +261,66 @@ int64_t mt_ext_reduction_aux(PyObject *axis, int ndim, int keepdims, uint32_t *a
  * entry) any DTensor (the first one's mesh) and any scalar. 1, 0 or -1. */
 int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int strict,
                        mt_ext_call *c);
+
+/* A DTensor operand the C path takes: exactly a DTensor, with a plain ndarray as
+ * its local data, not recording for autograd. */
+static inline int mt_ext_plain_dtensor(const mt_ext_dispatch *d, PyObject *o) {
+  const mt_ext_dtensor *b = (const mt_ext_dtensor *)o;
+  return Py_TYPE(o) == d->dtensor && b->local != NULL && PyArray_CheckExact(b->local) &&
+         !(d->grad_enabled && b->requires_grad);
+}
+
+/* The C path's common operand: a DTensor that has met its mesh's layout table
+ * before. Its id is valid (ids are never reused and a new spec resets it), so
+ * neither the spec nor the table is read. Adds it as operand i: 1, or 0 for
+ * mt_ext_call_gather to judge. */
+static inline int mt_ext_known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
+                                      mt_ext_call *c) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
+  if (!mt_ext_plain_dtensor(d, o) || b->layout_id == 0) return 0;
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
+  if (mb != c->mb && (c->mb != NULL || !mb->member)) return 0;
+  c->mb = mb;
+  c->dt[c->ntensors] = b;
+  c->id[c->ntensors++] = b->layout_id;
+  c->tensors |= 1u << i;
+  c->key.operand[i] = b->layout_id;
+  return 1;
+}
+
+/* mt_ext_call_gather(strict) of 1 to MT_MEMO_MAX_OPERANDS operands, inline for
+ * the common call: DTensors that all have a layout id. */
+static inline int mt_ext_call_gather_c(mt_ext_dispatch *d, PyObject *const *ops, int n,
+                                       mt_ext_call *c) {
+  c->mb = NULL, c->ntensors = 0, c->tensors = 0;
+  c->key.op = 0, c->key.aux = 0;
+  c->key.noperands = c->noperands = n;
+  for (int i = 0; i < n; ++i)
+    if (!mt_ext_known_tensor(d, ops[i], i, c)) return mt_ext_call_gather(d, ops, n, 1, c);
+  return c->ntensors > 0;
+}
 int mt_ext_call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_ext_inputs *in);
 /* The decision of a registered op for the call: from the memo (a hit), else made
  * from the op's signature and stored (a miss). NULL with an exception. */
-mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, const mt_ext_sig *sig,
-                                const mt_ext_call *c, uint32_t axes, int keepdims,
-                                int *hit);
+mt_decision *mt_ext_call_miss(mt_ext_dispatch *d, const mt_ext_sig *sig,
+                              const mt_ext_call *c, uint32_t axes, int keepdims);
+static inline mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, mt_ext_sig *sig,
+                                              const mt_ext_call *c, uint32_t axes,
+                                              int keepdims, int *hit) {
+  mt_decision *dec = mt_memo_find(c->mb->memo, &c->key);
+  *hit = dec != NULL;
+  return dec != NULL ? dec : mt_ext_call_miss(d, sig, c, axes, keepdims);
+}
 /* A miss of `key` decided from `map` by the core (mt_memo_decide); NULL with an
  * exception (naming the op of `sig`, if any). */
 mt_decision *mt_ext_decide_map(mt_ext_mesh_base *mb, const mt_memo_key *key,
                                const mt_dimmap *map, const mt_ext_inputs *in,
                                const mt_ext_sig *sig);
+/* The Python layout of the output layout (out_id, out_slot) when the layout
+ * table still holds it and its element type is `descr`: 1 and *layout, else 0,
+ * or -1 with an exception. */
+int mt_ext_known_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t out_id,
+                        int64_t out_slot, PyArray_Descr *descr, PyObject **layout);
 /* The layout id and Python layout of an output of element type `descr`: the
  * decision's own when known and of that type, else interned now and recorded in
  * the memo's decision of `key`. */

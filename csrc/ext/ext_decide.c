@@ -10,15 +10,6 @@
 
 #include "mpitensor/prop.h"
 
-const mt_ext_sig *mt_ext_sig_of(mt_ext_dispatch *d, PyObject *func) {
-  PyObject *index = PyDict_GetItemWithError(d->sig_index, func);
-  if (index == NULL) {
-    PyErr_Clear(); /* an unhashable object is no registered function */
-    return NULL;
-  }
-  return &d->sigs[PyLong_AsLong(index)];
-}
-
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
   PyObject *id = PyDict_GetItemWithError(d->op_ids, key);
   if (id != NULL) return PyLong_AsLongLong(id);
@@ -85,19 +76,12 @@ static int64_t scalar_kind(mt_ext_dispatch *d, PyObject *o, int strict) {
   return id < 0 ? -1 : KIND_OTHER + id;
 }
 
-/* A DTensor operand the C path takes: exactly a DTensor, with a plain ndarray as
- * its local data, not recording for autograd. */
-static int plain_dtensor(mt_ext_dispatch *d, PyObject *o) {
-  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  return Py_TYPE(o) == d->dtensor && b->local != NULL && PyArray_CheckExact(b->local) &&
-         !(d->grad_enabled && b->requires_grad);
-}
 
 /* Adds DTensor operand i; the first sets the mesh. 1, 0 (not C-path), or -1. */
 static int gather_tensor(mt_ext_dispatch *d, PyObject *o, int i, int strict,
                          mt_ext_call *c) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  if (strict && !plain_dtensor(d, o)) return 0;
+  if (strict && !mt_ext_plain_dtensor(d, o)) return 0;
   if (c->mb == NULL) {
     c->mb = b->spec == NULL ? NULL : mt_ext_spec_mesh(d, b->spec);
     if (c->mb == NULL) {
@@ -123,7 +107,9 @@ static int gather_tensor(mt_ext_dispatch *d, PyObject *o, int i, int strict,
 
 int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int strict,
                        mt_ext_call *c) {
-  memset(c, 0, sizeof *c);
+  /* Only what is read is set: dt, id and key.operand up to the counts. */
+  c->mb = NULL, c->ntensors = 0, c->tensors = 0;
+  c->key.op = 0, c->key.aux = 0;
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) {
     if (strict) return 0;
     PyErr_Format(PyExc_TypeError, "an operation takes 1 to %d operands here",
@@ -132,6 +118,7 @@ int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int stri
   }
   c->key.noperands = c->noperands = n;
   for (int i = 0; i < n; ++i) {
+    if (strict && mt_ext_known_tensor(d, ops[i], i, c)) continue;
     int rc;
     if (mt_ext_is_dtensor(d, ops[i])) {
       rc = gather_tensor(d, ops[i], i, strict, c);
@@ -185,12 +172,8 @@ mt_decision *mt_ext_decide_map(mt_ext_mesh_base *mb, const mt_memo_key *key,
   return rc == MT_OK ? dec : raise_named(sig, rc, &err);
 }
 
-mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, const mt_ext_sig *sig,
-                                const mt_ext_call *c, uint32_t axes, int keepdims,
-                                int *hit) {
-  mt_decision *dec = mt_memo_find(c->mb->memo, &c->key);
-  *hit = dec != NULL;
-  if (dec != NULL) return dec;
+mt_decision *mt_ext_call_miss(mt_ext_dispatch *d, const mt_ext_sig *sig,
+                              const mt_ext_call *c, uint32_t axes, int keepdims) {
   mt_ext_inputs in;
   if (mt_ext_call_inputs(d, c, &in) < 0) return NULL;
   mt_op_args args = {c->noperands, c->tensors, axes, keepdims};
@@ -208,17 +191,23 @@ static int same_dtype(PyObject *layout, PyArray_Descr *descr) {
          (PyArray_DescrCheck(have) && PyArray_EquivTypes((PyArray_Descr *)have, descr));
 }
 
+int mt_ext_known_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t out_id,
+                        int64_t out_slot, PyArray_Descr *descr, PyObject **layout) {
+  if (out_id == 0) return 0;
+  *layout = mt_ext_py_layout(d, mb, out_id, out_slot, NULL, NULL);
+  if (*layout == NULL) return PyErr_Occurred() ? -1 : 0;
+  if (same_dtype(*layout, descr)) return 1;
+  Py_CLEAR(*layout);
+  return 0;
+}
+
 int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
                            const mt_memo_key *key, const mt_decision *dec,
                            PyArray_Descr *descr, int64_t *id, PyObject **layout) {
-  if (dec->out_id != 0) {
-    *layout = mt_ext_py_layout(d, mb, dec->out_id, dec->out_slot, NULL, NULL);
-    if (*layout == NULL && PyErr_Occurred()) return -1;
-    if (*layout != NULL && same_dtype(*layout, descr)) {
-      *id = dec->out_id;
-      return 0;
-    }
-    Py_CLEAR(*layout);
+  int known = mt_ext_known_output(d, mb, dec->out_id, dec->out_slot, descr, layout);
+  if (known != 0) {
+    *id = dec->out_id;
+    return known < 0 ? -1 : 0;
   }
   mt_layout_key out;
   memset(&out, 0, sizeof out);

@@ -91,7 +91,7 @@ static int gather_seq(mt_ext_dispatch *d, PyObject *operands, mt_ext_call *c) {
 static PyObject *decide_ufunc(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "decide_ufunc(ufunc, operands)");
-  const mt_ext_sig *sig = mt_ext_sig_of(d, args[0]);
+  mt_ext_sig *sig = mt_ext_sig_of(d, args[0]);
   mt_ext_sig plain;
   memset(&plain, 0, sizeof plain);
   plain.func = args[0], plain.op.family = MT_OP_ELEMENTWISE;
@@ -115,7 +115,7 @@ static PyObject *decide_reduction(PyObject *module, PyObject *const *args,
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 4) return PyErr_Format(PyExc_TypeError,
                                       "decide_reduction(func, dtensor, axis, keepdims)");
-  const mt_ext_sig *sig = mt_ext_sig_of(d, args[0]);
+  mt_ext_sig *sig = mt_ext_sig_of(d, args[0]);
   if (sig == NULL || sig->op.family != MT_OP_REDUCTION)
     return PyErr_Format(PyExc_TypeError, "%R is not a registered reduction", args[0]);
   int keepdims = PyObject_IsTrue(args[3]);

@@ -17,18 +17,21 @@
 
 #include <string.h>
 
-mt_ext_dispatch *mt_ext_dispatch_of(PyObject *obj) {
-  PyObject *module = PyType_GetModuleByDef(Py_TYPE(obj), &mt_ext_module_def);
-  if (module == NULL) return NULL;
-  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  if (d->dtensor == NULL) {
-    PyErr_SetString(PyExc_RuntimeError, "mpitensor._C.dispatch_init was not called");
-    return NULL;
-  }
-  return d;
-}
-
 /* -- registered operations ------------------------------------------------------------ */
+
+/* Indexes sigs[0..nsigs) in a table of `cells` (a power of two). */
+static int index_sigs(mt_ext_dispatch *d, size_t cells) {
+  int *slots = PyMem_Calloc(cells, sizeof *slots);
+  if (slots == NULL) return PyErr_NoMemory(), -1;
+  PyMem_Free(d->sig_slots);
+  d->sig_slots = slots, d->sig_mask = cells - 1;
+  for (int s = 0; s < d->nsigs; ++s) {
+    size_t i = mt_ext_sig_home(d, d->sigs[s].func);
+    while (slots[i] != 0) i = (i + 1) & d->sig_mask;
+    slots[i] = s + 1;
+  }
+  return 0;
+}
 
 /* A new signature for `func`; NULL with an exception. */
 static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
@@ -42,16 +45,19 @@ static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
     if (sigs == NULL) return (mt_ext_sig *)PyErr_NoMemory();
     d->sigs = sigs, d->sig_cap = cap;
   }
-  PyObject *index = PyLong_FromLong(d->nsigs);
   int64_t id = mt_ext_op_id(d, func);
-  if (index == NULL || id < 0 || PyDict_SetItem(d->sig_index, func, index) < 0) {
-    Py_XDECREF(index);
+  if (id < 0) return NULL;
+  /* At most half full, so that a probe for an absent function ends soon. */
+  size_t cells = d->sig_slots == NULL ? 128 : d->sig_mask + 1;
+  while (cells < 2 * (size_t)(d->nsigs + 1)) cells *= 2;
+  if ((d->sig_slots == NULL || cells != d->sig_mask + 1) && index_sigs(d, cells) < 0)
     return NULL;
-  }
-  Py_DECREF(index);
-  mt_ext_sig *sig = &d->sigs[d->nsigs++];
+  mt_ext_sig *sig = &d->sigs[d->nsigs];
   memset(sig, 0, sizeof *sig);
   sig->func = Py_NewRef(func), sig->id = id;
+  size_t i = mt_ext_sig_home(d, func);
+  while (d->sig_slots[i] != 0) i = (i + 1) & d->sig_mask;
+  d->sig_slots[i] = ++d->nsigs;
   return sig;
 }
 
@@ -100,7 +106,10 @@ static PyObject *register_reduction(PyObject *module, PyObject *args) {
   if (sig == NULL) return NULL;
   sig->op.family = MT_OP_REDUCTION, sig->op.rule = rule;
   if (method == NULL) Py_RETURN_NONE;
-  sig->method = Py_NewRef(d->reduction_name[m]);
+  /* ndarray's own method, called as a function: a local array the C path takes is
+   * exactly an ndarray, so this is what looking the name up on it would find. */
+  sig->method = PyObject_GetAttr((PyObject *)&PyArray_Type, d->reduction_name[m]);
+  if (sig->method == NULL) return NULL;
   sig->int_axis = strncmp(method, "arg", 3) == 0;
   d->reduction_sig[m] = (int)(sig - d->sigs);
   Py_RETURN_NONE;
@@ -130,21 +139,48 @@ static PyObject *new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec
   return (PyObject *)b;
 }
 
+/* What a call runs on the local arrays: `func(*locals, *extra)`, the last of the
+ * `nextra` extra arguments the values of `kwnames` (a ufunc, or ndarray's method
+ * of a reduction with the local array first); and what the decision was made
+ * from (the registered op, a reduction's axes and keepdims). */
+typedef struct target {
+  mt_ext_sig *sig;
+  uint32_t axes;
+  int keepdims;
+  PyObject *func;
+  PyObject *const *extra;
+  Py_ssize_t nextra;
+  PyObject *kwnames;
+} target;
+
 /* The result as a DTensor: the spec of an input of the output's layout, else one
- * of the mesh and the output's layout. Steals `res`. */
-static PyObject *wrap(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision *dec,
+ * of the mesh and the output's layout. `dec` is the caller's copy of the decision,
+ * or NULL when it holds only out_id and out_slot: the decision is then found
+ * again, since the NumPy call may have run code that changed the memo (and made
+ * again if that code evicted it). Steals `res`. */
+static PyObject *wrap(mt_ext_dispatch *d, const mt_ext_call *c, const target *tg,
+                      const mt_decision *dec, int64_t out_id, int64_t out_slot,
                       PyObject *res) {
   res = as_array(res);
   if (res == NULL) return NULL;
   PyArray_Descr *descr = PyArray_DESCR((PyArrayObject *)res);
-  for (int t = 0; dec->out_id != 0 && t < c->ntensors; ++t) {
+  for (int t = 0; out_id != 0 && t < c->ntensors; ++t) {
     PyObject *spec = c->dt[t]->spec;
-    if (c->id[t] == dec->out_id && PyTuple_GET_ITEM(spec, 3) == (PyObject *)descr)
-      return new_dtensor(d, res, Py_NewRef(spec), dec->out_id);
+    if (c->id[t] == out_id && PyTuple_GET_ITEM(spec, 3) == (PyObject *)descr)
+      return new_dtensor(d, res, Py_NewRef(spec), out_id);
   }
-  int64_t id;
-  PyObject *layout;
-  if (mt_ext_decision_output(d, c->mb, &c->key, dec, descr, &id, &layout) < 0) {
+  int64_t id = out_id;
+  PyObject *layout = NULL;
+  int known = dec != NULL ? 0 : mt_ext_known_output(d, c->mb, out_id, out_slot, descr, &layout);
+  if (known == 0 && dec == NULL) {
+    int hit;
+    dec = mt_memo_peek(c->mb->memo, &c->key);
+    if (dec == NULL) dec = mt_ext_call_decide(d, tg->sig, c, tg->axes, tg->keepdims, &hit);
+    if (dec == NULL) known = -1;
+  }
+  if (known == 0 && mt_ext_decision_output(d, c->mb, &c->key, dec, descr, &id, &layout) < 0)
+    known = -1;
+  if (known < 0) {
     Py_DECREF(res);
     return NULL;
   }
@@ -157,7 +193,6 @@ static PyObject *wrap(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decisio
  * moved by its plan first (collective). 0, or -1 with the taken ones released. */
 static int locals_of(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision *dec,
                      PyObject *const *ops, PyObject **args) {
-  mt_mesh *mesh = mt_ext_mesh_get_unchecked(c->mb->handle);
   for (int i = 0, t = 0; i < c->noperands; ++i) {
     if (!(c->tensors >> i & 1u)) {
       args[i] = Py_NewRef(ops[i]);
@@ -167,7 +202,8 @@ static int locals_of(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision
     PyObject *local = c->dt[t++]->local;
     if (plan == NULL) args[i] = Py_NewRef(local);
     else if (mt_ext_mesh_check_thread(c->mb->handle) < 0) args[i] = NULL;
-    else args[i] = mt_ext_run_plan(d->module, mesh, plan, local);
+    else args[i] = mt_ext_run_plan(d->module, mt_ext_mesh_get_unchecked(c->mb->handle),
+                                   plan, local);
     if (args[i] == NULL) {
       for (int k = 0; k < i; ++k) Py_DECREF(args[k]);
       return -1;
@@ -185,32 +221,50 @@ static void hold(mt_decision *dec, int own) {
   }
 }
 
-/* Runs a decision: plans, `func(*args, **kw)` or, for a reduction, the method
- * `name` of the one local array with the keywords `kwnames`, and the wrap. */
-static PyObject *run(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision *found,
-                     PyObject *func, PyObject *const *ops, PyObject *const *kw,
-                     PyObject *kwnames) {
-  mt_decision dec = *found;
+/* Runs a decision: plans, the target's call and the wrap. A decision with plans,
+ * or whose output layout is not known yet, is copied and its plans held, for
+ * collectives and NumPy may run code that changes the memo; the common one
+ * (no plan, output known) is read only before any such code runs. */
+static PyObject *run(mt_ext_dispatch *d, const mt_ext_call *c, const target *tg,
+                     const mt_decision *found, PyObject *const *ops) {
+  int plans = found->nplans != 0;
+  mt_decision copy;
+  const mt_decision *dec = NULL;
+  if (plans || found->out_id == 0) {
+    copy = *found;
+    hold(&copy, 1);
+    dec = &copy;
+  }
+  int64_t out_id = found->out_id, out_slot = found->out_slot;
   PyObject *args[MT_MEMO_MAX_OPERANDS + 2];
-  hold(&dec, 1);
   PyObject *res = NULL;
-  if (locals_of(d, c, &dec, ops, args) == 0) {
-    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t k = 0; k < nkw; ++k) args[c->noperands + k] = kw[k];
-    res = kwnames == NULL ? PyObject_Vectorcall(func, args, (size_t)c->noperands, NULL)
-                          : PyObject_VectorcallMethod(func, args, 1, kwnames);
-    for (int i = 0; i < c->noperands; ++i) Py_DECREF(args[i]);
+  /* Without plans the arguments are borrowed: the operands hold them (a DTensor
+   * its local array) for the call, and NumPy takes its own references before it
+   * runs code that could drop one. Plans make new arrays, owned here. */
+  int ok = 1;
+  if (plans) {
+    ok = locals_of(d, c, dec, ops, args) == 0;
+  } else {
+    for (int i = 0, t = 0; i < c->noperands; ++i)
+      args[i] = c->tensors >> i & 1u ? c->dt[t++]->local : ops[i];
+  }
+  if (ok) {
+    for (Py_ssize_t k = 0; k < tg->nextra; ++k) args[c->noperands + k] = tg->extra[k];
+    Py_ssize_t npos = c->noperands + tg->nextra -
+                      (tg->kwnames != NULL ? PyTuple_GET_SIZE(tg->kwnames) : 0);
+    res = PyObject_Vectorcall(tg->func, args, (size_t)npos, tg->kwnames);
+    for (int i = 0; plans && i < c->noperands; ++i) Py_DECREF(args[i]);
   }
   d->c_calls++;
-  PyObject *out = res == NULL ? NULL : wrap(d, c, &dec, res);
-  hold(&dec, 0);
+  PyObject *out = res == NULL ? NULL : wrap(d, c, tg, dec, out_id, out_slot, res);
+  if (dec != NULL) hold(&copy, 0);
   return out;
 }
 
 /* 1 with *out (done), 0 when the C path does not take the call, -1 on error. */
-static int c_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops, int n,
-                   PyObject **out) {
-  const mt_ext_sig *sig = mt_ext_sig_of(d, ufunc);
+static inline int c_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops, int n,
+                          PyObject **out) {
+  mt_ext_sig *sig = mt_ext_sig_of(d, ufunc);
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nout != 1 || sig->nin != n)
     return 0;
   if (PyDict_GET_SIZE(d->rules) != 0) {
@@ -218,13 +272,14 @@ static int c_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops, in
     if (has != 0) return has < 0 ? -1 : 0;
   }
   mt_ext_call c;
-  int rc = mt_ext_call_gather(d, ops, n, 1, &c);
+  int rc = mt_ext_call_gather_c(d, ops, n, &c);
   if (rc <= 0) return rc;
   c.key.op = sig->id;
   int hit;
   const mt_decision *dec = mt_ext_call_decide(d, sig, &c, 0, 0, &hit);
   if (dec == NULL) return -1;
-  *out = run(d, &c, dec, ufunc, ops, NULL, NULL);
+  target tg = {sig, 0, 0, ufunc, NULL, 0, NULL};
+  *out = run(d, &c, &tg, dec, ops);
   return *out != NULL ? 1 : -1;
 }
 
@@ -291,13 +346,13 @@ static int reduction_args(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *c
   return !sig->int_axis && PyTuple_CheckExact(*axis) ? 0 : -1;
 }
 
-static int c_reduction(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *self,
+static int c_reduction(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *self,
                        PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                        PyObject **out) {
   PyObject *axis, *keepdims;
   mt_ext_call c;
   if (reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0) return 0;
-  int rc = mt_ext_call_gather(d, &self, 1, 1, &c);
+  int rc = mt_ext_call_gather_c(d, &self, 1, &c);
   if (rc <= 0) return rc;
   uint32_t axes;
   int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));
@@ -307,8 +362,12 @@ static int c_reduction(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *self
   int hit;
   const mt_decision *dec = mt_ext_call_decide(d, sig, &c, axes, keepdims == Py_True, &hit);
   if (dec == NULL) return -1;
-  PyObject *kw[2] = {axis, keepdims};
-  *out = run(d, &c, dec, sig->method, &self, kw, d->kw_axis_keepdims);
+  /* axis is every reduction method's first parameter: positional, it spares
+   * NumPy the parsing of keywords. */
+  PyObject *extra[2] = {axis, keepdims};
+  int keep = keepdims == Py_True;
+  target tg = {sig, axes, keep, sig->method, extra, 1 + keep, keep ? d->kw_keepdims : NULL};
+  *out = run(d, &c, &tg, dec, &self);
   return *out != NULL ? 1 : -1;
 }
 
@@ -318,7 +377,7 @@ PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   if (d->reduction_sig[method] < 0)
     return PyErr_Format(PyExc_TypeError, "DTensor.%s has no sharding rule in mpitensor",
                         mt_ext_reduction_names[method]);
-  const mt_ext_sig *sig = &d->sigs[d->reduction_sig[method]];
+  mt_ext_sig *sig = &d->sigs[d->reduction_sig[method]];
   if (d->enabled && !d->tracing) {
     PyObject *out = NULL;
     int rc = c_reduction(d, sig, self, args, nargs, kwnames, &out);
@@ -460,8 +519,8 @@ static int intern_names(mt_ext_dispatch *d) {
   d->s_keepdims = PyUnicode_InternFromString("keepdims");
   d->s_out = PyUnicode_InternFromString("out");
   if (!d->s_call || !d->s_axis || !d->s_keepdims || !d->s_out) return -1;
-  d->kw_axis_keepdims = PyTuple_Pack(2, d->s_axis, d->s_keepdims);
-  return d->kw_axis_keepdims == NULL ? -1 : 0;
+  d->kw_keepdims = PyTuple_Pack(1, d->s_keepdims);
+  return d->kw_keepdims == NULL ? -1 : 0;
 }
 
 int mt_ext_dispatch_exec(PyObject *module) {
@@ -474,17 +533,16 @@ int mt_ext_dispatch_exec(PyObject *module) {
   d->module = module, d->enabled = 1, d->grad_enabled = 1, d->next_op = 1;
   d->decision_limit = 4096, d->plan_limit = 256, d->layout_limit = 4096;
   d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
-  d->sig_index = PyDict_New();
   d->op_ids = PyDict_New();
-  if (d->sig_index == NULL || d->op_ids == NULL || intern_names(d) < 0) return -1;
+  if (d->op_ids == NULL || intern_names(d) < 0) return -1;
   return 0;
 }
 
 /* Every object the state holds, for traverse and clear. */
 #define MT_EXT_DISPATCH_OBJECTS(X, d)                                                  \
   X(d->dtensor); X(d->spec); X(d->functions); X(d->rules); X(d->ufunc_type);          \
-  X(d->replicate); X(d->sig_index); X(d->op_ids); X(d->s_call); X(d->s_axis);         \
-  X(d->s_keepdims); X(d->s_out); X(d->kw_axis_keepdims);                               \
+  X(d->replicate); X(d->op_ids); X(d->s_call); X(d->s_axis);         \
+  X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims);                               \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
   for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \
   for (int i_ = 0; i_ < MT_EXT_NBINARY; ++i_) X(d->binary[i_]);                        \
@@ -512,6 +570,8 @@ void mt_ext_dispatch_clear(mt_ext_state *st) {
   MT_EXT_DISPATCH_OBJECTS(CLEAR_ONE, d)
 #undef CLEAR_ONE
   d->nsigs = 0;
+  PyMem_Free(d->sig_slots);
+  d->sig_slots = NULL;
 }
 
 void mt_ext_dispatch_free(mt_ext_state *st) {

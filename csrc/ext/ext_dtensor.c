@@ -7,8 +7,6 @@
 #include <stddef.h>
 #include <structmember.h>
 
-static int base_init(PyObject *self, PyObject *args, PyObject *kwds);
-
 /* The operators and their ufuncs (NDArrayOperatorsMixin's list), in the order of
  * mt_ext_dispatch.binary, .unary and .compare (Py_LT .. Py_GE). */
 const char *const mt_ext_binary_names[MT_EXT_NBINARY] = {
@@ -24,18 +22,37 @@ const char *const mt_ext_compare_names[MT_EXT_NCOMPARE] = {
 const char *const mt_ext_reduction_names[MT_EXT_NREDUCTION] = {
     "sum", "mean", "prod", "max", "min", "all", "any", "std", "var", "argmax", "argmin"};
 
-/* Whether `o` is an instance of DTensorBase or a subclass: its type or a base has
- * our tp_init, which a subclass without __init__ inherits as is. */
-static int is_ours(PyObject *o) {
+static void base_dealloc(PyObject *self);
+
+/* DTensorBase itself when `o` is an instance of it or of a subclass, else NULL:
+ * the one type in o's MRO with our dealloc (a subclass has CPython's). */
+static PyTypeObject *base_of(PyObject *o) {
   PyObject *mro = Py_TYPE(o)->tp_mro;
-  for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); ++i)
-    if (((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_init == base_init) return 1;
-  return 0;
+  for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); ++i) {
+    PyTypeObject *t = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+    if (t->tp_dealloc == base_dealloc) return t;
+  }
+  return NULL;
 }
+
+/* The dispatch's state from DTensorBase's module state (NULL with an exception
+ * for no DTensorBase, or before dispatch_init). */
+static mt_ext_dispatch *dispatch_at(PyTypeObject *base) {
+  mt_ext_state *st = base != NULL ? PyType_GetModuleState(base) : NULL;
+  if (st == NULL || st->dispatch == NULL || st->dispatch->dtensor == NULL) {
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_RuntimeError, "mpitensor._C.dispatch_init was not called");
+    return NULL;
+  }
+  return st->dispatch;
+}
+
+static mt_ext_dispatch *dispatch_of(PyObject *o) { return dispatch_at(base_of(o)); }
 
 /* A binary operator: the slot runs for l or r, whichever is a DTensor. */
 static PyObject *binary(int op, PyObject *l, PyObject *r) {
-  mt_ext_dispatch *d = mt_ext_dispatch_of(is_ours(l) ? l : r);
+  PyTypeObject *base = base_of(l);
+  mt_ext_dispatch *d = dispatch_at(base != NULL ? base : base_of(r));
   if (d == NULL) return NULL;
   PyObject *ops[2] = {l, r};
   return mt_ext_call_ufunc(d, d->binary[op], ops, 2, NULL);
@@ -67,7 +84,7 @@ static PyObject *nb_pow(PyObject *l, PyObject *r, PyObject *mod) {
 
 /* `self op= other`: the ufunc into self (out=), which the Python entry handles. */
 static PyObject *inplace(int op, PyObject *self, PyObject *other) {
-  mt_ext_dispatch *d = mt_ext_dispatch_of(self);
+  mt_ext_dispatch *d = dispatch_of(self);
   if (d == NULL) return NULL;
   PyObject *outs = PyTuple_Pack(1, self);
   if (outs == NULL) return NULL;
@@ -103,7 +120,7 @@ static PyObject *nb_ipow(PyObject *l, PyObject *r, PyObject *mod) {
 }
 
 static PyObject *unary(int op, PyObject *x) {
-  mt_ext_dispatch *d = mt_ext_dispatch_of(x);
+  mt_ext_dispatch *d = dispatch_of(x);
   return d == NULL ? NULL : mt_ext_call_ufunc(d, d->unary[op], &x, 1, NULL);
 }
 
@@ -113,7 +130,7 @@ static PyObject *nb_abs(PyObject *x) { return unary(2, x); }
 static PyObject *nb_invert(PyObject *x) { return unary(3, x); }
 
 static PyObject *richcompare(PyObject *self, PyObject *other, int op) {
-  mt_ext_dispatch *d = mt_ext_dispatch_of(self);
+  mt_ext_dispatch *d = dispatch_of(self);
   if (d == NULL) return NULL;
   PyObject *ops[2] = {self, other};
   return mt_ext_call_ufunc(d, d->compare[op], ops, 2, NULL);
@@ -122,7 +139,7 @@ static PyObject *richcompare(PyObject *self, PyObject *other, int op) {
 /* __array_ufunc__(ufunc, method, *operands, **kwargs). */
 static PyObject *array_ufunc(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames) {
-  mt_ext_dispatch *d = mt_ext_dispatch_of(self);
+  mt_ext_dispatch *d = dispatch_of(self);
   if (d == NULL) return NULL;
   if (nargs < 2) {
     PyErr_SetString(PyExc_TypeError, "__array_ufunc__(ufunc, method, *inputs, **kwargs)");
@@ -134,7 +151,7 @@ static PyObject *array_ufunc(PyObject *self, PyObject *const *args, Py_ssize_t n
 #define REDUCTION(fn, idx)                                                            \
   static PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs,     \
                       PyObject *kwnames) {                                         \
-    mt_ext_dispatch *d = mt_ext_dispatch_of(self);                                 \
+    mt_ext_dispatch *d = dispatch_of(self);                                 \
     return d == NULL ? NULL : mt_ext_call_reduction(d, idx, self, args, nargs, kwnames); \
   }
 REDUCTION(m_sum, 0)

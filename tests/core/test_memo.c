@@ -138,6 +138,47 @@ static void test_memo_basics(void) {
   mt_memo_destroy(NULL);
 }
 
+/* Repeated finds of an op are answered before hashing; what they answer is never
+ * a decision an insert, clear or new bound has moved or dropped meanwhile, nor
+ * another key's of the same op. */
+static void test_memo_front(void) {
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(2, 4, &memo, NULL) == MT_OK);
+  mt_memo_key k1 = key(3, 5, -2), k2 = key(3, 6, -2), k0 = key(3, 5, 0);
+  mt_decision d = decision(NULL, NULL);
+  mt_decision *got = mt_memo_insert(memo, &k1, &d, NULL);
+  got->out_id = 1;
+  got = mt_memo_insert(memo, &k0, &d, NULL); /* a scalar of kind 0: operand 0 */
+  got->out_id = 3;
+  for (int i = 0; i < 3; ++i) {
+    got = mt_memo_find(memo, &k1);
+    CHECK(got != NULL && got->out_id == 1);
+    got = mt_memo_find(memo, &k0);
+    CHECK(got != NULL && got->out_id == 3);
+    CHECK(mt_memo_find(memo, &k2) == NULL);
+  }
+  CHECK(mt_memo_find(memo, &k1) != NULL);
+  /* k2 evicts one of the two (capacity 2): a find of k1 answers what the memo
+   * holds now, whichever went. */
+  got = mt_memo_insert(memo, &k2, &d, NULL);
+  got->out_id = 2;
+  got = mt_memo_find(memo, &k1);
+  CHECK(got == mt_memo_peek(memo, &k1));
+  CHECK(got == NULL || got->out_id == 1);
+  got = mt_memo_find(memo, &k2);
+  CHECK(got != NULL && got->out_id == 2);
+  mt_memo_clear(memo);
+  CHECK(mt_memo_find(memo, &k2) == NULL);
+  got = mt_memo_insert(memo, &k2, &d, NULL);
+  CHECK(mt_memo_find(memo, &k2) == got);
+  CHECK(mt_memo_set_limits(memo, 4, 4, NULL) == MT_OK);
+  CHECK(mt_memo_find(memo, &k2) == NULL);
+  mt_memo_stats st;
+  mt_memo_stats_get(memo, &st);
+  CHECK(st.hits + st.misses == 15); /* every find counted once, front or not */
+  mt_memo_destroy(memo);
+}
+
 /* Plans are held while their decision stays, and the plan bound evicts. */
 static void test_memo_plans(void) {
   mt_memo *memo = NULL;
@@ -270,6 +311,7 @@ int main(void) {
   test_layout_ids();
   test_clock();
   test_memo_basics();
+  test_memo_front();
   test_memo_plans();
   test_random_workload();
   return mt_test_exit("test_memo");

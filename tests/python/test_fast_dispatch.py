@@ -550,3 +550,34 @@ def test_enums_come_from_c():
     assert _C.REDUCE_OPS == ("sum", "avg", "product", "max", "min")
     assert from_code((_C.PLACEMENT_PARTIAL, 0, _C.REDUCE_MAX)) is Partial("max")
     assert _C.STEP_KINDS[0] == "all_gather"
+
+
+def test_code_run_by_numpy_may_clear_the_memo(mesh):
+    # The C path reads a decision without plans in place; NumPy's error callback
+    # runs Python code inside the call, here clearing the decision and the layouts
+    # the result's wrap needs: it finds (here: makes) them again.
+    big = np.full((4 * W, 4), 1e308)
+    a = mt.distribute_tensor(big, mesh, [Shard(0)])
+    with np.errstate(over="ignore"):
+        a.sum(0)  # decided; the next call's output layout is known
+        a.sum(0)
+    cleared = []
+
+    def clear(kind, flag):
+        mesh._dispatch_clear()
+        cleared.append(kind)
+
+    before, calls = memo(mesh), c_calls()
+    with np.errstate(over="call"):
+        old = np.seterrcall(clear)
+        try:
+            s = a.sum(0)
+        finally:
+            np.seterrcall(old)
+    assert cleared and c_calls() - calls == 1
+    assert memo(mesh)["misses"] - before["misses"] == 1  # the wrap decided it again
+    assert s.placements == (Partial(),) and s.shape == (4,)
+    assert np.all(np.isinf(s.to_local()))
+    with np.errstate(over="ignore"):
+        t = a.sum(0)  # and the memo serves the next call
+    assert t._spec == s._spec

@@ -41,6 +41,7 @@ typedef struct mt_memo_key {
  * while the output's layout id is unknown. */
 typedef struct mt_decision {
   int ninputs;
+  int nplans; /* of plan[], those not NULL: set by the memo when it stores one */
   mt_plan *plan[MT_PROP_MAX_INPUTS];
   int mesh_ndim;
   mt_placement out_placements[MT_MAX_MESH_NDIM];
