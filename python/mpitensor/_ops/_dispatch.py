@@ -170,5 +170,7 @@ def mixed_error(op_name: str, obj) -> TypeError:
             else f"a {type(obj).__name__}")
     return TypeError(
         f"{op_name}: mixing a DTensor with {what} is not supported; wrap it with "
-        f"mpitensor.distribute_tensor(array, mesh, placements) first"
+        f"mpitensor.distribute_tensor(array, mesh, placements) first, or, when every "
+        f"rank holds the same array, run the operation inside "
+        f"mpitensor.experimental.implicit_replication()"
     )
