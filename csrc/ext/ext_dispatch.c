@@ -305,6 +305,9 @@ static int c_reduction(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *self
   int hit;
   const mt_decision *dec = mt_ext_call_decide(d, sig, &c, axes, keepdims == Py_True, &hit);
   if (dec == NULL) return -1;
+  /* A reduction without a reduce op (var, argmax, ...) whose input must move would
+   * gather it: its Python entry merges per-rank results instead. */
+  if (sig->op.rule.reduce_op < 0 && dec->plan[0] != NULL) return 0;
   PyObject *kw[2] = {axis, keepdims};
   *out = run(d, &c, dec, sig->method, &self, kw, d->kw_axis_keepdims);
   return *out != NULL ? 1 : -1;
