@@ -115,3 +115,26 @@ def test_flattening_forms_and_errors():
         np.cumsum(dt, 0, out=dt)
     with pytest.raises(TypeError, match="prepend"):
         np.diff(dt, prepend=np.ones((W + 2, 1)))
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int8, np.complex128, np.bool_])
+@pytest.mark.parametrize("rows", [1, W + 1, 16 * W])
+def test_scan_along_a_sharded_axis_sends_one_cross_section(name, dtype, rows):
+    func = getattr(np, name)
+    for mesh_shape in mesh_shapes():
+        mesh = mesh_of(mesh_shape)
+        rng = np.random.default_rng(rows)
+        full = rng.integers(1, 3, size=(rows, 5)).astype(dtype)
+        layouts = [(S0,)] if mesh.ndim == 1 else [(S0, S1), (S1, S0), (S0, PS)]
+        for pls in layouts:
+            if name == "cumprod" and PS in pls:
+                continue
+            dt = make(full, mesh, pls)
+            with CommDebugMode() as mode:
+                got = func(dt, axis=0)
+            assert got.placements == pls
+            assert set(mode.get_comm_counts()) <= {"exscan"}
+            section = 5 * func(full[:1], axis=0).dtype.itemsize
+            assert sum(mode.get_comm_bytes().values()) <= section
+            check(got, func(full, axis=0))

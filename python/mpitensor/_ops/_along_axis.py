@@ -10,7 +10,8 @@ prepend/append, flip, roll, fftshift, the ffts: the function of the sum is the s
 of the functions) when it is a sum or an average, and reduced first by the others.
 Along a sharded axis the lanes are gathered first (that mesh dim becomes
 Replicate: one all-gather, the decision torch makes for these functions), except
-for cumsum and cumprod, which scan (:mod:`._scan`). ``axis=None`` means the
+for cumsum and cumprod along an axis one mesh dim shards, which scan each shard
+and add the totals of the shards before it, found by one exclusive scan. ``axis=None`` means the
 flattened array for the functions that flatten (sort, cumsum, roll, median, ...),
 so any sharded dim is gathered then.
 """
@@ -22,7 +23,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _modes, _registry, _trace
+from .. import _C, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
@@ -320,21 +321,62 @@ for _f in (np.percentile, np.quantile, np.nanpercentile, np.nanquantile):
 
 # -- scans -----------------------------------------------------------------------------
 
-def _cumulative(func, linear):
+def _scan(name, a, ax, func, linear, op):
+    """``func`` along the sharded axis ``ax`` (sharded by one mesh dim): each rank
+    scans its lanes, then one exclusive scan (MPI_Exscan) of the lanes' totals over
+    that mesh dim gives what the ranks before it add (or multiply) in. Collective on
+    the mesh dim (and on the mesh when a Partial must be reduced first)."""
+    target = lanes_layout(a, (), linear)
+    if target != a._spec.placements:
+        a = a.redistribute(a._spec.mesh, target)
+    spec = a._spec
+    mesh = spec.mesh
+    dim = next(i for i, p in enumerate(spec.placements) if p.is_shard() and p.dim == ax)
+    coord = mesh.get_coordinate()
+    if coord is None:
+        local = np.asarray(func(np.zeros((1,) * len(spec.shape), spec.dtype)))
+        local = np.empty((0,), local.dtype)
+    else:
+        local = np.asarray(func(a.to_local()))
+        if local.shape[ax]:
+            # np.array, not ascontiguousarray, which makes a 0-d cross section 1-d.
+            totals = np.array(np.take(local, -1, axis=ax), order="C")
+        else:
+            shape = local.shape[:ax] + local.shape[ax + 1:]
+            totals = (np.zeros if op == _C.REDUCE_SUM else np.ones)(shape, local.dtype)
+        if _modes.tracing:
+            _trace.collective(f"{name}: exclusive scan of the shard totals", mesh,
+                              spec.placements, totals.shape, totals.dtype)
+        mesh._handle.exscan(totals, dim, op)
+        if coord[dim] > 0:
+            before = np.expand_dims(totals, ax)
+            local = local + before if op == _C.REDUCE_SUM else local * before
+    return DTensor(local, DTensorSpec(mesh, spec.placements, spec.shape, local.dtype,
+                                      contiguous_strides(spec.shape)))
+
+
+def _cumulative(func, linear, op):
     name = f"numpy.{func.__name__}"
 
     def impl(a, axis=None, dtype=None, out=None):
         _no_out(name, out)
         axes = _axis(name, a, axis)
+        if axes is not None:
+            shards = [p for p in a._spec.placements if p.is_shard() and p.dim == axes[0]]
+            if len(shards) == 1:
+                return _scan(name, a, axes[0], lambda x: func(x, axis=axis, dtype=dtype),
+                             linear, op)
         return along_axes(name, a, axes, lambda x: func(x, axis=axis, dtype=dtype),
                           linear=linear)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when it is not sharded, the output "
-                    f"placed as the input; ``axis=None`` scans the flattened array."
-                    f"\n\nExample: ``{name}(dt, axis=1)`` of a ``[Shard(0)]`` DTensor "
-                    f"moves nothing.")
+                    f"placed as the input; along an axis one mesh dim shards, one "
+                    f"exclusive scan of the shard totals (bytes: one lane's cross "
+                    f"section); ``axis=None`` scans the flattened array (gathered when "
+                    f"any dim is sharded).\n\nExample: ``{name}(dt, axis=0)`` of a "
+                    f"``[Shard(0)]`` DTensor stays ``[Shard(0)]``.")
     return impl
 
 
-_registry.implements(np.cumsum)(_cumulative(np.cumsum, True))
-_registry.implements(np.cumprod)(_cumulative(np.cumprod, False))
+_registry.implements(np.cumsum)(_cumulative(np.cumsum, True, _C.REDUCE_SUM))
+_registry.implements(np.cumprod)(_cumulative(np.cumprod, False, _C.REDUCE_PRODUCT))
