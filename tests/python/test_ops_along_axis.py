@@ -138,3 +138,30 @@ def test_scan_along_a_sharded_axis_sends_one_cross_section(name, dtype, rows):
             section = 5 * func(full[:1], axis=0).dtype.itemsize
             assert sum(mode.get_comm_bytes().values()) <= section
             check(got, func(full, axis=0))
+
+
+@pytest.mark.parametrize("name", ["fft", "fftn", "sort", "median", "flip"])
+def test_sharded_axis_moves_to_a_free_dim_by_one_all_to_all(name):
+    calls = {"fft": lambda x: np.fft.fft(x, axis=0),
+             "fftn": lambda x: np.fft.fftn(x, axes=(0, 1)),
+             "sort": lambda x: np.sort(x, axis=0),
+             "median": lambda x: np.median(x, axis=0),
+             "flip": lambda x: np.flip(x, 0)}
+    call = calls[name]
+    mesh = mesh_of((W,))
+    full = np.random.default_rng(4).normal(size=(2 * W + 1, 3, 4 * W))
+    dt = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        got = call(dt)
+    if W > 1:
+        assert dict(mode.get_comm_counts()) == {"all_to_all_single": 1}
+        # Each element moves at most once: never more than this rank's shard.
+        assert sum(mode.get_comm_bytes().values()) <= dt.to_local().nbytes
+    assert got.placements == ((Shard(1),) if name == "median" else (Shard(2),))
+    check(got, call(full))
+    # No free dim long enough: the lanes are gathered, as torch does.
+    vec = make(full[:, 0, 0], mesh, [S0])
+    with CommDebugMode() as mode:
+        got = call(vec) if name not in ("fftn",) else np.fft.fft(vec)
+    assert set(mode.get_comm_counts()) <= {"all_gather_into_tensor"}
+    check(got, call(full[:, 0, 0]) if name != "fftn" else np.fft.fft(full[:, 0, 0]))

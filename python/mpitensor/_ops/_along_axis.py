@@ -8,10 +8,12 @@ runs on the local array with no communication and every other dim keeps its
 placement. A Partial is kept by the linear functions (cumsum, diff without
 prepend/append, flip, roll, fftshift, the ffts: the function of the sum is the sum
 of the functions) when it is a sum or an average, and reduced first by the others.
-Along a sharded axis the lanes are gathered first (that mesh dim becomes
-Replicate: one all-gather, the decision torch makes for these functions), except
-for cumsum and cumprod along an axis one mesh dim shards, which scan each shard
-and add the totals of the shards before it, found by one exclusive scan. ``axis=None`` means the
+Along a sharded axis the shard first moves to another dim the function does not
+work along (one all-to-all: the pencil method of distributed FFTs; the output is
+then sharded along that dim), or, when there is none, the lanes are gathered
+(Replicate, torch's decision for these functions). cumsum and cumprod along an
+axis one mesh dim shards instead scan each shard and add the totals of the shards
+before it, found by one exclusive scan. ``axis=None`` means the
 flattened array for the functions that flatten (sort, cumsum, roll, median, ...),
 so any sharded dim is gathered then.
 """
@@ -38,12 +40,23 @@ def _check(name, a):
 
 def lanes_layout(a, axes, linear) -> tuple:
     """The placements under which every lane along ``axes`` (None: all dims) is
-    local: Shards of those axes become Replicate, and so does a Partial unless the
-    function is ``linear`` and the Partial a sum or an average. Local."""
+    local. A Shard of one of those axes moves to the largest free dim (one no mesh
+    dim shards, outside ``axes``, at least as long as the mesh dim): one all-to-all,
+    the pencil method, which moves each element at most once; with no such dim it
+    becomes Replicate (an all-gather, torch's choice). A Partial becomes Replicate
+    unless the function is ``linear`` and the Partial a sum or an average. Local."""
+    spec = a._spec
+    sharded = {p.dim for p in spec.placements if p.is_shard()}
+    free = sorted((k for k in range(len(spec.shape))
+                   if axes is not None and k not in axes and k not in sharded),
+                  key=lambda k: -spec.shape[k])
     out = []
-    for p in a._spec.placements:
+    for m, p in enumerate(spec.placements):
         if p.is_shard() and (axes is None or p.dim in axes):
-            out.append(Replicate())
+            if free and spec.shape[free[0]] >= spec.mesh.shape[m]:
+                out.append(Shard(free.pop(0)))
+            else:
+                out.append(Replicate())
         elif p.is_partial() and not (linear and p.reduce_op in ("sum", "avg")):
             out.append(Replicate())
         else:
