@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpitensor import Replicate, Shard
+from mpitensor import DeviceMesh, Replicate, Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from ops_helpers import W, make, mesh_of, mesh_shapes, placements
 
@@ -151,3 +151,23 @@ def test_norm_without_a_rule_names_itself():
     dt = make(np.ones((W, 2)), mesh_of((W,)), [S0])
     with pytest.raises(TypeError, match=r"numpy\.linalg\.norm: ord='nuc'"):
         np.linalg.norm(dt, "nuc")
+
+
+@pytest.mark.skipif(W < 3, reason="needs a rank outside a two-rank mesh")
+def test_ranks_outside_the_mesh_get_the_same_spec_and_no_data():
+    mesh = DeviceMesh("cpu", [0, 1])
+    full = np.arange(35.0).reshape(7, 5)
+    dt = distribute_tensor(full, mesh, [S0])
+    calls = [lambda x: np.var(x), lambda x: np.std(x, 0, keepdims=True),
+             lambda x: np.argmax(x), lambda x: np.argmin(x, 0), lambda x: np.all(x > 3, 0),
+             lambda x: np.any(x > 3), lambda x: np.linalg.norm(x),
+             lambda x: np.cumsum(x, 0), lambda x: np.sort(x, 0), lambda x: np.median(x, 1)]
+    member = mesh.get_coordinate() is not None
+    for call in calls:
+        out = call(dt)
+        expect = call(full)
+        assert out.shape == np.shape(expect)
+        if member:
+            check(out, expect, full.dtype)
+        else:
+            assert out.to_local().size == 0

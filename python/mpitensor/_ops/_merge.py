@@ -66,9 +66,12 @@ def _wrap(mesh, placements, shape, local, dtype):
 def _gather_rows(a, axes, gathered, rows):
     """All-gather ``rows`` (this rank's per-output-element record: the output's
     local shape without keepdims, plus one trailing record dim) along the mesh dims
-    ``gathered``; returns the records of those ranks stacked on a leading dim."""
+    ``gathered``; returns the records of those ranks stacked on a leading dim
+    (None on a rank outside the mesh, which takes no part)."""
     spec = a._spec
     mesh = spec.mesh
+    if mesh.get_coordinate() is None:
+        return None
     lead = len(gathered)
     out_dim = _out_dim(axes, False)
     kept_global = tuple(n for k, n in enumerate(spec.shape) if k not in axes)
@@ -334,11 +337,11 @@ def logical(name, a, axis, keepdims, every):
     local = func(a.to_local(), axis=axes, keepdims=keepdims) if member else None
     if not gathered:
         return _wrap(mesh, placements, shape, local, np.bool_)
+    if not member:
+        return _wrap(mesh, placements, shape, None, np.bool_)
     partial = Partial("min" if every else "max")
     pls = tuple(partial if i in gathered else p for i, p in enumerate(placements))
-    flags = np.empty((0,), np.uint8) if not member else np.asarray(local, np.uint8)
-    parts = DTensor.from_local(flags, mesh, pls, shape=shape,
+    parts = DTensor.from_local(np.asarray(local, np.uint8), mesh, pls, shape=shape,
                                stride=contiguous_strides(shape))
     out = parts.redistribute(mesh, placements).to_local()
-    return _wrap(mesh, placements, shape, out.astype(np.bool_) if member else None,
-                 np.bool_)
+    return _wrap(mesh, placements, shape, out.astype(np.bool_), np.bool_)
