@@ -340,6 +340,39 @@ class DTensor(_C.DTensorBase):
 
     __iter__ = _iterate.iterate  # rows along dim 0, gathered once: collective
 
+    # -- NumPy methods that have a function form ------------------------------------
+    def cumsum(self, axis=None, dtype=None, out=None) -> "DTensor":
+        """numpy.ndarray.cumsum; see numpy.cumsum on DTensors. Local along an
+        unsharded axis, else collective (one exclusive scan along a sharded one).
+
+        Example: ``dt.cumsum(0).placements == dt.placements`` for a Shard(0) ``dt``.
+        """
+        return _registry.lookup(np.cumsum)(self, axis, dtype, out)
+
+    def cumprod(self, axis=None, dtype=None, out=None) -> "DTensor":
+        """numpy.ndarray.cumprod; see numpy.cumprod on DTensors. Local along an
+        unsharded axis, else collective on the mesh.
+
+        Example: ``dt.cumprod(1)`` of a Shard(0) DTensor moves nothing.
+        """
+        return _registry.lookup(np.cumprod)(self, axis, dtype, out)
+
+    def argsort(self, axis=-1, kind=None, order=None, **kwargs) -> "DTensor":
+        """numpy.ndarray.argsort; see numpy.argsort on DTensors. Local along an
+        unsharded axis, else collective on the mesh (the shard moves to a free dim).
+
+        Example: ``dt.argsort(axis=1)`` of a Shard(0) DTensor moves nothing.
+        """
+        return _registry.lookup(np.argsort)(self, axis, kind, order, **kwargs)
+
+    def round(self, decimals=0, out=None) -> "DTensor":
+        """numpy.ndarray.round, placements kept (a Partial is reduced first). Local
+        otherwise.
+
+        Example: ``dt.round(2).placements == dt.placements`` for a Shard ``dt``.
+        """
+        return _registry.lookup(np.round)(self, decimals, out)
+
     # -- conversions to Python values (collective) ----------------------------------
     def _scalar(self, convert):
         """``convert`` (float, int, bool, complex) of the one element, by NumPy's

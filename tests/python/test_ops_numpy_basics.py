@@ -129,3 +129,13 @@ def test_errors_name_the_function_and_implicit_replication():
     with implicit_replication():
         assert_matches(make(np.ones((W, 2)), mesh, [R]) + np.ones((W, 2)),
                        np.full((W, 2), 2.0))
+
+
+def test_methods_with_a_function_form():
+    mesh = mesh_of((W,))
+    full = np.random.default_rng(9).integers(-50, 50, size=(W + 2, 4)) / 8
+    dt = make(full, mesh, [S0])
+    assert_matches(dt.cumsum(0), full.cumsum(0))
+    assert_matches(dt.cumprod(1), full.cumprod(1))
+    assert_matches(dt.argsort(axis=1, kind="stable"), full.argsort(axis=1, kind="stable"))
+    assert_matches(dt.round(1), full.round(1))

@@ -358,8 +358,9 @@ def _scan(name, a, ax, func, linear, op):
             shape = local.shape[:ax] + local.shape[ax + 1:]
             totals = (np.zeros if op == _C.REDUCE_SUM else np.ones)(shape, local.dtype)
         if _modes.tracing:
+            # The global shape: the checks compare this text across ranks.
             _trace.collective(f"{name}: exclusive scan of the shard totals", mesh,
-                              spec.placements, totals.shape, totals.dtype)
+                              spec.placements, spec.shape, totals.dtype)
         mesh._handle.exscan(totals, dim, op)
         if coord[dim] > 0:
             before = np.expand_dims(totals, ax)
