@@ -171,3 +171,18 @@ def test_ranks_outside_the_mesh_get_the_same_spec_and_no_data():
             check(out, expect, full.dtype)
         else:
             assert out.to_local().size == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.uint8, np.int16])
+def test_moments_and_scans_keep_numpys_dtypes(dtype):
+    mesh = mesh_of((W,))
+    full = (np.random.default_rng(0).normal(size=(2 * W + 1, 4)) * 10).astype(dtype)
+    dt = make(full, mesh, [S0])
+    calls = [lambda x: np.var(x, 0, dtype=np.float32), lambda x: np.std(x, ddof=2),
+             lambda x: np.var(x, keepdims=True), lambda x: np.cumsum(x, 0),
+             lambda x: np.cumsum(x, 0, dtype=np.float64)]
+    for call in calls:
+        got, expect = call(dt).full_tensor(), call(full)
+        assert got.dtype == expect.dtype and got.shape == expect.shape
+        np.testing.assert_allclose(got.astype(np.float64), expect.astype(np.float64),
+                                   rtol=2e-3, atol=2e-2)
