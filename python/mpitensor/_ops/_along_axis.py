@@ -29,6 +29,7 @@ from .. import _C, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
+from . import _dispatch as D
 
 __all__ = ["along_axes", "lanes_layout"]
 
@@ -77,8 +78,7 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None):
     spec = a._spec
     mesh = spec.mesh
     target = lanes_layout(a, axes, linear)
-    if target != spec.placements:
-        a = a.redistribute(mesh, target)
+    a = D.relayout(name, a, target)
     out_dim = out_dim or (lambda k: k)
     kept = [k for k in range(len(spec.shape)) if axes is not None and k not in axes]
     if mesh.get_coordinate() is None:
@@ -339,9 +339,7 @@ def _scan(name, a, ax, func, linear, op):
     scans its lanes, then one exclusive scan (MPI_Exscan) of the lanes' totals over
     that mesh dim gives what the ranks before it add (or multiply) in. Collective on
     the mesh dim (and on the mesh when a Partial must be reduced first)."""
-    target = lanes_layout(a, (), linear)
-    if target != a._spec.placements:
-        a = a.redistribute(a._spec.mesh, target)
+    a = D.relayout(name, a, lanes_layout(a, (), linear))
     spec = a._spec
     mesh = spec.mesh
     dim = next(i for i, p in enumerate(spec.placements) if p.is_shard() and p.dim == ax)

@@ -24,17 +24,15 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard
+from . import _dispatch as D
 
 __all__ = ["moment", "arg_extreme", "norm", "logical"]
 
 
-def _unpartial(a):
+def _unpartial(name, a):
     """``a`` with every Partial reduced (collective when there is one)."""
-    pls = a._spec.placements
-    if any(p.is_partial() for p in pls):
-        a = a.redistribute(a._spec.mesh, [Replicate() if p.is_partial() else p
-                                          for p in pls])
-    return a
+    return D.relayout(name, a,
+                      [Replicate() if p.is_partial() else p for p in a._spec.placements])
 
 
 def _out_dim(axes, keepdims):
@@ -63,7 +61,7 @@ def _wrap(mesh, placements, shape, local, dtype):
                                       contiguous_strides(shape)))
 
 
-def _gather_rows(a, axes, gathered, rows):
+def _gather_rows(name, a, axes, gathered, rows):
     """All-gather ``rows`` (this rank's per-output-element record: the output's
     local shape without keepdims, plus one trailing record dim) along the mesh dims
     ``gathered``; returns the records of those ranks stacked on a leading dim
@@ -90,7 +88,7 @@ def _gather_rows(a, axes, gathered, rows):
     local = rows.reshape((1,) * lead + rows.shape)
     parts = DTensor.from_local(np.ascontiguousarray(local), mesh, pls, shape=shape,
                                stride=contiguous_strides(shape))
-    out = parts.redistribute(mesh, dst).to_local()
+    out = D.relayout(name, parts, dst).to_local()
     return out.reshape((-1,) + out.shape[lead:])
 
 
@@ -109,7 +107,7 @@ def moment(name, a, axis, dtype, ddof, keepdims, root):
     Example: ``moment("numpy.var", dt, None, None, 0, False, False)`` is ``np.var(dt)``.
     """
     func = np.std if root else np.var
-    a = _unpartial(a)
+    a = _unpartial(name, a)
     spec = a._spec
     mesh = spec.mesh
     axes = tuple(range(len(spec.shape))) if axis is None else normalize_axis_tuple(
@@ -142,7 +140,7 @@ def moment(name, a, axis, dtype, ddof, keepdims, root):
     if complex_:
         fields.insert(2, mean.imag)
     rows = np.stack([np.asarray(f, np.float64) for f in fields], axis=-1)
-    parts = _gather_rows(a, axes, gathered, rows)
+    parts = _gather_rows(name, a, axes, gathered, rows)
     if not member:
         return _wrap(mesh, placements, shape, None, out_dtype)
     n, mu, m2 = parts[0, ..., 0], parts[0, ..., 1], parts[0, ..., -1]
@@ -183,7 +181,7 @@ def arg_extreme(name, a, axis, keepdims, largest):
     func = np.argmax if largest else np.argmin
     if axis is not None and not isinstance(axis, (int, np.integer)):
         raise TypeError(f"{name}: axis must be an int or None, got {axis!r}")
-    a = _unpartial(a)
+    a = _unpartial(name, a)
     spec = a._spec
     mesh = spec.mesh
     ndim = len(spec.shape)
@@ -227,7 +225,7 @@ def arg_extreme(name, a, axis, keepdims, largest):
     rows = np.concatenate([
         np.ascontiguousarray(value).view(np.uint8).reshape(value.shape + (isz,)),
         np.ascontiguousarray(gidx).view(np.uint8).reshape(gidx.shape + (8,))], axis=-1)
-    parts = _gather_rows(a, axes, gathered, rows)
+    parts = _gather_rows(name, a, axes, gathered, rows)
     if not member:
         return _wrap(mesh, placements, shape, None, np.intp)
     values = np.ascontiguousarray(parts[..., :isz]).view(spec.dtype)[..., 0]
@@ -326,7 +324,7 @@ def logical(name, a, axis, keepdims, every):
     Example: ``logical("numpy.all", dt, 0, False, True)`` is ``np.all(dt, axis=0)``.
     """
     func = np.all if every else np.any
-    a = _unpartial(a)
+    a = _unpartial(name, a)
     spec = a._spec
     mesh = spec.mesh
     ndim = len(spec.shape)
@@ -343,5 +341,5 @@ def logical(name, a, axis, keepdims, every):
     pls = tuple(partial if i in gathered else p for i, p in enumerate(placements))
     parts = DTensor.from_local(np.asarray(local, np.uint8), mesh, pls, shape=shape,
                                stride=contiguous_strides(shape))
-    out = parts.redistribute(mesh, placements).to_local()
+    out = D.relayout(name, parts, placements).to_local()
     return _wrap(mesh, placements, shape, out.astype(np.bool_), np.bool_)
