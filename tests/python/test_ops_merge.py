@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpitensor import DeviceMesh, Replicate, Shard, distribute_tensor
+from mpitensor import DeviceMesh, Partial, Replicate, Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from ops_helpers import W, make, mesh_of, mesh_shapes, placements
 
@@ -123,15 +123,22 @@ def test_reducing_a_sharded_axis_moves_the_result_only(name):
     for mesh_shape in mesh_shapes():
         mesh = mesh_of(mesh_shape)
         full = np.random.default_rng(2).normal(size=(64 * W + 3, 5))
+        if name in ("all", "any"):
+            full = full > (-2.0 if name == "all" else 2.0)
         pls = (S0,) if mesh.ndim == 1 else (S0, S1)
         dt = make(full, mesh, pls)
         with CommDebugMode() as mode:
             out = getattr(np, name)(dt, axis=0)
         # Per output element at most a value and an index (16 B) from each rank.
         assert sum(mode.get_comm_bytes().values()) <= 5 * 24 * W
-        check(out, getattr(np, name)(full, axis=0), full.dtype)
-        if mesh.ndim == 2:
+        if name in ("all", "any"):
+            # A bool Partial, as torch keeps one: nothing moves until it is read.
+            assert mode.get_total_counts() == 0
+            partial = Partial("min" if name == "all" else "max")
+            assert out.placements == ((partial,) if mesh.ndim == 1 else (partial, S0))
+        elif mesh.ndim == 2:
             assert out.placements == (R, S0)
+        check(out, getattr(np, name)(full, axis=0), full.dtype)
 
 
 def test_argmax_ties_and_nans_take_the_lowest_index():

@@ -2,8 +2,8 @@
 communication proportional to the result, not to the input: ``var`` and ``std``
 (count, mean and M2 per rank, merged by Chan's parallel formula), ``argmax`` and
 ``argmin`` (a value and its global index per rank; ties go to the lowest index,
-as NumPy), ``all`` and ``any`` (a flag per rank, all-reduced), and
-``np.linalg.norm`` (partial norms: sums of powers or maxima,
+as NumPy), ``all`` and ``any`` (a bool Partial min or max, as torch keeps a
+Partial), and ``np.linalg.norm`` (partial norms: sums of powers or maxima,
 reduced as Partials).
 
 Each rank reduces its local lanes, the per-rank results are all-gathered along
@@ -318,8 +318,11 @@ def _abs2(x):
 
 def logical(name, a, axis, keepdims, every):
     """numpy.all (``every``) or numpy.any of a DTensor: each rank reduces its lanes
-    (an empty lane gives the identity), then one all-reduce (min or max) of one
-    byte per output element along the mesh dims that shard a reduced axis.
+    (an empty lane gives the identity) and the mesh dims that shard a reduced axis
+    make the output a bool ``Partial("min")`` (all) or ``Partial("max")`` (any),
+    with no communication, as torch keeps ``Partial`` for them; reading it
+    all-reduces one byte per output element. Local, unless a Partial input must be
+    reduced first.
 
     Example: ``logical("numpy.all", dt, 0, False, True)`` is ``np.all(dt, axis=0)``.
     """
@@ -331,15 +334,8 @@ def logical(name, a, axis, keepdims, every):
     axes = tuple(range(ndim)) if axis is None else normalize_axis_tuple(axis, ndim)
     placements, shape = _out_spec(a, axes, keepdims, np.bool_)
     gathered = _sharded_reduced(a, axes)
+    partial = Partial("min" if every else "max")
+    placements = tuple(partial if i in gathered else p for i, p in enumerate(placements))
     member = mesh.get_coordinate() is not None
     local = func(a.to_local(), axis=axes, keepdims=keepdims) if member else None
-    if not gathered:
-        return _wrap(mesh, placements, shape, local, np.bool_)
-    if not member:
-        return _wrap(mesh, placements, shape, None, np.bool_)
-    partial = Partial("min" if every else "max")
-    pls = tuple(partial if i in gathered else p for i, p in enumerate(placements))
-    parts = DTensor.from_local(np.asarray(local, np.uint8), mesh, pls, shape=shape,
-                               stride=contiguous_strides(shape))
-    out = D.relayout(name, parts, placements).to_local()
-    return _wrap(mesh, placements, shape, out.astype(np.bool_), np.bool_)
+    return _wrap(mesh, placements, shape, local, np.bool_)
