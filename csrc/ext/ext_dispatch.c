@@ -362,6 +362,9 @@ static int c_reduction(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *self,
   int hit;
   const mt_decision *dec = mt_ext_call_decide(d, sig, &c, axes, keepdims == Py_True, &hit);
   if (dec == NULL) return -1;
+  /* A reduction without a reduce op (var, argmax, ...) whose input must move would
+   * gather it: its Python entry merges per-rank results instead. */
+  if (sig->op.rule.reduce_op < 0 && dec->plan[0] != NULL) return 0;
   /* axis is every reduction method's first parameter: positional, it spares
    * NumPy the parsing of keywords. */
   PyObject *extra[2] = {axis, keepdims};

@@ -196,6 +196,32 @@ static PyObject *mesh_bcast(MeshObject *self, PyObject *const *args, Py_ssize_t 
   Py_RETURN_NONE;
 }
 
+static PyObject *mesh_exscan(MeshObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyArray_Check(args[0])) {
+    return PyErr_Format(PyExc_TypeError, "exscan(array, dim, op) takes an ndarray, a "
+                        "mesh dim and a reduce op");
+  }
+  PyArrayObject *a = (PyArrayObject *)args[0];
+  if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a)) {
+    return PyErr_Format(PyExc_ValueError, "exscan needs a writable C-contiguous array");
+  }
+  int dtype = mt_ext_dtype(a);
+  if (dtype < 0) return PyErr_Format(PyExc_TypeError, "exscan of an unsupported dtype");
+  long d = PyLong_AsLong(args[1]);
+  if (d == -1 && PyErr_Occurred()) return NULL;
+  long op = PyLong_AsLong(args[2]);
+  if (op == -1 && PyErr_Occurred()) return NULL;
+  int dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_mesh_exscan(self->mesh, dim, PyArray_DATA(a), (int64_t)PyArray_SIZE(a), dtype,
+                      (int)op, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
 static PyObject *mesh_any(MeshObject *self, PyObject *flag) {
   if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
   int value = PyObject_IsTrue(flag), result = 0, rc;
@@ -257,6 +283,10 @@ static PyMethodDef mesh_methods[] = {
     {"allgather_int", (PyCFunction)(void (*)(void))mesh_allgather_int, METH_FASTCALL,
      "allgather_int(value, dim) -> tuple of every member's int on that dim, by "
      "coordinate. Collective on the dim; counted as an all-gather."},
+    {"exscan", (PyCFunction)(void (*)(void))mesh_exscan, METH_FASTCALL,
+     "exscan(array, dim, op): exclusive prefix (MPI_Exscan) of the array by the "
+     "reduce op over the ranks before this one on that dim, in place; coordinate 0 "
+     "keeps its array. Collective on the dim; counted as an exscan."},
     {"any", (PyCFunction)mesh_any, METH_O,
      "any(flag) -> OR of flag over all members. Collective on the mesh."},
     {NULL, NULL, 0, NULL},

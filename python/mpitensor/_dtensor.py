@@ -343,6 +343,115 @@ class DTensor(_C.DTensorBase):
 
     __iter__ = _iterate.iterate  # rows along dim 0, gathered once: collective
 
+    # -- NumPy methods that have a function form ------------------------------------
+    def cumsum(self, axis=None, dtype=None, out=None) -> "DTensor":
+        """numpy.ndarray.cumsum; see numpy.cumsum on DTensors. Local along an
+        unsharded axis, else collective (one exclusive scan along a sharded one).
+
+        Example: ``dt.cumsum(0).placements == dt.placements`` for a Shard(0) ``dt``.
+        """
+        return _registry.lookup(np.cumsum)(self, axis, dtype, out)
+
+    def cumprod(self, axis=None, dtype=None, out=None) -> "DTensor":
+        """numpy.ndarray.cumprod; see numpy.cumprod on DTensors. Local along an
+        unsharded axis, else collective on the mesh.
+
+        Example: ``dt.cumprod(1)`` of a Shard(0) DTensor moves nothing.
+        """
+        return _registry.lookup(np.cumprod)(self, axis, dtype, out)
+
+    def argsort(self, axis=-1, kind=None, order=None, **kwargs) -> "DTensor":
+        """numpy.ndarray.argsort; see numpy.argsort on DTensors. Local along an
+        unsharded axis, else collective on the mesh (the shard moves to a free dim).
+
+        Example: ``dt.argsort(axis=1)`` of a Shard(0) DTensor moves nothing.
+        """
+        return _registry.lookup(np.argsort)(self, axis, kind, order, **kwargs)
+
+    def round(self, decimals=0, out=None) -> "DTensor":
+        """numpy.ndarray.round, placements kept (a Partial is reduced first). Local
+        otherwise.
+
+        Example: ``dt.round(2).placements == dt.placements`` for a Shard ``dt``.
+        """
+        return _registry.lookup(np.round)(self, decimals, out)
+
+    # -- conversions to Python values (collective) ----------------------------------
+    def _scalar(self, convert):
+        """``convert`` (float, int, bool, complex) of the one element, by NumPy's
+        rule for an array of this shape: a shape NumPy refuses raises NumPy's own
+        error on every rank alike (the global shape decides) before anything moves."""
+        if self.size != 1 or self.ndim > 0:
+            # NumPy's rules for float/int/complex (0-d only) and bool (size 1).
+            convert(np.broadcast_to(np.zeros((), self.dtype), self.shape))
+        value = self.full_tensor()
+        if self.device_mesh.get_coordinate() is None:
+            raise RuntimeError(f"{getattr(convert, '__name__', 'item')}() of a DTensor "
+                               f"on a rank outside its mesh: this rank holds no data")
+        return convert(value)
+
+    def __float__(self) -> float:
+        """float(dt) of a 0-d DTensor, on every rank (NumPy's rule: other shapes are
+        a TypeError). Collective on the mesh.
+
+        Example: ``float(distribute_tensor(np.arange(4.0), mesh, [Shard(0)]).sum()) == 6.0``.
+        """
+        return self._scalar(float)
+
+    def __int__(self) -> int:
+        """int(dt) of a 0-d DTensor, on every rank. Collective on the mesh.
+
+        Example: ``int(distribute_tensor(np.arange(4), mesh, [Shard(0)]).max()) == 3``.
+        """
+        return self._scalar(int)
+
+    def __complex__(self) -> complex:
+        """complex(dt) of a 0-d DTensor, on every rank. Collective on the mesh.
+
+        Example: ``complex(distribute_tensor(np.array([1j, 2]), mesh).sum()) == 2 + 1j``.
+        """
+        return self._scalar(complex)
+
+    def __bool__(self) -> bool:
+        """bool(dt) of a one-element DTensor, on every rank; ValueError for more
+        elements, as NumPy. Collective on the mesh.
+
+        Example: ``bool(distribute_tensor(np.array([0.0]), mesh)) is False``.
+        """
+        return self._scalar(bool)
+
+    def item(self, *args):
+        """numpy.ndarray.item: the element as a Python scalar on every rank; with an
+        index (flat int, or one int per dim) only that element moves. Collective on
+        the mesh.
+
+        Example: ``distribute_tensor(np.arange(6.0), mesh, [Shard(0)]).item(4) == 4.0``.
+        """
+        if not args:
+            return self._scalar(lambda x: x.item())
+        index = args[0] if len(args) == 1 else args
+        if isinstance(index, (int, np.integer)):
+            if self.size == 0 or not -self.size <= index < self.size:
+                raise IndexError(f"index {index} is out of bounds for size {self.size}")
+            index = np.unravel_index(int(index) % self.size, self.shape)
+        index = tuple(int(i) for i in index)
+        if len(index) != self.ndim:
+            raise ValueError("incorrect number of indices for array")
+        return self[index]._scalar(lambda x: x.item())
+
+    def tolist(self):
+        """numpy.ndarray.tolist of the whole array, on every rank: the array is
+        gathered (all of it has to become Python objects on each rank). Collective
+        on the mesh.
+
+        Example: ``distribute_tensor(np.arange(4), mesh, [Shard(0)]).tolist() == [0, 1, 2, 3]``.
+        """
+        full = self.full_tensor()
+        if self.device_mesh.get_coordinate() is None:
+            raise RuntimeError("tolist() of a DTensor on a rank outside its mesh: this "
+                               "rank holds no data")
+        return full.tolist()
+
     def __len__(self) -> int:
         if not self._spec.shape:
             raise TypeError("len() of a 0-d DTensor")

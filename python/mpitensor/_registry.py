@@ -16,7 +16,7 @@ operations.
 
 from __future__ import annotations
 
-__all__ = ["implements", "lookup", "functions", "rules"]
+__all__ = ["implements", "lookup", "qualified_name", "functions", "rules"]
 
 # NumPy function (or ndarray method, operator.getitem) -> its DTensor version.
 functions: dict = {}
@@ -51,9 +51,22 @@ def lookup(func):
             return lambda *args, **kwargs: rule(args, kwargs)
     impl = functions.get(func)
     if impl is None:
-        name = getattr(func, "__name__", repr(func))
         raise TypeError(
-            f"numpy.{name} has no sharding rule for DTensors in mpitensor; call "
+            f"{qualified_name(func)} has no sharding rule for DTensors in mpitensor; call "
             f".full_tensor() to work on the whole array, or .to_local() for this "
             f"rank's shard")
     return impl
+
+
+def qualified_name(func) -> str:
+    """The name a user writes for ``func``: ``numpy.linalg.norm``, ``numpy.sum``,
+    ``numpy.ndarray.astype``. Local.
+
+    Example: ``qualified_name(np.fft.fft) == "numpy.fft.fft"``.
+    """
+    module = getattr(func, "__module__", None) or "numpy"
+    # NumPy's private modules (numpy._core...) are not where users find a function.
+    if module.startswith("numpy._") or module == "builtins":
+        module = "numpy"
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    return f"{module}.{name}"

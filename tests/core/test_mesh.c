@@ -6,6 +6,8 @@
 
 #include "check.h"
 #include "mpitensor/comm.h"
+#include "mpitensor/dtype.h"
+#include "mpitensor/layout.h"
 #include "mpitensor/mesh.h"
 
 static int world_rank, world_size;
@@ -128,6 +130,38 @@ static void test_collectives(void) {
   free(ranks);
 }
 
+/* Exclusive scans along a mesh dim: the sum (product) of the coordinates before
+ * this one, coordinate 0 keeping its buffer, counted as one exscan per call; a
+ * float16 sum (a user operation) and bad input too. */
+static void test_exscan(void) {
+  int *ranks = iota(world_size, 0);
+  int64_t shape[1] = {world_size};
+  mt_mesh *m = NULL;
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
+  mt_mesh_set_counters(m, &test_counters);
+  mt_comm_totals before, after;
+  mt_comm_counters_read(&test_counters, &before);
+  int64_t v[2] = {world_rank + 1, 7};
+  CHECK(mt_mesh_exscan(m, 0, v, 2, MT_DTYPE_INT64, MT_REDUCE_SUM, NULL) == MT_OK);
+  int64_t below = (int64_t)world_rank * (world_rank + 1) / 2;
+  CHECK(world_rank == 0 ? v[0] == 1 && v[1] == 7 : v[0] == below && v[1] == 7 * world_rank);
+  double p[1] = {2.0};
+  CHECK(mt_mesh_exscan(m, 0, p, 1, MT_DTYPE_FLOAT64, MT_REDUCE_PRODUCT, NULL) == MT_OK);
+  CHECK(p[0] == (world_rank == 0 ? 2.0 : (double)(1LL << world_rank)));
+  uint16_t h[1] = {0x3C00}; /* float16 1.0 */
+  CHECK(mt_mesh_exscan(m, 0, h, 1, MT_DTYPE_FLOAT16, MT_REDUCE_SUM, NULL) == MT_OK);
+  if (world_rank == 2) CHECK(h[0] == 0x4000); /* 2.0 */
+  mt_comm_counters_read(&test_counters, &after);
+  int scans = world_size > 1 ? 3 : 0;
+  CHECK(after.calls[MT_COLL_SCAN] - before.calls[MT_COLL_SCAN] == scans);
+  CHECK(after.bytes[MT_COLL_SCAN] - before.bytes[MT_COLL_SCAN] == (scans ? 16 + 8 + 2 : 0));
+  mt_error err = {0};
+  CHECK(mt_mesh_exscan(m, 1, v, 2, MT_DTYPE_INT64, MT_REDUCE_SUM, &err) == MT_EINDEX);
+  CHECK(mt_mesh_exscan(m, 0, v, -1, MT_DTYPE_INT64, MT_REDUCE_SUM, &err) == MT_EINVAL);
+  mt_mesh_destroy(m);
+  free(ranks);
+}
+
 /* Bad input fails on every rank before any communication, so no rank hangs. */
 static void test_bad_input(void) {
   mt_mesh *m = NULL;
@@ -161,6 +195,7 @@ int main(int argc, char **argv) {
   test_2d();
   test_non_member();
   test_collectives();
+  test_exscan();
   test_bad_input();
   CHECK(mt_comm_live_count() == 0);
   char version[256];

@@ -168,10 +168,22 @@ def test_reduction_methods_same_both_ways(mesh, name, pl):
         calls.append(((), {"axis": (0, 1)}))
     for args, kwargs in calls:
         slow, fast, n = both_ways(lambda: getattr(a, name)(*args, **kwargs))
-        same(fast, slow)
         np.testing.assert_allclose(fast.full_tensor(),
                                    getattr(g, name)(*args, **kwargs), rtol=1e-12)
-        assert n == 1
+        # Over a sharded axis the reductions without a reduce op merge per-rank
+        # results in their Python entry (mpitensor._ops._merge), not gather in C.
+        axis = args[0] if args else kwargs.get("axis")
+        reduced = (0, 1) if axis is None else np.atleast_1d(axis) % 2
+        merged = name in ("all", "any", "std", "var", "argmax", "argmin")
+        if merged and pl.is_shard() and pl.dim in reduced:
+            # One rank: the C path takes the call, nothing moves, and any placement
+            # of a one-rank mesh dim is the same layout.
+            assert n == (1 if mesh.shape[0] == 1 else 0)
+            if mesh.shape[0] > 1:
+                same(fast, slow)
+        else:
+            same(fast, slow)
+            assert n == 1
 
 
 def test_reduction_keywords_take_the_python_entry(mesh):

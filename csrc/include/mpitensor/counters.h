@@ -25,7 +25,8 @@ extern "C" {
   X(REDUCE_SCATTER, "reduce_scatter_tensor") \
   X(ALL_TO_ALL, "all_to_all_single")         \
   X(BROADCAST, "broadcast")                  \
-  X(SCATTER, "scatter")
+  X(SCATTER, "scatter")                      \
+  X(SCAN, "exscan")
 
 typedef enum mt_coll {
 #define MT__COLL_ENUM(name, text) MT_COLL_##name,

@@ -85,6 +85,14 @@ int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value, int64_t *
  * one mesh dim after another so no whole-mesh communicator is needed. */
 int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err);
 
+/* Collective on mesh dim `dim`. Exclusive prefix of `count` elements of `dtype`
+ * (mt_dtype) in place, combined by `op` (a reduce op of layout.h) over the ranks
+ * before this one along that dim, by coordinate (MPI_Exscan); coordinate 0 has no
+ * ranks before it and keeps its buffer as it was. Counted as one "exscan" of
+ * the buffer's bytes. */
+int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count, int dtype,
+                   int op, mt_error *err);
+
 /* Local. Communicators created by mpitensor and not yet freed, process-wide. */
 int64_t mt_comm_live_count(void);
 

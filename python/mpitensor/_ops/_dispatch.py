@@ -17,7 +17,7 @@ import numbers
 
 import numpy as np
 
-from .. import _C, _modes, _trace
+from .. import _C, _modes, _redistribute, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 
@@ -170,5 +170,30 @@ def mixed_error(op_name: str, obj) -> TypeError:
             else f"a {type(obj).__name__}")
     return TypeError(
         f"{op_name}: mixing a DTensor with {what} is not supported; wrap it with "
-        f"mpitensor.distribute_tensor(array, mesh, placements) first"
+        f"mpitensor.distribute_tensor(array, mesh, placements) first, or, when every "
+        f"rank holds the same array, run the operation inside "
+        f"mpitensor.experimental.implicit_replication()"
     )
+
+
+def relayout(what: str, a, placements):
+    """``a`` redistributed to ``placements`` for the operation named ``what``, which
+    the logs and the collective checks name (a gather an operation needs is
+    reported as that operation's). Collective on the mesh when anything moves.
+
+    Example: ``relayout("numpy.sort", dt, (Replicate(),))``.
+    """
+    spec = a._spec
+    placements = tuple(placements)
+    if placements == spec.placements:
+        return a
+    mesh = spec.mesh
+    plan = _redistribute.plan_for(mesh, spec.shape, spec.placements, placements,
+                                  spec.dtype)
+    out_spec = DTensorSpec(mesh, placements, spec.shape, spec.dtype, spec.stride)
+    if mesh._coordinate is None:
+        return DTensor(a.to_local(), out_spec)
+    if _modes.tracing:
+        _trace._current_op = what
+        _trace.redistribute("operation", mesh, plan, spec.shape, spec.dtype)
+    return DTensor(_redistribute.run(mesh, plan, a.to_local(), False), out_spec)

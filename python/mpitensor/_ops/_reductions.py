@@ -4,9 +4,11 @@ Each reduction registers its signature with the C dispatch at import: reduced di
 sharded give a Partial of its reduce op (``sum``/``nansum`` -> Partial(sum),
 ``mean`` -> Partial(avg) for even shards only, ``prod`` -> Partial(product),
 ``max``/``min`` -> Partial(max/min)), or, for the reductions whose partial results
-do not combine (``all``, ``any``, ``argmax``, ``argmin``, ``std``, ``var``; and
-max/min of bool or complex values, which the core decides from the dtype), are
-gathered first. Partial inputs: sum and mean are linear (a Partial(sum|avg)
+do not combine by a reduce op of the dtype (max/min of bool or complex values,
+which the core decides from the dtype), are gathered first; ``all``, ``any``,
+``std``, ``var``, ``argmax`` and ``argmin`` merge per-rank results instead
+(_merge.py): the C path declines them when a reduced axis is sharded or a Partial
+must be reduced, so they come here. Partial inputs: sum and mean are linear (a Partial(sum|avg)
 passes through), max/min keep Partial(max/min), the others reduce it first.
 
 DTensor's methods (``dt.sum(axis=0)``) are the C base's: the C path runs the calls
@@ -22,6 +24,7 @@ from numpy.lib.array_utils import normalize_axis_tuple
 from .. import _C, _registry
 from .._dtensor import DTensor
 from . import _dispatch as D
+from . import _merge
 
 # name -> (NumPy function, DTensor method or None, reduce op (-1: gathered), partial
 #          rule, partial ops, even_only)
@@ -85,19 +88,29 @@ def _no_dtype(name):
     return impl
 
 
+def _check(fname, a, out, extra):
+    if type(a) is not DTensor:
+        raise TypeError(f"{fname}: expected a DTensor, got {type(a).__name__}")
+    if out is not None:
+        raise TypeError(f"{fname}: out= is not supported on DTensors")
+    for k in extra:
+        raise TypeError(f"{fname}: the keyword argument {k}= is not supported on DTensors")
+
+
 def _arg(name):
     def impl(a, axis=None, out=None, *, keepdims=False):
-        return _reduce(name, a, axis, keepdims, out, {})
+        fname = f"numpy.{name}"
+        _check(fname, a, out, ())
+        return _merge.arg_extreme(fname, a, axis, bool(keepdims), name == "argmax")
     impl.__name__ = name
     return impl
 
 
 def _moment(name):
     def impl(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
-        if dtype is not None:
-            kwargs["dtype"] = dtype
-        kwargs["ddof"] = ddof
-        return _reduce(name, a, axis, keepdims, out, kwargs)
+        fname = f"numpy.{name}"
+        _check(fname, a, out, kwargs)
+        return _merge.moment(fname, a, axis, dtype, ddof, bool(keepdims), name == "std")
     impl.__name__ = name
     return impl
 
@@ -105,8 +118,21 @@ def _moment(name):
 IMPLS = {}
 for _name in ("sum", "nansum", "mean", "prod"):
     IMPLS[_name] = _with_dtype(_name)
-for _name in ("max", "amax", "min", "amin", "all", "any"):
+for _name in ("max", "amax", "min", "amin"):
     IMPLS[_name] = _no_dtype(_name)
+
+
+def _logical(name):
+    def impl(a, axis=None, out=None, keepdims=False, **kwargs):
+        fname = f"numpy.{name}"
+        _check(fname, a, out, kwargs)
+        return _merge.logical(fname, a, axis, bool(keepdims), name == "all")
+    impl.__name__ = name
+    return impl
+
+
+for _name in ("all", "any"):
+    IMPLS[_name] = _logical(_name)
 for _name in ("argmax", "argmin"):
     IMPLS[_name] = _arg(_name)
 for _name in ("std", "var"):
@@ -114,3 +140,4 @@ for _name in ("std", "var"):
 for _name, (_func, _method, _op, _rule, _ops, _even) in _RULES.items():
     _registry.implements(_func)(IMPLS[_name])
     _C.register_reduction(_func, _method, _op, _rule, _ops, _even)
+_registry.implements(np.linalg.norm)(_merge.norm)

@@ -1,5 +1,7 @@
-"""Selection and conversion on DTensors: ``np.where``, ``np.clip``,
-``DTensor.astype``, ``DTensor.copy`` / ``np.copy``.
+"""Selection, conversion and comparison on DTensors: ``np.where``, ``np.clip``,
+``DTensor.astype``, ``DTensor.copy`` / ``np.copy``, ``np.round``, ``np.isclose``,
+``np.allclose`` and ``np.array_equal`` (compared locally, then one all-reduce of
+a flag).
 
 ``where`` and ``clip`` are elementwise dim maps (DTensor operands right-aligned
 with broadcasting, scalars passed to NumPy as they are) that reduce every Partial
@@ -21,6 +23,7 @@ import numpy as np
 from .. import _C, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
+from ..placement_types import Partial
 from . import _dispatch as D
 
 
@@ -100,3 +103,76 @@ def astype(a, dtype, copy=True):
         return _same_layout(a, a.to_local().astype(dtype), dtype)
     return _run_elementwise("DTensor.astype", ("astype", dtype), (a,),
                             lambda x: x.astype(dtype))
+
+
+@_registry.implements(np.round, np.around)
+def round_(a, decimals=0, out=None):
+    """np.round / np.around, elementwise, placements kept; a Partial is reduced
+    first (rounding the parts is not rounding the sum). Local otherwise.
+
+    Example: ``np.round(dt, 2)`` of a Shard(0) DTensor stays Shard(0).
+    """
+    if out is not None:
+        raise TypeError("numpy.round: out= is not supported on DTensors")
+    decimals = int(decimals)
+    return _run_elementwise("numpy.round", ("round", decimals), (a,),
+                            lambda x: np.round(x, decimals))
+
+
+@_registry.implements(np.isclose)
+def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """np.isclose of DTensors (and scalars): an elementwise bool DTensor, placed as
+    the decision for two operands places it. Local when the layouts agree.
+
+    Example: ``np.isclose(dt, dt + 1e-12).all()`` is true.
+    """
+    rtol, atol, equal_nan = float(rtol), float(atol), bool(equal_nan)
+    return _run_elementwise(
+        "numpy.isclose", ("isclose", rtol, atol, equal_nan), (a, b),
+        lambda x, y: np.isclose(x, y, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def _everywhere(mesh, flag: bool) -> bool:
+    """True on every rank of ``mesh`` when ``flag`` is true on every rank: one
+    all-reduce (min) of an int32 per mesh dim, counted as any other. Collective."""
+    local = np.array(1 if flag else 0, np.int32)
+    parts = DTensor.from_local(local, mesh, [Partial("min")] * mesh.ndim)
+    result = parts.full_tensor()
+    if mesh.get_coordinate() is None:
+        raise RuntimeError("a comparison of DTensors on a rank outside their mesh: this "
+                           "rank holds no data")
+    return bool(result)
+
+
+@_registry.implements(np.allclose)
+def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """np.allclose of DTensors: compared locally, then one all-reduce of a flag;
+    the same bool on every rank. Collective on the mesh.
+
+    Example: ``np.allclose(dt, dt * (1 + 1e-9))`` is True on every rank.
+    """
+    close = isclose(a, b, rtol, atol, equal_nan)
+    return _everywhere(close.device_mesh, bool(close.to_local().all()))
+
+
+@_registry.implements(np.array_equal)
+def array_equal(a1, a2, equal_nan=False):
+    """np.array_equal of DTensors: False at once (no communication) when the
+    global shapes differ, else compared locally and one all-reduce of a flag.
+    Collective on the mesh.
+
+    Example: ``np.array_equal(dt, dt.copy())`` is True on every rank.
+    """
+    shape1, shape2 = (np.shape(x) if type(x) is not DTensor else x.shape
+                      for x in (a1, a2))
+    if shape1 != shape2:
+        return False
+    equal_nan = bool(equal_nan)
+
+    def compare(x, y):
+        if equal_nan and np.result_type(x, y).kind in "fc":
+            return np.asarray((x == y) | (np.isnan(x) & np.isnan(y)))
+        return np.asarray(x == y)
+    same = _run_elementwise("numpy.array_equal", ("array_equal", equal_nan), (a1, a2),
+                            compare)
+    return _everywhere(same.device_mesh, bool(same.to_local().all()))

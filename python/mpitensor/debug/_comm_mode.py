@@ -79,7 +79,8 @@ class CommDebugMode:
     Counts come from the C executor, so they are the MPI calls that really ran.
     Keys are torch's functional-collective names: ``"all_gather_into_tensor"``,
     ``"all_reduce"``, ``"reduce_scatter_tensor"``, ``"all_to_all_single"``,
-    ``"broadcast"``, ``"scatter"``; missing keys read 0. Entering resets everything.
+    ``"broadcast"``, ``"scatter"``, ``"exscan"``; missing keys read 0. Entering resets
+    everything.
     Local: counting and reporting never communicate (files are written by the rank
     that asks; give each rank its own file name or ask on one rank).
 

@@ -1,0 +1,394 @@
+"""NumPy functions that work independently along an axis: sort, argsort, partition,
+argpartition, cumsum, cumprod, diff, flip, roll, fftshift, the fft family, median,
+percentile and quantile (and their nan forms).
+
+One rule (:func:`along_axes`): each 1-D lane along the function's axes is whole
+on the rank that holds it whenever no mesh dim shards those axes, so the function
+runs on the local array with no communication and every other dim keeps its
+placement. A Partial is kept by the linear functions (cumsum, diff without
+prepend/append, flip, roll, fftshift, the ffts: the function of the sum is the sum
+of the functions) when it is a sum or an average, and reduced first by the others.
+Along a sharded axis the shard first moves to another dim the function does not
+work along (one all-to-all: the pencil method of distributed FFTs; the output is
+then sharded along that dim), or, when there is none, the lanes are gathered
+(Replicate, torch's decision for these functions). cumsum and cumprod along an
+axis one mesh dim shards instead scan each shard and add the totals of the shards
+before it, found by one exclusive scan. ``axis=None`` means the
+flattened array for the functions that flatten (sort, cumsum, roll, median, ...),
+so any sharded dim is gathered then.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
+
+from .. import _C, _modes, _registry, _trace
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Replicate, Shard
+from . import _dispatch as D
+
+__all__ = ["along_axes", "lanes_layout"]
+
+
+def _check(name, a):
+    if type(a) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
+
+
+def lanes_layout(a, axes, linear) -> tuple:
+    """The placements under which every lane along ``axes`` (None: all dims) is
+    local. A Shard of one of those axes moves to the largest free dim (one no mesh
+    dim shards, outside ``axes``, at least as long as the mesh dim): one all-to-all,
+    the pencil method, which moves each element at most once; with no such dim it
+    becomes Replicate (an all-gather, torch's choice). A Partial becomes Replicate
+    unless the function is ``linear`` and the Partial a sum or an average. Local."""
+    spec = a._spec
+    sharded = {p.dim for p in spec.placements if p.is_shard()}
+    free = sorted((k for k in range(len(spec.shape))
+                   if axes is not None and k not in axes and k not in sharded),
+                  key=lambda k: -spec.shape[k])
+    out = []
+    for m, p in enumerate(spec.placements):
+        if p.is_shard() and (axes is None or p.dim in axes):
+            if free and spec.shape[free[0]] >= spec.mesh.shape[m]:
+                out.append(Shard(free.pop(0)))
+            else:
+                out.append(Replicate())
+        elif p.is_partial() and not (linear and p.reduce_op in ("sum", "avg")):
+            out.append(Replicate())
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+def along_axes(name, a, axes, compute, *, linear, out_dim=None):
+    """``compute(local)`` on every rank's lanes along ``axes`` (a tuple of
+    normalised axes, or None for the flattened array); ``out_dim(k)`` is the
+    output dim of input dim ``k`` outside ``axes`` (default: k). Local when no mesh
+    dim shards ``axes`` (and no Partial must be reduced); else the lanes are
+    gathered first, which is collective on the mesh.
+
+    Example: ``along_axes("numpy.sort", dt, (1,), lambda x: np.sort(x, 1), linear=False)``.
+    """
+    _check(name, a)
+    spec = a._spec
+    mesh = spec.mesh
+    target = lanes_layout(a, axes, linear)
+    a = D.relayout(name, a, target)
+    out_dim = out_dim or (lambda k: k)
+    kept = [k for k in range(len(spec.shape)) if axes is not None and k not in axes]
+    if mesh.get_coordinate() is None:
+        # Not a member: a stand-in with whole lanes, to learn the output's shape.
+        stand_in = tuple(n if axes is None or k in axes else 1
+                         for k, n in enumerate(spec.shape))
+        local = np.asarray(compute(np.zeros(stand_in, spec.dtype)))
+    else:
+        local = np.asarray(compute(a.to_local()))
+    shape = list(local.shape)
+    for k in kept:
+        shape[out_dim(k)] = spec.shape[k]
+    placements = tuple(Shard(out_dim(p.dim)) if p.is_shard() else p for p in target)
+    if _modes.tracing:
+        _trace.local(name, [a], placements)
+    if mesh.get_coordinate() is None:
+        local = np.empty((0,), local.dtype)
+    shape = tuple(shape)
+    return DTensor(local, DTensorSpec(mesh, placements, shape, local.dtype,
+                                      contiguous_strides(shape)))
+
+
+def _axis(name, a, axis):
+    """One axis, or None (the flattened array)."""
+    _check(name, a)
+    if axis is None:
+        return None
+    return normalize_axis_tuple(operator.index(axis), a.ndim)
+
+
+def _axes(name, a, axis):
+    """An int, a tuple of ints, or None (every axis)."""
+    _check(name, a)
+    if axis is None:
+        return tuple(range(a.ndim))
+    return normalize_axis_tuple(axis, a.ndim)
+
+
+def _no_out(name, out):
+    if out is not None:
+        raise TypeError(f"{name}: out= is not supported on DTensors")
+
+
+# -- sorting -------------------------------------------------------------------------
+
+def _sorting(func):
+    name = f"numpy.{func.__name__}"
+
+    def impl(a, axis=-1, kind=None, order=None, **kwargs):
+        if order is not None:
+            raise TypeError(f"{name}: order= (structured fields) is not supported on "
+                            f"DTensors")
+        axes = _axis(name, a, axis)
+        return along_axes(name, a, axes,
+                          lambda x: func(x, axis=axis, kind=kind, **kwargs), linear=False)
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name} along an axis: local when the axis is not sharded, the "
+                    f"output placed as the input; along a sharded axis it is gathered "
+                    f"first (collective).\n\nExample: ``{name}(dt, axis=1)`` of a "
+                    f"``[Shard(0)]`` DTensor stays ``[Shard(0)]``.")
+    return impl
+
+
+for _f in (np.sort, np.argsort):
+    _registry.implements(_f)(_sorting(_f))
+
+
+def _partitioning(func):
+    name = f"numpy.{func.__name__}"
+
+    def impl(a, kth, axis=-1, kind="introselect", order=None):
+        if order is not None:
+            raise TypeError(f"{name}: order= is not supported on DTensors")
+        if isinstance(kth, DTensor):
+            raise TypeError(f"{name}: kth must be an int or a sequence of ints")
+        axes = _axis(name, a, axis)
+        return along_axes(name, a, axes, lambda x: func(x, kth, axis=axis, kind=kind),
+                          linear=False)
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name} along an axis, local when it is not sharded (see "
+                    f"numpy.sort on DTensors).\n\nExample: ``{name}(dt, 2, axis=1)``.")
+    return impl
+
+
+for _f in (np.partition, np.argpartition):
+    _registry.implements(_f)(_partitioning(_f))
+
+
+# -- differences, flips, rolls -------------------------------------------------------
+
+@_registry.implements(np.diff)
+def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
+    """numpy.diff along an axis, local when it is not sharded; linear (a Partial sum
+    is kept) without prepend/append, which must be scalars.
+
+    Example: ``np.diff(dt, axis=1).shape == (dt.shape[0], dt.shape[1] - 1)``.
+    """
+    name = "numpy.diff"
+    for extra in (prepend, append):
+        if extra is not np._NoValue and not (np.ndim(extra) == 0
+                                            and not isinstance(extra, DTensor)):
+            raise TypeError(f"{name}: prepend= and append= must be scalars on DTensors")
+    axes = _axis(name, a, axis)
+    plain = prepend is np._NoValue and append is np._NoValue
+    return along_axes(name, a, axes, lambda x: np.diff(x, n, axis, prepend, append),
+                      linear=plain)
+
+
+@_registry.implements(np.flip)
+def flip(m, axis=None):
+    """numpy.flip: local along unsharded axes; a sharded axis is gathered first.
+
+    Example: ``np.flip(dt, 1)`` of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``.
+    """
+    axes = _axes("numpy.flip", m, axis)
+    return along_axes("numpy.flip", m, axes, lambda x: np.flip(x, axes), linear=True)
+
+
+@_registry.implements(np.roll)
+def roll(a, shift, axis=None):
+    """numpy.roll: local along unsharded axes (``axis=None`` rolls the flattened
+    array, gathered when any dim is sharded).
+
+    Example: ``np.roll(dt, 2, axis=1)`` of a ``[Shard(0)]`` DTensor moves nothing.
+    """
+    _check("numpy.roll", a)
+    axes = None if axis is None else normalize_axis_tuple(axis, a.ndim)
+    return along_axes("numpy.roll", a, axes, lambda x: np.roll(x, shift, axis),
+                      linear=True)
+
+
+def _shift(func):
+    name = f"numpy.fft.{func.__name__}"
+
+    def impl(x, axes=None):
+        ax = _axes(name, x, axes)
+        return along_axes(name, x, ax, lambda y: func(y, axes), linear=True)
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name}: a roll along ``axes``, local where they are not "
+                    f"sharded.\n\nExample: ``{name}(dt, axes=1)``.")
+    return impl
+
+
+for _f in (np.fft.fftshift, np.fft.ifftshift):
+    _registry.implements(_f)(_shift(_f))
+
+
+# -- the fft family ------------------------------------------------------------------
+
+def _fft1(func):
+    name = f"numpy.fft.{func.__name__}"
+
+    def impl(a, n=None, axis=-1, norm=None, out=None):
+        _no_out(name, out)
+        axes = _axis(name, a, axis)
+        return along_axes(name, a, axes, lambda x: func(x, n, axis, norm), linear=True)
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name} along one axis: local when it is not sharded, the output "
+                    f"placed as the input (a Partial sum kept: the transform is "
+                    f"linear).\n\nExample: ``{name}(dt, axis=1)`` of a ``[Shard(0)]`` "
+                    f"DTensor moves nothing.")
+    return impl
+
+
+def _fftn(func, default_axes):
+    name = f"numpy.fft.{func.__name__}"
+
+    def impl(a, s=None, axes=default_axes, norm=None, out=None):
+        _no_out(name, out)
+        _check(name, a)
+        if axes is None:
+            axes_ = tuple(range(a.ndim)) if s is None else tuple(range(-len(s), 0))
+        else:
+            axes_ = axes
+        ax = normalize_axis_tuple(axes_, a.ndim, allow_duplicate=True)
+        return along_axes(name, a, tuple(sorted(set(ax))),
+                          lambda x: func(x, s, axes, norm), linear=True)
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name} over several axes: local when none is sharded, the other "
+                    f"dims keep their placements; sharded axes are gathered first."
+                    f"\n\nExample: ``{name}(dt, axes=(1, 2))`` of a ``[Shard(0)]`` "
+                    f"DTensor moves nothing.")
+    return impl
+
+
+for _f in (np.fft.fft, np.fft.ifft, np.fft.rfft, np.fft.irfft, np.fft.hfft, np.fft.ihfft):
+    _registry.implements(_f)(_fft1(_f))
+for _f in (np.fft.fftn, np.fft.ifftn, np.fft.rfftn, np.fft.irfftn):
+    _registry.implements(_f)(_fftn(_f, None))
+for _f in (np.fft.fft2, np.fft.ifft2, np.fft.rfft2, np.fft.irfft2):
+    _registry.implements(_f)(_fftn(_f, (-2, -1)))
+
+
+# -- order statistics ------------------------------------------------------------------
+
+def _reduced_dim(axes, keepdims, lead):
+    """Output dim of a kept input dim of a reduction over ``axes`` with ``lead``
+    new leading dims (percentile's q)."""
+    def out_dim(k):
+        return lead + (k if keepdims else k - sum(1 for j in axes if j < k))
+    return out_dim
+
+
+def _median(func):
+    name = f"numpy.{func.__name__}"
+
+    def impl(a, axis=None, out=None, overwrite_input=False, keepdims=False):
+        _no_out(name, out)
+        axes = _axes(name, a, axis)
+        return along_axes(name, a, axes,
+                          lambda x: func(x, axis=axes, keepdims=keepdims),
+                          linear=False, out_dim=_reduced_dim(axes, keepdims, 0))
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name} over ``axis``: local when no mesh dim shards the reduced "
+                    f"axes, the kept dims keep their placements; sharded reduced axes "
+                    f"are gathered first.\n\nExample: ``{name}(dt, axis=1)`` of a "
+                    f"``[Shard(0)]`` DTensor is ``[Shard(0)]``.")
+    return impl
+
+
+for _f in (np.median, np.nanmedian):
+    _registry.implements(_f)(_median(_f))
+
+
+def _quantile(func):
+    name = f"numpy.{func.__name__}"
+
+    def impl(a, q, axis=None, out=None, overwrite_input=False, method="linear",
+             keepdims=False, *, weights=None):
+        _no_out(name, out)
+        if weights is not None:
+            raise TypeError(f"{name}: weights= is not supported on DTensors")
+        if isinstance(q, DTensor):
+            raise TypeError(f"{name}: q must be a scalar or a plain array (the same on "
+                            f"every rank), not a DTensor")
+        q = np.asarray(q)
+        axes = _axes(name, a, axis)
+        return along_axes(name, a, axes,
+                          lambda x: func(x, q, axis=axes, method=method,
+                                         keepdims=keepdims),
+                          linear=False, out_dim=_reduced_dim(axes, keepdims, q.ndim))
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name} over ``axis`` (q the same on every rank): local when no "
+                    f"mesh dim shards the reduced axes; the kept dims keep their "
+                    f"placements after q's dims.\n\nExample: ``{name}(dt, [0.5, 0.9], "
+                    f"axis=1)`` of a ``[Shard(0)]`` DTensor is ``[Shard(1)]``.")
+    return impl
+
+
+for _f in (np.percentile, np.quantile, np.nanpercentile, np.nanquantile):
+    _registry.implements(_f)(_quantile(_f))
+
+
+# -- scans -----------------------------------------------------------------------------
+
+def _scan(name, a, ax, func, linear, op):
+    """``func`` along the sharded axis ``ax`` (sharded by one mesh dim): each rank
+    scans its lanes, then one exclusive scan (MPI_Exscan) of the lanes' totals over
+    that mesh dim gives what the ranks before it add (or multiply) in. Collective on
+    the mesh dim (and on the mesh when a Partial must be reduced first)."""
+    a = D.relayout(name, a, lanes_layout(a, (), linear))
+    spec = a._spec
+    mesh = spec.mesh
+    dim = next(i for i, p in enumerate(spec.placements) if p.is_shard() and p.dim == ax)
+    coord = mesh.get_coordinate()
+    if coord is None:
+        local = np.asarray(func(np.zeros((1,) * len(spec.shape), spec.dtype)))
+        local = np.empty((0,), local.dtype)
+    else:
+        local = np.asarray(func(a.to_local()))
+        if local.shape[ax]:
+            # np.array, not ascontiguousarray, which makes a 0-d cross section 1-d.
+            totals = np.array(np.take(local, -1, axis=ax), order="C")
+        else:
+            shape = local.shape[:ax] + local.shape[ax + 1:]
+            totals = (np.zeros if op == _C.REDUCE_SUM else np.ones)(shape, local.dtype)
+        if _modes.tracing:
+            # The global shape: the checks compare this text across ranks.
+            _trace.collective(f"{name}: exclusive scan of the shard totals", mesh,
+                              spec.placements, spec.shape, totals.dtype)
+        mesh._handle.exscan(totals, dim, op)
+        if coord[dim] > 0:
+            before = np.expand_dims(totals, ax)
+            local = local + before if op == _C.REDUCE_SUM else local * before
+    return DTensor(local, DTensorSpec(mesh, spec.placements, spec.shape, local.dtype,
+                                      contiguous_strides(spec.shape)))
+
+
+def _cumulative(func, linear, op):
+    name = f"numpy.{func.__name__}"
+
+    def impl(a, axis=None, dtype=None, out=None):
+        _no_out(name, out)
+        axes = _axis(name, a, axis)
+        if axes is not None:
+            shards = [p for p in a._spec.placements if p.is_shard() and p.dim == axes[0]]
+            if len(shards) == 1:
+                return _scan(name, a, axes[0], lambda x: func(x, axis=axis, dtype=dtype),
+                             linear, op)
+        return along_axes(name, a, axes, lambda x: func(x, axis=axis, dtype=dtype),
+                          linear=linear)
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name} along an axis: local when it is not sharded, the output "
+                    f"placed as the input; along an axis one mesh dim shards, one "
+                    f"exclusive scan of the shard totals (bytes: one lane's cross "
+                    f"section); ``axis=None`` scans the flattened array (gathered when "
+                    f"any dim is sharded).\n\nExample: ``{name}(dt, axis=0)`` of a "
+                    f"``[Shard(0)]`` DTensor stays ``[Shard(0)]``.")
+    return impl
+
+
+_registry.implements(np.cumsum)(_cumulative(np.cumsum, True, _C.REDUCE_SUM))
+_registry.implements(np.cumprod)(_cumulative(np.cumprod, False, _C.REDUCE_PRODUCT))

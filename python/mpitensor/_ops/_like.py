@@ -1,0 +1,69 @@
+"""``np.zeros_like``, ``ones_like``, ``empty_like`` and ``full_like`` of a DTensor:
+a DTensor of the same global shape and placements, made locally with no
+communication. A Partial becomes Replicate, as torch's ``*_like`` do: the new
+values are the tensor's values, not parts of a sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _args, _registry
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Replicate
+
+
+def _like(name, a, dtype, shape, make):
+    if type(a) is not DTensor:
+        raise TypeError(f"numpy.{name}: expected a DTensor, got {type(a).__name__}")
+    if shape is not None and tuple(np.atleast_1d(shape).tolist()) != a.shape:
+        raise TypeError(f"numpy.{name}: shape= other than the DTensor's own is not "
+                        f"supported on DTensors; use mpitensor.{name[:-5]}(shape, ...)")
+    dtype = a.dtype if dtype is None else _args.check_dtype(np.dtype(dtype))
+    s = a._spec
+    placements = tuple(Replicate() if p.is_partial() else p for p in s.placements)
+    local = make(a.to_local().shape, dtype)
+    return DTensor(local, DTensorSpec(s.mesh, placements, s.shape, dtype,
+                                      contiguous_strides(s.shape)))
+
+
+@_registry.implements(np.zeros_like)
+def zeros_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    """np.zeros_like: placements kept (Partial -> Replicate). Local.
+
+    Example: ``np.zeros_like(dt).placements == dt.placements`` for a Shard ``dt``.
+    """
+    return _like("zeros_like", a, dtype, shape, np.zeros)
+
+
+@_registry.implements(np.ones_like)
+def ones_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    """np.ones_like: placements kept (Partial -> Replicate). Local.
+
+    Example: ``np.ones_like(dt).sum()`` is ``dt.size`` as a Partial(sum) over shards.
+    """
+    return _like("ones_like", a, dtype, shape, np.ones)
+
+
+@_registry.implements(np.empty_like)
+def empty_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    """np.empty_like: placements kept (Partial -> Replicate), values unset. Local.
+
+    Example: ``np.empty_like(dt, dtype=np.float32).dtype == np.float32``.
+    """
+    return _like("empty_like", a, dtype, shape, np.empty)
+
+
+@_registry.implements(np.full_like)
+def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None, *,
+              device=None):
+    """np.full_like: placements kept (Partial -> Replicate). Local.
+
+    Example: ``np.full_like(dt, 7).full_tensor()`` is all sevens.
+    """
+    if isinstance(fill_value, DTensor) or (isinstance(fill_value, np.ndarray)
+                                           and fill_value.ndim > 0):
+        raise TypeError("numpy.full_like on DTensors takes a scalar fill_value")
+    return _like("full_like", a, dtype, shape,
+                 lambda shape, dt: np.full(shape, fill_value, dt))

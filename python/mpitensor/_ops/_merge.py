@@ -1,0 +1,341 @@
+"""Reductions whose per-rank results merge, so that a sharded reduced axis costs
+communication proportional to the result, not to the input: ``var`` and ``std``
+(count, mean and M2 per rank, merged by Chan's parallel formula), ``argmax`` and
+``argmin`` (a value and its global index per rank; ties go to the lowest index,
+as NumPy), ``all`` and ``any`` (a bool Partial min or max, as torch keeps a
+Partial), and ``np.linalg.norm`` (partial norms: sums of powers or maxima,
+reduced as Partials).
+
+Each rank reduces its local lanes, the per-rank results are all-gathered along
+the mesh dims that shard a reduced axis (one all-gather of a few numbers per
+output element per mesh dim), and every rank merges them in the same order, so
+replicas are bit for bit equal. Kept dims keep their placements; a Partial input
+is reduced first (these reductions are not linear), as torch does.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
+
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._layout import compute_local_shape_and_global_offset
+from ..placement_types import Partial, Replicate, Shard
+from . import _dispatch as D
+
+__all__ = ["moment", "arg_extreme", "norm", "logical"]
+
+
+def _unpartial(name, a):
+    """``a`` with every Partial reduced (collective when there is one)."""
+    return D.relayout(name, a,
+                      [Replicate() if p.is_partial() else p for p in a._spec.placements])
+
+
+def _out_dim(axes, keepdims):
+    def out_dim(k):
+        return k if keepdims else k - sum(1 for j in axes if j < k)
+    return out_dim
+
+
+def _out_spec(a, axes, keepdims, dtype):
+    """The output's placements (Shards of kept dims follow them, the rest
+    Replicate) and global shape."""
+    spec = a._spec
+    out_dim = _out_dim(axes, keepdims)
+    placements = tuple(Shard(out_dim(p.dim)) if p.is_shard() and p.dim not in axes
+                       else Replicate() for p in spec.placements)
+    shape = tuple(1 if k in axes else n for k, n in enumerate(spec.shape)
+                  if keepdims or k not in axes)
+    return placements, shape
+
+
+def _wrap(mesh, placements, shape, local, dtype):
+    if mesh.get_coordinate() is None:
+        local = np.empty((0,), dtype)
+    local = np.asarray(local, dtype)
+    return DTensor(local, DTensorSpec(mesh, placements, shape, np.dtype(dtype),
+                                      contiguous_strides(shape)))
+
+
+def _gather_rows(name, a, axes, gathered, rows):
+    """All-gather ``rows`` (this rank's per-output-element record: the output's
+    local shape without keepdims, plus one trailing record dim) along the mesh dims
+    ``gathered``; returns the records of those ranks stacked on a leading dim
+    (None on a rank outside the mesh, which takes no part)."""
+    spec = a._spec
+    mesh = spec.mesh
+    if mesh.get_coordinate() is None:
+        return None
+    lead = len(gathered)
+    out_dim = _out_dim(axes, False)
+    kept_global = tuple(n for k, n in enumerate(spec.shape) if k not in axes)
+    pls, dst = [], []
+    for i, p in enumerate(spec.placements):
+        if i in gathered:
+            pls.append(Shard(gathered.index(i)))
+            dst.append(Replicate())
+        elif p.is_shard():
+            pls.append(Shard(lead + out_dim(p.dim)))
+            dst.append(pls[-1])
+        else:
+            pls.append(Replicate())
+            dst.append(Replicate())
+    shape = tuple(mesh.shape[i] for i in gathered) + kept_global + (rows.shape[-1],)
+    local = rows.reshape((1,) * lead + rows.shape)
+    parts = DTensor.from_local(np.ascontiguousarray(local), mesh, pls, shape=shape,
+                               stride=contiguous_strides(shape))
+    out = D.relayout(name, parts, dst).to_local()
+    return out.reshape((-1,) + out.shape[lead:])
+
+
+def _sharded_reduced(a, axes):
+    return [i for i, p in enumerate(a._spec.placements)
+            if p.is_shard() and p.dim in axes]
+
+
+# -- var and std ---------------------------------------------------------------------
+
+def moment(name, a, axis, dtype, ddof, keepdims, root):
+    """numpy.var (``root`` False) or numpy.std (True) of a DTensor. Local when no
+    mesh dim shards a reduced axis (and no Partial), else one all-gather of
+    (count, mean, M2) per output element along the mesh dims that do.
+
+    Example: ``moment("numpy.var", dt, None, None, 0, False, False)`` is ``np.var(dt)``.
+    """
+    func = np.std if root else np.var
+    a = _unpartial(name, a)
+    spec = a._spec
+    mesh = spec.mesh
+    axes = tuple(range(len(spec.shape))) if axis is None else normalize_axis_tuple(
+        axis, len(spec.shape))
+    out_dtype = func(np.zeros((1,), spec.dtype), dtype=dtype).dtype
+    placements, shape = _out_spec(a, axes, keepdims, out_dtype)
+    gathered = _sharded_reduced(a, axes)
+    member = mesh.get_coordinate() is not None
+    if not gathered:
+        local = (func(a.to_local(), axis=axes, dtype=dtype, ddof=ddof, keepdims=keepdims)
+                 if member else None)
+        return _wrap(mesh, placements, shape, local, out_dtype)
+    local = a.to_local()
+    complex_ = np.dtype(out_dtype if dtype is None else dtype).kind == "c" or \
+        spec.dtype.kind == "c"
+    work = np.complex128 if complex_ else np.float64
+    kept_local = tuple(n for k, n in enumerate(local.shape) if k not in axes) \
+        if member else ()
+    count = int(np.prod([local.shape[k] for k in axes])) if member else 0
+    if count:
+        mean = np.mean(local, axis=axes, dtype=work, keepdims=True)
+        dev = local - mean
+        m2 = np.sum((dev.real ** 2 + dev.imag ** 2) if complex_ else dev * dev,
+                    axis=axes, dtype=np.float64)
+        mean = mean.reshape(kept_local)
+    else:
+        mean = np.zeros(kept_local, work)
+        m2 = np.zeros(kept_local, np.float64)
+    fields = [np.full(kept_local, float(count)), mean.real, m2]
+    if complex_:
+        fields.insert(2, mean.imag)
+    rows = np.stack([np.asarray(f, np.float64) for f in fields], axis=-1)
+    parts = _gather_rows(name, a, axes, gathered, rows)
+    if not member:
+        return _wrap(mesh, placements, shape, None, out_dtype)
+    n, mu, m2 = parts[0, ..., 0], parts[0, ..., 1], parts[0, ..., -1]
+    if complex_:
+        mu = mu + 1j * parts[0, ..., 2]
+    for r in range(1, parts.shape[0]):
+        nb, m2b = parts[r, ..., 0], parts[r, ..., -1]
+        mb = parts[r, ..., 1] + (1j * parts[r, ..., 2] if complex_ else 0)
+        total = n + nb
+        safe = np.where(total == 0, 1.0, total)
+        delta = mb - mu
+        mu = mu + delta * (nb / safe)
+        m2 = m2 + m2b + (delta.real ** 2 + delta.imag ** 2 if complex_ else delta * delta) \
+            * (n * nb / safe)
+        n = total
+    with np.errstate(divide="ignore", invalid="ignore"):
+        result = m2 / np.maximum(n - ddof, 0)
+    if np.any(n - ddof <= 0):
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+    if root:
+        result = np.sqrt(result)
+    if keepdims:
+        result = result.reshape(tuple(1 if k in axes else n_ for k, n_ in
+                                      enumerate(local.shape)))
+    return _wrap(mesh, placements, shape, result.astype(out_dtype), out_dtype)
+
+
+# -- argmax and argmin -----------------------------------------------------------------
+
+def arg_extreme(name, a, axis, keepdims, largest):
+    """numpy.argmax (``largest``) or numpy.argmin of a DTensor: local when the axis
+    is not sharded, else one all-gather of (value, global index) per output
+    element along the mesh dims that shard it; ties and NaNs go to the lowest
+    index, as NumPy.
+
+    Example: ``arg_extreme("numpy.argmax", dt, 0, False, True)`` is ``np.argmax(dt, 0)``.
+    """
+    func = np.argmax if largest else np.argmin
+    if axis is not None and not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{name}: axis must be an int or None, got {axis!r}")
+    a = _unpartial(name, a)
+    spec = a._spec
+    mesh = spec.mesh
+    ndim = len(spec.shape)
+    axes = tuple(range(ndim)) if axis is None else normalize_axis_tuple(int(axis), ndim)
+    if int(np.prod([spec.shape[k] for k in axes])) == 0:
+        raise ValueError(f"attempt to get {name[6:]} of an empty sequence")
+    placements, shape = _out_spec(a, axes, keepdims, np.intp)
+    gathered = _sharded_reduced(a, axes)
+    member = mesh.get_coordinate() is not None
+    if not gathered:
+        local = func(a.to_local(), axis=axis, keepdims=keepdims) if member else None
+        return _wrap(mesh, placements, shape, local, np.intp)
+    local = a.to_local()
+    if member:
+        _, offset = compute_local_shape_and_global_offset(spec.shape, mesh,
+                                                          spec.placements)
+        flat = local.reshape(-1) if axis is None else local
+        lanes = flat.shape[0 if axis is None else axes[0]]
+        if lanes:
+            idx = func(flat, axis=0 if axis is None else axes[0], keepdims=True)
+            value = np.take_along_axis(flat, idx, 0 if axis is None else axes[0])
+            if axis is None:
+                where = np.unravel_index(int(idx[0]), local.shape)
+                gidx = np.ravel_multi_index(tuple(int(w) + o for w, o in
+                                                  zip(where, offset)), spec.shape)
+                gidx = np.array([gidx], np.int64)
+                value = value.reshape(())
+                gidx = gidx.reshape(())
+            else:
+                gidx = (idx + offset[axes[0]]).astype(np.int64)
+                value = np.squeeze(value, axes[0])
+                gidx = np.squeeze(gidx, axes[0])
+        else:
+            kept = tuple(n for k, n in enumerate(local.shape) if k not in axes)
+            value = np.zeros(kept, spec.dtype)
+            gidx = np.full(kept, -1, np.int64)
+    else:
+        value = np.zeros((), spec.dtype)
+        gidx = np.full((), -1, np.int64)
+    isz = spec.dtype.itemsize
+    rows = np.concatenate([
+        np.ascontiguousarray(value).view(np.uint8).reshape(value.shape + (isz,)),
+        np.ascontiguousarray(gidx).view(np.uint8).reshape(gidx.shape + (8,))], axis=-1)
+    parts = _gather_rows(name, a, axes, gathered, rows)
+    if not member:
+        return _wrap(mesh, placements, shape, None, np.intp)
+    values = np.ascontiguousarray(parts[..., :isz]).view(spec.dtype)[..., 0]
+    index = np.ascontiguousarray(parts[..., isz:]).view(np.int64)[..., 0]
+    # Candidates in global-index order (ranks whose lanes are empty last, given the
+    # first candidate's value so that they never win): the first extreme wins.
+    key = np.where(index < 0, np.iinfo(np.int64).max, index)
+    order = np.argsort(key, axis=0, kind="stable")
+    index = np.take_along_axis(index, order, 0)
+    values = np.take_along_axis(values, order, 0)
+    values = np.where(index < 0, values[:1], values)
+    pick = func(values, axis=0, keepdims=True)
+    result = np.take_along_axis(index, pick, 0)[0].astype(np.intp)
+    if keepdims:
+        result = result.reshape(tuple(1 if k in axes else n for k, n in
+                                      enumerate(local.shape)))
+    return _wrap(mesh, placements, shape, result, np.intp)
+
+
+# -- norm ----------------------------------------------------------------------------
+
+def norm(x, ord=None, axis=None, keepdims=False):
+    """numpy.linalg.norm of a DTensor by partial norms: a sharded reduced axis gives
+    a Partial (a sum of powers, or a maximum) that is reduced at the size of the
+    result. Vector norms (ord None, inf, -inf, 0, 1, any p) and the matrix norms
+    'fro', 1, -1, inf, -inf; 'nuc', 2 and -2 need singular values and are a
+    TypeError. Collective on the mesh when a reduced axis is sharded.
+
+    Example: ``np.linalg.norm(dt)`` of a ``[Shard(0)]`` DTensor all-reduces one number.
+    """
+    name = "numpy.linalg.norm"
+    if type(x) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(x).__name__}")
+    if x.dtype.kind not in "fc":
+        x = x.astype(np.float64)
+    nd = x.ndim
+    if axis is None:
+        if ord is None or (ord in ("fro", "f") and nd == 2):
+            axes = tuple(range(nd))
+            return np.sqrt(np.sum(_abs2(x), axis=axes, keepdims=keepdims))
+        if nd == 1:
+            axes = (0,)
+        elif nd == 2:
+            axes = (0, 1)
+        else:
+            raise ValueError("Improper number of dimensions to norm.")
+    else:
+        axes = normalize_axis_tuple(axis, nd)
+    if len(axes) == 1:
+        ax = axes[0]
+        if ord is None or ord == 2:
+            return np.sqrt(np.sum(_abs2(x), axis=ax, keepdims=keepdims))
+        if isinstance(ord, str):
+            raise ValueError(f"Invalid norm order '{ord}' for vectors")
+        if ord == np.inf:
+            return np.max(np.abs(x), axis=ax, keepdims=keepdims)
+        if ord == -np.inf:
+            return np.min(np.abs(x), axis=ax, keepdims=keepdims)
+        if ord == 0:
+            return np.sum((x != 0).astype(x.real.dtype if x.dtype.kind == "c"
+                                           else x.dtype), axis=ax, keepdims=keepdims)
+        if ord == 1:
+            return np.sum(np.abs(x), axis=ax, keepdims=keepdims)
+        p = float(ord)
+        return np.sum(np.abs(x) ** p, axis=ax, keepdims=keepdims) ** (1.0 / p)
+    if len(axes) != 2:
+        raise ValueError("Improper number of dimensions to norm.")
+    row, col = axes
+    if ord is None or ord in ("fro", "f"):
+        return np.sqrt(np.sum(_abs2(x), axis=axes, keepdims=keepdims))
+    if ord in (1, -1, np.inf, -np.inf):
+        inner, outer = (row, col) if ord in (1, -1) else (col, row)
+        sums = np.sum(np.abs(x), axis=inner, keepdims=True)
+        pick = np.max if ord > 0 else np.min
+        out = pick(sums, axis=outer, keepdims=True)
+        if not keepdims:
+            out = out.reshape(tuple(n for k, n in enumerate(out.shape) if k not in axes))
+        return out
+    raise TypeError(f"{name}: ord={ord!r} needs singular values and has no sharding "
+                    f"rule for DTensors; call .full_tensor() and numpy.linalg.norm")
+
+
+def _abs2(x):
+    if x.dtype.kind == "c":
+        x = np.abs(x)
+    return x * x
+
+
+# -- all and any -----------------------------------------------------------------------
+
+def logical(name, a, axis, keepdims, every):
+    """numpy.all (``every``) or numpy.any of a DTensor: each rank reduces its lanes
+    (an empty lane gives the identity) and the mesh dims that shard a reduced axis
+    make the output a bool ``Partial("min")`` (all) or ``Partial("max")`` (any),
+    with no communication, as torch keeps ``Partial`` for them; reading it
+    all-reduces one byte per output element. Local, unless a Partial input must be
+    reduced first.
+
+    Example: ``logical("numpy.all", dt, 0, False, True)`` is ``np.all(dt, axis=0)``.
+    """
+    func = np.all if every else np.any
+    a = _unpartial(name, a)
+    spec = a._spec
+    mesh = spec.mesh
+    ndim = len(spec.shape)
+    axes = tuple(range(ndim)) if axis is None else normalize_axis_tuple(axis, ndim)
+    placements, shape = _out_spec(a, axes, keepdims, np.bool_)
+    gathered = _sharded_reduced(a, axes)
+    partial = Partial("min" if every else "max")
+    placements = tuple(partial if i in gathered else p for i, p in enumerate(placements))
+    member = mesh.get_coordinate() is not None
+    local = func(a.to_local(), axis=axes, keepdims=keepdims) if member else None
+    return _wrap(mesh, placements, shape, local, np.bool_)

@@ -1,0 +1,167 @@
+"""Functions that work independently along an axis (sort, argsort, partition,
+cumsum, cumprod, diff, flip, roll, fftshift, the ffts, median, percentile, quantile):
+equal to NumPy on the full array for even and uneven shapes, dtypes and placements
+(Partial included); with no communication at all whenever no mesh dim shards the
+axis (and no Partial must be reduced), the other dims keeping their placements."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpitensor import Partial, Replicate, Shard
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, make, mesh_of, mesh_shapes, placements
+
+R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
+
+# name -> (call(np_module_function_owner, x, axis), linear, reduces the axis)
+CALLS = {
+    "sort": (lambda x, ax: np.sort(x, axis=ax), False),
+    "sort_stable": (lambda x, ax: np.sort(x, axis=ax, stable=True), False),
+    "argsort": (lambda x, ax: np.argsort(x, axis=ax, stable=True), False),
+    "partition": (lambda x, ax: np.partition(x, 0, axis=ax), False),
+    "cumsum": (lambda x, ax: np.cumsum(x, axis=ax), True),
+    "cumprod": (lambda x, ax: np.cumprod(x, axis=ax), False),
+    "diff": (lambda x, ax: np.diff(x, axis=ax), True),
+    "diff2_prepend": (lambda x, ax: np.diff(x, 2, axis=ax, prepend=1), False),
+    "flip": (lambda x, ax: np.flip(x, ax), True),
+    "roll": (lambda x, ax: np.roll(x, 2, axis=ax), True),
+    "fftshift": (lambda x, ax: np.fft.fftshift(x, axes=ax), True),
+    "fft": (lambda x, ax: np.fft.fft(x, axis=ax), True),
+    "ifft_n": (lambda x, ax: np.fft.ifft(x, 5, axis=ax), True),
+    "rfft": (lambda x, ax: np.fft.rfft(x, axis=ax), True),
+    "irfft": (lambda x, ax: np.fft.irfft(x, axis=ax), True),
+    "fftn": (lambda x, ax: np.fft.fftn(x, axes=(ax,)), True),
+    "median": (lambda x, ax: np.median(x, axis=ax), False),
+    "median_keep": (lambda x, ax: np.median(x, axis=ax, keepdims=True), False),
+    "percentile": (lambda x, ax: np.percentile(x, [10, 90], axis=ax), False),
+    "quantile": (lambda x, ax: np.quantile(x, 0.3, axis=ax, method="nearest"), False),
+    "nanmedian": (lambda x, ax: np.nanmedian(x, axis=ax), False),
+}
+
+
+def check(got, expect):
+    full = got.full_tensor()
+    assert full.shape == expect.shape and full.dtype == expect.dtype, (
+        full.shape, expect.shape, full.dtype, expect.dtype)
+    if expect.dtype.kind in "fc":
+        np.testing.assert_allclose(full, expect, rtol=1e-9, atol=1e-9)
+    else:
+        np.testing.assert_array_equal(full, expect)
+
+
+@settings(max_examples=150)
+@given(data=st.data())
+def test_along_axis_matches_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    name = data.draw(st.sampled_from(sorted(CALLS)))
+    call, linear = CALLS[name]
+    shape = tuple(data.draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    ndim = len(shape)
+    axis = data.draw(st.integers(-ndim, ndim - 1))
+    dtype = data.draw(st.sampled_from([np.float64, np.int64, np.float32]))
+    if name.startswith(("fft", "ifft", "rfft", "irfft")) or name == "fftn":
+        dtype = np.float64
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    if name == "irfft" and shape[axis] == 1:
+        shape = shape[:axis % ndim] + (2,) + shape[axis % ndim + 1:]
+    full = rng.integers(-9, 10, size=shape).astype(dtype)
+    if name == "cumprod":
+        full = rng.integers(1, 3, size=shape).astype(dtype)
+    pls = placements(data.draw, ndim, mesh.ndim)
+    dt = make(full, mesh, pls)
+    ax = axis % ndim
+    moves = any(p.is_shard() and p.dim == ax for p in pls) or any(
+        p.is_partial() for p in pls) and not linear
+    with CommDebugMode() as mode:
+        got = call(dt, axis)
+    if not moves:
+        assert mode.get_total_counts() == 0, (name, pls, mode.get_comm_counts())
+        if not name.startswith(("median", "percentile", "quantile", "nanmedian")):
+            assert got.placements == tuple(pls)
+    check(got, call(full, axis))
+
+
+@pytest.mark.parametrize("name", ["sort", "cumsum", "fft", "median", "percentile", "flip"])
+def test_axis_not_sharded_keeps_the_shards(name):
+    call, _ = CALLS[name]
+    for mesh_shape in mesh_shapes():
+        mesh = mesh_of(mesh_shape)
+        full = np.random.default_rng(3).normal(size=(2 * W + 1, 6))
+        pls = (S0,) if mesh.ndim == 1 else (S0, S0)
+        dt = make(full, mesh, pls)
+        with CommDebugMode() as mode:
+            got = call(dt, 1)
+        assert mode.get_total_counts() == 0
+        shard_dim = 1 if name == "percentile" else 0
+        assert got.placements == (Shard(shard_dim),) * mesh.ndim
+        check(got, call(full, 1))
+
+
+def test_flattening_forms_and_errors():
+    mesh = mesh_of((W,))
+    full = np.random.default_rng(5).normal(size=(W + 2, 3))
+    dt = make(full, mesh, [S0])
+    for call in (lambda x: np.sort(x, axis=None), lambda x: np.cumsum(x),
+                 lambda x: np.roll(x, 3), lambda x: np.median(x), lambda x: np.flip(x),
+                 lambda x: np.fft.fft2(x), lambda x: np.argsort(x, axis=None)):
+        check(call(dt), call(full))
+    with pytest.raises(TypeError, match="numpy.percentile: q"):
+        np.percentile(dt, dt)
+    with pytest.raises(TypeError, match="out="):
+        np.cumsum(dt, 0, out=dt)
+    with pytest.raises(TypeError, match="prepend"):
+        np.diff(dt, prepend=np.ones((W + 2, 1)))
+
+
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int8, np.complex128, np.bool_])
+@pytest.mark.parametrize("rows", [1, W + 1, 16 * W])
+def test_scan_along_a_sharded_axis_sends_one_cross_section(name, dtype, rows):
+    func = getattr(np, name)
+    for mesh_shape in mesh_shapes():
+        mesh = mesh_of(mesh_shape)
+        rng = np.random.default_rng(rows)
+        full = rng.integers(1, 3, size=(rows, 5)).astype(dtype)
+        layouts = [(S0,)] if mesh.ndim == 1 else [(S0, S1), (S1, S0), (S0, PS)]
+        for pls in layouts:
+            if name == "cumprod" and PS in pls:
+                continue
+            dt = make(full, mesh, pls)
+            with CommDebugMode() as mode:
+                got = func(dt, axis=0)
+            assert got.placements == pls
+            assert set(mode.get_comm_counts()) <= {"exscan"}
+            section = 5 * func(full[:1], axis=0).dtype.itemsize
+            assert sum(mode.get_comm_bytes().values()) <= section
+            check(got, func(full, axis=0))
+
+
+@pytest.mark.parametrize("name", ["fft", "fftn", "sort", "median", "flip"])
+def test_sharded_axis_moves_to_a_free_dim_by_one_all_to_all(name):
+    calls = {"fft": lambda x: np.fft.fft(x, axis=0),
+             "fftn": lambda x: np.fft.fftn(x, axes=(0, 1)),
+             "sort": lambda x: np.sort(x, axis=0),
+             "median": lambda x: np.median(x, axis=0),
+             "flip": lambda x: np.flip(x, 0)}
+    call = calls[name]
+    mesh = mesh_of((W,))
+    full = np.random.default_rng(4).normal(size=(2 * W + 1, 3, 4 * W))
+    dt = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        got = call(dt)
+    if W > 1:
+        assert dict(mode.get_comm_counts()) == {"all_to_all_single": 1}
+        # Each element moves at most once: never more than this rank's shard.
+        assert sum(mode.get_comm_bytes().values()) <= dt.to_local().nbytes
+    assert got.placements == ((Shard(1),) if name == "median" else (Shard(2),))
+    check(got, call(full))
+    # No free dim long enough: the lanes are gathered, as torch does.
+    vec = make(full[:, 0, 0], mesh, [S0])
+    with CommDebugMode() as mode:
+        got = call(vec) if name not in ("fftn",) else np.fft.fft(vec)
+    assert set(mode.get_comm_counts()) <= {"all_gather_into_tensor"}
+    check(got, call(full[:, 0, 0]) if name != "fftn" else np.fft.fft(full[:, 0, 0]))

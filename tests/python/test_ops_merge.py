@@ -1,0 +1,195 @@
+"""Reductions that merge per-rank results (var, std, argmax, argmin, all, any,
+np.linalg.norm): equal to NumPy on the full array for random shapes (uneven and
+empty shards), axes, keepdims, dtypes, meshes and placements (Partial included),
+with communication proportional to the result: np.var of a (2**20,) [Shard(0)]
+array sends under 1 KiB."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpitensor import DeviceMesh, Partial, Replicate, Shard, distribute_tensor
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, make, mesh_of, mesh_shapes, placements
+
+R, S0, S1 = Replicate(), Shard(0), Shard(1)
+
+
+def check(got, expect, dtype):
+    expect = np.asarray(expect)
+    full = got.full_tensor()
+    assert full.shape == expect.shape, (full.shape, expect.shape)
+    assert full.dtype == expect.dtype, (full.dtype, expect.dtype)
+    if expect.dtype.kind in "fc":
+        rtol = 1e-5 if np.dtype(dtype) in (np.float32, np.complex64) else 1e-10
+        np.testing.assert_allclose(full, expect, rtol=rtol, atol=rtol)
+    else:
+        np.testing.assert_array_equal(full, expect)
+
+
+def draw_case(data, dtypes):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    shape = tuple(data.draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    dtype = data.draw(st.sampled_from(dtypes))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    full = rng.integers(-4, 5, size=shape).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        full = full + 1j * rng.integers(-4, 5, size=shape)
+    pls = placements(data.draw, len(shape), mesh.ndim)
+    return mesh, shape, full, make(full, mesh, pls)
+
+
+@settings(max_examples=120)
+@given(data=st.data())
+def test_moments_match_numpy(data):
+    mesh, shape, full, dt = draw_case(data, [np.float64, np.float32, np.int64,
+                                             np.complex128])
+    ndim = len(shape)
+    axis = data.draw(st.one_of(st.none(), st.integers(-ndim, ndim - 1),
+                               st.lists(st.integers(0, ndim - 1), unique=True,
+                                        min_size=1).map(tuple)))
+    keepdims = data.draw(st.booleans())
+    ddof = data.draw(st.sampled_from([0, 1]))
+    name = data.draw(st.sampled_from(["var", "std"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expect = getattr(np, name)(full, axis=axis, ddof=ddof, keepdims=keepdims)
+        check(getattr(np, name)(dt, axis=axis, ddof=ddof, keepdims=keepdims), expect,
+              full.dtype)
+        check(getattr(dt, name)(axis, None, None, ddof, keepdims), expect, full.dtype)
+
+
+@settings(max_examples=120)
+@given(data=st.data())
+def test_arg_extremes_and_logicals_match_numpy(data):
+    mesh, shape, full, dt = draw_case(data, [np.float64, np.float32, np.int64, np.int8,
+                                             np.complex128, np.bool_])
+    ndim = len(shape)
+    name = data.draw(st.sampled_from(["argmax", "argmin", "all", "any"]))
+    if name.startswith("arg"):
+        axis = data.draw(st.one_of(st.none(), st.integers(-ndim, ndim - 1)))
+    else:
+        axis = data.draw(st.one_of(st.none(), st.integers(-ndim, ndim - 1),
+                                   st.lists(st.integers(0, ndim - 1), unique=True,
+                                            min_size=1).map(tuple)))
+    keepdims = data.draw(st.booleans())
+    expect = getattr(np, name)(full, axis=axis, keepdims=keepdims)
+    check(getattr(np, name)(dt, axis=axis, keepdims=keepdims), expect, full.dtype)
+    check(getattr(dt, name)(axis=axis, keepdims=keepdims), expect, full.dtype)
+
+
+@settings(max_examples=80)
+@given(data=st.data())
+def test_norm_matches_numpy(data):
+    mesh, shape, full, dt = draw_case(data, [np.float64, np.int64, np.complex128])
+    ndim = len(shape)
+    form = data.draw(st.sampled_from(["all", "vector", "matrix"]))
+    keepdims = data.draw(st.booleans())
+    if form == "all":
+        kwargs = {}
+    elif form == "vector":
+        kwargs = {"axis": data.draw(st.integers(-ndim, ndim - 1)),
+                  "ord": data.draw(st.sampled_from([None, 2, 1, 0, 3, np.inf, -np.inf]))}
+    else:
+        if ndim < 2:
+            return
+        axes = tuple(data.draw(st.permutations(range(ndim)))[:2])
+        kwargs = {"axis": axes, "ord": data.draw(st.sampled_from(
+            [None, "fro", 1, -1, np.inf, -np.inf]))}
+    expect = np.linalg.norm(full, keepdims=keepdims, **kwargs)
+    check(np.linalg.norm(dt, keepdims=keepdims, **kwargs), expect, full.dtype)
+
+
+def test_var_of_a_sharded_vector_sends_under_a_kib():
+    mesh = mesh_of((W,))
+    full = np.random.default_rng(1).normal(size=2 ** 20)
+    dt = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        v, s = np.var(dt), dt.std(ddof=1)
+    assert sum(mode.get_comm_bytes().values()) < 1024
+    assert set(mode.get_comm_counts()) <= {"all_gather_into_tensor"}
+    np.testing.assert_allclose(v.full_tensor(), np.var(full), rtol=1e-12)
+    np.testing.assert_allclose(s.full_tensor(), np.std(full, ddof=1), rtol=1e-12)
+    assert v.placements == (R,)
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin", "all", "any", "var"])
+def test_reducing_a_sharded_axis_moves_the_result_only(name):
+    for mesh_shape in mesh_shapes():
+        mesh = mesh_of(mesh_shape)
+        full = np.random.default_rng(2).normal(size=(64 * W + 3, 5))
+        if name in ("all", "any"):
+            full = full > (-2.0 if name == "all" else 2.0)
+        pls = (S0,) if mesh.ndim == 1 else (S0, S1)
+        dt = make(full, mesh, pls)
+        with CommDebugMode() as mode:
+            out = getattr(np, name)(dt, axis=0)
+        # Per output element at most a value and an index (16 B) from each rank.
+        assert sum(mode.get_comm_bytes().values()) <= 5 * 24 * W
+        if name in ("all", "any"):
+            # A bool Partial, as torch keeps one: nothing moves until it is read.
+            assert mode.get_total_counts() == 0
+            partial = Partial("min" if name == "all" else "max")
+            assert out.placements == ((partial,) if mesh.ndim == 1 else (partial, S0))
+        elif mesh.ndim == 2:
+            assert out.placements == (R, S0)
+        check(out, getattr(np, name)(full, axis=0), full.dtype)
+
+
+def test_argmax_ties_and_nans_take_the_lowest_index():
+    mesh = mesh_of((W,))
+    full = np.zeros(3 * W + 1)
+    full[[2, W + 1, 3 * W]] = 5.0
+    dt = make(full, mesh, [S0])
+    assert int(np.argmax(dt)) == 2
+    full[[W, 3 * W - 1]] = np.nan
+    dt = make(full, mesh, [S0])
+    assert int(np.argmax(dt)) == W and int(np.argmin(dt)) == W
+    with pytest.raises(ValueError, match="empty sequence"):
+        np.argmax(make(np.zeros((0, 3)), mesh, [S1]), axis=0)
+
+
+def test_norm_without_a_rule_names_itself():
+    dt = make(np.ones((W, 2)), mesh_of((W,)), [S0])
+    with pytest.raises(TypeError, match=r"numpy\.linalg\.norm: ord='nuc'"):
+        np.linalg.norm(dt, "nuc")
+
+
+@pytest.mark.skipif(W < 3, reason="needs a rank outside a two-rank mesh")
+def test_ranks_outside_the_mesh_get_the_same_spec_and_no_data():
+    mesh = DeviceMesh("cpu", [0, 1])
+    full = np.arange(35.0).reshape(7, 5)
+    dt = distribute_tensor(full, mesh, [S0])
+    calls = [lambda x: np.var(x), lambda x: np.std(x, 0, keepdims=True),
+             lambda x: np.argmax(x), lambda x: np.argmin(x, 0), lambda x: np.all(x > 3, 0),
+             lambda x: np.any(x > 3), lambda x: np.linalg.norm(x),
+             lambda x: np.cumsum(x, 0), lambda x: np.sort(x, 0), lambda x: np.median(x, 1)]
+    member = mesh.get_coordinate() is not None
+    for call in calls:
+        out = call(dt)
+        expect = call(full)
+        assert out.shape == np.shape(expect)
+        if member:
+            check(out, expect, full.dtype)
+        else:
+            assert out.to_local().size == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.uint8, np.int16])
+def test_moments_and_scans_keep_numpys_dtypes(dtype):
+    mesh = mesh_of((W,))
+    full = (np.random.default_rng(0).normal(size=(2 * W + 1, 4)) * 10).astype(dtype)
+    dt = make(full, mesh, [S0])
+    calls = [lambda x: np.var(x, 0, dtype=np.float32), lambda x: np.std(x, ddof=2),
+             lambda x: np.var(x, keepdims=True), lambda x: np.cumsum(x, 0),
+             lambda x: np.cumsum(x, 0, dtype=np.float64)]
+    for call in calls:
+        got, expect = call(dt).full_tensor(), call(full)
+        assert got.dtype == expect.dtype and got.shape == expect.shape
+        np.testing.assert_allclose(got.astype(np.float64), expect.astype(np.float64),
+                                   rtol=2e-3, atol=2e-2)
