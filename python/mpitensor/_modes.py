@@ -89,10 +89,22 @@ listeners: list = []  # entered CommDebugModes, innermost last
 # each collective while ``checks`` is on.
 checker = None
 
-# -- grad mode ---------------------------------------------------------------------------
-# Whether operations record for autograd (torch.is_grad_enabled()); reserved for the
-# autograd floor. C reads it through the flag word.
+# -- grad mode, autograd ------------------------------------------------------------------
+# Whether operations record for autograd (torch.is_grad_enabled()); C reads it
+# through the flag word: a DTensor that requires grad takes the Python entry only
+# while it is on.
 grad_enabled = True
+# The engine of mpitensor.autograd, installed when it is imported: the ground
+# floor's DTensor records its own differentiable methods (redistribute, from_local,
+# to_local) with ``autograd.record(name, output, inputs, backward)`` and runs
+# ``autograd.backward(tensor, gradient, retain_graph)``.
+autograd = None
+
+
+def install_autograd(engine) -> None:
+    """Installs the autograd engine (mpitensor.autograd does, at import)."""
+    global autograd
+    autograd = engine
 
 
 def _publish() -> None:

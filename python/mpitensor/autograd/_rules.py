@@ -1,0 +1,276 @@
+"""Backward rules of the operations on DTensors.
+
+At import every operation in mpitensor._registry gets an entry that, while grad
+mode is on and an operand requires grad, runs the forward with grad mode off and
+records the result with its rule (mpitensor.autograd._engine.record). Calls with
+nothing to record go straight to the forward (and the ones the C path takes never
+come here). An operation with no rule here raises NotImplementedError when it
+would have to record a floating-point result, rather than drop the gradient.
+
+A rule computes the gradients with DTensor operations, so they run through the
+same dispatch as the forward: their placements come from the same C decisions and
+are priced the same way. A gradient is computed only for the operands that need
+one; broadcast dims are summed away (a Partial(sum) where they are sharded).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
+
+from .. import _modes, _registry
+from .._dtensor import DTensor
+from .._ops import _dispatch as D
+from ._engine import record
+
+__all__: list = []
+
+
+def _needs_grad(args, kwargs) -> bool:
+    for a in (*args, *kwargs.values()):
+        if type(a) is DTensor:
+            if a._requires_grad:
+                return True
+        elif type(a) in (list, tuple):
+            if any(type(x) is DTensor and x._requires_grad for x in a):
+                return True
+    return False
+
+
+def _differentiable(func, rule) -> None:
+    """Replaces ``func``'s entry in the registry by one that records with
+    ``rule(result, *args, **kwargs)`` when an operand requires grad in grad mode."""
+    impl = _registry.functions[func]
+
+    def entry(*args, **kwargs):
+        if not _modes.grad_enabled or not _needs_grad(args, kwargs):
+            return impl(*args, **kwargs)
+        if kwargs.get("out") is not None:
+            raise RuntimeError(
+                f"{_name(func, args)}: out= (or an in-place operator) with DTensors that "
+                f"require grad is not supported in grad mode; write the result to a new "
+                f"DTensor, or run the update under mpitensor.no_grad()")
+        was = _modes.set_grad_enabled(False)
+        try:
+            result = impl(*args, **kwargs)
+        finally:
+            _modes.set_grad_enabled(was)
+        return rule(result, *args, **kwargs)
+
+    entry.__wrapped__ = impl
+    _registry.functions[func] = entry
+
+
+def _name(func, args) -> str:
+    if func is np.ufunc:
+        return f"numpy.{args[0].__name__}"
+    return f"numpy.{getattr(func, '__name__', func)}"
+
+
+def _inexact(result) -> bool:
+    results = result if isinstance(result, tuple) else (result,)
+    return any(type(r) is DTensor and np.issubdtype(r._spec.dtype, np.inexact)
+               for r in results)
+
+
+def _no_rule(func):
+    def rule(result, *args, **kwargs):
+        if _inexact(result):
+            raise NotImplementedError(
+                f"{_name(func, args)} has no backward rule in mpitensor.autograd yet; "
+                f"run it under mpitensor.no_grad() or on .detach()ed DTensors (the "
+                f"gradient through it would be lost)")
+        return result
+    return rule
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+def _sum_to(g: DTensor, shape: tuple) -> DTensor:
+    """``g`` summed over the dims broadcasting added to ``shape``."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, g.shape)) if n == 1 and m != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g
+
+
+def _fit(gx, x):
+    """A gradient for operand ``x``: broadcast dims summed away, ``x``'s dtype."""
+    gx = _sum_to(gx, x.shape)
+    return gx if gx.dtype == x.dtype else gx.astype(x.dtype)
+
+
+# -- ufuncs ----------------------------------------------------------------------------
+# ufunc -> grads(g, operands, out, need): one gradient (or None) per operand, only
+# where need[i]; operands are DTensors or scalars.
+
+def _maximum_mask(a, b, greater):
+    win = (a > b) if greater else (a < b)
+    return win + 0.5 * (a == b)  # ties split the gradient, as torch's maximum
+
+
+def _power(g, ops, out, need):
+    a, b = ops
+    ga = g * b * a ** (b - 1) if need[0] else None
+    gb = g * out * np.log(a) if need[1] else None
+    return ga, gb
+
+
+_UFUNCS = {
+    np.add: lambda g, ops, out, need: (g, g),
+    np.subtract: lambda g, ops, out, need: (g, -g if need[1] else None),
+    np.negative: lambda g, ops, out, need: (-g,),
+    np.positive: lambda g, ops, out, need: (g,),
+    np.multiply: lambda g, ops, out, need: (g * ops[1] if need[0] else None,
+                                            g * ops[0] if need[1] else None),
+    np.true_divide: lambda g, ops, out, need: (g / ops[1] if need[0] else None,
+                                               -(g * out) / ops[1] if need[1] else None),
+    np.exp: lambda g, ops, out, need: (g * out,),
+    np.expm1: lambda g, ops, out, need: (g * (out + 1),),
+    np.log: lambda g, ops, out, need: (g / ops[0],),
+    np.log1p: lambda g, ops, out, need: (g / (ops[0] + 1),),
+    np.tanh: lambda g, ops, out, need: (g * (1 - out * out),),
+    np.sqrt: lambda g, ops, out, need: (g / (2 * out),),
+    np.square: lambda g, ops, out, need: (g * (2 * ops[0]),),
+    np.sin: lambda g, ops, out, need: (g * np.cos(ops[0]),),
+    np.cos: lambda g, ops, out, need: (-(g * np.sin(ops[0])),),
+    np.maximum: lambda g, ops, out, need: _select_grads(g, ops, need, True),
+    np.minimum: lambda g, ops, out, need: _select_grads(g, ops, need, False),
+    np.power: _power,
+}
+
+
+def _select_grads(g, ops, need, greater):
+    mask = _maximum_mask(ops[0], ops[1], greater)
+    return (g * mask if need[0] else None, g * (1 - mask) if need[1] else None)
+
+
+def _ufunc_rule(result, ufunc, method, *operands, **kwargs):
+    if ufunc is np.matmul:
+        a, b = D.implicit(operands)
+        return record("matmul", result, (a, b), lambda g: _matmul_grads(g, a, b, result))
+    grads = _UFUNCS.get(ufunc)
+    if grads is None:
+        return _no_rule(np.ufunc)(result, ufunc, method, *operands, **kwargs)
+    ops = D.implicit(operands)
+    need = tuple(type(x) is DTensor and x._requires_grad for x in ops)
+
+    def backward(g):
+        gs = grads(g, ops, result, need)
+        return tuple(_fit(gx, x) if n else None for gx, x, n in zip(gs, ops, need))
+    return record(ufunc.__name__, result, ops, backward)
+
+
+# -- matmul ----------------------------------------------------------------------------
+
+def _swap(x):
+    return np.swapaxes(x, -1, -2)
+
+
+def _matmul_grads(g, a, b, out):
+    """matmul's backward with NumPy's 1-D promotion and batch broadcasting."""
+    a1 = a if a.ndim > 1 else a.reshape(1, a.shape[0])
+    b1 = b if b.ndim > 1 else b.reshape(b.shape[0], 1)
+    batch = out.shape[:out.ndim - (a.ndim > 1) - (b.ndim > 1)]
+    g1 = g.reshape(batch + (a1.shape[-2], b1.shape[-1])) if (a.ndim == 1 or b.ndim == 1) else g
+    ga = gb = None
+    if a._requires_grad:
+        ga = _fit(g1 @ _swap(b1), a1)
+        ga = ga if a.ndim > 1 else ga.reshape(a.shape)
+    if b._requires_grad:
+        gb = _fit(_swap(a1) @ g1, b1)
+        gb = gb if b.ndim > 1 else gb.reshape(b.shape)
+    return ga, gb
+
+
+def _dot_rule(result, a, b, out=None):
+    if type(a) is not DTensor or type(b) is not DTensor or a.ndim > 2 or b.ndim > 2 \
+            or a.ndim == 0 or b.ndim == 0:
+        return _no_rule(np.dot)(result, a, b)
+    return record("dot", result, (a, b), lambda g: _matmul_grads(g, a, b, result))
+
+
+# -- reductions ------------------------------------------------------------------------
+
+def _reduction_rule(mean):
+    def rule(result, a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
+        count = int(np.prod([a.shape[i] for i in axes], dtype=np.int64))
+        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+
+        def backward(g):
+            if mean:
+                g = g / count
+            if not keepdims:
+                g = g.reshape(kept)
+            g = np.broadcast_to(g, a.shape)
+            return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+        return record("mean" if mean else "sum", result, (a,), backward)
+    return rule
+
+
+# -- shape -----------------------------------------------------------------------------
+
+def _transpose_rule(result, a, axes=None):
+    perm = tuple(range(a.ndim))[::-1] if axes is None else normalize_axis_tuple(axes, a.ndim)
+    inverse = tuple(int(i) for i in np.argsort(perm))
+    return record("transpose", result, (a,), lambda g: (np.transpose(g, inverse),))
+
+
+def _swapaxes_rule(result, a, axis1, axis2):
+    return record("swapaxes", result, (a,), lambda g: (np.swapaxes(g, axis1, axis2),))
+
+
+def _moveaxis_rule(result, a, source, destination):
+    return record("moveaxis", result, (a,), lambda g: (np.moveaxis(g, destination, source),))
+
+
+def _reshape_like(name):
+    def rule(result, a, *args, **kwargs):
+        order = kwargs.get("order", args[1] if name == "reshape" and len(args) > 1 else
+                           args[0] if name == "ravel" and args else "C")
+        if order not in ("C", "A"):
+            return _no_rule(name)(result, a, *args, **kwargs)
+        return record(name, result, (a,), lambda g: (g.reshape(a.shape),))
+    return rule
+
+
+def _broadcast_to_rule(result, array, shape, subok=False):
+    return record("broadcast_to", result, (array,), lambda g: (_fit(g, array),))
+
+
+def _copy_rule(result, a, *args, **kwargs):
+    return record("copy", result, (a,), lambda g: (g,))
+
+
+def _astype_rule(result, a, dtype, copy=True):
+    return record("astype", result, (a,),
+                  lambda g: (g if g.dtype == a.dtype else g.astype(a.dtype),))
+
+
+_RULES = {
+    np.ufunc: _ufunc_rule,
+    np.dot: _dot_rule,
+    np.sum: _reduction_rule(False),
+    np.mean: _reduction_rule(True),
+    np.transpose: _transpose_rule,
+    np.swapaxes: _swapaxes_rule,
+    np.moveaxis: _moveaxis_rule,
+    np.squeeze: _reshape_like("squeeze"),
+    np.expand_dims: _reshape_like("expand_dims"),
+    np.reshape: _reshape_like("reshape"),
+    np.ravel: _reshape_like("ravel"),
+    np.broadcast_to: _broadcast_to_rule,
+    np.copy: _copy_rule,
+    np.ndarray.astype: _astype_rule,
+}
+
+
+def install() -> None:
+    """Wraps every registered operation once: with its rule, or with the check that
+    refuses to drop a gradient. Local (at import)."""
+    for func in list(_registry.functions):
+        _differentiable(func, _RULES.get(func) or _no_rule(func))
