@@ -244,7 +244,8 @@ class DTensor(_C.DTensorBase):
 
     def redistribute(self, device_mesh: DeviceMesh | None = None,
                      placements: Sequence[Placement] | None = None, *,
-                     async_op: bool = False, forward_dtype=None) -> "DTensor":
+                     async_op: bool = False, forward_dtype=None,
+                     backward_dtype=None) -> "DTensor":
         """The same global tensor with new placements. Collective on the mesh.
 
         ``placements=None`` means Replicate on every mesh dim. Each change runs as
@@ -256,6 +257,10 @@ class DTensor(_C.DTensorBase):
         ``forward_dtype`` casts before communicating. With ``async_op=True`` the
         first collective is started nonblocking and the call returns at once; the
         data is completed on first use (see :meth:`to_local`) or by :meth:`wait`.
+        In backward (autograd), the gradient goes back to this tensor's placements
+        (a Partial's: Replicate), cast to ``backward_dtype`` first when given (each
+        rank's part as it is, so the collective moves that dtype) and to this
+        tensor's dtype after.
         Partial placements may be kept but not created: RuntimeError. A reduction
         the dtype lacks (complex max/min, bool or integer avg) is a TypeError on
         every rank, whatever the mesh size.
@@ -267,10 +272,14 @@ class DTensor(_C.DTensorBase):
             >>> dt.redistribute(mesh, [Shard(1)]).to_local().shape   # one all-to-all
             (4, 1)
         """
+        if backward_dtype is not None:
+            backward_dtype = _args.check_dtype(backward_dtype)
         out = self._redistribute(device_mesh, placements, async_op, forward_dtype)
         if _modes.grad_enabled and self._requires_grad:
-            _modes.autograd.record("Redistribute", out, (self,),
-                                   lambda g, spec=self._spec: (_redistribute_grad(g, spec),))
+            spec = self._spec
+            _modes.autograd.record(
+                "Redistribute", out, (self,),
+                lambda g: (_redistribute_grad(g, spec, backward_dtype),))
         return out
 
     def _redistribute(self, device_mesh, placements, async_op, forward_dtype):
@@ -582,9 +591,15 @@ def _grad_placements(placements) -> tuple:
     return tuple(Replicate() if p.is_partial() else p for p in placements)
 
 
-def _redistribute_grad(g: "DTensor", spec: DTensorSpec) -> "DTensor":
+def _redistribute_grad(g: "DTensor", spec: DTensorSpec, backward_dtype=None) -> "DTensor":
     """redistribute's backward: the gradient back to the input's placements (a
-    Partial input's: Replicate) and dtype."""
+    Partial input's: Replicate) and dtype; with ``backward_dtype``, each rank's part
+    is cast before (a Partial's parts too: torch's rule, so the collective moves
+    that dtype)."""
+    if backward_dtype is not None and g.dtype != backward_dtype:
+        s = g._spec
+        g = DTensor(g._data().astype(backward_dtype),
+                    DTensorSpec(s.mesh, s.placements, s.shape, backward_dtype, s.stride))
     g = g.redistribute(spec.mesh, _grad_placements(spec.placements))
     return g if g.dtype == spec.dtype else g.astype(spec.dtype)
 

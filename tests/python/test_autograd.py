@@ -42,7 +42,7 @@ def numeric_grad(prog, arrays, mesh, pls, i, eps=1e-6):
     return g
 
 
-def check(prog, arrays, mesh, pls, rtol=1e-6, atol=1e-7):
+def check(prog, arrays, mesh, pls, rtol=1e-6, atol=1e-6):
     """Backward of prog (a scalar of the leaves) equals finite differences, and each
     leaf's .grad has the leaf's placements (a Partial's: Replicate)."""
     dts = leaves(arrays, mesh, pls)
@@ -524,3 +524,55 @@ def test_the_fast_path_is_untouched_when_nothing_requires_grad():
 def _python_calls():
     from mpitensor import _C
     return _C.dispatch_stats()["python_calls"]
+
+
+# -- local_map ------------------------------------------------------------------------------
+
+def test_local_map_records_the_local_function():
+    from mpitensor.experimental import local_map
+
+    mesh = mesh_of((W,))
+    mm = local_map(lambda p, q: np.exp(p) @ q, out_placements=[PS],
+                   in_placements=([S1], [S0]))
+
+    def prog(w, x):
+        return weighted(mm(w, x).redistribute(mesh, [R]))
+    check(prog, rng_arrays(90, (3, 2 * W), (2 * W, 4)), mesh, [(S1,), (S0,)])
+    check(prog, rng_arrays(91, (3, W + 1), (W + 1, 2)), mesh, [(S1,), (S0,)])
+
+
+def test_local_map_in_grad_placements_declare_partial_local_gradients():
+    from mpitensor.experimental import local_map
+
+    mesh = mesh_of((W,))
+    scale = float(mesh.get_rank() + 1)
+    # Each rank scales the replicated input by its own factor: the outputs are parts
+    # of a sum, and so are the local gradients of the input.
+    part = local_map(lambda v: v * scale, out_placements=[PS], in_placements=([R],),
+                     in_grad_placements=([PS],))
+    check(lambda v: weighted(part(v).redistribute(mesh, [R])), rng_arrays(92, (5,)),
+          mesh, [(R,)])
+
+
+def test_redistribute_backward_dtype_casts_before_the_collective():
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.ones((2 * W, 3)), mesh, [S0], requires_grad=True)
+    y = x.redistribute(mesh, [R], backward_dtype=np.float32)
+    loss = (y * 0.5).sum()
+    with CommDebugMode() as mode:
+        loss.backward()
+    assert x.grad.dtype == np.float64 and x.grad.placements == (S0,)
+    np.testing.assert_array_equal(x.grad.full_tensor(), np.full((2 * W, 3), 0.5))
+    # A Partial gradient reduce-scattered as float32: half the bytes of float64.
+    sent = []
+    for dtype in (np.float32, None):
+        p = make(np.ones((2 * W, 3)), mesh, [S0]).requires_grad_()
+        z = p.redistribute(mesh, [R], backward_dtype=dtype)
+        loss = (z * DTensor.from_local(np.ones((2 * W, 3)), mesh, [PS])).sum()
+        with CommDebugMode() as mode:
+            loss.backward()
+        assert dict(mode.get_comm_counts()) == ({"reduce_scatter_tensor": 1} if W > 1 else {})
+        sent.append(mode.get_comm_bytes()["reduce_scatter_tensor"])
+        assert p.grad.dtype == np.float64
+        np.testing.assert_array_equal(p.grad.full_tensor(), np.full((2 * W, 3), float(W)))
+    assert 2 * sent[0] == sent[1]
