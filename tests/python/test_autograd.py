@@ -576,3 +576,36 @@ def test_redistribute_backward_dtype_casts_before_the_collective():
         assert p.grad.dtype == np.float64
         np.testing.assert_array_equal(p.grad.full_tensor(), np.full((2 * W, 3), float(W)))
     assert 2 * sent[0] == sent[1]
+
+
+# -- einsum, where, concatenate, stack ---------------------------------------------------
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("sub,shapes", [
+    ("ij,jk->ik", ((3, 4), (4, 5))),
+    ("bij,bjk->bik", ((2, 3, 4), (2, 4, 3))),
+    ("ij,ij->", ((3, 5), (3, 5))),
+    ("ij,k->ik", ((3, 4), (5,))),          # j summed in one operand alone
+    ("ijk->ki", ((2, 3, 4),)),
+], ids=str)
+def test_einsum_matches_finite_differences(mesh_shape, sub, shapes):
+    mesh = mesh_of(mesh_shape)
+    opts = [S0, R, PS, S1]
+    for j in range(2):
+        values = rng_arrays(100 + j, *shapes)
+        pls = [tuple(opts[(j + i + m) % 4] if opts[(j + i + m) % 4] != S1 or len(s) > 1
+                     else R for m in range(len(mesh_shape)))
+               for i, s in enumerate(shapes)]
+        check(lambda *xs: weighted(np.einsum(sub, *xs)), values, mesh, pls)
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+def test_where_concatenate_stack_match_finite_differences(mesh_shape):
+    mesh = mesh_of(mesh_shape)
+    for j, pls in enumerate(layouts(mesh_shape, 2)):
+        a, b = rng_arrays(110 + j, (3, 5), (3, 5))
+        check(lambda x, y: weighted(np.where(x > 0, x * y, y)), [a, b], mesh, pls)
+        check(lambda x, y: weighted(np.concatenate([x, y * 2.0, x], axis=1)), [a, b],
+              mesh, pls)
+        check(lambda x, y: weighted(np.concatenate([y, x], axis=0)), [a, b], mesh, pls)
+        check(lambda x, y: weighted(np.stack([x, y, x * y], axis=1)), [a, b], mesh, pls)

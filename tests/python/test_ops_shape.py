@@ -119,6 +119,16 @@ def test_broadcast_to_matches_numpy(data):
     assert_matches(np.broadcast_to(dt, target), np.broadcast_to(full, target))
 
 
+def test_broadcast_to_of_a_0d_dtensor_keeps_its_dims():
+    mesh = mesh_of((W,))
+    for pls in ([Replicate()], [Partial("sum")]):
+        x = make(np.array(2.0), mesh, pls)
+        for shape in [(), (1,), (3, 2)]:
+            y = np.broadcast_to(x, shape)
+            assert y.to_local().shape == shape
+            assert_matches(y, np.broadcast_to(np.array(2.0), shape))
+
+
 @settings(max_examples=40)
 @given(data=st.data())
 def test_concatenate_stack_match_numpy(data):

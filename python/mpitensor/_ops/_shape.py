@@ -187,7 +187,8 @@ def broadcast_to(array, shape, subok=False):
         local = ls[0]
         target = tuple(local.shape[j - first] if j >= first and j - first not in widened
                        else shape[j] for j in range(nout))
-        return np.ascontiguousarray(np.broadcast_to(local, target))
+        # np.ascontiguousarray would make a 0-d result 1-d.
+        return np.array(np.broadcast_to(local, target), order="C", copy=True)
 
     return _run("broadcast_to", ("broadcast_to", shape), (a,), build, compute)
 

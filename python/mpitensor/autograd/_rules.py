@@ -193,6 +193,36 @@ def _dot_rule(result, a, b, out=None):
     return record("dot", result, (a, b), lambda g: _matmul_grads(g, a, b, result))
 
 
+def _einsum_rule(result, subscripts, *operands, out=None, optimize=False, **kwargs):
+    """Each operand's gradient is the einsum of the output's gradient with the other
+    operands onto its subscripts; a subscript of its own alone (summed in the
+    forward) is broadcast back."""
+    ops = D.implicit(operands)
+    ins, outs = subscripts.replace(" ", "").split("->")
+    ins = ins.split(",")
+    if any(len(set(s)) != len(s) for s in ins):  # a diagonal ('ii->i')
+        return _no_rule(np.einsum)(result, subscripts, *operands)
+    need = tuple(x._requires_grad for x in ops)
+
+    def backward(g):
+        grads = []
+        for i, (s, x) in enumerate(zip(ins, ops)):
+            if not need[i]:
+                grads.append(None)
+                continue
+            others = [outs] + [t for j, t in enumerate(ins) if j != i]
+            avail = set("".join(others))
+            keep = "".join(c for c in s if c in avail)
+            gx = np.einsum(",".join(others) + "->" + keep, g,
+                           *(y for j, y in enumerate(ops) if j != i))
+            if keep != s:
+                gx = np.broadcast_to(gx.reshape(tuple(
+                    n if c in avail else 1 for c, n in zip(s, x.shape))), x.shape)
+            grads.append(gx if gx.dtype == x.dtype else gx.astype(x.dtype))
+        return tuple(grads)
+    return record("einsum", result, ops, backward)
+
+
 # -- reductions ------------------------------------------------------------------------
 
 def _reduction_rule(mean):
@@ -210,6 +240,48 @@ def _reduction_rule(mean):
             return (g if g.dtype == a.dtype else g.astype(a.dtype),)
         return record("mean" if mean else "sum", result, (a,), backward)
     return rule
+
+
+# -- selection -------------------------------------------------------------------------
+
+def _where_rule(result, condition, x=None, y=None):
+    ops = D.implicit((condition, x, y))
+    cond, x, y = ops
+    need = tuple(type(v) is DTensor and v._requires_grad for v in ops)
+
+    def backward(g):
+        zero = np.zeros((), g.dtype)
+        gx = _fit(np.where(cond, g, zero), x) if need[1] else None
+        gy = _fit(np.where(cond, zero, g), y) if need[2] else None
+        return None, gx, gy
+    return record("where", result, ops, backward)
+
+
+def _concatenate_rule(result, arrays, axis=0, out=None, **kwargs):
+    arrays = tuple(D.implicit(arrays))
+    ax = axis % arrays[0].ndim
+    return record("concatenate", result, arrays,
+                  lambda g: _pieces(g, arrays, ax, lambda x, lo: slice(lo, lo + x.shape[ax])))
+
+
+def _stack_rule(result, arrays, axis=0, out=None, **kwargs):
+    arrays = tuple(D.implicit(arrays))
+    ax = axis % (arrays[0].ndim + 1)
+    return record("stack", result, arrays,
+                  lambda g: _pieces(g, arrays, ax, lambda x, lo: lo, step=1))
+
+
+def _pieces(g, arrays, ax, index, step=None):
+    """Each input's part of the output's gradient along ``ax`` (basic indexing)."""
+    grads, lo = [], 0
+    for x in arrays:
+        if type(x) is DTensor and x._requires_grad:
+            gx = g[(slice(None),) * ax + (index(x, lo),)]
+            grads.append(gx if gx.dtype == x.dtype else gx.astype(x.dtype))
+        else:
+            grads.append(None)
+        lo += step if step is not None else x.shape[ax]
+    return tuple(grads)
 
 
 # -- shape -----------------------------------------------------------------------------
@@ -254,6 +326,10 @@ def _astype_rule(result, a, dtype, copy=True):
 _RULES = {
     np.ufunc: _ufunc_rule,
     np.dot: _dot_rule,
+    np.einsum: _einsum_rule,
+    np.where: _where_rule,
+    np.concatenate: _concatenate_rule,
+    np.stack: _stack_rule,
     np.sum: _reduction_rule(False),
     np.mean: _reduction_rule(True),
     np.transpose: _transpose_rule,
