@@ -15,12 +15,18 @@ one; broadcast dims are summed away (a Partial(sum) where they are sharded).
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
 from .. import _modes, _registry
 from .._dtensor import DTensor
+from .._dtensor_spec import contiguous_strides
+from .._layout import compute_local_shape_and_global_offset
 from .._ops import _dispatch as D
+from .._ops._indexing import _parse
+from ..placement_types import Replicate
 from ._engine import record
 
 __all__: list = []
@@ -284,6 +290,45 @@ def _pieces(g, arrays, ax, index, step=None):
     return tuple(grads)
 
 
+def _getitem_rule(result, a, key):
+    """Basic indexing's backward: the gradient reshaped to the picked box (ints and
+    None are size-1 dims) and padded with zeros to ``a``'s shape by concatenation,
+    dim by dim. A slice with a step other than 1 has no rule yet."""
+    sel, _ = _parse(key, a.shape)
+    if any(count > 1 and step != 1 for _, step, count, _ in sel):
+        return _no_rule(operator.getitem)(result, a, key)
+    box = tuple(count for _, _, count, _ in sel)
+
+    def backward(g):
+        g = g.reshape(box)
+        for d, (start, _, count, _) in enumerate(sel):
+            if count == a.shape[d]:
+                continue
+            parts = [g]
+            if start:
+                parts.insert(0, _zeros_like_along(g, d, start))
+            if a.shape[d] - start - count:
+                parts.append(_zeros_like_along(g, d, a.shape[d] - start - count))
+            g = np.concatenate(parts, axis=d)
+        return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+    return record("getitem", result, (a,), backward)
+
+
+def _zeros_like_along(g, d, n):
+    """Zeros of ``g``'s shape but ``n`` along dim ``d``, laid out as ``g`` except
+    that dim (Replicate there): concatenating them with ``g`` moves only what the
+    concatenation itself must. Zeros are valid parts of a Partial. Local."""
+    shape = g.shape[:d] + (n,) + g.shape[d + 1:]
+    mesh = g.device_mesh
+    pl = tuple(Replicate() if p.is_shard() and p.dim % g.ndim == d else p
+               for p in g.placements)
+    if mesh.get_coordinate() is None:
+        local = np.empty((0,), g.dtype)
+    else:
+        local = np.zeros(compute_local_shape_and_global_offset(shape, mesh, pl)[0], g.dtype)
+    return DTensor.from_local(local, mesh, pl, shape=shape, stride=contiguous_strides(shape))
+
+
 # -- shape -----------------------------------------------------------------------------
 
 def _transpose_rule(result, a, axes=None):
@@ -330,6 +375,7 @@ _RULES = {
     np.where: _where_rule,
     np.concatenate: _concatenate_rule,
     np.stack: _stack_rule,
+    operator.getitem: _getitem_rule,
     np.sum: _reduction_rule(False),
     np.mean: _reduction_rule(True),
     np.transpose: _transpose_rule,
