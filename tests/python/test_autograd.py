@@ -621,3 +621,20 @@ def test_basic_indexing_matches_finite_differences(mesh_shape, key):
     for j, (pl, _) in enumerate(layouts(mesh_shape, 2)):
         (a,) = rng_arrays(120 + j, (3, 5))
         check(lambda x: weighted(x[key] * 2.0), [a], mesh, (pl,))
+
+
+def test_backward_frees_the_forward_tensors():
+    import gc
+    import weakref
+
+    mesh = mesh_of((W,))
+    w = distribute_tensor(np.ones((4, 4)), mesh, [S0], requires_grad=True)
+    h = np.tanh(w * 2.0)
+    alive = weakref.ref(h.detach().to_local())  # its array
+    loss = (h * h).sum()
+    del h
+    gc.collect()
+    assert alive() is not None  # the graph keeps it for backward
+    loss.backward()
+    gc.collect()
+    assert alive() is None and loss.grad_fn is not None

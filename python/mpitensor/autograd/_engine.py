@@ -140,9 +140,12 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                     "Trying to backward through the graph a second time; specify "
                     "retain_graph=True on the first backward")
             gs = fn.backward_fn(g)
+            inputs = fn.inputs
             if not retain_graph:
-                fn.backward_fn = None  # frees what the closure saved
-            for x, gx in zip(fn.inputs, gs):
+                # Frees what the closure saved and the inputs, so a kept output
+                # (the loss) no longer holds the forward's arrays.
+                fn.backward_fn, fn.inputs = None, ()
+            for x, gx in zip(inputs, gs):
                 if x is None or gx is None:
                     continue
                 if gx.shape != x.shape:
