@@ -638,3 +638,22 @@ def test_backward_frees_the_forward_tensors():
     loss.backward()
     gc.collect()
     assert alive() is None and loss.grad_fn is not None
+
+
+@pytest.mark.skipif(W < 2, reason="needs a rank outside the mesh")
+def test_a_rank_outside_the_mesh_runs_the_same_backward():
+    from mpitensor import DeviceMesh
+
+    mesh = DeviceMesh("cpu", list(range(W - 1)))
+    a, b = rng_arrays(130, (5, 3), (3, 4))
+    x = distribute_tensor(a, mesh, [S0], requires_grad=True)
+    w = distribute_tensor(b, mesh, [R], requires_grad=True)
+    np.tanh(x @ w).sum().backward()
+    assert x.grad.placements == (S0,) and w.grad.placements == (R,)
+    gx, gw = x.grad.full_tensor(), w.grad.full_tensor()
+    if mesh.get_coordinate() is None:
+        assert gx.size == 0 and gw.size == 0
+    else:
+        d = 1 - np.tanh(a @ b) ** 2
+        np.testing.assert_allclose(gx, d @ b.T, rtol=1e-12)
+        np.testing.assert_allclose(gw, a.T @ d, rtol=1e-12)

@@ -55,7 +55,9 @@ def permute(a, perm):
     # A view, as NumPy's and torch's transposes are: copying here would cost a full
     # pass over the weight in every `x @ w.T` (nn.functional.linear). Consumers that
     # need contiguous memory (the C redistribute) make it themselves.
-    local = np.transpose(a.to_local(), perm)
+    local = a.to_local()
+    if spec.mesh._coordinate is not None:  # a rank outside the mesh holds (0,)
+        local = np.transpose(local, perm)
     out = DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
                                      contiguous_strides(shape)))
     if _modes.tracing:
