@@ -657,3 +657,31 @@ def test_a_rank_outside_the_mesh_runs_the_same_backward():
         d = 1 - np.tanh(a @ b) ** 2
         np.testing.assert_allclose(gx, d @ b.T, rtol=1e-12)
         np.testing.assert_allclose(gw, a.T @ d, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("func", ["max", "min"])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_max_min_match_finite_differences(mesh_shape, func, axis, keepdims):
+    mesh = mesh_of(mesh_shape)
+    for j, (pl, _) in enumerate(layouts(mesh_shape, 2)):
+        (a,) = rng_arrays(140 + j, (3, 5))
+
+        def prog(x):
+            y = getattr(x, func)(axis=axis, keepdims=keepdims)
+            return weighted(y) if y.shape else y * 1.5
+        check(prog, [a], mesh, (pl,))
+
+
+def test_max_shares_the_gradient_between_ties_and_clip_masks_it():
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.array([1.0, 3.0, 3.0, 0.0]), mesh, [S0], requires_grad=True)
+    np.max(x).backward()
+    np.testing.assert_array_equal(x.grad.full_tensor(), [0.0, 0.5, 0.5, 0.0])
+    y = distribute_tensor(np.array([-2.0, 0.5, 2.0, 1.0]), mesh, [S0], requires_grad=True)
+    (np.clip(y, -1.0, 1.0) * 2.0).sum().backward()
+    np.testing.assert_array_equal(y.grad.full_tensor(), [0.0, 2.0, 0.0, 2.0])
+    z = distribute_tensor(np.array([-2.0, 0.5, 2.0]), mesh, [R], requires_grad=True)
+    np.clip(z, None, 1.0).sum().backward()
+    np.testing.assert_array_equal(z.grad.full_tensor(), [1.0, 1.0, 0.0])

@@ -231,6 +231,21 @@ def _einsum_rule(result, subscripts, *operands, out=None, optimize=False, **kwar
 
 # -- reductions ------------------------------------------------------------------------
 
+def _extremum_rule(name):
+    """max/min (amax/amin): the gradient shared evenly by the elements equal to the
+    result, as torch's amax/amin."""
+    def rule(result, a, axis=None, out=None, keepdims=False, **kwargs):
+        axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
+        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+
+        def backward(g):
+            hit = a == np.broadcast_to(result.reshape(kept), a.shape)
+            share = g.reshape(kept) / hit.sum(axis=axes, keepdims=True)
+            return (_fit(hit * share, a),)
+        return record(name, result, (a,), backward)
+    return rule
+
+
 def _reduction_rule(mean):
     def rule(result, a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
         axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
@@ -261,6 +276,22 @@ def _where_rule(result, condition, x=None, y=None):
         gy = _fit(np.where(cond, zero, g), y) if need[2] else None
         return None, gx, gy
     return record("where", result, ops, backward)
+
+
+def _clip_rule(result, a, a_min=np._NoValue, a_max=np._NoValue, out=None, *,
+               min=np._NoValue, max=np._NoValue, **kwargs):
+    """The gradient where ``a`` lies within the (scalar) bounds, as torch's clamp."""
+    lo = a_min if a_min is not np._NoValue else (None if min is np._NoValue else min)
+    hi = a_max if a_max is not np._NoValue else (None if max is np._NoValue else max)
+
+    def backward(g):
+        inside = None
+        for bound, keep in ((lo, np.greater_equal), (hi, np.less_equal)):
+            if bound is not None:
+                m = keep(a, bound)
+                inside = m if inside is None else inside & m
+        return (_fit(g if inside is None else g * inside, a),)
+    return record("clip", result, (a,), backward)
 
 
 def _concatenate_rule(result, arrays, axis=0, out=None, **kwargs):
@@ -378,6 +409,11 @@ _RULES = {
     operator.getitem: _getitem_rule,
     np.sum: _reduction_rule(False),
     np.mean: _reduction_rule(True),
+    np.max: _extremum_rule("max"),
+    np.amax: _extremum_rule("amax"),
+    np.min: _extremum_rule("min"),
+    np.amin: _extremum_rule("amin"),
+    np.clip: _clip_rule,
     np.transpose: _transpose_rule,
     np.swapaxes: _swapaxes_rule,
     np.moveaxis: _moveaxis_rule,
