@@ -272,17 +272,6 @@ class DTensor(_C.DTensorBase):
             >>> dt.redistribute(mesh, [Shard(1)]).to_local().shape   # one all-to-all
             (4, 1)
         """
-        if backward_dtype is not None:
-            backward_dtype = _args.check_dtype(backward_dtype)
-        out = self._redistribute(device_mesh, placements, async_op, forward_dtype)
-        if _modes.grad_enabled and self._requires_grad:
-            spec = self._spec
-            _modes.autograd.record(
-                "Redistribute", out, (self,),
-                lambda g: (_redistribute_grad(g, spec, backward_dtype),))
-        return out
-
-    def _redistribute(self, device_mesh, placements, async_op, forward_dtype):
         mesh = self.device_mesh if device_mesh is None else device_mesh
         if mesh is not self.device_mesh and mesh != self.device_mesh:
             raise NotImplementedError(
@@ -302,10 +291,21 @@ class DTensor(_C.DTensorBase):
             local = local.astype(dtype, copy=False)
         spec = DTensorSpec(mesh, dst, self._spec.shape, dtype, self._spec.stride)
         if dst == src or mesh._coordinate is None:
-            return DTensor(local, spec)
-        if _modes.tracing:
-            _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
-        return DTensor(_redistribute.run(mesh, plan, local, async_op), spec)
+            out = DTensor(local, spec)
+        else:
+            if _modes.tracing:
+                _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
+            out = DTensor(_redistribute.run(mesh, plan, local, async_op), spec)
+        if self._requires_grad and _modes.grad_enabled:
+            self._record_redistribute(out, backward_dtype)
+        return out
+
+    def _record_redistribute(self, out, backward_dtype) -> None:
+        if backward_dtype is not None:
+            backward_dtype = _args.check_dtype(backward_dtype)
+        spec = self._spec
+        _modes.autograd.record("Redistribute", out, (self,),
+                               lambda g: (_redistribute_grad(g, spec, backward_dtype),))
 
     def full_tensor(self, *, grad_placements: Sequence[Placement] | None = None):
         """The whole global array, on every rank of the mesh. Collective on the mesh.
