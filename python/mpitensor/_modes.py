@@ -101,6 +101,24 @@ grad_enabled = True
 autograd = None
 
 
+# True while autograd's engine runs a backward: CommDebugMode files what runs then
+# under "backward".
+backward = False
+
+
+def set_backward(active: bool) -> bool:
+    """Enters or leaves a backward pass; returns the previous state. The listeners
+    first settle what ran before, so each collective lands on its side.
+
+    Example: ``was = set_backward(True)`` ... ``set_backward(was)``.
+    """
+    global backward
+    for listener in listeners:
+        listener._settle()
+    was, backward = backward, bool(active)
+    return was
+
+
 def install_autograd(engine) -> None:
     """Installs the autograd engine (mpitensor.autograd does, at import)."""
     global autograd

@@ -260,6 +260,17 @@ def test_colwise_input_gradient_is_all_reduced_and_rowwise_output_gradient_is_no
     assert dict(bwd.get_comm_counts()) == ({"all_reduce": one} if W > 1 else {})
     assert dx.grad.placements == (R,) and dw1.grad.placements == (S1,)
     assert db1.grad.placements == (S0,) and dw2.grad.placements == (S0,)
+    # One CommDebugMode around both passes files each collective on its side.
+    for t in (dx, dw1, db1, dw2):
+        t.grad = None
+    with CommDebugMode() as both:
+        loss = (((np.tanh(dx @ dw1 + db1)) @ dw2).redistribute(mesh, [R]) * 1.0).sum()
+        loss.backward()
+    sides = both.comm_module_counts.get("Global", {"forward": {}, "backward": {}})
+    assert dict(sides["forward"]) == ({"all_reduce": 1} if W > 1 else {})
+    assert dict(sides["backward"]) == ({"all_reduce": 1} if W > 1 else {})
+    table = both.generate_comm_debug_tracing_table(noise_level=0)
+    assert ("BACKWARD PASS" in table) == (W > 1)
     g = 1 - np.tanh(x @ w1 + b1) ** 2
     np.testing.assert_allclose(dx.grad.full_tensor(), (np.ones((4, 4)) @ w2.T * g) @ w1.T,
                                rtol=1e-12)

@@ -120,6 +120,7 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
         grads[id(r)] = g if id(r) not in grads else grads[id(r)] + g
     found = {}
     was = _modes.set_grad_enabled(False)
+    was_backward = _modes.set_backward(True)
     try:
         for t in _order(roots):
             g = grads.pop(id(t), None)
@@ -155,6 +156,7 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                 prev = grads.get(id(x))
                 grads[id(x)] = gx if prev is None else prev + gx
     finally:
+        _modes.set_backward(was_backward)
         _modes.set_grad_enabled(was)
     return found
 
