@@ -720,3 +720,18 @@ def test_data_tools_see_the_data_of_tensors_that_require_grad(tmp_path_factory):
     lin.load_state_dict(state)
     assert lin.weight.is_leaf and lin.weight.requires_grad
     np.testing.assert_array_equal(lin.weight.detach().full_tensor(), np.ones((3, 2)))
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("func", ["var", "std"])
+@pytest.mark.parametrize("axis,ddof,keepdims", [(None, 0, False), (0, 1, True), (1, 0, False),
+                                                 (-1, 1, False)])
+def test_var_std_match_finite_differences(mesh_shape, func, axis, ddof, keepdims):
+    mesh = mesh_of(mesh_shape)
+    for j, (pl, _) in enumerate(layouts(mesh_shape, 2)):
+        (a,) = rng_arrays(150 + j, (3, 5))
+
+        def prog(x):
+            y = getattr(np, func)(x, axis=axis, ddof=ddof, keepdims=keepdims)
+            return weighted(y) if y.shape else y * 1.5
+        check(prog, [a], mesh, (pl,))

@@ -246,6 +246,23 @@ def _extremum_rule(name):
     return rule
 
 
+def _moment_rule(std):
+    """var: 2 (a - mean) / (n - ddof) times the gradient; std: that over 2 std."""
+    def rule(result, a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
+        count = int(np.prod([a.shape[i] for i in axes], dtype=np.int64))
+        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+
+        def backward(g):
+            centered = a - np.mean(a, axis=axes, keepdims=True)
+            g = g.reshape(kept)
+            if std:
+                g = g / result.reshape(kept)
+            return (_fit(centered * (g * ((1.0 if std else 2.0) / (count - ddof))), a),)
+        return record("std" if std else "var", result, (a,), backward)
+    return rule
+
+
 def _reduction_rule(mean):
     def rule(result, a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
         axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
@@ -414,6 +431,8 @@ _RULES = {
     np.min: _extremum_rule("min"),
     np.amin: _extremum_rule("amin"),
     np.clip: _clip_rule,
+    np.var: _moment_rule(False),
+    np.std: _moment_rule(True),
     np.transpose: _transpose_rule,
     np.swapaxes: _swapaxes_rule,
     np.moveaxis: _moveaxis_rule,
