@@ -698,22 +698,27 @@ def test_max_shares_the_gradient_between_ties_and_clip_masks_it():
     np.testing.assert_array_equal(z.grad.full_tensor(), [1.0, 1.0, 0.0])
 
 
-def test_data_tools_see_the_data_of_tensors_that_require_grad(tmp_path_factory):
+def test_data_tools_see_the_data_of_tensors_that_require_grad():
+    import shutil
+    import tempfile
+
     from mpi4py import MPI
 
     from mpitensor import nn
+    from mpitensor.parallel import ColwiseParallel, parallelize_module
     from mpitensor.testing import assert_close
 
+    comm = MPI.COMM_WORLD
     mesh = mesh_of((W,))
     w = distribute_tensor(np.arange(8.0).reshape(4, 2), mesh, [S0], requires_grad=True)
     assert_close(w, distribute_tensor(np.arange(8.0).reshape(4, 2), mesh, [R]))
-    path = MPI.COMM_WORLD.bcast(str(tmp_path_factory.mktemp("ag")) if
-                                MPI.COMM_WORLD.rank == 0 else None)
+    path = comm.bcast(tempfile.mkdtemp(prefix="mt-autograd-") if comm.rank == 0 else None)
     mt.save({"w": w}, path + "/ckpt")
     back = mt.load(path + "/ckpt", mesh)
     np.testing.assert_array_equal(back["w"].full_tensor(), np.arange(8.0).reshape(4, 2))
-    from mpitensor.parallel import ColwiseParallel, parallelize_module
-
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
     lin = parallelize_module(nn.Linear(2, 3), mesh, ColwiseParallel())
     state = {k: np.ones(v.shape) for k, v in lin.state_dict().items()}
     lin.weight.requires_grad_()
