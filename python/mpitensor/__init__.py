@@ -21,6 +21,8 @@ from ._layout import compute_local_shape_and_global_offset, local_shape_and_glob
 from .device_mesh import DeviceMesh, init_device_mesh, set_cache_limits
 from .placement_types import Partial, Placement, Replicate, Shard
 from .random import manual_seed
+from . import autograd
+from .autograd import enable_grad, no_grad
 from . import nn
 from . import checkpoint
 from .checkpoint import load, save
@@ -64,6 +66,9 @@ __all__ = [
     "manual_seed",
     "compute_local_shape_and_global_offset",
     "local_shape_and_global_offset",
+    "autograd",
+    "no_grad",
+    "enable_grad",
     "nn",
     "checkpoint",
     "save",

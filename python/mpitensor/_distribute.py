@@ -20,13 +20,17 @@ _IDENTITY = {"sum": 0, "product": 1}
 
 def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
                       placements: Sequence[Placement] | None = None, *,
-                      src_data_rank: int | None = 0) -> DTensor:
+                      src_data_rank: int | None = 0, requires_grad: bool = False
+                      ) -> DTensor:
     """Shard or replicate a whole array, given on every rank, over a mesh.
 
     Collective on the mesh (with the default ``src_data_rank=0``): the copy on the
     first rank of each mesh dim is the source of truth, scattered along Shard dims
     and broadcast along Replicate dims, so each rank receives only its own shard.
     With ``src_data_rank=None`` every rank cuts its own copy: no communication.
+    ``requires_grad=True`` makes the result a leaf that autograd records; a
+    DTensor given with its own mesh and placements comes back as itself, keeping
+    its flag (and ``requires_grad=True`` sets it).
     ``Partial(sum)``/``Partial(product)`` put the value on the first rank of that
     mesh dim and the identity on the others; ``Partial(avg|max|min)`` everywhere.
 
@@ -37,8 +41,14 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
         >>> dt.to_local()        # rank 0: rows 0-1, rank 1: row 2
     """
     if isinstance(tensor, DTensor):
-        return _already_distributed(tensor, device_mesh, placements)
+        dt = _already_distributed(tensor, device_mesh, placements)
+        return dt.requires_grad_() if requires_grad else dt
     _args.reject_masked(tensor, "distribute_tensor")
+    return _distribute_array(tensor, device_mesh, placements, src_data_rank
+                             ).requires_grad_(requires_grad)
+
+
+def _distribute_array(tensor, device_mesh, placements, src_data_rank) -> DTensor:
     array = np.asarray(tensor)
     dtype = _args.check_dtype(array.dtype)
     mesh = _args.resolve_mesh(device_mesh)

@@ -18,7 +18,7 @@ import numpy as np
 from . import _C, _args, _iterate, _modes, _redistribute, _registry, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
-from .device_mesh import DeviceMesh, find_live_mesh
+from .device_mesh import DeviceMesh, find_live_mesh, local_mesh
 from .placement_types import Partial, Placement, Replicate, Shard
 from ._shard import DTensorShard
 
@@ -52,9 +52,12 @@ class DTensor(_C.DTensorBase):
     # ``__init__(local_tensor, spec)`` sets them), and the entry points of NumPy
     # operations: the operators (in place too), ``__array_ufunc__`` and the
     # reduction methods sum, mean, prod, max, min, all, any, std, var, argmax and
-    # argmin (csrc/ext/ext_dtensor.c, ext_dispatch.c). The comparison operators
+    # argmin (csrc/ext/ext_dtensor.c, ext_dispatch.c), and the ``_requires_grad``
+    # bit. The slots here are autograd's: the accumulated gradient, the node that
+    # made this tensor (None for a leaf) and retain_grad()'s flag; unset until used,
+    # so a DTensor the C path makes costs nothing more. The comparison operators
     # make DTensors, so keep identity hashing.
-    __slots__ = ()
+    __slots__ = ("_grad", "_grad_fn", "_retains_grad")
     __hash__ = object.__hash__
 
     def __array_function__(self, func, types, args, kwargs):
@@ -167,7 +170,15 @@ class DTensor(_C.DTensorBase):
             >>> DTensor.from_local(local, mesh, [Shard(0)]).shape
             (6,)
         """
-        if not isinstance(local_tensor, np.ndarray):
+        source = None
+        if type(local_tensor) is DTensor:
+            if local_tensor._spec.mesh is not local_mesh():
+                raise TypeError(
+                    "from_local takes a NumPy ndarray, or the local DTensor that "
+                    "to_local() gives of a tensor that requires grad (it lives on "
+                    f"mpitensor's local mesh); got a DTensor on {local_tensor.device_mesh}")
+            source, local_tensor = local_tensor, local_tensor._data()
+        elif not isinstance(local_tensor, np.ndarray):
             raise TypeError(
                 f"from_local takes a NumPy ndarray, got {type(local_tensor).__name__}"
             )
@@ -178,24 +189,45 @@ class DTensor(_C.DTensorBase):
         gshape, gstride = _global_shape_and_stride(local_tensor, mesh, pl, shape, stride)
         spec = DTensorSpec(mesh, pl, gshape, dtype, gstride)
         if mesh.get_coordinate() is None:
-            return DTensor(np.empty((0,), dtype), spec)
-        if run_check:
-            local_tensor = _check_across_ranks(local_tensor, spec, shape is not None)
-        return DTensor(local_tensor, spec)
+            out = DTensor(np.empty((0,), dtype), spec)
+        else:
+            if run_check:
+                local_tensor = _check_across_ranks(local_tensor, spec, shape is not None)
+            out = DTensor(local_tensor, spec)
+        if source is not None and _modes.grad_enabled and source._requires_grad:
+            _modes.autograd.record("FromLocal", out, (source,),
+                                   lambda g: (_from_local_grad(g, spec, source),))
+        return out
 
     # -- data --------------------------------------------------------------------
-    def to_local(self) -> np.ndarray:
+    def to_local(self, *, grad_placements: Sequence[Placement] | None = None):
         """This rank's local ndarray (shard, replica or partial value).
 
         Local, except after ``redistribute(..., async_op=True)``: then the first
         call completes the pending MPI request (collective) and returns the plain
         ndarray; later calls return it at once.
 
+        NumPy arrays carry no autograd graph, so for a tensor that requires grad,
+        while grad mode is on, the local data comes back as a DTensor on
+        :func:`~mpitensor.device_mesh.local_mesh` (this rank alone, Replicate):
+        operations on it are recorded, and :meth:`from_local` takes it back, so
+        the gradient flows through the round trip. Its gradient becomes this
+        tensor's with ``grad_placements`` (default: this tensor's placements), as
+        torch's ``to_local(grad_placements=...)``. ``.detach().to_local()`` or
+        ``mpitensor.no_grad()`` give the plain ndarray.
+
         Example::
 
             >>> dt.to_local().shape
             (2, 3)
         """
+        if _modes.grad_enabled and self._requires_grad:
+            return self._local_view(grad_placements)
+        return self._data()
+
+    def _data(self) -> np.ndarray:
+        """The local ndarray, whatever grad mode says (completing a pending
+        asynchronous redistribute first). Local unless one is pending."""
         local = self._local_tensor
         if type(local) is _redistribute.AsyncLocal:
             local = self._local_tensor = local.wait()
@@ -208,12 +240,13 @@ class DTensor(_C.DTensorBase):
 
             >>> dt.redistribute(mesh, [Replicate()], async_op=True).wait()
         """
-        self.to_local()
+        self._data()
         return self
 
     def redistribute(self, device_mesh: DeviceMesh | None = None,
                      placements: Sequence[Placement] | None = None, *,
-                     async_op: bool = False, forward_dtype=None) -> "DTensor":
+                     async_op: bool = False, forward_dtype=None,
+                     backward_dtype=None) -> "DTensor":
         """The same global tensor with new placements. Collective on the mesh.
 
         ``placements=None`` means Replicate on every mesh dim. Each change runs as
@@ -225,6 +258,10 @@ class DTensor(_C.DTensorBase):
         ``forward_dtype`` casts before communicating. With ``async_op=True`` the
         first collective is started nonblocking and the call returns at once; the
         data is completed on first use (see :meth:`to_local`) or by :meth:`wait`.
+        In backward (autograd), the gradient goes back to this tensor's placements
+        (a Partial's: Replicate), cast to ``backward_dtype`` first when given (each
+        rank's part as it is, so the collective moves that dtype) and to this
+        tensor's dtype after.
         Partial placements may be kept but not created: RuntimeError. A reduction
         the dtype lacks (complex max/min, bool or integer avg) is a TypeError on
         every rank, whatever the mesh size.
@@ -250,22 +287,37 @@ class DTensor(_C.DTensorBase):
         # Made (and checked: no Partial created, no reduction the dtype lacks) on
         # every rank alike, members of the mesh or not, before anything moves.
         plan = _redistribute.plan_for(mesh, self._spec.shape, src, dst, dtype)
-        local = self.to_local()
+        local = self._data()
         if forward_dtype is not None:
             local = local.astype(dtype, copy=False)
         spec = DTensorSpec(mesh, dst, self._spec.shape, dtype, self._spec.stride)
         if dst == src or mesh._coordinate is None:
             if _modes.tracing and mesh._coordinate is not None:
                 _trace.unmoved("DTensor.redistribute", mesh, dst, spec.shape, dtype)
-            return DTensor(local, spec)
-        if _modes.tracing:
-            _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
-        return DTensor(_redistribute.run(mesh, plan, local, async_op), spec)
+            out = DTensor(local, spec)
+        else:
+            if _modes.tracing:
+                _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
+            out = DTensor(_redistribute.run(mesh, plan, local, async_op), spec)
+        if self._requires_grad and _modes.grad_enabled:
+            self._record_redistribute(out, backward_dtype)
+        return out
 
-    def full_tensor(self) -> np.ndarray:
+    def _record_redistribute(self, out, backward_dtype) -> None:
+        if backward_dtype is not None:
+            backward_dtype = _args.check_dtype(backward_dtype)
+        spec = self._spec
+        _modes.autograd.record("Redistribute", out, (self,),
+                               lambda g: (_redistribute_grad(g, spec, backward_dtype),))
+
+    def full_tensor(self, *, grad_placements: Sequence[Placement] | None = None):
         """The whole global array, on every rank of the mesh. Collective on the mesh.
 
-        The same as ``redistribute(placements=[Replicate()] * mesh.ndim).to_local()``.
+        The same as ``redistribute(placements=[Replicate()] * mesh.ndim)
+        .to_local(grad_placements=grad_placements)``: for a tensor that requires
+        grad, in grad mode, a DTensor on the local mesh whose gradient comes back
+        with ``grad_placements`` (default Replicate; ``[Partial()]`` when each
+        rank's gradient is a partial sum) and then to this tensor's placements.
         A rank outside the mesh gets an empty array.
 
         Example (``mpiexec -n 2``)::
@@ -274,7 +326,120 @@ class DTensor(_C.DTensorBase):
             >>> dt.full_tensor()
             array([1., 1., 1., 1.])
         """
-        return self.redistribute(self.device_mesh, None).to_local()
+        return self.redistribute(self.device_mesh, None).to_local(
+            grad_placements=grad_placements)
+
+    # -- autograd (the engine is mpitensor.autograd's) ----------------------------
+    @property
+    def requires_grad(self) -> bool:
+        """Whether autograd records operations on this tensor. Local.
+
+        Example: ``zeros(4, requires_grad=True).requires_grad is True``.
+        """
+        return bool(self._requires_grad)
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "DTensor":
+        """Sets whether autograd records operations on this leaf; returns self. Local.
+
+        Only floating-point and complex tensors can require grad, and only a leaf
+        can stop requiring it (RuntimeError otherwise, as torch).
+
+        Example: ``w = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()``.
+        """
+        requires_grad = bool(requires_grad)
+        if requires_grad and not np.issubdtype(self._spec.dtype, np.inexact):
+            raise RuntimeError(
+                f"only DTensors of floating point or complex dtype can require "
+                f"gradients, this one has dtype {self._spec.dtype}")
+        if not requires_grad and self.grad_fn is not None:
+            raise RuntimeError(
+                "you can only change requires_grad flags of leaf DTensors; use "
+                ".detach() for a DTensor that does not require grad")
+        self._requires_grad = requires_grad
+        return self
+
+    @property
+    def grad(self) -> "DTensor | None":
+        """The gradient that backward accumulated into this leaf (or this tensor
+        after :meth:`retain_grad`): a DTensor with this tensor's placements (a
+        Partial one's is Replicate), or None. Settable (None clears it). Local.
+
+        Example: ``(w * w).sum().backward(); w.grad`` is ``2 * w``.
+        """
+        return getattr(self, "_grad", None)
+
+    @grad.setter
+    def grad(self, value) -> None:
+        if value is not None and (type(value) is not DTensor or value.shape != self.shape):
+            raise TypeError(f"grad must be None or a DTensor of shape {self.shape}")
+        self._grad = value
+
+    @property
+    def grad_fn(self):
+        """The autograd node that made this tensor, or None for a leaf. Local.
+
+        Example: ``(w * 2).grad_fn`` names ``multiply`` when ``w`` requires grad.
+        """
+        return getattr(self, "_grad_fn", None)
+
+    @property
+    def is_leaf(self) -> bool:
+        """True unless an operation recorded by autograd made this tensor. Local.
+
+        Example: ``w.is_leaf and not (w * 2).is_leaf`` when ``w`` requires grad.
+        """
+        return getattr(self, "_grad_fn", None) is None
+
+    def retain_grad(self) -> None:
+        """Keeps this non-leaf tensor's gradient in ``.grad`` on backward. Local.
+
+        Example: ``h = w * 2; h.retain_grad(); h.sum().backward(); h.grad``.
+        """
+        if not self._requires_grad:
+            raise RuntimeError("can't retain_grad on a DTensor that has requires_grad=False")
+        if self.grad_fn is not None:
+            self._retains_grad = True
+
+    def detach(self) -> "DTensor":
+        """The same data and spec, out of the graph: a leaf that does not require
+        grad. Shares the local array. Local (unless a redistribute is pending).
+
+        Example: ``loss.detach().to_local()`` is the plain ndarray.
+        """
+        return DTensor(self._data(), self._spec)
+
+    def backward(self, gradient: "DTensor | None" = None, retain_graph: bool | None = None
+                 ) -> None:
+        """Accumulates the gradient of this tensor into the ``.grad`` of the leaves
+        that require grad. A scalar needs no ``gradient``; otherwise pass a DTensor
+        of this shape. Collective on the mesh (the backward's redistributions).
+        ``retain_graph=True`` keeps the graph for another backward.
+
+        Example::
+
+            >>> w = distribute_tensor(np.ones(4), mesh, [Shard(0)]).requires_grad_()
+            >>> (w * w).sum().backward()
+            >>> w.grad.full_tensor()
+            array([2., 2., 2., 2.])
+        """
+        _modes.autograd.backward([self], [gradient], retain_graph)
+
+    def _local_view(self, grad_placements) -> "DTensor":
+        """to_local() in grad mode: the local array on the local mesh, recorded."""
+        spec = self._spec
+        grad_pl = spec.placements if grad_placements is None else \
+            _args.normalize_placements(grad_placements, spec.mesh, len(spec.shape))
+        local = self._data()
+        lmesh = local_mesh()
+        out = DTensor(local, DTensorSpec(lmesh, (Replicate(),), local.shape, local.dtype,
+                                         contiguous_strides(local.shape)))
+        _modes.autograd.record("ToLocal", out, (self,),
+                               lambda g: (_to_local_grad(g, spec, grad_pl),))
+        return out
 
     # -- metadata (all local) ------------------------------------------------------
     @property
@@ -474,7 +639,7 @@ class DTensor(_C.DTensorBase):
         :func:`_rebuild`). Local."""
         mesh = self.device_mesh
         coordinate = mesh.get_coordinate()
-        return _rebuild, (self.to_local(), self.placements, self.shape, self.stride(),
+        return _rebuild, (self._data(), self.placements, self.shape, self.stride(),
                           self.dtype, mesh.device_type, mesh.mesh.copy(),
                           mesh.mesh_dim_names,
                           None if coordinate is None else tuple(coordinate))
@@ -526,6 +691,50 @@ def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names,
 
 # A shard pickled again (pushed back to its engine) is a DTensor where its mesh exists.
 copyreg.pickle(DTensorShard, lambda shard: (_rebuild, shard._pickle_args()))
+
+
+# -- backward rules of DTensor's own differentiable methods (run by the engine in
+# mpitensor.autograd with grad mode off) ---------------------------------------------
+
+def _grad_placements(placements) -> tuple:
+    """Where a gradient goes back to: the forward placements, but a Partial's
+    gradient is Replicate (the same value reaches every term of the sum; torch's
+    rule, and no communication)."""
+    return tuple(Replicate() if p.is_partial() else p for p in placements)
+
+
+def _redistribute_grad(g: "DTensor", spec: DTensorSpec, backward_dtype=None) -> "DTensor":
+    """redistribute's backward: the gradient back to the input's placements (a
+    Partial input's: Replicate) and dtype; with ``backward_dtype``, each rank's part
+    is cast before (a Partial's parts too: torch's rule, so the collective moves
+    that dtype)."""
+    if backward_dtype is not None and g.dtype != backward_dtype:
+        s = g._spec
+        g = DTensor(g._data().astype(backward_dtype),
+                    DTensorSpec(s.mesh, s.placements, s.shape, backward_dtype, s.stride))
+    g = g.redistribute(spec.mesh, _grad_placements(spec.placements))
+    return g if g.dtype == spec.dtype else g.astype(spec.dtype)
+
+
+def _to_local_grad(g: "DTensor", spec: DTensorSpec, grad_placements) -> "DTensor":
+    """to_local's backward: the local gradient is this rank's part of a DTensor
+    with ``grad_placements``. No communication."""
+    local = g._data()
+    if local.dtype != spec.dtype:
+        local = local.astype(spec.dtype)
+    return DTensor.from_local(local, spec.mesh, grad_placements, shape=spec.shape,
+                              stride=spec.stride)
+
+
+def _from_local_grad(g: "DTensor", spec: DTensorSpec, source: "DTensor") -> "DTensor":
+    """from_local's backward: the gradient redistributed to the forward placements
+    (a Partial's: Replicate), this rank's part as a DTensor on the local mesh."""
+    if spec.mesh.get_coordinate() is None:
+        local = np.zeros(source.shape, source.dtype)
+    else:
+        g = g.redistribute(spec.mesh, _grad_placements(spec.placements))
+        local = g._data().astype(source.dtype, copy=False)
+    return DTensor(local, source._spec)
 
 
 def _global_shape_and_stride(local, mesh, placements, shape, stride):

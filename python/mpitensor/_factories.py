@@ -1,4 +1,7 @@
-"""DTensor factories: each rank allocates only its own shard, with no communication."""
+"""DTensor factories: each rank allocates only its own shard, with no communication.
+
+``requires_grad=True`` makes the new tensor a leaf that autograd records (a
+floating-point dtype only), as torch's factories."""
 
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ def _filled(size, dtype, device_mesh, placements, what, make):
     return DTensor(make(local_shape, spec.dtype), spec)
 
 
-def zeros(*size, dtype=None, device_mesh=None, placements=None) -> DTensor:
+def zeros(*size, dtype=None, device_mesh=None, placements=None,
+          requires_grad: bool = False) -> DTensor:
     """A DTensor of zeros; each rank allocates only its shard. Local.
 
     Example::
@@ -35,10 +39,12 @@ def zeros(*size, dtype=None, device_mesh=None, placements=None) -> DTensor:
         >>> zeros(8, 4, device_mesh=mesh, placements=[Shard(0)]).shape
         (8, 4)
     """
-    return _filled(size, dtype, device_mesh, placements, "zeros", np.zeros)
+    return _filled(size, dtype, device_mesh, placements, "zeros", np.zeros
+                   ).requires_grad_(requires_grad)
 
 
-def ones(*size, dtype=None, device_mesh=None, placements=None) -> DTensor:
+def ones(*size, dtype=None, device_mesh=None, placements=None,
+         requires_grad: bool = False) -> DTensor:
     """A DTensor of ones; each rank allocates only its shard. Local.
 
     Example::
@@ -46,10 +52,12 @@ def ones(*size, dtype=None, device_mesh=None, placements=None) -> DTensor:
         >>> ones((8, 4), device_mesh=mesh).to_local().sum()
         32.0
     """
-    return _filled(size, dtype, device_mesh, placements, "ones", np.ones)
+    return _filled(size, dtype, device_mesh, placements, "ones", np.ones
+                   ).requires_grad_(requires_grad)
 
 
-def empty(*size, dtype=None, device_mesh=None, placements=None) -> DTensor:
+def empty(*size, dtype=None, device_mesh=None, placements=None,
+          requires_grad: bool = False) -> DTensor:
     """A DTensor whose values are uninitialized. Local.
 
     Example::
@@ -57,10 +65,12 @@ def empty(*size, dtype=None, device_mesh=None, placements=None) -> DTensor:
         >>> empty(3, device_mesh=mesh, dtype=np.int32).dtype
         dtype('int32')
     """
-    return _filled(size, dtype, device_mesh, placements, "empty", np.empty)
+    return _filled(size, dtype, device_mesh, placements, "empty", np.empty
+                   ).requires_grad_(requires_grad)
 
 
-def full(size, fill_value, *, dtype=None, device_mesh=None, placements=None) -> DTensor:
+def full(size, fill_value, *, dtype=None, device_mesh=None, placements=None,
+         requires_grad: bool = False) -> DTensor:
     """A DTensor filled with ``fill_value``; dtype inferred from it as NumPy does. Local.
 
     Example::
@@ -72,7 +82,8 @@ def full(size, fill_value, *, dtype=None, device_mesh=None, placements=None) -> 
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
     return _filled(size, dtype, device_mesh, placements, "full",
-                   lambda shape, dt: np.full(shape, fill_value, dt))
+                   lambda shape, dt: np.full(shape, fill_value, dt)
+                   ).requires_grad_(requires_grad)
 
 
 def _random_tensor(size, dtype, device_mesh, placements, what, dist) -> DTensor:
@@ -87,7 +98,8 @@ def _random_tensor(size, dtype, device_mesh, placements, what, dist) -> DTensor:
     return DTensor(local, spec)
 
 
-def rand(*size, dtype=None, device_mesh=None, placements=None) -> DTensor:
+def rand(*size, dtype=None, device_mesh=None, placements=None,
+         requires_grad: bool = False) -> DTensor:
     """Uniform [0, 1) values that depend only on the seed and the global index. Local.
 
     The global tensor is bit-identical on any mesh and placements.
@@ -96,14 +108,17 @@ def rand(*size, dtype=None, device_mesh=None, placements=None) -> DTensor:
 
         >>> manual_seed(0); a = rand(6, device_mesh=mesh, placements=[Shard(0)])
     """
-    return _random_tensor(size, dtype, device_mesh, placements, "rand", _random._UNIFORM)
+    return _random_tensor(size, dtype, device_mesh, placements, "rand", _random._UNIFORM
+                          ).requires_grad_(requires_grad)
 
 
-def randn(*size, dtype=None, device_mesh=None, placements=None) -> DTensor:
+def randn(*size, dtype=None, device_mesh=None, placements=None,
+          requires_grad: bool = False) -> DTensor:
     """Standard normal values that depend only on the seed and the global index. Local.
 
     Example::
 
         >>> manual_seed(0); a = randn(6, 6, device_mesh=mesh, placements=[Shard(1)])
     """
-    return _random_tensor(size, dtype, device_mesh, placements, "randn", _random._NORMAL)
+    return _random_tensor(size, dtype, device_mesh, placements, "randn", _random._NORMAL
+                          ).requires_grad_(requires_grad)

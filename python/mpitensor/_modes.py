@@ -89,10 +89,40 @@ listeners: list = []  # entered CommDebugModes, innermost last
 # each collective while ``checks`` is on.
 checker = None
 
-# -- grad mode ---------------------------------------------------------------------------
-# Whether operations record for autograd (torch.is_grad_enabled()); reserved for the
-# autograd floor. C reads it through the flag word.
+# -- grad mode, autograd ------------------------------------------------------------------
+# Whether operations record for autograd (torch.is_grad_enabled()); C reads it
+# through the flag word: a DTensor that requires grad takes the Python entry only
+# while it is on.
 grad_enabled = True
+# The engine of mpitensor.autograd, installed when it is imported: the ground
+# floor's DTensor records its own differentiable methods (redistribute, from_local,
+# to_local) with ``autograd.record(name, output, inputs, backward)`` and runs
+# ``autograd.backward(tensor, gradient, retain_graph)``.
+autograd = None
+
+
+# True while autograd's engine runs a backward: CommDebugMode files what runs then
+# under "backward".
+backward = False
+
+
+def set_backward(active: bool) -> bool:
+    """Enters or leaves a backward pass; returns the previous state. The listeners
+    first settle what ran before, so each collective lands on its side.
+
+    Example: ``was = set_backward(True)`` ... ``set_backward(was)``.
+    """
+    global backward
+    for listener in listeners:
+        listener._settle()
+    was, backward = backward, bool(active)
+    return was
+
+
+def install_autograd(engine) -> None:
+    """Installs the autograd engine (mpitensor.autograd does, at import)."""
+    global autograd
+    autograd = engine
 
 
 def _publish() -> None:

@@ -53,7 +53,7 @@ def find_live_mesh(device_type, ranks: np.ndarray, names) -> "DeviceMesh | None"
                 and m.mesh.shape == ranks.shape and np.array_equal(m.mesh, ranks))
 
     for m in [*reversed(_mesh_stack), *list(_live_meshes.values())]:
-        if fits(m):
+        if fits(m) and m is not _local_mesh:
             return m
     return None
 
@@ -62,6 +62,26 @@ def _world():
     from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
 
     return MPI.COMM_WORLD
+
+
+# This process alone, as a 1-D mesh of one rank over MPI_COMM_SELF (local_mesh()).
+_local_mesh: "DeviceMesh | None" = None
+
+
+def local_mesh() -> "DeviceMesh":
+    """This process alone as a mesh of one rank over ``MPI_COMM_SELF``: where a local
+    array lives as a DTensor, so that autograd follows it (``DTensor.to_local`` of a
+    tensor that requires grad). Made once; Local (its communicators hold this rank
+    only). Never the mesh an unpickled DTensor lands on.
+
+    Example: ``local_mesh().shape == (1,)`` on every rank.
+    """
+    global _local_mesh
+    if _local_mesh is None:
+        from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
+
+        _local_mesh = DeviceMesh("cpu", [0], comm=MPI.COMM_SELF)
+    return _local_mesh
 
 
 def _check_device_type(device_type) -> None:

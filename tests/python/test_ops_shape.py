@@ -119,6 +119,28 @@ def test_broadcast_to_matches_numpy(data):
     assert_matches(np.broadcast_to(dt, target), np.broadcast_to(full, target))
 
 
+@pytest.mark.skipif(W < 2, reason="needs a rank outside the mesh")
+def test_transpose_on_a_rank_outside_the_mesh():
+    from mpitensor import DeviceMesh, distribute_tensor
+
+    mesh = DeviceMesh("cpu", list(range(W - 1)))
+    x = distribute_tensor(np.arange(6.0).reshape(2, 3), mesh, [Shard(0)])
+    for y in (x.T, np.swapaxes(x, 0, 1), np.transpose(x, (1, 0))):
+        assert y.shape == (3, 2) and y.placements == (Shard(1),)
+        if mesh.get_coordinate() is not None:
+            np.testing.assert_array_equal(y.full_tensor(), np.arange(6.0).reshape(2, 3).T)
+
+
+def test_broadcast_to_of_a_0d_dtensor_keeps_its_dims():
+    mesh = mesh_of((W,))
+    for pls in ([Replicate()], [Partial("sum")]):
+        x = make(np.array(2.0), mesh, pls)
+        for shape in [(), (1,), (3, 2)]:
+            y = np.broadcast_to(x, shape)
+            assert y.to_local().shape == shape
+            assert_matches(y, np.broadcast_to(np.array(2.0), shape))
+
+
 @settings(max_examples=40)
 @given(data=st.data())
 def test_concatenate_stack_match_numpy(data):

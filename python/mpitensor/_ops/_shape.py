@@ -55,7 +55,9 @@ def permute(a, perm):
     # A view, as NumPy's and torch's transposes are: copying here would cost a full
     # pass over the weight in every `x @ w.T` (nn.functional.linear). Consumers that
     # need contiguous memory (the C redistribute) make it themselves.
-    local = np.transpose(a.to_local(), perm)
+    local = a.to_local()
+    if spec.mesh._coordinate is not None:  # a rank outside the mesh holds (0,)
+        local = np.transpose(local, perm)
     out = DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
                                      contiguous_strides(shape)))
     if _modes.tracing:
@@ -187,7 +189,8 @@ def broadcast_to(array, shape, subok=False):
         local = ls[0]
         target = tuple(local.shape[j - first] if j >= first and j - first not in widened
                        else shape[j] for j in range(nout))
-        return np.ascontiguousarray(np.broadcast_to(local, target))
+        # np.ascontiguousarray would make a 0-d result 1-d.
+        return np.array(np.broadcast_to(local, target), order="C", copy=True)
 
     return _run("broadcast_to", ("broadcast_to", shape), (a,), build, compute)
 

@@ -46,6 +46,7 @@ def save_dtensor(dt: DTensor, path: str) -> tuple:
     """Collective on ``dt``'s mesh. Writes ``dt`` as the .npy file ``path``, which
     every rank passes alike and the first rank has checked (_paths.check_target); a
     Partial is reduced first. Returns the placements that were written."""
+    dt = dt.detach()  # a parameter that requires grad is saved as its data
     mesh = dt.device_mesh
     placements = written_placements(dt.placements)
     if placements != dt.placements:

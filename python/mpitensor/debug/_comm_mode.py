@@ -87,7 +87,8 @@ class CommDebugMode:
     Modules: every ``mpitensor.nn`` module that runs inside the context is traced,
     as in torch (global module hooks): counts also appear per module FQN in
     ``comm_module_counts[fqn]["forward"][name]``, added to every enclosing module
-    and to ``"Global"``. FQNs are torch's: ``MLP``, ``MLP.net2``. Passing a module
+    and to ``"Global"``; collectives run by autograd's backward are counted under
+    ``"backward"`` instead (on the modules running then: ``"Global"``). FQNs are torch's: ``MLP``, ``MLP.net2``. Passing a module
     (or calling :meth:`track`) names its submodules up front, so that one of them
     called on its own is still ``MLP.net1``.
 
@@ -161,13 +162,14 @@ class CommDebugMode:
         self._last = now
         if not calls:
             return
+        side = "backward" if _modes.backward else "forward"
         for fqn in dict.fromkeys(self.advanced_module_tracker.parent_list):
             for table, delta in ((self.comm_module_counts, calls),
                                  (self.comm_module_bytes, nbytes)):
                 entry = table.setdefault(fqn, {"forward": defaultdict(int),
                                                "backward": defaultdict(int)})
                 for name, value in delta.items():
-                    entry["forward"][name] += value
+                    entry[side][name] += value
 
     def _settle(self) -> None:
         if self._inside():
@@ -180,7 +182,7 @@ class CommDebugMode:
         ops["operations_list"].append({
             "name": name, "input_shape": list(shapes), "input_sharding": list(shardings),
             "device_mesh": str(mesh) if shapes else "",
-            "is_bw": False, "is_activation_checkpointing": False,
+            "is_bw": _modes.backward, "is_activation_checkpointing": False,
         })
 
     def _record_redistribute(self, explicit, mesh, steps, shape, src) -> None:
@@ -248,21 +250,22 @@ class CommDebugMode:
                                        for name in sorted(counts))
 
     # -- reports ---------------------------------------------------------------------------
-    def _operations(self, fqn: str, level: int) -> list:
+    def _operations(self, fqn: str, level: int, side: str = "forward") -> list:
         with_dtensor, without_dtensor, trivial = _noise(level)
         if not with_dtensor:
             return []
         ops = self.comm_module_operation_counts.get(fqn, {"operations_list": []})
         return [op for op in ops["operations_list"]
                 if (without_dtensor or op["input_shape"])
-                and (trivial or op["name"] not in TRIVIAL_OPS)]
+                and (trivial or op["name"] not in TRIVIAL_OPS)
+                and op["is_bw"] == (side == "backward")]
 
-    def _collectives(self, fqn: str) -> list:
+    def _collectives(self, fqn: str, side: str = "forward") -> list:
         counts = self.comm_module_counts.get(fqn)
         if counts is None:
             return []
-        nbytes = self.comm_module_bytes[fqn]["forward"]
-        return [(name, count, nbytes[name]) for name, count in counts["forward"].items()]
+        nbytes = self.comm_module_bytes[fqn][side]
+        return [(name, count, nbytes[name]) for name, count in counts[side].items()]
 
     def generate_comm_debug_tracing_table(self, noise_level: int = 3) -> str:
         """The module tree with each module's collectives (count and bytes this rank
@@ -295,21 +298,22 @@ class CommDebugMode:
             if with_module_data and "parameters" in info:
                 lines.append(f"{indent}*Parameter List")
                 lines += [f"{indent} *{p}: {pl}" for p, pl in info["parameters"].items()]
-            collectives = self._collectives(fqn)
-            operations = self._operations(fqn, noise_level)
-            if not collectives and not operations:
-                continue
-            lines.append(f"{indent}  FORWARD PASS")
-            c_indent = "  " * (2 * info["depth"] + 2)
-            o_indent = "  " * (2 * info["depth"] + 3)
-            lines += [f"{yellow}{c_indent}*{name}: {count} ({nbytes} B){reset}"
-                      for name, count, nbytes in collectives]
-            for op in operations:
-                lines.append(f"{yellow}{c_indent}**{op['name']}{reset}")
-                if op["input_shape"]:
-                    lines.append(f"{red}{o_indent}shape: {op['input_shape']}{reset}")
-                    lines.append(f"{red}{o_indent}sharding: {op['input_sharding']}{reset}")
-                    lines.append(f"{red}{o_indent}device mesh: {op['device_mesh']}{reset}")
+            for side in ("forward", "backward"):
+                collectives = self._collectives(fqn, side)
+                operations = self._operations(fqn, noise_level, side)
+                if not collectives and not operations:
+                    continue
+                lines.append(f"{indent}  {side.upper()} PASS")
+                c_indent = "  " * (2 * info["depth"] + 2)
+                o_indent = "  " * (2 * info["depth"] + 3)
+                lines += [f"{yellow}{c_indent}*{name}: {count} ({nbytes} B){reset}"
+                          for name, count, nbytes in collectives]
+                for op in operations:
+                    lines.append(f"{yellow}{c_indent}**{op['name']}{reset}")
+                    if op["input_shape"]:
+                        lines.append(f"{red}{o_indent}shape: {op['input_shape']}{reset}")
+                        lines.append(f"{red}{o_indent}sharding: {op['input_sharding']}{reset}")
+                        lines.append(f"{red}{o_indent}device mesh: {op['device_mesh']}{reset}")
         return "".join(line + "\n" for line in lines)
 
     def log_comm_debug_tracing_table_to_file(self, file_name: str = "comm_mode_log.txt",
@@ -330,9 +334,10 @@ class CommDebugMode:
                            noise_level: int = 3) -> None:
         """Writes the module tree as JSON, in torch's format (``fqn``,
         ``module_type``, ``parameters``, ``children``, ``collectives_forward`` as
-        ``[name, count]`` pairs, ``operations_forward``; the backward and
-        checkpointing lists stay empty: mpitensor has no autograd) plus
-        ``collective_bytes_forward``: ``[name, bytes this rank sent]`` pairs.
+        ``[name, count]`` pairs, ``operations_forward``, and the same for
+        ``_backward``: what ran inside autograd's backward; the checkpointing list
+        stays empty) plus ``collective_bytes_forward``/``_backward``: ``[name, bytes
+        this rank sent]`` pairs.
         ``noise_level`` selects operations as in
         :meth:`generate_comm_debug_tracing_table`. Local: the calling rank writes.
 
@@ -350,11 +355,13 @@ class CommDebugMode:
         tracker = self.advanced_module_tracker
         info = tracker.module_helper_dict[fqn]
         with_module_data = _noise(noise_level)[0]
-        operations = copy.deepcopy(self._operations(fqn, noise_level))
-        for op in operations:
+        operations, backward_ops = (copy.deepcopy(self._operations(fqn, noise_level, side))
+                                    for side in ("forward", "backward"))
+        for op in operations + backward_ops:
             op["input_shape"] = [str(s) for s in op["input_shape"]]
             op["input_sharding"] = [str(s) for s in op["input_sharding"]]
         collectives = self._collectives(fqn)
+        backward = self._collectives(fqn, "backward")
         return {
             "fqn": fqn,
             "module_type": info.get("module_type", "") if with_module_data else "",
@@ -364,8 +371,9 @@ class CommDebugMode:
                          for child in tracker.parent_dict.get(fqn, [])],
             "collectives_forward": [[name, count] for name, count, _ in collectives],
             "collective_bytes_forward": [[name, nbytes] for name, _, nbytes in collectives],
-            "collectives_backward": [],
+            "collectives_backward": [[name, count] for name, count, _ in backward],
+            "collective_bytes_backward": [[name, nbytes] for name, _, nbytes in backward],
             "operations_forward": operations,
-            "operations_backward": [],
+            "operations_backward": backward_ops,
             "operations_checkpointing": [],
         }

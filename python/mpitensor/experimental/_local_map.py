@@ -15,8 +15,12 @@ Port of ``torch.distributed.tensor.experimental.local_map`` (torch 2.8). Differe
   documentation states (torch's code does not check it);
 * ``out_placements`` given as a tuple of Placement objects (``(Shard(0),)``) is one
   output's placements, not one placement per output;
-* ``in_grad_placements`` is accepted and, with no autograd in NumPy, only checked
-  for length.
+* NumPy arrays carry no autograd graph: an input that requires grad, in grad mode,
+  reaches ``func`` as its local DTensor on the local mesh (``DTensor.to_local``),
+  whose gradient comes back with ``in_grad_placements[i]`` (default: the input's
+  placements, as torch); ``func``'s NumPy operations on it are recorded, and its
+  outputs (local DTensors) become the output DTensors, so gradients flow through.
+  An operation inside ``func`` with no backward rule raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from .. import _C
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
-from ..device_mesh import _mesh_stack
+from ..device_mesh import _mesh_stack, local_mesh
 from ..placement_types import Placement, Shard
 
 __all__ = ["local_map"]
@@ -96,6 +100,10 @@ def local_map(func: Callable | None = None, out_placements=None, in_placements=N
     * ``device_mesh``: default the mesh of the first DTensor argument, else the
       ``with mesh:`` mesh. Every DTensor argument must be on it (AssertionError).
     * When no argument is a DTensor, ``func``'s output is returned unchanged.
+    * ``in_grad_placements``: for inputs that require grad (in grad mode), the
+      placements their local gradients come back with (default: the input's own).
+      Such an input reaches ``func`` as a DTensor on the local mesh, so that its
+      NumPy operations are recorded for autograd.
 
     Collective on the mesh when an output has a Shard placement (its global shape
     is assembled from every rank's local shape, so uneven shards are exact) or when
@@ -169,7 +177,9 @@ def _local_map_wrapped(func, out_placements, in_placements, in_grad_placements,
             if in_grad_placements is not None and in_grad_placements[idx] is None:
                 raise AssertionError(
                     f"DTensor input {idx} expects in grad placements but received None!")
-            flat_local.append(arg.to_local())
+            grad_pl = None if in_grad_placements is None else \
+                _as_placements(in_grad_placements[idx], mesh, f"in_grad_placements[{idx}]")
+            flat_local.append(arg.to_local(grad_placements=grad_pl))
         else:
             if (in_placements is not None and not isinstance(arg, np.ndarray)
                     and in_placements[idx] is not None):
@@ -192,10 +202,11 @@ def _local_map_wrapped(func, out_placements, in_placements, in_grad_placements,
             f"received {len(specs)} out_placements but {len(flat_out)} is expected!")
     placements: list = []
     for i, (o, spec) in enumerate(zip(flat_out, specs)):
-        if isinstance(o, DTensor):
+        local = isinstance(o, DTensor) and o.device_mesh is local_mesh()
+        if isinstance(o, DTensor) and not local:
             raise AssertionError(f"output {i}: a local ndarray is expected, "
                                  f"func returned a DTensor")
-        if isinstance(o, np.ndarray):
+        if isinstance(o, np.ndarray) or local:
             if spec is None:
                 raise AssertionError(f"ndarray output {i} expects placements but "
                                      "received None!")

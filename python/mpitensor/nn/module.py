@@ -395,6 +395,11 @@ class Module:
 
     @staticmethod
     def _load_one(key: str, target, value) -> None:
+        # Loading writes data: no autograd on either side (torch loads under no_grad).
+        if isinstance(value, DTensor):
+            value = value.detach()
+        if isinstance(target, DTensor):
+            target = target.detach()
         got = tuple(value.shape if isinstance(value, DTensor) else np.shape(value))
         if got != tuple(target.shape):
             raise ValueError(f"load_state_dict: {key!r} has shape {tuple(target.shape)}, "

@@ -115,6 +115,7 @@ def _aligned(x, lead: DTensor, placements):
     communicate); arrays and scalars are cut later, per rank."""
     if not isinstance(x, DTensor):
         return x
+    x = x.detach()  # compared as data, also when it requires grad
     if x.shape != lead.shape:
         return _Shard(None, x.shape, x.dtype)
     if x.device_mesh == lead.device_mesh:
