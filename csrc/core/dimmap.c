@@ -67,7 +67,9 @@ static void elementwise_rule(mt_dimmap *map, int kind, int noperands, uint32_t t
   int one = map->ninputs == 1;
   switch (kind) {
     case MT_ELEMENTWISE_ADD:
-      map->partial_rule = all ? MT_PARTIAL_LINEAR_ALL : MT_PARTIAL_NONE;
+      map->partial_rule = !all ? MT_PARTIAL_NONE
+                          : one ? MT_PARTIAL_LINEAR_ALL
+                                : MT_PARTIAL_ADDITIVE;
       break;
     case MT_ELEMENTWISE_MUL:
       map->partial_rule = one ? MT_PARTIAL_LINEAR_ALL : MT_PARTIAL_LINEAR_ONE;

@@ -217,6 +217,7 @@ class Decision:
     out_stride: tuple[int, ...] | None
     out_local_shape: tuple[int, ...] | None
     local_only: bool
+    zeroed: tuple[bool, ...]
     cached: bool
 
 def dispatch_init(dtensor_type: type, spec_type: type, replicate: type, shard: type,

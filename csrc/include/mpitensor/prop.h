@@ -52,12 +52,19 @@ typedef enum mt_label_kind {
  * dim, giving that Partial (multiply, matmul, divide's numerator: P * R -> P); with
  * several such inputs, one candidate each. SAME_OP: when every input carries the
  * same Partial(op) for an op in `partial_ops`, they may keep it (maximum keeps
- * P(max), minimum P(min)). */
+ * P(max), minimum P(min)). ADDITIVE (add and subtract of tensors, torch's
+ * additive rules): where an input carries Partial(sum), every input may be
+ * Partial(sum), a Replicate one partitioned (it counts once over the group: see
+ * mt_decision); where one carries Partial(avg), the inputs carrying it keep it and
+ * the others are Replicate (avg(p + r) = avg(p) + r); where input 0 of two carries
+ * Partial(max) or Partial(min), it keeps it and input 1 is Replicate (max(p) - r =
+ * max(p - r); not r - p, which would flip the order). Each gives that Partial. */
 typedef enum mt_partial_rule {
   MT_PARTIAL_NONE = 0,
   MT_PARTIAL_LINEAR_ALL = 1,
   MT_PARTIAL_LINEAR_ONE = 2,
-  MT_PARTIAL_SAME_OP = 3
+  MT_PARTIAL_SAME_OP = 3,
+  MT_PARTIAL_ADDITIVE = 4
 } mt_partial_rule;
 
 /* An operation. Input i has in_ndim[i] dims labelled in_labels[i][0..]; the output
@@ -112,9 +119,10 @@ const char *mt_reduce_op_name(int op);
 
 /* How an elementwise op treats Partial inputs, by what it does to a pending sum.
  * NONE: every Partial is reduced first (exp, comparisons, ...). ADD (add, subtract,
- * negative, positive): when every operand is a tensor, Partial(sum|avg) inputs
- * that all agree stay (P + P -> P); a scalar operand would be added once per
- * rank, so then Partials are reduced. MUL (multiply): a tensor times scalars stays
+ * negative, positive): when every operand is a tensor, the ADDITIVE rule (P + P
+ * -> P, P(sum) + R -> P(sum) with R partitioned, P(avg|max|min) + R -> P; one
+ * operand: LINEAR_ALL); a scalar operand would be added once per rank, so then
+ * Partials are reduced. MUL (multiply): a tensor times scalars stays
  * Partial; of several tensors one Partial factor may stay while the others are
  * Replicate. DIV (true_divide): a Partial numerator (operand 0) over Replicate or
  * a scalar stays; a Partial denominator is reduced. MAX, MIN (maximum, minimum):
