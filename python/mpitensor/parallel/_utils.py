@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C
+from .. import _modes
 from .._dtensor import DTensor
-from .._dtensor_spec import contiguous_strides
 from ..placement_types import Placement
 
 
@@ -44,35 +43,36 @@ def layouts(value, what: str):
 def annotate(local, mesh, placements, what: str = "input"):
     """A rank's local array as the DTensor it is a piece of, by ``placements``.
 
-    Unlike a bare ``DTensor.from_local`` (which assumes even shards, as torch
-    does), the sizes along each sharded dim are exchanged on that mesh dim (one
-    small all-gather of integers through the C layer, which CommDebugMode counts):
-    uneven shards get their true global shape, and
-    sizes that do not fit torch.chunk's rule raise ValueError on every rank
-    instead of leaving some ranks waiting in the next collective.
+    As torch (and ``DTensor.from_local`` without ``shape``), the shards are taken
+    as even: the global size of a sharded dim is the local size times the mesh
+    dim's size, with no communication. With collective checks on
+    (``MPITENSOR_CHECK=1``) the local sizes are compared across each sharded mesh
+    dim first (one small all-gather of integers) and unequal ones raise ValueError
+    on every rank; uneven shards are passed as a DTensor with its global shape.
+
+    Example: ``annotate(np.ones((2, 3)), mesh, (Shard(0),)).shape == (2 * W, 3)``.
     """
     if not isinstance(local, np.ndarray):
         raise TypeError(f"expecting the {what} to be an ndarray or a DTensor, got "
                         f"{type(local).__name__}")
     placements = tuple(placements)
-    if mesh.get_coordinate() is None or not any(p.is_shard() for p in placements):
-        return DTensor.from_local(local, mesh, placements, run_check=False)
-    shape = list(local.shape)
+    if _modes.checks and mesh.get_coordinate() is not None:
+        _check_even(local, mesh, placements, what)
+    return DTensor.from_local(local, mesh, placements, run_check=False)
+
+
+def _check_even(local, mesh, placements, what: str) -> None:
+    """Every rank's size along each sharded dim is the same (collective)."""
     for m, p in enumerate(placements):
         if not p.is_shard() or mesh.size(m) == 1:
             continue
-        d = p.dim % local.ndim if local.ndim else 0
         if local.ndim == 0:
             raise ValueError(f"cannot shard a 0-d {what} on dim {p.dim}")
+        d = p.dim % local.ndim
         sizes = list(mesh._handle.allgather_int(int(local.shape[d]), m))
-        total = sum(sizes)
-        expect = list(_C.chunk_sizes(total, len(sizes)))
-        if sizes != expect:
+        if len(set(sizes)) > 1:
             raise ValueError(
-                f"the local {what}s along dim {d} have sizes {sizes} over mesh dim {m}, "
-                f"which are not the shards of a dim of {total} (torch.chunk gives "
-                f"{expect}); pass a DTensor for other layouts")
-        shape[d] = total
-    shape = tuple(shape)
-    return DTensor.from_local(local, mesh, placements, shape=shape,
-                              stride=contiguous_strides(shape))
+                f"the local {what}s along dim {d} have sizes {sizes} over mesh dim {m}; "
+                f"a local input is taken as an even shard (as in torch): pass a DTensor "
+                f"with its global shape (DTensor.from_local(..., shape=, stride=)) for "
+                f"uneven shards")
