@@ -83,8 +83,15 @@ static void elementwise_rule(mt_dimmap *map, int kind, int noperands, uint32_t t
       break;
     case MT_ELEMENTWISE_MAX:
     case MT_ELEMENTWISE_MIN:
-      map->partial_rule = MT_PARTIAL_SAME_OP;
+      map->partial_rule = all && !one ? MT_PARTIAL_MONOTONE : MT_PARTIAL_SAME_OP;
       map->partial_ops = 1u << (kind == MT_ELEMENTWISE_MAX ? MT_REDUCE_MAX : MT_REDUCE_MIN);
+      break;
+    case MT_ELEMENTWISE_NEG:
+      map->partial_rule = all && one ? MT_PARTIAL_NEGATE : MT_PARTIAL_NONE;
+      break;
+    case MT_ELEMENTWISE_INCREASING:
+      map->partial_rule = all && one ? MT_PARTIAL_SAME_OP : MT_PARTIAL_NONE;
+      map->partial_ops = all && one ? (1u << MT_REDUCE_MAX) | (1u << MT_REDUCE_MIN) : 0;
       break;
     default:
       map->partial_rule = MT_PARTIAL_NONE;

@@ -166,7 +166,7 @@ static int check_counts(const mt_dimmap *map, mt_error *err) {
 }
 
 static int check_masks(const mt_dimmap *map, mt_error *err) {
-  if (map->partial_rule < MT_PARTIAL_NONE || map->partial_rule > MT_PARTIAL_ADDITIVE)
+  if (map->partial_rule < MT_PARTIAL_NONE || map->partial_rule > MT_PARTIAL_MONOTONE)
     return mt__fail(err, MT_EINVAL, "Unknown partial rule %d", map->partial_rule);
   if (map->partial_inputs & ~low_bits(map->ninputs))
     return mt__fail(err, MT_EINVAL, "partial_inputs names inputs beyond the %d inputs",
@@ -495,6 +495,14 @@ static int sum_or_replicate(const engine *e, int m) {
 /* The ADDITIVE rule's candidates on mesh dim m (prop.h): at most two, since
  * input 0 carries one op and a sum with an avg gives two. */
 static void add_additive(const engine *e, dim_cands *dc, int m) {
+  mt_placement p0 = e->cur[0].placements[m];
+  /* First, so that a tie keeps input 0's, as torch's order of rules does. */
+  if (e->ninputs == 2 && p0.kind == MT_PLACEMENT_PARTIAL &&
+      (p0.reduce_op == MT_REDUCE_MAX || p0.reduce_op == MT_REDUCE_MIN)) {
+    cand *c = new_cand(dc, CAND_PARTIAL, -1);
+    c->in[0] = p0;
+    c->out = p0;
+  }
   if (any_partial(e, m, MT_REDUCE_SUM) && sum_or_replicate(e, m))
     add_keep_all(e, dc, partial(MT_REDUCE_SUM));
   if (any_partial(e, m, MT_REDUCE_AVG)) {
@@ -505,12 +513,36 @@ static void add_additive(const engine *e, dim_cands *dc, int m) {
     }
     c->out = p;
   }
-  mt_placement p0 = e->cur[0].placements[m];
-  if (e->ninputs == 2 && p0.kind == MT_PLACEMENT_PARTIAL &&
-      (p0.reduce_op == MT_REDUCE_MAX || p0.reduce_op == MT_REDUCE_MIN)) {
-    cand *c = new_cand(dc, CAND_PARTIAL, -1);
-    c->in[0] = p0;
-    c->out = p0;
+}
+
+/* NEGATE (prop.h): one candidate for input 0's Partial. */
+static void add_negate(const engine *e, dim_cands *dc, int m) {
+  mt_placement p = e->cur[0].placements[m];
+  if (p.kind != MT_PLACEMENT_PARTIAL || p.reduce_op == MT_REDUCE_PRODUCT) return;
+  cand *c = new_cand(dc, CAND_PARTIAL, -1);
+  c->in[0] = p;
+  c->out = p.reduce_op == MT_REDUCE_MAX   ? partial(MT_REDUCE_MIN)
+           : p.reduce_op == MT_REDUCE_MIN ? partial(MT_REDUCE_MAX)
+                                          : p;
+}
+
+/* MONOTONE (prop.h): at most two candidates, one per order op carried. */
+static void add_monotone(const engine *e, dim_cands *dc, int m) {
+  static const int ops[2] = {MT_REDUCE_MAX, MT_REDUCE_MIN};
+  for (int k = 0; k < 2; ++k) {
+    mt_placement p = partial(ops[k]);
+    int all = bit(e->map->partial_ops, ops[k]), kept = 0;
+    cand c;
+    memset(&c, 0, sizeof c);
+    for (int i = 0; i < e->ninputs; ++i) {
+      c.in[i] = replicate();
+      if (placement_eq(&e->cur[i].placements[m], &p) && (all || kept == 0))
+        c.in[i] = p, ++kept;
+    }
+    if (kept == 0) continue;
+    cand *n = new_cand(dc, CAND_PARTIAL, -1);
+    memcpy(n->in, c.in, sizeof c.in);
+    n->out = p;
   }
 }
 
@@ -519,6 +551,14 @@ static void add_partials(const engine *e, dim_cands *dc, int m) {
   const mt_dimmap *map = e->map;
   if (map->partial_rule == MT_PARTIAL_ADDITIVE) {
     add_additive(e, dc, m);
+    return;
+  }
+  if (map->partial_rule == MT_PARTIAL_NEGATE) {
+    add_negate(e, dc, m);
+    return;
+  }
+  if (map->partial_rule == MT_PARTIAL_MONOTONE) {
+    add_monotone(e, dc, m);
     return;
   }
   mt_placement p0 = e->cur[0].placements[m];

@@ -361,6 +361,16 @@ static int partial_ok(const mt_dimmap *map, const mt_prop_result *r, int m,
     }
     return npartial == 1 && nrep == map->ninputs - 1 && linear;
   }
+  if (map->partial_rule == MT_PARTIAL_NEGATE) return map->ninputs == 1;
+  if (map->partial_rule == MT_PARTIAL_MONOTONE) {
+    /* P(max|min) on the inputs that carry it (the first only unless preserved). */
+    if (!peq(out, P(MT_REDUCE_MAX)) && !peq(out, P(MT_REDUCE_MIN))) return 0;
+    for (int i = 0; i < map->ninputs; ++i) {
+      mt_placement p = r->in_placements[i][m];
+      if (!peq(p, out) && p.kind != MT_PLACEMENT_REPLICATE) return 0;
+    }
+    return npartial == 1 || ((map->partial_ops >> out.reduce_op) & 1u);
+  }
   if (map->partial_rule == MT_PARTIAL_ADDITIVE) {
     /* sum: every input P(sum); avg: P(avg) or R; max, min: input 0 only, of two. */
     for (int i = 0; i < map->ninputs; ++i) {
@@ -558,12 +568,40 @@ static void o_partials(const mt_dimmap *map, const mt_prop_inputs *in, int m, oc
   int all = p0.kind == MT_PLACEMENT_PARTIAL;
   for (int i = 0; i < map->ninputs; ++i) all &= peq(in->placements[i][m], p0);
   int lin0 = p0.reduce_op == MT_REDUCE_SUM || p0.reduce_op == MT_REDUCE_AVG;
+  if (map->partial_rule == MT_PARTIAL_NEGATE) {
+    if (p0.kind == MT_PLACEMENT_PARTIAL && p0.reduce_op != MT_REDUCE_PRODUCT) {
+      c[*n] = o_new(-1);
+      c[*n].in[0] = p0;
+      int op = p0.reduce_op;
+      c[(*n)++].out = op == MT_REDUCE_MAX ? P(MT_REDUCE_MIN)
+                      : op == MT_REDUCE_MIN ? P(MT_REDUCE_MAX) : p0;
+    }
+    return;
+  }
+  if (map->partial_rule == MT_PARTIAL_MONOTONE) {
+    const int ops[2] = {MT_REDUCE_MAX, MT_REDUCE_MIN};
+    for (int k = 0; k < 2; ++k) {
+      ocand x = o_new(-1);
+      int kept = 0, every = (map->partial_ops >> ops[k]) & 1u;
+      for (int i = 0; i < map->ninputs; ++i)
+        if (peq(in->placements[i][m], P(ops[k])) && (every || !kept)) x.in[i] = P(ops[k]), ++kept;
+      x.out = P(ops[k]);
+      if (kept) c[(*n)++] = x;
+    }
+    return;
+  }
   if (map->partial_rule == MT_PARTIAL_ADDITIVE) {
     int has[MT_REDUCE_COUNT] = {0}, other = 0;
     for (int i = 0; i < map->ninputs; ++i) {
       mt_placement p = in->placements[i][m];
       if (p.kind == MT_PLACEMENT_PARTIAL) has[p.reduce_op] = 1;
       other |= !peq(p, PSUM) && p.kind != MT_PLACEMENT_REPLICATE;
+    }
+    if (map->ninputs == 2 && p0.kind == MT_PLACEMENT_PARTIAL &&
+        (p0.reduce_op == MT_REDUCE_MAX || p0.reduce_op == MT_REDUCE_MIN)) {
+      c[*n] = o_new(-1);
+      c[*n].in[0] = p0;
+      c[(*n)++].out = p0;
     }
     if (has[MT_REDUCE_SUM] && !other) {
       c[*n] = o_new(-1);
@@ -575,12 +613,6 @@ static void o_partials(const mt_dimmap *map, const mt_prop_inputs *in, int m, oc
       for (int i = 0; i < map->ninputs; ++i)
         if (peq(in->placements[i][m], PAVG)) c[*n].in[i] = PAVG;
       c[(*n)++].out = PAVG;
-    }
-    if (map->ninputs == 2 && p0.kind == MT_PLACEMENT_PARTIAL &&
-        (p0.reduce_op == MT_REDUCE_MAX || p0.reduce_op == MT_REDUCE_MIN)) {
-      c[*n] = o_new(-1);
-      c[*n].in[0] = p0;
-      c[(*n)++].out = p0;
     }
     return;
   }
@@ -890,6 +922,35 @@ static void test_partial_additive(void) {
   r = run(&add, &in);
   CHECK(!(r.in_placements[1][0].kind == MT_PLACEMENT_PARTIAL &&
           r.in_placements[1][0].reduce_op == MT_REDUCE_SUM));
+}
+
+/* The unary kinds built by the core: negative flips max and min, a
+ * non-decreasing op keeps them (torch's rules). */
+static void test_partial_unary_kinds(void) {
+  const int nd[1] = {2};
+  const int64_t sh[1][MT_MAX_NDIM] = {{8, 8}};
+  const struct { int kind; mt_placement in, out; } cases[] = {
+      {MT_ELEMENTWISE_NEG, PMAX, P(MT_REDUCE_MIN)}, {MT_ELEMENTWISE_NEG, PSUM, PSUM},
+      {MT_ELEMENTWISE_NEG, P(MT_REDUCE_MIN), PMAX},
+      {MT_ELEMENTWISE_INCREASING, PMAX, PMAX},
+      {MT_ELEMENTWISE_INCREASING, P(MT_REDUCE_MIN), P(MT_REDUCE_MIN)},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+    mt_dimmap map;
+    CHECK(mt_dimmap_elementwise(cases[k].kind, 1, 1u, nd, sh, &map, NULL) == MT_OK);
+    tin t = t88(cases[k].in);
+    mt_prop_inputs in = make_inputs(1, &t, 1, MESH2);
+    mt_prop_result r = run(&map, &in);
+    EXPECT_OUT(r, 2, 1, cases[k].out);
+    CHECK(r.bytes == 0 && r.messages == 0);
+  }
+  /* A non-decreasing op reduces a Partial(sum) first. */
+  mt_dimmap map;
+  CHECK(mt_dimmap_elementwise(MT_ELEMENTWISE_INCREASING, 1, 1u, nd, sh, &map, NULL) == MT_OK);
+  tin t = t88(PSUM);
+  mt_prop_inputs in = make_inputs(1, &t, 1, MESH2);
+  mt_prop_result r = run(&map, &in);
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
 }
 
 static void test_partial_multiply(void) {
@@ -1349,9 +1410,10 @@ static void reference_rule(int kind, uint32_t tensors, mt_dimmap *m) {
     m->partial_inputs = both ? 1u : 0u;
   }
   if (kind == MT_ELEMENTWISE_MAX || kind == MT_ELEMENTWISE_MIN) {
-    m->partial_rule = MT_PARTIAL_SAME_OP;
+    m->partial_rule = both ? MT_PARTIAL_MONOTONE : MT_PARTIAL_SAME_OP;
     m->partial_ops = 1u << (kind == MT_ELEMENTWISE_MAX ? MT_REDUCE_MAX : MT_REDUCE_MIN);
   }
+  /* NEG and INCREASING are unary: with two operands nothing passes. */
 }
 
 static mt_dimmap built_elementwise(int kind, int nops, uint32_t tensors, int nin,
@@ -1804,6 +1866,7 @@ int main(int argc, char **argv) {
   test_elementwise();
   test_partial_rules();
   test_partial_additive();
+  test_partial_unary_kinds();
   test_partial_multiply();
   test_partial_other();
   test_matmul();

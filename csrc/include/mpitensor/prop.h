@@ -58,13 +58,21 @@ typedef enum mt_label_kind {
  * mt_decision); where one carries Partial(avg), the inputs carrying it keep it and
  * the others are Replicate (avg(p + r) = avg(p) + r); where input 0 of two carries
  * Partial(max) or Partial(min), it keeps it and input 1 is Replicate (max(p) - r =
- * max(p - r); not r - p, which would flip the order). Each gives that Partial. */
+ * max(p - r); not r - p, which would flip the order). Each gives that Partial.
+ * NEGATE (one input, negative): Partial(sum|avg) stays, Partial(max) becomes
+ * Partial(min) and back (-max(p) = min(-p)). MONOTONE (two inputs of an op
+ * non-decreasing in both, maximum and minimum): where some input carries
+ * Partial(max) or Partial(min), the inputs carrying it keep it and the others are
+ * Replicate (max(min(p), r) = min(max(p, r))): all of them when the op is in
+ * `partial_ops` (maximum of two P(max)), else the first only; gives that Partial. */
 typedef enum mt_partial_rule {
   MT_PARTIAL_NONE = 0,
   MT_PARTIAL_LINEAR_ALL = 1,
   MT_PARTIAL_LINEAR_ONE = 2,
   MT_PARTIAL_SAME_OP = 3,
-  MT_PARTIAL_ADDITIVE = 4
+  MT_PARTIAL_ADDITIVE = 4,
+  MT_PARTIAL_NEGATE = 5,
+  MT_PARTIAL_MONOTONE = 6
 } mt_partial_rule;
 
 /* An operation. Input i has in_ndim[i] dims labelled in_labels[i][0..]; the output
@@ -126,7 +134,9 @@ const char *mt_reduce_op_name(int op);
  * Partial; of several tensors one Partial factor may stay while the others are
  * Replicate. DIV (true_divide): a Partial numerator (operand 0) over Replicate or
  * a scalar stays; a Partial denominator is reduced. MAX, MIN (maximum, minimum):
- * Partial(max), Partial(min) inputs that all agree stay. */
+ * Partial(max), Partial(min) inputs that all agree stay; of two tensors, the
+ * MONOTONE rule. NEG (negative): NEGATE. INCREASING (a unary op non-decreasing on
+ * its whole domain: exp, floor, tanh, ...): Partial(max) and Partial(min) stay. */
 typedef enum mt_elementwise_kind {
   MT_ELEMENTWISE_NONE = 0,
   MT_ELEMENTWISE_ADD = 1,
@@ -134,6 +144,8 @@ typedef enum mt_elementwise_kind {
   MT_ELEMENTWISE_DIV = 3,
   MT_ELEMENTWISE_MAX = 4,
   MT_ELEMENTWISE_MIN = 5,
+  MT_ELEMENTWISE_NEG = 6,
+  MT_ELEMENTWISE_INCREASING = 7,
   MT_ELEMENTWISE_COUNT
 } mt_elementwise_kind;
 
