@@ -242,7 +242,8 @@ typedef struct mt_prop_result {
 
 /* Local. The dim map of an operation of signature `sig` on `in`'s shapes (its
  * mesh and placements are not used), by the builder of its family; `dtype` is the
- * mt_dtype of the first input (reductions). Errors as the builders'; a matmul of
+ * mt_dtype of the first input (reductions; complex values, which have no order,
+ * keep no Partial(max|min) through NEG or INCREASING ops). Errors as the builders'; a matmul of
  * other than two tensors or a reduction of other than one is MT_EINVAL. */
 int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inputs *in,
                  int dtype, mt_dimmap *out, mt_error *err);
