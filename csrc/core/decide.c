@@ -15,11 +15,30 @@ static int same_placements(const mt_layout *l, const mt_placement *p) {
   return 1;
 }
 
+/* Where `to` asks a Replicate mesh dim of `src` for a Partial of sum, avg, max or
+ * min, the value is partitioned locally rather than moved (torch's
+ * Replicate -> Partial): that dim stays Replicate in `to`, and the Partial(sum)
+ * ones of size > 1 are marked in *partition. A Partial(product) target is left
+ * for mt_plan_check to refuse, as torch refuses to partition it. */
+static void take_partitions(const mt_layout *src, mt_placement *to, uint32_t *partition) {
+  *partition = 0;
+  for (int m = 0; m < src->mesh_ndim; ++m) {
+    if (src->placements[m].kind != MT_PLACEMENT_REPLICATE ||
+        to[m].kind != MT_PLACEMENT_PARTIAL || to[m].reduce_op == MT_REDUCE_PRODUCT)
+      continue;
+    if (to[m].reduce_op == MT_REDUCE_SUM && src->mesh_shape[m] > 1) *partition |= 1u << m;
+    to[m] = src->placements[m];
+  }
+}
+
 /* The plan that gives `src` the placements `to`, checked first; NULL in *out when
  * nothing moves. */
-static int plan_input(const mt_layout *src, const mt_placement *to, int64_t itemsize,
-                      int dtype, mt_plan **out, mt_error *err) {
+static int plan_input(const mt_layout *src, const mt_placement *target, int64_t itemsize,
+                      int dtype, mt_plan **out, uint32_t *partition, mt_error *err) {
   *out = NULL;
+  mt_placement to[MT_MAX_MESH_NDIM];
+  memcpy(to, target, (size_t)src->mesh_ndim * sizeof *to);
+  take_partitions(src, to, partition);
   if (same_placements(src, to)) return MT_OK;
   mt_layout dst = *src;
   memcpy(dst.placements, to, (size_t)src->mesh_ndim * sizeof *to);
@@ -48,13 +67,15 @@ int mt_memo_decide_targets(mt_memo *memo, const mt_memo_key *key,
   mt_decision d = *outcome;
   d.ninputs = in->ninputs, d.mesh_ndim = in->mesh_ndim;
   memset(d.plan, 0, sizeof d.plan);
+  memset(d.partition, 0, sizeof d.partition);
   int rc = MT_OK;
   for (int i = 0; rc == MT_OK && i < in->ninputs; ++i) {
     mt_layout src;
     rc = mt_layout_init(&src, in->ndim[i], in->shape[i], in->mesh_ndim, in->mesh_shape,
                         in->placements[i], err);
     if (rc == MT_OK)
-      rc = plan_input(&src, targets[i], in->itemsize[i], dtypes[i], &d.plan[i], err);
+      rc = plan_input(&src, targets[i], in->itemsize[i], dtypes[i], &d.plan[i],
+                      &d.partition[i], err);
   }
   mt_decision *stored = rc == MT_OK ? mt_memo_insert(memo, key, &d, err) : NULL;
   drop_plans(&d); /* the memo holds its own */

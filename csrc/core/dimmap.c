@@ -67,7 +67,9 @@ static void elementwise_rule(mt_dimmap *map, int kind, int noperands, uint32_t t
   int one = map->ninputs == 1;
   switch (kind) {
     case MT_ELEMENTWISE_ADD:
-      map->partial_rule = all ? MT_PARTIAL_LINEAR_ALL : MT_PARTIAL_NONE;
+      map->partial_rule = !all ? MT_PARTIAL_NONE
+                          : one ? MT_PARTIAL_LINEAR_ALL
+                                : MT_PARTIAL_ADDITIVE;
       break;
     case MT_ELEMENTWISE_MUL:
       map->partial_rule = one ? MT_PARTIAL_LINEAR_ALL : MT_PARTIAL_LINEAR_ONE;
@@ -81,8 +83,15 @@ static void elementwise_rule(mt_dimmap *map, int kind, int noperands, uint32_t t
       break;
     case MT_ELEMENTWISE_MAX:
     case MT_ELEMENTWISE_MIN:
-      map->partial_rule = MT_PARTIAL_SAME_OP;
+      map->partial_rule = all && !one ? MT_PARTIAL_MONOTONE : MT_PARTIAL_SAME_OP;
       map->partial_ops = 1u << (kind == MT_ELEMENTWISE_MAX ? MT_REDUCE_MAX : MT_REDUCE_MIN);
+      break;
+    case MT_ELEMENTWISE_NEG:
+      map->partial_rule = all && one ? MT_PARTIAL_NEGATE : MT_PARTIAL_NONE;
+      break;
+    case MT_ELEMENTWISE_INCREASING:
+      map->partial_rule = all && one ? MT_PARTIAL_SAME_OP : MT_PARTIAL_NONE;
+      map->partial_ops = all && one ? (1u << MT_REDUCE_MAX) | (1u << MT_REDUCE_MIN) : 0;
       break;
     default:
       map->partial_rule = MT_PARTIAL_NONE;
@@ -172,6 +181,15 @@ int mt_dimmap_matmul(int a_ndim, const int64_t *a_shape, int b_ndim,
   return MT_OK;
 }
 
+/* Complex values have no order: nothing keeps a Partial(max|min) through a
+ * monotone op of them (negative keeps its linear rule). */
+static void unordered(mt_dimmap *map) {
+  if (map->partial_rule == MT_PARTIAL_NEGATE) map->partial_rule = MT_PARTIAL_LINEAR_ALL;
+  if (map->partial_rule == MT_PARTIAL_SAME_OP && map->ninputs == 1 &&
+      map->partial_ops == ((1u << MT_REDUCE_MAX) | (1u << MT_REDUCE_MIN)))
+    map->partial_rule = MT_PARTIAL_NONE, map->partial_ops = 0;
+}
+
 /* Max and min of bool or complex values have no MPI reduction here. */
 static int combinable(int op, int dtype) {
   if (op != MT_REDUCE_MAX && op != MT_REDUCE_MIN) return op >= 0;
@@ -215,9 +233,13 @@ int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inp
                  int dtype, mt_dimmap *out, mt_error *err) {
   const int n = in->ninputs;
   switch (sig->family) {
-    case MT_OP_ELEMENTWISE:
-      return mt_dimmap_elementwise(sig->kind, args->noperands, args->tensors, in->ndim,
-                                   (const int64_t(*)[MT_MAX_NDIM])in->shape, out, err);
+    case MT_OP_ELEMENTWISE: {
+      int rc = mt_dimmap_elementwise(sig->kind, args->noperands, args->tensors, in->ndim,
+                                     (const int64_t(*)[MT_MAX_NDIM])in->shape, out, err);
+      if (rc == MT_OK && (dtype == MT_DTYPE_COMPLEX64 || dtype == MT_DTYPE_COMPLEX128))
+        unordered(out);
+      return rc;
+    }
     case MT_OP_MATMUL:
       if (n != 2)
         return mt__fail(err, MT_EINVAL, "takes two DTensors; for a scalar factor use *");

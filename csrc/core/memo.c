@@ -129,7 +129,9 @@ mt_decision *mt_memo_find(mt_memo *memo, const mt_memo_key *key) {
 static mt_decision *store(mt_memo *memo, mt_decision *slot, const mt_decision *decision) {
   *slot = *decision;
   slot->nplans = 0;
+  slot->partitioned = 0;
   for (int i = 0; i < slot->ninputs; ++i) {
+    slot->partitioned |= slot->partition[i];
     if (slot->plan[i] == NULL) continue;
     mt_plan_retain(slot->plan[i]);
     memo->plans++, slot->nplans++;

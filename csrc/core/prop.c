@@ -83,10 +83,12 @@ typedef struct bounded {
   int64_t idx;
 } bounded;
 
-/* A combination's standing: communicates at all, estimated cost, then the
- * bytes and messages of the redistributions it needs now. */
+/* A combination's standing: communicates at all, then (among those that do not)
+ * how many input placements on mesh dims of size > 1 it changes, estimated cost,
+ * then the bytes and messages of the redistributions it needs now. */
 typedef struct score {
   int comm;
+  int changes;
   int64_t cost;
   int64_t bytes;
   int64_t messages;
@@ -164,7 +166,7 @@ static int check_counts(const mt_dimmap *map, mt_error *err) {
 }
 
 static int check_masks(const mt_dimmap *map, mt_error *err) {
-  if (map->partial_rule < MT_PARTIAL_NONE || map->partial_rule > MT_PARTIAL_SAME_OP)
+  if (map->partial_rule < MT_PARTIAL_NONE || map->partial_rule > MT_PARTIAL_MONOTONE)
     return mt__fail(err, MT_EINVAL, "Unknown partial rule %d", map->partial_rule);
   if (map->partial_inputs & ~low_bits(map->ninputs))
     return mt__fail(err, MT_EINVAL, "partial_inputs names inputs beyond the %d inputs",
@@ -469,9 +471,96 @@ static int linear(int op) {
   return op == MT_REDUCE_SUM || op == MT_REDUCE_AVG;
 }
 
+/* Whether some input carries Partial(op) on mesh dim m. */
+static int any_partial(const engine *e, int m, int op) {
+  mt_placement p = partial(op);
+  for (int i = 0; i < e->ninputs; ++i) {
+    if (placement_eq(&e->cur[i].placements[m], &p)) return 1;
+  }
+  return 0;
+}
+
+/* Whether every input is Partial(sum) or Replicate on mesh dim m: only those can
+ * be Partial(sum) (a Shard or another Partial cannot become one, and on a mesh
+ * dim of size 1 such a change would look free). */
+static int sum_or_replicate(const engine *e, int m) {
+  mt_placement p = partial(MT_REDUCE_SUM);
+  for (int i = 0; i < e->ninputs; ++i) {
+    const mt_placement *c = &e->cur[i].placements[m];
+    if (!placement_eq(c, &p) && c->kind != MT_PLACEMENT_REPLICATE) return 0;
+  }
+  return 1;
+}
+
+/* The ADDITIVE rule's candidates on mesh dim m (prop.h): at most two, since
+ * input 0 carries one op and a sum with an avg gives two. */
+static void add_additive(const engine *e, dim_cands *dc, int m) {
+  mt_placement p0 = e->cur[0].placements[m];
+  /* First, so that a tie keeps input 0's, as torch's order of rules does. */
+  if (e->ninputs == 2 && p0.kind == MT_PLACEMENT_PARTIAL &&
+      (p0.reduce_op == MT_REDUCE_MAX || p0.reduce_op == MT_REDUCE_MIN)) {
+    cand *c = new_cand(dc, CAND_PARTIAL, -1);
+    c->in[0] = p0;
+    c->out = p0;
+  }
+  if (any_partial(e, m, MT_REDUCE_SUM) && sum_or_replicate(e, m))
+    add_keep_all(e, dc, partial(MT_REDUCE_SUM));
+  if (any_partial(e, m, MT_REDUCE_AVG)) {
+    mt_placement p = partial(MT_REDUCE_AVG);
+    cand *c = new_cand(dc, CAND_PARTIAL, -1);
+    for (int i = 0; i < e->ninputs; ++i) {
+      if (placement_eq(&e->cur[i].placements[m], &p)) c->in[i] = p;
+    }
+    c->out = p;
+  }
+}
+
+/* NEGATE (prop.h): one candidate for input 0's Partial. */
+static void add_negate(const engine *e, dim_cands *dc, int m) {
+  mt_placement p = e->cur[0].placements[m];
+  if (p.kind != MT_PLACEMENT_PARTIAL || p.reduce_op == MT_REDUCE_PRODUCT) return;
+  cand *c = new_cand(dc, CAND_PARTIAL, -1);
+  c->in[0] = p;
+  c->out = p.reduce_op == MT_REDUCE_MAX   ? partial(MT_REDUCE_MIN)
+           : p.reduce_op == MT_REDUCE_MIN ? partial(MT_REDUCE_MAX)
+                                          : p;
+}
+
+/* MONOTONE (prop.h): at most two candidates, one per order op carried. */
+static void add_monotone(const engine *e, dim_cands *dc, int m) {
+  static const int ops[2] = {MT_REDUCE_MAX, MT_REDUCE_MIN};
+  for (int k = 0; k < 2; ++k) {
+    mt_placement p = partial(ops[k]);
+    int all = bit(e->map->partial_ops, ops[k]), kept = 0;
+    cand c;
+    memset(&c, 0, sizeof c);
+    for (int i = 0; i < e->ninputs; ++i) {
+      c.in[i] = replicate();
+      if (placement_eq(&e->cur[i].placements[m], &p) && (all || kept == 0))
+        c.in[i] = p, ++kept;
+    }
+    if (kept == 0) continue;
+    cand *n = new_cand(dc, CAND_PARTIAL, -1);
+    memcpy(n->in, c.in, sizeof c.in);
+    n->out = p;
+  }
+}
+
 /* The Partial pass-throughs the op's rule allows for mesh dim m. */
 static void add_partials(const engine *e, dim_cands *dc, int m) {
   const mt_dimmap *map = e->map;
+  if (map->partial_rule == MT_PARTIAL_ADDITIVE) {
+    add_additive(e, dc, m);
+    return;
+  }
+  if (map->partial_rule == MT_PARTIAL_NEGATE) {
+    add_negate(e, dc, m);
+    return;
+  }
+  if (map->partial_rule == MT_PARTIAL_MONOTONE) {
+    add_monotone(e, dc, m);
+    return;
+  }
   mt_placement p0 = e->cur[0].placements[m];
   int op = p0.reduce_op, p0_partial = p0.kind == MT_PLACEMENT_PARTIAL;
   if (map->partial_rule == MT_PARTIAL_LINEAR_ALL && p0_partial && linear(op) &&
@@ -551,10 +640,17 @@ static void build_dim(const engine *e, int m, dim_cands *dc) {
 
 /* ---- Classifying and pricing one input's needed layout. ---- */
 
+/* The layout input i must be moved to under `choice`. A Replicate input that a
+ * candidate partitions into a Partial stays Replicate here: partitioning is local
+ * (mt_decision's `partition`), so only the rest of the move is priced. */
 static void needed_layout(const engine *e, int i, const int *choice, mt_layout *out) {
   *out = e->cur[i];
-  for (int m = 0; m < e->mesh_ndim; ++m)
-    out->placements[m] = e->dims[m].c[choice[m]].in[i];
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    const mt_placement *p = &e->dims[m].c[choice[m]].in[i];
+    if (!(p->kind == MT_PLACEMENT_PARTIAL &&
+          e->cur[i].placements[m].kind == MT_PLACEMENT_REPLICATE))
+      out->placements[m] = *p;
+  }
 }
 
 /* Whether cur -> need only cuts replicated mesh dims, each after every mesh dim
@@ -796,6 +892,17 @@ static int64_t total_cost(const engine *e, const int *choice, int64_t bytes,
                  sat_mul(sat_add(messages, dm), MT_PROP_MESSAGE_BYTES));
 }
 
+/* How many (input, mesh dim of size > 1) pairs `choice` asks to change. */
+static int changes(const engine *e, const int *choice) {
+  int n = 0;
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    if (e->in->mesh_shape[m] == 1) continue;
+    for (int i = 0; i < e->ninputs; ++i)
+      n += !placement_eq(&e->dims[m].c[choice[m]].in[i], &e->cur[i].placements[m]);
+  }
+  return n;
+}
+
 /* Scores one combination into `s`; `*valid` is 0 when it is not allowed or a
  * plan fails. Without `full` a communicating combination is only flagged. */
 static int score_combo(engine *e, const int *choice, int full, score *s, int *valid,
@@ -815,14 +922,19 @@ static int score_combo(engine *e, const int *choice, int full, score *s, int *va
     s->messages = sat_add(s->messages, p.messages);
   }
   s->comm = s->bytes > 0 || s->messages > 0;
+  s->changes = changes(e, choice);
   s->cost = total_cost(e, choice, s->bytes, s->messages);
   *valid = 1;
   return MT_OK;
 }
 
-/* Whether `a` beats `b`; on a tie the earlier one (b) stays. */
+/* Whether `a` beats `b`; on a tie the earlier one (b) stays. Among combinations
+ * that move nothing, the one that leaves more inputs as they are wins before any
+ * estimate of later costs, as torch keeps [R, S(1)] summed over dim 1 [R, P(avg)]
+ * rather than cut it to [S(0), P(avg)]. */
 static int better(const score *a, const score *b) {
   if (a->comm != b->comm) return a->comm < b->comm;
+  if (!a->comm && a->changes != b->changes) return a->changes < b->changes;
   if (a->cost != b->cost) return a->cost < b->cost;
   if (a->bytes != b->bytes) return a->bytes < b->bytes;
   return a->messages < b->messages;

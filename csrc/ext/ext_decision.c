@@ -14,6 +14,7 @@
 typedef struct {
   PyObject_HEAD
   PyObject *plans;          /* per DTensor input: a _C.Plan to run first, or None */
+  PyObject *zeroed;         /* per DTensor input: this rank uses zeros (partitioned) */
   PyObject *out_placements; /* tuple of Placements */
   PyObject *out_shape;      /* tuple, or None while a user rule's output is unknown */
   PyObject *out_stride;     /* contiguous strides of out_shape, or None */
@@ -34,6 +35,21 @@ static PyObject *plans_tuple(PyObject *module, const mt_decision *dec, char *loc
   }
   *local_only = none ? 1 : 0;
   return plans;
+}
+
+/* Per input, whether this rank replaces it by zeros (mt_decision's partition). */
+static PyObject *zeroed_tuple(const mt_ext_mesh_base *mb, const mt_decision *dec) {
+  mt_mesh *mesh = mb->member ? mt_ext_mesh_get_unchecked(mb->handle) : NULL;
+  int64_t coord[MT_MAX_MESH_NDIM];
+  int have = mesh != NULL && mt_mesh_coordinate(mesh, coord);
+  PyObject *t = PyTuple_New(dec->ninputs);
+  for (int i = 0; t != NULL && i < dec->ninputs; ++i) {
+    int z = 0;
+    for (int m = 0; have && m < dec->mesh_ndim; ++m)
+      z |= (dec->partition[i] >> m & 1u) && coord[m] != 0;
+    PyTuple_SET_ITEM(t, i, PyBool_FromLong(z));
+  }
+  return t;
 }
 
 /* This rank's box of the output, or None (not a member, shape unknown). */
@@ -57,6 +73,7 @@ static PyObject *decision_object(mt_ext_dispatch *d, const mt_ext_mesh_base *mb,
   if (o == NULL) return NULL;
   o->cached = (char)cached;
   o->plans = plans_tuple(d->module, dec, &o->local_only);
+  o->zeroed = zeroed_tuple(mb, dec);
   o->out_placements = mt_ext_placement_objects(d, dec->out_placements, dec->mesh_ndim);
   if (dec->out_ndim >= 0) {
     int64_t stride[MT_MAX_NDIM];
@@ -67,7 +84,7 @@ static PyObject *decision_object(mt_ext_dispatch *d, const mt_ext_mesh_base *mb,
     o->out_shape = Py_NewRef(Py_None), o->out_stride = Py_NewRef(Py_None);
   }
   o->out_local_shape = local_shape(mb, dec);
-  if (!o->plans || !o->out_placements || !o->out_shape || !o->out_stride ||
+  if (!o->plans || !o->zeroed || !o->out_placements || !o->out_shape || !o->out_stride ||
       !o->out_local_shape)
     Py_CLEAR(o);
   return (PyObject *)o;
@@ -257,6 +274,9 @@ PyMethodDef mt_ext_decide_methods[] = {
 static PyMemberDef decision_members[] = {
     {"plans", T_OBJECT, offsetof(DecisionObject, plans), READONLY,
      "per DTensor input: the _C.Plan it runs first, or None"},
+    {"zeroed", T_OBJECT, offsetof(DecisionObject, zeroed), READONLY,
+     "per DTensor input: this rank uses zeros of its local shape instead (a "
+     "Replicate input partitioned into Partial(sum))"},
     {"out_placements", T_OBJECT, offsetof(DecisionObject, out_placements), READONLY,
      "the output's placements"},
     {"out_shape", T_OBJECT, offsetof(DecisionObject, out_shape), READONLY,
@@ -276,6 +296,7 @@ static void decision_dealloc(PyObject *self) {
   DecisionObject *o = (DecisionObject *)self;
   PyTypeObject *tp = Py_TYPE(self);
   Py_XDECREF(o->plans);
+  Py_XDECREF(o->zeroed);
   Py_XDECREF(o->out_placements);
   Py_XDECREF(o->out_shape);
   Py_XDECREF(o->out_stride);

@@ -189,8 +189,31 @@ static PyObject *wrap(mt_ext_dispatch *d, const mt_ext_call *c, const target *tg
   return new_dtensor(d, res, spec, id);
 }
 
+/* Whether this rank holds zeros for an input partitioned on the mesh dims of
+ * `mask` (mt_decision): its coordinate is not 0 on one of them. */
+static int zeroed_here(const mt_mesh *mesh, uint32_t mask) {
+  int64_t coord[MT_MAX_MESH_NDIM];
+  if (mask == 0 || !mt_mesh_coordinate(mesh, coord)) return 0;
+  for (int m = 0; m < MT_MAX_MESH_NDIM && (mask >> m) != 0; ++m) {
+    if ((mask >> m & 1u) && coord[m] != 0) return 1;
+  }
+  return 0;
+}
+
+/* Zeros of `local`'s shape and dtype, for a partitioned input (steals `local`). */
+static PyObject *zeros_like(PyObject *local) {
+  if (local == NULL) return NULL;
+  PyArrayObject *a = (PyArrayObject *)local;
+  PyArray_Descr *descr = PyArray_DESCR(a);
+  Py_INCREF(descr);
+  PyObject *z = PyArray_Zeros(PyArray_NDIM(a), PyArray_DIMS(a), descr, 0);
+  Py_DECREF(local);
+  return z;
+}
+
 /* The local arrays of the call's operands in `args` (new references), each input
- * moved by its plan first (collective). 0, or -1 with the taken ones released. */
+ * moved by its plan first (collective), zeros where it is partitioned away.
+ * 0, or -1 with the taken ones released. */
 static int locals_of(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision *dec,
                      PyObject *const *ops, PyObject **args) {
   for (int i = 0, t = 0; i < c->noperands; ++i) {
@@ -199,11 +222,14 @@ static int locals_of(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision
       continue;
     }
     const mt_plan *plan = dec->plan[t];
+    uint32_t part = dec->partition[t];
     PyObject *local = c->dt[t++]->local;
     if (plan == NULL) args[i] = Py_NewRef(local);
     else if (mt_ext_mesh_check_thread(c->mb->handle) < 0) args[i] = NULL;
     else args[i] = mt_ext_run_plan(d->module, mt_ext_mesh_get_unchecked(c->mb->handle),
                                    plan, local);
+    if (part != 0 && zeroed_here(mt_ext_mesh_get_unchecked(c->mb->handle), part))
+      args[i] = zeros_like(args[i]);
     if (args[i] == NULL) {
       for (int k = 0; k < i; ++k) Py_DECREF(args[k]);
       return -1;
@@ -227,7 +253,8 @@ static void hold(mt_decision *dec, int own) {
  * (no plan, output known) is read only before any such code runs. */
 static PyObject *run(mt_ext_dispatch *d, const mt_ext_call *c, const target *tg,
                      const mt_decision *found, PyObject *const *ops) {
-  int plans = found->nplans != 0;
+  /* A partitioned input also gets a new local array (zeros on some ranks). */
+  int plans = found->nplans != 0 || found->partitioned != 0;
   mt_decision copy;
   const mt_decision *dec = NULL;
   if (plans || found->out_id == 0) {

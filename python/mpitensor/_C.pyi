@@ -135,6 +135,8 @@ ELEMENTWISE_MUL: int
 ELEMENTWISE_DIV: int
 ELEMENTWISE_MAX: int
 ELEMENTWISE_MIN: int
+ELEMENTWISE_NEG: int
+ELEMENTWISE_INCREASING: int
 FAMILY_ELEMENTWISE: int
 FAMILY_MATMUL: int
 PROP_MAX_INPUTS: int
@@ -219,6 +221,7 @@ class Decision:
     out_stride: tuple[int, ...] | None
     out_local_shape: tuple[int, ...] | None
     local_only: bool
+    zeroed: tuple[bool, ...]
     cached: bool
 
 def dispatch_init(dtensor_type: type, spec_type: type, replicate: type, shard: type,

@@ -33,11 +33,13 @@ def normalize_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Place
             f"`placements` must have the same length as `device_mesh.ndim`! Found "
             f"{len(placements)} placements for a {mesh.ndim}-D mesh: {placements}"
         )
-    out = []
+    out, partial_op = [], None
     for p in placements:
         if not isinstance(p, Placement):
             raise TypeError(f"placements must be Shard, Replicate or Partial, got {p!r}")
-        if isinstance(p, Shard):
+        if isinstance(p, Partial):
+            partial_op = _one_partial_op(partial_op, p.reduce_op, placements)
+        elif isinstance(p, Shard):
             if not -ndim <= p.dim < ndim:
                 raise IndexError(
                     f"{p!r} is out of range for a tensor with {ndim} dims"
@@ -45,6 +47,22 @@ def normalize_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Place
             p = Shard(p.dim + ndim) if p.dim < 0 else p
         out.append(p)
     return tuple(out)
+
+
+# Sum and avg commute, so either order of reducing them gives the same value; any
+# other mix (sum then max differs from max then sum) has no order torch defines.
+_COMMUTING = frozenset(("sum", "avg"))
+
+
+def _one_partial_op(seen, op: str, placements) -> str:
+    """`op` after checking it may share a placement list with `seen`, torch's rule."""
+    if seen is None or seen == op or (seen in _COMMUTING and op in _COMMUTING):
+        return op
+    raise ValueError(
+        f"Mixed Partial reduce types are not supported in the same placement list. "
+        f"Found reduce ops: {sorted({seen, op})} in {tuple(placements)}. Please ensure "
+        f"all Partial placements use the same reduce operation (sum and avg may mix)."
+    )
 
 
 _REPLICATED: dict[int, tuple] = {}

@@ -249,7 +249,8 @@ class DTensor(_C.DTensorBase):
                      backward_dtype=None) -> "DTensor":
         """The same global tensor with new placements. Collective on the mesh.
 
-        ``placements=None`` means Replicate on every mesh dim. Each change runs as
+        ``placements`` is required (RuntimeError without it, as in torch; write
+        ``[Replicate()] * mesh.ndim`` or use :meth:`full_tensor`). Each change runs as
         the cheapest plan the C planner finds: one MPI collective on one mesh dim
         where that does the job (Shard->Replicate all-gather, Shard->Shard
         all-to-all, Replicate->Shard local chunk, Partial->Replicate all-reduce,
@@ -279,6 +280,8 @@ class DTensor(_C.DTensorBase):
                 "redistribute between different device meshes is not supported; the "
                 f"DTensor lives on {self.device_mesh}, the target is {mesh}"
             )
+        if placements is None:
+            raise RuntimeError("placements is needed for redistribute!")
         # Every line here runs on each call: keep it to plain lookups (the
         # overhead over the MPI call itself is a benchmarked target).
         mesh, src = self._spec.mesh, self._spec.placements
@@ -326,7 +329,8 @@ class DTensor(_C.DTensorBase):
             >>> dt.full_tensor()
             array([1., 1., 1., 1.])
         """
-        return self.redistribute(self.device_mesh, None).to_local(
+        mesh = self._spec.mesh
+        return self.redistribute(mesh, _args.normalize_placements(None, mesh, 0)).to_local(
             grad_placements=grad_placements)
 
     # -- autograd (the engine is mpitensor.autograd's) ----------------------------

@@ -294,6 +294,31 @@ static void test_decide(void) {
                                (const mt_placement(*)[MT_MAX_MESH_NDIM])to, &outcome, &d,
                                NULL) == MT_OK);
   CHECK(d->out_ndim == -1 && d->plan[0] != NULL && d->plan[1] == NULL);
+  /* P(sum) + R keeps P(sum): the Replicate input is partitioned, not moved (no
+   * plan, marked on mesh dim 0); on one rank nothing is marked. */
+  const mt_placement psum = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
+  const mt_placement rep = {MT_PLACEMENT_REPLICATE, 0, 0};
+  for (int64_t ranks = 1; ranks <= 2; ++ranks) {
+    for (int order = 0; order < 2; ++order) {
+      mt_prop_inputs pr = order ? two_inputs(ranks, rep, psum) : two_inputs(ranks, psum, rep);
+      CHECK(mt_op_dimmap(&add, &args, &pr, MT_DTYPE_FLOAT64, &map, NULL) == MT_OK);
+      mt_memo_key kp = key(5 + order, ranks, 2);
+      CHECK(mt_memo_decide(memo, &kp, &map, &pr, f64, &d, NULL) == MT_OK);
+      CHECK(d->plan[0] == NULL && d->plan[1] == NULL);
+      CHECK(ranks == 1 || (d->out_placements[0].kind == MT_PLACEMENT_PARTIAL &&
+                           d->out_placements[0].reduce_op == MT_REDUCE_SUM));
+      CHECK(d->partition[order] == 0 && d->partition[1 - order] == (ranks == 2 ? 1u : 0u));
+    }
+  }
+  /* A caller's Replicate -> Partial(product) target is refused, as torch refuses
+   * to partition a product. */
+  const mt_placement pprod = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_PRODUCT};
+  mt_prop_inputs rr = two_inputs(2, rep, rep);
+  mt_placement to_prod[2][MT_MAX_MESH_NDIM] = {{pprod}, {pprod}};
+  mt_memo_key k6 = key(7, 2, 2);
+  CHECK(mt_memo_decide_targets(memo, &k6, &rr, f64,
+                               (const mt_placement(*)[MT_MAX_MESH_NDIM])to_prod, &outcome,
+                               &d, NULL) != MT_OK);
   /* Shapes that do not fit the map: the engine's error, nothing stored. */
   in.shape[1][0] = 4;
   mt_memo_key k4 = key(4, 1, 2);

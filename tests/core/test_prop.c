@@ -251,7 +251,14 @@ static mt_layout layout_of(const mt_prop_inputs *in, int i, const mt_placement *
 /* Bytes and messages of moving input i from its placements to `to`. */
 static void plan_cost(const mt_prop_inputs *in, int i, const mt_placement *to,
                       int64_t *bytes, int64_t *msgs) {
-  mt_layout a = layout_of(in, i, in->placements[i]), b = layout_of(in, i, to);
+  mt_placement moved[MT_MAX_MESH_NDIM];
+  for (int m = 0; m < in->mesh_ndim; ++m) {
+    /* partitioning a Replicate input is local: it is planned as Replicate */
+    int part = to[m].kind == MT_PLACEMENT_PARTIAL &&
+               in->placements[i][m].kind == MT_PLACEMENT_REPLICATE;
+    moved[m] = part ? R() : to[m];
+  }
+  mt_layout a = layout_of(in, i, in->placements[i]), b = layout_of(in, i, moved);
   mt_plan *plan = NULL;
   int rc = mt_plan_create(&a, &b, in->itemsize[i], &plan, NULL);
   CHECK(rc == MT_OK);
@@ -354,6 +361,27 @@ static int partial_ok(const mt_dimmap *map, const mt_prop_result *r, int m,
     }
     return npartial == 1 && nrep == map->ninputs - 1 && linear;
   }
+  if (map->partial_rule == MT_PARTIAL_NEGATE) return map->ninputs == 1;
+  if (map->partial_rule == MT_PARTIAL_MONOTONE) {
+    /* P(max|min) on the inputs that carry it (the first only unless preserved). */
+    if (!peq(out, P(MT_REDUCE_MAX)) && !peq(out, P(MT_REDUCE_MIN))) return 0;
+    for (int i = 0; i < map->ninputs; ++i) {
+      mt_placement p = r->in_placements[i][m];
+      if (!peq(p, out) && p.kind != MT_PLACEMENT_REPLICATE) return 0;
+    }
+    return npartial == 1 || ((map->partial_ops >> out.reduce_op) & 1u);
+  }
+  if (map->partial_rule == MT_PARTIAL_ADDITIVE) {
+    /* sum: every input P(sum); avg: P(avg) or R; max, min: input 0 only, of two. */
+    for (int i = 0; i < map->ninputs; ++i) {
+      mt_placement p = r->in_placements[i][m];
+      if (!peq(p, out) && !(p.kind == MT_PLACEMENT_REPLICATE && !peq(out, PSUM)))
+        return 0;
+    }
+    if (peq(out, PSUM) || peq(out, PAVG)) return 1;
+    return (peq(out, P(MT_REDUCE_MAX)) || peq(out, P(MT_REDUCE_MIN))) &&
+           map->ninputs == 2 && npartial == 1 && peq(r->in_placements[0][m], out);
+  }
   if (npartial != map->ninputs) return 0;
   for (int i = 0; i < map->ninputs; ++i)
     if (!peq(r->in_placements[i][m], out)) return 0;
@@ -371,8 +399,12 @@ static int check_mesh_dim(const mt_dimmap *map, const mt_prop_inputs *in,
     mt_placement p = r->in_placements[i][m];
     npartial += p.kind == MT_PLACEMENT_PARTIAL;
     nrep += p.kind == MT_PLACEMENT_REPLICATE;
-    /* A needed Partial is one the input has. */
-    if (p.kind == MT_PLACEMENT_PARTIAL && !peq(p, in->placements[i][m])) return 0;
+    /* A needed Partial is one the input has, or under ADDITIVE a Partial(sum) a
+     * Replicate input is partitioned into. */
+    mt_placement had = in->placements[i][m];
+    int partitioned = map->partial_rule == MT_PARTIAL_ADDITIVE && peq(p, PSUM) &&
+                      had.kind == MT_PLACEMENT_REPLICATE;
+    if (p.kind == MT_PLACEMENT_PARTIAL && !peq(p, had) && !partitioned) return 0;
     if (p.kind != MT_PLACEMENT_SHARD) continue;
     int l = map->in_labels[i][p.dim];
     if (cut_label >= 0 && cut_label != l) return 0;
@@ -536,6 +568,54 @@ static void o_partials(const mt_dimmap *map, const mt_prop_inputs *in, int m, oc
   int all = p0.kind == MT_PLACEMENT_PARTIAL;
   for (int i = 0; i < map->ninputs; ++i) all &= peq(in->placements[i][m], p0);
   int lin0 = p0.reduce_op == MT_REDUCE_SUM || p0.reduce_op == MT_REDUCE_AVG;
+  if (map->partial_rule == MT_PARTIAL_NEGATE) {
+    if (p0.kind == MT_PLACEMENT_PARTIAL && p0.reduce_op != MT_REDUCE_PRODUCT) {
+      c[*n] = o_new(-1);
+      c[*n].in[0] = p0;
+      int op = p0.reduce_op;
+      c[(*n)++].out = op == MT_REDUCE_MAX ? P(MT_REDUCE_MIN)
+                      : op == MT_REDUCE_MIN ? P(MT_REDUCE_MAX) : p0;
+    }
+    return;
+  }
+  if (map->partial_rule == MT_PARTIAL_MONOTONE) {
+    const int ops[2] = {MT_REDUCE_MAX, MT_REDUCE_MIN};
+    for (int k = 0; k < 2; ++k) {
+      ocand x = o_new(-1);
+      int kept = 0, every = (map->partial_ops >> ops[k]) & 1u;
+      for (int i = 0; i < map->ninputs; ++i)
+        if (peq(in->placements[i][m], P(ops[k])) && (every || !kept)) x.in[i] = P(ops[k]), ++kept;
+      x.out = P(ops[k]);
+      if (kept) c[(*n)++] = x;
+    }
+    return;
+  }
+  if (map->partial_rule == MT_PARTIAL_ADDITIVE) {
+    int has[MT_REDUCE_COUNT] = {0}, other = 0;
+    for (int i = 0; i < map->ninputs; ++i) {
+      mt_placement p = in->placements[i][m];
+      if (p.kind == MT_PLACEMENT_PARTIAL) has[p.reduce_op] = 1;
+      other |= !peq(p, PSUM) && p.kind != MT_PLACEMENT_REPLICATE;
+    }
+    if (map->ninputs == 2 && p0.kind == MT_PLACEMENT_PARTIAL &&
+        (p0.reduce_op == MT_REDUCE_MAX || p0.reduce_op == MT_REDUCE_MIN)) {
+      c[*n] = o_new(-1);
+      c[*n].in[0] = p0;
+      c[(*n)++].out = p0;
+    }
+    if (has[MT_REDUCE_SUM] && !other) {
+      c[*n] = o_new(-1);
+      for (int i = 0; i < map->ninputs; ++i) c[*n].in[i] = PSUM;
+      c[(*n)++].out = PSUM;
+    }
+    if (has[MT_REDUCE_AVG]) {
+      c[*n] = o_new(-1);
+      for (int i = 0; i < map->ninputs; ++i)
+        if (peq(in->placements[i][m], PAVG)) c[*n].in[i] = PAVG;
+      c[(*n)++].out = PAVG;
+    }
+    return;
+  }
   if (all && ((map->partial_rule == MT_PARTIAL_LINEAR_ALL && lin0) ||
               (map->partial_rule == MT_PARTIAL_SAME_OP &&
                ((map->partial_ops >> p0.reduce_op) & 1u)))) {
@@ -620,7 +700,7 @@ static int o_scales(const mt_dimmap *map, const mt_prop_inputs *in, const int64_
 }
 
 typedef struct okey {
-  int comm;
+  int comm, changes;
   int64_t cost, bytes, msgs;
 } okey;
 
@@ -636,9 +716,17 @@ static int o_price(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t
   for (int l = 0; l < map->nlabels; ++l)
     if (shards[l] > 1 && !o_fits(map, size, l, shards[l])) return 0;
   if (!o_scales(map, in, size, c, ch)) return 0;
+  k->changes = 0;
   for (int i = 0; i < map->ninputs; ++i) {
     mt_placement to[MT_MAX_MESH_NDIM];
-    for (int m = 0; m < in->mesh_ndim; ++m) to[m] = c[m][ch[m]].in[i];
+    for (int m = 0; m < in->mesh_ndim; ++m) {
+      to[m] = c[m][ch[m]].in[i];
+      k->changes += in->mesh_shape[m] > 1 && !peq(to[m], in->placements[i][m]);
+      /* partitioning a Replicate input is local: it is planned as Replicate */
+      if (to[m].kind == MT_PLACEMENT_PARTIAL &&
+          in->placements[i][m].kind == MT_PLACEMENT_REPLICATE)
+        to[m] = R();
+    }
     mt_layout a = layout_of(in, i, in->placements[i]), b = layout_of(in, i, to);
     mt_plan *plan = NULL;
     if (mt_plan_create(&a, &b, in->itemsize[i], &plan, NULL) != MT_OK) return 0;
@@ -662,6 +750,7 @@ static int o_price(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t
 
 static int o_better(const okey *a, const okey *b) {
   if (a->comm != b->comm) return a->comm < b->comm;
+  if (!a->comm && a->changes != b->changes) return a->changes < b->changes;
   if (a->cost != b->cost) return a->cost < b->cost;
   if (a->bytes != b->bytes) return a->bytes < b->bytes;
   return a->msgs < b->msgs;
@@ -674,7 +763,7 @@ static void check_oracle(const mt_dimmap *map, const mt_prop_inputs *in,
   int n[MT_MAX_MESH_NDIM], ch[MT_MAX_MESH_NDIM] = {0}, best[MT_MAX_MESH_NDIM] = {0};
   int64_t size[MT_PROP_MAX_LABELS];
   int found = 0;
-  okey bk = {0, 0, 0, 0};
+  okey bk = {0, 0, 0, 0, 0};
   sizes_of(map, in, size);
   for (int m = 0; m < in->mesh_ndim; ++m) n[m] = o_cands(map, in, size, m, c[m]);
   for (;;) {
@@ -778,6 +867,89 @@ static void test_partial_rules(void) {
   CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
   CHECK(r.bytes > 0);
   r = binary(MT_PARTIAL_LINEAR_ALL, t88(PMAX), t88(PMAX));
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
+}
+
+/* add and subtract of tensors, torch's additive rules (issue 19). */
+static void test_partial_additive(void) {
+  /* P(sum) + R keeps P(sum) for free, R partitioned, either way round. */
+  mt_prop_result r = binary(MT_PARTIAL_ADDITIVE, t88(PSUM), t88(R()));
+  EXPECT_OUT(r, 2, 1, PSUM);
+  EXPECT_IN(r, 1, 2, 1, PSUM);
+  CHECK(r.bytes == 0 && r.messages == 0);
+  r = binary(MT_PARTIAL_ADDITIVE, t88(R()), t88(PSUM));
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.bytes == 0 && r.messages == 0);
+  /* A broadcast Replicate operand is partitioned too. */
+  r = binary(MT_PARTIAL_ADDITIVE, t88(PSUM), (tin){1, {8}, {R()}});
+  EXPECT_OUT(r, 2, 1, PSUM);
+  CHECK(r.bytes == 0);
+  /* P(avg) + R and R + P(avg): R stays R. */
+  r = binary(MT_PARTIAL_ADDITIVE, t88(R()), t88(PAVG));
+  EXPECT_OUT(r, 2, 1, PAVG);
+  EXPECT_IN(r, 0, 2, 1, R());
+  CHECK(r.bytes == 0);
+  /* P(max) + R keeps P(max); R + P(max) does not (subtract would flip it). */
+  r = binary(MT_PARTIAL_ADDITIVE, t88(PMAX), t88(R()));
+  EXPECT_OUT(r, 2, 1, PMAX);
+  CHECK(r.bytes == 0);
+  r = binary(MT_PARTIAL_ADDITIVE, t88(R()), t88(PMAX));
+  CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL && r.bytes > 0);
+  /* P(max) + P(max): one all-reduce of input 1, P(max) kept (not two
+   * reduce-scatters). */
+  r = binary(MT_PARTIAL_ADDITIVE, t88(PMAX), t88(PMAX));
+  EXPECT_OUT(r, 2, 1, PMAX);
+  EXPECT_IN(r, 0, 2, 1, PMAX);
+  EXPECT_IN(r, 1, 2, 1, R());
+  /* A Shard is not made Partial: P(sum) + S0 reduce-scatters. */
+  r = binary(MT_PARTIAL_ADDITIVE, t88(PSUM), t88(S(0)));
+  EXPECT_OUT(r, 2, 1, S(0));
+  /* On (2, 2), [P, S0] + [R, S0] -> [P(sum), S(0)] free. */
+  const int64_t m22[2] = {2, 2};
+  tin t[2] = {{2, {8, 8}, {PSUM, S(0)}}, {2, {8, 8}, {R(), S(0)}}};
+  const int nd[2] = {2, 2};
+  const int64_t sh[2][4] = {{8, 8}, {8, 8}};
+  mt_dimmap add = map_elementwise(2, nd, sh, MT_PARTIAL_ADDITIVE);
+  mt_prop_inputs in = make_inputs(2, t, 2, m22);
+  r = run(&add, &in);
+  EXPECT_OUT(r, 2, 2, PSUM, S(0));
+  CHECK(r.bytes == 0 && r.messages == 0);
+  /* On a mesh dim of size 1 P(avg) is not turned into P(sum) (plan_check would
+   * refuse it at decide time). */
+  const int64_t m12[2] = {1, 2};
+  t[0].pl[0] = PSUM, t[0].pl[1] = R(), t[1].pl[0] = PAVG, t[1].pl[1] = R();
+  in = make_inputs(2, t, 2, m12);
+  r = run(&add, &in);
+  CHECK(!(r.in_placements[1][0].kind == MT_PLACEMENT_PARTIAL &&
+          r.in_placements[1][0].reduce_op == MT_REDUCE_SUM));
+}
+
+/* The unary kinds built by the core: negative flips max and min, a
+ * non-decreasing op keeps them (torch's rules). */
+static void test_partial_unary_kinds(void) {
+  const int nd[1] = {2};
+  const int64_t sh[1][MT_MAX_NDIM] = {{8, 8}};
+  const struct { int kind; mt_placement in, out; } cases[] = {
+      {MT_ELEMENTWISE_NEG, PMAX, P(MT_REDUCE_MIN)}, {MT_ELEMENTWISE_NEG, PSUM, PSUM},
+      {MT_ELEMENTWISE_NEG, P(MT_REDUCE_MIN), PMAX},
+      {MT_ELEMENTWISE_INCREASING, PMAX, PMAX},
+      {MT_ELEMENTWISE_INCREASING, P(MT_REDUCE_MIN), P(MT_REDUCE_MIN)},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+    mt_dimmap map;
+    CHECK(mt_dimmap_elementwise(cases[k].kind, 1, 1u, nd, sh, &map, NULL) == MT_OK);
+    tin t = t88(cases[k].in);
+    mt_prop_inputs in = make_inputs(1, &t, 1, MESH2);
+    mt_prop_result r = run(&map, &in);
+    EXPECT_OUT(r, 2, 1, cases[k].out);
+    CHECK(r.bytes == 0 && r.messages == 0);
+  }
+  /* A non-decreasing op reduces a Partial(sum) first. */
+  mt_dimmap map;
+  CHECK(mt_dimmap_elementwise(MT_ELEMENTWISE_INCREASING, 1, 1u, nd, sh, &map, NULL) == MT_OK);
+  tin t = t88(PSUM);
+  mt_prop_inputs in = make_inputs(1, &t, 1, MESH2);
+  mt_prop_result r = run(&map, &in);
   CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
 }
 
@@ -998,6 +1170,14 @@ static void test_meshes_2d(void) {
   r = matmul(2, m22, (tin){2, {8, 8}, {S(1), R()}}, (tin){2, {8, 8}, {S(0), S(1)}});
   EXPECT_OUT(r, 2, 2, PSUM, S(1));
   CHECK(r.bytes == 0);
+  /* Free ties go to what leaves the inputs as they are, as torch: [R,S1] @ [R,S0]
+   * is [R, P(sum)], not cut to [S(0), P(sum)]. */
+  r = matmul(2, m22, (tin){2, {8, 8}, {R(), S(1)}}, (tin){2, {8, 8}, {R(), S(0)}});
+  EXPECT_OUT(r, 2, 2, R(), PSUM);
+  CHECK(r.bytes == 0 && r.messages == 0);
+  /* mean(1) of [R, S1] is [R, P(avg)]. */
+  r = reduce((tin){2, {8, 8}, {R(), S(1)}}, 2, m22, 2u, RED_MEAN, 0);
+  EXPECT_OUT(r, 2, 1, R(), PAVG);
 }
 
 static mt_prop_result reshape(tin x, int mesh_ndim, const int64_t *mesh, int nout,
@@ -1220,7 +1400,7 @@ static void same_decisions(const mt_dimmap *built, const mt_dimmap *ref, int nin
 static void reference_rule(int kind, uint32_t tensors, mt_dimmap *m) {
   int both = tensors == 3u;
   m->partial_rule = MT_PARTIAL_NONE, m->partial_inputs = 0, m->partial_ops = 0;
-  if (kind == MT_ELEMENTWISE_ADD && both) m->partial_rule = MT_PARTIAL_LINEAR_ALL;
+  if (kind == MT_ELEMENTWISE_ADD && both) m->partial_rule = MT_PARTIAL_ADDITIVE;
   if (kind == MT_ELEMENTWISE_MUL) {
     m->partial_rule = both ? MT_PARTIAL_LINEAR_ONE : MT_PARTIAL_LINEAR_ALL;
     m->partial_inputs = both ? 3u : 0u;
@@ -1230,9 +1410,10 @@ static void reference_rule(int kind, uint32_t tensors, mt_dimmap *m) {
     m->partial_inputs = both ? 1u : 0u;
   }
   if (kind == MT_ELEMENTWISE_MAX || kind == MT_ELEMENTWISE_MIN) {
-    m->partial_rule = MT_PARTIAL_SAME_OP;
+    m->partial_rule = both ? MT_PARTIAL_MONOTONE : MT_PARTIAL_SAME_OP;
     m->partial_ops = 1u << (kind == MT_ELEMENTWISE_MAX ? MT_REDUCE_MAX : MT_REDUCE_MIN);
   }
+  /* NEG and INCREASING are unary: with two operands nothing passes. */
 }
 
 static mt_dimmap built_elementwise(int kind, int nops, uint32_t tensors, int nin,
@@ -1433,7 +1614,7 @@ static void random_case(int mesh_ndim, const int64_t *mesh) {
     t[0] = random_tin(2, s, mesh_ndim), t[1] = random_tin(2, s2, mesh_ndim);
     const int nd[2] = {2, 2};
     const int64_t sh[2][4] = {{s[0], s[1]}, {s2[0], s2[1]}};
-    map = map_elementwise(2, nd, sh, rules[op]);
+    map = map_elementwise(2, nd, sh, op == 0 && rnd(2) ? MT_PARTIAL_ADDITIVE : rules[op]);
     map.partial_inputs = 3, map.partial_ops = 1u << MT_REDUCE_MAX;
   } else if (op == 3) {
     int64_t xs[2] = {s[0], s[1]}, ys[2] = {s[1], s[2]};
@@ -1684,6 +1865,8 @@ int main(int argc, char **argv) {
   trace = getenv("MPITENSOR_TRACE") != NULL;
   test_elementwise();
   test_partial_rules();
+  test_partial_additive();
+  test_partial_unary_kinds();
   test_partial_multiply();
   test_partial_other();
   test_matmul();

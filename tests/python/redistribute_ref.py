@@ -59,6 +59,12 @@ def strides(shape):
     return tuple(reversed(out))
 
 
+def mixed_partials(placements) -> bool:
+    """Partials of two reduce ops other than sum with avg: torch refuses them."""
+    ops = {p.reduce_op for p in placements if isinstance(p, Partial)}
+    return len(ops) > 1 and ops != {"sum", "avg"}
+
+
 def reduce_order_case(mesh_shape, src, dst) -> bool:
     """Two Partial mesh dims of size > 1 both reduced, the outer one to Shard(d) and
     the inner one to Replicate or the same Shard(d): the family where reducing the

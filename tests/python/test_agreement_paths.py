@@ -29,6 +29,15 @@ pytestmark = pytest.mark.skipif(W < 2, reason="a failure on some ranks needs two
 WHO = {"first": 0, "last": W - 1, "middle": W // 2}
 
 
+@pytest.fixture
+def checks():
+    """Collective checks on: a local input is compared across ranks only then
+    (without them it is taken as an even shard with no communication, as torch)."""
+    set_collective_checks(True)
+    yield
+    set_collective_checks(False)
+
+
 def outcome(call):
     try:
         call()
@@ -110,7 +119,7 @@ def test_local_map_output_that_does_not_fit_on_one_rank(mesh, bad):
                                           (np.array(1.0), "ValueError"),
                                           (np.ones(4), "ValueError")],
                          ids=["not_an_array", "zero_d", "other_ndim"])
-def test_parallel_input_annotation_bad_on_one_rank(mesh, bad, local, error, request):
+def test_parallel_input_annotation_bad_on_one_rank(mesh, bad, local, error, request, checks):
     kind = request.node.callspec.id.split("-")[-1]
     mine = local if RANK == bad else np.ones((4, 3))
     want = {"not_an_array": f"ndarray or a DTensor; on rank(s) [{bad}]",
@@ -123,7 +132,7 @@ def test_parallel_input_annotation_bad_on_one_rank(mesh, bad, local, error, requ
 
 @pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
 @pytest.mark.parametrize("kind", ["not_an_array", "other_ndim", "misfit"])
-def test_parallel_input_annotation_on_a_2d_mesh(mesh, bad, kind):
+def test_parallel_input_annotation_on_a_2d_mesh(mesh, bad, kind, checks):
     square = init_device_mesh("cpu", (2, 2))
     ok = np.ones((4, 3))
     mine = {"not_an_array": "x", "other_ndim": np.ones(4),

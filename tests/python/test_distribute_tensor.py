@@ -176,7 +176,7 @@ def partial_cases(nd):
     out = [(Partial(op),) * nd for op in ops]
     if nd >= 2:
         out += [(Partial("sum"), S0) + (R,) * (nd - 2), (S1, Partial("max")) + (R,) * (nd - 2),
-                (Partial("product"), Partial("sum")) + (R,) * (nd - 2),
+                (Partial("product"), Partial("product")) + (R,) * (nd - 2),
                 (R, Partial("sum")) + (S0,) * (nd - 2)]
     return out
 

@@ -10,7 +10,8 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, DeviceMesh, Partial, Replicate, Shard, init_device_mesh
+from mpitensor import (DTensor, DeviceMesh, Partial, Replicate, Shard, distribute_tensor,
+                       init_device_mesh)
 from mpi_helpers import Problems, all_ranks, gather_global, raised, ref_box, ref_index
 
 N = MPI.COMM_WORLD.Get_size()
@@ -153,6 +154,22 @@ def test_partial_keeps_the_local_shape(meshes):
     dt = DTensor.from_local(local, mesh, [Partial("max")], run_check=True)
     assert dt.shape == (3, 2) and dt.placements == (Partial("max"),)
     assert np.all(dt.to_local() == RANK)  # nothing is broadcast for Partial
+
+
+def test_mixed_partial_reduce_types_are_refused_as_torch(meshes):
+    """Sum then max differs from max then sum: torch refuses the mix (sum with avg
+    commutes and passes); every rank raises, before any communication."""
+    mesh = meshes[(1, N)]
+    local = np.full((2,), 1.0 + RANK)
+    for pl in ([Partial("sum"), Partial("max")], [Partial("min"), Partial("avg")]):
+        with pytest.raises(ValueError, match="Mixed Partial reduce types"):
+            DTensor.from_local(local, mesh, pl)
+        with pytest.raises(ValueError, match="Mixed Partial reduce types"):
+            distribute_tensor(local, mesh, pl)
+    ok = DTensor.from_local(local, mesh, [Partial("sum"), Partial("avg")])
+    assert ok.placements == (Partial("sum"), Partial("avg"))
+    with pytest.raises(ValueError, match="Mixed Partial reduce types"):
+        ok.redistribute(mesh, [Partial("sum"), Partial("max")])
 
 
 # -- run_check -----------------------------------------------------------------------------

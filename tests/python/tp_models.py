@@ -34,14 +34,16 @@ def build(seed=0, **kw):
     return GPT(**kw)
 
 
-def layer_plan(fused_qkv=False, sequence_parallel=False):
+def layer_plan(fused_qkv=False, sequence_parallel=False, local=True):
+    """`local=False` keeps the sequence shards DTensors between modules, which
+    uneven sequence shards need (a local array is taken as an even shard)."""
     qkv = (["attention.qkv_proj"] if fused_qkv else
            ["attention.q_proj", "attention.k_proj", "attention.v_proj"])
     out = Shard(1) if sequence_parallel else None
     plan = {name: ColwiseParallel() for name in qkv}
-    plan["attention.out_proj"] = RowwiseParallel(output_layouts=out)
+    plan["attention.out_proj"] = RowwiseParallel(output_layouts=out, use_local_output=local)
     plan["feed_forward.w1"] = ColwiseParallel()
-    plan["feed_forward.w2"] = RowwiseParallel(output_layouts=out)
+    plan["feed_forward.w2"] = RowwiseParallel(output_layouts=out, use_local_output=local)
     if sequence_parallel:
         gather = PrepareModuleInput(input_layouts=(Shard(1),),
                                     desired_input_layouts=(Replicate(),))
@@ -50,12 +52,14 @@ def layer_plan(fused_qkv=False, sequence_parallel=False):
     return plan
 
 
-def model_plan(fused_qkv=False, sequence_parallel=False, loss_parallel=False):
+def model_plan(fused_qkv=False, sequence_parallel=False, loss_parallel=False, local=True):
     """The whole model's plan, with "layers.*." keys."""
-    plan = {f"layers.*.{k}": v for k, v in layer_plan(fused_qkv, sequence_parallel).items()}
+    plan = {f"layers.*.{k}": v
+            for k, v in layer_plan(fused_qkv, sequence_parallel, local).items()}
     if sequence_parallel:
         plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
-                                                 output_layouts=Shard(1))
+                                                 output_layouts=Shard(1),
+                                                 use_local_output=local)
         plan["norm"] = SequenceParallel()
         first = Shard(1)
     else:

@@ -36,13 +36,21 @@ typedef struct mt_memo_key {
 } mt_memo_key;
 
 /* `plan[i]` moves tensor input i (operand order, scalars skipped) to the layout
- * the op needs; NULL when it is used as it is. out_ndim is -1 while the output's
- * shape is unknown (a user rule's output, learnt after its first run); out_id 0
- * while the output's layout id is unknown. */
+ * the op needs; NULL when it is used as it is. `partition[i]` is a bitmask of mesh
+ * dims on which the op needs Replicate input i as Partial(sum) (torch's
+ * Replicate -> Partial(sum) of P(sum) + R): after its plan, a rank whose
+ * coordinate is not 0 on one of them uses zeros instead, so the value counts once
+ * when the output is reduced (torch divides it by the group size on every rank;
+ * zeros keep integers and floats exact). Partitioning into Partial(avg|max|min)
+ * changes nothing and is not marked. out_ndim is -1 while the output's shape is
+ * unknown (a user rule's output, learnt after its first run); out_id 0 while the
+ * output's layout id is unknown. */
 typedef struct mt_decision {
   int ninputs;
   int nplans; /* of plan[], those not NULL: set by the memo when it stores one */
   mt_plan *plan[MT_PROP_MAX_INPUTS];
+  uint32_t partition[MT_PROP_MAX_INPUTS];
+  uint32_t partitioned; /* the union of partition[]: set by the memo when it stores one */
   int mesh_ndim;
   mt_placement out_placements[MT_MAX_MESH_NDIM];
   int out_ndim;

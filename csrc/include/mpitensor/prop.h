@@ -52,12 +52,27 @@ typedef enum mt_label_kind {
  * dim, giving that Partial (multiply, matmul, divide's numerator: P * R -> P); with
  * several such inputs, one candidate each. SAME_OP: when every input carries the
  * same Partial(op) for an op in `partial_ops`, they may keep it (maximum keeps
- * P(max), minimum P(min)). */
+ * P(max), minimum P(min)). ADDITIVE (add and subtract of tensors, torch's
+ * additive rules): where an input carries Partial(sum), every input may be
+ * Partial(sum), a Replicate one partitioned (it counts once over the group: see
+ * mt_decision); where one carries Partial(avg), the inputs carrying it keep it and
+ * the others are Replicate (avg(p + r) = avg(p) + r); where input 0 of two carries
+ * Partial(max) or Partial(min), it keeps it and input 1 is Replicate (max(p) - r =
+ * max(p - r); not r - p, which would flip the order). Each gives that Partial.
+ * NEGATE (one input, negative): Partial(sum|avg) stays, Partial(max) becomes
+ * Partial(min) and back (-max(p) = min(-p)). MONOTONE (two inputs of an op
+ * non-decreasing in both, maximum and minimum): where some input carries
+ * Partial(max) or Partial(min), the inputs carrying it keep it and the others are
+ * Replicate (max(min(p), r) = min(max(p, r))): all of them when the op is in
+ * `partial_ops` (maximum of two P(max)), else the first only; gives that Partial. */
 typedef enum mt_partial_rule {
   MT_PARTIAL_NONE = 0,
   MT_PARTIAL_LINEAR_ALL = 1,
   MT_PARTIAL_LINEAR_ONE = 2,
-  MT_PARTIAL_SAME_OP = 3
+  MT_PARTIAL_SAME_OP = 3,
+  MT_PARTIAL_ADDITIVE = 4,
+  MT_PARTIAL_NEGATE = 5,
+  MT_PARTIAL_MONOTONE = 6
 } mt_partial_rule;
 
 /* An operation. Input i has in_ndim[i] dims labelled in_labels[i][0..]; the output
@@ -112,13 +127,16 @@ const char *mt_reduce_op_name(int op);
 
 /* How an elementwise op treats Partial inputs, by what it does to a pending sum.
  * NONE: every Partial is reduced first (exp, comparisons, ...). ADD (add, subtract,
- * negative, positive): when every operand is a tensor, Partial(sum|avg) inputs
- * that all agree stay (P + P -> P); a scalar operand would be added once per
- * rank, so then Partials are reduced. MUL (multiply): a tensor times scalars stays
+ * negative, positive): when every operand is a tensor, the ADDITIVE rule (P + P
+ * -> P, P(sum) + R -> P(sum) with R partitioned, P(avg|max|min) + R -> P; one
+ * operand: LINEAR_ALL); a scalar operand would be added once per rank, so then
+ * Partials are reduced. MUL (multiply): a tensor times scalars stays
  * Partial; of several tensors one Partial factor may stay while the others are
  * Replicate. DIV (true_divide): a Partial numerator (operand 0) over Replicate or
  * a scalar stays; a Partial denominator is reduced. MAX, MIN (maximum, minimum):
- * Partial(max), Partial(min) inputs that all agree stay. */
+ * Partial(max), Partial(min) inputs that all agree stay; of two tensors, the
+ * MONOTONE rule. NEG (negative): NEGATE. INCREASING (a unary op non-decreasing on
+ * its whole domain: exp, floor, tanh, ...): Partial(max) and Partial(min) stay. */
 typedef enum mt_elementwise_kind {
   MT_ELEMENTWISE_NONE = 0,
   MT_ELEMENTWISE_ADD = 1,
@@ -126,6 +144,8 @@ typedef enum mt_elementwise_kind {
   MT_ELEMENTWISE_DIV = 3,
   MT_ELEMENTWISE_MAX = 4,
   MT_ELEMENTWISE_MIN = 5,
+  MT_ELEMENTWISE_NEG = 6,
+  MT_ELEMENTWISE_INCREASING = 7,
   MT_ELEMENTWISE_COUNT
 } mt_elementwise_kind;
 
@@ -222,7 +242,8 @@ typedef struct mt_prop_result {
 
 /* Local. The dim map of an operation of signature `sig` on `in`'s shapes (its
  * mesh and placements are not used), by the builder of its family; `dtype` is the
- * mt_dtype of the first input (reductions). Errors as the builders'; a matmul of
+ * mt_dtype of the first input (reductions; complex values, which have no order,
+ * keep no Partial(max|min) through NEG or INCREASING ops). Errors as the builders'; a matmul of
  * other than two tensors or a reduction of other than one is MT_EINVAL. */
 int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inputs *in,
                  int dtype, mt_dimmap *out, mt_error *err);

@@ -111,8 +111,10 @@ def local_inputs(mesh, inputs, dec) -> list:
         for x, p in zip(inputs, dec.plans):
             if p is not None:
                 _trace.redistribute("operation", mesh, p, x._spec.shape, x._spec.dtype)
-    return [x.to_local() if p is None else _C.redistribute(handle, p, x.to_local())
-            for x, p in zip(inputs, dec.plans)]
+    out = [x.to_local() if p is None else _C.redistribute(handle, p, x.to_local())
+           for x, p in zip(inputs, dec.plans)]
+    # A Replicate input partitioned into Partial(sum) counts on one rank only.
+    return [np.zeros_like(a) if z else a for a, z in zip(out, dec.zeroed)]
 
 
 def wrap(mesh, dec, local):

@@ -22,10 +22,16 @@ from . import _dispatch as D
 _KWARGS = frozenset({"out", "dtype", "casting"})
 _KINDS = {
     np.add: _C.ELEMENTWISE_ADD, np.subtract: _C.ELEMENTWISE_ADD,
-    np.negative: _C.ELEMENTWISE_ADD, np.positive: _C.ELEMENTWISE_ADD,
+    np.negative: _C.ELEMENTWISE_NEG, np.positive: _C.ELEMENTWISE_ADD,
     np.multiply: _C.ELEMENTWISE_MUL, np.true_divide: _C.ELEMENTWISE_DIV,
     np.maximum: _C.ELEMENTWISE_MAX, np.minimum: _C.ELEMENTWISE_MIN,
 }
+# Non-decreasing on their whole domain, so max(f(p)) = f(max(p)): a Partial(max)
+# or Partial(min) passes (torch's non-decreasing unary rules).
+_KINDS.update(dict.fromkeys(
+    (np.exp, np.exp2, np.expm1, np.floor, np.ceil, np.trunc, np.rint, np.tanh, np.sinh,
+     np.arcsinh, np.arctan, np.sign, np.deg2rad, np.rad2deg, np.radians, np.degrees),
+    _C.ELEMENTWISE_INCREASING))
 
 
 def _register() -> None:

@@ -119,7 +119,7 @@ def _static_key(flat, kwargs):
 
 
 class _Choice:
-    __slots__ = ("plans", "targets", "out_placements", "out_shape")
+    __slots__ = ("plans", "zeroed", "targets", "out_placements", "out_shape")
 
 
 class _Rule:
@@ -221,6 +221,7 @@ class _Rule:
                 best_cost = cost
                 best = _Choice()
                 best.plans = tuple(plans)
+                best.zeroed = (False,) * len(plans)  # plan_for refuses R -> Partial
                 best.targets = targets
                 best.out_placements = tuple(c[0] for c in combo)
                 best.out_shape = None

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _modes
 from .._dtensor import DTensor
-from .._dtensor_spec import contiguous_strides
 from ..placement_types import Placement
 
 
@@ -44,18 +43,16 @@ def layouts(value, what: str):
 def annotate(local, mesh, placements, what: str = "input"):
     """A rank's local array as the DTensor it is a piece of, by ``placements``.
 
-    Unlike a bare ``DTensor.from_local`` (which assumes even shards, as torch
-    does), the sizes along each sharded dim are exchanged on that mesh dim (one
-    small all-gather of integers through the C layer, which CommDebugMode counts):
-    uneven shards get their true global shape, and sizes that do not fit
-    torch.chunk's rule raise ValueError on every rank instead of leaving some ranks
-    waiting in the next collective; so does a non-array, a 0-d array or another
-    ndim on some ranks only. On a 1-D mesh that verdict rides along the size
-    exchange; on others, where one mesh dim's exchange does not reach every rank,
-    the ranks agree (``_C.agree``) before and after it.
+    As torch (and ``DTensor.from_local`` without ``shape``), the shards are taken
+    as even: the global size of a sharded dim is the local size times the mesh
+    dim's size, with no communication. With collective checks on
+    (``MPITENSOR_CHECK=1``) the ranks compare their inputs first (one small
+    all-gather of integers per sharded mesh dim; on a mesh of several dims an
+    agreement before and after): a non-array, a 0-d array, another number of dims
+    or unequal sizes on some ranks raise the same error on every rank. Uneven
+    shards are passed as a DTensor with its global shape.
 
-    Example: ``annotate(np.ones((3, 4)), mesh, [Shard(0)])`` on 2 ranks is a
-    DTensor of global shape (6, 4).
+    Example: ``annotate(np.ones((2, 3)), mesh, (Shard(0),)).shape == (2 * W, 3)``.
     """
     placements = tuple(placements)
     sharded = [m for m, p in enumerate(placements) if p.is_shard() and mesh.size(m) > 1]
@@ -65,16 +62,14 @@ def annotate(local, mesh, placements, what: str = "input"):
                             f"{type(local).__name__}")
     elif local.ndim == 0 and sharded:
         problem = ValueError(f"cannot shard a 0-d {what} on dim {placements[sharded[0]].dim}")
-    if mesh.get_coordinate() is None or not sharded:
-        if problem is not None:
-            raise problem
-        return DTensor.from_local(local, mesh, placements, run_check=False)
-    if mesh.ndim == 1:
-        shape = _exchange_1d(local, mesh, placements[0].dim, problem, what)
-    else:
-        shape = _exchange_nd(local, mesh, placements, sharded, problem, what)
-    return DTensor.from_local(local, mesh, placements, shape=shape,
-                              stride=contiguous_strides(shape))
+    if _modes.checks and sharded and mesh.get_coordinate() is not None:
+        if mesh.ndim == 1:
+            _exchange_1d(local, mesh, placements[0].dim, problem, what)
+        else:
+            _exchange_nd(local, mesh, placements, sharded, problem, what)
+    elif problem is not None:
+        raise problem
+    return DTensor.from_local(local, mesh, placements, run_check=False)
 
 
 # A 1-D mesh's one size exchange carries each rank's verdict: size * _NDIMS + ndim,
@@ -84,18 +79,18 @@ _KINDS = (None, TypeError, ValueError)
 
 
 def _misfit(what: str, d: int, sizes: list, m: int):
-    """The ValueError for shard sizes that are not torch.chunk's, or None."""
-    total = sum(sizes)
-    expect = list(_C.chunk_sizes(total, len(sizes)))
-    if sizes == expect:
+    """The ValueError for shard sizes that are not even, or None."""
+    if len(set(sizes)) == 1:
         return None
-    return ValueError(f"the local {what}s along dim {d} have sizes {sizes} over mesh dim "
-                      f"{m}, which are not the shards of a dim of {total} (torch.chunk "
-                      f"gives {expect}); pass a DTensor for other layouts")
+    return ValueError(
+        f"the local {what}s along dim {d} have sizes {sizes} over mesh dim {m}; "
+        f"a local input is taken as an even shard (as in torch): pass a DTensor "
+        f"with its global shape (DTensor.from_local(..., shape=, stride=)) for "
+        f"uneven shards")
 
 
-def _exchange_1d(local, mesh, dim: int, problem, what: str) -> tuple:
-    """The global shape, from one all-gather that also carries every rank's verdict,
+def _exchange_1d(local, mesh, dim: int, problem, what: str) -> None:
+    """Checks the sizes with one all-gather that also carries every rank's verdict,
     so every rank raises the same error (on the first failing rank's kind)."""
     d = dim % local.ndim if problem is None else 0
     mine = (-_KINDS.index(type(problem)) if problem is not None
@@ -118,24 +113,19 @@ def _exchange_1d(local, mesh, dim: int, problem, what: str) -> tuple:
     error = _misfit(what, d, sizes, 0)
     if error is not None:
         raise error
-    shape = list(local.shape)
-    shape[d] = sum(sizes)
-    return tuple(shape)
 
 
-def _exchange_nd(local, mesh, placements, sharded, problem, what: str) -> tuple:
-    """The global shape on a mesh of several dims: each mesh dim's exchange reaches
-    only its group, so the ranks agree on the inputs first and on the sizes after."""
+def _exchange_nd(local, mesh, placements, sharded, problem, what: str) -> None:
+    """The check on a mesh of several dims: each mesh dim's exchange reaches only
+    its group, so the ranks agree on the inputs first and on the sizes after."""
     _C.agree(mesh._handle, problem is None, getattr(local, "ndim", -1),
              str(problem) if problem else
              f"the local {what}s have {getattr(local, 'ndim', -1)} dims on the mesh's "
              f"first rank and another number on another rank",
              type(problem or ValueError()))
-    shape, error = list(local.shape), None
+    error = None
     for m in sharded:
         d = placements[m].dim % local.ndim
         sizes = list(mesh._handle.allgather_int(int(local.shape[d]), m))
         error = error or _misfit(what, d, sizes, m)
-        shape[d] = sum(sizes)
     _C.agree(mesh._handle, error is None, 0, str(error), ValueError)
-    return tuple(shape)

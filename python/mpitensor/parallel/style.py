@@ -48,7 +48,7 @@ __all__ = [
 def _local_to_dtensor(local, mesh, placements, mod=None):
     """An input array annotated with ``placements``. A local array sharded on its
     last dim that feeds a Linear gets its global width from ``in_features``; other
-    sharded inputs learn their global shape from their peers (see annotate)."""
+    sharded inputs are even shards, as in torch (see annotate)."""
     if not isinstance(local, np.ndarray):
         raise TypeError(f"expecting the input of {type(mod).__name__} to be an ndarray or "
                         f"a DTensor, got {type(local).__name__}")
@@ -195,8 +195,10 @@ class SequenceParallel(ParallelStyle):
     dim (LayerNorm, RMSNorm, Dropout and other per-token modules), as torch's
     SequenceParallel (Korthikanti et al., 2022).
 
-    A local input is taken as already sharded on ``sequence_dim`` (default 1); a
-    DTensor input with other placements is redistributed to ``Shard(sequence_dim)``.
+    A local input is taken as an even shard on ``sequence_dim`` (default 1), as in
+    torch, with no communication (``MPITENSOR_CHECK=1`` checks the sizes agree); pass
+    a DTensor for uneven sequence shards. A DTensor input with other placements is
+    redistributed to ``Shard(sequence_dim)``.
     The output stays a DTensor unless ``use_local_output``. Parameters are wrapped
     as Replicate without communication: like torch, this assumes every rank holds
     the same values (the ones/zeros a norm starts with).
