@@ -97,6 +97,22 @@ def all_ranks(flag: bool, comm=COMM) -> bool:
     return bool(comm.allreduce(bool(flag), op=MPI.LAND))
 
 
+def outcome(call):
+    """(exception type name, message) of call(), or None when it returned."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - compared across ranks by the caller
+        return type(e).__name__, str(e)
+    return None
+
+
+def same_everywhere(got, comm=COMM):
+    """Collective: every rank's outcome, gathered; asserts they are all equal."""
+    every = comm.allgather(got)
+    assert all(o == every[0] for o in every), every
+    return every[0]
+
+
 class Problems(list):
     """Failed expectations, collected instead of raised, so that a test finishes
     all its collective calls on every rank before it asserts `problems == []`."""

@@ -9,26 +9,11 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import DeviceMesh, Replicate, Shard, _C, init_device_mesh
+from mpi_helpers import outcome, same_everywhere
 
 COMM = MPI.COMM_WORLD
 N, RANK = COMM.Get_size(), COMM.Get_rank()
 many = pytest.mark.skipif(N < 2, reason="a failure on some ranks needs two of them")
-
-
-def outcome(call):
-    """(exception type name, message) of call(), or None when it returned."""
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001 - compared across ranks below
-        return type(e).__name__, str(e)
-    return None
-
-
-def same_everywhere(got):
-    """Every rank's outcome, gathered; asserts they are all equal."""
-    every = COMM.allgather(got)
-    assert all(o == every[0] for o in every), every
-    return every[0]
 
 
 def still_in_step(mesh):

@@ -21,6 +21,7 @@ from mpitensor.checkpoint import _tensor
 from mpitensor.debug import set_collective_checks
 from mpitensor.experimental import context_parallel_unshard, local_map
 from mpitensor.parallel._utils import annotate
+from mpi_helpers import outcome, same_everywhere
 
 COMM = MPI.COMM_WORLD
 W, RANK = COMM.Get_size(), COMM.Get_rank()
@@ -36,20 +37,6 @@ def checks():
     set_collective_checks(True)
     yield
     set_collective_checks(False)
-
-
-def outcome(call):
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001 - compared across ranks
-        return type(e).__name__, str(e)
-    return None
-
-
-def same_everywhere(got):
-    every = COMM.allgather(got)
-    assert all(o == every[0] for o in every), every
-    return every[0]
 
 
 def still_in_step(mesh):

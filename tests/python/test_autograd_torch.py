@@ -3,9 +3,6 @@ torch DTensor (gloo) and mpitensor give the same gradients, in float64."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -14,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import mpitensor as mt  # noqa: E402
 from mpitensor import DTensor, Partial, Replicate, Shard  # noqa: E402
+from torch_helpers import init_gloo  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
@@ -21,20 +19,9 @@ W = COMM.Get_size()
 
 @pytest.fixture(scope="module")
 def meshes():
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    if not dist.is_initialized():
-        port = None
-        if COMM.rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = COMM.bcast(port)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                          RANK=str(COMM.rank), WORLD_SIZE=str(W))
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method="env://")
+    init_gloo()
     return mt.init_device_mesh("cpu", (W,)), init_device_mesh("cpu", (W,))
 
 

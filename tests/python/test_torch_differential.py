@@ -11,9 +11,6 @@ agree / cheaper / documented deviation is printed on rank 0."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -24,6 +21,7 @@ import mpitensor as mt  # noqa: E402
 from mpitensor import DTensor, Partial, Replicate, Shard  # noqa: E402
 from mpitensor.debug import CommDebugMode  # noqa: E402
 from mpitensor.nn import functional as F  # noqa: E402
+from torch_helpers import init_gloo  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
@@ -86,20 +84,7 @@ KNOWN_EXCESS = {
 
 @pytest.fixture(scope="module")
 def torch_dist():
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        port = None
-        if COMM.rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = COMM.bcast(port)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                          RANK=str(COMM.rank), WORLD_SIZE=str(W))
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method="env://")
-    return dist
+    return init_gloo()
 
 
 def torch_bytes_mode():
