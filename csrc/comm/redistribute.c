@@ -49,6 +49,7 @@ struct mt_request {
   void *dst;
   char *tmp_in; /* intermediate buffers owned by the request */
   char *tmp_out;
+  char **mid; /* alloc_mids' buffers not taken yet, or NULL */
 };
 
 static void pending_init(pending *p, const exec_ctx *c, int i, const mt_step *s,
@@ -420,13 +421,17 @@ static int run_one(const exec_ctx *c, int i, const mt_step *s, const void *in,
 }
 
 /* Runs steps [from, nsteps) with blocking calls. `in` is step from's input and
- * `owned` the buffer behind it when it is an intermediate one (freed here). */
+ * `owned` the buffer behind it when it is an intermediate one (freed here). `mid`,
+ * when not NULL, holds every step's output buffer allocated beforehand (see
+ * alloc_mids; each is freed here once consumed), else they are allocated one step
+ * at a time. */
 static int run_steps(const exec_ctx *c, const mt_plan *plan, int from, const void *in,
-                     char *owned, void *dst, mt_error *err) {
-  int n = mt_plan_nsteps(plan), rc = MT_OK;
-  for (int i = from; i < n && rc == MT_OK; ++i) {
+                     char *owned, char **mid, void *dst, mt_error *err) {
+  int n = mt_plan_nsteps(plan), rc = MT_OK, i = from;
+  for (; i < n && rc == MT_OK; ++i) {
     const mt_step *s = mt_plan_step(plan, i);
-    char *out = i == n - 1 ? dst : alloc_box(c, &s->dst);
+    char *out = i == n - 1 ? dst : mid != NULL ? mid[i] : alloc_box(c, &s->dst);
+    if (mid != NULL && i < n - 1) mid[i] = NULL;
     if (out == NULL) {
       rc = mt_error_set(err, MT_ENOMEM, "out of memory");
       break;
@@ -436,8 +441,44 @@ static int run_steps(const exec_ctx *c, const mt_plan *plan, int from, const voi
     owned = i == n - 1 ? NULL : out;
     in = out;
   }
+  for (; mid != NULL && i < n - 1; ++i) {
+    mt_pool_free(mid[i]);
+    mid[i] = NULL;
+  }
   mt_pool_free(owned);
   return rc;
+}
+
+/* The output buffers of a plan's intermediate steps, all allocated before the
+ * agreement of a large move (agree_before_run), so that a rank that cannot hold
+ * one fails every rank alike instead of stopping between two collectives. NULL
+ * (nothing allocated) when the move is small or has no intermediate step; else an
+ * array of nsteps - 1 buffers, or *failed set (then everything is freed). */
+static char **alloc_mids(const exec_ctx *c, const mt_plan *plan, int *failed) {
+  int n = mt_plan_nsteps(plan);
+  *failed = 0;
+  if (n < 2 || c->itemsize == 0) return NULL;
+  const mt_layout *to = &mt_plan_step(plan, n - 1)->dst;
+  int64_t numel = 1;
+  for (int i = 0; i < to->ndim; ++i) numel *= to->shape[i];
+  if (numel < MT_AGREE_MIN_BYTES / c->itemsize) return NULL;
+  char **mid = calloc((size_t)(n - 1), sizeof *mid);
+  for (int i = 0; mid != NULL && i < n - 1; ++i) {
+    mid[i] = alloc_box(c, &mt_plan_step(plan, i)->dst);
+    if (mid[i] == NULL) {
+      for (int k = 0; k < i; ++k) mt_pool_free(mid[k]);
+      free(mid);
+      mid = NULL;
+    }
+  }
+  *failed = mid == NULL;
+  return mid;
+}
+
+/* Frees what is left of alloc_mids' buffers (the steps NULL those they take). */
+static void free_mids(char **mid, int n) {
+  for (int i = 0; mid != NULL && i < n - 1; ++i) mt_pool_free(mid[i]);
+  free(mid);
 }
 
 /* Before a move of a global tensor of at least MT_AGREE_MIN_BYTES, its members
@@ -485,12 +526,18 @@ static int agree_before_move(const exec_ctx *c, const char *what, const mt_layou
 }
 
 /* agree_before_move for a plan: its first source and last target layouts;
- * collective unless every step is a local cut. */
+ * collective unless every step is a local cut. `mid_failed`: this rank could not
+ * allocate an intermediate step's buffer (alloc_mids). */
 static int agree_before_run(const exec_ctx *c, const mt_plan *plan, const void *dst,
-                            int rc, mt_error *err) {
+                            int mid_failed, int rc, mt_error *err) {
   int n = mt_plan_nsteps(plan), communicates = 0;
   for (int i = 0; i < n; ++i) communicates |= mt_plan_step(plan, i)->kind != MT_STEP_CHUNK;
   if (n == 0) return rc;
+  if (rc == MT_OK && mid_failed) {
+    rc = mt_error_set(err, MT_ENOMEM,
+                      "redistribute: a rank of the mesh could not allocate the buffers of "
+                      "the plan's intermediate steps");
+  }
   return agree_before_move(c, "redistribute", &mt_plan_step(plan, 0)->src,
                            &mt_plan_step(plan, n - 1)->dst, 0, communicates, dst, rc, err);
 }
@@ -498,9 +545,12 @@ static int agree_before_run(const exec_ctx *c, const mt_plan *plan, const void *
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
                     void *dst, mt_error *err) {
   exec_ctx c;
+  int failed = 0;
   int rc = ctx_init(&c, mesh, plan, dtype, 0, err);
-  rc = agree_before_run(&c, plan, dst, rc, err);
-  if (rc == MT_OK) rc = run_steps(&c, plan, 0, src, NULL, dst, err);
+  char **mid = rc == MT_OK ? alloc_mids(&c, plan, &failed) : NULL;
+  rc = agree_before_run(&c, plan, dst, failed, rc, err);
+  if (rc == MT_OK) rc = run_steps(&c, plan, 0, src, NULL, mid, dst, err);
+  free_mids(mid, mt_plan_nsteps(plan));
   ctx_free(&c);
   return rc;
 }
@@ -562,6 +612,7 @@ int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selectio
 /* ---- asynchronous redistribute ------------------------------------------------- */
 
 static void request_free(mt_request *r) {
+  free_mids(r->mid, mt_plan_nsteps(r->plan));
   pending_free(&r->p);
   mt_pool_free(r->tmp_in);
   mt_pool_free(r->tmp_out);
@@ -578,15 +629,17 @@ static void request_free(mt_request *r) {
  * would follow the order in which each rank waits, and two requests waited in
  * different orders on different ranks would pair one tensor's messages with the
  * other's. */
-static int start_async(mt_request *r, mt_error *err) {
+static int start_async(mt_request *r, char **mid, mt_error *err) {
   int n = mt_plan_nsteps(r->plan), rc = MT_OK, last = -1;
   for (int i = 0; i < n; ++i) {
     if (mt_plan_step(r->plan, i)->kind != MT_STEP_CHUNK) last = i;
   }
   const void *in = r->src;
+  r->mid = mid;
   for (int i = 0; i < n && rc == MT_OK; ++i) {
     const mt_step *s = mt_plan_step(r->plan, i);
-    char *out = i == n - 1 ? r->dst : alloc_box(&r->ctx, &s->dst);
+    char *out = i == n - 1 ? r->dst : mid != NULL ? mid[i] : alloc_box(&r->ctx, &s->dst);
+    if (mid != NULL && i < n - 1) mid[i] = NULL;
     if (out == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
     mt_pool_free(r->tmp_in);
     r->tmp_in = r->tmp_out;
@@ -610,9 +663,12 @@ int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
   mt_plan_retain((mt_plan *)plan);
   r->plan = plan, r->src = src, r->dst = dst;
   pending_init(&r->p, NULL, 0, NULL, NULL, NULL);
+  int failed = 0;
   int rc = ctx_init(&r->ctx, mesh, plan, dtype, 1, err);
-  rc = agree_before_run(&r->ctx, plan, dst, rc, err);
-  if (rc == MT_OK) rc = start_async(r, err);
+  char **mid = rc == MT_OK ? alloc_mids(&r->ctx, plan, &failed) : NULL;
+  rc = agree_before_run(&r->ctx, plan, dst, failed, rc, err);
+  if (rc == MT_OK) rc = start_async(r, mid, err);
+  else free_mids(mid, mt_plan_nsteps(plan));
   if (rc != MT_OK) {
     request_free(r);
     return rc;
@@ -631,7 +687,7 @@ int mt_request_wait(mt_request *r, mt_error *err) {
     const void *in = r->tmp_out;
     char *owned = r->tmp_out;
     r->tmp_out = NULL;
-    rc = run_steps(&r->ctx, r->plan, r->next, in, owned, r->dst, err);
+    rc = run_steps(&r->ctx, r->plan, r->next, in, owned, r->mid, r->dst, err);
   }
   request_free(r);
   return rc;

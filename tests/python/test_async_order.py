@@ -18,7 +18,8 @@ from mpi4py import MPI
 from mpitensor import DTensor, _C, init_device_mesh
 from mpitensor._layout import _codes
 from mpi_helpers import Problems
-from redistribute_ref import PLACEMENTS, expected_local, name, source_local, strides
+from redistribute_ref import (PLACEMENTS, expected_local, mixed_partials, name, source_local,
+                              strides)
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
@@ -54,7 +55,8 @@ def cases():
     for ms in meshes:
         mine = [(ms, s, d) for s in itertools.product(PLACEMENTS, repeat=len(ms))
                 for d in itertools.product(PLACEMENTS, repeat=len(ms))
-                if communicating_steps(ms, s, d) >= (2 if W == 4 else 1)]
+                if not mixed_partials(s)  # refused, as torch
+                and communicating_steps(ms, s, d) >= (2 if W == 4 else 1)]
         if len(ms) == 3:
             mine = random.Random(len(mine)).sample(mine, 40)
         found += mine
@@ -75,8 +77,10 @@ def start(ms, src, dst, scale):
 
 def test_multi_step_plans_are_found():
     found = cases()
-    assert sum(ms == (2, 2) for ms, _, _ in found) == (165 if W == 4 else 0)
-    assert len(found) == (165 + 80 if W == 4 else len(found)) and found
+    # (2, 2): 165 pairs of placements plan two collectives, 36 of them from mixed
+    # Partials, which from_local refuses
+    assert sum(ms == (2, 2) for ms, _, _ in found) == (129 if W == 4 else 0)
+    assert len(found) == (129 + 80 if W == 4 else len(found)) and found
 
 
 def test_two_pending_redistributes_waited_in_per_rank_order():

@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Replicate, Shard, init_device_mesh
+from mpitensor import Partial, Replicate, Shard, _C, init_device_mesh
 from mpi_helpers import outcome, same_everywhere
 
 COMM = MPI.COMM_WORLD
@@ -129,6 +129,37 @@ def test_an_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh, 
     got = same_everywhere(got)
     assert got == ("MemoryError", "redistribute: a rank of the mesh could not allocate "
                    f"its shard of {2**28} bytes"), got
+    still_in_step()
+
+
+@pytest.mark.skipif(N != 4, reason="a plan of two collectives needs a (2, 2) mesh")
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+def test_an_intermediate_buffer_failing_on_one_rank_raises_memory_error_everywhere(async_op):
+    """[Partial, Partial] -> [Replicate, Replicate] on a (2, 2) mesh is two
+    all-reduces with a 64 MiB buffer between them. Rank 0's address space is capped
+    so that its destination fits and that buffer does not: it used to fail between
+    the two collectives while the others waited in the second one; now every rank
+    raises MemoryError before the first, and the job goes on."""
+    square = init_device_mesh("cpu", (2, 2))
+    size = 2**11 * 2**12 * 8
+    x = mt.DTensor.from_local(np.ones((2**11, 2**12)), square, [Partial(), Partial()],
+                              run_check=False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    _C.pool_set_limit(0)  # no cached block may stand in for the buffer
+    if RANK == 0:
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + size + 32 * 2**20, hard))
+    try:
+        got = outcome(lambda: x.redistribute(square, [Replicate(), Replicate()],
+                                             async_op=async_op).wait())
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        _C.pool_set_limit(512 << 20)  # the pool's default
+    got = same_everywhere(got)
+    assert got == ("MemoryError", "redistribute: a rank of the mesh could not allocate "
+                   "the buffers of the plan's intermediate steps"), got
+    y = x.redistribute(square, [Replicate(), Replicate()])
+    assert float(y.to_local()[0, 0]) == 4.0
     still_in_step()
 
 

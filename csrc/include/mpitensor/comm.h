@@ -43,8 +43,9 @@ typedef struct mt_request mt_request;
  * agree (mt_agree, one small all-reduce) that each passed its checks with the same
  * layouts and dtype and has its `dst`: `dst` may be NULL for a non-empty box when
  * the caller could not allocate it, and then every member returns MT_ENOMEM with
- * one message (below that size, only this rank does). Intermediate buffers are
- * allocated between steps and are not agreed on. */
+ * one message (below that size, only this rank does). At that size the buffers
+ * of intermediate steps are allocated before the agreement too, and a rank that
+ * cannot allocate them makes every member return MT_ENOMEM. */
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
                     void *dst, mt_error *err);
 
