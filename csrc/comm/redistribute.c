@@ -505,7 +505,7 @@ static int agree_before_move(const exec_ctx *c, const char *what, const mt_layou
       rc = mt_error_set(err, MT_ENOMEM,
                         "%s: a rank of the mesh could not allocate its shard of %lld "
                         "bytes",
-                        what, (long long)(mt_box_numel(&b) * c->itemsize));
+                        what, (long long)mt_box_numel(&b) * (long long)c->itemsize);
     }
   }
   if (!collective || numel < MT_AGREE_MIN_BYTES / c->itemsize) return rc;
