@@ -1,0 +1,69 @@
+"""The cost of one agreement across ranks (``_C.agree``: the all-reduce of status and
+fingerprint that mesh creation, distribute_tensor and large redistributes run by
+default), against a raw mpi4py ``Allreduce`` of the same three int64 on the same
+ranks, timed interleaved in one run.
+
+    mpiexec -n 2 python benchmarks/agree.py [--calls 2000] [--reps 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import _C
+from _common import machine, machine_line
+
+
+def per_call_us(fn, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000, help="calls per repetition")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD.Dup()
+    mesh = mt.init_device_mesh("cpu", (comm.size,))
+    status, out = np.zeros(3, np.int64), np.zeros(3, np.int64)
+
+    def agree():
+        _C.agree(mesh._handle, True, 7, "unused")
+
+    def raw():
+        comm.Allreduce(status, out, MPI.MAX)
+
+    times = {"agree": [], "raw": []}
+    for name, fn in (("agree", agree), ("raw", raw)):  # warm-up
+        per_call_us(fn, args.calls // 4)
+    for _ in range(args.reps):
+        for name, fn in (("agree", agree), ("raw", raw)):
+            comm.Barrier()
+            times[name].append(per_call_us(fn, args.calls))
+    info = machine(comm)
+    if comm.rank == 0:
+        print(machine_line(info))
+        for name, t in times.items():
+            print(f"{name:6s} {statistics.median(t):6.2f} us per call "
+                  f"[{min(t):.2f}..{max(t):.2f}]")
+        path = args.out or os.path.join(os.path.dirname(__file__), "results",
+                                        f"agree-np{comm.size}.json")
+        with open(path, "w") as f:
+            json.dump({"machine": info, "args": vars(args), "times_us": times}, f, indent=1)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
