@@ -9,6 +9,7 @@ ranks, timed interleaved in one run.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -19,7 +20,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import _C
-from _common import machine, machine_line
+from _common import git_revision, machine, machine_line  # benchmarks/ is sys.path[0]
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -45,6 +46,10 @@ def main() -> None:
     def raw():
         comm.Allreduce(status, out, MPI.MAX)
 
+    info = machine(comm)
+    info.update(loadavg_start=open("/proc/loadavg").read().split()[:3],
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                git=git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     times = {"agree": [], "raw": []}
     for name, fn in (("agree", agree), ("raw", raw)):  # warm-up
         per_call_us(fn, args.calls // 4)
@@ -52,7 +57,6 @@ def main() -> None:
         for name, fn in (("agree", agree), ("raw", raw)):
             comm.Barrier()
             times[name].append(per_call_us(fn, args.calls))
-    info = machine(comm)
     if comm.rank == 0:
         print(machine_line(info))
         for name, t in times.items():

@@ -7,6 +7,7 @@ Meshes and distribute_tensor sources that differ between ranks are in
 test_bad_input.py's RANK_DEPENDENT table. Runs at 1..4 ranks; the disagreements
 need at least two."""
 
+import contextlib
 import resource
 
 import numpy as np
@@ -109,6 +110,22 @@ def _vm_size() -> int:
     raise RuntimeError("no VmSize")
 
 
+@contextlib.contextmanager
+def rank0_capped(headroom: int):
+    """Rank 0's address space capped at what it uses plus `headroom` bytes, and the
+    block pool emptied on every rank for the while (a block cached by an earlier
+    test would stand in for the allocation that must fail)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    _C.pool_set_limit(0)
+    if RANK == 0:
+        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + headroom, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        _C.pool_set_limit(512 << 20)  # the pool's default
+
+
 @many
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
@@ -119,13 +136,8 @@ def test_an_allocation_failing_on_one_rank_raises_memory_error_everywhere(mesh, 
     waited in the all-to-all forever); every rank raises MemoryError, and after a
     `try`/`except` the job goes on."""
     x = mt.empty(1, 2**25, device_mesh=mesh, placements=[Shard(1)])
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if RANK == 0:
-        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 64 * 2**20, hard))
-    try:
+    with rank0_capped(64 * 2**20):
         got = outcome(lambda: x.redistribute(mesh, [Shard(0)], async_op=async_op).wait())
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     got = same_everywhere(got)
     assert got == ("MemoryError", "redistribute: a rank of the mesh could not allocate "
                    f"its shard of {2**28} bytes"), got
@@ -145,16 +157,9 @@ def test_an_intermediate_buffer_failing_on_one_rank_raises_memory_error_everywhe
     size = 2**11 * 2**12 * 8
     x = mt.DTensor.from_local(np.ones((2**11, 2**12)), square, [Partial(), Partial()],
                               run_check=False)
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    _C.pool_set_limit(0)  # no cached block may stand in for the buffer
-    if RANK == 0:
-        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + size + 32 * 2**20, hard))
-    try:
+    with rank0_capped(size + 32 * 2**20):
         got = outcome(lambda: x.redistribute(square, [Replicate(), Replicate()],
                                              async_op=async_op).wait())
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-        _C.pool_set_limit(512 << 20)  # the pool's default
     got = same_everywhere(got)
     assert got == ("MemoryError", "redistribute: a rank of the mesh could not allocate "
                    "the buffers of the plan's intermediate steps"), got
@@ -169,13 +174,8 @@ def test_an_indexing_allocation_failing_on_one_rank_raises_memory_error_everywhe
     """x[:, 1:] of a (1, 2**25) float64 Shard(1) tensor is Replicate: every rank
     allocates the 256 MiB row, and rank 0, capped, cannot."""
     x = mt.empty(1, 2**25, device_mesh=mesh, placements=[Shard(1)])
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if RANK == 0:
-        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 64 * 2**20, hard))
-    try:
+    with rank0_capped(64 * 2**20):
         got = outcome(lambda: x[:, 1:])
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     got = same_everywhere(got)
     assert got == ("MemoryError", "indexing: a rank of the mesh could not allocate its "
                    f"shard of {(2**25 - 1) * 8} bytes"), got
@@ -189,13 +189,8 @@ def test_a_distribute_allocation_failing_on_one_rank_raises_memory_error_everywh
     cannot allocate its shard; every rank raises MemoryError in the agreement the
     scatter starts with."""
     full = np.empty(2**25)
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if RANK == 0:
-        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 16 * 2**20, hard))
-    try:
+    with rank0_capped(16 * 2**20):
         got = outcome(lambda: mt.distribute_tensor(full, mesh, [Shard(0)]))
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     got = same_everywhere(got)
     assert got == ("MemoryError", "distribute_tensor: a rank of the mesh could not "
                    f"allocate its shard of {-(-2**25 // N) * 8} bytes"), got
