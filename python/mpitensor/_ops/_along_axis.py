@@ -69,8 +69,9 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None):
     """``compute(local)`` on every rank's lanes along ``axes`` (a tuple of
     normalised axes, or None for the flattened array); ``out_dim(k)`` is the
     output dim of input dim ``k`` outside ``axes`` (default: k). Local when no mesh
-    dim shards ``axes`` (and no Partial must be reduced); else the lanes are
-    gathered first, which is collective on the mesh.
+    dim shards ``axes`` (and no Partial must be reduced); else the input moves first
+    to ``lanes_layout``'s placements (one all-to-all to a free dim, or a gather when
+    none is free), which is collective on the mesh.
 
     Example: ``along_axes("numpy.sort", dt, (1,), lambda x: np.sort(x, 1), linear=False)``.
     """
@@ -136,8 +137,9 @@ def _sorting(func):
                           lambda x: func(x, axis=axis, kind=kind, **kwargs), linear=False)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when the axis is not sharded, the "
-                    f"output placed as the input; along a sharded axis it is gathered "
-                    f"first (collective).\n\nExample: ``{name}(dt, axis=1)`` of a "
+                    f"output placed as the input; a sharded axis moves to a free dim first "
+                    f"(one all-to-all; gathered when no dim is free; collective).\n\n"
+                    f"Example: ``{name}(dt, axis=1)`` of a "
                     f"``[Shard(0)]`` DTensor stays ``[Shard(0)]``.")
     return impl
 
@@ -189,7 +191,8 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
 
 @_registry.implements(np.flip)
 def flip(m, axis=None):
-    """numpy.flip: local along unsharded axes; a sharded axis is gathered first.
+    """numpy.flip: local along unsharded axes; a sharded axis moves first
+    (see lanes_layout).
 
     Example: ``np.flip(dt, 1)`` of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``.
     """
@@ -258,7 +261,8 @@ def _fftn(func, default_axes):
                           lambda x: func(x, s, axes, norm), linear=True)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} over several axes: local when none is sharded, the other "
-                    f"dims keep their placements; sharded axes are gathered first."
+                    f"dims keep their placements; sharded axes move first (see "
+                    f"lanes_layout)."
                     f"\n\nExample: ``{name}(dt, axes=(1, 2))`` of a ``[Shard(0)]`` "
                     f"DTensor moves nothing.")
     return impl
@@ -294,7 +298,8 @@ def _median(func):
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} over ``axis``: local when no mesh dim shards the reduced "
                     f"axes, the kept dims keep their placements; sharded reduced axes "
-                    f"are gathered first.\n\nExample: ``{name}(dt, axis=1)`` of a "
+                    f"move first (see lanes_layout).\n\n"
+                    f"Example: ``{name}(dt, axis=1)`` of a "
                     f"``[Shard(0)]`` DTensor is ``[Shard(0)]``.")
     return impl
 
