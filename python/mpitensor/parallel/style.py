@@ -23,6 +23,7 @@ from .._dtensor import DTensor
 from .._distribute import distribute_tensor
 from .._distribute_module import distribute_module
 from .._dtensor_spec import contiguous_strides
+from ..device_mesh import local_mesh
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..placement_types import Placement, Replicate, Shard
@@ -49,7 +50,7 @@ def _local_to_dtensor(local, mesh, placements, mod=None):
     """An input array annotated with ``placements``. A local array sharded on its
     last dim that feeds a Linear gets its global width from ``in_features``; other
     sharded inputs are even shards, as in torch (see annotate)."""
-    if not isinstance(local, np.ndarray):
+    if not (isinstance(local, np.ndarray) or _is_local_view(local)):
         raise TypeError(f"expecting the input of {type(mod).__name__} to be an ndarray or "
                         f"a DTensor, got {type(local).__name__}")
     (p,) = placements
@@ -57,14 +58,22 @@ def _local_to_dtensor(local, mesh, placements, mod=None):
         shape = local.shape[:-1] + (mod.in_features,)
         return DTensor.from_local(local, mesh, placements, shape=shape,
                                   stride=contiguous_strides(shape))
+    if _is_local_view(local):  # from_local keeps its graph
+        return DTensor.from_local(local, mesh, placements)
     return annotate(local, mesh, placements, f"input of {type(mod).__name__}")
+
+
+def _is_local_view(x) -> bool:
+    """A DTensor on this rank's local mesh: what ``to_local()`` (ColwiseParallel's
+    ``use_local_output``) gives of a tensor that requires grad."""
+    return type(x) is DTensor and x.device_mesh is local_mesh()
 
 
 def _prepare_linear_like_input(input_layouts, desired_input_layouts, mod, inputs, mesh):
     if not inputs:
         raise ValueError(f"{type(mod).__name__} was called without inputs")
     x = inputs[0]
-    if not isinstance(x, DTensor):
+    if not isinstance(x, DTensor) or _is_local_view(x):
         x = _local_to_dtensor(x, mesh, input_layouts, mod)
     if input_layouts != desired_input_layouts:
         x = x.redistribute(placements=desired_input_layouts)
