@@ -277,3 +277,62 @@ def test_2d_trains_as_one_rank(mesh2d):
         assert p.grad.placements == p.placements, name
         np.testing.assert_allclose(p.grad.detach().full_tensor(), want[name], rtol=1e-10,
                                    atol=1e-14, err_msg=name)
+
+
+VOCAB, HEADS = 32, 2 * TP
+DIM = 4 * HEADS
+
+
+class GPT(nn.Module):
+    """docs/tensor_parallel.md's transformer: embedding, two blocks, norm, output."""
+
+    def __init__(self):
+        super().__init__()
+        mt.manual_seed(0)
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList([nn.TransformerBlock(DIM, HEADS) for _ in range(2)])
+        self.norm = nn.LayerNorm(DIM)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+GPT_PLAN = {
+    "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+    "layers.*.attention.q_proj": ColwiseParallel(),
+    "layers.*.attention.k_proj": ColwiseParallel(),
+    "layers.*.attention.v_proj": ColwiseParallel(),
+    "layers.*.attention.out_proj": RowwiseParallel(),
+    "layers.*.feed_forward.w1": ColwiseParallel(),
+    "layers.*.feed_forward.w2": RowwiseParallel(),
+    "output": ColwiseParallel(output_layouts=Replicate()),
+}
+
+
+@needs_4
+def test_2d_transformer_forward_gathers_per_block(mesh2d):
+    """torch's fsdp_tp_example structure: the TP plan over mesh["tp"], fully_shard
+    of every block then of the root over mesh["dp"]. The norms, which the plan
+    leaves alone, are sharded over dp too and reach the forward as local arrays."""
+    tokens = np.random.default_rng(1).integers(0, VOCAB, size=(2, 4))
+    mine = tokens + mesh2d.get_local_rank("dp")  # each replica its own batch
+    expected = GPT()(mine % VOCAB)
+    model = parallelize_module(GPT(), mesh2d["tp"], GPT_PLAN)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh2d["dp"])
+    fully_shard(model, mesh=mesh2d["dp"])
+    assert model.norm.weight.placements == (Shard(0),)
+    assert model.layers[0].feed_forward.w2.weight.placements == (Shard(0), Shard(1))
+    with mt.no_grad(), CommDebugMode() as comm:
+        logits = model(mine % VOCAB)
+    np.testing.assert_allclose(logits, expected, rtol=1e-10, atol=1e-10)
+    # one all-gather over dp per group (two blocks, the root) beside TP's own: an
+    # all-reduce per row-wise layer and the logits' all-gather
+    assert dict(comm.get_comm_counts()) == {"all_gather_into_tensor": 3 + 1,
+                                            "all_reduce": 5}
+    for layer in model.layers:
+        assert freed(layer)
