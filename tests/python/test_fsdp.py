@@ -202,6 +202,20 @@ def test_cannot_shard_raises(mesh):
         fully_shard(m2, mesh=mesh)
     with pytest.raises(TypeError, match="nn.Module"):
         fully_shard(np.ones(3), mesh=mesh)
+    tied = MLP((5, 5, 5))
+    tied.w2.weight = nn.Parameter(tied.w1.weight)
+    fully_shard(tied.w1, mesh=mesh)
+    with pytest.raises(ValueError, match="shared .tied. parameter must be in one group"):
+        fully_shard(tied, mesh=mesh)
+
+
+def test_second_forward_before_backward_raises(mesh):
+    m = sharded_mlp(mesh)
+    x, t = batch(mesh)
+    first, second = loss_of(m, x, t), loss_of(m, x, t)
+    first.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        second.backward()
 
 
 # -- 2-D: TP over tp, FSDP over dp --------------------------------------------------------

@@ -29,6 +29,8 @@ in backward: there the group is all-gathered again if the forward freed it.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .. import _modes
@@ -173,6 +175,10 @@ class _Param:
 
     def __init__(self, where, value, dp_mesh: DeviceMesh, what: str):
         self.where = where  # [(module, name)]
+        try:  # to find a registration of the same parameter outside the group
+            self.origin = weakref.ref(value)
+        except TypeError:
+            self.origin = None
         dp = dp_mesh.size()
         rank = dp_mesh.get_local_rank()
         if isinstance(value, DTensor):
@@ -286,6 +292,15 @@ class _State:
                     walk(child, f"{prefix}{cname}.")
 
         walk(module, "")
+        for m in module.modules():
+            child = m.__dict__.get("_fsdp_state")
+            for p in child.params if child is not None else ():
+                if p.origin is not None and id(p.origin()) in found:
+                    raise ValueError(
+                        f"fully_shard: parameter {found[id(p.origin())][2]} of "
+                        f"{type(module).__name__} is also a parameter of a fully_sharded "
+                        f"submodule ({type(m).__name__}); a shared (tied) parameter must "
+                        f"be in one group: fully_shard a module that holds every use")
         return [_Param(found[k][0], found[k][1], self.dp_mesh, found[k][2]) for k in order]
 
     # -- moving the group --------------------------------------------------------------
