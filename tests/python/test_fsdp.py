@@ -175,6 +175,12 @@ def test_sgd_steps_equal_one_rank(mesh):
                                    atol=1e-14, err_msg=name)
 
 
+def test_default_mesh_is_the_current_one(mesh):
+    with mesh:
+        m = fully_shard(MLP())
+    assert m.w1.weight.device_mesh is mesh and m.w1.weight.placements == (Shard(0),)
+
+
 def test_gradients_accumulate(mesh):
     m = sharded_mlp(mesh)
     x, t = batch(mesh)
@@ -231,7 +237,7 @@ def mesh2d():
 
 
 def model_2d(mesh2d):
-    m = MLP((5, 8, 5))
+    m = MLP((5, 6, 5))
     m = parallelize_module(m, mesh2d["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
     fully_shard(m.w1, mesh=mesh2d["dp"])
     fully_shard(m.w2, mesh=mesh2d["dp"])
@@ -255,7 +261,7 @@ def replica_batch(mesh2d):
 @needs_4
 def test_2d_placements(mesh2d):
     m = model_2d(mesh2d)
-    plain = MLP((5, 8, 5))
+    plain = MLP((5, 6, 5))
     # TP shards w1 on dim 0 as well: dp shards each TP shard, on the mesh whose dims
     # run (tp, dp); the others sit on the (dp, tp) mesh itself.
     assert m.w1.weight.placements == (Shard(0), Shard(0))
@@ -278,7 +284,7 @@ def test_2d_trains_as_one_rank(mesh2d):
     # per group one all-gather over dp; the Rowwise output's all-reduce over tp
     assert fwd.get_comm_counts()[AG] == 2 and fwd.get_comm_counts()[RS] == 0
     assert bwd.get_comm_counts()[AG] == 2 and bwd.get_comm_counts()[RS] == 2
-    ref = MLP((5, 8, 5))
+    ref = MLP((5, 6, 5))
     lm = local_mesh()
     for mod in ref.modules():
         for name, p in list(mod._parameters.items()):
