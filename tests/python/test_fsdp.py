@@ -7,6 +7,9 @@ mesh["dp"] trains as the one-rank model; a call that cannot shard raises."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -145,10 +148,16 @@ def freed(module) -> bool:
 def test_forward_frees_unsharded(mesh):
     m = sharded_mlp(mesh)
     shard_shapes = [p.to_local().shape for p in m.parameters()]
+    gathered = []
+    m.w1.register_forward_pre_hook(  # runs after fully_shard's, on the gathered weight
+        lambda mod, args: gathered.append(weakref.ref(mod.weight._data())))
     x, t = batch(mesh)
     loss = loss_of(m, x, t)
+    assert m.w1.weight.placements == (Shard(0),)
     assert [p.to_local().shape for p in m.parameters()] == shard_shapes
     assert freed(m.w1) and freed(m.w2)
+    gc.collect()
+    assert gathered[0]() is None  # nothing (the graph included) holds the gathered array
     loss.backward()
     assert freed(m.w1) and freed(m.w2)
     with mt.no_grad():
