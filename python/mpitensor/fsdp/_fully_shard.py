@@ -162,11 +162,10 @@ def _tp_first(root: DeviceMesh, dp_name: str) -> DeviceMesh:
     names = root.mesh_dim_names
     if names.index(dp_name) == 1:
         return root
-    key = id(root)
-    if key not in _tp_first_meshes:
-        _tp_first_meshes[key] = DeviceMesh(root.device_type, root.mesh.T,
-                                           mesh_dim_names=names[::-1], comm=root._comm)
-    return _tp_first_meshes[key]
+    if root not in _tp_first_meshes:
+        _tp_first_meshes[root] = DeviceMesh(root.device_type, root.mesh.T,
+                                            mesh_dim_names=names[::-1], comm=root._comm)
+    return _tp_first_meshes[root]
 
 
 class _Param:
