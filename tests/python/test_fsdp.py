@@ -355,6 +355,11 @@ def test_2d_transformer_forward_gathers_per_block(mesh2d):
         fully_shard(layer, mesh=mesh2d["dp"])
     fully_shard(model, mesh=mesh2d["dp"])
     assert model.norm.weight.placements == (Shard(0),)
+    tied = parallelize_module(GPT(), mesh2d["tp"], GPT_PLAN)
+    tied.output.weight = nn.Parameter(tied.layers[0].feed_forward.w1.weight)
+    fully_shard(tied.layers[0], mesh=mesh2d["dp"])
+    with pytest.raises(ValueError, match="shared .tied. parameter"):
+        fully_shard(tied, mesh=mesh2d["dp"])
     assert model.layers[0].feed_forward.w2.weight.placements == (Shard(0), Shard(1))
     with mt.no_grad(), CommDebugMode() as comm:
         logits = model(mine % VOCAB)

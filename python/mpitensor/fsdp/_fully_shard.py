@@ -174,7 +174,11 @@ class _Param:
 
     def __init__(self, where, value, dp_mesh: DeviceMesh, what: str):
         self.where = where  # [(module, name)]
-        try:  # to find a registration of the same parameter outside the group
+        # To find a registration of the same parameter outside the group: a weak
+        # reference where the type has them (ndarray), else the id (DTensor; an id
+        # only matches while the object lives, i.e. is still registered elsewhere)
+        self.origin_id = id(value)
+        try:
             self.origin = weakref.ref(value)
         except TypeError:
             self.origin = None
@@ -294,9 +298,10 @@ class _State:
         for m in module.modules():
             child = m.__dict__.get("_fsdp_state")
             for p in child.params if child is not None else ():
-                if p.origin is not None and id(p.origin()) in found:
+                key = p.origin_id if p.origin is None else id(p.origin())
+                if key in found:
                     raise ValueError(
-                        f"fully_shard: parameter {found[id(p.origin())][2]} of "
+                        f"fully_shard: parameter {found[key][2]} of "
                         f"{type(module).__name__} is also a parameter of a fully_sharded "
                         f"submodule ({type(m).__name__}); a shared (tied) parameter must "
                         f"be in one group: fully_shard a module that holds every use")
