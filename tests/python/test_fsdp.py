@@ -224,13 +224,23 @@ def test_cannot_shard_raises(mesh):
         fully_shard(tied, mesh=mesh)
 
 
-def test_second_forward_before_backward_raises(mesh):
+def test_forwards_before_their_backwards(mesh):
+    """Each forward's backward reduce-scatters its own gradients, whatever the
+    order: two losses, then their backwards; and a module called twice in one
+    forward (the group stays gathered until both calls' backwards are done)."""
     m = sharded_mlp(mesh)
     x, t = batch(mesh)
     first, second = loss_of(m, x, t), loss_of(m, x, t)
     first.backward()
-    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
-        second.backward()
+    second.backward()
+    twice = sharded_mlp(mesh)
+    (loss_of(twice, x, t) + loss_of(twice, x, t)).backward()
+    ref = reference()
+    for model in (m, twice):
+        for name, p in model.named_parameters():
+            np.testing.assert_allclose(p.grad.detach().full_tensor(), 2 * ref[name][1],
+                                       rtol=1e-10, atol=1e-14, err_msg=name)
+        assert freed(model.w1) and freed(model.w2)
 
 
 # -- 2-D: TP over tp, FSDP over dp --------------------------------------------------------
