@@ -19,7 +19,8 @@ from mpitensor import DTensor, Replicate, Shard, nn
 from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import local_mesh
 from mpitensor.fsdp import FSDPModule, fully_shard
-from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from mpitensor.parallel import (
+    ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module)
 
 W = MPI.COMM_WORLD.Get_size()
 AG, RS = "all_gather_into_tensor", "reduce_scatter_tensor"
@@ -380,3 +381,38 @@ def test_2d_transformer_forward_gathers_per_block(mesh2d):
                                             "all_reduce": 5}
     for layer in model.layers:
         assert freed(layer)
+
+
+@needs_4
+def test_2d_sequence_parallel_forward(mesh2d):
+    """The fsdp_tp_example plan's kind: sequence parallelism on tp (the norms are
+    DTensors Replicate over tp), fully_shard per block over dp."""
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "layers.*.attention_norm": SequenceParallel(),
+        "layers.*.attention": gather,
+        "layers.*.attention.q_proj": ColwiseParallel(),
+        "layers.*.attention.k_proj": ColwiseParallel(),
+        "layers.*.attention.v_proj": ColwiseParallel(),
+        "layers.*.attention.out_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.ffn_norm": SequenceParallel(),
+        "layers.*.feed_forward": gather,
+        "layers.*.feed_forward.w1": ColwiseParallel(),
+        "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    tokens = np.random.default_rng(2).integers(0, VOCAB, size=(2, 4))
+    mine = (tokens + 3 * mesh2d.get_local_rank("dp")) % VOCAB
+    expected = GPT()(mine)
+    model = parallelize_module(GPT(), mesh2d["tp"], plan)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh2d["dp"])
+    fully_shard(model, mesh=mesh2d["dp"])
+    assert model.layers[1].ffn_norm.weight.placements == (Shard(0), Replicate())
+    assert model.layers[1].ffn_norm.weight.device_mesh is mesh2d
+    with mt.no_grad(), CommDebugMode() as comm:
+        logits = model(mine)
+    np.testing.assert_allclose(logits, expected, rtol=1e-10, atol=1e-10)
+    assert comm.get_comm_counts()["reduce_scatter_tensor"] == 5  # SP's, none of FSDP's
