@@ -166,6 +166,31 @@ def test_forward_frees_unsharded(mesh):
     assert freed(m.w1) and freed(m.w2)
 
 
+class Pair(nn.Module):
+    """Returns its outputs in a dict: fully_shard hooks DTensors inside containers."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = MLP()
+
+    def forward(self, x):
+        return {"y": (self.mlp(x), None)}
+
+
+def test_outputs_in_containers(mesh):
+    p = Pair()
+    fully_shard(p.mlp.w1, mesh=mesh)
+    fully_shard(p.mlp.w2, mesh=mesh)
+    fully_shard(p.mlp, mesh=mesh)
+    fully_shard(p, mesh=mesh)
+    x, t = batch(mesh)
+    ((p(x)["y"][0] - t) ** 2).mean().backward()
+    ref = reference()
+    for name, q in p.mlp.named_parameters():
+        np.testing.assert_allclose(q.grad.detach().full_tensor(), ref[name][1], rtol=1e-10,
+                                   atol=1e-14, err_msg=name)
+
+
 def test_sgd_steps_equal_one_rank(mesh):
     m = sharded_mlp(mesh)
     x, t = batch(mesh)

@@ -367,9 +367,13 @@ class _State:
         if fwd is None:
             self.reshard()
             return None
-        if self.reshard_after_forward and not self.is_root:
+        count = [0]
+        output = _alias_outputs(output, lambda: self.pre_backward(fwd), count)
+        # Without an output to hook, nothing would gather the group again before
+        # its backward: it stays gathered.
+        if self.reshard_after_forward and not self.is_root and count[0]:
             self.reshard()
-        return _alias_outputs(output, lambda: self.pre_backward(fwd))
+        return output
 
     def pre_backward(self, fwd: "_Forward") -> None:
         fwd.active = True
@@ -460,9 +464,10 @@ class _Forward:
         self.views, self.grad, self.got, self.active = [], None, set(), False
 
 
-def _alias_outputs(output, pre_backward):
-    """``output`` with each DTensor that requires grad replaced by an alias whose
-    backward runs ``pre_backward`` first (before anything the module computed)."""
+def _alias_outputs(output, pre_backward, count: list):
+    """``output`` with each DTensor that requires grad (in tuples, lists and dicts)
+    replaced by an alias whose backward runs ``pre_backward`` first (before
+    anything the module computed); ``count[0]`` counts them."""
     if type(output) is DTensor:
         if not output._requires_grad:
             return output
@@ -473,11 +478,14 @@ def _alias_outputs(output, pre_backward):
             pre_backward()
             return (g,)
         alias._grad_fn = Node("FSDPPreBackward", (output,), backward_fn)
+        count[0] += 1
         return alias
-    if isinstance(output, tuple) and not hasattr(output, "_fields"):
-        return tuple(_alias_outputs(o, pre_backward) for o in output)
-    if isinstance(output, list):
-        return [_alias_outputs(o, pre_backward) for o in output]
+    if isinstance(output, (tuple, list)):
+        items = [_alias_outputs(o, pre_backward, count) for o in output]
+        if hasattr(output, "_fields"):  # a namedtuple
+            return type(output)(*items)
+        return type(output)(items)
     if isinstance(output, dict):
-        return {k: _alias_outputs(v, pre_backward) for k, v in output.items()}
+        return type(output)((k, _alias_outputs(v, pre_backward, count))
+                            for k, v in output.items())
     return output
