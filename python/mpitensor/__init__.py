@@ -75,6 +75,7 @@ __all__ = [
     "save",
     "load",
     "parallel",
+    "fsdp",
     "testing",
     "show_config",
 ]
