@@ -191,6 +191,22 @@ def test_outputs_in_containers(mesh):
                                    atol=1e-14, err_msg=name)
 
 
+def test_forward_without_backward_then_update(mesh):
+    """The root keeps its group gathered after a forward in grad mode; when no
+    backward came and the shards changed, the next forward gathers again."""
+    m = fully_shard(MLP(), mesh=mesh)  # one group, owned by the root
+    x, _ = batch(mesh)
+    m(x)
+    with mt.no_grad():
+        for p in m.parameters():
+            p.to_local()[...] *= 2
+        y = m(x).full_tensor()
+    plain = MLP()
+    for p in plain.parameters():
+        p *= 2
+    np.testing.assert_allclose(y, plain(X), rtol=1e-12)
+
+
 def test_sgd_steps_equal_one_rank(mesh):
     m = sharded_mlp(mesh)
     x, t = batch(mesh)

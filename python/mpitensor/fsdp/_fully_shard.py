@@ -47,6 +47,10 @@ __all__ = ["fully_shard", "FSDPModule"]
 
 # Meshes with the dims of a (dp, tp) mesh swapped, made once per mesh (see _Param).
 _tp_first_meshes: dict = {}
+# Counts the root modules' forwards: a group still gathered from an earlier one
+# (kept for a backward that never came) is gathered again, since the optimizer
+# may have changed the shards since.
+_generation = [0]
 
 
 class FSDPModule:
@@ -259,6 +263,7 @@ class _State:
         self.reshard_after_forward = reshard_after_forward
         self.is_root = True
         self.unsharded = False
+        self.generation = -1  # the root forward the gathered arrays were made in
         self.live = weakref.WeakSet()  # the recorded forwards whose graphs live
         self.calls: list = []  # the forwards under way (a _Forward, or None)
         self.params = self._collect(module)
@@ -308,11 +313,13 @@ class _State:
         return [_Param(found[k][0], found[k][1], self.dp_mesh, found[k][2]) for k in order]
 
     # -- moving the group --------------------------------------------------------------
-    def unshard(self) -> None:
-        """The group's one all-gather over dp, unpacked into the unsharded DTensors."""
-        if self.unsharded or not self.params:
+    def unshard(self, again: bool = False) -> None:
+        """The group's one all-gather over dp, unpacked into the unsharded DTensors
+        (nothing when gathered already, unless ``again``)."""
+        if (self.unsharded and not again) or not self.params:
             self.unsharded = True
             return
+        self.generation = _generation[0]
         buf = np.zeros(self.size, self.dtype)
         for p, off in zip(self.params, self.offsets):
             buf[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
@@ -349,7 +356,9 @@ class _State:
 
     # -- hooks -------------------------------------------------------------------------
     def pre_forward(self, module, args):
-        self.unshard()
+        if self.is_root:
+            _generation[0] += 1
+        self.unshard(again=self.generation != _generation[0])
         if _modes.grad_enabled and self.params:
             fwd = self._record()
             self._register(fwd.views)
