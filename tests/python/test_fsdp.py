@@ -243,6 +243,18 @@ def test_gradients_accumulate(mesh):
                                    atol=1e-14, err_msg=name)
 
 
+def test_frozen_parameter_gets_no_gradient(mesh):
+    m = sharded_mlp(mesh)
+    m.w1.bias.requires_grad_(False)
+    loss_of(m, *batch(mesh)).backward()
+    ref = reference()
+    assert m.w1.bias.grad is None
+    for name, p in m.named_parameters():
+        if name != "w1.bias":
+            np.testing.assert_allclose(p.grad.detach().full_tensor(), ref[name][1],
+                                       rtol=1e-10, atol=1e-14, err_msg=name)
+
+
 def test_cannot_shard_raises(mesh):
     m = MLP()
     fully_shard(m, mesh=mesh)

@@ -396,12 +396,16 @@ class _State:
         fwd.views = [DTensor(p.unsharded._data(), p.unsharded._spec) for p in self.params]
         token = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
         token._requires_grad = True
-        token._grad_fn = Node("FSDPPostBackward", tuple(p.sharded for p in self.params),
+        # a parameter frozen with requires_grad_(False) gets no gradient, as torch's
+        need = [p.sharded._requires_grad for p in self.params]
+        token._grad_fn = Node("FSDPPostBackward",
+                              tuple(p.sharded if n else None for p, n in zip(self.params, need)),
                               lambda g: self.post_backward(fwd))
         zero = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
         for i, v in enumerate(fwd.views):
-            v._requires_grad = True
-            v._grad_fn = Node("FSDPUnshard", (token,), self._collector(fwd, i, zero))
+            if need[i]:
+                v._requires_grad = True
+                v._grad_fn = Node("FSDPUnshard", (token,), self._collector(fwd, i, zero))
         self.live.add(fwd)
         return fwd
 
