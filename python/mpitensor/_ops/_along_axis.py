@@ -23,6 +23,7 @@ from __future__ import annotations
 import operator
 
 import numpy as np
+from numpy.lib import _function_base_impl as _npq
 from numpy.lib.array_utils import normalize_axis_tuple
 
 from .. import _C, _modes, _registry, _trace
@@ -30,6 +31,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
+from . import _sample_sort as S
 
 __all__ = ["along_axes", "lanes_layout"]
 
@@ -125,6 +127,19 @@ def _no_out(name, out):
 
 # -- sorting -------------------------------------------------------------------------
 
+def _flat_sample_sort(a, axes) -> bool:
+    """Whether a sort along ``axes`` (None: flattened) has no free dim to move the
+    shard to and a sample sort can do it: the whole (flattened) array is sorted and
+    one mesh dim shards it."""
+    return (axes is None or a.ndim == 1) and S.sort_mesh_dim(a) is not None
+
+
+def _whole_sample_stat(a, axes) -> bool:
+    """Whether an order statistic over ``axes`` reduces every dim of an array that
+    one mesh dim shards (so a sample sort finds it without a gather)."""
+    return len(axes) == a.ndim and a.ndim > 0 and S.sort_mesh_dim(a) is not None
+
+
 def _sorting(func):
     name = f"numpy.{func.__name__}"
 
@@ -133,12 +148,17 @@ def _sorting(func):
             raise TypeError(f"{name}: order= (structured fields) is not supported on "
                             f"DTensors")
         axes = _axis(name, a, axis)
+        if _flat_sample_sort(a, axes):
+            return S.sort_flat(name, a, func is np.argsort)
         return along_axes(name, a, axes,
                           lambda x: func(x, axis=axis, kind=kind, **kwargs), linear=False)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when the axis is not sharded, the "
                     f"output placed as the input; a sharded axis moves to a free dim first "
-                    f"(one all-to-all; gathered when no dim is free; collective).\n\n"
+                    f"(one all-to-all). With no free dim (a 1-D array, ``axis=None``) "
+                    f"sharded by one mesh dim, a distributed sample sort gives a 1-D "
+                    f"``Shard(0)`` (ties in index order, as ``kind='stable'``); else "
+                    f"gathered. Collective when anything moves.\n\n"
                     f"Example: ``{name}(dt, axis=1)`` of a "
                     f"``[Shard(0)]`` DTensor stays ``[Shard(0)]``.")
     return impl
@@ -292,6 +312,8 @@ def _median(func):
     def impl(a, axis=None, out=None, overwrite_input=False, keepdims=False):
         _no_out(name, out)
         axes = _axes(name, a, axis)
+        if _whole_sample_stat(a, axes):
+            return S.median_flat(name, a, func is np.nanmedian, keepdims)
         return along_axes(name, a, axes,
                           lambda x: func(x, axis=axes, keepdims=keepdims),
                           linear=False, out_dim=_reduced_dim(axes, keepdims, 0))
@@ -319,12 +341,24 @@ def _quantile(func):
         if isinstance(q, DTensor):
             raise TypeError(f"{name}: q must be a scalar or a plain array (the same on "
                             f"every rank), not a DTensor")
-        q = np.asarray(q)
+        weak_q = type(q) in (int, float)
         axes = _axes(name, a, axis)
+        if _whole_sample_stat(a, axes):
+            percent = func in (np.percentile, np.nanpercentile)
+            qq = np.asanyarray(np.true_divide(q, 100) if percent else q)
+            if a.dtype.kind == "c":
+                raise TypeError("a must be an array of real numbers")
+            if not _npq._quantile_is_valid(qq):
+                raise ValueError("Percentiles must be in the range [0, 100]" if percent
+                                 else "Quantiles must be in the range [0, 1]")
+            return S.quantile_flat(name, a, qq, method, weak_q,
+                                   func in (np.nanpercentile, np.nanquantile), keepdims)
+        # q as given: a Python float is weak in NumPy's promotion (a float32 array
+        # keeps float32).
         return along_axes(name, a, axes,
                           lambda x: func(x, q, axis=axes, method=method,
                                          keepdims=keepdims),
-                          linear=False, out_dim=_reduced_dim(axes, keepdims, q.ndim))
+                          linear=False, out_dim=_reduced_dim(axes, keepdims, np.ndim(q)))
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} over ``axis`` (q the same on every rank): local when no "
                     f"mesh dim shards the reduced axes; the kept dims keep their "
