@@ -266,6 +266,88 @@ def _fft1(func):
     return impl
 
 
+def _stages(func, ax, norm):
+    """NumPy's order of 1-D transforms for ``func`` over the axes ``ax``: groups of
+    (axes, transform(x, axes), length rule); transforms within a group commute."""
+    fft = np.fft
+    kind = func.__name__.rstrip("2n")
+    if kind in ("fft", "ifft"):
+        many = fft.fftn if kind == "fft" else fft.ifftn
+        return [(ax, lambda x, a: many(x, axes=a, norm=norm), "same")]
+    if kind == "rfft":
+        return [(ax[-1:], lambda x, a: fft.rfft(x, axis=a[0], norm=norm), "half"),
+                (ax[:-1], lambda x, a: fft.fftn(x, axes=a, norm=norm), "same")]
+    return [(ax[:-1], lambda x, a: fft.ifftn(x, axes=a, norm=norm), "same"),
+            (ax[-1:], lambda x, a: fft.irfft(x, axis=a[0], norm=norm), "double")]
+
+
+def _sharded_dims(spec) -> dict:
+    """Tensor dim -> the mesh dims (longer than 1) that shard it."""
+    out: dict = {}
+    for m, p in enumerate(spec.placements):
+        if p.is_shard() and spec.mesh.shape[m] > 1:
+            out.setdefault(p.dim, []).append(m)
+    return out
+
+
+def _transform(name, a, func, axes, rule):
+    """``func`` on the local array along ``axes``, which are whole on every rank;
+    placements kept. Local."""
+    spec = a._spec
+    mesh = spec.mesh
+    shape = list(spec.shape)
+    for k in axes:
+        shape[k] = {"same": shape[k], "half": shape[k] // 2 + 1,
+                    "double": 2 * (shape[k] - 1)}[rule]
+    if mesh.get_coordinate() is None:
+        local = np.asarray(func(np.zeros((2,) * len(shape), spec.dtype), axes))
+        local = np.empty((0,), local.dtype)
+    else:
+        local = np.asarray(func(a.to_local(), axes))
+    if _modes.tracing:
+        _trace.local(name, [a], spec.placements)
+    shape = tuple(shape)
+    return DTensor(local, DTensorSpec(mesh, spec.placements, shape, local.dtype,
+                                      contiguous_strides(shape)))
+
+
+def _pencil(name, a, stages):
+    """The transforms of ``stages`` by the pencil method: each group runs first
+    along its axes that are local, then the shards of its other axes move (one
+    all-to-all) to dims it is done with or does not touch, preferring those no
+    later group transforms, and it runs along them. A sharded axis with nowhere to
+    go is gathered (reported). Collective on the mesh when anything moves."""
+    a = D.relayout(name, a, lanes_layout(a, (), True))
+    for i, (axes, func, rule) in enumerate(stages):
+        if not axes:
+            continue
+        sharded = _sharded_dims(a._spec)
+        here = tuple(k for k in axes if k not in sharded)
+        if here:
+            a = _transform(name, a, func, here, rule)
+        rest = tuple(k for k in axes if k in sharded)
+        if not rest:
+            continue
+        spec = a._spec
+        later = {k for g in stages[i + 1:] for k in g[0]}
+        taken = {k for k in sharded if k not in rest}
+        target = list(spec.placements)
+        for m, p in enumerate(spec.placements):
+            if not (p.is_shard() and p.dim in rest and spec.mesh.shape[m] > 1):
+                continue
+            fits = [k for k in range(len(spec.shape)) if k not in rest and k not in taken
+                    and spec.shape[k] >= spec.mesh.shape[m]]
+            fits.sort(key=lambda k: (k in later, -spec.shape[k]))
+            if fits:
+                target[m] = Shard(fits[0])
+                taken.add(fits[0])
+            else:
+                target[m] = Replicate()
+        a = D.relayout(name, a, target)
+        a = _transform(name, a, func, rest, rule)
+    return a
+
+
 def _fftn(func, default_axes):
     name = f"numpy.fft.{func.__name__}"
 
@@ -277,12 +359,20 @@ def _fftn(func, default_axes):
         else:
             axes_ = axes
         ax = normalize_axis_tuple(axes_, a.ndim, allow_duplicate=True)
+        gathers = any(p.is_replicate() and q.is_shard() for p, q in
+                      zip(lanes_layout(a, tuple(sorted(set(ax))), True),
+                          a._spec.placements))
+        if s is None and len(set(ax)) == len(ax) and ax and gathers:
+            return _pencil(name, a, _stages(func, ax, norm))
         return along_axes(name, a, tuple(sorted(set(ax))),
                           lambda x: func(x, s, axes, norm), linear=True)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} over several axes: local when none is sharded, the other "
-                    f"dims keep their placements; sharded axes move first (see "
-                    f"lanes_layout)."
+                    f"dims keep their placements; sharded axes move first to a free dim "
+                    f"(see lanes_layout), or, with none free, by the pencil method: the "
+                    f"local axes are transformed, one all-to-all moves the shard onto "
+                    f"one of them, and the rest are transformed (the output is sharded "
+                    f"there)."
                     f"\n\nExample: ``{name}(dt, axes=(1, 2))`` of a ``[Shard(0)]`` "
                     f"DTensor moves nothing.")
     return impl
