@@ -186,24 +186,3 @@ def test_median_of_a_large_vector_sends_no_gather():
     assert sent.get("all_reduce", 0) <= 2 * 8 * W
     assert sent["all_to_all_single"] <= dt.to_local().nbytes + 2 * W * 8
     same(got, np.median(full))
-
-
-@pytest.mark.skipif(W == 1, reason="one rank gathers nothing")
-def test_gather_warning_names_the_operation_on_every_rank(caplog):
-    mesh = mesh_of((W,))
-    # One free dim, shorter than the mesh: the sorted axis is gathered.
-    dt = make(np.arange(4.0 * W).reshape(4 * W, 1), mesh, [S0])
-    assert mpitensor.set_gather_warning(True) is False
-    try:
-        with pytest.warns(UserWarning, match=r"numpy.sort gathers dim 0 .*\[S\(0\)\] -> \[R\]"):
-            got = np.sort(dt, axis=0)
-        same(got, np.sort(np.arange(4.0 * W).reshape(4 * W, 1), axis=0))
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            np.sort(make(np.arange(4.0 * W), mesh, [S0]))  # sample sort: no gather
-            np.var(dt, axis=0)  # merged: only records move
-    finally:
-        assert mpitensor.set_gather_warning(False) is True
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        np.sort(dt, axis=0)

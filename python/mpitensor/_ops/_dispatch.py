@@ -13,9 +13,7 @@ path is decided for its Python entry too.
 
 from __future__ import annotations
 
-import logging
 import numbers
-import warnings
 
 import numpy as np
 
@@ -127,7 +125,7 @@ def _report_plan_gather(mesh, spec, plan):
     dims = [m for m, (p, q) in enumerate(zip(spec.placements, dst))
             if p.is_shard() and q.is_replicate() and mesh.shape[m] > 1]
     if dims:
-        report_gather(_trace._current_op or "an operation", spec, dst, dims)
+        _trace.report_gather(_trace._current_op or "an operation", spec, dst, dims)
 
 
 def wrap(mesh, dec, local):
@@ -194,7 +192,7 @@ def mixed_error(op_name: str, obj) -> TypeError:
 def relayout(what: str, a, placements, *, records=False):
     """``a`` redistributed to ``placements`` for the operation named ``what``, which
     the logs and the collective checks name. A Shard that becomes Replicate is a
-    gather the operation needs: reported by :func:`report_gather` unless ``records``
+    gather the operation needs: reported by ``_trace.report_gather`` unless ``records``
     (``a`` is a few numbers per output element, as the merged reductions gather,
     not the operation's input). Collective on the mesh when anything moves.
 
@@ -211,7 +209,7 @@ def relayout(what: str, a, placements, *, records=False):
         dims = [m for m, (p, q) in enumerate(zip(spec.placements, placements))
                 if p.is_shard() and q.is_replicate() and mesh.shape[m] > 1]
         if dims:
-            report_gather(what, spec, placements, dims)
+            _trace.report_gather(what, spec, placements, dims)
     out_spec = DTensorSpec(mesh, placements, spec.shape, spec.dtype, spec.stride)
     if mesh._coordinate is None:
         return DTensor(a.to_local(), out_spec)
@@ -220,27 +218,3 @@ def relayout(what: str, a, placements, *, records=False):
         _trace.redistribute("operation", mesh, plan, spec.shape, spec.dtype)
     return DTensor(_redistribute.run(mesh, plan, a.to_local(), False), out_spec)
 
-
-_log = logging.getLogger("mpitensor")
-
-
-def report_gather(what: str, spec, placements, mesh_dims) -> None:
-    """Reports that the operation ``what`` gathers the DTensor of ``spec`` along
-    ``mesh_dims`` (to ``placements``): an INFO line on the ``mpitensor`` logger
-    (``MPITENSOR_LOGS=dtensor``), and a UserWarning on every rank when
-    ``mpitensor.set_gather_warning(True)`` is on. The gather itself runs as a
-    redistribute, which CommDebugMode counts. Local.
-
-    Example: ``report_gather("numpy.sort", dt._spec, (Replicate(),), [0])``.
-    """
-    if not (_modes.gather_warning or _log.isEnabledFor(logging.INFO)):
-        return
-    dims = sorted({spec.placements[m].dim for m in mesh_dims})
-    text = (f"{what} gathers dim{'s' if len(dims) > 1 else ''} "
-            f"{', '.join(map(str, dims))} of a {spec.shape} {spec.dtype} DTensor "
-            f"({_trace.placements_text(spec.placements)} -> "
-            f"{_trace.placements_text(placements)}): it has no rule that works on "
-            f"the pieces here (see the user guide's table of gathers)")
-    _log.info(text)
-    if _modes.gather_warning:
-        warnings.warn(text, UserWarning, stacklevel=4)
