@@ -111,8 +111,9 @@ tracing = False
 checks = False  # collective mismatch detection
 log_debug = False  # the mpitensor logger is at DEBUG
 log_info = False  # ... or at INFO: the gathers operations need are logged
-# Whether a gather an operation needs is reported (logged or warned); the
-# decisions' own gathers are seen only on the Python path, so it sets ``tracing``.
+# Whether a gather an operation needs is reported (logged or warned). Logging at
+# INFO sees the gathers of the Python paths at no cost elsewhere; the warning, asked
+# for explicitly, sets ``tracing`` so that the C fast path's decisions pass a hook too.
 gather_report = False
 listeners: list = []  # entered CommDebugModes, innermost last
 # checker(text, mesh): the collective agreement that debug registers; called before
@@ -158,7 +159,7 @@ def install_autograd(engine) -> None:
 def _publish() -> None:
     global tracing, gather_report
     gather_report = gather_warning or log_info
-    tracing = checks or log_debug or bool(listeners) or gather_report
+    tracing = checks or log_debug or bool(listeners) or gather_warning
     _C.set_modes(tracing, grad_enabled)
 
 

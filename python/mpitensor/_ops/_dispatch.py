@@ -76,6 +76,8 @@ def same_mesh(op_name: str, inputs):
 
 
 def _traced(op_key, operands, dec):
+    if _modes.gather_report and not _modes.tracing:
+        _trace._current_op = _trace.op_name(op_key)  # names a gather it reports
     if _modes.tracing:
         _trace.decision(op_key, [o for o in operands if type(o) is DTensor], dec,
                         dec.cached)
@@ -107,11 +109,13 @@ def local_inputs(mesh, inputs, dec) -> list:
         # Not a member: no data; run on stand-ins only to learn the output dtype.
         return [np.zeros((1,) * x.ndim, x.dtype) for x in inputs]
     handle = mesh._handle
+    if _modes.gather_report:
+        for x, p in zip(inputs, dec.plans):
+            if p is not None:
+                _report_plan_gather(mesh, x._spec, p)
     if _modes.tracing:
         for x, p in zip(inputs, dec.plans):
             if p is not None:
-                if _modes.gather_report:
-                    _report_plan_gather(mesh, x._spec, p)
                 _trace.redistribute("operation", mesh, p, x._spec.shape, x._spec.dtype)
     out = [x.to_local() if p is None else _C.redistribute(handle, p, x.to_local())
            for x, p in zip(inputs, dec.plans)]
