@@ -1,6 +1,7 @@
 """NumPy functions on a sharded axis, the way a scientist calls them: ``np.sort``
-(distributed sample sort), ``np.fft.fft2`` (pencil method) and ``np.var`` (merged
-moments) of 2**24 float64 elements sharded ``[Shard(0)]``, against NumPy on the
+(distributed sample sort), ``np.fft.fft`` (four-step method), ``np.fft.fft2``
+(pencil method) and ``np.var`` (merged moments) of 2**24 float64 elements sharded
+``[Shard(0)]``, against NumPy on the
 whole array in one process and against gathering the array first
 (``full_tensor()``) and computing on every rank, timed interleaved in one run.
 
@@ -31,11 +32,12 @@ from _common import git_revision, machine, machine_line  # benchmarks/ is sys.pa
 
 
 def ops(n: int):
-    """(name, the global array, the NumPy call, the call on a DTensor) per operation:
-    sort and var of a vector, fft2 of a square-ish matrix of the same size."""
+    """(name, the global shape, the NumPy call, the call on a DTensor) per operation:
+    sort, fft and var of a vector, fft2 of a square-ish matrix of the same size."""
     rows = 1 << (int(np.log2(n)) // 2)
     return [
         ("sort", (n,), np.sort, np.sort),
+        ("fft", (n,), np.fft.fft, np.fft.fft),
         ("fft2", (rows, n // rows), np.fft.fft2, np.fft.fft2),
         ("var", (n,), np.var, lambda x: np.var(x).full_tensor()),
     ]

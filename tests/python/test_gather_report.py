@@ -39,8 +39,10 @@ def no_gathers():
     mesh = mesh_of((W,))
     vec = make(np.arange(4.0 * W)[::-1].copy(), mesh, [S0])
     mat = make(np.arange(8.0 * W).reshape(4 * W, 2), mesh, [S0])
+    square = make(np.ones((2 * W, 2 * W)), mesh, [S0])
     return [lambda: np.sort(vec), lambda: np.median(vec), lambda: np.var(mat, axis=0),
-            lambda: np.argmax(mat, axis=0), lambda: np.fft.fft2(mat),
+            lambda: np.argmax(mat, axis=0), lambda: np.fft.fft2(square),
+            lambda: np.fft.fft(make(np.ones(W * W * 2), mesh, [S0])),
             lambda: vec[vec > 3], lambda: np.cumsum(mat, axis=0)]
 
 

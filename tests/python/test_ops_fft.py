@@ -93,3 +93,34 @@ def test_transforms_along_unsharded_axes_move_nothing():
         for got in outs:
             assert got.placements == pls
         close(outs[1], FFT.rfftn(full, axes=(1, 2)))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+@pytest.mark.parametrize("norm", [None, "ortho", "forward"])
+def test_vector_fft_by_the_four_step_method(dtype, norm):
+    mesh = mesh_of((W,))
+    for n in (W * W * 6, W * W * 35, 5 * W + 1):
+        full = np.random.default_rng(n).normal(size=n).astype(dtype)
+        if full.dtype.kind == "c":
+            full = full + 1j * full[::-1]
+        dt = make(full, mesh, [S0])
+        item = np.dtype(np.result_type(dtype, np.complex64)).itemsize
+        for func in (FFT.fft, FFT.ifft, FFT.rfft):
+            if func is FFT.rfft and full.dtype.kind == "c":
+                continue
+            with CommDebugMode() as mode:
+                got = func(dt, norm=norm)
+            expect = func(full, norm=norm)
+            full_got = got.full_tensor()
+            assert full_got.dtype == expect.dtype
+            tol = 1e-4 if dtype is np.float32 else 1e-9
+            np.testing.assert_allclose(full_got, expect, rtol=tol, atol=tol)
+            if W > 1 and n % (W * W) == 0:
+                # Three all-to-alls of the complex shard (rfft: and the picked rows);
+                # nothing is gathered.
+                assert got.placements == (S0,)
+                counts = mode.get_comm_counts()
+                assert set(counts) == {"all_to_all_single"}, counts
+                assert counts["all_to_all_single"] == (3 if func is not FFT.rfft else 5)
+                assert mode.get_comm_bytes()["all_to_all_single"] <= (
+                    3 * n // W * item + n // W * item + 4 * 8 * W)

@@ -251,17 +251,101 @@ for _f in (np.fft.fftshift, np.fft.ifftshift):
 
 # -- the fft family ------------------------------------------------------------------
 
+def _factors(n, p):
+    """(n1, n2) with n1 * n2 == n, both multiples of p and n1 as near sqrt(n) as such
+    a pair allows; None when n is not a multiple of p * p."""
+    if n % (p * p):
+        return None
+    m = n // (p * p)
+    u = max(d for d in range(1, int(m ** 0.5) + 1) if m % d == 0)
+    return p * u, p * (m // u)
+
+
+def _vector_fft(name, a, inverse, norm):
+    """The fft (or ifft) of a 1-D DTensor that one mesh dim shards evenly in
+    blocks of whole rows of an (n1, n2) matrix (n = n1 * n2, both multiples of
+    the mesh dim's size), by the four-step method: the transform along the rows
+    (after one all-to-all makes them whole), a twiddle factor, the transform along
+    the columns (one all-to-all back), and one all-to-all that lays the result out
+    in order. Output ``Shard(0)`` on that mesh dim. Collective on it."""
+    spec = a._spec
+    mesh = spec.mesh
+    m = S.sort_mesh_dim(a)
+    p = mesh.shape[m]
+    n = spec.shape[0]
+    n1, n2 = _factors(n, p)
+    one = np.fft.ifft if inverse else np.fft.fft
+    sign = 1.0 if inverse else -1.0
+    pls = spec.placements
+    other = tuple(Replicate() if i != m else None for i in range(mesh.ndim))
+
+    def layout(dim):
+        return tuple(Shard(dim) if q is None else q for q in other)
+
+    def matrix(local, shape, placements):
+        return DTensor(local, DTensorSpec(mesh, placements, shape, local.dtype,
+                                          contiguous_strides(shape)))
+
+    member = mesh.get_coordinate() is not None
+    work = np.result_type(spec.dtype, np.complex64)
+    if member:
+        local = a.to_local().reshape(-1, n2)
+    else:
+        local = np.empty((0, n2), spec.dtype)
+    rows = matrix(local, (n1, n2), layout(0))
+    cols = D.relayout(name, rows, layout(1)).to_local()
+    if member:
+        f = one(cols, axis=0, norm=norm)
+        c = mesh.get_coordinate()[m]
+        k1 = np.arange(n1, dtype=np.int64)[:, None]
+        j2 = np.arange(c * (n2 // p), (c + 1) * (n2 // p), dtype=np.int64)[None, :]
+        f *= np.exp(sign * 2j * np.pi * ((k1 * j2) % n) / n).astype(f.dtype)
+    else:
+        f = np.empty((0, n2 // p), work)
+    back = D.relayout(name, matrix(f, (n1, n2), layout(1)), layout(0)).to_local()
+    g = one(back, axis=1, norm=norm) if member else np.empty((0, n2), work)
+    # X[k1 + n1 k2] = g[k1, k2]: the transpose of g, row-major, is the result.
+    t = D.relayout(name, matrix(g, (n1, n2), layout(0)), layout(1)).to_local()
+    out = np.ascontiguousarray(t.T).reshape(-1) if member else np.empty((0,), g.dtype)
+    if _modes.tracing:
+        _trace.local(name, [a], pls)
+    return DTensor(out, DTensorSpec(mesh, pls, (n,), out.dtype, contiguous_strides((n,))))
+
+
+def _vector_fft_fits(a, axes, n) -> bool:
+    """Whether the four-step fft applies: a 1-D array, n not given, sharded by one
+    mesh dim (Partials reduced first) into blocks the method can use."""
+    if a.ndim != 1 or n is not None or axes is None:
+        return False
+    m = S.sort_mesh_dim(a)
+    if m is None or any(p.is_partial() for p in a._spec.placements):
+        return False
+    return _factors(a._spec.shape[0], a._spec.mesh.shape[m]) is not None
+
+
 def _fft1(func):
     name = f"numpy.fft.{func.__name__}"
 
     def impl(a, n=None, axis=-1, norm=None, out=None):
         _no_out(name, out)
         axes = _axis(name, a, axis)
+        if func in (np.fft.fft, np.fft.ifft, np.fft.rfft) and _vector_fft_fits(a, axes, n):
+            if func is np.fft.rfft and a.dtype.kind == "c":
+                raise TypeError(f"{name}: the input must be real")
+            x = _vector_fft(name, a, func is np.fft.ifft, norm)
+            if func is np.fft.rfft:
+                # The non-negative frequencies: rows picked where they lie.
+                x = x[np.arange(a.shape[0] // 2 + 1)]
+            return x
         return along_axes(name, a, axes, lambda x: func(x, n, axis, norm), linear=True)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along one axis: local when it is not sharded, the output "
                     f"placed as the input (a Partial sum kept: the transform is "
-                    f"linear).\n\nExample: ``{name}(dt, axis=1)`` of a ``[Shard(0)]`` "
+                    f"linear); a sharded axis moves to a free dim first. fft, ifft and "
+                    f"rfft of a 1-D array whose length is a multiple of p * p (p ranks "
+                    f"shard it) run the four-step method (three all-to-alls, output "
+                    f"``Shard(0)``); otherwise a 1-D array is gathered."
+                    f"\n\nExample: ``{name}(dt, axis=1)`` of a ``[Shard(0)]`` "
                     f"DTensor moves nothing.")
     return impl
 
