@@ -186,3 +186,24 @@ def test_median_of_a_large_vector_sends_no_gather():
     assert sent.get("all_reduce", 0) <= 2 * 8 * W
     assert sent["all_to_all_single"] <= dt.to_local().nbytes + 2 * W * 8
     same(got, np.median(full))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_sort_along_a_sharded_axis_with_no_free_dim_sorts_each_lane(dtype):
+    for mesh_shape in mesh_shapes():
+        mesh = mesh_of(mesh_shape)
+        for shape, ax in (((5 * W + 1, 1), 0), ((1, 2, 7 * W), 2), ((W - 1 or 1, 40 * W + 3), 1)):
+            full = np.random.default_rng(ax).integers(-3, 4, shape).astype(dtype)
+            pls = tuple(Shard(ax) if i == 0 else R for i in range(mesh.ndim))
+            dt = make(full, mesh, pls)
+            lanes = int(np.prod(shape)) // shape[ax]
+            with CommDebugMode() as mode:
+                got = np.sort(dt, axis=ax)
+            same(got, np.sort(full, axis=ax))
+            same(np.argsort(dt, axis=ax, kind="stable"), np.argsort(full, axis=ax, kind="stable"))
+            if W > 1 and mesh.ndim == 1:
+                assert got.placements == (Shard(ax),)
+                usual_layout(got)
+                # Per lane: the samples, never the lane.
+                assert mode.get_comm_bytes().get("all_gather_into_tensor", 0) <= (
+                    lanes * (W - 1) ** 2 * 16)

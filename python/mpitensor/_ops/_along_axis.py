@@ -134,6 +134,48 @@ def _flat_sample_sort(a, axes) -> bool:
     return (axes is None or a.ndim == 1) and S.sort_mesh_dim(a) is not None
 
 
+def _lane_sample_sort(a, axes) -> bool:
+    """Whether a sort along one axis of an n-D array is better done lane by lane
+    with the sample sort: one mesh dim shards the axis, the others shard nothing,
+    and no other dim is long enough to take the shard (so there are fewer than
+    p ** (ndim - 1) lanes), where lanes_layout would gather."""
+    if axes is None or a.ndim < 2:
+        return False
+    m = S.sort_mesh_dim(a)
+    if m is None or a._spec.placements[m].dim != axes[0]:
+        return False
+    return lanes_layout(a, axes, False)[m].is_replicate()
+
+
+def _sort_lanes(name, a, ax, indices):
+    """np.sort (or stable np.argsort) along the sharded axis ``ax`` of an n-D
+    array, one sample sort per lane (each collective along the sharding mesh dim):
+    the output keeps ``Shard(ax)`` in the usual layout. Collective on the mesh."""
+    a = D.relayout(name, a, lanes_layout(a, (), False))
+    spec = a._spec
+    mesh = spec.mesh
+    m = S.sort_mesh_dim(a)
+    length = spec.shape[ax]
+    lane_shape = spec.shape[:ax] + spec.shape[ax + 1:]
+    pl1 = tuple(Shard(0) if i == m else Replicate() for i in range(mesh.ndim))
+    out_dtype = np.dtype(np.intp) if indices else spec.dtype
+    member = mesh.get_coordinate() is not None
+    local = np.moveaxis(a.to_local(), ax, -1) if member else None
+    outs = []
+    for idx in np.ndindex(*lane_shape):
+        lane = local[idx] if member else np.empty((0,), spec.dtype)
+        one = DTensor(np.ascontiguousarray(lane),
+                      DTensorSpec(mesh, pl1, (length,), spec.dtype, (1,)))
+        outs.append(S.sort_flat(name, one, indices).to_local())
+    if member:
+        out = np.moveaxis(np.stack(outs).reshape(lane_shape + (-1,)), -1, ax)
+        out = np.ascontiguousarray(out, out_dtype)
+    else:
+        out = np.empty((0,), out_dtype)
+    return DTensor(out, DTensorSpec(mesh, spec.placements, spec.shape, out_dtype,
+                                    contiguous_strides(spec.shape)))
+
+
 def _whole_sample_stat(a, axes) -> bool:
     """Whether an order statistic over ``axes`` reduces every dim of an array that
     one mesh dim shards (so a sample sort finds it without a gather)."""
@@ -150,6 +192,8 @@ def _sorting(func):
         axes = _axis(name, a, axis)
         if _flat_sample_sort(a, axes):
             return S.sort_flat(name, a, func is np.argsort)
+        if _lane_sample_sort(a, axes):
+            return _sort_lanes(name, a, axes[0], func is np.argsort)
         return along_axes(name, a, axes,
                           lambda x: func(x, axis=axis, kind=kind, **kwargs), linear=False)
     impl.__name__ = func.__name__
