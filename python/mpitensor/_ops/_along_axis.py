@@ -199,10 +199,11 @@ def _sorting(func):
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when the axis is not sharded, the "
                     f"output placed as the input; a sharded axis moves to a free dim first "
-                    f"(one all-to-all). With no free dim (a 1-D array, ``axis=None``) "
-                    f"sharded by one mesh dim, a distributed sample sort gives a 1-D "
-                    f"``Shard(0)`` (ties in index order, as ``kind='stable'``); else "
-                    f"gathered. Collective when anything moves.\n\n"
+                    f"(one all-to-all). With no free dim, when one mesh dim shards the "
+                    f"array, a distributed sample sort (lane by lane; ties in index "
+                    f"order, as ``kind='stable'``) keeps the axis sharded (``axis=None``: "
+                    f"a 1-D ``Shard(0)``); else gathered. Collective when anything "
+                    f"moves.\n\n"
                     f"Example: ``{name}(dt, axis=1)`` of a "
                     f"``[Shard(0)]`` DTensor stays ``[Shard(0)]``.")
     return impl
