@@ -61,6 +61,12 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
   if (itemsize <= 0 || itemsize > INT_MAX)
     return mt_error_set(err, MT_EINVAL, "item size %lld", (long long)itemsize);
   int64_t n = mt_mesh_dim_size(mesh, dim);
+  if (n == 1) {
+    if (send_counts[0] < 0 || send_counts[0] != recv_counts[0])
+      return mt_error_set(err, MT_EINVAL, "a lone rank's counts differ or are negative");
+    if (send_counts[0] > 0) memcpy(recv, send, (size_t)(send_counts[0] * itemsize));
+    return MT_OK;
+  }
   int64_t coord[MT_MAX_MESH_NDIM];
   mt_mesh_coordinate(mesh, coord);
   int *ints = malloc((size_t)n * 4 * sizeof *ints);
