@@ -135,7 +135,8 @@ def _cuts(values, keys, sv, sk):
 def _buckets(name, a, m, values, keys, with_keys):
     """This rank's bucket: the elements (and keys) of every rank that fall between
     its splitters, sorted by (value, key). Collective along mesh dim ``m``."""
-    order = np.lexsort((keys, values))
+    # Keys grow in local order, so a stable sort by value orders by (value, key).
+    order = np.argsort(values, kind="stable")
     values, keys = values[order], keys[order]
     sv, sk = _splitters(name, a, m, values, keys)
     counts = _cuts(values, keys, sv, sk)
