@@ -192,7 +192,8 @@ def test_median_of_a_large_vector_sends_no_gather():
 def test_sort_along_a_sharded_axis_with_no_free_dim_sorts_each_lane(dtype):
     for mesh_shape in mesh_shapes():
         mesh = mesh_of(mesh_shape)
-        for shape, ax in (((5 * W + 1, 1), 0), ((1, 2, 7 * W), 2), ((W - 1 or 1, 40 * W + 3), 1)):
+        for shape, ax in (((5 * W + 1, 1), 0), ((1, W - 1 or 1, 7 * W), 2),
+                          ((W - 1 or 1, 40 * W + 3), 1)):
             full = np.random.default_rng(ax).integers(-3, 4, shape).astype(dtype)
             pls = tuple(Shard(ax) if i == 0 else R for i in range(mesh.ndim))
             dt = make(full, mesh, pls)
