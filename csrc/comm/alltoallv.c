@@ -74,13 +74,20 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
   int *scnt = ints, *sdisp = ints + n, *rcnt = ints + 2 * n, *rdisp = ints + 3 * n;
   rc = int_counts(send_counts, n, scnt, sdisp, err);
   if (rc == MT_OK) rc = int_counts(recv_counts, n, rcnt, rdisp, err);
+  /* Counts that MPI cannot take may be one rank's alone (an uneven bucket): the
+   * ranks agree before the exchange, so none waits in it for a rank that left. */
+  int ok = rc == MT_OK, all_ok = 0;
+  MPI_Comm comm = mt_mesh_dim_comm(mesh, dim);
+  int mrc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, comm);
+  if (mrc != MPI_SUCCESS && rc == MT_OK) rc = mt_mpi_error(err, mrc, "MPI_Allreduce");
+  if (rc == MT_OK && !all_ok)
+    rc = mt_error_set(err, MT_EOVERFLOW,
+                      "another rank's all-to-all part exceeds MPI's int count");
   MPI_Datatype item = MPI_DATATYPE_NULL;
-  int mrc = MPI_SUCCESS;
   if (rc == MT_OK) mrc = MPI_Type_contiguous((int)itemsize, MPI_BYTE, &item);
   if (rc == MT_OK && mrc == MPI_SUCCESS) mrc = MPI_Type_commit(&item);
   if (rc == MT_OK && mrc == MPI_SUCCESS)
-    mrc = MPI_Alltoallv(send, scnt, sdisp, item, recv, rcnt, rdisp, item,
-                        mt_mesh_dim_comm(mesh, dim));
+    mrc = MPI_Alltoallv(send, scnt, sdisp, item, recv, rcnt, rdisp, item, comm);
   if (item != MPI_DATATYPE_NULL) MPI_Type_free(&item);
   if (rc == MT_OK && mrc != MPI_SUCCESS) rc = mt_mpi_error(err, mrc, "MPI_Alltoallv");
   if (rc == MT_OK) {

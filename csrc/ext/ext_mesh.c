@@ -235,7 +235,8 @@ static PyObject *mesh_alltoallv(MeshObject *self, PyObject *const *args,
                         "ndarray, a sequence of row counts and a mesh dim");
   }
   PyArrayObject *a = (PyArrayObject *)args[0];
-  if (!PyArray_IS_C_CONTIGUOUS(a) || PyArray_NDIM(a) < 1 || PyArray_NDIM(a) > MT_MAX_NDIM) {
+  if (!PyArray_IS_C_CONTIGUOUS(a) || PyArray_NDIM(a) < 1 ||
+      PyArray_NDIM(a) > MT_MAX_NDIM) {
     return PyErr_Format(PyExc_ValueError, "alltoallv needs a C-contiguous array of "
                         "at least one dim");
   }

@@ -103,8 +103,9 @@ int mt_mesh_alltoall_i64(const mt_mesh *mesh, int dim, const int64_t *send,
  * coordinate q of that dim, the parts laid one after another in `send`, and
  * receives recv_counts[q] items from it into `recv` likewise (MPI_Alltoallv); the
  * counts must match the peers' (mt_mesh_alltoall_i64 finds them). MT_EOVERFLOW
- * when a count or offset exceeds MPI's int. Counted as one all-to-all of the bytes
- * sent to other ranks:
+ * on every rank of the dim when a count or offset of any of them exceeds MPI's int
+ * (the ranks agree first, by an uncounted all-reduce of a flag). Counted as one
+ * all-to-all of the bytes sent to other ranks:
  *
  *   int64_t out[P], in[P];   (P: the dim's size; out filled by bucketing)
  *   mt_mesh_alltoall_i64(mesh, 0, out, in, &err);
