@@ -615,6 +615,12 @@ class DTensor(_C.DTensorBase):
 
         Example: ``distribute_tensor(np.arange(4), mesh, [Shard(0)]).tolist() == [0, 1, 2, 3]``.
         """
+        spec = self._spec
+        dims = [m for m, p in enumerate(spec.placements)
+                if p.is_shard() and spec.mesh.shape[m] > 1]
+        if dims:
+            _trace.report_gather("DTensor.tolist", spec,
+                                 (Replicate(),) * len(spec.placements), dims)
         full = self.full_tensor()
         if self.device_mesh.get_coordinate() is None:
             raise RuntimeError("tolist() of a DTensor on a rank outside its mesh: this "

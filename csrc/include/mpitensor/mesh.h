@@ -93,6 +93,28 @@ int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err);
 int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count, int dtype,
                    int op, mt_error *err);
 
+/* Collective on mesh dim `dim`. Sends send[q] to coordinate q of that dim and
+ * receives recv[q] from it (MPI_Alltoall of one int64 each): how the parts of a
+ * variable all-to-all learn their sizes. Counted as one all-to-all. */
+int mt_mesh_alltoall_i64(const mt_mesh *mesh, int dim, const int64_t *send,
+                         int64_t *recv, mt_error *err);
+
+/* Collective on mesh dim `dim`. Sends send_counts[q] items of `itemsize` bytes to
+ * coordinate q of that dim, the parts laid one after another in `send`, and
+ * receives recv_counts[q] items from it into `recv` likewise (MPI_Alltoallv); the
+ * counts must match the peers' (mt_mesh_alltoall_i64 finds them). MT_EOVERFLOW
+ * on every rank of the dim when a count or offset of any of them exceeds MPI's int
+ * (the ranks agree first, by an uncounted all-reduce of a flag). Counted as one
+ * all-to-all of the bytes sent to other ranks:
+ *
+ *   int64_t out[P], in[P];   (P: the dim's size; out filled by bucketing)
+ *   mt_mesh_alltoall_i64(mesh, 0, out, in, &err);
+ *   mt_mesh_alltoallv(mesh, 0, buckets, out, merged, in, sizeof(double), &err);
+ */
+int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
+                      const int64_t *send_counts, void *recv,
+                      const int64_t *recv_counts, int64_t itemsize, mt_error *err);
+
 /* Local. Communicators created by mpitensor and not yet freed, process-wide. */
 int64_t mt_comm_live_count(void);
 
