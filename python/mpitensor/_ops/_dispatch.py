@@ -117,12 +117,21 @@ def local_inputs(mesh, inputs, dec) -> list:
     return [np.zeros_like(a) if z else a for a, z in zip(out, dec.zeroed)]
 
 
+def outside_local(shape, dtype) -> np.ndarray:
+    """The local array of a rank outside the mesh: empty, and 0-d (zero) for a 0-d
+    result, as torch's op on an empty local gives. Local.
+
+    Example: ``outside_local((), np.float64).shape == ()``.
+    """
+    return np.zeros((), dtype) if len(shape) == 0 else np.empty((0,), dtype)
+
+
 def wrap(mesh, dec, local):
     """A DTensor of the decision's output spec around a local result."""
     if type(local) is not np.ndarray:
         local = np.asarray(local)
     if mesh._coordinate is None:
-        local = np.empty((0,), local.dtype)
+        local = outside_local(dec.out_shape, local.dtype)
     return DTensor(local, DTensorSpec(mesh, dec.out_placements, dec.out_shape,
                                       local.dtype, dec.out_stride))
 
