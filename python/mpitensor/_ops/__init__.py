@@ -4,6 +4,6 @@ _reductions.py), and each operation's DTensor version in mpitensor._registry,
 where DTensor's entry points and the C dispatch's Python entries find them."""
 
 from . import (_along_axis, _elementwise, _indexing, _inplace, _like, _linalg,  # noqa: F401
-               _reductions, _select, _shape)
+               _reductions, _select, _shape, _stats)
 
 __all__: list = []

@@ -20,6 +20,7 @@ from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _dispatch as D
 from ._inplace import follow
+from ._stats import logaddexp_reduce
 
 _KWARGS = frozenset({"out", "dtype", "casting"})
 _KINDS = {
@@ -62,6 +63,8 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
         custom = _registry.rules.get(ufunc)
         if custom is not None:  # experimental.register_sharding overrides the rule
             return custom(operands, kwargs)
+    if method == "reduce" and ufunc in (np.logaddexp, np.logaddexp2):
+        return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":
         raise TypeError(
             f"{name}.{method} has no sharding rule for DTensors in mpitensor; use the "
