@@ -116,3 +116,27 @@ def test_decompositions_replicate_then_equal_numpy(pls):
     np.testing.assert_allclose(w.full_tensor(), np.linalg.eigvalsh(a.T @ a), rtol=1e-10)
     np.testing.assert_allclose(v.full_tensor() @ np.diag(w.full_tensor()) @
                                v.full_tensor().T, a.T @ a, atol=1e-9)
+
+
+@pytest.mark.parametrize("shape", [(64, 4), (7, 3), (5, 5), (W * 2 + 1, 2)], ids=str)
+def test_tall_skinny_qr_on_shard0_moves_only_r_factors(shape):
+    """TSQR: Q keeps Shard(0), R is Replicate, and each rank sends its n x n R
+    factor (one all-gather) instead of the matrix being gathered; Q @ R equals the
+    input, Q is orthonormal and R is NumPy's up to the signs of its rows."""
+    mesh = mesh_of((W,))
+    a = np.random.default_rng(4).normal(size=shape)
+    dt = make(a, mesh, [S0])
+    with CommDebugMode() as mode:
+        q, r = np.linalg.qr(dt)
+    n = shape[1]
+    Q, Rf = q.full_tensor(), r.full_tensor()
+    np.testing.assert_allclose(Q @ Rf, a, atol=1e-10)
+    np.testing.assert_allclose(Q.T @ Q, np.eye(n), atol=1e-10)
+    np.testing.assert_allclose(np.abs(Rf), np.abs(np.linalg.qr(a)[1]), atol=1e-10)
+    assert np.allclose(np.tril(Rf, -1), 0)
+    if W > 1:
+        assert q.placements == (S0,) and r.placements == (R,)
+        assert dict(mode.get_comm_counts()) == {"all_gather_into_tensor": 1}
+        assert COMM.allreduce(sum(mode.get_comm_bytes().values())) == W * (W - 1) * n * n * 8
+    np.testing.assert_allclose(np.abs(np.linalg.qr(dt, mode="r").full_tensor()),
+                               np.abs(np.linalg.qr(a, mode="r")), atol=1e-10)
