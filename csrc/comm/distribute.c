@@ -74,8 +74,8 @@ static void scatter_bytes(const dist_ctx *c, const mt_layout *to, int m, int64_t
   }
 }
 
-/* MPI_Scatterv from the source's coordinate along `m`, in the largest unit that keeps every
- * count an int; counts one scatter with the bytes the root sent. */
+/* MPI_Scatterv from the source's coordinate along `m`, in the largest unit that
+ * keeps every count an int; counts one scatter with the bytes the root sent. */
 static int scatterv(const dist_ctx *c, int m, const char *send, const int64_t *bytes,
                     void *out, mt_error *err) {
   int64_t g = mt_mesh_dim_size(c->mesh, m), unit = 1, sent = 0;

@@ -371,8 +371,9 @@ static PyType_Spec request_spec = {
 
 /* ---- distribute ---------------------------------------------------------------------- */
 
-/* distribute(mesh, placements, full[, src]) -> this rank's box of `full`, whose copy at
- * coordinate `src` (0) of every mesh dim is the source of truth. Collective on the mesh. */
+/* distribute(mesh, placements, full[, src]) -> this rank's box of `full`, whose
+ * copy at coordinate `src` (0) of every mesh dim is the source of truth.
+ * Collective on the mesh. */
 static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 3 && nargs != 4)
     return PyErr_Format(PyExc_TypeError, "distribute(mesh, placements, full[, src])");
