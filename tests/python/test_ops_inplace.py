@@ -238,3 +238,17 @@ def test_bad_writes_raise_on_every_rank():
         dt[np.zeros((4, 5), bool)] = np.ones(3)
     with pytest.raises(IndexError):
         dt[7] = 1.0
+
+
+def test_out_takes_the_cheaper_of_following_and_moving_the_result():
+    """np.add(a, b, out=c) with a and b Shard(0) and c Replicate: moving the result
+    (one all-gather) beats moving both inputs to Replicate (two)."""
+    mesh = mesh_of((W,))
+    x, y = np.arange(24.0).reshape(6, 4), np.ones((6, 4))
+    a, b, c = make(x, mesh, [S0]), make(y, mesh, [S0]), make(np.zeros((6, 4)), mesh, [R])
+    with CommDebugMode() as mode:
+        got = np.add(a, b, out=c)
+    assert got is c and c.placements == (R,)
+    if W > 1:
+        assert dict(mode.get_comm_counts()) == {"all_gather_into_tensor": 1}
+    assert_matches(c, x + y)
