@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "comm-private.h"
+#include "mpitensor/agree.h"
 
 static int check_dim(const mt_mesh *mesh, int dim, mt_error *err) {
   int ndim = mt_mesh_ndim(mesh);
@@ -69,25 +70,28 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
   }
   int64_t coord[MT_MAX_MESH_NDIM];
   mt_mesh_coordinate(mesh, coord);
+  MPI_Comm comm = mt_mesh_dim_comm(mesh, dim);
   int *ints = malloc((size_t)n * 4 * sizeof *ints);
-  if (ints == NULL) return mt_error_set(err, MT_ENOMEM, "all-to-all counts");
-  int *scnt = ints, *sdisp = ints + n, *rcnt = ints + 2 * n, *rdisp = ints + 3 * n;
-  rc = int_counts(send_counts, n, scnt, sdisp, err);
+  int *scnt = ints, *sdisp = NULL, *rcnt = NULL, *rdisp = NULL;
+  if (ints == NULL) {
+    rc = mt_error_set(err, MT_ENOMEM, "all-to-all counts");
+  } else {
+    sdisp = ints + n;
+    rcnt = ints + 2 * n;
+    rdisp = ints + 3 * n;
+  }
+  if (rc == MT_OK) rc = int_counts(send_counts, n, scnt, sdisp, err);
   if (rc == MT_OK) rc = int_counts(recv_counts, n, rcnt, rdisp, err);
   /* Counts that MPI cannot take may be one rank's alone (an uneven bucket): the
    * ranks agree before the exchange, so none waits in it for a rank that left. */
-  int ok = rc == MT_OK, all_ok = 0;
-  MPI_Comm comm = mt_mesh_dim_comm(mesh, dim);
-  int mrc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, comm);
-  if (mrc != MPI_SUCCESS && rc == MT_OK) rc = mt_mpi_error(err, mrc, "MPI_Allreduce");
-  if (rc == MT_OK && !all_ok)
-    rc = mt_error_set(err, MT_EOVERFLOW,
-                      "another rank's all-to-all part exceeds MPI's int count");
+  rc = mt_agree_comm(comm, rc, NULL, 0, err);
+  int mrc = MPI_SUCCESS;
   MPI_Datatype item = MPI_DATATYPE_NULL;
   if (rc == MT_OK) mrc = MPI_Type_contiguous((int)itemsize, MPI_BYTE, &item);
   if (rc == MT_OK && mrc == MPI_SUCCESS) mrc = MPI_Type_commit(&item);
   if (rc == MT_OK && mrc == MPI_SUCCESS)
-    mrc = MPI_Alltoallv(send, scnt, sdisp, item, recv, rcnt, rdisp, item, comm);
+    mrc = MT__BLOCKING(
+        "MPI_Alltoallv", MPI_Alltoallv(send, scnt, sdisp, item, recv, rcnt, rdisp, item, comm));
   if (item != MPI_DATATYPE_NULL) MPI_Type_free(&item);
   if (rc == MT_OK && mrc != MPI_SUCCESS) rc = mt_mpi_error(err, mrc, "MPI_Alltoallv");
   if (rc == MT_OK) {

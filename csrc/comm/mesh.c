@@ -270,34 +270,44 @@ MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim) {
 
 /* Above INT_MAX bytes MPI counts overflow, so whole gigabyte blocks travel as one
  * derived element and the remainder as bytes. */
-static int bcast_bytes(char *buf, int64_t nbytes, MPI_Comm comm, mt_error *err) {
+static int bcast_bytes(char *buf, int64_t nbytes, int root, MPI_Comm comm,
+                       mt_error *err) {
   const int64_t block = (int64_t)1 << 30;
   if (nbytes > INT_MAX) {
     MPI_Datatype gib;
     MT__MPI_TRY(MPI_Type_contiguous((int)block, MPI_BYTE, &gib), "MPI_Type_contiguous");
     MT__MPI_TRY(MPI_Type_commit(&gib), "MPI_Type_commit");
-    int rc = MT__BLOCKING("MPI_Bcast", MPI_Bcast(buf, (int)(nbytes / block), gib, 0, comm));
+    int rc = MT__BLOCKING("MPI_Bcast", MPI_Bcast(buf, (int)(nbytes / block), gib, root, comm));
     MPI_Type_free(&gib);
     if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Bcast");
     buf += (nbytes / block) * block;
     nbytes %= block;
   }
-  MT__MPI_TRY(MPI_Bcast(buf, (int)nbytes, MPI_BYTE, 0, comm), "MPI_Bcast");
+  MT__MPI_TRY(MPI_Bcast(buf, (int)nbytes, MPI_BYTE, root, comm), "MPI_Bcast");
   return MT_OK;
 }
 
 int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
                   mt_error *err) {
+  return mt_mesh_bcast_from(mesh, dim, 0, buf, nbytes, err);
+}
+
+int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
+                       int64_t nbytes, mt_error *err) {
   if (dim < 0 || dim >= mesh->ndim) {
     return mt_error_set(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh",
                         dim, mesh->ndim);
   }
   if (nbytes < 0) return mt_error_set(err, MT_EINVAL, "negative byte count");
+  if (root < 0 || root >= mesh->shape[dim]) {
+    return mt_error_set(err, MT_EINDEX, "root %lld is out of range for mesh dim %d of "
+                        "size %lld", (long long)root, dim, (long long)mesh->shape[dim]);
+  }
   if (!mesh->in_mesh || mesh->shape[dim] == 1) return MT_OK;
-  int rc = bcast_bytes(buf, nbytes, mesh->dim_comm[dim], err);
+  int rc = bcast_bytes(buf, nbytes, (int)root, mesh->dim_comm[dim], err);
   if (rc == MT_OK)
     mt__count(mesh, MT_COLL_BROADCAST,
-              mesh->coord[dim] == 0 ? nbytes * (mesh->shape[dim] - 1) : 0);
+              mesh->coord[dim] == root ? nbytes * (mesh->shape[dim] - 1) : 0);
   return rc;
 }
 

@@ -371,10 +371,17 @@ static PyType_Spec request_spec = {
 
 /* ---- distribute ---------------------------------------------------------------------- */
 
-/* distribute(mesh, placements, full) -> this rank's box of `full`, whose copy on the
- * mesh's first rank is the source of truth. Collective on the mesh. */
+/* distribute(mesh, placements, full[, src]) -> this rank's box of `full`, whose
+ * copy at coordinate `src` (0) of every mesh dim is the source of truth.
+ * Collective on the mesh. */
 static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "distribute(mesh, placements, full)");
+  if (nargs != 3 && nargs != 4)
+    return PyErr_Format(PyExc_TypeError, "distribute(mesh, placements, full[, src])");
+  long long src = 0;
+  if (nargs == 4) {
+    src = PyLong_AsLongLong(args[3]);
+    if (src == -1 && PyErr_Occurred()) return NULL;
+  }
   mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   if (mesh == NULL) return NULL;
   PyArrayObject *full = mt_ext_contiguous(args[2]);
@@ -397,7 +404,8 @@ static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t 
     int rc;
     void *out = local != NULL ? PyArray_DATA(local) : NULL;
     Py_BEGIN_ALLOW_THREADS
-    rc = mt_distribute(mesh, &layout, mt_ext_dtype(full), PyArray_DATA(full), out, &err);
+    rc = mt_distribute_from(mesh, &layout, mt_ext_dtype(full), (int64_t)src,
+                            PyArray_DATA(full), out, &err);
     Py_END_ALLOW_THREADS
     if (rc != MT_OK) {
       Py_CLEAR(local);
@@ -542,7 +550,7 @@ PyMethodDef mt_ext_redistribute_methods[] = {
     {"redistribute_start", (PyCFunction)(void (*)(void))redistribute_start, METH_FASTCALL,
      "redistribute_start(mesh, plan, local) -> Request. Collective."},
     {"distribute", (PyCFunction)(void (*)(void))distribute, METH_FASTCALL,
-     "distribute(mesh, placements, full) -> this rank's box. Collective."},
+     "distribute(mesh, placements, full[, src]) -> this rank's box. Collective."},
     {"plan_check", (PyCFunction)(void (*)(void))plan_check, METH_FASTCALL,
      "plan_check(src_codes, dst_codes, dtype) -> None: raises what redistributing "
      "src to dst placements of dtype refuses (RuntimeError: creating a Partial; "

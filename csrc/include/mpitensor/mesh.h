@@ -75,6 +75,10 @@ int mt_mesh_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err);
 int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
                   mt_error *err);
 
+/* mt_mesh_bcast from coordinate `root` of that dim (MT_EINDEX out of range). */
+int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
+                       int64_t nbytes, mt_error *err);
+
 /* Collective on the ranks of mesh dim `dim`. Gathers every member's `value` into
  * `out` (one per coordinate of that dim, mt_mesh_dim_size entries), counted as an
  * all-gather: how uneven shards learn each other's sizes. */

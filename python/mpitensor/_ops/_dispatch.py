@@ -132,12 +132,21 @@ def _report_plan_gather(mesh, spec, plan):
         _trace.report_gather(_trace._current_op or "an operation", spec, dst, dims)
 
 
+def outside_local(shape, dtype) -> np.ndarray:
+    """The local array of a rank outside the mesh: empty, and 0-d (zero) for a 0-d
+    result, as torch's op on an empty local gives. Local.
+
+    Example: ``outside_local((), np.float64).shape == ()``.
+    """
+    return np.zeros((), dtype) if len(shape) == 0 else np.empty((0,), dtype)
+
+
 def wrap(mesh, dec, local):
     """A DTensor of the decision's output spec around a local result."""
     if type(local) is not np.ndarray:
         local = np.asarray(local)
     if mesh._coordinate is None:
-        local = np.empty((0,), local.dtype)
+        local = outside_local(dec.out_shape, local.dtype)
     return DTensor(local, DTensorSpec(mesh, dec.out_placements, dec.out_shape,
                                       local.dtype, dec.out_stride))
 

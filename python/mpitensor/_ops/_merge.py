@@ -55,7 +55,7 @@ def _out_spec(a, axes, keepdims, dtype):
 
 def _wrap(mesh, placements, shape, local, dtype):
     if mesh.get_coordinate() is None:
-        local = np.empty((0,), dtype)
+        local = D.outside_local(shape, dtype)
     local = np.asarray(local, dtype)
     return DTensor(local, DTensorSpec(mesh, placements, shape, np.dtype(dtype),
                                       contiguous_strides(shape)))
