@@ -126,7 +126,7 @@ test-lint: $(VENV)/.deps
 # libFuzzer over layout and planning for FUZZ_SECONDS; the corpus in build/fuzz
 # grows from run to run. A crash leaves its input as build/fuzz/crash-*.
 FUZZ_SRC := tests/fuzz/fuzz_plan.c csrc/core/status.c csrc/core/layout.c \
-  csrc/core/placement.c csrc/core/plan.c
+  csrc/core/placement.c csrc/core/timemodel.c csrc/core/plan.c
 build/fuzz/fuzz_plan: $(FUZZ_SRC) $(wildcard csrc/core/*.h csrc/include/mpitensor/*.h) | system-deps
 	mkdir -p build/fuzz/corpus
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
