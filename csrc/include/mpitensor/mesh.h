@@ -8,6 +8,7 @@
 
 #include "mpitensor/layout.h"
 #include "mpitensor/status.h"
+#include "mpitensor/timemodel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -92,6 +93,21 @@ int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err);
  * the buffer's bytes. */
 int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count, int dtype,
                    int op, mt_error *err);
+
+/* Local. The time model that ranks plans on this mesh: the built-in costs until
+ * mt_mesh_set_time_model, with ranks_per_node learnt when the mesh was created
+ * (MPI_Comm_split_type SHARED; a slice derives its own). Owned by the mesh. */
+const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh);
+
+/* Local. Takes the alphas and betas of `model` (a calibrated table) and keeps the
+ * mesh's ranks_per_node; MT_EINVAL, changing nothing, unless the result passes
+ * mt_time_model_check. A slice made later inherits them.
+ *
+ *   mt_time_model t = *mt_mesh_time_model(mesh);
+ *   t.alpha[MT_LINK_SHM] = 0.4e-6;
+ *   rc = mt_mesh_set_time_model(mesh, &t, &err);
+ */
+int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model, mt_error *err);
 
 /* Local. Communicators created by mpitensor and not yet freed, process-wide. */
 int64_t mt_comm_live_count(void);
