@@ -440,6 +440,27 @@ static int64_t coll_elements(const mt_step *st) {
   return mt_box_numel(&b);
 }
 
+/* The most elements one rank receives in a collective step: what it lacks of its
+ * target box, or for a reduce-scatter what it reduces in, of the others' data;
+ * an all-reduce is priced by its whole vector. */
+static int64_t busiest_elements(const mt_step *st) {
+  if (st->kind == MT_STEP_ALLREDUCE) return coll_elements(st);
+  int64_t coord[MT_MAX_MESH_NDIM] = {0}, most = 0;
+  do {
+    mt_box s, t, st_box;
+    local_box(&st->src, coord, &s);
+    local_box(&st->dst, coord, &t);
+    int64_t n;
+    if (st->kind == MT_STEP_REDUCE_SCATTER)
+      n = mt_box_numel(&s) - mt_box_numel(&t);
+    else
+      n = mt_box_numel(&t) -
+          (mt_box_intersect(&s, &t, &st_box) ? mt_box_numel(&st_box) : 0);
+    if (n > most) most = n;
+  } while (next_coord(coord, &st->src));
+  return most;
+}
+
 /* Fills a step's bytes and messages from its kind and layouts. */
 static int price_step(mt_step *st, int64_t itemsize, mt_error *err) {
   int64_t elems = 0;
@@ -462,7 +483,9 @@ static int price_step(mt_step *st, int64_t itemsize, mt_error *err) {
   if (st->kind == MT_STEP_CHUNK) return MT_OK;
   st->messages = mesh_numel(&st->src) * (st->src.mesh_shape[st->mesh_dim] - 1);
   st->rank_messages = st->src.mesh_shape[st->mesh_dim] - 1;
-  if (!mul_ok(coll_elements(st), itemsize, &st->rank_bytes)) return overflow(err);
+  if (!mul_ok(busiest_elements(st), itemsize, &st->rank_bytes) ||
+      !mul_ok(coll_elements(st), itemsize, &st->vector_bytes))
+    return overflow(err);
   return MT_OK;
 }
 
@@ -491,7 +514,8 @@ static double step_time(const mt_step *st, const mt_time_model *model) {
   int64_t group = st->src.mesh_shape[m], stride = 1;
   for (int k = m + 1; k < st->src.mesh_ndim; ++k) stride *= st->src.mesh_shape[k];
   int link = mt_time_link(model, numel, group, stride);
-  return mt_time_coll(model, coll_of(st->kind), group, st->rank_bytes, link);
+  return mt_time_coll(model, coll_of(st->kind), group, st->vector_bytes, st->rank_bytes,
+                      link);
 }
 
 /* Sets every step's time and the list's total. */

@@ -27,7 +27,7 @@
 #define REDSCAT_LARGE (256 * 1024)
 
 mt_time_model mt_time_model_default(void) {
-  mt_time_model m = {{1.0e-6, 20.0e-6}, {1.0 / 5.0e9, 1.0 / 1.25e9}, 0};
+  mt_time_model m = {{1.0e-6, 20.0e-6}, {1.0 / 5.0e9, 1.0 / 1.25e9}, 2.0e-6, 0};
   return m;
 }
 
@@ -50,6 +50,9 @@ int mt_time_model_check(const mt_time_model *model, mt_error *err) {
                     "shared memory (alpha %g, beta %g)",
                     model->alpha[MT_LINK_NET], model->beta[MT_LINK_NET],
                     model->alpha[MT_LINK_SHM], model->beta[MT_LINK_SHM]);
+  if (bad_number(model->call))
+    return mt__fail(err, MT_EINVAL, "The time model's call cost (%g s per step) must be "
+                    "finite and >= 0", model->call);
   if (model->ranks_per_node < 0)
     return mt__fail(err, MT_EINVAL, "ranks_per_node is %lld; it must be >= 0",
                     (long long)model->ranks_per_node);
@@ -94,26 +97,26 @@ mt_coll_alg mt_time_coll_alg(int kind, int64_t group, int64_t bytes) {
 }
 
 double mt_time_coll(const mt_time_model *model, int kind, int64_t group, int64_t bytes,
-                    int link) {
+                    int64_t received, int link) {
   if (group <= 1) return 0.0;
-  double a = model->alpha[link], b = model->beta[link];
+  double a = model->alpha[link], b = model->beta[link], c = model->call;
   double g = (double)group, n = (double)bytes, rounds = log2_ceil(group);
-  /* The share of the data a rank does not hold itself. */
-  double others = n * (g - 1.0) / g;
+  /* The others' data a rank takes in; an all-reduce's share of its vector. */
+  double others = kind == MT_TIME_ALLREDUCE ? n * (g - 1.0) / g : (double)received;
   switch (mt_time_coll_alg(kind, group, bytes)) {
     case MT_ALG_TWO_PROC:
-      return a + others * b;
+      return c + a + others * b;
     case MT_ALG_RECURSIVE:
       /* An all-reduce by recursive doubling sends the whole vector each round. */
-      if (kind == MT_TIME_ALLREDUCE) return rounds * (a + n * b);
-      return rounds * a + others * b;
+      if (kind == MT_TIME_ALLREDUCE) return c + rounds * (a + n * b);
+      return c + rounds * a + others * b;
     case MT_ALG_RING:
-      if (kind == MT_TIME_ALLREDUCE) return 2.0 * (g - 1.0) * a + 2.0 * others * b;
+      if (kind == MT_TIME_ALLREDUCE) return c + 2.0 * (g - 1.0) * a + 2.0 * others * b;
       /* Open MPI's neighbour exchange halves the rounds of an even group. */
-      if (kind == MT_TIME_ALLGATHER && group % 2 == 0) return g / 2.0 * a + others * b;
-      return (g - 1.0) * a + others * b;
+      if (kind == MT_TIME_ALLGATHER && group % 2 == 0) return c + g / 2.0 * a + others * b;
+      return c + (g - 1.0) * a + others * b;
     case MT_ALG_LINEAR:
-      return mt_time_linear(model, group - 1, (int64_t)others, link);
+      return mt_time_linear(model, group - 1, received, link);
     default:
       return 0.0;
   }
@@ -121,5 +124,6 @@ double mt_time_coll(const mt_time_model *model, int kind, int64_t group, int64_t
 
 double mt_time_linear(const mt_time_model *model, int64_t messages, int64_t bytes,
                       int link) {
-  return (double)messages * model->alpha[link] + (double)bytes * model->beta[link];
+  return model->call + (double)messages * model->alpha[link] +
+         (double)bytes * model->beta[link];
 }

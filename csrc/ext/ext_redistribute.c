@@ -125,7 +125,7 @@ static PyType_Slot plan_slots[] = {
     {Py_tp_getset, plan_getset},
     {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, dtype[, model]): a redistribution "
                 "plan ranked by the time model tuple (alpha_shm, beta_shm, alpha_net, "
-                "beta_net, ranks_per_node), the move checked first (RuntimeError: "
+                "beta_net, call, ranks_per_node), the move checked first (RuntimeError: "
                 "creating a Partial; TypeError: a reduction the dtype lacks). Local."},
     {0, NULL},
 };

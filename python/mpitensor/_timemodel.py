@@ -58,14 +58,15 @@ def _cost(table: dict, link: str) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def read_table(path: str | None = None) -> tuple[float, float, float, float] | None:
-    """The (alpha_shm, beta_shm, alpha_net, beta_net) of the table at ``path``
-    (default: ``table_path()``), or None when there is no table. ValueError, naming
-    the file and what is wrong, when it cannot be read or is invalid. A table
-    measured on one node has no ``net`` entry: the built-in network costs stand
-    in, never below shared memory's.
+def read_table(path: str | None = None) -> tuple[float, ...] | None:
+    """The (alpha_shm, beta_shm, alpha_net, beta_net, call) of the table at
+    ``path`` (default: ``table_path()``), or None when there is no table.
+    ValueError, naming the file and what is wrong, when it cannot be read or is
+    invalid. A table measured on one node has no ``net`` entry: the built-in
+    network costs stand in, never below shared memory's; without ``call`` the
+    built-in one does.
 
-    Example: ``read_table("/tmp/tm.json")`` -> ``(4e-07, 1.1e-10, 2e-05, 8e-10)``.
+    Example: ``read_table("/tmp/tm.json")`` -> ``(4e-07, 1.1e-10, 2e-05, 8e-10, 2e-06)``.
     """
     path = table_path() if path is None else path
     try:
@@ -82,17 +83,22 @@ def read_table(path: str | None = None) -> tuple[float, float, float, float] | N
         if table.get("version") != VERSION:
             raise ValueError(f"its version is {table.get('version')!r}, "
                              f"this mpitensor reads version {VERSION}")
+        builtin = _C.default_time_model()
         shm = _cost(table, "shm")
         if "net" in table:
             net = _cost(table, "net")
         else:
-            builtin = _C.default_time_model()
             net = (max(builtin[2], shm[0]), max(builtin[3], shm[1]))
         if net[0] < shm[0] or net[1] < shm[1]:
             raise ValueError("its network link is faster than shared memory")
+        call = table.get("call", builtin[4])
+        if isinstance(call, bool) or not isinstance(call, (int, float)) \
+                or not math.isfinite(call) or call < 0:
+            raise ValueError(f"call is {call!r}; it must be a finite number >= 0 "
+                             f"(seconds per communicating step)")
     except ValueError as e:
         raise ValueError(f"the time model table {path} is invalid: {e}") from None
-    return shm[0], shm[1], net[0], net[1]
+    return shm[0], shm[1], net[0], net[1], float(call)
 
 
 def model_for(comm, handle) -> None:
@@ -112,4 +118,4 @@ def model_for(comm, handle) -> None:
     if isinstance(found, str):
         log.warning("%s; plans are ranked by the built-in time model", found)
     elif found is not None and handle.coordinate() is not None:
-        handle.set_time_model(found + (0,))
+        handle.set_time_model(tuple(found) + (0,))

@@ -32,10 +32,10 @@ typedef enum mt_step_kind {
  * on `mesh_dim` (-1 for DIRECT, where any non-Partial mesh dims may change and
  * Partial ones stay as they are). `bytes` counts the bytes that ranks receive from
  * other ranks, summed over all ranks of the mesh; `messages` the point-to-point
- * messages (G-1 per rank for a collective over a group of G). `rank_bytes` is
- * the size the time model prices the step by (timemodel.h: for a collective the
- * busiest rank's vector as mt_time_kind says, for DIRECT the most bytes one rank
- * receives) and `rank_messages` the most messages one rank of a DIRECT step
+ * messages (G-1 per rank for a collective over a group of G). For the time
+ * model: `rank_bytes`, the most bytes one rank receives (an all-reduce: its
+ * vector); `vector_bytes`, a collective's vector as mt_time_kind says, by which
+ * MPI picks its algorithm; `rank_messages`, the most messages one rank
  * receives. `time` is the step's predicted seconds under the plan's model. */
 typedef struct mt_step {
   int kind;
@@ -45,6 +45,7 @@ typedef struct mt_step {
   int64_t bytes;
   int64_t messages;
   int64_t rank_bytes;
+  int64_t vector_bytes;
   int64_t rank_messages;
   double time;
 } mt_step;

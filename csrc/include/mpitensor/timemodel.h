@@ -32,20 +32,24 @@ typedef enum mt_coll_alg {
   MT_ALG_RABENSEIFNER = 5   /* all-reduce as reduce-scatter then all-gather, by ring */
 } mt_coll_alg;
 
-/* `alpha[link]` seconds per message and `beta[link]` seconds per byte.
- * `ranks_per_node`: the mesh's ranks, in row-major mesh order, fill nodes of this
- * many ranks each; 0 means the whole mesh is on one node. */
+/* `alpha[link]` seconds per message and `beta[link]` seconds per byte. `call`:
+ * seconds of every communicating step besides its messages (the MPI call and
+ * the executor around it), which makes one exchange of a few messages cheaper
+ * than a chain of collectives of one message each. `ranks_per_node`: the mesh's
+ * ranks, in row-major mesh order, fill nodes of this many ranks each; 0 means
+ * the whole mesh is on one node. */
 typedef struct mt_time_model {
   double alpha[MT_NLINKS];
   double beta[MT_NLINKS];
+  double call;
   int64_t ranks_per_node;
 } mt_time_model;
 
 /* Local. The built-in model: shared memory at 1 us and 5 GB/s, a network at
- * 20 us and 1.25 GB/s (10 Gb/s), one node. */
+ * 20 us and 1.25 GB/s (10 Gb/s), 2 us per step, one node. */
 mt_time_model mt_time_model_default(void);
 
-/* Local. MT_EINVAL unless every alpha and beta is finite and >= 0, the network's
+/* Local. MT_EINVAL unless call and every alpha and beta is finite and >= 0, the network's
  * are not below shared memory's, and ranks_per_node >= 0; the message says which.
  *
  *   if (mt_time_model_check(&m, &err) != MT_OK) return err.code;
@@ -71,15 +75,17 @@ typedef enum mt_time_kind {
 mt_coll_alg mt_time_coll_alg(int kind, int64_t group, int64_t bytes);
 
 /* Local. Seconds that collective `kind` over `group` ranks on `bytes` takes on
- * `link`, by the algorithm mt_time_coll_alg picks.
+ * `link`, by the algorithm mt_time_coll_alg picks, plus the model's `call`.
+ * `received` is the most bytes one rank receives of the others' data (uneven
+ * shards: more than bytes * (G - 1) / G); an all-reduce ignores it.
  *
- *   double t = mt_time_coll(&m, MT_TIME_ALLGATHER, 64, 1 << 20, MT_LINK_NET);
+ *   double t = mt_time_coll(&m, MT_TIME_ALLGATHER, 64, 1 << 20, 63 << 14, MT_LINK_NET);
  */
 double mt_time_coll(const mt_time_model *model, int kind, int64_t group, int64_t bytes,
-                    int link);
+                    int64_t received, int link);
 
 /* Local. Seconds of a linear exchange in which the busiest rank sends or receives
- * `messages` messages and `bytes` bytes on `link` (MPI_Alltoallw). */
+ * `messages` messages and `bytes` bytes on `link` (MPI_Alltoallw), plus `call`. */
 double mt_time_linear(const mt_time_model *model, int64_t messages, int64_t bytes,
                       int link);
 
