@@ -8,8 +8,8 @@
 Ranks 0 and 1 time a ping-pong of 8 B to --max-bytes (half a round trip, median of
 --reps, after one untimed sweep): alpha is the time of the smallest messages, beta the slope between the
 two largest sizes. `call` is what one mpitensor redistribution step costs beyond
-its messages: a Shard(0) -> Replicate of 8 bytes per rank over every rank, less a
-raw MPI_Allgather of the same bytes. The link class is shared memory when ranks 0
+its messages: the C executor running a Shard(0) -> Replicate plan of 8 bytes per
+rank over every rank, less a raw MPI_Allgather of the same bytes. The link class is shared memory when ranks 0
 and 1 share a node (MPI_Comm_split_type), else the network, or --link. The table
 (JSON: the costs, the machine, when) goes to $MPITENSOR_TIME_MODEL or
 ~/.cache/mpitensor/time_model.json (--out to choose); an existing table keeps its
@@ -60,16 +60,17 @@ def ping_pong(comm, nbytes: int, reps: int) -> float:
 def call_cost(comm, reps: int) -> float:
     """Seconds one mpitensor step costs beyond a raw collective of the same bytes."""
     import mpitensor as mt
-    from mpitensor import Replicate, Shard
+    from mpitensor import Replicate, Shard, _C, _redistribute
 
     mesh = mt.init_device_mesh("cpu", (comm.size,), comm=comm)
-    x = mt.distribute_tensor(np.zeros(comm.size), mesh, [Shard(0)])
+    plan = _redistribute.plan_for(mesh, (comm.size,), (Shard(0),), (Replicate(),),
+                                  np.dtype("f8"))
     send, recv = np.zeros(1), np.zeros(comm.size)
     mt_times, raw_times = [], []
     for _ in range(reps + 1):
         comm.Barrier()
         t0 = time.perf_counter()
-        x.redistribute(mesh, [Replicate()]).to_local()
+        _C.redistribute(mesh._handle, plan, send)  # the executor alone, no Python
         mt_times.append(time.perf_counter() - t0)
         comm.Barrier()
         t0 = time.perf_counter()

@@ -5,7 +5,8 @@ seconds per message, ``alpha``, and per byte, ``beta``, for shared memory within
 a node and for the network between nodes). ``benchmarks/calibrate.py`` fits them
 on this machine and writes a JSON table; every mesh created afterwards uses it.
 The table is read at ``$MPITENSOR_TIME_MODEL`` if set, else at
-``$XDG_CACHE_HOME/mpitensor/time_model.json`` (``~/.cache`` by default). Rank 0
+``$XDG_CACHE_HOME/mpitensor/time_model.json`` (``~/.cache`` by default);
+``MPITENSOR_TIME_MODEL=builtin`` ignores any table. Rank 0
 of the mesh's communicator reads it and broadcasts what it found, so every rank
 plans with the same costs (plans that differed between ranks would pair
 different collectives). A missing table means the built-in costs; a table that
@@ -109,7 +110,7 @@ def model_for(comm, handle) -> None:
     Example: ``model_for(MPI.COMM_WORLD, mesh._handle)`` (DeviceMesh does this).
     """
     found = None
-    if comm.Get_rank() == 0:
+    if comm.Get_rank() == 0 and os.environ.get("MPITENSOR_TIME_MODEL") != "builtin":
         try:
             found = read_table()
         except ValueError as e:
