@@ -926,6 +926,13 @@ const mt_step *mt_plan_step(const mt_plan *plan, int i) {
   return &plan->list.s[i];
 }
 
+double mt_plan_predict(const mt_plan *plan, const mt_time_model *model) {
+  double t = 0.0;
+  for (int i = 0; plan != NULL && i < plan->list.n; ++i)
+    t += step_time(&plan->list.s[i], model);
+  return t;
+}
+
 double mt_plan_time(const mt_plan *plan) {
   return plan == NULL ? 0.0 : plan->list.time;
 }

@@ -103,7 +103,17 @@ static PyObject *plan_get_time(PlanObject *self, void *c) {
   return PyFloat_FromDouble(mt_plan_time(self->plan));
 }
 
+/* predict(model) -> seconds the time model tuple predicts for this plan's steps */
+static PyObject *plan_predict(PlanObject *self, PyObject *arg) {
+  mt_time_model m;
+  if (mt_ext_time_model(arg, &m) < 0) return NULL;
+  return PyFloat_FromDouble(mt_plan_predict(self->plan, &m));
+}
+
 static PyMethodDef plan_methods[] = {
+    {"predict", (PyCFunction)plan_predict, METH_O,
+     "predict(model) -> the seconds the time model tuple predicts for these steps. "
+     "Local."},
     {"steps", (PyCFunction)plan_steps, METH_NOARGS,
      "[(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds)] of every "
      "step. Local."},

@@ -136,6 +136,13 @@ int64_t mt_plan_messages(const mt_plan *plan);
 /* Local. The plan's predicted seconds: the sum of its steps' `time`. */
 double mt_plan_time(const mt_plan *plan);
 
+/* Local. The seconds `model` predicts for the plan's steps (as if it had been
+ * planned under it), to compare plans chosen under other models.
+ *
+ *   double t = mt_plan_predict(plan, &calibrated);
+ */
+double mt_plan_predict(const mt_plan *plan, const mt_time_model *model);
+
 /* Local. True when a step on one mesh dim that changes `src` into `dst` (which
  * differ only on `mesh_dim`) is one valid collective: the tensor dims it touches
  * are not sharded by any later mesh dim, so the group's boxes are consecutive
