@@ -68,7 +68,6 @@ DEVIATIONS: dict = {
 KNOWN_EXCESS = {
     ('matmul', (('Psum', 'S0'), ('S0', 'S1'))),
     ('matmul', (('Psum', 'S0'), ('S0', 'R'))),
-    ('matmul', (('Psum', 'S0'), ('S0', 'S0'))),
     ('matmul', (('R', 'S0'), ('S0', 'S1'))),
     ('matmul', (('S0', 'S1'), ('S1', 'R'))),
     ('matmul', (('S0', 'S1'), ('Psum', 'R'))),
