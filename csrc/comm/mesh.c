@@ -167,7 +167,7 @@ static int learn_nodes(mt_mesh *m, int64_t linear, mt_error *err) {
   int st = node != NULL ? MT_OK : mt_error_set(&e, MT_ENOMEM, "out of memory learning "
                                                                 "which ranks share a node");
   st = mt_agree_fingerprint_comm(m->mesh_comm, st, 0, &e);
-  if (st != MT_OK) {
+  if (st != MT_OK || node == NULL) {
     free(node);
     if (err != NULL) *err = e;
     return st;

@@ -658,10 +658,12 @@ static int reshard_phase(step_list *list, const mt_layout *cur, const mt_layout 
                          int64_t itemsize, const mt_time_model *model, mt_error *err) {
   if (differ_only_on(cur, dst, -1)) return MT_OK;
   step_list *chain = calloc(1, sizeof *chain), *direct = calloc(1, sizeof *direct);
-  int found = 0, rc = MT_OK;
-  if (chain == NULL || direct == NULL)
-    rc = mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
-  if (rc == MT_OK) rc = chain_phase(chain, *cur, dst, itemsize, &found, err);
+  if (chain == NULL || direct == NULL) {
+    free(chain);
+    free(direct);
+    return mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
+  }
+  int found = 0, rc = chain_phase(chain, *cur, dst, itemsize, &found, err);
   if (rc == MT_OK) rc = push_step(direct, MT_STEP_DIRECT, -1, cur, dst, itemsize, err);
   if (rc == MT_OK)
     rc = append_list(list, found && chain_wins(chain, direct, model) ? chain : direct,

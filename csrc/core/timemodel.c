@@ -23,8 +23,8 @@
 #define ALLREDUCE_SMALL 10000
 /* Reduce-scatter halves recursively up to this total, and up to LARGE on a
  * power-of-two group. */
-#define REDSCAT_SMALL (12 * 1024)
-#define REDSCAT_LARGE (256 * 1024)
+#define REDSCAT_SMALL ((int64_t)12 * 1024)
+#define REDSCAT_LARGE ((int64_t)256 * 1024)
 
 mt_time_model mt_time_model_default(void) {
   mt_time_model m = {{1.0e-6, 20.0e-6}, {1.0 / 5.0e9, 1.0 / 1.25e9}, 2.0e-6, 0};
