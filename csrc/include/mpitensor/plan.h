@@ -62,11 +62,12 @@ typedef struct mt_plan mt_plan;
  * - The remaining Shard/Replicate changes are priced two ways, as a chain of
  *   per-mesh-dim steps (all-gather, all-to-all, chunk) where a valid chain exists,
  *   and as one DIRECT exchange in which every element reaches each rank that needs
- *   it at most once; the one the time model predicts faster wins; where they tie
- *   (within a part in a million), fewer bytes win, then fewer messages, then the
- *   chain (whose collectives MPI optimises).
- * - Where Partials are reduced, several orders are priced and the fastest wins
- *   among those that move no more bytes than torch's order.
+ *   it at most once. A chain of one collective moving the same bytes wins; else
+ *   the one the time model (timemodel.h) predicts faster; where they tie (within
+ *   a part in a million), fewer bytes win, then fewer messages, then the chain
+ *   (whose collectives MPI optimises).
+ * - Several orders of reductions and shard changes are priced, and the fastest
+ *   wins among those that move no more bytes than torch's order.
  * - A mesh dim of size 1 never costs a step with communication.
  * An empty plan (zero steps) means the layouts hold the same data on every rank.
  * mt_plan_create uses mt_time_model_default() (one node). */
