@@ -5,12 +5,13 @@
     mpiexec -n 2 python benchmarks/calibrate.py --link net --mca-note tcp
                                         # fit the network class explicitly
 
-Ranks 0 and 1 time a ping-pong of 8 B to --max-bytes (half a round trip, median of
---reps, after one untimed sweep): alpha is the time of the smallest messages, beta the slope between the
-two largest sizes. `call` is what one mpitensor redistribution step costs beyond
-its messages: the C executor running a Shard(0) -> Replicate plan of 8 bytes per
-rank over every rank, less a raw MPI_Allgather of the same bytes. The link class is shared memory when ranks 0
-and 1 share a node (MPI_Comm_split_type), else the network, or --link. The table
+Ranks 0 and 1 time a ping-pong of 8 B to --max-bytes (half a round trip, median
+of --reps, after one untimed sweep): alpha is the time of the smallest messages,
+beta the slope between the two largest sizes. `call` is what one mpitensor
+redistribution step costs beyond its messages: the C executor running a Shard(0)
+-> Replicate plan of 8 bytes per rank over every rank, less a raw MPI_Allgather of
+the same bytes. The link class is shared memory when ranks 0 and 1 share a node
+(MPI_Comm_split_type), else the network, or --link. The table
 (JSON: the costs, the machine, when) goes to $MPITENSOR_TIME_MODEL or
 ~/.cache/mpitensor/time_model.json (--out to choose); an existing table keeps its
 entry for the other link class. Every mesh created afterwards ranks its plans by

@@ -118,7 +118,8 @@ def main() -> int:
                 chosen = next(iter(plans))  # planned under the mesh's model first
                 row = []
                 for key, p in plans.items():
-                    row.append({"plan": "+".join(f"{k}@{d}" if d >= 0 else k for k, d in key),
+                    label = "+".join(f"{k}@{d}" if d >= 0 else k for k, d in key)
+                    row.append({"plan": label,
                                 "predicted_s": p.predict(model),
                                 "measured_s": timed(comm, mesh, p, local, args.reps),
                                 "bytes": p.bytes, "chosen": key == chosen})

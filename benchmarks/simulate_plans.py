@@ -18,7 +18,6 @@ of each plan (wall clock, one core) is reported per mesh.
 import argparse
 import itertools
 import json
-import os
 import sys
 import time
 
