@@ -280,32 +280,41 @@ int mt_step_valid(const mt_layout *src, const mt_layout *dst, int mesh_dim) {
 /* ---- Costs. ---- */
 
 /* Sum over ranks of numel(T_r) - numel(T_r ∩ S_r): the elements each rank does
- * not already hold. Exact for gathers, all-to-alls and direct exchanges alike,
- * since the source boxes of a rank's peers partition what it needs. */
-static int moved_elements(const mt_layout *src, const mt_layout *dst, int64_t *out) {
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0;
+ * not already hold, and the most one rank lacks into *most. Exact for gathers,
+ * all-to-alls and direct exchanges alike, since the source boxes of a rank's
+ * peers partition what it needs. */
+static int moved_elements(const mt_layout *src, const mt_layout *dst, int64_t *out,
+                          int64_t *most) {
+  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0, peak = 0;
   do {
     mt_box s, t, st;
     local_box(src, coord, &s);
     local_box(dst, coord, &t);
     int64_t kept = mt_box_intersect(&s, &t, &st) ? mt_box_numel(&st) : 0;
-    if (!add_ok(total, mt_box_numel(&t) - kept, &total)) return 0;
+    int64_t lack = mt_box_numel(&t) - kept;
+    if (lack > peak) peak = lack;
+    if (!add_ok(total, lack, &total)) return 0;
   } while (next_coord(coord, src));
   *out = total;
+  *most = peak;
   return 1;
 }
 
-/* Sum over ranks of numel(S_r) - numel(T_r): what a reduce-scatter receives. */
+/* Sum over ranks of numel(S_r) - numel(T_r): what a reduce-scatter receives, and
+ * the most one rank receives into *most. */
 static int scattered_elements(const mt_layout *src, const mt_layout *dst,
-                              int64_t *out) {
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0;
+                              int64_t *out, int64_t *most) {
+  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0, peak = 0;
   do {
     mt_box s, t;
     local_box(src, coord, &s);
     local_box(dst, coord, &t);
-    if (!add_ok(total, mt_box_numel(&s) - mt_box_numel(&t), &total)) return 0;
+    int64_t in = mt_box_numel(&s) - mt_box_numel(&t);
+    if (in > peak) peak = in;
+    if (!add_ok(total, in, &total)) return 0;
   } while (next_coord(coord, src));
   *out = total;
+  *most = peak;
   return 1;
 }
 
@@ -440,40 +449,20 @@ static int64_t coll_elements(const mt_step *st) {
   return mt_box_numel(&b);
 }
 
-/* The most elements one rank receives in a collective step: what it lacks of its
- * target box, or for a reduce-scatter what it reduces in, of the others' data;
- * an all-reduce is priced by its whole vector. */
-static int64_t busiest_elements(const mt_step *st) {
-  if (st->kind == MT_STEP_ALLREDUCE) return coll_elements(st);
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, most = 0;
-  do {
-    mt_box s, t, st_box;
-    local_box(&st->src, coord, &s);
-    local_box(&st->dst, coord, &t);
-    int64_t n;
-    if (st->kind == MT_STEP_REDUCE_SCATTER)
-      n = mt_box_numel(&s) - mt_box_numel(&t);
-    else
-      n = mt_box_numel(&t) -
-          (mt_box_intersect(&s, &t, &st_box) ? mt_box_numel(&st_box) : 0);
-    if (n > most) most = n;
-  } while (next_coord(coord, &st->src));
-  return most;
-}
-
-/* Fills a step's bytes and messages from its kind and layouts. */
+/* Fills a step's bytes and messages from its kind and layouts, and what the time
+ * model prices it by: the most bytes one rank receives (an all-reduce: its
+ * vector) and a collective's vector. */
 static int price_step(mt_step *st, int64_t itemsize, mt_error *err) {
-  int64_t elems = 0;
+  int64_t elems = 0, most = 0;
   int ok = 1;
   if (st->kind == MT_STEP_ALLREDUCE)
     ok = reduced_elements(&st->src, st->mesh_dim, &elems);
   else if (st->kind == MT_STEP_REDUCE_SCATTER)
-    ok = scattered_elements(&st->src, &st->dst, &elems);
+    ok = scattered_elements(&st->src, &st->dst, &elems, &most);
   else if (st->kind != MT_STEP_CHUNK)
-    ok = moved_elements(&st->src, &st->dst, &elems);
+    ok = moved_elements(&st->src, &st->dst, &elems, &most);
   if (!ok || !mul_ok(elems, itemsize, &st->bytes)) return overflow(err);
   if (st->kind == MT_STEP_DIRECT) {
-    int64_t most = 0;
     int rc = direct_messages(st, &most, err);
     if (rc == MT_OK && !mul_ok(most, itemsize, &st->rank_bytes)) return overflow(err);
     return rc;
@@ -483,8 +472,9 @@ static int price_step(mt_step *st, int64_t itemsize, mt_error *err) {
   if (st->kind == MT_STEP_CHUNK) return MT_OK;
   st->messages = mesh_numel(&st->src) * (st->src.mesh_shape[st->mesh_dim] - 1);
   st->rank_messages = st->src.mesh_shape[st->mesh_dim] - 1;
-  if (!mul_ok(busiest_elements(st), itemsize, &st->rank_bytes) ||
-      !mul_ok(coll_elements(st), itemsize, &st->vector_bytes))
+  int64_t vector = coll_elements(st);
+  if (!mul_ok(st->kind == MT_STEP_ALLREDUCE ? vector : most, itemsize, &st->rank_bytes) ||
+      !mul_ok(vector, itemsize, &st->vector_bytes))
     return overflow(err);
   return MT_OK;
 }
@@ -772,14 +762,14 @@ static int torch_order_bytes(const mt_layout *src, const mt_layout *dst, int64_t
       if (placement_eq(&cur.placements[m], &to)) continue;
       mt_layout next = cur;
       next.placements[m] = to;
-      int64_t elems = 0, bytes;
+      int64_t elems = 0, most = 0, bytes;
       int ok;
       if (cur.placements[m].kind != MT_PLACEMENT_PARTIAL)
-        ok = moved_elements(&cur, &next, &elems);
+        ok = moved_elements(&cur, &next, &elems, &most);
       else if (to.kind == MT_PLACEMENT_REPLICATE)
         ok = reduced_elements(&cur, m, &elems);
       else
-        ok = scattered_elements(&cur, &next, &elems);
+        ok = scattered_elements(&cur, &next, &elems, &most);
       if (!ok || !mul_ok(elems, itemsize, &bytes) || !add_ok(total, bytes, &total))
         return 0;
       cur = next;
