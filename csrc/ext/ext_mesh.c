@@ -377,7 +377,28 @@ static PyObject *mesh_get_shape(MeshObject *self, void *closure) {
   return out;
 }
 
+static PyObject *mesh_time_model(MeshObject *self, PyObject *unused) {
+  return mt_ext_time_model_tuple(mt_mesh_time_model(self->mesh));
+}
+
+/* set_time_model(model): the costs of a calibrated table; ranks_per_node stays
+ * what the mesh learnt. */
+static PyObject *mesh_set_time_model(MeshObject *self, PyObject *arg) {
+  mt_time_model m;
+  if (mt_ext_time_model(arg, &m) < 0) return NULL;
+  mt_error err = {0};
+  int rc = mt_mesh_set_time_model(self->mesh, &m, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef mesh_methods[] = {
+    {"time_model", (PyCFunction)mesh_time_model, METH_NOARGS,
+     "(alpha_shm, beta_shm, alpha_net, beta_net, call, ranks_per_node): how plans "
+     "on this mesh are ranked; ranks_per_node from MPI_Comm_split_type (0: one node). Local."},
+    {"set_time_model", (PyCFunction)mesh_set_time_model, METH_O,
+     "set_time_model(model): the alphas and betas of a calibrated table (ValueError "
+     "when invalid); ranks_per_node stays. Local."},
     {"slice", (PyCFunction)(void (*)(void))mesh_slice, METH_FASTCALL,
      "slice(dims) -> Mesh over those mesh dims (ascending), sharing communicators. Local."},
     {"coordinate", (PyCFunction)mesh_coordinate, METH_NOARGS,
@@ -437,7 +458,15 @@ static PyObject *live_comms(PyObject *module, PyObject *unused) {
   return PyLong_FromLongLong(mt_comm_live_count());
 }
 
+static PyObject *default_time_model(PyObject *self, PyObject *unused) {
+  mt_time_model m = mt_time_model_default();
+  return mt_ext_time_model_tuple(&m);
+}
+
 PyMethodDef mt_ext_mesh_methods[] = {
+    {"default_time_model", default_time_model, METH_NOARGS,
+     "The built-in time model (alpha_shm, beta_shm, alpha_net, beta_net, "
+     "call, ranks_per_node): one node. Local."},
     {"mpi_library_version", library_version, METH_NOARGS,
      "The MPI_Get_library_version string of the libmpi this extension links. Local."},
     {"comm_live_count", live_comms, METH_NOARGS,
