@@ -617,11 +617,16 @@ static int communicating_steps(const step_list *list) {
 
 /* On equal bytes a chain with at most one collective wins, since it is the one
  * collective torch users expect and MPI optimises (the direct exchange can only
- * save messages to ranks that hold nothing). Otherwise the faster one wins under
- * `model`; on a tie, or with no model (bytes first), fewer bytes win, then fewer
- * messages, then the chain. */
+ * save messages to ranks that hold nothing); so does a chain that sends no more
+ * messages, as torch's per-dim collectives would: the propagation engine prices
+ * an operation's moves by bytes and messages, and a plan it did not price must
+ * not replace the one it did. Otherwise the faster one wins under `model`; on a
+ * tie, or with no model (bytes first), fewer bytes win, then fewer messages, then
+ * the chain. */
 static int chain_wins(step_list *chain, step_list *direct, const mt_time_model *model) {
-  if (chain->bytes == direct->bytes && communicating_steps(chain) <= 1) return 1;
+  if (chain->bytes == direct->bytes &&
+      (communicating_steps(chain) <= 1 || chain->messages <= direct->messages))
+    return 1;
   if (model != NULL) {
     set_times(chain, model);
     set_times(direct, model);
