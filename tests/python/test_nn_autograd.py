@@ -449,12 +449,15 @@ def test_mlp_gradients_equal_torch():
     init_gloo()
     tmesh = init_device_mesh("cpu", (W,))
     mesh = mesh_of((W,))
-    model = mp.parallelize_module(MLP(4, 8), mesh, {
+    # An even hidden split: torch's RowwiseParallel takes a local input's global
+    # width to be the local width times the ranks.
+    h = 2 * W
+    model = mp.parallelize_module(MLP(4, h), mesh, {
         "w1": mp.ColwiseParallel(), "w2": mp.RowwiseParallel()})
-    ref = MLP(4, 8)
-    tmodel = torch.nn.Sequential(torch.nn.Linear(4, 8, dtype=torch.float64),
+    ref = MLP(4, h)
+    tmodel = torch.nn.Sequential(torch.nn.Linear(4, h, dtype=torch.float64),
                                  torch.nn.GELU(approximate="tanh"),
-                                 torch.nn.Linear(8, 4, dtype=torch.float64))
+                                 torch.nn.Linear(h, 4, dtype=torch.float64))
     with torch.no_grad():
         for i, lin in ((0, ref.w1), (2, ref.w2)):
             tmodel[i].weight.copy_(torch.from_numpy(lin.weight))
