@@ -112,6 +112,25 @@ def test_function_records_forward_and_backward():
     assert not Cube.apply(x.detach(), 2.0).requires_grad
 
 
+def test_function_returning_its_input_keeps_the_input_a_leaf():
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.ones((4, 2)), mesh, [S0], requires_grad=True)
+
+    class Same(mt.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    y = Same.apply(x)
+    assert y is not x and x.is_leaf and not y.is_leaf
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.full_tensor(), 2.0)
+
+
 def test_function_refuses_bad_gradients():
     mesh = mesh_of((W,))
     x = distribute_tensor(np.ones((4, 2)), mesh, [S0], requires_grad=True)
