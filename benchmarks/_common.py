@@ -5,29 +5,20 @@ result records and prints (machine, machine_line), and the peak-memory probe."""
 import gc
 import os
 import platform
-import socket
 
 import numpy as np
 from mpi4py import MPI
 
 
 def init_gloo(comm):
-    """Initialises torch.distributed (gloo, env://) on the ranks of `comm` and returns
+    """Initialises torch.distributed (gloo) on the ranks of `comm` and returns
     (torch, torch.distributed, a 1-D torch DeviceMesh over all ranks). Collective."""
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      RANK=str(comm.rank), WORLD_SIZE=str(comm.size))
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    torch.set_num_threads(1)  # as OPENBLAS_NUM_THREADS=1 for NumPy: one core per rank
-    dist.init_process_group("gloo", init_method="env://")
+    from mpitensor.testing import init_torch_gloo
+
+    dist = init_torch_gloo(comm)
     return torch, dist, init_device_mesh("cpu", (comm.size,))
 
 

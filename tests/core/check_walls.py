@@ -22,6 +22,9 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from graphs import strongly_connected  # noqa: E402  (tests/graphs.py)
+
 BELOW = {"core": {"core"}, "kernels": {"kernels", "core"}, "comm": {"comm", "core"},
          "io": {"io", "comm", "core"}}
 
@@ -96,35 +99,9 @@ def include_problems(src: str) -> list[str]:
 
 
 def cycles(edges: dict) -> list:
-    """The strongly connected components of more than one node (Tarjan)."""
-    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in edges.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in list(edges):
-        if v not in index:
-            visit(v)
-    return found
+    """The strongly connected components of more than one object file (a file that
+    calls itself is no cycle)."""
+    return [comp for comp in strongly_connected(edges) if len(comp) > 1]
 
 
 def main(argv: list[str]) -> int:

@@ -10,9 +10,13 @@ parses the same files and reaches the same verdict.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from graphs import strongly_connected  # noqa: E402  (tests/graphs.py)
 
 PACKAGE = "mpitensor"
 ROOT = Path(__file__).resolve().parents[2] / "python" / PACKAGE
@@ -130,36 +134,10 @@ def graph():
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-    counter = [0]
-
-    def strong(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in sorted(edges.get(v, ())):
-            if w not in index:
-                strong(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1 or v in edges.get(v, ()):
-                out.append(sorted(comp))
-
-    for v in sorted(edges):
-        if v not in index:
-            strong(v)
-    return out
+    """Strongly connected components of more than one module, or a module that
+    imports itself."""
+    return [comp for comp in strongly_connected(edges)
+            if len(comp) > 1 or comp[0] in edges.get(comp[0], ())]
 
 
 def test_every_module_has_a_floor():
