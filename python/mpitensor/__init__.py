@@ -27,6 +27,7 @@ from . import nn
 from . import checkpoint
 from .checkpoint import load, save
 from . import parallel
+from . import fsdp
 from . import testing
 from . import debug
 

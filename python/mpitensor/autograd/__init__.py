@@ -19,9 +19,10 @@ from __future__ import annotations
 from .. import _modes
 from . import _engine, _rules
 from ._engine import Node, backward, grad
+from ._function import Function, FunctionCtx
 from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 
-__all__ = ["Node", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled",
+__all__ = ["Node", "Function", "FunctionCtx", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled",
            "is_grad_enabled"]
 
 _rules.install()

@@ -15,6 +15,7 @@ one; broadcast dims are summed away (a Partial(sum) where they are sharded).
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import numpy as np
@@ -48,6 +49,7 @@ def _differentiable(func, rule) -> None:
     ``rule(result, *args, **kwargs)`` when an operand requires grad in grad mode."""
     impl = _registry.functions[func]
 
+    @functools.wraps(impl)
     def entry(*args, **kwargs):
         if not _modes.grad_enabled or not _needs_grad(args, kwargs):
             return impl(*args, **kwargs)
@@ -63,7 +65,6 @@ def _differentiable(func, rule) -> None:
             _modes.set_grad_enabled(was)
         return rule(result, *args, **kwargs)
 
-    entry.__wrapped__ = impl
     _registry.functions[func] = entry
 
 

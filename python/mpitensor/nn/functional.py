@@ -24,6 +24,7 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from .._ops import _dispatch as D
 from ..placement_types import Partial, Replicate, Shard
+from ..autograd import Function
 from . import _kernels
 
 __all__ = ["softmax", "log_softmax", "linear", "relu", "gelu", "dropout", "layer_norm",
@@ -158,6 +159,51 @@ def linear(input, weight, bias=None):
                      "be ndarrays")
     if bias is not None and not _is_dt(bias):
         raise _mixed("linear", "the bias is an ndarray but the weight is a DTensor")
+    return _Linear.apply(input, weight, bias)
+
+
+class _Linear(Function):
+    """linear on DTensors. The gradients are DTensor operations, so their
+    placements are matmul's rule for the transposed products, as torch's addmm
+    backward: with ColwiseParallel (input Replicate, weight Shard(0)) the input's
+    gradient is a Partial sum (reduced where it meets the Replicate input) and
+    the weight's Shard(0); with RowwiseParallel (input Shard(-1), weight
+    Shard(1)) nothing is communicated."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias):
+        ctx.save_for_backward(input, weight, bias)
+        return _linear_forward(input, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        input, weight, bias = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        gi = gw = gb = None
+        if need[0]:
+            gi = _as_dtype(np.matmul(g, weight), input.dtype)
+        if need[1]:
+            lead = "abcdefghjklmnpqrstuvwxyz"[:input.ndim - 1]
+            gw = _as_dtype(np.einsum(f"{lead}o,{lead}i->oi", g, input), weight.dtype)
+        if need[2]:
+            gb = _as_dtype(_sum_to(g, bias.shape), bias.dtype)
+        return gi, gw, gb
+
+
+def _as_dtype(g, dtype):
+    return g if g.dtype == dtype else g.astype(dtype)
+
+
+def _sum_to(g, shape):
+    """``g`` summed over the dims that broadcasting ``shape`` to it added."""
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, g.shape)) if n == 1 and m != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g
+
+
+def _linear_forward(input, weight, bias):
     if _kernels.enabled and weight.ndim == 2 and input.ndim >= 1 \
             and np.matmul not in _registry.rules:
         out, fused = _linear_local(input, weight, bias)

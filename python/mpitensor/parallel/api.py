@@ -7,7 +7,7 @@ from fnmatch import fnmatch
 
 from .. import _args
 from ..nn.module import Module
-from . import fsdp as _fsdp
+from ..fsdp import _two_d as _fsdp
 from ._utils import validate_tp_mesh_dim
 from .style import ParallelStyle
 

@@ -1,0 +1,21 @@
+"""Fully sharded data parallelism, as torch.distributed.fsdp's ``fully_shard``
+(FSDP2), on DTensors: parameters sharded on dim 0 over the data-parallel mesh,
+gathered one module group at a time for its forward and backward, gradients
+reduce-scattered back. Composes with tensor parallelism on a 2-D ``(dp, tp)``
+mesh (see docs/training.md).
+
+Example (``mpiexec -n 4``)::
+
+    >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    >>> model = parallelize_module(model, mesh["tp"], plan)
+    >>> for block in model.layers:
+    ...     fully_shard(block, mesh=mesh["dp"])
+    >>> fully_shard(model, mesh=mesh["dp"])
+"""
+
+from __future__ import annotations
+
+from ._fully_shard import FSDPModule, fully_shard
+from ._two_d import enable_2d_with_fsdp, is_2d_enabled
+
+__all__ = ["fully_shard", "FSDPModule", "enable_2d_with_fsdp", "is_2d_enabled"]

@@ -1,0 +1,424 @@
+"""fully_shard: torch's FSDP2 on DTensors.
+
+A fully_sharded module owns one group: its parameters that no fully_sharded
+descendant owns. Each parameter is stored sharded on dim 0 over the data-parallel
+mesh (dim 0 of what tensor parallelism leaves on the rank, for a parameter already
+on a ``tp`` mesh). Every rank's shards of the group are packed into one flat
+buffer, each padded to the same number of rows on every rank, so that the group's
+unshard is one even all-gather and its gradient one reduce-scatter, as torch's
+FSDP2 (``FSDPParamGroup``).
+
+The unsharded parameters are DTensors on the mesh without ``dp``: the ``dp`` mesh
+itself, Replicate, for a module of plain arrays (so an input sharded over ``dp``
+is a global batch, and the loss is global); the ``tp`` mesh with their own
+placement for a tensor-parallel module (each data-parallel replica runs its own
+batch, as torch's). They are the same objects in every step: the forward and its
+backward rules hold them, and freeing them after the forward swaps their local
+arrays for a placeholder that holds no memory.
+
+Autograd: every unsharded parameter is the output of a node whose input is one
+token per group, and the token's node has the group's sharded parameters as
+inputs. The engine runs a tensor's node only after every node computed from it, so
+the token's node runs once, after the last gradient of the group arrived: there
+the group's gradients are reduce-scattered, in one collective, into the sharded
+parameters. A node on the module's outputs runs before anything inside the module
+in backward: there the group is all-gathered again if the forward freed it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _modes
+from .._args import resolve_mesh
+from .._dtensor import DTensor
+from .._dtensor_spec import contiguous_strides
+from ..autograd import Node, no_grad
+from ..device_mesh import DeviceMesh
+from ..nn.module import Module
+from ..placement_types import Partial, Replicate, Shard
+
+__all__ = ["fully_shard", "FSDPModule"]
+
+# Meshes with the dims of a (dp, tp) mesh swapped, made once per mesh (see _Param).
+_tp_first_meshes: dict = {}
+
+
+class FSDPModule:
+    """What :func:`fully_shard` mixes into a module's class (as torch's
+    ``FSDPModule``): ``unshard()`` and ``reshard()`` move the module's own
+    parameter group by hand. Collective on the data-parallel mesh.
+
+    Example::
+
+        >>> fully_shard(model)
+        >>> isinstance(model, FSDPModule)
+        True
+        >>> model.unshard(); model.reshard()
+    """
+
+    def unshard(self) -> None:
+        """All-gather this module's parameter group now (one collective; nothing
+        when it is unsharded already). Collective on the data-parallel mesh.
+
+        Example: ``model.unshard()`` before a forward that should not wait for it.
+        """
+        self.__dict__["_fsdp_state"].unshard()
+
+    def reshard(self) -> None:
+        """Free this module's unsharded parameters (no communication). Local.
+
+        Example: ``model.reshard()`` after an evaluation forward.
+        """
+        self.__dict__["_fsdp_state"].reshard()
+
+
+_fsdp_classes: dict = {}
+
+
+def _fsdp_class(cls):
+    if issubclass(cls, FSDPModule):
+        return cls
+    if cls not in _fsdp_classes:
+        _fsdp_classes[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    return _fsdp_classes[cls]
+
+
+def fully_shard(module, *, mesh: DeviceMesh | None = None,
+                reshard_after_forward: bool = True):
+    """Shard ``module``'s parameters over the data-parallel mesh, as torch's FSDP2
+    ``fully_shard``: call it on submodules (such as each transformer block) first,
+    then on the root. Returns the module, whose class now also derives from
+    :class:`FSDPModule`.
+
+    Every parameter the module owns (not owned by a fully_sharded descendant)
+    becomes a ``Shard(0)`` DTensor over ``dp``; one of a module parallelized over
+    the ``tp`` dim of a 2-D ``(dp, tp)`` mesh keeps its ``tp`` placement beside it
+    (on the 2-D mesh; on that mesh with its dims swapped, ``(tp, dp)``, when TP
+    shards dim 0 too, so that ``dp`` shards the rank's TP shard as torch's strided
+    sharding does). Before the module's forward its group is all-gathered in one
+    collective; after it the gathered parameters are freed when
+    ``reshard_after_forward`` (the root module, first to run backward, keeps them,
+    as torch's), gathered again before the module's backward, and the gradients
+    are reduce-scattered in one collective into the sharded parameters' ``.grad``:
+    summed when they are Partial over ``dp`` (a batch sharded over ``dp``),
+    averaged over the replicas otherwise (each replica's own batch).
+
+    ``mesh``: the 1-D data-parallel mesh, or a 2-D mesh with a dim named ``"dp"``;
+    default the current mesh. Raises ValueError (on every rank: every check depends
+    on shapes, meshes and placements) when the mesh has no ``dp`` dim, the module is
+    fully_sharded already, a parameter is owned by a fully_sharded ancestor (call
+    it on children first) or lives on a mesh that is not the other dim of ``dp``'s
+    2-D mesh, is a scalar or Partial, or the group mixes dtypes. Collective on the
+    mesh (local shards are cut; only the swapped mesh, when needed, communicates).
+
+    Example (``mpiexec -n 2``)::
+
+        >>> mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+        >>> for block in model.layers:
+        ...     fully_shard(block, mesh=mesh)
+        >>> fully_shard(model, mesh=mesh)
+        >>> model.layers[0].w1.weight.placements
+        (Shard(dim=0),)
+    """
+    if not isinstance(module, Module):
+        raise TypeError(f"fully_shard takes an mpitensor.nn.Module, got "
+                        f"{type(module).__name__}")
+    if "_fsdp_state" in module.__dict__:
+        raise ValueError(f"fully_shard: {type(module).__name__} is fully_sharded already")
+    dp_mesh = _dp_mesh(mesh)
+    state = _State(module, dp_mesh, bool(reshard_after_forward))
+    for m in module.modules():
+        s = m.__dict__.get("_fsdp_state")
+        if s is not None and m is not module:
+            s.is_root = False
+    module.__dict__["_fsdp_state"] = state
+    module.__class__ = _fsdp_class(type(module))
+    module.register_forward_pre_hook(state.pre_forward)
+    module.register_forward_hook(state.post_forward)
+    return module
+
+
+def _dp_mesh(mesh) -> DeviceMesh:
+    if mesh is None:
+        mesh = resolve_mesh(None)
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"fully_shard: mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    if mesh.ndim == 1:
+        return mesh
+    names = mesh.mesh_dim_names
+    if mesh.ndim == 2 and names is not None and "dp" in names:
+        return mesh["dp"]
+    raise ValueError(f"fully_shard: {mesh!r} has no data-parallel dim: pass a 1-D mesh or "
+                     f"a 2-D mesh with a dim named 'dp'")
+
+
+def _tp_first(root: DeviceMesh, dp_name: str) -> DeviceMesh:
+    """``root`` (2-D) with its dp dim last. Collective on ``root``'s ranks."""
+    names = root.mesh_dim_names
+    if names.index(dp_name) == 1:
+        return root
+    key = id(root)
+    if key not in _tp_first_meshes:
+        _tp_first_meshes[key] = DeviceMesh(root.device_type, root.mesh.T,
+                                           mesh_dim_names=names[::-1], comm=root._comm)
+    return _tp_first_meshes[key]
+
+
+class _Param:
+    """One parameter of a group: its sharded and unsharded DTensors, where it
+    is registered, and its slot in the group's flat buffer."""
+
+    def __init__(self, where, value, dp_mesh: DeviceMesh, what: str):
+        self.where = where  # [(module, name)]
+        dp = dp_mesh.size()
+        rank = dp_mesh.get_local_rank()
+        if isinstance(value, DTensor):
+            tp_mesh, tp_pl, local = self._tp_parts(value, dp_mesh, what)
+            self.umesh, self.upl = tp_mesh, (tp_pl,)
+            shape = value.shape
+        else:
+            local = np.asarray(value)
+            self.umesh, self.upl, tp_mesh = dp_mesh, (Replicate(),), None
+            shape = local.shape
+        if local.ndim == 0 or len(shape) == 0:
+            raise ValueError(f"fully_shard: parameter {what} is a scalar; FSDP shards dim 0")
+        if not np.issubdtype(local.dtype, np.inexact):
+            raise ValueError(f"fully_shard: parameter {what} has dtype {local.dtype}; "
+                             f"parameters must be floating point or complex")
+        self.shape, self.dtype, self.lshape = tuple(shape), local.dtype, local.shape
+        self.rows = -(-local.shape[0] // dp)  # padded rows of every rank's shard
+        self.rest = int(np.prod(local.shape[1:], dtype=np.int64))
+        start = min(rank * self.rows, local.shape[0])
+        self.n = min(local.shape[0] - start, self.rows)
+        shard = np.array(local[start:start + self.n], copy=True)
+        stride = contiguous_strides(self.shape)
+        if tp_mesh is None:
+            smesh, spl = dp_mesh, (Shard(0),)
+        else:
+            root = dp_mesh._get_root_mesh()
+            dp_name = dp_mesh.mesh_dim_names[0]
+            smesh = _tp_first(root, dp_name) if tp_pl.is_shard(0) else root
+            spl = tuple(Shard(0) if n == dp_name else tp_pl for n in smesh.mesh_dim_names)
+        self.sharded = DTensor.from_local(shard, smesh, spl, shape=self.shape, stride=stride)
+        self.sharded.requires_grad_(True)
+        self.free = np.broadcast_to(np.array(np.nan, self.dtype), self.lshape)
+        self.unsharded = DTensor.from_local(self.free, self.umesh, self.upl,
+                                            shape=self.shape, stride=stride)
+
+    @staticmethod
+    def _tp_parts(value: DTensor, dp_mesh: DeviceMesh, what: str):
+        mesh = value.device_mesh
+        root = dp_mesh._get_root_mesh()
+        dp_name = (dp_mesh.mesh_dim_names or (None,))[0]
+        ok = (mesh.ndim == 1 and root.ndim == 2 and mesh is not dp_mesh
+              and mesh._get_root_mesh() is root and dp_name is not None
+              and mesh.mesh_dim_names is not None and mesh.mesh_dim_names[0] != dp_name)
+        if not ok:
+            if mesh == dp_mesh or (mesh.ndim == 2 and mesh._get_root_mesh() is root) or \
+                    mesh in _tp_first_meshes.values():
+                raise ValueError(
+                    f"fully_shard: parameter {what} is on {mesh!r} already, with "
+                    f"placements {value.placements}: it is fully_sharded by an ancestor "
+                    f"(call fully_shard on submodules before their parents) or was "
+                    f"parallelized over the whole mesh (parallelize over mesh['tp'])")
+            raise ValueError(
+                f"fully_shard: parameter {what} is a DTensor on {mesh!r}; fully_shard over "
+                f"{dp_mesh!r} takes arrays, or DTensors on the other dim of the 2-D mesh "
+                f"the dp mesh was sliced from (parallelize_module over mesh['tp'] first)")
+        pl = value.placements[0]
+        if pl.is_partial():
+            raise ValueError(f"fully_shard: parameter {what} is Partial over "
+                             f"{mesh.mesh_dim_names[0]}")
+        return mesh, pl, value.detach()._data()
+
+
+class _State:
+    """A fully_sharded module's group and the hooks that move it."""
+
+    def __init__(self, module: Module, dp_mesh: DeviceMesh, reshard_after_forward: bool):
+        self.module, self.dp_mesh = module, dp_mesh
+        self.dp = dp_mesh.size()
+        self.reshard_after_forward = reshard_after_forward
+        self.is_root = True
+        self.unsharded = False
+        self.token = None  # the group's token of the forward a backward is owed to
+        self.grad = None  # (dp, flat size) gradients, this rank's terms
+        self.got: set = set()
+        self.params = self._collect(module)
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) > 1:
+            raise ValueError(f"fully_shard: {type(module).__name__}'s parameters mix dtypes "
+                             f"{sorted(str(d) for d in dtypes)}; a group is one buffer of "
+                             f"one dtype: fully_shard the submodules of each dtype apart")
+        self.dtype = self.params[0].dtype if self.params else np.dtype(np.float64)
+        self.offsets, size = [], 0
+        for p in self.params:
+            self.offsets.append(size)
+            size += p.rows * p.rest
+        self.size = size
+        for p in self.params:
+            for m, name in p.where:
+                m._parameters[name] = p.sharded
+
+    def _collect(self, module: Module) -> list:
+        found: dict = {}
+        order: list = []
+
+        def walk(m, prefix):
+            for name, value in m._parameters.items():
+                if value is None:
+                    continue
+                key = id(value)
+                if key not in found:
+                    found[key] = ([], value, f"{prefix}{name}")
+                    order.append(key)
+                found[key][0].append((m, name))
+            for cname, child in m.named_children():
+                if "_fsdp_state" not in child.__dict__:
+                    walk(child, f"{prefix}{cname}.")
+
+        walk(module, "")
+        return [_Param(found[k][0], found[k][1], self.dp_mesh, found[k][2]) for k in order]
+
+    # -- moving the group --------------------------------------------------------------
+    def unshard(self) -> None:
+        """The group's one all-gather over dp, unpacked into the unsharded DTensors."""
+        if self.unsharded or not self.params:
+            self.unsharded = True
+            return
+        buf = np.zeros(self.size, self.dtype)
+        for p, off in zip(self.params, self.offsets):
+            buf[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
+        with no_grad():
+            flat = DTensor.from_local(buf, self.dp_mesh, [Shard(0)],
+                                      shape=(self.dp * self.size,), stride=(1,))
+            full = flat.redistribute(self.dp_mesh, [Replicate()])._data()
+        full = full.reshape(self.dp, self.size)
+        for p, off in zip(self.params, self.offsets):
+            block = full[:, off:off + p.rows * p.rest].reshape((self.dp * p.rows,) + p.lshape[1:])
+            p.unsharded._local_tensor = block[:p.lshape[0]]
+        self.unsharded = True
+
+    def reshard(self) -> None:
+        """Frees the unsharded parameters (their arrays become placeholders)."""
+        for p in self.params:
+            p.unsharded._local_tensor = p.free
+        self.unsharded = False
+
+    def _register(self, which: str) -> None:
+        for p in self.params:
+            t = getattr(p, which)
+            for m, name in p.where:
+                m._parameters[name] = t
+
+    # -- hooks -------------------------------------------------------------------------
+    def pre_forward(self, module, args):
+        self.unshard()
+        self._register("unsharded")
+        if _modes.grad_enabled and self.params:
+            self._record()
+        return None
+
+    def post_forward(self, module, args, output):
+        self._register("sharded")
+        if not _modes.grad_enabled or self.token is None:
+            self.reshard()
+            return None
+        if self.reshard_after_forward and not self.is_root:
+            self.reshard()
+        return _alias_outputs(output, self.pre_backward)
+
+    def pre_backward(self) -> None:
+        self.unshard()
+
+    # -- autograd ----------------------------------------------------------------------
+    def _record(self) -> None:
+        if self.token is not None:
+            return  # a second forward before the backward: the same nodes collect both
+        token = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
+        token._requires_grad = True
+        token._grad_fn = Node("FSDPPostBackward", tuple(p.sharded for p in self.params),
+                              self.post_backward)
+        self.token, self.got = token, set()
+        zero = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
+        for i, p in enumerate(self.params):
+            p.unsharded._requires_grad = True
+            p.unsharded._grad_fn = Node("FSDPUnshard", (token,),
+                                        self._collector(i, zero))
+
+    def _collector(self, i: int, zero: DTensor):
+        def backward_fn(g):
+            self._add_grad(i, g)
+            return (zero,)
+        return backward_fn
+
+    def _add_grad(self, i: int, g: DTensor) -> None:
+        """Adds unsharded parameter i's gradient, as this rank's term of the sum the
+        reduce-scatter makes, into the group's buffer."""
+        p = self.params[i]
+        pl = g.placements[0] if p.umesh is self.dp_mesh else None
+        if pl is not None and pl.is_partial("sum"):
+            scale = 1.0
+        elif pl is not None and pl.is_partial("avg"):
+            scale = 1.0 / self.dp
+        else:
+            target = (Replicate(),) if p.umesh is self.dp_mesh else p.upl
+            if tuple(g.placements) != target:
+                g = g.redistribute(p.umesh, target)
+            scale = 1.0 / self.dp  # replicas' gradients are averaged, as torch's
+        local = g._data()
+        if self.grad is None:
+            self.grad = np.zeros((self.dp, self.size), self.dtype)
+        off = self.offsets[i]
+        padded = np.zeros((self.dp * p.rows,) + p.lshape[1:], self.dtype)
+        padded[:p.lshape[0]] = local
+        if scale != 1.0:
+            padded *= scale
+        self.grad[:, off:off + p.rows * p.rest] += padded.reshape(self.dp, -1)
+        self.got.add(i)
+
+    def post_backward(self, g):
+        """The group's one reduce-scatter; the sharded gradients for the engine to
+        accumulate into ``.grad``. Frees the unsharded parameters."""
+        buf, got = self.grad, self.got
+        self.grad, self.got, self.token = None, set(), None
+        self.reshard()
+        if buf is None:
+            return (None,) * len(self.params)
+        flat = DTensor.from_local(buf.reshape(-1), self.dp_mesh, [Partial("sum")],
+                                  shape=(self.dp * self.size,), stride=(1,))
+        local = flat.redistribute(self.dp_mesh, [Shard(0)])._data()
+        out = []
+        for i, (p, off) in enumerate(zip(self.params, self.offsets)):
+            if i not in got:
+                out.append(None)
+                continue
+            shard = local[off:off + p.n * p.rest].reshape((p.n,) + p.lshape[1:])
+            s = p.sharded._spec
+            out.append(DTensor.from_local(shard, s.mesh, s.placements, shape=s.shape,
+                                          stride=s.stride))
+        return tuple(out)
+
+
+def _alias_outputs(output, pre_backward):
+    """``output`` with each DTensor that requires grad replaced by an alias whose
+    backward runs ``pre_backward`` first (before anything the module computed)."""
+    if type(output) is DTensor:
+        if not output._requires_grad:
+            return output
+        alias = DTensor(output._data(), output._spec)
+        alias._requires_grad = True
+
+        def backward_fn(g):
+            pre_backward()
+            return (g,)
+        alias._grad_fn = Node("FSDPPreBackward", (output,), backward_fn)
+        return alias
+    if isinstance(output, tuple) and not hasattr(output, "_fields"):
+        return tuple(_alias_outputs(o, pre_backward) for o in output)
+    if isinstance(output, list):
+        return [_alias_outputs(o, pre_backward) for o in output]
+    if isinstance(output, dict):
+        return {k: _alias_outputs(v, pre_backward) for k, v in output.items()}
+    return output
