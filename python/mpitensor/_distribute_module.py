@@ -10,6 +10,7 @@ from typing import Callable
 from . import _args
 from ._dtensor import DTensor
 from ._distribute import distribute_tensor
+from .autograd import no_grad
 from .device_mesh import DeviceMesh
 from .nn.module import Module
 
@@ -53,10 +54,13 @@ def distribute_module(module, device_mesh: DeviceMesh | None = None,
         raise RuntimeError("distribute_module should only be called once on a module, "
                            "but it has already been called on this module!")
     mesh = _args.resolve_mesh(device_mesh)
-    for name, submod in list(module.named_modules()):
-        if partition_fn is not None:
-            partition_fn(name, submod, mesh)
-        _replicate_the_rest(submod, mesh)
+    # Placing parameters writes them: not part of any gradient (torch's
+    # distribute_module runs under no_grad too).
+    with no_grad():
+        for name, submod in list(module.named_modules()):
+            if partition_fn is not None:
+                partition_fn(name, submod, mesh)
+            _replicate_the_rest(submod, mesh)
     if input_fn is not None:
         _install(module, input_fn, mesh, "input_fn")
     if output_fn is not None:

@@ -640,13 +640,14 @@ class DTensor(_C.DTensorBase):
         """Pickles the local array and the spec, as torch.save(dtensor) does: a
         mesh's communicators cannot travel, so unpickling puts them back onto an
         equal mesh alive on the receiving rank, else gives a DTensorShard (see
-        :func:`_rebuild`). Local."""
+        :func:`_rebuild`). A leaf that requires grad comes back as one. Local."""
         mesh = self.device_mesh
         coordinate = mesh.get_coordinate()
         return _rebuild, (self._data(), self.placements, self.shape, self.stride(),
                           self.dtype, mesh.device_type, mesh.mesh.copy(),
                           mesh.mesh_dim_names,
-                          None if coordinate is None else tuple(coordinate))
+                          None if coordinate is None else tuple(coordinate),
+                          bool(self._requires_grad))
 
     def __array__(self, dtype=None, copy=None):
         raise TypeError(
@@ -668,7 +669,7 @@ _C.dispatch_init(DTensor, DTensorSpec, Replicate, Shard, Partial, _registry.func
 
 
 def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names,
-             coordinate=None):
+             coordinate=None, requires_grad=False):
     """Unpickles a DTensor onto an equal live mesh (creating one would be collective,
     which pickle.load must never be), else gives a :class:`DTensorShard`, since
     unpickling may run where no mesh can exist (a Jupyter client) inside a callback
@@ -690,7 +691,10 @@ def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names,
                 f"{coordinate}) is not rank {mesh.get_rank()}'s shard {tuple(expect)} at "
                 f"coordinate {tuple(here)} of the DTensor of shape {tuple(shape)}: "
                 f"unpickle each rank's pickle on that rank")
-    return DTensor(local, spec)
+    out = DTensor(local, spec)
+    if requires_grad:  # a leaf again, as torch.load gives a parameter back
+        out._requires_grad = True
+    return out
 
 
 # A shard pickled again (pushed back to its engine) is a DTensor where its mesh exists.

@@ -17,7 +17,7 @@ import numbers
 
 import numpy as np
 
-from .. import _C, _modes, _redistribute, _trace
+from .. import _C, _modes, _redistribute, _trace, device_mesh as _device_mesh
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 
@@ -139,11 +139,13 @@ def is_scalar(obj) -> bool:
 def implicit(operands) -> tuple:
     """Inside ``implicit_replication()``, plain ndarrays (not 0-d) among the operands
     become Replicate DTensors on the mesh of the first DTensor operand (no
-    communication: every rank is trusted to hold the same array); else unchanged."""
-    if not _modes.implicit_replication:
-        return tuple(operands)
+    communication: every rank is trusted to hold the same array); else unchanged.
+    On the local mesh (one rank: where ``to_local()`` puts a tensor autograd
+    follows) an ndarray is always such a DTensor, with nothing to trust, so it
+    mixes with local DTensors as it mixes with ndarrays."""
     mesh = next((o._spec.mesh for o in operands if type(o) is DTensor), None)
-    if mesh is None:
+    if mesh is None or not (_modes.implicit_replication
+                            or mesh is _device_mesh._local_mesh):
         return tuple(operands)
     return tuple(DTensor.from_local(o, mesh) if type(o) is np.ndarray and o.ndim > 0
                  else o for o in operands)

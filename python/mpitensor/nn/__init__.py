@@ -16,7 +16,7 @@ Example::
 """
 
 from . import functional
-from .activation import GELU, ReLU
+from .activation import GELU, ReLU, SiLU
 from .attention import MultiheadAttention
 from .container import ModuleList, Sequential
 from .dropout import Dropout
@@ -28,6 +28,6 @@ from .normalization import LayerNorm, RMSNorm
 from .transformer import FeedForward, TransformerBlock
 
 __all__ = ["functional", "Module", "Parameter", "RemovableHandle", "Linear", "Embedding",
-           "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "Sequential", "ModuleList",
+           "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "SiLU", "Sequential", "ModuleList",
            "MultiheadAttention", "FeedForward", "TransformerBlock",
            "register_module_forward_pre_hook", "register_module_forward_hook"]

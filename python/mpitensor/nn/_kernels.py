@@ -207,3 +207,31 @@ def attention_heads(q, k, v, scale: float, causal: bool):
                       for a in (q, k, v, out))
     _C.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
     return out.reshape(lead + (L, H * Ev))
+
+
+def gelu_grad(x, approximate: str):
+    """d gelu(x) / dx of a float ndarray."""
+    if approximate == "tanh":
+        c = _SQRT_2_OVER_PI
+        t = np.tanh(c * (x + 0.044715 * x * x * x))
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (c * (1.0 + 3 * 0.044715 * x * x))
+    # Phi(x) = gelu(x) / x keeps the forward's erfc accuracy; 1/2 at 0.
+    safe = np.where(x == 0, 1.0, x).astype(x.dtype)
+    cdf = np.where(x == 0, 0.5, gelu(safe, "none") / safe)
+    return (cdf + x * np.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))).astype(x.dtype)
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)) of a float ndarray, without overflow (tanh form)."""
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def silu(x):
+    """x * sigmoid(x) of a float ndarray."""
+    return x * sigmoid(x)
+
+
+def silu_grad(x):
+    """d silu(x) / dx of a float ndarray."""
+    s = sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))

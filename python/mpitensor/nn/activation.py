@@ -1,11 +1,11 @@
-"""Pointwise activations: GELU and ReLU."""
+"""Pointwise activations: GELU, ReLU and SiLU."""
 
 from __future__ import annotations
 
 from . import functional as F
 from .module import Module
 
-__all__ = ["GELU", "ReLU"]
+__all__ = ["GELU", "ReLU", "SiLU"]
 
 
 class GELU(Module):
@@ -45,3 +45,18 @@ class ReLU(Module):
 
     def forward(self, input):
         return F.relu(input)
+
+
+class SiLU(Module):
+    """torch.nn.SiLU: x * sigmoid(x) (the gate of SwiGLU).
+
+    Local: construction and forward never communicate (element-wise).
+
+    Example::
+
+        >>> SiLU()(np.array([0.0]))
+        array([0.])
+    """
+
+    def forward(self, input):
+        return F.silu(input)

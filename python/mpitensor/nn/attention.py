@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _C, _modes
+from ..autograd import Function
 from . import _kernels
 from . import functional as F
 from .linear import Linear
@@ -78,20 +79,23 @@ class MultiheadAttention(Module):
         give a DTensor of the query's placements (its last dim is whole heads)."""
         if not F._is_dt(projected[0]):
             return self._attend_local([np.asarray(p) for p in projected], attn_mask)
-        outs = [F._without_partial(p) for p in projected]
-        q = outs[0]  # the output has the query's positions and layout
-        local = self._attend_local([p.to_local() for p in outs], attn_mask)
-        shape = tuple(q.shape[:-1]) + (self.embed_dim,)
-        return F._wrap_like(q.device_mesh, q.placements, shape, local)
+        return _Attend.apply(self, attn_mask, *projected)
 
-    def _attend_local(self, projected, attn_mask):
+    def _heads(self, projected):
+        """q, k, v as contiguous (..., heads, L, head_dim) arrays of local projections."""
         d = self.head_dim
         if self.fused_qkv:
             (y,) = projected
             width = self._local_width(y.shape[-1], 3 * d)
             y = y.reshape(y.shape[:-1] + (width // (3 * d), 3, d))
-            q, k, v = (np.ascontiguousarray(np.moveaxis(y[..., i, :], -2, -3))
-                       for i in range(3))
+            return [np.ascontiguousarray(np.moveaxis(y[..., i, :], -2, -3)) for i in range(3)]
+        heads = [p.reshape(p.shape[:-1] + (p.shape[-1] // d, d)) for p in projected]
+        return [np.ascontiguousarray(np.moveaxis(h, -2, -3)) for h in heads]
+
+    def _attend_local(self, projected, attn_mask, saved=None):
+        d = self.head_dim
+        if self.fused_qkv:
+            q, k, v = self._heads(projected)
         else:
             for p in projected:
                 self._local_width(p.shape[-1], d)
@@ -106,8 +110,11 @@ class MultiheadAttention(Module):
             # Contiguous heads: the batched matmuls run faster than on strided views.
             q, k, v = (np.ascontiguousarray(np.moveaxis(h, -2, -3)) for h in heads)
         p = self.dropout if self.training else 0.0
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask, p, self.causal and
-                                           attn_mask is None)
+        causal = self.causal and attn_mask is None
+        if saved is None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask, p, causal)
+        else:  # what that gives on ndarrays, keeping the dropout mask for backward
+            o = F._sdpa_local(q, k, v, attn_mask, p, causal, None, None, saved)
         o = np.moveaxis(o, -3, -2)
         return np.ascontiguousarray(o.reshape(o.shape[:-2] + (-1,)))
 
@@ -141,3 +148,53 @@ class MultiheadAttention(Module):
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"fused_qkv={self.fused_qkv}, causal={self.causal}")
+
+
+class _Attend(Function):
+    """MultiheadAttention's attention of this rank's heads on DTensor projections,
+    on local arrays: the output has the query's placements, and the backward gives
+    each projection's gradient in that projection's placements (whole heads per
+    rank, so no communication beyond making the output's gradient match)."""
+
+    @staticmethod
+    def forward(ctx, module, attn_mask, *projected):
+        outs = [F._without_partial(p) for p in projected]
+        q = outs[0]  # the output has the query's positions and layout
+        saved = {} if any(ctx.needs_input_grad) else None
+        if saved is not None and _modes.context_parallel() is not None:
+            raise NotImplementedError(
+                "MultiheadAttention inside context_parallel has no backward yet (the ring "
+                "attention's); run it under mpitensor.no_grad()")
+        local = module._attend_local([p.to_local() for p in outs], attn_mask, saved)
+        ctx.module, ctx.attn_mask, ctx.outs = module, attn_mask, outs
+        ctx.p = module.dropout if module.training else 0.0
+        ctx.keep = None if saved is None else saved.get("keep")
+        shape = tuple(q.shape[:-1]) + (module.embed_dim,)
+        return F._wrap_like(q.device_mesh, q.placements, shape, local)
+
+    @staticmethod
+    def backward(ctx, g):
+        module, outs = ctx.module, ctx.outs
+        q = outs[0]
+        mesh = q.device_mesh
+        if g.placements != q.placements:
+            g = g.redistribute(mesh, q.placements)
+        if mesh.get_coordinate() is None:
+            return (None, None) + tuple(
+                F._wrap_like(mesh, o.placements, o.shape, np.empty((0,), o.dtype))
+                for o in outs)
+        d = module.head_dim
+        gl = g._data()
+        gh = np.moveaxis(gl.reshape(gl.shape[:-1] + (gl.shape[-1] // d, d)), -2, -3)
+        heads = module._heads([o._data() for o in outs])
+        causal = module.causal and ctx.attn_mask is None
+        grads = [np.moveaxis(x, -3, -2) for x in F._sdpa_backward(
+            *heads, gh, ctx.attn_mask, ctx.p, causal, None, ctx.keep)]
+        if module.fused_qkv:
+            y = np.stack(grads, axis=-2)
+            grads = [y.reshape(y.shape[:-3] + (-1,))]
+        else:
+            grads = [x.reshape(x.shape[:-2] + (-1,)) for x in grads]
+        return (None, None) + tuple(
+            F._wrap_like(mesh, o.placements, o.shape, np.ascontiguousarray(x, o.dtype))
+            for o, x in zip(outs, grads))

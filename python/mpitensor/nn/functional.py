@@ -27,7 +27,7 @@ from ..placement_types import Partial, Replicate, Shard
 from ..autograd import Function
 from . import _kernels
 
-__all__ = ["softmax", "log_softmax", "linear", "relu", "gelu", "dropout", "layer_norm",
+__all__ = ["softmax", "log_softmax", "linear", "relu", "gelu", "silu", "dropout", "layer_norm",
            "rms_norm", "embedding", "scaled_dot_product_attention", "cross_entropy"]
 
 
@@ -77,7 +77,7 @@ def softmax(x, axis: int = -1):
         >>> softmax(np.array([0.0, np.log(3.0)]))
         array([0.25, 0.75])
     """
-    return _apply("softmax", _softmax_local, x, axis)
+    return _Softmax.apply(x, axis, False)
 
 
 def log_softmax(x, axis: int = -1):
@@ -90,7 +90,41 @@ def log_softmax(x, axis: int = -1):
         >>> np.exp(log_softmax(np.array([0.0, np.log(3.0)])))
         array([0.25, 0.75])
     """
-    return _apply("log_softmax", _log_softmax_local, x, axis)
+    return _Softmax.apply(x, axis, True)
+
+
+class _Softmax(Function):
+    """(log_)softmax; the backward uses the output, along the same whole axis:
+    ``y (g - sum(g y))`` and ``g - exp(y) sum(g)``."""
+
+    @staticmethod
+    def forward(ctx, x, axis, log):
+        out = _apply("log_softmax" if log else "softmax",
+                     _log_softmax_local if log else _softmax_local, x, axis)
+        ctx.save_for_backward(out)
+        ctx.axis, ctx.log = axis, log
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        if g.placements != y.placements:
+            g = g.redistribute(g.device_mesh, y.placements)
+        ax = normalize_axis_index(ctx.axis, y.ndim)
+        if ctx.log:
+            gx = _local2(g, y, lambda a, b: a - np.exp(b) * np.sum(a, axis=ax, keepdims=True))
+        else:
+            gx = _local2(g, y, lambda a, b: b * (a - np.sum(a * b, axis=ax, keepdims=True)))
+        return gx, None, None
+
+
+def _local2(g, y, func):
+    """``func`` of two DTensors' local arrays (same spec) as a DTensor of that spec."""
+    mesh = y.device_mesh
+    if mesh.get_coordinate() is None:
+        return _wrap_like(mesh, y.placements, y.shape, np.empty((0,), y.dtype))
+    return _wrap_like(mesh, y.placements, y.shape,
+                      np.asarray(func(g._data(), y._data()), y.dtype))
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -275,7 +309,8 @@ def relu(input):
         >>> relu(np.array([-1.0, 2.0]))
         array([0., 2.])
     """
-    return _pointwise("relu", input, lambda x: np.maximum(x, 0))
+    return _Pointwise.apply(input, "relu", lambda x: np.maximum(x, 0),
+                            lambda x: (x > 0).astype(x.dtype))
 
 
 def gelu(input, approximate: str = "none"):
@@ -290,7 +325,49 @@ def gelu(input, approximate: str = "none"):
     """
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _pointwise("gelu", input, lambda x: _kernels.gelu(_float(x), approximate))
+    return _Pointwise.apply(input, "gelu", lambda x: _kernels.gelu(_float(x), approximate),
+                            lambda x: _kernels.gelu_grad(_float(x), approximate))
+
+
+def silu(input):
+    """x * sigmoid(x), elementwise (torch.nn.functional.silu, SwiGLU's gate).
+    DTensor placements kept; local for Shard/Replicate inputs.
+
+    Example::
+
+        >>> silu(np.array([0.0, 1.0]))
+        array([0.        , 0.73105858])
+    """
+    return _Pointwise.apply(input, "silu", lambda x: _kernels.silu(_float(x)),
+                            lambda x: _kernels.silu_grad(_float(x)))
+
+
+class _Pointwise(Function):
+    """An elementwise function of a DTensor and its derivative, both on local
+    arrays: the gradient is ``g * f'(x)`` with ``f'(x)`` in x's placements."""
+
+    @staticmethod
+    def forward(ctx, input, name, func, deriv):
+        if not _is_dt(input):
+            return func(np.asarray(input))
+        x = _without_partial(input)
+        ctx.save_for_backward(x)
+        ctx.deriv = deriv
+        return _pointwise(name, x, func)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        d = _local_like(x, lambda a: ctx.deriv(a))
+        return _as_dtype(g * d, x.dtype), None, None, None
+
+
+def _local_like(x, func, dtype=None):
+    """``func`` of x's local array as a DTensor of x's spec (no communication)."""
+    mesh = x.device_mesh
+    if mesh.get_coordinate() is None:
+        return _wrap_like(mesh, x.placements, x.shape, np.empty((0,), dtype or x.dtype))
+    return _wrap_like(mesh, x.placements, x.shape, func(x._data()))
 
 
 def _float(x):
@@ -313,13 +390,41 @@ def dropout(input, p: float = 0.5, training: bool = True):
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return input
+    return _Dropout.apply(input, p)
+
+
+class _Dropout(Function):
+    """dropout; the backward scales by the forward's mask (kept, not redrawn)."""
+
+    @staticmethod
+    def forward(ctx, input, p):
+        out, keep = _dropout(input, p)
+        ctx.keep, ctx.p = keep, p
+        if _is_dt(out):
+            ctx.placements = out.placements
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        scale = 0.0 if ctx.p == 1.0 else 1.0 / (1.0 - ctx.p)
+        if g.placements != ctx.placements:
+            g = g.redistribute(g.device_mesh, ctx.placements)
+        if ctx.keep is None:
+            return g, None
+        return _local_like(g, lambda a: np.where(ctx.keep, a * scale, 0.0).astype(a.dtype)), None
+
+
+def _dropout(input, p):
+    """(dropout of input, the local mask of kept elements or None where nothing is
+    local)."""
     def func(x, shape, offset):
         x = _float(x)
         if p == 1.0:
-            return np.zeros_like(x)
+            return np.zeros_like(x), np.zeros(x.shape, bool)
         u = _random.fill(np.empty(x.shape, np.float64), shape, offset, _random._UNIFORM,
                          stream)
-        return np.where(u >= p, x / (1.0 - p), 0.0).astype(x.dtype)
+        keep = u >= p
+        return np.where(keep, x / (1.0 - p), 0.0).astype(x.dtype), keep
 
     stream = _random._next_stream()
     if not _is_dt(input):
@@ -327,10 +432,10 @@ def dropout(input, p: float = 0.5, training: bool = True):
         return func(x, x.shape, (0,) * x.ndim)
     x = _without_partial(input)
     if x.device_mesh.get_coordinate() is None:
-        return x
+        return _wrap_like(x.device_mesh, x.placements, x.shape, np.empty((0,), x.dtype)), None
     _, offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
-    return _wrap_like(x.device_mesh, x.placements, x.shape,
-                      func(x.to_local(), x.shape, offset))
+    local, keep = func(x.to_local(), x.shape, offset)
+    return _wrap_like(x.device_mesh, x.placements, x.shape, local), keep
 
 
 def _norm_axes(normalized_shape, ndim):
@@ -372,17 +477,65 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
                                    None if weight is None else np.asarray(weight),
                                    None if bias is None else np.asarray(bias), eps)
     if _kernels.enabled and _rows_local(input, len(shape), (weight, bias)):
-        local = _float(input.to_local())
-        if input._spec.mesh._coordinate is not None:
-            local = _kernels.layer_norm(local, len(shape), *(
-                None if p is None else p.to_local() for p in (weight, bias)), eps)
-        if _modes.tracing:
-            _trace.local("layer_norm", (input,), input.placements)
-        return _wrap_like(input.device_mesh, input.placements, input.shape, local)
+        return _LayerNorm.apply(input, weight, bias, len(shape), eps)
+    # Other layouts: DTensor operations, each recorded by its own rule.
     mean = np.mean(input, axis=axes, keepdims=True)
     centered = input - mean
     var = np.mean(centered * centered, axis=axes, keepdims=True)
     return _affine(centered / np.sqrt(var + eps), weight, bias)
+
+
+class _LayerNorm(Function):
+    """layer_norm of rows that are whole on every rank, forward and backward on the
+    local arrays. The input's gradient has its placements; the weight's and bias's
+    are this rank's sums over its rows: Partial(sum) on the mesh dims that shard
+    the rows, Replicate on the others (reduced where they meet the parameter)."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, k, eps):
+        local = _float(input.to_local())
+        if input._spec.mesh._coordinate is not None:
+            local = _kernels.layer_norm(local, k, *(
+                None if p is None else p.to_local() for p in (weight, bias)), eps)
+        if _modes.tracing:
+            _trace.local("layer_norm", (input,), input.placements)
+        ctx.save_for_backward(input, weight, bias)
+        ctx.k, ctx.eps = k, eps
+        return _wrap_like(input.device_mesh, input.placements, input.shape, local)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, bias = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if g.placements != x.placements:
+            g = g.redistribute(g.device_mesh, x.placements)
+        mesh, k = x.device_mesh, ctx.k
+        pshape = x.shape[x.ndim - k:]
+        ppl = [Partial("sum") if p.is_shard() else Replicate() for p in x.placements]
+        if mesh.get_coordinate() is None:
+            empty = np.empty((0,), x.dtype)
+            return (_wrap_like(mesh, x.placements, x.shape, empty) if need[0] else None,
+                    _wrap_like(mesh, ppl, pshape, empty) if need[1] else None,
+                    _wrap_like(mesh, ppl, pshape, empty) if need[2] else None, None, None)
+        a, gy = _float(x._data()), g._data()
+        axes = tuple(range(a.ndim - k, a.ndim))
+        lead = tuple(range(a.ndim - k))
+        mean = np.mean(a, axis=axes, keepdims=True)
+        xhat = a - mean
+        rstd = 1.0 / np.sqrt(np.mean(xhat * xhat, axis=axes, keepdims=True) + ctx.eps)
+        xhat *= rstd
+        gx = gw = gb = None
+        if need[0]:
+            gh = gy * weight._data() if weight is not None else gy
+            gx = rstd * (gh - np.mean(gh, axis=axes, keepdims=True)
+                         - xhat * np.mean(gh * xhat, axis=axes, keepdims=True))
+            gx = _wrap_like(mesh, x.placements, x.shape, gx.astype(x.dtype))
+        if need[1]:
+            gw = _wrap_like(mesh, ppl, pshape,
+                            np.asarray(np.sum(gy * xhat, axis=lead), weight.dtype))
+        if need[2]:
+            gb = _wrap_like(mesh, ppl, pshape, np.asarray(np.sum(gy, axis=lead), bias.dtype))
+        return gx, gw, gb, None, None
 
 
 def _rows_local(x, k, params) -> bool:
@@ -454,7 +607,39 @@ def embedding(input, weight):
         raise ValueError(f"embedding: weight must be 2-D, got shape {weight.shape}")
     if input.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got {input.dtype}")
-    return _sharded_embedding(input, weight)
+    return _Embedding.apply(input, weight)
+
+
+class _Embedding(Function):
+    """The sharded-vocabulary embedding of :func:`embedding`. The weight's gradient
+    is each rank's scatter-add of its output rows into its rows of the weight: it
+    keeps the weight's Shard placements, and is a Partial(sum) on the mesh dims
+    where the weight is Replicate and the indices sharded (the gradient of a
+    replicated table looked up by different indices on different ranks)."""
+
+    @staticmethod
+    def forward(ctx, input, weight):
+        return _sharded_embedding(input, weight, ctx)
+
+    @staticmethod
+    def backward(ctx, g):
+        idx, weight, out_pl = ctx.idx, ctx.weight_spec, ctx.out_pl
+        want = tuple(Replicate() if p.is_partial() else p for p in out_pl)
+        if g.placements != want:
+            g = g.redistribute(g.device_mesh, want)
+        mesh = g.device_mesh
+        pl = [wp if wp.is_shard() else Partial("sum") if ip.is_shard() else Replicate()
+              for wp, ip in zip(weight.placements, idx.placements)]
+        if mesh.get_coordinate() is None:
+            return None, _wrap_like(mesh, pl, weight.shape, np.empty((0,), weight.dtype))
+        shape, offset = compute_local_shape_and_global_offset(weight.shape, mesh,
+                                                              weight.placements)
+        lo, rows = offset[0], shape[0]
+        local_idx, gl = idx._data().reshape(-1), g._data().reshape(-1, shape[1])
+        gw = np.zeros(shape, weight.dtype)
+        inside = (local_idx >= lo) & (local_idx < lo + rows)
+        np.add.at(gw, local_idx[inside] - lo, gl[inside])
+        return None, _wrap_like(mesh, pl, weight.shape, gw)
 
 
 def _check_indices(idx, n):
@@ -465,7 +650,7 @@ def _check_indices(idx, n):
                          f"max {idx.max()}")
 
 
-def _sharded_embedding(idx, weight):
+def _sharded_embedding(idx, weight, ctx=None):
     mesh = weight.device_mesh
     if idx.device_mesh != mesh:
         raise ValueError("embedding: indices and weight live on different meshes")
@@ -487,6 +672,8 @@ def _sharded_embedding(idx, weight):
     if tuple(need) != idx.placements:
         idx = idx.redistribute(mesh, need)
     out_shape = tuple(idx.shape) + (weight.shape[1],)
+    if ctx is not None:
+        ctx.idx, ctx.weight_spec, ctx.out_pl = idx, weight._spec, tuple(out_pl)
     if mesh.get_coordinate() is None:
         return _wrap_like(mesh, out_pl, out_shape, np.empty((0,), weight.dtype))
     local_idx, w = idx.to_local(), weight.to_local()
@@ -538,9 +725,40 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         raise _mixed("scaled_dot_product_attention", "query, key and value must all be "
                      "DTensors or all ndarrays")
     if _is_dt(attn_mask):
-        attn_mask = attn_mask.full_tensor()
+        attn_mask = attn_mask.detach().full_tensor()
     if attn_mask is not None and np.ndim(attn_mask) > 2:
         raise ValueError("scaled_dot_product_attention on DTensors takes an (L, S) mask")
+    return _Attention.apply(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+class _Attention(Function):
+    """scaled_dot_product_attention on DTensors, per local (batch, head) block. The
+    backward recomputes the attention weights from the saved q, k, v (and the
+    forward's dropout mask) and gives q, k, v gradients in the placements the
+    forward computed in: no communication beyond making the output's gradient
+    match them."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale):
+        return _sdpa_dtensor(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v = ctx.saved_tensors
+        pl = q.placements
+        if g.placements != pl:
+            g = g.redistribute(g.device_mesh, pl)
+        mesh = q.device_mesh
+        if mesh.get_coordinate() is None:
+            return tuple(_wrap_like(mesh, pl, x.shape, np.empty((0,), x.dtype))
+                         for x in (q, k, v)) + (None,) * 4
+        grads = _sdpa_backward(q._data(), k._data(), v._data(), g._data(), ctx.attn_mask,
+                               ctx.dropout_p, ctx.is_causal, ctx.scale, ctx.keep)
+        return tuple(_wrap_like(mesh, pl, x.shape, gx.astype(x.dtype, copy=False))
+                     for x, gx in zip((q, k, v), grads)) + (None,) * 4
+
+
+def _sdpa_dtensor(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale):
     nd = query.ndim
     pl = [Replicate() if p.is_partial() or (p.is_shard() and p.dim >= nd - 2) else p
           for p in query.placements]
@@ -552,12 +770,67 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         shape = tuple(q.shape[:-1]) + (k.shape[-2],)
         _, offset = compute_local_shape_and_global_offset(shape, q.device_mesh, pl)
         drop = (shape, offset)
+    saved = {}
     local = _sdpa_local(q.to_local(), k.to_local(), v.to_local(), attn_mask, dropout_p,
-                        is_causal, scale, drop)
+                        is_causal, scale, drop, saved)
+    ctx.save_for_backward(q, k, v)
+    ctx.attn_mask, ctx.dropout_p, ctx.is_causal = attn_mask, dropout_p, is_causal
+    ctx.scale, ctx.keep = scale, saved.get("keep")
     return _wrap_like(q.device_mesh, pl, out_shape, local)
 
 
-def _sdpa_local(q, k, v, attn_mask, dropout_p, is_causal, scale, drop):
+def _attention_weights(q, k, attn_mask, is_causal, scale):
+    """softmax(q k^T * scale + mask) of local arrays (NumPy)."""
+    L, S = q.shape[-2], k.shape[-2]
+    scores = np.matmul(q, np.swapaxes(k, -1, -2))
+    scores *= scale
+    if is_causal:
+        np.copyto(scores, -np.inf, where=~np.tri(L, S, dtype=bool))
+    elif attn_mask is not None:
+        mask = np.asarray(attn_mask)
+        if mask.dtype == bool:
+            np.copyto(scores, -np.inf, where=~mask)
+        else:
+            scores = scores + mask
+    if scores.size:
+        scores -= np.max(scores, axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= np.sum(scores, axis=-1, keepdims=True)
+    return scores
+
+
+def _sum_local_to(a, shape):
+    """Local ``a`` summed over the dims broadcasting to it added to ``shape``."""
+    if a.shape == tuple(shape):
+        return a
+    lead = a.ndim - len(shape)
+    a = a.sum(axis=tuple(range(lead))) if lead else a
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, a.shape)) if n == 1 and m != 1)
+    return a.sum(axis=axes, keepdims=True) if axes else a
+
+
+def _sdpa_backward(q, k, v, g, attn_mask, dropout_p, is_causal, scale, keep):
+    """The gradients of attention in q, k, v (local arrays): with P the weights and
+    D the dropout scaling, dV = (P D)^T g, dP = (g V^T) D, dS = P (dP - rowsum(dP P)),
+    dQ = dS K scale, dK = dS^T Q scale."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    p = _attention_weights(q, k, attn_mask, is_causal, scale)
+    dp = np.matmul(g, np.swapaxes(v, -1, -2))
+    if keep is not None:
+        factor = 0.0 if dropout_p == 1.0 else 1.0 / (1.0 - dropout_p)
+        pd = np.where(keep, p * factor, 0.0)
+        dp = np.where(keep, dp * factor, 0.0)
+    else:
+        pd = p
+    dv = np.matmul(np.swapaxes(pd, -1, -2), g)
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    ds *= scale
+    dq = np.matmul(ds, k)
+    dk = np.matmul(np.swapaxes(ds, -1, -2), q)
+    return _sum_local_to(dq, q.shape), _sum_local_to(dk, k.shape), _sum_local_to(dv, v.shape)
+
+
+def _sdpa_local(q, k, v, attn_mask, dropout_p, is_causal, scale, drop, saved=None):
     L, S = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if is_causal and attn_mask is not None:
@@ -583,15 +856,18 @@ def _sdpa_local(q, k, v, attn_mask, dropout_p, is_causal, scale, drop):
         np.exp(scores, out=scores)
         scores /= np.sum(scores, axis=-1, keepdims=True)
     if dropout_p > 0.0:
-        scores = _dropout_weights(scores, dropout_p, drop)
+        scores = _dropout_weights(scores, dropout_p, drop, saved)
     return np.matmul(scores, v)
 
 
-def _dropout_weights(weights, p, drop):
+def _dropout_weights(weights, p, drop, saved=None):
     shape, offset = drop if drop is not None else (weights.shape, (0,) * weights.ndim)
     u = _random.fill(np.empty(weights.shape, np.float64), shape, offset, _random._UNIFORM,
                      _random._next_stream())
-    return np.where(u >= p, weights / (1.0 - p), 0.0)
+    keep = u >= p
+    if saved is not None:
+        saved["keep"] = keep
+    return np.where(keep, weights / (1.0 - p), 0.0)
 
 
 def cross_entropy(input, target, weight=None, ignore_index: int = -100,
@@ -630,9 +906,59 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
     sharded = _modes.loss_parallel()
     if sharded is not None:
         return sharded(input, target, weight, ignore_index, reduction)
-    full = input.full_tensor()
-    out = _cross_entropy_local(_float(full), target, weight, ignore_index, reduction)
-    return DTensor.from_local(np.asarray(out), input.device_mesh)
+    return _CrossEntropy.apply(input, target, weight, ignore_index, reduction)
+
+
+class _CrossEntropy(Function):
+    """cross_entropy of a DTensor gathered whole: the gradient is computed whole on
+    every rank (Replicate) and each rank keeps its part of the input's placements
+    (a local slice, no communication)."""
+
+    @staticmethod
+    def forward(ctx, input, target, weight, ignore_index, reduction):
+        full = _float(input.full_tensor())
+        out = _cross_entropy_local(full, target, weight, ignore_index, reduction)
+        ctx.full = full
+        ctx.args = (target, weight, ignore_index, reduction)
+        ctx.placements = input.placements
+        return DTensor.from_local(np.asarray(out), input.device_mesh)
+
+    @staticmethod
+    def backward(ctx, g):
+        x = ctx.full
+        cd = class_dim(x.ndim)
+        grad = softmax_grad(_softmax_local(x, cd), cd, g, 0, *ctx.args)
+        mesh = g.device_mesh
+        whole = DTensor.from_local(grad.astype(x.dtype, copy=False), mesh,
+                                   [Replicate()] * mesh.ndim, run_check=False)
+        pl = tuple(Replicate() if p.is_partial() else p for p in ctx.placements)
+        return whole.redistribute(mesh, pl), None, None, None, None
+
+
+def softmax_grad(p, cd, g, lo, target, weight, ignore_index, reduction):
+    """The gradient of cross_entropy in logits whose class dim ``cd`` holds the
+    classes ``lo ..`` of ``p`` (their softmax): ``(p - onehot(target)) * coef``,
+    coef each item's weight times its output gradient (over the weight sum for
+    "mean"). ``g`` is the loss's gradient DTensor. Local but for making ``g``
+    Replicate."""
+    mesh = g.device_mesh
+    if any(not q.is_replicate() for q in g.placements):
+        g = g.redistribute(mesh, [Replicate()] * mesh.ndim)
+    gl = g._data()
+    keep = target != ignore_index
+    w = np.ones(target.shape) if weight is None else np.asarray(weight)[
+        np.where(keep, target, 0)]
+    w = np.where(keep, w, 0.0)
+    coef = w * gl if reduction != "mean" else w * (gl / w.sum())
+    grad = p * np.expand_dims(coef, cd)
+    n = p.shape[cd]
+    mine = keep & (target >= lo) & (target < lo + n)
+    idx = np.expand_dims(np.where(mine, target - lo, 0), cd)
+    if n:
+        picked = np.take_along_axis(grad, idx, cd) - np.expand_dims(np.where(mine, coef, 0.0),
+                                                                    cd)
+        np.put_along_axis(grad, idx, picked, cd)
+    return grad
 
 
 def class_dim(ndim: int) -> int:

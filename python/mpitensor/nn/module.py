@@ -52,7 +52,9 @@ def register_module_forward_hook(hook: Callable) -> "RemovableHandle":
 class Parameter:
     """Marks an array or DTensor as a parameter when assigned to a module attribute:
     ``self.weight = Parameter(np.zeros((4, 4)))``. The module stores the array
-    itself (reading ``self.weight`` gives the ndarray or DTensor back). Local.
+    itself (reading ``self.weight`` gives the ndarray or DTensor back). A
+    floating-point DTensor parameter is a leaf that requires grad, as torch's
+    nn.Parameter, unless ``requires_grad=False``. Local.
 
     Example::
 
@@ -60,10 +62,11 @@ class Parameter:
         ['w']
     """
 
-    __slots__ = ("data",)
+    __slots__ = ("data", "requires_grad")
 
-    def __init__(self, data):
+    def __init__(self, data, requires_grad: bool = True):
         self.data = data
+        self.requires_grad = bool(requires_grad)
 
     def __repr__(self) -> str:
         return f"Parameter({self.data!r})"
@@ -113,6 +116,23 @@ def _on_mesh(dt, mesh):
     return DTensor(dt.to_local(), dt._spec._replace(mesh=mesh))
 
 
+def _as_parameter(value, old, requires_grad):
+    """``value`` as a parameter: a floating-point DTensor is a leaf (detached if it
+    was computed) that requires grad, as torch's nn.Parameter, unless
+    ``requires_grad`` says otherwise or (``requires_grad`` None) it replaces a
+    DTensor parameter that did not: a frozen parameter stays frozen when a
+    parallel style or fully_shard puts it in new placements."""
+    if type(value) is not DTensor or not np.issubdtype(value.dtype, np.inexact):
+        return value
+    if requires_grad is None:
+        requires_grad = old._requires_grad if type(old) is DTensor else True
+    if value.grad_fn is not None:
+        value = value.detach()
+    if value._requires_grad != requires_grad:
+        value.requires_grad_(requires_grad)
+    return value
+
+
 class Module:
     """Base class of every layer, as torch.nn.Module.
 
@@ -158,7 +178,7 @@ class Module:
             self.register_module(name, value)
         elif name in d["_parameters"]:
             self._check_slot("parameter", name, value)
-            d["_parameters"][name] = value
+            d["_parameters"][name] = _as_parameter(value, d["_parameters"][name], None)
         elif name in d["_buffers"]:
             self._check_slot("buffer", name, value)
             d["_buffers"][name] = value
@@ -205,12 +225,14 @@ class Module:
         Example: ``m.register_parameter("scale", np.ones(4))``, then ``m.scale``.
         """
         self._check_name(name, "parameter")
+        flag = None
         if isinstance(param, Parameter):
-            param = param.data
+            param, flag = param.data, param.requires_grad
         self._check_slot("parameter", name, param)
+        old = self._parameters.get(name)
         if name not in self._parameters:  # replacing keeps the registration order
             self._forget(name)
-        self.__dict__["_parameters"][name] = param
+        self.__dict__["_parameters"][name] = _as_parameter(param, old, flag)
 
     def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
         """Add (or replace) buffer ``name`` (state that is not a parameter, such as

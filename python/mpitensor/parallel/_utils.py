@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _C, _modes
 from .._dtensor import DTensor
+from ..device_mesh import local_mesh
 from ..placement_types import Placement
 
 
@@ -40,6 +41,24 @@ def layouts(value, what: str):
     return tuple(check_placement(v, what) for v in value)
 
 
+def is_local(x) -> bool:
+    """Whether ``x`` is a DTensor on the local mesh: what ``to_local()`` of a tensor
+    that requires grad gives in grad mode, a rank's local array that autograd
+    follows. Styles take it where they take an ndarray. Local.
+
+    Example: ``is_local(dt.to_local())`` when ``dt.requires_grad``.
+    """
+    return type(x) is DTensor and x._spec.mesh is local_mesh()
+
+
+def is_local_array(x) -> bool:
+    """An ndarray or a local DTensor (:func:`is_local`): a rank's own values. Local.
+
+    Example: ``is_local_array(np.ones(2)) is True``.
+    """
+    return isinstance(x, np.ndarray) or is_local(x)
+
+
 def annotate(local, mesh, placements, what: str = "input"):
     """A rank's local array as the DTensor it is a piece of, by ``placements``.
 
@@ -57,7 +76,7 @@ def annotate(local, mesh, placements, what: str = "input"):
     placements = tuple(placements)
     sharded = [m for m, p in enumerate(placements) if p.is_shard() and mesh.size(m) > 1]
     problem = None
-    if not isinstance(local, np.ndarray):
+    if not is_local_array(local):
         problem = TypeError(f"expecting the {what} to be an ndarray or a DTensor, got "
                             f"{type(local).__name__}")
     elif local.ndim == 0 and sharded:

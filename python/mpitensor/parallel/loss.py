@@ -11,6 +11,7 @@ from .. import _modes
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
+from ..autograd import Function
 from ..nn import functional as F
 from ..placement_types import Partial, Replicate
 
@@ -40,7 +41,28 @@ def loss_parallel():
 
 
 def sharded_cross_entropy(input, target, weight, ignore_index, reduction):
-    """cross_entropy of a DTensor whose class dim is sharded; see loss_parallel."""
+    """cross_entropy of a DTensor whose class dim is sharded; see loss_parallel.
+    Its backward is local: each rank's part of ``softmax - onehot`` from the
+    log-sum-exp the forward reduced, in the logits' placements (torch's
+    loss_parallel backward communicates nothing either)."""
+    return _ShardedCrossEntropy.apply(input, target, weight, ignore_index, reduction)
+
+
+class _ShardedCrossEntropy(Function):
+    @staticmethod
+    def forward(ctx, input, target, weight, ignore_index, reduction):
+        return _forward(ctx, input, target, weight, ignore_index, reduction)
+
+    @staticmethod
+    def backward(ctx, g):
+        local, big, total, lo, cd, pl = ctx.saved
+        mesh = g.device_mesh
+        p = np.exp(local - np.expand_dims(big, cd)) / np.expand_dims(total, cd)
+        grad = F.softmax_grad(p, cd, g, lo, *ctx.args)
+        return DTensor(grad.astype(local.dtype, copy=False), ctx.spec), None, None, None, None
+
+
+def _forward(ctx, input, target, weight, ignore_index, reduction):
     F.check_target(input.shape, target, ignore_index)
     cd = F.class_dim(input.ndim)
     mesh = input.device_mesh
@@ -74,6 +96,9 @@ def sharded_cross_entropy(input, target, weight, ignore_index, reduction):
         summed = np.zeros(item_shape, local.dtype)
         picked = np.zeros(item_shape, local.dtype)
     both = reduce(np.stack([summed, picked]), "sum")
+    ctx.saved = (local, big, both[0], lo, cd, x.placements)
+    ctx.args = (target, weight, ignore_index, reduction)
+    ctx.spec = x._spec._replace(dtype=local.dtype)
     losses = big + np.log(both[0]) - both[1]
     out = F.reduce_loss(losses, target, weight, ignore_index, reduction)
     return DTensor.from_local(np.asarray(out), mesh)

@@ -32,7 +32,7 @@ from ._legacy_style import (
     make_output_replicate_1d, make_output_reshard_tensor, make_output_shard_1d,
     make_output_tensor, make_sharded_output_tensor)
 from ._parallel_style import ParallelStyle
-from ._utils import annotate, check_placement, layouts
+from ._utils import annotate, check_placement, is_local, is_local_array, layouts
 
 __all__ = [
     "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
@@ -49,7 +49,7 @@ def _local_to_dtensor(local, mesh, placements, mod=None):
     """An input array annotated with ``placements``. A local array sharded on its
     last dim that feeds a Linear gets its global width from ``in_features``; other
     sharded inputs are even shards, as in torch (see annotate)."""
-    if not isinstance(local, np.ndarray):
+    if not is_local_array(local):
         raise TypeError(f"expecting the input of {type(mod).__name__} to be an ndarray or "
                         f"a DTensor, got {type(local).__name__}")
     (p,) = placements
@@ -64,7 +64,7 @@ def _prepare_linear_like_input(input_layouts, desired_input_layouts, mod, inputs
     if not inputs:
         raise ValueError(f"{type(mod).__name__} was called without inputs")
     x = inputs[0]
-    if not isinstance(x, DTensor):
+    if not isinstance(x, DTensor) or is_local(x):
         x = _local_to_dtensor(x, mesh, input_layouts, mod)
     if input_layouts != desired_input_layouts:
         x = x.redistribute(placements=desired_input_layouts)
@@ -223,10 +223,10 @@ class SequenceParallel(ParallelStyle):
     @staticmethod
     def _prepare_input_fn(sequence_sharding, mod, inputs, mesh):
         x = inputs[0] if inputs else None
-        if isinstance(x, DTensor):
+        if isinstance(x, DTensor) and not is_local(x):
             if x.placements != sequence_sharding:
                 x = x.redistribute(placements=sequence_sharding)
-        elif isinstance(x, np.ndarray):
+        elif is_local_array(x):
             x = annotate(x, mesh, sequence_sharding, f"input of {type(mod).__name__}")
         else:
             raise ValueError(f"expecting input of {type(mod).__name__} to be an ndarray or "
@@ -291,9 +291,9 @@ class PrepareModuleInput(ParallelStyle):
     def _prepare_input_arg(self, value: Any, mesh, input_layout, desired_layout):
         if input_layout is None:
             return value
-        if isinstance(value, DTensor):
+        if isinstance(value, DTensor) and not is_local(value):
             dt = value
-        elif isinstance(value, np.ndarray):
+        elif is_local_array(value):
             dt = annotate(value, mesh, (input_layout,))
         else:
             raise TypeError(f"expecting an input with layout {input_layout} to be an "
@@ -374,7 +374,8 @@ class PrepareModuleOutput(ParallelStyle):
             if layout is None:
                 prepared.append(out)
                 continue
-            dt = out if isinstance(out, DTensor) else annotate(out, mesh, (layout,), "output")
+            dt = out if isinstance(out, DTensor) and not is_local(out) else annotate(
+                out, mesh, (layout,), "output")
             if want is not None and layout != want:
                 dt = dt.redistribute(placements=(want,))
             prepared.append(dt.to_local() if self.use_local_output else dt)
