@@ -20,10 +20,11 @@ from ._factories import empty, full, ones, rand, randn, zeros
 from ._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
 from .device_mesh import DeviceMesh, init_device_mesh, set_cache_limits
 from .placement_types import Partial, Placement, Replicate, Shard
-from .random import manual_seed
+from .random import get_rng_state, manual_seed, set_rng_state
 from . import autograd
 from .autograd import enable_grad, no_grad
 from . import nn
+from . import optim
 from . import checkpoint
 from .checkpoint import load, save
 from . import parallel
@@ -65,12 +66,15 @@ __all__ = [
     "rand",
     "randn",
     "manual_seed",
+    "get_rng_state",
+    "set_rng_state",
     "compute_local_shape_and_global_offset",
     "local_shape_and_global_offset",
     "autograd",
     "no_grad",
     "enable_grad",
     "nn",
+    "optim",
     "checkpoint",
     "save",
     "load",

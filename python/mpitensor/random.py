@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _C
 
-__all__ = ["manual_seed", "initial_seed"]
+__all__ = ["manual_seed", "initial_seed", "get_rng_state", "set_rng_state"]
 
 # Fixed, so that every rank starts in step without a broadcast and a run is
 # reproducible even when no seed is set.
@@ -54,6 +54,36 @@ def initial_seed() -> int:
     Example: ``manual_seed(42); assert initial_seed() == 42``.
     """
     return _State.seed
+
+
+def get_rng_state() -> np.ndarray:
+    """The generator's state: a uint64 array ``[seed, next stream]``, equal on every
+    rank of an SPMD program. Save it with the model (``mpitensor.save({...,
+    "rng": get_rng_state()}, dir)``) and give it to :func:`set_rng_state` to
+    resume with the same draws, on any mesh (draws do not depend on it). Local.
+
+    Example::
+
+        >>> state = get_rng_state(); a = rand(4, device_mesh=mesh)
+        >>> set_rng_state(state); b = rand(4, device_mesh=mesh)  # a equals b
+    """
+    return np.array([_State.seed, _State.stream], dtype=np.uint64)
+
+
+def set_rng_state(new_state) -> None:
+    """Restores what :func:`get_rng_state` returned: the next draw is the one that
+    followed it. Local; every rank passes the same state.
+
+    Example: ``set_rng_state(mpitensor.load("ckpt")["rng"])``.
+    """
+    state = np.asarray(new_state)
+    if state.shape != (2,) or state.dtype.kind not in "ui":
+        raise ValueError(f"an RNG state is an integer array [seed, stream] as "
+                         f"get_rng_state() returns, got {state!r}")
+    seed, stream = (int(v) for v in state)
+    if not (0 <= seed < 2**64 and 0 <= stream < 2**64):
+        raise ValueError(f"an RNG state lies in [0, 2**64), got {[seed, stream]}")
+    _State.seed, _State.stream = seed, stream
 
 
 def _next_stream() -> int:

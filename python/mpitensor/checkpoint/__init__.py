@@ -23,7 +23,7 @@ import os
 from .._dtensor import DTensor
 from .._args import resolve_mesh
 from ..device_mesh import _mesh_stack, init_device_mesh
-from . import _agree, _directory, _paths, _tensor
+from . import _agree, _directory, _paths, _tensor, _tree
 from .._shard import DTensorShard, assemble
 
 __all__ = ["save", "load", "DTensorShard", "assemble"]
@@ -47,8 +47,8 @@ def _mesh_of(obj, device_mesh):
         return resolve_mesh(device_mesh)
     if isinstance(obj, DTensor):
         return obj.device_mesh
-    meshes = [v.device_mesh._get_root_mesh() for v in obj.values()
-              if isinstance(v, DTensor)] if isinstance(obj, dict) else []
+    leaves = _tree.flatten(obj)[0].values() if isinstance(obj, dict) else []
+    meshes = [v.device_mesh._get_root_mesh() for v in leaves if isinstance(v, DTensor)]
     # A slice (mesh["tp"]) stands for the mesh it was cut from, so that every slice
     # takes part; the largest mesh holds the others' members.
     return max(meshes, key=lambda m: m.size()) if meshes else _default_mesh()
@@ -56,6 +56,12 @@ def _mesh_of(obj, device_mesh):
 
 def save(obj, path, *, device_mesh=None) -> None:
     """Saves a DTensor as one .npy file, or a state_dict as a directory.
+
+    A dict may nest dicts (str or int keys), lists and tuples, as an optimizer's
+    ``state_dict()`` does: each array is an entry named by its dotted path
+    (``optim.state.0.exp_avg``), and plain values (None, bool, int, float, str)
+    are kept in the index, taken to be equal on every rank; ``load`` gives the
+    same structure back.
 
     Collective on the DTensor's mesh (for a dict: on ``device_mesh``, else the
     largest mesh among its DTensors, a slice such as ``mesh["tp"]`` counting as the
@@ -127,8 +133,9 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     For a directory, ``placements`` may be one list for every entry or a dict of
     names to lists; entries without one keep the placements they were saved with
     when the mesh has the same shape, else are replicated; ndarray entries come back
-    as ndarrays. ``like`` (a DTensor, or a dict of DTensors and ndarrays such as a
-    ``state_dict()``) gives each entry its mesh and placements and must match the
+    as ndarrays; a nested dict comes back nested (``placements`` names its
+    entries by their dotted paths). ``like`` (a DTensor, or a dict of DTensors
+    and ndarrays such as a ``state_dict()``, nested or not) gives each entry its mesh and placements and must match the
     checkpoint's keys, shapes and dtypes (KeyError, ValueError, TypeError).
     A missing, truncated or non-.npy file, a path that is not a regular file or
     directory, a malformed ``index.json`` or one that names files outside its
@@ -141,6 +148,7 @@ def load(path, device_mesh=None, placements=None, *, like=None):
         >>> mesh = init_device_mesh("cpu", (3,))
         >>> w = mpitensor.load("ckpt/w.npy", mesh, [Shard(0)])  # 4 rows: 2, 2, 0 (torch.chunk)
         >>> sd = mpitensor.load("ckpt", mesh, {"w": [Shard(1)]})
+        >>> opt.load_state_dict(mpitensor.load("run")["optim"])  # a nested save
     """
     path = os.path.realpath(os.fspath(path))
     mesh = _load_mesh(device_mesh, like)

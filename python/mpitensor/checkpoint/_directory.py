@@ -20,7 +20,7 @@ import numpy as np
 
 from .._dtensor import DTensor
 from ..placement_types import Replicate
-from . import _agree, _index, _npy, _paths, _tensor
+from . import _agree, _index, _npy, _paths, _tensor, _tree
 
 PENDING = ".pending.json"
 
@@ -124,7 +124,9 @@ def _save_entry(dt: DTensor, file: str, mesh) -> tuple:
 
 def save_dict(state: dict, path: str, mesh) -> None:
     """Collective on ``mesh`` (which holds every DTensor's mesh members); ranks
-    outside it take no part."""
+    outside it take no part. A nested dict is saved as its flat entries and the
+    index's tree (_tree.py)."""
+    state, tree = _tree.flatten(state)
     entries = {name: _entry(name, value, mesh) for name, value in state.items()}
     for name in entries:
         _index.file_name(name)
@@ -133,6 +135,8 @@ def save_dict(state: dict, path: str, mesh) -> None:
     _agree.same_path(mesh, path)
     files = json.loads(_agree.first_rank(mesh, lambda: _begin(path, list(entries))))
     index = {"format": _index.FORMAT, "version": _index.VERSION, "entries": {}}
+    if tree is not None:
+        index["tree"] = tree
     try:
         for name, dt in entries.items():
             written = _save_entry(dt, os.path.join(path, files[name]), mesh)
@@ -179,10 +183,12 @@ def _check_entry(name: str, entry: dict, head, file: str) -> None:
 
 def load_dict(path: str, mesh, placements, like) -> dict:
     """Collective on ``mesh``. Every entry of the checkpoint, DTensors on ``mesh``
-    (or on the mesh of the matching entry of ``like``) and ndarrays."""
+    (or on the mesh of the matching entry of ``like``) and ndarrays, in the nested
+    structure it was saved with."""
     index = read_index(mesh, path)
     names = list(index["entries"])
     if like is not None:
+        like = _tree.flatten(like)[0]
         _check_keys(set(names), set(like), path)
     out = {}
     for name in names:
@@ -191,7 +197,7 @@ def load_dict(path: str, mesh, placements, like) -> dict:
         head = _tensor.read_header(mesh, file)
         _check_entry(name, entry, head, file)
         out[name] = _load_entry(name, entry, head, file, mesh, placements, like)
-    return out
+    return _tree.rebuild(index["tree"], out) if "tree" in index else out
 
 
 def _load_entry(name, entry, head, file, mesh, placements, like):

@@ -17,7 +17,7 @@ import os
 import urllib.parse
 
 from ..placement_types import Replicate, Shard
-from . import _npy, _paths
+from . import _npy, _paths, _tree
 
 INDEX = "index.json"
 FORMAT = "mpitensor-checkpoint"
@@ -107,6 +107,9 @@ def check(index, folder: str) -> None:
             if field not in entry or not ok(entry[field]):
                 raise ValueError(f"the checkpoint {folder!r} has a malformed {INDEX}: "
                                  f"entry {name!r} has no {field!r} that is {what}")
+    if "tree" in index and not _tree.check(index["tree"], list(entries)):
+        raise ValueError(f"the checkpoint {folder!r} has a malformed {INDEX}: its "
+                         f"'tree' does not describe its entries")
 
 
 def _parse(data: bytes, folder: str):

@@ -15,7 +15,7 @@ Example::
     (4, 8)
 """
 
-from . import functional
+from . import functional, init, utils
 from .activation import GELU, ReLU, SiLU
 from .attention import MultiheadAttention
 from .container import ModuleList, Sequential
@@ -27,7 +27,8 @@ from .module import (Module, Parameter, RemovableHandle, register_module_forward
 from .normalization import LayerNorm, RMSNorm
 from .transformer import FeedForward, TransformerBlock
 
-__all__ = ["functional", "Module", "Parameter", "RemovableHandle", "Linear", "Embedding",
-           "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "SiLU", "Sequential", "ModuleList",
+__all__ = ["functional", "init", "utils", "Module", "Parameter", "RemovableHandle", "Linear",
+           "Embedding", "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "SiLU", "Sequential",
+           "ModuleList",
            "MultiheadAttention", "FeedForward", "TransformerBlock",
            "register_module_forward_pre_hook", "register_module_forward_hook"]

@@ -133,6 +133,21 @@ def _as_parameter(value, old, requires_grad):
     return value
 
 
+def _cast(value, dtype: np.dtype):
+    """``value`` in ``dtype`` if it is floating point: an ndarray is replaced, a
+    DTensor keeps its identity (its local data and spec change) and its gradient
+    is cast alike."""
+    if value.dtype.kind not in "fc" or value.dtype == dtype:
+        return value
+    if isinstance(value, np.ndarray):
+        return value.astype(dtype)
+    value._local_tensor = value._data().astype(dtype)
+    value._spec = value._spec._replace(dtype=dtype)
+    if value.grad is not None:
+        _cast(value.grad, dtype)
+    return value
+
+
 class Module:
     """Base class of every layer, as torch.nn.Module.
 
@@ -460,6 +475,60 @@ class Module:
         Example: ``model.eval()`` before checking outputs; returns ``model``.
         """
         return self.train(False)
+
+    # -- dtype and device -----------------------------------------------------------
+    def to(self, *args, dtype=None, device=None) -> "Module":
+        """Casts every floating-point parameter and buffer (and gradient) to
+        ``dtype``, as torch's ``Module.to``; returns this module. A DTensor stays
+        the same object with the same placements and ``requires_grad`` (its data
+        is replaced, as torch's ``param.data = ...``), so build optimizers after
+        casting; an ndarray is replaced by its cast. Integer and bool tensors are
+        kept. ``"cpu"`` is the only device: NumPy arrays live there already.
+        Local: every rank casts its own shards.
+
+        Example::
+
+            >>> model.to(np.float32)          # also model.float(); model.to("cpu")
+            >>> next(model.parameters()).dtype
+            dtype('float32')
+        """
+        for arg in args:
+            if isinstance(arg, str) and arg.split(":")[0] == "cpu":
+                device = arg
+            elif dtype is None:
+                dtype = arg
+            else:
+                raise TypeError(f"Module.to() got an unexpected argument {arg!r}")
+        if device is not None and str(device).split(":")[0] != "cpu":
+            raise ValueError(f"mpitensor modules live on 'cpu', not {device!r}")
+        if dtype is None:
+            return self
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "fc":
+            raise TypeError(f"Module.to only accepts floating point or complex dtypes, "
+                            f"but got desired dtype={dtype}")
+        seen: set = set()
+        for m in self.modules():
+            for table in (m._parameters, m._buffers):
+                for name, value in table.items():
+                    if value is not None and id(value) not in seen:
+                        seen.add(id(value))
+                        table[name] = _cast(value, dtype)
+        return self
+
+    def float(self) -> "Module":
+        """Casts floating-point parameters and buffers to float32. Local.
+
+        Example: ``model.float()``.
+        """
+        return self.to(np.float32)
+
+    def double(self) -> "Module":
+        """Casts floating-point parameters and buffers to float64. Local.
+
+        Example: ``model.double()``.
+        """
+        return self.to(np.float64)
 
     # -- hooks and calling -------------------------------------------------------------
     def register_forward_pre_hook(self, hook: Callable, *, prepend: bool = False,

@@ -1,0 +1,24 @@
+"""Optimizers for DTensor parameters, as torch.optim: :class:`SGD`, :class:`Adam`,
+:class:`AdamW` on the :class:`Optimizer` base (param_groups, zero_grad, step,
+state_dict in torch's format).
+
+A state tensor is a DTensor with its parameter's mesh and placements, so every
+update runs on the local shards with no communication, and the state saves and
+loads with ``mpitensor.save``/``mpitensor.load`` like the parameters.
+
+Example (``mpiexec -n 2``)::
+
+    >>> w = mpitensor.distribute_tensor(np.ones((4, 3)), mesh, [Shard(0)],
+    ...                                 requires_grad=True)
+    >>> opt = mpitensor.optim.AdamW([w], lr=1e-2)
+    >>> (w * w).sum().backward()
+    >>> opt.step(); opt.zero_grad()
+    >>> opt.state[w]["exp_avg"].placements
+    (Shard(dim=0),)
+"""
+
+from .adam import Adam, AdamW
+from .optimizer import Optimizer
+from .sgd import SGD
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW"]

@@ -1,0 +1,99 @@
+"""Adam and AdamW (amsgrad, weight decay, maximize), as torch.optim.Adam/AdamW."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .optimizer import Optimizer, zeros_like_param
+
+__all__ = ["Adam", "AdamW"]
+
+
+class Adam(Optimizer):
+    """Adam, torch.optim.Adam's update on each local shard::
+
+        g = -grad if maximize else grad;  g += weight_decay * p
+        m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
+        p -= lr / (1 - beta1**t) * m / (sqrt(v) / sqrt(1 - beta2**t) + eps)
+
+    (with ``amsgrad``, ``v``'s running maximum in the denominator). State:
+    ``"step"`` (a float), ``"exp_avg"``, ``"exp_avg_sq"`` and, with amsgrad,
+    ``"max_exp_avg_sq"``: DTensors with the parameter's placements. A parameter
+    whose ``.grad`` is None is skipped. Local: no communication.
+
+    Example::
+
+        >>> opt = mpitensor.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+        >>> loss.backward(); opt.step(); opt.zero_grad()
+    """
+
+    _decoupled = False
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False, *,
+                 maximize: bool = False, foreach=None) -> None:
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay, amsgrad=amsgrad,
+                                      maximize=maximize, foreach=foreach))
+
+    def _update(self, p, g, state, group) -> None:
+        local = p._data()
+        lr, (beta1, beta2), eps, wd = (group["lr"], group["betas"], group["eps"],
+                                       group["weight_decay"])
+        if not state:
+            state["step"] = 0.0
+            state["exp_avg"] = zeros_like_param(p)
+            state["exp_avg_sq"] = zeros_like_param(p)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = zeros_like_param(p)
+        if group["maximize"]:
+            g = -g
+        state["step"] = step = float(state["step"]) + 1
+        if wd != 0:
+            if self._decoupled:
+                local *= 1 - lr * wd
+            else:
+                g = g + wd * local
+        m, v = state["exp_avg"]._data(), state["exp_avg_sq"]._data()
+        m += (1 - beta1) * (g - m)  # torch's lerp for a weight below 0.5
+        v *= beta2
+        v += (1 - beta2) * g * g
+        step_size = lr / (1 - beta1 ** step)
+        bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
+        if group["amsgrad"]:
+            vmax = state["max_exp_avg_sq"]._data()
+            np.maximum(vmax, v, out=vmax)
+            v = vmax
+        denom = np.sqrt(v) / bias_correction2_sqrt + eps
+        local -= step_size * (m / denom)
+
+
+class AdamW(Adam):
+    """AdamW: Adam with decoupled weight decay (``p *= 1 - lr * weight_decay``
+    before the update, the gradient untouched), as torch.optim.AdamW, whose
+    default ``weight_decay`` is 0.01. Local: no communication.
+
+    Example::
+
+        >>> opt = mpitensor.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    """
+
+    _decoupled = True
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 maximize: bool = False, foreach=None) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                         foreach=foreach)

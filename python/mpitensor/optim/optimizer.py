@@ -1,0 +1,260 @@
+"""Optimizer: torch.optim.Optimizer's shape (param_groups, state, zero_grad, step,
+state_dict) for DTensor parameters.
+
+Every state tensor is a DTensor with its parameter's mesh and placements, so an
+update reads and writes local shards only: a step never communicates.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .._dtensor import DTensor
+from ..autograd import enable_grad
+from ..nn.module import Module, Parameter
+
+__all__ = ["Optimizer"]
+
+
+class _Required:
+    """The default of a hyperparameter that has none (torch's ``required``)."""
+
+    def __repr__(self) -> str:
+        return "<required parameter>"
+
+
+required = _Required()
+
+
+def _as_param(p) -> DTensor:
+    """A parameter as the optimizer keeps it: the DTensor itself (a
+    :class:`~mpitensor.nn.Parameter` gives its data)."""
+    if isinstance(p, Parameter):
+        p = p.data
+    if isinstance(p, DTensor):
+        if any(pl.is_partial() for pl in p.placements):
+            # A Partial leaf's gradient is Replicate: adding it to every rank's
+            # partial value would count the update once per rank.
+            raise ValueError(f"an optimizer cannot update a Partial DTensor "
+                             f"({p.placements}); redistribute it to Replicate first")
+        return p
+    if isinstance(p, np.ndarray):
+        raise TypeError("an optimizer updates DTensors; an ndarray parameter has no "
+                        "gradient (distribute the module first, e.g. with "
+                        "mpitensor.distribute_module)")
+    raise TypeError(f"optimizer parameters must be DTensors, got {type(p).__name__}")
+
+
+def local_grad(p: DTensor):
+    """This rank's part of ``p.grad`` as an ndarray in ``p``'s dtype, or None when
+    ``p`` has no gradient. ValueError when the gradient is not laid out as ``p``
+    (the same on every rank: placements and meshes are global), since updating
+    shards from another layout would need communication."""
+    g = p.grad
+    if g is None:
+        return None
+    if g.device_mesh != p.device_mesh or g.placements != p.placements:
+        raise ValueError(f"a gradient with placements {g.placements} on {g.device_mesh} "
+                         f"cannot update a parameter with placements {p.placements} on "
+                         f"{p.device_mesh} without communication")
+    local = g._data()
+    return local if local.dtype == p.dtype else local.astype(p.dtype)
+
+
+def zeros_like_param(p: DTensor) -> DTensor:
+    """A zero DTensor with ``p``'s mesh, placements, shape and dtype."""
+    return DTensor(np.zeros_like(p._data()), p._spec)
+
+
+def _is_state_tensor(key: str, value) -> bool:
+    return key != "step" and isinstance(value, (DTensor, np.ndarray))
+
+
+class Optimizer:
+    """Base class of the optimizers, as torch.optim.Optimizer.
+
+    ``params`` is an iterable of DTensors (such as ``model.parameters()`` of a
+    distributed module, or :class:`~mpitensor.nn.Parameter` objects holding
+    DTensors), or of dicts that each define a parameter group with its own
+    hyperparameters (``{"params": [...], "lr": 0.01}``); ``defaults`` fills what
+    a group leaves out. ``state[p]`` holds a parameter's state (DTensors with its
+    placements). A subclass defines ``step``. Local: an update works on each
+    rank's shards, with no communication.
+
+    Example::
+
+        >>> opt = mpitensor.optim.SGD([{"params": [w1]}, {"params": [w2], "lr": 0.01}],
+        ...                           lr=0.1)
+        >>> [g["lr"] for g in opt.param_groups]
+        [0.1, 0.01]
+    """
+
+    def __init__(self, params: Iterable, defaults: dict) -> None:
+        self.defaults = dict(defaults)
+        self.state: defaultdict = defaultdict(dict)
+        self.param_groups: list[dict] = []
+        if isinstance(params, (DTensor, Parameter, np.ndarray)):
+            raise TypeError("params argument given to the optimizer should be an iterable "
+                            "of DTensors or dicts, but got " + type(params).__name__)
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Adds a group of parameters with its own hyperparameters (the defaults
+        fill the others), as when fine-tuning adds layers. Local.
+
+        Example: ``opt.add_param_group({"params": [head.weight], "lr": 1e-3})``.
+        """
+        if not isinstance(param_group, dict):
+            raise TypeError(f"a parameter group must be a dict, got "
+                            f"{type(param_group).__name__}")
+        group = dict(param_group)
+        params = group["params"]
+        if isinstance(params, (DTensor, Parameter)):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("optimizer parameters need to be organized in ordered "
+                            "collections, but the ordering of sets is not the same on "
+                            "every rank; use a list instead")
+        group["params"] = [_as_param(p) for p in params]
+        for name, default in self.defaults.items():
+            if default is required and name not in group:
+                raise ValueError(f"parameter group didn't specify a value of required "
+                                 f"optimization parameter {name}")
+            group.setdefault(name, default)
+        ids = [id(p) for p in group["params"]]
+        if len(set(ids)) != len(ids):
+            raise ValueError("optimizer contains a parameter group with duplicate "
+                             "parameters")
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if seen & set(ids):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clears every parameter's gradient: ``None`` (the default, as torch), or
+        zeros in place with ``set_to_none=False``. Local.
+
+        Example: ``opt.zero_grad()`` before the next backward.
+        """
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad._data()[...] = 0
+
+    def step(self, closure: Callable | None = None):
+        """One update of every parameter that has a gradient; returns what
+        ``closure`` (re-evaluating the loss, run with grad mode on) returns, or
+        None. Local: no communication.
+
+        Example: ``loss.backward(); opt.step(); opt.zero_grad()``.
+        """
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = local_grad(p)
+                if g is not None:
+                    self._update(p, g, self.state[p], group)
+        return loss
+
+    def _update(self, p: DTensor, g: np.ndarray, state: dict, group: dict) -> None:
+        raise NotImplementedError(f"{type(self).__name__} defines no update")
+
+    # -- state -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The optimizer's state in torch's format: ``"state"`` maps each
+        parameter's index (in the order of the groups) to its state (DTensors with
+        the parameter's placements, and ``"step"``), ``"param_groups"`` lists each
+        group's hyperparameters with ``"params"`` as indices. The tensors are the
+        optimizer's own, not copies. ``mpitensor.save`` writes it (nested dicts
+        included) and ``load_state_dict`` takes it back, on any mesh. Local.
+
+        Example::
+
+            >>> mpitensor.save({"model": model.state_dict(), "optim": opt.state_dict()},
+            ...                "ckpt")
+        """
+        index: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            for p in group["params"]:
+                index.setdefault(id(p), len(index))
+            packed["params"] = [index[id(p)] for p in group["params"]]
+            groups.append(packed)
+        state = {index[id(p)]: dict(s) for p, s in self.state.items()
+                 if id(p) in index and s}
+        return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Takes back what :meth:`state_dict` gave, also after ``mpitensor.load``
+        on another mesh: each state tensor (a DTensor in any layout, or the global
+        ndarray) is copied into a DTensor with its parameter's mesh and placements.
+        The groups must hold as many parameters as the optimizer's (ValueError,
+        the same on every rank). Collective on a state DTensor's mesh when it has
+        to move (as :meth:`Module.load_state_dict`), else local.
+
+        Example::
+
+            >>> opt.load_state_dict(mpitensor.load("ckpt")["optim"])
+        """
+        groups = state_dict["param_groups"]
+        saved = list(state_dict["state"].items()) if state_dict.get("state") else []
+        if len(groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter "
+                             "groups")
+        if any(len(g["params"]) != len(own["params"])
+               for g, own in zip(groups, self.param_groups)):
+            raise ValueError("loaded state dict contains a parameter group that doesn't "
+                             "match the size of optimizer's group")
+        by_index = {}
+        for g, own in zip(groups, self.param_groups):
+            for i, p in zip(g["params"], own["params"]):
+                by_index[int(i)] = p
+        state: defaultdict = defaultdict(dict)
+        for i, entries in saved:
+            if int(i) not in by_index:
+                raise ValueError(f"loaded state dict has state for parameter {i}, which "
+                                 f"no group names")
+            p = by_index[int(i)]
+            state[p] = {key: self._state_value(p, f"state.{i}.{key}", key, value)
+                        for key, value in entries.items()}
+        new_groups = []
+        for g, own in zip(groups, self.param_groups):
+            group = copy.deepcopy({k: v for k, v in g.items() if k != "params"})
+            group["params"] = own["params"]
+            new_groups.append(group)
+        self.state, self.param_groups = state, new_groups
+
+    @staticmethod
+    def _state_value(p: DTensor, name: str, key: str, value) -> Any:
+        if isinstance(value, DTensor) and value.shape == () and key == "step":
+            value = value.full_tensor()
+        if not _is_state_tensor(key, value):
+            return float(value) if key == "step" else copy.deepcopy(value)
+        target = zeros_like_param(p)
+        Module._load_one(name, target, value)
+        return target
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {k}: {v}" for k, v in sorted(group.items()) if k != "params"]
+        return "\n".join(lines) + "\n)"
