@@ -10,7 +10,7 @@ import re
 import sys
 from collections import defaultdict
 
-from .. import _C, _modes
+from .. import _C, _modes, device_mesh as _device_mesh
 from ._module_tracker import ModuleTracker
 
 __all__ = ["CommDebugMode"]
@@ -177,6 +177,10 @@ class CommDebugMode:
 
     # -- operation trace (called by mpitensor._trace) ------------------------------------
     def _record_operation(self, name, shapes, shardings, mesh) -> None:
+        if mesh is _device_mesh._local_mesh:
+            # A rank's own values that autograd follows (to_local in grad mode):
+            # torch's to_local gives a plain tensor there, which it does not list.
+            return
         ops = self.comm_module_operation_counts.setdefault(
             self.advanced_module_tracker.name, {"operations_list": []})
         ops["operations_list"].append({
