@@ -1,7 +1,8 @@
 """enable_2d_with_fsdp: parallelize_module on a 2-D (dp, tp) mesh shards over tp and
-keeps parameters Replicate over dp; shard_over_dp shards them over dp as well, and
-the forward, which all-gathers them over dp first, still gives the single-process
-output of each replica's batch."""
+keeps parameters Replicate over dp (DDP's replicas): the forward gives the
+single-process output of each replica's batch, and the backward the gradients of the
+whole batch, averaged over the replicas. (Sharding over dp is fully_shard's:
+test_fsdp.py.)"""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Replicate, Shard, nn
+from mpitensor import DTensor, Replicate, Shard, nn
+from mpitensor.device_mesh import local_mesh
 from mpitensor.debug import CommDebugMode
 from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from mpitensor.parallel.fsdp import enable_2d_with_fsdp, shard_over_dp
+from mpitensor.parallel.fsdp import enable_2d_with_fsdp
 
 W = MPI.COMM_WORLD.Get_size()
 DP = 2 if W % 2 == 0 else 1
@@ -73,18 +75,40 @@ def test_2d_needs_enabling_then_replicates_over_dp(mesh2d):
     assert m.w1.weight.device_mesh == mesh2d  # restored after the forward
 
 
-def test_shard_over_dp_gathers_before_forward(mesh2d):
+class TanhMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        mt.manual_seed(4)
+        self.w1 = nn.Linear(6, 4 * TP + 2)
+        self.w2 = nn.Linear(4 * TP + 2, 6)
+
+    def forward(self, x):
+        return self.w2(np.tanh(self.w1(x)))
+
+
+def test_replicas_average_gradients(mesh2d):
+    """Parameters Replicate over dp are DDP's replicas: each replica's gradient of
+    its own batch's loss, averaged over dp, is the gradient of the whole batch's."""
     enable_2d_with_fsdp()
-    m = shard_over_dp(parallelize_module(mlp(), mesh2d, {"w1": ColwiseParallel(),
-                                                          "w2": RowwiseParallel()}))
-    if DP > 1:
-        assert m.w1.weight.placements == (Shard(1), Shard(0))
-        assert m.w2.weight.placements == (Shard(0), Shard(1))
-    np.testing.assert_array_equal(m.w2.weight.full_tensor(), mlp().w2.weight)
-    x = batch(mesh2d)
-    with CommDebugMode() as comm:
-        y = m(x)
-    np.testing.assert_allclose(y, mlp()(x), rtol=1e-10, atol=1e-12)
-    if DP > 1:
-        assert comm.get_comm_counts()["all_gather_into_tensor"] >= 2
-    assert m.w1.weight.placements == (Shard(1), Shard(0))  # restored after the forward
+    m = parallelize_module(TanhMLP(), mesh2d, dict(PLAN))
+    for p in m.parameters():
+        p.requires_grad_()
+    rng = np.random.default_rng(3)
+    x, t = rng.standard_normal((4, 6)), rng.standard_normal((4, 6))
+    d = mesh2d.get_local_rank("dp")
+    rows = slice(d * 4 // DP, (d + 1) * 4 // DP)
+    lm = local_mesh()
+    y = m(DTensor.from_local(x[rows], mesh2d["tp"], [Replicate()]))
+    ((y - DTensor.from_local(t[rows], lm, [Replicate()])) ** 2).mean().backward()
+    ref = TanhMLP()
+    for mod in ref.modules():
+        for name, p in list(mod._parameters.items()):
+            mod._parameters[name] = DTensor.from_local(np.array(p), lm,
+                                                       [Replicate()]).requires_grad_()
+    y = ref(DTensor.from_local(x, lm, [Replicate()]))
+    ((y - DTensor.from_local(t, lm, [Replicate()])) ** 2).mean().backward()
+    want = {n: p.grad.to_local() for n, p in ref.named_parameters()}
+    for name, p in m.named_parameters():
+        assert p.grad.placements == p.placements, name
+        np.testing.assert_allclose(p.grad.detach().full_tensor(), want[name], rtol=1e-10,
+                                   atol=1e-14, err_msg=name)

@@ -9,10 +9,12 @@ unshard is one even all-gather and its gradient one reduce-scatter, as torch's
 FSDP2 (``FSDPParamGroup``).
 
 The unsharded parameters are DTensors on the mesh without ``dp``: the ``dp`` mesh
-itself, Replicate, for a module of plain arrays (so an input sharded over ``dp``
-is a global batch, and the loss is global); the ``tp`` mesh with their own
-placement for a tensor-parallel module (each data-parallel replica runs its own
-batch, as torch's). They are the same objects in every step: the forward and its
+itself, Replicate, for a module of plain arrays on a 1-D mesh (so an input sharded
+over ``dp`` is a global batch, and the loss is global); beside tensor parallelism
+(``dp`` sliced from a 2-D mesh) the ``tp`` mesh with their own placement for a
+parallelized parameter, and the local mesh for a plain array (the ndarray outside
+grad mode), where torch has plain tensors: each data-parallel replica runs its own
+batch, as torch's. They are the same objects in every step: the forward and its
 backward rules hold them, and freeing them after the forward swaps their local
 arrays for a placeholder that holds no memory.
 
@@ -34,7 +36,7 @@ from .._args import resolve_mesh
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from ..autograd import Node, no_grad
-from ..device_mesh import DeviceMesh
+from ..device_mesh import DeviceMesh, local_mesh
 from ..nn.module import Module
 from ..placement_types import Partial, Replicate, Shard
 
@@ -179,7 +181,12 @@ class _Param:
             shape = value.shape
         else:
             local = np.asarray(value)
-            self.umesh, self.upl, tp_mesh = dp_mesh, (Replicate(),), None
+            # Beside tensor parallelism the forward's activations are this rank's
+            # (local arrays, or local DTensors under grad), as torch's plain tensors;
+            # on a mesh of dp alone the parameter is Replicate over dp.
+            beside_tp = dp_mesh._get_root_mesh().ndim > 1
+            self.umesh = local_mesh() if beside_tp else dp_mesh
+            self.upl, tp_mesh = (Replicate(),), None
             shape = local.shape
         if local.ndim == 0 or len(shape) == 0:
             raise ValueError(f"fully_shard: parameter {what} is a scalar; FSDP shards dim 0")
@@ -307,8 +314,11 @@ class _State:
         self.unsharded = False
 
     def _register(self, which: str) -> None:
+        plain = which == "unsharded" and not _modes.grad_enabled
         for p in self.params:
             t = getattr(p, which)
+            if plain and p.umesh is local_mesh():
+                t = t._data()  # as to_local() outside grad mode: the ndarray
             for m, name in p.where:
                 m._parameters[name] = t
 

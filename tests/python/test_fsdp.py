@@ -1,0 +1,338 @@
+"""fully_shard (torch's FSDP2 on DTensors): parameters Shard(0) over dp (uneven dim 0
+too), one all-gather per module group before its forward and again before its
+backward when the forward freed it, one reduce-scatter per group of the gradients;
+gradients and a few SGD steps equal the one-rank model's in float64; with TP on a
+2-D (dp, tp) mesh, parallelize_module over mesh["tp"] then fully_shard over
+mesh["dp"] trains as the one-rank model; a call that cannot shard raises."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import DTensor, Replicate, Shard, nn
+from mpitensor.debug import CommDebugMode
+from mpitensor.device_mesh import local_mesh
+from mpitensor.fsdp import FSDPModule, fully_shard
+from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+W = MPI.COMM_WORLD.Get_size()
+AG, RS = "all_gather_into_tensor", "reduce_scatter_tensor"
+
+
+class MLP(nn.Module):
+    """Dims 5 -> 7 -> 3: dim 0 of every parameter is uneven over 2..4 ranks, and
+    empty on some rank at 4."""
+
+    def __init__(self, dims=(5, 7, 3)):
+        super().__init__()
+        mt.manual_seed(3)
+        self.w1 = nn.Linear(dims[0], dims[1])
+        self.w2 = nn.Linear(dims[1], dims[2])
+
+    def forward(self, x):
+        return self.w2(np.tanh(self.w1(x)))
+
+
+X = np.random.default_rng(0).standard_normal((12, 5))
+T = np.random.default_rng(1).standard_normal((12, 3))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return mt.init_device_mesh("cpu", (W,), mesh_dim_names=("dp",))
+
+
+def sharded_mlp(mesh, **kw):
+    m = MLP()
+    fully_shard(m.w1, mesh=mesh, **kw)
+    fully_shard(m.w2, mesh=mesh, **kw)
+    return fully_shard(m, mesh=mesh, **kw)
+
+
+def loss_of(model, x, t):
+    return ((model(x) - t) ** 2).mean()
+
+
+def reference(steps=0, lr=0.1):
+    """The one-rank model on the whole batch (on this rank's local mesh): its
+    parameters after ``steps`` SGD steps and the gradients of the next loss."""
+    m = MLP()
+    lm = local_mesh()
+    for _, mod in m.named_modules():
+        for name, p in list(mod._parameters.items()):
+            mod._parameters[name] = DTensor.from_local(
+                np.array(p), lm, [Replicate()]).requires_grad_()
+    x = DTensor.from_local(X, lm, [Replicate()])
+    t = DTensor.from_local(T, lm, [Replicate()])
+    for _ in range(steps + 1):
+        for p in m.parameters():
+            p.grad = None
+        loss_of(m, x, t).backward()
+        if _ < steps:
+            with mt.no_grad():
+                for p in m.parameters():
+                    p.to_local()[...] -= lr * p.grad.to_local()
+    return {n: (p.detach().to_local(), p.grad.to_local()) for n, p in m.named_parameters()}
+
+
+def batch(mesh):
+    return (mt.distribute_tensor(X, mesh, [Shard(0)]),
+            mt.distribute_tensor(T, mesh, [Shard(0)]))
+
+
+def test_parameters_shard_dim0_unevenly(mesh):
+    m = sharded_mlp(mesh)
+    assert isinstance(m, FSDPModule) and isinstance(m.w1, nn.Linear)
+    plain = MLP()
+    for (name, p), (_, q) in zip(m.named_parameters(), plain.named_parameters()):
+        assert p.placements == (Shard(0),) and p.requires_grad and p.is_leaf, name
+        np.testing.assert_array_equal(p.detach().full_tensor(), q)
+        rows = -(-q.shape[0] // W)
+        r = mesh.get_local_rank()
+        assert p.to_local().shape[0] == max(0, min(q.shape[0] - r * rows, rows))
+
+
+def test_gradients_equal_one_rank(mesh):
+    m = sharded_mlp(mesh)
+    loss_of(m, *batch(mesh)).backward()
+    ref = reference()
+    for name, p in m.named_parameters():
+        assert p.grad.placements == (Shard(0),), name
+        np.testing.assert_allclose(p.grad.detach().full_tensor(), ref[name][1], rtol=1e-10,
+                                   atol=1e-14, err_msg=name)
+
+
+def test_one_collective_per_group(mesh):
+    m = sharded_mlp(mesh)
+    x, t = batch(mesh)
+    with CommDebugMode() as fwd:
+        loss = loss_of(m, x, t)
+    with CommDebugMode() as bwd:
+        loss.backward()
+    # Two groups (w1, w2; the root owns none): one all-gather each per forward, each
+    # again in backward (the forward freed them), one reduce-scatter each.
+    if W > 1:
+        assert fwd.get_comm_counts()[AG] == 2
+        assert bwd.get_comm_counts()[AG] == 2 and bwd.get_comm_counts()[RS] == 2
+        assert bwd.get_total_counts() == 4
+    else:
+        assert fwd.get_total_counts() == 0 and bwd.get_total_counts() == 0
+
+
+def test_no_reshard_gathers_once(mesh):
+    m = sharded_mlp(mesh, reshard_after_forward=False)
+    x, t = batch(mesh)
+    loss = loss_of(m, x, t)
+    with CommDebugMode() as bwd:
+        loss.backward()
+    assert bwd.get_comm_counts()[AG] == 0
+    assert bwd.get_comm_counts()[RS] == (2 if W > 1 else 0)
+    # resharded after the backward: the next forward gathers again
+    with CommDebugMode() as fwd:
+        loss_of(m, x, t)
+    assert fwd.get_comm_counts()[AG] == (2 if W > 1 else 0)
+
+
+def freed(module) -> bool:
+    """Every unsharded parameter of the module's own group holds no memory."""
+    return all(p.unsharded._data().strides == (0,) * p.unsharded.ndim
+               for p in module.__dict__["_fsdp_state"].params)
+
+
+def test_forward_frees_unsharded(mesh):
+    m = sharded_mlp(mesh)
+    shard_shapes = [p.to_local().shape for p in m.parameters()]
+    x, t = batch(mesh)
+    loss = loss_of(m, x, t)
+    assert [p.to_local().shape for p in m.parameters()] == shard_shapes
+    assert freed(m.w1) and freed(m.w2)
+    loss.backward()
+    assert freed(m.w1) and freed(m.w2)
+    with mt.no_grad():
+        m(x)
+    assert freed(m.w1) and freed(m.w2)
+
+
+def test_sgd_steps_equal_one_rank(mesh):
+    m = sharded_mlp(mesh)
+    x, t = batch(mesh)
+    steps, lr = 3, 0.1
+    for _ in range(steps + 1):
+        for p in m.parameters():
+            p.grad = None
+        loss_of(m, x, t).backward()
+        if _ < steps:
+            with mt.no_grad():
+                for p in m.parameters():
+                    p.to_local()[...] -= lr * p.grad.to_local()
+    ref = reference(steps, lr)
+    for name, p in m.named_parameters():
+        np.testing.assert_allclose(p.detach().full_tensor(), ref[name][0], rtol=1e-10, err_msg=name)
+        np.testing.assert_allclose(p.grad.detach().full_tensor(), ref[name][1], rtol=1e-10,
+                                   atol=1e-14, err_msg=name)
+
+
+def test_gradients_accumulate(mesh):
+    m = sharded_mlp(mesh)
+    x, t = batch(mesh)
+    loss_of(m, x, t).backward()
+    loss_of(m, x, t).backward()
+    ref = reference()
+    for name, p in m.named_parameters():
+        np.testing.assert_allclose(p.grad.detach().full_tensor(), 2 * ref[name][1], rtol=1e-10,
+                                   atol=1e-14, err_msg=name)
+
+
+def test_cannot_shard_raises(mesh):
+    m = MLP()
+    fully_shard(m, mesh=mesh)
+    with pytest.raises(ValueError, match="fully_sharded already"):
+        fully_shard(m, mesh=mesh)
+    with pytest.raises(ValueError, match="fully_sharded by an ancestor"):
+        fully_shard(m.w1, mesh=mesh)  # children first, then the parent
+    with pytest.raises(ValueError, match="no data-parallel dim"):
+        fully_shard(MLP(), mesh=mt.init_device_mesh("cpu", (W, 1), mesh_dim_names=("a", "b")))
+    other = mt.init_device_mesh("cpu", (W,))
+    m2 = MLP()
+    m2.w1.weight = nn.Parameter(mt.distribute_tensor(np.ones((7, 5)), other, [Replicate()]))
+    with pytest.raises(ValueError, match="takes arrays"):
+        fully_shard(m2, mesh=mesh)
+    with pytest.raises(TypeError, match="nn.Module"):
+        fully_shard(np.ones(3), mesh=mesh)
+
+
+# -- 2-D: TP over tp, FSDP over dp --------------------------------------------------------
+
+DP = 2 if W == 4 else 1
+TP = W // DP
+needs_4 = pytest.mark.skipif(W != 4, reason="a (2, 2) mesh needs 4 ranks")
+
+
+@pytest.fixture(scope="module")
+def mesh2d():
+    return mt.init_device_mesh("cpu", (DP, TP), mesh_dim_names=("dp", "tp"))
+
+
+def model_2d(mesh2d):
+    m = MLP((5, 8, 5))
+    m = parallelize_module(m, mesh2d["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    fully_shard(m.w1, mesh=mesh2d["dp"])
+    fully_shard(m.w2, mesh=mesh2d["dp"])
+    return fully_shard(m, mesh=mesh2d["dp"])
+
+
+def replica_batch(mesh2d):
+    """Each data-parallel replica its own rows of the batch, on its tp mesh; the
+    targets on the local mesh, where RowwiseParallel's output lands (torch's
+    use_local_output)."""
+    x = np.random.default_rng(5).standard_normal((4, 5))
+    t = np.random.default_rng(6).standard_normal((4, 5))
+    d = mesh2d.get_local_rank("dp")
+    rows = slice(d * 4 // DP, (d + 1) * 4 // DP)
+    tp = mesh2d["tp"]
+    # RowwiseParallel hands back the local output, as torch's use_local_output
+    return (DTensor.from_local(x[rows], tp, [Replicate()]),
+            DTensor.from_local(t[rows], local_mesh(), [Replicate()]), x, t)
+
+
+@needs_4
+def test_2d_placements(mesh2d):
+    m = model_2d(mesh2d)
+    plain = MLP((5, 8, 5))
+    # TP shards w1 on dim 0 as well: dp shards each TP shard, on the mesh whose dims
+    # run (tp, dp); the others sit on the (dp, tp) mesh itself.
+    assert m.w1.weight.placements == (Shard(0), Shard(0))
+    assert m.w1.weight.device_mesh.mesh_dim_names == ("tp", "dp")
+    assert m.w2.weight.placements == (Shard(0), Shard(1))
+    assert m.w2.weight.device_mesh is mesh2d
+    assert m.w2.bias.placements == (Shard(0), Replicate())
+    for (name, p), (_, q) in zip(m.named_parameters(), plain.named_parameters()):
+        np.testing.assert_array_equal(p.detach().full_tensor(), q, err_msg=name)
+
+
+@needs_4
+def test_2d_trains_as_one_rank(mesh2d):
+    m = model_2d(mesh2d)
+    xl, tl, x, t = replica_batch(mesh2d)
+    with CommDebugMode() as fwd:
+        loss = loss_of(m, xl, tl)
+    with CommDebugMode() as bwd:
+        loss.backward()
+    # per group one all-gather over dp; the Rowwise output's all-reduce over tp
+    assert fwd.get_comm_counts()[AG] == 2 and fwd.get_comm_counts()[RS] == 0
+    assert bwd.get_comm_counts()[AG] == 2 and bwd.get_comm_counts()[RS] == 2
+    ref = MLP((5, 8, 5))
+    lm = local_mesh()
+    for mod in ref.modules():
+        for name, p in list(mod._parameters.items()):
+            mod._parameters[name] = DTensor.from_local(np.array(p), lm,
+                                                       [Replicate()]).requires_grad_()
+    loss_of(ref, DTensor.from_local(x, lm, [Replicate()]),
+            DTensor.from_local(t, lm, [Replicate()])).backward()
+    want = {n: p.grad.to_local() for n, p in ref.named_parameters()}
+    for name, p in m.named_parameters():
+        assert p.grad.placements == p.placements, name
+        np.testing.assert_allclose(p.grad.detach().full_tensor(), want[name], rtol=1e-10,
+                                   atol=1e-14, err_msg=name)
+
+
+VOCAB, HEADS = 32, 2 * TP
+DIM = 4 * HEADS
+
+
+class GPT(nn.Module):
+    """docs/tensor_parallel.md's transformer: embedding, two blocks, norm, output."""
+
+    def __init__(self):
+        super().__init__()
+        mt.manual_seed(0)
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList([nn.TransformerBlock(DIM, HEADS) for _ in range(2)])
+        self.norm = nn.LayerNorm(DIM)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+GPT_PLAN = {
+    "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+    "layers.*.attention.q_proj": ColwiseParallel(),
+    "layers.*.attention.k_proj": ColwiseParallel(),
+    "layers.*.attention.v_proj": ColwiseParallel(),
+    "layers.*.attention.out_proj": RowwiseParallel(),
+    "layers.*.feed_forward.w1": ColwiseParallel(),
+    "layers.*.feed_forward.w2": RowwiseParallel(),
+    "output": ColwiseParallel(output_layouts=Replicate()),
+}
+
+
+@needs_4
+def test_2d_transformer_forward_gathers_per_block(mesh2d):
+    """torch's fsdp_tp_example structure: the TP plan over mesh["tp"], fully_shard
+    of every block then of the root over mesh["dp"]. The norms, which the plan
+    leaves alone, are sharded over dp too and reach the forward as local arrays."""
+    tokens = np.random.default_rng(1).integers(0, VOCAB, size=(2, 4))
+    mine = tokens + mesh2d.get_local_rank("dp")  # each replica its own batch
+    expected = GPT()(mine % VOCAB)
+    model = parallelize_module(GPT(), mesh2d["tp"], GPT_PLAN)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh2d["dp"])
+    fully_shard(model, mesh=mesh2d["dp"])
+    assert model.norm.weight.placements == (Shard(0),)
+    assert model.layers[0].feed_forward.w2.weight.placements == (Shard(0), Shard(1))
+    with mt.no_grad(), CommDebugMode() as comm:
+        logits = model(mine % VOCAB)
+    np.testing.assert_allclose(logits, expected, rtol=1e-10, atol=1e-10)
+    # one all-gather over dp per group (two blocks, the root) beside TP's own: an
+    # all-reduce per row-wise layer and the logits' all-gather
+    assert dict(comm.get_comm_counts()) == {"all_gather_into_tensor": 3 + 1,
+                                            "all_reduce": 5}
+    for layer in model.layers:
+        assert freed(layer)
