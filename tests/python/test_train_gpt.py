@@ -30,9 +30,9 @@ G = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(G)
 
 DATA = G.CharData()
-# 12 heads of 4 split whole over 1..4 ranks; a sequence of 10 splits unevenly over
+# 12 heads of 2 split whole over 1..4 ranks; a sequence of 10 splits unevenly over
 # 3 and 4, the vocabulary (57) over 2..4.
-CFG = dict(vocab=DATA.vocab, dim=48, heads=12, layers=2, seq=10, batch=4, lr=1e-2,
+CFG = dict(vocab=DATA.vocab, dim=24, heads=12, layers=2, seq=10, batch=4, lr=1e-2,
            dtype=np.float64)
 STEPS, SAVE_AT = 4, 2
 
