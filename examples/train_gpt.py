@@ -276,6 +276,7 @@ class Progress:
 
 
 def main(argv=None):
+    """The command line; returns the losses of the steps it ran."""
     comm = MPI.COMM_WORLD
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mesh", default=str(comm.size),
@@ -307,6 +308,9 @@ def main(argv=None):
     model = build(cfg, mesh)
     opt = make_optimizer(model, cfg)
     start = load(args.resume, model, opt, mesh) if args.resume else 0
+    if args.save_at is not None and not start < args.save_at <= args.steps:
+        raise SystemExit(f"--save-at {args.save_at} must lie after the first step ({start}) "
+                         f"and at most --steps {args.steps}")
     rank = comm.rank
     if rank == 0:
         nparams = sum(int(np.prod(q.shape)) for q in model.parameters())
@@ -319,9 +323,9 @@ def main(argv=None):
             print(f"resumed at step {start} from {args.resume}")
     progress = Progress(args.steps, args.print_every, start, rank)
     losses = []
-    stop = args.steps if args.save_at is None else min(args.steps, args.save_at)
+    stop = args.steps if args.save_at is None else args.save_at
     losses += train_steps(model, opt, data, cfg, mesh, start, stop, progress)
-    if args.save_at is not None and stop == args.save_at:
+    if args.save_at is not None:
         save(args.ckpt, model, opt, stop, mesh)
         if rank == 0:
             print(f"saved step {stop} to {args.ckpt}")
@@ -331,6 +335,7 @@ def main(argv=None):
         if args.plot:
             plot(args.plot, range(start + 1, start + len(losses) + 1), losses,
                  data.unigram_loss())
+    return losses
 
 
 def plot(path, steps, losses, baseline):

@@ -134,6 +134,24 @@ def test_resume_on_other_meshes_continues_the_curve(reference, tmp):
         np.testing.assert_allclose(losses, reference[SAVE_AT:], rtol=1e-9)
 
 
+def test_command_line_saves_and_resumes(tmp, capsys):
+    """--save-at and --resume through main(): the resumed run prints the steps the
+    uninterrupted run took after the checkpoint, on a mesh of another shape."""
+    path = os.path.join(tmp, "cli")
+    args = ["--dim", "24", "--heads", "12", "--layers", "1", "--seq", "8", "--batch", "4",
+            "--dtype", "float64", "--steps", "3", "--print-every", "1"]
+    whole = G.main(args + ["--mesh", f"2x{W // 2}" if W % 2 == 0 else str(W)])
+    saved = G.main(args + ["--save-at", "1", "--ckpt", path])
+    resumed = G.main(args + ["--resume", path])
+    np.testing.assert_allclose(saved, whole, rtol=1e-9)
+    np.testing.assert_allclose(resumed, whole[1:], rtol=1e-9)
+    with pytest.raises(SystemExit, match="--save-at 1 must lie after the first step"):
+        G.main(args + ["--resume", path, "--save-at", "1"])
+    if RANK == 0:
+        out = capsys.readouterr().out
+        assert "unigram baseline" in out and "resumed at step 1" in out
+
+
 # -- against torch ------------------------------------------------------------------
 
 def torch_gpt(torch, model, cfg):
