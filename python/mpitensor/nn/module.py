@@ -133,6 +133,10 @@ def _as_parameter(value, old, requires_grad):
     return value
 
 
+# torch's device names: a str argument of Module.to that is one is a device.
+_DEVICES = frozenset({"cpu", "cuda", "mps", "meta", "xpu", "hpu", "xla", "mtia"})
+
+
 def _cast(value, dtype: np.dtype):
     """``value`` in ``dtype`` if it is floating point: an ndarray is replaced, a
     DTensor keeps its identity (its local data and spec change) and its gradient
@@ -493,7 +497,7 @@ class Module:
             dtype('float32')
         """
         for arg in args:
-            if isinstance(arg, str) and arg.split(":")[0] == "cpu":
+            if isinstance(arg, str) and arg.split(":")[0] in _DEVICES:
                 device = arg
             elif dtype is None:
                 dtype = arg
