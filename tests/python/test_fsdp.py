@@ -7,6 +7,9 @@ mesh["dp"] trains as the one-rank model; a call that cannot shard raises."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -16,7 +19,8 @@ from mpitensor import DTensor, Replicate, Shard, nn
 from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import local_mesh
 from mpitensor.fsdp import FSDPModule, fully_shard
-from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from mpitensor.parallel import (
+    ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module)
 
 W = MPI.COMM_WORLD.Get_size()
 AG, RS = "all_gather_into_tensor", "reduce_scatter_tensor"
@@ -145,10 +149,16 @@ def freed(module) -> bool:
 def test_forward_frees_unsharded(mesh):
     m = sharded_mlp(mesh)
     shard_shapes = [p.to_local().shape for p in m.parameters()]
+    gathered = []
+    m.w1.register_forward_pre_hook(  # runs after fully_shard's, on the gathered weight
+        lambda mod, args: gathered.append(weakref.ref(mod.weight._data())))
     x, t = batch(mesh)
     loss = loss_of(m, x, t)
+    assert m.w1.weight.placements == (Shard(0),)
     assert [p.to_local().shape for p in m.parameters()] == shard_shapes
     assert freed(m.w1) and freed(m.w2)
+    gc.collect()
+    assert gathered[0]() is None  # nothing (the graph included) holds the gathered array
     loss.backward()
     assert freed(m.w1) and freed(m.w2)
     with mt.no_grad():
@@ -173,6 +183,12 @@ def test_sgd_steps_equal_one_rank(mesh):
         np.testing.assert_allclose(p.detach().full_tensor(), ref[name][0], rtol=1e-10, err_msg=name)
         np.testing.assert_allclose(p.grad.detach().full_tensor(), ref[name][1], rtol=1e-10,
                                    atol=1e-14, err_msg=name)
+
+
+def test_default_mesh_is_the_current_one(mesh):
+    with mesh:
+        m = fully_shard(MLP())
+    assert m.w1.weight.device_mesh is mesh and m.w1.weight.placements == (Shard(0),)
 
 
 def test_gradients_accumulate(mesh):
@@ -202,6 +218,30 @@ def test_cannot_shard_raises(mesh):
         fully_shard(m2, mesh=mesh)
     with pytest.raises(TypeError, match="nn.Module"):
         fully_shard(np.ones(3), mesh=mesh)
+    tied = MLP((5, 5, 5))
+    tied.w2.weight = nn.Parameter(tied.w1.weight)
+    fully_shard(tied.w1, mesh=mesh)
+    with pytest.raises(ValueError, match="shared .tied. parameter must be in one group"):
+        fully_shard(tied, mesh=mesh)
+
+
+def test_forwards_before_their_backwards(mesh):
+    """Each forward's backward reduce-scatters its own gradients, whatever the
+    order: two losses, then their backwards; and a module called twice in one
+    forward (the group stays gathered until both calls' backwards are done)."""
+    m = sharded_mlp(mesh)
+    x, t = batch(mesh)
+    first, second = loss_of(m, x, t), loss_of(m, x, t)
+    first.backward()
+    second.backward()
+    twice = sharded_mlp(mesh)
+    (loss_of(twice, x, t) + loss_of(twice, x, t)).backward()
+    ref = reference()
+    for model in (m, twice):
+        for name, p in model.named_parameters():
+            np.testing.assert_allclose(p.grad.detach().full_tensor(), 2 * ref[name][1],
+                                       rtol=1e-10, atol=1e-14, err_msg=name)
+        assert freed(model.w1) and freed(model.w2)
 
 
 # -- 2-D: TP over tp, FSDP over dp --------------------------------------------------------
@@ -217,7 +257,7 @@ def mesh2d():
 
 
 def model_2d(mesh2d):
-    m = MLP((5, 8, 5))
+    m = MLP((5, 6, 5))
     m = parallelize_module(m, mesh2d["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
     fully_shard(m.w1, mesh=mesh2d["dp"])
     fully_shard(m.w2, mesh=mesh2d["dp"])
@@ -241,7 +281,7 @@ def replica_batch(mesh2d):
 @needs_4
 def test_2d_placements(mesh2d):
     m = model_2d(mesh2d)
-    plain = MLP((5, 8, 5))
+    plain = MLP((5, 6, 5))
     # TP shards w1 on dim 0 as well: dp shards each TP shard, on the mesh whose dims
     # run (tp, dp); the others sit on the (dp, tp) mesh itself.
     assert m.w1.weight.placements == (Shard(0), Shard(0))
@@ -264,7 +304,7 @@ def test_2d_trains_as_one_rank(mesh2d):
     # per group one all-gather over dp; the Rowwise output's all-reduce over tp
     assert fwd.get_comm_counts()[AG] == 2 and fwd.get_comm_counts()[RS] == 0
     assert bwd.get_comm_counts()[AG] == 2 and bwd.get_comm_counts()[RS] == 2
-    ref = MLP((5, 8, 5))
+    ref = MLP((5, 6, 5))
     lm = local_mesh()
     for mod in ref.modules():
         for name, p in list(mod._parameters.items()):
@@ -326,6 +366,11 @@ def test_2d_transformer_forward_gathers_per_block(mesh2d):
         fully_shard(layer, mesh=mesh2d["dp"])
     fully_shard(model, mesh=mesh2d["dp"])
     assert model.norm.weight.placements == (Shard(0),)
+    tied = parallelize_module(GPT(), mesh2d["tp"], GPT_PLAN)
+    tied.output.weight = nn.Parameter(tied.layers[0].feed_forward.w1.weight)
+    fully_shard(tied.layers[0], mesh=mesh2d["dp"])
+    with pytest.raises(ValueError, match="shared .tied. parameter"):
+        fully_shard(tied, mesh=mesh2d["dp"])
     assert model.layers[0].feed_forward.w2.weight.placements == (Shard(0), Shard(1))
     with mt.no_grad(), CommDebugMode() as comm:
         logits = model(mine % VOCAB)
@@ -336,3 +381,38 @@ def test_2d_transformer_forward_gathers_per_block(mesh2d):
                                             "all_reduce": 5}
     for layer in model.layers:
         assert freed(layer)
+
+
+@needs_4
+def test_2d_sequence_parallel_forward(mesh2d):
+    """The fsdp_tp_example plan's kind: sequence parallelism on tp (the norms are
+    DTensors Replicate over tp), fully_shard per block over dp."""
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "layers.*.attention_norm": SequenceParallel(),
+        "layers.*.attention": gather,
+        "layers.*.attention.q_proj": ColwiseParallel(),
+        "layers.*.attention.k_proj": ColwiseParallel(),
+        "layers.*.attention.v_proj": ColwiseParallel(),
+        "layers.*.attention.out_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "layers.*.ffn_norm": SequenceParallel(),
+        "layers.*.feed_forward": gather,
+        "layers.*.feed_forward.w1": ColwiseParallel(),
+        "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    tokens = np.random.default_rng(2).integers(0, VOCAB, size=(2, 4))
+    mine = (tokens + 3 * mesh2d.get_local_rank("dp")) % VOCAB
+    expected = GPT()(mine)
+    model = parallelize_module(GPT(), mesh2d["tp"], plan)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh2d["dp"])
+    fully_shard(model, mesh=mesh2d["dp"])
+    assert model.layers[1].ffn_norm.weight.placements == (Shard(0), Replicate())
+    assert model.layers[1].ffn_norm.weight.device_mesh is mesh2d
+    with mt.no_grad(), CommDebugMode() as comm:
+        logits = model(mine)
+    np.testing.assert_allclose(logits, expected, rtol=1e-10, atol=1e-10)
+    assert comm.get_comm_counts()["reduce_scatter_tensor"] == 5  # SP's, none of FSDP's

@@ -14,20 +14,23 @@ over ``dp`` is a global batch, and the loss is global); beside tensor parallelis
 (``dp`` sliced from a 2-D mesh) the ``tp`` mesh with their own placement for a
 parallelized parameter, and the local mesh for a plain array (the ndarray outside
 grad mode), where torch has plain tensors: each data-parallel replica runs its own
-batch, as torch's. They are the same objects in every step: the forward and its
-backward rules hold them, and freeing them after the forward swaps their local
-arrays for a placeholder that holds no memory.
+batch, as torch's. Each forward in grad mode gets its own
+DTensors on the gathered arrays (the graph holds them); freeing the group swaps
+their local arrays for a placeholder that holds no memory, and gathering it again
+puts the new arrays into every one a backward may still need.
 
-Autograd: every unsharded parameter is the output of a node whose input is one
-token per group, and the token's node has the group's sharded parameters as
-inputs. The engine runs a tensor's node only after every node computed from it, so
-the token's node runs once, after the last gradient of the group arrived: there
-the group's gradients are reduce-scattered, in one collective, into the sharded
-parameters. A node on the module's outputs runs before anything inside the module
-in backward: there the group is all-gathered again if the forward freed it.
+Autograd: each of a forward's unsharded parameters is the output of a node whose
+input is that forward's token, and the token's node has the group's sharded
+parameters as inputs. The engine runs a tensor's node only after every node
+computed from it, so the token's node runs once, after the last gradient of the
+group arrived: there the gradients are reduce-scattered, in one collective, into
+the sharded parameters. A node on the module's outputs runs before anything inside
+the module in backward: there the group is all-gathered again if it was freed.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
@@ -160,11 +163,10 @@ def _tp_first(root: DeviceMesh, dp_name: str) -> DeviceMesh:
     names = root.mesh_dim_names
     if names.index(dp_name) == 1:
         return root
-    key = id(root)
-    if key not in _tp_first_meshes:
-        _tp_first_meshes[key] = DeviceMesh(root.device_type, root.mesh.T,
-                                           mesh_dim_names=names[::-1], comm=root._comm)
-    return _tp_first_meshes[key]
+    if root not in _tp_first_meshes:
+        _tp_first_meshes[root] = DeviceMesh(root.device_type, root.mesh.T,
+                                            mesh_dim_names=names[::-1], comm=root._comm)
+    return _tp_first_meshes[root]
 
 
 class _Param:
@@ -173,6 +175,14 @@ class _Param:
 
     def __init__(self, where, value, dp_mesh: DeviceMesh, what: str):
         self.where = where  # [(module, name)]
+        # To find a registration of the same parameter outside the group: a weak
+        # reference where the type has them (ndarray), else the id (DTensor; an id
+        # only matches while the object lives, i.e. is still registered elsewhere)
+        self.origin_id = id(value)
+        try:
+            self.origin = weakref.ref(value)
+        except TypeError:
+            self.origin = None
         dp = dp_mesh.size()
         rank = dp_mesh.get_local_rank()
         if isinstance(value, DTensor):
@@ -249,9 +259,8 @@ class _State:
         self.reshard_after_forward = reshard_after_forward
         self.is_root = True
         self.unsharded = False
-        self.token = None  # the group's token of the forward a backward is owed to
-        self.grad = None  # (dp, flat size) gradients, this rank's terms
-        self.got: set = set()
+        self.live = weakref.WeakSet()  # the recorded forwards whose graphs live
+        self.calls: list = []  # the forwards under way (a _Forward, or None)
         self.params = self._collect(module)
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) > 1:
@@ -286,6 +295,16 @@ class _State:
                     walk(child, f"{prefix}{cname}.")
 
         walk(module, "")
+        for m in module.modules():
+            child = m.__dict__.get("_fsdp_state")
+            for p in child.params if child is not None else ():
+                key = p.origin_id if p.origin is None else id(p.origin())
+                if key in found:
+                    raise ValueError(
+                        f"fully_shard: parameter {found[key][2]} of "
+                        f"{type(module).__name__} is also a parameter of a fully_sharded "
+                        f"submodule ({type(m).__name__}); a shared (tied) parameter must "
+                        f"be in one group: fully_shard a module that holds every use")
         return [_Param(found[k][0], found[k][1], self.dp_mesh, found[k][2]) for k in order]
 
     # -- moving the group --------------------------------------------------------------
@@ -302,70 +321,86 @@ class _State:
                                       shape=(self.dp * self.size,), stride=(1,))
             full = flat.redistribute(self.dp_mesh, [Replicate()])._data()
         full = full.reshape(self.dp, self.size)
+        arrays = []
         for p, off in zip(self.params, self.offsets):
             block = full[:, off:off + p.rows * p.rest].reshape((self.dp * p.rows,) + p.lshape[1:])
-            p.unsharded._local_tensor = block[:p.lshape[0]]
+            arrays.append(block[:p.lshape[0]])
+        self._set_locals(arrays)
         self.unsharded = True
 
     def reshard(self) -> None:
         """Frees the unsharded parameters (their arrays become placeholders)."""
-        for p in self.params:
-            p.unsharded._local_tensor = p.free
+        self._set_locals([p.free for p in self.params])
         self.unsharded = False
 
-    def _register(self, which: str) -> None:
-        plain = which == "unsharded" and not _modes.grad_enabled
-        for p in self.params:
-            t = getattr(p, which)
-            if plain and p.umesh is local_mesh():
-                t = t._data()  # as to_local() outside grad mode: the ndarray
+    def _set_locals(self, arrays) -> None:
+        """The local arrays of the unsharded parameters, and of every recorded
+        forward's that a backward may still need."""
+        for i, (p, a) in enumerate(zip(self.params, arrays)):
+            p.unsharded._local_tensor = a
+            for fwd in self.live:
+                if fwd.views:
+                    fwd.views[i]._local_tensor = a
+
+    def _register(self, tensors) -> None:
+        for p, t in zip(self.params, tensors):
             for m, name in p.where:
                 m._parameters[name] = t
 
     # -- hooks -------------------------------------------------------------------------
     def pre_forward(self, module, args):
         self.unshard()
-        self._register("unsharded")
         if _modes.grad_enabled and self.params:
-            self._record()
+            fwd = self._record()
+            self._register(fwd.views)
+        else:
+            fwd = None
+            # as to_local() outside grad mode: a local-mesh parameter is the ndarray
+            self._register([p.unsharded._data() if p.umesh is local_mesh() else p.unsharded
+                            for p in self.params])
+        self.calls.append(fwd)
         return None
 
     def post_forward(self, module, args, output):
-        self._register("sharded")
-        if not _modes.grad_enabled or self.token is None:
+        self._register([p.sharded for p in self.params])
+        fwd = self.calls.pop()
+        if fwd is None:
             self.reshard()
             return None
         if self.reshard_after_forward and not self.is_root:
             self.reshard()
-        return _alias_outputs(output, self.pre_backward)
+        return _alias_outputs(output, lambda: self.pre_backward(fwd))
 
-    def pre_backward(self) -> None:
+    def pre_backward(self, fwd: "_Forward") -> None:
+        fwd.active = True
         self.unshard()
 
     # -- autograd ----------------------------------------------------------------------
-    def _record(self) -> None:
-        if self.token is not None:
-            return  # a second forward before the backward: the same nodes collect both
+    def _record(self) -> "_Forward":
+        """This forward's unsharded parameters (on the gathered arrays), each the
+        output of a node whose input is this forward's token."""
+        fwd = _Forward()
+        fwd.views = [DTensor(p.unsharded._data(), p.unsharded._spec) for p in self.params]
         token = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
         token._requires_grad = True
         token._grad_fn = Node("FSDPPostBackward", tuple(p.sharded for p in self.params),
-                              self.post_backward)
-        self.token, self.got = token, set()
+                              lambda g: self.post_backward(fwd))
         zero = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
-        for i, p in enumerate(self.params):
-            p.unsharded._requires_grad = True
-            p.unsharded._grad_fn = Node("FSDPUnshard", (token,),
-                                        self._collector(i, zero))
+        for i, v in enumerate(fwd.views):
+            v._requires_grad = True
+            v._grad_fn = Node("FSDPUnshard", (token,), self._collector(fwd, i, zero))
+        self.live.add(fwd)
+        return fwd
 
-    def _collector(self, i: int, zero: DTensor):
+    def _collector(self, fwd: "_Forward", i: int, zero: DTensor):
         def backward_fn(g):
-            self._add_grad(i, g)
+            self._add_grad(fwd, i, g)
             return (zero,)
         return backward_fn
 
-    def _add_grad(self, i: int, g: DTensor) -> None:
+    def _add_grad(self, fwd: "_Forward", i: int, g: DTensor) -> None:
         """Adds unsharded parameter i's gradient, as this rank's term of the sum the
-        reduce-scatter makes, into the group's buffer."""
+        reduce-scatter makes, into the forward's buffer."""
         p = self.params[i]
         pl = g.placements[0] if p.umesh is self.dp_mesh else None
         if pl is not None and pl.is_partial("sum"):
@@ -378,22 +413,25 @@ class _State:
                 g = g.redistribute(p.umesh, target)
             scale = 1.0 / self.dp  # replicas' gradients are averaged, as torch's
         local = g._data()
-        if self.grad is None:
-            self.grad = np.zeros((self.dp, self.size), self.dtype)
+        if fwd.grad is None:
+            fwd.grad = np.zeros((self.dp, self.size), self.dtype)
         off = self.offsets[i]
         padded = np.zeros((self.dp * p.rows,) + p.lshape[1:], self.dtype)
         padded[:p.lshape[0]] = local
         if scale != 1.0:
             padded *= scale
-        self.grad[:, off:off + p.rows * p.rest] += padded.reshape(self.dp, -1)
-        self.got.add(i)
+        fwd.grad[:, off:off + p.rows * p.rest] += padded.reshape(self.dp, -1)
+        fwd.got.add(i)
 
-    def post_backward(self, g):
-        """The group's one reduce-scatter; the sharded gradients for the engine to
-        accumulate into ``.grad``. Frees the unsharded parameters."""
-        buf, got = self.grad, self.got
-        self.grad, self.got, self.token = None, set(), None
-        self.reshard()
+    def post_backward(self, fwd: "_Forward"):
+        """The forward's one reduce-scatter; the sharded gradients for the engine to
+        accumulate into ``.grad``. Frees the unsharded parameters unless another
+        forward's backward is under way (the same module called twice)."""
+        buf, got = fwd.grad, fwd.got
+        fwd.grad, fwd.views, fwd.active = None, [], False
+        self.live.discard(fwd)
+        if not any(f.active for f in self.live):
+            self.reshard()
         if buf is None:
             return (None,) * len(self.params)
         flat = DTensor.from_local(buf.reshape(-1), self.dp_mesh, [Partial("sum")],
@@ -409,6 +447,17 @@ class _State:
             out.append(DTensor.from_local(shard, s.mesh, s.placements, shape=s.shape,
                                           stride=s.stride))
         return tuple(out)
+
+
+class _Forward:
+    """One recorded forward of a group: its unsharded parameters (held by the graph,
+    whose nodes hold this record: it lives as long as the graph), its gradients
+    and whether its backward is under way."""
+
+    __slots__ = ("views", "grad", "got", "active", "__weakref__")
+
+    def __init__(self) -> None:
+        self.views, self.grad, self.got, self.active = [], None, set(), False
 
 
 def _alias_outputs(output, pre_backward):
