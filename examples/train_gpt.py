@@ -37,6 +37,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, nn
+from mpitensor.fsdp import fully_shard
 from mpitensor.nn import functional as F
 from mpitensor.parallel import (
     ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
@@ -84,11 +85,12 @@ class CharData:
 # -- model ---------------------------------------------------------------------------
 
 class GPT(nn.Module):
-    def __init__(self, vocab, dim, heads, layers, seq, dtype=np.float64):
+    def __init__(self, vocab, dim, heads, layers, seq, dropout=0.0, dtype=np.float64):
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim, dtype=dtype)
         self.pos_embeddings = nn.Embedding(seq, dim, dtype=dtype)
-        self.layers = nn.ModuleList([nn.TransformerBlock(dim, heads, dtype=dtype)
+        self.layers = nn.ModuleList([nn.TransformerBlock(dim, heads, dropout=dropout,
+                                                         dtype=dtype)
                                      for _ in range(layers)])
         self.norm = nn.LayerNorm(dim, dtype=dtype)
         self.output = nn.Linear(dim, vocab, bias=False, dtype=dtype)
@@ -157,12 +159,10 @@ def build(cfg, mesh):
     """The model, seeded, laid out on ``mesh``: the TP plan over ``tp``, then
     ``fully_shard`` over ``dp`` (each block, then the root, as torch's FSDP2 does)."""
     mt.manual_seed(cfg.seed)
-    model = GPT(cfg.vocab, cfg.dim, cfg.heads, cfg.layers, cfg.seq, cfg.dtype)
+    model = GPT(cfg.vocab, cfg.dim, cfg.heads, cfg.layers, cfg.seq, cfg.dropout, cfg.dtype)
     tp_mesh = mesh["tp"]
     model = parallelize_module(model, tp_mesh, tp_plan())
     if "dp" in (mesh.mesh_dim_names or ()):
-        from mpitensor.fsdp import fully_shard  # lands with the fsdp branch
-
         for layer in model.layers:
             fully_shard(layer, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
@@ -207,6 +207,7 @@ class Config:
     def __init__(self, **kw):
         self.dim, self.heads, self.layers, self.seq, self.batch = 96, 12, 2, 64, 16
         self.lr, self.weight_decay, self.seed, self.clip = 3e-3, 0.01, 0, 1.0
+        self.dropout = 0.0
         self.dtype, self.vocab = np.float32, 0
         for k, v in kw.items():
             if not hasattr(self, k):
@@ -236,9 +237,10 @@ def train_steps(model, opt, data, cfg, mesh, start, stop, on_step=None):
 
 
 def save(path, model, opt, step, mesh):
-    """Model, optimizer and the step reached, as one checkpoint directory. Collective."""
-    mt.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": np.array(step)},
-            path, device_mesh=mesh)
+    """Model, optimizer, the generator's state (dropout's next masks) and the step
+    reached, as one checkpoint directory. Collective."""
+    mt.save({"model": model.state_dict(), "optim": opt.state_dict(),
+             "rng": mt.get_rng_state(), "step": np.array(step)}, path, device_mesh=mesh)
 
 
 def load(path, model, opt, mesh) -> int:
@@ -247,6 +249,7 @@ def load(path, model, opt, mesh) -> int:
     state = mt.load(path, device_mesh=mesh)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optim"])
+    mt.set_rng_state(state["rng"])
     return int(state["step"])
 
 
@@ -289,6 +292,7 @@ def main(argv=None):
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--print-every", type=int, default=25)
     p.add_argument("--save-at", type=int, default=None, help="save a checkpoint after this step")
@@ -299,7 +303,8 @@ def main(argv=None):
 
     data = CharData()
     cfg = Config(dim=args.dim, heads=args.heads, layers=args.layers, seq=args.seq,
-                 batch=args.batch, lr=args.lr, seed=args.seed, vocab=data.vocab,
+                 batch=args.batch, lr=args.lr, seed=args.seed, dropout=args.dropout,
+                 vocab=data.vocab,
                  dtype=np.dtype(args.dtype).type)
     dims = parse_mesh(args.mesh)
     mesh = make_mesh(dims, comm)

@@ -134,6 +134,21 @@ def test_resume_on_other_meshes_continues_the_curve(reference, tmp):
         np.testing.assert_allclose(losses, reference[SAVE_AT:], rtol=1e-9)
 
 
+def test_resume_with_dropout_draws_the_same_masks(tmp):
+    """With dropout the checkpoint's generator state gives the resumed run the masks
+    the uninterrupted run drew (a fresh generator would draw the first steps' again)."""
+    whole = run((W,), dropout=0.2)[0]
+    _, model, opt, mesh = run((W,), steps=SAVE_AT, dropout=0.2)
+    path = os.path.join(tmp, "dropout")
+    G.save(path, model, opt, SAVE_AT, mesh)
+    cfg = G.Config(**{**CFG, "dropout": 0.2})
+    model = G.build(cfg, mesh)
+    opt = G.make_optimizer(model, cfg)
+    start = G.load(path, model, opt, mesh)
+    losses = G.train_steps(model, opt, DATA, cfg, mesh, start, STEPS)
+    np.testing.assert_allclose(losses, whole[SAVE_AT:], rtol=1e-12)
+
+
 def test_command_line_saves_and_resumes(tmp, capsys):
     """--save-at and --resume through main(): the resumed run prints the steps the
     uninterrupted run took after the checkpoint, on a mesh of another shape."""
