@@ -20,8 +20,8 @@ of the batch. The batches depend only on the seed and the step, so every mesh
 trains on the same data and, in float64, follows the same loss curve as one
 process.
 
-``--save-at K --ckpt DIR`` saves the model and optimizer at step K; ``--resume
-DIR`` continues from there, on any mesh.
+``--save-at K --ckpt DIR`` saves the model, the optimizer and the generator's
+state after step K; ``--resume DIR`` continues from there, on any mesh.
 """
 
 from __future__ import annotations
