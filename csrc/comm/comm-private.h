@@ -5,6 +5,7 @@
 
 #include <assert.h>
 #include <mpi.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -13,11 +14,31 @@
 #include "mpitensor/mesh.h"
 #include "mpitensor/status.h"
 
+/* Where this process waits, for the collective watchdog (watchdog.c): the name of
+ * the blocking MPI call it is in (NULL: none) and how many it has entered. */
+extern _Atomic(const char *) mt__waiting_in;
+extern _Atomic uint64_t mt__waits;
+
+static inline void mt__wait_begin(const char *what) {
+  atomic_store_explicit(&mt__waits,
+                        atomic_load_explicit(&mt__waits, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+  atomic_store_explicit(&mt__waiting_in, what, memory_order_relaxed);
+}
+
+static inline int mt__wait_end(int rc) {
+  atomic_store_explicit(&mt__waiting_in, NULL, memory_order_relaxed);
+  return rc;
+}
+
+/* An MPI call that may block, seen by the watchdog: evaluates to its return code. */
+#define MT__BLOCKING(what, call) (mt__wait_begin(what), mt__wait_end(call))
+
 /* Returns from the enclosing function with MT_EMPI when an MPI call fails; the
- * function must have an `mt_error *err` in scope. */
+ * function must have an `mt_error *err` in scope. The watchdog sees the call. */
 #define MT__MPI_TRY(call, what)                                                \
   do {                                                                         \
-    int mt_mpi_rc_ = (call);                                                   \
+    int mt_mpi_rc_ = MT__BLOCKING(what, call);                                 \
     if (mt_mpi_rc_ != MPI_SUCCESS) return mt_mpi_error(err, mt_mpi_rc_, what); \
   } while (0)
 

@@ -84,8 +84,9 @@ static int scatterv(const dist_ctx *c, int m, const char *send, const int64_t *b
   int rc = mt__byte_unit(bytes, 2 * g, &type, &unit, err);
   for (int64_t i = 0; rc == MT_OK && i < 2 * g; ++i) ints[i] = (int)(bytes[i] / unit);
   if (rc == MT_OK) {
-    int mpi = MPI_Scatterv(send, ints, ints + g, type, out, ints[c->coord[m]], type, 0,
-                           mt_mesh_dim_comm(c->mesh, m));
+    int mpi = MT__BLOCKING("MPI_Scatterv",
+                           MPI_Scatterv(send, ints, ints + g, type, out, ints[c->coord[m]],
+                                        type, 0, mt_mesh_dim_comm(c->mesh, m)));
     if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Scatterv");
     if (type != MPI_BYTE) MPI_Type_free(&type);
   }

@@ -276,7 +276,7 @@ static int bcast_bytes(char *buf, int64_t nbytes, MPI_Comm comm, mt_error *err) 
     MPI_Datatype gib;
     MT__MPI_TRY(MPI_Type_contiguous((int)block, MPI_BYTE, &gib), "MPI_Type_contiguous");
     MT__MPI_TRY(MPI_Type_commit(&gib), "MPI_Type_commit");
-    int rc = MPI_Bcast(buf, (int)(nbytes / block), gib, 0, comm);
+    int rc = MT__BLOCKING("MPI_Bcast", MPI_Bcast(buf, (int)(nbytes / block), gib, 0, comm));
     MPI_Type_free(&gib);
     if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Bcast");
     buf += (nbytes / block) * block;
@@ -350,7 +350,8 @@ static int create_slice_comm(mt_mesh *m, mt_error *err) {
   int rc = MPI_Comm_group(m->root->mesh_comm, &all);
   if (rc == MPI_SUCCESS) rc = MPI_Group_incl(all, (int)n, ranks, &sub);
   if (rc == MPI_SUCCESS) {
-    rc = MPI_Comm_create_group(m->root->mesh_comm, sub, 0, &m->mesh_comm);
+    rc = MT__BLOCKING("MPI_Comm_create_group",
+                       MPI_Comm_create_group(m->root->mesh_comm, sub, 0, &m->mesh_comm));
     MPI_Group_free(&sub);
   }
   MPI_Group_free(&all);

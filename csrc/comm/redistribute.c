@@ -267,8 +267,9 @@ static int reduce_scatter_rounds(const exec_ctx *c, pending *p, const char *send
   int rc = MT_OK;
   for (int64_t at = 0; rc == MT_OK && at < most; at += round) {
     pack_round(counts, g, at, round, isz, send, pack, ints);
-    int mpi = MPI_Reduce_scatter(pack, (char *)p->out + at * isz, ints, type, op,
-                                 dim_comm(c, p->step->mesh_dim));
+    int mpi = MT__BLOCKING("MPI_Reduce_scatter",
+                           MPI_Reduce_scatter(pack, (char *)p->out + at * isz, ints, type,
+                                              op, dim_comm(c, p->step->mesh_dim)));
     if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Reduce_scatter");
   }
   free(ints);
@@ -292,7 +293,8 @@ static int start_reduce_scatter(const exec_ctx *c, pending *p, mt_error *err) {
         MPI_Ireduce_scatter(send, p->out, e->ints, type, op, dim_comm(c, m), &p->req);
     if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Ireduce_scatter");
   } else if (rc == MT_OK) {
-    int mpi = MPI_Reduce_scatter(send, p->out, e->ints, type, op, dim_comm(c, m));
+    int mpi = MT__BLOCKING(
+        "MPI_Reduce_scatter", MPI_Reduce_scatter(send, p->out, e->ints, type, op, dim_comm(c, m)));
     if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Reduce_scatter");
   }
   if (rc == MT_OK) {
@@ -333,7 +335,7 @@ static int finish_step(const exec_ctx *c, pending *p, mt_error *err) {
   if (p->req != MPI_REQUEST_NULL) {
     /* The request comes from the start_* call of the same step, which the MPI
      * checker does not follow through `pending`. */
-    int mpi_rc = MPI_Wait(&p->req, MPI_STATUS_IGNORE); /* NOLINT(clang-analyzer-optin.mpi.MPI-Checker) */
+    int mpi_rc = MT__BLOCKING("MPI_Wait", MPI_Wait(&p->req, MPI_STATUS_IGNORE)); /* NOLINT(clang-analyzer-optin.mpi.MPI-Checker) */
     if (mpi_rc != MPI_SUCCESS) rc = mt_mpi_error(err, mpi_rc, "MPI_Wait");
   }
   if (rc == MT_OK && p->step->kind == MT_STEP_ALLGATHER) finish_allgather(c, p);

@@ -49,7 +49,7 @@ static void exchange_abort(mt_exchange *ex) {
   for (int i = 0; i < ex->nreqs; ++i) {
     if (ex->reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&ex->reqs[i]);
   }
-  MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE);
+  (void)MT__BLOCKING("MPI_Waitall", MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE));
   free(ex->ints);
   free(ex);
 }
@@ -211,7 +211,7 @@ int mt_exchange_test(mt_exchange *ex, int *done, mt_error *err) {
 
 int mt_exchange_wait(mt_exchange *ex, mt_error *err) {
   if (ex == NULL) return MT_OK;
-  int rc = MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE);
+  int rc = MT__BLOCKING("MPI_Waitall", MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE));
   free(ex->ints);
   free(ex);
   return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Waitall");

@@ -31,7 +31,8 @@ int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count, int d
   void *send = malloc(nbytes ? nbytes : 1);
   if (send == NULL) return mt_error_set(err, MT_ENOMEM, "exscan buffer of %zu B", nbytes);
   memcpy(send, buf, nbytes);
-  int mrc = MPI_Exscan(send, buf, (int)count, type, mop, mt_mesh_dim_comm(mesh, dim));
+  int mrc = MT__BLOCKING(
+      "MPI_Exscan", MPI_Exscan(send, buf, (int)count, type, mop, mt_mesh_dim_comm(mesh, dim)));
   if (mrc == MPI_SUCCESS && coord[dim] == 0) memcpy(buf, send, nbytes);
   free(send);
   if (mrc != MPI_SUCCESS) return mt_mpi_error(err, mrc, "MPI_Exscan");

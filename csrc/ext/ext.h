@@ -361,6 +361,7 @@ extern PyMethodDef mt_ext_decide_methods[];
 extern PyMethodDef mt_ext_ring_methods[];
 extern PyMethodDef mt_ext_kernels_methods[];
 extern PyMethodDef mt_ext_agree_methods[];
+extern PyMethodDef mt_ext_watchdog_methods[];
 
 /* The mt_dtype code of a NumPy dtype, or a negative value for one the core does not
  * know. */

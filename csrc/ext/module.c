@@ -21,6 +21,7 @@ static int module_exec(PyObject *module) {
   if (add_methods(module, mt_ext_ring_methods) < 0) return -1;
   if (add_methods(module, mt_ext_kernels_methods) < 0) return -1;
   if (add_methods(module, mt_ext_agree_methods) < 0) return -1;
+  if (add_methods(module, mt_ext_watchdog_methods) < 0) return -1;
   mt_ext_state *st = mt_ext_state_of(module);
   st->io_options = mt_io_options_default();
   st->io_options.counters = &st->io_counters;

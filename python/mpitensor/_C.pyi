@@ -54,6 +54,16 @@ class Request:
 def mpi_library_version() -> str: ...
 def comm_live_count() -> int: ...
 def comm_counters() -> dict[str, tuple[int, int]]: ...
+def set_collective_timeout(seconds: float | None) -> None:
+    """Local. A process that waits in one of mpitensor's blocking collectives this
+    long, with no other call entered, prints where it waits and aborts the job; 0
+    turns the watchdog off; None sets the default (1800 s)."""
+
+
+def collective_timeout() -> float:
+    """The watchdog's timeout in seconds, 0.0 when off."""
+
+
 def agree(mesh: Mesh, ok: bool, fingerprint: int, message: str,
           error: type[Exception] = ValueError) -> None:
     """Collective on the mesh. Raises on every member when some member passed

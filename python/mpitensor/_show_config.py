@@ -24,6 +24,7 @@ SWITCHES = {
     "MPITENSOR_POOL_BYTES": "cap of the block pool in bytes, 0 turns it off",
     "MPITENSOR_LOGS": "debug logging, e.g. +dtensor",
     "MPITENSOR_CHECK": "1: check that every rank makes the same collective",
+    "MPITENSOR_TIMEOUT": "seconds a collective may wait before the job is aborted (default 1800, 0: off)",
     "MPITENSOR_MPIEXEC": "the launcher of the pytest plugin",
     "MPITENSOR_MPIEXEC_ARGS": "extra launcher arguments of the pytest plugin",
 }

@@ -8,6 +8,7 @@ per mesh in the C core and freed with it.
 from __future__ import annotations
 
 import math
+import os
 import weakref
 import zlib
 from typing import Iterable, Sequence
@@ -82,6 +83,28 @@ def local_mesh() -> "DeviceMesh":
 
         _local_mesh = DeviceMesh("cpu", [0], comm=MPI.COMM_SELF)
     return _local_mesh
+
+
+_watchdog_started = False
+
+
+def _start_watchdog() -> None:
+    """Sets the collective watchdog's timeout from ``MPITENSOR_TIMEOUT`` (seconds;
+    default torch's 30 minutes; 0 turns it off) the first time a mesh is made, once
+    MPI runs. Local; ValueError for a value that is not a number >= 0."""
+    global _watchdog_started
+    if _watchdog_started:
+        return
+    text = os.environ.get("MPITENSOR_TIMEOUT", "").strip()
+    try:
+        seconds = float(text) if text else None
+    except ValueError:
+        seconds = -1.0
+    if seconds is not None and not 0.0 <= seconds < float("inf"):
+        raise ValueError(f"MPITENSOR_TIMEOUT must be a number of seconds >= 0 (0 turns "
+                         f"the collective watchdog off), got {text!r}")
+    _C.set_collective_timeout(seconds)
+    _watchdog_started = True
 
 
 def _check_device_type(device_type) -> None:
@@ -177,6 +200,7 @@ class DeviceMesh(_C.MeshBase):
             arr = _as_rank_array(ranks())
             names = _check_names(mesh_dim_names, arr.ndim)
             _check_ranks(arr, comm.Get_size())
+            _start_watchdog()
             failure = None
         except (TypeError, ValueError, RuntimeError) as e:
             arr, names, failure = np.zeros(1, np.int64), None, e

@@ -11,7 +11,8 @@ Fails, naming what it found, when
 - the core or the kernels use MPI, threads or file I/O;
 - an object holds process-wide mutable state (a writable global or static) that
   is not one of the few documented at their definition (the block pool, the live
-  communicator count, MPI's user-defined operations, the process token).
+  communicator count, MPI's user-defined operations, the process token, the
+  collective watchdog's).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ ALLOWED_STATE = {
     ("pool.c.o", "lock"), ("pool.c.o", "slots"), ("pool.c.o", "cached"),
     ("pool.c.o", "limit"), ("mesh.c.o", "live_comms"), ("mpi_types.c.o", "user_ops"),
     ("mpi_types.c.o", "user_state"), ("io_gather.c.o", "token"),
+    ("watchdog.c.o", "mt__waiting_in"), ("watchdog.c.o", "mt__waits"),
+    ("watchdog.c.o", "timeout_ms"), ("watchdog.c.o", "state"),
 }
 
 # The library each public header (csrc/include/mpitensor) belongs to.
@@ -48,7 +51,7 @@ HEADERS = {
     "core": {"status", "dtype", "layout", "pack", "plan", "prop", "rng", "memo",
              "layout_table", "mpitensor"},
     "kernels": {"kernels"},
-    "comm": {"mesh", "comm", "counters", "agree", "ring", "pool"},
+    "comm": {"mesh", "comm", "counters", "agree", "ring", "pool", "watchdog"},
     "io": {"io"},
 }
 

@@ -109,3 +109,60 @@ def test_rank_killed_during_redistributes_ends_the_job(tmp_path):
     code, out, _ = finish(proc, started)
     assert code not in (None, 0), (
         f"exit {code} {time.monotonic() - killed:.0f}s after the kill:\n{out[-3000:]}")
+
+
+# The collective watchdog (MPITENSOR_TIMEOUT): a job whose ranks wait in collectives
+# that never match ends with a sentence naming where each rank waits.
+WATCHED = """
+import sys, time
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Replicate, Shard
+
+mode = sys.argv[1]
+rank = MPI.COMM_WORLD.Get_rank()
+mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+x = mt.distribute_tensor(np.arange(48.0).reshape(6, 8), mesh, [Shard(0)])
+if mode == "differ":  # a small tensor, no MPITENSOR_CHECK: nothing agrees on this
+    x.redistribute(mesh, [Replicate()] if rank == 0 else [Shard(1)])
+elif mode == "slow":  # a late rank is not a stuck one
+    if rank == 1:
+        time.sleep(2.0)
+    y = x.redistribute(mesh, [Replicate()])
+    print("finished", rank, float(y.to_local().sum()), flush=True)
+"""
+
+
+def run_watched(tmp_path: Path, mode: str, timeout: str):
+    script = tmp_path / "watched.py"
+    script.write_text(WATCHED)
+    env = job_env()
+    env["MPITENSOR_TIMEOUT"] = timeout
+    started = time.monotonic()
+    proc = subprocess.Popen(["mpiexec", "--oversubscribe", "-n", "3", sys.executable,
+                             str(script), mode], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    return finish(proc, started)
+
+
+@pytest.mark.timeout(3 * DEADLINE)
+def test_ranks_waiting_in_collectives_that_never_match_abort_the_job(tmp_path):
+    code, out, seconds = run_watched(tmp_path, "differ", "2")
+    assert code not in (None, 0), f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert "has waited 2 s in MPI_" in out, out[-3000:]
+    assert "MPITENSOR_TIMEOUT=2 seconds" in out, out[-3000:]
+
+
+@pytest.mark.timeout(3 * DEADLINE)
+def test_a_late_rank_within_the_timeout_does_not_abort_the_job(tmp_path):
+    code, out, seconds = run_watched(tmp_path, "slow", "6")
+    assert code == 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert out.count("finished") == 3 and "has waited" not in out, out[-3000:]
+
+
+@pytest.mark.timeout(3 * DEADLINE)
+def test_a_bad_timeout_raises_the_same_error_on_every_rank(tmp_path):
+    code, out, seconds = run_watched(tmp_path, "none", "soon")
+    assert code not in (None, 0), f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert out.count("MPITENSOR_TIMEOUT must be a number of seconds >= 0") >= 3, out[-3000:]

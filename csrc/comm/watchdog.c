@@ -1,0 +1,109 @@
+/* The collective watchdog (watchdog.h). The comm library's blocking MPI calls go
+ * through MT__BLOCKING (comm-private.h), which stores the call's name in
+ * `mt__waiting_in` and bumps `mt__waits`; the thread here samples both. A process
+ * that stays in the same call, with no call entered since, for the whole timeout is
+ * stuck: it says where, on stderr, and aborts the job. */
+#include "mpitensor/watchdog.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm-private.h"
+
+/* Process-wide by nature (one watchdog per process), written by the threads that
+ * run collectives and read by the watchdog thread: atomics, relaxed, since only
+ * "has it changed" matters. */
+_Atomic(const char *) mt__waiting_in = NULL;
+_Atomic uint64_t mt__waits = 0;
+/* The timeout in milliseconds (0: off), read by the thread at each look. */
+static _Atomic int64_t timeout_ms = 0;
+/* Whether the thread runs, and facts for its report taken when it starts (the
+ * watchdog thread makes no MPI call but MPI_Abort, and that only when MPI allows
+ * calls from any thread); written under `lock` by mt_watchdog_set_timeout. */
+static struct {
+  pthread_mutex_t lock;
+  int started, world_rank, multiple;
+} state = {PTHREAD_MUTEX_INITIALIZER, 0, -1, 0};
+
+static void pause_ms(int64_t ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static void report_and_abort(const char *what, uint64_t n, double waited) {
+  fprintf(stderr,
+          "mpitensor: rank %d has waited %.0f s in %s (MPI call %llu of this process) "
+          "and it has not finished: some rank of the job is not in the same collective "
+          "(an argument that differs between ranks, a rank that raised and went on, "
+          "or a rank still busy elsewhere; MPITENSOR_CHECK=1 names the first call "
+          "that differs). Aborting the job (MPITENSOR_TIMEOUT=%.0f seconds; 0 turns "
+          "this off).\n",
+          state.world_rank, waited, what, (unsigned long long)n,
+          (double)atomic_load(&timeout_ms) / 1000.0);
+  fflush(stderr);
+  if (state.multiple) MPI_Abort(MPI_COMM_WORLD, 1);
+  /* Without MPI_THREAD_MULTIPLE only this process may end here; mpiexec then
+   * ends the others, as for any rank that exits without finalizing. */
+  _exit(1);
+}
+
+static void *watch(void *unused) {
+  (void)unused;
+  uint64_t last = 0;
+  int64_t stuck_ms = 0;
+  for (;;) {
+    int64_t limit = atomic_load_explicit(&timeout_ms, memory_order_relaxed);
+    /* A few looks per timeout, at most one per second: a sleeping thread. */
+    int64_t step = limit <= 0 ? 1000 : (limit / 4 < 1000 ? (limit / 4 > 10 ? limit / 4 : 10)
+                                                          : 1000);
+    pause_ms(step);
+    const char *what = atomic_load_explicit(&mt__waiting_in, memory_order_relaxed);
+    uint64_t n = atomic_load_explicit(&mt__waits, memory_order_relaxed);
+    if (limit <= 0 || what == NULL || n != last) {
+      last = n;
+      stuck_ms = 0;
+      continue;
+    }
+    stuck_ms += step;
+    if (stuck_ms >= limit) report_and_abort(what, n, (double)stuck_ms / 1000.0);
+  }
+  return NULL;
+}
+
+int mt_watchdog_set_timeout(double seconds, mt_error *err) {
+  if (!isfinite(seconds) || seconds < 0) {
+    return mt_error_set(err, MT_EINVAL,
+                        "the collective timeout must be a finite number of seconds >= 0 "
+                        "(0 turns the watchdog off), got %g", seconds);
+  }
+  int rc = MT_OK;
+  pthread_mutex_lock(&state.lock);
+  atomic_store(&timeout_ms, (int64_t)llround(seconds * 1000.0));
+  if (seconds > 0 && !state.started) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Comm_rank(MPI_COMM_WORLD, &state.world_rank);
+    MPI_Query_thread(&provided);
+    state.multiple = provided == MPI_THREAD_MULTIPLE;
+    pthread_t thread;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&thread, &attr, watch, NULL) == 0) {
+      state.started = 1;
+    } else {
+      atomic_store(&timeout_ms, 0);
+      rc = mt_error_set(err, MT_ENOMEM, "could not start the collective watchdog thread");
+    }
+    pthread_attr_destroy(&attr);
+  }
+  pthread_mutex_unlock(&state.lock);
+  return rc;
+}
+
+double mt_watchdog_timeout(void) { return (double)atomic_load(&timeout_ms) / 1000.0; }
