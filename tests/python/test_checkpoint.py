@@ -333,7 +333,7 @@ def _bad_cases(p, mesh):
         # Nested dicts, lists and plain values are saved (test_resume.py); an
         # arbitrary object is not.
         ("state_dict of an object", lambda: mt.save({"w": [object()]}, p["empty_dir"]),
-         TypeError, "'w.0' is a object"),
+         TypeError, "'w.0' is of type object"),
         ("save a list", lambda: mt.save([dt], p["empty_dir"] + "/x.npy"), TypeError, "list"),
     ]
 

@@ -86,6 +86,29 @@ def test_matches_torch_for_several_steps(name, kwargs, dtype):
                     assert p.dtype == dtype and p.placements == tuple(pls[i])
 
 
+@pytest.mark.parametrize("name,kwargs", [("SGD", dict(lr=0.1, momentum=0.9)),
+                                         ("Adam", dict(lr=0.01, amsgrad=True)),
+                                         ("AdamW", dict(lr=0.01))])
+def test_complex_parameters_match_torch(name, kwargs):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    c = lambda *s: rng.standard_normal(s) + 1j * rng.standard_normal(s)  # noqa: E731
+    init, grads = [c(5, 3), c()], [[c(5, 3), c()] for _ in range(3)]
+    mesh = mesh_of((W,))
+    ps = [distribute_tensor(init[0], mesh, [S0], requires_grad=True),
+          distribute_tensor(init[1], mesh, [R], requires_grad=True)]
+    tps = [torch.tensor(a, requires_grad=True) for a in init]
+    opt, topt = getattr(mt.optim, name)(ps, **kwargs), getattr(torch.optim, name)(tps, **kwargs)
+    for gs in grads:
+        for p, tp, g in zip(ps, tps, gs):
+            p.grad, tp.grad = distribute_tensor(g, mesh, p.placements), torch.tensor(g)
+        opt.step()
+        topt.step()
+    for p, tp in zip(ps, tps):
+        np.testing.assert_allclose(p.detach().full_tensor(), tp.detach().numpy(),
+                                   rtol=1e-12)
+
+
 def test_sgd_formula_without_torch():
     mesh = mesh_of((W,))
     w0, g = np.arange(5.0), np.linspace(-1, 1, 5)

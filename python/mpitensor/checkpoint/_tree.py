@@ -53,8 +53,8 @@ def flatten(obj: dict):
             return {"e": name}
         if isinstance(value, _PLAIN):
             return {"v": value}
-        raise TypeError(f"state dict entry {name!r} is a {type(value).__name__}; save "
-                        f"takes DTensors, NumPy arrays, dicts, lists, tuples and None, "
+        raise TypeError(f"state dict entry {name!r} is of type {type(value).__name__}; "
+                        f"save takes DTensors, NumPy arrays, dicts, lists, tuples and None, "
                         f"bool, int, float, str")
 
     return entries, walk(obj, [])

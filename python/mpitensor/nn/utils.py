@@ -69,7 +69,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     the scaling is local. Gradients on several meshes must share the same ranks
     (ValueError otherwise). With ``error_if_nonfinite`` a nan or inf total is a
     RuntimeError on every rank. ``foreach`` is accepted for torch's signature.
-    Parameters without a gradient are skipped. Collective on the gradients' mesh.
+    Parameters without a gradient are skipped; with none at all the result is
+    0.0 (a NumPy float: there is no mesh to put it on). Collective on the
+    gradients' mesh.
 
     Example::
 

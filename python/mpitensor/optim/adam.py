@@ -11,6 +11,14 @@ from .optimizer import Optimizer, zeros_like_param
 __all__ = ["Adam", "AdamW"]
 
 
+def _real_view(a: np.ndarray) -> np.ndarray:
+    """A complex array as its (real, imaginary) pairs, sharing its memory."""
+    if not a.flags.c_contiguous:
+        raise ValueError("Adam updates complex parameters through a real view, which "
+                         "needs C-contiguous local arrays")
+    return a.reshape(-1).view(a.real.dtype)
+
+
 class Adam(Optimizer):
     """Adam, torch.optim.Adam's update on each local shard::
 
@@ -67,6 +75,10 @@ class Adam(Optimizer):
             else:
                 g = g + wd * local
         m, v = state["exp_avg"]._data(), state["exp_avg_sq"]._data()
+        if local.dtype.kind == "c":
+            # As torch: a complex number is a pair of reals, each with its own moments.
+            local, m, v = (_real_view(a) for a in (local, m, v))
+            g = _real_view(np.ascontiguousarray(g))
         m += (1 - beta1) * (g - m)  # torch's lerp for a weight below 0.5
         v *= beta2
         v += (1 - beta2) * g * g
@@ -74,6 +86,7 @@ class Adam(Optimizer):
         bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
         if group["amsgrad"]:
             vmax = state["max_exp_avg_sq"]._data()
+            vmax = _real_view(vmax) if vmax.dtype.kind == "c" else vmax
             np.maximum(vmax, v, out=vmax)
             v = vmax
         denom = np.sqrt(v) / bias_correction2_sqrt + eps
