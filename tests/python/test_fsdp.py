@@ -416,3 +416,35 @@ def test_2d_sequence_parallel_forward(mesh2d):
         logits = model(mine)
     np.testing.assert_allclose(logits, expected, rtol=1e-10, atol=1e-10)
     assert comm.get_comm_counts()["reduce_scatter_tensor"] == 5  # SP's, none of FSDP's
+
+
+@needs_4
+def test_2d_transformer_gradients_equal_one_rank(mesh2d):
+    """The transformer with the TP plan over tp and fully_shard per block over dp,
+    each replica on its half of the batch: every parameter's gradient equals the
+    one-rank model's on the whole batch; backward gathers the two resharded blocks
+    (not the root) and reduce-scatters each of the three groups once."""
+    tokens = np.random.default_rng(1).integers(0, VOCAB, size=(4, 4))
+    d = mesh2d.get_local_rank("dp")
+    model = parallelize_module(GPT(), mesh2d["tp"], GPT_PLAN)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh2d["dp"])
+    fully_shard(model, mesh=mesh2d["dp"])
+    y = model(tokens[2 * d:2 * d + 2])
+    with CommDebugMode() as bwd:
+        (y * y).mean().backward()
+    counts = bwd.get_comm_counts()
+    assert counts[AG] == 2 and counts[RS] == 3
+    ref = GPT()
+    lm = local_mesh()
+    for mod in ref.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[name] = DTensor.from_local(np.array(p), lm,
+                                                           [Replicate()]).requires_grad_()
+    yr = ref(DTensor.from_local(tokens, lm, [Replicate()]))
+    (yr * yr).mean().backward()
+    want = {n: p.grad.to_local() for n, p in ref.named_parameters()}
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(p.grad.detach().full_tensor(), want[name], rtol=1e-10,
+                                   atol=1e-13, err_msg=name)

@@ -89,10 +89,13 @@ class TanhMLP(nn.Module):
 def test_replicas_average_gradients(mesh2d):
     """Parameters Replicate over dp are DDP's replicas: each replica's gradient of
     its own batch's loss, averaged over dp, is the gradient of the whole batch's."""
+    with mt.enable_grad():
+        _replicas_average_gradients(mesh2d)
+
+
+def _replicas_average_gradients(mesh2d):
     enable_2d_with_fsdp()
     m = parallelize_module(TanhMLP(), mesh2d, dict(PLAN))
-    for p in m.parameters():
-        p.requires_grad_()
     rng = np.random.default_rng(3)
     x, t = rng.standard_normal((4, 6)), rng.standard_normal((4, 6))
     d = mesh2d.get_local_rank("dp")

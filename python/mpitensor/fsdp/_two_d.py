@@ -67,7 +67,9 @@ def parallelize_2d(module, mesh, plan, src_data_rank, parallelize_1d):
             if isinstance(p, DTensor) and p.device_mesh == tp_mesh:
                 pl = [Replicate(), Replicate()]
                 pl[tp] = p.placements[0]
-                m._parameters[name] = _on(p.to_local(), mesh, pl, p.shape)
+                # a new leaf (a parameter), with the tp parameter's flag
+                lifted_p = _on(p.detach().to_local(), mesh, pl, p.shape)
+                m._parameters[name] = lifted_p.requires_grad_(p.requires_grad)
                 lifted[name] = p.placements[0]
         if lifted:
             _install(m, mesh, tp, tp_mesh, lifted)
