@@ -2,7 +2,8 @@
 sequence parallelism on ``tp`` and fully_shard on ``dp`` follows, in float64, the
 one-process loss curve to rtol 1e-9 at every step; a run saved on one mesh and
 resumed on another continues the same curve; and with torch installed, one step's
-per-parameter gradients equal those of the same model written in torch.
+per-parameter gradients equal those of the same model written in torch, and a
+step communicates no more than torch's with the same plan.
 
 The one-process reference runs on every rank over MPI_COMM_SELF (a tiny model), so
 each rank compares against it without communication."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 
 import numpy as np
@@ -19,6 +21,8 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
+from mpitensor.debug import CommDebugMode
+from mpitensor.testing import init_torch_gloo
 
 COMM = MPI.COMM_WORLD
 W, RANK = COMM.Get_size(), COMM.Get_rank()
@@ -254,3 +258,41 @@ def test_gradients_equal_torch(dims):
     for name, p in tmodel.named_parameters():
         np.testing.assert_allclose(full(grads[torch_to_mt(name)]), p.grad.numpy(),
                                    rtol=1e-10, atol=1e-14, err_msg=name)
+
+
+@pytest.mark.parametrize("dims", meshes())
+def test_a_step_communicates_no_more_than_torch(dims):
+    """One training step (forward, backward, AdamW) counted by CommDebugMode: no
+    more collectives of any kind than torch's with the same plan, fully_shard and
+    loss_parallel on gloo (benchmarks/train.py's torch twin of the example)."""
+    torch = pytest.importorskip("torch")
+    from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
+
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmarks"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_train", os.path.join(HERE, "..", "..", "benchmarks", "train.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    init_torch_gloo()
+    cfg = G.Config(**{**CFG, "dtype": np.float32, "clip": 0.0})
+    with mt.no_grad():
+        one = G.build(cfg, one_rank_mesh())
+        weights = {k: np.asarray(v.full_tensor()) for k, v in one.state_dict().items()}
+    ours = bench.MtRun(cfg, G.make_mesh(dims, COMM), DATA)
+    theirs = bench.TorchRun(torch, cfg, dims, DATA, weights)
+    ours.step(), theirs.step()  # the optimizers' states exist from here on
+    with CommDebugMode() as mode:
+        ours.step()
+    with TorchCommDebugMode() as tmode:
+        theirs.step()
+    names = {"_allgather_base_": "all_gather_into_tensor",
+             "_reduce_scatter_base_": "reduce_scatter_tensor"}
+    torch_counts = {}
+    for op, n in tmode.get_comm_counts().items():
+        name = str(op).split(".")[-1]
+        name = names.get(name, name)
+        torch_counts[name] = torch_counts.get(name, 0) + n
+    counts = dict(mode.get_comm_counts())
+    assert counts or W == 1, "a sharded step communicates"
+    for name, n in counts.items():
+        assert n <= torch_counts.get(name, 0), (name, counts, torch_counts)
