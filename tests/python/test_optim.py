@@ -18,6 +18,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
+from mpitensor.device_mesh import local_mesh
 from mpitensor.nn import Parameter
 from ops_helpers import W, mesh_of, mesh_shapes
 
@@ -107,6 +108,17 @@ def test_complex_parameters_match_torch(name, kwargs):
     for p, tp in zip(ps, tps):
         np.testing.assert_allclose(p.detach().full_tensor(), tp.detach().numpy(),
                                    rtol=1e-12)
+    # A Fortran-order local array (from_local keeps it) is updated through a copy.
+    a = init[0][:4].copy()
+    p = mt.DTensor.from_local(np.asfortranarray(a), local_mesh(), [R]).requires_grad_()
+    tp = torch.tensor(a, requires_grad=True)
+    opt, topt = getattr(mt.optim, name)([p], **kwargs), getattr(torch.optim, name)([tp], **kwargs)
+    for gs in grads:
+        p.grad = mt.DTensor.from_local(gs[0][:4].copy(), local_mesh(), [R])
+        tp.grad = torch.tensor(gs[0][:4])
+        opt.step()
+        topt.step()
+    np.testing.assert_allclose(p.detach().to_local(), tp.detach().numpy(), rtol=1e-12)
 
 
 def test_sgd_formula_without_torch():

@@ -31,14 +31,23 @@ def _grads(parameters) -> list:
     return out
 
 
-def _counts_here(g: DTensor) -> bool:
-    """Whether this rank's shard counts in the norm: of the replicas of a shard,
-    the one at coordinate 0 of every Replicate mesh dim, so a sum counts it once."""
+def _reduced_dims(grads: list) -> list:
+    """The mesh dims the total is reduced over: those that shard some gradient.
+    Along the others every gradient is replicated, so each rank already holds the
+    same total there."""
+    ndim = grads[0].device_mesh.ndim
+    return [m for m in range(ndim) if any(g.placements[m].is_shard() for g in grads)]
+
+
+def _counts_here(g: DTensor, dims: list) -> bool:
+    """Whether this rank's shard counts in the norm: of the replicas of a shard
+    along the reduced mesh dims ``dims``, the one at coordinate 0, so the sum
+    counts it once."""
     coord = g.device_mesh.get_coordinate()
-    return all(coord[m] == 0 for m, p in enumerate(g.placements) if not p.is_shard())
+    return all(coord[m] == 0 for m in dims if not g.placements[m].is_shard())
 
 
-def _local_part(grads: list, norm_type: float) -> float:
+def _local_part(grads: list, norm_type: float, dims: list) -> float:
     """This rank's part of the total: the largest |x| for the inf-norm, else the
     sum of |x|**p over the shards it counts (float64)."""
     if math.isinf(norm_type):
@@ -46,7 +55,7 @@ def _local_part(grads: list, norm_type: float) -> float:
                    default=0.0)
     total = 0.0
     for g in grads:
-        if _counts_here(g):
+        if _counts_here(g, dims):
             a = np.abs(g._data()).astype(np.float64, copy=False)
             total += float(np.sum(a * a if norm_type == 2.0 else a ** norm_type))
     return total
@@ -65,8 +74,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
 
     Each rank reduces its shards to one number (the sum of ``|x|**p``, counting a
     replicated shard once, or the largest ``|x|`` for ``inf``); the numbers are
-    reduced in one all-reduce per mesh dim of each mesh the gradients live on, and
-    the scaling is local. Gradients on several meshes must share the same ranks
+    all-reduced over the mesh dims that shard some gradient (one all-reduce of
+    one number per such dim, as torch reduces its Partial norm; none when every
+    gradient is replicated), and the scaling is local. Gradients on several meshes must share the same ranks
     (ValueError otherwise). With ``error_if_nonfinite`` a nan or inf total is a
     RuntimeError on every rank. ``foreach`` is accepted for torch's signature.
     Parameters without a gradient are skipped; with none at all the result is
@@ -98,9 +108,11 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     total = 0.0
     out = None
     for mesh, group in meshes.items():
-        reduce_op = "max" if is_inf else "sum"
-        part = DTensor.from_local(np.array(_local_part(group, norm_type)), mesh,
-                                  [Partial(reduce_op)] * mesh.ndim, shape=(), stride=())
+        dims = _reduced_dims(group)
+        partial = Partial("max" if is_inf else "sum")
+        part = DTensor.from_local(np.array(_local_part(group, norm_type, dims)), mesh,
+                                  [partial if m in dims else Replicate()
+                                   for m in range(mesh.ndim)], shape=(), stride=())
         reduced = part.redistribute(mesh, [Replicate()] * mesh.ndim)
         if mesh.get_coordinate() is None:
             return reduced.astype(dtype)  # not a member: nothing to clip here

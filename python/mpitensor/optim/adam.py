@@ -12,10 +12,8 @@ __all__ = ["Adam", "AdamW"]
 
 
 def _real_view(a: np.ndarray) -> np.ndarray:
-    """A complex array as its (real, imaginary) pairs, sharing its memory."""
-    if not a.flags.c_contiguous:
-        raise ValueError("Adam updates complex parameters through a real view, which "
-                         "needs C-contiguous local arrays")
+    """A C-contiguous complex array as its (real, imaginary) pairs, sharing its
+    memory."""
     return a.reshape(-1).view(a.real.dtype)
 
 
@@ -75,8 +73,11 @@ class Adam(Optimizer):
             else:
                 g = g + wd * local
         m, v = state["exp_avg"]._data(), state["exp_avg_sq"]._data()
+        param = local
         if local.dtype.kind == "c":
             # As torch: a complex number is a pair of reals, each with its own moments.
+            # A local array that is not C-contiguous is updated through a copy.
+            local = np.ascontiguousarray(local)
             local, m, v = (_real_view(a) for a in (local, m, v))
             g = _real_view(np.ascontiguousarray(g))
         m += (1 - beta1) * (g - m)  # torch's lerp for a weight below 0.5
@@ -91,6 +92,8 @@ class Adam(Optimizer):
             v = vmax
         denom = np.sqrt(v) / bias_correction2_sqrt + eps
         local -= step_size * (m / denom)
+        if not np.shares_memory(local, param):
+            np.copyto(param, local.view(param.dtype).reshape(param.shape))
 
 
 class AdamW(Adam):

@@ -66,8 +66,10 @@ def local_grad(p: DTensor):
 
 
 def zeros_like_param(p: DTensor) -> DTensor:
-    """A zero DTensor with ``p``'s mesh, placements, shape and dtype."""
-    return DTensor(np.zeros_like(p._data()), p._spec)
+    """A zero DTensor with ``p``'s mesh, placements, shape and dtype; its local
+    array is C-contiguous whatever ``p``'s is (Adam views complex state as reals)."""
+    local = p._data()
+    return DTensor(np.zeros(local.shape, local.dtype), p._spec)
 
 
 def _is_state_tensor(key: str, value) -> bool:
