@@ -79,6 +79,7 @@ __all__ = [
     "save",
     "load",
     "parallel",
+    "fsdp",
     "testing",
     "show_config",
 ]

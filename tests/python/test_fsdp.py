@@ -166,6 +166,47 @@ def test_forward_frees_unsharded(mesh):
     assert freed(m.w1) and freed(m.w2)
 
 
+class Pair(nn.Module):
+    """Returns its outputs in a dict: fully_shard hooks DTensors inside containers."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = MLP()
+
+    def forward(self, x):
+        return {"y": (self.mlp(x), None)}
+
+
+def test_outputs_in_containers(mesh):
+    p = Pair()
+    fully_shard(p.mlp.w1, mesh=mesh)
+    fully_shard(p.mlp.w2, mesh=mesh)
+    fully_shard(p.mlp, mesh=mesh)
+    fully_shard(p, mesh=mesh)
+    x, t = batch(mesh)
+    ((p(x)["y"][0] - t) ** 2).mean().backward()
+    ref = reference()
+    for name, q in p.mlp.named_parameters():
+        np.testing.assert_allclose(q.grad.detach().full_tensor(), ref[name][1], rtol=1e-10,
+                                   atol=1e-14, err_msg=name)
+
+
+def test_forward_without_backward_then_update(mesh):
+    """The root keeps its group gathered after a forward in grad mode; when no
+    backward came and the shards changed, the next forward gathers again."""
+    m = fully_shard(MLP(), mesh=mesh)  # one group, owned by the root
+    x, _ = batch(mesh)
+    m(x)
+    with mt.no_grad():
+        for p in m.parameters():
+            p.to_local()[...] *= 2
+        y = m(x).full_tensor()
+    plain = MLP()
+    for p in plain.parameters():
+        p *= 2
+    np.testing.assert_allclose(y, plain(X), rtol=1e-12)
+
+
 def test_sgd_steps_equal_one_rank(mesh):
     m = sharded_mlp(mesh)
     x, t = batch(mesh)
@@ -200,6 +241,18 @@ def test_gradients_accumulate(mesh):
     for name, p in m.named_parameters():
         np.testing.assert_allclose(p.grad.detach().full_tensor(), 2 * ref[name][1], rtol=1e-10,
                                    atol=1e-14, err_msg=name)
+
+
+def test_frozen_parameter_gets_no_gradient(mesh):
+    m = sharded_mlp(mesh)
+    m.w1.bias.requires_grad_(False)
+    loss_of(m, *batch(mesh)).backward()
+    ref = reference()
+    assert m.w1.bias.grad is None
+    for name, p in m.named_parameters():
+        if name != "w1.bias":
+            np.testing.assert_allclose(p.grad.detach().full_tensor(), ref[name][1],
+                                       rtol=1e-10, atol=1e-14, err_msg=name)
 
 
 def test_cannot_shard_raises(mesh):

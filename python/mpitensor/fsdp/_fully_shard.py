@@ -47,6 +47,10 @@ __all__ = ["fully_shard", "FSDPModule"]
 
 # Meshes with the dims of a (dp, tp) mesh swapped, made once per mesh (see _Param).
 _tp_first_meshes: dict = {}
+# Counts the root modules' forwards: a group still gathered from an earlier one
+# (kept for a backward that never came) is gathered again, since the optimizer
+# may have changed the shards since.
+_generation = [0]
 
 
 class FSDPModule:
@@ -259,6 +263,7 @@ class _State:
         self.reshard_after_forward = reshard_after_forward
         self.is_root = True
         self.unsharded = False
+        self.generation = -1  # the root forward the gathered arrays were made in
         self.live = weakref.WeakSet()  # the recorded forwards whose graphs live
         self.calls: list = []  # the forwards under way (a _Forward, or None)
         self.params = self._collect(module)
@@ -308,11 +313,13 @@ class _State:
         return [_Param(found[k][0], found[k][1], self.dp_mesh, found[k][2]) for k in order]
 
     # -- moving the group --------------------------------------------------------------
-    def unshard(self) -> None:
-        """The group's one all-gather over dp, unpacked into the unsharded DTensors."""
-        if self.unsharded or not self.params:
+    def unshard(self, again: bool = False) -> None:
+        """The group's one all-gather over dp, unpacked into the unsharded DTensors
+        (nothing when gathered already, unless ``again``)."""
+        if (self.unsharded and not again) or not self.params:
             self.unsharded = True
             return
+        self.generation = _generation[0]
         buf = np.zeros(self.size, self.dtype)
         for p, off in zip(self.params, self.offsets):
             buf[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
@@ -349,7 +356,9 @@ class _State:
 
     # -- hooks -------------------------------------------------------------------------
     def pre_forward(self, module, args):
-        self.unshard()
+        if self.is_root:
+            _generation[0] += 1
+        self.unshard(again=self.generation != _generation[0])
         if _modes.grad_enabled and self.params:
             fwd = self._record()
             self._register(fwd.views)
@@ -367,9 +376,13 @@ class _State:
         if fwd is None:
             self.reshard()
             return None
-        if self.reshard_after_forward and not self.is_root:
+        count = [0]
+        output = _alias_outputs(output, lambda: self.pre_backward(fwd), count)
+        # Without an output to hook, nothing would gather the group again before
+        # its backward: it stays gathered.
+        if self.reshard_after_forward and not self.is_root and count[0]:
             self.reshard()
-        return _alias_outputs(output, lambda: self.pre_backward(fwd))
+        return output
 
     def pre_backward(self, fwd: "_Forward") -> None:
         fwd.active = True
@@ -383,12 +396,16 @@ class _State:
         fwd.views = [DTensor(p.unsharded._data(), p.unsharded._spec) for p in self.params]
         token = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
         token._requires_grad = True
-        token._grad_fn = Node("FSDPPostBackward", tuple(p.sharded for p in self.params),
+        # a parameter frozen with requires_grad_(False) gets no gradient, as torch's
+        need = [p.sharded._requires_grad for p in self.params]
+        token._grad_fn = Node("FSDPPostBackward",
+                              tuple(p.sharded if n else None for p, n in zip(self.params, need)),
                               lambda g: self.post_backward(fwd))
         zero = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
         for i, v in enumerate(fwd.views):
-            v._requires_grad = True
-            v._grad_fn = Node("FSDPUnshard", (token,), self._collector(fwd, i, zero))
+            if need[i]:
+                v._requires_grad = True
+                v._grad_fn = Node("FSDPUnshard", (token,), self._collector(fwd, i, zero))
         self.live.add(fwd)
         return fwd
 
@@ -460,9 +477,10 @@ class _Forward:
         self.views, self.grad, self.got, self.active = [], None, set(), False
 
 
-def _alias_outputs(output, pre_backward):
-    """``output`` with each DTensor that requires grad replaced by an alias whose
-    backward runs ``pre_backward`` first (before anything the module computed)."""
+def _alias_outputs(output, pre_backward, count: list):
+    """``output`` with each DTensor that requires grad (in tuples, lists and dicts)
+    replaced by an alias whose backward runs ``pre_backward`` first (before
+    anything the module computed); ``count[0]`` counts them."""
     if type(output) is DTensor:
         if not output._requires_grad:
             return output
@@ -473,11 +491,14 @@ def _alias_outputs(output, pre_backward):
             pre_backward()
             return (g,)
         alias._grad_fn = Node("FSDPPreBackward", (output,), backward_fn)
+        count[0] += 1
         return alias
-    if isinstance(output, tuple) and not hasattr(output, "_fields"):
-        return tuple(_alias_outputs(o, pre_backward) for o in output)
-    if isinstance(output, list):
-        return [_alias_outputs(o, pre_backward) for o in output]
+    if isinstance(output, (tuple, list)):
+        items = [_alias_outputs(o, pre_backward, count) for o in output]
+        if hasattr(output, "_fields"):  # a namedtuple
+            return type(output)(*items)
+        return type(output)(items)
     if isinstance(output, dict):
-        return {k: _alias_outputs(v, pre_backward) for k, v in output.items()}
+        return type(output)((k, _alias_outputs(v, pre_backward, count))
+                            for k, v in output.items())
     return output
