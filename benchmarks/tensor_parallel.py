@@ -49,6 +49,9 @@ from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_mod
 
 from _common import git_revision, init_gloo, machine, machine_line  # benchmarks/ is sys.path[0]
 
+# Forward only: parameters require grad (as torch's), so nothing is to be recorded.
+mt.autograd.set_grad_enabled(False)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TARGET_SPEEDUP, TARGET_TORCH_X = 1.6, 1.0

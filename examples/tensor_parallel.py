@@ -23,6 +23,9 @@ from mpitensor.parallel import (
     ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
     loss_parallel, parallelize_module)
 
+# Forward only: parameters require grad (as torch's), so nothing is to be recorded.
+mt.autograd.set_grad_enabled(False)
+
 comm = MPI.COMM_WORLD
 rank, nranks = comm.Get_rank(), comm.Get_size()
 VOCAB, DIM, HEADS, LAYERS, BATCH, SEQ = 50, 32, 4 * nranks, 2, 2, 8 * nranks

@@ -112,6 +112,25 @@ def test_function_records_forward_and_backward():
     assert not Cube.apply(x.detach(), 2.0).requires_grad
 
 
+def test_function_returning_its_input_keeps_the_input_a_leaf():
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.ones((4, 2)), mesh, [S0], requires_grad=True)
+
+    class Same(mt.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    y = Same.apply(x)
+    assert y is not x and x.is_leaf and not y.is_leaf
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.full_tensor(), 2.0)
+
+
 def test_function_refuses_bad_gradients():
     mesh = mesh_of((W,))
     x = distribute_tensor(np.ones((4, 2)), mesh, [S0], requires_grad=True)
@@ -449,12 +468,15 @@ def test_mlp_gradients_equal_torch():
     init_gloo()
     tmesh = init_device_mesh("cpu", (W,))
     mesh = mesh_of((W,))
-    model = mp.parallelize_module(MLP(4, 8), mesh, {
+    # An even hidden split: torch's RowwiseParallel takes a local input's global
+    # width to be the local width times the ranks.
+    h = 2 * W
+    model = mp.parallelize_module(MLP(4, h), mesh, {
         "w1": mp.ColwiseParallel(), "w2": mp.RowwiseParallel()})
-    ref = MLP(4, 8)
-    tmodel = torch.nn.Sequential(torch.nn.Linear(4, 8, dtype=torch.float64),
+    ref = MLP(4, h)
+    tmodel = torch.nn.Sequential(torch.nn.Linear(4, h, dtype=torch.float64),
                                  torch.nn.GELU(approximate="tanh"),
-                                 torch.nn.Linear(8, 4, dtype=torch.float64))
+                                 torch.nn.Linear(h, 4, dtype=torch.float64))
     with torch.no_grad():
         for i, lin in ((0, ref.w1), (2, ref.w2)):
             tmodel[i].weight.copy_(torch.from_numpy(lin.weight))

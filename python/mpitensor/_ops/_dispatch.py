@@ -143,6 +143,8 @@ def implicit(operands) -> tuple:
     On the local mesh (one rank: where ``to_local()`` puts a tensor autograd
     follows) an ndarray is always such a DTensor, with nothing to trust, so it
     mixes with local DTensors as it mixes with ndarrays."""
+    if not _modes.implicit_replication and _device_mesh._local_mesh is None:
+        return tuple(operands)
     mesh = next((o._spec.mesh for o in operands if type(o) is DTensor), None)
     if mesh is None or not (_modes.implicit_replication
                             or mesh is _device_mesh._local_mesh):

@@ -115,6 +115,9 @@ class Function:
                     f"{cls.__name__}.forward returned several DTensors; a Function "
                     f"records one output (the gradient would be lost)")
             return out
+        if any(out is a for a in args):
+            # Recording marks the output: an input handed back must stay what it was.
+            out = out.__copy__()
         name = cls.__name__
 
         def backward_fn(g):

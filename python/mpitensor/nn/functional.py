@@ -636,7 +636,8 @@ class _Embedding(Function):
         shape, offset = compute_local_shape_and_global_offset(weight.shape, mesh,
                                                               weight.placements)
         lo, rows = offset[0], shape[0]
-        local_idx, gl = idx._data().reshape(-1), g._data().reshape(-1, shape[1])
+        local_idx = idx._data().reshape(-1)
+        gl = g._data().reshape(local_idx.size, shape[1])
         gw = np.zeros(shape, weight.dtype)
         inside = (local_idx >= lo) & (local_idx < lo + rows)
         np.add.at(gw, local_idx[inside] - lo, gl[inside])
