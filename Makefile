@@ -20,7 +20,7 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
 .PHONY: install system-deps demo docs test test-c test-python test-plain test-examples \
-  test-network test-lint test-fuzz test-asan bench bench-check clean
+  test-network test-lint test-fuzz test-asan bench bench-check calibrate clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
 # (a test checks this); a binary wheel could bring its own MPI. mkl (the extra
@@ -129,7 +129,7 @@ test-lint: $(VENV)/.deps
 # libFuzzer over layout and planning for FUZZ_SECONDS; the corpus in build/fuzz
 # grows from run to run. A crash leaves its input as build/fuzz/crash-*.
 FUZZ_SRC := tests/fuzz/fuzz_plan.c csrc/core/status.c csrc/core/layout.c \
-  csrc/core/placement.c csrc/core/plan.c
+  csrc/core/placement.c csrc/core/timemodel.c csrc/core/plan.c
 build/fuzz/fuzz_plan: $(FUZZ_SRC) $(wildcard csrc/core/*.h csrc/include/mpitensor/*.h) | system-deps
 	mkdir -p build/fuzz/corpus
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
@@ -221,6 +221,14 @@ bench-check: install
 	    --out benchmarks/results/bench-check-np$$np.json || status=1; done; \
 	echo "make bench-check: $$( [ $$status = 0 ] && echo every goal passes || echo a goal FAILED)"; \
 	exit $$status
+
+# Fits the time model's costs on this machine (benchmarks/calibrate.py) and writes
+# the table every new mesh loads ($MPITENSOR_TIME_MODEL or ~/.cache/mpitensor/).
+# It times, so run it on a quiet machine; CALIBRATE_ARGS="--link net" and
+# MPIRUN flags (--mca btl self,tcp) fit the network class.
+CALIBRATE_ARGS ?=
+calibrate: install
+	$(MPIRUN) 2 $(PY) benchmarks/calibrate.py $(CALIBRATE_ARGS)
 
 clean:
 	rm -rf build $(VENV) $(ASAN_VENV)

@@ -18,6 +18,7 @@ typedef struct dist_ctx {
   mt_mesh *mesh;
   int64_t coord[MT_MAX_MESH_NDIM];
   int64_t itemsize;
+  int64_t src; /* the source's coordinate on every mesh dim */
   int dtype;
 } dist_ctx;
 
@@ -25,12 +26,12 @@ static void my_box(const dist_ctx *c, const mt_layout *l, int m, int64_t k, mt_b
   mt__box_at(l, c->coord, m, k, out);
 }
 
-/* True when this rank's coordinate is 0 on every mesh dim in [from, ndim) that
- * `want_shard` selects (shard dims, or non-shard dims). */
+/* True when this rank's coordinate is the source's on every mesh dim in
+ * [from, ndim) that `want_shard` selects (shard dims, or non-shard dims). */
 static int zero_after(const dist_ctx *c, const mt_layout *l, int from, int want_shard) {
   for (int m = from; m < l->mesh_ndim; ++m) {
     int is_shard = l->placements[m].kind == MT_PLACEMENT_SHARD;
-    if (is_shard == want_shard && c->coord[m] != 0) return 0;
+    if (is_shard == want_shard && c->coord[m] != c->src) return 0;
   }
   return 1;
 }
@@ -73,8 +74,8 @@ static void scatter_bytes(const dist_ctx *c, const mt_layout *to, int m, int64_t
   }
 }
 
-/* MPI_Scatterv from coordinate 0 along `m`, in the largest unit that keeps every
- * count an int; counts one scatter with the bytes the root sent. */
+/* MPI_Scatterv from the source's coordinate along `m`, in the largest unit that
+ * keeps every count an int; counts one scatter with the bytes the root sent. */
 static int scatterv(const dist_ctx *c, int m, const char *send, const int64_t *bytes,
                     void *out, mt_error *err) {
   int64_t g = mt_mesh_dim_size(c->mesh, m), unit = 1, sent = 0;
@@ -86,11 +87,12 @@ static int scatterv(const dist_ctx *c, int m, const char *send, const int64_t *b
   if (rc == MT_OK) {
     int mpi = MT__BLOCKING("MPI_Scatterv",
                            MPI_Scatterv(send, ints, ints + g, type, out, ints[c->coord[m]],
-                                        type, 0, mt_mesh_dim_comm(c->mesh, m)));
+                                        type, (int)c->src, mt_mesh_dim_comm(c->mesh, m)));
     if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Scatterv");
     if (type != MPI_BYTE) MPI_Type_free(&type);
   }
-  for (int64_t k = 1; rc == MT_OK && c->coord[m] == 0 && k < g; ++k) sent += bytes[k];
+  for (int64_t k = 0; rc == MT_OK && c->coord[m] == c->src && k < g; ++k)
+    sent += k == c->src ? 0 : bytes[k];
   if (rc == MT_OK) mt__count(c->mesh, MT_COLL_SCATTER, sent);
   free(ints);
   return rc;
@@ -112,7 +114,8 @@ static int scatter_step(const dist_ctx *c, const mt_layout *from, const mt_layou
     if (bytes[0] > 0)
       memcpy(out, in, (size_t)bytes[0]); /* NOLINT(clang-analyzer-core.NonNullParamChecker) */
   } else {
-    if (c->coord[m] == 0) rc = scatter_send(c, from, to, m, in, bytes, &send, &staging, err);
+    if (c->coord[m] == c->src)
+      rc = scatter_send(c, from, to, m, in, bytes, &send, &staging, err);
     if (rc == MT_OK) rc = scatterv(c, m, send, bytes, out, err);
   }
   mt_pool_free(staging);
@@ -189,8 +192,9 @@ static void fill_one(void *buf, int64_t n, int dtype) {
   for (int64_t i = 0; i < n; ++i) memcpy((char *)buf + (size_t)i * size, one, size);
 }
 
-/* Phase 2: every non-shard mesh dim in order: broadcast from coordinate 0, except
- * that a Partial(sum|product) dim gives the other coordinates the identity. */
+/* Phase 2: every non-shard mesh dim in order: broadcast from the source's
+ * coordinate, except that a Partial(sum|product) dim gives the other coordinates
+ * the identity. */
 static int spread_phase(const dist_ctx *c, const mt_layout *layout, void *local,
                         mt_error *err) {
   mt_box b;
@@ -203,10 +207,10 @@ static int spread_phase(const dist_ctx *c, const mt_layout *layout, void *local,
     int identity = p.kind == MT_PLACEMENT_PARTIAL &&
                    (p.reduce_op == MT_REDUCE_SUM || p.reduce_op == MT_REDUCE_PRODUCT);
     if (!identity) {
-      rc = mt_mesh_bcast(c->mesh, m, local, n * c->itemsize, err);
-    } else if (c->coord[m] != 0 && p.reduce_op == MT_REDUCE_SUM) {
+      rc = mt_mesh_bcast_from(c->mesh, m, c->src, local, n * c->itemsize, err);
+    } else if (c->coord[m] != c->src && p.reduce_op == MT_REDUCE_SUM) {
       memset(local, 0, (size_t)(n * c->itemsize));
-    } else if (c->coord[m] != 0) {
+    } else if (c->coord[m] != c->src) {
       fill_one(local, n, c->dtype);
     }
   }
@@ -252,7 +256,12 @@ static int agree_on_source(const dist_ctx *c, const mt_layout *l, const void *lo
 
 int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void *full,
                   void *local, mt_error *err) {
-  dist_ctx c = {.mesh = mesh, .dtype = dtype};
+  return mt_distribute_from(mesh, layout, dtype, 0, full, local, err);
+}
+
+int mt_distribute_from(mt_mesh *mesh, const mt_layout *layout, int dtype, int64_t src,
+                       const void *full, void *local, mt_error *err) {
+  dist_ctx c = {.mesh = mesh, .dtype = dtype, .src = src};
   c.itemsize = (int64_t)mt_dtype_size(dtype);
   if (c.itemsize == 0)
     return mt_error_set(err, MT_ETYPE, "unknown dtype code %d", dtype);
@@ -264,6 +273,12 @@ int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void 
     if (layout->mesh_shape[m] != mt_mesh_dim_size(mesh, m)) {
       return mt_error_set(err, MT_EINVAL,
                           "the layout's mesh shape differs from the mesh's");
+    }
+    if (src < 0 || src >= layout->mesh_shape[m]) {
+      return mt_error_set(err, MT_EINDEX,
+                          "src_data_rank %lld is not a coordinate of mesh dim %d "
+                          "(size %lld)", (long long)src, m,
+                          (long long)layout->mesh_shape[m]);
     }
   }
   if (!mt_mesh_coordinate(mesh, c.coord)) {

@@ -28,6 +28,7 @@ struct mt_mesh {
   int64_t coord[MT_MAX_MESH_NDIM];
   MPI_Comm mesh_comm;
   MPI_Comm dim_comm[MT_MAX_MESH_NDIM];
+  mt_time_model model; /* plans on this mesh are ranked by it */
 };
 
 /* Communicators are a scarce, process-wide MPI resource, so their count is
@@ -121,7 +122,62 @@ static mt_mesh *mesh_alloc(int ndim, const int64_t *shape) {
   memcpy(m->shape, shape, (size_t)ndim * sizeof *shape);
   m->mesh_comm = MPI_COMM_NULL;
   for (int d = 0; d < MT_MAX_MESH_NDIM; ++d) m->dim_comm[d] = MPI_COMM_NULL;
+  m->model = mt_time_model_default();
   return m;
+}
+
+/* The nodes' ranks per node from each mesh position's node (`node[i]`, the lowest
+ * mesh position on the same node): nodes that hold consecutive positions, all
+ * the same number, fill blocks of that size; any other layout is priced as if
+ * every rank had a node of its own (1), so no group is taken for shared memory
+ * that is not; one node is 0. */
+static int64_t ranks_per_node(const int *node, int64_t n) {
+  int64_t block = 0, run = 0;
+  for (int64_t i = 0; i <= n; ++i) {
+    if (i < n && (i == 0 || node[i] == node[i - 1])) {
+      ++run;
+      continue;
+    }
+    if (i < n && node[i] != i) return 1; /* a node's positions are not consecutive */
+    if (block == 0) block = run;
+    if (run != block) return 1;
+    run = 1;
+  }
+  return block >= n ? 0 : block;
+}
+
+/* Collective on the mesh's members. Which members share a node
+ * (MPI_Comm_split_type SHARED), gathered once into the model's ranks_per_node.
+ * The position table may fail to allocate on some ranks only, so the members
+ * agree on it before gathering. */
+static int learn_nodes(mt_mesh *m, int64_t linear, mt_error *err) {
+  int64_t n = 1;
+  for (int d = 0; d < m->ndim; ++d) n *= m->shape[d];
+  if (n == 1) return MT_OK;
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  MT__MPI_TRY(MPI_Comm_split_type(m->mesh_comm, MPI_COMM_TYPE_SHARED, (int)linear,
+                                  MPI_INFO_NULL, &node_comm),
+              "MPI_Comm_split_type");
+  int me = (int)linear, leader = 0;
+  int rc = MT__BLOCKING("MPI_Allreduce",
+                        MPI_Allreduce(&me, &leader, 1, MPI_INT, MPI_MIN, node_comm));
+  MPI_Comm_free(&node_comm);
+  if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Allreduce");
+  int *node = malloc((size_t)n * sizeof *node);
+  mt_error e = {0};
+  int st = node != NULL ? MT_OK : mt_error_set(&e, MT_ENOMEM, "out of memory learning "
+                                                                "which ranks share a node");
+  st = mt_agree_fingerprint_comm(m->mesh_comm, st, 0, &e);
+  if (st != MT_OK || node == NULL) {
+    free(node);
+    if (err != NULL) *err = e;
+    return st;
+  }
+  rc = MT__BLOCKING("MPI_Allgather",
+                    MPI_Allgather(&leader, 1, MPI_INT, node, 1, MPI_INT, m->mesh_comm));
+  if (rc == MPI_SUCCESS) m->model.ranks_per_node = ranks_per_node(node, n);
+  free(node);
+  return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Allgather");
 }
 
 /* What every rank must pass alike: the shape and the ranks. */
@@ -186,12 +242,31 @@ int mt_mesh_create_agreed(MPI_Comm comm, int ndim, const int64_t *shape,
   m->in_mesh = linear >= 0;
   if (m->in_mesh) set_coordinate(m, linear);
   rc = build_comms(m, comm, linear, err);
+  if (rc == MT_OK && m->in_mesh) rc = learn_nodes(m, linear, err);
   if (rc != MT_OK) {
     mt_mesh_destroy(m);
     return rc;
   }
   *out = m;
   return MT_OK;
+}
+
+/* A slice's ranks in its own row-major order: on one node when each of its dims
+ * stays within a node in the parent; the parent's blocks when it keeps the
+ * parent's trailing dims (its positions run through the parent's in order);
+ * otherwise priced as one rank per node. */
+static int64_t slice_ranks_per_node(const mt_mesh *parent, int n, const int *dims) {
+  const mt_time_model *pm = &parent->model;
+  int64_t numel = 1, stride[MT_MAX_MESH_NDIM];
+  for (int d = parent->ndim - 1; d >= 0; --d) stride[d] = numel, numel *= parent->shape[d];
+  int local = 1, trailing = dims[n - 1] == parent->ndim - 1;
+  for (int i = 0; i < n; ++i) {
+    local &= mt_time_link(pm, numel, parent->shape[dims[i]], stride[dims[i]]) ==
+             MT_LINK_SHM;
+    if (i > 0) trailing &= dims[i] == dims[i - 1] + 1;
+  }
+  if (local) return 0;
+  return trailing ? pm->ranks_per_node : 1;
 }
 
 int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
@@ -225,8 +300,20 @@ int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
     m->coord[i] = parent->coord[dims[i]];
     m->dim_comm[i] = parent->dim_comm[dims[i]];
   }
+  m->model = parent->model;
+  m->model.ranks_per_node = slice_ranks_per_node(parent, n, dims);
   *out = m;
   return MT_OK;
+}
+
+const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh) { return &mesh->model; }
+
+int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model, mt_error *err) {
+  mt_time_model next = *model;
+  next.ranks_per_node = mesh->model.ranks_per_node;
+  int rc = mt_time_model_check(&next, err);
+  if (rc == MT_OK) mesh->model = next;
+  return rc;
 }
 
 void mt_mesh_destroy(mt_mesh *mesh) {
@@ -270,34 +357,44 @@ MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim) {
 
 /* Above INT_MAX bytes MPI counts overflow, so whole gigabyte blocks travel as one
  * derived element and the remainder as bytes. */
-static int bcast_bytes(char *buf, int64_t nbytes, MPI_Comm comm, mt_error *err) {
+static int bcast_bytes(char *buf, int64_t nbytes, int root, MPI_Comm comm,
+                       mt_error *err) {
   const int64_t block = (int64_t)1 << 30;
   if (nbytes > INT_MAX) {
     MPI_Datatype gib;
     MT__MPI_TRY(MPI_Type_contiguous((int)block, MPI_BYTE, &gib), "MPI_Type_contiguous");
     MT__MPI_TRY(MPI_Type_commit(&gib), "MPI_Type_commit");
-    int rc = MT__BLOCKING("MPI_Bcast", MPI_Bcast(buf, (int)(nbytes / block), gib, 0, comm));
+    int rc = MT__BLOCKING("MPI_Bcast", MPI_Bcast(buf, (int)(nbytes / block), gib, root, comm));
     MPI_Type_free(&gib);
     if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Bcast");
     buf += (nbytes / block) * block;
     nbytes %= block;
   }
-  MT__MPI_TRY(MPI_Bcast(buf, (int)nbytes, MPI_BYTE, 0, comm), "MPI_Bcast");
+  MT__MPI_TRY(MPI_Bcast(buf, (int)nbytes, MPI_BYTE, root, comm), "MPI_Bcast");
   return MT_OK;
 }
 
 int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
                   mt_error *err) {
+  return mt_mesh_bcast_from(mesh, dim, 0, buf, nbytes, err);
+}
+
+int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
+                       int64_t nbytes, mt_error *err) {
   if (dim < 0 || dim >= mesh->ndim) {
     return mt_error_set(err, MT_EINDEX, "mesh dim %d is out of range for a %d-D mesh",
                         dim, mesh->ndim);
   }
   if (nbytes < 0) return mt_error_set(err, MT_EINVAL, "negative byte count");
+  if (root < 0 || root >= mesh->shape[dim]) {
+    return mt_error_set(err, MT_EINDEX, "root %lld is out of range for mesh dim %d of "
+                        "size %lld", (long long)root, dim, (long long)mesh->shape[dim]);
+  }
   if (!mesh->in_mesh || mesh->shape[dim] == 1) return MT_OK;
-  int rc = bcast_bytes(buf, nbytes, mesh->dim_comm[dim], err);
+  int rc = bcast_bytes(buf, nbytes, (int)root, mesh->dim_comm[dim], err);
   if (rc == MT_OK)
     mt__count(mesh, MT_COLL_BROADCAST,
-              mesh->coord[dim] == 0 ? nbytes * (mesh->shape[dim] - 1) : 0);
+              mesh->coord[dim] == root ? nbytes * (mesh->shape[dim] - 1) : 0);
   return rc;
 }
 

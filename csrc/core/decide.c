@@ -34,7 +34,8 @@ static void take_partitions(const mt_layout *src, mt_placement *to, uint32_t *pa
 /* The plan that gives `src` the placements `to`, checked first; NULL in *out when
  * nothing moves. */
 static int plan_input(const mt_layout *src, const mt_placement *target, int64_t itemsize,
-                      int dtype, mt_plan **out, uint32_t *partition, mt_error *err) {
+                      int dtype, const mt_time_model *model, mt_plan **out,
+                      uint32_t *partition, mt_error *err) {
   *out = NULL;
   mt_placement to[MT_MAX_MESH_NDIM];
   memcpy(to, target, (size_t)src->mesh_ndim * sizeof *to);
@@ -43,7 +44,7 @@ static int plan_input(const mt_layout *src, const mt_placement *target, int64_t 
   mt_layout dst = *src;
   memcpy(dst.placements, to, (size_t)src->mesh_ndim * sizeof *to);
   int rc = mt_plan_check(src, &dst, dtype, err);
-  if (rc == MT_OK) rc = mt_plan_create(src, &dst, itemsize, out, err);
+  if (rc == MT_OK) rc = mt_plan_create_timed(src, &dst, itemsize, model, out, err);
   if (rc == MT_OK && mt_plan_nsteps(*out) == 0) {
     mt_plan_destroy(*out); /* only mesh dims of size 1 differ: nothing runs */
     *out = NULL;
@@ -74,8 +75,8 @@ int mt_memo_decide_targets(mt_memo *memo, const mt_memo_key *key,
     rc = mt_layout_init(&src, in->ndim[i], in->shape[i], in->mesh_ndim, in->mesh_shape,
                         in->placements[i], err);
     if (rc == MT_OK)
-      rc = plan_input(&src, targets[i], in->itemsize[i], dtypes[i], &d.plan[i],
-                      &d.partition[i], err);
+      rc = plan_input(&src, targets[i], in->itemsize[i], dtypes[i],
+                      mt_memo_time_model(memo), &d.plan[i], &d.partition[i], err);
   }
   mt_decision *stored = rc == MT_OK ? mt_memo_insert(memo, key, &d, err) : NULL;
   drop_plans(&d); /* the memo holds its own */

@@ -31,6 +31,7 @@ struct mt_memo {
   int64_t hits, misses;
   uint64_t epoch; /* from 1: a zeroed front entry is invalid */
   front front[FRONT];
+  mt_time_model model; /* ranks the plans of its decisions */
 };
 
 static int count_plans(const mt_decision *d) {
@@ -71,6 +72,7 @@ int mt_memo_create(int64_t decisions, int64_t plans, mt_memo **out, mt_error *er
     return rc;
   }
   memo->plan_limit = plans, memo->epoch = 1;
+  memo->model = mt_time_model_default();
   *out = memo;
   return MT_OK;
 }
@@ -159,6 +161,16 @@ mt_decision *mt_memo_insert(mt_memo *memo, const mt_memo_key *key,
   mt_decision *fresh = mt__cache_add(memo->cache, w, NULL, err);
   return fresh == NULL ? NULL : store(memo, fresh, decision);
 }
+
+int mt_memo_set_time_model(mt_memo *memo, const mt_time_model *model, mt_error *err) {
+  int rc = mt_time_model_check(model, err);
+  if (rc != MT_OK) return rc;
+  memo->model = *model;
+  mt_memo_clear(memo);
+  return MT_OK;
+}
+
+const mt_time_model *mt_memo_time_model(const mt_memo *memo) { return &memo->model; }
 
 void mt_memo_clear(mt_memo *memo) {
   memo->epoch++;

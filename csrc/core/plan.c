@@ -50,6 +50,7 @@ typedef struct step_list {
   int n;
   int64_t bytes;
   int64_t messages;
+  double time;
   mt_step s[MAX_STEPS];
 } step_list;
 
@@ -279,32 +280,41 @@ int mt_step_valid(const mt_layout *src, const mt_layout *dst, int mesh_dim) {
 /* ---- Costs. ---- */
 
 /* Sum over ranks of numel(T_r) - numel(T_r ∩ S_r): the elements each rank does
- * not already hold. Exact for gathers, all-to-alls and direct exchanges alike,
- * since the source boxes of a rank's peers partition what it needs. */
-static int moved_elements(const mt_layout *src, const mt_layout *dst, int64_t *out) {
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0;
+ * not already hold, and the most one rank lacks into *most. Exact for gathers,
+ * all-to-alls and direct exchanges alike, since the source boxes of a rank's
+ * peers partition what it needs. */
+static int moved_elements(const mt_layout *src, const mt_layout *dst, int64_t *out,
+                          int64_t *most) {
+  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0, peak = 0;
   do {
     mt_box s, t, st;
     local_box(src, coord, &s);
     local_box(dst, coord, &t);
     int64_t kept = mt_box_intersect(&s, &t, &st) ? mt_box_numel(&st) : 0;
-    if (!add_ok(total, mt_box_numel(&t) - kept, &total)) return 0;
+    int64_t lack = mt_box_numel(&t) - kept;
+    if (lack > peak) peak = lack;
+    if (!add_ok(total, lack, &total)) return 0;
   } while (next_coord(coord, src));
   *out = total;
+  *most = peak;
   return 1;
 }
 
-/* Sum over ranks of numel(S_r) - numel(T_r): what a reduce-scatter receives. */
+/* Sum over ranks of numel(S_r) - numel(T_r): what a reduce-scatter receives, and
+ * the most one rank receives into *most. */
 static int scattered_elements(const mt_layout *src, const mt_layout *dst,
-                              int64_t *out) {
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0;
+                              int64_t *out, int64_t *most) {
+  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0, peak = 0;
   do {
     mt_box s, t;
     local_box(src, coord, &s);
     local_box(dst, coord, &t);
-    if (!add_ok(total, mt_box_numel(&s) - mt_box_numel(&t), &total)) return 0;
+    int64_t in = mt_box_numel(&s) - mt_box_numel(&t);
+    if (in > peak) peak = in;
+    if (!add_ok(total, in, &total)) return 0;
   } while (next_coord(coord, src));
   *out = total;
+  *most = peak;
   return 1;
 }
 
@@ -383,21 +393,26 @@ static int64_t leaves_meeting(const leaf_set *s, int64_t lo, int64_t hi) {
  * peers vary over the mesh dims `src` shards, one peer per combination of leaves,
  * so the count is a product over tensor dims. */
 static int64_t rank_messages(const mt_layout *src, const mt_layout *dst,
-                             const int64_t *coord, const leaf_set *sets) {
+                             const int64_t *coord, const leaf_set *sets,
+                             int64_t *received) {
   mt_box s, t, st;
   local_box(dst, coord, &t);
+  *received = 0;
   if (mt_box_numel(&t) == 0) return 0;
   int64_t peers = 1;
   for (int d = 0; d < src->ndim; ++d)
     peers *= leaves_meeting(&sets[d], t.offset[d], t.offset[d] + t.shape[d]);
   local_box(src, coord, &s);
-  return peers - mt_box_intersect(&s, &t, &st);
+  int kept = mt_box_intersect(&s, &t, &st);
+  *received = mt_box_numel(&t) - (kept ? mt_box_numel(&st) : 0);
+  return peers - kept;
 }
 
-/* Messages of a direct exchange, summed over ranks. The total is below N^2 for a
- * mesh of N <= INT32_MAX ranks, so it cannot overflow. */
-static int direct_messages(const mt_layout *src, const mt_layout *dst, int64_t *out,
-                           mt_error *err) {
+/* Messages of a direct exchange, summed over ranks, into st->messages (below N^2
+ * for a mesh of N <= INT32_MAX ranks, so it cannot overflow), and the busiest
+ * rank's messages and received elements into st->rank_messages and *most. */
+static int direct_messages(mt_step *st, int64_t *most, mt_error *err) {
+  const mt_layout *src = &st->src, *dst = &st->dst;
   int64_t total = 1;
   for (int d = 0; d < src->ndim; ++d) total += leaf_count(src, d);
   int64_t *buf = malloc(2 * (size_t)total * sizeof *buf);
@@ -411,33 +426,104 @@ static int direct_messages(const mt_layout *src, const mt_layout *dst, int64_t *
     sets[d].start = start, sets[d].end = end;
     used += sets[d].n;
   }
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, msgs = 0;
+  int64_t coord[MT_MAX_MESH_NDIM] = {0}, msgs = 0, busiest = 0;
+  *most = 0;
   do {
-    msgs += rank_messages(src, dst, coord, sets);
+    int64_t received, n = rank_messages(src, dst, coord, sets, &received);
+    msgs += n;
+    if (n > busiest) busiest = n;
+    if (received > *most) *most = received;
   } while (next_coord(coord, src));
   free(buf);
-  *out = msgs;
+  st->messages = msgs;
+  st->rank_messages = busiest;
   return MT_OK;
 }
 
-/* Fills a step's bytes and messages from its kind and layouts. */
+/* The vector a collective step is priced by (timemodel.h, mt_time_kind): the box
+ * of the rank at coordinate 0, the largest, as chunks shrink towards the end. */
+static int64_t coll_elements(const mt_step *st) {
+  int64_t coord[MT_MAX_MESH_NDIM] = {0};
+  mt_box b;
+  local_box(st->kind == MT_STEP_ALLGATHER ? &st->dst : &st->src, coord, &b);
+  return mt_box_numel(&b);
+}
+
+/* Fills a step's bytes and messages from its kind and layouts, and what the time
+ * model prices it by: the most bytes one rank receives (an all-reduce: its
+ * vector) and a collective's vector. */
 static int price_step(mt_step *st, int64_t itemsize, mt_error *err) {
-  int64_t elems = 0;
+  int64_t elems = 0, most = 0;
   int ok = 1;
   if (st->kind == MT_STEP_ALLREDUCE)
     ok = reduced_elements(&st->src, st->mesh_dim, &elems);
   else if (st->kind == MT_STEP_REDUCE_SCATTER)
-    ok = scattered_elements(&st->src, &st->dst, &elems);
+    ok = scattered_elements(&st->src, &st->dst, &elems, &most);
   else if (st->kind != MT_STEP_CHUNK)
-    ok = moved_elements(&st->src, &st->dst, &elems);
+    ok = moved_elements(&st->src, &st->dst, &elems, &most);
   if (!ok || !mul_ok(elems, itemsize, &st->bytes)) return overflow(err);
-  if (st->kind == MT_STEP_DIRECT)
-    return direct_messages(&st->src, &st->dst, &st->messages, err);
+  if (st->kind == MT_STEP_DIRECT) {
+    int rc = direct_messages(st, &most, err);
+    if (rc == MT_OK && !mul_ok(most, itemsize, &st->rank_bytes)) return overflow(err);
+    return rc;
+  }
   /* A collective over G ranks: G - 1 messages per rank, N * (G - 1) < 2^62. */
   st->messages = 0;
-  if (st->kind != MT_STEP_CHUNK)
-    st->messages = mesh_numel(&st->src) * (st->src.mesh_shape[st->mesh_dim] - 1);
+  if (st->kind == MT_STEP_CHUNK) return MT_OK;
+  st->messages = mesh_numel(&st->src) * (st->src.mesh_shape[st->mesh_dim] - 1);
+  st->rank_messages = st->src.mesh_shape[st->mesh_dim] - 1;
+  int64_t vector = coll_elements(st);
+  if (!mul_ok(st->kind == MT_STEP_ALLREDUCE ? vector : most, itemsize, &st->rank_bytes) ||
+      !mul_ok(vector, itemsize, &st->vector_bytes))
+    return overflow(err);
   return MT_OK;
+}
+
+/* ---- Time. ---- */
+
+/* The collective each one-mesh-dim step kind runs. */
+static int coll_of(int kind) {
+  switch (kind) {
+    case MT_STEP_ALLGATHER: return MT_TIME_ALLGATHER;
+    case MT_STEP_ALLREDUCE: return MT_TIME_ALLREDUCE;
+    case MT_STEP_REDUCE_SCATTER: return MT_TIME_REDUCE_SCATTER;
+    default: return MT_TIME_ALLTOALL;
+  }
+}
+
+/* A step's predicted seconds under `model`. A direct exchange is one linear
+ * exchange over the whole mesh, on the network once the mesh spans nodes. */
+static double step_time(const mt_step *st, const mt_time_model *model) {
+  int64_t numel = mesh_numel(&st->src);
+  if (st->kind == MT_STEP_CHUNK) return 0.0;
+  if (st->kind == MT_STEP_DIRECT) {
+    int link = mt_time_link(model, numel, numel, 1);
+    return mt_time_linear(model, st->rank_messages, st->rank_bytes, link);
+  }
+  int m = st->mesh_dim;
+  int64_t group = st->src.mesh_shape[m], stride = 1;
+  for (int k = m + 1; k < st->src.mesh_ndim; ++k) stride *= st->src.mesh_shape[k];
+  int link = mt_time_link(model, numel, group, stride);
+  return mt_time_coll(model, coll_of(st->kind), group, st->vector_bytes, st->rank_bytes,
+                      link);
+}
+
+/* Sets every step's time and the list's total. */
+static void set_times(step_list *list, const mt_time_model *model) {
+  list->time = 0.0;
+  for (int i = 0; i < list->n; ++i) {
+    list->s[i].time = step_time(&list->s[i], model);
+    list->time += list->s[i].time;
+  }
+}
+
+/* -1 when `a` is predicted faster than `b`, 1 when slower, 0 when they tie within
+ * a part in a million (the same collectives, priced alike). */
+static int time_order(const step_list *a, const step_list *b) {
+  double tol = 1e-6 * (a->time > b->time ? a->time : b->time);
+  if (a->time < b->time - tol) return -1;
+  if (a->time > b->time + tol) return 1;
+  return 0;
 }
 
 /* ---- Building plans. ---- */
@@ -529,13 +615,20 @@ static int communicating_steps(const step_list *list) {
   return n;
 }
 
-/* Fewer bytes win. On equal bytes a chain with at most one collective wins, since
- * it is the one collective torch users expect and MPI optimises (the direct
- * exchange can only save messages to ranks that hold nothing); otherwise fewer
- * messages win, then the chain. */
-static int chain_wins(const step_list *chain, const step_list *direct) {
+/* On equal bytes a chain with at most one collective wins, since it is the one
+ * collective torch users expect and MPI optimises (the direct exchange can only
+ * save messages to ranks that hold nothing). Otherwise the faster one wins under
+ * `model`; on a tie, or with no model (bytes first), fewer bytes win, then fewer
+ * messages, then the chain. */
+static int chain_wins(step_list *chain, step_list *direct, const mt_time_model *model) {
+  if (chain->bytes == direct->bytes && communicating_steps(chain) <= 1) return 1;
+  if (model != NULL) {
+    set_times(chain, model);
+    set_times(direct, model);
+    int order = time_order(chain, direct);
+    if (order != 0) return order < 0;
+  }
   if (chain->bytes != direct->bytes) return chain->bytes < direct->bytes;
-  if (communicating_steps(chain) <= 1) return 1;
   return chain->messages <= direct->messages;
 }
 
@@ -552,16 +645,19 @@ static int append_list(step_list *list, const step_list *from, mt_error *err) {
 /* The Shard/Replicate changes from `cur` to `dst`: the cheaper of the chain and
  * one direct exchange. */
 static int reshard_phase(step_list *list, const mt_layout *cur, const mt_layout *dst,
-                         int64_t itemsize, mt_error *err) {
+                         int64_t itemsize, const mt_time_model *model, mt_error *err) {
   if (differ_only_on(cur, dst, -1)) return MT_OK;
   step_list *chain = calloc(1, sizeof *chain), *direct = calloc(1, sizeof *direct);
-  int found = 0, rc = MT_OK;
-  if (chain == NULL || direct == NULL)
-    rc = mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
-  if (rc == MT_OK) rc = chain_phase(chain, *cur, dst, itemsize, &found, err);
+  if (chain == NULL || direct == NULL) {
+    free(chain);
+    free(direct);
+    return mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
+  }
+  int found = 0, rc = chain_phase(chain, *cur, dst, itemsize, &found, err);
   if (rc == MT_OK) rc = push_step(direct, MT_STEP_DIRECT, -1, cur, dst, itemsize, err);
   if (rc == MT_OK)
-    rc = append_list(list, found && chain_wins(chain, direct) ? chain : direct, err);
+    rc = append_list(list, found && chain_wins(chain, direct, model) ? chain : direct,
+                     err);
   free(chain);
   free(direct);
   return rc;
@@ -604,17 +700,27 @@ static mt_layout before_reducing(const mt_layout *src, const mt_layout *dst,
  * data), and gathering first can turn an all-reduce into a reduce-scatter, so
  * the planner prices all three and keeps the cheapest. */
 static int staged(step_list *list, const mt_layout *src, const mt_layout *dst,
-                  int which, int64_t itemsize, mt_error *err) {
+                  int which, int64_t itemsize, const mt_time_model *model,
+                  mt_error *err) {
   mt_layout mid = before_reducing(src, dst, which);
-  int rc = reshard_phase(list, src, &mid, itemsize, err);
+  int rc = reshard_phase(list, src, &mid, itemsize, model, err);
   if (rc == MT_OK) rc = reduce_phase(list, &mid, dst, itemsize, err);
-  if (rc == MT_OK) rc = reshard_phase(list, &mid, dst, itemsize, err);
+  if (rc == MT_OK) rc = reshard_phase(list, &mid, dst, itemsize, model, err);
   return rc;
 }
 
-/* Whether candidate `b` beats `a`: fewer bytes, then fewer messages, then fewer
- * communicating steps; `a` wins ties. */
-static int beats(const step_list *b, const step_list *a) {
+/* Whether candidate `b` beats `a`: a candidate moving more bytes than `limit`
+ * (torch's order) never does; else the faster one, then fewer bytes, then fewer
+ * messages, then fewer communicating steps; `a` wins ties. */
+static int beats(step_list *b, step_list *a, int64_t limit, const mt_time_model *model) {
+  if (b->bytes > limit) return 0;
+  if (a->bytes > limit) return 1;
+  if (model != NULL) {
+    set_times(a, model);
+    set_times(b, model);
+    int order = time_order(b, a);
+    if (order != 0) return order < 0;
+  }
   if (b->bytes != a->bytes) return b->bytes < a->bytes;
   if (b->messages != a->messages) return b->messages < a->messages;
   return communicating_steps(b) < communicating_steps(a);
@@ -630,46 +736,114 @@ static int reduces(const mt_layout *src, const mt_layout *dst) {
   return 0;
 }
 
-/* One more candidate: the chain straight from `src`, reductions interleaved in
- * torch's order (it reduces an inner Partial before moving the shards that
- * would otherwise carry the unreduced data). Kept in `list` if it is valid and
- * beats what `list` holds. */
-static int try_interleaved(step_list *list, step_list *tmp, const mt_layout *src,
-                           const mt_layout *dst, int64_t itemsize, mt_error *err) {
-  int found = 0;
-  memset(tmp, 0, sizeof *tmp);
-  int rc = chain_phase(tmp, *src, dst, itemsize, &found, err);
-  if (rc == MT_OK && found && beats(tmp, list)) *list = *tmp;
-  return rc;
+/* Bytes that torch's order moves from `src` to `dst` (torch/distributed/tensor/
+ * _redistribute.py), priced as plan steps are: inner mesh dims first, each to its
+ * target, or to Replicate where the mesh dims before it shard that tensor dim
+ * differently in the two layouts; then outer to inner for what is left. 0 in
+ * *out when the count does not fit. */
+static int same_outer_sharding(const mt_layout *a, const mt_layout *b, int m, int d) {
+  for (int k = 0; k < m; ++k) {
+    if (is_shard(&a->placements[k], d) != is_shard(&b->placements[k], d)) return 0;
+  }
+  return 1;
 }
 
-/* The cheapest candidate from normalised `src` to `dst` into `list`; without
- * reductions all candidates are one and the same. */
-static int best_candidate(step_list *list, const mt_layout *src, const mt_layout *dst,
-                          int64_t itemsize, mt_error *err) {
-  int rc = staged(list, src, dst, REDUCE_FIRST, itemsize, err);
-  if (rc != MT_OK || !reduces(src, dst)) return rc;
-  step_list *other = malloc(sizeof *other);
-  if (other == NULL)
-    return mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
-  for (int which = CUT_FIRST; rc == MT_OK && which < NCANDIDATES; ++which) {
-    memset(other, 0, sizeof *other);
-    rc = staged(other, src, dst, which, itemsize, err);
-    if (rc == MT_OK && beats(other, list)) *list = *other;
+static int torch_order_bytes(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                             int64_t *out) {
+  mt_layout cur = *src;
+  int64_t total = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < cur.mesh_ndim; ++i) {
+      int m = pass == 0 ? cur.mesh_ndim - 1 - i : i;
+      mt_placement to = dst->placements[m];
+      if (pass == 0 && to.kind == MT_PLACEMENT_SHARD &&
+          !same_outer_sharding(&cur, dst, m, to.dim))
+        to = replicate();
+      if (placement_eq(&cur.placements[m], &to)) continue;
+      mt_layout next = cur;
+      next.placements[m] = to;
+      int64_t elems = 0, most = 0, bytes;
+      int ok;
+      if (cur.placements[m].kind != MT_PLACEMENT_PARTIAL)
+        ok = moved_elements(&cur, &next, &elems, &most);
+      else if (to.kind == MT_PLACEMENT_REPLICATE)
+        ok = reduced_elements(&cur, m, &elems);
+      else
+        ok = scattered_elements(&cur, &next, &elems, &most);
+      if (!ok || !mul_ok(elems, itemsize, &bytes) || !add_ok(total, bytes, &total))
+        return 0;
+      cur = next;
+    }
   }
-  if (rc == MT_OK) rc = try_interleaved(list, other, src, dst, itemsize, err);
-  free(other);
+  *out = total;
+  return 1;
+}
+
+/* The candidates of one search: the best so far, whether there is one, and what
+ * ranks them. */
+typedef struct search {
+  step_list *best;
+  int have;
+  int64_t limit;
+  const mt_time_model *model;
+} search;
+
+/* Plans one candidate into `tmp` and keeps it in `sr` unless it is invalid,
+ * moves more than the limit or does not beat the best. `which` < 0 is torch's
+ * interleaved order (the chain straight from `src`, each Partial reduced on its
+ * way); otherwise staged(), its shard changes chosen under `build` (NULL: bytes
+ * first). */
+static int offer(search *sr, step_list *tmp, const mt_layout *src, const mt_layout *dst,
+                 int which, int64_t itemsize, const mt_time_model *build, mt_error *err) {
+  memset(tmp, 0, sizeof *tmp);
+  int found = 1, rc;
+  if (which < 0)
+    rc = chain_phase(tmp, *src, dst, itemsize, &found, err);
+  else
+    rc = staged(tmp, src, dst, which, itemsize, build, err);
+  if (rc != MT_OK || !found || tmp->bytes > sr->limit) return rc;
+  if (!sr->have || beats(tmp, sr->best, sr->limit, sr->model)) {
+    *sr->best = *tmp;
+    sr->have = 1;
+  }
+  return MT_OK;
+}
+
+/* The fastest candidate from normalised `src` to `dst` into `list`, among those
+ * that move no more bytes than torch's order. Each order is planned with the
+ * shard changes chosen for time and, when that moves more than torch, chosen
+ * bytes first (which never does); without reductions the orders are one. */
+static int best_candidate(step_list *list, const mt_layout *src, const mt_layout *dst,
+                          int64_t itemsize, const mt_time_model *model,
+                          mt_error *err) {
+  int64_t limit = INT64_MAX;
+  if (!torch_order_bytes(src, dst, itemsize, &limit)) return overflow(err);
+  step_list *tmp = malloc(sizeof *tmp);
+  if (tmp == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
+  search sr = {list, 0, limit, model};
+  int rc = MT_OK, last = reduces(src, dst) ? NCANDIDATES - 1 : REDUCE_FIRST;
+  for (int which = REDUCE_FIRST; rc == MT_OK && which <= last; ++which) {
+    rc = offer(&sr, tmp, src, dst, which, itemsize, model, err);
+    if (rc == MT_OK && tmp->bytes > limit)
+      rc = offer(&sr, tmp, src, dst, which, itemsize, NULL, err);
+  }
+  if (rc == MT_OK && reduces(src, dst)) rc = offer(&sr, tmp, src, dst, -1, itemsize, model, err);
+  free(tmp);
+  if (rc == MT_OK && !sr.have)
+    rc = mt__fail(err, MT_ESTATE,
+                  "No redistribution plan moves at most the bytes of torch's order");
   return rc;
 }
 
 /* Plans on normalised layouts, then puts the caller's size-1 labels back at the
  * ends so the steps chain exactly from `src` to `dst`. */
 static int build(step_list *list, const mt_layout *src, const mt_layout *dst,
-                 int64_t itemsize, mt_error *err) {
+                 int64_t itemsize, const mt_time_model *model, mt_error *err) {
   mt_layout from = *src, goal = *dst;
   normalize(&from);
   normalize(&goal);
-  int rc = best_candidate(list, &from, &goal, itemsize, err);
+  int rc = best_candidate(list, &from, &goal, itemsize, model, err);
+  set_times(list, model);
   if (rc != MT_OK || list->n == 0) return rc;
   list->s[0].src = *src;
   list->s[list->n - 1].dst = *dst;
@@ -678,21 +852,29 @@ static int build(step_list *list, const mt_layout *src, const mt_layout *dst,
 
 int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                    mt_plan **out, mt_error *err) {
+  return mt_plan_create_timed(src, dst, itemsize, NULL, out, err);
+}
+
+int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                         const mt_time_model *model, mt_plan **out, mt_error *err) {
   if (src == NULL || dst == NULL || out == NULL)
     return mt__fail(err, MT_EINVAL,
                     "The source layout, target layout and output plan are required");
   if (itemsize < 1)
     return mt__fail(err, MT_EINVAL, "The item size is %" PRId64 "; it must be >= 1",
                     itemsize);
+  mt_time_model fallback = mt_time_model_default();
+  if (model == NULL) model = &fallback;
   mt_layout a, b;
-  int rc = check_pair(src, dst, &a, &b, err);
+  int rc = mt_time_model_check(model, err);
+  if (rc == MT_OK) rc = check_pair(src, dst, &a, &b, err);
   if (rc == MT_OK) rc = check_partials(&a, &b, err);
   if (rc != MT_OK) return rc;
   mt_plan *plan = calloc(1, sizeof *plan);
   if (plan == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory allocating a plan");
   atomic_init(&plan->owners, 1);
   atomic_init(&plan->compiled, NULL);
-  rc = build(&plan->list, &a, &b, itemsize, err);
+  rc = build(&plan->list, &a, &b, itemsize, model, err);
   if (rc != MT_OK) {
     free(plan);
     return rc;
@@ -734,6 +916,17 @@ int mt_plan_nsteps(const mt_plan *plan) { return plan == NULL ? 0 : plan->list.n
 const mt_step *mt_plan_step(const mt_plan *plan, int i) {
   if (plan == NULL || i < 0 || i >= plan->list.n) return NULL;
   return &plan->list.s[i];
+}
+
+double mt_plan_predict(const mt_plan *plan, const mt_time_model *model) {
+  double t = 0.0;
+  for (int i = 0; plan != NULL && i < plan->list.n; ++i)
+    t += step_time(&plan->list.s[i], model);
+  return t;
+}
+
+double mt_plan_time(const mt_plan *plan) {
+  return plan == NULL ? 0.0 : plan->list.time;
 }
 
 int64_t mt_plan_bytes(const mt_plan *plan) {

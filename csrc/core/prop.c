@@ -84,12 +84,16 @@ typedef struct bounded {
 } bounded;
 
 /* A combination's standing: communicates at all, then (among those that do not)
- * how many input placements on mesh dims of size > 1 it changes, estimated cost,
- * then the bytes and messages of the redistributions it needs now. */
+ * how many input placements on mesh dims of size > 1 it changes, the cost of the
+ * redistributions it needs now, the estimated cost of reducing later the Partials
+ * it creates, then the bytes and messages moved now. The later reduction only
+ * breaks ties: the rule is to move no more than torch's decision for this op, and
+ * torch prices its strategies by what they move now. */
 typedef struct score {
   int comm;
   int changes;
   int64_t cost;
+  int64_t later;
   int64_t bytes;
   int64_t messages;
 } score;
@@ -883,13 +887,16 @@ static void deferred(const engine *e, const int *choice, int64_t *bytes,
   }
 }
 
-/* The cost of a combination that moves `bytes` in `messages` now. */
-static int64_t total_cost(const engine *e, const int *choice, int64_t bytes,
-                          int64_t messages) {
+/* The cost of moving `bytes` in `messages`. */
+static int64_t cost_of(int64_t bytes, int64_t messages) {
+  return sat_add(bytes, sat_mul(messages, MT_PROP_MESSAGE_BYTES));
+}
+
+/* The estimated cost of reducing later the Partials `choice` creates. */
+static int64_t later_cost(const engine *e, const int *choice) {
   int64_t db, dm;
   deferred(e, choice, &db, &dm);
-  return sat_add(sat_add(bytes, db),
-                 sat_mul(sat_add(messages, dm), MT_PROP_MESSAGE_BYTES));
+  return cost_of(db, dm);
 }
 
 /* How many (input, mesh dim of size > 1) pairs `choice` asks to change. */
@@ -923,7 +930,8 @@ static int score_combo(engine *e, const int *choice, int full, score *s, int *va
   }
   s->comm = s->bytes > 0 || s->messages > 0;
   s->changes = changes(e, choice);
-  s->cost = total_cost(e, choice, s->bytes, s->messages);
+  s->cost = cost_of(s->bytes, s->messages);
+  s->later = later_cost(e, choice);
   *valid = 1;
   return MT_OK;
 }
@@ -936,6 +944,7 @@ static int better(const score *a, const score *b) {
   if (a->comm != b->comm) return a->comm < b->comm;
   if (!a->comm && a->changes != b->changes) return a->changes < b->changes;
   if (a->cost != b->cost) return a->cost < b->cost;
+  if (a->later != b->later) return a->later < b->later;
   if (a->bytes != b->bytes) return a->bytes < b->bytes;
   return a->messages < b->messages;
 }
@@ -982,7 +991,7 @@ static int combo_bound(engine *e, const int *choice, int64_t *lb, int *valid,
     bytes = sat_add(bytes, exact ? p.bytes : p.lb_bytes);
     messages = sat_add(messages, exact ? p.messages : p.lb_messages);
   }
-  *lb = total_cost(e, choice, bytes, messages);
+  *lb = cost_of(bytes, messages);
   *valid = 1;
   return MT_OK;
 }

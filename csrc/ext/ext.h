@@ -86,6 +86,12 @@ int mt_ext_placements(PyObject *seq, mt_placement *out, int *n);
  * Returns 0, or -1 with the matching Python exception set. */
 int mt_ext_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes, mt_layout *out);
 
+/* A time model from its Python form, the tuple (alpha_shm, beta_shm, alpha_net,
+ * beta_net, call, ranks_per_node), checked (mt_time_model_check: ValueError); -1 with
+ * an exception set otherwise. And the tuple of a model. */
+int mt_ext_time_model(PyObject *obj, mt_time_model *out);
+PyObject *mt_ext_time_model_tuple(const mt_time_model *model);
+
 /* A new C-contiguous array; large ones take their memory from the block pool and
  * give it back when freed. Steals no reference to `descr`. */
 PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim,

@@ -225,6 +225,109 @@ static PyObject *mesh_exscan(MeshObject *self, PyObject *const *args, Py_ssize_t
   Py_RETURN_NONE;
 }
 
+/* alltoallv(array, counts, dim): rows of a C-contiguous array, counts[q] of them
+ * (in order) to coordinate q of the dim; returns (received rows, counts received). */
+static PyObject *mesh_alltoallv(MeshObject *self, PyObject *const *args,
+                                Py_ssize_t nargs) {
+  if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
+  if (nargs != 3 || !PyArray_Check(args[0])) {
+    return PyErr_Format(PyExc_TypeError, "alltoallv(array, counts, dim) takes an "
+                        "ndarray, a sequence of row counts and a mesh dim");
+  }
+  PyArrayObject *a = (PyArrayObject *)args[0];
+  if (!PyArray_IS_C_CONTIGUOUS(a) || PyArray_NDIM(a) < 1 ||
+      PyArray_NDIM(a) > MT_MAX_NDIM) {
+    return PyErr_Format(PyExc_ValueError, "alltoallv needs a C-contiguous array of "
+                        "at least one dim");
+  }
+  long d = PyLong_AsLong(args[2]);
+  if (d == -1 && PyErr_Occurred()) return NULL;
+  int ndim = mt_mesh_ndim(self->mesh);
+  if (d < 0 || d >= ndim)
+    return PyErr_Format(PyExc_IndexError, "mesh dim %ld is out of range", d);
+  int dim = (int)d;
+  int64_t n = mt_mesh_dim_size(self->mesh, dim);
+  PyObject *seq = PySequence_Fast(args[1], "alltoallv: counts must be a sequence");
+  if (seq == NULL) return NULL;
+  if (PySequence_Fast_GET_SIZE(seq) != n) {
+    Py_DECREF(seq);
+    return PyErr_Format(PyExc_ValueError, "alltoallv: %lld counts for a mesh dim of "
+                        "size %lld", (long long)PySequence_Fast_GET_SIZE(seq),
+                        (long long)n);
+  }
+  int64_t *counts = PyMem_Malloc((size_t)n * 2 * sizeof *counts);
+  if (counts == NULL) {
+    Py_DECREF(seq);
+    return PyErr_NoMemory();
+  }
+  int64_t *in = counts + n, total = 0;
+  for (int64_t q = 0; q < n; ++q) {
+    counts[q] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, q));
+    if (counts[q] == -1 && PyErr_Occurred()) break;
+    total += counts[q];
+  }
+  Py_DECREF(seq);
+  if (PyErr_Occurred()) {
+    PyMem_Free(counts);
+    return NULL;
+  }
+  if (total != PyArray_DIM(a, 0)) {
+    PyMem_Free(counts);
+    return PyErr_Format(PyExc_ValueError, "alltoallv: the counts add up to %lld rows, "
+                        "the array has %lld", (long long)total,
+                        (long long)PyArray_DIM(a, 0));
+  }
+  int64_t row = PyArray_ITEMSIZE(a);
+  for (int k = 1; k < PyArray_NDIM(a); ++k) row *= PyArray_DIM(a, k);
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_mesh_alltoall_i64(self->mesh, dim, counts, in, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) {
+    PyMem_Free(counts);
+    return mt_ext_raise(rc, &err);
+  }
+  npy_intp shape[MT_MAX_NDIM];
+  shape[0] = 0;
+  for (int64_t q = 0; q < n; ++q) shape[0] += (npy_intp)in[q];
+  for (int k = 1; k < PyArray_NDIM(a); ++k) shape[k] = PyArray_DIM(a, k);
+  PyArray_Descr *descr = PyArray_DESCR(a);
+  Py_INCREF(descr);
+  PyArrayObject *out = (PyArrayObject *)PyArray_NewFromDescr(
+      &PyArray_Type, descr, PyArray_NDIM(a), shape, NULL, NULL, 0, NULL);
+  if (out == NULL) {
+    PyMem_Free(counts);
+    return NULL;
+  }
+  /* Rows of zero bytes (a dim of size 0) have nothing to move. */
+  if (row > 0) {
+    Py_BEGIN_ALLOW_THREADS
+    rc = mt_mesh_alltoallv(self->mesh, dim, PyArray_DATA(a), counts, PyArray_DATA(out),
+                           in, row, &err);
+    Py_END_ALLOW_THREADS
+  }
+  PyObject *got = rc == MT_OK ? PyTuple_New((Py_ssize_t)n) : NULL;
+  for (int64_t q = 0; got != NULL && q < n; ++q) {
+    PyObject *v = PyLong_FromLongLong(in[q]);
+    if (v == NULL) Py_CLEAR(got);
+    else PyTuple_SET_ITEM(got, (Py_ssize_t)q, v);
+  }
+  PyMem_Free(counts);
+  if (rc != MT_OK) {
+    Py_DECREF(out);
+    return mt_ext_raise(rc, &err);
+  }
+  if (got == NULL) {
+    Py_DECREF(out);
+    return NULL;
+  }
+  PyObject *res = PyTuple_Pack(2, (PyObject *)out, got);
+  Py_DECREF(out);
+  Py_DECREF(got);
+  return res;
+}
+
 static PyObject *mesh_any(MeshObject *self, PyObject *flag) {
   if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
   int value = PyObject_IsTrue(flag), result = 0, rc;
@@ -274,7 +377,28 @@ static PyObject *mesh_get_shape(MeshObject *self, void *closure) {
   return out;
 }
 
+static PyObject *mesh_time_model(MeshObject *self, PyObject *unused) {
+  return mt_ext_time_model_tuple(mt_mesh_time_model(self->mesh));
+}
+
+/* set_time_model(model): the costs of a calibrated table; ranks_per_node stays
+ * what the mesh learnt. */
+static PyObject *mesh_set_time_model(MeshObject *self, PyObject *arg) {
+  mt_time_model m;
+  if (mt_ext_time_model(arg, &m) < 0) return NULL;
+  mt_error err = {0};
+  int rc = mt_mesh_set_time_model(self->mesh, &m, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef mesh_methods[] = {
+    {"time_model", (PyCFunction)mesh_time_model, METH_NOARGS,
+     "(alpha_shm, beta_shm, alpha_net, beta_net, call, ranks_per_node): how plans "
+     "on this mesh are ranked; ranks_per_node from MPI_Comm_split_type (0: one node). Local."},
+    {"set_time_model", (PyCFunction)mesh_set_time_model, METH_O,
+     "set_time_model(model): the alphas and betas of a calibrated table (ValueError "
+     "when invalid); ranks_per_node stays. Local."},
     {"slice", (PyCFunction)(void (*)(void))mesh_slice, METH_FASTCALL,
      "slice(dims) -> Mesh over those mesh dims (ascending), sharing communicators. Local."},
     {"coordinate", (PyCFunction)mesh_coordinate, METH_NOARGS,
@@ -290,6 +414,10 @@ static PyMethodDef mesh_methods[] = {
      "exscan(array, dim, op): exclusive prefix (MPI_Exscan) of the array by the "
      "reduce op over the ranks before this one on that dim, in place; coordinate 0 "
      "keeps its array. Collective on the dim; counted as an exscan."},
+    {"alltoallv", (PyCFunction)(void (*)(void))mesh_alltoallv, METH_FASTCALL,
+     "alltoallv(array, counts, dim) -> (rows, counts received): counts[q] rows of the "
+     "array (in order) go to coordinate q of that dim. Collective on the dim; counted "
+     "as two all-to-alls (the counts, then the rows)."},
     {"any", (PyCFunction)mesh_any, METH_O,
      "any(flag) -> OR of flag over all members. Collective on the mesh."},
     {NULL, NULL, 0, NULL},
@@ -330,7 +458,15 @@ static PyObject *live_comms(PyObject *module, PyObject *unused) {
   return PyLong_FromLongLong(mt_comm_live_count());
 }
 
+static PyObject *default_time_model(PyObject *self, PyObject *unused) {
+  mt_time_model m = mt_time_model_default();
+  return mt_ext_time_model_tuple(&m);
+}
+
 PyMethodDef mt_ext_mesh_methods[] = {
+    {"default_time_model", default_time_model, METH_NOARGS,
+     "The built-in time model (alpha_shm, beta_shm, alpha_net, beta_net, "
+     "call, ranks_per_node): one node. Local."},
     {"mpi_library_version", library_version, METH_NOARGS,
      "The MPI_Get_library_version string of the libmpi this extension links. Local."},
     {"comm_live_count", live_comms, METH_NOARGS,

@@ -80,6 +80,12 @@ static int handle_set(PyObject *self, PyObject *value, void *closure) {
   mb->mesh_ndim = mt_mesh_ndim(mesh);
   for (int m = 0; m < mb->mesh_ndim; ++m) mb->mesh_shape[m] = mt_mesh_dim_size(mesh, m);
   mb->member = mt_mesh_coordinate(mesh, coord);
+  mt_error err = {0};
+  int rc = mt_memo_set_time_model(mb->memo, mt_mesh_time_model(mesh), &err);
+  if (rc != MT_OK) {
+    mt_ext_raise(rc, &err);
+    return -1;
+  }
   Py_XSETREF(mb->handle, Py_NewRef(value));
   return 0;
 }

@@ -18,15 +18,21 @@ typedef struct {
 
 /* ---- Plan ------------------------------------------------------------------------ */
 
-/* Plan(shape, mesh_shape, src_placements, dst_placements, dtype): the move checked
- * first (mt_plan_check: no Partial created, no reduction the dtype lacks), then
- * planned for elements of dtype's size. Local. */
+/* Plan(shape, mesh_shape, src_placements, dst_placements, dtype[, model]): the
+ * move checked first (mt_plan_check: no Partial created, no reduction the dtype
+ * lacks), then planned for elements of dtype's size and ranked by `model` (a
+ * time model tuple, mt_ext_time_model; the default when absent or None). Local. */
 static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
-  PyObject *shape, *mesh_shape, *src, *dst;
+  PyObject *shape, *mesh_shape, *src, *dst, *model_obj = Py_None;
   PyArray_Descr *descr;
-  if (!PyArg_ParseTuple(args, "OOOOO&:Plan", &shape, &mesh_shape, &src, &dst,
-                        PyArray_DescrConverter, &descr))
+  if (!PyArg_ParseTuple(args, "OOOOO&|O:Plan", &shape, &mesh_shape, &src, &dst,
+                        PyArray_DescrConverter, &descr, &model_obj))
     return NULL;
+  mt_time_model model = mt_time_model_default();
+  if (model_obj != Py_None && mt_ext_time_model(model_obj, &model) < 0) {
+    Py_DECREF(descr);
+    return NULL;
+  }
   int dtype = mt_ext_descr_dtype(descr);
   int64_t itemsize = (int64_t)PyDataType_ELSIZE(descr);
   Py_DECREF(descr);
@@ -39,7 +45,8 @@ static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
   }
   mt_error err = {0};
   int rc = mt_plan_check(&self->src, &self->dst, dtype, &err);
-  if (rc == MT_OK) rc = mt_plan_create(&self->src, &self->dst, itemsize, &self->plan, &err);
+  if (rc == MT_OK)
+    rc = mt_plan_create_timed(&self->src, &self->dst, itemsize, &model, &self->plan, &err);
   if (rc != MT_OK) {
     Py_DECREF(self);
     return mt_ext_raise(rc, &err);
@@ -68,15 +75,15 @@ static PyObject *codes_of(const mt_layout *l) {
   return out;
 }
 
-/* steps() -> [(kind, mesh_dim, src_codes, dst_codes, bytes, messages), ...] */
+/* steps() -> [(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds)] */
 static PyObject *plan_steps(PlanObject *self, PyObject *unused) {
   int n = mt_plan_nsteps(self->plan);
   PyObject *out = PyList_New(n);
   for (int i = 0; out != NULL && i < n; ++i) {
     const mt_step *s = mt_plan_step(self->plan, i);
-    PyObject *t = Py_BuildValue("(siNNLL)", step_names[s->kind], s->mesh_dim,
+    PyObject *t = Py_BuildValue("(siNNLLd)", step_names[s->kind], s->mesh_dim,
                                 codes_of(&s->src), codes_of(&s->dst),
-                                (long long)s->bytes, (long long)s->messages);
+                                (long long)s->bytes, (long long)s->messages, s->time);
     if (t == NULL) Py_CLEAR(out);
     else PyList_SET_ITEM(out, i, t);
   }
@@ -92,10 +99,24 @@ static PyObject *plan_get_bytes(PlanObject *self, void *c) {
 static PyObject *plan_get_messages(PlanObject *self, void *c) {
   return PyLong_FromLongLong(mt_plan_messages(self->plan));
 }
+static PyObject *plan_get_time(PlanObject *self, void *c) {
+  return PyFloat_FromDouble(mt_plan_time(self->plan));
+}
+
+/* predict(model) -> seconds the time model tuple predicts for this plan's steps */
+static PyObject *plan_predict(PlanObject *self, PyObject *arg) {
+  mt_time_model m;
+  if (mt_ext_time_model(arg, &m) < 0) return NULL;
+  return PyFloat_FromDouble(mt_plan_predict(self->plan, &m));
+}
 
 static PyMethodDef plan_methods[] = {
+    {"predict", (PyCFunction)plan_predict, METH_O,
+     "predict(model) -> the seconds the time model tuple predicts for these steps. "
+     "Local."},
     {"steps", (PyCFunction)plan_steps, METH_NOARGS,
-     "[(kind, mesh_dim, src_codes, dst_codes, bytes, messages)] of every step. Local."},
+     "[(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds)] of every "
+     "step. Local."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -103,6 +124,7 @@ static PyGetSetDef plan_getset[] = {
     {"nsteps", (getter)plan_get_nsteps, NULL, "number of steps", NULL},
     {"bytes", (getter)plan_get_bytes, NULL, "bytes received from other ranks, all ranks", NULL},
     {"messages", (getter)plan_get_messages, NULL, "point-to-point messages, all ranks", NULL},
+    {"time", (getter)plan_get_time, NULL, "predicted seconds (the time model)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -111,9 +133,10 @@ static PyType_Slot plan_slots[] = {
     {Py_tp_dealloc, plan_dealloc},
     {Py_tp_methods, plan_methods},
     {Py_tp_getset, plan_getset},
-    {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, dtype): a redistribution plan, the "
-                "move checked first (RuntimeError: creating a Partial; TypeError: a "
-                "reduction the dtype lacks). Local."},
+    {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, dtype[, model]): a redistribution "
+                "plan ranked by the time model tuple (alpha_shm, beta_shm, alpha_net, "
+                "beta_net, call, ranks_per_node), the move checked first (RuntimeError: "
+                "creating a Partial; TypeError: a reduction the dtype lacks). Local."},
     {0, NULL},
 };
 
@@ -371,10 +394,17 @@ static PyType_Spec request_spec = {
 
 /* ---- distribute ---------------------------------------------------------------------- */
 
-/* distribute(mesh, placements, full) -> this rank's box of `full`, whose copy on the
- * mesh's first rank is the source of truth. Collective on the mesh. */
+/* distribute(mesh, placements, full[, src]) -> this rank's box of `full`, whose
+ * copy at coordinate `src` (0) of every mesh dim is the source of truth.
+ * Collective on the mesh. */
 static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "distribute(mesh, placements, full)");
+  if (nargs != 3 && nargs != 4)
+    return PyErr_Format(PyExc_TypeError, "distribute(mesh, placements, full[, src])");
+  long long src = 0;
+  if (nargs == 4) {
+    src = PyLong_AsLongLong(args[3]);
+    if (src == -1 && PyErr_Occurred()) return NULL;
+  }
   mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   if (mesh == NULL) return NULL;
   PyArrayObject *full = mt_ext_contiguous(args[2]);
@@ -397,7 +427,8 @@ static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t 
     int rc;
     void *out = local != NULL ? PyArray_DATA(local) : NULL;
     Py_BEGIN_ALLOW_THREADS
-    rc = mt_distribute(mesh, &layout, mt_ext_dtype(full), PyArray_DATA(full), out, &err);
+    rc = mt_distribute_from(mesh, &layout, mt_ext_dtype(full), (int64_t)src,
+                            PyArray_DATA(full), out, &err);
     Py_END_ALLOW_THREADS
     if (rc != MT_OK) {
       Py_CLEAR(local);
@@ -542,7 +573,7 @@ PyMethodDef mt_ext_redistribute_methods[] = {
     {"redistribute_start", (PyCFunction)(void (*)(void))redistribute_start, METH_FASTCALL,
      "redistribute_start(mesh, plan, local) -> Request. Collective."},
     {"distribute", (PyCFunction)(void (*)(void))distribute, METH_FASTCALL,
-     "distribute(mesh, placements, full) -> this rank's box. Collective."},
+     "distribute(mesh, placements, full[, src]) -> this rank's box. Collective."},
     {"plan_check", (PyCFunction)(void (*)(void))plan_check, METH_FASTCALL,
      "plan_check(src_codes, dst_codes, dtype) -> None: raises what redistributing "
      "src to dst placements of dtype refuses (RuntimeError: creating a Partial; "

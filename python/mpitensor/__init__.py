@@ -18,6 +18,7 @@ from ._distribute import distribute_tensor
 from ._distribute_module import distribute_module
 from ._factories import empty, full, ones, rand, randn, zeros
 from ._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
+from ._modes import set_gather_warning
 from .device_mesh import DeviceMesh, init_device_mesh, set_cache_limits
 from .placement_types import Partial, Placement, Replicate, Shard
 from .random import get_rng_state, manual_seed, set_rng_state
@@ -55,6 +56,7 @@ __all__ = [
     "DeviceMesh",
     "init_device_mesh",
     "set_cache_limits",
+    "set_gather_warning",
     "Placement",
     "Shard",
     "Replicate",

@@ -27,6 +27,9 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
     Collective on the mesh (with the default ``src_data_rank=0``): the copy on the
     first rank of each mesh dim is the source of truth, scattered along Shard dims
     and broadcast along Replicate dims, so each rank receives only its own shard.
+    ``src_data_rank=k`` takes the copy at coordinate ``k`` of every mesh dim
+    instead (torch's group rank ``k`` of each mesh dim), ``Partial(sum|product)``
+    putting the value there.
     With ``src_data_rank=None`` every rank cuts its own copy: no communication.
     ``requires_grad=True`` makes the result a leaf that autograd records; a
     DTensor given with its own mesh and placements comes back as itself, keeping
@@ -53,10 +56,14 @@ def _distribute_array(tensor, device_mesh, placements, src_data_rank) -> DTensor
     dtype = _args.check_dtype(array.dtype)
     mesh = _args.resolve_mesh(device_mesh)
     pl = _args.normalize_placements(placements, mesh, array.ndim)
-    if src_data_rank not in (0, None) or isinstance(src_data_rank, bool):
+    if src_data_rank is not None and (
+            isinstance(src_data_rank, bool) or not isinstance(src_data_rank, (int, np.integer))
+            or not 0 <= src_data_rank < min(mesh.shape)):
         raise ValueError(
-            f"src_data_rank must be 0 (the first rank of each mesh dim is the source) or "
-            f"None (every rank uses its own copy); got {src_data_rank!r}"
+            f"src_data_rank must be a rank of every mesh dim's group (0 to "
+            f"{min(mesh.shape) - 1} on a mesh of shape {tuple(mesh.shape)}: the copy "
+            f"at that coordinate of each mesh dim is the source) or None (every rank "
+            f"uses its own copy); got {src_data_rank!r}"
         )
     spec = DTensorSpec(mesh, pl, array.shape, dtype, contiguous_strides(array.shape))
     if mesh.get_coordinate() is None:
@@ -65,7 +72,8 @@ def _distribute_array(tensor, device_mesh, placements, src_data_rank) -> DTensor
         return DTensor(_own_chunk(array, mesh, pl), spec)
     if _modes.tracing:
         _trace.collective("distribute_tensor", mesh, pl, array.shape, dtype)
-    return DTensor(_C.distribute(mesh._handle, _codes(pl), array), spec)
+    return DTensor(_C.distribute(mesh._handle, _codes(pl), array, int(src_data_rank)),
+                   spec)
 
 
 def _already_distributed(dt: DTensor, device_mesh, placements) -> DTensor:

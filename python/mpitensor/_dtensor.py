@@ -76,7 +76,10 @@ class DTensor(_C.DTensorBase):
 
     def transpose(self, *axes) -> "DTensor":
         """numpy.ndarray.transpose: ``dt.transpose()``, ``dt.transpose(1, 0)`` or
-        ``dt.transpose((1, 0))``. Shards follow their dims. Local.
+        ``dt.transpose((1, 0))``; on more than 2 dims, two ints swap those dims as
+        torch's ``transpose(dim0, dim1)`` (NumPy would refuse them). On 2 dims NumPy's
+        meaning stays: ``transpose(0, 1)`` is the identity permutation. Shards follow
+        their dims. Local.
 
         Example: ``dt.transpose(1, 0).shape == dt.shape[::-1]`` for a 2-D ``dt``.
         """
@@ -84,7 +87,135 @@ class DTensor(_C.DTensorBase):
             axes = None
         elif len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = axes[0]
+        elif len(axes) == 2 and self.ndim > 2:
+            return _registry.lookup(np.swapaxes)(self, axes[0], axes[1])
         return _registry.lookup(np.transpose)(self, axes)
+
+    def swapaxes(self, axis1: int, axis2: int) -> "DTensor":
+        """numpy.ndarray.swapaxes (torch's ``transpose(d0, d1)``); Shards follow
+        their dims. Local.
+
+        Example: ``dt.swapaxes(0, 2).shape == (4, 3, 2)`` for a ``(2, 3, 4)`` ``dt``.
+        """
+        return _registry.lookup(np.swapaxes)(self, axis1, axis2)
+
+    def view(self, *shape) -> "DTensor":
+        """torch's ``Tensor.view(*shape)``: :meth:`reshape` (a DTensor has no
+        storage to share). Collective on the mesh when the input must move first.
+
+        Example: ``dt.view(-1, 4)`` of an ``(8, 2)`` DTensor has shape ``(4, 4)``.
+        """
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = shape[0]
+        return _registry.lookup(np.reshape)(self, shape)
+
+    def contiguous(self) -> "DTensor":
+        """torch's ``Tensor.contiguous()``: itself when its global strides are
+        C-contiguous, else a copy whose local array and strides are. Local.
+
+        Example: ``dt.contiguous().stride() == (6, 1)`` for an ``(8, 6)`` ``dt``.
+        """
+        spec = self._spec
+        stride = contiguous_strides(spec.shape)
+        if spec.stride == stride and self._data().flags.c_contiguous:
+            return self
+        return DTensor(np.ascontiguousarray(self._data()),
+                       DTensorSpec(spec.mesh, spec.placements, spec.shape, spec.dtype,
+                                   stride))
+
+    def float(self) -> "DTensor":
+        """torch's ``Tensor.float()``: ``astype(np.float32)``; see :meth:`astype`. Local
+        unless a Partial must be reduced first (then collective on the mesh).
+
+        Example: ``dt.float().dtype == np.float32``.
+        """
+        return self.astype(np.float32)
+
+    def double(self) -> "DTensor":
+        """torch's ``Tensor.double()``: ``astype(np.float64)``; see :meth:`astype`. Local
+        unless a Partial must be reduced first (then collective on the mesh).
+
+        Example: ``dt.double().dtype == np.float64``.
+        """
+        return self.astype(np.float64)
+
+    def half(self) -> "DTensor":
+        """torch's ``Tensor.half()``: ``astype(np.float16)``; see :meth:`astype`. Local
+        unless a Partial must be reduced first (then collective on the mesh).
+
+        Example: ``dt.half().dtype == np.float16``.
+        """
+        return self.astype(np.float16)
+
+    def type_as(self, other) -> "DTensor":
+        """torch's ``Tensor.type_as(other)``: ``astype(other.dtype)``; see
+        :meth:`astype`. Local unless a Partial must be reduced first (then
+        collective on the mesh).
+
+        Example: ``dt.type_as(other).dtype == other.dtype``.
+        """
+        return self.astype(other.dtype)
+
+    def pow(self, exponent) -> "DTensor":
+        """torch's ``Tensor.pow``: ``numpy.power(self, exponent)``. Collective on
+        the mesh when an input must move first, else local.
+
+        Example: ``dt.pow(2)`` equals ``dt * dt``.
+        """
+        return np.power(self, exponent)
+
+    def expand(self, *sizes) -> "DTensor":
+        """torch's ``Tensor.expand(*sizes)``: ``numpy.broadcast_to``, where ``-1``
+        keeps a dim's size. Local unless a Shard of a widened dim must be gathered.
+
+        Example: ``dt.expand(3, -1)`` of a ``(1, 4)`` DTensor has shape ``(3, 4)``.
+        """
+        if len(sizes) == 1 and not isinstance(sizes[0], (int, np.integer)):
+            sizes = tuple(sizes[0])
+        lead = len(sizes) - self.ndim
+        if lead < 0:
+            raise ValueError(f"expand: {len(sizes)} sizes for a DTensor of {self.ndim} "
+                             f"dims; give at least one per dim")
+        shape = tuple(self.shape[d - lead] if n == -1 and d >= lead else int(n)
+                      for d, n in enumerate(sizes))
+        if any(n < 0 for n in shape):
+            raise ValueError(f"expand: -1 is only allowed for an existing dim, got "
+                             f"{tuple(sizes)}")
+        return _registry.lookup(np.broadcast_to)(self, shape)
+
+    @property
+    def real(self) -> "DTensor":
+        """numpy.ndarray.real: the real part (itself for a real dtype); placements
+        kept, a Partial(sum|avg) too. Local.
+
+        Example: ``(dt * 1j).real`` is all zeros.
+        """
+        return _registry.lookup(np.real)(self)
+
+    @property
+    def imag(self) -> "DTensor":
+        """numpy.ndarray.imag: the imaginary part (zeros for a real dtype);
+        placements kept, a Partial(sum|avg) too. Local.
+
+        Example: ``(dt * 1j).imag`` equals ``dt`` for a real ``dt``.
+        """
+        return _registry.lookup(np.imag)(self)
+
+    def conj(self) -> "DTensor":
+        """numpy.ndarray.conj: ``numpy.conjugate(self)``. Local unless a
+        Partial(max|min) must be reduced.
+
+        Example: ``(dt * 1j).conj().imag`` equals ``-dt``.
+        """
+        return np.conjugate(self)
+
+    @property
+    def device(self) -> str:
+        """torch's ``Tensor.device``: always ``"cpu"``. Local.
+
+        Example: ``dt.device == "cpu"``.
+        """
+        return "cpu"
 
     def reshape(self, *shape, order: str = "C") -> "DTensor":
         """numpy.ndarray.reshape: ``dt.reshape(2, -1)`` or ``dt.reshape((2, -1))``;
@@ -108,15 +239,27 @@ class DTensor(_C.DTensorBase):
         """
         return _registry.lookup(np.ravel)(self, order)
 
-    def flatten(self, order: str = "C") -> "DTensor":
-        """numpy.ndarray.flatten: a copy as ``dt.reshape(-1)``. Collective on the
+    def flatten(self, order="C", end_dim: int = -1) -> "DTensor":
+        """numpy.ndarray.flatten: a copy as ``dt.reshape(-1)``; with int arguments
+        torch's ``flatten(start_dim=0, end_dim=-1)``, which merges the dims from
+        ``start_dim`` to ``end_dim`` (a str ``order`` is NumPy's). Collective on the
         mesh when the input must move first.
 
         Example::
 
             >>> distribute_tensor(np.ones((2, 3)), mesh, [Shard(0)]).flatten().shape
             (6,)
+            >>> distribute_tensor(np.ones((2, 3, 4)), mesh, [Shard(0)]).flatten(1).shape
+            (2, 12)
         """
+        if isinstance(order, (int, np.integer)) and not isinstance(order, bool):
+            n = max(self.ndim, 1)
+            start, end = int(order) % n, int(end_dim) % n
+            if start > end:
+                raise ValueError(f"flatten: start_dim {order} comes after end_dim "
+                                 f"{end_dim}")
+            shape = self.shape[:start] + (-1,) + self.shape[end + 1:]
+            return _registry.lookup(np.reshape)(self, shape if self.ndim else (1,))
         if order not in ("C", "A"):
             raise TypeError(f"DTensor.flatten: order={order!r} is not supported; only "
                             f"order='C' (and 'A', which is 'C' for DTensors)")
@@ -130,9 +273,22 @@ class DTensor(_C.DTensorBase):
         return _registry.lookup(operator.getitem)(self, key)
 
     def __setitem__(self, key, value) -> None:
-        raise TypeError("DTensor does not support item assignment; build the new value "
-                        "with NumPy operations (e.g. numpy.where) or assign into "
-                        "dt.to_local() for this rank's shard")
+        """``dt[key] = value`` in place, placements kept: a basic key (ints, slices,
+        None, ...) with a scalar, an ndarray every rank holds or a DTensor value, or
+        a boolean mask with a scalar. Collective on the mesh when a DTensor value or
+        mask must move to follow this layout, else local.
+
+        Example: ``dt[1:3] = 0.0``; ``dt[dt < 0] = 0``.
+        """
+        _registry.lookup(operator.setitem)(self, key, value)
+
+    def fill(self, value) -> None:
+        """numpy.ndarray.fill: every element set to ``value`` (cast as NumPy
+        casts), placements kept. Local.
+
+        Example: ``dt.fill(0.0)``.
+        """
+        _registry.lookup(np.copyto)(self, value, casting="unsafe")
 
     def astype(self, dtype, copy: bool = True) -> "DTensor":
         """numpy.ndarray.astype, placements kept; a Partial is reduced first unless
@@ -615,6 +771,12 @@ class DTensor(_C.DTensorBase):
 
         Example: ``distribute_tensor(np.arange(4), mesh, [Shard(0)]).tolist() == [0, 1, 2, 3]``.
         """
+        spec = self._spec
+        dims = [m for m, p in enumerate(spec.placements)
+                if p.is_shard() and spec.mesh.shape[m] > 1]
+        if dims:
+            _trace.report_gather("DTensor.tolist", spec,
+                                 (Replicate(),) * len(spec.placements), dims)
         full = self.full_tensor()
         if self.device_mesh.get_coordinate() is None:
             raise RuntimeError("tolist() of a DTensor on a rank outside its mesh: this "
@@ -755,7 +917,24 @@ def _global_shape_and_stride(local, mesh, placements, shape, stride):
         gshape = _args.check_shape(shape, local.ndim)
         return gshape, _args.check_stride(stride, len(gshape))
     gshape = tuple(_C.even_global_shape(local.shape, mesh.shape, _codes(placements)))
-    return gshape, contiguous_strides(gshape)
+    return gshape, _global_stride(local, mesh, placements, gshape)
+
+
+def _global_stride(local, mesh, placements, gshape):
+    """torch's from_local strides: the local array's element strides, each stride at
+    least a shard dim's own scaled by that mesh dim's size (so a permuted local
+    layout gives the permuted global one); C-contiguous (or negative, or not whole
+    elements) strides give contiguous global strides."""
+    size = local.itemsize
+    if local.flags.c_contiguous or any(s <= 0 or s % size for s in local.strides):
+        return contiguous_strides(gshape)
+    stride = [s // size for s in local.strides]
+    for m, p in enumerate(placements):
+        if isinstance(p, Shard):
+            for i in range(len(stride)):
+                if i != p.dim and stride[i] >= stride[p.dim]:
+                    stride[i] *= mesh.shape[m]
+    return tuple(stride)
 
 
 def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool):

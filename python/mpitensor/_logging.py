@@ -92,6 +92,7 @@ def set_level(level: int | None) -> None:
         logger.setLevel(level)
         logger.propagate = False
     _modes.set_log_debug(logger.isEnabledFor(logging.DEBUG))
+    _modes.set_log_info(logger.isEnabledFor(logging.INFO))
 
 
 def configure_from_environment() -> None:

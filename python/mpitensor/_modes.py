@@ -77,6 +77,32 @@ def context_parallel():
     return _context_parallel[-1] if _context_parallel else None
 
 
+# -- gather warnings -------------------------------------------------------------------
+# Whether an operation that must gather a sharded dim (the table in the user guide)
+# warns; every such gather is logged at INFO whatever this says.
+gather_warning = False
+
+
+def set_gather_warning(enabled: bool) -> bool:
+    """Turns on (or off) a ``UserWarning`` on every rank each time a NumPy operation
+    on DTensors gathers a sharded dim it cannot work on in pieces (the operations
+    marked **gathered** in the user guide); returns the previous setting. Local:
+    call it alike on every rank. The gathers are logged under
+    ``MPITENSOR_LOGS=dtensor`` whether or not it is on.
+
+    Example::
+
+        >>> mpitensor.set_gather_warning(True)
+        False
+        >>> np.sort(dt, axis=0)   # dt [Shard(0), Shard(1)]: no free dim, so...
+        UserWarning: numpy.sort gathers ...
+    """
+    global gather_warning
+    was, gather_warning = gather_warning, bool(enabled)
+    _publish()
+    return was
+
+
 # -- tracing: collective checks, debug logging, CommDebugMode ---------------------------
 # ``tracing`` is read at every hook site (mpitensor._trace): True while any of the
 # three listens. While it is set the C dispatch sends every operation through the
@@ -84,6 +110,11 @@ def context_parallel():
 tracing = False
 checks = False  # collective mismatch detection
 log_debug = False  # the mpitensor logger is at DEBUG
+log_info = False  # ... or at INFO: the gathers operations need are logged
+# Whether a gather an operation needs is reported (logged or warned). Logging at
+# INFO sees the gathers of the Python paths at no cost elsewhere; the warning, asked
+# for explicitly, sets ``tracing`` so that the C fast path's decisions pass a hook too.
+gather_report = False
 listeners: list = []  # entered CommDebugModes, innermost last
 # checker(text, mesh): the collective agreement that debug registers; called before
 # each collective while ``checks`` is on.
@@ -126,8 +157,9 @@ def install_autograd(engine) -> None:
 
 
 def _publish() -> None:
-    global tracing
-    tracing = checks or log_debug or bool(listeners)
+    global tracing, gather_report
+    gather_report = gather_warning or log_info
+    tracing = checks or log_debug or bool(listeners) or gather_warning
     _C.set_modes(tracing, grad_enabled)
 
 
@@ -150,6 +182,13 @@ def set_log_debug(enabled: bool) -> None:
     """Whether the hooks write debug log lines (mpitensor._logging)."""
     global log_debug
     log_debug = bool(enabled)
+    _publish()
+
+
+def set_log_info(enabled: bool) -> None:
+    """Whether the gathers operations need are logged (mpitensor._logging)."""
+    global log_info
+    log_info = bool(enabled)
     _publish()
 
 

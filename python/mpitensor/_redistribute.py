@@ -50,7 +50,8 @@ def plan_for(mesh, shape: tuple[int, ...], src, dst, dtype):
         plans = mesh._plans
         if len(plans) >= mesh._plan_limit:
             del plans[next(iter(plans))]
-        plan = plans[key] = _C.Plan(shape, mesh.shape, _codes(src), _codes(dst), dtype)
+        plan = plans[key] = _C.Plan(shape, mesh.shape, _codes(src), _codes(dst), dtype,
+                                    mesh._handle.time_model())
     return plan
 
 

@@ -22,6 +22,7 @@ operation, so that every decision passes a hook site.
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 
@@ -164,3 +165,25 @@ def op_name(op_key) -> str:
     # NumPy's own functions get their module; others (nn.functional's softmax, a
     # user's register_sharding function) keep their bare name.
     return "numpy." + name if "." not in name and hasattr(np, name) else name
+
+
+def report_gather(what: str, spec, placements, mesh_dims) -> None:
+    """Reports that the operation ``what`` gathers the DTensor of ``spec`` along
+    ``mesh_dims`` (to ``placements``): an INFO line on the ``mpitensor`` logger
+    (``MPITENSOR_LOGS=dtensor``), and a UserWarning on every rank when
+    ``mpitensor.set_gather_warning(True)`` is on. The gather itself runs as a
+    collective that CommDebugMode counts. Local.
+
+    Example: ``report_gather("numpy.sort", dt._spec, (Replicate(),), [0])``.
+    """
+    if not _modes.gather_report:
+        return
+    dims = sorted({spec.placements[m].dim for m in mesh_dims})
+    text = (f"{what} gathers dim{'s' if len(dims) > 1 else ''} "
+            f"{', '.join(map(str, dims))} of a {tuple(spec.shape)} "
+            f"{dtype_text(spec.dtype)} DTensor ({placements_text(spec.placements)} -> "
+            f"{placements_text(placements)}): it has no rule that works on the pieces "
+            f"here (see the user guide's table of gathers)")
+    log.info(text)
+    if _modes.gather_warning:
+        warnings.warn(text, UserWarning, stacklevel=4)

@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import _C, _mpi_library
+from . import _C, _mpi_library, _timemodel
 
 __all__ = ["DeviceMesh", "init_device_mesh", "set_cache_limits"]
 
@@ -211,6 +211,7 @@ class DeviceMesh(_C.MeshBase):
             if failure is not None and str(e) == str(failure):
                 raise failure from None
             raise
+        _timemodel.model_for(comm, handle)
         self._init(device_type, arr, names, handle, comm)
 
     def _init(self, device_type, arr, names, handle, comm) -> None:

@@ -49,7 +49,7 @@ ALLOWED_STATE = {
 # The library each public header (csrc/include/mpitensor) belongs to.
 HEADERS = {
     "core": {"status", "dtype", "layout", "pack", "plan", "prop", "rng", "memo",
-             "layout_table", "mpitensor"},
+             "layout_table", "timemodel", "mpitensor"},
     "kernels": {"kernels"},
     "comm": {"mesh", "comm", "counters", "agree", "ring", "pool", "watchdog"},
     "io": {"io"},

@@ -162,6 +162,55 @@ static void test_exscan(void) {
   free(ranks);
 }
 
+/* Variable all-to-all along a mesh dim: rank r sends r + q items of value
+ * 100 r + q to coordinate q; counts and items arrive in order, counted as two
+ * all-to-alls of the bytes sent to other ranks; bad input fails locally. */
+static void test_alltoallv(void) {
+  int *ranks = iota(world_size, 0);
+  int64_t shape[1] = {world_size};
+  mt_mesh *m = NULL;
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
+  mt_mesh_set_counters(m, &test_counters);
+  mt_comm_totals before, after;
+  mt_comm_counters_read(&test_counters, &before);
+  int64_t *out = calloc((size_t)world_size, sizeof *out);
+  int64_t *in = calloc((size_t)world_size, sizeof *in);
+  int64_t nsend = 0, nrecv = 0, away = 0;
+  for (int q = 0; q < world_size; ++q) {
+    out[q] = world_rank + q;
+    nsend += out[q];
+    away += q == world_rank ? 0 : out[q];
+  }
+  int32_t *send = malloc((size_t)(nsend + 1) * sizeof *send);
+  for (int q = 0, at = 0; q < world_size; ++q)
+    for (int64_t k = 0; k < out[q]; ++k) send[at++] = 100 * world_rank + q;
+  CHECK(mt_mesh_alltoall_i64(m, 0, out, in, NULL) == MT_OK);
+  for (int q = 0; q < world_size; ++q) {
+    CHECK(in[q] == q + world_rank);
+    nrecv += in[q];
+  }
+  int32_t *recv = malloc((size_t)(nrecv + 1) * sizeof *recv);
+  CHECK(mt_mesh_alltoallv(m, 0, send, out, recv, in, sizeof *send, NULL) == MT_OK);
+  for (int q = 0, at = 0; q < world_size; ++q)
+    for (int64_t k = 0; k < in[q]; ++k) CHECK(recv[at++] == 100 * q + world_rank);
+  mt_comm_counters_read(&test_counters, &after);
+  int calls = world_size > 1 ? 2 : 0;
+  CHECK(after.calls[MT_COLL_ALL_TO_ALL] - before.calls[MT_COLL_ALL_TO_ALL] == calls);
+  CHECK(after.bytes[MT_COLL_ALL_TO_ALL] - before.bytes[MT_COLL_ALL_TO_ALL] ==
+        (calls ? 8 * (world_size - 1) + 4 * away : 0));
+  mt_error err = {0};
+  CHECK(mt_mesh_alltoallv(m, 1, send, out, recv, in, 4, &err) == MT_EINDEX);
+  CHECK(mt_mesh_alltoallv(m, 0, send, out, recv, in, 0, &err) == MT_EINVAL);
+  out[0] = -1;
+  CHECK(mt_mesh_alltoallv(m, 0, send, out, recv, in, 4, &err) == MT_EINVAL);
+  free(send);
+  free(recv);
+  free(out);
+  free(in);
+  mt_mesh_destroy(m);
+  free(ranks);
+}
+
 /* Bad input fails on every rank before any communication, so no rank hangs. */
 static void test_bad_input(void) {
   mt_mesh *m = NULL;
@@ -196,6 +245,7 @@ int main(int argc, char **argv) {
   test_non_member();
   test_collectives();
   test_exscan();
+  test_alltoallv();
   test_bad_input();
   CHECK(mt_comm_live_count() == 0);
   char version[256];

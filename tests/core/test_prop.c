@@ -701,7 +701,7 @@ static int o_scales(const mt_dimmap *map, const mt_prop_inputs *in, const int64_
 
 typedef struct okey {
   int comm, changes;
-  int64_t cost, bytes, msgs;
+  int64_t cost, later, bytes, msgs;
 } okey;
 
 /* Prices one combination; 0 when it is not valid. */
@@ -743,7 +743,8 @@ static int o_price(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t
     db += held / g * (g - 1) * 8, dm += ranks * (g - 1), held /= g;
   }
   k->comm = bytes > 0 || msgs > 0;
-  k->cost = bytes + db + (msgs + dm) * MT_PROP_MESSAGE_BYTES;
+  k->cost = bytes + msgs * MT_PROP_MESSAGE_BYTES;
+  k->later = db + dm * MT_PROP_MESSAGE_BYTES;
   k->bytes = bytes, k->msgs = msgs;
   return 1;
 }
@@ -752,6 +753,7 @@ static int o_better(const okey *a, const okey *b) {
   if (a->comm != b->comm) return a->comm < b->comm;
   if (!a->comm && a->changes != b->changes) return a->changes < b->changes;
   if (a->cost != b->cost) return a->cost < b->cost;
+  if (a->later != b->later) return a->later < b->later;
   if (a->bytes != b->bytes) return a->bytes < b->bytes;
   return a->msgs < b->msgs;
 }
@@ -763,7 +765,7 @@ static void check_oracle(const mt_dimmap *map, const mt_prop_inputs *in,
   int n[MT_MAX_MESH_NDIM], ch[MT_MAX_MESH_NDIM] = {0}, best[MT_MAX_MESH_NDIM] = {0};
   int64_t size[MT_PROP_MAX_LABELS];
   int found = 0;
-  okey bk = {0, 0, 0, 0, 0};
+  okey bk = {0, 0, 0, 0, 0, 0};
   sizes_of(map, in, size);
   for (int m = 0; m < in->mesh_ndim; ++m) n[m] = o_cands(map, in, size, m, c[m]);
   for (;;) {
@@ -1011,20 +1013,37 @@ static mt_prop_result matmul(int mesh_ndim, const int64_t *mesh, tin x, tin y) {
 
 static void test_matmul(void) {
   tin x = {2, {8, 8}, {S(0)}}, y = {2, {8, 32}, {S(0)}};
-  /* The issue's case: x [S0] @ y [S0] -> [S0] by exactly one all-gather of y. */
+  /* x [S0] @ y [S0]: what moves now decides (issue 19: never more than torch,
+   * which prices its strategies so). Moving the small x by one all-to-all and
+   * leaving a Partial(sum) beats gathering the large y. */
   mt_prop_result r = matmul(1, MESH2, x, y);
+  EXPECT_OUT(r, 2, 1, PSUM);
+  EXPECT_IN(r, 0, 2, 1, S(1));
+  EXPECT_IN(r, 1, 2, 1, S(0));
+  mt_layout lx;
+  mt_layout_init(&lx, 2, x.shape, 1, MESH2, x.pl, NULL);
+  mt_layout lr = lx;
+  lr.placements[0] = S(1);
+  mt_plan *plan = NULL;
+  CHECK(mt_plan_create(&lx, &lr, 8, &plan, NULL) == MT_OK);
+  CHECK(mt_plan_nsteps(plan) == 1 && mt_plan_step(plan, 0)->kind == MT_STEP_ALLTOALL);
+  CHECK(r.bytes == mt_plan_bytes(plan) && r.messages == mt_plan_messages(plan));
+  CHECK(r.out_shape[0] == 8 && r.out_shape[1] == 32);
+  mt_plan_destroy(plan);
+  /* A large x and a small y: gathering y (one all-gather) moves less, [S0] out. */
+  tin xl = {2, {32, 8}, {S(0)}}, ys = {2, {8, 8}, {S(0)}};
+  r = matmul(1, MESH2, xl, ys);
   EXPECT_OUT(r, 2, 1, S(0));
   EXPECT_IN(r, 0, 2, 1, S(0));
   EXPECT_IN(r, 1, 2, 1, R());
   mt_layout ly;
-  mt_layout_init(&ly, 2, y.shape, 1, MESH2, y.pl, NULL);
-  mt_layout lr = ly;
+  mt_layout_init(&ly, 2, ys.shape, 1, MESH2, ys.pl, NULL);
+  lr = ly;
   lr.placements[0] = R();
-  mt_plan *plan = NULL;
+  plan = NULL;
   CHECK(mt_plan_create(&ly, &lr, 8, &plan, NULL) == MT_OK);
   CHECK(mt_plan_nsteps(plan) == 1 && mt_plan_step(plan, 0)->kind == MT_STEP_ALLGATHER);
-  CHECK(r.bytes == mt_plan_bytes(plan) && r.messages == mt_plan_messages(plan));
-  CHECK(r.out_shape[0] == 8 && r.out_shape[1] == 32);
+  CHECK(r.bytes == mt_plan_bytes(plan));
   mt_plan_destroy(plan);
   /* S1 @ S0 -> Partial(sum), free; S0 @ R -> S0; R @ S1 -> S1. */
   x.pl[0] = S(1);

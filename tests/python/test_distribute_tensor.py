@@ -56,7 +56,7 @@ def numel(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
-def torch_bytes(shape, mesh_shape, placements, itemsize) -> int:
+def torch_bytes(shape, mesh_shape, placements, itemsize, src=0) -> int:
     """Bytes torch's distribute_tensor receives in all, without padding: mesh dim by
     mesh dim, a scatter (Shard) or broadcast (Replicate, Partial) in every group,
     each receiver getting its box after that step."""
@@ -66,20 +66,20 @@ def torch_bytes(shape, mesh_shape, placements, itemsize) -> int:
         if isinstance(p, Shard):
             nxt[m] = p
         for c in itertools.product(*(range(s) for s in mesh_shape)):
-            if c[m] != 0:
+            if c[m] != src:
                 total += numel(ref_box(shape, mesh_shape, c, nxt)[0])
         cur = nxt
     return total * itemsize
 
 
-def needed_bytes(shape, mesh_shape, placements, itemsize) -> int:
+def needed_bytes(shape, mesh_shape, placements, itemsize, src=0) -> int:
     """At least: every rank but the source receives its box, except ranks whose
     box is the identity of a Partial(sum|product) (they need nothing)."""
     total = 0
     for c in itertools.product(*(range(s) for s in mesh_shape)):
-        if not any(c):
+        if all(x == src for x in c):
             continue
-        if any(isinstance(p, Partial) and p.reduce_op in ("sum", "product") and c[m] != 0
+        if any(isinstance(p, Partial) and p.reduce_op in ("sum", "product") and c[m] != src
                for m, p in enumerate(placements)):
             continue
         total += numel(ref_box(shape, mesh_shape, c, placements)[0])
@@ -386,7 +386,34 @@ def test_reversed_mesh_takes_its_first_rank_as_source():
 # ---- bad arguments -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [1, -1, 2, True, False, "0", 0.5, [0]], ids=repr)
+def test_src_data_rank_any_rank_of_the_mesh():
+    """src_data_rank=k: the copy at coordinate k of every mesh dim is the source
+    (torch's group rank k on each mesh dim), moved by scatters and broadcasts only,
+    no more bytes than torch and at least what is needed."""
+    shapes = [(W,)] + ([(2, 2)] if W == 4 else [])
+    problems = Problems()
+    for mesh_shape in shapes:
+        mesh = mesh_of(mesh_shape)
+        for src in range(min(mesh_shape)):
+            source = int(mesh.mesh[(src,) * len(mesh_shape)])
+            truth = data_of(source, (5, 7))
+            for pl in placement_sets(len(mesh_shape)) + [(Partial("sum"),) * len(mesh_shape)]:
+                with CommDebugMode() as mode:
+                    out = distribute_tensor(data_of(RANK, (5, 7)), mesh, list(pl),
+                                            src_data_rank=src)
+                got = out.full_tensor()
+                problems.expect(np.array_equal(got, truth), f"{mesh_shape} {src} {pl}: {got}")
+                total = COMM.allreduce(sum(mode.get_comm_bytes().values()))
+                least = needed_bytes((5, 7), mesh_shape, pl, 8, src)
+                most = torch_bytes((5, 7), mesh_shape, pl, 8, src)
+                problems.expect(least <= total <= most,
+                                f"{mesh_shape} {src} {pl}: {total} not in [{least}, {most}]")
+                problems.expect(set(mode.get_comm_counts()) <= {"scatter", "broadcast"},
+                                f"{pl}: {dict(mode.get_comm_counts())}")
+    assert problems == []
+
+
+@pytest.mark.parametrize("bad", [W, -1, W + 1, True, False, "0", 0.5, [0]], ids=repr)
 def test_bad_src_data_rank(bad):
     mesh = mesh_of((W,))
     with CommDebugMode() as mode:

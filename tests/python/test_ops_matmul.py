@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mpi4py import MPI
 
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
@@ -45,16 +46,28 @@ def test_matmul_matches_numpy(data):
         assert_matches(np.dot(da, db), np.dot(a, b))
 
 
-def test_s0_at_s0_gathers_once():
+def test_s0_at_s0_moves_the_smaller_operand_once():
+    """What moves now decides (issue 19's rule: never more bytes than torch):
+    a small x moves by one all-to-all and the output stays Partial(sum); a small
+    y is gathered and the output is Shard(0)."""
     mesh = mesh_of((W,))
     x = np.arange(64.0).reshape(8, 8)
     y = np.arange(256.0).reshape(8, 32)
     dx, dy = make(x, mesh, [S0]), make(y, mesh, [S0])
     with CommDebugMode() as mode:
         z = dx @ dy
+    assert dict(mode.get_comm_counts()) == ({"all_to_all_single": 1} if W > 1 else {})
+    # each rank keeps 1/W of its x rows' shard: (W-1)/W of x leaves the ranks
+    assert MPI.COMM_WORLD.allreduce(sum(mode.get_comm_bytes().values())) == \
+        pytest.approx(x.nbytes * (W - 1) / W, abs=8 * W)
+    assert z.placements == ((PS,) if W > 1 else (S0,))
+    assert_matches(z, x @ y)
+    dxl, dys = make(y.T.copy(), mesh, [S0]), make(x, mesh, [S0])
+    with CommDebugMode() as mode:
+        z = dxl @ dys
     assert dict(mode.get_comm_counts()) == ({"all_gather_into_tensor": 1} if W > 1 else {})
     assert z.placements == (S0,)
-    assert_matches(z, x @ y)
+    assert_matches(z, y.T @ x)
 
 
 @pytest.mark.parametrize("pa,pb,expect", [(S1, S0, PS), (S0, R, S0), (R, S1, S1),

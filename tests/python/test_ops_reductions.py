@@ -116,8 +116,13 @@ def test_mean_over_uneven_shards_replicates_first():
 def test_unsupported_arguments():
     mesh = mesh_of((W,))
     dt = make(np.ones((4, 2)), mesh, [S0])
-    with pytest.raises(TypeError, match="out="):
+    with pytest.raises(ValueError, match="out= has shape"):
         np.sum(dt, out=dt)
+    with pytest.raises(TypeError, match="out= must be a DTensor"):
+        np.sum(dt, axis=0, out=np.zeros(2))
+    out = make(np.zeros(2), mesh, [Replicate()])
+    assert np.sum(dt, axis=0, out=out) is out
+    assert_matches(out, np.full(2, 4.0))
     with pytest.raises(TypeError, match="initial="):
         np.sum(dt, initial=1.0)
     with pytest.raises(np.exceptions.AxisError):

@@ -58,25 +58,8 @@ DEVIATIONS: dict = {
     ('matmul', (('R', 'Psum'), ('R', 'S0'))): _TIE_2D,
     ('matmul', (('Pmax', 'Pmax'), ('R', 'S1'))): _TIE_2D,
     ('matmul', (('Pmax', 'Pmax'), ('S0', 'R'))): _TIE_2D,
-}
-
-# Cases where mpitensor moves more bytes than torch today (open work, issue 19):
-# the engine's cost adds an estimate of reducing later the Partials a choice
-# creates, so on a (2, 2) mesh it avoids torch's [P(sum), P(sum)] matmul outputs and
-# moves more now. The test fails if another case moves more, or if one of these
-# stops doing so (then drop it here), so the list stays true.
-KNOWN_EXCESS = {
-    ('matmul', (('Psum', 'S0'), ('S0', 'S1'))),
-    ('matmul', (('Psum', 'S0'), ('S0', 'R'))),
-    ('matmul', (('Psum', 'S0'), ('S0', 'S0'))),
-    ('matmul', (('R', 'S0'), ('S0', 'S1'))),
-    ('matmul', (('S0', 'S1'), ('S1', 'R'))),
-    ('matmul', (('S0', 'S1'), ('Psum', 'R'))),
-    ('matmul', (('S0', 'R'), ('Psum', 'S0'))),
-    ('matmul', (('Psum', 'R'), ('Psum', 'S0'))),
-    ('matmul', (('R', 'Psum'), ('S0', 'S1'))),
-    ('matmul', (('Pmax', 'Pmax'), ('S0', 'S0'))),
-    ('matmul', (('S0', 'S0'), ('Psum', 'S0'))),
+    ('matmul', (('S1', 'R'), ('Psum', 'R'))): _TIE_2D,
+    ('matmul', (('Psum', 'R'), ('S0', 'R'))): _TIE_2D,
 }
 
 # ---- torch's side -------------------------------------------------------------------
@@ -253,8 +236,7 @@ def test_never_more_bytes_than_torch(torch_dist, mesh_shape):
     from torch.distributed.device_mesh import init_device_mesh
     mesh = mt.init_device_mesh("cpu", mesh_shape)
     tmesh = init_device_mesh("cpu", mesh_shape)
-    tally = {"agree": 0, "cheaper": 0, "documented deviation": 0, "known excess": 0,
-             "torch refuses": 0}
+    tally = {"agree": 0, "cheaper": 0, "documented deviation": 0, "torch refuses": 0}
     problems, cheaper = [], []
     for name, texts in cases(len(mesh_shape)):
         shape = (8, 8) if name != "matmul" else (8, 8)
@@ -272,14 +254,8 @@ def test_never_more_bytes_than_torch(torch_dist, mesh_shape):
         if not same:
             problems.append(f"{what}: values differ")
         elif total_mine > total_theirs + slack:
-            if (name, texts) in KNOWN_EXCESS:
-                tally["known excess"] += 1
-            else:
-                problems.append(f"{what}: {total_mine:.0f} B against torch's "
-                                f"{total_theirs:.0f} B ({ours_pl} vs {theirs_pl})")
-        elif (name, texts) in KNOWN_EXCESS and len(mesh_shape) == 2:
-            problems.append(f"{what}: no longer moves more than torch; drop it from "
-                            f"KNOWN_EXCESS")
+            problems.append(f"{what}: {total_mine:.0f} B against torch's "
+                            f"{total_theirs:.0f} B ({ours_pl} vs {theirs_pl})")
         elif total_mine < total_theirs - slack:
             tally["cheaper"] += 1
             cheaper.append(f"{what}: {total_mine:.0f} B vs {total_theirs:.0f} B, "

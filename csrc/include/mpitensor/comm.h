@@ -85,6 +85,13 @@ int64_t mt_reduce_scatter_round(const int64_t *counts, int64_t group, int64_t it
 int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void *full,
                   void *local, mt_error *err);
 
+/* mt_distribute with the copy at coordinate `src` of every mesh dim as the source
+ * of truth (torch's src_data_rank: a rank of each mesh dim's group); Partial(sum|
+ * product) put the value there. MT_EINDEX when `src` is not below every mesh dim's
+ * size (checked alike on every rank, before any communication). */
+int mt_distribute_from(mt_mesh *mesh, const mt_layout *layout, int dtype, int64_t src,
+                       const void *full, void *local, mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif

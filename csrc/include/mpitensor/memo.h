@@ -108,6 +108,15 @@ int mt_memo_decide_targets(mt_memo *memo, const mt_memo_key *key,
                            const mt_placement (*targets)[MT_MAX_MESH_NDIM],
                            const mt_decision *outcome, mt_decision **out, mt_error *err);
 
+/* Local. The time model the plans of new decisions are ranked by (the default
+ * until set; its mesh's, for a mesh's memo). Setting it validates it
+ * (mt_time_model_check, MT_EINVAL changing nothing) and drops every decision.
+ *
+ *   rc = mt_memo_set_time_model(memo, mt_mesh_time_model(mesh), &err);
+ */
+int mt_memo_set_time_model(mt_memo *memo, const mt_time_model *model, mt_error *err);
+const mt_time_model *mt_memo_time_model(const mt_memo *memo);
+
 /* Local. Drops every decision; the counts of hits and misses stay. */
 void mt_memo_clear(mt_memo *memo);
 

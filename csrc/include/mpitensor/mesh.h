@@ -8,6 +8,7 @@
 
 #include "mpitensor/layout.h"
 #include "mpitensor/status.h"
+#include "mpitensor/timemodel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -75,6 +76,10 @@ int mt_mesh_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err);
 int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
                   mt_error *err);
 
+/* mt_mesh_bcast from coordinate `root` of that dim (MT_EINDEX out of range). */
+int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
+                       int64_t nbytes, mt_error *err);
+
 /* Collective on the ranks of mesh dim `dim`. Gathers every member's `value` into
  * `out` (one per coordinate of that dim, mt_mesh_dim_size entries), counted as an
  * all-gather: how uneven shards learn each other's sizes. */
@@ -92,6 +97,43 @@ int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err);
  * the buffer's bytes. */
 int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count, int dtype,
                    int op, mt_error *err);
+
+/* Collective on mesh dim `dim`. Sends send[q] to coordinate q of that dim and
+ * receives recv[q] from it (MPI_Alltoall of one int64 each): how the parts of a
+ * variable all-to-all learn their sizes. Counted as one all-to-all. */
+int mt_mesh_alltoall_i64(const mt_mesh *mesh, int dim, const int64_t *send,
+                         int64_t *recv, mt_error *err);
+
+/* Collective on mesh dim `dim`. Sends send_counts[q] items of `itemsize` bytes to
+ * coordinate q of that dim, the parts laid one after another in `send`, and
+ * receives recv_counts[q] items from it into `recv` likewise (MPI_Alltoallv); the
+ * counts must match the peers' (mt_mesh_alltoall_i64 finds them). MT_EOVERFLOW
+ * on every rank of the dim when a count or offset of any of them exceeds MPI's int
+ * (the ranks agree first, mt_agree_comm: the first failing rank's message). Counted as one
+ * all-to-all of the bytes sent to other ranks:
+ *
+ *   int64_t out[P], in[P];   (P: the dim's size; out filled by bucketing)
+ *   mt_mesh_alltoall_i64(mesh, 0, out, in, &err);
+ *   mt_mesh_alltoallv(mesh, 0, buckets, out, merged, in, sizeof(double), &err);
+ */
+int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
+                      const int64_t *send_counts, void *recv,
+                      const int64_t *recv_counts, int64_t itemsize, mt_error *err);
+
+/* Local. The time model that ranks plans on this mesh: the built-in costs until
+ * mt_mesh_set_time_model, with ranks_per_node learnt when the mesh was created
+ * (MPI_Comm_split_type SHARED; a slice derives its own). Owned by the mesh. */
+const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh);
+
+/* Local. Takes the alphas and betas of `model` (a calibrated table) and keeps the
+ * mesh's ranks_per_node; MT_EINVAL, changing nothing, unless the result passes
+ * mt_time_model_check. A slice made later inherits them.
+ *
+ *   mt_time_model t = *mt_mesh_time_model(mesh);
+ *   t.alpha[MT_LINK_SHM] = 0.4e-6;
+ *   rc = mt_mesh_set_time_model(mesh, &t, &err);
+ */
+int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model, mt_error *err);
 
 /* Local. Communicators created by mpitensor and not yet freed, process-wide. */
 int64_t mt_comm_live_count(void);

@@ -13,6 +13,7 @@
 
 #include "mpitensor/layout.h"
 #include "mpitensor/status.h"
+#include "mpitensor/timemodel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,7 +32,11 @@ typedef enum mt_step_kind {
  * on `mesh_dim` (-1 for DIRECT, where any non-Partial mesh dims may change and
  * Partial ones stay as they are). `bytes` counts the bytes that ranks receive from
  * other ranks, summed over all ranks of the mesh; `messages` the point-to-point
- * messages of the cost model (G-1 per rank for a collective over a group of G). */
+ * messages (G-1 per rank for a collective over a group of G). For the time
+ * model: `rank_bytes`, the most bytes one rank receives (an all-reduce: its
+ * vector); `vector_bytes`, a collective's vector as mt_time_kind says, by which
+ * MPI picks its algorithm; `rank_messages`, the most messages one rank
+ * receives. `time` is the step's predicted seconds under the plan's model. */
 typedef struct mt_step {
   int kind;
   int mesh_dim;
@@ -39,6 +44,10 @@ typedef struct mt_step {
   mt_layout dst;
   int64_t bytes;
   int64_t messages;
+  int64_t rank_bytes;
+  int64_t vector_bytes;
+  int64_t rank_messages;
+  double time;
 } mt_step;
 
 typedef struct mt_plan mt_plan;
@@ -53,12 +62,27 @@ typedef struct mt_plan mt_plan;
  * - The remaining Shard/Replicate changes are priced two ways, as a chain of
  *   per-mesh-dim steps (all-gather, all-to-all, chunk) where a valid chain exists,
  *   and as one DIRECT exchange in which every element reaches each rank that needs
- *   it at most once; the one with fewer bytes wins, then fewer messages, then the
- *   chain (whose collectives MPI optimises).
+ *   it at most once. A chain of one collective moving the same bytes wins; else
+ *   the one the time model (timemodel.h) predicts faster; where they tie (within
+ *   a part in a million), fewer bytes win, then fewer messages, then the chain
+ *   (whose collectives MPI optimises).
+ * - Several orders of reductions and shard changes are priced, and the fastest
+ *   wins among those that move no more bytes than torch's order.
  * - A mesh dim of size 1 never costs a step with communication.
- * An empty plan (zero steps) means the layouts hold the same data on every rank. */
+ * An empty plan (zero steps) means the layouts hold the same data on every rank.
+ * mt_plan_create uses mt_time_model_default() (one node). */
 int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                    mt_plan **out, mt_error *err);
+
+/* Local. mt_plan_create under `model` (NULL: the default), which must pass
+ * mt_time_model_check.
+ *
+ *   mt_time_model m = mt_time_model_default();
+ *   m.ranks_per_node = 64;
+ *   rc = mt_plan_create_timed(&src, &dst, 4, &m, &plan, &err);
+ */
+int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                         const mt_time_model *model, mt_plan **out, mt_error *err);
 
 /* Local. What a redistribution from `src` to `dst` of `dtype` elements refuses,
  * checked from the arguments alone (only the layouts' mesh_ndim and placements
@@ -109,6 +133,16 @@ const mt_step *mt_plan_step(const mt_plan *plan, int i);
  * summed over all ranks. */
 int64_t mt_plan_bytes(const mt_plan *plan);
 int64_t mt_plan_messages(const mt_plan *plan);
+
+/* Local. The plan's predicted seconds: the sum of its steps' `time`. */
+double mt_plan_time(const mt_plan *plan);
+
+/* Local. The seconds `model` predicts for the plan's steps (as if it had been
+ * planned under it), to compare plans chosen under other models.
+ *
+ *   double t = mt_plan_predict(plan, &calibrated);
+ */
+double mt_plan_predict(const mt_plan *plan, const mt_time_model *model);
 
 /* Local. True when a step on one mesh dim that changes `src` into `dst` (which
  * differ only on `mesh_dim`) is one valid collective: the tensor dims it touches

@@ -279,12 +279,14 @@ int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * every label kept on a resized output dim scales (above). Each input is priced
  * with mt_plan_create from its current placements (plans that provably cannot change the outcome are skipped); a plan
  * that fails makes the combination invalid. The winner is, in this order: one
- * that needs no communication; the lowest cost, which is bytes +
- * MT_PROP_MESSAGE_BYTES * messages plus, for each Partial the op creates
- * (CONTRACT, REDUCE), an estimate of reducing it later (a reduce-scatter of the
- * output, so S0 @ S0 gathers one operand rather than move the other by all-to-all
- * and leave a Partial to reduce); then fewer bytes, fewer messages, and the first
- * in enumeration order (mesh dim 0's candidates outermost). Everything is integer
+ * that needs no communication; the lowest cost now, which is bytes +
+ * MT_PROP_MESSAGE_BYTES * messages (so a decision never moves more than torch's,
+ * which prices what its strategies move now: S0 @ S0 moves one operand by
+ * all-to-all and leaves a Partial(sum) rather than gather the other); among equal
+ * costs the lower estimate of reducing later the Partials the op creates
+ * (CONTRACT, REDUCE: a reduce-scatter of the output per such mesh dim); then
+ * fewer bytes, fewer messages, and the first in enumeration order (mesh dim 0's
+ * candidates outermost). Everything is integer
  * arithmetic, so every rank decides the same. Above MT_PROP_MAX_COMBOS
  * combinations the mesh dims are chosen one at a time from the first, by the same
  * order, with later mesh dims held at their first candidate (Replicate, or on a

@@ -23,6 +23,7 @@ from __future__ import annotations
 import operator
 
 import numpy as np
+from numpy.lib import _function_base_impl as _npq
 from numpy.lib.array_utils import normalize_axis_tuple
 
 from .. import _C, _modes, _registry, _trace
@@ -30,6 +31,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
+from . import _sample_sort as S
 
 __all__ = ["along_axes", "lanes_layout"]
 
@@ -125,6 +127,61 @@ def _no_out(name, out):
 
 # -- sorting -------------------------------------------------------------------------
 
+def _flat_sample_sort(a, axes) -> bool:
+    """Whether a sort along ``axes`` (None: flattened) has no free dim to move the
+    shard to and a sample sort can do it: the whole (flattened) array is sorted and
+    one mesh dim shards it."""
+    return (axes is None or a.ndim == 1) and S.sort_mesh_dim(a) is not None
+
+
+def _lane_sample_sort(a, axes) -> bool:
+    """Whether a sort along one axis of an n-D array is better done lane by lane
+    with the sample sort: one mesh dim shards the axis, the others shard nothing,
+    and no other dim is long enough to take the shard (so there are fewer than
+    p ** (ndim - 1) lanes), where lanes_layout would gather."""
+    if axes is None or a.ndim < 2:
+        return False
+    m = S.sort_mesh_dim(a)
+    if m is None or a._spec.placements[m].dim != axes[0]:
+        return False
+    return lanes_layout(a, axes, False)[m].is_replicate()
+
+
+def _sort_lanes(name, a, ax, indices):
+    """np.sort (or stable np.argsort) along the sharded axis ``ax`` of an n-D
+    array, one sample sort per lane (each collective along the sharding mesh dim):
+    the output keeps ``Shard(ax)`` in the usual layout. Collective on the mesh."""
+    a = D.relayout(name, a, lanes_layout(a, (), False))
+    spec = a._spec
+    mesh = spec.mesh
+    m = S.sort_mesh_dim(a)
+    length = spec.shape[ax]
+    lane_shape = spec.shape[:ax] + spec.shape[ax + 1:]
+    pl1 = tuple(Shard(0) if i == m else Replicate() for i in range(mesh.ndim))
+    out_dtype = np.dtype(np.intp) if indices else spec.dtype
+    member = mesh.get_coordinate() is not None
+    local = np.moveaxis(a.to_local(), ax, -1) if member else None
+    outs = []
+    for idx in np.ndindex(*lane_shape):
+        lane = local[idx] if member else np.empty((0,), spec.dtype)
+        one = DTensor(np.ascontiguousarray(lane),
+                      DTensorSpec(mesh, pl1, (length,), spec.dtype, (1,)))
+        outs.append(S.sort_flat(name, one, indices).to_local())
+    if member:
+        out = np.moveaxis(np.stack(outs).reshape(lane_shape + (-1,)), -1, ax)
+        out = np.ascontiguousarray(out, out_dtype)
+    else:
+        out = np.empty((0,), out_dtype)
+    return DTensor(out, DTensorSpec(mesh, spec.placements, spec.shape, out_dtype,
+                                    contiguous_strides(spec.shape)))
+
+
+def _whole_sample_stat(a, axes) -> bool:
+    """Whether an order statistic over ``axes`` reduces every dim of an array that
+    one mesh dim shards (so a sample sort finds it without a gather)."""
+    return len(axes) == a.ndim and a.ndim > 0 and S.sort_mesh_dim(a) is not None
+
+
 def _sorting(func):
     name = f"numpy.{func.__name__}"
 
@@ -133,12 +190,20 @@ def _sorting(func):
             raise TypeError(f"{name}: order= (structured fields) is not supported on "
                             f"DTensors")
         axes = _axis(name, a, axis)
+        if _flat_sample_sort(a, axes):
+            return S.sort_flat(name, a, func is np.argsort)
+        if _lane_sample_sort(a, axes):
+            return _sort_lanes(name, a, axes[0], func is np.argsort)
         return along_axes(name, a, axes,
                           lambda x: func(x, axis=axis, kind=kind, **kwargs), linear=False)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when the axis is not sharded, the "
                     f"output placed as the input; a sharded axis moves to a free dim first "
-                    f"(one all-to-all; gathered when no dim is free; collective).\n\n"
+                    f"(one all-to-all). With no free dim, when one mesh dim shards the "
+                    f"array, a distributed sample sort (lane by lane; ties in index "
+                    f"order, as ``kind='stable'``) keeps the axis sharded (``axis=None``: "
+                    f"a 1-D ``Shard(0)``); else gathered. Collective when anything "
+                    f"moves.\n\n"
                     f"Example: ``{name}(dt, axis=1)`` of a "
                     f"``[Shard(0)]`` DTensor stays ``[Shard(0)]``.")
     return impl
@@ -231,19 +296,185 @@ for _f in (np.fft.fftshift, np.fft.ifftshift):
 
 # -- the fft family ------------------------------------------------------------------
 
+def _factors(n, p):
+    """(n1, n2) with n1 * n2 == n, both multiples of p and n1 as near sqrt(n) as such
+    a pair allows; None when n is not a multiple of p * p."""
+    if n % (p * p):
+        return None
+    m = n // (p * p)
+    u = max(d for d in range(1, int(m ** 0.5) + 1) if m % d == 0)
+    return p * u, p * (m // u)
+
+
+def _vector_fft(name, a, inverse, norm):
+    """The fft (or ifft) of a 1-D DTensor that one mesh dim shards evenly in
+    blocks of whole rows of an (n1, n2) matrix (n = n1 * n2, both multiples of
+    the mesh dim's size), by the four-step method: the transform along the rows
+    (after one all-to-all makes them whole), a twiddle factor, the transform along
+    the columns (one all-to-all back), and one all-to-all that lays the result out
+    in order. Output ``Shard(0)`` on that mesh dim. Collective on it."""
+    spec = a._spec
+    mesh = spec.mesh
+    m = S.sort_mesh_dim(a)
+    p = mesh.shape[m]
+    n = spec.shape[0]
+    n1, n2 = _factors(n, p)
+    one = np.fft.ifft if inverse else np.fft.fft
+    sign = 1.0 if inverse else -1.0
+    pls = spec.placements
+    other = tuple(Replicate() if i != m else None for i in range(mesh.ndim))
+
+    def layout(dim):
+        return tuple(Shard(dim) if q is None else q for q in other)
+
+    def matrix(local, shape, placements):
+        return DTensor(local, DTensorSpec(mesh, placements, shape, local.dtype,
+                                          contiguous_strides(shape)))
+
+    member = mesh.get_coordinate() is not None
+    work = np.result_type(spec.dtype, np.complex64)
+    if member:
+        local = a.to_local().reshape(-1, n2)
+    else:
+        local = np.empty((0, n2), spec.dtype)
+    rows = matrix(local, (n1, n2), layout(0))
+    cols = D.relayout(name, rows, layout(1)).to_local()
+    if member:
+        f = one(cols, axis=0, norm=norm)
+        c = mesh.get_coordinate()[m]
+        k1 = np.arange(n1, dtype=np.int64)[:, None]
+        j2 = np.arange(c * (n2 // p), (c + 1) * (n2 // p), dtype=np.int64)[None, :]
+        f *= np.exp(sign * 2j * np.pi * ((k1 * j2) % n) / n).astype(f.dtype)
+    else:
+        f = np.empty((0, n2 // p), work)
+    back = D.relayout(name, matrix(f, (n1, n2), layout(1)), layout(0)).to_local()
+    g = one(back, axis=1, norm=norm) if member else np.empty((0, n2), work)
+    # X[k1 + n1 k2] = g[k1, k2]: the transpose of g, row-major, is the result.
+    t = D.relayout(name, matrix(g, (n1, n2), layout(0)), layout(1)).to_local()
+    out = np.ascontiguousarray(t.T).reshape(-1) if member else np.empty((0,), g.dtype)
+    if _modes.tracing:
+        _trace.local(name, [a], pls)
+    return DTensor(out, DTensorSpec(mesh, pls, (n,), out.dtype, contiguous_strides((n,))))
+
+
+def _vector_fft_fits(a, axes, n) -> bool:
+    """Whether the four-step fft applies: a 1-D array, n not given, sharded by one
+    mesh dim (Partials reduced first) into blocks the method can use."""
+    if a.ndim != 1 or n is not None or axes is None:
+        return False
+    m = S.sort_mesh_dim(a)
+    if m is None or any(p.is_partial() for p in a._spec.placements):
+        return False
+    return _factors(a._spec.shape[0], a._spec.mesh.shape[m]) is not None
+
+
 def _fft1(func):
     name = f"numpy.fft.{func.__name__}"
 
     def impl(a, n=None, axis=-1, norm=None, out=None):
         _no_out(name, out)
         axes = _axis(name, a, axis)
+        if func in (np.fft.fft, np.fft.ifft, np.fft.rfft) and _vector_fft_fits(a, axes, n):
+            if func is np.fft.rfft and a.dtype.kind == "c":
+                raise TypeError(f"{name}: the input must be real")
+            x = _vector_fft(name, a, func is np.fft.ifft, norm)
+            if func is np.fft.rfft:
+                # The non-negative frequencies: rows picked where they lie.
+                x = x[np.arange(a.shape[0] // 2 + 1)]
+            return x
         return along_axes(name, a, axes, lambda x: func(x, n, axis, norm), linear=True)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along one axis: local when it is not sharded, the output "
                     f"placed as the input (a Partial sum kept: the transform is "
-                    f"linear).\n\nExample: ``{name}(dt, axis=1)`` of a ``[Shard(0)]`` "
+                    f"linear); a sharded axis moves to a free dim first. fft, ifft and "
+                    f"rfft of a 1-D array whose length is a multiple of p * p (p ranks "
+                    f"shard it) run the four-step method (three all-to-alls, output "
+                    f"``Shard(0)``); otherwise a 1-D array is gathered."
+                    f"\n\nExample: ``{name}(dt, axis=1)`` of a ``[Shard(0)]`` "
                     f"DTensor moves nothing.")
     return impl
+
+
+def _stages(func, ax, norm):
+    """NumPy's order of 1-D transforms for ``func`` over the axes ``ax``: groups of
+    (axes, transform(x, axes), length rule); transforms within a group commute."""
+    fft = np.fft
+    kind = func.__name__.rstrip("2n")
+    if kind in ("fft", "ifft"):
+        many = fft.fftn if kind == "fft" else fft.ifftn
+        return [(ax, lambda x, a: many(x, axes=a, norm=norm), "same")]
+    if kind == "rfft":
+        return [(ax[-1:], lambda x, a: fft.rfft(x, axis=a[0], norm=norm), "half"),
+                (ax[:-1], lambda x, a: fft.fftn(x, axes=a, norm=norm), "same")]
+    return [(ax[:-1], lambda x, a: fft.ifftn(x, axes=a, norm=norm), "same"),
+            (ax[-1:], lambda x, a: fft.irfft(x, axis=a[0], norm=norm), "double")]
+
+
+def _sharded_dims(spec) -> dict:
+    """Tensor dim -> the mesh dims (longer than 1) that shard it."""
+    out: dict = {}
+    for m, p in enumerate(spec.placements):
+        if p.is_shard() and spec.mesh.shape[m] > 1:
+            out.setdefault(p.dim, []).append(m)
+    return out
+
+
+def _transform(name, a, func, axes, rule):
+    """``func`` on the local array along ``axes``, which are whole on every rank;
+    placements kept. Local."""
+    spec = a._spec
+    mesh = spec.mesh
+    shape = list(spec.shape)
+    for k in axes:
+        shape[k] = {"same": shape[k], "half": shape[k] // 2 + 1,
+                    "double": 2 * (shape[k] - 1)}[rule]
+    if mesh.get_coordinate() is None:
+        local = np.asarray(func(np.zeros((2,) * len(shape), spec.dtype), axes))
+        local = np.empty((0,), local.dtype)
+    else:
+        local = np.asarray(func(a.to_local(), axes))
+    if _modes.tracing:
+        _trace.local(name, [a], spec.placements)
+    shape = tuple(shape)
+    return DTensor(local, DTensorSpec(mesh, spec.placements, shape, local.dtype,
+                                      contiguous_strides(shape)))
+
+
+def _pencil(name, a, stages):
+    """The transforms of ``stages`` by the pencil method: each group runs first
+    along its axes that are local, then the shards of its other axes move (one
+    all-to-all) to dims it is done with or does not touch, preferring those no
+    later group transforms, and it runs along them. A sharded axis with nowhere to
+    go is gathered (reported). Collective on the mesh when anything moves."""
+    a = D.relayout(name, a, lanes_layout(a, (), True))
+    for i, (axes, func, rule) in enumerate(stages):
+        if not axes:
+            continue
+        sharded = _sharded_dims(a._spec)
+        here = tuple(k for k in axes if k not in sharded)
+        if here:
+            a = _transform(name, a, func, here, rule)
+        rest = tuple(k for k in axes if k in sharded)
+        if not rest:
+            continue
+        spec = a._spec
+        later = {k for g in stages[i + 1:] for k in g[0]}
+        taken = {k for k in sharded if k not in rest}
+        target = list(spec.placements)
+        for m, p in enumerate(spec.placements):
+            if not (p.is_shard() and p.dim in rest and spec.mesh.shape[m] > 1):
+                continue
+            fits = [k for k in range(len(spec.shape)) if k not in rest and k not in taken
+                    and spec.shape[k] >= spec.mesh.shape[m]]
+            fits.sort(key=lambda k: (k in later, -spec.shape[k]))
+            if fits:
+                target[m] = Shard(fits[0])
+                taken.add(fits[0])
+            else:
+                target[m] = Replicate()
+        a = D.relayout(name, a, target)
+        a = _transform(name, a, func, rest, rule)
+    return a
 
 
 def _fftn(func, default_axes):
@@ -257,12 +488,20 @@ def _fftn(func, default_axes):
         else:
             axes_ = axes
         ax = normalize_axis_tuple(axes_, a.ndim, allow_duplicate=True)
+        gathers = any(p.is_replicate() and q.is_shard() for p, q in
+                      zip(lanes_layout(a, tuple(sorted(set(ax))), True),
+                          a._spec.placements))
+        if s is None and len(set(ax)) == len(ax) and ax and gathers:
+            return _pencil(name, a, _stages(func, ax, norm))
         return along_axes(name, a, tuple(sorted(set(ax))),
                           lambda x: func(x, s, axes, norm), linear=True)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} over several axes: local when none is sharded, the other "
-                    f"dims keep their placements; sharded axes move first (see "
-                    f"lanes_layout)."
+                    f"dims keep their placements; sharded axes move first to a free dim "
+                    f"(see lanes_layout), or, with none free, by the pencil method: the "
+                    f"local axes are transformed, one all-to-all moves the shard onto "
+                    f"one of them, and the rest are transformed (the output is sharded "
+                    f"there)."
                     f"\n\nExample: ``{name}(dt, axes=(1, 2))`` of a ``[Shard(0)]`` "
                     f"DTensor moves nothing.")
     return impl
@@ -292,6 +531,8 @@ def _median(func):
     def impl(a, axis=None, out=None, overwrite_input=False, keepdims=False):
         _no_out(name, out)
         axes = _axes(name, a, axis)
+        if _whole_sample_stat(a, axes):
+            return S.median_flat(name, a, func is np.nanmedian, keepdims)
         return along_axes(name, a, axes,
                           lambda x: func(x, axis=axes, keepdims=keepdims),
                           linear=False, out_dim=_reduced_dim(axes, keepdims, 0))
@@ -319,12 +560,24 @@ def _quantile(func):
         if isinstance(q, DTensor):
             raise TypeError(f"{name}: q must be a scalar or a plain array (the same on "
                             f"every rank), not a DTensor")
-        q = np.asarray(q)
+        weak_q = type(q) in (int, float)
         axes = _axes(name, a, axis)
+        if _whole_sample_stat(a, axes):
+            percent = func in (np.percentile, np.nanpercentile)
+            qq = np.asanyarray(np.true_divide(q, 100) if percent else q)
+            if a.dtype.kind == "c":
+                raise TypeError("a must be an array of real numbers")
+            if not _npq._quantile_is_valid(qq):
+                raise ValueError("Percentiles must be in the range [0, 100]" if percent
+                                 else "Quantiles must be in the range [0, 1]")
+            return S.quantile_flat(name, a, qq, method, weak_q,
+                                   func in (np.nanpercentile, np.nanquantile), keepdims)
+        # q as given: a Python float is weak in NumPy's promotion (a float32 array
+        # keeps float32).
         return along_axes(name, a, axes,
                           lambda x: func(x, q, axis=axes, method=method,
                                          keepdims=keepdims),
-                          linear=False, out_dim=_reduced_dim(axes, keepdims, q.ndim))
+                          linear=False, out_dim=_reduced_dim(axes, keepdims, np.ndim(q)))
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} over ``axis`` (q the same on every rank): local when no "
                     f"mesh dim shards the reduced axes; the kept dims keep their "

@@ -76,6 +76,8 @@ def same_mesh(op_name: str, inputs):
 
 
 def _traced(op_key, operands, dec):
+    if _modes.gather_report and not _modes.tracing:
+        _trace._current_op = _trace.op_name(op_key)  # names a gather it reports
     if _modes.tracing:
         _trace.decision(op_key, [o for o in operands if type(o) is DTensor], dec,
                         dec.cached)
@@ -107,6 +109,10 @@ def local_inputs(mesh, inputs, dec) -> list:
         # Not a member: no data; run on stand-ins only to learn the output dtype.
         return [np.zeros((1,) * x.ndim, x.dtype) for x in inputs]
     handle = mesh._handle
+    if _modes.gather_report:
+        for x, p in zip(inputs, dec.plans):
+            if p is not None:
+                _report_plan_gather(mesh, x._spec, p)
     if _modes.tracing:
         for x, p in zip(inputs, dec.plans):
             if p is not None:
@@ -117,12 +123,30 @@ def local_inputs(mesh, inputs, dec) -> list:
     return [np.zeros_like(a) if z else a for a, z in zip(out, dec.zeroed)]
 
 
+def _report_plan_gather(mesh, spec, plan):
+    """report_gather for an input whose decided plan turns a Shard into Replicate."""
+    _, dst = _trace._plan_placements(mesh, plan, plan.steps())
+    dims = [m for m, (p, q) in enumerate(zip(spec.placements, dst))
+            if p.is_shard() and q.is_replicate() and mesh.shape[m] > 1]
+    if dims:
+        _trace.report_gather(_trace._current_op or "an operation", spec, dst, dims)
+
+
+def outside_local(shape, dtype) -> np.ndarray:
+    """The local array of a rank outside the mesh: empty, and 0-d (zero) for a 0-d
+    result, as torch's op on an empty local gives. Local.
+
+    Example: ``outside_local((), np.float64).shape == ()``.
+    """
+    return np.zeros((), dtype) if len(shape) == 0 else np.empty((0,), dtype)
+
+
 def wrap(mesh, dec, local):
     """A DTensor of the decision's output spec around a local result."""
     if type(local) is not np.ndarray:
         local = np.asarray(local)
     if mesh._coordinate is None:
-        local = np.empty((0,), local.dtype)
+        local = outside_local(dec.out_shape, local.dtype)
     return DTensor(local, DTensorSpec(mesh, dec.out_placements, dec.out_shape,
                                       local.dtype, dec.out_stride))
 
@@ -182,10 +206,12 @@ def mixed_error(op_name: str, obj) -> TypeError:
     )
 
 
-def relayout(what: str, a, placements):
+def relayout(what: str, a, placements, *, records=False):
     """``a`` redistributed to ``placements`` for the operation named ``what``, which
-    the logs and the collective checks name (a gather an operation needs is
-    reported as that operation's). Collective on the mesh when anything moves.
+    the logs and the collective checks name. A Shard that becomes Replicate is a
+    gather the operation needs: reported by ``_trace.report_gather`` unless ``records``
+    (``a`` is a few numbers per output element, as the merged reductions gather,
+    not the operation's input). Collective on the mesh when anything moves.
 
     Example: ``relayout("numpy.sort", dt, (Replicate(),))``.
     """
@@ -196,6 +222,11 @@ def relayout(what: str, a, placements):
     mesh = spec.mesh
     plan = _redistribute.plan_for(mesh, spec.shape, spec.placements, placements,
                                   spec.dtype)
+    if not records:
+        dims = [m for m, (p, q) in enumerate(zip(spec.placements, placements))
+                if p.is_shard() and q.is_replicate() and mesh.shape[m] > 1]
+        if dims:
+            _trace.report_gather(what, spec, placements, dims)
     out_spec = DTensorSpec(mesh, placements, spec.shape, spec.dtype, spec.stride)
     if mesh._coordinate is None:
         return DTensor(a.to_local(), out_spec)
@@ -203,3 +234,4 @@ def relayout(what: str, a, placements):
         _trace._current_op = what
         _trace.redistribute("operation", mesh, plan, spec.shape, spec.dtype)
     return DTensor(_redistribute.run(mesh, plan, a.to_local(), False), out_spec)
+

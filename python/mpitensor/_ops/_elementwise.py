@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _registry
+from .. import _C, _redistribute, _registry
 from .._dtensor import DTensor
+from ..placement_types import Replicate
 from . import _dispatch as D
+from ._inplace import follow
+from ._stats import logaddexp_reduce
 
 _KWARGS = frozenset({"out", "dtype", "casting"})
 _KINDS = {
@@ -60,6 +63,8 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
         custom = _registry.rules.get(ufunc)
         if custom is not None:  # experimental.register_sharding overrides the rule
             return custom(operands, kwargs)
+    if method == "reduce" and ufunc in (np.logaddexp, np.logaddexp2):
+        return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":
         raise TypeError(
             f"{name}.{method} has no sharding rule for DTensors in mpitensor; use the "
@@ -81,6 +86,8 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
             raise TypeError(f"{name}: out= must be {ufunc.nout} DTensor(s)")
     mesh = D.same_mesh(name, inputs + list(outs or ()))
     dec = D.decide_ufunc(ufunc, operands)
+    if outs is not None and not _fits(dec, outs):
+        return _follow_out(mesh, dec, ufunc, operands, pattern, kwargs, outs)
     local = iter(D.local_inputs(mesh, inputs, dec))
     args = [next(local) if is_dt else obj for is_dt, obj in zip(pattern, operands)]
     if outs is None:
@@ -91,13 +98,79 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
     return _into_outs(mesh, dec, ufunc, args, kwargs, outs)
 
 
+def _fits(dec, outs) -> bool:
+    return all(o._spec.placements == dec.out_placements and o._spec.shape == dec.out_shape
+               for o in outs)
+
+
+def _follow_out(mesh, dec, ufunc, operands, pattern, kwargs, outs):
+    """``out=`` (and ``x op= y``) when the decision's output placements are not the
+    output's: the cheaper of moving every DTensor input to follow the output (torch's
+    rule for in-place ops; nothing moves back) and the decision followed by one
+    redistribution of the result; the bytes tie goes to following. An output with a
+    Partial the result would not have is a RuntimeError, as in torch: placements are
+    never changed in place."""
+    name = f"numpy.{ufunc.__name__}"
+    o = outs[0]
+    if len(outs) != 1 or ufunc is np.matmul:
+        return _into_outs(mesh, dec, ufunc, _run_inputs(mesh, operands, pattern, dec),
+                          kwargs, outs)
+    if o.shape != dec.out_shape:
+        raise ValueError(f"{name}: out= has shape {o.shape}, the result has shape "
+                         f"{dec.out_shape}")
+    if any(p.is_partial() for p in o.placements):
+        raise RuntimeError(
+            f"{name} into a DTensor with placements {o.placements}: the result would be "
+            f"{dec.out_placements}, and an in-place operation never changes placements "
+            f"(a Partial cannot be made from a result); redistribute the output first, "
+            f"e.g. x = x.redistribute(x.device_mesh, [Replicate()]), or write "
+            f"x = {name}(...) to get a new DTensor")
+    spec = o._spec
+    targets, follow_bytes = [], 0
+    for x, is_dt in zip(operands, pattern):
+        if not is_dt:
+            continue
+        lead = len(spec.shape) - x.ndim
+        dims = {d: d - lead for d in range(lead, len(spec.shape))
+                if x.shape[d - lead] == spec.shape[d]}
+        t = follow(spec, dims, x)
+        t = tuple(Replicate() if q.is_partial() else q for q in t)
+        targets.append(t)
+        if t != x.placements:
+            follow_bytes += _plan_bytes(mesh, x, t)
+    via = sum(p.bytes for p in dec.plans if p is not None)
+    if dec.out_placements != o.placements:
+        via += _plan_bytes(mesh, o, o.placements, src=dec.out_placements)
+    if via < follow_bytes:
+        return _into_outs(mesh, dec, ufunc, _run_inputs(mesh, operands, pattern, dec),
+                          kwargs, outs)
+    moved = iter(targets)
+    args = [D.relayout(name, x, next(moved)) if is_dt else x
+            for x, is_dt in zip(operands, pattern)]
+    if mesh._coordinate is not None:
+        ufunc(*[a.to_local() if t else a for a, t in zip(args, pattern)],
+              out=(o.to_local(),), **kwargs)
+    return o
+
+
+def _plan_bytes(mesh, x, dst, src=None) -> int:
+    """The bytes (over all ranks) of redistributing ``x``'s layout (or ``src``
+    placements of it) to ``dst``. Local."""
+    spec = x._spec
+    return _redistribute.plan_for(mesh, spec.shape, src or spec.placements, dst,
+                                  spec.dtype).bytes
+
+
+def _run_inputs(mesh, operands, pattern, dec):
+    local = iter(D.local_inputs(mesh, [x for x, t in zip(operands, pattern) if t], dec))
+    return [next(local) if t else x for x, t in zip(operands, pattern)]
+
+
 def _into_outs(mesh, dec, ufunc, args, kwargs, outs):
     """Runs the ufunc into DTensor outputs: straight into their local arrays when
     they already have the result's placements and shape, else into new arrays that
     are then redistributed to the outputs' placements and copied in."""
-    fits = all(o._spec.placements == dec.out_placements and o._spec.shape == dec.out_shape
-               for o in outs)
-    if fits and mesh._coordinate is not None:
+    if _fits(dec, outs) and mesh._coordinate is not None:
         ufunc(*args, out=tuple(o.to_local() for o in outs), **kwargs)
         return outs[0] if len(outs) == 1 else outs
     result = ufunc(*args, **kwargs)

@@ -1,5 +1,5 @@
 """Basic indexing of DTensors: ``dt[...]`` with ints, slices (any step), ``None``
-and ``...``.
+and ``...`` (a boolean mask or an integer array alone: _advanced_index.py).
 
 Placements follow torch's rules for select, slice and unsqueeze: a Shard of a dim
 that the key keeps whole (``:``) follows that dim; a Shard of a dim that an int or
@@ -17,18 +17,20 @@ import operator
 
 import numpy as np
 
-from .. import _C, _registry
+from .. import _C, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
+from . import _advanced_index as A
 
 
 def _advanced_error(what) -> TypeError:
     return TypeError(
-        f"DTensor indexing supports ints, slices, None and ... only, not {what} "
-        f"(advanced or boolean indexing); index dt.full_tensor() for the whole array, "
-        f"or dt.to_local() for this rank's shard")
+        f"DTensor indexing supports ints, slices, None and ..., or alone a boolean "
+        f"mask or one integer array (a list or 1-D ndarray), not {what} (other "
+        f"advanced indexing); index dt.full_tensor() for the whole array, or "
+        f"dt.to_local() for this rank's shard")
 
 
 def _as_int(obj):
@@ -180,8 +182,13 @@ def getitem(dt, key):
     """``dt[key]`` for a basic key; see the module docstring. Collective on the mesh
     when the key cuts a sharded dim (one exchange of the picked elements), else
     local."""
+    kind = A.is_advanced(key)
+    if kind == "mask":
+        return A.getitem_mask(dt, key)
+    if kind == "take":
+        return A.getitem_take(dt, key)
     if type(key) is DTensor:
-        raise _advanced_error("a DTensor")
+        raise _advanced_error("a DTensor that is not a boolean mask")
     spec = dt._spec
     mesh = spec.mesh
     ck = _cache_key(key)
@@ -201,6 +208,10 @@ def getitem(dt, key):
         piece = np.empty(local_shape_and_global_offset(
             plan.counts, mesh.shape, mesh._coordinate, plan.mid)[0], spec.dtype)
     elif plan.exchange is not None:
+        if _modes.gather_report:
+            _trace.report_gather("DTensor.__getitem__", spec, plan.mid, [
+                m for m, (p, q) in enumerate(zip(spec.placements, plan.mid))
+                if p.is_shard() and q.is_replicate() and mesh.shape[m] > 1])
         piece = _C.select_exchange(mesh._handle, *plan.exchange, piece)
     # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]

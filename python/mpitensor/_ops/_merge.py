@@ -55,7 +55,7 @@ def _out_spec(a, axes, keepdims, dtype):
 
 def _wrap(mesh, placements, shape, local, dtype):
     if mesh.get_coordinate() is None:
-        local = np.empty((0,), dtype)
+        local = D.outside_local(shape, dtype)
     local = np.asarray(local, dtype)
     return DTensor(local, DTensorSpec(mesh, placements, shape, np.dtype(dtype),
                                       contiguous_strides(shape)))
@@ -88,7 +88,7 @@ def _gather_rows(name, a, axes, gathered, rows):
     local = rows.reshape((1,) * lead + rows.shape)
     parts = DTensor.from_local(np.ascontiguousarray(local), mesh, pls, shape=shape,
                                stride=contiguous_strides(shape))
-    out = D.relayout(name, parts, dst).to_local()
+    out = D.relayout(name, parts, dst, records=True).to_local()
     return out.reshape((-1,) + out.shape[lead:])
 
 

@@ -25,6 +25,7 @@ from .. import _C, _registry
 from .._dtensor import DTensor
 from . import _dispatch as D
 from . import _merge
+from ._inplace import write_result
 
 # name -> (NumPy function, DTensor method or None, reduce op (-1: gathered), partial
 #          rule, partial ops, even_only)
@@ -51,7 +52,10 @@ def _reduce(name, a, axis, keepdims, out, extra):
     if type(a) is not DTensor:
         raise TypeError(f"{fname}: expected a DTensor, got {type(a).__name__}")
     if out is not None:
-        raise TypeError(f"{fname}: out= is not supported on DTensors")
+        if type(out) is not DTensor:
+            raise TypeError(f"{fname}: out= must be a DTensor")
+        write_result(fname, out, _reduce(name, a, axis, keepdims, None, extra))
+        return out
     for k in extra:
         if k not in ("dtype", "ddof"):
             raise TypeError(f"{fname}: the keyword argument {k}= is not supported on DTensors")
@@ -137,7 +141,21 @@ for _name in ("argmax", "argmin"):
     IMPLS[_name] = _arg(_name)
 for _name in ("std", "var"):
     IMPLS[_name] = _moment(_name)
+def _keepdim(impl):
+    """Accepts torch's ``keepdim=`` where NumPy's ``keepdims=`` is accepted."""
+    def entry(*args, keepdim=None, **kwargs):
+        if keepdim is not None:
+            if "keepdims" in kwargs:
+                raise TypeError(f"numpy.{impl.__name__}: give keepdims= or keepdim=, "
+                                f"not both")
+            kwargs["keepdims"] = keepdim
+        return impl(*args, **kwargs)
+    entry.__name__ = impl.__name__
+    entry.__wrapped__ = impl
+    return entry
+
+
 for _name, (_func, _method, _op, _rule, _ops, _even) in _RULES.items():
-    _registry.implements(_func)(IMPLS[_name])
+    _registry.implements(_func)(_keepdim(IMPLS[_name]))
     _C.register_reduction(_func, _method, _op, _rule, _ops, _even)
 _registry.implements(np.linalg.norm)(_merge.norm)

@@ -25,6 +25,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 from ..placement_types import Partial
 from . import _dispatch as D
+from ._inplace import write_result
 
 
 def _run_elementwise(name, key, operands, func):
@@ -58,9 +59,14 @@ def where(condition, x=None, y=None):
 @_registry.implements(np.clip)
 def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue,
          max=np._NoValue, **kwargs):
-    if out is not None or kwargs:
-        raise TypeError("numpy.clip: out= and other keyword arguments are not "
+    if kwargs:
+        raise TypeError("numpy.clip: keyword arguments other than out= are not "
                         "supported on DTensors")
+    if out is not None:
+        if type(out) is not DTensor:
+            raise TypeError("numpy.clip: out= must be a DTensor")
+        write_result("numpy.clip", out, clip(a, a_min, a_max, min=min, max=max))
+        return out
     lo = a_min if a_min is not np._NoValue else (None if min is np._NoValue else min)
     hi = a_max if a_max is not np._NoValue else (None if max is np._NoValue else max)
     for b in (lo, hi):
@@ -176,3 +182,30 @@ def array_equal(a1, a2, equal_nan=False):
     same = _run_elementwise("numpy.array_equal", ("array_equal", equal_nan), (a1, a2),
                             compare)
     return _everywhere(same.device_mesh, bool(same.to_local().all()))
+
+
+def _part(name, a, func):
+    """``func`` (np.real or np.imag) of a DTensor: placements kept. Of a complex
+    DTensor it is linear, so a Partial(sum|avg) stays (complex values have no
+    Partial(max|min)); of a real one, real is the DTensor itself and imag zeros
+    of its layout (zeros reduce to zero under every op)."""
+    if type(a) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
+    if a.dtype.kind != "c":
+        return a if func is np.real else _same_layout(a, np.zeros_like(a.to_local()),
+                                                       a.dtype)
+    mesh = a._spec.mesh
+    dec = D.decide((name,), (a,), lambda: _C.dimmap_elementwise(
+        _C.ELEMENTWISE_ADD, 1, 1, [a.shape]))
+    (local,) = D.local_inputs(mesh, (a,), dec)
+    return D.wrap(mesh, dec, np.ascontiguousarray(func(local)))
+
+
+@_registry.implements(np.real)
+def real(val):
+    return _part("numpy.real", val, np.real)
+
+
+@_registry.implements(np.imag)
+def imag(val):
+    return _part("numpy.imag", val, np.imag)

@@ -53,6 +53,12 @@ def _differentiable(func, rule) -> None:
     def entry(*args, **kwargs):
         if not _modes.grad_enabled or not _needs_grad(args, kwargs):
             return impl(*args, **kwargs)
+        if func in _WRITES:
+            raise RuntimeError(
+                f"{_WRITES[func]}: a DTensor that requires grad cannot be written in place "
+                f"while grad mode is on (the write would not be recorded and a gradient "
+                f"would be lost); write under mpitensor.no_grad(), or build a new DTensor "
+                f"(e.g. numpy.where)")
         if kwargs.get("out") is not None:
             raise RuntimeError(
                 f"{_name(func, args)}: out= (or an in-place operator) with DTensors that "
@@ -66,6 +72,11 @@ def _differentiable(func, rule) -> None:
         return rule(result, *args, **kwargs)
 
     _registry.functions[func] = entry
+
+
+# The operations that write into their first operand, by the name users write.
+_WRITES = {operator.setitem: "DTensor item assignment (dt[key] = value)",
+           np.copyto: "numpy.copyto (and DTensor.fill)"}
 
 
 def _name(func, args) -> str:

@@ -1,0 +1,129 @@
+/* The time model (timemodel.h): alpha-beta per link class, collectives priced by
+ * the algorithm Open MPI's tuned component picks.
+ *
+ * The decisions follow coll_tuned_decision_fixed.c's classic rules, which the 4.1
+ * tables refine per group size without changing their shape: small all-gathers
+ * and all-reduces take log2 G rounds and large ones a ring; small or power-of-two
+ * reduce-scatters halve recursively, large ones use a ring. The executor runs
+ * all-to-all steps and direct exchanges with MPI_Alltoallw, which the tuned
+ * component always runs linearly (every peer posted at once), so no Bruck or
+ * pairwise all-to-all is priced. A group that spans nodes is priced wholly on the
+ * network: every round of a ring or of recursive doubling waits for its slowest
+ * link. */
+#include "mpitensor/timemodel.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#include "core-private.h"
+#include "mpitensor/status.h"
+
+/* Total bytes under which Open MPI gathers and reduces in log2 G rounds. */
+#define ALLGATHER_SMALL 50000
+#define ALLREDUCE_SMALL 10000
+/* Reduce-scatter halves recursively up to this total, and up to LARGE on a
+ * power-of-two group. */
+#define REDSCAT_SMALL ((int64_t)12 * 1024)
+#define REDSCAT_LARGE ((int64_t)256 * 1024)
+
+mt_time_model mt_time_model_default(void) {
+  mt_time_model m = {{1.0e-6, 20.0e-6}, {1.0 / 5.0e9, 1.0 / 1.25e9}, 2.0e-6, 0};
+  return m;
+}
+
+static int bad_number(double v) { return !isfinite(v) || v < 0.0; }
+
+int mt_time_model_check(const mt_time_model *model, mt_error *err) {
+  if (model == NULL) return mt__fail(err, MT_EINVAL, "The time model is required");
+  static const char *const names[MT_NLINKS] = {"shared memory", "network"};
+  for (int l = 0; l < MT_NLINKS; ++l) {
+    if (bad_number(model->alpha[l]) || bad_number(model->beta[l]))
+      return mt__fail(err, MT_EINVAL,
+                      "The %s link's alpha (%g s per message) and beta (%g s per byte) "
+                      "must be finite and >= 0",
+                      names[l], model->alpha[l], model->beta[l]);
+  }
+  if (model->alpha[MT_LINK_NET] < model->alpha[MT_LINK_SHM] ||
+      model->beta[MT_LINK_NET] < model->beta[MT_LINK_SHM])
+    return mt__fail(err, MT_EINVAL,
+                    "The network link (alpha %g, beta %g) must not be faster than "
+                    "shared memory (alpha %g, beta %g)",
+                    model->alpha[MT_LINK_NET], model->beta[MT_LINK_NET],
+                    model->alpha[MT_LINK_SHM], model->beta[MT_LINK_SHM]);
+  if (bad_number(model->call))
+    return mt__fail(err, MT_EINVAL, "The time model's call cost (%g s per step) must be "
+                    "finite and >= 0", model->call);
+  if (model->ranks_per_node < 0)
+    return mt__fail(err, MT_EINVAL, "ranks_per_node is %lld; it must be >= 0",
+                    (long long)model->ranks_per_node);
+  return MT_OK;
+}
+
+int mt_time_link(const mt_time_model *model, int64_t numel, int64_t group,
+                 int64_t stride) {
+  int64_t p = model->ranks_per_node;
+  if (group <= 1 || p == 0 || p >= numel) return MT_LINK_SHM;
+  /* A group spans `group * stride` consecutive positions (its members and the
+   * groups interleaved with it): within one node exactly when such spans tile
+   * the nodes. */
+  if (stride > INT64_MAX / group) return MT_LINK_NET;
+  int64_t span = group * stride;
+  return span <= p && p % span == 0 ? MT_LINK_SHM : MT_LINK_NET;
+}
+
+static int is_pow2(int64_t g) { return g > 0 && (g & (g - 1)) == 0; }
+
+static double log2_ceil(int64_t g) {
+  double r = 0.0;
+  for (int64_t v = 1; v < g; v <<= 1) r += 1.0;
+  return r;
+}
+
+mt_coll_alg mt_time_coll_alg(int kind, int64_t group, int64_t bytes) {
+  if (group <= 1) return MT_ALG_NONE;
+  switch (kind) {
+    case MT_TIME_ALLGATHER:
+      if (group == 2) return MT_ALG_TWO_PROC;
+      return bytes < ALLGATHER_SMALL ? MT_ALG_RECURSIVE : MT_ALG_RING;
+    case MT_TIME_ALLREDUCE:
+      return bytes < ALLREDUCE_SMALL ? MT_ALG_RECURSIVE : MT_ALG_RING;
+    case MT_TIME_REDUCE_SCATTER:
+      if (bytes <= REDSCAT_SMALL || (bytes <= REDSCAT_LARGE && is_pow2(group)))
+        return MT_ALG_RECURSIVE;
+      return MT_ALG_RING;
+    default:
+      return MT_ALG_LINEAR;
+  }
+}
+
+double mt_time_coll(const mt_time_model *model, int kind, int64_t group, int64_t bytes,
+                    int64_t received, int link) {
+  if (group <= 1) return 0.0;
+  double a = model->alpha[link], b = model->beta[link], c = model->call;
+  double g = (double)group, n = (double)bytes, rounds = log2_ceil(group);
+  /* The others' data a rank takes in; an all-reduce's share of its vector. */
+  double others = kind == MT_TIME_ALLREDUCE ? n * (g - 1.0) / g : (double)received;
+  switch (mt_time_coll_alg(kind, group, bytes)) {
+    case MT_ALG_TWO_PROC:
+      return c + a + others * b;
+    case MT_ALG_RECURSIVE:
+      /* An all-reduce by recursive doubling sends the whole vector each round. */
+      if (kind == MT_TIME_ALLREDUCE) return c + rounds * (a + n * b);
+      return c + rounds * a + others * b;
+    case MT_ALG_RING:
+      if (kind == MT_TIME_ALLREDUCE) return c + 2.0 * (g - 1.0) * a + 2.0 * others * b;
+      /* Open MPI's neighbour exchange halves the rounds of an even group. */
+      if (kind == MT_TIME_ALLGATHER && group % 2 == 0) return c + g / 2.0 * a + others * b;
+      return c + (g - 1.0) * a + others * b;
+    case MT_ALG_LINEAR:
+      return mt_time_linear(model, group - 1, received, link);
+    default:
+      return 0.0;
+  }
+}
+
+double mt_time_linear(const mt_time_model *model, int64_t messages, int64_t bytes,
+                      int link) {
+  return model->call + (double)messages * model->alpha[link] +
+         (double)bytes * model->beta[link];
+}

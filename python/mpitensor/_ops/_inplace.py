@@ -1,0 +1,291 @@
+"""Writes into DTensors: ``dt[key] = value``, ``np.copyto(dt, src, where=)``,
+``dt.fill(v)``, and the rule every in-place form shares (the operators' ``out=``
+is in _elementwise.py).
+
+A write never changes the destination's placements. Each rank writes the part of
+the region its local box holds, so what moves is only what the value needs there:
+a scalar or a plain ndarray (which every rank holds, as under implicit
+replication) moves nothing; a DTensor value is redistributed to follow the
+destination (a Shard of a dim the region keeps whole stays a Shard of that dim,
+everything else is Replicate), so an aligned value moves nothing either.
+
+A Partial destination holds each element as the reduction of the ranks' locals,
+so a written element must reduce to the value: for Partial(sum) the first rank of
+the mesh dim writes the value and the others 0 (1 for a product); for avg, max and
+min every rank writes it; a value that is Partial with the destination's op is
+written as its own locals. A write with an operand that requires grad in grad mode
+is a RuntimeError (mpitensor.autograd refuses it before the write: the tape records
+no writes).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from .. import _registry
+from .._dtensor import DTensor
+from .._layout import local_shape_and_global_offset
+from ..placement_types import Partial, Replicate, Shard
+from . import _dispatch as D
+from ._indexing import _parse, _whole
+
+_IDENTITY = {"sum": 0, "product": 1}
+
+
+def _partial_op(dst):
+    """The reduce op of the destination's Partial mesh dims (None when it has
+    none); mixed ops are refused, as their order would decide the value."""
+    ops = {p.reduce_op for p in dst._spec.placements if isinstance(p, Partial)}
+    if len(ops) > 1:
+        raise ValueError(f"cannot write into a DTensor with Partials of different "
+                         f"reduce ops {dst._spec.placements}; redistribute it first")
+    return next(iter(ops), None)
+
+
+def _writes_identity(dst, kept) -> bool:
+    """Whether this rank writes the identity of the destination's Partial instead of
+    the value: it is not the first rank of some Partial(sum|product) mesh dim on
+    which the value is not itself Partial (``kept``: those mesh dims)."""
+    coord = dst._spec.mesh._coordinate
+    for m, p in enumerate(dst._spec.placements):
+        if (isinstance(p, Partial) and p.reduce_op in _IDENTITY and m not in kept
+                and coord[m] != 0):
+            return True
+    return False
+
+
+def follow(dst_spec, dims, value):
+    """The placements a DTensor ``value`` takes to be written into ``dst_spec``'s
+    region: per mesh dim, a Shard of a destination dim d whose region is whole and
+    that the value holds whole on its dim ``dims[d]`` (None: not held) stays a Shard
+    there; a Partial of the destination's op stays; anything else is Replicate.
+    Local.
+
+    Example: ``follow(a._spec, {0: 0, 1: 1}, b)`` is ``a``'s placements for a ``b``
+    of ``a``'s shape.
+    """
+    out = []
+    for p, vp in zip(dst_spec.placements, value._spec.placements):
+        if isinstance(p, Shard) and dims.get(p.dim) is not None:
+            out.append(Shard(dims[p.dim]))
+        elif isinstance(p, Partial) and vp == p:
+            out.append(p)
+        else:
+            out.append(Replicate())
+    return tuple(out)
+
+
+def _value_dims(dst_shape, value_shape, region_dims):
+    """Destination dim -> the value's dim that holds it whole (broadcasting aligns
+    the value with the region's dims from the right); ``region_dims`` lists, per
+    region dim, the destination dim it is (None for a new axis)."""
+    lead = len(region_dims) - len(value_shape)
+    dims = {}
+    for j, d in enumerate(region_dims):
+        v = j - lead
+        if d is not None and v >= 0 and value_shape[v] == dst_shape[d]:
+            dims[d] = v
+    return dims
+
+
+def _broadcast_check(what, value_shape, shape):
+    try:
+        ok = np.broadcast_shapes(tuple(value_shape), tuple(shape)) == tuple(shape)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{what}: could not broadcast input array from shape "
+                         f"{tuple(value_shape)} into shape {tuple(shape)}")
+
+
+def _as_value(name, value, mesh):
+    """A DTensor value checked to live on ``mesh``, else an ndarray or scalar."""
+    if type(value) is DTensor:
+        if value._spec.mesh is not mesh and value._spec.mesh != mesh:
+            raise ValueError(f"{name}: the value lives on another device mesh "
+                             f"({value._spec.mesh} and {mesh}); redistribute it first")
+        return value
+    return value if D.is_scalar(value) else np.asarray(value)
+
+
+def _range_cut(start, step, count, lo, n):
+    """(k0, k1): the positions k of a selection ``start + k * step`` (k < count)
+    that fall in the local extent [lo, lo + n); they are consecutive."""
+    if n == 0 or count == 0:
+        return 0, 0
+    hi = lo + n
+    if step > 0:
+        k0, k1 = -((start - lo) // step), -((start - hi) // step)
+    else:
+        k0, k1 = (start - hi) // -step + 1, (start - lo) // -step + 1
+    k0 = min(max(k0, 0), count)
+    return k0, min(max(k1, k0), count)
+
+
+@_registry.implements(operator.setitem)
+def setitem(dt, key, value) -> None:
+    """``dt[key] = value`` for a basic key (ints, slices, None, ...) or a boolean
+    mask (a DTensor or ndarray of ``dt``'s shape, with a scalar value); placements
+    kept. Collective on the mesh when a DTensor value or mask must move (only to
+    follow ``dt``'s layout), else local."""
+    spec = dt._spec
+    mesh = spec.mesh
+    op = _partial_op(dt)
+    mask = key if type(key) is DTensor or (isinstance(key, np.ndarray)
+                                            and key.dtype == bool and key.ndim > 0) else None
+    if mask is not None:
+        _mask_write(dt, mask, value, op)
+        return
+    sel, outdims = _parse(key, spec.shape)
+    region = tuple(1 if o[0] == "new" else sel[o[1]][2] for o in outdims)
+    region_dims = [None if o[0] == "new" else o[1] for o in outdims]
+    value = _as_value("DTensor item assignment", value, mesh)
+    vshape = value.shape if type(value) is DTensor else np.shape(value)
+    _broadcast_check("DTensor item assignment", vshape, region)
+    kept = set()
+    followed = {}
+    if type(value) is DTensor:
+        dims = {d: v for d, v in _value_dims(spec.shape, vshape, region_dims).items()
+                if _whole(sel[d], spec.shape[d])}
+        target = follow(spec, dims, value)
+        kept = {m for m, p in enumerate(target) if isinstance(p, Partial)}
+        followed = {dims[p.dim] for p in target if isinstance(p, Shard)}
+        value = D.relayout("DTensor item assignment", value, target)
+    if mesh._coordinate is None:
+        return
+    lshape, loff = local_shape_and_global_offset(spec.shape, mesh.shape,
+                                                 mesh._coordinate, spec.placements)
+    cuts = [_range_cut(s[0], s[1], s[2], loff[d], lshape[d]) for d, s in enumerate(sel)]
+    local_key = []
+    for d, (s, (k0, k1)) in enumerate(zip(sel, cuts)):
+        first = s[0] + k0 * s[1] - loff[d]
+        stop = first + (k1 - k0) * s[1]
+        local_key.append(slice(first, stop if stop >= 0 else None, s[1]) if k1 > k0
+                         else slice(0, 0))
+    target_shape = tuple(k1 - k0 for k0, k1 in cuts)
+    region_local = tuple(1 if d is None else cuts[d][1] - cuts[d][0] for d in region_dims)
+    dest = dt.to_local()
+    if _writes_identity(dt, kept):
+        dest[tuple(local_key)] = _IDENTITY[op]
+        return
+    if type(value) is DTensor:
+        v = value.to_local()
+        v = v.reshape((1,) * (len(region) - v.ndim) + v.shape)
+        lead = len(region) - len(vshape)
+        idx = []
+        for j, d in enumerate(region_dims):
+            if v.shape[j] == 1 or d is None or (j - lead) in followed:
+                idx.append(slice(None))
+            else:
+                idx.append(slice(*cuts[d]))
+        piece = v[tuple(idx)]
+    elif isinstance(value, np.ndarray) and value.ndim > 0:
+        v = value.reshape((1,) * (len(region) - value.ndim) + value.shape)
+        idx = [slice(None) if v.shape[j] == 1 or d is None else slice(*cuts[d])
+               for j, d in enumerate(region_dims)]
+        piece = v[tuple(idx)]
+    else:
+        dest[tuple(local_key)] = value
+        return
+    if 0 in target_shape:  # an int index this rank does not hold: nothing to write
+        piece = np.empty(target_shape, piece.dtype)
+    else:
+        piece = np.broadcast_to(piece, region_local).reshape(target_shape)
+    dest[tuple(local_key)] = piece
+
+
+def _local_operand(name, dst, obj):
+    """This rank's part of ``obj`` (scalar, ndarray or DTensor broadcastable to
+    ``dst``) over ``dst``'s local box, and the Partial mesh dims it keeps.
+    Collective on the mesh when a DTensor must move to follow ``dst``."""
+    spec = dst._spec
+    mesh = spec.mesh
+    if type(obj) is not DTensor:
+        obj = obj if D.is_scalar(obj) else np.asarray(obj)
+    _broadcast_check(name, obj.shape if type(obj) is DTensor else np.shape(obj), spec.shape)
+    kept = set()
+    if type(obj) is DTensor:
+        _as_value(name, obj, mesh)
+        dims = _value_dims(spec.shape, obj.shape, list(range(len(spec.shape))))
+        target = follow(spec, dims, obj)
+        kept = {m for m, p in enumerate(target) if isinstance(p, Partial)}
+        obj = D.relayout(name, obj, target)
+        if mesh._coordinate is None:
+            return None, kept
+        v = obj.to_local()
+        v = v.reshape((1,) * (len(spec.shape) - v.ndim) + v.shape)
+        lshape, loff = local_shape_and_global_offset(spec.shape, mesh.shape,
+                                                     mesh._coordinate, spec.placements)
+        followed = {p.dim for p in target if isinstance(p, Shard)}
+        lead = len(spec.shape) - obj.ndim
+        idx = tuple(slice(None) if v.shape[d] == 1 or (d - lead) in followed
+                    else slice(loff[d], loff[d] + lshape[d]) for d in range(v.ndim))
+        return np.broadcast_to(v[idx], lshape), kept
+    if mesh._coordinate is None or D.is_scalar(obj) or obj.ndim == 0:
+        return obj, kept
+    lshape, loff = local_shape_and_global_offset(spec.shape, mesh.shape,
+                                                 mesh._coordinate, spec.placements)
+    v = obj.reshape((1,) * (len(spec.shape) - obj.ndim) + obj.shape)
+    idx = tuple(slice(None) if v.shape[d] == 1 else slice(loff[d], loff[d] + lshape[d])
+                for d in range(v.ndim))
+    return np.broadcast_to(v[idx], lshape), kept
+
+
+def _mask_write(dt, mask, value, op):
+    name = "DTensor item assignment with a boolean mask"
+    if type(value) is DTensor or not D.is_scalar(value):
+        raise TypeError(f"{name}: only a scalar value is supported (the value of "
+                        f"dt[mask] = v is written where the mask is True); for an "
+                        f"array of values use numpy.copyto(dt, values, where=mask)")
+    if mask.shape != dt.shape or np.dtype(mask.dtype) != np.bool_:
+        raise IndexError(f"{name}: the mask must be a boolean array of the DTensor's "
+                         f"shape {dt.shape}, not {mask.dtype} of shape {mask.shape}")
+    local_mask, _ = _local_operand(name, dt, mask)
+    if dt._spec.mesh._coordinate is None:
+        return
+    dest = dt.to_local()
+    dest[local_mask] = _IDENTITY[op] if _writes_identity(dt, set()) else value
+
+
+@_registry.implements(np.copyto)
+def copyto(dst, src, casting="same_kind", where=True) -> None:
+    """``numpy.copyto`` into a DTensor: ``src`` and ``where`` (scalars, ndarrays
+    every rank holds, or DTensors) broadcast to ``dst``; placements kept. Collective
+    on the mesh when a DTensor operand must move to follow ``dst``, else local."""
+    name = "numpy.copyto"
+    if type(dst) is not DTensor:
+        raise TypeError(f"{name}: a DTensor source needs a DTensor destination "
+                        f"(use .full_tensor() or .to_local() for an ndarray)")
+    op = _partial_op(dst)
+    if type(where) is DTensor and np.dtype(where.dtype) != np.bool_:
+        raise TypeError(f"{name}: where= must be boolean, not {where.dtype}")
+    s, kept = _local_operand(name, dst, src)
+    w, _ = _local_operand(name, dst, where) if where is not True else (True, set())
+    if dst._spec.mesh._coordinate is None:
+        return
+    if _writes_identity(dst, kept):
+        s = np.array(_IDENTITY[op], dst.dtype)
+    np.copyto(dst.to_local(), s, casting=casting, where=w)
+
+
+def write_result(name, out, result) -> None:
+    """Writes the DTensor ``result`` into ``out`` (the ``out=`` of an operation that
+    computed it elsewhere): redistributed to ``out``'s placements first, which may
+    not create a Partial. Collective on the mesh when it moves.
+
+    Example: ``write_result("numpy.clip", out, np.clip(a, 0, 1))``.
+    """
+    if out.shape != result.shape:
+        raise ValueError(f"{name}: out= has shape {out.shape}, the result has shape "
+                         f"{result.shape}")
+    for p, q in zip(out.placements, result.placements):
+        if isinstance(p, Partial) and p != q:
+            raise RuntimeError(
+                f"{name}: out= has placements {out.placements} but the result is "
+                f"{result.placements}; a result cannot be made Partial, so write into "
+                f"a DTensor of the result's placements (or redistribute out first)")
+    result = D.relayout(name, result, out.placements)
+    if out._spec.mesh._coordinate is not None:
+        np.copyto(out.to_local(), result.to_local(), casting="same_kind")

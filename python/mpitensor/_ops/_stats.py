@@ -1,0 +1,235 @@
+"""Reductions whose per-rank results merge without gathering the input:
+``np.logaddexp.reduce`` / ``np.logaddexp2.reduce`` (log-sum-exp) and
+``np.histogram``; and the dense decompositions ``np.linalg.svd``, ``eigh`` and
+``qr``, which replicate their input first (as torch's DTensor does).
+
+Log-sum-exp along a sharded axis: each rank reduces its shard, then the mesh dims
+that shard the axis merge the per-rank values exactly, with no Partial left behind:
+one all-reduce of their maximum M and one of ``sum(exp(lse_r - M))``, each the size
+of the result. A histogram counts each rank's shard (replicas count once: only the
+first rank of every mesh dim that does not shard the input counts) and sums the
+counts with one all-reduce per mesh dim; with ``bins`` an int and no ``range`` the
+global minimum and maximum are found first (one all-reduce of two numbers per mesh
+dim; an empty shard contributes nothing).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
+
+from .. import _registry
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Partial, Replicate, Shard
+from . import _dispatch as D
+from ._inplace import write_result
+
+
+def _unpartial(name, a):
+    return D.relayout(name, a, [Replicate() if p.is_partial() else p
+                                for p in a._spec.placements])
+
+
+def _all_reduce(mesh, local, op, mesh_dims):
+    """``local`` reduced by ``op`` over ``mesh_dims`` (a Partial(op) there, reduced
+    to Replicate); the other mesh dims as ``keep``. Collective on the mesh."""
+    pls = [Partial(op) if m in mesh_dims else Replicate() for m in range(mesh.ndim)]
+    local = np.array(local, order="C")  # 0-d stays 0-d (ascontiguousarray makes 1-D)
+    dt = DTensor.from_local(local, mesh, pls,
+                            shape=local.shape, stride=tuple(
+                                int(np.prod(local.shape[d + 1:])) for d in range(local.ndim)))
+    return dt.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
+
+
+def logaddexp_reduce(ufunc, a, axis=0, dtype=None, out=None, keepdims=False, **kwargs):
+    """``np.logaddexp.reduce(a, axis)`` (and logaddexp2) of a DTensor: local along an
+    unsharded axis; along a sharded one each rank reduces its shard and the ranks
+    merge their values (two all-reduces the size of the result). Placements: the
+    Shards of other dims follow them, the axis's mesh dims become Replicate; a
+    Partial input is reduced first."""
+    name = f"numpy.{ufunc.__name__}.reduce"
+    if type(a) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
+    if kwargs or dtype is not None:
+        raise TypeError(f"{name}: only axis=, keepdims= and out= are supported on "
+                        f"DTensors")
+    if axis is None or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{name}: axis must be one int (logaddexp is not reorderable), "
+                        f"got {axis!r}")
+    axis = normalize_axis_index(int(axis), a.ndim)
+    if out is not None:
+        from_out = out[0] if isinstance(out, tuple) else out
+        if type(from_out) is not DTensor:
+            raise TypeError(f"{name}: out= must be a DTensor")
+        write_result(name, from_out, logaddexp_reduce(ufunc, a, axis, keepdims=keepdims))
+        return from_out
+    a = _unpartial(name, a)
+    spec = a._spec
+    mesh = spec.mesh
+    dims = {m for m, p in enumerate(spec.placements)
+            if isinstance(p, Shard) and p.dim == axis and mesh.shape[m] > 1}
+
+    def out_dim(d):
+        return d if keepdims else d - (d > axis)
+
+    placements = tuple(
+        Replicate() if (isinstance(p, Shard) and p.dim == axis) else
+        (Shard(out_dim(p.dim)) if isinstance(p, Shard) else p)
+        for p in spec.placements)
+    shape = tuple(1 if d == axis else n for d, n in enumerate(spec.shape)
+                  if keepdims or d != axis)
+    if mesh._coordinate is None:
+        local = D.outside_local(shape, np.result_type(spec.dtype, np.float16))
+        return DTensor(local, DTensorSpec(mesh, placements, shape, local.dtype,
+                                          contiguous_strides(shape)))
+    local = ufunc.reduce(a.to_local(), axis=axis, keepdims=keepdims)
+    if dims:
+        exp = np.exp if ufunc is np.logaddexp else np.exp2
+        log = np.log if ufunc is np.logaddexp else np.log2
+        top = _all_reduce(mesh, local, "max", dims)
+        finite = np.isfinite(top)
+        shift = np.where(finite, top, 0)
+        with np.errstate(divide="ignore"):
+            total = _all_reduce(mesh, exp(local - shift), "sum", dims)
+            local = np.where(finite, shift + log(total), top).astype(local.dtype)
+    local = np.asarray(local)
+    return DTensor(local, DTensorSpec(mesh, placements, shape, local.dtype,
+                                      contiguous_strides(shape)))
+
+
+@_registry.implements(np.histogram)
+def histogram(a, bins=10, range=None, density=None, weights=None):
+    """``np.histogram`` of a DTensor's elements: ``(counts, bin_edges)`` as NumPy
+    arrays, the same on every rank of the mesh. Collective on the mesh: local
+    counts and one all-reduce of the counts per mesh dim (plus, for an int
+    ``bins`` without ``range``, two all-reduces of one number for the edges);
+    nothing of the input moves (a Partial input is reduced first)."""
+    name = "numpy.histogram"
+    if type(a) is not DTensor:
+        raise TypeError(f"{name}: the data must be the DTensor")
+    if weights is not None:
+        raise TypeError(f"{name}: weights= is not supported on DTensors")
+    a = _unpartial(name, a)
+    spec = a._spec
+    mesh = spec.mesh
+    if isinstance(bins, str):
+        raise TypeError(f"{name}: bins given by name ({bins!r}) need the whole data; "
+                        f"pass a number of bins or the edges")
+    if np.ndim(bins) == 0 and range is None:
+        operator.index(bins)
+        if spec.shape and 0 in spec.shape:
+            range = (0.0, 1.0)
+        elif mesh._coordinate is not None:
+            # per-rank extremes (an empty shard gives the identity), one number each
+            x = a.to_local()
+            ext = np.array([x.min(), -x.max()] if x.size else [np.inf, np.inf], np.float64)
+            ext = _all_reduce(mesh, ext, "min", set(np.arange(mesh.ndim).tolist()))
+            range = (float(ext[0]), float(-ext[1]))
+        else:
+            range = (0.0, 1.0)  # outside the mesh: no data, nothing is counted
+    edges = np.histogram_bin_edges(np.empty(0, spec.dtype), bins=bins, range=range)
+    if mesh._coordinate is None:
+        return np.zeros(len(edges) - 1, np.intp), edges
+    counts, _ = np.histogram(a.to_local(), bins=edges)
+    sharding = {m for m, p in enumerate(spec.placements) if isinstance(p, Shard)}
+    if any(c != 0 for m, c in enumerate(mesh._coordinate) if m not in sharding):
+        counts = np.zeros_like(counts)  # a replica: its first copy counts
+    counts = _all_reduce(mesh, counts, "sum", set(np.arange(mesh.ndim).tolist()))
+    if density:
+        widths = np.diff(edges)
+        return counts / widths / counts.sum(), edges
+    return counts, edges
+
+
+
+# -- decompositions: replicated, then NumPy on every rank ------------------------------
+
+def _replicated(name, a):
+    if type(a) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
+    return D.relayout(name, a, [Replicate()] * a._spec.mesh.ndim)
+
+
+def _wrap_replicate(mesh, results):
+    def one(x):
+        x = np.array(x, order="C")
+        local = x if mesh._coordinate is not None else D.outside_local(x.shape, x.dtype)
+        return DTensor(local, DTensorSpec(mesh, (Replicate(),) * mesh.ndim, x.shape,
+                                          x.dtype, contiguous_strides(x.shape)))
+    if type(results) is tuple:
+        return tuple(one(x) for x in results)
+    if isinstance(results, tuple):  # NumPy's named results (SVDResult, ...)
+        return type(results)(*(one(x) for x in results))
+    return one(results)
+
+
+def _decomposition(func):
+    name = f"numpy.linalg.{func.__name__}"
+
+    def impl(a, *args, **kwargs):
+        r = _replicated(name, a)
+        local = r.to_local() if r._spec.mesh._coordinate is not None else np.zeros(
+            r.shape, r.dtype)
+        return _wrap_replicate(r._spec.mesh, func(local, *args, **kwargs))
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name} of a DTensor: its input is replicated (one gather, as "
+                    f"torch's DTensor does) and every rank runs NumPy; the results are "
+                    f"Replicate DTensors. Collective on the mesh.")
+    return impl
+
+
+for _f in (np.linalg.svd, np.linalg.eigh, np.linalg.eigvalsh,
+           np.linalg.svdvals if hasattr(np.linalg, "svdvals") else None):
+    if _f is not None:
+        _registry.implements(_f)(_decomposition(_f))
+
+_replicated_qr = _decomposition(np.linalg.qr)
+
+
+@_registry.implements(np.linalg.qr)
+def qr(a, mode="reduced"):
+    """np.linalg.qr of a DTensor. A tall-skinny matrix (rows >= columns) sharded
+    only along its rows on one mesh dim takes TSQR: each rank factors its rows, the
+    small R factors (padded to n x n) are all-gathered and factored again, and each
+    rank's Q rows are its local Q times its block of that second Q: Q keeps the
+    rows' Shard, R is Replicate, and n x n per rank moves instead of the matrix.
+    Signs may differ from NumPy's (a QR is unique up to the signs of R's rows).
+    Anything else is replicated first. Collective on the mesh."""
+    if type(a) is not DTensor:
+        raise TypeError(f"numpy.linalg.qr: expected a DTensor, got {type(a).__name__}")
+    spec = a._spec
+    mesh = spec.mesh
+    sharded = [m for m, p in enumerate(spec.placements) if not isinstance(p, Replicate)
+               and mesh.shape[m] > 1]
+    tall = (a.ndim == 2 and mode in ("reduced", "r") and spec.shape[0] >= spec.shape[1]
+            and len(sharded) == 1 and spec.placements[sharded[0]] == Shard(0))
+    if not tall:
+        return _replicated_qr(a, mode=mode)
+    m_dim, n = sharded[0], spec.shape[1]
+    g = mesh.shape[m_dim]
+    if mesh._coordinate is None:
+        q_local, r_pad = np.empty((0,), spec.dtype), np.zeros((n, n), spec.dtype)
+    else:
+        q_local, r_local = np.linalg.qr(a.to_local())
+        r_pad = np.zeros((n, n), r_local.dtype)
+        r_pad[:r_local.shape[0]] = r_local
+    pls = [Shard(0) if m == m_dim else Replicate() for m in range(mesh.ndim)]
+    stacked = DTensor.from_local(r_pad, mesh, pls, shape=(g * n, n), stride=(n, 1))
+    stacked = D.relayout("numpy.linalg.qr", stacked, [Replicate()] * mesh.ndim)
+    if mesh._coordinate is None:
+        q2, r = np.eye(g * n, n), np.zeros((n, n))
+    else:
+        q2, r = np.linalg.qr(stacked.to_local())
+    r_dt = _wrap_replicate(mesh, r)
+    if mode == "r":
+        return r_dt
+    if mesh._coordinate is not None:
+        k = mesh._coordinate[m_dim]
+        q_local = q_local @ q2[k * n:k * n + q_local.shape[1]]
+    q_dt = DTensor(np.ascontiguousarray(q_local),
+                   DTensorSpec(mesh, spec.placements, (spec.shape[0], n),
+                               np.dtype(q_local.dtype), contiguous_strides((spec.shape[0], n))))
+    return type(np.linalg.qr(np.eye(1)))(q_dt, r_dt)

@@ -1,0 +1,122 @@
+"""The calibrated time model: the table ``make calibrate`` writes, loaded per mesh.
+
+Redistribution plans are ranked by predicted time (the C core's time model:
+seconds per message, ``alpha``, and per byte, ``beta``, for shared memory within
+a node and for the network between nodes). ``benchmarks/calibrate.py`` fits them
+on this machine and writes a JSON table; every mesh created afterwards uses it.
+The table is read at ``$MPITENSOR_TIME_MODEL`` if set, else at
+``$XDG_CACHE_HOME/mpitensor/time_model.json`` (``~/.cache`` by default);
+``MPITENSOR_TIME_MODEL=builtin`` ignores any table. Rank 0
+of the mesh's communicator reads it and broadcasts what it found, so every rank
+plans with the same costs (plans that differed between ranks would pair
+different collectives). A missing table means the built-in costs; a table that
+cannot be read or is invalid means the built-in costs and a logged warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+from . import _C
+
+__all__ = ["table_path", "read_table", "model_for"]
+
+log = logging.getLogger("mpitensor")
+
+FORMAT = "mpitensor-time-model"
+VERSION = 1
+LINKS = ("shm", "net")
+
+
+def table_path() -> str:
+    """Where the calibrated table is read from and written to.
+
+    Example: ``table_path()`` -> ``'/home/me/.cache/mpitensor/time_model.json'``.
+    """
+    path = os.environ.get("MPITENSOR_TIME_MODEL")
+    if path:
+        return path
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "mpitensor", "time_model.json")
+
+
+def _cost(table: dict, link: str) -> tuple[float, float]:
+    entry = table.get(link)
+    if not isinstance(entry, dict):
+        raise ValueError(f"it has no {link!r} entry of alpha and beta")
+    out = []
+    for name in ("alpha", "beta"):
+        value = entry.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{link}.{name} is {value!r}; it must be a finite number "
+                             f">= 0 (seconds per message for alpha, per byte for beta)")
+        out.append(float(value))
+    return out[0], out[1]
+
+
+def read_table(path: str | None = None) -> tuple[float, ...] | None:
+    """The (alpha_shm, beta_shm, alpha_net, beta_net, call) of the table at
+    ``path`` (default: ``table_path()``), or None when there is no table.
+    ValueError, naming the file and what is wrong, when it cannot be read or is
+    invalid. A table measured on one node has no ``net`` entry: the built-in
+    network costs stand in, never below shared memory's; without ``call`` the
+    built-in one does.
+
+    Example: ``read_table("/tmp/tm.json")`` -> ``(4e-07, 1.1e-10, 2e-05, 8e-10, 2e-06)``.
+    """
+    path = table_path() if path is None else path
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ValueError(f"the time model table {path} cannot be read: {e}") from None
+    try:
+        table = json.loads(text)
+        if not isinstance(table, dict) or table.get("format") != FORMAT:
+            raise ValueError(f"it is not a {FORMAT!r} table")
+        if table.get("version") != VERSION:
+            raise ValueError(f"its version is {table.get('version')!r}, "
+                             f"this mpitensor reads version {VERSION}")
+        builtin = _C.default_time_model()
+        shm = _cost(table, "shm")
+        if "net" in table:
+            net = _cost(table, "net")
+        else:
+            net = (max(builtin[2], shm[0]), max(builtin[3], shm[1]))
+        if net[0] < shm[0] or net[1] < shm[1]:
+            raise ValueError("its network link is faster than shared memory")
+        call = table.get("call", builtin[4])
+        if isinstance(call, bool) or not isinstance(call, (int, float)) \
+                or not math.isfinite(call) or call < 0:
+            raise ValueError(f"call is {call!r}; it must be a finite number >= 0 "
+                             f"(seconds per communicating step)")
+    except ValueError as e:
+        raise ValueError(f"the time model table {path} is invalid: {e}") from None
+    return shm[0], shm[1], net[0], net[1], float(call)
+
+
+def model_for(comm, handle) -> None:
+    """Gives the mesh ``handle`` (a ``_C.Mesh``) the calibrated costs, if any.
+    Collective on ``comm``: its rank 0 reads the table and broadcasts the costs,
+    or the reason it could not use them, which every rank then logs alike.
+
+    Example: ``model_for(MPI.COMM_WORLD, mesh._handle)`` (DeviceMesh does this).
+    """
+    found = None
+    if comm.Get_rank() == 0 and os.environ.get("MPITENSOR_TIME_MODEL") != "builtin":
+        try:
+            found = read_table()
+        except ValueError as e:
+            found = str(e)
+    found = comm.bcast(found, root=0)
+    if isinstance(found, str):
+        log.warning("%s; plans are ranked by the built-in time model", found)
+    elif found is not None and handle.coordinate() is not None:
+        handle.set_time_model(tuple(found) + (0,))

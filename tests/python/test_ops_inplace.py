@@ -1,0 +1,254 @@
+"""Writes into DTensors: ``dt[key] = v`` (scalar, ndarray, DTensor; boolean masks),
+``np.copyto(dt, v, where=)``, ``dt.fill``, in-place operators and ``out=``. The full
+tensor equals NumPy's after the same writes, for random shapes (uneven shards),
+keys and placements (Partial(sum) too); placements never change; the bytes moved
+are only what the value needs to follow the destination."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Partial, Replicate, Shard
+from mpitensor.debug import CommDebugMode
+from mpitensor.experimental import implicit_replication
+from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+
+R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
+COMM = MPI.COMM_WORLD
+
+
+def total_bytes(mode) -> float:
+    return COMM.allreduce(sum(mode.get_comm_bytes().values()))
+
+
+@st.composite
+def index_key(draw, shape):
+    key = []
+    for n in shape:
+        kind = draw(st.sampled_from(["all", "int", "slice"]))
+        if kind == "int":
+            key.append(draw(st.integers(-n, n - 1)))
+        elif kind == "slice":
+            start = draw(st.one_of(st.none(), st.integers(-n - 1, n + 1)))
+            stop = draw(st.one_of(st.none(), st.integers(-n - 1, n + 1)))
+            step = draw(st.sampled_from([None, 1, 2, -1, -2, 3]))
+            key.append(slice(start, stop, step))
+        else:
+            key.append(slice(None))
+    if draw(st.booleans()):
+        key.insert(draw(st.integers(0, len(key))), None)
+    return tuple(key)
+
+
+@settings(max_examples=60)
+@given(data=st.data())
+def test_setitem_matches_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    shape = tuple(data.draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    dtype = data.draw(st.sampled_from([np.float64, np.int64]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    full = rng.integers(-5, 6, size=shape).astype(dtype)
+    pls = placements(data.draw, len(shape), mesh.ndim)
+    dt = make(full, mesh, pls)
+    key = data.draw(index_key(shape))
+    region = full[key].shape
+    kind = data.draw(st.sampled_from(["scalar", "ndarray", "dtensor", "broadcast"]))
+    if kind == "scalar":
+        value = dtype(7)
+        dvalue = value
+    else:
+        vshape = region if kind != "broadcast" else region[len(region) // 2:]
+        value = rng.integers(10, 20, size=vshape).astype(dtype)
+        dvalue = value
+        if kind == "dtensor":
+            dvalue = make(value, mesh, placements(data.draw, value.ndim, mesh.ndim))
+    dt[key] = dvalue
+    full[key] = value
+    assert dt.placements == pls
+    assert_matches(dt, full)
+
+
+@settings(max_examples=30)
+@given(data=st.data())
+def test_copyto_where_and_inplace_operators_match_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    shape = tuple(data.draw(st.lists(st.integers(1, 7), min_size=2, max_size=2)))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    full = rng.integers(-5, 6, size=shape).astype(np.float64)
+    other = rng.integers(1, 6, size=shape).astype(np.float64)
+    pls = placements(data.draw, 2, mesh.ndim, partial=False)
+    dt = make(full, mesh, pls)
+    dother = make(other, mesh, placements(data.draw, 2, mesh.ndim))
+    mask = other > 3
+    dmask = make(mask, mesh, placements(data.draw, 2, mesh.ndim, partial=False))
+    np.copyto(dt, dother, where=dmask)
+    np.copyto(full, other, where=mask)
+    dt += dother
+    full += other
+    dt *= 2
+    full *= 2
+    dt[dmask] = -1.5
+    full[mask] = -1.5
+    with implicit_replication():  # a plain row every rank holds, broadcast
+        dt -= other[0]
+    full -= other[0]
+    assert dt.placements == pls
+    assert_matches(dt, full)
+
+
+@pytest.mark.parametrize("pls", [[S0], [S1], [R], [PS]], ids=str)
+def test_scalar_and_ndarray_writes_move_nothing(pls):
+    mesh = mesh_of((W,))
+    full = np.arange(35.0).reshape(7, 5)
+    dt = make(full, mesh, pls)
+    high, low = full > 30, full < 3
+    with CommDebugMode() as mode:
+        dt[2] = 2.4
+        dt[1:3] = np.arange(5.0)
+        dt[::-2, 1] = np.arange(4.0)
+        dt[high] = 0
+        np.copyto(dt, 9.0, where=low)
+    full[2] = 2.4
+    full[1:3] = np.arange(5.0)
+    full[::-2, 1] = np.arange(4.0)
+    full[high] = 0
+    np.copyto(full, 9.0, where=low)
+    assert mode.get_total_counts() == 0
+    assert dt.placements == tuple(pls)
+    assert_matches(dt, full)
+    with CommDebugMode() as mode:
+        dt.fill(4)
+    assert mode.get_total_counts() == 0
+    assert_matches(dt, np.full((7, 5), 4.0))
+
+
+def test_aligned_dtensor_value_moves_nothing():
+    mesh = mesh_of((W,))
+    dt = make(np.zeros((9, 4)), mesh, [S0])
+    v = make(np.arange(36.0).reshape(9, 4), mesh, [S0])
+    row = make(np.arange(4.0), mesh, [R])
+    col = make(np.arange(9.0), mesh, [S0])
+    with CommDebugMode() as mode:
+        dt[:] = v
+        dt[:, 2] = col
+        dt[3] = row
+    assert mode.get_total_counts() == 0
+    want = np.arange(36.0).reshape(9, 4)
+    want[:, 2] = np.arange(9.0)
+    want[3] = np.arange(4.0)
+    assert_matches(dt, want)
+
+
+def test_inplace_operator_follows_the_destination():
+    """a += b with a Shard(0) and b Shard(1): b moves once to Shard(0) (torch's rule
+    for in-place ops), no more than b's bytes that change rank, and a keeps its
+    placements."""
+    mesh = mesh_of((W,))
+    x, y = np.arange(64.0).reshape(8, 8), np.ones((8, 8))
+    a, b = make(x, mesh, [S0]), make(y, mesh, [S1])
+    with CommDebugMode() as mode:
+        a += b
+    assert a.placements == (S0,)
+    if W > 1:
+        assert dict(mode.get_comm_counts()) == {"all_to_all_single": 1}
+        assert total_bytes(mode) <= y.nbytes * (W - 1) / W + 8 * W
+    assert_matches(a, x + y)
+    # the operator form's decision fits already: nothing moves
+    with CommDebugMode() as mode:
+        a *= 3.0
+    assert mode.get_total_counts() == 0
+    assert_matches(a, (x + y) * 3)
+
+
+def test_inplace_that_would_change_placements_raises_clearly():
+    mesh = mesh_of((W,))
+    a, b = make(np.ones((4, 4)), mesh, [PS]), make(np.ones((4, 4)), mesh, [PS])
+    if W == 1:
+        pytest.skip("a Partial over one rank is already reduced")
+    with pytest.raises(RuntimeError, match="never changes placements") as info:
+        np.exp(a, out=a)  # exp needs the Partial reduced: the result is not Partial
+    assert "internal use" not in str(info.value)
+    with pytest.raises(RuntimeError, match="never changes placements"):
+        np.maximum(a, b, out=a)
+    a *= b  # P(sum) * P(sum): one operand is reduced, the Partial stays: allowed
+    assert a.placements == (PS,)
+    assert_matches(a, np.ones((4, 4)))
+    c = make(np.ones((4, 4)), mesh, [PS])
+    with pytest.raises(RuntimeError, match="cannot be made Partial"):
+        np.clip(make(np.ones((4, 4)), mesh, [R]), 0, 1, out=c)
+
+
+def test_partial_destination_writes_reduce_to_the_value():
+    mesh = mesh_of((W,))
+    full = np.arange(12.0).reshape(3, 4)
+    dt = make(full, mesh, [PS])
+    high, low = full > 9, full < 2
+    dt[1] = 100.0
+    dt[high] = -1.0
+    np.copyto(dt, make(np.full((3, 4), 5.0), mesh, [PS]), where=low)
+    full[1] = 100.0
+    full[high] = -1.0
+    np.copyto(full, 5.0, where=low)
+    assert dt.placements == (PS,)
+    assert_matches(dt, full)
+
+
+def test_clip_out():
+    mesh = mesh_of((W,))
+    full = np.arange(-6.0, 6.0).reshape(3, 4)
+    a = make(full, mesh, [S1])
+    out = make(np.zeros((3, 4)), mesh, [S1])
+    with CommDebugMode() as mode:
+        got = np.clip(a, -2, 3, out=out)
+    assert got is out and mode.get_total_counts() == 0
+    assert_matches(out, np.clip(full, -2, 3))
+
+
+def test_grad_mode_writes_raise():
+    mesh = mesh_of((W,))
+    a = make(np.ones((4, 4)), mesh, [S0])
+    a.requires_grad_()
+    for write in (lambda: a.__setitem__(0, 1.0), lambda: a.fill(0.0),
+                  lambda: np.copyto(a, 2.0)):
+        with pytest.raises(RuntimeError, match="requires grad"):
+            write()
+    b = make(np.zeros((4, 4)), mesh, [S0])
+    with pytest.raises(RuntimeError, match="requires grad"):
+        b[:] = a
+    with mt.no_grad():
+        a[0] = 5.0
+    want = np.ones((4, 4))
+    want[0] = 5.0
+    assert_matches(a.detach(), want)
+
+
+def test_bad_writes_raise_on_every_rank():
+    mesh = mesh_of((W,))
+    dt = make(np.zeros((4, 5)), mesh, [S0])
+    with pytest.raises(ValueError, match="could not broadcast"):
+        dt[1:3] = np.ones((3, 5))
+    with pytest.raises(ValueError, match="could not broadcast"):
+        np.copyto(dt, make(np.ones((4, 4)), mesh, [R]))
+    with pytest.raises(TypeError, match="only a scalar"):
+        dt[np.zeros((4, 5), bool)] = np.ones(3)
+    with pytest.raises(IndexError):
+        dt[7] = 1.0
+
+
+def test_out_takes_the_cheaper_of_following_and_moving_the_result():
+    """np.add(a, b, out=c) with a and b Shard(0) and c Replicate: moving the result
+    (one all-gather) beats moving both inputs to Replicate (two)."""
+    mesh = mesh_of((W,))
+    x, y = np.arange(24.0).reshape(6, 4), np.ones((6, 4))
+    a, b, c = make(x, mesh, [S0]), make(y, mesh, [S0]), make(np.zeros((6, 4)), mesh, [R])
+    with CommDebugMode() as mode:
+        got = np.add(a, b, out=c)
+    assert got is c and c.placements == (R,)
+    if W > 1:
+        assert dict(mode.get_comm_counts()) == {"all_gather_into_tensor": 1}
+    assert_matches(c, x + y)

@@ -1,0 +1,142 @@
+"""np.logaddexp.reduce / np.logaddexp2.reduce (log-sum-exp), np.histogram and the
+replicated decompositions np.linalg.svd/eigh/qr on DTensors: equal to NumPy on the
+full array for uneven shapes and any placements; log-sum-exp and histogram move
+bytes proportional to their result, never the input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+from mpitensor import Partial, Replicate, Shard
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, make, mesh_of, mesh_shapes, placements
+
+R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
+COMM = MPI.COMM_WORLD
+
+
+def sent_per_rank(mode) -> float:
+    return COMM.allreduce(sum(mode.get_comm_bytes().values()), op=MPI.MAX)
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_logaddexp_reduce_matches_numpy(data):
+    mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
+    shape = tuple(data.draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    dtype = data.draw(st.sampled_from([np.float64, np.float32]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    full = (rng.normal(size=shape) * 20).astype(dtype)
+    pls = placements(data.draw, len(shape), mesh.ndim, partial=False)
+    dt = make(full, mesh, pls)
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    keepdims = data.draw(st.booleans())
+    ufunc = data.draw(st.sampled_from([np.logaddexp, np.logaddexp2]))
+    got = ufunc.reduce(dt, axis=axis, keepdims=keepdims)
+    want = ufunc.reduce(full, axis=axis, keepdims=keepdims)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(got.full_tensor(), want, rtol=tol, atol=tol)
+
+
+def test_logsumexp_of_a_long_sharded_vector_moves_only_the_result():
+    mesh = mesh_of((W,))
+    full = np.random.default_rng(1).normal(size=2 ** 16) * 50
+    dt = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        got = np.logaddexp.reduce(dt, axis=0)
+    assert sent_per_rank(mode) < 1024
+    assert got.placements == (R,)
+    np.testing.assert_allclose(got.full_tensor(), np.logaddexp.reduce(full), rtol=1e-12)
+    # a Partial input is reduced first; -inf everywhere stays -inf
+    p = make(np.arange(12.0).reshape(3, 4), mesh, [PS])
+    np.testing.assert_allclose(np.logaddexp.reduce(p, axis=1).full_tensor(),
+                               np.logaddexp.reduce(np.arange(12.0).reshape(3, 4), axis=1))
+    ninf = make(np.full((W + 1, 2), -np.inf), mesh, [S0])
+    assert np.all(np.logaddexp.reduce(ninf, axis=0).full_tensor() == -np.inf)
+
+
+def test_logsumexp_along_an_unsharded_axis_is_local():
+    mesh = mesh_of((W,))
+    full = np.arange(30.0).reshape(6, 5) / 7
+    dt = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        got = np.logaddexp.reduce(dt, axis=1)
+    assert mode.get_total_counts() == 0 and got.placements == (S0,)
+    np.testing.assert_allclose(got.full_tensor(), np.logaddexp.reduce(full, axis=1))
+
+
+@pytest.mark.parametrize("pls", [[S0], [S1], [R], [PS]], ids=str)
+def test_histogram_matches_numpy_and_moves_only_counts(pls):
+    mesh = mesh_of((W,))
+    full = np.random.default_rng(2).normal(size=(1001, 3))
+    dt = make(full, mesh, pls)
+    for bins, rng in ((10, None), (7, (-1.0, 2.0)), ([-3.0, -1.0, 0.0, 0.5, 4.0], None)):
+        with CommDebugMode() as mode:
+            counts, edges = np.histogram(dt, bins=bins, range=rng)
+        want, want_edges = np.histogram(full, bins=bins, range=rng)
+        np.testing.assert_array_equal(counts, want)
+        np.testing.assert_allclose(edges, want_edges, rtol=1e-12)
+        if not pls[0].is_partial():
+            assert sent_per_rank(mode) <= 2 * (len(want) + 2) * 8
+    dens, _ = np.histogram(dt, bins=5, density=True)
+    np.testing.assert_allclose(dens, np.histogram(full, bins=5, density=True)[0])
+
+
+def test_histogram_on_a_2d_mesh_counts_replicas_once():
+    if W != 4:
+        pytest.skip("needs a (2, 2) mesh")
+    mesh = mesh_of((2, 2))
+    full = np.arange(45.0).reshape(9, 5)
+    for pls in ([S0, R], [R, S1], [R, R], [S0, S1]):
+        counts, _ = np.histogram(make(full, mesh, pls), bins=[0, 10, 20, 45])
+        np.testing.assert_array_equal(counts, np.histogram(full, bins=[0, 10, 20, 45])[0])
+
+
+@pytest.mark.parametrize("pls", [[S0], [S1], [R]], ids=str)
+def test_decompositions_replicate_then_equal_numpy(pls):
+    mesh = mesh_of((W,))
+    a = np.random.default_rng(3).normal(size=(7, 4))
+    dt = make(a, mesh, pls)
+    u, s, vh = np.linalg.svd(dt, full_matrices=False)
+    assert u.placements == (R,) and s.placements == (R,)
+    np.testing.assert_allclose((u.full_tensor() * s.full_tensor()) @ vh.full_tensor(), a,
+                               atol=1e-10)
+    np.testing.assert_allclose(s.full_tensor(), np.linalg.svd(a, compute_uv=False))
+    q, r = np.linalg.qr(dt)
+    np.testing.assert_allclose(q.full_tensor() @ r.full_tensor(), a, atol=1e-10)
+    rr = np.linalg.qr(dt, mode="r")
+    np.testing.assert_allclose(np.abs(rr.full_tensor()), np.abs(np.linalg.qr(a, mode="r")))
+    sym = make(a.T @ a, mesh, pls if pls != [S1] else [S0])
+    w, v = np.linalg.eigh(sym)
+    np.testing.assert_allclose(w.full_tensor(), np.linalg.eigvalsh(a.T @ a), rtol=1e-10)
+    np.testing.assert_allclose(v.full_tensor() @ np.diag(w.full_tensor()) @
+                               v.full_tensor().T, a.T @ a, atol=1e-9)
+
+
+@pytest.mark.parametrize("shape", [(64, 4), (7, 3), (5, 5), (W * 2 + 1, 2)], ids=str)
+def test_tall_skinny_qr_on_shard0_moves_only_r_factors(shape):
+    """TSQR: Q keeps Shard(0), R is Replicate, and each rank sends its n x n R
+    factor (one all-gather) instead of the matrix being gathered; Q @ R equals the
+    input, Q is orthonormal and R is NumPy's up to the signs of its rows."""
+    mesh = mesh_of((W,))
+    a = np.random.default_rng(4).normal(size=shape)
+    dt = make(a, mesh, [S0])
+    with CommDebugMode() as mode:
+        q, r = np.linalg.qr(dt)
+    n = shape[1]
+    Q, Rf = q.full_tensor(), r.full_tensor()
+    np.testing.assert_allclose(Q @ Rf, a, atol=1e-10)
+    np.testing.assert_allclose(Q.T @ Q, np.eye(n), atol=1e-10)
+    np.testing.assert_allclose(np.abs(Rf), np.abs(np.linalg.qr(a)[1]), atol=1e-10)
+    assert np.allclose(np.tril(Rf, -1), 0)
+    if W > 1:
+        assert q.placements == (S0,) and r.placements == (R,)
+        assert dict(mode.get_comm_counts()) == {"all_gather_into_tensor": 1}
+        assert COMM.allreduce(sum(mode.get_comm_bytes().values())) == W * (W - 1) * n * n * 8
+    np.testing.assert_allclose(np.abs(np.linalg.qr(dt, mode="r").full_tensor()),
+                               np.abs(np.linalg.qr(a, mode="r")), atol=1e-10)

@@ -1,0 +1,130 @@
+"""The time model plans are ranked by: the calibrated table (read, validated, loaded
+by every new mesh alike), the node layout a mesh learns, and plans on simulated
+meshes that switch between per-dim collectives and one direct exchange where the
+model says."""
+
+import json
+import logging
+import math
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Replicate, Shard, _C, _timemodel
+from mpitensor._layout import _codes
+
+COMM = MPI.COMM_WORLD
+
+
+def write_table(tmp_path, table, name="tm.json"):
+    path = tmp_path / name
+    path.write_text(table if isinstance(table, str) else json.dumps(table))
+    return str(path)
+
+
+GOOD = {"format": "mpitensor-time-model", "version": 1,
+        "shm": {"alpha": 4e-7, "beta": 1e-10}, "net": {"alpha": 3e-5, "beta": 2e-9},
+        "call": 1e-6}
+
+
+def test_read_table(tmp_path):
+    assert _timemodel.read_table(str(tmp_path / "missing.json")) is None
+    assert _timemodel.read_table(write_table(tmp_path, GOOD)) == (4e-7, 1e-10, 3e-5, 2e-9,
+                                                                 1e-6)
+    # One node measured: the built-in network costs stand in, and the call cost.
+    builtin = _C.default_time_model()
+    one = {k: v for k, v in GOOD.items() if k not in ("net", "call")}
+    assert _timemodel.read_table(write_table(tmp_path, one)) == (
+        4e-7, 1e-10, builtin[2], builtin[3], builtin[4])
+
+
+@pytest.mark.parametrize("table, why", [
+    ("{not json", "invalid"),
+    ({"format": "other", "version": 1}, "not a 'mpitensor-time-model' table"),
+    ({**GOOD, "version": 2}, "version is 2"),
+    ({**GOOD, "shm": {"alpha": -1.0, "beta": 1e-10}}, "shm.alpha is -1.0"),
+    ({**GOOD, "net": {"alpha": 3e-5, "beta": "fast"}}, "net.beta is 'fast'"),
+    ({**GOOD, "shm": {"alpha": 4e-7}}, "shm.beta is None"),
+    ({**GOOD, "net": {"alpha": 1e-7, "beta": 2e-9}}, "faster than shared memory"),
+    ({**GOOD, "call": math.inf}, "call is inf"),
+])
+def test_bad_table_is_a_clear_error(tmp_path, table, why):
+    path = write_table(tmp_path, table)
+    with pytest.raises(ValueError, match="time model table") as info:
+        _timemodel.read_table(path)
+    assert path in str(info.value) and why in str(info.value)
+
+
+def shared_path(tmp_path, table):
+    """A table written by rank 0 at a path every rank reads (one machine)."""
+    path = write_table(tmp_path, table) if COMM.rank == 0 else None
+    return COMM.bcast(path)
+
+
+def test_mesh_loads_the_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPITENSOR_TIME_MODEL", shared_path(tmp_path, GOOD))
+    mesh = mt.init_device_mesh("cpu", (COMM.size,))
+    got = mesh._handle.time_model()
+    assert got[:5] == (4e-7, 1e-10, 3e-5, 2e-9, 1e-6)
+    assert got[5] == 0  # every rank of this test run shares one node
+    # Slices inherit the costs; the redistribute path plans with them.
+    plan = mt._redistribute.plan_for(mesh, (COMM.size * 4,), (Shard(0),),
+                                     (Replicate(),), np.dtype("f8"))
+    n = COMM.size
+    if n > 1:
+        expect = _C.Plan((n * 4,), (n,), _codes((Shard(0),)), _codes((Replicate(),)),
+                         "f8", got).time
+        assert plan.time == expect and plan.time != _C.Plan(
+            (n * 4,), (n,), _codes((Shard(0),)), _codes((Replicate(),)), "f8").time
+
+
+def test_bad_table_logs_and_uses_the_builtin(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MPITENSOR_TIME_MODEL",
+                       shared_path(tmp_path, {**GOOD, "shm": {"alpha": "x", "beta": 0}}))
+    with caplog.at_level(logging.WARNING, logger="mpitensor"):
+        mesh = mt.init_device_mesh("cpu", (COMM.size,))
+    assert mesh._handle.time_model()[:5] == _C.default_time_model()[:5]
+    assert any("shm.alpha is 'x'" in r.getMessage() and "built-in" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_builtin_ignores_any_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPITENSOR_TIME_MODEL", "builtin")
+    mesh = mt.init_device_mesh("cpu", (COMM.size,))
+    assert mesh._handle.time_model()[:5] == _C.default_time_model()[:5]
+
+
+def test_set_time_model_validates():
+    mesh = mt.init_device_mesh("cpu", (COMM.size,))
+    before = mesh._handle.time_model()
+    with pytest.raises(ValueError, match="must be finite and >= 0"):
+        mesh._handle.set_time_model((-1.0, 0.0, 1.0, 1.0, 0.0, 0))
+    with pytest.raises(TypeError, match="time model"):
+        mesh._handle.set_time_model([1.0, 0.0, 1.0, 1.0, 0.0, 0])
+    assert mesh._handle.time_model() == before
+
+
+def kinds(shape, mesh_shape, src, dst, model):
+    plan = _C.Plan(shape, mesh_shape, _codes(src), _codes(dst), "f8", model)
+    return [s[0] for s in plan.steps()], plan
+
+
+@pytest.mark.parametrize("per_node", [8, 64])
+def test_plans_at_scale_switch_as_the_model_says(per_node):
+    """[R, S(0)] -> [S(1), R] on a (64, 64) mesh: per-dim collectives for a small
+    tensor, one direct exchange (fewer bytes) for a large one; the predicted times
+    say which, and bytes first (no per-message cost) always took the exchange."""
+    model = _C.default_time_model()[:5] + (per_node,)
+    flat = (0.0, model[3], 0.0, model[3], 0.0, per_node)  # bytes alone, anywhere
+    src, dst = (Replicate(), Shard(0)), (Shard(1), Replicate())
+    small, plan_small = kinds((4096, 1), (64, 64), src, dst, model)
+    large, plan_large = kinds((4096, 32768), (64, 64), src, dst, model)
+    assert "direct" not in small and small[0] == "all_gather"
+    assert large == ["direct"]
+    assert kinds((4096, 1), (64, 64), src, dst, flat)[0] == ["direct"]
+    # The chosen plan is the faster of the two under the model.
+    direct_small = kinds((4096, 1), (64, 64), src, dst, flat)[1]
+    assert plan_small.bytes > direct_small.bytes
+    assert sum(s[6] for s in plan_large.steps()) == pytest.approx(plan_large.time)
