@@ -218,7 +218,8 @@ class _Linear(Function):
             gi = _as_dtype(np.matmul(g, weight), input.dtype)
         if need[1]:
             lead = "abcdefghjklmnpqrstuvwxyz"[:input.ndim - 1]
-            gw = _as_dtype(np.einsum(f"{lead}o,{lead}i->oi", g, input), weight.dtype)
+            gw = _as_dtype(np.einsum(f"{lead}o,{lead}i->oi", g, input, optimize=True),
+                          weight.dtype)  # optimize: one BLAS gemm, not einsum's loops
         if need[2]:
             gb = _as_dtype(_sum_to(g, bias.shape), bias.dtype)
         return gi, gw, gb
