@@ -23,6 +23,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from .._ops import _dispatch as D
+from .._ops._along_axis import lanes_layout
 from ..placement_types import Partial, Replicate, Shard
 from ..autograd import Function
 from . import _kernels
@@ -460,8 +461,9 @@ def _affine(y, weight, bias):
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     """(x - mean) / sqrt(var + eps) * weight + bias over the trailing
     ``normalized_shape`` dims, as torch. A DTensor sharded on other dims (e.g. the
-    sequence dim under SequenceParallel) runs without communication; sharded
-    normalized dims cost all-reduces (collective on the mesh; else local). Weight and bias are ndarrays or (with a
+    sequence dim under SequenceParallel) runs without communication; a sharded
+    normalized dim is made whole first by one all-to-all onto a free dim (or, with
+    none free, one all-gather), as torch (collective on the mesh; else local). Weight and bias are ndarrays or (with a
     DTensor input) Replicate DTensors.
 
     Example::
@@ -477,7 +479,11 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         return _kernels.layer_norm(_float(np.asarray(input)), len(shape),
                                    None if weight is None else np.asarray(weight),
                                    None if bias is None else np.asarray(bias), eps)
-    if _kernels.enabled and _rows_local(input, len(shape), (weight, bias)):
+    if _kernels.enabled and _params_local(input, (weight, bias)):
+        # Torch's rule: the normalized dims are made whole first, in one move (the
+        # shard goes to a free dim by one all-to-all, else a gather), and the rest
+        # is local; op by op, each reduction and broadcast would move again.
+        input = _rows_whole(input, axes, "mpitensor.nn.functional.layer_norm")
         return _LayerNorm.apply(input, weight, bias, len(shape), eps)
     # Other layouts: DTensor operations, each recorded by its own rule.
     mean = np.mean(input, axis=axes, keepdims=True)
@@ -539,19 +545,30 @@ class _LayerNorm(Function):
         return gx, gw, gb, None, None
 
 
-def _rows_local(x, k, params) -> bool:
-    """Whether a norm over the trailing ``k`` dims of DTensor ``x`` is local with
-    the result in x's placements: no Partial, no Shard of those dims, and each
-    parameter None or a Replicate DTensor on x's mesh (anything else takes the
-    NumPy-ops path, which communicates or raises as each operation rules)."""
+def _params_local(x, params) -> bool:
+    """Whether each parameter of a norm of DTensor ``x`` is None or a Replicate
+    DTensor on x's mesh, so that every rank holds all of it."""
     spec = x._spec
-    if any(p.is_partial() or (p.is_shard() and p.dim >= x.ndim - k)
-           for p in spec.placements):
-        return False
     return all(p is None or (_is_dt(p) and (p._spec.mesh is spec.mesh or p._spec.mesh ==
                                            spec.mesh)
                              and all(q.is_replicate() for q in p._spec.placements))
                for p in params)
+
+
+def _rows_whole(x, axes, what):
+    """``x`` redistributed (recorded, so gradients flow back) so that no mesh dim
+    shards ``axes`` and nothing is Partial, by the along-axis rule's placements
+    (``lanes_layout``); a Shard that must become Replicate is a reported gather.
+    ``x`` itself when nothing moves; collective on the mesh otherwise."""
+    spec = x._spec
+    target = lanes_layout(x, axes, linear=False)
+    if target == spec.placements:
+        return x
+    gathered = [m for m, (p, q) in enumerate(zip(spec.placements, target))
+                if p.is_shard() and q.is_replicate() and spec.mesh.shape[m] > 1]
+    if gathered:
+        _trace.report_gather(what, spec, target, gathered)
+    return x.redistribute(spec.mesh, target)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
