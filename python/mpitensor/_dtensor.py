@@ -841,7 +841,8 @@ def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names,
     mesh = find_live_mesh(device_type, ranks, names)
     if mesh is None:
         return DTensorShard(local, placements, shape, stride, dtype, device_type, ranks,
-                            names, None if coordinate is None else tuple(coordinate))
+                            names, None if coordinate is None else tuple(coordinate),
+                            requires_grad)
     spec = DTensorSpec(mesh, tuple(placements), tuple(shape), np.dtype(dtype), tuple(stride))
     here = mesh.get_coordinate()
     if here is not None:

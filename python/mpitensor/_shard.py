@@ -49,10 +49,10 @@ class DTensorShard:
     """
 
     __slots__ = ("_local", "placements", "shape", "_stride", "dtype", "device_type",
-                 "mesh", "mesh_dim_names", "coordinate")
+                 "mesh", "mesh_dim_names", "coordinate", "requires_grad")
 
     def __init__(self, local, placements, shape, stride, dtype, device_type, ranks,
-                 names, coordinate):
+                 names, coordinate, requires_grad=False):
         self._local = local
         self.placements = tuple(placements)
         self.shape = tuple(shape)
@@ -62,6 +62,7 @@ class DTensorShard:
         self.mesh = np.asarray(ranks)
         self.mesh_dim_names = names
         self.coordinate = coordinate
+        self.requires_grad = bool(requires_grad)  # the DTensor's flag, kept for the trip back
 
     @property
     def rank(self) -> int | None:
@@ -79,7 +80,8 @@ class DTensorShard:
     def _pickle_args(self) -> tuple:
         """The arguments DTensor's pickling gives its rebuild function. Local."""
         return (self._local, self.placements, self.shape, self._stride, self.dtype,
-                self.device_type, self.mesh, self.mesh_dim_names, self.coordinate)
+                self.device_type, self.mesh, self.mesh_dim_names, self.coordinate,
+                self.requires_grad)
 
     def __repr__(self) -> str:
         return (f"DTensorShard(rank={self.rank}, coordinate={self.coordinate}, "
