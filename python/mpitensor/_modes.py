@@ -208,7 +208,8 @@ def set_grad_enabled(enabled: bool) -> bool:
     """Sets grad mode; returns the previous one. Example: ``was = set_grad_enabled(False)``."""
     global grad_enabled
     was, grad_enabled = grad_enabled, bool(enabled)
-    _publish()
+    if was != grad_enabled:  # tracing does not depend on it: only C must learn
+        _C.set_modes(tracing, grad_enabled)
     return was
 
 

@@ -52,8 +52,8 @@ def record(name: str, out, inputs, backward_fn):
     Example: ``record("double", y, (x,), lambda g: (g * 2,))``.
     """
     need = tuple(x if type(x) is DTensor and x._requires_grad else None for x in inputs)
-    if type(out) is DTensor and any(x is not None for x in need) and \
-            np.issubdtype(out._spec.dtype, np.inexact):
+    if type(out) is DTensor and out._spec.dtype.kind in "fc" and \
+            any(x is not None for x in need):
         out._requires_grad = True
         out._grad_fn = Node(name, need, backward_fn)
     return out

@@ -48,6 +48,7 @@ def _differentiable(func, rule) -> None:
     """Replaces ``func``'s entry in the registry by one that records with
     ``rule(result, *args, **kwargs)`` when an operand requires grad in grad mode."""
     impl = _registry.functions[func]
+    forward = _call_ufunc if func is np.ufunc else impl
 
     @functools.wraps(impl)
     def entry(*args, **kwargs):
@@ -66,7 +67,7 @@ def _differentiable(func, rule) -> None:
                 f"DTensor, or run the update under mpitensor.no_grad()")
         was = _modes.set_grad_enabled(False)
         try:
-            result = impl(*args, **kwargs)
+            result = forward(*args, **kwargs)
         finally:
             _modes.set_grad_enabled(was)
         return rule(result, *args, **kwargs)
@@ -77,6 +78,14 @@ def _differentiable(func, rule) -> None:
 # The operations that write into their first operand, by the name users write.
 _WRITES = {operator.setitem: "DTensor item assignment (dt[key] = value)",
            np.copyto: "numpy.copyto (and DTensor.fill)"}
+
+
+def _call_ufunc(ufunc, method, *operands, **kwargs):
+    """The ufunc called again with grad mode off: the C dispatch then takes it with
+    its cached decision (it leaves tensors that record to the Python entry only in
+    grad mode), where the Python entry would decide anew; a call the C path cannot
+    take comes back to the entry, which with grad mode off runs the operation."""
+    return getattr(ufunc, method)(*operands, **kwargs)
 
 
 def _name(func, args) -> str:
