@@ -709,7 +709,9 @@ class DTensor(_C.DTensorBase):
         if self.size != 1 or self.ndim > 0:
             # NumPy's rules for float/int/complex (0-d only) and bool (size 1).
             convert(np.broadcast_to(np.zeros((), self.dtype), self.shape))
-        value = self.full_tensor()
+        # A Python number carries no graph (torch's item() neither): detached, the
+        # whole tensor is an ndarray even for a tensor that records in grad mode.
+        value = self.detach().full_tensor()
         if self.device_mesh.get_coordinate() is None:
             raise RuntimeError(f"{getattr(convert, '__name__', 'item')}() of a DTensor "
                                f"on a rank outside its mesh: this rank holds no data")

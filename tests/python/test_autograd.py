@@ -136,6 +136,7 @@ UNARY = {
     "exp": np.exp,
     "log": np.log,
     "tanh": np.tanh,
+    "absolute": lambda a: np.abs(a - 1.3),  # both signs
     "power_scalar": lambda a: a ** 3,
     "power_fraction": lambda a: a ** 2.5,
     "scalar_power": lambda a: 1.5 ** a,

@@ -150,3 +150,16 @@ def test_a_wrong_replica_is_named_by_rank(mesh):
 def test_mesh_fixture_spans_the_ranks_of_the_marker(mesh):
     assert mesh.shape == (2,) and W == 2
     assert_equal(mt.ones(3, 4, device_mesh=mesh, placements=[Shard(1)]), np.ones((3, 4)))
+
+
+def test_a_tensor_that_records_compares_with_its_own_full_tensor(mesh1):
+    """In grad mode full_tensor() of a tensor that requires grad is a local array
+    that records (a DTensor on the local mesh): compared as that array."""
+    full = np.arange(12.0).reshape(4, 3)
+    w = mt.distribute_tensor(full, mesh1, [Shard(0)], requires_grad=True)
+    whole = w.full_tensor()
+    assert whole.requires_grad
+    assert_equal(w, whole)
+    assert_close(whole * 2.0, 2 * full)
+    with pytest.raises(AssertionError):
+        assert_equal(w, whole + 1.0)

@@ -151,6 +151,7 @@ _UFUNCS = {
     np.subtract: lambda g, ops, out, need: (g, -g if need[1] else None),
     np.negative: lambda g, ops, out, need: (-g,),
     np.positive: lambda g, ops, out, need: (g,),
+    np.absolute: lambda g, ops, out, need: (g * np.sign(ops[0]),),  # torch: 0 at 0
     np.multiply: lambda g, ops, out, need: (g * ops[1] if need[0] else None,
                                             g * ops[0] if need[1] else None),
     np.true_divide: lambda g, ops, out, need: (g / ops[1] if need[0] else None,

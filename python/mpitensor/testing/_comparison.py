@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import device_mesh as _device_mesh
 from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate
@@ -93,6 +94,7 @@ def assert_equal(actual, expected, *, check_dtype=True, msg=None) -> None:
 
 def _compare(actual, expected, rtol, atol, equal_nan, check_dtype, head, msg) -> None:
     __tracebackhide__ = True
+    actual, expected = _as_local(actual), _as_local(expected)
     lead = actual if isinstance(actual, DTensor) else expected
     if not isinstance(lead, DTensor):
         mine = _local_verdict(np.asarray(actual), expected, None, rtol, atol,
@@ -108,6 +110,15 @@ def _compare(actual, expected, rtol, atol, equal_nan, check_dtype, head, msg) ->
     e = _aligned(expected, lead, placements)
     mine = _local_verdict(a, e, (lead, placements), rtol, atol, equal_nan, check_dtype)
     _raise_if_failed(_allgather_over_mesh(mine, mesh), actual, expected, head, msg)
+
+
+def _as_local(x):
+    """A DTensor on this process's local mesh is a local array that records for
+    autograd (what ``full_tensor()`` of a tensor that requires grad gives in grad
+    mode): compared as that array, as torch compares its plain tensor."""
+    if isinstance(x, DTensor) and x.device_mesh is _device_mesh._local_mesh:
+        return x.detach().to_local()
+    return x
 
 
 def _aligned(x, lead: DTensor, placements):
