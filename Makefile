@@ -104,10 +104,11 @@ test-examples: install
 	done; echo "examples: all ran"
 
 # The MPI suite once more at np 4 with Open MPI kept off shared memory: the ob1
-# point-to-point layer over TCP on loopback, the path a multi-node job takes.
+# point-to-point layer over TCP on loopback, the path a multi-node job takes. The
+# comparisons with torch are left out: torch talks over gloo, whatever Open MPI uses.
 test-network: install
 	OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo \
-	  tests/run_mpi_pytest.sh 4
+	  tests/run_mpi_pytest.sh 4 -k "not torch"
 
 # Warnings as errors over the core, the extension and the C tests; clang-tidy
 # (.clang-tidy; the files in .clang-tidy-skip, each with its reason, excepted) and
