@@ -5,6 +5,7 @@ result records and prints (machine, machine_line), and the peak-memory probe."""
 import gc
 import os
 import platform
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -20,6 +21,14 @@ def init_gloo(comm):
 
     dist = init_torch_gloo(comm)
     return torch, dist, init_device_mesh("cpu", (comm.size,))
+
+
+def per_call_us(fn, calls: int) -> float:
+    """Microseconds per call of ``fn()`` over ``calls`` calls in a row."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 def cpu_model() -> str:

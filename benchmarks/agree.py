@@ -13,21 +13,13 @@ import datetime
 import json
 import os
 import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import _C
-from _common import git_revision, machine, machine_line  # benchmarks/ is sys.path[0]
-
-
-def per_call_us(fn, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
+from _common import git_revision, machine, machine_line, per_call_us  # benchmarks/ is sys.path[0]
 
 
 def main() -> None:

@@ -17,14 +17,13 @@ import datetime
 import json
 import os
 import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Shard
-from _common import git_revision, machine, machine_line  # benchmarks/ is sys.path[0]
+from _common import git_revision, machine, machine_line, per_call_us  # benchmarks/ is sys.path[0]
 
 OPS = {
     "add": lambda a, b: a + b,
@@ -33,13 +32,6 @@ OPS = {
     "matmul": lambda a, b: a @ b.T,
     "sum0": lambda a, b: a.sum(axis=0),
 }
-
-
-def per_call_us(fn, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main() -> None:
