@@ -79,9 +79,9 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
     sdisp = ints + n;
     rcnt = ints + 2 * n;
     rdisp = ints + 3 * n;
+    rc = int_counts(send_counts, n, scnt, sdisp, err);
+    if (rc == MT_OK) rc = int_counts(recv_counts, n, rcnt, rdisp, err);
   }
-  if (rc == MT_OK) rc = int_counts(send_counts, n, scnt, sdisp, err);
-  if (rc == MT_OK) rc = int_counts(recv_counts, n, rcnt, rdisp, err);
   /* Counts that MPI cannot take may be one rank's alone (an uneven bucket): the
    * ranks agree before the exchange, so none waits in it for a rank that left. */
   rc = mt_agree_comm(comm, rc, NULL, 0, err);
