@@ -850,30 +850,13 @@ def _sdpa_backward(q, k, v, g, attn_mask, dropout_p, is_causal, scale, keep):
 
 
 def _sdpa_local(q, k, v, attn_mask, dropout_p, is_causal, scale, drop, saved=None):
-    L, S = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, "
                          "not both")
     if attn_mask is None and dropout_p == 0.0 and _kernels.attention_fits(q, k, v):
         return _kernels.attention(q, k, v, scale, is_causal)
-    scores = np.matmul(q, np.swapaxes(k, -1, -2))  # a fresh array: the rest is in place
-    scores *= scale
-    if is_causal:
-        if attn_mask is not None:
-            raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, "
-                             "not both")
-        np.copyto(scores, -np.inf, where=~np.tri(L, S, dtype=bool))
-    elif attn_mask is not None:
-        mask = np.asarray(attn_mask)
-        if mask.dtype == bool:
-            np.copyto(scores, -np.inf, where=~mask)
-        else:
-            scores = scores + mask
-    if scores.size:
-        scores -= np.max(scores, axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= np.sum(scores, axis=-1, keepdims=True)
+    scores = _attention_weights(q, k, attn_mask, is_causal, scale)
     if dropout_p > 0.0:
         scores = _dropout_weights(scores, dropout_p, drop, saved)
     return np.matmul(scores, v)
