@@ -167,6 +167,22 @@ def op_name(op_key) -> str:
     return "numpy." + name if "." not in name and hasattr(np, name) else name
 
 
+def report_move(what: str, spec, placements) -> None:
+    """report_gather for the move of the DTensor of ``spec`` to ``placements``, when
+    it gathers: along every mesh dim (of more than one rank) where a Shard becomes
+    Replicate. Local.
+
+    Example: ``report_move("numpy.sort", dt._spec, (Replicate(),))``.
+    """
+    if not _modes.gather_report:
+        return
+    shape = spec.mesh.shape
+    dims = [m for m, (p, q) in enumerate(zip(spec.placements, placements))
+            if p.is_shard() and q.is_replicate() and shape[m] > 1]
+    if dims:
+        report_gather(what, spec, placements, dims)
+
+
 def report_gather(what: str, spec, placements, mesh_dims) -> None:
     """Reports that the operation ``what`` gathers the DTensor of ``spec`` along
     ``mesh_dims`` (to ``placements``): an INFO line on the ``mpitensor`` logger

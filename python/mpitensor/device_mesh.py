@@ -107,6 +107,15 @@ def _start_watchdog() -> None:
     _watchdog_started = True
 
 
+def is_local_mesh(mesh) -> bool:
+    """Whether ``mesh`` is :func:`local_mesh`'s: where a local array that records
+    for autograd lives. Local.
+
+    Example: ``is_local_mesh(local_mesh()) and not is_local_mesh(init_device_mesh("cpu", (1,)))``.
+    """
+    return mesh is not None and mesh is _local_mesh
+
+
 def _check_device_type(device_type) -> None:
     if device_type != "cpu":
         raise ValueError(

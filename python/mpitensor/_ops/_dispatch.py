@@ -126,10 +126,7 @@ def local_inputs(mesh, inputs, dec) -> list:
 def _report_plan_gather(mesh, spec, plan):
     """report_gather for an input whose decided plan turns a Shard into Replicate."""
     _, dst = _trace._plan_placements(mesh, plan, plan.steps())
-    dims = [m for m, (p, q) in enumerate(zip(spec.placements, dst))
-            if p.is_shard() and q.is_replicate() and mesh.shape[m] > 1]
-    if dims:
-        _trace.report_gather(_trace._current_op or "an operation", spec, dst, dims)
+    _trace.report_move(_trace._current_op or "an operation", spec, dst)
 
 
 def outside_local(shape, dtype) -> np.ndarray:
@@ -171,7 +168,7 @@ def implicit(operands) -> tuple:
         return tuple(operands)
     mesh = next((o._spec.mesh for o in operands if type(o) is DTensor), None)
     if mesh is None or not (_modes.implicit_replication
-                            or mesh is _device_mesh._local_mesh):
+                            or _device_mesh.is_local_mesh(mesh)):
         return tuple(operands)
     return tuple(DTensor.from_local(o, mesh) if type(o) is np.ndarray and o.ndim > 0
                  else o for o in operands)
@@ -223,10 +220,7 @@ def relayout(what: str, a, placements, *, records=False):
     plan = _redistribute.plan_for(mesh, spec.shape, spec.placements, placements,
                                   spec.dtype)
     if not records:
-        dims = [m for m, (p, q) in enumerate(zip(spec.placements, placements))
-                if p.is_shard() and q.is_replicate() and mesh.shape[m] > 1]
-        if dims:
-            _trace.report_gather(what, spec, placements, dims)
+        _trace.report_move(what, spec, placements)
     out_spec = DTensorSpec(mesh, placements, spec.shape, spec.dtype, spec.stride)
     if mesh._coordinate is None:
         return DTensor(a.to_local(), out_spec)

@@ -17,7 +17,7 @@ import operator
 
 import numpy as np
 
-from .. import _C, _modes, _registry, _trace
+from .. import _C, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -208,10 +208,7 @@ def getitem(dt, key):
         piece = np.empty(local_shape_and_global_offset(
             plan.counts, mesh.shape, mesh._coordinate, plan.mid)[0], spec.dtype)
     elif plan.exchange is not None:
-        if _modes.gather_report:
-            _trace.report_gather("DTensor.__getitem__", spec, plan.mid, [
-                m for m, (p, q) in enumerate(zip(spec.placements, plan.mid))
-                if p.is_shard() and q.is_replicate() and mesh.shape[m] > 1])
+        _trace.report_move("DTensor.__getitem__", spec, plan.mid)
         piece = _C.select_exchange(mesh._handle, *plan.exchange, piece)
     # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]

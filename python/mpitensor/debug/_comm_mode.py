@@ -177,7 +177,7 @@ class CommDebugMode:
 
     # -- operation trace (called by mpitensor._trace) ------------------------------------
     def _record_operation(self, name, shapes, shardings, mesh) -> None:
-        if mesh is _device_mesh._local_mesh:
+        if _device_mesh.is_local_mesh(mesh):
             # A rank's own values that autograd follows (to_local in grad mode):
             # torch's to_local gives a plain tensor there, which it does not list.
             return

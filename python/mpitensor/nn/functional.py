@@ -564,10 +564,7 @@ def _rows_whole(x, axes, what):
     target = lanes_layout(x, axes, linear=False)
     if target == spec.placements:
         return x
-    gathered = [m for m, (p, q) in enumerate(zip(spec.placements, target))
-                if p.is_shard() and q.is_replicate() and spec.mesh.shape[m] > 1]
-    if gathered:
-        _trace.report_gather(what, spec, target, gathered)
+    _trace.report_move(what, spec, target)
     return x.redistribute(spec.mesh, target)
 
 

@@ -116,7 +116,7 @@ def _as_local(x):
     """A DTensor on this process's local mesh is a local array that records for
     autograd (what ``full_tensor()`` of a tensor that requires grad gives in grad
     mode): compared as that array, as torch compares its plain tensor."""
-    if isinstance(x, DTensor) and x.device_mesh is _device_mesh._local_mesh:
+    if isinstance(x, DTensor) and _device_mesh.is_local_mesh(x.device_mesh):
         return x.detach().to_local()
     return x
 
