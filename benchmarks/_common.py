@@ -5,6 +5,7 @@ result records and prints (machine, machine_line), and the peak-memory probe."""
 import gc
 import os
 import platform
+import re
 import time
 
 import numpy as np
@@ -41,6 +42,26 @@ def cpu_model() -> str:
     except OSError:
         pass
     return "?"
+
+
+def cpu_key(model: str) -> str:
+    """The folder of ``model``'s results under benchmarks/results: its words in lower
+    case without trademarks or filler. Figures hold for one kind of CPU only, so each
+    kind keeps its own results and docs/performance.md shows them side by side.
+
+    Example: ``cpu_key("Intel(R) Xeon(R) Processor") == "intel-xeon"``.
+    """
+    words = re.sub(r"\((r|tm)\)|\b(processor|cpu)\b|@.*", " ", model.lower()).split()
+    return "-".join(re.sub(r"[^a-z0-9]+", "-", w).strip("-") for w in words) or "unknown"
+
+
+def result_path(name: str) -> str:
+    """Where a benchmark writes its JSON ``name`` (e.g. "redistribute-np2.json") by
+    default: benchmarks/results/<this CPU's cpu_key>/name, the folder made."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                          cpu_key(cpu_model()))
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, name)
 
 
 def machine(comm) -> dict:

@@ -19,14 +19,14 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import _C
-from _common import git_revision, machine, machine_line, per_call_us  # benchmarks/ is sys.path[0]
+from _common import git_revision, machine, machine_line, result_path, per_call_us  # benchmarks/ is sys.path[0]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000, help="calls per repetition")
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD.Dup()
     mesh = mt.init_device_mesh("cpu", (comm.size,))
@@ -54,8 +54,7 @@ def main() -> None:
         for name, t in times.items():
             print(f"{name:6s} {statistics.median(t):6.2f} us per call "
                   f"[{min(t):.2f}..{max(t):.2f}]")
-        path = args.out or os.path.join(os.path.dirname(__file__), "results",
-                                        f"agree-np{comm.size}.json")
+        path = args.out or result_path(f"agree-np{comm.size}.json")
         with open(path, "w") as f:
             json.dump({"machine": info, "args": vars(args), "times_us": times}, f, indent=1)
         print(f"wrote {path}")

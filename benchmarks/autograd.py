@@ -7,7 +7,7 @@ without grad, interleaved in one run, beside NumPy on the local arrays.
 The target (issue 18): recording adds at most 5 us per operation; without any
 input requiring grad the operation costs what it did (benchmarks/dispatch.py).
 Also reported: one backward through a chain of the operations, per operation.
-Writes benchmarks/results/autograd-np{N}.json.
+Writes benchmarks/results/<cpu>/autograd-np{N}.json.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Shard
-from _common import git_revision, machine, machine_line, per_call_us  # benchmarks/ is sys.path[0]
+from _common import git_revision, machine, machine_line, result_path, per_call_us  # benchmarks/ is sys.path[0]
 
 OPS = {
     "add": lambda a, b: a + b,
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000, help="calls per repetition")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--size", type=int, default=8, help="the global arrays are size x size")
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     mesh = mt.init_device_mesh("cpu", (comm.size,))
@@ -91,8 +91,7 @@ def main() -> None:
         t = times["backward_of_5_ops"]
         print(f"forward + backward of tanh(a*b + a) @ b.T then sum: "
               f"{statistics.median(t):.1f} us [{min(t):.1f}..{max(t):.1f}]")
-        path = args.out or os.path.join(os.path.dirname(__file__), "results",
-                                        f"autograd-np{comm.size}.json")
+        path = args.out or result_path(f"autograd-np{comm.size}.json")
         with open(path, "w") as f:
             json.dump({"machine": info, "args": vars(args), "times_us": times}, f, indent=1)
         print(f"wrote {path}")

@@ -37,7 +37,7 @@ ratio mt/np of bandwidths (median and [min..max] over repetitions; the target is
 >= 0.8). For the largest size it also records what each rank read and wrote during
 mt_load / mt_save (``rchar`` / ``wchar`` of /proc/self/io): each rank moves about
 1/N of the file, except a gathered S1 save, where the writers write it all. Results go
-to benchmarks/results/checkpoint-np{N}.json.
+to benchmarks/results/<cpu>/checkpoint-np{N}.json.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import DTensor, Shard
 
-from _common import git_revision, machine, machine_line  # benchmarks/ is sys.path[0]
+from _common import git_revision, machine, machine_line, result_path  # benchmarks/ is sys.path[0]
 
 MiB = 1024 * 1024
 COLS = 1024
@@ -296,8 +296,7 @@ def main() -> None:
         report(results, COMM.size)
         meta = {**info, "date": datetime.datetime.now().isoformat(timespec="seconds"),
                 "load_avg": os.getloadavg(), "revision": git_revision(REPO), "dir": args.dir or tempfile.gettempdir()}
-        os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-        out = os.path.join(HERE, "results", f"checkpoint-np{COMM.size}.json")
+        out = result_path(f"checkpoint-np{COMM.size}.json")
         with open(out, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)
         print(f"wrote {out}")

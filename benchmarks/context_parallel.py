@@ -22,7 +22,7 @@ median and [min..max] per variant, and per repetition the speed-up
 growth during the call (VmHWM reset first) plus its resident q/k/v shards, the
 max over ranks; the ratio to np1 shows how the per-rank peak falls with N.
 
-Writes benchmarks/results/context_parallel-np{N}.json.
+Writes benchmarks/results/<cpu>/context_parallel-np{N}.json.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from mpitensor.experimental import set_rotate_method
 from mpitensor.experimental import _load_balance as LB
 from mpitensor.experimental._ring_attention import ring_attention
 
-from _common import (git_revision, machine as machine_facts,  # benchmarks/ is sys.path[0]
+from _common import (git_revision, result_path, machine as machine_facts,  # benchmarks/ is sys.path[0]
                      machine_line, peak_growth)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -230,7 +230,7 @@ def main():
     summary = summarize(times)
     if comm.rank == 0:
         report(info, args, prob, ok, mem, summary)
-        out = args.out or os.path.join(HERE, "results", f"context_parallel-np{comm.size}.json")
+        out = args.out or result_path(f"context_parallel-np{comm.size}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w") as f:
             json.dump({"machine": info, "args": vars(args), "check_ok": ok,

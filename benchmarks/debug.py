@@ -24,7 +24,7 @@ Cases, on a 1-D mesh over all ranks, float64, global n x n:
 Each repetition times ``inner`` back-to-back calls per variant, in an order that
 rotates between repetitions, after a Barrier; its time is the max over ranks.
 Reported: median and [min..max] over repetitions. Writes
-benchmarks/results/debug-np{N}.json.
+benchmarks/results/<cpu>/debug-np{N}.json.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from mpitensor import _logging
 from mpitensor._ops import _dispatch
 from mpitensor.debug import set_collective_checks
 
-from _common import machine_line  # benchmarks/ is sys.path[0]
+from _common import machine_line, result_path  # benchmarks/ is sys.path[0]
 from dispatch import machine_info, stats_us, time_interleaved
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -152,7 +152,7 @@ def main():
             hooks_case(comm, mesh, args.reps * 3, args.inner // 10, args.warmup)]
     info["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
     if comm.rank == 0:
-        out = args.out or os.path.join(HERE, "results", f"debug-np{comm.size}.json")
+        out = args.out or result_path(f"debug-np{comm.size}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w") as f:
             json.dump({"machine": info, "rows": rows}, f, indent=2)

@@ -38,7 +38,7 @@ the sharding anew in C (dim map, propagation, the output's layout); its overhead
 that call minus the median NumPy time of the op. With --torch, torch's miss clears
 its sharding-propagation caches the same way (where they exist).
 
-Writes benchmarks/results/dispatch-np{N}[-torch].json.
+Writes benchmarks/results/<cpu>/dispatch-np{N}[-torch].json.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Replicate, Shard
 
-from _common import git_revision, init_gloo, machine, machine_line  # benchmarks/ is sys.path[0]
+from _common import git_revision, init_gloo, machine, machine_line, result_path  # benchmarks/ is sys.path[0]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -255,7 +255,7 @@ def main():
     ap.add_argument("--miss-reps", type=int, default=51, help="timed cache misses per op")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
     args = ap.parse_args()
 
     comm = MPI.COMM_WORLD
@@ -300,8 +300,8 @@ def main():
                 report_row(row, tctx is not None)
     if comm.rank == 0:
         verdicts(results, tctx is not None)
-        out = args.out or os.path.join(
-            HERE, "results", f"dispatch-np{comm.size}{'-torch' if tctx else ''}.json")
+        out = args.out or result_path(
+            f"dispatch-np{comm.size}{'-torch' if tctx else ''}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w") as f:
             json.dump({"info": info, "args": vars(args), "results": results}, f, indent=1)

@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor.debug import CommDebugMode
-from _common import git_revision, machine, machine_line  # benchmarks/ is sys.path[0]
+from _common import git_revision, machine, machine_line, result_path  # benchmarks/ is sys.path[0]
 
 
 def ops(n: int):
@@ -58,7 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--elements", type=int, default=2 ** 24)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     mesh = mt.init_device_mesh("cpu", (comm.size,))
@@ -99,8 +99,7 @@ def main() -> None:
             base = med["numpy_1proc"]
             cells = "  ".join(f"{w} {t:.4f} ({base / t:.2f}x)" for w, t in med.items())
             print(f"{name:5s} {cells}  bytes sent/rank: {r['bytes_sent_rank']}")
-        path = args.out or os.path.join(os.path.dirname(__file__), "results",
-                                        f"numpy_ops-np{comm.size}.json")
+        path = args.out or result_path(f"numpy_ops-np{comm.size}.json")
         with open(path, "w") as f:
             json.dump({"machine": info, "args": vars(args), "results": results}, f,
                       indent=1)

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/plot.py [benchmarks/results] [--out benchmarks/results/plots]
 
-Reads every `*.json` the benchmarks wrote into the results directory (files of
+Reads every `CPU/*.json` the benchmarks wrote into the results directory (files of
 benchmarks it does not know are skipped with a note) and draws what each holds:
 
 * `redistribute-np{N}[-torch].json`: mt / raw MPI time per transition against the
@@ -263,9 +263,10 @@ def main() -> int:
                     "RESULTS/plots)")
     args = ap.parse_args()
     out = args.out or os.path.join(args.results, "plots")
-    os.makedirs(out, exist_ok=True)
     status = 0
-    for path in sorted(glob.glob(os.path.join(args.results, "*.json"))):
+    # One folder of results per kind of CPU (benchmarks/_common.result_path), and
+    # the same folder of plots.
+    for path in sorted(glob.glob(os.path.join(args.results, "*", "*.json"))):
         base = os.path.splitext(os.path.basename(path))[0]
         kind = base.split("-np")[0]
         if kind not in PLOTTERS:
@@ -273,8 +274,10 @@ def main() -> int:
             continue
         with open(path) as f:
             data = json.load(f)
+        folder = os.path.join(out, os.path.basename(os.path.dirname(path)))
+        os.makedirs(folder, exist_ok=True)
         try:
-            png = PLOTTERS[kind](data, os.path.join(out, base + ".png"))
+            png = PLOTTERS[kind](data, os.path.join(folder, base + ".png"))
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
             # a result file from an older version of its benchmark: say so, go on
             print(f"could not plot {path}: {type(e).__name__}: {e}", file=sys.stderr)

@@ -26,7 +26,7 @@ above the timer's and the barrier's jitter; the figures are per call.
 
 It prints a table of medians, mt/raw ratios and their [min..max] over repetitions,
 the overhead at the smallest size, the peak memory of one large redistribute of each
-transition, and writes benchmarks/results/redistribute-np{N}.json and .png.
+transition, and writes benchmarks/results/<cpu>/redistribute-np{N}.json and .png.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 
-from _common import (git_revision, init_gloo, machine,  # benchmarks/ is sys.path[0]
+from _common import (git_revision, result_path, init_gloo, machine,  # benchmarks/ is sys.path[0]
                      machine_line, peak_growth)
 
 KiB, MiB = 1024, 1024 * 1024
@@ -824,7 +824,7 @@ def main(argv=None):
                     help="also split the time: Python, C call, NumPy emulation, raw")
     ap.add_argument("--profile-sizes", default="1KiB,1MiB,16MiB")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/"
-                    "redistribute-np{N}[-torch].json)")
+                    "<cpu>/redistribute-np{N}[-torch].json)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--sizes", default=None,
                     help="comma-separated bytes/rank to time instead of the powers of 4 "
@@ -928,8 +928,8 @@ def main(argv=None):
         if args.goals:
             result["goals"] = goal_verdicts(result["points"])
             all_pass = print_goals(result["goals"], n)
-        out = args.out or os.path.join(
-            HERE, "results", f"redistribute-np{n}{'-torch' if tctx else ''}.json")
+        out = args.out or result_path(
+            f"redistribute-np{n}{'-torch' if tctx else ''}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w") as f:
             json.dump(result, f, indent=1)

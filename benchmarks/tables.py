@@ -31,13 +31,16 @@ MARKER = re.compile(r"(<!-- table:(\w+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
 
 def load(results: str) -> dict:
-    """{(kind, np, torch?): data} of every result file, e.g. ("redistribute", 2, False)."""
+    """{cpu folder: {(kind, np, torch?): data}} of every result file, e.g.
+    {"amd-epyc": {("redistribute", 2, False): ...}}: one folder per kind of CPU."""
     out = {}
-    for path in sorted(glob.glob(os.path.join(results, "*.json"))):
+    for path in sorted(glob.glob(os.path.join(results, "*", "*.json"))):
         m = re.fullmatch(r"(\w+)-np(\d+)(-torch)?", os.path.splitext(os.path.basename(path))[0])
         if m:
             with open(path) as f:
-                out[(m.group(1), int(m.group(2)), bool(m.group(3)))] = json.load(f)
+                cpu = os.path.basename(os.path.dirname(path))
+                out.setdefault(cpu, {})[(m.group(1), int(m.group(2)), bool(m.group(3)))] = \
+                    json.load(f)
     return out
 
 
@@ -77,9 +80,11 @@ def machine(data: dict) -> dict:
             "numpy": m.get("numpy", "?"), "python": m.get("python", "?")}
 
 
-def conditions(results: dict) -> str:
+def conditions(by_cpu: dict) -> str:
+    """Where and when every result was measured (load()'s dict: every CPU)."""
     rows = []
-    for (kind, n, torch), data in sorted(results.items()):
+    for (cpu, kind, n, torch), data in sorted(
+            ((cpu, *k), v) for cpu, rs in by_cpu.items() for k, v in rs.items()):
         m = machine(data)
         rows.append([f"`{kind}.py`" + (" with torch" if torch else ""), n, m["date"],
                      f"`{m['commit']}`", m["cpu"], m["load"], m["mpi"], m["numpy"]])
@@ -210,29 +215,40 @@ TABLES = {"conditions": conditions, "redistribute": redistribute, "dispatch": di
           "context_parallel": context_parallel, "debug": debug}
 
 
-def figures(name: str, results: dict, plots: str) -> str:
-    """Image lines for the plots of ``name``'s results that exist in ``plots``."""
+def figures(name: str, cpu: str, results: dict, plots: str) -> str:
+    """Image lines for the plots of ``name``'s results on ``cpu`` that exist in ``plots``."""
     lines = []
     for kind, n, torch in sorted(results):
         base = f"{kind}-np{n}{'-torch' if torch else ''}.png"
-        if kind == name and os.path.exists(os.path.join(plots, base)):
-            lines.append(f"![{kind} at np {n}{' with torch' if torch else ''}](img/perf/{base})")
+        if kind == name and os.path.exists(os.path.join(plots, cpu, base)):
+            lines.append(f"![{kind} at np {n}{' with torch' if torch else ''}]"
+                         f"(img/perf/{cpu}/{base})")
     return "\n" + "\n\n".join(lines) + "\n" if lines else ""
 
 
+def cpu_label(results: dict) -> str:
+    """The CPU a folder's results were measured on, as its results name it."""
+    return machine(next(iter(results.values())))["cpu"]
+
+
 def render(page: str, results: dict, plots: str = PLOTS) -> str:
-    """``page`` with every marked table made from ``results``, and the plots of
-    ``plots`` that belong to them."""
+    """``page`` with every marked table made from ``results`` (load()'s), a section
+    per kind of CPU, and the plots of ``plots`` that belong to them."""
     def fill(m):
         name = m.group(2)
         if name not in TABLES:
             raise ValueError(f"docs/performance.md marks an unknown table {name!r}")
-        text = TABLES[name](results) if results else ""
-        if not text.strip():
-            text = ("No committed results yet: run `make bench`.\n" if name == "conditions"
-                    else f"No committed results of `benchmarks/{name}.py` yet: run "
-                         f"`make bench`, which rewrites this table.\n")
-        return m.group(1) + text + figures(name, results, plots) + m.group(4)
+        if name == "conditions":
+            text = conditions(results) if results else "No committed results yet: run `make bench`.\n"
+            return m.group(1) + text + m.group(4)
+        parts = []
+        for cpu, rs in sorted(results.items()):
+            text = TABLES[name](rs)
+            if text.strip():
+                parts.append(f"**{cpu_label(rs)}**\n\n" + text + figures(name, cpu, rs, plots))
+        text = "\n".join(parts) or (f"No committed results of `benchmarks/{name}.py` yet: "
+                                     f"run `make bench`, which rewrites this table.\n")
+        return m.group(1) + text + m.group(4)
 
     return MARKER.sub(fill, page)
 

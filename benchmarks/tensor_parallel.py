@@ -27,7 +27,7 @@ Reported per (model, hidden): median and [min..max] over repetitions of each tim
 ``speedup = single / tp`` and ``torch / tp``. Targets (issue 5): speed-up >= 1.6x at
 np 2 for hidden >= 2048; tp no slower than torch at any size.
 Ours calls the BLAS mpitensor.nn chose at import (MPITENSOR_BLAS; printed first
-and stored in the JSON). Writes benchmarks/results/tensor_parallel-np{N}[-torch].json.
+and stored in the JSON). Writes benchmarks/results/<cpu>/tensor_parallel-np{N}[-torch].json.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from mpitensor import nn
 from mpitensor.nn import _kernels
 from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from _common import git_revision, init_gloo, machine, machine_line  # benchmarks/ is sys.path[0]
+from _common import git_revision, init_gloo, machine, machine_line, result_path  # benchmarks/ is sys.path[0]
 
 # Forward only: parameters require grad (as torch's), so nothing is to be recorded.
 mt.autograd.set_grad_enabled(False)
@@ -228,9 +228,8 @@ def main():
                 "revision": git_revision(REPO), "reps": args.reps,
                 "targets": {"speedup_np2_hidden_ge_2048": TARGET_SPEEDUP,
                             "torch_over_tp": TARGET_TORCH_X}}
-        os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
         name = f"tensor_parallel-np{comm.size}{'-torch' if args.torch else ''}.json"
-        with open(os.path.join(HERE, "results", name), "w") as f:
+        with open(result_path(name), "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 

@@ -30,7 +30,7 @@ mt`` (np 1 -> np N), ``torch / mt``, and each variant's peak memory of a step on
 rank 0: the bytes of its parameters, gradients and optimizer state plus the rise
 of the process's peak RSS during the step (benchmarks/_common.peak_growth), with
 ``mt / torch``. Targets (issue 18, np 2): torch/mt >= 1.0, speedup >= 1.6x, memory
-within 1.2x of torch's. Writes benchmarks/results/train-np{N}.json.
+within 1.2x of torch's. Writes benchmarks/results/<cpu>/train-np{N}.json.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 
-from _common import git_revision, init_gloo, machine, machine_line, peak_growth
+from _common import git_revision, init_gloo, machine, machine_line, peak_growth, result_path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -363,9 +363,8 @@ def main():
                 "revision": git_revision(REPO), "reps": args.reps,
                 "targets": {"torch_over_mt": TARGET_TORCH_X, "speedup": TARGET_SPEEDUP,
                             "memory_mt_over_torch": TARGET_MEMORY_X}}
-        os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
         name = f"train-np{comm.size}{'' if args.mesh is None else '-' + args.mesh}.json"
-        with open(os.path.join(HERE, "results", name), "w") as f:
+        with open(result_path(name), "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
