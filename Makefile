@@ -167,7 +167,7 @@ test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 	  tests/run_mpi_pytest.sh 2
 
 # The benchmarks at np 2 (and np 4 for redistribute), one BLAS thread per rank,
-# JSON into benchmarks/results/, PNG plots into docs/img/perf/ and the tables of
+# JSON into benchmarks/results/CPU/, PNG plots into docs/img/perf/CPU/ and the tables of
 # docs/performance.md rewritten from the JSON (commit the three together).
 # The short set took 7.3 minutes on 2 cores busy with other jobs; BENCH_FULL=1 runs every
 # benchmark with its own defaults (sizes up to 64 MiB per rank, 1 GiB checkpoints,
