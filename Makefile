@@ -184,6 +184,7 @@ BENCH_TP := --hidden 1024 2048 --reps 5
 BENCH_CKPT := --sizes 64MiB,256MiB --reps 5
 BENCH_CP := --seq 4096 --reps 3
 BENCH_DEBUG := --reps 11
+BENCH_TRAIN := --reps 3
 BENCH_NP4 :=
 else
 BENCH_REDIST := --no-plot
@@ -192,6 +193,7 @@ BENCH_TP :=
 BENCH_CKPT :=
 BENCH_CP :=
 BENCH_DEBUG :=
+BENCH_TRAIN :=
 BENCH_NP4 := 4
 endif
 bench: install
@@ -206,6 +208,7 @@ bench: install
 	  $(MPIRUN) $$np $(PY) benchmarks/checkpoint.py $(BENCH_CKPT); \
 	  $(MPIRUN) $$np $(PY) benchmarks/context_parallel.py $(BENCH_CP); done; \
 	$(MPIRUN) 2 $(PY) benchmarks/debug.py $(BENCH_DEBUG); \
+	$(MPIRUN) 2 $(PY) benchmarks/train.py $(BENCH_TRAIN) $$([ -n "$$torch" ] || echo --no-torch); \
 	echo "load average at end: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	$(PY) benchmarks/plot.py benchmarks/results --out docs/img/perf; \
 	$(PY) benchmarks/tables.py; \

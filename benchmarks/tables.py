@@ -210,9 +210,31 @@ def debug(results: dict) -> str:
     return "\n".join(out)
 
 
+def train(results: dict) -> str:
+    out = []
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "train":
+            continue
+        rows = data["rows"]
+        has_torch = any("torch_over_mt" in r for r in rows)
+        table_rows = [[r["hidden"], "x".join(map(str, r["mesh"])), stat(
+            {k: v * 1e3 for k, v in r["mt"].items()}, 0),
+            stat(r["speedup"]) if "speedup" in r else "",
+            *([stat(r["torch_over_mt"]) if "torch_over_mt" in r else "",
+               f"{r['memory_mt_over_torch']:.2f}" if "memory_mt_over_torch" in r else ""]
+              if has_torch else [])] for r in rows]
+        first = rows[0]
+        out.append(f"np {n}, {first['layers']} layers, batch {first['batch']} x {first['seq']} "
+                   f"tokens, float32, forward + backward + AdamW\n\n"
+                   + table(["hidden", "mesh", "mpitensor step (ms)", f"speed-up np 1 -> np {n}",
+                            *(["torch / mpitensor", "peak memory mpitensor / torch"]
+                              if has_torch else [])], table_rows))
+    return "\n".join(out)
+
+
 TABLES = {"conditions": conditions, "redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
-          "context_parallel": context_parallel, "debug": debug}
+          "context_parallel": context_parallel, "debug": debug, "train": train}
 
 
 def figures(name: str, cpu: str, results: dict, plots: str) -> str:
