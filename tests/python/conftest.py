@@ -78,6 +78,19 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
+def forward_only():
+    """Runs a test under ``no_grad``, for tests of forward values and
+    communication: module parameters require grad (as torch's nn.Parameter), so in
+    grad mode outputs would be recorded and local results be local DTensors;
+    torch's own forward checks run under no_grad too (test_nn_autograd.py checks
+    the backward). Use: ``pytestmark = pytest.mark.usefixtures("forward_only")``."""
+    import mpitensor as mt  # not at the top: collecting plain tests must not import it
+
+    with mt.no_grad():
+        yield
+
+
+@pytest.fixture
 def comm():
     """MPI.COMM_WORLD."""
     return COMM

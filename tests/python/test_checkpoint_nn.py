@@ -32,14 +32,8 @@ B, S = 2, 12  # S divides by 1..4: sequence shards are even
 CONFIG = dict(vocab=37, dim=24, heads=12, layers=2, hidden=73)
 
 
-@pytest.fixture(autouse=True)
-def _forward_only():
-    """These tests check forward values and communication. Module parameters
-    require grad (as torch's nn.Parameter), so in grad mode outputs would be
-    recorded and local results be local DTensors; torch's own forward checks run
-    under no_grad too (test_nn_autograd.py checks the backward)."""
-    with mt.no_grad():
-        yield
+# Forward values and communication only (conftest.forward_only).
+pytestmark = pytest.mark.usefixtures("forward_only")
 
 
 @pytest.fixture(scope="module")

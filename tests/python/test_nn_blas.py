@@ -24,14 +24,8 @@ RNG = np.random.default_rng(23)
 TOL = {np.float64: dict(rtol=1e-12, atol=1e-12), np.float32: dict(rtol=2e-5, atol=2e-5)}
 
 
-@pytest.fixture(autouse=True)
-def _forward_only():
-    """These tests check forward values and communication. Module parameters
-    require grad (as torch's nn.Parameter), so in grad mode outputs would be
-    recorded and local results be local DTensors; torch's own forward checks run
-    under no_grad too (test_nn_autograd.py checks the backward)."""
-    with mt.no_grad():
-        yield
+# Forward values and communication only (conftest.forward_only).
+pytestmark = pytest.mark.usefixtures("forward_only")
 
 
 @pytest.fixture

@@ -25,14 +25,8 @@ TOL = {np.float64: dict(rtol=1e-12, atol=1e-13), np.float32: dict(rtol=1e-5, ato
 SHAPES = [(7,), (3, 5), (2, 3, 17), (1, 4, 2, 33), (0, 5), (3, 0)]
 
 
-@pytest.fixture(autouse=True)
-def _forward_only():
-    """These tests check forward values and communication. Module parameters
-    require grad (as torch's nn.Parameter), so in grad mode outputs would be
-    recorded and local results be local DTensors; torch's own forward checks run
-    under no_grad too (test_nn_autograd.py checks the backward)."""
-    with mt.no_grad():
-        yield
+# Forward values and communication only (conftest.forward_only).
+pytestmark = pytest.mark.usefixtures("forward_only")
 
 
 @pytest.fixture(scope="module")

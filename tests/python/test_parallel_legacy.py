@@ -21,14 +21,8 @@ W = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
 
 
-@pytest.fixture(autouse=True)
-def _forward_only():
-    """These tests check forward values and communication. Module parameters
-    require grad (as torch's nn.Parameter), so in grad mode outputs would be
-    recorded and local results be local DTensors; torch's own forward checks run
-    under no_grad too (test_nn_autograd.py checks the backward)."""
-    with mt.no_grad():
-        yield
+# Forward values and communication only (conftest.forward_only).
+pytestmark = pytest.mark.usefixtures("forward_only")
 
 
 @pytest.fixture(scope="module")
