@@ -239,9 +239,11 @@ class RingSaved:
 
 
 def ring_attention_forward(query, key, value, *, mesh, seq_dim=-2, is_causal=False,
-                           scale=None, keep=True):
+                           scale=None, keep=True, problem=""):
     """``ring_attention``, also returning what :func:`ring_attention_backward`
-    needs (a RingSaved, or None when ``keep`` is false). Collective on the mesh.
+    needs (a RingSaved, or None when ``keep`` is false). A non-empty ``problem``
+    (what the caller found wrong with this rank's inputs) fails the call on every
+    rank with that message. Collective on the mesh.
 
     Example::
 
@@ -249,7 +251,7 @@ def ring_attention_forward(query, key, value, *, mesh, seq_dim=-2, is_causal=Fal
         >>> dq, dk, dv = ring_attention_backward(saved, np.ones_like(out))
     """
     q, k, v = np.asarray(query), np.asarray(key), np.asarray(value)
-    problem = _local_problems(q, k, v)
+    problem = problem or _local_problems(q, k, v)
     dims = None
     if not problem:
         try:
