@@ -400,14 +400,16 @@ def _grad_ring(s, k, v, segments, acc):
     batch, ek, ev = k.shape[:-2], k.shape[-1], v.shape[-1]
     grad_buf = lambda rows: (np.empty(batch + (rows, ek), k.dtype),  # noqa: E731
                              np.empty(batch + (rows, ev), v.dtype))
-    gathered = None
+    gathered = bufs = None
     if s.rotate == "allgather":
         kv = np.ascontiguousarray(np.concatenate([k, v], axis=-1))
         row = int(np.prod(batch, dtype=np.int64)) * kv.shape[-1] * kv.itemsize
         flat = np.empty(sum(lk) * row // kv.itemsize, kv.dtype)
         gathered = _C.ring_allgatherv_start(handle, 0, kv, flat, [m * row for m in lk])
         offsets = np.concatenate([[0], np.cumsum(lk)]) * (row // kv.itemsize)
-    cur, bufs, done = (k, v), _RingBuffers(k, v, max(lk)), None
+    else:
+        bufs = _RingBuffers(k, v, max(lk))
+    cur, done = (k, v), None
     for step in range(n):
         src = (r - step) % n
         sends, recvs = [], []
