@@ -37,7 +37,9 @@ class MultiheadAttention(Module):
 
     Construction is local. The forward is local on ndarrays and on DTensors that
     need no communication; collective on the mesh otherwise (as laid out by
-    :func:`~mpitensor.parallel.parallelize_module`).
+    :func:`~mpitensor.parallel.parallelize_module`). Inside
+    ``context_parallel`` its attention is ring attention, and on DTensors it
+    trains through ring attention's backward.
 
     Example::
 

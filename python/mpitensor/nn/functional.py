@@ -728,7 +728,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
     Inside ``mpitensor.experimental.context_parallel(mesh)`` the inputs are this
     rank's sequence shards (dim -2) and attention runs as ring attention over
-    ``mesh``: collective, without ``attn_mask`` or dropout.
+    ``mesh``: collective, without ``attn_mask`` or dropout. There, DTensors whose
+    local parts are the shards (all three) are recorded for autograd, and the
+    backward is ring attention's.
     """
     cp = _modes.context_parallel()
     if cp is not None:
