@@ -214,3 +214,17 @@ def test_mixed_dtensor_and_ndarray_refused(mesh):
         t = DTensor.from_local(q.copy(), local_mesh(), [Replicate()]).requires_grad_()
         with pytest.raises(TypeError, match="all be DTensors or all ndarrays"):
             F.scaled_dot_product_attention(t, q, q)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gradients_match_torch_sdpa(mesh, rotate, is_causal):
+    """torch's context_parallel does not run on CPU (its CPU attention kernel has
+    no ring implementation), so the ring's gradients are compared with torch's
+    scaled_dot_product_attention on the whole sequence."""
+    torch = pytest.importorskip("torch")
+    q, k, v, g = arrays(*[(2, 3, 13, 4)] * 4, seed=21)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=is_causal) \
+        .backward(torch.tensor(g))
+    check(ring_grads(mesh, q, k, v, g, is_causal),
+          [t.grad.numpy() for t in (tq, tk, tv)])
