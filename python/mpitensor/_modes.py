@@ -41,7 +41,7 @@ _context_parallel: list = []
 
 def push_loss_parallel(cross_entropy) -> None:
     """Enters a loss_parallel block: ``cross_entropy(input, target, weight,
-    ignore_index, reduction)`` computes nn.functional.cross_entropy on DTensor
+    ignore_index, reduction, label_smoothing)`` computes nn.functional.cross_entropy on DTensor
     logits inside it."""
     _loss_parallel.append(cross_entropy)
 

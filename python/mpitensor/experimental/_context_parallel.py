@@ -17,10 +17,14 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _C, _modes
 from .._dtensor import DTensor
+from .._layout import compute_local_shape_and_global_offset
+from ..autograd import Function
 from ..device_mesh import DeviceMesh
+from ..nn import functional as F
 from . import _load_balance as LB
 from ._agree import agree_on_shards
-from ._ring_attention import ring_attention, set_rotate_method  # noqa: F401 (re-exported)
+from ._ring_attention import (ring_attention, ring_attention_backward,  # noqa: F401
+                              ring_attention_forward, set_rotate_method)
 
 __all__ = ["context_parallel", "context_parallel_unshard", "set_rotate_method",
            "ring_attention", "active", "RingAttentionMode"]
@@ -48,27 +52,103 @@ class RingAttentionMode:
     def sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
              scale=None):
         """scaled_dot_product_attention inside ``context_parallel(mesh)``: ring
-        attention over the sequence shards (dim -2) of plain ndarrays, as torch's
-        patched SDPA. Collective on the mesh.
+        attention over the sequence shards (dim -2) of plain ndarrays, or of
+        DTensors whose local parts are those shards (then recorded for autograd,
+        the output having the query's placements), as torch's patched SDPA.
+        Collective on the mesh.
 
         Example: ``_modes.context_parallel().sdpa(q, k, v, None, 0.0, True, None)``.
         """
-        return _sdpa(self.mesh, query, key, value, attn_mask, dropout_p, is_causal,
-                     scale)
+        _refuse(attn_mask, dropout_p)
+        dts = [isinstance(x, DTensor) for x in (query, key, value)]
+        if any(dts):
+            if not all(dts):
+                raise TypeError("scaled_dot_product_attention inside context_parallel: "
+                                "query, key and value must all be DTensors or all ndarrays")
+            return _RingAttention.apply(query, key, value, self, is_causal, scale)
+        return ring_attention(query, key, value, mesh=self.mesh, seq_dim=-2,
+                              is_causal=is_causal, scale=scale)
+
+    def sdpa_forward(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                     is_causal=False, scale=None, problem=""):
+        """``sdpa`` on ndarray shards, also returning what ``sdpa_backward`` needs:
+        ``(out, saved)``. A non-empty ``problem`` fails it on every rank with that
+        message. Collective on the mesh.
+
+        Example: ``out, saved = mode.sdpa_forward(q, k, v, is_causal=True)``.
+        """
+        _refuse(attn_mask, dropout_p)
+        return ring_attention_forward(query, key, value, mesh=self.mesh, seq_dim=-2,
+                                      is_causal=is_causal, scale=scale, problem=problem)
+
+    @staticmethod
+    def layout_problem(dtensors) -> str:
+        """Why the local parts of ``dtensors`` are not the parts their placements
+        describe, or ''. A load-balanced shard wrapped as ``Shard`` of the sequence
+        dim is one when the shard lengths are Shard's chunk sizes, which holds when
+        the length is a multiple of twice the mesh size (torch requires that).
+        Local; pass the answer to ``sdpa_forward``, which fails on every rank.
+
+        Example: ``mode.layout_problem([q, k, v])`` is ``''`` for L = 4N.
+        """
+        for x in dtensors:
+            want, _ = compute_local_shape_and_global_offset(x.shape, x.device_mesh,
+                                                            x.placements)
+            got = x._data().shape
+            if x.device_mesh.get_coordinate() is not None and tuple(got) != tuple(want):
+                return (f"a DTensor input holds local shape {tuple(got)} where its "
+                        f"placements {x.placements} of shape {tuple(x.shape)} give "
+                        f"{tuple(want)}: wrap the shards context_parallel makes as "
+                        f"Shard of the sequence dim only when the sequence length is "
+                        f"a multiple of twice the mesh size, or use DTensors of the "
+                        f"local mesh")
+        return ""
+
+    @staticmethod
+    def sdpa_backward(saved, grad_out):
+        """The gradients ``(dq, dk, dv)`` of this rank's shards from ``sdpa_forward``'s
+        ``saved`` and the output shard's gradient. Collective on the forward's mesh
+        (it may run after the block has ended).
+
+        Example: ``dq, dk, dv = mode.sdpa_backward(saved, np.ones_like(out))``.
+        """
+        return ring_attention_backward(saved, grad_out)
 
 
-def _sdpa(mesh, query, key, value, attn_mask, dropout_p, is_causal, scale):
+def _refuse(attn_mask, dropout_p):
     if attn_mask is not None:
         raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
                                   "does not take attn_mask (use is_causal)")
     if dropout_p:
         raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
                                   "does not support dropout_p > 0")
-    if any(isinstance(x, DTensor) for x in (query, key, value)):
-        raise NotImplementedError("scaled_dot_product_attention inside context_parallel "
-                                  "takes the ndarray shards of the buffers, not DTensors")
-    return ring_attention(query, key, value, mesh=mesh, seq_dim=-2, is_causal=is_causal,
-                          scale=scale)
+
+
+class _RingAttention(Function):
+    """Ring attention of DTensors whose local parts are this rank's sequence
+    shards: computed on the local parts, the output laid out as the query. The
+    backward is ring attention's (collective on the context-parallel mesh); each
+    input's gradient is laid out as that input."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, mode, is_causal, scale):
+        ins = [F._without_partial(x) for x in (query, key, value)]
+        out, ctx.saved = mode.sdpa_forward(*(x.to_local() for x in ins), None, 0.0,
+                                           is_causal, scale, mode.layout_problem(ins))
+        ctx.ins = ins
+        q, v = ins[0], ins[2]
+        shape = tuple(q.shape[:-1]) + (v.shape[-1],)
+        return F._wrap_like(q.device_mesh, q.placements, shape, np.ascontiguousarray(out))
+
+    @staticmethod
+    def backward(ctx, g):
+        q = ctx.ins[0]
+        if g.placements != q.placements:
+            g = g.redistribute(q.device_mesh, q.placements)
+        grads = ring_attention_backward(ctx.saved, g.to_local())
+        return tuple(F._wrap_like(x.device_mesh, x.placements, x.shape,
+                                  np.ascontiguousarray(gx, x.dtype))
+                     for x, gx in zip(ctx.ins, grads)) + (None, None, None)
 
 
 def _cp_mesh(mesh, what: str):

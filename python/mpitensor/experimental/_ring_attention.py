@@ -24,7 +24,8 @@ from .. import _C
 from . import _load_balance as LB
 from ._agree import agree_on_shards
 
-__all__ = ["ring_attention", "set_rotate_method", "attention_block", "merge_partial"]
+__all__ = ["ring_attention", "ring_attention_forward", "ring_attention_backward",
+           "set_rotate_method", "attention_block", "merge_partial"]
 
 # Elements of one tile's score matrix (batch x query rows x key rows): bounds the
 # memory of the computation whatever the sequence length, 16 MiB in float64.
@@ -224,8 +225,33 @@ def ring_attention(query, key, value, *, mesh, seq_dim=-2, is_causal=False, scal
         ...     out = ring_attention(q, k, v, mesh=mesh, is_causal=True)
         >>> full = context_parallel_unshard(mesh, [out], [2])[0]
     """
+    return ring_attention_forward(query, key, value, mesh=mesh, seq_dim=seq_dim,
+                                  is_causal=is_causal, scale=scale, keep=False)[0]
+
+
+class RingSaved:
+    """What ring attention's backward needs from its forward: this rank's q, k, v
+    (sequence dim moved to -2, in the compute dtype), its output and the
+    log-sum-exp of every query row, the shard lengths and the ring."""
+
+    __slots__ = ("q", "k", "v", "out", "lse", "lq", "lk", "dims", "scale", "causal", "handle",
+                 "n", "r", "rotate")
+
+
+def ring_attention_forward(query, key, value, *, mesh, seq_dim=-2, is_causal=False,
+                           scale=None, keep=True, problem=""):
+    """``ring_attention``, also returning what :func:`ring_attention_backward`
+    needs (a RingSaved, or None when ``keep`` is false). A non-empty ``problem``
+    (what the caller found wrong with this rank's inputs) fails the call on every
+    rank with that message. Collective on the mesh.
+
+    Example::
+
+        >>> out, saved = ring_attention_forward(q, k, v, mesh=mesh, is_causal=True)
+        >>> dq, dk, dv = ring_attention_backward(saved, np.ones_like(out))
+    """
     q, k, v = np.asarray(query), np.asarray(key), np.asarray(value)
-    problem = _local_problems(q, k, v)
+    problem = problem or _local_problems(q, k, v)
     dims = None
     if not problem:
         try:
@@ -253,8 +279,177 @@ def ring_attention(query, key, value, *, mesh, seq_dim=-2, is_causal=False, scal
     else:
         _rotate_ring(handle, n, r, np.ascontiguousarray(k), np.ascontiguousarray(v), lk,
                      segments, acc)
+    saved = None
+    if keep:
+        saved = RingSaved()
+        saved.q, saved.k, saved.v, saved.out, saved.lse = q, k, v, acc.out, acc.lse
+        saved.lq, saved.lk, saved.dims, saved.scale, saved.causal = lq, lk, dims, scale, is_causal
+        saved.handle, saved.n, saved.r, saved.rotate = handle, n, r, rotate
     # The sequence dim keeps its place counted from the end (batch dims may broadcast).
-    return np.moveaxis(acc.out, -2, dims[0] - q.ndim)
+    return np.moveaxis(acc.out, -2, dims[0] - q.ndim), saved
+
+
+def ring_attention_backward(saved, grad_out):
+    """The gradients ``(dq, dk, dv)`` of this rank's query, key and value shards
+    (in their layout, in the compute dtype), given ``grad_out``, the gradient of
+    this rank's output shard. Collective on the forward's mesh, as torch's ring
+    attention backward: the query's gradient stays local; each key/value block's
+    gradient is accumulated by the ranks it visits, travelling one step behind
+    it, and a last shift returns it to its owner. Each tile recomputes its
+    weights from the forward's log-sum-exp: no softmax is formed over the whole
+    sequence.
+
+    Example::
+
+        >>> out, saved = ring_attention_forward(q, k, v, mesh=mesh)
+        >>> dq, dk, dv = ring_attention_backward(saved, grad_out)
+    """
+    s = saved
+    g = np.moveaxis(np.asarray(grad_out, s.out.dtype), s.dims[0] - s.q.ndim, -2)
+    acc = _GradAccumulator(s, np.ascontiguousarray(g))
+    segments = [LB.rank_segments(sum(s.lk), s.n, i) for i in range(s.n)]
+    k, v = np.ascontiguousarray(s.k), np.ascontiguousarray(s.v)
+    if s.n == 1:
+        dk, dv = np.zeros_like(k), np.zeros_like(v)
+        acc.attend(k, v, segments[0], dk, dv)
+    else:
+        dk, dv = _grad_ring(s, k, v, segments, acc)
+    dq = _sum_to(acc.dq, s.q.shape)
+    return (np.moveaxis(dq, -2, s.dims[0]), np.moveaxis(dk, -2, s.dims[1]),
+            np.moveaxis(dv, -2, s.dims[2]))
+
+
+def _sum_to(a, shape):
+    """``a`` summed over the batch dims that broadcasting added to ``shape``."""
+    shape = tuple(shape)
+    if a.shape == shape:
+        return a
+    lead = a.ndim - len(shape)
+    if lead:
+        a = a.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, (m, t) in enumerate(zip(a.shape, shape)) if t == 1 and m != 1)
+    return a.sum(axis=axes, keepdims=True) if axes else a
+
+
+class _GradAccumulator:
+    """The gradient of this rank's query rows, and the tiling that adds each
+    key/value block's gradient into arrays of that block's shape. Per tile:
+    P = exp(q kᵀ scale - lse), dV += Pᵀ g, dS = P (g vᵀ - rowsum(g out)) scale,
+    dQ += dS k, dK += dSᵀ q (flash attention's backward)."""
+
+    def __init__(self, saved, g):
+        self.q, self.g = saved.q, g
+        # A row that saw no key has lse -inf and no weights: exp(s - inf) = 0.
+        self.lse = np.where(np.isneginf(saved.lse), np.inf, saved.lse)
+        self.delta = np.sum(g * saved.out, axis=-1)
+        self.dq = np.zeros(saved.out.shape[:-1] + (saved.q.shape[-1],), saved.out.dtype)
+        self.q_segments = LB.rank_segments(sum(saved.lq), saved.n, saved.r)
+        self.scale, self.causal = saved.scale, saved.causal
+        self.tile = _tile_rows(int(np.prod(saved.out.shape[:-2], dtype=np.int64)))
+        self.progress = lambda: None
+
+    def attend(self, k, v, k_segments, dk, dv):
+        """Adds the gradient of one key/value block into ``dk``, ``dv``."""
+        for q_local, q_start, q_len in _pieces(self.q_segments, self.causal):
+            for k_local, k_start, k_len in _pieces(k_segments, self.causal):
+                self._pair(k, v, dk, dv, q_local, q_start, q_len, k_local, k_start, k_len)
+
+    def _pair(self, k, v, dk, dv, q_local, q_start, q_len, k_local, k_start, k_len):
+        t = self.tile
+        for qa in range(0, q_len, t):
+            qn = min(t, q_len - qa)
+            rows = slice(q_local + qa, q_local + qa + qn)
+            q, g = self.q[..., rows, :], self.g[..., rows, :]
+            lse, delta = self.lse[..., rows, None], self.delta[..., rows, None]
+            for ka in range(0, k_len, t):
+                kn = min(t, k_len - ka)
+                mask = None
+                if self.causal:
+                    mask = _causal_mask(q_start + qa, qn, k_start + ka, kn)
+                    if mask is False:
+                        continue
+                cols = slice(k_local + ka, k_local + ka + kn)
+                kt, vt = k[..., cols, :], v[..., cols, :]
+                p = np.matmul(q, np.swapaxes(kt, -1, -2))
+                p *= self.scale
+                if mask is not None:
+                    np.copyto(p, -np.inf, where=mask)
+                p -= lse
+                np.exp(p, out=p)
+                dv[..., cols, :] += _sum_to(np.matmul(np.swapaxes(p, -1, -2), g),
+                                            dv.shape[:-2] + (kn, dv.shape[-1]))
+                ds = np.matmul(g, np.swapaxes(vt, -1, -2))
+                ds -= delta
+                ds *= p
+                ds *= self.scale
+                self.dq[..., rows, :] += np.matmul(ds, kt)
+                dk[..., cols, :] += _sum_to(np.matmul(np.swapaxes(ds, -1, -2), q),
+                                            dk.shape[:-2] + (kn, dk.shape[-1]))
+            self.progress()
+
+
+def _grad_ring(s, k, v, segments, acc):
+    """Step i adds the gradient of the block of rank r - i into a fresh (dk, dv)
+    while the accumulated gradient of that block from the ranks before arrives
+    (it left rank r - 1 at the start of this step, one step behind its keys), and
+    sends on the gradient of the block of step i - 1. With "alltoall" that send
+    shares an exchange with the next key/value block; with "allgather" the blocks
+    come from one all-gather of cat([k, v]) as in the forward. A last shift
+    returns each block's gradient to its owner. Returns this rank's (dk, dv)."""
+    n, r, lk, handle = s.n, s.r, s.lk, s.handle
+    batch, ek, ev = k.shape[:-2], k.shape[-1], v.shape[-1]
+    grad_buf = lambda rows: (np.empty(batch + (rows, ek), k.dtype),  # noqa: E731
+                             np.empty(batch + (rows, ev), v.dtype))
+    gathered = bufs = None
+    if s.rotate == "allgather":
+        kv = np.ascontiguousarray(np.concatenate([k, v], axis=-1))
+        row = int(np.prod(batch, dtype=np.int64)) * kv.shape[-1] * kv.itemsize
+        flat = np.empty(sum(lk) * row // kv.itemsize, kv.dtype)
+        gathered = _C.ring_allgatherv_start(handle, 0, kv, flat, [m * row for m in lk])
+        offsets = np.concatenate([[0], np.cumsum(lk)]) * (row // kv.itemsize)
+    else:
+        bufs = _RingBuffers(k, v, max(lk))
+    cur, done = (k, v), None
+    for step in range(n):
+        src = (r - step) % n
+        sends, recvs = [], []
+        if gathered is None and step < n - 1:
+            nxt = bufs.take(step, lk[(src - 1) % n], k, v)
+            sends, recvs = list(cur), list(nxt)
+        if done is not None:
+            arriving = grad_buf(lk[src])
+            sends, recvs = sends + list(done), recvs + list(arriving)
+        ex = _C.ring_shift_start(handle, 0, sends, recvs) if sends else None
+        if gathered is not None:
+            if step == 0:
+                acc.progress = gathered.test  # the local block overlaps the gather
+            else:
+                if step == 1:
+                    gathered.wait()
+                cur = _gathered_block(flat, offsets, kv.shape, ek, src, lk[src])
+        if ex is not None:
+            acc.progress = ex.test
+        dk = np.zeros(batch + (lk[src], ek), k.dtype)
+        dv = np.zeros(batch + (lk[src], ev), v.dtype)
+        acc.attend(cur[0], cur[1], segments[src], dk, dv)
+        if ex is not None:
+            ex.wait()
+        if done is not None:
+            dk += arriving[0]
+            dv += arriving[1]
+        if gathered is None and step < n - 1:
+            cur = nxt
+        done = (dk, dv)
+    acc.progress = lambda: None
+    mine = grad_buf(lk[r])
+    _C.ring_shift_start(handle, 0, list(done), list(mine)).wait()
+    return mine
+
+
+def _gathered_block(flat, offsets, kv_shape, ek, src, rows):
+    """Rank ``src``'s keys and values in the all-gather of cat([k, v])."""
+    b = flat[offsets[src]:offsets[src + 1]].reshape(kv_shape[:-2] + (rows, kv_shape[-1]))
+    return b[..., :ek], b[..., ek:]
 
 
 class _RingBuffers:

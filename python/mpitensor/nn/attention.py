@@ -37,7 +37,9 @@ class MultiheadAttention(Module):
 
     Construction is local. The forward is local on ndarrays and on DTensors that
     need no communication; collective on the mesh otherwise (as laid out by
-    :func:`~mpitensor.parallel.parallelize_module`).
+    :func:`~mpitensor.parallel.parallelize_module`). Inside
+    ``context_parallel`` its attention is ring attention, and on DTensors it
+    trains through ring attention's backward.
 
     Example::
 
@@ -161,13 +163,23 @@ class _Attend(Function):
         outs = [F._without_partial(p) for p in projected]
         q = outs[0]  # the output has the query's positions and layout
         saved = {} if any(ctx.needs_input_grad) else None
-        if saved is not None and _modes.context_parallel() is not None:
-            raise NotImplementedError(
-                "MultiheadAttention inside context_parallel has no backward yet (the ring "
-                "attention's); run it under mpitensor.no_grad()")
-        local = module._attend_local([p.to_local() for p in outs], attn_mask, saved)
+        cp = _modes.context_parallel()
         ctx.module, ctx.attn_mask, ctx.outs = module, attn_mask, outs
         ctx.p = module.dropout if module.training else 0.0
+        ctx.ring = None
+        if saved is not None and cp is not None:
+            # Ring attention keeps its own state (q, k, v, out, log-sum-exp) for a
+            # backward that goes around the ring again.
+            for p in outs:
+                module._local_width(p.to_local().shape[-1], module.head_dim)
+            heads = module._heads([p.to_local() for p in outs])
+            o, ctx.ring = cp.sdpa_forward(*heads, attn_mask, ctx.p, module.causal, None,
+                                          cp.layout_problem(outs))
+            ctx.cp = cp
+            o = np.moveaxis(o, -3, -2)
+            local = np.ascontiguousarray(o.reshape(o.shape[:-2] + (-1,)))
+        else:
+            local = module._attend_local([p.to_local() for p in outs], attn_mask, saved)
         ctx.keep = None if saved is None else saved.get("keep")
         shape = tuple(q.shape[:-1]) + (module.embed_dim,)
         return F._wrap_like(q.device_mesh, q.placements, shape, local)
@@ -186,10 +198,14 @@ class _Attend(Function):
         d = module.head_dim
         gl = g._data()
         gh = np.moveaxis(gl.reshape(gl.shape[:-1] + (gl.shape[-1] // d, d)), -2, -3)
-        heads = module._heads([o._data() for o in outs])
-        causal = module.causal and ctx.attn_mask is None
-        grads = [np.moveaxis(x, -3, -2) for x in F._sdpa_backward(
-            *heads, gh, ctx.attn_mask, ctx.p, causal, None, ctx.keep)]
+        if ctx.ring is not None:
+            grads = ctx.cp.sdpa_backward(ctx.ring, gh)
+        else:
+            heads = module._heads([o._data() for o in outs])
+            causal = module.causal and ctx.attn_mask is None
+            grads = F._sdpa_backward(*heads, gh, ctx.attn_mask, ctx.p, causal, None,
+                                     ctx.keep)
+        grads = [np.moveaxis(x, -3, -2) for x in grads]
         if module.fused_qkv:
             y = np.stack(grads, axis=-2)
             grads = [y.reshape(y.shape[:-3] + (-1,))]

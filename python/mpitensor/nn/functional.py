@@ -728,7 +728,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
     Inside ``mpitensor.experimental.context_parallel(mesh)`` the inputs are this
     rank's sequence shards (dim -2) and attention runs as ring attention over
-    ``mesh``: collective, without ``attn_mask`` or dropout.
+    ``mesh``: collective, without ``attn_mask`` or dropout. There, DTensors whose
+    local parts are the shards (all three) are recorded for autograd, and the
+    backward is ring attention's.
     """
     cp = _modes.context_parallel()
     if cp is not None:
@@ -873,12 +875,16 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0):
     """Cross entropy between logits ``input`` ((N, C), (N, C, d...) or (C,)) and class
     indices ``target``, as torch (``weight`` per class, ``ignore_index``,
-    ``reduction`` "mean" | "sum" | "none").
+    ``reduction`` "mean" | "sum" | "none", ``label_smoothing`` in [0, 1]: the
+    target is mixed with the uniform distribution, ``(1 - ε) nll + ε/C ·
+    Σ_c -w_c log p_c``, reduced as torch does: "mean" divides both terms by the
+    weight sum of the non-ignored targets).
 
     Plain arrays give plain results. A DTensor input is made whole on the class
     dim first (an all-gather), unless inside :func:`mpitensor.parallel.loss_parallel`,
     where logits sharded on the class dim are never gathered: the log-sum-exp and
-    the target logits are combined with two all-reduces of size N. DTensor inputs
+    the target logits are combined with two all-reduces of size N (with
+    ``label_smoothing`` the second carries the weighted logit sum too). DTensor inputs
     give a Replicate DTensor. Collective for DTensor inputs.
 
     Example::
@@ -889,8 +895,10 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', "
                          f"got {reduction!r}")
-    if label_smoothing != 0.0:
-        raise NotImplementedError("cross_entropy: label_smoothing is not supported")
+    label_smoothing = float(label_smoothing)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0, "
+                         f"got {label_smoothing}")
     if _is_dt(target):
         target = target.full_tensor()
     target = np.asarray(target)
@@ -901,11 +909,12 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
         weight = weight.full_tensor()
     if not _is_dt(input):
         return _cross_entropy_local(_float(np.asarray(input)), target, weight,
-                                    ignore_index, reduction)
+                                    ignore_index, reduction, label_smoothing)
     sharded = _modes.loss_parallel()
     if sharded is not None:
-        return sharded(input, target, weight, ignore_index, reduction)
-    return _CrossEntropy.apply(input, target, weight, ignore_index, reduction)
+        return sharded(input, target, weight, ignore_index, reduction, label_smoothing)
+    return _CrossEntropy.apply(input, target, weight, ignore_index, reduction,
+                               label_smoothing)
 
 
 class _CrossEntropy(Function):
@@ -914,11 +923,12 @@ class _CrossEntropy(Function):
     (a local slice, no communication)."""
 
     @staticmethod
-    def forward(ctx, input, target, weight, ignore_index, reduction):
+    def forward(ctx, input, target, weight, ignore_index, reduction, label_smoothing):
         full = _float(input.full_tensor())
-        out = _cross_entropy_local(full, target, weight, ignore_index, reduction)
+        out = _cross_entropy_local(full, target, weight, ignore_index, reduction,
+                                   label_smoothing)
         ctx.full = full
-        ctx.args = (target, weight, ignore_index, reduction)
+        ctx.args = (target, weight, ignore_index, reduction, label_smoothing)
         ctx.placements = input.placements
         return DTensor.from_local(np.asarray(out), input.device_mesh)
 
@@ -926,31 +936,43 @@ class _CrossEntropy(Function):
     def backward(ctx, g):
         x = ctx.full
         cd = class_dim(x.ndim)
-        grad = softmax_grad(_softmax_local(x, cd), cd, g, 0, *ctx.args)
+        grad = softmax_grad(_softmax_local(x, cd), cd, g, 0, *ctx.args, x.shape[cd])
         mesh = g.device_mesh
         whole = DTensor.from_local(grad.astype(x.dtype, copy=False), mesh,
                                    [Replicate()] * mesh.ndim, run_check=False)
         pl = tuple(Replicate() if p.is_partial() else p for p in ctx.placements)
-        return whole.redistribute(mesh, pl), None, None, None, None
+        return whole.redistribute(mesh, pl), None, None, None, None, None
 
 
-def softmax_grad(p, cd, g, lo, target, weight, ignore_index, reduction):
+def softmax_grad(p, cd, g, lo, target, weight, ignore_index, reduction, label_smoothing,
+                 n_classes):
     """The gradient of cross_entropy in logits whose class dim ``cd`` holds the
-    classes ``lo ..`` of ``p`` (their softmax): ``(p - onehot(target)) * coef``,
-    coef each item's weight times its output gradient (over the weight sum for
-    "mean"). ``g`` is the loss's gradient DTensor. Local but for making ``g``
-    Replicate."""
+    classes ``lo ..`` of ``p`` (their softmax) out of ``n_classes``:
+    ``(p - onehot(target)) * coef``, coef each item's weight times its output
+    gradient (over the weight sum for "mean"); with label smoothing ε that term
+    times 1 - ε plus ε/C times ``(p Σ_c w_c - w) * g`` (over the same sum for
+    "mean"), the gradient of ``Σ_c -w_c log p_c``. ``g`` is the loss's gradient
+    DTensor. Local but for making ``g`` Replicate."""
     mesh = g.device_mesh
     if any(not q.is_replicate() for q in g.placements):
         g = g.redistribute(mesh, [Replicate()] * mesh.ndim)
     gl = g._data()
     keep = target != ignore_index
-    w = np.ones(target.shape) if weight is None else np.asarray(weight)[
-        np.where(keep, target, 0)]
-    w = np.where(keep, w, 0.0)
-    coef = w * gl if reduction != "mean" else w * (gl / w.sum())
+    w = _target_weights(target, weight, keep)
+    scale = gl / w.sum() if reduction == "mean" else gl * np.ones(target.shape)
+    coef = w * scale * (1.0 - label_smoothing)
     grad = p * np.expand_dims(coef, cd)
     n = p.shape[cd]
+    if label_smoothing:
+        smooth = np.expand_dims(np.where(keep, scale, 0.0) * (label_smoothing / n_classes),
+                                cd)
+        if weight is None:
+            grad += smooth * (p * n_classes - 1.0)
+        else:
+            shape = [1] * p.ndim
+            shape[cd] = n
+            w_c = np.asarray(weight, p.dtype)
+            grad += smooth * (p * w_c.sum() - w_c[lo:lo + n].reshape(shape))
     mine = keep & (target >= lo) & (target < lo + n)
     idx = np.expand_dims(np.where(mine, target - lo, 0), cd)
     if n:
@@ -958,6 +980,13 @@ def softmax_grad(p, cd, g, lo, target, weight, ignore_index, reduction):
                                                                     cd)
         np.put_along_axis(grad, idx, picked, cd)
     return grad
+
+
+def _target_weights(target, weight, keep):
+    """Each item's class weight, 0 where its target is ignored."""
+    w = np.ones(target.shape) if weight is None else np.asarray(weight)[
+        np.where(keep, target, 0)]
+    return np.where(keep, w, 0.0)
 
 
 def class_dim(ndim: int) -> int:
@@ -977,13 +1006,18 @@ def check_target(input_shape, target, ignore_index) -> None:
         raise IndexError(f"cross_entropy: target out of range [0, {input_shape[cd]})")
 
 
-def reduce_loss(losses, target, weight, ignore_index, reduction):
-    """Apply ignore_index, class weights and the reduction to per-item losses."""
+def reduce_loss(losses, target, weight, ignore_index, reduction, smooth=None,
+                label_smoothing=0.0, n_classes=1):
+    """Apply ignore_index, class weights and the reduction to per-item losses;
+    with label smoothing ε, ``smooth`` is each item's ``Σ_c -w_c log p_c``, mixed
+    in as torch does: ``(1 - ε) nll + ε/C smooth``, both reduced alike ("mean"
+    divides by the weight sum of the non-ignored targets)."""
     keep = target != ignore_index
-    w = np.ones(target.shape) if weight is None else np.asarray(weight)[
-        np.where(keep, target, 0)]
-    w = np.where(keep, w, 0.0)
+    w = _target_weights(target, weight, keep)
     losses = losses * w
+    if label_smoothing:
+        losses = (1.0 - label_smoothing) * losses + \
+            (label_smoothing / n_classes) * np.where(keep, smooth, 0.0)
     if reduction == "none":
         return losses
     if reduction == "sum":
@@ -991,10 +1025,18 @@ def reduce_loss(losses, target, weight, ignore_index, reduction):
     return losses.sum() / w.sum()
 
 
-def _cross_entropy_local(x, target, weight, ignore_index, reduction):
+def _cross_entropy_local(x, target, weight, ignore_index, reduction, label_smoothing=0.0):
     check_target(x.shape, target, ignore_index)
     cd = class_dim(x.ndim)
     logp = _log_softmax_local(x, cd)
     safe = np.expand_dims(np.where(target != ignore_index, target, 0), cd)
     picked = np.squeeze(np.take_along_axis(logp, safe, axis=cd), axis=cd)
-    return reduce_loss(-picked, target, weight, ignore_index, reduction)
+    smooth = None
+    if label_smoothing:
+        if weight is not None:
+            shape = [1] * x.ndim
+            shape[cd] = x.shape[cd]
+            logp = logp * np.asarray(weight).reshape(shape)
+        smooth = -np.sum(logp, axis=cd)
+    return reduce_loss(-picked, target, weight, ignore_index, reduction, smooth,
+                       label_smoothing, x.shape[cd])

@@ -25,7 +25,9 @@ def loss_parallel():
     input; the usual output of ``ColwiseParallel(use_local_output=False)``) computes
     the loss without gathering the logits: each rank finds its part of the
     log-sum-exp and of the target logits, combined by two all-reduces of one value
-    per item. The result is a Replicate DTensor. Collective on the logits' mesh.
+    per item (with ``label_smoothing``, the second also carries each rank's part
+    of the weighted logit sum, so it stays two). The result is a Replicate
+    DTensor. Collective on the logits' mesh.
 
     Example (``mpiexec -n 2``)::
 
@@ -40,29 +42,33 @@ def loss_parallel():
         _modes.pop_loss_parallel()
 
 
-def sharded_cross_entropy(input, target, weight, ignore_index, reduction):
+def sharded_cross_entropy(input, target, weight, ignore_index, reduction,
+                          label_smoothing=0.0):
     """cross_entropy of a DTensor whose class dim is sharded; see loss_parallel.
     Its backward is local: each rank's part of ``softmax - onehot`` from the
     log-sum-exp the forward reduced, in the logits' placements (torch's
     loss_parallel backward communicates nothing either)."""
-    return _ShardedCrossEntropy.apply(input, target, weight, ignore_index, reduction)
+    return _ShardedCrossEntropy.apply(input, target, weight, ignore_index, reduction,
+                                      label_smoothing)
 
 
 class _ShardedCrossEntropy(Function):
     @staticmethod
-    def forward(ctx, input, target, weight, ignore_index, reduction):
-        return _forward(ctx, input, target, weight, ignore_index, reduction)
+    def forward(ctx, input, target, weight, ignore_index, reduction, label_smoothing):
+        return _forward(ctx, input, target, weight, ignore_index, reduction,
+                        label_smoothing)
 
     @staticmethod
     def backward(ctx, g):
         local, big, total, lo, cd, pl = ctx.saved
         mesh = g.device_mesh
         p = np.exp(local - np.expand_dims(big, cd)) / np.expand_dims(total, cd)
-        grad = F.softmax_grad(p, cd, g, lo, *ctx.args)
-        return DTensor(grad.astype(local.dtype, copy=False), ctx.spec), None, None, None, None
+        grad = F.softmax_grad(p, cd, g, lo, *ctx.args, ctx.n_classes)
+        return (DTensor(grad.astype(local.dtype, copy=False), ctx.spec),
+                None, None, None, None, None)
 
 
-def _forward(ctx, input, target, weight, ignore_index, reduction):
+def _forward(ctx, input, target, weight, ignore_index, reduction, label_smoothing):
     F.check_target(input.shape, target, ignore_index)
     cd = F.class_dim(input.ndim)
     mesh = input.device_mesh
@@ -95,10 +101,27 @@ def _forward(ctx, input, target, weight, ignore_index, reduction):
         big = reduce(np.full(item_shape, -np.inf, local.dtype), "max")
         summed = np.zeros(item_shape, local.dtype)
         picked = np.zeros(item_shape, local.dtype)
-    both = reduce(np.stack([summed, picked]), "sum")
+    parts = [summed, picked]
+    if label_smoothing:
+        # Σ_c w_c x_c over this rank's classes, reduced with the others:
+        # Σ_c -w_c log p_c = W lse - Σ_c w_c x_c, W the weight sum (C without).
+        w_c = np.ones(n, local.dtype) if weight is None else \
+            np.asarray(weight, local.dtype)[lo:lo + n]
+        shape = [1] * local.ndim
+        shape[cd] = n
+        parts.append(np.sum(local * w_c.reshape(shape), axis=cd) if n
+                     else np.zeros(item_shape, local.dtype))
+    both = reduce(np.stack(parts), "sum")
+    n_classes = input.shape[cd]
     ctx.saved = (local, big, both[0], lo, cd, x.placements)
-    ctx.args = (target, weight, ignore_index, reduction)
+    ctx.args = (target, weight, ignore_index, reduction, label_smoothing)
+    ctx.n_classes = n_classes
     ctx.spec = x._spec._replace(dtype=local.dtype)
-    losses = big + np.log(both[0]) - both[1]
-    out = F.reduce_loss(losses, target, weight, ignore_index, reduction)
+    lse = big + np.log(both[0])
+    smooth = None
+    if label_smoothing:
+        total_w = n_classes if weight is None else float(np.sum(np.asarray(weight)))
+        smooth = total_w * lse - both[2]
+    out = F.reduce_loss(lse - both[1], target, weight, ignore_index, reduction, smooth,
+                        label_smoothing, n_classes)
     return DTensor.from_local(np.asarray(out), mesh)
