@@ -283,14 +283,15 @@ int mt_step_valid(const mt_layout *src, const mt_layout *dst, int mesh_dim) {
  * remainder and empty ones), so sums and maxima over ranks become sums and
  * maxima over those lengths. A one-mesh-dim step on mesh dim m is priced from its
  * parent layout (the source with m replicated), in which every group's boxes are
- * consecutive chunks of one parent box; only a direct exchange, whose layouts
- * differ on several mesh dims, walks the coordinates of the mesh dims that shard
- * something, with each tensor dim's leaves tabulated once. */
+ * consecutive chunks of one parent box. Only a direct exchange, whose layouts
+ * differ on several mesh dims, and a step of torch's order that is no valid
+ * collective walk the coordinates of the mesh dims that shard something, with
+ * each tensor dim's leaves tabulated once. */
 
 /* Distinct leaf lengths of one tensor dim with how many leaves have each. A
- * length L chunked over G gives at most two non-zero lengths, and the lengths
- * below the first level come from the largest and the remainder, so a mesh of
- * MT_MAX_MESH_NDIM dims has at most 2^MT_MAX_MESH_NDIM non-zero ones. */
+ * length chunked over G gives at most two non-zero lengths (the full chunk and a
+ * remainder), so each mesh dim at most doubles them: a mesh of MT_MAX_MESH_NDIM
+ * dims has at most 2^MT_MAX_MESH_NDIM non-zero ones, and zero. */
 #define HIST_MAX ((1 << MT_MAX_MESH_NDIM) + 1)
 
 typedef struct hist {
@@ -624,11 +625,10 @@ static int64_t coll_elements(const mt_step *st) {
  * vector) and a collective's vector. */
 static int price_step(mt_step *st, int64_t itemsize, mt_error *err) {
   int64_t elems = 0, most = 0;
-  int rc = MT_OK;
   if (st->kind == MT_STEP_CHUNK) return MT_OK;
   if (st->kind == MT_STEP_DIRECT) {
-    rc = walk_elements(&st->src, &st->dst, &elems, &most, &st->messages,
-                       &st->rank_messages, err);
+    int rc = walk_elements(&st->src, &st->dst, &elems, &most, &st->messages,
+                           &st->rank_messages, err);
     if (rc == MT_OK && (!mul_ok(elems, itemsize, &st->bytes) ||
                         !mul_ok(most, itemsize, &st->rank_bytes)))
       return overflow(err);
@@ -643,7 +643,7 @@ static int price_step(mt_step *st, int64_t itemsize, mt_error *err) {
     one_dim_frame(&st->src, &st->dst, m, &q, &a, &b);
     if (!one_dim_elements(&q, m, -1, b, 1, &elems, &most)) return overflow(err);
   } else {
-    rc = moved_elements(&st->src, &st->dst, m, &elems, &most, err);
+    int rc = moved_elements(&st->src, &st->dst, m, &elems, &most, err);
     if (rc != MT_OK) return rc;
   }
   if (!mul_ok(elems, itemsize, &st->bytes)) return overflow(err);
