@@ -24,7 +24,8 @@
  * A one-mesh-dim step is priced from the distinct leaf lengths of the tensor dims
  * (O(mesh dims) of them each) without visiting ranks; a direct exchange walks the
  * coordinates of the mesh dims that shard something with O(tensor dims) work per
- * coordinate, so a plan on 16,384 ranks takes about two million instructions. */
+ * coordinate, once per planning, so a plan on 16,384 ranks takes a few million
+ * instructions. */
 #include "mpitensor/plan.h"
 
 #include <assert.h>
@@ -825,10 +826,53 @@ static int append_list(step_list *list, const step_list *from, mt_error *err) {
   return MT_OK;
 }
 
+/* The last direct exchange priced in one planning: the candidates of a plan
+ * often price the same one (an order planned for time and again bytes first),
+ * and its walk is the dearest part of planning. */
+typedef struct direct_memo {
+  int have;
+  mt_step step;
+} direct_memo;
+
+static int same_layout(const mt_layout *a, const mt_layout *b) {
+  if (a->ndim != b->ndim || a->mesh_ndim != b->mesh_ndim) return 0;
+  for (int d = 0; d < a->ndim; ++d) {
+    if (a->shape[d] != b->shape[d]) return 0;
+  }
+  for (int m = 0; m < a->mesh_ndim; ++m) {
+    if (a->mesh_shape[m] != b->mesh_shape[m] ||
+        !placement_eq(&a->placements[m], &b->placements[m]))
+      return 0;
+  }
+  return 1;
+}
+
+/* Appends the direct exchange from `cur` to `dst`, priced once per planning. */
+static int push_direct(step_list *list, const mt_layout *cur, const mt_layout *dst,
+                       int64_t itemsize, direct_memo *memo, mt_error *err) {
+  if (!memo->have || !same_layout(&memo->step.src, cur) ||
+      !same_layout(&memo->step.dst, dst)) {
+    memo->have = 0;
+    step_list one = {0};
+    int rc = push_step(&one, MT_STEP_DIRECT, -1, cur, dst, itemsize, err);
+    if (rc != MT_OK) return rc;
+    memo->step = one.s[0];
+    memo->have = 1;
+  }
+  assert(list->n < MAX_STEPS);
+  list->s[list->n] = memo->step;
+  if (!add_ok(list->bytes, memo->step.bytes, &list->bytes) ||
+      !add_ok(list->messages, memo->step.messages, &list->messages))
+    return overflow(err);
+  ++list->n;
+  return MT_OK;
+}
+
 /* The Shard/Replicate changes from `cur` to `dst`: the cheaper of the chain and
  * one direct exchange. */
 static int reshard_phase(step_list *list, const mt_layout *cur, const mt_layout *dst,
-                         int64_t itemsize, const mt_time_model *model, mt_error *err) {
+                         int64_t itemsize, const mt_time_model *model, direct_memo *memo,
+                         mt_error *err) {
   if (differ_only_on(cur, dst, -1)) return MT_OK;
   step_list *chain = calloc(1, sizeof *chain), *direct = calloc(1, sizeof *direct);
   if (chain == NULL || direct == NULL) {
@@ -837,7 +881,7 @@ static int reshard_phase(step_list *list, const mt_layout *cur, const mt_layout 
     return mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
   }
   int found = 0, rc = chain_phase(chain, *cur, dst, itemsize, &found, err);
-  if (rc == MT_OK) rc = push_step(direct, MT_STEP_DIRECT, -1, cur, dst, itemsize, err);
+  if (rc == MT_OK) rc = push_direct(direct, cur, dst, itemsize, memo, err);
   if (rc == MT_OK)
     rc = append_list(list, found && chain_wins(chain, direct, model) ? chain : direct,
                      err);
@@ -884,11 +928,11 @@ static mt_layout before_reducing(const mt_layout *src, const mt_layout *dst,
  * the planner prices all three and keeps the cheapest. */
 static int staged(step_list *list, const mt_layout *src, const mt_layout *dst,
                   int which, int64_t itemsize, const mt_time_model *model,
-                  mt_error *err) {
+                  direct_memo *memo, mt_error *err) {
   mt_layout mid = before_reducing(src, dst, which);
-  int rc = reshard_phase(list, src, &mid, itemsize, model, err);
+  int rc = reshard_phase(list, src, &mid, itemsize, model, memo, err);
   if (rc == MT_OK) rc = reduce_phase(list, &mid, dst, itemsize, err);
-  if (rc == MT_OK) rc = reshard_phase(list, &mid, dst, itemsize, model, err);
+  if (rc == MT_OK) rc = reshard_phase(list, &mid, dst, itemsize, model, memo, err);
   return rc;
 }
 
@@ -972,6 +1016,7 @@ typedef struct search {
   int have;
   int64_t limit;
   const mt_time_model *model;
+  direct_memo direct;
 } search;
 
 /* Plans one candidate into `tmp` and keeps it in `sr` unless it is invalid,
@@ -986,7 +1031,7 @@ static int offer(search *sr, step_list *tmp, const mt_layout *src, const mt_layo
   if (which < 0)
     rc = chain_phase(tmp, *src, dst, itemsize, &found, err);
   else
-    rc = staged(tmp, src, dst, which, itemsize, build, err);
+    rc = staged(tmp, src, dst, which, itemsize, build, &sr->direct, err);
   if (rc != MT_OK || !found || tmp->bytes > sr->limit) return rc;
   if (!sr->have || beats(tmp, sr->best, sr->limit, sr->model)) {
     *sr->best = *tmp;
@@ -1007,7 +1052,9 @@ static int best_candidate(step_list *list, const mt_layout *src, const mt_layout
   if (rc != MT_OK) return rc;
   step_list *tmp = malloc(sizeof *tmp);
   if (tmp == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
-  search sr = {list, 0, limit, model};
+  search sr;
+  memset(&sr, 0, sizeof sr);
+  sr.best = list, sr.limit = limit, sr.model = model;
   int last = reduces(src, dst) ? NCANDIDATES - 1 : REDUCE_FIRST;
   for (int which = REDUCE_FIRST; rc == MT_OK && which <= last; ++which) {
     rc = offer(&sr, tmp, src, dst, which, itemsize, model, err);
