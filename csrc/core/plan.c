@@ -501,8 +501,8 @@ static void count_peers(int64_t ns, const int64_t *s_off, const int64_t *s_len,
  * meets, less the rank itself when it keeps part of its box. Walks the
  * coordinates of the mesh dims that shard something; the others repeat it. */
 static int walk_elements(const mt_layout *src, const mt_layout *dst, int64_t *moved,
-                         int64_t *most_moved, int64_t *msgs, int64_t *most_msgs,
-                         mt_error *err) {
+                         int64_t *most_moved, int64_t *lacking, int64_t *msgs,
+                         int64_t *most_msgs, mt_error *err) {
   int act[MT_MAX_NDIM], nact = 0, rel[MT_MAX_MESH_NDIM], nrel = 0;
   int64_t fixed = 1, repeat = 1, need = 0;
   for (int d = 0; d < src->ndim; ++d) {
@@ -557,7 +557,7 @@ static int walk_elements(const mt_layout *src, const mt_layout *dst, int64_t *mo
     }
   }
   int64_t coord[MT_MAX_MESH_NDIM] = {0}, si[MT_MAX_NDIM] = {0}, ti[MT_MAX_NDIM] = {0};
-  int64_t sum = 0, peak = 0, nmsg = 0, busiest = 0;
+  int64_t sum = 0, peak = 0, nmsg = 0, busiest = 0, short_of = 0;
   int ok = 1;
   for (;;) {
     int64_t t = fixed, h = fixed, p = 1;
@@ -571,6 +571,7 @@ static int walk_elements(const mt_layout *src, const mt_layout *dst, int64_t *mo
     }
     int64_t lack = t - h;
     peak = lack > peak ? lack : peak;
+    short_of += lack > 0;
     ok &= add_ok(sum, lack, &sum);
     if (msgs != NULL && t > 0) {
       int64_t n = p - (h > 0);
@@ -593,6 +594,7 @@ static int walk_elements(const mt_layout *src, const mt_layout *dst, int64_t *mo
   free(buf);
   if (!ok || !mul_ok(sum, repeat, moved)) return overflow(err);
   *most_moved = peak;
+  if (lacking != NULL) *lacking = short_of * repeat; /* at most the ranks */
   if (msgs != NULL) {
     *msgs = nmsg * repeat;
     *most_msgs = busiest;
@@ -600,12 +602,17 @@ static int walk_elements(const mt_layout *src, const mt_layout *dst, int64_t *mo
   return MT_OK;
 }
 
+int mt__lack(const mt_layout *have, const mt_layout *need, int64_t *sum, int64_t *most,
+             int64_t *ranks, mt_error *err) {
+  return walk_elements(have, need, sum, most, ranks, NULL, NULL, err);
+}
+
 /* Elements moved from `src` to `dst`, which differ on mesh dim `m` only, neither
  * Partial there: closed form for a valid step, else a walk. */
 static int moved_elements(const mt_layout *src, const mt_layout *dst, int m,
                           int64_t *out, int64_t *most, mt_error *err) {
   if (!kind_valid(src, m, &src->placements[m], &dst->placements[m]))
-    return walk_elements(src, dst, out, most, NULL, NULL, err);
+    return walk_elements(src, dst, out, most, NULL, NULL, NULL, err);
   mt_layout q;
   int a, b;
   one_dim_frame(src, dst, m, &q, &a, &b);
@@ -628,7 +635,7 @@ static int price_step(mt_step *st, int64_t itemsize, mt_error *err) {
   int64_t elems = 0, most = 0;
   if (st->kind == MT_STEP_CHUNK) return MT_OK;
   if (st->kind == MT_STEP_DIRECT) {
-    int rc = walk_elements(&st->src, &st->dst, &elems, &most, &st->messages,
+    int rc = walk_elements(&st->src, &st->dst, &elems, &most, NULL, &st->messages,
                            &st->rank_messages, err);
     if (rc == MT_OK && (!mul_ok(elems, itemsize, &st->bytes) ||
                         !mul_ok(most, itemsize, &st->rank_bytes)))

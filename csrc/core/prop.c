@@ -3,8 +3,8 @@
  * combination with the redistribution planner and keeps the cheapest (prop.h
  * gives the rules and the order of preference).
  *
- * Pricing is the expensive part (mt_plan_create allocates and visits every rank),
- * so it is done as little as possible:
+ * Pricing is the expensive part (mt_plan_create_timed allocates, and a direct
+ * exchange's price walks the ranks), so it is done as little as possible:
  * - On one mesh dim an input needs only a few distinct placements over all the
  *   candidates (its "variants"). The layout an input needs under a combination is
  *   then a mixed-radix number of variants, which indexes a memo of its price, so
@@ -15,9 +15,10 @@
  *   answered without planning (a Partial reduced, or a rank missing part of its
  *   box). A first pass therefore looks only for combinations that communicate
  *   nowhere; plans are made only when every combination communicates.
- * - Then each combination gets lower bounds from the same box walk (elements
- *   ranks lack, ranks that lack any, collectives for the Partials reduced, and
- *   from those a time), and combinations are planned in order of their bounds
+ * - Then each combination gets lower bounds from the same count (mt__lack, the
+ *   planner's walk: elements ranks lack, ranks that lack any, the most one rank
+ *   lacks, collectives for the Partials reduced, and from those a time), and
+ *   combinations are planned in order of their bounds
  *   until no bound left can beat the best found: first for the reference
  *   pricing (bytes and messages), whose bytes cap the second search, for time.
  *   A (2,2)-mesh matmul that must communicate plans a handful of layouts instead
@@ -41,8 +42,8 @@
 /* All Replicate, one per shardable label, one per input for LINEAR_ONE. */
 #define MAX_CANDS (1 + MT_PROP_MAX_LABELS + MT_PROP_MAX_INPUTS)
 
-/* Planning visits every rank, and so does the box walk here; MPI
- * numbers ranks with an int, so no larger mesh exists. */
+/* Planning and the count of what ranks lack may visit every rank; MPI numbers
+ * ranks with an int, so no larger mesh exists. */
 #define MAX_MESH_NUMEL ((int64_t)INT32_MAX)
 
 enum { CAND_REPLICATE, CAND_LABEL, CAND_PARTIAL };
@@ -682,56 +683,13 @@ static int only_cuts(const mt_layout *cur, const mt_layout *need) {
   return 1;
 }
 
-/* The extent of tensor dim d held by the rank at `coord` (nested chunks). */
-static void extent(const mt_layout *l, const int64_t *coord, int d, int64_t *off,
-                   int64_t *size) {
-  int64_t o = 0, s = l->shape[d];
-  for (int m = 0; m < l->mesh_ndim; ++m) {
-    if (!is_shard(&l->placements[m], d)) continue;
-    int64_t sz, of;
-    mt_chunk(s, l->mesh_shape[m], coord[m], &sz, &of);
-    o += sz > 0 ? of : 0;
-    s = sz;
-  }
-  *off = o, *size = s;
-}
-
-/* Elements of its box under `need` that the rank at `coord` does not hold under
- * `cur` (a Partial mesh dim cuts nothing, so its box is whole there). An empty
- * box is tested first: only then are the products bounded by the tensor's
- * element count, which mt_layout_init checked. */
-static int64_t rank_missing(const mt_layout *cur, const mt_layout *need,
-                            const int64_t *coord) {
-  int64_t no[MT_MAX_NDIM], ns[MT_MAX_NDIM], want = 1, have = 1;
-  for (int d = 0; d < need->ndim; ++d) {
-    extent(need, coord, d, &no[d], &ns[d]);
-    if (ns[d] == 0) return 0;
-  }
-  for (int d = 0; d < need->ndim; ++d) {
-    int64_t co, cs;
-    extent(cur, coord, d, &co, &cs);
-    int64_t lo = no[d] > co ? no[d] : co;
-    int64_t hi = no[d] + ns[d] < co + cs ? no[d] + ns[d] : co + cs;
-    want *= ns[d];
-    have *= hi > lo ? hi - lo : 0;
-  }
-  return want - have;
-}
-
-static int next_coord(int64_t *coord, const mt_layout *l) {
-  for (int m = l->mesh_ndim - 1; m >= 0; --m) {
-    if (++coord[m] < l->mesh_shape[m]) return 1;
-    coord[m] = 0;
-  }
-  return 0;
-}
-
-/* A lower bound of the plan cur -> need into p->lb_*, and whether it
+/* A lower bound of the plan cur -> need into p->lb_*, and in *comm whether it
  * communicates at all. Every element a rank lacks must reach it in some step that
  * is not a reduction (reductions never grow a box), every such rank receives at
  * least one message, and each Partial reduced on a mesh dim of size G is one
  * collective of N (G - 1) messages in the plan's model. */
-static int bound(const engine *e, int i, const mt_layout *need, price *p) {
+static int bound(const engine *e, int i, const mt_layout *need, price *p, int *comm,
+                 mt_error *err) {
   const mt_layout *cur = &e->cur[i];
   int64_t moved = 0, lacking = 0, reduce_msgs = 0, most = 0, reductions = 0;
   for (int m = 0; m < cur->mesh_ndim; ++m) {
@@ -742,13 +700,15 @@ static int bound(const engine *e, int i, const mt_layout *need, price *p) {
       ++reductions;
     }
   }
-  int64_t coord[MT_MAX_MESH_NDIM] = {0};
-  do {
-    int64_t miss = rank_missing(cur, need, coord);
-    moved = sat_add(moved, miss);
-    lacking += miss > 0;
-    most = miss > most ? miss : most;
-  } while (next_coord(coord, cur));
+  mt_error werr = {0, ""};
+  int rc = mt__lack(cur, need, &moved, &most, &lacking, &werr);
+  if (rc == MT_EOVERFLOW) {
+    /* More lacking elements than int64 counts: some rank lacks some, and the
+     * bound saturates as costs do. */
+    moved = INT64_MAX, most = 0, lacking = 1;
+  } else if (rc != MT_OK) {
+    return mt__fail(err, rc, "%s", werr.msg);
+  }
   p->lb_bytes = sat_mul(moved, e->in->itemsize[i]);
   p->lb_messages = reduce_msgs + lacking;
   /* Each reduction is a step of at least one message, and what the busiest rank
@@ -760,7 +720,8 @@ static int bound(const engine *e, int i, const mt_layout *need, price *p) {
                (lacking > 0 ? step + (double)most * (double)e->in->itemsize[i] *
                                          t->beta[MT_LINK_SHM]
                             : 0.0);
-  return p->lb_messages > 0;
+  *comm = p->lb_messages > 0;
+  return MT_OK;
 }
 
 /* Plans cur -> need into `p`. Only running out of memory fails the call; any
@@ -795,7 +756,9 @@ static int classify(engine *e, int i, const mt_layout *need, int full, price *p,
     p->state = PRICE_DONE, p->bytes = 0, p->messages = 0, p->time = 0.0;
     return MT_OK;
   }
-  if (bound(e, i, need, p) && !full) {
+  int comm = 0, rc = bound(e, i, need, p, &comm, err);
+  if (rc != MT_OK) return rc;
+  if (comm && !full) {
     p->state = PRICE_COMM;
     return MT_OK;
   }
