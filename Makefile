@@ -19,7 +19,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
-.PHONY: install system-deps demo docs test test-c test-python test-plain test-examples \
+.PHONY: plan-ranking install system-deps demo docs test test-c test-python test-plain test-examples \
   test-network test-lint test-fuzz test-asan bench bench-check calibrate clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
@@ -227,12 +227,29 @@ bench-check: install
 	exit $$status
 
 # Fits the time model's costs on this machine (benchmarks/calibrate.py) and writes
-# the table every new mesh loads ($MPITENSOR_TIME_MODEL or ~/.cache/mpitensor/).
-# It times, so run it on a quiet machine; CALIBRATE_ARGS="--link net" and
-# MPIRUN flags (--mca btl self,tcp) fit the network class.
+# the table every new mesh loads ($MPITENSOR_TIME_MODEL or ~/.cache/mpitensor/):
+# first the link ranks 0 and 1 share (shared memory on one node), then the network
+# class over TCP (--mca btl self,tcp), each run keeping the other's entry. It
+# times, so run it on a quiet machine; CALIBRATE_ARGS="--max-bytes 64KiB --reps 2"
+# for a smoke run.
 CALIBRATE_ARGS ?=
 calibrate: install
 	$(MPIRUN) 2 $(PY) benchmarks/calibrate.py $(CALIBRATE_ARGS)
+	$(MPIRUN) 2 --mca btl self,tcp $(PY) benchmarks/calibrate.py --link net \
+	  --mca-note "btl self,tcp" $(CALIBRATE_ARGS)
+
+# Whether the time model ranks candidate plans as they measure
+# (benchmarks/plan_ranking.py): every 1-D transition and (2,2) pair at 4 ranks, over
+# shared memory and then over TCP, each printing its mismatches and a summary.
+# It times: run it on a quiet machine. PLAN_RANKING_ARGS="--sizes 1KiB --reps 3"
+# for a smoke run.
+PLAN_RANKING_ARGS ?=
+plan-ranking: install
+	@mkdir -p benchmarks/results
+	$(MPIRUN) 4 $(PY) benchmarks/plan_ranking.py --link shm \
+	  --out benchmarks/results/plan-ranking-shm.json $(PLAN_RANKING_ARGS)
+	$(MPIRUN) 4 --mca btl self,tcp $(PY) benchmarks/plan_ranking.py --link net \
+	  --out benchmarks/results/plan-ranking-tcp.json $(PLAN_RANKING_ARGS)
 
 clean:
 	rm -rf build $(VENV) $(ASAN_VENV)

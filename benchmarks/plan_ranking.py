@@ -1,7 +1,8 @@
 """Whether the time model ranks a redistribution's candidate plans as they measure.
 
+    make plan-ranking                   # both link classes at 4 ranks, one after the other
     mpiexec -n 4 python benchmarks/plan_ranking.py                 # shared memory
-    mpiexec -n 4 --mca btl self,tcp python benchmarks/plan_ranking.py --label tcp
+    mpiexec -n 4 --mca btl self,tcp python benchmarks/plan_ranking.py --link net
     mpiexec -n 2 python benchmarks/plan_ranking.py --sizes 1KiB,1MiB --reps 5
 
 Every 1-D transition (on a mesh of all ranks) and, at 4 ranks, every pair on a
@@ -12,8 +13,14 @@ free) and rounds first (bytes nearly free), so the direct exchange and the chain
 of per-dim collectives both appear where they differ. Each candidate is run by
 the C executor (median of --reps) and predicted by the mesh's model; a mismatch
 is a transition where the model's choice measures more than --tolerance slower
-than the fastest candidate. It times: run it on a quiet machine. Prints the
-machine, then the mismatches and a summary; --out writes every figure as JSON.
+than the fastest candidate; an order disagreement is a pair of candidates the
+model orders one way and the clock, beyond --tolerance, the other. `--link net`
+prices every step on the network class (each rank its own node), as a run over
+`--mca btl self,tcp` moves every byte through TCP. Each candidate is timed --reps
+times, fewer (at least 3) once the slowest rank has spent --budget seconds on it,
+which keeps a run at 4 ranks to minutes per link class. It times: run it on a
+quiet machine. Prints the machine, then the mismatches and a summary; --out
+writes every figure as JSON.
 """
 
 import argparse
@@ -62,15 +69,35 @@ def pairs(ndim: int):
                 yield a, b
 
 
-def timed(comm, mesh, plan, local, reps: int) -> float:
+def timed(comm, mesh, plan, local, reps: int, budget: float) -> float:
     times = []
-    for _ in range(reps + 1):
+    for i in range(reps + 1):
         comm.Barrier()
         t0 = time.perf_counter()
         _C.redistribute(mesh._handle, plan, local)
         times.append(time.perf_counter() - t0)
+        # Every rank stops at the same repetition: the slowest rank's total decides.
+        if i >= 3 and comm.allreduce(sum(times[1:]), op=MPI.MAX) > budget:
+            break
     # The slowest rank's time is the step's time.
     return comm.allreduce(statistics.median(times[1:]), op=MPI.MAX)
+
+
+def order_disagreements(row, tolerance: float) -> list:
+    """Pairs of candidates the model orders one way and the clock the other.
+
+    >>> order_disagreements([{"plan": "a", "predicted_s": 1, "measured_s": 3},
+    ...                      {"plan": "b", "predicted_s": 2, "measured_s": 1}], 0.1)
+    [('a', 'b')]
+    """
+    out = []
+    for x, y in itertools.combinations(row, 2):
+        if x["predicted_s"] > y["predicted_s"]:
+            x, y = y, x
+        if x["predicted_s"] < y["predicted_s"] and \
+                x["measured_s"] > y["measured_s"] * (1 + tolerance):
+            out.append((x["plan"], y["plan"]))
+    return out
 
 
 def main() -> int:
@@ -80,19 +107,28 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=0.10,
                     help="how much slower than the fastest candidate the model's "
                          "choice may measure before it counts as a mismatch")
-    ap.add_argument("--label", default="shm", help="the transport, for the output")
+    ap.add_argument("--budget", type=float, default=0.5,
+                    help="seconds per candidate after which timing stops (>= 3 reps)")
+    ap.add_argument("--link", choices=("shm", "net"), default="shm",
+                    help="the link class the run exercises: net prices every step "
+                         "on the network (run it over --mca btl self,tcp)")
+    ap.add_argument("--label", help="the transport, for the output (default: --link)")
     ap.add_argument("--out", help="JSON file for every figure")
     args = ap.parse_args()
+    args.label = args.label or args.link
+    started = time.perf_counter()
     comm = MPI.COMM_WORLD
     info = machine(comm)
     if comm.rank == 0:
         print(machine_line(info) + f"; transport {args.label}; revision "
               f"{git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}")
     meshes = [(comm.size,)] + ([(2, 2)] if comm.size == 4 else [])
-    records, mismatches, total = [], 0, 0
+    records, mismatches, total, disagreements = [], 0, 0, 0
     for mesh_shape in meshes:
         mesh = mt.init_device_mesh("cpu", mesh_shape)
         model = mesh._handle.time_model()
+        if args.link == "net":
+            model = tuple(model[:5]) + (1,)  # every rank its own node
         flat = (0.0, model[3], 0.0, model[3], 0.0, model[5])     # bytes first
         rounds = (model[2], 1e-15, model[2], 1e-15, model[4], model[5])  # rounds first
         for size in (parse_size(s) for s in args.sizes.split(",")):
@@ -121,27 +157,36 @@ def main() -> int:
                     label = "+".join(f"{k}@{d}" if d >= 0 else k for k, d in key)
                     row.append({"plan": label,
                                 "predicted_s": p.predict(model),
-                                "measured_s": timed(comm, mesh, p, local, args.reps),
+                                "measured_s": timed(comm, mesh, p, local, args.reps,
+                                                    args.budget),
                                 "bytes": p.bytes, "chosen": key == chosen})
                 fastest = min(r["measured_s"] for r in row)
                 pick = next(r for r in row if r["chosen"])
                 bad = pick["measured_s"] > fastest * (1 + args.tolerance)
                 total += 1
                 mismatches += bad
+                order = order_disagreements(row, args.tolerance)
+                disagreements += len(order)
                 records.append({"mesh": mesh_shape, "src": name(a), "dst": name(b),
-                                "bytes": size, "candidates": row, "mismatch": bad})
+                                "bytes": size, "candidates": row, "mismatch": bad,
+                                "order_disagreements": order})
                 if bad and comm.rank == 0:
                     cands = "; ".join(
                         f"{r['plan']}: predicted {r['predicted_s'] * 1e6:.3g} us, "
                         f"measured {r['measured_s'] * 1e6:.3g} us" for r in row)
                     print(f"MISMATCH {mesh_shape} {name(a)}->{name(b)} {size} B: {cands}")
+                if order and comm.rank == 0:
+                    print(f"ORDER {mesh_shape} {name(a)}->{name(b)} {size} B: the model "
+                          "puts " + "; ".join(f"{x} before {y}" for x, y in order) +
+                          ", the clock the other way")
     if comm.rank == 0:
-        print(f"{total} transitions with more than one candidate; the model's choice "
-              f"measured more than {args.tolerance:.0%} slower than the fastest in "
-              f"{mismatches}")
+        print(f"{args.label}: {total} transitions with more than one candidate; the "
+              f"model's choice measured more than {args.tolerance:.0%} slower than the "
+              f"fastest in {mismatches}; {disagreements} candidate pairs ordered the "
+              f"other way; {time.perf_counter() - started:.0f} s")
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"machine": info, "transport": args.label,
+                json.dump({"machine": info, "transport": args.label, "link": args.link,
                            "records": records}, f, indent=1)
     return 0
 

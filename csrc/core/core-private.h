@@ -46,6 +46,15 @@ static inline int creates_partial(const mt_placement *from, const mt_placement *
   return to->kind == MT_PLACEMENT_PARTIAL && !placement_eq(from, to);
 }
 
+/* Over every rank of validated layouts `have` and `need` of one tensor on one mesh
+ * (Partial mesh dims cut nothing): the elements of its `need` box it does not hold
+ * in its `have` box, summed into *sum, the most one rank lacks into *most and the
+ * ranks lacking any into *ranks. Visits the coordinates of the mesh dims that
+ * shard something only. MT_ENOMEM, or MT_EOVERFLOW when the sum does not fit
+ * (plan.c). */
+int mt__lack(const mt_layout *have, const mt_layout *need, int64_t *sum, int64_t *most,
+             int64_t *ranks, mt_error *err);
+
 /* torch's name of a reduce op ("sum"), or "?" (placement.c). */
 const char *mt__reduce_name(int op);
 

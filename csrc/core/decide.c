@@ -89,7 +89,9 @@ int mt_memo_decide(mt_memo *memo, const mt_memo_key *key, const mt_dimmap *map,
                    const mt_prop_inputs *in, const int *dtypes, mt_decision **out,
                    mt_error *err) {
   mt_prop_result res;
-  int rc = mt_propagate(map, in, &res, err);
+  mt_prop_inputs timed = *in;
+  timed.model = mt_memo_time_model(memo);
+  int rc = mt_propagate(map, &timed, &res, err);
   if (rc != MT_OK) return rc;
   mt_decision outcome;
   memset(&outcome, 0, sizeof outcome);

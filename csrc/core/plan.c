@@ -21,9 +21,11 @@
  * every (2,2)-mesh pair and random 1- to 3-d meshes, that no plan moves more bytes
  * than torch's chain priced by the same model.
  *
- * Costs visit every rank once per priced step with O(1) box math per rank, and
- * O(log) for the message count of a direct exchange, so a mesh of 16,384 ranks
- * plans in milliseconds. */
+ * A one-mesh-dim step is priced from the distinct leaf lengths of the tensor dims
+ * (O(mesh dims) of them each) without visiting ranks; a direct exchange walks the
+ * coordinates of the mesh dims that shard something with O(tensor dims) work per
+ * coordinate, once per planning, so a plan on 16,384 ranks takes a few million
+ * instructions. */
 #include "mpitensor/plan.h"
 
 #include <assert.h>
@@ -42,8 +44,9 @@
  * after one reduction per mesh dim: no plan has more steps. */
 #define MAX_STEPS (5 * MT_MAX_MESH_NDIM)
 
-/* Planning visits every rank, and MPI numbers ranks with an int, so a larger mesh
- * cannot exist and would only make planning run for hours. */
+/* A direct exchange's price and box lists visit every rank, and MPI numbers ranks
+ * with an int, so a larger mesh cannot exist and would only make planning run for
+ * hours. */
 #define MAX_MESH_NUMEL ((int64_t)INT32_MAX)
 
 typedef struct step_list {
@@ -62,14 +65,6 @@ struct mt_plan {
   _Atomic(void *) compiled;
   void (*compiled_free)(void *);
 };
-
-/* The non-empty leaves of the nested chunking of one tensor dim, in order: they
- * partition [0, size), so starts and ends both increase strictly. */
-typedef struct leaf_set {
-  int64_t n;
-  const int64_t *start;
-  const int64_t *end;
-} leaf_set;
 
 /* ---- Arithmetic. ---- */
 
@@ -277,68 +272,200 @@ int mt_step_valid(const mt_layout *src, const mt_layout *dst, int mesh_dim) {
   return kind_valid(&a, mesh_dim, &a.placements[mesh_dim], &b.placements[mesh_dim]);
 }
 
-/* ---- Costs. ---- */
+/* ---- Costs. ----
+ *
+ * What a step moves is a sum over ranks, and what the time model needs is a
+ * maximum over ranks; neither visits every rank where the boxes factor. A rank's
+ * box is a product over tensor dims, and the extent along dim d depends only on
+ * the coordinates of the mesh dims that shard d, which no other tensor dim
+ * shares. Within one layout the dims are therefore independent, and the extents
+ * along d are the leaves of its nested chunking: they partition [0, n_d) and take
+ * few distinct lengths (ceil-chunking a length L gives full chunks, at most one
+ * remainder and empty ones), so sums and maxima over ranks become sums and
+ * maxima over those lengths. A one-mesh-dim step on mesh dim m is priced from its
+ * parent layout (the source with m replicated), in which every group's boxes are
+ * consecutive chunks of one parent box. Only a direct exchange, whose layouts
+ * differ on several mesh dims, and a step of torch's order that is no valid
+ * collective walk the coordinates of the mesh dims that shard something, with
+ * each tensor dim's leaves tabulated once. */
 
-/* Sum over ranks of numel(T_r) - numel(T_r ∩ S_r): the elements each rank does
- * not already hold, and the most one rank lacks into *most. Exact for gathers,
- * all-to-alls and direct exchanges alike, since the source boxes of a rank's
- * peers partition what it needs. */
-static int moved_elements(const mt_layout *src, const mt_layout *dst, int64_t *out,
-                          int64_t *most) {
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0, peak = 0;
-  do {
-    mt_box s, t, st;
-    local_box(src, coord, &s);
-    local_box(dst, coord, &t);
-    int64_t kept = mt_box_intersect(&s, &t, &st) ? mt_box_numel(&st) : 0;
-    int64_t lack = mt_box_numel(&t) - kept;
-    if (lack > peak) peak = lack;
-    if (!add_ok(total, lack, &total)) return 0;
-  } while (next_coord(coord, src));
+/* Distinct leaf lengths of one tensor dim with how many leaves have each. A
+ * length chunked over G gives at most two non-zero lengths (the full chunk and a
+ * remainder), so each mesh dim at most doubles them: a mesh of MT_MAX_MESH_NDIM
+ * dims has at most 2^MT_MAX_MESH_NDIM non-zero ones, and zero. */
+#define HIST_MAX ((1 << MT_MAX_MESH_NDIM) + 1)
+
+typedef struct hist {
+  int n;
+  int64_t len[HIST_MAX];
+  int64_t count[HIST_MAX];
+} hist;
+
+static void hist_add(hist *h, int64_t len, int64_t count) {
+  if (count == 0) return;
+  for (int i = 0; i < h->n; ++i) {
+    if (h->len[i] == len) {
+      h->count[i] += count;
+      return;
+    }
+  }
+  assert(h->n < HIST_MAX);
+  h->len[h->n] = len;
+  h->count[h->n++] = count;
+}
+
+/* The leaf lengths of tensor dim `d` under `l`, as mt_chunk cuts them: of a
+ * length L over G ranks, L / ceil(L / G) full chunks, one remainder if any, and
+ * empty chunks for the rest. Leaf counts are products of mesh sizes: they fit. */
+static void leaf_hist(const mt_layout *l, int d, hist *out) {
+  out->n = 1;
+  out->len[0] = l->shape[d];
+  out->count[0] = 1;
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    if (!is_shard(&l->placements[m], d)) continue;
+    int64_t g = l->mesh_shape[m];
+    hist next = {0, {0}, {0}};
+    for (int i = 0; i < out->n; ++i) {
+      int64_t len = out->len[i], k = out->count[i];
+      int64_t chunk = len / g + (len % g != 0);
+      if (chunk == 0) {
+        hist_add(&next, 0, k * g);
+        continue;
+      }
+      int64_t full = len / chunk, rem = len - full * chunk;
+      hist_add(&next, chunk, k * full);
+      hist_add(&next, rem, rem > 0 ? k : 0);
+      hist_add(&next, 0, k * (g - full - (rem > 0)));
+    }
+    *out = next;
+  }
+}
+
+static int64_t hist_max(const hist *h) {
+  int64_t top = 0;
+  for (int i = 0; i < h->n; ++i) top = h->len[i] > top ? h->len[i] : top;
+  return top;
+}
+
+/* Chunk i of a length over g ranks, as mt_chunk cuts it. */
+static int64_t chunk_len(int64_t len, int64_t g, int64_t i) {
+  int64_t chunk = len / g + (len % g != 0), start = i * chunk;
+  if (start >= len) return 0;
+  return len - start < chunk ? len - start : chunk;
+}
+
+/* Sum over ranks of numel(box): n_d summed over the leaves of every dim, times
+ * the mesh dims that cut nothing. 0 when it does not fit. */
+static int sum_numel(const mt_layout *l, int64_t *out) {
+  int64_t total = 1;
+  for (int d = 0; d < l->ndim; ++d) {
+    if (!mul_ok(total, l->shape[d], &total)) return 0;
+  }
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    if (l->placements[m].kind != MT_PLACEMENT_SHARD &&
+        !mul_ok(total, l->mesh_shape[m], &total))
+      return 0;
+  }
   *out = total;
-  *most = peak;
   return 1;
 }
 
-/* Sum over ranks of numel(S_r) - numel(T_r): what a reduce-scatter receives, and
- * the most one rank receives into *most. */
-static int scattered_elements(const mt_layout *src, const mt_layout *dst,
-                              int64_t *out, int64_t *most) {
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0, peak = 0;
-  do {
-    mt_box s, t;
-    local_box(src, coord, &s);
-    local_box(dst, coord, &t);
-    int64_t in = mt_box_numel(&s) - mt_box_numel(&t);
-    if (in > peak) peak = in;
-    if (!add_ok(total, in, &total)) return 0;
-  } while (next_coord(coord, src));
-  *out = total;
-  *most = peak;
+/* What the ranks of a one-mesh-dim step on mesh dim `m` lack (`scatter` 0: the
+ * elements of their target box they do not hold) or shed (`scatter` 1: what a
+ * reduce-scatter receives, numel(S) - numel(T)), summed into *out and the most
+ * one rank has into *most. The step cuts tensor dim `a` (-1: none) out of the
+ * parent `q` in the source and `b` (-1: none) in the target, both at the rank's
+ * coordinate i on m, so a rank of parent extents (Pa, Pb) lacks
+ * chunk_b(i) * (Pa - chunk_a(i)) times its extents on the other dims, and sheds
+ * Pb - chunk_b(i) times them. */
+static int one_dim_elements(const mt_layout *q, int m, int a, int b, int scatter,
+                            int64_t *out, int64_t *most) {
+  int64_t g = q->mesh_shape[m], rest = 1, top = 1;
+  for (int d = 0; d < q->ndim; ++d) {
+    if (d == a || d == b) continue;
+    hist h;
+    leaf_hist(q, d, &h);
+    if (!mul_ok(rest, q->shape[d], &rest)) return 0;
+    top *= hist_max(&h); /* one rank's extents: they fit */
+  }
+  for (int k = 0; k < q->mesh_ndim; ++k) {
+    if (k != m && q->placements[k].kind != MT_PLACEMENT_SHARD &&
+        !mul_ok(rest, q->mesh_shape[k], &rest))
+      return 0;
+  }
+  static const hist none = {1, {1}, {1}};
+  hist ha = none, hb = none;
+  if (a >= 0) leaf_hist(q, a, &ha);
+  if (b >= 0) leaf_hist(q, b, &hb);
+  int64_t sum = 0, peak = 0;
+  for (int x = 0; x < ha.n; ++x) {
+    for (int y = 0; y < hb.n; ++y) {
+      int64_t pa = ha.len[x], pb = hb.len[y], pair = 0, weight;
+      for (int64_t i = 0; i < g; ++i) {
+        int64_t cb = b >= 0 ? chunk_len(pb, g, i) : pb;
+        int64_t v = scatter ? pb - cb : a >= 0 ? cb * (pa - chunk_len(pa, g, i)) : 0;
+        peak = v > peak ? v : peak;
+        if (!add_ok(pair, v, &pair)) return 0;
+      }
+      if (!mul_ok(ha.count[x], hb.count[y], &weight) || !mul_ok(pair, weight, &pair) ||
+          !add_ok(sum, pair, &sum))
+        return 0;
+    }
+  }
+  if (!mul_ok(sum, rest, out)) return 0;
+  *most = peak * top;
   return 1;
+}
+
+/* The parent of a one-mesh-dim step on `m` and the tensor dims it cuts there. */
+static void one_dim_frame(const mt_layout *src, const mt_layout *dst, int m,
+                          mt_layout *q, int *a, int *b) {
+  *q = *src;
+  q->placements[m] = replicate();
+  const mt_placement *p = &src->placements[m], *t = &dst->placements[m];
+  *a = p->kind == MT_PLACEMENT_SHARD ? p->dim : -1;
+  *b = t->kind == MT_PLACEMENT_SHARD ? t->dim : -1;
 }
 
 /* The ring all-reduce model: each of the G ranks of a group receives
  * 2 (G - 1) / G of the buffer. Every rank of a group holds the same box, so the
- * group total is numel * 2 (G - 1), an exact integer; one rank per group (the one
- * at coordinate 0 on mesh dim `m`) stands for its group. */
+ * total is the sum over ranks of numel times 2 (G - 1) / G, an exact integer. */
 static int reduced_elements(const mt_layout *src, int m, int64_t *out) {
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, total = 0;
-  int64_t factor = 2 * (src->mesh_shape[m] - 1);
-  do {
-    if (coord[m] != 0) continue;
-    mt_box s;
-    local_box(src, coord, &s);
-    int64_t group;
-    if (!mul_ok(mt_box_numel(&s), factor, &group) || !add_ok(total, group, &total))
-      return 0;
-  } while (next_coord(coord, src));
-  *out = total;
-  return 1;
+  int64_t total;
+  if (!sum_numel(src, &total)) return 0;
+  return mul_ok(total / src->mesh_shape[m], 2 * (src->mesh_shape[m] - 1), out);
 }
 
-/* Leaves (empty or not) of the nested chunking of tensor dim `d`. */
-static int64_t leaf_count(const mt_layout *l, int d) {
+/* One tensor dim of a walk: its source and target leaves (empty ones included)
+ * in row-major order over the mesh dims that shard it, and for each target leaf
+ * the source leaves it meets. */
+typedef struct dim_leaves {
+  int64_t *s_off, *s_len, *t_off, *t_len, *peers;
+} dim_leaves;
+
+/* Leaves of tensor dim `d` under `l` into off/len, refined one sharding mesh dim
+ * at a time in place (a parent's children land at or after it); their count. */
+static int64_t fill_leaves(const mt_layout *l, int d, int64_t *off, int64_t *len) {
+  int64_t n = 1;
+  off[0] = 0;
+  len[0] = l->shape[d];
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    if (!is_shard(&l->placements[m], d)) continue;
+    int64_t g = l->mesh_shape[m];
+    for (int64_t j = n - 1; j >= 0; --j) {
+      int64_t o = off[j], size = len[j], chunk = size / g + (size % g != 0);
+      for (int64_t i = g - 1; i >= 0; --i) {
+        int64_t start = i * chunk, c = start >= size ? 0 : size - start;
+        off[j * g + i] = o + start;
+        len[j * g + i] = c < chunk ? c : chunk;
+      }
+    }
+    n *= g;
+  }
+  return n;
+}
+
+static int64_t leaf_total(const mt_layout *l, int d) {
   int64_t n = 1;
   for (int m = 0; m < l->mesh_ndim; ++m) {
     if (is_shard(&l->placements[m], d)) n *= l->mesh_shape[m];
@@ -346,98 +473,150 @@ static int64_t leaf_count(const mt_layout *l, int d) {
   return n;
 }
 
-/* Writes the non-empty leaves of tensor dim `d` in order and returns how many.
- * Leaf i is the row-major position over the mesh dims that shard `d`, first mesh
- * dim outermost, which is the order of their extents. */
-static int64_t fill_leaves(const mt_layout *l, int d, int64_t *start, int64_t *end) {
-  int ms[MT_MAX_MESH_NDIM], k = 0;
-  for (int m = 0; m < l->mesh_ndim; ++m) {
-    if (is_shard(&l->placements[m], d)) ms[k++] = m;
+/* For every target leaf, the non-empty source leaves it meets. Non-empty leaves
+ * lie in increasing order in both lists, so two cursors sweep them once. */
+static void count_peers(int64_t ns, const int64_t *s_off, const int64_t *s_len,
+                        int64_t nt, const int64_t *t_off, const int64_t *t_len,
+                        int64_t *peers) {
+  int64_t first = 0, past = 0;
+  for (int64_t j = 0; j < nt; ++j) {
+    peers[j] = 0;
+    if (t_len[j] == 0) continue;
+    int64_t lo = t_off[j], hi = lo + t_len[j];
+    while (first < ns && (s_len[first] == 0 || s_off[first] + s_len[first] <= lo))
+      ++first;
+    if (past < first) past = first;
+    while (past < ns && (s_len[past] == 0 || s_off[past] < hi)) ++past;
+    int64_t n = 0;
+    for (int64_t k = first; k < past; ++k) n += s_len[k] > 0;
+    peers[j] = n;
   }
-  int64_t total = leaf_count(l, d), n = 0;
-  for (int64_t i = 0; i < total; ++i) {
-    int64_t off = 0, size = l->shape[d], rest = i, div = total;
-    for (int j = 0; j < k && size > 0; ++j) {
-      int64_t g = l->mesh_shape[ms[j]], sz, o;
-      div /= g;
-      mt_chunk(size, g, rest / div, &sz, &o);
-      rest %= div;
-      off += o;
-      size = sz;
-    }
-    if (size > 0) start[n] = off, end[n] = off + size, ++n;
-  }
-  return n;
 }
 
-/* Entries of the increasing array a[0..n) below x, or at most x if `or_equal`. */
-static int64_t count_below(const int64_t *a, int64_t n, int64_t x, int or_equal) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    int64_t mid = lo + (hi - lo) / 2;
-    if (a[mid] < x || (or_equal && a[mid] == x))
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
-
-/* Leaves meeting the non-empty range [lo, hi): those starting before hi minus
- * those ending at or before lo. */
-static int64_t leaves_meeting(const leaf_set *s, int64_t lo, int64_t hi) {
-  return count_below(s->start, s->n, hi, 0) - count_below(s->end, s->n, lo, 1);
-}
-
-/* Peers other than the rank itself whose source box meets its target box. The
- * peers vary over the mesh dims `src` shards, one peer per combination of leaves,
- * so the count is a product over tensor dims. */
-static int64_t rank_messages(const mt_layout *src, const mt_layout *dst,
-                             const int64_t *coord, const leaf_set *sets,
-                             int64_t *received) {
-  mt_box s, t, st;
-  local_box(dst, coord, &t);
-  *received = 0;
-  if (mt_box_numel(&t) == 0) return 0;
-  int64_t peers = 1;
-  for (int d = 0; d < src->ndim; ++d)
-    peers *= leaves_meeting(&sets[d], t.offset[d], t.offset[d] + t.shape[d]);
-  local_box(src, coord, &s);
-  int kept = mt_box_intersect(&s, &t, &st);
-  *received = mt_box_numel(&t) - (kept ? mt_box_numel(&st) : 0);
-  return peers - kept;
-}
-
-/* Messages of a direct exchange, summed over ranks, into st->messages (below N^2
- * for a mesh of N <= INT32_MAX ranks, so it cannot overflow), and the busiest
- * rank's messages and received elements into st->rank_messages and *most. */
-static int direct_messages(mt_step *st, int64_t *most, mt_error *err) {
-  const mt_layout *src = &st->src, *dst = &st->dst;
-  int64_t total = 1;
-  for (int d = 0; d < src->ndim; ++d) total += leaf_count(src, d);
-  int64_t *buf = malloc(2 * (size_t)total * sizeof *buf);
-  if (buf == NULL)
-    return mt__fail(err, MT_ENOMEM, "Out of memory pricing a direct exchange");
-  leaf_set sets[MT_MAX_NDIM];
-  int64_t used = 0;
+/* What a move from `src` to `dst` changing any mesh dims delivers: over every
+ * rank, the elements of its target box it does not hold (summed into *moved, the
+ * most into *most_moved) and the peers whose source box meets its target box
+ * (summed into *msgs, the most into *most_msgs; NULL: not wanted). The peers of
+ * a rank's target box are a product over tensor dims of the source leaves it
+ * meets, less the rank itself when it keeps part of its box. Walks the
+ * coordinates of the mesh dims that shard something; the others repeat it. */
+static int walk_elements(const mt_layout *src, const mt_layout *dst, int64_t *moved,
+                         int64_t *most_moved, int64_t *lacking, int64_t *msgs,
+                         int64_t *most_msgs, mt_error *err) {
+  int act[MT_MAX_NDIM], nact = 0, rel[MT_MAX_MESH_NDIM], nrel = 0;
+  int64_t fixed = 1, repeat = 1, need = 0;
   for (int d = 0; d < src->ndim; ++d) {
-    int64_t *start = buf + used, *end = buf + total + used;
-    sets[d].n = fill_leaves(src, d, start, end);
-    sets[d].start = start, sets[d].end = end;
-    used += sets[d].n;
+    int64_t ns = leaf_total(src, d), nt = leaf_total(dst, d);
+    if (ns == 1 && nt == 1) {
+      fixed *= src->shape[d]; /* both boxes span the dim: numel fits */
+      continue;
+    }
+    act[nact++] = d;
+    need += 2 * ns + 3 * nt;
   }
-  int64_t coord[MT_MAX_MESH_NDIM] = {0}, msgs = 0, busiest = 0;
-  *most = 0;
-  do {
-    int64_t received, n = rank_messages(src, dst, coord, sets, &received);
-    msgs += n;
-    if (n > busiest) busiest = n;
-    if (received > *most) *most = received;
-  } while (next_coord(coord, src));
+  for (int m = 0; m < src->mesh_ndim; ++m) {
+    if (src->placements[m].kind == MT_PLACEMENT_SHARD ||
+        dst->placements[m].kind == MT_PLACEMENT_SHARD)
+      rel[nrel++] = m;
+    else if (!mul_ok(repeat, src->mesh_shape[m], &repeat))
+      return overflow(err);
+  }
+  int64_t *buf = malloc((size_t)(need > 0 ? need : 1) * sizeof *buf);
+  if (buf == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory pricing an exchange");
+  dim_leaves dl[MT_MAX_NDIM];
+  int64_t *at = buf;
+  for (int j = 0; j < nact; ++j) {
+    int d = act[j];
+    int64_t ns = leaf_total(src, d), nt = leaf_total(dst, d);
+    dl[j].s_off = at, dl[j].s_len = at + ns, at += 2 * ns;
+    dl[j].t_off = at, dl[j].t_len = at + nt, dl[j].peers = at + 2 * nt, at += 3 * nt;
+    fill_leaves(src, d, dl[j].s_off, dl[j].s_len);
+    fill_leaves(dst, d, dl[j].t_off, dl[j].t_len);
+    if (msgs != NULL)
+      count_peers(ns, dl[j].s_off, dl[j].s_len, nt, dl[j].t_off, dl[j].t_len,
+                  dl[j].peers);
+  }
+  /* Moving coordinate m by one moves the leaf index of the dim it shards by the
+   * leaves of the later mesh dims sharding that dim. */
+  int64_t s_step[MT_MAX_MESH_NDIM] = {0}, t_step[MT_MAX_MESH_NDIM] = {0};
+  int s_dim[MT_MAX_MESH_NDIM], t_dim[MT_MAX_MESH_NDIM];
+  for (int r = 0; r < nrel; ++r) {
+    int m = rel[r];
+    s_dim[r] = t_dim[r] = -1;
+    for (int j = 0; j < nact; ++j) {
+      const mt_placement *p = &src->placements[m], *q = &dst->placements[m];
+      int d = act[j];
+      int64_t below = 1;
+      for (int k = m + 1; k < src->mesh_ndim; ++k)
+        below *= is_shard(&src->placements[k], d) ? src->mesh_shape[k] : 1;
+      if (is_shard(p, d)) s_dim[r] = j, s_step[r] = below;
+      below = 1;
+      for (int k = m + 1; k < dst->mesh_ndim; ++k)
+        below *= is_shard(&dst->placements[k], d) ? dst->mesh_shape[k] : 1;
+      if (is_shard(q, d)) t_dim[r] = j, t_step[r] = below;
+    }
+  }
+  int64_t coord[MT_MAX_MESH_NDIM] = {0}, si[MT_MAX_NDIM] = {0}, ti[MT_MAX_NDIM] = {0};
+  int64_t sum = 0, peak = 0, nmsg = 0, busiest = 0, short_of = 0;
+  int ok = 1;
+  for (;;) {
+    int64_t t = fixed, h = fixed, p = 1;
+    for (int j = 0; j < nact; ++j) {
+      int64_t tl = dl[j].t_len[ti[j]], to = dl[j].t_off[ti[j]];
+      int64_t so = dl[j].s_off[si[j]], se = so + dl[j].s_len[si[j]];
+      int64_t lo = so > to ? so : to, hi = se < to + tl ? se : to + tl;
+      t *= tl;
+      h *= hi > lo ? hi - lo : 0;
+      p *= dl[j].peers[ti[j]];
+    }
+    int64_t lack = t - h;
+    peak = lack > peak ? lack : peak;
+    short_of += lack > 0;
+    ok &= add_ok(sum, lack, &sum);
+    if (msgs != NULL && t > 0) {
+      int64_t n = p - (h > 0);
+      busiest = n > busiest ? n : busiest;
+      nmsg += n; /* below ranks^2 < 2^62 */
+    }
+    int r = nrel - 1;
+    for (; r >= 0; --r) {
+      int m = rel[r];
+      /* One step forward, or back to 0 from the last coordinate. */
+      int wrap = ++coord[m] == src->mesh_shape[m];
+      int64_t move = wrap ? 1 - src->mesh_shape[m] : 1;
+      if (wrap) coord[m] = 0;
+      if (s_dim[r] >= 0) si[s_dim[r]] += s_step[r] * move;
+      if (t_dim[r] >= 0) ti[t_dim[r]] += t_step[r] * move;
+      if (!wrap) break;
+    }
+    if (r < 0) break;
+  }
   free(buf);
-  st->messages = msgs;
-  st->rank_messages = busiest;
+  if (!ok || !mul_ok(sum, repeat, moved)) return overflow(err);
+  *most_moved = peak;
+  if (lacking != NULL) *lacking = short_of * repeat; /* at most the ranks */
+  if (msgs != NULL) {
+    *msgs = nmsg * repeat;
+    *most_msgs = busiest;
+  }
   return MT_OK;
+}
+
+int mt__lack(const mt_layout *have, const mt_layout *need, int64_t *sum, int64_t *most,
+             int64_t *ranks, mt_error *err) {
+  return walk_elements(have, need, sum, most, ranks, NULL, NULL, err);
+}
+
+/* Elements moved from `src` to `dst`, which differ on mesh dim `m` only, neither
+ * Partial there: closed form for a valid step, else a walk. */
+static int moved_elements(const mt_layout *src, const mt_layout *dst, int m,
+                          int64_t *out, int64_t *most, mt_error *err) {
+  if (!kind_valid(src, m, &src->placements[m], &dst->placements[m]))
+    return walk_elements(src, dst, out, most, NULL, NULL, NULL, err);
+  mt_layout q;
+  int a, b;
+  one_dim_frame(src, dst, m, &q, &a, &b);
+  return one_dim_elements(&q, m, a, b, 0, out, most) ? MT_OK : overflow(err);
 }
 
 /* The vector a collective step is priced by (timemodel.h, mt_time_kind): the box
@@ -454,24 +633,31 @@ static int64_t coll_elements(const mt_step *st) {
  * vector) and a collective's vector. */
 static int price_step(mt_step *st, int64_t itemsize, mt_error *err) {
   int64_t elems = 0, most = 0;
-  int ok = 1;
-  if (st->kind == MT_STEP_ALLREDUCE)
-    ok = reduced_elements(&st->src, st->mesh_dim, &elems);
-  else if (st->kind == MT_STEP_REDUCE_SCATTER)
-    ok = scattered_elements(&st->src, &st->dst, &elems, &most);
-  else if (st->kind != MT_STEP_CHUNK)
-    ok = moved_elements(&st->src, &st->dst, &elems, &most);
-  if (!ok || !mul_ok(elems, itemsize, &st->bytes)) return overflow(err);
+  if (st->kind == MT_STEP_CHUNK) return MT_OK;
   if (st->kind == MT_STEP_DIRECT) {
-    int rc = direct_messages(st, &most, err);
-    if (rc == MT_OK && !mul_ok(most, itemsize, &st->rank_bytes)) return overflow(err);
+    int rc = walk_elements(&st->src, &st->dst, &elems, &most, NULL, &st->messages,
+                           &st->rank_messages, err);
+    if (rc == MT_OK && (!mul_ok(elems, itemsize, &st->bytes) ||
+                        !mul_ok(most, itemsize, &st->rank_bytes)))
+      return overflow(err);
     return rc;
   }
+  int m = st->mesh_dim;
+  if (st->kind == MT_STEP_ALLREDUCE) {
+    if (!reduced_elements(&st->src, m, &elems)) return overflow(err);
+  } else if (st->kind == MT_STEP_REDUCE_SCATTER) {
+    mt_layout q;
+    int a, b;
+    one_dim_frame(&st->src, &st->dst, m, &q, &a, &b);
+    if (!one_dim_elements(&q, m, -1, b, 1, &elems, &most)) return overflow(err);
+  } else {
+    int rc = moved_elements(&st->src, &st->dst, m, &elems, &most, err);
+    if (rc != MT_OK) return rc;
+  }
+  if (!mul_ok(elems, itemsize, &st->bytes)) return overflow(err);
   /* A collective over G ranks: G - 1 messages per rank, N * (G - 1) < 2^62. */
-  st->messages = 0;
-  if (st->kind == MT_STEP_CHUNK) return MT_OK;
-  st->messages = mesh_numel(&st->src) * (st->src.mesh_shape[st->mesh_dim] - 1);
-  st->rank_messages = st->src.mesh_shape[st->mesh_dim] - 1;
+  st->messages = mesh_numel(&st->src) * (st->src.mesh_shape[m] - 1);
+  st->rank_messages = st->src.mesh_shape[m] - 1;
   int64_t vector = coll_elements(st);
   if (!mul_ok(st->kind == MT_STEP_ALLREDUCE ? vector : most, itemsize, &st->rank_bytes) ||
       !mul_ok(vector, itemsize, &st->vector_bytes))
@@ -647,10 +833,53 @@ static int append_list(step_list *list, const step_list *from, mt_error *err) {
   return MT_OK;
 }
 
+/* The last direct exchange priced in one planning: the candidates of a plan
+ * often price the same one (an order planned for time and again bytes first),
+ * and its walk is the dearest part of planning. */
+typedef struct direct_memo {
+  int have;
+  mt_step step;
+} direct_memo;
+
+static int same_layout(const mt_layout *a, const mt_layout *b) {
+  if (a->ndim != b->ndim || a->mesh_ndim != b->mesh_ndim) return 0;
+  for (int d = 0; d < a->ndim; ++d) {
+    if (a->shape[d] != b->shape[d]) return 0;
+  }
+  for (int m = 0; m < a->mesh_ndim; ++m) {
+    if (a->mesh_shape[m] != b->mesh_shape[m] ||
+        !placement_eq(&a->placements[m], &b->placements[m]))
+      return 0;
+  }
+  return 1;
+}
+
+/* Appends the direct exchange from `cur` to `dst`, priced once per planning. */
+static int push_direct(step_list *list, const mt_layout *cur, const mt_layout *dst,
+                       int64_t itemsize, direct_memo *memo, mt_error *err) {
+  if (!memo->have || !same_layout(&memo->step.src, cur) ||
+      !same_layout(&memo->step.dst, dst)) {
+    memo->have = 0;
+    step_list one = {0};
+    int rc = push_step(&one, MT_STEP_DIRECT, -1, cur, dst, itemsize, err);
+    if (rc != MT_OK) return rc;
+    memo->step = one.s[0];
+    memo->have = 1;
+  }
+  assert(list->n < MAX_STEPS);
+  list->s[list->n] = memo->step;
+  if (!add_ok(list->bytes, memo->step.bytes, &list->bytes) ||
+      !add_ok(list->messages, memo->step.messages, &list->messages))
+    return overflow(err);
+  ++list->n;
+  return MT_OK;
+}
+
 /* The Shard/Replicate changes from `cur` to `dst`: the cheaper of the chain and
  * one direct exchange. */
 static int reshard_phase(step_list *list, const mt_layout *cur, const mt_layout *dst,
-                         int64_t itemsize, const mt_time_model *model, mt_error *err) {
+                         int64_t itemsize, const mt_time_model *model, direct_memo *memo,
+                         mt_error *err) {
   if (differ_only_on(cur, dst, -1)) return MT_OK;
   step_list *chain = calloc(1, sizeof *chain), *direct = calloc(1, sizeof *direct);
   if (chain == NULL || direct == NULL) {
@@ -659,7 +888,7 @@ static int reshard_phase(step_list *list, const mt_layout *cur, const mt_layout 
     return mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
   }
   int found = 0, rc = chain_phase(chain, *cur, dst, itemsize, &found, err);
-  if (rc == MT_OK) rc = push_step(direct, MT_STEP_DIRECT, -1, cur, dst, itemsize, err);
+  if (rc == MT_OK) rc = push_direct(direct, cur, dst, itemsize, memo, err);
   if (rc == MT_OK)
     rc = append_list(list, found && chain_wins(chain, direct, model) ? chain : direct,
                      err);
@@ -706,11 +935,11 @@ static mt_layout before_reducing(const mt_layout *src, const mt_layout *dst,
  * the planner prices all three and keeps the cheapest. */
 static int staged(step_list *list, const mt_layout *src, const mt_layout *dst,
                   int which, int64_t itemsize, const mt_time_model *model,
-                  mt_error *err) {
+                  direct_memo *memo, mt_error *err) {
   mt_layout mid = before_reducing(src, dst, which);
-  int rc = reshard_phase(list, src, &mid, itemsize, model, err);
+  int rc = reshard_phase(list, src, &mid, itemsize, model, memo, err);
   if (rc == MT_OK) rc = reduce_phase(list, &mid, dst, itemsize, err);
-  if (rc == MT_OK) rc = reshard_phase(list, &mid, dst, itemsize, model, err);
+  if (rc == MT_OK) rc = reshard_phase(list, &mid, dst, itemsize, model, memo, err);
   return rc;
 }
 
@@ -741,11 +970,7 @@ static int reduces(const mt_layout *src, const mt_layout *dst) {
   return 0;
 }
 
-/* Bytes that torch's order moves from `src` to `dst` (torch/distributed/tensor/
- * _redistribute.py), priced as plan steps are: inner mesh dims first, each to its
- * target, or to Replicate where the mesh dims before it shard that tensor dim
- * differently in the two layouts; then outer to inner for what is left. 0 in
- * *out when the count does not fit. */
+/* Whether mesh dims before `m` shard tensor dim `d` alike in `a` and `b`. */
 static int same_outer_sharding(const mt_layout *a, const mt_layout *b, int m, int d) {
   for (int k = 0; k < m; ++k) {
     if (is_shard(&a->placements[k], d) != is_shard(&b->placements[k], d)) return 0;
@@ -753,8 +978,12 @@ static int same_outer_sharding(const mt_layout *a, const mt_layout *b, int m, in
   return 1;
 }
 
+/* Bytes that torch's order moves from `src` to `dst` (torch/distributed/tensor/
+ * _redistribute.py), priced as plan steps are: inner mesh dims first, each to its
+ * target, or to Replicate where the mesh dims before it shard that tensor dim
+ * differently in the two layouts; then outer to inner for what is left. */
 static int torch_order_bytes(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
-                             int64_t *out) {
+                             int64_t *out, mt_error *err) {
   mt_layout cur = *src;
   int64_t total = 0;
   for (int pass = 0; pass < 2; ++pass) {
@@ -767,21 +996,24 @@ static int torch_order_bytes(const mt_layout *src, const mt_layout *dst, int64_t
       if (placement_eq(&cur.placements[m], &to)) continue;
       mt_layout next = cur;
       next.placements[m] = to;
-      int64_t elems = 0, most = 0, bytes;
-      int ok;
-      if (cur.placements[m].kind != MT_PLACEMENT_PARTIAL)
-        ok = moved_elements(&cur, &next, &elems, &most);
-      else if (to.kind == MT_PLACEMENT_REPLICATE)
-        ok = reduced_elements(&cur, m, &elems);
-      else
-        ok = scattered_elements(&cur, &next, &elems, &most);
-      if (!ok || !mul_ok(elems, itemsize, &bytes) || !add_ok(total, bytes, &total))
-        return 0;
+      int64_t elems = 0, most = 0, before, after, bytes;
+      if (cur.placements[m].kind != MT_PLACEMENT_PARTIAL) {
+        int rc = moved_elements(&cur, &next, m, &elems, &most, err);
+        if (rc != MT_OK) return rc;
+      } else if (to.kind == MT_PLACEMENT_REPLICATE) {
+        if (!reduced_elements(&cur, m, &elems)) return overflow(err);
+      } else {
+        /* A reduce-scatter receives what the ranks' boxes shrink by. */
+        if (!sum_numel(&cur, &before) || !sum_numel(&next, &after)) return overflow(err);
+        elems = before - after;
+      }
+      if (!mul_ok(elems, itemsize, &bytes) || !add_ok(total, bytes, &total))
+        return overflow(err);
       cur = next;
     }
   }
   *out = total;
-  return 1;
+  return MT_OK;
 }
 
 /* The candidates of one search: the best so far, whether there is one, and what
@@ -791,6 +1023,7 @@ typedef struct search {
   int have;
   int64_t limit;
   const mt_time_model *model;
+  direct_memo direct;
 } search;
 
 /* Plans one candidate into `tmp` and keeps it in `sr` unless it is invalid,
@@ -805,7 +1038,7 @@ static int offer(search *sr, step_list *tmp, const mt_layout *src, const mt_layo
   if (which < 0)
     rc = chain_phase(tmp, *src, dst, itemsize, &found, err);
   else
-    rc = staged(tmp, src, dst, which, itemsize, build, err);
+    rc = staged(tmp, src, dst, which, itemsize, build, &sr->direct, err);
   if (rc != MT_OK || !found || tmp->bytes > sr->limit) return rc;
   if (!sr->have || beats(tmp, sr->best, sr->limit, sr->model)) {
     *sr->best = *tmp;
@@ -822,11 +1055,14 @@ static int best_candidate(step_list *list, const mt_layout *src, const mt_layout
                           int64_t itemsize, const mt_time_model *model,
                           mt_error *err) {
   int64_t limit = INT64_MAX;
-  if (!torch_order_bytes(src, dst, itemsize, &limit)) return overflow(err);
+  int rc = torch_order_bytes(src, dst, itemsize, &limit, err);
+  if (rc != MT_OK) return rc;
   step_list *tmp = malloc(sizeof *tmp);
   if (tmp == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
-  search sr = {list, 0, limit, model};
-  int rc = MT_OK, last = reduces(src, dst) ? NCANDIDATES - 1 : REDUCE_FIRST;
+  search sr;
+  memset(&sr, 0, sizeof sr);
+  sr.best = list, sr.limit = limit, sr.model = model;
+  int last = reduces(src, dst) ? NCANDIDATES - 1 : REDUCE_FIRST;
   for (int which = REDUCE_FIRST; rc == MT_OK && which <= last; ++which) {
     rc = offer(&sr, tmp, src, dst, which, itemsize, model, err);
     if (rc == MT_OK && tmp->bytes > limit)

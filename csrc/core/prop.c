@@ -3,8 +3,8 @@
  * combination with the redistribution planner and keeps the cheapest (prop.h
  * gives the rules and the order of preference).
  *
- * Pricing is the expensive part (mt_plan_create allocates and visits every rank),
- * so it is done as little as possible:
+ * Pricing is the expensive part (mt_plan_create_timed allocates, and a direct
+ * exchange's price walks the ranks), so it is done as little as possible:
  * - On one mesh dim an input needs only a few distinct placements over all the
  *   candidates (its "variants"). The layout an input needs under a combination is
  *   then a mixed-radix number of variants, which indexes a memo of its price, so
@@ -15,11 +15,14 @@
  *   answered without planning (a Partial reduced, or a rank missing part of its
  *   box). A first pass therefore looks only for combinations that communicate
  *   nowhere; plans are made only when every combination communicates.
- * - Then each combination gets a lower bound from the same box walk (elements
- *   ranks lack, ranks that lack any, collectives for the Partials reduced), and
- *   combinations are planned in order of their bounds until no bound left can
- *   beat the best cost found. A (2,2)-mesh matmul that must communicate plans a
- *   handful of layouts instead of all of them.
+ * - Then each combination gets lower bounds from the same count (mt__lack, the
+ *   planner's walk: elements ranks lack, ranks that lack any, the most one rank
+ *   lacks, collectives for the Partials reduced, and from those a time), and
+ *   combinations are planned in order of their bounds
+ *   until no bound left can beat the best found: first for the reference
+ *   pricing (bytes and messages), whose bytes cap the second search, for time.
+ *   A (2,2)-mesh matmul that must communicate plans a handful of layouts instead
+ *   of all of them; the two searches share the memo, so nothing is planned twice.
  * Allocation: one block of candidates, one memo and one list of bounds per call,
  * plus the plans priced, each freed at once. */
 #include "mpitensor/prop.h"
@@ -34,12 +37,13 @@
 #include "mpitensor/layout.h"
 #include "mpitensor/plan.h"
 #include "mpitensor/status.h"
+#include "mpitensor/timemodel.h"
 
 /* All Replicate, one per shardable label, one per input for LINEAR_ONE. */
 #define MAX_CANDS (1 + MT_PROP_MAX_LABELS + MT_PROP_MAX_INPUTS)
 
-/* Planning visits every rank, and so does the box walk here; MPI
- * numbers ranks with an int, so no larger mesh exists. */
+/* Planning and the count of what ranks lack may visit every rank; MPI numbers
+ * ranks with an int, so no larger mesh exists. */
 #define MAX_MESH_NUMEL ((int64_t)INT32_MAX)
 
 enum { CAND_REPLICATE, CAND_LABEL, CAND_PARTIAL };
@@ -72,14 +76,18 @@ typedef struct price {
   int state;
   int64_t bytes;
   int64_t messages;
+  double time;
   int64_t lb_bytes;
   int64_t lb_messages;
+  double lb_time;
 } price;
 
 /* A combination (its row-major number over mesh dims) and a lower bound of its
  * cost. */
 typedef struct bounded {
   int64_t lb;
+  int64_t lb_bytes;
+  double lb_time;
   int64_t idx;
 } bounded;
 
@@ -96,6 +104,8 @@ typedef struct score {
   int64_t later;
   int64_t bytes;
   int64_t messages;
+  double time;
+  double later_time;
 } score;
 
 typedef struct engine {
@@ -116,6 +126,7 @@ typedef struct engine {
   price *memo[MT_PROP_MAX_INPUTS]; /* NULL: not memoised (greedy search) */
   int64_t stride[MT_PROP_MAX_INPUTS][MT_MAX_MESH_NDIM];
   price *memo_block;
+  const mt_time_model *model; /* what plans and candidates are timed by */
   int plan_rc; /* the first planning failure, reported if nothing is valid */
   mt_error plan_err;
 } engine;
@@ -672,73 +683,45 @@ static int only_cuts(const mt_layout *cur, const mt_layout *need) {
   return 1;
 }
 
-/* The extent of tensor dim d held by the rank at `coord` (nested chunks). */
-static void extent(const mt_layout *l, const int64_t *coord, int d, int64_t *off,
-                   int64_t *size) {
-  int64_t o = 0, s = l->shape[d];
-  for (int m = 0; m < l->mesh_ndim; ++m) {
-    if (!is_shard(&l->placements[m], d)) continue;
-    int64_t sz, of;
-    mt_chunk(s, l->mesh_shape[m], coord[m], &sz, &of);
-    o += sz > 0 ? of : 0;
-    s = sz;
-  }
-  *off = o, *size = s;
-}
-
-/* Elements of its box under `need` that the rank at `coord` does not hold under
- * `cur` (a Partial mesh dim cuts nothing, so its box is whole there). An empty
- * box is tested first: only then are the products bounded by the tensor's
- * element count, which mt_layout_init checked. */
-static int64_t rank_missing(const mt_layout *cur, const mt_layout *need,
-                            const int64_t *coord) {
-  int64_t no[MT_MAX_NDIM], ns[MT_MAX_NDIM], want = 1, have = 1;
-  for (int d = 0; d < need->ndim; ++d) {
-    extent(need, coord, d, &no[d], &ns[d]);
-    if (ns[d] == 0) return 0;
-  }
-  for (int d = 0; d < need->ndim; ++d) {
-    int64_t co, cs;
-    extent(cur, coord, d, &co, &cs);
-    int64_t lo = no[d] > co ? no[d] : co;
-    int64_t hi = no[d] + ns[d] < co + cs ? no[d] + ns[d] : co + cs;
-    want *= ns[d];
-    have *= hi > lo ? hi - lo : 0;
-  }
-  return want - have;
-}
-
-static int next_coord(int64_t *coord, const mt_layout *l) {
-  for (int m = l->mesh_ndim - 1; m >= 0; --m) {
-    if (++coord[m] < l->mesh_shape[m]) return 1;
-    coord[m] = 0;
-  }
-  return 0;
-}
-
-/* A lower bound of the plan cur -> need into p->lb_*, and whether it
+/* A lower bound of the plan cur -> need into p->lb_*, and in *comm whether it
  * communicates at all. Every element a rank lacks must reach it in some step that
  * is not a reduction (reductions never grow a box), every such rank receives at
  * least one message, and each Partial reduced on a mesh dim of size G is one
  * collective of N (G - 1) messages in the plan's model. */
-static int bound(const engine *e, int i, const mt_layout *need, price *p) {
+static int bound(const engine *e, int i, const mt_layout *need, price *p, int *comm,
+                 mt_error *err) {
   const mt_layout *cur = &e->cur[i];
-  int64_t moved = 0, lacking = 0, reduce_msgs = 0;
+  int64_t moved = 0, lacking = 0, reduce_msgs = 0, most = 0, reductions = 0;
   for (int m = 0; m < cur->mesh_ndim; ++m) {
     const mt_placement *a = &cur->placements[m];
     if (cur->mesh_shape[m] > 1 && a->kind == MT_PLACEMENT_PARTIAL &&
-        !placement_eq(a, &need->placements[m]))
+        !placement_eq(a, &need->placements[m])) {
       reduce_msgs += e->mesh_numel * (cur->mesh_shape[m] - 1);
+      ++reductions;
+    }
   }
-  int64_t coord[MT_MAX_MESH_NDIM] = {0};
-  do {
-    int64_t miss = rank_missing(cur, need, coord);
-    moved = sat_add(moved, miss);
-    lacking += miss > 0;
-  } while (next_coord(coord, cur));
+  mt_error werr = {0, ""};
+  int rc = mt__lack(cur, need, &moved, &most, &lacking, &werr);
+  if (rc == MT_EOVERFLOW) {
+    /* More lacking elements than int64 counts: some rank lacks some, and the
+     * bound saturates as costs do. */
+    moved = INT64_MAX, most = 0, lacking = 1;
+  } else if (rc != MT_OK) {
+    return mt__fail(err, rc, "%s", werr.msg);
+  }
   p->lb_bytes = sat_mul(moved, e->in->itemsize[i]);
   p->lb_messages = reduce_msgs + lacking;
-  return p->lb_messages > 0;
+  /* Each reduction is a step of at least one message, and what the busiest rank
+   * lacks reaches it in other steps (reductions never grow a box), at least one
+   * message and its bytes, all at shared memory's price at best. */
+  const mt_time_model *t = e->model;
+  double step = t->call + t->alpha[MT_LINK_SHM];
+  p->lb_time = (double)reductions * step +
+               (lacking > 0 ? step + (double)most * (double)e->in->itemsize[i] *
+                                         t->beta[MT_LINK_SHM]
+                            : 0.0);
+  *comm = p->lb_messages > 0;
+  return MT_OK;
 }
 
 /* Plans cur -> need into `p`. Only running out of memory fails the call; any
@@ -748,7 +731,8 @@ static int plan_price(engine *e, int i, const mt_layout *need, price *p,
                       mt_error *err) {
   mt_plan *plan = NULL;
   mt_error perr = {0, ""};
-  int rc = mt_plan_create(&e->cur[i], need, e->in->itemsize[i], &plan, &perr);
+  int rc = mt_plan_create_timed(&e->cur[i], need, e->in->itemsize[i], e->model, &plan,
+                                &perr);
   if (rc == MT_ENOMEM) return mt__fail(err, rc, "%s", perr.msg);
   if (rc != MT_OK) {
     if (e->plan_rc == MT_OK) e->plan_rc = rc, e->plan_err = perr;
@@ -757,6 +741,7 @@ static int plan_price(engine *e, int i, const mt_layout *need, price *p,
   }
   p->bytes = mt_plan_bytes(plan);
   p->messages = mt_plan_messages(plan);
+  p->time = mt_plan_time(plan);
   p->state = PRICE_DONE;
   mt_plan_destroy(plan);
   return MT_OK;
@@ -768,10 +753,12 @@ static int plan_price(engine *e, int i, const mt_layout *need, price *p,
 static int classify(engine *e, int i, const mt_layout *need, int full, price *p,
                     mt_error *err) {
   if (only_cuts(&e->cur[i], need)) {
-    p->state = PRICE_DONE, p->bytes = 0, p->messages = 0;
+    p->state = PRICE_DONE, p->bytes = 0, p->messages = 0, p->time = 0.0;
     return MT_OK;
   }
-  if (bound(e, i, need, p) && !full) {
+  int comm = 0, rc = bound(e, i, need, p, &comm, err);
+  if (rc != MT_OK) return rc;
+  if (comm && !full) {
     p->state = PRICE_COMM;
     return MT_OK;
   }
@@ -782,7 +769,7 @@ static int classify(engine *e, int i, const mt_layout *need, int full, price *p,
  * is one. With `full` a communicating layout is planned, else only marked. */
 static int input_price(engine *e, int i, const int *choice, int full, price *out,
                        mt_error *err) {
-  price local = {PRICE_UNKNOWN, 0, 0, 0, 0}, *p = &local;
+  price local = {PRICE_UNKNOWN, 0, 0, 0.0, 0, 0, 0.0}, *p = &local;
   if (e->memo[i] != NULL) {
     int64_t idx = 0;
     for (int m = 0; m < e->mesh_ndim; ++m)
@@ -899,6 +886,35 @@ static int64_t later_cost(const engine *e, const int *choice) {
   return cost_of(db, dm);
 }
 
+/* The same estimate in seconds under the engine's model: each reduce-scatter
+ * takes the output one rank holds at that point over its group, on the link its
+ * groups use. */
+static double later_time(const engine *e, const int *choice) {
+  int64_t held = e->out_numel, stride = e->mesh_numel;
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    int64_t g = e->in->mesh_shape[m];
+    if (e->dims[m].c[choice[m]].out.kind == MT_PLACEMENT_SHARD) held = held / g + (held % g != 0);
+  }
+  double t = 0.0;
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    int64_t g = e->in->mesh_shape[m];
+    stride /= g;
+    if (!e->dims[m].c[choice[m]].creates) continue;
+    int64_t vector = sat_mul(held, e->out_itemsize);
+    int link = mt_time_link(e->model, e->mesh_numel, g, stride);
+    t += mt_time_coll(e->model, MT_TIME_REDUCE_SCATTER, g, vector, vector - vector / g, link);
+    held = held / g + (held % g != 0);
+  }
+  return t;
+}
+
+/* -1 when `a` seconds is less than `b`, 1 when more, 0 when they agree within a
+ * part in a million (the same collectives, priced alike). */
+static int time_cmp(double a, double b) {
+  double tol = 1e-6 * (a > b ? a : b);
+  return a < b - tol ? -1 : a > b + tol ? 1 : 0;
+}
+
 /* How many (input, mesh dim of size > 1) pairs `choice` asks to change. */
 static int changes(const engine *e, const int *choice) {
   int n = 0;
@@ -927,11 +943,13 @@ static int score_combo(engine *e, const int *choice, int full, score *s, int *va
     }
     s->bytes = sat_add(s->bytes, p.bytes);
     s->messages = sat_add(s->messages, p.messages);
+    s->time += p.time;
   }
   s->comm = s->bytes > 0 || s->messages > 0;
   s->changes = changes(e, choice);
   s->cost = cost_of(s->bytes, s->messages);
   s->later = later_cost(e, choice);
+  s->later_time = later_time(e, choice);
   *valid = 1;
   return MT_OK;
 }
@@ -945,6 +963,20 @@ static int better(const score *a, const score *b) {
   if (!a->comm && a->changes != b->changes) return a->changes < b->changes;
   if (a->cost != b->cost) return a->cost < b->cost;
   if (a->later != b->later) return a->later < b->later;
+  if (a->bytes != b->bytes) return a->bytes < b->bytes;
+  return a->messages < b->messages;
+}
+
+/* Whether `a` is faster than `b` under the engine's model, the rule among the
+ * combinations that move no more bytes than the one `better` picks: free first
+ * and fewer changes among free ones as there, then the predicted time of the
+ * moves now, of the reductions later, fewer bytes, fewer messages. */
+static int faster(const score *a, const score *b) {
+  if (a->comm != b->comm) return a->comm < b->comm;
+  if (!a->comm && a->changes != b->changes) return a->changes < b->changes;
+  int order = time_cmp(a->time, b->time);
+  if (order == 0) order = time_cmp(a->later_time, b->later_time);
+  if (order != 0) return order < 0;
   if (a->bytes != b->bytes) return a->bytes < b->bytes;
   return a->messages < b->messages;
 }
@@ -978,9 +1010,10 @@ static int search_free(engine *e, int *best, score *best_s, int *found, mt_error
 
 /* A lower bound of a combination's cost without planning (exact prices where the
  * memo has them); `*valid` is 0 when it is not allowed or a plan failed. */
-static int combo_bound(engine *e, const int *choice, int64_t *lb, int *valid,
+static int combo_bound(engine *e, const int *choice, bounded *b, int *valid,
                        mt_error *err) {
   int64_t bytes = 0, messages = 0;
+  double time = 0.0;
   *valid = 0;
   if (!combo_valid(e, choice)) return MT_OK;
   for (int i = 0; i < e->ninputs; ++i) {
@@ -990,8 +1023,11 @@ static int combo_bound(engine *e, const int *choice, int64_t *lb, int *valid,
     int exact = p.state == PRICE_DONE;
     bytes = sat_add(bytes, exact ? p.bytes : p.lb_bytes);
     messages = sat_add(messages, exact ? p.messages : p.lb_messages);
+    time += exact ? p.time : p.lb_time;
   }
-  *lb = cost_of(bytes, messages);
+  b->lb = cost_of(bytes, messages);
+  b->lb_bytes = bytes;
+  b->lb_time = time;
   *valid = 1;
   return MT_OK;
 }
@@ -1002,10 +1038,9 @@ static int collect_bounds(engine *e, bounded *list, int64_t *n, mt_error *err) {
   int64_t idx = 0;
   *n = 0;
   do {
-    int64_t lb;
-    int valid, rc = combo_bound(e, choice, &lb, &valid, err);
+    int valid, rc = combo_bound(e, choice, &list[*n], &valid, err);
     if (rc != MT_OK) return rc;
-    if (valid) list[*n].lb = lb, list[*n].idx = idx, ++*n;
+    if (valid) list[*n].idx = idx, ++*n;
     ++idx;
   } while (next_choice(e, choice));
   return MT_OK;
@@ -1017,6 +1052,12 @@ static int cmp_bounded(const void *pa, const void *pb) {
   return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
+static int cmp_timed(const void *pa, const void *pb) {
+  const bounded *a = pa, *b = pb;
+  if (a->lb_time != b->lb_time) return a->lb_time < b->lb_time ? -1 : 1;
+  return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
 /* The combination numbered `idx` in enumeration order. */
 static void decode(const engine *e, int64_t idx, int *choice) {
   for (int m = e->mesh_ndim - 1; m >= 0; --m) {
@@ -1025,10 +1066,37 @@ static void decode(const engine *e, int64_t idx, int *choice) {
   }
 }
 
+/* Among the combinations of `list` moving at most the bytes of the one in
+ * *best_s (numbered *best_idx), the fastest, planned in order of their time
+ * bounds until the next bound is slower than the best beyond time_cmp's
+ * tolerance; ties go to the earlier combination, as an exhaustive pass would. */
+static int search_timed(engine *e, bounded *list, int64_t n, int *best, score *best_s,
+                        int64_t *best_idx, mt_error *err) {
+  int64_t cap = best_s->bytes;
+  qsort(list, (size_t)n, sizeof *list, cmp_timed);
+  for (int64_t k = 0; k < n; ++k) {
+    if (list[k].lb_time > best_s->time * (1.0 + 2e-6)) break;
+    if (list[k].lb_bytes > cap) continue;
+    int choice[MT_MAX_MESH_NDIM] = {0}, valid;
+    score s;
+    decode(e, list[k].idx, choice);
+    int rc = score_combo(e, choice, 1, &s, &valid, err);
+    if (rc != MT_OK) return rc;
+    if (!valid || s.bytes > cap) continue;
+    int tie = !faster(&s, best_s) && !faster(best_s, &s);
+    if (faster(&s, best_s) || (tie && list[k].idx < *best_idx)) {
+      memcpy(best, choice, sizeof choice);
+      *best_s = s, *best_idx = list[k].idx;
+    }
+  }
+  return MT_OK;
+}
+
 /* When every combination communicates: plan them in order of their lower bounds
  * until the next bound exceeds the best cost found. Equal costs still go to fewer
  * bytes, fewer messages and then the earlier combination, so the winner is the
- * one an exhaustive pass would pick. */
+ * one an exhaustive pass would pick. That winner's bytes then cap the fastest
+ * (search_timed). */
 static int search_bounded(engine *e, int64_t combos, int *best, score *best_s,
                           int *found, mt_error *err) {
   bounded *list = malloc((size_t)combos * sizeof *list);
@@ -1050,6 +1118,7 @@ static int search_bounded(engine *e, int64_t combos, int *best, score *best_s,
       *best_s = s, *found = 1, best_idx = list[k].idx;
     }
   }
+  if (rc == MT_OK && *found) rc = search_timed(e, list, n, best, best_s, &best_idx, err);
   free(list);
   return rc;
 }
@@ -1160,6 +1229,10 @@ int mt_propagate(const mt_dimmap *map, const mt_prop_inputs *in, mt_prop_result 
   engine e;
   memset(&e, 0, sizeof e);
   e.map = map, e.in = in;
+  mt_time_model fallback = mt_time_model_default();
+  e.model = in->model != NULL ? in->model : &fallback;
+  rc = mt_time_model_check(e.model, err);
+  if (rc != MT_OK) return rc;
   int best[MT_MAX_MESH_NDIM] = {0};
   score best_s;
   memset(&best_s, 0, sizeof best_s);

@@ -570,6 +570,39 @@ static int64_t sim_receive(const mt_step *st, const sim_rank *now, sim_rank *nex
   return got;
 }
 
+/* What the time model prices a step by, from every rank's boxes: the most bytes
+ * one rank receives (a reduce-scatter: what its box sheds; an all-reduce: its
+ * vector), the vector of a collective (rank 0's box, the largest) and the most
+ * messages one rank receives (a direct exchange: peers with a non-empty part). */
+static void check_rank_costs(const mt_step *st, int64_t n, int64_t itemsize) {
+  if (st->kind == MT_STEP_CHUNK) return;
+  int64_t most = 0, busiest = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    mt_box s = box_of(&st->src, r), t = box_of(&st->dst, r), c;
+    int64_t v = st->kind == MT_STEP_REDUCE_SCATTER
+                    ? mt_box_numel(&s) - mt_box_numel(&t)
+                    : mt_box_numel(&t) - (mt_box_intersect(&s, &t, &c) ? mt_box_numel(&c) : 0);
+    most = v > most ? v : most;
+    int64_t peers = 0;
+    for (int64_t p = 0; p < n; ++p) peers += p != r && mt_box_numel(&sim_recv[r][p]) > 0;
+    busiest = peers > busiest ? peers : busiest;
+  }
+  if (st->kind == MT_STEP_DIRECT) {
+    CHECK_MSG(st->rank_messages == busiest, "direct: %lld messages at most, counted %lld",
+              (long long)st->rank_messages, (long long)busiest);
+    CHECK(st->rank_bytes == most * itemsize);
+    return;
+  }
+  mt_box v = box_of(st->kind == MT_STEP_ALLGATHER ? &st->dst : &st->src, 0);
+  CHECK(st->vector_bytes == mt_box_numel(&v) * itemsize);
+  CHECK(st->rank_messages == st->src.mesh_shape[st->mesh_dim] - 1);
+  if (st->kind == MT_STEP_ALLREDUCE)
+    CHECK(st->rank_bytes == st->vector_bytes);
+  else
+    CHECK_MSG(st->rank_bytes == most * itemsize, "kind %d: %lld bytes at most, counted %lld",
+              st->kind, (long long)st->rank_bytes, (long long)(most * itemsize));
+}
+
 /* Runs one step on all ranks and checks its byte and message counts. */
 static void sim_step(const mt_step *st, const sim_rank *now, sim_rank *next,
                      int64_t itemsize) {
@@ -579,6 +612,7 @@ static void sim_step(const mt_step *st, const sim_rank *now, sim_rank *next,
     CHECK(same_box(&s, &now[r].box));
   }
   sim_exchange(st, n);
+  check_rank_costs(st, n, itemsize);
   for (int64_t r = 0; r < n; ++r) got += sim_receive(st, now, next, r, n, &messages);
   int64_t g = st->mesh_dim >= 0 ? st->src.mesh_shape[st->mesh_dim] : 0;
   if (st->kind == MT_STEP_ALLREDUCE)

@@ -12,6 +12,7 @@
 
 #include "mpitensor/layout.h"
 #include "mpitensor/status.h"
+#include "mpitensor/timemodel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,10 +25,9 @@ extern "C" {
  * engine chooses mesh dim by mesh dim (see mt_propagate). */
 #define MT_PROP_MAX_COMBOS 4096
 
-/* The latency of one message expressed in bytes (about 1 us at 8 GB/s): the cost
- * of a choice is bytes + MT_PROP_MESSAGE_BYTES * messages, both summed over ranks,
- * so small tensors are decided by how many collectives they need and large ones by
- * how many bytes they move. */
+/* The latency of one message expressed in bytes (about 1 us at 8 GB/s) in the
+ * reference pricing that caps a decision's bytes (mt_propagate): bytes +
+ * MT_PROP_MESSAGE_BYTES * messages, both summed over ranks. */
 #define MT_PROP_MESSAGE_BYTES 8192
 
 /* What sharding a label means. KEEP: the label is an output dim, a Shard of it
@@ -224,6 +224,7 @@ typedef struct mt_prop_inputs {
   int64_t itemsize[MT_PROP_MAX_INPUTS];
   mt_placement placements[MT_PROP_MAX_INPUTS][MT_MAX_MESH_NDIM];
   int64_t out_itemsize;
+  const mt_time_model *model; /* what moves are timed by; NULL: the built-in model */
 } mt_prop_inputs;
 
 /* The decision: the placements each input must be redistributed to (equal to its
@@ -277,20 +278,26 @@ int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * or product REDUCE labels too: an empty shard gives 0 or 1, the identity of the
  * pending Partial), every even_only label divides evenly over its shards and
  * every label kept on a resized output dim scales (above). Each input is priced
- * with mt_plan_create from its current placements (plans that provably cannot change the outcome are skipped); a plan
- * that fails makes the combination invalid. The winner is, in this order: one
- * that needs no communication; the lowest cost now, which is bytes +
- * MT_PROP_MESSAGE_BYTES * messages (so a decision never moves more than torch's,
- * which prices what its strategies move now: S0 @ S0 moves one operand by
- * all-to-all and leaves a Partial(sum) rather than gather the other); among equal
- * costs the lower estimate of reducing later the Partials the op creates
- * (CONTRACT, REDUCE: a reduce-scatter of the output per such mesh dim); then
- * fewer bytes, fewer messages, and the first in enumeration order (mesh dim 0's
- * candidates outermost). Everything is integer
- * arithmetic, so every rank decides the same. Above MT_PROP_MAX_COMBOS
- * combinations the mesh dims are chosen one at a time from the first, by the same
- * order, with later mesh dims held at their first candidate (Replicate, or on a
- * mesh dim of size 1 the one ordered first).
+ * with mt_plan_create_timed under `in->model` from its current placements (plans
+ * that provably cannot change the outcome are skipped); a plan that fails makes
+ * the combination invalid. The winner is, in this order: one that needs no
+ * communication (among those, the one changing the fewest input placements, then
+ * as below); else the fastest under the time model, that is the least predicted
+ * time of the plans now (mt_plan_time), then of reducing later the Partials the op
+ * creates (CONTRACT, REDUCE: a reduce-scatter of the output per such mesh dim),
+ * fewer bytes, fewer messages and the first in enumeration order (mesh dim 0's
+ * candidates outermost), among the combinations that move no more bytes than the
+ * one torch-like pricing picks. That reference is the lowest bytes +
+ * MT_PROP_MESSAGE_BYTES * messages now, then the lower such estimate of the later
+ * reductions, fewer bytes, fewer messages, the first; torch prices what its
+ * strategies move now (S0 @ S0 moves one operand by all-to-all and leaves a
+ * Partial(sum) rather than gather the other), so a decision never moves more
+ * than torch's, while the time model may pick fewer collectives or rounds within
+ * those bytes. Every rank computes the same numbers in the same order, so every
+ * rank decides the same. Above MT_PROP_MAX_COMBOS combinations the mesh dims are
+ * chosen one at a time from the first by the reference order, with later mesh
+ * dims held at their first candidate (Replicate, or on a mesh dim of size 1 the
+ * one ordered first).
  *
  * Shapes that disagree on a label, a broadcast dim whose size is not 1, or inputs
  * that do not fit the map are MT_EINVAL; bad placements fail as in
