@@ -125,26 +125,41 @@ void *mt_pool_alloc(size_t size) {
   return (char *)h + HEADER;
 }
 
-/* Under the lock: caches `h` in a free slot if the limit allows. */
-static int try_cache(void *h) {
+/* Under the lock: caches `h` in a free slot if the limit allows; with every slot
+ * taken, in place of the smallest cached block if that is smaller than `h` (the
+ * large blocks are the ones worth keeping resident), which is returned in *evicted
+ * for the caller to release outside the lock. */
+static int try_cache(void *h, void **evicted) {
   size_t s = size_of(h);
-  if (s < MIN_CACHED || cached + s > limit) return 0;
+  *evicted = NULL;
+  if (s < MIN_CACHED) return 0;
+  int smallest = -1;
   for (int i = 0; i < MAX_SLOTS; ++i) {
-    if (slots[i] != NULL) continue;
-    slots[i] = h;
-    cached += s;
-    return 1;
+    if (slots[i] == NULL) {
+      if (cached + s > limit) return 0;
+      slots[i] = h;
+      cached += s;
+      return 1;
+    }
+    if (smallest < 0 || size_of(slots[i]) < size_of(slots[smallest])) smallest = i;
   }
-  return 0;
+  size_t out = size_of(slots[smallest]);
+  if (out >= s || cached - out + s > limit) return 0;
+  *evicted = slots[smallest];
+  slots[smallest] = h;
+  cached = cached - out + s;
+  return 1;
 }
 
 void mt_pool_free(void *block) {
   if (block == NULL) return;
   void *h = (char *)block - HEADER;
+  void *evicted = NULL;
   acquire();
-  int kept = try_cache(h);
+  int kept = try_cache(h, &evicted);
   release();
   if (!kept) release_block(h);
+  if (evicted != NULL) release_block(evicted);
 }
 
 size_t mt_pool_block_size(const void *block) {

@@ -56,6 +56,32 @@ static void test_limit(void) {
   CHECK(mt_pool_cached_bytes() == 0);
 }
 
+/* With every slot taken by small blocks, a larger block freed takes the place of
+ * the smallest, and a smaller one is not kept. */
+static void test_full_slots_keep_the_largest(void) {
+  mt_pool_set_limit(0);
+  mt_pool_set_limit((size_t)512 << 20);
+  size_t small = (size_t)64 << 10;
+  void *blocks[8];
+  for (int i = 0; i < 8; ++i) blocks[i] = mt_pool_alloc(small + (size_t)i * 4096);
+  size_t smallest = mt_pool_block_size(blocks[0]);
+  for (int i = 0; i < 8; ++i) mt_pool_free(blocks[i]);
+  size_t full = mt_pool_cached_bytes();
+  CHECK(full >= 8 * small);
+  char *big = mt_pool_alloc((size_t)1 << 20);
+  mt_pool_free(big);
+  CHECK(mt_pool_cached_bytes() == full - smallest + ((size_t)1 << 20));
+  char *again = mt_pool_alloc((size_t)1 << 20); /* the large block stayed resident */
+  CHECK(again == big);
+  mt_pool_free(again);
+  size_t before = mt_pool_cached_bytes();
+  void *tiny = mt_pool_alloc(small - 4096); /* below MIN_CACHED: never cached */
+  mt_pool_free(tiny);
+  CHECK(mt_pool_cached_bytes() == before);
+  mt_pool_set_limit(0);
+  mt_pool_set_limit((size_t)512 << 20);
+}
+
 /* The VmFlags line of the mapping that holds `p` (/proc/self/smaps), or "". */
 static void vm_flags_of(const void *p, char *out, size_t n) {
   out[0] = '\0';
@@ -105,6 +131,7 @@ int main(void) {
   test_small_blocks_are_not_cached();
   test_large_blocks_are_reused();
   test_limit();
+  test_full_slots_keep_the_largest();
   test_large_blocks_ask_for_huge_pages();
   return mt_test_exit("test_pool");
 }
