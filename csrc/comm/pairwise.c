@@ -244,7 +244,7 @@ int mt__reduce_scatter_pairwise(const void *in, void *out, const mt_box *sb,
         step_bytes *= sb->shape[d];
       }
       to.base = (const char *)in + off;
-    } else {
+    } else if (stage != NULL) { /* else no block has a chunk to send */
       to.in = in, to.whole = sb, to.block = bt, to.pack = stage + 2 * stride;
       to.isz = isz;
     }
