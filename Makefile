@@ -218,7 +218,7 @@ bench: install
 # a short redistribute.py run at np 2 and 4 that prints PASS or FAIL per goal and
 # fails when one does. Not part of `make test`: it times, so run it on a quiet machine.
 BENCH_CHECK_NPS ?= 2 4
-BENCH_CHECK := --sizes 1KiB,1MiB,4MiB --reps 15 --reps-large 9 --no-memory --no-plot --goals
+BENCH_CHECK := --sizes 1KiB,1MiB,4MiB --reps 15 --reps-large 9 --mem-bytes 40MiB --no-plot --goals
 bench-check: install
 	@mkdir -p benchmarks/results; status=0; for np in $(BENCH_CHECK_NPS); do \
 	  $(MPIRUN) $$np $(PY) benchmarks/redistribute.py $(BENCH_CHECK) $(BENCH_CHECK_ARGS) \

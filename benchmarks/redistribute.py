@@ -69,6 +69,11 @@ GOALS = [
 ]
 
 
+# The memory goal, checked when the run measures peak memory (measure_memory): the
+# growth of one redistribute within its output and one output-sized staging buffer.
+MEMORY_GOAL = ("peak memory", "growth <= output + one output-sized staging buffer")
+
+
 def goal_text(name: str) -> str:
     """The goals that cover transition `name`, as one line."""
     return "; ".join(f"{g[0]}: {g[6]} <= {g[5]:g}" for g in GOALS if name in g[1])
@@ -656,9 +661,18 @@ def goal_verdicts(points) -> list:
     return rows
 
 
+def memory_verdicts(mem_rows) -> list:
+    """One row per transition of the peak-memory measurement, as goal_verdicts'."""
+    return [{"goal": MEMORY_GOAL[0], "transition": r["transition"], "bytes": r["bytes"],
+             "what": "peak growth / (2 x output)",
+             "value": r["mt_growth_bytes"] / max(2 * r["output_bytes"], 1), "limit": 1.0,
+             "pass": bool(r["mt_within_limit"])} for r in mem_rows]
+
+
 def print_goals(rows, np_) -> bool:
     """Prints PASS or FAIL per point and per goal; whether every goal passed. A
-    goal no point covered (sizes or transitions left out) does not pass."""
+    goal no point covered (sizes or transitions left out) does not pass; the
+    memory goal counts only when the run measured memory."""
     print(f"\nissue 21's goals at np={np_}, per point:")
     for r in rows:
         print(f"  {'PASS' if r['pass'] else 'FAIL'}  {r['goal']:<23} {r['transition']:<7} "
@@ -672,8 +686,16 @@ def print_goals(rows, np_) -> bool:
             "PASS" if all(r["pass"] for r in mine) else "FAIL")
         passed += verdict == "PASS"
         print(f"  {verdict:<12} {g[0]}: {g[6]} <= {g[5]:g} ({', '.join(g[1])})")
-    print(f"bench-check np={np_}: {passed} of {len(GOALS)} goals pass")
-    return passed == len(GOALS)
+    total = len(GOALS)
+    mem = [r for r in rows if r["goal"] == MEMORY_GOAL[0]]
+    if mem:
+        total += 1
+        verdict = "PASS" if all(r["pass"] for r in mem) else "FAIL"
+        passed += verdict == "PASS"
+        print(f"  {verdict:<12} {MEMORY_GOAL[0]}: {MEMORY_GOAL[1]} (every transition, "
+              f"{fmt_bytes(mem[0]['bytes'])} of input; 2% + 1 MiB tolerated)")
+    print(f"bench-check np={np_}: {passed} of {total} goals pass")
+    return passed == total
 
 
 def print_memory(rows):
@@ -926,7 +948,7 @@ def main(argv=None):
         print_memory(mem_rows)
         print_profile(result.get("profile"))
         if args.goals:
-            result["goals"] = goal_verdicts(result["points"])
+            result["goals"] = goal_verdicts(result["points"]) + memory_verdicts(mem_rows)
             all_pass = print_goals(result["goals"], n)
         out = args.out or result_path(
             f"redistribute-np{n}{'-torch' if tctx else ''}.json")

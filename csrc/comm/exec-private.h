@@ -47,6 +47,29 @@ int mt__exchange_post(const mt__exchange *x, const void *in, void *out, MPI_Comm
 /* Frees what the exchange holds (never after MPI_Finalize); accepts a zeroed one. */
 void mt__exchange_free(mt__exchange *x);
 
+/* ---- large steps by pairwise exchanges in chunks (pairwise.c) ---------------- */
+
+/* Local. Whether the pairwise exchanges below can move these blocks (every chunk
+ * a message of at most INT_MAX bytes); the same answer on every member. */
+int mt__pairwise_fits(const mt_box *blocks, int64_t g, int64_t isz);
+
+/* Blocking, collective on comm (g members, this one `me`). Reduces with mt_reduce's
+ * `op` every member's copy of blocks[me] (the global box this member keeps, inside
+ * `sb`, the box of every member's C-contiguous `in`) into `out`, the C-contiguous
+ * array of blocks[me]. Staging: two chunks of about 256 KiB, four when blocks are
+ * not contiguous in the input (packed chunk by chunk). */
+int mt__reduce_scatter_pairwise(const void *in, void *out, const mt_box *sb,
+                                const mt_box *blocks, int64_t g, int64_t me, int dtype,
+                                int op, int64_t isz, MPI_Comm comm, mt_error *err);
+
+/* Blocking, collective on comm. Gathers every member's block (blocks[k], the
+ * global box member k holds, contiguous in its `in`) into `out`, the
+ * C-contiguous array of box `t`, each block in its place. Staging: two chunks of
+ * about 256 KiB (one row of a block when that is larger). */
+int mt__allgather_pairwise(const void *in, void *out, const mt_box *t,
+                           const mt_box *blocks, int64_t g, int64_t me, int64_t isz,
+                           MPI_Comm comm, mt_error *err);
+
 /* ---- a plan compiled for one rank (compiled.c) ------------------------------- */
 
 /* One step's counts, displacements and datatypes for this rank. */

@@ -6,14 +6,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 #include "mpitensor/pool.h"
 
 #define HEADER 64              /* keeps the block 64-byte aligned */
 #define MIN_CACHED (64 << 10)  /* smaller blocks are malloc's business */
 #define MAX_SLOTS 8
 
+/* Blocks from 4 MiB (NumPy's own threshold for asking the same) are mapped at a
+ * 2 MiB boundary and marked MADV_HUGEPAGE, so that with transparent huge pages
+ * in "madvise" mode they get huge pages as NumPy's large arrays do: an output
+ * built on 4 KiB pages costs 512 times the TLB entries (and, in a virtual
+ * machine, two-level page walks) of one the caller's NumPy buffers are made of. */
+#define HUGE_MIN ((size_t)4 << 20)
+#define HUGE_PAGE ((size_t)2 << 20)
+
 typedef struct header {
-  size_t size; /* usable bytes after the header */
+  size_t size;   /* usable bytes after the header */
+  size_t mapped; /* bytes of the block's own mapping (0: from aligned_alloc) */
 } header;
 
 /* The cache is process-wide state on purpose: the blocks it keeps are the
@@ -50,6 +64,42 @@ static void *take_fitting(size_t size) {
   return h;
 }
 
+/* A mapping of at least `bytes` (*bytes rounded up to whole pages) that starts at
+ * a huge-page boundary and is marked for huge pages, or NULL (the caller falls
+ * back to aligned_alloc). Maps a huge page more and unmaps what lies outside. */
+static void *map_huge(size_t *bytes_io) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  long page = sysconf(_SC_PAGESIZE);
+  if (page <= 0 || HUGE_PAGE % (size_t)page != 0) return NULL;
+  size_t bytes = (*bytes_io + (size_t)page - 1) / (size_t)page * (size_t)page;
+  *bytes_io = bytes;
+  char *p = mmap(NULL, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  size_t head = (HUGE_PAGE - (uintptr_t)p % HUGE_PAGE) % HUGE_PAGE;
+  if (head > 0) munmap(p, head);
+  munmap(p + head + bytes, HUGE_PAGE - head);
+  /* Advice only: a kernel without transparent huge pages refuses it, and the
+   * block is then as good as aligned_alloc's. */
+  (void)madvise(p + head, bytes, MADV_HUGEPAGE);
+  return p + head;
+#else
+  (void)bytes_io;
+  return NULL;
+#endif
+}
+
+static void release_block(void *h) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  size_t mapped = ((header *)h)->mapped;
+  if (mapped > 0) {
+    munmap(h, mapped);
+    return;
+  }
+#endif
+  free(h);
+}
+
 void *mt_pool_alloc(size_t size) {
   void *h = NULL;
   if (size >= MIN_CACHED) {
@@ -58,35 +108,58 @@ void *mt_pool_alloc(size_t size) {
     release();
   }
   if (h == NULL) {
-    if (size > SIZE_MAX - 2 * (size_t)HEADER) return NULL;
+    if (size > SIZE_MAX - 2 * HUGE_PAGE) return NULL;
     size_t rounded = (size + HEADER - 1) / HEADER * HEADER;
-    h = aligned_alloc(HEADER, HEADER + (rounded > 0 ? rounded : HEADER));
+    if (rounded == 0) rounded = HEADER;
+    size_t mapped = 0;
+    if (rounded >= HUGE_MIN) {
+      mapped = HEADER + rounded;
+      h = map_huge(&mapped);
+      if (h == NULL) mapped = 0;
+    }
+    if (h == NULL) h = aligned_alloc(HEADER, HEADER + rounded);
     if (h == NULL) return NULL;
-    ((header *)h)->size = rounded > 0 ? rounded : HEADER;
+    ((header *)h)->size = rounded;
+    ((header *)h)->mapped = mapped;
   }
   return (char *)h + HEADER;
 }
 
-/* Under the lock: caches `h` in a free slot if the limit allows. */
-static int try_cache(void *h) {
+/* Under the lock: caches `h` in a free slot if the limit allows; with every slot
+ * taken, in place of the smallest cached block if that is smaller than `h` (the
+ * large blocks are the ones worth keeping resident), which is returned in *evicted
+ * for the caller to release outside the lock. */
+static int try_cache(void *h, void **evicted) {
   size_t s = size_of(h);
-  if (s < MIN_CACHED || cached + s > limit) return 0;
+  *evicted = NULL;
+  if (s < MIN_CACHED) return 0;
+  int smallest = -1;
   for (int i = 0; i < MAX_SLOTS; ++i) {
-    if (slots[i] != NULL) continue;
-    slots[i] = h;
-    cached += s;
-    return 1;
+    if (slots[i] == NULL) {
+      if (cached + s > limit) return 0;
+      slots[i] = h;
+      cached += s;
+      return 1;
+    }
+    if (smallest < 0 || size_of(slots[i]) < size_of(slots[smallest])) smallest = i;
   }
-  return 0;
+  size_t out = size_of(slots[smallest]);
+  if (out >= s || cached - out + s > limit) return 0;
+  *evicted = slots[smallest];
+  slots[smallest] = h;
+  cached = cached - out + s;
+  return 1;
 }
 
 void mt_pool_free(void *block) {
   if (block == NULL) return;
   void *h = (char *)block - HEADER;
+  void *evicted = NULL;
   acquire();
-  int kept = try_cache(h);
+  int kept = try_cache(h, &evicted);
   release();
-  if (!kept) free(h);
+  if (!kept) release_block(h);
+  if (evicted != NULL) release_block(evicted);
 }
 
 size_t mt_pool_block_size(const void *block) {
@@ -104,7 +177,9 @@ void mt_pool_set_limit(size_t bytes) {
     slots[i] = NULL;
   }
   release();
-  for (int i = 0; i < MAX_SLOTS; ++i) free(drop[i]);
+  for (int i = 0; i < MAX_SLOTS; ++i) {
+    if (drop[i] != NULL) release_block(drop[i]);
+  }
 }
 
 size_t mt_pool_cached_bytes(void) {

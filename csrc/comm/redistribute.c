@@ -83,8 +83,42 @@ static MPI_Comm dim_comm(const exec_ctx *c, int m) { return mt_mesh_dim_comm(c->
 
 /* ---- all-gather: Shard(d) -> Replicate on one mesh dim ------------------------ */
 
+/* Large blocking steps (256 KiB and more in all) that cannot be one MPI call
+ * straight between the caller's buffers run by pairwise exchanges in chunks
+ * (pairwise.c): an all-gather along an inner dim places each chunk as it arrives
+ * instead of gathering everything into staging and placing it in a second pass,
+ * a reduce-scatter spares the two passes and the input-sized temporary of Open
+ * MPI's ring. Below, MPI's recursive doubling and halving take fewer rounds; from
+ * there the time model prices a ring, whose messages and bytes the pairwise
+ * exchanges match. Every member of the group sees the same sizes, so all choose
+ * alike. */
+#define PAIRWISE_MIN_BYTES ((int64_t)256 << 10)
+
+/* An all-gather along an inner dim by pairwise exchanges, when it is large and
+ * blocking: 1 when done (or failed, *rc set), 0 when MPI's call should run. */
+static int gather_pairwise(const exec_ctx *c, pending *p, const mt_box *t, int *rc,
+                           mt_error *err) {
+  const mt__step_exec *e = p->e;
+  int m = p->step->mesh_dim;
+  if (c->nonblocking || mt_box_numel(t) * c->itemsize < PAIRWISE_MIN_BYTES) return 0;
+  mt_box *blocks = malloc((size_t)e->group * sizeof *blocks);
+  if (blocks == NULL) {
+    *rc = mt_error_set(err, MT_ENOMEM, "out of memory");
+    return 1;
+  }
+  for (int64_t k = 0; k < e->group; ++k) box_at(c, &p->step->src, m, k, &blocks[k]);
+  int fits = mt__pairwise_fits(blocks, e->group, c->itemsize);
+  if (fits) {
+    *rc = mt__allgather_pairwise(p->in, p->out, t, blocks, e->group, c->coord[m],
+                                 c->itemsize, dim_comm(c, m), err);
+  }
+  free(blocks);
+  return fits;
+}
+
 /* Blocks are consecutive slabs of the gathered box when every dim before d has
- * extent 1; else they arrive in a staging buffer and are placed in finish. */
+ * extent 1; else they are placed chunk by chunk (gather_pairwise) or arrive in a
+ * staging buffer and are placed in finish. */
 static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   const mt_step *s = p->step;
   const mt__step_exec *e = p->e;
@@ -92,7 +126,15 @@ static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   mt_box t;
   box_at(c, &s->dst, -1, 0, &t);
   void *recv = p->out;
-  if (leading(&t, shard_dim(&s->src, m)) != 1) {
+  int inner = leading(&t, shard_dim(&s->src, m)) != 1, rc = MT_OK;
+  if (inner && gather_pairwise(c, p, &t, &rc, err)) {
+    if (rc == MT_OK) {
+      mt__count(c->mesh, MT_COLL_ALL_GATHER,
+                (int64_t)e->ints[c->coord[m]] * e->unit_bytes * (e->group - 1));
+    }
+    return rc;
+  }
+  if (inner) {
     p->staging = mt_pool_alloc((size_t)(mt_box_numel(&t) * c->itemsize));
     if (p->staging == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
     recv = p->staging;
@@ -277,6 +319,46 @@ static int reduce_scatter_rounds(const exec_ctx *c, pending *p, const char *send
   return rc;
 }
 
+/* A reduce-scatter by pairwise exchanges, when it is large and blocking: 1 when
+ * done (or failed, *rc set), 0 when MPI's call should run. */
+static int scatter_pairwise(const exec_ctx *c, pending *p, int *rc, mt_error *err) {
+  const mt__step_exec *e = p->e;
+  int m = p->step->mesh_dim;
+  mt_box sb;
+  box_at(c, &p->step->src, -1, 0, &sb);
+  if (c->nonblocking || mt_box_numel(&sb) * c->itemsize < PAIRWISE_MIN_BYTES) return 0;
+  mt_box *blocks = malloc((size_t)e->group * sizeof *blocks);
+  if (blocks == NULL) {
+    *rc = mt_error_set(err, MT_ENOMEM, "out of memory");
+    return 1;
+  }
+  for (int64_t k = 0; k < e->group; ++k) box_at(c, &p->step->dst, m, k, &blocks[k]);
+  int fits = mt__pairwise_fits(blocks, e->group, c->itemsize);
+  if (fits) {
+    *rc = mt__reduce_scatter_pairwise(p->in, p->out, &sb, blocks, e->group, c->coord[m],
+                                      c->dtype, partial_op(p->step), c->itemsize,
+                                      dim_comm(c, m), err);
+  }
+  free(blocks);
+  return fits;
+}
+
+/* The MPI call of a reduce-scatter of the packed blocks in `send`. */
+static int reduce_scatter_mpi(const exec_ctx *c, pending *p, const void *send,
+                              MPI_Datatype type, MPI_Op op, mt_error *err) {
+  const mt__step_exec *e = p->e;
+  MPI_Comm comm = dim_comm(c, p->step->mesh_dim);
+  if (e->round != 0) return reduce_scatter_rounds(c, p, send, type, op, err);
+  int mpi;
+  if (c->nonblocking) {
+    mpi = MPI_Ireduce_scatter(send, p->out, e->ints, type, op, comm, &p->req);
+    return mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Ireduce_scatter");
+  }
+  mpi = MT__BLOCKING("MPI_Reduce_scatter",
+                     MPI_Reduce_scatter(send, p->out, e->ints, type, op, comm));
+  return mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Reduce_scatter");
+}
+
 static int start_reduce_scatter(const exec_ctx *c, pending *p, mt_error *err) {
   const mt_step *s = p->step;
   const mt__step_exec *e = p->e;
@@ -285,18 +367,9 @@ static int start_reduce_scatter(const exec_ctx *c, pending *p, mt_error *err) {
   MPI_Op op;
   const void *send = NULL;
   int rc = mt__reduce_type(c->dtype, partial_op(s), &type, &op, err);
-  if (rc == MT_OK) rc = scatter_input(c, p, &send, err);
-  if (rc == MT_OK && e->round != 0) {
-    rc = reduce_scatter_rounds(c, p, send, type, op, err);
-  } else if (rc == MT_OK && c->nonblocking) {
-    int mpi =
-        MPI_Ireduce_scatter(send, p->out, e->ints, type, op, dim_comm(c, m), &p->req);
-    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Ireduce_scatter");
-  } else if (rc == MT_OK) {
-    int mpi = MT__BLOCKING(
-        "MPI_Reduce_scatter", MPI_Reduce_scatter(send, p->out, e->ints, type, op, dim_comm(c, m)));
-    if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Reduce_scatter");
-  }
+  int done = rc == MT_OK && scatter_pairwise(c, p, &rc, err);
+  if (rc == MT_OK && !done) rc = scatter_input(c, p, &send, err);
+  if (rc == MT_OK && !done) rc = reduce_scatter_mpi(c, p, send, type, op, err);
   if (rc == MT_OK) {
     mt_box sb;
     box_at(c, &s->src, -1, 0, &sb);

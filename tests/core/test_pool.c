@@ -1,5 +1,6 @@
 /* The block pool: alignment, reuse of resident blocks, the fit rule, the limit. */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "check.h"
@@ -55,9 +56,82 @@ static void test_limit(void) {
   CHECK(mt_pool_cached_bytes() == 0);
 }
 
+/* With every slot taken by small blocks, a larger block freed takes the place of
+ * the smallest, and a smaller one is not kept. */
+static void test_full_slots_keep_the_largest(void) {
+  mt_pool_set_limit(0);
+  mt_pool_set_limit((size_t)512 << 20);
+  size_t small = (size_t)64 << 10;
+  void *blocks[8];
+  for (int i = 0; i < 8; ++i) blocks[i] = mt_pool_alloc(small + (size_t)i * 4096);
+  size_t smallest = mt_pool_block_size(blocks[0]);
+  for (int i = 0; i < 8; ++i) mt_pool_free(blocks[i]);
+  size_t full = mt_pool_cached_bytes();
+  CHECK(full >= 8 * small);
+  char *big = mt_pool_alloc((size_t)1 << 20);
+  mt_pool_free(big);
+  CHECK(mt_pool_cached_bytes() == full - smallest + ((size_t)1 << 20));
+  char *again = mt_pool_alloc((size_t)1 << 20); /* the large block stayed resident */
+  CHECK(again == big);
+  mt_pool_free(again);
+  size_t before = mt_pool_cached_bytes();
+  void *tiny = mt_pool_alloc(small - 4096); /* below MIN_CACHED: never cached */
+  mt_pool_free(tiny);
+  CHECK(mt_pool_cached_bytes() == before);
+  mt_pool_set_limit(0);
+  mt_pool_set_limit((size_t)512 << 20);
+}
+
+/* The VmFlags line of the mapping that holds `p` (/proc/self/smaps), or "". */
+static void vm_flags_of(const void *p, char *out, size_t n) {
+  out[0] = '\0';
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (f == NULL) return;
+  char line[512];
+  int inside = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+      inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+    } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+      snprintf(out, n, "%s", line);
+      break;
+    }
+  }
+  fclose(f);
+}
+
+/* Where the kernel offers transparent huge pages on request, a block of 4 MiB and
+ * more asks for them (as NumPy's large arrays do), and starts on a huge page. */
+static void test_large_blocks_ask_for_huge_pages(void) {
+  char mode[128] = "";
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (f != NULL) {
+    if (fgets(mode, sizeof mode, f) == NULL) mode[0] = '\0';
+    fclose(f);
+  }
+  if (mode[0] == '\0' || strstr(mode, "[never]") != NULL) return;
+  mt_pool_set_limit(0);
+  size_t n = (size_t)8 << 20;
+  char *a = mt_pool_alloc(n);
+  CHECK(a != NULL && (uintptr_t)a % 64 == 0 && mt_pool_block_size(a) >= n);
+  CHECK((uintptr_t)(a - 64) % ((size_t)2 << 20) == 0);
+  memset(a, 3, n);
+  char flags[512];
+  vm_flags_of(a + n / 2, flags, sizeof flags);
+  CHECK(strstr(flags, " hg") != NULL);
+  char *small = mt_pool_alloc((size_t)1 << 20); /* below NumPy's threshold: malloc's */
+  CHECK(small != NULL);
+  mt_pool_free(small);
+  mt_pool_free(a);
+  mt_pool_set_limit((size_t)512 << 20);
+}
+
 int main(void) {
   test_small_blocks_are_not_cached();
   test_large_blocks_are_reused();
   test_limit();
+  test_full_slots_keep_the_largest();
+  test_large_blocks_ask_for_huge_pages();
   return mt_test_exit("test_pool");
 }

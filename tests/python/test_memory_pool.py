@@ -14,6 +14,7 @@ BIG = (256 * W, 512)  # 1 MiB of float64 per rank once sharded
 
 @pytest.fixture
 def pool_limit():
+    _C.pool_set_limit(0)  # an empty pool: blocks earlier tests left may fill its slots
     _C.pool_set_limit(512 << 20)
     yield
     _C.pool_set_limit(512 << 20)

@@ -462,6 +462,143 @@ def test_max_min_nan_like_numpy():
     assert problems == []
 
 
+# Partial -> Shard of 256 KiB and more reduces by pairwise exchanges in chunks of
+# 256 KiB (csrc/comm/reduce_scatter.c); the shapes below cross several chunks and
+# end mid-chunk, with uneven shards and, for Shard(1) of W - 1 columns, an empty one.
+def large_partial_shape(dtype, cols):
+    rows = (600 * 1024) // (cols * np.dtype(dtype).itemsize) + 2 * W + 1
+    return (rows, cols)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "product", "max", "min"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_large_partial_to_shard_per_dtype(dtype, op):
+    """Partial(op) -> Shard(0) and Shard(1) of 600 KiB for every dtype and reduction,
+    against NumPy, on uneven and empty shards."""
+    if refused(dtype, op):
+        pytest.skip("refused dtype and reduction (test_reductions_per_dtype)")
+    mesh = mesh_of((W,))
+    problems = Problems()
+    for dst, cols in [(S0, 7), (S1, 7), (S1, max(W - 1, 1))]:
+        shape = large_partial_shape(dtype, cols)
+        stack = np.stack([rank_values(dtype, r, shape, op) for r in range(W)])
+        want = numpy_reduce(stack, dtype, op)
+        dt = DTensor.from_local(stack[RANK], mesh, [Partial(op)])
+        local = dt.redistribute(mesh, [dst]).to_local()
+        expect_local = want[ref_index(shape, (W,), (RANK,), [dst])]
+        problems.expect(local.dtype == np.dtype(dtype) and local.shape == expect_local.shape,
+                        f"{op} -> {dst} {shape}: {local.dtype} {local.shape}")
+        problems.expect(np.array_equal(local, expect_local, equal_nan=local.dtype.kind in "fc"),
+                        f"{op} -> {dst} {shape}: rank {RANK} differs from NumPy")
+    assert problems == []
+
+
+def large_inner_cases():
+    """(global shape, source placements, target, mesh shape) of all-gathers along an
+    inner dim of at least 256 KiB, which run by pairwise exchanges in chunks: blocks
+    cut along their first dim of extent above 1 (the 1 x 5 x n case), many chunks
+    and one chunk, uneven shards, an empty shard (W - 1 columns), and on a 2-D mesh
+    a group that is one mesh dim of several."""
+    cases = [((9000, 7), (S1,), (R,), (W,)),
+             ((3, 2000, 11), (Shard(2),), (R,), (W,)),
+             ((1, 5, 9001), (Shard(2),), (R,), (W,)),
+             ((40000, max(W - 1, 1)), (S1,), (R,), (W,))]
+    if W == 4:
+        cases.append(((6000, 10), (R, S1), (R, R), (2, 2)))
+        cases.append(((6000, 10), (S1, S0), (R, S0), (2, 2)))
+    return cases
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_large_inner_gather_bit_exact(dtype):
+    """Shard(inner) -> Replicate of 256 KiB and more arrives bit for bit in every
+    dtype, on every case of large_inner_cases."""
+    problems = Problems()
+    rng = np.random.default_rng(11)
+    for shape, src, dst, ms in large_inner_cases():
+        mesh = mesh_of(ms)
+        isz = np.dtype(dtype).itemsize
+        raw = rng.integers(0, 256, size=shape + (isz,), dtype=np.uint8)
+        full = raw.view(dtype).reshape(shape)
+        if np.dtype(dtype).kind == "b":
+            full = (raw[..., 0] & 1).astype(bool)
+        local = full[ref_index(shape, ms, mesh.get_coordinate(), list(src))]
+        dt = DTensor.from_local(np.ascontiguousarray(local), mesh, list(src), shape=shape,
+                                stride=strides(shape))
+        out = dt.redistribute(mesh, list(dst)).to_local()
+        want = full[ref_index(shape, ms, mesh.get_coordinate(), list(dst))]
+        problems.expect(out.shape == want.shape and out.tobytes() == want.tobytes(),
+                        f"{name(src)}->{name(dst)} {shape} on {ms}: rank {RANK} differs")
+    assert problems == []
+
+
+def _peak_rss_growth(fn) -> int:
+    """Bytes by which this process's peak RSS rises above its RSS before fn() (the
+    kernel's high-water mark, reset through /proc/self/clear_refs): it sees MPI's
+    own temporaries, which no Python tracer does."""
+    def kib(field):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field))
+    gc.collect()
+    before = kib("VmRSS:")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    result = fn()
+    peak = kib("VmHWM:")
+    del result
+    return (peak - before) * 1024
+
+
+def _can_reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("dst", [S0, S1], ids=["S0", "S1"])
+def test_partial_to_shard_peak_memory(dst):
+    """Partial -> Shard of 40 MiB per rank (above glibc's largest mmap threshold, so
+    a temporary of that size always shows) grows the process by the output and the
+    staging chunks only, Shard(1) (packed chunk by chunk) as Shard(0): within input
+    + output + one staging buffer. MPI_Reduce_scatter's ring took another
+    input-sized temporary, and Shard(1) packed the whole input before it."""
+    ok = COMM.allreduce(_can_reset_peak_rss(), MPI.LAND)
+    if not ok:
+        pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
+    mesh = mesh_of((W,))
+    rows, cols = 40 * 1024 * 1024 // (8 * 512), 512
+    local = np.full((rows, cols), float(RANK + 1))
+    dt = DTensor.from_local(local, mesh, [PSUM])
+    out_bytes = local.nbytes // W
+    COMM.Barrier()
+    grown = _peak_rss_growth(lambda: dt.redistribute(mesh, [dst]).to_local())
+    limit = out_bytes + 2 * 1024 * 1024
+    worst = COMM.allreduce(grown, MPI.MAX)
+    assert worst <= limit, f"peak grew by {worst / 2**20:.1f} MiB, limit {limit / 2**20:.1f}"
+
+
+def test_inner_gather_peak_memory():
+    """Shard(1) -> Replicate of 40 MiB per rank stays within the output and the two
+    staging chunks: no output-sized staging buffer (the blocks used to be
+    gathered into one and placed in a second pass)."""
+    ok = COMM.allreduce(_can_reset_peak_rss(), MPI.LAND)
+    if not ok:
+        pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
+    mesh = mesh_of((W,))
+    rows, cols = 40 * 1024 * 1024 // (8 * 512), 512
+    local = np.full((rows, cols), float(RANK + 1))
+    dt = DTensor.from_local(local, mesh, [S1])
+    out_bytes = local.nbytes * W
+    COMM.Barrier()
+    grown = _peak_rss_growth(lambda: dt.redistribute(mesh, [R]).to_local())
+    limit = out_bytes + 2 * 1024 * 1024
+    worst = COMM.allreduce(grown, MPI.MAX)
+    assert worst <= limit, f"peak grew by {worst / 2**20:.1f} MiB, limit {limit / 2**20:.1f}"
+
+
 # ---- non-contiguous local arrays ------------------------------------------------------
 
 

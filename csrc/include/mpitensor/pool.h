@@ -21,7 +21,9 @@ extern "C" {
 void *mt_pool_alloc(size_t size);
 
 /* Local. Gives a block from mt_pool_alloc back: large blocks are cached while the
- * cache holds fewer bytes than its limit, others are freed. Accepts NULL. */
+ * cache holds fewer bytes than its limit, others are freed; with every one of the
+ * eight slots taken, a block takes the place of the smallest cached one when it
+ * is larger (that one is freed). Accepts NULL. */
 void mt_pool_free(void *block);
 
 /* Local. The usable size of a block from mt_pool_alloc. */
