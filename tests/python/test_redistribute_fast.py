@@ -61,14 +61,15 @@ class python_path:
 
 
 def source(mesh, placements, shape, dtype=np.float64):
-    """A DTensor of `shape` on `mesh`: distributed from one global array for Shard
-    and Replicate, each rank's own values for a Partial."""
+    """A DTensor of `shape` on `mesh`: distributed from one global array, each rank
+    scaling its part by rank + 1 where the placements hold a Partial."""
     full = (np.arange(int(np.prod(shape))).reshape(shape) % 7 + 1).astype(dtype)
-    if any(p.is_partial() for p in placements):
-        local = full * (RANK + 1) if np.issubdtype(dtype, np.number) else full
-        return DTensor.from_local(local.astype(dtype), mesh, placements, shape=shape,
-                                  stride=tuple(int(s) // full.itemsize for s in full.strides))
-    return mt.distribute_tensor(full, mesh, placements)
+    if not any(p.is_partial() for p in placements):
+        return mt.distribute_tensor(full, mesh, placements)
+    kept = [R if p.is_partial() else p for p in placements]
+    local = mt.distribute_tensor(full, mesh, kept).to_local() * (RANK + 1)
+    return DTensor.from_local(local.astype(dtype), mesh, placements, shape=shape,
+                              stride=tuple(int(s) // full.itemsize for s in full.strides))
 
 
 def both(x, placements, problems: Problems, what: str):
