@@ -32,14 +32,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = ["S0->R", "S1->R", "P->R", "P->S0", "P->S1", "S0->S1", "R->S0"]
 
 
-def child(names, nbytes: int, calls: int) -> None:
-    """Under callgrind, on every rank: one bracketed loop per (transition, variant)."""
+def child(names, nbytes: int, calls: int, header: str) -> None:
+    """Under callgrind, on every rank: one bracketed loop per (transition, variant);
+    rank 0 writes the machine line to `header`."""
     from mpi4py import MPI
 
     import mpitensor as mt
     import redistribute as bench  # benchmarks/ is sys.path[0]
+    from _common import machine, machine_line
 
     comm = MPI.COMM_WORLD
+    info = machine(comm)
+    if comm.rank == 0:
+        with open(header, "w") as f:
+            f.write(machine_line(info))
     mesh = mt.init_device_mesh("cpu", (comm.size,))
     for name in names:
         src, dst = name.split("->")
@@ -79,20 +85,22 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--transitions", default=",".join(NAMES))
     p.add_argument("--mpiexec", default="mpiexec --oversubscribe")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child", metavar="HEADER", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     names = a.transitions.split(",")
     if a.child:
-        child(names, parse_bytes(a.bytes), a.calls)
+        child(names, parse_bytes(a.bytes), a.calls, a.child)
         return 0
     with tempfile.TemporaryDirectory() as out:
         cmd = a.mpiexec.split() + [
             "-n", str(a.np), "valgrind", "--tool=callgrind", "--dump-before=times",
             f"--callgrind-out-file={out}/cg.%p", sys.executable, os.path.abspath(__file__),
-            "--child", "--bytes", a.bytes, "--calls", str(a.calls),
+            "--child", f"{out}/machine.txt", "--bytes", a.bytes, "--calls", str(a.calls),
             "--transitions", a.transitions]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ranks = sorted(f for f in os.listdir(out) if re.fullmatch(r"cg\.\d+", f))
+        with open(f"{out}/machine.txt") as f:
+            print(f.read())
         print(f"instructions per call outside MPI, np {a.np}, {a.bytes} per rank, "
               f"mean over {len(ranks)} ranks")
         print(f"{'transition':<10} {'mt':>8} {'raw':>8} {'mt - raw':>9}")

@@ -351,7 +351,7 @@ PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
  * (not async, no forward_dtype, no tool listening, not recorded for autograd,
  * the move decided in the mesh's memo): 1 with *out, 0 when the Python
  * implementation must run it, -1 with an exception. Collective on the mesh. */
-int mt_ext_redistribute_fast(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
+int mt_ext_redistribute_fast(mt_ext_dispatch *d, PyObject *self, const PyObject *mesh,
                              PyObject *placements, PyObject **out);
 
 int mt_ext_mesh_exec(PyObject *module);

@@ -576,8 +576,8 @@ int mt_ext_dispatch_exec(PyObject *module) {
 /* Every object the state holds, for traverse and clear. */
 #define MT_EXT_DISPATCH_OBJECTS(X, d)                                                  \
   X(d->dtensor); X(d->spec); X(d->functions); X(d->rules); X(d->ufunc_type);          \
-  X(d->replicate); X(d->op_ids); X(d->s_call); X(d->s_axis);         \
-  X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims); X(d->s_redistribute);                               \
+  X(d->replicate); X(d->op_ids); X(d->s_call); X(d->s_axis);                         \
+  X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims); X(d->s_redistribute);             \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
   for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \
   for (int i_ = 0; i_ < MT_EXT_NBINARY; ++i_) X(d->binary[i_]);                        \

@@ -15,7 +15,7 @@ enum { AUX_BITS = 6 };
 
 /* The code of an interned placement object (the only ones the C path takes):
  * 1, or 0 for any other object. */
-static int interned_code(const mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
+static int interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placement *out) {
   if (p == d->replicate) {
     *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
     return 1;
@@ -58,10 +58,8 @@ static int read_targets(const mt_ext_dispatch *d, PyObject *placements, PyObject
     if (dst[m].kind == MT_PLACEMENT_SHARD && dst[m].dim >= ndim) return 0;
     if (dst[m].kind == MT_PLACEMENT_PARTIAL && !is_src) return 0;
     *same &= is_src;
-    int64_t word = dst[m].kind | (dst[m].kind == MT_PLACEMENT_SHARD ? dst[m].dim
-                                                                    : dst[m].reduce_op)
-                                     << 2;
-    *aux |= word << (AUX_BITS * m);
+    int64_t arg = dst[m].kind == MT_PLACEMENT_SHARD ? dst[m].dim : dst[m].reduce_op;
+    *aux |= (int64_t)(dst[m].kind | arg << 2) << (AUX_BITS * m);
   }
   return 1;
 }
@@ -124,7 +122,7 @@ static mt_decision *decide(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *s
   return rc == MT_OK ? dec : NULL;
 }
 
-int mt_ext_redistribute_fast(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
+int mt_ext_redistribute_fast(mt_ext_dispatch *d, PyObject *self, const PyObject *mesh,
                              PyObject *placements, PyObject **out) {
   if (!d->enabled || d->tracing || !mt_ext_plain_dtensor(d, self)) return 0;
   mt_ext_dtensor *b = (mt_ext_dtensor *)self;
@@ -136,10 +134,12 @@ int mt_ext_redistribute_fast(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
   int same;
   mt_memo_key mk;
   mk.op = d->redistribute_op, mk.noperands = 1;
+  /* A spec with a layout id has been read as one (mt_ext_spec_key): its
+   * placements and shape are tuples of the mesh's and the tensor's ndim. */
+  if (mt_ext_layout_id(d, mb, b, NULL, &mk.operand[0]) < 0) return -1;
   if (!read_targets(d, placements, PyTuple_GET_ITEM(spec, 1), mb->mesh_ndim,
                     (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2)), dst, &mk.aux, &same))
     return 0;
-  if (mt_ext_layout_id(d, mb, b, NULL, &mk.operand[0]) < 0) return -1;
   mt_decision *dec = mt_memo_find(mb->memo, &mk);
   if (dec == NULL) {
     dec = decide(d, mb, spec, dst, &mk);
