@@ -180,10 +180,14 @@ typedef struct mt_ext_dispatch {
   size_t sig_mask;
   PyObject *op_ids;    /* a Python op key -> its op id (bounded) */
   int64_t next_op;
-  PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims;
+  PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims, *s_redistribute;
   /* Modes (mpitensor._modes) and switches. */
   int enabled, tracing, grad_enabled;
   long long c_calls, python_calls;
+  /* DTensor.redistribute's C path (ext_redistribute_fast.c): its op id in the
+   * memo and the calls it took. */
+  int64_t redistribute_op;
+  long long redistribute_c_calls;
   int64_t decision_limit, plan_limit, layout_limit; /* for new meshes */
 } mt_ext_dispatch;
 
@@ -342,6 +346,13 @@ PyObject *mt_ext_dimmap_new(PyObject *module, const mt_dimmap *map);
 PyObject *mt_ext_plan_wrap(PyObject *module, mt_plan *plan);
 PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
                           PyObject *local);
+
+/* DTensor.redistribute(mesh, placements) by the C path when it can take the call
+ * (not async, no forward_dtype, no tool listening, not recorded for autograd,
+ * the move decided in the mesh's memo): 1 with *out, 0 when the Python
+ * implementation must run it, -1 with an exception. Collective on the mesh. */
+int mt_ext_redistribute_fast(mt_ext_dispatch *d, PyObject *self, const PyObject *mesh,
+                             PyObject *placements, PyObject **out);
 
 int mt_ext_mesh_exec(PyObject *module);
 int mt_ext_redistribute_exec(PyObject *module);

@@ -491,7 +491,8 @@ static PyObject *dispatch_enable(PyObject *module, PyObject *flag) {
 
 static PyObject *dispatch_stats(PyObject *module, PyObject *unused) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  return Py_BuildValue("{sLsL}", "c_calls", d->c_calls, "python_calls", d->python_calls);
+  return Py_BuildValue("{sLsLsL}", "c_calls", d->c_calls, "python_calls", d->python_calls,
+                       "redistribute_c_calls", d->redistribute_c_calls);
 }
 
 /* set_modes(tracing, grad_enabled): what mpitensor._modes says C must honour. */
@@ -530,7 +531,8 @@ PyMethodDef mt_ext_dispatch_methods[] = {
      "dispatch_enable(flag) -> previous: the C path on or off (off: every call takes "
      "the Python entry). Local."},
     {"dispatch_stats", dispatch_stats, METH_NOARGS,
-     "{c_calls, python_calls}: calls the C path and the Python entries ran. Local."},
+     "{c_calls, python_calls, redistribute_c_calls}: calls the C path and the Python "
+     "entries ran, and redistributes the C path ran. Local."},
     {"set_modes", set_modes, METH_VARARGS,
      "set_modes(tracing, grad_enabled): the modes of mpitensor._modes C reads. Local."},
     {"set_cache_limits", set_cache_limits, METH_VARARGS,
@@ -548,7 +550,9 @@ static int intern_names(mt_ext_dispatch *d) {
   d->s_axis = PyUnicode_InternFromString("axis");
   d->s_keepdims = PyUnicode_InternFromString("keepdims");
   d->s_out = PyUnicode_InternFromString("out");
-  if (!d->s_call || !d->s_axis || !d->s_keepdims || !d->s_out) return -1;
+  d->s_redistribute = PyUnicode_InternFromString("_redistribute");
+  if (!d->s_call || !d->s_axis || !d->s_keepdims || !d->s_out || !d->s_redistribute)
+    return -1;
   d->kw_keepdims = PyTuple_Pack(1, d->s_keepdims);
   return d->kw_keepdims == NULL ? -1 : 0;
 }
@@ -561,6 +565,7 @@ int mt_ext_dispatch_exec(PyObject *module) {
     return -1;
   }
   d->module = module, d->enabled = 1, d->grad_enabled = 1, d->next_op = 1;
+  d->redistribute_op = d->next_op++;
   d->decision_limit = 4096, d->plan_limit = 256, d->layout_limit = 4096;
   d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
   d->op_ids = PyDict_New();
@@ -571,8 +576,8 @@ int mt_ext_dispatch_exec(PyObject *module) {
 /* Every object the state holds, for traverse and clear. */
 #define MT_EXT_DISPATCH_OBJECTS(X, d)                                                  \
   X(d->dtensor); X(d->spec); X(d->functions); X(d->rules); X(d->ufunc_type);          \
-  X(d->replicate); X(d->op_ids); X(d->s_call); X(d->s_axis);         \
-  X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims);                               \
+  X(d->replicate); X(d->op_ids); X(d->s_call); X(d->s_axis);                         \
+  X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims); X(d->s_redistribute);             \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
   for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \
   for (int i_ = 0; i_ < MT_EXT_NBINARY; ++i_) X(d->binary[i_]);                        \

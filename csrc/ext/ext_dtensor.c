@@ -174,6 +174,97 @@ REDUCTION(m_argmin, 10)
 #define PARTIAL_OK "Over a sharded axis it is local and gives a Partial."
 #define WHOLE "The reduced axes are gathered first."
 
+/* -- redistribute -------------------------------------------------------------------- */
+
+/* The keyword arguments of redistribute, in the order of its parameters. */
+static const char *const redistribute_kw[] = {"device_mesh", "placements", "async_op",
+                                              "forward_dtype", "backward_dtype"};
+enum { RD_MESH, RD_PLACEMENTS, RD_ASYNC, RD_FORWARD, RD_BACKWARD, RD_NARGS };
+
+/* Its arguments by parameter (NULL: not given); 0 when they do not bind (the
+ * Python implementation raises the TypeError). */
+static int redistribute_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                             PyObject **bound) {
+  memset(bound, 0, RD_NARGS * sizeof *bound);
+  if (nargs > 2) return 0;
+  for (Py_ssize_t i = 0; i < nargs; ++i) bound[i] = args[i];
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+    int at = -1;
+    for (int j = 0; at < 0 && j < RD_NARGS; ++j)
+      if (PyUnicode_CompareWithASCIIString(name, redistribute_kw[j]) == 0) at = j;
+    if (at < 0 || bound[at] != NULL) return 0;
+    bound[at] = args[nargs + k];
+  }
+  return 1;
+}
+
+/* redistribute(...): the C path (ext_redistribute_fast.c) when it takes the call,
+ * else the Python implementation, DTensor._redistribute, with the same arguments. */
+static PyObject *m_redistribute(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+  mt_ext_dispatch *d = dispatch_of(self);
+  if (d == NULL) return NULL;
+  PyObject *a[RD_NARGS];
+  if (redistribute_args(args, nargs, kwnames, a) && a[RD_PLACEMENTS] != NULL &&
+      (a[RD_ASYNC] == NULL || a[RD_ASYNC] == Py_False) &&
+      (a[RD_FORWARD] == NULL || a[RD_FORWARD] == Py_None)) {
+    PyObject *out = NULL;
+    int rc = mt_ext_redistribute_fast(d, self, a[RD_MESH] ? a[RD_MESH] : Py_None,
+                                      a[RD_PLACEMENTS], &out);
+    if (rc != 0) return out;
+  }
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject *small[8], **stack = small;
+  if (1 + nargs + nkw > 8) {
+    stack = PyMem_Malloc((size_t)(1 + nargs + nkw) * sizeof(PyObject *));
+    if (stack == NULL) return PyErr_NoMemory();
+  }
+  stack[0] = self;
+  for (Py_ssize_t i = 0; i < nargs + nkw; ++i) stack[1 + i] = args[i];
+  PyObject *res = PyObject_VectorcallMethod(d->s_redistribute, stack,
+                                            (size_t)(1 + nargs), kwnames);
+  if (stack != small) PyMem_Free(stack);
+  return res;
+}
+
+PyDoc_STRVAR(redistribute_doc,
+"redistribute($self, /, device_mesh=None, placements=None, *, async_op=False,\n"
+"             forward_dtype=None, backward_dtype=None)\n"
+"--\n"
+"\n"
+"The same global tensor with new placements. Collective on the mesh.\n"
+"\n"
+"``placements`` is required (RuntimeError without it, as in torch; write\n"
+"``[Replicate()] * mesh.ndim`` or use :meth:`full_tensor`). Each change runs as\n"
+"the cheapest plan the C planner finds: one MPI collective on one mesh dim\n"
+"where that does the job (Shard->Replicate all-gather, Shard->Shard\n"
+"all-to-all, Replicate->Shard local chunk, Partial->Replicate all-reduce,\n"
+"Partial->Shard reduce-scatter), or one direct all-to-all over the mesh that\n"
+"moves each element at most once. Uneven shards are never padded.\n"
+"``forward_dtype`` casts before communicating. With ``async_op=True`` the\n"
+"first collective is started nonblocking and the call returns at once; the\n"
+"data is completed on first use (see :meth:`to_local`) or by :meth:`wait`.\n"
+"In backward (autograd), the gradient goes back to this tensor's placements\n"
+"(a Partial's: Replicate), cast to ``backward_dtype`` first when given (each\n"
+"rank's part as it is, so the collective moves that dtype) and to this\n"
+"tensor's dtype after.\n"
+"Partial placements may be kept but not created: RuntimeError. A reduction\n"
+"the dtype lacks (complex max/min, bool or integer avg) is a TypeError on\n"
+"every rank, whatever the mesh size.\n"
+"\n"
+"A repeated move (same layout, same target) runs from C: its plan is the\n"
+"mesh's cached decision, and no Python code runs unless a debugging tool\n"
+"listens, autograd records, or ``async_op``/``forward_dtype`` is given.\n"
+"\n"
+"Example (``mpiexec -n 4``)::\n"
+"\n"
+"    >>> mesh = init_device_mesh(\"cpu\", (4,))\n"
+"    >>> dt = distribute_tensor(np.arange(16.0).reshape(4, 4), mesh, [Shard(0)])\n"
+"    >>> dt.redistribute(mesh, [Shard(1)]).to_local().shape   # one all-to-all\n"
+"    (4, 1)\n");
+
 /* -- fields ------------------------------------------------------------------------- */
 
 static int base_init(PyObject *self, PyObject *args, PyObject *kwds) {
@@ -244,6 +335,8 @@ static void base_dealloc(PyObject *self) {
 }
 
 static PyMethodDef base_methods[] = {
+    {"redistribute", (PyCFunction)(void (*)(void))m_redistribute,
+     METH_FASTCALL | METH_KEYWORDS, redistribute_doc},
     {"__array_ufunc__", (PyCFunction)(void (*)(void))array_ufunc,
      METH_FASTCALL | METH_KEYWORDS,
      "NumPy ufuncs on DTensors, sharded (see mpitensor._ops._elementwise)."},

@@ -399,37 +399,16 @@ class DTensor(_C.DTensorBase):
         self._data()
         return self
 
-    def redistribute(self, device_mesh: DeviceMesh | None = None,
-                     placements: Sequence[Placement] | None = None, *,
-                     async_op: bool = False, forward_dtype=None,
-                     backward_dtype=None) -> "DTensor":
-        """The same global tensor with new placements. Collective on the mesh.
-
-        ``placements`` is required (RuntimeError without it, as in torch; write
-        ``[Replicate()] * mesh.ndim`` or use :meth:`full_tensor`). Each change runs as
-        the cheapest plan the C planner finds: one MPI collective on one mesh dim
-        where that does the job (Shard->Replicate all-gather, Shard->Shard
-        all-to-all, Replicate->Shard local chunk, Partial->Replicate all-reduce,
-        Partial->Shard reduce-scatter), or one direct all-to-all over the mesh that
-        moves each element at most once. Uneven shards are never padded.
-        ``forward_dtype`` casts before communicating. With ``async_op=True`` the
-        first collective is started nonblocking and the call returns at once; the
-        data is completed on first use (see :meth:`to_local`) or by :meth:`wait`.
-        In backward (autograd), the gradient goes back to this tensor's placements
-        (a Partial's: Replicate), cast to ``backward_dtype`` first when given (each
-        rank's part as it is, so the collective moves that dtype) and to this
-        tensor's dtype after.
-        Partial placements may be kept but not created: RuntimeError. A reduction
-        the dtype lacks (complex max/min, bool or integer avg) is a TypeError on
-        every rank, whatever the mesh size.
-
-        Example (``mpiexec -n 4``)::
-
-            >>> mesh = init_device_mesh("cpu", (4,))
-            >>> dt = distribute_tensor(np.arange(16.0).reshape(4, 4), mesh, [Shard(0)])
-            >>> dt.redistribute(mesh, [Shard(1)]).to_local().shape   # one all-to-all
-            (4, 1)
-        """
+    # ``redistribute`` is DTensorBase's (csrc/ext/ext_dtensor.c, with the public
+    # docstring): a move its mesh's memo holds runs from C; every other call
+    # (async_op, forward_dtype, autograd recording, tracing, a first call that the
+    # core refuses) comes here with the same arguments.
+    def _redistribute(self, device_mesh: DeviceMesh | None = None,
+                      placements: Sequence[Placement] | None = None, *,
+                      async_op: bool = False, forward_dtype=None,
+                      backward_dtype=None) -> "DTensor":
+        """DTensor.redistribute's Python implementation (see ``redistribute``).
+        Collective on the mesh."""
         mesh = self.device_mesh if device_mesh is None else device_mesh
         if mesh is not self.device_mesh and mesh != self.device_mesh:
             raise NotImplementedError(
