@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import _C
 from .._dtensor import DTensor
 from .._distribute import distribute_tensor
 from .._distribute_module import distribute_module
@@ -54,33 +53,11 @@ def _local_to_dtensor(local, mesh, placements, mod=None):
         raise TypeError(f"expecting the input of {type(mod).__name__} to be an ndarray or "
                         f"a DTensor, got {type(local).__name__}")
     (p,) = placements
-    if (isinstance(mod, Linear) and local.ndim > 0 and p.is_shard()
-            and p.dim in (-1, local.ndim - 1)):
+    if isinstance(mod, Linear) and p.is_shard() and p.dim in (-1, local.ndim - 1):
         shape = local.shape[:-1] + (mod.in_features,)
-        _agree_linear_width(local, mesh, mod.in_features)
         return DTensor.from_local(local, mesh, placements, shape=shape,
                                   stride=contiguous_strides(shape))
     return annotate(local, mesh, placements, f"input of {type(mod).__name__}")
-
-
-def _agree_linear_width(local, mesh, features: int) -> None:
-    """The global shape is known (``in_features``): each rank checks its width is its
-    shard of it and the ranks agree once on the verdict and the leading dims (one
-    small all-reduce), so a wrong width raises the same ValueError on every rank
-    rather than on its own rank, in the matmul, while the others wait in the
-    output's all-reduce. Collective on the mesh when it has several ranks."""
-    coord = mesh.get_coordinate()
-    if coord is None or mesh.size(0) == 1:
-        return
-    want = _C.chunk_sizes(features, mesh.size(0))[coord[0]]
-    ok = local.shape[-1] == want
-    _C.agree(mesh._handle, ok, hash(tuple(local.shape[:-1])),
-             f"the input of Linear has {local.shape[-1]} features on rank "
-             f"{mesh.get_rank()}, where its shard of in_features={features} over "
-             f"{mesh.size(0)} ranks has {want}" if not ok else
-             f"the local inputs of Linear differ in their leading dims across the "
-             f"ranks of the mesh ({tuple(local.shape[:-1])} on rank {mesh.get_rank()})",
-             ValueError)
 
 
 def _prepare_linear_like_input(input_layouts, desired_input_layouts, mod, inputs, mesh):
