@@ -392,6 +392,11 @@ static int c_reduction(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *self,
   /* A reduction without a reduce op (var, argmax, ...) whose input must move would
    * gather it: its Python entry merges per-rank results instead. */
   if (sig->op.rule.reduce_op < 0 && dec->plan[0] != NULL) return 0;
+  /* Max and min move their input when a reduced axis leaves a shard empty (their
+   * Partial has nothing to hold there): their Python entry reduces with the
+   * dtype's identity instead. Every rank declines alike (the decision is). */
+  int op = sig->op.rule.reduce_op;
+  if ((op == MT_REDUCE_MAX || op == MT_REDUCE_MIN) && dec->plan[0] != NULL) return 0;
   /* axis is every reduction method's first parameter: positional, it spares
    * NumPy the parsing of keywords. */
   PyObject *extra[2] = {axis, keepdims};

@@ -117,6 +117,23 @@ def test_parallel_input_annotation_bad_on_one_rank(mesh, bad, local, error, requ
     still_in_step(mesh)
 
 
+@pytest.mark.parametrize("local, error, want", [
+    ("not an array", "TypeError", "expecting the input to be an ndarray"),
+    (np.array(1.0), "ValueError", "cannot shard a 0-d input"),
+    (np.ones((5, 3)), "ValueError", "differ in shape across the ranks"),
+    (np.ones((0, 3)), "ValueError", "differ in shape across the ranks")],
+    ids=["not_an_array", "zero_d", "uneven", "empty"])
+def test_parallel_input_annotation_bad_on_one_rank_without_checks(mesh, bad, local, error,
+                                                                 want):
+    """Without collective checks the local shapes are agreed on: an even split has
+    one shape on every rank."""
+    mine = local if RANK == bad else np.ones((4, 3))
+    got = same_everywhere(outcome(lambda: annotate(mine, mesh, [Shard(0)])))
+    assert got is not None and got[0] == error and want in got[1], got
+    still_in_step(mesh)
+    assert annotate(np.ones((4, 3)), mesh, [Shard(0)]).shape == (4 * W, 3)
+
+
 @pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
 @pytest.mark.parametrize("kind", ["not_an_array", "other_ndim", "misfit"])
 def test_parallel_input_annotation_on_a_2d_mesh(mesh, bad, kind, checks):

@@ -175,6 +175,12 @@ def test_reduction_methods_same_both_ways(mesh, name, pl):
         axis = args[0] if args else kwargs.get("axis")
         reduced = (0, 1) if axis is None else np.atleast_1d(axis) % 2
         merged = name in ("all", "any", "std", "var", "argmax", "argmin")
+        # max and min over a shard left empty (4 columns over 3 ranks: 2, 2, 0)
+        # reduce with the dtype's identity in their Python entry too.
+        k = mesh.shape[0]
+        size = g.shape[pl.dim] if pl.is_shard() else 0
+        empty = pl.is_shard() and k > 1 and -(-size // k) * (k - 1) >= size
+        merged = merged or (name in ("max", "min") and empty)
         if merged and pl.is_shard() and pl.dim in reduced:
             # One rank: the C path takes the call, nothing moves, and any placement
             # of a one-rank mesh dim is the same layout.

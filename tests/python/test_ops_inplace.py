@@ -252,3 +252,55 @@ def test_out_takes_the_cheaper_of_following_and_moving_the_result():
     if W > 1:
         assert dict(mode.get_comm_counts()) == {"all_gather_into_tensor": 1}
     assert_matches(c, x + y)
+
+
+def _moved_rows(n, key, p):
+    """Rows of the region whose piece of a Shard(0) value (torch.chunk's rule) is
+    on another rank than the destination row's owner: what must move."""
+    rows = np.arange(n)[key]
+    size, vsize = -(-n // p), -(-len(rows) // p)
+    return int(sum(1 for k, r in enumerate(rows) if r // size != k // vsize))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int8])
+@pytest.mark.parametrize("key", [
+    slice(2, None), slice(-1, 1, -2), slice(3, 3 + max(W - 1, 1)), slice(1, -1, 3)],
+    ids=["tail", "reversed_step_2", "fewer_rows_than_ranks", "step_3"])
+def test_a_value_sharded_along_cut_rows_sends_each_row_to_its_owner(key, dtype):
+    """``x[key] = y`` with x Shard(0), a slice cutting dim 0 and y Shard(0): one
+    all-to-all of variable parts sends each row that is not already in place to
+    its owner; before, y was all-gathered to every rank (torch's layout for the
+    slice). 4W + 1 rows leave uneven shards; fewer region rows than ranks leave
+    some of y's shards empty."""
+    mesh = mesh_of((W,))
+    n = 4 * W + 1
+    full = np.arange(n * 3).reshape(n, 3).astype(dtype)
+    region = full[key].shape
+    value = -np.arange(np.prod(region)).reshape(region).astype(dtype)
+    for vkey, vfull in ((key, value), ((None, key, slice(None)), value[None])):
+        x = make(full, mesh, [S0])
+        y = make(vfull, mesh, [Shard(vfull.ndim - 2)])
+        with CommDebugMode() as mode:
+            x[vkey] = y
+        counts = dict(mode.get_comm_counts())
+        assert "all_gather_into_tensor" not in counts, counts
+        row = 3 * np.dtype(dtype).itemsize
+        # the moved rows, and the counts each rank tells each other rank
+        assert total_bytes(mode) <= _moved_rows(n, key, W) * row + 8 * W * W, counts
+        want = full.copy()
+        want[vkey] = vfull
+        assert x.placements == (S0,)
+        assert_matches(x, want)
+
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+def test_a_value_sharded_along_cut_rows_on_a_2d_mesh():
+    mesh = mesh_of((2, 2))
+    full = np.arange(9.0 * 6).reshape(9, 6)
+    for xp, yp in (((S0, S1), (S0, S1)), ((S1, S0), (S1, S0)), ((R, S0), (S1, S0))):
+        x = make(full, mesh, list(xp))
+        v = -np.arange(5.0 * 6).reshape(5, 6)
+        x[2:7] = make(v, mesh, list(yp))
+        want = full.copy()
+        want[2:7] = v
+        assert_matches(x, want)

@@ -77,7 +77,7 @@ def test_reducing_a_sharded_axis_gives_partial(name, op):
 def test_sum_and_prod_over_empty_shards_stay_partial():
     """3 rows over W ranks leave the last ones empty at W = 4: their sum is 0 and
     their product 1, the identities, so the result stays Partial with no
-    communication; max and min have no identity and reduce a Replicate first."""
+    communication."""
     mesh = mesh_of((W,))
     full = np.arange(1.0, 7.0).reshape(3, 2) / 4
     dt = make(full, mesh, [S0])
@@ -87,10 +87,80 @@ def test_sum_and_prod_over_empty_shards_stay_partial():
         assert mode.get_total_counts() == 0
         assert out.placements == (Partial(op),)
         assert_matches(out, getattr(np, name)(full, axis=0))
-    for name in ("max", "min"):
-        out = getattr(np, name)(dt, axis=0)
-        assert not out.placements[0].is_partial() or W < 4
-        assert_matches(out, getattr(np, name)(full, axis=0))
+
+
+def _numpy_outcome(call):
+    try:
+        return call(), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def _check_extreme(mesh, full, pls, axis, keepdims):
+    """np.max/min/amax/amin and the methods of a DTensor laid out by ``pls`` match
+    NumPy, moving at most one all-reduce of the output per mesh dim; NumPy's error
+    when the reduced axis is empty."""
+    dt = make(full, mesh, pls)
+    for name in ("max", "min", "amax", "amin"):
+        calls = [lambda f=getattr(np, name): f(dt, axis=axis, keepdims=keepdims)]
+        if name in METHODS:
+            calls.append(lambda n=name: getattr(dt, n)(axis=axis, keepdims=keepdims))
+        expect, error = _numpy_outcome(
+            lambda: getattr(np, name)(full, axis=axis, keepdims=keepdims))
+        for call in calls:
+            if error is not None:
+                with pytest.raises(ValueError, match=error):
+                    call()
+                continue
+            with CommDebugMode() as mode:
+                out = call()
+            counts = dict(mode.get_comm_counts())
+            assert set(counts) <= {"all_reduce"} and counts.get("all_reduce", 0) <= mesh.ndim, (
+                name, counts)
+            assert_matches(out, expect)
+
+
+@pytest.mark.parametrize("rows", ["W - 1", "W + 1"])
+@pytest.mark.parametrize("dtype", [np.float64, np.int8, np.uint16])
+def test_max_and_min_over_empty_shards_reduce_the_output_not_the_input(rows, dtype):
+    """W - 1 rows over W ranks leave the last shard empty (W + 1 leaves one at
+    W = 3 and 4): that rank gives the dtype's identity and the output is
+    all-reduced (one all-reduce of its size); before, the input was gathered (a
+    1-D array) or moved by an all-to-all. At W = 1, W - 1 rows are none: NumPy's
+    "zero-size array ... has no identity" on every rank."""
+    n = eval(rows, {"W": W})  # noqa: S307 - the test's own parameter
+    mesh = mesh_of((W,))
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    full = np.random.default_rng(n).integers(-9 if info is None or info.min < 0 else 0, 10,
+                                             size=(n, 3)).astype(dtype)
+    if info is not None and n:
+        full[-1, 0], full[0, 1] = info.min, info.max  # the identities themselves
+    for axis in (0, None, (0, 1), -2):
+        for keepdims in (False, True):
+            _check_extreme(mesh, full, [S0], axis, keepdims)
+    _check_extreme(mesh, full.T.copy(), [S1], 1, False)
+    _check_extreme(mesh, full[:, 0].copy(), [S0], None, False)
+
+
+def test_max_and_min_over_empty_shards_propagate_nan_and_raise_on_empty_axes():
+    mesh = mesh_of((W,))
+    full = np.arange(3.0 * max(W - 1, 1)).reshape(-1, 3)
+    full[0, 1] = np.nan
+    _check_extreme(mesh, full[:W - 1], [S0], 0, False)
+    _check_extreme(mesh, np.zeros((0, 3)), [S0], 0, False)
+    _check_extreme(mesh, np.zeros((3, 0)), [S0], 1, False)
+    _check_extreme(mesh, np.zeros((3, 0)), [S0], 0, False)
+
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.parametrize("pls", [(S0, S0), (S0, S1), (R, S0), (S1, S0)],
+                         ids=["S0S0", "S0S1", "RS0", "S1S0"])
+def test_max_and_min_over_empty_nested_shards(pls):
+    """3 rows over [S0, S0] of a (2, 2) mesh cut 2, 1 and then 1, 1, 1, 0."""
+    mesh = mesh_of((2, 2))
+    full = np.random.default_rng(1).standard_normal((3, 1))
+    for axis in (0, None, 1):
+        _check_extreme(mesh, full, list(pls), axis, False)
 
 
 def test_sum_over_unsharded_axis_no_communication():

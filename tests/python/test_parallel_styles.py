@@ -4,6 +4,8 @@ torch gives, reprs like torch's, and the errors of wrong arguments."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -14,6 +16,8 @@ from mpitensor.debug import CommDebugMode
 from mpitensor.parallel import (
     ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput, PrepareModuleOutput,
     RowwiseParallel, SequenceParallel, parallelize_module)
+
+from mpi_helpers import outcome, same_everywhere
 
 W = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
@@ -269,3 +273,71 @@ def test_local_inputs_of_uneven_and_inconsistent_sizes(mesh):
                 m(bad)
         finally:
             set_collective_checks(False)
+
+
+@pytest.fixture
+def short_watchdog():
+    """Where ranks could disagree, a regression would leave some waiting in a
+    collective: the watchdog then aborts the job in seconds, not at CI's timeout."""
+    mt._C.set_collective_timeout(20.0)
+    yield
+    text = os.environ.get("MPITENSOR_TIMEOUT", "").strip()
+    mt._C.set_collective_timeout(float(text) if text else None)
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.attn = nn.ReLU()
+
+    def forward(self, x):
+        return self.attn(self.norm(x))
+
+
+PRODUCERS = {
+    "sequence_parallel": lambda: SequenceParallel(use_local_output=True),
+    "prepare_input": lambda: PrepareModuleInput(
+        input_layouts=Shard(1), desired_input_layouts=Shard(1), use_local_output=True),
+}
+CONSUMERS = {
+    "prepare_input": lambda: PrepareModuleInput(input_layouts=Shard(1),
+                                                desired_input_layouts=Replicate()),
+    "sequence_parallel": lambda: SequenceParallel(),
+    "colwise_of_shard_1": lambda: ColwiseParallel(input_layouts=Shard(1)),
+}
+
+
+@pytest.mark.parametrize("consumer", sorted(CONSUMERS))
+@pytest.mark.parametrize("producer", sorted(PRODUCERS))
+@pytest.mark.parametrize("seq", ["W + 1", "2 * W - 1", "2 * W"])
+def test_uneven_sequences_handed_on_as_local_arrays(mesh, short_watchdog, producer,
+                                                    consumer, seq):
+    """A style's local output of an uneven sequence split (W + 1 leaves empty shards
+    at np 3 and 4) taken by the next style as an even shard, as torch does: every
+    rank raises the same ValueError, where the consumer's all-gather failed with
+    MPI_ERR_TRUNCATE on some ranks and returned a wrong shape on others (or, with
+    no collective, each rank kept its own global shape). Even splits still run."""
+    n = eval(seq, {"W": W})  # noqa: S307 - the test's own parameter
+    x = np.random.default_rng(2).standard_normal((2, n, 8))
+    block = _Block()
+    if consumer == "colwise_of_shard_1":
+        block.attn = linear(i=8, o=8)
+    ref = block(x)
+    parallelize_module(block, mesh, {"norm": PRODUCERS[producer](),
+                                     "attn": CONSUMERS[consumer]()})
+    dx = distribute_tensor(x, mesh, [Shard(1)])
+    got = same_everywhere(outcome(lambda: block(dx)))
+    if n % W:
+        assert got is not None and got[0] == "ValueError", got
+        assert "differ in shape across the ranks" in got[1], got
+        assert "use_local_output=False" in got[1], got
+        y = distribute_tensor(np.ones(4 * W), mesh, [Shard(0)]).full_tensor()
+        np.testing.assert_array_equal(y, np.ones(4 * W))
+        return
+    assert got is None, got
+    y = block(dx)
+    y = y.full_tensor() if isinstance(y, DTensor) else y
+    if consumer == "colwise_of_shard_1":
+        y = np.concatenate(MPI.COMM_WORLD.allgather(y), axis=-1)
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)

@@ -7,7 +7,11 @@ the region its local box holds, so what moves is only what the value needs there
 a scalar or a plain ndarray (which every rank holds, as under implicit
 replication) moves nothing; a DTensor value is redistributed to follow the
 destination (a Shard of a dim the region keeps whole stays a Shard of that dim,
-everything else is Replicate), so an aligned value moves nothing either.
+everything else is Replicate), so an aligned value moves nothing either. Where a
+slice cuts a dim one mesh dim shards (``x[2:7] = y``, ``x`` ``Shard(0)``) and the
+value is sharded along those rows there, one all-to-all of variable parts sends
+each row to the rank that holds it instead: no rank receives rows it does not
+write (torch makes the value Replicate there, a gather).
 
 A Partial destination holds each element as the reduction of the ranks' locals,
 so a written element must reduce to the value: for Partial(sum) the first rank of
@@ -24,7 +28,7 @@ import operator
 
 import numpy as np
 
-from .. import _registry
+from .. import _C, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard
@@ -124,6 +128,61 @@ def _range_cut(start, step, count, lo, n):
     return k0, min(max(k1, k0), count)
 
 
+def _cut_rows(spec, sel, region_dims, vplacements, vshape):
+    """(mesh dim m, value dim j) when the rows a DTensor value writes can go straight
+    to their owners: one mesh dim (of several ranks) shards the destination dim d a
+    slice cuts, no other shards d, the value's dim j spans that slice's rows (not
+    broadcast), and the value is ``Shard(j)`` on m: each row then moves at most
+    once, fewer bytes than the all-gather of torch's layout for the slice
+    (Replicate on m), which every other layout of the value gets, as before (a
+    Replicate value then moves nothing). The same on every rank: only global
+    shapes and placements count."""
+    mesh = spec.mesh
+    lead = len(region_dims) - len(vshape)
+    found = None
+    for m, p in enumerate(spec.placements):
+        if not isinstance(p, Shard) or mesh.shape[m] == 1 or _whole(sel[p.dim],
+                                                                   spec.shape[p.dim]):
+            continue
+        start, step, count, is_int = sel[p.dim]
+        j = region_dims.index(p.dim) - lead if p.dim in region_dims else -1
+        others = [q for k, q in enumerate(spec.placements) if k != m and q == p]
+        if (found is not None or is_int or count == 0 or others or j < 0
+                or vshape[j] != count or vplacements[m] != Shard(j)):
+            return None
+        found = (m, j)
+    return found
+
+
+def _rows_to_owners(spec, sel, value, m, j):
+    """This rank's rows of the region along value dim ``j``, from a value sharded
+    ``Shard(j)`` on mesh dim ``m`` (torch.chunk's pieces of the region's rows):
+    one all-to-all of variable parts along ``m`` sends each row once, to the rank
+    whose shard of the destination holds it. Collective on mesh dim ``m``."""
+    mesh = spec.mesh
+    p, c = mesh.shape[m], mesh._coordinate[m]
+    d = spec.placements[m].dim
+    start, step, count, _ = sel[d]
+    own = np.concatenate([[0], np.cumsum(_C.chunk_sizes(spec.shape[d], p))])
+    have = np.concatenate([[0], np.cumsum(_C.chunk_sizes(count, p))])
+    lo, hi = int(have[c]), int(have[c + 1])
+    v = np.moveaxis(value.to_local(), j, 0)
+    parts = []
+    for r in range(p):
+        # Rank r's rows of the region are consecutive; with a negative step the
+        # later ranks hold the earlier rows, so each part is cut by its owner.
+        k0, k1 = _range_cut(start, step, count, int(own[r]), int(own[r + 1] - own[r]))
+        a, b = max(k0, lo), min(k1, hi)
+        parts.append(v[a - lo:b - lo] if b > a else v[:0])
+    send = np.ascontiguousarray(np.concatenate(parts))
+    if _modes.tracing:
+        _trace.collective("DTensor item assignment: rows to their owners", mesh,
+                          spec.placements, spec.shape, spec.dtype)
+    got, _ = mesh._handle.alltoallv(send, [len(x) for x in parts], m)
+    # Received by source rank: the sources' pieces are in row order, so are these.
+    return np.moveaxis(got, 0, j)
+
+
 @_registry.implements(operator.setitem)
 def setitem(dt, key, value) -> None:
     """``dt[key] = value`` for a basic key (ints, slices, None, ...) or a boolean
@@ -146,12 +205,18 @@ def setitem(dt, key, value) -> None:
     _broadcast_check("DTensor item assignment", vshape, region)
     kept = set()
     followed = {}
+    rows = None
     if type(value) is DTensor:
         dims = {d: v for d, v in _value_dims(spec.shape, vshape, region_dims).items()
                 if _whole(sel[d], spec.shape[d])}
         target = follow(spec, dims, value)
         kept = {m for m, p in enumerate(target) if isinstance(p, Partial)}
         followed = {dims[p.dim] for p in target if isinstance(p, Shard)}
+        rows = _cut_rows(spec, sel, region_dims, value._spec.placements, vshape)
+        if rows is not None:
+            m, j = rows
+            target = target[:m] + (value._spec.placements[m],) + target[m + 1:]
+            followed.add(j)
         value = D.relayout("DTensor item assignment", value, target)
     if mesh._coordinate is None:
         return
@@ -171,7 +236,7 @@ def setitem(dt, key, value) -> None:
         dest[tuple(local_key)] = _IDENTITY[op]
         return
     if type(value) is DTensor:
-        v = value.to_local()
+        v = value.to_local() if rows is None else _rows_to_owners(spec, sel, value, *rows)
         v = v.reshape((1,) * (len(region) - v.ndim) + v.shape)
         lead = len(region) - len(vshape)
         idx = []

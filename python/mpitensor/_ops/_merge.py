@@ -3,8 +3,9 @@ communication proportional to the result, not to the input: ``var`` and ``std``
 (count, mean and M2 per rank, merged by Chan's parallel formula), ``argmax`` and
 ``argmin`` (a value and its global index per rank; ties go to the lowest index,
 as NumPy), ``all`` and ``any`` (a bool Partial min or max, as torch keeps a
-Partial), and ``np.linalg.norm`` (partial norms: sums of powers or maxima,
-reduced as Partials).
+Partial), ``np.linalg.norm`` (partial norms: sums of powers or maxima,
+reduced as Partials), and ``max``/``min`` over a shard left empty (each rank's
+extreme, an empty one the dtype's identity, all-reduced at once).
 
 Each rank reduces its local lanes, the per-rank results are all-gathered along
 the mesh dims that shard a reduced axis (one all-gather of a few numbers per
@@ -20,13 +21,14 @@ import warnings
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
+from .. import _C
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard
 from . import _dispatch as D
 
-__all__ = ["moment", "arg_extreme", "norm", "logical"]
+__all__ = ["moment", "arg_extreme", "norm", "logical", "empty_shards", "extreme"]
 
 
 def _unpartial(name, a):
@@ -339,3 +341,61 @@ def logical(name, a, axis, keepdims, every):
     member = mesh.get_coordinate() is not None
     local = func(a.to_local(), axis=axes, keepdims=keepdims) if member else None
     return _wrap(mesh, placements, shape, local, np.bool_)
+
+
+# -- max and min over empty shards ---------------------------------------------------
+
+def empty_shards(spec, axes) -> list:
+    """The mesh dims whose Shard of a reduced axis leaves some rank's shard empty
+    (torch.chunk's rule: 2 over 3 ranks is 1, 1, 0; nested shards cut each piece
+    again). The same on every rank: only the global shape counts.
+
+    Example: ``empty_shards(spec_of_2_rows_over_3_ranks, (0,)) == [0]``.
+    """
+    sizes = {d: {n} for d, n in enumerate(spec.shape)}
+    found = []
+    for m, p in enumerate(spec.placements):
+        if not p.is_shard():
+            continue
+        cut = set()
+        for n in sizes[p.dim]:
+            cut.update(_C.chunk_sizes(n, spec.mesh.shape[m]))
+        sizes[p.dim] = cut
+        if p.dim in axes and 0 in cut:
+            found.append(m)
+    return found
+
+
+def extreme(name, a, axes, keepdims, largest):
+    """numpy.max (``largest``) or numpy.min of a Shard/Replicate DTensor whose
+    reduced axis leaves a shard empty: each rank reduces its lanes, an empty one
+    giving the dtype's identity (-inf or the lowest int for max), and the mesh dims
+    that shard a reduced axis all-reduce the output at once (one all-reduce of the
+    output's size), so that the identity, which later arithmetic on a kept Partial
+    could turn into a value (``-inf + inf``, an int that wraps), never leaves the
+    call. A reduced axis of size 0 raises NumPy's ValueError on every rank.
+
+    Example: ``extreme("numpy.max", dt, (0,), False, True)`` is ``np.max(dt, axis=0)``.
+    """
+    spec = a._spec
+    mesh = spec.mesh
+    ufunc = np.maximum if largest else np.minimum
+    if any(spec.shape[k] == 0 for k in axes):
+        raise ValueError(f"zero-size array to reduction operation {ufunc.__name__} which "
+                         f"has no identity")
+    dtype = spec.dtype
+    placements, shape = _out_spec(a, axes, keepdims, dtype)
+    reduced = _sharded_reduced(a, axes)
+    partial = Partial("max" if largest else "min")
+    pending = tuple(partial if i in reduced else p for i, p in enumerate(placements))
+    local = None
+    if mesh.get_coordinate() is not None:
+        x = a.to_local()
+        if any(x.shape[k] == 0 for k in axes):
+            info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+            ident = (-np.inf if largest else np.inf) if dtype.kind == "f" else (
+                info.min if largest else info.max)
+            local = ufunc.reduce(x, axis=axes, keepdims=keepdims, initial=ident)
+        else:
+            local = ufunc.reduce(x, axis=axes, keepdims=keepdims)
+    return D.relayout(name, _wrap(mesh, pending, shape, local, dtype), placements)

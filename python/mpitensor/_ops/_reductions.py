@@ -67,6 +67,9 @@ def _reduce(name, a, axis, keepdims, out, extra):
     axes = None if axis is None else normalize_axis_tuple(axis, ndim)
     keepdims = bool(keepdims)
     mesh = a._spec.mesh
+    if name in _EXTREMES and not extra and _extreme_over_empty_shards(a, axes):
+        return _merge.extreme(fname, a, tuple(range(ndim)) if axes is None else axes,
+                              keepdims, _EXTREMES[name])
     dec = D.decide_reduction(func, a, axes, keepdims)
     (local,) = D.local_inputs(mesh, (a,), dec)
     if name in ("argmax", "argmin"):
@@ -74,6 +77,22 @@ def _reduce(name, a, axis, keepdims, out, extra):
     else:
         result = func(local, axis=axes, keepdims=keepdims, **extra)
     return D.wrap(mesh, dec, result)
+
+
+# max and min: whether each is the largest; their Partial has no identity in NumPy.
+_EXTREMES = {"max": True, "amax": True, "min": False, "amin": False}
+
+
+def _extreme_over_empty_shards(a, axes) -> bool:
+    """Whether max/min must take _merge.extreme's path: a Shard/Replicate input of
+    ints or floats (the others have no MPI max here and are gathered) whose reduced
+    axis leaves a shard empty, where a rank would have nothing to give its Partial.
+    The same on every rank."""
+    spec = a._spec
+    if spec.dtype.kind not in "iuf" or any(p.is_partial() for p in spec.placements):
+        return False
+    ndim = len(spec.shape)
+    return bool(_merge.empty_shards(spec, tuple(range(ndim)) if axes is None else axes))
 
 
 def _with_dtype(name):

@@ -40,9 +40,16 @@ from . import _dispatch as D
 __all__ = ["sort_mesh_dim", "sort_flat", "order_statistics", "quantile_flat",
            "median_flat"]
 
-# Keys of values-only sorts: the rank's coordinate above its element's position,
-# which orders equal values across ranks without their global indices.
+# Keys of values-only sorts: the rank's coordinate above its element's position in
+# its sorted elements, which orders equal values across ranks without their global
+# indices. They are never stored: a rank's keys are one int, the first (_key_at).
 _KEY_SHIFT = 40
+
+
+def _key_at(keys, at):
+    """The keys at positions ``at``: of an array, or counted from an int (implicit
+    keys, one per sorted position)."""
+    return keys[at] if isinstance(keys, np.ndarray) else keys + np.asarray(at, np.int64)
 
 
 def sort_mesh_dim(a) -> int | None:
@@ -103,7 +110,7 @@ def _splitters(name, a, m, values, keys):
     n = len(values)
     at = (np.arange(1, p, dtype=np.int64) * n) // p
     if n:
-        rows = _records(values[at], keys[at])
+        rows = _records(values[at], _key_at(keys, at))
     else:
         rows = _records(np.zeros((p - 1,), values.dtype), np.full((p - 1,), -1))
     placements = tuple(Shard(0) if i == m else Replicate() for i in range(mesh.ndim))
@@ -125,19 +132,29 @@ def _cuts(values, keys, sv, sk):
     """Where each splitter cuts the sorted (values, keys): elements ordered before
     it go to the buckets before its. Equal values lie in key order."""
     cuts = []
-    for v, k in zip(sv, sk):
-        lo = int(np.searchsorted(values, v, "left"))
-        hi = int(np.searchsorted(values, v, "right"))
-        cuts.append(lo + int(np.searchsorted(keys[lo:hi], k, "left")))
+    los = np.searchsorted(values, sv, "left")
+    his = np.searchsorted(values, sv, "right")
+    for lo, hi, k in zip(los.tolist(), his.tolist(), sk.tolist()):
+        if isinstance(keys, np.ndarray):
+            cuts.append(lo + int(np.searchsorted(keys[lo:hi], k, "left")))
+        else:  # implicit keys: keys + lo, ..., keys + hi - 1 there
+            cuts.append(lo + min(max(k - (int(keys) + lo), 0), hi - lo))
     return np.diff(np.concatenate([[0], cuts, [len(values)]])).tolist()
 
 
 def _buckets(name, a, m, values, keys, with_keys):
     """This rank's bucket: the elements (and keys) of every rank that fall between
-    its splitters, sorted by (value, key). Collective along mesh dim ``m``."""
-    # Keys grow in local order, so a stable sort by value orders by (value, key).
-    order = np.argsort(values, kind="stable")
-    values, keys = values[order], keys[order]
+    its splitters, sorted by (value, key). ``keys``: an array (argsort's global
+    indices) or an int (a values-only sort's implicit keys, _key_at). Collective
+    along mesh dim ``m``."""
+    if isinstance(keys, np.ndarray):
+        # Keys grow in local order, so a stable sort by value orders by (value, key).
+        order = np.argsort(values, kind="stable")
+        values, keys = values[order], keys[order]
+    else:
+        # Values alone: NumPy's default (vectorised) sort, no indirect sort and no
+        # gather by the order; the keys then number the sorted positions.
+        values = np.sort(values)
     sv, sk = _splitters(name, a, m, values, keys)
     counts = _cuts(values, keys, sv, sk)
     handle = a._spec.mesh._handle
@@ -163,7 +180,8 @@ def _offset(a, m, size) -> int:
 
 
 def _input(name, a, flat_keys):
-    """(this rank's elements, their keys) in local order, Partials reduced first."""
+    """(this rank's elements, their keys) in local order, Partials reduced first;
+    without ``flat_keys`` the keys are implicit (an int, _key_at)."""
     if any(p.is_partial() for p in a._spec.placements):
         a = D.relayout(name, a, [Replicate() if p.is_partial() else p
                                  for p in a._spec.placements])
@@ -171,8 +189,7 @@ def _input(name, a, flat_keys):
     if flat_keys:
         keys = _flat_keys(a)
     else:
-        coord = a._spec.mesh._coordinate[sort_mesh_dim(a)]
-        keys = (np.int64(coord) << _KEY_SHIFT) + np.arange(len(local), dtype=np.int64)
+        keys = int(a._spec.mesh._coordinate[sort_mesh_dim(a)]) << _KEY_SHIFT
     return a, local, keys
 
 

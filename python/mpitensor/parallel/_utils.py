@@ -64,12 +64,17 @@ def annotate(local, mesh, placements, what: str = "input"):
 
     As torch (and ``DTensor.from_local`` without ``shape``), the shards are taken
     as even: the global size of a sharded dim is the local size times the mesh
-    dim's size, with no communication. With collective checks on
-    (``MPITENSOR_CHECK=1``) the ranks compare their inputs first (one small
-    all-gather of integers per sharded mesh dim; on a mesh of several dims an
-    agreement before and after): a non-array, a 0-d array, another number of dims
-    or unequal sizes on some ranks raise the same error on every rank. Uneven
-    shards are passed as a DTensor with its global shape.
+    dim's size. Even shards all have one shape, so when a mesh dim shards the
+    input the ranks agree on their local shapes first (one agreement, an
+    all-reduce of three integers): an uneven split (a sequence of 5 on 2 ranks,
+    handed on as local arrays by a style's ``use_local_output``), a non-array or a
+    0-d array on some ranks raise the same error on every rank, where torch's
+    next collective would fail on some ranks and wait forever on the others, or
+    compute with a global shape that differs between ranks. With collective
+    checks on (``MPITENSOR_CHECK=1``) the ranks exchange their sizes instead (one
+    small all-gather of integers per sharded mesh dim; on a mesh of several dims
+    an agreement before and after), so that the error names every rank's size.
+    Uneven shards are passed as a DTensor with its global shape.
 
     Example: ``annotate(np.ones((2, 3)), mesh, (Shard(0),)).shape == (2 * W, 3)``.
     """
@@ -81,14 +86,31 @@ def annotate(local, mesh, placements, what: str = "input"):
                             f"{type(local).__name__}")
     elif local.ndim == 0 and sharded:
         problem = ValueError(f"cannot shard a 0-d {what} on dim {placements[sharded[0]].dim}")
-    if _modes.checks and sharded and mesh.get_coordinate() is not None:
-        if mesh.ndim == 1:
+    if sharded and mesh.get_coordinate() is not None:
+        if not _modes.checks:
+            _agree_shapes(local, mesh, problem, what)
+        elif mesh.ndim == 1:
             _exchange_1d(local, mesh, placements[0].dim, problem, what)
         else:
             _exchange_nd(local, mesh, placements, sharded, problem, what)
     elif problem is not None:
         raise problem
     return DTensor.from_local(local, mesh, placements, run_check=False)
+
+
+def _agree_shapes(local, mesh, problem, what: str) -> None:
+    """Every rank's local shape must be the same for an even split: one agreement on
+    a fingerprint of it, which also carries a rank's ``problem``. Collective."""
+    shape = (local.ndim,) + tuple(local.shape) if problem is None else ()
+    _C.agree(mesh._handle, problem is None, hash(shape),
+             str(problem) if problem is not None else
+             f"the local {what}s differ in shape across the ranks of the mesh "
+             f"({tuple(local.shape)} on rank {mesh.get_rank()}); a local input is taken "
+             f"as an even shard (as in torch), whose shape is the same on every rank: "
+             f"for uneven shards pass a DTensor with its global shape "
+             f"(DTensor.from_local(..., shape=, stride=)), or keep the producing "
+             f"module's output a DTensor (use_local_output=False)",
+             type(problem or ValueError()))
 
 
 # A 1-D mesh's one size exchange carries each rank's verdict: size * _NDIMS + ndim,
