@@ -158,6 +158,31 @@ static PyObject *gelu(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
   return new_result(rc, y, &err);
 }
 
+/* gelu_backward(x, g, approximate) -> g * gelu'(x) as a new array; x and g of one
+ * dtype and size. */
+static PyObject *gelu_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "gelu_backward(x, g, approximate)");
+  int dtype = -1;
+  PyArrayObject *x = float_arg(args[0], &dtype, 0, "gelu_backward: x");
+  if (x == NULL) return NULL;
+  PyArrayObject *g = float_arg(args[1], &dtype, 0, "gelu_backward: g");
+  long approx = PyLong_AsLong(args[2]);
+  if (g == NULL || (approx == -1 && PyErr_Occurred())) return NULL;
+  if (PyArray_SIZE(g) != PyArray_SIZE(x)) {
+    return PyErr_Format(PyExc_ValueError, "gelu_backward: g has %zd elements, x %zd",
+                        (Py_ssize_t)PyArray_SIZE(g), (Py_ssize_t)PyArray_SIZE(x));
+  }
+  PyArrayObject *y = like(module, x);
+  if (y == NULL) return NULL;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_gelu_backward(dtype, (int)approx, (int64_t)PyArray_SIZE(x), PyArray_DATA(x),
+                        PyArray_DATA(g), PyArray_DATA(y), &err);
+  Py_END_ALLOW_THREADS
+  return new_result(rc, y, &err);
+}
+
 /* softmax(x, log) -> softmax (log 0) or log_softmax (log 1) along the last dim. */
 static PyObject *softmax(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "softmax(x, log)");
@@ -279,6 +304,8 @@ PyMethodDef mt_ext_kernels_methods[] = {
      "Local."},
     {"gelu", (PyCFunction)(void (*)(void))gelu, METH_FASTCALL,
      "gelu(x, approximate): GELU as a new array (0 exact, 1 tanh). Local."},
+    {"gelu_backward", (PyCFunction)(void (*)(void))gelu_backward, METH_FASTCALL,
+     "gelu_backward(x, g, approximate): g * gelu'(x) as a new array. Local."},
     {"softmax", (PyCFunction)(void (*)(void))softmax, METH_FASTCALL,
      "softmax(x, log): (log_)softmax along the last dim as a new array. Local."},
     {"layer_norm", (PyCFunction)(void (*)(void))layer_norm, METH_FASTCALL,

@@ -76,6 +76,11 @@ typedef enum mt_gelu_approx {
 /* Local. y[i] = gelu(x[i]) for n elements; y may be x (in place). */
 int mt_gelu(int dtype, int approx, int64_t n, const void *x, void *y, mt_error *err);
 
+/* Local. gx[i] = g[i] * gelu'(x[i]) for n elements, in one pass (the backward of
+ * mt_gelu with the same `approx`); gx may be g (in place). */
+int mt_gelu_backward(int dtype, int approx, int64_t n, const void *x, const void *g,
+                     void *gx, mt_error *err);
+
 /* Local. Each of `rows` rows of `cols` elements: y = softmax(x) or, with `log`
  * nonzero, log_softmax(x), both with the row maximum subtracted first. y may be x. */
 int mt_softmax_rows(int dtype, int log, int64_t rows, int64_t cols, const void *x,
