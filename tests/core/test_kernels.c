@@ -176,6 +176,52 @@ static void test_gelu_backward(void) {
   }
 }
 
+/* Adam's step against the formula written out, element by element in float: the
+ * same bits, with AdamW's decay, Adam's L2 term, maximize and amsgrad. */
+static void test_adam_update(void) {
+  enum { N = 37 };
+  static double pd[N], gd[N];
+  static float p[N], g[N], m[N], v[N], vmax[N], rp[N], rm[N], rv[N], rvmax[N];
+  fill(pd, p, N, 5, 1.0);
+  fill(gd, g, N, 6, 1.0);
+  for (int variant = 0; variant < 3; ++variant) {
+    mt_adam_hyper h = {variant == 0 ? 1.0 - 0.01 * 0.1 : 1.0, variant == 1 ? 0.1 : 0.0,
+                       0.9, 0.999, 0.01 / (1.0 - 0.9), sqrt(1.0 - 0.999), 1e-8,
+                       variant == 2};
+    for (int i = 0; i < N; ++i) {
+      rp[i] = p[i];
+      m[i] = rm[i] = 0.1f * (float)i;
+      v[i] = rv[i] = 0.01f * (float)i;
+      vmax[i] = rvmax[i] = 0.02f * (float)(i % 3);
+    }
+    float *ams = variant == 1 ? vmax : NULL;
+    CHECK(mt_adam_update(MT_DTYPE_FLOAT32, N, p, g, m, v, ams, &h, NULL) == MT_OK);
+    for (int i = 0; i < N; ++i) {
+      float gi = variant == 2 ? -g[i] : g[i];
+      float pi = rp[i] * (float)h.decay;
+      if (variant == 1) gi = gi + (float)h.l2 * pi;
+      rm[i] = rm[i] + (float)(1.0 - h.beta1) * (gi - rm[i]);
+      rv[i] = rv[i] * (float)h.beta2;
+      rv[i] = rv[i] + ((float)(1.0 - h.beta2) * gi) * gi;
+      float vi = rv[i];
+      if (ams != NULL) vi = rvmax[i] = rvmax[i] > vi ? rvmax[i] : vi;
+      rp[i] = pi - (float)h.step_size * (rm[i] / (sqrtf(vi) / (float)h.bias_correction2_sqrt +
+                                                  (float)h.eps));
+      CHECK_MSG(p[i] == rp[i] && m[i] == rm[i] && v[i] == rv[i] &&
+                    (ams == NULL || vmax[i] == rvmax[i]),
+                "variant %d element %d: %.9g vs %.9g", variant, i, (double)p[i],
+                (double)rp[i]);
+    }
+  }
+  mt_adam_hyper h = {1.0, 0.0, 0.9, 0.999, 1.0, 1.0, 1e-8, 0};
+  mt_error err = {0};
+  CHECK(mt_adam_update(MT_DTYPE_INT32, N, p, g, m, v, NULL, &h, &err) == MT_ETYPE);
+  CHECK(mt_adam_update(MT_DTYPE_FLOAT32, -1, p, g, m, v, NULL, &h, &err) == MT_EINVAL);
+  CHECK(mt_adam_update(MT_DTYPE_FLOAT32, N, p, NULL, m, v, NULL, &h, &err) == MT_EINVAL);
+  CHECK(mt_adam_update(MT_DTYPE_FLOAT32, N, p, g, m, v, NULL, NULL, &err) == MT_EINVAL);
+  CHECK(mt_adam_update(MT_DTYPE_FLOAT64, 0, NULL, NULL, NULL, NULL, NULL, &h, &err) == MT_OK);
+}
+
 /* softmax (or log-softmax) of each row, in double. */
 static void softmax_ref(const double *x, double *y, int64_t rows, int64_t cols,
                         int want_log) {
@@ -494,6 +540,7 @@ static void test_provider(void) {
 int main(void) {
   test_gelu();
   test_gelu_backward();
+  test_adam_update();
   test_softmax();
   test_layer_norm();
   test_provider();
