@@ -543,7 +543,7 @@ class _LayerNorm(Function):
             gh = gy * weight._data() if weight is not None else gy
             gx = rstd * (gh - np.mean(gh, axis=axes, keepdims=True)
                          - xhat * np.mean(gh * xhat, axis=axes, keepdims=True))
-            gx = _wrap_like(mesh, x.placements, x.shape, gx.astype(x.dtype))
+            gx = _wrap_like(mesh, x.placements, x.shape, gx.astype(x.dtype, copy=False))
         if need[1]:
             gw = _wrap_like(mesh, ppl, pshape,
                             np.asarray(np.sum(gy * xhat, axis=lead), weight.dtype))
