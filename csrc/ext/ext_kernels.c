@@ -211,7 +211,7 @@ static PyObject *adam_update(PyObject *module, PyObject *const *args, Py_ssize_t
       return PyErr_Format(PyExc_ValueError, "%s is read-only", names[i]);
     }
   }
-  mt_adam_hyper h;
+  mt_adam_hyper h = {0};
   double *fields[] = {&h.decay, &h.l2, &h.beta1, &h.beta2, &h.step_size,
                       &h.bias_correction2_sqrt, &h.eps};
   for (int i = 0; i < 7; ++i) {
