@@ -1,11 +1,13 @@
 """Shared by the benchmarks: torch.distributed on gloo over loopback (ranks and world
 size from MPI) for the side-by-side torch comparisons, the machine facts every
-result records and prints (machine, machine_line), and the peak-memory probe."""
+result records and prints (machine, machine_line), the interleaved timing of
+variants with its summaries, and the peak-memory probe."""
 
 import gc
 import os
 import platform
 import re
+import statistics
 import time
 
 import numpy as np
@@ -118,3 +120,36 @@ def peak_growth(fn) -> int:
     peak = status_kib("VmHWM")
     del result
     return (peak - before) * 1024
+
+
+def time_interleaved(comm, variants, reps, warmup):
+    """Seconds of each variant (name -> function) over ``reps`` repetitions after
+    ``warmup``: each repetition runs every variant once after a Barrier, in an order
+    rotating by one each time (so none always runs after the same one), and each
+    time is the max over the ranks of ``comm``. Collective."""
+    names = list(variants)
+    times = {k: [] for k in names}
+    for r in range(-warmup, reps):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            variants[k]()
+            dt = time.perf_counter() - t0
+            if r >= 0:
+                times[k].append(dt)
+    out = {}
+    for k, v in times.items():
+        buf = np.array(v)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+        out[k] = buf.tolist()
+    return out
+
+
+def summary(values):
+    """Median, min and max of a list of numbers."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def ratio(a, b):
+    """:func:`summary` of the repetition-by-repetition ratios a / b."""
+    return summary([x / y for x, y in zip(a, b)])

@@ -36,8 +36,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -47,7 +45,9 @@ from mpitensor import nn
 from mpitensor.nn import _kernels
 from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from _common import git_revision, init_gloo, machine, machine_line, result_path  # benchmarks/ is sys.path[0]
+from _common import (  # benchmarks/ is sys.path[0]
+    git_revision, init_gloo, machine, machine_line, ratio, result_path, summary,
+    time_interleaved)
 
 # Forward only: parameters require grad (as torch's), so nothing is to be recorded.
 mt.autograd.set_grad_enabled(False)
@@ -120,34 +120,6 @@ def torch_model(torch, kind, ref):
         for name, p in model.named_parameters():
             p.copy_(torch.from_numpy(np.ascontiguousarray(ref.state_dict()[name])))
     return model
-
-
-def time_interleaved(comm, variants, reps, warmup):
-    names = list(variants)
-    times = {k: [] for k in names}
-    for r in range(-warmup, reps):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            comm.Barrier()
-            t0 = time.perf_counter()
-            variants[k]()
-            dt = time.perf_counter() - t0
-            if r >= 0:
-                times[k].append(dt)
-    out = {}
-    for k, v in times.items():
-        buf = np.array(v)
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
-        out[k] = buf.tolist()
-    return out
-
-
-def summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def ratio(a, b):
-    r = [x / y for x, y in zip(a, b)]
-    return summary(r)
 
 
 def case(comm, mesh, kind, hidden, tokens, reps, tctx):

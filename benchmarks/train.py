@@ -6,7 +6,7 @@ Run under MPI (see benchmarks/README.md)::
 
     OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe -n 2 .venv/bin/python \
         benchmarks/train.py [--hidden 1024 2048] [--layers 2] [--batch 2] [--seq 256]
-        [--mesh 2 | 1x2 | 2x1] [--no-torch]
+        [--mesh 2 | 1x2 | 2x1] [--no-torch] [--profile PATH]
 
 The model is the example's (``train_gpt.GPT``: token and position embeddings,
 pre-norm blocks with causal attention of ``hidden // head_dim`` heads (64) and a 4x GELU MLP,
@@ -31,24 +31,29 @@ rank 0: the bytes of its parameters, gradients and optimizer state plus the rise
 of the process's peak RSS during the step (benchmarks/_common.peak_growth), with
 ``mt / torch``. Targets (issue 18, np 2): torch/mt >= 1.0, speedup >= 1.6x, memory
 within 1.2x of torch's. Writes benchmarks/results/<cpu>/train-np{N}.json.
+
+``--profile PATH`` instead runs ``--reps`` mpitensor steps under cProfile on every
+rank (``PATH.rank{r}``) and prints rank 0's largest self times.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
 import importlib.util
 import json
 import os
-import statistics
-import time
+import pstats
 
 import numpy as np
 from mpi4py import MPI
 
 import mpitensor as mt
 
-from _common import git_revision, init_gloo, machine, machine_line, peak_growth, result_path
+from _common import (
+    git_revision, init_gloo, machine, machine_line, peak_growth, ratio, result_path,
+    summary, time_interleaved)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -240,33 +245,6 @@ class TorchRun:
 
 # -- timing -----------------------------------------------------------------------------
 
-def time_interleaved(comm, variants, reps, warmup):
-    names = list(variants)
-    times = {k: [] for k in names}
-    for r in range(-warmup, reps):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            comm.Barrier()
-            t0 = time.perf_counter()
-            variants[k]()
-            dt = time.perf_counter() - t0
-            if r >= 0:
-                times[k].append(dt)
-    out = {}
-    for k, v in times.items():
-        buf = np.array(v)
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
-        out[k] = buf.tolist()
-    return out
-
-
-def summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def ratio(a, b):
-    return summary([x / y for x, y in zip(a, b)])
-
-
 def value(loss) -> float:
     with mt.no_grad():
         return float(loss.to_local())
@@ -311,6 +289,23 @@ def case(comm, cfg, dims, data, reps, torch):
     return row
 
 
+def profile(comm, cfg, dims, data, reps, path):
+    """cProfile of ``reps`` mpitensor steps (after one) on every rank, written to
+    ``path.rank{r}``; rank 0 prints its 25 largest self times. No torch, no timing."""
+    run = MtRun(cfg, G.make_mesh(dims, comm), data)
+    run.step()
+    prof = cProfile.Profile()
+    comm.Barrier()
+    prof.enable()
+    for _ in range(reps):
+        run.step()
+    prof.disable()
+    prof.dump_stats(f"{path}.rank{comm.rank}")
+    if comm.rank == 0:
+        print(f"hidden {cfg.dim}: {reps} steps, rank 0 (all ranks: {path}.rank*)", flush=True)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
 def fmt(s, scale=1.0, unit=""):
     return (f"{s['median'] * scale:.3g}{unit} [{s['min'] * scale:.3g}.."
             f"{s['max'] * scale:.3g}]")
@@ -326,11 +321,14 @@ def main():
     ap.add_argument("--mesh", default=None, help="N (tp) or DPxTP; default: all ranks on tp")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--profile", metavar="PATH", default=None,
+                    help="instead of timing: cProfile --reps mpitensor steps on each rank "
+                         "into PATH.rank{r} (e.g. under perf record, one rank)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     dims = G.parse_mesh(args.mesh or str(comm.size))
     torch = None
-    if not args.no_torch:
+    if not args.no_torch and args.profile is None:
         torch, _, _ = init_gloo(comm)
     data = G.CharData()
     info = machine(comm)
@@ -343,6 +341,9 @@ def main():
         cfg = G.Config(dim=hidden, heads=max(1, hidden // args.head_dim), layers=args.layers,
                        seq=args.seq, batch=args.batch, vocab=data.vocab, dtype=np.float32,
                        clip=0.0)
+        if args.profile is not None:
+            profile(comm, cfg, dims, data, args.reps, args.profile)
+            continue
         row = case(comm, cfg, dims, data, args.reps, torch)
         rows.append(row)
         if comm.rank == 0:
@@ -357,7 +358,7 @@ def main():
                          f"  memory mt {mem['mt'] / 2**20:.0f} MiB, torch "
                          f"{mem['torch'] / 2**20:.0f} MiB ({row['memory_mt_over_torch']:.2f}x)")
             print(line, flush=True)
-    if comm.rank == 0:
+    if comm.rank == 0 and args.profile is None:
         meta = {**info, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
                 "revision": git_revision(REPO), "reps": args.reps,

@@ -158,6 +158,79 @@ static PyObject *gelu(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
   return new_result(rc, y, &err);
 }
 
+/* gelu_backward(x, g, approximate) -> g * gelu'(x) as a new array; x and g of one
+ * dtype and size. */
+static PyObject *gelu_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "gelu_backward(x, g, approximate)");
+  int dtype = -1;
+  PyArrayObject *x = float_arg(args[0], &dtype, 0, "gelu_backward: x");
+  if (x == NULL) return NULL;
+  PyArrayObject *g = float_arg(args[1], &dtype, 0, "gelu_backward: g");
+  long approx = PyLong_AsLong(args[2]);
+  if (g == NULL || (approx == -1 && PyErr_Occurred())) return NULL;
+  if (PyArray_SIZE(g) != PyArray_SIZE(x)) {
+    return PyErr_Format(PyExc_ValueError, "gelu_backward: g has %zd elements, x %zd",
+                        (Py_ssize_t)PyArray_SIZE(g), (Py_ssize_t)PyArray_SIZE(x));
+  }
+  PyArrayObject *y = like(module, x);
+  if (y == NULL) return NULL;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_gelu_backward(dtype, (int)approx, (int64_t)PyArray_SIZE(x), PyArray_DATA(x),
+                        PyArray_DATA(g), PyArray_DATA(y), &err);
+  Py_END_ALLOW_THREADS
+  return new_result(rc, y, &err);
+}
+
+/* adam_update(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq or None, decay, l2,
+ * beta1, beta2, step_size, bias_correction2_sqrt, eps, maximize) -> None: one Adam
+ * step in place on C-contiguous arrays of one dtype and size. */
+static PyObject *adam_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 13) {
+    return PyErr_Format(PyExc_TypeError,
+                        "adam_update(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, "
+                        "decay, l2, beta1, beta2, step_size, bias_correction2_sqrt, eps, "
+                        "maximize)");
+  }
+  static const char *names[] = {"adam_update: param", "adam_update: grad",
+                                "adam_update: exp_avg", "adam_update: exp_avg_sq",
+                                "adam_update: max_exp_avg_sq"};
+  int dtype = -1;
+  PyArrayObject *a[5] = {NULL};
+  for (int i = 0; i < 5; ++i) {
+    if (i == 4 && args[i] == Py_None) break;
+    a[i] = float_arg(args[i], &dtype, 0, names[i]);
+    if (a[i] == NULL) return NULL;
+    if (i > 0 && PyArray_SIZE(a[i]) != PyArray_SIZE(a[0])) {
+      return PyErr_Format(PyExc_ValueError, "%s has %zd elements, the parameter %zd",
+                          names[i], (Py_ssize_t)PyArray_SIZE(a[i]),
+                          (Py_ssize_t)PyArray_SIZE(a[0]));
+    }
+    if (i != 1 && !PyArray_ISWRITEABLE(a[i])) {
+      return PyErr_Format(PyExc_ValueError, "%s is read-only", names[i]);
+    }
+  }
+  mt_adam_hyper h = {0};
+  double *fields[] = {&h.decay, &h.l2, &h.beta1, &h.beta2, &h.step_size,
+                      &h.bias_correction2_sqrt, &h.eps};
+  for (int i = 0; i < 7; ++i) {
+    *fields[i] = PyFloat_AsDouble(args[5 + i]);
+    if (*fields[i] == -1.0 && PyErr_Occurred()) return NULL;
+  }
+  h.maximize = PyObject_IsTrue(args[12]);
+  if (h.maximize < 0) return NULL;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_adam_update(dtype, (int64_t)PyArray_SIZE(a[0]), PyArray_DATA(a[0]),
+                      PyArray_DATA(a[1]), PyArray_DATA(a[2]), PyArray_DATA(a[3]),
+                      a[4] == NULL ? NULL : PyArray_DATA(a[4]), &h, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
 /* softmax(x, log) -> softmax (log 0) or log_softmax (log 1) along the last dim. */
 static PyObject *softmax(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "softmax(x, log)");
@@ -279,6 +352,12 @@ PyMethodDef mt_ext_kernels_methods[] = {
      "Local."},
     {"gelu", (PyCFunction)(void (*)(void))gelu, METH_FASTCALL,
      "gelu(x, approximate): GELU as a new array (0 exact, 1 tanh). Local."},
+    {"gelu_backward", (PyCFunction)(void (*)(void))gelu_backward, METH_FASTCALL,
+     "gelu_backward(x, g, approximate): g * gelu'(x) as a new array. Local."},
+    {"adam_update", (PyCFunction)(void (*)(void))adam_update, METH_FASTCALL,
+     "adam_update(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay, l2, beta1, "
+     "beta2, step_size, bias_correction2_sqrt, eps, maximize): one Adam step in "
+     "place. Local."},
     {"softmax", (PyCFunction)(void (*)(void))softmax, METH_FASTCALL,
      "softmax(x, log): (log_)softmax along the last dim as a new array. Local."},
     {"layer_norm", (PyCFunction)(void (*)(void))layer_norm, METH_FASTCALL,

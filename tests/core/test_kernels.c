@@ -126,6 +126,102 @@ static void test_gelu(void) {
   CHECK(out[0] == 0.0f && fabsf(out[1]) < 1e-30f && out[2] == 60.0f && out[3] == 200.0f);
 }
 
+/* d gelu / dx, in double: Phi(x) + x phi(x), or for the tanh form
+ * s + 2 x s (1 - s) u' with s = sigmoid(2u). */
+static double gelu_grad_ref(double x, int approx) {
+  if (approx == MT_GELU_TANH) {
+    double c = 0.79788456080286535588;
+    double e = exp(-2.0 * c * (x + 0.044715 * x * x * x));
+    double s = 1.0 / (1.0 + e);
+    return s + 2.0 * x * (e * s) * s * c * (1.0 + 3.0 * 0.044715 * x * x);
+  }
+  return 0.5 * erfc(-x / sqrt(2.0)) + x * exp(-0.5 * x * x) / 2.5066282746310002 /* sqrt(2 pi) */;
+}
+
+static void test_gelu_backward(void) {
+  enum { N = 1001 };
+  static double x[N], g[N], gx[N];
+  static float xf[N], gf[N], gxf[N];
+  fill(x, xf, N, 3, 12.0);
+  fill(g, gf, N, 4, 1.0);
+  for (int approx = 0; approx < 2; ++approx) {
+    CHECK(mt_gelu_backward(MT_DTYPE_FLOAT64, approx, N, x, g, gx, NULL) == MT_OK);
+    CHECK(mt_gelu_backward(MT_DTYPE_FLOAT32, approx, N, xf, gf, gxf, NULL) == MT_OK);
+    for (int i = 0; i < N; ++i) {
+      double want = g[i] * gelu_grad_ref(x[i], approx);
+      double wantf = (double)gf[i] * gelu_grad_ref((double)xf[i], approx);
+      /* The derivative crosses 0 near x = -0.75: absolute error there. */
+      CHECK_MSG(close_to(gx[i], want, 1e-12, 1e-13), "approx %d x %g: %.17g vs %.17g",
+                approx, x[i], gx[i], want);
+      CHECK_MSG(close_to(gxf[i], wantf, 1e-5, 1e-6), "approx %d x %g: %.9g vs %.9g",
+                approx, (double)xf[i], (double)gxf[i], wantf);
+    }
+    /* In place into g. */
+    memcpy(gx, g, sizeof g);
+    CHECK(mt_gelu_backward(MT_DTYPE_FLOAT64, approx, N, x, gx, gx, NULL) == MT_OK);
+    CHECK(close_to(gx[7], g[7] * gelu_grad_ref(x[7], approx), 1e-12, 1e-13));
+  }
+  /* Tails: 0 far below (no inf * 0), 1 far above; NaN stays NaN. */
+  float t[5] = {-200.0f, -60.0f, 60.0f, 200.0f, NAN}, one[5] = {1, 1, 1, 1, 1}, out[5];
+  double td[5] = {-800.0, -60.0, 60.0, 800.0, NAN}, oned[5] = {1, 1, 1, 1, 1}, outd[5];
+  for (int approx = 0; approx < 2; ++approx) {
+    CHECK(mt_gelu_backward(MT_DTYPE_FLOAT32, approx, 5, t, one, out, NULL) == MT_OK);
+    CHECK(mt_gelu_backward(MT_DTYPE_FLOAT64, approx, 5, td, oned, outd, NULL) == MT_OK);
+    CHECK_MSG(out[0] == 0.0f && out[1] == 0.0f && out[2] == 1.0f && out[3] == 1.0f,
+              "approx %d: %g %g %g %g", approx, (double)out[0], (double)out[1],
+              (double)out[2], (double)out[3]);
+    CHECK_MSG(outd[0] == 0.0 && fabs(outd[1]) < 1e-300 && outd[2] == 1.0 && outd[3] == 1.0,
+              "approx %d: %g %g %g %g", approx, outd[0], outd[1], outd[2], outd[3]);
+    CHECK(isnan(out[4]) && isnan(outd[4]));
+  }
+}
+
+/* Adam's step against the formula written out, element by element in float: the
+ * same bits, with AdamW's decay, Adam's L2 term, maximize and amsgrad. */
+static void test_adam_update(void) {
+  enum { N = 37 };
+  static double pd[N], gd[N];
+  static float p[N], g[N], m[N], v[N], vmax[N], rp[N], rm[N], rv[N], rvmax[N];
+  fill(pd, p, N, 5, 1.0);
+  fill(gd, g, N, 6, 1.0);
+  for (int variant = 0; variant < 3; ++variant) {
+    mt_adam_hyper h = {variant == 0 ? 1.0 - 0.01 * 0.1 : 1.0, variant == 1 ? 0.1 : 0.0,
+                       0.9, 0.999, 0.01 / (1.0 - 0.9), sqrt(1.0 - 0.999), 1e-8,
+                       variant == 2};
+    for (int i = 0; i < N; ++i) {
+      rp[i] = p[i];
+      m[i] = rm[i] = 0.1f * (float)i;
+      v[i] = rv[i] = 0.01f * (float)i;
+      vmax[i] = rvmax[i] = 0.02f * (float)(i % 3);
+    }
+    float *ams = variant == 1 ? vmax : NULL;
+    CHECK(mt_adam_update(MT_DTYPE_FLOAT32, N, p, g, m, v, ams, &h, NULL) == MT_OK);
+    for (int i = 0; i < N; ++i) {
+      float gi = variant == 2 ? -g[i] : g[i];
+      float pi = rp[i] * (float)h.decay;
+      if (variant == 1) gi = gi + (float)h.l2 * pi;
+      rm[i] = rm[i] + (float)(1.0 - h.beta1) * (gi - rm[i]);
+      rv[i] = rv[i] * (float)h.beta2;
+      rv[i] = rv[i] + ((float)(1.0 - h.beta2) * gi) * gi;
+      float vi = rv[i];
+      if (ams != NULL) vi = rvmax[i] = rvmax[i] > vi ? rvmax[i] : vi;
+      rp[i] = pi - (float)h.step_size * (rm[i] / (sqrtf(vi) / (float)h.bias_correction2_sqrt +
+                                                  (float)h.eps));
+      CHECK_MSG(p[i] == rp[i] && m[i] == rm[i] && v[i] == rv[i] &&
+                    (ams == NULL || vmax[i] == rvmax[i]),
+                "variant %d element %d: %.9g vs %.9g", variant, i, (double)p[i],
+                (double)rp[i]);
+    }
+  }
+  mt_adam_hyper h = {1.0, 0.0, 0.9, 0.999, 1.0, 1.0, 1e-8, 0};
+  mt_error err = {0};
+  CHECK(mt_adam_update(MT_DTYPE_INT32, N, p, g, m, v, NULL, &h, &err) == MT_ETYPE);
+  CHECK(mt_adam_update(MT_DTYPE_FLOAT32, -1, p, g, m, v, NULL, &h, &err) == MT_EINVAL);
+  CHECK(mt_adam_update(MT_DTYPE_FLOAT32, N, p, NULL, m, v, NULL, &h, &err) == MT_EINVAL);
+  CHECK(mt_adam_update(MT_DTYPE_FLOAT32, N, p, g, m, v, NULL, NULL, &err) == MT_EINVAL);
+  CHECK(mt_adam_update(MT_DTYPE_FLOAT64, 0, NULL, NULL, NULL, NULL, NULL, &h, &err) == MT_OK);
+}
+
 /* softmax (or log-softmax) of each row, in double. */
 static void softmax_ref(const double *x, double *y, int64_t rows, int64_t cols,
                         int want_log) {
@@ -368,6 +464,11 @@ static void test_errors(void) {
   CHECK(mt_gelu(MT_DTYPE_FLOAT32, 0, -1, x, y, &err) == MT_EINVAL);
   CHECK(mt_gelu(MT_DTYPE_FLOAT32, 0, 4, NULL, y, &err) == MT_EINVAL);
   CHECK(mt_gelu(MT_DTYPE_FLOAT32, 0, 0, NULL, NULL, &err) == MT_OK);
+  CHECK(mt_gelu_backward(MT_DTYPE_INT32, 0, 4, x, x, y, &err) == MT_ETYPE);
+  CHECK(mt_gelu_backward(MT_DTYPE_FLOAT32, 2, 4, x, x, y, &err) == MT_EINVAL);
+  CHECK(mt_gelu_backward(MT_DTYPE_FLOAT32, 0, -1, x, x, y, &err) == MT_EINVAL);
+  CHECK(mt_gelu_backward(MT_DTYPE_FLOAT32, 0, 4, x, NULL, y, &err) == MT_EINVAL);
+  CHECK(mt_gelu_backward(MT_DTYPE_FLOAT32, 0, 0, NULL, NULL, NULL, &err) == MT_OK);
   CHECK(mt_softmax_rows(MT_DTYPE_FLOAT16, 0, 1, 4, x, y, &err) == MT_ETYPE);
   CHECK(mt_softmax_rows(MT_DTYPE_FLOAT32, 0, -1, 4, x, y, &err) == MT_EINVAL);
   CHECK(mt_softmax_rows(MT_DTYPE_FLOAT32, 0, 1, 4, x, NULL, &err) == MT_EINVAL);
@@ -438,6 +539,8 @@ static void test_provider(void) {
 
 int main(void) {
   test_gelu();
+  test_gelu_backward();
+  test_adam_update();
   test_softmax();
   test_layer_norm();
   test_provider();

@@ -1,4 +1,5 @@
-"""The C kernels behind mpitensor.nn (GELU, softmax, layer norm, attention) against
+"""The C kernels behind mpitensor.nn (GELU and its backward, softmax, layer norm,
+attention) against
 NumPy written out here (float64 rtol 1e-12, float32 1e-5) over odd shapes, leading
 batch dims, empty and non-contiguous arrays, causal and plain attention with
 L != S; the NumPy fallback (kernels off, or no BLAS) giving the same;
@@ -104,6 +105,39 @@ def test_gelu(path, dtype, shape, approximate):
         check(F.gelu(x, approximate), ref_gelu(x, approximate), dtype)
 
 
+def ref_gelu_grad(x, approximate):
+    v = x.astype(np.float64)
+    if approximate == "tanh":  # s + 2 v s (1 - s) u' with s = sigmoid(2u)
+        c = math.sqrt(2 / math.pi)
+        e = np.exp(-2.0 * c * (v + 0.044715 * v ** 3))
+        s = 1.0 / (1.0 + e)
+        return s + 2.0 * v * (e * s) * s * c * (1.0 + 3 * 0.044715 * v * v)
+    phi = np.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
+    return 0.5 * np.vectorize(math.erfc)(-v / math.sqrt(2.0)) + v * phi if v.size else v
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_backward(path, dtype, shape, approximate):
+    for strided in (False, True):
+        x, g = data(shape, dtype, 4.0, strided), data(shape, dtype, 1.0, strided)
+        check(_kernels.gelu_backward(x, g, approximate),
+              g.astype(np.float64) * ref_gelu_grad(x, approximate), dtype)
+
+
+def test_gelu_backward_in_the_tails():
+    # Far below 0 the derivative vanishes (no NaN from inf * 0); far above it is 1.
+    x = np.array([-200.0, -60.0, -9.0, 0.0, 9.0, 60.0, 200.0])
+    for dtype in (np.float32, np.float64):
+        for approximate in ("none", "tanh"):
+            got = _kernels.gelu_backward(x.astype(dtype), np.ones(7, dtype), approximate)
+            assert np.isfinite(got).all(), (dtype, approximate, got)
+            np.testing.assert_allclose(got, [0, 0, 0, 0.5, 1, 1, 1], atol=1e-14)
+            want = ref_gelu_grad(x.astype(dtype)[2:3], approximate)
+            np.testing.assert_allclose(got[2], want[0], rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_softmax_and_log_softmax(path, dtype, shape):
@@ -191,18 +225,20 @@ def test_linear_bias_in_place_equals_sum(path, dtype):
 
 def test_the_c_path_runs_when_it_applies(monkeypatch):
     calls = []
-    for name in ("gelu", "softmax", "layer_norm", "attention"):
+    for name in ("gelu", "gelu_backward", "softmax", "layer_norm", "attention"):
         real = getattr(mt._C, name)
         monkeypatch.setattr(_kernels._C, name,
                             lambda *a, _f=real, _n=name: calls.append(_n) or _f(*a))
     x = data((4, 8), np.float32)
     F.gelu(x)
+    _kernels.gelu_backward(x, x, "none")
+    _kernels.gelu_backward(x, x.astype(np.float64), "tanh")  # two dtypes: NumPy
     F.softmax(x)
     F.layer_norm(x, (8,))
     F.softmax(x, 0)  # not the last dim: NumPy
     q = data((2, 5, 8), np.float32)
     F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    expect = ["gelu", "softmax", "layer_norm"] + (
+    expect = ["gelu", "gelu_backward", "softmax", "layer_norm"] + (
         ["attention"] if mt._C.kernels_have_blas() else [])
     assert calls == expect
 

@@ -137,6 +137,41 @@ def test_sgd_formula_without_torch():
         np.testing.assert_allclose(w.detach().full_tensor(), expect, rtol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name,kwargs", [c for c in CONFIGS if c[0] != "SGD"],
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONFIGS) if n != "SGD"])
+def test_adam_in_c_is_the_numpy_update_bit_for_bit(name, kwargs, dtype, monkeypatch):
+    # The one-pass C update against the NumPy statements it replaces (kernels off),
+    # NaN and inf gradients included: the same bits after several steps.
+    from mpitensor.nn import _kernels
+
+    mesh = mesh_of((W,))
+    rng = np.random.default_rng(5)
+    w0 = rng.standard_normal((9, 4)).astype(dtype)
+    grads = [rng.standard_normal((9, 4)).astype(dtype) for _ in range(3)]
+    grads[1][0, :3] = [np.nan, np.inf, -np.inf]
+    calls = []
+    real = mt._C.adam_update
+    monkeypatch.setattr(mt._C, "adam_update", lambda *a: calls.append(1) or real(*a))
+    result = {}
+    for fused in (True, False):
+        monkeypatch.setattr(_kernels, "enabled", fused)
+        w = distribute_tensor(w0.copy(), mesh, [S0], requires_grad=True)
+        opt = getattr(mt.optim, name)([w], **kwargs)
+        for g in grads:
+            w.grad = distribute_tensor(g, mesh, [S0])
+            with np.errstate(invalid="ignore"):  # NumPy's warning for the NaN/inf
+                opt.step()
+        state = opt.state[w]
+        result[fused] = [w.detach().to_local()] + [
+            state[k].to_local() for k in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+            if k in state]
+    assert calls, "the C update did not run"
+    for a, b in zip(result[True], result[False]):
+        assert a.dtype == dtype
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
 def test_step_never_communicates_and_state_keeps_placements(name):
     for mesh_shape in mesh_shapes():

@@ -1,7 +1,7 @@
-/* Dense compute of the nn layers on one rank's local arrays: GELU, row softmax and
- * layer norm in one pass each, gemm through a CBLAS the caller hands in, and
- * scaled-dot-product attention (two such gemms) that computes only the unmasked
- * blocks of a causal mask. Buffers hold
+/* Dense compute of the nn layers on one rank's local arrays: GELU, row softmax,
+ * layer norm and an Adam step in one pass each, gemm through a CBLAS the caller
+ * hands in, and scaled-dot-product attention (two such gemms) that computes only
+ * the unmasked blocks of a causal mask. Buffers hold
  * `dtype` elements, MT_DTYPE_FLOAT32 or MT_DTYPE_FLOAT64 (else MT_ETYPE). Every
  * call is Local; none communicates, and only attention allocates (a block of
  * scores, freed before it returns). */
@@ -76,6 +76,11 @@ typedef enum mt_gelu_approx {
 /* Local. y[i] = gelu(x[i]) for n elements; y may be x (in place). */
 int mt_gelu(int dtype, int approx, int64_t n, const void *x, void *y, mt_error *err);
 
+/* Local. gx[i] = g[i] * gelu'(x[i]) for n elements, in one pass (the backward of
+ * mt_gelu with the same `approx`); gx may be g (in place). */
+int mt_gelu_backward(int dtype, int approx, int64_t n, const void *x, const void *g,
+                     void *gx, mt_error *err);
+
 /* Local. Each of `rows` rows of `cols` elements: y = softmax(x) or, with `log`
  * nonzero, log_softmax(x), both with the row maximum subtracted first. y may be x. */
 int mt_softmax_rows(int dtype, int log, int64_t rows, int64_t cols, const void *x,
@@ -87,6 +92,24 @@ int mt_softmax_rows(int dtype, int log, int64_t rows, int64_t cols, const void *
 int mt_layer_norm_rows(int dtype, int64_t rows, int64_t cols, const void *x,
                        const void *weight, const void *bias, double eps, void *y,
                        mt_error *err);
+
+/* What one Adam/AdamW step applies to every element (mpitensor.optim.Adam's
+ * update): `decay` multiplies the parameter first (AdamW's 1 - lr * weight_decay;
+ * 1.0 for none), `l2` adds l2 * p to the gradient (Adam's weight_decay; 0 for
+ * none), `maximize` negates the gradient; step_size is lr / (1 - beta1^t) and
+ * bias_correction2_sqrt sqrt(1 - beta2^t). */
+typedef struct mt_adam_hyper {
+  double decay, l2, beta1, beta2, step_size, bias_correction2_sqrt, eps;
+  int maximize;
+} mt_adam_hyper;
+
+/* Local. One Adam step of n elements in place: the parameter, its first and
+ * second moments and, when not NULL (amsgrad), the running maximum of the second
+ * moment, from the gradient `grad`. Each element is computed in `dtype` with the
+ * operations and order of the NumPy statements it replaces (same bits). */
+int mt_adam_update(int dtype, int64_t n, void *param, const void *grad, void *exp_avg,
+                   void *exp_avg_sq, void *max_exp_avg_sq, const mt_adam_hyper *h,
+                   mt_error *err);
 
 /* One operand of mt_attention: a (batch, heads, rows, cols) array whose last dim
  * is contiguous, with its other strides in elements (so a head may be a strided

@@ -2,9 +2,9 @@
 arrays fit them, NumPy otherwise, with the same results to rounding.
 
 The C kernels (csrc/kernels: activation.c, softmax.c, layer_norm.c, gemm.c,
-attention.c) take float32 or float64 arrays of one dtype. GELU, row softmax and
-layer norm are one vectorized pass over memory instead of NumPy's several
-temporaries; attention computes only the unmasked blocks of a causal mask, and
+attention.c) take float32 or float64 arrays of one dtype. GELU (forward and
+backward), row softmax and layer norm are one vectorized pass over memory instead
+of NumPy's several temporaries; attention computes only the unmasked blocks of a causal mask, and
 linear writes its bias into the output and adds the product to it in one gemm.
 Both gemm users call the BLAS that :mod:`._blas` loads at import (MKL, NumPy's
 OpenBLAS, ``MPITENSOR_BLAS``; :func:`blas_provider` says which). For other dtypes,
@@ -209,12 +209,25 @@ def attention_heads(q, k, v, scale: float, causal: bool):
     return out.reshape(lead + (L, H * Ev))
 
 
+def gelu_backward(x, g, approximate: str):
+    """``g * gelu'(x)`` for float ndarrays x and g of one shape: one C pass when
+    they fit the kernels (one dtype), else NumPy's product with :func:`gelu_grad`."""
+    if enabled and x.shape == g.shape and _fits(x, g):
+        return _C.gelu_backward(_c(x), _c(g), 1 if approximate == "tanh" else 0)
+    return g * gelu_grad(x, approximate)
+
+
 def gelu_grad(x, approximate: str):
     """d gelu(x) / dx of a float ndarray."""
     if approximate == "tanh":
+        # With s = sigmoid(2u) = 1 / (1 + e), e = exp(-2u): s + 2 x s (1 - s) u',
+        # s (1 - s) = e s s, without 0.5 (1 + tanh u)'s cancellation below 0.
         c = _SQRT_2_OVER_PI
-        t = np.tanh(c * (x + 0.044715 * x * x * x))
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * (c * (1.0 + 3 * 0.044715 * x * x))
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = np.exp(-2.0 * c * (x + 0.044715 * x * x * x))
+            s = 1.0 / (1.0 + e)
+            d = s + 2.0 * x * (e * s) * s * (c * (1.0 + 3 * 0.044715 * x * x))
+        return np.where(np.isinf(e), 0.0, d).astype(d.dtype, copy=False)
     # Phi(x) = gelu(x) / x keeps the forward's erfc accuracy; 1/2 at 0.
     safe = np.where(x == 0, 1.0, x).astype(x.dtype)
     cdf = np.where(x == 0, 0.5, gelu(safe, "none") / safe)

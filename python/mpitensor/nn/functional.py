@@ -328,7 +328,8 @@ def gelu(input, approximate: str = "none"):
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _Pointwise.apply(input, "gelu", lambda x: _kernels.gelu(_float(x), approximate),
-                            lambda x: _kernels.gelu_grad(_float(x), approximate))
+                            lambda x: _kernels.gelu_grad(_float(x), approximate),
+                            lambda x, g: _kernels.gelu_backward(_float(x), g, approximate))
 
 
 def silu(input):
@@ -346,22 +347,28 @@ def silu(input):
 
 class _Pointwise(Function):
     """An elementwise function of a DTensor and its derivative, both on local
-    arrays: the gradient is ``g * f'(x)`` with ``f'(x)`` in x's placements."""
+    arrays: the gradient is ``g * f'(x)`` with ``f'(x)`` in x's placements.
+    ``backward(x, g)``, when given, computes that product of local arrays in one
+    pass; it is used when g is laid out as x (else the DTensor product decides,
+    e.g. a Partial g stays Partial)."""
 
     @staticmethod
-    def forward(ctx, input, name, func, deriv):
+    def forward(ctx, input, name, func, deriv, backward=None):
         if not _is_dt(input):
             return func(np.asarray(input))
         x = _without_partial(input)
         ctx.save_for_backward(x)
-        ctx.deriv = deriv
+        ctx.deriv, ctx.local_backward = deriv, backward
         return _pointwise(name, x, func)
 
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        d = _local_like(x, lambda a: ctx.deriv(a))
-        return _as_dtype(g * d, x.dtype), None, None, None
+        if ctx.local_backward is not None and g._spec.placements == x._spec.placements:
+            gx = _local2(g, x, lambda a, b: ctx.local_backward(b, a))
+        else:
+            gx = g * _local_like(x, lambda a: ctx.deriv(a))
+        return _as_dtype(gx, x.dtype), None, None, None, None
 
 
 def _local_like(x, func, dtype=None):
@@ -536,7 +543,7 @@ class _LayerNorm(Function):
             gh = gy * weight._data() if weight is not None else gy
             gx = rstd * (gh - np.mean(gh, axis=axes, keepdims=True)
                          - xhat * np.mean(gh * xhat, axis=axes, keepdims=True))
-            gx = _wrap_like(mesh, x.placements, x.shape, gx.astype(x.dtype))
+            gx = _wrap_like(mesh, x.placements, x.shape, gx.astype(x.dtype, copy=False))
         if need[1]:
             gw = _wrap_like(mesh, ppl, pshape,
                             np.asarray(np.sum(gy * xhat, axis=lead), weight.dtype))

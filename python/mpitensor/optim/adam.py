@@ -6,15 +6,31 @@ import math
 
 import numpy as np
 
+from .. import _C
+from ..nn import _kernels
 from .optimizer import Optimizer, zeros_like_param
 
 __all__ = ["Adam", "AdamW"]
+
+
+_FLOAT = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _real_view(a: np.ndarray) -> np.ndarray:
     """A C-contiguous complex array as its (real, imaginary) pairs, sharing its
     memory."""
     return a.reshape(-1).view(a.real.dtype)
+
+
+def _fused_fits(*arrays) -> bool:
+    """Whether mpitensor._C.adam_update takes these local arrays (None allowed):
+    C-contiguous, aligned, writeable float32/float64 of one dtype and size, with the
+    kernels on (``MPITENSOR_NN_KERNELS=0`` compares the NumPy statements)."""
+    first = arrays[0]
+    return _kernels.enabled and first.dtype in _FLOAT and all(
+        a is None or (type(a) is np.ndarray and a.dtype == first.dtype
+                      and a.size == first.size and a.flags.c_contiguous and a.flags.aligned
+                      and a.flags.writeable) for a in arrays)
 
 
 class Adam(Optimizer):
@@ -64,15 +80,26 @@ class Adam(Optimizer):
             state["exp_avg_sq"] = zeros_like_param(p)
             if group["amsgrad"]:
                 state["max_exp_avg_sq"] = zeros_like_param(p)
+        state["step"] = step = float(state["step"]) + 1
+        m, v = state["exp_avg"]._data(), state["exp_avg_sq"]._data()
+        vmax = state["max_exp_avg_sq"]._data() if group["amsgrad"] else None
+        step_size = lr / (1 - beta1 ** step)
+        bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
+        if _fused_fits(local, g, m, v, vmax):
+            # One pass over the elements instead of about ten NumPy temporaries,
+            # with the same operations in the same dtype (the same bits).
+            _C.adam_update(local, g, m, v, vmax,
+                           1 - lr * wd if self._decoupled and wd != 0 else 1.0,
+                           0.0 if self._decoupled else float(wd), beta1, beta2, step_size,
+                           bias_correction2_sqrt, eps, group["maximize"])
+            return
         if group["maximize"]:
             g = -g
-        state["step"] = step = float(state["step"]) + 1
         if wd != 0:
             if self._decoupled:
                 local *= 1 - lr * wd
             else:
                 g = g + wd * local
-        m, v = state["exp_avg"]._data(), state["exp_avg_sq"]._data()
         param = local
         if local.dtype.kind == "c":
             # As torch: a complex number is a pair of reals, each with its own moments.
@@ -83,10 +110,7 @@ class Adam(Optimizer):
         m += (1 - beta1) * (g - m)  # torch's lerp for a weight below 0.5
         v *= beta2
         v += (1 - beta2) * g * g
-        step_size = lr / (1 - beta1 ** step)
-        bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
-        if group["amsgrad"]:
-            vmax = state["max_exp_avg_sq"]._data()
+        if vmax is not None:
             vmax = _real_view(vmax) if vmax.dtype.kind == "c" else vmax
             np.maximum(vmax, v, out=vmax)
             v = vmax
