@@ -75,7 +75,7 @@ test-c: $(VENV)/.deps
 	  -DMPITENSOR_BUILD_TESTS=ON -DMPITENSOR_BUILD_EXTENSION=OFF -DMPITENSOR_WERROR=ON \
 	  -DMPITENSOR_VALGRIND=ON >/dev/null
 	$(VENV)/bin/cmake --build build/ctest -j2
-	cd build/ctest && ../../$(VENV)/bin/ctest --output-on-failure -j2
+	cd build/ctest && $(abspath $(VENV))/bin/ctest --output-on-failure -j2
 
 test-python: install
 	@status=0; for np in $(NPS); do tests/run_mpi_pytest.sh $$np || status=1; done; exit $$status
@@ -157,8 +157,8 @@ test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 	  -DMPITENSOR_BUILD_EXTENSION=OFF -DMPITENSOR_SANITIZE=ON >/dev/null
 	$(VENV)/bin/cmake --build build/asan-ctest -j2
 	cd build/asan-ctest && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 \
-	  ../../$(VENV)/bin/ctest --output-on-failure -j2 -L unit
-	cd build/asan-ctest && $(ASAN_ENV) ../../$(VENV)/bin/ctest --output-on-failure -j2 -L mpi
+	  $(abspath $(VENV))/bin/ctest --output-on-failure -j2 -L unit
+	cd build/asan-ctest && $(ASAN_ENV) $(abspath $(VENV))/bin/ctest --output-on-failure -j2 -L mpi
 	$(ASAN_VENV)/bin/python -m pip --disable-pip-version-check install -q \
 	  --no-build-isolation -e . -Ccmake.define.MPITENSOR_SANITIZE=ON \
 	  -Cbuild-dir=build/asan-{wheel_tag}
