@@ -5,10 +5,12 @@
  * with the signature its dim map is built from (core/dimmap.c). A call that the
  * C path takes (DTensors of one mesh this rank belongs to and Python or NumPy
  * scalars, no keywords but a reduction's axis and keepdims, no debugging tool
- * listening, nothing recording for autograd, no user rule) looks its decision up
- * in the mesh's memo by the operands' layout ids, or has the core make it on a
- * miss; runs the decision's plans (the collectives run at every call); calls NumPy
- * on the local arrays; and wraps the result. Every other call goes to the
+ * listening, no user rule) looks its decision up in the mesh's memo by the
+ * operands' layout ids, or has the core make it on a miss; runs the decision's
+ * plans (the collectives run at every call); calls NumPy on the local arrays; and
+ * wraps the result. A call that records for autograd is taken only when its op
+ * has a registered backward (ext_autograd.c), and only after the plain path
+ * declined it, so that recording costs the plain path nothing. Every other call goes to the
  * operation's Python entry, found in the registry (mpitensor._registry), which
  * uses the same memo through _C.decide_ufunc and friends (ext_decision.c). C holds
  * the ground floor's types (to make specs and DTensors) and its registry, never
@@ -335,12 +337,30 @@ static PyObject *entry_of(mt_ext_dispatch *d, PyObject *func) {
   return entry;
 }
 
+/* A call that records for autograd (grad mode on, an operand requires grad) of an
+ * op with a registered backward: the forward by the C path as with grad mode off
+ * (what the Python entry would run), then its node. 1, 0 or -1 as c_ufunc. */
+static int c_ufunc_recorded(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
+                            int n, PyObject **out) {
+  const mt_ext_sig *sig = mt_ext_sig_of(d, ufunc);
+  if (sig == NULL || sig->grad_backward == NULL || !mt_ext_any_needs_grad(d, ops, n))
+    return 0;
+  d->grad_enabled = 0;
+  int rc = c_ufunc(d, ufunc, ops, n, out);
+  d->grad_enabled = 1;
+  if (rc <= 0) return rc;
+  *out = mt_ext_record(d, sig, *out, ops, n, NULL);
+  return *out != NULL ? 1 : -1;
+}
+
 PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
                              PyObject *const *ops, Py_ssize_t n, PyObject *kwnames) {
   if (kwnames == NULL && d->enabled && !d->tracing && n <= MT_MEMO_MAX_OPERANDS &&
       (method == d->s_call || PyUnicode_Compare(method, d->s_call) == 0)) {
     PyObject *out = NULL;
     int rc = c_ufunc(d, ufunc, ops, (int)n, &out);
+    /* Only a call the C path declined can be one that records. */
+    if (rc == 0 && d->grad_enabled) rc = c_ufunc_recorded(d, ufunc, ops, (int)n, &out);
     if (rc != 0) return out;
   }
   PyObject *entry = entry_of(d, d->ufunc_type);
@@ -401,6 +421,28 @@ static int c_reduction(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *self,
   return *out != NULL ? 1 : -1;
 }
 
+/* c_ufunc_recorded for a reduction method; the node's aux is (axis, keepdims). */
+static int c_reduction_recorded(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *self,
+                                PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames, PyObject **out) {
+  PyObject *axis, *keepdims;
+  if (sig->grad_backward == NULL || !mt_ext_any_needs_grad(d, &self, 1) ||
+      reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
+    return 0;
+  d->grad_enabled = 0;
+  int rc = c_reduction(d, sig, self, args, nargs, kwnames, out);
+  d->grad_enabled = 1;
+  if (rc <= 0) return rc;
+  PyObject *aux = PyTuple_Pack(2, axis, keepdims);
+  if (aux == NULL) {
+    Py_CLEAR(*out);
+    return -1;
+  }
+  *out = mt_ext_record(d, sig, *out, &self, 1, aux);
+  Py_DECREF(aux);
+  return *out != NULL ? 1 : -1;
+}
+
 PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
                                 PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
@@ -411,6 +453,8 @@ PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   if (d->enabled && !d->tracing) {
     PyObject *out = NULL;
     int rc = c_reduction(d, sig, self, args, nargs, kwnames, &out);
+    if (rc == 0 && d->grad_enabled)
+      rc = c_reduction_recorded(d, sig, self, args, nargs, kwnames, &out);
     if (rc != 0) return out;
   }
   PyObject *entry = entry_of(d, sig->func);
@@ -563,6 +607,7 @@ int mt_ext_dispatch_exec(PyObject *module) {
   d->module = module, d->enabled = 1, d->grad_enabled = 1, d->next_op = 1;
   d->decision_limit = 4096, d->plan_limit = 256, d->layout_limit = 4096;
   d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
+  d->node_type = st->node_type;
   d->op_ids = PyDict_New();
   if (d->op_ids == NULL || intern_names(d) < 0) return -1;
   return 0;
@@ -582,6 +627,8 @@ int mt_ext_dispatch_exec(PyObject *module) {
   for (int i_ = 0; i_ < d->nsigs; ++i_) {                                              \
     X(d->sigs[i_].func);                                                               \
     X(d->sigs[i_].method);                                                             \
+    X(d->sigs[i_].grad_name);                                                          \
+    X(d->sigs[i_].grad_backward);                                                      \
   }
 
 int mt_ext_dispatch_traverse(mt_ext_state *st, visitproc visit, void *arg) {

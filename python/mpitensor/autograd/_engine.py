@@ -18,30 +18,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _modes
+from .. import _C, _modes
 from .._dtensor import DTensor, _grad_placements
 from ..placement_types import Replicate
 
 __all__ = ["Node", "record", "backward", "grad"]
 
 
-class Node:
-    """What recorded one operation: ``name``, the ``inputs`` that need a gradient
-    (None for the others, in operand order) and ``backward_fn(grad) -> grads``,
-    one per input (None for no gradient). Local.
-
-    Example: ``(w * 2).grad_fn.name == "multiply"``.
-    """
-
-    __slots__ = ("name", "inputs", "backward_fn")
-
-    def __init__(self, name: str, inputs: tuple, backward_fn) -> None:
-        self.name = name
-        self.inputs = inputs
-        self.backward_fn = backward_fn
-
-    def __repr__(self) -> str:
-        return f"<{self.name} backward>"
+# What recorded one operation: ``name``, the ``inputs`` that need a gradient (None
+# for the others, in operand order) and ``backward_fn(grad) -> grads``, one per
+# input (None for no gradient). The C dispatch makes the nodes of the operations it
+# takes itself: they hold the operands in ``saved`` (and a reduction's (axis,
+# keepdims) in ``aux``) instead of a closure, and their ``backward_fn(grad, node,
+# output)`` is the operation's rule, one function per operation
+# (csrc/ext/ext_autograd.c, _rules.install).
+Node = _C.Node
 
 
 def record(name: str, out, inputs, backward_fn):
@@ -136,16 +127,17 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                     t._grad = g_t if t.grad is None else t._grad + g_t
             if fn is None:
                 continue
-            if fn.backward_fn is None:
+            backward_fn = fn.backward_fn
+            if backward_fn is None:
                 raise RuntimeError(
                     "Trying to backward through the graph a second time; specify "
                     "retain_graph=True on the first backward")
-            gs = fn.backward_fn(g)
+            gs = backward_fn(g) if fn.saved is None else backward_fn(g, fn, t)
             inputs = fn.inputs
             if not retain_graph:
-                # Frees what the closure saved and the inputs, so a kept output
-                # (the loss) no longer holds the forward's arrays.
-                fn.backward_fn, fn.inputs = None, ()
+                # Frees what the node saved and the inputs, so a kept output (the
+                # loss) no longer holds the forward's arrays.
+                fn.backward_fn, fn.inputs, fn.saved, fn.aux = None, (), None, None
             for x, gx in zip(inputs, gs):
                 if x is None or gx is None:
                     continue

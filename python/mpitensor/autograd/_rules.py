@@ -4,8 +4,12 @@ At import every operation in mpitensor._registry gets an entry that, while grad
 mode is on and an operand requires grad, runs the forward with grad mode off and
 records the result with its rule (mpitensor.autograd._engine.record). Calls with
 nothing to record go straight to the forward (and the ones the C path takes never
-come here). An operation with no rule here raises NotImplementedError when it
-would have to record a floating-point result, rather than drop the gradient.
+come here). The ufuncs and reduction methods the C path takes are recorded there,
+without coming here: their node holds the operands, and its backward is the same
+gradient function as their rule's here (``_RECORDED_REDUCTIONS``,
+``_recorded_ufunc``). An operation with no rule here raises NotImplementedError
+when it would have to record a floating-point result, rather than drop the
+gradient.
 
 A rule computes the gradients with DTensor operations, so they run through the
 same dispatch as the forward: their placements come from the same C decisions and
@@ -21,7 +25,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _modes, _registry
+from .. import _C, _modes, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -176,6 +180,11 @@ def _select_grads(g, ops, need, greater):
     return (g * mask if need[0] else None, g * (1 - mask) if need[1] else None)
 
 
+def _ufunc_grads(grads, g, ops, out, need):
+    gs = grads(g, ops, out, need)
+    return tuple(_fit(gx, x) if n else None for gx, x, n in zip(gs, ops, need))
+
+
 def _ufunc_rule(result, ufunc, method, *operands, **kwargs):
     if ufunc is np.matmul:
         a, b = D.implicit(operands)
@@ -185,11 +194,21 @@ def _ufunc_rule(result, ufunc, method, *operands, **kwargs):
         return _no_rule(np.ufunc)(result, ufunc, method, *operands, **kwargs)
     ops = D.implicit(operands)
     need = tuple(type(x) is DTensor and x._requires_grad for x in ops)
+    return record(ufunc.__name__, result, ops,
+                  lambda g: _ufunc_grads(grads, g, ops, result, need))
 
-    def backward(g):
-        gs = grads(g, ops, result, need)
-        return tuple(_fit(gx, x) if n else None for gx, x, n in zip(gs, ops, need))
-    return record(ufunc.__name__, result, ops, backward)
+
+def _recorded_ufunc(grads):
+    """The backward of a ufunc's node made by the C dispatch (node.saved: the
+    operands)."""
+    def backward(g, node, out):
+        need = tuple(x is not None for x in node.inputs)
+        return _ufunc_grads(grads, g, node.saved, out, need)
+    return backward
+
+
+def _recorded_matmul(g, node, out):
+    return _matmul_grads(g, *node.saved, out)
 
 
 # -- matmul ----------------------------------------------------------------------------
@@ -253,53 +272,75 @@ def _einsum_rule(result, subscripts, *operands, out=None, optimize=False, **kwar
 
 # -- reductions ------------------------------------------------------------------------
 
-def _extremum_rule(name):
+def _reduced(a, axis):
+    """(the reduced dims, their element count, the shape with them kept as 1)."""
+    axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
+    count = int(np.prod([a.shape[i] for i in axes], dtype=np.int64))
+    return axes, count, tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+
+
+def _extremum_grads(g, a, result, axis):
     """max/min (amax/amin): the gradient shared evenly by the elements equal to the
     result, as torch's amax/amin."""
-    def rule(result, a, axis=None, out=None, keepdims=False, **kwargs):
-        axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
-        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+    axes, _, kept = _reduced(a, axis)
+    hit = a == np.broadcast_to(result.reshape(kept), a.shape)
+    share = g.reshape(kept) / hit.sum(axis=axes, keepdims=True)
+    return (_fit(hit * share, a),)
 
-        def backward(g):
-            hit = a == np.broadcast_to(result.reshape(kept), a.shape)
-            share = g.reshape(kept) / hit.sum(axis=axes, keepdims=True)
-            return (_fit(hit * share, a),)
-        return record(name, result, (a,), backward)
+
+def _moment_grads(g, a, result, axis, ddof, std):
+    """var: 2 (a - mean) / (n - ddof) times the gradient; std: that over 2 std."""
+    axes, count, kept = _reduced(a, axis)
+    centered = a - np.mean(a, axis=axes, keepdims=True)
+    g = g.reshape(kept)
+    if std:
+        g = g / result.reshape(kept)
+    return (_fit(centered * (g * ((1.0 if std else 2.0) / (count - ddof))), a),)
+
+
+def _reduction_grads(g, a, axis, keepdims, mean):
+    """sum/mean: the gradient (over the count for mean) broadcast back."""
+    _, count, kept = _reduced(a, axis)
+    if mean:
+        g = g / count
+    if not keepdims:
+        g = g.reshape(kept)
+    g = np.broadcast_to(g, a.shape)
+    return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+
+
+def _extremum_rule(name):
+    def rule(result, a, axis=None, out=None, keepdims=False, **kwargs):
+        return record(name, result, (a,), lambda g: _extremum_grads(g, a, result, axis))
     return rule
 
 
 def _moment_rule(std):
-    """var: 2 (a - mean) / (n - ddof) times the gradient; std: that over 2 std."""
     def rule(result, a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
-        axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
-        count = int(np.prod([a.shape[i] for i in axes], dtype=np.int64))
-        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
-
-        def backward(g):
-            centered = a - np.mean(a, axis=axes, keepdims=True)
-            g = g.reshape(kept)
-            if std:
-                g = g / result.reshape(kept)
-            return (_fit(centered * (g * ((1.0 if std else 2.0) / (count - ddof))), a),)
-        return record("std" if std else "var", result, (a,), backward)
+        return record("std" if std else "var", result, (a,),
+                      lambda g: _moment_grads(g, a, result, axis, ddof, std))
     return rule
 
 
 def _reduction_rule(mean):
     def rule(result, a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
-        axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
-        count = int(np.prod([a.shape[i] for i in axes], dtype=np.int64))
-        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
-
-        def backward(g):
-            if mean:
-                g = g / count
-            if not keepdims:
-                g = g.reshape(kept)
-            g = np.broadcast_to(g, a.shape)
-            return (g if g.dtype == a.dtype else g.astype(a.dtype),)
-        return record("mean" if mean else "sum", result, (a,), backward)
+        return record("mean" if mean else "sum", result, (a,),
+                      lambda g: _reduction_grads(g, a, axis, keepdims, mean))
     return rule
+
+
+# The backwards of the reductions' nodes made by the C dispatch: node.saved is
+# (a,), node.aux (axis, keepdims) as the method was called (no dtype, no ddof).
+_RECORDED_REDUCTIONS = {
+    np.sum: ("sum", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, False)),
+    np.mean: ("mean", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, True)),
+    np.max: ("max", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
+    np.min: ("min", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
+    np.var: ("var", lambda g, node, out: _moment_grads(g, *node.saved, out, node.aux[0], 0,
+                                                       False)),
+    np.std: ("std", lambda g, node, out: _moment_grads(g, *node.saved, out, node.aux[0], 0,
+                                                       True)),
+}
 
 
 # -- selection -------------------------------------------------------------------------
@@ -470,6 +511,12 @@ _RULES = {
 
 def install() -> None:
     """Wraps every registered operation once: with its rule, or with the check that
-    refuses to drop a gradient. Local (at import)."""
+    refuses to drop a gradient; and gives the C dispatch the backwards of the ufuncs
+    and reduction methods it records itself. Local (at import)."""
     for func in list(_registry.functions):
         _differentiable(func, _RULES.get(func) or _no_rule(func))
+    for ufunc, grads in _UFUNCS.items():
+        _C.register_grad(ufunc, ufunc.__name__, _recorded_ufunc(grads))
+    _C.register_grad(np.matmul, "matmul", _recorded_matmul)
+    for func, (name, backward) in _RECORDED_REDUCTIONS.items():
+        _C.register_grad(func, name, backward)
