@@ -155,6 +155,77 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *out
   return out;
 }
 
+/* A new Node of a Python-recorded operation (no saved operands). */
+static PyObject *python_node(mt_ext_dispatch *d, PyObject *name, PyObject *inputs,
+                             PyObject *backward_fn) {
+  mt_ext_node *node = PyObject_GC_New(mt_ext_node, d->node_type);
+  if (node == NULL) return NULL;
+  node->name = Py_NewRef(name), node->inputs = Py_NewRef(inputs);
+  node->backward_fn = Py_NewRef(backward_fn), node->saved = Py_NewRef(Py_None);
+  node->aux = Py_NewRef(Py_None);
+  PyObject_GC_Track(node);
+  return (PyObject *)node;
+}
+
+/* record(name, out, inputs, backward_fn): see the method table. */
+static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 4) return PyErr_Format(PyExc_TypeError, "record takes 4 arguments");
+  PyObject *out = args[1];
+  PyObject *seq = PySequence_Fast(args[2], "record: inputs must be a sequence");
+  if (seq == NULL) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject **items = PySequence_Fast_ITEMS(seq);
+  PyObject *need = PyTuple_New(n);
+  int any = 0;
+  for (Py_ssize_t i = 0; need != NULL && i < n; ++i) {
+    int g = needs_grad(d, items[i]);
+    any |= g;
+    PyTuple_SET_ITEM(need, i, Py_NewRef(g ? items[i] : Py_None));
+  }
+  Py_DECREF(seq);
+  if (need == NULL) return NULL;
+  mt_ext_dtensor *o = (mt_ext_dtensor *)out;
+  PyObject *dtype = any && Py_TYPE(out) == d->dtensor && o->spec != NULL &&
+                            PyTuple_Check(o->spec) && PyTuple_GET_SIZE(o->spec) > 3
+                        ? PyTuple_GET_ITEM(o->spec, 3) : NULL;
+  if (dtype != NULL && PyArray_DescrCheck(dtype) &&
+      (((PyArray_Descr *)dtype)->kind == 'f' || ((PyArray_Descr *)dtype)->kind == 'c')) {
+    PyObject *node = python_node(d, args[0], need, args[3]);
+    if (node == NULL) {
+      Py_DECREF(need);
+      return NULL;
+    }
+    o->requires_grad = 1;
+    Py_XSETREF(o->grad_fn, node);
+  }
+  Py_DECREF(need);
+  return Py_NewRef(out);
+}
+
+/* needs_grad(args, kwargs): see the method table. */
+static PyObject *needs_grad_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 2 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "needs_grad(args: tuple, kwargs: dict)");
+  Py_ssize_t n = PyTuple_GET_SIZE(args[0]), pos = 0;
+  PyObject *key, *a;
+  for (Py_ssize_t i = 0;; ++i) {
+    if (i < n) a = PyTuple_GET_ITEM(args[0], i);
+    else if (!PyDict_Next(args[1], &pos, &key, &a)) break;
+    if (needs_grad(d, a)) Py_RETURN_TRUE;
+    if (PyTuple_CheckExact(a) || PyList_CheckExact(a)) {
+      PyObject *seq = PySequence_Fast(a, "");
+      if (seq == NULL) return NULL;
+      int any = mt_ext_any_needs_grad(d, PySequence_Fast_ITEMS(seq),
+                                      PySequence_Fast_GET_SIZE(seq));
+      Py_DECREF(seq);
+      if (any) Py_RETURN_TRUE;
+    }
+  }
+  Py_RETURN_FALSE;
+}
+
 /* register_grad(func, name, backward): the C path records the calls of the
  * registered ufunc or reduction `func` under `name`, with backward(grad, node,
  * output) as their backward. */
@@ -172,6 +243,17 @@ static PyObject *register_grad(PyObject *module, PyObject *args) {
 }
 
 PyMethodDef mt_ext_autograd_methods[] = {
+    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL,
+     "record(name, out, inputs, backward_fn) -> out: makes `out` the result of a "
+     "recorded operation when one of `inputs` requires grad (grad mode is the "
+     "caller's check) and `out` is a floating-point or complex DTensor: "
+     "out.grad_fn = Node(name, inputs needing a gradient (None for the others), "
+     "backward_fn). Local.\n\n"
+     "Example: record('double', y, (x,), lambda g: (g * 2,))"},
+    {"needs_grad", (PyCFunction)(void (*)(void))needs_grad_py, METH_FASTCALL,
+     "needs_grad(args, kwargs) -> bool: whether an argument, or an item of a list or "
+     "tuple argument, is a DTensor that requires grad. Local.\n\n"
+     "Example: needs_grad((w, 2), {}) is True when w requires grad"},
     {"register_grad", register_grad, METH_VARARGS,
      "register_grad(func, name, backward): the C dispatch records the calls it takes "
      "of the registered ufunc or reduction `func` while grad mode is on, as a Node "

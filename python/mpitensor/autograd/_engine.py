@@ -35,19 +35,11 @@ __all__ = ["Node", "record", "backward", "grad"]
 Node = _C.Node
 
 
-def record(name: str, out, inputs, backward_fn):
-    """Makes ``out`` the result of a recorded operation when one of ``inputs``
-    requires grad (grad mode is the caller's check) and ``out`` is floating point
-    or complex; returns ``out``. Local.
-
-    Example: ``record("double", y, (x,), lambda g: (g * 2,))``.
-    """
-    need = tuple(x if type(x) is DTensor and x._requires_grad else None for x in inputs)
-    if type(out) is DTensor and out._spec.dtype.kind in "fc" and \
-            any(x is not None for x in need):
-        out._requires_grad = True
-        out._grad_fn = Node(name, need, backward_fn)
-    return out
+# record(name, out, inputs, backward_fn) -> out: makes ``out`` the result of a
+# recorded operation when one of ``inputs`` requires grad (grad mode is the
+# caller's check) and ``out`` is floating point or complex. In C: every operation
+# the Python entries record pays it.
+record = _C.record
 
 
 def _order(roots) -> list:

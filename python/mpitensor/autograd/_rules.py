@@ -37,17 +37,6 @@ from ._engine import record
 __all__: list = []
 
 
-def _needs_grad(args, kwargs) -> bool:
-    for a in (*args, *kwargs.values()):
-        if type(a) is DTensor:
-            if a._requires_grad:
-                return True
-        elif type(a) in (list, tuple):
-            if any(type(x) is DTensor and x._requires_grad for x in a):
-                return True
-    return False
-
-
 def _differentiable(func, rule) -> None:
     """Replaces ``func``'s entry in the registry by one that records with
     ``rule(result, *args, **kwargs)`` when an operand requires grad in grad mode."""
@@ -56,7 +45,7 @@ def _differentiable(func, rule) -> None:
 
     @functools.wraps(impl)
     def entry(*args, **kwargs):
-        if not _modes.grad_enabled or not _needs_grad(args, kwargs):
+        if not _modes.grad_enabled or not _C.needs_grad(args, kwargs):
             return impl(*args, **kwargs)
         if func in _WRITES:
             raise RuntimeError(
@@ -405,24 +394,35 @@ def _getitem_rule(result, a, key):
     """Basic indexing's backward: the gradient reshaped to the picked box (ints and
     None are size-1 dims) and padded with zeros to ``a``'s shape by concatenation,
     dim by dim. A slice with a step other than 1 has no rule yet."""
-    sel, _ = _parse(key, a.shape)
-    if any(count > 1 and step != 1 for _, step, count, _ in sel):
-        return _no_rule(operator.getitem)(result, a, key)
-    box = tuple(count for _, _, count, _ in sel)
+    if _stepped(key):
+        sel, _ = _parse(key, a.shape)
+        if any(count > 1 and step != 1 for _, step, count, _ in sel):
+            return _no_rule(operator.getitem)(result, a, key)
+    return record("getitem", result, (a,), lambda g: _getitem_grads(g, a, key))
 
-    def backward(g):
-        g = g.reshape(box)
-        for d, (start, _, count, _) in enumerate(sel):
-            if count == a.shape[d]:
-                continue
-            parts = [g]
-            if start:
-                parts.insert(0, _zeros_like_along(g, d, start))
-            if a.shape[d] - start - count:
-                parts.append(_zeros_like_along(g, d, a.shape[d] - start - count))
-            g = np.concatenate(parts, axis=d)
-        return (g if g.dtype == a.dtype else g.astype(a.dtype),)
-    return record("getitem", result, (a,), backward)
+
+def _stepped(key) -> bool:
+    """Whether a slice of ``key`` has a step other than 1 (the key is parsed in
+    backward, or here only then)."""
+    for k in key if type(key) is tuple else (key,):
+        if type(k) is slice and k.step is not None and k.step != 1:
+            return True
+    return False
+
+
+def _getitem_grads(g, a, key):
+    sel, _ = _parse(key, a.shape)
+    g = g.reshape(tuple(count for _, _, count, _ in sel))
+    for d, (start, _, count, _) in enumerate(sel):
+        if count == a.shape[d]:
+            continue
+        parts = [g]
+        if start:
+            parts.insert(0, _zeros_like_along(g, d, start))
+        if a.shape[d] - start - count:
+            parts.append(_zeros_like_along(g, d, a.shape[d] - start - count))
+        g = np.concatenate(parts, axis=d)
+    return (g if g.dtype == a.dtype else g.astype(a.dtype),)
 
 
 def _zeros_like_along(g, d, n):
@@ -443,9 +443,12 @@ def _zeros_like_along(g, d, n):
 # -- shape -----------------------------------------------------------------------------
 
 def _transpose_rule(result, a, axes=None):
+    return record("transpose", result, (a,), lambda g: (_transpose_grad(g, a, axes),))
+
+
+def _transpose_grad(g, a, axes):
     perm = tuple(range(a.ndim))[::-1] if axes is None else normalize_axis_tuple(axes, a.ndim)
-    inverse = tuple(int(i) for i in np.argsort(perm))
-    return record("transpose", result, (a,), lambda g: (np.transpose(g, inverse),))
+    return np.transpose(g, tuple(int(i) for i in np.argsort(perm)))
 
 
 def _swapaxes_rule(result, a, axis1, axis2):
