@@ -42,15 +42,14 @@ static int node_clear(PyObject *self) {
   return 0;
 }
 
-/* A long chain of operations frees node by node: the trashcan bounds the depth. */
+/* A long chain of operations frees node by node; the depth is bounded by the
+ * trashcans of the tuples and DTensors between the nodes. */
 static void node_dealloc(PyObject *self) {
   PyTypeObject *tp = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
-  Py_TRASHCAN_BEGIN(self, node_dealloc)
   node_clear(self);
   tp->tp_free(self);
   Py_DECREF(tp);
-  Py_TRASHCAN_END
 }
 
 static PyObject *node_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
