@@ -15,8 +15,8 @@
 typedef struct mt_ext_node {
   PyObject_HEAD
   PyObject *name;
-  PyObject *inputs;      /* one per operand: the operand when it needs a gradient, else None */
-  PyObject *backward_fn; /* None once released (after a backward without retain_graph) */
+  PyObject *inputs;      /* per operand: itself when it needs a gradient, or None */
+  PyObject *backward_fn; /* None once released (by a backward without retain_graph) */
   PyObject *saved;       /* the operands (C-recorded), or None: backward_fn(grad) */
   PyObject *aux;
 } mt_ext_node;
@@ -80,7 +80,8 @@ static PyMemberDef node_members[] = {
     {"saved", T_OBJECT, offsetof(mt_ext_node, saved), 0,
      "The operands a C-recorded call was made with, or None."},
     {"aux", T_OBJECT, offsetof(mt_ext_node, aux), 0,
-     "What else a C-recorded call was made with (a reduction's (axis, keepdims)), or None."},
+     "What else a C-recorded call was made with (a reduction's (axis, keepdims)), "
+     "or None."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -114,7 +115,8 @@ static inline int needs_grad(const mt_ext_dispatch *d, PyObject *o) {
   return Py_TYPE(o) == d->dtensor && ((const mt_ext_dtensor *)o)->requires_grad;
 }
 
-int mt_ext_any_needs_grad(const mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n) {
+int mt_ext_any_needs_grad(const mt_ext_dispatch *d, PyObject *const *ops,
+                          Py_ssize_t n) {
   for (Py_ssize_t i = 0; i < n; ++i)
     if (needs_grad(d, ops[i])) return 1;
   return 0;
@@ -138,7 +140,8 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *out
     for (int i = 0; i < n; ++i)
       PyTuple_SET_ITEM(inputs, i, Py_NewRef(needs_grad(d, ops[i]) ? ops[i] : Py_None));
   }
-  mt_ext_node *node = inputs != NULL ? PyObject_GC_New(mt_ext_node, d->node_type) : NULL;
+  mt_ext_node *node =
+      inputs != NULL ? PyObject_GC_New(mt_ext_node, d->node_type) : NULL;
   if (node == NULL) {
     Py_XDECREF(saved);
     Py_XDECREF(inputs);
@@ -188,8 +191,9 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
   PyObject *dtype = any && Py_TYPE(out) == d->dtensor && o->spec != NULL &&
                             PyTuple_Check(o->spec) && PyTuple_GET_SIZE(o->spec) > 3
                         ? PyTuple_GET_ITEM(o->spec, 3) : NULL;
-  if (dtype != NULL && PyArray_DescrCheck(dtype) &&
-      (((PyArray_Descr *)dtype)->kind == 'f' || ((PyArray_Descr *)dtype)->kind == 'c')) {
+  const PyArray_Descr *descr =
+      dtype != NULL && PyArray_DescrCheck(dtype) ? (PyArray_Descr *)dtype : NULL;
+  if (descr != NULL && (descr->kind == 'f' || descr->kind == 'c')) {
     PyObject *node = python_node(d, args[0], need, args[3]);
     if (node == NULL) {
       Py_DECREF(need);
@@ -203,7 +207,8 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
 }
 
 /* needs_grad(args, kwargs): see the method table. */
-static PyObject *needs_grad_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *needs_grad_py(PyObject *module, PyObject *const *args,
+                               Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 2 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]))
     return PyErr_Format(PyExc_TypeError, "needs_grad(args: tuple, kwargs: dict)");
@@ -231,7 +236,8 @@ static PyObject *needs_grad_py(PyObject *module, PyObject *const *args, Py_ssize
 static PyObject *register_grad(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   PyObject *func, *name, *backward;
-  if (!PyArg_ParseTuple(args, "OUO:register_grad", &func, &name, &backward)) return NULL;
+  if (!PyArg_ParseTuple(args, "OUO:register_grad", &func, &name, &backward))
+    return NULL;
   mt_ext_sig *sig = mt_ext_sig_of(d, func);
   if (sig == NULL) return PyErr_Format(PyExc_ValueError, "%R is not registered", func);
   if (!PyCallable_Check(backward))

@@ -10,9 +10,10 @@
  * plans (the collectives run at every call); calls NumPy on the local arrays; and
  * wraps the result. A call that records for autograd is taken only when its op
  * has a registered backward (ext_autograd.c), and only after the plain path
- * declined it, so that recording costs the plain path nothing. Every other call goes to the
- * operation's Python entry, found in the registry (mpitensor._registry), which
- * uses the same memo through _C.decide_ufunc and friends (ext_decision.c). C holds
+ * declined it, so that recording costs the plain path nothing. Every other call
+ * goes to the operation's Python entry, found in the registry
+ * (mpitensor._registry), which uses the same memo through _C.decide_ufunc and
+ * friends (ext_decision.c). C holds
  * the ground floor's types (to make specs and DTensors) and its registry, never
  * logic callbacks. */
 #include "ext.h"
@@ -359,9 +360,10 @@ PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *meth
       (method == d->s_call || PyUnicode_Compare(method, d->s_call) == 0)) {
     PyObject *out = NULL;
     int rc = c_ufunc(d, ufunc, ops, (int)n, &out);
-    /* Only a call the C path declined can be one that records. */
-    if (rc == 0 && d->grad_enabled) rc = c_ufunc_recorded(d, ufunc, ops, (int)n, &out);
     if (rc != 0) return out;
+    /* Only a call the C path declined can be one that records. */
+    if (d->grad_enabled && c_ufunc_recorded(d, ufunc, ops, (int)n, &out) != 0)
+      return out;
   }
   PyObject *entry = entry_of(d, d->ufunc_type);
   if (entry == NULL) return NULL;
@@ -453,9 +455,10 @@ PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   if (d->enabled && !d->tracing) {
     PyObject *out = NULL;
     int rc = c_reduction(d, sig, self, args, nargs, kwnames, &out);
-    if (rc == 0 && d->grad_enabled)
-      rc = c_reduction_recorded(d, sig, self, args, nargs, kwnames, &out);
     if (rc != 0) return out;
+    if (d->grad_enabled &&
+        c_reduction_recorded(d, sig, self, args, nargs, kwnames, &out) != 0)
+      return out;
   }
   PyObject *entry = entry_of(d, sig->func);
   if (entry == NULL) return NULL;

@@ -1,7 +1,8 @@
 /* _C.DTensorBase: the C base of mpitensor.DTensor. It holds the local ndarray,
  * the spec, the layout id of the spec on its mesh (found when first needed), and
- * autograd's requires_grad bit and node (the C path records into them); its operators, __array_ufunc__ and reduction methods
- * are entry points of the dispatch (ext_dispatch.c). */
+ * autograd's requires_grad bit and node (the C path records into them); its
+ * operators, __array_ufunc__ and reduction methods are entry points of the
+ * dispatch (ext_dispatch.c). */
 #include "ext.h"
 
 #include <stddef.h>
