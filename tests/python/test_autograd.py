@@ -569,7 +569,10 @@ def test_the_c_path_records_the_node_the_python_entry_records(name, pls):
         else:
             python = _python_calls()
             out = op(x, y)
-            assert _python_calls() == python, "the C path did not take it"
+            # var and std whose reduced dim is sharded merge per-rank results in
+            # their Python entry: the C path declines them, recording or not.
+            c_took = _python_calls() == python
+            assert c_took or (name in ("var", "std") and W > 1)
         node = out.grad_fn
         nodes.append((node.name, tuple(i is x or i is y for i in node.inputs),
                       node.saved is None))
@@ -578,7 +581,7 @@ def test_the_c_path_records_the_node_the_python_entry_records(name, pls):
                       if g is not None])
     (c_name, c_inputs, c_closure), (p_name, p_inputs, p_closure) = nodes
     assert c_name == p_name == name and c_inputs == p_inputs
-    assert not c_closure and p_closure  # made in C (operands saved), and in Python
+    assert c_closure != c_took and p_closure  # made in C (operands saved), in Python
     for (c_pl, c_g), (p_pl, p_g) in zip(*grads, strict=True):
         assert c_pl == p_pl
         np.testing.assert_allclose(c_g, p_g, rtol=1e-12)
