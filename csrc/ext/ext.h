@@ -219,6 +219,9 @@ PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
  * the C path with recording off, recorded: a Node holding the operands and `aux`
  * (or None) when its dtype has gradients. Steals `out`; NULL with an exception. */
 int mt_ext_any_needs_grad(const mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n);
+/* Whether a DTensor the C path made has gradients: a floating-point or complex
+ * result (autograd.record's test). */
+int mt_ext_has_gradient(PyObject *out);
 PyObject *mt_ext_record(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *out,
                         PyObject *const *ops, int n, PyObject *aux);
 

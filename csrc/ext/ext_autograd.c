@@ -122,12 +122,15 @@ int mt_ext_any_needs_grad(const mt_ext_dispatch *d, PyObject *const *ops,
   return 0;
 }
 
+int mt_ext_has_gradient(PyObject *out) {
+  char kind = PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)out)->local)->kind;
+  return kind == 'f' || kind == 'c';
+}
+
 PyObject *mt_ext_record(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *out,
                         PyObject *const *ops, int n, PyObject *aux) {
   mt_ext_dtensor *o = (mt_ext_dtensor *)out;
-  /* Only a floating-point or complex result has a gradient (autograd.record). */
-  char kind = PyArray_DESCR((PyArrayObject *)o->local)->kind;
-  if (kind != 'f' && kind != 'c') return out;
+  if (!mt_ext_has_gradient(out)) return out;
   PyObject *saved = PyTuple_New(n), *inputs = NULL;
   int all = 1;
   for (int i = 0; saved != NULL && i < n; ++i) {

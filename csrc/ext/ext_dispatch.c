@@ -8,9 +8,9 @@
  * listening, no user rule) looks its decision up in the mesh's memo by the
  * operands' layout ids, or has the core make it on a miss; runs the decision's
  * plans (the collectives run at every call); calls NumPy on the local arrays; and
- * wraps the result. A call that records for autograd is taken only when its op
- * has a registered backward (ext_autograd.c), and only after the plain path
- * declined it, so that recording costs the plain path nothing. Every other call
+ * wraps the result. A call that records for autograd is taken only after the
+ * plain path declined it, so that recording costs the plain path nothing; it is
+ * recorded when its op has a registered backward (ext_autograd.c). Every other call
  * goes to the operation's Python entry, found in the registry
  * (mpitensor._registry), which uses the same memo through _C.decide_ufunc and
  * friends (ext_decision.c). C holds
@@ -338,18 +338,27 @@ static PyObject *entry_of(mt_ext_dispatch *d, PyObject *func) {
   return entry;
 }
 
-/* A call that records for autograd (grad mode on, an operand requires grad) of an
- * op with a registered backward: the forward by the C path as with grad mode off
- * (what the Python entry would run), then its node. 1, 0 or -1 as c_ufunc. */
+/* An op with no registered backward: a result without gradients (a comparison's,
+ * argmax's) is what its Python entry returns too; one with gradients is the
+ * entry's to refuse (NotImplementedError), so it is dropped there. 1 or 0. */
+static int unrecorded(PyObject **out) {
+  if (!mt_ext_has_gradient(*out)) return 1;
+  Py_CLEAR(*out);
+  return 0;
+}
+
+/* A call that records for autograd (grad mode on, an operand requires grad): the
+ * forward by the C path as with grad mode off (what the Python entry would run),
+ * then its node. 1, 0 or -1 as c_ufunc. */
 static int c_ufunc_recorded(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                             int n, PyObject **out) {
   const mt_ext_sig *sig = mt_ext_sig_of(d, ufunc);
-  if (sig == NULL || sig->grad_backward == NULL || !mt_ext_any_needs_grad(d, ops, n))
-    return 0;
+  if (sig == NULL || !mt_ext_any_needs_grad(d, ops, n)) return 0;
   d->grad_enabled = 0;
   int rc = c_ufunc(d, ufunc, ops, n, out);
   d->grad_enabled = 1;
   if (rc <= 0) return rc;
+  if (sig->grad_backward == NULL) return unrecorded(out);
   *out = mt_ext_record(d, sig, *out, ops, n, NULL);
   return *out != NULL ? 1 : -1;
 }
@@ -428,13 +437,14 @@ static int c_reduction_recorded(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *s
                                 PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames, PyObject **out) {
   PyObject *axis, *keepdims;
-  if (sig->grad_backward == NULL || !mt_ext_any_needs_grad(d, &self, 1) ||
+  if (!mt_ext_any_needs_grad(d, &self, 1) ||
       reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
     return 0;
   d->grad_enabled = 0;
   int rc = c_reduction(d, sig, self, args, nargs, kwnames, out);
   d->grad_enabled = 1;
   if (rc <= 0) return rc;
+  if (sig->grad_backward == NULL) return unrecorded(out);
   PyObject *aux = PyTuple_Pack(2, axis, keepdims);
   if (aux == NULL) {
     Py_CLEAR(*out);

@@ -609,10 +609,18 @@ def test_a_c_recorded_node_is_freed_by_backward_and_kept_by_retain_graph():
 
 def test_a_c_recorded_result_without_gradients_gets_no_node():
     mesh = mesh_of((W,))
-    w = distribute_tensor(np.ones((4, 4)), mesh, [S0], requires_grad=True)
-    assert (w > 0).grad_fn is None and not (w > 0).requires_grad  # bool: no gradient
+    w = distribute_tensor(np.arange(16.0).reshape(4, 4), mesh, [S0], requires_grad=True)
+    (w > 0), w.max(axis=1)  # decided once
+    python = _python_calls()
+    # No rule and no gradient (bool, int): taken by the C path, as with grad mode off.
+    mask, where = w > 0, w.argmax(axis=1)
+    assert _python_calls() == python
+    assert mask.grad_fn is None and not mask.requires_grad and where.grad_fn is None
+    np.testing.assert_array_equal(where.full_tensor(), [3, 3, 3, 3])
     with pytest.raises(NotImplementedError, match="arctan"):
         np.arctan(w)  # no rule: the Python entry refuses to drop the gradient
+    with pytest.raises(NotImplementedError, match="prod"):
+        w.prod(axis=0)
 
 
 def _python_calls():
