@@ -38,6 +38,7 @@ typedef struct mt_ext_state {
   PyTypeObject *dtensor_base_type;
   PyTypeObject *mesh_base_type;
   PyTypeObject *decision_type;
+  PyTypeObject *node_type; /* mpitensor.autograd.Node (ext_autograd.c) */
   struct mt_ext_dispatch *dispatch; /* the dispatch's state (ext_dispatch.c), owned */
   mt_comm_counters comm_counters;
   mt_io_counters io_counters;
@@ -133,6 +134,7 @@ typedef struct mt_ext_dtensor {
   PyObject *local;   /* _local_tensor */
   PyObject *spec;    /* _spec: (mesh, placements, shape, dtype, stride) */
   int64_t layout_id; /* on the spec's mesh; 0 until first needed */
+  PyObject *grad_fn; /* _grad_fn: the autograd Node that made it, or NULL */
   char requires_grad;
 } mt_ext_dtensor;
 
@@ -145,6 +147,9 @@ typedef struct mt_ext_sig {
   mt_op_sig op;
   int nin, nout; /* ufunc */
   int int_axis;  /* reduction: axis is an int or None (argmax, argmin) */
+  /* Autograd (register_grad): the node's name and backward of a recorded call, or
+   * NULL: such calls take the Python entry in grad mode. */
+  PyObject *grad_name, *grad_backward;
 } mt_ext_sig;
 
 enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
@@ -163,6 +168,7 @@ typedef struct mt_ext_dispatch {
   PyTypeObject *spec;
   PyTypeObject *mesh_base;    /* borrowed from the module state */
   PyTypeObject *dtensor_base; /* borrowed from the module state */
+  PyTypeObject *node_type;    /* borrowed from the module state */
   PyObject *functions; /* NumPy function -> its DTensor version (mpitensor._registry) */
   PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
   PyObject *ufunc_type;
@@ -211,6 +217,17 @@ PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *meth
 PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
                                 PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames);
+
+/* Autograd (ext_autograd.c). Whether an operand needs a gradient (exactly a
+ * DTensor that requires grad); and `out`, the result of `sig` on `ops` made by
+ * the C path with recording off, recorded: a Node holding the operands and `aux`
+ * (or None) when its dtype has gradients. Steals `out`; NULL with an exception. */
+int mt_ext_any_needs_grad(const mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n);
+/* Whether a DTensor the C path made has gradients: a floating-point or complex
+ * result (autograd.record's test). */
+int mt_ext_has_gradient(PyObject *out);
+PyObject *mt_ext_record(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *out,
+                        PyObject *const *ops, int n, PyObject *aux);
 
 /* DTensorSpec <-> C layouts (ext_spec.c). */
 int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *spec,
@@ -361,6 +378,7 @@ int mt_ext_prop_exec(PyObject *module);
 int mt_ext_mesh_base_exec(PyObject *module);
 int mt_ext_dtensor_exec(PyObject *module);
 int mt_ext_dispatch_exec(PyObject *module);
+int mt_ext_autograd_exec(PyObject *module);
 int mt_ext_decide_exec(PyObject *module);
 int mt_ext_dispatch_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_dispatch_clear(mt_ext_state *st);
@@ -374,6 +392,7 @@ extern PyMethodDef mt_ext_rng_methods[];
 extern PyMethodDef mt_ext_prop_methods[];
 extern PyMethodDef mt_ext_io_methods[];
 extern PyMethodDef mt_ext_dispatch_methods[];
+extern PyMethodDef mt_ext_autograd_methods[];
 extern PyMethodDef mt_ext_decide_methods[];
 extern PyMethodDef mt_ext_ring_methods[];
 extern PyMethodDef mt_ext_kernels_methods[];

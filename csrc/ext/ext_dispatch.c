@@ -5,12 +5,15 @@
  * with the signature its dim map is built from (core/dimmap.c). A call that the
  * C path takes (DTensors of one mesh this rank belongs to and Python or NumPy
  * scalars, no keywords but a reduction's axis and keepdims, no debugging tool
- * listening, nothing recording for autograd, no user rule) looks its decision up
- * in the mesh's memo by the operands' layout ids, or has the core make it on a
- * miss; runs the decision's plans (the collectives run at every call); calls NumPy
- * on the local arrays; and wraps the result. Every other call goes to the
- * operation's Python entry, found in the registry (mpitensor._registry), which
- * uses the same memo through _C.decide_ufunc and friends (ext_decision.c). C holds
+ * listening, no user rule) looks its decision up in the mesh's memo by the
+ * operands' layout ids, or has the core make it on a miss; runs the decision's
+ * plans (the collectives run at every call); calls NumPy on the local arrays; and
+ * wraps the result. A call that records for autograd is taken only after the
+ * plain path declined it, so that recording costs the plain path nothing; it is
+ * recorded when its op has a registered backward (ext_autograd.c). Every other call
+ * goes to the operation's Python entry, found in the registry
+ * (mpitensor._registry), which uses the same memo through _C.decide_ufunc and
+ * friends (ext_decision.c). C holds
  * the ground floor's types (to make specs and DTensors) and its registry, never
  * logic callbacks. */
 #include "ext.h"
@@ -335,6 +338,31 @@ static PyObject *entry_of(mt_ext_dispatch *d, PyObject *func) {
   return entry;
 }
 
+/* An op with no registered backward: a result without gradients (a comparison's,
+ * argmax's) is what its Python entry returns too; one with gradients is the
+ * entry's to refuse (NotImplementedError), so it is dropped there. 1 or 0. */
+static int unrecorded(PyObject **out) {
+  if (!mt_ext_has_gradient(*out)) return 1;
+  Py_CLEAR(*out);
+  return 0;
+}
+
+/* A call that records for autograd (grad mode on, an operand requires grad): the
+ * forward by the C path as with grad mode off (what the Python entry would run),
+ * then its node. 1, 0 or -1 as c_ufunc. */
+static int c_ufunc_recorded(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
+                            int n, PyObject **out) {
+  const mt_ext_sig *sig = mt_ext_sig_of(d, ufunc);
+  if (sig == NULL || !mt_ext_any_needs_grad(d, ops, n)) return 0;
+  d->grad_enabled = 0;
+  int rc = c_ufunc(d, ufunc, ops, n, out);
+  d->grad_enabled = 1;
+  if (rc <= 0) return rc;
+  if (sig->grad_backward == NULL) return unrecorded(out);
+  *out = mt_ext_record(d, sig, *out, ops, n, NULL);
+  return *out != NULL ? 1 : -1;
+}
+
 PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
                              PyObject *const *ops, Py_ssize_t n, PyObject *kwnames) {
   if (kwnames == NULL && d->enabled && !d->tracing && n <= MT_MEMO_MAX_OPERANDS &&
@@ -342,6 +370,9 @@ PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *meth
     PyObject *out = NULL;
     int rc = c_ufunc(d, ufunc, ops, (int)n, &out);
     if (rc != 0) return out;
+    /* Only a call the C path declined can be one that records. */
+    if (d->grad_enabled && c_ufunc_recorded(d, ufunc, ops, (int)n, &out) != 0)
+      return out;
   }
   PyObject *entry = entry_of(d, d->ufunc_type);
   if (entry == NULL) return NULL;
@@ -406,6 +437,29 @@ static int c_reduction(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *self,
   return *out != NULL ? 1 : -1;
 }
 
+/* c_ufunc_recorded for a reduction method; the node's aux is (axis, keepdims). */
+static int c_reduction_recorded(mt_ext_dispatch *d, mt_ext_sig *sig, PyObject *self,
+                                PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames, PyObject **out) {
+  PyObject *axis, *keepdims;
+  if (!mt_ext_any_needs_grad(d, &self, 1) ||
+      reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
+    return 0;
+  d->grad_enabled = 0;
+  int rc = c_reduction(d, sig, self, args, nargs, kwnames, out);
+  d->grad_enabled = 1;
+  if (rc <= 0) return rc;
+  if (sig->grad_backward == NULL) return unrecorded(out);
+  PyObject *aux = PyTuple_Pack(2, axis, keepdims);
+  if (aux == NULL) {
+    Py_CLEAR(*out);
+    return -1;
+  }
+  *out = mt_ext_record(d, sig, *out, &self, 1, aux);
+  Py_DECREF(aux);
+  return *out != NULL ? 1 : -1;
+}
+
 PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
                                 PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
@@ -417,6 +471,9 @@ PyObject *mt_ext_call_reduction(mt_ext_dispatch *d, int method, PyObject *self,
     PyObject *out = NULL;
     int rc = c_reduction(d, sig, self, args, nargs, kwnames, &out);
     if (rc != 0) return out;
+    if (d->grad_enabled &&
+        c_reduction_recorded(d, sig, self, args, nargs, kwnames, &out) != 0)
+      return out;
   }
   PyObject *entry = entry_of(d, sig->func);
   if (entry == NULL) return NULL;
@@ -573,6 +630,7 @@ int mt_ext_dispatch_exec(PyObject *module) {
   d->redistribute_op = d->next_op++;
   d->decision_limit = 4096, d->plan_limit = 256, d->layout_limit = 4096;
   d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
+  d->node_type = st->node_type;
   d->op_ids = PyDict_New();
   if (d->op_ids == NULL || intern_names(d) < 0) return -1;
   return 0;
@@ -592,6 +650,8 @@ int mt_ext_dispatch_exec(PyObject *module) {
   for (int i_ = 0; i_ < d->nsigs; ++i_) {                                              \
     X(d->sigs[i_].func);                                                               \
     X(d->sigs[i_].method);                                                             \
+    X(d->sigs[i_].grad_name);                                                          \
+    X(d->sigs[i_].grad_backward);                                                      \
   }
 
 int mt_ext_dispatch_traverse(mt_ext_state *st, visitproc visit, void *arg) {

@@ -1,7 +1,8 @@
 /* _C.DTensorBase: the C base of mpitensor.DTensor. It holds the local ndarray,
- * the spec, the layout id of the spec on its mesh (found when first needed) and
- * the bit autograd will set; its operators, __array_ufunc__ and reduction methods
- * are entry points of the dispatch (ext_dispatch.c). */
+ * the spec, the layout id of the spec on its mesh (found when first needed), and
+ * autograd's requires_grad bit and node (the C path records into them); its
+ * operators, __array_ufunc__ and reduction methods are entry points of the
+ * dispatch (ext_dispatch.c). */
 #include "ext.h"
 
 #include <stddef.h>
@@ -306,8 +307,9 @@ static PyMemberDef base_members[] = {
     {"_local_tensor", T_OBJECT_EX, offsetof(mt_ext_dtensor, local), 0,
      "This rank's local ndarray (or a pending asynchronous one)."},
     {"_requires_grad", T_BOOL, offsetof(mt_ext_dtensor, requires_grad), 0,
-     "Whether autograd records operations on this tensor: while grad mode is on, "
-     "they take the Python entry of the dispatch."},
+     "Whether autograd records operations on this tensor while grad mode is on."},
+    {"_grad_fn", T_OBJECT, offsetof(mt_ext_dtensor, grad_fn), 0,
+     "The autograd Node that made this tensor, or None (a leaf)."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -316,6 +318,7 @@ static int base_traverse(PyObject *self, visitproc visit, void *arg) {
   Py_VISIT(Py_TYPE(self));
   Py_VISIT(b->local);
   Py_VISIT(b->spec);
+  Py_VISIT(b->grad_fn);
   return 0;
 }
 
@@ -323,6 +326,7 @@ static int base_clear(PyObject *self) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)self;
   Py_CLEAR(b->local);
   Py_CLEAR(b->spec);
+  Py_CLEAR(b->grad_fn);
   return 0;
 }
 

@@ -17,6 +17,7 @@ static int module_exec(PyObject *module) {
   if (add_methods(module, mt_ext_prop_methods) < 0) return -1;
   if (add_methods(module, mt_ext_io_methods) < 0) return -1;
   if (add_methods(module, mt_ext_dispatch_methods) < 0) return -1;
+  if (add_methods(module, mt_ext_autograd_methods) < 0) return -1;
   if (add_methods(module, mt_ext_decide_methods) < 0) return -1;
   if (add_methods(module, mt_ext_ring_methods) < 0) return -1;
   if (add_methods(module, mt_ext_kernels_methods) < 0) return -1;
@@ -32,6 +33,7 @@ static int module_exec(PyObject *module) {
   if (mt_ext_mesh_base_exec(module) < 0) return -1;
   if (mt_ext_dtensor_exec(module) < 0) return -1;
   if (mt_ext_decide_exec(module) < 0) return -1;
+  if (mt_ext_autograd_exec(module) < 0) return -1;
   if (mt_ext_dispatch_exec(module) < 0) return -1;
   if (mt_ext_ring_exec(module) < 0) return -1;
   if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0) return -1;
@@ -50,6 +52,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   Py_VISIT(st->dtensor_base_type);
   Py_VISIT(st->mesh_base_type);
   Py_VISIT(st->decision_type);
+  Py_VISIT(st->node_type);
   return mt_ext_dispatch_traverse(st, visit, arg);
 }
 
@@ -64,6 +67,7 @@ static int module_clear(PyObject *module) {
   Py_CLEAR(st->dtensor_base_type);
   Py_CLEAR(st->mesh_base_type);
   Py_CLEAR(st->decision_type);
+  Py_CLEAR(st->node_type);
   mt_ext_dispatch_clear(st);
   return 0;
 }

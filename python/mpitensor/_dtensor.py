@@ -52,12 +52,13 @@ class DTensor(_C.DTensorBase):
     # ``__init__(local_tensor, spec)`` sets them), and the entry points of NumPy
     # operations: the operators (in place too), ``__array_ufunc__`` and the
     # reduction methods sum, mean, prod, max, min, all, any, std, var, argmax and
-    # argmin (csrc/ext/ext_dtensor.c, ext_dispatch.c), and the ``_requires_grad``
-    # bit. The slots here are autograd's: the accumulated gradient, the node that
-    # made this tensor (None for a leaf) and retain_grad()'s flag; unset until used,
-    # so a DTensor the C path makes costs nothing more. The comparison operators
-    # make DTensors, so keep identity hashing.
-    __slots__ = ("_grad", "_grad_fn", "_retains_grad")
+    # argmin (csrc/ext/ext_dtensor.c, ext_dispatch.c), and autograd's
+    # ``_requires_grad`` bit and ``_grad_fn`` node (None for a leaf), which the C
+    # path records into. The slots here are autograd's too: the accumulated
+    # gradient and retain_grad()'s flag; unset until used, so a DTensor the C path
+    # makes costs nothing more. The comparison operators make DTensors, so keep
+    # identity hashing.
+    __slots__ = ("_grad", "_retains_grad")
     __hash__ = object.__hash__
 
     def __array_function__(self, func, types, args, kwargs):
@@ -523,7 +524,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``(w * 2).grad_fn`` names ``multiply`` when ``w`` requires grad.
         """
-        return getattr(self, "_grad_fn", None)
+        return self._grad_fn
 
     @property
     def is_leaf(self) -> bool:
@@ -531,7 +532,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``w.is_leaf and not (w * 2).is_leaf`` when ``w`` requires grad.
         """
-        return getattr(self, "_grad_fn", None) is None
+        return self._grad_fn is None
 
     def retain_grad(self) -> None:
         """Keeps this non-leaf tensor's gradient in ``.grad`` on backward. Local.

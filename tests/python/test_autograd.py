@@ -526,11 +526,101 @@ def test_the_fast_path_is_untouched_when_nothing_requires_grad():
     np.exp(a)
     a.sum(axis=0)
     assert _python_calls() == calls  # all three in C
-    a + w
-    assert _python_calls() == calls + 1  # recording takes the Python entry
+    out = a + w
+    assert out.grad_fn.name == "add" and out.grad_fn.inputs[1] is w
+    assert _python_calls() == calls  # the C path records it too
     with mt.no_grad():
-        a + w
-    assert _python_calls() == calls + 1
+        out = a + w
+    assert out.grad_fn is None and _python_calls() == calls
+
+
+_RECORDED = {  # the operations the C path records, as users write them
+    "add": lambda x, y: x + y,
+    "subtract": lambda x, y: 2.0 - x,
+    "multiply": lambda x, y: x * y,
+    "divide": lambda x, y: x / (y * y + 1),
+    "tanh": lambda x, y: np.tanh(x),
+    "exp": lambda x, y: np.exp(x),
+    "matmul": lambda x, y: x @ y,
+    "sum": lambda x, y: x.sum(axis=0),
+    "mean": lambda x, y: x.mean(1, keepdims=True),
+    "max": lambda x, y: x.max(axis=1),
+    "min": lambda x, y: x.min(),
+    "var": lambda x, y: x.var(axis=0),
+    "std": lambda x, y: x.std(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RECORDED))
+@pytest.mark.parametrize("pls", [((S0,), (S0,)), ((S0,), (R,)), ((S1,), (R,))])
+def test_the_c_path_records_the_node_the_python_entry_records(name, pls):
+    # A listening CommDebugMode sends every call through the Python entry, whose rule
+    # records with a closure: the C path's node must name the same operation and
+    # inputs and give the same gradients and gradient placements.
+    mesh = mesh_of((W,))
+    arrays = [np.random.default_rng(3).standard_normal((5, 5)) + 3 for _ in range(2)]
+    op = _RECORDED[name]
+    nodes, grads = [], []
+    for traced in (False, True):
+        x, y = leaves(arrays, mesh, pls)
+        if traced:
+            with CommDebugMode():
+                out = op(x, y)
+        else:
+            python = _python_calls()
+            out = op(x, y)
+            # var and std whose reduced dim is sharded merge per-rank results in
+            # their Python entry: the C path declines them, recording or not.
+            c_took = _python_calls() == python
+            assert c_took or (name in ("var", "std") and W > 1)
+        node = out.grad_fn
+        nodes.append((node.name, tuple(i is x or i is y for i in node.inputs),
+                      node.saved is None))
+        (out * out).sum().backward()
+        grads.append([(g.placements, g.full_tensor()) for g in (x.grad, y.grad)
+                      if g is not None])
+    (c_name, c_inputs, c_closure), (p_name, p_inputs, p_closure) = nodes
+    assert c_name == p_name == name and c_inputs == p_inputs
+    assert c_closure != c_took and p_closure  # made in C (operands saved), in Python
+    for (c_pl, c_g), (p_pl, p_g) in zip(*grads, strict=True):
+        assert c_pl == p_pl
+        np.testing.assert_allclose(c_g, p_g, rtol=1e-12)
+
+
+def test_a_c_recorded_node_is_freed_by_backward_and_kept_by_retain_graph():
+    mesh = mesh_of((W,))
+    w = distribute_tensor(np.arange(1.0, 9.0).reshape(4, 2), mesh, [S0], requires_grad=True)
+    h = np.tanh(w * 0.5)
+    node = h.grad_fn
+    assert repr(node) == "<tanh backward>" and node.saved[0] is h.grad_fn.inputs[0]
+    assert node.inputs[0].grad_fn.name == "multiply" and node.aux is None
+    loss = h.sum(axis=0).sum()
+    assert loss.grad_fn.aux == (None, False) and h.sum(axis=0).grad_fn.aux == (0, False)
+    loss.backward(retain_graph=True)
+    assert node.backward_fn is not None and node.saved is not None
+    first = w.grad.full_tensor()
+    loss.backward()
+    np.testing.assert_allclose(w.grad.full_tensor(), 2 * first)
+    # Freed: the node no longer holds the operands (nor the forward's arrays).
+    assert node.backward_fn is None and node.saved is None and node.inputs == ()
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
+
+
+def test_a_c_recorded_result_without_gradients_gets_no_node():
+    mesh = mesh_of((W,))
+    w = distribute_tensor(np.arange(16.0).reshape(4, 4), mesh, [S0], requires_grad=True)
+    (w > 0), w.max(axis=1)  # decided once
+    python = _python_calls()
+    # No rule and no gradient (bool, int): taken by the C path, as with grad mode off.
+    mask, where = w > 0, w.argmax(axis=1)
+    assert _python_calls() == python
+    assert mask.grad_fn is None and not mask.requires_grad and where.grad_fn is None
+    np.testing.assert_array_equal(where.full_tensor(), [3, 3, 3, 3])
+    with pytest.raises(NotImplementedError, match="arctan"):
+        np.arctan(w)  # no rule: the Python entry refuses to drop the gradient
+    with pytest.raises(NotImplementedError, match="prod"):
+        w.prod(axis=0)
 
 
 def _python_calls():

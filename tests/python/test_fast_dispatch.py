@@ -524,16 +524,17 @@ def test_a_listening_tool_sees_every_decision(mesh, capsys):
     assert "numpy.sum: inputs [S(0)] (4, 4) float64" in capsys.readouterr().err
 
 
-def test_a_tensor_that_requires_grad_takes_the_python_entry_in_grad_mode(mesh):
-    """In grad mode the Python entry records the operation; it computes the forward
-    by the C path (one call, its cached decision) with grad mode off."""
+def test_a_tensor_that_requires_grad_is_recorded_by_the_c_path_in_grad_mode(mesh):
+    """In grad mode the C path computes the forward (one call, its cached decision)
+    and records its node itself: the Python entry does not run."""
     a = mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])
     a + a
     a._requires_grad = True
     try:
-        before = c_calls()
+        before, python = c_calls(), _C.dispatch_stats()["python_calls"]
         out = a + a
         assert out.grad_fn is not None and c_calls() == before + 1
+        assert _C.dispatch_stats()["python_calls"] == python
         was = _modes.set_grad_enabled(False)
         out = a + a
         assert out.grad_fn is None and c_calls() == before + 2

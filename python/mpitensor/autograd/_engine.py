@@ -18,45 +18,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _modes
+from .. import _C, _modes
 from .._dtensor import DTensor, _grad_placements
 from ..placement_types import Replicate
 
 __all__ = ["Node", "record", "backward", "grad"]
 
 
-class Node:
-    """What recorded one operation: ``name``, the ``inputs`` that need a gradient
-    (None for the others, in operand order) and ``backward_fn(grad) -> grads``,
-    one per input (None for no gradient). Local.
-
-    Example: ``(w * 2).grad_fn.name == "multiply"``.
-    """
-
-    __slots__ = ("name", "inputs", "backward_fn")
-
-    def __init__(self, name: str, inputs: tuple, backward_fn) -> None:
-        self.name = name
-        self.inputs = inputs
-        self.backward_fn = backward_fn
-
-    def __repr__(self) -> str:
-        return f"<{self.name} backward>"
+# What recorded one operation: ``name``, the ``inputs`` that need a gradient (None
+# for the others, in operand order) and ``backward_fn(grad) -> grads``, one per
+# input (None for no gradient). The C dispatch makes the nodes of the operations it
+# takes itself: they hold the operands in ``saved`` (and a reduction's (axis,
+# keepdims) in ``aux``) instead of a closure, and their ``backward_fn(grad, node,
+# output)`` is the operation's rule, one function per operation
+# (csrc/ext/ext_autograd.c, _rules.install).
+Node = _C.Node
 
 
-def record(name: str, out, inputs, backward_fn):
-    """Makes ``out`` the result of a recorded operation when one of ``inputs``
-    requires grad (grad mode is the caller's check) and ``out`` is floating point
-    or complex; returns ``out``. Local.
-
-    Example: ``record("double", y, (x,), lambda g: (g * 2,))``.
-    """
-    need = tuple(x if type(x) is DTensor and x._requires_grad else None for x in inputs)
-    if type(out) is DTensor and out._spec.dtype.kind in "fc" and \
-            any(x is not None for x in need):
-        out._requires_grad = True
-        out._grad_fn = Node(name, need, backward_fn)
-    return out
+# record(name, out, inputs, backward_fn) -> out: makes ``out`` the result of a
+# recorded operation when one of ``inputs`` requires grad (grad mode is the
+# caller's check) and ``out`` is floating point or complex. In C: every operation
+# the Python entries record pays it.
+record = _C.record
 
 
 def _order(roots) -> list:
@@ -136,16 +119,17 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                     t._grad = g_t if t.grad is None else t._grad + g_t
             if fn is None:
                 continue
-            if fn.backward_fn is None:
+            backward_fn = fn.backward_fn
+            if backward_fn is None:
                 raise RuntimeError(
                     "Trying to backward through the graph a second time; specify "
                     "retain_graph=True on the first backward")
-            gs = fn.backward_fn(g)
+            gs = backward_fn(g) if fn.saved is None else backward_fn(g, fn, t)
             inputs = fn.inputs
             if not retain_graph:
-                # Frees what the closure saved and the inputs, so a kept output
-                # (the loss) no longer holds the forward's arrays.
-                fn.backward_fn, fn.inputs = None, ()
+                # Frees what the node saved and the inputs, so a kept output (the
+                # loss) no longer holds the forward's arrays.
+                fn.backward_fn, fn.inputs, fn.saved, fn.aux = None, (), None, None
             for x, gx in zip(inputs, gs):
                 if x is None or gx is None:
                     continue

@@ -4,8 +4,12 @@ At import every operation in mpitensor._registry gets an entry that, while grad
 mode is on and an operand requires grad, runs the forward with grad mode off and
 records the result with its rule (mpitensor.autograd._engine.record). Calls with
 nothing to record go straight to the forward (and the ones the C path takes never
-come here). An operation with no rule here raises NotImplementedError when it
-would have to record a floating-point result, rather than drop the gradient.
+come here). The ufuncs and reduction methods the C path takes are recorded there,
+without coming here: their node holds the operands, and its backward is the same
+gradient function as their rule's here (``_RECORDED_REDUCTIONS``,
+``_recorded_ufunc``). An operation with no rule here raises NotImplementedError
+when it would have to record a floating-point result, rather than drop the
+gradient.
 
 A rule computes the gradients with DTensor operations, so they run through the
 same dispatch as the forward: their placements come from the same C decisions and
@@ -21,7 +25,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _modes, _registry
+from .. import _C, _modes, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -33,17 +37,6 @@ from ._engine import record
 __all__: list = []
 
 
-def _needs_grad(args, kwargs) -> bool:
-    for a in (*args, *kwargs.values()):
-        if type(a) is DTensor:
-            if a._requires_grad:
-                return True
-        elif type(a) in (list, tuple):
-            if any(type(x) is DTensor and x._requires_grad for x in a):
-                return True
-    return False
-
-
 def _differentiable(func, rule) -> None:
     """Replaces ``func``'s entry in the registry by one that records with
     ``rule(result, *args, **kwargs)`` when an operand requires grad in grad mode."""
@@ -52,7 +45,7 @@ def _differentiable(func, rule) -> None:
 
     @functools.wraps(impl)
     def entry(*args, **kwargs):
-        if not _modes.grad_enabled or not _needs_grad(args, kwargs):
+        if not _modes.grad_enabled or not _C.needs_grad(args, kwargs):
             return impl(*args, **kwargs)
         if func in _WRITES:
             raise RuntimeError(
@@ -176,6 +169,11 @@ def _select_grads(g, ops, need, greater):
     return (g * mask if need[0] else None, g * (1 - mask) if need[1] else None)
 
 
+def _ufunc_grads(grads, g, ops, out, need):
+    gs = grads(g, ops, out, need)
+    return tuple(_fit(gx, x) if n else None for gx, x, n in zip(gs, ops, need))
+
+
 def _ufunc_rule(result, ufunc, method, *operands, **kwargs):
     if ufunc is np.matmul:
         a, b = D.implicit(operands)
@@ -185,11 +183,21 @@ def _ufunc_rule(result, ufunc, method, *operands, **kwargs):
         return _no_rule(np.ufunc)(result, ufunc, method, *operands, **kwargs)
     ops = D.implicit(operands)
     need = tuple(type(x) is DTensor and x._requires_grad for x in ops)
+    return record(ufunc.__name__, result, ops,
+                  lambda g: _ufunc_grads(grads, g, ops, result, need))
 
-    def backward(g):
-        gs = grads(g, ops, result, need)
-        return tuple(_fit(gx, x) if n else None for gx, x, n in zip(gs, ops, need))
-    return record(ufunc.__name__, result, ops, backward)
+
+def _recorded_ufunc(grads):
+    """The backward of a ufunc's node made by the C dispatch (node.saved: the
+    operands)."""
+    def backward(g, node, out):
+        need = tuple(x is not None for x in node.inputs)
+        return _ufunc_grads(grads, g, node.saved, out, need)
+    return backward
+
+
+def _recorded_matmul(g, node, out):
+    return _matmul_grads(g, *node.saved, out)
 
 
 # -- matmul ----------------------------------------------------------------------------
@@ -253,53 +261,75 @@ def _einsum_rule(result, subscripts, *operands, out=None, optimize=False, **kwar
 
 # -- reductions ------------------------------------------------------------------------
 
-def _extremum_rule(name):
+def _reduced(a, axis):
+    """(the reduced dims, their element count, the shape with them kept as 1)."""
+    axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
+    count = int(np.prod([a.shape[i] for i in axes], dtype=np.int64))
+    return axes, count, tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+
+
+def _extremum_grads(g, a, result, axis):
     """max/min (amax/amin): the gradient shared evenly by the elements equal to the
     result, as torch's amax/amin."""
-    def rule(result, a, axis=None, out=None, keepdims=False, **kwargs):
-        axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
-        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+    axes, _, kept = _reduced(a, axis)
+    hit = a == np.broadcast_to(result.reshape(kept), a.shape)
+    share = g.reshape(kept) / hit.sum(axis=axes, keepdims=True)
+    return (_fit(hit * share, a),)
 
-        def backward(g):
-            hit = a == np.broadcast_to(result.reshape(kept), a.shape)
-            share = g.reshape(kept) / hit.sum(axis=axes, keepdims=True)
-            return (_fit(hit * share, a),)
-        return record(name, result, (a,), backward)
+
+def _moment_grads(g, a, result, axis, ddof, std):
+    """var: 2 (a - mean) / (n - ddof) times the gradient; std: that over 2 std."""
+    axes, count, kept = _reduced(a, axis)
+    centered = a - np.mean(a, axis=axes, keepdims=True)
+    g = g.reshape(kept)
+    if std:
+        g = g / result.reshape(kept)
+    return (_fit(centered * (g * ((1.0 if std else 2.0) / (count - ddof))), a),)
+
+
+def _reduction_grads(g, a, axis, keepdims, mean):
+    """sum/mean: the gradient (over the count for mean) broadcast back."""
+    _, count, kept = _reduced(a, axis)
+    if mean:
+        g = g / count
+    if not keepdims:
+        g = g.reshape(kept)
+    g = np.broadcast_to(g, a.shape)
+    return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+
+
+def _extremum_rule(name):
+    def rule(result, a, axis=None, out=None, keepdims=False, **kwargs):
+        return record(name, result, (a,), lambda g: _extremum_grads(g, a, result, axis))
     return rule
 
 
 def _moment_rule(std):
-    """var: 2 (a - mean) / (n - ddof) times the gradient; std: that over 2 std."""
     def rule(result, a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
-        axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
-        count = int(np.prod([a.shape[i] for i in axes], dtype=np.int64))
-        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
-
-        def backward(g):
-            centered = a - np.mean(a, axis=axes, keepdims=True)
-            g = g.reshape(kept)
-            if std:
-                g = g / result.reshape(kept)
-            return (_fit(centered * (g * ((1.0 if std else 2.0) / (count - ddof))), a),)
-        return record("std" if std else "var", result, (a,), backward)
+        return record("std" if std else "var", result, (a,),
+                      lambda g: _moment_grads(g, a, result, axis, ddof, std))
     return rule
 
 
 def _reduction_rule(mean):
     def rule(result, a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
-        axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
-        count = int(np.prod([a.shape[i] for i in axes], dtype=np.int64))
-        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
-
-        def backward(g):
-            if mean:
-                g = g / count
-            if not keepdims:
-                g = g.reshape(kept)
-            g = np.broadcast_to(g, a.shape)
-            return (g if g.dtype == a.dtype else g.astype(a.dtype),)
-        return record("mean" if mean else "sum", result, (a,), backward)
+        return record("mean" if mean else "sum", result, (a,),
+                      lambda g: _reduction_grads(g, a, axis, keepdims, mean))
     return rule
+
+
+# The backwards of the reductions' nodes made by the C dispatch: node.saved is
+# (a,), node.aux (axis, keepdims) as the method was called (no dtype, no ddof).
+_RECORDED_REDUCTIONS = {
+    np.sum: ("sum", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, False)),
+    np.mean: ("mean", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, True)),
+    np.max: ("max", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
+    np.min: ("min", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
+    np.var: ("var", lambda g, node, out: _moment_grads(g, *node.saved, out, node.aux[0], 0,
+                                                       False)),
+    np.std: ("std", lambda g, node, out: _moment_grads(g, *node.saved, out, node.aux[0], 0,
+                                                       True)),
+}
 
 
 # -- selection -------------------------------------------------------------------------
@@ -364,24 +394,35 @@ def _getitem_rule(result, a, key):
     """Basic indexing's backward: the gradient reshaped to the picked box (ints and
     None are size-1 dims) and padded with zeros to ``a``'s shape by concatenation,
     dim by dim. A slice with a step other than 1 has no rule yet."""
-    sel, _ = _parse(key, a.shape)
-    if any(count > 1 and step != 1 for _, step, count, _ in sel):
-        return _no_rule(operator.getitem)(result, a, key)
-    box = tuple(count for _, _, count, _ in sel)
+    if _stepped(key):
+        sel, _ = _parse(key, a.shape)
+        if any(count > 1 and step != 1 for _, step, count, _ in sel):
+            return _no_rule(operator.getitem)(result, a, key)
+    return record("getitem", result, (a,), lambda g: _getitem_grads(g, a, key))
 
-    def backward(g):
-        g = g.reshape(box)
-        for d, (start, _, count, _) in enumerate(sel):
-            if count == a.shape[d]:
-                continue
-            parts = [g]
-            if start:
-                parts.insert(0, _zeros_like_along(g, d, start))
-            if a.shape[d] - start - count:
-                parts.append(_zeros_like_along(g, d, a.shape[d] - start - count))
-            g = np.concatenate(parts, axis=d)
-        return (g if g.dtype == a.dtype else g.astype(a.dtype),)
-    return record("getitem", result, (a,), backward)
+
+def _stepped(key) -> bool:
+    """Whether a slice of ``key`` has a step other than 1 (the key is parsed in
+    backward, or here only then)."""
+    for k in key if type(key) is tuple else (key,):
+        if type(k) is slice and k.step is not None and k.step != 1:
+            return True
+    return False
+
+
+def _getitem_grads(g, a, key):
+    sel, _ = _parse(key, a.shape)
+    g = g.reshape(tuple(count for _, _, count, _ in sel))
+    for d, (start, _, count, _) in enumerate(sel):
+        if count == a.shape[d]:
+            continue
+        parts = [g]
+        if start:
+            parts.insert(0, _zeros_like_along(g, d, start))
+        if a.shape[d] - start - count:
+            parts.append(_zeros_like_along(g, d, a.shape[d] - start - count))
+        g = np.concatenate(parts, axis=d)
+    return (g if g.dtype == a.dtype else g.astype(a.dtype),)
 
 
 def _zeros_like_along(g, d, n):
@@ -402,9 +443,12 @@ def _zeros_like_along(g, d, n):
 # -- shape -----------------------------------------------------------------------------
 
 def _transpose_rule(result, a, axes=None):
+    return record("transpose", result, (a,), lambda g: (_transpose_grad(g, a, axes),))
+
+
+def _transpose_grad(g, a, axes):
     perm = tuple(range(a.ndim))[::-1] if axes is None else normalize_axis_tuple(axes, a.ndim)
-    inverse = tuple(int(i) for i in np.argsort(perm))
-    return record("transpose", result, (a,), lambda g: (np.transpose(g, inverse),))
+    return np.transpose(g, tuple(int(i) for i in np.argsort(perm)))
 
 
 def _swapaxes_rule(result, a, axis1, axis2):
@@ -470,6 +514,12 @@ _RULES = {
 
 def install() -> None:
     """Wraps every registered operation once: with its rule, or with the check that
-    refuses to drop a gradient. Local (at import)."""
+    refuses to drop a gradient; and gives the C dispatch the backwards of the ufuncs
+    and reduction methods it records itself. Local (at import)."""
     for func in list(_registry.functions):
         _differentiable(func, _RULES.get(func) or _no_rule(func))
+    for ufunc, grads in _UFUNCS.items():
+        _C.register_grad(ufunc, ufunc.__name__, _recorded_ufunc(grads))
+    _C.register_grad(np.matmul, "matmul", _recorded_matmul)
+    for func, (name, backward) in _RECORDED_REDUCTIONS.items():
+        _C.register_grad(func, name, backward)
