@@ -924,11 +924,13 @@ def main(argv=None):
         with open("/proc/loadavg") as f:
             info["loadavg_end"] = f.read().split()[:3]
 
-    # Peak memory after the timing: its large blocks stay in mpitensor's pool and
-    # change how the process's later NumPy buffers are backed, which slowed the raw
-    # calls timed after it.
+    # Peak memory after the timing: measured first, its large transfers left the
+    # process in a state where the raw calls timed after it ran slower. It starts
+    # from an empty pool, as a first call does.
     mem_rows = []
     if not args.no_memory:
+        mt._C.pool_set_limit(0)
+        mt._C.pool_set_limit(int(os.environ.get("MPITENSOR_POOL_BYTES", 512 * MiB)))
         mb = parse_bytes(args.mem_bytes) if args.mem_bytes else hi
         mem_rows = measure_memory(comm, mesh, mb, tctx, names)
         if tctx and tctx.max_bytes < mb:  # torch's own figure, at the largest size it runs
