@@ -387,6 +387,13 @@ def summarize(times: dict) -> dict:
 # ---- peak memory ------------------------------------------------------------------------
 
 
+def empty_pool() -> None:
+    """Frees the blocks mpitensor's pool keeps for reuse, so that a measured call
+    allocates its output as a first call does instead of taking an earlier one's."""
+    mt._C.pool_set_limit(0)
+    mt._C.pool_set_limit(int(os.environ.get("MPITENSOR_POOL_BYTES", 512 * MiB)))
+
+
 def measure_memory(comm, mesh, nbytes, tctx, names):
     rows = []
     for name, src, dst, _, _ in TRANSITIONS:
@@ -403,6 +410,7 @@ def measure_memory(comm, mesh, nbytes, tctx, names):
         for v in ("mt", "raw", "same_call", "torch"):
             if v not in variants:
                 continue
+            empty_pool()
             comm.Barrier()
             g = peak_growth(variants[v])
             row[v + "_growth_bytes"] = comm.allreduce(g, MPI.MAX)
@@ -925,12 +933,9 @@ def main(argv=None):
             info["loadavg_end"] = f.read().split()[:3]
 
     # Peak memory after the timing: measured first, its large transfers left the
-    # process in a state where the raw calls timed after it ran slower. It starts
-    # from an empty pool, as a first call does.
+    # process in a state where the raw calls timed after it ran slower.
     mem_rows = []
     if not args.no_memory:
-        mt._C.pool_set_limit(0)
-        mt._C.pool_set_limit(int(os.environ.get("MPITENSOR_POOL_BYTES", 512 * MiB)))
         mb = parse_bytes(args.mem_bytes) if args.mem_bytes else hi
         mem_rows = measure_memory(comm, mesh, mb, tctx, names)
         if tctx and tctx.max_bytes < mb:  # torch's own figure, at the largest size it runs
