@@ -232,9 +232,34 @@ def train(results: dict) -> str:
     return "\n".join(out)
 
 
+def autograd(results: dict) -> str:
+    out = []
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "autograd":
+            continue
+        t = data["times_us"]
+        ops = list(dict.fromkeys(k.split("/")[0] for k in t if "/" in k))
+        rows = []
+        for op in ops:
+            rec = sorted(g - p for g, p in zip(t[f"{op}/grad"], t[f"{op}/no_grad"]))
+            over = sorted(p - x for p, x in zip(t[f"{op}/no_grad"], t[f"{op}/numpy"]))
+            rows.append([op, f"{median(over):.2f}", ranged(median(rec), rec[0], rec[-1])])
+        size = data["args"]["size"]
+        out.append(f"np {n}, {size} x {size} float64 per rank: microseconds per call "
+                   f"(medians; recording's range over repetitions)\n\n"
+                   + table(["operation", "no grad: above NumPy", "grad: recording adds"],
+                           rows))
+    return "\n".join(out)
+
+
+def median(values: list) -> float:
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+
 TABLES = {"conditions": conditions, "redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
-          "context_parallel": context_parallel, "debug": debug, "train": train}
+          "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd}
 
 
 def figures(name: str, cpu: str, results: dict, plots: str) -> str:
