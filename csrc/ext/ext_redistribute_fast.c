@@ -130,6 +130,12 @@ int mt_ext_redistribute_fast(mt_ext_dispatch *d, PyObject *self, const PyObject 
   mt_ext_mesh_base *mb = mt_ext_spec_mesh(d, spec);
   if (mb == NULL || !mb->member || mb->handle == NULL) return 0;
   if (mesh != Py_None && mesh != (PyObject *)mb) return 0;
+  /* Another thread than the mesh's: the Python path refuses every move there, with
+   * or without communication, so the answer does not depend on the plan. */
+  if (mt_ext_mesh_check_thread(mb->handle) < 0) {
+    PyErr_Clear();
+    return 0;
+  }
   mt_placement dst[MT_MAX_MESH_NDIM];
   int same;
   mt_memo_key mk;
@@ -164,8 +170,6 @@ int mt_ext_redistribute_fast(mt_ext_dispatch *d, PyObject *self, const PyObject 
   PyObject *local;
   if (plan == NULL) {
     local = same ? Py_NewRef(b->local) : (PyObject *)mt_ext_contiguous(b->local);
-  } else if (mt_ext_mesh_check_thread(mb->handle) < 0) {
-    local = NULL;
   } else {
     mt_plan_retain(plan);
     local = mt_ext_run_plan(d->module, mt_ext_mesh_get_unchecked(mb->handle), plan,
