@@ -186,7 +186,7 @@ enum { RD_MESH, RD_PLACEMENTS, RD_ASYNC, RD_FORWARD, RD_BACKWARD, RD_NARGS };
  * Python implementation raises the TypeError). */
 static int redistribute_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                              PyObject **bound) {
-  memset(bound, 0, RD_NARGS * sizeof *bound);
+  for (int i = 0; i < RD_NARGS; ++i) bound[i] = NULL;
   if (nargs > 2) return 0;
   for (Py_ssize_t i = 0; i < nargs; ++i) bound[i] = args[i];
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;

@@ -1011,6 +1011,22 @@ static void test_plan_limits(void) {
   mt_layout h = make(1, &huge, 1, &four, (mt_placement[]){S(0)});
   mt_layout hr = with(&h, (mt_placement[]){R()});
   expect_plan_error(&h, &hr, 1, MT_EOVERFLOW, "int64");
+  /* An empty tensor moves nothing, however large its other dims' product: the
+   * fuzzer's (0, 3e18, 3e18) and (2^31 + 1, 3e18, 0) were refused as overflows. */
+  const int64_t empty[3] = {0, INT64_C(3074457345618258602), INT64_C(3074457345618258602)};
+  const int64_t last_empty[3] = {INT64_C(2147483649), INT64_C(3074457345618258602), 0};
+  const int64_t mesh48 = 48, mesh46 = 46;
+  mt_layout e = make(3, empty, 1, &mesh48, (mt_placement[]){R()});
+  mt_layout es = with(&e, (mt_placement[]){S(0)});
+  mt_layout p = make(3, last_empty, 1, &mesh46, (mt_placement[]){P(MT_REDUCE_SUM)});
+  mt_layout pr = with(&p, (mt_placement[]){R()});
+  const mt_layout *pairs[2][2] = {{&e, &es}, {&p, &pr}};
+  for (int i = 0; i < 2; ++i) {
+    mt_plan *plan = NULL;
+    CHECK(mt_plan_create(pairs[i][0], pairs[i][1], 1, &plan, NULL) == MT_OK);
+    CHECK(mt_plan_bytes(plan) == 0);
+    mt_plan_destroy(plan);
+  }
   /* A mesh no MPI job can have. */
   const int64_t wide[2] = {INT64_C(1) << 20, INT64_C(1) << 20};
   mt_layout w = make(1, &four, 2, wide, (mt_placement[]){R(), R()});
