@@ -356,13 +356,21 @@ static int64_t chunk_len(int64_t len, int64_t g, int64_t i) {
 
 /* Sum over ranks of numel(box): n_d summed over the leaves of every dim, times
  * the mesh dims that cut nothing. 0 when it does not fit. */
+/* Whether `l` has no element. Pricing multiplies dims, and an empty tensor's other
+ * dims may have a product beyond int64: it moves nothing, so the pricing answers
+ * 0 for it before multiplying. */
+static int is_empty(const mt_layout *l) {
+  for (int d = 0; d < l->ndim; ++d) {
+    if (l->shape[d] == 0) return 1;
+  }
+  return 0;
+}
+
 static int sum_numel(const mt_layout *l, int64_t *out) {
   int64_t total = 1;
-  for (int d = 0; d < l->ndim; ++d) {
-    if (l->shape[d] == 0) { /* empty, whatever the other dims' product */
-      *out = 0;
-      return 1;
-    }
+  if (is_empty(l)) {
+    *out = 0;
+    return 1;
   }
   for (int d = 0; d < l->ndim; ++d) {
     if (!mul_ok(total, l->shape[d], &total)) return 0;
@@ -387,12 +395,9 @@ static int sum_numel(const mt_layout *l, int64_t *out) {
 static int one_dim_elements(const mt_layout *q, int m, int a, int b, int scatter,
                             int64_t *out, int64_t *most) {
   int64_t g = q->mesh_shape[m], rest = 1, top = 1;
-  /* An empty tensor moves nothing, however large its other dims' product. */
-  for (int d = 0; d < q->ndim; ++d) {
-    if (q->shape[d] == 0) {
-      *out = 0, *most = 0;
-      return 1;
-    }
+  if (is_empty(q)) {
+    *out = 0, *most = 0;
+    return 1;
   }
   for (int d = 0; d < q->ndim; ++d) {
     if (d == a || d == b) continue;
@@ -518,15 +523,11 @@ static int walk_elements(const mt_layout *src, const mt_layout *dst, int64_t *mo
                          int64_t *most_msgs, mt_error *err) {
   int act[MT_MAX_NDIM], nact = 0, rel[MT_MAX_MESH_NDIM], nrel = 0;
   int64_t fixed = 1, repeat = 1, need = 0;
-  /* An empty tensor moves nothing and meets no peer, however large its other
-   * dims' product (which the walk below would multiply). */
-  for (int d = 0; d < src->ndim; ++d) {
-    if (src->shape[d] == 0) {
-      *moved = *most_moved = 0;
-      if (lacking != NULL) *lacking = 0;
-      if (msgs != NULL) *msgs = *most_msgs = 0;
-      return MT_OK;
-    }
+  if (is_empty(src)) { /* nothing moves, no peer is met */
+    *moved = *most_moved = 0;
+    if (lacking != NULL) *lacking = 0;
+    if (msgs != NULL) *msgs = *most_msgs = 0;
+    return MT_OK;
   }
   for (int d = 0; d < src->ndim; ++d) {
     int64_t ns = leaf_total(src, d), nt = leaf_total(dst, d);
