@@ -390,8 +390,7 @@ def summarize(times: dict) -> dict:
 def empty_pool() -> None:
     """Frees the blocks mpitensor's pool keeps for reuse, so that a measured call
     allocates its output as a first call does instead of taking an earlier one's."""
-    mt._C.pool_set_limit(0)
-    mt._C.pool_set_limit(int(os.environ.get("MPITENSOR_POOL_BYTES", 512 * MiB)))
+    mt._C.pool_set_limit(mt._C.pool_set_limit(0))
 
 
 def measure_memory(comm, mesh, nbytes, tctx, names):

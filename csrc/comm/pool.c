@@ -166,9 +166,10 @@ size_t mt_pool_block_size(const void *block) {
   return size_of((const char *)block - HEADER);
 }
 
-void mt_pool_set_limit(size_t bytes) {
+size_t mt_pool_set_limit(size_t bytes) {
   void *drop[MAX_SLOTS] = {0};
   acquire();
+  size_t previous = limit;
   limit = bytes;
   for (int i = 0; i < MAX_SLOTS && cached > limit; ++i) {
     if (slots[i] == NULL) continue;
@@ -180,6 +181,7 @@ void mt_pool_set_limit(size_t bytes) {
   for (int i = 0; i < MAX_SLOTS; ++i) {
     if (drop[i] != NULL) release_block(drop[i]);
   }
+  return previous;
 }
 
 size_t mt_pool_cached_bytes(void) {

@@ -63,8 +63,7 @@ PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim
 static PyObject *pool_set_limit(PyObject *module, PyObject *arg) {
   unsigned long long n = PyLong_AsUnsignedLongLong(arg);
   if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-  mt_pool_set_limit((size_t)n);
-  Py_RETURN_NONE;
+  return PyLong_FromSize_t(mt_pool_set_limit((size_t)n));
 }
 
 static PyObject *pool_cached_bytes(PyObject *module, PyObject *unused) {
@@ -73,7 +72,8 @@ static PyObject *pool_cached_bytes(PyObject *module, PyObject *unused) {
 
 PyMethodDef mt_ext_pool_methods[] = {
     {"pool_set_limit", pool_set_limit, METH_O,
-     "pool_set_limit(bytes): the most bytes of freed large blocks kept for reuse. Local."},
+     "pool_set_limit(bytes) -> the previous limit: the most bytes of freed large blocks "
+     "kept for reuse. Local."},
     {"pool_cached_bytes", pool_cached_bytes, METH_NOARGS,
      "Bytes of freed blocks the pool holds for reuse. Local."},
     {NULL, NULL, 0, NULL},

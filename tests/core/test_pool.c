@@ -41,7 +41,8 @@ static void test_large_blocks_are_reused(void) {
 }
 
 static void test_limit(void) {
-  mt_pool_set_limit(0);
+  size_t before = mt_pool_set_limit(0);
+  CHECK(mt_pool_set_limit(0) == 0); /* the limit it replaced */
   CHECK(mt_pool_cached_bytes() == 0);
   void *a = mt_pool_alloc((size_t)1 << 20);
   mt_pool_free(a);
@@ -52,8 +53,9 @@ static void test_limit(void) {
   for (int i = 0; i < 6; ++i) mt_pool_free(blocks[i]);
   CHECK(mt_pool_cached_bytes() <= (size_t)3 << 20);
   CHECK(mt_pool_cached_bytes() > 0);
-  mt_pool_set_limit(0);
+  CHECK(mt_pool_set_limit(0) == (size_t)3 << 20);
   CHECK(mt_pool_cached_bytes() == 0);
+  mt_pool_set_limit(before);
 }
 
 /* With every slot taken by small blocks, a larger block freed takes the place of

@@ -14,10 +14,10 @@ BIG = (256 * W, 512)  # 1 MiB of float64 per rank once sharded
 
 @pytest.fixture
 def pool_limit():
-    _C.pool_set_limit(0)  # an empty pool: blocks earlier tests left may fill its slots
-    _C.pool_set_limit(512 << 20)
+    limit = _C.pool_set_limit(0)  # an empty pool: blocks earlier tests left may fill its slots
+    _C.pool_set_limit(limit)
     yield
-    _C.pool_set_limit(512 << 20)
+    _C.pool_set_limit(limit)
 
 
 def test_dropped_outputs_return_to_the_pool_and_are_reused(pool_limit):

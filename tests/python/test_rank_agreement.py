@@ -116,14 +116,14 @@ def rank0_capped(headroom: int):
     block pool emptied on every rank for the while (a block cached by an earlier
     test would stand in for the allocation that must fail)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    _C.pool_set_limit(0)
+    limit = _C.pool_set_limit(0)
     if RANK == 0:
         resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + headroom, hard))
     try:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-        _C.pool_set_limit(512 << 20)  # the pool's default
+        _C.pool_set_limit(limit)
 
 
 @many

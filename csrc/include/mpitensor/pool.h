@@ -30,8 +30,9 @@ void mt_pool_free(void *block);
 size_t mt_pool_block_size(const void *block);
 
 /* Local. Sets the cache's byte limit (0 turns caching off) and frees cached blocks
- * beyond it. The default is 512 MiB. */
-void mt_pool_set_limit(size_t bytes);
+ * beyond it; returns the limit it replaces, so that a caller can empty the cache
+ * and put the limit back. The default is 512 MiB. */
+size_t mt_pool_set_limit(size_t bytes);
 
 /* Local. Bytes currently cached (not in use). */
 size_t mt_pool_cached_bytes(void);
