@@ -134,22 +134,30 @@ class _Accumulator:
                 self._pair(k, v, q_local, q_start, q_len, k_local, k_start, k_len)
 
     def _pair(self, k, v, q_local, q_start, q_len, k_local, k_start, k_len):
-        t = self.tile
-        for qa in range(0, q_len, t):
-            qn = min(t, q_len - qa)
-            rows = slice(q_local + qa, q_local + qa + qn)
-            for ka in range(0, k_len, t):
-                kn = min(t, k_len - ka)
-                mask = None
-                if self.causal:
-                    mask = _causal_mask(q_start + qa, qn, k_start + ka, kn)
-                    if mask is False:
-                        continue
-                cols = slice(k_local + ka, k_local + ka + kn)
+        for rows, tiles in _tiles(self.tile, self.causal, q_local, q_start, q_len,
+                                  k_local, k_start, k_len):
+            for cols, kn, mask in tiles:
                 o, l = attention_block(self.q[..., rows, :], k[..., cols, :],
                                        v[..., cols, :], self.scale, mask)
                 merge_partial(self.out[..., rows, :], self.lse[..., rows], o, l)
             self.progress()
+
+
+def _tiles(tile, causal, q_local, q_start, q_len, k_local, k_start, k_len):
+    """The tiles of one (query piece, key piece) pair, for the forward and the
+    backward alike: per block of ``tile`` query rows, its local ``rows`` slice and
+    the (local ``cols`` slice, key count, causal mask or None) of each key block it
+    sees; a block the causal mask hides entirely is left out."""
+    for qa in range(0, q_len, tile):
+        qn = min(tile, q_len - qa)
+
+        def keys(qa=qa, qn=qn):
+            for ka in range(0, k_len, tile):
+                kn = min(tile, k_len - ka)
+                mask = _causal_mask(q_start + qa, qn, k_start + ka, kn) if causal else None
+                if mask is not False:
+                    yield slice(k_local + ka, k_local + ka + kn), kn, mask
+        yield slice(q_local + qa, q_local + qa + qn), keys()
 
 
 def _pieces(segments, causal):
@@ -355,20 +363,11 @@ class _GradAccumulator:
                 self._pair(k, v, dk, dv, q_local, q_start, q_len, k_local, k_start, k_len)
 
     def _pair(self, k, v, dk, dv, q_local, q_start, q_len, k_local, k_start, k_len):
-        t = self.tile
-        for qa in range(0, q_len, t):
-            qn = min(t, q_len - qa)
-            rows = slice(q_local + qa, q_local + qa + qn)
+        for rows, tiles in _tiles(self.tile, self.causal, q_local, q_start, q_len,
+                                  k_local, k_start, k_len):
             q, g = self.q[..., rows, :], self.g[..., rows, :]
             lse, delta = self.lse[..., rows, None], self.delta[..., rows, None]
-            for ka in range(0, k_len, t):
-                kn = min(t, k_len - ka)
-                mask = None
-                if self.causal:
-                    mask = _causal_mask(q_start + qa, qn, k_start + ka, kn)
-                    if mask is False:
-                        continue
-                cols = slice(k_local + ka, k_local + ka + kn)
+            for cols, kn, mask in tiles:
                 kt, vt = k[..., cols, :], v[..., cols, :]
                 p = np.matmul(q, np.swapaxes(kt, -1, -2))
                 p *= self.scale
