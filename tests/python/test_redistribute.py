@@ -558,45 +558,39 @@ def _can_reset_peak_rss() -> bool:
         return False
 
 
-@pytest.mark.parametrize("dst", [S0, S1], ids=["S0", "S1"])
-def test_partial_to_shard_peak_memory(dst):
-    """Partial -> Shard of 40 MiB per rank (above glibc's largest mmap threshold, so
-    a temporary of that size always shows) grows the process by the output and the
-    staging chunks only, Shard(1) (packed chunk by chunk) as Shard(0): within input
-    + output + one staging buffer. MPI_Reduce_scatter's ring took another
-    input-sized temporary, and Shard(1) packed the whole input before it."""
+def _check_peak_growth(src, dst, out_bytes_of):
+    """The redistribute of 40 MiB per rank (above glibc's largest mmap threshold, so
+    a temporary of that size always shows) from `src` to `dst` grows the process
+    by at most its output (out_bytes_of(local input bytes)) and 2 MiB of staging
+    chunks, on every rank."""
     ok = COMM.allreduce(_can_reset_peak_rss(), MPI.LAND)
     if not ok:
         pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
     mesh = mesh_of((W,))
     rows, cols = 40 * 1024 * 1024 // (8 * 512), 512
     local = np.full((rows, cols), float(RANK + 1))
-    dt = DTensor.from_local(local, mesh, [PSUM])
-    out_bytes = local.nbytes // W
+    dt = DTensor.from_local(local, mesh, [src])
     COMM.Barrier()
     grown = _peak_rss_growth(lambda: dt.redistribute(mesh, [dst]).to_local())
-    limit = out_bytes + 2 * 1024 * 1024
+    limit = out_bytes_of(local.nbytes) + 2 * 1024 * 1024
     worst = COMM.allreduce(grown, MPI.MAX)
     assert worst <= limit, f"peak grew by {worst / 2**20:.1f} MiB, limit {limit / 2**20:.1f}"
+
+
+@pytest.mark.parametrize("dst", [S0, S1], ids=["S0", "S1"])
+def test_partial_to_shard_peak_memory(dst):
+    """Partial -> Shard grows the process by the output and the staging chunks
+    only, Shard(1) (packed chunk by chunk) as Shard(0): MPI_Reduce_scatter's ring
+    took another input-sized temporary, and Shard(1) packed the whole input
+    before it."""
+    _check_peak_growth(PSUM, dst, lambda nbytes: nbytes // W)
 
 
 def test_inner_gather_peak_memory():
-    """Shard(1) -> Replicate of 40 MiB per rank stays within the output and the two
-    staging chunks: no output-sized staging buffer (the blocks used to be
-    gathered into one and placed in a second pass)."""
-    ok = COMM.allreduce(_can_reset_peak_rss(), MPI.LAND)
-    if not ok:
-        pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
-    mesh = mesh_of((W,))
-    rows, cols = 40 * 1024 * 1024 // (8 * 512), 512
-    local = np.full((rows, cols), float(RANK + 1))
-    dt = DTensor.from_local(local, mesh, [S1])
-    out_bytes = local.nbytes * W
-    COMM.Barrier()
-    grown = _peak_rss_growth(lambda: dt.redistribute(mesh, [R]).to_local())
-    limit = out_bytes + 2 * 1024 * 1024
-    worst = COMM.allreduce(grown, MPI.MAX)
-    assert worst <= limit, f"peak grew by {worst / 2**20:.1f} MiB, limit {limit / 2**20:.1f}"
+    """Shard(1) -> Replicate stays within the output and the staging chunks: no
+    output-sized staging buffer (the blocks used to be gathered into one and
+    placed in a second pass)."""
+    _check_peak_growth(S1, R, lambda nbytes: nbytes * W)
 
 
 # ---- non-contiguous local arrays ------------------------------------------------------
