@@ -59,23 +59,21 @@ demo: install
 	mpiexec --oversubscribe -n 4 $(PY) -m mpi4py examples/quickstart.py
 
 test: install
-	@start=$$(date +%s); status=0; \
-	$(MAKE) --no-print-directory test-c || status=1; \
-	$(MAKE) --no-print-directory test-python || status=1; \
-	$(MAKE) --no-print-directory test-plain || status=1; \
-	$(MAKE) --no-print-directory test-examples || status=1; \
-	$(MAKE) --no-print-directory test-network || status=1; \
-	$(MAKE) --no-print-directory test-lint || status=1; \
-	$(MAKE) --no-print-directory test-fuzz || status=1; \
-	echo "make test: $$(( $$(date +%s) - start ))s, $$( [ $$status = 0 ] && echo passed || echo FAILED )"; \
-	exit $$status
+	@start=$$(date +%s); failed=; export MT_FAILURES=$(abspath build/test-failures.txt); \
+	mkdir -p build; rm -f "$$MT_FAILURES"; \
+	for part in test-c test-python test-plain test-examples test-network test-lint test-fuzz; do \
+	  $(MAKE) --no-print-directory $$part || failed="$$failed $$part"; done; \
+	echo "make test: $$(( $$(date +%s) - start ))s, $$( [ -z "$$failed" ] && echo passed || echo "FAILED in:$$failed")"; \
+	[ -f "$$MT_FAILURES" ] && cat "$$MT_FAILURES"; \
+	[ -z "$$failed" ]
 
 test-c: $(VENV)/.deps
 	$(VENV)/bin/cmake -S . -B build/ctest \
 	  -DMPITENSOR_BUILD_TESTS=ON -DMPITENSOR_BUILD_EXTENSION=OFF -DMPITENSOR_WERROR=ON \
 	  -DMPITENSOR_VALGRIND=ON >/dev/null
 	$(VENV)/bin/cmake --build build/ctest -j2
-	cd build/ctest && $(abspath $(VENV))/bin/ctest --output-on-failure -j2
+	cd build/ctest && $(abspath tests/record_failures.sh) ctest \
+	  $(abspath $(VENV))/bin/ctest --output-on-failure -j2
 
 test-python: install
 	@status=0; for np in $(NPS); do tests/run_mpi_pytest.sh $$np || status=1; done; exit $$status
@@ -84,8 +82,10 @@ test-python: install
 # the pytest_mpitensor plugin), the plugin's own tests, every notebook headless, and
 # the programs on the tutorial pages of docs/.
 test-plain: install
-	timeout -k 20 1200 $(PY) -m pytest -m mpi tests/python -q
-	timeout -k 20 1200 $(PY) -m pytest tests/plugin tests/notebooks tests/docs -q
+	tests/record_failures.sh "plain pytest -m mpi" \
+	  timeout -k 20 1200 $(PY) -m pytest -m mpi tests/python -q
+	tests/record_failures.sh "plain pytest of plugin, notebooks, docs" \
+	  timeout -k 20 1200 $(PY) -m pytest tests/plugin tests/notebooks tests/docs -q
 	$(MAKE) --no-print-directory docs
 
 # docs/ as HTML in build/site (MkDocs, strict: a warning such as a broken link fails).

@@ -34,10 +34,14 @@ cmd=(mpiexec --oversubscribe -n 1 "$py" "${common[@]}" -v -rfE "$@")
 if [ "$np" -gt 1 ]; then
   cmd+=(: -n $((np - 1)) "$py" "${common[@]}" "${quiet[@]}" -p no:terminal)
 fi
-timeout -k 20 "$whole" "${cmd[@]}"
-rc=$?
-if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-  echo "=== np=$np: the run hung for ${whole}s and was killed; the last test rank 0 started above is the one that hung"
-fi
-[ $rc -eq 0 ] || echo "=== np=$np: FAILED (exit $rc)"
-exit $rc
+run() {
+  timeout -k 20 "$whole" "${cmd[@]}"
+  local rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    echo "=== np=$np: the run hung for ${whole}s and was killed; the last test rank 0 started above is the one that hung"
+  fi
+  [ $rc -eq 0 ] || echo "=== np=$np: FAILED (exit $rc)"
+  return $rc
+}
+source "$here/tests/record_failures.sh"
+record_failures "pytest at np=$np" run
