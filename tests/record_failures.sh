@@ -15,9 +15,9 @@ record_failures() {
     {
       echo "--- $label (exit $rc):"
       sed 's/\x1b\[[0-9;]*m//g' "$log" \
-        | grep -E '^(FAILED|ERROR) |::[^ ]+ (FAILED|ERROR)|^=== .*(hung|FAILED)|Timeout|[0-9]+ - .*\((Failed|Timeout)\)' \
+        | grep -E '^(FAILED|ERROR) |::[^ ]+ (FAILED|ERROR)|^=== .*(killed|FAILED)|Timeout|[0-9]+ - .*\((Failed|Timeout)\)' \
         | sort -u | head -20
-      if grep -q 'hung' "$log"; then
+      if grep -q 'was killed' "$log"; then
         echo "last test started: $(grep -E '::' "$log" | tail -1)"
       fi
     } >> "$MT_FAILURES"

@@ -35,12 +35,14 @@ if [ "$np" -gt 1 ]; then
   cmd+=(: -n $((np - 1)) "$py" "${common[@]}" "${quiet[@]}" -p no:terminal)
 fi
 run() {
+  local start=$SECONDS
   timeout -k 20 "$whole" "${cmd[@]}"
   local rc=$?
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    echo "=== np=$np: the run hung for ${whole}s and was killed; the last test rank 0 started above is the one that hung"
+    echo "=== np=$np: the run took over ${whole}s and was killed: the last test rank 0 started above hung, or the machine is too loaded for this budget (MT_RUN_TIMEOUT)"
   fi
   [ $rc -eq 0 ] || echo "=== np=$np: FAILED (exit $rc)"
+  echo "=== np=$np: $((SECONDS - start))s"
   return $rc
 }
 source "$here/tests/record_failures.sh"
