@@ -1,9 +1,9 @@
 """Shared by the benchmarks: torch.distributed on gloo over loopback (ranks and world
 size from MPI) for the side-by-side torch comparisons, the machine facts every
-result records and prints (machine, machine_line), the interleaved timing of
-variants with its summaries, and the peak-memory probe."""
+result records and prints (machine, machine_line), and the interleaved timing of
+variants with its summaries. The peak-memory probe is mpitensor.debug.peak_rss_growth,
+which the tests use too."""
 
-import gc
 import os
 import platform
 import re
@@ -95,31 +95,6 @@ def git_revision(repo: str) -> str:
     except OSError:
         return "?"
     return rev + ("+dirty" if dirty else "")
-
-
-def status_kib(key: str) -> int:
-    """A field of /proc/self/status in KiB (VmRSS, VmHWM), or -1."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return -1
-
-
-def peak_growth(fn) -> int:
-    """Bytes by which this process's peak RSS rises above its current RSS during fn().
-
-    Resets the kernel's high-water mark (VmHWM) to the current RSS by writing 5 to
-    /proc/self/clear_refs, runs fn, keeps its result alive while reading VmHWM.
-    """
-    gc.collect()
-    before = status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    result = fn()
-    peak = status_kib("VmHWM")
-    del result
-    return (peak - before) * 1024
 
 
 def time_interleaved(comm, variants, reps, warmup):

@@ -43,8 +43,10 @@ from mpitensor.experimental import set_rotate_method
 from mpitensor.experimental import _load_balance as LB
 from mpitensor.experimental._ring_attention import ring_attention
 
+from mpitensor.debug import peak_rss_growth
+
 from _common import (git_revision, result_path, machine as machine_facts,  # benchmarks/ is sys.path[0]
-                     machine_line, peak_growth)
+                     machine_line)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -145,7 +147,7 @@ def memory(comm, prob, vs):
     rows = {}
     for name, (fn, solo) in vs.items():
         quiet_barrier(comm)
-        growth = peak_growth(fn)
+        growth = peak_rss_growth(fn)
         resident = (prob.full_bytes if comm.rank == 0 else 0) if solo else prob.shard_bytes
         quiet_barrier(comm)
         rows[name] = comm.allreduce(growth + resident, op=MPI.MAX)

@@ -44,9 +44,10 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
+from mpitensor.debug import peak_rss_growth
 
 from _common import (git_revision, result_path, init_gloo, machine,  # benchmarks/ is sys.path[0]
-                     machine_line, peak_growth)
+                     machine_line)
 
 KiB, MiB = 1024, 1024 * 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -411,7 +412,7 @@ def measure_memory(comm, mesh, nbytes, tctx, names):
                 continue
             empty_pool()
             comm.Barrier()
-            g = peak_growth(variants[v])
+            g = peak_rss_growth(variants[v])
             row[v + "_growth_bytes"] = comm.allreduce(g, MPI.MAX)
         row["limit_bytes"] = 2 * out_bytes
         row["mt_within_limit"] = row["mt_growth_bytes"] <= 2 * out_bytes * 1.02 + MiB

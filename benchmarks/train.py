@@ -28,7 +28,7 @@ Barrier, each time the max over ranks:
 Reported per hidden size: median and [min..max] of each time, ``speedup = single /
 mt`` (np 1 -> np N), ``torch / mt``, and each variant's peak memory of a step on
 rank 0: the bytes of its parameters, gradients and optimizer state plus the rise
-of the process's peak RSS during the step (benchmarks/_common.peak_growth), with
+of the process's peak RSS during the step (mpitensor.debug.peak_rss_growth), with
 ``mt / torch``. Targets (issue 18, np 2): torch/mt >= 1.0, speedup >= 1.6x, memory
 within 1.2x of torch's. Writes benchmarks/results/<cpu>/train-np{N}.json.
 
@@ -50,10 +50,11 @@ import numpy as np
 from mpi4py import MPI
 
 import mpitensor as mt
+from mpitensor.debug import peak_rss_growth
 
 from _common import (
-    git_revision, init_gloo, machine, machine_line, peak_growth, ratio, result_path,
-    summary, time_interleaved)
+    git_revision, init_gloo, machine, machine_line, ratio, result_path, summary,
+    time_interleaved)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -275,7 +276,7 @@ def case(comm, cfg, dims, data, reps, torch):
         raise SystemExit(f"hidden {cfg.dim}: first-step losses differ: {losses}")
     memory = {}
     for k, r in runs.items():
-        growth = peak_growth(r.step)
+        growth = peak_rss_growth(r.step)
         memory[k] = comm.allreduce(r.state_bytes() + growth, op=MPI.MAX)
     times = time_interleaved(comm, {k: r.step for k, r in runs.items()}, reps, warmup=1)
     row = {"hidden": cfg.dim, "heads": cfg.heads, "layers": cfg.layers, "batch": cfg.batch,

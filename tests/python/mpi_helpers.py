@@ -3,6 +3,10 @@
 `ref_box` is a brute-force reference of where a shard lies (index arrays cut with
 torch.chunk's rule), and `gather_global` rebuilds a DTensor's global array on every
 rank from every rank's local array with mpi4py, checking replicas bit for bit.
+
+Fixtures shared by several test files live here too, imported by name
+(`from mpi_helpers import cp_mesh, rotate`): the context-parallel mesh and the
+rotate methods of ring attention.
 """
 
 from __future__ import annotations
@@ -11,11 +15,28 @@ import itertools
 import re
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
+import mpitensor
 from mpitensor import Shard
+from mpitensor.experimental import set_rotate_method
 
 COMM = MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module", name="mesh")
+def cp_mesh():
+    """The 1-D mesh of every rank with its dim named "cp", as `mesh`."""
+    return mpitensor.init_device_mesh("cpu", (COMM.Get_size(),), mesh_dim_names=("cp",))
+
+
+@pytest.fixture(params=["allgather", "alltoall"])
+def rotate(request):
+    """Each rotate method of ring attention in turn; the default after."""
+    set_rotate_method(request.param)
+    yield request.param
+    set_rotate_method("allgather")
 
 
 def chunk(indices: np.ndarray, k: int, i: int) -> np.ndarray:

@@ -114,6 +114,50 @@ def test_load_with_a_path_per_rank_raises_everywhere(tmp):
     assert p == []
 
 
+@pytest.mark.skipif(N < 2, reason="needs ranks that can pass different arguments")
+def test_load_with_other_placements_or_like_on_one_rank_raises_everywhere(tmp, monkeypatch):
+    """The last rank asks for another layout (placements, or a like= entry of another
+    shape or placements): every rank raises the same ValueError in the agreement on
+    the path, which carries the layout too (no collective is added). Before, each
+    rank read the boxes of its own layout and the next collective found the ranks
+    in different ones (or, for like=, that rank raised while the others waited)."""
+    monkeypatch.setattr(mt._C, "agree", counted(mt._C.agree, calls := []))
+    mesh = init_device_mesh("cpu", (N,))
+    mt.save(rows(mesh, 7), os.path.join(tmp, "layout.npy"))
+    mt.save({"w": rows(mesh, 7)}, os.path.join(tmp, "layout"))
+    last = RANK == N - 1
+    p = Problems()
+    expect_same_error(p, "placements", lambda: mt.load(
+        os.path.join(tmp, "layout.npy"), mesh, [Replicate()] if last else [Shard(0)]),
+        ValueError, "same path, placements and like=")
+    expect_same_error(p, "dict placements", lambda: mt.load(
+        os.path.join(tmp, "layout"), mesh, {"w": [Replicate()] if last else [Shard(1)]}),
+        ValueError, "same path, placements and like=")
+    base = rows(mesh, 0)  # the last rank's like= entries below are its own, made locally
+    for what, odd in (("like= shape", mt.DTensor.from_local(
+            np.zeros((3, 3), np.float32), mesh, [Shard(0)])),
+            ("like= placements", mt.DTensor.from_local(
+                np.zeros(base.shape, np.float32), mesh, [Replicate()]))):
+        like = {"w": odd if last else base}
+        expect_same_error(p, what, lambda: mt.load(os.path.join(tmp, "layout"), like=like),
+                          ValueError, "same path, placements and like=")
+    calls.clear()
+    back = mt.load(os.path.join(tmp, "layout.npy"), mesh, [Shard(0)])
+    p.expect(all_ranks(bits_equal(back.full_tensor(), rows(mesh, 7).full_tensor())),
+             "the same layout everywhere loads")
+    # the path's, which carries the layout, and the allocation's: as many as before
+    p.expect(len(calls) == 2, f"{len(calls)} agreements in a load of one file")
+    assert p == []
+
+
+def counted(fn, calls: list):
+    """fn, appending its arguments to ``calls`` at each call."""
+    def wrapper(*args):
+        calls.append(args)
+        return fn(*args)
+    return wrapper
+
+
 def test_the_same_file_named_differently_on_each_rank_is_the_same_path(tmp):
     """Paths are compared with symlinks resolved: a link on some ranks and the
     file itself on the others name one file."""

@@ -20,22 +20,11 @@ from mpitensor import _modes
 from mpitensor.experimental import _context_parallel as CP
 from mpitensor.experimental import _load_balance as LB
 from mpitensor.experimental import _ring_attention as RA
+from mpi_helpers import cp_mesh, rotate  # noqa: F401 - fixtures: mesh, rotate
 
 COMM = MPI.COMM_WORLD
 N = COMM.Get_size()
 RANK = COMM.Get_rank()
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return mpitensor.init_device_mesh("cpu", (N,), mesh_dim_names=("cp",))
-
-
-@pytest.fixture(params=["allgather", "alltoall"])
-def rotate(request):
-    set_rotate_method(request.param)
-    yield request.param
-    set_rotate_method("allgather")
 
 
 def reference_attention(q, k, v, is_causal=False, scale=None):

@@ -21,22 +21,11 @@ from mpitensor.experimental import (context_parallel, context_parallel_unshard,
                                     set_rotate_method)
 from mpitensor.experimental import _load_balance as LB
 from mpitensor.experimental import _ring_attention as RA
+from mpi_helpers import cp_mesh, rotate  # noqa: F401 - fixtures: mesh, rotate
 from mpitensor.nn import functional as F
 
 COMM = MPI.COMM_WORLD
 N = COMM.Get_size()
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return mpitensor.init_device_mesh("cpu", (N,), mesh_dim_names=("cp",))
-
-
-@pytest.fixture(params=["allgather", "alltoall"])
-def rotate(request):
-    set_rotate_method(request.param)
-    yield request.param
-    set_rotate_method("allgather")
 
 
 def arrays(*shapes, seed=0):

@@ -10,6 +10,8 @@ the last collective, so a failure never leaves a rank waiting."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -17,7 +19,8 @@ from mpi4py import MPI
 from mpitensor import _modes
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
 from mpitensor.experimental import implicit_replication, local_map
-from mpi_helpers import Problems, chunk, gather_global, raised, ref_box
+from mpi_helpers import (Problems, chunk, gather_global, outcome, raised, ref_box,
+                         same_everywhere)
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
@@ -189,6 +192,32 @@ def test_layout_that_does_not_fit_raises_on_every_rank():
         assert raised(lambda: g(x2), ValueError, "torch.chunk|another rank") is True
     else:
         assert g(x2).shape == (4, 3)
+
+
+ODD_OUTPUTS = {  # what the last rank's func returns for a [Shard(1)] output, and the error
+    "float32": (lambda a: a.astype(np.float32), "differ in dtype or number of dims"),
+    "fewer dims": (lambda a: a[0], "torch.chunk|out of range|differ in dtype"),
+    "not an array": (lambda a: 3, "torch.chunk|Non-array output"),
+    "two outputs": (lambda a: (a, a), "torch.chunk|one PlacementType"),
+}
+
+
+@pytest.mark.skipif(W < 2, reason="an output that differs on one rank")
+@pytest.mark.parametrize("odd", sorted(ODD_OUTPUTS))
+def test_an_output_that_differs_on_one_rank_raises_on_every_rank(odd):
+    """The last rank's func returns another dtype, fewer dims, a non-array or another
+    number of outputs: every rank raises the same error (the first failing rank's;
+    IndexError for a Shard dim its output lacks). Before, that rank
+    raised alone (or not at all: another dtype gave a DTensor whose bytes the next
+    collective misread) while the others waited in the exchange of the sizes."""
+    mesh = mesh_of((W,))
+    change, words = ODD_OUTPUTS[odd]
+    f = local_map(lambda a: change(a) if mesh.get_rank() == W - 1 else a,
+                  out_placements=[S1])
+    x = distribute_tensor(data(3, 2 * W), mesh, [S1])
+    got = same_everywhere(outcome(lambda: f(x)))
+    assert got is not None and got[0] in ("ValueError", "IndexError"), got
+    assert re.search(words, got[1]), got
 
 
 def test_tuple_dict_and_non_array_outputs():

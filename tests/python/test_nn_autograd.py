@@ -368,6 +368,25 @@ def test_transformer_block_gradients_equal_the_replicated_ones(sequence_parallel
         np.testing.assert_allclose(g, want[name], rtol=1e-9, atol=1e-12, err_msg=name)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_attention_output_of_local_projections_has_their_shape(fused):
+    """In grad mode a Colwise projection's local output is a local DTensor; the
+    attention of those has this rank's heads, and its shape says so (it claimed
+    embed_dim, so RowwiseParallel's out_proj took the wrong width for its input)."""
+    mesh = mesh_of((W,))
+    mt.manual_seed(0)
+    attn = nn.MultiheadAttention(4 * W, 2 * W, fused_qkv=fused)
+    seen = []
+    attn.out_proj.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    names = ["qkv_proj"] if fused else ["q_proj", "k_proj", "v_proj"]
+    plan = {n: mp.ColwiseParallel() for n in names}
+    plan["out_proj"] = mp.RowwiseParallel()
+    mp.parallelize_module(attn, mesh, plan)
+    attn(np.random.default_rng(1).standard_normal((2, 3, 4 * W))).sum().backward()
+    (x,) = seen
+    assert x.shape == x.to_local().shape == (2, 3, 4), (x.shape, x.to_local().shape)
+
+
 class MLP(nn.Module):
     def __init__(self, dim, hidden):
         super().__init__()

@@ -341,3 +341,51 @@ def test_uneven_sequences_handed_on_as_local_arrays(mesh, short_watchdog, produc
     if consumer == "colwise_of_shard_1":
         y = np.concatenate(MPI.COMM_WORLD.allgather(y), axis=-1)
     np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+WRONG_INPUTS = {  # the last rank's local input of a Linear(11, 5) with a Shard(-1) input
+    "width": (lambda x: np.ones((4, x.shape[1] + 1)), "in_features=11"),
+    "batch": (lambda x: np.ones((3, x.shape[1])), "leading dims or dtype"),
+    "dtype": (lambda x: x.astype(np.float32), "leading dims or dtype"),
+}
+
+
+@pytest.mark.skipif(W < 2, reason="an input that differs on one rank")
+@pytest.mark.parametrize("style", ["rowwise", "colwise_of_shard_last"])
+@pytest.mark.parametrize("bad", sorted(WRONG_INPUTS))
+def test_linear_local_input_of_a_wrong_shape_on_one_rank(mesh, short_watchdog, style, bad):
+    """in_features gives the global width, so each rank checks its own and the ranks
+    agree: a wrong width, other leading dims or another dtype on the last rank
+    raise the same ValueError on every rank. Before, a wrong width failed that
+    rank's matmul while the others waited in the output's all-reduce (or, for
+    Colwise, the input's all-gather), and other leading dims or dtype gave the
+    ranks reductions of different counts or types."""
+    make = (RowwiseParallel() if style == "rowwise" else
+            ColwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate()))
+    m = parallelize_module(linear(1, 11, 5), mesh, make)
+    x = distribute_tensor(X[:, :11], mesh, [Shard(1)]).to_local()
+    change, words = WRONG_INPUTS[bad]
+    if RANK == W - 1:
+        x = change(x)
+    got = same_everywhere(outcome(lambda: m(x)))
+    assert got is not None and got[0] == "ValueError", got
+    assert words in got[1], got
+    y = distribute_tensor(np.ones(4 * W), mesh, [Shard(0)]).full_tensor()
+    np.testing.assert_array_equal(y, np.ones(4 * W))
+
+
+def test_linear_local_input_costs_one_agreement(mesh, monkeypatch):
+    """The check is one agreement (a 24-byte all-reduce) per forward next to the
+    output's all-reduce, on a mesh of several ranks; a DTensor input, whose global
+    width is known, costs none."""
+    calls = []
+    agree = mt._C.agree
+    monkeypatch.setattr(mt._C, "agree", lambda *a: calls.append(a[1:3]) or agree(*a))
+    m = parallelize_module(linear(1, 11, 5), mesh, RowwiseParallel())
+    dx = distribute_tensor(X[:, :11], mesh, [Shard(1)])
+    y, counts = run(m, dx.to_local())
+    assert len(calls) == (1 if W > 1 else 0) and counts == ({"all_reduce": 1} if W > 1 else {})
+    np.testing.assert_allclose(y, linear(1, 11, 5)(X[:, :11]), rtol=1e-12, atol=1e-12)
+    calls.clear()
+    run(m, dx)
+    assert calls == []

@@ -18,7 +18,7 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import DTensor, DeviceMesh, Partial, Replicate, Shard, init_device_mesh
-from mpitensor.debug import CommDebugMode
+from mpitensor.debug import CommDebugMode, peak_rss_growth
 from mpi_helpers import Problems, gather_global, raised, ref_box, ref_index
 from redistribute_ref import (KINDS, PLACEMENTS, expected_local, name, needed_elements,
                               mixed_partials, reduce_order_case, reduced_dims, single_step,
@@ -532,30 +532,22 @@ def test_large_inner_gather_bit_exact(dtype):
     assert problems == []
 
 
-def _peak_rss_growth(fn) -> int:
-    """Bytes by which this process's peak RSS rises above its RSS before fn() (the
-    kernel's high-water mark, reset through /proc/self/clear_refs): it sees MPI's
-    own temporaries, which no Python tracer does."""
-    def kib(field):
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith(field))
-    gc.collect()
-    before = kib("VmRSS:")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    result = fn()
-    peak = kib("VmHWM:")
-    del result
-    return (peak - before) * 1024
-
-
 def _can_reset_peak_rss() -> bool:
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+        peak_rss_growth(lambda: None)
         return True
     except OSError:
         return False
+
+
+def test_peak_rss_growth_counts_what_a_call_allocates():
+    """The probe the peak-memory tests and benchmarks share sees a 32 MiB array
+    (above glibc's mmap threshold: fresh pages) and not a call that allocates none."""
+    if not _can_reset_peak_rss():
+        pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
+    grown = peak_rss_growth(lambda: np.ones(1 << 22))
+    assert 32 << 20 <= grown < 40 << 20, grown
+    assert peak_rss_growth(lambda: None) < 4 << 20
 
 
 def _check_peak_growth(src, dst, out_bytes_of):
@@ -571,7 +563,7 @@ def _check_peak_growth(src, dst, out_bytes_of):
     local = np.full((rows, cols), float(RANK + 1))
     dt = DTensor.from_local(local, mesh, [src])
     COMM.Barrier()
-    grown = _peak_rss_growth(lambda: dt.redistribute(mesh, [dst]).to_local())
+    grown = peak_rss_growth(lambda: dt.redistribute(mesh, [dst]).to_local())
     limit = out_bytes_of(local.nbytes) + 2 * 1024 * 1024
     worst = COMM.allreduce(grown, MPI.MAX)
     assert worst <= limit, f"peak grew by {worst / 2**20:.1f} MiB, limit {limit / 2**20:.1f}"

@@ -139,9 +139,9 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     checkpoint's keys, shapes and dtypes (KeyError, ValueError, TypeError).
     A missing, truncated or non-.npy file, a path that is not a regular file or
     directory, a malformed ``index.json`` or one that names files outside its
-    directory, paths that differ between ranks, and a part that some rank cannot
-    allocate raise the same exception on every rank, so that "resume from the
-    checkpoint, else start afresh" works with ``try``/``except``.
+    directory, paths, placements or ``like`` that differ between ranks, and a part
+    that some rank cannot allocate raise the same exception on every rank, so that
+    "resume from the checkpoint, else start afresh" works with ``try``/``except``.
 
     Example (``mpiexec -n 3``)::
 
@@ -152,7 +152,8 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     """
     path = os.path.realpath(os.fspath(path))
     mesh = _load_mesh(device_mesh, like)
-    seen = _agree.same_path(mesh, path, lambda: _look(path), outsiders=True)
+    seen = _agree.same_path(mesh, path, lambda: _look(path), outsiders=True,
+                            layout=_layout_of(placements, like))
     if seen == b"D":
         if like is not None and not isinstance(like, dict):
             raise TypeError(f"{path!r} is a checkpoint directory; like= must be a dict")
@@ -161,6 +162,24 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     if like is not None:
         return _tensor.load_like(head, path, like, mesh)
     return _tensor.load_dtensor(head, path, mesh, placements)
+
+
+def _layout_of(placements, like) -> str:
+    """The placements and ``like``'s entries (keys, types, global shapes, dtypes,
+    placements) as text that is the same on every rank that passed the same ones:
+    a load that some rank asks for in another layout must fail on every rank, not
+    read other boxes there and leave the next collective unmatched."""
+    def entry(v):
+        if isinstance(v, dict):
+            return sorted((str(k), entry(x)) for k, x in v.items())
+        if isinstance(v, DTensor):
+            return ("DTensor", tuple(v.shape), str(v.dtype), tuple(map(repr, v.placements)))
+        if hasattr(v, "shape") and hasattr(v, "dtype"):
+            return (type(v).__name__, tuple(v.shape), str(v.dtype))
+        return type(v).__name__
+    if isinstance(placements, dict):
+        placements = sorted((str(k), repr(v)) for k, v in placements.items())
+    return repr((repr(placements), entry(like)))
 
 
 def _load_mesh(device_mesh, like):

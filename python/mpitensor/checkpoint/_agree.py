@@ -87,22 +87,27 @@ def _digest(data: bytes) -> int:
 
 
 def same_path(mesh, path: str, look: Callable[[], bytes] = bytes, *,
-              outsiders: bool = False) -> bytes:
+              outsiders: bool = False, layout: str = "") -> bytes:
     """Collective on the mesh. Every rank of the mesh checks that it passed the same
     ``path`` as the others (paths are compared resolved, so pass
     ``os.path.realpath``'s): ValueError on every rank when any differs, since a
     collective save or load of several files (a per-rank temporary directory, a pid
     in the name) would mix them or leave holes; then ``first_rank(mesh, look)``.
-    One small all-reduce (``_C.agree`` on a hash of the path) and one broadcast.
+    ``layout`` describes the other arguments that must be the same on every rank
+    (a load's placements and ``like``): it rides in the same hash. One small
+    all-reduce (``_C.agree`` on a hash of the path) and one broadcast.
 
     Example::
 
         >>> head = same_path(mesh, os.path.realpath(p), lambda: read_prefix(p))
     """
     if mesh.get_coordinate() is not None:
-        _C.agree(mesh._handle, True, _digest(os.fsencode(path)),
-                 f"every rank of the mesh must pass the same path; the first rank's is "
-                 f"{path!r} (symlinks resolved) and another rank's differs")
+        what = "path, placements and like=" if layout else "path"
+        _C.agree(mesh._handle, True,
+                 _digest(os.fsencode(path) + b"\0" + layout.encode("utf-8")),
+                 f"every rank of the mesh must pass the same {what}; the first rank's "
+                 f"path is {path!r} (symlinks resolved) and another rank's arguments "
+                 f"differ")
     return first_rank(mesh, look, outsiders=outsiders)
 
 

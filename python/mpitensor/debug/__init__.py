@@ -9,11 +9,14 @@
   make different collectives raise a RuntimeError instead of hanging.
 * :func:`set_logs` (or ``MPITENSOR_LOGS=+dtensor``): debug lines for every
   redistribute and sharding decision.
+* :func:`peak_rss_growth`: how much a call grows the process's resident memory at
+  its peak, MPI's own temporaries included (Linux).
 """
 
 from ._collective_check import collective_checks_enabled, set_collective_checks
 from ._comm_mode import CommDebugMode
 from ._logs import set_logs
+from ._memory import peak_rss_growth
 from ._plot import plot_redistribute, plot_sharding
 from ._visualize_sharding import visualize_sharding
 
@@ -25,4 +28,5 @@ __all__ = [
     "set_collective_checks",
     "collective_checks_enabled",
     "set_logs",
+    "peak_rss_growth",
 ]

@@ -8,7 +8,10 @@ Port of ``torch.distributed.tensor.experimental.local_map`` (torch 2.8). Differe
   wrapped function **collective on the mesh** whenever an output has a Shard
   placement: one ``Allreduce`` of the outputs' sizes per mesh dim that shards
   something, then one agreement (``any``) on whether the local shapes form a valid
-  ``torch.chunk`` layout (ValueError on every rank when they do not). Outputs with
+  ``torch.chunk`` layout and the outputs have the same dtypes and numbers of dims on
+  every rank (ValueError on every rank when they do not; an output that does not
+  match ``out_placements`` on some rank raises there and on the others alike,
+  torch's AssertionError arriving as a ValueError). Outputs with
   only Replicate/Partial placements communicate nothing (their global shape is the
   local shape);
 * every input DTensor must live on ``device_mesh`` (AssertionError), as the torch
@@ -26,6 +29,7 @@ Port of ``torch.distributed.tensor.experimental.local_map`` (torch 2.8). Differe
 from __future__ import annotations
 
 import functools
+import zlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -196,81 +200,102 @@ def _local_map_wrapped(func, out_placements, in_placements, in_grad_placements,
         specs = out_placements
     else:
         specs = (out_placements,)
-    if len(flat_out) != len(specs):
-        raise AssertionError(
-            "local_map requires one PlacementType be provided for each output value, "
-            f"received {len(specs)} out_placements but {len(flat_out)} is expected!")
-    placements: list = []
-    for i, (o, spec) in enumerate(zip(flat_out, specs)):
-        local = isinstance(o, DTensor) and o.device_mesh is local_mesh()
-        if isinstance(o, DTensor) and not local:
-            raise AssertionError(f"output {i}: a local ndarray is expected, "
-                                 f"func returned a DTensor")
-        if isinstance(o, np.ndarray) or local:
-            if spec is None:
-                raise AssertionError(f"ndarray output {i} expects placements but "
-                                     "received None!")
-            placements.append(_as_placements(spec, mesh, f"out_placements[{i}]"))
-        else:
-            if spec is not None:
-                raise AssertionError(f"Non-array output {i} ({type(o).__name__}) expects "
-                                     f"None placements but received {spec}!")
-            placements.append(None)
-    shapes = _global_shapes(flat_out, placements, mesh)
+    # The placements come from the arguments alone, so every rank makes the same
+    # collectives; what func returned is checked into `problem`, which the ranks
+    # agree on when the outputs' shapes are exchanged (a rank raising alone would
+    # leave the others waiting there).
+    placements = [None if spec is None else _as_placements(spec, mesh, f"out_placements[{i}]")
+                  for i, spec in enumerate(specs)]
+    problem = _output_problem(flat_out, specs)
+    shapes = _global_shapes(flat_out, placements, mesh, problem)
     wrapped = [o if pl is None else
                DTensor.from_local(o, mesh, pl, shape=shp, stride=contiguous_strides(shp))
                for o, pl, shp in zip(flat_out, placements, shapes)]
     return _unflatten(out_spec, iter(wrapped))
 
 
-def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh) -> list:
+def _output_problem(outs: Sequence[Any], specs: Sequence):
+    """The AssertionError for outputs that do not match ``specs``, or None. Local."""
+    if len(outs) != len(specs):
+        return AssertionError(
+            "local_map requires one PlacementType be provided for each output value, "
+            f"received {len(specs)} out_placements but {len(outs)} is expected!")
+    for i, (o, spec) in enumerate(zip(outs, specs)):
+        local = isinstance(o, DTensor) and o.device_mesh is local_mesh()
+        if isinstance(o, DTensor) and not local:
+            return AssertionError(f"output {i}: a local ndarray is expected, "
+                                  f"func returned a DTensor")
+        if (isinstance(o, np.ndarray) or local) and spec is None:
+            return AssertionError(f"ndarray output {i} expects placements but "
+                                  "received None!")
+        if not (isinstance(o, np.ndarray) or local) and spec is not None:
+            return AssertionError(f"Non-array output {i} ({type(o).__name__}) expects "
+                                  f"None placements but received {spec}!")
+    return None
+
+
+def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh,
+                   problem=None) -> list:
     """Global shape of every ndarray output (None for the others). Collective on the
     mesh when some output is sharded: one Allreduce(SUM) of the local sizes of the
     sharded tensor dims per mesh dim that shards something (nested shards of one
     tensor dim sum over each of their mesh dims in turn), then one agreement on
-    whether every rank's local shape is its torch.chunk shard of the result."""
-    shapes: list = [None if pl is None else list(o.shape)
-                    for o, pl in zip(outs, placements)]
+    whether every rank's local shape is its torch.chunk shard of the result and
+    every rank's outputs have the same dtypes and numbers of dims, which also
+    carries ``problem`` (a rank's outputs that do not match the placements). Local
+    when no output is sharded: ``problem`` is then raised here."""
+    slots = [(i, p, d) for i, pl in enumerate(placements) if pl is not None
+             for d, p in enumerate(pl) if isinstance(p, Shard)]
     coord = mesh.get_coordinate()
-    if coord is None:  # not a member: from_local makes an empty DTensor
+    if problem is not None and (not slots or coord is None):
+        raise problem
+    shapes: list = [None if pl is None or problem is not None else list(o.shape)
+                    for o, pl in zip(outs, placements)]
+    if coord is None or not slots:  # a non-member's from_local makes an empty DTensor
         return [None if s is None else tuple(s) for s in shapes]
-    # (output, tensor dim, mesh dim) for every Shard placement; negative dims resolved
-    slots = []
-    for i, (o, pl) in enumerate(zip(outs, placements)):
-        if pl is None:
-            continue
-        for d, p in enumerate(pl):
-            if isinstance(p, Shard):
-                t = p.dim + o.ndim if p.dim < 0 else p.dim
-                if not 0 <= t < o.ndim:
-                    raise IndexError(f"out_placements[{i}]: {p} is out of range for "
-                                     f"a {o.ndim}-d output")
-                slots.append((i, t, d))
-    if not slots:
-        return [None if s is None else tuple(s) for s in shapes]
+    # (output, tensor dim, mesh dim) for every Shard placement, negative dims resolved;
+    # a rank with a problem takes part with sizes of 0.
+    resolved = []
+    for i, p, d in slots:
+        ndim = len(shapes[i]) if problem is None else 1
+        t = p.dim + ndim if p.dim < 0 else p.dim
+        if problem is None and not 0 <= t < ndim:
+            problem = IndexError(f"out_placements[{i}]: {p} is out of range for a "
+                                 f"{ndim}-d output")
+        resolved.append((i, t if problem is None else None, d))
     from mpi4py import MPI
 
     groups = None
     for d in range(mesh.ndim):
-        mine = [(i, t) for i, t, dd in slots if dd == d]
+        mine = [(i, t) for i, t, dd in resolved if dd == d]
         if not mine or mesh.shape[d] == 1:
             continue
         if groups is None:
             groups = mesh.get_all_groups()
-        buf = np.array([shapes[i][t] for i, t in mine], dtype=np.int64)
+        buf = np.array([0 if t is None else shapes[i][t] for i, t in mine], dtype=np.int64)
         groups[d].Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        for (i, t), n in zip(mine, buf.tolist()):
-            shapes[i][t] = n
-    problem = None
+        if problem is None:
+            for (i, t), n in zip(mine, buf.tolist()):
+                shapes[i][t] = n
     for i, (o, pl) in enumerate(zip(outs, placements)):
         if pl is None or problem is not None:
             continue
         expect, _ = compute_local_shape_and_global_offset(tuple(shapes[i]), mesh, pl)
         if tuple(expect) != tuple(o.shape):
-            problem = (f"output {i}: local shape {o.shape} on rank {mesh.get_rank()} is "
-                       f"not its shard {tuple(expect)} of the global shape "
-                       f"{tuple(shapes[i])} under {pl}")
-    _C.agree(mesh._handle, problem is None, 0,
-             "local_map: the local outputs do not form one global tensor laid out as "
-             f"torch.chunk shards: {problem}", ValueError)
+            problem = ValueError(
+                f"local_map: the local outputs do not form one global tensor laid out as "
+                f"torch.chunk shards: output {i}: local shape {o.shape} on rank "
+                f"{mesh.get_rank()} is not its shard {tuple(expect)} of the global shape "
+                f"{tuple(shapes[i])} under {pl}")
+    kinds = [] if problem is not None else [
+        (np.dtype(o.dtype).str, o.ndim) for o, pl in zip(outs, placements) if pl is not None]
+    # An AssertionError travels as a ValueError: an agreement carries a status code,
+    # whose Python exceptions do not include AssertionError.
+    _C.agree(mesh._handle, problem is None, zlib.crc32(repr(kinds).encode()),
+             f"local_map: {problem}" if isinstance(problem, AssertionError) else
+             str(problem) if problem is not None else
+             f"local_map: the outputs differ in dtype or number of dims across the ranks "
+             f"of the mesh ({kinds} on rank {mesh.get_rank()})",
+             ValueError if isinstance(problem, AssertionError) else
+             type(problem or ValueError()))
     return [None if s is None else tuple(s) for s in shapes]

@@ -181,7 +181,11 @@ class _Attend(Function):
         else:
             local = module._attend_local([p.to_local() for p in outs], attn_mask, saved)
         ctx.keep = None if saved is None else saved.get("keep")
-        shape = tuple(q.shape[:-1]) + (module.embed_dim,)
+        # The output is as wide as the query's heads: embed_dim on the query's mesh,
+        # this rank's heads when the projections are local DTensors (grad-mode
+        # to_local of a tensor-parallel projection), whose shape is the local one.
+        width = q.shape[-1] // 3 if module.fused_qkv else q.shape[-1]
+        shape = tuple(q.shape[:-1]) + (width,)
         return F._wrap_like(q.device_mesh, q.placements, shape, local)
 
     @staticmethod

@@ -14,11 +14,13 @@ for torch 2.0 looks for it.
 
 from __future__ import annotations
 
+import zlib
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from .. import _C
 from .._dtensor import DTensor
 from .._distribute import distribute_tensor
 from .._distribute_module import distribute_module
@@ -53,11 +55,43 @@ def _local_to_dtensor(local, mesh, placements, mod=None):
         raise TypeError(f"expecting the input of {type(mod).__name__} to be an ndarray or "
                         f"a DTensor, got {type(local).__name__}")
     (p,) = placements
-    if isinstance(mod, Linear) and p.is_shard() and p.dim in (-1, local.ndim - 1):
+    if (isinstance(mod, Linear) and local.ndim > 0 and p.is_shard()
+            and p.dim in (-1, local.ndim - 1)):
         shape = local.shape[:-1] + (mod.in_features,)
+        _agree_linear_input(local, mesh, mod.in_features)
         return DTensor.from_local(local, mesh, placements, shape=shape,
                                   stride=contiguous_strides(shape))
     return annotate(local, mesh, placements, f"input of {type(mod).__name__}")
+
+
+def _agree_linear_input(local, mesh, features: int) -> None:
+    """The ranks agree that each local input is its shard of ``in_features`` wide and
+    that all have the same leading dims and dtype: one agreement (an all-reduce of
+    three integers), before the matmul. Collective on the mesh when it has several
+    ranks.
+
+    Without it a rank of another width fails in its own matmul while the others
+    wait in the output's reduction (Partial to Replicate or Shard), and other
+    leading dims or dtype on one rank make that reduction's counts or types differ
+    between ranks. The reduction is the forward's only collective and comes after
+    the matmul, with a count set by the leading dims, so the verdict cannot ride in
+    it. Torch runs no check here.
+    """
+    coord = mesh.get_coordinate()
+    if coord is None or mesh.size(0) == 1:
+        return
+    want = _C.chunk_sizes(features, mesh.size(0))[coord[0]]
+    width = local.shape[-1]
+    lead = tuple(local.shape[:-1])
+    fingerprint = zlib.crc32(repr((np.dtype(local.dtype).str, lead)).encode())
+    _C.agree(mesh._handle, width == want, fingerprint,
+             f"the input of Linear has {width} features on rank {mesh.get_rank()}, where "
+             f"its shard of in_features={features} over {mesh.size(0)} ranks has {want}"
+             if width != want else
+             f"the local inputs of Linear differ in their leading dims or dtype across the "
+             f"ranks of the mesh ({lead}, {np.dtype(local.dtype)} on rank "
+             f"{mesh.get_rank()}): the output's reduction needs the same on every rank",
+             ValueError)
 
 
 def _prepare_linear_like_input(input_layouts, desired_input_layouts, mod, inputs, mesh):
