@@ -250,6 +250,89 @@ static PyObject *register_grad(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* The ownership proof of the gradients the engine stores in place (see
+ * mpitensor.autograd._engine and docs/design.md, "Autograd"). A gradient is the
+ * engine's own when nothing outside the engine reaches the DTensor or its memory:
+ * the DTensor is referenced only where the caller counts, and no weak reference;
+ * its local data is an exact, writeable ndarray referenced by this DTensor alone,
+ * that owns its memory or views the memory of an exact ndarray only it references
+ * (NumPy points a view at the array owning the memory, so a view of a view has
+ * the owner as its base). Any other holder (a user's array, another DTensor over
+ * the same array, a view, a memoryview, a shared buffer) holds a reference that
+ * the counts see; a buffer with another kind of base is never claimed. */
+static int weakly_referenced(PyObject *o) {
+  Py_ssize_t off = Py_TYPE(o)->tp_weaklistoffset;
+  return off != 0 && *(PyObject **)((char *)o + off) != NULL;
+}
+
+static int owns_memory(PyArrayObject *a) {
+  return PyArray_BASE(a) == NULL && PyArray_CHKFLAGS(a, NPY_ARRAY_OWNDATA);
+}
+
+static int sole_array(PyObject *o) {
+  if (!PyArray_CheckExact(o) || Py_REFCNT(o) != 1 || weakly_referenced(o)) return 0;
+  PyArrayObject *a = (PyArrayObject *)o;
+  if (!PyArray_ISWRITEABLE(a)) return 0;
+  if (owns_memory(a)) return 1;
+  PyObject *base = PyArray_BASE(a);
+  return base != NULL && PyArray_CheckExact(base) && Py_REFCNT(base) == 1 &&
+         !weakly_referenced(base) && owns_memory((PyArrayObject *)base);
+}
+
+static int sole(const mt_ext_dispatch *d, PyObject *o, Py_ssize_t refs) {
+  return Py_TYPE(o) == d->dtensor && Py_REFCNT(o) == refs && !weakly_referenced(o) &&
+         ((mt_ext_dtensor *)o)->local != NULL && sole_array(((mt_ext_dtensor *)o)->local);
+}
+
+/* call_owned(f, args): see the method table. */
+static PyObject *call_owned(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 2 || !PyList_CheckExact(args[1]))
+    return PyErr_Format(PyExc_TypeError, "call_owned(f, args: list)");
+  PyObject *call_args = PyList_AsTuple(args[1]);
+  if (call_args == NULL || PyList_SetSlice(args[1], 0, PY_SSIZE_T_MAX, NULL) < 0) {
+    Py_XDECREF(call_args);
+    return NULL;
+  }
+  PyObject *r = PyObject_Call(args[0], call_args, NULL);
+  Py_DECREF(call_args); /* the caller's references to the arguments end here */
+  if (r == NULL) return NULL;
+  PyObject *owned;
+  if (PyTuple_CheckExact(r) || PyList_CheckExact(r)) {
+    /* The items are the caller's alone when only this sequence holds them and
+     * only this call holds the sequence. */
+    int mine = Py_REFCNT(r) == 1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(r);
+    PyObject **items = PySequence_Fast_ITEMS(r);
+    owned = PyTuple_New(n);
+    for (Py_ssize_t i = 0; owned != NULL && i < n; ++i)
+      PyTuple_SET_ITEM(owned, i, Py_NewRef(mine && sole(d, items[i], 1) ? Py_True
+                                                                        : Py_False));
+  } else {
+    owned = Py_NewRef(sole(d, r, 1) ? Py_True : Py_False);
+  }
+  if (owned == NULL) {
+    Py_DECREF(r);
+    return NULL;
+  }
+  PyObject *pair = PyTuple_Pack(2, r, owned);
+  Py_DECREF(r);
+  Py_DECREF(owned);
+  return pair;
+}
+
+/* owned_attr(obj, name): see the method table. */
+static PyObject *owned_attr(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 2 || !PyUnicode_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "owned_attr(obj, name: str)");
+  PyObject *v = PyObject_GetAttr(args[0], args[1]);
+  if (v == NULL) return NULL;
+  int mine = sole(d, v, 2); /* the attribute and this lookup */
+  Py_DECREF(v);
+  return Py_NewRef(mine ? Py_True : Py_False);
+}
+
 PyMethodDef mt_ext_autograd_methods[] = {
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL,
      "record(name, out, inputs, backward_fn) -> out: makes `out` the result of a "
@@ -267,6 +350,19 @@ PyMethodDef mt_ext_autograd_methods[] = {
      "of the registered ufunc or reduction `func` while grad mode is on, as a Node "
      "named `name` whose backward_fn is backward(grad, node, output). Local.\n\n"
      "Example: _C.register_grad(numpy.tanh, 'tanh', tanh_backward)"},
+    {"call_owned", (PyCFunction)(void (*)(void))call_owned, METH_FASTCALL,
+     "call_owned(f, args: list) -> (result, owned): calls f(*args) after emptying "
+     "`args` (so the caller's references to the arguments end with the call), and "
+     "says whether the caller now holds the only reference to the result, a "
+     "DTensor, and to its local memory (see docs/design.md, Autograd); for a tuple "
+     "or list result, a tuple of such bools, one per item (False for a non-DTensor). "
+     "Local.\n\n"
+     "Example: gs, owned = call_owned(node.backward_fn, [g])"},
+    {"owned_attr", (PyCFunction)(void (*)(void))owned_attr, METH_FASTCALL,
+     "owned_attr(obj, name) -> bool: whether the attribute `name` of `obj` is a "
+     "DTensor that only that attribute references, with local memory nothing else "
+     "reaches (call_owned's test). Local.\n\n"
+     "Example: owned_attr(w, '_grad') after w.grad was stored by backward"},
     {NULL, NULL, 0, NULL},
 };
 
