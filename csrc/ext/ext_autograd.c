@@ -250,16 +250,18 @@ static PyObject *register_grad(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* The ownership proof of the gradients the engine stores in place (see
- * mpitensor.autograd._engine and docs/design.md, "Autograd"). A gradient is the
- * engine's own when nothing outside the engine reaches the DTensor or its memory:
- * the DTensor is referenced only where the caller counts, and no weak reference;
- * its local data is an exact, writeable ndarray referenced by this DTensor alone,
- * that owns its memory or views the memory of an exact ndarray only it references
- * (NumPy points a view at the array owning the memory, so a view of a view has
- * the owner as its base). Any other holder (a user's array, another DTensor over
- * the same array, a view, a memoryview, a shared buffer) holds a reference that
- * the counts see; a buffer with another kind of base is never claimed. */
+/* The ownership proof of the gradients the engine writes into or stores without
+ * a copy (mpitensor.autograd._engine; docs/design.md, "Autograd"). A DTensor is
+ * the caller's own when nothing outside the caller reaches it or its memory: it
+ * is referenced only where the caller counts, and weakly nowhere; its local data
+ * is an exact, writeable ndarray that only this DTensor references and that owns
+ * its memory, or views the memory of an exact ndarray (NumPy points a view at the
+ * array owning the memory) referenced by nothing but views that are the caller's
+ * own and lie in disjoint byte ranges: the parts of one buffer handed out as
+ * several gradients (a reduce-scatter's output split per parameter, a
+ * concatenation's gradient). Any other holder (a user's array, another DTensor
+ * over the same array, another view, a memoryview) holds a reference that these
+ * counts see; memory with another kind of base is never claimed. */
 static int weakly_referenced(PyObject *o) {
   Py_ssize_t off = Py_TYPE(o)->tp_weaklistoffset;
   return off != 0 && *(PyObject **)((char *)o + off) != NULL;
@@ -269,19 +271,70 @@ static int owns_memory(PyArrayObject *a) {
   return PyArray_BASE(a) == NULL && PyArray_CHKFLAGS(a, NPY_ARRAY_OWNDATA);
 }
 
-static int sole_array(PyObject *o) {
-  if (!PyArray_CheckExact(o) || Py_REFCNT(o) != 1 || weakly_referenced(o)) return 0;
-  PyArrayObject *a = (PyArrayObject *)o;
-  if (!PyArray_ISWRITEABLE(a)) return 0;
+/* What the proof needs of one candidate: its base when it is a view (NULL when it
+ * owns its memory) and the byte range it spans. */
+typedef struct {
+  PyObject *base;
+  char *lo, *hi;
+} mt_claim;
+
+/* Whether `o`, referenced `refs` times, passes the proof but for its base's
+ * other views (then c->base is set). */
+static int candidate(const mt_ext_dispatch *d, PyObject *o, Py_ssize_t refs, mt_claim *c) {
+  if (Py_TYPE(o) != d->dtensor || Py_REFCNT(o) != refs || weakly_referenced(o))
+    return 0;
+  PyObject *local = ((mt_ext_dtensor *)o)->local;
+  if (local == NULL || !PyArray_CheckExact(local) || Py_REFCNT(local) != 1 ||
+      weakly_referenced(local) || !PyArray_ISWRITEABLE((PyArrayObject *)local))
+    return 0;
+  PyArrayObject *a = (PyArrayObject *)local;
+  c->base = NULL;
   if (owns_memory(a)) return 1;
   PyObject *base = PyArray_BASE(a);
-  return base != NULL && PyArray_CheckExact(base) && Py_REFCNT(base) == 1 &&
-         !weakly_referenced(base) && owns_memory((PyArrayObject *)base);
+  if (base == NULL || !PyArray_CheckExact(base) || weakly_referenced(base) ||
+      !owns_memory((PyArrayObject *)base))
+    return 0;
+  c->base = base;
+  c->lo = c->hi = PyArray_BYTES(a);
+  if (PyArray_SIZE(a) == 0) return 1;
+  for (int k = 0; k < PyArray_NDIM(a); ++k) {
+    npy_intp span = (PyArray_DIM(a, k) - 1) * PyArray_STRIDE(a, k);
+    if (span < 0) c->lo += span;
+    else c->hi += span;
+  }
+  c->hi += PyArray_ITEMSIZE(a);
+  return 1;
 }
 
-static int sole(const mt_ext_dispatch *d, PyObject *o, Py_ssize_t refs) {
-  return Py_TYPE(o) == d->dtensor && Py_REFCNT(o) == refs && !weakly_referenced(o) &&
-         ((mt_ext_dtensor *)o)->local != NULL && sole_array(((mt_ext_dtensor *)o)->local);
+/* ok[i] for each of the n objects, each referenced `refs` times by the caller:
+ * whether it is the caller's own. */
+static int prove(const mt_ext_dispatch *d, PyObject *const *objs, Py_ssize_t n,
+                 Py_ssize_t refs, char *ok) {
+  mt_claim *c = PyMem_Malloc((n > 0 ? n : 1) * sizeof(mt_claim));
+  if (c == NULL) return PyErr_NoMemory(), -1;
+  for (Py_ssize_t i = 0; i < n; ++i) ok[i] = (char)candidate(d, objs[i], refs, &c[i]);
+  /* A base's views are all claimed or none: all its references must be views
+   * that passed, in disjoint ranges (a view that did not pass still counts). */
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!ok[i] || c[i].base == NULL) continue;
+    Py_ssize_t views = 0;
+    int disjoint = 1;
+    for (Py_ssize_t j = 0; j < n; ++j) {
+      if (j < i && ok[j] && c[j].base == c[i].base) break; /* decided with j */
+      if (!ok[j] || c[j].base != c[i].base) continue;
+      ++views;
+      for (Py_ssize_t k = j + 1; k < n; ++k)
+        if (ok[k] && c[k].base == c[i].base && c[k].lo < c[j].hi && c[j].lo < c[k].hi)
+          disjoint = 0;
+    }
+    if (views == 0) continue; /* decided with an earlier view of the base */
+    int mine = disjoint && Py_REFCNT(c[i].base) == views;
+    for (Py_ssize_t j = i; j < n; ++j)
+      if (ok[j] && c[j].base == c[i].base) ok[j] = (char)(mine ? 2 : 0);
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) ok[i] = ok[i] != 0;
+  PyMem_Free(c);
+  return 0;
 }
 
 /* call_owned(f, args): see the method table. */
@@ -297,27 +350,24 @@ static PyObject *call_owned(PyObject *module, PyObject *const *args, Py_ssize_t 
   PyObject *r = PyObject_Call(args[0], call_args, NULL);
   Py_DECREF(call_args); /* the caller's references to the arguments end here */
   if (r == NULL) return NULL;
-  PyObject *owned;
-  if (PyTuple_CheckExact(r) || PyList_CheckExact(r)) {
-    /* The items are the caller's alone when only this sequence holds them and
-     * only this call holds the sequence. */
-    int mine = Py_REFCNT(r) == 1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(r);
-    PyObject **items = PySequence_Fast_ITEMS(r);
-    owned = PyTuple_New(n);
-    for (Py_ssize_t i = 0; owned != NULL && i < n; ++i)
-      PyTuple_SET_ITEM(owned, i, Py_NewRef(mine && sole(d, items[i], 1) ? Py_True
-                                                                        : Py_False));
-  } else {
-    owned = Py_NewRef(sole(d, r, 1) ? Py_True : Py_False);
+  int seq = PyTuple_CheckExact(r) || PyList_CheckExact(r);
+  /* The items of a sequence are the caller's when only it holds them and only
+   * this call holds it. */
+  Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(r) : 1;
+  PyObject **items = seq ? PySequence_Fast_ITEMS(r) : &r;
+  char *ok = PyMem_Calloc(n > 0 ? n : 1, 1);
+  PyObject *owned = NULL;
+  if (ok == NULL) {
+    PyErr_NoMemory();
+  } else if ((seq && Py_REFCNT(r) != 1) || prove(d, items, n, 1, ok) == 0) {
+    owned = seq ? PyTuple_New(n) : Py_NewRef(ok[0] ? Py_True : Py_False);
+    for (Py_ssize_t i = 0; seq && owned != NULL && i < n; ++i)
+      PyTuple_SET_ITEM(owned, i, Py_NewRef(ok[i] ? Py_True : Py_False));
   }
-  if (owned == NULL) {
-    Py_DECREF(r);
-    return NULL;
-  }
-  PyObject *pair = PyTuple_Pack(2, r, owned);
+  PyMem_Free(ok);
+  PyObject *pair = owned != NULL ? PyTuple_Pack(2, r, owned) : NULL;
   Py_DECREF(r);
-  Py_DECREF(owned);
+  Py_XDECREF(owned);
   return pair;
 }
 
@@ -328,7 +378,11 @@ static PyObject *owned_attr(PyObject *module, PyObject *const *args, Py_ssize_t 
     return PyErr_Format(PyExc_TypeError, "owned_attr(obj, name: str)");
   PyObject *v = PyObject_GetAttr(args[0], args[1]);
   if (v == NULL) return NULL;
-  int mine = sole(d, v, 2); /* the attribute and this lookup */
+  char mine = 0;
+  if (prove(d, &v, 1, 2, &mine) < 0) { /* the attribute and this lookup */
+    Py_DECREF(v);
+    return NULL;
+  }
   Py_DECREF(v);
   return Py_NewRef(mine ? Py_True : Py_False);
 }
