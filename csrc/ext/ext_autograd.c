@@ -257,9 +257,9 @@ static PyObject *register_grad(PyObject *module, PyObject *args) {
  * is an exact, writeable ndarray that only this DTensor references and that owns
  * its memory, or views the memory of an exact ndarray (NumPy points a view at the
  * array owning the memory) referenced by nothing but views that are the caller's
- * own and lie in disjoint byte ranges: the parts of one buffer handed out as
- * several gradients (a reduce-scatter's output split per parameter, a
- * concatenation's gradient). Any other holder (a user's array, another DTensor
+ * own and tile it: a reshape or transpose of a fresh array, or the parts of one
+ * buffer handed out as several gradients (a reduce-scatter's output split per
+ * parameter, a concatenation's gradient). Any other holder (a user's array, another DTensor
  * over the same array, another view, a memoryview) holds a reference that these
  * counts see; memory with another kind of base is never claimed. */
 static int weakly_referenced(PyObject *o) {
@@ -276,6 +276,7 @@ static int owns_memory(PyArrayObject *a) {
 typedef struct {
   PyObject *base;
   char *lo, *hi;
+  npy_intp nbytes;
 } mt_claim;
 
 /* Whether `o`, referenced `refs` times, passes the proof but for its base's
@@ -295,6 +296,7 @@ static int candidate(const mt_ext_dispatch *d, PyObject *o, Py_ssize_t refs, mt_
       !owns_memory((PyArrayObject *)base))
     return 0;
   c->base = base;
+  c->nbytes = PyArray_NBYTES(a);
   c->lo = c->hi = PyArray_BYTES(a);
   if (PyArray_SIZE(a) == 0) return 1;
   for (int k = 0; k < PyArray_NDIM(a); ++k) {
@@ -314,21 +316,26 @@ static int prove(const mt_ext_dispatch *d, PyObject *const *objs, Py_ssize_t n,
   if (c == NULL) return PyErr_NoMemory(), -1;
   for (Py_ssize_t i = 0; i < n; ++i) ok[i] = (char)candidate(d, objs[i], refs, &c[i]);
   /* A base's views are all claimed or none: all its references must be views
-   * that passed, in disjoint ranges (a view that did not pass still counts). */
+   * that passed (a view that did not pass still counts), in disjoint ranges that
+   * add up to the whole base, so a claimed part never keeps more memory alive
+   * than it shows (a shard sliced from a replicated gradient is copied). */
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (!ok[i] || c[i].base == NULL) continue;
     Py_ssize_t views = 0;
+    npy_intp bytes = 0;
     int disjoint = 1;
     for (Py_ssize_t j = 0; j < n; ++j) {
       if (j < i && ok[j] && c[j].base == c[i].base) break; /* decided with j */
       if (!ok[j] || c[j].base != c[i].base) continue;
       ++views;
+      bytes += c[j].nbytes;
       for (Py_ssize_t k = j + 1; k < n; ++k)
         if (ok[k] && c[k].base == c[i].base && c[k].lo < c[j].hi && c[j].lo < c[k].hi)
           disjoint = 0;
     }
     if (views == 0) continue; /* decided with an earlier view of the base */
-    int mine = disjoint && Py_REFCNT(c[i].base) == views;
+    int mine = disjoint && Py_REFCNT(c[i].base) == views &&
+               bytes == PyArray_NBYTES((PyArrayObject *)c[i].base);
     for (Py_ssize_t j = i; j < n; ++j)
       if (ok[j] && c[j].base == c[i].base) ok[j] = (char)(mine ? 2 : 0);
   }
