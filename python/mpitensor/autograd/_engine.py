@@ -97,7 +97,9 @@ def _seed(t: DTensor, gradient) -> tuple:
 
 def _summable(a: DTensor, b: DTensor) -> bool:
     """Whether ``a + b`` is the sum of the local arrays: one spec, and no Partial
-    whose reduction is not a sum (or its average)."""
+    whose reduction is not a sum (or its average). Global: every rank agrees, so
+    the ranks that add in place and those that do not make the same (no)
+    communication."""
     return a._spec == b._spec and all(
         not p.is_partial() or p.is_partial("sum") or p.is_partial("avg")
         for p in a._spec.placements)
@@ -113,7 +115,13 @@ def _add(a: DTensor, a_owned: bool, b: DTensor, b_owned: bool) -> tuple:
         if b_owned:
             np.add(b._local_tensor, a._data(), out=b._local_tensor)
             return b, True
+        return _C.call_owned(_local_sum, [a, b])
     return _C.call_owned(operator.add, [a, b])
+
+
+def _local_sum(a: DTensor, b: DTensor) -> DTensor:
+    """``a + b`` of two summable gradients (see ``_summable``), added locally."""
+    return DTensor(np.add(a._data(), b._data()), a._spec)
 
 
 def _converted(t: DTensor, g: DTensor, owned: bool) -> tuple:
@@ -146,10 +154,12 @@ def _accumulate(t: DTensor, g: DTensor, owned: bool) -> None:
         return
     g, owned = _converted(t, g, owned)
     # Asked while this frame holds no reference to the stored gradient.
-    if _C.owned_attr(t, "_grad") and _summable(t._grad, g):
+    if not _summable(t._grad, g):
+        t._grad = t._grad + g
+    elif _C.owned_attr(t, "_grad"):
         np.add(t._grad._local_tensor, g._data(), out=t._grad._local_tensor)
     else:
-        t._grad = t._grad + g
+        t._grad = _local_sum(t._grad, g)
 
 
 def _run(roots, gradients, retain_graph, wanted=None) -> dict:
