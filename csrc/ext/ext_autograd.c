@@ -250,6 +250,150 @@ static PyObject *register_grad(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* The ownership proof of the gradients the engine writes into or stores without
+ * a copy (mpitensor.autograd._engine; docs/design.md, "Autograd"). A DTensor is
+ * the caller's own when nothing outside the caller reaches it or its memory: it
+ * is referenced only where the caller counts, and weakly nowhere; its local data
+ * is an exact, writeable ndarray that only this DTensor references and that owns
+ * its memory, or views the memory of an exact ndarray (NumPy points a view at the
+ * array owning the memory) referenced by nothing but views that are the caller's
+ * own and tile it: a reshape or transpose of a fresh array, or the parts of one
+ * buffer handed out as several gradients (a reduce-scatter's output split per
+ * parameter, a concatenation's gradient). Any other holder (a user's array, another DTensor
+ * over the same array, another view, a memoryview) holds a reference that these
+ * counts see; memory with another kind of base is never claimed. */
+static int weakly_referenced(PyObject *o) {
+  Py_ssize_t off = Py_TYPE(o)->tp_weaklistoffset;
+  return off != 0 && *(PyObject **)((char *)o + off) != NULL;
+}
+
+static int owns_memory(PyArrayObject *a) {
+  return PyArray_BASE(a) == NULL && PyArray_CHKFLAGS(a, NPY_ARRAY_OWNDATA);
+}
+
+/* What the proof needs of one candidate: its base when it is a view (NULL when it
+ * owns its memory) and the byte range it spans. */
+typedef struct {
+  PyObject *base;
+  char *lo, *hi;
+  npy_intp nbytes;
+} mt_claim;
+
+/* Whether `o`, referenced `refs` times, passes the proof but for its base's
+ * other views (then c->base is set). */
+static int candidate(const mt_ext_dispatch *d, PyObject *o, Py_ssize_t refs, mt_claim *c) {
+  if (Py_TYPE(o) != d->dtensor || Py_REFCNT(o) != refs || weakly_referenced(o))
+    return 0;
+  PyObject *local = ((mt_ext_dtensor *)o)->local;
+  if (local == NULL || !PyArray_CheckExact(local) || Py_REFCNT(local) != 1 ||
+      weakly_referenced(local) || !PyArray_ISWRITEABLE((PyArrayObject *)local))
+    return 0;
+  PyArrayObject *a = (PyArrayObject *)local;
+  c->base = NULL;
+  if (owns_memory(a)) return 1;
+  PyObject *base = PyArray_BASE(a);
+  if (base == NULL || !PyArray_CheckExact(base) || weakly_referenced(base) ||
+      !owns_memory((PyArrayObject *)base))
+    return 0;
+  c->base = base;
+  c->nbytes = PyArray_NBYTES(a);
+  c->lo = c->hi = PyArray_BYTES(a);
+  if (PyArray_SIZE(a) == 0) return 1;
+  for (int k = 0; k < PyArray_NDIM(a); ++k) {
+    npy_intp span = (PyArray_DIM(a, k) - 1) * PyArray_STRIDE(a, k);
+    if (span < 0) c->lo += span;
+    else c->hi += span;
+  }
+  c->hi += PyArray_ITEMSIZE(a);
+  return 1;
+}
+
+/* ok[i] for each of the n objects, each referenced `refs` times by the caller:
+ * whether it is the caller's own. */
+static int prove(const mt_ext_dispatch *d, PyObject *const *objs, Py_ssize_t n,
+                 Py_ssize_t refs, char *ok) {
+  mt_claim *c = PyMem_Malloc((n > 0 ? n : 1) * sizeof(mt_claim));
+  if (c == NULL) return PyErr_NoMemory(), -1;
+  for (Py_ssize_t i = 0; i < n; ++i) ok[i] = (char)candidate(d, objs[i], refs, &c[i]);
+  /* A base's views are all claimed or none: all its references must be views
+   * that passed (a view that did not pass still counts), in disjoint ranges that
+   * add up to the whole base, so a claimed part never keeps more memory alive
+   * than it shows (a shard sliced from a replicated gradient is copied). */
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!ok[i] || c[i].base == NULL) continue;
+    Py_ssize_t views = 0;
+    npy_intp bytes = 0;
+    int disjoint = 1;
+    for (Py_ssize_t j = 0; j < n; ++j) {
+      if (j < i && ok[j] && c[j].base == c[i].base) break; /* decided with j */
+      if (!ok[j] || c[j].base != c[i].base) continue;
+      ++views;
+      bytes += c[j].nbytes;
+      for (Py_ssize_t k = j + 1; k < n; ++k)
+        if (ok[k] && c[k].base == c[i].base && c[k].lo < c[j].hi && c[j].lo < c[k].hi)
+          disjoint = 0;
+    }
+    if (views == 0) continue; /* decided with an earlier view of the base */
+    int mine = disjoint && Py_REFCNT(c[i].base) == views &&
+               bytes == PyArray_NBYTES((PyArrayObject *)c[i].base);
+    for (Py_ssize_t j = i; j < n; ++j)
+      if (ok[j] && c[j].base == c[i].base) ok[j] = (char)(mine ? 2 : 0);
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) ok[i] = ok[i] != 0;
+  PyMem_Free(c);
+  return 0;
+}
+
+/* call_owned(f, args): see the method table. */
+static PyObject *call_owned(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 2 || !PyList_CheckExact(args[1]))
+    return PyErr_Format(PyExc_TypeError, "call_owned(f, args: list)");
+  PyObject *call_args = PyList_AsTuple(args[1]);
+  if (call_args == NULL || PyList_SetSlice(args[1], 0, PY_SSIZE_T_MAX, NULL) < 0) {
+    Py_XDECREF(call_args);
+    return NULL;
+  }
+  PyObject *r = PyObject_Call(args[0], call_args, NULL);
+  Py_DECREF(call_args); /* the caller's references to the arguments end here */
+  if (r == NULL) return NULL;
+  int seq = PyTuple_CheckExact(r) || PyList_CheckExact(r);
+  /* The items of a sequence are the caller's when only it holds them and only
+   * this call holds it. */
+  Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(r) : 1;
+  PyObject **items = seq ? PySequence_Fast_ITEMS(r) : &r;
+  char *ok = PyMem_Calloc(n > 0 ? n : 1, 1);
+  PyObject *owned = NULL;
+  if (ok == NULL) {
+    PyErr_NoMemory();
+  } else if ((seq && Py_REFCNT(r) != 1) || prove(d, items, n, 1, ok) == 0) {
+    owned = seq ? PyTuple_New(n) : Py_NewRef(ok[0] ? Py_True : Py_False);
+    for (Py_ssize_t i = 0; seq && owned != NULL && i < n; ++i)
+      PyTuple_SET_ITEM(owned, i, Py_NewRef(ok[i] ? Py_True : Py_False));
+  }
+  PyMem_Free(ok);
+  PyObject *pair = owned != NULL ? PyTuple_Pack(2, r, owned) : NULL;
+  Py_DECREF(r);
+  Py_XDECREF(owned);
+  return pair;
+}
+
+/* owned_attr(obj, name): see the method table. */
+static PyObject *owned_attr(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 2 || !PyUnicode_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "owned_attr(obj, name: str)");
+  PyObject *v = PyObject_GetAttr(args[0], args[1]);
+  if (v == NULL) return NULL;
+  char mine = 0;
+  if (prove(d, &v, 1, 2, &mine) < 0) { /* the attribute and this lookup */
+    Py_DECREF(v);
+    return NULL;
+  }
+  Py_DECREF(v);
+  return Py_NewRef(mine ? Py_True : Py_False);
+}
+
 PyMethodDef mt_ext_autograd_methods[] = {
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL,
      "record(name, out, inputs, backward_fn) -> out: makes `out` the result of a "
@@ -267,6 +411,19 @@ PyMethodDef mt_ext_autograd_methods[] = {
      "of the registered ufunc or reduction `func` while grad mode is on, as a Node "
      "named `name` whose backward_fn is backward(grad, node, output). Local.\n\n"
      "Example: _C.register_grad(numpy.tanh, 'tanh', tanh_backward)"},
+    {"call_owned", (PyCFunction)(void (*)(void))call_owned, METH_FASTCALL,
+     "call_owned(f, args: list) -> (result, owned): calls f(*args) after emptying "
+     "`args` (so the caller's references to the arguments end with the call), and "
+     "says whether the caller now holds the only reference to the result, a "
+     "DTensor, and to its local memory (see docs/design.md, Autograd); for a tuple "
+     "or list result, a tuple of such bools, one per item (False for a non-DTensor). "
+     "Local.\n\n"
+     "Example: gs, owned = call_owned(node.backward_fn, [g])"},
+    {"owned_attr", (PyCFunction)(void (*)(void))owned_attr, METH_FASTCALL,
+     "owned_attr(obj, name) -> bool: whether the attribute `name` of `obj` is a "
+     "DTensor that only that attribute references, with local memory nothing else "
+     "reaches (call_owned's test). Local.\n\n"
+     "Example: owned_attr(w, '_grad') after w.grad was stored by backward"},
     {NULL, NULL, 0, NULL},
 };
 

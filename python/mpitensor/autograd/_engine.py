@@ -16,6 +16,8 @@ rank raises the same error.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from .. import _C, _modes
@@ -63,60 +65,134 @@ def _order(roots) -> list:
     return order
 
 
-def _seed(t: DTensor, gradient) -> DTensor:
+def _seed(t: DTensor, gradient) -> tuple:
+    """The gradient backward starts ``t`` from, and whether it is the engine's own
+    (a user's ``gradient=`` never is)."""
     if gradient is None:
         if t.shape != ():
             raise RuntimeError(
                 f"grad can be implicitly created only for scalar outputs; pass a "
                 f"gradient DTensor of shape {t.shape}")
         mesh = t.device_mesh
-        return DTensor.from_local(np.ones((), t.dtype), mesh, [Replicate()] * mesh.ndim)
+        return _C.call_owned(DTensor.from_local, [
+            np.ones((), t.dtype), mesh, [Replicate()] * mesh.ndim])
     if type(gradient) is not DTensor or gradient.shape != t.shape:
         raise RuntimeError(
             f"the gradient must be a DTensor of shape {t.shape}, got "
             f"{getattr(gradient, 'shape', type(gradient).__name__)}")
-    return gradient
+    return gradient, False
 
 
-def _as_stored(t: DTensor, g: DTensor) -> DTensor:
-    """``g`` as ``t``'s ``.grad``: ``t``'s placements (a Partial's: Replicate) and
-    dtype, in an array of its own (a gradient may be another tensor's array)."""
+# Ownership. The engine writes into a gradient's memory (summing the gradients that
+# reach a tensor, accumulating into ``.grad``) and stores a gradient as ``.grad``
+# without a copy only when it proves that nothing else reaches that memory: at the
+# call that made the gradient (a backward rule, a sum, a redistribution), the result
+# is the only reference to the DTensor and the DTensor the only one to its array
+# (``_C.call_owned``; ``_C.owned_attr`` for a stored ``.grad``). A gradient that
+# fails the proof (a user's ``gradient=``, add's ``(g, g)``, an identity backward's
+# ``g``, a view of an array someone else holds) is read, never written, and copied
+# before it becomes a ``.grad``. The flag travels with the gradient in ``_run``'s
+# table; the engine gives an owned gradient away at most once (as a ``.grad``, or
+# to the next rule, whose results are proved anew).
+
+def _summable(a: DTensor, b: DTensor) -> bool:
+    """Whether ``a + b`` is the sum of the local arrays: one spec, and no Partial
+    whose reduction is not a sum (or its average). Global: every rank agrees, so
+    the ranks that add in place and those that do not make the same (no)
+    communication."""
+    return a._spec == b._spec and all(
+        not p.is_partial() or p.is_partial("sum") or p.is_partial("avg")
+        for p in a._spec.placements)
+
+
+def _add(a: DTensor, a_owned: bool, b: DTensor, b_owned: bool) -> tuple:
+    """``a + b`` and whether it is the engine's own: written into an owned one of
+    them when their local arrays add up to it, else a new DTensor."""
+    if _summable(a, b):
+        if a_owned:
+            np.add(a._local_tensor, b._data(), out=a._local_tensor)
+            return a, True
+        if b_owned:
+            np.add(b._local_tensor, a._data(), out=b._local_tensor)
+            return b, True
+        return _C.call_owned(_local_sum, [a, b])
+    return _C.call_owned(operator.add, [a, b])
+
+
+def _local_sum(a: DTensor, b: DTensor) -> DTensor:
+    """``a + b`` of two summable gradients (see ``_summable``), added locally."""
+    return DTensor(np.add(a._data(), b._data()), a._spec)
+
+
+def _converted(t: DTensor, g: DTensor, owned: bool) -> tuple:
+    """``g`` with ``t``'s gradient placements (a Partial's: Replicate) and dtype."""
     pl = _grad_placements(t._spec.placements)
     if g._spec.placements != pl:
-        g = g.redistribute(t._spec.mesh, pl)
+        g, owned = _C.call_owned(g.redistribute, [t._spec.mesh, pl])
     if g._spec.dtype != t._spec.dtype:
-        return g.astype(t._spec.dtype)
+        g, owned = _C.call_owned(g.astype, [t._spec.dtype])
+    return g, owned
+
+
+def _as_stored(t: DTensor, g: DTensor, owned: bool) -> DTensor:
+    """``g`` as ``t``'s gradient, in memory nothing else reaches, laid out as
+    ``t`` (as torch's AccumulateGrad: a gradient is kept when it is the engine's
+    own and has the parameter's strides, else copied)."""
+    g, owned = _converted(t, g, owned)
+    if owned and g._spec.stride == t._spec.stride and \
+            g._local_tensor.strides == getattr(t._local_tensor, "strides", None):
+        return g
     return g.copy()
+
+
+def _accumulate(t: DTensor, g: DTensor, owned: bool) -> None:
+    """Adds ``g`` into ``t.grad``: in place when ``t.grad`` is the engine's own
+    (nothing but ``t`` reaches it; torch accumulates in place too), else into a new
+    DTensor, so a ``.grad`` someone kept a reference to is never changed."""
+    if getattr(t, "_grad", None) is None:
+        t._grad = _as_stored(t, g, owned)
+        return
+    g, owned = _converted(t, g, owned)
+    # Asked while this frame holds no reference to the stored gradient.
+    if not _summable(t._grad, g):
+        t._grad = t._grad + g
+    elif _C.owned_attr(t, "_grad"):
+        np.add(t._grad._local_tensor, g._data(), out=t._grad._local_tensor)
+    else:
+        t._grad = _local_sum(t._grad, g)
 
 
 def _run(roots, gradients, retain_graph, wanted=None) -> dict:
     """Backward from ``roots``. With ``wanted`` (id -> tensor), the gradients of
-    those tensors are returned (id -> gradient) and no ``.grad`` is touched;
-    otherwise leaves (and retain_grad tensors) accumulate theirs."""
+    those tensors are returned (id -> (gradient, owned)) and no ``.grad`` is
+    touched; otherwise leaves (and retain_grad tensors) accumulate theirs."""
     for i, r in enumerate(roots):
         if type(r) is not DTensor or not r._requires_grad:
             raise RuntimeError(
                 f"element {i} of tensors does not require grad and does not have a grad_fn")
-    grads = {}
-    for r, g in zip(roots, gradients):
-        g = _seed(r, g)
-        grads[id(r)] = g if id(r) not in grads else grads[id(r)] + g
+    grads = {}  # id -> [gradient, owned]: the sum of what reached the tensor so far
     found = {}
     was = _modes.set_grad_enabled(False)
     was_backward = _modes.set_backward(True)
     try:
+        for r, g in zip(roots, gradients):
+            g, owned = _seed(r, g)
+            prev = grads.get(id(r))
+            grads[id(r)] = (g, owned) if prev is None else _add(*prev, g, owned)
         for t in _order(roots):
-            g = grads.pop(id(t), None)
-            if g is None:
+            entry = grads.pop(id(t), None)
+            if entry is None:
                 continue
+            g, owned = entry
+            del entry
             fn = t.grad_fn
             if wanted is not None:
                 if id(t) in wanted:
-                    found[id(t)] = g
+                    found[id(t)] = (g, owned)
+                    owned = False
             elif fn is None or getattr(t, "_retains_grad", False):
                 if t._requires_grad:
-                    g_t = _as_stored(t, g)
-                    t._grad = g_t if t.grad is None else t._grad + g_t
+                    _accumulate(t, g, owned)
             if fn is None:
                 continue
             backward_fn = fn.backward_fn
@@ -124,13 +200,17 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                 raise RuntimeError(
                     "Trying to backward through the graph a second time; specify "
                     "retain_graph=True on the first backward")
-            gs = backward_fn(g) if fn.saved is None else backward_fn(g, fn, t)
+            # The engine's last reference to g goes into the call: a rule's result
+            # over g's memory (a reshape's view) is then the engine's own.
+            args = [g] if fn.saved is None else [g, fn, t]
+            del g
+            gs, owned = _C.call_owned(backward_fn, args)
             inputs = fn.inputs
             if not retain_graph:
                 # Frees what the node saved and the inputs, so a kept output (the
                 # loss) no longer holds the forward's arrays.
                 fn.backward_fn, fn.inputs, fn.saved, fn.aux = None, (), None, None
-            for x, gx in zip(inputs, gs):
+            for x, gx, ox in zip(inputs, gs, owned):
                 if x is None or gx is None:
                     continue
                 if gx.shape != x.shape:
@@ -138,7 +218,10 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                         f"{fn.name}'s backward gave a gradient of shape {gx.shape} for "
                         f"an input of shape {x.shape}")
                 prev = grads.get(id(x))
-                grads[id(x)] = gx if prev is None else prev + gx
+                grads[id(x)] = (gx, ox) if prev is None else _add(*prev, gx, ox)
+            # No reference of this frame outlives the node: a later proof would
+            # count it.
+            gs = gx = prev = None
     finally:
         _modes.set_backward(was_backward)
         _modes.set_grad_enabled(was)
@@ -192,7 +275,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, allow_unused=Fal
         else:
             was = _modes.set_grad_enabled(False)
             try:
-                result.append(_as_stored(x, g))
+                result.append(_as_stored(x, *g))
             finally:
                 _modes.set_grad_enabled(was)
     return tuple(result)
