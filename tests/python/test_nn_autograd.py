@@ -191,6 +191,38 @@ def test_linear_1d_input_and_no_bias():
     check(lambda x, w: weighted(F.linear(x, w)), rng(3, (5,), (3, 5)), mesh, [(R,), (S0,)])
 
 
+@pytest.mark.parametrize("pls", LINEAR, ids=str)
+def test_linear_gradients_are_c_ordered_and_keep_float32(pls):
+    """linear's backward gives the weight's and the input's gradients C-ordered (the
+    stored .grad and the optimizer read them by rows; a transposed view makes each
+    of those passes a strided walk) and in float32 for float32 operands."""
+    mesh = mesh_of((W,))
+    arrays = [a.astype(np.float32) for a in rng(2, (2, 3, 4), (6, 4), (6,))]
+    seen = {}
+    x, w, b = (Seen.apply(make(a, mesh, (p,)).requires_grad_(), name, seen)
+               for a, p, name in zip(arrays, pls, "xwb"))
+    weighted(F.linear(x, w, b)).backward()
+    assert sorted(seen) == ["b", "w", "x"]
+    for name, g in seen.items():
+        assert g.dtype == np.float32 and g.to_local().dtype == np.float32, name
+        assert g.to_local().flags.c_contiguous, name
+
+
+class Seen(mt.autograd.Function):
+    """The identity, keeping the gradient it is given as it came (``.grad`` and
+    autograd.grad hand back copies)."""
+
+    @staticmethod
+    def forward(ctx, x, name, seen):
+        ctx.name, ctx.seen = name, seen
+        return x.copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.seen[ctx.name] = g
+        return g, None, None
+
+
 POINTWISE = {
     "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu, "softmax0": lambda x: F.softmax(x, 0),
