@@ -867,6 +867,10 @@ def _sdpa_backward(q, k, v, g, attn_mask, dropout_p, is_causal, scale, keep):
     D the dropout scaling, dV = (P D)^T g, dP = (g V^T) D, dS = P (dP - rowsum(dP P)),
     dQ = dS K scale, dK = dS^T Q scale."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if attn_mask is None and keep is None:
+        grads = _kernels.attention_backward(q, k, v, g, scale, is_causal)
+        if grads is not None:
+            return grads
     p = _attention_weights(q, k, attn_mask, is_causal, scale)
     dp = np.matmul(g, np.swapaxes(v, -1, -2))
     if keep is not None:
