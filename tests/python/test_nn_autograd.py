@@ -15,7 +15,7 @@ import mpitensor as mt
 import mpitensor.parallel as mp
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, nn
 from mpitensor.debug import CommDebugMode
-from mpitensor.nn import functional as F
+from mpitensor.nn import _kernels, functional as F
 from ops_helpers import W, make, mesh_of, mesh_shapes
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
@@ -437,6 +437,38 @@ def test_mlp_colwise_rowwise_is_megatron_f_and_g(hidden):
     np.testing.assert_allclose(x.grad.full_tensor(), xr.grad.full_tensor(), rtol=1e-12)
     for name, g in grads(model).items():
         np.testing.assert_allclose(g, grads(ref)[name], rtol=1e-12, atol=1e-14, err_msg=name)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_multihead_attention_backward_reads_heads_in_place(monkeypatch, fused, causal):
+    """MultiheadAttention's backward hands the C kernel each head where its
+    projection wrote it (strided, no transposing copy) and gets each gradient in its
+    projection's layout; the gradients equal NumPy's."""
+    if not mt._C.kernels_have_blas():
+        pytest.skip("no BLAS: attention runs in NumPy")
+    mesh = mesh_of((W,))
+    x = np.random.default_rng(4).standard_normal((2, 7, 12))
+
+    def grads():
+        mt.manual_seed(5)
+        attn = mt.distribute_module(nn.MultiheadAttention(12, 3, fused_qkv=fused,
+                                                          causal=causal), mesh)
+        xd = distribute_tensor(x, mesh, [R], requires_grad=True)
+        weighted(attn(xd)).backward()
+        return [xd.grad.full_tensor()] + [p.grad.full_tensor() for p in attn.parameters()]
+
+    calls = []
+    real = mt._C.attention_backward
+    monkeypatch.setattr(mt._C, "attention_backward",
+                        lambda *a: calls.append(a) or real(*a))
+    got = grads()
+    assert len(calls) == 1 and not calls[0][0].flags.c_contiguous  # q read in place
+    monkeypatch.setattr(_kernels, "enabled", False)
+    want = grads()
+    assert len(calls) == 1
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
 
 
 def test_embedding_styles_keep_the_weight_placement():

@@ -198,6 +198,31 @@ def attention_backward(q, k, v, g, scale: float, causal: bool):
     return grads
 
 
+def attention_heads_backward(q, k, v, g, scale: float, causal: bool, out=None):
+    """The gradients of :func:`attention_heads` for the output's gradient ``g``
+    (..., L, H * Ev), each laid out as its operand's projection, (..., L, H * E):
+    the C kernel reads the heads and writes their gradients in place (strided), so
+    nothing is transposed. ``out``, when given, is (dq, dk, dv) arrays of q's, k's
+    and v's shapes to write into (e.g. slices of one fused gradient). None when the
+    operands do not fit the C kernel."""
+    if not (enabled and _C.kernels_have_blas() and _fits(q, k, v, g) and q.ndim >= 3
+            and q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
+            and q.shape[-2] == k.shape[-2] == v.shape[-2] and k.shape[-3] == v.shape[-3]
+            and q.shape[-1] == k.shape[-1]
+            and g.shape == q.shape[:-2] + (q.shape[-2] * v.shape[-1],)):
+        return None
+    grads = out if out is not None else tuple(np.empty(a.shape, q.dtype) for a in (q, k, v))
+    lead = q.shape[:-3]
+    b = math.prod(lead)
+    if b and q.shape[-2]:
+        g = g.reshape(g.shape[:-1] + (q.shape[-2], v.shape[-1]))
+        ops = [a.reshape((b,) + a.shape[-3:]).transpose(0, 2, 1, 3)
+               for a in (q, k, v, g) + tuple(grads)]
+        _C.attention_backward(*(_inner(a) for a in ops[:4]), *ops[4:], float(scale),
+                              causal)
+    return grads
+
+
 def _heads4(a):
     """``a`` (..., rows, cols) as the kernels' (batch, heads, rows, cols): itself
     when 4-D (any strides), else its leading dims merged into the heads."""
