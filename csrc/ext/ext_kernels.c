@@ -283,6 +283,11 @@ static PyObject *layer_norm(PyObject *module, PyObject *const *args, Py_ssize_t 
 static int attn_operand(PyArrayObject *a, mt_attn_operand *op, const char *name) {
   npy_intp size = PyArray_ITEMSIZE(a);
   npy_intp *st = PyArray_STRIDES(a);
+  if (PyArray_NDIM(a) == 4 && PyArray_SIZE(a) == 0) {
+    /* NumPy gives empty arrays any strides (often 0); none is ever used. */
+    *op = (mt_attn_operand){PyArray_DATA(a), 0, 0, PyArray_DIM(a, 3)};
+    return 0;
+  }
   if (PyArray_NDIM(a) != 4 || (PyArray_DIM(a, 3) > 1 && st[3] != size) ||
       st[0] % size || st[1] % size || st[2] % size) {
     PyErr_Format(PyExc_ValueError,
@@ -340,6 +345,50 @@ static PyObject *attention(PyObject *module, PyObject *const *args, Py_ssize_t n
   Py_RETURN_NONE;
 }
 
+/* attention_backward(q, k, v, g, dq, dk, dv, scale, causal): writes attention's
+ * gradients in q, k, v for the output's gradient g into dq, dk, dv. */
+static PyObject *attention_backward(PyObject *module, PyObject *const *args,
+                                    Py_ssize_t nargs) {
+  if (nargs != 9) {
+    return PyErr_Format(PyExc_TypeError,
+                        "attention_backward(q, k, v, g, dq, dk, dv, scale, causal)");
+  }
+  static const char *names[7] = {
+      "attention_backward: q",  "attention_backward: k",  "attention_backward: v",
+      "attention_backward: g",  "attention_backward: dq", "attention_backward: dk",
+      "attention_backward: dv"};
+  int dtype = -1;
+  PyArrayObject *a[7];
+  mt_attn_operand op[7];
+  for (int i = 0; i < 7; ++i) {
+    a[i] = float_arg(args[i], &dtype, 1, names[i]);
+    if (a[i] == NULL || attn_operand(a[i], &op[i], names[i]) < 0) return NULL;
+    if (i >= 4 && !PyArray_ISWRITEABLE(a[i])) {
+      return PyErr_Format(PyExc_ValueError, "%s must be writable", names[i]);
+    }
+  }
+  mt_attn_shape shape;
+  double scale = PyFloat_AsDouble(args[7]);
+  int causal = PyObject_IsTrue(args[8]);
+  if (attn_shapes(a, &shape) < 0 || PyErr_Occurred() || causal < 0) return NULL;
+  /* The gradients have their operands' shapes. */
+  for (int i = 4; i < 7; ++i) {
+    if (!PyArray_SAMESHAPE(a[i], a[i - 4])) {
+      return PyErr_Format(PyExc_ValueError, "%s must have the shape of %s", names[i],
+                          names[i - 4]);
+    }
+  }
+  mt_blas blas = mt_ext_state_of(module)->blas;
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_attention_backward(&blas, dtype, &shape, &op[0], &op[1], &op[2], &op[3], &op[4],
+                             &op[5], &op[6], scale, causal, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef mt_ext_kernels_methods[] = {
     {"kernels_have_blas", kernels_have_blas, METH_NOARGS,
      "kernels_have_blas(): whether gemm and attention can run in C (a BLAS is "
@@ -347,6 +396,9 @@ PyMethodDef mt_ext_kernels_methods[] = {
     {"kernels_set_blas", (PyCFunction)(void (*)(void))kernels_set_blas, METH_FASTCALL,
      "kernels_set_blas(sgemm, dgemm, ilp64): install the CBLAS gemms at these "
      "addresses (0, 0: none). Local."},
+    {"attention_backward", (PyCFunction)(void (*)(void))attention_backward, METH_FASTCALL,
+     "attention_backward(q, k, v, g, dq, dk, dv, scale, causal): attention's gradients "
+     "for the output's gradient g written into dq, dk, dv. Local."},
     {"gemm", (PyCFunction)(void (*)(void))gemm, METH_FASTCALL,
      "gemm(a, b, c, trans_b, alpha, beta): c = alpha a @ op(b) + beta c in place. "
      "Local."},

@@ -162,3 +162,142 @@ int mt_attention(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
   free(c.scores);
   return rc;
 }
+
+/* -- backward ----------------------------------------------------------------------
+ * Per head and block of query rows, with P the block's weights (recomputed as the
+ * forward computes them) and G its rows of the output's gradient:
+ * dV += P^T G, dP = G V^T, dS = P (dP - rowsum(dP P)) scale, dQ = dS K,
+ * dK += dS^T Q, over the keys the block sees. Both score-sized buffers are one block
+ * of rows, so no (L, S) array is ever made. */
+
+typedef struct {
+  const char *q, *k, *v, *g;
+  char *dq, *dk, *dv;
+  int64_t lq, lk, lv, lg, ldq, ldk, ldv;
+} attn_grad_head;
+
+/* dP (in place) becomes dS = P (dP - sum_j dP_j P_j) * scale over each row's keys. */
+#define MT__SOFTMAX_GRAD_ROW(T, S)                                               \
+  static MT__VECTOR_CLONES void softmax_grad_row_##S(const T *p, T *dp, int64_t n, \
+                                                     T scale) {                  \
+    T acc[8] = {0};                                                              \
+    int64_t i = 0;                                                               \
+    for (; i + 8 <= n; i += 8) {                                                 \
+      for (int j = 0; j < 8; ++j) acc[j] += dp[i + j] * p[i + j];                \
+    }                                                                            \
+    T dot = 0;                                                                   \
+    for (int j = 0; j < 8; ++j) dot += acc[j];                                   \
+    for (; i < n; ++i) dot += dp[i] * p[i];                                      \
+    for (i = 0; i < n; ++i) dp[i] = p[i] * (dp[i] - dot) * scale;                \
+  }
+
+MT__SOFTMAX_GRAD_ROW(float, f32)
+MT__SOFTMAX_GRAD_ROW(double, f64)
+
+static int grad_block(const attn_ctx *c, const attn_grad_head *h, void *dp, int64_t i0,
+                      int64_t rows, mt_error *err) {
+  const mt_attn_shape *s = &c->sh;
+  size_t isz = c->itemsize;
+  int64_t keys = c->causal && i0 + rows < s->S ? i0 + rows : s->S;
+  const char *q = h->q + (size_t)(i0 * h->lq) * isz, *g = h->g + (size_t)(i0 * h->lg) * isz;
+  char *dq = h->dq + (size_t)(i0 * h->ldq) * isz;
+  if (keys == 0) {
+    zero_rows(dq, rows, s->E, h->ldq, isz);
+    return MT_OK;
+  }
+  /* E == 0 leaves zero scores, uniform weights: dV still gets P^T G. */
+  int rc = MT_OK;
+  if (s->E > 0) {
+    rc = mt_gemm(c->blas, c->dtype, 1, rows, keys, s->E, c->scale, q, h->lq, h->k, h->lk,
+                 0.0, c->scores, keys, err);
+  } else {
+    memset(c->scores, 0, (size_t)(rows * keys) * isz);
+  }
+  if (rc != MT_OK) return rc;
+  softmax_block(c, i0, rows, keys);
+  /* dV[:keys] += P^T G and dP = G V^T (0 when Ev == 0). */
+  if (s->Ev > 0) {
+    rc = mt__gemm2(c->blas, c->dtype, 1, 0, keys, s->Ev, rows, 1.0, c->scores, keys, g,
+                   h->lg, 1.0, h->dv, h->ldv, err);
+    if (rc == MT_OK) {
+      rc = mt_gemm(c->blas, c->dtype, 1, rows, keys, s->Ev, 1.0, g, h->lg, h->v, h->lv,
+                   0.0, dp, keys, err);
+    }
+    if (rc != MT_OK) return rc;
+  } else {
+    memset(dp, 0, (size_t)(rows * keys) * isz);
+  }
+  if (s->E == 0) return MT_OK; /* dQ and dK have no columns */
+  for (int64_t r = 0; r < rows; ++r) {
+    size_t off = (size_t)(r * keys);
+    if (c->dtype == MT_DTYPE_FLOAT32) {
+      softmax_grad_row_f32((const float *)c->scores + off, (float *)dp + off, keys,
+                           (float)c->scale);
+    } else {
+      softmax_grad_row_f64((const double *)c->scores + off, (double *)dp + off, keys,
+                           c->scale);
+    }
+  }
+  /* dQ = dS K and dK[:keys] += dS^T Q. */
+  rc = mt_gemm(c->blas, c->dtype, 0, rows, s->E, keys, 1.0, dp, keys, h->k, h->lk, 0.0, dq,
+               h->ldq, err);
+  if (rc != MT_OK) return rc;
+  return mt__gemm2(c->blas, c->dtype, 1, 0, keys, s->E, rows, 1.0, dp, keys, q, h->lq, 1.0,
+                   h->dk, h->ldk, err);
+}
+
+static int grad_head(const attn_ctx *c, const attn_grad_head *h, void *dp, mt_error *err) {
+  const mt_attn_shape *s = &c->sh;
+  zero_rows(h->dk, s->S, s->E, h->ldk, c->itemsize);
+  zero_rows(h->dv, s->S, s->Ev, h->ldv, c->itemsize);
+  int rc = MT_OK;
+  for (int64_t i0 = 0; i0 < s->L && rc == MT_OK; i0 += MT__ATTN_BLOCK) {
+    int64_t rows = s->L - i0 < MT__ATTN_BLOCK ? s->L - i0 : MT__ATTN_BLOCK;
+    rc = grad_block(c, h, dp, i0, rows, err);
+  }
+  return rc;
+}
+
+int mt_attention_backward(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
+                          const mt_attn_operand *q, const mt_attn_operand *k,
+                          const mt_attn_operand *v, const mt_attn_operand *g,
+                          const mt_attn_operand *dq, const mt_attn_operand *dk,
+                          const mt_attn_operand *dv, double scale, int causal,
+                          mt_error *err) {
+  int rc = mt__check_float(dtype, "attention_backward", err);
+  if (rc == MT_OK) rc = check_attention(shape, q, k, v, g, err);
+  if (rc == MT_OK) rc = check_operand(dq, shape->L, shape->E, "dq", err);
+  if (rc == MT_OK) rc = check_operand(dk, shape->S, shape->E, "dk", err);
+  if (rc == MT_OK) rc = check_operand(dv, shape->S, shape->Ev, "dv", err);
+  if (rc != MT_OK) return rc;
+  if (!mt_blas_available(blas)) {
+    return mt_error_set(err, MT_ENOTSUP, "attention_backward: no BLAS given (see mt_blas)");
+  }
+  if (shape->batch == 0 || shape->heads == 0) return MT_OK;
+  attn_ctx c = {blas, dtype, mt_dtype_size(dtype), *shape, scale, causal != 0, NULL};
+  int64_t block = shape->L < MT__ATTN_BLOCK ? shape->L : MT__ATTN_BLOCK;
+  /* Two blocks of scores (P and dP/dS), each padded as the forward's (see there). */
+  size_t each = (size_t)((block > 0 ? block : 1) * (shape->S > 0 ? shape->S : 1)) *
+                    c.itemsize + 64;
+  c.scores = malloc(2 * each);
+  if (c.scores == NULL) {
+    return mt_error_set(err, MT_ENOMEM,
+                        "attention_backward: no memory for %zu bytes of scores", 2 * each);
+  }
+  void *dp = (char *)c.scores + each;
+  size_t isz = c.itemsize;
+  for (int64_t b = 0; b < shape->batch && rc == MT_OK; ++b) {
+    for (int64_t h = 0; h < shape->heads && rc == MT_OK; ++h) {
+      attn_grad_head hd = {at(q, b, h, isz),          at(k, b, h, isz),
+                           at(v, b, h, isz),          at(g, b, h, isz),
+                           (char *)at(dq, b, h, isz), (char *)at(dk, b, h, isz),
+                           (char *)at(dv, b, h, isz), q->row_stride,
+                           k->row_stride,             v->row_stride,
+                           g->row_stride,             dq->row_stride,
+                           dk->row_stride,            dv->row_stride};
+      rc = grad_head(&c, &hd, dp, err);
+    }
+  }
+  free(c.scores);
+  return rc;
+}

@@ -44,15 +44,16 @@ static int64_t at_least_1(int64_t v) {
   return v > 1 ? v : 1;
 }
 
-static int check_gemm(int trans_b, int64_t m, int64_t n, int64_t k, const void *a,
-                      int64_t lda, const void *b, int64_t ldb, const void *c, int64_t ldc,
-                      mt_error *err) {
+static int check_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                      const void *a, int64_t lda, const void *b, int64_t ldb,
+                      const void *c, int64_t ldc, mt_error *err) {
   if (m < 0 || n < 0 || k < 0) {
     return mt_error_set(err, MT_EINVAL,
                         "gemm: negative size (%" PRId64 ", %" PRId64 ", %" PRId64 ")",
                         m, n, k);
   }
-  if (lda < at_least_1(k) || ldb < at_least_1(trans_b ? k : n) || ldc < at_least_1(n)) {
+  if (lda < at_least_1(trans_a ? m : k) || ldb < at_least_1(trans_b ? k : n) ||
+      ldc < at_least_1(n)) {
     return mt_error_set(err, MT_EINVAL,
                         "gemm: row strides (%" PRId64 ", %" PRId64 ", %" PRId64
                         ") shorter than the rows",
@@ -84,9 +85,10 @@ static int fits_int(int64_t v) {
   return v <= INT_MAX;
 }
 
-static int gemm_lp64(const mt_blas *blas, int dtype, int tb, int64_t m, int64_t n,
-                     int64_t k, double alpha, const void *a, int64_t lda, const void *b,
-                     int64_t ldb, double beta, void *c, int64_t ldc, mt_error *err) {
+static int gemm_lp64(const mt_blas *blas, int dtype, int ta, int tb, int64_t m,
+                     int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
+                     const void *b, int64_t ldb, double beta, void *c, int64_t ldc,
+                     mt_error *err) {
   if (!fits_int(m) || !fits_int(n) || !fits_int(k) || !fits_int(lda) ||
       !fits_int(ldb) || !fits_int(ldc)) {
     return mt_error_set(err, MT_EOVERFLOW,
@@ -95,10 +97,10 @@ static int gemm_lp64(const mt_blas *blas, int dtype, int tb, int64_t m, int64_t 
                         m, n, k);
   }
   if (dtype == MT_DTYPE_FLOAT32) {
-    blas->sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, tb, (int)m, (int)n, (int)k,
+    blas->sgemm(CBLAS_ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k,
                 (float)alpha, a, (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
   } else {
-    blas->dgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, tb, (int)m, (int)n, (int)k, alpha, a,
+    blas->dgemm(CBLAS_ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k, alpha, a,
                 (int)lda, b, (int)ldb, beta, c, (int)ldc);
   }
   return MT_OK;
@@ -107,12 +109,21 @@ static int gemm_lp64(const mt_blas *blas, int dtype, int tb, int64_t m, int64_t 
 int mt_gemm(const mt_blas *blas, int dtype, int trans_b, int64_t m, int64_t n,
             int64_t k, double alpha, const void *a, int64_t lda, const void *b,
             int64_t ldb, double beta, void *c, int64_t ldc, mt_error *err) {
+  return mt__gemm2(blas, dtype, 0, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                   err);
+}
+
+int mt__gemm2(const mt_blas *blas, int dtype, int trans_a, int trans_b, int64_t m,
+              int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
+              const void *b, int64_t ldb, double beta, void *c, int64_t ldc,
+              mt_error *err) {
   /* A single row's stride is never used, and NumPy gives size-1 dims any stride;
    * BLAS checks it all the same. */
-  if (m == 1) lda = at_least_1(k), ldc = at_least_1(n);
+  if ((trans_a ? k : m) == 1) lda = at_least_1(trans_a ? m : k);
+  if (m == 1) ldc = at_least_1(n);
   if ((trans_b ? n : k) == 1) ldb = at_least_1(trans_b ? k : n);
   int rc = mt__check_float(dtype, "gemm", err);
-  if (rc == MT_OK) rc = check_gemm(trans_b, m, n, k, a, lda, b, ldb, c, ldc, err);
+  if (rc == MT_OK) rc = check_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, err);
   if (rc != MT_OK) return rc;
   if (!mt_blas_available(blas)) {
     return mt_error_set(err, MT_ENOTSUP, "gemm: no BLAS given (see mt_blas)");
@@ -122,16 +133,18 @@ int mt_gemm(const mt_blas *blas, int dtype, int trans_b, int64_t m, int64_t n,
     scale_c(dtype, m, n, beta, c, ldc);
     return MT_OK;
   }
+  int ta = trans_a ? CBLAS_TRANS : CBLAS_NO_TRANS;
   int tb = trans_b ? CBLAS_TRANS : CBLAS_NO_TRANS;
   if (blas->sgemm == NULL) {
     if (dtype == MT_DTYPE_FLOAT32) {
-      blas->sgemm64(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, tb, m, n, k, (float)alpha, a, lda,
-                    b, ldb, (float)beta, c, ldc);
+      blas->sgemm64(CBLAS_ROW_MAJOR, ta, tb, m, n, k, (float)alpha, a, lda, b, ldb,
+                    (float)beta, c, ldc);
     } else {
-      blas->dgemm64(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, tb, m, n, k, alpha, a, lda, b, ldb,
-                    beta, c, ldc);
+      blas->dgemm64(CBLAS_ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                    ldc);
     }
     return MT_OK;
   }
-  return gemm_lp64(blas, dtype, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, err);
+  return gemm_lp64(blas, dtype, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                   err);
 }

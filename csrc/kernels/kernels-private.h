@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mpitensor/kernels.h"
 #include "mpitensor/status.h"
 
 /* The hot loops are compiled for AVX-512 and AVX2 as well as for the baseline, and
@@ -23,6 +24,13 @@
 
 /* MT_OK when dtype is float32 or float64, else MT_ETYPE naming `what`. */
 int mt__check_float(int dtype, const char *what, mt_error *err);
+
+/* mt_gemm with op(a) too: a (m, k), or with `trans_a` a^T for a stored (k, m) (lda
+ * then at least m); the backward products contract over rows (gemm.c). */
+int mt__gemm2(const mt_blas *blas, int dtype, int trans_a, int trans_b, int64_t m,
+              int64_t n, int64_t k, double alpha, const void *a, int64_t lda,
+              const void *b, int64_t ldb, double beta, void *c, int64_t ldc,
+              mt_error *err);
 
 /* One row of n >= 1 elements: y = softmax(x), or log_softmax(x) with `log`;
  * y may be x (softmax.c). */

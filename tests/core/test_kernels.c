@@ -41,12 +41,13 @@ static void ref_gemm(int f32, int order, int ta, int tb, int64_t m, int64_t n, i
                      double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                      double beta, void *c, int64_t ldc) {
   ++ref_calls;
-  CHECK(order == 101 && ta == 111 && (tb == 111 || tb == 112));
+  CHECK(order == 101 && (ta == 111 || ta == 112) && (tb == 111 || tb == 112));
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double acc = 0.0;
       for (int64_t p = 0; p < k; ++p) {
-        int64_t ia = i * lda + p, ib = tb == 112 ? j * ldb + p : p * ldb + j;
+        int64_t ia = ta == 112 ? p * lda + i : i * lda + p;
+        int64_t ib = tb == 112 ? j * ldb + p : p * ldb + j;
         acc += f32 ? (double)((const float *)a)[ia] * (double)((const float *)b)[ib]
                    : ((const double *)a)[ia] * ((const double *)b)[ib];
       }
@@ -397,6 +398,110 @@ static void check_attention(int f32, mt_attn_shape s, int causal) {
   free(qd), free(kd), free(vd), free(od), free(tmp), free(ref);
 }
 
+/* Attention's gradients per head in double from the formula written out:
+ * P = softmax(q k^T scale), dV = P^T g, dS = P (g v^T - rowsum(P g v^T)) scale,
+ * dQ = dS k, dK = dS^T q; the results are (batch, heads, rows, cols) arrays. */
+static void attention_grad_ref(int f32, const mt_attn_shape *s, const mt_attn_operand *q,
+                               const mt_attn_operand *k, const mt_attn_operand *v,
+                               const mt_attn_operand *g, double scale, int causal,
+                               double *dq, double *dk, double *dv) {
+#define MT_T_GET(op, idx) \
+  (f32 ? (double)((const float *)(op)->data)[idx] : ((const double *)(op)->data)[idx])
+  int64_t S1 = s->S > 0 ? s->S : 1;
+  double *p = malloc((size_t)S1 * sizeof(double)), *ds = malloc((size_t)S1 * sizeof(double));
+  memset(dk, 0, (size_t)(s->batch * s->heads * s->S * s->E + 1) * sizeof(double));
+  memset(dv, 0, (size_t)(s->batch * s->heads * s->S * s->Ev + 1) * sizeof(double));
+  for (int64_t b = 0; b < s->batch; ++b)
+    for (int64_t h = 0; h < s->heads; ++h) {
+      int64_t bh = b * s->heads + h;
+      for (int64_t i = 0; i < s->L; ++i) {
+        int64_t keys = causal && i + 1 < s->S ? i + 1 : s->S;
+        double m = -INFINITY, sum = 0.0, dot = 0.0;
+        for (int64_t j = 0; j < keys; ++j) {
+          double acc = 0.0;
+          for (int64_t e = 0; e < s->E; ++e)
+            acc += MT_T_GET(q, at(q, b, h, i, e)) * MT_T_GET(k, at(k, b, h, j, e));
+          p[j] = acc * scale;
+          m = p[j] > m ? p[j] : m;
+        }
+        for (int64_t j = 0; j < keys; ++j) sum += (p[j] = exp(p[j] - m));
+        for (int64_t j = 0; j < keys; ++j) {
+          p[j] /= sum;
+          double acc = 0.0;
+          for (int64_t c = 0; c < s->Ev; ++c) {
+            double gc = MT_T_GET(g, at(g, b, h, i, c));
+            acc += gc * MT_T_GET(v, at(v, b, h, j, c));
+            dv[(bh * s->S + j) * s->Ev + c] += p[j] * gc;
+          }
+          ds[j] = acc;
+          dot += acc * p[j];
+        }
+        for (int64_t j = 0; j < keys; ++j) ds[j] = p[j] * (ds[j] - dot) * scale;
+        for (int64_t e = 0; e < s->E; ++e) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < keys; ++j) {
+            acc += ds[j] * MT_T_GET(k, at(k, b, h, j, e));
+            dk[(bh * s->S + j) * s->E + e] += ds[j] * MT_T_GET(q, at(q, b, h, i, e));
+          }
+          dq[(bh * s->L + i) * s->E + e] = acc;
+        }
+      }
+    }
+  free(p), free(ds);
+#undef MT_T_GET
+}
+
+/* One backward case: q, g and dq laid out (batch, L, heads, cols) as a projection's
+ * output is, the rest contiguous per head; each gradient against the reference. */
+static void check_attention_backward(int f32, mt_attn_shape s, int causal) {
+  size_t isz = f32 ? sizeof(float) : sizeof(double);
+  int64_t n[4] = {s.batch * s.heads * s.L * s.E, s.batch * s.heads * s.S * s.E,
+                  s.batch * s.heads * s.S * s.Ev, s.batch * s.heads * s.L * s.Ev};
+  void *in[4], *out[3];
+  double *tmp = malloc((size_t)(n[0] + n[1] + n[2] + n[3] + 1) * sizeof(double));
+  fill(tmp, NULL, n[0] + n[1] + n[2] + n[3], 17, 1.5);
+  for (int i = 0, off = 0; i < 4; off += (int)n[i], ++i) {
+    in[i] = calloc((size_t)n[i] + 1, isz);
+    if (i < 3) out[i] = calloc((size_t)n[i] + 1, isz);
+    for (int64_t j = 0; j < n[i]; ++j) {
+      if (f32) ((float *)in[i])[j] = (float)tmp[off + j];
+      else ((double *)in[i])[j] = tmp[off + j];
+    }
+  }
+  mt_attn_operand q = {in[0], s.L * s.heads * s.E, s.E, s.heads * s.E};
+  mt_attn_operand k = {in[1], s.heads * s.S * s.E, s.S * s.E, s.E};
+  mt_attn_operand v = {in[2], s.heads * s.S * s.Ev, s.S * s.Ev, s.Ev};
+  mt_attn_operand g = {in[3], s.L * s.heads * s.Ev, s.Ev, s.heads * s.Ev};
+  mt_attn_operand dq = {out[0], s.L * s.heads * s.E, s.E, s.heads * s.E};
+  mt_attn_operand dk = {out[1], s.heads * s.S * s.E, s.S * s.E, s.E};
+  mt_attn_operand dv = {out[2], s.heads * s.S * s.Ev, s.S * s.Ev, s.Ev};
+  double scale = 1.0 / sqrt((double)(s.E > 0 ? s.E : 1));
+  int rc = mt_attention_backward(blas, f32 ? MT_DTYPE_FLOAT32 : MT_DTYPE_FLOAT64, &s, &q,
+                                 &k, &v, &g, &dq, &dk, &dv, scale, causal, NULL);
+  CHECK(rc == MT_OK);
+  double *ref[3];
+  for (int i = 0; i < 3; ++i) ref[i] = malloc((size_t)(n[i] + 1) * sizeof(double));
+  attention_grad_ref(f32, &s, &q, &k, &v, &g, scale, causal, ref[0], ref[1], ref[2]);
+  const mt_attn_operand *ops[3] = {&dq, &dk, &dv};
+  int64_t rows[3] = {s.L, s.S, s.S}, cols[3] = {s.E, s.E, s.Ev};
+  for (int t = 0; t < 3; ++t)
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t i = 0; i < rows[t]; ++i)
+          for (int64_t c = 0; c < cols[t]; ++c) {
+            int64_t idx = at(ops[t], b, h, i, c);
+            double got = f32 ? (double)((float *)out[t])[idx] : ((double *)out[t])[idx];
+            double want = ref[t][((b * s.heads + h) * rows[t] + i) * cols[t] + c];
+            CHECK_MSG(close_to(got, want, f32 ? 1e-4 : 1e-11, f32 ? 1e-5 : 1e-13),
+                      "d%c f32 %d causal %d L %lld S %lld (%lld %lld %lld %lld): %.17g vs "
+                      "%.17g", "qkv"[t], f32, causal, (long long)s.L, (long long)s.S,
+                      (long long)b, (long long)h, (long long)i, (long long)c, got, want);
+          }
+  for (int i = 0; i < 4; ++i) free(in[i]);
+  for (int i = 0; i < 3; ++i) free(out[i]), free(ref[i]);
+  free(tmp);
+}
+
 static void test_attention(void) {
   /* batch, heads, L, S, E, Ev: blocks of 64 query rows, ragged last block, L < S,
    * L > S, one row, and the empty sizes. */
@@ -407,7 +512,10 @@ static void test_attention(void) {
   };
   for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; ++t)
     for (int f32 = 0; f32 < 2; ++f32)
-      for (int causal = 0; causal < 2; ++causal) check_attention(f32, shapes[t], causal);
+      for (int causal = 0; causal < 2; ++causal) {
+        check_attention(f32, shapes[t], causal);
+        check_attention_backward(f32, shapes[t], causal);
+      }
 }
 
 /* c (m, n) in a buffer of row stride n + 3, a and b with padded rows too, against

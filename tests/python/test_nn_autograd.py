@@ -15,7 +15,7 @@ import mpitensor as mt
 import mpitensor.parallel as mp
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, nn
 from mpitensor.debug import CommDebugMode
-from mpitensor.nn import functional as F
+from mpitensor.nn import _kernels, functional as F
 from ops_helpers import W, make, mesh_of, mesh_shapes
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
@@ -189,6 +189,38 @@ def test_linear(mesh_shape, dims, pls):
 def test_linear_1d_input_and_no_bias():
     mesh = mesh_of((W,))
     check(lambda x, w: weighted(F.linear(x, w)), rng(3, (5,), (3, 5)), mesh, [(R,), (S0,)])
+
+
+@pytest.mark.parametrize("pls", LINEAR, ids=str)
+def test_linear_gradients_are_c_ordered_and_keep_float32(pls):
+    """linear's backward gives the weight's and the input's gradients C-ordered (the
+    stored .grad and the optimizer read them by rows; a transposed view makes each
+    of those passes a strided walk) and in float32 for float32 operands."""
+    mesh = mesh_of((W,))
+    arrays = [a.astype(np.float32) for a in rng(2, (2, 3, 4), (6, 4), (6,))]
+    seen = {}
+    x, w, b = (Seen.apply(make(a, mesh, (p,)).requires_grad_(), name, seen)
+               for a, p, name in zip(arrays, pls, "xwb"))
+    weighted(F.linear(x, w, b)).backward()
+    assert sorted(seen) == ["b", "w", "x"]
+    for name, g in seen.items():
+        assert g.dtype == np.float32 and g.to_local().dtype == np.float32, name
+        assert g.to_local().flags.c_contiguous, name
+
+
+class Seen(mt.autograd.Function):
+    """The identity, keeping the gradient it is given as it came (``.grad`` and
+    autograd.grad hand back copies)."""
+
+    @staticmethod
+    def forward(ctx, x, name, seen):
+        ctx.name, ctx.seen = name, seen
+        return x.copy()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.seen[ctx.name] = g
+        return g, None, None
 
 
 POINTWISE = {
@@ -424,6 +456,38 @@ def test_mlp_colwise_rowwise_is_megatron_f_and_g(hidden):
     np.testing.assert_allclose(x.grad.full_tensor(), xr.grad.full_tensor(), rtol=1e-12)
     for name, g in grads(model).items():
         np.testing.assert_allclose(g, grads(ref)[name], rtol=1e-12, atol=1e-14, err_msg=name)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_multihead_attention_backward_reads_heads_in_place(monkeypatch, fused, causal):
+    """MultiheadAttention's backward hands the C kernel each head where its
+    projection wrote it (strided, no transposing copy) and gets each gradient in its
+    projection's layout; the gradients equal NumPy's."""
+    if not mt._C.kernels_have_blas():
+        pytest.skip("no BLAS: attention runs in NumPy")
+    mesh = mesh_of((W,))
+    x = np.random.default_rng(4).standard_normal((2, 7, 12))
+
+    def grads():
+        mt.manual_seed(5)
+        attn = mt.distribute_module(nn.MultiheadAttention(12, 3, fused_qkv=fused,
+                                                          causal=causal), mesh)
+        xd = distribute_tensor(x, mesh, [R], requires_grad=True)
+        weighted(attn(xd)).backward()
+        return [xd.grad.full_tensor()] + [p.grad.full_tensor() for p in attn.parameters()]
+
+    calls = []
+    real = mt._C.attention_backward
+    monkeypatch.setattr(mt._C, "attention_backward",
+                        lambda *a: calls.append(a) or real(*a))
+    got = grads()
+    assert len(calls) == 1 and not calls[0][0].flags.c_contiguous  # q read in place
+    monkeypatch.setattr(_kernels, "enabled", False)
+    want = grads()
+    assert len(calls) == 1
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
 
 
 def test_embedding_styles_keep_the_weight_placement():

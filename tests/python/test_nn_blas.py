@@ -146,6 +146,19 @@ def test_environment_variable_chooses(monkeypatch, restore_blas):
         assert "openblas" in _blas.library() and mt._C.kernels_have_blas()
 
 
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD", ""])
+def test_default_is_mkl_on_intel_cpus_only(monkeypatch, restore_blas, vendor):
+    """Unset, MKL comes first on Intel CPUs, NumPy's OpenBLAS first on others."""
+    monkeypatch.delenv("MPITENSOR_BLAS", raising=False)
+    monkeypatch.setattr(_blas, "_cpu_vendor", lambda: vendor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        have = {name for name in ("mkl", "openblas") if _blas.use(name) == name}
+        got = _blas.use()
+    order = ["mkl", "openblas"] if vendor == "GenuineIntel" else ["openblas", "mkl"]
+    assert got == next((name for name in order if name in have), "none")
+
+
 def test_unusable_library_warns_and_numpy_computes(monkeypatch, restore_blas):
     monkeypatch.setenv("MPITENSOR_BLAS", "/nonexistent/libblas.so")
     with pytest.warns(RuntimeWarning, match="cannot load /nonexistent/libblas.so.*NumPy"):

@@ -189,6 +189,43 @@ def test_attention(path, dtype, lead, L, S, E, Ev, causal):
           ref_attention(qs, k, v, causal=causal, scale=0.3), dtype)
 
 
+def ref_attention_grads(q, k, v, g, causal, scale):
+    """Attention's gradients (dq, dk, dv) in float64, from the formula."""
+    q, k, v, g = (a.astype(np.float64) for a in (q, k, v, g))
+    if k.shape[-2] == 0:
+        return np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:
+        s = np.where(np.tri(q.shape[-2], k.shape[-2], dtype=bool), s, -np.inf)
+    p = ref_softmax(s, -1, False)
+    dp = g @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True)) * scale
+    return ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ g
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("lead,L,S,E,Ev", [((), 5, 5, 4, 4), ((2,), 70, 70, 8, 8),
+                                           ((2, 3), 130, 67, 9, 5), ((1, 2), 67, 130, 16, 3),
+                                           ((2,), 1, 1, 3, 2), ((2,), 4, 0, 3, 2),
+                                           ((0, 3), 4, 5, 3, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward(path, dtype, lead, L, S, E, Ev, causal):
+    """The gradients attention's backward computes (one C pass per block of query
+    rows, or NumPy's weights), on contiguous and on strided heads."""
+    q, k, v = data(lead + (L, E), dtype, 1.0), data(lead + (S, E), dtype, 1.0), \
+        data(lead + (S, Ev), dtype, 1.0)
+    g = data(lead + (L, Ev), dtype, 1.0)
+    tol = TOL[dtype] if dtype == np.float64 else dict(rtol=1e-4, atol=2e-5)
+    # Strided heads, as a projection's output is laid out: (..., L, heads, E).
+    heads = [(np.swapaxes(np.swapaxes(q, -2, -3).copy(), -2, -3),
+              np.swapaxes(np.swapaxes(g, -2, -3).copy(), -2, -3))] if lead else []
+    for qs, gs in [(q, g)] + heads:
+        grads = F._sdpa_backward(qs, k, v, gs, None, 0.0, causal, 0.3, None)
+        for got, want in zip(grads, ref_attention_grads(q, k, v, g, causal, 0.3)):
+            assert got.dtype == dtype and got.shape == want.shape
+            np.testing.assert_allclose(got, want, **tol)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_attention_masks_and_broadcast_heads_take_numpy(path, dtype):
     q, k, v = (data((2, 6, 4), dtype, 1.0) for _ in range(3))
@@ -225,7 +262,8 @@ def test_linear_bias_in_place_equals_sum(path, dtype):
 
 def test_the_c_path_runs_when_it_applies(monkeypatch):
     calls = []
-    for name in ("gelu", "gelu_backward", "softmax", "layer_norm", "attention"):
+    for name in ("gelu", "gelu_backward", "softmax", "layer_norm", "attention",
+                 "attention_backward"):
         real = getattr(mt._C, name)
         monkeypatch.setattr(_kernels._C, name,
                             lambda *a, _f=real, _n=name: calls.append(_n) or _f(*a))
@@ -238,8 +276,10 @@ def test_the_c_path_runs_when_it_applies(monkeypatch):
     F.softmax(x, 0)  # not the last dim: NumPy
     q = data((2, 5, 8), np.float32)
     F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    F._sdpa_backward(q, q, q, q, None, 0.0, True, None, None)
+    F._sdpa_backward(q, q, q, q, np.tri(5, 5, dtype=bool), 0.0, False, None, None)  # NumPy
     expect = ["gelu", "gelu_backward", "softmax", "layer_norm"] + (
-        ["attention"] if mt._C.kernels_have_blas() else [])
+        ["attention", "attention_backward"] if mt._C.kernels_have_blas() else [])
     assert calls == expect
 
 

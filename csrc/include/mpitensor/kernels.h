@@ -136,6 +136,19 @@ int mt_attention(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
                  const mt_attn_operand *v, const mt_attn_operand *out, double scale,
                  int causal, mt_error *err);
 
+/* Local. The gradients of mt_attention (same shape, scale and causal) in q, k and v
+ * for the output's gradient g (batch, heads, L, Ev): dq (.., L, E), dk (.., S, E),
+ * dv (.., S, Ev) are written through (overwritten, not accumulated). The weights
+ * are recomputed per block of query rows, as the forward computes them, and the
+ * masked keys of a causal block cost nothing; no (L, S) array is made. The gemms go
+ * through `blas` (MT_ENOTSUP when it holds none). */
+int mt_attention_backward(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
+                          const mt_attn_operand *q, const mt_attn_operand *k,
+                          const mt_attn_operand *v, const mt_attn_operand *g,
+                          const mt_attn_operand *dq, const mt_attn_operand *dk,
+                          const mt_attn_operand *dv, double scale, int causal,
+                          mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,8 @@ arrays fit them, NumPy otherwise, with the same results to rounding.
 The C kernels (csrc/kernels: activation.c, softmax.c, layer_norm.c, gemm.c,
 attention.c) take float32 or float64 arrays of one dtype. GELU (forward and
 backward), row softmax and layer norm are one vectorized pass over memory instead
-of NumPy's several temporaries; attention computes only the unmasked blocks of a causal mask, and
+of NumPy's several temporaries; attention (forward and backward) computes only the
+unmasked blocks of a causal mask, a block of query rows at a time, and
 linear writes its bias into the output and adds the product to it in one gemm.
 Both gemm users call the BLAS that :mod:`._blas` loads at import (MKL, NumPy's
 OpenBLAS, ``MPITENSOR_BLAS``; :func:`blas_provider` says which). For other dtypes,
@@ -178,6 +179,56 @@ def attention(q, k, v, scale: float, causal: bool):
     q4, k4, v4, o4 = (a.reshape((1, heads) + a.shape[-2:]) for a in (q, k, v, out))
     _C.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
     return out
+
+
+def attention_backward(q, k, v, g, scale: float, causal: bool):
+    """The gradients (dq, dk, dv) of :func:`attention` for the output's gradient
+    ``g`` (..., L, Ev), in one C pass per block of query rows (the weights
+    recomputed, no (L, S) array), or None when the operands do not fit (see
+    :func:`attention_fits`; g of the output's shape and dtype)."""
+    if not (attention_fits(q, k, v) and _fits(q, g)
+            and g.shape == q.shape[:-1] + v.shape[-1:]):
+        return None
+    grads = tuple(np.empty(a.shape, q.dtype) for a in (q, k, v))
+    if q.shape[:-2] and math.prod(q.shape[:-2]) == 0:
+        return grads
+    q4, k4, v4, g4, dq, dk, dv = (_heads4(a) for a in (q, k, v, g) + grads)
+    _C.attention_backward(_inner(q4), _inner(k4), _inner(v4), _inner(g4), dq, dk, dv,
+                          float(scale), causal)
+    return grads
+
+
+def attention_heads_backward(q, k, v, g, scale: float, causal: bool, out=None):
+    """The gradients of :func:`attention_heads` for the output's gradient ``g``
+    (..., L, H * Ev), each laid out as its operand's projection, (..., L, H * E):
+    the C kernel reads the heads and writes their gradients in place (strided), so
+    nothing is transposed. ``out``, when given, is (dq, dk, dv) arrays of q's, k's
+    and v's shapes to write into (e.g. slices of one fused gradient). None when the
+    operands do not fit the C kernel."""
+    if not (enabled and _C.kernels_have_blas() and _fits(q, k, v, g) and q.ndim >= 3
+            and q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
+            and q.shape[-2] == k.shape[-2] == v.shape[-2] and k.shape[-3] == v.shape[-3]
+            and q.shape[-1] == k.shape[-1]
+            and g.shape == q.shape[:-2] + (q.shape[-2] * v.shape[-1],)):
+        return None
+    grads = out if out is not None else tuple(np.empty(a.shape, q.dtype) for a in (q, k, v))
+    lead = q.shape[:-3]
+    b = math.prod(lead)
+    if b and q.shape[-2]:
+        g = g.reshape(g.shape[:-1] + (q.shape[-2], v.shape[-1]))
+        ops = [a.reshape((b,) + a.shape[-3:]).transpose(0, 2, 1, 3)
+               for a in (q, k, v, g) + tuple(grads)]
+        _C.attention_backward(*(_inner(a) for a in ops[:4]), *ops[4:], float(scale),
+                              causal)
+    return grads
+
+
+def _heads4(a):
+    """``a`` (..., rows, cols) as the kernels' (batch, heads, rows, cols): itself
+    when 4-D (any strides), else its leading dims merged into the heads."""
+    if a.ndim == 4:
+        return a
+    return a.reshape((1, math.prod(a.shape[:-2])) + a.shape[-2:])
 
 
 def _inner(a):

@@ -120,6 +120,26 @@ class MultiheadAttention(Module):
         o = np.moveaxis(o, -3, -2)
         return np.ascontiguousarray(o.reshape(o.shape[:-2] + (-1,)))
 
+    def _grads_in_place(self, projected, g, attn_mask, p):
+        """The projections' gradients for the attention output's gradient ``g``
+        (local arrays), each in its projection's layout, by the C kernel reading
+        the heads where the projections wrote them (the fused qkv's three slices
+        of one array); None when it does not apply (a mask, dropout, other dtypes)."""
+        if attn_mask is not None or p > 0.0:
+            return None
+        d = self.head_dim
+        if self.fused_qkv:
+            (y,) = projected
+            y = y.reshape(y.shape[:-1] + (y.shape[-1] // (3 * d), 3, d))
+            gy = np.empty(y.shape, y.dtype)
+            out = [gy[..., i, :] for i in range(3)]
+            done = _kernels.attention_heads_backward(
+                *(y[..., i, :] for i in range(3)), g, 1.0 / np.sqrt(d), self.causal, out)
+            return None if done is None else [gy.reshape(gy.shape[:-3] + (-1,))]
+        heads = [a.reshape(a.shape[:-1] + (a.shape[-1] // d, d)) for a in projected]
+        grads = _kernels.attention_heads_backward(*heads, g, 1.0 / np.sqrt(d), self.causal)
+        return None if grads is None else [x.reshape(x.shape[:-2] + (-1,)) for x in grads]
+
     def _local_width(self, width: int, unit: int) -> int:
         if width % unit:
             raise ValueError(
@@ -202,6 +222,11 @@ class _Attend(Function):
         d = module.head_dim
         gl = g._data()
         gh = np.moveaxis(gl.reshape(gl.shape[:-1] + (gl.shape[-1] // d, d)), -2, -3)
+        local = None if ctx.ring is not None else module._grads_in_place(
+            [o._data() for o in outs], gl, ctx.attn_mask, ctx.p)
+        if local is not None:
+            return (None, None) + tuple(F._wrap_like(mesh, o.placements, o.shape, x)
+                                        for o, x in zip(outs, local))
         if ctx.ring is not None:
             grads = ctx.cp.sdpa_backward(ctx.ring, gh)
         else:

@@ -22,7 +22,7 @@ from .. import _C, _modes, _registry, _trace, random as _random
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
-from .._ops import _dispatch as D
+from .._ops import _dispatch as D, _linalg
 from .._ops._along_axis import lanes_layout
 from ..placement_types import Partial, Replicate, Shard
 from ..autograd import Function
@@ -215,15 +215,43 @@ class _Linear(Function):
         input, weight, bias = ctx.saved_tensors
         need = ctx.needs_input_grad
         gi = gw = gb = None
+        local = (_kernels.enabled and weight.ndim == 2 and input.ndim >= 1
+                 and not {np.matmul, np.einsum} & _registry.rules.keys())
         if need[0]:
-            gi = _as_dtype(np.matmul(g, weight), input.dtype)
+            gi = _linear_grad_input(g, weight) if local else np.matmul(g, weight)
+            gi = _as_dtype(gi, input.dtype)
         if need[1]:
             lead = "abcdefghjklmnpqrstuvwxyz"[:input.ndim - 1]
-            gw = _as_dtype(np.einsum(f"{lead}o,{lead}i->oi", g, input, optimize=True),
-                          weight.dtype)  # optimize: one BLAS gemm, not einsum's loops
+            sub = f"{lead}o,{lead}i->oi"
+            gw = _as_dtype(_linear_grad_weight(g, input, sub) if local else
+                           np.einsum(sub, g, input, optimize=True), weight.dtype)
         if need[2]:
             gb = _as_dtype(_sum_to(g, bias.shape), bias.dtype)
         return gi, gw, gb
+
+
+def _linear_grad_input(g, weight):
+    """``g @ weight`` by matmul's own decision, with one 2-D product of the local
+    arrays (the rows of all leading dims at once, not one product per batch)."""
+    mesh = D.same_mesh("linear", (g, weight))
+    dec = D.decide_ufunc(np.matmul, (g, weight))
+    a, w = D.local_inputs(mesh, (g, weight), dec)
+    out = np.matmul(a.reshape(-1, a.shape[-1]), w)
+    return D.wrap(mesh, dec, out.reshape(a.shape[:-1] + out.shape[-1:]))
+
+
+def _linear_grad_weight(g, input, sub):
+    """``einsum(sub, g, input)`` (the sum over rows of g's and the input's outer
+    products) by einsum's own decision, as one product of the local arrays in which
+    BLAS reads g transposed: the result is C-ordered, where einsum's is a transposed
+    view that every later pass over it (the stored ``.grad``, the optimizer) would
+    read across its rows."""
+    mesh = D.same_mesh("numpy.einsum", (g, input))
+    dec = D.decide(("einsum", sub), (g, input),
+                   lambda: _linalg.einsum_map(*_linalg._parse_einsum(sub, (g, input))))
+    a, x = D.local_inputs(mesh, (g, input), dec)
+    return D.wrap(mesh, dec, np.matmul(a.reshape(-1, a.shape[-1]).T,
+                                       x.reshape(-1, x.shape[-1])))
 
 
 def _as_dtype(g, dtype):
@@ -839,6 +867,10 @@ def _sdpa_backward(q, k, v, g, attn_mask, dropout_p, is_causal, scale, keep):
     D the dropout scaling, dV = (P D)^T g, dP = (g V^T) D, dS = P (dP - rowsum(dP P)),
     dQ = dS K scale, dK = dS^T Q scale."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if attn_mask is None and keep is None:
+        grads = _kernels.attention_backward(q, k, v, g, scale, is_causal)
+        if grads is not None:
+            return grads
     p = _attention_weights(q, k, attn_mask, is_causal, scale)
     dp = np.matmul(g, np.swapaxes(v, -1, -2))
     if keep is not None:
