@@ -81,6 +81,7 @@ typedef struct mt__step_exec {
   int64_t unit_bytes;
   int64_t *counts; /* reduce-scatter: g counts in elements */
   int64_t round;   /* reduce-scatter: elements of each block per round, 0 for one call */
+  int even;        /* all-gather: every member's count the same (MPI_Allgather) */
   mt__exchange x;  /* all-to-all and direct steps */
 } mt__step_exec;
 
