@@ -42,6 +42,8 @@ static int compile_gather(const mt_step *s, const int64_t *coord, int64_t isz,
   for (int64_t i = 0; rc == MT_OK && i < 2 * g; ++i) {
     e->ints[i] = (int)(bytes[i] / e->unit_bytes);
   }
+  e->even = 1;
+  for (int64_t k = 1; k < g; ++k) e->even &= bytes[k] == bytes[0];
   free(bytes);
   return rc;
 }

@@ -65,7 +65,8 @@ int mt__reduce_scatter_pairwise(const void *in, void *out, const mt_box *sb,
 /* Blocking, collective on comm. Gathers every member's block (blocks[k], the
  * global box member k holds, contiguous in its `in`) into `out`, the
  * C-contiguous array of box `t`, each block in its place. Staging: two chunks of
- * about 256 KiB (one row of a block when that is larger). */
+ * about 256 KiB (one row of a block when that is larger), and one request per
+ * chunk this member sends, all posted before the first receive. */
 int mt__allgather_pairwise(const void *in, void *out, const mt_box *t,
                            const mt_box *blocks, int64_t g, int64_t me, int64_t isz,
                            MPI_Comm comm, mt_error *err);
@@ -81,6 +82,7 @@ typedef struct mt__step_exec {
   int64_t unit_bytes;
   int64_t *counts; /* reduce-scatter: g counts in elements */
   int64_t round;   /* reduce-scatter: elements of each block per round, 0 for one call */
+  int even;        /* all-gather: every member's count the same (MPI_Allgather) */
   mt__exchange x;  /* all-to-all and direct steps */
 } mt__step_exec;
 

@@ -141,10 +141,21 @@ static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   }
   int64_t g = e->group;
   int mine = e->ints[c->coord[m]];
-  if (c->nonblocking) {
+  /* Even blocks take the plain call: Open MPI chooses its algorithm for
+   * MPI_Allgatherv by other thresholds than for MPI_Allgather (at 4 members and
+   * large blocks, a neighbour exchange instead of recursive doubling), and the
+   * plain call's choice is the one a raw MPI_Allgather gets. */
+  if (c->nonblocking && e->even) {
+    MT__MPI_TRY(MPI_Iallgather(p->in, mine, e->unit, recv, mine, e->unit, dim_comm(c, m),
+                               &p->req),
+                "MPI_Iallgather");
+  } else if (c->nonblocking) {
     MT__MPI_TRY(MPI_Iallgatherv(p->in, mine, e->unit, recv, e->ints, e->ints + g,
                                 e->unit, dim_comm(c, m), &p->req),
                 "MPI_Iallgatherv");
+  } else if (e->even) {
+    MT__MPI_TRY(MPI_Allgather(p->in, mine, e->unit, recv, mine, e->unit, dim_comm(c, m)),
+                "MPI_Allgather");
   } else {
     MT__MPI_TRY(MPI_Allgatherv(p->in, mine, e->unit, recv, e->ints, e->ints + g,
                                e->unit, dim_comm(c, m)),
