@@ -236,7 +236,7 @@ def _linear_grad_input(g, weight):
     mesh = D.same_mesh("linear", (g, weight))
     dec = D.decide_ufunc(np.matmul, (g, weight))
     a, w = D.local_inputs(mesh, (g, weight), dec)
-    out = np.matmul(a.reshape(-1, a.shape[-1]), w)
+    out = np.matmul(_rows2(a), w)
     return D.wrap(mesh, dec, out.reshape(a.shape[:-1] + out.shape[-1:]))
 
 
@@ -250,8 +250,13 @@ def _linear_grad_weight(g, input, sub):
     dec = D.decide(("einsum", sub), (g, input),
                    lambda: _linalg.einsum_map(*_linalg._parse_einsum(sub, (g, input))))
     a, x = D.local_inputs(mesh, (g, input), dec)
-    return D.wrap(mesh, dec, np.matmul(a.reshape(-1, a.shape[-1]).T,
-                                       x.reshape(-1, x.shape[-1])))
+    return D.wrap(mesh, dec, np.matmul(_rows2(a).T, _rows2(x)))
+
+
+def _rows2(a):
+    """``a`` (..., n) as (rows, n); n may be 0 (a rank's empty shard), where
+    reshape(-1, 0) would raise on that rank only."""
+    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
 def _as_dtype(g, dtype):
