@@ -171,11 +171,15 @@ def test_layer_norm(path, dtype, shape, k):
     check(F.layer_norm(xs, norm, w, b), ref_layer_norm(xs, k, w, b, 1e-5), dtype)
 
 
+# (batch dims, query rows, key rows, head width, value width): ragged blocks, L < S
+# and L > S, one row, no keys, no batch.
+ATTENTION_SHAPES = [((), 5, 5, 4, 4), ((2,), 70, 70, 8, 8), ((2, 3), 130, 67, 9, 5),
+                    ((1, 2), 67, 130, 16, 3), ((2,), 1, 1, 3, 2), ((2,), 4, 0, 3, 2),
+                    ((0, 3), 4, 5, 3, 2)]
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("lead,L,S,E,Ev", [((), 5, 5, 4, 4), ((2,), 70, 70, 8, 8),
-                                           ((2, 3), 130, 67, 9, 5), ((1, 2), 67, 130, 16, 3),
-                                           ((2,), 1, 1, 3, 2), ((2,), 4, 0, 3, 2),
-                                           ((0, 3), 4, 5, 3, 2)])
+@pytest.mark.parametrize("lead,L,S,E,Ev", ATTENTION_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention(path, dtype, lead, L, S, E, Ev, causal):
     q, k, v = data(lead + (L, E), dtype, 1.0), data(lead + (S, E), dtype, 1.0), \
@@ -204,10 +208,7 @@ def ref_attention_grads(q, k, v, g, causal, scale):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("lead,L,S,E,Ev", [((), 5, 5, 4, 4), ((2,), 70, 70, 8, 8),
-                                           ((2, 3), 130, 67, 9, 5), ((1, 2), 67, 130, 16, 3),
-                                           ((2,), 1, 1, 3, 2), ((2,), 4, 0, 3, 2),
-                                           ((0, 3), 4, 5, 3, 2)])
+@pytest.mark.parametrize("lead,L,S,E,Ev", ATTENTION_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_backward(path, dtype, lead, L, S, E, Ev, causal):
     """The gradients attention's backward computes (one C pass per block of query
