@@ -312,7 +312,7 @@ static int candidate(const mt_ext_dispatch *d, PyObject *o, Py_ssize_t refs, mt_
  * whether it is the caller's own. */
 static int prove(const mt_ext_dispatch *d, PyObject *const *objs, Py_ssize_t n,
                  Py_ssize_t refs, char *ok) {
-  mt_claim *c = PyMem_Malloc((n > 0 ? n : 1) * sizeof(mt_claim));
+  mt_claim *c = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(mt_claim));
   if (c == NULL) return PyErr_NoMemory(), -1;
   for (Py_ssize_t i = 0; i < n; ++i) ok[i] = (char)candidate(d, objs[i], refs, &c[i]);
   /* A base's views are all claimed or none: all its references must be views
@@ -339,7 +339,7 @@ static int prove(const mt_ext_dispatch *d, PyObject *const *objs, Py_ssize_t n,
     for (Py_ssize_t j = i; j < n; ++j)
       if (ok[j] && c[j].base == c[i].base) ok[j] = (char)(mine ? 2 : 0);
   }
-  for (Py_ssize_t i = 0; i < n; ++i) ok[i] = ok[i] != 0;
+  for (Py_ssize_t i = 0; i < n; ++i) ok[i] = (char)(ok[i] != 0);
   PyMem_Free(c);
   return 0;
 }
@@ -362,7 +362,7 @@ static PyObject *call_owned(PyObject *module, PyObject *const *args, Py_ssize_t 
    * this call holds it. */
   Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(r) : 1;
   PyObject **items = seq ? PySequence_Fast_ITEMS(r) : &r;
-  char *ok = PyMem_Calloc(n > 0 ? n : 1, 1);
+  char *ok = PyMem_Calloc((size_t)(n > 0 ? n : 1), 1);
   PyObject *owned = NULL;
   if (ok == NULL) {
     PyErr_NoMemory();

@@ -275,9 +275,10 @@ int mt_attention_backward(const mt_blas *blas, int dtype, const mt_attn_shape *s
   }
   if (shape->batch == 0 || shape->heads == 0) return MT_OK;
   attn_ctx c = {blas, dtype, mt_dtype_size(dtype), *shape, scale, causal != 0, NULL};
-  int64_t block = shape->L < MT__ATTN_BLOCK ? shape->L : MT__ATTN_BLOCK;
+  /* At least one row, so that no operand size gives malloc zero bytes. */
+  int64_t rows = shape->L < 1 ? 1 : shape->L < MT__ATTN_BLOCK ? shape->L : MT__ATTN_BLOCK;
   /* Two blocks of scores (P and dP/dS), each padded as the forward's (see there). */
-  size_t each = (size_t)((block > 0 ? block : 1) * (shape->S > 0 ? shape->S : 1)) *
+  size_t each = (size_t)(rows * (shape->S > 0 ? shape->S : 1)) *
                     c.itemsize + 64;
   c.scores = malloc(2 * each);
   if (c.scores == NULL) {
