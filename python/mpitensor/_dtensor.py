@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copyreg
 import operator
-import zlib
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from . import _C, _args, _iterate, _modes, _redistribute, _registry, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
+from ._fingerprint import fingerprint
 from ._layout import _codes, compute_local_shape_and_global_offset
 from .device_mesh import DeviceMesh, find_live_mesh, local_mesh
 from .placement_types import Partial, Placement, Replicate, Shard
@@ -951,7 +951,7 @@ def _meta_record(local: np.ndarray, gshape, placements) -> np.ndarray:
     packed as int64 for a broadcast. Placements that differ across ranks would make
     the ranks' next collectives differ, i.e. hang, so they are checked too."""
     rec = np.zeros(3 + 2 * _C.MAX_NDIM, dtype=np.int64)
-    rec[-1] = zlib.crc32(repr(tuple(placements)).encode())
+    rec[-1] = fingerprint(tuple(placements))
     rec[0] = int.from_bytes(local.dtype.str.encode().ljust(8)[:8], "little", signed=True)
     rec[1] = local.ndim
     rec[2:2 + local.ndim] = local.shape

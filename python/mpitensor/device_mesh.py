@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import os
 import weakref
-import zlib
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from . import _C, _mpi_library, _timemodel
+from ._fingerprint import fingerprint
 
 __all__ = ["DeviceMesh", "init_device_mesh", "set_cache_limits"]
 
@@ -170,13 +170,6 @@ def _check_ranks(arr: np.ndarray, comm_size: int) -> None:
         raise ValueError(f"mesh ranks must be distinct, got {arr.tolist()}")
 
 
-def _fingerprint(device_type, names) -> int:
-    """What every rank must pass alike besides the ranks (which the C core hashes),
-    hashed the same in every process (Python's str hash is salted)."""
-    text = repr((device_type, names)).encode()
-    return zlib.crc32(text) | zlib.adler32(text) << 32
-
-
 class DeviceMesh(_C.MeshBase):
     """An n-D array of ranks of an MPI communicator, with one communicator per dim.
 
@@ -215,7 +208,7 @@ class DeviceMesh(_C.MeshBase):
             arr, names, failure = np.zeros(1, np.int64), None, e
         try:
             handle = _C.Mesh(comm, arr.shape, arr.ravel().astype(np.intc),
-                             _fingerprint(device_type, names), failure)
+                             fingerprint((device_type, names)), failure)
         except (TypeError, ValueError, RuntimeError) as e:
             if failure is not None and str(e) == str(failure):
                 raise failure from None

@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import DeviceMesh, Replicate, Shard, _C, init_device_mesh
+from mpitensor._fingerprint import fingerprint
 from mpi_helpers import outcome, same_everywhere
 
 COMM = MPI.COMM_WORLD
@@ -122,3 +123,15 @@ def test_long_message_is_cut_at_a_character(mesh):
     text = "é" * 400  # 800 bytes of UTF-8: cut, but never inside a character
     got = same_everywhere(outcome(lambda: _C.agree(mesh._handle, RANK != 0, 0, text)))
     assert got[0] == "ValueError" and set(got[1]) == {"é"} and 200 <= len(got[1]) < 400
+
+
+def test_fingerprint_is_the_same_in_every_process_and_fits_int64(mesh):
+    """Python's str hash is salted per process; the fingerprint must not be, or
+    ranks that agree would be told they differ. It also lands in int64 records."""
+    value = ("<f4", (2, 3), "Shard(dim=0)")
+    fp = fingerprint(value)
+    assert -(1 << 63) <= fp < 1 << 63
+    assert COMM.allgather(fp) == [fp] * N
+    assert fingerprint((2, 3)) != fingerprint((3, 2))
+    np.array([fp], dtype=np.int64)  # raises OverflowError if it does not fit
+    _C.agree(mesh._handle, True, fp, "")

@@ -29,7 +29,6 @@ Port of ``torch.distributed.tensor.experimental.local_map`` (torch 2.8). Differe
 from __future__ import annotations
 
 import functools
-import zlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -37,6 +36,7 @@ import numpy as np
 from .. import _C
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
+from .._fingerprint import fingerprint
 from .._layout import compute_local_shape_and_global_offset
 from ..device_mesh import _mesh_stack, local_mesh
 from ..placement_types import Placement, Shard
@@ -291,7 +291,7 @@ def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh,
         (np.dtype(o.dtype).str, o.ndim) for o, pl in zip(outs, placements) if pl is not None]
     # An AssertionError travels as a ValueError: an agreement carries a status code,
     # whose Python exceptions do not include AssertionError.
-    _C.agree(mesh._handle, problem is None, zlib.crc32(repr(kinds).encode()),
+    _C.agree(mesh._handle, problem is None, fingerprint(kinds),
              f"local_map: {problem}" if isinstance(problem, AssertionError) else
              str(problem) if problem is not None else
              f"local_map: the outputs differ in dtype or number of dims across the ranks "

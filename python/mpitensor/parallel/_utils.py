@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _C, _modes
 from .._dtensor import DTensor
+from .._fingerprint import fingerprint
 from ..device_mesh import local_mesh
 from ..placement_types import Placement
 
@@ -102,7 +103,7 @@ def _agree_shapes(local, mesh, problem, what: str) -> None:
     """Every rank's local shape must be the same for an even split: one agreement on
     a fingerprint of it, which also carries a rank's ``problem``. Collective."""
     shape = (local.ndim,) + tuple(local.shape) if problem is None else ()
-    _C.agree(mesh._handle, problem is None, hash(shape),
+    _C.agree(mesh._handle, problem is None, fingerprint(shape),
              str(problem) if problem is not None else
              f"the local {what}s differ in shape across the ranks of the mesh "
              f"({tuple(local.shape)} on rank {mesh.get_rank()}); a local input is taken "

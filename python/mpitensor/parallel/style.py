@@ -14,7 +14,6 @@ for torch 2.0 looks for it.
 
 from __future__ import annotations
 
-import zlib
 from functools import partial
 from typing import Any
 
@@ -25,6 +24,7 @@ from .._dtensor import DTensor
 from .._distribute import distribute_tensor
 from .._distribute_module import distribute_module
 from .._dtensor_spec import contiguous_strides
+from .._fingerprint import fingerprint
 from ..nn.embedding import Embedding
 from ..nn.linear import Linear
 from ..placement_types import Placement, Replicate, Shard
@@ -83,8 +83,7 @@ def _agree_linear_input(local, mesh, features: int) -> None:
     want = _C.chunk_sizes(features, mesh.size(0))[coord[0]]
     width = local.shape[-1]
     lead = tuple(local.shape[:-1])
-    fingerprint = zlib.crc32(repr((np.dtype(local.dtype).str, lead)).encode())
-    _C.agree(mesh._handle, width == want, fingerprint,
+    _C.agree(mesh._handle, width == want, fingerprint((np.dtype(local.dtype).str, lead)),
              f"the input of Linear has {width} features on rank {mesh.get_rank()}, where "
              f"its shard of in_features={features} over {mesh.size(0)} ranks has {want}"
              if width != want else
