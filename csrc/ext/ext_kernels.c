@@ -315,25 +315,36 @@ bad:
   return -1;
 }
 
+/* The n array arguments of attention (q, k, v, then the outputs from `first_out`
+ * on, which must be writable), followed by scale and causal. */
+static int attn_args(PyObject *const *args, int n, int first_out, const char *const *names,
+                     PyArrayObject **a, mt_attn_operand *op, int *dtype,
+                     mt_attn_shape *shape, double *scale, int *causal) {
+  for (int i = 0; i < n; ++i) {
+    a[i] = float_arg(args[i], dtype, 1, names[i]);
+    if (a[i] == NULL || attn_operand(a[i], &op[i], names[i]) < 0) return -1;
+    if (i >= first_out && !PyArray_ISWRITEABLE(a[i])) {
+      PyErr_Format(PyExc_ValueError, "%s must be writable", names[i]);
+      return -1;
+    }
+  }
+  *scale = PyFloat_AsDouble(args[n]);
+  *causal = PyObject_IsTrue(args[n + 1]);
+  if (attn_shapes(a, shape) < 0 || PyErr_Occurred() || *causal < 0) return -1;
+  return 0;
+}
+
 /* attention(q, k, v, out, scale, causal): writes softmax(q k^T scale) v into out. */
 static PyObject *attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 6) return PyErr_Format(PyExc_TypeError, "attention(q, k, v, out, scale, causal)");
   static const char *names[4] = {"attention: q", "attention: k", "attention: v",
                                  "attention: out"};
-  int dtype = -1;
+  int dtype = -1, causal;
   PyArrayObject *a[4];
   mt_attn_operand op[4];
-  for (int i = 0; i < 4; ++i) {
-    a[i] = float_arg(args[i], &dtype, 1, names[i]);
-    if (a[i] == NULL || attn_operand(a[i], &op[i], names[i]) < 0) return NULL;
-  }
-  if (!PyArray_ISWRITEABLE(a[3])) {
-    return PyErr_Format(PyExc_ValueError, "attention: out must be writable");
-  }
   mt_attn_shape shape;
-  double scale = PyFloat_AsDouble(args[4]);
-  int causal = PyObject_IsTrue(args[5]);
-  if (attn_shapes(a, &shape) < 0 || PyErr_Occurred() || causal < 0) return NULL;
+  double scale;
+  if (attn_args(args, 4, 3, names, a, op, &dtype, &shape, &scale, &causal) < 0) return NULL;
   mt_blas blas = mt_ext_state_of(module)->blas;
   mt_error err = {0};
   int rc;
@@ -357,21 +368,14 @@ static PyObject *attention_backward(PyObject *module, PyObject *const *args,
       "attention_backward: q",  "attention_backward: k",  "attention_backward: v",
       "attention_backward: g",  "attention_backward: dq", "attention_backward: dk",
       "attention_backward: dv"};
-  int dtype = -1;
+  int dtype = -1, causal;
   PyArrayObject *a[7];
   mt_attn_operand op[7];
-  for (int i = 0; i < 7; ++i) {
-    a[i] = float_arg(args[i], &dtype, 1, names[i]);
-    if (a[i] == NULL || attn_operand(a[i], &op[i], names[i]) < 0) return NULL;
-    if (i >= 4 && !PyArray_ISWRITEABLE(a[i])) {
-      return PyErr_Format(PyExc_ValueError, "%s must be writable", names[i]);
-    }
-  }
   mt_attn_shape shape;
-  double scale = PyFloat_AsDouble(args[7]);
-  int causal = PyObject_IsTrue(args[8]);
-  if (attn_shapes(a, &shape) < 0 || PyErr_Occurred() || causal < 0) return NULL;
-  /* The gradients have their operands' shapes. */
+  double scale;
+  if (attn_args(args, 7, 4, names, a, op, &dtype, &shape, &scale, &causal) < 0) return NULL;
+  /* The gradients have their operands' shapes: the core's operands carry strides
+   * only, so this is the one place their extents are checked. */
   for (int i = 4; i < 7; ++i) {
     if (!PyArray_SAMESHAPE(a[i], a[i - 4])) {
       return PyErr_Format(PyExc_ValueError, "%s must have the shape of %s", names[i],

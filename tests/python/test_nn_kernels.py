@@ -365,3 +365,22 @@ def test_attention_of_no_heads_or_no_rows(path):
         check(F.scaled_dot_product_attention(np.moveaxis(q, -2, -3), np.moveaxis(q, -2, -3),
                                              np.moveaxis(q, -2, -3), is_causal=True),
               np.zeros(np.moveaxis(q, -2, -3).shape), np.float64)
+
+
+@pytest.mark.skipif(not mt._C.kernels_have_blas(), reason="attention runs in C only with a BLAS")
+def test_attention_extension_checks_the_extents_of_outputs():
+    """The core's attention operands carry strides only: a gradient or output of
+    the wrong extent, or a read-only one, must be refused before the kernel would
+    write past it."""
+    q, k, v = (data(s, np.float64) for s in ((1, 2, 4, 8), (1, 2, 5, 8), (1, 2, 5, 3)))
+    g = data((1, 2, 4, 3), np.float64)
+    dq, dk = np.empty_like(q), np.empty_like(k)
+    with pytest.raises(ValueError, match="dv must have the shape"):
+        mt._C.attention_backward(q, k, v, g, dq, dk, np.empty((1, 2, 4, 3)), 1.0, False)
+    readonly = np.empty((1, 2, 4, 3))
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="out must be writable"):
+        mt._C.attention(q, k, v, readonly, 1.0, False)
+    dq.flags.writeable = False
+    with pytest.raises(ValueError, match="dq must be writable"):
+        mt._C.attention_backward(q, k, v, g, dq, dk, np.empty_like(v), 1.0, False)
