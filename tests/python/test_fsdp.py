@@ -21,23 +21,10 @@ from mpitensor.device_mesh import local_mesh
 from mpitensor.fsdp import FSDPModule, fully_shard
 from mpitensor.parallel import (
     ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module)
+from tp_models import MLP
 
 W = MPI.COMM_WORLD.Get_size()
 AG, RS = "all_gather_into_tensor", "reduce_scatter_tensor"
-
-
-class MLP(nn.Module):
-    """Dims 5 -> 7 -> 3: dim 0 of every parameter is uneven over 2..4 ranks, and
-    empty on some rank at 4."""
-
-    def __init__(self, dims=(5, 7, 3)):
-        super().__init__()
-        mt.manual_seed(3)
-        self.w1 = nn.Linear(dims[0], dims[1])
-        self.w2 = nn.Linear(dims[1], dims[2])
-
-    def forward(self, x):
-        return self.w2(np.tanh(self.w1(x)))
 
 
 X = np.random.default_rng(0).standard_normal((12, 5))

@@ -18,11 +18,12 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, Replicate, Shard, distribute_tensor, nn
+from mpitensor import DTensor, Replicate, Shard, distribute_tensor
 from mpitensor.autograd import Function
 from mpitensor.fsdp import fully_shard
 from mpitensor.nn.utils import clip_grad_norm_, clip_grad_value_
 from ops_helpers import W, mesh_of
+from tp_models import MLP
 
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
 N = 2 * W + 1  # uneven over every world size
@@ -227,24 +228,13 @@ def test_an_optimizer_step_after_shared_gradients():
     np.testing.assert_allclose(full(y), 1 - 0.5 - 0.5 * 1.9, rtol=1e-15)
 
 
-class MLP(nn.Module):
-    def __init__(self, dims):
-        super().__init__()
-        mt.manual_seed(5)
-        self.w1 = nn.Linear(dims[0], dims[1])
-        self.w2 = nn.Linear(dims[1], dims[2])
-
-    def forward(self, x):
-        return self.w2(np.tanh(self.w1(x)))
-
-
 @pytest.mark.parametrize("dims", [(5, 12, 24), (5, 7, 3)], ids=["even", "uneven"])
 def test_fully_shard_gradients_are_disjoint_parts_of_one_buffer(dims):
     """Reduce-scattered once into one buffer, each parameter's gradient a part of
     it, not a copy; where dims are uneven a rank's parts leave padding between
     them, and that rank copies them rather than keep the padding alive."""
     mesh = mt.init_device_mesh("cpu", (W,), mesh_dim_names=("dp",))
-    m = fully_shard(MLP(dims), mesh=mesh)
+    m = fully_shard(MLP(dims, seed=5), mesh=mesh)
     x = distribute_tensor(weights((12, dims[0])), mesh, [S0])
     ((m(x) ** 2).mean()).backward()
     grads = [p.grad for p in m.parameters()]

@@ -1,5 +1,6 @@
-"""A small GPT in mpitensor.nn and the tensor-parallel plans written for it the way
-they are written for torch (Megatron's, with and without sequence parallelism)."""
+"""The small models the tests share: a GPT in mpitensor.nn with the tensor-parallel
+plans written for it the way they are written for torch (Megatron's, with and without
+sequence parallelism), and a two-layer MLP for data parallelism."""
 
 from __future__ import annotations
 
@@ -9,6 +10,20 @@ import mpitensor as mt
 from mpitensor import Replicate, Shard, nn
 from mpitensor.parallel import (
     ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel)
+
+
+class MLP(nn.Module):
+    """Dims 5 -> 7 -> 3 by default: dim 0 of every parameter is uneven over 2..4
+    ranks, and empty on some rank at 4."""
+
+    def __init__(self, dims=(5, 7, 3), seed=3):
+        super().__init__()
+        mt.manual_seed(seed)
+        self.w1 = nn.Linear(dims[0], dims[1])
+        self.w2 = nn.Linear(dims[1], dims[2])
+
+    def forward(self, x):
+        return self.w2(np.tanh(self.w1(x)))
 
 
 class GPT(nn.Module):
