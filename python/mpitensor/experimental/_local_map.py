@@ -6,7 +6,7 @@ Port of ``torch.distributed.tensor.experimental.local_map`` (torch 2.8). Differe
   uneven shards (the last ranks holding fewer rows, as ``torch.chunk`` lays them out)
   get their true global shape, where torch assumes even shards. This makes the
   wrapped function **collective on the mesh** whenever an output has a Shard
-  placement: one ``Allreduce`` of the outputs' sizes per mesh dim that shards
+  placement: one all-gather of the outputs' sizes per mesh dim that shards
   something, then one agreement (``any``) on whether the local shapes form a valid
   ``torch.chunk`` layout and the outputs have the same dtypes and numbers of dims on
   every rank (ValueError on every rank when they do not; an output that does not
@@ -237,9 +237,9 @@ def _output_problem(outs: Sequence[Any], specs: Sequence):
 def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh,
                    problem=None) -> list:
     """Global shape of every ndarray output (None for the others). Collective on the
-    mesh when some output is sharded: one Allreduce(SUM) of the local sizes of the
-    sharded tensor dims per mesh dim that shards something (nested shards of one
-    tensor dim sum over each of their mesh dims in turn), then one agreement on
+    mesh when some output is sharded: one all-gather of the local sizes of the
+    sharded tensor dims per mesh dim that shards something, summed (nested shards of
+    one tensor dim sum over each of their mesh dims in turn), then one agreement on
     whether every rank's local shape is its torch.chunk shard of the result and
     every rank's outputs have the same dtypes and numbers of dims, which also
     carries ``problem`` (a rank's outputs that do not match the placements). Local
@@ -263,19 +263,19 @@ def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh,
             problem = IndexError(f"out_placements[{i}]: {p} is out of range for a "
                                  f"{ndim}-d output")
         resolved.append((i, t if problem is None else None, d))
-    from mpi4py import MPI
-
-    groups = None
     for d in range(mesh.ndim):
         mine = [(i, t) for i, t, dd in resolved if dd == d]
         if not mine or mesh.shape[d] == 1:
             continue
-        if groups is None:
-            groups = mesh.get_all_groups()
-        buf = np.array([0 if t is None else shapes[i][t] for i, t in mine], dtype=np.int64)
-        groups[d].Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        sizes = [0 if t is None else shapes[i][t] for i, t in mine]
+        # The extension gathers at most 64 values a call; every rank has the same slots.
+        total = []
+        for k in range(0, len(sizes), 64):
+            part = sizes[k:k + 64]
+            got = _C.ring_allgather_int64(mesh._handle, d, part)
+            total += [sum(got[j::len(part)]) for j in range(len(part))]
         if problem is None:
-            for (i, t), n in zip(mine, buf.tolist()):
+            for (i, t), n in zip(mine, total):
                 shapes[i][t] = n
     for i, (o, pl) in enumerate(zip(outs, placements)):
         if pl is None or problem is not None:
