@@ -223,18 +223,41 @@ def test_load_state_dict_bad_on_one_rank(mesh, bad, case):
     assert not np.any(lin.weight.to_local() == W), lin.weight.to_local()
 
 
-def test_optimizer_load_state_dict_bad_on_one_rank(mesh, bad):
-    """A moment buffer of another shape on one rank is a ValueError on every rank,
-    before any state tensor is redistributed."""
+@pytest.mark.parametrize("case", ["size", "groups"])
+def test_optimizer_load_state_dict_bad_on_one_rank(mesh, bad, case):
+    """A moment buffer of another shape, or a group of another size, on one rank
+    is a ValueError on every rank, before any state tensor is redistributed."""
     lin = colwise_linear(mesh)
     opt = mt.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
     groups = opt.state_dict()["param_groups"]
-    buffers = partial_state(mesh, {"weight": (10, 5) if RANK == bad else (10, 6),
-                                   "bias": (10,)})
+    wrong = RANK == bad and case == "size"
+    buffers = partial_state(mesh, {"weight": (10, 5) if wrong else (10, 6), "bias": (10,)})
+    if RANK == bad and case == "groups":
+        groups = [{**groups[0], "params": groups[0]["params"] + [2]}]
     sd = {"state": {0: {"momentum_buffer": buffers["weight"]},
                     1: {"momentum_buffer": buffers["bias"]}},
           "param_groups": groups}
     got = same_everywhere(outcome(lambda: opt.load_state_dict(sd)))
-    assert got[0] == "ValueError" and "size mismatch for state.0.momentum_buffer" in got[1], got
+    want = {"size": "size mismatch for state.0.momentum_buffer",
+            "groups": "doesn't match the size of optimizer's group"}[case]
+    assert got[0] == "ValueError" and want in got[1], got
     still_in_step(mesh)
     assert not opt.state, opt.state
+
+
+def test_load_state_dict_agrees_once_per_mesh(mesh, monkeypatch):
+    """Two DTensor values on the parameters' mesh: one agreement for the module,
+    one for the optimizer (torch runs none; a checkpoint loads a few times a job)."""
+    lin = colwise_linear(mesh)
+    opt = mt.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    sd = partial_state(mesh, {"weight": (10, 6), "bias": (10,)})
+    osd = {"state": {0: {"momentum_buffer": sd["weight"]}, 1: {"momentum_buffer": sd["bias"]}},
+           "param_groups": opt.state_dict()["param_groups"]}
+    calls = []
+    real = mt._C.agree
+    monkeypatch.setattr(mt._C, "agree", lambda *a: calls.append(a[0]) or real(*a))
+    lin.load_state_dict(sd)
+    opt.load_state_dict(osd)
+    monkeypatch.undo()
+    assert calls == [mesh._handle, mesh._handle], calls
+    assert np.array_equal(lin.weight.full_tensor(), np.full((10, 6), float(W)))

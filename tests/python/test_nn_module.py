@@ -190,3 +190,14 @@ def test_global_hooks_see_every_module_call():
     own.remove()
     seq(np.ones((1, 2)))
     assert seen == []
+
+
+def test_load_state_dict_of_plain_arrays_communicates_nothing(monkeypatch):
+    """Nothing distributed: the checks stay local, no agreement is run (a bad
+    state dict then raises torch's RuntimeError on this rank alone)."""
+    monkeypatch.setattr(mt._C, "agree", lambda *a: pytest.fail("agreed on " + repr(a)))
+    lin = nn.Linear(2, 3)
+    lin.load_state_dict({"weight": np.ones((3, 2)), "bias": np.zeros(3)})
+    assert np.array_equal(lin.weight, np.ones((3, 2)))
+    with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "x"'):
+        lin.load_state_dict({"weight": np.ones((3, 2)), "bias": np.zeros(3), "x": 1})

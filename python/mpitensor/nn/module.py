@@ -148,13 +148,12 @@ def _load_layout(value: DTensor) -> tuple:
             value.device_mesh.mesh.tolist())
 
 
-def _agree_load(meshes, errors: list, layout, what: str, kind: type) -> None:
+def _agree_load(meshes, errors: list, layout, head: str, kind: type) -> None:
     """One agreement per mesh (each mesh once, in the order given, which is the
     same on every rank) on the local ``errors`` and the ``layout`` of the values:
-    every rank raises ``kind`` with the first failing rank's message. No
-    communication when no mesh is given (nothing is distributed)."""
-    error = (f"Error(s) in loading state_dict for {what}:\n\t" + "\n\t".join(errors)
-             if errors else None)
+    every rank raises ``kind`` with ``head`` and the first failing rank's errors.
+    No communication when no mesh is given (nothing is distributed)."""
+    error = head + "\n\t".join(errors) if errors else None
     seen = []
     fingerprint = zlib.crc32(repr(layout).encode())
     for mesh in meshes:
@@ -163,9 +162,9 @@ def _agree_load(meshes, errors: list, layout, what: str, kind: type) -> None:
         seen.append(mesh)
         try:
             _C.agree(mesh._handle, error is None, fingerprint, error or (
-                f"Error(s) in loading state_dict for {what}:\n\tthe state dict's "
-                f"DTensors (their keys, shapes, dtypes or placements) differ across the "
-                f"ranks of the mesh; every rank must load the same layout."), kind)
+                f"{head}the state dict's DTensors (their keys, shapes, dtypes or "
+                f"placements) differ across the ranks of the mesh; every rank must load "
+                f"the same layout."), kind)
         except Exception as agreed:  # noqa: BLE001 - the same on every rank of mesh
             # Go on to the other meshes with it, so that no rank of those waits
             # for this one.
@@ -505,7 +504,9 @@ class Module:
                 if isinstance(value, DTensor):
                     meshes.append(value.device_mesh)
                     layout.append((key, _load_layout(value)))
-        _agree_load(meshes, errors, layout, type(self).__name__, RuntimeError)
+        _agree_load(meshes, errors, layout,
+                    f"Error(s) in loading state_dict for {type(self).__name__}:\n\t",
+                    RuntimeError)
         for key, target in own.items():
             if key in state_dict:
                 self._load_one(key, target, state_dict[key])

@@ -250,7 +250,7 @@ class Optimizer:
         # Checked on every rank, then agreed on, before any state moves: a rank
         # raising alone would leave the others in the next state tensor's
         # redistribution.
-        _agree_load(meshes, errors, layout, type(self).__name__, ValueError)
+        _agree_load(meshes, errors, layout, "", ValueError)  # torch's bare wording
         state: defaultdict = defaultdict(dict)
         for i, entries in saved:
             p = by_index[int(i)]
