@@ -176,3 +176,84 @@ def test_plot_that_cannot_be_written(mesh, shared_dir):
     assert got is not None and got[0] == "OSError", got
     assert "failed on the mesh's first rank" in got[1], got
     still_in_step(mesh)
+
+
+def partial_state(mesh, shapes, dtype=np.float64):
+    """A Linear(6, 10)'s state as Partial DTensors of the given shapes: loading
+    them into a column-wise Linear reduce-scatters each, a collective per key."""
+    return {key: mt.DTensor.from_local(np.ones(shape, dtype), mesh, [mt.Partial()],
+                                       run_check=False)
+            for key, shape in shapes.items()}
+
+
+def colwise_linear(mesh):
+    from mpitensor.parallel import ColwiseParallel, parallelize_module
+    return parallelize_module(mt.nn.Linear(6, 10), mesh, ColwiseParallel())
+
+
+@pytest.mark.parametrize("case", ["size", "missing", "complex", "float32"])
+def test_load_state_dict_bad_on_one_rank(mesh, bad, case):
+    """A state dict that differs on one rank (a shape, a missing key, a dtype that
+    cannot be cast, or one that can but makes the reduction's types differ) is a
+    RuntimeError in torch's words on every rank, before any key is loaded."""
+    lin = colwise_linear(mesh)
+    shapes = {"weight": (10, 6), "bias": (10,)}
+    dtype = np.float64
+    if RANK == bad:
+        if case == "size":
+            shapes["weight"] = (10, 5)
+        elif case == "missing":
+            del shapes["bias"]
+        else:
+            dtype = np.complex128 if case == "complex" else np.float32
+    sd = partial_state(mesh, shapes, dtype)
+    got = same_everywhere(outcome(lambda: lin.load_state_dict(sd)))
+    want = {"size": "size mismatch for weight: copying a param with shape (10, 5)",
+            "missing": 'Missing key(s) in state_dict: "bias"',
+            "complex": "dtype mismatch for weight",
+            "float32": "differ across the ranks"}[case]
+    assert got[0] == "RuntimeError" and want in got[1], got
+    assert got[1].startswith("Error(s) in loading state_dict for Linear:"), got
+    still_in_step(mesh)
+    # Nothing was loaded: the weight is still the module's own.
+    assert not np.any(lin.weight.to_local() == W), lin.weight.to_local()
+
+
+@pytest.mark.parametrize("case", ["size", "groups"])
+def test_optimizer_load_state_dict_bad_on_one_rank(mesh, bad, case):
+    """A moment buffer of another shape, or a group of another size, on one rank
+    is a ValueError on every rank, before any state tensor is redistributed."""
+    lin = colwise_linear(mesh)
+    opt = mt.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    groups = opt.state_dict()["param_groups"]
+    wrong = RANK == bad and case == "size"
+    buffers = partial_state(mesh, {"weight": (10, 5) if wrong else (10, 6), "bias": (10,)})
+    if RANK == bad and case == "groups":
+        groups = [{**groups[0], "params": groups[0]["params"] + [2]}]
+    sd = {"state": {0: {"momentum_buffer": buffers["weight"]},
+                    1: {"momentum_buffer": buffers["bias"]}},
+          "param_groups": groups}
+    got = same_everywhere(outcome(lambda: opt.load_state_dict(sd)))
+    want = {"size": "size mismatch for state.0.momentum_buffer",
+            "groups": "doesn't match the size of optimizer's group"}[case]
+    assert got[0] == "ValueError" and want in got[1], got
+    still_in_step(mesh)
+    assert not opt.state, opt.state
+
+
+def test_load_state_dict_agrees_once_per_mesh(mesh, monkeypatch):
+    """Two DTensor values on the parameters' mesh: one agreement for the module,
+    one for the optimizer (torch runs none; a checkpoint loads a few times a job)."""
+    lin = colwise_linear(mesh)
+    opt = mt.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    sd = partial_state(mesh, {"weight": (10, 6), "bias": (10,)})
+    osd = {"state": {0: {"momentum_buffer": sd["weight"]}, 1: {"momentum_buffer": sd["bias"]}},
+           "param_groups": opt.state_dict()["param_groups"]}
+    calls = []
+    real = mt._C.agree
+    monkeypatch.setattr(mt._C, "agree", lambda *a: calls.append(a[0]) or real(*a))
+    lin.load_state_dict(sd)
+    opt.load_state_dict(osd)
+    monkeypatch.undo()
+    assert calls == [mesh._handle, mesh._handle], calls
+    assert np.array_equal(lin.weight.full_tensor(), np.full((10, 6), float(W)))

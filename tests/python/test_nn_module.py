@@ -122,11 +122,11 @@ def test_state_dict_round_trip_and_strictness():
     b.load_state_dict(sd)
     x = np.linspace(-1, 1, 6).reshape(2, 3)
     np.testing.assert_array_equal(a(x), b(x))
-    with pytest.raises(KeyError, match="missing keys"):
+    with pytest.raises(RuntimeError, match="Missing key"):
         b.load_state_dict({"a.w": np.ones(3)})
     missing, unexpected = b.load_state_dict({"a.w": np.ones(3), "zz": 1}, strict=False)
     assert "layers.0.weight" in missing and unexpected == ["zz"]
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(RuntimeError, match="size mismatch for a.w"):
         b.load_state_dict({**sd, "a.w": np.ones(4)})
 
 
@@ -190,3 +190,14 @@ def test_global_hooks_see_every_module_call():
     own.remove()
     seq(np.ones((1, 2)))
     assert seen == []
+
+
+def test_load_state_dict_of_plain_arrays_communicates_nothing(monkeypatch):
+    """Nothing distributed: the checks stay local, no agreement is run (a bad
+    state dict then raises torch's RuntimeError on this rank alone)."""
+    monkeypatch.setattr(mt._C, "agree", lambda *a: pytest.fail("agreed on " + repr(a)))
+    lin = nn.Linear(2, 3)
+    lin.load_state_dict({"weight": np.ones((3, 2)), "bias": np.zeros(3)})
+    assert np.array_equal(lin.weight, np.ones((3, 2)))
+    with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "x"'):
+        lin.load_state_dict({"weight": np.ones((3, 2)), "bias": np.zeros(3), "x": 1})

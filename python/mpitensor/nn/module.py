@@ -10,11 +10,13 @@ installs its ``input_fn`` as a pre-hook and its ``output_fn`` as a hook.
 from __future__ import annotations
 
 import itertools
+import zlib
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .. import _C
 from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 
@@ -114,6 +116,61 @@ def _on_mesh(dt, mesh):
     if dt.device_mesh == mesh:
         return dt
     return DTensor(dt.to_local(), dt._spec._replace(mesh=mesh))
+
+
+def _load_problem(key: str, target, value) -> str | None:
+    """Why ``value`` cannot load into ``target`` (torch's words for a size
+    mismatch), or None. Local: every rank asks before any rank starts a collective
+    of the load, so that the ranks raise together instead of one raising while the
+    others wait in the next key's redistribution."""
+    got = tuple(value.shape) if isinstance(value, DTensor) else np.shape(value)
+    want = tuple(target.shape)
+    if got != want:
+        return (f"size mismatch for {key}: copying a param with shape {got} from "
+                f"checkpoint, the shape in current model is {want}.")
+    dtype = value.dtype if isinstance(value, (DTensor, np.ndarray)) else \
+        np.asarray(value).dtype
+    if not np.can_cast(dtype, target.dtype, casting="same_kind"):
+        return (f"dtype mismatch for {key}: copying a param of dtype {dtype} from "
+                f"checkpoint, the dtype in current model is {target.dtype}.")
+    if (isinstance(target, DTensor) and any(p.is_partial() for p in target.placements)
+            and not (isinstance(value, DTensor)
+                     and _same_ranks(value.device_mesh, target.device_mesh))):
+        return f"{key} is a Partial DTensor: load a DTensor on its mesh into it."
+    return None
+
+
+def _load_layout(value: DTensor) -> tuple:
+    """What of a loaded DTensor decides the load's collectives (its shape, dtype,
+    placements and ranks), so that the ranks can check it is the same on all of
+    them; a plain value loads without communication."""
+    return (tuple(value.shape), value.dtype.str, tuple(value.placements),
+            value.device_mesh.mesh.tolist())
+
+
+def _agree_load(meshes, errors: list, layout, head: str, kind: type) -> None:
+    """One agreement per mesh (each mesh once, in the order given, which is the
+    same on every rank) on the local ``errors`` and the ``layout`` of the values:
+    every rank raises ``kind`` with ``head`` and the first failing rank's errors.
+    No communication when no mesh is given (nothing is distributed)."""
+    error = head + "\n\t".join(errors) if errors else None
+    seen = []
+    fingerprint = zlib.crc32(repr(layout).encode())
+    for mesh in meshes:
+        if any(_same_ranks(mesh, m) for m in seen):
+            continue
+        seen.append(mesh)
+        try:
+            _C.agree(mesh._handle, error is None, fingerprint, error or (
+                f"{head}the state dict's DTensors (their keys, shapes, dtypes or "
+                f"placements) differ across the ranks of the mesh; every rank must load "
+                f"the same layout."), kind)
+        except Exception as agreed:  # noqa: BLE001 - the same on every rank of mesh
+            # Go on to the other meshes with it, so that no rank of those waits
+            # for this one.
+            error = str(agreed)
+    if error is not None:
+        raise kind(error)
 
 
 def _as_parameter(value, old, requires_grad):
@@ -412,9 +469,11 @@ class Module:
         as what ``mpitensor.load(dir)`` returns on its default mesh) is gathered
         whole first (collective on its mesh: ``mpitensor.load(dir,
         like=model.state_dict())`` reads each rank's box directly instead). A
-        DTensor into a plain array parameter is gathered. With ``strict`` a missing
-        or unexpected key, or a shape mismatch, is a KeyError/ValueError (the same
-        on every rank, since every rank has the same keys and shapes). Returns
+        DTensor into a plain array parameter is gathered. Every rank checks its
+        state dict first (missing or unexpected keys with ``strict``, shapes,
+        dtypes that cannot be cast), then the ranks agree once on each mesh
+        involved (no communication when nothing is distributed), so a problem on
+        one rank only is a RuntimeError, in torch's words, on every rank. Returns
         ``(missing_keys, unexpected_keys)``.
 
         Example::
@@ -426,9 +485,28 @@ class Module:
         own = self.state_dict()
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
-        if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys "
-                           f"{unexpected} for {type(self).__name__}")
+        errors = []
+        if strict and missing:
+            errors.append("Missing key(s) in state_dict: "
+                          + ", ".join(f'"{k}"' for k in missing) + ". ")
+        if strict and unexpected:
+            errors.append("Unexpected key(s) in state_dict: "
+                          + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+        meshes, layout = [], []
+        for key, target in own.items():
+            if isinstance(target, DTensor):
+                meshes.append(target.device_mesh)
+            if key in state_dict:
+                value = state_dict[key]
+                problem = _load_problem(key, target, value)
+                if problem is not None:
+                    errors.append(problem)
+                if isinstance(value, DTensor):
+                    meshes.append(value.device_mesh)
+                    layout.append((key, _load_layout(value)))
+        _agree_load(meshes, errors, layout,
+                    f"Error(s) in loading state_dict for {type(self).__name__}:\n\t",
+                    RuntimeError)
         for key, target in own.items():
             if key in state_dict:
                 self._load_one(key, target, state_dict[key])
@@ -441,10 +519,7 @@ class Module:
             value = value.detach()
         if isinstance(target, DTensor):
             target = target.detach()
-        got = tuple(value.shape if isinstance(value, DTensor) else np.shape(value))
-        if got != tuple(target.shape):
-            raise ValueError(f"load_state_dict: {key!r} has shape {tuple(target.shape)}, "
-                             f"the state dict gives {got}")
+        # _load_problem(key, target, value) is None: checked and agreed on before.
         if not isinstance(target, DTensor):
             src = value.full_tensor() if isinstance(value, DTensor) else np.asarray(value)
             np.copyto(target, src, casting="same_kind")
@@ -454,9 +529,6 @@ class Module:
             value = _on_mesh(value, mesh)
             local = value.redistribute(mesh, target.placements).to_local()
         else:
-            if any(p.is_partial() for p in target.placements):
-                raise ValueError(f"load_state_dict: {key!r} is a Partial DTensor; load a "
-                                 f"DTensor on its mesh into it")
             whole = value.full_tensor() if isinstance(value, DTensor) else np.asarray(value)
             shape, offset = compute_local_shape_and_global_offset(
                 target.shape, mesh, target.placements)

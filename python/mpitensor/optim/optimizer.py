@@ -15,7 +15,7 @@ import numpy as np
 
 from .._dtensor import DTensor
 from ..autograd import enable_grad
-from ..nn.module import Module, Parameter
+from ..nn.module import Module, Parameter, _agree_load, _load_layout, _load_problem
 
 __all__ = ["Optimizer"]
 
@@ -208,9 +208,11 @@ class Optimizer:
         """Takes back what :meth:`state_dict` gave, also after ``mpitensor.load``
         on another mesh: each state tensor (a DTensor in any layout, or the global
         ndarray) is copied into a DTensor with its parameter's mesh and placements.
-        The groups must hold as many parameters as the optimizer's (ValueError,
-        the same on every rank). Collective on a state DTensor's mesh when it has
-        to move (as :meth:`Module.load_state_dict`), else local.
+        The groups must hold as many parameters as the optimizer's and each state
+        tensor must have its parameter's shape: every rank checks, then the ranks
+        agree once on each mesh of the parameters and state (ValueError, the same
+        on every rank). Collective on those meshes (and on a state DTensor's mesh
+        when it has to move, as :meth:`Module.load_state_dict`).
 
         Example::
 
@@ -218,22 +220,39 @@ class Optimizer:
         """
         groups = state_dict["param_groups"]
         saved = list(state_dict["state"].items()) if state_dict.get("state") else []
+        errors, by_index = [], {}
         if len(groups) != len(self.param_groups):
-            raise ValueError("loaded state dict has a different number of parameter "
-                             "groups")
-        if any(len(g["params"]) != len(own["params"])
-               for g, own in zip(groups, self.param_groups)):
-            raise ValueError("loaded state dict contains a parameter group that doesn't "
-                             "match the size of optimizer's group")
-        by_index = {}
-        for g, own in zip(groups, self.param_groups):
-            for i, p in zip(g["params"], own["params"]):
-                by_index[int(i)] = p
+            errors.append("loaded state dict has a different number of parameter groups")
+        elif any(len(g["params"]) != len(own["params"])
+                 for g, own in zip(groups, self.param_groups)):
+            errors.append("loaded state dict contains a parameter group that doesn't "
+                          "match the size of optimizer's group")
+        else:
+            for g, own in zip(groups, self.param_groups):
+                for i, p in zip(g["params"], own["params"]):
+                    by_index[int(i)] = p
+        meshes = [p.device_mesh for own in self.param_groups for p in own["params"]]
+        layout = []
+        for i, entries in saved:
+            p = by_index.get(int(i))
+            if p is None and not errors:
+                errors.append(f"loaded state dict has state for parameter {i}, which "
+                              f"no group names")
+            for key, value in entries.items():
+                name = f"state.{i}.{key}"
+                if isinstance(value, DTensor):
+                    meshes.append(value.device_mesh)
+                    layout.append((name, _load_layout(value)))
+                problem = (_load_problem(name, p, value)
+                           if p is not None and _is_state_tensor(key, value) else None)
+                if problem is not None:
+                    errors.append(problem)
+        # Checked on every rank, then agreed on, before any state moves: a rank
+        # raising alone would leave the others in the next state tensor's
+        # redistribution.
+        _agree_load(meshes, errors, layout, "", ValueError)  # torch's bare wording
         state: defaultdict = defaultdict(dict)
         for i, entries in saved:
-            if int(i) not in by_index:
-                raise ValueError(f"loaded state dict has state for parameter {i}, which "
-                                 f"no group names")
             p = by_index[int(i)]
             state[p] = {key: self._state_value(p, f"state.{i}.{key}", key, value)
                         for key, value in entries.items()}
