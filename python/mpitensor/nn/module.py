@@ -10,7 +10,6 @@ installs its ``input_fn`` as a pre-hook and its ``output_fn`` as a hook.
 from __future__ import annotations
 
 import itertools
-import zlib
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from .. import _C
 from .._dtensor import DTensor
+from .._fingerprint import fingerprint
 from .._layout import compute_local_shape_and_global_offset
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "register_module_forward_pre_hook",
@@ -155,13 +155,13 @@ def _agree_load(meshes, errors: list, layout, head: str, kind: type) -> None:
     No communication when no mesh is given (nothing is distributed)."""
     error = head + "\n\t".join(errors) if errors else None
     seen = []
-    fingerprint = zlib.crc32(repr(layout).encode())
+    mine = fingerprint(layout)
     for mesh in meshes:
         if any(_same_ranks(mesh, m) for m in seen):
             continue
         seen.append(mesh)
         try:
-            _C.agree(mesh._handle, error is None, fingerprint, error or (
+            _C.agree(mesh._handle, error is None, mine, error or (
                 f"{head}the state dict's DTensors (their keys, shapes, dtypes or "
                 f"placements) differ across the ranks of the mesh; every rank must load "
                 f"the same layout."), kind)
