@@ -13,7 +13,6 @@ import faulthandler
 import os
 import sys
 
-import mpitensor
 import pytest
 from hypothesis import HealthCheck, settings
 from mpi4py import MPI
@@ -105,10 +104,3 @@ def world_size():
 @pytest.fixture
 def rank():
     return COMM.Get_rank()
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    """A 1-D mesh over every rank, one per test module. A module that needs another
-    mesh defines its own ``mesh`` fixture, which takes precedence."""
-    return mpitensor.init_device_mesh("cpu", (COMM.Get_size(),))

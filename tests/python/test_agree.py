@@ -24,6 +24,10 @@ def still_in_step(mesh):
     _C.agree(mesh._handle, True, 1, "")
 
 
+@pytest.fixture(scope="module")
+def mesh():
+    return init_device_mesh("cpu", (N,))
+
 
 def test_all_agree(mesh):
     assert same_everywhere(outcome(lambda: _C.agree(mesh._handle, True, 5, "x"))) is None

@@ -19,6 +19,10 @@ W = MPI.COMM_WORLD.Get_size()
 pytestmark = pytest.mark.usefixtures("forward_only")
 
 
+@pytest.fixture(scope="module")
+def mesh():
+    return mt.init_device_mesh("cpu", (W,))
+
 
 def model():
     mt.manual_seed(11)
