@@ -28,7 +28,12 @@ class Worker:
         self.reports: list[dict] = []
 
     def pytest_sessionstart(self, session):
+        from mpi4py import MPI
+
         self._stacks = open(os.path.join(self.directory, f"rank{_rank()}.stacks"), "w")
+        # Its own communicator, so that the barrier at the end never pairs with a
+        # collective a test left waiting on another rank.
+        self._finish = MPI.COMM_WORLD.Dup()
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):
@@ -66,6 +71,10 @@ class Worker:
         with open(path + ".tmp", "w") as f:
             json.dump(self.reports, f)
         os.replace(path + ".tmp", path)
+        # A rank whose test failed exits non-zero, and mpi4py's runner then calls
+        # MPI_Abort, which kills the other ranks: none leaves before every rank's
+        # report is on disk. A rank still stuck in a test is ended by its timeout.
+        self._finish.Barrier()
 
 
 def _skip_reason(report):
