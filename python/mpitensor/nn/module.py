@@ -15,10 +15,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .. import _C
 from .._dtensor import DTensor
-from .._fingerprint import fingerprint
 from .._layout import compute_local_shape_and_global_offset
+from ._state_load import _agree_load, _load_layout, _load_problem, _same_ranks
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "register_module_forward_pre_hook",
            "register_module_forward_hook"]
@@ -105,72 +104,11 @@ def _is_tensor(value) -> bool:
     return isinstance(value, (np.ndarray, DTensor))
 
 
-def _same_ranks(a, b) -> bool:
-    """Meshes of the same ranks in the same shape, whatever their dim names."""
-    return a == b or (a._comm.handle == b._comm.handle and a.mesh.shape == b.mesh.shape
-                      and np.array_equal(a.mesh, b.mesh))
-
-
 def _on_mesh(dt, mesh):
     """``dt`` relabelled onto ``mesh`` (same ranks, same shape): no data moves."""
     if dt.device_mesh == mesh:
         return dt
     return DTensor(dt.to_local(), dt._spec._replace(mesh=mesh))
-
-
-def _load_problem(key: str, target, value) -> str | None:
-    """Why ``value`` cannot load into ``target`` (torch's words for a size
-    mismatch), or None. Local: every rank asks before any rank starts a collective
-    of the load, so that the ranks raise together instead of one raising while the
-    others wait in the next key's redistribution."""
-    got = tuple(value.shape) if isinstance(value, DTensor) else np.shape(value)
-    want = tuple(target.shape)
-    if got != want:
-        return (f"size mismatch for {key}: copying a param with shape {got} from "
-                f"checkpoint, the shape in current model is {want}.")
-    dtype = value.dtype if isinstance(value, (DTensor, np.ndarray)) else \
-        np.asarray(value).dtype
-    if not np.can_cast(dtype, target.dtype, casting="same_kind"):
-        return (f"dtype mismatch for {key}: copying a param of dtype {dtype} from "
-                f"checkpoint, the dtype in current model is {target.dtype}.")
-    if (isinstance(target, DTensor) and any(p.is_partial() for p in target.placements)
-            and not (isinstance(value, DTensor)
-                     and _same_ranks(value.device_mesh, target.device_mesh))):
-        return f"{key} is a Partial DTensor: load a DTensor on its mesh into it."
-    return None
-
-
-def _load_layout(value: DTensor) -> tuple:
-    """What of a loaded DTensor decides the load's collectives (its shape, dtype,
-    placements and ranks), so that the ranks can check it is the same on all of
-    them; a plain value loads without communication."""
-    return (tuple(value.shape), value.dtype.str, tuple(value.placements),
-            value.device_mesh.mesh.tolist())
-
-
-def _agree_load(meshes, errors: list, layout, head: str, kind: type) -> None:
-    """One agreement per mesh (each mesh once, in the order given, which is the
-    same on every rank) on the local ``errors`` and the ``layout`` of the values:
-    every rank raises ``kind`` with ``head`` and the first failing rank's errors.
-    No communication when no mesh is given (nothing is distributed)."""
-    error = head + "\n\t".join(errors) if errors else None
-    seen = []
-    mine = fingerprint(layout)
-    for mesh in meshes:
-        if any(_same_ranks(mesh, m) for m in seen):
-            continue
-        seen.append(mesh)
-        try:
-            _C.agree(mesh._handle, error is None, mine, error or (
-                f"{head}the state dict's DTensors (their keys, shapes, dtypes or "
-                f"placements) differ across the ranks of the mesh; every rank must load "
-                f"the same layout."), kind)
-        except Exception as agreed:  # noqa: BLE001 - the same on every rank of mesh
-            # Go on to the other meshes with it, so that no rank of those waits
-            # for this one.
-            error = str(agreed)
-    if error is not None:
-        raise kind(error)
 
 
 def _as_parameter(value, old, requires_grad):

@@ -15,7 +15,8 @@ import numpy as np
 
 from .._dtensor import DTensor
 from ..autograd import enable_grad
-from ..nn.module import Module, Parameter, _agree_load, _load_layout, _load_problem
+from ..nn._state_load import _agree_load, _load_layout, _load_problem
+from ..nn.module import Module, Parameter
 
 __all__ = ["Optimizer"]
 
