@@ -17,6 +17,7 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import _modes
+from mpitensor._C import chunk_sizes
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
 from mpitensor.experimental import implicit_replication, local_map
 from mpi_helpers import (Problems, chunk, gather_global, outcome, raised, ref_box,
@@ -155,6 +156,19 @@ def test_uneven_shards_global_shape(n):
         if not probs:
             p.expect(np.allclose(full, want), f"{name}: values differ")
     assert p == []
+
+
+def test_more_sharded_outputs_than_one_size_exchange_carries():
+    """The sizes of 70 sharded outputs travel in batches of at most 64: output k,
+    torch.chunk's share of k + 1 columns on each rank, gets k + 1 columns."""
+    mesh = mesh_of((W,))
+    x = distribute_tensor(data(W, 2), mesh, [S0])
+    rank = COMM.Get_rank()
+    outs = local_map(lambda a: tuple(np.ones((1, chunk_sizes(k + 1, W)[rank]))
+                                     for k in range(70)),
+                     out_placements=tuple([S1] for _ in range(70)))(x)
+    shapes = [o.shape for o in outs]
+    assert shapes == [(1, k + 1) for k in range(70)], shapes
 
 
 def test_uneven_shards_2d_mesh():
