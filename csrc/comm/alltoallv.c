@@ -6,6 +6,7 @@
 
 #include "comm-private.h"
 #include "mpitensor/agree.h"
+#include "mpitensor/pack.h"
 
 static int check_dim(const mt_mesh *mesh, int dim, mt_error *err) {
   int ndim = mt_mesh_ndim(mesh);
@@ -65,7 +66,7 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
   if (n == 1) {
     if (send_counts[0] < 0 || send_counts[0] != recv_counts[0])
       return mt_error_set(err, MT_EINVAL, "a lone rank's counts differ or are negative");
-    if (send_counts[0] > 0) memcpy(recv, send, (size_t)(send_counts[0] * itemsize));
+    mt_copy_bytes(recv, send, send_counts[0] * itemsize);
     return MT_OK;
   }
   int64_t coord[MT_MAX_MESH_NDIM];

@@ -109,10 +109,8 @@ static int scatter_step(const dist_ctx *c, const mt_layout *from, const mt_layou
   int rc = MT_OK;
   if (g == 1) {
     /* One rank: nothing to cut, nothing to send. An empty box may come with NULL
-     * buffers, which memcpy may not be given even for 0 bytes; a non-empty one
-     * never does (the caller's contract, which the analyzer cannot see). */
-    if (bytes[0] > 0)
-      memcpy(out, in, (size_t)bytes[0]); /* NOLINT(clang-analyzer-core.NonNullParamChecker) */
+     * buffers, which mt_copy_bytes never touches for 0 bytes. */
+    mt_copy_bytes(out, in, bytes[0]);
   } else {
     if (c->coord[m] == c->src)
       rc = scatter_send(c, from, to, m, in, bytes, &send, &staging, err);
@@ -160,7 +158,7 @@ static int scatter_phase(const dist_ctx *c, const mt_layout *layout, const void 
   if (rc == MT_OK && last < 0) {
     mt_box b;
     my_box(c, layout, -1, 0, &b);
-    memcpy(local, full, (size_t)(mt_box_numel(&b) * c->itemsize));
+    mt_copy_bytes(local, full, mt_box_numel(&b) * c->itemsize);
   }
   return rc;
 }

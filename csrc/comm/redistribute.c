@@ -295,7 +295,7 @@ static void pack_round(const int64_t *counts, int64_t g, int64_t at, int64_t rou
   int64_t start = 0, pos = 0;
   for (int64_t k = 0; k < g; ++k) {
     int64_t left = counts[k] - at, n = left < 0 ? 0 : (left < round ? left : round);
-    memcpy(pack + pos * isz, send + (start + at) * isz, (size_t)(n * isz));
+    mt_copy_bytes(pack + pos * isz, send + (start + at) * isz, n * isz);
     ints[k] = (int)n, pos += n, start += counts[k];
   }
 }

@@ -2,10 +2,10 @@
  * next rank, a nonblocking all-gather of uneven blocks, and an all-gather of
  * int64 metadata. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "comm-private.h"
 #include "mpi-types-private.h"
+#include "mpitensor/pack.h"
 #include "mpitensor/ring.h"
 
 /* Point-to-point messages of a shift; collectives on the same communicator never
@@ -82,7 +82,7 @@ static int shift_alone(int nblocks, const void *const *send, const int64_t *send
     }
   }
   for (int i = 0; i < nblocks; ++i) {
-    if (send_bytes[i] > 0) memcpy(recv[i], send[i], (size_t)send_bytes[i]);
+    mt_copy_bytes(recv[i], send[i], send_bytes[i]);
   }
   return MT_OK;
 }

@@ -63,4 +63,10 @@ const char *mt__reduce_name(int op);
  * "P(sum)"). Returns `buf` (placement.c). */
 const char *mt__placement_text(const mt_placement *p, int brief, char *buf, size_t len);
 
+/* Copies `n` runs of `run` bytes, the i-th from s + i*ss to d + i*ds, into a
+ * destination array of `dst_bytes` bytes in all, which decides whether the
+ * stores bypass the cache (copy.c). */
+void mt__copy_runs(char *d, const char *s, int64_t n, int64_t ds, int64_t ss,
+                   int64_t run, int64_t dst_bytes);
+
 #endif

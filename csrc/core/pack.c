@@ -80,21 +80,23 @@ uint16_t mt_float_to_half(float f) { return float_to_half(f); }
 typedef struct copy_loops {
   int ndim;
   int64_t run;
+  int64_t dst_bytes; /* the whole destination array's */
   int64_t shape[MT_MAX_NDIM];
   int64_t sstride[MT_MAX_NDIM];
   int64_t dstride[MT_MAX_NDIM];
 } copy_loops;
 
-/* Copies `n` runs of `run` bytes, the i-th at d + i*ds from s + i*ss. */
+/* Copies `n` runs of `run` bytes, the i-th at d + i*ds from s + i*ss, into a
+ * destination array of `dst_bytes` bytes. */
 typedef void (*run_fn)(char *d, const char *s, int64_t n, int64_t ds, int64_t ss,
-                       int64_t run);
+                       int64_t run, int64_t dst_bytes);
 
 /* Runs of a fixed small size: memcpy with a constant size compiles to one load
  * and one store, where a call would cost more than the copy. */
 #define MT__COPY_FIXED(N)                                                    \
   static void copy_runs_##N(char *d, const char *s, int64_t n, int64_t ds,   \
-                            int64_t ss, int64_t run) {                       \
-    (void)run;                                                               \
+                            int64_t ss, int64_t run, int64_t dst_bytes) {    \
+    (void)run, (void)dst_bytes;                                              \
     for (int64_t i = 0; i < n; ++i) memcpy(d + i * ds, s + i * ss, N);       \
   }
 MT__COPY_FIXED(1)
@@ -105,8 +107,8 @@ MT__COPY_FIXED(16)
 #undef MT__COPY_FIXED
 
 static void copy_runs_any(char *d, const char *s, int64_t n, int64_t ds, int64_t ss,
-                          int64_t run) {
-  for (int64_t i = 0; i < n; ++i) memcpy(d + i * ds, s + i * ss, (size_t)run);
+                          int64_t run, int64_t dst_bytes) {
+  mt__copy_runs(d, s, n, ds, ss, run, dst_bytes);
 }
 
 static run_fn pick_run_fn(int64_t run) {
@@ -162,14 +164,14 @@ static void simplify(copy_loops *L, int ndim, const int64_t *extent,
 static void run_loops(char *dst, const char *src, const copy_loops *L) {
   run_fn fn = pick_run_fn(L->run);
   if (L->ndim == 0) {
-    fn(dst, src, 1, 0, 0, L->run);
+    fn(dst, src, 1, 0, 0, L->run, L->dst_bytes);
     return;
   }
   const int inner = L->ndim - 1;
   int64_t idx[MT_MAX_NDIM] = {0}, so = 0, dof = 0;
   for (;;) {
     fn(dst + dof, src + so, L->shape[inner], L->dstride[inner], L->sstride[inner],
-       L->run);
+       L->run, L->dst_bytes);
     int d = inner - 1;
     for (; d >= 0; --d) {
       if (++idx[d] < L->shape[d]) {
@@ -212,6 +214,8 @@ void mt_copy_box(const void *src, const int64_t *src_shape, const int64_t *src_o
   int64_t dbase = c_strides(ndim, dst_shape, dst_off, itemsize, ds);
   copy_loops L;
   simplify(&L, ndim, extent->shape, ss, ds, itemsize);
+  L.dst_bytes = itemsize;
+  for (int d = 0; d < ndim; ++d) L.dst_bytes *= dst_shape[d];
   run_loops((char *)dst + dbase, (const char *)src + sbase, &L);
 }
 

@@ -270,6 +270,82 @@ static void test_copy_cases(void) {
   CHECK(b[0] == 2 && b[1] == 3);
 }
 
+/* mt_copy_bytes around every size where copy.c changes method (memcpy's short
+ * paths, the vector loop, streaming stores from 4 MiB) and at every alignment of
+ * source and destination; the bytes around the destination stay untouched. */
+static void test_copy_bytes_sizes(void) {
+  static const int64_t sizes[] = {0,    1,    15,   63,   64,    127,   128,
+                                  255,  256,  1023, 1024, 1025,  1151,  4096,
+                                  4133, 65536, 65599, ((int64_t)4 << 20) - 1,
+                                  (int64_t)4 << 20, ((int64_t)4 << 20) + 77};
+  static const int64_t shifts[][2] = {{0, 0}, {1, 0}, {0, 1}, {3, 17}, {31, 5}, {16, 32}};
+  const int64_t guard = 64, most = ((int64_t)4 << 20) + 77 + 64;
+  char *src = malloc((size_t)most), *dst = malloc((size_t)(most + 2 * guard));
+  char *ref = malloc((size_t)(most + 2 * guard));
+  uint64_t rng = 777;
+  if (src == NULL || dst == NULL || ref == NULL) {
+    CHECK(0);
+  } else {
+    fill_random(src, most, &rng);
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; ++i) {
+      for (size_t k = 0; k < sizeof shifts / sizeof *shifts; ++k) {
+        int64_t n = sizes[i], at = guard + shifts[k][1];
+        memset(dst, 0x5a, (size_t)(most + 2 * guard));
+        memset(ref, 0x5a, (size_t)(most + 2 * guard));
+        mt_copy_bytes(dst + at, src + shifts[k][0], n);
+        if (n > 0) memcpy(ref + at, src + shifts[k][0], (size_t)n);
+        CHECK_MSG(memcmp(dst, ref, (size_t)(most + 2 * guard)) == 0,
+                  "%lld bytes, shifts %lld/%lld", (long long)n, (long long)shifts[k][0],
+                  (long long)shifts[k][1]);
+      }
+    }
+  }
+  free(src);
+  free(dst);
+  free(ref);
+}
+
+/* A column block of `rows` rows of `cols` elements placed into a destination of
+ * `dcols` columns at column `at`, as an all-gather along an inner dim does:
+ * whole destinations from 4 MiB are written with streaming stores, in runs long
+ * enough for them, or not. */
+static int column_block_case(int64_t rows, int64_t cols, int64_t dcols, int64_t at,
+                             int64_t itemsize, uint64_t *rng) {
+  int64_t sbytes = rows * cols * itemsize, dbytes = rows * dcols * itemsize;
+  char *src = malloc((size_t)sbytes), *dst = malloc((size_t)dbytes);
+  char *ref = malloc((size_t)dbytes);
+  int same = 0;
+  if (src != NULL && dst != NULL && ref != NULL) {
+    fill_random(src, sbytes, rng);
+    fill_random(dst, dbytes, rng);
+    memcpy(ref, dst, (size_t)dbytes);
+    mt_box box = {.ndim = 2, .shape = {rows, cols}};
+    const int64_t sshape[2] = {rows, cols}, soff[2] = {0, 0};
+    const int64_t dshape[2] = {rows, dcols}, doff[2] = {0, at};
+    mt_copy_box(src, sshape, soff, dst, dshape, doff, &box, itemsize);
+    naive_copy(src, sshape, soff, ref, dshape, doff, &box, itemsize);
+    same = memcmp(dst, ref, (size_t)dbytes) == 0;
+  }
+  free(src);
+  free(dst);
+  free(ref);
+  return same;
+}
+
+static void test_copy_column_blocks(void) {
+  uint64_t rng = 4242;
+  /* {rows, cols, dcols, at, itemsize}: 1 KiB and odd 300-byte runs into 4+ MiB
+   * (streamed), 100-byte runs into 4+ MiB (too short to stream), 2 KiB runs into
+   * 2 MiB (not streamed), and runs that start off any 32-byte boundary. */
+  static const int64_t cases[][5] = {
+      {2048, 128, 256, 128, 8}, {2048, 75, 700, 3, 4},   {8192, 25, 100, 50, 4},
+      {512, 256, 512, 256, 8},  {1024, 129, 520, 1, 8}, {4099, 33, 130, 97, 8}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
+    const int64_t *c = cases[i];
+    CHECK_MSG(column_block_case(c[0], c[1], c[2], c[3], c[4], &rng), "case %zu", i);
+  }
+}
+
 /* ---- Reductions ---- */
 
 static int is_signed_int(int dtype) {
@@ -602,6 +678,8 @@ int main(void) {
   test_half_rounding_sweep();
   test_copy_random();
   test_copy_cases();
+  test_copy_bytes_sizes();
+  test_copy_column_blocks();
   test_reduce_ints_random();
   test_reduce_ints_wrap();
   test_reduce_floats();

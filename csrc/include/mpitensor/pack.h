@@ -16,10 +16,19 @@ extern "C" {
  * from the C-contiguous array `src` of shape `src_shape`, starting at element
  * `src_off`, to the C-contiguous array `dst` of shape `dst_shape` at `dst_off`.
  * All three have extent->ndim dims and elements of `itemsize` bytes. The innermost
- * contiguous run is copied with memcpy; runs that span whole rows are merged. */
+ * contiguous run is copied with mt_copy_bytes; runs that span whole rows are merged. */
 void mt_copy_box(const void *src, const int64_t *src_shape, const int64_t *src_off,
                  void *dst, const int64_t *dst_shape, const int64_t *dst_off,
                  const mt_box *extent, int64_t itemsize);
+
+/* Local. Copies `n` bytes (n <= 0: none) from `src` to `dst`, which must not
+ * overlap: memcpy, but without the string instruction that is slow on some CPUs
+ * for the mid-sized rows of strided copies (copy.c). Every copy of tensor data
+ * in the library goes through it.
+ *
+ *   mt_copy_bytes(out + row * out_stride, in + row * in_stride, row_bytes);
+ */
+void mt_copy_bytes(void *dst, const void *src, int64_t n);
 
 /* Local. inout[i] = inout[i] (op) in[i] for n elements of `dtype` (mt_dtype) with
  * `op` an mt_reduce_op; MT_REDUCE_AVG reduces as a sum (the caller divides). bool

@@ -1,0 +1,129 @@
+/* The byte copy behind every box copy, pack and staging move of the library.
+ *
+ * glibc's memcpy moves blocks from about 2 KiB up to the size of the L2 cache
+ * with the string instruction (`rep movsb`). On AMD Zen cores that instruction
+ * runs several times slower than plain vector moves whenever the source and the
+ * destination sit at unlucky distances, which the rows of a strided box hit all
+ * the time: an all-gather along an inner dim, an all-to-all's pack and unpack,
+ * the chunk a rank keeps. Copies in that range therefore go through an unrolled
+ * loop of vector loads and stores here (AVX2 where the CPU has it, else SSE2,
+ * which every x86-64 CPU has), as fast as the string instruction where it is
+ * fast. Small copies keep memcpy's tuned short paths.
+ *
+ * A destination array larger than a core's caches is written with streaming
+ * stores: an ordinary store first reads the line it writes into the cache, which
+ * for an output that cannot stay there is a second pass over memory for nothing.
+ * Other architectures use memcpy throughout. */
+#include <stdint.h>
+#include <string.h>
+
+#include "core-private.h"
+#include "mpitensor/pack.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define MT__VECTOR_COPY 1
+#else
+#define MT__VECTOR_COPY 0
+#endif
+
+/* Below this, memcpy's vector paths are the fastest there are; from here up to
+ * the L2 size, glibc may take the string instruction. */
+#define VECTOR_MIN ((int64_t)1024)
+/* Destinations from this size on are streamed (larger than the L2 and than a
+ * core's share of the L3 on the CPUs we know), in runs of at least STREAM_RUN
+ * bytes (shorter ones would leave the write-combining buffers half full). */
+#define STREAM_MIN ((int64_t)4 << 20)
+#define STREAM_RUN ((int64_t)256)
+
+#if MT__VECTOR_COPY
+#define AVX2 __attribute__((target("avx2")))
+
+/* 128 bytes a turn, the rest by memcpy; unaligned loads and stores, since rows
+ * of a box start anywhere. */
+AVX2 static void copy_avx2(char *d, const char *s, int64_t n) {
+  int64_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(s + i));
+    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 32));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 64));
+    __m256i e = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 96));
+    _mm256_storeu_si256((__m256i *)(void *)(d + i), a);
+    _mm256_storeu_si256((__m256i *)(void *)(d + i + 32), b);
+    _mm256_storeu_si256((__m256i *)(void *)(d + i + 64), c);
+    _mm256_storeu_si256((__m256i *)(void *)(d + i + 96), e);
+  }
+  memcpy(d + i, s + i, (size_t)(n - i));
+}
+
+/* Streaming stores need an aligned destination: the head up to the first
+ * 32-byte boundary and the tail go by memcpy. */
+AVX2 static void stream_avx2(char *d, const char *s, int64_t n) {
+  int64_t head = (int64_t)((32 - ((uintptr_t)d & 31)) & 31), i = 0;
+  if (head > n) head = n;
+  memcpy(d, s, (size_t)head);
+  d += head, s += head, n -= head;
+  for (; i + 128 <= n; i += 128) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(s + i));
+    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 32));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 64));
+    __m256i e = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 96));
+    _mm256_stream_si256((__m256i *)(void *)(d + i), a);
+    _mm256_stream_si256((__m256i *)(void *)(d + i + 32), b);
+    _mm256_stream_si256((__m256i *)(void *)(d + i + 64), c);
+    _mm256_stream_si256((__m256i *)(void *)(d + i + 96), e);
+  }
+  memcpy(d + i, s + i, (size_t)(n - i));
+}
+
+static void copy_sse2(char *d, const char *s, int64_t n, int stream) {
+  int64_t head = stream ? (int64_t)((16 - ((uintptr_t)d & 15)) & 15) : 0, i = 0;
+  if (head > n) head = n;
+  memcpy(d, s, (size_t)head);
+  d += head, s += head, n -= head;
+  for (; i + 64 <= n; i += 64) {
+    __m128i v[4];
+    for (int64_t k = 0; k < 4; ++k)
+      v[k] = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 16 * k));
+    for (int64_t k = 0; k < 4; ++k) {
+      if (stream)
+        _mm_stream_si128((__m128i *)(void *)(d + i + 16 * k), v[k]);
+      else
+        _mm_storeu_si128((__m128i *)(void *)(d + i + 16 * k), v[k]);
+    }
+  }
+  memcpy(d + i, s + i, (size_t)(n - i));
+}
+
+/* The run copy for this CPU: streaming or not. */
+static void copy_run(char *d, const char *s, int64_t n, int stream) {
+  int avx2 = __builtin_cpu_supports("avx2");
+  if (avx2 && stream)
+    stream_avx2(d, s, n);
+  else if (avx2)
+    copy_avx2(d, s, n);
+  else
+    copy_sse2(d, s, n, stream);
+}
+#endif
+
+void mt__copy_runs(char *d, const char *s, int64_t n, int64_t ds, int64_t ss,
+                   int64_t run, int64_t dst_bytes) {
+#if MT__VECTOR_COPY
+  int stream = dst_bytes >= STREAM_MIN && run >= STREAM_RUN;
+  if (stream || run >= VECTOR_MIN) {
+    for (int64_t i = 0; i < n; ++i) copy_run(d + i * ds, s + i * ss, run, stream);
+    /* Streaming stores are weakly ordered: they must be visible before anything
+     * that follows hands the destination to another process. */
+    if (stream) _mm_sfence();
+    return;
+  }
+#else
+  (void)dst_bytes;
+#endif
+  for (int64_t i = 0; i < n; ++i) memcpy(d + i * ds, s + i * ss, (size_t)run);
+}
+
+void mt_copy_bytes(void *dst, const void *src, int64_t n) {
+  if (n > 0) mt__copy_runs(dst, src, 1, 0, 0, n, n);
+}
