@@ -30,11 +30,6 @@ def checks():
     set_collective_checks(False)
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return init_device_mesh("cpu", (W,))
-
-
 def sharded(mesh, dim=0, shape=(8, 8)):
     size, _ = ref_box(shape, (W,), (RANK,), [Shard(dim)])
     return DTensor.from_local(np.full(size, float(RANK)), mesh, [Shard(dim)], shape=shape,
