@@ -20,6 +20,7 @@ import sys
 import numpy as np
 
 from .. import _C, _modes
+from .._allgather_bytes import allgather_bytes
 
 __all__ = ["set_collective_checks", "collective_checks_enabled"]
 
@@ -97,24 +98,6 @@ def _digest(text: str) -> int:
     return int.from_bytes(raw, "little")
 
 
-def _gather_texts(handle, text: str) -> list[str]:
-    """Every member's ``text``, by mesh position, on every member. Collective on
-    ``handle``. The extension gathers at most 64 int64 a call, the same number from
-    every rank: the lengths first, then the UTF-8 bytes, 8 to a value, in rounds."""
-    raw = text.encode()
-    lengths = _C.ring_allgather_int64(handle, 0, [len(raw)])
-    words = -(-max(lengths) // 8)
-    mine = np.zeros(words, dtype="<i8")
-    mine.view(np.uint8)[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    rows = [np.empty(0, dtype="<i8") for _ in lengths]
-    for start in range(0, words, 64):
-        part = mine[start:start + 64]
-        got = np.array(_C.ring_allgather_int64(handle, 0, part.tolist()), dtype="<i8")
-        rows = [np.concatenate([row, chunk])
-                for row, chunk in zip(rows, got.reshape(len(lengths), part.size))]
-    return [row.view(np.uint8)[:n].tobytes().decode() for row, n in zip(rows, lengths)]
-
-
 def agree(what: str, mesh) -> None:
     """Collective on the mesh: RuntimeError on every rank unless every rank is
     about to call the same ``what`` from the same call site."""
@@ -130,7 +113,7 @@ def agree(what: str, mesh) -> None:
         return
     except ValueError:
         pass
-    texts = _gather_texts(handle, text)
+    texts = [b.decode() for b in allgather_bytes(handle, 0, text.encode())]
     raise RuntimeError(mismatch_message(mesh, texts))
 
 
