@@ -121,6 +121,10 @@ def pytest_runtest_setup(item):
                                     _use_item_location=True)
 
 
+# One mesh per test, not per module: a test starts with fresh communicators (a test
+# that failed on some ranks inside a collective leaves no message behind for the
+# next one) and empty plan caches and decision memo (a test that counts plans or
+# cache misses does not depend on which tests ran before it).
 @pytest.fixture
 def mesh(request):
     """A 1-D DeviceMesh over every rank of MPI.COMM_WORLD, or the mesh of the

@@ -24,11 +24,6 @@ def still_in_step(mesh):
     _C.agree(mesh._handle, True, 1, "")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return init_device_mesh("cpu", (N,))
-
-
 def test_all_agree(mesh):
     assert same_everywhere(outcome(lambda: _C.agree(mesh._handle, True, 5, "x"))) is None
     # Any int is a fingerprint, taken mod 2**64: Python's negative hashes too.

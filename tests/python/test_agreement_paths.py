@@ -44,11 +44,6 @@ def still_in_step(mesh):
     assert np.array_equal(x.redistribute(mesh, [Replicate()]).to_local(), np.arange(4.0 * W))
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return init_device_mesh("cpu", (W,))
-
-
 @pytest.fixture
 def shared_dir(tmp_path):
     return COMM.bcast(str(tmp_path), root=0)

@@ -30,11 +30,6 @@ def checks():
     set_collective_checks(False)
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return init_device_mesh("cpu", (W,))
-
-
 def sharded(mesh, dim=0, shape=(8, 8)):
     size, _ = ref_box(shape, (W,), (RANK,), [Shard(dim)])
     return DTensor.from_local(np.full(size, float(RANK)), mesh, [Shard(dim)], shape=shape,
@@ -159,3 +154,20 @@ def test_distribute_and_from_local_are_checked(mesh, checks):
                RuntimeError, r"DTensor.from_local\(run_check=True\) \[S\(0\)\]")
     problems.expect(r is True if W > 1 else r != True, f"from_local: {r}")
     assert problems == []
+
+
+@multi
+def test_a_long_call_text_is_named_whole(mesh, checks):
+    """The texts of a mismatch travel as int64 words, at most 64 a call: texts of
+    over 512 bytes (UTF-8, of other lengths on other ranks) take several rounds."""
+    from mpitensor.debug import _collective_check
+
+    whats = [f"call {'é' * (250 + 40 * r)} from rank {r % 2}" for r in range(W)]
+    try:
+        _collective_check.agree(whats[RANK], mesh)
+        text = "no error"
+    except RuntimeError as e:
+        text = str(e)
+    site = re.search(r"at (test_collective_check\.py:\d+)", text).group(1)
+    assert text == _collective_check.mismatch_message(
+        mesh, [f"{w} at {site}" for w in whats]), text

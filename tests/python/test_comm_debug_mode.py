@@ -6,10 +6,9 @@ keys reading 0, and RuntimeError when it was never entered."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from mpi4py import MPI
 
-from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
+from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from mpi_helpers import Problems, raised, ref_box
 
@@ -20,11 +19,6 @@ R, S0, S1 = Replicate(), Shard(0), Shard(1)
 NAMES = {"all_gather_into_tensor", "all_reduce", "reduce_scatter_tensor",
          "all_to_all_single", "broadcast", "scatter"}
 ONE = 1 if W > 1 else 0  # a world of one rank is a mesh dim of size 1: no collective
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return init_device_mesh("cpu", (W,))
 
 
 def sharded(mesh, shape=(8, 4)):

@@ -47,11 +47,6 @@ class MLP(nn.Module):
 PLAN = {"net1": ColwiseParallel(), "net2": RowwiseParallel()}
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
-
-
 def parallel_mlp(mesh):
     return parallelize_module(MLP(), mesh, PLAN)
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-import mpitensor
 from mpitensor.debug import CommDebugMode
 from mpitensor.experimental import (context_parallel, context_parallel_unshard,
                                     set_rotate_method)
@@ -17,11 +16,6 @@ from mpitensor.nn import functional as F
 
 
 N = MPI.COMM_WORLD.Get_size()
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return mpitensor.init_device_mesh("cpu", (N,))
 
 
 @pytest.mark.parametrize("method", ["allgather", "alltoall"])

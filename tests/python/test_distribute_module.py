@@ -6,22 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor, nn
 from mpitensor.debug import CommDebugMode
 
-W = MPI.COMM_WORLD.Get_size()
-
-
 # Forward values and communication only (conftest.forward_only).
 pytestmark = pytest.mark.usefixtures("forward_only")
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
 
 
 def model():

@@ -34,11 +34,6 @@ from ops_helpers import make
 W = MPI.COMM_WORLD.Get_size()
 
 
-@pytest.fixture
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
-
-
 def c_calls():
     return _C.dispatch_stats()["c_calls"]
 

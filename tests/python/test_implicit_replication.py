@@ -2,19 +2,11 @@
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard
 from mpitensor.debug import CommDebugMode
 from mpitensor.experimental import implicit_replication
-
-W = MPI.COMM_WORLD.Get_size()
-
-
-@pytest.fixture
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
 
 
 def test_outside_the_context_mixing_is_a_type_error(mesh):

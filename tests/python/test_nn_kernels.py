@@ -30,11 +30,6 @@ SHAPES = [(7,), (3, 5), (2, 3, 17), (1, 4, 2, 33), (0, 5), (3, 0)]
 pytestmark = pytest.mark.usefixtures("forward_only")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
-
-
 @pytest.fixture(params=["c", "numpy"])
 def path(request, monkeypatch):
     """Each test once through the C kernels and once with them off (the NumPy path

@@ -10,17 +10,12 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh, nn
+from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, nn
 from mpitensor.debug import CommDebugMode
 from mpitensor.nn import functional as F
 
 W = MPI.COMM_WORLD.Get_size()
 RNG = np.random.default_rng(1234)
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return init_device_mesh("cpu", (W,))
 
 
 def close(a, b):

@@ -25,11 +25,6 @@ RANK = MPI.COMM_WORLD.Get_rank()
 pytestmark = pytest.mark.usefixtures("forward_only")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
-
-
 X = np.random.default_rng(3).standard_normal((2 * W, 5))
 
 

@@ -33,11 +33,6 @@ def chunk(n, i=RANK):
 pytestmark = pytest.mark.usefixtures("forward_only")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
-
-
 def linear(seed=0, i=16, o=16):
     mt.manual_seed(seed)
     return nn.Linear(i, o)

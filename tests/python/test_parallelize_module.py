@@ -22,11 +22,6 @@ W = MPI.COMM_WORLD.Get_size()
 pytestmark = pytest.mark.usefixtures("forward_only")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
-
-
 class Net(nn.Module):
     def __init__(self):
         super().__init__()

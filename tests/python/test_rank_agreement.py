@@ -31,11 +31,6 @@ def still_in_step():
     assert np.array_equal(x.redistribute(mesh, [Replicate()]).to_local(), np.arange(4.0 * N))
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return init_device_mesh("cpu", (N,))
-
-
 @pytest.fixture
 def checks():
     mt.debug.set_collective_checks(True)

@@ -27,11 +27,6 @@ R, S0, S1 = Replicate(), Shard(0), Shard(1)
 PSUM, PMAX = Partial("sum"), Partial("max")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
-
-
 def fast_calls() -> int:
     return _C.dispatch_stats()["redistribute_c_calls"]
 

@@ -19,11 +19,6 @@ RANK = COMM.Get_rank()
 G = np.arange(32.0).reshape(8, 4)
 
 
-@pytest.fixture(scope="module")
-def mesh1():
-    return mt.init_device_mesh("cpu", (W,))
-
-
 def failure(call) -> str | None:
     """The AssertionError message of call(), or None when it passed. Collective
     calls run to the end on every rank either way."""
@@ -36,23 +31,23 @@ def failure(call) -> str | None:
 
 @pytest.mark.parametrize("placements", [[Shard(0)], [Shard(1)], [Replicate()]],
                          ids=["S0", "S1", "R"])
-def test_equal_values_pass_against_arrays_and_dtensors(mesh1, placements):
-    x = mt.distribute_tensor(G, mesh1, placements)
+def test_equal_values_pass_against_arrays_and_dtensors(mesh, placements):
+    x = mt.distribute_tensor(G, mesh, placements)
     assert_equal(x, G)
     assert_close(x, G)
     assert_equal(G, x)  # the DTensor may stand on either side
-    assert_equal(x, x.redistribute(mesh1, [Shard(1)]))
+    assert_equal(x, x.redistribute(mesh, [Shard(1)]))
     assert_close(x * (1 + 1e-9), G)  # within float64's default rtol of 1e-7
 
 
-def test_partial_is_reduced_before_comparing(mesh1):
-    x = DTensor.from_local(np.ones((3, 2)), mesh1, [Partial()])
+def test_partial_is_reduced_before_comparing(mesh):
+    x = DTensor.from_local(np.ones((3, 2)), mesh, [Partial()])
     assert_equal(x, np.full((3, 2), float(W)))
     assert all_ranks(failure(lambda: assert_equal(x, np.ones((3, 2)))) is not None or W == 1)
 
 
-def test_one_wrong_element_fails_on_every_rank_naming_index_rank_placements(mesh1):
-    x = mt.distribute_tensor(G, mesh1, [Shard(0)])
+def test_one_wrong_element_fails_on_every_rank_naming_index_rank_placements(mesh):
+    x = mt.distribute_tensor(G, mesh, [Shard(0)])
     expected = G.copy()
     expected[7, 2] += 1.0  # row 7 is on the last rank that holds rows
     holder = min(W - 1, 7 // -(-8 // W))
@@ -67,39 +62,39 @@ def test_one_wrong_element_fails_on_every_rank_naming_index_rank_placements(mesh
     assert problems == []
 
 
-def test_expected_that_differs_on_one_rank_still_fails_everywhere(mesh1):
-    x = mt.distribute_tensor(G, mesh1, [Replicate()])
+def test_expected_that_differs_on_one_rank_still_fails_everywhere(mesh):
+    x = mt.distribute_tensor(G, mesh, [Replicate()])
     expected = G + (1.0 if RANK == 0 else 0.0)
     text = failure(lambda: assert_equal(x, expected))
     assert all_ranks(text is not None and "on rank 0" in text)
 
 
-def test_dtensor_against_dtensor_on_another_placement(mesh1):
-    x = mt.distribute_tensor(G, mesh1, [Shard(0)])
-    y = mt.distribute_tensor(G + np.eye(8, 4), mesh1, [Shard(1)])
+def test_dtensor_against_dtensor_on_another_placement(mesh):
+    x = mt.distribute_tensor(G, mesh, [Shard(0)])
+    y = mt.distribute_tensor(G + np.eye(8, 4), mesh, [Shard(1)])
     text = failure(lambda: assert_equal(x, y)) or ""
     assert all_ranks("Mismatched elements: 4 / 32" in text and "[Shard(dim=1)]" in text)
 
 
-def test_shape_and_dtype_mismatches(mesh1):
-    x = mt.distribute_tensor(G, mesh1, [Shard(0)])
+def test_shape_and_dtype_mismatches(mesh):
+    x = mt.distribute_tensor(G, mesh, [Shard(0)])
     problems = Problems()
     problems.expect(raised(lambda: assert_equal(x, G[:3]), AssertionError,
                            r"shapes \(8, 4\), \(3, 4\) mismatch"), "shape")
     problems.expect(raised(lambda: assert_equal(x, G.astype(np.float32)), AssertionError,
                            "dtypes float64, float32 mismatch"), "dtype")
-    problems.expect(raised(lambda: assert_equal(x, mt.distribute_tensor(G[:4], mesh1, [Shard(0)])),
+    problems.expect(raised(lambda: assert_equal(x, mt.distribute_tensor(G[:4], mesh, [Shard(0)])),
                            AssertionError, "mismatch"), "DTensor shape")
     assert_equal(x, G.astype(np.int64), check_dtype=False)
     assert_equal(x, G.tolist())  # a list takes the DTensor's dtype
-    assert_equal(mt.zeros(5, device_mesh=mesh1, placements=[Shard(0)]), 0.0)  # 0-d broadcasts
+    assert_equal(mt.zeros(5, device_mesh=mesh, placements=[Shard(0)]), 0.0)  # 0-d broadcasts
     problems.expect(raised(lambda: assert_close(x, G, rtol=1e-3), ValueError,
                            "both rtol and atol"), "rtol without atol")
     assert problems == []
 
 
-def test_tolerances_follow_the_dtype(mesh1):
-    x = mt.distribute_tensor(G.astype(np.float32), mesh1, [Shard(0)])
+def test_tolerances_follow_the_dtype(mesh):
+    x = mt.distribute_tensor(G.astype(np.float32), mesh, [Shard(0)])
     near = (G * (1 + 1e-6)).astype(np.float32)
     assert_close(x, near)  # float32: rtol 1.3e-6
     text = failure(lambda: assert_close(x, near, rtol=0, atol=0)) or ""
@@ -107,10 +102,10 @@ def test_tolerances_follow_the_dtype(mesh1):
     assert all_ranks(failure(lambda: assert_equal(x, near)) is not None)
 
 
-def test_nan(mesh1):
+def test_nan(mesh):
     g = G.copy()
     g[3, 1] = np.nan
-    x = mt.distribute_tensor(g, mesh1, [Shard(0)])
+    x = mt.distribute_tensor(g, mesh, [Shard(0)])
     assert_equal(x, g)  # NaNs in the same places are equal, as in numpy.testing
     assert_close(x, g, equal_nan=True)
     text = failure(lambda: assert_close(x, g)) or ""
@@ -152,11 +147,11 @@ def test_mesh_fixture_spans_the_ranks_of_the_marker(mesh):
     assert_equal(mt.ones(3, 4, device_mesh=mesh, placements=[Shard(1)]), np.ones((3, 4)))
 
 
-def test_a_tensor_that_records_compares_with_its_own_full_tensor(mesh1):
+def test_a_tensor_that_records_compares_with_its_own_full_tensor(mesh):
     """In grad mode full_tensor() of a tensor that requires grad is a local array
     that records (a DTensor on the local mesh): compared as that array."""
     full = np.arange(12.0).reshape(4, 3)
-    w = mt.distribute_tensor(full, mesh1, [Shard(0)], requires_grad=True)
+    w = mt.distribute_tensor(full, mesh, [Shard(0)], requires_grad=True)
     whole = w.full_tensor()
     assert whole.requires_grad
     assert_equal(w, whole)

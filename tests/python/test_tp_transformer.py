@@ -27,11 +27,6 @@ B, S, VOCAB = 2, 12, 37  # S divides by 1..4: sequence shards are even
 pytestmark = pytest.mark.usefixtures("forward_only")
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    return mt.init_device_mesh("cpu", (W,))
-
-
 def close(a, b):
     np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 

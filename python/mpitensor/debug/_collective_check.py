@@ -3,10 +3,12 @@ agree on what they are about to call, so that a rank calling something else, or
 skipping a collective, is an error message on every rank instead of a hang or
 silently mixed data.
 
-The agreement runs on a communicator of its own per mesh (made on the first check,
-by the mesh's members only), so check messages never pair with data messages: a
-rank that skipped a collective meets the others' check of that collective with its
-check of the next one, and both sides see the mismatch.
+The agreement runs on a 1-D extension mesh of its own per mesh (made on the first
+check, by the mesh's members only), so check messages never pair with data
+messages: a rank that skipped a collective meets the others' check of that
+collective with its check of the next one, and both sides see the mismatch. Its
+calls go through the extension, as every collective of the package does, so the
+collective watchdog (MPITENSOR_TIMEOUT) sees a check that waits forever.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import sys
 
 import numpy as np
 
-from .. import _modes
+from .. import _C, _modes
+from .._allgather_bytes import allgather_bytes
 
 __all__ = ["set_collective_checks", "collective_checks_enabled"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_comms: dict = {}
+_check_meshes: dict = {}
 
 
 def set_collective_checks(enabled: bool) -> None:
@@ -66,47 +69,51 @@ def call_site() -> str:
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
-def _check_comm(mesh):
-    """The mesh members' own communicator for checks, made on first use."""
+def _check_mesh(mesh):
+    """The ``_C.Mesh`` of the mesh's members, in row-major mesh order, that carries
+    its checks: made on first use, collective on the members only (a rank outside
+    the mesh never checks). ``_C.Mesh`` duplicates the communicator it is given, so
+    the parent's and the group's serve as they are."""
     key = mesh._key()
-    comm = _comms.get(key)
-    if comm is None:
+    handle = _check_meshes.get(key)
+    if handle is None:
         parent = mesh._comm
         ranks = [int(r) for r in mesh.mesh.ravel()]
+        members = np.arange(len(ranks), dtype=np.intc)
         if ranks == list(range(parent.Get_size())):
-            comm = parent.Dup()
+            handle = _C.Mesh(parent, (len(ranks),), members)
         else:
             group = parent.Get_group().Incl(ranks)
             comm = parent.Create_group(group)
             group.Free()
-        _comms[key] = comm
-    return comm
+            handle = _C.Mesh(comm, (len(ranks),), members)
+            comm.Free()
+        _check_meshes[key] = handle
+    return handle
 
 
 def _digest(text: str) -> int:
-    # A hash that is the same in every process (Python's str hash is salted);
-    # 62 bits so that its negation fits an int64.
+    # A hash that is the same in every process (Python's str hash is salted).
     raw = hashlib.blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(raw, "little") >> 2
+    return int.from_bytes(raw, "little")
 
 
 def agree(what: str, mesh) -> None:
     """Collective on the mesh: RuntimeError on every rank unless every rank is
     about to call the same ``what`` from the same call site."""
-    from mpi4py import MPI
-
-    if mesh._coordinate is None:
+    if mesh._coordinate is None or mesh.size() == 1:
         return
-    comm = _check_comm(mesh)
-    if comm.Get_size() == 1:
-        return
+    handle = _check_mesh(mesh)
     text = f"{what} at {call_site()}"
-    h = _digest(text)
-    buf = np.array([h, -h], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MIN)
-    if buf[0] == -buf[1]:
+    try:
+        # The agreement primitive: one small all-reduce, and every member raises
+        # the same ValueError when the digests differ (every rank passes ok=True,
+        # so that is the only ValueError it can give).
+        _C.agree(handle, True, _digest(text), "collective mismatch")
         return
-    texts = comm.allgather(text)
+    except ValueError:
+        pass
+    texts = [b.decode() for b in allgather_bytes(handle, 0, text.encode())]
     raise RuntimeError(mismatch_message(mesh, texts))
 
 

@@ -7,9 +7,12 @@ every rank raises the same AssertionError, naming global indices and ranks.
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 
 from .. import device_mesh as _device_mesh
+from .._allgather_bytes import allgather_bytes
 from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate
@@ -241,11 +244,12 @@ def _describe_mismatches(verdict, a, e, bad, offset) -> None:
 
 
 def _allgather_over_mesh(item, mesh) -> list:
-    """Every member's `item`, on every member: one allgather per mesh dim, so only
+    """Every member's `item`, on every member: one all-gather per mesh dim, so only
     members of the mesh take part (ranks of its communicator outside it do not)."""
     items = [item]
-    for group in reversed(mesh.get_all_groups()):
-        items = [x for part in group.allgather(items) for x in part]
+    for d in reversed(range(mesh.ndim)):
+        blobs = allgather_bytes(mesh._handle, d, pickle.dumps(items))
+        items = [x for blob in blobs for x in pickle.loads(blob)]
     return sorted(items, key=lambda v: v["rank"])
 
 
