@@ -11,13 +11,12 @@ into a collective and waited forever.
 
 from __future__ import annotations
 
-import hashlib
-import os
 from typing import Callable
 
 import numpy as np
 
 from .. import _C
+from .._fingerprint import fingerprint
 
 # Exceptions that may travel, by index; anything else travels as OSError.
 _HEAD = 16  # int64 kind and int64 payload length
@@ -81,11 +80,6 @@ def first_rank(mesh, produce: Callable[[], bytes], cap: int = 4096, *,
     raise _KINDS[kind](payload.decode("utf-8", "replace"))
 
 
-def _digest(data: bytes) -> int:
-    """A hash that is the same in every process (Python's is salted)."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
 def same_path(mesh, path: str, look: Callable[[], bytes] = bytes, *,
               outsiders: bool = False, layout: str = "") -> bytes:
     """Collective on the mesh. Every rank of the mesh checks that it passed the same
@@ -104,7 +98,7 @@ def same_path(mesh, path: str, look: Callable[[], bytes] = bytes, *,
     if mesh.get_coordinate() is not None:
         what = "path, placements and like=" if layout else "path"
         _C.agree(mesh._handle, True,
-                 _digest(os.fsencode(path) + b"\0" + layout.encode("utf-8")),
+                 fingerprint((path, layout)),
                  f"every rank of the mesh must pass the same {what}; the first rank's "
                  f"path is {path!r} (symlinks resolved) and another rank's arguments "
                  f"differ")

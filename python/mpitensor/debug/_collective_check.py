@@ -13,7 +13,6 @@ collective watchdog (MPITENSOR_TIMEOUT) sees a check that waits forever.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from .. import _C, _modes
 from .._allgather_bytes import allgather_bytes
+from .._fingerprint import fingerprint
 
 __all__ = ["set_collective_checks", "collective_checks_enabled"]
 
@@ -92,12 +92,6 @@ def _check_mesh(mesh):
     return handle
 
 
-def _digest(text: str) -> int:
-    # A hash that is the same in every process (Python's str hash is salted).
-    raw = hashlib.blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(raw, "little")
-
-
 def agree(what: str, mesh) -> None:
     """Collective on the mesh: RuntimeError on every rank unless every rank is
     about to call the same ``what`` from the same call site."""
@@ -109,7 +103,7 @@ def agree(what: str, mesh) -> None:
         # The agreement primitive: one small all-reduce, and every member raises
         # the same ValueError when the digests differ (every rank passes ok=True,
         # so that is the only ValueError it can give).
-        _C.agree(handle, True, _digest(text), "collective mismatch")
+        _C.agree(handle, True, fingerprint(text), "collective mismatch")
         return
     except ValueError:
         pass

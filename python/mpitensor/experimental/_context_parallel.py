@@ -22,6 +22,7 @@ from ..autograd import Function
 from ..device_mesh import DeviceMesh
 from ..nn import functional as F
 from . import _load_balance as LB
+from .._fingerprint import fingerprint
 from ._agree import agree_on_shards
 from ._ring_attention import (ring_attention, ring_attention_backward,  # noqa: F401
                               ring_attention_forward, set_rotate_method)
@@ -270,7 +271,7 @@ def _gather_meta(handle, n, local, problem):
     """Every rank's shard length, after checking on every rank alike that the
     shards are of one array (a bad input anywhere fails everywhere)."""
     meta = [1, 0, 0, 0] if problem else \
-        [0, local.shape[0], hash(local.shape[1:]), local.dtype.num]
+        [0, local.shape[0], fingerprint(local.shape[1:]), local.dtype.num]
     (lens,) = agree_on_shards(handle, n, meta, problem, "context_parallel_unshard",
                               ("sequence",), "shape (other than the sequence dim) or dtype")
     return lens, sum(lens)

@@ -22,6 +22,7 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _C
 from . import _load_balance as LB
+from .._fingerprint import fingerprint
 from ._agree import agree_on_shards
 
 __all__ = ["ring_attention", "ring_attention_forward", "ring_attention_backward",
@@ -202,7 +203,7 @@ def _meta(q, k, v, problem, causal, scale, rotate):
     if problem:
         return [1] + [0] * 9
     scale_bits = struct.unpack("<q", struct.pack("<d", -1.0 if scale is None else scale))[0]
-    rest = lambda a: hash(a.shape[:-2] + a.shape[-1:])  # noqa: E731 (int tuples hash alike on every rank)
+    rest = lambda a: fingerprint(a.shape[:-2] + a.shape[-1:])  # noqa: E731
     return [int(bool(problem)), q.shape[-2], k.shape[-2], rest(q), rest(k), rest(v),
             q.dtype.num, int(bool(causal)), scale_bits, _ROTATE_CODES[rotate]]
 
