@@ -26,18 +26,21 @@ def write_table(tmp_path, table, name="tm.json"):
 
 GOOD = {"format": "mpitensor-time-model", "version": 1,
         "shm": {"alpha": 4e-7, "beta": 1e-10}, "net": {"alpha": 3e-5, "beta": 2e-9},
-        "call": 1e-6}
+        "call": 1e-6, "copy": 2e-10, "reduce": 3e-10}
+COSTS = (4e-7, 1e-10, 3e-5, 2e-9, 1e-6, 2e-10, 3e-10)
 
 
 def test_read_table(tmp_path):
     assert _timemodel.read_table(str(tmp_path / "missing.json")) is None
-    assert _timemodel.read_table(write_table(tmp_path, GOOD)) == (4e-7, 1e-10, 3e-5, 2e-9,
-                                                                 1e-6)
+    assert _timemodel.read_table(write_table(tmp_path, GOOD)) == COSTS
     # One node measured: the built-in network costs stand in, and the call cost.
     builtin = _C.default_time_model()
     one = {k: v for k, v in GOOD.items() if k not in ("net", "call")}
     assert _timemodel.read_table(write_table(tmp_path, one)) == (
-        4e-7, 1e-10, builtin[2], builtin[3], builtin[4])
+        4e-7, 1e-10, builtin[2], builtin[3], builtin[4], 2e-10, 3e-10)
+    # A table written before copy and reduce were fitted: the built-in ones.
+    old = {k: v for k, v in GOOD.items() if k not in ("copy", "reduce")}
+    assert _timemodel.read_table(write_table(tmp_path, old)) == COSTS[:5] + builtin[5:7]
 
 
 @pytest.mark.parametrize("table, why", [
@@ -49,6 +52,8 @@ def test_read_table(tmp_path):
     ({**GOOD, "shm": {"alpha": 4e-7}}, "shm.beta is None"),
     ({**GOOD, "net": {"alpha": 1e-7, "beta": 2e-9}}, "faster than shared memory"),
     ({**GOOD, "call": math.inf}, "call is inf"),
+    ({**GOOD, "copy": -1e-10}, "copy is -1e-10"),
+    ({**GOOD, "reduce": True}, "reduce is True"),
 ])
 def test_bad_table_is_a_clear_error(tmp_path, table, why):
     path = write_table(tmp_path, table)
@@ -67,8 +72,8 @@ def test_mesh_loads_the_table(tmp_path, monkeypatch):
     monkeypatch.setenv("MPITENSOR_TIME_MODEL", shared_path(tmp_path, GOOD))
     mesh = mt.init_device_mesh("cpu", (COMM.size,))
     got = mesh._handle.time_model()
-    assert got[:5] == (4e-7, 1e-10, 3e-5, 2e-9, 1e-6)
-    assert got[5] == 0  # every rank of this test run shares one node
+    assert got[:7] == COSTS
+    assert got[7] == 0  # every rank of this test run shares one node
     # Slices inherit the costs; the redistribute path plans with them.
     plan = mt._redistribute.plan_for(mesh, (COMM.size * 4,), (Shard(0),),
                                      (Replicate(),), np.dtype("f8"))
@@ -85,7 +90,7 @@ def test_bad_table_logs_and_uses_the_builtin(tmp_path, monkeypatch, caplog):
                        shared_path(tmp_path, {**GOOD, "shm": {"alpha": "x", "beta": 0}}))
     with caplog.at_level(logging.WARNING, logger="mpitensor"):
         mesh = mt.init_device_mesh("cpu", (COMM.size,))
-    assert mesh._handle.time_model()[:5] == _C.default_time_model()[:5]
+    assert mesh._handle.time_model()[:7] == _C.default_time_model()[:7]
     assert any("shm.alpha is 'x'" in r.getMessage() and "built-in" in r.getMessage()
                for r in caplog.records)
 
@@ -93,16 +98,20 @@ def test_bad_table_logs_and_uses_the_builtin(tmp_path, monkeypatch, caplog):
 def test_builtin_ignores_any_table(tmp_path, monkeypatch):
     monkeypatch.setenv("MPITENSOR_TIME_MODEL", "builtin")
     mesh = mt.init_device_mesh("cpu", (COMM.size,))
-    assert mesh._handle.time_model()[:5] == _C.default_time_model()[:5]
+    assert mesh._handle.time_model()[:7] == _C.default_time_model()[:7]
 
 
 def test_set_time_model_validates():
     mesh = mt.init_device_mesh("cpu", (COMM.size,))
     before = mesh._handle.time_model()
     with pytest.raises(ValueError, match="must be finite and >= 0"):
-        mesh._handle.set_time_model((-1.0, 0.0, 1.0, 1.0, 0.0, 0))
+        mesh._handle.set_time_model((-1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0))
+    with pytest.raises(ValueError, match="copy"):
+        mesh._handle.set_time_model((0.0, 0.0, 1.0, 1.0, 0.0, math.nan, 0.0, 0))
     with pytest.raises(TypeError, match="time model"):
-        mesh._handle.set_time_model([1.0, 0.0, 1.0, 1.0, 0.0, 0])
+        mesh._handle.set_time_model([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0])
+    with pytest.raises(TypeError):  # the tuple of six before copy and reduce
+        mesh._handle.set_time_model((1.0, 0.0, 1.0, 1.0, 0.0, 0))
     assert mesh._handle.time_model() == before
 
 
@@ -116,8 +125,8 @@ def test_plans_at_scale_switch_as_the_model_says(per_node):
     """[R, S(0)] -> [S(1), R] on a (64, 64) mesh: per-dim collectives for a small
     tensor, one direct exchange (fewer bytes) for a large one; the predicted times
     say which, and bytes first (no per-message cost) always took the exchange."""
-    model = _C.default_time_model()[:5] + (per_node,)
-    flat = (0.0, model[3], 0.0, model[3], 0.0, per_node)  # bytes alone, anywhere
+    model = _C.default_time_model()[:7] + (per_node,)
+    flat = (0.0, model[3], 0.0, model[3], 0.0, 0.0, 0.0, per_node)  # bytes alone
     src, dst = (Replicate(), Shard(0)), (Shard(1), Replicate())
     small, plan_small = kinds((4096, 1), (64, 64), src, dst, model)
     large, plan_large = kinds((4096, 32768), (64, 64), src, dst, model)
