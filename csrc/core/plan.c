@@ -762,18 +762,51 @@ static int scattered(const int *cut, const int *wide, int ndim) {
 /* How many sides of the exchange from `src` to `dst` (sending, receiving) MPI
  * packs: those on which some part, the kept one included, is not contiguous in
  * the box it is cut from or lands in. */
+/* Whether the mesh dims that cut dim d in `a` are the first of those that cut it
+ * in `b`, in mesh order: then b's leaves nest in a's. */
+static int cuts_prefix(const mt_layout *a, const mt_layout *b, int d) {
+  int ended = 0;
+  for (int m = 0; m < a->mesh_ndim; ++m) {
+    int in_a = is_shard(&a->placements[m], d), in_b = is_shard(&b->placements[m], d);
+    if (in_a && (ended || !in_b)) return 0;
+    ended |= in_b && !in_a;
+  }
+  return 1;
+}
+
+static int64_t non_empty(const hist *h) {
+  int64_t n = 0;
+  for (int i = 0; i < h->n; ++i) n += h->len[i] > 0 ? h->count[i] : 0;
+  return n;
+}
+
+/* part_extents without visiting leaves where one side's leaves nest in the
+ * other's: the parts are the finer leaves, and they cut the coarser side where
+ * there are more of them that hold something. 0 when neither nests. */
+static int nested_parts(const mt_layout *src, const mt_layout *dst, int d,
+                        int *cut_src, int *cut_dst, int *wide) {
+  int src_finer = cuts_prefix(dst, src, d);
+  if (!src_finer && !cuts_prefix(src, dst, d)) return 0;
+  hist fine, coarse;
+  leaf_hist(src_finer ? src : dst, d, &fine);
+  leaf_hist(src_finer ? dst : src, d, &coarse);
+  int split = non_empty(&fine) > non_empty(&coarse);
+  *cut_src = !src_finer && split;
+  *cut_dst = src_finer && split;
+  *wide = hist_max(&fine) > 1;
+  return 1;
+}
+
 static int packed_sides(const mt_layout *src, const mt_layout *dst, int *sides,
                         mt_error *err) {
   int cut_src[MT_MAX_NDIM] = {0}, cut_dst[MT_MAX_NDIM] = {0}, wide[MT_MAX_NDIM] = {0};
-  int64_t most = 1;
+  int64_t *buf = NULL;
   for (int d = 0; d < src->ndim; ++d) {
-    int64_t n = leaf_total(src, d) + leaf_total(dst, d);
-    most = n > most ? n : most;
-  }
-  int64_t *buf = malloc((size_t)(2 * most) * sizeof *buf);
-  if (buf == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory pricing an exchange");
-  for (int d = 0; d < src->ndim; ++d) {
+    if (nested_parts(src, dst, d, &cut_src[d], &cut_dst[d], &wide[d])) continue;
     int64_t ns = leaf_total(src, d), nt = leaf_total(dst, d);
+    free(buf);
+    buf = malloc((size_t)(2 * (ns + nt)) * sizeof *buf);
+    if (buf == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory pricing an exchange");
     int64_t *s_off = buf, *s_len = buf + ns, *t_off = buf + 2 * ns, *t_len = t_off + nt;
     fill_leaves(src, d, s_off, s_len);
     fill_leaves(dst, d, t_off, t_len);
