@@ -12,8 +12,9 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Replicate, Shard, _C, _timemodel
+from mpitensor import Partial, Replicate, Shard, _C, _timemodel
 from mpitensor._layout import _codes
+from redistribute_ref import torch_plan
 
 COMM = MPI.COMM_WORLD
 
@@ -137,3 +138,52 @@ def test_plans_at_scale_switch_as_the_model_says(per_node):
     direct_small = kinds((4096, 1), (64, 64), src, dst, flat)[1]
     assert plan_small.bytes > direct_small.bytes
     assert sum(s[6] for s in plan_large.steps()) == pytest.approx(plan_large.time)
+
+
+# Local passes free, and dear (1 ns per byte copied or reduced, a memory bus shared
+# by many ranks): the same shm and network costs otherwise.
+FREE_LOCAL = _C.default_time_model()[:5] + (0.0, 0.0, 0)
+DEAR_LOCAL = _C.default_time_model()[:5] + (1e-9, 1e-9, 0)
+
+
+def steps_of(shape, src, dst, model):
+    plan = _C.Plan(shape, (2, 2), _codes(src), _codes(dst), "f8", model)
+    return [(s[0], s[1]) for s in plan.steps()], plan
+
+
+def test_local_passes_decide_direct_or_chain():
+    """[S1, S0] -> [S2, R] of 8 x 64 x 64 on (2, 2): the direct exchange moves the
+    fewest bytes, but its parts are strided on both sides, so MPI packs what each
+    rank sends and unpacks what it receives. torch's chain gathers rows in place
+    and exchanges half as much strided data. The model takes the exchange when
+    local passes are free and the chain when they are dear; both within torch's
+    bytes."""
+    shape, src, dst = (8, 64, 64), (Shard(1), Shard(0)), (Shard(2), Replicate())
+    free, plan_free = steps_of(shape, src, dst, FREE_LOCAL)
+    dear, plan_dear = steps_of(shape, src, dst, DEAR_LOCAL)
+    assert free == [("direct", -1)]
+    assert dear == [("all_gather", 1), ("all_to_all", 0)]
+    torch_bytes = torch_plan(shape, (2, 2), src, dst, 8)[1]
+    assert plan_free.bytes < plan_dear.bytes <= torch_bytes
+    # Each plan is the faster one under the model it was made for.
+    assert plan_free.predict(FREE_LOCAL) < plan_dear.predict(FREE_LOCAL)
+    assert plan_dear.predict(DEAR_LOCAL) < plan_free.predict(DEAR_LOCAL)
+
+
+def test_local_passes_decide_where_to_reduce():
+    """[S0, P] -> [S1, S0] of 64 x 64 on (2, 2): with free local passes an
+    all-to-all and then a reduce-scatter; with dear ones the reduce-scatter first,
+    on blocks of rows that need no packing, then one exchange, which also moves
+    fewer bytes. Both within torch's bytes."""
+    shape, src, dst = (64, 64), (Shard(0), Partial()), (Shard(1), Shard(0))
+    free, plan_free = steps_of(shape, src, dst, FREE_LOCAL)
+    dear, plan_dear = steps_of(shape, src, dst, DEAR_LOCAL)
+    assert free == [("all_to_all", 0), ("reduce_scatter", 1)]
+    assert dear == [("reduce_scatter", 1), ("direct", -1)]
+    torch_bytes = torch_plan(shape, (2, 2), src, dst, 8)[1]
+    assert plan_dear.bytes < plan_free.bytes <= torch_bytes
+    assert plan_free.predict(FREE_LOCAL) < plan_dear.predict(FREE_LOCAL)
+    assert plan_dear.predict(DEAR_LOCAL) < plan_free.predict(DEAR_LOCAL)
+    # The steps carry what the model priced: the reduce-scatter's reduction.
+    rs = next(s for s in plan_dear.steps() if s[0] == "reduce_scatter")
+    assert rs[8] == 16 * 64 * 8  # one contribution of a 16 x 64 block
