@@ -759,9 +759,6 @@ static int scattered(const int *cut, const int *wide, int ndim) {
   return 0;
 }
 
-/* How many sides of the exchange from `src` to `dst` (sending, receiving) MPI
- * packs: those on which some part, the kept one included, is not contiguous in
- * the box it is cut from or lands in. */
 /* Whether the mesh dims that cut dim d in `a` are the first of those that cut it
  * in `b`, in mesh order: then b's leaves nest in a's. */
 static int cuts_prefix(const mt_layout *a, const mt_layout *b, int d) {
@@ -797,6 +794,9 @@ static int nested_parts(const mt_layout *src, const mt_layout *dst, int d,
   return 1;
 }
 
+/* How many sides of the exchange from `src` to `dst` (sending, receiving) MPI
+ * packs: those on which some part, the kept one included, is not contiguous in
+ * the box it is cut from or lands in. */
 static int packed_sides(const mt_layout *src, const mt_layout *dst, int *sides,
                         mt_error *err) {
   int cut_src[MT_MAX_NDIM] = {0}, cut_dst[MT_MAX_NDIM] = {0}, wide[MT_MAX_NDIM] = {0};
@@ -817,11 +817,12 @@ static int packed_sides(const mt_layout *src, const mt_layout *dst, int *sides,
   return MT_OK;
 }
 
-/* The copies of an exchange (all-to-all, direct). A rank copies the part it
- * keeps, and MPI packs what it sends on a packed side, about what it receives,
- * so once per packed side it passes over what it lacks: its kept part (at most
- * rank 0's), its whole target box (kept or lacking), or that and what it lacks
- * (each at its most). */
+/* The copies of an exchange (all-to-all, direct): a rank copies the part it
+ * keeps, and on each packed side MPI passes over about what the rank lacks (it
+ * unpacks what the rank receives, or packs what it sends, which is taken to be
+ * as much). That is its kept part with no side packed (rank 0's is the largest),
+ * its target box with one, and that box and what it lacks with both, each at its
+ * most over the ranks. */
 static int exchange_copies(mt_step *st, int64_t itemsize, mt_error *err) {
   mt_box s, t, kept;
   first_box(&st->src, &s);

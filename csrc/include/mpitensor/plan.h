@@ -39,10 +39,11 @@ typedef enum mt_step_kind {
  * receives. The local passes, for the rank that makes the most: `copy_bytes`
  * it copies (a chunk's kept box; an all-gather along an inner dim placing its
  * whole output; a reduce-scatter packing an input whose blocks are not slabs;
- * an exchange's kept part, plus what the rank receives once for each side,
- * sending or receiving, on which some part of the exchange is not contiguous in
- * its box, as MPI packs such datatypes), and `reduce_bytes` it reduces
- * ((G - 1) / G of an all-reduce's vector, G - 1 blocks of a reduce-scatter).
+ * an exchange, all-to-all or direct, its kept part when every part is contiguous
+ * in its box, else its whole target box, kept or packed by MPI, and what it
+ * lacks once more when both the sending and the receiving side are strided),
+ * and `reduce_bytes` it reduces ((G - 1) / G of an all-reduce's vector, G - 1
+ * blocks of a reduce-scatter).
  * `time` is the step's predicted seconds under the plan's model. */
 typedef struct mt_step {
   int kind;
