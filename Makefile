@@ -242,7 +242,8 @@ calibrate: install
 # (benchmarks/plan_ranking.py): every 1-D transition and (2,2) pair at 4 ranks, over
 # shared memory and then over TCP, each printing its mismatches and a summary.
 # It times: run it on a quiet machine. PLAN_RANKING_ARGS="--sizes 1KiB --reps 3"
-# for a smoke run.
+# for a smoke run; `plan_ranking.py --replay FILE [--table T]` ranks a run's stored
+# times under another model without timing again.
 PLAN_RANKING_ARGS ?=
 plan-ranking: install
 	@mkdir -p benchmarks/results

@@ -11,13 +11,20 @@ of --reps, after one untimed sweep): alpha is the time of the smallest messages,
 beta the slope between the two largest sizes. `call` is what one mpitensor
 redistribution step costs beyond its messages: the C executor running a Shard(0)
 -> Replicate plan of 8 bytes per rank over every rank, less a raw MPI_Allgather of
-the same bytes. The link class is shared memory when ranks 0 and 1 share a node
-(MPI_Comm_split_type), else the network, or --link. The table
-(JSON: the costs, the machine, when) goes to $MPITENSOR_TIME_MODEL or
+the same bytes. `copy` and `reduce` are the seconds per byte of the local passes,
+timed on every rank at once (ranks of a node share its memory bandwidth, so run
+as many ranks as the node will): the C executor cutting --local-bytes per rank
+out of a replicated array along its columns (a Replicate -> Shard(1) plan, a
+strided copy and nothing else), and an in-place float64 addition of two arrays of
+--local-bytes (the loop a reduction runs), the slowest rank's median per byte.
+The link class is shared memory when ranks 0 and 1 share a node
+(MPI_Comm_split_type), else the network, or --link. The table (JSON: the costs,
+the machine, when) goes to $MPITENSOR_TIME_MODEL or
 ~/.cache/mpitensor/time_model.json (--out to choose); an existing table keeps its
-entry for the other link class, and a network fit keeps the `call` a shared-memory
-fit measured (the executor's own cost, seen best where messages are cheapest). Every mesh created afterwards ranks its plans by
-it (docs/performance.md, "The time model").
+entry for the other link class, and a network fit keeps the `call`, `copy` and
+`reduce` a shared-memory fit measured (the executor's own costs, seen best where
+messages are cheapest and the node's ranks run together). Every mesh created
+afterwards ranks its plans by it (docs/performance.md, "The time model").
 """
 
 import argparse
@@ -83,6 +90,49 @@ def call_cost(comm, reps: int) -> float:
     return comm.bcast(max(extra, 0.0), root=0)
 
 
+def slowest_median(comm, run, reps: int) -> float:
+    """The slowest rank's median seconds of run(), every rank starting together."""
+    times = []
+    for _ in range(reps + 1):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return comm.allreduce(statistics.median(times[1:]), op=MPI.MAX)
+
+
+def local_costs(comm, nbytes: int, reps: int) -> tuple[float, float]:
+    """Seconds per byte that a rank copies (the executor's cut) and reduces, with
+    every rank of the job doing the same at once."""
+    import mpitensor as mt
+    from mpitensor import Replicate, Shard, _C, _redistribute
+
+    mesh = mt.init_device_mesh("cpu", (comm.size,), comm=comm)
+    cols = 64 * comm.size  # rows of 64 elements per rank: a strided cut
+    rows = max(nbytes * comm.size // (8 * cols), 1)
+    plan = _redistribute.plan_for(mesh, (rows, cols), (Replicate(),), (Shard(1),),
+                                  np.dtype("f8"))
+    full = np.ones((rows, cols))
+    copied = plan.steps()[0][7]
+    cut = slowest_median(comm, lambda: _C.redistribute(mesh._handle, plan, full), reps)
+    a, b = np.ones(max(nbytes // 8, 1)), np.ones(max(nbytes // 8, 1))
+    added = slowest_median(comm, lambda: np.add(a, b, out=a), reps)
+    return cut / copied, added / a.nbytes
+
+
+def floor_network(table: dict) -> str:
+    """Raises the network's alpha and beta to shared memory's where a fit came out
+    below them (the model needs the network no faster; TCP between ranks of one
+    node can time as fast as shared memory); returns a note of what it raised."""
+    shm, net = table.get("shm"), table.get("net")
+    if not isinstance(shm, dict) or not isinstance(net, dict):
+        return ""
+    raised = [k for k in ("alpha", "beta") if net.get(k, 0.0) < shm.get(k, 0.0)]
+    for k in raised:
+        net[k] = shm[k]
+    return f" (network {' and '.join(raised)} raised to shared memory's)" if raised else ""
+
+
 def same_node(comm) -> bool:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     leader = node.allreduce(comm.rank, op=MPI.MIN)
@@ -95,6 +145,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-bytes", default="16MiB", help="largest ping-pong message")
     ap.add_argument("--reps", type=int, default=20, help="repetitions per size")
+    ap.add_argument("--local-bytes", default="16MiB", help="bytes per rank of the "
+                    "copy and reduction timed for `copy` and `reduce`, beyond the "
+                    "caches (at most --max-bytes, so a smoke run stays small)")
     ap.add_argument("--link", choices=("shm", "net"), help="the link class to fit "
                     "(default: from whether ranks 0 and 1 share a node)")
     ap.add_argument("--out", help="where to write the table (default: the path "
@@ -123,6 +176,8 @@ def main() -> int:
     alpha = min(times[:2])
     beta = max((times[-1] - times[-2]) / (sizes[-1] - sizes[-2]), 0.0)
     call = call_cost(comm, args.reps)
+    local_bytes = min(parse_bytes(args.local_bytes), top)
+    copy, reduce = local_costs(comm, local_bytes, args.reps)
     if comm.rank != 0:
         return 0
     path = args.out or _timemodel.table_path()
@@ -134,17 +189,22 @@ def main() -> int:
             table = {}
     except (OSError, ValueError):
         table = {}
-    # `call` is the executor's own cost per step, seen best where messages are
-    # cheapest: a network fit keeps the one a shared-memory fit measured.
-    measured_call = call
-    if link == "net" and "shm" in table and isinstance(table.get("call"), (int, float)):
-        call = table["call"]
+    # The executor's own costs (per step, per byte copied or reduced) are seen
+    # best where messages are cheapest and a node's ranks run together: a network
+    # fit keeps those a shared-memory fit measured.
+    measured = {"call": call, "copy": copy, "reduce": reduce}
+    kept = dict(measured)
+    if link == "net" and "shm" in table:
+        kept.update({k: table[k] for k in measured
+                     if isinstance(table.get(k), (int, float))})
     table.update({"format": _timemodel.FORMAT, "version": _timemodel.VERSION,
                   link: {"alpha": alpha, "beta": beta,
                          "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                         "transport": args.mca_note, "call": measured_call,
+                         "transport": args.mca_note, **measured,
+                         "local": {"bytes_per_rank": local_bytes, "ranks": comm.size},
                          "ping_pong": [[s, t] for s, t in zip(sizes, times)]},
-                  "call": call, "machine": info})
+                  **kept, "machine": info})
+    floored = floor_network(table)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -154,10 +214,12 @@ def main() -> int:
     print(machine_line(info))
     print(f"link {link}: alpha {alpha * 1e6:.3g} us per message, beta "
           f"{beta * 1e9:.3g} ns per byte ({1 / beta / 1e9 if beta else float('inf'):.3g} "
-          f"GB/s); call {measured_call * 1e6:.3g} us per step"
-          + (f" (the table keeps shared memory's {call * 1e6:.3g} us)"
-             if call != measured_call else ""))
-    print(f"wrote {path}: (alpha_shm, beta_shm, alpha_net, beta_net, call) = {costs}")
+          f"GB/s); call {call * 1e6:.3g} us per step; copy {copy * 1e9:.3g} and "
+          f"reduce {reduce * 1e9:.3g} ns per byte ({comm.size} ranks at once)"
+          + (" (the table keeps shared memory's call, copy and reduce)"
+             if kept != measured else ""))
+    print(f"wrote {path}: (alpha_shm, beta_shm, alpha_net, beta_net, call, copy, "
+          f"reduce) = {costs}{floored}")
     return 0
 
 

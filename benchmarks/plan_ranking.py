@@ -4,11 +4,14 @@
     mpiexec -n 4 python benchmarks/plan_ranking.py                 # shared memory
     mpiexec -n 4 --mca btl self,tcp python benchmarks/plan_ranking.py --link net
     mpiexec -n 2 python benchmarks/plan_ranking.py --sizes 1KiB,1MiB --reps 5
+    python benchmarks/plan_ranking.py --replay benchmarks/results/plan-ranking-shm.json
+    python benchmarks/plan_ranking.py --replay FILE.json --table time_model.json
 
 Every 1-D transition (on a mesh of all ranks) and, at 4 ranks, every pair on a
 (2, 2) mesh, of float64 tensors of 1 KiB to 64 MiB in all. The candidates of a
-transition are the distinct plans the planner makes under three models: the one
-meshes use (a calibrated table if any: `make calibrate`), bytes first (messages
+transition are the distinct plans the planner makes under four models: the one
+meshes use (a calibrated table if any: `make calibrate`), the same without local
+passes (copies and reductions free), bytes first (messages and local passes
 free) and rounds first (bytes nearly free), so the direct exchange and the chain
 of per-dim collectives both appear where they differ. Each candidate is run by
 the C executor (median of --reps) and predicted by the mesh's model; a mismatch
@@ -21,6 +24,12 @@ times, fewer (at least 3) once the slowest rank has spent --budget seconds on it
 which keeps a run at 4 ranks to minutes per link class. It times: run it on a
 quiet machine. Prints the machine, then the mismatches and a summary; --out
 writes every figure as JSON.
+
+`--replay FILE` times nothing and needs no mpiexec: it plans the transitions of
+a file --out wrote again, under the built-in model or the table --table names,
+and ranks the stored measurements by it: the model's choice, the candidates it predicts, the same
+mismatch summary. A choice that the file did not measure is counted apart, as
+are stored candidates that no planning model reproduces (they are left out).
 """
 
 import argparse
@@ -38,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import git_revision, machine, machine_line  # noqa: E402
 
 import mpitensor as mt  # noqa: E402
-from mpitensor import Partial, Replicate, Shard, _C  # noqa: E402
+from mpitensor import Partial, Replicate, Shard, _C, _timemodel  # noqa: E402
 from mpitensor._layout import _codes  # noqa: E402
 
 KiB, MiB = 1024, 1024 * 1024
@@ -100,6 +109,155 @@ def order_disagreements(row, tolerance: float) -> list:
     return out
 
 
+def planning_models(model) -> tuple:
+    """The models whose plans are the candidates: `model` first, then it without
+    local passes, bytes first and rounds first (ranks per node as in `model`)."""
+    a_shm, b_shm, a_net, b_net, call, copy, reduce, per_node = model
+    return (model,
+            (a_shm, b_shm, a_net, b_net, call, 0.0, 0.0, per_node),
+            (0.0, b_net, 0.0, b_net, 0.0, 0.0, 0.0, per_node),       # bytes first
+            (a_shm, 1e-15, a_net, 1e-15, call, 0.0, 0.0, per_node))  # rounds first
+
+
+def label_of(plan) -> str:
+    return "+".join(f"{k}@{d}" if d >= 0 else k for k, d, *_ in plan.steps())
+
+
+def candidates(shape, mesh_shape, a, b, models) -> dict:
+    """{label: plan} of the distinct plans under `models`, the first model's first;
+    empty when the move is refused."""
+    plans = {}
+    for m in models:
+        try:
+            p = _C.Plan(shape, mesh_shape, _codes(a), _codes(b), "f8", m)
+        except (RuntimeError, TypeError):
+            return {}
+        plans.setdefault(label_of(p), p)
+    return plans
+
+
+def shape_for(size: int, ranks: int) -> tuple[int, int]:
+    elems = max(size // 8, 1)
+    rows = min(elems, 64 * ranks)
+    return rows, max(elems // rows, 1)
+
+
+def verdict(row, tolerance: float):
+    """(the chosen candidate measured beyond tolerance of the fastest, the order
+    disagreements) of a row of candidates, one of them chosen."""
+    fastest = min(r["measured_s"] for r in row)
+    pick = next(r for r in row if r["chosen"])
+    return (pick["measured_s"] > fastest * (1 + tolerance),
+            order_disagreements(row, tolerance))
+
+
+def report(mesh_shape, a, b, size, row, bad, order) -> None:
+    if bad:
+        cands = "; ".join(f"{r['plan']}: predicted {r['predicted_s'] * 1e6:.3g} us, "
+                          f"measured {r['measured_s'] * 1e6:.3g} us" for r in row)
+        print(f"MISMATCH {tuple(mesh_shape)} {a}->{b} {size} B: {cands}")
+    if order:
+        print(f"ORDER {tuple(mesh_shape)} {a}->{b} {size} B: the model puts " +
+              "; ".join(f"{x} before {y}" for x, y in order) + ", the clock the other way")
+
+
+def measure(args, comm) -> list:
+    """Times every candidate of every transition; the records, printed as found."""
+    meshes = [(comm.size,)] + ([(2, 2)] if comm.size == 4 else [])
+    records = []
+    for mesh_shape in meshes:
+        mesh = mt.init_device_mesh("cpu", mesh_shape)
+        model = mesh._handle.time_model()
+        if args.link == "net":
+            model = tuple(model[:7]) + (1,)  # every rank its own node
+        for size in (parse_size(s) for s in args.sizes.split(",")):
+            shape = shape_for(size, comm.size)
+            full = np.arange(shape[0] * shape[1], dtype="f8").reshape(shape)
+            for a, b in pairs(len(mesh_shape)):
+                plans = candidates(shape, mesh_shape, a, b, planning_models(model))
+                if len(plans) < 2:
+                    continue
+                # A Partial dim's local array has its Replicate shape; values do
+                # not matter for the time.
+                held = [Replicate() if isinstance(p, Partial) else p for p in a]
+                local = mt.distribute_tensor(full, mesh, held).to_local()
+                chosen = next(iter(plans))  # planned under the mesh's model first
+                row = [{"plan": label, "predicted_s": p.predict(model),
+                        "measured_s": timed(comm, mesh, p, local, args.reps, args.budget),
+                        "bytes": p.bytes, "chosen": label == chosen}
+                       for label, p in plans.items()]
+                bad, order = verdict(row, args.tolerance)
+                records.append({"mesh": mesh_shape, "src": name(a), "dst": name(b),
+                                "bytes": size, "shape": shape, "model": model,
+                                "candidates": row, "mismatch": bad,
+                                "order_disagreements": order})
+                if comm.rank == 0:
+                    report(mesh_shape, name(a), name(b), size, row, bad, order)
+    return records
+
+
+def placements_of(text: str):
+    """The placements name() wrote: "[S0,P]" -> (Shard(0), Partial())."""
+    named = {"R": Replicate(), "P": Partial()}
+    return tuple(named.get(t) or Shard(int(t[1:])) for t in text.strip("[]").split(","))
+
+
+def replay_record(rec, ranks: int, model):
+    """The record re-ranked under `model`: (row, stored candidates left out); row
+    is None when the model's choice was not measured. The candidates are planned
+    under `model`'s planning models and those of the run that stored them."""
+    mesh_shape = tuple(rec["mesh"])
+    shape = tuple(rec.get("shape") or shape_for(rec["bytes"], ranks))
+    a, b = placements_of(rec["src"]), placements_of(rec["dst"])
+    models = planning_models(model)
+    if rec.get("model"):
+        models += planning_models(tuple(rec["model"]))
+    plans = candidates(shape, mesh_shape, a, b, models)
+    chosen = next(iter(plans))
+    row, missing = [], 0
+    for c in rec["candidates"]:
+        p = plans.get(c["plan"])
+        if p is None:
+            missing += 1
+            continue
+        row.append({**c, "predicted_s": p.predict(model), "chosen": c["plan"] == chosen})
+    if not any(r["chosen"] for r in row):
+        return None, missing
+    return row, missing
+
+
+def replay(args) -> int:
+    with open(args.replay, encoding="utf-8") as f:
+        data = json.load(f)
+    costs = _timemodel.read_table(args.table) if args.table else None
+    base = tuple(costs) if costs else _C.default_time_model()[:7]
+    per_node = 1 if data.get("link") == "net" else 0
+    ranks = data.get("ranks") or data.get("machine", {}).get("np") or 4
+    print(f"replay of {args.replay} ({data.get('transport')}); model (alpha_shm, "
+          f"beta_shm, alpha_net, beta_net, call, copy, reduce) = {base}")
+    total = mismatches = disagreements = unmeasured = left_out = 0
+    for rec in data["records"]:
+        model = base + (per_node,)
+        row, missing = replay_record(rec, ranks, model)
+        left_out += missing
+        if row is None:
+            unmeasured += 1
+            continue
+        if len(row) < 2:
+            continue
+        bad, order = verdict(row, args.tolerance)
+        total += 1
+        mismatches += bad
+        disagreements += len(order)
+        report(rec["mesh"], rec["src"], rec["dst"], rec["bytes"], row, bad, order)
+    print(f"{data.get('transport')} (replayed): {total} transitions with more than one "
+          f"measured candidate; the model's choice measured more than "
+          f"{args.tolerance:.0%} slower than the fastest in {mismatches}; "
+          f"{disagreements} candidate pairs ordered the other way; {unmeasured} "
+          f"choices not measured; {left_out} stored candidates not reproduced")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1KiB,16KiB,256KiB,4MiB,64MiB")
@@ -114,7 +272,13 @@ def main() -> int:
                          "on the network (run it over --mca btl self,tcp)")
     ap.add_argument("--label", help="the transport, for the output (default: --link)")
     ap.add_argument("--out", help="JSON file for every figure")
+    ap.add_argument("--replay", help="a JSON file --out wrote: rank its measurements "
+                    "under the current model, timing nothing")
+    ap.add_argument("--table", help="with --replay: the calibrated table to rank by "
+                    "(default: the built-in model)")
     args = ap.parse_args()
+    if args.replay:
+        return replay(args)
     args.label = args.label or args.link
     started = time.perf_counter()
     comm = MPI.COMM_WORLD
@@ -122,72 +286,18 @@ def main() -> int:
     if comm.rank == 0:
         print(machine_line(info) + f"; transport {args.label}; revision "
               f"{git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}")
-    meshes = [(comm.size,)] + ([(2, 2)] if comm.size == 4 else [])
-    records, mismatches, total, disagreements = [], 0, 0, 0
-    for mesh_shape in meshes:
-        mesh = mt.init_device_mesh("cpu", mesh_shape)
-        model = mesh._handle.time_model()
-        if args.link == "net":
-            model = tuple(model[:5]) + (1,)  # every rank its own node
-        flat = (0.0, model[3], 0.0, model[3], 0.0, model[5])     # bytes first
-        rounds = (model[2], 1e-15, model[2], 1e-15, model[4], model[5])  # rounds first
-        for size in (parse_size(s) for s in args.sizes.split(",")):
-            elems = max(size // 8, 1)
-            rows = min(elems, 64 * comm.size)
-            shape = (rows, max(elems // rows, 1))
-            full = np.arange(shape[0] * shape[1], dtype="f8").reshape(shape)
-            for a, b in pairs(len(mesh_shape)):
-                plans = {}
-                for m in (model, flat, rounds):
-                    try:
-                        p = _C.Plan(shape, mesh_shape, _codes(a), _codes(b), "f8", m)
-                    except (RuntimeError, TypeError):
-                        break
-                    key = tuple((s[0], s[1]) for s in p.steps())
-                    plans.setdefault(key, p)
-                if len(plans) < 2:
-                    continue
-                # A Partial dim's local array has its Replicate shape; values do
-                # not matter for the time.
-                held = [Replicate() if isinstance(p, Partial) else p for p in a]
-                local = mt.distribute_tensor(full, mesh, held).to_local()
-                chosen = next(iter(plans))  # planned under the mesh's model first
-                row = []
-                for key, p in plans.items():
-                    label = "+".join(f"{k}@{d}" if d >= 0 else k for k, d in key)
-                    row.append({"plan": label,
-                                "predicted_s": p.predict(model),
-                                "measured_s": timed(comm, mesh, p, local, args.reps,
-                                                    args.budget),
-                                "bytes": p.bytes, "chosen": key == chosen})
-                fastest = min(r["measured_s"] for r in row)
-                pick = next(r for r in row if r["chosen"])
-                bad = pick["measured_s"] > fastest * (1 + args.tolerance)
-                total += 1
-                mismatches += bad
-                order = order_disagreements(row, args.tolerance)
-                disagreements += len(order)
-                records.append({"mesh": mesh_shape, "src": name(a), "dst": name(b),
-                                "bytes": size, "candidates": row, "mismatch": bad,
-                                "order_disagreements": order})
-                if bad and comm.rank == 0:
-                    cands = "; ".join(
-                        f"{r['plan']}: predicted {r['predicted_s'] * 1e6:.3g} us, "
-                        f"measured {r['measured_s'] * 1e6:.3g} us" for r in row)
-                    print(f"MISMATCH {mesh_shape} {name(a)}->{name(b)} {size} B: {cands}")
-                if order and comm.rank == 0:
-                    print(f"ORDER {mesh_shape} {name(a)}->{name(b)} {size} B: the model "
-                          "puts " + "; ".join(f"{x} before {y}" for x, y in order) +
-                          ", the clock the other way")
+    records = measure(args, comm)
     if comm.rank == 0:
-        print(f"{args.label}: {total} transitions with more than one candidate; the "
-              f"model's choice measured more than {args.tolerance:.0%} slower than the "
-              f"fastest in {mismatches}; {disagreements} candidate pairs ordered the "
-              f"other way; {time.perf_counter() - started:.0f} s")
+        mismatches = sum(r["mismatch"] for r in records)
+        disagreements = sum(len(r["order_disagreements"]) for r in records)
+        print(f"{args.label}: {len(records)} transitions with more than one candidate; "
+              f"the model's choice measured more than {args.tolerance:.0%} slower than "
+              f"the fastest in {mismatches}; {disagreements} candidate pairs ordered "
+              f"the other way; {time.perf_counter() - started:.0f} s")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"machine": info, "transport": args.label, "link": args.link,
-                           "records": records}, f, indent=1)
+                           "ranks": comm.size, "records": records}, f, indent=1)
     return 0
 
 

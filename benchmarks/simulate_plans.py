@@ -85,13 +85,14 @@ def main() -> int:
         base = _timemodel.read_table(args.table) + (0,)
     print(f"time model: alpha shm {base[0] * 1e6:g} us, beta shm {base[1] * 1e9:g} ns/B, "
           f"alpha net {base[2] * 1e6:g} us, beta net {base[3] * 1e9:g} ns/B, "
-          f"call {base[4] * 1e6:g} us" + (f" (from {args.table})" if args.table else
-                                           " (built-in)"))
+          f"call {base[4] * 1e6:g} us, copy {base[5] * 1e9:g} ns/B, "
+          f"reduce {base[6] * 1e9:g} ns/B" + (f" (from {args.table})" if args.table else
+                                               " (built-in)"))
     records, switches = [], 0
     for mesh in MESHES:
         numel = int(np.prod(mesh))
         for per_node in [int(x) for x in args.per_node.split(",")]:
-            model = tuple(base[:5]) + (per_node,)
+            model = tuple(base[:7]) + (per_node,)
             slowest = 0.0
             print(f"\n== mesh {mesh} ({numel} ranks), {per_node} ranks per node ==")
             for a, b in transitions(len(mesh), args.quick):

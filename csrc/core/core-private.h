@@ -6,6 +6,7 @@
 
 #include "mpitensor/layout.h"
 #include "mpitensor/status.h"
+#include "mpitensor/timemodel.h"
 
 /* The core's short name for mt_error_set: `return mt__fail(err, MT_EINVAL, ...);`. */
 #define mt__fail mt_error_set
@@ -54,6 +55,12 @@ static inline int creates_partial(const mt_placement *from, const mt_placement *
  * (plan.c). */
 int mt__lack(const mt_layout *have, const mt_layout *need, int64_t *sum, int64_t *most,
              int64_t *ranks, mt_error *err);
+
+/* The seconds `model` predicts for the plan of a move from `src` to `dst`
+ * (validated, of `itemsize` elements) that only cuts Replicate mesh dims: its
+ * chunks' copies, priced as the planner prices them, without planning (plan.c). */
+double mt__cuts_time(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                     const mt_time_model *model);
 
 /* torch's name of a reduce op ("sum"), or "?" (placement.c). */
 const char *mt__reduce_name(int op);

@@ -747,13 +747,15 @@ static int plan_price(engine *e, int i, const mt_layout *need, price *p,
   return MT_OK;
 }
 
-/* A layout seen for the first time: free, communicating (bounded, and planned
- * only when `full`), or one that moves nothing without being mere cuts (planned,
- * for exact counts; only empty boxes get here). */
+/* A layout seen for the first time: free of communication (mere cuts, which
+ * cost their copies), communicating (bounded, and planned only when `full`), or
+ * one that moves nothing without being mere cuts (planned, for exact counts;
+ * only empty boxes get here). */
 static int classify(engine *e, int i, const mt_layout *need, int full, price *p,
                     mt_error *err) {
   if (only_cuts(&e->cur[i], need)) {
-    p->state = PRICE_DONE, p->bytes = 0, p->messages = 0, p->time = 0.0;
+    p->state = PRICE_DONE, p->bytes = 0, p->messages = 0;
+    p->time = mt__cuts_time(&e->cur[i], need, e->in->itemsize[i], e->model);
     return MT_OK;
   }
   int comm = 0, rc = bound(e, i, need, p, &comm, err);
@@ -888,7 +890,7 @@ static int64_t later_cost(const engine *e, const int *choice) {
 
 /* The same estimate in seconds under the engine's model: each reduce-scatter
  * takes the output one rank holds at that point over its group, on the link its
- * groups use. */
+ * groups use, and reduces what it receives. */
 static double later_time(const engine *e, const int *choice) {
   int64_t held = e->out_numel, stride = e->mesh_numel;
   for (int m = 0; m < e->mesh_ndim; ++m) {
@@ -902,7 +904,9 @@ static double later_time(const engine *e, const int *choice) {
     if (!e->dims[m].c[choice[m]].creates) continue;
     int64_t vector = sat_mul(held, e->out_itemsize);
     int link = mt_time_link(e->model, e->mesh_numel, g, stride);
-    t += mt_time_coll(e->model, MT_TIME_REDUCE_SCATTER, g, vector, vector - vector / g, link);
+    int64_t others = vector - vector / g;
+    t += mt_time_coll(e->model, MT_TIME_REDUCE_SCATTER, g, vector, others, link) +
+         mt_time_local(e->model, 0, others);
     held = held / g + (held % g != 0);
   }
   return t;

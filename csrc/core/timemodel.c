@@ -27,7 +27,8 @@
 #define REDSCAT_LARGE ((int64_t)256 * 1024)
 
 mt_time_model mt_time_model_default(void) {
-  mt_time_model m = {{1.0e-6, 20.0e-6}, {1.0 / 5.0e9, 1.0 / 1.25e9}, 2.0e-6, 0};
+  mt_time_model m = {{1.0e-6, 20.0e-6}, {1.0 / 5.0e9, 1.0 / 1.25e9}, 2.0e-6,
+                     1.0 / 10.0e9, 1.0 / 8.0e9, 0};
   return m;
 }
 
@@ -53,6 +54,10 @@ int mt_time_model_check(const mt_time_model *model, mt_error *err) {
   if (bad_number(model->call))
     return mt__fail(err, MT_EINVAL, "The time model's call cost (%g s per step) must be "
                     "finite and >= 0", model->call);
+  if (bad_number(model->copy) || bad_number(model->reduce))
+    return mt__fail(err, MT_EINVAL, "The time model's copy (%g s per byte) and reduce "
+                    "(%g s per byte) costs must be finite and >= 0", model->copy,
+                    model->reduce);
   if (model->ranks_per_node < 0)
     return mt__fail(err, MT_EINVAL, "ranks_per_node is %lld; it must be >= 0",
                     (long long)model->ranks_per_node);
@@ -126,4 +131,8 @@ double mt_time_linear(const mt_time_model *model, int64_t messages, int64_t byte
                       int link) {
   return model->call + (double)messages * model->alpha[link] +
          (double)bytes * model->beta[link];
+}
+
+double mt_time_local(const mt_time_model *model, int64_t copied, int64_t reduced) {
+  return (double)copied * model->copy + (double)reduced * model->reduce;
 }

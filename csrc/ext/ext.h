@@ -88,8 +88,8 @@ int mt_ext_placements(PyObject *seq, mt_placement *out, int *n);
 int mt_ext_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes, mt_layout *out);
 
 /* A time model from its Python form, the tuple (alpha_shm, beta_shm, alpha_net,
- * beta_net, call, ranks_per_node), checked (mt_time_model_check: ValueError); -1 with
- * an exception set otherwise. And the tuple of a model. */
+ * beta_net, call, copy, reduce, ranks_per_node), checked (mt_time_model_check:
+ * ValueError); -1 with an exception set otherwise. And the tuple of a model. */
 int mt_ext_time_model(PyObject *obj, mt_time_model *out);
 PyObject *mt_ext_time_model_tuple(const mt_time_model *model);
 

@@ -150,18 +150,19 @@ int mt_ext_set_message(mt_error *err, PyObject *text) {
 }
 
 int mt_ext_time_model(PyObject *obj, mt_time_model *out) {
-  double a0, b0, a1, b1, call;
+  double a0, b0, a1, b1, call, copy, reduce;
   long long per_node;
   if (!PyTuple_Check(obj)) {
     PyErr_Format(PyExc_TypeError,
                  "a time model is a tuple (alpha_shm, beta_shm, alpha_net, beta_net, "
-                 "call, ranks_per_node), got %s",
+                 "call, copy, reduce, ranks_per_node), got %s",
                  Py_TYPE(obj)->tp_name);
     return -1;
   }
-  if (!PyArg_ParseTuple(obj, "dddddL:time model", &a0, &b0, &a1, &b1, &call, &per_node))
+  if (!PyArg_ParseTuple(obj, "dddddddL:time model", &a0, &b0, &a1, &b1, &call, &copy,
+                        &reduce, &per_node))
     return -1;
-  mt_time_model m = {{a0, a1}, {b0, b1}, call, (int64_t)per_node};
+  mt_time_model m = {{a0, a1}, {b0, b1}, call, copy, reduce, (int64_t)per_node};
   mt_error err = {0};
   int rc = mt_time_model_check(&m, &err);
   if (rc != MT_OK) {
@@ -173,7 +174,7 @@ int mt_ext_time_model(PyObject *obj, mt_time_model *out) {
 }
 
 PyObject *mt_ext_time_model_tuple(const mt_time_model *m) {
-  return Py_BuildValue("(dddddL)", m->alpha[MT_LINK_SHM], m->beta[MT_LINK_SHM],
-                       m->alpha[MT_LINK_NET], m->beta[MT_LINK_NET], m->call,
-                       (long long)m->ranks_per_node);
+  return Py_BuildValue("(dddddddL)", m->alpha[MT_LINK_SHM], m->beta[MT_LINK_SHM],
+                       m->alpha[MT_LINK_NET], m->beta[MT_LINK_NET], m->call, m->copy,
+                       m->reduce, (long long)m->ranks_per_node);
 }

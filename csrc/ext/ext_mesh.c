@@ -394,11 +394,11 @@ static PyObject *mesh_set_time_model(MeshObject *self, PyObject *arg) {
 
 static PyMethodDef mesh_methods[] = {
     {"time_model", (PyCFunction)mesh_time_model, METH_NOARGS,
-     "(alpha_shm, beta_shm, alpha_net, beta_net, call, ranks_per_node): how plans "
-     "on this mesh are ranked; ranks_per_node from MPI_Comm_split_type (0: one node). Local."},
+     "(alpha_shm, beta_shm, alpha_net, beta_net, call, copy, reduce, ranks_per_node): "
+     "how plans on this mesh are ranked; ranks_per_node from MPI_Comm_split_type (0: one node). Local."},
     {"set_time_model", (PyCFunction)mesh_set_time_model, METH_O,
-     "set_time_model(model): the alphas and betas of a calibrated table (ValueError "
-     "when invalid); ranks_per_node stays. Local."},
+     "set_time_model(model): the costs of a calibrated table (ValueError when "
+     "invalid); ranks_per_node stays. Local."},
     {"slice", (PyCFunction)(void (*)(void))mesh_slice, METH_FASTCALL,
      "slice(dims) -> Mesh over those mesh dims (ascending), sharing communicators. Local."},
     {"coordinate", (PyCFunction)mesh_coordinate, METH_NOARGS,
@@ -466,7 +466,7 @@ static PyObject *default_time_model(PyObject *self, PyObject *unused) {
 PyMethodDef mt_ext_mesh_methods[] = {
     {"default_time_model", default_time_model, METH_NOARGS,
      "The built-in time model (alpha_shm, beta_shm, alpha_net, beta_net, "
-     "call, ranks_per_node): one node. Local."},
+     "call, copy, reduce, ranks_per_node): one node. Local."},
     {"mpi_library_version", library_version, METH_NOARGS,
      "The MPI_Get_library_version string of the libmpi this extension links. Local."},
     {"comm_live_count", live_comms, METH_NOARGS,

@@ -75,15 +75,17 @@ static PyObject *codes_of(const mt_layout *l) {
   return out;
 }
 
-/* steps() -> [(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds)] */
+/* steps() -> [(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds,
+ * copy_bytes, reduce_bytes)] */
 static PyObject *plan_steps(PlanObject *self, PyObject *unused) {
   int n = mt_plan_nsteps(self->plan);
   PyObject *out = PyList_New(n);
   for (int i = 0; out != NULL && i < n; ++i) {
     const mt_step *s = mt_plan_step(self->plan, i);
-    PyObject *t = Py_BuildValue("(siNNLLd)", step_names[s->kind], s->mesh_dim,
+    PyObject *t = Py_BuildValue("(siNNLLdLL)", step_names[s->kind], s->mesh_dim,
                                 codes_of(&s->src), codes_of(&s->dst),
-                                (long long)s->bytes, (long long)s->messages, s->time);
+                                (long long)s->bytes, (long long)s->messages, s->time,
+                                (long long)s->copy_bytes, (long long)s->reduce_bytes);
     if (t == NULL) Py_CLEAR(out);
     else PyList_SET_ITEM(out, i, t);
   }
@@ -115,8 +117,9 @@ static PyMethodDef plan_methods[] = {
      "predict(model) -> the seconds the time model tuple predicts for these steps. "
      "Local."},
     {"steps", (PyCFunction)plan_steps, METH_NOARGS,
-     "[(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds)] of every "
-     "step. Local."},
+     "[(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds, copy_bytes, "
+     "reduce_bytes)] of every step: bytes and messages over all ranks, the local "
+     "copies and reductions of the busiest rank. Local."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -135,8 +138,9 @@ static PyType_Slot plan_slots[] = {
     {Py_tp_getset, plan_getset},
     {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, dtype[, model]): a redistribution "
                 "plan ranked by the time model tuple (alpha_shm, beta_shm, alpha_net, "
-                "beta_net, call, ranks_per_node), the move checked first (RuntimeError: "
-                "creating a Partial; TypeError: a reduction the dtype lacks). Local."},
+                "beta_net, call, copy, reduce, ranks_per_node), the move checked first "
+                "(RuntimeError: creating a Partial; TypeError: a reduction the dtype "
+                "lacks). Local."},
     {0, NULL},
 };
 

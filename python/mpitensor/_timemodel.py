@@ -2,8 +2,10 @@
 
 Redistribution plans are ranked by predicted time (the C core's time model:
 seconds per message, ``alpha``, and per byte, ``beta``, for shared memory within
-a node and for the network between nodes). ``benchmarks/calibrate.py`` fits them
-on this machine and writes a JSON table; every mesh created afterwards uses it.
+a node and for the network between nodes; seconds per communicating step,
+``call``; seconds per byte a rank copies, ``copy``, or reduces, ``reduce``, in
+its own memory). ``benchmarks/calibrate.py`` fits them on this machine and writes
+a JSON table; every mesh created afterwards uses it.
 The table is read at ``$MPITENSOR_TIME_MODEL`` if set, else at
 ``$XDG_CACHE_HOME/mpitensor/time_model.json`` (``~/.cache`` by default);
 ``MPITENSOR_TIME_MODEL=builtin`` ignores any table. Rank 0
@@ -44,30 +46,34 @@ def table_path() -> str:
     return os.path.join(cache, "mpitensor", "time_model.json")
 
 
+def _number(value, name: str, unit: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} is {value!r}; it must be a finite number >= 0 "
+                         f"({unit})")
+    return float(value)
+
+
 def _cost(table: dict, link: str) -> tuple[float, float]:
     entry = table.get(link)
     if not isinstance(entry, dict):
         raise ValueError(f"it has no {link!r} entry of alpha and beta")
-    out = []
-    for name in ("alpha", "beta"):
-        value = entry.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{link}.{name} is {value!r}; it must be a finite number "
-                             f">= 0 (seconds per message for alpha, per byte for beta)")
-        out.append(float(value))
-    return out[0], out[1]
+    unit = "seconds per message for alpha, per byte for beta"
+    return (_number(entry.get("alpha"), f"{link}.alpha", unit),
+            _number(entry.get("beta"), f"{link}.beta", unit))
 
 
 def read_table(path: str | None = None) -> tuple[float, ...] | None:
-    """The (alpha_shm, beta_shm, alpha_net, beta_net, call) of the table at
-    ``path`` (default: ``table_path()``), or None when there is no table.
-    ValueError, naming the file and what is wrong, when it cannot be read or is
-    invalid. A table measured on one node has no ``net`` entry: the built-in
-    network costs stand in, never below shared memory's; without ``call`` the
-    built-in one does.
+    """The (alpha_shm, beta_shm, alpha_net, beta_net, call, copy, reduce) of the
+    table at ``path`` (default: ``table_path()``), or None when there is no
+    table. ValueError, naming the file and what is wrong, when it cannot be read
+    or is invalid. A table measured on one node has no ``net`` entry: the
+    built-in network costs stand in, never below shared memory's; without
+    ``call``, ``copy`` or ``reduce`` (a table written before they were fitted)
+    the built-in ones do.
 
-    Example: ``read_table("/tmp/tm.json")`` -> ``(4e-07, 1.1e-10, 2e-05, 8e-10, 2e-06)``.
+    Example: ``read_table("/tmp/tm.json")`` ->
+    ``(4e-07, 1.1e-10, 2e-05, 8e-10, 2e-06, 1.2e-10, 1.5e-10)``.
     """
     path = table_path() if path is None else path
     try:
@@ -92,14 +98,14 @@ def read_table(path: str | None = None) -> tuple[float, ...] | None:
             net = (max(builtin[2], shm[0]), max(builtin[3], shm[1]))
         if net[0] < shm[0] or net[1] < shm[1]:
             raise ValueError("its network link is faster than shared memory")
-        call = table.get("call", builtin[4])
-        if isinstance(call, bool) or not isinstance(call, (int, float)) \
-                or not math.isfinite(call) or call < 0:
-            raise ValueError(f"call is {call!r}; it must be a finite number >= 0 "
-                             f"(seconds per communicating step)")
+        local = tuple(
+            _number(table.get(name, builtin[k]), name, unit)
+            for k, name, unit in ((4, "call", "seconds per communicating step"),
+                                  (5, "copy", "seconds per byte copied"),
+                                  (6, "reduce", "seconds per byte reduced")))
     except ValueError as e:
         raise ValueError(f"the time model table {path} is invalid: {e}") from None
-    return shm[0], shm[1], net[0], net[1], float(call)
+    return (shm[0], shm[1], net[0], net[1]) + local
 
 
 def model_for(comm, handle) -> None:

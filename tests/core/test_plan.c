@@ -603,6 +603,71 @@ static void check_rank_costs(const mt_step *st, int64_t n, int64_t itemsize) {
               st->kind, (long long)st->rank_bytes, (long long)(most * itemsize));
 }
 
+/* Whether `part` is one run of the C-contiguous array of `whole`: no extent
+ * above one before the last dim it does not span. */
+static int contiguous_in(const mt_box *part, const mt_box *whole) {
+  int last = -1;
+  for (int d = 0; d < part->ndim; ++d) last = part->shape[d] < whole->shape[d] ? d : last;
+  for (int d = 0; d < last; ++d) {
+    if (part->shape[d] > 1) return 0;
+  }
+  return 1;
+}
+
+/* Whether some extent of `b` before dim d is not 1 (blocks cut along d are
+ * strided). */
+static int strided_along(const mt_box *b, int d) {
+  for (int i = 0; i < d; ++i) {
+    if (b->shape[i] != 1) return 1;
+  }
+  return 0;
+}
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Sides of the exchange (sending, receiving) on which some part, the kept one
+ * included, is not contiguous in its rank's box. */
+static int packed_sides(const mt_step *st, int64_t n) {
+  int send = 0, recv = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    mt_box s = box_of(&st->src, r), t = box_of(&st->dst, r);
+    for (int64_t p = 0; p < n; ++p) {
+      send |= mt_box_numel(&sim_send[r][p]) > 0 && !contiguous_in(&sim_send[r][p], &s);
+      recv |= mt_box_numel(&sim_recv[r][p]) > 0 && !contiguous_in(&sim_recv[r][p], &t);
+    }
+  }
+  return send + recv;
+}
+
+/* The local passes of a step (plan.h) from every rank's boxes and exchange: the
+ * most one rank copies and reduces, as the executor runs the step kind. */
+static void check_local(const mt_step *st, int64_t n, int64_t isz) {
+  int64_t copy = 0, reduce = 0, keep = 0, target = 0, lack = 0, m = st->mesh_dim;
+  int64_t g = m >= 0 ? st->src.mesh_shape[m] : 1;
+  for (int64_t r = 0; r < n; ++r) {
+    mt_box s = box_of(&st->src, r), t = box_of(&st->dst, r), c;
+    int64_t ns = mt_box_numel(&s) * isz, nt = mt_box_numel(&t) * isz;
+    int64_t kept = mt_box_intersect(&s, &t, &c) ? mt_box_numel(&c) * isz : 0;
+    keep = max64(keep, kept), target = max64(target, nt), lack = max64(lack, nt - kept);
+    if (st->kind == MT_STEP_CHUNK) copy = max64(copy, nt);
+    if (st->kind == MT_STEP_ALLGATHER && strided_along(&t, st->src.placements[m].dim))
+      copy = max64(copy, nt);
+    if (st->kind == MT_STEP_ALLREDUCE) reduce = max64(reduce, ns - ns / g);
+    if (st->kind == MT_STEP_REDUCE_SCATTER) {
+      reduce = max64(reduce, nt * (g - 1));
+      if (strided_along(&s, st->dst.placements[m].dim)) copy = max64(copy, ns);
+    }
+  }
+  if (st->kind == MT_STEP_ALLTOALL || st->kind == MT_STEP_DIRECT) {
+    int sides = packed_sides(st, n);
+    copy = sides == 0 ? keep : sides == 1 ? target : target + lack;
+  }
+  CHECK_MSG(st->copy_bytes == copy && st->reduce_bytes == reduce,
+            "kind %d: copies %lld and reduces %lld bytes, expected %lld and %lld",
+            st->kind, (long long)st->copy_bytes, (long long)st->reduce_bytes,
+            (long long)copy, (long long)reduce);
+}
+
 /* Runs one step on all ranks and checks its byte and message counts. */
 static void sim_step(const mt_step *st, const sim_rank *now, sim_rank *next,
                      int64_t itemsize) {
@@ -613,6 +678,7 @@ static void sim_step(const mt_step *st, const sim_rank *now, sim_rank *next,
   }
   sim_exchange(st, n);
   check_rank_costs(st, n, itemsize);
+  check_local(st, n, itemsize);
   for (int64_t r = 0; r < n; ++r) got += sim_receive(st, now, next, r, n, &messages);
   int64_t g = st->mesh_dim >= 0 ? st->src.mesh_shape[st->mesh_dim] : 0;
   if (st->kind == MT_STEP_ALLREDUCE)

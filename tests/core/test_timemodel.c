@@ -42,6 +42,13 @@ static void test_check(void) {
   bad.call = INFINITY;
   CHECK(mt_time_model_check(&bad, &err) == MT_EINVAL && strstr(err.msg, "call"));
   bad = m;
+  bad.copy = -1e-10;
+  CHECK(mt_time_model_check(&bad, &err) == MT_EINVAL && strstr(err.msg, "copy"));
+  bad = m;
+  bad.reduce = NAN;
+  CHECK(mt_time_model_check(&bad, &err) == MT_EINVAL && strstr(err.msg, "reduce"));
+  CHECK(m.copy > 0.0 && m.reduce > 0.0);
+  bad = m;
   bad.ranks_per_node = -2;
   CHECK(mt_time_model_check(&bad, &err) == MT_EINVAL && strstr(err.msg, "ranks_per_node"));
   CHECK(mt_time_model_check(NULL, &err) == MT_EINVAL);
@@ -111,6 +118,78 @@ static void test_prices(void) {
   CHECK(mt_time_coll(&m, MT_TIME_ALLGATHER, 1, 1 << 20, 0, MT_LINK_NET) == 0.0);
 }
 
+/* The local passes of each step kind, worked by hand on 8 x 8 float64 (512 B)
+ * over 4 ranks, and a step's time as its collective plus those passes. */
+static void test_local_passes(void) {
+  static const struct {
+    mt_placement from, to;
+    int kind;
+    int64_t copy, reduce;
+  } cases[] = {
+      {{MT_PLACEMENT_SHARD, 0, 0}, {MT_PLACEMENT_REPLICATE, 0, 0}, MT_STEP_ALLGATHER, 0, 0},
+      /* the blocks of columns are placed in the whole output */
+      {{MT_PLACEMENT_SHARD, 1, 0}, {MT_PLACEMENT_REPLICATE, 0, 0}, MT_STEP_ALLGATHER, 512, 0},
+      /* the kept two columns are copied */
+      {{MT_PLACEMENT_REPLICATE, 0, 0}, {MT_PLACEMENT_SHARD, 1, 0}, MT_STEP_CHUNK, 128, 0},
+      {{MT_PLACEMENT_PARTIAL, 0, 0}, {MT_PLACEMENT_REPLICATE, 0, 0}, MT_STEP_ALLREDUCE, 0,
+       384},
+      /* three contributions of two rows; blocks of rows are slabs */
+      {{MT_PLACEMENT_PARTIAL, 0, 0}, {MT_PLACEMENT_SHARD, 0, 0}, MT_STEP_REDUCE_SCATTER, 0,
+       384},
+      {{MT_PLACEMENT_PARTIAL, 0, 0}, {MT_PLACEMENT_SHARD, 1, 0}, MT_STEP_REDUCE_SCATTER,
+       512, 384},
+      /* rows to columns: the columns sent are strided, MPI packs them, and every
+       * element of the target box passes once (kept or unpacked) */
+      {{MT_PLACEMENT_SHARD, 0, 0}, {MT_PLACEMENT_SHARD, 1, 0}, MT_STEP_ALLTOALL, 128, 0},
+  };
+  mt_time_model m = mt_time_model_default(), free_local = m;
+  free_local.copy = free_local.reduce = 0.0;
+  const int64_t shape[2] = {8, 8}, mesh[1] = {4};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    mt_layout a, b;
+    CHECK(mt_layout_init(&a, 2, shape, 1, mesh, &cases[i].from, NULL) == MT_OK);
+    CHECK(mt_layout_init(&b, 2, shape, 1, mesh, &cases[i].to, NULL) == MT_OK);
+    mt_plan *plan = NULL;
+    CHECK(mt_plan_create_timed(&a, &b, 8, &m, &plan, NULL) == MT_OK);
+    const mt_step *st = mt_plan_step(plan, 0);
+    CHECK(mt_plan_nsteps(plan) == 1 && st->kind == cases[i].kind);
+    CHECK_MSG(st->copy_bytes == cases[i].copy && st->reduce_bytes == cases[i].reduce,
+              "case %zu: copies %lld, reduces %lld", i, (long long)st->copy_bytes,
+              (long long)st->reduce_bytes);
+    CHECK(close_to(st->time, mt_plan_predict(plan, &free_local) +
+                                 mt_time_local(&m, cases[i].copy, cases[i].reduce)));
+    mt_plan_destroy(plan);
+  }
+  CHECK(close_to(mt_time_local(&m, 1000, 10), 1000 * m.copy + 10 * m.reduce));
+}
+
+/* Rows of one element: every part of the exchange is contiguous, so only the
+ * kept part is copied; and a direct exchange whose parts are strided on both
+ * sides passes over its target box and what it lacks. */
+static void test_exchange_copies(void) {
+  mt_time_model m = mt_time_model_default();
+  m.copy = m.reduce = 0.0; /* the direct exchange wins; the copies are still counted */
+  const int64_t rows[2] = {4, 8}, one[1] = {4};
+  const mt_placement s0 = S(0), s1 = S(1);
+  mt_layout a, b;
+  CHECK(mt_layout_init(&a, 2, rows, 1, one, &s0, NULL) == MT_OK);
+  CHECK(mt_layout_init(&b, 2, rows, 1, one, &s1, NULL) == MT_OK);
+  mt_plan *plan = NULL;
+  CHECK(mt_plan_create_timed(&a, &b, 8, &m, &plan, NULL) == MT_OK);
+  CHECK(mt_plan_step(plan, 0)->copy_bytes == 2 * 8);
+  mt_plan_destroy(plan);
+  /* [S1, S0] -> [S2, R] of 4 x 4 x 4 on (2, 2): each rank keeps 2 x 2 x 2 of its
+   * 4 x 4 x 2 target and lacks 24 elements. */
+  const int64_t cube[3] = {4, 4, 4}, mesh[2] = {2, 2};
+  const mt_placement from[2] = {S(1), S(0)}, to[2] = {{MT_PLACEMENT_SHARD, 2, 0}, R()};
+  CHECK(mt_layout_init(&a, 3, cube, 2, mesh, from, NULL) == MT_OK);
+  CHECK(mt_layout_init(&b, 3, cube, 2, mesh, to, NULL) == MT_OK);
+  CHECK(mt_plan_create_timed(&a, &b, 8, &m, &plan, NULL) == MT_OK);
+  CHECK(mt_plan_nsteps(plan) == 1 && mt_plan_step(plan, 0)->kind == MT_STEP_DIRECT);
+  CHECK(mt_plan_step(plan, 0)->copy_bytes == (32 + 24) * 8);
+  mt_plan_destroy(plan);
+}
+
 static int has_direct(const mt_plan *plan) {
   for (int i = 0; i < mt_plan_nsteps(plan); ++i)
     if (mt_plan_step(plan, i)->kind == MT_STEP_DIRECT) return 1;
@@ -170,5 +249,7 @@ int main(void) {
   test_prices();
   test_switch();
   test_two_ranks();
+  test_local_passes();
+  test_exchange_copies();
   return mt_test_exit("test_timemodel");
 }

@@ -1,6 +1,7 @@
 """DTensor.redistribute and full_tensor: every placement change on 1-D, 2-D and 3-D
 meshes against NumPy ground truth, with exact communication counts (the C
-executor's, via CommDebugMode) and bytes never above torch's per-mesh-dim plan;
+executor's, via CommDebugMode, equal to the plan's) and bytes never above torch's
+per-mesh-dim plan (the time model chooses among the plans within them);
 uneven, empty, 0-d, 1-element and non-contiguous shards; every NumPy numeric dtype
 and reduction; the rules for same placements, other meshes and Partial targets;
 forward_dtype; async_op.
@@ -18,6 +19,7 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import DTensor, DeviceMesh, Partial, Replicate, Shard, init_device_mesh
+from mpitensor._redistribute import plan_for
 from mpitensor.debug import CommDebugMode, peak_rss_growth
 from mpi_helpers import Problems, gather_global, raised, ref_box, ref_index
 from redistribute_ref import (KINDS, PLACEMENTS, expected_local, name, needed_elements,
@@ -146,11 +148,15 @@ def run_matrix(mesh_shape, shape, pairs, dtype=np.float64, torch_bound=None):
         if single_step(mesh_shape, src, dst) is not None:
             want = single_step_bytes(shape, mesh_shape, src, dst, itemsize)
             problems.expect(moved == want, f"{what}: {moved} bytes sent, expected {want}")
+        plan = plan_for(mesh, shape, src, dst, np.dtype(dtype))
+        problems.expect(moved == plan.bytes, f"{what}: {moved} bytes sent, the plan "
+                        f"counts {plan.bytes}")
         if not any(mesh_shape[m] > 1 for m in reduced_dims(mesh_shape, src, dst)):
-            # Shard/Replicate changes only: each rank receives exactly the part
-            # of its target box it lacks, once (no padding, no relays).
+            # Shard/Replicate changes only: at least the part of each target box
+            # its rank lacks, and (above) at most torch's bytes; which plan in
+            # between is the time model's choice.
             need = needed_elements(shape, mesh_shape, src, dst) * itemsize
-            problems.expect(moved == need, f"{what}: {moved} bytes moved, needed {need}")
+            problems.expect(need <= moved, f"{what}: {moved} bytes moved, needed {need}")
             kinds = {k for k, v in counts_seen[i].items() if v}
             problems.expect(kinds <= {"all_gather_into_tensor", "all_to_all_single"},
                             f"{what}: reductions {kinds} without a Partial")
@@ -302,9 +308,9 @@ def test_two_d_at_most_torch(case):
     assert problems == []
 
 
-def test_nested_shard_to_replicate_on_one_dim_moves_only_what_is_needed():
+def test_nested_shard_to_replicate_on_one_dim_within_torch():
     """[S0,S0] -> [R,S0] cannot be one gather (mesh dim 1 cuts dim 0 again); it
-    still moves only the missing elements, and no more than torch."""
+    moves at least the missing elements and no more than torch's chain."""
     ms = (2, 2) if W == 4 else (W, 1)
     mesh = mesh_of(ms)
     base = base_array((6, 3))
@@ -314,8 +320,7 @@ def test_nested_shard_to_replicate_on_one_dim_moves_only_what_is_needed():
     got, problems = gather_global(out)
     assert problems == []
     assert np.array_equal(got, base)
-    assert total == need
-    assert total <= torch_plan(base.shape, ms, (S0, S0), (R, S0), 8)[1]
+    assert need <= total <= torch_plan(base.shape, ms, (S0, S0), (R, S0), 8)[1]
 
 
 # ---- dtypes and reductions -------------------------------------------------------------

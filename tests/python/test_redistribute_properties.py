@@ -1,8 +1,9 @@
 """Property tests of redistribute (hypothesis): random shapes (0..6 per dim, 1..3
 dims), meshes whose size is the world size (1-D or 2-D), placements from
 {Replicate, Shard(d)} (and Partial(sum) in the source), and dtypes: the result
-equals NumPy ground truth on every rank, Shard/Replicate moves send exactly the
-bytes each rank lacks, and two redistributes in a row stay right.
+equals NumPy ground truth on every rank, every move sends no more bytes than
+torch's plan and Shard/Replicate moves at least the bytes each rank lacks, and
+two redistributes in a row stay right.
 
 Every rank draws the same examples (derandomize, no database: see conftest), and
 every verdict is agreed on by all ranks before hypothesis sees it, so a failure
@@ -123,14 +124,13 @@ def check_move(dt, mesh, mesh_shape, src, dst, base, dtype):
         problems.append(f"rank {RANK}: {type(e).__name__}: {e}")
     total = COMM.allreduce(sent)
     itemsize = np.dtype(dtype).itemsize
+    most = torch_plan(base.shape, mesh_shape, before, dst, itemsize)[1]
+    if total > most:
+        problems.append(f"{total} bytes moved, torch's plan moves {most}")
     if not any(mesh_shape[m] > 1 for m in reduced_dims(mesh_shape, before, dst)):
         need = needed_elements(base.shape, mesh_shape, before, dst) * itemsize
-        if total != need:
+        if total < need:
             problems.append(f"{total} bytes moved, {need} needed")
-    else:
-        most = torch_plan(base.shape, mesh_shape, before, dst, itemsize)[1]
-        if total > most:
-            problems.append(f"{total} bytes moved, torch's plan moves {most}")
     everyone = [p for ps in COMM.allgather(problems) for p in ps]
     return out, everyone
 

@@ -36,7 +36,15 @@ typedef enum mt_step_kind {
  * model: `rank_bytes`, the most bytes one rank receives (an all-reduce: its
  * vector); `vector_bytes`, a collective's vector as mt_time_kind says, by which
  * MPI picks its algorithm; `rank_messages`, the most messages one rank
- * receives. `time` is the step's predicted seconds under the plan's model. */
+ * receives. The local passes, for the rank that makes the most: `copy_bytes`
+ * it copies (a chunk's kept box; an all-gather along an inner dim placing its
+ * whole output; a reduce-scatter packing an input whose blocks are not slabs;
+ * an exchange, all-to-all or direct, its kept part when every part is contiguous
+ * in its box, else its whole target box, kept or packed by MPI, and what it
+ * lacks once more when both the sending and the receiving side are strided),
+ * and `reduce_bytes` it reduces ((G - 1) / G of an all-reduce's vector, G - 1
+ * blocks of a reduce-scatter).
+ * `time` is the step's predicted seconds under the plan's model. */
 typedef struct mt_step {
   int kind;
   int mesh_dim;
@@ -47,6 +55,8 @@ typedef struct mt_step {
   int64_t rank_bytes;
   int64_t vector_bytes;
   int64_t rank_messages;
+  int64_t copy_bytes;
+  int64_t reduce_bytes;
   double time;
 } mt_step;
 

@@ -1,7 +1,9 @@
 /* The time model that ranks redistribution plans: how long one step takes.
  *
  * Each message costs `alpha` seconds and each byte `beta` seconds on its link
- * class: shared memory between ranks of one node, the network between nodes. A
+ * class: shared memory between ranks of one node, the network between nodes.
+ * Each byte a rank passes over locally costs `copy` seconds (placing, cutting,
+ * packing) or `reduce` seconds (combining partial values). A
  * collective costs what the algorithm that Open MPI's tuned component picks for
  * its size and group costs (ring, recursive doubling, Bruck, pairwise, linear),
  * so a step over G ranks is not simply G - 1 messages: an all-gather of a small
@@ -35,22 +37,29 @@ typedef enum mt_coll_alg {
 /* `alpha[link]` seconds per message and `beta[link]` seconds per byte. `call`:
  * seconds of every communicating step besides its messages (the MPI call and
  * the executor around it), which makes one exchange of a few messages cheaper
- * than a chain of collectives of one message each. `ranks_per_node`: the mesh's
- * ranks, in row-major mesh order, fill nodes of this many ranks each; 0 means
- * the whole mesh is on one node. */
+ * than a chain of collectives of one message each. `copy` and `reduce`: seconds
+ * per byte a rank copies or reduces in local memory while every rank of its node
+ * does the same (they share the memory bandwidth); on shared memory these passes
+ * weigh as much as the messages. `ranks_per_node`: the mesh's ranks, in
+ * row-major mesh order, fill nodes of this many ranks each; 0 means the whole
+ * mesh is on one node. */
 typedef struct mt_time_model {
   double alpha[MT_NLINKS];
   double beta[MT_NLINKS];
   double call;
+  double copy;
+  double reduce;
   int64_t ranks_per_node;
 } mt_time_model;
 
 /* Local. The built-in model: shared memory at 1 us and 5 GB/s, a network at
- * 20 us and 1.25 GB/s (10 Gb/s), 2 us per step, one node. */
+ * 20 us and 1.25 GB/s (10 Gb/s), 2 us per step, local copies at 10 GB/s and
+ * reductions at 8 GB/s, one node. */
 mt_time_model mt_time_model_default(void);
 
-/* Local. MT_EINVAL unless call and every alpha and beta is finite and >= 0, the network's
- * are not below shared memory's, and ranks_per_node >= 0; the message says which.
+/* Local. MT_EINVAL unless call, copy, reduce and every alpha and beta are finite
+ * and >= 0, the network's are not below shared memory's, and ranks_per_node >= 0;
+ * the message says which.
  *
  *   if (mt_time_model_check(&m, &err) != MT_OK) return err.code;
  */
@@ -83,6 +92,13 @@ mt_coll_alg mt_time_coll_alg(int kind, int64_t group, int64_t bytes);
  */
 double mt_time_coll(const mt_time_model *model, int kind, int64_t group, int64_t bytes,
                     int64_t received, int link);
+
+/* Local. Seconds a rank spends copying `copied` bytes and reducing `reduced`
+ * bytes in its own memory.
+ *
+ *   double t = mt_time_local(&m, step->copy_bytes, step->reduce_bytes);
+ */
+double mt_time_local(const mt_time_model *model, int64_t copied, int64_t reduced);
 
 /* Local. Seconds of a linear exchange in which the busiest rank sends or receives
  * `messages` messages and `bytes` bytes on `link` (MPI_Alltoallw), plus `call`. */
