@@ -105,7 +105,8 @@ typedef struct score {
   int64_t bytes;
   int64_t messages;
   double time;
-  double later_time;
+  double later_time;  /* the later reductions' messages and bytes on the wire */
+  double later_local; /* and their local pass, which reducing now pays in `time` */
 } score;
 
 typedef struct engine {
@@ -890,7 +891,7 @@ static int64_t later_cost(const engine *e, const int *choice) {
 
 /* The same estimate in seconds under the engine's model: each reduce-scatter
  * takes the output one rank holds at that point over its group, on the link its
- * groups use, and reduces what it receives. */
+ * groups use. */
 static double later_time(const engine *e, const int *choice) {
   int64_t held = e->out_numel, stride = e->mesh_numel;
   for (int m = 0; m < e->mesh_ndim; ++m) {
@@ -904,9 +905,27 @@ static double later_time(const engine *e, const int *choice) {
     if (!e->dims[m].c[choice[m]].creates) continue;
     int64_t vector = sat_mul(held, e->out_itemsize);
     int link = mt_time_link(e->model, e->mesh_numel, g, stride);
-    int64_t others = vector - vector / g;
-    t += mt_time_coll(e->model, MT_TIME_REDUCE_SCATTER, g, vector, others, link) +
-         mt_time_local(e->model, 0, others);
+    t += mt_time_coll(e->model, MT_TIME_REDUCE_SCATTER, g, vector, vector - vector / g, link);
+    held = held / g + (held % g != 0);
+  }
+  return t;
+}
+
+/* The local pass of reducing later every Partial of the output, created by the
+ * operation or kept from an input: mesh dim by mesh dim, each reduce-scatter
+ * reduces what a rank receives of the output it holds then. */
+static double later_local(const engine *e, const int *choice) {
+  int64_t held = e->out_numel;
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    int64_t g = e->in->mesh_shape[m];
+    if (e->dims[m].c[choice[m]].out.kind == MT_PLACEMENT_SHARD) held = held / g + (held % g != 0);
+  }
+  double t = 0.0;
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    int64_t g = e->in->mesh_shape[m];
+    if (e->dims[m].c[choice[m]].out.kind != MT_PLACEMENT_PARTIAL) continue;
+    int64_t vector = sat_mul(held, e->out_itemsize);
+    t += mt_time_local(e->model, 0, vector - vector / g);
     held = held / g + (held % g != 0);
   }
   return t;
@@ -954,6 +973,7 @@ static int score_combo(engine *e, const int *choice, int full, score *s, int *va
   s->cost = cost_of(s->bytes, s->messages);
   s->later = later_cost(e, choice);
   s->later_time = later_time(e, choice);
+  s->later_local = later_local(e, choice);
   *valid = 1;
   return MT_OK;
 }
@@ -971,14 +991,22 @@ static int better(const score *a, const score *b) {
   return a->messages < b->messages;
 }
 
+/* What a combination is timed by: its moves now and the local pass of every
+ * reduction its output leaves pending. Each Partial is reduced sooner or later,
+ * and reducing one now is charged its local pass in `time`; charging deferral
+ * the same keeps that pass from favouring it, so the later messages decide
+ * between reducing now and later. */
+static double now_time(const score *s) { return s->time + s->later_local; }
+
 /* Whether `a` is faster than `b` under the engine's model, the rule among the
  * combinations that move no more bytes than the one `better` picks: free first
  * and fewer changes among free ones as there, then the predicted time of the
- * moves now, of the reductions later, fewer bytes, fewer messages. */
+ * moves now (now_time), of the reductions' messages later, fewer bytes, fewer
+ * messages. */
 static int faster(const score *a, const score *b) {
   if (a->comm != b->comm) return a->comm < b->comm;
   if (!a->comm && a->changes != b->changes) return a->changes < b->changes;
-  int order = time_cmp(a->time, b->time);
+  int order = time_cmp(now_time(a), now_time(b));
   if (order == 0) order = time_cmp(a->later_time, b->later_time);
   if (order != 0) return order < 0;
   if (a->bytes != b->bytes) return a->bytes < b->bytes;
@@ -1079,7 +1107,7 @@ static int search_timed(engine *e, bounded *list, int64_t n, int *best, score *b
   int64_t cap = best_s->bytes;
   qsort(list, (size_t)n, sizeof *list, cmp_timed);
   for (int64_t k = 0; k < n; ++k) {
-    if (list[k].lb_time > best_s->time * (1.0 + 2e-6)) break;
+    if (list[k].lb_time > now_time(best_s) * (1.0 + 2e-6)) break;
     if (list[k].lb_bytes > cap) continue;
     int choice[MT_MAX_MESH_NDIM] = {0}, valid;
     score s;
