@@ -240,17 +240,17 @@ calibrate: install
 
 # Whether the time model ranks candidate plans as they measure
 # (benchmarks/plan_ranking.py): every 1-D transition and (2,2) pair at 4 ranks, over
-# shared memory and then over TCP, each printing its mismatches and a summary.
+# shared memory and then over TCP, each printing its mismatches and a summary; the
+# JSON goes to benchmarks/results/CPU/ and its summary into docs/performance.md.
 # It times: run it on a quiet machine. PLAN_RANKING_ARGS="--sizes 1KiB --reps 3"
 # for a smoke run; `plan_ranking.py --replay FILE [--table T]` ranks a run's stored
 # times under another model without timing again.
 PLAN_RANKING_ARGS ?=
 plan-ranking: install
-	@mkdir -p benchmarks/results
-	$(MPIRUN) 4 $(PY) benchmarks/plan_ranking.py --link shm \
-	  --out benchmarks/results/plan-ranking-shm.json $(PLAN_RANKING_ARGS)
-	$(MPIRUN) 4 --mca btl self,tcp $(PY) benchmarks/plan_ranking.py --link net \
-	  --out benchmarks/results/plan-ranking-tcp.json $(PLAN_RANKING_ARGS)
+	$(MPIRUN) 4 $(PY) benchmarks/plan_ranking.py --link shm $(PLAN_RANKING_ARGS)
+	$(MPIRUN) 4 --mca btl self,tcp $(PY) benchmarks/plan_ranking.py --link net --label tcp \
+	  $(PLAN_RANKING_ARGS)
+	$(PY) benchmarks/tables.py
 
 clean:
 	rm -rf build $(VENV) $(ASAN_VENV)

@@ -22,8 +22,10 @@ prices every step on the network class (each rank its own node), as a run over
 `--mca btl self,tcp` moves every byte through TCP. Each candidate is timed --reps
 times, fewer (at least 3) once the slowest rank has spent --budget seconds on it,
 which keeps a run at 4 ranks to minutes per link class. It times: run it on a
-quiet machine. Prints the machine, then the mismatches and a summary; --out
-writes every figure as JSON.
+quiet machine. Prints the machine, then the mismatches and a summary, and writes
+every figure as JSON (--out; by default benchmarks/results/<cpu>/
+plan_ranking_<label>-np<N>.json, which benchmarks/tables.py summarises in
+docs/performance.md).
 
 `--replay FILE` times nothing and needs no mpiexec: it plans the transitions of
 a file --out wrote again, under the built-in model or the table --table names,
@@ -44,7 +46,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import git_revision, machine, machine_line  # noqa: E402
+from _common import git_revision, machine, machine_line, result_path  # noqa: E402
 
 import mpitensor as mt  # noqa: E402
 from mpitensor import Partial, Replicate, Shard, _C, _timemodel  # noqa: E402
@@ -271,7 +273,8 @@ def main() -> int:
                     help="the link class the run exercises: net prices every step "
                          "on the network (run it over --mca btl self,tcp)")
     ap.add_argument("--label", help="the transport, for the output (default: --link)")
-    ap.add_argument("--out", help="JSON file for every figure")
+    ap.add_argument("--out", help="JSON file for every figure (default: "
+                    "benchmarks/results/<cpu>/plan_ranking_<label>-np<N>.json)")
     ap.add_argument("--replay", help="a JSON file --out wrote: rank its measurements "
                     "under the current model, timing nothing")
     ap.add_argument("--table", help="with --replay: the calibrated table to rank by "
@@ -294,10 +297,12 @@ def main() -> int:
               f"the model's choice measured more than {args.tolerance:.0%} slower than "
               f"the fastest in {mismatches}; {disagreements} candidate pairs ordered "
               f"the other way; {time.perf_counter() - started:.0f} s")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"machine": info, "transport": args.label, "link": args.link,
-                           "ranks": comm.size, "records": records}, f, indent=1)
+        out = args.out or result_path(f"plan_ranking_{args.label}-np{comm.size}.json")
+        with open(out, "w") as f:
+            json.dump({"machine": info, "transport": args.label, "link": args.link,
+                       "ranks": comm.size, "tolerance": args.tolerance,
+                       "records": records}, f, indent=1)
+        print(f"wrote {out}")
     return 0
 
 

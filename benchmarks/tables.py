@@ -252,6 +252,30 @@ def autograd(results: dict) -> str:
     return "\n".join(out)
 
 
+def plan_ranking(results: dict) -> str:
+    """Per transport: how often the time model's choice measured slower than the
+    fastest candidate plan, by tensor size (make plan-ranking)."""
+    runs = [(kind[len("plan_ranking_"):], n, data)
+            for (kind, n, torch), data in sorted(results.items())
+            if kind.startswith("plan_ranking_")]
+    if not runs:
+        return ""
+    sizes = sorted({r["bytes"] for _, _, d in runs for r in d["records"]})
+    rows = []
+    for label, n, data in runs:
+        cells = []
+        for b in sizes:
+            got = [r for r in data["records"] if r["bytes"] == b]
+            cells.append(f"{sum(r['mismatch'] for r in got)} / {len(got)}" if got else "")
+        bad = sum(r["mismatch"] for r in data["records"])
+        rows.append([label, n, *cells, f"{bad} / {len(data['records'])}"])
+    tol = runs[0][2].get("tolerance", 0.10)
+    return (f"Transitions (every 1-D one and every (2, 2) pair with more than one candidate "
+            f"plan) whose chosen plan measured more than {tol:.0%} slower than the fastest "
+            f"candidate, by tensor size\n\n"
+            + table(["transport", "np", *[size(b) for b in sizes], "all"], rows))
+
+
 def median(values: list) -> float:
     v = sorted(values)
     return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
@@ -259,7 +283,8 @@ def median(values: list) -> float:
 
 TABLES = {"conditions": conditions, "redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
-          "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd}
+          "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
+          "plan_ranking": plan_ranking}
 
 
 def figures(name: str, cpu: str, results: dict, plots: str) -> str:
