@@ -47,7 +47,7 @@ from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import peak_rss_growth
 
 from _common import (git_revision, result_path, init_gloo, machine,  # benchmarks/ is sys.path[0]
-                     machine_line)
+                     machine_line, page_aligned)
 
 KiB, MiB = 1024, 1024 * 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -148,10 +148,13 @@ class Case:
         self.lshape, self.gshape = lshape, gshape
         self.oshape = output_shape(name, gshape, n)
         rng = np.random.default_rng(1234 + rank)
+        # Every buffer starts on a page (page_aligned says why): the input that
+        # mpitensor and the raw call share, and the raw call's output.
+        local = page_aligned(lshape)
         if src == "R":  # a replica must be the same on every rank
-            local = np.random.default_rng(1234).standard_normal(lshape)
+            local[...] = np.random.default_rng(1234).standard_normal(lshape)
         else:
-            local = rng.standard_normal(lshape)
+            local[...] = rng.standard_normal(lshape)
         self.local = local
         self.bytes = local.nbytes
         self.dst_pl = [mt_placement(dst)]
@@ -162,23 +165,23 @@ class Case:
         send = local.reshape(-1)
         self.variants = {"mt": self.run_mt}
         if name in ("S0->R", "S1->R"):
-            recv = np.empty(n * e)
+            recv = page_aligned(n * e)
             self.raw = lambda: comm.Allgather([send, MPI.DOUBLE], [recv, MPI.DOUBLE])
         elif name == "P->R":
-            recv = np.empty(e)
+            recv = page_aligned(e)
             self.raw = lambda: comm.Allreduce([send, MPI.DOUBLE], [recv, MPI.DOUBLE], MPI.SUM)
         elif name in ("P->S0", "P->S1"):
-            recv = np.empty(e // n)
+            recv = page_aligned(e // n)
             self.raw = lambda: comm.Reduce_scatter_block([send, MPI.DOUBLE],
                                                          [recv, MPI.DOUBLE], MPI.SUM)
         elif name == "S0->S1":
-            recv = np.empty(e)
+            recv = page_aligned(e)
             self.raw = lambda: comm.Alltoall([send, MPI.DOUBLE], [recv, MPI.DOUBLE])
             self.variants["np_a2a"] = self.run_np_a2a
         elif name == "R->S0":
             rows = gshape[0] // n
             chunk = local[rank * rows:(rank + 1) * rows]
-            recv = np.empty_like(chunk)
+            recv = page_aligned(chunk.shape)
             self.raw = lambda: np.copyto(recv, chunk)
         recv.fill(0.0)  # preallocated means resident: no first-touch page faults inside
         self.recv = recv
