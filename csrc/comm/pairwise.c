@@ -10,7 +10,7 @@
  * output and copied to their places in a second pass over all of it.
  *
  * Here, in step s = 1 .. G-1, member `me` sends to member me + s and receives from
- * member me - s, one chunk of about 256 KiB at a time, two in flight each way,
+ * member me - s, one chunk of about 1 MiB at a time, two in flight each way,
  * into one of two staging chunks; each chunk is consumed (reduced into the output,
  * or copied to its place in the output) as soon as it arrives, while it is still
  * in cache. The bytes and the partners are the ring's: every member sends every
@@ -31,9 +31,11 @@
  * chunks from one peer match in the order they were sent. */
 #define PAIR_TAG 0x6d72
 
-/* Bytes per chunk: the two staging chunks stay in a core's L2 cache (512 KiB on
- * the CPUs this runs on) while they are consumed. */
-#define CHUNK_BYTES ((int64_t)256 << 10)
+/* Bytes per chunk. Every chunk is a rendezvous of its own (the receiver asks,
+ * then copies it out of the sender's memory), whose round trip, and on a loaded
+ * machine the wait for the peer to be scheduled, cost more than placing a chunk
+ * from beyond the L2: a block of up to 1 MiB travels as one message. */
+#define CHUNK_BYTES ((int64_t)1 << 20)
 
 /* A block that travels in chunks: `rows` rows of `row_bytes` bytes, contiguous,
  * `per` rows a chunk. */
@@ -187,7 +189,7 @@ static int step(side *to, side *from, const consumer *u, char *stage, int64_t st
 }
 
 /* Room for four staging chunks of `stride` bytes (two to receive, two to pack
- * sends), of one size for every step up to 256 KiB chunks, so that the pool hands
+ * sends), of one size for every step up to 1 MiB chunks, so that the pool hands
  * the same resident block to every call. */
 static size_t stage_bytes(int64_t stride) {
   return (size_t)(4 * (stride > CHUNK_BYTES ? stride : CHUNK_BYTES));
