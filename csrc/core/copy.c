@@ -39,46 +39,36 @@
 #if MT__VECTOR_COPY
 #define AVX2 __attribute__((target("avx2")))
 
-/* 128 bytes a turn, the rest by memcpy; unaligned loads and stores, since rows
- * of a box start anywhere. */
-AVX2 static void copy_avx2(char *d, const char *s, int64_t n) {
-  int64_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(s + i));
-    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 32));
-    __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 64));
-    __m256i e = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 96));
-    _mm256_storeu_si256((__m256i *)(void *)(d + i), a);
-    _mm256_storeu_si256((__m256i *)(void *)(d + i + 32), b);
-    _mm256_storeu_si256((__m256i *)(void *)(d + i + 64), c);
-    _mm256_storeu_si256((__m256i *)(void *)(d + i + 96), e);
-  }
-  memcpy(d + i, s + i, (size_t)(n - i));
+/* Bytes from `d` up to its next `align`-byte boundary, at most `n`: streaming
+ * stores need an aligned destination, so that head goes by memcpy. */
+static int64_t head_of(const char *d, int64_t align, int64_t n) {
+  int64_t head = (int64_t)((uintptr_t)align - (uintptr_t)d % (uintptr_t)align) % align;
+  return head < n ? head : n;
 }
 
-/* Streaming stores need an aligned destination: the head up to the first
- * 32-byte boundary and the tail go by memcpy. */
-AVX2 static void stream_avx2(char *d, const char *s, int64_t n) {
-  int64_t head = (int64_t)((32 - ((uintptr_t)d & 31)) & 31), i = 0;
-  if (head > n) head = n;
+/* 128 bytes a turn, the rest by memcpy; unaligned loads and stores, since rows
+ * of a box start anywhere, or streaming stores from an aligned destination. */
+AVX2 static void copy_avx2(char *d, const char *s, int64_t n, int stream) {
+  int64_t head = stream ? head_of(d, 32, n) : 0, i = 0;
   memcpy(d, s, (size_t)head);
   d += head, s += head, n -= head;
   for (; i + 128 <= n; i += 128) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)(s + i));
-    __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 32));
-    __m256i c = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 64));
-    __m256i e = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 96));
-    _mm256_stream_si256((__m256i *)(void *)(d + i), a);
-    _mm256_stream_si256((__m256i *)(void *)(d + i + 32), b);
-    _mm256_stream_si256((__m256i *)(void *)(d + i + 64), c);
-    _mm256_stream_si256((__m256i *)(void *)(d + i + 96), e);
+    __m256i v[4];
+    for (int64_t k = 0; k < 4; ++k)
+      v[k] = _mm256_loadu_si256((const __m256i *)(const void *)(s + i + 32 * k));
+    for (int64_t k = 0; k < 4; ++k) {
+      if (stream)
+        _mm256_stream_si256((__m256i *)(void *)(d + i + 32 * k), v[k]);
+      else
+        _mm256_storeu_si256((__m256i *)(void *)(d + i + 32 * k), v[k]);
+    }
   }
   memcpy(d + i, s + i, (size_t)(n - i));
 }
 
+/* The same with 16-byte registers, which every x86-64 CPU has. */
 static void copy_sse2(char *d, const char *s, int64_t n, int stream) {
-  int64_t head = stream ? (int64_t)((16 - ((uintptr_t)d & 15)) & 15) : 0, i = 0;
-  if (head > n) head = n;
+  int64_t head = stream ? head_of(d, 16, n) : 0, i = 0;
   memcpy(d, s, (size_t)head);
   d += head, s += head, n -= head;
   for (; i + 64 <= n; i += 64) {
@@ -95,24 +85,28 @@ static void copy_sse2(char *d, const char *s, int64_t n, int stream) {
   memcpy(d + i, s + i, (size_t)(n - i));
 }
 
-/* The run copy for this CPU: streaming or not. */
-static void copy_run(char *d, const char *s, int64_t n, int stream) {
-  int avx2 = __builtin_cpu_supports("avx2");
-  if (avx2 && stream)
-    stream_avx2(d, s, n);
-  else if (avx2)
-    copy_avx2(d, s, n);
+#endif
+
+void mt__copy_run_isa(char *d, const char *s, int64_t n, int stream, int avx2) {
+#if MT__VECTOR_COPY
+  if (avx2)
+    copy_avx2(d, s, n, stream);
   else
     copy_sse2(d, s, n, stream);
-}
+#else
+  (void)stream, (void)avx2;
+  memcpy(d, s, (size_t)n);
 #endif
+}
 
 void mt__copy_runs(char *d, const char *s, int64_t n, int64_t ds, int64_t ss,
                    int64_t run, int64_t dst_bytes) {
 #if MT__VECTOR_COPY
   int stream = dst_bytes >= STREAM_MIN && run >= STREAM_RUN;
   if (stream || run >= VECTOR_MIN) {
-    for (int64_t i = 0; i < n; ++i) copy_run(d + i * ds, s + i * ss, run, stream);
+    int avx2 = __builtin_cpu_supports("avx2");
+    for (int64_t i = 0; i < n; ++i)
+      mt__copy_run_isa(d + i * ds, s + i * ss, run, stream, avx2);
     /* Streaming stores are weakly ordered: they must be visible before anything
      * that follows hands the destination to another process. */
     if (stream) _mm_sfence();

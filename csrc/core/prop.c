@@ -889,15 +889,22 @@ static int64_t later_cost(const engine *e, const int *choice) {
   return cost_of(db, dm);
 }
 
-/* The same estimate in seconds under the engine's model: each reduce-scatter
- * takes the output one rank holds at that point over its group, on the link its
- * groups use. */
-static double later_time(const engine *e, const int *choice) {
-  int64_t held = e->out_numel, stride = e->mesh_numel;
+/* The elements of the output the rank at coordinate 0 holds under `choice`:
+ * the largest share, as chunks shrink towards the end. */
+static int64_t held_output(const engine *e, const int *choice) {
+  int64_t held = e->out_numel;
   for (int m = 0; m < e->mesh_ndim; ++m) {
     int64_t g = e->in->mesh_shape[m];
     if (e->dims[m].c[choice[m]].out.kind == MT_PLACEMENT_SHARD) held = held / g + (held % g != 0);
   }
+  return held;
+}
+
+/* The same estimate in seconds under the engine's model: each reduce-scatter
+ * takes the output one rank holds at that point over its group, on the link its
+ * groups use. */
+static double later_time(const engine *e, const int *choice) {
+  int64_t held = held_output(e, choice), stride = e->mesh_numel;
   double t = 0.0;
   for (int m = 0; m < e->mesh_ndim; ++m) {
     int64_t g = e->in->mesh_shape[m];
@@ -915,11 +922,7 @@ static double later_time(const engine *e, const int *choice) {
  * operation or kept from an input: mesh dim by mesh dim, each reduce-scatter
  * reduces what a rank receives of the output it holds then. */
 static double later_local(const engine *e, const int *choice) {
-  int64_t held = e->out_numel;
-  for (int m = 0; m < e->mesh_ndim; ++m) {
-    int64_t g = e->in->mesh_shape[m];
-    if (e->dims[m].c[choice[m]].out.kind == MT_PLACEMENT_SHARD) held = held / g + (held % g != 0);
-  }
+  int64_t held = held_output(e, choice);
   double t = 0.0;
   for (int m = 0; m < e->mesh_ndim; ++m) {
     int64_t g = e->in->mesh_shape[m];

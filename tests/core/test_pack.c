@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "core-private.h"
 #include "mpitensor/dtype.h"
 #include "mpitensor/layout.h"
 #include "mpitensor/pack.h"
@@ -303,6 +304,38 @@ static void test_copy_bytes_sizes(void) {
   free(src);
   free(dst);
   free(ref);
+}
+
+/* Both vector loops (SSE2 always, AVX2 where the CPU has it), with ordinary and
+ * streaming stores, at every size around their 64- and 128-byte turns and every
+ * alignment of the destination: the CPU running the tests picks one loop only. */
+static void test_copy_loops(void) {
+  static const int64_t sizes[] = {1, 15, 63, 64, 65, 127, 128, 129, 255, 1000, 4099, 65537};
+  static const int64_t shifts[][2] = {{0, 0}, {0, 1}, {5, 15}, {0, 16}, {3, 31}, {0, 33}};
+  enum { GUARD = 64, MOST = 65537 + 64 };
+  static char src[MOST], dst[MOST + 2 * GUARD], ref[MOST + 2 * GUARD];
+  uint64_t rng = 99;
+  fill_random(src, MOST, &rng);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  int isas = __builtin_cpu_supports("avx2") ? 2 : 1;
+#else
+  int isas = 1;
+#endif
+  for (int avx2 = 0; avx2 < isas; ++avx2) {
+    for (int stream = 0; stream < 2; ++stream) {
+      for (size_t i = 0; i < sizeof sizes / sizeof *sizes; ++i) {
+        for (size_t k = 0; k < sizeof shifts / sizeof *shifts; ++k) {
+          int64_t n = sizes[i], at = GUARD + shifts[k][1];
+          memset(dst, 0x33, sizeof dst);
+          memset(ref, 0x33, sizeof ref);
+          mt__copy_run_isa(dst + at, src + shifts[k][0], n, stream, avx2);
+          memcpy(ref + at, src + shifts[k][0], (size_t)n);
+          CHECK_MSG(memcmp(dst, ref, sizeof dst) == 0, "avx2 %d stream %d: %lld bytes, shifts %lld/%lld",
+                    avx2, stream, (long long)n, (long long)shifts[k][0], (long long)shifts[k][1]);
+        }
+      }
+    }
+  }
 }
 
 /* A column block of `rows` rows of `cols` elements placed into a destination of
@@ -679,6 +712,7 @@ int main(void) {
   test_copy_random();
   test_copy_cases();
   test_copy_bytes_sizes();
+  test_copy_loops();
   test_copy_column_blocks();
   test_reduce_ints_random();
   test_reduce_ints_wrap();
