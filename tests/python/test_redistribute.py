@@ -555,11 +555,28 @@ def test_peak_rss_growth_counts_what_a_call_allocates():
     assert peak_rss_growth(lambda: None) < 4 << 20
 
 
+def test_peak_rss_growth_sees_allocations_that_freed_memory_could_serve():
+    """Memory freed but kept resident by malloc does not hide an allocation: a
+    30 MiB free raises glibc's mmap threshold, two 20 MiB arrays then come from
+    its heap and leave 40 MiB of resident free space behind, which a 32 MiB array
+    would fill without a new page (the probe read 0 then)."""
+    if not _can_reset_peak_rss():
+        pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
+    freed = np.ones(30 << 17)
+    del freed
+    first, second = np.ones(20 << 17), np.ones(20 << 17)
+    del first, second
+    grown = peak_rss_growth(lambda: np.ones(1 << 22))
+    assert 32 << 20 <= grown < 40 << 20, grown
+
+
 def _check_peak_growth(src, dst, out_bytes_of):
     """The redistribute of 40 MiB per rank (above glibc's largest mmap threshold, so
     a temporary of that size always shows) from `src` to `dst` grows the process
     by at most its output (out_bytes_of(local input bytes)) and 4 MiB of staging
-    chunks, on every rank."""
+    chunks, on every rank, and 1 MiB besides: the blocks' page rounding and what
+    Open MPI touches of its own on a first exchange of that size (up to 0.8 MiB
+    per rank at 4 ranks)."""
     ok = COMM.allreduce(_can_reset_peak_rss(), MPI.LAND)
     if not ok:
         pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
@@ -569,7 +586,7 @@ def _check_peak_growth(src, dst, out_bytes_of):
     dt = DTensor.from_local(local, mesh, [src])
     COMM.Barrier()
     grown = peak_rss_growth(lambda: dt.redistribute(mesh, [dst]).to_local())
-    limit = out_bytes_of(local.nbytes) + 4 * 1024 * 1024
+    limit = out_bytes_of(local.nbytes) + 5 * 1024 * 1024
     worst = COMM.allreduce(grown, MPI.MAX)
     assert worst <= limit, f"peak grew by {worst / 2**20:.1f} MiB, limit {limit / 2**20:.1f}"
 
