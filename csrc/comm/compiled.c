@@ -85,6 +85,22 @@ static int compile_scatter(const mt_step *s, const int64_t *coord, int64_t isz,
   return MT_OK;
 }
 
+/* The box in layout `l` of each of the g peers along mesh dim m (m < 0: every
+ * member of the mesh, in mesh order), for direct copies between their arrays. */
+static void peer_boxes(const mt_mesh *mesh, const mt_layout *l, const int64_t *coord,
+                       int m, int64_t g, mt_box *out) {
+  int nd = mt_mesh_ndim(mesh);
+  for (int64_t q = 0; q < g; ++q) {
+    int64_t at[MT_MAX_MESH_NDIM], rest = q;
+    memcpy(at, coord, (size_t)nd * sizeof *at);
+    for (int d = nd - 1; m < 0 && d >= 0; --d) {
+      at[d] = rest % mt_mesh_dim_size(mesh, d);
+      rest /= mt_mesh_dim_size(mesh, d);
+    }
+    mt__box_at(l, at, m, q, &out[q]);
+  }
+}
+
 /* All-to-all or direct: every peer's boxes, then the exchange's datatypes. */
 static int compile_exchange(const mt_mesh *mesh, const mt_step *s, const int64_t *coord,
                             int64_t isz, mt__step_exec *e, mt_error *err) {
@@ -101,13 +117,18 @@ static int compile_exchange(const mt_mesh *mesh, const mt_step *s, const int64_t
   mt__exchange_peers(mesh, coord, s->mesh_dim, lin, &me);
   int rc =
       mt_exchange_boxes(&s->src, &s->dst, s->mesh_dim, coord, n, boxes, boxes + n, err);
+  mt_box *peers = rc == MT_OK ? malloc(2 * (size_t)e->group * sizeof *peers) : NULL;
+  if (rc == MT_OK && peers == NULL) rc = mt_error_set(err, MT_ENOMEM, "out of memory");
   if (rc == MT_OK) {
+    peer_boxes(mesh, &s->src, coord, s->mesh_dim, e->group, peers);
+    peer_boxes(mesh, &s->dst, coord, s->mesh_dim, e->group, peers + e->group);
     mt_box sb, tb;
     mt__box_at(&s->src, coord, -1, 0, &sb);
     mt__box_at(&s->dst, coord, -1, 0, &tb);
     rc = mt__exchange_build(&sb, &tb, boxes, boxes + n, lin, (int)e->group, me, isz,
-                            &e->x, err);
+                            peers, &e->x, err);
   }
+  free(peers);
   free(boxes);
   free(lin);
   return rc;

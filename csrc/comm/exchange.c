@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "comm-private.h"
+#include "direct-private.h"
 #include "exec-private.h"
 #include "mpitensor/pack.h"
 
@@ -86,23 +87,52 @@ static int peer_types(mt__exchange *x, const mt_box *send, const mt_box *recv,
 
 int mt__exchange_build(const mt_box *sb, const mt_box *tb, const mt_box *send,
                        const mt_box *recv, const int64_t *lin, int g, int me,
-                       int64_t itemsize, mt__exchange *x, mt_error *err) {
+                       int64_t itemsize, const mt_box *peers, mt__exchange *x,
+                       mt_error *err) {
   x->sb = *sb, x->tb = *tb, x->keep = recv[lin[me]];
   x->itemsize = itemsize, x->sent = 0;
+  x->direct = NULL;
   int rc = alloc_exchange(x, g, err);
+  if (rc == MT_OK && peers != NULL) {
+    x->direct = malloc(4 * (size_t)g * sizeof *x->direct);
+    if (x->direct == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+    for (int q = 0; q < g; ++q) {
+      x->direct[q] = recv[lin[q]], x->direct[g + q] = peers[q];
+      x->direct[2 * g + q] = send[lin[q]], x->direct[3 * g + q] = peers[g + q];
+    }
+  }
   return rc == MT_OK ? peer_types(x, send, recv, lin, me, err) : rc;
+}
+
+static void copy_keep(const mt__exchange *x, const void *in, void *out) {
+  if (mt_box_numel(&x->keep) == 0) return;
+  int64_t from[MT_MAX_NDIM], to[MT_MAX_NDIM];
+  for (int i = 0; i < x->keep.ndim; ++i) {
+    from[i] = x->keep.offset[i] - x->sb.offset[i];
+    to[i] = x->keep.offset[i] - x->tb.offset[i];
+  }
+  mt_copy_box(in, x->sb.shape, from, out, x->tb.shape, to, &x->keep, x->itemsize);
+}
+
+int mt__exchange_direct(const mt_mesh *mesh, const mt__exchange *x, int64_t step_bytes,
+                        const void *in, void *out, MPI_Comm comm, mt_error *err) {
+  /* Every member sees the same mesh, step and group, so all decide alike. */
+  if (x->direct == NULL || !mt_mesh_direct_read(mesh) ||
+      step_bytes < MT__DIRECT_MIN_BYTES * x->g) {
+    return 0;
+  }
+  int me = 0;
+  MPI_Comm_rank(comm, &me);
+  copy_keep(x, in, out);
+  int64_t g = x->g;
+  mt__direct_parts d = {x->direct, x->direct + g, x->direct + 2 * g, x->direct + 3 * g,
+                        &x->sb, &x->tb};
+  return mt__direct_step(comm, x->g, me, in, out, &d, x->itemsize, err);
 }
 
 int mt__exchange_post(const mt__exchange *x, const void *in, void *out, MPI_Comm comm,
                       MPI_Request *req, mt_error *err) {
-  if (mt_box_numel(&x->keep) > 0) {
-    int64_t from[MT_MAX_NDIM], to[MT_MAX_NDIM];
-    for (int i = 0; i < x->keep.ndim; ++i) {
-      from[i] = x->keep.offset[i] - x->sb.offset[i];
-      to[i] = x->keep.offset[i] - x->tb.offset[i];
-    }
-    mt_copy_box(in, x->sb.shape, from, out, x->tb.shape, to, &x->keep, x->itemsize);
-  }
+  copy_keep(x, in, out);
   int64_t g = x->g;
   const int *sc = x->ints, *sd = x->ints + g, *rc = x->ints + 2 * g, *rd = x->ints + 3 * g;
   const MPI_Datatype *st = x->types, *rt = x->types + g;
@@ -123,5 +153,6 @@ void mt__exchange_free(mt__exchange *x) {
   }
   free(x->types);
   free(x->ints);
-  x->types = NULL, x->ints = NULL, x->g = 0;
+  free(x->direct);
+  x->types = NULL, x->ints = NULL, x->direct = NULL, x->g = 0;
 }

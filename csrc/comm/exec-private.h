@@ -25,6 +25,10 @@ typedef struct mt__exchange {
   mt_box sb, tb, keep; /* keep: the box this rank receives from itself */
   int64_t itemsize;
   int64_t sent; /* bytes sent to other ranks */
+  /* For direct copies (NULL where the exchange has none): 4g boxes, g each of
+   * the part received from each peer, that peer's src box, the part sent to it
+   * and its dst box (mt__direct_parts). */
+  mt_box *direct;
 } mt__exchange;
 
 /* Local. The mesh position (lin) of each of this rank's `g` peers along mesh dim
@@ -34,15 +38,27 @@ void mt__exchange_peers(const mt_mesh *mesh, const int64_t *coord, int m, int64_
 
 /* Local. Builds the exchange in which this rank (index `me` among g peers of mesh
  * positions `lin`, with boxes `sb` and `tb`) sends send[lin[q]] to peer q and
- * receives recv[lin[q]] from it (the global boxes of mt_exchange_boxes). */
+ * receives recv[lin[q]] from it (the global boxes of mt_exchange_boxes).
+ * `peers` (2g boxes, or NULL: no direct copies) are the peers' src boxes, then
+ * their dst boxes, kept with the parts for direct copies (mt__exchange_direct). */
 int mt__exchange_build(const mt_box *sb, const mt_box *tb, const mt_box *send,
                        const mt_box *recv, const int64_t *lin, int g, int me,
-                       int64_t itemsize, mt__exchange *x, mt_error *err);
+                       int64_t itemsize, const mt_box *peers, mt__exchange *x,
+                       mt_error *err);
 
 /* Copies the kept part from `in` to `out`, then posts the MPI_Alltoallw on `comm`
  * (nonblocking into *req when req is not NULL). Collective on comm. */
 int mt__exchange_post(const mt__exchange *x, const void *in, void *out, MPI_Comm comm,
                       MPI_Request *req, mt_error *err);
+
+/* Blocking, collective on comm. Moves the exchange by direct copies where its
+ * mesh allows them (mt_mesh_direct_read) and `step_bytes` (the global tensor's)
+ * is large: the kept part copied, then every other part straight between the
+ * members' `in` and `out` (mt__direct_step). Returns 1 when done, 0 when the
+ * exchange must be posted through MPI instead, -1 with *err when a collective
+ * fails. The same answer on every member. */
+int mt__exchange_direct(const mt_mesh *mesh, const mt__exchange *x, int64_t step_bytes,
+                        const void *in, void *out, MPI_Comm comm, mt_error *err);
 
 /* Frees what the exchange holds (never after MPI_Finalize); accepts a zeroed one. */
 void mt__exchange_free(mt__exchange *x);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "comm-private.h"
+#include "direct-private.h"
 #include "mpitensor/agree.h"
 #include "mpitensor/counters.h"
 
@@ -29,6 +30,7 @@ struct mt_mesh {
   MPI_Comm mesh_comm;
   MPI_Comm dim_comm[MT_MAX_MESH_NDIM];
   mt_time_model model; /* plans on this mesh are ranked by it */
+  int direct; /* a created mesh: its members read each other's arrays (direct.c) */
 };
 
 /* Communicators are a scarce, process-wide MPI resource, so their count is
@@ -177,7 +179,10 @@ static int learn_nodes(mt_mesh *m, int64_t linear, mt_error *err) {
                     MPI_Allgather(&leader, 1, MPI_INT, node, 1, MPI_INT, m->mesh_comm));
   if (rc == MPI_SUCCESS) m->model.ranks_per_node = ranks_per_node(node, n);
   free(node);
-  return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Allgather");
+  if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Allgather");
+  /* Every member sees the same table, so all probe or none does. */
+  if (m->model.ranks_per_node == 0) return mt__direct_probe(m->mesh_comm, (int)n, &m->direct, err);
+  return MT_OK;
 }
 
 /* What every rank must pass alike: the shape and the ranks. */
@@ -307,6 +312,8 @@ int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
 }
 
 const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh) { return &mesh->model; }
+
+int mt_mesh_direct_read(const mt_mesh *mesh) { return mesh->root->direct; }
 
 int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model, mt_error *err) {
   mt_time_model next = *model;

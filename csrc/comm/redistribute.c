@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "comm-private.h"
+#include "direct-private.h"
 #include "exec-private.h"
 #include "mpi-types-private.h"
 #include "mpitensor/agree.h"
@@ -79,6 +80,13 @@ static int64_t leading(const mt_box *b, int d) {
 
 static int shard_dim(const mt_layout *l, int m) { return l->placements[m].dim; }
 
+/* The global tensor's bytes: the same on every rank, so a choice made by it is. */
+static int64_t step_bytes(const exec_ctx *c, const mt_layout *l) {
+  int64_t n = c->itemsize;
+  for (int i = 0; i < l->ndim; ++i) n *= l->shape[i];
+  return n;
+}
+
 static MPI_Comm dim_comm(const exec_ctx *c, int m) { return mt_mesh_dim_comm(c->mesh, m); }
 
 /* ---- all-gather: Shard(d) -> Replicate on one mesh dim ------------------------ */
@@ -116,9 +124,52 @@ static int gather_pairwise(const exec_ctx *c, pending *p, const mt_box *t, int *
   return fits;
 }
 
+/* The group's outputs (each the whole gathered tensor) beyond which an inner
+ * all-gather goes by pairwise exchanges rather than direct reads: the kernel
+ * writes with ordinary stores, which read every line of an output that no
+ * longer fits in cache before writing it, where the pairwise placement streams
+ * (mt_copy_bytes). Measured: from 16 MiB in all, direct reads lose. */
+#define GATHER_DIRECT_MAX_BYTES ((int64_t)16 << 20)
+
+/* An all-gather along an inner dim by direct reads (direct.c), when it is
+ * blocking, its mesh allows them and its outputs are of a middle size: each
+ * member copies its own block into its place and reads every other one straight
+ * into its place, one pass for each where MPI takes two. 1 when done (or failed,
+ * *rc set), 0 when it should go through MPI. */
+static int gather_direct(const exec_ctx *c, pending *p, const mt_box *t, int *rc,
+                         mt_error *err) {
+  const mt__step_exec *e = p->e;
+  int m = p->step->mesh_dim;
+  int64_t out_bytes = step_bytes(c, &p->step->dst);
+  if (c->nonblocking || !mt_mesh_direct_read(c->mesh) || e->group > MT__DIRECT_MAX_GROUP ||
+      out_bytes < MT__DIRECT_MIN_BYTES * e->group ||
+      out_bytes > GATHER_DIRECT_MAX_BYTES / e->group) {
+    return 0;
+  }
+  /* Every member's block goes to every other member's output box. */
+  mt_box blocks[MT__DIRECT_MAX_GROUP], outs[MT__DIRECT_MAX_GROUP];
+  for (int64_t k = 0; k < e->group; ++k) {
+    box_at(c, &p->step->src, m, k, &blocks[k]);
+    box_at(c, &p->step->dst, m, k, &outs[k]);
+  }
+  const mt_box *own = &blocks[c->coord[m]];
+  if (mt_box_numel(own) > 0) {
+    int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
+    for (int i = 0; i < t->ndim; ++i) at[i] = own->offset[i] - t->offset[i];
+    mt_copy_box(p->in, own->shape, zero, p->out, t->shape, at, own, c->itemsize);
+  }
+  mt_box sends[MT__DIRECT_MAX_GROUP];
+  for (int64_t k = 0; k < e->group; ++k) sends[k] = *own;
+  mt__direct_parts d = {blocks, blocks, sends, outs, own, t};
+  int done = mt__direct_step(dim_comm(c, m), (int)e->group, (int)c->coord[m],
+                             p->in, p->out, &d, c->itemsize, err);
+  if (done < 0) *rc = MT_EMPI;
+  return done != 0;
+}
+
 /* Blocks are consecutive slabs of the gathered box when every dim before d has
- * extent 1; else they are placed chunk by chunk (gather_pairwise) or arrive in a
- * staging buffer and are placed in finish. */
+ * extent 1; else they are read directly (gather_direct), placed chunk by chunk
+ * (gather_pairwise) or arrive in a staging buffer and are placed in finish. */
 static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   const mt_step *s = p->step;
   const mt__step_exec *e = p->e;
@@ -127,7 +178,7 @@ static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   box_at(c, &s->dst, -1, 0, &t);
   void *recv = p->out;
   int inner = leading(&t, shard_dim(&s->src, m)) != 1, rc = MT_OK;
-  if (inner && gather_pairwise(c, p, &t, &rc, err)) {
+  if (inner && (gather_direct(c, p, &t, &rc, err) || gather_pairwise(c, p, &t, &rc, err))) {
     if (rc == MT_OK) {
       mt__count(c->mesh, MT_COLL_ALL_GATHER,
                 (int64_t)e->ints[c->coord[m]] * e->unit_bytes * (e->group - 1));
@@ -190,7 +241,13 @@ static int start_exchange(const exec_ctx *c, pending *p, mt_error *err) {
   int m = p->step->mesh_dim;
   MPI_Comm comm = m >= 0 ? dim_comm(c, m) : MPI_COMM_NULL;
   int rc = m >= 0 ? MT_OK : mt_mesh_comm(c->mesh, &comm, err);
-  if (rc == MT_OK) {
+  int done = 0;
+  if (rc == MT_OK && !c->nonblocking) {
+    done = mt__exchange_direct(c->mesh, &p->e->x, step_bytes(c, &p->step->src), p->in,
+                               p->out, comm, err);
+    if (done < 0) rc = MT_EMPI;
+  }
+  if (rc == MT_OK && !done) {
     rc = mt__exchange_post(&p->e->x, p->in, p->out, comm,
                            c->nonblocking ? &p->req : NULL, err);
   }
@@ -664,8 +721,8 @@ static int selection_build(const exec_ctx *c, const mt_layout *src,
     box_at(c, src, -1, 0, &own);
     mt_selection_image(sel, &own, &sb);
     box_at(c, dst, -1, 0, &tb);
-    rc = mt__exchange_build(&sb, &tb, boxes, boxes + n, lin, (int)n, me, c->itemsize, x,
-                            err);
+    rc = mt__exchange_build(&sb, &tb, boxes, boxes + n, lin, (int)n, me, c->itemsize, NULL,
+                            x, err);
   }
   free(boxes);
   free(lin);

@@ -392,7 +392,14 @@ static PyObject *mesh_set_time_model(MeshObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+static PyObject *mesh_direct_read(MeshObject *self, PyObject *unused) {
+  return PyBool_FromLong(mt_mesh_direct_read(self->mesh));
+}
+
 static PyMethodDef mesh_methods[] = {
+    {"direct_read", (PyCFunction)mesh_direct_read, METH_NOARGS,
+     "Whether large steps copy parts straight between the members' arrays "
+     "(mt_mesh_direct_read). Local."},
     {"time_model", (PyCFunction)mesh_time_model, METH_NOARGS,
      "(alpha_shm, beta_shm, alpha_net, beta_net, call, copy, reduce, ranks_per_node): "
      "how plans on this mesh are ranked; ranks_per_node from MPI_Comm_split_type (0: one node). Local."},
@@ -463,7 +470,16 @@ static PyObject *default_time_model(PyObject *self, PyObject *unused) {
   return mt_ext_time_model_tuple(&m);
 }
 
+static PyObject *direct_fail_next(PyObject *module, PyObject *arg) {
+  long n = PyLong_AsLong(arg);
+  if (n == -1 && PyErr_Occurred()) return NULL;
+  return PyLong_FromLong(mt_direct_fail_next((int)n));
+}
+
 PyMethodDef mt_ext_mesh_methods[] = {
+    {"direct_fail_next", direct_fail_next, METH_O,
+     "direct_fail_next(n) -> the failures asked before and not yet taken: for tests, "
+     "the next n direct copies of this process fail (mt_direct_fail_next). Local."},
     {"default_time_model", default_time_model, METH_NOARGS,
      "The built-in time model (alpha_shm, beta_shm, alpha_net, beta_net, "
      "call, copy, reduce, ranks_per_node): one node. Local."},

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "io-private.h"
+#include "mpitensor/mesh.h"
 #include "mpitensor/pool.h"
 
 /* Bytes and iovecs per process_vm_readv: the kernel moves at most about 2 GiB per
@@ -60,24 +61,6 @@ typedef struct peer {
  * two threads of the first rank (it may use two CPUs), or the main threads of the
  * first two ranks (each bound to a CPU of its own, as Open MPI binds two ranks). */
 enum { NOBODY, THREADS, PAIR };
-
-/* This process's token: its pid, the clock at first use and the token's own
- * address, so that no other process holds the same value at the same place. It
- * names the process, so it is process-wide by nature: set once (an atomic
- * compare-and-swap from 0, so concurrent first saves agree on it), read after. */
-static _Atomic int64_t token;
-
-static int64_t my_token(void) {
-  int64_t t = atomic_load(&token);
-  if (t != 0) return t;
-  struct timespec ts;
-  timespec_get(&ts, TIME_UTC);
-  t = ((int64_t)getpid() << 32) ^ (int64_t)ts.tv_nsec ^ ((int64_t)ts.tv_sec << 20) ^
-      (int64_t)(intptr_t)&token;
-  int64_t zero = 0;
-  atomic_compare_exchange_strong(&token, &zero, t != 0 ? t : 1);
-  return atomic_load(&token);
-}
 
 typedef struct gather {
   const mt__slab_io *s;
@@ -180,8 +163,9 @@ static int decide(gather *g, int rc, const void *buf) {
       may == 0 || g->peers == NULL) {
     return NOBODY;
   }
-  peer mine = {(int64_t)getpid(), (int64_t)(intptr_t)buf, (int64_t)(intptr_t)&token,
-               my_token(), rc == MT_OK, 1, -1};
+  const int64_t *token = mt_process_token();
+  peer mine = {(int64_t)getpid(), (int64_t)(intptr_t)buf, (int64_t)(intptr_t)token, *token,
+               rc == MT_OK, 1, -1};
   cpu_info(&mine.cpus, &mine.cpu);
   int bytes = (int)sizeof mine;
   if (MPI_Allgather(&mine, bytes, MPI_BYTE, g->peers, bytes, MPI_BYTE, s->comm) !=

@@ -41,7 +41,8 @@ PURE = {"core", "kernels"}
 ALLOWED_STATE = {
     ("pool.c.o", "lock"), ("pool.c.o", "slots"), ("pool.c.o", "cached"),
     ("pool.c.o", "limit"), ("mesh.c.o", "live_comms"), ("mpi_types.c.o", "user_ops"),
-    ("mpi_types.c.o", "user_state"), ("io_gather.c.o", "token"),
+    ("mpi_types.c.o", "user_state"), ("direct.c.o", "token"),
+    ("direct.c.o", "failures_asked"),
     ("watchdog.c.o", "mt__waiting_in"), ("watchdog.c.o", "mt__waits"),
     ("watchdog.c.o", "timeout_ms"), ("watchdog.c.o", "state"),
 }

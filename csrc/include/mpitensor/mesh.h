@@ -120,6 +120,28 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
                       const int64_t *send_counts, void *recv,
                       const int64_t *recv_counts, int64_t itemsize, mt_error *err);
 
+/* Local. Whether large steps between the mesh's members copy each part straight
+ * from one process's array into another's (Linux's process_vm_readv), one pass
+ * where MPI packs, copies and unpacks a strided part: the members are all on one
+ * node, none set MPITENSOR_DIRECT_READ=0, and each could read every other one when
+ * the mesh was made. A slice answers for the mesh it was cut from. Fixed for the
+ * mesh's life, and the same on every member: a step whose copy fails somewhere
+ * goes through MPI, agreed within its group, and the next one tries again (a
+ * flag turned off by one group would differ from another group's). */
+int mt_mesh_direct_read(const mt_mesh *mesh);
+
+/* Local. This process's token, at the address returned: a value no other process
+ * holds at that address (its pid, the clock at first use, the address), which a
+ * peer that read it with process_vm_readv knows it read from this process and not
+ * from another of the same pid (another node, another pid namespace). The same
+ * for the process's life; thread-safe. */
+const int64_t *mt_process_token(void);
+
+/* Local, for tests: the next `n` direct copies of this process fail (as one the
+ * kernel refused would), so that the agreed fallback to MPI can be exercised.
+ * Returns how many of the previous count were left untaken. */
+int mt_direct_fail_next(int n);
+
 /* Local. The time model that ranks plans on this mesh: the built-in costs until
  * mt_mesh_set_time_model, with ranks_per_node learnt when the mesh was created
  * (MPI_Comm_split_type SHARED; a slice derives its own). Owned by the mesh. */
