@@ -66,9 +66,10 @@ def _global(shape, dtype):
 
 
 # (mesh shape, global shape, src, dst, dtype, whether the direct path is taken).
-# Sizes are above 256 KiB per member on average (and, for inner all-gathers, the
-# group's outputs below 16 MiB); the (N, 8) cases copy runs shorter than 4 KiB in
-# the other process or in their own, which stay on MPI.
+# Sizes are above 16 KiB per member on average (and, for inner all-gathers, the
+# group's outputs below 16 MiB), but for the (W * 4, W * 64) case, which stays on
+# MPI as the (N, 8) cases do: they copy runs shorter than 4 KiB in the other
+# process or 512 bytes in their own.
 CASES = [
     ((W,), (W * 96 + 1, 700), [S0], [S1], np.float64, True),
     ((W,), (W * 96 + 1, 700), [S1], [S0], np.float64, True),
@@ -76,6 +77,8 @@ CASES = [
     ((W,), (W * 64, 1200), [S0], [S1], np.float32, True),
     ((W,), (W * 8 + 3, 20, 600), [S0], [S2], np.int64, True),
     ((W,), (W * 4, 40, 600), [S2], [S0], np.int64, True),
+    ((W,), (W * 16, W * 128), [S0], [S1], np.float64, True),
+    ((W,), (W * 4, W * 64), [S0], [S1], np.float64, False),
     ((W,), (W * 40000, 8), [S0], [S1], np.float64, False),
     ((W,), (W * 20000, 8), [S1], [R], np.float64, False),
 ]

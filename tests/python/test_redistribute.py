@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import mmap
 
 import numpy as np
 import pytest
@@ -545,29 +546,41 @@ def _can_reset_peak_rss() -> bool:
         return False
 
 
+def _fresh_pages(nbytes: int):
+    """`nbytes` of new anonymous memory, every page touched: what no allocator's
+    cache can serve."""
+    m = mmap.mmap(-1, nbytes)
+    np.frombuffer(m, dtype=np.uint8)[:] = 1
+    return m
+
+
 def test_peak_rss_growth_counts_what_a_call_allocates():
-    """The probe the peak-memory tests and benchmarks share sees a 32 MiB array
-    (above glibc's mmap threshold: fresh pages) and not a call that allocates none."""
+    """The probe the peak-memory tests and benchmarks share sees 32 MiB of new
+    pages, and next to nothing for a call that allocates none."""
     if not _can_reset_peak_rss():
         pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
-    grown = peak_rss_growth(lambda: np.ones(1 << 22))
+    grown = peak_rss_growth(lambda: _fresh_pages(32 << 20))
     assert 32 << 20 <= grown < 40 << 20, grown
     assert peak_rss_growth(lambda: None) < 4 << 20
 
 
-def test_peak_rss_growth_sees_allocations_that_freed_memory_could_serve():
-    """Memory freed but kept resident by malloc does not hide an allocation: a
-    30 MiB free raises glibc's mmap threshold, two 20 MiB arrays then come from
-    its heap and leave 40 MiB of resident free space behind, which a 32 MiB array
-    would fill without a new page (the probe read 0 then)."""
-    if not _can_reset_peak_rss():
+def test_peak_rss_growth_sees_what_the_pool_kept():
+    """A block the pool keeps for reuse does not hide the allocation it would
+    serve: the probe empties the pool first, so the second of two equal
+    redistributes grows the process by its 4 MiB output again (the probe read
+    nothing for it before)."""
+    if W == 1:
+        pytest.skip("a lone rank's Replicate -> Shard(0) keeps its array: nothing to allocate")
+    ok = COMM.allreduce(_can_reset_peak_rss(), MPI.LAND)
+    if not ok:
         pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
-    freed = np.ones(30 << 17)
-    del freed
-    first, second = np.ones(20 << 17), np.ones(20 << 17)
-    del first, second
-    grown = peak_rss_growth(lambda: np.ones(1 << 22))
-    assert 32 << 20 <= grown < 40 << 20, grown
+    mesh = mesh_of((W,))
+    dt = DTensor.from_local(np.ones((W * 512, 1024)), mesh, [R])
+    out = dt.redistribute(mesh, [S0]).to_local()
+    nbytes = out.nbytes
+    del out  # its block goes back to the pool
+    grown = peak_rss_growth(lambda: dt.redistribute(mesh, [S0]).to_local())
+    assert COMM.allreduce(grown - nbytes, MPI.MIN) >= 0
 
 
 def _check_peak_growth(src, dst, out_bytes_of):

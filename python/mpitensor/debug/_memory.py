@@ -39,9 +39,11 @@ def peak_rss_growth(fn: Callable[[], Any]) -> int:
     writing 5 to ``/proc/self/clear_refs``), so the figure includes what no Python
     tracer sees: MPI's and BLAS's own temporaries, and the block pool. Linux only:
     OSError where the mark cannot be reset (another system, a restricted
-    container). Memory cached for reuse (the block pool's, malloc's) is released
-    first, so the figure is what ``fn`` needs from a cold start. Local; the result
-    of ``fn`` is dropped.
+    container). The block pool's cached blocks, and what glibc can give back of
+    the memory it keeps, are released first, so that they do not serve ``fn``'s
+    allocations unseen; memory a thread's own malloc arena keeps still can, so
+    the figure is a lower bound of what ``fn`` needs from a cold start. Local;
+    the result of ``fn`` is dropped.
 
     Example::
 
@@ -53,7 +55,8 @@ def peak_rss_growth(fn: Callable[[], Any]) -> int:
     # a new page, and the growth would read 0 for a call that allocates: blocks
     # the pool caches for reuse, and what glibc keeps (up to twice its mmap
     # threshold, which rises to 32 MiB after a large free). Both are handed back
-    # first, so every allocation shows.
+    # first; malloc_trim cannot shrink the top of an arena other than the main
+    # one, which the main thread uses after contention with other threads.
     _C.pool_set_limit(_C.pool_set_limit(0))
     if _malloc_trim is not None:
         _malloc_trim(0)
