@@ -587,9 +587,10 @@ def _check_peak_growth(src, dst, out_bytes_of):
     """The redistribute of 40 MiB per rank (above glibc's largest mmap threshold, so
     a temporary of that size always shows) from `src` to `dst` grows the process
     by at most its output (out_bytes_of(local input bytes)) and 4 MiB of staging
-    chunks, on every rank, and 1 MiB besides: the blocks' page rounding and what
-    Open MPI touches of its own on a first exchange of that size (up to 0.8 MiB
-    per rank at 4 ranks)."""
+    chunks, on every rank, and 8 MiB besides: the blocks' page rounding and what
+    Open MPI allocates and touches of its own for an exchange of that size (up to
+    0.8 MiB per rank at 4 ranks when run alone, 6 MiB once in the full suite),
+    well below the input- or output-sized temporary the test is there to catch."""
     ok = COMM.allreduce(_can_reset_peak_rss(), MPI.LAND)
     if not ok:
         pytest.skip("the peak RSS cannot be reset here (/proc/self/clear_refs)")
@@ -599,7 +600,7 @@ def _check_peak_growth(src, dst, out_bytes_of):
     dt = DTensor.from_local(local, mesh, [src])
     COMM.Barrier()
     grown = peak_rss_growth(lambda: dt.redistribute(mesh, [dst]).to_local())
-    limit = out_bytes_of(local.nbytes) + 5 * 1024 * 1024
+    limit = out_bytes_of(local.nbytes) + 12 * 1024 * 1024
     worst = COMM.allreduce(grown, MPI.MAX)
     assert worst <= limit, f"peak grew by {worst / 2**20:.1f} MiB, limit {limit / 2**20:.1f}"
 
