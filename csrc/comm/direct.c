@@ -88,7 +88,10 @@ int mt__direct_cheap(const mt_box *part, const mt_box *src, const mt_box *dst,
 }
 
 #if MT__HAVE_DIRECT
+/* Iovecs and bytes per system call: IOV_MAX is 1024 on Linux, and the kernel
+ * moves at most about 2 GiB per call (a longer one would stop short). */
 #define BATCH 512
+#define BATCH_BYTES ((int64_t)1 << 30)
 
 /* An address as a peer sent it, or this process's own: never dereferenced here
  * when it is a peer's, only handed to the kernel. */
@@ -133,7 +136,7 @@ int mt__direct_copy(int64_t pid, int push, uint64_t local, const mt_box *local_b
     /* Each list stops at BATCH entries; the batch is as long as the shorter. */
     int nl = 0, nr = 0;
     runs l0 = l;
-    int64_t have = fill(&l, address(local), liov, &nl, INT64_MAX);
+    int64_t have = fill(&l, address(local), liov, &nl, BATCH_BYTES);
     int64_t want = fill(&r, address(remote), riov, &nr, have);
     if (want < have) {
       l = l0;

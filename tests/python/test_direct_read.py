@@ -69,7 +69,8 @@ def _global(shape, dtype):
 # Sizes are above 16 KiB per member on average (and, for inner all-gathers, the
 # group's outputs below 16 MiB), but for the (W * 4, W * 64) case, which stays on
 # MPI as the (N, 8) cases do: they copy runs shorter than 4 KiB in the other
-# process or 512 bytes in their own.
+# process or 512 bytes in their own. Copies of more than 512 runs take several
+# system calls, whose batches end inside runs.
 CASES = [
     ((W,), (W * 96 + 1, 700), [S0], [S1], np.float64, True),
     ((W,), (W * 96 + 1, 700), [S1], [S0], np.float64, True),
@@ -78,6 +79,8 @@ CASES = [
     ((W,), (W * 8 + 3, 20, 600), [S0], [S2], np.int64, True),
     ((W,), (W * 4, 40, 600), [S2], [S0], np.int64, True),
     ((W,), (W * 16, W * 128), [S0], [S1], np.float64, True),
+    ((W,), (W * 1200, W * 128), [S0], [S1], np.float64, True),  # > 512 runs a copy
+    ((W,), (900, W * 128 + 5), [S1], [R], np.float64, True),
     ((W,), (W * 4, W * 64), [S0], [S1], np.float64, False),
     ((W,), (W * 40000, 8), [S0], [S1], np.float64, False),
     ((W,), (W * 20000, 8), [S1], [R], np.float64, False),
