@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "comm-private.h"
+#include "direct-private.h"
 #include "exec-private.h"
 #include "mpi-types-private.h"
 
@@ -117,11 +118,17 @@ static int compile_exchange(const mt_mesh *mesh, const mt_step *s, const int64_t
   mt__exchange_peers(mesh, coord, s->mesh_dim, lin, &me);
   int rc =
       mt_exchange_boxes(&s->src, &s->dst, s->mesh_dim, coord, n, boxes, boxes + n, err);
-  mt_box *peers = rc == MT_OK ? malloc(2 * (size_t)e->group * sizeof *peers) : NULL;
-  if (rc == MT_OK && peers == NULL) rc = mt_error_set(err, MT_ENOMEM, "out of memory");
+  /* The peers' boxes only where direct copies may run: a plan over a large mesh
+   * would otherwise hold O(group) boxes it never reads. */
+  int direct = mt_mesh_direct_read(mesh) && e->group <= MT__DIRECT_MAX_GROUP;
+  mt_box *peers = rc == MT_OK && direct ? malloc(2 * (size_t)e->group * sizeof *peers) : NULL;
+  if (rc == MT_OK && direct && peers == NULL)
+    rc = mt_error_set(err, MT_ENOMEM, "out of memory");
   if (rc == MT_OK) {
-    peer_boxes(mesh, &s->src, coord, s->mesh_dim, e->group, peers);
-    peer_boxes(mesh, &s->dst, coord, s->mesh_dim, e->group, peers + e->group);
+    if (direct) {
+      peer_boxes(mesh, &s->src, coord, s->mesh_dim, e->group, peers);
+      peer_boxes(mesh, &s->dst, coord, s->mesh_dim, e->group, peers + e->group);
+    }
     mt_box sb, tb;
     mt__box_at(&s->src, coord, -1, 0, &sb);
     mt__box_at(&s->dst, coord, -1, 0, &tb);

@@ -123,11 +123,13 @@ int mt__exchange_direct(const mt_mesh *mesh, const mt__exchange *x, int64_t step
   }
   int me = 0;
   MPI_Comm_rank(comm, &me);
-  copy_keep(x, in, out);
   int64_t g = x->g;
   mt__direct_parts d = {x->direct, x->direct + g, x->direct + 2 * g, x->direct + 3 * g,
                         &x->sb, &x->tb};
-  return mt__direct_step(comm, x->g, me, in, out, &d, x->itemsize, err);
+  int done = mt__direct_step(comm, x->g, me, in, out, &d, x->itemsize, err);
+  /* After the others' parts, so that a step sent through MPI copies it once. */
+  if (done == 1) copy_keep(x, in, out);
+  return done;
 }
 
 int mt__exchange_post(const mt__exchange *x, const void *in, void *out, MPI_Comm comm,

@@ -133,8 +133,8 @@ static int gather_pairwise(const exec_ctx *c, pending *p, const mt_box *t, int *
 
 /* An all-gather along an inner dim by direct reads (direct.c), when it is
  * blocking, its mesh allows them and its outputs are of a middle size: each
- * member copies its own block into its place and reads every other one straight
- * into its place, one pass for each where MPI takes two. 1 when done (or failed,
+ * member reads every other member's block straight into its place and copies its
+ * own, one pass for each where MPI takes two. 1 when done (or failed,
  * *rc set), 0 when it should go through MPI. */
 static int gather_direct(const exec_ctx *c, pending *p, const mt_box *t, int *rc,
                          mt_error *err) {
@@ -153,17 +153,19 @@ static int gather_direct(const exec_ctx *c, pending *p, const mt_box *t, int *rc
     box_at(c, &p->step->dst, m, k, &outs[k]);
   }
   const mt_box *own = &blocks[c->coord[m]];
-  if (mt_box_numel(own) > 0) {
-    int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
-    for (int i = 0; i < t->ndim; ++i) at[i] = own->offset[i] - t->offset[i];
-    mt_copy_box(p->in, own->shape, zero, p->out, t->shape, at, own, c->itemsize);
-  }
   mt_box sends[MT__DIRECT_MAX_GROUP];
   for (int64_t k = 0; k < e->group; ++k) sends[k] = *own;
   mt__direct_parts d = {blocks, blocks, sends, outs, own, t};
   int done = mt__direct_step(dim_comm(c, m), (int)e->group, (int)c->coord[m],
                              p->in, p->out, &d, c->itemsize, err);
   if (done < 0) *rc = MT_EMPI;
+  /* Its own block after the others', so that a step sent through MPI copies it
+   * once. */
+  if (done == 1 && mt_box_numel(own) > 0) {
+    int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
+    for (int i = 0; i < t->ndim; ++i) at[i] = own->offset[i] - t->offset[i];
+    mt_copy_box(p->in, own->shape, zero, p->out, t->shape, at, own, c->itemsize);
+  }
   return done != 0;
 }
 

@@ -8,10 +8,11 @@
  * the chunk a rank keeps. Copies in that range therefore go through an unrolled
  * loop of vector loads and stores here (AVX2 where the CPU has it, else SSE2,
  * which every x86-64 CPU has), as fast as the string instruction where it is
- * fast. Small copies keep memcpy's tuned short paths, and so do all copies on
- * Intel CPUs, whose string instruction has no such trap and whose memcpy moves
- * 64 bytes a turn where the CPU has AVX-512 (measured on a Xeon: a 512 KiB chunk
- * copy 7% faster than the loop).
+ * fast. That loop is for AMD CPUs only: small copies keep memcpy's tuned short
+ * paths, and so do all copies on other CPUs, Intel's among them, whose string
+ * instruction has no such trap and whose memcpy moves 64 bytes a turn where the
+ * CPU has AVX-512 (measured on a Xeon: Replicate -> Shard(0) of 1 MiB 1.18 times
+ * the raw copy through the loop, 1.07 through memcpy).
  *
  * A destination array larger than a core's caches is written with streaming
  * stores: an ordinary store first reads the line it writes into the cache, which
@@ -106,7 +107,7 @@ void mt__copy_runs(char *d, const char *s, int64_t n, int64_t ds, int64_t ss,
                    int64_t run, int64_t dst_bytes) {
 #if MT__VECTOR_COPY
   int stream = dst_bytes >= STREAM_MIN && run >= STREAM_RUN;
-  if (stream || (run >= VECTOR_MIN && !__builtin_cpu_is("intel"))) {
+  if (stream || (run >= VECTOR_MIN && __builtin_cpu_is("amd"))) {
     int avx2 = __builtin_cpu_supports("avx2");
     for (int64_t i = 0; i < n; ++i)
       mt__copy_run_isa(d + i * ds, s + i * ss, run, stream, avx2);
