@@ -10,6 +10,7 @@
 #include <mpi.h>
 #include <stdint.h>
 
+#include "mpitensor/direct.h"
 #include "mpitensor/layout.h"
 #include "mpitensor/status.h"
 
@@ -59,14 +60,6 @@ int mt__direct_pulls(const mt_box *part, const mt_box *src, const mt_box *dst,
  * average in the other process, and of MT__DIRECT_MIN_LOCAL_RUN in its own. */
 int mt__direct_cheap(const mt_box *part, const mt_box *src, const mt_box *dst,
                      int64_t itemsize);
-
-/* Local. Copies `part` (a global box) between this process's C-contiguous array
- * at address `local` of box `local_box` and process `pid`'s array at `remote` of box
- * `remote_box`: from there to here (push 0) or from here to there (push 1). 0, or
- * the errno of the failed copy (one that stops short counts as EFAULT). */
-int mt__direct_copy(int64_t pid, int push, uint64_t local, const mt_box *local_box,
-                    uint64_t remote, const mt_box *remote_box, const mt_box *part,
-                    int64_t itemsize);
 
 /* Collective on `comm` (`g` members). Gathers every member's pid and its `in`
  * and `out` (the addresses of its step's arrays) into peers[g]; returns 1 on every member when every

@@ -122,7 +122,7 @@ static atomic_int failures_asked;
 
 int mt_direct_fail_next(int n) { return atomic_exchange(&failures_asked, n); }
 
-int mt__direct_copy(int64_t pid, int push, uint64_t local, const mt_box *local_box,
+int mt_direct_copy(int64_t pid, int push, uint64_t local, const mt_box *local_box,
                     uint64_t remote, const mt_box *remote_box, const mt_box *part,
                     int64_t itemsize) {
   if (atomic_load(&failures_asked) > 0 && atomic_fetch_sub(&failures_asked, 1) > 0)
@@ -214,13 +214,13 @@ int mt__direct_step(MPI_Comm comm, int g, int me, const void *in,
     int q = (me + i) % g;
     const mt_box *part = &d->recv[q];
     if (mt_box_numel(part) > 0 && mt__direct_pulls(part, &d->recv_src[q], d->dst, itemsize)) {
-      failed = mt__direct_copy(peers[q].pid, 0, peers[me].out, d->dst, peers[q].in, &d->recv_src[q],
+      failed = mt_direct_copy(peers[q].pid, 0, peers[me].out, d->dst, peers[q].in, &d->recv_src[q],
                                part, itemsize);
     }
     part = &d->send[q];
     if (failed == 0 && mt_box_numel(part) > 0 &&
         !mt__direct_pulls(part, d->src, &d->send_dst[q], itemsize)) {
-      failed = mt__direct_copy(peers[q].pid, 1, peers[me].in, d->src,
+      failed = mt_direct_copy(peers[q].pid, 1, peers[me].in, d->src,
                                peers[q].out, &d->send_dst[q], part, itemsize);
     }
   }
@@ -250,6 +250,14 @@ const int64_t *mt_process_token(void) {
   return (const int64_t *)&token;
 }
 
+int mt_process_reads_back(int64_t pid, uint64_t token_at, int64_t expect) {
+  int64_t got = 0;
+  mt_box one = {.ndim = 1, .offset = {0}, .shape = {1}};
+  return mt_direct_copy(pid, 0, (uint64_t)(uintptr_t)&got, &one, token_at, &one, &one,
+                        sizeof got) == 0 &&
+         got == expect;
+}
+
 static int disabled_here(void) {
   const char *v = getenv("MPITENSOR_DIRECT_READ");
   return v != NULL && strcmp(v, "0") == 0;
@@ -272,12 +280,7 @@ int mt__direct_probe(MPI_Comm comm, int n, int *ok, mt_error *err) {
   int me = 0;
   MPI_Comm_rank(comm, &me);
   for (int q = 0; all == 1 && q < n && !failed; ++q) {
-    if (q == me) continue;
-    int64_t theirs = 0, expect = (int64_t)peers[q].out;
-    mt_box one = {.ndim = 1, .offset = {0}, .shape = {1}};
-    failed = mt__direct_copy(peers[q].pid, 0, (uint64_t)(uintptr_t)&theirs, &one, peers[q].in, &one, &one,
-                             sizeof theirs) != 0 ||
-             theirs != expect;
+    if (q != me) failed = !mt_process_reads_back(peers[q].pid, peers[q].in, (int64_t)peers[q].out);
   }
   free(peers);
   if (all < 0) return MT_EMPI;

@@ -4,6 +4,7 @@
 #include <mpi4py/mpi4py.h>
 
 #include "mpitensor/counters.h"
+#include "mpitensor/direct.h"
 #include "mpitensor/mesh.h"
 
 typedef struct {

@@ -1,7 +1,7 @@
 /* Saving interleaved boxes (Shard(1) of a C-order array) when every rank shares
  * one node: two writers assemble and write the file, chunk by chunk, reading the
  * other ranks' rows straight out of their memory into their place in the chunk
- * (Linux's cross-memory attach, process_vm_readv: the single copy Open MPI's
+ * (mt_direct_copy, Linux's cross-memory attach: the single copy Open MPI's
  * shared-memory transport makes for a large message). The writers take turns,
  * each filling and then writing its own chunks, so that one fills while the other
  * writes: two threads of the first rank when it may run on two CPUs, else the
@@ -30,25 +30,18 @@
  * filter make it fail the same way. Otherwise the caller takes the row-slab
  * exchange. Loads keep the exchange: readers of one file run in parallel, so
  * there every rank reading its own slab is the faster way. */
-#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "io-private.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/direct.h"
 #include "mpitensor/pool.h"
-
-/* Bytes and iovecs per process_vm_readv: the kernel moves at most about 2 GiB per
- * call, and IOV_MAX is 1024 on Linux. */
-#define READ_MAX ((int64_t)1 << 30)
-#define IOV_BATCH 1024
 
 /* What each rank tells the others: where its box is, where its token is and what
  * it says, whether it can take part, and the CPUs it may run on (how many, and
@@ -76,15 +69,10 @@ static int64_t box_bytes(const gather *g, const mt_box *b) {
 
 /* ---- whether to gather: asked of the first rank, answered to all ------------ */
 
-/* The two system services this path needs, which only Linux has: reading another
- * process's memory, and the number of CPUs this process may run on. Elsewhere the
- * read fails and the gather is never chosen. */
+/* The CPUs this process may run on, which only Linux tells; elsewhere one, and
+ * reading another process's memory fails (mt_direct_copy), so the gather is never
+ * chosen. */
 #ifdef __linux__
-static ssize_t read_memory(int64_t pid, const struct iovec *here, unsigned long n,
-                           const struct iovec *there) {
-  return process_vm_readv((pid_t)pid, here, n, there, 1, 0);
-}
-
 static void cpu_info(int64_t *count, int64_t *first) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -94,27 +82,12 @@ static void cpu_info(int64_t *count, int64_t *first) {
   for (size_t c = 0; c < CPU_SETSIZE && *first < 0; ++c) *first = CPU_ISSET(c, &set) ? (int64_t)c : -1;
 }
 #else
-static ssize_t read_memory(int64_t pid, const struct iovec *here, unsigned long n,
-                           const struct iovec *there) {
-  (void)pid, (void)here, (void)n, (void)there;
-  errno = ENOSYS;
-  return -1;
-}
-
 static void cpu_info(int64_t *count, int64_t *first) { *count = 1, *first = -1; }
 #endif
 
-/* An address in another process, for read_memory: never dereferenced here. */
-static void *remote(int64_t address) {
-  return (void *)(intptr_t)address; /* NOLINT(performance-no-int-to-ptr) */
-}
-
 /* Whether `p`'s token reads back from `p`'s memory: that process is the rank. */
 static int reads_back(const peer *p) {
-  int64_t got = 0;
-  struct iovec here = {&got, sizeof got};
-  struct iovec there = {remote(p->token_at), sizeof got};
-  return read_memory(p->pid, &here, 1, &there) == (ssize_t)sizeof got && got == p->token;
+  return mt_process_reads_back(p->pid, (uint64_t)p->token_at, p->token);
 }
 
 /* Whether this rank writes chunk k. */
@@ -184,61 +157,16 @@ static int decide(gather *g, int rc, const void *buf) {
 
 /* ---- the assembly, on the first rank --------------------------------------- */
 
-/* The runs of a box within whole rows of the array: each `len` bytes, `count` of
- * them in C order, the first at byte `first` of the rows' buffer; they step over
- * dims 0 .. k - 1 of the box. */
-typedef struct runs {
-  int k;
-  int64_t len, count, first;
-  int64_t shape[MT_MAX_NDIM], stride[MT_MAX_NDIM];
-} runs;
-
-/* `part` lies within rows [row0, ...) of `a`, held C-contiguous. */
-static void runs_of(runs *it, const mt_io_array *a, const mt_box *part, int64_t row0) {
-  int64_t step = a->itemsize;
-  for (int d = a->ndim - 1; d >= 0; --d) it->stride[d] = step, step *= a->shape[d];
-  int k = a->ndim - 1;
-  it->len = a->itemsize * part->shape[k];
-  while (k > 0 && part->shape[k] == a->shape[k]) it->len *= part->shape[--k];
-  it->k = k, it->count = 1, it->first = 0;
-  for (int d = 0; d < k; ++d) it->shape[d] = part->shape[d], it->count *= part->shape[d];
-  for (int d = 0; d < a->ndim; ++d) it->first += (part->offset[d] - (d ? 0 : row0)) * it->stride[d];
-}
-
-static int64_t run_at(const runs *it, int64_t i) {
-  int64_t at = it->first;
-  for (int d = it->k - 1; d >= 0; --d) at += (i % it->shape[d]) * it->stride[d], i /= it->shape[d];
-  return at;
-}
-
-/* Reads `part` of rank q's box (its rows are one run of q's buffer) into its
- * runs in `chunk`, whole rows from row0, in calls of at most IOV_BATCH runs and
- * READ_MAX bytes; a run longer than that is cut. */
-static int pull(const gather *g, int q, const mt_box *part, int64_t row0, char *chunk,
+/* Reads `part` of rank q's box, out of its buffer (the C-contiguous array of its
+ * box), into its place in `chunk`, the array of box `rows`. */
+static int pull(const gather *g, int q, const mt_box *part, const mt_box *rows, char *chunk,
                 mt_error *err) {
   const peer *p = &g->peers[q];
-  runs it;
-  runs_of(&it, g->s->array, part, row0);
-  struct iovec here[IOV_BATCH];
-  char *from = (char *)remote(p->buf) + mt__row_at(g->s->array->itemsize, &g->s->boxes[q], part);
-  int64_t i = 0, done = 0; /* the run, and the bytes of it already read */
-  while (i < it.count) {
-    int m = 0;
-    int64_t bytes = 0;
-    while (m < IOV_BATCH && i < it.count && bytes < READ_MAX) {
-      int64_t len = it.len - done < READ_MAX - bytes ? it.len - done : READ_MAX - bytes;
-      here[m++] = (struct iovec){chunk + run_at(&it, i) + done, (size_t)len};
-      bytes += len, done += len;
-      if (done == it.len) ++i, done = 0;
-    }
-    struct iovec there = {from, (size_t)bytes};
-    ssize_t got = read_memory(p->pid, here, (unsigned long)m, &there);
-    if (got != (ssize_t)bytes) {
-      return mt_error_set(err, MT_EIO,
-                          "reading rank %d's box from its memory failed: %s", q,
-                          got < 0 ? strerror(errno) : "it ended early");
-    }
-    from += bytes;
+  int e = mt_direct_copy(p->pid, 0, (uint64_t)(uintptr_t)chunk, rows, (uint64_t)p->buf,
+                         &g->s->boxes[q], part, g->s->array->itemsize);
+  if (e != 0) {
+    return mt_error_set(err, MT_EIO, "reading rank %d's box from its memory failed: %s", q,
+                        strerror(e));
   }
   return MT_OK;
 }
@@ -257,7 +185,7 @@ static int fill(const gather *g, int64_t r0, int64_t r1, char *chunk, const void
       const char *piece = (const char *)buf + mt__row_at(s->array->itemsize, &s->boxes[q], &part);
       mt__unpack_box(s->array->itemsize, &part, piece, chunk, &rows);
     } else {
-      rc = pull(g, q, &part, r0, chunk, err);
+      rc = pull(g, q, &part, &rows, chunk, err);
     }
   }
   return rc;

@@ -52,7 +52,7 @@ HEADERS = {
     "core": {"status", "dtype", "layout", "pack", "plan", "prop", "rng", "memo",
              "layout_table", "timemodel", "mpitensor"},
     "kernels": {"kernels"},
-    "comm": {"mesh", "comm", "counters", "agree", "ring", "pool", "watchdog"},
+    "comm": {"mesh", "comm", "counters", "agree", "ring", "pool", "watchdog", "direct"},
     "io": {"io"},
 }
 

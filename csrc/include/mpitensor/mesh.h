@@ -130,18 +130,6 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
  * flag turned off by one group would differ from another group's). */
 int mt_mesh_direct_read(const mt_mesh *mesh);
 
-/* Local. This process's token, at the address returned: a value no other process
- * holds at that address (its pid, the clock at first use, the address), which a
- * peer that read it with process_vm_readv knows it read from this process and not
- * from another of the same pid (another node, another pid namespace). The same
- * for the process's life; thread-safe. */
-const int64_t *mt_process_token(void);
-
-/* Local, for tests: the next `n` direct copies of this process fail (as one the
- * kernel refused would), so that the agreed fallback to MPI can be exercised.
- * Returns how many of the previous count were left untaken. */
-int mt_direct_fail_next(int n);
-
 /* Local. The time model that ranks plans on this mesh: the built-in costs until
  * mt_mesh_set_time_model, with ranks_per_node learnt when the mesh was created
  * (MPI_Comm_split_type SHARED; a slice derives its own). Owned by the mesh. */
