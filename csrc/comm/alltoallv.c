@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "comm-private.h"
+#include "count-private.h"
 #include "mpitensor/agree.h"
 #include "mpitensor/pack.h"
 

@@ -9,9 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "mpitensor/counters.h"
 #include "mpitensor/layout.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/mesh.h" /* mt_mpi_error */
 #include "mpitensor/status.h"
 
 /* Where this process waits, for the collective watchdog (watchdog.c): the name of
@@ -41,12 +40,6 @@ static inline int mt__wait_end(int rc) {
     int mt_mpi_rc_ = MT__BLOCKING(what, call);                                 \
     if (mt_mpi_rc_ != MPI_SUCCESS) return mt_mpi_error(err, mt_mpi_rc_, what); \
   } while (0)
-
-/* Counts one collective of `kind` on `mesh` that delivered `bytes` of payload from
- * this process to other ranks, into the mesh's counters (if any). */
-static inline void mt__count(const mt_mesh *mesh, int kind, int64_t bytes) {
-  mt_comm_count(mt_mesh_counters(mesh), kind, bytes);
-}
 
 /* The box of the rank whose coordinate is `coord` with mesh dim `m` set to `k`
  * (m < 0: `coord` itself), for a layout already validated: the member boxes of a

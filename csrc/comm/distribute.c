@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "comm-private.h"
+#include "count-private.h"
 #include "mpi-types-private.h"
 #include "mpitensor/agree.h"
 #include "mpitensor/comm.h"

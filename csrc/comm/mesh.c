@@ -400,8 +400,8 @@ int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
   if (!mesh->in_mesh || mesh->shape[dim] == 1) return MT_OK;
   int rc = bcast_bytes(buf, nbytes, (int)root, mesh->dim_comm[dim], err);
   if (rc == MT_OK)
-    mt__count(mesh, MT_COLL_BROADCAST,
-              mesh->coord[dim] == root ? nbytes * (mesh->shape[dim] - 1) : 0);
+    mt_comm_count(mesh->counters, MT_COLL_BROADCAST,
+                  mesh->coord[dim] == root ? nbytes * (mesh->shape[dim] - 1) : 0);
   return rc;
 }
 
@@ -420,7 +420,8 @@ int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value, int64_t *
   MT__MPI_TRY(MPI_Allgather(&value, 1, MPI_INT64_T, out, 1, MPI_INT64_T,
                             mesh->dim_comm[dim]),
               "MPI_Allgather");
-  mt__count(mesh, MT_COLL_ALL_GATHER, (int64_t)sizeof value * (mesh->shape[dim] - 1));
+  mt_comm_count(mesh->counters, MT_COLL_ALL_GATHER,
+                (int64_t)sizeof value * (mesh->shape[dim] - 1));
   return MT_OK;
 }
 

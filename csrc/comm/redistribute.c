@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "comm-private.h"
+#include "count-private.h"
 #include "direct-private.h"
 #include "exec-private.h"
 #include "mpi-types-private.h"

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "comm-private.h"
+#include "count-private.h"
 #include "mpi-types-private.h"
 #include "mpitensor/pack.h"
 #include "mpitensor/ring.h"

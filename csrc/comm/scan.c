@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "comm-private.h"
+#include "count-private.h"
 #include "mpi-types-private.h"
 #include "mpitensor/dtype.h"
 

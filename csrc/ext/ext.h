@@ -315,29 +315,11 @@ static inline int mt_ext_known_tensor(const mt_ext_dispatch *d, PyObject *o, int
   return 1;
 }
 
-/* mt_ext_call_gather(strict) of 1 to MT_MEMO_MAX_OPERANDS operands, inline for
- * the common call: DTensors that all have a layout id. */
-static inline int mt_ext_call_gather_c(mt_ext_dispatch *d, PyObject *const *ops, int n,
-                                       mt_ext_call *c) {
-  c->mb = NULL, c->ntensors = 0, c->tensors = 0;
-  c->key.op = 0, c->key.aux = 0;
-  c->key.noperands = c->noperands = n;
-  for (int i = 0; i < n; ++i)
-    if (!mt_ext_known_tensor(d, ops[i], i, c)) return mt_ext_call_gather(d, ops, n, 1, c);
-  return c->ntensors > 0;
-}
 int mt_ext_call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_ext_inputs *in);
 /* The decision of a registered op for the call: from the memo (a hit), else made
  * from the op's signature and stored (a miss). NULL with an exception. */
 mt_decision *mt_ext_call_miss(mt_ext_dispatch *d, const mt_ext_sig *sig,
                               const mt_ext_call *c, uint32_t axes, int keepdims);
-static inline mt_decision *mt_ext_call_decide(mt_ext_dispatch *d, mt_ext_sig *sig,
-                                              const mt_ext_call *c, uint32_t axes,
-                                              int keepdims, int *hit) {
-  mt_decision *dec = mt_memo_find(c->mb->memo, &c->key);
-  *hit = dec != NULL;
-  return dec != NULL ? dec : mt_ext_call_miss(d, sig, c, axes, keepdims);
-}
 /* A miss of `key` decided from `map` by the core (mt_memo_decide); NULL with an
  * exception (naming the op of `sig`, if any). */
 mt_decision *mt_ext_decide_map(mt_ext_mesh_base *mb, const mt_memo_key *key,

@@ -4,6 +4,7 @@
  * decision as named fields. They use the memo of the C path (ext_decide.c), so an
  * operation decided by either is decided for both. */
 #include "ext.h"
+#include "ext_call.h"
 
 #include <stddef.h>
 

@@ -17,6 +17,7 @@
  * the ground floor's types (to make specs and DTensors) and its registry, never
  * logic callbacks. */
 #include "ext.h"
+#include "ext_call.h"
 
 #include <string.h>
 
