@@ -167,6 +167,12 @@ def measure(args, comm) -> list:
     """Times every candidate of every transition; the records, printed as found."""
     meshes = [(comm.size,)] + ([(2, 2)] if comm.size == 4 else [])
     records = []
+    if args.link == "net":
+        # Ranks on different nodes cannot copy from each other's memory: the
+        # ranks of this one node must not either, or large exchanges would be
+        # timed by a path the network class never takes. Every rank reads the
+        # same argument, so every rank's mesh decides alike.
+        os.environ["MPITENSOR_DIRECT_READ"] = "0"
     for mesh_shape in meshes:
         mesh = mt.init_device_mesh("cpu", mesh_shape)
         model = mesh._handle.time_model()
