@@ -1,12 +1,16 @@
 /* How fast the processes of one node can move Shard(0) -> Shard(1)'s parts to each
- * other, by three means, against the raw all-to-all's (Open MPI over shared memory
+ * other, by four means, against the raw all-to-all's (Open MPI over shared memory
  * moves a large message with one process_vm_readv of contiguous bytes):
  *
  *   writev  each rank pushes its part for peer q, runs of row/N bytes out of its
  *           rows, into q's output with process_vm_writev (what mpitensor's direct
  *           steps do today);
  *   mapped  the same parts stored by plain user-space copies into q's output,
- *           which every rank has mapped (a memfd), as if outputs were shared;
+ *           which every rank has mapped (a memfd) once and for all, as if
+ *           outputs were shared and peers kept their mappings;
+ *   remap   the same stores, but each exchange maps the part's range of q's
+ *           output (MAP_POPULATE) and unmaps it after, as a design must that
+ *           leaves no peer's pages in a rank's resident memory;
  *   raw     each rank pulls its contiguous block from every peer's packed input
  *           with process_vm_readv, and copies its own (MPI_Alltoall's work).
  *
@@ -32,7 +36,7 @@
 #define ROW 4096   /* bytes per input row, as benchmarks/redistribute.py's 512 doubles */
 #define BATCH 512  /* iovecs per call, as csrc/comm/direct.c */
 #define ITERS 20
-#define MEANS 3
+#define MEANS 4
 
 typedef struct shared {
   atomic_int count, sense;
@@ -47,6 +51,7 @@ typedef struct rank {
   size_t rows, run, part; /* rows of its input, bytes per run, bytes per part */
   char *in, *packed, *own;
   char **out;             /* every rank's mapped output */
+  int *fd;                /* and the memfd behind each */
   shared *s;
 } rank;
 
@@ -88,6 +93,18 @@ static void store_mapped(const rank *k, int q, char *dst) {
            k->run);
 }
 
+/* The stores of store_mapped through a mapping made for this exchange only. */
+static void store_remapped(const rank *k, int q) {
+  char *m = mmap(NULL, k->part, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, k->fd[q],
+                 (off_t)((size_t)k->p * k->part));
+  if (m == MAP_FAILED) {
+    perror("mmap");
+    return;
+  }
+  store_mapped(k, q, m - (size_t)k->p * k->part);
+  munmap(m, k->part);
+}
+
 static void pull_raw(const rank *k, int q) {
   struct iovec l = {k->own + (size_t)q * k->part, k->part};
   struct iovec r = {k->s->packed[q] + (size_t)k->p * k->part, k->part};
@@ -99,10 +116,11 @@ static void pull_raw(const rank *k, int q) {
 static void exchange(const rank *k, int mean) {
   for (int i = 1; i <= k->n; ++i) {
     int q = (k->p + i) % k->n;
-    if (mean == 2 && q == k->p)
+    if (mean == 3 && q == k->p)
       memcpy(k->own + (size_t)q * k->part, k->packed + (size_t)q * k->part, k->part);
-    else if (mean == 2) pull_raw(k, q);
-    else if (mean == 1 || q == k->p) store_mapped(k, q, k->out[q]);
+    else if (mean == 3) pull_raw(k, q);
+    else if (mean == 2 && q != k->p) store_remapped(k, q);
+    else if (mean >= 1 || q == k->p) store_mapped(k, q, k->out[q]);
     else push_writev(k, q);
   }
 }
@@ -145,25 +163,27 @@ int main(int argc, char **argv) {
   }
   shared *s = shared_map(sizeof *s);
   char **out = malloc((size_t)n * sizeof *out);
-  if (s == NULL || out == NULL) return 1;
+  int *fd = malloc((size_t)n * sizeof *fd);
+  if (s == NULL || out == NULL || fd == NULL) return 1;
   s->n = n;
   for (int q = 0; q < n; ++q) { /* outputs every rank maps, made before the fork */
-    int fd = memfd_create("output", 0);
-    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) return 1;
-    out[q] = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    fd[q] = memfd_create("output", 0);
+    if (fd[q] < 0 || ftruncate(fd[q], (off_t)bytes) != 0) return 1;
+    out[q] = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd[q], 0);
     if (out[q] == MAP_FAILED) return 1;
   }
   for (int p = 0; p < n; ++p) {
     if (fork() != 0) continue;
-    rank k = {p, n, 0, bytes / ROW, ROW / (size_t)n, bytes / (size_t)n, NULL, NULL, NULL, out, s};
+    rank k = {p, n, 0, bytes / ROW, ROW / (size_t)n, bytes / (size_t)n, NULL, NULL, NULL, out, fd, s};
     run_rank(&k);
     _exit(0);
   }
   for (int p = 0; p < n; ++p) wait(NULL);
-  double raw = s->seconds[2];
+  double raw = s->seconds[3];
   printf("%d ranks, %.2f MiB per rank, runs of %d B: writev %.0f us (%.2f of raw), "
-         "mapped %.0f us (%.2f), raw %.0f us\n", n, (double)bytes / 1048576.0, ROW / n,
-         s->seconds[0] * 1e6, s->seconds[0] / raw, s->seconds[1] * 1e6, s->seconds[1] / raw,
+         "mapped %.0f us (%.2f), remap %.0f us (%.2f), raw %.0f us\n", n,
+         (double)bytes / 1048576.0, ROW / n, s->seconds[0] * 1e6, s->seconds[0] / raw,
+         s->seconds[1] * 1e6, s->seconds[1] / raw, s->seconds[2] * 1e6, s->seconds[2] / raw,
          raw * 1e6);
   return 0;
 }
