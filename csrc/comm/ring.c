@@ -1,6 +1,7 @@
 /* Exchanges along one mesh dim for ring attention: a nonblocking shift to the
  * next rank, a nonblocking all-gather of uneven blocks, and an all-gather of
  * int64 metadata. */
+#include <assert.h>
 #include <stdlib.h>
 
 #include "comm-private.h"
@@ -13,6 +14,11 @@
  * match them, and shifts started in the same order match in that order. */
 #define SHIFT_TAG 0x6d74
 
+/* An exchange's requests are posted by a start function and completed by another
+ * (mt_exchange_wait, or exchange_abort when the start fails), the split that lets
+ * ring attention compute while a shift moves. The analyzer's MPI checker pairs a
+ * nonblocking call with a wait inside one path, so the lines where requests leave
+ * or enter a function carry its NOLINT. */
 struct mt_exchange {
   MPI_Request reqs[2 * MT_RING_MAX_BLOCKS];
   int nreqs;
@@ -34,6 +40,7 @@ static int dim_member(const mt_mesh *mesh, int dim, MPI_Comm *comm, int64_t *coo
   *comm = mt_mesh_dim_comm(mesh, dim);
   *coord = all[dim];
   *size = mt_mesh_dim_size(mesh, dim);
+  assert(*size >= 1 && *coord >= 0 && *coord < *size);
   return MT_OK;
 }
 
@@ -50,25 +57,46 @@ static void exchange_abort(mt_exchange *ex) {
   for (int i = 0; i < ex->nreqs; ++i) {
     if (ex->reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&ex->reqs[i]);
   }
-  (void)MT__BLOCKING("MPI_Waitall", MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE));
+  (void)MT__BLOCKING("MPI_Waitall",
+                     MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE)); /* NOLINT(clang-analyzer-optin.mpi.MPI-Checker) */
   free(ex->ints);
   free(ex);
 }
 
-/* Posts one side of a shift: the type of a message of `bytes` bytes may be freed
- * as soon as the call is posted, MPI keeps what it needs. */
-static int post(int is_send, void *buf, int64_t bytes, int peer, MPI_Comm comm,
-                MPI_Request *req, mt_error *err) {
-  MPI_Datatype unit;
-  int64_t unit_bytes;
-  int rc = mt__byte_unit(&bytes, 1, &unit, &unit_bytes, err);
+/* A message of `bytes` bytes as `count` elements of a unit that keeps the count
+ * within MPI's int; the unit may be freed as soon as the call is posted, MPI
+ * keeps what it needs. */
+static int message(int64_t bytes, MPI_Datatype *unit, int *count, mt_error *err) {
+  int64_t unit_bytes = 1;
+  int rc = mt__byte_unit(&bytes, 1, unit, &unit_bytes, err);
+  if (rc == MT_OK) *count = (int)(bytes / unit_bytes);
+  return rc;
+}
+
+static void unit_free(MPI_Datatype *unit) {
+  if (*unit != MPI_BYTE) MPI_Type_free(unit);
+}
+
+static int post_recv(void *buf, int64_t bytes, int peer, MPI_Comm comm, MPI_Request *req,
+                     mt_error *err) {
+  MPI_Datatype unit = MPI_BYTE;
+  int count = 0;
+  int rc = message(bytes, &unit, &count, err);
   if (rc != MT_OK) return rc;
-  int count = (int)(bytes / unit_bytes);
-  rc = is_send ? MPI_Isend(buf, count, unit, peer, SHIFT_TAG, comm, req)
-               : MPI_Irecv(buf, count, unit, peer, SHIFT_TAG, comm, req);
-  if (unit != MPI_BYTE) MPI_Type_free(&unit);
-  return rc == MPI_SUCCESS ? MT_OK
-                           : mt_mpi_error(err, rc, is_send ? "MPI_Isend" : "MPI_Irecv");
+  int mpi = MPI_Irecv(buf, count, unit, peer, SHIFT_TAG, comm, req);
+  unit_free(&unit);
+  return mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Irecv");
+}
+
+static int post_send(const void *buf, int64_t bytes, int peer, MPI_Comm comm,
+                     MPI_Request *req, mt_error *err) {
+  MPI_Datatype unit = MPI_BYTE;
+  int count = 0;
+  int rc = message(bytes, &unit, &count, err);
+  if (rc != MT_OK) return rc;
+  int mpi = MPI_Isend(buf, count, unit, peer, SHIFT_TAG, comm, req);
+  unit_free(&unit);
+  return mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Isend");
 }
 
 /* A ring of one rank: the blocks go to itself, without MPI. */
@@ -108,13 +136,15 @@ static int post_shift(mt_exchange *ex, int nblocks, const void *const *send,
                       const int64_t *send_bytes, void *const *recv,
                       const int64_t *recv_bytes, int64_t me, int64_t n, MPI_Comm comm,
                       mt_error *err) {
+  assert(n > 1 && me >= 0 && me < n);
   int prev = (int)((me + n - 1) % n), next = (int)((me + 1) % n), rc = MT_OK;
   for (int i = 0; rc == MT_OK && i < nblocks; ++i) {
-    rc = post(0, recv[i], recv_bytes[i], prev, comm, &ex->reqs[ex->nreqs++], err);
+    rc = post_recv(recv[i], recv_bytes[i], prev, comm, ex->reqs + i, err);
+    ex->nreqs = i + 1;
   }
   for (int i = 0; rc == MT_OK && i < nblocks; ++i) {
-    rc = post(1, (void *)(uintptr_t)send[i], send_bytes[i], next, comm,
-              &ex->reqs[ex->nreqs++], err);
+    rc = post_send(send[i], send_bytes[i], next, comm, ex->reqs + nblocks + i, err);
+    ex->nreqs = nblocks + i + 1;
   }
   return rc;
 }
@@ -140,10 +170,10 @@ int mt_ring_shift_start(const mt_mesh *mesh, int dim, int nblocks,
   }
   if (rc != MT_OK) {
     exchange_abort(ex);
-    return rc;
+  } else {
+    *out = ex;
   }
-  *out = ex;
-  return MT_OK;
+  return rc; /* NOLINT(clang-analyzer-optin.mpi.MPI-Checker) */
 }
 
 /* Counts and displacements of an all-gather in one unit that fits MPI's ints. */
@@ -192,7 +222,8 @@ int mt_ring_allgatherv_start(const mt_mesh *mesh, int dim, const void *send,
   rc = gather_counts(bytes, n, &ex->ints, &unit, &unit_bytes, err);
   if (rc == MT_OK) {
     int mpi = MPI_Iallgatherv(send, ex->ints[me], unit, recv, ex->ints, ex->ints + n,
-                              unit, comm, &ex->reqs[ex->nreqs++]);
+                              unit, comm, ex->reqs);
+    ex->nreqs = 1;
     if (mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Iallgatherv");
   }
   if (unit != MPI_BYTE) MPI_Type_free(&unit);
@@ -212,7 +243,8 @@ int mt_exchange_test(mt_exchange *ex, int *done, mt_error *err) {
 
 int mt_exchange_wait(mt_exchange *ex, mt_error *err) {
   if (ex == NULL) return MT_OK;
-  int rc = MT__BLOCKING("MPI_Waitall", MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE));
+  int rc = MT__BLOCKING("MPI_Waitall",
+                        MPI_Waitall(ex->nreqs, ex->reqs, MPI_STATUSES_IGNORE)); /* NOLINT(clang-analyzer-optin.mpi.MPI-Checker) */
   free(ex->ints);
   free(ex);
   return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Waitall");
