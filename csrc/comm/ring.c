@@ -63,40 +63,22 @@ static void exchange_abort(mt_exchange *ex) {
   free(ex);
 }
 
-/* A message of `bytes` bytes as `count` elements of a unit that keeps the count
- * within MPI's int; the unit may be freed as soon as the call is posted, MPI
- * keeps what it needs. */
-static int message(int64_t bytes, MPI_Datatype *unit, int *count, mt_error *err) {
-  int64_t unit_bytes = 1;
-  int rc = mt__byte_unit(&bytes, 1, unit, &unit_bytes, err);
-  if (rc == MT_OK) *count = (int)(bytes / unit_bytes);
-  return rc;
-}
-
-static void unit_free(MPI_Datatype *unit) {
-  if (*unit != MPI_BYTE) MPI_Type_free(unit);
-}
-
-static int post_recv(void *buf, int64_t bytes, int peer, MPI_Comm comm, MPI_Request *req,
-                     mt_error *err) {
-  MPI_Datatype unit = MPI_BYTE;
-  int count = 0;
-  int rc = message(bytes, &unit, &count, err);
+/* Posts one side of a shift: a send of `send` when `is_send`, else a receive into
+ * `recv` (two pointers, so that a send's buffer stays const, as MPI_Isend takes
+ * it). The type of a message of `bytes` bytes may be freed as soon as the call is
+ * posted, MPI keeps what it needs. */
+static int post(int is_send, const void *send, void *recv, int64_t bytes, int peer,
+                MPI_Comm comm, MPI_Request *req, mt_error *err) {
+  MPI_Datatype unit;
+  int64_t unit_bytes;
+  int rc = mt__byte_unit(&bytes, 1, &unit, &unit_bytes, err);
   if (rc != MT_OK) return rc;
-  int mpi = MPI_Irecv(buf, count, unit, peer, SHIFT_TAG, comm, req);
-  unit_free(&unit);
-  return mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Irecv");
-}
-
-static int post_send(const void *buf, int64_t bytes, int peer, MPI_Comm comm,
-                     MPI_Request *req, mt_error *err) {
-  MPI_Datatype unit = MPI_BYTE;
-  int count = 0;
-  int rc = message(bytes, &unit, &count, err);
-  if (rc != MT_OK) return rc;
-  int mpi = MPI_Isend(buf, count, unit, peer, SHIFT_TAG, comm, req);
-  unit_free(&unit);
-  return mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Isend");
+  int count = (int)(bytes / unit_bytes);
+  rc = is_send ? MPI_Isend(send, count, unit, peer, SHIFT_TAG, comm, req)
+               : MPI_Irecv(recv, count, unit, peer, SHIFT_TAG, comm, req);
+  if (unit != MPI_BYTE) MPI_Type_free(&unit);
+  return rc == MPI_SUCCESS ? MT_OK
+                           : mt_mpi_error(err, rc, is_send ? "MPI_Isend" : "MPI_Irecv");
 }
 
 /* A ring of one rank: the blocks go to itself, without MPI. */
@@ -136,14 +118,14 @@ static int post_shift(mt_exchange *ex, int nblocks, const void *const *send,
                       const int64_t *send_bytes, void *const *recv,
                       const int64_t *recv_bytes, int64_t me, int64_t n, MPI_Comm comm,
                       mt_error *err) {
-  assert(n > 1 && me >= 0 && me < n);
+  assert(n > 1); /* a ring of one rank goes by shift_alone */
   int prev = (int)((me + n - 1) % n), next = (int)((me + 1) % n), rc = MT_OK;
   for (int i = 0; rc == MT_OK && i < nblocks; ++i) {
-    rc = post_recv(recv[i], recv_bytes[i], prev, comm, ex->reqs + i, err);
+    rc = post(0, NULL, recv[i], recv_bytes[i], prev, comm, ex->reqs + i, err);
     ex->nreqs = i + 1;
   }
   for (int i = 0; rc == MT_OK && i < nblocks; ++i) {
-    rc = post_send(send[i], send_bytes[i], next, comm, ex->reqs + nblocks + i, err);
+    rc = post(1, send[i], NULL, send_bytes[i], next, comm, ex->reqs + nblocks + i, err);
     ex->nreqs = nblocks + i + 1;
   }
   return rc;
