@@ -70,10 +70,10 @@ def ping_pong(comm, nbytes: int, reps: int) -> float:
 def call_cost(comm, reps: int) -> float:
     """Seconds one mpitensor step costs beyond a raw collective of the same bytes."""
     import mpitensor as mt
-    from mpitensor import Replicate, Shard, _C, _redistribute
+    from mpitensor import Replicate, Shard, _C, _layout
 
     mesh = mt.init_device_mesh("cpu", (comm.size,), comm=comm)
-    plan = _redistribute.plan_for(mesh, (comm.size,), (Shard(0),), (Replicate(),),
+    plan = _layout.plan(mesh, (comm.size,), (Shard(0),), (Replicate(),),
                                   np.dtype("f8"))
     send, recv = np.zeros(1), np.zeros(comm.size)
     mt_times, raw_times = [], []
@@ -105,12 +105,12 @@ def local_costs(comm, nbytes: int, reps: int) -> tuple[float, float]:
     """Seconds per byte that a rank copies (the executor's cut) and reduces, with
     every rank of the job doing the same at once."""
     import mpitensor as mt
-    from mpitensor import Replicate, Shard, _C, _redistribute
+    from mpitensor import Replicate, Shard, _C, _layout
 
     mesh = mt.init_device_mesh("cpu", (comm.size,), comm=comm)
     cols = 64 * comm.size  # rows of 64 elements per rank: a strided cut
     rows = max(nbytes * comm.size // (8 * cols), 1)
-    plan = _redistribute.plan_for(mesh, (rows, cols), (Replicate(),), (Shard(1),),
+    plan = _layout.plan(mesh, (rows, cols), (Replicate(),), (Shard(1),),
                                   np.dtype("f8"))
     full = np.ones((rows, cols))
     copied = plan.steps()[0][7]

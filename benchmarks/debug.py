@@ -15,7 +15,7 @@ Cases, on a 1-D mesh over all ranks, float64, global n x n:
   ``False`` (``off``); ``ratio = on / off`` per repetition.
 * ``hooks``: ``a + b`` (both [Shard(0)], no communication, n = 8, decision
   cached) through its Python entry (the C path switched off, as while a tool
-  listens), with the library as it is (``hooked``: the ``if _modes.tracing:``
+  listens), with the library as it is (``hooked``: the ``if _modes.state.tracing:``
   test in ``_ops._dispatch._traced``) and with ``_traced`` replaced by the same
   function without the test (``bare``); ``overhead = hooked - bare`` in ns per
   call. Also ``+dtensor`` to a handler that drops lines, to show what logging

@@ -546,7 +546,7 @@ def profile(comm, mesh, sizes, args, names):
     plan, the NumPy emulation of the executor, the executor's MPI routine between
     resident buffers, the raw collective, an alternative, and the cost of allocating
     and first-touching an output-sized array."""
-    from mpitensor import _redistribute, _C
+    from mpitensor import _layout, _C
 
     rows = []
     for name, src, dst, _, _ in TRANSITIONS:
@@ -555,7 +555,7 @@ def profile(comm, mesh, sizes, args, names):
         for nbytes in sizes:
             case = Case(name, src, dst, nbytes, comm, mesh)
             dt = case.dt
-            plan = _redistribute.plan_for(mesh, dt.shape, dt.placements,
+            plan = _layout.plan(mesh, dt.shape, dt.placements,
                                           tuple(case.dst_pl), dt.dtype)
             handle, local = mesh._handle, case.local
             em = Emulation(case)

@@ -1,42 +1,26 @@
-/* What the C path and the Python entry share: the registered signatures and op
- * ids, the memo key of a call (each operand's layout id or scalar kind, a
- * reduction's axes), the decision found in the mesh's memo or made by the core on
- * a miss (mt_op_dimmap, mt_memo_decide), and the layout of an output. One miss is
- * one memo miss, whichever entry meets it. */
+/* The executor's first steps: gathering a call's operands into its memo key (each
+ * DTensor's layout id, each scalar's kind), and its decision, found in the mesh's
+ * memo or made on a miss from the op's dim map (the core builds a registered
+ * ufunc's or reduction's; an op entry's builder gives the others', or a user
+ * rule's input targets). One miss is one memo miss, whatever entry meets it. */
 #include "ext.h"
 
 #include <limits.h>
 #include <string.h>
 
-#include "mpitensor/prop.h"
-
-int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
-  PyObject *id = PyDict_GetItemWithError(d->op_ids, key);
-  if (id != NULL) return PyLong_AsLongLong(id);
-  if (PyErr_Occurred()) return -1;
-  /* Bounded: forgotten keys get new ids, and their decisions simply miss. */
-  if (PyDict_GET_SIZE(d->op_ids) >= (1 << 16)) PyDict_Clear(d->op_ids);
-  id = PyLong_FromLongLong(d->next_op);
-  if (id == NULL || PyDict_SetItem(d->op_ids, key, id) < 0) {
-    Py_XDECREF(id);
-    return -1;
-  }
-  Py_DECREF(id);
-  return d->next_op++;
-}
-
 /* The bitmask of the dims `axis` names in an ndim-d tensor; -1 when it names one
- * twice or out of range (the Python entry raises NumPy's error). */
+ * twice or out of range. */
 static int64_t axes_mask(PyObject *axis, int ndim) {
   if (axis == Py_None) return ndim >= 32 ? -1 : (int64_t)((1u << ndim) - 1u);
   int one = PyLong_CheckExact(axis);
+  if (!one && !PyTuple_CheckExact(axis)) return -1;
   Py_ssize_t n = one ? 1 : PyTuple_GET_SIZE(axis);
   int64_t mask = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject *item = one ? axis : PyTuple_GET_ITEM(axis, i);
     long a = PyLong_CheckExact(item) ? PyLong_AsLong(item) : LONG_MIN;
     if (a == -1 && PyErr_Occurred()) PyErr_Clear(), a = LONG_MIN;
-    if (a < 0) a += ndim;
+    if (a < 0 && a != LONG_MIN) a += ndim;
     if (a < 0 || a >= ndim || (mask >> a & 1)) return -1;
     mask |= (int64_t)1 << a;
   }
@@ -50,14 +34,12 @@ int64_t mt_ext_reduction_aux(PyObject *axis, int ndim, int keepdims, uint32_t *a
   return mask | (int64_t)keepdims << 32;
 }
 
-/* Scalar kinds: Python numbers, NumPy scalars by type number, 0-d ndarrays by type
- * number, and (from the Python entry only) other types by op id. */
+/* Scalar kinds: Python numbers, NumPy scalars and 0-d arrays by type number. */
 enum { KIND_FLOAT = 1, KIND_INT = 2, KIND_BOOL = 3, KIND_COMPLEX = 4,
-       KIND_NUMPY = 1 << 8, KIND_ARRAY0 = 1 << 16, KIND_OTHER = 1 << 24 };
+       KIND_NUMPY = 1 << 8, KIND_ARRAY0 = 1 << 16 };
 
-/* The kind of a scalar operand (>= 1), or 0 when `o` is none the C path takes
- * (strict) or -1 with an exception. */
-static int64_t scalar_kind(mt_ext_dispatch *d, PyObject *o, int strict) {
+/* The kind of a scalar operand (>= 1), or 0 for an object that is none. */
+static int64_t scalar_kind(PyObject *o) {
   PyTypeObject *t = Py_TYPE(o);
   if (t == &PyFloat_Type) return KIND_FLOAT;
   if (t == &PyLong_Type) return KIND_INT;
@@ -65,39 +47,104 @@ static int64_t scalar_kind(mt_ext_dispatch *d, PyObject *o, int strict) {
   if (t == &PyComplex_Type) return KIND_COMPLEX;
   if (PyArray_IsScalar(o, Generic)) {
     PyArray_Descr *descr = PyArray_DescrFromScalar(o);
-    int64_t kind = descr == NULL ? -1 : KIND_NUMPY + descr->type_num;
+    int64_t kind = descr == NULL ? 0 : KIND_NUMPY + descr->type_num;
     Py_XDECREF(descr);
     return kind;
   }
-  if (strict) return 0;
   if (PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) == 0)
     return KIND_ARRAY0 + PyArray_DESCR((PyArrayObject *)o)->type_num;
-  int64_t id = mt_ext_op_id(d, (PyObject *)t);
-  return id < 0 ? -1 : KIND_OTHER + id;
+  return 0;
 }
 
+/* A Replicate DTensor on `mb` around `arr`, as implicit_replication() makes. */
+static PyObject *replicated(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *arr) {
+  PyArrayObject *a = (PyArrayObject *)arr;
+  int64_t shape[MT_MAX_NDIM], stride[MT_MAX_NDIM];
+  int n = PyArray_NDIM(a);
+  if (n > MT_MAX_NDIM) return PyErr_Format(PyExc_ValueError, "too many dims");
+  for (int i = 0; i < n; ++i) shape[i] = PyArray_DIM(a, i);
+  mt_layout_contiguous_strides(n, shape, stride);
+  PyObject *pl = PyTuple_New(mb->mesh_ndim);
+  for (int m = 0; pl != NULL && m < mb->mesh_ndim; ++m)
+    PyTuple_SET_ITEM(pl, m, Py_NewRef(d->replicate));
+  PyObject *sh = mt_ext_int_tuple(shape, n), *st = mt_ext_int_tuple(stride, n);
+  PyObject *spec = pl && sh && st ? d->spec->tp_alloc(d->spec, 5) : NULL;
+  mt_ext_dtensor *b = spec ? (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0) : NULL;
+  if (b != NULL) {
+    PyTuple_SET_ITEM(spec, 0, Py_NewRef((PyObject *)mb));
+    PyTuple_SET_ITEM(spec, 1, Py_NewRef(pl));
+    PyTuple_SET_ITEM(spec, 2, Py_NewRef(sh));
+    PyTuple_SET_ITEM(spec, 3, Py_NewRef((PyObject *)PyArray_DESCR(a)));
+    PyTuple_SET_ITEM(spec, 4, Py_NewRef(st));
+    b->local = Py_NewRef(arr), b->spec = Py_NewRef(spec);
+  }
+  Py_XDECREF(pl);
+  Py_XDECREF(sh);
+  Py_XDECREF(st);
+  Py_XDECREF(spec);
+  return (PyObject *)b;
+}
 
-/* Adds DTensor operand i; the first sets the mesh. 1, 0 (not C-path), or -1. */
-static int gather_tensor(mt_ext_dispatch *d, PyObject *o, int i, int strict,
-                         mt_ext_call *c) {
-  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  if (strict && !mt_ext_plain_dtensor(d, o)) return 0;
-  if (c->mb == NULL) {
-    c->mb = b->spec == NULL ? NULL : mt_ext_spec_mesh(d, b->spec);
-    if (c->mb == NULL) {
-      if (strict) return 0;
+/* The mixed-operand TypeError of a plain ndarray outside implicit_replication(). */
+static int mixed(PyObject *arr, PyObject *key) {
+  PyObject *shape = PyObject_GetAttrString(arr, "shape");
+  PyObject *label = shape != NULL ? mt_ext_op_label(key) : NULL;
+  if (label != NULL)
+    PyErr_Format(PyExc_TypeError,
+                 "%U: mixing a DTensor with a plain ndarray of shape %R is not supported; "
+                 "wrap it with mpitensor.distribute_tensor(array, mesh, placements) first, "
+                 "or, when every rank holds the same array, run the operation inside "
+                 "mpitensor.experimental.implicit_replication()", label, shape);
+  Py_XDECREF(shape);
+  Py_XDECREF(label);
+  return -1;
+}
+
+/* The mesh of the first DTensor operand; NULL (no exception) when there is none.
+ * A DTensor whose move is pending completes it here (collective). */
+static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, int n,
+                                    int *err) {
+  mt_ext_mesh_base *mb = NULL;
+  for (int i = 0; i < n; ++i) {
+    if (!mt_ext_is_dtensor(d, ops[i])) continue;
+    mt_ext_dtensor *b = (mt_ext_dtensor *)ops[i];
+    if (b->local != NULL && !PyArray_Check(b->local)) {
+      PyObject *done = mt_ext_request_result(d->module, b->local);
+      if (done == NULL) return *err = 1, NULL;
+      Py_SETREF(b->local, done);
+    }
+    mt_ext_mesh_base *m = b->spec == NULL ? NULL : mt_ext_spec_mesh(d, b->spec);
+    if (m == NULL) {
       PyErr_SetString(PyExc_TypeError, "a DTensor's spec must name a DeviceMesh");
-      return -1;
+      return *err = 1, NULL;
+    }
+    if (mb != NULL && m != mb && (m->key == 0 || m->key != mb->key)) {
+      PyErr_Format(PyExc_ValueError, "the DTensors live on different device meshes (%R "
+                   "and %R); redistribute them onto one mesh first", mb, m);
+      return *err = 1, NULL;
+    }
+    if (mb == NULL) mb = m;
+  }
+  return mb;
+}
+
+/* Adds operand i: a DTensor, an implicitly replicated ndarray, or a scalar. */
+static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
+                      PyObject *key) {
+  if (!mt_ext_is_dtensor(d, o)) {
+    if (PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0) {
+      if (!(d->modes->implicit_replication > 0 || c->mb->local)) return mixed(o, key);
+      o = c->made[c->nmade++] = replicated(d, c->mb, o);
+      if (o == NULL) return -1;
+    } else {
+      int64_t kind = scalar_kind(o);
+      c->key.operand[i] = -kind;
+      return kind > 0 ? 1 : 0;
     }
   }
-  if (strict && (!c->mb->member || PyTuple_GET_ITEM(b->spec, 0) != (PyObject *)c->mb))
-    return 0;
+  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
   int64_t id;
-  if (mt_ext_layout_id(d, c->mb, b, NULL, &id) < 0) {
-    if (!strict) return -1;
-    PyErr_Clear(); /* the Python entry reports what is wrong with it */
-    return 0;
-  }
+  if (mt_ext_layout_id(d, c->mb, b, NULL, &id) < 0) return -1;
   c->dt[c->ntensors] = b;
   c->id[c->ntensors++] = id;
   c->tensors |= 1u << i;
@@ -105,38 +152,33 @@ static int gather_tensor(mt_ext_dispatch *d, PyObject *o, int i, int strict,
   return 1;
 }
 
-int mt_ext_call_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, int strict,
-                       mt_ext_call *c) {
-  /* Only what is read is set: dt, id and key.operand up to the counts. */
-  c->mb = NULL, c->ntensors = 0, c->tensors = 0;
+int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
+                  PyObject *key) {
+  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
   c->key.op = 0, c->key.aux = 0;
-  if (n < 1 || n > MT_MEMO_MAX_OPERANDS) {
-    if (strict) return 0;
-    PyErr_Format(PyExc_TypeError, "an operation takes 1 to %d operands here",
-                 MT_MEMO_MAX_OPERANDS);
-    return -1;
-  }
   c->key.noperands = c->noperands = n;
+  if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;
+  int err = 0;
+  c->mb = first_mesh(d, ops, n, &err);
+  if (c->mb == NULL) return err ? -1 : 0;
   for (int i = 0; i < n; ++i) {
-    if (strict && mt_ext_known_tensor(d, ops[i], i, c)) continue;
-    int rc;
-    if (mt_ext_is_dtensor(d, ops[i])) {
-      rc = gather_tensor(d, ops[i], i, strict, c);
-    } else {
-      int64_t kind = scalar_kind(d, ops[i], strict);
-      rc = kind > 0 ? 1 : (int)kind;
-      c->key.operand[i] = -kind;
+    int rc = gather_one(d, ops[i], i, c, key);
+    if (rc <= 0) {
+      mt_ext_call_release(c);
+      return rc;
     }
-    if (rc <= 0) return rc;
   }
-  if (c->ntensors > 0) return 1;
-  if (strict) return 0;
-  PyErr_SetString(PyExc_TypeError, "an operation on DTensors needs a DTensor operand");
-  return -1;
+  return 1;
 }
 
-int mt_ext_call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_ext_inputs *in) {
-  mt_prop_inputs *p = &in->prop;
+void mt_ext_call_release(mt_ext_call *c) {
+  for (int i = 0; i < c->nmade; ++i) Py_CLEAR(c->made[i]);
+  c->nmade = 0;
+}
+
+/* The tensor inputs as the core sees them, with their mt_dtype codes. */
+static int call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_prop_inputs *p,
+                       int *dtype) {
   memset(p, 0, sizeof *p);
   p->ninputs = c->ntensors, p->mesh_ndim = c->mb->mesh_ndim;
   memcpy(p->mesh_shape, c->mb->mesh_shape, sizeof p->mesh_shape);
@@ -146,15 +188,15 @@ int mt_ext_call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_ext_inputs *
     p->ndim[t] = key.ndim, p->itemsize[t] = key.itemsize;
     memcpy(p->shape[t], key.shape, sizeof p->shape[t]);
     memcpy(p->placements[t], key.placements, sizeof p->placements[t]);
-    in->dtype[t] = mt_ext_descr_dtype((PyArray_Descr *)PyTuple_GET_ITEM(c->dt[t]->spec, 3));
+    dtype[t] = mt_ext_descr_dtype((PyArray_Descr *)PyTuple_GET_ITEM(c->dt[t]->spec, 3));
   }
   return 0;
 }
 
-/* Raises the core's error, as "numpy.add: " + its message when `sig` names the op. */
-static void *raise_named(const mt_ext_sig *sig, int rc, const mt_error *err) {
-  if (sig == NULL) return mt_ext_raise(rc, err);
-  PyObject *name = PyObject_GetAttrString(sig->func, "__name__");
+/* Raises the core's error, as "numpy.add: " + its message for a registered op. */
+static void *raise_named(const mt_ext_op *op, int rc, const mt_error *err) {
+  if (op->sig == NULL) return mt_ext_raise(rc, err);
+  PyObject *name = PyObject_GetAttrString(op->sig->func, "__name__");
   mt_error named = {rc, ""};
   snprintf(named.msg, sizeof named.msg, "numpy.%.60s: %.440s",
            name != NULL && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : "?", err->msg);
@@ -163,25 +205,75 @@ static void *raise_named(const mt_ext_sig *sig, int rc, const mt_error *err) {
   return mt_ext_raise(rc, &named);
 }
 
-mt_decision *mt_ext_decide_map(mt_ext_mesh_base *mb, const mt_memo_key *key,
-                               const mt_dimmap *map, const mt_ext_inputs *in,
-                               const mt_ext_sig *sig) {
-  mt_decision *dec = NULL;
+/* A user rule's decision, (targets per DTensor input, out placements, out shape
+ * or None), as the caller made it; the memo plans the targets. */
+static mt_decision *decide_targets(mt_ext_dispatch *d, const mt_ext_call *c,
+                                   PyObject *made, const mt_prop_inputs *in,
+                                   const int *dtype) {
+  mt_placement to[MT_PROP_MAX_INPUTS][MT_MAX_MESH_NDIM];
+  mt_decision outcome, *dec = NULL;
+  memset(&outcome, 0, sizeof outcome);
+  outcome.ninputs = c->ntensors, outcome.mesh_ndim = c->mb->mesh_ndim;
+  outcome.out_ndim = -1;
+  PyObject *targets, *out_pl, *shape;
+  int n = 0;
+  if (!PyArg_ParseTuple(made, "OOO:a rule's decision", &targets, &out_pl, &shape))
+    return NULL;
+  PyObject *fast = PySequence_Fast(targets, "targets must be a sequence");
+  if (fast == NULL) return NULL;
+  int rc = PySequence_Fast_GET_SIZE(fast) == c->ntensors ? 0 : -1;
+  for (int t = 0; rc == 0 && t < c->ntensors; ++t)
+    rc = mt_ext_placements(PySequence_Fast_GET_ITEM(fast, t), to[t], &n);
+  Py_DECREF(fast);
+  if (rc == 0) rc = mt_ext_placements(out_pl, outcome.out_placements, &n);
+  if (rc == 0 && shape != Py_None)
+    rc = mt_ext_int64s(shape, outcome.out_shape, MT_MAX_NDIM, &outcome.out_ndim, "shape");
+  if (rc < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "one target per DTensor");
+    return NULL;
+  }
   mt_error err = {0};
-  int rc = mt_memo_decide(mb->memo, key, map, &in->prop, in->dtype, &dec, &err);
-  return rc == MT_OK ? dec : raise_named(sig, rc, &err);
+  rc = mt_memo_decide_targets(c->mb->memo, &c->key, in, dtype,
+                              (const mt_placement(*)[MT_MAX_MESH_NDIM])to, &outcome, &dec,
+                              &err);
+  return rc == MT_OK ? dec : (mt_decision *)mt_ext_raise(rc, &err);
 }
 
-mt_decision *mt_ext_call_miss(mt_ext_dispatch *d, const mt_ext_sig *sig,
-                              const mt_ext_call *c, uint32_t axes, int keepdims) {
-  mt_ext_inputs in;
-  if (mt_ext_call_inputs(d, c, &in) < 0) return NULL;
-  mt_op_args args = {c->noperands, c->tensors, axes, keepdims};
+/* A miss: the op's dim map (or a rule's targets) decided and stored. */
+static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c) {
+  mt_prop_inputs in;
+  int dtype[MT_PROP_MAX_INPUTS];
+  if (call_inputs(d, c, &in, dtype) < 0) return NULL;
   mt_dimmap map;
   mt_error err = {0};
-  int rc = mt_op_dimmap(&sig->op, &args, &in.prop, in.dtype[0], &map, &err);
-  return rc == MT_OK ? mt_ext_decide_map(c->mb, &c->key, &map, &in, sig)
-                     : raise_named(sig, rc, &err);
+  mt_decision *dec = NULL;
+  int rc;
+  if (op->sig != NULL) {
+    mt_op_args args = {c->noperands, c->tensors, op->axes, op->keepdims};
+    rc = mt_op_dimmap(&op->sig->op, &args, &in, dtype[0], &map, &err);
+    if (rc != MT_OK) return raise_named(op, rc, &err);
+  } else {
+    PyObject *made = mt_ext_hook(d, MT_HOOK_BUILD, op->build, NULL, 0, NULL);
+    if (made == NULL) return NULL;
+    if (PyTuple_Check(made)) {
+      dec = decide_targets(d, c, made, &in, dtype);
+      Py_DECREF(made);
+      return dec;
+    }
+    const mt_dimmap *m = mt_ext_dimmap_get(d->module, made);
+    if (m != NULL) map = *m;
+    Py_DECREF(made);
+    if (m == NULL) return NULL;
+  }
+  rc = mt_memo_decide(c->mb->memo, &c->key, &map, &in, dtype, &dec, &err);
+  return rc == MT_OK ? dec : (mt_decision *)raise_named(op, rc, &err);
+}
+
+mt_decision *mt_ext_decide(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
+                           int *hit) {
+  mt_decision *dec = mt_memo_find(c->mb->memo, &c->key);
+  *hit = dec != NULL;
+  return dec != NULL ? dec : miss(d, op, c);
 }
 
 /* Whether the Python layout `layout` has element type `descr`. */
@@ -191,23 +283,14 @@ static int same_dtype(PyObject *layout, PyArray_Descr *descr) {
          (PyArray_DescrCheck(have) && PyArray_EquivTypes((PyArray_Descr *)have, descr));
 }
 
-int mt_ext_known_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t out_id,
-                        int64_t out_slot, PyArray_Descr *descr, PyObject **layout) {
-  if (out_id == 0) return 0;
-  *layout = mt_ext_py_layout(d, mb, out_id, out_slot, NULL, NULL);
-  if (*layout == NULL) return PyErr_Occurred() ? -1 : 0;
-  if (same_dtype(*layout, descr)) return 1;
-  Py_CLEAR(*layout);
-  return 0;
-}
-
 int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
                            const mt_memo_key *key, const mt_decision *dec,
                            PyArray_Descr *descr, int64_t *id, PyObject **layout) {
-  int known = mt_ext_known_output(d, mb, dec->out_id, dec->out_slot, descr, layout);
-  if (known != 0) {
-    *id = dec->out_id;
-    return known < 0 ? -1 : 0;
+  if (dec->out_id != 0) {
+    *layout = mt_ext_py_layout(d, mb, dec->out_id, dec->out_slot, NULL, NULL);
+    if (*layout == NULL && PyErr_Occurred()) return -1;
+    if (*layout != NULL && same_dtype(*layout, descr)) return (*id = dec->out_id), 0;
+    Py_CLEAR(*layout);
   }
   mt_layout_key out;
   memset(&out, 0, sizeof out);
@@ -219,13 +302,53 @@ int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
   int64_t slot;
   mt_error err = {0};
   int rc = mt_layout_table_intern(mb->layouts, &out, id, &slot, &err);
-  if (rc != MT_OK) {
-    mt_ext_raise(rc, &err);
-    return -1;
-  }
+  if (rc != MT_OK) return mt_ext_raise(rc, &err), -1;
   *layout = mt_ext_py_layout(d, mb, *id, slot, &out, (PyObject *)descr);
   if (*layout == NULL) return -1;
   mt_decision *live = mt_memo_peek(mb->memo, key);
   if (live != NULL) live->out_id = *id, live->out_slot = slot;
   return 0;
 }
+
+/* decide(key, operands, build) -> (out placements, out shape, bytes moved): an
+ * operation's decision, for a caller that compares it with another way, without
+ * running anything. Local. */
+static PyObject *decide(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 3 || !PyTuple_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "decide(key, operands: tuple, build)");
+  mt_ext_op op = {0};
+  op.sig = mt_ext_sig_of(d, args[0]);
+  op.key = args[0], op.build = args[2];
+  mt_ext_call c;
+  int rc = mt_ext_gather(d, &PyTuple_GET_ITEM(args[1], 0), (int)PyTuple_GET_SIZE(args[1]),
+                         &c, args[0]);
+  if (rc <= 0) return rc < 0 ? NULL : PyErr_Format(PyExc_TypeError, "no DTensor operand");
+  c.key.op = op.sig != NULL ? op.sig->id : mt_ext_op_id(d, args[0]);
+  int hit;
+  const mt_decision *dec = c.key.op < 0 ? NULL : mt_ext_decide(d, &op, &c, &hit);
+  PyObject *out = NULL;
+  if (dec != NULL) {
+    int64_t bytes = 0;
+    for (int i = 0; i < dec->ninputs; ++i)
+      if (dec->plan[i] != NULL) bytes += mt_plan_bytes(dec->plan[i]);
+    PyObject *pl = mt_ext_placement_objects(d, dec->out_placements, dec->mesh_ndim);
+    PyObject *shape = dec->out_ndim < 0 ? Py_NewRef(Py_None)
+                                        : mt_ext_int_tuple(dec->out_shape, dec->out_ndim);
+    if (pl && shape) out = Py_BuildValue("(OOL)", pl, shape, (long long)bytes);
+    Py_XDECREF(pl);
+    Py_XDECREF(shape);
+  }
+  mt_ext_call_release(&c);
+  return out;
+}
+
+PyMethodDef mt_ext_decide_methods[] = {
+    {"decide", (PyCFunction)(void (*)(void))decide, METH_FASTCALL,
+     "decide(key, operands, build) -> (out_placements, out_shape, bytes): the "
+     "decision of an operation (a registered ufunc, or a key whose dim map build() "
+     "gives on a miss) on the operands, found in or added to the mesh's memo; "
+     "nothing runs. Local.\n\n"
+     "Example: _C.decide(numpy.add, (a, b), None)[0]"},
+    {NULL, NULL, 0, NULL},
+};

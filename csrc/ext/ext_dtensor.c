@@ -1,27 +1,15 @@
 /* _C.DTensorBase: the C base of mpitensor.DTensor. It holds the local ndarray,
  * the spec, the layout id of the spec on its mesh (found when first needed), and
- * autograd's requires_grad bit and node (the C path records into them); its
- * operators, __array_ufunc__ and reduction methods are entry points of the
- * dispatch (ext_dispatch.c). */
+ * autograd's requires_grad bit and node; its operators, __array_ufunc__,
+ * __array_function__, reduction methods and redistribute are the executor's
+ * doors (ext_entry.c, ext_move.c). */
 #include "ext.h"
 
 #include <stddef.h>
 #include <structmember.h>
 
-/* The operators and their ufuncs (NDArrayOperatorsMixin's list), in the order of
- * mt_ext_dispatch.binary, .unary and .compare (Py_LT .. Py_GE). */
-const char *const mt_ext_binary_names[MT_EXT_NBINARY] = {
-    "add",         "subtract",   "multiply",    "matmul",      "true_divide",
-    "floor_divide", "remainder", "power",       "left_shift",  "right_shift",
-    "bitwise_and", "bitwise_xor", "bitwise_or", "divmod"};
 enum { B_ADD, B_SUB, B_MUL, B_MATMUL, B_TDIV, B_FDIV, B_MOD, B_POW, B_LSH, B_RSH,
        B_AND, B_XOR, B_OR, B_DIVMOD };
-const char *const mt_ext_unary_names[MT_EXT_NUNARY] = {"negative", "positive",
-                                                       "absolute", "invert"};
-const char *const mt_ext_compare_names[MT_EXT_NCOMPARE] = {
-    "less", "less_equal", "equal", "not_equal", "greater", "greater_equal"};
-const char *const mt_ext_reduction_names[MT_EXT_NREDUCTION] = {
-    "sum", "mean", "prod", "max", "min", "all", "any", "std", "var", "argmax", "argmin"};
 
 static void base_dealloc(PyObject *self);
 
@@ -56,7 +44,7 @@ static PyObject *binary(int op, PyObject *l, PyObject *r) {
   mt_ext_dispatch *d = dispatch_at(base != NULL ? base : base_of(r));
   if (d == NULL) return NULL;
   PyObject *ops[2] = {l, r};
-  return mt_ext_call_ufunc(d, d->binary[op], ops, 2, NULL);
+  return mt_ext_ufunc(d, d->binary[op], ops, 2, NULL);
 }
 
 #define BINARY_SLOT(fn, op) \
@@ -83,7 +71,7 @@ static PyObject *nb_pow(PyObject *l, PyObject *r, PyObject *mod) {
   return NULL;
 }
 
-/* `self op= other`: the ufunc into self (out=), which the Python entry handles. */
+/* `self op= other`: the ufunc into self (out=), which the ufunc's entry handles. */
 static PyObject *inplace(int op, PyObject *self, PyObject *other) {
   mt_ext_dispatch *d = dispatch_of(self);
   if (d == NULL) return NULL;
@@ -92,7 +80,7 @@ static PyObject *inplace(int op, PyObject *self, PyObject *other) {
   PyObject *kwnames = PyTuple_Pack(1, d->s_out);
   PyObject *args[3] = {self, other, outs};
   PyObject *res = kwnames == NULL ? NULL
-                                  : mt_ext_call_ufunc(d, d->binary[op], args, 2, kwnames);
+                                  : mt_ext_ufunc(d, d->binary[op], args, 2, kwnames);
   Py_XDECREF(kwnames);
   Py_DECREF(outs);
   return res;
@@ -122,7 +110,7 @@ static PyObject *nb_ipow(PyObject *l, PyObject *r, PyObject *mod) {
 
 static PyObject *unary(int op, PyObject *x) {
   mt_ext_dispatch *d = dispatch_of(x);
-  return d == NULL ? NULL : mt_ext_call_ufunc(d, d->unary[op], &x, 1, NULL);
+  return d == NULL ? NULL : mt_ext_ufunc(d, d->unary[op], &x, 1, NULL);
 }
 
 static PyObject *nb_neg(PyObject *x) { return unary(0, x); }
@@ -134,7 +122,7 @@ static PyObject *richcompare(PyObject *self, PyObject *other, int op) {
   mt_ext_dispatch *d = dispatch_of(self);
   if (d == NULL) return NULL;
   PyObject *ops[2] = {self, other};
-  return mt_ext_call_ufunc(d, d->compare[op], ops, 2, NULL);
+  return mt_ext_ufunc(d, d->compare[op], ops, 2, NULL);
 }
 
 /* __array_ufunc__(ufunc, method, *operands, **kwargs). */
@@ -149,11 +137,31 @@ static PyObject *array_ufunc(PyObject *self, PyObject *const *args, Py_ssize_t n
   return mt_ext_array_ufunc(d, args[0], args[1], args + 2, nargs - 2, kwnames);
 }
 
+/* __array_function__(func, types, args, kwargs): NotImplemented for a type that is
+ * neither a DTensor nor an ndarray, else the registered function. */
+static PyObject *array_function(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = dispatch_of(self);
+  if (d == NULL) return NULL;
+  if (nargs != 4 || !PyTuple_Check(args[2]) || !PyDict_Check(args[3]))
+    return PyErr_Format(PyExc_TypeError, "__array_function__(func, types, args, kwargs)");
+  PyObject *types = PySequence_Fast(args[1], "types must be a sequence");
+  if (types == NULL) return NULL;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(types); ++i) {
+    PyTypeObject *t = (PyTypeObject *)PySequence_Fast_GET_ITEM(types, i);
+    if (t != d->dtensor && (!PyType_Check(t) || !PyType_IsSubtype(t, &PyArray_Type))) {
+      Py_DECREF(types);
+      Py_RETURN_NOTIMPLEMENTED;
+    }
+  }
+  Py_DECREF(types);
+  return mt_ext_function(d, args[0], args[2], args[3]);
+}
+
 #define REDUCTION(fn, idx)                                                            \
   static PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs,     \
                       PyObject *kwnames) {                                         \
     mt_ext_dispatch *d = dispatch_of(self);                                 \
-    return d == NULL ? NULL : mt_ext_call_reduction(d, idx, self, args, nargs, kwnames); \
+    return d == NULL ? NULL : mt_ext_reduction(d, idx, self, args, nargs, kwnames); \
   }
 REDUCTION(m_sum, 0)
 REDUCTION(m_mean, 1)
@@ -182,8 +190,7 @@ static const char *const redistribute_kw[] = {"device_mesh", "placements", "asyn
                                               "forward_dtype", "backward_dtype"};
 enum { RD_MESH, RD_PLACEMENTS, RD_ASYNC, RD_FORWARD, RD_BACKWARD, RD_NARGS };
 
-/* Its arguments by parameter (NULL: not given); 0 when they do not bind (the
- * Python implementation raises the TypeError). */
+/* Its arguments by parameter (NULL: not given); 0 when they do not bind. */
 static int redistribute_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                              PyObject **bound) {
   for (int i = 0; i < RD_NARGS; ++i) bound[i] = NULL;
@@ -201,33 +208,22 @@ static int redistribute_args(PyObject *const *args, Py_ssize_t nargs, PyObject *
   return 1;
 }
 
-/* redistribute(...): the C path (ext_redistribute_fast.c) when it takes the call,
- * else the Python implementation, DTensor._redistribute, with the same arguments. */
+/* redistribute(device_mesh=None, placements=None, *, async_op=False,
+ * forward_dtype=None, backward_dtype=None): the move in the executor. */
 static PyObject *m_redistribute(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
   mt_ext_dispatch *d = dispatch_of(self);
   if (d == NULL) return NULL;
   PyObject *a[RD_NARGS];
-  if (redistribute_args(args, nargs, kwnames, a) && a[RD_PLACEMENTS] != NULL &&
-      (a[RD_ASYNC] == NULL || a[RD_ASYNC] == Py_False) &&
-      (a[RD_FORWARD] == NULL || a[RD_FORWARD] == Py_None)) {
-    PyObject *out = NULL;
-    int rc = mt_ext_redistribute_fast(d, self, a[RD_MESH] ? a[RD_MESH] : Py_None,
-                                      a[RD_PLACEMENTS], &out);
-    if (rc != 0) return out;
-  }
-  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-  PyObject *small[8], **stack = small;
-  if (1 + nargs + nkw > 8) {
-    stack = PyMem_Malloc((size_t)(1 + nargs + nkw) * sizeof(PyObject *));
-    if (stack == NULL) return PyErr_NoMemory();
-  }
-  stack[0] = self;
-  for (Py_ssize_t i = 0; i < nargs + nkw; ++i) stack[1 + i] = args[i];
-  PyObject *res = PyObject_VectorcallMethod(d->s_redistribute, stack,
-                                            (size_t)(1 + nargs), kwnames);
-  if (stack != small) PyMem_Free(stack);
-  return res;
+  if (!redistribute_args(args, nargs, kwnames, a))
+    return PyErr_Format(PyExc_TypeError, "redistribute(device_mesh=None, placements=None, "
+                        "*, async_op=False, forward_dtype=None, backward_dtype=None)");
+  int async = a[RD_ASYNC] != NULL ? PyObject_IsTrue(a[RD_ASYNC]) : 0;
+  if (async < 0) return NULL;
+  for (int i = 0; i < RD_NARGS; ++i)
+    if (a[i] == NULL) a[i] = Py_None;
+  return mt_ext_move(d, self, a[RD_MESH], a[RD_PLACEMENTS], async, a[RD_FORWARD],
+                     a[RD_BACKWARD], d->s_redistribute);
 }
 
 PyDoc_STRVAR(redistribute_doc,
@@ -255,9 +251,8 @@ PyDoc_STRVAR(redistribute_doc,
 "the dtype lacks (complex max/min, bool or integer avg) is a TypeError on\n"
 "every rank, whatever the mesh size.\n"
 "\n"
-"A repeated move (same layout, same target) runs from C: its plan is the\n"
-"mesh's cached decision, and no Python code runs unless a debugging tool\n"
-"listens, autograd records, or ``async_op``/``forward_dtype`` is given.\n"
+"A repeated move (same layout, same target) runs its cached plan from the\n"
+"mesh's memo without running any Python code.\n"
 "\n"
 "Example (``mpiexec -n 4``)::\n"
 "\n"
@@ -276,7 +271,7 @@ static int base_init(PyObject *self, PyObject *args, PyObject *kwds) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)self;
   Py_XSETREF(b->spec, Py_NewRef(spec));
   Py_XSETREF(b->local, Py_NewRef(local));
-  b->layout_id = 0;
+  b->layout_id = 0, b->fresh = 0;
   return 0;
 }
 
@@ -310,6 +305,9 @@ static PyMemberDef base_members[] = {
      "Whether autograd records operations on this tensor while grad mode is on."},
     {"_grad_fn", T_OBJECT, offsetof(mt_ext_dtensor, grad_fn), 0,
      "The autograd Node that made this tensor, or None (a leaf)."},
+    {"_fresh", T_BOOL, offsetof(mt_ext_dtensor, fresh), 0,
+     "Made during a backward by the executor, whose new local array only this "
+     "DTensor holds: autograd's engine may write into it."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -344,6 +342,9 @@ static PyMethodDef base_methods[] = {
     {"__array_ufunc__", (PyCFunction)(void (*)(void))array_ufunc,
      METH_FASTCALL | METH_KEYWORDS,
      "NumPy ufuncs on DTensors, sharded (see mpitensor._ops._elementwise)."},
+    {"__array_function__", (PyCFunction)(void (*)(void))array_function, METH_FASTCALL,
+     "NumPy functions on DTensors: the registered ones (mpitensor._registry); any "
+     "other is a TypeError naming it, never a silent gather."},
     RED_DEF("sum", m_sum, PARTIAL_OK),     RED_DEF("mean", m_mean, PARTIAL_OK),
     RED_DEF("prod", m_prod, PARTIAL_OK),   RED_DEF("max", m_max, PARTIAL_OK),
     RED_DEF("min", m_min, PARTIAL_OK),     RED_DEF("all", m_all, WHOLE),

@@ -70,7 +70,18 @@ static PyObject *chunk_sizes(PyObject *module, PyObject *args) {
   return out;
 }
 
+static PyObject *contiguous_strides(PyObject *module, PyObject *shape) {
+  int64_t sh[MT_MAX_NDIM], st[MT_MAX_NDIM];
+  int n = 0;
+  if (mt_ext_int64s(shape, sh, MT_MAX_NDIM, &n, "shape") < 0) return NULL;
+  mt_layout_contiguous_strides(n, sh, st);
+  return mt_ext_int_tuple(st, n);
+}
+
 PyMethodDef mt_ext_layout_methods[] = {
+    {"contiguous_strides", contiguous_strides, METH_O,
+     "contiguous_strides(shape) -> torch's strides of a contiguous tensor (a dim of "
+     "size 0 counts as 1). Local."},
     {"chunk_sizes", chunk_sizes, METH_VARARGS,
      "chunk_sizes(n, k) -> the sizes of the k chunks torch.chunk cuts n items into "
      "(the shards of a dim of n over k ranks). Local."},

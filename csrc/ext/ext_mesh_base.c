@@ -7,6 +7,7 @@
  * freed at once. */
 #include "ext.h"
 
+#include <stddef.h>
 #include <structmember.h>
 
 #include "mpitensor/mesh.h"
@@ -79,7 +80,7 @@ static int handle_set(PyObject *self, PyObject *value, void *closure) {
   int64_t coord[MT_MAX_MESH_NDIM];
   mb->mesh_ndim = mt_mesh_ndim(mesh);
   for (int m = 0; m < mb->mesh_ndim; ++m) mb->mesh_shape[m] = mt_mesh_dim_size(mesh, m);
-  mb->member = mt_mesh_coordinate(mesh, coord);
+  mb->member = (char)mt_mesh_coordinate(mesh, coord);
   mt_error err = {0};
   int rc = mt_memo_set_time_model(mb->memo, mt_mesh_time_model(mesh), &err);
   if (rc != MT_OK) {
@@ -138,6 +139,14 @@ static PyGetSetDef mb_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+static PyMemberDef mb_members[] = {
+    {"_local", T_BOOL, offsetof(mt_ext_mesh_base, local), 0,
+     "mpitensor's local mesh: plain ndarrays mix with its DTensors as Replicate."},
+    {"_equal_key", T_ULONGLONG, offsetof(mt_ext_mesh_base, key), 0,
+     "A fingerprint of what makes meshes equal: operands on equal meshes mix."},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyMethodDef mb_methods[] = {
     {"_dispatch_stats", dispatch_stats, METH_NOARGS,
      "{hits, misses, decisions, plans, layouts, and their limits} of this mesh's "
@@ -157,6 +166,7 @@ static PyType_Slot mb_slots[] = {
     {Py_tp_traverse, mb_traverse},
     {Py_tp_clear, mb_clear},
     {Py_tp_getset, mb_getset},
+    {Py_tp_members, mb_members},
     {Py_tp_methods, mb_methods},
     {0, NULL},
 };

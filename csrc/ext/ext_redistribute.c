@@ -1,4 +1,6 @@
-/* _C.Plan, _C.Request and the redistribute/distribute entry points. */
+/* _C.Plan (a plan as data, for tools and benchmarks), the running of a plan on
+ * this rank's local array (blocking, or started), distribute and the selection
+ * exchange of basic indexing. */
 #include "ext.h"
 
 #include "mpitensor/comm.h"
@@ -9,12 +11,6 @@ typedef struct {
   mt_plan *plan;
   mt_layout src, dst;
 } PlanObject;
-
-typedef struct {
-  PyObject_HEAD
-  mt_request *req;
-  PyObject *mesh, *plan, *src, *dst; /* kept alive until the data has arrived */
-} RequestObject;
 
 /* ---- Plan ------------------------------------------------------------------------ */
 
@@ -302,99 +298,37 @@ PyObject *mt_ext_plan_wrap(PyObject *module, mt_plan *plan) {
   return (PyObject *)self;
 }
 
-static int request_finish(RequestObject *self, mt_error *err) {
-  if (self->req == NULL) return MT_OK;
-  mt_request *req = self->req;
-  int rc;
-  self->req = NULL;
-  Py_BEGIN_ALLOW_THREADS
-  rc = mt_request_wait(req, err);
-  Py_END_ALLOW_THREADS
-  return rc;
-}
-
-/* redistribute_start(mesh, plan, local) -> Request. Collective on the mesh. */
-static PyObject *redistribute_start(PyObject *module, PyObject *const *args,
-                                    Py_ssize_t nargs) {
+/* The plan (with steps) started on this rank's local array: a _C.Request whose
+ * wait() gives the new local array. Collective on the mesh. */
+PyObject *mt_ext_start_plan(PyObject *module, PyObject *mesh_obj, const mt_plan *plan,
+                            PyObject *local) {
+  int n = mt_plan_nsteps(plan);
+  mt_mesh *mesh = mt_ext_mesh_get_unchecked(mesh_obj);
   call_args c;
-  if (prepare(module, args, nargs, &c) < 0) {
+  if (prepare_run(module, mesh, plan, &mt_plan_step(plan, 0)->src,
+                  &mt_plan_step(plan, n - 1)->dst, local, &c) < 0) {
     release(&c);
     return NULL;
   }
-  PyTypeObject *tp = mt_ext_state_of(module)->request_type;
-  RequestObject *self = (RequestObject *)tp->tp_alloc(tp, 0);
-  if (self == NULL) {
-    release(&c);
-    return NULL;
-  }
-  Py_INCREF(args[0]);
-  Py_INCREF(args[1]);
-  self->mesh = args[0], self->plan = args[1], self->src = (PyObject *)c.src;
-  self->dst = c.dst != NULL ? (PyObject *)c.dst : Py_NewRef((PyObject *)c.src);
-  if (c.dst == NULL && !c.no_memory) return (PyObject *)self;
+  mt_request *req = NULL;
   mt_error err = {0};
   int rc;
   void *dst = c.dst != NULL ? PyArray_DATA(c.dst) : NULL;
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_redistribute_start(c.mesh, c.plan, c.dtype, PyArray_DATA(c.src), dst,
-                             &self->req, &err);
+  rc = mt_redistribute_start(mesh, plan, c.dtype, PyArray_DATA(c.src), dst, &req, &err);
   Py_END_ALLOW_THREADS
-  if (rc != MT_OK) {
-    Py_DECREF(self);
-    return mt_ext_raise(rc, &err);
-  }
-  return (PyObject *)self;
+  PyObject *p = rc == MT_OK ? mt_ext_plan_wrap(module, (mt_plan *)plan) : NULL;
+  PyObject *keep = p != NULL ? PyTuple_Pack(3, mesh_obj, p, (PyObject *)c.src) : NULL;
+  PyObject *out = keep != NULL ? mt_ext_request_new(module, req, NULL, keep,
+                                                    (PyObject *)c.dst)
+                               : NULL;
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  else if (out == NULL && req != NULL) mt_request_wait(req, &err);
+  Py_XDECREF(keep);
+  Py_XDECREF(p);
+  release(&c);
+  return out;
 }
-
-static PyObject *request_wait(RequestObject *self, PyObject *unused) {
-  mt_error err = {0};
-  int rc = request_finish(self, &err);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  return Py_NewRef(self->dst);
-}
-
-static PyObject *request_get_done(RequestObject *self, void *c) {
-  return PyBool_FromLong(self->req == NULL);
-}
-
-/* A request dropped unwaited still completes, so MPI never writes into freed memory. */
-static void request_dealloc(RequestObject *self) {
-  PyTypeObject *tp = Py_TYPE(self);
-  mt_error err = {0};
-  request_finish(self, &err);
-  Py_XDECREF(self->mesh);
-  Py_XDECREF(self->plan);
-  Py_XDECREF(self->src);
-  Py_XDECREF(self->dst);
-  tp->tp_free((PyObject *)self);
-  Py_DECREF(tp);
-}
-
-static PyMethodDef request_methods[] = {
-    {"wait", (PyCFunction)request_wait, METH_NOARGS,
-     "Completes the redistribute and returns the new local array. Collective."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef request_getset[] = {
-    {"done", (getter)request_get_done, NULL, "True once wait() has completed", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyType_Slot request_slots[] = {
-    {Py_tp_dealloc, request_dealloc},
-    {Py_tp_methods, request_methods},
-    {Py_tp_getset, request_getset},
-    {Py_tp_doc, "An asynchronous redistribute in flight; wait() returns its result."},
-    {0, NULL},
-};
-
-static PyType_Spec request_spec = {
-    .name = "mpitensor._C.Request",
-    .basicsize = sizeof(RequestObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = request_slots,
-};
 
 /* ---- distribute ---------------------------------------------------------------------- */
 
@@ -574,8 +508,6 @@ PyMethodDef mt_ext_redistribute_methods[] = {
      "-> this rank's box of a selection moved to dst_codes. Collective."},
     {"redistribute", (PyCFunction)(void (*)(void))redistribute, METH_FASTCALL,
      "redistribute(mesh, plan, local) -> local array of the plan's target. Collective."},
-    {"redistribute_start", (PyCFunction)(void (*)(void))redistribute_start, METH_FASTCALL,
-     "redistribute_start(mesh, plan, local) -> Request. Collective."},
     {"distribute", (PyCFunction)(void (*)(void))distribute, METH_FASTCALL,
      "distribute(mesh, placements, full[, src]) -> this rank's box. Collective."},
     {"plan_check", (PyCFunction)(void (*)(void))plan_check, METH_FASTCALL,
@@ -591,8 +523,6 @@ int mt_ext_redistribute_exec(PyObject *module) {
   mt_ext_state *st = mt_ext_state_of(module);
   st->plan_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &plan_spec, NULL);
   if (st->plan_type == NULL) return -1;
-  st->request_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &request_spec, NULL);
-  if (st->request_type == NULL) return -1;
   if (PyModule_AddObjectRef(module, "Plan", (PyObject *)st->plan_type) < 0) return -1;
   PyObject *kinds = PyTuple_New(MT_STEP_DIRECT + 1);
   for (int k = 0; kinds != NULL && k <= MT_STEP_DIRECT; ++k) {
@@ -605,5 +535,5 @@ int mt_ext_redistribute_exec(PyObject *module) {
     return -1;
   }
   Py_DECREF(kinds);
-  return PyModule_AddObjectRef(module, "Request", (PyObject *)st->request_type);
+  return 0;
 }

@@ -1,78 +1,9 @@
-/* _C.Exchange and the ring entry points behind context parallelism: a shift to
- * the next rank, an uneven all-gather, and the metadata all-gather. */
+/* The ring entry points behind context parallelism: a shift to the next rank, an
+ * uneven all-gather (both started, as a _C.Request), and the metadata all-gather. */
 #include "ext.h"
 
 #include "mpitensor/mesh.h"
 #include "mpitensor/ring.h"
-
-typedef struct {
-  PyObject_HEAD
-  mt_exchange *ex;
-  PyObject *mesh, *send, *recv; /* kept alive until the data has moved */
-} ExchangeObject;
-
-static int finish(ExchangeObject *self, mt_error *err) {
-  if (self->ex == NULL) return MT_OK;
-  mt_exchange *ex = self->ex;
-  int rc;
-  self->ex = NULL;
-  Py_BEGIN_ALLOW_THREADS
-  rc = mt_exchange_wait(ex, err);
-  Py_END_ALLOW_THREADS
-  return rc;
-}
-
-static PyObject *exchange_wait(ExchangeObject *self, PyObject *unused) {
-  mt_error err = {0};
-  int rc = finish(self, &err);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  return Py_NewRef(self->recv);
-}
-
-static PyObject *exchange_test(ExchangeObject *self, PyObject *unused) {
-  if (self->ex == NULL) Py_RETURN_TRUE;
-  mt_error err = {0};
-  int done = 0, rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = mt_exchange_test(self->ex, &done, &err);
-  Py_END_ALLOW_THREADS
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  return PyBool_FromLong(done);
-}
-
-/* An exchange dropped unwaited still completes, so MPI never touches freed memory. */
-static void exchange_dealloc(ExchangeObject *self) {
-  PyTypeObject *tp = Py_TYPE(self);
-  mt_error err = {0};
-  finish(self, &err);
-  Py_XDECREF(self->mesh);
-  Py_XDECREF(self->send);
-  Py_XDECREF(self->recv);
-  tp->tp_free((PyObject *)self);
-  Py_DECREF(tp);
-}
-
-static PyMethodDef exchange_methods[] = {
-    {"wait", (PyCFunction)exchange_wait, METH_NOARGS,
-     "Completes the exchange and returns the receive array. Local once started."},
-    {"test", (PyCFunction)exchange_test, METH_NOARGS,
-     "Lets MPI progress the exchange; True once it has completed. Local."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyType_Slot exchange_slots[] = {
-    {Py_tp_dealloc, exchange_dealloc},
-    {Py_tp_methods, exchange_methods},
-    {Py_tp_doc, "A ring exchange in flight; wait() returns the receive array."},
-    {0, NULL},
-};
-
-static PyType_Spec exchange_spec = {
-    .name = "mpitensor._C.Exchange",
-    .basicsize = sizeof(ExchangeObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = exchange_slots,
-};
 
 /* ---- argument checks ------------------------------------------------------------- */
 
@@ -94,17 +25,19 @@ static int dim_arg(PyObject *obj, int *dim) {
   return 0;
 }
 
-/* `send` and `recv` (arrays, or the sequences of them) stay referenced until the
- * exchange has completed; wait() returns `recv`. */
+/* A _C.Request for a started exchange: `mesh` and `send` stay referenced until
+ * it completes, and wait() returns `recv`. An exchange that failed to start was
+ * never made. */
 static PyObject *new_exchange(PyObject *module, PyObject *mesh, PyObject *send,
-                              PyObject *recv) {
-  PyTypeObject *tp = mt_ext_state_of(module)->exchange_type;
-  ExchangeObject *self = (ExchangeObject *)tp->tp_alloc(tp, 0);
-  if (self == NULL) return NULL;
-  self->mesh = Py_NewRef(mesh);
-  self->send = Py_NewRef(send);
-  self->recv = Py_NewRef(recv);
-  return (PyObject *)self;
+                              PyObject *recv, mt_exchange *ex) {
+  PyObject *keep = PyTuple_Pack(3, mesh, send, recv);
+  PyObject *out = keep != NULL ? mt_ext_request_new(module, NULL, ex, keep, recv) : NULL;
+  if (keep == NULL) {
+    mt_error err = {0};
+    mt_exchange_wait(ex, &err);
+  }
+  Py_XDECREF(keep);
+  return out;
 }
 
 /* ---- entry points ---------------------------------------------------------------- */
@@ -130,7 +63,7 @@ static int block_args(PyObject *seq, int writable, const char *what, PyArrayObje
   return rc;
 }
 
-/* ring_shift_start(mesh, dim, sends, recvs) -> Exchange: the arrays of `sends` go to
+/* ring_shift_start(mesh, dim, sends, recvs) -> Request: the arrays of `sends` go to
  * the next rank on mesh dim `dim`, those of `recvs` are filled from the previous
  * one, pairwise. Collective on the dim. */
 static PyObject *ring_shift_start(PyObject *module, PyObject *const *args,
@@ -153,22 +86,20 @@ static PyObject *ring_shift_start(PyObject *module, PyObject *const *args,
   }
   /* Tuples, so the arrays MPI is reading and writing cannot leave them meanwhile. */
   PyObject *sends = PySequence_Tuple(args[2]);
-  PyObject *recvs = sends == NULL ? NULL : PySequence_Tuple(args[3]);
-  ExchangeObject *self = recvs == NULL ? NULL
-      : (ExchangeObject *)new_exchange(module, args[0], sends, recvs);
+  PyObject *recvs = sends == NULL ? NULL : PySequence_Tuple(args[3]), *out = NULL;
+  mt_exchange *ex = NULL;
+  mt_error err = {0};
+  int rc = MT_OK;
+  if (recvs != NULL) {
+    Py_BEGIN_ALLOW_THREADS
+    rc = mt_ring_shift_start(mesh, dim, ns, sp, sb, rp, rb, &ex, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != MT_OK) mt_ext_raise(rc, &err);
+    else out = new_exchange(module, args[0], sends, recvs, ex);
+  }
   Py_XDECREF(sends);
   Py_XDECREF(recvs);
-  if (self == NULL) return NULL;
-  mt_error err = {0};
-  int rc;
-  Py_BEGIN_ALLOW_THREADS
-  rc = mt_ring_shift_start(mesh, dim, ns, sp, sb, rp, rb, &self->ex, &err);
-  Py_END_ALLOW_THREADS
-  if (rc != MT_OK) {
-    Py_DECREF(self);
-    return mt_ext_raise(rc, &err);
-  }
-  return (PyObject *)self;
+  return out;
 }
 
 /* The byte counts must fit the buffers, or MPI would write past `recv`. */
@@ -191,7 +122,7 @@ static int check_gather(mt_mesh *mesh, int dim, PyArrayObject *send, PyArrayObje
   return 0;
 }
 
-/* ring_allgatherv_start(mesh, dim, send, recv, byte_counts) -> Exchange. Collective
+/* ring_allgatherv_start(mesh, dim, send, recv, byte_counts) -> Request. Collective
  * on the dim: `recv` receives every rank's block in coordinate order. */
 static PyObject *ring_allgatherv_start(PyObject *module, PyObject *const *args,
                                        Py_ssize_t nargs) {
@@ -207,20 +138,15 @@ static PyObject *ring_allgatherv_start(PyObject *module, PyObject *const *args,
   if (recv == NULL || mt_ext_int64s(args[4], bytes, 1024, &n, "byte counts") < 0 ||
       check_gather(mesh, dim, send, recv, bytes, n) < 0)
     return NULL;
-  ExchangeObject *self = (ExchangeObject *)new_exchange(module, args[0], (PyObject *)send,
-                                                       (PyObject *)recv);
-  if (self == NULL) return NULL;
+  mt_exchange *ex = NULL;
   mt_error err = {0};
   int rc;
   Py_BEGIN_ALLOW_THREADS
   rc = mt_ring_allgatherv_start(mesh, dim, PyArray_DATA(send), PyArray_DATA(recv), bytes,
-                                &self->ex, &err);
+                                &ex, &err);
   Py_END_ALLOW_THREADS
-  if (rc != MT_OK) {
-    Py_DECREF(self);
-    return mt_ext_raise(rc, &err);
-  }
-  return (PyObject *)self;
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return new_exchange(module, args[0], (PyObject *)send, (PyObject *)recv, ex);
 }
 
 /* ring_allgather_int64(mesh, dim, values) -> tuple of len(values) * dim size ints,
@@ -256,10 +182,10 @@ static PyObject *ring_allgather_int64(PyObject *module, PyObject *const *args,
 
 PyMethodDef mt_ext_ring_methods[] = {
     {"ring_shift_start", (PyCFunction)(void (*)(void))ring_shift_start, METH_FASTCALL,
-     "ring_shift_start(mesh, dim, sends, recvs) -> Exchange. Collective on the mesh dim."},
+     "ring_shift_start(mesh, dim, sends, recvs) -> Request. Collective on the mesh dim."},
     {"ring_allgatherv_start", (PyCFunction)(void (*)(void))ring_allgatherv_start,
      METH_FASTCALL,
-     "ring_allgatherv_start(mesh, dim, send, recv, byte_counts) -> Exchange. "
+     "ring_allgatherv_start(mesh, dim, send, recv, byte_counts) -> Request. "
      "Collective on the mesh dim."},
     {"ring_allgather_int64", (PyCFunction)(void (*)(void))ring_allgather_int64,
      METH_FASTCALL,
@@ -267,10 +193,3 @@ PyMethodDef mt_ext_ring_methods[] = {
      "Collective on the mesh dim."},
     {NULL, NULL, 0, NULL},
 };
-
-int mt_ext_ring_exec(PyObject *module) {
-  mt_ext_state *st = mt_ext_state_of(module);
-  st->exchange_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &exchange_spec, NULL);
-  if (st->exchange_type == NULL) return -1;
-  return PyModule_AddObjectRef(module, "Exchange", (PyObject *)st->exchange_type);
-}

@@ -70,7 +70,7 @@ def _distribute_array(tensor, device_mesh, placements, src_data_rank) -> DTensor
         return DTensor(np.empty((0,), dtype), spec)
     if src_data_rank is None:
         return DTensor(_own_chunk(array, mesh, pl), spec)
-    if _modes.tracing:
+    if _modes.state.tracing:
         _trace.collective("distribute_tensor", mesh, pl, array.shape, dtype)
     return DTensor(_C.distribute(mesh._handle, _codes(pl), array, int(src_data_rank)),
                    spec)

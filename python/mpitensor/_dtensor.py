@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import _C, _args, _iterate, _modes, _redistribute, _registry, _trace
+from . import _C, _args, _iterate, _modes, _registry, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._layout import _codes, compute_local_shape_and_global_offset
@@ -50,22 +50,23 @@ class DTensor(_C.DTensorBase):
 
     # The C base holds the fields, ``_local_tensor`` and ``_spec`` (its
     # ``__init__(local_tensor, spec)`` sets them), and the entry points of NumPy
-    # operations: the operators (in place too), ``__array_ufunc__`` and the
-    # reduction methods sum, mean, prod, max, min, all, any, std, var, argmax and
-    # argmin (csrc/ext/ext_dtensor.c, ext_dispatch.c), and autograd's
-    # ``_requires_grad`` bit and ``_grad_fn`` node (None for a leaf), which the C
-    # path records into. The slots here are autograd's too: the accumulated
-    # gradient and retain_grad()'s flag; unset until used, so a DTensor the C path
-    # makes costs nothing more. The comparison operators make DTensors, so keep
-    # identity hashing.
-    __slots__ = ("_grad", "_retains_grad")
+    # operations: the operators (in place too), ``__array_ufunc__``,
+    # ``__array_function__``, ``redistribute`` and the reduction methods sum,
+    # mean, prod, max, min, all, any, std, var, argmax and argmin
+    # (csrc/ext/ext_dtensor.c), and autograd's ``_requires_grad`` bit and
+    # ``_grad_fn`` node (None for a leaf), which the executor records into. The
+    # slots here are autograd's too: the accumulated gradient, whether it is still
+    # the engine's own (nobody read it since it was stored) and retain_grad()'s
+    # flag; unset until used, so a DTensor the executor makes costs nothing more.
+    # The comparison operators make DTensors, so keep identity hashing.
+    __slots__ = ("_grad", "_retains_grad", "_grad_owned")
     __hash__ = object.__hash__
 
     def __array_function__(self, func, types, args, kwargs):
         for t in types:
             if t is not DTensor and not issubclass(t, np.ndarray):
                 return NotImplemented
-        return _registry.lookup(func)(*args, **kwargs)
+        return _registry.call(func, *args, **kwargs)
 
     @property
     def T(self) -> "DTensor":
@@ -73,7 +74,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.T.placements`` is ``(Shard(1),)`` when ``dt``'s is ``(Shard(0),)``.
         """
-        return _registry.lookup(np.transpose)(self)
+        return _registry.call(np.transpose, self)
 
     def transpose(self, *axes) -> "DTensor":
         """numpy.ndarray.transpose: ``dt.transpose()``, ``dt.transpose(1, 0)`` or
@@ -89,8 +90,8 @@ class DTensor(_C.DTensorBase):
         elif len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = axes[0]
         elif len(axes) == 2 and self.ndim > 2:
-            return _registry.lookup(np.swapaxes)(self, axes[0], axes[1])
-        return _registry.lookup(np.transpose)(self, axes)
+            return _registry.call(np.swapaxes, self, axes[0], axes[1])
+        return _registry.call(np.transpose, self, axes)
 
     def swapaxes(self, axis1: int, axis2: int) -> "DTensor":
         """numpy.ndarray.swapaxes (torch's ``transpose(d0, d1)``); Shards follow
@@ -98,7 +99,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.swapaxes(0, 2).shape == (4, 3, 2)`` for a ``(2, 3, 4)`` ``dt``.
         """
-        return _registry.lookup(np.swapaxes)(self, axis1, axis2)
+        return _registry.call(np.swapaxes, self, axis1, axis2)
 
     def view(self, *shape) -> "DTensor":
         """torch's ``Tensor.view(*shape)``: :meth:`reshape` (a DTensor has no
@@ -108,7 +109,7 @@ class DTensor(_C.DTensorBase):
         """
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        return _registry.lookup(np.reshape)(self, shape)
+        return _registry.call(np.reshape, self, shape)
 
     def contiguous(self) -> "DTensor":
         """torch's ``Tensor.contiguous()``: itself when its global strides are
@@ -182,7 +183,7 @@ class DTensor(_C.DTensorBase):
         if any(n < 0 for n in shape):
             raise ValueError(f"expand: -1 is only allowed for an existing dim, got "
                              f"{tuple(sizes)}")
-        return _registry.lookup(np.broadcast_to)(self, shape)
+        return _registry.call(np.broadcast_to, self, shape)
 
     @property
     def real(self) -> "DTensor":
@@ -191,7 +192,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``(dt * 1j).real`` is all zeros.
         """
-        return _registry.lookup(np.real)(self)
+        return _registry.call(np.real, self)
 
     @property
     def imag(self) -> "DTensor":
@@ -200,7 +201,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``(dt * 1j).imag`` equals ``dt`` for a real ``dt``.
         """
-        return _registry.lookup(np.imag)(self)
+        return _registry.call(np.imag, self)
 
     def conj(self) -> "DTensor":
         """numpy.ndarray.conj: ``numpy.conjugate(self)``. Local unless a
@@ -227,7 +228,7 @@ class DTensor(_C.DTensorBase):
         """
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        return _registry.lookup(np.reshape)(self, shape, order)
+        return _registry.call(np.reshape, self, shape, order)
 
     def ravel(self, order: str = "C") -> "DTensor":
         """numpy.ndarray.ravel: ``dt.reshape(-1)``; see :func:`numpy.ravel` on
@@ -238,7 +239,7 @@ class DTensor(_C.DTensorBase):
             >>> distribute_tensor(np.ones((2, 3)), mesh, [Shard(0)]).ravel().shape
             (6,)
         """
-        return _registry.lookup(np.ravel)(self, order)
+        return _registry.call(np.ravel, self, order)
 
     def flatten(self, order="C", end_dim: int = -1) -> "DTensor":
         """numpy.ndarray.flatten: a copy as ``dt.reshape(-1)``; with int arguments
@@ -260,18 +261,18 @@ class DTensor(_C.DTensorBase):
                 raise ValueError(f"flatten: start_dim {order} comes after end_dim "
                                  f"{end_dim}")
             shape = self.shape[:start] + (-1,) + self.shape[end + 1:]
-            return _registry.lookup(np.reshape)(self, shape if self.ndim else (1,))
+            return _registry.call(np.reshape, self, shape if self.ndim else (1,))
         if order not in ("C", "A"):
             raise TypeError(f"DTensor.flatten: order={order!r} is not supported; only "
                             f"order='C' (and 'A', which is 'C' for DTensors)")
-        return _registry.lookup(np.reshape)(self, -1, copy=True)
+        return _registry.call(np.reshape, self, -1, copy=True)
 
     def __getitem__(self, key) -> "DTensor":
         """Basic indexing (ints, slices with any step, None, ...), placements as
         torch's select/slice: a Shard of a dim the key cuts becomes Replicate, and
         only the picked elements move. Collective on the mesh when a sharded dim is
         cut, else local. Example: ``dt[1:, ::2]``, ``dt[..., 0, None]``."""
-        return _registry.lookup(operator.getitem)(self, key)
+        return _registry.call(operator.getitem, self, key)
 
     def __setitem__(self, key, value) -> None:
         """``dt[key] = value`` in place, placements kept: a basic key (ints, slices,
@@ -281,7 +282,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt[1:3] = 0.0``; ``dt[dt < 0] = 0``.
         """
-        _registry.lookup(operator.setitem)(self, key, value)
+        _registry.call(operator.setitem, self, key, value)
 
     def fill(self, value) -> None:
         """numpy.ndarray.fill: every element set to ``value`` (cast as NumPy
@@ -289,7 +290,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.fill(0.0)``.
         """
-        _registry.lookup(np.copyto)(self, value, casting="unsafe")
+        _registry.call(np.copyto, self, value, casting="unsafe")
 
     def astype(self, dtype, copy: bool = True) -> "DTensor":
         """numpy.ndarray.astype, placements kept; a Partial is reduced first unless
@@ -298,14 +299,14 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.astype(np.float32).dtype == np.float32``.
         """
-        return _registry.lookup(np.ndarray.astype)(self, dtype, copy=copy)
+        return _registry.call(np.ndarray.astype, self, dtype, copy=copy)
 
     def copy(self) -> "DTensor":
         """A DTensor with its own copy of the local data, placements kept. Local.
 
         Example: ``dt.copy().to_local() is not dt.to_local()``.
         """
-        return _registry.lookup(np.copy)(self)
+        return _registry.call(np.copy, self)
 
     # -- construction ------------------------------------------------------------
     @staticmethod
@@ -351,9 +352,9 @@ class DTensor(_C.DTensorBase):
             if run_check:
                 local_tensor = _check_across_ranks(local_tensor, spec, shape is not None)
             out = DTensor(local_tensor, spec)
-        if source is not None and _modes.grad_enabled and source._requires_grad:
-            _modes.autograd.record("FromLocal", out, (source,),
-                                   lambda g: (_from_local_grad(g, spec, source),))
+        if source is not None and _modes.state.grad_enabled and source._requires_grad:
+            _C.record("FromLocal", out, (source,),
+                      lambda g: (_from_local_grad(g, spec, source),))
         return out
 
     # -- data --------------------------------------------------------------------
@@ -378,7 +379,7 @@ class DTensor(_C.DTensorBase):
             >>> dt.to_local().shape
             (2, 3)
         """
-        if _modes.grad_enabled and self._requires_grad:
+        if _modes.state.grad_enabled and self._requires_grad:
             return self._local_view(grad_placements)
         return self._data()
 
@@ -386,7 +387,7 @@ class DTensor(_C.DTensorBase):
         """The local ndarray, whatever grad mode says (completing a pending
         asynchronous redistribute first). Local unless one is pending."""
         local = self._local_tensor
-        if type(local) is _redistribute.AsyncLocal:
+        if type(local) is _C.Request:
             local = self._local_tensor = local.wait()
         return local
 
@@ -401,53 +402,7 @@ class DTensor(_C.DTensorBase):
         return self
 
     # ``redistribute`` is DTensorBase's (csrc/ext/ext_dtensor.c, with the public
-    # docstring): a move its mesh's memo holds runs from C; every other call
-    # (async_op, forward_dtype, autograd recording, tracing, a first call that the
-    # core refuses) comes here with the same arguments.
-    def _redistribute(self, device_mesh: DeviceMesh | None = None,
-                      placements: Sequence[Placement] | None = None, *,
-                      async_op: bool = False, forward_dtype=None,
-                      backward_dtype=None) -> "DTensor":
-        """DTensor.redistribute's Python implementation (see ``redistribute``).
-        Collective on the mesh."""
-        mesh = self.device_mesh if device_mesh is None else device_mesh
-        if mesh is not self.device_mesh and mesh != self.device_mesh:
-            raise NotImplementedError(
-                "redistribute between different device meshes is not supported; the "
-                f"DTensor lives on {self.device_mesh}, the target is {mesh}"
-            )
-        if placements is None:
-            raise RuntimeError("placements is needed for redistribute!")
-        # Every line here runs on each call: keep it to plain lookups (the
-        # overhead over the MPI call itself is a benchmarked target).
-        mesh, src = self._spec.mesh, self._spec.placements
-        dst = _args.normalize_placements(placements, mesh, len(self._spec.shape))
-        dtype = self._spec.dtype if forward_dtype is None else _args.check_dtype(forward_dtype)
-        # Made (and checked: no Partial created, no reduction the dtype lacks) on
-        # every rank alike, members of the mesh or not, before anything moves.
-        plan = _redistribute.plan_for(mesh, self._spec.shape, src, dst, dtype)
-        local = self._data()
-        if forward_dtype is not None:
-            local = local.astype(dtype, copy=False)
-        spec = DTensorSpec(mesh, dst, self._spec.shape, dtype, self._spec.stride)
-        if dst == src or mesh._coordinate is None:
-            if _modes.tracing and mesh._coordinate is not None:
-                _trace.unmoved("DTensor.redistribute", mesh, dst, spec.shape, dtype)
-            out = DTensor(local, spec)
-        else:
-            if _modes.tracing:
-                _trace.redistribute("DTensor.redistribute", mesh, plan, spec.shape, dtype)
-            out = DTensor(_redistribute.run(mesh, plan, local, async_op), spec)
-        if self._requires_grad and _modes.grad_enabled:
-            self._record_redistribute(out, backward_dtype)
-        return out
-
-    def _record_redistribute(self, out, backward_dtype) -> None:
-        if backward_dtype is not None:
-            backward_dtype = _args.check_dtype(backward_dtype)
-        spec = self._spec
-        _modes.autograd.record("Redistribute", out, (self,),
-                               lambda g: (_redistribute_grad(g, spec, backward_dtype),))
+    # docstring): a move decided in the mesh's memo and run by the executor.
 
     def full_tensor(self, *, grad_placements: Sequence[Placement] | None = None):
         """The whole global array, on every rank of the mesh. Collective on the mesh.
@@ -510,13 +465,16 @@ class DTensor(_C.DTensorBase):
 
         Example: ``(w * w).sum().backward(); w.grad`` is ``2 * w``.
         """
-        return getattr(self, "_grad", None)
+        grad = getattr(self, "_grad", None)
+        if grad is not None:
+            self._grad_owned = False  # handed out: the engine no longer writes into it
+        return grad
 
     @grad.setter
     def grad(self, value) -> None:
         if value is not None and (type(value) is not DTensor or value.shape != self.shape):
             raise TypeError(f"grad must be None or a DTensor of shape {self.shape}")
-        self._grad = value
+        self._grad, self._grad_owned = value, False
 
     @property
     def grad_fn(self):
@@ -577,8 +535,7 @@ class DTensor(_C.DTensorBase):
         lmesh = local_mesh()
         out = DTensor(local, DTensorSpec(lmesh, (Replicate(),), local.shape, local.dtype,
                                          contiguous_strides(local.shape)))
-        _modes.autograd.record("ToLocal", out, (self,),
-                               lambda g: (_to_local_grad(g, spec, grad_pl),))
+        _C.record("ToLocal", out, (self,), lambda g: (_to_local_grad(g, spec, grad_pl),))
         return out
 
     # -- metadata (all local) ------------------------------------------------------
@@ -655,7 +612,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.cumsum(0).placements == dt.placements`` for a Shard(0) ``dt``.
         """
-        return _registry.lookup(np.cumsum)(self, axis, dtype, out)
+        return _registry.call(np.cumsum, self, axis, dtype, out)
 
     def cumprod(self, axis=None, dtype=None, out=None) -> "DTensor":
         """numpy.ndarray.cumprod; see numpy.cumprod on DTensors. Local along an
@@ -663,7 +620,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.cumprod(1)`` of a Shard(0) DTensor moves nothing.
         """
-        return _registry.lookup(np.cumprod)(self, axis, dtype, out)
+        return _registry.call(np.cumprod, self, axis, dtype, out)
 
     def argsort(self, axis=-1, kind=None, order=None, **kwargs) -> "DTensor":
         """numpy.ndarray.argsort; see numpy.argsort on DTensors. Local along an
@@ -671,7 +628,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.argsort(axis=1)`` of a Shard(0) DTensor moves nothing.
         """
-        return _registry.lookup(np.argsort)(self, axis, kind, order, **kwargs)
+        return _registry.call(np.argsort, self, axis, kind, order, **kwargs)
 
     def round(self, decimals=0, out=None) -> "DTensor":
         """numpy.ndarray.round, placements kept (a Partial is reduced first). Local
@@ -679,7 +636,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.round(2).placements == dt.placements`` for a Shard ``dt``.
         """
-        return _registry.lookup(np.round)(self, decimals, out)
+        return _registry.call(np.round, self, decimals, out)
 
     # -- conversions to Python values (collective) ----------------------------------
     def _scalar(self, convert):
@@ -806,10 +763,13 @@ class DTensor(_C.DTensorBase):
                 f"shape={self.shape}, dtype={self.dtype})")
 
 
-# The dispatch makes DTensors, specs and placements of these types, and finds the
-# operations in the registry mpitensor._ops fills.
-_C.dispatch_init(DTensor, DTensorSpec, Replicate, Shard, Partial, _registry.functions,
-                 _registry.rules)
+# The executor makes DTensors, specs and placements of these types (placements are
+# interned: these are the objects Replicate(), Shard(d) and Partial(op) return),
+# and finds the operations in the registries mpitensor._ops and autograd fill.
+_C.dispatch_init(DTensor, DTensorSpec, Replicate(),
+                 tuple(Shard(d) for d in range(_C.MAX_NDIM)),
+                 tuple(Partial(op) for op in _C.REDUCE_OPS), _registry.functions,
+                 _registry.rules, _registry.backwards)
 
 
 def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names,
@@ -849,6 +809,25 @@ copyreg.pickle(DTensorShard, lambda shard: (_rebuild, shard._pickle_args()))
 # -- backward rules of DTensor's own differentiable methods (run by the engine in
 # mpitensor.autograd with grad mode off) ---------------------------------------------
 
+def _redistribute_args(dt, mesh, placements, forward_dtype, backward_dtype) -> tuple:
+    """redistribute's arguments that are not the interned placements of its mesh,
+    normalised for the executor (its "placements" hook): (placements, forward
+    dtype, backward dtype), or torch's errors. Local."""
+    if mesh is not None and mesh is not dt.device_mesh and mesh != dt.device_mesh:
+        raise NotImplementedError(
+            "redistribute between different device meshes is not supported; the "
+            f"DTensor lives on {dt.device_mesh}, the target is {mesh}")
+    if placements is None:
+        raise RuntimeError("placements is needed for redistribute!")
+    spec = dt._spec
+    dst = _args.normalize_placements(placements, spec.mesh, len(spec.shape))
+    fwd = None if forward_dtype is None else _args.check_dtype(forward_dtype)
+    bwd = None if backward_dtype is None else _args.check_dtype(backward_dtype)
+    return dst, fwd, bwd
+
+
+_C.set_hook("placements", _redistribute_args)
+
 def _grad_placements(placements) -> tuple:
     """Where a gradient goes back to: the forward placements, but a Partial's
     gradient is Replicate (the same value reaches every term of the sum; torch's
@@ -856,11 +835,16 @@ def _grad_placements(placements) -> tuple:
     return tuple(Replicate() if p.is_partial() else p for p in placements)
 
 
-def _redistribute_grad(g: "DTensor", spec: DTensorSpec, backward_dtype=None) -> "DTensor":
+def _redistribute_grad(g: "DTensor", node, out) -> tuple:
     """redistribute's backward: the gradient back to the input's placements (a
-    Partial input's: Replicate) and dtype; with ``backward_dtype``, each rank's part
-    is cast before (a Partial's parts too: torch's rule, so the collective moves
-    that dtype)."""
+    Partial input's: Replicate) and dtype; with ``backward_dtype`` (node.aux),
+    each rank's part is cast before (a Partial's parts too: torch's rule, so the
+    collective moves that dtype)."""
+    spec, (backward_dtype,) = node.saved[0]._spec, node.aux
+    return (_redistribute_back(g, spec, backward_dtype),)
+
+
+def _redistribute_back(g: "DTensor", spec: DTensorSpec, backward_dtype) -> "DTensor":
     if backward_dtype is not None and g.dtype != backward_dtype:
         s = g._spec
         g = DTensor(g._data().astype(backward_dtype),
@@ -924,7 +908,7 @@ def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool)
     """run_check: compare with the mesh's first rank, agree on a verdict, then
     broadcast Replicate dims. Collective on the mesh."""
     mesh = spec.mesh
-    if _modes.tracing:
+    if _modes.state.tracing:
         # No shape here: a shape that differs is what run_check itself reports.
         _trace.collective("DTensor.from_local(run_check=True)", mesh, spec.placements,
                           None, None)
@@ -977,3 +961,6 @@ def _meta_problem(local, spec, mine, root, shape_given):
         return (f"local shape {local.shape} on rank {spec.mesh.get_rank()} differs from "
                 f"the first rank's; pass shape= and stride= for uneven shards")
     return None
+
+
+_registry.backwards["redistribute"] = ("Redistribute", _redistribute_grad)

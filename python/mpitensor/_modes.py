@@ -3,8 +3,15 @@
 A feature that changes how lower code behaves while it is active (implicit
 replication, loss_parallel, context parallelism, the debugging tools, grad mode)
 pushes its state here; the code that must honour it reads it here. So a lower
-module never imports a feature to ask whether it is active, and the C dispatch
-reads one flag word instead of the Python state (``_C.set_modes``).
+module never imports a feature to ask whether it is active.
+
+The flags live once, in ``state`` (``mpitensor._C.modes``), which the C executor
+reads too: ``state.grad_enabled``, ``state.tracing`` (some debugging tool
+listens, so the executor emits trace events), ``state.checks``,
+``state.log_debug``, ``state.gather_report``, ``state.implicit_replication``,
+``state.backward``. What only Python uses (the handlers of loss_parallel and
+context parallelism, the entered CommDebugModes, the collective checker) is kept
+here beside them.
 
 Every function here is Local: modes are per process, and every rank of an SPMD
 program enters and leaves them alike.
@@ -14,22 +21,20 @@ from __future__ import annotations
 
 from . import _C
 
-# -- implicit_replication --------------------------------------------------------------
-# Nesting depth of mpitensor.experimental.implicit_replication(); plain ndarrays
-# mixed with DTensors count as Replicate while it is positive.
-implicit_replication = 0
+state = _C.modes
 
+
+# -- implicit_replication --------------------------------------------------------------
 
 def push_implicit_replication() -> None:
-    """Enters one implicit_replication block. Example: see experimental._implicit."""
-    global implicit_replication
-    implicit_replication += 1
+    """Enters one implicit_replication block: plain ndarrays mixed with DTensors
+    count as Replicate while one is open. Example: see experimental._implicit."""
+    state.implicit_replication += 1
 
 
 def pop_implicit_replication() -> None:
     """Leaves the innermost implicit_replication block."""
-    global implicit_replication
-    implicit_replication -= 1
+    state.implicit_replication -= 1
 
 
 # -- handlers: loss_parallel, context parallelism ----------------------------------------
@@ -78,10 +83,6 @@ def context_parallel():
 
 
 # -- gather warnings -------------------------------------------------------------------
-# Whether an operation that must gather a sharded dim (the table in the user guide)
-# warns; every such gather is logged at INFO whatever this says.
-gather_warning = False
-
 
 def set_gather_warning(enabled: bool) -> bool:
     """Turns on (or off) a ``UserWarning`` on every rank each time a NumPy operation
@@ -97,44 +98,16 @@ def set_gather_warning(enabled: bool) -> bool:
         >>> np.sort(dt, axis=0)   # dt [Shard(0), Shard(1)]: no free dim, so...
         UserWarning: numpy.sort gathers ...
     """
-    global gather_warning
-    was, gather_warning = gather_warning, bool(enabled)
-    _publish()
+    was = state.gather_warning
+    state.gather_warning = bool(enabled)
     return was
 
 
 # -- tracing: collective checks, debug logging, CommDebugMode ---------------------------
-# ``tracing`` is read at every hook site (mpitensor._trace): True while any of the
-# three listens. While it is set the C dispatch sends every operation through the
-# Python entry, where the hooks are.
-tracing = False
-checks = False  # collective mismatch detection
-log_debug = False  # the mpitensor logger is at DEBUG
-log_info = False  # ... or at INFO: the gathers operations need are logged
-# Whether a gather an operation needs is reported (logged or warned). Logging at
-# INFO sees the gathers of the Python paths at no cost elsewhere; the warning, asked
-# for explicitly, sets ``tracing`` so that the C fast path's decisions pass a hook too.
-gather_report = False
 listeners: list = []  # entered CommDebugModes, innermost last
 # checker(text, mesh): the collective agreement that debug registers; called before
-# each collective while ``checks`` is on.
+# each collective while ``state.checks`` is on.
 checker = None
-
-# -- grad mode, autograd ------------------------------------------------------------------
-# Whether operations record for autograd (torch.is_grad_enabled()); C reads it
-# through the flag word: a DTensor that requires grad takes the Python entry only
-# while it is on.
-grad_enabled = True
-# The engine of mpitensor.autograd, installed when it is imported: the ground
-# floor's DTensor records its own differentiable methods (redistribute, from_local,
-# to_local) with ``autograd.record(name, output, inputs, backward)`` and runs
-# ``autograd.backward(tensor, gradient, retain_graph)``.
-autograd = None
-
-
-# True while autograd's engine runs a backward: CommDebugMode files what runs then
-# under "backward".
-backward = False
 
 
 def set_backward(active: bool) -> bool:
@@ -143,33 +116,18 @@ def set_backward(active: bool) -> bool:
 
     Example: ``was = set_backward(True)`` ... ``set_backward(was)``.
     """
-    global backward
     for listener in listeners:
         listener._settle()
-    was, backward = backward, bool(active)
+    was = state.backward
+    state.backward = bool(active)
     return was
-
-
-def install_autograd(engine) -> None:
-    """Installs the autograd engine (mpitensor.autograd does, at import)."""
-    global autograd
-    autograd = engine
-
-
-def _publish() -> None:
-    global tracing, gather_report
-    gather_report = gather_warning or log_info
-    tracing = checks or log_debug or bool(listeners) or gather_warning
-    _C.set_modes(tracing, grad_enabled)
 
 
 def set_checks(enabled: bool) -> None:
     """Collective mismatch checks on or off (mpitensor.debug.set_collective_checks)."""
-    global checks
     if enabled and checker is None:
         raise RuntimeError("no collective checker is registered; import mpitensor.debug")
-    checks = bool(enabled)
-    _publish()
+    state.checks = bool(enabled)
 
 
 def register_checker(func) -> None:
@@ -180,37 +138,40 @@ def register_checker(func) -> None:
 
 def set_log_debug(enabled: bool) -> None:
     """Whether the hooks write debug log lines (mpitensor._logging)."""
-    global log_debug
-    log_debug = bool(enabled)
-    _publish()
+    state.log_debug = bool(enabled)
 
 
 def set_log_info(enabled: bool) -> None:
     """Whether the gathers operations need are logged (mpitensor._logging)."""
-    global log_info
-    log_info = bool(enabled)
-    _publish()
+    state.log_info = bool(enabled)
 
 
 def add_listener(listener) -> None:
     """Adds an entered CommDebugMode; it is told of every traced operation."""
     listeners.append(listener)
-    _publish()
+    state.listeners = len(listeners)
 
 
 def remove_listener(listener) -> None:
     if listener in listeners:
         listeners.remove(listener)
-    _publish()
+    state.listeners = len(listeners)
+
+
+# -- grad mode, autograd ------------------------------------------------------------------
+# The engine of mpitensor.autograd, installed when it is imported: the ground
+# floor's DTensor runs ``autograd.backward(tensor, gradient, retain_graph)``.
+autograd = None
 
 
 def set_grad_enabled(enabled: bool) -> bool:
     """Sets grad mode; returns the previous one. Example: ``was = set_grad_enabled(False)``."""
-    global grad_enabled
-    was, grad_enabled = grad_enabled, bool(enabled)
-    if was != grad_enabled:  # tracing does not depend on it: only C must learn
-        _C.set_modes(tracing, grad_enabled)
+    was = state.grad_enabled
+    state.grad_enabled = bool(enabled)
     return was
 
 
-_publish()
+def install_autograd(engine) -> None:
+    """Installs the autograd engine (mpitensor.autograd does, at import)."""
+    global autograd
+    autograd = engine

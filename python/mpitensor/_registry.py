@@ -2,11 +2,18 @@
 fills when it is imported.
 
 ``implements(np.func)`` registers the DTensor version of a NumPy function (or of
-an ndarray method, or ``operator.getitem``); DTensor's NumPy entry points
-(``__array_function__``, ``reshape``, ``__getitem__``, the reductions, the C
-dispatch's Python entry) look their operation up here, so the ground floor names
-no operation module. A NumPy function nobody registered is a TypeError that names
+an ndarray method, or ``operator.getitem``): its entry, which normalises the
+arguments and runs the operation's steps through the C executor. The executor
+calls it for ``__array_function__``, and DTensor's methods (``reshape``,
+``__getitem__``, ...) through :func:`call`, so the ground floor names no
+operation module. A NumPy function nobody registered is a TypeError that names
 it, never a silent gather.
+
+``backwards`` holds the backward of each registered function (mpitensor.autograd
+fills it): function -> (name, backward(grad, node, output)), with None as the
+backward of a function that writes in place (its name is then the message's).
+The executor records a call with it when grad mode is on and an argument
+requires grad.
 
 ``rules`` holds the sharding rules a user registers
 (``mpitensor.experimental.register_sharding``): NumPy function or ufunc -> a
@@ -16,11 +23,25 @@ operations.
 
 from __future__ import annotations
 
-__all__ = ["implements", "lookup", "qualified_name", "functions", "rules"]
+from . import _C
+
+__all__ = ["implements", "lookup", "call", "qualified_name", "functions", "rules",
+           "backwards"]
 
 # NumPy function (or ndarray method, operator.getitem) -> its DTensor version.
 functions: dict = {}
 rules: dict = {}
+backwards: dict = {}
+
+
+def call(func, *args, **kwargs):
+    """``func(*args, **kwargs)`` on DTensors through the executor: the registered
+    entry (a user's rule first), recorded for autograd with its backward.
+    Collective on the mesh when the operation moves data.
+
+    Example: ``call(np.reshape, dt, (2, -1))``.
+    """
+    return _C.call(func, args, kwargs or None)
 
 
 def implements(*np_funcs):

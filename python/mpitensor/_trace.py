@@ -1,22 +1,19 @@
-"""The hook sites where Python starts a collective or decides an operation's
-sharding, gathered in one module so that the debugging tools share them.
+"""The trace events of the executor and the hook sites of Python's own
+collectives, gathered in one module so that the debugging tools share them.
 
-Three tools listen (their state is in mpitensor._modes): the collective mismatch
-detector (``mpitensor.debug.set_collective_checks``), debug logging
-(``MPITENSOR_LOGS=+dtensor``) and the operation trace of an entered
-``CommDebugMode``. Every hook site reads ``_modes.tracing`` first, so with all
-three off a hot path pays one attribute test::
+Four tools listen (their flags are in mpitensor._modes.state): the collective
+mismatch detector (``mpitensor.debug.set_collective_checks``), debug logging
+(``MPITENSOR_LOGS=+dtensor``), gather reports (INFO logging, the gather warning)
+and the operation trace of an entered ``CommDebugMode``. While one does,
+``_modes.state.tracing`` is set and the C executor calls :func:`event` with what
+it does: a ``decision`` (an operation's, found in or added to the memo), a
+``move`` (a plan about to run: an operation's input, an explicit redistribute or
+a move an operation names) and ``unmoved`` (an explicit redistribute to its own
+placements). With every tool off the executor pays one flag test per operation.
 
-    if _modes.tracing:
-        _trace.redistribute("DTensor.redistribute", mesh, plan, shape, dtype)
-
-Hook sites: ``DTensor.redistribute`` and ``_ops._dispatch.local_inputs`` (plan
-execution; ``unmoved`` for an explicit redistribute to its own placements),
-``distribute_tensor`` and ``DTensor.from_local(run_check=True)`` (other
-collectives), ``_ops._dispatch``'s decide functions (sharding decisions),
-``_ops._shape.permute`` (views) and nn.functional's local layouts (``local``).
-While ``_modes.tracing`` is set the C dispatch takes the Python entry for every
-operation, so that every decision passes a hook site.
+Python's own collectives (``distribute_tensor``, ``from_local(run_check=True)``)
+call :func:`collective`, and nn.functional's local layouts :func:`local`, behind
+``if _modes.state.tracing:``.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from . import _modes
+from . import _C, _modes
 from .placement_types import from_code
 
 # The operation whose inputs are being redistributed (set by `decision`, read by
@@ -44,12 +41,47 @@ def dtype_text(dtype) -> str:
     return str(getattr(dtype, "name", dtype))
 
 
+# -- the executor's events -------------------------------------------------------------
+
+def event(kind: str, *args) -> None:
+    """One trace event of the C executor (installed as its "event" hook)."""
+    global _current_op
+    if kind == "decision":
+        decision(*args)
+    elif kind == "move":
+        what, mesh, plan, shape, dtype = args
+        if what is None:
+            if _modes.state.gather_report:
+                src, dst = _plan_placements(plan.steps())
+                report_move(_current_op or "an operation",
+                            _Spec(mesh, src, shape, dtype), dst)
+            redistribute("operation", mesh, plan, shape, dtype)
+        elif what == "DTensor.redistribute":
+            redistribute(what, mesh, plan, shape, dtype)
+        else:
+            _current_op = what
+            redistribute("operation", mesh, plan, shape, dtype)
+    elif kind == "unmoved":
+        what, mesh, placements, shape, dtype = args
+        if what == "DTensor.redistribute":
+            unmoved(what, mesh, placements, shape, dtype)
+
+
+class _Spec:
+    """What report_move reads of a spec."""
+
+    __slots__ = ("mesh", "placements", "shape", "dtype")
+
+    def __init__(self, mesh, placements, shape, dtype):
+        self.mesh, self.placements, self.shape, self.dtype = mesh, placements, shape, dtype
+
+
 # -- hooks ---------------------------------------------------------------------------
 
 def redistribute(what: str, mesh, plan, shape, dtype) -> None:
     """Right before ``plan`` runs on ``mesh`` (every member rank calls this)."""
     steps = plan.steps()
-    src, dst = _plan_placements(mesh, plan, steps)
+    src, dst = _plan_placements(steps)
     explicit = what != "operation"
     if not explicit:
         what = f"{_current_op}: redistribute an input" if _current_op else "redistribute"
@@ -58,9 +90,9 @@ def redistribute(what: str, mesh, plan, shape, dtype) -> None:
     # An explicit redistribute is checked even when this rank's move is local: on
     # another rank the same call may communicate (its placements differ), and would
     # wait in its check for a rank that never comes.
-    if _modes.checks and (communicates or explicit):
+    if _modes.state.checks and (communicates or explicit):
         _modes.checker(text, mesh)
-    if _modes.log_debug:
+    if _modes.state.log_debug:
         parts = ", ".join(f"{s[0]}(mesh dim {s[1]}, {s[4]} B)" if s[1] >= 0
                           else f"{s[0]}({s[4]} B)" for s in steps)
         log.debug("%s on %r: %d step(s), %d B received over all ranks: %s", text, mesh,
@@ -73,7 +105,7 @@ def redistribute(what: str, mesh, plan, shape, dtype) -> None:
 def unmoved(what: str, mesh, placements, shape, dtype) -> None:
     """Right before an explicit redistribute returns without a plan (the target is
     the source): checked as any redistribute, for the same reason as a local one."""
-    if _modes.checks:
+    if _modes.state.checks:
         _modes.checker(_redistribute_text(what, placements, placements, shape, dtype), mesh)
 
 
@@ -82,12 +114,8 @@ def _redistribute_text(what, src, dst, shape, dtype) -> str:
             f"{tuple(shape)}, {dtype_text(dtype)}")
 
 
-def _plan_placements(mesh, plan, steps):
-    """(source, target) placements of a plan: from the mesh's plan cache, whose
-    keys hold them (searched only while debugging), else from its steps."""
-    for key, cached in mesh._plans.items():
-        if cached is plan:
-            return key[1], key[2]
+def _plan_placements(steps):
+    """(source, target) placements of a plan, from its first and last steps."""
     if not steps:
         return (), ()
     return (tuple(from_code(c) for c in steps[0][2]),
@@ -102,24 +130,24 @@ def collective(what: str, mesh, placements, shape, dtype) -> None:
         text += f", shape {tuple(shape)}"
     if dtype is not None:
         text += f", {dtype_text(dtype)}"
-    if _modes.checks:
+    if _modes.state.checks:
         _modes.checker(text, mesh)
-    if _modes.log_debug:
+    if _modes.state.log_debug:
         log.debug("%s on %r", text, mesh)
     for listener in _modes.listeners:
         listener._record_operation(what, [], [], mesh)
 
 
-def decision(op_key, inputs, dec, hit: bool) -> None:
+def decision(op_key, inputs, out_placements, out_shape, hit: bool) -> None:
     """After an operation's decision was found (hit) or made (miss) in the memo."""
     global _current_op
     name = op_name(op_key)
     _current_op = name
-    if _modes.log_debug:
+    if _modes.state.log_debug:
         ins = "; ".join(f"{placements_text(x._spec.placements)} {tuple(x._spec.shape)} "
                         f"{dtype_text(x._spec.dtype)}" for x in inputs)
         log.debug("%s: inputs %s -> output %s %s (cache %s)", name, ins,
-                  placements_text(dec.out_placements), tuple(dec.out_shape),
+                  placements_text(out_placements), out_shape,
                   "hit" if hit else "miss")
     for listener in _modes.listeners:
         listener._record_operation(name, [tuple(x._spec.shape) for x in inputs],
@@ -127,21 +155,10 @@ def decision(op_key, inputs, dec, hit: bool) -> None:
                                    inputs[0]._spec.mesh)
 
 
-def view(name: str, x, out) -> None:
-    """After a view-like operation that needs no decision (dims permuted)."""
-    if _modes.log_debug:
-        log.debug("%s: input %s %s -> output %s %s (no decision needed)", name,
-                  placements_text(x._spec.placements), tuple(x._spec.shape),
-                  placements_text(out._spec.placements), tuple(out._spec.shape))
-    for listener in _modes.listeners:
-        listener._record_operation(name, [tuple(x._spec.shape)], [tuple(x._spec.placements)],
-                                   x._spec.mesh)
-
-
 def local(name: str, inputs, out_placements) -> None:
     """Before an operation whose layouts need no decision and no communication
     (nn.functional's linear and pointwise functions on local shards)."""
-    if _modes.log_debug:
+    if _modes.state.log_debug:
         ins = "; ".join(f"{placements_text(x._spec.placements)} {tuple(x._spec.shape)}"
                         for x in inputs)
         log.debug("%s: inputs %s -> output %s (local, no decision needed)", name, ins,
@@ -174,7 +191,7 @@ def report_move(what: str, spec, placements) -> None:
 
     Example: ``report_move("numpy.sort", dt._spec, (Replicate(),))``.
     """
-    if not _modes.gather_report:
+    if not _modes.state.gather_report:
         return
     shape = spec.mesh.shape
     dims = [m for m, (p, q) in enumerate(zip(spec.placements, placements))
@@ -192,7 +209,7 @@ def report_gather(what: str, spec, placements, mesh_dims) -> None:
 
     Example: ``report_gather("numpy.sort", dt._spec, (Replicate(),), [0])``.
     """
-    if not _modes.gather_report:
+    if not _modes.state.gather_report:
         return
     dims = sorted({spec.placements[m].dim for m in mesh_dims})
     text = (f"{what} gathers dim{'s' if len(dims) > 1 else ''} "
@@ -201,5 +218,8 @@ def report_gather(what: str, spec, placements, mesh_dims) -> None:
             f"{placements_text(placements)}): it has no rule that works on the pieces "
             f"here (see the user guide's table of gathers)")
     log.info(text)
-    if _modes.gather_warning:
+    if _modes.state.gather_warning:
         warnings.warn(text, UserWarning, stacklevel=4)
+
+
+_C.set_hook("event", event)

@@ -82,6 +82,7 @@ def local_mesh() -> "DeviceMesh":
         from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
 
         _local_mesh = DeviceMesh("cpu", [0], comm=MPI.COMM_SELF)
+        _local_mesh._local = True  # ndarrays mix with its DTensors as Replicate
     return _local_mesh
 
 
@@ -230,11 +231,11 @@ class DeviceMesh(_C.MeshBase):
         # state_dict's replicated slices are saved once.
         self._root: "DeviceMesh | None" = None
         self._first_slice = True
-        # Redistribution plans made in C once each, and indexing plans, both bounded
-        # (FIFO); the decisions of operations live in the C base's memo.
-        self._plans: dict = {}
-        self._select_plans: dict = {}
-        self._plan_limit = _limits["plans"]
+        # Parsed basic-indexing keys (FIFO, bounded); every decision and plan of
+        # operations and redistributes lives in the C base's memo.
+        self._index_keys: dict = {}
+        # Operands on equal meshes mix in the executor, which compares these keys.
+        self._equal_key = (fingerprint(self._key()) & 0xFFFFFFFFFFFFFFFF) or 1
         _live_meshes[id(self)] = self
 
     # -- structure ---------------------------------------------------------------
@@ -471,8 +472,8 @@ def set_cache_limits(*, decisions: int | None = None, layouts: int | None = None
                      plans: int | None = None) -> dict:
     """Bounds of each mesh's caches, for every mesh, live or future; returns the
     bounds now in force. Local (each rank bounds its own memory). Defaults:
-    4096 decisions of operations, 4096 layouts, 256 plans (redistribution plans
-    of DTensor.redistribute, of operations and of indexing, each). Changing a
+    4096 decisions of operations and redistributes, 4096 layouts, 256 plans (held
+    by those decisions; also the bound of parsed indexing keys). Changing a
     bound empties the caches of the live meshes; past a bound the least recently
     used entries go (decisions: CLOCK; plans: the oldest), to be made again when
     needed.
@@ -491,7 +492,5 @@ def set_cache_limits(*, decisions: int | None = None, layouts: int | None = None
     _C.set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
     for mesh in list(_live_meshes.values()):
         mesh._set_cache_limits(_limits["decisions"], _limits["plans"], _limits["layouts"])
-        mesh._plans.clear()
-        mesh._select_plans.clear()
-        mesh._plan_limit = _limits["plans"]
+        mesh._index_keys.clear()
     return dict(_limits)

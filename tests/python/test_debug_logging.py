@@ -89,7 +89,7 @@ def test_operation_redistribution_is_named(capsys):
     x = sharded(mesh)
     x @ x.T
     err = capsys.readouterr().err
-    assert "numpy.transpose: input [S(0)] (8, 4) -> output [S(1)] (4, 8)" in err
+    assert "numpy.transpose: inputs [S(0)] (8, 4) float64 -> output [S(1)] (4, 8)" in err
     if W > 1:
         # x's rows land in place when gathered, y's columns would need a copy
         assert "numpy.matmul: redistribute an input [S(0)] -> [R], shape (8, 4)" in err
@@ -99,7 +99,7 @@ def test_absent_by_default_and_at_info(capsys):
     mesh = init_device_mesh("cpu", (W,))
     for level in (None, logging.INFO, logging.WARNING):
         set_logs(dtensor=level)
-        assert _modes.tracing is False
+        assert _modes.state.tracing is False
         x = sharded(mesh)
         x.redistribute(mesh, [Replicate()])
         x + x
@@ -119,7 +119,7 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
 
 def test_environment_variables():
     code = ("import logging, mpitensor; from mpitensor import _modes; "
-            "print(logging.getLogger('mpitensor').level, _modes.log_debug, _modes.checks)")
+            "print(logging.getLogger('mpitensor').level, _modes.state.log_debug, _modes.state.checks)")
     assert run_python(code, MPITENSOR_LOGS="+dtensor").stdout.split() == ["10", "True", "False"]
     assert run_python(code, MPITENSOR_LOGS="dtensor").stdout.split() == ["20", "False", "False"]
     assert run_python(code, MPITENSOR_LOGS="-dtensor").stdout.split() == ["30", "False", "False"]

@@ -1,6 +1,8 @@
 """Who owns a gradient's memory: the engine stores a gradient as ``.grad`` without a
-copy, and accumulates in place, only when nothing else reaches that memory
-(mpitensor.autograd._engine, _C.call_owned). Each test either shows the copy gone
+copy, and accumulates in place, only when that memory is its own, which it knows
+without counting references (mpitensor.autograd._engine: it allocated it, the
+executor made it for this gradient during the backward, or a node that allocated
+it says so; a ``.grad`` read through the property is handed out). Each test either shows the copy gone
 (the stored array is the one the backward made; accumulation keeps the array) or
 builds a gradient that something else shares (add's ``(g, g)``, a transpose's
 view, identity backwards, a user's ``gradient=``, a retained intermediate, a
@@ -109,9 +111,9 @@ def test_a_gradient_only_the_engine_holds_is_stored_without_a_copy(pls):
 def test_accumulation_is_in_place_unless_someone_holds_the_grad():
     w = leaf(np.arange(N))
     (w * 3.0).sum().backward()
-    before = ptr(w.grad)
+    before = ptr(w._grad)  # unread (through .grad): still the engine's own
     (w * 2.0).sum().backward()
-    assert everywhere(ptr(w.grad) == before)  # torch's in-place accumulation
+    assert everywhere(ptr(w._grad) == before)  # torch's in-place accumulation
     np.testing.assert_array_equal(full(w.grad), np.full(N, 5.0))
     kept = w.grad
     (w * 1.0).sum().backward()

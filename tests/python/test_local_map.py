@@ -312,14 +312,14 @@ def test_plain_ndarray_input_passes_unchecked_and_with_mesh_default():
 
 
 def test_implicit_replication_flag():
-    assert not _modes.implicit_replication
+    assert not _modes.state.implicit_replication
     with implicit_replication():
-        assert _modes.implicit_replication
+        assert _modes.state.implicit_replication
         with implicit_replication():
-            assert _modes.implicit_replication
-        assert _modes.implicit_replication
-    assert not _modes.implicit_replication
+            assert _modes.state.implicit_replication
+        assert _modes.state.implicit_replication
+    assert not _modes.state.implicit_replication
     with pytest.raises(RuntimeError):
         with implicit_replication():
             raise RuntimeError("boom")
-    assert not _modes.implicit_replication
+    assert not _modes.state.implicit_replication

@@ -110,46 +110,40 @@ def test_partial_rules_placements():
     assert_matches(np.maximum(pm, 0.5), np.maximum(np.full(4, W - 1.0), 0.5))
 
 
-@pytest.mark.parametrize("c_path", [True, False], ids=["c_path", "python_entry"])
 @pytest.mark.parametrize("mesh_shape", mesh_shapes(), ids=str)
-def test_additive_rules_keep_partial_as_torch(mesh_shape, c_path):
+def test_additive_rules_keep_partial_as_torch(mesh_shape):
     """torch's additive rules: P(sum) +- R keeps P(sum) with nothing moved (the
     Replicate operand counts once: exact for integers), P(avg|max) + R keeps the
     Partial, P(max) + P(max) is one all-reduce, R - P(max) is reduced first."""
-    from mpitensor import _C
     mesh = mesh_of(mesh_shape)
     nd = mesh.ndim
     a = np.arange(20, dtype=np.int64).reshape(4, 5) - 7
     b = np.arange(5, dtype=np.int64) * 3 + 1
     ps, r = make(a, mesh, [PS] * nd), make(b, mesh, [R] * nd)
-    _C.dispatch_enable(c_path)
-    try:
-        with CommDebugMode() as mode:
-            outs = [(ps + r, a + b), (r + ps, b + a), (ps - r, a - b), (r - ps, b - a)]
-        assert mode.get_total_counts() == 0
-        wide = [m for m in range(nd) if mesh.shape[m] > 1]  # one rank: any tie
-        for got, want in outs:
-            assert all(got.placements[m] == PS for m in wide), got.placements
-            assert_matches(got, want)
-        rank = np.int64(mesh.get_rank())
-        pmax = DTensor.from_local(np.full((4, 5), rank), mesh, [Partial("max")] * nd)
-        top = np.full((4, 5), np.int64(W - 1))
-        with CommDebugMode() as mode:
-            kept = pmax + r
-        assert mode.get_total_counts() == 0
-        assert all(kept.placements[m] == Partial("max") for m in wide)
-        assert_matches(kept, top + b)
-        with CommDebugMode() as mode:
-            both = pmax + pmax
-        assert all(both.placements[m] == Partial("max") for m in wide)
-        assert sum(mode.get_comm_counts().values()) == mode.get_comm_counts()["all_reduce"]
-        assert mode.get_comm_counts()["all_reduce"] == len(wide)  # one per mesh dim
-        assert_matches(both, 2 * top)
-        flipped = r - pmax
-        assert all(flipped.placements[m] != Partial("max") for m in wide)
-        assert_matches(flipped, b - top)
-    finally:
-        _C.dispatch_enable(True)
+    with CommDebugMode() as mode:
+        outs = [(ps + r, a + b), (r + ps, b + a), (ps - r, a - b), (r - ps, b - a)]
+    assert mode.get_total_counts() == 0
+    wide = [m for m in range(nd) if mesh.shape[m] > 1]  # one rank: any tie
+    for got, want in outs:
+        assert all(got.placements[m] == PS for m in wide), got.placements
+        assert_matches(got, want)
+    rank = np.int64(mesh.get_rank())
+    pmax = DTensor.from_local(np.full((4, 5), rank), mesh, [Partial("max")] * nd)
+    top = np.full((4, 5), np.int64(W - 1))
+    with CommDebugMode() as mode:
+        kept = pmax + r
+    assert mode.get_total_counts() == 0
+    assert all(kept.placements[m] == Partial("max") for m in wide)
+    assert_matches(kept, top + b)
+    with CommDebugMode() as mode:
+        both = pmax + pmax
+    assert all(both.placements[m] == Partial("max") for m in wide)
+    assert sum(mode.get_comm_counts().values()) == mode.get_comm_counts()["all_reduce"]
+    assert mode.get_comm_counts()["all_reduce"] == len(wide)  # one per mesh dim
+    assert_matches(both, 2 * top)
+    flipped = r - pmax
+    assert all(flipped.placements[m] != Partial("max") for m in wide)
+    assert_matches(flipped, b - top)
 
 
 def test_shard_plus_shard_no_communication():

@@ -20,7 +20,7 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import DTensor, DeviceMesh, Partial, Replicate, Shard, init_device_mesh
-from mpitensor._redistribute import plan_for
+from mpitensor._layout import plan as plan_for
 from mpitensor.debug import CommDebugMode, peak_rss_growth
 from mpi_helpers import Problems, gather_global, raised, ref_box, ref_index
 from redistribute_ref import (KINDS, PLACEMENTS, expected_local, name, needed_elements,

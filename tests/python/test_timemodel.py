@@ -76,7 +76,7 @@ def test_mesh_loads_the_table(tmp_path, monkeypatch):
     assert got[:7] == COSTS
     assert got[7] == 0  # every rank of this test run shares one node
     # Slices inherit the costs; the redistribute path plans with them.
-    plan = mt._redistribute.plan_for(mesh, (COMM.size * 4,), (Shard(0),),
+    plan = mt._layout.plan(mesh, (COMM.size * 4,), (Shard(0),),
                                      (Replicate(),), np.dtype("f8"))
     n = COMM.size
     if n > 1:

@@ -78,7 +78,7 @@ def _rebalance(name, dt, m, rows, placements, shape):
     bounds = np.concatenate([[0], np.cumsum(_C.chunk_sizes(total, p))])
     lo = np.clip(bounds[:-1], start, start + len(rows))
     hi = np.clip(bounds[1:], start, start + len(rows))
-    if _modes.tracing:
+    if _modes.state.tracing:
         _trace.collective(f"{name}: rows to their shards", mesh, placements, shape,
                           dt._spec.dtype)
     local, _ = handle.alltoallv(np.ascontiguousarray(rows),
@@ -178,7 +178,7 @@ def getitem_take(dt, key):
     mine = np.flatnonzero(owner == c)
     send = local[idx[mine] - own[c]]
     counts = np.bincount(dest[mine], minlength=p).tolist()
-    if _modes.tracing:
+    if _modes.state.tracing:
         _trace.collective(f"{name}: rows to their shards", mesh, spec.placements,
                           shape, spec.dtype)
     got, _ = mesh._handle.alltoallv(np.ascontiguousarray(send), counts, m)

@@ -95,7 +95,7 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None):
     for k in kept:
         shape[out_dim(k)] = spec.shape[k]
     placements = tuple(Shard(out_dim(p.dim)) if p.is_shard() else p for p in target)
-    if _modes.tracing:
+    if _modes.state.tracing:
         _trace.local(name, [a], placements)
     if mesh.get_coordinate() is None:
         local = np.empty((0,), local.dtype)
@@ -352,7 +352,7 @@ def _vector_fft(name, a, inverse, norm):
     # X[k1 + n1 k2] = g[k1, k2]: the transpose of g, row-major, is the result.
     t = D.relayout(name, matrix(g, (n1, n2), layout(0)), layout(1)).to_local()
     out = np.ascontiguousarray(t.T).reshape(-1) if member else np.empty((0,), g.dtype)
-    if _modes.tracing:
+    if _modes.state.tracing:
         _trace.local(name, [a], pls)
     return DTensor(out, DTensorSpec(mesh, pls, (n,), out.dtype, contiguous_strides((n,))))
 
@@ -433,7 +433,7 @@ def _transform(name, a, func, axes, rule):
         local = np.empty((0,), local.dtype)
     else:
         local = np.asarray(func(a.to_local(), axes))
-    if _modes.tracing:
+    if _modes.state.tracing:
         _trace.local(name, [a], spec.placements)
     shape = tuple(shape)
     return DTensor(local, DTensorSpec(mesh, spec.placements, shape, local.dtype,
@@ -613,7 +613,7 @@ def _scan(name, a, ax, func, linear, op):
         else:
             shape = local.shape[:ax] + local.shape[ax + 1:]
             totals = (np.zeros if op == _C.REDUCE_SUM else np.ones)(shape, local.dtype)
-        if _modes.tracing:
+        if _modes.state.tracing:
             # The global shape: the checks compare this text across ranks.
             _trace.collective(f"{name}: exclusive scan of the shard totals", mesh,
                               spec.placements, spec.shape, totals.dtype)

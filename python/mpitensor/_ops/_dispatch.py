@@ -1,14 +1,14 @@
-"""The Python entry of NumPy operations on DTensors: decide, redistribute, compute,
-wrap.
+"""The op entries' side of the executor: dim maps and ``execute``.
 
 Every operation is described by a dim map (csrc/include/mpitensor/prop.h). The
-ufuncs and reductions register their signatures with the C dispatch at import
-(_elementwise.py, _reductions.py), which builds their maps; the operations driven
-from Python (einsum, reshape, concatenate, softmax, ...) build theirs here, on a
-miss only. Either way the decision lives in the mesh's C memo, keyed by the
-operation and the identity of the inputs' layouts: a repeated call costs one
-lookup before NumPy runs on the local arrays, and an operation decided by the C
-path is decided for its Python entry too.
+ufuncs and reductions register their signatures with the executor at import
+(_elementwise.py, _reductions.py), which builds their maps; the operations whose
+arguments Python normalises (einsum, reshape, concatenate, softmax, ...) build
+theirs here, on a memo miss only. An op entry normalises its arguments and calls
+:func:`execute` once; the C executor (csrc/ext/ext_exec.c) decides (a memo hit,
+or the map on a miss), moves the inputs, runs the entry's local function on the
+local arrays, wraps the result, records it for autograd and emits the trace
+events. A repeated call costs one lookup before NumPy runs on the local arrays.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import numbers
 
 import numpy as np
 
-from .. import _C, _modes, _redistribute, _trace, device_mesh as _device_mesh
+from .. import _C, _modes, _trace, device_mesh as _device_mesh
 from .._dtensor import DTensor
-from .._dtensor_spec import DTensorSpec
 
 # The label kinds, partial rules and reduce ops of dim maps, from the core.
 KEEP, CONTRACT, REDUCE, REPLICATE = (_C.LABEL_KEEP, _C.LABEL_CONTRACT, _C.LABEL_REDUCE,
@@ -75,58 +74,34 @@ def same_mesh(op_name: str, inputs):
     return mesh
 
 
-def _traced(op_key, operands, dec):
-    if _modes.gather_report and not _modes.tracing:
-        _trace._current_op = _trace.op_name(op_key)  # names a gather it reports
-    if _modes.tracing:
-        _trace.decision(op_key, [o for o in operands if type(o) is DTensor], dec,
-                        dec.cached)
-    return dec
+def execute(key, operands, build=None, local=None, *, extra=(), kwargs=None,
+            box=False, axis=None, keepdims=False):
+    """Runs an operation through the executor: ``key`` is a registered ufunc or
+    reduction (its dim map is the core's) or a hashable key naming the operation
+    and its static arguments, whose dim map ``build()`` gives on a memo miss (or,
+    for a user's rule, its (targets, out placements, out shape)); ``operands`` are
+    DTensors of one mesh and scalars (ndarrays under implicit replication).
+    ``local(*local_operands, *extra, **kwargs)`` computes on this rank's arrays
+    (the registered ufunc or reduction method when None; a reduction gets ``axis``
+    first); with ``box`` it also gets this rank's output shape last. Returns a
+    DTensor, or a tuple of them for several results. Collective on the mesh when
+    an input moves.
+
+    Example: ``execute(("squeeze", (0,)), (a,), build, lambda x: np.squeeze(x, 0))``.
+    """
+    if keepdims:
+        kwargs = dict(kwargs or (), keepdims=True)
+    return _C.execute(key, tuple(operands), build, local, tuple(extra), kwargs, box,
+                      axis, keepdims)
 
 
-def decide(op_key, operands, build_map) -> "_C.Decision":
-    """The decision of the operation ``op_key`` (hashable: the function and its
-    static arguments) on ``operands`` (DTensors of one mesh, and scalars whose
-    types matter); ``build_map()`` makes its dim map on a miss. Local."""
-    return _traced(op_key, operands, _C.decide(_C.op_id(op_key), operands, build_map))
+def decide(key, operands, build=None) -> tuple:
+    """(output placements, output shape, bytes the inputs move) of an operation,
+    from the mesh's memo (made there on a miss), without running it. Local.
 
-
-def decide_ufunc(ufunc, operands) -> "_C.Decision":
-    """The decision of a ufunc on DTensors and scalars: the C path's own. Local."""
-    return _traced(ufunc, operands, _C.decide_ufunc(ufunc, operands))
-
-
-def decide_reduction(func, a, axis, keepdims) -> "_C.Decision":
-    """The decision of a registered reduction over ``axis`` (None, an int or a
-    normalised tuple): the C path's own. Local."""
-    return _traced(func, (a,), _C.decide_reduction(func, a, axis, keepdims))
-
-
-def local_inputs(mesh, inputs, dec) -> list:
-    """Each input's local array after the redistribution the decision needs.
-    Collective on the mesh when a plan has steps."""
-    if mesh._coordinate is None:
-        # Not a member: no data; run on stand-ins only to learn the output dtype.
-        return [np.zeros((1,) * x.ndim, x.dtype) for x in inputs]
-    handle = mesh._handle
-    if _modes.gather_report:
-        for x, p in zip(inputs, dec.plans):
-            if p is not None:
-                _report_plan_gather(mesh, x._spec, p)
-    if _modes.tracing:
-        for x, p in zip(inputs, dec.plans):
-            if p is not None:
-                _trace.redistribute("operation", mesh, p, x._spec.shape, x._spec.dtype)
-    out = [x.to_local() if p is None else _C.redistribute(handle, p, x.to_local())
-           for x, p in zip(inputs, dec.plans)]
-    # A Replicate input partitioned into Partial(sum) counts on one rank only.
-    return [np.zeros_like(a) if z else a for a, z in zip(out, dec.zeroed)]
-
-
-def _report_plan_gather(mesh, spec, plan):
-    """report_gather for an input whose decided plan turns a Shard into Replicate."""
-    _, dst = _trace._plan_placements(mesh, plan, plan.steps())
-    _trace.report_move(_trace._current_op or "an operation", spec, dst)
+    Example: ``decide(np.add, (a, b))[0] == (Shard(0),)``.
+    """
+    return _C.decide(key, tuple(operands), build)
 
 
 def outside_local(shape, dtype) -> np.ndarray:
@@ -136,16 +111,6 @@ def outside_local(shape, dtype) -> np.ndarray:
     Example: ``outside_local((), np.float64).shape == ()``.
     """
     return np.zeros((), dtype) if len(shape) == 0 else np.empty((0,), dtype)
-
-
-def wrap(mesh, dec, local):
-    """A DTensor of the decision's output spec around a local result."""
-    if type(local) is not np.ndarray:
-        local = np.asarray(local)
-    if mesh._coordinate is None:
-        local = outside_local(dec.out_shape, local.dtype)
-    return DTensor(local, DTensorSpec(mesh, dec.out_placements, dec.out_shape,
-                                      local.dtype, dec.out_stride))
 
 
 # -- operands ---------------------------------------------------------------------
@@ -164,10 +129,10 @@ def implicit(operands) -> tuple:
     On the local mesh (one rank: where ``to_local()`` puts a tensor autograd
     follows) an ndarray is always such a DTensor, with nothing to trust, so it
     mixes with local DTensors as it mixes with ndarrays."""
-    if not _modes.implicit_replication and _device_mesh._local_mesh is None:
+    if not _modes.state.implicit_replication and _device_mesh._local_mesh is None:
         return tuple(operands)
     mesh = next((o._spec.mesh for o in operands if type(o) is DTensor), None)
-    if mesh is None or not (_modes.implicit_replication
+    if mesh is None or not (_modes.state.implicit_replication
                             or _device_mesh.is_local_mesh(mesh)):
         return tuple(operands)
     return tuple(DTensor.from_local(o, mesh) if type(o) is np.ndarray and o.ndim > 0
@@ -204,28 +169,19 @@ def mixed_error(op_name: str, obj) -> TypeError:
 
 
 def relayout(what: str, a, placements, *, records=False):
-    """``a`` redistributed to ``placements`` for the operation named ``what``, which
-    the logs and the collective checks name. A Shard that becomes Replicate is a
-    gather the operation needs: reported by ``_trace.report_gather`` unless ``records``
-    (``a`` is a few numbers per output element, as the merged reductions gather,
-    not the operation's input). Collective on the mesh when anything moves.
+    """``a`` redistributed to ``placements`` by the executor for the operation named
+    ``what``, which the logs and the collective checks name. A Shard that becomes
+    Replicate is a gather the operation needs: reported by ``_trace.report_gather``
+    unless ``records`` (``a`` is a few numbers per output element, as the merged
+    reductions gather, not the operation's input). Collective on the mesh when
+    anything moves.
 
     Example: ``relayout("numpy.sort", dt, (Replicate(),))``.
     """
-    spec = a._spec
     placements = tuple(placements)
-    if placements == spec.placements:
+    if placements == a._spec.placements:
         return a
-    mesh = spec.mesh
-    plan = _redistribute.plan_for(mesh, spec.shape, spec.placements, placements,
-                                  spec.dtype)
     if not records:
-        _trace.report_move(what, spec, placements)
-    out_spec = DTensorSpec(mesh, placements, spec.shape, spec.dtype, spec.stride)
-    if mesh._coordinate is None:
-        return DTensor(a.to_local(), out_spec)
-    if _modes.tracing:
-        _trace._current_op = what
-        _trace.redistribute("operation", mesh, plan, spec.shape, spec.dtype)
-    return DTensor(_redistribute.run(mesh, plan, a.to_local(), False), out_spec)
+        _trace.report_move(what, a._spec, placements)
+    return _C.move(a, placements, what)
 

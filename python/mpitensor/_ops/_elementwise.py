@@ -6,16 +6,17 @@ way it treats Partial inputs (prop.h's mt_elementwise_kind): ``P + P``, ``-P``,
 ``P * R``, ``P * c``, ``P / R``, ``P / c`` stay Partial(sum|avg); ``maximum``
 keeps Partial(max) and ``minimum`` Partial(min); anything else, ``P + c``
 included (the scalar would be added once per rank), reduces the Partial first.
-The C path runs the calls it can take; ``array_ufunc`` below is the Python entry
-of the others (``out=`` and other keywords, plain ndarrays, implicit replication,
-debugging tools, ranks outside the mesh), deciding through the same memo.
+The executor runs every call (operators and ``__array_ufunc__``, with ``dtype=``
+and ``casting=``); ``array_ufunc`` below is the Python entry of what it leaves to
+Python: ``out=`` (and ``x op= y``), other keywords, other methods and a user's
+rule, each normalised into executor calls.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _redistribute, _registry
+from .. import _C, _layout, _registry
 from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _dispatch as D
@@ -57,7 +58,9 @@ _register()
 
 @_registry.implements(np.ufunc)
 def array_ufunc(ufunc, method, *operands, **kwargs):
-    """The Python entry of ``ufunc.method(*operands, **kwargs)`` on DTensors."""
+    """The Python entry of ``ufunc.method(*operands, **kwargs)`` on DTensors: what
+    the executor leaves to Python (out=, a user's rule, other methods, checks of
+    keywords and operands), normalised into executor calls."""
     name = f"numpy.{ufunc.__name__}"
     if _registry.rules and method == "__call__":
         custom = _registry.rules.get(ufunc)
@@ -81,29 +84,22 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
         return NotImplemented
     inputs, pattern = split
     outs = kwargs.pop("out", None)
-    if outs is not None:
-        if len(outs) != ufunc.nout or any(type(o) is not DTensor for o in outs):
-            raise TypeError(f"{name}: out= must be {ufunc.nout} DTensor(s)")
-    mesh = D.same_mesh(name, inputs + list(outs or ()))
-    dec = D.decide_ufunc(ufunc, operands)
-    if outs is not None and not _fits(dec, outs):
-        return _follow_out(mesh, dec, ufunc, operands, pattern, kwargs, outs)
-    local = iter(D.local_inputs(mesh, inputs, dec))
-    args = [next(local) if is_dt else obj for is_dt, obj in zip(pattern, operands)]
     if outs is None:
-        result = ufunc(*args, **kwargs)
-        if ufunc.nout == 1:
-            return D.wrap(mesh, dec, result)
-        return tuple(D.wrap(mesh, dec, r) for r in result)
-    return _into_outs(mesh, dec, ufunc, args, kwargs, outs)
+        return D.execute(ufunc, operands, kwargs=kwargs or None)
+    if len(outs) != ufunc.nout or any(type(o) is not DTensor for o in outs):
+        raise TypeError(f"{name}: out= must be {ufunc.nout} DTensor(s)")
+    mesh = D.same_mesh(name, inputs + list(outs))
+    out_pl, out_shape, _ = D.decide(ufunc, operands)
+    if _fits(out_pl, out_shape, outs) or len(outs) != 1 or ufunc is np.matmul:
+        return _into_outs(mesh, ufunc, operands, kwargs, outs, out_pl, out_shape)
+    return _follow_out(mesh, ufunc, operands, pattern, kwargs, outs[0], out_pl, out_shape)
 
 
-def _fits(dec, outs) -> bool:
-    return all(o._spec.placements == dec.out_placements and o._spec.shape == dec.out_shape
-               for o in outs)
+def _fits(out_pl, out_shape, outs) -> bool:
+    return all(o._spec.placements == out_pl and o._spec.shape == out_shape for o in outs)
 
 
-def _follow_out(mesh, dec, ufunc, operands, pattern, kwargs, outs):
+def _follow_out(mesh, ufunc, operands, pattern, kwargs, o, out_pl, out_shape):
     """``out=`` (and ``x op= y``) when the decision's output placements are not the
     output's: the cheaper of moving every DTensor input to follow the output (torch's
     rule for in-place ops; nothing moves back) and the decision followed by one
@@ -111,17 +107,13 @@ def _follow_out(mesh, dec, ufunc, operands, pattern, kwargs, outs):
     Partial the result would not have is a RuntimeError, as in torch: placements are
     never changed in place."""
     name = f"numpy.{ufunc.__name__}"
-    o = outs[0]
-    if len(outs) != 1 or ufunc is np.matmul:
-        return _into_outs(mesh, dec, ufunc, _run_inputs(mesh, operands, pattern, dec),
-                          kwargs, outs)
-    if o.shape != dec.out_shape:
+    if o.shape != out_shape:
         raise ValueError(f"{name}: out= has shape {o.shape}, the result has shape "
-                         f"{dec.out_shape}")
+                         f"{out_shape}")
     if any(p.is_partial() for p in o.placements):
         raise RuntimeError(
             f"{name} into a DTensor with placements {o.placements}: the result would be "
-            f"{dec.out_placements}, and an in-place operation never changes placements "
+            f"{out_pl}, and an in-place operation never changes placements "
             f"(a Partial cannot be made from a result); redistribute the output first, "
             f"e.g. x = x.redistribute(x.device_mesh, [Replicate()]), or write "
             f"x = {name}(...) to get a new DTensor")
@@ -138,51 +130,45 @@ def _follow_out(mesh, dec, ufunc, operands, pattern, kwargs, outs):
         targets.append(t)
         if t != x.placements:
             follow_bytes += _plan_bytes(mesh, x, t)
-    via = sum(p.bytes for p in dec.plans if p is not None)
-    if dec.out_placements != o.placements:
-        via += _plan_bytes(mesh, o, o.placements, src=dec.out_placements)
+    via = D.decide(ufunc, operands)[2]
+    if out_pl != o.placements:
+        via += _plan_bytes(mesh, o, o.placements, src=out_pl)
     if via < follow_bytes:
-        return _into_outs(mesh, dec, ufunc, _run_inputs(mesh, operands, pattern, dec),
-                          kwargs, outs)
+        return _into_outs(mesh, ufunc, operands, kwargs, (o,), out_pl, out_shape)
     moved = iter(targets)
-    args = [D.relayout(name, x, next(moved)) if is_dt else x
-            for x, is_dt in zip(operands, pattern)]
-    if mesh._coordinate is not None:
-        ufunc(*[a.to_local() if t else a for a, t in zip(args, pattern)],
-              out=(o.to_local(),), **kwargs)
-    return o
+    args = tuple(D.relayout(name, x, next(moved)) if is_dt else x
+                 for x, is_dt in zip(operands, pattern))
+    pl, shape, _ = D.decide(ufunc, args)
+    return _into_outs(mesh, ufunc, args, kwargs, (o,), pl, shape)
 
 
 def _plan_bytes(mesh, x, dst, src=None) -> int:
     """The bytes (over all ranks) of redistributing ``x``'s layout (or ``src``
     placements of it) to ``dst``. Local."""
     spec = x._spec
-    return _redistribute.plan_for(mesh, spec.shape, src or spec.placements, dst,
-                                  spec.dtype).bytes
+    return _layout.plan(mesh, spec.shape, src or spec.placements, dst, spec.dtype).bytes
 
 
-def _run_inputs(mesh, operands, pattern, dec):
-    local = iter(D.local_inputs(mesh, [x for x, t in zip(operands, pattern) if t], dec))
-    return [next(local) if t else x for x, t in zip(operands, pattern)]
-
-
-def _into_outs(mesh, dec, ufunc, args, kwargs, outs):
+def _into_outs(mesh, ufunc, operands, kwargs, outs, out_pl, out_shape):
     """Runs the ufunc into DTensor outputs: straight into their local arrays when
-    they already have the result's placements and shape, else into new arrays that
-    are then redistributed to the outputs' placements and copied in."""
-    if _fits(dec, outs) and mesh._coordinate is not None:
-        ufunc(*args, out=tuple(o.to_local() for o in outs), **kwargs)
+    they have the result's placements and shape, else into new arrays that are
+    then redistributed to the outputs' placements and copied in."""
+    for o in outs:
+        if o.shape != out_shape:
+            raise ValueError(f"numpy.{ufunc.__name__}: out= has shape {o.shape}, the "
+                             f"result has shape {out_shape}")
+    if _fits(out_pl, out_shape, outs):
+        if mesh._coordinate is None:
+            D.execute(ufunc, operands, kwargs=kwargs or None)
+        else:
+            into = tuple(o._data() for o in outs)
+            D.execute(ufunc, operands, None, lambda *ls: ufunc(*ls, out=into, **kwargs))
         return outs[0] if len(outs) == 1 else outs
-    result = ufunc(*args, **kwargs)
+    result = D.execute(ufunc, operands, kwargs=kwargs or None)
     results = (result,) if ufunc.nout == 1 else result
     for o, r in zip(outs, results):
-        if o.shape != dec.out_shape:
-            raise ValueError(
-                f"numpy.{ufunc.__name__}: out= has shape {o.shape}, the result has "
-                f"shape {dec.out_shape}")
-        r = D.wrap(mesh, dec, r)
         if r.placements != o.placements:
             r = r.redistribute(mesh, o.placements)
         if mesh._coordinate is not None:
-            np.copyto(o.to_local(), r.to_local(), casting=kwargs.get("casting", "same_kind"))
+            np.copyto(o._data(), r._data(), casting=kwargs.get("casting", "same_kind"))
     return outs[0] if len(outs) == 1 else outs

@@ -17,7 +17,7 @@ import operator
 
 import numpy as np
 
-from .. import _C, _registry, _trace
+from .. import _C, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -120,7 +120,7 @@ def _local_cut(s, lo, n):
 class _Plan:
     """What ``dt[key]`` does for one key and input spec on this rank: the local cut,
     the exchange (None when nothing moves) and the output spec. Kept in the mesh's
-    bounded cache of indexing plans (the oldest goes first), so a repeated key
+    bounded cache of parsed keys (the oldest goes first), so a repeated key
     costs one dict lookup before NumPy cuts the local array."""
 
     __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec")
@@ -160,6 +160,10 @@ class _Plan:
             self.cut = tuple(_local_cut(s, loff[d], lshape[d]) for d, s in enumerate(sel))
 
 
+# The parsed keys a mesh keeps (basic indexing repeats its keys in loops).
+_INDEX_KEYS = 256
+
+
 def _cache_key(key):
     """A hashable stand-in for a key of ints, slices of ints, None and ..., else
     None (such keys take the uncached path, which also reports bad ones)."""
@@ -193,14 +197,19 @@ def getitem(dt, key):
     mesh = spec.mesh
     ck = _cache_key(key)
     cache_key = (ck, spec.placements, spec.shape, spec.dtype)
-    plans = mesh._select_plans
+    plans = mesh._index_keys
     plan = plans.get(cache_key) if ck is not None else None
     if plan is None:
         plan = _Plan(dt, key)
         if ck is not None:
-            if len(plans) >= mesh._plan_limit:
+            if len(plans) >= _INDEX_KEYS:
                 del plans[next(iter(plans))]
             plans[cache_key] = plan
+    if _modes.state.checks:
+        # Every rank checks, also where the cut is local: a key that differs by
+        # rank would leave some ranks in an exchange the others never join.
+        _modes.checker(f"DTensor.__getitem__ {spec.placements} -> {plan.mid}, shape "
+                       f"{spec.shape} -> {plan.counts}, {spec.dtype}", mesh)
     if plan.cut is None:
         return DTensor(np.empty((0,), spec.dtype), plan.spec)
     piece = np.ascontiguousarray(dt.to_local()[plan.cut])

@@ -109,10 +109,9 @@ def einsum(subscripts, *operands, out=None, optimize=False, **kwargs):
     if len(letters) > 32:
         raise TypeError(f"{name}: at most 32 distinct subscripts on DTensors")
     sub = ",".join(ins) + "->" + outs
-    mesh = D.same_mesh(name, operands)
-    dec = D.decide(("einsum", sub), operands, lambda: einsum_map(ins, outs, letters))
-    local = D.local_inputs(mesh, operands, dec)
-    return D.wrap(mesh, dec, np.einsum(sub, *local, optimize=optimize))
+    D.same_mesh(name, operands)
+    return D.execute(("einsum", sub), operands, lambda: einsum_map(ins, outs, letters),
+                     lambda *ls: np.einsum(sub, *ls, optimize=optimize))
 
 
 def _two_dtensors(name, a, b):

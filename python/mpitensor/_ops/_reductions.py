@@ -7,13 +7,14 @@ sharded give a Partial of its reduce op (``sum``/``nansum`` -> Partial(sum),
 do not combine by a reduce op of the dtype (max/min of bool or complex values,
 which the core decides from the dtype), are gathered first; ``all``, ``any``,
 ``std``, ``var``, ``argmax`` and ``argmin`` merge per-rank results instead
-(_merge.py): the C path declines them when a reduced axis is sharded or a Partial
-must be reduced, so they come here. Partial inputs: sum and mean are linear (a Partial(sum|avg)
+(_merge.py): the method's door leaves them to Python when a reduced axis is
+sharded or a Partial must be reduced, so they come here. Partial inputs: sum and mean are linear (a Partial(sum|avg)
 passes through), max/min keep Partial(max/min), the others reduce it first.
 
-DTensor's methods (``dt.sum(axis=0)``) are the C base's: the C path runs the calls
-it can take, the others come here (``IMPLS``), as do the NumPy functions
-(``np.sum(dt)``), deciding through the same memo.
+DTensor's methods (``dt.sum(axis=0)``) are the C base's doors into the executor;
+what they leave to Python (other keywords, ``out=``, the merged reductions) comes
+here (``IMPLS``), as do the NumPy functions (``np.sum(dt)``), and runs through
+the executor again.
 """
 
 from __future__ import annotations
@@ -66,17 +67,13 @@ def _reduce(name, a, axis, keepdims, out, extra):
             raise TypeError(f"{fname}: axis must be an int or None, got {axis!r}")
     axes = None if axis is None else normalize_axis_tuple(axis, ndim)
     keepdims = bool(keepdims)
-    mesh = a._spec.mesh
     if name in _EXTREMES and not extra and _extreme_over_empty_shards(a, axes):
         return _merge.extreme(fname, a, tuple(range(ndim)) if axes is None else axes,
                               keepdims, _EXTREMES[name])
-    dec = D.decide_reduction(func, a, axes, keepdims)
-    (local,) = D.local_inputs(mesh, (a,), dec)
     if name in ("argmax", "argmin"):
-        result = func(local, axis=None if axes is None else axes[0], keepdims=keepdims)
-    else:
-        result = func(local, axis=axes, keepdims=keepdims, **extra)
-    return D.wrap(mesh, dec, result)
+        return D.execute(func, (a,), axis=None if axes is None else axes[0],
+                         keepdims=keepdims)
+    return D.execute(func, (a,), kwargs=extra or None, axis=axes, keepdims=keepdims)
 
 
 # max and min: whether each is the largest; their Partial has no identity in NumPy.

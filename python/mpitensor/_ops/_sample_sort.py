@@ -158,7 +158,7 @@ def _buckets(name, a, m, values, keys, with_keys):
     sv, sk = _splitters(name, a, m, values, keys)
     counts = _cuts(values, keys, sv, sk)
     handle = a._spec.mesh._handle
-    if _modes.tracing:
+    if _modes.state.tracing:
         _trace.collective(f"{name}: sample sort bucket exchange", a._spec.mesh,
                           a._spec.placements, a._spec.shape, a._spec.dtype)
     if with_keys:
@@ -221,7 +221,7 @@ def sort_flat(name, a, indices: bool):
     lo = np.clip(bounds[:-1], start, start + len(data))
     hi = np.clip(bounds[1:], start, start + len(data))
     counts = np.maximum(hi - lo, 0).tolist()
-    if _modes.tracing:
+    if _modes.state.tracing:
         _trace.collective(f"{name}: sample sort rebalance", mesh, placements, (n,),
                           out_dtype)
     local, got = mesh._handle.alltoallv(np.ascontiguousarray(data), counts, m)

@@ -39,13 +39,10 @@ def _run_elementwise(name, key, operands, func):
     inputs, pattern = split
     if not inputs:
         raise TypeError(f"{name}: expected a DTensor operand")
-    mesh = D.same_mesh(name, inputs)
+    D.same_mesh(name, inputs)
     tensors = sum(1 << i for i, is_dt in enumerate(pattern) if is_dt)
-    dec = D.decide(key, operands, lambda: _C.dimmap_elementwise(
-        _C.ELEMENTWISE_NONE, len(pattern), tensors, [x.shape for x in inputs]))
-    local = iter(D.local_inputs(mesh, inputs, dec))
-    args = [next(local) if is_dt else obj for is_dt, obj in zip(pattern, operands)]
-    return D.wrap(mesh, dec, func(*args))
+    return D.execute(key, operands, lambda: _C.dimmap_elementwise(
+        _C.ELEMENTWISE_NONE, len(pattern), tensors, [x.shape for x in inputs]), func)
 
 
 @_registry.implements(np.where)
@@ -194,11 +191,8 @@ def _part(name, a, func):
     if a.dtype.kind != "c":
         return a if func is np.real else _same_layout(a, np.zeros_like(a.to_local()),
                                                        a.dtype)
-    mesh = a._spec.mesh
-    dec = D.decide((name,), (a,), lambda: _C.dimmap_elementwise(
-        _C.ELEMENTWISE_ADD, 1, 1, [a.shape]))
-    (local,) = D.local_inputs(mesh, (a,), dec)
-    return D.wrap(mesh, dec, np.ascontiguousarray(func(local)))
+    return D.execute((name,), (a,), lambda: _C.dimmap_elementwise(
+        _C.ELEMENTWISE_ADD, 1, 1, [a.shape]), lambda x: np.ascontiguousarray(func(x)))
 
 
 @_registry.implements(np.real)

@@ -2,8 +2,8 @@
 broadcast_to, concatenate and stack.
 
 Permutations (``np.transpose``, ``DTensor.T``/``.transpose``, ``np.swapaxes``,
-``np.moveaxis``) need no decision: every Shard follows its dim, Replicate and every
-Partial stay, and no rank communicates.
+``np.moveaxis``) are maps of KEEP labels in another order: every Shard follows its
+dim, Replicate and every Partial stay, and no rank communicates.
 
 The others are dim maps with one label per input dim (KEEP, shared by the inputs
 on the dims they have in common) and ``P_LINEAR_ALL`` (they are linear, so a
@@ -29,10 +29,8 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _modes, _registry, _trace
+from .. import _registry
 from .._dtensor import DTensor
-from .._dtensor_spec import DTensorSpec, contiguous_strides
-from ..placement_types import Shard
 from . import _dispatch as D
 
 
@@ -47,22 +45,15 @@ def _dtensor(name, a):
 
 def permute(a, perm):
     """``a`` with its dims in the order ``perm`` (output dim j is input dim
-    perm[j]): local, no communication."""
-    spec = a._spec
-    inv = {p: j for j, p in enumerate(perm)}
-    pls = tuple(Shard(inv[p.dim]) if isinstance(p, Shard) else p for p in spec.placements)
-    shape = tuple(spec.shape[p] for p in perm)
+    perm[j]): every Shard follows its dim, every Partial stays; local, no
+    communication."""
+    n = a.ndim
     # A view, as NumPy's and torch's transposes are: copying here would cost a full
     # pass over the weight in every `x @ w.T` (nn.functional.linear). Consumers that
     # need contiguous memory (the C redistribute) make it themselves.
-    local = a.to_local()
-    if spec.mesh._coordinate is not None:  # a rank outside the mesh holds (0,)
-        local = np.transpose(local, perm)
-    out = DTensor(local, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
-                                     contiguous_strides(shape)))
-    if _modes.tracing:
-        _trace.view("numpy.transpose", a, out)
-    return out
+    return D.execute(("transpose", perm), (a,), lambda: D.dimmap(
+        [range(n)], perm, [D.KEEP] * n, partial_rule=D.P_SAME_OP, partial_ops=ALL_OPS),
+        np.transpose, extra=(perm,))
 
 
 @_registry.implements(np.transpose)
@@ -109,10 +100,8 @@ def moveaxis(a, source, destination):
 ALL_OPS = (1 << 5) - 1
 
 def _run(name, key, inputs, build, compute):
-    mesh = D.same_mesh(f"numpy.{name}", inputs)
-    dec = D.decide(key, inputs, build)
-    locals_ = D.local_inputs(mesh, inputs, dec)
-    return D.wrap(mesh, dec, compute(locals_, mesh._coordinate is not None))
+    D.same_mesh(f"numpy.{name}", inputs)
+    return D.execute(key, inputs, build, compute)
 
 
 @_registry.implements(np.squeeze)
@@ -134,7 +123,7 @@ def squeeze(a, axis=None):
                         partial_rule=D.P_LINEAR_ALL)
 
     return _run("squeeze", ("squeeze", axes), (a,), build,
-                lambda ls, member: np.squeeze(ls[0], axis=axes))
+                lambda x: np.squeeze(x, axis=axes))
 
 
 @_registry.implements(np.expand_dims)
@@ -156,7 +145,7 @@ def expand_dims(a, axis):
         return D.dimmap([range(n)], out, kinds, partial_rule=D.P_LINEAR_ALL, sizes=sizes)
 
     return _run("expand_dims", ("expand_dims", axes), (a,), build,
-                lambda ls, member: np.expand_dims(ls[0], axes))
+                lambda x: np.expand_dims(x, axes))
 
 
 @_registry.implements(np.broadcast_to)
@@ -185,8 +174,7 @@ def broadcast_to(array, shape, subok=False):
                 kinds.append(D.REPLICATE)
         return D.dimmap([range(n)], out, kinds, partial_rule=D.P_LINEAR_ALL, sizes=sizes)
 
-    def compute(ls, member):
-        local = ls[0]
+    def compute(local):
         target = tuple(local.shape[j - first] if j >= first and j - first not in widened
                        else shape[j] for j in range(nout))
         # np.ascontiguousarray would make a 0-d result 1-d.
@@ -252,7 +240,7 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
                         sizes={ax: total})
 
     return _run("concatenate", ("concatenate", ax), arrays, build,
-                lambda ls, member: np.concatenate(ls, axis=ax))
+                lambda *ls: np.concatenate(ls, axis=ax))
 
 
 @_registry.implements(np.stack)
@@ -273,7 +261,7 @@ def stack(arrays, axis=0, out=None, **kwargs):
                         partial_rule=D.P_LINEAR_ALL, sizes={n: len(arrays)})
 
     return _run("stack", ("stack", ax), arrays, build,
-                lambda ls, member: np.stack(ls, axis=ax))
+                lambda *ls: np.stack(ls, axis=ax))
 
 
 # -- reshape -------------------------------------------------------------------------
@@ -376,7 +364,6 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     if copy is False:
         raise ValueError("numpy.reshape: copy=False is not supported on DTensors (the "
                          "local result is a new array whenever the layout changes)")
-    mesh = a._spec.mesh
     src = a._spec.shape
     # The shape as given names the operation when it is plain ints (the input's
     # shape, in its layout, fixes the target); anything else is parsed first, so
@@ -392,15 +379,14 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     def build():
         return _reshape_map(src, _target_shape(math.prod(src), shape, order))
 
-    dec = D.decide(("reshape", given), (a,), build)
-    local = D.local_inputs(mesh, (a,), dec)[0]
-    if mesh._coordinate is not None:
-        # The engine let a Shard through only where the shares scale, so this
-        # rank's elements are exactly its box of the output.
-        local = local.reshape(dec.out_local_shape)
-        if copy:
-            local = local.copy()
-    return D.wrap(mesh, dec, local)
+    # The engine lets a Shard through only where the shares scale, so this rank's
+    # elements are exactly its box of the output.
+    return D.execute(("reshape", given), (a,), build,
+                     _reshape_copy if copy else np.reshape, box=True)
+
+
+def _reshape_copy(local, box):
+    return local.reshape(box).copy()
 
 
 @_registry.implements(np.ravel)

@@ -7,7 +7,7 @@ roots (outputs before inputs), calls each node once with the sum of the gradient
 that reached its output, and accumulates into the leaves' ``.grad``.
 
 Gradients are DTensors computed with DTensor operations with grad mode off, so
-they go through the same dispatch as the forward: their placements come from the
+they go through the same executor as the forward: their placements come from the
 same C decisions and their redistributions are the same plans. A leaf's gradient
 is redistributed to the leaf's placements (a Partial one's: Replicate) before it is
 stored. Every check here depends on global shapes and placements only, so every
@@ -15,8 +15,6 @@ rank raises the same error.
 """
 
 from __future__ import annotations
-
-import operator
 
 import numpy as np
 
@@ -29,11 +27,11 @@ __all__ = ["Node", "record", "backward", "grad"]
 
 # What recorded one operation: ``name``, the ``inputs`` that need a gradient (None
 # for the others, in operand order) and ``backward_fn(grad) -> grads``, one per
-# input (None for no gradient). The C dispatch makes the nodes of the operations it
-# takes itself: they hold the operands in ``saved`` (and a reduction's (axis,
-# keepdims) in ``aux``) instead of a closure, and their ``backward_fn(grad, node,
-# output)`` is the operation's rule, one function per operation
-# (csrc/ext/ext_autograd.c, _rules.install).
+# input (None for no gradient). The executor makes the nodes of the operations it
+# runs: they hold the operands in ``saved`` (and the rest of the call, such as a
+# reduction's (axis, keepdims) or a function's keywords, in ``aux``) instead of a
+# closure, and their ``backward_fn(grad, node, output)`` is the operation's
+# registered backward (csrc/ext/ext_autograd.c, _rules.install).
 Node = _C.Node
 
 
@@ -74,8 +72,7 @@ def _seed(t: DTensor, gradient) -> tuple:
                 f"grad can be implicitly created only for scalar outputs; pass a "
                 f"gradient DTensor of shape {t.shape}")
         mesh = t.device_mesh
-        return _C.call_owned(DTensor.from_local, [
-            np.ones((), t.dtype), mesh, [Replicate()] * mesh.ndim])
+        return DTensor.from_local(np.ones((), t.dtype), mesh, [Replicate()] * mesh.ndim), True
     if type(gradient) is not DTensor or gradient.shape != t.shape:
         raise RuntimeError(
             f"the gradient must be a DTensor of shape {t.shape}, got "
@@ -85,15 +82,30 @@ def _seed(t: DTensor, gradient) -> tuple:
 
 # Ownership. The engine writes into a gradient's memory (summing the gradients that
 # reach a tensor, accumulating into ``.grad``) and stores a gradient as ``.grad``
-# without a copy only when it proves that nothing else reaches that memory: at the
-# call that made the gradient (a backward rule, a sum, a redistribution), the result
-# is the only reference to the DTensor and the DTensor the only one to its array
-# (``_C.call_owned``; ``_C.owned_attr`` for a stored ``.grad``). A gradient that
-# fails the proof (a user's ``gradient=``, add's ``(g, g)``, an identity backward's
-# ``g``, a view of an array someone else holds) is read, never written, and copied
-# before it becomes a ``.grad``. The flag travels with the gradient in ``_run``'s
-# table; the engine gives an owned gradient away at most once (as a ``.grad``, or
-# to the next rule, whose results are proved anew).
+# without a copy only when that memory is its own, which it knows without counting
+# references: it allocated it (a sum, a copy, the seed), or the executor did for
+# this gradient alone while the backward ran (``_fresh``: a new array, not a view,
+# made by a rule's operation or redistribution), or a node that allocated it says
+# so (fully_shard's reduce-scattered parts). A gradient handed out twice (add's
+# ``(g, g)``) or passed through unchanged (an identity backward's ``g``) is owned
+# at most once; a user's ``gradient=`` never. A stored ``.grad`` stays the
+# engine's until someone reads it (the ``grad`` property): from then on the next
+# backward sums into a new array, so a ``.grad`` someone may hold never changes.
+# The flag travels with the gradient in ``_run``'s table.
+
+def _owned_results(gs, g, g_owned) -> list:
+    """Whether each gradient a rule returned is the engine's own: made fresh for it
+    (or the rule's input ``g`` handed back, when that was), and not seen before in
+    this result."""
+    seen, owned = set(), []
+    for x in gs:
+        if type(x) is not DTensor or id(x) in seen:
+            owned.append(False)
+            continue
+        seen.add(id(x))
+        owned.append(g_owned if x is g else bool(x._fresh))
+    return owned
+
 
 def _summable(a: DTensor, b: DTensor) -> bool:
     """Whether ``a + b`` is the sum of the local arrays: one spec, and no Partial
@@ -115,22 +127,25 @@ def _add(a: DTensor, a_owned: bool, b: DTensor, b_owned: bool) -> tuple:
         if b_owned:
             np.add(b._local_tensor, a._data(), out=b._local_tensor)
             return b, True
-        return _C.call_owned(_local_sum, [a, b])
-    return _C.call_owned(operator.add, [a, b])
+        return _local_sum(a, b), True
+    out = a + b
+    return out, bool(out._fresh)
 
 
 def _local_sum(a: DTensor, b: DTensor) -> DTensor:
     """``a + b`` of two summable gradients (see ``_summable``), added locally."""
-    return DTensor(np.add(a._data(), b._data()), a._spec)
+    # np.add of two 0-d arrays gives a NumPy scalar: the engine keeps an array.
+    return DTensor(np.asarray(np.add(a._data(), b._data())), a._spec)
 
 
 def _converted(t: DTensor, g: DTensor, owned: bool) -> tuple:
     """``g`` with ``t``'s gradient placements (a Partial's: Replicate) and dtype."""
     pl = _grad_placements(t._spec.placements)
     if g._spec.placements != pl:
-        g, owned = _C.call_owned(g.redistribute, [t._spec.mesh, pl])
+        moved = g.redistribute(t._spec.mesh, pl)
+        g, owned = moved, (owned if moved is g else bool(moved._fresh))
     if g._spec.dtype != t._spec.dtype:
-        g, owned = _C.call_owned(g.astype, [t._spec.dtype])
+        g, owned = g.astype(t._spec.dtype), True
     return g, owned
 
 
@@ -142,7 +157,7 @@ def _as_stored(t: DTensor, g: DTensor, owned: bool) -> DTensor:
     if owned and g._spec.stride == t._spec.stride and \
             g._local_tensor.strides == getattr(t._local_tensor, "strides", None):
         return g
-    return g.copy()
+    return DTensor(np.array(g._data(), order="K"), g._spec)
 
 
 def _accumulate(t: DTensor, g: DTensor, owned: bool) -> None:
@@ -150,16 +165,15 @@ def _accumulate(t: DTensor, g: DTensor, owned: bool) -> None:
     (nothing but ``t`` reaches it; torch accumulates in place too), else into a new
     DTensor, so a ``.grad`` someone kept a reference to is never changed."""
     if getattr(t, "_grad", None) is None:
-        t._grad = _as_stored(t, g, owned)
+        t._grad, t._grad_owned = _as_stored(t, g, owned), True
         return
     g, owned = _converted(t, g, owned)
-    # Asked while this frame holds no reference to the stored gradient.
     if not _summable(t._grad, g):
-        t._grad = t._grad + g
-    elif _C.owned_attr(t, "_grad"):
+        t._grad, t._grad_owned = t._grad + g, False
+    elif getattr(t, "_grad_owned", False):
         np.add(t._grad._local_tensor, g._data(), out=t._grad._local_tensor)
     else:
-        t._grad = _local_sum(t._grad, g)
+        t._grad, t._grad_owned = _local_sum(t._grad, g), True
 
 
 def _run(roots, gradients, retain_graph, wanted=None) -> dict:
@@ -193,18 +207,22 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
             elif fn is None or getattr(t, "_retains_grad", False):
                 if t._requires_grad:
                     _accumulate(t, g, owned)
+                    owned = False  # given away as a .grad (or copied into one)
             if fn is None:
                 continue
+            if not owned:
+                g._fresh = False  # what the rule hands back of g is not the engine's
             backward_fn = fn.backward_fn
             if backward_fn is None:
                 raise RuntimeError(
                     "Trying to backward through the graph a second time; specify "
                     "retain_graph=True on the first backward")
-            # The engine's last reference to g goes into the call: a rule's result
-            # over g's memory (a reshape's view) is then the engine's own.
-            args = [g] if fn.saved is None else [g, fn, t]
+            _C.count_backward()
+            gs = backward_fn(g) if fn.saved is None else backward_fn(g, fn, t)
+            if not isinstance(gs, tuple):
+                gs = tuple(gs)
+            owned = _owned_results(gs, g, owned)
             del g
-            gs, owned = _C.call_owned(backward_fn, args)
             inputs = fn.inputs
             if not retain_graph:
                 # Frees what the node saved and the inputs, so a kept output (the
@@ -219,8 +237,6 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                         f"an input of shape {x.shape}")
                 prev = grads.get(id(x))
                 grads[id(x)] = (gx, ox) if prev is None else _add(*prev, gx, ox)
-            # No reference of this frame outlives the node: a later proof would
-            # count it.
             gs = gx = prev = None
     finally:
         _modes.set_backward(was_backward)

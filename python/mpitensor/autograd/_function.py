@@ -98,7 +98,7 @@ class Function:
         Example: ``y = Cube.apply(x)``.
         """
         needs = tuple(type(a) is DTensor and a._requires_grad for a in args) \
-            if _modes.grad_enabled else (False,) * len(args)
+            if _modes.state.grad_enabled else (False,) * len(args)
         ctx = FunctionCtx(needs)
         was = _modes.set_grad_enabled(False)
         try:

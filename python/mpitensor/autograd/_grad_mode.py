@@ -19,7 +19,7 @@ def is_grad_enabled() -> bool:
 
     Example: ``with no_grad(): assert not is_grad_enabled()``.
     """
-    return _modes.grad_enabled
+    return _modes.state.grad_enabled
 
 
 class set_grad_enabled:

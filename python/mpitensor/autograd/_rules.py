@@ -1,107 +1,41 @@
 """Backward rules of the operations on DTensors.
 
-At import every operation in mpitensor._registry gets an entry that, while grad
-mode is on and an operand requires grad, runs the forward with grad mode off and
-records the result with its rule (mpitensor.autograd._engine.record). Calls with
-nothing to record go straight to the forward (and the ones the C path takes never
-come here). The ufuncs and reduction methods the C path takes are recorded there,
-without coming here: their node holds the operands, and its backward is the same
-gradient function as their rule's here (``_RECORDED_REDUCTIONS``,
-``_recorded_ufunc``). An operation with no rule here raises NotImplementedError
-when it would have to record a floating-point result, rather than drop the
-gradient.
+Each rule is registered once, at import, where the executor records with it:
 
-A rule computes the gradients with DTensor operations, so they run through the
-same dispatch as the forward: their placements come from the same C decisions and
-are priced the same way. A gradient is computed only for the operands that need
-one; broadcast dims are summed away (a Partial(sum) where they are sharded).
+* the ufuncs and reduction methods the executor runs itself, by
+  ``_C.register_grad``: their node's ``saved`` holds the operands, ``aux`` a
+  reduction's ``(axis, keepdims)``;
+* the registered NumPy functions, in ``_registry.backwards``: their node's
+  ``saved`` holds the positional arguments as called and ``aux`` the keyword
+  arguments; the node's inputs are the positional arguments with lists and tuples
+  flattened once, and the rule returns one gradient per input. An optional third
+  entry, ``supports(args, kwargs)``, says whether the call has a rule (a diagonal
+  einsum, a stepped slice do not).
+
+A rule is ``backward(grad, node, output)``. It computes the gradients with DTensor
+operations, so they run through the same executor as the forward: their
+placements come from the same decisions and are priced the same way. A gradient
+is computed only for the operands that need one; broadcast dims are summed away
+(a Partial(sum) where they are sharded). An operation with no rule raises
+NotImplementedError when it would record a floating-point result, rather than
+drop the gradient; one that writes in place raises in grad mode.
 """
 
 from __future__ import annotations
 
-import functools
 import operator
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _C, _modes, _registry
+from .. import _C, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
-from .._ops import _dispatch as D
 from .._ops._indexing import _parse
 from ..placement_types import Replicate
-from ._engine import record
 
 __all__: list = []
-
-
-def _differentiable(func, rule) -> None:
-    """Replaces ``func``'s entry in the registry by one that records with
-    ``rule(result, *args, **kwargs)`` when an operand requires grad in grad mode."""
-    impl = _registry.functions[func]
-    forward = _call_ufunc if func is np.ufunc else impl
-
-    @functools.wraps(impl)
-    def entry(*args, **kwargs):
-        if not _modes.grad_enabled or not _C.needs_grad(args, kwargs):
-            return impl(*args, **kwargs)
-        if func in _WRITES:
-            raise RuntimeError(
-                f"{_WRITES[func]}: a DTensor that requires grad cannot be written in place "
-                f"while grad mode is on (the write would not be recorded and a gradient "
-                f"would be lost); write under mpitensor.no_grad(), or build a new DTensor "
-                f"(e.g. numpy.where)")
-        if kwargs.get("out") is not None:
-            raise RuntimeError(
-                f"{_name(func, args)}: out= (or an in-place operator) with DTensors that "
-                f"require grad is not supported in grad mode; write the result to a new "
-                f"DTensor, or run the update under mpitensor.no_grad()")
-        was = _modes.set_grad_enabled(False)
-        try:
-            result = forward(*args, **kwargs)
-        finally:
-            _modes.set_grad_enabled(was)
-        return rule(result, *args, **kwargs)
-
-    _registry.functions[func] = entry
-
-
-# The operations that write into their first operand, by the name users write.
-_WRITES = {operator.setitem: "DTensor item assignment (dt[key] = value)",
-           np.copyto: "numpy.copyto (and DTensor.fill)"}
-
-
-def _call_ufunc(ufunc, method, *operands, **kwargs):
-    """The ufunc called again with grad mode off: the C dispatch then takes it with
-    its cached decision (it leaves tensors that record to the Python entry only in
-    grad mode), where the Python entry would decide anew; a call the C path cannot
-    take comes back to the entry, which with grad mode off runs the operation."""
-    return getattr(ufunc, method)(*operands, **kwargs)
-
-
-def _name(func, args) -> str:
-    if func is np.ufunc:
-        return f"numpy.{args[0].__name__}"
-    return f"numpy.{getattr(func, '__name__', func)}"
-
-
-def _inexact(result) -> bool:
-    results = result if isinstance(result, tuple) else (result,)
-    return any(type(r) is DTensor and np.issubdtype(r._spec.dtype, np.inexact)
-               for r in results)
-
-
-def _no_rule(func):
-    def rule(result, *args, **kwargs):
-        if _inexact(result):
-            raise NotImplementedError(
-                f"{_name(func, args)} has no backward rule in mpitensor.autograd yet; "
-                f"run it under mpitensor.no_grad() or on .detach()ed DTensors (the "
-                f"gradient through it would be lost)")
-        return result
-    return rule
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -123,6 +57,30 @@ def _fit(gx, x):
     return gx if gx.dtype == x.dtype else gx.astype(x.dtype)
 
 
+def _need(x) -> bool:
+    return type(x) is DTensor and x._requires_grad
+
+
+def _dtensors(operands, like: DTensor) -> tuple:
+    """The operands with plain ndarrays (mixed in under implicit replication) as
+    Replicate DTensors on ``like``'s mesh, as the forward took them."""
+    mesh = like.device_mesh
+    return tuple(DTensor.from_local(o, mesh) if type(o) is np.ndarray and o.ndim > 0
+                 else o for o in operands)
+
+
+def _bind(node, names, **defaults) -> dict:
+    """A registered function's arguments by parameter name (``keepdim`` is torch's
+    ``keepdims``)."""
+    bound = dict(defaults)
+    bound.update(zip(names, node.saved))
+    kwargs = node.aux or {}
+    bound.update(kwargs)
+    if "keepdim" in kwargs:
+        bound["keepdims"] = kwargs["keepdim"]
+    return bound
+
+
 # -- ufuncs ----------------------------------------------------------------------------
 # ufunc -> grads(g, operands, out, need): one gradient (or None) per operand, only
 # where need[i]; operands are DTensors or scalars.
@@ -137,6 +95,11 @@ def _power(g, ops, out, need):
     ga = g * b * a ** (b - 1) if need[0] else None
     gb = g * out * np.log(a) if need[1] else None
     return ga, gb
+
+
+def _select_grads(g, ops, need, greater):
+    mask = _maximum_mask(ops[0], ops[1], greater)
+    return (g * mask if need[0] else None, g * (1 - mask) if need[1] else None)
 
 
 _UFUNCS = {
@@ -164,32 +127,13 @@ _UFUNCS = {
 }
 
 
-def _select_grads(g, ops, need, greater):
-    mask = _maximum_mask(ops[0], ops[1], greater)
-    return (g * mask if need[0] else None, g * (1 - mask) if need[1] else None)
-
-
 def _ufunc_grads(grads, g, ops, out, need):
     gs = grads(g, ops, out, need)
     return tuple(_fit(gx, x) if n else None for gx, x, n in zip(gs, ops, need))
 
 
-def _ufunc_rule(result, ufunc, method, *operands, **kwargs):
-    if ufunc is np.matmul:
-        a, b = D.implicit(operands)
-        return record("matmul", result, (a, b), lambda g: _matmul_grads(g, a, b, result))
-    grads = _UFUNCS.get(ufunc)
-    if grads is None:
-        return _no_rule(np.ufunc)(result, ufunc, method, *operands, **kwargs)
-    ops = D.implicit(operands)
-    need = tuple(type(x) is DTensor and x._requires_grad for x in ops)
-    return record(ufunc.__name__, result, ops,
-                  lambda g: _ufunc_grads(grads, g, ops, result, need))
-
-
 def _recorded_ufunc(grads):
-    """The backward of a ufunc's node made by the C dispatch (node.saved: the
-    operands)."""
+    """The backward of a ufunc's node (node.saved: the operands)."""
     def backward(g, node, out):
         need = tuple(x is not None for x in node.inputs)
         return _ufunc_grads(grads, g, node.saved, out, need)
@@ -198,6 +142,21 @@ def _recorded_ufunc(grads):
 
 def _recorded_matmul(g, node, out):
     return _matmul_grads(g, *node.saved, out)
+
+
+def _ufunc_entry(g, node, out):
+    """A ufunc called through its Python entry (a user's rule for it): saved is
+    (ufunc, method, *operands)."""
+    ufunc, _, *ops = node.saved
+    ops = _dtensors(ops, out)
+    need = tuple(_need(x) for x in ops)
+    if ufunc is np.matmul:
+        return (None, None) + _matmul_grads(g, *ops, out)
+    return (None, None) + _ufunc_grads(_UFUNCS[ufunc], g, ops, out, need)
+
+
+def _ufunc_supported(args, kwargs) -> bool:
+    return args[1] == "__call__" and (args[0] is np.matmul or args[0] in _UFUNCS)
 
 
 # -- matmul ----------------------------------------------------------------------------
@@ -213,50 +172,59 @@ def _matmul_grads(g, a, b, out):
     batch = out.shape[:out.ndim - (a.ndim > 1) - (b.ndim > 1)]
     g1 = g.reshape(batch + (a1.shape[-2], b1.shape[-1])) if (a.ndim == 1 or b.ndim == 1) else g
     ga = gb = None
-    if a._requires_grad:
+    if _need(a):
         ga = _fit(g1 @ _swap(b1), a1)
         ga = ga if a.ndim > 1 else ga.reshape(a.shape)
-    if b._requires_grad:
+    if _need(b):
         gb = _fit(_swap(a1) @ g1, b1)
         gb = gb if b.ndim > 1 else gb.reshape(b.shape)
     return ga, gb
 
 
-def _dot_rule(result, a, b, out=None):
-    if type(a) is not DTensor or type(b) is not DTensor or a.ndim > 2 or b.ndim > 2 \
-            or a.ndim == 0 or b.ndim == 0:
-        return _no_rule(np.dot)(result, a, b)
-    return record("dot", result, (a, b), lambda g: _matmul_grads(g, a, b, result))
+def _dot(g, node, out):
+    return _matmul_grads(g, *node.saved[:2], out)
 
 
-def _einsum_rule(result, subscripts, *operands, out=None, optimize=False, **kwargs):
+def _dot_supported(args, kwargs) -> bool:
+    a, b = args[0], args[1]
+    return type(a) is DTensor and type(b) is DTensor and 0 < a.ndim <= 2 and 0 < b.ndim <= 2
+
+
+def _einsum_split(subscripts):
+    ins, outs = subscripts.replace(" ", "").split("->")
+    return ins.split(","), outs
+
+
+def _einsum_supported(args, kwargs) -> bool:
+    """Explicit subscripts without a repeated letter in an operand (a diagonal)."""
+    sub = args[0]
+    if not isinstance(sub, str) or "->" not in sub:
+        return False
+    ins, _ = _einsum_split(sub)
+    return all(len(set(s)) == len(s) for s in ins)
+
+
+def _einsum(g, node, out):
     """Each operand's gradient is the einsum of the output's gradient with the other
     operands onto its subscripts; a subscript of its own alone (summed in the
     forward) is broadcast back."""
-    ops = D.implicit(operands)
-    ins, outs = subscripts.replace(" ", "").split("->")
-    ins = ins.split(",")
-    if any(len(set(s)) != len(s) for s in ins):  # a diagonal ('ii->i')
-        return _no_rule(np.einsum)(result, subscripts, *operands)
-    need = tuple(x._requires_grad for x in ops)
-
-    def backward(g):
-        grads = []
-        for i, (s, x) in enumerate(zip(ins, ops)):
-            if not need[i]:
-                grads.append(None)
-                continue
-            others = [outs] + [t for j, t in enumerate(ins) if j != i]
-            avail = set("".join(others))
-            keep = "".join(c for c in s if c in avail)
-            gx = np.einsum(",".join(others) + "->" + keep, g,
-                           *(y for j, y in enumerate(ops) if j != i))
-            if keep != s:
-                gx = np.broadcast_to(gx.reshape(tuple(
-                    n if c in avail else 1 for c, n in zip(s, x.shape))), x.shape)
-            grads.append(gx if gx.dtype == x.dtype else gx.astype(x.dtype))
-        return tuple(grads)
-    return record("einsum", result, ops, backward)
+    ops = _dtensors(node.saved[1:], out)
+    ins, outs = _einsum_split(node.saved[0])
+    grads = [None]
+    for i, (s, x) in enumerate(zip(ins, ops)):
+        if not _need(x):
+            grads.append(None)
+            continue
+        others = [outs] + [t for j, t in enumerate(ins) if j != i]
+        avail = set("".join(others))
+        keep = "".join(c for c in s if c in avail)
+        gx = np.einsum(",".join(others) + "->" + keep, g,
+                       *(y for j, y in enumerate(ops) if j != i))
+        if keep != s:
+            gx = np.broadcast_to(gx.reshape(tuple(
+                n if c in avail else 1 for c, n in zip(s, x.shape))), x.shape)
+        grads.append(gx if gx.dtype == x.dtype else gx.astype(x.dtype))
+    return tuple(grads)
 
 
 # -- reductions ------------------------------------------------------------------------
@@ -298,29 +266,8 @@ def _reduction_grads(g, a, axis, keepdims, mean):
     return (g if g.dtype == a.dtype else g.astype(a.dtype),)
 
 
-def _extremum_rule(name):
-    def rule(result, a, axis=None, out=None, keepdims=False, **kwargs):
-        return record(name, result, (a,), lambda g: _extremum_grads(g, a, result, axis))
-    return rule
-
-
-def _moment_rule(std):
-    def rule(result, a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
-        return record("std" if std else "var", result, (a,),
-                      lambda g: _moment_grads(g, a, result, axis, ddof, std))
-    return rule
-
-
-def _reduction_rule(mean):
-    def rule(result, a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
-        return record("mean" if mean else "sum", result, (a,),
-                      lambda g: _reduction_grads(g, a, axis, keepdims, mean))
-    return rule
-
-
-# The backwards of the reductions' nodes made by the C dispatch: node.saved is
-# (a,), node.aux (axis, keepdims) as the method was called (no dtype, no ddof).
-_RECORDED_REDUCTIONS = {
+# Reduction methods as the executor records them: saved (a,), aux (axis, keepdims).
+_METHODS = {
     np.sum: ("sum", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, False)),
     np.mean: ("mean", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, True)),
     np.max: ("max", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
@@ -331,57 +278,74 @@ _RECORDED_REDUCTIONS = {
                                                        True)),
 }
 
+_SUM_ARGS = ("a", "axis", "dtype", "out", "keepdims")
+_EXTREMUM_ARGS = ("a", "axis", "out", "keepdims")
+_MOMENT_ARGS = ("a", "axis", "dtype", "out", "ddof", "keepdims")
+
+
+def _sum_function(mean):
+    def backward(g, node, out):
+        b = _bind(node, _SUM_ARGS, axis=None, keepdims=False)
+        return _reduction_grads(g, b["a"], b["axis"], bool(b["keepdims"]), mean)
+    return backward
+
+
+def _extremum_function(g, node, out):
+    b = _bind(node, _EXTREMUM_ARGS, axis=None)
+    return _extremum_grads(g, b["a"], out, b["axis"])
+
+
+def _moment_function(std):
+    def backward(g, node, out):
+        b = _bind(node, _MOMENT_ARGS, axis=None, ddof=0)
+        return _moment_grads(g, b["a"], out, b["axis"], b["ddof"], std)
+    return backward
+
 
 # -- selection -------------------------------------------------------------------------
 
-def _where_rule(result, condition, x=None, y=None):
-    ops = D.implicit((condition, x, y))
-    cond, x, y = ops
-    need = tuple(type(v) is DTensor and v._requires_grad for v in ops)
-
-    def backward(g):
-        zero = np.zeros((), g.dtype)
-        gx = _fit(np.where(cond, g, zero), x) if need[1] else None
-        gy = _fit(np.where(cond, zero, g), y) if need[2] else None
-        return None, gx, gy
-    return record("where", result, ops, backward)
+def _where(g, node, out):
+    cond, x, y = _dtensors(node.saved, out)
+    zero = np.zeros((), g.dtype)
+    gx = _fit(np.where(cond, g, zero), x) if _need(x) else None
+    gy = _fit(np.where(cond, zero, g), y) if _need(y) else None
+    return None, gx, gy
 
 
-def _clip_rule(result, a, a_min=np._NoValue, a_max=np._NoValue, out=None, *,
-               min=np._NoValue, max=np._NoValue, **kwargs):
+def _clip(g, node, out):
     """The gradient where ``a`` lies within the (scalar) bounds, as torch's clamp."""
-    lo = a_min if a_min is not np._NoValue else (None if min is np._NoValue else min)
-    hi = a_max if a_max is not np._NoValue else (None if max is np._NoValue else max)
-
-    def backward(g):
-        inside = None
-        for bound, keep in ((lo, np.greater_equal), (hi, np.less_equal)):
-            if bound is not None:
-                m = keep(a, bound)
-                inside = m if inside is None else inside & m
-        return (_fit(g if inside is None else g * inside, a),)
-    return record("clip", result, (a,), backward)
-
-
-def _concatenate_rule(result, arrays, axis=0, out=None, **kwargs):
-    arrays = tuple(D.implicit(arrays))
-    ax = axis % arrays[0].ndim
-    return record("concatenate", result, arrays,
-                  lambda g: _pieces(g, arrays, ax, lambda x, lo: slice(lo, lo + x.shape[ax])))
+    b = _bind(node, ("a", "a_min", "a_max"), a_min=np._NoValue, a_max=np._NoValue,
+              min=np._NoValue, max=np._NoValue)
+    a = b["a"]
+    lo = b["a_min"] if b["a_min"] is not np._NoValue else (
+        None if b["min"] is np._NoValue else b["min"])
+    hi = b["a_max"] if b["a_max"] is not np._NoValue else (
+        None if b["max"] is np._NoValue else b["max"])
+    inside = None
+    for bound, keep in ((lo, np.greater_equal), (hi, np.less_equal)):
+        if bound is not None:
+            m = keep(a, bound)
+            inside = m if inside is None else inside & m
+    return (_fit(g if inside is None else g * inside, a),)
 
 
-def _stack_rule(result, arrays, axis=0, out=None, **kwargs):
-    arrays = tuple(D.implicit(arrays))
-    ax = axis % (arrays[0].ndim + 1)
-    return record("stack", result, arrays,
-                  lambda g: _pieces(g, arrays, ax, lambda x, lo: lo, step=1))
+def _concatenate(g, node, out):
+    arrays = _dtensors(node.saved[0], out)
+    ax = _bind(node, ("arrays", "axis"), axis=0)["axis"] % arrays[0].ndim
+    return _pieces(g, arrays, ax, lambda x, lo: slice(lo, lo + x.shape[ax]))
+
+
+def _stack(g, node, out):
+    arrays = _dtensors(node.saved[0], out)
+    ax = _bind(node, ("arrays", "axis"), axis=0)["axis"] % (arrays[0].ndim + 1)
+    return _pieces(g, arrays, ax, lambda x, lo: lo, step=1)
 
 
 def _pieces(g, arrays, ax, index, step=None):
     """Each input's part of the output's gradient along ``ax`` (basic indexing)."""
     grads, lo = [], 0
     for x in arrays:
-        if type(x) is DTensor and x._requires_grad:
+        if _need(x):
             gx = g[(slice(None),) * ax + (index(x, lo),)]
             grads.append(gx if gx.dtype == x.dtype else gx.astype(x.dtype))
         else:
@@ -390,27 +354,21 @@ def _pieces(g, arrays, ax, index, step=None):
     return tuple(grads)
 
 
-def _getitem_rule(result, a, key):
-    """Basic indexing's backward: the gradient reshaped to the picked box (ints and
-    None are size-1 dims) and padded with zeros to ``a``'s shape by concatenation,
-    dim by dim. A slice with a step other than 1 has no rule yet."""
-    if _stepped(key):
-        sel, _ = _parse(key, a.shape)
-        if any(count > 1 and step != 1 for _, step, count, _ in sel):
-            return _no_rule(operator.getitem)(result, a, key)
-    return record("getitem", result, (a,), lambda g: _getitem_grads(g, a, key))
-
-
-def _stepped(key) -> bool:
-    """Whether a slice of ``key`` has a step other than 1 (the key is parsed in
-    backward, or here only then)."""
+def _getitem_supported(args, kwargs) -> bool:
+    """Basic indexing has a rule unless a slice steps by more than one element."""
+    a, key = args
     for k in key if type(key) is tuple else (key,):
         if type(k) is slice and k.step is not None and k.step != 1:
-            return True
-    return False
+            sel, _ = _parse(key, a.shape)
+            return not any(count > 1 and step != 1 for _, step, count, _ in sel)
+    return True
 
 
-def _getitem_grads(g, a, key):
+def _getitem(g, node, out):
+    """Basic indexing's backward: the gradient reshaped to the picked box (ints and
+    None are size-1 dims) and padded with zeros to ``a``'s shape by concatenation,
+    dim by dim."""
+    a, key = node.saved
     sel, _ = _parse(key, a.shape)
     g = g.reshape(tuple(count for _, _, count, _ in sel))
     for d, (start, _, count, _) in enumerate(sel):
@@ -442,84 +400,91 @@ def _zeros_like_along(g, d, n):
 
 # -- shape -----------------------------------------------------------------------------
 
-def _transpose_rule(result, a, axes=None):
-    return record("transpose", result, (a,), lambda g: (_transpose_grad(g, a, axes),))
-
-
-def _transpose_grad(g, a, axes):
+def _transpose(g, node, out):
+    a = node.saved[0]
+    axes = _bind(node, ("a", "axes"), axes=None)["axes"]
     perm = tuple(range(a.ndim))[::-1] if axes is None else normalize_axis_tuple(axes, a.ndim)
-    return np.transpose(g, tuple(int(i) for i in np.argsort(perm)))
+    return (np.transpose(g, tuple(int(i) for i in np.argsort(perm))),)
 
 
-def _swapaxes_rule(result, a, axis1, axis2):
-    return record("swapaxes", result, (a,), lambda g: (np.swapaxes(g, axis1, axis2),))
+def _swapaxes(g, node, out):
+    _, axis1, axis2 = node.saved
+    return (np.swapaxes(g, axis1, axis2),)
 
 
-def _moveaxis_rule(result, a, source, destination):
-    return record("moveaxis", result, (a,), lambda g: (np.moveaxis(g, destination, source),))
+def _moveaxis(g, node, out):
+    b = _bind(node, ("a", "source", "destination"))
+    return (np.moveaxis(g, b["destination"], b["source"]),)
 
 
-def _reshape_like(name):
-    def rule(result, a, *args, **kwargs):
-        order = kwargs.get("order", args[1] if name == "reshape" and len(args) > 1 else
-                           args[0] if name == "ravel" and args else "C")
-        if order not in ("C", "A"):
-            return _no_rule(name)(result, a, *args, **kwargs)
-        return record(name, result, (a,), lambda g: (g.reshape(a.shape),))
-    return rule
+def _reshape_back(g, node, out):
+    return (g.reshape(node.saved[0].shape),)
 
 
-def _broadcast_to_rule(result, array, shape, subok=False):
-    return record("broadcast_to", result, (array,), lambda g: (_fit(g, array),))
+def _order_c(position):
+    """Whether a reshape-like call's ``order`` (positional at ``position``) is C."""
+    def supported(args, kwargs) -> bool:
+        order = kwargs.get("order", args[position] if len(args) > position else "C")
+        return order in ("C", "A")
+    return supported
 
 
-def _copy_rule(result, a, *args, **kwargs):
-    return record("copy", result, (a,), lambda g: (g,))
+def _broadcast_to(g, node, out):
+    return (_fit(g, node.saved[0]),)
 
 
-def _astype_rule(result, a, dtype, copy=True):
-    return record("astype", result, (a,),
-                  lambda g: (g if g.dtype == a.dtype else g.astype(a.dtype),))
+def _identity(g, node, out):
+    return (g,)
 
 
-_RULES = {
-    np.ufunc: _ufunc_rule,
-    np.dot: _dot_rule,
-    np.einsum: _einsum_rule,
-    np.where: _where_rule,
-    np.concatenate: _concatenate_rule,
-    np.stack: _stack_rule,
-    operator.getitem: _getitem_rule,
-    np.sum: _reduction_rule(False),
-    np.mean: _reduction_rule(True),
-    np.max: _extremum_rule("max"),
-    np.amax: _extremum_rule("amax"),
-    np.min: _extremum_rule("min"),
-    np.amin: _extremum_rule("amin"),
-    np.clip: _clip_rule,
-    np.var: _moment_rule(False),
-    np.std: _moment_rule(True),
-    np.transpose: _transpose_rule,
-    np.swapaxes: _swapaxes_rule,
-    np.moveaxis: _moveaxis_rule,
-    np.squeeze: _reshape_like("squeeze"),
-    np.expand_dims: _reshape_like("expand_dims"),
-    np.reshape: _reshape_like("reshape"),
-    np.ravel: _reshape_like("ravel"),
-    np.broadcast_to: _broadcast_to_rule,
-    np.copy: _copy_rule,
-    np.ndarray.astype: _astype_rule,
+def _astype(g, node, out):
+    a = node.saved[0]
+    return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+
+
+_WRITES = {operator.setitem: "DTensor item assignment (dt[key] = value)",
+           np.copyto: "numpy.copyto (and DTensor.fill)"}
+
+# function -> (name, backward[, supports(args, kwargs)])
+_FUNCTIONS = {
+    np.ufunc: ("ufunc", _ufunc_entry, _ufunc_supported),
+    np.dot: ("dot", _dot, _dot_supported),
+    np.einsum: ("einsum", _einsum, _einsum_supported),
+    np.where: ("where", _where),
+    np.concatenate: ("concatenate", _concatenate),
+    np.stack: ("stack", _stack),
+    operator.getitem: ("getitem", _getitem, _getitem_supported),
+    np.sum: ("sum", _sum_function(False)),
+    np.mean: ("mean", _sum_function(True)),
+    np.max: ("max", _extremum_function),
+    np.amax: ("amax", _extremum_function),
+    np.min: ("min", _extremum_function),
+    np.amin: ("amin", _extremum_function),
+    np.clip: ("clip", _clip),
+    np.var: ("var", _moment_function(False)),
+    np.std: ("std", _moment_function(True)),
+    np.transpose: ("transpose", _transpose),
+    np.swapaxes: ("swapaxes", _swapaxes),
+    np.moveaxis: ("moveaxis", _moveaxis),
+    np.squeeze: ("squeeze", _reshape_back),
+    np.expand_dims: ("expand_dims", _reshape_back),
+    np.reshape: ("reshape", _reshape_back, _order_c(2)),
+    np.ravel: ("ravel", _reshape_back, _order_c(1)),
+    np.broadcast_to: ("broadcast_to", _broadcast_to),
+    np.copy: ("copy", _identity),
+    np.ndarray.astype: ("astype", _astype),
 }
 
 
 def install() -> None:
-    """Wraps every registered operation once: with its rule, or with the check that
-    refuses to drop a gradient; and gives the C dispatch the backwards of the ufuncs
-    and reduction methods it records itself. Local (at import)."""
-    for func in list(_registry.functions):
-        _differentiable(func, _RULES.get(func) or _no_rule(func))
+    """Registers every backward where the executor records with it. Local (at
+    import)."""
+    for func, entry in _FUNCTIONS.items():
+        _registry.backwards[func] = entry
+    for func, message in _WRITES.items():
+        _registry.backwards[func] = (message, None)
     for ufunc, grads in _UFUNCS.items():
         _C.register_grad(ufunc, ufunc.__name__, _recorded_ufunc(grads))
     _C.register_grad(np.matmul, "matmul", _recorded_matmul)
-    for func, (name, backward) in _RECORDED_REDUCTIONS.items():
+    for func, (name, backward) in _METHODS.items():
         _C.register_grad(func, name, backward)

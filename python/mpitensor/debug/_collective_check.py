@@ -56,7 +56,7 @@ def collective_checks_enabled() -> bool:
 
     Example: ``set_collective_checks(True); assert collective_checks_enabled()``.
     """
-    return _modes.checks
+    return _modes.state.checks
 
 
 def call_site() -> str:

@@ -162,7 +162,7 @@ class CommDebugMode:
         self._last = now
         if not calls:
             return
-        side = "backward" if _modes.backward else "forward"
+        side = "backward" if _modes.state.backward else "forward"
         for fqn in dict.fromkeys(self.advanced_module_tracker.parent_list):
             for table, delta in ((self.comm_module_counts, calls),
                                  (self.comm_module_bytes, nbytes)):
@@ -186,7 +186,7 @@ class CommDebugMode:
         ops["operations_list"].append({
             "name": name, "input_shape": list(shapes), "input_sharding": list(shardings),
             "device_mesh": str(mesh) if shapes else "",
-            "is_bw": _modes.backward, "is_activation_checkpointing": False,
+            "is_bw": _modes.state.backward, "is_activation_checkpointing": False,
         })
 
     def _record_redistribute(self, explicit, mesh, steps, shape, src) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _C, _args
-from .._redistribute import plan_for
+from .._layout import plan as plan_for
 from ..placement_types import Partial
 from ._visualize_sharding import check_drawable, owners_grid, require, shard_blocks
 

@@ -11,10 +11,10 @@ import itertools
 
 import numpy as np
 
-from .. import _C, _registry
+from .. import _registry
 from .._dtensor import DTensor
 from .._ops import _dispatch as D
-from .._redistribute import plan_for
+from .._layout import plan as plan_for
 from ..placement_types import Partial, Placement
 from .._dtensor_spec import contiguous_strides
 from ._local_map import _global_shapes
@@ -119,7 +119,11 @@ def _static_key(flat, kwargs):
 
 
 class _Choice:
-    __slots__ = ("plans", "zeroed", "targets", "out_placements", "out_shape")
+    __slots__ = ("targets", "out_placements", "out_shape")
+
+
+# Choices a rule keeps, by its static arguments and input layouts (oldest first out).
+_CHOICES = 256
 
 
 class _Rule:
@@ -129,6 +133,7 @@ class _Rule:
         self.func = func
         self.custom = custom_sharding
         self.name = f"numpy.{getattr(func, '__name__', repr(func))}"
+        self.choices: dict = {}
 
     def __call__(self, args, kwargs):
         name = self.name
@@ -142,28 +147,26 @@ class _Rule:
                 raise D.mixed_error(name, o)
         inputs = [flat[i] for i in dts]
         mesh = D.same_mesh(name, inputs)
-        # The decision is kept in the mesh's memo when the call has a key: its
-        # static arguments hashable, and few enough DTensors.
+        # The choice is kept when the call has a key: its static arguments hashable.
         static = _static_key(flat, kwargs)
-        op = None
-        choice = None
-        if static is not None and len(inputs) <= D.MAX_INPUTS:
-            op = _C.op_id(("register_sharding", self.func, self.custom, static))
-            choice = _C.memo_lookup(op, inputs)
+        key = None if static is None else (static, tuple(x._spec for x in inputs))
+        choice = self.choices.get(key) if key is not None else None
         if choice is None:
             choice = self._choose(mesh, flat, dts, args, kwargs)
-        local = iter(D.local_inputs(mesh, inputs, choice))
+        moved = [x.redistribute(mesh, t) for x, t in zip(inputs, choice.targets)]
         new_flat = list(flat)
-        for i in dts:
-            new_flat[i] = next(local)
+        for i, x in zip(dts, moved):
+            new_flat[i] = x.to_local()
         result = self.func(*rebuild(new_flat), **kwargs)
         if not isinstance(result, np.ndarray):
             result = np.asarray(result)
+        if choice.out_shape is None:
+            choice.out_shape = _global_shapes([result], [choice.out_placements], mesh)[0]
+            if key is not None:
+                if len(self.choices) >= _CHOICES:
+                    del self.choices[next(iter(self.choices))]
+                self.choices[key] = choice
         shape = choice.out_shape
-        if shape is None:
-            shape = _global_shapes([result], [choice.out_placements], mesh)[0]
-            if op is not None:
-                _C.memo_insert(op, inputs, choice.targets, choice.out_placements, shape)
         if mesh._coordinate is None:
             result = np.empty((0,), result.dtype)
         return DTensor.from_local(result, mesh, choice.out_placements,
@@ -198,30 +201,26 @@ class _Rule:
         best, best_cost = None, None
         for order, combo in enumerate(itertools.product(parsed, repeat=mesh.ndim)):
             targets = [tuple(c[1][j] for c in combo) for j in range(len(dts))]
-            plans, total, comm = [], 0, False
+            ok, total, comm = True, 0, False
             for s, dst in zip(specs, targets):
                 if not self._valid(s, dst):
-                    plans = None
+                    ok = False
                     break
                 if dst == s.placements:
-                    plans.append(None)
                     continue
                 try:  # a reduction the dtype lacks rules the strategy out
-                    plan = plan_for(mesh, s.shape, s.placements, dst, s.dtype)
+                    p = plan_for(mesh, s.shape, s.placements, dst, s.dtype)
                 except (RuntimeError, TypeError):
-                    plans = None
+                    ok = False
                     break
-                total += plan.bytes
-                comm = comm or plan.messages > 0
-                plans.append(plan)
-            if plans is None:
+                total += p.bytes
+                comm = comm or p.messages > 0
+            if not ok:
                 continue
             cost = (total, comm, order)
             if best_cost is None or cost < best_cost:
                 best_cost = cost
                 best = _Choice()
-                best.plans = tuple(plans)
-                best.zeroed = (False,) * len(plans)  # plan_for refuses R -> Partial
                 best.targets = targets
                 best.out_placements = tuple(c[0] for c in combo)
                 best.out_shape = None

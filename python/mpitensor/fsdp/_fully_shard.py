@@ -359,7 +359,7 @@ class _State:
         if self.is_root:
             _generation[0] += 1
         self.unshard(again=self.generation != _generation[0])
-        if _modes.grad_enabled and self.params:
+        if _modes.state.grad_enabled and self.params:
             fwd = self._record()
             self._register(fwd.views)
         else:
@@ -454,6 +454,11 @@ class _State:
         flat = DTensor.from_local(buf.reshape(-1), self.dp_mesh, [Partial("sum")],
                                   shape=(self.dp * self.size,), stride=(1,))
         local = flat.redistribute(self.dp_mesh, [Shard(0)])._data()
+        # The parts of this one new buffer are the engine's to keep as .grad without
+        # a copy when they tile it; with padding between them (uneven dims) a kept
+        # part would keep the padding alive, so the engine copies them.
+        tiles = len(got) == len(self.params) and \
+            sum(p.n * p.rest for p in self.params) == local.size
         out = []
         for i, (p, off) in enumerate(zip(self.params, self.offsets)):
             if i not in got:
@@ -461,8 +466,10 @@ class _State:
                 continue
             shard = local[off:off + p.n * p.rest].reshape((p.n,) + p.lshape[1:])
             s = p.sharded._spec
-            out.append(DTensor.from_local(shard, s.mesh, s.placements, shape=s.shape,
-                                          stride=s.stride))
+            part = DTensor.from_local(shard, s.mesh, s.placements, shape=s.shape,
+                                      stride=s.stride)
+            part._fresh = tiles
+            out.append(part)
         return tuple(out)
 
 

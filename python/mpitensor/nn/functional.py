@@ -52,19 +52,18 @@ def _apply(name, func, x, axis):
         raise ValueError(f"mpitensor.nn.functional.{name}: a 0-d DTensor has no axis")
     ax = normalize_axis_index(axis, x.ndim)
     n = x.ndim
-    mesh = x._spec.mesh
 
     def build():
         kinds = [D.REPLICATE if d == ax else D.KEEP for d in range(n)]
         return D.dimmap([range(n)], range(n), kinds)
 
-    dec = D.decide((name, ax), (x,), build)
-    (local,) = D.local_inputs(mesh, (x,), dec)
-    if local.dtype.kind not in "fc":
-        local = local.astype(np.float64)
-    if local.size == 0:
-        return D.wrap(mesh, dec, np.empty(local.shape, np.result_type(local, 1.0)))
-    return D.wrap(mesh, dec, func(local, ax))
+    def compute(local):
+        if local.dtype.kind not in "fc":
+            local = local.astype(np.float64)
+        if local.size == 0:
+            return np.empty(local.shape, np.result_type(local, 1.0))
+        return func(local, ax)
+    return D.execute((name, ax), (x,), build, compute)
 
 
 def softmax(x, axis: int = -1):
@@ -155,7 +154,7 @@ def _pointwise(name, x, func):
     if not _is_dt(x):
         return func(np.asarray(x))
     x = _without_partial(x)
-    if _modes.tracing:
+    if _modes.state.tracing:
         _trace.local(name, (x,), x.placements)
     return _wrap_like(x.device_mesh, x.placements, x.shape, func(x.to_local()))
 
@@ -233,11 +232,13 @@ class _Linear(Function):
 def _linear_grad_input(g, weight):
     """``g @ weight`` by matmul's own decision, with one 2-D product of the local
     arrays (the rows of all leading dims at once, not one product per batch)."""
-    mesh = D.same_mesh("linear", (g, weight))
-    dec = D.decide_ufunc(np.matmul, (g, weight))
-    a, w = D.local_inputs(mesh, (g, weight), dec)
+    D.same_mesh("linear", (g, weight))
+    return D.execute(np.matmul, (g, weight), None, _rows_matmul)
+
+
+def _rows_matmul(a, w):
     out = np.matmul(_rows2(a), w)
-    return D.wrap(mesh, dec, out.reshape(a.shape[:-1] + out.shape[-1:]))
+    return out.reshape(a.shape[:-1] + out.shape[-1:])
 
 
 def _linear_grad_weight(g, input, sub):
@@ -246,11 +247,10 @@ def _linear_grad_weight(g, input, sub):
     BLAS reads g transposed: the result is C-ordered, where einsum's is a transposed
     view that every later pass over it (the stored ``.grad``, the optimizer) would
     read across its rows."""
-    mesh = D.same_mesh("numpy.einsum", (g, input))
-    dec = D.decide(("einsum", sub), (g, input),
-                   lambda: _linalg.einsum_map(*_linalg._parse_einsum(sub, (g, input))))
-    a, x = D.local_inputs(mesh, (g, input), dec)
-    return D.wrap(mesh, dec, np.matmul(_rows2(a).T, _rows2(x)))
+    D.same_mesh("numpy.einsum", (g, input))
+    return D.execute(("einsum", sub), (g, input),
+                     lambda: _linalg.einsum_map(*_linalg._parse_einsum(sub, (g, input))),
+                     lambda a, x: np.matmul(_rows2(a).T, _rows2(x)))
 
 
 def _rows2(a):
@@ -288,26 +288,29 @@ def _linear_local(input, weight, bias):
     one gemm, and whether ``bias`` was added in that gemm (see :func:`_fused_bias`)."""
     name = "linear"  # traced as one operation, as torch's CommDebugMode shows aten.addmm
     mesh = D.same_mesh(name, (input, weight))
-    dec = D.decide((name,), (input, weight),
-                   lambda: _C.dimmap_matmul(input.shape, weight.shape, True))
-    x, w = D.local_inputs(mesh, (input, weight), dec)
-    fused, b = _fused_bias(mesh, dec, bias, x.dtype)
-    return D.wrap(mesh, dec, _kernels.linear(x, w, b if fused else None)), fused
+
+    def build():
+        return _C.dimmap_matmul(input.shape, weight.shape, True)
+    out_pl, out_shape, _ = D.decide((name,), (input, weight), build)
+    fused, b = _fused_bias(mesh, out_pl, out_shape, bias, input.dtype)
+    b = b if fused else None
+    return D.execute((name,), (input, weight), build,
+                     lambda x, w: _kernels.linear(x, w, b)), fused
 
 
-def _fused_bias(mesh, dec, bias, dtype):
+def _fused_bias(mesh, out_placements, out_shape, bias, dtype):
     """(True, local bias or None) when ``out + _bias_for(out, bias)`` would keep the
     output's placements without communication, so each rank can add its local bias
     (None: zeros, on the ranks that are not first along a Partial mesh dim) inside
     the gemm; else (False, None) and the bias is added as a DTensor afterwards."""
     if bias is None:
         return True, None
-    spec, last = bias._spec, len(dec.out_shape) - 1
-    if (spec.mesh is not mesh and spec.mesh != mesh) or spec.shape != dec.out_shape[-1:] \
+    spec, last = bias._spec, len(out_shape) - 1
+    if (spec.mesh is not mesh and spec.mesh != mesh) or spec.shape != out_shape[-1:] \
             or spec.dtype != dtype or mesh._coordinate is None:
         return False, None
     zero = False
-    for m, (op, bp) in enumerate(zip(dec.out_placements, spec.placements)):
+    for m, (op, bp) in enumerate(zip(out_placements, spec.placements)):
         if op.is_partial("sum") and bp.is_replicate():
             zero = zero or mesh._coordinate[m] != 0
         elif not ((op.is_shard(last) and bp.is_shard(0))
@@ -544,7 +547,7 @@ class _LayerNorm(Function):
         if input._spec.mesh._coordinate is not None:
             local = _kernels.layer_norm(local, k, *(
                 None if p is None else p.to_local() for p in (weight, bias)), eps)
-        if _modes.tracing:
+        if _modes.state.tracing:
             _trace.local("layer_norm", (input,), input.placements)
         ctx.save_for_backward(input, weight, bias)
         ctx.k, ctx.eps = k, eps

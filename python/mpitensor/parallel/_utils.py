@@ -88,7 +88,7 @@ def annotate(local, mesh, placements, what: str = "input"):
     elif local.ndim == 0 and sharded:
         problem = ValueError(f"cannot shard a 0-d {what} on dim {placements[sharded[0]].dim}")
     if sharded and mesh.get_coordinate() is not None:
-        if not _modes.checks:
+        if not _modes.state.checks:
             _agree_shapes(local, mesh, problem, what)
         elif mesh.ndim == 1:
             _exchange_1d(local, mesh, placements[0].dim, problem, what)

@@ -1,0 +1,297 @@
+/* The executor's doors: a ufunc call (operators, __array_ufunc__), a reduction
+ * method, and a registered NumPy function (__array_function__, DTensor methods
+ * through mpitensor._registry.call). Each normalises its arguments into one
+ * executor call; what only Python can normalise (out=, other keywords, a user's
+ * register_sharding rule, an operation without a dim map) is the Python entry of
+ * the function, called through the hook table, which runs its steps through the
+ * executor again. A registered function's call is recorded here, once, with the
+ * backward registered for it. */
+#include "ext.h"
+
+#include <string.h>
+
+/* The registry entry of `func` (a user's rule first, as rule(args, kwargs)). */
+static PyObject *call_entry(mt_ext_dispatch *d, PyObject *func, PyObject *args,
+                            PyObject *kwargs) {
+  PyObject *rule = PyDict_GET_SIZE(d->rules) ? PyDict_GetItemWithError(d->rules, func) : NULL;
+  if (rule != NULL) {
+    PyObject *kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
+    PyObject *stack[2] = {args, kw};
+    PyObject *r = kw ? mt_ext_hook(d, MT_HOOK_ENTRY, rule, stack, 2, NULL) : NULL;
+    Py_XDECREF(kw);
+    return r;
+  }
+  if (PyErr_Occurred()) return NULL;
+  PyObject *entry = PyDict_GetItemWithError(d->functions, func);
+  if (entry == NULL) {
+    if (PyErr_Occurred()) return NULL;
+    PyObject *name = mt_ext_op_label(func);
+    if (name != NULL)
+      PyErr_Format(PyExc_TypeError,
+                   "%U has no sharding rule for DTensors in mpitensor; call .full_tensor() "
+                   "to work on the whole array, or .to_local() for this rank's shard", name);
+    Py_XDECREF(name);
+    return NULL;
+  }
+  return mt_ext_hook_call(d, MT_HOOK_ENTRY, entry, args, kwargs);
+}
+
+/* Whether an argument, or an item of a list or tuple argument, needs a gradient. */
+static int args_need_grad(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
+  Py_ssize_t n = PyTuple_GET_SIZE(args), pos = 0;
+  PyObject *key, *a;
+  for (Py_ssize_t i = 0;; ++i) {
+    if (i < n) a = PyTuple_GET_ITEM(args, i);
+    else if (kwargs == NULL || !PyDict_Next(kwargs, &pos, &key, &a)) break;
+    if (mt_ext_needs_grad(d, a)) return 1;
+    if (PyTuple_CheckExact(a) || PyList_CheckExact(a)) {
+      for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(a); ++k)
+        if (mt_ext_needs_grad(d, PySequence_Fast_ITEMS(a)[k])) return 1;
+    }
+  }
+  return 0;
+}
+
+/* The positional arguments with lists and tuples among them flattened once: the
+ * inputs of a registered function's node, in the order its backward returns. */
+static PyObject *flat_args(PyObject *args) {
+  PyObject *flat = PyList_New(0);
+  for (Py_ssize_t i = 0; flat != NULL && i < PyTuple_GET_SIZE(args); ++i) {
+    PyObject *a = PyTuple_GET_ITEM(args, i);
+    int rc = PyTuple_CheckExact(a) || PyList_CheckExact(a)
+                 ? PyList_SetSlice(flat, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, a)
+                 : PyList_Append(flat, a);
+    if (rc < 0) Py_CLEAR(flat);
+  }
+  return flat;
+}
+
+/* The registered function `func` with grad mode on and an input that needs a
+ * gradient: its entry with grad mode off, then one node with its backward. */
+static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *args,
+                               PyObject *kwargs) {
+  PyObject *bw = PyDict_GetItemWithError(d->backwards, func);
+  if (bw == NULL && PyErr_Occurred()) return NULL;
+  PyObject *name = bw != NULL ? PyTuple_GET_ITEM(bw, 0) : NULL;
+  PyObject *backward = bw != NULL ? PyTuple_GET_ITEM(bw, 1) : Py_None;
+  /* An optional third entry says whether this call has a rule (a diagonal einsum
+   * or a stepped slice do not). */
+  if (bw != NULL && backward != Py_None && PyTuple_GET_SIZE(bw) > 2) {
+    PyObject *kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
+    PyObject *stack[2] = {args, kw};
+    PyObject *ok = kw ? mt_ext_hook(d, MT_HOOK_BACKWARD, PyTuple_GET_ITEM(bw, 2), stack, 2,
+                                    NULL)
+                      : NULL;
+    Py_XDECREF(kw);
+    int yes = ok == NULL ? -1 : PyObject_IsTrue(ok);
+    Py_XDECREF(ok);
+    if (yes < 0) return NULL;
+    if (!yes) backward = Py_None, bw = NULL;
+  }
+  PyObject *out_kw = kwargs != NULL ? PyDict_GetItemWithError(kwargs, d->s_out) : NULL;
+  if (bw != NULL && backward == Py_None)  /* a function that writes in place */
+    return PyErr_Format(PyExc_RuntimeError, "%S: a DTensor that requires grad cannot be "
+                        "written in place while grad mode is on (the write would not be "
+                        "recorded and a gradient would be lost); write under "
+                        "mpitensor.no_grad(), or build a new DTensor (e.g. numpy.where)",
+                        name);
+  if (out_kw != NULL && out_kw != Py_None)
+    return PyErr_Format(PyExc_RuntimeError, "%R: out= (or an in-place operator) with "
+                        "DTensors that require grad is not supported in grad mode; write "
+                        "the result to a new DTensor, or run the update under "
+                        "mpitensor.no_grad()", func);
+  d->modes->grad_enabled = 0;
+  PyObject *res = call_entry(d, func, args, kwargs);
+  d->modes->grad_enabled = 1;
+  if (res == NULL) return NULL;
+  PyObject *first = PyTuple_Check(res) && PyTuple_GET_SIZE(res) ? PyTuple_GET_ITEM(res, 0)
+                                                                 : res;
+  char kind = Py_TYPE(first) == d->dtensor
+                  ? PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)->kind
+                  : 0;
+  if (kind != 'f' && kind != 'c') return res;
+  if (backward == Py_None) {
+    Py_DECREF(res);
+    PyObject *fname = func == d->ufunc_type && PyTuple_GET_SIZE(args) > 0
+                          ? mt_ext_op_label(PyTuple_GET_ITEM(args, 0)) : mt_ext_op_label(func);
+    if (fname != NULL)
+      PyErr_Format(PyExc_NotImplementedError,
+                   "%U has no backward rule in mpitensor.autograd yet; run it under "
+                   "mpitensor.no_grad() or on .detach()ed DTensors (the gradient through "
+                   "it would be lost)", fname);
+    Py_XDECREF(fname);
+    return NULL;
+  }
+  PyObject *flat = flat_args(args);
+  if (flat == NULL) {
+    Py_DECREF(res);
+    return NULL;
+  }
+  PyObject *out = mt_ext_record(d, name, backward, res, PySequence_Fast_ITEMS(flat),
+                                PyList_GET_SIZE(flat), args, kwargs ? kwargs : Py_None);
+  Py_DECREF(flat);
+  return out;
+}
+
+PyObject *mt_ext_function(mt_ext_dispatch *d, PyObject *func, PyObject *args,
+                          PyObject *kwargs) {
+  if (kwargs != NULL && PyDict_GET_SIZE(kwargs) == 0) kwargs = NULL;
+  if (d->modes->grad_enabled && args_need_grad(d, args, kwargs))
+    return recorded_call(d, func, args, kwargs);
+  return call_entry(d, func, args, kwargs);
+}
+
+/* The keywords a ufunc call takes straight to NumPy: the others (out=, where=,
+ * ...) are its Python entry's to handle or refuse. */
+static int plain_keywords(const mt_ext_dispatch *d, PyObject *kwnames) {
+  Py_ssize_t n = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const char *k = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
+    if (k == NULL || (strcmp(k, "dtype") != 0 && strcmp(k, "casting") != 0)) {
+      PyErr_Clear();
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* ufunc.__call__ through its Python entry (the registry's np.ufunc). */
+static PyObject *ufunc_entry(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
+                             PyObject *const *ops, Py_ssize_t n, PyObject *kwnames) {
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject *args = PyTuple_New(n + 2), *kwargs = nkw ? PyDict_New() : NULL;
+  if (args == NULL || (nkw && kwargs == NULL)) goto fail;
+  PyTuple_SET_ITEM(args, 0, Py_NewRef(ufunc));
+  PyTuple_SET_ITEM(args, 1, Py_NewRef(method));
+  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(args, i + 2, Py_NewRef(ops[i]));
+  for (Py_ssize_t i = 0; i < nkw; ++i)
+    if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), ops[n + i]) < 0) goto fail;
+  PyObject *res = mt_ext_function(d, d->ufunc_type, args, kwargs);
+  Py_DECREF(args);
+  Py_XDECREF(kwargs);
+  return res;
+fail:
+  Py_XDECREF(args);
+  Py_XDECREF(kwargs);
+  return NULL;
+}
+
+PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
+                       Py_ssize_t n, PyObject *kwnames) {
+  mt_ext_sig *sig = mt_ext_sig_of(d, ufunc);
+  if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
+      n > MT_MEMO_MAX_OPERANDS || !plain_keywords(d, kwnames) ||
+      (PyDict_GET_SIZE(d->rules) != 0 && PyDict_Contains(d->rules, ufunc)))
+    return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
+  mt_ext_call c;
+  int rc = mt_ext_gather_fast(d, ops, (int)n, &c, ufunc);
+  if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
+  c.key.op = sig->id;
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  mt_ext_op op = {sig, ufunc, NULL, 0, 0, ufunc, ops + n, nkw, kwnames, 0, NULL};
+  PyObject *out = mt_ext_execute(d, &op, &c, ops);
+  mt_ext_call_release(&c);
+  return out;
+}
+
+PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
+                             PyObject *const *ops, Py_ssize_t n, PyObject *kwnames) {
+  if (method == d->s_call || PyUnicode_Compare(method, d->s_call) == 0)
+    return mt_ext_ufunc(d, ufunc, ops, n, kwnames);
+  return ufunc_entry(d, ufunc, method, ops, n, kwnames);
+}
+
+/* (axis, keepdims) of a reduction method's arguments when they are all it has:
+ * axis None, an int or (not for argmax) a tuple of ints, keepdims a bool. */
+static int reduction_args(const mt_ext_dispatch *d, const mt_ext_sig *sig,
+                          PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                          PyObject **axis, PyObject **keepdims) {
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (nargs > 1) return -1;
+  *axis = nargs == 1 ? args[0] : Py_None, *keepdims = Py_False;
+  for (Py_ssize_t i = 0; i < nkw; ++i) {
+    PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+    if (nargs == 0 && PyUnicode_Compare(k, d->s_axis) == 0) *axis = args[i];
+    else if (PyUnicode_Compare(k, d->s_keepdims) == 0) *keepdims = args[nargs + i];
+    else return -1;
+  }
+  if (*keepdims != Py_True && *keepdims != Py_False) return -1;
+  if (*axis == Py_None || PyLong_CheckExact(*axis)) return 0;
+  return !sig->int_axis && PyTuple_CheckExact(*axis) ? 0 : -1;
+}
+
+/* The method as NumPy's function: func(self, *args, **kwargs), by its entry. */
+static PyObject *reduction_entry(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *self,
+                                 PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames) {
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject *pos = PyTuple_New(nargs + 1), *kw = nkw ? PyDict_New() : NULL, *res = NULL;
+  if (pos != NULL && (nkw == 0 || kw != NULL)) {
+    PyTuple_SET_ITEM(pos, 0, Py_NewRef(self));
+    for (Py_ssize_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(pos, i + 1, Py_NewRef(args[i]));
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < nkw; ++i)
+      rc = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
+    if (rc == 0) res = mt_ext_function(d, sig->func, pos, kw);
+  }
+  Py_XDECREF(pos);
+  Py_XDECREF(kw);
+  return res;
+}
+
+PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
+                           PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  if (d->reduction_sig[method] < 0)
+    return PyErr_Format(PyExc_TypeError, "DTensor.%s has no sharding rule in mpitensor",
+                        mt_ext_reduction_names[method]);
+  mt_ext_sig *sig = &d->sigs[d->reduction_sig[method]];
+  PyObject *axis, *keepdims;
+  mt_ext_call c;
+  if (reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
+    return reduction_entry(d, sig, self, args, nargs, kwnames);
+  int rc = mt_ext_gather_fast(d, &self, 1, &c, sig->func);
+  if (rc <= 0) return rc < 0 ? NULL : reduction_entry(d, sig, self, args, nargs, kwnames);
+  int keep = keepdims == Py_True, hit;
+  int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));
+  mt_ext_op op = {sig, sig->func, NULL, 0, keep, sig->method, NULL, 0, NULL, 0, NULL};
+  c.key.op = sig->id;
+  c.key.aux = mt_ext_reduction_aux(axis, ndim, keep, &op.axes);
+  const mt_decision *dec = c.key.aux < 0 ? NULL : mt_ext_decide(d, &op, &c, &hit);
+  /* A reduction without a reduce op (var, argmax, ...) whose input must move, and
+   * max or min whose reduced axis leaves a shard empty (their Partial would have
+   * nothing to hold), merge per-rank results in their Python entry instead. */
+  int op_code = sig->op.rule.reduce_op;
+  int merged = dec != NULL && dec->plan[0] != NULL &&
+               (op_code < 0 || op_code == MT_REDUCE_MAX || op_code == MT_REDUCE_MIN);
+  PyObject *out = NULL;
+  if (c.key.aux < 0 || merged) {
+    mt_ext_call_release(&c);
+    return reduction_entry(d, sig, self, args, nargs, kwnames);
+  }
+  if (dec != NULL && (op.aux = PyTuple_Pack(2, axis, keepdims)) != NULL) {
+    PyObject *extra[2] = {axis, keepdims};
+    op.extra = extra, op.nextra = 1 + keep, op.kwnames = keep ? d->kw_keepdims : NULL;
+    out = mt_ext_run(d, &op, &c, dec, hit, &self);
+  }
+  Py_XDECREF(op.aux);
+  mt_ext_call_release(&c);
+  return out;
+}
+
+/* call(func, args, kwargs): see the method table. */
+static PyObject *call(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyTuple_Check(args[1]) || (args[2] != Py_None && !PyDict_Check(args[2])))
+    return PyErr_Format(PyExc_TypeError, "call(func, args: tuple, kwargs: dict|None)");
+  return mt_ext_function(mt_ext_dispatch_module(module), args[0], args[1],
+                         args[2] == Py_None ? NULL : args[2]);
+}
+
+PyMethodDef mt_ext_entry_methods[] = {
+    {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
+     "call(func, args, kwargs) -> the registered NumPy function `func` on DTensors: "
+     "its entry (a user's register_sharding rule first), recorded for autograd with "
+     "its backward when grad mode is on and an argument requires grad. Collective "
+     "on the mesh when the operation moves data.\n\n"
+     "Example: _C.call(numpy.reshape, (dt, (2, -1)), None)"},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,403 @@
+/* The one executor. Every operation on DTensors runs here, whichever door it
+ * came in by (an operator, __array_ufunc__, a reduction method, an op entry's
+ * _C.execute, a backward rule's operations):
+ *
+ *   decision (memo hit, or the dim map on a miss)   ext_decide.c
+ *   -> each input's plan (collective), or zeros where it is partitioned away
+ *   -> the local function on the local arrays (a hook: ufunc, method, compute)
+ *   -> wrap: a DTensor of the decision's output layout
+ *   -> autograd record (grad mode on, an input that requires grad)
+ *   -> trace events (only while a debugging tool listens)
+ *
+ * A rank outside the mesh runs the local function on stand-ins (one element per
+ * input) to learn the output's dtype, and holds an empty local array. */
+#include "ext.h"
+
+#include <string.h>
+
+/* np.asarray of a NumPy call's result (a scalar from 0-d inputs), stealing it. */
+static PyObject *as_array(PyObject *res) {
+  if (res == NULL || PyArray_CheckExact(res)) return res;
+  PyObject *arr = PyArray_FromAny(res, NULL, 0, 0, 0, NULL);
+  Py_DECREF(res);
+  return arr;
+}
+
+/* A DTensor of `spec` around `local` (both stolen). */
+static PyObject *new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec,
+                             int64_t id, int fresh) {
+  mt_ext_dtensor *b = local && spec ? (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0)
+                                    : NULL;
+  if (b == NULL) {
+    Py_XDECREF(local);
+    Py_XDECREF(spec);
+    return NULL;
+  }
+  b->local = local, b->spec = spec, b->layout_id = id, b->fresh = (char)fresh;
+  return (PyObject *)b;
+}
+
+/* The local array of a rank outside the mesh: empty, or a 0-d zero. */
+static PyObject *outside_local(int ndim, PyArray_Descr *descr) {
+  npy_intp zero = 0;
+  Py_INCREF(descr);
+  return ndim == 0 ? PyArray_Zeros(0, NULL, descr, 0) : PyArray_Empty(1, &zero, descr, 0);
+}
+
+/* What a run holds between the decision and the wrap: the decision's output
+ * (its copy, when plans are held, or only its out_id and slot), the local
+ * arguments, and whether they are the run's own (moved) arrays. */
+typedef struct run_state {
+  mt_decision copy;
+  const mt_decision *dec; /* &copy, or NULL: only out_id/out_slot are valid */
+  int64_t out_id, out_slot;
+  int owned; /* args[0..noperands) are new references */
+  PyObject *args[MT_MEMO_MAX_OPERANDS + 20];
+} run_state;
+
+/* The result as a DTensor: the spec of an input of the output's layout, else one
+ * made from the decision's output layout (found again when the local function
+ * may have changed the memo). Steals `res`. */
+static PyObject *wrap(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
+                      const run_state *rs, PyObject *res) {
+  res = as_array(res);
+  if (res == NULL) return NULL;
+  PyArrayObject *r = (PyArrayObject *)res;
+  PyArray_Descr *descr = PyArray_DESCR(r);
+  /* Only while a backward runs: the engine may write into what is fresh then. */
+  int fresh = d->modes->backward && PyArray_BASE(r) == NULL &&
+              PyArray_CHKFLAGS(r, NPY_ARRAY_OWNDATA);
+  for (int i = 0; fresh && i < c->noperands; ++i) fresh = rs->args[i] != res;
+  if (!c->mb->member) {
+    Py_SETREF(res, outside_local(rs->dec ? rs->dec->out_ndim : PyArray_NDIM(r), descr));
+    if (res == NULL) return NULL;
+    descr = PyArray_DESCR((PyArrayObject *)res);
+  }
+  for (int t = 0; rs->out_id != 0 && t < c->ntensors; ++t) {
+    PyObject *spec = c->dt[t]->spec;
+    if (c->id[t] == rs->out_id && PyTuple_GET_ITEM(spec, 3) == (PyObject *)descr)
+      return new_dtensor(d, res, Py_NewRef(spec), rs->out_id, fresh);
+  }
+  const mt_decision *dec = rs->dec;
+  PyObject *layout = NULL;
+  int64_t id = rs->out_id;
+  if (dec == NULL) {
+    layout = mt_ext_py_layout(d, c->mb, rs->out_id, rs->out_slot, NULL, NULL);
+    if (layout != NULL && PyTuple_GET_ITEM(layout, 2) != (PyObject *)descr) Py_CLEAR(layout);
+  }
+  if (layout == NULL && !PyErr_Occurred()) {
+    int hit;
+    if (dec == NULL) dec = mt_ext_decide(d, op, c, &hit);
+    if (dec == NULL || mt_ext_decision_output(d, c->mb, &c->key, dec, descr, &id, &layout) < 0)
+      layout = NULL;
+  }
+  if (layout == NULL) {
+    Py_DECREF(res);
+    return NULL;
+  }
+  PyObject *spec = mt_ext_make_spec(d, (PyObject *)c->mb, layout);
+  Py_DECREF(layout);
+  return new_dtensor(d, res, spec, id, fresh);
+}
+
+/* Zeros of `local`'s shape and dtype, for a partitioned input (steals `local`). */
+static PyObject *zeros_like(PyObject *local) {
+  if (local == NULL) return NULL;
+  PyArrayObject *a = (PyArrayObject *)local;
+  PyArray_Descr *descr = PyArray_DESCR(a);
+  Py_INCREF(descr);
+  PyObject *z = PyArray_Zeros(PyArray_NDIM(a), PyArray_DIMS(a), descr, 0);
+  Py_DECREF(local);
+  return z;
+}
+
+/* Whether this rank's coordinate is not 0 on a mesh dim of `mask`. */
+static int zeroed_here(const mt_mesh *mesh, uint32_t mask) {
+  int64_t coord[MT_MAX_MESH_NDIM];
+  if (mask == 0 || !mt_mesh_coordinate(mesh, coord)) return 0;
+  for (int m = 0; m < MT_MAX_MESH_NDIM && (mask >> m) != 0; ++m)
+    if ((mask >> m & 1u) && coord[m] != 0) return 1;
+  return 0;
+}
+
+/* The "move" event of an operation's input before its plan runs. */
+static int move_event(mt_ext_dispatch *d, const mt_ext_call *c, int t, mt_plan *plan,
+                      PyObject *what) {
+  PyObject *p = mt_ext_plan_wrap(d->module, plan);
+  if (p == NULL) return -1;
+  PyObject *spec = c->dt[t]->spec;
+  PyObject *args[5] = {what, (PyObject *)c->mb, p, PyTuple_GET_ITEM(spec, 2),
+                       PyTuple_GET_ITEM(spec, 3)};
+  int rc = mt_ext_event(d, "move", args, 5);
+  Py_DECREF(p);
+  return rc;
+}
+
+/* One element of the input's dtype per dim: a rank outside the mesh learns the
+ * output's dtype from these. */
+static PyObject *stand_in(const mt_ext_dtensor *b) {
+  PyObject *spec = b->spec;
+  npy_intp ones[MT_MAX_NDIM];
+  int n = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
+  for (int i = 0; i < n; ++i) ones[i] = 1;
+  PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(spec, 3);
+  Py_INCREF(descr);
+  return PyArray_Zeros(n, ones, descr, 0);
+}
+
+/* The local arguments (new references): each input moved by its plan first,
+ * zeros where it is partitioned away, stand-ins outside the mesh. */
+static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision *dec,
+                      PyObject *const *ops, run_state *rs) {
+  mt_mesh *mesh = c->mb->member ? mt_ext_mesh_get_unchecked(c->mb->handle) : NULL;
+  for (int i = 0, t = 0; i < c->noperands; ++i) {
+    PyObject *a;
+    if (!(c->tensors >> i & 1u)) {
+      a = Py_NewRef(ops[i]);
+    } else if (mesh == NULL) {
+      a = stand_in(c->dt[t++]);
+    } else {
+      mt_plan *plan = dec->plan[t];
+      uint32_t part = dec->partition[t];
+      PyObject *local = c->dt[t]->local;
+      if (plan == NULL) a = Py_NewRef(local);
+      else if (d->modes->events && move_event(d, c, t, plan, Py_None) < 0) a = NULL;
+      else if (mt_ext_mesh_check_thread(c->mb->handle) < 0) a = NULL;
+      else a = mt_ext_run_plan(d->module, mesh, plan, local);
+      if (part != 0 && zeroed_here(mesh, part)) a = zeros_like(a);
+      ++t;
+    }
+    if ((rs->args[i] = a) == NULL) {
+      for (int k = 0; k < i; ++k) Py_DECREF(rs->args[k]);
+      return -1;
+    }
+  }
+  rs->owned = 1;
+  return 0;
+}
+
+/* The decision's plans, owned for a run (the memo may drop them meanwhile). */
+static void hold(mt_decision *dec, int own) {
+  for (int i = 0; i < dec->ninputs; ++i) {
+    if (dec->plan[i] == NULL) continue;
+    if (own) mt_plan_retain(dec->plan[i]);
+    else mt_plan_destroy(dec->plan[i]);
+  }
+}
+
+/* The "decision" event: op key, inputs, output placements and shape, hit. */
+static int decision_event(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
+                          const mt_decision *dec, int hit) {
+  PyObject *ins = PyTuple_New(c->ntensors);
+  for (int t = 0; ins != NULL && t < c->ntensors; ++t)
+    PyTuple_SET_ITEM(ins, t, Py_NewRef((PyObject *)c->dt[t]));
+  PyObject *pl = mt_ext_placement_objects(d, dec->out_placements, dec->mesh_ndim);
+  PyObject *shape = dec->out_ndim < 0 ? Py_NewRef(Py_None)
+                                      : mt_ext_int_tuple(dec->out_shape, dec->out_ndim);
+  int rc = -1;
+  if (ins && pl && shape) {
+    PyObject *args[5] = {op->key, ins, pl, shape, hit ? Py_True : Py_False};
+    rc = mt_ext_event(d, "decision", args, 5);
+  }
+  Py_XDECREF(ins);
+  Py_XDECREF(pl);
+  Py_XDECREF(shape);
+  return rc;
+}
+
+/* This rank's box of the output (ones outside the mesh, as the stand-ins). */
+static PyObject *out_box(const mt_ext_call *c, const mt_decision *dec) {
+  int64_t coord[MT_MAX_MESH_NDIM], ones[MT_MAX_NDIM];
+  mt_mesh *mesh = c->mb->member ? mt_ext_mesh_get_unchecked(c->mb->handle) : NULL;
+  int n = dec->out_ndim < 0 ? 0 : dec->out_ndim;
+  mt_layout l;
+  mt_box box;
+  mt_error err = {0};
+  if (mesh == NULL || !mt_mesh_coordinate(mesh, coord)) {
+    for (int i = 0; i < n; ++i) ones[i] = 1;
+    return mt_ext_int_tuple(ones, n);
+  }
+  int rc = mt_layout_init(&l, n, dec->out_shape, c->mb->mesh_ndim, c->mb->mesh_shape,
+                          dec->out_placements, &err);
+  if (rc == MT_OK) rc = mt_layout_local_box(&l, coord, &box, &err);
+  return rc == MT_OK ? mt_ext_int_tuple(box.shape, box.ndim) : mt_ext_raise(rc, &err);
+}
+
+/* The local function on rs->args, with the op's extra arguments (and box). */
+static PyObject *call_local(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
+                            const mt_decision *dec, run_state *rs) {
+  Py_ssize_t n = c->noperands;
+  for (Py_ssize_t k = 0; k < op->nextra; ++k) rs->args[n + k] = op->extra[k];
+  n += op->nextra;
+  PyObject *box = NULL;
+  if (op->pass_box) {
+    if ((box = out_box(c, dec)) == NULL) return NULL;
+    rs->args[n++] = box;
+  }
+  Py_ssize_t nkw = op->kwnames != NULL ? PyTuple_GET_SIZE(op->kwnames) : 0;
+  PyObject *res = mt_ext_hook(d, MT_HOOK_LOCAL, op->func, rs->args, (size_t)(n - nkw),
+                              op->kwnames);
+  Py_XDECREF(box);
+  return res;
+}
+
+/* Each result of the local function wrapped (a tuple for several). */
+static PyObject *wrap_all(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
+                          const run_state *rs, PyObject *res) {
+  if (res == NULL || !PyTuple_CheckExact(res)) return wrap(d, op, c, rs, res);
+  Py_ssize_t n = PyTuple_GET_SIZE(res);
+  PyObject *out = PyTuple_New(n);
+  for (Py_ssize_t i = 0; out != NULL && i < n; ++i) {
+    PyObject *w = wrap(d, op, c, rs, Py_NewRef(PyTuple_GET_ITEM(res, i)));
+    if (w == NULL) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, i, w);
+  }
+  Py_DECREF(res);
+  return out;
+}
+
+/* Grad mode on and an input requires grad: `out` recorded with the op's backward;
+ * without one, a floating-point result is an error rather than a lost gradient. */
+static PyObject *record(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
+                        PyObject *const *ops, PyObject *out) {
+  PyObject *first = PyTuple_Check(out) ? PyTuple_GET_ITEM(out, 0) : out;
+  char kind = PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)->kind;
+  if (kind != 'f' && kind != 'c') return out;
+  if (op->sig == NULL || op->sig->grad_backward == NULL) {
+    PyObject *name = mt_ext_op_label(op->key);
+    if (name != NULL)
+      PyErr_Format(PyExc_NotImplementedError,
+                 "%U has no backward rule in mpitensor.autograd yet; run it under "
+                 "mpitensor.no_grad() or on .detach()ed DTensors (the gradient through "
+                 "it would be lost)", name);
+    Py_XDECREF(name);
+    Py_DECREF(out);
+    return NULL;
+  }
+  PyObject *inputs[MT_MEMO_MAX_OPERANDS];
+  for (int i = 0, t = 0; i < c->noperands; ++i)
+    inputs[i] = c->tensors >> i & 1u ? (PyObject *)c->dt[t++] : ops[i];
+  return mt_ext_record(d, op->sig->grad_name, op->sig->grad_backward, out, inputs,
+                       c->noperands, NULL, op->aux);
+}
+
+static int any_requires_grad(const mt_ext_call *c) {
+  for (int t = 0; t < c->ntensors; ++t)
+    if (c->dt[t]->requires_grad) return 1;
+  return 0;
+}
+
+PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
+                     const mt_decision *found, int hit, PyObject *const *ops) {
+  run_state rs;
+  rs.dec = NULL, rs.owned = 0;
+  rs.out_id = found->out_id, rs.out_slot = found->out_slot;
+  /* A decision with plans or zeros, or one whose output is not known yet, or one
+   * read outside the mesh, is copied and its plans held: collectives and NumPy
+   * may run code that changes the memo. The common one is read before any runs. */
+  int moves = found->nplans != 0 || found->partitioned != 0 || !c->mb->member;
+  if (moves || found->out_id == 0 || op->pass_box || d->modes->events) {
+    rs.copy = *found;
+    hold(&rs.copy, 1);
+    rs.dec = &rs.copy;
+  }
+  PyObject *out = NULL;
+  if (d->modes->events && decision_event(d, op, c, rs.dec, hit) < 0) goto done;
+  if (moves) {
+    if (local_args(d, c, rs.dec, ops, &rs) < 0) goto done;
+  } else {
+    for (int i = 0, t = 0; i < c->noperands; ++i)
+      rs.args[i] = c->tensors >> i & 1u ? c->dt[t++]->local : ops[i];
+  }
+  out = wrap_all(d, op, c, &rs, call_local(d, op, c, rs.dec, &rs));
+  d->runs++;
+  if (out != NULL && d->modes->grad_enabled && any_requires_grad(c))
+    out = record(d, op, c, ops, out);
+done:
+  for (int i = 0; rs.owned && i < c->noperands; ++i) Py_DECREF(rs.args[i]);
+  if (rs.dec != NULL) hold(&rs.copy, 0);
+  return out;
+}
+
+PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
+                         PyObject *const *ops) {
+  int hit;
+  const mt_decision *dec = mt_ext_decide(d, op, c, &hit);
+  return dec == NULL ? NULL : mt_ext_run(d, op, c, dec, hit, ops);
+}
+
+/* execute(key, operands, build, local, extra, kwargs, box, axis, keepdims): see the
+ * method table. */
+static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 9 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[4]) ||
+      (args[5] != Py_None && !PyDict_Check(args[5])))
+    return PyErr_Format(PyExc_TypeError, "execute(key, operands: tuple, build, local, "
+                        "extra: tuple, kwargs: dict|None, box, axis, keepdims)");
+  mt_ext_op op = {0};
+  op.sig = mt_ext_sig_of(d, args[0]);
+  op.key = args[0], op.build = args[2], op.func = args[3];
+  op.pass_box = PyObject_IsTrue(args[6]);
+  int keepdims = PyObject_IsTrue(args[8]);
+  if (op.pass_box < 0 || keepdims < 0) return NULL;
+  if (op.func == Py_None && op.sig == NULL)
+    return PyErr_Format(PyExc_TypeError, "execute: a local function is needed");
+  if (op.func == Py_None) op.func = op.sig->method ? op.sig->method : op.sig->func;
+  Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
+  mt_ext_call c;
+  int rc = mt_ext_gather(d, &PyTuple_GET_ITEM(args[1], 0), (int)n, &c, args[0]);
+  if (rc <= 0)
+    return rc < 0 ? NULL : PyErr_Format(PyExc_TypeError, "%R: expected DTensor operands "
+                                        "(and scalars)", args[0]);
+  c.key.op = op.sig != NULL ? op.sig->id : mt_ext_op_id(d, args[0]);
+  /* A reduction's local call is method(local, axis, **kwargs); its memo key
+   * holds the reduced axes and keepdims. */
+  PyObject *stack[16], *kwnames = NULL, *out = NULL;
+  Py_ssize_t nextra = PyTuple_GET_SIZE(args[4]);
+  int reduction = op.sig != NULL && op.sig->op.family == MT_OP_REDUCTION;
+  if (reduction) {
+    int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));
+    c.key.aux = mt_ext_reduction_aux(args[7], ndim, keepdims, &op.axes);
+    op.keepdims = keepdims;
+    if (c.key.aux < 0) {
+      PyErr_Format(PyExc_ValueError, "invalid axis %R", args[7]);
+      goto done;
+    }
+    op.aux = PyTuple_Pack(2, args[7], args[8]);
+    if (op.aux == NULL) goto done;
+  }
+  Py_ssize_t nkw = args[5] == Py_None ? 0 : PyDict_GET_SIZE(args[5]);
+  if (nextra + nkw + reduction > 16 || c.key.op < 0) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "execute: too many arguments");
+    goto done;
+  }
+  Py_ssize_t k = 0, pos = 0;
+  if (reduction) stack[k++] = args[7];
+  for (Py_ssize_t i = 0; i < nextra; ++i) stack[k++] = PyTuple_GET_ITEM(args[4], i);
+  if (nkw > 0 && (kwnames = PyTuple_New(nkw)) == NULL) goto done;
+  for (PyObject *key, *value; nkw > 0 && PyDict_Next(args[5], &pos, &key, &value);) {
+    PyTuple_SET_ITEM(kwnames, k - nextra - reduction, Py_NewRef(key));
+    stack[k++] = value;
+  }
+  op.extra = stack, op.nextra = k, op.kwnames = kwnames;
+  out = mt_ext_execute(d, &op, &c, &PyTuple_GET_ITEM(args[1], 0));
+done:
+  Py_XDECREF(kwnames);
+  Py_XDECREF(op.aux);
+  mt_ext_call_release(&c);
+  return out;
+}
+
+PyMethodDef mt_ext_exec_methods[] = {
+    {"execute", (PyCFunction)(void (*)(void))execute, METH_FASTCALL,
+     "execute(key, operands, build, local, extra, kwargs, box, axis, keepdims) -> DTensor "
+     "(or a tuple): runs an operation through the executor. `key` is a registered "
+     "ufunc or reduction (its dim map is the core's) or a hashable op key whose dim "
+     "map build() gives on a memo miss; `local(*locals, *extra, **kwargs[, box])` "
+     "computes on this rank's arrays (None: the ufunc, or the reduction's ndarray "
+     "method called with axis first); `box` appends this rank's output shape. "
+     "Collective on the mesh when an input moves.\n\n"
+     "Example: _C.execute(('squeeze', (0,)), (a,), build, np.squeeze, (0,), None, "
+     "False, None, False)"},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,125 @@
+/* The hook table: every call from C into Python goes through mt_ext_hook, and no
+ * other file of the extension calls a Python callable. The kinds:
+ *
+ *   LOCAL       an operation's local function on this rank's arrays: a ufunc, an
+ *               ndarray method, the compute an op entry gave (_ops), or a user's
+ *               function (local_map, register_sharding);
+ *   BUILD       an op entry's dim-map builder, on a memo miss only;
+ *   ENTRY       the Python entry of a registered NumPy function (an operation
+ *               without a dim map of its own, or one whose arguments need Python
+ *               to normalise), or a user's register_sharding rule;
+ *   EVENT       a trace event for the debugging tools (mpitensor._trace.event),
+ *               only while one listens (_C.modes.events);
+ *   PLACEMENTS  the normaliser of placements that are not the interned objects
+ *               (mpitensor._args.normalize_placements), which raises torch's
+ *               errors;
+ *   BACKWARD    not called from C: counted by the engine (_C.hook_stats).
+ *
+ * Each call is counted by kind (`_C.hook_stats()`), so tests can show what a
+ * path costs: a cached `a + b` makes one LOCAL call and nothing else. */
+#include "ext.h"
+
+#include <string.h>
+
+static const char *const hook_names[MT_HOOK_COUNT] = {
+    "local", "build", "entry", "event", "placements", "backward"};
+
+PyObject *mt_ext_hook(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *const *args,
+                      size_t nargsf, PyObject *kwnames) {
+  d->hook_calls[kind]++;
+  return PyObject_Vectorcall(fn, args, nargsf, kwnames);
+}
+
+PyObject *mt_ext_hook_call(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *args,
+                           PyObject *kwargs) {
+  d->hook_calls[kind]++;
+  return PyObject_Call(fn, args, kwargs);
+}
+
+int mt_ext_event(mt_ext_dispatch *d, const char *kind, PyObject *const *args,
+                 Py_ssize_t n) {
+  PyObject *fn = PyDict_GetItemString(d->hooks, "event");
+  if (fn == NULL) return 0;
+  PyObject *stack[8];
+  stack[0] = PyUnicode_InternFromString(kind);
+  if (stack[0] == NULL) return -1;
+  for (Py_ssize_t i = 0; i < n && i < 7; ++i) stack[1 + i] = args[i];
+  PyObject *r = mt_ext_hook(d, MT_HOOK_EVENT, fn, stack, (size_t)(n + 1), NULL);
+  Py_DECREF(stack[0]);
+  Py_XDECREF(r);
+  return r == NULL ? -1 : 0;
+}
+
+PyObject *mt_ext_op_label(PyObject *key) {
+  if (PyTuple_Check(key) && PyTuple_GET_SIZE(key) > 0) key = PyTuple_GET_ITEM(key, 0);
+  if (PyUnicode_Check(key)) return PyUnicode_FromFormat("numpy.%U", key);
+  PyObject *module = PyObject_GetAttrString(key, "__module__");
+  PyObject *name = module ? PyObject_GetAttrString(key, "__qualname__") : NULL;
+  if (name == NULL) {
+    PyErr_Clear();
+    name = PyObject_GetAttrString(key, "__name__");
+  }
+  if (name == NULL) {
+    PyErr_Clear();
+    Py_XDECREF(module);
+    return PyObject_Repr(key);
+  }
+  /* NumPy's private modules (numpy._core...) are not where users find a function. */
+  const char *m = module != NULL && PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : NULL;
+  PyObject *out = m == NULL || strncmp(m, "numpy._", 7) == 0 || strcmp(m, "builtins") == 0
+                      ? PyUnicode_FromFormat("numpy.%S", name)
+                      : PyUnicode_FromFormat("%s.%S", m, name);
+  Py_XDECREF(module);
+  Py_DECREF(name);
+  return out;
+}
+
+/* set_hook(name, fn): installs a Python hook ("event", "placements"); None removes. */
+static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 2 || !PyUnicode_Check(args[0]))
+    return PyErr_Format(PyExc_TypeError, "set_hook(name: str, fn)");
+  if (args[1] == Py_None) {
+    if (PyDict_DelItem(d->hooks, args[0]) < 0) PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  if (!PyCallable_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "a hook must be callable");
+  if (PyDict_SetItem(d->hooks, args[0], args[1]) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* hook_stats() -> {kind: calls} and "runs": operations the executor ran. */
+static PyObject *hook_stats(PyObject *module, PyObject *unused) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *out = PyDict_New();
+  for (int k = 0; out != NULL && k <= MT_HOOK_COUNT; ++k) {
+    long long v = k < MT_HOOK_COUNT ? d->hook_calls[k] : d->runs;
+    PyObject *n = PyLong_FromLongLong(v);
+    if (n == NULL || PyDict_SetItemString(out, k < MT_HOOK_COUNT ? hook_names[k] : "runs",
+                                          n) < 0)
+      Py_CLEAR(out);
+    Py_XDECREF(n);
+  }
+  return out;
+}
+
+/* count_backward(): one BACKWARD call, made by the engine (Python). */
+static PyObject *count_backward(PyObject *module, PyObject *unused) {
+  mt_ext_dispatch_module(module)->hook_calls[MT_HOOK_BACKWARD]++;
+  Py_RETURN_NONE;
+}
+
+PyMethodDef mt_ext_hooks_methods[] = {
+    {"set_hook", (PyCFunction)(void (*)(void))set_hook, METH_FASTCALL,
+     "set_hook(name, fn): the Python side of hook `name` ('event': trace events; "
+     "'placements': placement normalisation); None removes it. Local.\n\n"
+     "Example: _C.set_hook('event', mpitensor._trace.event)"},
+    {"hook_stats", hook_stats, METH_NOARGS,
+     "{local, build, entry, event, placements, backward, runs}: calls from C into Python "
+     "by kind, and operations the executor ran, since import. Local.\n\n"
+     "Example: _C.hook_stats()['local']"},
+    {"count_backward", count_backward, METH_NOARGS,
+     "Counts one backward-rule call of autograd's engine (hook_stats). Local."},
+    {NULL, NULL, 0, NULL},
+};

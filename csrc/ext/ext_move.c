@@ -1,0 +1,270 @@
+/* DTensor.redistribute in the executor: a move is a decision like an operation's,
+ * keyed in the mesh's memo by the source's layout id and the target placements,
+ * holding the plan (checked and ranked by the mesh's time model) and the output's
+ * layout. Then, as for every operation: the plan runs (blocking, or started as a
+ * _C.Request kept in the DTensor's local slot), the result is wrapped, autograd
+ * records it (the gradient goes back to the source's placements), and the trace
+ * events go out while a tool listens. Arguments that are not the interned
+ * placements go through the placements hook first, which raises torch's errors. */
+#include "ext.h"
+
+#include <string.h>
+
+/* The key's word of target placements: 6 bits per mesh dim (kind, then the shard
+ * dim or the reduce op). */
+enum { AUX_BITS = 6 };
+
+static int interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placement *out) {
+  if (p == d->replicate) return *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}, 1;
+  for (int i = 0; i < MT_MAX_NDIM; ++i)
+    if (p == d->shard[i]) return *out = (mt_placement){MT_PLACEMENT_SHARD, i, 0}, 1;
+  for (int op = 0; op < MT_REDUCE_COUNT; ++op)
+    if (p == d->partial[op]) return *out = (mt_placement){MT_PLACEMENT_PARTIAL, 0, op}, 1;
+  return 0;
+}
+
+/* Target placements given as interned objects, one per mesh dim, shard dims inside
+ * the tensor (and, when `strict`, a Partial only where the source has it): their
+ * codes, the key's word and whether they are the source's. 1, or 0 for anything
+ * else (the placements hook normalises it, and raises torch's errors). */
+static int read_targets(const mt_ext_dispatch *d, PyObject *placements, PyObject *src,
+                        int ndim, int strict, mt_placement *dst, int64_t *aux, int *same) {
+  if (!PyList_CheckExact(placements) && !PyTuple_CheckExact(placements)) return 0;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(placements);
+  PyObject *const *items = PySequence_Fast_ITEMS(placements);
+  if (n != PyTuple_GET_SIZE(src)) return 0;
+  *aux = 0, *same = 1;
+  for (Py_ssize_t m = 0; m < n; ++m) {
+    if (!interned_code(d, items[m], &dst[m])) return 0;
+    if (dst[m].kind == MT_PLACEMENT_SHARD && dst[m].dim >= ndim) return 0;
+    int kept = items[m] == PyTuple_GET_ITEM(src, m);
+    if (strict && dst[m].kind == MT_PLACEMENT_PARTIAL && !kept) return 0;
+    *same &= kept;
+    int64_t arg = dst[m].kind == MT_PLACEMENT_SHARD ? dst[m].dim : dst[m].reduce_op;
+    *aux |= (int64_t)(dst[m].kind | arg << 2) << (AUX_BITS * m);
+  }
+  return 1;
+}
+
+/* A miss: the move checked and planned by the core and stored. */
+static mt_decision *decide(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *spec,
+                           const mt_placement *dst, const mt_memo_key *mk) {
+  mt_layout_key key;
+  if (mt_ext_spec_key(d, mb, spec, &key) < 0) return NULL;
+  int dtype = mt_ext_descr_dtype((PyArray_Descr *)PyTuple_GET_ITEM(spec, 3));
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.ninputs = 1, in.mesh_ndim = mb->mesh_ndim, in.ndim[0] = key.ndim;
+  in.itemsize[0] = key.itemsize;
+  memcpy(in.mesh_shape, mb->mesh_shape, sizeof in.mesh_shape);
+  memcpy(in.shape[0], key.shape, sizeof key.shape);
+  memcpy(in.placements[0], key.placements, sizeof key.placements);
+  mt_placement targets[1][MT_MAX_MESH_NDIM];
+  memset(targets, 0, sizeof targets);
+  memcpy(targets[0], dst, (size_t)mb->mesh_ndim * sizeof *dst);
+  /* A redistribute never creates a Partial, nor reduces one the dtype has no
+   * reduction for; an operation's input may be partitioned into one. */
+  mt_layout from, to;
+  mt_error err = {0};
+  int rc = mt_layout_init(&from, key.ndim, key.shape, mb->mesh_ndim, mb->mesh_shape,
+                          key.placements, &err);
+  if (rc == MT_OK)
+    rc = mt_layout_init(&to, key.ndim, key.shape, mb->mesh_ndim, mb->mesh_shape, dst, &err);
+  if (rc == MT_OK) rc = mt_plan_check(&from, &to, dtype, &err);
+  if (rc != MT_OK) return (mt_decision *)mt_ext_raise(rc, &err);
+  mt_decision outcome, *dec = NULL;
+  memset(&outcome, 0, sizeof outcome);
+  outcome.ninputs = 1, outcome.mesh_ndim = mb->mesh_ndim, outcome.out_ndim = key.ndim;
+  memcpy(outcome.out_shape, key.shape, sizeof key.shape);
+  memcpy(outcome.out_placements, dst, (size_t)mb->mesh_ndim * sizeof *dst);
+  rc = mt_memo_decide_targets(mb->memo, mk, &in, &dtype,
+                                  (const mt_placement(*)[MT_MAX_MESH_NDIM])targets,
+                                  &outcome, &dec, &err);
+  return rc == MT_OK ? dec : (mt_decision *)mt_ext_raise(rc, &err);
+}
+
+/* The output's layout: the source's with the target placements (same shape,
+ * dtype and strides), interned, and remembered in the decision. */
+static PyObject *out_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *spec,
+                            const mt_placement *dst, const mt_memo_key *mk, int64_t *id) {
+  mt_decision *live = mt_memo_peek(mb->memo, mk);
+  if (live != NULL && live->out_id != 0) {
+    PyObject *have = mt_ext_py_layout(d, mb, live->out_id, live->out_slot, NULL, NULL);
+    if (have != NULL || PyErr_Occurred()) return *id = live->out_id, have;
+  }
+  mt_layout_key key;
+  if (mt_ext_spec_key(d, mb, spec, &key) < 0) return NULL;
+  memcpy(key.placements, dst, (size_t)mb->mesh_ndim * sizeof *dst);
+  int64_t slot;
+  mt_error err = {0};
+  int rc = mt_layout_table_intern(mb->layouts, &key, id, &slot, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  if ((live = mt_memo_peek(mb->memo, mk)) != NULL) live->out_id = *id, live->out_slot = slot;
+  return mt_ext_py_layout(d, mb, *id, slot, &key, PyTuple_GET_ITEM(spec, 3));
+}
+
+/* The normalised arguments (the placements hook): placements as interned objects,
+ * the forward and backward dtypes or None. -1 with the hook's exception. */
+static int normalise(mt_ext_dispatch *d, PyObject *self, PyObject *mesh, PyObject **pl,
+                     PyObject **fwd, PyObject **bwd, PyObject **holder) {
+  PyObject *fn = PyDict_GetItemString(d->hooks, "placements");
+  if (fn == NULL) return PyErr_SetString(PyExc_RuntimeError, "no placements hook"), -1;
+  PyObject *args[5] = {self, mesh, *pl, *fwd, *bwd};
+  *holder = mt_ext_hook(d, MT_HOOK_PLACEMENTS, fn, args, 5, NULL);
+  if (*holder == NULL) return -1;
+  if (!PyTuple_Check(*holder) || PyTuple_GET_SIZE(*holder) != 3)
+    return PyErr_SetString(PyExc_TypeError, "the placements hook gives 3 values"), -1;
+  *pl = PyTuple_GET_ITEM(*holder, 0);
+  *fwd = PyTuple_GET_ITEM(*holder, 1), *bwd = PyTuple_GET_ITEM(*holder, 2);
+  return 0;
+}
+
+/* `self` cast to `dtype` for the move (its spec with that dtype). */
+static PyObject *cast(mt_ext_dispatch *d, mt_ext_dtensor *b, PyObject *dtype) {
+  PyArray_Descr *descr = (PyArray_Descr *)dtype;
+  PyObject *spec = d->spec->tp_alloc(d->spec, 5);
+  if (spec == NULL) return NULL;
+  for (Py_ssize_t i = 0; i < 5; ++i)
+    PyTuple_SET_ITEM(spec, i, Py_NewRef(i == 3 ? dtype : PyTuple_GET_ITEM(b->spec, i)));
+  Py_INCREF(descr);
+  PyObject *local = PyArray_CastToType((PyArrayObject *)b->local, descr, 0);
+  mt_ext_dtensor *out = local ? (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0) : NULL;
+  if (out == NULL) {
+    Py_DECREF(spec);
+    Py_XDECREF(local);
+    return NULL;
+  }
+  out->local = local, out->spec = spec;
+  return (PyObject *)out;
+}
+
+/* The events of a move: "move" before a plan runs, "unmoved" for an explicit
+ * redistribute that runs none (checked like any, since another rank's may). */
+static int move_events(mt_ext_dispatch *d, mt_ext_dtensor *b, mt_plan *plan,
+                       PyObject *out_pl, PyObject *what) {
+  PyObject *spec = b->spec, *mesh = PyTuple_GET_ITEM(spec, 0);
+  if (plan != NULL) {
+    PyObject *p = mt_ext_plan_wrap(d->module, plan);
+    if (p == NULL) return -1;
+    PyObject *args[5] = {what, mesh, p, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3)};
+    int rc = mt_ext_event(d, "move", args, 5);
+    Py_DECREF(p);
+    return rc;
+  }
+  PyObject *args[5] = {what, mesh, out_pl, PyTuple_GET_ITEM(spec, 2),
+                       PyTuple_GET_ITEM(spec, 3)};
+  return mt_ext_event(d, "unmoved", args, 5);
+}
+
+/* The local array of the output: the plan run (or started) on this rank's. */
+static PyObject *moved_local(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *b,
+                             mt_plan *plan, int same, int async) {
+  if (!mb->member || same) return Py_NewRef(b->local);
+  if (plan == NULL) return (PyObject *)mt_ext_contiguous(b->local);
+  if (mt_ext_mesh_check_thread(mb->handle) < 0) return NULL;
+  if (async) return mt_ext_start_plan(d->module, mb->handle, plan, b->local);
+  return mt_ext_run_plan(d->module, mt_ext_mesh_get_unchecked(mb->handle), plan, b->local);
+}
+
+/* Records the move: the gradient goes back to the source's placements. */
+static PyObject *record_move(mt_ext_dispatch *d, PyObject *self, PyObject *out,
+                             PyObject *bwd) {
+  PyObject *bw = PyDict_GetItemString(d->backwards, "redistribute");
+  if (bw == NULL) return out;
+  PyObject *aux = PyTuple_Pack(1, bwd);
+  if (aux == NULL) return Py_DECREF(out), NULL;
+  out = mt_ext_record(d, PyTuple_GET_ITEM(bw, 0), PyTuple_GET_ITEM(bw, 1), out, &self, 1,
+                      NULL, aux);
+  Py_DECREF(aux);
+  return out;
+}
+
+/* The move of `src` (self, or its cast) to `dst`: decision, plan, wrap. */
+static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *src,
+                          const mt_placement *dst, int64_t aux, int same, int async,
+                          PyObject *what) {
+  mt_memo_key mk;
+  mk.op = d->redistribute_op, mk.noperands = 1, mk.aux = aux;
+  if (mt_ext_layout_id(d, mb, src, NULL, &mk.operand[0]) < 0) return NULL;
+  mt_decision *dec = mt_memo_find(mb->memo, &mk);
+  if (dec == NULL && (dec = decide(d, mb, src->spec, dst, &mk)) == NULL) return NULL;
+  /* Held: a collective releases the GIL, and events run Python. */
+  mt_plan *plan = dec->plan[0];
+  if (plan != NULL) mt_plan_retain(plan);
+  int64_t id = mk.operand[0];
+  PyObject *spec = NULL, *local = NULL, *layout = NULL, *out = NULL;
+  if (same) spec = Py_NewRef(src->spec);
+  else if ((layout = out_layout(d, mb, src->spec, dst, &mk, &id)) != NULL)
+    spec = mt_ext_make_spec(d, (PyObject *)mb, layout);
+  if (spec != NULL && d->modes->events && mb->member &&
+      move_events(d, src, plan, PyTuple_GET_ITEM(spec, 1), what) < 0)
+    Py_CLEAR(spec);
+  if (spec != NULL) local = moved_local(d, mb, src, plan, same, async);
+  if (local != NULL) {
+    mt_ext_dtensor *b = (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0);
+    if (b != NULL) {
+      b->local = local, b->spec = spec, b->layout_id = id;
+      b->fresh = (char)(plan != NULL && !async && mb->member && d->modes->backward);
+      if (same) b->fresh = src->fresh, src->fresh = 0; /* the array changes hands */
+      local = spec = NULL, out = (PyObject *)b;
+    }
+  }
+  Py_XDECREF(layout);
+  Py_XDECREF(spec);
+  Py_XDECREF(local);
+  if (plan != NULL) mt_plan_destroy(plan);
+  d->runs++;
+  return out;
+}
+
+PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
+                      PyObject *placements, int async, PyObject *fwd, PyObject *bwd,
+                      PyObject *what) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)self;
+  mt_ext_mesh_base *mb = mt_ext_spec_mesh(d, b->spec);
+  if (mb == NULL) return PyErr_Format(PyExc_TypeError, "a DTensor's spec names its mesh");
+  PyObject *local = mt_ext_request_result(d->module, b->local), *holder = NULL;
+  if (local == NULL) return NULL;
+  Py_SETREF(b->local, local);
+  mt_placement dst[MT_MAX_MESH_NDIM];
+  int64_t aux;
+  int same, ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(b->spec, 2));
+  if ((mesh != Py_None && mesh != (PyObject *)mb) || fwd != Py_None || bwd != Py_None ||
+      !read_targets(d, placements, PyTuple_GET_ITEM(b->spec, 1), ndim, 1, dst, &aux, &same)) {
+    if (normalise(d, self, mesh, &placements, &fwd, &bwd, &holder) < 0) return NULL;
+    if (!read_targets(d, placements, PyTuple_GET_ITEM(b->spec, 1), ndim, 0, dst, &aux,
+                      &same)) {
+      Py_DECREF(holder);
+      return PyErr_Format(PyExc_ValueError, "placements %R are not valid here", placements);
+    }
+  }
+  PyObject *src = self;
+  if (fwd != Py_None && fwd != PyTuple_GET_ITEM(b->spec, 3)) {
+    src = cast(d, b, fwd);
+    same = 0;
+  }
+  PyObject *out = src == NULL ? NULL
+                              : run_move(d, mb, (mt_ext_dtensor *)src, dst, aux, same, async,
+                                         what);
+  if (src != self) Py_XDECREF(src);
+  if (out != NULL && b->requires_grad && d->modes->grad_enabled)
+    out = record_move(d, self, out, bwd);
+  Py_XDECREF(holder);
+  return out;
+}
+
+/* move(dtensor, placements, what): see the method table. */
+static PyObject *move(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs != 3 || !mt_ext_is_dtensor(d, args[0]) || !PyUnicode_Check(args[2]))
+    return PyErr_Format(PyExc_TypeError, "move(dtensor, placements, what: str)");
+  return mt_ext_move(d, args[0], Py_None, args[1], 0, Py_None, Py_None, args[2]);
+}
+
+PyMethodDef mt_ext_move_methods[] = {
+    {"move", (PyCFunction)(void (*)(void))move, METH_FASTCALL,
+     "move(dtensor, placements, what) -> DTensor: a redistribute an operation needs, "
+     "named `what` in the trace (checked only when it communicates). Collective on "
+     "the mesh.\n\nExample: _C.move(dt, (Replicate(),), 'numpy.sort')"},
+    {NULL, NULL, 0, NULL},
+};

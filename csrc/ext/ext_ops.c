@@ -1,0 +1,320 @@
+/* What the executor knows of operations: the ground floor's types and registry
+ * (dispatch_init), the ufuncs and reductions whose dim maps the core builds
+ * (register_ufunc, register_reduction), the backwards autograd records them and
+ * registered functions with (register_grad, register_backward), and op ids. */
+#include "ext.h"
+
+#include <string.h>
+
+/* The operators and their ufuncs (NDArrayOperatorsMixin's list), in the order of
+ * mt_ext_dispatch.binary, .unary and .compare (Py_LT .. Py_GE). */
+const char *const mt_ext_binary_names[MT_EXT_NBINARY] = {
+    "add",         "subtract",   "multiply",    "matmul",      "true_divide",
+    "floor_divide", "remainder", "power",       "left_shift",  "right_shift",
+    "bitwise_and", "bitwise_xor", "bitwise_or", "divmod"};
+const char *const mt_ext_unary_names[MT_EXT_NUNARY] = {"negative", "positive",
+                                                       "absolute", "invert"};
+const char *const mt_ext_compare_names[MT_EXT_NCOMPARE] = {
+    "less", "less_equal", "equal", "not_equal", "greater", "greater_equal"};
+const char *const mt_ext_reduction_names[MT_EXT_NREDUCTION] = {
+    "sum", "mean", "prod", "max", "min", "all", "any", "std", "var", "argmax", "argmin"};
+
+int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
+  PyObject *id = PyDict_GetItemWithError(d->op_ids, key);
+  if (id != NULL) return PyLong_AsLongLong(id);
+  if (PyErr_Occurred()) return -1;
+  /* Bounded: forgotten keys get new ids, and their decisions simply miss. */
+  if (PyDict_GET_SIZE(d->op_ids) >= (1 << 16)) PyDict_Clear(d->op_ids);
+  id = PyLong_FromLongLong(d->next_op);
+  if (id == NULL || PyDict_SetItem(d->op_ids, key, id) < 0) {
+    Py_XDECREF(id);
+    return -1;
+  }
+  Py_DECREF(id);
+  return d->next_op++;
+}
+
+/* Indexes sigs[0..nsigs) in a table of `cells` (a power of two). */
+static int index_sigs(mt_ext_dispatch *d, size_t cells) {
+  int *slots = PyMem_Calloc(cells, sizeof *slots);
+  if (slots == NULL) return PyErr_NoMemory(), -1;
+  PyMem_Free(d->sig_slots);
+  d->sig_slots = slots, d->sig_mask = cells - 1;
+  for (int s = 0; s < d->nsigs; ++s) {
+    size_t i = mt_ext_sig_home(d, d->sigs[s].func);
+    while (slots[i] != 0) i = (i + 1) & d->sig_mask;
+    slots[i] = s + 1;
+  }
+  return 0;
+}
+
+/* A new signature for `func`; NULL with an exception. */
+static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
+  if (mt_ext_sig_of(d, func) != NULL) {
+    PyErr_SetString(PyExc_ValueError, "this function is registered already");
+    return NULL;
+  }
+  if (d->nsigs == d->sig_cap) {
+    int cap = d->sig_cap ? 2 * d->sig_cap : 64;
+    mt_ext_sig *sigs = PyMem_Realloc(d->sigs, (size_t)cap * sizeof *sigs);
+    if (sigs == NULL) return (mt_ext_sig *)PyErr_NoMemory();
+    d->sigs = sigs, d->sig_cap = cap;
+  }
+  int64_t id = mt_ext_op_id(d, func);
+  if (id < 0) return NULL;
+  /* At most half full, so that a probe for an absent function ends soon. */
+  size_t cells = d->sig_slots == NULL ? 128 : d->sig_mask + 1;
+  while (cells < 2 * (size_t)(d->nsigs + 1)) cells *= 2;
+  if ((d->sig_slots == NULL || cells != d->sig_mask + 1) && index_sigs(d, cells) < 0)
+    return NULL;
+  mt_ext_sig *sig = &d->sigs[d->nsigs];
+  memset(sig, 0, sizeof *sig);
+  sig->func = Py_NewRef(func), sig->id = id;
+  size_t i = mt_ext_sig_home(d, func);
+  while (d->sig_slots[i] != 0) i = (i + 1) & d->sig_mask;
+  d->sig_slots[i] = ++d->nsigs;
+  return sig;
+}
+
+static int int_attr(PyObject *obj, const char *name) {
+  PyObject *v = PyObject_GetAttrString(obj, name);
+  long n = v == NULL ? -1 : PyLong_AsLong(v);
+  Py_XDECREF(v);
+  return (int)n;
+}
+
+/* register_ufunc(ufunc, family, kind) */
+static PyObject *register_ufunc(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *ufunc;
+  int family, kind;
+  if (!PyArg_ParseTuple(args, "Oii:register_ufunc", &ufunc, &family, &kind)) return NULL;
+  if ((family != MT_OP_ELEMENTWISE && family != MT_OP_MATMUL) || kind < 0 ||
+      kind >= MT_ELEMENTWISE_COUNT)
+    return PyErr_Format(PyExc_ValueError, "unknown ufunc family %d or kind %d", family, kind);
+  int nin = int_attr(ufunc, "nin"), nout = int_attr(ufunc, "nout");
+  if (nin < 1 || nout < 1) return NULL;
+  mt_ext_sig *sig = add_sig(d, ufunc);
+  if (sig == NULL) return NULL;
+  sig->op.family = family, sig->op.kind = kind, sig->nin = nin, sig->nout = nout;
+  Py_RETURN_NONE;
+}
+
+/* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only):
+ * `method` names the DTensorBase reduction method it backs, or is None. */
+static PyObject *register_reduction(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *func;
+  const char *method;
+  mt_reduction_rule rule;
+  unsigned int ops;
+  if (!PyArg_ParseTuple(args, "OziiIp:register_reduction", &func, &method, &rule.reduce_op,
+                        &rule.partial_rule, &ops, &rule.even_only))
+    return NULL;
+  rule.partial_ops = ops;
+  int m = 0;
+  while (method != NULL && m < MT_EXT_NREDUCTION &&
+         strcmp(mt_ext_reduction_names[m], method) != 0)
+    ++m;
+  if (m == MT_EXT_NREDUCTION) return PyErr_Format(PyExc_ValueError, "no method %s", method);
+  mt_ext_sig *sig = add_sig(d, func);
+  if (sig == NULL) return NULL;
+  sig->op.family = MT_OP_REDUCTION, sig->op.rule = rule;
+  if (method == NULL) Py_RETURN_NONE;
+  /* ndarray's own method, called as a function: a local array is an ndarray, so
+   * this is what looking the name up on it would find. */
+  sig->method = PyObject_GetAttr((PyObject *)&PyArray_Type, d->reduction_name[m]);
+  if (sig->method == NULL) return NULL;
+  sig->int_axis = strncmp(method, "arg", 3) == 0;
+  d->reduction_sig[m] = (int)(sig - d->sigs);
+  Py_RETURN_NONE;
+}
+
+/* register_grad(func, name, backward): the backward of the registered ufunc or
+ * reduction `func` as the executor calls it (node.saved: the operands; aux: a
+ * reduction's (axis, keepdims)). */
+static PyObject *register_grad(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *func, *name, *backward;
+  if (!PyArg_ParseTuple(args, "OUO:register_grad", &func, &name, &backward)) return NULL;
+  mt_ext_sig *sig = mt_ext_sig_of(d, func);
+  if (sig == NULL) return PyErr_Format(PyExc_ValueError, "%R is not registered", func);
+  if (!PyCallable_Check(backward))
+    return PyErr_Format(PyExc_TypeError, "backward must be callable");
+  Py_XSETREF(sig->grad_name, Py_NewRef(name));
+  Py_XSETREF(sig->grad_backward, Py_NewRef(backward));
+  Py_RETURN_NONE;
+}
+
+/* The operators' ufuncs and NumPy's ufunc type. */
+static int load_numpy(mt_ext_dispatch *d) {
+  PyObject *np = PyImport_ImportModule("numpy");
+  if (np == NULL) return -1;
+  int rc = (d->ufunc_type = PyObject_GetAttrString(np, "ufunc")) ? 0 : -1;
+  for (int i = 0; rc == 0 && i < MT_EXT_NBINARY; ++i)
+    rc = (d->binary[i] = PyObject_GetAttrString(np, mt_ext_binary_names[i])) ? 0 : -1;
+  for (int i = 0; rc == 0 && i < MT_EXT_NUNARY; ++i)
+    rc = (d->unary[i] = PyObject_GetAttrString(np, mt_ext_unary_names[i])) ? 0 : -1;
+  for (int i = 0; rc == 0 && i < MT_EXT_NCOMPARE; ++i)
+    rc = (d->compare[i] = PyObject_GetAttrString(np, mt_ext_compare_names[i])) ? 0 : -1;
+  Py_DECREF(np);
+  return rc;
+}
+
+/* The interned placements: Replicate(), Shard(0..), Partial(op) by reduce op. */
+static int load_placements(mt_ext_dispatch *d, PyObject *rep, PyObject *shards,
+                           PyObject *partials) {
+  if (!PyTuple_Check(shards) || PyTuple_GET_SIZE(shards) != MT_MAX_NDIM ||
+      !PyTuple_Check(partials) || PyTuple_GET_SIZE(partials) != MT_REDUCE_COUNT) {
+    PyErr_Format(PyExc_ValueError, "dispatch_init: %d shards and %d partials", MT_MAX_NDIM,
+                 MT_REDUCE_COUNT);
+    return -1;
+  }
+  d->replicate = Py_NewRef(rep);
+  for (int i = 0; i < MT_MAX_NDIM; ++i) d->shard[i] = Py_NewRef(PyTuple_GET_ITEM(shards, i));
+  for (int i = 0; i < MT_REDUCE_COUNT; ++i)
+    d->partial[i] = Py_NewRef(PyTuple_GET_ITEM(partials, i));
+  return 0;
+}
+
+/* dispatch_init(DTensor, DTensorSpec, replicate, shards, partials, functions, rules,
+ * backwards) */
+static PyObject *dispatch_init(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  PyObject *dtensor, *spec, *rep, *shards, *partials, *functions, *rules, *backwards;
+  if (!PyArg_ParseTuple(args, "O!O!OOOO!O!O!:dispatch_init", &PyType_Type, &dtensor,
+                        &PyType_Type, &spec, &rep, &shards, &partials, &PyDict_Type,
+                        &functions, &PyDict_Type, &rules, &PyDict_Type, &backwards))
+    return NULL;
+  if (!PyType_IsSubtype((PyTypeObject *)dtensor, d->dtensor_base))
+    return PyErr_Format(PyExc_TypeError, "dispatch_init needs a DTensorBase subclass");
+  if (d->dtensor != NULL)
+    return PyErr_Format(PyExc_RuntimeError, "dispatch_init was called already");
+  if (load_numpy(d) < 0 || load_placements(d, rep, shards, partials) < 0) return NULL;
+  d->spec = (PyTypeObject *)Py_NewRef(spec);
+  d->functions = Py_NewRef(functions), d->rules = Py_NewRef(rules);
+  d->backwards = Py_NewRef(backwards);
+  d->dtensor = (PyTypeObject *)Py_NewRef(dtensor);
+  Py_RETURN_NONE;
+}
+
+/* set_cache_limits(decisions, plans, layouts): the bounds of meshes made from now. */
+static PyObject *set_cache_limits(PyObject *module, PyObject *args) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  long long decisions, plans, layouts;
+  if (!PyArg_ParseTuple(args, "LLL:set_cache_limits", &decisions, &plans, &layouts))
+    return NULL;
+  if (decisions < 1 || plans < 1 || layouts < 1)
+    return PyErr_Format(PyExc_ValueError, "cache limits are at least 1");
+  d->decision_limit = decisions, d->plan_limit = plans, d->layout_limit = layouts;
+  Py_RETURN_NONE;
+}
+
+static PyObject *op_id(PyObject *module, PyObject *key) {
+  int64_t id = mt_ext_op_id(mt_ext_dispatch_module(module), key);
+  return id < 0 ? NULL : PyLong_FromLongLong(id);
+}
+
+PyMethodDef mt_ext_ops_methods[] = {
+    {"dispatch_init", dispatch_init, METH_VARARGS,
+     "dispatch_init(DTensor, DTensorSpec, replicate, shards, partials, functions, "
+     "rules, backwards): the ground floor's types, interned placements and "
+     "registries, once. Local."},
+    {"register_ufunc", register_ufunc, METH_VARARGS,
+     "register_ufunc(ufunc, family, kind): a ufunc's signature (FAMILY_ELEMENTWISE with "
+     "an ELEMENTWISE_* kind, or FAMILY_MATMUL). Local."},
+    {"register_reduction", register_reduction, METH_VARARGS,
+     "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only): "
+     "a reduction's signature and the DTensor method it backs (reduce_op -1: the "
+     "reduced dims are merged by its Python entry). Local."},
+    {"register_grad", register_grad, METH_VARARGS,
+     "register_grad(func, name, backward): how the executor records the registered "
+     "ufunc or reduction `func`: a Node named `name` whose backward_fn is "
+     "backward(grad, node, output), node.saved the operands. Local.\n\n"
+     "Example: _C.register_grad(numpy.tanh, 'tanh', tanh_backward)"},
+    {"set_cache_limits", set_cache_limits, METH_VARARGS,
+     "set_cache_limits(decisions, plans, layouts): bounds of meshes made later. Local."},
+    {"op_id", op_id, METH_O,
+     "op_id(key) -> the memo's id of an operation's hashable key. Local."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int intern_names(mt_ext_dispatch *d) {
+  for (int m = 0; m < MT_EXT_NREDUCTION; ++m) {
+    d->reduction_name[m] = PyUnicode_InternFromString(mt_ext_reduction_names[m]);
+    d->reduction_sig[m] = -1;
+    if (d->reduction_name[m] == NULL) return -1;
+  }
+  d->s_call = PyUnicode_InternFromString("__call__");
+  d->s_axis = PyUnicode_InternFromString("axis");
+  d->s_keepdims = PyUnicode_InternFromString("keepdims");
+  d->s_out = PyUnicode_InternFromString("out");
+  d->empty_tuple = PyTuple_New(0);
+  d->s_redistribute = PyUnicode_InternFromString("DTensor.redistribute");
+  if (!d->s_call || !d->s_axis || !d->s_keepdims || !d->s_out || !d->empty_tuple ||
+      !d->s_redistribute)
+    return -1;
+  d->kw_keepdims = PyTuple_Pack(1, d->s_keepdims);
+  return d->kw_keepdims == NULL ? -1 : 0;
+}
+
+int mt_ext_ops_exec(PyObject *module) {
+  mt_ext_state *st = mt_ext_state_of(module);
+  mt_ext_dispatch *d = st->dispatch = PyMem_Calloc(1, sizeof *d);
+  if (d == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  d->module = module, d->next_op = 1;
+  d->redistribute_op = d->next_op++;
+  d->decision_limit = 4096, d->plan_limit = 256, d->layout_limit = 4096;
+  d->op_ids = PyDict_New();
+  d->hooks = PyDict_New();
+  if (d->op_ids == NULL || d->hooks == NULL || intern_names(d) < 0) return -1;
+  return 0;
+}
+
+/* Every object the state holds, for traverse and clear. */
+#define MT_EXT_OPS_OBJECTS(X, d)                                                       \
+  X(d->dtensor); X(d->spec); X(d->functions); X(d->rules); X(d->backwards);           \
+  X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids); X(d->s_call);        \
+  X(d->s_axis); X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims); X(d->empty_tuple);  \
+  X(d->s_redistribute);                                                                \
+  X(d->modes);                                                                         \
+  for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
+  for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \
+  for (int i_ = 0; i_ < MT_EXT_NBINARY; ++i_) X(d->binary[i_]);                        \
+  for (int i_ = 0; i_ < MT_EXT_NUNARY; ++i_) X(d->unary[i_]);                          \
+  for (int i_ = 0; i_ < MT_EXT_NCOMPARE; ++i_) X(d->compare[i_]);                      \
+  for (int i_ = 0; i_ < MT_EXT_NREDUCTION; ++i_) X(d->reduction_name[i_]);             \
+  for (int i_ = 0; i_ < d->nsigs; ++i_) {                                              \
+    X(d->sigs[i_].func); X(d->sigs[i_].method);                                        \
+    X(d->sigs[i_].grad_name); X(d->sigs[i_].grad_backward);                            \
+  }
+
+int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg) {
+  mt_ext_dispatch *d = st->dispatch;
+  if (d == NULL) return 0;
+#define VISIT_ONE(o) Py_VISIT(o)
+  MT_EXT_OPS_OBJECTS(VISIT_ONE, d)
+#undef VISIT_ONE
+  return 0;
+}
+
+void mt_ext_ops_clear(mt_ext_state *st) {
+  mt_ext_dispatch *d = st->dispatch;
+  if (d == NULL) return;
+#define CLEAR_ONE(o) Py_CLEAR(o)
+  MT_EXT_OPS_OBJECTS(CLEAR_ONE, d)
+#undef CLEAR_ONE
+  d->nsigs = 0;
+  PyMem_Free(d->sig_slots);
+  d->sig_slots = NULL;
+}
+
+void mt_ext_ops_free(mt_ext_state *st) {
+  mt_ext_ops_clear(st);
+  if (st->dispatch != NULL) PyMem_Free(st->dispatch->sigs);
+  PyMem_Free(st->dispatch);
+  st->dispatch = NULL;
+}
