@@ -68,16 +68,12 @@ def table(header: list, rows: list) -> str:
 
 
 def machine(data: dict) -> dict:
-    """The machine block of a result, whatever the benchmark calls it."""
-    m = data.get("machine") or data.get("info") or data.get("meta") or {}
-    load_avg = m.get("loadavg_start") or m.get("load_avg") or ["?"]
-    load_avg = load_avg[0] if isinstance(load_avg, list) else load_avg
-    return {"date": str(m.get("date") or m.get("when") or "?")[:16].replace("T", " "),
-            "commit": m.get("git") or m.get("revision") or "?",
-            "cpu": f"{m.get('cpu', '?')}, {m.get('cores', m.get('cpus', '?'))} cores",
-            "load": f"{float(load_avg):.2f}" if load_avg != "?" else "?",
-            "mpi": str(m.get("mpi", "")).rstrip("\0").split(",")[0] or "?",
-            "numpy": m.get("numpy", "?"), "python": m.get("python", "?")}
+    """The machine record of a result (benchmarks/_common.machine), as the tables
+    show it."""
+    m = data["machine"]
+    return {"date": m["date"][:16].replace("T", " "), "commit": m["commit"],
+            "cpu": f"{m['cpu']}, {m['cores']} cores", "mpi": m["mpi"].split(",")[0],
+            "numpy": m["numpy"], "python": m["python"]}
 
 
 def conditions(by_cpu: dict) -> str:
@@ -87,9 +83,8 @@ def conditions(by_cpu: dict) -> str:
             ((cpu, *k), v) for cpu, rs in by_cpu.items() for k, v in rs.items()):
         m = machine(data)
         rows.append([f"`{kind}.py`" + (" with torch" if torch else ""), n, m["date"],
-                     f"`{m['commit']}`", m["cpu"], m["load"], m["mpi"], m["numpy"]])
-    return table(["benchmark", "np", "run (UTC)", "commit", "CPU", "load average",
-                  "MPI", "NumPy"], rows)
+                     f"`{m['commit']}`", m["cpu"], m["mpi"], m["numpy"]])
+    return table(["benchmark", "np", "run (UTC)", "commit", "CPU", "MPI", "NumPy"], rows)
 
 
 def redistribute(results: dict) -> str:
@@ -154,8 +149,7 @@ def tensor_parallel(results: dict) -> str:
         rows = [[r["model"], r["hidden"], r["tokens"], stat(r["speedup"]),
                  *([stat(r["torch_over_tp"])] if "torch_over_tp" in r else
                    ([""] if has_torch else []))] for r in data["rows"]]
-        meta = data.get("meta", {})
-        out.append(f"np {n}, BLAS `{meta.get('mpitensor_blas', '?')}`: forward of one "
+        out.append(f"np {n}, BLAS `{data['machine']['blas']}`: forward of one "
                    f"process / tensor-parallel forward (speed-up)\n\n"
                    + table(["model", "hidden", "tokens", "speed-up",
                             *(["torch TP / mpitensor TP"] if has_torch else [])], rows))
@@ -237,13 +231,8 @@ def autograd(results: dict) -> str:
     for (kind, n, torch), data in sorted(results.items()):
         if kind != "autograd":
             continue
-        t = data["times_us"]
-        ops = list(dict.fromkeys(k.split("/")[0] for k in t if "/" in k))
-        rows = []
-        for op in ops:
-            rec = sorted(g - p for g, p in zip(t[f"{op}/grad"], t[f"{op}/no_grad"]))
-            over = sorted(p - x for p, x in zip(t[f"{op}/no_grad"], t[f"{op}/numpy"]))
-            rows.append([op, f"{median(over):.2f}", ranged(median(rec), rec[0], rec[-1])])
+        rows = [[r["op"], f"{r['above_numpy_us']['median']:.2f}", stat(r["recording_us"])]
+                for r in data["rows"]]
         size = data["args"]["size"]
         out.append(f"np {n}, {size} x {size} float64 per rank: microseconds per call "
                    f"(medians; recording's range over repetitions)\n\n"
@@ -274,11 +263,6 @@ def plan_ranking(results: dict) -> str:
             f"plan) whose chosen plan measured more than {tol:.0%} slower than the fastest "
             f"candidate, by tensor size\n\n"
             + table(["transport", "np", *[size(b) for b in sizes], "all"], rows))
-
-
-def median(values: list) -> float:
-    v = sorted(values)
-    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
 
 
 TABLES = {"conditions": conditions, "redistribute": redistribute, "dispatch": dispatch,
