@@ -371,6 +371,7 @@ def summarize(times: dict) -> dict:
     per = mtt / raw
     s["ratio"] = float(np.median(mtt) / np.median(raw))
     s["ratio_min"], s["ratio_max"] = float(per.min()), float(per.max())
+    s["ratio_median_of_reps"] = float(np.median(per))
     s["ratio_p25"], s["ratio_p75"] = (float(x) for x in np.percentile(per, [25, 75]))
     s["overhead_us"] = float((np.median(mtt) - np.median(raw)) * 1e6)
     if "np_a2a" in times:
