@@ -44,7 +44,16 @@ def test_a_changed_result_changes_the_page():
 def test_a_benchmark_without_results_says_so():
     text = tables.render(page(), {})
     assert "No committed results of `benchmarks/checkpoint.py` yet" in text
-    assert "No committed results yet: run `make bench`." in text
+    assert "No committed results of `benchmarks/redistribute.py` yet" in text
+
+
+def test_each_cpu_section_names_its_commit_and_day():
+    results = tables.load(ROOT / "benchmarks" / "results")
+    for rs in results.values():
+        shown = tables.shown("redistribute", rs)
+        if shown:
+            m = next(iter(shown.values()))["machine"]
+            assert f"commit `{m['commit']}` ({m['date'][:10]})" in page()
 
 
 def test_results_are_summaries_that_say_where_and_when():
