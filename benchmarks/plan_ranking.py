@@ -4,7 +4,7 @@
     mpiexec -n 4 python benchmarks/plan_ranking.py                 # shared memory
     mpiexec -n 4 --mca btl self,tcp python benchmarks/plan_ranking.py --link net
     mpiexec -n 2 python benchmarks/plan_ranking.py --sizes 1KiB,1MiB --reps 5
-    python benchmarks/plan_ranking.py --replay benchmarks/results/plan-ranking-shm.json
+    python benchmarks/plan_ranking.py --replay benchmarks/results/amd-epyc/plan_ranking_shm-np4.json
     python benchmarks/plan_ranking.py --replay FILE.json --table time_model.json
 
 Every 1-D transition (on a mesh of all ranks) and, at 4 ranks, every pair on a
