@@ -1,9 +1,11 @@
 """Shared by the benchmarks: torch.distributed on gloo over loopback (ranks and world
 size from MPI) for the side-by-side torch comparisons, the machine facts every
-result records and prints (machine, machine_line), and the interleaved timing of
-variants with its summaries. The peak-memory probe is mpitensor.debug.peak_rss_growth,
-which the tests use too."""
+result records and prints (machine, machine_line), the interleaved timing of
+variants with its summaries, and the writing of a result (write_result). The
+peak-memory probe is mpitensor.debug.peak_rss_growth, which the tests use too."""
 
+import datetime
+import json
 import os
 import platform
 import re
@@ -54,7 +56,7 @@ def per_call_us(fn, calls: int) -> float:
 
 
 def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, or "?"."""
+    """The CPU's model name from /proc/cpuinfo, or "unknown"."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -62,7 +64,7 @@ def cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return "?"
+    return "unknown"
 
 
 def cpu_key(model: str) -> str:
@@ -86,24 +88,50 @@ def result_path(name: str) -> str:
 
 
 def machine(comm) -> dict:
-    """What every result records of where it ran: the CPU model, the machine's core
-    count, the MPI library (Open MPI's version line), NumPy, Python and the ranks.
-    A benchmark's JSON holds these keys in its machine (or meta) record, and its
-    output starts with machine_line() of them: figures differ by CPU, so a result
-    without them cannot be compared."""
+    """What every result records of where and when it ran: the CPU model, the
+    machine's core count, the MPI library (Open MPI's version line), NumPy, Python,
+    the ranks, the commit (git_revision) and the date (UTC). A benchmark's JSON
+    holds these keys in its "machine" record, and its output starts with
+    machine_line() of them: figures differ by CPU and by commit, so a result without
+    them cannot be compared."""
     return {"np": comm.size, "cpu": cpu_model(), "cores": os.cpu_count(),
             "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
-            "numpy": np.__version__, "python": platform.python_version()}
+            "numpy": np.__version__, "python": platform.python_version(),
+            "commit": git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def machine_line(info: dict) -> str:
     """The header line of a benchmark's output, from machine()'s keys."""
     return (f"machine: {info['cpu']}, {info['cores']} cores; {info['mpi']}; "
-            f"NumPy {info['numpy']}; Python {info['python']}; np={info['np']}")
+            f"NumPy {info['numpy']}; Python {info['python']}; np={info['np']}; "
+            f"commit {info['commit']}")
+
+
+def write_result(path: str, result: dict) -> None:
+    """Writes a benchmark's result to ``path`` as JSON, one line per top-level key
+    and per record of a list of records (a point, a row), so that a result reads and
+    diffs line by line. A result holds its "machine" record and summaries only
+    (per point a median and its spread, e.g. summary()), never every repetition's
+    time: results are committed, and the tables of docs/performance.md are made
+    from them (benchmarks/tables.py).
+
+    Example: ``write_result(result_path("agree-np2.json"), {"machine": info, "rows": rows})``.
+    """
+    def value(v):
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            return "[\n" + ",\n".join("  " + json.dumps(x) for x in v) + "\n ]"
+        return json.dumps(v)
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("{\n" + ",\n".join(f" {json.dumps(k)}: {value(v)}" for k, v in result.items())
+                + "\n}\n")
 
 
 def git_revision(repo: str) -> str:
-    """The short HEAD of `repo`, with "+dirty" when csrc/ or python/ have changes."""
+    """The short HEAD of `repo`, with "+dirty" when csrc/ or python/ have changes
+    ("unknown" without git)."""
     import subprocess
 
     try:
@@ -112,8 +140,8 @@ def git_revision(repo: str) -> str:
         dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "csrc", "python"],
                                capture_output=True, text=True).stdout.strip()
     except OSError:
-        return "?"
-    return rev + ("+dirty" if dirty else "")
+        return "unknown"
+    return (rev or "unknown") + ("+dirty" if dirty else "")
 
 
 def time_interleaved(comm, variants, reps, warmup):

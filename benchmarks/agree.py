@@ -9,9 +9,6 @@ ranks, timed interleaved in one run.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 
 import numpy as np
@@ -19,7 +16,8 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import _C
-from _common import git_revision, machine, machine_line, result_path, per_call_us  # benchmarks/ is sys.path[0]
+from _common import (machine, machine_line, per_call_us, result_path,  # benchmarks/ is sys.path[0]
+                     summary, write_result)
 
 
 def main() -> None:
@@ -39,9 +37,6 @@ def main() -> None:
         comm.Allreduce(status, out, MPI.MAX)
 
     info = machine(comm)
-    info.update(loadavg_start=open("/proc/loadavg").read().split()[:3],
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                git=git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     times = {"agree": [], "raw": []}
     for name, fn in (("agree", agree), ("raw", raw)):  # warm-up
         per_call_us(fn, args.calls // 4)
@@ -55,8 +50,8 @@ def main() -> None:
             print(f"{name:6s} {statistics.median(t):6.2f} us per call "
                   f"[{min(t):.2f}..{max(t):.2f}]")
         path = args.out or result_path(f"agree-np{comm.size}.json")
-        with open(path, "w") as f:
-            json.dump({"machine": info, "args": vars(args), "times_us": times}, f, indent=1)
+        write_result(path, {"machine": info, "args": vars(args),
+                            "per_call_us": {k: summary(t) for k, t in times.items()}})
         print(f"wrote {path}")
 
 

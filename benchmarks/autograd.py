@@ -13,9 +13,6 @@ Writes benchmarks/results/<cpu>/autograd-np{N}.json.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 
 import numpy as np
@@ -23,7 +20,8 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Shard
-from _common import git_revision, machine, machine_line, result_path, per_call_us  # benchmarks/ is sys.path[0]
+from _common import (machine, machine_line, per_call_us, result_path,  # benchmarks/ is sys.path[0]
+                     summary, write_result)
 
 OPS = {
     "add": lambda a, b: a + b,
@@ -35,6 +33,18 @@ OPS = {
     "getitem": lambda a, b: a[:, 2:5],
     "reshape": lambda a, b: a.reshape(-1),
 }
+
+
+def rows(times: dict) -> list:
+    """Per operation, summary() of its times per call (us) and of the per-repetition
+    differences: no_grad - numpy (the dispatch) and grad - no_grad (the recording)."""
+    out = []
+    for name in OPS:
+        t = {k: times[f"{name}/{k}"] for k in ("numpy", "no_grad", "grad")}
+        out.append({"op": name, **{f"{k}_us": summary(v) for k, v in t.items()},
+                    "above_numpy_us": summary([p - x for p, x in zip(t["no_grad"], t["numpy"])]),
+                    "recording_us": summary([g - p for g, p in zip(t["grad"], t["no_grad"])])})
+    return out
 
 
 def main() -> None:
@@ -65,9 +75,6 @@ def main() -> None:
         (h @ b.T).sum().backward()  # five recorded operations, then their backward
 
     info = machine(comm)
-    info.update(loadavg_start=open("/proc/loadavg").read().split()[:3],
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                git=git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     times = {f"{k[0]}/{k[1]}": [] for k in variants}
     times["backward_of_5_ops"] = []
     for fn in variants.values():  # warm-up: fill the decision caches
@@ -95,8 +102,8 @@ def main() -> None:
         print(f"forward + backward of tanh(a*b + a) @ b.T then sum: "
               f"{statistics.median(t):.1f} us [{min(t):.1f}..{max(t):.1f}]")
         path = args.out or result_path(f"autograd-np{comm.size}.json")
-        with open(path, "w") as f:
-            json.dump({"machine": info, "args": vars(args), "times_us": times}, f, indent=1)
+        write_result(path, {"machine": info, "args": vars(args), "rows": rows(times),
+                            "backward_of_5_ops_us": summary(times["backward_of_5_ops"])})
         print(f"wrote {path}")
 
 

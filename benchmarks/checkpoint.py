@@ -43,8 +43,6 @@ to benchmarks/results/<cpu>/checkpoint-np{N}.json.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -57,12 +55,10 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import DTensor, Shard
 
-from _common import git_revision, machine, machine_line, result_path  # benchmarks/ is sys.path[0]
+from _common import machine, machine_line, result_path, write_result  # benchmarks/ is sys.path[0]
 
 MiB = 1024 * 1024
 COLS = 1024
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 COMM = MPI.COMM_WORLD
 
 
@@ -216,7 +212,7 @@ def summarize(nbytes: int, layout: str, times: dict, moved: dict) -> dict:
     def stats(values):
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
-    out = {"bytes": nbytes, "layout": layout, "seconds": times}
+    out = {"bytes": nbytes, "layout": layout}
     for op in ("save", "load"):
         mt_t, np_t = times[f"mt_{op}"], times[f"np_{op}"]
         out[op] = {
@@ -294,11 +290,8 @@ def main() -> None:
             os.rmdir(directory)
     if COMM.rank == 0:
         report(results, COMM.size)
-        meta = {**info, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                "load_avg": os.getloadavg(), "revision": git_revision(REPO), "dir": args.dir or tempfile.gettempdir()}
         out = result_path(f"checkpoint-np{COMM.size}.json")
-        with open(out, "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
+        write_result(out, {"machine": info, "args": vars(args), "results": results})
         print(f"wrote {out}")
 
 

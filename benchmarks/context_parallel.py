@@ -28,9 +28,6 @@ Writes benchmarks/results/<cpu>/context_parallel-np{N}.json.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 import sys
 import time
@@ -45,11 +42,8 @@ from mpitensor.experimental._ring_attention import ring_attention
 
 from mpitensor.debug import peak_rss_growth
 
-from _common import (git_revision, result_path, machine as machine_facts,  # benchmarks/ is sys.path[0]
-                     machine_line)
+from _common import machine, machine_line, result_path, write_result  # benchmarks/ is sys.path[0]
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 MiB = 1 << 20
 
 
@@ -178,22 +172,12 @@ def summarize(times):
     return out
 
 
-def machine(comm):
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[0]
-    info = machine_facts(comm)
-    return {**info, "cpus": info["cores"],
-            "oversubscribed": comm.size > (info["cores"] or 1), "loadavg_start": load,
-            "revision": git_revision(REPO),
-            "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
 def report(info, args, prob, ok, mem, summary):
     print(machine_line(info))
     print(f"context_parallel ring attention: seq {args.seq}, {args.heads} heads of "
           f"{args.dim}, {args.dtype}, {'causal' if args.causal else 'non-causal'}; "
-          f"np {info['np']} on {info['cpus']} CPUs ({info['cpu']}), load {info['loadavg_start']}"
-          f"{' OVERSUBSCRIBED' if info['oversubscribed'] else ''}")
+          f"np {info['np']} on {info['cores']} cores ({info['cpu']})"
+          f"{' OVERSUBSCRIBED' if info['np'] > info['cores'] else ''}")
     print(f"check against np1: {'ok' if ok else 'MISMATCH'}; q/k/v {prob.full_bytes / MiB:.0f} MiB "
           f"whole, {prob.shard_bytes / MiB:.0f} MiB per rank sharded")
     print(f"{'variant':<8} {'peak MiB/rank':>14} {'vs np1':>7} {'median s':>9} "
@@ -233,11 +217,8 @@ def main():
     if comm.rank == 0:
         report(info, args, prob, ok, mem, summary)
         out = args.out or result_path(f"context_parallel-np{comm.size}.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump({"machine": info, "args": vars(args), "check_ok": ok,
-                       "peak_bytes_per_rank": mem, "times_s": times, "summary": summary}, f,
-                      indent=1)
+        write_result(out, {"machine": info, "args": vars(args), "check_ok": ok,
+                           "peak_bytes_per_rank": mem, "summary": summary})
     set_rotate_method("allgather")
     return 0 if ok else 1
 

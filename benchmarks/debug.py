@@ -30,9 +30,7 @@ benchmarks/results/<cpu>/debug-np{N}.json.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 
 import numpy as np
@@ -44,10 +42,8 @@ from mpitensor import _logging
 from mpitensor._ops import _dispatch
 from mpitensor.debug import set_collective_checks
 
-from _common import machine_line, result_path  # benchmarks/ is sys.path[0]
-from dispatch import machine_info, stats_us, time_interleaved
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from _common import machine, machine_line, result_path, write_result  # benchmarks/ is sys.path[0]
+from dispatch import stats_us, time_interleaved
 
 
 def bare_traced(op_key, operands, dec):
@@ -144,19 +140,16 @@ def main():
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     mesh = mt.init_device_mesh("cpu", (comm.size,))
-    info = machine_info(comm)
+    info = machine(comm)
     if comm.rank == 0:
         print(machine_line(info), flush=True)
     rows = [checks_case(comm, mesh, 8, args.reps, args.inner, args.warmup),
             checks_case(comm, mesh, 512, args.reps, max(args.inner // 20, 1), args.warmup),
             hooks_case(comm, mesh, args.reps * 3, args.inner // 10, args.warmup)]
-    info["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
     if comm.rank == 0:
         out = args.out or result_path(f"debug-np{comm.size}.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump({"machine": info, "rows": rows}, f, indent=2)
-        print(f"np {comm.size}, load {info['loadavg_start']} -> {info['loadavg_end']}")
+        write_result(out, {"machine": info, "rows": rows})
+        print(f"np {comm.size}")
         for r in rows:
             if r["case"] == "checks":
                 print(f"  checks n={r['n']:4d}: off {fmt(r['off_us'], 'us')}; on "

@@ -44,9 +44,6 @@ Writes benchmarks/results/<cpu>/dispatch-np{N}[-torch].json.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 import statistics
 import sys
 import time
@@ -58,10 +55,9 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Replicate, Shard
 
-from _common import git_revision, init_gloo, machine, machine_line, result_path  # benchmarks/ is sys.path[0]
+from _common import (init_gloo, machine, machine_line, result_path,  # benchmarks/ is sys.path[0]
+                     write_result)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 OPS = ("add", "matmul", "sum0")
 SIZES = (8, 2048)
 # Issue 17's targets: a cached call within 1 us of NumPy, a miss under 30 us.
@@ -226,13 +222,6 @@ class TorchCtx:
         self.dist.destroy_process_group()
 
 
-def machine_info(comm):
-    return {**machine(comm), "git": git_revision(REPO),
-            "loadavg_start": open("/proc/loadavg").read().split()[:3],
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "env": {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS",) if k in os.environ}}
-
-
 def plan_for(op, n, args):
     """(reps, inner): many short calls per repetition at 8x8; few long ones at 2048."""
     if n <= 64:
@@ -261,7 +250,7 @@ def main():
     comm = MPI.COMM_WORLD
     mesh = mt.init_device_mesh("cpu", (comm.size,))
     tctx = TorchCtx(comm) if args.torch else None
-    info = machine_info(comm)
+    info = machine(comm)
     if tctx:
         info["torch"] = tctx.version
     if comm.rank == 0:
@@ -273,7 +262,7 @@ def main():
             reps, inner = plan_for(op, n, args)
             t = time_interleaved(comm, ops[op], reps, inner, args.warmup)
             row = {"op": op, "n": n, "reps": reps, "inner": inner,
-                   "times_s": t, "stats_us": {k: stats_us(v) for k, v in t.items()}}
+                   "stats_us": {k: stats_us(v) for k, v in t.items()}}
             row["overhead_us"] = stats_us(np.array(t["mt"]) - np.array(t["np"]))
             row["overhead_min_us"] = (min(t["mt"]) - min(t["np"])) * 1e6
             row["slow_overhead_us"] = stats_us(np.array(t[SLOW]) - np.array(t["np"]))
@@ -302,12 +291,8 @@ def main():
         verdicts(results, tctx is not None)
         out = args.out or result_path(
             f"dispatch-np{comm.size}{'-torch' if tctx else ''}.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump({"info": info, "args": vars(args), "results": results}, f, indent=1)
-        print(f"machine: {info['cpu']}, {info['cores']} cores, np={info['np']}, "
-              f"numpy {info['numpy']}, {info['mpi']}, git {info['git']}, "
-              f"load {' '.join(info['loadavg_start'])}" + (f", torch {info['torch']}" if tctx else ""))
+        write_result(out, {"machine": info, "args": vars(args), "results": results})
+        print(machine_line(info) + (f"; torch {info['torch']}" if tctx else ""))
         print(f"wrote {out}")
     if tctx:
         tctx.close()

@@ -17,10 +17,6 @@ the bytes each rank sent (CommDebugMode) in the distributed and the gathering wa
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import statistics
 import time
 
 import numpy as np
@@ -28,7 +24,8 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor.debug import CommDebugMode
-from _common import git_revision, machine, machine_line, result_path  # benchmarks/ is sys.path[0]
+from _common import (machine, machine_line, ratio, result_path, summary,  # benchmarks/ is sys.path[0]
+                     write_result)
 
 
 def ops(n: int):
@@ -64,10 +61,7 @@ def main() -> None:
     mesh = mt.init_device_mesh("cpu", (comm.size,))
     rng = np.random.default_rng(0)
     info = machine(comm)
-    info.update(loadavg_start=open("/proc/loadavg").read().split()[:3],
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                git=git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    results = {}
+    results = []
     for name, shape, np_call, dt_call in ops(args.elements):
         full = rng.normal(size=shape) if comm.rank == 0 else None
         dt = mt.distribute_tensor(full if full is not None else np.empty(shape), mesh,
@@ -88,21 +82,21 @@ def main() -> None:
         for _ in range(args.reps):
             for way, (fn, alone) in ways.items():
                 times[way].append(timed(comm, fn, alone))
-        results[name] = {"shape": shape, "times_s": times, "bytes_sent_rank": sent}
+        results.append({"op": name, "shape": shape,
+                        "seconds": {w: summary(t) for w, t in times.items()},
+                        "speedup": {w: ratio(times["numpy_1proc"], t) for w, t in times.items()},
+                        "bytes_sent_rank": sent})
         del dt, full
     if comm.rank == 0:
         print(machine_line(info))
         print(f"{args.elements} float64 elements, [Shard(0)] over {comm.size} ranks; "
               f"median of {args.reps} (seconds; speed-up over one-process NumPy)")
-        for name, r in results.items():
-            med = {w: statistics.median(t) for w, t in r["times_s"].items()}
-            base = med["numpy_1proc"]
-            cells = "  ".join(f"{w} {t:.4f} ({base / t:.2f}x)" for w, t in med.items())
-            print(f"{name:5s} {cells}  bytes sent/rank: {r['bytes_sent_rank']}")
+        for r in results:
+            cells = "  ".join(f"{w} {s['median']:.4f} ({r['speedup'][w]['median']:.2f}x)"
+                              for w, s in r["seconds"].items())
+            print(f"{r['op']:5s} {cells}  bytes sent/rank: {r['bytes_sent_rank']}")
         path = args.out or result_path(f"numpy_ops-np{comm.size}.json")
-        with open(path, "w") as f:
-            json.dump({"machine": info, "args": vars(args), "results": results}, f,
-                      indent=1)
+        write_result(path, {"machine": info, "args": vars(args), "results": results})
         print(f"wrote {path}")
 
 

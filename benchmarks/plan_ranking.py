@@ -4,7 +4,7 @@
     mpiexec -n 4 python benchmarks/plan_ranking.py                 # shared memory
     mpiexec -n 4 --mca btl self,tcp python benchmarks/plan_ranking.py --link net
     mpiexec -n 2 python benchmarks/plan_ranking.py --sizes 1KiB,1MiB --reps 5
-    python benchmarks/plan_ranking.py --replay benchmarks/results/plan-ranking-shm.json
+    python benchmarks/plan_ranking.py --replay benchmarks/results/amd-epyc/plan_ranking_shm-np4.json
     python benchmarks/plan_ranking.py --replay FILE.json --table time_model.json
 
 Every 1-D transition (on a mesh of all ranks) and, at 4 ranks, every pair on a
@@ -46,7 +46,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import git_revision, machine, machine_line, result_path  # noqa: E402
+from _common import machine, machine_line, result_path, write_result  # noqa: E402
 
 import mpitensor as mt  # noqa: E402
 from mpitensor import Partial, Replicate, Shard, _C, _timemodel  # noqa: E402
@@ -293,8 +293,7 @@ def main() -> int:
     comm = MPI.COMM_WORLD
     info = machine(comm)
     if comm.rank == 0:
-        print(machine_line(info) + f"; transport {args.label}; revision "
-              f"{git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}")
+        print(machine_line(info) + f"; transport {args.label}")
     records = measure(args, comm)
     if comm.rank == 0:
         mismatches = sum(r["mismatch"] for r in records)
@@ -304,10 +303,9 @@ def main() -> int:
               f"the fastest in {mismatches}; {disagreements} candidate pairs ordered "
               f"the other way; {time.perf_counter() - started:.0f} s")
         out = args.out or result_path(f"plan_ranking_{args.label}-np{comm.size}.json")
-        with open(out, "w") as f:
-            json.dump({"machine": info, "transport": args.label, "link": args.link,
-                       "ranks": comm.size, "tolerance": args.tolerance,
-                       "records": records}, f, indent=1)
+        write_result(out, {"machine": info, "transport": args.label, "link": args.link,
+                           "ranks": comm.size, "tolerance": args.tolerance,
+                           "records": records})
         print(f"wrote {out}")
     return 0
 

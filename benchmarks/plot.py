@@ -48,18 +48,9 @@ def err(center: float, lo: float, hi: float):
 
 
 def subtitle(machine: dict) -> str:
-    """The machine state a figure was measured in, for its title."""
-    if not machine:
-        return ""
-    np_ = machine.get("np", "?")
-    cores = machine.get("cores", machine.get("cpus", "?"))
-    load = machine.get("loadavg_start") or machine.get("load_avg") or "?"
-    if isinstance(load, list):
-        load = load[0]
-    if isinstance(load, float):
-        load = f"{load:.2f}"
-    date = str(machine.get("date") or machine.get("when", ""))[:16].replace("T", " ")
-    return f"np {np_} on {cores} cores, load avg {load} at start, {date} UTC"
+    """Where and when a figure was measured (a result's machine record), for its title."""
+    return (f"{machine['cpu']}, np {machine['np']} on {machine['cores']} cores, commit "
+            f"{machine['commit']}, {machine['date'][:16].replace('T', ' ')} UTC")
 
 
 def plot_redistribute(data: dict, path: str) -> str:
@@ -110,7 +101,7 @@ def plot_redistribute(data: dict, path: str) -> str:
         ax.set_ylabel("time torch DTensor (gloo) / mpitensor")
         ax.set_title(f"torch {data.get('torch_version', '')} vs mpitensor")
         ax.legend(fontsize=7)
-    fig.suptitle(subtitle(data.get("machine", {})), fontsize=9)
+    fig.suptitle(subtitle(data["machine"]), fontsize=9)
     return save(fig, path)
 
 
@@ -145,7 +136,7 @@ def plot_dispatch(data: dict, path: str) -> str:
         ax.set_ylabel("time over NumPy on the local arrays (us; median, IQR)")
         ax.set_title(f"dispatch overhead, global {n} x {n} float64")
         ax.legend(fontsize=7)
-    fig.suptitle(subtitle(data.get("info", {})), fontsize=9)
+    fig.suptitle(subtitle(data["machine"]), fontsize=9)
     return save(fig, path)
 
 
@@ -168,17 +159,15 @@ def plot_tensor_parallel(data: dict, path: str) -> str:
                         fmt="o-", capsize=3, color=f"C{i}", label=m)
         ax.axhline(1.0, color="k", lw=0.8)
         if key == "speedup":
-            target = data.get("meta", {}).get("targets", {}).get("speedup_np2_hidden_ge_2048")
-            if target and data.get("meta", {}).get("np") == 2:
+            target = data.get("targets", {}).get("speedup_np2_hidden_ge_2048")
+            if target and data["machine"]["np"] == 2:
                 ax.axhline(target, color="gray", ls="--", lw=0.8, label=f"target {target}x")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("hidden size (512 tokens, float32)")
         ax.set_ylabel(ylabel + " (median, min..max)")
         ax.legend(fontsize=8)
     axes[0][0].set_title("tensor-parallel forward (Megatron plan)")
-    meta = data.get("meta", {})
-    fig.suptitle(f"np {meta.get('np', '?')} on {meta.get('cores', '?')} cores, "
-                 f"{str(meta.get('date', ''))[:16].replace('T', ' ')} UTC", fontsize=9)
+    fig.suptitle(subtitle(data["machine"]), fontsize=9)
     return save(fig, path)
 
 
@@ -202,8 +191,7 @@ def plot_checkpoint(data: dict, path: str) -> str:
     ax.set_ylabel("bandwidth mpitensor / numpy (median, min..max)")
     ax.set_title("mt.save / mt.load vs numpy.save / numpy.load of the same bytes")
     ax.legend(fontsize=8)
-    meta = data.get("meta", {})
-    fig.suptitle(subtitle(meta) if meta else "", fontsize=9)
+    fig.suptitle(subtitle(data["machine"]), fontsize=9)
     return save(fig, path)
 
 
@@ -222,7 +210,7 @@ def plot_context_parallel(data: dict, path: str) -> str:
     a2.set_ylabel("peak memory per rank / one rank's")
     a2.set_title("ring attention: peak memory per rank")
     args = data.get("args", {})
-    fig.suptitle(f"{subtitle(data.get('machine', {}))}; seq {args.get('seq')}, "
+    fig.suptitle(f"{subtitle(data['machine'])}; seq {args.get('seq')}, "
                  f"{args.get('heads')} heads x {args.get('dim')}, {args.get('dtype')}",
                  fontsize=9)
     return save(fig, path)
@@ -239,7 +227,7 @@ def plot_debug(data: dict, path: str) -> str:
     ax.set_yscale("log")
     ax.set_ylabel("time with collective checks / without")
     ax.set_title("set_collective_checks(True): S0 -> R all-gather")
-    fig.suptitle(subtitle(data.get("machine", {})), fontsize=9)
+    fig.suptitle(subtitle(data["machine"]), fontsize=9)
     return save(fig, path)
 
 

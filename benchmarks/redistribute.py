@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import sys
 import time
@@ -46,12 +45,10 @@ import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import peak_rss_growth
 
-from _common import (git_revision, result_path, init_gloo, machine,  # benchmarks/ is sys.path[0]
-                     machine_line, page_aligned)
+from _common import (result_path, init_gloo, machine,  # benchmarks/ is sys.path[0]
+                     machine_line, page_aligned, write_result)
 
 KiB, MiB = 1024, 1024 * 1024
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 COLS = 512
 
 # Issue 21's goals, written here only: --goals (make bench-check) gives each point
@@ -594,19 +591,18 @@ def profile(comm, mesh, sizes, args, names):
 
 def machine_info(comm):
     info = machine(comm)  # cores: the machine's; ranks may be bound to one core each
-    rev = git_revision(REPO)
-    ext = mt._C.__file__
-    return {
-        **info, "oversubscribed": comm.size > info["cores"],
-        "mpi4py": __import__("mpi4py").__version__, "git": rev,
-        "extension": ext,
-        "extension_mtime": datetime.datetime.fromtimestamp(
-            os.path.getmtime(ext), datetime.timezone.utc).isoformat(timespec="seconds"),
-        "loadavg_start": open("/proc/loadavg").read().split()[:3],
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "env": {k: os.environ[k] for k in ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
-                                           "OMPI_MCA_mpi_yield_when_idle") if k in os.environ},
-    }
+    return {**info, "oversubscribed": comm.size > info["cores"],
+            "mpi4py": __import__("mpi4py").__version__}
+
+
+# What a point holds for this run's output only: each repetition's time and the
+# noise control's figures. The JSON keeps the summaries (benchmarks/_common.write_result).
+RUN_ONLY = ("times_s", "foreign_cpus", "attempts", "target")
+
+
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def print_table(points, info, torch_on):
@@ -889,8 +885,11 @@ def main(argv=None):
     if rank == 0:
         over = " -- OVERSUBSCRIBED" if info["oversubscribed"] else ""
         print(machine_line(info) + over, flush=True)
-        print(f"mpitensor {info['git']} (extension built {info['extension_mtime']})"
+        built = datetime.datetime.fromtimestamp(os.path.getmtime(mt._C.__file__),
+                                                datetime.timezone.utc)
+        print(f"mpitensor {info['commit']} (extension built {built:%Y-%m-%d %H:%M} UTC)"
               + (f"; torch {tctx.version} gloo" if tctx else ""), flush=True)
+        load_start = loadavg()
 
     result = {"machine": info, "args": vars(args), "points": []}
     if tctx:
@@ -906,7 +905,8 @@ def main(argv=None):
             reps, inner = reps_for(nbytes, args), inner_calls(nbytes)
             times, foreign, attempts = time_point_quiet(case, reps, inner, args.warmup,
                                                         args.retries, args.max_foreign)
-            point = {"foreign_cpus": foreign, "attempts": attempts,"transition": name, "src": src, "dst": dst, "raw": raw_name,
+            point = {"foreign_cpus": foreign, "attempts": attempts, "transition": name,
+                     "src": src, "dst": dst, "raw": raw_name,
                      "target": target, "bytes": case.bytes,
                      "local_shape": list(case.lshape), "global_shape": list(case.gshape),
                      "output_shape": list(case.oshape), "reps": reps, "inner": inner,
@@ -925,8 +925,7 @@ def main(argv=None):
             gc.collect()
     result["elapsed_s"] = time.perf_counter() - t_start
     if rank == 0:  # other jobs on the machine show here: ratios are still side by side
-        with open("/proc/loadavg") as f:
-            info["loadavg_end"] = f.read().split()[:3]
+        load_end = loadavg()
 
     # Peak memory after the timing: measured first, its large transfers left the
     # process in a state where the raw calls timed after it ran slower.
@@ -948,8 +947,8 @@ def main(argv=None):
     all_pass = True
     if rank == 0:
         print_table(result["points"], info, tctx is not None)
-        print(f"load average at start {' '.join(info['loadavg_start'])}, at end "
-              f"{' '.join(info['loadavg_end'])} (np={n} ranks of this run included)")
+        print(f"load average at start {load_start}, at end {load_end} "
+              f"(np={n} ranks of this run included)")
         print_overhead(result["points"])
         print_memory(mem_rows)
         print_profile(result.get("profile"))
@@ -958,9 +957,8 @@ def main(argv=None):
             all_pass = print_goals(result["goals"], n)
         out = args.out or result_path(
             f"redistribute-np{n}{'-torch' if tctx else ''}.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_result(out, {**result, "points": [
+            {k: v for k, v in p.items() if k not in RUN_ONLY} for p in result["points"]]})
         print(f"\nwrote {out}")
         if not args.no_plot:
             png = plot(result, os.path.splitext(out)[0] + ".png")

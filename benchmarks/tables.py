@@ -6,7 +6,9 @@
 Each table sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` on the
 page and is made from ``benchmarks/results/*.json`` (committed; `make bench`
 rewrites them and runs this script), so the figures on the page are always those
-of the committed results. A benchmark without results gets a line that says so.
+of the committed results. Each table has a section per kind of CPU, headed by the
+CPU, MPI, NumPy and the commit and day of its runs; a benchmark without results
+gets a line that says so.
 Every figure is a ratio or a difference of two variants timed interleaved in the
 same run: ``median [low..high]`` is the median over repetitions and the range of
 the per-repetition ratio (its interquartile range where the JSON has one).
@@ -68,28 +70,21 @@ def table(header: list, rows: list) -> str:
 
 
 def machine(data: dict) -> dict:
-    """The machine block of a result, whatever the benchmark calls it."""
-    m = data.get("machine") or data.get("info") or data.get("meta") or {}
-    load_avg = m.get("loadavg_start") or m.get("load_avg") or ["?"]
-    load_avg = load_avg[0] if isinstance(load_avg, list) else load_avg
-    return {"date": str(m.get("date") or m.get("when") or "?")[:16].replace("T", " "),
-            "commit": m.get("git") or m.get("revision") or "?",
-            "cpu": f"{m.get('cpu', '?')}, {m.get('cores', m.get('cpus', '?'))} cores",
-            "load": f"{float(load_avg):.2f}" if load_avg != "?" else "?",
-            "mpi": str(m.get("mpi", "")).rstrip("\0").split(",")[0] or "?",
-            "numpy": m.get("numpy", "?"), "python": m.get("python", "?")}
+    """The machine record of a result (benchmarks/_common.machine), as the tables
+    show it."""
+    m = data["machine"]
+    return {"date": m["date"][:16].replace("T", " "), "commit": m["commit"],
+            "cpu": f"{m['cpu']}, {m['cores']} cores", "mpi": m["mpi"].split(",")[0],
+            "numpy": m["numpy"], "python": m["python"]}
 
 
-def conditions(by_cpu: dict) -> str:
-    """Where and when every result was measured (load()'s dict: every CPU)."""
-    rows = []
-    for (cpu, kind, n, torch), data in sorted(
-            ((cpu, *k), v) for cpu, rs in by_cpu.items() for k, v in rs.items()):
-        m = machine(data)
-        rows.append([f"`{kind}.py`" + (" with torch" if torch else ""), n, m["date"],
-                     f"`{m['commit']}`", m["cpu"], m["load"], m["mpi"], m["numpy"]])
-    return table(["benchmark", "np", "run (UTC)", "commit", "CPU", "load average",
-                  "MPI", "NumPy"], rows)
+def where(results: dict) -> str:
+    """The line above a CPU's tables: the CPU, MPI and NumPy, and the commit and day
+    of each run the tables come from (results: one table's, on one CPU)."""
+    first = machine(next(iter(results.values())))
+    runs = sorted({(m["commit"], m["date"][:10]) for m in map(machine, results.values())})
+    return (f"**{first['cpu']}**; {first['mpi']}, NumPy {first['numpy']}; "
+            + "; ".join(f"commit `{c}` ({day})" for c, day in runs))
 
 
 def redistribute(results: dict) -> str:
@@ -111,9 +106,8 @@ def redistribute(results: dict) -> str:
                     s.get("ratio_p75", s["ratio_max"])))
             small = by_size[sizes[0]]["summary"].get("overhead_us") if sizes[0] in by_size else None
             rows.append([name, first["raw"], *cells, "" if small is None else f"{small:.1f}"])
-        out.append(f"np {n}{' (more ranks than cores)' if n > data['machine'].get('cores', n) else ''}"
-                   f": time of `redistribute` / time of the raw mpi4py call, by local input "
-                   f"per rank\n\n" + table(["transition", "raw MPI call", *map(size, sizes),
+        out.append(f"np {n}: time of `redistribute` / time of the raw mpi4py call, by local "
+                   f"input per rank\n\n" + table(["transition", "raw MPI call", *map(size, sizes),
                                             f"us above raw at {size(sizes[0])}"], rows))
         torch_rows = [[p["transition"], size(p["bytes"]), ranged(
             p["summary"]["torch_over_mt"], p["summary"]["torch_over_mt_min"],
@@ -154,8 +148,7 @@ def tensor_parallel(results: dict) -> str:
         rows = [[r["model"], r["hidden"], r["tokens"], stat(r["speedup"]),
                  *([stat(r["torch_over_tp"])] if "torch_over_tp" in r else
                    ([""] if has_torch else []))] for r in data["rows"]]
-        meta = data.get("meta", {})
-        out.append(f"np {n}, BLAS `{meta.get('mpitensor_blas', '?')}`: forward of one "
+        out.append(f"np {n}, BLAS `{data['machine']['blas']}`: forward of one "
                    f"process / tensor-parallel forward (speed-up)\n\n"
                    + table(["model", "hidden", "tokens", "speed-up",
                             *(["torch TP / mpitensor TP"] if has_torch else [])], rows))
@@ -237,13 +230,8 @@ def autograd(results: dict) -> str:
     for (kind, n, torch), data in sorted(results.items()):
         if kind != "autograd":
             continue
-        t = data["times_us"]
-        ops = list(dict.fromkeys(k.split("/")[0] for k in t if "/" in k))
-        rows = []
-        for op in ops:
-            rec = sorted(g - p for g, p in zip(t[f"{op}/grad"], t[f"{op}/no_grad"]))
-            over = sorted(p - x for p, x in zip(t[f"{op}/no_grad"], t[f"{op}/numpy"]))
-            rows.append([op, f"{median(over):.2f}", ranged(median(rec), rec[0], rec[-1])])
+        rows = [[r["op"], f"{r['above_numpy_us']['median']:.2f}", stat(r["recording_us"])]
+                for r in data["rows"]]
         size = data["args"]["size"]
         out.append(f"np {n}, {size} x {size} float64 per rank: microseconds per call "
                    f"(medians; recording's range over repetitions)\n\n"
@@ -276,12 +264,7 @@ def plan_ranking(results: dict) -> str:
             + table(["transport", "np", *[size(b) for b in sizes], "all"], rows))
 
 
-def median(values: list) -> float:
-    v = sorted(values)
-    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
-
-
-TABLES = {"conditions": conditions, "redistribute": redistribute, "dispatch": dispatch,
+TABLES = {"redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
           "plan_ranking": plan_ranking}
@@ -298,9 +281,13 @@ def figures(name: str, cpu: str, results: dict, plots: str) -> str:
     return "\n" + "\n\n".join(lines) + "\n" if lines else ""
 
 
-def cpu_label(results: dict) -> str:
-    """The CPU a folder's results were measured on, as its results name it."""
-    return machine(next(iter(results.values())))["cpu"]
+def shown(name: str, results: dict) -> dict:
+    """The results of one CPU that table ``name`` shows. Redistributions with more
+    ranks than cores are left out: which ranks share a core decides their figures,
+    so they are kept in benchmarks/results as a regression watch only."""
+    return {(kind, n, torch): data for (kind, n, torch), data in results.items()
+            if (kind == name or kind.startswith(name + "_"))
+            and not (kind == "redistribute" and n > data["machine"]["cores"])}
 
 
 def render(page: str, results: dict, plots: str = PLOTS) -> str:
@@ -310,14 +297,12 @@ def render(page: str, results: dict, plots: str = PLOTS) -> str:
         name = m.group(2)
         if name not in TABLES:
             raise ValueError(f"docs/performance.md marks an unknown table {name!r}")
-        if name == "conditions":
-            text = conditions(results) if results else "No committed results yet: run `make bench`.\n"
-            return m.group(1) + text + m.group(4)
         parts = []
         for cpu, rs in sorted(results.items()):
-            text = TABLES[name](rs)
+            rs = shown(name, rs)
+            text = TABLES[name](rs) if rs else ""
             if text.strip():
-                parts.append(f"**{cpu_label(rs)}**\n\n" + text + figures(name, cpu, rs, plots))
+                parts.append(where(rs) + "\n\n" + text + figures(name, cpu, rs, plots))
         text = "\n".join(parts) or (f"No committed results of `benchmarks/{name}.py` yet: "
                                      f"run `make bench`, which rewrites this table.\n")
         return m.group(1) + text + m.group(4)

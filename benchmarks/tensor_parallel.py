@@ -33,9 +33,6 @@ and stored in the JSON). Writes benchmarks/results/<cpu>/tensor_parallel-np{N}[-
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
 
 import numpy as np
 from mpi4py import MPI
@@ -46,14 +43,12 @@ from mpitensor.nn import _kernels
 from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from _common import (  # benchmarks/ is sys.path[0]
-    git_revision, init_gloo, machine, machine_line, ratio, result_path, summary,
-    time_interleaved)
+    init_gloo, machine, machine_line, ratio, result_path, summary, time_interleaved,
+    write_result)
 
 # Forward only: parameters require grad (as torch's), so nothing is to be recorded.
 mt.autograd.set_grad_enabled(False)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 TARGET_SPEEDUP, TARGET_TORCH_X = 1.6, 1.0
 
 
@@ -193,16 +188,12 @@ def main():
                       f"  tp {fmt(row['tp'], 1e3, 'ms')}  speedup "
                       f"{fmt(row['speedup'], unit='x')}{extra}", flush=True)
     if comm.rank == 0:
-        meta = {**info, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
-                "mpitensor_blas": _kernels.blas_provider(),
-                "mpitensor_blas_library": _kernels._blas.library(),
-                "revision": git_revision(REPO), "reps": args.reps,
-                "targets": {"speedup_np2_hidden_ge_2048": TARGET_SPEEDUP,
-                            "torch_over_tp": TARGET_TORCH_X}}
+        info.update(blas=_kernels.blas_provider(), blas_library=_kernels._blas.library())
         name = f"tensor_parallel-np{comm.size}{'-torch' if args.torch else ''}.json"
-        with open(result_path(name), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_result(result_path(name), {
+            "machine": info, "args": vars(args), "rows": rows,
+            "targets": {"speedup_np2_hidden_ge_2048": TARGET_SPEEDUP,
+                        "torch_over_tp": TARGET_TORCH_X}})
 
 
 if __name__ == "__main__":

@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime
 import importlib.util
-import json
 import os
 import pstats
 
@@ -53,7 +51,7 @@ import mpitensor as mt
 from mpitensor.debug import peak_rss_growth
 
 from _common import (
-    git_revision, init_gloo, machine, machine_line, ratio, result_path, summary,
+    init_gloo, machine, machine_line, ratio, result_path, summary, write_result,
     time_interleaved)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -360,14 +358,11 @@ def main():
                          f"{mem['torch'] / 2**20:.0f} MiB ({row['memory_mt_over_torch']:.2f}x)")
             print(line, flush=True)
     if comm.rank == 0 and args.profile is None:
-        meta = {**info, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
-                "revision": git_revision(REPO), "reps": args.reps,
-                "targets": {"torch_over_mt": TARGET_TORCH_X, "speedup": TARGET_SPEEDUP,
-                            "memory_mt_over_torch": TARGET_MEMORY_X}}
         name = f"train-np{comm.size}{'' if args.mesh is None else '-' + args.mesh}.json"
-        with open(result_path(name), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_result(result_path(name), {
+            "machine": info, "args": vars(args), "rows": rows,
+            "targets": {"torch_over_mt": TARGET_TORCH_X, "speedup": TARGET_SPEEDUP,
+                        "memory_mt_over_torch": TARGET_MEMORY_X}})
 
 
 if __name__ == "__main__":

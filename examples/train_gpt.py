@@ -256,12 +256,16 @@ def load(path, model, opt, mesh) -> int:
 # -- the command line ----------------------------------------------------------------
 
 class Progress:
-    """A one-line progress bar on rank 0, with the loss every ``every`` steps."""
+    """A one-line progress bar on rank 0, with the loss every ``every`` steps. When
+    the output is not a terminal (a log file), only those lines, as tqdm does.
+    Under mpiexec too: Open MPI gives the ranks a terminal for stdout even when
+    mpiexec writes to a file, so isatty() cannot tell there."""
 
     def __init__(self, total, every, first, rank):
         self.total, self.every, self.first, self.rank = total, every, first, rank
         self.t0 = time.perf_counter()
-        self.tty = sys.stdout.isatty()
+        launched = any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"))
+        self.tty = sys.stdout.isatty() and not launched
 
     def __call__(self, step, loss):
         if self.rank:

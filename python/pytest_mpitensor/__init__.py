@@ -75,7 +75,17 @@ def other_mpi_plugins(config) -> list[str]:
             if config.pluginmanager.has_plugin(name)]
 
 
+# Before the terminal plugin makes its writer from the colour option.
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    # pytest colours its report when stdout is a terminal, and under Open MPI every
+    # rank's stdout is one, even when mpiexec writes to a log file: under a launcher
+    # the colour follows the launcher's output instead, unless the user chose
+    # (--color, PY_COLORS, NO_COLOR, FORCE_COLOR).
+    if (getattr(config.option, "color", None) == "auto"
+            and not any(v in os.environ for v in ("PY_COLORS", "NO_COLOR", "FORCE_COLOR"))
+            and _launch.launched_world_size() is not None and not _launch.output_is_terminal()):
+        config.option.color = "no"
     others = other_mpi_plugins(config)
     config.stash[_OWNS_MARKER] = not others
     if others:

@@ -42,6 +42,22 @@ def launched_world_size() -> int | None:
     return None
 
 
+def output_is_terminal() -> bool:
+    """Whether what this process writes to stdout reaches a terminal. Open MPI gives
+    its ranks a pseudo-terminal for stdout whatever mpiexec's own stdout is (a log
+    file, a pipe), so under a launcher the answer is that of the launcher's stdout,
+    the parent process's, read from /proc; where that cannot be read, no."""
+    if not sys.stdout.isatty():
+        return False
+    if launched_world_size() is None:
+        return True
+    try:
+        target = os.readlink(f"/proc/{os.getppid()}/fd/1")
+    except OSError:
+        return False
+    return re.fullmatch(r"/dev/(pts/\d+|tty\w*)", target) is not None
+
+
 def marker_ranks(marker) -> int:
     ranks = marker.kwargs.get("ranks", marker.args[0] if marker.args else None)
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:

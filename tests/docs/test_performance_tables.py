@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
@@ -43,4 +44,27 @@ def test_a_changed_result_changes_the_page():
 def test_a_benchmark_without_results_says_so():
     text = tables.render(page(), {})
     assert "No committed results of `benchmarks/checkpoint.py` yet" in text
-    assert "No committed results yet: run `make bench`." in text
+    assert "No committed results of `benchmarks/redistribute.py` yet" in text
+
+
+def test_each_cpu_section_names_its_commit_and_day():
+    results = tables.load(ROOT / "benchmarks" / "results")
+    for rs in results.values():
+        shown = tables.shown("redistribute", rs)
+        if shown:
+            m = next(iter(shown.values()))["machine"]
+            assert f"commit `{m['commit']}` ({m['date'][:10]})" in page()
+
+
+def test_results_are_summaries_that_say_where_and_when():
+    # Committed results hold a median and its spread per point, never each
+    # repetition's time, and name the CPU, the commit and the date of their run.
+    paths = sorted((ROOT / "benchmarks" / "results").glob("*/*.json"))
+    assert paths
+    for path in paths:
+        text = path.read_text()
+        machine = json.loads(text)["machine"]
+        for key in ("cpu", "cores", "np", "mpi", "numpy", "python", "commit", "date"):
+            assert machine.get(key) not in (None, "", "?", "unknown"), (path, key)
+        assert '"times_s"' not in text and '"times_us"' not in text, path
+    assert sum(len(p.read_text().splitlines()) for p in paths) < 5000

@@ -139,6 +139,9 @@ def test_under_mpiexec_marked_tests_run_in_place_or_skip(tmp_path):
     outcome, text = got["test_fails_on_rank_1_only"]
     assert outcome == "skipped" and "needs 3 MPI ranks; this pytest runs on 2" in text, output
     assert got["test_parametrized[1]"][0] == "passed", output
+    # Open MPI gives the ranks a terminal for stdout; the report still follows
+    # mpiexec's own output, a pipe here: no colour codes in a log.
+    assert "\x1b[" not in output, output
 
 
 def test_plugin_can_be_switched_off(tmp_path):
