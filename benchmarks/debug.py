@@ -14,12 +14,9 @@ Cases, on a 1-D mesh over all ranks, float64, global n x n:
   all-gather), n in (8, 512), with ``set_collective_checks(True)`` (``on``) and
   ``False`` (``off``); ``ratio = on / off`` per repetition.
 * ``hooks``: ``a + b`` (both [Shard(0)], no communication, n = 8, decision
-  cached) through its Python entry (the C path switched off, as while a tool
-  listens), with the library as it is (``hooked``: the ``if _modes.state.tracing:``
-  test in ``_ops._dispatch._traced``) and with ``_traced`` replaced by the same
-  function without the test (``bare``); ``overhead = hooked - bare`` in ns per
-  call. Also ``+dtensor`` to a handler that drops lines, to show what logging
-  costs when on. (The C path reads one C flag instead.)
+  cached) with every tool off (``off``: the executor tests one flag) and with
+  ``+dtensor`` logging to a handler that drops lines (``logged``: the executor's
+  trace events, formatted), in us per call.
 
 Each repetition times ``inner`` back-to-back calls per variant, in an order that
 rotates between repetitions, after a Barrier; its time is the max over ranks.
@@ -39,16 +36,10 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Replicate, Shard
 from mpitensor import _logging
-from mpitensor._ops import _dispatch
 from mpitensor.debug import set_collective_checks
 
 from _common import machine, machine_line, result_path, write_result  # benchmarks/ is sys.path[0]
 from dispatch import stats_us, time_interleaved
-
-
-def bare_traced(op_key, operands, dec):
-    """_ops._dispatch._traced without the debug hook: the baseline of ``hooks``."""
-    return dec
 
 
 def with_checks(f, on: bool):
@@ -81,23 +72,10 @@ def hooks_case(comm, mesh, reps, inner, warmup) -> dict:
     rng = np.random.default_rng(1)
     a = mt.distribute_tensor(rng.standard_normal((8, 8)), mesh, [Shard(0)])
     b = mt.distribute_tensor(rng.standard_normal((8, 8)), mesh, [Shard(0)])
-    add = lambda: a + b  # noqa: E731
-    hooked = _dispatch._traced
 
     def loop():
-        was = mt._C.dispatch_enable(False)  # the Python entry, where the hook is
-        try:
-            for _ in range(inner):
-                add()
-        finally:
-            mt._C.dispatch_enable(was)
-
-    def bare():
-        _dispatch._traced = bare_traced
-        try:
-            loop()
-        finally:
-            _dispatch._traced = hooked
+        for _ in range(inner):
+            a + b
 
     def logged():
         logger = logging.getLogger("mpitensor")
@@ -110,16 +88,12 @@ def hooks_case(comm, mesh, reps, inner, warmup) -> dict:
             logger.handlers[:] = saved
             _logging.set_level(None)
 
-    add()
-    # hooked and bare alternate in short blocks so that both meet the same load;
-    # logging on is timed apart (it is two orders of magnitude slower).
-    times = time_interleaved(comm, {"hooked": loop, "bare": bare}, reps, 1, warmup)
+    loop()
+    times = time_interleaved(comm, {"off": loop}, reps, 1, warmup)
     times.update(time_interleaved(comm, {"logged": logged}, reps, 1, warmup))
     per_call = {k: [t / inner for t in v] for k, v in times.items()}
-    overhead = [h - b for h, b in zip(per_call["hooked"], per_call["bare"])]
-    return {"case": "hooks", "n": 8, "hooked_us": stats_us(per_call["hooked"]),
-            "bare_us": stats_us(per_call["bare"]), "logged_us": stats_us(per_call["logged"]),
-            "overhead_ns": stats(np.array(overhead) * 1e9)}
+    return {"case": "hooks", "n": 8, "off_us": stats_us(per_call["off"]),
+            "logged_us": stats_us(per_call["logged"])}
 
 
 def stats(xs) -> dict:
@@ -155,10 +129,8 @@ def main():
                 print(f"  checks n={r['n']:4d}: off {fmt(r['off_us'], 'us')}; on "
                       f"{fmt(r['on_us'], 'us')}; on/off {fmt(r['ratio'], 'x')}")
             else:
-                print(f"  hooks  add 8x8: bare {fmt(r['bare_us'], 'us')}; hooked "
-                      f"{fmt(r['hooked_us'], 'us')}; hooked - bare "
-                      f"{fmt(r['overhead_ns'], 'ns')}; +dtensor (lines dropped) "
-                      f"{fmt(r['logged_us'], 'us')}")
+                print(f"  hooks  add 8x8: tools off {fmt(r['off_us'], 'us')}; +dtensor "
+                      f"(lines dropped) {fmt(r['logged_us'], 'us')}")
         print(f"  wrote {out}")
     return 0
 

@@ -112,7 +112,7 @@ def plot_dispatch(data: dict, path: str) -> str:
     sizes = [min(r["n"] for r in rows)]
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.5), squeeze=False)
     series = [("overhead_us", "mpitensor (cached, C path)"),
-              ("slow_overhead_us", "mpitensor, Python entry (cached)"),
+              ("traced_overhead_us", "mpitensor, traced (CommDebugMode)"),
               ("miss_overhead_us", "mpitensor, cache miss"),
               ("torch_overhead_us", "torch DTensor (cached)"),
               ("torch_miss_overhead_us", "torch DTensor, cache miss")]

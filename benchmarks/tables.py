@@ -120,7 +120,7 @@ def redistribute(results: dict) -> str:
 
 def dispatch(results: dict) -> str:
     out = []
-    columns = [("overhead_us", "cached (C fast path)"), ("slow_overhead_us", "Python path"),
+    columns = [("overhead_us", "cached"), ("traced_overhead_us", "traced (CommDebugMode)"),
                ("miss_overhead_us", "decision not cached"),
                ("torch_overhead_us", "torch DTensor, cached")]
     for (kind, n, torch), data in sorted(results.items()):
@@ -192,13 +192,13 @@ def debug(results: dict) -> str:
             continue
         checks = [[f"{r['n']} x {r['n']}", stat(r["off_us"]), stat(r["on_us"]),
                    stat(r["ratio"])] for r in data["rows"] if r["case"] == "checks"]
-        hooks = [[f"{r['n']} x {r['n']}", stat(r["overhead_ns"], 0)]
-                 for r in data["rows"] if r["case"] == "hooks"]
+        hooks = [[f"{r['n']} x {r['n']}", stat(r["off_us"]), stat(r["logged_us"])]
+                 for r in data["rows"] if r["case"] == "hooks" and "off_us" in r]
         text = (f"np {n}: `Shard(0) -> Replicate` with `set_collective_checks(True)` "
                 f"(us per call)\n\n" + table(["global shape", "off", "on", "on / off"], checks))
         if hooks:
-            text += ("\nDebug hooks with logging off, `a + b` (ns per call above no hooks)\n\n"
-                     + table(["global shape", "overhead"], hooks))
+            text += ("\n`a + b` with every tool off and with debug logging on (us per call)"
+                     "\n\n" + table(["global shape", "off", "+dtensor"], hooks))
         out.append(text)
     return "\n".join(out)
 

@@ -126,9 +126,9 @@ static int move_event(mt_ext_dispatch *d, const mt_ext_call *c, int t, mt_plan *
   PyObject *p = mt_ext_plan_wrap(d->module, plan);
   if (p == NULL) return -1;
   PyObject *spec = c->dt[t]->spec;
-  PyObject *args[5] = {what, (PyObject *)c->mb, p, PyTuple_GET_ITEM(spec, 2),
-                       PyTuple_GET_ITEM(spec, 3)};
-  int rc = mt_ext_event(d, "move", args, 5);
+  PyObject *args[7] = {what, (PyObject *)c->mb, p, PyTuple_GET_ITEM(spec, 2),
+                       PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 1), Py_None};
+  int rc = mt_ext_event(d, "move", args, 7);
   Py_DECREF(p);
   return rc;
 }

@@ -138,30 +138,29 @@ static PyObject *cast(mt_ext_dispatch *d, mt_ext_dtensor *b, PyObject *dtype) {
   return (PyObject *)out;
 }
 
-/* The events of a move: "move" before a plan runs, "unmoved" for an explicit
- * redistribute that runs none (checked like any, since another rank's may). */
-static int move_events(mt_ext_dispatch *d, mt_ext_dtensor *b, mt_plan *plan,
+/* The events of a move: "move" (its plan, or None when no rank communicates),
+ * or "unmoved" when the target is the source (an explicit redistribute is checked
+ * like any, since another rank's may move). */
+static int move_events(mt_ext_dispatch *d, mt_ext_dtensor *b, mt_plan *plan, int same,
                        PyObject *out_pl, PyObject *what) {
   PyObject *spec = b->spec, *mesh = PyTuple_GET_ITEM(spec, 0);
-  if (plan != NULL) {
-    PyObject *p = mt_ext_plan_wrap(d->module, plan);
-    if (p == NULL) return -1;
-    PyObject *args[5] = {what, mesh, p, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3)};
-    int rc = mt_ext_event(d, "move", args, 5);
-    Py_DECREF(p);
-    return rc;
-  }
-  PyObject *args[5] = {what, mesh, out_pl, PyTuple_GET_ITEM(spec, 2),
-                       PyTuple_GET_ITEM(spec, 3)};
-  return mt_ext_event(d, "unmoved", args, 5);
+  PyObject *p = plan != NULL ? mt_ext_plan_wrap(d->module, plan) : Py_NewRef(Py_None);
+  if (p == NULL) return -1;
+  PyObject *args[7] = {what, mesh, same ? out_pl : p, PyTuple_GET_ITEM(spec, 2),
+                       PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 1), out_pl};
+  int rc = same ? mt_ext_event(d, "unmoved", args, 5) : mt_ext_event(d, "move", args, 7);
+  Py_DECREF(p);
+  return rc;
 }
 
 /* The local array of the output: the plan run (or started) on this rank's. */
 static PyObject *moved_local(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *b,
                              mt_plan *plan, int same, int async) {
   if (!mb->member || same) return Py_NewRef(b->local);
-  if (plan == NULL) return (PyObject *)mt_ext_contiguous(b->local);
+  /* Checked on every rank that moves, even where its own part stays: on another
+   * rank or a larger mesh the same move communicates. */
   if (mt_ext_mesh_check_thread(mb->handle) < 0) return NULL;
+  if (plan == NULL) return (PyObject *)mt_ext_contiguous(b->local);
   if (async) return mt_ext_start_plan(d->module, mb->handle, plan, b->local);
   return mt_ext_run_plan(d->module, mt_ext_mesh_get_unchecked(mb->handle), plan, b->local);
 }
@@ -197,7 +196,7 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
   else if ((layout = out_layout(d, mb, src->spec, dst, &mk, &id)) != NULL)
     spec = mt_ext_make_spec(d, (PyObject *)mb, layout);
   if (spec != NULL && d->modes->events && mb->member &&
-      move_events(d, src, plan, PyTuple_GET_ITEM(spec, 1), what) < 0)
+      move_events(d, src, plan, same, PyTuple_GET_ITEM(spec, 1), what) < 0)
     Py_CLEAR(spec);
   if (spec != NULL) local = moved_local(d, mb, src, plan, same, async);
   if (local != NULL) {
@@ -205,7 +204,7 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
     if (b != NULL) {
       b->local = local, b->spec = spec, b->layout_id = id;
       b->fresh = (char)(plan != NULL && !async && mb->member && d->modes->backward);
-      if (same) b->fresh = src->fresh, src->fresh = 0; /* the array changes hands */
+      if (plan == NULL) b->fresh = src->fresh, src->fresh = 0; /* the array changes hands */
       local = spec = NULL, out = (PyObject *)b;
     }
   }

@@ -49,18 +49,20 @@ def event(kind: str, *args) -> None:
     if kind == "decision":
         decision(*args)
     elif kind == "move":
-        what, mesh, plan, shape, dtype = args
+        what, mesh, plan, shape, dtype, src, dst = args
+        steps = plan.steps() if plan is not None else []
+        if dst is None:
+            dst = _plan_placements(steps)[1]
         if what is None:
             if _modes.state.gather_report:
-                src, dst = _plan_placements(plan.steps())
                 report_move(_current_op or "an operation",
                             _Spec(mesh, src, shape, dtype), dst)
-            redistribute("operation", mesh, plan, shape, dtype)
+            redistribute("operation", mesh, plan, shape, dtype, steps, src, dst)
         elif what == "DTensor.redistribute":
-            redistribute(what, mesh, plan, shape, dtype)
+            redistribute(what, mesh, plan, shape, dtype, steps, src, dst)
         else:
             _current_op = what
-            redistribute("operation", mesh, plan, shape, dtype)
+            redistribute("operation", mesh, plan, shape, dtype, steps, src, dst)
     elif kind == "unmoved":
         what, mesh, placements, shape, dtype = args
         if what == "DTensor.redistribute":
@@ -78,10 +80,9 @@ class _Spec:
 
 # -- hooks ---------------------------------------------------------------------------
 
-def redistribute(what: str, mesh, plan, shape, dtype) -> None:
-    """Right before ``plan`` runs on ``mesh`` (every member rank calls this)."""
-    steps = plan.steps()
-    src, dst = _plan_placements(steps)
+def redistribute(what: str, mesh, plan, shape, dtype, steps, src, dst) -> None:
+    """Right before ``plan`` (None: no rank of this move communicates) runs on
+    ``mesh``, moving ``src`` to ``dst`` placements (every member rank calls this)."""
     explicit = what != "operation"
     if not explicit:
         what = f"{_current_op}: redistribute an input" if _current_op else "redistribute"
@@ -96,7 +97,7 @@ def redistribute(what: str, mesh, plan, shape, dtype) -> None:
         parts = ", ".join(f"{s[0]}(mesh dim {s[1]}, {s[4]} B)" if s[1] >= 0
                           else f"{s[0]}({s[4]} B)" for s in steps)
         log.debug("%s on %r: %d step(s), %d B received over all ranks: %s", text, mesh,
-                  len(steps), plan.bytes,
+                  len(steps), plan.bytes if plan is not None else 0,
                   parts or "no step")
     for listener in _modes.listeners:
         listener._record_redistribute(explicit, mesh, steps, shape, src)

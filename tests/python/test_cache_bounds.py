@@ -1,10 +1,10 @@
 """Programs whose shapes vary (sequence lengths, a last batch) do not grow memory
-without bound: each mesh's caches (redistribution plans, decisions of operations,
-the layouts they are keyed by, indexing plans) stay within their limits
+without bound: each mesh's caches (decisions of operations and redistributes, the
+layouts they are keyed by, parsed indexing keys) stay within their limits
 (mpitensor.set_cache_limits), and 50,000 distinct shapes grow resident memory by
 less than 32 MiB. The caches are per rank and the same at every size; this runs
-at np 1, where nothing waits on another rank (test_fast_dispatch checks the bound
-on the plans decisions hold, which need more than one rank)."""
+at np 1, where nothing waits on another rank (test_executor checks the bound on
+the plans decisions hold, which need more than one rank)."""
 
 import gc
 import os
@@ -35,12 +35,12 @@ def test_50000_distinct_shapes_grow_memory_by_less_than_32_mib():
     for i in range(50_000):
         shape = (1 + i % 500, 1 + i // 500)
         x = mt.DTensor.from_local(np.ones(shape), mesh, [Shard(0)])
-        x.redistribute(mesh, [Replicate()])  # a redistribution plan
+        x.redistribute(mesh, [Replicate()])  # a redistribute's decision
         (x + x).sum(0) * 2.0  # decisions and the layouts of their results
-        x[:1]  # an indexing plan
+        x[:1]  # a parsed indexing key
     growth = rss() - base
     stats = mesh._dispatch_stats()
     assert growth < 32 << 20, growth
     assert stats["decisions"] <= stats["decision_limit"]
     assert stats["layouts"] <= stats["layout_limit"]
-    assert len(mesh._plans) <= 256 and len(mesh._select_plans) <= 256
+    assert len(mesh._index_keys) <= 256

@@ -69,8 +69,10 @@ def no_two_share(tensors):
 
 
 class Fresh(Function):
-    """The identity, whose backward makes a new array and notes where it lives."""
+    """The identity, whose backward makes a new array, notes where it lives and
+    keeps nothing it returns (as mpitensor's own Functions say)."""
     made: list = []
+    _gives_up_results = True
 
     @staticmethod
     def forward(ctx, x):
@@ -85,7 +87,8 @@ class Fresh(Function):
 
 
 class Kept(Function):
-    """The identity, whose backward returns a DTensor it keeps."""
+    """The identity, whose backward returns a DTensor it keeps (a user's Function
+    may: the engine never owns what one returns)."""
     kept: list = []
 
     @staticmethod

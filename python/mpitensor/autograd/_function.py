@@ -60,6 +60,9 @@ class Function:
     placements are whatever ``backward`` gives; the engine redistributes a leaf's
     to the leaf's placements. Local unless ``forward``/``backward`` communicate.
 
+    What ``backward`` returns may be kept by it, so autograd's engine copies a
+    gradient it stores as ``.grad`` rather than write into memory it does not own.
+
     Example::
 
         >>> class Cube(mpitensor.autograd.Function):
@@ -73,6 +76,10 @@ class Function:
         ...         return g * 3 * x * x
         >>> Cube.apply(w).sum().backward()     # w.grad == 3 w**2
     """
+
+    # mpitensor's own Functions keep nothing they return: the engine may then own
+    # the gradients they make.
+    _gives_up_results = False
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
@@ -133,5 +140,7 @@ class Function:
                     raise TypeError(
                         f"{name}.backward returned a {type(gx).__name__} for input {i}; "
                         f"gradients are DTensors")
+                if type(gx) is DTensor and not cls._gives_up_results:
+                    gx._fresh = False  # the Function may hold it
             return tuple(gx if need else None for gx, need in zip(grads, needs))
         return record(name, out, args, backward_fn)

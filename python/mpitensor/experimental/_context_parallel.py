@@ -131,6 +131,8 @@ class _RingAttention(Function):
     backward is ring attention's (collective on the context-parallel mesh); each
     input's gradient is laid out as that input."""
 
+    _gives_up_results = True
+
     @staticmethod
     def forward(ctx, query, key, value, mode, is_causal, scale):
         ins = [F._without_partial(x) for x in (query, key, value)]

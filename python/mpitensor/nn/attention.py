@@ -178,6 +178,8 @@ class _Attend(Function):
     each projection's gradient in that projection's placements (whole heads per
     rank, so no communication beyond making the output's gradient match)."""
 
+    _gives_up_results = True
+
     @staticmethod
     def forward(ctx, module, attn_mask, *projected):
         outs = [F._without_partial(p) for p in projected]

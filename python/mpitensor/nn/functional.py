@@ -97,6 +97,8 @@ class _Softmax(Function):
     """(log_)softmax; the backward uses the output, along the same whole axis:
     ``y (g - sum(g y))`` and ``g - exp(y) sum(g)``."""
 
+    _gives_up_results = True
+
     @staticmethod
     def forward(ctx, x, axis, log):
         out = _apply("log_softmax" if log else "softmax",
@@ -203,6 +205,8 @@ class _Linear(Function):
     gradient is a Partial sum (reduced where it meets the Replicate input) and
     the weight's Shard(0); with RowwiseParallel (input Shard(-1), weight
     Shard(1)) nothing is communicated."""
+
+    _gives_up_results = True
 
     @staticmethod
     def forward(ctx, input, weight, bias):
@@ -388,6 +392,8 @@ class _Pointwise(Function):
     pass; it is used when g is laid out as x (else the DTensor product decides,
     e.g. a Partial g stays Partial)."""
 
+    _gives_up_results = True
+
     @staticmethod
     def forward(ctx, input, name, func, deriv, backward=None):
         if not _is_dt(input):
@@ -440,6 +446,8 @@ def dropout(input, p: float = 0.5, training: bool = True):
 
 class _Dropout(Function):
     """dropout; the backward scales by the forward's mask (kept, not redrawn)."""
+
+    _gives_up_results = True
 
     @staticmethod
     def forward(ctx, input, p):
@@ -540,6 +548,8 @@ class _LayerNorm(Function):
     local arrays. The input's gradient has its placements; the weight's and bias's
     are this rank's sums over its rows: Partial(sum) on the mesh dims that shard
     the rows, Replicate on the others (reduced where they meet the parameter)."""
+
+    _gives_up_results = True
 
     @staticmethod
     def forward(ctx, input, weight, bias, k, eps):
@@ -675,6 +685,8 @@ class _Embedding(Function):
     where the weight is Replicate and the indices sharded (the gradient of a
     replicated table looked up by different indices on different ranks)."""
 
+    _gives_up_results = True
+
     @staticmethod
     def forward(ctx, input, weight):
         return _sharded_embedding(input, weight, ctx)
@@ -798,6 +810,8 @@ class _Attention(Function):
     forward's dropout mask) and gives q, k, v gradients in the placements the
     forward computed in: no communication beyond making the output's gradient
     match them."""
+
+    _gives_up_results = True
 
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale):
@@ -968,6 +982,8 @@ class _CrossEntropy(Function):
     """cross_entropy of a DTensor gathered whole: the gradient is computed whole on
     every rank (Replicate) and each rank keeps its part of the input's placements
     (a local slice, no communication)."""
+
+    _gives_up_results = True
 
     @staticmethod
     def forward(ctx, input, target, weight, ignore_index, reduction, label_smoothing):

@@ -53,6 +53,8 @@ def sharded_cross_entropy(input, target, weight, ignore_index, reduction,
 
 
 class _ShardedCrossEntropy(Function):
+    _gives_up_results = True
+
     @staticmethod
     def forward(ctx, input, target, weight, ignore_index, reduction, label_smoothing):
         return _forward(ctx, input, target, weight, ignore_index, reduction,
