@@ -250,23 +250,6 @@ typedef struct mt_ext_call {
   int nmade;
 } mt_ext_call;
 
-/* The common operand: exactly a DTensor with an ndarray and a layout id, on the
- * call's mesh. Adds it as operand i: 1, or 0 for mt_ext_gather to judge. */
-static inline int mt_ext_known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
-                                      mt_ext_call *c) {
-  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  if (Py_TYPE(o) != d->dtensor || b->layout_id == 0 || !PyArray_CheckExact(b->local))
-    return 0;
-  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
-  if (mb != c->mb && c->mb != NULL) return 0;
-  c->mb = mb;
-  c->dt[c->ntensors] = b;
-  c->id[c->ntensors++] = b->layout_id;
-  c->tensors |= 1u << i;
-  c->key.operand[i] = b->layout_id;
-  return 1;
-}
-
 /* Gathers n operands: DTensors of one mesh (DTensors pending an async move are
  * completed), scalars, and under implicit replication ndarrays as Replicate
  * DTensors (kept in c->made). 1, or 0 when they are not an operation's operands
@@ -274,16 +257,6 @@ static inline int mt_ext_known_tensor(const mt_ext_dispatch *d, PyObject *o, int
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
                   PyObject *key);
 void mt_ext_call_release(mt_ext_call *c);
-
-static inline int mt_ext_gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
-                                     mt_ext_call *c, PyObject *key) {
-  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
-  c->key.op = 0, c->key.aux = 0;
-  c->key.noperands = c->noperands = n;
-  for (int i = 0; i < n; ++i)
-    if (!mt_ext_known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key);
-  return 1;
-}
 
 /* What an operation is: how to decide it, what to run, how to record it. */
 typedef struct mt_ext_op {

@@ -10,6 +10,35 @@
 
 #include <string.h>
 
+/* The common operand: exactly a DTensor with an ndarray and a layout id, on the
+ * call's mesh. Adds it as operand i: 1, or 0 for mt_ext_gather to judge. */
+static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
+                               mt_ext_call *c) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)o;
+  if (Py_TYPE(o) != d->dtensor || b->layout_id == 0 || !PyArray_CheckExact(b->local))
+    return 0;
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
+  if (mb != c->mb && c->mb != NULL) return 0;
+  c->mb = mb;
+  c->dt[c->ntensors] = b;
+  c->id[c->ntensors++] = b->layout_id;
+  c->tensors |= 1u << i;
+  c->key.operand[i] = b->layout_id;
+  return 1;
+}
+
+/* mt_ext_gather of operands that are all known DTensors, inline: the call of a
+ * cached operation. */
+static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
+                              mt_ext_call *c, PyObject *key) {
+  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
+  c->key.op = 0, c->key.aux = 0;
+  c->key.noperands = c->noperands = n;
+  for (int i = 0; i < n; ++i)
+    if (!known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key);
+  return 1;
+}
+
 /* The registry entry of `func` (a user's rule first, as rule(args, kwargs)). */
 static PyObject *call_entry(mt_ext_dispatch *d, PyObject *func, PyObject *args,
                             PyObject *kwargs) {
@@ -184,7 +213,7 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
       (PyDict_GET_SIZE(d->rules) != 0 && PyDict_Contains(d->rules, ufunc)))
     return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
   mt_ext_call c;
-  int rc = mt_ext_gather_fast(d, ops, (int)n, &c, ufunc);
+  int rc = gather_fast(d, ops, (int)n, &c, ufunc);
   if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   c.key.op = sig->id;
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -249,7 +278,7 @@ PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   mt_ext_call c;
   if (reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
     return reduction_entry(d, sig, self, args, nargs, kwnames);
-  int rc = mt_ext_gather_fast(d, &self, 1, &c, sig->func);
+  int rc = gather_fast(d, &self, 1, &c, sig->func);
   if (rc <= 0) return rc < 0 ? NULL : reduction_entry(d, sig, self, args, nargs, kwnames);
   int keep = keepdims == Py_True, hit;
   int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));
