@@ -19,11 +19,13 @@ typedef struct {
   PyObject *keep;   /* what the exchange uses (a tuple) */
   PyObject *result; /* what wait() returns */
   PyThread_type_lock lock;
+  char done; /* completed: read without the lock */
 } RequestObject;
 
-/* Completes the exchange once, whichever thread comes first; MT_OK after. */
+/* Completes the exchange once, whichever thread comes first; MT_OK after. A
+ * thread that finds it taken waits on the lock until the taker has completed it. */
 static int finish(RequestObject *self, mt_error *err) {
-  if (self->req == NULL && self->ex == NULL) return MT_OK;
+  if (self->done) return MT_OK;
   int rc = MT_OK;
   Py_BEGIN_ALLOW_THREADS
   PyThread_acquire_lock(self->lock, WAIT_LOCK);
@@ -36,6 +38,7 @@ static int finish(RequestObject *self, mt_error *err) {
   else if (ex != NULL) rc = mt_exchange_wait(ex, err);
   PyThread_release_lock(self->lock);
   Py_END_ALLOW_THREADS
+  self->done = 1;
   return rc;
 }
 
@@ -72,7 +75,7 @@ PyObject *mt_ext_request_result(PyObject *module, PyObject *obj) {
 }
 
 static PyObject *request_test(RequestObject *self, PyObject *unused) {
-  if (self->ex == NULL) return PyBool_FromLong(self->req == NULL);
+  if (self->ex == NULL) return PyBool_FromLong(self->done);
   mt_error err = {0};
   int done = 0, rc;
   Py_BEGIN_ALLOW_THREADS
@@ -85,7 +88,7 @@ static PyObject *request_test(RequestObject *self, PyObject *unused) {
 }
 
 static PyObject *request_done(RequestObject *self, void *c) {
-  return PyBool_FromLong(self->req == NULL && self->ex == NULL);
+  return PyBool_FromLong(self->done);
 }
 
 static void request_dealloc(RequestObject *self) {

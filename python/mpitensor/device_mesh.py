@@ -472,11 +472,10 @@ def set_cache_limits(*, decisions: int | None = None, layouts: int | None = None
                      plans: int | None = None) -> dict:
     """Bounds of each mesh's caches, for every mesh, live or future; returns the
     bounds now in force. Local (each rank bounds its own memory). Defaults:
-    4096 decisions of operations and redistributes, 4096 layouts, 256 plans (held
-    by those decisions; also the bound of parsed indexing keys). Changing a
-    bound empties the caches of the live meshes; past a bound the least recently
-    used entries go (decisions: CLOCK; plans: the oldest), to be made again when
-    needed.
+    4096 decisions of operations and redistributes, 4096 layouts, 256 plans held
+    by those decisions (a mesh also keeps at most 256 parsed indexing keys).
+    Changing a bound empties the caches of the live meshes; past a bound the
+    least recently used decisions go (CLOCK), to be made again when needed.
 
     Example::
 

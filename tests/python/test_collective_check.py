@@ -171,3 +171,13 @@ def test_a_long_call_text_is_named_whole(mesh, checks):
     site = re.search(r"at (test_collective_check\.py:\d+)", text).group(1)
     assert text == _collective_check.mismatch_message(
         mesh, [f"{w} at {site}" for w in whats]), text
+
+
+@multi
+def test_indexing_with_a_key_that_differs_by_rank_raises_on_every_rank(mesh, checks):
+    # a[rank:] cuts the sharded dim differently on every rank: some ranks would
+    # join the selection's exchange and others not. Every rank checks first.
+    a = distribute_tensor(np.arange(8.0 * W), mesh, [S0])
+    r = raised(lambda: a[RANK:].full_tensor(), RuntimeError, "DTensor.__getitem__")
+    assert r is True, r
+    assert np.array_equal(a[1:].full_tensor(), np.arange(1.0, 8.0 * W))  # and goes on

@@ -142,3 +142,31 @@ def test_a_mesh_made_in_a_thread_works_there_only():
         dt.full_tensor()
     _, error = in_thread(dt.full_tensor)
     assert isinstance(error, RuntimeError) and MESSAGE in str(error)
+
+
+@pytest.mark.skipif(MPI.Query_thread() != MPI.THREAD_MULTIPLE,
+                    reason="MPI calls from a second thread need MPI_THREAD_MULTIPLE")
+def test_threads_reading_one_async_result_all_get_it():
+    """Threads that read a pending async redistribute at once: one completes it,
+    the others wait for it, and every one gets the whole result, every time."""
+    mesh = init_device_mesh("cpu", (W,))
+    full = np.arange(64.0 * W).reshape(16 * W, 4)
+    dt = distribute_tensor(full, mesh, [Shard(0)])
+    wrong = 0
+    for _ in range(100):
+        pending = dt.redistribute(mesh, [Replicate()], async_op=True)
+        go = threading.Barrier(4)
+        sums = [None] * 4
+
+        def read(i, pending=pending, go=go, sums=sums):
+            go.wait()
+            sums[i] = float(pending.to_local().sum())
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wrong += sum(s != full.sum() for s in sums)
+    assert wrong == 0
+    assert same_everywhere(wrong)
