@@ -26,7 +26,8 @@ ROOT = Path(__file__).parents[2]
 # Pages written as one runnable program (their introductions say so) with the rank
 # counts they run at (the README's example needs a 2 x 2 mesh), and pages holding
 # scripts of their own.
-PROGRAMS = {"README.md": [4], "docs/tensor_parallel.md": [1, 4], "docs/checkpoints.md": [1, 4]}
+PROGRAMS = {"README.md": [4], "docs/tensor_parallel.md": [1, 4], "docs/checkpoints.md": [1, 4],
+            "docs/clusters.md": [1, 4]}
 SCRIPT_PAGES = ["docs/getting_started.md"]
 
 pytestmark = pytest.mark.skipif(
