@@ -82,10 +82,11 @@ any_alive() {
   return 1
 }
 
-# The child of process $1, once it has one (unshare --fork's child).
+# The child of process $1, once it has one (unshare --fork's child); waits up to
+# 30 s, which a loaded machine may need.
 child_of() {
   local i c
-  for i in $(seq 100); do
+  for i in $(seq 600); do
     c=$(pgrep -P "$1")
     [ -n "$c" ] && { echo "${c%%$'\n'*}"; return 0; }
     sleep 0.05
@@ -119,7 +120,7 @@ start_host() {
   outer+=($!)
   pid1=$(child_of $!) || { echo "$name did not start"; return 1; }
   inner+=("$pid1")
-  for n in $(seq 100); do [ -e "$ready" ] && break; sleep 0.05; done
+  for n in $(seq 600); do [ -e "$ready" ] && break; sleep 0.05; done
   [ -e "$ready" ] || { echo "$name did not come up"; return 1; }
   in_head ip link add "mtv$i" type veth peer name eth0 netns "$pid1" &&
     in_head ip link set "mtv$i" master mtbr0 up &&
