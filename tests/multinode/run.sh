@@ -63,7 +63,7 @@ outer=()  # their unshare parents, children of this script
 job=      # the process group of the command running now
 cleanup() {
   trap - EXIT INT TERM
-  [ -n "$job" ] && kill -KILL -- "-$job" 2>/dev/null
+  [ -n "$job" ] && pkill -KILL -s "$job"
   # A host's PID 1 takes every process of its host with it; the head's holder its
   # network namespace, bridge and veth ends. Asked first (pid1.py exits on SIGTERM),
   # killed if they linger; their unshare parents reap them and end.
@@ -197,13 +197,22 @@ start_cluster() {
   for layout in 2x2 1x4 4x1 3+1 2x2rr; do write_launcher "$layout" || return 1; done
 }
 
-# Runs "$@" in a process group of its own and waits for it, so that a signal reaches
-# the trap at once (bash runs traps only between commands) and the trap can end it.
+# Runs "$@" in a session of its own and waits for it, so that a signal reaches the
+# trap at once (bash runs traps only between commands) and the trap can end the
+# whole session (`timeout` moves its command to a process group of its own, but not
+# out of the session). When the command ends while processes of its session still
+# run (it was killed from outside), they are ended too and the job fails, saying so.
 run_job() {
   setsid "$@" &
   job=$!
   wait "$job"
   local rc=$?
+  if pgrep -s "$job" > /dev/null; then
+    echo "=== $1 ended (status $rc) while processes it started still ran: killed from" \
+      "outside? They are ended now."
+    pkill -KILL -s "$job"
+    [ $rc = 0 ] && rc=1
+  fi
   job=
   return $rc
 }
