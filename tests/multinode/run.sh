@@ -189,7 +189,13 @@ EOF
 }
 
 start_cluster() {
-  run=$(mktemp -d /tmp/mt-multinode.XXXXXX) && mkdir -p "$run/tmp" && : > "$run/hosts" || return 1
+  # A run killed with SIGKILL could not remove its directory; its script is gone.
+  local d
+  for d in /tmp/mt-multinode.*; do
+    [ -f "$d/pid" ] && ! kill -0 "$(cat "$d/pid")" 2>/dev/null && rm -rf "$d"
+  done
+  run=$(mktemp -d /tmp/mt-multinode.XXXXXX) && mkdir -p "$run/tmp" && : > "$run/hosts" &&
+    echo $$ > "$run/pid" || return 1
   start_head || return 1
   local i
   for i in $(seq "$nhosts"); do start_host "$i" || return 1; done
