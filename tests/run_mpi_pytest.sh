@@ -7,6 +7,8 @@
 #   test that hangs; the outer `timeout` ends anything that still hangs;
 # - rank 0 reports verbosely; the other ranks stay quiet, since the conftest sends
 #   their failures to rank 0.
+# MT_MPIEXEC replaces the launcher (tests/multinode/run.sh passes its simulated
+# hosts' mpiexec) and MT_RUN_LABEL names where the run went in its report lines.
 set -u
 np=${1:?usage: run_mpi_pytest.sh NP [pytest args]}
 shift
@@ -14,6 +16,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-$here/.venv/bin/python}
 per_test=${MT_TEST_TIMEOUT:-120}
 whole=${MT_RUN_TIMEOUT:-900}
+launcher=${MT_MPIEXEC:-mpiexec}
+where=${MT_RUN_LABEL:+ on $MT_RUN_LABEL}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0
 # Test paths among the arguments replace the default of the whole suite.
@@ -29,8 +33,8 @@ quiet=()
 for a in "$@"; do
   case "$a" in -q|-qq|-v|-vv|--quiet|--verbose|-r*) ;; *) quiet+=("$a") ;; esac
 done
-echo "=== pytest at np=$np"
-cmd=(mpiexec --oversubscribe -n 1 "$py" "${common[@]}" -v -rfE "$@")
+echo "=== pytest at np=$np$where"
+cmd=("$launcher" --oversubscribe -n 1 "$py" "${common[@]}" -v -rfE "$@")
 if [ "$np" -gt 1 ]; then
   cmd+=(: -n $((np - 1)) "$py" "${common[@]}" "${quiet[@]}" -p no:terminal)
 fi
@@ -46,4 +50,4 @@ run() {
   return $rc
 }
 source "$here/tests/record_failures.sh"
-record_failures "pytest at np=$np" run
+record_failures "pytest at np=$np$where" run

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import sys
 
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from . import _C, _mpi_library
+from . import _C, _mpi_library, device_mesh
 from ._version import __version__
 from .nn import _blas
 
@@ -29,18 +28,48 @@ SWITCHES = {
     "MPITENSOR_MPIEXEC_ARGS": "extra launcher arguments of the pytest plugin",
 }
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-_LIBMPI = re.compile(r"/libmpi\.so")
+# What launchers tell a process of its job: processes in all, and on its node.
+_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_SIZE",
+                       "MPI_LOCALNRANKS", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES",
+                       "SLURM_STEP_TASKS_PER_NODE")
+# The meshes show_config lists, the most recent first.
+_MESHES_SHOWN = 8
 
 
+def _mesh_line(mesh) -> str:
+    """One mesh's shape and names, and how it lies on the nodes."""
+    layout = mesh._node_layout()
+    k, inside, across = layout["ranks_per_node"], layout["inside"], layout["across"]
+    names = f" {mesh.mesh_dim_names}" if mesh.mesh_dim_names else ""
+    if k == 0:
+        nodes = "on one node"
+    elif k == 1:
+        nodes = ("one rank per node (or nodes of unequal or interleaved ranks, "
+                 "planned as one per node)")
+    else:
+        nodes = f"nodes of {k} consecutive ranks, {mesh.size() // k} nodes"
 
-def _loaded_libmpi() -> list[str]:
-    """The MPI libraries mapped into this process (Linux), one path each."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/" in line}
-    except OSError:
-        return []
-    return sorted({os.path.realpath(p) for p in paths if _LIBMPI.search(p)})
+    def dims(ds):
+        return ", ".join(str(d) for d in ds) if ds else "none"
+
+    return (f"mesh {mesh.shape}{names}: {nodes}; inside a node: {dims(inside)}; "
+            f"across nodes: {dims(across)}")
+
+
+def _nodes_info(MPI) -> dict:
+    """Where this process runs and how the live meshes lie on the nodes, as each
+    learnt it when it was made. Local."""
+    world = MPI.COMM_WORLD
+    roots = [m for m in list(device_mesh._live_meshes.values())
+             if m._root is None and not device_mesh.is_local_mesh(m)]
+    lines = [_mesh_line(m) for m in reversed(roots[-_MESHES_SHOWN:])]
+    if len(roots) > _MESHES_SHOWN:
+        lines.append(f"... and {len(roots) - _MESHES_SHOWN} older meshes")
+    return {"this process": f"rank {world.Get_rank()} of {world.Get_size()} on "
+                            f"{MPI.Get_processor_name()}",
+            "launcher": [f"{v}={os.environ[v]}" for v in _LAUNCHER_VARIABLES
+                         if v in os.environ],
+            "meshes (ranks per node, dims inside a node)": lines}
 
 
 def _blas_info() -> dict:
@@ -70,7 +99,8 @@ def config() -> dict:
                    "MPI standard": "{}.{}".format(*MPI.Get_version())},
         "MPI of mpitensor._C": {"MPI library": _mpi_library.first_line(ours),
                                 "same as mpi4py's": _mpi_library.same_mpi_library(ours, theirs),
-                                "libmpi files loaded": _loaded_libmpi()},
+                                "libmpi files loaded": _mpi_library.loaded_libmpi()},
+        "nodes": _nodes_info(MPI),
         "BLAS": _blas_info(),
         "threads": {**{v: os.environ.get(v, "unset") for v in _THREAD_VARIABLES},
                     "CPUs available": len(os.sched_getaffinity(0))
@@ -84,18 +114,30 @@ def config() -> dict:
 
 def show_config(mode: str = "stdout"):
     """Prints the versions of mpitensor, Python, NumPy and mpi4py, the MPI library
-    of mpi4py and of mpitensor's extension (and whether they agree), the BLAS of
-    the nn kernels and the BLAS libraries loaded, thread settings and the
-    ``MPITENSOR_*`` switches. ``mode="dicts"`` returns them instead. Local; imports
+    of mpi4py and of mpitensor's extension (and whether they agree), where this
+    process runs and how each live mesh lies on the nodes (ranks per node, the mesh
+    dims that stay inside a node and those across nodes, as the mesh's plans see
+    them), the BLAS of the nn kernels and the BLAS libraries loaded, thread
+    settings and the ``MPITENSOR_*`` switches. ``mode="dicts"`` returns them
+    instead. Local (it never communicates: call it on one rank or all); imports
     mpi4py.MPI (which initializes MPI if it is not yet). Include its output when
     you report a problem.
 
     Example::
 
         >>> import mpitensor
-        >>> mpitensor.show_config()
+        >>> mesh = mpitensor.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        >>> mpitensor.show_config()   # on 2 nodes of 2 ranks
         mpitensor:
           version: 0.1.0
+        ...
+        nodes:
+          this process: rank 0 of 4 on node1
+          launcher:
+            OMPI_COMM_WORLD_SIZE=4
+            OMPI_COMM_WORLD_LOCAL_SIZE=2
+          meshes (ranks per node, dims inside a node):
+            mesh (2, 2) ('dp', 'tp'): nodes of 2 consecutive ranks, 2 nodes; inside a node: tp; across nodes: dp
         ...
     """
     sections = config()

@@ -17,7 +17,7 @@ import numpy as np
 from . import _C, _mpi_library, _timemodel
 from ._fingerprint import fingerprint
 
-__all__ = ["DeviceMesh", "init_device_mesh", "set_cache_limits"]
+__all__ = ["DeviceMesh", "init_device_mesh", "ranks_per_node", "set_cache_limits"]
 
 _mesh_stack: list["DeviceMesh"] = []
 # Bounds of each mesh's caches (set_cache_limits): decisions of operations, the
@@ -157,11 +157,22 @@ def _as_rank_array(mesh) -> np.ndarray:
     return arr
 
 
-def _check_ranks(arr: np.ndarray, comm_size: int) -> None:
+def _check_launcher(comm) -> None:
+    """RuntimeError when the launcher started several processes but each one's
+    world holds only itself (a launcher of another MPI library). Local: every
+    process so started finds the same."""
+    if comm.Get_size() == 1 and comm == _world():
+        problem = _mpi_library.launcher_mismatch(1)
+        if problem is not None:
+            raise RuntimeError(problem)
+
+
+def _check_ranks(arr: np.ndarray, comm_size: int, world: bool = False) -> None:
     if arr.size > comm_size:
         raise RuntimeError(
             f"Mesh should not be bigger than the communicator size {comm_size}, "
             f"but found {arr.size} ranks!"
+            + (_mpi_library.slurm_hint(comm_size) if world else "")
         )
     if arr.min() < 0 or arr.max() >= comm_size:
         raise ValueError(
@@ -200,9 +211,10 @@ class DeviceMesh(_C.MeshBase):
         # so every rank raises the first failing rank's error.
         try:
             _check_device_type(device_type)
+            _check_launcher(comm)
             arr = _as_rank_array(ranks())
             names = _check_names(mesh_dim_names, arr.ndim)
-            _check_ranks(arr, comm.Get_size())
+            _check_ranks(arr, comm.Get_size(), comm == _world())
             _start_watchdog()
             failure = None
         except (TypeError, ValueError, RuntimeError) as e:
@@ -363,6 +375,33 @@ class DeviceMesh(_C.MeshBase):
         return [MPI.Intracomm(c) if c != MPI.COMM_NULL else MPI.COMM_NULL
                 for c in self._handle.groups()]
 
+    # -- nodes ---------------------------------------------------------------------
+    def _node_layout(self) -> dict:
+        """What this mesh learnt of its nodes when it was made, as its plans price
+        them. Local. ``ranks_per_node``: 0 when the whole mesh is on one node, k
+        when its ranks, in mesh order, fill nodes of k each (1 also stands for nodes
+        of unequal or interleaved ranks, priced as one rank per node); ``inside``
+        and ``across``: the dims (names, or indices on an unnamed mesh) whose
+        groups stay inside a node, and those whose groups span nodes.
+
+        Example: on 2 nodes of 2 ranks, ``init_device_mesh("cpu", (2, 2),
+        mesh_dim_names=("dp", "tp"))._node_layout()`` is ``{"ranks_per_node": 2,
+        "inside": ["tp"], "across": ["dp"]}``.
+        """
+        k = int(self._handle.time_model()[7])
+        numel, stride = self.size(), 1
+        strides = []
+        for n in reversed(self.shape):
+            strides.insert(0, stride)
+            stride *= n
+        inside, across = [], []
+        for d, (n, s) in enumerate(zip(self.shape, strides)):
+            # As the C time model's link of a group (mt_time_link): `n` members
+            # `s` apart span n * s positions, within a node when such spans tile them.
+            local = n <= 1 or k == 0 or k >= numel or (n * s <= k and k % (n * s) == 0)
+            (inside if local else across).append(self._names[d] if self._names else d)
+        return {"ranks_per_node": k, "inside": inside, "across": across}
+
     # -- slicing -------------------------------------------------------------------
     def __getitem__(self, names: str | Sequence[str]) -> "DeviceMesh":
         """The sub-mesh over the named dims that holds this rank. Local.
@@ -444,17 +483,22 @@ def init_device_mesh(device_type: str, mesh_shape: Iterable[int], *,
     rank that passed another shape or other names makes every rank raise the same
     ValueError, as a bad argument on one rank raises its error on every rank.
 
+    One size may be ``-1``, as in ``numpy.reshape``: the communicator's ranks divided
+    by the other sizes (ValueError on every rank when they do not divide them). On a
+    cluster, ``(-1, ranks_per_node())`` makes the first dim span the nodes and the
+    second stay inside one (see :func:`ranks_per_node`).
+
     Example (``mpiexec -n 4``)::
 
         >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
         >>> mesh.shape
         (2, 2)
+        >>> init_device_mesh("cpu", (-1, 2)).shape
+        (2, 2)
     """
     def ranks():
         shape = tuple(mesh_shape) if not isinstance(mesh_shape, int) else (mesh_shape,)
-        for s in shape:
-            if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
-                raise ValueError(f"mesh_shape must hold positive ints, got {shape}")
+        shape = _infer_size(shape, (_world() if comm is None else comm).Get_size())
         if mesh_dim_names is not None:
             _check_names(mesh_dim_names, len(shape))
         return np.arange(math.prod(shape)).reshape(shape)
@@ -462,6 +506,115 @@ def init_device_mesh(device_type: str, mesh_shape: Iterable[int], *,
     mesh = DeviceMesh.__new__(DeviceMesh)
     mesh._create(device_type, ranks, mesh_dim_names, comm)
     return mesh
+
+
+def _infer_size(shape: tuple, size: int) -> tuple[int, ...]:
+    """``shape`` with its -1 (if any) replaced by what makes it hold ``size`` ranks;
+    ValueError for sizes that are not positive ints, or that cannot fit."""
+    def is_int(s):
+        return not isinstance(s, bool) and isinstance(s, (int, np.integer))
+
+    if not all(is_int(s) and (s >= 1 or s == -1) for s in shape) or \
+            sum(s == -1 for s in shape) > 1:
+        zero = " (a size of 0: was it ranks // per_node with fewer ranks than per_node?)" \
+            if any(is_int(s) and s == 0 for s in shape) else ""
+        raise ValueError(f"mesh_shape must hold positive ints and at most one -1, got "
+                         f"{shape}{zero}")
+    if -1 not in shape:
+        return tuple(int(s) for s in shape)
+    rest = math.prod(int(s) for s in shape if s != -1)
+    if size % rest:
+        raise ValueError(
+            f"mesh_shape {shape}: the other sizes (product {rest}) do not divide the "
+            f"{size} ranks of the communicator, so no size for -1 fits; start a "
+            f"multiple of {rest} ranks, or choose sizes that divide {size}")
+    return tuple(size // rest if s == -1 else int(s) for s in shape)
+
+
+def _node_table(comm) -> list[tuple[int, str]]:
+    """(the lowest rank on its node, the node's name) of every rank of ``comm``, by
+    rank: the ranks that share memory (``MPI_COMM_TYPE_SHARED``, what the C mesh
+    calls a node). Collective on ``comm``."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        leader = node.allreduce(comm.Get_rank(), op=MPI.MIN)
+    finally:
+        node.Free()
+    return comm.allgather((leader, MPI.Get_processor_name()))
+
+
+def _node_layout_problem(table: list[tuple[int, str]]) -> str | None:
+    """Why ranks laid out as ``table`` (:func:`_node_table`) fill no (nodes, ranks
+    per node) mesh, or None when they do. Local: every rank that has the same table
+    gives the same answer."""
+    nodes: dict[int, list[int]] = {}
+    for r, (leader, _) in enumerate(table):
+        nodes.setdefault(leader, []).append(r)
+
+    def named(leader):
+        return f"{table[leader][1]} (ranks {_ranges(nodes[leader])})"
+
+    counts = {len(members) for members in nodes.values()}
+    if len(counts) > 1:
+        return ("the nodes hold different numbers of ranks: "
+                + ", ".join(named(n) for n in nodes)
+                + ". A (nodes, ranks per node) mesh needs as many on each: start the same "
+                  "number on every node (Open MPI: equal slots in the hostfile or "
+                  "--map-by ppr:N:node; MPICH: -ppn N; SLURM: --ntasks-per-node=N), or "
+                  "build the mesh from explicit ranks with DeviceMesh")
+    if any(members != list(range(members[0], members[0] + len(members)))
+           for members in nodes.values()):
+        return ("the ranks of a node are not consecutive: "
+                + ", ".join(named(n) for n in nodes)
+                + ". A mesh's last dim stays inside a node only when each node holds "
+                  "consecutive ranks: place them in blocks (Open MPI: its default or "
+                  "--map-by slot, not --map-by node; MPICH: -ppn N or host:N in the "
+                  "hostfile; SLURM: --distribution=block), or build the mesh from "
+                  "explicit ranks with DeviceMesh")
+    return None
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, start = [], ranks[0]
+    for a, b in zip(ranks, ranks[1:] + [None]):
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out)
+
+
+def ranks_per_node(comm=None) -> int:
+    """How many ranks of ``comm`` (default ``MPI.COMM_WORLD``) run on each node: the
+    size of a mesh dim that stays inside a node, as torch users take it from
+    ``LOCAL_WORLD_SIZE``. A node is what MPI finds shares memory
+    (``MPI_COMM_TYPE_SHARED``); one machine is one node.
+
+    Collective on ``comm``. The nodes must hold the same number of ranks each, in
+    consecutive blocks (ranks 0 to k-1 on the first node, and so on, as Open MPI's
+    ``mpiexec`` and ``srun`` place them by default); otherwise every rank raises
+    the same RuntimeError, naming each node and its ranks, and how to launch so
+    that they fit.
+
+    Example (``mpiexec -n 8`` over 2 nodes of 4 ranks; data parallel across the
+    nodes, tensor parallel inside each)::
+
+        >>> ranks_per_node()
+        4
+        >>> mesh = init_device_mesh("cpu", (-1, ranks_per_node()),
+        ...                         mesh_dim_names=("dp", "tp"))
+        >>> mesh.shape
+        (2, 4)
+    """
+    comm = _world() if comm is None else comm
+    _mpi_library.check_mpi_library()
+    table = _node_table(comm)
+    problem = _node_layout_problem(table)
+    if problem is not None:
+        raise RuntimeError(f"ranks_per_node: {problem}")
+    return sum(leader == 0 for leader, _ in table)
 
 
 # The C base's memo and layout table take their bounds from here.

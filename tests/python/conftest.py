@@ -5,7 +5,13 @@ on all of them, with that rank's message shown on rank 0.
 A test that fails on one rank while the others wait in a collective cannot finish;
 a watchdog then ends the job with every thread's stack (naming the test), also when
 the rank is stuck inside an MPI call that holds the GIL, where pytest-timeout's
-thread cannot run."""
+thread cannot run.
+
+``@pytest.mark.single_node`` marks a test that holds only when every rank shares
+one node (a save gathered through the others' memory, CPU bindings): it runs when
+the ranks of the run share a node and is skipped, with the reason, when they span
+several (tests/multinode/run.sh). Every rank decides alike: the node count is
+agreed on once, when the conftest is imported."""
 
 from __future__ import annotations
 
@@ -25,6 +31,19 @@ os.environ.setdefault("MPITENSOR_TIME_MODEL", "builtin")
 # never pair its verdict with a collective the other ranks make inside the test.
 VERDICTS = COMM.Dup()
 
+
+def _count_nodes() -> int:
+    """How many nodes (sets of ranks that share memory, MPI_COMM_TYPE_SHARED) the
+    ranks of this run span; the same on every rank. Collective."""
+    node = COMM.Split_type(MPI.COMM_TYPE_SHARED, key=COMM.Get_rank())
+    try:
+        return COMM.allreduce(1 if node.Get_rank() == 0 else 0, op=MPI.SUM)
+    finally:
+        node.Free()
+
+
+NODES = _count_nodes()
+
 # Every rank must draw the same examples (a test that communicates would otherwise
 # pair different collectives), so the seed comes from the test itself, no example
 # database is shared between ranks, and nothing depends on timing.
@@ -40,7 +59,21 @@ settings.load_profile("mpi")
 
 
 def pytest_report_header(config):
-    return f"mpitensor tests on {COMM.Get_size()} MPI rank(s); this is rank {COMM.Get_rank()}"
+    nodes = f" on {NODES} nodes" if NODES > 1 else ""
+    return (f"mpitensor tests on {COMM.Get_size()} MPI rank(s){nodes}; this is rank "
+            f"{COMM.Get_rank()}")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "single_node: holds only when every rank shares one node; skipped "
+                   "when the ranks span several (tests/python/conftest.py)")
+
+
+def pytest_runtest_setup(item):
+    if NODES > 1 and item.get_closest_marker("single_node") is not None:
+        pytest.skip(f"holds only when every rank shares one node; this run's "
+                    f"{COMM.Get_size()} ranks span {NODES} nodes")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -155,3 +155,32 @@ def raised(call, exc, match=None):
     except Exception as e:  # noqa: BLE001 - reported to the test
         return f"{type(e).__name__} instead of {exc.__name__}: {e}"
     return f"no exception instead of {exc.__name__}"
+
+
+def node_of_each_rank(comm=COMM) -> list[int]:
+    """The node of every rank of `comm`, by rank, numbered 0, 1, ... in the order of
+    their first ranks, from mpi4py's own MPI_COMM_TYPE_SHARED split (not
+    mpitensor's code). Collective."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        leader = node.allreduce(comm.Get_rank(), op=MPI.MIN)
+    finally:
+        node.Free()
+    leaders = comm.allgather(leader)
+    order = sorted(set(leaders))
+    return [order.index(x) for x in leaders]
+
+
+def ref_ranks_per_node(nodes: list[int]) -> int:
+    """What a mesh over these ranks in this order learns as its ranks per node,
+    written from the C header's definition (timemodel.h): 0 when all share one
+    node; k when they fill nodes of k consecutive positions each; 1 for any other
+    layout (planned as one rank per node)."""
+    n = len(nodes)
+    if len(set(nodes)) == 1:
+        return 0
+    k = nodes.count(nodes[0])
+    blocks = [nodes[i:i + k] for i in range(0, n, k)]
+    fits = n % k == 0 and all(len(set(b)) == 1 for b in blocks) \
+        and len({b[0] for b in blocks}) == len(blocks)
+    return k if fits else 1

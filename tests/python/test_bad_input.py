@@ -119,7 +119,15 @@ CASES = [
     ("mesh_larger_than_comm_self",
      lambda m: init_device_mesh("cpu", (2,), comm=MPI.COMM_SELF), RuntimeError, "bigger"),
     ("mesh_shape_zero", lambda m: init_device_mesh("cpu", (0,)), ValueError, None),
-    ("mesh_shape_negative", lambda m: init_device_mesh("cpu", (N, -1)), ValueError, None),
+    ("mesh_shape_negative", lambda m: init_device_mesh("cpu", (N, -2)), ValueError, None),
+    # -1 takes the ranks the other sizes leave, when they divide them.
+    ("mesh_shape_that_does_not_divide_the_ranks",
+     lambda m: init_device_mesh("cpu", (-1, N + 1)), ValueError,
+     rf"mesh_shape \(-1, {N + 1}\): .* do not divide the {N} ranks"),
+    ("mesh_shape_two_minus_ones", lambda m: init_device_mesh("cpu", (-1, -1)), ValueError,
+     "at most one -1"),
+    ("mesh_shape_of_a_zero_quotient",
+     lambda m: init_device_mesh("cpu", (N // (N + 1), N + 1)), ValueError, "a size of 0"),
     ("mesh_rank_out_of_range", lambda m: DeviceMesh("cpu", [N]), ValueError, None),
     ("mesh_rank_negative", lambda m: DeviceMesh("cpu", [-1]), ValueError, None),
     ("mesh_of_floats", lambda m: DeviceMesh("cpu", [0.0]), TypeError, None),
@@ -245,14 +253,13 @@ MESH_CASES = {
     "mesh_dim_names_a_string", "device_mesh_cuda", "mesh_larger_than_comm",
     "mesh_rank_out_of_range", "mesh_rank_negative", "mesh_of_floats", "mesh_without_ranks",
     "duplicate_mesh_dim_names_device_mesh", "too_many_mesh_dim_names", "duplicate_ranks",
-    "duplicate_ranks_2d"}
+    "duplicate_ranks_2d", "mesh_shape_that_does_not_divide_the_ranks",
+    "mesh_shape_two_minus_ones", "mesh_shape_of_a_zero_quotient"}
 
 
 def good_mesh(case_id):
-    if case_id.startswith("init") or case_id in ("mesh_shape_zero", "mesh_shape_negative",
-                                                 "duplicate_mesh_dim_names",
-                                                 "too_few_mesh_dim_names",
-                                                 "mesh_dim_names_a_string"):
+    if case_id.startswith(("init", "mesh_shape")) or case_id in (
+            "duplicate_mesh_dim_names", "too_few_mesh_dim_names", "mesh_dim_names_a_string"):
         return init_device_mesh("cpu", (1, N), mesh_dim_names=None)
     return DeviceMesh("cpu", list(range(N)))
 

@@ -116,6 +116,18 @@ def test_one_d_mesh_with_name(world_size, rank):
     assert mesh.get_coordinate() == [rank]
 
 
+@pytest.mark.parametrize("shape", [(-1,), (-1, 1), (1, -1), (-1, 2), (2, -1, 1)], ids=str)
+def test_minus_one_takes_the_ranks_the_other_sizes_leave(shape):
+    """As numpy.reshape's -1: the communicator's ranks divided by the other sizes."""
+    rest = -np.prod(shape)
+    if N % rest:
+        pytest.skip(f"{rest} does not divide {N} ranks (test_bad_input.py checks the error)")
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=tuple("abc"[:len(shape)]))
+    expect = tuple(N // rest if s == -1 else s for s in shape)
+    assert mesh.shape == expect
+    assert np.array_equal(mesh.mesh, np.arange(N).reshape(expect))
+
+
 def test_int_mesh_shape_and_list_names(world_size):
     mesh = init_device_mesh("cpu", world_size, mesh_dim_names=["only"])
     assert mesh.shape == (world_size,)

@@ -1,12 +1,17 @@
 """mpitensor.show_config() prints every field, and the check before the first mesh
 that mpi4py and mpitensor._C use one MPI library (mpitensor._mpi_library): the
 comparison on made-up version strings, and a mesh refused on every rank, naming
-both libraries, when the extension reports another MPI."""
+both libraries, when the extension reports another MPI or the process has loaded
+two; and a process started by another MPI's launcher (each one alone in its world)
+refused with the launcher named, as is a mesh too big for srun without PMI."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 from mpi4py import MPI
@@ -15,6 +20,7 @@ import mpitensor as mt
 from mpitensor import _mpi_library, _show_config
 from mpi_helpers import Problems, raised
 
+_C_LIBRARY = _mpi_library.first_line(mt._C.mpi_library_version())
 OPEN_MPI = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022"
 MPICH = "MPICH Version:      4.2.0\nMPICH Release date: Fri Feb  9 12:29:21 CST 2024\n"
 
@@ -45,6 +51,68 @@ def test_a_mesh_over_another_mpi_is_refused(monkeypatch):
     p.expect(mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),)).size()
              == MPI.COMM_WORLD.Get_size(), "a mesh once the libraries agree")
     assert p == []
+
+
+def test_a_process_with_two_mpi_libraries_is_refused(monkeypatch):
+    """Two libraries loaded side by side may report one version (the first loaded
+    may export its symbols to the other's callers): the files loaded decide."""
+    two = ["/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4", "/opt/mpich/lib/libmpi.so.12.4.0"]
+    monkeypatch.setattr(_mpi_library, "_checked", False)
+    monkeypatch.setattr(_mpi_library, "loaded_libmpi", lambda: two)
+    got = raised(lambda: mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),)),
+                 RuntimeError, "several MPI libraries")
+    monkeypatch.undo()
+    assert MPI.COMM_WORLD.allgather(got) == [True] * MPI.COMM_WORLD.Get_size()
+
+
+def test_the_launchers_own_count_against_the_world():
+    pmi = _mpi_library.launcher_mismatch(1, {"PMI_SIZE": "4"})
+    assert "PMI launcher" in pmi and "one of 4 (PMI_SIZE=4)" in pmi
+    assert _C_LIBRARY in pmi and "show_config()" in pmi
+    ompi = _mpi_library.launcher_mismatch(1, {"OMPI_COMM_WORLD_SIZE": "8"})
+    assert "Open MPI's mpiexec" in ompi and "one of 8" in ompi
+    for size, env in [(4, {"PMI_SIZE": "4"}), (1, {}), (1, {"PMI_SIZE": "1"}),
+                      (1, {"PMI_SIZE": "x"}), (1, {"SLURM_STEP_NUM_TASKS": "4"})]:
+        assert _mpi_library.launcher_mismatch(size, env) is None, (size, env)
+    hint = _mpi_library.slurm_hint(1, {"SLURM_STEP_NUM_TASKS": "8"})
+    assert "srun started 8 tasks" in hint and "--mpi=pmix" in hint
+    assert _mpi_library.slurm_hint(8, {"SLURM_STEP_NUM_TASKS": "8"}) == ""
+
+
+# Run by rank 0 without the MPI job's environment: Open MPI makes it a world of
+# one, which is what each process sees when another MPI's launcher starts it.
+ALONE = """
+import os, sys
+import mpitensor as mt
+from mpi4py import MPI
+try:
+    mt.init_device_mesh("cpu", (int(sys.argv[1]),))
+except RuntimeError as e:
+    print(e)
+"""
+
+
+def alone(size, **env):
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
+    clean.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **env)
+    out = subprocess.run([sys.executable, "-c", ALONE, str(size)], env=clean,
+                         capture_output=True, text=True, timeout=90)
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_processes_started_by_another_mpis_launcher_are_refused():
+    """MPICH's mpiexec (PMI_SIZE) starting a program built on Open MPI: each
+    process is a world of one; its first mesh says why, not what follows. A mesh
+    bigger than that world under srun names srun's PMI plugins."""
+    found = None
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        found = [alone(1, PMI_SIZE="4"), alone(4, SLURM_STEP_NUM_TASKS="4"), alone(1)]
+    pmi, slurm, fine = MPI.COMM_WORLD.bcast(found)
+    assert pmi[0] == 0 and "started this process as one of 4 (PMI_SIZE=4)" in pmi[1], pmi
+    assert slurm[0] == 0 and "bigger than the communicator size 1" in slurm[1], slurm
+    assert "srun started 4 tasks" in slurm[1], slurm
+    assert fine == (0, "", fine[2]), fine
 
 
 def test_show_config_prints_every_field(monkeypatch):
