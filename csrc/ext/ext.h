@@ -112,14 +112,21 @@ typedef struct mt_ext_mesh_base {
 /* -- modes (ext_modes.c) ----------------------------------------------------------- */
 
 /* The modes in force, the one state both Python (mpitensor._modes) and C read:
- * `_C.modes`. tracing, gather_report and events (either of them: the executor
- * emits trace events) are derived when a flag is set. */
+ * `_C.modes`. */
 typedef struct mt_ext_modes {
   PyObject_HEAD
   char grad_enabled, backward, checks, log_debug, log_info, gather_warning;
-  char tracing, gather_report, events;
   int implicit_replication, listeners;
 } mt_ext_modes;
+
+/* Some debugging tool listens; and the executor emits trace events (a tool
+ * listens, or gathers are reported). */
+static inline int mt_ext_tracing(const mt_ext_modes *m) {
+  return m->checks || m->log_debug || m->gather_warning || m->listeners > 0;
+}
+static inline int mt_ext_events(const mt_ext_modes *m) {
+  return mt_ext_tracing(m) || m->log_info;
+}
 
 /* -- DTensors -------------------------------------------------------------------- */
 

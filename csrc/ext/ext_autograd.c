@@ -155,7 +155,7 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
   const mt_ext_dtensor *o = (const mt_ext_dtensor *)out;
   PyObject *dtype = any && Py_TYPE(out) == d->dtensor && PyTuple_Check(o->spec)
                         ? PyTuple_GET_ITEM(o->spec, 3) : NULL;
-  char kind = dtype != NULL && PyArray_DescrCheck(dtype) ? ((PyArray_Descr *)dtype)->kind : 0;
+  int kind = dtype != NULL && PyArray_DescrCheck(dtype) ? ((PyArray_Descr *)dtype)->kind : 0;
   PyObject *res = Py_NewRef(out);
   if (kind == 'f' || kind == 'c')
     res = mt_ext_record(d, args[0], args[3], res, items, n, Py_None, NULL);

@@ -161,8 +161,9 @@ static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decisio
       uint32_t part = dec->partition[t];
       PyObject *local = c->dt[t]->local;
       if (plan == NULL) a = Py_NewRef(local);
-      else if (d->modes->events && move_event(d, c, t, plan, Py_None) < 0) a = NULL;
-      else if (mt_ext_mesh_check_thread(c->mb->handle) < 0) a = NULL;
+      else if ((mt_ext_events(d->modes) && move_event(d, c, t, plan, Py_None) < 0) ||
+               mt_ext_mesh_check_thread(c->mb->handle) < 0)
+        a = NULL;
       else a = mt_ext_run_plan(d->module, mesh, plan, local);
       if (part != 0 && zeroed_here(mesh, part)) a = zeros_like(a);
       ++t;
@@ -207,13 +208,14 @@ static int decision_event(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_
 
 /* This rank's box of the output (ones outside the mesh, as the stand-ins). */
 static PyObject *out_box(const mt_ext_call *c, const mt_decision *dec) {
-  int64_t coord[MT_MAX_MESH_NDIM], ones[MT_MAX_NDIM];
+  int64_t coord[MT_MAX_MESH_NDIM];
   mt_mesh *mesh = c->mb->member ? mt_ext_mesh_get_unchecked(c->mb->handle) : NULL;
   int n = dec->out_ndim < 0 ? 0 : dec->out_ndim;
   mt_layout l;
   mt_box box;
   mt_error err = {0};
   if (mesh == NULL || !mt_mesh_coordinate(mesh, coord)) {
+    int64_t ones[MT_MAX_NDIM];
     for (int i = 0; i < n; ++i) ones[i] = 1;
     return mt_ext_int_tuple(ones, n);
   }
@@ -296,13 +298,13 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
    * read outside the mesh, is copied and its plans held: collectives and NumPy
    * may run code that changes the memo. The common one is read before any runs. */
   int moves = found->nplans != 0 || found->partitioned != 0 || !c->mb->member;
-  if (moves || found->out_id == 0 || op->pass_box || d->modes->events) {
+  if (moves || found->out_id == 0 || op->pass_box || mt_ext_events(d->modes)) {
     rs.copy = *found;
     hold(&rs.copy, 1);
     rs.dec = &rs.copy;
   }
   PyObject *out = NULL;
-  if (d->modes->events && decision_event(d, op, c, rs.dec, hit) < 0) goto done;
+  if (mt_ext_events(d->modes) && decision_event(d, op, c, rs.dec, hit) < 0) goto done;
   if (moves) {
     if (local_args(d, c, rs.dec, ops, &rs) < 0) goto done;
   } else {

@@ -195,7 +195,7 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
   if (same) spec = Py_NewRef(src->spec);
   else if ((layout = out_layout(d, mb, src->spec, dst, &mk, &id)) != NULL)
     spec = mt_ext_make_spec(d, (PyObject *)mb, layout);
-  if (spec != NULL && d->modes->events && mb->member &&
+  if (spec != NULL && mt_ext_events(d->modes) && mb->member &&
       move_events(d, src, plan, same, PyTuple_GET_ITEM(spec, 1), what) < 0)
     Py_CLEAR(spec);
   if (spec != NULL) local = moved_local(d, mb, src, plan, same, async);

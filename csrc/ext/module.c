@@ -11,9 +11,9 @@ static int module_exec(PyObject *module) {
                            mt_ext_autograd_methods, mt_ext_decide_methods,
                            mt_ext_ring_methods,   mt_ext_kernels_methods, mt_ext_agree_methods,
                            mt_ext_watchdog_methods, mt_ext_exec_methods, mt_ext_hooks_methods,
-                           mt_ext_entry_methods,  mt_ext_move_methods};
-  for (size_t i = 0; i < sizeof tables / sizeof *tables; ++i)
-    if (PyModule_AddFunctions(module, tables[i]) < 0) return -1;
+                           mt_ext_entry_methods,  mt_ext_move_methods, NULL};
+  for (PyMethodDef **t = tables; *t != NULL; ++t)
+    if (PyModule_AddFunctions(module, *t) < 0) return -1;
   mt_ext_state *st = mt_ext_state_of(module);
   st->io_options = mt_io_options_default();
   st->io_options.counters = &st->io_counters;
