@@ -89,8 +89,8 @@ static PyObject *ring_shift_start(PyObject *module, PyObject *const *args,
   PyObject *recvs = sends == NULL ? NULL : PySequence_Tuple(args[3]), *out = NULL;
   mt_exchange *ex = NULL;
   mt_error err = {0};
-  int rc;
   if (recvs != NULL) {
+    int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = mt_ring_shift_start(mesh, dim, ns, sp, sb, rp, rb, &ex, &err);
     Py_END_ALLOW_THREADS
