@@ -20,7 +20,6 @@
 #include "mpitensor/comm.h"
 #include "mpitensor/counters.h"
 #include "mpitensor/io.h"
-#include "mpitensor/kernels.h"
 #include "mpitensor/layout_table.h"
 #include "mpitensor/memo.h"
 #include "mpitensor/mesh.h"
@@ -31,8 +30,8 @@
 typedef struct mt_ext_dispatch mt_ext_dispatch;
 
 /* Per-module state (PEP 489): the heap types, and what the C libraries keep no
- * global of: the communication and I/O counters, the I/O options and the BLAS of
- * the kernels, read and changed under the GIL. */
+ * global of: the communication and I/O counters and the I/O options, read and
+ * changed under the GIL. */
 typedef struct mt_ext_state {
   PyTypeObject *mesh_type, *plan_type, *request_type, *dimmap_type;
   PyTypeObject *dtensor_base_type, *mesh_base_type, *node_type, *modes_type;
@@ -41,7 +40,6 @@ typedef struct mt_ext_state {
   mt_comm_counters comm_counters;
   mt_io_counters io_counters;
   mt_io_options io_options; /* io_options.counters is &io_counters */
-  mt_blas blas;
 } mt_ext_state;
 
 extern struct PyModuleDef mt_ext_module_def;
@@ -364,7 +362,7 @@ extern PyMethodDef mt_ext_pool_methods[], mt_ext_mesh_methods[],
     mt_ext_redistribute_methods[], mt_ext_layout_methods[], mt_ext_rng_methods[],
     mt_ext_prop_methods[], mt_ext_io_methods[], mt_ext_ops_methods[],
     mt_ext_autograd_methods[], mt_ext_decide_methods[], mt_ext_ring_methods[],
-    mt_ext_kernels_methods[], mt_ext_agree_methods[], mt_ext_watchdog_methods[],
+    mt_ext_agree_methods[], mt_ext_watchdog_methods[],
     mt_ext_exec_methods[], mt_ext_hooks_methods[], mt_ext_entry_methods[],
     mt_ext_move_methods[];
 

@@ -9,7 +9,7 @@ static int module_exec(PyObject *module) {
                            mt_ext_redistribute_methods, mt_ext_pool_methods,
                            mt_ext_prop_methods,   mt_ext_io_methods,     mt_ext_ops_methods,
                            mt_ext_autograd_methods, mt_ext_decide_methods,
-                           mt_ext_ring_methods,   mt_ext_kernels_methods, mt_ext_agree_methods,
+                           mt_ext_ring_methods,   mt_ext_agree_methods,
                            mt_ext_watchdog_methods, mt_ext_exec_methods, mt_ext_hooks_methods,
                            mt_ext_entry_methods,  mt_ext_move_methods, NULL};
   for (PyMethodDef **t = tables; *t != NULL; ++t)

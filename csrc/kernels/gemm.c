@@ -1,5 +1,5 @@
 /* The one place the kernels call BLAS: row-major sgemm/dgemm through the CBLAS
- * functions of the mt_blas each call is handed (the extension loads MKL or NumPy's
+ * functions of the mt_blas each call is handed (mpitensor.nn loads MKL or NumPy's
  * OpenBLAS at import and keeps them; the C tests hand a reference loop). The
  * kernels link no BLAS, so they build and test without one; with none every
  * product reports MT_ENOTSUP and the Python layer computes with NumPy instead. */

@@ -15,7 +15,7 @@ import mpitensor as mt
 import mpitensor.parallel as mp
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, nn
 from mpitensor.debug import CommDebugMode
-from mpitensor.nn import _kernels, functional as F
+from mpitensor.nn import _ckernels, _kernels, functional as F
 from ops_helpers import W, make, mesh_of, mesh_shapes
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
@@ -464,7 +464,7 @@ def test_multihead_attention_backward_reads_heads_in_place(monkeypatch, fused, c
     """MultiheadAttention's backward hands the C kernel each head where its
     projection wrote it (strided, no transposing copy) and gets each gradient in its
     projection's layout; the gradients equal NumPy's."""
-    if not mt._C.kernels_have_blas():
+    if not _ckernels.have_blas():
         pytest.skip("no BLAS: attention runs in NumPy")
     mesh = mesh_of((W,))
     x = np.random.default_rng(4).standard_normal((2, 7, 12))
@@ -478,8 +478,8 @@ def test_multihead_attention_backward_reads_heads_in_place(monkeypatch, fused, c
         return [xd.grad.full_tensor()] + [p.grad.full_tensor() for p in attn.parameters()]
 
     calls = []
-    real = mt._C.attention_backward
-    monkeypatch.setattr(mt._C, "attention_backward",
+    real = _ckernels.attention_backward
+    monkeypatch.setattr(_ckernels, "attention_backward",
                         lambda *a: calls.append(a) or real(*a))
     got = grads()
     assert len(calls) == 1 and not calls[0][0].flags.c_contiguous  # q read in place

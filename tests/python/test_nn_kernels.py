@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, distribute_tensor, nn
-from mpitensor.nn import _kernels
+from mpitensor.nn import _ckernels, _kernels
 from mpitensor.nn import functional as F
 from mpitensor.parallel import SequenceParallel, parallelize_module
 from tp_models import build, heads_for, model_plan
@@ -260,8 +260,8 @@ def test_the_c_path_runs_when_it_applies(monkeypatch):
     calls = []
     for name in ("gelu", "gelu_backward", "softmax", "layer_norm", "attention",
                  "attention_backward"):
-        real = getattr(mt._C, name)
-        monkeypatch.setattr(_kernels._C, name,
+        real = getattr(_ckernels, name)
+        monkeypatch.setattr(_ckernels, name,
                             lambda *a, _f=real, _n=name: calls.append(_n) or _f(*a))
     x = data((4, 8), np.float32)
     F.gelu(x)
@@ -275,35 +275,41 @@ def test_the_c_path_runs_when_it_applies(monkeypatch):
     F._sdpa_backward(q, q, q, q, None, 0.0, True, None, None)
     F._sdpa_backward(q, q, q, q, np.tri(5, 5, dtype=bool), 0.0, False, None, None)  # NumPy
     expect = ["gelu", "gelu_backward", "softmax", "layer_norm"] + (
-        ["attention", "attention_backward"] if mt._C.kernels_have_blas() else [])
+        ["attention", "attention_backward"] if _ckernels.have_blas() else [])
     assert calls == expect
 
 
 def test_without_blas_attention_is_numpy(monkeypatch):
-    monkeypatch.setattr(_kernels._C, "kernels_have_blas", lambda: False)
-    monkeypatch.setattr(_kernels._C, "attention", None)  # would raise if called
+    monkeypatch.setattr(_ckernels, "have_blas", lambda: False)
+    monkeypatch.setattr(_ckernels, "attention", None)  # would raise if called
     q = data((3, 6, 4), np.float64)
     check(F.scaled_dot_product_attention(q, q, q, is_causal=True),
           ref_attention(q, q, q, causal=True), np.float64)
 
 
-def test_extension_rejects_what_python_filters():
+def test_kernels_reject_what_python_filters():
     x = data((3, 4), np.float32)
     with pytest.raises(TypeError, match="float32 or float64"):
-        mt._C.gelu(x.astype(np.int32), 0)
+        _ckernels.gelu(x.astype(np.int32), 0)
     with pytest.raises(ValueError, match="C-contiguous"):
-        mt._C.softmax(x.T, 0)
+        _ckernels.softmax(x.T, 0)
     with pytest.raises(ValueError, match="neither erf"):
-        mt._C.gelu(x, 7)
+        _ckernels.gelu(x, 7)
     with pytest.raises(ValueError, match="elements"):
-        mt._C.layer_norm(x, 4, np.ones(3, np.float32), None, 1e-5)
+        _ckernels.layer_norm(x, 4, np.ones(3, np.float32), None, 1e-5)
     with pytest.raises(TypeError, match="one dtype"):
-        mt._C.layer_norm(x, 4, np.ones(4, np.float64), None, 1e-5)
+        _ckernels.layer_norm(x, 4, np.ones(4, np.float64), None, 1e-5)
     q = data((1, 1, 3, 4), np.float32)
     with pytest.raises(ValueError, match="expected"):
-        mt._C.attention(q, q, q[..., :2], np.empty((1, 1, 3, 4), np.float32), 1.0, False)
+        _ckernels.attention(q, q, q[..., :2], np.empty((1, 1, 3, 4), np.float32), 1.0, False)
     with pytest.raises(ValueError, match="4-D"):
-        mt._C.attention(q[0], q[0], q[0], q[0].copy(), 1.0, False)
+        _ckernels.attention(q[0], q[0], q[0], q[0].copy(), 1.0, False)
+    p = np.zeros(4)
+    p.flags.writeable = False
+    with pytest.raises(ValueError, match="param is read-only"):
+        _ckernels.adam_update(p, p, p, p, None, 1.0, 0.0, 0.9, 0.99, 0.1, 1.0, 1e-8, False)
+    with pytest.raises(ValueError, match="sgemm and dgemm"):  # half a pair: MT_EINVAL
+        _ckernels.set_blas(1, 0, False)
 
 
 # -- the same models, sharded, with the kernels on and off --------------------------
@@ -362,8 +368,8 @@ def test_attention_of_no_heads_or_no_rows(path):
               np.zeros(np.moveaxis(q, -2, -3).shape), np.float64)
 
 
-@pytest.mark.skipif(not mt._C.kernels_have_blas(), reason="attention runs in C only with a BLAS")
-def test_attention_extension_checks_the_extents_of_outputs():
+@pytest.mark.skipif(not _ckernels.have_blas(), reason="attention runs in C only with a BLAS")
+def test_attention_checks_the_extents_of_outputs():
     """The core's attention operands carry strides only: a gradient or output of
     the wrong extent, or a read-only one, must be refused before the kernel would
     write past it."""
@@ -371,11 +377,11 @@ def test_attention_extension_checks_the_extents_of_outputs():
     g = data((1, 2, 4, 3), np.float64)
     dq, dk = np.empty_like(q), np.empty_like(k)
     with pytest.raises(ValueError, match="dv must have the shape"):
-        mt._C.attention_backward(q, k, v, g, dq, dk, np.empty((1, 2, 4, 3)), 1.0, False)
+        _ckernels.attention_backward(q, k, v, g, dq, dk, np.empty((1, 2, 4, 3)), 1.0, False)
     readonly = np.empty((1, 2, 4, 3))
     readonly.flags.writeable = False
     with pytest.raises(ValueError, match="out must be writable"):
-        mt._C.attention(q, k, v, readonly, 1.0, False)
+        _ckernels.attention(q, k, v, readonly, 1.0, False)
     dq.flags.writeable = False
     with pytest.raises(ValueError, match="dq must be writable"):
-        mt._C.attention_backward(q, k, v, g, dq, dk, np.empty_like(v), 1.0, False)
+        _ckernels.attention_backward(q, k, v, g, dq, dk, np.empty_like(v), 1.0, False)

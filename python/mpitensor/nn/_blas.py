@@ -1,5 +1,5 @@
 """The BLAS whose gemm the nn kernels call (nn.Linear's product and attention's),
-chosen at import and installed into mpitensor._C (the C core links no BLAS).
+chosen at import and handed to the C kernels (:mod:`._ckernels`; they link no BLAS).
 
 ``MPITENSOR_BLAS`` picks it: ``mkl`` (the ``mkl`` package's libmkl_rt, as
 ``pip install mpitensor[mkl]`` brings it), ``openblas`` or ``numpy`` (the OpenBLAS
@@ -31,7 +31,7 @@ from importlib.metadata import PackageNotFoundError, files
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from .. import _C
+from . import _ckernels
 
 # MKL's service-function constants (mkl_service.h).
 _MKL_THREADING_INTEL, _MKL_THREADING_SEQUENTIAL = 0, 1
@@ -152,7 +152,7 @@ def use(spec: str | None = None) -> str:
     it when no kernel runs (tests switch providers with it)."""
     global _active, _library
     spec = os.environ.get("MPITENSOR_BLAS", "").strip() if spec is None else spec.strip()
-    _C.kernels_set_blas(0, 0, False)
+    _ckernels.set_blas(0, 0, False)
     _active, _library = ("none", None), None
     order = ["mkl", "openblas"] if _cpu_vendor() == "GenuineIntel" else ["openblas", "mkl"]
     for choice in [spec] if spec else order:
@@ -169,7 +169,7 @@ def use(spec: str | None = None) -> str:
                 warnings.warn(f"mpitensor BLAS {choice!r} unusable: {e}; {then}",
                               RuntimeWarning, stacklevel=2)
             continue
-        _C.kernels_set_blas(s, d, ilp64)
+        _ckernels.set_blas(s, d, ilp64)
         _active, _library = (name, path), lib
         _warm_up()
         break
@@ -195,7 +195,7 @@ def _warm_up():
     with MKL symbols of its own that a later load could bind to."""
     for dtype in (np.float32, np.float64):
         one = np.ones((1, 1), dtype)
-        _C.gemm(one, one, np.empty((1, 1), dtype), False, 1.0, 0.0)
+        _ckernels.gemm(one, one, np.empty((1, 1), dtype), False, 1.0, 0.0)
 
 
 def _mkl_installed() -> bool:

@@ -1,5 +1,5 @@
-"""The local dense compute of the nn layers: mpitensor._C's kernels where the
-arrays fit them, NumPy otherwise, with the same results to rounding.
+"""The local dense compute of the nn layers: the C kernels (:mod:`._ckernels`) where
+the arrays fit them, NumPy otherwise, with the same results to rounding.
 
 The C kernels (csrc/kernels: activation.c, softmax.c, layer_norm.c, gemm.c,
 attention.c) take float32 or float64 arrays of one dtype. GELU (forward and
@@ -23,8 +23,7 @@ import os
 
 import numpy as np
 
-from .. import _C
-from . import _blas
+from . import _blas, _ckernels
 
 enabled = os.environ.get("MPITENSOR_NN_KERNELS", "1") != "0"
 _blas.use()
@@ -103,17 +102,17 @@ def _linear_gemm(x, w, b, shape):
     x2 = x.reshape(m, k)  # a view unless x's leading dims cannot merge
     x2 = _rows(x2) if _rows(x2) is not None else np.ascontiguousarray(x2)
     if _rows(w) is not None:
-        _C.gemm(x2, w, out.reshape(m, n), True, 1.0, 0.0 if b is None else 1.0)
+        _ckernels.gemm(x2, w, out.reshape(m, n), True, 1.0, 0.0 if b is None else 1.0)
     else:  # e.g. a transposed (Fortran-ordered) weight: its transpose has the rows
         wt = w.T if _rows(w.T) is not None else np.ascontiguousarray(w.T)
-        _C.gemm(x2, wt, out.reshape(m, n), False, 1.0, 0.0 if b is None else 1.0)
+        _ckernels.gemm(x2, wt, out.reshape(m, n), False, 1.0, 0.0 if b is None else 1.0)
     return out
 
 
 def gelu(x, approximate: str):
     """GELU of a float ndarray ("none": exact, "tanh": approximated)."""
     if enabled and x.dtype in _FLOAT:
-        return _C.gelu(_c(x), 1 if approximate == "tanh" else 0)
+        return _ckernels.gelu(_c(x), 1 if approximate == "tanh" else 0)
     if approximate == "tanh":
         t = x * x  # in place from here: one temporary for the whole formula
         t *= 0.044715
@@ -133,7 +132,7 @@ def gelu(x, approximate: str):
 def softmax(x, axis: int, log: bool):
     """(log_)softmax of a float ndarray along a normalized ``axis``."""
     if enabled and x.dtype in _FLOAT and axis == x.ndim - 1:
-        return _C.softmax(_c(x), log)
+        return _ckernels.softmax(_c(x), log)
     shifted = x - np.max(x, axis=axis, keepdims=True)
     if log:
         return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
@@ -147,8 +146,9 @@ def layer_norm(x, ndim: int, weight, bias, eps: float):
     shape = x.shape[x.ndim - ndim:]
     if (enabled and _fits(x, weight, bias) and x.size
             and all(p is None or p.shape == shape for p in (weight, bias))):
-        return _C.layer_norm(_c(x), math.prod(shape), None if weight is None else _c(weight),
-                             None if bias is None else _c(bias), float(eps))
+        return _ckernels.layer_norm(_c(x), math.prod(shape),
+                                    None if weight is None else _c(weight),
+                                    None if bias is None else _c(bias), float(eps))
     axes = tuple(range(x.ndim - ndim, x.ndim))
     mean = np.mean(x, axis=axes, keepdims=True)
     centered = x - mean
@@ -164,7 +164,7 @@ def layer_norm(x, ndim: int, weight, bias, eps: float):
 def attention_fits(q, k, v) -> bool:
     """Whether :func:`attention` runs in C for these operands: float ndarrays of one
     dtype, at least 2-D, with the same leading (batch, head) dims."""
-    return (enabled and _C.kernels_have_blas() and _fits(q, k, v) and q.ndim >= 2
+    return (enabled and _ckernels.have_blas() and _fits(q, k, v) and q.ndim >= 2
             and q.ndim == k.ndim == v.ndim and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
             and k.shape[-2] == v.shape[-2] and q.shape[-1] == k.shape[-1])
 
@@ -177,7 +177,7 @@ def attention(q, k, v, scale: float, causal: bool):
         return out
     heads = math.prod(q.shape[:-2])
     q4, k4, v4, o4 = (a.reshape((1, heads) + a.shape[-2:]) for a in (q, k, v, out))
-    _C.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
+    _ckernels.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
     return out
 
 
@@ -193,8 +193,8 @@ def attention_backward(q, k, v, g, scale: float, causal: bool):
     if q.shape[:-2] and math.prod(q.shape[:-2]) == 0:
         return grads
     q4, k4, v4, g4, dq, dk, dv = (_heads4(a) for a in (q, k, v, g) + grads)
-    _C.attention_backward(_inner(q4), _inner(k4), _inner(v4), _inner(g4), dq, dk, dv,
-                          float(scale), causal)
+    _ckernels.attention_backward(_inner(q4), _inner(k4), _inner(v4), _inner(g4), dq, dk,
+                                 dv, float(scale), causal)
     return grads
 
 
@@ -205,7 +205,7 @@ def attention_heads_backward(q, k, v, g, scale: float, causal: bool, out=None):
     nothing is transposed. ``out``, when given, is (dq, dk, dv) arrays of q's, k's
     and v's shapes to write into (e.g. slices of one fused gradient). None when the
     operands do not fit the C kernel."""
-    if not (enabled and _C.kernels_have_blas() and _fits(q, k, v, g) and q.ndim >= 3
+    if not (enabled and _ckernels.have_blas() and _fits(q, k, v, g) and q.ndim >= 3
             and q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
             and q.shape[-2] == k.shape[-2] == v.shape[-2] and k.shape[-3] == v.shape[-3]
             and q.shape[-1] == k.shape[-1]
@@ -218,8 +218,8 @@ def attention_heads_backward(q, k, v, g, scale: float, causal: bool, out=None):
         g = g.reshape(g.shape[:-1] + (q.shape[-2], v.shape[-1]))
         ops = [a.reshape((b,) + a.shape[-3:]).transpose(0, 2, 1, 3)
                for a in (q, k, v, g) + tuple(grads)]
-        _C.attention_backward(*(_inner(a) for a in ops[:4]), *ops[4:], float(scale),
-                              causal)
+        _ckernels.attention_backward(*(_inner(a) for a in ops[:4]), *ops[4:],
+                                     float(scale), causal)
     return grads
 
 
@@ -244,7 +244,7 @@ def attention_heads(q, k, v, scale: float, causal: bool):
     k (..., S, H, E), v (..., S, H, Ev), read in place (strided); returns
     (..., L, H * Ev) with the heads side by side, as the output projection wants
     them, or None when the operands do not fit the C kernel."""
-    if not (enabled and _C.kernels_have_blas() and _fits(q, k, v) and q.ndim >= 3
+    if not (enabled and _ckernels.have_blas() and _fits(q, k, v) and q.ndim >= 3
             and q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
             and q.shape[-2] == k.shape[-2] == v.shape[-2] and k.shape[-3] == v.shape[-3]
             and q.shape[-1] == k.shape[-1]):
@@ -256,7 +256,7 @@ def attention_heads(q, k, v, scale: float, causal: bool):
     b = math.prod(lead)
     q4, k4, v4, o4 = (a.reshape((b,) + a.shape[-3:]).transpose(0, 2, 1, 3)
                       for a in (q, k, v, out))
-    _C.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
+    _ckernels.attention(_inner(q4), _inner(k4), _inner(v4), o4, float(scale), causal)
     return out.reshape(lead + (L, H * Ev))
 
 
@@ -264,7 +264,7 @@ def gelu_backward(x, g, approximate: str):
     """``g * gelu'(x)`` for float ndarrays x and g of one shape: one C pass when
     they fit the kernels (one dtype), else NumPy's product with :func:`gelu_grad`."""
     if enabled and x.shape == g.shape and _fits(x, g):
-        return _C.gelu_backward(_c(x), _c(g), 1 if approximate == "tanh" else 0)
+        return _ckernels.gelu_backward(_c(x), _c(g), 1 if approximate == "tanh" else 0)
     return g * gelu_grad(x, approximate)
 
 

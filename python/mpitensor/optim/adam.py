@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 
-from .. import _C
-from ..nn import _kernels
+from ..nn import _ckernels, _kernels
 from .optimizer import Optimizer, zeros_like_param
 
 __all__ = ["Adam", "AdamW"]
@@ -23,7 +22,7 @@ def _real_view(a: np.ndarray) -> np.ndarray:
 
 
 def _fused_fits(*arrays) -> bool:
-    """Whether mpitensor._C.adam_update takes these local arrays (None allowed):
+    """Whether mpitensor.nn._ckernels.adam_update takes these local arrays (None allowed):
     C-contiguous, aligned, writeable float32/float64 of one dtype and size, with the
     kernels on (``MPITENSOR_NN_KERNELS=0`` compares the NumPy statements)."""
     first = arrays[0]
@@ -88,10 +87,10 @@ class Adam(Optimizer):
         if _fused_fits(local, g, m, v, vmax):
             # One pass over the elements instead of about ten NumPy temporaries,
             # with the same operations in the same dtype (the same bits).
-            _C.adam_update(local, g, m, v, vmax,
-                           1 - lr * wd if self._decoupled and wd != 0 else 1.0,
-                           0.0 if self._decoupled else float(wd), beta1, beta2, step_size,
-                           bias_correction2_sqrt, eps, group["maximize"])
+            _ckernels.adam_update(local, g, m, v, vmax,
+                                  1 - lr * wd if self._decoupled and wd != 0 else 1.0,
+                                  0.0 if self._decoupled else float(wd), beta1, beta2,
+                                  step_size, bias_correction2_sqrt, eps, group["maximize"])
             return
         if group["maximize"]:
             g = -g
