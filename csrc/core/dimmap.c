@@ -9,8 +9,6 @@
 #include "mpitensor/dtype.h"
 #include "mpitensor/prop.h"
 
-static int bit(uint32_t mask, int i) { return (int)((mask >> i) & 1u); }
-
 static int popcount(uint32_t mask) {
   int n = 0;
   for (; mask != 0; mask &= mask - 1) ++n;

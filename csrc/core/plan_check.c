@@ -1,10 +1,21 @@
 /* What a redistribution refuses before anything moves (plan.h): creating a
  * Partial, and reductions that do not exist for the dtype. Pure and cheap, so every
  * rank runs it on the same arguments and raises the same error, before any
- * collective. The messages are torch's where torch has the rule. */
+ * collective. The messages are torch's where torch has the rule.
+ *
+ * Below them, the checks every plan and exchange makes of its layouts (the
+ * planner's, through plan-private.h): each valid, both one tensor on one mesh,
+ * and a mesh no larger than MPI can number. */
+#include <inttypes.h>
+#include <stdint.h>
+#include <string.h>
+
 #include "core-private.h"
 #include "mpitensor/dtype.h"
+#include "mpitensor/layout.h"
 #include "mpitensor/plan.h"
+#include "mpitensor/status.h"
+#include "plan-private.h"
 
 int mt_partial_check(int dtype, int op, mt_error *err) {
   if (mt_dtype_size(dtype) == 0) {
@@ -74,4 +85,85 @@ int mt_plan_check(const mt_layout *src, const mt_layout *dst, int dtype,
       rc = mt_partial_check(dtype, s->reduce_op, err);
   }
   return rc;
+}
+
+/* Validates one layout into a clean copy; the message names which layout. */
+int mt__check_layout(const mt_layout *l, const char *what, mt_layout *out,
+                     mt_error *err) {
+  int rc = mt_layout_init(out, l->ndim, l->shape, l->mesh_ndim, l->mesh_shape,
+                          l->placements, err);
+  if (rc == MT_OK || err == NULL) return rc;
+  char msg[MT_ERROR_LEN];
+  memcpy(msg, err->msg, sizeof msg);
+  return mt__fail(err, rc, "The %s layout is invalid: %s", what, msg);
+}
+
+/* Both layouts must describe one tensor on one mesh. */
+static int check_same_frame(const mt_layout *a, const mt_layout *b, mt_error *err) {
+  if (a->ndim != b->ndim)
+    return mt__fail(err, MT_EINVAL,
+                    "The source layout has %d tensor dims and the target %d; "
+                    "redistribution keeps the global shape",
+                    a->ndim, b->ndim);
+  for (int d = 0; d < a->ndim; ++d) {
+    if (a->shape[d] != b->shape[d])
+      return mt__fail(err, MT_EINVAL,
+                      "Tensor dim %d has size %" PRId64 " in the source and %" PRId64
+                      " in the target; redistribution keeps the shape",
+                      d, a->shape[d], b->shape[d]);
+  }
+  if (a->mesh_ndim != b->mesh_ndim)
+    return mt__fail(err, MT_EINVAL,
+                    "The source mesh has %d dims and the target mesh %d; "
+                    "redistribution to another mesh is not supported",
+                    a->mesh_ndim, b->mesh_ndim);
+  for (int m = 0; m < a->mesh_ndim; ++m) {
+    if (a->mesh_shape[m] != b->mesh_shape[m])
+      return mt__fail(err, MT_EINVAL,
+                      "Mesh dim %d has size %" PRId64 " in the source and %" PRId64
+                      " in the target; both must use the same mesh",
+                      m, a->mesh_shape[m], b->mesh_shape[m]);
+  }
+  return MT_OK;
+}
+
+/* Planning and exchanges visit every rank; refuse meshes no MPI job can have. */
+int mt__check_mesh_size(const mt_layout *l, mt_error *err) {
+  int64_t n = 1;
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    n *= l->mesh_shape[m];
+    if (n > MT__MAX_MESH_NUMEL)
+      return mt__fail(err, MT_EINVAL,
+                      "The mesh has more than %" PRId64
+                      " ranks, more than MPI can number",
+                      MT__MAX_MESH_NUMEL);
+  }
+  return MT_OK;
+}
+
+/* Validates src and dst into clean copies of one tensor on one mesh. */
+int mt__check_pair(const mt_layout *src, const mt_layout *dst, mt_layout *a,
+                   mt_layout *b, mt_error *err) {
+  int rc = mt__check_layout(src, "source", a, err);
+  if (rc == MT_OK) rc = mt__check_layout(dst, "target", b, err);
+  if (rc == MT_OK) rc = check_same_frame(a, b, err);
+  if (rc == MT_OK) rc = mt__check_mesh_size(a, err);
+  return rc;
+}
+
+/* Redistribution never creates a pending reduction: a Partial target needs the
+ * same Partial in the source. */
+int mt__check_partials(const mt_layout *a, const mt_layout *b, mt_error *err) {
+  for (int m = 0; m < a->mesh_ndim; ++m) {
+    const mt_placement *p = &a->placements[m], *q = &b->placements[m];
+    if (!creates_partial(p, q)) continue;
+    char from[32], to[32];
+    return mt__fail(err, MT_EINVAL,
+                    "Cannot redistribute %s to %s on mesh dim %d: a Partial target "
+                    "needs the same Partial in the source (Partial comes from "
+                    "from_local and from operators, not from redistribute)",
+                    mt__placement_text(p, 0, from, sizeof from),
+                    mt__placement_text(q, 0, to, sizeof to), m);
+  }
+  return MT_OK;
 }
