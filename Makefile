@@ -135,7 +135,8 @@ FUZZ_SRC := tests/fuzz/fuzz_plan.c csrc/core/status.c csrc/core/dtype.c csrc/cor
   csrc/core/step_kind.c csrc/core/step_cost.c csrc/core/step_local.c \
   csrc/core/step_time.c csrc/core/walk.c csrc/core/leaves.c csrc/core/exchange_boxes.c \
   csrc/core/plan_check.c
-build/fuzz/fuzz_plan: $(FUZZ_SRC) $(wildcard csrc/core/*.h csrc/include/mpitensor/*.h) | system-deps
+build/fuzz/fuzz_plan: $(FUZZ_SRC) $(wildcard csrc/core/*.h csrc/include/mpitensor/*.h \
+  csrc/include/mpitensor/*/*.h) | system-deps
 	mkdir -p build/fuzz/corpus
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  -Icsrc/include -Icsrc/core $(FUZZ_SRC) -lm -o $@

@@ -10,9 +10,9 @@
 #include <mpi.h>
 #include <stdint.h>
 
-#include "mpitensor/direct.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
+#include "mpitensor/comm/direct.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
 
 /* Each step moves at least this much per member on average before it copies
  * directly: below, the two small collectives that frame the copies cost more

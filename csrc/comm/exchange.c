@@ -8,7 +8,7 @@
 #include "comm-private.h"
 #include "direct-private.h"
 #include "exec-private.h"
-#include "mpitensor/pack.h"
+#include "mpitensor/core/pack.h"
 
 void mt__exchange_peers(const mt_mesh *mesh, const int64_t *coord, int m, int64_t *lin,
                         int *me) {

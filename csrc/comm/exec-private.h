@@ -7,10 +7,10 @@
 #include <mpi.h>
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/mesh.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
 
 /* ---- one MPI_Alltoallw with a subarray datatype per peer (exchange.c) -------- */
 

@@ -16,11 +16,11 @@
 #include "direct-private.h"
 #include "exec-private.h"
 #include "mpi-types-private.h"
-#include "mpitensor/agree.h"
-#include "mpitensor/comm.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/agree.h"
+#include "mpitensor/comm/pool.h"
+#include "mpitensor/comm/redistribute.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/pack.h"
 
 typedef struct exec_ctx {
   mt_mesh *mesh;

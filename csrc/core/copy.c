@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/pack.h"
+#include "mpitensor/core/pack.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

@@ -5,9 +5,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 
 /* The core's short name for mt_error_set: `return mt__fail(err, MT_EINVAL, ...);`. */
 #define mt__fail mt_error_set

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/prop.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/prop.h"
 
 static int popcount(uint32_t mask) {
   int n = 0;

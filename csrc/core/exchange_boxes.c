@@ -5,9 +5,9 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
 #include "plan-private.h"
 
 /* Advances a row-major mesh coordinate; returns 0 once it wraps to all zeros. */

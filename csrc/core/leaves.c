@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
+#include "mpitensor/core/layout.h"
 #include "plan-private.h"
 
 static void hist_add(mt__hist *h, int64_t len, int64_t count) {

@@ -10,10 +10,10 @@
 #include <stdint.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 
 /* Steps and their totals: a plan's, and each candidate's while planning. */
 typedef struct mt__steps {

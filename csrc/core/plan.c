@@ -1,7 +1,7 @@
 /* A plan as data (plan.h): its steps with their totals, a count of owners, and
  * the per-process part an executor compiled from it on its first run. Which steps
  * a plan holds is the planner's question (plan_create.c). */
-#include "mpitensor/plan.h"
+#include "mpitensor/core/plan.h"
 
 #include <assert.h>
 #include <stdatomic.h>
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "core-private.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/status.h"
 
 /* The steps and their totals, and what owns the plan: a count of owners, and the
  * per-process compiled part an executor attached on first use (set once, then

@@ -11,10 +11,10 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
 #include "plan-private.h"
 
 int mt_partial_check(int dtype, int op, mt_error *err) {

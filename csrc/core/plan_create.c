@@ -17,10 +17,10 @@
 #include <stdlib.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 #include "plan-private.h"
 
 /* Relabels every size-1 mesh dim Replicate, which changes no rank's box. */

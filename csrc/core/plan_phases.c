@@ -8,10 +8,10 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 #include "plan-private.h"
 
 /* Appends the step `kind` on mesh dim `m` from `a` to `b`, priced. */

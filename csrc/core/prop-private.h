@@ -8,10 +8,10 @@
 
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/prop.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/prop.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 
 /* All Replicate, one per shardable label, one per input for LINEAR_ONE. */
 #define MT__PROP_MAX_CANDS (1 + MT_PROP_MAX_LABELS + MT_PROP_MAX_INPUTS)

@@ -2,13 +2,13 @@
  * (mt_dimmap_check: counts, masks, label kinds, and the labels of the inputs and
  * of the output), and the names of the reduce ops a Partial carries. The engine
  * that reads dim maps is propagate.c's. */
-#include "mpitensor/prop.h"
+#include "mpitensor/core/prop.h"
 
 #include <inttypes.h>
 #include <stdint.h>
 
 #include "core-private.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/status.h"
 
 const char *mt_reduce_op_name(int op) {
   static const char *const names[MT_REDUCE_COUNT] = {"sum", "avg", "product", "max", "min"};

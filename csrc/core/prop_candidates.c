@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/prop.h"
+#include "mpitensor/core/prop.h"
 #include "prop-private.h"
 
 static int even_only(const mt_dimmap *map, int l) {

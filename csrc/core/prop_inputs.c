@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/prop.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/prop.h"
+#include "mpitensor/core/status.h"
 #include "prop-private.h"
 
 /* Validates input i into e->cur[i]; the message names the input. */

@@ -13,10 +13,10 @@
 #include <stdint.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 #include "prop-private.h"
 
 /* The layout input i must be moved to under `choice`. A Replicate input that a

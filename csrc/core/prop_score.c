@@ -5,10 +5,10 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/prop.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/prop.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 #include "prop-private.h"
 
 /* The extent [*off, *off + *n) of a dim of size `size` held at `idx`, nested

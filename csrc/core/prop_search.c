@@ -17,9 +17,9 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/prop.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/prop.h"
+#include "mpitensor/core/status.h"
 #include "prop-private.h"
 
 /* A combination (its row-major number over mesh dims) and a lower bound of its

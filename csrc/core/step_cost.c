@@ -19,9 +19,9 @@
 #include <stdint.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
 #include "plan-private.h"
 
 /* Chunk i of a length over g ranks, as mt_chunk cuts it. */

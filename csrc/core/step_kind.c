@@ -1,7 +1,7 @@
 /* The collective that changes one mesh dim, and whether it is valid there. */
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
 #include "plan-private.h"
 
 /* No later mesh dim cuts tensor dim `d` again, so the boxes of a group along mesh

@@ -2,8 +2,8 @@
  * order of two candidate plans by their predicted times. */
 #include <stdint.h>
 
-#include "mpitensor/plan.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/timemodel.h"
 #include "plan-private.h"
 
 /* The collective each one-mesh-dim step kind runs. */

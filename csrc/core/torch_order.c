@@ -3,8 +3,8 @@
 #include <stdint.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
 #include "plan-private.h"
 
 /* Whether mesh dims before `m` shard tensor dim `d` alike in `a` and `b`. */

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
 #include "plan-private.h"
 
 /* One tensor dim of a walk: its source and target leaves (empty ones included)

@@ -15,14 +15,14 @@
 #endif
 #include <numpy/arrayobject.h>
 
-#include "mpitensor/counters.h"
-#include "mpitensor/io.h"
-#include "mpitensor/kernels.h"
+#include "mpitensor/comm/counters.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/io/io.h"
+#include "mpitensor/kernels/kernels.h"
 #include "mpitensor/mpitensor.h"
-#include "mpitensor/plan.h"
 
-#include "mpitensor/layout_table.h"
-#include "mpitensor/memo.h"
+#include "mpitensor/core/layout_table.h"
+#include "mpitensor/core/memo.h"
 
 /* Per-module state (PEP 489): the heap types, for isinstance checks in any area;
  * and what the C libraries keep no global of: the communication and I/O counters

@@ -8,7 +8,7 @@
 #include <limits.h>
 #include <string.h>
 
-#include "mpitensor/prop.h"
+#include "mpitensor/core/prop.h"
 
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
   PyObject *id = PyDict_GetItemWithError(d->op_ids, key);

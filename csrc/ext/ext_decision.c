@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/mesh.h"
 #include <string.h>
 #include <structmember.h>
 

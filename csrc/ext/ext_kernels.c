@@ -4,7 +4,7 @@
  * mismatch here is a TypeError or ValueError, never a silent copy. All Local; the
  * GIL is released while a kernel runs. */
 #include "ext.h"
-#include "mpitensor/kernels.h"
+#include "mpitensor/kernels/kernels.h"
 
 /* The array behind args[i], float32/float64 of `dtype` (or any of the two when
  * *dtype < 0, which is then set), C-contiguous and aligned unless `any_layout`. */

@@ -1,8 +1,9 @@
 /* _C.Plan, _C.Request and the redistribute/distribute entry points. */
 #include "ext.h"
 
-#include "mpitensor/comm.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/distribute.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/redistribute.h"
 
 typedef struct {
   PyObject_HEAD

@@ -2,8 +2,8 @@
  * the next rank, an uneven all-gather, and the metadata all-gather. */
 #include "ext.h"
 
-#include "mpitensor/mesh.h"
-#include "mpitensor/ring.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/ring.h"
 
 typedef struct {
   PyObject_HEAD

@@ -13,6 +13,8 @@
  * is 64-bit safe, and the box's start goes into the view's displacement. Between
  * phases the members agree on the first failure (mt_agree_comm) so that they all
  * return it. */
+#include "mpitensor/io/io.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -24,7 +26,7 @@
 #include <unistd.h>
 
 #include "io-private.h"
-#include "mpitensor/agree.h"
+#include "mpitensor/comm/agree.h"
 
 /* ---- datatypes --------------------------------------------------------------- */
 

@@ -40,8 +40,8 @@
 #include <unistd.h>
 
 #include "io-private.h"
-#include "mpitensor/direct.h"
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/direct.h"
+#include "mpitensor/comm/pool.h"
 
 /* What each rank tells the others: where its box is, where its token is and what
  * it says, whether it can take part, and the CPUs it may run on (how many, and

@@ -24,8 +24,8 @@
 #include <string.h>
 
 #include "io-private.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/pool.h"
+#include "mpitensor/core/pack.h"
 
 /* The largest message, so that a count fits an int; and the tag of the chunks'
  * messages (the comm's other traffic is collective, which tags never match). */

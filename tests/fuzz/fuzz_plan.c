@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
 
 /* Brute force is O(ranks^2) per step: meshes above these sizes are only planned
  * (which visits every rank once per priced step), or not checked by pairs. */

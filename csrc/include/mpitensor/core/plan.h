@@ -11,9 +11,9 @@
 
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 
 #ifdef __cplusplus
 extern "C" {
