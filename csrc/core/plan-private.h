@@ -95,8 +95,8 @@ int mt__check_mesh_size(const mt_layout *l, mt_error *err);
 int mt__check_pair(const mt_layout *src, const mt_layout *dst, mt_layout *a,
                    mt_layout *b, mt_error *err);
 
-/* Redistribution never creates a pending reduction: a Partial target needs the
- * same Partial in the source. */
+/* Redistribution never creates a pending reduction: MT_ESTATE, as mt_plan_check
+ * refuses it, where a Partial target lacks the same Partial in the source. */
 int mt__check_partials(const mt_layout *a, const mt_layout *b, mt_error *err);
 
 /* ---- step kinds (step_kind.c) -------------------------------------------------- */

@@ -66,22 +66,29 @@ static int check_frame(const mt_layout *src, const mt_layout *dst, mt_error *err
   return rc == MT_OK ? check_kinds(dst, err) : rc;
 }
 
+/* Redistribution never creates a pending reduction: a Partial target on mesh dim
+ * `m` needs the same Partial in the source. The one statement of the rule, for
+ * mt_plan_check and mt_plan_create alike, with torch's RuntimeError and message. */
+static int refuse_partial(const mt_placement *s, const mt_placement *d, int m,
+                          mt_error *err) {
+  if (!creates_partial(s, d)) return MT_OK;
+  char from[32], to[32];
+  return mt__fail(err, MT_ESTATE,
+                  "Can not redistribute from %s to %s on mesh dim %d: "
+                  "redistributing to Partial is for internal use only! Partial "
+                  "tensors come from DTensor.from_local and from operators.",
+                  mt__placement_text(s, 1, from, sizeof from),
+                  mt__placement_text(d, 1, to, sizeof to), m);
+}
+
 int mt_plan_check(const mt_layout *src, const mt_layout *dst, int dtype,
                   mt_error *err) {
   int rc = check_frame(src, dst, err);
   for (int m = 0; rc == MT_OK && m < src->mesh_ndim; ++m) {
     const mt_placement *s = &src->placements[m], *d = &dst->placements[m];
     if (placement_eq(s, d)) continue;
-    if (creates_partial(s, d)) {
-      char from[32], to[32];
-      return mt__fail(err, MT_ESTATE,
-                      "Can not redistribute from %s to %s on mesh dim %d: "
-                      "redistributing to Partial is for internal use only! Partial "
-                      "tensors come from DTensor.from_local and from operators.",
-                      mt__placement_text(s, 1, from, sizeof from),
-                      mt__placement_text(d, 1, to, sizeof to), m);
-    }
-    if (s->kind == MT_PLACEMENT_PARTIAL)
+    rc = refuse_partial(s, d, m, err);
+    if (rc == MT_OK && s->kind == MT_PLACEMENT_PARTIAL)
       rc = mt_partial_check(dtype, s->reduce_op, err);
   }
   return rc;
@@ -151,19 +158,9 @@ int mt__check_pair(const mt_layout *src, const mt_layout *dst, mt_layout *a,
   return rc;
 }
 
-/* Redistribution never creates a pending reduction: a Partial target needs the
- * same Partial in the source. */
 int mt__check_partials(const mt_layout *a, const mt_layout *b, mt_error *err) {
-  for (int m = 0; m < a->mesh_ndim; ++m) {
-    const mt_placement *p = &a->placements[m], *q = &b->placements[m];
-    if (!creates_partial(p, q)) continue;
-    char from[32], to[32];
-    return mt__fail(err, MT_EINVAL,
-                    "Cannot redistribute %s to %s on mesh dim %d: a Partial target "
-                    "needs the same Partial in the source (Partial comes from "
-                    "from_local and from operators, not from redistribute)",
-                    mt__placement_text(p, 0, from, sizeof from),
-                    mt__placement_text(q, 0, to, sizeof to), m);
-  }
-  return MT_OK;
+  int rc = MT_OK;
+  for (int m = 0; rc == MT_OK && m < a->mesh_ndim; ++m)
+    rc = refuse_partial(&a->placements[m], &b->placements[m], m, err);
+  return rc;
 }
