@@ -707,28 +707,19 @@ int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *s
 static int selection_build(const exec_ctx *c, const mt_layout *src,
                            const mt_selection *sel, const mt_layout *dst,
                            mt__exchange *x, mt_error *err) {
-  int64_t n = 1;
-  for (int d = 0; d < mt_mesh_ndim(c->mesh); ++d) n *= mt_mesh_dim_size(c->mesh, d);
-  mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
-  int64_t *lin = malloc((size_t)n * sizeof *lin);
-  if (boxes == NULL || lin == NULL) {
-    free(boxes);
-    free(lin);
-    return mt_error_set(err, MT_ENOMEM, "out of memory");
-  }
-  int rc = mt_selection_exchange_boxes(src, sel, dst, c->coord, n, boxes, boxes + n, err);
+  mt__exchange_scratch sc;
+  int rc = mt__exchange_scratch_init(c->mesh, c->coord, -1, &sc, err);
+  if (rc != MT_OK) return rc;
+  rc = mt_selection_exchange_boxes(src, sel, dst, c->coord, sc.n, sc.send, sc.recv, err);
   if (rc == MT_OK) {
-    int me = 0;
     mt_box own, sb, tb;
-    mt__exchange_peers(c->mesh, c->coord, -1, lin, &me);
     box_at(c, src, -1, 0, &own);
     mt_selection_image(sel, &own, &sb);
     box_at(c, dst, -1, 0, &tb);
-    rc = mt__exchange_build(&sb, &tb, boxes, boxes + n, lin, (int)n, me, c->itemsize, NULL,
-                            x, err);
+    rc = mt__exchange_build(&sb, &tb, sc.send, sc.recv, sc.lin, (int)sc.n, sc.me,
+                            c->itemsize, NULL, x, err);
   }
-  free(boxes);
-  free(lin);
+  mt__exchange_scratch_free(&sc);
   return rc;
 }
 
