@@ -129,7 +129,7 @@ static int gather_pairwise(const exec_ctx *c, pending *p, const mt_box *t, int *
  * all-gather goes by pairwise exchanges rather than direct reads: the kernel
  * writes with ordinary stores, which read every line of an output that no
  * longer fits in cache before writing it, where the pairwise placement streams
- * (mt_copy_bytes). Measured: from 16 MiB in all, direct reads lose. */
+ * (mt_copy_bytes): from this size, direct reads lose. */
 #define GATHER_DIRECT_MAX_BYTES ((int64_t)16 << 20)
 
 /* An all-gather along an inner dim by direct reads (direct.c), when it is

@@ -14,8 +14,8 @@
  * them each) without visiting ranks. Only a direct exchange, whose layouts differ
  * on several mesh dims, and a step of torch's order that is no valid collective
  * walk the coordinates of the mesh dims that shard something (walk.c), with
- * O(tensor dims) work per coordinate, once per planning, so a plan on 16,384
- * ranks takes a few million instructions. */
+ * O(tensor dims) work per coordinate, once per planning, so planning grows with
+ * the mesh and not with its pairs of ranks. */
 #include <stdint.h>
 
 #include "core-private.h"

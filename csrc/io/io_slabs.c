@@ -2,7 +2,7 @@
  * piece of every rank's box) through row slabs, pipelined.
  *
  * Writing them in place would mean millions of short writes, or MPI-IO's
- * two-phase collective buffering, which measured several times slower on ext4.
+ * two-phase collective buffering, which is much slower on ext4.
  * Instead each rank's share of the file is one run of whole rows of dim 0 (its
  * slab), and the boxes are exchanged in memory into the slabs; each byte crosses
  * the wire at most once and is written once. Done whole, the exchange adds its
