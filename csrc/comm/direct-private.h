@@ -10,7 +10,6 @@
 #include <mpi.h>
 #include <stdint.h>
 
-#include "mpitensor/comm/direct.h"
 #include "mpitensor/core/layout.h"
 #include "mpitensor/core/status.h"
 
