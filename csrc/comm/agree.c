@@ -2,7 +2,7 @@
  * and the minima of the values in one MPI_Allreduce, then that rank's mt_error in
  * one MPI_Bcast. It calls nothing of the meshes, so that creating a mesh can agree
  * (mesh.c); mt_agree, on a mesh, is in agree_mesh.c. */
-#include "mpitensor/agree.h"
+#include "mpitensor/comm/agree.h"
 
 #include <stdio.h>
 #include <string.h>

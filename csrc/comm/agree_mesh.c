@@ -1,6 +1,6 @@
 /* mt_agree (agree.h): the agreement over a mesh's members, apart from agree.c so
  * that the meshes' file calls the agreement and not the other way round. */
-#include "mpitensor/agree.h"
+#include "mpitensor/comm/agree.h"
 
 #include "comm-private.h"
 

@@ -6,8 +6,8 @@
 
 #include "comm-private.h"
 #include "count-private.h"
-#include "mpitensor/agree.h"
-#include "mpitensor/pack.h"
+#include "mpitensor/comm/agree.h"
+#include "mpitensor/core/pack.h"
 
 static int check_dim(const mt_mesh *mesh, int dim, mt_error *err) {
   int ndim = mt_mesh_ndim(mesh);

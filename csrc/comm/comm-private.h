@@ -9,9 +9,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/mesh.h" /* mt_mpi_error */
-#include "mpitensor/status.h"
+#include "mpitensor/comm/mesh.h" /* mt_mpi_error */
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
 
 /* Where this process waits, for the collective watchdog (watchdog.c): the name of
  * the blocking MPI call it is in (NULL: none) and how many it has entered. */

@@ -105,19 +105,11 @@ static void peer_boxes(const mt_mesh *mesh, const mt_layout *l, const int64_t *c
 /* All-to-all or direct: every peer's boxes, then the exchange's datatypes. */
 static int compile_exchange(const mt_mesh *mesh, const mt_step *s, const int64_t *coord,
                             int64_t isz, mt__step_exec *e, mt_error *err) {
-  int64_t n = 1;
-  for (int d = 0; d < mt_mesh_ndim(mesh); ++d) n *= mt_mesh_dim_size(mesh, d);
-  mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
-  int64_t *lin = malloc((size_t)n * sizeof *lin);
-  if (boxes == NULL || lin == NULL) {
-    free(boxes);
-    free(lin);
-    return mt_error_set(err, MT_ENOMEM, "out of memory");
-  }
-  int me = 0;
-  mt__exchange_peers(mesh, coord, s->mesh_dim, lin, &me);
-  int rc =
-      mt_exchange_boxes(&s->src, &s->dst, s->mesh_dim, coord, n, boxes, boxes + n, err);
+  mt__exchange_scratch sc;
+  int rc = mt__exchange_scratch_init(mesh, coord, s->mesh_dim, &sc, err);
+  if (rc != MT_OK) return rc;
+  rc = mt_exchange_boxes(&s->src, &s->dst, s->mesh_dim, coord, sc.n, sc.send, sc.recv,
+                         err);
   /* The peers' boxes only where direct copies may run: a plan over a large mesh
    * would otherwise hold O(group) boxes it never reads. */
   int direct = mt_mesh_direct_read(mesh) && e->group <= MT__DIRECT_MAX_GROUP;
@@ -132,12 +124,11 @@ static int compile_exchange(const mt_mesh *mesh, const mt_step *s, const int64_t
     mt_box sb, tb;
     mt__box_at(&s->src, coord, -1, 0, &sb);
     mt__box_at(&s->dst, coord, -1, 0, &tb);
-    rc = mt__exchange_build(&sb, &tb, boxes, boxes + n, lin, (int)e->group, me, isz,
-                            peers, &e->x, err);
+    rc = mt__exchange_build(&sb, &tb, sc.send, sc.recv, sc.lin, (int)e->group, sc.me,
+                            isz, peers, &e->x, err);
   }
   free(peers);
-  free(boxes);
-  free(lin);
+  mt__exchange_scratch_free(&sc);
   return rc;
 }
 

@@ -7,8 +7,8 @@
 
 #include <stdint.h>
 
-#include "mpitensor/counters.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/counters.h"
+#include "mpitensor/comm/mesh.h"
 
 /* Counts one collective of `kind` on `mesh` that delivered `bytes` of payload from
  * this process to other ranks, into the mesh's counters (if any). */

@@ -1,6 +1,6 @@
 /* Communication counters (counters.h): atomic cells in a struct the caller owns, so
  * counting costs a few ns and keeps no state in the library. */
-#include "mpitensor/counters.h"
+#include "mpitensor/comm/counters.h"
 
 void mt_comm_count(mt_comm_counters *counters, int coll, int64_t nbytes) {
   if (counters == NULL || coll < 0 || coll >= MT_COLL_COUNT) return;

@@ -10,15 +10,12 @@
 #include <mpi.h>
 #include <stdint.h>
 
-#include "mpitensor/direct.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
 
 /* Each step moves at least this much per member on average before it copies
  * directly: below, the two small collectives that frame the copies cost more
- * than the passes they spare (measured on a Xeon at np 2: Shard(0) -> Shard(1)
- * of 4 KiB per rank 1.3 times slower directly than through MPI, of 16 KiB 1.5
- * times faster). */
+ * than the passes they spare. */
 #define MT__DIRECT_MIN_BYTES ((int64_t)16 << 10)
 
 /* The largest group that reads directly (the peers' addresses live on the
@@ -38,8 +35,7 @@ int mt__direct_probe(MPI_Comm comm, int n, int *ok, mt_error *err);
 #define MT__DIRECT_MIN_RUN ((int64_t)4 << 10)
 
 /* And at least this many on its own side: the kernel copies run by run, and
- * below this (measured: 128-byte runs lose, 512-byte runs win) MPI's packing
- * loops move short runs faster. */
+ * below this MPI's packing loops move short runs faster. */
 #define MT__DIRECT_MIN_LOCAL_RUN ((int64_t)512)
 
 /* Where a member's arrays live, as its peers need them. */

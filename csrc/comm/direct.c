@@ -1,5 +1,5 @@
 /* Direct copies between the processes of one node (direct-private.h). */
-#include "direct-private.h"
+#include "mpitensor/comm/direct.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -9,7 +9,8 @@
 #include <unistd.h>
 
 #include "comm-private.h"
-#include "mpitensor/agree.h"
+#include "direct-private.h"
+#include "mpitensor/comm/agree.h"
 
 #if defined(__linux__)
 #include <sys/uio.h>

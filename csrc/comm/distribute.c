@@ -9,11 +9,11 @@
 #include "comm-private.h"
 #include "count-private.h"
 #include "mpi-types-private.h"
-#include "mpitensor/agree.h"
-#include "mpitensor/comm.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/agree.h"
+#include "mpitensor/comm/distribute.h"
+#include "mpitensor/comm/pool.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/pack.h"
 
 typedef struct dist_ctx {
   mt_mesh *mesh;

@@ -8,10 +8,12 @@
 #include "comm-private.h"
 #include "direct-private.h"
 #include "exec-private.h"
-#include "mpitensor/pack.h"
+#include "mpitensor/core/pack.h"
 
-void mt__exchange_peers(const mt_mesh *mesh, const int64_t *coord, int m, int64_t *lin,
-                        int *me) {
+/* The mesh position (lin) of each of this rank's `g` peers along mesh dim `m`
+ * (m < 0: the whole mesh, in mesh order), and this rank's index among them. */
+static void exchange_peers(const mt_mesh *mesh, const int64_t *coord, int m,
+                           int64_t *lin, int *me) {
   int nd = mt_mesh_ndim(mesh);
   int64_t g = m >= 0 ? mt_mesh_dim_size(mesh, m) : 1;
   for (int d = 0; m < 0 && d < nd; ++d) g *= mt_mesh_dim_size(mesh, d);
@@ -26,6 +28,27 @@ void mt__exchange_peers(const mt_mesh *mesh, const int64_t *coord, int m, int64_
   for (int d = 0; m < 0 && d < nd; ++d)
     mine = mine * mt_mesh_dim_size(mesh, d) + coord[d];
   *me = (int)mine;
+}
+
+int mt__exchange_scratch_init(const mt_mesh *mesh, const int64_t *coord, int m,
+                              mt__exchange_scratch *sc, mt_error *err) {
+  int64_t n = 1;
+  for (int d = 0; d < mt_mesh_ndim(mesh); ++d) n *= mt_mesh_dim_size(mesh, d);
+  mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
+  int64_t *lin = malloc((size_t)n * sizeof *lin);
+  if (boxes == NULL || lin == NULL) {
+    free(boxes);
+    free(lin);
+    return mt_error_set(err, MT_ENOMEM, "out of memory");
+  }
+  sc->n = n, sc->send = boxes, sc->recv = boxes + n, sc->lin = lin;
+  exchange_peers(mesh, coord, m, lin, &sc->me);
+  return MT_OK;
+}
+
+void mt__exchange_scratch_free(mt__exchange_scratch *sc) {
+  free(sc->send);
+  free(sc->lin);
 }
 
 /* A datatype that picks `part` out of the C-contiguous array holding `whole`. */

@@ -7,10 +7,10 @@
 #include <mpi.h>
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/mesh.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
 
 /* ---- one MPI_Alltoallw with a subarray datatype per peer (exchange.c) -------- */
 
@@ -31,10 +31,26 @@ typedef struct mt__exchange {
   mt_box *direct;
 } mt__exchange;
 
-/* Local. The mesh position (lin) of each of this rank's `g` peers along mesh dim
- * `m` (m < 0: the whole mesh, in mesh order), and this rank's index among them. */
-void mt__exchange_peers(const mt_mesh *mesh, const int64_t *coord, int m, int64_t *lin,
-                        int *me);
+/* What building one exchange takes besides this rank's own boxes: room for the
+ * box this rank sends to and receives from every rank of the mesh (the global
+ * boxes of mt_exchange_boxes, which the caller fills), and the mesh position of
+ * each of its peers with its own index among them. */
+typedef struct mt__exchange_scratch {
+  int64_t n;    /* ranks of the mesh */
+  mt_box *send; /* n boxes, and recv the n after them in one block */
+  mt_box *recv;
+  int64_t *lin; /* the peers' mesh positions, in peer order */
+  int me;       /* this rank's index among the peers */
+} mt__exchange_scratch;
+
+/* Local. The scratch of an exchange of the rank at `coord` with its peers along
+ * mesh dim `m` (m < 0: the whole mesh, in mesh order). MT_ENOMEM leaves nothing to
+ * free. */
+int mt__exchange_scratch_init(const mt_mesh *mesh, const int64_t *coord, int m,
+                              mt__exchange_scratch *sc, mt_error *err);
+
+/* Frees what mt__exchange_scratch_init allocated. */
+void mt__exchange_scratch_free(mt__exchange_scratch *sc);
 
 /* Local. Builds the exchange in which this rank (index `me` among g peers of mesh
  * positions `lin`, with boxes `sb` and `tb`) sends send[lin[q]] to peer q and

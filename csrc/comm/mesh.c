@@ -4,7 +4,7 @@
  * (ordered by their row-major mesh position) and that one into one communicator per
  * mesh dim. Every communicator gets MPI_ERRORS_RETURN so an MPI failure comes back
  * as a status instead of killing the job. */
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/mesh.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -14,8 +14,8 @@
 
 #include "comm-private.h"
 #include "direct-private.h"
-#include "mpitensor/agree.h"
-#include "mpitensor/counters.h"
+#include "mpitensor/comm/agree.h"
+#include "mpitensor/comm/counters.h"
 
 struct mt_mesh {
   int refcount;    /* Slices hold a reference to their parent. */

@@ -5,7 +5,7 @@
 #include <mpi.h>
 #include <stdint.h>
 
-#include "mpitensor/status.h"
+#include "mpitensor/core/status.h"
 
 /* Local. The MPI datatype and operation that reduce `dtype` with `op` (what
  * mt_partial_check refuses fails here the same way). float16 and

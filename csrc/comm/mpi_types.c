@@ -10,9 +10,9 @@
 
 #include "comm-private.h"
 #include "mpi-types-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/plan.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/pack.h"
+#include "mpitensor/core/plan.h"
 
 enum { USER_SUM, USER_PRODUCT, USER_MAX, USER_MIN, USER_WRAP_SUM, USER_COUNT };
 

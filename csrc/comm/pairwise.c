@@ -23,8 +23,8 @@
 
 #include "comm-private.h"
 #include "exec-private.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/pool.h"
+#include "mpitensor/core/pack.h"
 
 /* Point-to-point messages of these exchanges; collectives on the same
  * communicator never match them, nor do ring shifts (their own tag), and the

@@ -11,7 +11,7 @@
 #include <unistd.h>
 #endif
 
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/pool.h"
 
 #define HEADER 64              /* keeps the block 64-byte aligned */
 #define MIN_CACHED (64 << 10)  /* smaller blocks are malloc's business */

@@ -16,11 +16,11 @@
 #include "direct-private.h"
 #include "exec-private.h"
 #include "mpi-types-private.h"
-#include "mpitensor/agree.h"
-#include "mpitensor/comm.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/agree.h"
+#include "mpitensor/comm/pool.h"
+#include "mpitensor/comm/redistribute.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/pack.h"
 
 typedef struct exec_ctx {
   mt_mesh *mesh;
@@ -129,7 +129,7 @@ static int gather_pairwise(const exec_ctx *c, pending *p, const mt_box *t, int *
  * all-gather goes by pairwise exchanges rather than direct reads: the kernel
  * writes with ordinary stores, which read every line of an output that no
  * longer fits in cache before writing it, where the pairwise placement streams
- * (mt_copy_bytes). Measured: from 16 MiB in all, direct reads lose. */
+ * (mt_copy_bytes): from this size, direct reads lose. */
 #define GATHER_DIRECT_MAX_BYTES ((int64_t)16 << 20)
 
 /* An all-gather along an inner dim by direct reads (direct.c), when it is
@@ -707,28 +707,19 @@ int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *s
 static int selection_build(const exec_ctx *c, const mt_layout *src,
                            const mt_selection *sel, const mt_layout *dst,
                            mt__exchange *x, mt_error *err) {
-  int64_t n = 1;
-  for (int d = 0; d < mt_mesh_ndim(c->mesh); ++d) n *= mt_mesh_dim_size(c->mesh, d);
-  mt_box *boxes = malloc((size_t)(2 * n) * sizeof *boxes);
-  int64_t *lin = malloc((size_t)n * sizeof *lin);
-  if (boxes == NULL || lin == NULL) {
-    free(boxes);
-    free(lin);
-    return mt_error_set(err, MT_ENOMEM, "out of memory");
-  }
-  int rc = mt_selection_exchange_boxes(src, sel, dst, c->coord, n, boxes, boxes + n, err);
+  mt__exchange_scratch sc;
+  int rc = mt__exchange_scratch_init(c->mesh, c->coord, -1, &sc, err);
+  if (rc != MT_OK) return rc;
+  rc = mt_selection_exchange_boxes(src, sel, dst, c->coord, sc.n, sc.send, sc.recv, err);
   if (rc == MT_OK) {
-    int me = 0;
     mt_box own, sb, tb;
-    mt__exchange_peers(c->mesh, c->coord, -1, lin, &me);
     box_at(c, src, -1, 0, &own);
     mt_selection_image(sel, &own, &sb);
     box_at(c, dst, -1, 0, &tb);
-    rc = mt__exchange_build(&sb, &tb, boxes, boxes + n, lin, (int)n, me, c->itemsize, NULL,
-                            x, err);
+    rc = mt__exchange_build(&sb, &tb, sc.send, sc.recv, sc.lin, (int)sc.n, sc.me,
+                            c->itemsize, NULL, x, err);
   }
-  free(boxes);
-  free(lin);
+  mt__exchange_scratch_free(&sc);
   return rc;
 }
 

@@ -7,8 +7,8 @@
 #include "comm-private.h"
 #include "count-private.h"
 #include "mpi-types-private.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/ring.h"
+#include "mpitensor/comm/ring.h"
+#include "mpitensor/core/pack.h"
 
 /* Point-to-point messages of a shift; collectives on the same communicator never
  * match them, and shifts started in the same order match in that order. */

@@ -7,7 +7,7 @@
 #include "comm-private.h"
 #include "count-private.h"
 #include "mpi-types-private.h"
-#include "mpitensor/dtype.h"
+#include "mpitensor/core/dtype.h"
 
 int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count, int dtype,
                    int op, mt_error *err) {

@@ -3,7 +3,7 @@
  * `mt__waiting_in` and bumps `mt__waits`; the thread here samples both. A process
  * that stays in the same call, with no call entered since, for the whole timeout is
  * stuck: it says where, on stderr, and aborts the job. */
-#include "mpitensor/watchdog.h"
+#include "mpitensor/comm/watchdog.h"
 
 #include <errno.h>
 #include <math.h>

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "mpitensor/status.h"
+#include "mpitensor/core/status.h"
 
 typedef struct mt__cache mt__cache;
 

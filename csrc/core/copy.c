@@ -2,7 +2,7 @@
  *
  * glibc's memcpy moves blocks from about 2 KiB up to the size of the L2 cache
  * with the string instruction (`rep movsb`). On AMD Zen cores that instruction
- * runs several times slower than plain vector moves whenever the source and the
+ * runs far slower than plain vector moves whenever the source and the
  * destination sit at unlucky distances, which the rows of a strided box hit all
  * the time: an all-gather along an inner dim, an all-to-all's pack and unpack,
  * the chunk a rank keeps. Copies in that range therefore go through an unrolled
@@ -11,8 +11,7 @@
  * fast. That loop is for AMD CPUs only: small copies keep memcpy's tuned short
  * paths, and so do all copies on other CPUs, Intel's among them, whose string
  * instruction has no such trap and whose memcpy moves 64 bytes a turn where the
- * CPU has AVX-512 (measured on a Xeon: Replicate -> Shard(0) of 1 MiB 1.18 times
- * the raw copy through the loop, 1.07 through memcpy).
+ * CPU has AVX-512, faster there than the loop.
  *
  * A destination array larger than a core's caches is written with streaming
  * stores: an ordinary store first reads the line it writes into the cache, which
@@ -22,7 +21,7 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/pack.h"
+#include "mpitensor/core/pack.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>

@@ -3,15 +3,47 @@
 #define MPITENSOR_CORE_PRIVATE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 
 /* The core's short name for mt_error_set: `return mt__fail(err, MT_EINVAL, ...);`. */
 #define mt__fail mt_error_set
 
-/* ---- placements: the one definition of each rule (plan.c, prop.c, ...) ------- */
+/* Planning, exchanges and the count of what ranks lack may visit every rank, and
+ * MPI numbers ranks with an int, so a larger mesh cannot exist and would only make
+ * planning run for hours. */
+#define MT__MAX_MESH_NUMEL ((int64_t)INT32_MAX)
+
+/* ---- plans: the handle the planner fills (plan.c) ----------------------------- */
+
+/* A chain may gather and cut again on every mesh dim (2 steps each), before and
+ * after one reduction per mesh dim: no plan has more steps. */
+#define MT__MAX_STEPS (5 * MT_MAX_MESH_NDIM)
+
+struct mt_plan;
+struct mt_step;
+
+/* A plan with one owner holding a copy of `n` (<= MT__MAX_STEPS) steps, whose
+ * byte and message totals the planner has checked to fit in int64. */
+int mt__plan_new(const struct mt_step *steps, int n, struct mt_plan **out,
+                 mt_error *err);
+
+/* ---- bitmasks: the label, input and dim sets of a dim map --------------------- */
+
+/* Bit i of a bitmask. */
+static inline int bit(uint32_t mask, int i) {
+  return (int)((mask >> i) & 1u);
+}
+
+/* The mask of bits 0 .. n-1, for range checks of bitmasks. */
+static inline uint32_t low_bits(int n) {
+  return n >= 32 ? 0xffffffffu : (1u << n) - 1u;
+}
+
+/* ---- placements: the one definition of each rule (plan*.c, prop*.c, ...) ----- */
 
 static inline mt_placement replicate(void) {
   mt_placement p = {MT_PLACEMENT_REPLICATE, 0, 0};
@@ -52,13 +84,14 @@ static inline int creates_partial(const mt_placement *from, const mt_placement *
  * in its `have` box, summed into *sum, the most one rank lacks into *most and the
  * ranks lacking any into *ranks. Visits the coordinates of the mesh dims that
  * shard something only. MT_ENOMEM, or MT_EOVERFLOW when the sum does not fit
- * (plan.c). */
+ * (walk.c). */
 int mt__lack(const mt_layout *have, const mt_layout *need, int64_t *sum, int64_t *most,
              int64_t *ranks, mt_error *err);
 
 /* The seconds `model` predicts for the plan of a move from `src` to `dst`
  * (validated, of `itemsize` elements) that only cuts Replicate mesh dims: its
- * chunks' copies, priced as the planner prices them, without planning (plan.c). */
+ * chunks' copies, priced as the planner prices them, without planning
+ * (step_local.c). */
 double mt__cuts_time(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                      const mt_time_model *model);
 

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/memo.h"
+#include "mpitensor/core/memo.h"
 
 static int same_placements(const mt_layout *l, const mt_placement *p) {
   for (int m = 0; m < l->mesh_ndim; ++m) {

@@ -6,10 +6,8 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/prop.h"
-
-static int bit(uint32_t mask, int i) { return (int)((mask >> i) & 1u); }
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/prop.h"
 
 static int popcount(uint32_t mask) {
   int n = 0;

@@ -1,4 +1,4 @@
-#include "mpitensor/dtype.h"
+#include "mpitensor/core/dtype.h"
 
 size_t mt_dtype_size(int dtype) {
   switch (dtype) {

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
 
 /* "dim" or "dims", so messages read naturally for 1-d tensors. */
 static const char *dims_word(int n) { return n == 1 ? "dim" : "dims"; }

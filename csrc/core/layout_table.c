@@ -1,6 +1,6 @@
 /* Layout ids (layout_table.h) on the core's bounded cache: a layout's words are
  * the key, its id and a copy of the layout the value. */
-#include "mpitensor/layout_table.h"
+#include "mpitensor/core/layout_table.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* The decision memo (memo.h) on the core's bounded cache. The cache bounds the
  * decisions; this file bounds the plans they hold, evicting by the same clock. */
-#include "mpitensor/memo.h"
+#include "mpitensor/core/memo.h"
 
 #include <stdlib.h>
 #include <string.h>

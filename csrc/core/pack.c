@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/pack.h"
+#include "mpitensor/core/status.h"
 
 /* ---- IEEE binary16 <-> binary32, by bit manipulation ---- */
 

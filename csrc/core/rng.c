@@ -9,10 +9,10 @@
 #include <string.h>
 
 #include "core-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/rng.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/rng.h"
+#include "mpitensor/core/status.h"
 
 #define PHILOX_M0 UINT32_C(0xD2511F53)
 #define PHILOX_M1 UINT32_C(0xCD9E8D57)

@@ -1,4 +1,4 @@
-#include "mpitensor/status.h"
+#include "mpitensor/core/status.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -10,13 +10,13 @@
  * pairwise all-to-all is priced. A group that spans nodes is priced wholly on the
  * network: every round of a ring or of recursive doubling waits for its slowest
  * link. */
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/timemodel.h"
 
 #include <math.h>
 #include <stdint.h>
 
 #include "core-private.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/status.h"
 
 /* Total bytes under which Open MPI gathers and reduces in log2 G rounds. */
 #define ALLGATHER_SMALL 50000

@@ -17,15 +17,15 @@
 #endif
 #include <numpy/arrayobject.h>
 
-#include "mpitensor/comm.h"
-#include "mpitensor/counters.h"
-#include "mpitensor/io.h"
-#include "mpitensor/layout_table.h"
-#include "mpitensor/memo.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/counters.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/redistribute.h"
+#include "mpitensor/comm/ring.h"
+#include "mpitensor/core/layout_table.h"
+#include "mpitensor/core/memo.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/io/io.h"
 #include "mpitensor/mpitensor.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/ring.h"
 
 typedef struct mt_ext_dispatch mt_ext_dispatch;
 

@@ -3,7 +3,7 @@
  * message, on every rank of the mesh. */
 #include "ext.h"
 
-#include "mpitensor/agree.h"
+#include "mpitensor/comm/agree.h"
 
 /* agree(mesh, ok, fingerprint, message[, error]) -> None. Collective on the mesh. */
 static PyObject *agree(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {

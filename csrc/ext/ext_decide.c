@@ -8,6 +8,8 @@
 #include <limits.h>
 #include <string.h>
 
+#include "mpitensor/core/prop.h"
+
 /* The bitmask of the dims `axis` names in an ndim-d tensor; -1 when it names one
  * twice or out of range. */
 static int64_t axes_mask(PyObject *axis, int ndim) {

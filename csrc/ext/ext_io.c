@@ -2,7 +2,7 @@
  * itself lives in Python (mpitensor.checkpoint); these move the header and data. */
 #include "ext.h"
 
-#include "mpitensor/io.h"
+#include "mpitensor/io/io.h"
 
 /* Reads (shape, itemsize, data offset) and (box offset, box shape). */
 static int parse_array(PyObject *shape, PyObject *itemsize, PyObject *offset,

@@ -3,9 +3,9 @@
 
 #include <mpi4py/mpi4py.h>
 
-#include "mpitensor/counters.h"
-#include "mpitensor/direct.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/counters.h"
+#include "mpitensor/comm/direct.h"
+#include "mpitensor/comm/mesh.h"
 
 typedef struct {
   PyObject_HEAD

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <structmember.h>
 
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/mesh.h"
 
 static void drop_py_layouts(mt_ext_mesh_base *mb) {
   for (int64_t s = 0; s < mb->py_cap; ++s) Py_CLEAR(mb->py_layouts[s]);

@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/pool.h"
 
 /* Below this, glibc's own caching already keeps blocks warm. */
 #define POOLED_MIN_BYTES (64 << 10)

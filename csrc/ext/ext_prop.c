@@ -3,7 +3,7 @@
  * builders of the registered families, for Python-driven uses of them. */
 #include "ext.h"
 
-#include "mpitensor/prop.h"
+#include "mpitensor/core/prop.h"
 
 typedef struct {
   PyObject_HEAD

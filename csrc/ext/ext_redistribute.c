@@ -3,8 +3,9 @@
  * exchange of basic indexing. */
 #include "ext.h"
 
-#include "mpitensor/comm.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/distribute.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/redistribute.h"
 
 typedef struct {
   PyObject_HEAD

@@ -2,8 +2,8 @@
  * uneven all-gather (both started, as a _C.Request), and the metadata all-gather. */
 #include "ext.h"
 
-#include "mpitensor/mesh.h"
-#include "mpitensor/ring.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/ring.h"
 
 /* ---- argument checks ------------------------------------------------------------- */
 

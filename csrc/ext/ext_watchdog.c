@@ -3,7 +3,7 @@
  * first mesh is made. */
 #include "ext.h"
 
-#include "mpitensor/watchdog.h"
+#include "mpitensor/comm/watchdog.h"
 
 static PyObject *set_collective_timeout(PyObject *module, PyObject *arg) {
   (void)module;

@@ -10,9 +10,9 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "mpitensor/counters.h"
-#include "mpitensor/io.h"
-#include "mpitensor/status.h"
+#include "mpitensor/comm/counters.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/io/io.h"
 
 /* Adds to the caller's counters (when given) the data bytes this process read from
  * or wrote to files. */

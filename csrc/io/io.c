@@ -13,6 +13,8 @@
  * is 64-bit safe, and the box's start goes into the view's displacement. Between
  * phases the members agree on the first failure (mt_agree_comm) so that they all
  * return it. */
+#include "mpitensor/io/io.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -24,7 +26,7 @@
 #include <unistd.h>
 
 #include "io-private.h"
-#include "mpitensor/agree.h"
+#include "mpitensor/comm/agree.h"
 
 /* ---- datatypes --------------------------------------------------------------- */
 
@@ -234,10 +236,10 @@ static int prepare(io_call *c, const mt_io_array *a, const mt_box *box, int64_t 
 
 /* Collective. Checks the arguments everywhere and decides how the data moves.
  * Two-phase collective buffering pays off when boxes interleave in the file; when
- * every box is one run it only adds copies through aggregators (measured: about
- * half the bandwidth of plain writes with Open MPI's OMPIO), so then each rank
- * moves its run itself, as ROMIO's automatic mode decides. Boxes of many short
- * runs go through row slabs (io_slabs.c), for which every rank learns every box.
+ * every box is one run it only adds copies through aggregators (with Open MPI's
+ * OMPIO it writes slower than plain writes), so then each rank moves its run
+ * itself, as ROMIO's automatic mode decides. Boxes of many short runs go through
+ * row slabs (io_slabs.c), for which every rank learns every box.
  * `rc` is the caller's own verdict so far; `extra` (n <= 2 values) is reduced to
  * its minimum. */
 static int start(io_call *c, mt_mesh *mesh, int rc, const mt_io_array *a,
@@ -420,9 +422,9 @@ static int sync_close(int fd, int mine, const char *path, mt_error *err) {
 }
 
 /* The independent path: every box one run, each rank pwrites its own. Sizing the
- * file before its data lands spares ext4 extending it under each write (measured
- * at np 2 and 4: 10-45% more write bandwidth); every rank sets the same final
- * size, so no order between them matters and no byte written is cut. */
+ * file before its data lands spares ext4 extending it under each write, which
+ * raises the write bandwidth; every rank sets the same final size, so no order
+ * between them matters and no byte written is cut. */
 static int write_runs(io_call *c, const char *tmp, const void *header, int64_t hlen,
                       const void *buf, int64_t buflen, mt_error *err) {
   int mine = MT_OK;

@@ -14,22 +14,19 @@
  * exchange into slabs (io_slabs.c) adds N ranks' worth of threads copying each
  * byte twice (the MPI transfer and the placement), all competing with the writes
  * for the cores. Here each byte is copied once before its write and two threads
- * run. Measured on 2 cores, 64 MiB float32 (rows, 1024), Shard(1), against
- * numpy.save in the same run (docs/benchmarks.md, "Checkpoints"): np 4 0.90 of
- * numpy.save's bandwidth where the row-slab exchange reached 0.69, np 3 0.94
- * (0.75).
+ * run, and it keeps more of numpy.save's bandwidth than the row-slab exchange
+ * (docs/benchmarks.md, "Checkpoints").
  *
  * It runs only where it can work and pays: on Linux, with the I/O thread allowed
  * and the gather not turned off (mt_io_options), when the writers have two CPUs
- * between them (two threads bound to one core would only
- * take turns on it: 0.55 where the exchange reached 0.83 at np 2; mode 2 takes
- * the first rank's threads regardless) and they can read every other rank's
- * memory. That last check reads back a token each rank publishes, so a rank on
- * another node or in another PID namespace, where the same pid is some other
- * process, is never read from by mistake; ptrace restrictions (Yama) or a seccomp
- * filter make it fail the same way. Otherwise the caller takes the row-slab
- * exchange. Loads keep the exchange: readers of one file run in parallel, so
- * there every rank reading its own slab is the faster way. */
+ * between them (two threads bound to one core would only take turns on it, and lose
+ * to the exchange; mode 2 takes the first rank's threads regardless) and they can
+ * read every other rank's memory. That last check reads back a token each rank
+ * publishes, so a rank on another node or in another PID namespace, where the same
+ * pid is some other process, is never read from by mistake; ptrace restrictions
+ * (Yama) or a seccomp filter make it fail the same way. Otherwise the caller takes
+ * the row-slab exchange. Loads keep the exchange: readers of one file run in
+ * parallel, so there every rank reading its own slab is the faster way. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -40,8 +37,8 @@
 #include <unistd.h>
 
 #include "io-private.h"
-#include "mpitensor/direct.h"
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/direct.h"
+#include "mpitensor/comm/pool.h"
 
 /* What each rank tells the others: where its box is, where its token is and what
  * it says, whether it can take part, and the CPUs it may run on (how many, and
@@ -241,14 +238,13 @@ static void *run_half(void *arg) {
   return NULL;
 }
 
-/* The whole file, by two writers that take turns: while one writes its chunk
- * (the file system lets one writer in at a time) the other fills the next. Each
- * chunk is filled and written on one core, so the write reads it from that
- * core's cache; handing the chunks to an I/O thread to write (as io_slabs.c does)
- * moved every byte across cores once more and measured slower (0.71-0.79 against
- * 0.90 of numpy.save at np 4, 64 MiB). In THREADS the first rank runs both halves
- * (in order, when a second thread cannot start); in PAIR each of the first two
- * ranks runs its own. */
+/* The whole file, by two writers that take turns: while one writes its chunk (the
+ * file system lets one writer in at a time) the other fills the next. Each chunk is
+ * filled and written on one core, so the write reads it from that core's cache;
+ * handing the chunks to an I/O thread to write (as io_slabs.c does) moved every
+ * byte across cores once more and was slower. In THREADS the first rank runs both
+ * halves (in order, when a second thread cannot start); in PAIR each of the first
+ * two ranks runs its own. */
 static int assemble(const gather *g, const void *buf, mt_error *err) {
   atomic_int stop = 0;
   half halves[2] = {{g, buf, 0, &stop, MT_OK, {0}}, {g, buf, 1, &stop, MT_OK, {0}}};
@@ -293,7 +289,7 @@ static void moved(const gather *g, int64_t *written, int64_t *sent) {
 /* Collective. *failed becomes whether any writer failed, on every rank; an MPI
  * error code, or MPI_SUCCESS. The others have nothing to do meanwhile, and
  * spinning in MPI would take the cores the writers need, so they poll with naps
- * (up to 200 us: a few percent of the smallest saves that gain from this path). */
+ * (up to 200 us, short beside the smallest saves that gain from this path). */
 static int wait_for_writers(const gather *g, int *failed, int writer) {
   MPI_Request req = MPI_REQUEST_NULL;
   int rc = MPI_Iallreduce(MPI_IN_PLACE, failed, 1, MPI_INT, MPI_MAX, g->s->comm, &req);

@@ -2,7 +2,7 @@
  * cut to some rows of dim 0, whole rows as a box, where a box's rows start in its
  * C-contiguous buffer, and placing a piece into a larger box. */
 #include "io-private.h"
-#include "mpitensor/pack.h"
+#include "mpitensor/core/pack.h"
 
 mt_box mt__rows_of(const mt_box *b, int64_t start, int64_t end) {
   mt_box out = *b;

@@ -2,7 +2,7 @@
  * piece of every rank's box) through row slabs, pipelined.
  *
  * Writing them in place would mean millions of short writes, or MPI-IO's
- * two-phase collective buffering, which measured several times slower on ext4.
+ * two-phase collective buffering, which is much slower on ext4.
  * Instead each rank's share of the file is one run of whole rows of dim 0 (its
  * slab), and the boxes are exchanged in memory into the slabs; each byte crosses
  * the wire at most once and is written once. Done whole, the exchange adds its
@@ -24,8 +24,8 @@
 #include <string.h>
 
 #include "io-private.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/pool.h"
+#include "mpitensor/core/pack.h"
 
 /* The largest message, so that a count fits an int; and the tag of the chunks'
  * messages (the comm's other traffic is collective, which tags never match). */

@@ -4,8 +4,8 @@
 #include <stdint.h>
 
 #include "kernels-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/kernels.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/kernels/kernels.h"
 
 #define MT__SQRT_2_OVER_PI 0.79788456080286535588
 #define MT__SQRT_HALF 0.70710678118654752440

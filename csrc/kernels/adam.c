@@ -4,8 +4,8 @@
 #include <stdint.h>
 
 #include "kernels-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/kernels.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/kernels/kernels.h"
 
 /* Each element as the NumPy statements of mpitensor.optim.Adam compute it, in the
  * same order and in the parameter's dtype (the scalars converted to it first, as

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "kernels-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/kernels.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/kernels/kernels.h"
 
 /* Query rows per block: small enough that the causal blocks skip most of the
  * masked half (the diagonal blocks compute 1/2 of a 64-wide band in vain), large

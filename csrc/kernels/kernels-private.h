@@ -7,8 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "mpitensor/kernels.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/kernels/kernels.h"
 
 /* The hot loops are compiled for AVX-512 and AVX2 as well as for the baseline, and
  * the loader picks the widest the CPU runs (GCC's and clang's function

@@ -7,8 +7,8 @@
 #include <stdint.h>
 
 #include "kernels-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/kernels.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/kernels/kernels.h"
 #include "row-stats-private.h"
 
 #define MT__LAYER_NORM(T, ACC, S)                                           \

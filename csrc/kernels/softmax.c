@@ -5,8 +5,8 @@
 #include <stdint.h>
 
 #include "kernels-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/kernels.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/kernels/kernels.h"
 #include "row-stats-private.h"
 
 static inline double exp_f64(double x) {

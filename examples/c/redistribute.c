@@ -13,8 +13,8 @@
 
 #include <mpi.h>
 
-#include "mpitensor/comm.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/redistribute.h"
 #include "mpitensor/mpitensor.h"
 
 enum { ROWS = 8, COLS = 6 };

@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "mpitensor/layout.h"
+#include "mpitensor/core/layout.h"
 
 /* The 2-D box [o0, o0 + s0) x [o1, o1 + s1). */
 static inline mt_box box2(int64_t o0, int64_t s0, int64_t o1, int64_t s1) {

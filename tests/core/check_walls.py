@@ -5,6 +5,8 @@ Usage: check_walls.py src=CSRC core=LIB kernels=LIB comm=LIB io=LIB   (ctest run
 Fails, naming what it found, when
 - a source of a library includes another library's private header, or the public
   header of a library that is not below its own;
+- a public header (csrc/include/mpitensor/LIBRARY/) includes a private header, or
+  the public header of a library that is not below its own;
 - an object file calls into a library that is not below its own (calls go down:
   core <- kernels, core <- comm <- io);
 - object files call each other in a cycle (within or across libraries);
@@ -47,14 +49,9 @@ ALLOWED_STATE = {
     ("watchdog.c.o", "timeout_ms"), ("watchdog.c.o", "state"),
 }
 
-# The library each public header (csrc/include/mpitensor) belongs to.
-HEADERS = {
-    "core": {"status", "dtype", "layout", "pack", "plan", "prop", "rng", "memo",
-             "layout_table", "timemodel", "mpitensor"},
-    "kernels": {"kernels"},
-    "comm": {"mesh", "comm", "counters", "agree", "ring", "pool", "watchdog", "direct"},
-    "io": {"io"},
-}
+# Each library's public headers are the folder csrc/include/mpitensor/LIBRARY/; the
+# umbrella mpitensor/mpitensor.h gathers the core's.
+UMBRELLA = {"mpitensor/mpitensor.h": "core"}
 
 LINE = re.compile(r"^[0-9a-f]+ (.{7}) (\S+)\s+[0-9a-f]+\s+(?:\S+\s+)?(\S+)$")
 
@@ -84,21 +81,34 @@ def symbols(archive: str):
     return members
 
 
+def header_owner(src: str, name: str):
+    """The library whose public header `name` ("mpitensor/comm/mesh.h") is, or None
+    when it is none's or does not exist."""
+    if not os.path.exists(os.path.join(src, "include", name)):
+        return None
+    folder = re.fullmatch(r"mpitensor/(\w+)/\w+\.h", name)
+    if folder:
+        return folder.group(1) if folder.group(1) in BELOW else None
+    return UMBRELLA.get(name)
+
+
 def include_problems(src: str) -> list[str]:
-    """Includes that cross a wall, in every library's sources and private headers."""
-    owner = {h: lib for lib, names in HEADERS.items() for h in names}
+    """Includes that cross a wall, in every library's sources, private headers and
+    public headers."""
     problems = []
     for lib in BELOW:
-        for path in sorted(glob.glob(os.path.join(src, lib, "*.[ch]"))):
+        own = sorted(glob.glob(os.path.join(src, lib, "*.[ch]")))
+        public = sorted(glob.glob(os.path.join(src, "include", "mpitensor", lib, "*.h")))
+        public += [os.path.join(src, "include", u) for u, o in UMBRELLA.items() if o == lib]
+        for path in own + public:
             for name in re.findall(r'^#include "([^"]+)"', open(path).read(), re.M):
-                public = re.fullmatch(r"mpitensor/(\w+)\.h", name)
-                if public:
-                    target = owner.get(public.group(1))
-                    ok = target in BELOW[lib]
-                else:
-                    ok = os.path.exists(os.path.join(src, lib, name))
+                if name.startswith("mpitensor/"):
+                    ok = header_owner(src, name) in BELOW[lib]
+                else:  # a private header: only the library's own sources have them
+                    ok = path in own and os.path.exists(os.path.join(src, lib, name))
                 if not ok:
-                    problems.append(f"{lib}/{os.path.basename(path)} includes {name}")
+                    where = os.path.relpath(path, src)
+                    problems.append(f"{where} includes {name}")
     return problems
 
 

@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/agree.h"
-#include "mpitensor/counters.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/agree.h"
+#include "mpitensor/comm/counters.h"
+#include "mpitensor/comm/mesh.h"
 #include "world_mesh.h"
 
 static int world_rank, world_size;

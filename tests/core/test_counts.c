@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "check.h"
-#include "mpitensor/comm.h"
+#include "mpitensor/comm/redistribute.h"
 
 static const int64_t MIB256 = (int64_t)1 << 28;
 

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "mpitensor/io.h"
+#include "mpitensor/io/io.h"
 #include "world_mesh.h"
 
 static int world_rank, world_size;

@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/kernels.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/kernels/kernels.h"
 
 /* A fixed pseudo-random sequence in [-scale, scale) (an LCG: reproducible, no libc
  * rand state). */

@@ -5,8 +5,8 @@
 
 #include "boxes.h"
 #include "check.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
 
 static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}; }
 static mt_placement P(int op) { return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op}; }

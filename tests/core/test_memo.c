@@ -8,13 +8,13 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/layout_table.h"
-#include "mpitensor/memo.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/prop.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/layout_table.h"
+#include "mpitensor/core/memo.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/prop.h"
+#include "mpitensor/core/status.h"
 
 static mt_layout_key layout(int64_t rows, int shard) {
   mt_layout_key k;

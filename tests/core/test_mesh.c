@@ -5,10 +5,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/comm.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/redistribute.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
 
 static int world_rank, world_size;
 

@@ -8,10 +8,10 @@
 
 #include "check.h"
 #include "core-private.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/pack.h"
+#include "mpitensor/core/status.h"
 
 /* splitmix64: deterministic, so a failure reproduces. */
 static uint64_t next_u64(uint64_t *state) {

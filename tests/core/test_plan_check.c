@@ -4,10 +4,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
 
 static mt_placement R(void) {
   return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
@@ -112,14 +112,17 @@ static void test_bad_input(void) {
   expect(a, on_mesh(1, bad_op, R()), MT_DTYPE_FLOAT32, MT_EINVAL, NULL);
   mt_error err = {0};
   CHECK(mt_plan_check(NULL, &a, MT_DTYPE_FLOAT32, &err) == MT_EINVAL);
-  /* The planner refuses a new Partial too (as invalid input, not a user error). */
+  /* The planner refuses a new Partial by the same rule: same status, same words. */
   int64_t shape[1] = {4}, mesh[1] = {2};
   mt_placement r = R(), p = P(MT_REDUCE_SUM);
   mt_layout src, dst;
   CHECK(mt_layout_init(&src, 1, shape, 1, mesh, &r, &err) == MT_OK);
   CHECK(mt_layout_init(&dst, 1, shape, 1, mesh, &p, &err) == MT_OK);
+  mt_error checked = {0, ""};
+  CHECK(mt_plan_check(&src, &dst, MT_DTYPE_FLOAT32, &checked) == MT_ESTATE);
   mt_plan *plan = NULL;
-  CHECK(mt_plan_create(&src, &dst, 4, &plan, &err) == MT_EINVAL && plan == NULL);
+  CHECK(mt_plan_create(&src, &dst, 4, &plan, &err) == MT_ESTATE && plan == NULL);
+  CHECK(strcmp(err.msg, checked.msg) == 0);
 }
 
 int main(void) {

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/pool.h"
+#include "mpitensor/comm/pool.h"
 
 static void test_small_blocks_are_not_cached(void) {
   mt_pool_set_limit((size_t)512 << 20);

@@ -13,11 +13,11 @@
 #include <time.h>
 
 #include "check.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/prop.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/prop.h"
+#include "mpitensor/core/status.h"
 
 static mt_placement R(void) {
   return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};

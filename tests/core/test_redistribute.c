@@ -18,12 +18,13 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/comm.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/mesh.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/plan.h"
+#include "mpitensor/comm/distribute.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/redistribute.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/pack.h"
+#include "mpitensor/core/plan.h"
 
 static int world_rank, world_size;
 static int quick = 0;

@@ -6,10 +6,10 @@
 #include <string.h>
 
 #include "check.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/redistribute.h"
+#include "mpitensor/comm/ring.h"
 #include "world_mesh.h"
-#include "mpitensor/comm.h"
-#include "mpitensor/mesh.h"
-#include "mpitensor/ring.h"
 
 static int world_rank, world_size;
 

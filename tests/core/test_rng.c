@@ -6,10 +6,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/rng.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/rng.h"
+#include "mpitensor/core/status.h"
 
 static const double two_pi = 6.28318530717958647692528676655900577;
 

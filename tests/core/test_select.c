@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
 
 #define MAX_RANKS 16
 

@@ -1,8 +1,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/dtype.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/status.h"
 
 int main(void) {
   CHECK(strcmp(mt_strerror(MT_OK), "success") == 0);

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "check.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/timemodel.h"
 
 static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}; }
 static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0}; }

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "mpitensor/counters.h"
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/counters.h"
+#include "mpitensor/comm/mesh.h"
 
 /* What the tests' meshes count into. */
 static mt_comm_counters test_counters;

@@ -1,16 +1,18 @@
 /* The pure core of mpitensor (the mpitensor_core library: no MPI, no threads, no
- * files). The other libraries have their own headers: mpitensor/kernels.h
- * (mpitensor_kernels); mpitensor/mesh.h, comm.h, counters.h, agree.h, ring.h,
- * pool.h (mpitensor_comm); mpitensor/io.h (mpitensor_io). */
+ * files), whose headers are mpitensor/core/. Each other library has its own
+ * folder: mpitensor/kernels/ (mpitensor_kernels), mpitensor/comm/
+ * (mpitensor_comm: meshes, redistribution, distribute, counters, agreement, ring
+ * exchanges, the block pool, direct copies, the watchdog) and mpitensor/io/
+ * (mpitensor_io). */
 #ifndef MPITENSOR_H
 #define MPITENSOR_H
 
-#include "mpitensor/dtype.h"
-#include "mpitensor/layout.h"
-#include "mpitensor/pack.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/prop.h"
-#include "mpitensor/rng.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/dtype.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/pack.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/prop.h"
+#include "mpitensor/core/rng.h"
+#include "mpitensor/core/status.h"
 
 #endif

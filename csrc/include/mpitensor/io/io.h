@@ -14,9 +14,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/mesh.h"
-#include "mpitensor/status.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
 
 #ifdef __cplusplus
 extern "C" {

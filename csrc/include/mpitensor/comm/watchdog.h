@@ -11,7 +11,7 @@
 #ifndef MPITENSOR_WATCHDOG_H
 #define MPITENSOR_WATCHDOG_H
 
-#include "mpitensor/status.h"
+#include "mpitensor/core/status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "mpitensor/status.h"
+#include "mpitensor/core/status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -11,7 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "mpitensor/mesh.h"
+#include "mpitensor/comm/mesh.h"
 
 #ifdef __cplusplus
 extern "C" {

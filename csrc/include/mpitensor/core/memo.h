@@ -15,10 +15,10 @@
 
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/plan.h"
-#include "mpitensor/prop.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/prop.h"
+#include "mpitensor/core/status.h"
 
 #ifdef __cplusplus
 extern "C" {

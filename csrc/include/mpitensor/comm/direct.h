@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
+#include "mpitensor/core/layout.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -11,9 +11,9 @@
 
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,7 +65,8 @@ typedef struct mt_plan mt_plan;
 /* Local. Plans the move from `src` to `dst` (same global shape and mesh shape) for
  * elements of `itemsize` bytes. Rules:
  * - Partial(op) on a mesh dim may only stay as it is or become Replicate or Shard;
- *   a dst Partial where src does not have the same Partial on that dim is MT_EINVAL.
+ *   a dst Partial where src does not have the same Partial on that dim is
+ *   MT_ESTATE, as mt_plan_check says.
  * - Partial dims are reduced first (from the last mesh dim to the first): to
  *   Shard(d) by reduce-scatter where that is valid on that mesh dim, else by
  *   all-reduce to Replicate (and cut later).

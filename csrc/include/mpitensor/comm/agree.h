@@ -12,15 +12,15 @@
 #include <mpi.h>
 #include <stdint.h>
 
-#include "mpitensor/mesh.h"
-#include "mpitensor/status.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/core/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* The smallest global tensor, in bytes, whose redistribution starts with an
- * agreement (mt_redistribute): its all-reduce costs well under 0.1% of moving
+ * agreement (mt_redistribute): its all-reduce costs a negligible share of moving
  * that much, while on small tensors it would be a share worth noticing. */
 #define MT_AGREE_MIN_BYTES ((int64_t)1 << 24)
 

@@ -1,11 +1,11 @@
 /* A cache of large memory blocks kept resident between redistributes.
  *
- * A fresh multi-megabyte malloc is an mmap that the first write page-faults in,
- * and on a busy node that costs more than copying the data: a redistribute of
- * 64 MiB spent more time faulting its new output and staging buffers in than in
- * MPI. Blocks that the executor and mpitensor's output arrays give back are kept
- * (up to a byte limit) and handed out again. All calls are Local and thread-safe;
- * the cache is process-wide, like the MPI library it serves. */
+ * A fresh multi-megabyte malloc is an mmap that the first write page-faults in, and
+ * on a busy node that costs more than copying the data: a large redistribute can
+ * spend more time faulting its new output and staging buffers in than in MPI.
+ * Blocks that the executor and mpitensor's output arrays give back are kept (up to
+ * a byte limit) and handed out again. All calls are Local and thread-safe; the
+ * cache is process-wide, like the MPI library it serves. */
 #ifndef MPITENSOR_POOL_H
 #define MPITENSOR_POOL_H
 

@@ -10,9 +10,9 @@
 
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
-#include "mpitensor/timemodel.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,9 +25,10 @@ extern "C" {
  * engine chooses mesh dim by mesh dim (see mt_propagate). */
 #define MT_PROP_MAX_COMBOS 4096
 
-/* The latency of one message expressed in bytes (about 1 us at 8 GB/s) in the
- * reference pricing that caps a decision's bytes (mt_propagate): bytes +
- * MT_PROP_MESSAGE_BYTES * messages, both summed over ranks. */
+/* The latency of one message expressed in bytes (what a fast link moves while one
+ * message starts) in the reference pricing that caps a decision's bytes
+ * (mt_propagate): bytes + MT_PROP_MESSAGE_BYTES * messages, both summed over
+ * ranks. */
 #define MT_PROP_MESSAGE_BYTES 8192
 
 /* What sharding a label means. KEEP: the label is an output dim, a Shard of it

@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "mpitensor/mesh.h"
-#include "mpitensor/status.h"
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/core/status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -5,8 +5,8 @@
 
 #include <stdint.h>
 
-#include "mpitensor/layout.h"
-#include "mpitensor/status.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/status.h"
 
 #ifdef __cplusplus
 extern "C" {

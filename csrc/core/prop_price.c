@@ -1,0 +1,155 @@
+/* The price of the layout an input needs under a combination: free when it only
+ * cuts, bounded from below without planning when it communicates, and planned
+ * when a search asks; memoised per input by its variants.
+ *
+ * On one mesh dim an input needs only a few distinct placements over all the
+ * candidates (its "variants"). The layout an input needs under a combination is
+ * then a mixed-radix number of variants, which indexes a memo of its price, so
+ * each distinct layout is classified and planned at most once per call. A layout
+ * that only cuts replicated mesh dims inside the input's existing cuts moves
+ * nothing: it is free without a plan. Whether a layout communicates is answered
+ * without planning (a Partial reduced, or a rank missing part of its box), and
+ * its lower bounds come from the same count (mt__lack, the planner's walk). */
+#include <stdint.h>
+
+#include "core-private.h"
+#include "mpitensor/core/layout.h"
+#include "mpitensor/core/plan.h"
+#include "mpitensor/core/status.h"
+#include "mpitensor/core/timemodel.h"
+#include "prop-private.h"
+
+/* The layout input i must be moved to under `choice`. A Replicate input that a
+ * candidate partitions into a Partial stays Replicate here: partitioning is local
+ * (mt_decision's `partition`), so only the rest of the move is priced. */
+static void needed_layout(const mt__engine *e, int i, const int *choice,
+                          mt_layout *out) {
+  *out = e->cur[i];
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    const mt_placement *p = &e->dims[m].c[choice[m]].in[i];
+    if (!(p->kind == MT_PLACEMENT_PARTIAL &&
+          e->cur[i].placements[m].kind == MT_PLACEMENT_REPLICATE))
+      out->placements[m] = *p;
+  }
+}
+
+/* Whether cur -> need only cuts replicated mesh dims, each after every mesh dim
+ * that already cuts the same tensor dim: every rank's new box lies in its old one,
+ * so the plan is chunks alone. Mesh dims of size 1 do not count. */
+static int only_cuts(const mt_layout *cur, const mt_layout *need) {
+  for (int m = 0; m < cur->mesh_ndim; ++m) {
+    const mt_placement *a = &cur->placements[m], *b = &need->placements[m];
+    if (cur->mesh_shape[m] == 1 || placement_eq(a, b)) continue;
+    if (a->kind != MT_PLACEMENT_REPLICATE || b->kind != MT_PLACEMENT_SHARD) return 0;
+    for (int k = m + 1; k < cur->mesh_ndim; ++k) {
+      if (cur->mesh_shape[k] > 1 && is_shard(&cur->placements[k], b->dim)) return 0;
+    }
+  }
+  return 1;
+}
+
+/* A lower bound of the plan cur -> need into p->lb_*, and in *comm whether it
+ * communicates at all. Every element a rank lacks must reach it in some step that
+ * is not a reduction (reductions never grow a box), every such rank receives at
+ * least one message, and each Partial reduced on a mesh dim of size G is one
+ * collective of N (G - 1) messages in the plan's model. */
+static int bound(const mt__engine *e, int i, const mt_layout *need, mt__price *p,
+                 int *comm, mt_error *err) {
+  const mt_layout *cur = &e->cur[i];
+  int64_t moved = 0, lacking = 0, reduce_msgs = 0, most = 0, reductions = 0;
+  for (int m = 0; m < cur->mesh_ndim; ++m) {
+    const mt_placement *a = &cur->placements[m];
+    if (cur->mesh_shape[m] > 1 && a->kind == MT_PLACEMENT_PARTIAL &&
+        !placement_eq(a, &need->placements[m])) {
+      reduce_msgs += e->mesh_numel * (cur->mesh_shape[m] - 1);
+      ++reductions;
+    }
+  }
+  mt_error werr = {0, ""};
+  int rc = mt__lack(cur, need, &moved, &most, &lacking, &werr);
+  if (rc == MT_EOVERFLOW) {
+    /* More lacking elements than int64 counts: some rank lacks some, and the
+     * bound saturates as costs do. */
+    moved = INT64_MAX, most = 0, lacking = 1;
+  } else if (rc != MT_OK) {
+    return mt__fail(err, rc, "%s", werr.msg);
+  }
+  p->lb_bytes = sat_mul(moved, e->in->itemsize[i]);
+  p->lb_messages = reduce_msgs + lacking;
+  /* Each reduction is a step of at least one message, and what the busiest rank
+   * lacks reaches it in other steps (reductions never grow a box), at least one
+   * message and its bytes, all at shared memory's price at best. */
+  const mt_time_model *t = e->model;
+  double step = t->call + t->alpha[MT_LINK_SHM];
+  p->lb_time = (double)reductions * step +
+               (lacking > 0 ? step + (double)most * (double)e->in->itemsize[i] *
+                                         t->beta[MT_LINK_SHM]
+                            : 0.0);
+  *comm = p->lb_messages > 0;
+  return MT_OK;
+}
+
+/* Plans cur -> need into `p`. Only running out of memory fails the call; any
+ * other planning error makes this layout, and the combinations needing it,
+ * invalid. */
+static int plan_price(mt__engine *e, int i, const mt_layout *need, mt__price *p,
+                      mt_error *err) {
+  mt_plan *plan = NULL;
+  mt_error perr = {0, ""};
+  int rc = mt_plan_create_timed(&e->cur[i], need, e->in->itemsize[i], e->model, &plan,
+                                &perr);
+  if (rc == MT_ENOMEM) return mt__fail(err, rc, "%s", perr.msg);
+  if (rc != MT_OK) {
+    if (e->plan_rc == MT_OK) e->plan_rc = rc, e->plan_err = perr;
+    p->state = MT__PRICE_INVALID;
+    return MT_OK;
+  }
+  p->bytes = mt_plan_bytes(plan);
+  p->messages = mt_plan_messages(plan);
+  p->time = mt_plan_time(plan);
+  p->state = MT__PRICE_DONE;
+  mt_plan_destroy(plan);
+  return MT_OK;
+}
+
+/* A layout seen for the first time: free of communication (mere cuts, which
+ * cost their copies), communicating (bounded, and planned only when `full`), or
+ * one that moves nothing without being mere cuts (planned, for exact counts;
+ * only empty boxes get here). */
+static int classify(mt__engine *e, int i, const mt_layout *need, int full, mt__price *p,
+                    mt_error *err) {
+  if (only_cuts(&e->cur[i], need)) {
+    p->state = MT__PRICE_DONE, p->bytes = 0, p->messages = 0;
+    p->time = mt__cuts_time(&e->cur[i], need, e->in->itemsize[i], e->model);
+    return MT_OK;
+  }
+  int comm = 0, rc = bound(e, i, need, p, &comm, err);
+  if (rc != MT_OK) return rc;
+  if (comm && !full) {
+    p->state = MT__PRICE_COMM;
+    return MT_OK;
+  }
+  return plan_price(e, i, need, p, err);
+}
+
+/* The price of input i's needed layout under `choice`, from the memo when there
+ * is one. With `full` a communicating layout is planned, else only marked. */
+int mt__prop_input_price(mt__engine *e, int i, const int *choice, int full,
+                         mt__price *out, mt_error *err) {
+  mt__price local = {MT__PRICE_UNKNOWN, 0, 0, 0.0, 0, 0, 0.0}, *p = &local;
+  if (e->memo[i] != NULL) {
+    int64_t idx = 0;
+    for (int m = 0; m < e->mesh_ndim; ++m)
+      idx += e->dims[m].c[choice[m]].variant[i] * e->stride[i][m];
+    p = &e->memo[i][idx];
+  }
+  int rc = MT_OK;
+  if (p->state == MT__PRICE_UNKNOWN || (p->state == MT__PRICE_COMM && full)) {
+    mt_layout need;
+    needed_layout(e, i, choice, &need);
+    rc = p->state == MT__PRICE_UNKNOWN ? classify(e, i, &need, full, p, err)
+                                   : plan_price(e, i, &need, p, err);
+  }
+  *out = *p;
+  return rc;
+}
