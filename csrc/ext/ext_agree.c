@@ -1,4 +1,4 @@
-/* _C.agree: the agreement primitive (mpitensor/agree.h) for Python callers, so that
+/* _C.agree: the agreement primitive (mpitensor/comm/agree.h) for Python callers, so that
  * a check that fails on some ranks only raises the same exception, with the same
  * message, on every rank of the mesh. */
 #include "ext.h"

@@ -1,4 +1,4 @@
-/* io_save / io_load: sharded files with MPI-IO (mpitensor/io.h). The .npy format
+/* io_save / io_load: sharded files with MPI-IO (mpitensor/io/io.h). The .npy format
  * itself lives in Python (mpitensor.checkpoint); these move the header and data. */
 #include "ext.h"
 

@@ -1,4 +1,4 @@
-/* NumPy arrays whose data lives in the core's block pool (mpitensor/pool.h).
+/* NumPy arrays whose data lives in the core's block pool (mpitensor/comm/pool.h).
  *
  * NumPy (>= 1.22) lets an array remember the allocator that made it and frees its
  * data through that allocator, so the outputs of redistribute give their blocks back

@@ -9,9 +9,6 @@
 
 #include <pythread.h>
 
-#include "mpitensor/comm.h"
-#include "mpitensor/ring.h"
-
 typedef struct {
   PyObject_HEAD
   mt_request *req;

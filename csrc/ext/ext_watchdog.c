@@ -1,5 +1,5 @@
 /* _C.set_collective_timeout / _C.collective_timeout: the collective watchdog
- * (mpitensor/watchdog.h) for Python, which sets it from MPITENSOR_TIMEOUT when the
+ * (mpitensor/comm/watchdog.h) for Python, which sets it from MPITENSOR_TIMEOUT when the
  * first mesh is made. */
 #include "ext.h"
 

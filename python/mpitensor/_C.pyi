@@ -110,7 +110,7 @@ def select_exchange(mesh: Mesh, shape: Sequence[int], src_codes: Codes, dst_code
 class DimMap:
     """An operation's dim map for the sharding-propagation engine, checked once.
     Local. Label kinds LABEL_*, partial rules PARTIAL_*, reduce ops REDUCE_* (see
-    csrc/include/mpitensor/prop.h)."""
+    csrc/include/mpitensor/core/prop.h)."""
 
     def __init__(self, in_labels: Sequence[Sequence[int]], in_bcast: Sequence[int],
                  out_labels: Sequence[int], label_kind: Sequence[int],

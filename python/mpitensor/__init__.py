@@ -37,7 +37,7 @@ from ._version import __version__
 from ._show_config import show_config
 
 # Freed large output and staging blocks are kept resident for reuse (see
-# csrc/include/mpitensor/pool.h); MPITENSOR_POOL_BYTES caps them, 0 turns it off.
+# csrc/include/mpitensor/comm/pool.h); MPITENSOR_POOL_BYTES caps them, 0 turns it off.
 if _os.environ.get("MPITENSOR_POOL_BYTES"):
     _C.pool_set_limit(int(_os.environ["MPITENSOR_POOL_BYTES"]))
 

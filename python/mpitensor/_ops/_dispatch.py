@@ -1,6 +1,6 @@
 """The op entries' side of the executor: dim maps and ``execute``.
 
-Every operation is described by a dim map (csrc/include/mpitensor/prop.h). The
+Every operation is described by a dim map (csrc/include/mpitensor/core/prop.h). The
 ufuncs and reductions register their signatures with the executor at import
 (_elementwise.py, _reductions.py), which builds their maps; the operations whose
 arguments Python normalises (einsum, reshape, concatenate, softmax, ...) build

@@ -1,4 +1,4 @@
-"""The nn kernels of csrc/kernels (mpitensor/kernels.h) on NumPy arrays, called
+"""The nn kernels of csrc/kernels (mpitensor/kernels/kernels.h) on NumPy arrays, called
 through ctypes in libmpitensor_kernels.so, which is installed beside mpitensor._C.
 
 Inputs must already be float32 or float64 of one dtype and laid out as each
@@ -75,7 +75,7 @@ _dtype_name = _fn("mt_dtype_name", ctypes.c_char_p, _I)
 _status_name = _fn("mt_status_name", ctypes.c_char_p, _I)
 _strerror = _fn("mt_strerror", ctypes.c_char_p, _I)
 
-# The library's codes (mpitensor/dtype.h) of the two element types it computes in.
+# The library's codes (mpitensor/core/dtype.h) of the two element types it computes in.
 _CODES = {np.dtype(t).type: next(i for i in range(64) if _dtype_name(i) == t.encode())
           for t in ("float32", "float64")}
 # The exception of each status, as the extension raises them (csrc/ext/ext_args.c).
