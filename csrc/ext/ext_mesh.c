@@ -201,6 +201,7 @@ static PyObject *mesh_bcast(MeshObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 static PyObject *mesh_exscan(MeshObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
   if (nargs != 3 || !PyArray_Check(args[0])) {
     return PyErr_Format(PyExc_TypeError, "exscan(array, dim, op) takes an ndarray, a "
                         "mesh dim and a reduce op");

@@ -58,6 +58,7 @@ def collective_calls(mesh, dt, tmp_path):
     if W > 1:  # operations whose decision moves data (on one rank nothing moves)
         calls["matmul_that_gathers"] = lambda: dt @ dt.T
         calls["concatenate"] = lambda: np.concatenate([dt, dt], axis=0)
+        calls["cumsum_along_shards"] = lambda: np.cumsum(dt, axis=0)
     return calls
 
 
