@@ -1,8 +1,7 @@
 /* The executor's first steps: gathering a call's operands into its memo key (each
  * DTensor's layout id, each scalar's kind), and its decision, found in the mesh's
  * memo or made on a miss from the op's dim map (the core builds a registered
- * ufunc's or reduction's; an op entry's builder gives the others', or a user
- * rule's input targets). One miss is one memo miss, whatever entry meets it. */
+ * ufunc's or reduction's; an op entry's builder gives the others'). */
 #include "ext.h"
 
 #include <limits.h>
@@ -207,41 +206,7 @@ static void *raise_named(const mt_ext_op *op, int rc, const mt_error *err) {
   return mt_ext_raise(rc, &named);
 }
 
-/* A user rule's decision, (targets per DTensor input, out placements, out shape
- * or None), as the caller made it; the memo plans the targets. */
-static mt_decision *decide_targets(mt_ext_dispatch *d, const mt_ext_call *c,
-                                   PyObject *made, const mt_prop_inputs *in,
-                                   const int *dtype) {
-  mt_placement to[MT_PROP_MAX_INPUTS][MT_MAX_MESH_NDIM];
-  mt_decision outcome, *dec = NULL;
-  memset(&outcome, 0, sizeof outcome);
-  outcome.ninputs = c->ntensors, outcome.mesh_ndim = c->mb->mesh_ndim;
-  outcome.out_ndim = -1;
-  PyObject *targets, *out_pl, *shape;
-  int n = 0;
-  if (!PyArg_ParseTuple(made, "OOO:a rule's decision", &targets, &out_pl, &shape))
-    return NULL;
-  PyObject *fast = PySequence_Fast(targets, "targets must be a sequence");
-  if (fast == NULL) return NULL;
-  int rc = PySequence_Fast_GET_SIZE(fast) == c->ntensors ? 0 : -1;
-  for (int t = 0; rc == 0 && t < c->ntensors; ++t)
-    rc = mt_ext_placements(PySequence_Fast_GET_ITEM(fast, t), to[t], &n);
-  Py_DECREF(fast);
-  if (rc == 0) rc = mt_ext_placements(out_pl, outcome.out_placements, &n);
-  if (rc == 0 && shape != Py_None)
-    rc = mt_ext_int64s(shape, outcome.out_shape, MT_MAX_NDIM, &outcome.out_ndim, "shape");
-  if (rc < 0) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "one target per DTensor");
-    return NULL;
-  }
-  mt_error err = {0};
-  rc = mt_memo_decide_targets(c->mb->memo, &c->key, in, dtype,
-                              (const mt_placement(*)[MT_MAX_MESH_NDIM])to, &outcome, &dec,
-                              &err);
-  return rc == MT_OK ? dec : (mt_decision *)mt_ext_raise(rc, &err);
-}
-
-/* A miss: the op's dim map (or a rule's targets) decided and stored. */
+/* A miss: the op's dim map decided and stored. */
 static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c) {
   mt_prop_inputs in;
   int dtype[MT_PROP_MAX_INPUTS];
@@ -257,11 +222,6 @@ static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_c
   } else {
     PyObject *made = mt_ext_hook(d, MT_HOOK_BUILD, op->build, NULL, 0, NULL);
     if (made == NULL) return NULL;
-    if (PyTuple_Check(made)) {
-      dec = decide_targets(d, c, made, &in, dtype);
-      Py_DECREF(made);
-      return dec;
-    }
     const mt_dimmap *m = mt_ext_dimmap_get(d->module, made);
     if (m != NULL) map = *m;
     Py_DECREF(made);

@@ -78,9 +78,9 @@ def execute(key, operands, build=None, local=None, *, extra=(), kwargs=None,
             box=False, axis=None, keepdims=False):
     """Runs an operation through the executor: ``key`` is a registered ufunc or
     reduction (its dim map is the core's) or a hashable key naming the operation
-    and its static arguments, whose dim map ``build()`` gives on a memo miss (or,
-    for a user's rule, its (targets, out placements, out shape)); ``operands`` are
-    DTensors of one mesh and scalars (ndarrays under implicit replication).
+    and its static arguments, whose dim map ``build()`` gives on a memo miss;
+    ``operands`` are DTensors of one mesh and scalars (ndarrays under implicit
+    replication).
     ``local(*local_operands, *extra, **kwargs)`` computes on this rank's arrays
     (the registered ufunc or reduction method when None; a reduction gets ``axis``
     first); with ``box`` it also gets this rank's output shape last. Returns a
