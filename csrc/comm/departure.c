@@ -7,8 +7,11 @@
  * it has not completed after a patience, the leaving process tells every other one
  * who it is and why it leaves, and waits in the barrier as MPI_Finalize would; a
  * process whose watchdog then finds it stuck in a blocking call aborts the job,
- * naming the rank that left. */
+ * naming the rank that left. An interactive engine that raised in a cell tells
+ * the others the same way without leaving (mt_watchdog_tell): its notice counts
+ * for the engines that run the same cell (the same tag). */
 #include <errno.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,23 +27,30 @@
 #define PATIENCE_US 1000000L
 #define TAG 7341
 
+/* What a process tells the others: who, about which piece of work (`tag`: the
+ * cell an interactive engine ran when it raised; < 0 for a process that left),
+ * and why. */
 typedef struct notice {
-  int rank;
-  char reason[252];
+  int32_t rank, unused;
+  int64_t tag;
+  char reason[240];
 } notice;
 
 /* Process-wide, as the watchdog thread that reads it: the listening
- * communicator, its posted receive and what it heard. `lock` guards all of it:
- * the watchdog thread tests the receive, the main thread starts and stops it. */
+ * communicator, its posted receive, the tag of the work this process runs now,
+ * and the latest notice heard from each rank (`heard[r].rank` is -1 until one
+ * comes). `lock` guards all of it: the watchdog thread tests the receive, the
+ * main thread starts and stops it and sets the tag. */
 static struct {
   pthread_mutex_t lock;
   int listening, me, size;
   MPI_Comm comm;
   MPI_Request recv;
-  notice in, heard;
-  int has_heard;
+  notice in;
+  notice *heard;
+  int64_t now;
 } ear = {PTHREAD_MUTEX_INITIALIZER, 0, -1, 0, MPI_COMM_NULL, MPI_REQUEST_NULL,
-         {0, ""}, {-1, ""}, 0};
+         {0, 0, 0, ""}, NULL, 0};
 
 static void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
@@ -48,8 +58,11 @@ static void sleep_us(long us) {
   }
 }
 
-/* Under the lock: the one receive every process keeps posted. */
+/* Under the lock: the one receive every process keeps posted. It is posted again
+ * only once MPI_Test found the previous one complete (drain), which the MPI
+ * checker cannot follow across calls. */
 static int post(void) {
+  /* NOLINTNEXTLINE(clang-analyzer-optin.mpi.MPI-Checker) */
   return MPI_Irecv(&ear.in, (int)sizeof ear.in, MPI_BYTE, MPI_ANY_SOURCE, TAG, ear.comm,
                    &ear.recv);
 }
@@ -106,10 +119,14 @@ int mt_watchdog_listen(MPI_Comm comm, mt_error *err) {
   rc = MPI_Comm_dup(MPI_COMM_WORLD, &dup);
   if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Comm_dup");
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  notice *heard = malloc((size_t)size * sizeof(notice));
+  if (heard == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  for (int r = 0; r < size; ++r) heard[r].rank = -1;
   pthread_mutex_lock(&ear.lock);
   ear.comm = dup;
   MPI_Comm_rank(dup, &ear.me);
   ear.size = size;
+  ear.heard = heard;
   rc = post();
   ear.listening = rc == MPI_SUCCESS;
   pthread_mutex_unlock(&ear.lock);
@@ -124,25 +141,53 @@ int mt_watchdog_listening(void) {
   return on;
 }
 
-int mt__departure_heard(int *rank, char *reason, size_t n) {
-  pthread_mutex_lock(&ear.lock);
-  int done = 0;
-  if (ear.listening && MPI_Test(&ear.recv, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
-      done) {
-    if (!ear.has_heard) {
-      ear.heard = ear.in;
-      ear.heard.reason[sizeof ear.heard.reason - 1] = '\0';
-      ear.has_heard = 1;
+/* Under the lock: takes every notice that has come, posting the receive again
+ * after each. */
+static void drain(void) {
+  int done = 1;
+  while (ear.listening && done) {
+    if (MPI_Test(&ear.recv, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    if (!done) break;
+    if (ear.in.rank >= 0 && ear.in.rank < ear.size) {
+      ear.heard[ear.in.rank] = ear.in;
+      ear.heard[ear.in.rank].reason[sizeof ear.in.reason - 1] = '\0';
     }
     if (post() != MPI_SUCCESS) ear.listening = 0;
   }
-  int heard = ear.has_heard;
-  if (heard) {
-    *rank = ear.heard.rank;
-    snprintf(reason, n, "%s", ear.heard.reason);
+}
+
+int mt__departure_heard(int *rank, char *reason, size_t n) {
+  pthread_mutex_lock(&ear.lock);
+  drain();
+  int found = -1;
+  for (int r = 0; ear.heard != NULL && r < ear.size && found < 0; ++r) {
+    const notice *h = &ear.heard[r];
+    if (h->rank >= 0 && (h->tag < 0 || h->tag == ear.now)) found = r;
+  }
+  if (found >= 0) {
+    *rank = found;
+    snprintf(reason, n, "%s: %s", ear.heard[found].tag < 0 ? "has left the job" : "failed",
+             ear.heard[found].reason);
   }
   pthread_mutex_unlock(&ear.lock);
-  return heard;
+  return found >= 0;
+}
+
+void mt_watchdog_set_work(int64_t tag) {
+  pthread_mutex_lock(&ear.lock);
+  ear.now = tag;
+  pthread_mutex_unlock(&ear.lock);
+}
+
+int mt_watchdog_failed(int64_t tag) {
+  pthread_mutex_lock(&ear.lock);
+  drain();
+  int count = 0;
+  for (int r = 0; ear.heard != NULL && r < ear.size; ++r) {
+    count += ear.heard[r].rank >= 0 && ear.heard[r].tag == tag;
+  }
+  pthread_mutex_unlock(&ear.lock);
+  return count;
 }
 
 /* Tells every other process that this one leaves, and why. */
@@ -157,6 +202,19 @@ static void tell_everyone(MPI_Comm comm, int me, int size, const notice *mine) {
   }
   MPI_Waitall(n, sent, MPI_STATUSES_IGNORE);
   free(sent);
+}
+
+int mt_watchdog_tell(const char *reason, int64_t tag, mt_error *err) {
+  (void)err;
+  pthread_mutex_lock(&ear.lock);
+  MPI_Comm comm = ear.listening ? ear.comm : MPI_COMM_NULL;
+  int me = ear.me, size = ear.size;
+  pthread_mutex_unlock(&ear.lock);
+  if (comm == MPI_COMM_NULL) return MT_OK;
+  notice mine = {me, 0, tag < 0 ? 0 : tag, ""};
+  snprintf(mine.reason, sizeof mine.reason, "%s", reason != NULL ? reason : "");
+  tell_everyone(comm, me, size, &mine);
+  return MT_OK;
 }
 
 int mt_watchdog_leave(const char *reason, mt_error *err) {
@@ -178,7 +236,7 @@ int mt_watchdog_leave(const char *reason, mt_error *err) {
   }
   if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Ibarrier");
   if (done) return MT_OK;
-  notice mine = {me, ""};
+  notice mine = {me, 0, -1, ""};
   snprintf(mine.reason, sizeof mine.reason, "%s", reason != NULL ? reason : "");
   tell_everyone(comm, me, size, &mine);
   rc = MPI_Wait(&barrier, MPI_STATUS_IGNORE);

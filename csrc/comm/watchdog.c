@@ -36,8 +36,9 @@ static void pause_ms(int64_t ms) {
   }
 }
 
-/* After a notice that rank `gone` left: how long a process may stay in one
- * blocking call before it is taken as waiting for that rank. */
+/* After a notice that rank `gone` left, or failed in the work this process runs:
+ * how long a process may stay in one blocking call before it is taken as waiting
+ * for that rank. */
 #define GRACE_MS 2000
 
 static void end_job(void) {
@@ -52,8 +53,7 @@ static void report_departure_and_abort(const char *what, uint64_t n, double wait
                                        int gone, const char *why) {
   fprintf(stderr,
           "mpitensor: rank %d has waited %.0f s in %s (MPI call %llu of this process), "
-          "and rank %d has left the job: %s. Its collectives will never come, so the "
-          "job is aborted.\n",
+          "and rank %d %s. Its collectives will never come, so the job is aborted.\n",
           state.world_rank, waited, what, (unsigned long long)n, gone, why);
   end_job();
 }

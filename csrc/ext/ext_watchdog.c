@@ -61,7 +61,57 @@ static PyObject *watchdog_leave(PyObject *module, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* watchdog_work(tag) -> None: the tag of the work (a cell) this process runs. */
+static PyObject *watchdog_work(PyObject *module, PyObject *arg) {
+  (void)module;
+  long long tag = PyLong_AsLongLong(arg);
+  if (tag == -1 && PyErr_Occurred()) return NULL;
+  mt_watchdog_set_work((int64_t)tag);
+  Py_RETURN_NONE;
+}
+
+/* watchdog_tell(reason, tag) -> None: this process failed in work `tag`. */
+static PyObject *watchdog_tell(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  (void)module;
+  if (nargs != 2) return PyErr_Format(PyExc_TypeError, "watchdog_tell(reason, tag)");
+  const char *text = PyUnicode_AsUTF8(args[0]);
+  long long tag = text == NULL ? -1 : PyLong_AsLongLong(args[1]);
+  if (text == NULL || (tag == -1 && PyErr_Occurred())) return NULL;
+  char reason[256];
+  snprintf(reason, sizeof reason, "%s", text);
+  mt_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_watchdog_tell(reason, (int64_t)tag, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
+/* watchdog_failed(tag) -> int: how many other processes failed in work `tag`. */
+static PyObject *watchdog_failed(PyObject *module, PyObject *arg) {
+  (void)module;
+  long long tag = PyLong_AsLongLong(arg);
+  if (tag == -1 && PyErr_Occurred()) return NULL;
+  int n;
+  Py_BEGIN_ALLOW_THREADS
+  n = mt_watchdog_failed((int64_t)tag);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(n);
+}
+
 PyMethodDef mt_ext_watchdog_methods[] = {
+    {"watchdog_work", watchdog_work, METH_O,
+     "watchdog_work(tag) -> None. Local: the tag of the work (an engine's cell) this "
+     "process runs now; notices of failures in the same work count. Example: "
+     "watchdog_work(7)."},
+    {"watchdog_tell", (PyCFunction)(void (*)(void))watchdog_tell, METH_FASTCALL,
+     "watchdog_tell(reason, tag) -> None. Tells every other process that this one "
+     "failed in work `tag` (an engine's cell), without leaving. Example: "
+     "watchdog_tell('raised ValueError: x', 7)."},
+    {"watchdog_failed", watchdog_failed, METH_O,
+     "watchdog_failed(tag) -> int. Local: how many other processes said they failed in "
+     "work `tag`. Example: watchdog_failed(7) -> 0."},
     {"watchdog_listen", watchdog_listen, METH_O,
      "watchdog_listen(mesh) -> bool. Collective on the mesh when it holds every rank "
      "of MPI_COMM_WORLD, else Local: starts listening for ranks that leave the job "

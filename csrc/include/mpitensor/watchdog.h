@@ -12,6 +12,7 @@
 #define MPITENSOR_WATCHDOG_H
 
 #include <mpi.h>
+#include <stdint.h>
 
 #include "mpitensor/status.h"
 
@@ -47,6 +48,24 @@ int mt_watchdog_listen(MPI_Comm comm, mt_error *err);
 
 /* Local. Whether this process listens (mt_watchdog_listen). */
 int mt_watchdog_listening(void);
+
+/* Local. The tag of the work this process runs from now on (an interactive
+ * engine's cell: every engine counts its cells alike). A notice of
+ * mt_watchdog_tell counts for a process running work of the same tag. */
+void mt_watchdog_set_work(int64_t tag);
+
+/* Local (sends to every other process). Tells every other process that this one
+ * failed in work `tag` (>= 0) for `reason`, without leaving: one that stays 2 s in
+ * a blocking call while running the same work aborts the job, as for a rank that
+ * left. For interactive engines, whose processes outlive a failed cell. Nothing
+ * when not listening.
+ *
+ *   mt_watchdog_set_work(cell);  ...  rc = mt_watchdog_tell("engine 1 raised", cell, &err);
+ */
+int mt_watchdog_tell(const char *reason, int64_t tag, mt_error *err);
+
+/* Local. How many other processes said they failed in work `tag`. */
+int mt_watchdog_failed(int64_t tag);
 
 /* Local, though it waits for the other processes. Says that this process leaves
  * the job, with `reason` (its end, an uncaught exception): it waits up to a
