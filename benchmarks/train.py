@@ -280,6 +280,12 @@ def case(comm, cfg, dims, data, reps, torch):
     row = {"hidden": cfg.dim, "heads": cfg.heads, "layers": cfg.layers, "batch": cfg.batch,
            "seq": cfg.seq, "mesh": list(dims), "first_loss": losses,
            "memory_bytes": memory, **{k: summary(v) for k, v in times.items()}}
+    # The optimizer's per-step agreement (every rank steps alike: docs/reliability.md),
+    # timed alone against a whole step: its share is what checking costs.
+    opt = runs["mt"].opt
+    agree = time_interleaved(comm, {"agree": opt._agree_on_step}, max(reps, 20), warmup=2)
+    row["step_agreement"] = summary(agree["agree"])
+    row["agreement_share"] = row["step_agreement"]["median"] / row["mt"]["median"]
     if "single" in times:
         row["speedup"] = ratio(times["single"], times["mt"])
     if "torch" in times:
@@ -347,7 +353,9 @@ def main():
         rows.append(row)
         if comm.rank == 0:
             mem = row["memory_bytes"]
-            line = f"hidden {hidden:5d}: mt {fmt(row['mt'], 1e3, 'ms')}"
+            line = (f"hidden {hidden:5d}: mt {fmt(row['mt'], 1e3, 'ms')}"
+                    f"  step agreement {fmt(row['step_agreement'], 1e6, 'us')}"
+                    f" ({100 * row['agreement_share']:.2f}% of a step)")
             if "single" in row:
                 line += (f"  single {fmt(row['single'], 1e3, 'ms')}"
                          f"  speedup {fmt(row['speedup'], unit='x')}")

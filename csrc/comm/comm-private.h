@@ -30,6 +30,12 @@ static inline int mt__wait_end(int rc) {
   return rc;
 }
 
+/* Whether a notice has come that some rank left the job, or failed in the work
+ * this process runs now (departure.c): its rank then goes to *rank and what it
+ * did ("has left the job: ..." or "failed: ...") to `reason` (n bytes). Called by
+ * the watchdog thread at each look. */
+int mt__departure_heard(int *rank, char *reason, size_t n);
+
 /* An MPI call that may block, seen by the watchdog: evaluates to its return code. */
 #define MT__BLOCKING(what, call) (mt__wait_begin(what), mt__wait_end(call))
 

@@ -31,7 +31,17 @@ struct mt_mesh {
   MPI_Comm dim_comm[MT_MAX_MESH_NDIM];
   mt_time_model model; /* plans on this mesh are ranked by it */
   int direct; /* a created mesh: its members read each other's arrays (direct.c) */
+  /* What mt_mesh_check reads: each communicator the mesh owns carries an
+   * attribute (of a created mesh's `keyval`) whose delete callback marks `lost`
+   * when someone else frees it (mesh.get_group().Free()), and MPI_COMM_SELF one
+   * that marks it when MPI is finalized. `closing` while the mesh frees its own. */
+  int keyval;
+  _Atomic int lost;
+  int closing;
 };
+
+/* What `lost` records. */
+enum { LOST_FREED = 1, LOST_FINALIZED = 2 };
 
 /* Communicators are a scarce, process-wide MPI resource, so their count is
  * process-wide too (the one mutable global of the meshes): it lets long-job tests
@@ -40,6 +50,65 @@ struct mt_mesh {
 static atomic_llong live_comms;
 
 int64_t mt_comm_live_count(void) { return (int64_t)atomic_load(&live_comms); }
+
+/* The delete callback of a mesh's attribute (`value` is the mesh that owns the
+ * communicator, or a created mesh for MPI_COMM_SELF): a communicator freed by
+ * someone else is forgotten, so the mesh never touches it again, and the mesh is
+ * marked lost; MPI_COMM_SELF's runs when MPI is finalized. */
+static int on_comm_delete(MPI_Comm comm, int keyval, void *value, void *extra) {
+  (void)keyval, (void)extra;
+  mt_mesh *m = value;
+  if (m->closing) return MPI_SUCCESS;
+  if (comm == MPI_COMM_SELF) {
+    atomic_fetch_or(&m->lost, LOST_FINALIZED);
+    return MPI_SUCCESS;
+  }
+  if (m->mesh_comm == comm) m->mesh_comm = MPI_COMM_NULL;
+  for (int d = 0; m->parent == NULL && d < m->ndim; ++d) {
+    if (m->dim_comm[d] == comm) m->dim_comm[d] = MPI_COMM_NULL;
+  }
+  atomic_fetch_sub(&live_comms, 1);
+  atomic_fetch_or(&m->lost, LOST_FREED);
+  return MPI_SUCCESS;
+}
+
+/* Attaches the created mesh `root`'s attribute, with `owner` as its value. */
+static int watch_comm(const mt_mesh *root, MPI_Comm comm, mt_mesh *owner,
+                      mt_error *err) {
+  if (comm == MPI_COMM_NULL) return MT_OK;
+  MT__MPI_TRY(MPI_Comm_set_attr(comm, root->keyval, owner), "MPI_Comm_set_attr");
+  return MT_OK;
+}
+
+/* A created mesh's keyval, and its attribute on MPI_COMM_SELF and on every
+ * communicator it made. */
+static int watch_mesh(mt_mesh *m, mt_error *err) {
+  MT__MPI_TRY(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_comm_delete,
+                                     &m->keyval, NULL),
+              "MPI_Comm_create_keyval");
+  int rc = watch_comm(m, MPI_COMM_SELF, m, err);
+  if (rc == MT_OK) rc = watch_comm(m, m->mesh_comm, m, err);
+  for (int d = 0; rc == MT_OK && d < m->ndim; ++d) rc = watch_comm(m, m->dim_comm[d], m, err);
+  return rc;
+}
+
+int mt_mesh_check(const mt_mesh *mesh, mt_error *err) {
+  int lost = atomic_load_explicit(&mesh->lost, memory_order_relaxed) |
+             atomic_load_explicit(&mesh->root->lost, memory_order_relaxed);
+  if (lost & LOST_FINALIZED) {
+    return mt_error_set(err, MT_ESTATE,
+                        "MPI has been finalized (MPI.Finalize(), or the interpreter is "
+                        "exiting): this DeviceMesh can no longer communicate");
+  }
+  if (lost & LOST_FREED) {
+    return mt_error_set(err, MT_ESTATE,
+                        "a communicator of this DeviceMesh was freed outside mpitensor "
+                        "(mesh.get_group().Free()?): the mesh can no longer communicate; "
+                        "the communicators of get_group() belong to the mesh, so create "
+                        "a new mesh, and Dup() a group to own a communicator");
+  }
+  return MT_OK;
+}
 
 static void free_comm(MPI_Comm *comm) {
   if (*comm != MPI_COMM_NULL) {
@@ -120,6 +189,7 @@ static mt_mesh *mesh_alloc(int ndim, const int64_t *shape) {
   if (m == NULL) return NULL;
   m->refcount = 1;
   m->root = m;
+  m->keyval = MPI_KEYVAL_INVALID;
   m->ndim = ndim;
   memcpy(m->shape, shape, (size_t)ndim * sizeof *shape);
   m->mesh_comm = MPI_COMM_NULL;
@@ -247,6 +317,7 @@ int mt_mesh_create_agreed(MPI_Comm comm, int ndim, const int64_t *shape,
   m->in_mesh = linear >= 0;
   if (m->in_mesh) set_coordinate(m, linear);
   rc = build_comms(m, comm, linear, err);
+  if (rc == MT_OK) rc = watch_mesh(m, err);
   if (rc == MT_OK && m->in_mesh) rc = learn_nodes(m, linear, err);
   if (rc != MT_OK) {
     mt_mesh_destroy(m);
@@ -291,6 +362,7 @@ int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
   mt_mesh *m = calloc(1, sizeof *m);
   if (m == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   m->refcount = 1;
+  m->keyval = MPI_KEYVAL_INVALID;
   m->counters = parent->counters;
   m->parent = parent;
   m->root = parent->root;
@@ -329,11 +401,16 @@ void mt_mesh_destroy(mt_mesh *mesh) {
    * with it and must not be touched. */
   int finalized = 0;
   MPI_Finalized(&finalized);
+  mesh->closing = 1;
   if (!finalized) free_comm(&mesh->mesh_comm);
   if (mesh->parent != NULL) {
     mt_mesh_destroy(mesh->parent);
   } else {
     for (int d = 0; d < mesh->ndim && !finalized; ++d) free_comm(&mesh->dim_comm[d]);
+    if (!finalized && mesh->keyval != MPI_KEYVAL_INVALID) {
+      MPI_Comm_delete_attr(MPI_COMM_SELF, mesh->keyval);
+      MPI_Comm_free_keyval(&mesh->keyval);
+    }
   }
   free(mesh);
 }
@@ -465,7 +542,7 @@ static int create_slice_comm(mt_mesh *m, mt_error *err) {
   atomic_fetch_add(&live_comms, 1);
   MT__MPI_TRY(MPI_Comm_set_errhandler(m->mesh_comm, MPI_ERRORS_RETURN),
               "MPI_Comm_set_errhandler");
-  return MT_OK;
+  return watch_comm(m->root, m->mesh_comm, m, err);
 }
 
 int mt_mesh_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err) {

@@ -17,7 +17,14 @@
 #define MIN_CACHED (64 << 10)  /* smaller blocks are malloc's business */
 #define MAX_SLOTS 8
 
-/* Blocks from 4 MiB (NumPy's own threshold for asking the same) are mapped at a
+/* Every block the pool may cache (from MIN_CACHED) is a mapping of its own, given
+ * back to the system when it leaves the pool. From malloc, blocks of ever new
+ * sizes (a growing sequence length) would fragment its heap: freeing a block glibc
+ * had mapped raises glibc's mmap threshold to that size, the next blocks up to it
+ * come from the heap, and the heap keeps resident the freed ones it cannot reuse
+ * (tests/python/test_memory_soak.py, tests/core/test_pool.c).
+ *
+ * Blocks from 4 MiB (NumPy's own threshold for asking the same) are mapped at a
  * 2 MiB boundary and marked MADV_HUGEPAGE, so that with transparent huge pages
  * in "madvise" mode they get huge pages as NumPy's large arrays do: an output
  * built on 4 KiB pages costs 512 times the TLB entries (and, in a virtual
@@ -64,18 +71,21 @@ static void *take_fitting(size_t size) {
   return h;
 }
 
-/* A mapping of at least `bytes` (*bytes rounded up to whole pages) that starts at
- * a huge-page boundary and is marked for huge pages, or NULL (the caller falls
- * back to aligned_alloc). Maps a huge page more and unmaps what lies outside. */
-static void *map_huge(size_t *bytes_io) {
+/* A mapping of at least `bytes` (*bytes rounded up to whole pages), or NULL (the
+ * caller falls back to aligned_alloc). From HUGE_MIN it starts at a huge-page
+ * boundary and is marked for huge pages: a huge page more is mapped and what lies
+ * outside is unmapped. */
+static void *map_block(size_t *bytes_io) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   long page = sysconf(_SC_PAGESIZE);
   if (page <= 0 || HUGE_PAGE % (size_t)page != 0) return NULL;
   size_t bytes = (*bytes_io + (size_t)page - 1) / (size_t)page * (size_t)page;
+  size_t extra = bytes >= HUGE_MIN ? HUGE_PAGE : 0;
   *bytes_io = bytes;
-  char *p = mmap(NULL, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE,
+  char *p = mmap(NULL, bytes + extra, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return NULL;
+  if (extra == 0) return p;
   size_t head = (HUGE_PAGE - (uintptr_t)p % HUGE_PAGE) % HUGE_PAGE;
   if (head > 0) munmap(p, head);
   munmap(p + head + bytes, HUGE_PAGE - head);
@@ -112,9 +122,9 @@ void *mt_pool_alloc(size_t size) {
     size_t rounded = (size + HEADER - 1) / HEADER * HEADER;
     if (rounded == 0) rounded = HEADER;
     size_t mapped = 0;
-    if (rounded >= HUGE_MIN) {
+    if (rounded >= MIN_CACHED) {
       mapped = HEADER + rounded;
-      h = map_huge(&mapped);
+      h = map_block(&mapped);
       if (h == NULL) mapped = 0;
     }
     if (h == NULL) h = aligned_alloc(HEADER, HEADER + rounded);

@@ -36,6 +36,28 @@ static void pause_ms(int64_t ms) {
   }
 }
 
+/* After a notice that rank `gone` left, or failed in the work this process runs:
+ * how long a process may stay in one blocking call before it is taken as waiting
+ * for that rank. */
+#define GRACE_MS 2000
+
+static void end_job(void) {
+  fflush(stderr);
+  if (state.multiple) MPI_Abort(MPI_COMM_WORLD, 1);
+  /* Without MPI_THREAD_MULTIPLE only this process may end here; mpiexec then
+   * ends the others, as for any rank that exits without finalizing. */
+  _exit(1);
+}
+
+static void report_departure_and_abort(const char *what, uint64_t n, double waited,
+                                       int gone, const char *why) {
+  fprintf(stderr,
+          "mpitensor: rank %d has waited %.0f s in %s (MPI call %llu of this process), "
+          "and rank %d %s. Its collectives will never come, so the job is aborted.\n",
+          state.world_rank, waited, what, (unsigned long long)n, gone, why);
+  end_job();
+}
+
 static void report_and_abort(const char *what, uint64_t n, double waited) {
   fprintf(stderr,
           "mpitensor: rank %d has waited %.0f s in %s (MPI call %llu of this process) "
@@ -46,23 +68,27 @@ static void report_and_abort(const char *what, uint64_t n, double waited) {
           "this off).\n",
           state.world_rank, waited, what, (unsigned long long)n,
           (double)atomic_load(&timeout_ms) / 1000.0);
-  fflush(stderr);
-  if (state.multiple) MPI_Abort(MPI_COMM_WORLD, 1);
-  /* Without MPI_THREAD_MULTIPLE only this process may end here; mpiexec then
-   * ends the others, as for any rank that exits without finalizing. */
-  _exit(1);
+  end_job();
+}
+
+/* A few looks per timeout, at most four per second: a sleeping thread. */
+static int64_t look_every(int64_t limit) {
+  if (limit <= 0) return 1000;
+  int64_t step = limit / 4;
+  if (step > 250) return 250;
+  return step > 10 ? step : 10;
 }
 
 static void *watch(void *unused) {
   (void)unused;
   uint64_t last = 0;
   int64_t stuck_ms = 0;
+  char why[256];
   for (;;) {
     int64_t limit = atomic_load_explicit(&timeout_ms, memory_order_relaxed);
-    /* A few looks per timeout, at most one per second: a sleeping thread. */
-    int64_t step = limit <= 0 ? 1000 : (limit / 4 < 1000 ? (limit / 4 > 10 ? limit / 4 : 10)
-                                                          : 1000);
+    int64_t step = look_every(limit);
     pause_ms(step);
+    int gone = -1, heard = mt__departure_heard(&gone, why, sizeof why);
     const char *what = atomic_load_explicit(&mt__waiting_in, memory_order_relaxed);
     uint64_t n = atomic_load_explicit(&mt__waits, memory_order_relaxed);
     if (limit <= 0 || what == NULL || n != last) {
@@ -71,6 +97,9 @@ static void *watch(void *unused) {
       continue;
     }
     stuck_ms += step;
+    if (heard && stuck_ms >= GRACE_MS) {
+      report_departure_and_abort(what, n, (double)stuck_ms / 1000.0, gone, why);
+    }
     if (stuck_ms >= limit) report_and_abort(what, n, (double)stuck_ms / 1000.0);
   }
   return NULL;

@@ -60,13 +60,21 @@ static PyObject *wrap(PyTypeObject *tp, mt_mesh *mesh) {
  * each rank's scheduler ran them: wrong data, then a hang. Which thread created a
  * mesh is decided by the program, the same on every rank, so refusing every other
  * thread raises on the same calls everywhere, before any communication; serialising
- * the threads per mesh would not fix the order across ranks. */
+ * the threads per mesh would not fix the order across ranks. A mesh whose
+ * communicator was freed, or after MPI_Finalize, raises too (mt_mesh_check): a
+ * collective there would crash the process. */
 int mt_ext_mesh_check_thread(PyObject *obj) {
-  if (((MeshObject *)obj)->owner == thread_serial()) return 0;
-  PyErr_SetString(PyExc_RuntimeError,
-                  "a DeviceMesh's collectives must run on the thread that created it: "
-                  "two threads communicating on one mesh would pair different "
-                  "operations across ranks (create a mesh in the thread that uses it)");
+  if (((MeshObject *)obj)->owner != thread_serial()) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "a DeviceMesh's collectives must run on the thread that created it: "
+                    "two threads communicating on one mesh would pair different "
+                    "operations across ranks (create a mesh in the thread that uses it)");
+    return -1;
+  }
+  mt_error err = {0};
+  int rc = mt_mesh_check(((MeshObject *)obj)->mesh, &err);
+  if (rc == MT_OK) return 0;
+  mt_ext_raise(rc, &err);
   return -1;
 }
 

@@ -80,6 +80,30 @@ def collective_timeout() -> float:
     """The watchdog's timeout in seconds, 0.0 when off."""
 
 
+def watchdog_listen(mesh: Mesh) -> bool:
+    """Collective on the mesh when it holds every rank of MPI_COMM_WORLD, else
+    Local: starts listening for ranks that leave the job; whether this process
+    listens (not alone, MPI_THREAD_MULTIPLE)."""
+
+
+def watchdog_work(tag: int) -> None:
+    """Local: the tag of the work (an engine's cell) this process runs now."""
+
+
+def watchdog_tell(reason: str, tag: int) -> None:
+    """Tells every other process that this one failed in work `tag`, without
+    leaving."""
+
+
+def watchdog_failed(tag: int) -> int:
+    """Local: how many other processes said they failed in work `tag`."""
+
+
+def watchdog_leave(reason: str | None) -> None:
+    """This process leaves the job for `reason` (None: only stop listening): waits
+    up to a second for the others to leave too, else tells them and waits."""
+
+
 def agree(mesh: Mesh, ok: bool, fingerprint: int, message: str,
           error: type[Exception] = ValueError) -> None:
     """Collective on the mesh. Raises on every member when some member passed

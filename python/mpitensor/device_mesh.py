@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import _C, _mpi_library, _timemodel
+from . import _C, _departure, _mpi_library, _timemodel
 from ._fingerprint import fingerprint
 
 __all__ = ["DeviceMesh", "init_device_mesh", "ranks_per_node", "set_cache_limits"]
@@ -227,6 +227,7 @@ class DeviceMesh(_C.MeshBase):
                 raise failure from None
             raise
         _timemodel.model_for(comm, handle)
+        _departure.listen(handle)  # the first mesh over the world: collective
         self._init(device_type, arr, names, handle, comm)
 
     def _init(self, device_type, arr, names, handle, comm) -> None:

@@ -1,6 +1,7 @@
 /* Meshes over MPI_COMM_WORLD at whatever size mpiexec gave: coordinates,
  * per-dim communicators, non-members, slices, collectives and bad input. */
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -235,6 +236,38 @@ static void test_bad_input(void) {
   free(ranks);
 }
 
+static mt_mesh *world_mesh(void) {
+  int *ranks = iota(world_size, 0);
+  int64_t shape[1] = {world_size};
+  mt_mesh *m = NULL;
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 1, shape, ranks, &m, NULL) == MT_OK);
+  free(ranks);
+  return m;
+}
+
+/* A communicator of the mesh freed by someone else (Python's
+ * mesh.get_group().Free()) makes the mesh and its slices refuse to communicate,
+ * and the mesh is destroyed without freeing it twice. */
+static void test_freed_communicator(void) {
+  mt_mesh *m = world_mesh(), *s = NULL;
+  mt_error err = {0};
+  int dims[1] = {0};
+  CHECK(mt_mesh_check(m, &err) == MT_OK);
+  CHECK(mt_mesh_slice(m, 1, dims, &s, &err) == MT_OK);
+  int64_t live = mt_comm_live_count();
+  MPI_Comm theirs = mt_mesh_dim_comm(m, 0);
+  MPI_Comm_free(&theirs);
+  CHECK(mt_mesh_check(m, &err) == MT_ESTATE && strstr(err.msg, "freed") != NULL);
+  CHECK(mt_mesh_check(s, &err) == MT_ESTATE);
+  CHECK(mt_comm_live_count() == live - 1);
+  CHECK(mt_mesh_dim_comm(m, 0) == MPI_COMM_NULL);
+  mt_mesh_destroy(s);
+  mt_mesh_destroy(m);
+  mt_mesh *fresh = world_mesh();
+  CHECK(mt_mesh_check(fresh, &err) == MT_OK); /* other meshes are not affected */
+  mt_mesh_destroy(fresh);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -247,12 +280,20 @@ int main(int argc, char **argv) {
   test_exscan();
   test_alltoallv();
   test_bad_input();
+  test_freed_communicator();
   CHECK(mt_comm_live_count() == 0);
   char version[256];
   CHECK(mt_mpi_library_version(version, (int)sizeof version, NULL) == MT_OK);
   CHECK(strlen(version) > 0);
+  /* A mesh that outlives MPI refuses to communicate, and is destroyed without
+   * an MPI call. */
+  mt_mesh *late = world_mesh();
   int failed = mt_test_exit("test_mesh") != 0, any_failed = 0;
   MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
   MPI_Finalize();
-  return any_failed;
+  mt_error err = {0};
+  int after = mt_mesh_check(late, &err) == MT_ESTATE && strstr(err.msg, "finalized") != NULL;
+  mt_mesh_destroy(late);
+  if (!after) fprintf(stderr, "test_mesh: a mesh did not refuse to communicate after MPI_Finalize\n");
+  return any_failed || !after;
 }

@@ -3,6 +3,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#ifdef __GLIBC__
+#include <malloc.h> /* mallinfo2 */
+#endif
+
 #include "check.h"
 #include "mpitensor/comm/pool.h"
 
@@ -122,14 +126,39 @@ static void test_large_blocks_ask_for_huge_pages(void) {
   char flags[512];
   vm_flags_of(a + n / 2, flags, sizeof flags);
   CHECK(strstr(flags, " hg") != NULL);
-  char *small = mt_pool_alloc((size_t)1 << 20); /* below NumPy's threshold: malloc's */
+  char *small = mt_pool_alloc((size_t)1 << 20); /* below NumPy's threshold: 4 KiB pages */
   CHECK(small != NULL);
   mt_pool_free(small);
   mt_pool_free(a);
   mt_pool_set_limit((size_t)512 << 20);
 }
 
+/* Blocks the pool may cache are mappings of their own, given back when they leave
+ * it, so blocks of ever new sizes (a growing sequence length) leave nothing behind
+ * in malloc's heap: from malloc, freeing a block glibc had mapped raised its mmap
+ * threshold, and the heap then kept the freed blocks, tens of MiB. */
+static void test_growing_blocks_leave_the_heap_as_it_was(void) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  mt_pool_set_limit(0);
+  size_t heap = mallinfo2().arena;
+  for (size_t i = 0; i < 2000; ++i) {
+    char *a = mt_pool_alloc(((size_t)128 << 10) + i * 1024);
+    char *b = mt_pool_alloc(((size_t)96 << 10) + i * 512);
+    CHECK(a != NULL && b != NULL);
+    memset(a, 1, 4096);
+    memset(b, 1, 4096);
+    mt_pool_free(a);
+    void *c = mt_pool_alloc(((size_t)64 << 10) + i * 700);
+    mt_pool_free(b);
+    mt_pool_free(c);
+  }
+  CHECK(mallinfo2().arena <= heap + ((size_t)1 << 20));
+  mt_pool_set_limit((size_t)512 << 20);
+#endif
+}
+
 int main(void) {
+  test_growing_blocks_leave_the_heap_as_it_was();
   test_small_blocks_are_not_cached();
   test_large_blocks_are_reused();
   test_limit();

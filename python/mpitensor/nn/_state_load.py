@@ -48,11 +48,14 @@ def _load_layout(value: DTensor) -> tuple:
             value.device_mesh.mesh.tolist())
 
 
-def _agree_load(meshes, errors: list, layout, head: str, kind: type) -> None:
+def _agree_load(meshes, errors: list, layout, head: str, kind: type,
+                mismatch: str | None = None) -> None:
     """One agreement per mesh (each mesh once, in the order given, which is the
     same on every rank) on the local ``errors`` and the ``layout`` of the values:
-    every rank raises ``kind`` with ``head`` and the first failing rank's errors.
-    No communication when no mesh is given (nothing is distributed)."""
+    every rank raises ``kind`` with ``head`` and the first failing rank's errors,
+    or with ``head`` and ``mismatch`` (a sentence on the DTensors' layout by
+    default) when the layouts differ. No communication when no mesh is given
+    (nothing is distributed)."""
     error = head + "\n\t".join(errors) if errors else None
     seen = []
     mine = fingerprint(layout)
@@ -61,10 +64,10 @@ def _agree_load(meshes, errors: list, layout, head: str, kind: type) -> None:
             continue
         seen.append(mesh)
         try:
-            _C.agree(mesh._handle, error is None, mine, error or (
-                f"{head}the state dict's DTensors (their keys, shapes, dtypes or "
-                f"placements) differ across the ranks of the mesh; every rank must load "
-                f"the same layout."), kind)
+            _C.agree(mesh._handle, error is None, mine, error or head + (mismatch or (
+                "the state dict's DTensors (their keys, shapes, dtypes or "
+                "placements) differ across the ranks of the mesh; every rank must load "
+                "the same layout.")), kind)
         except Exception as agreed:  # noqa: BLE001 - the same on every rank of mesh
             # Go on to the other meshes with it, so that no rank of those waits
             # for this one.

@@ -3,7 +3,8 @@
 state_dict in torch's format).
 
 A state tensor is a DTensor with its parameter's mesh and placements, so every
-update runs on the local shards with no communication, and the state saves and
+update runs on the local shards with no data moved (a step agrees with the other
+ranks that they step alike, one all-reduce of three int64), and the state saves and
 loads with ``mpitensor.save``/``mpitensor.load`` like the parameters.
 
 Example (``mpiexec -n 2``)::

@@ -42,7 +42,8 @@ class Adam(Optimizer):
     (with ``amsgrad``, ``v``'s running maximum in the denominator). State:
     ``"step"`` (a float), ``"exp_avg"``, ``"exp_avg_sq"`` and, with amsgrad,
     ``"max_exp_avg_sq"``: DTensors with the parameter's placements. A parameter
-    whose ``.grad`` is None is skipped. Local: no communication.
+    whose ``.grad`` is None is skipped. A step moves no data; it agrees with the
+    other ranks that they step alike (:meth:`Optimizer.step`).
 
     Example::
 
@@ -122,7 +123,7 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """AdamW: Adam with decoupled weight decay (``p *= 1 - lr * weight_decay``
     before the update, the gradient untouched), as torch.optim.AdamW, whose
-    default ``weight_decay`` is 0.01. Local: no communication.
+    default ``weight_decay`` is 0.01. A step moves no data (see :class:`Adam`).
 
     Example::
 

@@ -2,7 +2,10 @@
 state_dict) for DTensor parameters.
 
 Every state tensor is a DTensor with its parameter's mesh and placements, so an
-update reads and writes local shards only: a step never communicates.
+update reads and writes local shards only: a step moves no data. It does agree,
+once per step and mesh, that every rank updates the same parameters alike (see
+:meth:`Optimizer.step`), since a Replicate parameter updated differently on one
+rank would silently stop being replicated.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .. import _C
 from .._dtensor import DTensor
+from .._fingerprint import fingerprint
 from ..autograd import enable_grad
-from ..nn._state_load import _agree_load, _load_layout, _load_problem
+from ..nn._state_load import _agree_load, _load_layout, _load_problem, _same_ranks
 from ..nn.module import Module, Parameter
 
 __all__ = ["Optimizer"]
@@ -77,6 +82,41 @@ def _is_state_tensor(key: str, value) -> bool:
     return key != "step" and isinstance(value, (DTensor, np.ndarray))
 
 
+def _plain(value):
+    """What of a hyperparameter or a state value every rank must hold alike, in a
+    form whose ``repr`` is the same in every process: numbers, strings, None and
+    tuples or lists of them as they are, anything else by its type only (its
+    ``repr`` may hold an address)."""
+    if value is None or isinstance(value, (bool, int, float, str, np.number, np.bool_)):
+        return value.item() if isinstance(value, (np.number, np.bool_)) else value
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return value.item()
+    if isinstance(value, DTensor) and value.shape == ():
+        return _plain(value._data())  # this rank's copy: a 0-d step, say
+    return type(value).__name__
+
+
+def _hyper(group: dict) -> tuple:
+    """A group's hyperparameters (all but its parameters) in key order."""
+    return tuple((k, _plain(group[k])) for k in sorted(group) if k != "params")
+
+
+def _param_layout(p: DTensor) -> tuple:
+    """What of a parameter decides its update: its global shape, dtype,
+    placements and ranks."""
+    return (tuple(p.shape), p.dtype.str, tuple(p.placements),
+            np.asarray(p.device_mesh.mesh).tolist())
+
+
+_STEP_MISMATCH = (
+    "the ranks' optimizers differ: their parameter groups (the parameters' shapes, "
+    "dtypes, placements or meshes, or hyperparameters such as lr), which parameters "
+    "have a gradient, or the zero_grad calls since the last step; every rank must "
+    "step the same optimizer alike, or the copies of a replicated parameter diverge")
+
+
 class Optimizer:
     """Base class of the optimizers, as torch.optim.Optimizer.
 
@@ -85,8 +125,8 @@ class Optimizer:
     DTensors), or of dicts that each define a parameter group with its own
     hyperparameters (``{"params": [...], "lr": 0.01}``); ``defaults`` fills what
     a group leaves out. ``state[p]`` holds a parameter's state (DTensors with its
-    placements). A subclass defines ``step``. Local: an update works on each
-    rank's shards, with no communication.
+    placements). A subclass defines ``_update``. An update works on each rank's
+    shards and moves no data; :meth:`step` agrees with the other ranks first.
 
     Example::
 
@@ -100,6 +140,12 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.state: defaultdict = defaultdict(dict)
         self.param_groups: list[dict] = []
+        # The zero_grad calls since the last step, as a running fingerprint that
+        # the next step's agreement carries; and, per group, the fingerprint of
+        # its hyperparameters and layouts with what it was made from (a step
+        # recomputes it only when that changes): one entry a group.
+        self._zeroed = 0
+        self._layouts: dict = {}
         if isinstance(params, (DTensor, Parameter, np.ndarray)):
             raise TypeError("params argument given to the optimizer should be an iterable "
                             "of DTensors or dicts, but got " + type(params).__name__)
@@ -145,23 +191,35 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clears every parameter's gradient: ``None`` (the default, as torch), or
-        zeros in place with ``set_to_none=False``. Local.
+        zeros in place with ``set_to_none=False``. Local: which gradients it
+        cleared is checked by the next :meth:`step`'s agreement, so a rank that
+        cleared others (or skipped the call) raises there, on every rank, before
+        any parameter is updated.
 
         Example: ``opt.zero_grad()`` before the next backward.
         """
+        cleared = []
         for group in self.param_groups:
             for p in group["params"]:
+                cleared.append(p.grad is not None)
                 if p.grad is None:
                     continue
                 if set_to_none:
                     p.grad = None
                 else:
                     p.grad._data()[...] = 0
+        self._zeroed = fingerprint((self._zeroed, bool(set_to_none), bytes(cleared)))
 
     def step(self, closure: Callable | None = None):
         """One update of every parameter that has a gradient; returns what
         ``closure`` (re-evaluating the loss, run with grad mode on) returns, or
-        None. Local: no communication.
+        None. Collective on the parameters' meshes, though it moves no data: before
+        any update the ranks agree, in one all-reduce of three int64 per mesh,
+        that they hold the same parameter groups (each parameter's shape, dtype,
+        placements and mesh, and the hyperparameters), that the same parameters
+        have a gradient, and that they made the same ``zero_grad`` calls since
+        the last step; otherwise every rank raises the same ValueError and
+        nothing is updated.
 
         Example: ``loss.backward(); opt.step(); opt.zero_grad()``.
         """
@@ -169,6 +227,7 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
+        self._agree_on_step()
         for group in self.param_groups:
             for p in group["params"]:
                 g = local_grad(p)
@@ -178,6 +237,52 @@ class Optimizer:
 
     def _update(self, p: DTensor, g: np.ndarray, state: dict, group: dict) -> None:
         raise NotImplementedError(f"{type(self).__name__} defines no update")
+
+    def _group_layout(self, i: int, group: dict) -> tuple:
+        """(the fingerprint of group ``i``'s hyperparameters and its parameters'
+        layouts, the distinct meshes of its parameters), recomputed only when the
+        hyperparameters, the parameters or their specs changed since the last
+        step: a step pays a few attribute reads per parameter."""
+        params = group["params"]
+        specs = [p._spec for p in params]
+        hyper = _hyper(group)
+        hit = self._layouts.get(i)
+        if hit is not None and hit[1] == hyper and len(hit[0]) == len(specs) and all(
+                a is b for a, b in zip(hit[0], specs)):
+            return hit[2], hit[3]
+        meshes: list = []
+        for p in params:
+            if not any(m is p.device_mesh or _same_ranks(m, p.device_mesh) for m in meshes):
+                meshes.append(p.device_mesh)
+        fp = fingerprint((hyper, [_param_layout(p) for p in params]))
+        self._layouts[i] = (specs, hyper, fp, meshes)
+        return fp, meshes
+
+    def _agree_on_step(self) -> None:
+        """The step's agreement (see :meth:`step`): one `_C.agree` per mesh of the
+        parameters (meshes of the same ranks once), the zero_grad record reset
+        after it whatever its outcome, so that the next step starts afresh."""
+        for i in [i for i in self._layouts if i >= len(self.param_groups)]:
+            del self._layouts[i]  # groups replaced by fewer: keep one entry a group
+        parts, meshes = [self._zeroed], []
+        for i, group in enumerate(self.param_groups):
+            fp, group_meshes = self._group_layout(i, group)
+            parts.append(fp)
+            parts.append(bytes([p.grad is not None for p in group["params"]]))
+            for mesh in group_meshes:
+                if not any(m is mesh or _same_ranks(m, mesh) for m in meshes):
+                    meshes.append(mesh)
+        mine, error = fingerprint(parts), None
+        self._zeroed = 0
+        for mesh in meshes:
+            try:
+                _C.agree(mesh._handle, error is None, mine, error or _STEP_MISMATCH,
+                         ValueError)
+            except ValueError as agreed:  # the same on every rank of that mesh
+                # Carried to the other meshes, so that no rank of those waits.
+                error = str(agreed)
+        if error is not None:
+            raise ValueError(error)
 
     # -- state -------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -210,9 +315,10 @@ class Optimizer:
         on another mesh: each state tensor (a DTensor in any layout, or the global
         ndarray) is copied into a DTensor with its parameter's mesh and placements.
         The groups must hold as many parameters as the optimizer's and each state
-        tensor must have its parameter's shape: every rank checks, then the ranks
-        agree once on each mesh of the parameters and state (ValueError, the same
-        on every rank). Collective on those meshes (and on a state DTensor's mesh
+        tensor must have its parameter's shape, and every rank must load the same
+        hyperparameters, steps and layouts: every rank checks, then the ranks agree
+        once on each mesh of the parameters and state (ValueError, the same on
+        every rank). Collective on those meshes (and on a state DTensor's mesh
         when it has to move, as :meth:`Module.load_state_dict`).
 
         Example::
@@ -233,7 +339,10 @@ class Optimizer:
                 for i, p in zip(g["params"], own["params"]):
                     by_index[int(i)] = p
         meshes = [p.device_mesh for own in self.param_groups for p in own["params"]]
-        layout = []
+        # The hyperparameters and the steps count too: a rank that loads another
+        # lr or step would update a Replicate parameter differently from the next
+        # step on.
+        layout: list = [("param_groups", [_hyper(g) for g in groups])]
         for i, entries in saved:
             p = by_index.get(int(i))
             if p is None and not errors:
@@ -244,6 +353,8 @@ class Optimizer:
                 if isinstance(value, DTensor):
                     meshes.append(value.device_mesh)
                     layout.append((name, _load_layout(value)))
+                if not _is_state_tensor(key, value):
+                    layout.append((name, _plain(value)))
                 problem = (_load_problem(name, p, value)
                            if p is not None and _is_state_tensor(key, value) else None)
                 if problem is not None:
@@ -251,7 +362,10 @@ class Optimizer:
         # Checked on every rank, then agreed on, before any state moves: a rank
         # raising alone would leave the others in the next state tensor's
         # redistribution.
-        _agree_load(meshes, errors, layout, "", ValueError)  # torch's bare wording
+        _agree_load(meshes, errors, layout, "", ValueError,  # torch's bare wording
+                    "the loaded state dict differs across the ranks of the mesh (its "
+                    "hyperparameters such as lr, its steps, or its DTensors' keys, "
+                    "shapes, dtypes or placements); every rank must load the same state")
         state: defaultdict = defaultdict(dict)
         for i, entries in saved:
             p = by_index[int(i)]

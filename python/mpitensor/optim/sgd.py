@@ -20,7 +20,8 @@ class SGD(Optimizer):
 
     ``state[p]["momentum_buffer"]`` is a DTensor with ``p``'s placements (only
     when momentum is not 0). A parameter whose ``.grad`` is None is skipped.
-    Local: no communication.
+    A step moves no data; it agrees with the other ranks that they step alike
+    (:meth:`Optimizer.step`).
 
     Example::
 

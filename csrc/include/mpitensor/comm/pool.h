@@ -17,13 +17,16 @@ extern "C" {
 
 /* Local. A block of at least `size` bytes, 64-byte aligned, or NULL when memory
  * is exhausted. Blocks of 64 KiB and more come from the cache when one fits (no
- * more than twice the size asked for). */
+ * more than twice the size asked for), else are mapped on their own (and unmapped
+ * when they leave the pool), so that blocks of ever new sizes never fragment
+ * malloc's heap. */
 void *mt_pool_alloc(size_t size);
 
 /* Local. Gives a block from mt_pool_alloc back: large blocks are cached while the
  * cache holds fewer bytes than its limit, others are freed; with every one of the
  * eight slots taken, a block takes the place of the smallest cached one when it
- * is larger (that one is freed). Accepts NULL. */
+ * is larger (that one is freed). So the cache holds at most eight blocks and at
+ * most its limit in bytes. Accepts NULL. */
 void mt_pool_free(void *block);
 
 /* Local. The usable size of a block from mt_pool_alloc. */

@@ -11,6 +11,9 @@
 #ifndef MPITENSOR_WATCHDOG_H
 #define MPITENSOR_WATCHDOG_H
 
+#include <mpi.h>
+#include <stdint.h>
+
 #include "mpitensor/core/status.h"
 
 #ifdef __cplusplus
@@ -30,6 +33,51 @@ int mt_watchdog_set_timeout(double seconds, mt_error *err);
 
 /* The timeout in seconds; 0 when off. */
 double mt_watchdog_timeout(void);
+
+/* Collective on `comm` when it holds the ranks of MPI_COMM_WORLD (in any order),
+ * else Local and nothing. Starts listening for ranks that leave the job: a process
+ * that then stays 2 s in one blocking call after hearing that some rank left
+ * (mt_watchdog_leave) prints where it waits and who left, and aborts the job. Does
+ * nothing in a job of one process, without MPI_THREAD_MULTIPLE (the watchdog
+ * thread tests the notices), or once listening; call it when the first mesh over
+ * the world is made, with the watchdog running.
+ *
+ *   rc = mt_watchdog_listen(MPI_COMM_WORLD, &err);
+ */
+int mt_watchdog_listen(MPI_Comm comm, mt_error *err);
+
+/* Local. Whether this process listens (mt_watchdog_listen). */
+int mt_watchdog_listening(void);
+
+/* Local. The tag of the work this process runs from now on (an interactive
+ * engine's cell: every engine counts its cells alike). A notice of
+ * mt_watchdog_tell counts for a process running work of the same tag. */
+void mt_watchdog_set_work(int64_t tag);
+
+/* Local (sends to every other process). Tells every other process that this one
+ * failed in work `tag` (>= 0) for `reason`, without leaving: one that stays 2 s in
+ * a blocking call while running the same work aborts the job, as for a rank that
+ * left. For interactive engines, whose processes outlive a failed cell. Nothing
+ * when not listening.
+ *
+ *   mt_watchdog_set_work(cell);  ...  rc = mt_watchdog_tell("engine 1 raised", cell, &err);
+ */
+int mt_watchdog_tell(const char *reason, int64_t tag, mt_error *err);
+
+/* Local. How many other processes said they failed in work `tag`. */
+int mt_watchdog_failed(int64_t tag);
+
+/* Local, though it waits for the other processes. Says that this process leaves
+ * the job, with `reason` (its end, an uncaught exception): it waits up to a
+ * second for every other process to leave too (a job ending normally, for the
+ * cost of one nonblocking barrier); then it tells every other process, and waits
+ * for them as MPI_Finalize would. Call it before MPI_Finalize; nothing when not
+ * listening. A NULL `reason` only stops listening (a process that is about to
+ * abort the job anyway). MPI_Finalize stops the listening by itself.
+ *
+ *   rc = mt_watchdog_leave("rank 1 raised ValueError: bad input", &err);
+ */
+int mt_watchdog_leave(const char *reason, mt_error *err);
 
 #ifdef __cplusplus
 }

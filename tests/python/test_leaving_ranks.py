@@ -1,0 +1,106 @@
+"""A rank that leaves early ends the job within seconds, saying which and why
+(issue 34, case 7).
+
+`sys.exit(0)` on one rank, under plain `python` or `python -m mpi4py`, or an
+uncaught exception on one rank of a plain `python script.py`, left the other ranks
+waiting in their next collective until the 1,800 s watchdog. Now the leaving rank
+tells the others (csrc/comm/departure.c) and a rank waiting in a collective aborts
+the job, naming the rank and the reason. A job whose ranks all end normally,
+also when one ends seconds after the others, and a script run as one plain
+process, are unaffected.
+
+Each test starts its own job with mpiexec, from the np=1 run only (as
+test_failing_ranks.py): a job started from inside a multi-rank job would share its
+ranks' cores and Open MPI environment.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from mpi4py import MPI
+
+N = MPI.COMM_WORLD.Get_size()
+pytestmark = pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+
+DEADLINE = 60  # seconds; the hang this replaces lasted 1,800
+SOON = 30      # what "within seconds" allows on a loaded machine
+
+SCRIPT = """
+import sys, time
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Replicate, Shard
+
+mode = sys.argv[1]
+rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+mesh = mt.init_device_mesh("cpu", (size,))
+x = mt.distribute_tensor(np.arange(48.0).reshape(6, 8), mesh, [Shard(0)])
+if rank == 1 and mode == "exit":
+    sys.exit(0)
+if rank == 1 and mode == "raise":
+    raise ValueError("rank 1 failed on purpose")
+y = x.redistribute(mesh, [Replicate()])
+if mode == "slow_end" and rank == 0:
+    time.sleep(4)  # local work after the last collective, the others gone
+print("finished", rank, float(y.to_local().sum()), flush=True)
+"""
+
+
+def job_env():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
+    return env
+
+
+def run(tmp_path, mode, ranks, *python_args, mpiexec=True):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, *python_args, str(script), mode]
+    if mpiexec:
+        cmd = ["mpiexec", "--oversubscribe", "-n", str(ranks)] + cmd
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=DEADLINE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        return None, out, time.monotonic() - started
+    return proc.returncode, out, time.monotonic() - started
+
+
+@pytest.mark.timeout(2 * DEADLINE)
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("mode, runner, why", [
+    ("exit", (), "its Python exited"),
+    ("exit", ("-m", "mpi4py"), "its Python exited"),
+    ("raise", (), "it raised ValueError: rank 1 failed on purpose"),
+], ids=["sys_exit", "sys_exit_under_mpi4py", "uncaught_exception"])
+def test_a_rank_that_leaves_ends_the_job_naming_it(tmp_path, ranks, mode, runner, why):
+    code, out, seconds = run(tmp_path, mode, ranks, *runner)
+    assert code not in (None, 0), f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert seconds < SOON, f"{seconds:.0f}s:\n{out[-3000:]}"
+    assert "and rank 1 has left the job: " + why in out, out[-3000:]
+    assert "finished" not in out, out[-3000:]
+
+
+@pytest.mark.timeout(2 * DEADLINE)
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("mode", ["normal", "slow_end"])
+def test_ranks_that_end_normally_are_not_aborted(tmp_path, ranks, mode):
+    code, out, seconds = run(tmp_path, mode, ranks)
+    assert code == 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert out.count("finished") == ranks and "has left" not in out, out[-3000:]
+
+
+@pytest.mark.timeout(2 * DEADLINE)
+def test_a_script_run_as_one_plain_process_is_unaffected(tmp_path):
+    code, out, seconds = run(tmp_path, "normal", 1, mpiexec=False)
+    assert code == 0 and out.count("finished") == 1, f"exit {code}:\n{out[-3000:]}"
