@@ -23,8 +23,10 @@ int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
   PyObject *id = PyDict_GetItemWithError(d->op_ids, key);
   if (id != NULL) return PyLong_AsLongLong(id);
   if (PyErr_Occurred()) return -1;
-  /* Bounded: forgotten keys get new ids, and their decisions simply miss. */
-  if (PyDict_GET_SIZE(d->op_ids) >= (1 << 16)) PyDict_Clear(d->op_ids);
+  /* Bounded like a mesh's memo, since a key without a decision there is of no use:
+   * keys carry shapes (reshape, broadcast_to), so a program of ever new shapes
+   * would otherwise grow it. Forgotten keys get new ids; their decisions miss. */
+  if (PyDict_GET_SIZE(d->op_ids) >= d->decision_limit) PyDict_Clear(d->op_ids);
   id = PyLong_FromLongLong(d->next_op);
   if (id == NULL || PyDict_SetItem(d->op_ids, key, id) < 0) {
     Py_XDECREF(id);

@@ -22,6 +22,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, _C
+from mpitensor._ops._indexing import _INDEX_KEYS
 
 W = MPI.COMM_WORLD.Get_size()
 pytestmark = [
@@ -90,7 +91,7 @@ def test_50000_operations_over_distinct_shapes_keep_memory_flat():
         assert stats["decisions"] <= stats["decision_limit"], stats
         assert stats["plans"] <= stats["plan_limit"], stats
         assert stats["layouts"] <= stats["layout_limit"], stats
-        assert len(m._plans) <= m._plan_limit and len(m._select_plans) <= m._plan_limit
+        assert len(m._index_keys) <= _INDEX_KEYS
     meshes = 1 if mesh2 is None else 2
     assert _C.pool_cached_bytes() <= 512 << 20
     assert end - middle < SLACK, (
@@ -99,11 +100,6 @@ def test_50000_operations_over_distinct_shapes_keep_memory_flat():
     assert end - start < meshes * CACHES, (end - start) >> 20
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an operation keyed by a shape (reshape's target, broadcast_to's) gets an op id "
-    "per shape, and the op-id table (csrc/ext/ext_decide.c) keeps 65,536 of them, "
-    "tens of MiB, before it starts again: bound it by the decision memo's limit or "
-    "keep shapes out of op keys (issue 34, case 9)"))
 @pytest.mark.skipif(W != 2, reason="the op-id table is per process: 2 ranks suffice")
 @pytest.mark.timeout(300)
 def test_reshapes_to_distinct_shapes_keep_memory_flat():
