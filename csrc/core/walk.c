@@ -117,7 +117,7 @@ int mt__walk(const mt_layout *src, const mt_layout *dst, int64_t *moved,
       int64_t lo = so > to ? so : to, hi = se < to + tl ? se : to + tl;
       t *= tl;
       h *= hi > lo ? hi - lo : 0;
-      p *= dl[j].peers[ti[j]];
+      if (msgs != NULL) p *= dl[j].peers[ti[j]]; /* filled only when wanted */
     }
     int64_t lack = t - h;
     peak = lack > peak ? lack : peak;
