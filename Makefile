@@ -163,11 +163,14 @@ test-fuzz: build/fuzz/fuzz_plan
 # ASan and UBSan over the C tests and over the Python suite at np 2. The Python
 # side runs in its own venv, .venv-asan, whose editable mpitensor is built with
 # MPITENSOR_SANITIZE=ON; the interpreter is not instrumented, so libasan is
-# preloaded. Leak detection is on for the C unit tests and off where CPython and
-# Open MPI run (both keep their allocations until exit by design); leaks there
-# are caught by tests/python/test_leaks.py (RSS and live communicators) instead.
+# preloaded (with libstdc++, whose C++ exceptions, thrown by matplotlib's
+# extensions, ASan's interceptor must find loaded). A failed huge allocation
+# returns NULL as in a plain build, so the out-of-memory tests see MemoryError.
+# Leak detection is on for the C unit tests and off where CPython and Open MPI
+# run (both keep their allocations until exit by design); leaks there are
+# caught by tests/python/test_leaks.py (RSS and live communicators) instead.
 ASAN_VENV := .venv-asan
-ASAN_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0 \
+ASAN_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0:allocator_may_return_null=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONMALLOC=malloc MT_SANITIZED=1
 test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 	$(VENV)/bin/cmake -S . -B build/asan-ctest -DMPITENSOR_BUILD_TESTS=ON \
@@ -179,7 +182,7 @@ test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 	$(ASAN_VENV)/bin/python -m pip --disable-pip-version-check install -q \
 	  --no-build-isolation -e . -Ccmake.define.MPITENSOR_SANITIZE=ON \
 	  -Cbuild-dir=build/asan-{wheel_tag}
-	$(ASAN_ENV) LD_PRELOAD=$$(gcc -print-file-name=libasan.so) \
+	$(ASAN_ENV) LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" \
 	  PYTHON=$(abspath $(ASAN_VENV))/bin/python MT_TEST_TIMEOUT=300 \
 	  tests/run_mpi_pytest.sh 2
 

@@ -326,6 +326,7 @@ def main():
     ap.add_argument("--mesh", default=None, help="N (tp) or DPxTP; default: all ranks on tp")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
     ap.add_argument("--profile", metavar="PATH", default=None,
                     help="instead of timing: cProfile --reps mpitensor steps on each rank "
                          "into PATH.rank{r} (e.g. under perf record, one rank)")
@@ -367,7 +368,7 @@ def main():
             print(line, flush=True)
     if comm.rank == 0 and args.profile is None:
         name = f"train-np{comm.size}{'' if args.mesh is None else '-' + args.mesh}.json"
-        write_result(result_path(name), {
+        write_result(args.out or result_path(name), {
             "machine": info, "args": vars(args), "rows": rows,
             "targets": {"torch_over_mt": TARGET_TORCH_X, "speedup": TARGET_SPEEDUP,
                         "memory_mt_over_torch": TARGET_MEMORY_X}})
