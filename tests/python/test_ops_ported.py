@@ -49,3 +49,101 @@ def test_comm_module_counts_has_global_from_entry():
         d.full_tensor()
     want = {"all_gather_into_tensor": 1} if W > 1 else {}
     assert dict(mode.comm_module_counts["Global"]["forward"]) == want
+
+
+# -- np.split, np.array_split (test_view_ops) -------------------------------------------
+
+SPLITS = [(2, 0), ([1, 3], 0), (3, 1), ([2], 1), ([0, 9], 1), (1, 0)]
+
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes(), ids=str)
+@pytest.mark.parametrize("sections,axis", SPLITS, ids=str)
+def test_array_split_values_placements_and_one_move(mesh_shape, sections, axis):
+    mesh = mesh_of(mesh_shape)
+    full = np.arange(35.0).reshape(7, 5)
+    choices = ([[R], [S0], [S1], [PS]] if len(mesh_shape) == 1
+               else [[R, S1], [S0, S1], [S1, S0], [PS, S0], [S0, S0]])
+    for pls in choices:
+        d = make(full, mesh, pls)
+        with CommDebugMode() as mode:
+            pieces = np.array_split(d, sections, axis=axis)
+        ref = np.array_split(full, sections, axis=axis)
+        assert len(pieces) == len(ref)
+        for p, r in zip(pieces, ref):
+            assert_matches(p, r)
+        # The other dims keep their Shards and every Partial stays (a Replicate
+        # mesh dim may be cut for free); the split axis is whole in every piece,
+        # made so by one collective for all of them.
+        for p in pieces:
+            assert not any(q.is_shard() and q.dim == axis for q in p.placements)
+            for q, q0 in zip(p.placements, pls):
+                if not (q0.is_shard() and q0.dim == axis):
+                    assert q == q0 or (q0.is_replicate() and q.is_shard()), (q, q0)
+        sharded = [m for m, q in enumerate(pls) if q.is_shard() and q.dim == axis
+                   and mesh_shape[m] > 1]
+        assert mode.get_total_counts() <= len(sharded)
+
+
+def test_split_needs_an_equal_division_and_gives_views_locally():
+    mesh = mesh_of((W,))
+    d = make(np.arange(12.0).reshape(6, 2), mesh, [S0])
+    with pytest.raises(ValueError, match="equal division"):
+        np.split(d, 4)
+    with CommDebugMode() as mode:
+        left, right = np.split(d, 2, axis=1)
+    assert mode.get_total_counts() == 0
+    assert left.placements == right.placements == (S0,)
+    assert_matches(right, np.arange(12.0).reshape(6, 2)[:, 1:])
+
+
+@pytest.mark.parametrize("pls", [[S0], [S1], [R]], ids=str)
+def test_split_backward_places_each_piece(pls):
+    mesh = mesh_of((W,))
+    full = np.arange(35.0).reshape(7, 5)
+    w = make(full, mesh, pls).requires_grad_()
+    a, b, c = np.array_split(w, [1, 3], axis=1)
+    ((a * 2.0).sum() + (c * c).sum()).backward()   # b unused: zeros there
+    want = np.zeros_like(full)
+    want[:, :1], want[:, 3:] = 2.0, 2 * full[:, 3:]
+    assert w.grad.placements == tuple(pls)
+    assert_matches(w.grad, want)
+    w.grad = None
+    q, k, v = np.split(w[:6], 3, axis=0)                 # a qkv-style split
+    (q * k + v).sum().backward()
+    want = np.zeros_like(full)
+    want[0:2], want[2:4], want[4:6] = full[2:4], full[0:2], 1.0
+    assert_matches(w.grad, want)
+
+
+# -- np.diag (test_tensor_ops) ---------------------------------------------------------
+
+@pytest.mark.parametrize("k", [0, 1, -2])
+@pytest.mark.parametrize("pls", [[R], [S0], [S1], [PS]], ids=str)
+def test_diag_values_placements_and_gather(pls, k):
+    mesh = mesh_of((W,))
+    m = np.arange(20.0).reshape(4, 5)
+    d = make(m, mesh, pls)
+    with CommDebugMode() as mode:
+        diagonal = np.diag(d, k)
+    assert_matches(diagonal, np.diag(m, k))
+    assert diagonal.placements == ((PS,) if pls == [PS] else (R,))
+    sharded = pls[0].is_shard() and W > 1
+    assert counts(mode) == ({"all_gather_into_tensor": 1} if sharded else {})
+    v = np.arange(1.0, 5.0)
+    dv = make(v, mesh, [S0] if pls[0].is_shard() else pls)
+    assert_matches(np.diag(dv, k), np.diag(v, k))
+
+
+def test_diag_backward():
+    mesh = mesh_of((W,))
+    m = np.arange(20.0).reshape(4, 5)
+    w = make(m, mesh, [S0]).requires_grad_()
+    (np.diag(w, 1) ** 2).sum().backward()
+    want = np.zeros_like(m)
+    i = np.arange(4)
+    want[i, i + 1] = 2 * m[i, i + 1]
+    assert w.grad.placements == (S0,)
+    assert_matches(w.grad, want)
+    u = make(np.arange(1.0, 5.0), mesh, [S0]).requires_grad_()
+    (np.diag(u, -1) * 3.0).sum().backward()
+    assert_matches(u.grad, np.full(4, 3.0))
