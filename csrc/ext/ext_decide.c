@@ -128,12 +128,17 @@ static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, in
   return mb;
 }
 
-/* Adds operand i: a DTensor, an implicitly replicated ndarray, or a scalar. */
+/* Adds operand i: a DTensor, an implicitly replicated ndarray, or a scalar. An
+ * ndarray of one element (of any dims) is replicated as torch replicates a
+ * one-element tensor: every rank holds a value of that shape; larger ones only
+ * under implicit replication or on the local mesh. */
 static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
                       PyObject *key) {
   if (!mt_ext_is_dtensor(d, o)) {
     if (PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0) {
-      if (!(d->modes->implicit_replication > 0 || c->mb->local)) return mixed(o, key);
+      if (!(d->modes->implicit_replication > 0 || c->mb->local ||
+            PyArray_SIZE((PyArrayObject *)o) == 1))
+        return mixed(o, key);
       o = c->made[c->nmade++] = replicated(d, c->mb, o);
       if (o == NULL) return -1;
     } else {

@@ -147,3 +147,31 @@ def test_diag_backward():
     u = make(np.arange(1.0, 5.0), mesh, [S0]).requires_grad_()
     (np.diag(u, -1) * 3.0).sum().backward()
     assert_matches(u.grad, np.full(4, 3.0))
+
+
+# -- a one-element ndarray with a DTensor (test_dtensor, torch's dispatch) --------------
+
+@pytest.mark.parametrize("one", [np.array([2.0]), np.array([[2.0]]), np.array([[[2.0]]])],
+                         ids=lambda a: str(a.shape))
+def test_one_element_ndarray_is_replicated_as_torch(one):
+    """torch replicates a tensor of one element (any dims) mixed with DTensors
+    (_try_replicate_spec_for_scalar_tensor); any other size needs
+    implicit_replication()."""
+    mesh = mesh_of((W,))
+    full = np.arange(16.0).reshape(8, 2)
+    d = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        results = [d * one, one + d, np.maximum(d, one), np.multiply(d, one, dtype=np.float32),
+                   np.where(d > 3, d, one)]
+    assert mode.get_total_counts() == 0
+    refs = [full * one, one + full, np.maximum(full, one),
+            np.multiply(full, one, dtype=np.float32), np.where(full > 3, full, one)]
+    for got, want in zip(results, refs):
+        assert_matches(got, want)
+    lead = one.ndim - 2
+    assert results[0].placements == (Shard(max(lead, 0)),)
+    with pytest.raises(TypeError, match="plain ndarray"):
+        d + np.ones(2)
+    w = make(full, mesh, [S0]).requires_grad_()
+    (w * one).sum().backward()
+    assert_matches(w.grad, np.full_like(full, 2.0))
