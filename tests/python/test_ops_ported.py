@@ -175,3 +175,26 @@ def test_one_element_ndarray_is_replicated_as_torch(one):
     w = make(full, mesh, [S0]).requires_grad_()
     (w * one).sum().backward()
     assert_matches(w.grad, np.full_like(full, 2.0))
+
+
+# -- np.histogram with range= (test_math_ops: histc) -------------------------------------
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes(), ids=str)
+def test_histogram_with_range_communicates_only_over_sharding_dims(mesh_shape):
+    mesh = mesh_of(mesh_shape)
+    full = np.arange(35.0).reshape(7, 5)
+    choices = ([[R], [S0], [S1]] if len(mesh_shape) == 1
+               else [[R, R], [S0, R], [R, S1], [S0, S1]])
+    for pls in choices:
+        d = make(full, mesh, pls)
+        sharding = sum(p.is_shard() and mesh_shape[m] > 1 for m, p in enumerate(pls))
+        for bins, range_ in ((5, (0, 30)), (np.array([0.0, 3.0, 10.0, 40.0]), None)):
+            with CommDebugMode() as mode:
+                got, edges = np.histogram(d, bins=bins, range=range_)
+            want, want_edges = np.histogram(full, bins=bins, range=range_)
+            assert np.array_equal(got, want) and np.allclose(edges, want_edges)
+            assert mode.get_total_counts() == sharding, (pls, counts(mode))
+        with CommDebugMode() as mode:
+            got, _ = np.histogram(d, bins=4)
+        assert np.array_equal(got, np.histogram(full, bins=4)[0])
+        assert mode.get_total_counts() == 2 * sharding

@@ -6,11 +6,11 @@
 Log-sum-exp along a sharded axis: each rank reduces its shard, then the mesh dims
 that shard the axis merge the per-rank values exactly, with no Partial left behind:
 one all-reduce of their maximum M and one of ``sum(exp(lse_r - M))``, each the size
-of the result. A histogram counts each rank's shard (replicas count once: only the
-first rank of every mesh dim that does not shard the input counts) and sums the
-counts with one all-reduce per mesh dim; with ``bins`` an int and no ``range`` the
-global minimum and maximum are found first (one all-reduce of two numbers per mesh
-dim; an empty shard contributes nothing).
+of the result. A histogram counts each rank's shard and sums the counts over the
+mesh dims that shard the input (one all-reduce; none for a Replicate input, as
+torch's histc); with ``bins`` an int and no ``range`` the global minimum and
+maximum are found first over the same mesh dims (one all-reduce of two numbers;
+an empty shard contributes nothing).
 """
 
 from __future__ import annotations
@@ -103,10 +103,11 @@ def logaddexp_reduce(ufunc, a, axis=0, dtype=None, out=None, keepdims=False, **k
 @_registry.implements(np.histogram)
 def histogram(a, bins=10, range=None, density=None, weights=None):
     """``np.histogram`` of a DTensor's elements: ``(counts, bin_edges)`` as NumPy
-    arrays, the same on every rank of the mesh. Collective on the mesh: local
-    counts and one all-reduce of the counts per mesh dim (plus, for an int
-    ``bins`` without ``range``, two all-reduces of one number for the edges);
-    nothing of the input moves (a Partial input is reduced first)."""
+    arrays, the same on every rank of the mesh. Local counts, then one all-reduce
+    of the counts over the mesh dims that shard the input (plus, for an int
+    ``bins`` without ``range``, one all-reduce of the two extremes); nothing of
+    the input moves (a Partial input is reduced first). A Replicate input makes
+    no collective; collective on the mesh otherwise."""
     name = "numpy.histogram"
     if type(a) is not DTensor:
         raise TypeError(f"{name}: the data must be the DTensor")
@@ -118,6 +119,10 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     if isinstance(bins, str):
         raise TypeError(f"{name}: bins given by name ({bins!r}) need the whole data; "
                         f"pass a number of bins or the edges")
+    # Only the mesh dims that shard the data combine counts (or extremes): along
+    # the others every rank holds the same elements already.
+    sharding = {m for m, p in enumerate(spec.placements)
+                if isinstance(p, Shard) and mesh.shape[m] > 1}
     if np.ndim(bins) == 0 and range is None:
         operator.index(bins)
         if spec.shape and 0 in spec.shape:
@@ -126,7 +131,8 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
             # per-rank extremes (an empty shard gives the identity), one number each
             x = a.to_local()
             ext = np.array([x.min(), -x.max()] if x.size else [np.inf, np.inf], np.float64)
-            ext = _all_reduce(mesh, ext, "min", set(np.arange(mesh.ndim).tolist()))
+            if sharding:
+                ext = _all_reduce(mesh, ext, "min", sharding)
             range = (float(ext[0]), float(-ext[1]))
         else:
             range = (0.0, 1.0)  # outside the mesh: no data, nothing is counted
@@ -134,10 +140,8 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     if mesh._coordinate is None:
         return np.zeros(len(edges) - 1, np.intp), edges
     counts, _ = np.histogram(a.to_local(), bins=edges)
-    sharding = {m for m, p in enumerate(spec.placements) if isinstance(p, Shard)}
-    if any(c != 0 for m, c in enumerate(mesh._coordinate) if m not in sharding):
-        counts = np.zeros_like(counts)  # a replica: its first copy counts
-    counts = _all_reduce(mesh, counts, "sum", set(np.arange(mesh.ndim).tolist()))
+    if sharding:
+        counts = _all_reduce(mesh, counts, "sum", sharding)
     if density:
         widths = np.diff(edges)
         return counts / widths / counts.sum(), edges
