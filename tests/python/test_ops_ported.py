@@ -198,3 +198,26 @@ def test_histogram_with_range_communicates_only_over_sharding_dims(mesh_shape):
             got, _ = np.histogram(d, bins=4)
         assert np.array_equal(got, np.histogram(full, bins=4)[0])
         assert mode.get_total_counts() == 2 * sharding
+
+
+# -- log-sum-exp (test_math_ops: logsumexp) ----------------------------------------------
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes(), ids=str)
+def test_logaddexp_reduce_along_a_sharded_axis_is_one_all_gather(mesh_shape):
+    mesh = mesh_of(mesh_shape)
+    full = np.linspace(-30.0, 40.0, 35).reshape(7, 5)
+    full[3, :] = -np.inf
+    choices = ([[S0], [S1]] if len(mesh_shape) == 1 else [[S0, S1], [S0, S0], [R, S0]])
+    for pls in choices:
+        d = make(full, mesh, pls)
+        for axis in (0, 1):
+            with CommDebugMode() as mode, np.errstate(invalid="ignore"):
+                got = np.logaddexp.reduce(d, axis=axis)
+            assert_matches(got, np.logaddexp.reduce(full, axis=axis))
+            # One all-gather per mesh dim that shards the axis (torch gathers the
+            # whole input the same way); before, two all-reduces per mesh dim.
+            sharded = sum(p.is_shard() and p.dim == axis and mesh_shape[m] > 1
+                          for m, p in enumerate(pls))
+            assert counts(mode) == ({"all_gather_into_tensor": sharded} if sharded else {})
+            assert_matches(np.logaddexp2.reduce(d, axis=axis),
+                           np.logaddexp2.reduce(full, axis=axis))
