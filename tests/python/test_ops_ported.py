@@ -221,3 +221,34 @@ def test_logaddexp_reduce_along_a_sharded_axis_is_one_all_gather(mesh_shape):
             assert counts(mode) == ({"all_gather_into_tensor": sharded} if sharded else {})
             assert_matches(np.logaddexp2.reduce(d, axis=axis),
                            np.logaddexp2.reduce(full, axis=axis))
+
+
+# -- cumsum of the flattened array (test_math_ops: cumsum) -------------------------------
+
+@pytest.mark.parametrize("shape", [(8,), (7,), (8, 3), (4, 2, 3)], ids=str)
+def test_cumsum_flattened_rows_scans_without_gathering(shape):
+    mesh = mesh_of((W,))
+    full = np.arange(1.0, np.prod(shape) + 1).reshape(shape)
+    d = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        got = np.cumsum(d)
+        prod = np.cumprod(d / 8.0)
+    assert_matches(got, np.cumsum(full))
+    assert_matches(prod, np.cumprod(full / 8.0))
+    if len(shape) == 1 or shape[0] % W == 0:
+        assert got.placements == (S0,)
+        if W > 1:
+            assert counts(mode) == {"exscan": 2}
+    else:  # uneven rows do not flatten to a Shard(0): gathered, once per call
+        assert counts(mode) == {"all_gather_into_tensor": 2}
+
+
+def test_cumsum_flattened_otherwise_gathers_once():
+    mesh = mesh_of((W,))
+    full = np.arange(35.0).reshape(7, 5)
+    for pls in ([S1], [R]):
+        d = make(full, mesh, pls)
+        with CommDebugMode() as mode:
+            got = np.cumsum(d)
+        assert_matches(got, np.cumsum(full))
+        assert mode.get_total_counts() <= 1
