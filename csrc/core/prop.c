@@ -306,6 +306,21 @@ static int load_input(engine *e, int i, mt_error *err) {
   return mt__fail(err, rc, "Input %d: %s", i, msg);
 }
 
+/* Input i's alias, if any, is an earlier input of the same layout and item size. */
+static int check_alias(const engine *e, int i, mt_error *err) {
+  int j = e->in->alias[i] - 1;
+  if (j < 0) return MT_OK;
+  const mt_layout *a = &e->cur[i], *b = &e->cur[j];
+  int same = j < i && a->ndim == b->ndim && e->in->itemsize[i] == e->in->itemsize[j] &&
+             memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape) == 0;
+  for (int m = 0; same && m < a->mesh_ndim; ++m)
+    same = placement_eq(&a->placements[m], &b->placements[m]);
+  if (!same)
+    return mt__fail(err, MT_EINVAL, "Input %d is given as the same tensor as input %d, "
+                    "but their layouts differ", i, j);
+  return MT_OK;
+}
+
 static int load_inputs(engine *e, mt_error *err) {
   const mt_prop_inputs *in = e->in;
   if (in->ninputs != e->map->ninputs)
@@ -318,6 +333,7 @@ static int load_inputs(engine *e, mt_error *err) {
   e->out_itemsize = in->out_itemsize;
   for (int i = 0; i < e->ninputs; ++i) {
     int rc = load_input(e, i, err);
+    if (rc == MT_OK) rc = check_alias(e, i, err);
     if (rc != MT_OK) return rc;
     if (in->itemsize[i] > e->out_itemsize && in->out_itemsize == 0)
       e->out_itemsize = in->itemsize[i];
@@ -952,6 +968,18 @@ static int changes(const engine *e, const int *choice) {
   return n;
 }
 
+/* Whether input i is the same tensor as an earlier input that `choice` moves to
+ * the same layout: one move serves both, so it is priced once. */
+static int moved_with_alias(const engine *e, int i, const int *choice) {
+  int j = e->in->alias[i] - 1;
+  if (j < 0) return 0;
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    const cand *c = &e->dims[m].c[choice[m]];
+    if (!placement_eq(&c->in[i], &c->in[j])) return 0;
+  }
+  return 1;
+}
+
 /* Scores one combination into `s`; `*valid` is 0 when it is not allowed or a
  * plan fails. Without `full` a communicating combination is only flagged. */
 static int score_combo(engine *e, const int *choice, int full, score *s, int *valid,
@@ -961,6 +989,7 @@ static int score_combo(engine *e, const int *choice, int full, score *s, int *va
   memset(s, 0, sizeof *s);
   for (int i = 0; i < e->ninputs; ++i) {
     price p;
+    if (moved_with_alias(e, i, choice)) continue;
     int rc = input_price(e, i, choice, full, &p, err);
     if (rc != MT_OK || p.state == PRICE_INVALID) return rc;
     if (p.state == PRICE_COMM) {
@@ -1053,6 +1082,7 @@ static int combo_bound(engine *e, const int *choice, bounded *b, int *valid,
   if (!combo_valid(e, choice)) return MT_OK;
   for (int i = 0; i < e->ninputs; ++i) {
     price p;
+    if (moved_with_alias(e, i, choice)) continue;
     int rc = input_price(e, i, choice, 0, &p, err);
     if (rc != MT_OK || p.state == PRICE_INVALID) return rc;
     int exact = p.state == PRICE_DONE;

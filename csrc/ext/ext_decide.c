@@ -153,7 +153,7 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
   c->dt[c->ntensors] = b;
   c->id[c->ntensors++] = id;
   c->tensors |= 1u << i;
-  c->key.operand[i] = id;
+  c->key.operand[i] = mt_ext_operand_word(c, id);
   return 1;
 }
 
@@ -194,6 +194,7 @@ static int call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_prop_inputs 
     memcpy(p->shape[t], key.shape, sizeof p->shape[t]);
     memcpy(p->placements[t], key.placements, sizeof p->placements[t]);
     dtype[t] = mt_ext_descr_dtype((PyArray_Descr *)PyTuple_GET_ITEM(c->dt[t]->spec, 3));
+    p->alias[t] = mt_ext_alias_of(c, t) + 1;
   }
   return 0;
 }

@@ -23,7 +23,7 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
   c->dt[c->ntensors] = b;
   c->id[c->ntensors++] = b->layout_id;
   c->tensors |= 1u << i;
-  c->key.operand[i] = b->layout_id;
+  c->key.operand[i] = mt_ext_operand_word(c, b->layout_id);
   return 1;
 }
 

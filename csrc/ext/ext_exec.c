@@ -145,17 +145,43 @@ static PyObject *stand_in(const mt_ext_dtensor *b) {
   return PyArray_Zeros(n, ones, descr, 0);
 }
 
-/* The local arguments (new references): each input moved by its plan first,
- * zeros where it is partitioned away, stand-ins outside the mesh. */
+/* Whether tensor inputs t and k (k < t, the same DTensor) reach the same layout:
+ * the engine priced one move for both (mt_prop_inputs.alias). */
+static int same_move(const mt_decision *dec, int t, int k) {
+  const mt_plan *a = dec->plan[t], *b = dec->plan[k];
+  if (a == NULL || b == NULL || dec->partition[t] != 0 || dec->partition[k] != 0)
+    return 0;
+  int na = mt_plan_nsteps(a), nb = mt_plan_nsteps(b);
+  if (na == 0 || nb == 0) return 0;
+  const mt_layout *x = &mt_plan_step(a, na - 1)->dst, *y = &mt_plan_step(b, nb - 1)->dst;
+  return memcmp(x->placements, y->placements, (size_t)x->mesh_ndim * sizeof *x->placements)
+         == 0;
+}
+
+/* The operand index of tensor input k. */
+static int operand_of(const mt_ext_call *c, int k) {
+  for (int i = 0, t = 0; i < c->noperands; ++i)
+    if (c->tensors >> i & 1u && t++ == k) return i;
+  return -1;
+}
+
+/* The local arguments (new references): each input moved by its plan first (an
+ * input that is the same DTensor as an earlier one moving to the same layout
+ * takes that move's result), zeros where it is partitioned away, stand-ins
+ * outside the mesh. */
 static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision *dec,
                       PyObject *const *ops, run_state *rs) {
   mt_mesh *mesh = c->mb->member ? mt_ext_mesh_get_unchecked(c->mb->handle) : NULL;
   for (int i = 0, t = 0; i < c->noperands; ++i) {
     PyObject *a;
+    int k = c->tensors >> i & 1u ? mt_ext_alias_of(c, t) : -1;
     if (!(c->tensors >> i & 1u)) {
       a = Py_NewRef(ops[i]);
     } else if (mesh == NULL) {
       a = stand_in(c->dt[t++]);
+    } else if (k >= 0 && same_move(dec, t, k)) {
+      a = Py_NewRef(rs->args[operand_of(c, k)]);
+      ++t;
     } else {
       mt_plan *plan = dec->plan[t];
       uint32_t part = dec->partition[t];
