@@ -143,7 +143,8 @@ def _recorded_ufunc(grads):
 
 
 def _recorded_matmul(g, node, out):
-    return _matmul_grads(g, *node.saved, out)
+    need = tuple(x is not None for x in node.inputs)
+    return _matmul_grads(g, *node.saved, out, need)
 
 
 def _ufunc_entry(g, node, out):
@@ -167,17 +168,19 @@ def _swap(x):
     return np.swapaxes(x, -1, -2)
 
 
-def _matmul_grads(g, a, b, out):
-    """matmul's backward with NumPy's 1-D promotion and batch broadcasting."""
+def _matmul_grads(g, a, b, out, need=None):
+    """matmul's backward with NumPy's 1-D promotion and batch broadcasting; ``need``
+    says which operands want a gradient (default: those that require grad)."""
+    need = need or (_need(a), _need(b))
     a1 = a if a.ndim > 1 else a.reshape(1, a.shape[0])
     b1 = b if b.ndim > 1 else b.reshape(b.shape[0], 1)
     batch = out.shape[:out.ndim - (a.ndim > 1) - (b.ndim > 1)]
     g1 = g.reshape(batch + (a1.shape[-2], b1.shape[-1])) if (a.ndim == 1 or b.ndim == 1) else g
     ga = gb = None
-    if _need(a):
+    if need[0]:
         ga = _fit(g1 @ _swap(b1), a1)
         ga = ga if a.ndim > 1 else ga.reshape(a.shape)
-    if _need(b):
+    if need[1]:
         gb = _fit(_swap(a1) @ g1, b1)
         gb = gb if b.ndim > 1 else gb.reshape(b.shape)
     return ga, gb
