@@ -129,6 +129,10 @@ void mt__prop_build_dim(const mt__engine *e, int m, mt__dim_cands *dc);
 int mt__prop_input_price(mt__engine *e, int i, const int *choice, int full,
                          mt__price *out, mt_error *err);
 
+/* Whether input i is the same tensor as an earlier input that `choice` moves to
+ * the same layout: one move serves both, so it is priced once. */
+int mt__prop_moved_with_alias(const mt__engine *e, int i, const int *choice);
+
 /* ---- scores (prop_score.c) ----------------------------------------------------- */
 
 /* Whether the candidates of `choice` may go together (shard counts, even splits,

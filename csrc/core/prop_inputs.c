@@ -30,6 +30,21 @@ static int load_input(mt__engine *e, int i, mt_error *err) {
   return mt__fail(err, rc, "Input %d: %s", i, msg);
 }
 
+/* Input i's alias, if any, is an earlier input of the same layout and item size. */
+static int check_alias(const mt__engine *e, int i, mt_error *err) {
+  int j = e->in->alias[i] - 1;
+  if (j < 0) return MT_OK;
+  const mt_layout *a = &e->cur[i], *b = &e->cur[j];
+  int same = j < i && a->ndim == b->ndim && e->in->itemsize[i] == e->in->itemsize[j] &&
+             memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape) == 0;
+  for (int m = 0; same && m < a->mesh_ndim; ++m)
+    same = placement_eq(&a->placements[m], &b->placements[m]);
+  if (!same)
+    return mt__fail(err, MT_EINVAL, "Input %d is given as the same tensor as input %d, "
+                    "but their layouts differ", i, j);
+  return MT_OK;
+}
+
 static int load_inputs(mt__engine *e, mt_error *err) {
   const mt_prop_inputs *in = e->in;
   if (in->ninputs != e->map->ninputs)
@@ -42,6 +57,7 @@ static int load_inputs(mt__engine *e, mt_error *err) {
   e->out_itemsize = in->out_itemsize;
   for (int i = 0; i < e->ninputs; ++i) {
     int rc = load_input(e, i, err);
+    if (rc == MT_OK) rc = check_alias(e, i, err);
     if (rc != MT_OK) return rc;
     if (in->itemsize[i] > e->out_itemsize && in->out_itemsize == 0)
       e->out_itemsize = in->itemsize[i];

@@ -132,6 +132,16 @@ static int classify(mt__engine *e, int i, const mt_layout *need, int full, mt__p
   return plan_price(e, i, need, p, err);
 }
 
+int mt__prop_moved_with_alias(const mt__engine *e, int i, const int *choice) {
+  int j = e->in->alias[i] - 1;
+  if (j < 0) return 0;
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    const mt__cand *c = &e->dims[m].c[choice[m]];
+    if (!placement_eq(&c->in[i], &c->in[j])) return 0;
+  }
+  return 1;
+}
+
 /* The price of input i's needed layout under `choice`, from the memo when there
  * is one. With `full` a communicating layout is planned, else only marked. */
 int mt__prop_input_price(mt__engine *e, int i, const int *choice, int full,

@@ -181,6 +181,7 @@ int mt__prop_score(mt__engine *e, const int *choice, int full, mt__score *s,
   memset(s, 0, sizeof *s);
   for (int i = 0; i < e->ninputs; ++i) {
     mt__price p;
+    if (mt__prop_moved_with_alias(e, i, choice)) continue;
     int rc = mt__prop_input_price(e, i, choice, full, &p, err);
     if (rc != MT_OK || p.state == MT__PRICE_INVALID) return rc;
     if (p.state == MT__PRICE_COMM) {

@@ -69,6 +69,7 @@ static int combo_bound(mt__engine *e, const int *choice, bounded *b, int *valid,
   if (!mt__prop_combo_valid(e, choice)) return MT_OK;
   for (int i = 0; i < e->ninputs; ++i) {
     mt__price p;
+    if (mt__prop_moved_with_alias(e, i, choice)) continue;
     int rc = mt__prop_input_price(e, i, choice, 0, &p, err);
     if (rc != MT_OK || p.state == MT__PRICE_INVALID) return rc;
     int exact = p.state == MT__PRICE_DONE;

@@ -255,6 +255,24 @@ typedef struct mt_ext_call {
   int nmade;
 } mt_ext_call;
 
+/* The memo key word of the DTensor just added as tensor input c->ntensors - 1:
+ * its layout id, or, when it is the same DTensor as an earlier tensor input t, a
+ * word of its own (MT_EXT_ALIAS_WORD - t): the engine then moves the two once
+ * (mt_prop_inputs.alias), so x * x is not decided as x * y. */
+#define MT_EXT_ALIAS_WORD (-((int64_t)1 << 40))
+static inline int64_t mt_ext_operand_word(const mt_ext_call *c, int64_t id) {
+  const mt_ext_dtensor *last = c->dt[c->ntensors - 1];
+  for (int t = 0; t < c->ntensors - 1; ++t)
+    if (c->dt[t] == last) return MT_EXT_ALIAS_WORD - t;
+  return id;
+}
+/* The earlier tensor input that tensor input t is the same DTensor as, or -1. */
+static inline int mt_ext_alias_of(const mt_ext_call *c, int t) {
+  for (int k = 0; k < t; ++k)
+    if (c->dt[k] == c->dt[t]) return k;
+  return -1;
+}
+
 /* Gathers n operands: DTensors of one mesh (DTensors pending an async move are
  * completed), scalars, and under implicit replication ndarrays as Replicate
  * DTensors (kept in c->made). 1, or 0 when they are not an operation's operands

@@ -76,7 +76,8 @@ static PyMemberDef node_members[] = {
      "backward_fn(grad) -> one gradient per input (None for none); with `saved` "
      "set, backward_fn(grad, node, output). None once the graph is freed."},
     {"saved", T_OBJECT, offsetof(mt_ext_node, saved), 0,
-     "The operands the call was made with, or None (a closure's node)."},
+     "The operands the call was made with (an operand the forward all-reduced, as "
+     "that reduced value), or None (a closure's node)."},
     {"aux", T_OBJECT, offsetof(mt_ext_node, aux), 0,
      "What else the call was made with (a reduction's (axis, keepdims), a "
      "function's keyword arguments), or None."},

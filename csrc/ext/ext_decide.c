@@ -129,12 +129,17 @@ static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, in
   return mb;
 }
 
-/* Adds operand i: a DTensor, an implicitly replicated ndarray, or a scalar. */
+/* Adds operand i: a DTensor, an implicitly replicated ndarray, or a scalar. An
+ * ndarray of one element (of any dims) is replicated as torch replicates a
+ * one-element tensor: every rank holds a value of that shape; larger ones only
+ * under implicit replication or on the local mesh. */
 static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
                       PyObject *key) {
   if (!mt_ext_is_dtensor(d, o)) {
     if (PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0) {
-      if (!(d->modes->implicit_replication > 0 || c->mb->local)) return mixed(o, key);
+      if (!(d->modes->implicit_replication > 0 || c->mb->local ||
+            PyArray_SIZE((PyArrayObject *)o) == 1))
+        return mixed(o, key);
       o = c->made[c->nmade++] = replicated(d, c->mb, o);
       if (o == NULL) return -1;
     } else {
@@ -149,7 +154,7 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
   c->dt[c->ntensors] = b;
   c->id[c->ntensors++] = id;
   c->tensors |= 1u << i;
-  c->key.operand[i] = id;
+  c->key.operand[i] = mt_ext_operand_word(c, id);
   return 1;
 }
 
@@ -190,6 +195,7 @@ static int call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_prop_inputs 
     memcpy(p->shape[t], key.shape, sizeof p->shape[t]);
     memcpy(p->placements[t], key.placements, sizeof p->placements[t]);
     dtype[t] = mt_ext_descr_dtype((PyArray_Descr *)PyTuple_GET_ITEM(c->dt[t]->spec, 3));
+    p->alias[t] = mt_ext_alias_of(c, t) + 1;
   }
   return 0;
 }

@@ -23,7 +23,7 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
   c->dt[c->ntensors] = b;
   c->id[c->ntensors++] = b->layout_id;
   c->tensors |= 1u << i;
-  c->key.operand[i] = b->layout_id;
+  c->key.operand[i] = mt_ext_operand_word(c, b->layout_id);
   return 1;
 }
 
@@ -95,8 +95,32 @@ static PyObject *flat_args(PyObject *args) {
   return flat;
 }
 
+/* Several outputs (a list or tuple, as np.split gives): each floating-point
+ * DTensor among them gets a node of its own, whose aux is (kwargs, its index),
+ * so the backward knows which output's gradient it gets. 0, or -1. */
+static int record_each(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
+                       PyObject *res, PyObject *flat, PyObject *args, PyObject *kwargs) {
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(res);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *item = PySequence_Fast_ITEMS(res)[i];
+    if (Py_TYPE(item) != d->dtensor) continue;
+    char kind = PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)item)->local)->kind;
+    if (kind != 'f' && kind != 'c') continue;
+    PyObject *aux = Py_BuildValue("(On)", kwargs ? kwargs : Py_None, i);
+    PyObject *r = aux ? mt_ext_record(d, name, backward, Py_NewRef(item),
+                                      PySequence_Fast_ITEMS(flat),
+                                      PyList_GET_SIZE(flat), args, aux)
+                      : NULL;
+    Py_XDECREF(aux);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+  }
+  return 0;
+}
+
 /* The registered function `func` with grad mode on and an input that needs a
- * gradient: its entry with grad mode off, then one node with its backward. */
+ * gradient: its entry with grad mode off, then one node with its backward (one
+ * per output when it gives several). */
 static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *args,
                                PyObject *kwargs) {
   PyObject *bw = PyDict_GetItemWithError(d->backwards, func);
@@ -133,8 +157,8 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   PyObject *res = call_entry(d, func, args, kwargs);
   d->modes->grad_enabled = 1;
   if (res == NULL) return NULL;
-  PyObject *first = PyTuple_Check(res) && PyTuple_GET_SIZE(res) ? PyTuple_GET_ITEM(res, 0)
-                                                                 : res;
+  int several = (PyTuple_Check(res) || PyList_Check(res)) && PySequence_Fast_GET_SIZE(res);
+  PyObject *first = several ? PySequence_Fast_ITEMS(res)[0] : res;
   char kind = Py_TYPE(first) == d->dtensor
                   ? PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)->kind
                   : 0;
@@ -156,8 +180,13 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
     Py_DECREF(res);
     return NULL;
   }
-  PyObject *out = mt_ext_record(d, name, backward, res, PySequence_Fast_ITEMS(flat),
-                                PyList_GET_SIZE(flat), args, kwargs ? kwargs : Py_None);
+  PyObject *out = res;
+  if (several) {
+    if (record_each(d, name, backward, res, flat, args, kwargs) < 0) Py_CLEAR(out);
+  } else {
+    out = mt_ext_record(d, name, backward, res, PySequence_Fast_ITEMS(flat),
+                        PyList_GET_SIZE(flat), args, kwargs ? kwargs : Py_None);
+  }
   Py_DECREF(flat);
   return out;
 }

@@ -145,17 +145,43 @@ static PyObject *stand_in(const mt_ext_dtensor *b) {
   return PyArray_Zeros(n, ones, descr, 0);
 }
 
-/* The local arguments (new references): each input moved by its plan first,
- * zeros where it is partitioned away, stand-ins outside the mesh. */
+/* Whether tensor inputs t and k (k < t, the same DTensor) reach the same layout:
+ * the engine priced one move for both (mt_prop_inputs.alias). */
+static int same_move(const mt_decision *dec, int t, int k) {
+  const mt_plan *a = dec->plan[t], *b = dec->plan[k];
+  if (a == NULL || b == NULL || dec->partition[t] != 0 || dec->partition[k] != 0)
+    return 0;
+  int na = mt_plan_nsteps(a), nb = mt_plan_nsteps(b);
+  if (na == 0 || nb == 0) return 0;
+  const mt_layout *x = &mt_plan_step(a, na - 1)->dst, *y = &mt_plan_step(b, nb - 1)->dst;
+  return memcmp(x->placements, y->placements, (size_t)x->mesh_ndim * sizeof *x->placements)
+         == 0;
+}
+
+/* The operand index of tensor input k. */
+static int operand_of(const mt_ext_call *c, int k) {
+  for (int i = 0, t = 0; i < c->noperands; ++i)
+    if (c->tensors >> i & 1u && t++ == k) return i;
+  return -1;
+}
+
+/* The local arguments (new references): each input moved by its plan first (an
+ * input that is the same DTensor as an earlier one moving to the same layout
+ * takes that move's result), zeros where it is partitioned away, stand-ins
+ * outside the mesh. */
 static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision *dec,
                       PyObject *const *ops, run_state *rs) {
   mt_mesh *mesh = c->mb->member ? mt_ext_mesh_get_unchecked(c->mb->handle) : NULL;
   for (int i = 0, t = 0; i < c->noperands; ++i) {
     PyObject *a;
+    int alias = c->tensors >> i & 1u ? mt_ext_alias_of(c, t) : -1;
     if (!(c->tensors >> i & 1u)) {
       a = Py_NewRef(ops[i]);
     } else if (mesh == NULL) {
       a = stand_in(c->dt[t++]);
+    } else if (alias >= 0 && same_move(dec, t, alias)) {
+      a = Py_NewRef(rs->args[operand_of(c, alias)]);
+      ++t;
     } else {
       mt_plan *plan = dec->plan[t];
       uint32_t part = dec->partition[t];
@@ -258,10 +284,86 @@ static PyObject *wrap_all(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_
   return out;
 }
 
+/* Input t as its plan left it: a DTensor of its global shape and dtype around the
+ * moved local array (outside the mesh: an empty one), laid out as the plan's
+ * last step (contiguous strides). */
+static PyObject *moved_input(mt_ext_dispatch *d, const mt_ext_call *c, int t,
+                             const mt_plan *plan, PyObject *local) {
+  const mt_step *last = mt_plan_step(plan, mt_plan_nsteps(plan) - 1);
+  mt_layout_key key;
+  if (mt_ext_spec_key(d, c->mb, c->dt[t]->spec, &key) < 0) return NULL;
+  local = c->mb->member ? Py_NewRef(local)
+                        : outside_local(key.ndim, PyArray_DESCR((PyArrayObject *)local));
+  if (local == NULL) return NULL;
+  memcpy(key.placements, last->dst.placements, sizeof key.placements);
+  mt_layout_contiguous_strides(key.ndim, key.shape, key.stride);
+  int64_t id, slot;
+  mt_error err = {0};
+  int rc = mt_layout_table_intern(c->mb->layouts, &key, &id, &slot, &err);
+  if (rc != MT_OK) {
+    Py_DECREF(local);
+    return mt_ext_raise(rc, &err);
+  }
+  PyObject *layout = mt_ext_py_layout(d, c->mb, id, slot, &key,
+                                      PyTuple_GET_ITEM(c->dt[t]->spec, 3));
+  PyObject *spec = layout ? mt_ext_make_spec(d, (PyObject *)c->mb, layout) : NULL;
+  Py_XDECREF(layout);
+  return new_dtensor(d, local, spec, id, 0);
+}
+
+/* Whether the node keeps input t as its plan moved it rather than as given: the
+ * plan reduced a Partial to Replicate (an all-reduce), so the backward reuses the
+ * value the forward already reduced instead of reducing it again; the copy is no
+ * larger than the input's local array. Other moves keep the input as given: a
+ * reduce-scatter's shard would have the backward gather it where the Partial
+ * would be reduced once, a chunk or an all-to-all holds no more than the input,
+ * and a gathered copy would outgrow the shard the caller holds. Decided from the
+ * plan alone, so every rank keeps the same. */
+static int keeps_moved(const run_state *rs, int i, int t) {
+  const mt_plan *plan = rs->dec->plan[t];
+  if (!rs->owned || plan == NULL || rs->dec->partition[t] != 0 ||
+      mt_plan_nsteps(plan) == 0 || !PyArray_Check(rs->args[i]))
+    return 0;
+  const mt_layout *src = &mt_plan_step(plan, 0)->src;
+  const mt_layout *dst = &mt_plan_step(plan, mt_plan_nsteps(plan) - 1)->dst;
+  int reduced = 0;
+  for (int m = 0; m < src->mesh_ndim; ++m) {
+    if (src->placements[m].kind != MT_PLACEMENT_PARTIAL || src->mesh_shape[m] == 1)
+      continue;
+    if (dst->placements[m].kind != MT_PLACEMENT_REPLICATE) return 0;
+    reduced = 1;
+  }
+  return reduced;
+}
+
+/* What a node keeps of the operands (NULL: them as given, or an error). */
+static PyObject *saved_operands(mt_ext_dispatch *d, const mt_ext_call *c,
+                                const run_state *rs, PyObject *const *inputs, int *err) {
+  PyObject *saved = NULL;
+  *err = 0;
+  for (int i = 0, t = 0; rs->dec != NULL && i < c->noperands; ++i) {
+    if (!(c->tensors >> i & 1u)) continue;
+    if (keeps_moved(rs, i, t)) {
+      if (saved == NULL && (saved = PyTuple_New(c->noperands)) != NULL)
+        for (int k = 0; k < c->noperands; ++k)
+          PyTuple_SET_ITEM(saved, k, Py_NewRef(inputs[k]));
+      PyObject *m = saved ? moved_input(d, c, t, rs->dec->plan[t], rs->args[i]) : NULL;
+      if (m == NULL) {
+        Py_XDECREF(saved);
+        *err = 1;
+        return NULL;
+      }
+      Py_SETREF(PyTuple_GET_ITEM(saved, i), m);
+    }
+    ++t;
+  }
+  return saved;
+}
+
 /* Grad mode on and an input requires grad: `out` recorded with the op's backward;
  * without one, a floating-point result is an error rather than a lost gradient. */
 static PyObject *record(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
-                        PyObject *const *ops, PyObject *out) {
+                        const run_state *rs, PyObject *const *ops, PyObject *out) {
   PyObject *first = PyTuple_Check(out) ? PyTuple_GET_ITEM(out, 0) : out;
   char kind = PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)->kind;
   if (kind != 'f' && kind != 'c') return out;
@@ -279,8 +381,16 @@ static PyObject *record(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_ca
   PyObject *inputs[MT_MEMO_MAX_OPERANDS];
   for (int i = 0, t = 0; i < c->noperands; ++i)
     inputs[i] = c->tensors >> i & 1u ? (PyObject *)c->dt[t++] : ops[i];
-  return mt_ext_record(d, op->sig->grad_name, op->sig->grad_backward, out, inputs,
-                       c->noperands, NULL, op->aux);
+  int err;
+  PyObject *saved = saved_operands(d, c, rs, inputs, &err);
+  if (err) {
+    Py_DECREF(out);
+    return NULL;
+  }
+  out = mt_ext_record(d, op->sig->grad_name, op->sig->grad_backward, out, inputs,
+                      c->noperands, saved, op->aux);
+  Py_XDECREF(saved);
+  return out;
 }
 
 static int any_requires_grad(const mt_ext_call *c) {
@@ -314,7 +424,7 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
   out = wrap_all(d, op, c, &rs, call_local(d, op, c, rs.dec, &rs));
   d->runs++;
   if (out != NULL && d->modes->grad_enabled && any_requires_grad(c))
-    out = record(d, op, c, ops, out);
+    out = record(d, op, c, &rs, ops, out);
 done:
   for (int i = 0; rs.owned && i < c->noperands; ++i) Py_DECREF(rs.args[i]);
   if (rs.dec != NULL) hold(&rs.copy, 0);

@@ -14,6 +14,7 @@ import os as _os
 
 from . import _C, _ops  # _ops fills the registry DTensor's operations are found in
 from ._dtensor import DTensor
+from ._device import device
 from ._distribute import distribute_tensor
 from ._distribute_module import distribute_module
 from ._factories import empty, full, ones, rand, randn, zeros
@@ -51,6 +52,7 @@ _collective_check.configure_from_environment()
 
 __all__ = [
     "DTensor",
+    "device",
     "distribute_tensor",
     "distribute_module",
     "DeviceMesh",

@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import _C, _args, _iterate, _modes, _registry, _trace
+from . import _C, _args, _device, _iterate, _modes, _registry, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._layout import _codes, compute_local_shape_and_global_offset
@@ -212,12 +212,13 @@ class DTensor(_C.DTensorBase):
         return np.conjugate(self)
 
     @property
-    def device(self) -> str:
-        """torch's ``Tensor.device``: always ``"cpu"``. Local.
+    def device(self) -> _device.device:
+        """torch's ``Tensor.device``: a :class:`mpitensor.device` whose ``type`` is
+        ``"cpu"`` (``str(dt.device) == "cpu"``). Local.
 
-        Example: ``dt.device == "cpu"``.
+        Example: ``dt.device.type == "cpu"``.
         """
-        return "cpu"
+        return _device.CPU
 
     def reshape(self, *shape, order: str = "C") -> "DTensor":
         """numpy.ndarray.reshape: ``dt.reshape(2, -1)`` or ``dt.reshape((2, -1))``;

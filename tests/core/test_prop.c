@@ -491,6 +491,10 @@ static void check_semantics(const mt_dimmap *map, const mt_prop_inputs *in,
   CHECK_MSG(check_ranks(map, in, r, size), "ranks: %s", buf);
   for (int i = 0; i < map->ninputs; ++i) {
     int64_t b, n;
+    int j = in->alias[i] - 1; /* the same tensor moved to the same layout: once */
+    if (j >= 0 && memcmp(r->in_placements[i], r->in_placements[j],
+                         (size_t)in->mesh_ndim * sizeof(mt_placement)) == 0)
+      continue;
     plan_cost(in, i, r->in_placements[i], &b, &n);
     bytes += b, msgs += n;
   }
@@ -1986,6 +1990,29 @@ static void test_timing(void) {
   time_one("add (2) [S0]+[S1], comm", &add, &in);
 }
 
+/* x * x of a Partial x: the engine knows the two inputs are one tensor, so
+ * moving both to one layout is one move, priced once; it beats reducing one and
+ * keeping the other Partial (the same bytes now, and no Partial left to reduce). */
+static void test_partial_multiply_alias(void) {
+  tin t[2] = {t88(PSUM), t88(PSUM)};
+  const int nd[2] = {2, 2};
+  const int64_t shapes[2][4] = {{8, 8}, {8, 8}};
+  mt_dimmap map = map_elementwise(2, nd, shapes, MT_PARTIAL_LINEAR_ONE);
+  map.partial_inputs = 3;
+  mt_prop_inputs in = make_inputs(2, t, 1, MESH2);
+  mt_prop_result apart = run(&map, &in);
+  in.alias[1] = 1;
+  mt_prop_result one = run(&map, &in);
+  const mt_placement *p0 = &one.in_placements[0][0], *p1 = &one.in_placements[1][0];
+  CHECK(p0->kind == p1->kind && p0->dim == p1->dim && p0->reduce_op == p1->reduce_op);
+  CHECK(one.in_placements[0][0].kind != MT_PLACEMENT_PARTIAL);
+  CHECK(one.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
+  CHECK(one.bytes <= apart.bytes && one.bytes > 0);
+  /* An alias must be an earlier input of the same layout. */
+  in.placements[1][0] = R();
+  expect_bad_call(&map, &in, MT_EINVAL, "same tensor");
+}
+
 int main(int argc, char **argv) {
   const char *q = getenv("MT_TEST_QUICK");
   quick = (argc > 1 && strcmp(argv[1], "--quick") == 0) || (q != NULL && q[0] == '1');
@@ -1996,6 +2023,7 @@ int main(int argc, char **argv) {
   test_partial_unary_kinds();
   test_partial_multiply();
   test_partial_other();
+  test_partial_multiply_alias();
   test_matmul();
   test_timed_candidates();
   test_batch_matmul();

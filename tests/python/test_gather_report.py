@@ -25,11 +25,12 @@ def gathers():
     mesh = mesh_of((W,))
     col = make(np.arange(4.0 * W).reshape(4 * W, 1), mesh, [S0])
     vec = make(np.arange(4.0 * W), mesh, [S0])
+    wide = make(np.arange(8.0 * W).reshape(2, 4 * W), mesh, [Shard(1)])
     return [
         (r"numpy.partition gathers dim 0 .*\[S\(0\)\] -> \[R\]",
          lambda: np.partition(col, 1, axis=0)),
         (r"numpy.flip gathers dim 0", lambda: np.flip(vec)),
-        (r"numpy.cumsum gathers dim 0", lambda: np.cumsum(col)),
+        (r"numpy.cumsum gathers dim 1", lambda: np.cumsum(wide)),
         (r"DTensor.__getitem__ gathers dim 0", lambda: vec[1:3]),
         (r"DTensor.tolist gathers dim 0", lambda: vec.tolist()),
         (r"concatenate gathers dim 0", lambda: np.concatenate([vec, vec])),
@@ -46,7 +47,7 @@ def no_gathers():
             lambda: np.sort(col, axis=0),
             lambda: np.argmax(mat, axis=0), lambda: np.fft.fft2(square),
             lambda: np.fft.fft(make(np.ones(W * W * 2), mesh, [S0])),
-            lambda: vec[vec > 3], lambda: np.cumsum(mat, axis=0)]
+            lambda: vec[vec > 3], lambda: np.cumsum(mat, axis=0), lambda: np.cumsum(col)]
 
 
 def test_each_gather_warns_on_every_rank_when_asked():

@@ -135,12 +135,21 @@ def test_additive_rules_keep_partial_as_torch(mesh_shape):
     assert mode.get_total_counts() == 0
     assert all(kept.placements[m] == Partial("max") for m in wide)
     assert_matches(kept, top + b)
+    other = DTensor.from_local(np.full((4, 5), rank), mesh, [Partial("max")] * nd)
     with CommDebugMode() as mode:
-        both = pmax + pmax
+        both = pmax + other
     assert all(both.placements[m] == Partial("max") for m in wide)
     assert sum(mode.get_comm_counts().values()) == mode.get_comm_counts()["all_reduce"]
     assert mode.get_comm_counts()["all_reduce"] == len(wide)  # one per mesh dim
     assert_matches(both, 2 * top)
+    # The same DTensor twice moves once, so both operands are reduced by that one
+    # move (a reduce-scatter, half an all-reduce's bytes) and nothing stays pending
+    # (torch all-reduces one operand and keeps P(max)).
+    with CommDebugMode() as mode:
+        same = pmax + pmax
+    assert not any(same.placements[m].is_partial() for m in wide), same.placements
+    assert mode.get_total_counts() == len(wide)  # one per mesh dim
+    assert_matches(same, 2 * top)
     flipped = r - pmax
     assert all(flipped.placements[m] != Partial("max") for m in wide)
     assert_matches(flipped, b - top)

@@ -18,10 +18,9 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 
 import mpitensor as mt  # noqa: E402
-from mpitensor import DTensor, Partial, Replicate, Shard  # noqa: E402
 from mpitensor.debug import CommDebugMode  # noqa: E402
 from mpitensor.nn import functional as F  # noqa: E402
-from torch_helpers import init_gloo  # noqa: E402
+from torch_helpers import init_gloo, pair_of, torch_bytes_mode  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
@@ -66,106 +65,9 @@ DEVIATIONS: dict = {
     ('matmul', (('Pmax', 'Pmax'), ('S0', 'R'))): _TIE_2D,
 }
 
-# ---- torch's side -------------------------------------------------------------------
-
-
 @pytest.fixture(scope="module")
 def torch_dist():
     return init_gloo()
-
-
-def torch_bytes_mode():
-    """A dispatch mode that adds up the payload this rank delivers in torch's
-    functional collectives, by the same model as mpitensor's counters."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
-    from torch.distributed.tensor import DTensor as TD
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    def group(name):
-        pg = _resolve_process_group(name)
-        return pg.size(), pg.rank()
-
-    class Bytes(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.bytes = 0.0
-            self.calls = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if any(issubclass(t, TD) for t in types):
-                return NotImplemented  # DTensor decides; its collectives come back here
-            out = func(*args, **(kwargs or {}))
-            if func.namespace != "_c10d_functional":
-                return out
-            name = func._overloadpacket.__name__
-            t = args[0]
-            n = t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-            if name == "all_reduce":
-                g, _ = group(args[2])
-                self.bytes += 2 * (g - 1) * n / g
-            elif name == "reduce_scatter_tensor":
-                g, _ = group(args[3])
-                self.bytes += (g - 1) * n / g
-            elif name == "all_gather_into_tensor":
-                g, _ = group(args[2])
-                self.bytes += (g - 1) * n
-            elif name == "all_to_all_single":
-                g, me = group(args[3])
-                splits = args[2]
-                row = n / t.shape[0] if t.dim() and t.shape[0] else 0
-                mine = splits[me] * row if splits else n / g
-                self.bytes += n - mine
-            else:
-                return out
-            self.calls += 1
-            return out
-
-    return Bytes()
-
-
-# ---- inputs ---------------------------------------------------------------------------
-
-def parse(text):
-    """'S0' / 'R' / 'Psum' -> (mpitensor placement, torch placement)."""
-    from torch.distributed.tensor import Partial as TP, Replicate as TR, Shard as TS
-    if text == "R":
-        return Replicate(), TR()
-    if text[0] == "S":
-        return Shard(int(text[1:])), TS(int(text[1:]))
-    return Partial(text[1:]), TP(text[1:])
-
-
-def local_parts(g, mesh, pls):
-    """This rank's local array of global `g` under `pls`: its shard, and on each
-    Partial mesh dim a part such that the reduction gives the value back."""
-    plain = [Replicate() if p.is_partial() else p for p in pls]
-    local = mt.distribute_tensor(g, mesh, plain, src_data_rank=None).to_local().copy()
-    coord = mesh.get_coordinate()
-    for m, p in enumerate(pls):
-        if not p.is_partial():
-            continue
-        n, first = mesh.shape[m], coord[m] == 0
-        if p.reduce_op == "sum":
-            local = local - (n - 1) * 0.5 if first else np.full_like(local, 0.5)
-        elif p.reduce_op == "avg":
-            local = local + (n - 1) * 0.25 if first else local - 0.25
-        elif p.reduce_op == "max":
-            local = local if first else local - 1.5
-        elif p.reduce_op == "min":
-            local = local if first else local + 1.5
-    return np.ascontiguousarray(local)
-
-
-def pair_of(g, mesh, tmesh, texts):
-    from torch.distributed.tensor import DTensor as TD
-    pls = [parse(t) for t in texts]
-    mpl, tpl = [p[0] for p in pls], [p[1] for p in pls]
-    local = local_parts(g, mesh, mpl)
-    stride = tuple(int(s) // g.itemsize for s in np.empty(g.shape).strides)
-    ours = DTensor.from_local(local, mesh, mpl, shape=g.shape, stride=stride)
-    theirs = TD.from_local(torch.from_numpy(local.copy()), tmesh, tpl,
-                           shape=torch.Size(g.shape), stride=stride)
-    return ours, theirs
 
 
 # ---- the table ------------------------------------------------------------------------

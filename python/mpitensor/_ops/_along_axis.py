@@ -631,6 +631,10 @@ def _cumulative(func, linear, op):
     def impl(a, axis=None, dtype=None, out=None):
         _no_out(name, out)
         axes = _axis(name, a, axis)
+        if axes is None and _rows_only(a):
+            # Flattening rows sharded by one mesh dim keeps them sharded (C order):
+            # the flattened array is scanned as a 1-D one, without a gather.
+            a, axis, axes = a if a.ndim == 1 else np.reshape(a, -1), 0, (0,)
         if axes is not None:
             shards = [p for p in a._spec.placements if p.is_shard() and p.dim == axes[0]]
             if len(shards) == 1:
@@ -642,10 +646,22 @@ def _cumulative(func, linear, op):
     impl.__doc__ = (f"{name} along an axis: local when it is not sharded, the output "
                     f"placed as the input; along an axis one mesh dim shards, one "
                     f"exclusive scan of the shard totals (bytes: one lane's cross "
-                    f"section); ``axis=None`` scans the flattened array (gathered when "
-                    f"any dim is sharded).\n\nExample: ``{name}(dt, axis=0)`` of a "
-                    f"``[Shard(0)]`` DTensor stays ``[Shard(0)]``.")
+                    f"section); ``axis=None`` scans the flattened array: by the same "
+                    f"scan when one mesh dim shards dim 0, nothing else is sharded or "
+                    f"Partial and the rows split evenly (flattening then moves "
+                    f"nothing; the result is ``Shard(0)`` there), else gathered "
+                    f"first.\n\nExample: ``{name}(dt, axis=0)`` of a ``[Shard(0)]`` "
+                    f"DTensor stays ``[Shard(0)]``; so does ``{name}(dt)``.")
     return impl
+
+
+def _rows_only(a) -> bool:
+    """Whether exactly one mesh dim shards ``a``, on dim 0, and every other mesh dim
+    replicates it (its flattened array is then sharded the same way)."""
+    pls = a._spec.placements
+    return (a.ndim >= 1 and all(p.is_replicate() or (p.is_shard() and p.dim == 0)
+                                for p in pls)
+            and sum(p.is_shard() for p in pls) == 1)
 
 
 _registry.implements(np.cumsum)(_cumulative(np.cumsum, True, _C.REDUCE_SUM))

@@ -123,20 +123,24 @@ def is_scalar(obj) -> bool:
 
 
 def implicit(operands) -> tuple:
-    """Inside ``implicit_replication()``, plain ndarrays (not 0-d) among the operands
-    become Replicate DTensors on the mesh of the first DTensor operand (no
-    communication: every rank is trusted to hold the same array); else unchanged.
-    On the local mesh (one rank: where ``to_local()`` puts a tensor autograd
-    follows) an ndarray is always such a DTensor, with nothing to trust, so it
-    mixes with local DTensors as it mixes with ndarrays."""
-    if not _modes.state.implicit_replication and _device_mesh._local_mesh is None:
+    """Plain ndarrays (not 0-d) among the operands that become Replicate DTensors on
+    the mesh of the first DTensor operand (no communication: every rank is trusted
+    to hold the same array): one of one element always, as torch replicates a
+    one-element tensor, and any inside ``implicit_replication()``. On the local
+    mesh (one rank: where ``to_local()`` puts a tensor autograd follows) an
+    ndarray is always such a DTensor, with nothing to trust, so it mixes with
+    local DTensors as it mixes with ndarrays. The C executor's operands follow
+    the same rule (csrc/ext/ext_decide.c)."""
+    every = _modes.state.implicit_replication or _device_mesh._local_mesh is not None
+    if not every and not any(type(o) is np.ndarray and o.size == 1 and o.ndim > 0
+                             for o in operands):
         return tuple(operands)
     mesh = next((o._spec.mesh for o in operands if type(o) is DTensor), None)
-    if mesh is None or not (_modes.state.implicit_replication
-                            or _device_mesh.is_local_mesh(mesh)):
+    if mesh is None:
         return tuple(operands)
+    every = _modes.state.implicit_replication or _device_mesh.is_local_mesh(mesh)
     return tuple(DTensor.from_local(o, mesh) if type(o) is np.ndarray and o.ndim > 0
-                 else o for o in operands)
+                 and (every or o.size == 1) else o for o in operands)
 
 
 def split_operands(name: str, operands):

@@ -5,12 +5,15 @@
 
 Log-sum-exp along a sharded axis: each rank reduces its shard, then the mesh dims
 that shard the axis merge the per-rank values exactly, with no Partial left behind:
-one all-reduce of their maximum M and one of ``sum(exp(lse_r - M))``, each the size
-of the result. A histogram counts each rank's shard (replicas count once: only the
-first rank of every mesh dim that does not shard the input counts) and sums the
-counts with one all-reduce per mesh dim; with ``bins`` an int and no ``range`` the
-global minimum and maximum are found first (one all-reduce of two numbers per mesh
-dim; an empty shard contributes nothing).
+one all-gather of the per-rank values (the size of the result per rank; one per
+mesh dim that shards the axis), merged alike on every rank; torch gathers the
+whole input instead. Where the time model
+prices it cheaper (many ranks, large results), one all-reduce of their maximum M
+and one of ``sum(exp(lse_r - M))`` instead. A histogram counts each rank's shard and sums the counts over the
+mesh dims that shard the input (one all-reduce; none for a Replicate input, as
+torch's histc); with ``bins`` an int and no ``range`` the global minimum and
+maximum are found first over the same mesh dims (one all-reduce of two numbers;
+an empty shard contributes nothing).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import _registry
+from .. import _layout, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Partial, Replicate, Shard
@@ -47,7 +50,8 @@ def _all_reduce(mesh, local, op, mesh_dims):
 def logaddexp_reduce(ufunc, a, axis=0, dtype=None, out=None, keepdims=False, **kwargs):
     """``np.logaddexp.reduce(a, axis)`` (and logaddexp2) of a DTensor: local along an
     unsharded axis; along a sharded one each rank reduces its shard and the ranks
-    merge their values (two all-reduces the size of the result). Placements: the
+    merge their values (one all-gather of the size of the result per rank, see
+    ``_merge_logaddexp``). Placements: the
     Shards of other dims follow them, the axis's mesh dims become Replicate; a
     Partial input is reduced first."""
     name = f"numpy.{ufunc.__name__}.reduce"
@@ -87,26 +91,55 @@ def logaddexp_reduce(ufunc, a, axis=0, dtype=None, out=None, keepdims=False, **k
                                           contiguous_strides(shape)))
     local = ufunc.reduce(a.to_local(), axis=axis, keepdims=keepdims)
     if dims:
-        exp = np.exp if ufunc is np.logaddexp else np.exp2
-        log = np.log if ufunc is np.logaddexp else np.log2
-        top = _all_reduce(mesh, local, "max", dims)
-        finite = np.isfinite(top)
-        shift = np.where(finite, top, 0)
-        with np.errstate(divide="ignore"):
-            total = _all_reduce(mesh, exp(local - shift), "sum", dims)
-            local = np.where(finite, shift + log(total), top).astype(local.dtype)
+        local = _merge_logaddexp(ufunc, mesh, np.asarray(local), dims)
     local = np.asarray(local)
     return DTensor(local, DTensorSpec(mesh, placements, shape, local.dtype,
                                       contiguous_strides(shape)))
 
 
+def _merge_logaddexp(ufunc, mesh, local, dims):
+    """The log-sum-exp (base e or 2, as ``ufunc``) of the ranks' ``local`` values
+    over the mesh dims ``dims``, exactly: shifted by the maximum M, then
+    ``M + log(sum(exp(v - M)))``. In one collective, an all-gather of every
+    rank's values merged alike on every rank, unless the time model prices two
+    all-reduces the size of the result (of M, then of the shifted sum) cheaper,
+    as it can for many ranks and large results. Collective on those mesh dims."""
+    exp = np.exp if ufunc is np.logaddexp else np.exp2
+    log = np.log if ufunc is np.logaddexp else np.log2
+    group = int(np.prod([mesh.shape[m] for m in dims]))
+    shape = (group,) + local.shape
+    gathered = tuple(Shard(0) if m in dims else Replicate() for m in range(mesh.ndim))
+    whole = (Replicate(),) * mesh.ndim
+    maxed = tuple(Partial("max") if m in dims else Replicate() for m in range(mesh.ndim))
+    one = _layout.plan(mesh, shape, gathered, whole, local.dtype).time
+    two = 2 * _layout.plan(mesh, local.shape, maxed, whole, local.dtype).time
+    if one <= two:
+        values = DTensor.from_local(local[None], mesh, gathered, shape=shape,
+                                    stride=contiguous_strides(shape))
+        values = values.redistribute(mesh, whole).to_local()
+        top = values.max(axis=0)
+        finite = np.isfinite(top)
+        shift = np.where(finite, top, 0)
+        with np.errstate(divide="ignore"):
+            total = exp(values - shift).sum(axis=0)
+    else:
+        top = _all_reduce(mesh, local, "max", dims)
+        finite = np.isfinite(top)
+        shift = np.where(finite, top, 0)
+        with np.errstate(divide="ignore"):
+            total = _all_reduce(mesh, exp(local - shift), "sum", dims)
+    with np.errstate(divide="ignore"):
+        return np.where(finite, shift + log(total), top).astype(local.dtype)
+
+
 @_registry.implements(np.histogram)
 def histogram(a, bins=10, range=None, density=None, weights=None):
     """``np.histogram`` of a DTensor's elements: ``(counts, bin_edges)`` as NumPy
-    arrays, the same on every rank of the mesh. Collective on the mesh: local
-    counts and one all-reduce of the counts per mesh dim (plus, for an int
-    ``bins`` without ``range``, two all-reduces of one number for the edges);
-    nothing of the input moves (a Partial input is reduced first)."""
+    arrays, the same on every rank of the mesh. Local counts, then one all-reduce
+    of the counts over the mesh dims that shard the input (plus, for an int
+    ``bins`` without ``range``, one all-reduce of the two extremes); nothing of
+    the input moves (a Partial input is reduced first). A Replicate input makes
+    no collective; collective on the mesh otherwise."""
     name = "numpy.histogram"
     if type(a) is not DTensor:
         raise TypeError(f"{name}: the data must be the DTensor")
@@ -118,6 +151,10 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     if isinstance(bins, str):
         raise TypeError(f"{name}: bins given by name ({bins!r}) need the whole data; "
                         f"pass a number of bins or the edges")
+    # Only the mesh dims that shard the data combine counts (or extremes): along
+    # the others every rank holds the same elements already.
+    sharding = {m for m, p in enumerate(spec.placements)
+                if isinstance(p, Shard) and mesh.shape[m] > 1}
     if np.ndim(bins) == 0 and range is None:
         operator.index(bins)
         if spec.shape and 0 in spec.shape:
@@ -126,7 +163,8 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
             # per-rank extremes (an empty shard gives the identity), one number each
             x = a.to_local()
             ext = np.array([x.min(), -x.max()] if x.size else [np.inf, np.inf], np.float64)
-            ext = _all_reduce(mesh, ext, "min", set(np.arange(mesh.ndim).tolist()))
+            if sharding:
+                ext = _all_reduce(mesh, ext, "min", sharding)
             range = (float(ext[0]), float(-ext[1]))
         else:
             range = (0.0, 1.0)  # outside the mesh: no data, nothing is counted
@@ -134,10 +172,8 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     if mesh._coordinate is None:
         return np.zeros(len(edges) - 1, np.intp), edges
     counts, _ = np.histogram(a.to_local(), bins=edges)
-    sharding = {m for m, p in enumerate(spec.placements) if isinstance(p, Shard)}
-    if any(c != 0 for m, c in enumerate(mesh._coordinate) if m not in sharding):
-        counts = np.zeros_like(counts)  # a replica: its first copy counts
-    counts = _all_reduce(mesh, counts, "sum", set(np.arange(mesh.ndim).tolist()))
+    if sharding:
+        counts = _all_reduce(mesh, counts, "sum", sharding)
     if density:
         widths = np.diff(edges)
         return counts / widths / counts.sum(), edges

@@ -26,13 +26,15 @@ from __future__ import annotations
 import operator
 
 import numpy as np
-from numpy.lib.array_utils import normalize_axis_tuple
+from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from .. import _C, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
+from .._ops._diag import diag_into
 from .._ops._indexing import _parse
+from .._ops._split import split_bounds
 from ..placement_types import Replicate
 
 __all__: list = []
@@ -141,7 +143,8 @@ def _recorded_ufunc(grads):
 
 
 def _recorded_matmul(g, node, out):
-    return _matmul_grads(g, *node.saved, out)
+    need = tuple(x is not None for x in node.inputs)
+    return _matmul_grads(g, *node.saved, out, need)
 
 
 def _ufunc_entry(g, node, out):
@@ -165,17 +168,19 @@ def _swap(x):
     return np.swapaxes(x, -1, -2)
 
 
-def _matmul_grads(g, a, b, out):
-    """matmul's backward with NumPy's 1-D promotion and batch broadcasting."""
+def _matmul_grads(g, a, b, out, need=None):
+    """matmul's backward with NumPy's 1-D promotion and batch broadcasting; ``need``
+    says which operands want a gradient (default: those that require grad)."""
+    need = need or (_need(a), _need(b))
     a1 = a if a.ndim > 1 else a.reshape(1, a.shape[0])
     b1 = b if b.ndim > 1 else b.reshape(b.shape[0], 1)
     batch = out.shape[:out.ndim - (a.ndim > 1) - (b.ndim > 1)]
     g1 = g.reshape(batch + (a1.shape[-2], b1.shape[-1])) if (a.ndim == 1 or b.ndim == 1) else g
     ga = gb = None
-    if _need(a):
+    if need[0]:
         ga = _fit(g1 @ _swap(b1), a1)
         ga = ga if a.ndim > 1 else ga.reshape(a.shape)
-    if _need(b):
+    if need[1]:
         gb = _fit(_swap(a1) @ g1, b1)
         gb = gb if b.ndim > 1 else gb.reshape(b.shape)
     return ga, gb
@@ -372,15 +377,43 @@ def _getitem(g, node, out):
     sel, _ = _parse(key, a.shape)
     g = g.reshape(tuple(count for _, _, count, _ in sel))
     for d, (start, _, count, _) in enumerate(sel):
-        if count == a.shape[d]:
-            continue
-        parts = [g]
-        if start:
-            parts.insert(0, _zeros_like_along(g, d, start))
-        if a.shape[d] - start - count:
-            parts.append(_zeros_like_along(g, d, a.shape[d] - start - count))
-        g = np.concatenate(parts, axis=d)
+        g = _pad_along(g, d, start, a.shape[d] - start - count)
     return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+
+
+def _pad_along(g, d, before, after):
+    """``g`` with ``before`` zeros ahead of it and ``after`` zeros behind it along
+    dim ``d``, by one concatenation (``g`` itself when both are 0)."""
+    if not before and not after:
+        return g
+    parts = [g]
+    if before:
+        parts.insert(0, _zeros_like_along(g, d, before))
+    if after:
+        parts.append(_zeros_like_along(g, d, after))
+    return np.concatenate(parts, axis=d)
+
+
+def _split(g, node, out):
+    """np.split and np.array_split: one node per piece (node.aux: (kwargs, the
+    piece's index)); its gradient is the input's shape, zeros outside the piece."""
+    kwargs, i = node.aux
+    b = dict(zip(("ary", "indices_or_sections", "axis"), node.saved))
+    b.update(kwargs or {})
+    a = b["ary"]
+    ax = normalize_axis_index(operator.index(b.get("axis", 0)), a.ndim)
+    lo, hi = split_bounds("numpy.split", a.shape[ax], b["indices_or_sections"], False)[i]
+    g = _pad_along(g, ax, lo, a.shape[ax] - hi)
+    return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+
+
+def _diag(g, node, out):
+    """np.diag is linear: the diagonal of the gradient for a 1-D input, the
+    gradient placed on the diagonal of zeros of the input's shape for a 2-D one."""
+    b = _bind(node, ("v", "k"), k=0)
+    v, k = b["v"], operator.index(b["k"])
+    gv = np.diag(g, k) if v.ndim == 1 else diag_into(g, k, v.shape)
+    return (gv if gv.dtype == v.dtype else gv.astype(v.dtype),)
 
 
 def _zeros_like_along(g, d, n):
@@ -452,6 +485,9 @@ _FUNCTIONS = {
     np.einsum: ("einsum", _einsum, _einsum_supported),
     np.where: ("where", _where),
     np.concatenate: ("concatenate", _concatenate),
+    np.split: ("split", _split),
+    np.array_split: ("array_split", _split),
+    np.diag: ("diag", _diag),
     np.stack: ("stack", _stack),
     operator.getitem: ("getitem", _getitem, _getitem_supported),
     np.sum: ("sum", _sum_function(False)),

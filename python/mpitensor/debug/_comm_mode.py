@@ -80,7 +80,7 @@ class CommDebugMode:
     Keys are torch's functional-collective names: ``"all_gather_into_tensor"``,
     ``"all_reduce"``, ``"reduce_scatter_tensor"``, ``"all_to_all_single"``,
     ``"broadcast"``, ``"scatter"``, ``"exscan"``; missing keys read 0. Entering resets
-    everything.
+    everything; ``comm_module_counts["Global"]`` exists from entry, as in torch.
     Local: counting and reporting never communicate (files are written by the rank
     that asks; give each rank its own file name or ask on one rank).
 
@@ -135,6 +135,9 @@ class CommDebugMode:
     def __enter__(self) -> "CommDebugMode":
         self.comm_module_counts.clear()
         self.comm_module_bytes.clear()
+        for table in (self.comm_module_counts, self.comm_module_bytes):
+            # As torch's: "Global" is there from entry, with nothing counted yet.
+            table["Global"] = {"forward": defaultdict(int), "backward": defaultdict(int)}
         self.comm_module_operation_counts.clear()
         self.advanced_module_tracker.reset()
         self._start, self._end = _C.comm_counters(), None

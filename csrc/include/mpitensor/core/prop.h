@@ -215,7 +215,10 @@ typedef struct mt_op_args {
 
 /* The inputs as they are: global shapes and current placements on one mesh.
  * `out_itemsize` prices the later reduction of a Partial the op creates; 0 means
- * the largest input itemsize. */
+ * the largest input itemsize. `alias[i]` is j + 1 when input i is the same tensor
+ * as an earlier input j (x * x), else 0: a combination that needs both in the
+ * same layout moves them once, and is priced once (the caller runs one move for
+ * both); such inputs must have the same shape, item size and placements. */
 typedef struct mt_prop_inputs {
   int ninputs;
   int mesh_ndim;
@@ -226,6 +229,7 @@ typedef struct mt_prop_inputs {
   mt_placement placements[MT_PROP_MAX_INPUTS][MT_MAX_MESH_NDIM];
   int64_t out_itemsize;
   const mt_time_model *model; /* what moves are timed by; NULL: the built-in model */
+  int alias[MT_PROP_MAX_INPUTS];
 } mt_prop_inputs;
 
 /* The decision: the placements each input must be redistributed to (equal to its
