@@ -31,6 +31,11 @@ struct mt_mesh {
   MPI_Comm dim_comm[MT_MAX_MESH_NDIM];
   mt_time_model model; /* plans on this mesh are ranked by it */
   int direct; /* a created mesh: its members read each other's arrays (direct.c) */
+  /* A created mesh: per dim, its groups split into runs of `split_run` members
+   * (split[d][0]) and the members that far apart (split[d][1]), made when a step
+   * that reduces across nodes first needs them (mt_mesh_node_comms). */
+  int64_t split_run[MT_MAX_MESH_NDIM];
+  MPI_Comm split[MT_MAX_MESH_NDIM][2];
 };
 
 /* Communicators are a scarce, process-wide MPI resource, so their count is
@@ -123,7 +128,9 @@ static mt_mesh *mesh_alloc(int ndim, const int64_t *shape) {
   m->ndim = ndim;
   memcpy(m->shape, shape, (size_t)ndim * sizeof *shape);
   m->mesh_comm = MPI_COMM_NULL;
-  for (int d = 0; d < MT_MAX_MESH_NDIM; ++d) m->dim_comm[d] = MPI_COMM_NULL;
+  for (int d = 0; d < MT_MAX_MESH_NDIM; ++d) {
+    m->dim_comm[d] = m->split[d][0] = m->split[d][1] = MPI_COMM_NULL;
+  }
   m->model = mt_time_model_default();
   return m;
 }
@@ -333,9 +340,41 @@ void mt_mesh_destroy(mt_mesh *mesh) {
   if (mesh->parent != NULL) {
     mt_mesh_destroy(mesh->parent);
   } else {
-    for (int d = 0; d < mesh->ndim && !finalized; ++d) free_comm(&mesh->dim_comm[d]);
+    for (int d = 0; d < mesh->ndim && !finalized; ++d) {
+      free_comm(&mesh->dim_comm[d]);
+      free_comm(&mesh->split[d][0]);
+      free_comm(&mesh->split[d][1]);
+    }
   }
   free(mesh);
+}
+
+int mt_mesh_node_comms(const mt_mesh *mesh, int dim, int64_t run, MPI_Comm *inside,
+                       MPI_Comm *across, mt_error *err) {
+  if (dim < 0 || dim >= mesh->ndim || !mesh->in_mesh || run < 1 ||
+      mesh->shape[dim] % run != 0) {
+    return mt_error_set(err, MT_EINVAL, "no split of mesh dim %d into runs of %lld "
+                        "members", dim, (long long)run);
+  }
+  mt_mesh *root = mesh->root;
+  int d = mesh == root ? dim : mesh->root_dims[dim];
+  if (root->split_run[d] != run) {
+    /* Made by every member of the dim's group at the same step of the same plan.
+     * A step with another run (a plan made under another node layout) replaces
+     * them; the steps before it have completed. */
+    free_comm(&root->split[d][0]);
+    free_comm(&root->split[d][1]);
+    root->split_run[d] = 0;
+    int at = (int)mesh->coord[dim], r = (int)run;
+    int rc = split_comm(mesh->dim_comm[dim], at / r, at % r, &root->split[d][0], err);
+    if (rc == MT_OK)
+      rc = split_comm(mesh->dim_comm[dim], at % r, at / r, &root->split[d][1], err);
+    if (rc != MT_OK) return rc;
+    root->split_run[d] = run;
+  }
+  *inside = root->split[d][0];
+  *across = root->split[d][1];
+  return MT_OK;
 }
 
 int mt_mesh_ndim(const mt_mesh *mesh) { return mesh->ndim; }

@@ -45,6 +45,37 @@ static int build(mt__steps *list, const mt_layout *src, const mt_layout *dst,
   return MT_OK;
 }
 
+/* The arguments of a plan checked, the model defaulted, and the layouts
+ * normalised: what planning and torch's order start from. */
+static int prepare(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                   const mt_time_model *model, mt_layout *a, mt_layout *b,
+                   mt_error *err) {
+  if (src == NULL || dst == NULL)
+    return mt__fail(err, MT_EINVAL, "The source and target layouts are required");
+  if (itemsize < 1)
+    return mt__fail(err, MT_EINVAL, "The item size is %" PRId64 "; it must be >= 1",
+                    itemsize);
+  int rc = mt_time_model_check(model, err);
+  if (rc == MT_OK) rc = mt__check_pair(src, dst, a, b, err);
+  if (rc == MT_OK) rc = mt__check_partials(a, b, err);
+  return rc;
+}
+
+int mt_plan_torch_bytes(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                        const mt_time_model *model, int64_t *bytes, int64_t *net_bytes,
+                        mt_error *err) {
+  mt_time_model fallback = mt_time_model_default();
+  mt_layout a, b;
+  if (bytes == NULL || net_bytes == NULL)
+    return mt__fail(err, MT_EINVAL, "The byte counts to fill are required");
+  if (model == NULL) model = &fallback;
+  int rc = prepare(src, dst, itemsize, model, &a, &b, err);
+  if (rc != MT_OK) return rc;
+  normalize(&a);
+  normalize(&b);
+  return mt__torch_order_bytes(&a, &b, itemsize, model, bytes, net_bytes, err);
+}
+
 int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                    mt_plan **out, mt_error *err) {
   return mt_plan_create_timed(src, dst, itemsize, NULL, out, err);
@@ -55,15 +86,10 @@ int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst, int64_t ite
   if (src == NULL || dst == NULL || out == NULL)
     return mt__fail(err, MT_EINVAL,
                     "The source layout, target layout and output plan are required");
-  if (itemsize < 1)
-    return mt__fail(err, MT_EINVAL, "The item size is %" PRId64 "; it must be >= 1",
-                    itemsize);
   mt_time_model fallback = mt_time_model_default();
   if (model == NULL) model = &fallback;
   mt_layout a, b;
-  int rc = mt_time_model_check(model, err);
-  if (rc == MT_OK) rc = mt__check_pair(src, dst, &a, &b, err);
-  if (rc == MT_OK) rc = mt__check_partials(&a, &b, err);
+  int rc = prepare(src, dst, itemsize, model, &a, &b, err);
   if (rc != MT_OK) return rc;
   mt__steps *list = calloc(1, sizeof *list);
   if (list == NULL)

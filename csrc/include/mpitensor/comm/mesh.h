@@ -61,6 +61,20 @@ int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord);
  * that dim), or MPI_COMM_NULL on a non-member. Owned by the mesh. */
 MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim);
 
+/* Collective on the ranks of mesh dim `dim` the first time, Local afterwards. The
+ * communicators of a split of the dim's groups into runs of `run` consecutive
+ * members (`inside`, ordered by coordinate) and the members `run` apart
+ * (`across`): how a reduction runs within nodes first (a run of members on each
+ * node) and then across them. Owned by the mesh (a slice's by the mesh it was
+ * cut from), which keeps one split per dim: a call with another run makes the new
+ * split and frees the old one. MT_EINVAL unless `run` divides the dim's size.
+ *
+ *   MPI_Comm inside, across;
+ *   rc = mt_mesh_node_comms(mesh, 0, 2, &inside, &across, &err);
+ */
+int mt_mesh_node_comms(const mt_mesh *mesh, int dim, int64_t run, MPI_Comm *inside,
+                       MPI_Comm *across, mt_error *err);
+
 /* The communicator of all members of the mesh, ranked by row-major mesh position,
  * owned by the mesh. A created mesh has it; a slice creates it on first use, which
  * is then Collective on the slice's members (Local afterwards). MT_ESTATE on a
