@@ -30,6 +30,7 @@ struct mt_mesh {
   MPI_Comm mesh_comm;
   MPI_Comm dim_comm[MT_MAX_MESH_NDIM];
   mt_time_model model; /* plans on this mesh are ranked by it */
+  mt_mesh_nodes nodes; /* a created mesh: how its members lie on nodes */
   int direct; /* a created mesh: its members read each other's arrays (direct.c) */
   /* A created mesh: per dim, its groups split into runs of `split_run` members
    * (split[d][0]) and the members that far apart (split[d][1]), made when a step
@@ -132,31 +133,51 @@ static mt_mesh *mesh_alloc(int ndim, const int64_t *shape) {
     m->dim_comm[d] = m->split[d][0] = m->split[d][1] = MPI_COMM_NULL;
   }
   m->model = mt_time_model_default();
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; ++d) numel *= shape[d];
+  m->nodes = (mt_mesh_nodes){MT_NODES_ONE, 1, numel, numel};
   return m;
 }
 
-/* The nodes' ranks per node from each mesh position's node (`node[i]`, the lowest
- * mesh position on the same node): nodes that hold consecutive positions, all
- * the same number, fill blocks of that size; any other layout is priced as if
- * every rank had a node of its own (1), so no group is taken for shared memory
- * that is not; one node is 0. */
-static int64_t ranks_per_node(const int *node, int64_t n) {
-  int64_t block = 0, run = 0;
-  for (int64_t i = 0; i <= n; ++i) {
-    if (i < n && (i == 0 || node[i] == node[i - 1])) {
-      ++run;
-      continue;
+/* How the members lie on nodes from each mesh position's node (`node[i]`, the
+ * lowest mesh position on the same node): the nodes, their smallest and largest,
+ * and whether each holds consecutive positions. */
+static mt_mesh_nodes nodes_of(const int *node, int64_t n) {
+  mt_mesh_nodes out = {MT_NODES_BLOCKS, 0, n, 0};
+  int consecutive = 1;
+  for (int64_t i = 0, run = 0; i < n; ++i) {
+    if (node[i] == i) { /* the first position of a node: the run before it ends */
+      ++out.count;
+      if (run > 0) out.smallest = run < out.smallest ? run : out.smallest;
+      out.largest = run > out.largest ? run : out.largest;
+      run = 0;
+    } else if (node[i] != node[i - 1]) {
+      consecutive = 0;
     }
-    if (i < n && node[i] != i) return 1; /* a node's positions are not consecutive */
-    if (block == 0) block = run;
-    if (run != block) return 1;
-    run = 1;
+    ++run;
+    if (i == n - 1) {
+      out.smallest = run < out.smallest ? run : out.smallest;
+      out.largest = run > out.largest ? run : out.largest;
+    }
   }
-  return block >= n ? 0 : block;
+  if (out.count == 1) out.kind = MT_NODES_ONE;
+  else if (!consecutive) out.kind = MT_NODES_INTERLEAVED;
+  else if (out.smallest != out.largest) out.kind = MT_NODES_UNEQUAL;
+  if (out.kind == MT_NODES_INTERLEAVED) out.smallest = out.largest = 0;
+  return out;
+}
+
+/* The time model's ranks per node for a node layout: the size of equal blocks;
+ * 0 on one node; any other layout is priced as if every rank had a node of its
+ * own (1), so no group is taken for shared memory that is not. */
+static int64_t ranks_per_node(const mt_mesh_nodes *nodes) {
+  if (nodes->kind == MT_NODES_ONE) return 0;
+  return nodes->kind == MT_NODES_BLOCKS ? nodes->largest : 1;
 }
 
 /* Collective on the mesh's members. Which members share a node
- * (MPI_Comm_split_type SHARED), gathered once into the model's ranks_per_node.
+ * (MPI_Comm_split_type SHARED), gathered once into the mesh's node layout and the
+ * model's ranks_per_node.
  * The position table may fail to allocate on some ranks only, so the members
  * agree on it before gathering. */
 static int learn_nodes(mt_mesh *m, int64_t linear, mt_error *err) {
@@ -184,7 +205,10 @@ static int learn_nodes(mt_mesh *m, int64_t linear, mt_error *err) {
   }
   rc = MT__BLOCKING("MPI_Allgather",
                     MPI_Allgather(&leader, 1, MPI_INT, node, 1, MPI_INT, m->mesh_comm));
-  if (rc == MPI_SUCCESS) m->model.ranks_per_node = ranks_per_node(node, n);
+  if (rc == MPI_SUCCESS) {
+    m->nodes = nodes_of(node, n);
+    m->model.ranks_per_node = ranks_per_node(&m->nodes);
+  }
   free(node);
   if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Allgather");
   /* Every member sees the same table, so all probe or none does. */
@@ -319,6 +343,8 @@ int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
 }
 
 const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh) { return &mesh->model; }
+
+void mt_mesh_nodes_of(const mt_mesh *mesh, mt_mesh_nodes *out) { *out = mesh->root->nodes; }
 
 int mt_mesh_direct_read(const mt_mesh *mesh) { return mesh->root->direct; }
 

@@ -144,6 +144,35 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
  * flag turned off by one group would differ from another group's). */
 int mt_mesh_direct_read(const mt_mesh *mesh);
 
+/* How the members of a mesh lie on nodes (the ranks MPI_Comm_split_type SHARED
+ * puts together), in row-major mesh order: all on one node; in `count` nodes of
+ * consecutive positions, all of the same size (BLOCKS, one rank each included)
+ * or not (UNEQUAL: `smallest` and `largest` say how they differ); or nodes whose
+ * positions are not consecutive (INTERLEAVED). Learnt once when the mesh is made
+ * (every member sees the same). */
+typedef enum mt_nodes_kind {
+  MT_NODES_ONE = 0,
+  MT_NODES_BLOCKS = 1,
+  MT_NODES_UNEQUAL = 2,
+  MT_NODES_INTERLEAVED = 3
+} mt_nodes_kind;
+
+typedef struct mt_mesh_nodes {
+  int kind;
+  int64_t count;
+  int64_t smallest;
+  int64_t largest;
+} mt_mesh_nodes;
+
+/* Local. How the mesh's members lie on nodes; a slice answers for the mesh it was
+ * cut from. Plans price UNEQUAL and INTERLEAVED nodes as one rank per node.
+ *
+ *   mt_mesh_nodes n;
+ *   mt_mesh_nodes_of(mesh, &n);
+ *   if (n.kind == MT_NODES_UNEQUAL) printf("nodes of %lld to %lld ranks\n", ...);
+ */
+void mt_mesh_nodes_of(const mt_mesh *mesh, mt_mesh_nodes *out);
+
 /* Local. The time model that ranks plans on this mesh: the built-in costs until
  * mt_mesh_set_time_model, with ranks_per_node learnt when the mesh was created
  * (MPI_Comm_split_type SHARED; a slice derives its own). Owned by the mesh. */
