@@ -111,6 +111,22 @@ static PyObject *plan_get_net_bytes(PlanObject *self, void *c) {
   return PyLong_FromLongLong(mt_plan_net_bytes(self->plan));
 }
 
+/* torch() -> the Plan of torch's own per-mesh-dim steps for the same move under
+ * the same model (mt_plan_create_torch), or None where one of them is no valid
+ * collective here. */
+static PyObject *plan_torch(PlanObject *self, PyObject *unused) {
+  PlanObject *t = (PlanObject *)Py_TYPE(self)->tp_alloc(Py_TYPE(self), 0);
+  if (t == NULL) return NULL;
+  t->src = self->src, t->dst = self->dst, t->model = self->model;
+  t->itemsize = self->itemsize;
+  mt_error err = {0};
+  int rc = mt_plan_create_torch(&t->src, &t->dst, t->itemsize, &t->model, &t->plan, &err);
+  if (rc == MT_OK) return (PyObject *)t;
+  Py_DECREF(t);
+  if (rc == MT_ENOTSUP) Py_RETURN_NONE;
+  return mt_ext_raise(rc, &err);
+}
+
 /* torch_bytes() -> (bytes, net_bytes) of torch's per-mesh-dim steps for the same
  * move, priced as this plan's steps under its model (mt_plan_torch_bytes). */
 static PyObject *plan_torch_bytes(PlanObject *self, PyObject *unused) {
@@ -138,6 +154,9 @@ static PyMethodDef plan_methods[] = {
      "reduce_bytes, net_bytes)] of every step: bytes and messages over all ranks, the "
      "local copies and reductions of the busiest rank, the bytes between nodes over "
      "all ranks. Local."},
+    {"torch", (PyCFunction)plan_torch, METH_NOARGS,
+     "torch() -> the Plan of torch's per-mesh-dim steps for the same move, priced by "
+     "the same model, or None where one of them is no valid collective here. Local."},
     {"torch_bytes", (PyCFunction)plan_torch_bytes, METH_NOARGS,
      "torch_bytes() -> (bytes, net_bytes) that torch's per-mesh-dim steps move for the "
      "same redistribution, over all ranks, priced as this plan's steps. Local."},

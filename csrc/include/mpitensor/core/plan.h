@@ -126,6 +126,20 @@ int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
 int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                          const mt_time_model *model, mt_plan **out, mt_error *err);
 
+/* Local. The plan of torch's own per-mesh-dim steps for the same move (the order
+ * mt_plan_torch_bytes prices: no plan mt_plan_create_timed makes moves more),
+ * each a collective on one mesh dim, priced under `model` (NULL: the default):
+ * what mpitensor's plans are measured against. MT_ENOTSUP where a step of that
+ * order is no valid collective here (a tensor dim it cuts or joins is cut again
+ * by a later mesh dim, which torch pads its own way); other errors as
+ * mt_plan_create_timed.
+ *
+ *   rc = mt_plan_create_torch(&src, &dst, 4, &m, &torch, &err);
+ *   if (rc == MT_OK) printf("%g s\n", mt_plan_time(torch));
+ */
+int mt_plan_create_torch(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                         const mt_time_model *model, mt_plan **out, mt_error *err);
+
 /* Local. What a redistribution from `src` to `dst` of `dtype` elements refuses,
  * checked from the arguments alone (only the layouts' mesh_ndim and placements
  * are read), so that every rank refuses alike before any communication. A
