@@ -20,7 +20,8 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
 .PHONY: plan-ranking install system-deps demo docs test test-c test-python test-plain test-examples \
-  test-network test-multinode test-lint test-fuzz test-asan bench bench-check calibrate clean
+  test-network test-multinode test-lint test-fuzz test-asan bench bench-check calibrate \
+  bench-multinode clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
 # (a test checks this); a binary wheel could bring its own MPI. mkl (the extra
@@ -266,6 +267,17 @@ calibrate: install
 # for a smoke run; `plan_ranking.py --replay FILE [--table T]` ranks a run's stored
 # times under another model without timing again.
 PLAN_RANKING_ARGS ?=
+# The same across two hosts simulated on this machine (tests/multinode/run.sh bench;
+# root and namespaces, as test-multinode; not part of make test): each host's link
+# limited to BENCH_NET_RATE, the time model fitted there (shared memory on one host,
+# the network between two), then plan_ranking.py --link hosts on 2 hosts x 2 ranks,
+# which also times the plan a node-blind planner would run. It times: run it on a
+# quiet machine.
+BENCH_NET_RATE ?= 10gbit
+bench-multinode: install
+	MT_NET_RATE=$(BENCH_NET_RATE) tests/multinode/run.sh bench $(PLAN_RANKING_ARGS)
+	$(PY) benchmarks/tables.py
+
 plan-ranking: install
 	$(MPIRUN) 4 $(PY) benchmarks/plan_ranking.py --link shm $(PLAN_RANKING_ARGS)
 	$(MPIRUN) 4 --mca btl self,tcp $(PY) benchmarks/plan_ranking.py --link net --label tcp \

@@ -1,6 +1,7 @@
 """Whether the time model ranks a redistribution's candidate plans as they measure.
 
     make plan-ranking                   # both link classes at 4 ranks, one after the other
+    make bench-multinode                # across 2 simulated hosts of 2 ranks (--link hosts)
     mpiexec -n 4 python benchmarks/plan_ranking.py                 # shared memory
     mpiexec -n 4 --mca btl self,tcp python benchmarks/plan_ranking.py --link net
     mpiexec -n 2 python benchmarks/plan_ranking.py --sizes 1KiB,1MiB --reps 5
@@ -19,7 +20,10 @@ is a transition where the model's choice measures more than --tolerance slower
 than the fastest candidate; an order disagreement is a pair of candidates the
 model orders one way and the clock, beyond --tolerance, the other. `--link net`
 prices every step on the network class (each rank its own node), as a run over
-`--mca btl self,tcp` moves every byte through TCP. Each candidate is timed --reps
+`--mca btl self,tcp` moves every byte through TCP. `--link hosts` keeps the node
+layout the mesh learnt (ranks on several hosts: tests/multinode/run.sh bench) and
+adds the plan the same costs give a planner that ignores nodes (ranks_per_node
+0), so each row also says what knowing the nodes changed, measured. Each candidate is timed --reps
 times, fewer (at least 3) once the slowest rank has spent --budget seconds on it,
 which keeps a run at 4 ranks to minutes per link class. It times: run it on a
 quiet machine. Prints the machine, then the mismatches and a summary, and writes
@@ -111,14 +115,16 @@ def order_disagreements(row, tolerance: float) -> list:
     return out
 
 
-def planning_models(model) -> tuple:
+def planning_models(model, blind: bool = False) -> tuple:
     """The models whose plans are the candidates: `model` first, then it without
-    local passes, bytes first and rounds first (ranks per node as in `model`)."""
+    local passes, bytes first and rounds first (ranks per node as in `model`), and
+    with `blind` `model` on one node: the plan of a planner that ignores nodes."""
     a_shm, b_shm, a_net, b_net, call, copy, reduce, per_node = model
     return (model,
             (a_shm, b_shm, a_net, b_net, call, 0.0, 0.0, per_node),
             (0.0, b_net, 0.0, b_net, 0.0, 0.0, 0.0, per_node),       # bytes first
-            (a_shm, 1e-15, a_net, 1e-15, call, 0.0, 0.0, per_node))  # rounds first
+            (a_shm, 1e-15, a_net, 1e-15, call, 0.0, 0.0, per_node)   # rounds first
+            ) + ((model[:7] + (0,),) if blind else ())
 
 
 def label_of(plan) -> str:
@@ -136,6 +142,13 @@ def candidates(shape, mesh_shape, a, b, models) -> dict:
             return {}
         plans.setdefault(label_of(p), p)
     return plans
+
+
+def blind_label(shape, mesh_shape, a, b, model) -> str:
+    """The label of the plan `model`'s costs give on one node: what a planner that
+    ignores the nodes would run."""
+    return label_of(_C.Plan(shape, mesh_shape, _codes(a), _codes(b), "f8",
+                            model[:7] + (0,)))
 
 
 def shape_for(size: int, ranks: int) -> tuple[int, int]:
@@ -163,6 +176,17 @@ def report(mesh_shape, a, b, size, row, bad, order) -> None:
               "; ".join(f"{x} before {y}" for x, y in order) + ", the clock the other way")
 
 
+def report_blind(mesh_shape, a, b, size, row) -> None:
+    """One line where knowing the nodes changed the plan: both, as measured."""
+    aware = next(r for r in row if r["chosen"])
+    blind = next(r for r in row if r["node_blind"])
+    print(f"NODES {tuple(mesh_shape)} {a}->{b} {size} B: {aware['plan']} measured "
+          f"{aware['measured_s'] * 1e6:.3g} us (predicted {aware['predicted_s'] * 1e6:.3g}), "
+          f"the node-blind {blind['plan']} {blind['measured_s'] * 1e6:.3g} us "
+          f"(predicted {blind['predicted_s'] * 1e6:.3g}): "
+          f"{blind['measured_s'] / aware['measured_s']:.2f}x")
+
+
 def measure(args, comm) -> list:
     """Times every candidate of every transition; the records, printed as found."""
     meshes = [(comm.size,)] + ([(2, 2)] if comm.size == 4 else [])
@@ -178,11 +202,12 @@ def measure(args, comm) -> list:
         model = mesh._handle.time_model()
         if args.link == "net":
             model = tuple(model[:7]) + (1,)  # every rank its own node
+        hosts = args.link == "hosts"
         for size in (parse_size(s) for s in args.sizes.split(",")):
             shape = shape_for(size, comm.size)
             full = np.arange(shape[0] * shape[1], dtype="f8").reshape(shape)
             for a, b in pairs(len(mesh_shape)):
-                plans = candidates(shape, mesh_shape, a, b, planning_models(model))
+                plans = candidates(shape, mesh_shape, a, b, planning_models(model, hosts))
                 if len(plans) < 2:
                     continue
                 # A Partial dim's local array has its Replicate shape; values do
@@ -190,18 +215,45 @@ def measure(args, comm) -> list:
                 held = [Replicate() if isinstance(p, Partial) else p for p in a]
                 local = mt.distribute_tensor(full, mesh, held).to_local()
                 chosen = next(iter(plans))  # planned under the mesh's model first
+                blind = blind_label(shape, mesh_shape, a, b, model) if hosts else None
                 row = [{"plan": label, "predicted_s": p.predict(model),
                         "measured_s": timed(comm, mesh, p, local, args.reps, args.budget),
-                        "bytes": p.bytes, "chosen": label == chosen}
+                        "bytes": p.bytes, "net_bytes": p.net_bytes,
+                        "chosen": label == chosen, "node_blind": label == blind}
                        for label, p in plans.items()]
                 bad, order = verdict(row, args.tolerance)
                 records.append({"mesh": mesh_shape, "src": name(a), "dst": name(b),
                                 "bytes": size, "shape": shape, "model": model,
                                 "candidates": row, "mismatch": bad,
                                 "order_disagreements": order})
+                if comm.rank == 0 and hosts and blind != chosen:
+                    report_blind(mesh_shape, name(a), name(b), size, row)
                 if comm.rank == 0:
                     report(mesh_shape, name(a), name(b), size, row, bad, order)
     return records
+
+
+def blind_summary(records) -> str:
+    """Where the node-aware choice differs from the node-blind one: how many, and
+    the geometric mean of the measured ratio blind / aware.
+
+    >>> blind_summary([{"candidates": [
+    ...     {"chosen": True, "node_blind": False, "measured_s": 1.0},
+    ...     {"chosen": False, "node_blind": True, "measured_s": 4.0}]}])
+    'the nodes changed 1 of 1 plans; the node-blind plan measured 4.00x the node-aware one (geometric mean, 1 faster, 0 slower)'
+    """
+    ratios = []
+    for rec in records:
+        aware = next((r for r in rec["candidates"] if r["chosen"]), None)
+        blind = next((r for r in rec["candidates"] if r.get("node_blind")), None)
+        if aware and blind and aware is not blind:
+            ratios.append(blind["measured_s"] / aware["measured_s"])
+    if not ratios:
+        return f"the nodes changed none of {len(records)} plans"
+    mean = float(np.exp(np.mean(np.log(ratios))))
+    return (f"the nodes changed {len(ratios)} of {len(records)} plans; the node-blind plan "
+            f"measured {mean:.2f}x the node-aware one (geometric mean, "
+            f"{sum(r > 1 for r in ratios)} faster, {sum(r < 1 for r in ratios)} slower)")
 
 
 def placements_of(text: str):
@@ -217,9 +269,10 @@ def replay_record(rec, ranks: int, model):
     mesh_shape = tuple(rec["mesh"])
     shape = tuple(rec.get("shape") or shape_for(rec["bytes"], ranks))
     a, b = placements_of(rec["src"]), placements_of(rec["dst"])
-    models = planning_models(model)
+    blind = any("node_blind" in c for c in rec["candidates"])
+    models = planning_models(model, blind)
     if rec.get("model"):
-        models += planning_models(tuple(rec["model"]))
+        models += planning_models(tuple(rec["model"]), blind)
     plans = candidates(shape, mesh_shape, a, b, models)
     chosen = next(iter(plans))
     row, missing = [], 0
@@ -239,12 +292,15 @@ def replay(args) -> int:
         data = json.load(f)
     costs = _timemodel.read_table(args.table) if args.table else None
     base = tuple(costs) if costs else _C.default_time_model()[:7]
-    per_node = 1 if data.get("link") == "net" else 0
+    link = data.get("link")
     ranks = data.get("ranks") or data.get("machine", {}).get("np") or 4
     print(f"replay of {args.replay} ({data.get('transport')}); model (alpha_shm, "
           f"beta_shm, alpha_net, beta_net, call, copy, reduce) = {base}")
     total = mismatches = disagreements = unmeasured = left_out = 0
     for rec in data["records"]:
+        # The node layout the run had: each rank its own node over TCP, the mesh's
+        # own across hosts, one node otherwise.
+        per_node = 1 if link == "net" else rec["model"][7] if link == "hosts" else 0
         model = base + (per_node,)
         row, missing = replay_record(rec, ranks, model)
         left_out += missing
@@ -275,10 +331,14 @@ def main() -> int:
                          "choice may measure before it counts as a mismatch")
     ap.add_argument("--budget", type=float, default=0.5,
                     help="seconds per candidate after which timing stops (>= 3 reps)")
-    ap.add_argument("--link", choices=("shm", "net"), default="shm",
+    ap.add_argument("--link", choices=("shm", "net", "hosts"), default="shm",
                     help="the link class the run exercises: net prices every step "
-                         "on the network (run it over --mca btl self,tcp)")
+                         "on the network (run it over --mca btl self,tcp); hosts keeps "
+                         "the mesh's node layout (ranks on several hosts) and adds the "
+                         "plan a node-blind planner would run")
     ap.add_argument("--label", help="the transport, for the output (default: --link)")
+    ap.add_argument("--note", default="", help="the link the run went over, written "
+                    "into the JSON (e.g. '2 simulated hosts, each host's link 10gbit')")
     ap.add_argument("--out", help="JSON file for every figure (default: "
                     "benchmarks/results/<cpu>/plan_ranking_<label>-np<N>.json)")
     ap.add_argument("--replay", help="a JSON file --out wrote: rank its measurements "
@@ -302,10 +362,12 @@ def main() -> int:
               f"the model's choice measured more than {args.tolerance:.0%} slower than "
               f"the fastest in {mismatches}; {disagreements} candidate pairs ordered "
               f"the other way; {time.perf_counter() - started:.0f} s")
+        if args.link == "hosts":
+            print(blind_summary(records))
         out = args.out or result_path(f"plan_ranking_{args.label}-np{comm.size}.json")
         write_result(out, {"machine": info, "transport": args.label, "link": args.link,
-                           "ranks": comm.size, "tolerance": args.tolerance,
-                           "records": records})
+                           "note": args.note, "ranks": comm.size,
+                           "tolerance": args.tolerance, "records": records})
         print(f"wrote {out}")
     return 0
 

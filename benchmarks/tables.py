@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import sys
@@ -261,13 +262,86 @@ def plan_ranking(results: dict) -> str:
     return (f"Transitions (every 1-D one and every (2, 2) pair with more than one candidate "
             f"plan) whose chosen plan measured more than {tol:.0%} slower than the fastest "
             f"candidate, by tensor size\n\n"
-            + table(["transport", "np", *[size(b) for b in sizes], "all"], rows))
+            + table(["transport", "np", *[size(b) for b in sizes], "all"], rows)
+            + "".join(node_blind(label, n, data) for label, n, data in runs))
+
+
+def node_blind(label: str, n: int, data: dict) -> str:
+    """For a run across hosts (plan_ranking.py --link hosts), by size: the moves
+    whose node-aware plan differs from the one the same costs give with every rank
+    on one node, and the measured time of that node-blind plan over the node-aware
+    one (geometric mean, lowest and highest)."""
+    if data.get("link") != "hosts":
+        return ""
+    by_size = {}
+    for r in data["records"]:
+        aware = next((c for c in r["candidates"] if c["chosen"]), None)
+        blind = next((c for c in r["candidates"] if c.get("node_blind")), None)
+        if aware and blind and aware is not blind:
+            by_size.setdefault(r["bytes"], []).append(blind["measured_s"] / aware["measured_s"])
+    rows = []
+    for b in sorted({r["bytes"] for r in data["records"]}):
+        got = by_size.get(b, [])
+        if not got:
+            rows.append([size(b), 0, "", ""])
+            continue
+        mean = math.exp(sum(math.log(x) for x in got) / len(got))
+        rows.append([size(b), len(got), f"{mean:.2f} [{min(got):.2f}..{max(got):.2f}]",
+                     f"{sum(x > 1 for x in got)} / {len(got)}"])
+    return (f"\n{label}, np {n}: {data.get('note', '')}. Moves whose plan changes when the "
+            f"planner knows the nodes, and the measured time of the plan it would make "
+            f"with every rank on one node over the node-aware plan (above 1: the "
+            f"node-aware plan was faster)\n\n"
+            + table(["size", "plans changed", "node-blind / node-aware", "node-aware faster"],
+                    rows))
+
+
+def simulate_plans(results: dict) -> str:
+    """The planner on paper at the study's largest mesh (benchmarks/simulate_plans.py):
+    per common move, the plan and how many times longer torch's per-mesh-dim steps
+    and the same planner blind to the nodes would take, by the time model."""
+    data = results.get(("simulate_plans", 1, False))
+    if data is None:
+        return ""
+    recs = data["records"]
+    ranks = max(r["ranks"] for r in recs)
+    per_node = max(r["per_node"] for r in recs if r["ranks"] == ranks)
+    sizes = sorted({r["bytes"] for r in recs})
+    top = sizes[-1]
+    rows = []
+    moves = [(tuple(r["mesh"]), r["move"]) for r in recs
+             if r["ranks"] == ranks and r["per_node"] == per_node and r["bytes"] == top]
+    for mesh, move in moves:
+        at = {r["bytes"]: r for r in recs if r["ranks"] == ranks and r["per_node"] == per_node
+              and tuple(r["mesh"]) == mesh and r["move"] == move}
+        big = at[top]
+
+        def times(key, b):
+            r = at[b]
+            return f"{r[key] / r['predicted_s']:.3g}" if r.get(key) else "-"
+
+        t = big["predicted_s"]
+        rows.append([str(mesh), move, f"`{big['plan']}`",
+                     f"{t:.3g} s" if t >= 1 else f"{t * 1e3:.3g} ms",
+                     *[times("torch_s", b) for b in sizes],
+                     *[times("node_blind_s", b) for b in (sizes[0], top)]])
+    worst = max(r["planning_s"] for r in recs) * 1e3
+    return (f"{ranks:,} ranks on nodes of {per_node}, float64; time model: {data['link']}. "
+            f"Modelled time of torch's per-mesh-dim steps, and of the plan made as if "
+            f"every rank shared one node, over mpitensor's plan (above 1: slower than "
+            f"mpitensor's); the plan is the one for {size(top)}. Every mesh of "
+            f"{min(r['ranks'] for r in recs):,} to {ranks:,} ranks, nodes of "
+            f"{min(r['per_node'] for r in recs)} and {per_node}, in "
+            f"`simulate_plans-np1.json`; the slowest plan took {worst:.0f} ms to make.\n\n"
+            + table(["mesh", "move", "plan", "time",
+                     *[f"torch's steps, {size(b)}" for b in sizes],
+                     *[f"node-blind, {size(b)}" for b in (sizes[0], top)]], rows))
 
 
 TABLES = {"redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
-          "plan_ranking": plan_ranking}
+          "plan_ranking": plan_ranking, "simulate_plans": simulate_plans}
 
 
 def figures(name: str, cpu: str, results: dict, plots: str) -> str:

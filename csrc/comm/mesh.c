@@ -30,6 +30,7 @@ struct mt_mesh {
   MPI_Comm mesh_comm;
   MPI_Comm dim_comm[MT_MAX_MESH_NDIM];
   mt_time_model model; /* plans on this mesh are ranked by it */
+  mt_mesh_nodes nodes; /* a created mesh: how its members lie on nodes */
   int direct; /* a created mesh: its members read each other's arrays (direct.c) */
   /* What mt_mesh_check reads: each communicator the mesh owns carries an
    * attribute (of a created mesh's `keyval`) whose delete callback marks `lost`
@@ -38,6 +39,11 @@ struct mt_mesh {
   int keyval;
   _Atomic int lost;
   int closing;
+  /* A created mesh: per dim, its groups split into runs of `split_run` members
+   * (split[d][0]) and the members that far apart (split[d][1]), made when a step
+   * that reduces across nodes first needs them (mt_mesh_node_comms). */
+  int64_t split_run[MT_MAX_MESH_NDIM];
+  MPI_Comm split[MT_MAX_MESH_NDIM][2];
 };
 
 /* What `lost` records. */
@@ -193,33 +199,55 @@ static mt_mesh *mesh_alloc(int ndim, const int64_t *shape) {
   m->ndim = ndim;
   memcpy(m->shape, shape, (size_t)ndim * sizeof *shape);
   m->mesh_comm = MPI_COMM_NULL;
-  for (int d = 0; d < MT_MAX_MESH_NDIM; ++d) m->dim_comm[d] = MPI_COMM_NULL;
+  for (int d = 0; d < MT_MAX_MESH_NDIM; ++d) {
+    m->dim_comm[d] = m->split[d][0] = m->split[d][1] = MPI_COMM_NULL;
+  }
   m->model = mt_time_model_default();
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; ++d) numel *= shape[d];
+  m->nodes = (mt_mesh_nodes){MT_NODES_ONE, 1, numel, numel};
   return m;
 }
 
-/* The nodes' ranks per node from each mesh position's node (`node[i]`, the lowest
- * mesh position on the same node): nodes that hold consecutive positions, all
- * the same number, fill blocks of that size; any other layout is priced as if
- * every rank had a node of its own (1), so no group is taken for shared memory
- * that is not; one node is 0. */
-static int64_t ranks_per_node(const int *node, int64_t n) {
-  int64_t block = 0, run = 0;
-  for (int64_t i = 0; i <= n; ++i) {
-    if (i < n && (i == 0 || node[i] == node[i - 1])) {
-      ++run;
-      continue;
+/* How the members lie on nodes from each mesh position's node (`node[i]`, the
+ * lowest mesh position on the same node): the nodes, their smallest and largest,
+ * and whether each holds consecutive positions. */
+static mt_mesh_nodes nodes_of(const int *node, int64_t n) {
+  mt_mesh_nodes out = {MT_NODES_BLOCKS, 0, n, 0};
+  int consecutive = 1;
+  for (int64_t i = 0, run = 0; i < n; ++i) {
+    if (node[i] == i) { /* the first position of a node: the run before it ends */
+      ++out.count;
+      if (run > 0) out.smallest = run < out.smallest ? run : out.smallest;
+      out.largest = run > out.largest ? run : out.largest;
+      run = 0;
+    } else if (node[i] != node[i - 1]) {
+      consecutive = 0;
     }
-    if (i < n && node[i] != i) return 1; /* a node's positions are not consecutive */
-    if (block == 0) block = run;
-    if (run != block) return 1;
-    run = 1;
+    ++run;
+    if (i == n - 1) {
+      out.smallest = run < out.smallest ? run : out.smallest;
+      out.largest = run > out.largest ? run : out.largest;
+    }
   }
-  return block >= n ? 0 : block;
+  if (out.count == 1) out.kind = MT_NODES_ONE;
+  else if (!consecutive) out.kind = MT_NODES_INTERLEAVED;
+  else if (out.smallest != out.largest) out.kind = MT_NODES_UNEQUAL;
+  if (out.kind == MT_NODES_INTERLEAVED) out.smallest = out.largest = 0;
+  return out;
+}
+
+/* The time model's ranks per node for a node layout: the size of equal blocks;
+ * 0 on one node; any other layout is priced as if every rank had a node of its
+ * own (1), so no group is taken for shared memory that is not. */
+static int64_t ranks_per_node(const mt_mesh_nodes *nodes) {
+  if (nodes->kind == MT_NODES_ONE) return 0;
+  return nodes->kind == MT_NODES_BLOCKS ? nodes->largest : 1;
 }
 
 /* Collective on the mesh's members. Which members share a node
- * (MPI_Comm_split_type SHARED), gathered once into the model's ranks_per_node.
+ * (MPI_Comm_split_type SHARED), gathered once into the mesh's node layout and the
+ * model's ranks_per_node.
  * The position table may fail to allocate on some ranks only, so the members
  * agree on it before gathering. */
 static int learn_nodes(mt_mesh *m, int64_t linear, mt_error *err) {
@@ -247,7 +275,10 @@ static int learn_nodes(mt_mesh *m, int64_t linear, mt_error *err) {
   }
   rc = MT__BLOCKING("MPI_Allgather",
                     MPI_Allgather(&leader, 1, MPI_INT, node, 1, MPI_INT, m->mesh_comm));
-  if (rc == MPI_SUCCESS) m->model.ranks_per_node = ranks_per_node(node, n);
+  if (rc == MPI_SUCCESS) {
+    m->nodes = nodes_of(node, n);
+    m->model.ranks_per_node = ranks_per_node(&m->nodes);
+  }
   free(node);
   if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Allgather");
   /* Every member sees the same table, so all probe or none does. */
@@ -385,6 +416,8 @@ int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
 
 const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh) { return &mesh->model; }
 
+void mt_mesh_nodes_of(const mt_mesh *mesh, mt_mesh_nodes *out) { *out = mesh->root->nodes; }
+
 int mt_mesh_direct_read(const mt_mesh *mesh) { return mesh->root->direct; }
 
 int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model, mt_error *err) {
@@ -406,13 +439,45 @@ void mt_mesh_destroy(mt_mesh *mesh) {
   if (mesh->parent != NULL) {
     mt_mesh_destroy(mesh->parent);
   } else {
-    for (int d = 0; d < mesh->ndim && !finalized; ++d) free_comm(&mesh->dim_comm[d]);
+    for (int d = 0; d < mesh->ndim && !finalized; ++d) {
+      free_comm(&mesh->dim_comm[d]);
+      free_comm(&mesh->split[d][0]);
+      free_comm(&mesh->split[d][1]);
+    }
     if (!finalized && mesh->keyval != MPI_KEYVAL_INVALID) {
       MPI_Comm_delete_attr(MPI_COMM_SELF, mesh->keyval);
       MPI_Comm_free_keyval(&mesh->keyval);
     }
   }
   free(mesh);
+}
+
+int mt_mesh_node_comms(const mt_mesh *mesh, int dim, int64_t run, MPI_Comm *inside,
+                       MPI_Comm *across, mt_error *err) {
+  if (dim < 0 || dim >= mesh->ndim || !mesh->in_mesh || run < 1 ||
+      mesh->shape[dim] % run != 0) {
+    return mt_error_set(err, MT_EINVAL, "no split of mesh dim %d into runs of %lld "
+                        "members", dim, (long long)run);
+  }
+  mt_mesh *root = mesh->root;
+  int d = mesh == root ? dim : mesh->root_dims[dim];
+  if (root->split_run[d] != run) {
+    /* Made by every member of the dim's group at the same step of the same plan.
+     * A step with another run (a plan made under another node layout) replaces
+     * them; the steps before it have completed. */
+    free_comm(&root->split[d][0]);
+    free_comm(&root->split[d][1]);
+    root->split_run[d] = 0;
+    int at = (int)mesh->coord[dim], r = (int)run;
+    int rc = split_comm(mesh->dim_comm[dim], at / r, at % r, &root->split[d][0], err);
+    if (rc == MT_OK)
+      rc = split_comm(mesh->dim_comm[dim], at % r, at / r, &root->split[d][1], err);
+    if (rc != MT_OK) return rc;
+    root->split_run[d] = run;
+  }
+  *inside = root->split[d][0];
+  *across = root->split[d][1];
+  return MT_OK;
 }
 
 int mt_mesh_ndim(const mt_mesh *mesh) { return mesh->ndim; }

@@ -323,6 +323,58 @@ static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
   return rc;
 }
 
+/* ---- all-reduce within nodes first: Partial(op) -> Replicate, in three parts --- */
+
+/* One slice of `n` elements at `in` and `out` (n / run rounded up per member,
+ * the last members' parts shorter, in `ints`: counts then displacements): the
+ * run's members reduce-scatter it, each all-reduces its part with the members as
+ * far apart in the other runs, and the run gathers the parts again. */
+static int reduce_slice(const char *in, char *out, int64_t n, int64_t isz, int64_t run,
+                        int64_t me, int *ints, MPI_Datatype type, MPI_Op op,
+                        MPI_Comm inside, MPI_Comm across, mt_error *err) {
+  int64_t part = n / run + (n % run != 0), off = 0;
+  for (int64_t k = 0; k < run; ++k) {
+    int64_t len = n - off < part ? n - off : part;
+    ints[k] = (int)len, ints[run + k] = (int)off, off += len;
+  }
+  char *mine = out + (int64_t)ints[run + me] * isz;
+  MT__MPI_TRY(MPI_Reduce_scatter(in, mine, ints, type, op, inside), "MPI_Reduce_scatter");
+  MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, mine, ints[me], type, op, across),
+              "MPI_Allreduce");
+  MT__MPI_TRY(MPI_Allgatherv(MPI_IN_PLACE, 0, type, out, ints, ints + run, type, inside),
+              "MPI_Allgatherv");
+  return MT_OK;
+}
+
+/* An ALLREDUCE_NODES step, blocking also under async_op (its three calls follow
+ * one another). Slices of at most 2^30 elements keep every count an int. Counted
+ * as the one all-reduce it replaces, whose bytes the plan gives it. */
+static int start_allreduce_nodes(const exec_ctx *c, pending *p, mt_error *err) {
+  const mt_step *s = p->step;
+  int m = s->mesh_dim;
+  int64_t run = s->node_group, me = c->coord[m] % run;
+  MPI_Datatype type;
+  MPI_Op op;
+  MPI_Comm inside = MPI_COMM_NULL, across = MPI_COMM_NULL;
+  int rc = mt__reduce_type(c->dtype, partial_op(s), &type, &op, err);
+  if (rc == MT_OK) rc = mt_mesh_node_comms(c->mesh, m, run, &inside, &across, err);
+  int *ints = rc == MT_OK ? malloc(2 * (size_t)run * sizeof *ints) : NULL;
+  if (rc == MT_OK && ints == NULL) rc = mt_error_set(err, MT_ENOMEM, "out of memory");
+  mt_box sb;
+  box_at(c, &s->src, -1, 0, &sb);
+  int64_t n = mt_box_numel(&sb), isz = c->itemsize;
+  const int64_t slice = (int64_t)1 << 30;
+  for (int64_t at = 0; rc == MT_OK && at < n; at += slice) {
+    rc = reduce_slice((const char *)p->in + at * isz, (char *)p->out + at * isz,
+                      n - at < slice ? n - at : slice, isz, run, me, ints, type, op,
+                      inside, across, err);
+  }
+  free(ints);
+  if (rc == MT_OK)
+    mt__count(c->mesh, MT_COLL_ALL_REDUCE, ring_share(c, m, n * isz, p->e->group));
+  return rc;
+}
+
 /* Each member's part of the reduced box, consecutive in member order: the input
  * itself when the parts are slabs, else a packed staging copy. */
 static int scatter_input(const exec_ctx *c, pending *p, const void **send, mt_error *err) {
@@ -469,6 +521,7 @@ static int start_step(const exec_ctx *c, pending *p, mt_error *err) {
     case MT_STEP_CHUNK: return run_chunk(c, p);
     case MT_STEP_ALLREDUCE: return start_allreduce(c, p, err);
     case MT_STEP_REDUCE_SCATTER: return start_reduce_scatter(c, p, err);
+    case MT_STEP_ALLREDUCE_NODES: return start_allreduce_nodes(c, p, err);
     default:
       return mt_error_set(err, MT_EINVAL, "unknown plan step kind %d", p->step->kind);
   }
@@ -484,6 +537,7 @@ static int finish_step(const exec_ctx *c, pending *p, mt_error *err) {
   }
   if (rc == MT_OK && p->step->kind == MT_STEP_ALLGATHER) finish_allgather(c, p);
   if (rc == MT_OK && (p->step->kind == MT_STEP_ALLREDUCE ||
+                      p->step->kind == MT_STEP_ALLREDUCE_NODES ||
                       p->step->kind == MT_STEP_REDUCE_SCATTER)) {
     rc = finish_reduce(c, p, err);
   }
@@ -535,7 +589,8 @@ static int ctx_init(exec_ctx *c, mt_mesh *mesh, const mt_plan *plan, int dtype, 
   c->nonblocking = nb;
   for (int i = 0; rc == MT_OK && i < mt_plan_nsteps(plan); ++i) {
     const mt_step *s = mt_plan_step(plan, i);
-    int reduces = s->kind == MT_STEP_ALLREDUCE || s->kind == MT_STEP_REDUCE_SCATTER;
+    int reduces = s->kind == MT_STEP_ALLREDUCE || s->kind == MT_STEP_REDUCE_SCATTER ||
+                  s->kind == MT_STEP_ALLREDUCE_NODES;
     rc = check_mesh_shape(mesh, &s->src, err);
     if (rc == MT_OK && reduces) rc = mt_partial_check(dtype, partial_op(s), err);
   }

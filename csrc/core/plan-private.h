@@ -1,8 +1,9 @@
 /* The redistribution planner's shared pieces, private to the core: the list of
  * steps a plan is built in, the leaf lengths its costs come from, and the
  * functions its files call across. Calls go one way: plan_create.c ->
- * plan_search.c -> plan_phases.c and torch_order.c -> step_cost.c, step_local.c,
- * step_time.c -> walk.c, leaves.c, step_kind.c -> plan_check.c and plan.c. */
+ * plan_search.c -> plan_phases.c -> torch_order.c -> step_cost.c, step_local.c,
+ * step_time.c -> step_nodes.c -> walk.c, walk_nodes.c, leaves.c, step_kind.c ->
+ * plan_check.c and plan.c. */
 #ifndef MPITENSOR_PLAN_PRIVATE_H
 #define MPITENSOR_PLAN_PRIVATE_H
 
@@ -20,6 +21,7 @@ typedef struct mt__steps {
   int n;
   int64_t bytes;
   int64_t messages;
+  int64_t net;  /* bytes between nodes, as mt__set_times last counted them */
   double time;
   mt_step s[MT__MAX_STEPS];
 } mt__steps;
@@ -63,6 +65,20 @@ static inline int64_t mesh_numel(const mt_layout *l) {
   int64_t n = 1;
   for (int m = 0; m < l->mesh_ndim; ++m) n *= l->mesh_shape[m];
   return n;
+}
+
+/* Row-major positions between neighbours along mesh dim `m`: the product of the
+ * later dims' sizes. */
+static inline int64_t dim_stride(const mt_layout *l, int m) {
+  int64_t s = 1;
+  for (int k = m + 1; k < l->mesh_ndim; ++k) s *= l->mesh_shape[k];
+  return s;
+}
+
+/* Whether the model places the mesh on more than one node. */
+static inline int spans_nodes(const mt_time_model *model, const mt_layout *l) {
+  return model != NULL && model->ranks_per_node >= 1 &&
+         model->ranks_per_node < mesh_numel(l);
 }
 
 /* The box of a rank of a layout the planner has already validated. */
@@ -137,6 +153,24 @@ int64_t mt__fill_leaves(const mt_layout *l, int d, int64_t *off, int64_t *len);
  * shard it. */
 int64_t mt__leaf_total(const mt_layout *l, int d);
 
+/* ---- what a move delivers across nodes (walk_nodes.c) ------------------------- */
+
+/* A direct exchange on nodes of `per_node` consecutive mesh positions: the
+ * elements ranks receive from other nodes (summed into `net`, the most one node
+ * receives into `node_most`) and the most messages one rank receives from other
+ * nodes and from its own. `walked` is 0, the rest 0 too, where the walk was not
+ * made: one node, one rank per node, or a mesh too large to visit node by node. */
+typedef struct mt__node_walk {
+  int walked;
+  int64_t net;
+  int64_t node_most;
+  int64_t net_msgs;
+  int64_t shm_msgs;
+} mt__node_walk;
+
+int mt__walk_nodes(const mt_layout *src, const mt_layout *dst, int64_t per_node,
+                   mt__node_walk *out, mt_error *err);
+
 /* ---- what a move delivers (walk.c) --------------------------------------------- */
 
 /* Over every rank of a move from `src` to `dst` changing any mesh dims: the
@@ -172,8 +206,29 @@ int mt__price_local(mt_step *st, int64_t itemsize, mt_error *err);
 /* A step's predicted seconds under `model`. */
 double mt__step_time(const mt_step *st, const mt_time_model *model);
 
-/* Sets every step's time and the list's total. */
+/* Sets every step's time, and its bytes between nodes under `model`'s node layout
+ * where they were counted for another, and the list's totals. */
 void mt__set_times(mt__steps *list, const mt_time_model *model);
+
+/* ---- a step across nodes (step_nodes.c) ---------------------------------------- */
+
+/* The collective of the time model (mt_time_kind) that a step kind runs. */
+int mt__coll_of(int kind);
+
+/* Bytes of the one-mesh-dim collective `kind` on mesh dim `m` of `src` that cross
+ * between nodes under `model`: its `bytes` (summed over ranks) times the share
+ * mt_time_net_share gives for its group and `vector` bytes. */
+int64_t mt__coll_net_bytes(int kind, const mt_layout *src, int m, int64_t bytes,
+                           int64_t vector, const mt_time_model *model);
+
+/* Fills a priced step's bytes and messages between nodes under `model`'s node
+ * layout (net_bytes, node_bytes, rank_net_messages, rank_shm_messages) and
+ * node_layout. A direct exchange too large to walk node by node, or whose walk
+ * cannot allocate, is counted as if everything crossed between nodes. */
+void mt__price_nodes(mt_step *st, const mt_time_model *model);
+
+/* Members per node of the groups along mesh dim `m` of `l` under `model`. */
+int64_t mt__members_per_node(const mt_layout *l, int m, const mt_time_model *model);
 
 /* -1 when `a` is predicted faster than `b`, 1 when slower, 0 when they tie. */
 int mt__time_order(const mt__steps *a, const mt__steps *b);
@@ -185,18 +240,34 @@ int mt__time_order(const mt__steps *a, const mt__steps *b);
  * and its walk is the dearest part of planning. */
 typedef struct mt__direct_memo {
   int have;
+  const mt_time_model *nodes; /* whose node layout its steps are counted under */
   mt_step step;
 } mt__direct_memo;
 
-/* Appends the reductions of every Partial that `dst` does not keep, and advances
- * `cur` past them. */
-int mt__reduce_phase(mt__steps *list, mt_layout *cur, const mt_layout *dst,
-                     int64_t itemsize, mt_error *err);
+/* Appends the one-mesh-dim step that sets placement `to` on mesh dim `m` of `cur`
+ * (a valid one), and advances `cur`. */
+int mt__step_to(mt__steps *list, mt_layout *cur, int m, mt_placement to,
+                int64_t itemsize, mt_error *err);
 
-/* Appends torch's per-mesh-dim chain from `cur` to `dst`; `*found` is 0 when some
- * step would not be valid. */
+/* Appends the reductions of every Partial that `dst` does not keep, and advances
+ * `cur` past them; `model` (NULL: none) chooses how an all-reduce whose groups
+ * span nodes runs. */
+int mt__reduce_phase(mt__steps *list, mt_layout *cur, const mt_layout *dst,
+                     int64_t itemsize, const mt_time_model *model, mt_error *err);
+
+/* The orders of a per-mesh-dim chain: the inner mesh dims first, then the cuts;
+ * the outer mesh dims first, then the cuts; torch's own steps (torch_order.c),
+ * cuts among them. */
+enum { MT__INNER_FIRST, MT__OUTER_FIRST, MT__TORCH_STEPS };
+
+/* Whether mesh dims before `m` shard tensor dim `d` alike in `a` and `b`: where
+ * they do not, torch's order replicates mesh dim `m` before cutting `d` again. */
+int mt__same_outer_sharding(const mt_layout *a, const mt_layout *b, int m, int d);
+
+/* Appends a per-mesh-dim chain from `cur` to `dst` in `order`; `*found` is 0 when
+ * some step would not be valid. */
 int mt__chain_phase(mt__steps *list, mt_layout cur, const mt_layout *dst,
-                    int64_t itemsize, int *found, mt_error *err);
+                    int64_t itemsize, int order, int *found, mt_error *err);
 
 /* Appends the Shard/Replicate changes from `cur` to `dst`: the cheaper of the
  * chain and one direct exchange. */
@@ -207,9 +278,11 @@ int mt__reshard_phase(mt__steps *list, const mt_layout *cur, const mt_layout *ds
 /* How many steps of `list` send messages (all but chunks). */
 int mt__communicating_steps(const mt__steps *list);
 
-/* Bytes that torch's order moves from `src` to `dst`, priced as plan steps are. */
+/* Bytes that torch's order moves from `src` to `dst`, priced as plan steps are,
+ * into *out, and those between nodes under `model` into *net. */
 int mt__torch_order_bytes(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
-                          int64_t *out, mt_error *err);
+                          const mt_time_model *model, int64_t *out, int64_t *net,
+                          mt_error *err);
 
 /* The fastest candidate from normalised `src` to `dst` into `list`, among those
  * that move no more bytes than torch's order. */

@@ -18,6 +18,7 @@ struct mt_plan {
   int n;
   int64_t bytes;
   int64_t messages;
+  int64_t net_bytes;
   double time;
   mt_step s[MT__MAX_STEPS];
   atomic_int owners;
@@ -34,6 +35,7 @@ int mt__plan_new(const mt_step *steps, int n, mt_plan **out, mt_error *err) {
     plan->s[i] = steps[i];
     plan->bytes += steps[i].bytes;
     plan->messages += steps[i].messages;
+    plan->net_bytes += steps[i].net_bytes;
     plan->time += steps[i].time;
   }
   plan->n = n;
@@ -88,4 +90,8 @@ int64_t mt_plan_bytes(const mt_plan *plan) {
 
 int64_t mt_plan_messages(const mt_plan *plan) {
   return plan == NULL ? 0 : plan->messages;
+}
+
+int64_t mt_plan_net_bytes(const mt_plan *plan) {
+  return plan == NULL ? 0 : plan->net_bytes;
 }

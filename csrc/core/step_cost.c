@@ -155,7 +155,7 @@ int mt__price_step(mt_step *st, int64_t itemsize, mt_error *err) {
     return rc;
   }
   int m = st->mesh_dim;
-  if (st->kind == MT_STEP_ALLREDUCE) {
+  if (st->kind == MT_STEP_ALLREDUCE || st->kind == MT_STEP_ALLREDUCE_NODES) {
     if (!mt__reduced_elements(&st->src, m, &elems)) return overflow(err);
   } else if (st->kind == MT_STEP_REDUCE_SCATTER) {
     mt_layout q;
@@ -167,11 +167,15 @@ int mt__price_step(mt_step *st, int64_t itemsize, mt_error *err) {
     if (rc != MT_OK) return rc;
   }
   if (!mul_ok(elems, itemsize, &st->bytes)) return overflow(err);
-  /* A collective over G ranks: G - 1 messages per rank, N * (G - 1) < 2^62. */
-  st->messages = mesh_numel(&st->src) * (st->src.mesh_shape[m] - 1);
-  st->rank_messages = st->src.mesh_shape[m] - 1;
+  /* A collective over G ranks: G - 1 messages per rank, N * (G - 1) < 2^62; an
+   * ALLREDUCE_NODES step's member hears from the l - 1 others of its node twice
+   * and from the G / l - 1 others it reduces its part with. */
+  int64_t g = st->src.mesh_shape[m], l = st->node_group;
+  st->rank_messages = st->kind == MT_STEP_ALLREDUCE_NODES ? 2 * (l - 1) + g / l - 1 : g - 1;
+  st->messages = mesh_numel(&st->src) * st->rank_messages;
   int64_t vector = coll_elements(st);
-  if (!mul_ok(st->kind == MT_STEP_ALLREDUCE ? vector : most, itemsize, &st->rank_bytes) ||
+  int whole = st->kind == MT_STEP_ALLREDUCE || st->kind == MT_STEP_ALLREDUCE_NODES;
+  if (!mul_ok(whole ? vector : most, itemsize, &st->rank_bytes) ||
       !mul_ok(vector, itemsize, &st->vector_bytes))
     return overflow(err);
   return MT_OK;

@@ -172,7 +172,8 @@ int mt__price_local(mt_step *st, int64_t itemsize, mt_error *err) {
     st->copy_bytes = out;
   } else if (st->kind == MT_STEP_ALLGATHER) {
     st->copy_bytes = rows_before(&t, st->src.placements[m].dim) ? out : 0;
-  } else if (st->kind == MT_STEP_ALLREDUCE) {
+  } else if (st->kind == MT_STEP_ALLREDUCE || st->kind == MT_STEP_ALLREDUCE_NODES) {
+    /* Split or not, each rank reduces (G - 1) / G of its vector. */
     st->reduce_bytes = in - in / g;
   } else {
     st->copy_bytes = rows_before(&s, st->dst.placements[m].dim) ? in : 0;

@@ -7,9 +7,13 @@
  * reduce-scatters halve recursively, large ones use a ring. The executor runs
  * all-to-all steps and direct exchanges with MPI_Alltoallw, which the tuned
  * component always runs linearly (every peer posted at once), so no Bruck or
- * pairwise all-to-all is priced. A group that spans nodes is priced wholly on the
- * network: every round of a ring or of recursive doubling waits for its slowest
- * link. */
+ * pairwise all-to-all is priced. A group that spans nodes pays the network's
+ * alpha in every round of a ring (each waits for its links that cross) and in the
+ * rounds of recursive doubling whose partners are on other nodes; the bytes that
+ * cross pass the node's one network link together with those of every other rank
+ * of the node (the max-rate model of Gropp, Olson and Samfass, EuroMPI 2016), so a
+ * mesh dim whose groups take one rank of each node pays for all of a node's ranks
+ * at once. With one rank per node this is the per-rank alpha-beta model. */
 #include "mpitensor/core/timemodel.h"
 
 #include <math.h>
@@ -101,29 +105,118 @@ mt_coll_alg mt_time_coll_alg(int kind, int64_t group, int64_t bytes) {
   }
 }
 
-double mt_time_coll(const mt_time_model *model, int kind, int64_t group, int64_t bytes,
-                    int64_t received, int link) {
-  if (group <= 1) return 0.0;
-  double a = model->alpha[link], b = model->beta[link], c = model->call;
+/* The rounds of collective `kind` by algorithm `alg` over `group` ranks on
+ * `bytes`, and what one rank receives in all of them (`received` for the ones
+ * that receive the others' data). */
+typedef struct coll_shape {
+  double rounds;
+  double received;
+} coll_shape;
+
+static coll_shape shape_of(int kind, int alg, int64_t group, int64_t bytes,
+                           int64_t received) {
   double g = (double)group, n = (double)bytes, rounds = log2_ceil(group);
   /* The others' data a rank takes in; an all-reduce's share of its vector. */
   double others = kind == MT_TIME_ALLREDUCE ? n * (g - 1.0) / g : (double)received;
-  switch (mt_time_coll_alg(kind, group, bytes)) {
+  coll_shape s = {0.0, 0.0};
+  switch (alg) {
     case MT_ALG_TWO_PROC:
-      return c + a + others * b;
+      s.rounds = 1.0, s.received = others;
+      break;
     case MT_ALG_RECURSIVE:
       /* An all-reduce by recursive doubling sends the whole vector each round. */
-      if (kind == MT_TIME_ALLREDUCE) return c + rounds * (a + n * b);
-      return c + rounds * a + others * b;
+      s.rounds = rounds, s.received = kind == MT_TIME_ALLREDUCE ? rounds * n : others;
+      break;
     case MT_ALG_RING:
-      if (kind == MT_TIME_ALLREDUCE) return c + 2.0 * (g - 1.0) * a + 2.0 * others * b;
-      /* Open MPI's neighbour exchange halves the rounds of an even group. */
-      if (kind == MT_TIME_ALLGATHER && group % 2 == 0) return c + g / 2.0 * a + others * b;
-      return c + (g - 1.0) * a + others * b;
+      if (kind == MT_TIME_ALLREDUCE) {
+        s.rounds = 2.0 * (g - 1.0), s.received = 2.0 * others;
+      } else {
+        /* Open MPI's neighbour exchange halves the rounds of an even group. */
+        s.rounds = kind == MT_TIME_ALLGATHER && group % 2 == 0 ? g / 2.0 : g - 1.0;
+        s.received = others;
+      }
+      break;
     case MT_ALG_LINEAR:
-      return mt_time_linear(model, group - 1, received, link);
+      s.rounds = g - 1.0, s.received = (double)received;
+      break;
     default:
-      return 0.0;
+      break;
+  }
+  return s;
+}
+
+double mt_time_coll(const mt_time_model *model, int kind, int64_t group, int64_t bytes,
+                    int64_t received, int link) {
+  if (group <= 1) return 0.0;
+  coll_shape s = shape_of(kind, mt_time_coll_alg(kind, group, bytes), group, bytes,
+                          received);
+  return model->call + s.rounds * model->alpha[link] + s.received * model->beta[link];
+}
+
+int64_t mt_time_members_per_node(const mt_time_model *model, int64_t numel,
+                                 int64_t group, int64_t stride) {
+  int64_t k = model->ranks_per_node;
+  if (mt_time_link(model, numel, group, stride) == MT_LINK_SHM) return group;
+  if (stride < k && k % stride == 0 && group % (k / stride) == 0) return k / stride;
+  return 1;
+}
+
+/* Rounds of recursive doubling or halving whose partners share a node: those
+ * closer than `local` members, when runs of `local` (a power of two) align with
+ * the rounds; otherwise none is counted. */
+static double rounds_inside(int64_t local) {
+  return is_pow2(local) ? log2_ceil(local) : 0.0;
+}
+
+double mt_time_net_share(int kind, int64_t group, int64_t local, int64_t bytes) {
+  if (group <= 1 || local >= group) return 0.0;
+  double g = (double)group, l = (double)local;
+  switch (mt_time_coll_alg(kind, group, bytes)) {
+    case MT_ALG_RING:
+      return 1.0 / l;
+    case MT_ALG_RECURSIVE:
+      if (!is_pow2(local)) return 1.0;
+      if (kind == MT_TIME_ALLREDUCE) return 1.0 - rounds_inside(local) / log2_ceil(group);
+      return (g - l) / (g - 1.0);
+    case MT_ALG_LINEAR:
+      return (g - l) / (g - 1.0);
+    default:
+      return 1.0;
+  }
+}
+
+double mt_time_coll_nodes(const mt_time_model *model, int kind, int64_t group,
+                          int64_t local, int64_t bytes, int64_t received) {
+  if (group <= 1) return 0.0;
+  if (local >= group || model->ranks_per_node == 0)
+    return mt_time_coll(model, kind, group, bytes, received, MT_LINK_SHM);
+  int alg = mt_time_coll_alg(kind, group, bytes);
+  coll_shape s = shape_of(kind, alg, group, bytes, received);
+  double share = mt_time_net_share(kind, group, local, bytes);
+  const double *a = model->alpha, *b = model->beta;
+  /* Every rank of the node sends its share across the node's one link at once. */
+  double link = (double)model->ranks_per_node * share * s.received * b[MT_LINK_NET];
+  double t = model->call;
+  switch (alg) {
+    case MT_ALG_RECURSIVE: {
+      /* Rounds one after another: the close partners' over shared memory. */
+      double inside = is_pow2(local) ? rounds_inside(local) : 0.0;
+      return t + inside * a[MT_LINK_SHM] + (s.rounds - inside) * a[MT_LINK_NET] +
+             (1.0 - share) * s.received * b[MT_LINK_SHM] + link;
+    }
+    case MT_ALG_LINEAR: {
+      /* Every message posted at once: the node's peers and the others'. */
+      double l = (double)local;
+      double shm = (1.0 - share) * s.received * b[MT_LINK_SHM];
+      return t + (l - 1.0) * a[MT_LINK_SHM] + ((double)group - l) * a[MT_LINK_NET] +
+             (shm > link ? shm : link);
+    }
+    default: {
+      /* A ring's round waits for its links that cross; the members whose
+       * neighbour shares their node receive as much over shared memory. */
+      double shm = s.received * b[MT_LINK_SHM];
+      return t + s.rounds * a[MT_LINK_NET] + (shm > link ? shm : link);
+    }
   }
 }
 

@@ -391,6 +391,16 @@ static PyObject *mesh_time_model(MeshObject *self, PyObject *unused) {
   return mt_ext_time_model_tuple(mt_mesh_time_model(self->mesh));
 }
 
+/* nodes() -> (kind, count, smallest, largest): how the members lie on nodes
+ * (mt_mesh_nodes_of; kind "one", "blocks", "unequal" or "interleaved"). */
+static PyObject *mesh_nodes(MeshObject *self, PyObject *unused) {
+  static const char *const kinds[] = {"one", "blocks", "unequal", "interleaved"};
+  mt_mesh_nodes n;
+  mt_mesh_nodes_of(self->mesh, &n);
+  return Py_BuildValue("(sLLL)", kinds[n.kind], (long long)n.count,
+                       (long long)n.smallest, (long long)n.largest);
+}
+
 /* set_time_model(model): the costs of a calibrated table; ranks_per_node stays
  * what the mesh learnt. */
 static PyObject *mesh_set_time_model(MeshObject *self, PyObject *arg) {
@@ -413,6 +423,10 @@ static PyMethodDef mesh_methods[] = {
     {"time_model", (PyCFunction)mesh_time_model, METH_NOARGS,
      "(alpha_shm, beta_shm, alpha_net, beta_net, call, copy, reduce, ranks_per_node): "
      "how plans on this mesh are ranked; ranks_per_node from MPI_Comm_split_type (0: one node). Local."},
+    {"nodes", (PyCFunction)mesh_nodes, METH_NOARGS,
+     "nodes() -> (kind, count, smallest, largest) of the nodes the members lie on, as "
+     "the mesh learnt when it was made ('one', 'blocks', 'unequal', 'interleaved'). "
+     "Local."},
     {"set_time_model", (PyCFunction)mesh_set_time_model, METH_O,
      "set_time_model(model): the costs of a calibrated table (ValueError when "
      "invalid); ranks_per_node stays. Local."},

@@ -11,6 +11,8 @@ typedef struct {
   PyObject_HEAD
   mt_plan *plan;
   mt_layout src, dst;
+  mt_time_model model;
+  int64_t itemsize;
 } PlanObject;
 
 /* ---- Plan ------------------------------------------------------------------------ */
@@ -40,6 +42,7 @@ static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
     Py_DECREF(self);
     return NULL;
   }
+  self->model = model, self->itemsize = itemsize;
   mt_error err = {0};
   int rc = mt_plan_check(&self->src, &self->dst, dtype, &err);
   if (rc == MT_OK)
@@ -59,7 +62,9 @@ static void plan_dealloc(PlanObject *self) {
 }
 
 static const char *const step_names[] = {"all_gather", "all_to_all", "chunk",
-                                         "all_reduce", "reduce_scatter", "direct"};
+                                         "all_reduce", "reduce_scatter", "direct",
+                                         "all_reduce_nodes"};
+#define NKINDS ((int)(sizeof step_names / sizeof step_names[0]))
 
 static PyObject *codes_of(const mt_layout *l) {
   PyObject *out = PyTuple_New(l->mesh_ndim);
@@ -73,16 +78,17 @@ static PyObject *codes_of(const mt_layout *l) {
 }
 
 /* steps() -> [(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds,
- * copy_bytes, reduce_bytes)] */
+ * copy_bytes, reduce_bytes, net_bytes)] */
 static PyObject *plan_steps(PlanObject *self, PyObject *unused) {
   int n = mt_plan_nsteps(self->plan);
   PyObject *out = PyList_New(n);
   for (int i = 0; out != NULL && i < n; ++i) {
     const mt_step *s = mt_plan_step(self->plan, i);
-    PyObject *t = Py_BuildValue("(siNNLLdLL)", step_names[s->kind], s->mesh_dim,
+    PyObject *t = Py_BuildValue("(siNNLLdLLL)", step_names[s->kind], s->mesh_dim,
                                 codes_of(&s->src), codes_of(&s->dst),
                                 (long long)s->bytes, (long long)s->messages, s->time,
-                                (long long)s->copy_bytes, (long long)s->reduce_bytes);
+                                (long long)s->copy_bytes, (long long)s->reduce_bytes,
+                                (long long)s->net_bytes);
     if (t == NULL) Py_CLEAR(out);
     else PyList_SET_ITEM(out, i, t);
   }
@@ -101,6 +107,36 @@ static PyObject *plan_get_messages(PlanObject *self, void *c) {
 static PyObject *plan_get_time(PlanObject *self, void *c) {
   return PyFloat_FromDouble(mt_plan_time(self->plan));
 }
+static PyObject *plan_get_net_bytes(PlanObject *self, void *c) {
+  return PyLong_FromLongLong(mt_plan_net_bytes(self->plan));
+}
+
+/* torch() -> the Plan of torch's own per-mesh-dim steps for the same move under
+ * the same model (mt_plan_create_torch), or None where one of them is no valid
+ * collective here. */
+static PyObject *plan_torch(PlanObject *self, PyObject *unused) {
+  PlanObject *t = (PlanObject *)Py_TYPE(self)->tp_alloc(Py_TYPE(self), 0);
+  if (t == NULL) return NULL;
+  t->src = self->src, t->dst = self->dst, t->model = self->model;
+  t->itemsize = self->itemsize;
+  mt_error err = {0};
+  int rc = mt_plan_create_torch(&t->src, &t->dst, t->itemsize, &t->model, &t->plan, &err);
+  if (rc == MT_OK) return (PyObject *)t;
+  Py_DECREF(t);
+  if (rc == MT_ENOTSUP) Py_RETURN_NONE;
+  return mt_ext_raise(rc, &err);
+}
+
+/* torch_bytes() -> (bytes, net_bytes) of torch's per-mesh-dim steps for the same
+ * move, priced as this plan's steps under its model (mt_plan_torch_bytes). */
+static PyObject *plan_torch_bytes(PlanObject *self, PyObject *unused) {
+  int64_t bytes = 0, net = 0;
+  mt_error err = {0};
+  int rc = mt_plan_torch_bytes(&self->src, &self->dst, self->itemsize, &self->model,
+                               &bytes, &net, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return Py_BuildValue("(LL)", (long long)bytes, (long long)net);
+}
 
 /* predict(model) -> seconds the time model tuple predicts for this plan's steps */
 static PyObject *plan_predict(PlanObject *self, PyObject *arg) {
@@ -115,8 +151,15 @@ static PyMethodDef plan_methods[] = {
      "Local."},
     {"steps", (PyCFunction)plan_steps, METH_NOARGS,
      "[(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds, copy_bytes, "
-     "reduce_bytes)] of every step: bytes and messages over all ranks, the local "
-     "copies and reductions of the busiest rank. Local."},
+     "reduce_bytes, net_bytes)] of every step: bytes and messages over all ranks, the "
+     "local copies and reductions of the busiest rank, the bytes between nodes over "
+     "all ranks. Local."},
+    {"torch", (PyCFunction)plan_torch, METH_NOARGS,
+     "torch() -> the Plan of torch's per-mesh-dim steps for the same move, priced by "
+     "the same model, or None where one of them is no valid collective here. Local."},
+    {"torch_bytes", (PyCFunction)plan_torch_bytes, METH_NOARGS,
+     "torch_bytes() -> (bytes, net_bytes) that torch's per-mesh-dim steps move for the "
+     "same redistribution, over all ranks, priced as this plan's steps. Local."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -125,6 +168,9 @@ static PyGetSetDef plan_getset[] = {
     {"bytes", (getter)plan_get_bytes, NULL, "bytes received from other ranks, all ranks", NULL},
     {"messages", (getter)plan_get_messages, NULL, "point-to-point messages, all ranks", NULL},
     {"time", (getter)plan_get_time, NULL, "predicted seconds (the time model)", NULL},
+    {"net_bytes", (getter)plan_get_net_bytes, NULL,
+     "bytes received from ranks of other nodes, all ranks (the model's ranks_per_node)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -525,8 +571,8 @@ int mt_ext_redistribute_exec(PyObject *module) {
   st->plan_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &plan_spec, NULL);
   if (st->plan_type == NULL) return -1;
   if (PyModule_AddObjectRef(module, "Plan", (PyObject *)st->plan_type) < 0) return -1;
-  PyObject *kinds = PyTuple_New(MT_STEP_DIRECT + 1);
-  for (int k = 0; kinds != NULL && k <= MT_STEP_DIRECT; ++k) {
+  PyObject *kinds = PyTuple_New(NKINDS);
+  for (int k = 0; kinds != NULL && k < NKINDS; ++k) {
     PyObject *name = PyUnicode_FromString(step_names[k]);
     if (name == NULL) Py_CLEAR(kinds);
     else PyTuple_SET_ITEM(kinds, k, name);

@@ -41,13 +41,19 @@ def _mesh_line(mesh) -> str:
     layout = mesh._node_layout()
     k, inside, across = layout["ranks_per_node"], layout["inside"], layout["across"]
     names = f" {mesh.mesh_dim_names}" if mesh.mesh_dim_names else ""
-    if k == 0:
+    count = layout["count"]
+    if layout["nodes"] == "one":
         nodes = "on one node"
+    elif layout["nodes"] == "unequal":
+        nodes = (f"{count} nodes of {layout['smallest']} to {layout['largest']} "
+                 "consecutive ranks, planned as one rank per node")
+    elif layout["nodes"] == "interleaved":
+        nodes = (f"{count} nodes whose ranks are not consecutive, planned as one rank "
+                 "per node")
     elif k == 1:
-        nodes = ("one rank per node (or nodes of unequal or interleaved ranks, "
-                 "planned as one per node)")
+        nodes = f"one rank per node, {count} nodes"
     else:
-        nodes = f"nodes of {k} consecutive ranks, {mesh.size() // k} nodes"
+        nodes = f"nodes of {k} consecutive ranks, {count} nodes"
 
     def dims(ds):
         return ", ".join(str(d) for d in ds) if ds else "none"

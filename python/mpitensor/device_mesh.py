@@ -379,16 +379,21 @@ class DeviceMesh(_C.MeshBase):
     # -- nodes ---------------------------------------------------------------------
     def _node_layout(self) -> dict:
         """What this mesh learnt of its nodes when it was made, as its plans price
-        them. Local. ``ranks_per_node``: 0 when the whole mesh is on one node, k
-        when its ranks, in mesh order, fill nodes of k each (1 also stands for nodes
-        of unequal or interleaved ranks, priced as one rank per node); ``inside``
-        and ``across``: the dims (names, or indices on an unnamed mesh) whose
-        groups stay inside a node, and those whose groups span nodes.
+        them. Local. ``nodes``: ``"one"`` (the whole mesh on one node),
+        ``"blocks"`` (its ranks, in mesh order, fill nodes of equal size, one rank
+        each included), ``"unequal"`` (consecutive ranks, nodes of ``smallest`` to
+        ``largest``) or ``"interleaved"`` (a node's ranks are not consecutive), with
+        the ``count`` of nodes; ``ranks_per_node``: 0 on one node, the block size,
+        or 1 for unequal and interleaved nodes, which plans price as one rank per
+        node; ``inside`` and ``across``: the dims (names, or indices on an unnamed
+        mesh) whose groups stay inside a node, and those whose groups span nodes.
 
         Example: on 2 nodes of 2 ranks, ``init_device_mesh("cpu", (2, 2),
-        mesh_dim_names=("dp", "tp"))._node_layout()`` is ``{"ranks_per_node": 2,
-        "inside": ["tp"], "across": ["dp"]}``.
+        mesh_dim_names=("dp", "tp"))._node_layout()`` is ``{"nodes": "blocks",
+        "count": 2, "smallest": 2, "largest": 2, "ranks_per_node": 2, "inside":
+        ["tp"], "across": ["dp"]}``.
         """
+        kind, count, smallest, largest = self._handle.nodes()
         k = int(self._handle.time_model()[7])
         numel, stride = self.size(), 1
         strides = []
@@ -401,7 +406,8 @@ class DeviceMesh(_C.MeshBase):
             # `s` apart span n * s positions, within a node when such spans tile them.
             local = n <= 1 or k == 0 or k >= numel or (n * s <= k and k % (n * s) == 0)
             (inside if local else across).append(self._names[d] if self._names else d)
-        return {"ranks_per_node": k, "inside": inside, "across": across}
+        return {"nodes": kind, "count": count, "smallest": smallest, "largest": largest,
+                "ranks_per_node": k, "inside": inside, "across": across}
 
     # -- slicing -------------------------------------------------------------------
     def __getitem__(self, names: str | Sequence[str]) -> "DeviceMesh":

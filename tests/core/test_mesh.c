@@ -268,6 +268,48 @@ static void test_freed_communicator(void) {
   mt_mesh_destroy(fresh);
 }
 
+/* A mesh dim split into runs of members (within a node) and the members that far
+ * apart (across nodes): on the world in reverse, each run holds consecutive
+ * coordinates, each "across" group those equal modulo the run; a slice uses its
+ * parent's split; runs that do not divide the dim are refused; the split's
+ * communicators go with the mesh. */
+static void test_node_comms(void) {
+  int *ranks = iota(world_size, 1);
+  int64_t shape[2] = {1, world_size};
+  mt_mesh *m = NULL, *s = NULL;
+  mt_error err = {0};
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 2, shape, ranks, &m, &err) == MT_OK);
+  int dims[1] = {1};
+  CHECK(mt_mesh_slice(m, 1, dims, &s, &err) == MT_OK);
+  int64_t at = world_size - 1 - world_rank;
+  for (int64_t run = 1; run <= world_size; ++run) {
+    MPI_Comm inside, across, again_in, again_across;
+    int rc = mt_mesh_node_comms(m, 1, run, &inside, &across, &err);
+    if (world_size % run != 0) {
+      CHECK(rc == MT_EINVAL && strstr(err.msg, "runs of") != NULL);
+      continue;
+    }
+    CHECK(rc == MT_OK);
+    int in_rank = -1, in_size = -1, x_rank = -1, x_size = -1;
+    MPI_Comm_rank(inside, &in_rank);
+    MPI_Comm_size(inside, &in_size);
+    MPI_Comm_rank(across, &x_rank);
+    MPI_Comm_size(across, &x_size);
+    CHECK(in_size == run && in_rank == at % run);
+    CHECK(x_size == world_size / run && x_rank == at / run);
+    /* Members of one run hold consecutive coordinates. */
+    int64_t first = at - in_rank;
+    MPI_Bcast(&first, 1, MPI_INT64_T, 0, inside);
+    CHECK(first == at - at % run);
+    CHECK(mt_mesh_node_comms(s, 0, run, &again_in, &again_across, &err) == MT_OK);
+    CHECK(again_in == inside && again_across == across);
+  }
+  CHECK(mt_mesh_node_comms(m, 0, 2, NULL, NULL, &err) == MT_EINVAL || world_size == 1);
+  mt_mesh_destroy(s);
+  mt_mesh_destroy(m);
+  free(ranks);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -281,6 +323,7 @@ int main(int argc, char **argv) {
   test_alltoallv();
   test_bad_input();
   test_freed_communicator();
+  test_node_comms();
   CHECK(mt_comm_live_count() == 0);
   char version[256];
   CHECK(mt_mpi_library_version(version, (int)sizeof version, NULL) == MT_OK);

@@ -28,6 +28,8 @@
 
 static int world_rank, world_size;
 static int quick = 0;
+/* How many ALLREDUCE_NODES steps the plans run so far held. */
+static int nodes_steps = 0;
 
 /* What every mesh of the test counts into. */
 static mt_comm_counters test_counters;
@@ -219,6 +221,7 @@ static int coll_of(int kind) {
     case MT_STEP_DIRECT:
       return MT_COLL_ALL_TO_ALL;
     case MT_STEP_ALLREDUCE:
+    case MT_STEP_ALLREDUCE_NODES:
       return MT_COLL_ALL_REDUCE;
     case MT_STEP_REDUCE_SCATTER:
       return MT_COLL_REDUCE_SCATTER;
@@ -528,14 +531,16 @@ static void run_nonblocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffe
   if (two) check_result(plan, b, b->got2, dtype, "second of two requests", what);
 }
 
-/* Plans src -> dst and runs the plan blocking and nonblocking on `mesh`. */
-static void run_case(mt_mesh* mesh, const mt_layout* src, const mt_layout* dst,
-                     int dtype, int two) {
+/* Plans src -> dst under `tm` (NULL: the default) and runs the plan blocking and
+ * nonblocking on `mesh`. */
+static void run_case_timed(mt_mesh* mesh, const mt_layout* src, const mt_layout* dst,
+                           int dtype, int two, const mt_time_model* tm) {
   char what[160];
   describe(what, sizeof what, src, dst, dtype);
+  if (tm != NULL) append(what, sizeof what, " on nodes of %lld", (long long)tm->ranks_per_node);
   mt_plan* plan = NULL;
   mt_error err = {0};
-  int rc = mt_plan_create(src, dst, (int64_t)mt_dtype_size(dtype), &plan, &err);
+  int rc = mt_plan_create_timed(src, dst, (int64_t)mt_dtype_size(dtype), tm, &plan, &err);
   CHECK_MSG(rc == MT_OK, "%s: plan: %s", what, err.msg);
   if (rc != MT_OK) return;
   model md = make_model(src, dst, dtype);
@@ -544,7 +549,14 @@ static void run_case(mt_mesh* mesh, const mt_layout* src, const mt_layout* dst,
   run_blocking(mesh, plan, dtype, &b, what);
   run_nonblocking(mesh, plan, dtype, &b, two, what);
   buffers_free(&b);
+  for (int i = 0; i < mt_plan_nsteps(plan); ++i)
+    nodes_steps += mt_plan_step(plan, i)->kind == MT_STEP_ALLREDUCE_NODES;
   mt_plan_destroy(plan);
+}
+
+static void run_case(mt_mesh* mesh, const mt_layout* src, const mt_layout* dst,
+                     int dtype, int two) {
+  run_case_timed(mesh, src, dst, dtype, two, NULL);
 }
 
 /* ---- Random and fixed redistribution cases. ------------------------------------- */
@@ -589,8 +601,8 @@ static mt_placement random_dst(int ndim, mt_placement from) {
   return rnd(3) < 2 && ndim > 0 ? S(rnd(ndim)) : R();
 }
 
-static void random_case(mt_mesh* mesh, int mesh_ndim, const int64_t* mesh_shape,
-                        int dtype) {
+static void random_case_timed(mt_mesh* mesh, int mesh_ndim, const int64_t* mesh_shape,
+                              int dtype, const mt_time_model* tm) {
   int ndim = rnd(4);
   int64_t shape[3];
   for (int d = 0; d < ndim; ++d) shape[d] = rnd(12) == 0 ? 0 : 1 + rnd(7);
@@ -601,7 +613,12 @@ static void random_case(mt_mesh* mesh, int mesh_ndim, const int64_t* mesh_shape,
   }
   mt_layout src = make_layout(ndim, shape, mesh_ndim, mesh_shape, a);
   mt_layout dst = make_layout(ndim, shape, mesh_ndim, mesh_shape, b);
-  run_case(mesh, &src, &dst, dtype, rnd(8) == 0);
+  run_case_timed(mesh, &src, &dst, dtype, rnd(8) == 0, tm);
+}
+
+static void random_case(mt_mesh* mesh, int mesh_ndim, const int64_t* mesh_shape,
+                        int dtype) {
+  random_case_timed(mesh, mesh_ndim, mesh_shape, dtype, NULL);
 }
 
 typedef struct fixed {
@@ -675,6 +692,40 @@ static void test_redistribute(void) {
     }
     mt_mesh_destroy(mesh);
   }
+  flush_records();
+}
+
+/* Plans made for the world's ranks on simulated nodes of 1 and 2 ranks (the time
+ * model's ranks_per_node; this machine's MPI needs not agree), with a network so
+ * slow that reductions across nodes split within nodes first wherever they can:
+ * every move still leaves each rank its box, whatever the steps, and at 4 ranks
+ * some plans hold ALLREDUCE_NODES steps. */
+static void test_simulated_nodes(void) {
+  int64_t shapes[32][3];
+  int ndims[32];
+  int n = mesh_shapes(shapes, ndims), before = nodes_steps;
+  mt_time_model tm = mt_time_model_default();
+  tm.alpha[MT_LINK_NET] = tm.alpha[MT_LINK_SHM];
+  tm.beta[MT_LINK_NET] = 1000.0 * tm.beta[MT_LINK_SHM];
+  for (int per_node = 1; per_node <= 2; ++per_node) {
+    if (world_size % per_node != 0 || world_size <= per_node) continue;
+    tm.ranks_per_node = per_node;
+    for (int i = 0; i < n; ++i) {
+      mt_mesh* mesh = make_mesh(ndims[i], shapes[i], 0);
+      for (int c = 0; c < (quick ? 6 : 60); ++c)
+        random_case_timed(mesh, ndims[i], shapes[i], all_dtypes[(c + i) % NDTYPES], &tm);
+      /* An all-reduce of a (4,) mesh over nodes of 2: always split. */
+      const int64_t shape[2] = {5, 3};
+      mt_layout src = parse_layout(2, shape, shapes[i], ndims[i] == 1 ? "Pa" : "Ps,R");
+      mt_layout dst = parse_layout(2, shape, shapes[i], ndims[i] == 1 ? "R" : "R,R");
+      for (int t = 0; ndims[i] <= 2 && t < NDTYPES; ++t) {
+        if (layout_ok(&src, all_dtypes[t]))
+          run_case_timed(mesh, &src, &dst, all_dtypes[t], t % 3 == 0, &tm);
+      }
+      mt_mesh_destroy(mesh);
+    }
+  }
+  if (world_size == 4) CHECK_MSG(nodes_steps > before, "no ALLREDUCE_NODES step ran");
   flush_records();
 }
 
@@ -1238,6 +1289,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
   test_redistribute();
+  test_simulated_nodes();
   test_compiled_plans();
   test_nan();
   test_distribute();

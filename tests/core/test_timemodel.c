@@ -118,6 +118,76 @@ static void test_prices(void) {
   CHECK(mt_time_coll(&m, MT_TIME_ALLGATHER, 1, 1 << 20, 0, MT_LINK_NET) == 0.0);
 }
 
+/* How many members of a mesh dim's groups share a node. */
+static void test_members_per_node(void) {
+  mt_time_model m = mt_time_model_default();
+  /* One node: every group whole. */
+  CHECK(mt_time_members_per_node(&m, 1024, 128, 1) == 128);
+  /* (8, 128) on nodes of 64: dim 1's groups hold runs of 64 on a node, dim 0's
+   * one member per node. */
+  m.ranks_per_node = 64;
+  CHECK(mt_time_members_per_node(&m, 1024, 128, 1) == 64);
+  CHECK(mt_time_members_per_node(&m, 1024, 8, 128) == 1);
+  /* (16, 16) on nodes of 64: dim 0's groups (stride 16) keep 4 members on a node. */
+  CHECK(mt_time_members_per_node(&m, 256, 16, 16) == 4);
+  CHECK(mt_time_members_per_node(&m, 256, 16, 1) == 16);
+  /* Runs that do not divide the group: priced as one member per node. */
+  m.ranks_per_node = 3;
+  CHECK(mt_time_members_per_node(&m, 12, 4, 1) == 1);
+}
+
+/* The share of a collective's bytes that crosses nodes, by its algorithm. */
+static void test_net_share(void) {
+  /* A ring crosses once per run of members on a node. */
+  CHECK(close_to(mt_time_net_share(MT_TIME_ALLGATHER, 16, 4, 1 << 20), 0.25));
+  CHECK(close_to(mt_time_net_share(MT_TIME_ALLREDUCE, 16, 1, 1 << 20), 1.0));
+  /* Recursive doubling: the rounds whose partners are 4 or more apart. */
+  CHECK(close_to(mt_time_net_share(MT_TIME_ALLGATHER, 16, 4, 1024), 12.0 / 15.0));
+  CHECK(close_to(mt_time_net_share(MT_TIME_ALLREDUCE, 16, 4, 1024), 0.5));
+  /* A linear exchange: the members on other nodes. */
+  CHECK(close_to(mt_time_net_share(MT_TIME_ALLTOALL, 16, 4, 1 << 20), 12.0 / 15.0));
+  CHECK(mt_time_net_share(MT_TIME_ALLTOALL, 16, 16, 1 << 20) == 0.0);
+}
+
+/* Groups over nodes: one rank per node is the network's per-rank price, one node
+ * shared memory's; in between, the rounds inside a node cost shared memory's alpha
+ * and what crosses is paid for every rank of a node at once. */
+static void test_nodes_prices(void) {
+  mt_time_model m = mt_time_model_default();
+  const int kinds[4] = {MT_TIME_ALLGATHER, MT_TIME_ALLTOALL, MT_TIME_ALLREDUCE,
+                        MT_TIME_REDUCE_SCATTER};
+  const int64_t sizes[3] = {512, 40000, 1 << 22};
+  for (int k = 0; k < 4; ++k) {
+    for (int s = 0; s < 3; ++s) {
+      int64_t got = sizes[s] * 15 / 16;
+      m.ranks_per_node = 1;
+      CHECK(close_to(mt_time_coll_nodes(&m, kinds[k], 16, 1, sizes[s], got),
+                     mt_time_coll(&m, kinds[k], 16, sizes[s], got, MT_LINK_NET)));
+      m.ranks_per_node = 0;
+      CHECK(close_to(mt_time_coll_nodes(&m, kinds[k], 16, 1, sizes[s], got),
+                     mt_time_coll(&m, kinds[k], 16, sizes[s], got, MT_LINK_SHM)));
+      m.ranks_per_node = 16;
+      CHECK(close_to(mt_time_coll_nodes(&m, kinds[k], 16, 16, sizes[s], got),
+                     mt_time_coll(&m, kinds[k], 16, sizes[s], got, MT_LINK_SHM)));
+    }
+  }
+  const double *a = m.alpha, *b = m.beta, c = m.call;
+  /* A dp dim of (8, 4) on nodes of 4: a large ring all-gather whose every member
+   * is on another node; the four rings of a node share its link. */
+  m.ranks_per_node = 4;
+  double r = 7.0 * (1 << 20);
+  CHECK(close_to(mt_time_coll_nodes(&m, MT_TIME_ALLGATHER, 8, 1, 8 << 20, 7 << 20),
+                 c + 4 * a[MT_LINK_NET] + 4 * r * b[MT_LINK_NET]));
+  /* A 1-d (16,) on nodes of 4: one ring, crossing once per node. */
+  double g = 15.0 * (1 << 20);
+  CHECK(close_to(mt_time_coll_nodes(&m, MT_TIME_ALLGATHER, 16, 4, 16 << 20, 15 << 20),
+                 c + 8 * a[MT_LINK_NET] + g * b[MT_LINK_NET]));
+  /* Small: recursive doubling, 2 rounds inside a node, 2 across by all 4 ranks. */
+  CHECK(close_to(mt_time_coll_nodes(&m, MT_TIME_ALLGATHER, 16, 4, 1600, 1500),
+                 c + 2 * a[MT_LINK_SHM] + 2 * a[MT_LINK_NET] +
+                     1500.0 * 3 / 15 * b[MT_LINK_SHM] + 4 * 1500.0 * 12 / 15 * b[MT_LINK_NET]));
+}
+
 /* The local passes of each step kind, worked by hand on 8 x 8 float64 (512 B)
  * over 4 ranks, and a step's time as its collective plus those passes. */
 static void test_local_passes(void) {
@@ -247,6 +317,9 @@ int main(void) {
   test_links();
   test_algorithms();
   test_prices();
+  test_members_per_node();
+  test_net_share();
+  test_nodes_prices();
   test_switch();
   test_two_ranks();
   test_local_passes();

@@ -17,6 +17,8 @@
 #   tests/multinode/run.sh examples        # examples/*.py on 2 hosts x 2 ranks
 #   tests/multinode/run.sh resume          # train_gpt.py saved on 2x2, resumed on 1x4, 4x1
 #   tests/multinode/run.sh exec LAYOUT CMD...  # CMD with $MPIEXEC, that layout's mpiexec
+#   tests/multinode/run.sh bench [ARGS]    # make bench-multinode: calibrate both link
+#                                          # classes, then plan_ranking.py ARGS on 2x2
 #
 # Layouts (hosts x ranks): 2x2, 1x4, 4x1, 3+1 (unequal hosts), 2x2rr (ranks dealt
 # round-robin over the hosts, --map-by node).
@@ -286,6 +288,48 @@ part_resume() {
     }
 }
 
+# -- the benchmark across hosts (make bench-multinode) --------------------------------
+
+# Every host's interface sends at most $MT_NET_RATE (default 10gbit), as a node's
+# network card would: tc's token bucket on the veth end inside the host. netem,
+# which would also add $MT_NET_DELAY, is used where the kernel has it; where it has
+# not, the delay is what TCP over the veth pairs takes, and the run says so.
+limit_links() {
+  local rate=${MT_NET_RATE:-10gbit} delay=${MT_NET_DELAY:-20us} pid how
+  for pid in $(cut -d' ' -f2 "$run/hosts"); do
+    if nsenter -t "$pid" --net tc qdisc replace dev eth0 root netem rate "$rate" \
+        delay "$delay" 2>/dev/null; then
+      how="netem: $rate, $delay one way"
+    else
+      nsenter -t "$pid" --net tc qdisc replace dev eth0 root tbf rate "$rate" \
+        burst 1mb latency 50ms || { echo "bench: tc cannot limit the hosts' links"; return 1; }
+      how="tbf: $rate (no netem in this kernel: no delay added)"
+    fi
+  done
+  link_note="2 simulated hosts, TCP over veth, each host's link $how"
+  echo "=== the links between hosts: $how"
+}
+
+# Fits the time model's two link classes here, shared memory with 2 ranks on one
+# host and the network with one rank on each of two, into $run/time_model.json;
+# then times every candidate plan of every 1-D and (2, 2) move on 2 hosts x 2 ranks
+# under that model (plan_ranking.py --link hosts "$@"), its JSON into
+# benchmarks/results/CPU/plan_ranking_hosts-np4.json.
+part_bench() {
+  local table=$run/time_model.json
+  limit_links || return 1
+  echo "=== calibrate: shared memory, 2 ranks on one host"
+  MPITENSOR_TIME_MODEL=$table run_job "$run/mpiexec-1x4" -n 2 "$py" \
+    "$here/benchmarks/calibrate.py" --out "$table" --mca-note "one simulated host" || return 1
+  echo "=== calibrate: the network, one rank on each of two hosts"
+  MPITENSOR_TIME_MODEL=$table run_job "$run/mpiexec-4x1" -n 2 "$py" \
+    "$here/benchmarks/calibrate.py" --link net --out "$table" --mca-note "$link_note" \
+    || return 1
+  echo "=== plan_ranking.py across 2 hosts x 2 ranks"
+  MPITENSOR_TIME_MODEL=$table run_job "$run/mpiexec-2x2" -n 4 "$py" \
+    "$here/benchmarks/plan_ranking.py" --link hosts --label hosts --note "$link_note" "$@"
+}
+
 main() {
   local what=${1:-all}
   [ $# -gt 0 ] && shift
@@ -305,11 +349,13 @@ main() {
     nodes) part_nodes || status=1 ;;
     examples) part_examples || status=1 ;;
     resume) part_resume || status=1 ;;
+    bench) part_bench "$@" || status=1 ;;
     exec)
       local layout=${1:?exec LAYOUT CMD...}
       shift
       MPIEXEC=$run/mpiexec-$layout run_job "$@" || status=1 ;;
-    *) echo "usage: $0 [all|pytest [ARGS]|nodes|examples|resume|exec LAYOUT CMD...]"; exit 2 ;;
+    *) echo "usage: $0 [all|pytest [ARGS]|nodes|examples|resume|bench [ARGS]|exec LAYOUT CMD...]"
+       exit 2 ;;
   esac
   echo "test-multinode: $((SECONDS - start))s, $([ $status = 0 ] && echo passed || echo FAILED)"
   return $status

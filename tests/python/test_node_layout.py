@@ -76,6 +76,39 @@ def test_a_mesh_learns_its_nodes(nodes, shape):
     assert p == []
 
 
+def node_kind(nodes) -> tuple[str, int, int, int]:
+    """(kind, count, smallest, largest) of the nodes of ranks 0..N-1 in order, as
+    the C mesh tells them apart (mt_mesh_nodes_of), from the truth."""
+    sizes = [nodes.count(x) for x in sorted(set(nodes))]
+    if len(sizes) == 1:
+        return "one", 1, N, N
+    if any(nodes[i] != nodes[i - 1] and nodes[i] in nodes[:i] for i in range(1, N)):
+        return "interleaved", len(sizes), 0, 0
+    kind = "blocks" if min(sizes) == max(sizes) else "unequal"
+    return kind, len(sizes), min(sizes), max(sizes)
+
+
+@pytest.mark.parametrize("shape", shapes(), ids=str)
+def test_the_mesh_tells_unequal_and_interleaved_nodes_from_one_rank_each(nodes, shape):
+    """The mesh learns the node layout with the one gather of node ids it makes
+    anyway: one node, equal blocks (one rank per node among them), unequal blocks
+    with their sizes, or interleaved ranks; the last two are planned as one rank
+    per node, and show_config says which it is."""
+    mesh = init_device_mesh("cpu", shape)
+    layout = mesh._node_layout()
+    kind, count, smallest, largest = node_kind(nodes)
+    got = (layout["nodes"], layout["count"], layout["smallest"], layout["largest"])
+    assert got == (kind, count, smallest, largest), (got, nodes)
+    line = _show_config._mesh_line(mesh)
+    words = {"one": "on one node", "blocks": f"{count} nodes",
+             "unequal": f"{count} nodes of {smallest} to {largest} consecutive ranks",
+             "interleaved": "ranks are not consecutive"}
+    assert words[kind] in line, line
+    if kind in ("unequal", "interleaved"):
+        assert layout["ranks_per_node"] == 1 and "planned as one rank per node" in line
+    assert all(COMM.allgather(got == COMM.bcast(got)))
+
+
 def test_ranks_per_node_or_the_reason_on_every_rank(nodes):
     """The ranks on each node where the nodes hold equal consecutive blocks; else
     the same RuntimeError on every rank, naming each node and its ranks."""
@@ -145,8 +178,10 @@ def test_show_config_prints_the_node_layout(nodes):
     assert line.startswith(f"mesh ({N},) ('all',): ")
     if k == 0:
         assert "on one node; inside a node: all; across nodes: none" in line
-    elif k == 1:
+    elif k == 1 and mesh._node_layout()["nodes"] == "blocks":
         assert "one rank per node" in line and "across nodes: all" in line
+    elif k == 1:
+        assert "planned as one rank per node" in line and "across nodes: all" in line
     else:
         assert f"nodes of {k} consecutive ranks, {N // k} nodes" in line
     if N > 1:

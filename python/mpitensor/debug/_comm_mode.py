@@ -26,7 +26,7 @@ TRIVIAL_OPS = frozenset({
 _STEP_COLLECTIVE = {
     "all_gather": "all_gather_into_tensor", "all_to_all": "all_to_all_single",
     "all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter_tensor",
-    "direct": "all_to_all_single",
+    "direct": "all_to_all_single", "all_reduce_nodes": "all_reduce",
 }
 _ANSI = re.compile(r"\x1B\[[0-?]*[ -/]*[@-~]")
 _YELLOW, _RED, _RESET = "\033[1;33m", "\033[1;31m", "\033[0m"

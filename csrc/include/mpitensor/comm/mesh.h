@@ -71,6 +71,20 @@ int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord);
  * that dim), or MPI_COMM_NULL on a non-member. Owned by the mesh. */
 MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim);
 
+/* Collective on the ranks of mesh dim `dim` the first time, Local afterwards. The
+ * communicators of a split of the dim's groups into runs of `run` consecutive
+ * members (`inside`, ordered by coordinate) and the members `run` apart
+ * (`across`): how a reduction runs within nodes first (a run of members on each
+ * node) and then across them. Owned by the mesh (a slice's by the mesh it was
+ * cut from), which keeps one split per dim: a call with another run makes the new
+ * split and frees the old one. MT_EINVAL unless `run` divides the dim's size.
+ *
+ *   MPI_Comm inside, across;
+ *   rc = mt_mesh_node_comms(mesh, 0, 2, &inside, &across, &err);
+ */
+int mt_mesh_node_comms(const mt_mesh *mesh, int dim, int64_t run, MPI_Comm *inside,
+                       MPI_Comm *across, mt_error *err);
+
 /* The communicator of all members of the mesh, ranked by row-major mesh position,
  * owned by the mesh. A created mesh has it; a slice creates it on first use, which
  * is then Collective on the slice's members (Local afterwards). MT_ESTATE on a
@@ -139,6 +153,35 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
  * goes through MPI, agreed within its group, and the next one tries again (a
  * flag turned off by one group would differ from another group's). */
 int mt_mesh_direct_read(const mt_mesh *mesh);
+
+/* How the members of a mesh lie on nodes (the ranks MPI_Comm_split_type SHARED
+ * puts together), in row-major mesh order: all on one node; in `count` nodes of
+ * consecutive positions, all of the same size (BLOCKS, one rank each included)
+ * or not (UNEQUAL: `smallest` and `largest` say how they differ); or nodes whose
+ * positions are not consecutive (INTERLEAVED). Learnt once when the mesh is made
+ * (every member sees the same). */
+typedef enum mt_nodes_kind {
+  MT_NODES_ONE = 0,
+  MT_NODES_BLOCKS = 1,
+  MT_NODES_UNEQUAL = 2,
+  MT_NODES_INTERLEAVED = 3
+} mt_nodes_kind;
+
+typedef struct mt_mesh_nodes {
+  int kind;
+  int64_t count;
+  int64_t smallest;
+  int64_t largest;
+} mt_mesh_nodes;
+
+/* Local. How the mesh's members lie on nodes; a slice answers for the mesh it was
+ * cut from. Plans price UNEQUAL and INTERLEAVED nodes as one rank per node.
+ *
+ *   mt_mesh_nodes n;
+ *   mt_mesh_nodes_of(mesh, &n);
+ *   if (n.kind == MT_NODES_UNEQUAL) printf("nodes of %lld to %lld ranks\n", ...);
+ */
+void mt_mesh_nodes_of(const mt_mesh *mesh, mt_mesh_nodes *out);
 
 /* Local. The time model that ranks plans on this mesh: the built-in costs until
  * mt_mesh_set_time_model, with ranks_per_node learnt when the mesh was created

@@ -25,10 +25,15 @@ typedef enum mt_step_kind {
   MT_STEP_CHUNK = 2,          /* Replicate -> Shard(d) on one mesh dim: no communication */
   MT_STEP_ALLREDUCE = 3,      /* Partial(op) -> Replicate on one mesh dim */
   MT_STEP_REDUCE_SCATTER = 4, /* Partial(op) -> Shard(d) on one mesh dim */
-  MT_STEP_DIRECT = 5          /* Shard/Replicate changes on any mesh dims: one exchange */
+  MT_STEP_DIRECT = 5,         /* Shard/Replicate changes on any mesh dims: one exchange */
+  MT_STEP_ALLREDUCE_NODES = 6 /* Partial(op) -> Replicate on one mesh dim whose groups
+                                 span nodes: reduce-scatter among the members on each
+                                 node, all-reduce of the parts across the nodes,
+                                 all-gather on each node again */
 } mt_step_kind;
 
-/* One step. `src` and `dst` are the layouts before and after it; they differ only
+/* One step of elements of `itemsize` bytes. `src` and `dst` are the layouts
+ * before and after it; they differ only
  * on `mesh_dim` (-1 for DIRECT, where any non-Partial mesh dims may change and
  * Partial ones stay as they are). `bytes` counts the bytes that ranks receive from
  * other ranks, summed over all ranks of the mesh; `messages` the point-to-point
@@ -44,12 +49,23 @@ typedef enum mt_step_kind {
  * lacks once more when both the sending and the receiving side are strided),
  * and `reduce_bytes` it reduces ((G - 1) / G of an all-reduce's vector, G - 1
  * blocks of a reduce-scatter).
+ * Between nodes, under the node layout of the model the plan was made under
+ * (`node_layout`, its ranks_per_node): `net_bytes`, the bytes ranks receive
+ * from ranks of other nodes, summed over all ranks, as the time model's
+ * algorithms send them (a ring crosses once per run of a group's members on a
+ * node); for a direct exchange also `node_bytes`, the most one node receives
+ * from the others, and `rank_net_messages` and `rank_shm_messages`, the most
+ * messages one rank receives from other nodes and from its own. `node_group`: an
+ * ALLREDUCE_NODES step's members per node, the size of the groups it
+ * reduce-scatters and all-gathers in (its mesh dim's size divided by it: the
+ * all-reduce's).
  * `time` is the step's predicted seconds under the plan's model. */
 typedef struct mt_step {
   int kind;
   int mesh_dim;
   mt_layout src;
   mt_layout dst;
+  int64_t itemsize;
   int64_t bytes;
   int64_t messages;
   int64_t rank_bytes;
@@ -57,6 +73,12 @@ typedef struct mt_step {
   int64_t rank_messages;
   int64_t copy_bytes;
   int64_t reduce_bytes;
+  int64_t net_bytes;
+  int64_t node_bytes;
+  int64_t rank_net_messages;
+  int64_t rank_shm_messages;
+  int64_t node_layout;
+  int64_t node_group;
   double time;
 } mt_step;
 
@@ -78,7 +100,16 @@ typedef struct mt_plan mt_plan;
  *   a part in a million), fewer bytes win, then fewer messages, then the chain
  *   (whose collectives MPI optimises).
  * - Several orders of reductions and shard changes are priced, and the fastest
- *   wins among those that move no more bytes than torch's order.
+ *   wins among those that move no more bytes than torch's order, in all and
+ *   between nodes (net_bytes; where no candidate does the latter, torch's steps
+ *   not being valid collectives here, the fastest within torch's bytes in all).
+ * - Where the model places the mesh on several nodes, more candidates are priced:
+ *   chains that take the outer mesh dims first (gathering across nodes while the
+ *   dims inside them still cut the data), torch's own steps, reductions of the
+ *   Partials that span nodes after the mesh dims inside a node have cut the
+ *   data (chunk or reduce-scatter, then gathered again), and all-reduces split
+ *   into a reduce-scatter within each node, an all-reduce of the parts across
+ *   nodes and an all-gather (ALLREDUCE_NODES).
  * - A mesh dim of size 1 never costs a step with communication.
  * An empty plan (zero steps) means the layouts hold the same data on every rank.
  * mt_plan_create uses mt_time_model_default() (one node). */
@@ -93,6 +124,20 @@ int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
  *   rc = mt_plan_create_timed(&src, &dst, 4, &m, &plan, &err);
  */
 int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                         const mt_time_model *model, mt_plan **out, mt_error *err);
+
+/* Local. The plan of torch's own per-mesh-dim steps for the same move (the order
+ * mt_plan_torch_bytes prices: no plan mt_plan_create_timed makes moves more),
+ * each a collective on one mesh dim, priced under `model` (NULL: the default):
+ * what mpitensor's plans are measured against. MT_ENOTSUP where a step of that
+ * order is no valid collective here (a tensor dim it cuts or joins is cut again
+ * by a later mesh dim, which torch pads its own way); other errors as
+ * mt_plan_create_timed.
+ *
+ *   rc = mt_plan_create_torch(&src, &dst, 4, &m, &torch, &err);
+ *   if (rc == MT_OK) printf("%g s\n", mt_plan_time(torch));
+ */
+int mt_plan_create_torch(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                          const mt_time_model *model, mt_plan **out, mt_error *err);
 
 /* Local. What a redistribution from `src` to `dst` of `dtype` elements refuses,
@@ -144,6 +189,25 @@ const mt_step *mt_plan_step(const mt_plan *plan, int i);
  * summed over all ranks. */
 int64_t mt_plan_bytes(const mt_plan *plan);
 int64_t mt_plan_messages(const mt_plan *plan);
+
+/* Local. Bytes received from ranks of other nodes, summed over all steps and
+ * ranks, under the node layout of the model the plan was made under (0 on one
+ * node). */
+int64_t mt_plan_net_bytes(const mt_plan *plan);
+
+/* Local. What torch's per-mesh-dim steps (torch/distributed/tensor/_redistribute.py)
+ * move from `src` to `dst` for elements of `itemsize` bytes, priced as plan steps
+ * are under `model` (NULL: the default): the bytes received summed over all ranks
+ * into *bytes and those received from other nodes into *net_bytes. No plan
+ * mt_plan_create_timed makes under the same model moves more of either. Errors
+ * as mt_plan_create_timed.
+ *
+ *   int64_t b, net;
+ *   rc = mt_plan_torch_bytes(&src, &dst, 4, &m, &b, &net, &err);
+ */
+int mt_plan_torch_bytes(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                        const mt_time_model *model, int64_t *bytes, int64_t *net_bytes,
+                        mt_error *err);
 
 /* Local. The plan's predicted seconds: the sum of its steps' `time`. */
 double mt_plan_time(const mt_plan *plan);

@@ -71,6 +71,18 @@ int mt_time_model_check(const mt_time_model *model, mt_error *err);
 int mt_time_link(const mt_time_model *model, int64_t numel, int64_t group,
                  int64_t stride);
 
+/* Local. How many members of each group of `group` ranks whose row-major mesh
+ * positions are `stride` apart share one node: `group` when each group lies within
+ * one node (mt_time_link says shared memory); ranks_per_node / stride when the
+ * nodes hold whole runs of that many consecutive members of every group; else 1,
+ * priced as if every member had a node of its own.
+ *
+ *   // (8, 128) mesh, 64 ranks per node: mesh dim 1's groups of 128 span two nodes
+ *   int64_t local = mt_time_members_per_node(&m, 1024, 128, 1);   // 64
+ */
+int64_t mt_time_members_per_node(const mt_time_model *model, int64_t numel,
+                                 int64_t group, int64_t stride);
+
 /* Kinds of collectives the model prices (the plan's step kinds map onto them). */
 typedef enum mt_time_kind {
   MT_TIME_ALLGATHER = 0,      /* `bytes`: what each rank holds after */
@@ -92,6 +104,29 @@ mt_coll_alg mt_time_coll_alg(int kind, int64_t group, int64_t bytes);
  */
 double mt_time_coll(const mt_time_model *model, int kind, int64_t group, int64_t bytes,
                     int64_t received, int link);
+
+/* Local. The share of what each member of collective `kind` over `group` ranks
+ * on `bytes` (as mt_time_kind says) receives that crosses between nodes, when
+ * `local` members of each group share a node (mt_time_members_per_node), by the
+ * algorithm mt_time_coll_alg picks: a ring crosses once per run of `local`
+ * members, recursive doubling and halving in the rounds whose partners are
+ * `local` or more apart, a linear exchange to the members of other nodes. 0 when
+ * the group lies within one node. */
+double mt_time_net_share(int kind, int64_t group, int64_t local, int64_t bytes);
+
+/* Local. mt_time_coll for groups of which `local` members share each node, all
+ * ranks of a node in such groups at once (a mesh dim's groups run together). The
+ * rounds between members of one node cost shared memory's alpha, the others the
+ * network's; what crosses between nodes passes the node's one network link, so
+ * its bytes are those of all the node's ranks together (ranks_per_node times the
+ * share each receives across, mt_time_net_share), at the network's beta. With
+ * `local` >= `group` or one node it is mt_time_coll on shared memory; with one
+ * rank per node, mt_time_coll on the network.
+ *
+ *   double t = mt_time_coll_nodes(&m, MT_TIME_ALLREDUCE, 16, 4, 1 << 20, 0);
+ */
+double mt_time_coll_nodes(const mt_time_model *model, int kind, int64_t group,
+                          int64_t local, int64_t bytes, int64_t received);
 
 /* Local. Seconds a rank spends copying `copied` bytes and reducing `reduced`
  * bytes in its own memory.
