@@ -144,19 +144,21 @@ def git_revision(repo: str) -> str:
     return (rev or "unknown") + ("+dirty" if dirty else "")
 
 
-def time_interleaved(comm, variants, reps, warmup):
+def time_interleaved(comm, variants, reps, warmup, clock=time.perf_counter):
     """Seconds of each variant (name -> function) over ``reps`` repetitions after
     ``warmup``: each repetition runs every variant once after a Barrier, in an order
     rotating by one each time (so none always runs after the same one), and each
-    time is the max over the ranks of ``comm``. Collective."""
+    time is the max over the ranks of ``comm``. ``clock`` may be time.thread_time
+    for work that never waits on another rank: the CPU time it took, which a busy
+    machine's scheduler does not stretch. Collective."""
     names = list(variants)
     times = {k: [] for k in names}
     for r in range(-warmup, reps):
         for k in names[r % len(names):] + names[:r % len(names)]:
             comm.Barrier()
-            t0 = time.perf_counter()
+            t0 = clock()
             variants[k]()
-            dt = time.perf_counter() - t0
+            dt = clock() - t0
             if r >= 0:
                 times[k].append(dt)
     out = {}

@@ -1,22 +1,24 @@
 /* The byte copy behind every box copy, pack and staging move of the library.
  *
- * glibc's memcpy moves blocks from about 2 KiB up to the size of the L2 cache
+ * glibc's memcpy moves blocks from about 4 KiB up to the size of the L2 cache
  * with the string instruction (`rep movsb`). On AMD Zen cores that instruction
- * runs far slower than plain vector moves whenever the source and the
- * destination sit at unlucky distances, which the rows of a strided box hit all
- * the time: an all-gather along an inner dim, an all-to-all's pack and unpack,
- * the chunk a rank keeps. Copies in that range therefore go through an unrolled
- * loop of vector loads and stores here (AVX2 where the CPU has it, else SSE2,
- * which every x86-64 CPU has), as fast as the string instruction where it is
- * fast. That loop is for AMD CPUs only: small copies keep memcpy's tuned short
- * paths, and so do all copies on other CPUs, Intel's among them, whose string
- * instruction has no such trap and whose memcpy moves 64 bytes a turn where the
- * CPU has AVX-512, faster there than the loop.
+ * runs several times slower than plain vector moves whenever the destination
+ * sits at an unlucky distance from the source, which the rows of a strided box
+ * hit all the time: an all-gather along an inner dim, an all-to-all's pack and
+ * unpack, the chunk a rank keeps. On AMD CPUs with AVX2, copies of runs in that
+ * range therefore go through an unrolled loop of 32-byte loads and stores here,
+ * as fast as the string instruction where that is fast. Shorter runs keep
+ * memcpy's own vector paths, which are as fast as the loop there.
  *
- * A destination array larger than a core's caches is written with streaming
- * stores: an ordinary store first reads the line it writes into the cache, which
- * for an output that cannot stay there is a second pass over memory for nothing.
- * Other architectures use memcpy throughout. */
+ * On the same CPUs a destination array larger than a core's caches is written
+ * with streaming stores: an ordinary store first reads the line it writes into
+ * the cache, which for an output that cannot stay there is a second pass over
+ * memory for nothing.
+ *
+ * Each of these stays only where benchmarks/transport.py measures it at least
+ * 1.2 times faster than memcpy on the same bytes: other CPUs (Intel's among
+ * them, and x86-64 CPUs without AVX2) and other architectures use memcpy
+ * throughout until a run there shows the same. */
 #include <stdint.h>
 #include <string.h>
 
@@ -31,13 +33,16 @@
 #endif
 
 /* Below this, memcpy's vector paths are the fastest there are; from here up to
- * the L2 size, glibc may take the string instruction. */
-#define VECTOR_MIN ((int64_t)1024)
+ * the L2 size, glibc takes the string instruction. */
+#define VECTOR_MIN ((int64_t)4 << 10)
 /* Destinations from this size on are streamed (larger than the L2 and than a
  * core's share of the L3 on the CPUs we know), in runs of at least STREAM_RUN
- * bytes (shorter ones would leave the write-combining buffers half full). */
+ * bytes, or of STREAM_RUN_LINED when every run is whole aligned vectors: a run
+ * that starts or ends inside a line writes that line with ordinary stores as
+ * well, which costs more than streaming saves unless the run is long. */
 #define STREAM_MIN ((int64_t)4 << 20)
-#define STREAM_RUN ((int64_t)256)
+#define STREAM_RUN ((int64_t)4 << 10)
+#define STREAM_RUN_LINED ((int64_t)512)
 
 #if MT__VECTOR_COPY
 #define AVX2 __attribute__((target("avx2")))
@@ -69,35 +74,13 @@ AVX2 static void copy_avx2(char *d, const char *s, int64_t n, int stream) {
   memcpy(d + i, s + i, (size_t)(n - i));
 }
 
-/* The same with 16-byte registers, which every x86-64 CPU has. */
-static void copy_sse2(char *d, const char *s, int64_t n, int stream) {
-  int64_t head = stream ? head_of(d, 16, n) : 0, i = 0;
-  memcpy(d, s, (size_t)head);
-  d += head, s += head, n -= head;
-  for (; i + 64 <= n; i += 64) {
-    __m128i v[4];
-    for (int64_t k = 0; k < 4; ++k)
-      v[k] = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 16 * k));
-    for (int64_t k = 0; k < 4; ++k) {
-      if (stream)
-        _mm_stream_si128((__m128i *)(void *)(d + i + 16 * k), v[k]);
-      else
-        _mm_storeu_si128((__m128i *)(void *)(d + i + 16 * k), v[k]);
-    }
-  }
-  memcpy(d + i, s + i, (size_t)(n - i));
-}
-
 #endif
 
-void mt__copy_run_isa(char *d, const char *s, int64_t n, int stream, int avx2) {
+void mt__copy_run_avx2(char *d, const char *s, int64_t n, int stream) {
 #if MT__VECTOR_COPY
-  if (avx2)
-    copy_avx2(d, s, n, stream);
-  else
-    copy_sse2(d, s, n, stream);
+  copy_avx2(d, s, n, stream);
 #else
-  (void)stream, (void)avx2;
+  (void)stream;
   memcpy(d, s, (size_t)n);
 #endif
 }
@@ -105,11 +88,12 @@ void mt__copy_run_isa(char *d, const char *s, int64_t n, int stream, int avx2) {
 void mt__copy_runs(char *d, const char *s, int64_t n, int64_t ds, int64_t ss,
                    int64_t run, int64_t dst_bytes) {
 #if MT__VECTOR_COPY
-  int stream = dst_bytes >= STREAM_MIN && run >= STREAM_RUN;
-  if (stream || (run >= VECTOR_MIN && __builtin_cpu_is("amd"))) {
-    int avx2 = __builtin_cpu_supports("avx2");
-    for (int64_t i = 0; i < n; ++i)
-      mt__copy_run_isa(d + i * ds, s + i * ss, run, stream, avx2);
+  int lined = ((uint64_t)(uintptr_t)d | (uint64_t)ds | (uint64_t)run) % 32 == 0;
+  int stream = dst_bytes >= STREAM_MIN &&
+               (run >= STREAM_RUN || (lined && run >= STREAM_RUN_LINED));
+  if ((stream || run >= VECTOR_MIN) && __builtin_cpu_is("amd") &&
+      __builtin_cpu_supports("avx2")) {
+    for (int64_t i = 0; i < n; ++i) copy_avx2(d + i * ds, s + i * ss, run, stream);
     /* Streaming stores are weakly ordered: they must be visible before anything
      * that follows hands the destination to another process. */
     if (stream) _mm_sfence();

@@ -109,9 +109,9 @@ const char *mt__placement_text(const mt_placement *p, int brief, char *buf, size
 void mt__copy_runs(char *d, const char *s, int64_t n, int64_t ds, int64_t ss,
                    int64_t run, int64_t dst_bytes);
 
-/* One run of mt__copy_runs by the loop for one instruction set (`avx2` or SSE2;
- * memcpy off x86-64), with streaming stores or not: the tests reach the loop the
- * CPU would not pick (copy.c). */
-void mt__copy_run_isa(char *d, const char *s, int64_t n, int stream, int avx2);
+/* One run of mt__copy_runs by its AVX2 loop (memcpy off x86-64), with streaming
+ * stores or not, whatever the CPU's vendor: the tests and benchmarks reach the loop
+ * where the library would not pick it (copy.c). Only on CPUs with AVX2. */
+void mt__copy_run_avx2(char *d, const char *s, int64_t n, int stream);
 
 #endif

@@ -382,6 +382,6 @@ extern PyMethodDef mt_ext_pool_methods[], mt_ext_mesh_methods[],
     mt_ext_autograd_methods[], mt_ext_decide_methods[], mt_ext_ring_methods[],
     mt_ext_agree_methods[], mt_ext_watchdog_methods[],
     mt_ext_exec_methods[], mt_ext_hooks_methods[], mt_ext_entry_methods[],
-    mt_ext_move_methods[];
+    mt_ext_move_methods[], mt_ext_lanes_methods[];
 
 #endif

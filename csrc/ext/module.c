@@ -11,7 +11,7 @@ static int module_exec(PyObject *module) {
                            mt_ext_autograd_methods, mt_ext_decide_methods,
                            mt_ext_ring_methods,   mt_ext_agree_methods,
                            mt_ext_watchdog_methods, mt_ext_exec_methods, mt_ext_hooks_methods,
-                           mt_ext_entry_methods,  mt_ext_move_methods, NULL};
+                           mt_ext_entry_methods,  mt_ext_move_methods, mt_ext_lanes_methods, NULL};
   for (PyMethodDef **t = tables; *t != NULL; ++t)
     if (PyModule_AddFunctions(module, *t) < 0) return -1;
   mt_ext_state *st = mt_ext_state_of(module);

@@ -133,6 +133,13 @@ def rng_fill(out: np.ndarray, global_shape: Sequence[int], offset: Sequence[int]
 def redistribute(mesh: Mesh, plan: Plan, local: np.ndarray) -> np.ndarray: ...
 def distribute(mesh: Mesh, placements: Codes, full: np.ndarray, src: int = 0
                ) -> np.ndarray: ...
+def cumulate(x: np.ndarray, axis: int, op: int, init: np.ndarray | None, scan: bool
+             ) -> tuple[np.ndarray | None, np.ndarray]:
+    """Running sums (REDUCE_SUM) or products of C-contiguous x along axis, each lane
+    from init (None: its first element); (out or None unless scan, each lane's last)."""
+def arg_extreme(x: np.ndarray, axis: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """numpy.argmax (largest) or argmin of C-contiguous x along axis (int64) and the
+    extremes, both without the axis."""
 def select_exchange(mesh: Mesh, shape: Sequence[int], src_codes: Codes, dst_codes: Codes,
                     starts: Sequence[int], steps: Sequence[int], counts: Sequence[int],
                     piece: np.ndarray) -> np.ndarray: ...

@@ -140,6 +140,32 @@ def test_scan_along_a_sharded_axis_sends_one_cross_section(name, dtype, rows):
             check(got, func(full, axis=0))
 
 
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("dtype", [np.float16, np.int32, np.uint8, np.complex64, None])
+@pytest.mark.parametrize("shape", [(4 * W + 1,), (3 * W, 4, 2), (2, 3 * W + 1, 3)])
+def test_scan_along_a_sharded_axis_of_any_width(name, dtype, shape):
+    """Lanes of one element (a vector) and of whole rows (the axis leading or in the
+    middle), dtypes NumPy promotes (int32 and uint8 to 64 bits) or keeps (float16,
+    complex64), and an explicit dtype= (None: float64 in, complex128 out)."""
+    func = getattr(np, name)
+    ax = 1 if shape[0] == 2 else 0
+    rng = np.random.default_rng(len(shape))
+    full = rng.integers(1, 3, size=shape).astype(np.float64 if dtype is None else dtype)
+    kwargs = {"dtype": np.complex128} if dtype is None else {}
+    for mesh_shape in mesh_shapes():
+        mesh = mesh_of(mesh_shape)
+        pls = (Shard(ax),) if mesh.ndim == 1 else (Shard(ax), R)
+        got = func(make(full, mesh, pls), axis=ax, **kwargs)
+        assert got.placements == pls
+        expect = func(full, axis=ax, **kwargs)
+        if expect.dtype == np.float16:
+            np.testing.assert_allclose(got.full_tensor().astype(np.float64),
+                                       expect.astype(np.float64), rtol=2e-3)
+            assert got.dtype == np.float16
+        else:
+            check(got, expect)
+
+
 @pytest.mark.parametrize("name", ["fft", "fftn", "sort", "median", "flip"])
 def test_sharded_axis_moves_to_a_free_dim_by_one_all_to_all(name):
     calls = {"fft": lambda x: np.fft.fft(x, axis=0),

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpitensor import DeviceMesh, Partial, Replicate, Shard, distribute_tensor
+from mpitensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from ops_helpers import W, make, mesh_of, mesh_shapes, placements
 
@@ -152,6 +152,43 @@ def test_argmax_ties_and_nans_take_the_lowest_index():
     assert int(np.argmax(dt)) == W and int(np.argmin(dt)) == W
     with pytest.raises(ValueError, match="empty sequence"):
         np.argmax(make(np.zeros((0, 3)), mesh, [S1]), axis=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.complex64, np.int8, np.bool_])
+def test_arg_extremes_along_a_leading_axis_keep_numpys_order(dtype):
+    """Along an axis with whole rows after it (the lanes' kernel): ties to the first
+    index, the first NaN as the extreme (in either part of a complex number),
+    sharded or not."""
+    rng = np.random.default_rng(4)
+    full = rng.integers(0, 3, size=(3 * W + 2, 4, 3)).astype(dtype)
+    if full.dtype.kind in "fc":
+        full[[1, W + 1, 3 * W], 1, 2] = np.nan
+        full[W, 2, 0] = np.nan
+    if full.dtype.kind == "c":
+        full[2, 3, 1] = complex(1, np.nan)
+        full = full + 1j * rng.integers(0, 2, size=full.shape)
+    for mesh_shape in mesh_shapes():
+        mesh = mesh_of(mesh_shape)
+        for pls in ([S0, S1], [S1, S0]) if mesh.ndim == 2 else ([S0], [S1], [R]):
+            dt = make(full, mesh, pls)
+            for axis in (0, 1):
+                for name in ("argmax", "argmin"):
+                    expect = getattr(np, name)(full, axis=axis)
+                    check(getattr(np, name)(dt, axis=axis), expect, full.dtype)
+                    check(getattr(np, name)(dt, axis=axis, keepdims=True),
+                          np.expand_dims(expect, axis), full.dtype)
+
+
+@pytest.mark.parametrize("dtype", [">f8", np.longdouble])
+def test_arg_extremes_of_local_arrays_the_kernel_does_not_read_as_they_are(dtype):
+    """A big-endian local array is swapped before the kernel reads it; long double,
+    which the kernel lacks, is NumPy's to search."""
+    full = np.random.default_rng(6).integers(0, 4, size=(5, 3)).astype(dtype)
+    full[2, 1] = np.nan
+    dt = DTensor.from_local(full, mesh_of((W,)), [R])
+    for name in ("argmax", "argmin"):
+        got = getattr(np, name)(dt, axis=0).to_local()
+        np.testing.assert_array_equal(got, getattr(np, name)(full, axis=0))
 
 
 def test_norm_without_a_rule_names_itself():

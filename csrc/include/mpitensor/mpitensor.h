@@ -8,6 +8,7 @@
 #define MPITENSOR_H
 
 #include "mpitensor/core/dtype.h"
+#include "mpitensor/core/lanes.h"
 #include "mpitensor/core/layout.h"
 #include "mpitensor/core/pack.h"
 #include "mpitensor/core/plan.h"

@@ -20,6 +20,7 @@ so any sharded dim is gathered then.
 
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -31,6 +32,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
+from . import _lanes
 from . import _sample_sort as S
 
 __all__ = ["along_axes", "lanes_layout"]
@@ -593,10 +595,10 @@ for _f in (np.percentile, np.quantile, np.nanpercentile, np.nanquantile):
 # -- scans -----------------------------------------------------------------------------
 
 def _scan(name, a, ax, func, linear, op):
-    """``func`` along the sharded axis ``ax`` (sharded by one mesh dim): each rank
-    scans its lanes, then one exclusive scan (MPI_Exscan) of the lanes' totals over
-    that mesh dim gives what the ranks before it add (or multiply) in. Collective on
-    the mesh dim (and on the mesh when a Partial must be reduced first)."""
+    """``func`` along the sharded axis ``ax`` (sharded by one mesh dim): one
+    exclusive scan (MPI_Exscan) of the lanes' totals over that mesh dim gives what
+    the ranks before each one add (or multiply) in. Collective on the mesh dim
+    (and on the mesh when a Partial must be reduced first)."""
     a = D.relayout(name, a, lanes_layout(a, (), linear))
     spec = a._spec
     mesh = spec.mesh
@@ -606,21 +608,26 @@ def _scan(name, a, ax, func, linear, op):
         local = np.asarray(func(np.zeros((1,) * len(spec.shape), spec.dtype)))
         local = np.empty((0,), local.dtype)
     else:
-        local = np.asarray(func(a.to_local()))
-        if local.shape[ax]:
-            # np.array, not ascontiguousarray, which makes a 0-d cross section 1-d.
-            totals = np.array(np.take(local, -1, axis=ax), order="C")
-        else:
-            shape = local.shape[:ax] + local.shape[ax + 1:]
-            totals = (np.zeros if op == _C.REDUCE_SUM else np.ones)(shape, local.dtype)
+        out_dtype = np.asarray(func(np.zeros((1,) * len(spec.shape), spec.dtype))).dtype
+        x = np.ascontiguousarray(a.to_local(), out_dtype)
+        # Every rank but the first starts its lanes from an offset. Rows wider than
+        # one element are summed first (a read-only pass across each row), then
+        # scanned from their offsets: one pass over the output. A lane of single
+        # elements runs serially, so a second serial pass would cost as much as the
+        # scan: it is scanned once and the offsets are added after.
+        first = coord[dim] == 0
+        wide = not first and math.prod(x.shape[ax + 1:]) > 1
+        local, totals = _lanes.scan(x, ax, op, out=not wide)
         if _modes.state.tracing:
             # The global shape: the checks compare this text across ranks.
             _trace.collective(f"{name}: exclusive scan of the shard totals", mesh,
                               spec.placements, spec.shape, totals.dtype)
         mesh._handle.exscan(totals, dim, op)
-        if coord[dim] > 0:
-            before = np.expand_dims(totals, ax)
-            local = local + before if op == _C.REDUCE_SUM else local * before
+        if wide:
+            local, _ = _lanes.scan(x, ax, op, init=totals)
+        elif not first:
+            combine = np.add if op == _C.REDUCE_SUM else np.multiply
+            combine(local, np.expand_dims(totals, ax), out=local)
     return DTensor(local, DTensorSpec(mesh, spec.placements, spec.shape, local.dtype,
                                       contiguous_strides(spec.shape)))
 

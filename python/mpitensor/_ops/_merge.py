@@ -27,6 +27,7 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard
 from . import _dispatch as D
+from . import _lanes
 
 __all__ = ["moment", "arg_extreme", "norm", "logical", "empty_shards", "extreme"]
 
@@ -194,7 +195,12 @@ def arg_extreme(name, a, axis, keepdims, largest):
     gathered = _sharded_reduced(a, axes)
     member = mesh.get_coordinate() is not None
     if not gathered:
-        local = func(a.to_local(), axis=axis, keepdims=keepdims) if member else None
+        local = None
+        if member and axis is None:
+            local = func(a.to_local(), keepdims=keepdims)
+        elif member:
+            local = _lanes.arg_extreme(a.to_local(), axes[0], largest)[0]
+            local = local if keepdims else np.squeeze(local, axes[0])
         return _wrap(mesh, placements, shape, local, np.intp)
     local = a.to_local()
     if member:
@@ -203,8 +209,7 @@ def arg_extreme(name, a, axis, keepdims, largest):
         flat = local.reshape(-1) if axis is None else local
         lanes = flat.shape[0 if axis is None else axes[0]]
         if lanes:
-            idx = func(flat, axis=0 if axis is None else axes[0], keepdims=True)
-            value = np.take_along_axis(flat, idx, 0 if axis is None else axes[0])
+            idx, value = _lanes.arg_extreme(flat, 0 if axis is None else axes[0], largest)
             if axis is None:
                 where = np.unravel_index(int(idx[0]), local.shape)
                 gidx = np.ravel_multi_index(tuple(int(w) + o for w, o in
