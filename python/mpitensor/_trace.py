@@ -150,10 +150,10 @@ def decision(op_key, inputs, out_placements, out_shape, hit: bool) -> None:
         log.debug("%s: inputs %s -> output %s %s (cache %s)", name, ins,
                   placements_text(out_placements), out_shape,
                   "hit" if hit else "miss")
-    for listener in _modes.listeners:
-        listener._record_operation(name, [tuple(x._spec.shape) for x in inputs],
-                                   [tuple(x._spec.placements) for x in inputs],
-                                   inputs[0]._spec.mesh)
+    if _modes.listeners:
+        specs = tuple([x._spec for x in inputs])
+        for listener in _modes.listeners:
+            listener._record_inputs(name, specs)
 
 
 def local(name: str, inputs, out_placements) -> None:
@@ -170,8 +170,25 @@ def local(name: str, inputs, out_placements) -> None:
                                    inputs[0]._spec.mesh)
 
 
+_op_names: dict = {}  # op key -> name: the name is asked for on every traced op
+
+
 def op_name(op_key) -> str:
     """``numpy.add``, ``numpy.einsum``, ... from an operation's key."""
+    try:
+        return _op_names[op_key]
+    except (KeyError, TypeError):
+        pass
+    name = _op_name(op_key)
+    if len(_op_names) < 4096:
+        try:
+            _op_names[op_key] = name
+        except TypeError:
+            pass
+    return name
+
+
+def _op_name(op_key) -> str:
     while isinstance(op_key, tuple) and op_key:
         if op_key[0] == "register_sharding" and len(op_key) > 1:
             op_key = op_key[1]

@@ -109,7 +109,10 @@ class CommDebugMode:
         self._start = self._end = self._last = None
         self.comm_module_counts: dict = {}
         self.comm_module_bytes: dict = {}
-        self.comm_module_operation_counts: dict = {}
+        self._operation_counts: dict = {}
+        # Operations as recorded (module, name, input specs, mesh, is_bw), turned
+        # into torch's dicts only when read: recording sits on every traced op.
+        self._recorded: list = []
         self.advanced_module_tracker = ModuleTracker(self._attribute)
         if module is not None:
             self.track(module)
@@ -138,7 +141,8 @@ class CommDebugMode:
         for table in (self.comm_module_counts, self.comm_module_bytes):
             # As torch's: "Global" is there from entry, with nothing counted yet.
             table["Global"] = {"forward": defaultdict(int), "backward": defaultdict(int)}
-        self.comm_module_operation_counts.clear()
+        self._operation_counts.clear()
+        self._recorded.clear()
         self.advanced_module_tracker.reset()
         self._start, self._end = _C.comm_counters(), None
         self._last = self._start
@@ -180,17 +184,40 @@ class CommDebugMode:
 
     # -- operation trace (called by mpitensor._trace) ------------------------------------
     def _record_operation(self, name, shapes, shardings, mesh) -> None:
-        if _device_mesh.is_local_mesh(mesh):
-            # A rank's own values that autograd follows (to_local in grad mode):
-            # torch's to_local gives a plain tensor there, which it does not list.
-            return
-        ops = self.comm_module_operation_counts.setdefault(
-            self.advanced_module_tracker.name, {"operations_list": []})
-        ops["operations_list"].append({
-            "name": name, "input_shape": list(shapes), "input_sharding": list(shardings),
-            "device_mesh": str(mesh) if shapes else "",
-            "is_bw": _modes.state.backward, "is_activation_checkpointing": False,
-        })
+        self._recorded.append((self.advanced_module_tracker.name, name, shapes, shardings,
+                               mesh, _modes.state.backward))
+
+    def _record_inputs(self, name, specs) -> None:
+        """An operation on DTensors of ``specs`` (their shapes and placements are
+        read when the list is)."""
+        self._recorded.append((self.advanced_module_tracker.name, name, specs, None,
+                               specs[0].mesh, _modes.state.backward))
+
+    @property
+    def comm_module_operation_counts(self) -> dict:
+        """Per module name, ``{"operations_list": [...]}``: each operation on
+        DTensors with its input shapes, shardings, mesh and whether it ran in the
+        backward, as torch's CommDebugMode lists them.
+
+        Example: ``comm_mode.comm_module_operation_counts["Global"]["operations_list"][0]["name"]``.
+        """
+        recorded, self._recorded = self._recorded, []
+        for module, name, shapes, shardings, mesh, is_bw in recorded:
+            if _device_mesh.is_local_mesh(mesh):
+                # A rank's own values that autograd follows (to_local in grad mode):
+                # torch's to_local gives a plain tensor there, which it does not list.
+                continue
+            if shardings is None:
+                shapes, shardings = ([tuple(x.shape) for x in shapes],
+                                     [tuple(x.placements) for x in shapes])
+            ops = self._operation_counts.setdefault(module, {"operations_list": []})
+            ops["operations_list"].append({
+                "name": name, "input_shape": list(shapes),
+                "input_sharding": list(shardings),
+                "device_mesh": str(mesh) if shapes else "",
+                "is_bw": is_bw, "is_activation_checkpointing": False,
+            })
+        return self._operation_counts
 
     def _record_redistribute(self, explicit, mesh, steps, shape, src) -> None:
         if explicit:
