@@ -197,7 +197,7 @@ class CommDebugMode:
     def comm_module_operation_counts(self) -> dict:
         """Per module name, ``{"operations_list": [...]}``: each operation on
         DTensors with its input shapes, shardings, mesh and whether it ran in the
-        backward, as torch's CommDebugMode lists them.
+        backward, as torch's CommDebugMode lists them. Local.
 
         Example: ``comm_mode.comm_module_operation_counts["Global"]["operations_list"][0]["name"]``.
         """
