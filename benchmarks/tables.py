@@ -1,6 +1,7 @@
-"""The tables of docs/performance.md, generated from the benchmarks' JSON results.
+"""The tables of docs/performance.md and docs/plans.md, generated from the benchmarks'
+JSON results.
 
-    python benchmarks/tables.py            # rewrite the tables in docs/performance.md
+    python benchmarks/tables.py            # rewrite the tables of both pages
     python benchmarks/tables.py --check    # exit 1 when the page differs from the JSON
 
 Each table sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` on the
@@ -26,7 +27,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-PAGE = os.path.join(os.path.dirname(HERE), "docs", "performance.md")
+PAGES = tuple(os.path.join(os.path.dirname(HERE), "docs", name)
+              for name in ("performance.md", "plans.md"))
 # The plots of the same results (benchmarks/plot.py --out docs/img/perf), shown
 # under their tables when present.
 PLOTS = os.path.join(os.path.dirname(HERE), "docs", "img", "perf")
@@ -370,7 +372,7 @@ def render(page: str, results: dict, plots: str = PLOTS) -> str:
     def fill(m):
         name = m.group(2)
         if name not in TABLES:
-            raise ValueError(f"docs/performance.md marks an unknown table {name!r}")
+            raise ValueError(f"a page marks an unknown table {name!r}")
         parts = []
         for cpu, rs in sorted(results.items()):
             rs = shown(name, rs)
@@ -387,24 +389,25 @@ def render(page: str, results: dict, plots: str = PLOTS) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=RESULTS)
-    ap.add_argument("--page", default=PAGE)
+    ap.add_argument("--page", action="append", help="a page to fill (default: both)")
     ap.add_argument("--plots", default=PLOTS)
     ap.add_argument("--check", action="store_true", help="only compare, exit 1 on a difference")
     args = ap.parse_args()
-    with open(args.page) as f:
-        page = f.read()
-    new = render(page, load(args.results), args.plots)
-    if args.check:
-        if new != page:
-            print(f"{args.page} differs from the tables of {args.results}: run "
-                  f"python benchmarks/tables.py", file=sys.stderr)
-            return 1
-        return 0
-    with open(args.page, "w") as f:
-        f.write(new)
-    print(f"wrote the tables of {args.page}")
-    return 0
-
+    results, status = load(args.results), 0
+    for path in args.page or PAGES:
+        with open(path) as f:
+            page = f.read()
+        new = render(page, results, args.plots)
+        if args.check:
+            if new != page:
+                print(f"{path} differs from the tables of {args.results}: run "
+                      f"python benchmarks/tables.py", file=sys.stderr)
+                status = 1
+            continue
+        with open(path, "w") as f:
+            f.write(new)
+        print(f"wrote the tables of {path}")
+    return status
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,23 +11,12 @@
 #include <string.h>
 
 #include "check.h"
+#include "rng.h"
 #include "mpitensor/core/dtype.h"
 #include "mpitensor/core/lanes.h"
 #include "mpitensor/core/layout.h"
 #include "mpitensor/core/pack.h"
 #include "mpitensor/core/status.h"
-
-/* splitmix64: deterministic, so a failure reproduces. */
-static uint64_t next_u64(uint64_t *state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15u);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-  return z ^ (z >> 31);
-}
-
-static int64_t below(uint64_t *state, int64_t n) {
-  return (int64_t)(next_u64(state) % (uint64_t)n);
-}
 
 static int is_float(int dtype) {
   return dtype == MT_DTYPE_FLOAT16 || dtype == MT_DTYPE_FLOAT32 || dtype == MT_DTYPE_FLOAT64;

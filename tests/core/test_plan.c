@@ -12,6 +12,7 @@
 
 #include "boxes.h"
 #include "check.h"
+#include "rng.h"
 #include "mpitensor/core/layout.h"
 #include "mpitensor/core/plan.h"
 #include "mpitensor/core/status.h"
@@ -436,13 +437,7 @@ typedef struct sim_stats {
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15u;
 
-/* splitmix64: deterministic across platforms. */
-static uint64_t rnd(void) {
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15u);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
-  return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return next_u64(&rng_state); }
 
 static int rnd_int(int n) { return (int)(rnd() % (uint64_t)n); }
 

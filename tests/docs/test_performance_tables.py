@@ -1,5 +1,5 @@
-"""docs/performance.md shows the figures of the committed benchmark results: its
-tables are what benchmarks/tables.py makes of benchmarks/results/CPU/*.json, so they
+"""docs/performance.md and docs/plans.md show the figures of the committed benchmark
+results: their tables are what benchmarks/tables.py makes of benchmarks/results/CPU/*.json, so they
 cannot drift from them. Plain pytest: `python -m pytest tests/docs`."""
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ spec.loader.exec_module(tables)
 
 
 def page() -> str:
-    return (ROOT / "docs" / "performance.md").read_text()
+    """Both pages, one after the other (each table sits on one of them)."""
+    return "".join(Path(p).read_text() for p in tables.PAGES)
 
 
 def test_the_page_shows_the_committed_results():
     results = tables.load(ROOT / "benchmarks" / "results")
     assert results, "no committed results in benchmarks/results"
     assert tables.render(page(), results) == page(), (
-        "docs/performance.md differs from benchmarks/results: run python benchmarks/tables.py")
+        "a page differs from benchmarks/results: run python benchmarks/tables.py")
 
 
 def test_every_marked_table_has_a_generator():
