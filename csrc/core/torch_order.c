@@ -24,8 +24,11 @@ static int64_t step_net(const mt_layout *cur, const mt_layout *next, int m,
   int64_t coord[MT_MAX_MESH_NDIM] = {0};
   mt_box b;
   local_box(kind == MT_STEP_ALLGATHER ? next : cur, coord, &b);
-  /* One rank's box times the item size: below a rank's bytes, which fit. */
-  return mt__coll_net_bytes(kind, cur, m, bytes, mt_box_numel(&b) * itemsize, model);
+  /* One rank's box in bytes, the message size the model prices by; a box too large
+   * to count in bytes is priced as the largest message. */
+  int64_t vector;
+  if (!mul_ok(mt_box_numel(&b), itemsize, &vector)) vector = INT64_MAX;
+  return mt__coll_net_bytes(kind, cur, m, bytes, vector, model);
 }
 
 /* Bytes that torch's order moves from `src` to `dst` (torch/distributed/tensor/

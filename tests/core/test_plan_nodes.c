@@ -341,7 +341,21 @@ static void test_random_moves(void) {
   CHECK_MSG(checked > 2400, "%d moves", checked);
 }
 
+/* A cut of a Replicate array too large to count in bytes moves nothing: torch's
+ * bytes are 0 and pricing its message size must not overflow (found by the
+ * fuzzer; UBSan in test-asan and test-fuzz would flag it). */
+static void test_huge_cut_prices_without_overflow(void) {
+  int64_t shape[1] = {(int64_t)1 << 61}, mesh[1] = {2};
+  mt_placement r[1] = {R()}, s0[1] = {S(0)};
+  mt_layout a = make(1, shape, 1, mesh, r), b = make(1, shape, 1, mesh, s0);
+  mt_time_model m = nodes_of(1);
+  int64_t bytes = -1, net = -1;
+  CHECK(mt_plan_torch_bytes(&a, &b, 1 << 20, &m, &bytes, &net, NULL) == MT_OK);
+  CHECK(bytes == 0 && net == 0);
+}
+
 int main(void) {
+  test_huge_cut_prices_without_overflow();
   test_allreduce_nodes();
   test_gather_across_first();
   test_reduce_within_first();
