@@ -51,12 +51,17 @@ static void drop(void *value, void *ctx) {
   }
 }
 
+/* The key's word for its operands: their count, and which want a gradient. */
+static int64_t count_word(const mt_memo_key *key) {
+  return (int64_t)key->noperands | (int64_t)key->grad << 8;
+}
+
 static int pack(const mt_memo_key *key, int64_t *w, mt_error *err) {
   if (key->noperands < 0 || key->noperands > MT_MEMO_MAX_OPERANDS)
     return mt__fail(err, MT_EINVAL, "A memo key has 0 to %d operands, got %d",
                     MT_MEMO_MAX_OPERANDS, key->noperands);
   memset(w, 0, KEY_WORDS * sizeof *w);
-  w[0] = key->op, w[1] = key->aux, w[2] = key->noperands;
+  w[0] = key->op, w[1] = key->aux, w[2] = count_word(key);
   for (int i = 0; i < key->noperands; ++i) w[3 + i] = key->operand[i];
   return MT_OK;
 }
@@ -88,7 +93,7 @@ void mt_memo_destroy(mt_memo *memo) {
 static int pack_used(const mt_memo_key *key, int64_t *w) {
   int n = key->noperands;
   if (n < 0 || n > MT_MEMO_MAX_OPERANDS) return 0;
-  w[0] = key->op, w[1] = key->aux, w[2] = n;
+  w[0] = key->op, w[1] = key->aux, w[2] = count_word(key);
   for (int i = 0; i < n; ++i) w[3 + i] = key->operand[i];
   return 3 + n;
 }
@@ -101,7 +106,7 @@ mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key) {
 
 /* Whether the front entry f holds `key`. */
 static int front_holds(const front *f, const mt_memo_key *key) {
-  if (f->key[0] != key->op || f->key[1] != key->aux || f->key[2] != key->noperands)
+  if (f->key[0] != key->op || f->key[1] != key->aux || f->key[2] != count_word(key))
     return 0;
   for (int i = 0; i < key->noperands; ++i)
     if (f->key[3 + i] != key->operand[i]) return 0;

@@ -133,6 +133,11 @@ int mt__prop_input_price(mt__engine *e, int i, const int *choice, int full,
  * the same layout: one move serves both, so it is priced once. */
 int mt__prop_moved_with_alias(const mt__engine *e, int i, const int *choice);
 
+/* What the gradients of the inputs that want them (mt_prop_inputs.grad) cost on
+ * their way back under `choice`, as torch's redistribute backward moves them. */
+int mt__prop_grads_back(const mt__engine *e, const int *choice, mt__price *out,
+                        mt_error *err);
+
 /* ---- scores (prop_score.c) ----------------------------------------------------- */
 
 /* Whether the candidates of `choice` may go together (shard counts, even splits,

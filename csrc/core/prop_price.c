@@ -89,26 +89,44 @@ static int bound(const mt__engine *e, int i, const mt_layout *need, mt__price *p
   return MT_OK;
 }
 
+/* `l` with Replicate for every Partial: where a gradient of it lives. */
+static mt_layout without_partials(const mt_layout *l) {
+  mt_layout out = *l;
+  for (int m = 0; m < l->mesh_ndim; ++m)
+    if (out.placements[m].kind == MT_PLACEMENT_PARTIAL)
+      out.placements[m] = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
+  return out;
+}
+
+/* Adds the plan src -> dst to `p`: 0 when it was planned, else its status (a
+ * plan that fails makes the layout invalid, as the forward's would). */
+static int add_plan(const mt__engine *e, int i, const mt_layout *src, const mt_layout *dst,
+                    mt__price *p, mt_error *perr) {
+  mt_plan *plan = NULL;
+  int rc = mt_plan_create_timed(src, dst, e->in->itemsize[i], e->model, &plan, perr);
+  if (rc != MT_OK) return rc;
+  p->bytes = sat_add(p->bytes, mt_plan_bytes(plan));
+  p->messages = sat_add(p->messages, mt_plan_messages(plan));
+  p->time += mt_plan_time(plan);
+  mt_plan_destroy(plan);
+  return MT_OK;
+}
+
 /* Plans cur -> need into `p`. Only running out of memory fails the call; any
  * other planning error makes this layout, and the combinations needing it,
  * invalid. */
 static int plan_price(mt__engine *e, int i, const mt_layout *need, mt__price *p,
                       mt_error *err) {
-  mt_plan *plan = NULL;
   mt_error perr = {0, ""};
-  int rc = mt_plan_create_timed(&e->cur[i], need, e->in->itemsize[i], e->model, &plan,
-                                &perr);
+  p->bytes = 0, p->messages = 0, p->time = 0.0;
+  int rc = add_plan(e, i, &e->cur[i], need, p, &perr);
   if (rc == MT_ENOMEM) return mt__fail(err, rc, "%s", perr.msg);
   if (rc != MT_OK) {
     if (e->plan_rc == MT_OK) e->plan_rc = rc, e->plan_err = perr;
     p->state = MT__PRICE_INVALID;
     return MT_OK;
   }
-  p->bytes = mt_plan_bytes(plan);
-  p->messages = mt_plan_messages(plan);
-  p->time = mt_plan_time(plan);
   p->state = MT__PRICE_DONE;
-  mt_plan_destroy(plan);
   return MT_OK;
 }
 
@@ -130,6 +148,47 @@ static int classify(mt__engine *e, int i, const mt_layout *need, int full, mt__p
     return MT_OK;
   }
   return plan_price(e, i, need, p, err);
+}
+
+/* The layout input i's gradient comes back in under `choice`: the layout the
+ * input was moved to, Replicate for its Partials, and Partial(sum) where a
+ * LINEAR_ONE candidate keeps another input's Partial (the derivative of p * r in
+ * r is p). */
+static mt_layout grad_layout(const mt__engine *e, int i, const int *choice) {
+  mt_layout need;
+  needed_layout(e, i, choice, &need);
+  mt_layout g = without_partials(&need);
+  for (int m = 0; m < e->mesh_ndim; ++m) {
+    const mt__cand *c = &e->dims[m].c[choice[m]];
+    if (e->map->partial_rule == MT_PARTIAL_LINEAR_ONE && c->kind == MT__CAND_PARTIAL &&
+        c->in[i].kind != MT_PLACEMENT_PARTIAL)
+      g.placements[m] = (mt_placement){MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
+  }
+  return g;
+}
+
+/* What the gradients cost on their way back to the inputs that want them, as
+ * torch's redistribute backward moves them: from the layout each comes back in
+ * to the input's own, with Replicate for its Partials. Planned per combination,
+ * for communicating combinations only: where none communicates, the forward
+ * decides as torch's does. */
+int mt__prop_grads_back(const mt__engine *e, const int *choice, mt__price *out,
+                        mt_error *err) {
+  out->bytes = 0, out->messages = 0, out->time = 0.0;
+  for (int i = 0; i < e->ninputs; ++i) {
+    if (!(e->in->grad >> i & 1u) || mt__prop_moved_with_alias(e, i, choice)) continue;
+    mt_layout from = grad_layout(e, i, choice), to = without_partials(&e->cur[i]);
+    int same = 1;
+    for (int m = 0; m < e->mesh_ndim; ++m)
+      same &= e->cur[i].mesh_shape[m] == 1 ||
+              placement_eq(&from.placements[m], &to.placements[m]);
+    if (same) continue;
+    mt_error perr = {0, ""};
+    int rc = add_plan(e, i, &from, &to, out, &perr);
+    if (rc == MT_ENOMEM) return mt__fail(err, rc, "%s", perr.msg);
+    /* A gradient the planner cannot move adds nothing: the forward decides. */
+  }
+  return MT_OK;
 }
 
 int mt__prop_moved_with_alias(const mt__engine *e, int i, const int *choice) {

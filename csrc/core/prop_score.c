@@ -193,6 +193,14 @@ int mt__prop_score(mt__engine *e, const int *choice, int full, mt__score *s,
     s->time += p.time;
   }
   s->comm = s->bytes > 0 || s->messages > 0;
+  if (s->comm && full) {
+    mt__price g;
+    int rc = mt__prop_grads_back(e, choice, &g, err);
+    if (rc != MT_OK) return rc;
+    s->bytes = sat_add(s->bytes, g.bytes);
+    s->messages = sat_add(s->messages, g.messages);
+    s->time += g.time;
+  }
   s->changes = changes(e, choice);
   s->cost = mt__prop_cost(s->bytes, s->messages);
   s->later = later_cost(e, choice);

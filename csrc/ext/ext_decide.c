@@ -155,13 +155,14 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
   c->id[c->ntensors++] = id;
   c->tensors |= 1u << i;
   c->key.operand[i] = mt_ext_operand_word(c, id);
+  c->key.grad |= (uint32_t)(b->requires_grad & d->modes->grad_enabled) << i;
   return 1;
 }
 
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
                   PyObject *key) {
   c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
-  c->key.op = 0, c->key.aux = 0;
+  c->key.op = 0, c->key.aux = 0, c->key.grad = 0;
   c->key.noperands = c->noperands = n;
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;
   int err = 0;
@@ -197,6 +198,8 @@ static int call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_prop_inputs 
     dtype[t] = mt_ext_descr_dtype((PyArray_Descr *)PyTuple_GET_ITEM(c->dt[t]->spec, 3));
     p->alias[t] = mt_ext_alias_of(c, t) + 1;
   }
+  for (int i = 0, t = 0; i < c->noperands; ++i)
+    if (c->tensors >> i & 1u) p->grad |= (c->key.grad >> i & 1u) << t++;
   return 0;
 }
 

@@ -24,6 +24,7 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
   c->id[c->ntensors++] = b->layout_id;
   c->tensors |= 1u << i;
   c->key.operand[i] = mt_ext_operand_word(c, b->layout_id);
+  c->key.grad |= (uint32_t)(b->requires_grad & d->modes->grad_enabled) << i;
   return 1;
 }
 
@@ -32,7 +33,7 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
 static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
                               mt_ext_call *c, PyObject *key) {
   c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
-  c->key.op = 0, c->key.aux = 0;
+  c->key.op = 0, c->key.aux = 0, c->key.grad = 0;
   c->key.noperands = c->noperands = n;
   for (int i = 0; i < n; ++i)
     if (!known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key);

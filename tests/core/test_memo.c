@@ -98,7 +98,7 @@ static mt_plan *make_plan(void) {
 static mt_memo_key key(int64_t op, int64_t a, int64_t b) {
   mt_memo_key k;
   memset(&k, 0x5a, sizeof k);
-  k.op = op, k.aux = 0, k.noperands = 2, k.operand[0] = a, k.operand[1] = b;
+  k.op = op, k.aux = 0, k.noperands = 2, k.grad = 0, k.operand[0] = a, k.operand[1] = b;
   return k;
 }
 
@@ -125,9 +125,13 @@ static void test_memo_basics(void) {
   CHECK(got != NULL && got->out_id == 42);
   mt_memo_key other = key(1, 5, -3), op2 = key(2, 5, -2);
   CHECK(mt_memo_peek(memo, &other) == NULL && mt_memo_peek(memo, &op2) == NULL);
+  /* A gradient wanted is another decision, through the front entry as well. */
+  mt_memo_key wants = key(1, 5, -2);
+  wants.grad = 2;
+  CHECK(mt_memo_find(memo, &wants) == NULL && mt_memo_peek(memo, &wants) == NULL);
   mt_memo_stats st;
   mt_memo_stats_get(memo, &st);
-  CHECK(st.hits == 1 && st.misses == 1 && st.decisions == 1 && st.plans == 0);
+  CHECK(st.hits == 1 && st.misses == 2 && st.decisions == 1 && st.plans == 0);
   mt_memo_key bad = key(1, 5, -2);
   bad.noperands = MT_MEMO_MAX_OPERANDS + 1;
   CHECK(mt_memo_insert(memo, &bad, &d, NULL) == NULL && mt_memo_peek(memo, &bad) == NULL);

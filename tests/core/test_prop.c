@@ -1021,6 +1021,33 @@ static void test_partial_unary_kinds(void) {
   CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
 }
 
+/* A gradient wanted: the decision also prices its way back. exp of a Partial(sum)
+ * reduce-scatters it when no gradient is wanted (half an all-reduce's bytes);
+ * with one, the shard's gradient would need an all-gather to reach the input's
+ * Replicate gradient, so the all-reduce, whose gradient stays where it is, wins
+ * as torch's does. */
+static void test_gradient_way_back(void) {
+  const int nd[1] = {2};
+  const int64_t sh[1][MT_MAX_NDIM] = {{8, 8}};
+  mt_dimmap map;
+  CHECK(mt_dimmap_elementwise(MT_ELEMENTWISE_INCREASING, 1, 1u, nd, sh, &map, NULL) == MT_OK);
+  tin t = t88(PSUM);
+  mt_prop_inputs in = make_inputs(1, &t, 1, MESH2);
+  mt_prop_result r = decide(&map, &in);
+  EXPECT_OUT(r, 2, 1, S(0));
+  in.grad = 1u;
+  r = decide(&map, &in);
+  EXPECT_IN(r, 0, 2, 1, R());
+  EXPECT_OUT(r, 2, 1, R());
+  /* Nothing to bring back from a free combination: S(0) stays S(0). */
+  t = t88(S(0));
+  in = make_inputs(1, &t, 1, MESH2);
+  in.grad = 1u;
+  r = decide(&map, &in);
+  EXPECT_OUT(r, 2, 1, S(0));
+  CHECK(r.bytes == 0 && r.messages == 0);
+}
+
 static void test_partial_multiply(void) {
   /* multiply: P * R -> P either way round, free. */
   mt_prop_result r;
@@ -2022,6 +2049,7 @@ int main(int argc, char **argv) {
   test_partial_additive();
   test_partial_unary_kinds();
   test_partial_multiply();
+  test_gradient_way_back();
   test_partial_other();
   test_partial_multiply_alias();
   test_matmul();

@@ -9,7 +9,9 @@ libraries, runs one operation and the loss ``(y * y).sum()``, and calls
 - each leaf's gradient has the leaf's placements (a Partial leaf's: Replicate),
   as docs/training.md says, and the forward's output has torch's placements,
   unless mpitensor's forward moved fewer bytes (the rule of
-  docs/porting_from_torch.md) or the case is in PLACEMENTS with its reason;
+  docs/porting_from_torch.md), or forward and backward together make no more
+  calls and move fewer bytes (the engine prices a gradient's way back where one
+  is wanted), or the case is in PLACEMENTS with its reason, or in XFAILS;
 - mpitensor makes no more collective calls and moves no more bytes than torch
   over forward + backward + the moves of each torch gradient to the placements
   mpitensor gives it (torch leaves a gradient where its backward put it): calls
@@ -317,7 +319,9 @@ def check(mesh_shape, case, key):
     assert not r["bad"], f"{key}: " + "; ".join(sorted(set(r["bad"])))
     # A ring's share rounds to whole bytes: a byte per call and rank.
     slack, fwd_slack = W * (r["calls"] + r["t_calls"]), W * (r["fwd_calls"] + r["t_fwd_calls"])
-    if r["out"] != r["t_out"] and abs(r["fwd_bytes"] - r["t_fwd_bytes"]) <= fwd_slack:
+    fewer = r["calls"] <= r["t_calls"] and r["bytes"] + slack < r["t_bytes"]
+    if (r["out"] != r["t_out"] and abs(r["fwd_bytes"] - r["t_fwd_bytes"]) <= fwd_slack
+            and not fewer and key not in XFAILS):
         assert key in PLACEMENTS, (
             f"{key}: forward placements {r['out']} where torch gives {r['t_out']}, "
             f"moving as many bytes ({r['fwd_bytes']:.0f} B)")

@@ -27,11 +27,14 @@ extern "C" {
 #define MT_MEMO_MAX_OPERANDS MT_PROP_MAX_INPUTS
 
 /* `operand[i]` is the layout id (> 0) of a tensor operand, or minus the caller's
- * kind (>= 0) of a scalar operand, whose type can change the result. */
+ * kind (>= 0) of a scalar operand, whose type can change the result. Bit i of
+ * `grad` says a gradient is wanted for operand i: a training step's decision also
+ * prices the gradient's way back (mt_prop_inputs.grad), so it may differ. */
 typedef struct mt_memo_key {
   int64_t op;
   int64_t aux;
   int noperands;
+  uint32_t grad;
   int64_t operand[MT_MEMO_MAX_OPERANDS];
 } mt_memo_key;
 

@@ -218,7 +218,14 @@ typedef struct mt_op_args {
  * the largest input itemsize. `alias[i]` is j + 1 when input i is the same tensor
  * as an earlier input j (x * x), else 0: a combination that needs both in the
  * same layout moves them once, and is priced once (the caller runs one move for
- * both); such inputs must have the same shape, item size and placements. */
+ * both); such inputs must have the same shape, item size and placements.
+ * Bit i of `grad` says input i's gradient is wanted (a training step): where
+ * every combination communicates, each is also charged its gradients' way back,
+ * as torch's redistribute backward moves them: from the layout input i was moved
+ * to (Replicate for its Partials, Partial(sum) where a LINEAR_ONE candidate keeps
+ * another input's Partial) into input i's own (Replicate for its Partials, the
+ * placement of a Partial's gradient). So exp of a Partial is all-reduced, as in
+ * torch, rather than reduce-scattered and gathered again in the backward. */
 typedef struct mt_prop_inputs {
   int ninputs;
   int mesh_ndim;
@@ -230,13 +237,14 @@ typedef struct mt_prop_inputs {
   int64_t out_itemsize;
   const mt_time_model *model; /* what moves are timed by; NULL: the built-in model */
   int alias[MT_PROP_MAX_INPUTS];
+  uint32_t grad;
 } mt_prop_inputs;
 
 /* The decision: the placements each input must be redistributed to (equal to its
  * current ones where it needs no communication), the output's placements and global
  * shape, and the total cost (bytes over all ranks of the redistributions, then
  * their messages, as mt_plan_bytes and mt_plan_messages count them) of reaching
- * the input placements. */
+ * the input placements, and of the gradients' way back where `grad` asked. */
 typedef struct mt_prop_result {
   mt_placement in_placements[MT_PROP_MAX_INPUTS][MT_MAX_MESH_NDIM];
   mt_placement out_placements[MT_MAX_MESH_NDIM];
