@@ -218,9 +218,9 @@ def torch_curve(torch, weights, mesh_size, param_dtype, steps):
 
 
 def test_loss_curve_within_torchs_bf16_tolerance(mesh):
-    """Our bf16 curve strays from our float32 curve no more than torch's bf16 curve
-    strays from torch's float32 one (or bfloat16's rounding unit, when torch's
-    stays closer than that); the float32 curves agree with each other."""
+    """Our bf16 curve strays from our float32 curve as little as torch's bf16 curve
+    strays from torch's float32 one (within a factor 2: the roundings fall in other
+    places); the float32 curves agree with each other."""
     torch = pytest.importorskip("torch")
     from mpitensor.testing import init_torch_gloo
 
@@ -233,7 +233,7 @@ def test_loss_curve_within_torchs_bf16_tolerance(mesh):
     np.testing.assert_allclose(ours[None], theirs[None], rtol=1e-5)
     torch_dev = np.max(np.abs(theirs[torch.bfloat16] - theirs[None]) / theirs[None])
     our_dev = np.max(np.abs(ours[BF16] - ours[None]) / ours[None])
-    assert our_dev <= max(2 * torch_dev, 2.0 ** -8), (our_dev, torch_dev)
+    assert 0 < our_dev <= 2 * torch_dev, (our_dev, torch_dev)
     assert ours[BF16][-1] < ours[BF16][0]  # it trains
 
 
