@@ -55,6 +55,8 @@ __all__ = ["fully_shard", "FSDPModule"]
 
 # Meshes with the dims of a (dp, tp) mesh swapped, made once per mesh (see _Param).
 _tp_first_meshes: dict = {}
+# The post-forward meshes of reshard_after_forward=N, made once per (dp mesh, N).
+_post_meshes: dict = {}
 # Counts the root modules' forwards: a group still gathered from an earlier one
 # (kept for a backward that never came) is gathered again, since the optimizer
 # may have changed the shards since.
@@ -102,7 +104,7 @@ def _fsdp_class(cls):
 
 
 def fully_shard(module, *, mesh: DeviceMesh | None = None,
-                reshard_after_forward: bool = True,
+                reshard_after_forward: bool | int = True,
                 mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy()):
     """Shard ``module``'s parameters over the data-parallel mesh, as torch's FSDP2
     ``fully_shard``: call it on submodules (such as each transformer block) first,
@@ -117,7 +119,10 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     sharding does). Before the module's forward its group is all-gathered in one
     collective; after it the gathered parameters are freed when
     ``reshard_after_forward`` (the root module, first to run backward, keeps them,
-    as torch's), gathered again before the module's backward, and the gradients
+    as torch's); an int N keeps each group of N consecutive dp ranks holding the
+    gathered parameters between them (torch's post-forward mesh, dp viewed as
+    (dp // N, N)), so the backward's all-gather runs over N ranks; the
+    parameters are gathered again before the module's backward, and the gradients
     are reduce-scattered in one collective into the sharded parameters' ``.grad``:
     summed when they are Partial over ``dp`` (a batch sharded over ``dp``),
     averaged over the replicas otherwise (each replica's own batch).
@@ -132,7 +137,10 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     on shapes, meshes and placements) when the mesh has no ``dp`` dim, the module is
     fully_sharded already, a parameter is owned by a fully_sharded ancestor (call
     it on children first) or lives on a mesh that is not the other dim of ``dp``'s
-    2-D mesh, is a scalar or Partial, or the group mixes dtypes; and when the
+    2-D mesh, is a scalar or Partial, or the group mixes dtypes, or an int
+    ``reshard_after_forward`` does not divide the dp size (1 means False, the dp
+    size True, as torch's) or is given with a dp mesh sliced from a 2-D mesh; and
+    when the
     policy names a dtype other than float16, bfloat16, float32 and float64, casts
     complex parameters, or differs between ranks. Collective on the mesh (one
     small agreement on the policy; local shards are cut; the swapped mesh, when
@@ -153,7 +161,8 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     if "_fsdp_state" in module.__dict__:
         raise ValueError(f"fully_shard: {type(module).__name__} is fully_sharded already")
     dp_mesh = _dp_mesh(mesh)
-    state = _State(module, dp_mesh, bool(reshard_after_forward), mp_policy)
+    state = _State(module, dp_mesh, _post_forward_size(reshard_after_forward, dp_mesh),
+                   mp_policy)
     for m in module.modules():
         s = m.__dict__.get("_fsdp_state")
         if s is not None and m is not module:
@@ -177,6 +186,33 @@ def _dp_mesh(mesh) -> DeviceMesh:
         return mesh["dp"]
     raise ValueError(f"fully_shard: {mesh!r} has no data-parallel dim: pass a 1-D mesh or "
                      f"a 2-D mesh with a dim named 'dp'")
+
+
+def _post_forward_size(value, dp_mesh: DeviceMesh):
+    """``reshard_after_forward`` as torch normalises it: True, False, or the size N
+    of the groups the parameters stay gathered in after forward (1 < N < dp)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        return bool(value)
+    n, dp = int(value), dp_mesh.size()
+    if n < 1 or dp % n:
+        raise ValueError(f"fully_shard: reshard_after_forward={n} must divide the "
+                         f"data-parallel size {dp} (or be True or False)")
+    if n == 1 or n == dp:  # in torch's order: at dp 1, 1 is False
+        return n != 1
+    if dp_mesh._get_root_mesh() is not dp_mesh:
+        raise ValueError("fully_shard: reshard_after_forward as an int needs a 1-D "
+                         "data-parallel mesh of its own, not one sliced from a 2-D mesh")
+    return n
+
+
+def _post_mesh(dp_mesh: DeviceMesh, n: int) -> DeviceMesh:
+    """The 1-D mesh of this rank's group of ``n`` consecutive dp ranks. Collective
+    on ``dp_mesh`` the first time."""
+    if (dp_mesh, n) not in _post_meshes:
+        grid = DeviceMesh(dp_mesh.device_type, dp_mesh.mesh.reshape(-1, n),
+                          mesh_dim_names=("post_replicate", "post_shard"), comm=dp_mesh._comm)
+        _post_meshes[(dp_mesh, n)] = grid["post_shard"]
+    return _post_meshes[(dp_mesh, n)]
 
 
 def _tp_first(root: DeviceMesh, dp_name: str) -> DeviceMesh:
@@ -279,11 +315,15 @@ class _Param:
 class _State:
     """A fully_sharded module's group and the hooks that move it."""
 
-    def __init__(self, module: Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
+    def __init__(self, module: Module, dp_mesh: DeviceMesh, reshard_after_forward,
                  mp_policy: MixedPrecisionPolicy):
         self.module, self.dp_mesh = module, dp_mesh
         self.dp = dp_mesh.size()
-        self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_forward = bool(reshard_after_forward)
+        post = reshard_after_forward is not True and reshard_after_forward is not False
+        self.post_mesh = _post_mesh(dp_mesh, reshard_after_forward) if post else None
+        self.full = None  # the group's gathered (dp, size) buffer while unsharded
+        self.post = None  # this rank's rows of it, kept after forward for post_mesh
         self.is_root = True
         self.unsharded = False
         self.generation = -1  # the root forward the gathered arrays were made in
@@ -359,15 +399,19 @@ class _State:
         if (self.unsharded and not again) or not self.params:
             self.unsharded = True
             return
-        self.generation = _generation[0]
-        buf = np.zeros(self.size, self.param_dtype)  # the cast to param_dtype is here
-        for p, off in zip(self.params, self.offsets):
-            buf[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
-        with no_grad():
-            flat = DTensor.from_local(buf, self.dp_mesh, [Shard(0)],
-                                      shape=(self.dp * self.size,), stride=(1,))
-            full = flat.redistribute(self.dp_mesh, [Replicate()])._data()
+        if self.post is not None and not again:  # kept rows: gathered over post_mesh
+            full = _all_gather(self.post.reshape(-1), self.post_mesh)
+        else:
+            self.generation = _generation[0]
+            buf = np.zeros(self.size, self.param_dtype)  # the cast to param_dtype is here
+            for p, off in zip(self.params, self.offsets):
+                buf[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
+            full = _all_gather(buf, self.dp_mesh)
+        self.post = None
         full = full.reshape(self.dp, self.size)
+        # kept only for the rows reshard(to_post=True) keeps: the parameters' arrays
+        # are copies out of it
+        self.full = full if self.post_mesh is not None else None
         arrays = []
         for p, off in zip(self.params, self.offsets):
             block = full[:, off:off + p.rows * p.rest].reshape((self.dp * p.rows,) + p.lshape[1:])
@@ -375,8 +419,16 @@ class _State:
         self._set_locals(arrays)
         self.unsharded = True
 
-    def reshard(self) -> None:
-        """Frees the unsharded parameters (their arrays become placeholders)."""
+    def reshard(self, to_post: bool = False) -> None:
+        """Frees the unsharded parameters (their arrays become placeholders); with
+        ``to_post`` this rank keeps its rows of the gathered buffer, the part it
+        contributes to the post-forward mesh's all-gather."""
+        self.post = None
+        if to_post and self.full is not None:
+            k = self.dp // self.post_mesh.size()
+            j = self.post_mesh.get_local_rank()
+            self.post = np.array(self.full[j * k:(j + 1) * k])
+        self.full = None
         self._set_locals([p.free for p in self.params])
         self.unsharded = False
 
@@ -423,7 +475,7 @@ class _State:
             # Without an output to hook, nothing would gather the group again before
             # its backward: it stays gathered.
             if self.reshard_after_forward and not self.is_root and count[0]:
-                self.reshard()
+                self.reshard(to_post=self.post_mesh is not None)
         if self.output_dtype is not None:
             return cast_floats(output, self.output_dtype)
         return None if fwd is None else output
@@ -518,6 +570,15 @@ class _State:
             part._fresh = tiles
             out.append(part)
         return tuple(out)
+
+
+def _all_gather(local: np.ndarray, mesh: DeviceMesh) -> np.ndarray:
+    """Every rank's 1-D ``local`` (one size on all) concatenated, in one all-gather
+    over ``mesh``. Collective on it."""
+    with no_grad():
+        flat = DTensor.from_local(local, mesh, [Shard(0)], shape=(mesh.size() * local.size,),
+                                  stride=(1,))
+        return flat.redistribute(mesh, [Replicate()])._data()
 
 
 class _Forward:
