@@ -533,3 +533,10 @@ def test_reshard_int_edge_values(mesh):
     for bad in (0, -1, W + 1):
         with pytest.raises(ValueError, match="must divide the data-parallel size"):
             fully_shard(MLP(), mesh=mesh, reshard_after_forward=bad)
+
+
+@pytest.mark.skipif(W != 4, reason="a dp of 4 sliced from a (4, 1) mesh")
+def test_reshard_int_needs_a_dp_mesh_of_its_own():
+    mesh = mt.init_device_mesh("cpu", (4, 1), mesh_dim_names=("dp", "tp"))
+    with pytest.raises(ValueError, match="1-D data-parallel mesh of its own"):
+        fully_shard(MLP(), mesh=mesh["dp"], reshard_after_forward=2)
