@@ -3,7 +3,9 @@ too), one all-gather per module group before its forward and again before its
 backward when the forward freed it, one reduce-scatter per group of the gradients;
 gradients and a few SGD steps equal the one-rank model's in float64; with TP on a
 2-D (dp, tp) mesh, parallelize_module over mesh["tp"] then fully_shard over
-mesh["dp"] trains as the one-rank model; a call that cannot shard raises."""
+mesh["dp"] trains as the one-rank model; reshard_after_forward=2 at 4 ranks gathers
+the backward over pairs of ranks with the same gradients; a call that cannot shard
+raises."""
 
 from __future__ import annotations
 
