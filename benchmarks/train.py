@@ -6,7 +6,7 @@ Run under MPI (see benchmarks/README.md)::
 
     OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe -n 2 .venv/bin/python \
         benchmarks/train.py [--hidden 1024 2048] [--layers 2] [--batch 2] [--seq 256]
-        [--mesh 2 | 1x2 | 2x1] [--no-torch] [--profile PATH]
+        [--mesh 2 | 1x2 | 2x1] [--no-torch] [--profile PATH] [--param-dtype bfloat16]
 
 The model is the example's (``train_gpt.GPT``: token and position embeddings,
 pre-norm blocks with causal attention of ``hidden // head_dim`` heads (64) and a 4x GELU MLP,
@@ -32,6 +32,12 @@ of the process's peak RSS during the step (mpitensor.debug.peak_rss_growth), wit
 ``mt / torch``. Targets (issue 18, np 2): torch/mt >= 1.0, speedup >= 1.6x, memory
 within 1.2x of torch's. Writes benchmarks/results/<cpu>/train-np{N}.json.
 
+``--param-dtype bfloat16`` (or float16) instead counts one step's collectives with
+CommDebugMode, float32 beside fully_shard's ``MixedPrecisionPolicy(param_dtype=...)``:
+calls and bytes each rank sends, per collective, and their ratio. The mesh then
+defaults to all ranks on ``dp`` (``Nx1``), where fully_shard does all the moving.
+No timing.
+
 ``--profile PATH`` instead runs ``--reps`` mpitensor steps under cProfile on every
 rank (``PATH.rank{r}``) and prints rank 0's largest self times.
 """
@@ -48,7 +54,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor.debug import peak_rss_growth
+from mpitensor.debug import CommDebugMode, peak_rss_growth
 
 from _common import (
     init_gloo, machine, machine_line, ratio, result_path, summary, write_result,
@@ -294,6 +300,35 @@ def case(comm, cfg, dims, data, reps, torch):
     return row
 
 
+def step_bytes(comm, cfg, dims, data, param_dtype):
+    """One step (after a first one) of float32 and of ``param_dtype`` counted by
+    CommDebugMode: {variant: {collective: [calls, bytes sent, max over ranks]}}."""
+    mesh = G.make_mesh(dims, comm)
+    out = {}
+    for name, low in (("float32", None), (str(param_dtype), param_dtype)):
+        run = MtRun(G.Config(**{**vars(cfg), "param_dtype": low}), mesh, data)
+        run.step()
+        with CommDebugMode() as mode:
+            run.step()
+        counts, nbytes = mode.get_comm_counts(), mode.get_comm_bytes()
+        out[name] = {k: [counts[k], comm.allreduce(nbytes[k], op=MPI.MAX)]
+                     for k in sorted(counts)}
+    return out
+
+
+def print_bytes(hidden, table):
+    (base, low), (a, b) = table, table.values()
+    print(f"hidden {hidden:5d}: one step, bytes sent per rank (max over ranks)")
+    for k in sorted(set(a) | set(b)):
+        (n0, b0), (n1, b1) = a.get(k, [0, 0]), b.get(k, [0, 0])
+        share = f"{b1 / b0:.3f}" if b0 else "-"
+        print(f"  {k:24s} {base} {n0:3d} calls {b0:12d} B   {low} {n1:3d} calls "
+              f"{b1:12d} B   {low}/{base} {share}")
+    t0, t1 = sum(v[1] for v in a.values()), sum(v[1] for v in b.values())
+    print(f"  {'total':24s} {base} {t0:29d} B   {low} {t1:22d} B   "
+          f"{low}/{base} {t1 / t0 if t0 else float('nan'):.3f}", flush=True)
+
+
 def profile(comm, cfg, dims, data, reps, path):
     """cProfile of ``reps`` mpitensor steps (after one) on every rank, written to
     ``path.rank{r}``; rank 0 prints its 25 largest self times. No torch, no timing."""
@@ -326,15 +361,19 @@ def main():
     ap.add_argument("--mesh", default=None, help="N (tp) or DPxTP; default: all ranks on tp")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--param-dtype", default=None, choices=("bfloat16", "float16"),
+                    help="instead of timing: one step's bytes, float32 beside fully_shard's "
+                         "MixedPrecisionPolicy(param_dtype=...)")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
     ap.add_argument("--profile", metavar="PATH", default=None,
                     help="instead of timing: cProfile --reps mpitensor steps on each rank "
                          "into PATH.rank{r} (e.g. under perf record, one rank)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
-    dims = G.parse_mesh(args.mesh or str(comm.size))
+    default_mesh = f"{comm.size}x1" if args.param_dtype else str(comm.size)
+    dims = G.parse_mesh(args.mesh or default_mesh)
     torch = None
-    if not args.no_torch and args.profile is None:
+    if not args.no_torch and args.profile is None and args.param_dtype is None:
         torch, _, _ = init_gloo(comm)
     data = G.CharData()
     info = machine(comm)
@@ -349,6 +388,12 @@ def main():
                        clip=0.0)
         if args.profile is not None:
             profile(comm, cfg, dims, data, args.reps, args.profile)
+            continue
+        if args.param_dtype is not None:
+            table = step_bytes(comm, cfg, dims, data, args.param_dtype)
+            rows.append({"hidden": hidden, "mesh": list(dims), "step_bytes": table})
+            if comm.rank == 0:
+                print_bytes(hidden, table)
             continue
         row = case(comm, cfg, dims, data, args.reps, torch)
         rows.append(row)
@@ -367,7 +412,8 @@ def main():
                          f"{mem['torch'] / 2**20:.0f} MiB ({row['memory_mt_over_torch']:.2f}x)")
             print(line, flush=True)
     if comm.rank == 0 and args.profile is None:
-        name = f"train-np{comm.size}{'' if args.mesh is None else '-' + args.mesh}.json"
+        name = f"train-np{comm.size}{'' if args.mesh is None else '-' + args.mesh}"
+        name += f"-{args.param_dtype}-bytes.json" if args.param_dtype else ".json"
         write_result(args.out or result_path(name), {
             "machine": info, "args": vars(args), "rows": rows,
             "targets": {"torch_over_mt": TARGET_TORCH_X, "speedup": TARGET_SPEEDUP,

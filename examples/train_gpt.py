@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, nn
-from mpitensor.fsdp import fully_shard
+from mpitensor.fsdp import MixedPrecisionPolicy, fully_shard
 from mpitensor.nn import functional as F
 from mpitensor.parallel import (
     ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
@@ -157,15 +157,20 @@ def make_mesh(dims, comm=MPI.COMM_WORLD):
 
 def build(cfg, mesh):
     """The model, seeded, laid out on ``mesh``: the TP plan over ``tp``, then
-    ``fully_shard`` over ``dp`` (each block, then the root, as torch's FSDP2 does)."""
+    ``fully_shard`` over ``dp`` (each block, then the root, as torch's FSDP2 does).
+    With ``cfg.param_dtype`` the groups are gathered and computed in it (the root's
+    logits cast back to ``cfg.dtype``), as torch's MixedPrecisionPolicy."""
     mt.manual_seed(cfg.seed)
     model = GPT(cfg.vocab, cfg.dim, cfg.heads, cfg.layers, cfg.seq, cfg.dropout, cfg.dtype)
     tp_mesh = mesh["tp"]
     model = parallelize_module(model, tp_mesh, tp_plan())
     if "dp" in (mesh.mesh_dim_names or ()):
+        inner = MixedPrecisionPolicy(param_dtype=cfg.param_dtype)
+        root = MixedPrecisionPolicy(param_dtype=cfg.param_dtype,
+                                    output_dtype=None if cfg.param_dtype is None else cfg.dtype)
         for layer in model.layers:
-            fully_shard(layer, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
+            fully_shard(layer, mesh=mesh["dp"], mp_policy=inner)
+        fully_shard(model, mesh=mesh["dp"], mp_policy=root)
     return model
 
 
@@ -209,6 +214,7 @@ class Config:
         self.lr, self.weight_decay, self.seed, self.clip = 3e-3, 0.01, 0, 1.0
         self.dropout = 0.0
         self.dtype, self.vocab = np.float32, 0
+        self.param_dtype = None  # fully_shard's MixedPrecisionPolicy (e.g. "bfloat16")
         for k, v in kw.items():
             if not hasattr(self, k):
                 raise TypeError(f"Config has no {k!r}")

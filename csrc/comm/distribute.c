@@ -166,7 +166,7 @@ static int scatter_phase(const dist_ctx *c, const mt_layout *layout, const void 
 
 /* The bytes of 1 in `dtype`, in native byte order (no endianness assumed). */
 static void one_of(int dtype, unsigned char *out) {
-  const uint16_t half = 0x3C00;
+  const uint16_t half = 0x3C00, bf16 = 0x3F80;
   const float f[2] = {1.0f, 0.0f};
   const double d[2] = {1.0, 0.0};
   const uint8_t i8 = 1;
@@ -179,6 +179,7 @@ static void one_of(int dtype, unsigned char *out) {
                   : n == 4 ? (const void *)&i32
                            : (const void *)&i64;
   if (dtype == MT_DTYPE_FLOAT16) src = &half;
+  if (dtype == MT_DTYPE_BFLOAT16) src = &bf16;
   if (dtype == MT_DTYPE_FLOAT32 || dtype == MT_DTYPE_COMPLEX64) src = f;
   if (dtype == MT_DTYPE_FLOAT64 || dtype == MT_DTYPE_COMPLEX128) src = d;
   memcpy(out, src, n);

@@ -1,7 +1,7 @@
 /* MPI datatypes and reduction operations for mpitensor's element types.
  *
  * Data movement never needs typed MPI: boxes travel as bytes. Reductions do, and
- * MPI lacks float16 and NumPy's NaN-propagating max/min, so those go through
+ * MPI lacks float16, bfloat16 and NumPy's NaN-propagating max/min, so those go through
  * user-defined operations that call the core's own reduction kernel. So do sums of
  * 8- and 16-bit integers, which must wrap as in NumPy: Open MPI 4.1's AVX
  * operations saturate them instead (open-mpi/ompi#8045, closed as wontfix). */
@@ -24,9 +24,11 @@ enum { USER_SUM, USER_PRODUCT, USER_MAX, USER_MIN, USER_WRAP_SUM, USER_COUNT };
 static MPI_Op user_ops[USER_COUNT];
 static atomic_int user_state; /* 0 none, 1 being created, 2 ready */
 
-/* float16 travels as MPI_UINT16_T, which only these operations ever see. */
+/* float16 travels as MPI_UINT16_T and bfloat16 as MPI_INT16_T: these operations
+ * see those types for no other dtype (16-bit integer sums wrap in their own). */
 static int dtype_of(MPI_Datatype t) {
   if (t == MPI_UINT16_T) return MT_DTYPE_FLOAT16;
+  if (t == MPI_INT16_T) return MT_DTYPE_BFLOAT16;
   if (t == MPI_FLOAT) return MT_DTYPE_FLOAT32;
   return MT_DTYPE_FLOAT64;
 }
@@ -118,6 +120,7 @@ static MPI_Datatype builtin_type(int dtype) {
     case MT_DTYPE_FLOAT64: return MPI_DOUBLE;
     case MT_DTYPE_COMPLEX64: return MPI_C_FLOAT_COMPLEX;
     case MT_DTYPE_COMPLEX128: return MPI_C_DOUBLE_COMPLEX;
+    case MT_DTYPE_BFLOAT16: return MPI_INT16_T;
     default: return MPI_DATATYPE_NULL;
   }
 }
@@ -142,7 +145,8 @@ int mt__reduce_type(int dtype, int op, MPI_Datatype *type, MPI_Op *mop, mt_error
   int is_float = dtype == MT_DTYPE_FLOAT32 || dtype == MT_DTYPE_FLOAT64;
   int nan_order = is_float && (op == MT_REDUCE_MAX || op == MT_REDUCE_MIN);
   int wrap = is_narrow_int(dtype) && op == MT_REDUCE_SUM;
-  if (dtype != MT_DTYPE_FLOAT16 && !nan_order && !wrap) {
+  int narrow_float = dtype == MT_DTYPE_FLOAT16 || dtype == MT_DTYPE_BFLOAT16;
+  if (!narrow_float && !nan_order && !wrap) {
     *mop = builtin_op(dtype, op);
     return MT_OK;
   }

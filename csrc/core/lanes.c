@@ -213,6 +213,8 @@ int mt_cumulate(void *out, void *last, const void *in, const void *init, const m
   if (op != MT_REDUCE_SUM && op != MT_REDUCE_PRODUCT)
     return mt__fail(err, MT_EINVAL, "Only sums and products accumulate, not op %d", op);
   int product = op == MT_REDUCE_PRODUCT;
+  if (scans[product][dtype] == NULL)
+    return mt__fail(err, MT_ETYPE, "%s values have no scan kernel", mt_dtype_name(dtype));
   if (l->n == 0) {
     empty_lanes(last, init, l, dtype, product);
     return MT_OK;
@@ -318,6 +320,9 @@ int mt_arg_extreme(int64_t *index, void *value, const void *in, const mt_lanes *
                    int largest, mt_error *err) {
   int rc = check_lanes(l, dtype, err);
   if (rc != MT_OK) return rc;
+  if (args[largest != 0][dtype] == NULL)
+    return mt__fail(err, MT_ETYPE, "%s values have no arg-extreme kernel",
+                    mt_dtype_name(dtype));
   if (l->n < 1) return mt__fail(err, MT_EINVAL, "An empty lane has no extreme");
   if (l->outer * l->inner == 0) return MT_OK;
   if (index == NULL || value == NULL || in == NULL)

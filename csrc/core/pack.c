@@ -1,5 +1,5 @@
 /* Kernels on local buffers: the N-D box copy behind every pack and unpack, the
- * elementwise reductions behind Partial placements (float16 included) and the
+ * elementwise reductions behind Partial placements (float16 and bfloat16 included) and the
  * division that turns a sum into an average. Nothing here allocates or talks MPI. */
 #include <assert.h>
 #include <inttypes.h>
@@ -72,6 +72,30 @@ static inline uint16_t float_to_half(float f) {
 float mt_half_to_float(uint16_t h) { return half_to_float(h); }
 
 uint16_t mt_float_to_half(float f) { return float_to_half(f); }
+
+/* ---- bfloat16 <-> binary32: bfloat16 is a float32's upper 16 bits ---- */
+
+static inline float bf16_to_float(uint16_t b) {
+  uint32_t bits = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/* Adding 0x7fff plus the lowest kept bit rounds to nearest, ties to even; a
+ * carry runs into the exponent (the largest finite values round up to inf). A
+ * NaN gets the quiet bit, so a payload only in the dropped bits stays a NaN. */
+static inline uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (uint16_t)(x >> 16);
+}
+
+float mt_bfloat16_to_float(uint16_t b) { return bf16_to_float(b); }
+
+uint16_t mt_float_to_bfloat16(float f) { return float_to_bf16(f); }
 
 /* ---- N-D box copy ---- */
 
@@ -285,21 +309,37 @@ MT__FLOAT_REDUCER(float64, double)
 
 /* float16 as NumPy computes it: both operands widened to float, the operation
  * done in float, the result rounded to nearest even. float's 24 bits are enough
- * for this double rounding to give the correctly rounded half. */
-#define MT__HALF_CASE(OP, F)                                          \
-  case OP:                                                            \
-    for (int64_t i = 0; i < n; ++i) {                                 \
-      const float x = half_to_float(a[i]), y = half_to_float(b[i]);   \
-      a[i] = float_to_half(F(x, y));                                  \
-    }                                                                 \
+ * for this double rounding to give the correctly rounded half. bfloat16 the
+ * same way, which is also how torch's collectives sum it (in float, rounded at
+ * each step). */
+#define MT__NARROW_CASE(OP, F)                                  \
+  case OP:                                                      \
+    for (int64_t i = 0; i < n; ++i) {                           \
+      const float x = WIDEN(a[i]), y = WIDEN(b[i]);             \
+      a[i] = NARROW(F(x, y));                                   \
+    }                                                           \
     break;
 
+#define WIDEN half_to_float
+#define NARROW float_to_half
 static void reduce_float16(void *inout, const void *in, int64_t n, int op) {
   uint16_t *a = inout;
   const uint16_t *b = in;
-  switch (op == MT_REDUCE_AVG ? MT_REDUCE_SUM : op) { MT__FLOAT_OPS(MT__HALF_CASE) }
+  switch (op == MT_REDUCE_AVG ? MT_REDUCE_SUM : op) { MT__FLOAT_OPS(MT__NARROW_CASE) }
 }
-#undef MT__HALF_CASE
+#undef WIDEN
+#undef NARROW
+
+#define WIDEN bf16_to_float
+#define NARROW float_to_bf16
+static void reduce_bfloat16(void *inout, const void *in, int64_t n, int op) {
+  uint16_t *a = inout;
+  const uint16_t *b = in;
+  switch (op == MT_REDUCE_AVG ? MT_REDUCE_SUM : op) { MT__FLOAT_OPS(MT__NARROW_CASE) }
+}
+#undef WIDEN
+#undef NARROW
+#undef MT__NARROW_CASE
 #undef MT__FLOAT_OPS
 #undef MT__ADD
 #undef MT__MUL
@@ -346,6 +386,7 @@ static const reduce_fn reducers[MT_DTYPE_COUNT] = {
     [MT_DTYPE_UINT64] = reduce_uint64,       [MT_DTYPE_FLOAT16] = reduce_float16,
     [MT_DTYPE_FLOAT32] = reduce_float32,     [MT_DTYPE_FLOAT64] = reduce_float64,
     [MT_DTYPE_COMPLEX64] = reduce_complex64, [MT_DTYPE_COMPLEX128] = reduce_complex128,
+    [MT_DTYPE_BFLOAT16] = reduce_bfloat16,
 };
 
 static int is_complex(int dtype) {
@@ -431,6 +472,12 @@ static void divide_float16(void *buf, int64_t n, int64_t divisor) {
   for (int64_t i = 0; i < n; ++i) a[i] = float_to_half(half_to_float(a[i]) / d);
 }
 
+static void divide_bfloat16(void *buf, int64_t n, int64_t divisor) {
+  uint16_t *a = buf;
+  const float d = (float)divisor;
+  for (int64_t i = 0; i < n; ++i) a[i] = float_to_bf16(bf16_to_float(a[i]) / d);
+}
+
 /* bool has no division (NumPy's bool // int gives int64), so it stays NULL. */
 static const divide_fn dividers[MT_DTYPE_COUNT] = {
     [MT_DTYPE_INT8] = divide_int8,           [MT_DTYPE_INT16] = divide_int16,
@@ -439,7 +486,7 @@ static const divide_fn dividers[MT_DTYPE_COUNT] = {
     [MT_DTYPE_UINT32] = divide_uint32,       [MT_DTYPE_UINT64] = divide_uint64,
     [MT_DTYPE_FLOAT16] = divide_float16,     [MT_DTYPE_FLOAT32] = divide_float32,
     [MT_DTYPE_FLOAT64] = divide_float64,     [MT_DTYPE_COMPLEX64] = divide_complex64,
-    [MT_DTYPE_COMPLEX128] = divide_complex128,
+    [MT_DTYPE_COMPLEX128] = divide_complex128, [MT_DTYPE_BFLOAT16] = divide_bfloat16,
 };
 
 int mt_divide(void *buf, int64_t n, int dtype, int64_t divisor, mt_error *err) {

@@ -54,6 +54,9 @@ static inline mt_ext_state *mt_ext_state_of(PyObject *module) {
  * the core does not know. */
 int mt_ext_dtype(PyArrayObject *a);
 int mt_ext_descr_dtype(PyArray_Descr *d);
+/* Whether values of this dtype carry gradients: floating point (bfloat16 included)
+ * or complex. */
+int mt_ext_inexact(PyArray_Descr *d);
 /* A new reference to a C-contiguous ndarray of `obj`'s elements (TypeError for a
  * non-ndarray); copies only when it is not contiguous. */
 PyArrayObject *mt_ext_contiguous(PyObject *obj);

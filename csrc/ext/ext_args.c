@@ -1,6 +1,8 @@
 /* The argument helpers every area of mpitensor._C shares: Python sequences to C
  * arrays, NumPy dtypes to core codes, core statuses to exceptions. They call only
  * the core and CPython, so every area depends on them and they on no area. */
+#include <string.h>
+
 #include "ext.h"
 
 PyObject *mt_ext_raise(int code, const mt_error *err) {
@@ -64,6 +66,18 @@ int mt_ext_placements(PyObject *seq, mt_placement *out, int *n) {
 
 int mt_ext_dtype(PyArrayObject *a) { return mt_ext_descr_dtype(PyArray_DESCR(a)); }
 
+/* ml_dtypes' bfloat16 is a user-defined NumPy dtype of kind 'V', whose type number
+ * is assigned when ml_dtypes is imported: it is known by its scalar type's name. */
+static int is_bfloat16(PyArray_Descr *d) {
+  if (d->type_num < NPY_USERDEF || PyDataType_ELSIZE(d) != 2) return 0;
+  const char *name = d->typeobj->tp_name, *dot = strrchr(name, '.');
+  return strcmp(dot != NULL ? dot + 1 : name, "bfloat16") == 0;
+}
+
+int mt_ext_inexact(PyArray_Descr *d) {
+  return d->kind == 'f' || d->kind == 'c' || (d->kind == 'V' && is_bfloat16(d));
+}
+
 int mt_ext_descr_dtype(PyArray_Descr *d) {
   int size = (int)PyDataType_ELSIZE(d);
   switch (d->kind) {
@@ -75,6 +89,7 @@ int mt_ext_descr_dtype(PyArray_Descr *d) {
     case 'f': return size == 2 ? MT_DTYPE_FLOAT16 : size == 4 ? MT_DTYPE_FLOAT32
                    : size == 8 ? MT_DTYPE_FLOAT64 : -2;
     case 'c': return size == 8 ? MT_DTYPE_COMPLEX64 : size == 16 ? MT_DTYPE_COMPLEX128 : -2;
+    case 'V': return is_bfloat16(d) ? MT_DTYPE_BFLOAT16 : -2;
     default: return -2;
   }
 }

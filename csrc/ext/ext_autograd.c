@@ -156,9 +156,10 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
   const mt_ext_dtensor *o = (const mt_ext_dtensor *)out;
   PyObject *dtype = any && Py_TYPE(out) == d->dtensor && PyTuple_Check(o->spec)
                         ? PyTuple_GET_ITEM(o->spec, 3) : NULL;
-  int kind = dtype != NULL && PyArray_DescrCheck(dtype) ? ((PyArray_Descr *)dtype)->kind : 0;
+  int inexact = dtype != NULL && PyArray_DescrCheck(dtype) &&
+                mt_ext_inexact((PyArray_Descr *)dtype);
   PyObject *res = Py_NewRef(out);
-  if (kind == 'f' || kind == 'c')
+  if (inexact)
     res = mt_ext_record(d, args[0], args[3], res, items, n, Py_None, NULL);
   Py_DECREF(seq);
   return res;

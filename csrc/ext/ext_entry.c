@@ -105,8 +105,8 @@ static int record_each(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject *item = PySequence_Fast_ITEMS(res)[i];
     if (Py_TYPE(item) != d->dtensor) continue;
-    char kind = PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)item)->local)->kind;
-    if (kind != 'f' && kind != 'c') continue;
+    if (!mt_ext_inexact(PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)item)->local)))
+      continue;
     PyObject *aux = Py_BuildValue("(On)", kwargs ? kwargs : Py_None, i);
     PyObject *r = aux ? mt_ext_record(d, name, backward, Py_NewRef(item),
                                       PySequence_Fast_ITEMS(flat),
@@ -160,10 +160,9 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   if (res == NULL) return NULL;
   int several = (PyTuple_Check(res) || PyList_Check(res)) && PySequence_Fast_GET_SIZE(res);
   PyObject *first = several ? PySequence_Fast_ITEMS(res)[0] : res;
-  char kind = Py_TYPE(first) == d->dtensor
-                  ? PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)->kind
-                  : 0;
-  if (kind != 'f' && kind != 'c') return res;
+  if (Py_TYPE(first) != d->dtensor ||
+      !mt_ext_inexact(PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)))
+    return res;
   if (backward == Py_None) {
     Py_DECREF(res);
     PyObject *fname = func == d->ufunc_type && PyTuple_GET_SIZE(args) > 0

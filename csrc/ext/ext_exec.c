@@ -365,8 +365,8 @@ static PyObject *saved_operands(mt_ext_dispatch *d, const mt_ext_call *c,
 static PyObject *record(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
                         const run_state *rs, PyObject *const *ops, PyObject *out) {
   PyObject *first = PyTuple_Check(out) ? PyTuple_GET_ITEM(out, 0) : out;
-  char kind = PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)->kind;
-  if (kind != 'f' && kind != 'c') return out;
+  if (!mt_ext_inexact(PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)))
+    return out;
   if (op->sig == NULL || op->sig->grad_backward == NULL) {
     PyObject *name = mt_ext_op_label(op->key);
     if (name != NULL)

@@ -12,7 +12,7 @@ Example (``mpiexec -n 4 python script.py``)::
 
 import os as _os
 
-from . import _C, _ops  # _ops fills the registry DTensor's operations are found in
+from . import _C, _dtypes, _ops  # _ops fills the registry DTensor's operations are found in
 from ._dtensor import DTensor
 from ._device import device
 from ._distribute import distribute_tensor
@@ -87,3 +87,14 @@ __all__ = [
     "testing",
     "show_config",
 ]
+
+
+def __getattr__(name: str):
+    """``mpitensor.bfloat16``: ml_dtypes' bfloat16 dtype, as ``torch.bfloat16``
+    (ImportError naming ml_dtypes when it is not installed). Local.
+
+    Example: ``MixedPrecisionPolicy(param_dtype=mt.bfloat16)``.
+    """
+    if name == "bfloat16":
+        return _dtypes.require_bfloat16()
+    raise AttributeError(f"module 'mpitensor' has no attribute {name!r}")

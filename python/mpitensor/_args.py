@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import _dtypes
 from .device_mesh import DeviceMesh, _current_mesh
 from .placement_types import Partial, Placement, Replicate, Shard
 
@@ -85,14 +86,15 @@ def reject_partial(placements: Sequence[Placement], what: str) -> None:
 
 
 def check_dtype(dtype) -> np.dtype:
-    """A NumPy numeric dtype (bool, int, uint, float, complex), else TypeError."""
+    """A NumPy numeric dtype (bool, int, uint, float, complex, ml_dtypes' bfloat16),
+    else TypeError (ImportError naming ml_dtypes for ``"bfloat16"`` without it)."""
     try:
-        dt = np.dtype(dtype)
+        dt = _dtypes.as_dtype(dtype)
     except TypeError as e:
         raise TypeError(f"not a NumPy dtype: {dtype!r}") from e
-    if dt.kind not in "biufc" or dt.hasobject:
+    if (dt.kind not in "biufc" and not _dtypes.is_bfloat16(dt)) or dt.hasobject:
         raise TypeError(
-            f"DTensors hold numeric data (bool, int, uint, float, complex); "
+            f"DTensors hold numeric data (bool, int, uint, float, complex, bfloat16); "
             f"got dtype {dt}"
         )
     return dt

@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import _C, _args, _device, _iterate, _modes, _registry, _trace
+from . import _C, _args, _device, _dtypes, _iterate, _modes, _registry, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._layout import _codes, compute_local_shape_and_global_offset
@@ -447,7 +447,7 @@ class DTensor(_C.DTensorBase):
         Example: ``w = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()``.
         """
         requires_grad = bool(requires_grad)
-        if requires_grad and not np.issubdtype(self._spec.dtype, np.inexact):
+        if requires_grad and not _dtypes.is_inexact(self._spec.dtype):
             raise RuntimeError(
                 f"only DTensors of floating point or complex dtype can require "
                 f"gradients, this one has dtype {self._spec.dtype}")

@@ -1,6 +1,6 @@
 /* Box copies against a naive per-element copy over random shapes, reductions and
- * divisions for every dtype against straightforward references, and float16
- * conversions checked exhaustively against an independent model of binary16. */
+ * divisions for every dtype against straightforward references, and float16 and
+ * bfloat16 conversions checked exhaustively against independent models. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -121,6 +121,60 @@ static void test_half_rounding_sweep(void) {
     bad += !check_f2h(f);
   }
   CHECK_MSG(bad == 0, "%d floats round to the wrong half", bad);
+}
+
+/* ---- bfloat16: a float's upper half, rounded by comparing distances in double ---- */
+
+static float bf16_value(uint32_t pattern) {
+  uint32_t bits = pattern << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/* The nearest bfloat16 to a non-NaN `f`: one of the two patterns around it (the
+ * one above may be inf, which stands at 2^128 for rounding), ties to even. */
+static uint16_t ref_float_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  uint32_t sign = x & 0x80000000u, lo = (x & 0x7fffffffu) >> 16, hi = lo + 1;
+  double a = fabs((double)f), vlo = bf16_value(lo);
+  double vhi = hi == 0x7f80u ? ldexp(1.0, 128) : (double)bf16_value(hi);
+  if (a == vlo || lo == 0x7f80u) return (uint16_t)((sign >> 16) | lo);
+  double dlo = a - vlo, dhi = vhi - a;
+  uint32_t pick = dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi);
+  return (uint16_t)((sign >> 16) | pick);
+}
+
+static void test_bf16_conversions(void) {
+  int bad_trip = 0, bad_round = 0;
+  for (uint32_t b = 0; b <= 0xffff; ++b) {
+    float f = mt_bfloat16_to_float((uint16_t)b);
+    if (isnan(f)) {
+      bad_trip += !isnan(mt_bfloat16_to_float(mt_float_to_bfloat16(f)));
+      continue;
+    }
+    bad_trip += mt_float_to_bfloat16(f) != b;
+  }
+  for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 997) {
+    float f;
+    uint32_t x = (uint32_t)bits;
+    memcpy(&f, &x, sizeof f);
+    uint16_t got = mt_float_to_bfloat16(f);
+    if (isnan(f)) bad_round += !isnan(mt_bfloat16_to_float(got)) || (got >> 15) != (x >> 31);
+    else bad_round += got != ref_float_to_bf16(f);
+  }
+  CHECK_MSG(bad_trip == 0, "%d bfloat16 values do not round-trip", bad_trip);
+  CHECK_MSG(bad_round == 0, "%d floats round to the wrong bfloat16", bad_round);
+  CHECK(mt_float_to_bfloat16(1.0f) == 0x3f80);
+  CHECK(mt_float_to_bfloat16(1.0f + 0x1p-8f) == 0x3f80);       /* tie, even is down */
+  CHECK(mt_float_to_bfloat16(1.0f + 3 * 0x1p-8f) == 0x3f82);   /* tie, even is up */
+  CHECK(mt_float_to_bfloat16(0x1.ffp127f) == 0x7f80);         /* rounds up to inf */
+  CHECK(mt_float_to_bfloat16(-INFINITY) == 0xff80);
+  uint32_t nan_bits = 0x7f800001u; /* a payload only in the dropped bits */
+  float nan_low;
+  memcpy(&nan_low, &nan_bits, sizeof nan_low);
+  CHECK(isnan(mt_bfloat16_to_float(mt_float_to_bfloat16(nan_low))));
 }
 
 /* ---- Box copies ---- */
@@ -580,6 +634,41 @@ static void test_reduce_half(void) {
   CHECK(big == 0x7c00);
 }
 
+/* Sums as torch's collectives make them: in float, rounded at each step. */
+static void test_reduce_bf16(void) {
+  uint64_t rng = 77;
+  enum { N = 5000 };
+  static uint16_t a[N], b[N], want[N];
+  for (int op = 0; op < MT_REDUCE_COUNT; ++op) {
+    for (int i = 0; i < N; ++i) {
+      a[i] = (uint16_t)next_u64(&rng);
+      b[i] = i % 3 == 0 ? (uint16_t)(a[i] ^ 0x8000) : (uint16_t)next_u64(&rng);
+      float x = mt_bfloat16_to_float(a[i]), y = mt_bfloat16_to_float(b[i]);
+      float r = op == MT_REDUCE_PRODUCT ? x * y
+                : op <= MT_REDUCE_AVG   ? x + y
+                                        : (float)ref_real(op, x, y);
+      want[i] = isnan(r) ? 0x7fc0 : ref_float_to_bf16(r);
+    }
+    CHECK(mt_reduce(a, b, N, MT_DTYPE_BFLOAT16, op, NULL) == MT_OK);
+    int bad = 0;
+    for (int i = 0; i < N; ++i) {
+      float got = mt_bfloat16_to_float(a[i]), w = mt_bfloat16_to_float(want[i]);
+      if (isnan(w)) bad += !isnan(got);
+      else if (op >= MT_REDUCE_MAX) bad += got != w;
+      else bad += a[i] != want[i];
+    }
+    CHECK_MSG(bad == 0, "bfloat16 op %d: %d wrong", op, bad);
+  }
+  /* 256 + 1 is a tie in bfloat16 and stays 256; 256 + 3 rounds up to 260. */
+  uint16_t s[2] = {mt_float_to_bfloat16(256.0f), mt_float_to_bfloat16(256.0f)};
+  uint16_t t[2] = {mt_float_to_bfloat16(1.0f), mt_float_to_bfloat16(3.0f)};
+  CHECK(mt_reduce(s, t, 2, MT_DTYPE_BFLOAT16, MT_REDUCE_SUM, NULL) == MT_OK);
+  CHECK(mt_bfloat16_to_float(s[0]) == 256.0f && mt_bfloat16_to_float(s[1]) == 260.0f);
+  uint16_t d[2] = {mt_float_to_bfloat16(1.0f), mt_float_to_bfloat16(-6.0f)};
+  CHECK(mt_divide(d, 2, MT_DTYPE_BFLOAT16, 3, NULL) == MT_OK);
+  CHECK(d[0] == mt_float_to_bfloat16(1.0f / 3.0f) && mt_bfloat16_to_float(d[1]) == -2.0f);
+}
+
 static void test_reduce_complex(void) {
   double a[6] = {1, 2, -3, 0.5, 0, 1}, b[6] = {3, -4, 2, 2, 0, 1};
   double want_prod[6] = {1 * 3 - 2 * -4, 1 * -4 + 2 * 3, -3 * 2 - 0.5 * 2,
@@ -710,6 +799,8 @@ int main(void) {
   test_reduce_ints_wrap();
   test_reduce_floats();
   test_reduce_half();
+  test_bf16_conversions();
+  test_reduce_bf16();
   test_reduce_complex();
   test_reduce_bool();
   test_reduce_errors();

@@ -3,7 +3,9 @@ too), one all-gather per module group before its forward and again before its
 backward when the forward freed it, one reduce-scatter per group of the gradients;
 gradients and a few SGD steps equal the one-rank model's in float64; with TP on a
 2-D (dp, tp) mesh, parallelize_module over mesh["tp"] then fully_shard over
-mesh["dp"] trains as the one-rank model; a call that cannot shard raises."""
+mesh["dp"] trains as the one-rank model; reshard_after_forward=2 at 4 ranks gathers
+the backward over pairs of ranks with the same gradients; a call that cannot shard
+raises."""
 
 from __future__ import annotations
 
@@ -488,3 +490,55 @@ def test_2d_transformer_gradients_equal_one_rank(mesh2d):
     for name, p in model.named_parameters():
         np.testing.assert_allclose(p.grad.detach().full_tensor(), want[name], rtol=1e-10,
                                    atol=1e-13, err_msg=name)
+
+
+# -- reshard_after_forward as an int: the post-forward mesh --------------------------
+
+@pytest.mark.skipif(W != 4, reason="a non-trivial divisor of dp: 2 of 4")
+def test_reshard_to_groups_of_two(mesh):
+    """After forward each pair of ranks keeps the parameters between them: the
+    backward's all-gathers run over 2 ranks (fewer bytes sent than the forward's
+    over 4), the gradients are those of reshard_after_forward=True, and the
+    parameters are freed on every rank."""
+    grads = {}
+    for raf in (True, 2):
+        m = sharded_mlp(mesh, reshard_after_forward=raf)
+        x, t = batch(mesh)
+        with CommDebugMode() as fwd:
+            loss = loss_of(m, x, t)
+        assert freed(m.w1) and freed(m.w2)
+        with CommDebugMode() as bwd:
+            loss.backward()
+        assert fwd.get_comm_counts()[AG] == 2 and bwd.get_comm_counts()[AG] == 2
+        assert bwd.get_comm_counts()[RS] == 2
+        sent = fwd.get_comm_bytes()[AG], bwd.get_comm_bytes()[AG]
+        assert sent[1] == (sent[0] if raf is True else 2 * sent[0] // 3), sent
+        grads[raf] = {n: p.grad.full_tensor() for n, p in m.named_parameters()}
+        assert freed(m.w1) and freed(m.w2)
+    for name, g in grads[True].items():
+        np.testing.assert_array_equal(grads[2][name], g, err_msg=name)
+
+
+def test_reshard_int_edge_values(mesh):
+    """1 means False and the dp size True, as torch's; a non-divisor raises on
+    every rank."""
+    m = sharded_mlp(mesh, reshard_after_forward=1)
+    x, t = batch(mesh)
+    loss = loss_of(m, x, t)
+    with CommDebugMode() as bwd:
+        loss.backward()
+    assert bwd.get_comm_counts()[AG] == 0  # kept, as reshard_after_forward=False
+    if W > 1:
+        m = sharded_mlp(mesh, reshard_after_forward=W)
+        loss_of(m, x, t)
+        assert freed(m.w1)
+    for bad in (0, -1, W + 1):
+        with pytest.raises(ValueError, match="must divide the data-parallel size"):
+            fully_shard(MLP(), mesh=mesh, reshard_after_forward=bad)
+
+
+@pytest.mark.skipif(W != 4, reason="a dp of 4 sliced from a (4, 1) mesh")
+def test_reshard_int_needs_a_dp_mesh_of_its_own():
+    mesh = mt.init_device_mesh("cpu", (4, 1), mesh_dim_names=("dp", "tp"))
+    with pytest.raises(ValueError, match="1-D data-parallel mesh of its own"):
+        fully_shard(MLP(), mesh=mesh["dp"], reshard_after_forward=2)

@@ -11,9 +11,7 @@ DTensors with the placements they have.
 
 from __future__ import annotations
 
-import numpy as np
-
-from .. import _modes
+from .. import _dtypes, _modes
 from .._dtensor import DTensor
 from ._engine import record
 
@@ -116,7 +114,7 @@ class Function:
             return out
         if type(out) is not DTensor:
             outs = out if isinstance(out, (tuple, list)) else (out,)
-            if any(type(o) is DTensor and np.issubdtype(o._spec.dtype, np.inexact)
+            if any(type(o) is DTensor and _dtypes.is_inexact(o._spec.dtype)
                    for o in outs):
                 raise NotImplementedError(
                     f"{cls.__name__}.forward returned several DTensors; a Function "

@@ -1,7 +1,8 @@
 """Fully sharded data parallelism, as torch.distributed.fsdp's ``fully_shard``
 (FSDP2), on DTensors: parameters sharded on dim 0 over the data-parallel mesh,
 gathered one module group at a time for its forward and backward, gradients
-reduce-scattered back. Composes with tensor parallelism on a 2-D ``(dp, tp)``
+reduce-scattered back, optionally in lower precision (``MixedPrecisionPolicy``).
+Composes with tensor parallelism on a 2-D ``(dp, tp)``
 mesh (see docs/training.md).
 
 Example (``mpiexec -n 4``)::
@@ -16,6 +17,8 @@ Example (``mpiexec -n 4``)::
 from __future__ import annotations
 
 from ._fully_shard import FSDPModule, fully_shard
+from ._mixed_precision import MixedPrecisionPolicy
 from ._two_d import enable_2d_with_fsdp, is_2d_enabled
 
-__all__ = ["fully_shard", "FSDPModule", "enable_2d_with_fsdp", "is_2d_enabled"]
+__all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "enable_2d_with_fsdp",
+           "is_2d_enabled"]

@@ -26,6 +26,12 @@ computed from it, so the token's node runs once, after the last gradient of the
 group arrived: there the gradients are reduce-scattered, in one collective, into
 the sharded parameters. A node on the module's outputs runs before anything inside
 the module in backward: there the group is all-gathered again if it was freed.
+
+Mixed precision (``mp_policy``): the sharded parameters keep their dtype; the
+flat buffer is filled in ``param_dtype`` (the cast happens on the shards, before
+the all-gather), so the unsharded parameters are ``param_dtype`` values, and the
+gradients are summed into a buffer of ``reduce_dtype``, reduce-scattered in it
+and cast to the sharded parameters' dtype, as torch's ``FSDPParam``.
 """
 
 from __future__ import annotations
@@ -34,19 +40,23 @@ import weakref
 
 import numpy as np
 
-from .. import _modes
+from .. import _C, _modes
 from .._args import resolve_mesh
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
+from .._fingerprint import fingerprint
 from ..autograd import Node, no_grad
 from ..device_mesh import DeviceMesh, local_mesh
 from ..nn.module import Module
 from ..placement_types import Partial, Replicate, Shard
+from ._mixed_precision import MixedPrecisionPolicy, cast_floats, group_problem, policy_problem
 
 __all__ = ["fully_shard", "FSDPModule"]
 
 # Meshes with the dims of a (dp, tp) mesh swapped, made once per mesh (see _Param).
 _tp_first_meshes: dict = {}
+# The post-forward meshes of reshard_after_forward=N, made once per (dp mesh, N).
+_post_meshes: dict = {}
 # Counts the root modules' forwards: a group still gathered from an earlier one
 # (kept for a backward that never came) is gathered again, since the optimizer
 # may have changed the shards since.
@@ -94,7 +104,8 @@ def _fsdp_class(cls):
 
 
 def fully_shard(module, *, mesh: DeviceMesh | None = None,
-                reshard_after_forward: bool = True):
+                reshard_after_forward: bool | int = True,
+                mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy()):
     """Shard ``module``'s parameters over the data-parallel mesh, as torch's FSDP2
     ``fully_shard``: call it on submodules (such as each transformer block) first,
     then on the root. Returns the module, whose class now also derives from
@@ -108,18 +119,32 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     sharding does). Before the module's forward its group is all-gathered in one
     collective; after it the gathered parameters are freed when
     ``reshard_after_forward`` (the root module, first to run backward, keeps them,
-    as torch's), gathered again before the module's backward, and the gradients
+    as torch's); an int N keeps each group of N consecutive dp ranks holding the
+    gathered parameters between them (torch's post-forward mesh, dp viewed as
+    (dp // N, N)), so the backward's all-gather runs over N ranks; the
+    parameters are gathered again before the module's backward, and the gradients
     are reduce-scattered in one collective into the sharded parameters' ``.grad``:
     summed when they are Partial over ``dp`` (a batch sharded over ``dp``),
     averaged over the replicas otherwise (each replica's own batch).
+
+    ``mp_policy`` (:class:`MixedPrecisionPolicy`): the dtype the group is gathered
+    and computed in (``param_dtype``), the dtype its gradients are reduce-scattered
+    in (``reduce_dtype``), the casts of the forward's inputs and outputs; the
+    sharded parameters and their gradients keep their own dtype.
 
     ``mesh``: the 1-D data-parallel mesh, or a 2-D mesh with a dim named ``"dp"``;
     default the current mesh. Raises ValueError (on every rank: every check depends
     on shapes, meshes and placements) when the mesh has no ``dp`` dim, the module is
     fully_sharded already, a parameter is owned by a fully_sharded ancestor (call
     it on children first) or lives on a mesh that is not the other dim of ``dp``'s
-    2-D mesh, is a scalar or Partial, or the group mixes dtypes. Collective on the
-    mesh (local shards are cut; only the swapped mesh, when needed, communicates).
+    2-D mesh, is a scalar or Partial, or the group mixes dtypes, or an int
+    ``reshard_after_forward`` does not divide the dp size (1 means False, the dp
+    size True, as torch's) or is given with a dp mesh sliced from a 2-D mesh; and
+    when the
+    policy names a dtype other than float16, bfloat16, float32 and float64, casts
+    complex parameters, or differs between ranks. Collective on the mesh (one
+    small agreement on the policy; local shards are cut; the swapped mesh, when
+    needed, communicates).
 
     Example (``mpiexec -n 2``)::
 
@@ -136,14 +161,15 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     if "_fsdp_state" in module.__dict__:
         raise ValueError(f"fully_shard: {type(module).__name__} is fully_sharded already")
     dp_mesh = _dp_mesh(mesh)
-    state = _State(module, dp_mesh, bool(reshard_after_forward))
+    state = _State(module, dp_mesh, _post_forward_size(reshard_after_forward, dp_mesh),
+                   mp_policy)
     for m in module.modules():
         s = m.__dict__.get("_fsdp_state")
         if s is not None and m is not module:
             s.is_root = False
     module.__dict__["_fsdp_state"] = state
     module.__class__ = _fsdp_class(type(module))
-    module.register_forward_pre_hook(state.pre_forward)
+    module.register_forward_pre_hook(state.pre_forward, with_kwargs=True)
     module.register_forward_hook(state.post_forward)
     return module
 
@@ -160,6 +186,33 @@ def _dp_mesh(mesh) -> DeviceMesh:
         return mesh["dp"]
     raise ValueError(f"fully_shard: {mesh!r} has no data-parallel dim: pass a 1-D mesh or "
                      f"a 2-D mesh with a dim named 'dp'")
+
+
+def _post_forward_size(value, dp_mesh: DeviceMesh):
+    """``reshard_after_forward`` as torch normalises it: True, False, or the size N
+    of the groups the parameters stay gathered in after forward (1 < N < dp)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        return bool(value)
+    n, dp = int(value), dp_mesh.size()
+    if n < 1 or dp % n:
+        raise ValueError(f"fully_shard: reshard_after_forward={n} must divide the "
+                         f"data-parallel size {dp} (or be True or False)")
+    if n == 1 or n == dp:  # in torch's order: at dp 1, 1 is False
+        return n != 1
+    if dp_mesh._get_root_mesh() is not dp_mesh:
+        raise ValueError("fully_shard: reshard_after_forward as an int needs a 1-D "
+                         "data-parallel mesh of its own, not one sliced from a 2-D mesh")
+    return n
+
+
+def _post_mesh(dp_mesh: DeviceMesh, n: int) -> DeviceMesh:
+    """The 1-D mesh of this rank's group of ``n`` consecutive dp ranks. Collective
+    on ``dp_mesh`` the first time."""
+    if (dp_mesh, n) not in _post_meshes:
+        grid = DeviceMesh(dp_mesh.device_type, dp_mesh.mesh.reshape(-1, n),
+                          mesh_dim_names=("post_replicate", "post_shard"), comm=dp_mesh._comm)
+        _post_meshes[(dp_mesh, n)] = grid["post_shard"]
+    return _post_meshes[(dp_mesh, n)]
 
 
 def _tp_first(root: DeviceMesh, dp_name: str) -> DeviceMesh:
@@ -223,9 +276,14 @@ class _Param:
             spl = tuple(Shard(0) if n == dp_name else tp_pl for n in smesh.mesh_dim_names)
         self.sharded = DTensor.from_local(shard, smesh, spl, shape=self.shape, stride=stride)
         self.sharded.requires_grad_(True)
-        self.free = np.broadcast_to(np.array(np.nan, self.dtype), self.lshape)
-        self.unsharded = DTensor.from_local(self.free, self.umesh, self.upl,
-                                            shape=self.shape, stride=stride)
+        self.compute_in(self.dtype)
+
+    def compute_in(self, dtype: np.dtype) -> None:
+        """Makes the unsharded parameter (freed: a placeholder that holds no
+        memory) of ``dtype``, the dtype the group is gathered in."""
+        self.free = np.broadcast_to(np.array(np.nan, dtype), self.lshape)
+        self.unsharded = DTensor.from_local(self.free, self.umesh, self.upl, shape=self.shape,
+                                            stride=contiguous_strides(self.shape))
 
     @staticmethod
     def _tp_parts(value: DTensor, dp_mesh: DeviceMesh, what: str):
@@ -257,10 +315,15 @@ class _Param:
 class _State:
     """A fully_sharded module's group and the hooks that move it."""
 
-    def __init__(self, module: Module, dp_mesh: DeviceMesh, reshard_after_forward: bool):
+    def __init__(self, module: Module, dp_mesh: DeviceMesh, reshard_after_forward,
+                 mp_policy: MixedPrecisionPolicy):
         self.module, self.dp_mesh = module, dp_mesh
         self.dp = dp_mesh.size()
-        self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_forward = bool(reshard_after_forward)
+        post = reshard_after_forward is not True and reshard_after_forward is not False
+        self.post_mesh = _post_mesh(dp_mesh, reshard_after_forward) if post else None
+        self.full = None  # the group's gathered (dp, size) buffer while unsharded
+        self.post = None  # this rank's rows of it, kept after forward for post_mesh
         self.is_root = True
         self.unsharded = False
         self.generation = -1  # the root forward the gathered arrays were made in
@@ -273,6 +336,7 @@ class _State:
                              f"{sorted(str(d) for d in dtypes)}; a group is one buffer of "
                              f"one dtype: fully_shard the submodules of each dtype apart")
         self.dtype = self.params[0].dtype if self.params else np.dtype(np.float64)
+        self._mixed_precision(mp_policy)
         self.offsets, size = [], 0
         for p in self.params:
             self.offsets.append(size)
@@ -281,6 +345,22 @@ class _State:
         for p in self.params:
             for m, name in p.where:
                 m._parameters[name] = p.sharded
+
+    def _mixed_precision(self, mp: MixedPrecisionPolicy) -> None:
+        """The dtypes the group is gathered (and computed) and reduced in, as torch's
+        ``FSDPParam.init_dtype_attrs``; the policy is agreed on by every rank."""
+        problem = policy_problem(mp) or group_problem(mp, self.dtype,
+                                                      type(self.module).__name__)
+        _C.agree(self.dp_mesh._handle, problem is None, fingerprint(mp),
+                 problem or "fully_shard: the ranks passed different mp_policy",
+                 TypeError if not isinstance(mp, MixedPrecisionPolicy) else ValueError)
+        self.param_dtype = self.dtype if mp.param_dtype is None else mp.param_dtype
+        self.reduce_dtype = self.param_dtype if mp.reduce_dtype is None else mp.reduce_dtype
+        self.output_dtype = mp.output_dtype
+        self.cast_inputs = mp.cast_forward_inputs and mp.param_dtype is not None
+        if self.param_dtype != self.dtype:
+            for p in self.params:
+                p.compute_in(self.param_dtype)
 
     def _collect(self, module: Module) -> list:
         found: dict = {}
@@ -319,15 +399,19 @@ class _State:
         if (self.unsharded and not again) or not self.params:
             self.unsharded = True
             return
-        self.generation = _generation[0]
-        buf = np.zeros(self.size, self.dtype)
-        for p, off in zip(self.params, self.offsets):
-            buf[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
-        with no_grad():
-            flat = DTensor.from_local(buf, self.dp_mesh, [Shard(0)],
-                                      shape=(self.dp * self.size,), stride=(1,))
-            full = flat.redistribute(self.dp_mesh, [Replicate()])._data()
+        if self.post is not None and not again:  # kept rows: gathered over post_mesh
+            full = _all_gather(self.post.reshape(-1), self.post_mesh)
+        else:
+            self.generation = _generation[0]
+            buf = np.zeros(self.size, self.param_dtype)  # the cast to param_dtype is here
+            for p, off in zip(self.params, self.offsets):
+                buf[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
+            full = _all_gather(buf, self.dp_mesh)
+        self.post = None
         full = full.reshape(self.dp, self.size)
+        # kept only for the rows reshard(to_post=True) keeps: the parameters' arrays
+        # are copies out of it
+        self.full = full if self.post_mesh is not None else None
         arrays = []
         for p, off in zip(self.params, self.offsets):
             block = full[:, off:off + p.rows * p.rest].reshape((self.dp * p.rows,) + p.lshape[1:])
@@ -335,8 +419,16 @@ class _State:
         self._set_locals(arrays)
         self.unsharded = True
 
-    def reshard(self) -> None:
-        """Frees the unsharded parameters (their arrays become placeholders)."""
+    def reshard(self, to_post: bool = False) -> None:
+        """Frees the unsharded parameters (their arrays become placeholders); with
+        ``to_post`` this rank keeps its rows of the gathered buffer, the part it
+        contributes to the post-forward mesh's all-gather."""
+        self.post = None
+        if to_post and self.full is not None:
+            k = self.dp // self.post_mesh.size()
+            j = self.post_mesh.get_local_rank()
+            self.post = np.array(self.full[j * k:(j + 1) * k])
+        self.full = None
         self._set_locals([p.free for p in self.params])
         self.unsharded = False
 
@@ -355,7 +447,7 @@ class _State:
                 m._parameters[name] = t
 
     # -- hooks -------------------------------------------------------------------------
-    def pre_forward(self, module, args):
+    def pre_forward(self, module, args, kwargs):
         if self.is_root:
             _generation[0] += 1
         self.unshard(again=self.generation != _generation[0])
@@ -368,6 +460,8 @@ class _State:
             self._register([p.unsharded._data() if p.umesh is local_mesh() else p.unsharded
                             for p in self.params])
         self.calls.append(fwd)
+        if self.cast_inputs:
+            return cast_floats(args, self.param_dtype), cast_floats(kwargs, self.param_dtype)
         return None
 
     def post_forward(self, module, args, output):
@@ -375,14 +469,16 @@ class _State:
         fwd = self.calls.pop()
         if fwd is None:
             self.reshard()
-            return None
-        count = [0]
-        output = _alias_outputs(output, lambda: self.pre_backward(fwd), count)
-        # Without an output to hook, nothing would gather the group again before
-        # its backward: it stays gathered.
-        if self.reshard_after_forward and not self.is_root and count[0]:
-            self.reshard()
-        return output
+        else:
+            count = [0]
+            output = _alias_outputs(output, lambda: self.pre_backward(fwd), count)
+            # Without an output to hook, nothing would gather the group again before
+            # its backward: it stays gathered.
+            if self.reshard_after_forward and not self.is_root and count[0]:
+                self.reshard(to_post=self.post_mesh is not None)
+        if self.output_dtype is not None:
+            return cast_floats(output, self.output_dtype)
+        return None if fwd is None else output
 
     def pre_backward(self, fwd: "_Forward") -> None:
         fwd.active = True
@@ -431,9 +527,9 @@ class _State:
             scale = 1.0 / self.dp  # replicas' gradients are averaged, as torch's
         local = g._data()
         if fwd.grad is None:
-            fwd.grad = np.zeros((self.dp, self.size), self.dtype)
+            fwd.grad = np.zeros((self.dp, self.size), self.reduce_dtype)
         off = self.offsets[i]
-        padded = np.zeros((self.dp * p.rows,) + p.lshape[1:], self.dtype)
+        padded = np.zeros((self.dp * p.rows,) + p.lshape[1:], self.reduce_dtype)
         padded[:p.lshape[0]] = local
         if scale != 1.0:
             padded *= scale
@@ -457,20 +553,32 @@ class _State:
         # The parts of this one new buffer are the engine's to keep as .grad without
         # a copy when they tile it; with padding between them (uneven dims) a kept
         # part would keep the padding alive, so the engine copies them.
-        tiles = len(got) == len(self.params) and \
-            sum(p.n * p.rest for p in self.params) == local.size
+        cast = local.dtype != self.dtype  # each part then is its own new array
+        tiles = cast or (len(got) == len(self.params)
+                         and sum(p.n * p.rest for p in self.params) == local.size)
         out = []
         for i, (p, off) in enumerate(zip(self.params, self.offsets)):
             if i not in got:
                 out.append(None)
                 continue
             shard = local[off:off + p.n * p.rest].reshape((p.n,) + p.lshape[1:])
+            if cast:
+                shard = shard.astype(self.dtype)
             s = p.sharded._spec
             part = DTensor.from_local(shard, s.mesh, s.placements, shape=s.shape,
                                       stride=s.stride)
             part._fresh = tiles
             out.append(part)
         return tuple(out)
+
+
+def _all_gather(local: np.ndarray, mesh: DeviceMesh) -> np.ndarray:
+    """Every rank's 1-D ``local`` (one size on all) concatenated, in one all-gather
+    over ``mesh``. Collective on it."""
+    with no_grad():
+        flat = DTensor.from_local(local, mesh, [Shard(0)], shape=(mesh.size() * local.size,),
+                                  stride=(1,))
+        return flat.redistribute(mesh, [Replicate()])._data()
 
 
 class _Forward:

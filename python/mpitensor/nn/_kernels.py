@@ -14,6 +14,12 @@ these functions compute with NumPy.
 
 ``enabled = False`` (or ``MPITENSOR_NN_KERNELS=0`` in the environment) makes every
 layer use NumPy, which is how the tests compare the two paths.
+
+float16 and bfloat16 (mixed precision): NumPy has no BLAS for them, and its loops
+round every partial sum. linear, the products of its backward, GELU, softmax and
+layer norm therefore widen such operands to float32, compute there (float32
+accumulation, the C kernels) and round the result to the operands' dtype once, as
+torch's low-precision kernels do.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 
 import numpy as np
 
+from .. import _dtypes
 from . import _blas, _ckernels
 
 enabled = os.environ.get("MPITENSOR_NN_KERNELS", "1") != "0"
@@ -69,6 +76,27 @@ def _bias_fits(b, shape, dtype) -> bool:
                          and all(n in (1, m) for n, m in zip(b.shape[::-1], shape[::-1])))
 
 
+def narrow(*arrays) -> bool:
+    """Whether the first array is float16 or bfloat16 and the others (None
+    allowed) share its dtype: the operands computed in float32 and rounded back."""
+    dtype = arrays[0].dtype
+    return _dtypes.is_narrow_float(dtype) and all(a is None or a.dtype == dtype
+                                                  for a in arrays)
+
+
+def widen(a):
+    """``a`` (an ndarray or None) in float32."""
+    return None if a is None else np.asarray(a).astype(np.float32)
+
+
+def matmul(a, b):
+    """``np.matmul(a, b)`` of ndarrays; float16 or bfloat16 operands of one dtype
+    are multiplied in float32 and the product is rounded to their dtype once."""
+    if narrow(a, b):
+        return np.matmul(widen(a), widen(b)).astype(a.dtype)
+    return np.matmul(a, b)
+
+
 def linear(x, w, b):
     """x @ w.T + b for ndarrays x (..., k), w (n, k) and b None or broadcastable.
 
@@ -76,7 +104,10 @@ def linear(x, w, b):
     of one dtype, the bias is broadcast into the output and one gemm adds the
     product to it (beta = 1): no pass of its own over the output. Otherwise the
     product is NumPy's, and the bias is added in place when that gives the same
-    array as ``out + b`` (same dtype and shape), which saves a temporary."""
+    array as ``out + b`` (same dtype and shape), which saves a temporary. float16
+    and bfloat16 operands are computed in float32 and rounded once."""
+    if narrow(x, w, b):
+        return linear(widen(x), widen(w), widen(b)).astype(x.dtype)
     if (_linear_by_gemm() and _fits(x, w) and x.ndim >= 1 and w.ndim == 2
             and x.shape[-1] == w.shape[1]):
         shape = x.shape[:-1] + w.shape[:1]
@@ -111,6 +142,8 @@ def _linear_gemm(x, w, b, shape):
 
 def gelu(x, approximate: str):
     """GELU of a float ndarray ("none": exact, "tanh": approximated)."""
+    if narrow(x):
+        return gelu(widen(x), approximate).astype(x.dtype)
     if enabled and x.dtype in _FLOAT:
         return _ckernels.gelu(_c(x), 1 if approximate == "tanh" else 0)
     if approximate == "tanh":
@@ -131,6 +164,8 @@ def gelu(x, approximate: str):
 
 def softmax(x, axis: int, log: bool):
     """(log_)softmax of a float ndarray along a normalized ``axis``."""
+    if narrow(x):
+        return softmax(widen(x), axis, log).astype(x.dtype)
     if enabled and x.dtype in _FLOAT and axis == x.ndim - 1:
         return _ckernels.softmax(_c(x), log)
     shifted = x - np.max(x, axis=axis, keepdims=True)
@@ -143,6 +178,8 @@ def softmax(x, axis: int, log: bool):
 def layer_norm(x, ndim: int, weight, bias, eps: float):
     """Layer norm of a float ndarray over its trailing ``ndim`` dims, weight and
     bias None or ndarrays of those dims' shape."""
+    if narrow(x, weight, bias):
+        return layer_norm(widen(x), ndim, widen(weight), widen(bias), eps).astype(x.dtype)
     shape = x.shape[x.ndim - ndim:]
     if (enabled and _fits(x, weight, bias) and x.size
             and all(p is None or p.shape == shape for p in (weight, bias))):
@@ -205,6 +242,15 @@ def attention_heads_backward(q, k, v, g, scale: float, causal: bool, out=None):
     nothing is transposed. ``out``, when given, is (dq, dk, dv) arrays of q's, k's
     and v's shapes to write into (e.g. slices of one fused gradient). None when the
     operands do not fit the C kernel."""
+    if narrow(q, k, v, g):
+        grads = attention_heads_backward(widen(q), widen(k), widen(v), widen(g), scale, causal)
+        if grads is None:
+            return None
+        if out is None:
+            return tuple(x.astype(q.dtype) for x in grads)
+        for o, x in zip(out, grads):
+            o[...] = x
+        return out
     if not (enabled and _ckernels.have_blas() and _fits(q, k, v, g) and q.ndim >= 3
             and q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
             and q.shape[-2] == k.shape[-2] == v.shape[-2] and k.shape[-3] == v.shape[-3]
@@ -244,6 +290,9 @@ def attention_heads(q, k, v, scale: float, causal: bool):
     k (..., S, H, E), v (..., S, H, Ev), read in place (strided); returns
     (..., L, H * Ev) with the heads side by side, as the output projection wants
     them, or None when the operands do not fit the C kernel."""
+    if narrow(q, k, v):
+        out = attention_heads(widen(q), widen(k), widen(v), scale, causal)
+        return None if out is None else out.astype(q.dtype)
     if not (enabled and _ckernels.have_blas() and _fits(q, k, v) and q.ndim >= 3
             and q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]
             and q.shape[-2] == k.shape[-2] == v.shape[-2] and k.shape[-3] == v.shape[-3]
@@ -263,6 +312,8 @@ def attention_heads(q, k, v, scale: float, causal: bool):
 def gelu_backward(x, g, approximate: str):
     """``g * gelu'(x)`` for float ndarrays x and g of one shape: one C pass when
     they fit the kernels (one dtype), else NumPy's product with :func:`gelu_grad`."""
+    if narrow(x, g):
+        return gelu_backward(widen(x), widen(g), approximate).astype(x.dtype)
     if enabled and x.shape == g.shape and _fits(x, g):
         return _ckernels.gelu_backward(_c(x), _c(g), 1 if approximate == "tanh" else 0)
     return g * gelu_grad(x, approximate)

@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import _C, _modes, _registry, _trace, random as _random
+from .. import _C, _dtypes, _modes, _registry, _trace, random as _random
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -43,7 +43,7 @@ def _log_softmax_local(x, axis):
 def _apply(name, func, x, axis):
     if type(x) is not DTensor:
         x = np.asarray(x)
-        if x.dtype.kind not in "fc":
+        if not _dtypes.is_inexact(x.dtype):
             x = x.astype(np.float64)
         if x.ndim == 0:
             return func(x.reshape(1), 0).reshape(())
@@ -58,7 +58,7 @@ def _apply(name, func, x, axis):
         return D.dimmap([range(n)], range(n), kinds)
 
     def compute(local):
-        if local.dtype.kind not in "fc":
+        if not _dtypes.is_inexact(local.dtype):
             local = local.astype(np.float64)
         if local.size == 0:
             return np.empty(local.shape, np.result_type(local, 1.0))
@@ -241,7 +241,7 @@ def _linear_grad_input(g, weight):
 
 
 def _rows_matmul(a, w):
-    out = np.matmul(_rows2(a), w)
+    out = _kernels.matmul(_rows2(a), w)
     return out.reshape(a.shape[:-1] + out.shape[-1:])
 
 
@@ -254,7 +254,7 @@ def _linear_grad_weight(g, input, sub):
     D.same_mesh("numpy.einsum", (g, input))
     return D.execute(("einsum", sub), (g, input),
                      lambda: _linalg.einsum_map(*_linalg._parse_einsum(sub, (g, input))),
-                     lambda a, x: np.matmul(_rows2(a).T, _rows2(x)))
+                     lambda a, x: _kernels.matmul(_rows2(a).T, _rows2(x)))
 
 
 def _rows2(a):
@@ -422,7 +422,7 @@ def _local_like(x, func, dtype=None):
 
 
 def _float(x):
-    return x if x.dtype.kind in "fc" else x.astype(np.float64)
+    return x if _dtypes.is_inexact(x.dtype) else x.astype(np.float64)
 
 
 def dropout(input, p: float = 0.5, training: bool = True):
@@ -888,6 +888,10 @@ def _sdpa_backward(q, k, v, g, attn_mask, dropout_p, is_causal, scale, keep):
     """The gradients of attention in q, k, v (local arrays): with P the weights and
     D the dropout scaling, dV = (P D)^T g, dP = (g V^T) D, dS = P (dP - rowsum(dP P)),
     dQ = dS K scale, dK = dS^T Q scale."""
+    if _kernels.narrow(q, k, v, g):  # in float32, rounded once (see nn._kernels)
+        grads = _sdpa_backward(*(_kernels.widen(a) for a in (q, k, v, g)), attn_mask,
+                               dropout_p, is_causal, scale, keep)
+        return tuple(x.astype(q.dtype) for x in grads)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if attn_mask is None and keep is None:
         grads = _kernels.attention_backward(q, k, v, g, scale, is_causal)
@@ -910,6 +914,10 @@ def _sdpa_backward(q, k, v, g, attn_mask, dropout_p, is_causal, scale, keep):
 
 
 def _sdpa_local(q, k, v, attn_mask, dropout_p, is_causal, scale, drop, saved=None):
+    if _kernels.narrow(q, k, v):  # in float32, rounded once (see nn._kernels)
+        out = _sdpa_local(*(_kernels.widen(a) for a in (q, k, v)), attn_mask, dropout_p,
+                          is_causal, scale, drop, saved)
+        return out.astype(q.dtype)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, "

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .. import _dtypes
 from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ._state_load import _agree_load, _load_layout, _load_problem, _same_ranks
@@ -117,7 +118,7 @@ def _as_parameter(value, old, requires_grad):
     ``requires_grad`` says otherwise or (``requires_grad`` None) it replaces a
     DTensor parameter that did not: a frozen parameter stays frozen when a
     parallel style or fully_shard puts it in new placements."""
-    if type(value) is not DTensor or not np.issubdtype(value.dtype, np.inexact):
+    if type(value) is not DTensor or not _dtypes.is_inexact(value.dtype):
         return value
     if requires_grad is None:
         requires_grad = old._requires_grad if type(old) is DTensor else True
@@ -136,7 +137,7 @@ def _cast(value, dtype: np.dtype):
     """``value`` in ``dtype`` if it is floating point: an ndarray is replaced, a
     DTensor keeps its identity (its local data and spec change) and its gradient
     is cast alike."""
-    if value.dtype.kind not in "fc" or value.dtype == dtype:
+    if not _dtypes.is_inexact(value.dtype) or value.dtype == dtype:
         return value
     if isinstance(value, np.ndarray):
         return value.astype(dtype)
@@ -517,8 +518,8 @@ class Module:
             raise ValueError(f"mpitensor modules live on 'cpu', not {device!r}")
         if dtype is None:
             return self
-        dtype = np.dtype(dtype)
-        if dtype.kind not in "fc":
+        dtype = _dtypes.as_dtype(dtype)
+        if not _dtypes.is_inexact(dtype):
             raise TypeError(f"Module.to only accepts floating point or complex dtypes, "
                             f"but got desired dtype={dtype}")
         seen: set = set()

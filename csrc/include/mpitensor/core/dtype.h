@@ -1,4 +1,6 @@
-/* Element types the core knows, as plain codes with their sizes. */
+/* Element types the core knows, as plain codes with their sizes. bfloat16 (the
+ * upper half of a float32, ml_dtypes' type for NumPy) comes last, so that the
+ * codes before it keep their values. */
 #ifndef MPITENSOR_DTYPE_H
 #define MPITENSOR_DTYPE_H
 
@@ -22,7 +24,8 @@ extern "C" {
   X(FLOAT32, 4, "float32")         \
   X(FLOAT64, 8, "float64")         \
   X(COMPLEX64, 8, "complex64")     \
-  X(COMPLEX128, 16, "complex128")
+  X(COMPLEX128, 16, "complex128") \
+  X(BFLOAT16, 2, "bfloat16")
 
 typedef enum mt_dtype {
 #define MT__DTYPE_ENUM(name, size, text) MT_DTYPE_##name,

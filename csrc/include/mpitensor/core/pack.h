@@ -33,16 +33,22 @@ void mt_copy_bytes(void *dst, const void *src, int64_t n);
 /* Local. inout[i] = inout[i] (op) in[i] for n elements of `dtype` (mt_dtype) with
  * `op` an mt_reduce_op; MT_REDUCE_AVG reduces as a sum (the caller divides). bool
  * sums and maxima are logical or, products and minima logical and. Complex max/min
- * are MT_ETYPE (no order); float16 is computed in float and rounded to nearest even. */
+ * are MT_ETYPE (no order); float16 and bfloat16 are computed in float and rounded to
+ * nearest even at each step, as NumPy (and for bfloat16 torch's collectives) do. */
 int mt_reduce(void *inout, const void *in, int64_t n, int dtype, int op, mt_error *err);
 
 /* Local. buf[i] /= divisor for n elements of a float or complex `dtype` (float16
- * included); integers are divided rounding toward negative infinity, as NumPy's //. */
+ * and bfloat16 included); integers are divided rounding toward negative infinity, as NumPy's //. */
 int mt_divide(void *buf, int64_t n, int dtype, int64_t divisor, mt_error *err);
 
 /* Local. IEEE binary16 <-> binary32 conversions (round to nearest even). */
 float mt_half_to_float(uint16_t h);
 uint16_t mt_float_to_half(float f);
+
+/* Local. bfloat16 <-> binary32: widening is exact; narrowing rounds to nearest
+ * even, overflows to inf and keeps a NaN a (quiet) NaN of the same sign. */
+float mt_bfloat16_to_float(uint16_t b);
+uint16_t mt_float_to_bfloat16(float f);
 
 #ifdef __cplusplus
 }
