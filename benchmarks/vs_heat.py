@@ -91,7 +91,7 @@ OPS = [
     Op("a + b", "Shard(0) / split=0",
        lambda n, p: [normal(matrix(n, p)), normal(matrix(n, p), 1)], np.add,
        lambda mesh, a, b: a + b, lambda ht, a, b: a + b),
-    Op(f"a @ b, b {MATMUL_K}x{MATMUL_K}", "Shard(0) / split=0",
+    Op(f"a @ b ({MATMUL_K} x {MATMUL_K} b)", "Shard(0) / split=0",
        lambda n, p: [normal((max(1, n // MATMUL_K) * p, MATMUL_K)),
                      normal((MATMUL_K, MATMUL_K), 1)], np.matmul,
        lambda mesh, a, b: a @ b, lambda ht, a, b: ht.matmul(a, b), heat_replicated=(1,)),
