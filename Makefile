@@ -190,7 +190,8 @@ test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 # benchmark with its own defaults (sizes up to 64 MiB per rank, 1 GiB checkpoints,
 # 16k-token attention) and checkpoint and context parallelism at np 4 too, which
 # takes several times longer. torch is timed alongside when it is importable in
-# the venv. Every figure is a ratio against a baseline timed
+# the venv, and Heat (benchmarks/vs_heat.py, skipped without it) when it is
+# importable. Every figure is a ratio against a baseline timed
 # interleaved in the same run (see docs/performance.md).
 BENCH_FULL ?=
 MPIRUN := mpiexec --oversubscribe -n
@@ -202,6 +203,7 @@ BENCH_CKPT := --sizes 64MiB,256MiB --reps 5
 BENCH_CP := --seq 4096 --reps 3
 BENCH_DEBUG := --reps 11
 BENCH_TRAIN := --reps 3
+BENCH_HEAT := --quick
 BENCH_NP4 :=
 else
 BENCH_REDIST := --no-plot
@@ -211,6 +213,7 @@ BENCH_CKPT :=
 BENCH_CP :=
 BENCH_DEBUG :=
 BENCH_TRAIN :=
+BENCH_HEAT :=
 BENCH_NP4 := 4
 endif
 bench: install
@@ -226,6 +229,7 @@ bench: install
 	  $(MPIRUN) $$np $(PY) benchmarks/context_parallel.py $(BENCH_CP); done; \
 	$(MPIRUN) 2 $(PY) benchmarks/debug.py $(BENCH_DEBUG); \
 	$(MPIRUN) 2 $(PY) benchmarks/train.py $(BENCH_TRAIN) $$([ -n "$$torch" ] || echo --no-torch); \
+	$(MPIRUN) 2 $(PY) benchmarks/vs_heat.py $(BENCH_HEAT); \
 	echo "load average at end: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	$(PY) benchmarks/plot.py benchmarks/results --out docs/img/perf; \
 	$(PY) benchmarks/tables.py; \

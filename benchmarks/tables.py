@@ -1,7 +1,7 @@
-"""The tables of docs/performance.md and docs/plans.md, generated from the benchmarks'
-JSON results.
+"""The tables of docs/performance.md, docs/plans.md and docs/benchmarks.md (the
+comparison with Heat), generated from the benchmarks' JSON results.
 
-    python benchmarks/tables.py            # rewrite the tables of both pages
+    python benchmarks/tables.py            # rewrite the tables of the pages
     python benchmarks/tables.py --check    # exit 1 when the page differs from the JSON
 
 Each table sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` on the
@@ -28,7 +28,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 PAGES = tuple(os.path.join(os.path.dirname(HERE), "docs", name)
-              for name in ("performance.md", "plans.md"))
+              for name in ("performance.md", "plans.md", "benchmarks.md"))
 # The plots of the same results (benchmarks/plot.py --out docs/img/perf), shown
 # under their tables when present.
 PLOTS = os.path.join(os.path.dirname(HERE), "docs", "img", "perf")
@@ -340,10 +340,38 @@ def simulate_plans(results: dict) -> str:
                      *[f"node-blind, {size(b)}" for b in (sizes[0], top)]], rows))
 
 
+def vs_heat(results: dict) -> str:
+    """Heat's time over mpitensor's per operation and size (benchmarks/vs_heat.py),
+    and the sizes where a library's result differed from NumPy's."""
+    out = []
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "vs_heat":
+            continue
+        points = data["points"]
+        sizes = sorted({p["bytes"] for p in points})
+        rows = []
+        for op in dict.fromkeys(p["op"] for p in points):
+            by_size = {p["bytes"]: p for p in points if p["op"] == op}
+            wrong = [f"{lib} at {size(b)}" for b, p in sorted(by_size.items())
+                     for lib, key in (("mpitensor", "mt_right"), ("Heat", "heat_right"))
+                     if not p[key]]
+            rows.append([f"`{op}`", next(iter(by_size.values()))["result"],
+                         *(stat(by_size[b]["heat_over_mt"]) if b in by_size else ""
+                           for b in sizes),
+                         "wrong: " + ", ".join(wrong) if wrong else "right"])
+        m = data["machine"]
+        out.append(f"np {n}, Heat {m.get('heat', '?')} on torch {m.get('torch', '?')}: time "
+                   f"of Heat / time of mpitensor (above 1: mpitensor is faster), by float64 "
+                   f"input per rank; results against NumPy's\n\n"
+                   + table(["operation", "result brought to", *map(size, sizes), "results"],
+                           rows))
+    return "\n".join(out)
+
+
 TABLES = {"redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
-          "plan_ranking": plan_ranking, "simulate_plans": simulate_plans}
+          "plan_ranking": plan_ranking, "simulate_plans": simulate_plans, "vs_heat": vs_heat}
 
 
 def figures(name: str, cpu: str, results: dict, plots: str) -> str:
@@ -389,7 +417,7 @@ def render(page: str, results: dict, plots: str = PLOTS) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=RESULTS)
-    ap.add_argument("--page", action="append", help="a page to fill (default: both)")
+    ap.add_argument("--page", action="append", help="a page to fill (default: all)")
     ap.add_argument("--plots", default=PLOTS)
     ap.add_argument("--check", action="store_true", help="only compare, exit 1 on a difference")
     args = ap.parse_args()

@@ -30,7 +30,9 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
     ``src_data_rank=k`` takes the copy at coordinate ``k`` of every mesh dim
     instead (torch's group rank ``k`` of each mesh dim), ``Partial(sum|product)``
     putting the value there.
-    With ``src_data_rank=None`` every rank cuts its own copy: no communication.
+    With ``src_data_rank=None`` every rank cuts its own copy: no communication,
+    and where that cut is contiguous (a ``Shard(0)`` of a C-ordered array, a
+    ``Replicate``) the local array is a view of the input, as in torch.
     ``requires_grad=True`` makes the result a leaf that autograd records; a
     DTensor given with its own mesh and placements comes back as itself, keeping
     its flag (and ``requires_grad=True`` sets it).
@@ -91,11 +93,18 @@ def _already_distributed(dt: DTensor, device_mesh, placements) -> DTensor:
 
 
 def _own_chunk(array: np.ndarray, mesh: DeviceMesh, pl) -> np.ndarray:
+    """This rank's cut of its own copy: a view of ``array`` where the cut is
+    C-contiguous and keeps its values (a dim-0 cut of a C-ordered array, a
+    Replicate), as torch keeps it, so that nothing is copied; a new C-ordered array
+    otherwise, and for the identity that Partial(sum|product) puts on every rank
+    but the first of its mesh dim (never written into the caller's array)."""
     shape, offset = compute_local_shape_and_global_offset(array.shape, mesh, pl)
-    index = tuple(slice(o, o + s) for o, s in zip(offset, shape))
-    local = np.array(array[index], order="C", copy=True)
+    cut = array[tuple(slice(o, o + s) for o, s in zip(offset, shape)) or ...]
     coord = mesh.get_coordinate()
     for m, p in enumerate(pl):
         if isinstance(p, Partial) and p.reduce_op in _IDENTITY and coord[m] != 0:
-            local[...] = _IDENTITY[p.reduce_op]
-    return local
+            return np.full(shape, _IDENTITY[p.reduce_op], array.dtype)
+    # A read-only input is copied: in-place operations on the DTensor must work.
+    if cut.flags.c_contiguous and array.flags.writeable:
+        return cut
+    return np.array(cut, order="C", copy=True)

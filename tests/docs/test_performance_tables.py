@@ -1,5 +1,5 @@
-"""docs/performance.md and docs/plans.md show the figures of the committed benchmark
-results: their tables are what benchmarks/tables.py makes of benchmarks/results/CPU/*.json, so they
+"""docs/performance.md, docs/plans.md and docs/benchmarks.md show the figures of the
+committed benchmark results: their tables are what benchmarks/tables.py makes of benchmarks/results/CPU/*.json, so they
 cannot drift from them. Plain pytest: `python -m pytest tests/docs`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ spec.loader.exec_module(tables)
 
 
 def page() -> str:
-    """Both pages, one after the other (each table sits on one of them)."""
+    """The pages, one after the other (each table sits on one of them)."""
     return "".join(Path(p).read_text() for p in tables.PAGES)
 
 

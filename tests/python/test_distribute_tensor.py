@@ -224,8 +224,50 @@ def test_src_data_rank_none_cuts_the_own_copy_without_communication(mesh_shape):
         local = out.to_local()
         problems.expect(local.shape == want.shape and np.array_equal(local, want),
                         f"{pl}: rank {RANK} {local} != {want}")
-        problems.expect(not np.shares_memory(local, mine), f"{pl}: a view of the input")
+        cut = mine[ref_index(shape, mesh_shape, coord, pl)]
+        identity = any(isinstance(p, Partial) and p.reduce_op in ("sum", "product")
+                       and coord[m] != 0 for m, p in enumerate(pl))
+        view = cut.flags.c_contiguous and cut.size > 0 and not identity
+        problems.expect(np.shares_memory(local, mine) == view,
+                        f"{pl}: a view of the input is expected: {view}")
         problems.expect(out.placements == pl and out.shape == shape, f"{pl}: metadata")
+    assert problems == []
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 13], ids=lambda r: f"rows{r}")
+def test_src_data_rank_none_keeps_a_contiguous_cut_as_a_view(rows):
+    """A dim-0 cut of a C-ordered array is a view of it, as in torch, on every
+    rank that holds rows (uneven and empty shards too); a cut that is not
+    C-contiguous, or of a read-only array, is copied into a C-ordered array of
+    the same values."""
+    mesh = mesh_of((W,))
+    mine = data_of(RANK, (rows, 3))
+    problems = Problems()
+    local = distribute_tensor(mine, mesh, [S0], src_data_rank=None).to_local()
+    want = mine[ref_index(mine.shape, (W,), (RANK,), [S0])]
+    problems.expect(np.array_equal(local, want), f"rank {RANK}: {local} != {want}")
+    problems.expect(np.shares_memory(local, mine) == (want.size > 0), f"rows {rows}: view")
+    one_d = np.arange(rows * 4.0)
+    local = distribute_tensor(one_d, mesh, [S0], src_data_rank=None).to_local()
+    problems.expect(np.array_equal(local, one_d[ref_index(one_d.shape, (W,), (RANK,), [S0])])
+                    and np.shares_memory(local, one_d) == (local.size > 0), "1-D view")
+    frozen = mine.copy()
+    frozen.flags.writeable = False
+    fortran = np.asfortranarray(mine)
+    strided = np.zeros((2 * rows, 6))
+    strided[::2, ::2] = mine
+    for name, given in (("read-only", frozen), ("Fortran", fortran),
+                        ("strided", strided[::2, ::2])):
+        for pl in ([S0], [S1], [R]):
+            local = distribute_tensor(given, mesh, pl, src_data_rank=None).to_local()
+            index = ref_index(mine.shape, (W,), (RANK,), pl)
+            want, cut = mine[index], given[index]
+            # A cut of one row (or one column of a Fortran array) is C-contiguous.
+            view = cut.flags.c_contiguous and cut.size > 0 and given.flags.writeable
+            problems.expect(np.array_equal(local, want) and local.flags.c_contiguous
+                            and local.flags.writeable
+                            and np.shares_memory(local, given) == view,
+                            f"{name} {pl}: {local} != {want}, or a view: {not view}")
     assert problems == []
 
 

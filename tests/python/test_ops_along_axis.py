@@ -166,6 +166,43 @@ def test_scan_along_a_sharded_axis_of_any_width(name, dtype, shape):
             check(got, expect)
 
 
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.int32, np.uint16,
+                                   np.complex128, np.bool_])
+@pytest.mark.parametrize("ax", [0, 1, 2])
+def test_scan_from_the_offset_of_the_shards_before(name, dtype, ax):
+    """Each shard's scan starts from the totals of the shards before it, summed
+    row by row (lanes of rows) or by NumPy's reduction (lanes of single
+    elements): values as NumPy's for any axis, uneven shards, empty shards
+    (a dim shorter than the ranks) and random values, floats within rounding,
+    integers exactly (wrapping as NumPy's do)."""
+    func = getattr(np, name)
+    rng = np.random.default_rng(ax)
+    for length in (1, W + 1, 5 * W + 3):
+        shape = [3, 2, 4]
+        shape[ax] = length
+        if dtype == np.bool_:
+            full = rng.integers(0, 2, size=shape).astype(bool)
+        elif np.dtype(dtype).kind in "fc":
+            full = (rng.standard_normal(shape) * (0.2 if name == "cumprod" else 1)
+                    + (1 if name == "cumprod" else 0)).astype(dtype)
+        else:
+            full = rng.integers(0, 200 if name == "cumsum" else 7, size=shape).astype(dtype)
+        for mesh_shape in mesh_shapes():
+            mesh = mesh_of(mesh_shape)
+            pls = (Shard(ax),) if mesh.ndim == 1 else (R, Shard(ax))
+            got = func(make(full, mesh, pls), axis=ax)
+            assert got.placements == pls
+            expect = func(full, axis=ax)
+            out = got.full_tensor()
+            assert out.dtype == expect.dtype and out.shape == expect.shape
+            if expect.dtype.kind in "fc":
+                tol = 1e-5 if expect.dtype in (np.float32, np.complex64) else 1e-12
+                np.testing.assert_allclose(out, expect, rtol=tol, atol=tol)
+            else:
+                np.testing.assert_array_equal(out, expect)
+
+
 @pytest.mark.parametrize("name", ["fft", "fftn", "sort", "median", "flip"])
 def test_sharded_axis_moves_to_a_free_dim_by_one_all_to_all(name):
     calls = {"fft": lambda x: np.fft.fft(x, axis=0),

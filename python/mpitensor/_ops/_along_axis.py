@@ -12,8 +12,8 @@ Along a sharded axis the shard first moves to another dim the function does not
 work along (one all-to-all: the pencil method of distributed FFTs; the output is
 then sharded along that dim), or, when there is none, the lanes are gathered
 (Replicate, torch's decision for these functions). cumsum and cumprod along an
-axis one mesh dim shards instead scan each shard and add the totals of the shards
-before it, found by one exclusive scan. ``axis=None`` means the
+axis one mesh dim shards instead scan each shard starting from the totals of the
+shards before it, found by one exclusive scan. ``axis=None`` means the
 flattened array for the functions that flatten (sort, cumsum, roll, median, ...),
 so any sharded dim is gathered then.
 """
@@ -610,26 +610,35 @@ def _scan(name, a, ax, func, linear, op):
     else:
         out_dtype = np.asarray(func(np.zeros((1,) * len(spec.shape), spec.dtype))).dtype
         x = np.ascontiguousarray(a.to_local(), out_dtype)
-        # Every rank but the first starts its lanes from an offset. Rows wider than
-        # one element are summed first (a read-only pass across each row), then
-        # scanned from their offsets: one pass over the output. A lane of single
-        # elements runs serially, so a second serial pass would cost as much as the
-        # scan: it is scanned once and the offsets are added after.
-        first = coord[dim] == 0
-        wide = not first and math.prod(x.shape[ax + 1:]) > 1
-        local, totals = _lanes.scan(x, ax, op, out=not wide)
+        # Every rank sums its lanes first (a read-only pass), so that the exclusive
+        # scan never waits on another rank's scan, then scans once with the offset
+        # folded in: each lane starts from what the ranks before it hold, in
+        # NumPy's order, and no second pass adds the offsets to the output.
+        totals = _lane_totals(x, ax, op)
         if _modes.state.tracing:
             # The global shape: the checks compare this text across ranks.
             _trace.collective(f"{name}: exclusive scan of the shard totals", mesh,
                               spec.placements, spec.shape, totals.dtype)
         mesh._handle.exscan(totals, dim, op)
-        if wide:
-            local, _ = _lanes.scan(x, ax, op, init=totals)
-        elif not first:
-            combine = np.add if op == _C.REDUCE_SUM else np.multiply
-            combine(local, np.expand_dims(totals, ax), out=local)
+        local, _ = _lanes.scan(x, ax, op, init=None if coord[dim] == 0 else totals)
     return DTensor(local, DTensorSpec(mesh, spec.placements, spec.shape, local.dtype,
                                       contiguous_strides(spec.shape)))
+
+
+def _lane_totals(x, ax, op):
+    """The sum (``op`` REDUCE_SUM) or product of each lane of C-contiguous ``x`` along
+    ``ax``, in ``x``'s dtype, C-contiguous. Lanes of whole rows are summed row by
+    row in the scan's own order (a row's elements side by side in vectors); lanes
+    of single elements by NumPy's reduction, whose vectors a serial sum lacks
+    (sums of floats then round as numpy.sum does). Local."""
+    if math.prod(x.shape[ax + 1:]) > 1 or x.dtype == np.float16:
+        # float16 rounds every step: NumPy's reduction would round differently.
+        return _lanes.scan(x, ax, op, out=False)[1]
+    if x.dtype == np.bool_:
+        ufunc = np.logical_or if op == _C.REDUCE_SUM else np.logical_and
+    else:
+        ufunc = np.add if op == _C.REDUCE_SUM else np.multiply
+    return np.ascontiguousarray(ufunc.reduce(x, axis=ax, dtype=x.dtype))
 
 
 def _cumulative(func, linear, op):
