@@ -377,7 +377,7 @@ int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_ops_clear(mt_ext_state *st);
 void mt_ext_ops_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[], mt_ext_mesh_methods[],
-    mt_ext_redistribute_methods[], mt_ext_layout_methods[], mt_ext_rng_methods[],
+    mt_ext_redistribute_methods[],
     mt_ext_prop_methods[], mt_ext_io_methods[], mt_ext_ops_methods[],
     mt_ext_autograd_methods[], mt_ext_decide_methods[], mt_ext_ring_methods[],
     mt_ext_agree_methods[], mt_ext_watchdog_methods[],
