@@ -297,13 +297,10 @@ static PyObject *decide(PyObject *module, PyObject *const *args, Py_ssize_t narg
   const mt_decision *dec = c.key.op < 0 ? NULL : mt_ext_decide(d, &op, &c, &hit);
   PyObject *out = NULL;
   if (dec != NULL) {
-    int64_t bytes = 0;
-    for (int i = 0; i < dec->ninputs; ++i)
-      if (dec->plan[i] != NULL) bytes += mt_plan_bytes(dec->plan[i]);
     PyObject *pl = mt_ext_placement_objects(d, dec->out_placements, dec->mesh_ndim);
     PyObject *shape = dec->out_ndim < 0 ? Py_NewRef(Py_None)
                                         : mt_ext_int_tuple(dec->out_shape, dec->out_ndim);
-    if (pl && shape) out = Py_BuildValue("(OOL)", pl, shape, (long long)bytes);
+    if (pl && shape) out = Py_BuildValue("(OOL)", pl, shape, (long long)mt_decision_bytes(dec));
     Py_XDECREF(pl);
     Py_XDECREF(shape);
   }

@@ -126,6 +126,26 @@ int mt_memo_set_limits(mt_memo *memo, int64_t decisions, int64_t plans, mt_error
 /* Local. The counts and bounds. */
 void mt_memo_stats_get(const mt_memo *memo, mt_memo_stats *out);
 
+/* Local. The bytes the decision's plans move, over all ranks (mt_plan_bytes). */
+int64_t mt_decision_bytes(const mt_decision *dec);
+
+/* Local. Whether inputs t and k (k < t, one tensor given twice: mt_prop_inputs
+ * .alias) end in the same placements, so that one move serves both. */
+int mt_decision_same_move(const mt_decision *dec, int t, int k);
+
+/* Local. Whether input t is zeros at mesh coordinate `coord`: a coordinate other
+ * than 0 on a mesh dim it is partitioned over (partition[t]). */
+int mt_decision_zeroed(const mt_decision *dec, int t, const int64_t *coord);
+
+/* Local. The box of the output at mesh coordinate `coord` of a mesh of
+ * `mesh_shape` (dec->mesh_ndim dims); NULL `coord` (a rank outside the mesh)
+ * gives a box of ones, one per output dim. Errors of mt_layout_local_box.
+ *
+ *   rc = mt_decision_out_box(dec, mesh_shape, coord, &box, &err);
+ */
+int mt_decision_out_box(const mt_decision *dec, const int64_t *mesh_shape,
+                        const int64_t *coord, mt_box *out, mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif
