@@ -6,6 +6,16 @@
 #include "core-private.h"
 #include "mpitensor/core/memo.h"
 
+void mt_decision_out_key(const mt_decision *dec, int dtype, int64_t itemsize,
+                         mt_layout_key *out) {
+  memset(out, 0, sizeof *out);
+  out->mesh_ndim = dec->mesh_ndim, out->ndim = dec->out_ndim;
+  memcpy(out->placements, dec->out_placements, sizeof out->placements);
+  memcpy(out->shape, dec->out_shape, sizeof out->shape);
+  mt_layout_contiguous_strides(out->ndim, out->shape, out->stride);
+  out->dtype = dtype, out->itemsize = itemsize;
+}
+
 int64_t mt_decision_bytes(const mt_decision *dec) {
   int64_t bytes = 0;
   for (int i = 0; i < dec->ninputs; ++i)

@@ -261,12 +261,7 @@ int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
     Py_CLEAR(*layout);
   }
   mt_layout_key out;
-  memset(&out, 0, sizeof out);
-  out.mesh_ndim = dec->mesh_ndim, out.ndim = dec->out_ndim;
-  memcpy(out.placements, dec->out_placements, sizeof out.placements);
-  memcpy(out.shape, dec->out_shape, sizeof out.shape);
-  mt_layout_contiguous_strides(out.ndim, out.shape, out.stride);
-  out.dtype = mt_ext_dtype_key(descr), out.itemsize = (int64_t)PyDataType_ELSIZE(descr);
+  mt_decision_out_key(dec, mt_ext_dtype_key(descr), (int64_t)PyDataType_ELSIZE(descr), &out);
   int64_t slot;
   mt_error err = {0};
   int rc = mt_layout_table_intern(mb->layouts, &out, id, &slot, &err);

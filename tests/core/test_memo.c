@@ -365,12 +365,47 @@ static void test_decision_reads(void) {
   const int64_t bad[1] = {3};
   mt_error err = {0, ""};
   CHECK(mt_decision_out_box(d, mesh_shape, bad, &box, &err) != MT_OK && err.msg[0] != 0);
+  mt_layout_key out;
+  mt_decision_out_key(d, MT_DTYPE_FLOAT32, 4, &out);
+  CHECK(out.ndim == 2 && out.shape[0] == 8 && out.stride[0] == 8 && out.stride[1] == 1);
+  CHECK(out.itemsize == 4 && out.mesh_ndim == 1 &&
+        out.placements[0].kind == d->out_placements[0].kind);
+  mt_memo_destroy(memo);
+}
+
+/* A redistribute decided by the core: S(0) -> R plans one step and keeps the
+ * shape; creating a Partial, or moving to a dim the tensor lacks, is refused and
+ * stores nothing. */
+static void test_decide_move(void) {
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);
+  const int64_t mesh_shape[1] = {2};
+  mt_layout_key src = layout(8, 1);
+  const mt_placement rep[1] = {{MT_PLACEMENT_REPLICATE, 0, 0}};
+  const mt_placement psum[1] = {{MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM}};
+  const mt_placement s5[1] = {{MT_PLACEMENT_SHARD, 5, 0}};
+  mt_memo_key k = key(9, 1, 0);
+  mt_decision *d = NULL;
+  CHECK(mt_memo_decide_move(memo, &k, &src, MT_DTYPE_FLOAT64, mesh_shape, rep, &d, NULL) ==
+        MT_OK);
+  CHECK(d != NULL && d->ninputs == 1 && d->plan[0] != NULL && mt_memo_peek(memo, &k) == d);
+  CHECK(d->out_ndim == 2 && d->out_shape[0] == 8 &&
+        d->out_placements[0].kind == MT_PLACEMENT_REPLICATE);
+  mt_memo_key k2 = key(9, 2, 0);
+  mt_error err = {0, ""};
+  CHECK(mt_memo_decide_move(memo, &k2, &src, MT_DTYPE_FLOAT64, mesh_shape, psum, &d,
+                            &err) != MT_OK);
+  CHECK(err.msg[0] != 0 && mt_memo_peek(memo, &k2) == NULL);
+  CHECK(mt_memo_decide_move(memo, &k2, &src, MT_DTYPE_FLOAT64, mesh_shape, s5, &d,
+                            &err) != MT_OK);
+  CHECK(mt_memo_peek(memo, &k2) == NULL);
   mt_memo_destroy(memo);
 }
 
 int main(void) {
   test_decide();
   test_decision_reads();
+  test_decide_move();
   test_contiguous_strides();
   test_layout_ids();
   test_clock();
