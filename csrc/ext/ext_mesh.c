@@ -200,10 +200,11 @@ static PyObject *mesh_exscan(MeshObject *self, PyObject *const *args, Py_ssize_t
   if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
   if (nargs != 3) return PyErr_Format(PyExc_TypeError, "exscan(array, dim, op)");
   PyArrayObject *a = mt_ext_buffer(args[0], 1, "exscan: array");
-  int dim = 0, dtype = a == NULL ? -1 : mt_ext_dtype(a);
-  if (a != NULL && dtype < 0)
-    return PyErr_Format(PyExc_TypeError, "exscan of an unsupported dtype");
-  long op = a == NULL || mt_ext_mesh_dim(args[1], &dim) < 0 ? -1 : PyLong_AsLong(args[2]);
+  int dim = 0;
+  if (a == NULL || mt_ext_mesh_dim(args[1], &dim) < 0) return NULL;
+  int dtype = mt_ext_dtype(a);
+  if (dtype < 0) return PyErr_Format(PyExc_TypeError, "exscan of an unsupported dtype");
+  long op = PyLong_AsLong(args[2]);
   if (op == -1 && PyErr_Occurred()) return NULL;
   mt_error err = {0};
   int rc;
@@ -230,8 +231,9 @@ static PyObject *mesh_alltoallv(MeshObject *self, PyObject *const *args,
   if (dim < 0 || dim >= mt_mesh_ndim(self->mesh))
     return PyErr_Format(PyExc_IndexError, "mesh dim %R is out of range", args[2]);
   int64_t n = mt_mesh_dim_size(self->mesh, dim), total = 0;
-  int64_t *counts = PyMem_Malloc((size_t)n * 2 * sizeof *counts), *in = counts + n;
+  int64_t *counts = PyMem_Malloc((size_t)n * 2 * sizeof *counts);
   if (counts == NULL) return PyErr_NoMemory();
+  int64_t *in = counts + n;
   if (mt_ext_int64s(args[1], counts, (int)n, &got, "alltoallv: counts") < 0) {
     PyMem_Free(counts);
     return NULL;
