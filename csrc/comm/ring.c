@@ -179,23 +179,36 @@ static int gather_counts(const int64_t *bytes, int64_t n, int **ints, MPI_Dataty
   return rc;
 }
 
-static int check_sizes(const int64_t *bytes, int64_t n, mt_error *err) {
+/* The byte counts must fit the buffers, or MPI would write past `recv`. */
+static int check_sizes(const int64_t *bytes, int nbytes, int64_t n, int64_t me,
+                       int64_t send_bytes, int64_t recv_bytes, mt_error *err) {
+  if (nbytes != n) {
+    return mt_error_set(err, MT_EINVAL, "%d byte counts for a mesh dim of size %lld",
+                        nbytes, (long long)n);
+  }
+  int64_t total = 0;
   for (int64_t k = 0; k < n; ++k) {
     if (bytes[k] < 0) {
       return mt_error_set(err, MT_EINVAL, "negative byte count for coordinate %lld",
                           (long long)k);
     }
+    total += bytes[k];
+  }
+  if (bytes[me] != send_bytes || total != recv_bytes) {
+    return mt_error_set(err, MT_EINVAL,
+                        "the byte counts do not match the send and receive arrays");
   }
   return MT_OK;
 }
 
 int mt_ring_allgatherv_start(const mt_mesh *mesh, int dim, const void *send,
-                             void *recv, const int64_t *bytes, mt_exchange **out,
+                             int64_t send_bytes, void *recv, int64_t recv_bytes,
+                             const int64_t *bytes, int nbytes, mt_exchange **out,
                              mt_error *err) {
   MPI_Comm comm = MPI_COMM_NULL;
   int64_t me = 0, n = 0;
   int rc = dim_member(mesh, dim, &comm, &me, &n, err);
-  if (rc == MT_OK) rc = check_sizes(bytes, n, err);
+  if (rc == MT_OK) rc = check_sizes(bytes, nbytes, n, me, send_bytes, recv_bytes, err);
   if (rc != MT_OK) return rc;
   mt_exchange *ex = exchange_new();
   if (ex == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");

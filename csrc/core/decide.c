@@ -1,5 +1,5 @@
-/* Deciding on a miss (memo.h): the engine's placements or a caller's, each input's
- * move checked and planned, and the decision stored in the memo. */
+/* Deciding on a miss (memo.h): the engine's placements or a caller's (a user's rule,
+ * a redistribute), each input's move checked and planned, and the decision stored. */
 #include <string.h>
 
 #include "core-private.h"
@@ -100,5 +100,35 @@ int mt_memo_decide(mt_memo *memo, const mt_memo_key *key, const mt_dimmap *map,
   memcpy(outcome.out_shape, res.out_shape, sizeof outcome.out_shape);
   return mt_memo_decide_targets(memo, key, in, dtypes,
                                 (const mt_placement(*)[MT_MAX_MESH_NDIM])res.in_placements,
+                                &outcome, out, err);
+}
+
+int mt_memo_decide_move(mt_memo *memo, const mt_memo_key *key, const mt_layout_key *src,
+                        int dtype, const int64_t *mesh_shape, const mt_placement *dst,
+                        mt_decision **out, mt_error *err) {
+  int nm = src->mesh_ndim;
+  mt_layout from, to;
+  int rc = mt_layout_init(&from, src->ndim, src->shape, nm, mesh_shape, src->placements,
+                          err);
+  if (rc == MT_OK) rc = mt_layout_init(&to, src->ndim, src->shape, nm, mesh_shape, dst, err);
+  if (rc == MT_OK) rc = mt_plan_check(&from, &to, dtype, err);
+  if (rc != MT_OK) return rc;
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.ninputs = 1, in.mesh_ndim = nm, in.ndim[0] = src->ndim;
+  in.itemsize[0] = src->itemsize;
+  memcpy(in.mesh_shape, mesh_shape, (size_t)nm * sizeof *mesh_shape);
+  memcpy(in.shape[0], src->shape, (size_t)src->ndim * sizeof *src->shape);
+  memcpy(in.placements[0], src->placements, (size_t)nm * sizeof *src->placements);
+  mt_placement targets[1][MT_MAX_MESH_NDIM];
+  memset(targets, 0, sizeof targets);
+  memcpy(targets[0], dst, (size_t)nm * sizeof *dst);
+  mt_decision outcome;
+  memset(&outcome, 0, sizeof outcome);
+  outcome.ninputs = 1, outcome.mesh_ndim = nm, outcome.out_ndim = src->ndim;
+  memcpy(outcome.out_shape, src->shape, (size_t)src->ndim * sizeof *src->shape);
+  memcpy(outcome.out_placements, dst, (size_t)nm * sizeof *dst);
+  return mt_memo_decide_targets(memo, key, &in, &dtype,
+                                (const mt_placement(*)[MT_MAX_MESH_NDIM])targets,
                                 &outcome, out, err);
 }

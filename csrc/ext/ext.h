@@ -78,6 +78,12 @@ int mt_ext_time_model(PyObject *obj, mt_time_model *out);
 PyObject *mt_ext_time_model_tuple(const mt_time_model *model);
 /* A tuple of ints. */
 PyObject *mt_ext_int_tuple(const int64_t *v, int n);
+/* `obj` (borrowed) when it is a C-contiguous ndarray (writable when asked): MPI
+ * moves it as flat bytes; TypeError naming `what` otherwise. */
+PyArrayObject *mt_ext_buffer(PyObject *obj, int writable, const char *what);
+/* A mesh dim argument; -1 for one out of range, which the comm call refuses on
+ * every rank alike. 0, or -1 with an exception. */
+int mt_ext_mesh_dim(PyObject *obj, int *dim);
 /* A new C-contiguous array; large ones come from the block pool. */
 PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim,
                                 const npy_intp *dims);
@@ -158,10 +164,6 @@ typedef struct mt_ext_sig {
 
 enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
        MT_EXT_NREDUCTION = 11 };
-extern const char *const mt_ext_binary_names[MT_EXT_NBINARY];
-extern const char *const mt_ext_unary_names[MT_EXT_NUNARY];
-extern const char *const mt_ext_compare_names[MT_EXT_NCOMPARE];
-extern const char *const mt_ext_reduction_names[MT_EXT_NREDUCTION];
 
 /* The hook table's kinds (ext_hooks.c): every call from C into Python is one. */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
@@ -237,7 +239,6 @@ int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *sp
 int mt_ext_layout_id(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *dt,
                      mt_layout_key *key, int64_t *id);
 int mt_ext_dtype_key(PyArray_Descr *descr);
-int mt_ext_placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out);
 PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, int n);
 PyObject *mt_ext_py_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t id,
                            int64_t slot, const mt_layout_key *key, PyObject *dtype);
@@ -380,7 +381,7 @@ int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_ops_clear(mt_ext_state *st);
 void mt_ext_ops_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[], mt_ext_mesh_methods[],
-    mt_ext_redistribute_methods[], mt_ext_layout_methods[], mt_ext_rng_methods[],
+    mt_ext_redistribute_methods[],
     mt_ext_prop_methods[], mt_ext_io_methods[], mt_ext_ops_methods[],
     mt_ext_autograd_methods[], mt_ext_decide_methods[], mt_ext_ring_methods[],
     mt_ext_agree_methods[], mt_ext_watchdog_methods[],

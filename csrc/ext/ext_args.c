@@ -42,6 +42,34 @@ int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what
   return rc;
 }
 
+/* MPI reads and writes these buffers as flat bytes while Python runs on. */
+PyArrayObject *mt_ext_buffer(PyObject *obj, int writable, const char *what) {
+  if (!PyArray_Check(obj) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) ||
+      (writable && !PyArray_ISWRITEABLE((PyArrayObject *)obj))) {
+    PyErr_Format(PyExc_TypeError, "%s must be a%s C-contiguous ndarray", what,
+                 writable ? " writable" : "");
+    return NULL;
+  }
+  return (PyArrayObject *)obj;
+}
+
+int mt_ext_mesh_dim(PyObject *obj, int *dim) {
+  long d = PyLong_AsLong(obj);
+  if (d == -1 && PyErr_Occurred()) return -1;
+  *dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
+  return 0;
+}
+
+PyObject *mt_ext_int_tuple(const int64_t *v, int n) {
+  PyObject *out = PyTuple_New(n);
+  for (int i = 0; out != NULL && i < n; ++i) {
+    PyObject *x = PyLong_FromLongLong(v[i]);
+    if (x == NULL) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, i, x);
+  }
+  return out;
+}
+
 int mt_ext_placements(PyObject *seq, mt_placement *out, int *n) {
   PyObject *fast = PySequence_Fast(seq, "placements must be a sequence");
   if (fast == NULL) return -1;

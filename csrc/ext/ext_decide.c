@@ -264,12 +264,7 @@ int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
     Py_CLEAR(*layout);
   }
   mt_layout_key out;
-  memset(&out, 0, sizeof out);
-  out.mesh_ndim = dec->mesh_ndim, out.ndim = dec->out_ndim;
-  memcpy(out.placements, dec->out_placements, sizeof out.placements);
-  memcpy(out.shape, dec->out_shape, sizeof out.shape);
-  mt_layout_contiguous_strides(out.ndim, out.shape, out.stride);
-  out.dtype = mt_ext_dtype_key(descr), out.itemsize = (int64_t)PyDataType_ELSIZE(descr);
+  mt_decision_out_key(dec, mt_ext_dtype_key(descr), (int64_t)PyDataType_ELSIZE(descr), &out);
   int64_t slot;
   mt_error err = {0};
   int rc = mt_layout_table_intern(mb->layouts, &out, id, &slot, &err);
@@ -300,13 +295,10 @@ static PyObject *decide(PyObject *module, PyObject *const *args, Py_ssize_t narg
   const mt_decision *dec = c.key.op < 0 ? NULL : mt_ext_decide(d, &op, &c, &hit);
   PyObject *out = NULL;
   if (dec != NULL) {
-    int64_t bytes = 0;
-    for (int i = 0; i < dec->ninputs; ++i)
-      if (dec->plan[i] != NULL) bytes += mt_plan_bytes(dec->plan[i]);
     PyObject *pl = mt_ext_placement_objects(d, dec->out_placements, dec->mesh_ndim);
     PyObject *shape = dec->out_ndim < 0 ? Py_NewRef(Py_None)
                                         : mt_ext_int_tuple(dec->out_shape, dec->out_ndim);
-    if (pl && shape) out = Py_BuildValue("(OOL)", pl, shape, (long long)bytes);
+    if (pl && shape) out = Py_BuildValue("(OOL)", pl, shape, (long long)mt_decision_bytes(dec));
     Py_XDECREF(pl);
     Py_XDECREF(shape);
   }

@@ -300,8 +300,8 @@ static PyObject *reduction_entry(mt_ext_dispatch *d, const mt_ext_sig *sig, PyOb
 PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
                            PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   if (d->reduction_sig[method] < 0)
-    return PyErr_Format(PyExc_TypeError, "DTensor.%s has no sharding rule in mpitensor",
-                        mt_ext_reduction_names[method]);
+    return PyErr_Format(PyExc_TypeError, "DTensor.%U has no sharding rule in mpitensor",
+                        d->reduction_name[method]);
   mt_ext_sig *sig = &d->sigs[d->reduction_sig[method]];
   PyObject *axis, *keepdims;
   mt_ext_call c;

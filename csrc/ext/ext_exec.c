@@ -111,15 +111,6 @@ static PyObject *zeros_like(PyObject *local) {
   return z;
 }
 
-/* Whether this rank's coordinate is not 0 on a mesh dim of `mask`. */
-static int zeroed_here(const mt_mesh *mesh, uint32_t mask) {
-  int64_t coord[MT_MAX_MESH_NDIM];
-  if (mask == 0 || !mt_mesh_coordinate(mesh, coord)) return 0;
-  for (int m = 0; m < MT_MAX_MESH_NDIM && (mask >> m) != 0; ++m)
-    if ((mask >> m & 1u) && coord[m] != 0) return 1;
-  return 0;
-}
-
 /* The "move" event of an operation's input before its plan runs. */
 static int move_event(mt_ext_dispatch *d, const mt_ext_call *c, int t, mt_plan *plan,
                       PyObject *what) {
@@ -145,19 +136,6 @@ static PyObject *stand_in(const mt_ext_dtensor *b) {
   return PyArray_Zeros(n, ones, descr, 0);
 }
 
-/* Whether tensor inputs t and k (k < t, the same DTensor) reach the same layout:
- * the engine priced one move for both (mt_prop_inputs.alias). */
-static int same_move(const mt_decision *dec, int t, int k) {
-  const mt_plan *a = dec->plan[t], *b = dec->plan[k];
-  if (a == NULL || b == NULL || dec->partition[t] != 0 || dec->partition[k] != 0)
-    return 0;
-  int na = mt_plan_nsteps(a), nb = mt_plan_nsteps(b);
-  if (na == 0 || nb == 0) return 0;
-  const mt_layout *x = &mt_plan_step(a, na - 1)->dst, *y = &mt_plan_step(b, nb - 1)->dst;
-  return memcmp(x->placements, y->placements, (size_t)x->mesh_ndim * sizeof *x->placements)
-         == 0;
-}
-
 /* The operand index of tensor input k. */
 static int operand_of(const mt_ext_call *c, int k) {
   for (int i = 0, t = 0; i < c->noperands; ++i)
@@ -172,6 +150,7 @@ static int operand_of(const mt_ext_call *c, int k) {
 static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision *dec,
                       PyObject *const *ops, run_state *rs) {
   mt_mesh *mesh = c->mb->member ? mt_ext_mesh_get_unchecked(c->mb->handle) : NULL;
+  int64_t coord[MT_MAX_MESH_NDIM];
   for (int i = 0, t = 0; i < c->noperands; ++i) {
     PyObject *a;
     int alias = c->tensors >> i & 1u ? mt_ext_alias_of(c, t) : -1;
@@ -179,19 +158,20 @@ static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decisio
       a = Py_NewRef(ops[i]);
     } else if (mesh == NULL) {
       a = stand_in(c->dt[t++]);
-    } else if (alias >= 0 && same_move(dec, t, alias)) {
+    } else if (alias >= 0 && mt_decision_same_move(dec, t, alias)) {
       a = Py_NewRef(rs->args[operand_of(c, alias)]);
       ++t;
     } else {
       mt_plan *plan = dec->plan[t];
-      uint32_t part = dec->partition[t];
       PyObject *local = c->dt[t]->local;
       if (plan == NULL) a = Py_NewRef(local);
       else if ((mt_ext_events(d->modes) && move_event(d, c, t, plan, Py_None) < 0) ||
                mt_ext_mesh_check_thread(c->mb->handle) < 0)
         a = NULL;
       else a = mt_ext_run_plan(d->module, mesh, plan, local);
-      if (part != 0 && zeroed_here(mesh, part)) a = zeros_like(a);
+      if (dec->partition[t] != 0 && mt_mesh_coordinate(mesh, coord) &&
+          mt_decision_zeroed(dec, t, coord))
+        a = zeros_like(a);
       ++t;
     }
     if ((rs->args[i] = a) == NULL) {
@@ -236,18 +216,10 @@ static int decision_event(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_
 static PyObject *out_box(const mt_ext_call *c, const mt_decision *dec) {
   int64_t coord[MT_MAX_MESH_NDIM];
   mt_mesh *mesh = c->mb->member ? mt_ext_mesh_get_unchecked(c->mb->handle) : NULL;
-  int n = dec->out_ndim < 0 ? 0 : dec->out_ndim;
-  mt_layout l;
+  int member = mesh != NULL && mt_mesh_coordinate(mesh, coord);
   mt_box box;
   mt_error err = {0};
-  if (mesh == NULL || !mt_mesh_coordinate(mesh, coord)) {
-    int64_t ones[MT_MAX_NDIM];
-    for (int i = 0; i < n; ++i) ones[i] = 1;
-    return mt_ext_int_tuple(ones, n);
-  }
-  int rc = mt_layout_init(&l, n, dec->out_shape, c->mb->mesh_ndim, c->mb->mesh_shape,
-                          dec->out_placements, &err);
-  if (rc == MT_OK) rc = mt_layout_local_box(&l, coord, &box, &err);
+  int rc = mt_decision_out_box(dec, c->mb->mesh_shape, member ? coord : NULL, &box, &err);
   return rc == MT_OK ? mt_ext_int_tuple(box.shape, box.ndim) : mt_ext_raise(rc, &err);
 }
 

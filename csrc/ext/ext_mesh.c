@@ -158,12 +158,7 @@ static PyObject *mesh_slice(MeshObject *self, PyObject *const *args, Py_ssize_t 
 static PyObject *mesh_coordinate(MeshObject *self, PyObject *unused) {
   int64_t coord[MT_MAX_MESH_NDIM];
   if (!mt_mesh_coordinate(self->mesh, coord)) Py_RETURN_NONE;
-  int ndim = mt_mesh_ndim(self->mesh);
-  PyObject *out = PyTuple_New(ndim);
-  for (int d = 0; out != NULL && d < ndim; ++d) {
-    PyTuple_SET_ITEM(out, d, PyLong_FromLongLong(coord[d]));
-  }
-  return out;
+  return mt_ext_int_tuple(coord, mt_mesh_ndim(self->mesh));
 }
 
 /* The mpi4py objects share the mesh's handles; the mesh frees them, so they are
@@ -189,16 +184,9 @@ static PyObject *mesh_groups(MeshObject *self, PyObject *unused) {
 static PyObject *mesh_bcast(MeshObject *self, PyObject *const *args, Py_ssize_t nargs) {
   int dim = 0;
   if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
-  if (nargs != 2 || !PyArray_Check(args[0])) {
-    return PyErr_Format(PyExc_TypeError, "bcast(array, dim) takes an ndarray and a dim");
-  }
-  PyArrayObject *a = (PyArrayObject *)args[0];
-  if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a)) {
-    return PyErr_Format(PyExc_ValueError, "bcast needs a writable C-contiguous array");
-  }
-  long d = PyLong_AsLong(args[1]);
-  if (d == -1 && PyErr_Occurred()) return NULL;
-  dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
+  if (nargs != 2) return PyErr_Format(PyExc_TypeError, "bcast(array, dim)");
+  PyArrayObject *a = mt_ext_buffer(args[0], 1, "bcast: array");
+  if (a == NULL || mt_ext_mesh_dim(args[1], &dim) < 0) return NULL;
   mt_error err = {0};
   int rc;
   Py_BEGIN_ALLOW_THREADS
@@ -210,21 +198,14 @@ static PyObject *mesh_bcast(MeshObject *self, PyObject *const *args, Py_ssize_t 
 
 static PyObject *mesh_exscan(MeshObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
-  if (nargs != 3 || !PyArray_Check(args[0])) {
-    return PyErr_Format(PyExc_TypeError, "exscan(array, dim, op) takes an ndarray, a "
-                        "mesh dim and a reduce op");
-  }
-  PyArrayObject *a = (PyArrayObject *)args[0];
-  if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISWRITEABLE(a)) {
-    return PyErr_Format(PyExc_ValueError, "exscan needs a writable C-contiguous array");
-  }
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "exscan(array, dim, op)");
+  PyArrayObject *a = mt_ext_buffer(args[0], 1, "exscan: array");
+  int dim = 0;
+  if (a == NULL || mt_ext_mesh_dim(args[1], &dim) < 0) return NULL;
   int dtype = mt_ext_dtype(a);
   if (dtype < 0) return PyErr_Format(PyExc_TypeError, "exscan of an unsupported dtype");
-  long d = PyLong_AsLong(args[1]);
-  if (d == -1 && PyErr_Occurred()) return NULL;
   long op = PyLong_AsLong(args[2]);
   if (op == -1 && PyErr_Occurred()) return NULL;
-  int dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
   mt_error err = {0};
   int rc;
   Py_BEGIN_ALLOW_THREADS
@@ -240,101 +221,58 @@ static PyObject *mesh_exscan(MeshObject *self, PyObject *const *args, Py_ssize_t
 static PyObject *mesh_alltoallv(MeshObject *self, PyObject *const *args,
                                 Py_ssize_t nargs) {
   if (mt_ext_mesh_check_thread((PyObject *)self) < 0) return NULL;
-  if (nargs != 3 || !PyArray_Check(args[0])) {
-    return PyErr_Format(PyExc_TypeError, "alltoallv(array, counts, dim) takes an "
-                        "ndarray, a sequence of row counts and a mesh dim");
-  }
-  PyArrayObject *a = (PyArrayObject *)args[0];
-  if (!PyArray_IS_C_CONTIGUOUS(a) || PyArray_NDIM(a) < 1 ||
-      PyArray_NDIM(a) > MT_MAX_NDIM) {
-    return PyErr_Format(PyExc_ValueError, "alltoallv needs a C-contiguous array of "
-                        "at least one dim");
-  }
-  long d = PyLong_AsLong(args[2]);
-  if (d == -1 && PyErr_Occurred()) return NULL;
-  int ndim = mt_mesh_ndim(self->mesh);
-  if (d < 0 || d >= ndim)
-    return PyErr_Format(PyExc_IndexError, "mesh dim %ld is out of range", d);
-  int dim = (int)d;
-  int64_t n = mt_mesh_dim_size(self->mesh, dim);
-  PyObject *seq = PySequence_Fast(args[1], "alltoallv: counts must be a sequence");
-  if (seq == NULL) return NULL;
-  if (PySequence_Fast_GET_SIZE(seq) != n) {
-    Py_DECREF(seq);
-    return PyErr_Format(PyExc_ValueError, "alltoallv: %lld counts for a mesh dim of "
-                        "size %lld", (long long)PySequence_Fast_GET_SIZE(seq),
-                        (long long)n);
-  }
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "alltoallv(array, counts, dim)");
+  PyArrayObject *a = mt_ext_buffer(args[0], 0, "alltoallv: array");
+  if (a == NULL) return NULL;
+  if (PyArray_NDIM(a) < 1 || PyArray_NDIM(a) > MT_MAX_NDIM)
+    return PyErr_Format(PyExc_ValueError, "alltoallv needs an array of at least one dim");
+  int dim = 0, got = 0;
+  if (mt_ext_mesh_dim(args[2], &dim) < 0) return NULL;
+  if (dim < 0 || dim >= mt_mesh_ndim(self->mesh))
+    return PyErr_Format(PyExc_IndexError, "mesh dim %R is out of range", args[2]);
+  int64_t n = mt_mesh_dim_size(self->mesh, dim), total = 0;
   int64_t *counts = PyMem_Malloc((size_t)n * 2 * sizeof *counts);
-  if (counts == NULL) {
-    Py_DECREF(seq);
-    return PyErr_NoMemory();
-  }
-  int64_t *in = counts + n, total = 0;
-  for (int64_t q = 0; q < n; ++q) {
-    counts[q] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, q));
-    if (counts[q] == -1 && PyErr_Occurred()) break;
-    total += counts[q];
-  }
-  Py_DECREF(seq);
-  if (PyErr_Occurred()) {
+  if (counts == NULL) return PyErr_NoMemory();
+  int64_t *in = counts + n;
+  if (mt_ext_int64s(args[1], counts, (int)n, &got, "alltoallv: counts") < 0) {
     PyMem_Free(counts);
     return NULL;
   }
-  if (total != PyArray_DIM(a, 0)) {
+  for (int64_t q = 0; q < got; ++q) total += counts[q];
+  if (got != n || total != PyArray_DIM(a, 0)) {
     PyMem_Free(counts);
-    return PyErr_Format(PyExc_ValueError, "alltoallv: the counts add up to %lld rows, "
-                        "the array has %lld", (long long)total,
-                        (long long)PyArray_DIM(a, 0));
+    return PyErr_Format(PyExc_ValueError, "alltoallv: %d counts adding up to %lld rows, "
+                        "for a mesh dim of size %lld and an array of %lld rows", got,
+                        (long long)total, (long long)n, (long long)PyArray_DIM(a, 0));
   }
   int64_t row = PyArray_ITEMSIZE(a);
-  for (int k = 1; k < PyArray_NDIM(a); ++k) row *= PyArray_DIM(a, k);
+  npy_intp shape[MT_MAX_NDIM];
+  for (int k = 1; k < PyArray_NDIM(a); ++k) row *= shape[k] = PyArray_DIM(a, k);
   mt_error err = {0};
   int rc;
   Py_BEGIN_ALLOW_THREADS
   rc = mt_mesh_alltoall_i64(self->mesh, dim, counts, in, &err);
   Py_END_ALLOW_THREADS
-  if (rc != MT_OK) {
-    PyMem_Free(counts);
-    return mt_ext_raise(rc, &err);
-  }
-  npy_intp shape[MT_MAX_NDIM];
   shape[0] = 0;
-  for (int64_t q = 0; q < n; ++q) shape[0] += (npy_intp)in[q];
-  for (int k = 1; k < PyArray_NDIM(a); ++k) shape[k] = PyArray_DIM(a, k);
-  PyArray_Descr *descr = PyArray_DESCR(a);
-  Py_INCREF(descr);
-  PyArrayObject *out = (PyArrayObject *)PyArray_NewFromDescr(
-      &PyArray_Type, descr, PyArray_NDIM(a), shape, NULL, NULL, 0, NULL);
-  if (out == NULL) {
-    PyMem_Free(counts);
-    return NULL;
+  for (int64_t q = 0; rc == MT_OK && q < n; ++q) shape[0] += (npy_intp)in[q];
+  PyObject *out = NULL;
+  if (rc == MT_OK) {
+    Py_INCREF(PyArray_DESCR(a));
+    out = PyArray_NewFromDescr(&PyArray_Type, PyArray_DESCR(a), PyArray_NDIM(a), shape,
+                               NULL, NULL, 0, NULL);
   }
   /* Rows of zero bytes (a dim of size 0) have nothing to move. */
-  if (row > 0) {
+  if (out != NULL && row > 0) {
     Py_BEGIN_ALLOW_THREADS
-    rc = mt_mesh_alltoallv(self->mesh, dim, PyArray_DATA(a), counts, PyArray_DATA(out),
-                           in, row, &err);
+    rc = mt_mesh_alltoallv(self->mesh, dim, PyArray_DATA(a), counts,
+                           PyArray_DATA((PyArrayObject *)out), in, row, &err);
     Py_END_ALLOW_THREADS
   }
-  PyObject *got = rc == MT_OK ? PyTuple_New((Py_ssize_t)n) : NULL;
-  for (int64_t q = 0; got != NULL && q < n; ++q) {
-    PyObject *v = PyLong_FromLongLong(in[q]);
-    if (v == NULL) Py_CLEAR(got);
-    else PyTuple_SET_ITEM(got, (Py_ssize_t)q, v);
-  }
+  PyObject *res = rc != MT_OK ? mt_ext_raise(rc, &err)
+                  : out == NULL ? NULL
+                                : Py_BuildValue("(ON)", out, mt_ext_int_tuple(in, (int)n));
+  Py_XDECREF(out);
   PyMem_Free(counts);
-  if (rc != MT_OK) {
-    Py_DECREF(out);
-    return mt_ext_raise(rc, &err);
-  }
-  if (got == NULL) {
-    Py_DECREF(out);
-    return NULL;
-  }
-  PyObject *res = PyTuple_Pack(2, (PyObject *)out, got);
-  Py_DECREF(out);
-  Py_DECREF(got);
   return res;
 }
 
@@ -356,9 +294,8 @@ static PyObject *mesh_allgather_int(MeshObject *self, PyObject *const *args,
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "allgather_int(value, dim)");
   long long value = PyLong_AsLongLong(args[0]);
   if (value == -1 && PyErr_Occurred()) return NULL;
-  long d = PyLong_AsLong(args[1]);
-  if (d == -1 && PyErr_Occurred()) return NULL;
-  int dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
+  int dim = 0;
+  if (mt_ext_mesh_dim(args[1], &dim) < 0) return NULL;
   int in_range = dim >= 0 && dim < mt_mesh_ndim(self->mesh);
   int64_t n = in_range ? mt_mesh_dim_size(self->mesh, dim) : 1;
   int64_t *out = PyMem_Malloc((size_t)n * sizeof *out);
@@ -368,23 +305,16 @@ static PyObject *mesh_allgather_int(MeshObject *self, PyObject *const *args,
   Py_BEGIN_ALLOW_THREADS
   rc = mt_mesh_allgather_i64(self->mesh, dim, (int64_t)value, out, &err);
   Py_END_ALLOW_THREADS
-  PyObject *t = rc != MT_OK ? mt_ext_raise(rc, &err) : PyTuple_New((Py_ssize_t)n);
-  for (Py_ssize_t i = 0; rc == MT_OK && t != NULL && i < (Py_ssize_t)n; ++i) {
-    PyObject *v = PyLong_FromLongLong(out[i]);
-    if (v == NULL) Py_CLEAR(t);
-    else PyTuple_SET_ITEM(t, i, v);
-  }
+  PyObject *t = rc != MT_OK ? mt_ext_raise(rc, &err) : mt_ext_int_tuple(out, (int)n);
   PyMem_Free(out);
   return t;
 }
 
 static PyObject *mesh_get_shape(MeshObject *self, void *closure) {
+  int64_t shape[MT_MAX_MESH_NDIM];
   int ndim = mt_mesh_ndim(self->mesh);
-  PyObject *out = PyTuple_New(ndim);
-  for (int d = 0; out != NULL && d < ndim; ++d) {
-    PyTuple_SET_ITEM(out, d, PyLong_FromLongLong(mt_mesh_dim_size(self->mesh, d)));
-  }
-  return out;
+  for (int d = 0; d < ndim; ++d) shape[d] = mt_mesh_dim_size(self->mesh, d);
+  return mt_ext_int_tuple(shape, ndim);
 }
 
 static PyObject *mesh_time_model(MeshObject *self, PyObject *unused) {

@@ -52,34 +52,9 @@ static mt_decision *decide(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *s
   mt_layout_key key;
   if (mt_ext_spec_key(d, mb, spec, &key) < 0) return NULL;
   int dtype = mt_ext_descr_dtype((PyArray_Descr *)PyTuple_GET_ITEM(spec, 3));
-  mt_prop_inputs in;
-  memset(&in, 0, sizeof in);
-  in.ninputs = 1, in.mesh_ndim = mb->mesh_ndim, in.ndim[0] = key.ndim;
-  in.itemsize[0] = key.itemsize;
-  memcpy(in.mesh_shape, mb->mesh_shape, sizeof in.mesh_shape);
-  memcpy(in.shape[0], key.shape, sizeof key.shape);
-  memcpy(in.placements[0], key.placements, sizeof key.placements);
-  mt_placement targets[1][MT_MAX_MESH_NDIM];
-  memset(targets, 0, sizeof targets);
-  memcpy(targets[0], dst, (size_t)mb->mesh_ndim * sizeof *dst);
-  /* A redistribute never creates a Partial, nor reduces one the dtype has no
-   * reduction for; an operation's input may be partitioned into one. */
-  mt_layout from, to;
+  mt_decision *dec = NULL;
   mt_error err = {0};
-  int rc = mt_layout_init(&from, key.ndim, key.shape, mb->mesh_ndim, mb->mesh_shape,
-                          key.placements, &err);
-  if (rc == MT_OK)
-    rc = mt_layout_init(&to, key.ndim, key.shape, mb->mesh_ndim, mb->mesh_shape, dst, &err);
-  if (rc == MT_OK) rc = mt_plan_check(&from, &to, dtype, &err);
-  if (rc != MT_OK) return (mt_decision *)mt_ext_raise(rc, &err);
-  mt_decision outcome, *dec = NULL;
-  memset(&outcome, 0, sizeof outcome);
-  outcome.ninputs = 1, outcome.mesh_ndim = mb->mesh_ndim, outcome.out_ndim = key.ndim;
-  memcpy(outcome.out_shape, key.shape, sizeof key.shape);
-  memcpy(outcome.out_placements, dst, (size_t)mb->mesh_ndim * sizeof *dst);
-  rc = mt_memo_decide_targets(mb->memo, mk, &in, &dtype,
-                                  (const mt_placement(*)[MT_MAX_MESH_NDIM])targets,
-                                  &outcome, &dec, &err);
+  int rc = mt_memo_decide_move(mb->memo, mk, &key, dtype, mb->mesh_shape, dst, &dec, &err);
   return rc == MT_OK ? dec : (mt_decision *)mt_ext_raise(rc, &err);
 }
 

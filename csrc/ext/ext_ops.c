@@ -8,15 +8,15 @@
 
 /* The operators and their ufuncs (NDArrayOperatorsMixin's list), in the order of
  * mt_ext_dispatch.binary, .unary and .compare (Py_LT .. Py_GE). */
-const char *const mt_ext_binary_names[MT_EXT_NBINARY] = {
+static const char *const binary_names[MT_EXT_NBINARY] = {
     "add",         "subtract",   "multiply",    "matmul",      "true_divide",
     "floor_divide", "remainder", "power",       "left_shift",  "right_shift",
     "bitwise_and", "bitwise_xor", "bitwise_or", "divmod"};
-const char *const mt_ext_unary_names[MT_EXT_NUNARY] = {"negative", "positive",
+static const char *const unary_names[MT_EXT_NUNARY] = {"negative", "positive",
                                                        "absolute", "invert"};
-const char *const mt_ext_compare_names[MT_EXT_NCOMPARE] = {
+static const char *const compare_names[MT_EXT_NCOMPARE] = {
     "less", "less_equal", "equal", "not_equal", "greater", "greater_equal"};
-const char *const mt_ext_reduction_names[MT_EXT_NREDUCTION] = {
+static const char *const reduction_names[MT_EXT_NREDUCTION] = {
     "sum", "mean", "prod", "max", "min", "all", "any", "std", "var", "argmax", "argmin"};
 
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
@@ -116,7 +116,7 @@ static PyObject *register_reduction(PyObject *module, PyObject *args) {
   rule.partial_ops = ops;
   int m = 0;
   while (method != NULL && m < MT_EXT_NREDUCTION &&
-         strcmp(mt_ext_reduction_names[m], method) != 0)
+         strcmp(reduction_names[m], method) != 0)
     ++m;
   if (m == MT_EXT_NREDUCTION) return PyErr_Format(PyExc_ValueError, "no method %s", method);
   mt_ext_sig *sig = add_sig(d, func);
@@ -154,11 +154,11 @@ static int load_numpy(mt_ext_dispatch *d) {
   if (np == NULL) return -1;
   int rc = (d->ufunc_type = PyObject_GetAttrString(np, "ufunc")) ? 0 : -1;
   for (int i = 0; rc == 0 && i < MT_EXT_NBINARY; ++i)
-    rc = (d->binary[i] = PyObject_GetAttrString(np, mt_ext_binary_names[i])) ? 0 : -1;
+    rc = (d->binary[i] = PyObject_GetAttrString(np, binary_names[i])) ? 0 : -1;
   for (int i = 0; rc == 0 && i < MT_EXT_NUNARY; ++i)
-    rc = (d->unary[i] = PyObject_GetAttrString(np, mt_ext_unary_names[i])) ? 0 : -1;
+    rc = (d->unary[i] = PyObject_GetAttrString(np, unary_names[i])) ? 0 : -1;
   for (int i = 0; rc == 0 && i < MT_EXT_NCOMPARE; ++i)
-    rc = (d->compare[i] = PyObject_GetAttrString(np, mt_ext_compare_names[i])) ? 0 : -1;
+    rc = (d->compare[i] = PyObject_GetAttrString(np, compare_names[i])) ? 0 : -1;
   Py_DECREF(np);
   return rc;
 }
@@ -243,7 +243,7 @@ PyMethodDef mt_ext_ops_methods[] = {
 
 static int intern_names(mt_ext_dispatch *d) {
   for (int m = 0; m < MT_EXT_NREDUCTION; ++m) {
-    d->reduction_name[m] = PyUnicode_InternFromString(mt_ext_reduction_names[m]);
+    d->reduction_name[m] = PyUnicode_InternFromString(reduction_names[m]);
     d->reduction_sig[m] = -1;
     if (d->reduction_name[m] == NULL) return -1;
   }

@@ -152,7 +152,7 @@ const mt_dimmap *mt_ext_dimmap_get(PyObject *module, PyObject *obj) {
   return &((DimMapObject *)obj)->map;
 }
 
-PyObject *mt_ext_dimmap_new(PyObject *module, const mt_dimmap *map) {
+static PyObject *dimmap_new_of(PyObject *module, const mt_dimmap *map) {
   PyTypeObject *tp = mt_ext_state_of(module)->dimmap_type;
   DimMapObject *self = (DimMapObject *)tp->tp_alloc(tp, 0);
   if (self != NULL) self->map = *map;
@@ -182,7 +182,7 @@ static PyObject *dimmap_elementwise(PyObject *module, PyObject *args) {
   mt_error err = {0};
   rc = mt_dimmap_elementwise(kind, noperands, tensors, nd,
                              (const int64_t(*)[MT_MAX_NDIM])sh, &map, &err);
-  return rc == MT_OK ? mt_ext_dimmap_new(module, &map) : mt_ext_raise(rc, &err);
+  return rc == MT_OK ? dimmap_new_of(module, &map) : mt_ext_raise(rc, &err);
 }
 
 /* dimmap_matmul(a_shape, b_shape, transpose_b) -> DimMap. */
@@ -197,7 +197,7 @@ static PyObject *dimmap_matmul(PyObject *module, PyObject *args) {
   mt_dimmap map;
   mt_error err = {0};
   int rc = mt_dimmap_matmul(na, sa, nb, sb, transpose_b, &map, &err);
-  return rc == MT_OK ? mt_ext_dimmap_new(module, &map) : mt_ext_raise(rc, &err);
+  return rc == MT_OK ? dimmap_new_of(module, &map) : mt_ext_raise(rc, &err);
 }
 
 PyMethodDef mt_ext_prop_methods[] = {

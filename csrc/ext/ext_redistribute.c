@@ -377,6 +377,24 @@ PyObject *mt_ext_start_plan(PyObject *module, PyObject *mesh_obj, const mt_plan 
   return out;
 }
 
+/* A layout of `shape` placed by `codes` on the mesh's shape. */
+static int mesh_layout(mt_mesh *mesh, const int64_t *shape, int ndim, PyObject *codes,
+                       mt_layout *out) {
+  mt_placement pl[MT_MAX_MESH_NDIM];
+  int64_t mshape[MT_MAX_MESH_NDIM];
+  int np = 0, nm = mt_mesh_ndim(mesh);
+  if (mt_ext_placements(codes, pl, &np) < 0) return -1;
+  if (np != nm) {
+    PyErr_Format(PyExc_ValueError, "%d placements for a %d-D mesh", np, nm);
+    return -1;
+  }
+  for (int m = 0; m < nm; ++m) mshape[m] = mt_mesh_dim_size(mesh, m);
+  mt_error err = {0};
+  int rc = mt_layout_init(out, ndim, shape, nm, mshape, pl, &err);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
+}
+
 /* ---- distribute ---------------------------------------------------------------------- */
 
 /* distribute(mesh, placements, full[, src]) -> this rank's box of `full`, whose
@@ -394,15 +412,14 @@ static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t 
   if (mesh == NULL) return NULL;
   PyArrayObject *full = mt_ext_contiguous(args[2]);
   if (full == NULL) return NULL;
-  PyObject *shape = PyObject_GetAttrString((PyObject *)full, "shape");
-  PyObject *mesh_shape = PyObject_GetAttrString(args[0], "shape");
+  int64_t shape[MT_MAX_NDIM];
+  int ndim = PyArray_NDIM(full) <= MT_MAX_NDIM ? PyArray_NDIM(full) : MT_MAX_NDIM + 1;
+  for (int i = 0; i < ndim && i < MT_MAX_NDIM; ++i) shape[i] = PyArray_DIM(full, i);
   mt_layout layout;
   mt_box box;
   PyArrayObject *local = NULL;
-  int ok = shape && mesh_shape && mt_ext_layout(shape, mesh_shape, args[1], &layout) == 0 &&
+  int ok = mesh_layout(mesh, shape, ndim, args[1], &layout) == 0 &&
            my_box(mesh, &layout, &box) == 0;
-  Py_XDECREF(shape);
-  Py_XDECREF(mesh_shape);
   if (ok) local = new_box_array(module, &box, full);
   /* A rank that cannot allocate its shard still takes part, with no buffer, in
    * the agreement mt_distribute starts with, so every rank raises MemoryError. */
@@ -465,24 +482,6 @@ static PyObject *comm_counters(PyObject *module, PyObject *unused) {
 }
 
 /* ---- selection exchange (basic indexing) ---------------------------------------- */
-
-/* A layout of `shape` placed by `codes` on the mesh's shape. */
-static int mesh_layout(mt_mesh *mesh, const int64_t *shape, int ndim, PyObject *codes,
-                       mt_layout *out) {
-  mt_placement pl[MT_MAX_MESH_NDIM];
-  int64_t mshape[MT_MAX_MESH_NDIM];
-  int np = 0, nm = mt_mesh_ndim(mesh);
-  if (mt_ext_placements(codes, pl, &np) < 0) return -1;
-  if (np != nm) {
-    PyErr_Format(PyExc_ValueError, "%d placements for a %d-D mesh", np, nm);
-    return -1;
-  }
-  for (int m = 0; m < nm; ++m) mshape[m] = mt_mesh_dim_size(mesh, m);
-  mt_error err = {0};
-  int rc = mt_layout_init(out, ndim, shape, nm, mshape, pl, &err);
-  if (rc != MT_OK) mt_ext_raise(rc, &err);
-  return rc == MT_OK ? 0 : -1;
-}
 
 /* The selection from (starts, steps, counts). */
 static int read_selection(PyObject *const *args, int ndim, mt_selection *sel) {

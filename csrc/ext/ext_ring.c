@@ -5,26 +5,6 @@
 #include "mpitensor/comm/mesh.h"
 #include "mpitensor/comm/ring.h"
 
-/* ---- argument checks ------------------------------------------------------------- */
-
-/* MPI reads and writes these buffers as flat bytes while Python runs on. */
-static PyArrayObject *contiguous_arg(PyObject *obj, int writable, const char *what) {
-  if (!PyArray_Check(obj) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) ||
-      (writable && !PyArray_ISWRITEABLE((PyArrayObject *)obj))) {
-    PyErr_Format(PyExc_TypeError, "%s must be a%s C-contiguous ndarray", what,
-                 writable ? " writable" : "");
-    return NULL;
-  }
-  return (PyArrayObject *)obj;
-}
-
-static int dim_arg(PyObject *obj, int *dim) {
-  long d = PyLong_AsLong(obj);
-  if (d == -1 && PyErr_Occurred()) return -1;
-  *dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
-  return 0;
-}
-
 /* A _C.Request for a started exchange: `mesh` and `send` stay referenced until
  * it completes, and wait() returns `recv`. An exchange that failed to start was
  * never made. */
@@ -55,7 +35,7 @@ static int block_args(PyObject *seq, int writable, const char *what, PyArrayObje
     rc = -1;
   }
   for (Py_ssize_t i = 0; rc == 0 && i < len; ++i) {
-    out[i] = contiguous_arg(PySequence_Fast_GET_ITEM(fast, i), writable, what);
+    out[i] = mt_ext_buffer(PySequence_Fast_GET_ITEM(fast, i), writable, what);
     if (out[i] == NULL) rc = -1;
   }
   Py_DECREF(fast);
@@ -72,7 +52,7 @@ static PyObject *ring_shift_start(PyObject *module, PyObject *const *args,
   int dim = 0, ns = 0, nr = 0;
   PyArrayObject *send[MT_RING_MAX_BLOCKS], *recv[MT_RING_MAX_BLOCKS];
   mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
-  if (mesh == NULL || dim_arg(args[1], &dim) < 0 ||
+  if (mesh == NULL || mt_ext_mesh_dim(args[1], &dim) < 0 ||
       block_args(args[2], 0, "every send", send, &ns) < 0 ||
       block_args(args[3], 1, "every recv", recv, &nr) < 0)
     return NULL;
@@ -102,26 +82,6 @@ static PyObject *ring_shift_start(PyObject *module, PyObject *const *args,
   return out;
 }
 
-/* The byte counts must fit the buffers, or MPI would write past `recv`. */
-static int check_gather(mt_mesh *mesh, int dim, PyArrayObject *send, PyArrayObject *recv,
-                        const int64_t *bytes, int n) {
-  int64_t coord[MT_MAX_MESH_NDIM], total = 0;
-  if (dim < 0 || dim >= mt_mesh_ndim(mesh) || !mt_mesh_coordinate(mesh, coord)) return 0;
-  if (n != mt_mesh_dim_size(mesh, dim)) {
-    PyErr_Format(PyExc_ValueError, "%d byte counts for a mesh dim of size %lld", n,
-                 (long long)mt_mesh_dim_size(mesh, dim));
-    return -1;
-  }
-  for (int k = 0; k < n; ++k) total += bytes[k];
-  if (bytes[coord[dim]] != (int64_t)PyArray_NBYTES(send) ||
-      total != (int64_t)PyArray_NBYTES(recv)) {
-    PyErr_SetString(PyExc_ValueError, "the byte counts do not match the send and "
-                    "receive arrays");
-    return -1;
-  }
-  return 0;
-}
-
 /* ring_allgatherv_start(mesh, dim, send, recv, byte_counts) -> Request. Collective
  * on the dim: `recv` receives every rank's block in coordinate order. */
 static PyObject *ring_allgatherv_start(PyObject *module, PyObject *const *args,
@@ -132,18 +92,18 @@ static PyObject *ring_allgatherv_start(PyObject *module, PyObject *const *args,
   int dim = 0, n = 0;
   int64_t bytes[1024];
   mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
-  if (mesh == NULL || dim_arg(args[1], &dim) < 0) return NULL;
-  PyArrayObject *send = contiguous_arg(args[2], 0, "send");
-  PyArrayObject *recv = send == NULL ? NULL : contiguous_arg(args[3], 1, "recv");
-  if (recv == NULL || mt_ext_int64s(args[4], bytes, 1024, &n, "byte counts") < 0 ||
-      check_gather(mesh, dim, send, recv, bytes, n) < 0)
+  if (mesh == NULL || mt_ext_mesh_dim(args[1], &dim) < 0) return NULL;
+  PyArrayObject *send = mt_ext_buffer(args[2], 0, "send");
+  PyArrayObject *recv = send == NULL ? NULL : mt_ext_buffer(args[3], 1, "recv");
+  if (recv == NULL || mt_ext_int64s(args[4], bytes, 1024, &n, "byte counts") < 0)
     return NULL;
   mt_exchange *ex = NULL;
   mt_error err = {0};
   int rc;
   Py_BEGIN_ALLOW_THREADS
-  rc = mt_ring_allgatherv_start(mesh, dim, PyArray_DATA(send), PyArray_DATA(recv), bytes,
-                                &ex, &err);
+  rc = mt_ring_allgatherv_start(mesh, dim, PyArray_DATA(send), PyArray_NBYTES(send),
+                                PyArray_DATA(recv), PyArray_NBYTES(recv), bytes, n, &ex,
+                                &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
   return new_exchange(module, args[0], (PyObject *)send, (PyObject *)recv, ex);
@@ -157,7 +117,7 @@ static PyObject *ring_allgather_int64(PyObject *module, PyObject *const *args,
   mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
   int dim = 0, n = 0;
   int64_t values[64];
-  if (mesh == NULL || dim_arg(args[1], &dim) < 0 ||
+  if (mesh == NULL || mt_ext_mesh_dim(args[1], &dim) < 0 ||
       mt_ext_int64s(args[2], values, 64, &n, "values") < 0)
     return NULL;
   int64_t size = mt_mesh_dim_size(mesh, dim);
@@ -169,14 +129,9 @@ static PyObject *ring_allgather_int64(PyObject *module, PyObject *const *args,
   Py_BEGIN_ALLOW_THREADS
   rc = mt_ring_allgather_int64(mesh, dim, values, n, out, &err);
   Py_END_ALLOW_THREADS
-  PyObject *result = rc == MT_OK ? PyTuple_New((Py_ssize_t)(size * n)) : NULL;
-  for (Py_ssize_t i = 0; result != NULL && i < (Py_ssize_t)(size * n); ++i) {
-    PyObject *v = PyLong_FromLongLong(out[i]);
-    if (v == NULL) Py_CLEAR(result);
-    else PyTuple_SET_ITEM(result, i, v);
-  }
+  PyObject *result = rc == MT_OK ? mt_ext_int_tuple(out, (int)(size * n))
+                                  : mt_ext_raise(rc, &err);
   PyMem_Free(out);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
   return result;
 }
 

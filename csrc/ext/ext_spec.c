@@ -10,7 +10,7 @@
 /* The placement code of a Placement: the cached instances first (placements are
  * interned, so identity decides), else its `_code` triple. 0, or -1 with an
  * exception. */
-int mt_ext_placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
+static int placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
   if (p == d->replicate) {
     *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
     return 0;
@@ -65,7 +65,7 @@ int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *sp
   }
   key->mesh_ndim = mb->mesh_ndim;
   for (int m = 0; m < mb->mesh_ndim; ++m)
-    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(pl, m), &key->placements[m]) < 0)
+    if (placement_code(d, PyTuple_GET_ITEM(pl, m), &key->placements[m]) < 0)
       return -1;
   int nstride = 0;
   if (int64s_of(PyTuple_GET_ITEM(spec, 2), key->shape, MT_MAX_NDIM, &key->ndim) < 0 ||
@@ -109,15 +109,6 @@ int mt_ext_layout_id(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *d
   return 0;
 }
 
-int mt_ext_key_layout(const mt_layout_key *key, const mt_ext_mesh_base *mb,
-                      mt_layout *out) {
-  mt_error err = {0};
-  int rc = mt_layout_init(out, key->ndim, key->shape, mb->mesh_ndim, mb->mesh_shape,
-                          key->placements, &err);
-  if (rc != MT_OK) mt_ext_raise(rc, &err);
-  return rc == MT_OK ? 0 : -1;
-}
-
 PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, int n) {
   PyObject *out = PyTuple_New(n);
   for (int m = 0; out != NULL && m < n; ++m) {
@@ -129,19 +120,6 @@ PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, in
                         ? d->partial[p[m].reduce_op]
                         : d->replicate;
     PyTuple_SET_ITEM(out, m, Py_NewRef(obj));
-  }
-  return out;
-}
-
-PyObject *mt_ext_int_tuple(const int64_t *v, int n) {
-  PyObject *out = PyTuple_New(n);
-  for (int i = 0; out != NULL && i < n; ++i) {
-    PyObject *x = PyLong_FromLongLong(v[i]);
-    if (x == NULL) {
-      Py_CLEAR(out);
-      break;
-    }
-    PyTuple_SET_ITEM(out, i, x);
   }
   return out;
 }

@@ -5,8 +5,7 @@
 
 static int module_exec(PyObject *module) {
   if (PyArray_ImportNumPyAPI() < 0) return -1;
-  PyMethodDef *tables[] = {mt_ext_mesh_methods,   mt_ext_layout_methods, mt_ext_rng_methods,
-                           mt_ext_redistribute_methods, mt_ext_pool_methods,
+  PyMethodDef *tables[] = {mt_ext_mesh_methods,   mt_ext_redistribute_methods, mt_ext_pool_methods,
                            mt_ext_prop_methods,   mt_ext_io_methods,     mt_ext_ops_methods,
                            mt_ext_autograd_methods, mt_ext_decide_methods,
                            mt_ext_ring_methods,   mt_ext_agree_methods,

@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import _C, _args, _device, _dtypes, _iterate, _modes, _registry, _trace
+from . import _C, _args, _clib, _device, _dtypes, _iterate, _modes, _registry, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._layout import _codes, compute_local_shape_and_global_offset
@@ -884,7 +884,7 @@ def _global_shape_and_stride(local, mesh, placements, shape, stride):
     if shape is not None:
         gshape = _args.check_shape(shape, local.ndim)
         return gshape, _args.check_stride(stride, len(gshape))
-    gshape = tuple(_C.even_global_shape(local.shape, mesh.shape, _codes(placements)))
+    gshape = _clib.even_global_shape(local.shape, tuple(mesh.shape), _codes(placements))
     return gshape, _global_stride(local, mesh, placements, gshape)
 
 

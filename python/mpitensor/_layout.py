@@ -1,10 +1,11 @@
-"""Where each rank's shard lies: thin Python entry points to the C layout math."""
+"""Where each rank's shard lies: thin Python entry points to the C layout math
+(:mod:`._clib`)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from . import _C
+from . import _C, _clib
 from .device_mesh import DeviceMesh
 from .placement_types import Placement, Shard
 
@@ -38,7 +39,7 @@ def local_shape_and_global_offset(global_shape: Sequence[int], mesh_shape: Seque
     placements = tuple(Shard(p.dim + len(shape))
                        if isinstance(p, Shard) and -len(shape) <= p.dim < 0 else p
                        for p in placements)
-    return _C.local_box(shape, tuple(mesh_shape), tuple(coordinate), _codes(placements))
+    return _clib.local_box(shape, tuple(mesh_shape), tuple(coordinate), _codes(placements))
 
 
 def compute_local_shape_and_global_offset(global_shape: Sequence[int], mesh,

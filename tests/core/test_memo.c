@@ -334,8 +334,82 @@ static void test_decide(void) {
   mt_memo_destroy(memo);
 }
 
+/* What a decision asks of a run (decision.c): S(0) + S(1) on 2 ranks moves one
+ * input (8 x 8 float64: half of it to the other rank), one tensor given twice
+ * moves once, a partitioned input is zeros off coordinate 0, and each rank's box
+ * of the output is its chunk (ones outside the mesh). */
+static void test_decision_reads(void) {
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0};
+  const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0}};
+  const mt_op_args args = {2, 3u, 0, 0};
+  const int f64[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT64};
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);
+  mt_prop_inputs in = two_inputs(2, s0, s1);
+  mt_dimmap map;
+  CHECK(mt_op_dimmap(&add, &args, &in, MT_DTYPE_FLOAT64, &map, NULL) == MT_OK);
+  mt_memo_key k = key(1, 1, 2);
+  mt_decision *d = NULL;
+  CHECK(mt_memo_decide(memo, &k, &map, &in, f64, &d, NULL) == MT_OK);
+  const mt_plan *moved = d->plan[0] != NULL ? d->plan[0] : d->plan[1];
+  CHECK(mt_decision_bytes(d) == mt_plan_bytes(moved) && mt_decision_bytes(d) > 0);
+  mt_decision twice = *d;
+  twice.plan[0] = twice.plan[1] = (mt_plan *)moved;
+  CHECK(mt_decision_same_move(&twice, 1, 0) && !mt_decision_same_move(d, 1, 0));
+  twice.partition[1] = 1u;
+  CHECK(!mt_decision_same_move(&twice, 1, 0));
+  const int64_t mesh_shape[1] = {2}, c0[1] = {0}, c1[1] = {1};
+  CHECK(!mt_decision_zeroed(&twice, 1, c0) && mt_decision_zeroed(&twice, 1, c1));
+  CHECK(!mt_decision_zeroed(&twice, 0, c1));
+  mt_box box;
+  CHECK(mt_decision_out_box(d, mesh_shape, c1, &box, NULL) == MT_OK);
+  CHECK(box.ndim == 2 && box.shape[0] + box.shape[1] == 12);
+  CHECK(mt_decision_out_box(d, mesh_shape, NULL, &box, NULL) == MT_OK);
+  CHECK(box.ndim == 2 && box.shape[0] == 1 && box.shape[1] == 1);
+  const int64_t bad[1] = {3};
+  mt_error err = {0, ""};
+  CHECK(mt_decision_out_box(d, mesh_shape, bad, &box, &err) != MT_OK && err.msg[0] != 0);
+  mt_layout_key out;
+  mt_decision_out_key(d, MT_DTYPE_FLOAT32, 4, &out);
+  CHECK(out.ndim == 2 && out.shape[0] == 8 && out.stride[0] == 8 && out.stride[1] == 1);
+  CHECK(out.itemsize == 4 && out.mesh_ndim == 1 &&
+        out.placements[0].kind == d->out_placements[0].kind);
+  mt_memo_destroy(memo);
+}
+
+/* A redistribute decided by the core: S(0) -> R plans one step and keeps the
+ * shape; creating a Partial, or moving to a dim the tensor lacks, is refused and
+ * stores nothing. */
+static void test_decide_move(void) {
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);
+  const int64_t mesh_shape[1] = {2};
+  mt_layout_key src = layout(8, 1);
+  const mt_placement rep[1] = {{MT_PLACEMENT_REPLICATE, 0, 0}};
+  const mt_placement psum[1] = {{MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM}};
+  const mt_placement s5[1] = {{MT_PLACEMENT_SHARD, 5, 0}};
+  mt_memo_key k = key(9, 1, 0);
+  mt_decision *d = NULL;
+  CHECK(mt_memo_decide_move(memo, &k, &src, MT_DTYPE_FLOAT64, mesh_shape, rep, &d, NULL) ==
+        MT_OK);
+  CHECK(d != NULL && d->ninputs == 1 && d->plan[0] != NULL && mt_memo_peek(memo, &k) == d);
+  CHECK(d->out_ndim == 2 && d->out_shape[0] == 8 &&
+        d->out_placements[0].kind == MT_PLACEMENT_REPLICATE);
+  mt_memo_key k2 = key(9, 2, 0);
+  mt_error err = {0, ""};
+  CHECK(mt_memo_decide_move(memo, &k2, &src, MT_DTYPE_FLOAT64, mesh_shape, psum, &d,
+                            &err) != MT_OK);
+  CHECK(err.msg[0] != 0 && mt_memo_peek(memo, &k2) == NULL);
+  CHECK(mt_memo_decide_move(memo, &k2, &src, MT_DTYPE_FLOAT64, mesh_shape, s5, &d,
+                            &err) != MT_OK);
+  CHECK(mt_memo_peek(memo, &k2) == NULL);
+  mt_memo_destroy(memo);
+}
+
 int main(void) {
   test_decide();
+  test_decision_reads();
+  test_decide_move();
   test_contiguous_strides();
   test_layout_ids();
   test_clock();

@@ -71,8 +71,9 @@ static void test_allgatherv(mt_mesh *m) {
   fill_block(world_rank, mine);
   mt_exchange *ex = NULL;
   mt_error err = {0};
-  CHECK_MSG(mt_ring_allgatherv_start(m, 0, mine, all, bytes, &ex, &err) == MT_OK, "%s",
-            err.msg);
+  CHECK_MSG(mt_ring_allgatherv_start(m, 0, mine, bytes[world_rank], all, total, bytes,
+                                     world_size, &ex, &err) == MT_OK,
+            "%s", err.msg);
   CHECK(mt_exchange_wait(ex, &err) == MT_OK);
   int64_t off = 0;
   for (int r = 0; r < world_size; ++r) {
@@ -104,8 +105,18 @@ static void test_bad_input(mt_mesh *m) {
   CHECK(mt_ring_shift_start(m, 0, MT_RING_MAX_BLOCKS + 1, send, one, recv, one, &ex,
                             &err) == MT_EINVAL);
   int64_t bytes[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
-  CHECK(mt_ring_allgatherv_start(m, 0, a, b, bytes, &ex, &err) == MT_EINVAL);
+  CHECK(mt_ring_allgatherv_start(m, 0, a, -1, b, -world_size, bytes, world_size, &ex,
+                                 &err) == MT_EINVAL);
   CHECK(ex == NULL);
+  /* Counts that do not fit the buffers, or one count short, are refused before
+   * any communication. */
+  for (int r = 0; r < 8; ++r) bytes[r] = 1;
+  CHECK(mt_ring_allgatherv_start(m, 0, a, 1, b, world_size + 1, bytes, world_size, &ex,
+                                 &err) == MT_EINVAL);
+  CHECK(strstr(err.msg, "do not match") != NULL && ex == NULL);
+  CHECK(mt_ring_allgatherv_start(m, 0, a, 1, b, world_size, bytes, world_size + 1, &ex,
+                                 &err) == MT_EINVAL);
+  CHECK(strstr(err.msg, "byte counts for a mesh dim") != NULL && ex == NULL);
   if (world_size == 1) {
     int64_t two[1] = {2}, three[1] = {3};
     CHECK(mt_ring_shift_start(m, 0, 1, send, two, recv, three, &ex, &err) == MT_EINVAL);

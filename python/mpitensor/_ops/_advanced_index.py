@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _modes, _trace
+from .. import _clib, _modes, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -75,7 +75,7 @@ def _rebalance(name, dt, m, rows, placements, shape):
     start = int(sum(counts[:c]))
     total = int(sum(counts))
     shape = (total,) + tuple(shape[1:])
-    bounds = np.concatenate([[0], np.cumsum(_C.chunk_sizes(total, p))])
+    bounds = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(total, p))])
     lo = np.clip(bounds[:-1], start, start + len(rows))
     hi = np.clip(bounds[1:], start, start + len(rows))
     if _modes.state.tracing:
@@ -170,9 +170,9 @@ def getitem_take(dt, key):
     if m is None:
         return _wrap(mesh, out_pls, shape, local[idx], spec.dtype)
     p, c = mesh.shape[m], mesh._coordinate[m]
-    own = np.concatenate([[0], np.cumsum(_C.chunk_sizes(size, p))])
+    own = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(size, p))])
     owner = np.searchsorted(own, idx, "right") - 1
-    out = np.concatenate([[0], np.cumsum(_C.chunk_sizes(len(idx), p))])
+    out = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(len(idx), p))])
     dest = np.searchsorted(out, np.arange(len(idx)), "right") - 1
     # Rows this rank owns, by destination, in output order within each.
     mine = np.flatnonzero(owner == c)

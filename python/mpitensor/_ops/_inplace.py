@@ -28,7 +28,7 @@ import operator
 
 import numpy as np
 
-from .. import _C, _modes, _registry, _trace
+from .. import _clib, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard
@@ -163,8 +163,8 @@ def _rows_to_owners(spec, sel, value, m, j):
     p, c = mesh.shape[m], mesh._coordinate[m]
     d = spec.placements[m].dim
     start, step, count, _ = sel[d]
-    own = np.concatenate([[0], np.cumsum(_C.chunk_sizes(spec.shape[d], p))])
-    have = np.concatenate([[0], np.cumsum(_C.chunk_sizes(count, p))])
+    own = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(spec.shape[d], p))])
+    have = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(count, p))])
     lo, hi = int(have[c]), int(have[c + 1])
     v = np.moveaxis(value.to_local(), j, 0)
     parts = []

@@ -30,7 +30,7 @@ import numpy as np
 # every ``method=`` gives NumPy's numbers bit for bit.
 from numpy.lib import _function_base_impl as _npq
 
-from .. import _C, _modes, _trace
+from .. import _C, _clib, _modes, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -216,7 +216,7 @@ def sort_flat(name, a, indices: bool):
     # The buckets move to the usual shards (torch.chunk's sizes).
     p, c = mesh.shape[m], mesh._coordinate[m]
     start = _offset(a, m, len(data))
-    sizes = _C.chunk_sizes(n, p)
+    sizes = _clib.chunk_sizes(n, p)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     lo = np.clip(bounds[:-1], start, start + len(data))
     hi = np.clip(bounds[1:], start, start + len(data))

@@ -1,5 +1,5 @@
 """The nn kernels of csrc/kernels (mpitensor/kernels/kernels.h) on NumPy arrays, called
-through ctypes in libmpitensor_kernels.so, which is installed beside mpitensor._C.
+through ctypes in libmpitensor_local.so, loaded by :mod:`mpitensor._clib`.
 
 Inputs must already be float32 or float64 of one dtype and laid out as each
 function says: :mod:`._kernels` checks that and uses NumPy otherwise, so a
@@ -16,23 +16,15 @@ from __future__ import annotations
 
 import ctypes
 import operator
-import os
 
 import numpy as np
 
-from .. import _C
-
-_lib = ctypes.CDLL(os.path.join(os.path.dirname(_C.__file__), "libmpitensor_kernels.so"))
-
-_P, _I, _I64, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double
+from .._clib import D as _D, Error as _Error, I as _I, I64 as _I64, P as _P
+from .._clib import array as _array, call as _call, fn as _fn
 
 
 class _Blas(ctypes.Structure):  # mt_blas
     _fields_ = [(name, _P) for name in ("sgemm", "dgemm", "sgemm64", "dgemm64")]
-
-
-class _Error(ctypes.Structure):  # mt_error
-    _fields_ = [("code", _I), ("msg", ctypes.c_char * 512)]  # MT_ERROR_LEN
 
 
 class _Operand(ctypes.Structure):  # mt_attn_operand
@@ -50,13 +42,6 @@ class _AdamHyper(ctypes.Structure):  # mt_adam_hyper
     _fields_ += [("maximize", _I)]
 
 
-def _fn(name, restype, *argtypes):
-    """The library's function ``name`` with its C prototype."""
-    f = getattr(_lib, name)
-    f.restype, f.argtypes = restype, list(argtypes)
-    return f
-
-
 _B, _O, _E = ctypes.POINTER(_Blas), ctypes.POINTER(_Operand), ctypes.POINTER(_Error)
 _blas_check = _fn("mt_blas_check", _I, _B, _E)
 _blas_available = _fn("mt_blas_available", _I, _B)
@@ -71,45 +56,8 @@ _adam_update = _fn("mt_adam_update", _I, _I, _I64, _P, _P, _P, _P, _P,
 _attention = _fn("mt_attention", _I, _B, _I, ctypes.POINTER(_Shape), *[_O] * 4, _D, _I, _E)
 _attention_backward = _fn("mt_attention_backward", _I, _B, _I, ctypes.POINTER(_Shape),
                           *[_O] * 7, _D, _I, _E)
-_dtype_name = _fn("mt_dtype_name", ctypes.c_char_p, _I)
-_status_name = _fn("mt_status_name", ctypes.c_char_p, _I)
-_strerror = _fn("mt_strerror", ctypes.c_char_p, _I)
-
-# The library's codes (mpitensor/core/dtype.h) of the two element types it computes in.
-_CODES = {np.dtype(t).type: next(i for i in range(64) if _dtype_name(i) == t.encode())
-          for t in ("float32", "float64")}
-# The exception of each status, as the extension raises them (csrc/ext/ext_args.c).
-_EXCEPTIONS = {b"MT_EINVAL": ValueError, b"MT_EINDEX": IndexError, b"MT_ETYPE": TypeError,
-               b"MT_ENOMEM": MemoryError, b"MT_ENOTSUP": NotImplementedError,
-               b"MT_EOVERFLOW": OverflowError, b"MT_EIO": OSError}
 
 _blas = _Blas()
-
-
-def _call(fn, *args) -> None:
-    """fn(*args, &err), raising the exception of the status it returns."""
-    err = _Error()
-    rc = fn(*args, ctypes.byref(err))
-    if rc != 0:
-        kind = _EXCEPTIONS.get(_status_name(rc), RuntimeError)
-        raise kind(err.msg.decode(errors="replace") or _strerror(rc).decode())
-
-
-def _array(a, name: str, dtype: int | None = None, strided: bool = False,
-           out: bool = False) -> int:
-    """The element type code of ``a``: an aligned, native float32 or float64
-    ndarray (of code ``dtype`` when given), C-contiguous unless ``strided``,
-    writable when it is an ``out``put."""
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be an ndarray, got {type(a).__name__}")
-    code = _CODES.get(a.dtype.type)
-    if code is None or dtype not in (None, code):
-        raise TypeError(f"{name}: float32 or float64 of one dtype, got {a.dtype!r}")
-    if not (a.flags.aligned and a.dtype.isnative and (strided or a.flags.c_contiguous)):
-        raise ValueError(f"{name} must be an aligned C-contiguous array")
-    if out and not a.flags.writeable:
-        raise ValueError(f"{name} must be writable")
-    return code
 
 
 def have_blas() -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _modes
+from .. import _clib, _modes
 from ..autograd import Function
 from . import _kernels
 from . import functional as F
@@ -159,7 +159,7 @@ class MultiheadAttention(Module):
         for m, p in enumerate(w.placements):
             if p.is_shard(0):
                 n = w.device_mesh.size(m)
-                sizes = list(_C.chunk_sizes(rows, n))
+                sizes = list(_clib.chunk_sizes(rows, n))
                 if any(s % unit for s in sizes):
                     raise ValueError(
                         f"MultiheadAttention with {self.num_heads} heads of size "

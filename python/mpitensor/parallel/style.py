@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _clib
 from .._dtensor import DTensor
 from .._distribute import distribute_tensor
 from .._distribute_module import distribute_module
@@ -80,7 +80,7 @@ def _agree_linear_input(local, mesh, features: int) -> None:
     coord = mesh.get_coordinate()
     if coord is None or mesh.size(0) == 1:
         return
-    want = _C.chunk_sizes(features, mesh.size(0))[coord[0]]
+    want = _clib.chunk_sizes(features, mesh.size(0))[coord[0]]
     width = local.shape[-1]
     lead = tuple(local.shape[:-1])
     _C.agree(mesh._handle, width == want, fingerprint((np.dtype(local.dtype).str, lead)),

@@ -37,12 +37,14 @@ int mt_ring_shift_start(const mt_mesh *mesh, int dim, int nblocks,
                         mt_exchange **out, mt_error *err);
 
 /* Collective on the ranks of mesh dim `dim`. Starts a nonblocking all-gather:
- * the rank at coordinate k contributes `bytes[k]` bytes (the dim's size of
- * entries, the same on every rank), and `recv` receives them all, in coordinate
- * order, back to back. `send` must hold `bytes[own coordinate]` bytes. Counted as
- * an all_gather_into_tensor. */
+ * the rank at coordinate k contributes `bytes[k]` bytes (`n` entries, the dim's
+ * size, the same on every rank), and `recv` receives them all, in coordinate
+ * order, back to back. MT_EINVAL, before any communication, unless `send` holds
+ * `send_bytes` == bytes[own coordinate] and `recv` the sum, `recv_bytes`: MPI
+ * would write past it. Counted as an all_gather_into_tensor. */
 int mt_ring_allgatherv_start(const mt_mesh *mesh, int dim, const void *send,
-                             void *recv, const int64_t *bytes, mt_exchange **out,
+                             int64_t send_bytes, void *recv, int64_t recv_bytes,
+                             const int64_t *bytes, int n, mt_exchange **out,
                              mt_error *err);
 
 /* Local. Lets MPI progress the exchange; sets *done to 1 once it has completed

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "mpitensor/core/layout.h"
+#include "mpitensor/core/layout_table.h"
 #include "mpitensor/core/plan.h"
 #include "mpitensor/core/prop.h"
 #include "mpitensor/core/status.h"
@@ -111,6 +112,19 @@ int mt_memo_decide_targets(mt_memo *memo, const mt_memo_key *key,
                            const mt_placement (*targets)[MT_MAX_MESH_NDIM],
                            const mt_decision *outcome, mt_decision **out, mt_error *err);
 
+/* Local. A redistribution decided and stored under `key`: the tensor of layout
+ * `src` (on a mesh of `mesh_shape`, src->mesh_ndim dims) goes to the placements
+ * `dst`; its output keeps the shape. Refused before any plan, as mt_plan_check
+ * refuses: a redistribute never creates a Partial, nor reduces one its dtype
+ * (mt_dtype `dtype`) has no reduction for.
+ *
+ *   rc = mt_memo_decide_move(memo, &key, &src, MT_DTYPE_FLOAT64, mesh_shape, to,
+ *                            &dec, &err);
+ */
+int mt_memo_decide_move(mt_memo *memo, const mt_memo_key *key, const mt_layout_key *src,
+                        int dtype, const int64_t *mesh_shape, const mt_placement *dst,
+                        mt_decision **out, mt_error *err);
+
 /* Local. The time model the plans of new decisions are ranked by (the default
  * until set; its mesh's, for a mesh's memo). Setting it validates it
  * (mt_time_model_check, MT_EINVAL changing nothing) and drops every decision.
@@ -128,6 +142,32 @@ int mt_memo_set_limits(mt_memo *memo, int64_t decisions, int64_t plans, mt_error
 
 /* Local. The counts and bounds. */
 void mt_memo_stats_get(const mt_memo *memo, mt_memo_stats *out);
+
+/* Local. The layout key of the decision's output (dec->out_ndim >= 0): its
+ * placements and shape, contiguous strides, elements of `dtype` (a layout key's
+ * dtype) of `itemsize` bytes. */
+void mt_decision_out_key(const mt_decision *dec, int dtype, int64_t itemsize,
+                         mt_layout_key *out);
+
+/* Local. The bytes the decision's plans move, over all ranks (mt_plan_bytes). */
+int64_t mt_decision_bytes(const mt_decision *dec);
+
+/* Local. Whether inputs t and k (k < t, one tensor given twice: mt_prop_inputs
+ * .alias) end in the same placements, so that one move serves both. */
+int mt_decision_same_move(const mt_decision *dec, int t, int k);
+
+/* Local. Whether input t is zeros at mesh coordinate `coord`: a coordinate other
+ * than 0 on a mesh dim it is partitioned over (partition[t]). */
+int mt_decision_zeroed(const mt_decision *dec, int t, const int64_t *coord);
+
+/* Local. The box of the output at mesh coordinate `coord` of a mesh of
+ * `mesh_shape` (dec->mesh_ndim dims); NULL `coord` (a rank outside the mesh)
+ * gives a box of ones, one per output dim. Errors of mt_layout_local_box.
+ *
+ *   rc = mt_decision_out_box(dec, mesh_shape, coord, &box, &err);
+ */
+int mt_decision_out_box(const mt_decision *dec, const int64_t *mesh_shape,
+                        const int64_t *coord, mt_box *out, mt_error *err);
 
 #ifdef __cplusplus
 }
