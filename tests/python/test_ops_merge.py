@@ -118,6 +118,21 @@ def test_var_of_a_sharded_vector_sends_under_a_kib():
     assert v.placements == (R,)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_, np.float64])
+def test_var_of_a_whole_array_larger_than_a_block(dtype):
+    """The deviations of a whole real array are summed block by block: several
+    blocks per rank, a last one partly filled, uneven shards, integer and bool
+    inputs cast to float64 as NumPy does, and a local part that is not C-ordered."""
+    mesh = mesh_of((W,))
+    rng = np.random.default_rng(3)
+    full = (rng.normal(size=(101 * W + 1, 997)) * 50).astype(dtype)
+    for dt in (make(full, mesh, [S0]), make(np.asfortranarray(full), mesh, [S1])):
+        rtol = 1e-5 if dtype == np.float32 else 1e-11
+        np.testing.assert_allclose(np.var(dt).full_tensor(), np.var(full), rtol=rtol)
+        np.testing.assert_allclose(dt.std(ddof=1).full_tensor(), np.std(full, ddof=1),
+                                   rtol=rtol)
+
+
 @pytest.mark.parametrize("name", ["argmax", "argmin", "all", "any", "var"])
 def test_reducing_a_sharded_axis_moves_the_result_only(name):
     for mesh_shape in mesh_shapes():

@@ -102,6 +102,30 @@ def _sharded_reduced(a, axes):
 
 # -- var and std ---------------------------------------------------------------------
 
+# Elements per block when a whole real array's deviations are summed block by
+# block: a block's float64 deviations stay in cache instead of becoming a temporary
+# the size of the input, whose fresh pages cost as much as the arithmetic.
+_BLOCK = 1 << 15
+
+
+def _squared_deviations(local, mean, axes, complex_):
+    """The sum over ``axes`` of |local - mean|**2, in float64 (``mean`` keeps dims)."""
+    if not complex_ and len(axes) == local.ndim and local.flags.c_contiguous:
+        flat, mu = local.reshape(-1), mean.reshape(())
+        buf = np.empty(min(_BLOCK, flat.size), np.float64)
+        m2 = 0.0
+        for start in range(0, flat.size, _BLOCK):
+            part = flat[start:start + _BLOCK]
+            dev = buf[:part.size]
+            np.subtract(part, mu, out=dev, dtype=np.float64)
+            m2 += float(np.dot(dev, dev))
+        return np.float64(m2)
+    dev = local - mean
+    if complex_:
+        return np.sum(dev.real ** 2 + dev.imag ** 2, axis=axes, dtype=np.float64)
+    np.multiply(dev, dev, out=dev)
+    return np.sum(dev, axis=axes, dtype=np.float64)
+
 def moment(name, a, axis, dtype, ddof, keepdims, root):
     """numpy.var (``root`` False) or numpy.std (True) of a DTensor. Local when no
     mesh dim shards a reduced axis (and no Partial), else one all-gather of
@@ -132,9 +156,7 @@ def moment(name, a, axis, dtype, ddof, keepdims, root):
     count = int(np.prod([local.shape[k] for k in axes])) if member else 0
     if count:
         mean = np.mean(local, axis=axes, dtype=work, keepdims=True)
-        dev = local - mean
-        m2 = np.sum((dev.real ** 2 + dev.imag ** 2) if complex_ else dev * dev,
-                    axis=axes, dtype=np.float64)
+        m2 = _squared_deviations(local, mean, axes, complex_)
         mean = mean.reshape(kept_local)
     else:
         mean = np.zeros(kept_local, work)
