@@ -26,11 +26,12 @@ export OPENBLAS_NUM_THREADS := 1
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
 # (a test checks this); a binary wheel could bring its own MPI. mkl (the extra
 # mpitensor[mkl], about 7 s to install from the mirror) is the BLAS the nn kernels
-# load at import when it is there (docs/performance.md).
+# load at import when it is there (docs/performance.md). ml_dtypes (the extra
+# mpitensor[bfloat16]) is there so that the bfloat16 tests run rather than skip.
 PY_DEPS := --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
   "scikit-build-core>=0.11" cmake ninja threadpoolctl \
   mkl "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" "psutil>=5" \
-  tabulate rich matplotlib "ipyparallel>=8.6" "nbclient>=0.10" "ipykernel>=6.29"
+  tabulate rich matplotlib "ipyparallel>=8.6" "nbclient>=0.10" "ipykernel>=6.29" ml_dtypes
 %/.deps: pyproject.toml Makefile | system-deps
 	$(PYTHON) -m venv $*
 	$*/bin/python -m pip --disable-pip-version-check install -q --upgrade pip
