@@ -599,31 +599,39 @@ static void test_reduce_floats(void) {
   CHECK(isnan(u[0]) && isnan(u[1]));
 }
 
-/* float16: random bit patterns (NaN and inf included), reference in float. */
-static void test_reduce_half(void) {
-  uint64_t rng = 4242;
+/* A 2-byte float type's every reduce op on random bit patterns (NaN and inf
+ * included) against the reference: both operands widened to float, the result
+ * rounded back by `narrow`. */
+static void sweep_narrow(int dtype, const char *name, uint64_t seed,
+                         float (*widen)(uint16_t), uint16_t (*narrow)(float)) {
   enum { N = 5000 };
   static uint16_t a[N], b[N], want[N];
   for (int op = 0; op < MT_REDUCE_COUNT; ++op) {
     for (int i = 0; i < N; ++i) {
-      a[i] = (uint16_t)next_u64(&rng);
-      b[i] = i % 3 == 0 ? (uint16_t)(a[i] ^ 0x8000) : (uint16_t)next_u64(&rng);
-      float x = mt_half_to_float(a[i]), y = mt_half_to_float(b[i]);
+      a[i] = (uint16_t)next_u64(&seed);
+      b[i] = i % 3 == 0 ? (uint16_t)(a[i] ^ 0x8000) : (uint16_t)next_u64(&seed);
+      float x = widen(a[i]), y = widen(b[i]);
       float r = op == MT_REDUCE_PRODUCT ? x * y
                 : op <= MT_REDUCE_AVG   ? x + y
                                         : (float)ref_real(op, x, y);
-      want[i] = mt_float_to_half(r);
+      want[i] = narrow(r);
     }
-    CHECK(mt_reduce(a, b, N, MT_DTYPE_FLOAT16, op, NULL) == MT_OK);
+    CHECK(mt_reduce(a, b, N, dtype, op, NULL) == MT_OK);
     int bad = 0;
     for (int i = 0; i < N; ++i) {
-      if (half_is_nan(want[i])) bad += !half_is_nan(a[i]);
-      else if (op >= MT_REDUCE_MAX)
-        bad += mt_half_to_float(a[i]) != mt_half_to_float(want[i]);
+      float got = widen(a[i]), w = widen(want[i]);
+      if (isnan(w)) bad += !isnan(got);
+      else if (op >= MT_REDUCE_MAX) bad += got != w;
       else bad += a[i] != want[i];
     }
-    CHECK_MSG(bad == 0, "float16 op %d: %d wrong", op, bad);
+    CHECK_MSG(bad == 0, "%s op %d: %d wrong", name, op, bad);
   }
+}
+
+static uint16_t ref_bf16_or_nan(float f) { return isnan(f) ? 0x7fc0 : ref_float_to_bf16(f); }
+
+static void test_reduce_half(void) {
+  sweep_narrow(MT_DTYPE_FLOAT16, "float16", 4242, mt_half_to_float, mt_float_to_half);
   /* 2048 + 1 is a tie in float16 and stays 2048; 2048 + 3 rounds up to 2052. */
   uint16_t s[2] = {mt_float_to_half(2048.0f), mt_float_to_half(2048.0f)};
   uint16_t t[2] = {mt_float_to_half(1.0f), mt_float_to_half(3.0f)};
@@ -636,29 +644,7 @@ static void test_reduce_half(void) {
 
 /* Sums as torch's collectives make them: in float, rounded at each step. */
 static void test_reduce_bf16(void) {
-  uint64_t rng = 77;
-  enum { N = 5000 };
-  static uint16_t a[N], b[N], want[N];
-  for (int op = 0; op < MT_REDUCE_COUNT; ++op) {
-    for (int i = 0; i < N; ++i) {
-      a[i] = (uint16_t)next_u64(&rng);
-      b[i] = i % 3 == 0 ? (uint16_t)(a[i] ^ 0x8000) : (uint16_t)next_u64(&rng);
-      float x = mt_bfloat16_to_float(a[i]), y = mt_bfloat16_to_float(b[i]);
-      float r = op == MT_REDUCE_PRODUCT ? x * y
-                : op <= MT_REDUCE_AVG   ? x + y
-                                        : (float)ref_real(op, x, y);
-      want[i] = isnan(r) ? 0x7fc0 : ref_float_to_bf16(r);
-    }
-    CHECK(mt_reduce(a, b, N, MT_DTYPE_BFLOAT16, op, NULL) == MT_OK);
-    int bad = 0;
-    for (int i = 0; i < N; ++i) {
-      float got = mt_bfloat16_to_float(a[i]), w = mt_bfloat16_to_float(want[i]);
-      if (isnan(w)) bad += !isnan(got);
-      else if (op >= MT_REDUCE_MAX) bad += got != w;
-      else bad += a[i] != want[i];
-    }
-    CHECK_MSG(bad == 0, "bfloat16 op %d: %d wrong", op, bad);
-  }
+  sweep_narrow(MT_DTYPE_BFLOAT16, "bfloat16", 77, mt_bfloat16_to_float, ref_bf16_or_nan);
   /* 256 + 1 is a tie in bfloat16 and stays 256; 256 + 3 rounds up to 260. */
   uint16_t s[2] = {mt_float_to_bfloat16(256.0f), mt_float_to_bfloat16(256.0f)};
   uint16_t t[2] = {mt_float_to_bfloat16(1.0f), mt_float_to_bfloat16(3.0f)};
