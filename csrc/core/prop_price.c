@@ -94,7 +94,7 @@ static mt_layout without_partials(const mt_layout *l) {
   mt_layout out = *l;
   for (int m = 0; m < l->mesh_ndim; ++m)
     if (out.placements[m].kind == MT_PLACEMENT_PARTIAL)
-      out.placements[m] = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
+      out.placements[m] = replicate();
   return out;
 }
 
@@ -162,7 +162,7 @@ static mt_layout grad_layout(const mt__engine *e, int i, const int *choice) {
     const mt__cand *c = &e->dims[m].c[choice[m]];
     if (e->map->partial_rule == MT_PARTIAL_LINEAR_ONE && c->kind == MT__CAND_PARTIAL &&
         c->in[i].kind != MT_PLACEMENT_PARTIAL)
-      g.placements[m] = (mt_placement){MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
+      g.placements[m] = partial(MT_REDUCE_SUM);
   }
   return g;
 }
