@@ -123,11 +123,19 @@ typedef struct mt_ext_mesh_base {
 typedef struct mt_ext_modes {
   PyObject_HEAD
   char grad_enabled, backward, checks, log_debug, log_info, gather_warning;
+  /* A recorded forward runs with grad mode off: its decisions still price the
+   * way back of the gradients its inputs will get. */
+  char grad_priced;
   int implicit_replication, listeners;
 } mt_ext_modes;
 
 /* Some debugging tool listens; and the executor emits trace events (a tool
  * listens, or gathers are reported). */
+/* Whether an operand that requires grad gets a gradient from this operation's
+ * decision: grad mode is on, or the forward of a recorded operation runs. */
+static inline unsigned mt_ext_grad_wanted(const mt_ext_modes *m) {
+  return (unsigned)(m->grad_enabled | m->grad_priced);
+}
 static inline int mt_ext_tracing(const mt_ext_modes *m) {
   return m->checks || m->log_debug || m->gather_warning || m->listeners > 0;
 }

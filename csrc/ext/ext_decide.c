@@ -155,7 +155,7 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
   c->id[c->ntensors++] = id;
   c->tensors |= 1u << i;
   c->key.operand[i] = mt_ext_operand_word(c, id);
-  c->key.grad |= (uint32_t)(b->requires_grad & d->modes->grad_enabled) << i;
+  c->key.grad |= (uint32_t)(b->requires_grad & mt_ext_grad_wanted(d->modes)) << i;
   return 1;
 }
 

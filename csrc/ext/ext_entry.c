@@ -24,7 +24,7 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
   c->id[c->ntensors++] = b->layout_id;
   c->tensors |= 1u << i;
   c->key.operand[i] = mt_ext_operand_word(c, b->layout_id);
-  c->key.grad |= (uint32_t)(b->requires_grad & d->modes->grad_enabled) << i;
+  c->key.grad |= (uint32_t)(b->requires_grad & mt_ext_grad_wanted(d->modes)) << i;
   return 1;
 }
 
@@ -154,9 +154,10 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
                         "DTensors that require grad is not supported in grad mode; write "
                         "the result to a new DTensor, or run the update under "
                         "mpitensor.no_grad()", func);
-  d->modes->grad_enabled = 0;
+  char priced = d->modes->grad_priced;
+  d->modes->grad_enabled = 0, d->modes->grad_priced = 1;
   PyObject *res = call_entry(d, func, args, kwargs);
-  d->modes->grad_enabled = 1;
+  d->modes->grad_enabled = 1, d->modes->grad_priced = priced;
   if (res == NULL) return NULL;
   int several = (PyTuple_Check(res) || PyList_Check(res)) && PySequence_Fast_GET_SIZE(res);
   PyObject *first = several ? PySequence_Fast_ITEMS(res)[0] : res;

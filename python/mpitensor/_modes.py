@@ -6,8 +6,9 @@ pushes its state here; the code that must honour it reads it here. So a lower
 module never imports a feature to ask whether it is active.
 
 The flags live once, in ``state`` (``mpitensor._C.modes``), which the C executor
-reads too: ``state.grad_enabled``, ``state.tracing`` (some debugging tool
-listens, so the executor emits trace events), ``state.checks``,
+reads too: ``state.grad_enabled``, ``state.grad_priced`` (a recorded forward
+runs), ``state.tracing`` (some debugging tool listens, so the executor emits
+trace events), ``state.checks``,
 ``state.log_debug``, ``state.gather_report``, ``state.implicit_replication``,
 ``state.backward``. What only Python uses (the handlers of loss_parallel and
 context parallelism, the entered CommDebugModes, the collective checker) is kept

@@ -105,11 +105,13 @@ class Function:
         needs = tuple(type(a) is DTensor and a._requires_grad for a in args) \
             if _modes.state.grad_enabled else (False,) * len(args)
         ctx = FunctionCtx(needs)
-        was = _modes.set_grad_enabled(False)
+        was, priced = _modes.set_grad_enabled(False), _modes.state.grad_priced
+        _modes.state.grad_priced = priced or any(needs)
         try:
             out = cls.forward(ctx, *args, **kwargs)
         finally:
             _modes.set_grad_enabled(was)
+            _modes.state.grad_priced = priced
         if not any(needs):
             return out
         if type(out) is not DTensor:
