@@ -283,14 +283,14 @@ static PyObject *moved_input(mt_ext_dispatch *d, const mt_ext_call *c, int t,
   return new_dtensor(d, local, spec, id, 0);
 }
 
-/* Whether the node keeps input t as its plan moved it rather than as given: the
- * plan reduced a Partial to Replicate (an all-reduce), so the backward reuses the
- * value the forward already reduced instead of reducing it again; the copy is no
- * larger than the input's local array. Other moves keep the input as given: a
- * reduce-scatter's shard would have the backward gather it where the Partial
- * would be reduced once, a chunk or an all-to-all holds no more than the input,
- * and a gathered copy would outgrow the shard the caller holds. Decided from the
- * plan alone, so every rank keeps the same. */
+/* Whether the node keeps input t as its plan moved it rather than as given, so
+ * that the backward finds it where the forward used it instead of moving it
+ * again: the plan reduced a Partial (the value the forward already reduced is
+ * reused, never reduced twice) or moved shards between dims, and gathered
+ * nothing, so the copy holds no more than the input's local array. A plan that
+ * gathers keeps the input as given: the gathered copy would outgrow the shard the
+ * caller holds; a chunk alone is free to take again. Decided from the plan's
+ * layouts alone, so every rank keeps the same. */
 static int keeps_moved(const run_state *rs, int i, int t) {
   const mt_plan *plan = rs->dec->plan[t];
   if (!rs->owned || plan == NULL || rs->dec->partition[t] != 0 ||
@@ -298,14 +298,16 @@ static int keeps_moved(const run_state *rs, int i, int t) {
     return 0;
   const mt_layout *src = &mt_plan_step(plan, 0)->src;
   const mt_layout *dst = &mt_plan_step(plan, mt_plan_nsteps(plan) - 1)->dst;
-  int reduced = 0;
+  int saves = 0;
   for (int m = 0; m < src->mesh_ndim; ++m) {
-    if (src->placements[m].kind != MT_PLACEMENT_PARTIAL || src->mesh_shape[m] == 1)
-      continue;
-    if (dst->placements[m].kind != MT_PLACEMENT_REPLICATE) return 0;
-    reduced = 1;
+    if (src->mesh_shape[m] == 1) continue;
+    const mt_placement *from = &src->placements[m], *to = &dst->placements[m];
+    if (from->kind == MT_PLACEMENT_PARTIAL && to->kind == MT_PLACEMENT_PARTIAL) return 0;
+    if (from->kind == MT_PLACEMENT_SHARD && to->kind != MT_PLACEMENT_SHARD) return 0;
+    saves |= from->kind == MT_PLACEMENT_PARTIAL ||
+             (from->kind == MT_PLACEMENT_SHARD && from->dim != to->dim);
   }
-  return reduced;
+  return saves;
 }
 
 /* What a node keeps of the operands (NULL: them as given, or an error). */
