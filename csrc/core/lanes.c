@@ -50,6 +50,13 @@ static inline uint16_t half_add(uint16_t a, uint16_t b) {
 static inline uint16_t half_mul(uint16_t a, uint16_t b) {
   return mt_float_to_half(mt_half_to_float(a) * mt_half_to_float(b));
 }
+/* bfloat16 alike, as ml_dtypes' ufuncs compute it. */
+static inline uint16_t bf16_add(uint16_t a, uint16_t b) {
+  return mt_float_to_bfloat16(mt_bfloat16_to_float(a) + mt_bfloat16_to_float(b));
+}
+static inline uint16_t bf16_mul(uint16_t a, uint16_t b) {
+  return mt_float_to_bfloat16(mt_bfloat16_to_float(a) * mt_bfloat16_to_float(b));
+}
 
 /* Complex products are the textbook formula NumPy uses, without C99 Annex G's
  * recovery of infinities. */
@@ -131,6 +138,8 @@ MT__SCAN(add_u64, uint64_t, ADD)
 MT__SCAN(mul_u64, uint64_t, MUL)
 MT__SCAN(add_f16, uint16_t, half_add)
 MT__SCAN(mul_f16, uint16_t, half_mul)
+MT__SCAN(add_bf16, uint16_t, bf16_add)
+MT__SCAN(mul_bf16, uint16_t, bf16_mul)
 MT__SCAN(add_f32, float, ADD)
 MT__SCAN(mul_f32, float, MUL)
 MT__SCAN(add_f64, double, ADD)
@@ -148,14 +157,16 @@ static const scan_fn scans[2][MT_DTYPE_COUNT] = {
      [MT_DTYPE_INT32] = scan_add_i32, [MT_DTYPE_INT64] = scan_add_i64,
      [MT_DTYPE_UINT8] = scan_add_u8, [MT_DTYPE_UINT16] = scan_add_u16,
      [MT_DTYPE_UINT32] = scan_add_u32, [MT_DTYPE_UINT64] = scan_add_u64,
-     [MT_DTYPE_FLOAT16] = scan_add_f16, [MT_DTYPE_FLOAT32] = scan_add_f32,
+     [MT_DTYPE_FLOAT16] = scan_add_f16, [MT_DTYPE_BFLOAT16] = scan_add_bf16,
+     [MT_DTYPE_FLOAT32] = scan_add_f32,
      [MT_DTYPE_FLOAT64] = scan_add_f64, [MT_DTYPE_COMPLEX64] = scan_add_c64,
      [MT_DTYPE_COMPLEX128] = scan_add_c128},
     {[MT_DTYPE_BOOL] = scan_and, [MT_DTYPE_INT8] = scan_mul_i8, [MT_DTYPE_INT16] = scan_mul_i16,
      [MT_DTYPE_INT32] = scan_mul_i32, [MT_DTYPE_INT64] = scan_mul_i64,
      [MT_DTYPE_UINT8] = scan_mul_u8, [MT_DTYPE_UINT16] = scan_mul_u16,
      [MT_DTYPE_UINT32] = scan_mul_u32, [MT_DTYPE_UINT64] = scan_mul_u64,
-     [MT_DTYPE_FLOAT16] = scan_mul_f16, [MT_DTYPE_FLOAT32] = scan_mul_f32,
+     [MT_DTYPE_FLOAT16] = scan_mul_f16, [MT_DTYPE_BFLOAT16] = scan_mul_bf16,
+     [MT_DTYPE_FLOAT32] = scan_mul_f32,
      [MT_DTYPE_FLOAT64] = scan_mul_f64, [MT_DTYPE_COMPLEX64] = scan_mul_c64,
      [MT_DTYPE_COMPLEX128] = scan_mul_c128},
 };
@@ -182,6 +193,7 @@ static void identity(int dtype, int product, unsigned char *one) {
   if (!product) return;
   switch (dtype) {
     case MT_DTYPE_FLOAT16: PUT(uint16_t, one, 0x3c00u); break;
+    case MT_DTYPE_BFLOAT16: PUT(uint16_t, one, 0x3f80u); break;
     case MT_DTYPE_FLOAT32: case MT_DTYPE_COMPLEX64: PUT(float, one, 1.0f); break;
     case MT_DTYPE_FLOAT64: case MT_DTYPE_COMPLEX128: PUT(double, one, 1.0); break;
     case MT_DTYPE_INT16: case MT_DTYPE_UINT16: PUT(uint16_t, one, 1u); break;
@@ -240,6 +252,8 @@ typedef void (*arg_fn)(int64_t *index, void *value, const void *in, const mt_lan
 #define F_LT(x, b) (!isnan(b) && ((x) < (b) || isnan(x)))
 #define H_GT(x, b) F_GT(mt_half_to_float(x), mt_half_to_float(b))
 #define H_LT(x, b) F_LT(mt_half_to_float(x), mt_half_to_float(b))
+#define BF_GT(x, b) F_GT(mt_bfloat16_to_float(x), mt_bfloat16_to_float(b))
+#define BF_LT(x, b) F_LT(mt_bfloat16_to_float(x), mt_bfloat16_to_float(b))
 #define C_NAN(z) (isnan((z).re) || isnan((z).im))
 #define C_GT(x, b) \
   (!C_NAN(b) && ((x).re > (b).re || ((x).re == (b).re && (x).im > (b).im) || C_NAN(x)))
@@ -295,6 +309,7 @@ MT__ARGS(u16, uint16_t, GT, LT)
 MT__ARGS(u32, uint32_t, GT, LT)
 MT__ARGS(u64, uint64_t, GT, LT)
 MT__ARGS(f16, uint16_t, H_GT, H_LT)
+MT__ARGS(bf16, uint16_t, BF_GT, BF_LT)
 MT__ARGS(f32, float, F_GT, F_LT)
 MT__ARGS(f64, double, F_GT, F_LT)
 MT__ARGS(c64, c64, C_GT, C_LT)
@@ -311,6 +326,7 @@ MT__ARGS(c128, c128, C_GT, C_LT)
    [MT_DTYPE_INT64] = arg_##m##_i64, [MT_DTYPE_UINT8] = arg_##m##_u8,                    \
    [MT_DTYPE_UINT16] = arg_##m##_u16, [MT_DTYPE_UINT32] = arg_##m##_u32,                 \
    [MT_DTYPE_UINT64] = arg_##m##_u64, [MT_DTYPE_FLOAT16] = arg_##m##_f16,                \
+   [MT_DTYPE_BFLOAT16] = arg_##m##_bf16,                                                 \
    [MT_DTYPE_FLOAT32] = arg_##m##_f32, [MT_DTYPE_FLOAT64] = arg_##m##_f64,               \
    [MT_DTYPE_COMPLEX64] = arg_##m##_c64, [MT_DTYPE_COMPLEX128] = arg_##m##_c128}
 static const arg_fn args[2][MT_DTYPE_COUNT] = {MT__ARG_ROW(min), MT__ARG_ROW(max)};

@@ -3,8 +3,8 @@
  * wrapping, float16 rounding, bool logic and complex products are mt_reduce's,
  * which test_pack checks), with and without init, out and last; first extremes
  * against a plain scan of each lane with NumPy's rules (ties to the first index, a
- * NaN is the extreme), over every dtype with lane kernels (all but bfloat16,
- * which is refused) and shapes with empty and one-element extents. */
+ * NaN is the extreme), over every dtype (float16 and bfloat16 included) and
+ * shapes with empty and one-element extents. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,7 +19,8 @@
 #include "mpitensor/core/status.h"
 
 static int is_float(int dtype) {
-  return dtype == MT_DTYPE_FLOAT16 || dtype == MT_DTYPE_FLOAT32 || dtype == MT_DTYPE_FLOAT64;
+  return dtype == MT_DTYPE_FLOAT16 || dtype == MT_DTYPE_BFLOAT16 ||
+         dtype == MT_DTYPE_FLOAT32 || dtype == MT_DTYPE_FLOAT64;
 }
 
 static int is_complex(int dtype) {
@@ -39,6 +40,11 @@ static void put_scalar(unsigned char *p, int dtype, double v) {
     case MT_DTYPE_UINT32: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
     case MT_DTYPE_UINT64: { uint64_t x = (uint64_t)v; memcpy(p, &x, 8); break; }
     case MT_DTYPE_FLOAT16: { uint16_t h = mt_float_to_half((float)v); memcpy(p, &h, 2); break; }
+    case MT_DTYPE_BFLOAT16: {
+      uint16_t h = mt_float_to_bfloat16((float)v);
+      memcpy(p, &h, 2);
+      break;
+    }
     case MT_DTYPE_FLOAT32: case MT_DTYPE_COMPLEX64: { float f = (float)v; memcpy(p, &f, 4); break; }
     default: memcpy(p, &v, 8); break;
   }
@@ -59,6 +65,7 @@ static void get_value(const unsigned char *p, int dtype, double *re, double *im)
     case MT_DTYPE_UINT32: { uint32_t x; memcpy(&x, p, 4); *re = x; break; }
     case MT_DTYPE_UINT64: { uint64_t x; memcpy(&x, p, 8); *re = (double)x; break; }
     case MT_DTYPE_FLOAT16: { uint16_t h; memcpy(&h, p, 2); *re = mt_half_to_float(h); break; }
+    case MT_DTYPE_BFLOAT16: { uint16_t h; memcpy(&h, p, 2); *re = mt_bfloat16_to_float(h); break; }
     case MT_DTYPE_FLOAT32: { float f; memcpy(&f, p, 4); *re = f; break; }
     case MT_DTYPE_FLOAT64: memcpy(re, p, 8); break;
     case MT_DTYPE_COMPLEX64: {
@@ -178,7 +185,6 @@ static void test_scans(void) {
   const mt_lanes shapes[] = {{1, 1, 1}, {1, 9, 1}, {3, 40, 1}, {1, 5, 7}, {2, 6, 3},
                              {4, 3, 2},  {0, 4, 2}, {2, 0, 3},  {2, 4, 0}, {1, 33, 17}};
   for (int dtype = 0; dtype < MT_DTYPE_COUNT; ++dtype) {
-    if (dtype == MT_DTYPE_BFLOAT16) continue; /* no lane kernels: test_errors */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
       for (int with_init = 0; with_init < 2; ++with_init) {
         check_scan_case(&shapes[s], dtype, MT_REDUCE_SUM, with_init, &rng);
@@ -236,7 +242,6 @@ static void test_arg_extremes(void) {
   const mt_lanes shapes[] = {{1, 1, 1}, {1, 9, 1}, {3, 40, 1}, {1, 5, 7},
                              {2, 6, 3}, {0, 4, 2}, {2, 4, 0}, {1, 33, 17}};
   for (int dtype = 0; dtype < MT_DTYPE_COUNT; ++dtype) {
-    if (dtype == MT_DTYPE_BFLOAT16) continue; /* no lane kernels: test_errors */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
       check_arg_case(&shapes[s], dtype, 1, &rng);
       check_arg_case(&shapes[s], dtype, 0, &rng);
@@ -256,9 +261,11 @@ static void test_errors(void) {
   CHECK(mt_arg_extreme(&k, &v, x, &empty, MT_DTYPE_FLOAT64, 1, &err) == MT_EINVAL);
   CHECK(mt_arg_extreme(&k, &v, x, &l, -1, 1, &err) == MT_ETYPE);
   CHECK(mt_arg_extreme(&k, &v, x, &l, MT_DTYPE_FLOAT64, 1, &err) == MT_OK && k == 1 && v == 2);
-  uint16_t b[2] = {0x3f80, 0x4000}, c[2];
-  CHECK(mt_cumulate(c, NULL, b, NULL, &l, MT_DTYPE_BFLOAT16, MT_REDUCE_SUM, &err) == MT_ETYPE);
-  CHECK(mt_arg_extreme(&k, c, b, &l, MT_DTYPE_BFLOAT16, 1, &err) == MT_ETYPE);
+  uint16_t b[2] = {0x3f80, 0x4000}, c[2]; /* bfloat16 1, 2 */
+  CHECK(mt_cumulate(c, NULL, b, NULL, &l, MT_DTYPE_BFLOAT16, MT_REDUCE_SUM, &err) == MT_OK &&
+        c[0] == 0x3f80 && c[1] == 0x4040);
+  CHECK(mt_arg_extreme(&k, c, b, &l, MT_DTYPE_BFLOAT16, 1, &err) == MT_OK && k == 1 &&
+        c[0] == 0x4000);
 }
 
 int main(void) {

@@ -27,7 +27,7 @@ import numpy as np
 from numpy.lib import _function_base_impl as _npq
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _C, _modes, _registry, _trace
+from .. import _C, _dtypes, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
@@ -631,8 +631,8 @@ def _lane_totals(x, ax, op):
     row in the scan's own order (a row's elements side by side in vectors); lanes
     of single elements by NumPy's reduction, whose vectors a serial sum lacks
     (sums of floats then round as numpy.sum does). Local."""
-    if math.prod(x.shape[ax + 1:]) > 1 or x.dtype == np.float16:
-        # float16 rounds every step: NumPy's reduction would round differently.
+    if math.prod(x.shape[ax + 1:]) > 1 or (x.dtype.itemsize == 2 and _dtypes.is_inexact(x.dtype)):
+        # 2-byte floats round every step: NumPy's reduction would round differently.
         return _lanes.scan(x, ax, op, out=False)[1]
     if x.dtype == np.bool_:
         ufunc = np.logical_or if op == _C.REDUCE_SUM else np.logical_and

@@ -12,14 +12,15 @@ import math
 
 import numpy as np
 
-from .. import _C
+from .. import _C, _dtypes
 
 __all__ = ["KERNEL_DTYPES", "scan", "arg_extreme"]
 
 # The element types of mt_dtype, in this machine's byte order.
 KERNEL_DTYPES = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-    np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128))
+    np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128)) | (
+    frozenset() if _dtypes.bfloat16 is None else frozenset((_dtypes.bfloat16,)))
 
 
 def scan(x, ax, op, init=None, out=True):

@@ -10,6 +10,8 @@ Partial(sum|avg) operand passes through when the other is Replicate:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
@@ -34,7 +36,16 @@ def dot(a, b, out=None):
             raise TypeError(
                 f"numpy.dot on DTensors supports 1-D and 2-D operands, got {x.ndim}-D; "
                 f"use numpy.matmul")
-    return np.matmul(a, b)
+    out = np.matmul(a, b)
+    want = _dot_dtype(a.dtype, b.dtype)
+    return out if out.dtype == want else out.astype(want)
+
+
+@functools.lru_cache(maxsize=64)
+def _dot_dtype(a, b):
+    """The dtype numpy.dot gives: matmul's, except where a dtype's loops differ
+    (ml_dtypes' bfloat16 matmul gives float32, its dot bfloat16)."""
+    return np.dot(np.zeros((1, 1), a), np.zeros((1, 1), b)).dtype
 
 
 # -- einsum and its instances ---------------------------------------------------------
