@@ -9,7 +9,7 @@ installs its ``input_fn`` as a pre-hook and its ``output_fn`` as a hook.
 
 from __future__ import annotations
 
-import itertools
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import _dtypes
 from .._dtensor import DTensor
+from .._hooks import RemovableHandle, add_hook
 from .._layout import compute_local_shape_and_global_offset
 from ._state_load import _agree_load, _load_layout, _load_problem, _same_ranks
 
@@ -72,33 +73,6 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter({self.data!r})"
-
-
-class RemovableHandle:
-    """What ``register_forward_pre_hook`` / ``register_forward_hook`` return:
-    ``handle.remove()`` takes the hook out again. Local.
-
-    Example: ``with m.register_forward_hook(hook): m(x)`` runs ``hook`` once.
-    """
-
-    _ids = itertools.count()
-
-    def __init__(self, hooks: OrderedDict):
-        self._hooks = hooks
-        self.id = next(RemovableHandle._ids)
-
-    def remove(self) -> None:
-        """Takes the hook out; removing twice is harmless. Local.
-
-        Example: ``h = m.register_forward_hook(hook); h.remove()``.
-        """
-        self._hooks.pop(self.id, None)
-
-    def __enter__(self) -> "RemovableHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
 
 
 def _is_tensor(value) -> bool:
@@ -178,6 +152,8 @@ class Module:
         d["_modules"] = OrderedDict()
         d["_forward_pre_hooks"] = OrderedDict()
         d["_forward_hooks"] = OrderedDict()
+        d["_backward_pre_hooks"] = OrderedDict()
+        d["_backward_hooks"] = OrderedDict()
 
     # -- attributes ------------------------------------------------------------------
     def __setattr__(self, name: str, value) -> None:
@@ -570,15 +546,60 @@ class Module:
         """
         return self._add_hook(self._forward_hooks, hook, with_kwargs, prepend)
 
+    def register_full_backward_pre_hook(self, hook: Callable, prepend: bool = False
+                                        ) -> RemovableHandle:
+        """Run ``hook(module, grad_output)`` in the backward, once the gradients of
+        this call's outputs are known and before they go into the module; a
+        non-None result (a tuple as long) replaces ``grad_output``. Entries are
+        DTensors, or None for an output that is not a DTensor or got no gradient.
+        Hooks of a module called inside another fire in torch's order (the
+        backward's: the outer module's pre-hook first). Registering is local; in the
+        backward each call is agreed on across the outputs' mesh, so a hook that
+        raises on one rank raises on every rank.
+
+        Example::
+
+            >>> h = m.register_full_backward_pre_hook(lambda mod, go: (go[0] * 0.5,))
+            >>> m(x).sum().backward()     # the gradient into m is halved
+            >>> h.remove()
+        """
+        return self._add_hook(self._backward_pre_hooks, hook, False, prepend)
+
+    def register_full_backward_hook(self, hook: Callable, prepend: bool = False
+                                    ) -> RemovableHandle:
+        """Run ``hook(module, grad_input, grad_output)`` in the backward, once the
+        gradients of this call's positional inputs are known; a non-None result
+        (a tuple as long) replaces ``grad_input``. ``grad_input`` holds a DTensor
+        per positional input that requires grad (None for the others); when no
+        input requires grad, the hook fires with the outputs' gradients and must
+        return None. As torch's: collective in the backward as
+        :meth:`register_full_backward_pre_hook`.
+
+        Example::
+
+            >>> grads = []
+            >>> h = m.register_full_backward_hook(lambda mod, gi, go: grads.append(gi))
+            >>> m(x).sum().backward()     # grads[0] == (x's gradient,)
+            >>> h.remove()
+        """
+        return self._add_hook(self._backward_hooks, hook, False, prepend)
+
     @staticmethod
     def _add_hook(table: OrderedDict, hook, with_kwargs: bool, prepend: bool):
         if not callable(hook):
             raise TypeError(f"a hook must be callable, got {type(hook).__name__}")
-        handle = RemovableHandle(table)
-        table[handle.id] = (hook, bool(with_kwargs))
-        if prepend:
-            table.move_to_end(handle.id, last=False)
-        return handle
+        return add_hook(table, (hook, bool(with_kwargs)), prepend)
+
+    def _backward_hook(self):
+        """The BackwardHook for one call, or None when the module has no backward
+        hooks (also for a module made before they existed, unpickled say)."""
+        d = self.__dict__
+        hooks, pre = d.get("_backward_hooks"), d.get("_backward_pre_hooks")
+        if not hooks and not pre:
+            return None
+        from ._backward_hook import BackwardHook
+        return BackwardHook(self, [h for h, _ in hooks.values()],
+                            [h for h, _ in pre.values()])
 
     def __call__(self, *args, **kwargs):
         pre = self._forward_pre_hooks
@@ -589,13 +610,16 @@ class Module:
                 result = hook(self, args, kwargs)
                 if result is not None:
                     if not (isinstance(result, tuple) and len(result) == 2):
-                        raise RuntimeError("a forward pre-hook with kwargs must return "
-                                           "None or a tuple (args, kwargs)")
+                        raise RuntimeError("forward pre-hook must return None or a tuple "
+                                           f"of (new_args, new_kwargs), but got {result}.")
                     args, kwargs = result
             else:
                 result = hook(self, args)
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
+        backward_hook = self._backward_hook()
+        if backward_hook is not None:
+            args = backward_hook.setup_input_hook(args)
         output = self.forward(*args, **kwargs)
         post = self._forward_hooks
         if _global_forward_hooks:
@@ -604,6 +628,12 @@ class Module:
             result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
             if result is not None:
                 output = result
+        if backward_hook is not None:
+            if not isinstance(output, (DTensor, tuple)):
+                warnings.warn("For backward hooks to be called, module output should be a "
+                              f"DTensor or a tuple of DTensors but received {type(output)}",
+                              stacklevel=2)
+            output = backward_hook.setup_output_hook(output)
         return output
 
     def forward(self, *args, **kwargs):
