@@ -436,11 +436,17 @@ def test_tensor_hooks_agree_with_torch(torch_meshes):
     mesh, tmesh = torch_meshes
     av, bv = values(4 * W, seed=7), values(4 * W, seed=8)
 
+    def value(t):
+        # A copy: on one rank full_tensor() may be the local array itself, which
+        # torch's in-place accumulation changes later.
+        v = t.full_tensor()
+        return v.clone() if isinstance(v, torch.Tensor) else np.array(v)
+
     def program(a, b, log):
-        a.register_hook(lambda g: log.append(("a", g.full_tensor())) or g * 2.0)
+        a.register_hook(lambda g: log.append(("a", value(g))) or g * 2.0)
         h = a * b
-        h.register_hook(lambda g: log.append(("h", g.full_tensor())) or g + 1.0)
-        b.register_post_accumulate_grad_hook(lambda t: log.append(("b", t.grad.full_tensor())))
+        h.register_hook(lambda g: log.append(("h", value(g))) or g + 1.0)
+        b.register_post_accumulate_grad_hook(lambda t: log.append(("b", value(t.grad))))
         ((h * h).sum() + (a * 3.0).sum()).backward()
         ((a * b) * a).sum().backward()
         return a.grad.full_tensor(), b.grad.full_tensor()
