@@ -367,6 +367,38 @@ def test_forward_hooks_with_kwargs_and_prepend():
     np.testing.assert_allclose(full(out), 2.0 * values(seed=3) + 1.0)
 
 
+def test_hooks_on_fully_sharded_parameters_and_modules():
+    # FSDP2's uses: a gradient hook and an optimizer step per parameter in the
+    # backward (post-accumulate), beside fully_shard's own hooks and nodes.
+    from mpitensor.fsdp import fully_shard
+    from tp_models import MLP
+
+    mesh = mesh_of((W,))
+    rng = np.random.default_rng(0)
+    x = distribute_tensor(rng.standard_normal((12, 5)), mesh, [S0])
+    t = distribute_tensor(rng.standard_normal((12, 3)), mesh, [S0])
+
+    def model():
+        m = MLP()
+        fully_shard(m.w1, mesh=mesh)
+        fully_shard(m.w2, mesh=mesh)
+        return fully_shard(m, mesh=mesh)
+    plain, hooked = model(), model()
+    ((plain(x) - t) ** 2).mean().backward()
+    seen, fired = {}, []
+    for name, p in hooked.named_parameters():
+        p.register_hook(lambda g: g * 2.0)
+        p.register_post_accumulate_grad_hook(
+            lambda q, name=name: seen.__setitem__(name, (q.grad.placements, full(q.grad))))
+    hooked.w1.register_full_backward_hook(lambda mod, gi, go: fired.append(len(gi)))
+    ((hooked(x) - t) ** 2).mean().backward()
+    assert fired == [1]
+    for name, p in plain.named_parameters():
+        assert seen[name][0] == (S0,), name
+        np.testing.assert_allclose(seen[name][1], 2.0 * full(p.grad), rtol=1e-12,
+                                   atol=1e-15, err_msg=name)
+
+
 # -- SPMD: a hook that raises or differs on one rank ---------------------------------
 
 
