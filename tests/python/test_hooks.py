@@ -225,10 +225,17 @@ def test_a_post_accumulate_hook_can_step_the_parameter():
     assert w.grad is None
 
 
-def test_a_post_accumulate_hook_must_return_none():
+def test_a_post_accumulate_hook_must_return_none_as_torchs():
     w = leaf(values())
-    w.register_post_accumulate_grad_hook(lambda t: t)
+    h = w.register_post_accumulate_grad_hook(lambda t: t)  # torch lets this through
+    w.sum().backward()
+    h.remove()
+    h = w.register_post_accumulate_grad_hook(lambda t: t.grad)
     with pytest.raises(RuntimeError, match="should return None"):
+        w.sum().backward()
+    h.remove()
+    w.register_post_accumulate_grad_hook(lambda t: 1)
+    with pytest.raises(TypeError, match="expected DTensor, but hook returned 'int'"):
         w.sum().backward()
 
 
@@ -310,12 +317,13 @@ def test_a_full_backward_hook_with_no_input_requiring_grad_fires_at_the_outputs(
     x = distribute_tensor(values(seed=5), mesh_of((W,)), [S0])
     got = []
     m.register_full_backward_hook(lambda mod, gi, go: got.append((gi, full(go[0]))))
-    m(x, ).sum().backward()
+    with pytest.warns(UserWarning, match="since no inputs require gradients"):
+        m(x).sum().backward()
     assert got[0][0] == (None,)
     np.testing.assert_allclose(got[0][1], np.ones(N))
     m.register_full_backward_hook(lambda mod, gi, go: (go[0],))
     with pytest.raises(RuntimeError, match="no input requires gradient should always "
-                                           "return None"):
+                                           "return None"), pytest.warns(UserWarning):
         m(x).sum().backward()
 
 

@@ -85,6 +85,12 @@ def post_accumulate_grad_hooks(t: DTensor) -> None:
 
     def call():
         for hook in hooks:
-            if hook(t) is not None:
-                raise RuntimeError("Tensor post accumulate grad hooks should return None.")
+            out = hook(t)
+            # torch 2.13 lets the tensor itself through too.
+            if out is None or out is t:
+                continue
+            if type(out) is not DTensor:
+                raise TypeError(
+                    f"expected DTensor, but hook returned '{type(out).__name__}'")
+            raise RuntimeError("Tensor post accumulate grad hooks should return None.")
     agreed(t._spec.mesh, call, lambda _: 0, "a post-accumulate-grad hook")

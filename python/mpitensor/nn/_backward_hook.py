@@ -17,6 +17,8 @@ The hooks run inside the backward, each call agreed on across the hub's mesh
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .. import _modes
@@ -142,6 +144,9 @@ class BackwardHook:
             self.grad_outputs = tuple(new)
         local = self.grad_outputs
         if self.input_index is None:
+            warnings.warn("Full backward hook is firing when gradients are computed with "
+                          "respect to module outputs since no inputs require gradients",
+                          stacklevel=2)
             grad_inputs = (None,) * self.n_inputs
             for hook in self.hooks:
                 res = hook(self.module, grad_inputs, self.grad_outputs)
