@@ -190,6 +190,26 @@ def test_a_kept_gradient_shared_with_another_leaf_never_changes():
     np.testing.assert_allclose(full(y.grad), np.full(N, 15.0))
 
 
+def test_gradients_a_module_hook_kept_never_change():
+    # add's backward hands one DTensor to the module's output and to the leaf y.
+    m = Scale("m", np.ones(N), [])
+    y, x = leaf(np.ones(N)), leaf(np.ones(N))
+    kept = []
+    m.register_full_backward_pre_hook(lambda mod, go: kept.append((go[0], full(go[0]))))
+
+    def double(mod, gi, go):
+        new = gi[0] * 2.0
+        kept.append((new, full(new)))
+        return (new,)
+    m.register_full_backward_hook(double)
+    for _ in range(3):
+        (m(x) + y).backward(distribute_tensor(np.full(N, 2.0), mesh_of((W,)), [S0]))
+    for g, value in kept:
+        np.testing.assert_allclose(full(g), value)
+    np.testing.assert_allclose(full(y.grad), np.full(N, 6.0))
+    np.testing.assert_allclose(full(x.grad), np.full(N, 12.0))
+
+
 # -- post-accumulate-grad hooks ----------------------------------------------------
 
 

@@ -213,6 +213,7 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
     stored = {}  # id -> leaf: gradients this backward stored as a .grad without a copy
     was = _modes.set_grad_enabled(False)
     was_backward = _modes.set_backward(True)
+    _exposures.append((exposed, stored))
     try:
         for r, g in zip(roots, gradients):
             g, owned = _seed(r, g)
@@ -279,11 +280,25 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                                         gx, ox and id(gx) not in exposed)
             gs = gx = prev = None
     finally:
+        _exposures.pop()
         _modes.set_backward(was_backward)
         _modes.set_grad_enabled(was)
     if exposed:
         found = {k: (g, o and id(g) not in exposed) for k, (g, o) in found.items()}
     return found
+
+
+# The running backwards' (exposed, stored) tables, innermost last: a hook may run
+# a backward of its own.
+_exposures: list = []
+
+
+def expose(g) -> None:
+    """Tells the running backward that user code (a node that calls hooks: a
+    module's backward hooks) was given or returned ``g``: the engine never writes
+    into it afterwards. Local."""
+    if _exposures and type(g) is DTensor:
+        _expose(g, *_exposures[-1])
 
 
 def _expose(g: DTensor, exposed: dict, stored: dict) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 from .. import _modes
 from .._dtensor import DTensor
 from ..autograd import Node
+from ..autograd._engine import expose
 from ..autograd._hooks import agreed
 from ..placement_types import Replicate
 
@@ -98,14 +99,14 @@ class BackwardHook:
         def hub_backward(_):
             grads = tuple(got)
             got[:] = [None] * len(got)
+            # The hooks may keep what they are given and what they return: the
+            # engine must never write into those.
             for g in grads:
-                if g is not None:
-                    g._fresh = False  # the hooks are given it and may keep it
+                expose(g)
             result = agreed(mesh, lambda: _checked(on_grads(grads), tensors), _layout,
                             "a module backward hook")
             for g in result:
-                if g is not None:
-                    g._fresh = False  # a hook may keep what it returns
+                expose(g)
             return tuple(g if n else None for g, n in zip(result, need))
 
         hub._requires_grad = True
