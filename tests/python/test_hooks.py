@@ -347,6 +347,26 @@ def test_a_full_backward_hook_with_no_input_requiring_grad_fires_at_the_outputs(
         m(x).sum().backward()
 
 
+def test_global_backward_hooks_fire_before_each_modules_own():
+    log = []
+    m = Outer(log)
+    instrument(m, "outer", log)
+    pre = mt.nn.register_module_full_backward_pre_hook(
+        lambda mod, go: log.append(("global_pre", type(mod).__name__)))
+    full_hook = mt.nn.register_module_full_backward_hook(
+        lambda mod, gi, go: log.append(("global", type(mod).__name__)))
+    try:
+        x = leaf(values(seed=5))
+        y = m(x)
+    finally:
+        pre.remove()
+        full_hook.remove()
+    log.clear()
+    y.sum().backward()
+    assert log == [("global_pre", "Outer"), ("bw_pre", "outer"), ("global_pre", "Scale"),
+                   ("global", "Scale"), ("global", "Outer"), ("bw", "outer")]
+
+
 def test_module_backward_hooks_remove_and_prepend():
     log = []
     m = Scale("m", values(seed=3), log)

@@ -22,12 +22,16 @@ from .._layout import compute_local_shape_and_global_offset
 from ._state_load import _agree_load, _load_layout, _load_problem, _same_ranks
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "register_module_forward_pre_hook",
-           "register_module_forward_hook"]
+           "register_module_forward_hook", "register_module_full_backward_pre_hook",
+           "register_module_full_backward_hook"]
 
 # Hooks that run around every module's forward (before the module's own), for
-# tools that trace whole models, such as a module-level CommDebugMode.
+# tools that trace whole models, such as a module-level CommDebugMode; and in every
+# module's backward, before the module's own, as torch's global backward hooks.
 _global_forward_pre_hooks: OrderedDict = OrderedDict()
 _global_forward_hooks: OrderedDict = OrderedDict()
+_global_backward_pre_hooks: OrderedDict = OrderedDict()
+_global_backward_hooks: OrderedDict = OrderedDict()
 
 
 def register_module_forward_pre_hook(hook: Callable) -> "RemovableHandle":
@@ -50,6 +54,29 @@ def register_module_forward_hook(hook: Callable) -> "RemovableHandle":
     later ``h.remove()``.
     """
     return Module._add_hook(_global_forward_hooks, hook, False, False)
+
+
+def register_module_full_backward_pre_hook(hook: Callable) -> "RemovableHandle":
+    """Run ``hook(module, grad_output)`` in every module's backward, before the
+    module's own backward pre-hooks (see :meth:`Module.register_full_backward_pre_hook`).
+    Local to register; collective in the backward as the module's own.
+
+    Example: ``h = register_module_full_backward_pre_hook(lambda m, go: print(type(m)))``,
+    later ``h.remove()``.
+    """
+    return Module._add_hook(_global_backward_pre_hooks, hook, False, False)
+
+
+def register_module_full_backward_hook(hook: Callable) -> "RemovableHandle":
+    """Run ``hook(module, grad_input, grad_output)`` in every module's backward,
+    before the module's own full backward hooks (see
+    :meth:`Module.register_full_backward_hook`). Local to register; collective in
+    the backward as the module's own.
+
+    Example: ``h = register_module_full_backward_hook(lambda m, gi, go: None)``, later
+    ``h.remove()``.
+    """
+    return Module._add_hook(_global_backward_hooks, hook, False, False)
 
 
 class Parameter:
@@ -594,12 +621,13 @@ class Module:
         """The BackwardHook for one call, or None when the module has no backward
         hooks (also for a module made before they existed, unpickled say)."""
         d = self.__dict__
-        hooks, pre = d.get("_backward_hooks"), d.get("_backward_pre_hooks")
+        hooks = [*_global_backward_hooks.values(), *d.get("_backward_hooks", {}).values()]
+        pre = [*_global_backward_pre_hooks.values(),
+               *d.get("_backward_pre_hooks", {}).values()]
         if not hooks and not pre:
             return None
         from ._backward_hook import BackwardHook
-        return BackwardHook(self, [h for h, _ in hooks.values()],
-                            [h for h, _ in pre.values()])
+        return BackwardHook(self, [h for h, _ in hooks], [h for h, _ in pre])
 
     def __call__(self, *args, **kwargs):
         pre = self._forward_pre_hooks
