@@ -448,6 +448,26 @@ def test_hooks_on_fully_sharded_parameters_and_modules():
                                    atol=1e-15, err_msg=name)
 
 
+def test_an_always_called_forward_hook_runs_when_forward_raises():
+    class Fails(Module):
+        def forward(self, x):
+            raise ValueError("forward failed")
+
+    m = Fails()
+    seen = []
+    m.register_forward_hook(lambda mod, args, out: seen.append("plain"))
+    m.register_forward_hook(lambda mod, args, out: seen.append(("always", out)),
+                            always_call=True)
+
+    def noisy(mod, args, kwargs, out):
+        raise KeyError("silenced")
+    m.register_forward_hook(noisy, with_kwargs=True, always_call=True)
+    with pytest.raises(ValueError, match="forward failed"), \
+            pytest.warns(UserWarning, match="silenced"):
+        m(1.0)
+    assert seen == [("always", None)]
+
+
 # -- SPMD: a hook that raises or differs on one rank ---------------------------------
 
 

@@ -564,14 +564,20 @@ class Module:
         return self._add_hook(self._forward_pre_hooks, hook, with_kwargs, prepend)
 
     def register_forward_hook(self, hook: Callable, *, prepend: bool = False,
-                              with_kwargs: bool = False) -> RemovableHandle:
+                              with_kwargs: bool = False, always_call: bool = False
+                              ) -> RemovableHandle:
         """Run ``hook(module, args, output)`` after ``forward``; a non-None result
         replaces the output. With ``with_kwargs=True`` it is
-        ``hook(module, args, kwargs, output)``. Local.
+        ``hook(module, args, kwargs, output)``. With ``always_call=True`` it also
+        runs (with ``output`` None) when ``forward`` or an earlier hook raised; an
+        exception of its own is then a warning, as torch's. Local.
 
         Example: ``h = m.register_forward_hook(lambda mod, args, out: out * 2)``.
         """
-        return self._add_hook(self._forward_hooks, hook, with_kwargs, prepend)
+        handle = self._add_hook(self._forward_hooks, hook, with_kwargs, prepend)
+        if always_call:
+            self.__dict__.setdefault("_forward_hooks_always_called", set()).add(handle.id)
+        return handle
 
     def register_full_backward_pre_hook(self, hook: Callable, prepend: bool = False
                                         ) -> RemovableHandle:
@@ -630,6 +636,32 @@ class Module:
         return BackwardHook(self, [h for h, _ in hooks], [h for h, _ in pre])
 
     def __call__(self, *args, **kwargs):
+        called = set()  # the always-called forward hooks that ran
+        try:
+            return self._call(args, kwargs, called)
+        except Exception:
+            always = self.__dict__.get("_forward_hooks_always_called")
+            if always:
+                self._run_always_called(args, kwargs, always - called)
+            raise
+
+    def _run_always_called(self, args, kwargs, ids) -> None:
+        """The forward hooks registered with ``always_call=True`` that did not run
+        before the call raised; their own errors are warnings (torch's)."""
+        for hid, (hook, with_kwargs) in list(self._forward_hooks.items()):
+            if hid not in ids:
+                continue
+            try:
+                if with_kwargs:
+                    hook(self, args, kwargs, None)
+                else:
+                    hook(self, args, None)
+            except Exception as e:  # noqa: BLE001 - the call's own error is raised
+                warnings.warn("module forward hook with ``always_call=True`` raised an "
+                              "exception that was silenced as another error was raised "
+                              f"in forward: {e}", stacklevel=3)
+
+    def _call(self, args, kwargs, called: set):
         pre = self._forward_pre_hooks
         if _global_forward_pre_hooks:
             pre = OrderedDict(list(_global_forward_pre_hooks.items()) + list(pre.items()))
@@ -652,7 +684,8 @@ class Module:
         post = self._forward_hooks
         if _global_forward_hooks:
             post = OrderedDict(list(_global_forward_hooks.items()) + list(post.items()))
-        for hook, with_kwargs in list(post.values()):
+        for hid, (hook, with_kwargs) in list(post.items()):
+            called.add(hid)
             result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
             if result is not None:
                 output = result
