@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copyreg
 import operator
+from collections import OrderedDict
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from . import _C, _args, _clib, _device, _dtypes, _iterate, _modes, _registry, _trace
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
+from ._hooks import RemovableHandle, add_hook
 from ._layout import _codes, compute_local_shape_and_global_offset
 from .device_mesh import DeviceMesh, find_live_mesh, local_mesh
 from .placement_types import Partial, Placement, Replicate, Shard
@@ -57,9 +59,12 @@ class DTensor(_C.DTensorBase):
     # ``_grad_fn`` node (None for a leaf), which the executor records into. The
     # slots here are autograd's too: the accumulated gradient, whether it is still
     # the engine's own (nobody read it since it was stored) and retain_grad()'s
-    # flag; unset until used, so a DTensor the executor makes costs nothing more.
-    # The comparison operators make DTensors, so keep identity hashing.
-    __slots__ = ("_grad", "_retains_grad", "_grad_owned")
+    # flag, and the hooks ``register_hook`` and ``register_post_accumulate_grad_hook``
+    # add (tables the engine reads when it reaches this tensor); unset until used, so
+    # a DTensor the executor makes costs nothing more. The comparison operators make
+    # DTensors, so keep identity hashing.
+    __slots__ = ("_grad", "_retains_grad", "_grad_owned", "_backward_hooks",
+                 "_post_accumulate_grad_hooks")
     __hash__ = object.__hash__
 
     def __array_function__(self, func, types, args, kwargs):
@@ -502,6 +507,64 @@ class DTensor(_C.DTensorBase):
             raise RuntimeError("can't retain_grad on a DTensor that has requires_grad=False")
         if self.grad_fn is not None:
             self._retains_grad = True
+
+    def register_hook(self, hook) -> RemovableHandle:
+        """Calls ``hook(grad)`` each time backward has computed this tensor's gradient
+        (the sum of what reached it), before the gradient goes on (for a leaf: before
+        it is accumulated into ``.grad``); a non-None result, a DTensor of the same
+        shape and dtype, replaces the gradient. Hooks run in the order registered,
+        each given the previous one's result (torch's ``Tensor.register_hook``).
+        Returns a handle whose ``remove()`` takes the hook out. Registering is
+        local; a backward that runs hooks agrees on their outcome on the tensor's
+        mesh, so a hook that raises on one rank raises on every rank (see
+        docs/training.md). The hook may keep the gradient it is given: the engine
+        never writes into it afterwards.
+
+        Example::
+
+            >>> w = distribute_tensor(np.ones(4), mesh, [Shard(0)], requires_grad=True)
+            >>> h = w.register_hook(lambda g: g * 2)
+            >>> (w * w).sum().backward()
+            >>> w.grad.full_tensor()
+            array([4., 4., 4., 4.])
+            >>> h.remove()
+        """
+        if not self._requires_grad:
+            raise RuntimeError(
+                "cannot register a hook on a tensor that doesn't require gradient")
+        if not callable(hook):
+            raise TypeError(f"a hook must be callable, got {type(hook).__name__}")
+        hooks = getattr(self, "_backward_hooks", None)
+        if hooks is None:
+            hooks = self._backward_hooks = OrderedDict()
+        return add_hook(hooks, hook)
+
+    def register_post_accumulate_grad_hook(self, hook) -> RemovableHandle:
+        """Calls ``hook(tensor)`` on this leaf after backward has accumulated its
+        gradient into ``.grad`` (torch's hook of the same name: an optimizer can
+        step the parameter there). The hook returns None. Only leaves accept it.
+        Local to register; the backward agrees on the hooks' outcome on the mesh
+        as for :meth:`register_hook`.
+
+        Example::
+
+            >>> seen = []
+            >>> h = w.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad))
+            >>> (w * w).sum().backward()       # seen holds w.grad
+            >>> h.remove()
+        """
+        if not self._requires_grad:
+            raise RuntimeError(
+                "cannot register a hook on a tensor that doesn't require gradient")
+        if self._grad_fn is not None:
+            raise RuntimeError(
+                "post accumulate grad hooks cannot be registered on non-leaf tensors")
+        if not callable(hook):
+            raise TypeError(f"a hook must be callable, got {type(hook).__name__}")
+        hooks = getattr(self, "_post_accumulate_grad_hooks", None)
+        if hooks is None:
+            hooks = self._post_accumulate_grad_hooks = OrderedDict()
+        return add_hook(hooks, hook)
 
     def detach(self) -> "DTensor":
         """The same data and spec, out of the graph: a leaf that does not require

@@ -12,6 +12,12 @@ same C decisions and their redistributions are the same plans. A leaf's gradient
 is redistributed to the leaf's placements (a Partial one's: Replicate) before it is
 stored. Every check here depends on global shapes and placements only, so every
 rank raises the same error.
+
+Hooks: a tensor's ``register_hook`` hooks run when the engine reaches it with its
+summed gradient, before the gradient goes on (to its node, its ``.grad``); a leaf's
+post-accumulate-grad hooks after its ``.grad`` is accumulated. Each call is agreed
+on across the tensor's mesh (``_hooks``), so a hook that raises on one rank raises
+on all of them.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 from .. import _C, _modes
 from .._dtensor import DTensor, _grad_placements
 from ..placement_types import Replicate
+from . import _hooks
 
 __all__ = ["Node", "record", "backward", "grad"]
 
@@ -88,7 +95,8 @@ def _seed(t: DTensor, gradient) -> tuple:
 # made by a rule's operation or redistribution), or a node that allocated it says
 # so (fully_shard's reduce-scattered parts). A gradient handed out twice (add's
 # ``(g, g)``) or passed through unchanged (an identity backward's ``g``) is owned
-# at most once; a user's ``gradient=`` never. A stored ``.grad`` stays the
+# at most once; a user's ``gradient=`` never, nor a gradient a hook was given or
+# returned (the hook may keep it: ``exposed`` in ``_run``). A stored ``.grad`` stays the
 # engine's until someone reads it (the ``grad`` property): from then on the next
 # backward sums into a new array, so a ``.grad`` someone may hold never changes.
 # The flag travels with the gradient in ``_run``'s table.
@@ -176,6 +184,18 @@ def _accumulate(t: DTensor, g: DTensor, owned: bool) -> None:
         t._grad, t._grad_owned = _local_sum(t._grad, g), True
 
 
+def _leading_to(order, wanted) -> set:
+    """The ids of the tensors in ``order`` from which a gradient reaches one of
+    ``wanted``: only their hooks fire in ``grad()``, as torch runs only the nodes
+    on a path to the inputs."""
+    lead = set(wanted)
+    for t in reversed(order):  # inputs before the tensors computed from them
+        fn = t.grad_fn
+        if fn is not None and any(x is not None and id(x) in lead for x in fn.inputs):
+            lead.add(id(t))
+    return lead
+
+
 def _run(roots, gradients, retain_graph, wanted=None) -> dict:
     """Backward from ``roots``. With ``wanted`` (id -> tensor), the gradients of
     those tensors are returned (id -> (gradient, owned)) and no ``.grad`` is
@@ -186,20 +206,33 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                 f"element {i} of tensors does not require grad and does not have a grad_fn")
     grads = {}  # id -> [gradient, owned]: the sum of what reached the tensor so far
     found = {}
+    # The gradients handed to a hook (and what hooks returned), by id: a hook may keep
+    # one, so the engine never writes into them, even where another entry of the
+    # table holds the same DTensor as its own. Holding them keeps the ids unique.
+    exposed = {}
+    stored = {}  # id -> leaf: gradients this backward stored as a .grad without a copy
     was = _modes.set_grad_enabled(False)
     was_backward = _modes.set_backward(True)
+    _exposures.append((exposed, stored))
     try:
         for r, g in zip(roots, gradients):
             g, owned = _seed(r, g)
             prev = grads.get(id(r))
             grads[id(r)] = (g, owned) if prev is None else _add(*prev, g, owned)
-        for t in _order(roots):
+        order = _order(roots)
+        needed = None if wanted is None else _leading_to(order, wanted)
+        for t in order:
             entry = grads.pop(id(t), None)
             if entry is None:
                 continue
             g, owned = entry
             del entry
+            owned = owned and id(g) not in exposed
             fn = t.grad_fn
+            if getattr(t, "_backward_hooks", None) and (needed is None or id(t) in needed):
+                _expose(g, exposed, stored)
+                g, owned = _hooks.tensor_hooks(t, g), False
+                _expose(g, exposed, stored)
             if wanted is not None:
                 if id(t) in wanted:
                     found[id(t)] = (g, owned)
@@ -207,7 +240,11 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
             elif fn is None or getattr(t, "_retains_grad", False):
                 if t._requires_grad:
                     _accumulate(t, g, owned)
+                    if t._grad is g:
+                        stored[id(g)] = t
                     owned = False  # given away as a .grad (or copied into one)
+                    if fn is None and getattr(t, "_post_accumulate_grad_hooks", None):
+                        _hooks.post_accumulate_grad_hooks(t)
             if fn is None:
                 continue
             if not owned:
@@ -236,12 +273,42 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                         f"{fn.name}'s backward gave a gradient of shape {gx.shape} for "
                         f"an input of shape {x.shape}")
                 prev = grads.get(id(x))
-                grads[id(x)] = (gx, ox) if prev is None else _add(*prev, gx, ox)
+                if prev is None:
+                    grads[id(x)] = (gx, ox and id(gx) not in exposed)
+                else:
+                    grads[id(x)] = _add(prev[0], prev[1] and id(prev[0]) not in exposed,
+                                        gx, ox and id(gx) not in exposed)
             gs = gx = prev = None
     finally:
+        _exposures.pop()
         _modes.set_backward(was_backward)
         _modes.set_grad_enabled(was)
+    if exposed:
+        found = {k: (g, o and id(g) not in exposed) for k, (g, o) in found.items()}
     return found
+
+
+# The running backwards' (exposed, stored) tables, innermost last: a hook may run
+# a backward of its own.
+_exposures: list = []
+
+
+def expose(g) -> None:
+    """Tells the running backward that user code (a node that calls hooks: a
+    module's backward hooks) was given or returned ``g``: the engine never writes
+    into it afterwards. Local."""
+    if _exposures and type(g) is DTensor:
+        _expose(g, *_exposures[-1])
+
+
+def _expose(g: DTensor, exposed: dict, stored: dict) -> None:
+    """Notes that a hook is given (or gave) ``g``: from now on the engine writes into
+    it nowhere, also not as the ``.grad`` of a leaf that already stored it (the
+    same DTensor reached two tensors)."""
+    exposed[id(g)] = g
+    leaf = stored.get(id(g))
+    if leaf is not None and getattr(leaf, "_grad", None) is g:
+        leaf._grad_owned = False
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None) -> None:

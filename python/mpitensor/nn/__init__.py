@@ -23,7 +23,8 @@ from .dropout import Dropout
 from .embedding import Embedding
 from .linear import Linear
 from .module import (Module, Parameter, RemovableHandle, register_module_forward_hook,
-                     register_module_forward_pre_hook)
+                     register_module_forward_pre_hook, register_module_full_backward_hook,
+                     register_module_full_backward_pre_hook)
 from .normalization import LayerNorm, RMSNorm
 from .transformer import FeedForward, TransformerBlock
 
@@ -31,4 +32,5 @@ __all__ = ["functional", "init", "utils", "Module", "Parameter", "RemovableHandl
            "Embedding", "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "SiLU", "Sequential",
            "ModuleList",
            "MultiheadAttention", "FeedForward", "TransformerBlock",
-           "register_module_forward_pre_hook", "register_module_forward_hook"]
+           "register_module_forward_pre_hook", "register_module_forward_hook",
+           "register_module_full_backward_pre_hook", "register_module_full_backward_hook"]

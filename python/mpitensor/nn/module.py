@@ -9,7 +9,7 @@ installs its ``input_fn`` as a pre-hook and its ``output_fn`` as a hook.
 
 from __future__ import annotations
 
-import itertools
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
@@ -17,16 +17,21 @@ import numpy as np
 
 from .. import _dtypes
 from .._dtensor import DTensor
+from .._hooks import RemovableHandle, add_hook
 from .._layout import compute_local_shape_and_global_offset
 from ._state_load import _agree_load, _load_layout, _load_problem, _same_ranks
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "register_module_forward_pre_hook",
-           "register_module_forward_hook"]
+           "register_module_forward_hook", "register_module_full_backward_pre_hook",
+           "register_module_full_backward_hook"]
 
 # Hooks that run around every module's forward (before the module's own), for
-# tools that trace whole models, such as a module-level CommDebugMode.
+# tools that trace whole models, such as a module-level CommDebugMode; and in every
+# module's backward, before the module's own, as torch's global backward hooks.
 _global_forward_pre_hooks: OrderedDict = OrderedDict()
 _global_forward_hooks: OrderedDict = OrderedDict()
+_global_backward_pre_hooks: OrderedDict = OrderedDict()
+_global_backward_hooks: OrderedDict = OrderedDict()
 
 
 def register_module_forward_pre_hook(hook: Callable) -> "RemovableHandle":
@@ -51,6 +56,29 @@ def register_module_forward_hook(hook: Callable) -> "RemovableHandle":
     return Module._add_hook(_global_forward_hooks, hook, False, False)
 
 
+def register_module_full_backward_pre_hook(hook: Callable) -> "RemovableHandle":
+    """Run ``hook(module, grad_output)`` in every module's backward, before the
+    module's own backward pre-hooks (see :meth:`Module.register_full_backward_pre_hook`).
+    Local to register; collective in the backward as the module's own.
+
+    Example: ``h = register_module_full_backward_pre_hook(lambda m, go: print(type(m)))``,
+    later ``h.remove()``.
+    """
+    return Module._add_hook(_global_backward_pre_hooks, hook, False, False)
+
+
+def register_module_full_backward_hook(hook: Callable) -> "RemovableHandle":
+    """Run ``hook(module, grad_input, grad_output)`` in every module's backward,
+    before the module's own full backward hooks (see
+    :meth:`Module.register_full_backward_hook`). Local to register; collective in
+    the backward as the module's own.
+
+    Example: ``h = register_module_full_backward_hook(lambda m, gi, go: None)``, later
+    ``h.remove()``.
+    """
+    return Module._add_hook(_global_backward_hooks, hook, False, False)
+
+
 class Parameter:
     """Marks an array or DTensor as a parameter when assigned to a module attribute:
     ``self.weight = Parameter(np.zeros((4, 4)))``. The module stores the array
@@ -72,33 +100,6 @@ class Parameter:
 
     def __repr__(self) -> str:
         return f"Parameter({self.data!r})"
-
-
-class RemovableHandle:
-    """What ``register_forward_pre_hook`` / ``register_forward_hook`` return:
-    ``handle.remove()`` takes the hook out again. Local.
-
-    Example: ``with m.register_forward_hook(hook): m(x)`` runs ``hook`` once.
-    """
-
-    _ids = itertools.count()
-
-    def __init__(self, hooks: OrderedDict):
-        self._hooks = hooks
-        self.id = next(RemovableHandle._ids)
-
-    def remove(self) -> None:
-        """Takes the hook out; removing twice is harmless. Local.
-
-        Example: ``h = m.register_forward_hook(hook); h.remove()``.
-        """
-        self._hooks.pop(self.id, None)
-
-    def __enter__(self) -> "RemovableHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
 
 
 def _is_tensor(value) -> bool:
@@ -178,6 +179,8 @@ class Module:
         d["_modules"] = OrderedDict()
         d["_forward_pre_hooks"] = OrderedDict()
         d["_forward_hooks"] = OrderedDict()
+        d["_backward_pre_hooks"] = OrderedDict()
+        d["_backward_hooks"] = OrderedDict()
 
     # -- attributes ------------------------------------------------------------------
     def __setattr__(self, name: str, value) -> None:
@@ -561,26 +564,104 @@ class Module:
         return self._add_hook(self._forward_pre_hooks, hook, with_kwargs, prepend)
 
     def register_forward_hook(self, hook: Callable, *, prepend: bool = False,
-                              with_kwargs: bool = False) -> RemovableHandle:
+                              with_kwargs: bool = False, always_call: bool = False
+                              ) -> RemovableHandle:
         """Run ``hook(module, args, output)`` after ``forward``; a non-None result
         replaces the output. With ``with_kwargs=True`` it is
-        ``hook(module, args, kwargs, output)``. Local.
+        ``hook(module, args, kwargs, output)``. With ``always_call=True`` it also
+        runs (with ``output`` None) when ``forward`` or an earlier hook raised; an
+        exception of its own is then a warning, as torch's. Local.
 
         Example: ``h = m.register_forward_hook(lambda mod, args, out: out * 2)``.
         """
-        return self._add_hook(self._forward_hooks, hook, with_kwargs, prepend)
+        handle = self._add_hook(self._forward_hooks, hook, with_kwargs, prepend)
+        if always_call:
+            self.__dict__.setdefault("_forward_hooks_always_called", set()).add(handle.id)
+        return handle
+
+    def register_full_backward_pre_hook(self, hook: Callable, prepend: bool = False
+                                        ) -> RemovableHandle:
+        """Run ``hook(module, grad_output)`` in the backward, once the gradients of
+        this call's outputs are known and before they go into the module; a
+        non-None result (a tuple as long) replaces ``grad_output``. Entries are
+        DTensors, or None for an output that is not a DTensor or got no gradient.
+        Hooks of a module called inside another fire in torch's order (the
+        backward's: the outer module's pre-hook first). Registering is local; in the
+        backward each call is agreed on across the outputs' mesh, so a hook that
+        raises on one rank raises on every rank.
+
+        Example::
+
+            >>> h = m.register_full_backward_pre_hook(lambda mod, go: (go[0] * 0.5,))
+            >>> m(x).sum().backward()     # the gradient into m is halved
+            >>> h.remove()
+        """
+        return self._add_hook(self._backward_pre_hooks, hook, False, prepend)
+
+    def register_full_backward_hook(self, hook: Callable, prepend: bool = False
+                                    ) -> RemovableHandle:
+        """Run ``hook(module, grad_input, grad_output)`` in the backward, once the
+        gradients of this call's positional inputs are known; a non-None result
+        (a tuple as long) replaces ``grad_input``. ``grad_input`` holds a DTensor
+        per positional input that requires grad (None for the others); when no
+        input requires grad, the hook fires with the outputs' gradients and must
+        return None. As torch's: collective in the backward as
+        :meth:`register_full_backward_pre_hook`.
+
+        Example::
+
+            >>> grads = []
+            >>> h = m.register_full_backward_hook(lambda mod, gi, go: grads.append(gi))
+            >>> m(x).sum().backward()     # grads[0] == (x's gradient,)
+            >>> h.remove()
+        """
+        return self._add_hook(self._backward_hooks, hook, False, prepend)
 
     @staticmethod
     def _add_hook(table: OrderedDict, hook, with_kwargs: bool, prepend: bool):
         if not callable(hook):
             raise TypeError(f"a hook must be callable, got {type(hook).__name__}")
-        handle = RemovableHandle(table)
-        table[handle.id] = (hook, bool(with_kwargs))
-        if prepend:
-            table.move_to_end(handle.id, last=False)
-        return handle
+        return add_hook(table, (hook, bool(with_kwargs)), prepend)
+
+    def _backward_hook(self):
+        """The BackwardHook for one call, or None when the module has no backward
+        hooks (also for a module made before they existed, unpickled say)."""
+        d = self.__dict__
+        hooks = [*_global_backward_hooks.values(), *d.get("_backward_hooks", {}).values()]
+        pre = [*_global_backward_pre_hooks.values(),
+               *d.get("_backward_pre_hooks", {}).values()]
+        if not hooks and not pre:
+            return None
+        from ._backward_hook import BackwardHook
+        return BackwardHook(self, [h for h, _ in hooks], [h for h, _ in pre])
 
     def __call__(self, *args, **kwargs):
+        called = set()  # the always-called forward hooks that ran
+        try:
+            return self._call(args, kwargs, called)
+        except Exception:
+            always = self.__dict__.get("_forward_hooks_always_called")
+            if always:
+                self._run_always_called(args, kwargs, always - called)
+            raise
+
+    def _run_always_called(self, args, kwargs, ids) -> None:
+        """The forward hooks registered with ``always_call=True`` that did not run
+        before the call raised; their own errors are warnings (torch's)."""
+        for hid, (hook, with_kwargs) in list(self._forward_hooks.items()):
+            if hid not in ids:
+                continue
+            try:
+                if with_kwargs:
+                    hook(self, args, kwargs, None)
+                else:
+                    hook(self, args, None)
+            except Exception as e:  # noqa: BLE001 - the call's own error is raised
+                warnings.warn("module forward hook with ``always_call=True`` raised an "
+                              "exception that was silenced as another error was raised "
+                              f"in forward: {e}", stacklevel=3)
+
+    def _call(self, args, kwargs, called: set):
         pre = self._forward_pre_hooks
         if _global_forward_pre_hooks:
             pre = OrderedDict(list(_global_forward_pre_hooks.items()) + list(pre.items()))
@@ -589,21 +670,31 @@ class Module:
                 result = hook(self, args, kwargs)
                 if result is not None:
                     if not (isinstance(result, tuple) and len(result) == 2):
-                        raise RuntimeError("a forward pre-hook with kwargs must return "
-                                           "None or a tuple (args, kwargs)")
+                        raise RuntimeError("forward pre-hook must return None or a tuple "
+                                           f"of (new_args, new_kwargs), but got {result}.")
                     args, kwargs = result
             else:
                 result = hook(self, args)
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
+        backward_hook = self._backward_hook()
+        if backward_hook is not None:
+            args = backward_hook.setup_input_hook(args)
         output = self.forward(*args, **kwargs)
         post = self._forward_hooks
         if _global_forward_hooks:
             post = OrderedDict(list(_global_forward_hooks.items()) + list(post.items()))
-        for hook, with_kwargs in list(post.values()):
+        for hid, (hook, with_kwargs) in list(post.items()):
+            called.add(hid)
             result = hook(self, args, kwargs, output) if with_kwargs else hook(self, args, output)
             if result is not None:
                 output = result
+        if backward_hook is not None:
+            if not isinstance(output, (DTensor, tuple)):
+                warnings.warn("For backward hooks to be called, module output should be a "
+                              f"DTensor or a tuple of DTensors but received {type(output)}",
+                              stacklevel=2)
+            output = backward_hook.setup_output_hook(output)
         return output
 
     def forward(self, *args, **kwargs):
