@@ -405,3 +405,6 @@ def test_ranks_that_differ_raise_everywhere(shape):
         fully_shard(Extra(() if RANK == W - 1 else (3,)), mesh=mesh)
     with pytest.raises(ValueError, match="different mp_policy, reshard_after_forward"):
         fully_shard(MLP(), mesh=mesh, reshard_after_forward=RANK == 0)
+    with pytest.raises(ValueError, match="must divide the data-parallel size"):
+        fully_shard(MLP(), mesh=mesh,
+                    reshard_after_forward=shape[1] + 1 if RANK == 0 else True)

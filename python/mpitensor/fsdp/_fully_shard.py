@@ -182,7 +182,7 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     if "_fsdp_state" in module.__dict__:
         raise ValueError(f"fully_shard: {type(module).__name__} is fully_sharded already")
     mesh = _data_mesh(mesh)
-    state = _State(module, mesh, _post_forward_size(reshard_after_forward, mesh), mp_policy)
+    state = _State(module, mesh, reshard_after_forward, mp_policy)
     for m in module.modules():
         s = m.__dict__.get("_fsdp_state")
         if s is not None and m is not module:
@@ -373,9 +373,6 @@ class _State:
         self.dp_mesh = _shard_mesh(mesh)
         self.replicate_mesh = mesh._slice([0]) if mesh.ndim == 2 else None
         self.dp = self.dp_mesh.size()
-        self.reshard_after_forward = bool(reshard_after_forward)
-        post = reshard_after_forward is not True and reshard_after_forward is not False
-        self.post_mesh = _post_mesh(mesh, reshard_after_forward) if post else None
         self.full = None  # the group's gathered (dp, size) buffer while unsharded
         self.post = None  # this rank's rows of it, kept after forward for post_mesh
         self.is_root = True
@@ -383,8 +380,9 @@ class _State:
         self.generation = -1  # the root forward the gathered arrays were made in
         self.live = weakref.WeakSet()  # the recorded forwards whose graphs live
         self.calls: list = []  # the forwards under way (a _Forward, or None)
-        problem = None
+        problem, after = None, True
         try:
+            after = _post_forward_size(reshard_after_forward, mesh)
             self.params = self._collect(module)
             dtypes = {p.dtype for p in self.params}
             if len(dtypes) > 1:
@@ -395,7 +393,11 @@ class _State:
         except ValueError as e:
             self.params, problem = [], str(e)
         self.dtype = self.params[0].dtype if self.params else np.dtype(np.float64)
-        self._agree(mp_policy, reshard_after_forward, problem)
+        self._agree(mp_policy, after, problem)
+        self.reshard_after_forward = bool(after)
+        # made after the agreement: its creation is collective
+        post = after is not True and after is not False
+        self.post_mesh = _post_mesh(mesh, after) if post else None
         self._mixed_precision(mp_policy)
         self.offsets, size = [], 0
         for p in self.params:
