@@ -251,8 +251,8 @@ def test_cannot_shard_raises(mesh):
         fully_shard(m, mesh=mesh)
     with pytest.raises(ValueError, match="fully_sharded by an ancestor"):
         fully_shard(m.w1, mesh=mesh)  # children first, then the parent
-    with pytest.raises(ValueError, match="no data-parallel dim"):
-        fully_shard(MLP(), mesh=mt.init_device_mesh("cpu", (W, 1), mesh_dim_names=("a", "b")))
+    with pytest.raises(ValueError, match="expects a 1D or 2D DeviceMesh"):
+        fully_shard(MLP(), mesh=mt.init_device_mesh("cpu", (W, 1, 1)))
     other = mt.init_device_mesh("cpu", (W,))
     m2 = MLP()
     m2.w1.weight = nn.Parameter(mt.distribute_tensor(np.ones((7, 5)), other, [Replicate()]))

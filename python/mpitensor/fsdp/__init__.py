@@ -2,8 +2,9 @@
 (FSDP2), on DTensors: parameters sharded on dim 0 over the data-parallel mesh,
 gathered one module group at a time for its forward and backward, gradients
 reduce-scattered back, optionally in lower precision (``MixedPrecisionPolicy``).
-Composes with tensor parallelism on a 2-D ``(dp, tp)``
-mesh (see docs/training.md).
+On a 2-D ``(replicate, shard)`` mesh it is torch's HSDP: sharded within each
+replica group, replicated across them. Composes with tensor parallelism over a
+``dp`` mesh sliced from a 2-D ``(dp, tp)`` mesh (see docs/training.md).
 
 Example (``mpiexec -n 4``)::
 

@@ -27,6 +27,14 @@ group arrived: there the gradients are reduce-scattered, in one collective, into
 the sharded parameters. A node on the module's outputs runs before anything inside
 the module in backward: there the group is all-gathered again if it was freed.
 
+HSDP (a 2-D ``(replicate, shard)`` mesh, as torch's ``HSDPMeshInfo``): the
+parameters are ``(Replicate(), Shard(0))``, sharded within each replica group
+(the mesh's dim 1) and replicated across them (dim 0); the flat buffer is
+gathered over the shard dim alone; the gradients are reduce-scattered over it
+and the result all-reduced over the replicate dim, one collective each per
+group. The unsharded parameters are Replicate over both dims, so a batch sharded
+over both is the global batch and the loss global, as on a 1-D mesh.
+
 Mixed precision (``mp_policy``): the sharded parameters keep their dtype; the
 flat buffer is filled in ``param_dtype`` (the cast happens on the shards, before
 the all-gather), so the unsharded parameters are ``param_dtype`` values, and the
@@ -55,7 +63,7 @@ __all__ = ["fully_shard", "FSDPModule"]
 
 # Meshes with the dims of a (dp, tp) mesh swapped, made once per mesh (see _Param).
 _tp_first_meshes: dict = {}
-# The post-forward meshes of reshard_after_forward=N, made once per (dp mesh, N).
+# The post-forward meshes of reshard_after_forward=N, made once per (mesh, N).
 _post_meshes: dict = {}
 # Counts the root modules' forwards: a group still gathered from an earlier one
 # (kept for a backward that never came) is gathered again, since the optimizer
@@ -132,19 +140,24 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     in (``reduce_dtype``), the casts of the forward's inputs and outputs; the
     sharded parameters and their gradients keep their own dtype.
 
-    ``mesh``: the 1-D data-parallel mesh, or a 2-D mesh with a dim named ``"dp"``;
-    default the current mesh. Raises ValueError (on every rank: every check depends
-    on shapes, meshes and placements) when the mesh has no ``dp`` dim, the module is
-    fully_sharded already, a parameter is owned by a fully_sharded ancestor (call
-    it on children first) or lives on a mesh that is not the other dim of ``dp``'s
-    2-D mesh, is a scalar or Partial, or the group mixes dtypes, or an int
-    ``reshard_after_forward`` does not divide the dp size (1 means False, the dp
-    size True, as torch's) or is given with a dp mesh sliced from a 2-D mesh; and
-    when the
-    policy names a dtype other than float16, bfloat16, float32 and float64, casts
-    complex parameters, or differs between ranks. Collective on the mesh (one
-    small agreement on the policy; local shards are cut; the swapped mesh, when
-    needed, communicates).
+    ``mesh``: the 1-D data-parallel mesh (FSDP), or a 2-D mesh, whatever its dim
+    names, read as torch reads it: ``(replicate, shard)`` (HSDP). Each parameter
+    is then ``(Replicate(), Shard(0))``: the group is all-gathered over the shard
+    dim, and its gradients reduce-scattered over it and all-reduced over the
+    replicate dim; ``reshard_after_forward`` as an int divides the shard dim's size.
+    Default the current mesh. Raises as torch's: ValueError for a mesh of more
+    than 2 dims, AssertionError for a 2-D mesh without dim names. Raises ValueError
+    (on every rank: the ranks' checks, parameters' names, shapes and dtypes and
+    policies are agreed on) when the module is fully_sharded already, a parameter
+    is owned by a fully_sharded ancestor (call it on children first) or lives on a
+    mesh that is not the other dim of ``dp``'s 2-D mesh (any DTensor, with HSDP),
+    is a scalar or Partial, or the group mixes dtypes, or an int
+    ``reshard_after_forward`` does not divide the dp (shard) size (1 means False,
+    the size True, as torch's) or is given with a mesh sliced from a larger one,
+    or the ranks' parameters differ; and when the policy names a dtype other than
+    float16, bfloat16, float32 and float64, casts complex parameters, or differs
+    between ranks. Collective on the mesh (one small agreement; local shards are
+    cut; the swapped mesh, when needed, communicates).
 
     Example (``mpiexec -n 2``)::
 
@@ -154,15 +167,22 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
         >>> fully_shard(model, mesh=mesh)
         >>> model.layers[0].w1.weight.placements
         (Shard(dim=0),)
+
+    HSDP (``mpiexec -n 4``: two replicas, each sharded over two ranks)::
+
+        >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+        >>> fully_shard(model, mesh=mesh)
+        >>> model.w1.weight.placements
+        (Replicate(), Shard(dim=0))
+        >>> x = distribute_tensor(batch, mesh, [Shard(0), Shard(0)])  # the global batch
     """
     if not isinstance(module, Module):
         raise TypeError(f"fully_shard takes an mpitensor.nn.Module, got "
                         f"{type(module).__name__}")
     if "_fsdp_state" in module.__dict__:
         raise ValueError(f"fully_shard: {type(module).__name__} is fully_sharded already")
-    dp_mesh = _dp_mesh(mesh)
-    state = _State(module, dp_mesh, _post_forward_size(reshard_after_forward, dp_mesh),
-                   mp_policy)
+    mesh = _data_mesh(mesh)
+    state = _State(module, mesh, reshard_after_forward, mp_policy)
     for m in module.modules():
         s = m.__dict__.get("_fsdp_state")
         if s is not None and m is not module:
@@ -174,45 +194,54 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     return module
 
 
-def _dp_mesh(mesh) -> DeviceMesh:
+def _data_mesh(mesh) -> DeviceMesh:
+    """The mesh fully_shard works on, checked as torch's ``_validate_mesh``."""
     if mesh is None:
         mesh = resolve_mesh(None)
     if not isinstance(mesh, DeviceMesh):
         raise TypeError(f"fully_shard: mesh must be a DeviceMesh, got {type(mesh).__name__}")
-    if mesh.ndim == 1:
-        return mesh
-    names = mesh.mesh_dim_names
-    if mesh.ndim == 2 and names is not None and "dp" in names:
-        return mesh["dp"]
-    raise ValueError(f"fully_shard: {mesh!r} has no data-parallel dim: pass a 1-D mesh or "
-                     f"a 2-D mesh with a dim named 'dp'")
+    if mesh.ndim not in (1, 2):
+        raise ValueError(f"fully_shard expects a 1D or 2D DeviceMesh but got {mesh!r}")
+    if mesh.ndim == 2 and mesh.mesh_dim_names is None:
+        raise AssertionError("Please init the 2D mesh for HSDP with mesh_dim_names specified")
+    return mesh
 
 
-def _post_forward_size(value, dp_mesh: DeviceMesh):
+def _shard_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D mesh the parameters are sharded over: a 2-D mesh's dim 1 (HSDP)."""
+    return mesh if mesh.ndim == 1 else mesh._slice([1])
+
+
+def _post_forward_size(value, mesh: DeviceMesh):
     """``reshard_after_forward`` as torch normalises it: True, False, or the size N
-    of the groups the parameters stay gathered in after forward (1 < N < dp)."""
+    of the groups the parameters stay gathered in after forward (1 < N < the
+    shard dim's size)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         return bool(value)
-    n, dp = int(value), dp_mesh.size()
+    n, dp = int(value), _shard_mesh(mesh).size()
     if n < 1 or dp % n:
+        where = "" if mesh.ndim == 1 else " of the shard dim"
         raise ValueError(f"fully_shard: reshard_after_forward={n} must divide the "
-                         f"data-parallel size {dp} (or be True or False)")
+                         f"data-parallel size {dp}{where} (or be True or False)")
     if n == 1 or n == dp:  # in torch's order: at dp 1, 1 is False
         return n != 1
-    if dp_mesh._get_root_mesh() is not dp_mesh:
+    if mesh._get_root_mesh() is not mesh:
         raise ValueError("fully_shard: reshard_after_forward as an int needs a 1-D "
-                         "data-parallel mesh of its own, not one sliced from a 2-D mesh")
+                         "data-parallel mesh of its own (or a 2-D one for HSDP), not one "
+                         "sliced from a larger mesh")
     return n
 
 
-def _post_mesh(dp_mesh: DeviceMesh, n: int) -> DeviceMesh:
-    """The 1-D mesh of this rank's group of ``n`` consecutive dp ranks. Collective
-    on ``dp_mesh`` the first time."""
-    if (dp_mesh, n) not in _post_meshes:
-        grid = DeviceMesh(dp_mesh.device_type, dp_mesh.mesh.reshape(-1, n),
-                          mesh_dim_names=("post_replicate", "post_shard"), comm=dp_mesh._comm)
-        _post_meshes[(dp_mesh, n)] = grid["post_shard"]
-    return _post_meshes[(dp_mesh, n)]
+def _post_mesh(mesh: DeviceMesh, n: int) -> DeviceMesh:
+    """The 1-D mesh of this rank's group of ``n`` consecutive ranks of ``mesh``
+    flattened, as torch's ``mesh.view(-1, n)``: ``n`` divides the shard dim's
+    size, so a group lies within one replica. Collective on ``mesh`` the first
+    time."""
+    if (mesh, n) not in _post_meshes:
+        grid = DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, n),
+                          mesh_dim_names=("post_replicate", "post_shard"), comm=mesh._comm)
+        _post_meshes[(mesh, n)] = grid["post_shard"]
+    return _post_meshes[(mesh, n)]
 
 
 def _tp_first(root: DeviceMesh, dp_name: str) -> DeviceMesh:
@@ -230,8 +259,8 @@ class _Param:
     """One parameter of a group: its sharded and unsharded DTensors, where it
     is registered, and its slot in the group's flat buffer."""
 
-    def __init__(self, where, value, dp_mesh: DeviceMesh, what: str):
-        self.where = where  # [(module, name)]
+    def __init__(self, where, value, mesh: DeviceMesh, dp_mesh: DeviceMesh, what: str):
+        self.where, self.name = where, what  # [(module, name)], its qualified name
         # To find a registration of the same parameter outside the group: a weak
         # reference where the type has them (ndarray), else the id (DTensor; an id
         # only matches while the object lives, i.e. is still registered elsewhere)
@@ -242,7 +271,13 @@ class _Param:
             self.origin = None
         dp = dp_mesh.size()
         rank = dp_mesh.get_local_rank()
-        if isinstance(value, DTensor):
+        if mesh.ndim == 2:  # HSDP: plain arrays only, Replicate over both dims
+            if isinstance(value, DTensor):
+                self._hsdp_refuses(value, mesh, what)
+            local = np.asarray(value)
+            self.umesh, self.upl, tp_mesh = mesh, (Replicate(), Replicate()), None
+            shape = local.shape
+        elif isinstance(value, DTensor):
             tp_mesh, tp_pl, local = self._tp_parts(value, dp_mesh, what)
             self.umesh, self.upl = tp_mesh, (tp_pl,)
             shape = value.shape
@@ -267,7 +302,9 @@ class _Param:
         self.n = min(local.shape[0] - start, self.rows)
         shard = np.array(local[start:start + self.n], copy=True)
         stride = contiguous_strides(self.shape)
-        if tp_mesh is None:
+        if mesh.ndim == 2:
+            smesh, spl = mesh, (Replicate(), Shard(0))
+        elif tp_mesh is None:
             smesh, spl = dp_mesh, (Shard(0),)
         else:
             root = dp_mesh._get_root_mesh()
@@ -284,6 +321,18 @@ class _Param:
         self.free = np.broadcast_to(np.array(np.nan, dtype), self.lshape)
         self.unsharded = DTensor.from_local(self.free, self.umesh, self.upl, shape=self.shape,
                                             stride=contiguous_strides(self.shape))
+
+    @staticmethod
+    def _hsdp_refuses(value: DTensor, mesh: DeviceMesh, what: str):
+        if value.device_mesh == mesh:
+            raise ValueError(
+                f"fully_shard: parameter {what} is on {mesh!r} already, with placements "
+                f"{value.placements}: it is fully_sharded by an ancestor (call "
+                f"fully_shard on submodules before their parents)")
+        raise ValueError(
+            f"fully_shard: parameter {what} is a DTensor on {value.device_mesh!r}; "
+            f"fully_shard on a 2-D (replicate, shard) mesh (HSDP) takes arrays: HSDP "
+            f"beside tensor parallelism is not supported")
 
     @staticmethod
     def _tp_parts(value: DTensor, dp_mesh: DeviceMesh, what: str):
@@ -315,13 +364,15 @@ class _Param:
 class _State:
     """A fully_sharded module's group and the hooks that move it."""
 
-    def __init__(self, module: Module, dp_mesh: DeviceMesh, reshard_after_forward,
+    def __init__(self, module: Module, mesh: DeviceMesh, reshard_after_forward,
                  mp_policy: MixedPrecisionPolicy):
-        self.module, self.dp_mesh = module, dp_mesh
-        self.dp = dp_mesh.size()
-        self.reshard_after_forward = bool(reshard_after_forward)
-        post = reshard_after_forward is not True and reshard_after_forward is not False
-        self.post_mesh = _post_mesh(dp_mesh, reshard_after_forward) if post else None
+        # The mesh passed (1-D, or 2-D for HSDP), the one the group is gathered and
+        # reduce-scattered over, and with HSDP the one its gradients are all-reduced
+        # over.
+        self.module, self.mesh = module, mesh
+        self.dp_mesh = _shard_mesh(mesh)
+        self.replicate_mesh = mesh._slice([0]) if mesh.ndim == 2 else None
+        self.dp = self.dp_mesh.size()
         self.full = None  # the group's gathered (dp, size) buffer while unsharded
         self.post = None  # this rank's rows of it, kept after forward for post_mesh
         self.is_root = True
@@ -329,13 +380,24 @@ class _State:
         self.generation = -1  # the root forward the gathered arrays were made in
         self.live = weakref.WeakSet()  # the recorded forwards whose graphs live
         self.calls: list = []  # the forwards under way (a _Forward, or None)
-        self.params = self._collect(module)
-        dtypes = {p.dtype for p in self.params}
-        if len(dtypes) > 1:
-            raise ValueError(f"fully_shard: {type(module).__name__}'s parameters mix dtypes "
-                             f"{sorted(str(d) for d in dtypes)}; a group is one buffer of "
-                             f"one dtype: fully_shard the submodules of each dtype apart")
+        problem, after = None, True
+        try:
+            after = _post_forward_size(reshard_after_forward, mesh)
+            self.params = self._collect(module)
+            dtypes = {p.dtype for p in self.params}
+            if len(dtypes) > 1:
+                raise ValueError(
+                    f"fully_shard: {type(module).__name__}'s parameters mix dtypes "
+                    f"{sorted(str(d) for d in dtypes)}; a group is one buffer of one "
+                    f"dtype: fully_shard the submodules of each dtype apart")
+        except ValueError as e:
+            self.params, problem = [], str(e)
         self.dtype = self.params[0].dtype if self.params else np.dtype(np.float64)
+        self._agree(mp_policy, after, problem)
+        self.reshard_after_forward = bool(after)
+        # made after the agreement: its creation is collective
+        post = after is not True and after is not False
+        self.post_mesh = _post_mesh(mesh, after) if post else None
         self._mixed_precision(mp_policy)
         self.offsets, size = [], 0
         for p in self.params:
@@ -346,14 +408,24 @@ class _State:
             for m, name in p.where:
                 m._parameters[name] = p.sharded
 
+    def _agree(self, mp, reshard_after_forward, problem: str | None) -> None:
+        """One small all-reduce over the mesh: every rank raises when one failed a
+        check, or when the ranks' policies, ``reshard_after_forward`` or
+        parameters (names, shapes, dtypes) differ, since the group's collectives
+        would then wait for each other or pair other rows."""
+        name = type(self.module).__name__
+        problem = policy_problem(mp) or problem or group_problem(mp, self.dtype, name)
+        layout = [(p.name, p.shape, p.dtype.str) for p in self.params]
+        _C.agree(self.mesh._handle, problem is None,
+                 fingerprint((mp, reshard_after_forward, layout)),
+                 problem or f"fully_shard: the ranks passed different mp_policy, "
+                            f"reshard_after_forward or parameters (names, shapes, dtypes) "
+                            f"of {name}",
+                 TypeError if not isinstance(mp, MixedPrecisionPolicy) else ValueError)
+
     def _mixed_precision(self, mp: MixedPrecisionPolicy) -> None:
         """The dtypes the group is gathered (and computed) and reduced in, as torch's
-        ``FSDPParam.init_dtype_attrs``; the policy is agreed on by every rank."""
-        problem = policy_problem(mp) or group_problem(mp, self.dtype,
-                                                      type(self.module).__name__)
-        _C.agree(self.dp_mesh._handle, problem is None, fingerprint(mp),
-                 problem or "fully_shard: the ranks passed different mp_policy",
-                 TypeError if not isinstance(mp, MixedPrecisionPolicy) else ValueError)
+        ``FSDPParam.init_dtype_attrs``."""
         self.param_dtype = self.dtype if mp.param_dtype is None else mp.param_dtype
         self.reduce_dtype = self.param_dtype if mp.reduce_dtype is None else mp.reduce_dtype
         self.output_dtype = mp.output_dtype
@@ -390,7 +462,8 @@ class _State:
                         f"{type(module).__name__} is also a parameter of a fully_sharded "
                         f"submodule ({type(m).__name__}); a shared (tied) parameter must "
                         f"be in one group: fully_shard a module that holds every use")
-        return [_Param(found[k][0], found[k][1], self.dp_mesh, found[k][2]) for k in order]
+        return [_Param(found[k][0], found[k][1], self.mesh, self.dp_mesh, found[k][2])
+                for k in order]
 
     # -- moving the group --------------------------------------------------------------
     def unshard(self, again: bool = False) -> None:
@@ -490,14 +563,15 @@ class _State:
         output of a node whose input is this forward's token."""
         fwd = _Forward()
         fwd.views = [DTensor(p.unsharded._data(), p.unsharded._spec) for p in self.params]
-        token = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
+        everywhere = [Replicate()] * self.mesh.ndim
+        token = DTensor.from_local(np.zeros((), self.dtype), self.mesh, everywhere)
         token._requires_grad = True
         # a parameter frozen with requires_grad_(False) gets no gradient, as torch's
         need = [p.sharded._requires_grad for p in self.params]
         token._grad_fn = Node("FSDPPostBackward",
                               tuple(p.sharded if n else None for p, n in zip(self.params, need)),
                               lambda g: self.post_backward(fwd))
-        zero = DTensor.from_local(np.zeros((), self.dtype), self.dp_mesh, [Replicate()])
+        zero = DTensor.from_local(np.zeros((), self.dtype), self.mesh, everywhere)
         for i, v in enumerate(fwd.views):
             if need[i]:
                 v._requires_grad = True
@@ -513,32 +587,48 @@ class _State:
 
     def _add_grad(self, fwd: "_Forward", i: int, g: DTensor) -> None:
         """Adds unsharded parameter i's gradient, as this rank's term of the sum the
-        reduce-scatter makes, into the forward's buffer."""
+        reduce-scatter (and with HSDP the all-reduce) makes, into the forward's
+        buffer, divided by the part of its divisor torch divides by before the
+        sum; ``fwd.got[i]`` keeps the part left for after it."""
         p = self.params[i]
-        pl = g.placements[0] if p.umesh is self.dp_mesh else None
-        if pl is not None and pl.is_partial("sum"):
-            scale = 1.0
-        elif pl is not None and pl.is_partial("avg"):
-            scale = 1.0 / self.dp
-        else:
-            target = (Replicate(),) if p.umesh is self.dp_mesh else p.upl
-            if tuple(g.placements) != target:
-                g = g.redistribute(p.umesh, target)
-            scale = 1.0 / self.dp  # replicas' gradients are averaged, as torch's
+        g, divisor = self._as_terms(p, g)
+        pre, post = _divide_factors(divisor, self.reduce_dtype)
         local = g._data()
         if fwd.grad is None:
             fwd.grad = np.zeros((self.dp, self.size), self.reduce_dtype)
         off = self.offsets[i]
         padded = np.zeros((self.dp * p.rows,) + p.lshape[1:], self.reduce_dtype)
         padded[:p.lshape[0]] = local
-        if scale != 1.0:
-            padded *= scale
+        if pre != 1:
+            padded /= pre
         fwd.grad[:, off:off + p.rows * p.rest] += padded.reshape(self.dp, -1)
-        fwd.got.add(i)
+        fwd.got[i] = post
+
+    def _as_terms(self, p: _Param, g: DTensor):
+        """``g`` as terms of a sum over the data-parallel ranks, and what that sum
+        is to be divided by. Over a mesh dim where ``g`` is Partial("sum") (a batch
+        sharded over it, a global loss) the terms add up to the gradient; over any
+        other each rank holds a replica's whole gradient (Replicate, or made so),
+        and the replicas are averaged, as torch's; Partial("avg") is such an
+        average already. Beside TP each replica runs its own batch: averaged."""
+        if p.umesh is not self.mesh:
+            if tuple(g.placements) != p.upl:
+                g = g.redistribute(p.umesh, p.upl)
+            return g, self.dp
+        target, divisor = [], 1
+        for d, pl in enumerate(g.placements):
+            target.append(pl if pl.is_partial("sum") or pl.is_partial("avg") else Replicate())
+            if not pl.is_partial("sum"):
+                divisor *= self.mesh.size(d)
+        if tuple(target) != tuple(g.placements):
+            g = g.redistribute(self.mesh, target)
+        return g, divisor
 
     def post_backward(self, fwd: "_Forward"):
-        """The forward's one reduce-scatter; the sharded gradients for the engine to
-        accumulate into ``.grad``. Frees the unsharded parameters unless another
+        """The forward's one reduce-scatter over the shard dim (then, with HSDP, one
+        all-reduce of its result over the replicate dim) and the division left for
+        after them; the sharded gradients for the engine to accumulate into
+        ``.grad``. Frees the unsharded parameters unless another
         forward's backward is under way (the same module called twice)."""
         buf, got = fwd.grad, fwd.got
         fwd.grad, fwd.views, fwd.active = None, [], False
@@ -550,6 +640,17 @@ class _State:
         flat = DTensor.from_local(buf.reshape(-1), self.dp_mesh, [Partial("sum")],
                                   shape=(self.dp * self.size,), stride=(1,))
         local = flat.redistribute(self.dp_mesh, [Shard(0)])._data()
+        if self.replicate_mesh is not None:
+            local = DTensor.from_local(local, self.replicate_mesh, [Partial("sum")],
+                                       shape=local.shape, stride=(1,))
+            local = local.redistribute(self.replicate_mesh, [Replicate()])._data()
+        if any(post != 1 for post in got.values()):
+            if not local.flags.writeable:
+                local = np.array(local)
+            for i, post in got.items():
+                p, off = self.params[i], self.offsets[i]
+                if post != 1:
+                    local[off:off + p.n * p.rest] /= post
         # The parts of this one new buffer are the engine's to keep as .grad without
         # a copy when they tile it; with padding between them (uneven dims) a kept
         # part would keep the padding alive, so the engine copies them.
@@ -572,6 +673,22 @@ class _State:
         return tuple(out)
 
 
+def _divide_factors(divisor: int, reduce_dtype: np.dtype) -> tuple:
+    """``divisor`` split into what divides the gradients before their sum and
+    what divides the sum, as torch's ``_get_gradient_divide_factors``: in float32
+    and bfloat16 all after (torch's ReduceOp.AVG); in other dtypes, which torch
+    deems at risk of overflow, a power of two near its square root before and the
+    rest after."""
+    if divisor == 1:
+        return 1, 1
+    if np.dtype(reduce_dtype).name in ("float32", "bfloat16"):
+        return 1, divisor
+    pre = 1
+    while divisor % pre == 0 and divisor / pre > pre:
+        pre *= 2
+    return pre, divisor / pre
+
+
 def _all_gather(local: np.ndarray, mesh: DeviceMesh) -> np.ndarray:
     """Every rank's 1-D ``local`` (one size on all) concatenated, in one all-gather
     over ``mesh``. Collective on it."""
@@ -589,7 +706,8 @@ class _Forward:
     __slots__ = ("views", "grad", "got", "active", "__weakref__")
 
     def __init__(self) -> None:
-        self.views, self.grad, self.got, self.active = [], None, set(), False
+        # got: the parameters whose gradient came, each with its divisor left
+        self.views, self.grad, self.got, self.active = [], None, {}, False
 
 
 def _alias_outputs(output, pre_backward, count: list):
