@@ -126,6 +126,9 @@ typedef struct mt_ext_modes {
   /* A recorded forward runs with grad mode off: its decisions still price the
    * way back of the gradients its inputs will get. */
   char grad_priced;
+  /* The DTensor whose gradient a backward is computing (None or NULL: none): the
+   * outputs of the operations it runs are headed to that DTensor's layout. */
+  PyObject *want;
   int implicit_replication, listeners;
 } mt_ext_modes;
 
@@ -292,6 +295,12 @@ static inline int mt_ext_alias_of(const mt_ext_call *c, int t) {
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
                   PyObject *key);
 void mt_ext_call_release(mt_ext_call *c);
+/* Sets c->key.want from the modes' `want` when it is a DTensor on the call's mesh:
+ * 1, or -1 with an exception (the call released). */
+int mt_ext_call_want(mt_ext_dispatch *d, mt_ext_call *c);
+static inline int mt_ext_wanting(const mt_ext_dispatch *d) {
+  return d->modes->want != NULL && d->modes->want != Py_None;
+}
 
 /* What an operation is: how to decide it, what to run, how to record it. */
 typedef struct mt_ext_op {
