@@ -59,26 +59,6 @@ PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim
   return (PyArrayObject *)arr;
 }
 
-/* pool_set_limit(bytes): cap the bytes the pool keeps cached (0: none). Local. */
-static PyObject *pool_set_limit(PyObject *module, PyObject *arg) {
-  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
-  if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-  return PyLong_FromSize_t(mt_pool_set_limit((size_t)n));
-}
-
-static PyObject *pool_cached_bytes(PyObject *module, PyObject *unused) {
-  return PyLong_FromSize_t(mt_pool_cached_bytes());
-}
-
-PyMethodDef mt_ext_pool_methods[] = {
-    {"pool_set_limit", pool_set_limit, METH_O,
-     "pool_set_limit(bytes) -> the previous limit: the most bytes of freed large blocks "
-     "kept for reuse. Local."},
-    {"pool_cached_bytes", pool_cached_bytes, METH_NOARGS,
-     "Bytes of freed blocks the pool holds for reuse. Local."},
-    {NULL, NULL, 0, NULL},
-};
-
 int mt_ext_pool_exec(PyObject *module) {
   PyObject *capsule = PyCapsule_New(&pool_handler, "mem_handler", NULL);
   if (capsule == NULL) return -1;

@@ -40,7 +40,7 @@ import weakref
 
 import numpy as np
 
-from .. import _C, _modes
+from .. import _modes, _comm
 from .._args import resolve_mesh
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
@@ -351,7 +351,7 @@ class _State:
         ``FSDPParam.init_dtype_attrs``; the policy is agreed on by every rank."""
         problem = policy_problem(mp) or group_problem(mp, self.dtype,
                                                       type(self.module).__name__)
-        _C.agree(self.dp_mesh._handle, problem is None, fingerprint(mp),
+        _comm.agree(self.dp_mesh._handle, problem is None, fingerprint(mp),
                  problem or "fully_shard: the ranks passed different mp_policy",
                  TypeError if not isinstance(mp, MixedPrecisionPolicy) else ValueError)
         self.param_dtype = self.dtype if mp.param_dtype is None else mp.param_dtype
