@@ -1,6 +1,6 @@
 """Plans redistributions on meshes far larger than this machine, on nodes of 64 and
 128 ranks, and prices them against torch's per-mesh-dim steps. No MPI: the planner
-is pure C, called through mpitensor._C.Plan with a time model whose ranks_per_node
+is pure C, called through mpitensor._plan.Plan with a time model whose ranks_per_node
 places the simulated ranks on nodes (row-major: the last mesh dim innermost).
 
     python benchmarks/simulate_plans.py                  # the study below, JSON written

@@ -505,7 +505,7 @@ def _movable(obj) -> np.ndarray:
         raise TypeError(f"expected a NumPy ndarray, got {type(obj).__name__}")
     if dtype_code(obj.dtype) < 0 or not obj.dtype.isnative:
         raise TypeError(f"mpitensor does not move arrays of dtype {obj.dtype!r}")
-    return np.ascontiguousarray(obj)
+    return obj if obj.flags.c_contiguous else obj.copy(order="C")  # 0-d stays 0-d
 
 
 def _box_array(box: _Box, dtype):
@@ -513,7 +513,7 @@ def _box_array(box: _Box, dtype):
     rank still takes part, with no buffer, in the agreement the exchange starts
     with, so that every rank raises MemoryError."""
     try:
-        return np.empty(tuple(box.shape[:box.ndim]), dtype)
+        return _C.empty(box.shape[:box.ndim], dtype)
     except MemoryError:
         return None
 

@@ -14,7 +14,7 @@ import operator
 
 import numpy as np
 
-from .. import _clib
+from .. import _C, _clib
 from .._clib import P, I, I64
 
 __all__ = ["KERNEL_DTYPES", "scan", "arg_extreme"]
@@ -40,8 +40,8 @@ def scan(x, ax, op, init=None, out=True):
                                  and init.size == lanes.outer * lanes.inner):
         raise ValueError("init must be a C-contiguous array of one element per lane, "
                          "of the input's dtype")
-    scanned = np.empty(x.shape, x.dtype) if out else None
-    last = np.empty(rest, x.dtype)
+    scanned = _C.empty(x.shape, x.dtype) if out else None
+    last = _C.empty(rest, x.dtype)
     _clib.call(_cumulate, None if scanned is None else scanned.ctypes.data,
                last.ctypes.data, x.ctypes.data, None if init is None else init.ctypes.data,
                ctypes.byref(lanes), _clib.dtype_code(x.dtype), op)
@@ -91,7 +91,7 @@ def arg_extreme(x, axis, largest):
         idx = func(x, axis=axis, keepdims=True)
         return idx, np.take_along_axis(x, idx, axis)
     lanes, rest = _lanes_of(x, axis)
-    idx, value = np.empty(rest, np.int64), np.empty(rest, x.dtype)
+    idx, value = _C.empty(rest, np.int64), _C.empty(rest, x.dtype)
     _clib.call(_arg_extreme, idx.ctypes.data, value.ctypes.data, x.ctypes.data,
                ctypes.byref(lanes), _clib.dtype_code(x.dtype), bool(largest))
     return np.expand_dims(idx.astype(np.intp, copy=False), axis), np.expand_dims(value, axis)

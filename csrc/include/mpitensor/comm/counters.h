@@ -57,7 +57,8 @@ typedef struct mt_comm_totals {
 } mt_comm_totals;
 
 /* Local. Reads every cell of `counters` (NULL reads as zeros) into `out`. */
-MT_EXPORT void mt_comm_counters_read(const mt_comm_counters *counters, mt_comm_totals *out);
+MT_EXPORT void mt_comm_counters_read(const mt_comm_counters *counters,
+                                     mt_comm_totals *out);
 
 /* Local. Counts one call of kind `coll` that delivered `bytes` of payload from this
  * process to other ranks. Accepts NULL counters (nothing is counted). */

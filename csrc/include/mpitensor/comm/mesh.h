@@ -98,7 +98,7 @@ int mt_mesh_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err);
 /* Collective on the ranks of mesh dim `dim`. Broadcasts `nbytes` bytes of `buf`
  * from coordinate 0 on that dim; counts above INT_MAX use a derived type. */
 MT_EXPORT int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
-                  mt_error *err);
+                            mt_error *err);
 
 /* mt_mesh_bcast from coordinate `root` of that dim (MT_EINDEX out of range). */
 int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
@@ -107,8 +107,8 @@ int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
 /* Collective on the ranks of mesh dim `dim`. Gathers every member's `value` into
  * `out` (one per coordinate of that dim, mt_mesh_dim_size entries), counted as an
  * all-gather: how uneven shards learn each other's sizes. */
-MT_EXPORT int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value, int64_t *out,
-                          mt_error *err);
+MT_EXPORT int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value,
+                                    int64_t *out, mt_error *err);
 
 /* Collective on the mesh. Logical OR of `flag` over every member, combined along
  * one mesh dim after another so no whole-mesh communicator is needed. */
@@ -119,14 +119,14 @@ MT_EXPORT int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *
  * before this one along that dim, by coordinate (MPI_Exscan); coordinate 0 has no
  * ranks before it and keeps its buffer as it was. Counted as one "exscan" of
  * the buffer's bytes. */
-MT_EXPORT int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count, int dtype,
-                   int op, mt_error *err);
+MT_EXPORT int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count,
+                             int dtype, int op, mt_error *err);
 
 /* Collective on mesh dim `dim`. Sends send[q] to coordinate q of that dim and
  * receives recv[q] from it (MPI_Alltoall of one int64 each): how the parts of a
  * variable all-to-all learn their sizes. Counted as one all-to-all. */
 MT_EXPORT int mt_mesh_alltoall_i64(const mt_mesh *mesh, int dim, const int64_t *send,
-                         int64_t *recv, mt_error *err);
+                                   int64_t *recv, mt_error *err);
 
 /* Collective on mesh dim `dim`. Sends send_counts[q] items of `itemsize` bytes to
  * coordinate q of that dim, the parts laid one after another in `send`, and
@@ -141,8 +141,9 @@ MT_EXPORT int mt_mesh_alltoall_i64(const mt_mesh *mesh, int dim, const int64_t *
  *   mt_mesh_alltoallv(mesh, 0, buckets, out, merged, in, sizeof(double), &err);
  */
 MT_EXPORT int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
-                      const int64_t *send_counts, void *recv,
-                      const int64_t *recv_counts, int64_t itemsize, mt_error *err);
+                                const int64_t *send_counts, void *recv,
+                                const int64_t *recv_counts, int64_t itemsize,
+                                mt_error *err);
 
 /* Local. Whether large steps between the mesh's members copy each part straight
  * from one process's array into another's (Linux's process_vm_readv), one pass
@@ -196,7 +197,8 @@ MT_EXPORT const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh);
  *   t.alpha[MT_LINK_SHM] = 0.4e-6;
  *   rc = mt_mesh_set_time_model(mesh, &t, &err);
  */
-MT_EXPORT int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model, mt_error *err);
+MT_EXPORT int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model,
+                                     mt_error *err);
 
 /* Local. Communicators created by mpitensor and not yet freed, process-wide. */
 MT_EXPORT int64_t mt_comm_live_count(void);

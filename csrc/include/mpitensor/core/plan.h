@@ -123,8 +123,9 @@ int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
  *   m.ranks_per_node = 64;
  *   rc = mt_plan_create_timed(&src, &dst, 4, &m, &plan, &err);
  */
-MT_EXPORT int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
-                         const mt_time_model *model, mt_plan **out, mt_error *err);
+MT_EXPORT int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst,
+                                   int64_t itemsize, const mt_time_model *model,
+                                   mt_plan **out, mt_error *err);
 
 /* Local. The plan of torch's own per-mesh-dim steps for the same move (the order
  * mt_plan_torch_bytes prices: no plan mt_plan_create_timed makes moves more),
@@ -137,8 +138,9 @@ MT_EXPORT int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst, i
  *   rc = mt_plan_create_torch(&src, &dst, 4, &m, &torch, &err);
  *   if (rc == MT_OK) printf("%g s\n", mt_plan_time(torch));
  */
-MT_EXPORT int mt_plan_create_torch(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
-                         const mt_time_model *model, mt_plan **out, mt_error *err);
+MT_EXPORT int mt_plan_create_torch(const mt_layout *src, const mt_layout *dst,
+                                   int64_t itemsize, const mt_time_model *model,
+                                   mt_plan **out, mt_error *err);
 
 /* Local. What a redistribution from `src` to `dst` of `dtype` elements refuses,
  * checked from the arguments alone (only the layouts' mesh_ndim and placements
@@ -206,9 +208,9 @@ MT_EXPORT int64_t mt_plan_net_bytes(const mt_plan *plan);
  *   int64_t b, net;
  *   rc = mt_plan_torch_bytes(&src, &dst, 4, &m, &b, &net, &err);
  */
-MT_EXPORT int mt_plan_torch_bytes(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
-                        const mt_time_model *model, int64_t *bytes, int64_t *net_bytes,
-                        mt_error *err);
+MT_EXPORT int mt_plan_torch_bytes(const mt_layout *src, const mt_layout *dst,
+                                  int64_t itemsize, const mt_time_model *model,
+                                  int64_t *bytes, int64_t *net_bytes, mt_error *err);
 
 /* Local. The plan's predicted seconds: the sum of its steps' `time`. */
 MT_EXPORT double mt_plan_time(const mt_plan *plan);

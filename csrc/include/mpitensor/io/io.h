@@ -99,9 +99,10 @@ MT_EXPORT mt_io_options mt_io_options_default(void);
  * paths fail. On failure the temporary file is removed and MT_EIO (or the first
  * error) returns on every member with the message of the member that failed
  * first. */
-MT_EXPORT int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
-               const mt_io_array *array, const mt_box *box, const void *buf,
-               int64_t buflen, const mt_io_options *opts, mt_error *err);
+MT_EXPORT int mt_io_save(mt_mesh *mesh, const char *path, const void *header,
+                         int64_t hlen, const mt_io_array *array, const mt_box *box,
+                         const void *buf, int64_t buflen, const mt_io_options *opts,
+                         mt_error *err);
 
 /* Collective on the mesh. Reads this rank's `box` of `array` from the existing
  * file `path` into the C-contiguous buffer `buf` of `buflen` bytes, which must be
@@ -110,8 +111,8 @@ MT_EXPORT int mt_io_save(mt_mesh *mesh, const char *path, const void *header, in
  * (NULL: the defaults). Boxes may overlap. MT_EIO on every member when the file
  * cannot be opened or is too short to hold the array. */
 MT_EXPORT int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
-               const mt_box *box, void *buf, int64_t buflen, const mt_io_options *opts,
-               mt_error *err);
+                         const mt_box *box, void *buf, int64_t buflen,
+                         const mt_io_options *opts, mt_error *err);
 
 #ifdef __cplusplus
 }
