@@ -134,18 +134,6 @@ int mt_watchdog_listen(MPI_Comm comm, mt_error *err) {
   return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Irecv");
 }
 
-int mt_watchdog_listen_mesh(mt_mesh *mesh, int *listening, mt_error *err) {
-  int64_t coord[MT_MAX_MESH_NDIM];
-  MPI_Comm comm = MPI_COMM_NULL;
-  *listening = 0;
-  /* A rank outside the mesh shows that the mesh does not hold every rank. */
-  if (!mt_mesh_coordinate(mesh, coord) || mt_mesh_comm(mesh, &comm, NULL) != MT_OK)
-    return MT_OK;
-  int rc = mt_watchdog_listen(comm, err);
-  if (rc == MT_OK) *listening = mt_watchdog_listening();
-  return rc;
-}
-
 int mt_watchdog_listening(void) {
   pthread_mutex_lock(&ear.lock);
   int on = ear.listening;

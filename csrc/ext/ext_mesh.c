@@ -1,4 +1,7 @@
-/* _C.Mesh: a DeviceMesh's communicators, owned by the core's mt_mesh. */
+/* _C.Mesh: a DeviceMesh's communicators, owned by the core's mt_mesh. It makes
+ * them (mpi4py's C API), slices them, gives their mpi4py objects and the mt_mesh *
+ * the ctypes bindings take, and keeps the creating thread's rule; its collectives
+ * are mpitensor._comm.Mesh's, its Python subclass. */
 #include "ext.h"
 
 #include <mpi4py/mpi4py.h>
@@ -208,9 +211,9 @@ static PyType_Slot mesh_slots[] = {
     {Py_tp_traverse, mesh_traverse},
     {Py_tp_methods, mesh_methods},
     {Py_tp_getset, mesh_getset},
-    {Py_tp_doc, "Mesh(comm, shape, ranks[, fingerprint, failure]): the communicators "
-                "of a device mesh. Collective on comm. Its collectives are those of "
-                "mpitensor._comm.Mesh, its Python subclass."},
+    {Py_tp_doc, "Mesh(comm, shape, ranks[, fingerprint, status, message]): the "
+                "communicators of a device mesh. Collective on comm. Its collectives "
+                "are those of mpitensor._comm.Mesh, its Python subclass."},
     {0, NULL},
 };
 
