@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2] / "python" / PACKAGE
 # A package's entry covers every module inside it; a longer entry wins.
 FLOORS = {
     "_C": 0, "_clib": 0,  # the extension; the C functions without Python objects (ctypes)
+    "_comm": 0, "_plan": 0,  # the C functions _C exports, by ctypes: meshes, plans
     # Ground floor: the DTensor model, its modes and the registry _ops fills.
     "_modes": 1, "_registry": 1, "placement_types": 1, "device_mesh": 1,
     "_dtensor_spec": 1, "_layout": 1, "_args": 1, "_trace": 1, "_logging": 1,
