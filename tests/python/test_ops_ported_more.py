@@ -8,6 +8,7 @@ and no more collective calls than torch makes for the same op and placements."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -256,3 +257,159 @@ def test_conj_of_replicated_complex_is_local():
         got = np.conj(d) + 1
     assert mode.get_total_counts() == 0
     assert_matches(got, np.conj(z) + 1)
+
+
+# -- test_pointwise_ops ------------------------------------------------------------------
+
+def partial_from(local, mesh, op="sum"):
+    """A DTensor whose parts on the ranks are `local(rank)`."""
+    rank = mesh.get_coordinate()[0]
+    return DTensor.from_local(np.asarray(local(rank)), mesh, [Partial(op)])
+
+
+def test_partial_plus_partial_stays_partial():
+    mesh = mesh_of((W,))
+    a = partial_from(lambda r: np.full((2, 2), r + 1.0), mesh)
+    b = partial_from(lambda r: np.full((2, 2), 2.0 * r), mesh)
+    with CommDebugMode() as mode:
+        c = a + b
+    assert mode.get_total_counts() == 0 and c.placements == (PS,)
+    assert_matches(c, a.full_tensor() + b.full_tensor())
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_partial_plus_replicate_keeps_the_partial(op):
+    mesh = mesh_of((W,))
+    a = partial_from(lambda r: np.arange(4.0).reshape(2, 2) * (r + 1), mesh, op)
+    b = make(np.array([[1.5], [-2.0]]), mesh, [R])
+    with CommDebugMode() as mode:
+        c = a + b
+    assert mode.get_total_counts() == 0
+    if W > 1:
+        assert c.placements == (Partial(op),)
+    assert_matches(c, a.full_tensor() + b.full_tensor())
+
+
+@pytest.mark.parametrize("pls,shape", [([S0], (8, 5)), ([R], (8, 5)), ([S1], (3, 12))],
+                         ids=str)
+def test_activations_are_local(pls, shape):
+    mesh = mesh_of((W,))
+    x = RNG.standard_normal(shape)
+    d = make(x, mesh, pls)
+    with CommDebugMode() as mode:
+        outs = [F.relu(d), F.gelu(d), F.gelu(d, approximate="tanh"), F.silu(d),
+                1.0 / (1.0 + np.exp(-d))]
+    assert mode.get_total_counts() == 0
+    assert all(o.placements == tuple(pls) for o in outs)
+    erf = np.vectorize(math.erf)
+    tanh_gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    refs = [np.maximum(x, 0), 0.5 * x * (1 + erf(x / np.sqrt(2))), tanh_gelu,
+            x / (1 + np.exp(-x)), 1 / (1 + np.exp(-x))]
+    for o, r in zip(outs, refs):
+        assert_matches(o, r)
+
+
+def test_multiply_with_out_writes_the_destination():
+    mesh = mesh_of((W,))
+    x, y = RNG.standard_normal((8, 4)), RNG.standard_normal((8, 4))
+    dx, dy, dz = make(x, mesh, [S0]), make(y, mesh, [S0]), make(np.zeros((8, 4)), mesh, [S0])
+    with CommDebugMode() as mode:
+        got = np.multiply(dx, dy, out=dz)
+    assert mode.get_total_counts() == 0
+    assert got is dz
+    assert_matches(dz, x * y)
+    assert_matches(dx, x)
+
+
+def test_partial_times_partial_reduces_one_operand():
+    mesh = mesh_of((W,))
+    a = partial_from(lambda r: np.ones((2, 2)), mesh)
+    b = partial_from(lambda r: np.ones((2, 2)), mesh)
+    with CommDebugMode() as mode:
+        c = a * b
+    assert mode.get_total_counts() == (1 if W > 1 else 0)
+    if W > 1:
+        assert c.placements == (PS,)
+    assert_matches(c, np.full((2, 2), float(W * W)))
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_partial_times_scalar_or_replicate_stays_partial(op):
+    mesh = mesh_of((W,))
+    full = np.ones((8, 8))
+    d = partial_from(lambda r: full, mesh, op)
+    want = full * (W if op == "sum" else 1) * 2.0
+    others = [2.0, np.float64(2.0), make(np.array(2.0), mesh, [R]),
+              make(np.full((8, 8), 2.0), mesh, [R])]
+    for other in others:
+        with CommDebugMode() as mode:
+            z = d * other
+            q = d / other
+        assert mode.get_total_counts() == 0
+        if W > 1:
+            assert z.placements == q.placements == (Partial(op),)
+        assert_matches(z, want)
+        assert_matches(q, want / 4.0)
+
+
+def test_partial_max_times_replicate_is_reduced():
+    """torch all-reduces a Partial(max) that meets a product; ours may reduce-scatter
+    instead (fewer bytes), never keeping the max pending."""
+    mesh = mesh_of((W,))
+    d = partial_from(lambda r: np.full((8, 8), float(r)), mesh, "max")
+    ones = make(np.ones((8, 8)), mesh, [R])
+    with CommDebugMode() as mode:
+        z = d * ones
+    assert not z.placements[0].is_partial()
+    assert mode.get_total_counts() <= 1
+    assert_matches(z, np.full((8, 8), W - 1.0))
+
+
+@pytest.mark.parametrize("pls,shape", [([S0], (8, 5)), ([R], (8, 5)), ([S1], (4, 12))],
+                         ids=str)
+def test_masked_fill_is_local(pls, shape):
+    mesh = mesh_of((W,))
+    full = np.arange(float(np.prod(shape))).reshape(shape) - 20
+    mask = full % 3 == 0
+    d, dm = make(full, mesh, pls), make(mask, mesh, pls)
+    with CommDebugMode() as mode:
+        np.copyto(d, -999.0, where=dm)
+        filled = np.where(dm, 42.0, d)
+    assert mode.get_total_counts() == 0
+    want = np.where(mask, -999.0, full)
+    assert_matches(d, want)
+    assert_matches(filled, np.where(mask, 42.0, want))
+
+
+def test_inplace_clip_of_partial_sum_is_refused():
+    """torch refuses an in-place op that would change the placements; a clip of a
+    Partial(sum) needs the sum, which would lose the Partial."""
+    mesh = mesh_of((W,))
+    d = partial_from(lambda r: np.array(64.0), mesh)
+    if W == 1:
+        return
+    with pytest.raises(RuntimeError):
+        np.clip(d, None, 10.0, out=d)
+
+
+def test_scalar_mul_and_div_of_partial_scale_each_part():
+    mesh = mesh_of((W,))
+    d = partial_from(lambda r: np.array([float(r)]), mesh)
+    rank = mesh.get_coordinate()[0]
+    for got, factor in ((d * 2, 2.0), (d / 2, 0.5)):
+        np.testing.assert_array_equal(got.to_local(), [rank * factor])
+        if W > 1:
+            assert got.placements == (PS,)
+        assert_matches(got, np.array([sum(range(W)) * factor]))
+
+
+@pytest.mark.parametrize("func,op", [(np.maximum, "max"), (np.minimum, "min")])
+def test_maximum_minimum_keep_a_matching_partial(func, op):
+    mesh = mesh_of((W,))
+    a = partial_from(lambda r: np.random.default_rng(r).random((8, 8)) * r, mesh, op)
+    b = partial_from(lambda r: np.random.default_rng(r + 9).random((8, 8)) * (W - r), mesh, op)
+    with CommDebugMode() as mode:
+        c = func(a, b)
+    assert mode.get_total_counts() == 0
+    assert c.placements == (Partial(op),)
+    assert_matches(c, func(a.full_tensor(), b.full_tensor()))
