@@ -413,3 +413,162 @@ def test_maximum_minimum_keep_a_matching_partial(func, op):
     assert mode.get_total_counts() == 0
     assert c.placements == (Partial(op),)
     assert_matches(c, func(a.full_tensor(), b.full_tensor()))
+
+
+# -- test_matrix_ops -------------------------------------------------------------------
+
+M, K, N = 12, 8, 4
+MAT1, MAT2 = RNG.standard_normal((M, K)), RNG.standard_normal((K, N))
+# (bias shape, bias, mat1, mat2 placements, output placement): torch's addmm cases,
+# with `bias + mat1 @ mat2` as two NumPy operations.
+ADDMM = [((N,), R, S0, R, S0), ((M, N), S0, S0, R, S0), ((N,), S0, R, S1, S1),
+         ((M, N), S1, R, S1, S1), ((N,), PS, S1, S0, PS), ((M, N), PS, S1, S0, PS),
+         ((N,), R, R, R, R), ((M, N), R, R, R, R), ((), R, S0, R, S0), ((), R, R, S1, S1),
+         ((1, N), R, S0, R, S0), ((1, N), S1, R, S1, S1), ((M, 1), S0, S0, R, S0),
+         ((M, 1), R, R, S1, S1)]
+
+
+@pytest.mark.parametrize("bias_shape,pb,p1,p2,out", ADDMM, ids=str)
+def test_bias_plus_matmul_keeps_torch_addmm_placements(bias_shape, pb, p1, p2, out):
+    mesh = mesh_of((W,))
+    bias = RNG.standard_normal(bias_shape)
+    db, d1, d2 = make(bias, mesh, [pb]), make(MAT1, mesh, [p1]), make(MAT2, mesh, [p2])
+    with CommDebugMode() as mode:
+        got = db + d1 @ d2
+    assert mode.get_total_counts() == 0
+    if W > 1:
+        assert got.placements == (out,)
+    assert_matches(got, bias + MAT1 @ MAT2)
+
+
+def test_bias_plus_matmul_of_empty_operands():
+    mesh = mesh_of((W,))
+    a, b, bias = np.zeros((12, 0)), np.zeros((0, 4)), RNG.standard_normal(4)
+    got = make(bias, mesh, [R]) + make(a, mesh, [S0]) @ make(b, mesh, [R])
+    assert_matches(got, bias + a @ b)
+
+
+def test_contraction_sharded_both_sides_gives_partial_and_gradients():
+    mesh = mesh_of((W,))
+    bias = RNG.standard_normal(N)
+    d1 = make(MAT1, mesh, [S1]).requires_grad_()
+    d2 = make(MAT2, mesh, [S0]).requires_grad_()
+    db = make(bias, mesh, [R]).requires_grad_()
+    out = db + d1 @ d2
+    if W > 1:
+        assert out.placements == (PS,)
+    assert_matches(out.detach(), bias + MAT1 @ MAT2)
+    out.sum().backward()
+    assert_matches(d2.grad, MAT1.T @ np.ones((M, N)))
+    assert_matches(d1.grad, np.ones((M, N)) @ MAT2.T)
+    assert_matches(db.grad, np.full(N, float(M)))
+
+
+@pytest.mark.parametrize("p1,p2", list(itertools.product([S0, S1, R], repeat=2)), ids=str)
+def test_matmul_every_pair_values_and_gradients(p1, p2):
+    mesh = mesh_of((W,))
+    t1, t2 = RNG.standard_normal((12, 8)), RNG.standard_normal((8, 16))
+    d1, d2 = make(t1, mesh, [p1]).requires_grad_(), make(t2, mesh, [p2]).requires_grad_()
+    out = d1 @ d2
+    assert_matches(out.detach(), t1 @ t2)
+    out.sum().backward()
+    assert_matches(d1.grad, np.ones((12, 16)) @ t2.T)
+    assert_matches(d2.grad, t1.T @ np.ones((12, 16)))
+
+
+def test_linear_of_a_replicated_input_with_row_sharded_weight():
+    mesh = mesh_of((W,))
+    x, w = RNG.standard_normal((1, 47, 64)), RNG.standard_normal((64, 64))
+    dx, dw = make(x, mesh, [R]), make(w, mesh, [S0])
+    with CommDebugMode() as mode:
+        got = F.linear(dx, dw)
+    assert mode.get_total_counts() == 0
+    assert got.placements == (S2,)
+    assert_matches(got, x @ w.T)
+
+
+def test_matmul_with_empty_shards_is_local():
+    """torch's unshardable case: (W-1, W) rows over W ranks leave a rank empty."""
+    mesh = mesh_of((W,))
+    a = np.arange(float((W - 1) * W)).reshape(W - 1, W) if W > 1 else np.ones((1, 1))
+    w = np.arange(float(W * W)).reshape(W, W)
+    da, dw = make(a, mesh, [S0]), make(w, mesh, [R])
+    with CommDebugMode() as mode:
+        got = da @ dw
+    assert mode.get_total_counts() == 0
+    assert_matches(got, a @ w)
+
+
+def test_transpose_moves_the_shard_and_keeps_partial():
+    mesh = mesh_of((W,))
+    t = RNG.standard_normal((12, 8))
+    d, v = make(t, mesh, [S0]), make(np.arange(8.0), mesh, [S0])
+    with CommDebugMode() as mode:
+        once, twice, vec = d.T, d.T.T, v.T
+    assert mode.get_total_counts() == 0
+    assert once.shape == (8, 12) and once.placements == (S1,)
+    assert twice.shape == (12, 8) and twice.placements == (S0,)
+    assert vec.placements == (S0,)
+    assert_matches(vec, np.arange(8.0))
+    c = (make(MAT1, mesh, [S1]) @ make(MAT2, mesh, [S0])).T
+    if W > 1:
+        assert c.placements == (PS,)
+    assert_matches(c, (MAT1 @ MAT2).T)
+
+
+BMM = list(itertools.product([S0, S1, S2, R], repeat=2))
+
+
+@pytest.mark.parametrize("p1,p2", BMM, ids=str)
+def test_batched_matmul_every_pair_values_and_gradients(p1, p2):
+    mesh = mesh_of((W,))
+    a, b = RNG.random((4, 8, 4)), RNG.random((4, 4, 8))
+    da, db = make(a, mesh, [p1]).requires_grad_(), make(b, mesh, [p2]).requires_grad_()
+    out = da @ db
+    assert_matches(out.detach(), a @ b)
+    out.sum().backward()
+    assert_matches(da.grad, np.ones((4, 8, 8)) @ np.swapaxes(b, 1, 2))
+    assert_matches(db.grad, np.swapaxes(a, 1, 2) @ np.ones((4, 8, 8)))
+
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes(), ids=str)
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_matmul_of_two_partials_reduces_one(mesh_shape, op):
+    """torch keeps one operand Partial (matmul is linear in each) and all-reduces
+    the other: one all-reduce per mesh dim of more than one rank."""
+    mesh = mesh_of(mesh_shape)
+    coord = mesh.get_coordinate()
+    rng = np.random.default_rng(sum(c * 7 ** i for i, c in enumerate(coord)))
+    pls = [Partial(op)] * mesh.ndim
+    a = DTensor.from_local(rng.standard_normal((16, 12)), mesh, pls)
+    b = DTensor.from_local(rng.standard_normal((12, 20)), mesh, pls)
+    with CommDebugMode() as mode:
+        got = a @ b
+    wide = sum(n > 1 for n in mesh_shape)
+    assert mode.get_total_counts() <= wide
+    assert_matches(got, a.full_tensor() @ b.full_tensor())
+
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_matmul_of_partials_on_different_mesh_dims_is_local(op):
+    mesh = mesh_of((2, 2))
+    coord = mesh.get_coordinate()
+    # Equal parts along the Replicate mesh dim: seeded by the Partial coordinate.
+    a_part = np.random.default_rng(coord[0]).standard_normal((16, 12))
+    b_part = np.random.default_rng(coord[1] + 2).standard_normal((12, 20))
+    a = DTensor.from_local(a_part, mesh, [Partial(op), R])
+    b = DTensor.from_local(b_part, mesh, [R, Partial(op)])
+    with CommDebugMode() as mode:
+        got = a @ b
+    assert mode.get_total_counts() == 0
+    assert got.placements == (Partial(op), Partial(op))
+    assert_matches(got, a.full_tensor() @ b.full_tensor())
+
+
+@pytest.mark.parametrize("p1,p2", list(itertools.product([R, S0, S1], repeat=2)), ids=str)
+def test_tensordot_over_the_first_axes(p1, p2):
+    mesh = mesh_of((W,))
+    a, b = RNG.standard_normal((4, 4)), RNG.standard_normal((4, 15))
+    got = np.tensordot(make(a, mesh, [p1]), make(b, mesh, [p2]), axes=([0], [0]))
+    assert_matches(got, np.tensordot(a, b, axes=([0], [0])))
