@@ -572,3 +572,56 @@ def test_tensordot_over_the_first_axes(p1, p2):
     a, b = RNG.standard_normal((4, 4)), RNG.standard_normal((4, 15))
     got = np.tensordot(make(a, mesh, [p1]), make(b, mesh, [p2]), axes=([0], [0]))
     assert_matches(got, np.tensordot(a, b, axes=([0], [0])))
+
+
+# -- test_embedding_ops ----------------------------------------------------------------
+
+EMBEDDINGS = [(1, (5, 4), 17, 12), (1, (6, 7, 6), 21, 11), (1, (8, 6, 5, 4), 23, 13),
+              (1, (8, 6, 5, 4, 7), 23, 16), (1, (4,), 15, 14), (0, (5, 12), 16, 22),
+              (0, (6, 7, 6), 13, 22), (0, (34,), 15, 14)]
+
+
+@pytest.mark.parametrize("shard_dim,idx_shape,vocab,dim", EMBEDDINGS, ids=str)
+def test_sharded_embedding_forward_and_backward_are_local(shard_dim, idx_shape, vocab, dim):
+    mesh = mesh_of((W,))
+    weight = RNG.standard_normal((vocab, dim))
+    emb = nn.Embedding(vocab, dim)
+    emb.weight = nn.Parameter(weight.copy())
+
+    def shard(name, module, device_mesh):
+        for pname, param in module.named_parameters():
+            module.register_parameter(
+                pname, nn.Parameter(distribute_tensor(param, device_mesh, [Shard(shard_dim)])))
+
+    emb = mt.distribute_module(emb, mesh, shard)
+    idx = np.random.default_rng(10).integers(0, vocab, idx_shape)
+    target = np.random.default_rng(11).standard_normal(idx_shape + (dim,))
+    didx, dtarget = make(idx, mesh, [R]), make(target, mesh, [R])
+    with CommDebugMode() as fwd:
+        out = emb(didx)
+    assert fwd.get_total_counts() == 0
+    if W > 1:
+        # Rows of the vocabulary give each rank some lookups: a Partial sum
+        # (torch's _MaskPartial); columns give the output's last dim.
+        assert out.placements == ((PS,) if shard_dim == 0 else (Shard(len(idx_shape)),))
+    assert_matches(out.detach(), weight[idx])
+    with CommDebugMode() as bwd:
+        (out * dtarget).sum().backward()
+    assert bwd.get_total_counts() == 0
+    want = np.zeros_like(weight)
+    np.add.at(want, idx, target)
+    assert emb.weight.grad.placements == (Shard(shard_dim),)
+    assert_matches(emb.weight.grad, want)
+    assert_matches(F.embedding(didx, emb.weight).detach(), weight[idx])
+
+
+def test_rowwise_embedding_output_is_reduced_by_one_all_reduce():
+    mesh = mesh_of((W,))
+    weight = RNG.standard_normal((10, 20))
+    dw = make(weight, mesh, [S0])
+    idx = np.random.default_rng(3).integers(0, 10, (8, 8))
+    out = F.embedding(make(idx, mesh, [R]), dw)
+    with CommDebugMode() as mode:
+        full = out.full_tensor()
+    assert counts(mode) == ({"all_reduce": 1} if W > 1 else {})
+    np.testing.assert_allclose(full, weight[idx], rtol=1e-12)
