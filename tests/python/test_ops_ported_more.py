@@ -625,3 +625,151 @@ def test_rowwise_embedding_output_is_reduced_by_one_all_reduce():
         full = out.full_tensor()
     assert counts(mode) == ({"all_reduce": 1} if W > 1 else {})
     np.testing.assert_allclose(full, weight[idx], rtol=1e-12)
+
+
+# -- test_view_ops ---------------------------------------------------------------------
+
+def randn(*shape):
+    return RNG.standard_normal(shape)
+
+
+# (operation, input, input dims that cannot stay sharded): torch's dimmap_test cases.
+# A dim that is repeated, or that is not the first of a group merged by a reshape,
+# cannot keep its shard; every other dim of size > 1 can, so no placement built
+# from those moves anything (when the shards are even).
+VIEWS = [
+    ("atleast_1d", np.atleast_1d, randn(), ()),
+    ("atleast_1d", np.atleast_1d, randn(12), ()),
+    ("atleast_1d", np.atleast_1d, randn(12, 6), ()),
+    ("atleast_2d", np.atleast_2d, randn(), ()),
+    ("atleast_2d", np.atleast_2d, randn(12), ()),
+    ("atleast_2d", np.atleast_2d, randn(12, 6, 4), ()),
+    ("atleast_3d", np.atleast_3d, randn(), ()),
+    ("atleast_3d", np.atleast_3d, randn(12), ()),
+    ("atleast_3d", np.atleast_3d, randn(12, 6), ()),
+    ("atleast_3d", np.atleast_3d, randn(12, 6, 4, 3), ()),
+    ("broadcast_to", lambda a: np.broadcast_to(a, (1, 12, 6)), randn(12, 6), ()),
+    ("broadcast_to", lambda a: np.broadcast_to(a, (5, 12, 6)), randn(12, 6), ()),
+    ("broadcast_to", lambda a: np.broadcast_to(a, (3, 12, 4, 6)), randn(12, 1, 6), ()),
+    ("broadcast_to", lambda a: np.broadcast_to(a, (3, 6, 4, 12)), randn(6, 1, 12), ()),
+    ("expand", lambda a: a.expand(3, 12, 4, -1, 2) if isinstance(a, DTensor)
+     else np.broadcast_to(a, (3, 12, 4, 6, 2)), randn(12, 1, 6, 1), ()),
+    ("ravel", np.ravel, randn(12, 6), (1,)),
+    ("ravel", np.ravel, randn(12), ()),
+    ("ravel", np.ravel, randn(), ()),
+    ("moveaxis", lambda a: np.moveaxis(a, 1, 2), randn(12, 6, 4, 8), ()),
+    ("moveaxis", lambda a: np.moveaxis(a, 1, 0), randn(6, 12, 4), ()),
+    ("moveaxis", lambda a: np.moveaxis(a, (1, 2), (0, 1)), randn(12, 4, 6), ()),
+    ("moveaxis", lambda a: np.moveaxis(a, (0, 2, 1), (2, 1, 0)), randn(12, 6, 4), ()),
+    ("moveaxis", lambda a: np.moveaxis(a, (1, 2), (-3, -2)), randn(12, 6, 4), ()),
+    ("transpose", lambda a: np.transpose(a, (2, 0, 1)), randn(12, 6, 4), ()),
+    ("transpose", lambda a: np.transpose(a, (-1, -3, -2)), randn(12, 6, 4), ()),
+    ("swapaxes", lambda a: np.swapaxes(a, 2, 0), randn(12, 6, 4, 6), ()),
+    ("swapaxes", lambda a: np.swapaxes(a, -1, 0), randn(12, 6, 4, 6), ()),
+    ("tile", lambda a: np.tile(a, (1, 2, 1, 1, 2)), randn(12, 6), (1,)),
+    ("tile", lambda a: np.tile(a, (1, 3)), randn(12, 6, 4), (2,)),
+    ("reshape", lambda a: np.reshape(a, (72, 4)), randn(6, 12, 4), (1,)),
+    ("expand_dims", lambda a: np.expand_dims(a, 1), randn(12, 6, 4), ()),
+    ("reshape", lambda a: a.reshape(-1), randn(1, 1, 12), ()),
+    ("reshape", lambda a: a.reshape(-1), randn(1, 1, 12, 6), (3,)),
+    ("reshape", lambda a: a.reshape(-1), randn(1, 1, 12, 1, 6, 1), (4,)),
+    ("reshape", lambda a: a.reshape(12, 4, 5, 3), randn(24, 5, 6), (1, 2)),
+]
+
+
+def torch_view_mesh_shapes():
+    # torch runs these on a (world/2, 2) mesh; ours on every mesh of the suite.
+    return mesh_shapes() + ([(W // 2, 2)] if W in (2,) else [])
+
+
+@pytest.mark.parametrize("mesh_shape", torch_view_mesh_shapes(), ids=str)
+@pytest.mark.parametrize("case", range(len(VIEWS)), ids=lambda i: f"{i}-{VIEWS[i][0]}")
+def test_view_ops_keep_every_shard_they_can(mesh_shape, case):
+    _, op, full, frozen = VIEWS[case]
+    mesh = mesh_of(mesh_shape)
+    want = op(full)
+    choices = [R] + [Shard(i) for i, n in enumerate(full.shape) if n > 1 and i not in frozen]
+    for pls in itertools.product(choices, repeat=len(mesh_shape)):
+        d = make(full, mesh, pls)
+        with CommDebugMode() as mode:
+            got = op(d)
+        assert_matches(got, want)
+        shards = [(p.dim, mesh_shape[m]) for m, p in enumerate(pls) if p.is_shard()]
+        per_dim = {}
+        for dim, n in shards:
+            per_dim[dim] = per_dim.get(dim, 1) * n
+        if all(full.shape[dim] % n == 0 for dim, n in per_dim.items()):
+            assert mode.get_total_counts() == 0, (pls, counts(mode))
+
+
+@pytest.mark.parametrize("rows", [1, W + 1])
+def test_reshape_of_uneven_rows_is_a_local_view(rows):
+    """torch's test_dtensor_view_op_uneven: the sharded dim stays, so nothing moves
+    and the local result is a view of the local shard."""
+    mesh = mesh_of((W,))
+    p = randn(rows, 2, 2, 2)
+    d = make(p, mesh, [S0])
+    with CommDebugMode() as mode:
+        views = [d.reshape(rows, 2, 4), d.reshape(rows, 4, 2), d.reshape(rows, 8),
+                 d.reshape(d.shape)]
+    assert mode.get_total_counts() == 0
+    for v in views:
+        assert np.shares_memory(v.to_local(), d.to_local()) or d.to_local().size == 0
+    assert_matches(views[2], p.reshape(rows, 8))
+
+
+def test_reshape_across_the_sharded_dim_matches_numpy():
+    mesh = mesh_of((W,))
+    x = randn(4, 4)
+    assert_matches(make(x, mesh, [S0]).reshape(-1, 8), x.reshape(-1, 8))
+
+
+def test_complex_view_round_trip_on_sharded_rows():
+    """view_as_complex / view_as_real: NumPy's ``.view`` of the last dim pairs."""
+    mesh = mesh_of((W,))
+    inp = randn(24, 13, 2)
+    d = make(inp, mesh, [S0])
+    with CommDebugMode() as mode:
+        z = d[..., 0] + 1j * d[..., 1]
+        back = np.stack([np.real(z), np.imag(z)], axis=-1)
+    assert mode.get_total_counts() == 0
+    assert_matches(z, inp[..., 0] + 1j * inp[..., 1])
+    assert_matches(back, inp)
+
+
+def test_tile_gathers_only_a_repeated_sharded_dim_and_keeps_partial():
+    mesh = mesh_of((W,))
+    x = randn(8, 6)
+    d = make(x, mesh, [S1])
+    with CommDebugMode() as mode:
+        got = np.tile(d, (2, 3))
+    assert_matches(got, np.tile(x, (2, 3)))
+    assert counts(mode) == ({"all_gather_into_tensor": 1} if W > 1 else {})
+    p = make(x, mesh, [PS])
+    with CommDebugMode() as mode:
+        kept = np.tile(p, 2)
+    assert mode.get_total_counts() == 0
+    if W > 1:
+        assert kept.placements == (PS,)
+    assert_matches(kept, np.tile(x, 2))
+    assert_matches(np.tile(d, 0), np.tile(x, 0))
+    a, b = np.atleast_2d(make(np.arange(4.0), mesh, [S0]), make(np.array(3.0), mesh, [R]))
+    assert_matches(a, np.arange(4.0)[None])
+    assert_matches(b, np.array([[3.0]]))
+
+
+@pytest.mark.parametrize("pls", [[S0], [S1], [R]], ids=str)
+@pytest.mark.parametrize("reps", [(1, 3), (2, 1, 2), 2], ids=str)
+def test_tile_backward_sums_the_copies(pls, reps):
+    mesh = mesh_of((W,))
+    x = randn(5, 4)
+    w = make(x, mesh, pls).requires_grad_()
+    t = np.tile(x, reps)
+    weights = np.arange(float(t.size)).reshape(t.shape)
+    (np.tile(w, reps) * make(weights, mesh, [R])).sum().backward()
+    # Output element (..., i, j) is a copy of x[i % 5, j % 4].
+    i, j = np.indices(t.shape[-2:])
+    want = np.zeros_like(x)
+    np.add.at(want, (i % 5, j % 4), weights.reshape(-1, *t.shape[-2:]).sum(axis=0))
+    assert w.grad.placements == tuple(pls)
+    assert_matches(w.grad, want)
