@@ -773,3 +773,144 @@ def test_tile_backward_sums_the_copies(pls, reps):
     np.add.at(want, (i % 5, j % 4), weights.reshape(-1, *t.shape[-2:]).sum(axis=0))
     assert w.grad.placements == tuple(pls)
     assert_matches(w.grad, want)
+
+
+# -- test_tensor_ops -------------------------------------------------------------------
+
+COPIES = [((12, 12), (12, 12), [R], [R]), ((12, 12), (12, 12), [S0], [S0]),
+          ((128,), (16, 128), [R], [R]), ((128,), (16, 128), [S0], [S1]),
+          ((16, 1), (4, 8, 16, 6), [S1], [R]), ((16, 1), (4, 8, 16, 6), [S1], [S0]),
+          ((16, 1), (4, 8, 16, 6), [S1], [S1]), ((16, 1), (4, 8, 16, 6), [S1], [S2])]
+
+
+@pytest.mark.parametrize("src_shape,dst_shape,src_pls,dst_pls", COPIES, ids=str)
+def test_copyto_broadcasts_and_keeps_the_destination_placements(src_shape, dst_shape,
+                                                               src_pls, dst_pls):
+    mesh = mesh_of((W,))
+    src = RNG.standard_normal(src_shape)
+    d_src, d_dst = make(src, mesh, src_pls), make(np.zeros(dst_shape), mesh, dst_pls)
+    np.copyto(d_dst, d_src)
+    assert d_dst.placements == tuple(dst_pls)
+    assert_matches(d_dst, np.broadcast_to(src, dst_shape))
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_copyto_of_partial_into_partial_copies_the_parts(op):
+    """torch's copy_ is pointwise: each rank copies its part and the Partial stays."""
+    mesh = mesh_of((W,))
+    rank = mesh.get_coordinate()[0]
+    part = np.random.default_rng(rank).standard_normal((16, 1))
+    src = DTensor.from_local(part, mesh, [Partial(op)])
+    dst = DTensor.from_local(np.zeros((2, 4, 16, 6)), mesh, [Partial(op)])
+    with CommDebugMode() as mode:
+        np.copyto(dst, src)
+    assert mode.get_total_counts() == 0
+    assert dst.placements == (Partial(op),)
+    np.testing.assert_array_equal(dst.to_local(), np.broadcast_to(part, (2, 4, 16, 6)))
+
+
+def test_strides_of_a_shard_and_of_a_contiguous_transpose():
+    mesh = mesh_of((W,))
+    x = RNG.random((3, 5, 6))
+    d = make(x, mesh, [S0])
+    assert d.stride() == (30, 6, 1)
+    c = d.transpose(2, 1, 0).contiguous()
+    assert c.stride() == (15, 3, 1)
+    assert c.to_local().flags.c_contiguous
+    assert_matches(c, x.transpose(2, 1, 0))
+
+
+def test_inplace_and_out_keep_the_destination():
+    mesh = mesh_of((W,))
+    x = RNG.standard_normal((12, 3))
+    a, m = make(x, mesh, [S0]), make(x, mesh, [S0])
+    a_id, m_id = id(a), id(m)
+    a += 3
+    m *= 3
+    assert id(a) == a_id and id(m) == m_id
+    assert_matches(a, x + 3)
+    assert_matches(m, x * 3)
+    g = RNG.standard_normal((12, 3))
+    s = make(x, mesh, [S0])
+    s += make(g, mesh, [PS])
+    assert s.placements == (S0,)
+    assert_matches(s, x + g)
+    out = make(np.zeros((12, 3)), mesh, [R])
+    res = np.add(make(x, mesh, [S0]), 3, out=out)
+    assert res is out and out.placements == (R,)
+    assert_matches(out, x + 3)
+
+
+@pytest.mark.parametrize("pls", [[S0], [PS]], ids=str)
+def test_like_constructors_and_fill(pls):
+    mesh = mesh_of((W,))
+    x = RNG.standard_normal((4, 8))
+    d = make(x, mesh, pls)
+    with CommDebugMode() as mode:
+        outs = [np.zeros_like(d), np.ones_like(d), np.full_like(d, 42.0), np.empty_like(d),
+                np.zeros_like(d, dtype=np.float32)]
+    assert mode.get_total_counts() == 0
+    for got, want in zip(outs[:3], (np.zeros((4, 8)), np.ones((4, 8)), np.full((4, 8), 42.0))):
+        assert_matches(got, want)
+    assert outs[3].shape == (4, 8)
+    assert outs[4].dtype == np.float32 and d.dtype == np.float64
+    assert_matches(outs[4], np.zeros((4, 8), np.float32))
+
+
+def test_fill_of_a_shard_fills_every_element():
+    mesh = mesh_of((W,))
+    d = make(RNG.standard_normal((4, 8)), mesh, [S0])
+    d.fill(42.0)
+    assert_matches(d, np.full((4, 8), 42.0))
+    d.fill(0)
+    assert_matches(d, np.zeros((4, 8)))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_stack_moves_the_shard_with_its_dim(axis):
+    mesh = mesh_of((W,))
+    x = RNG.standard_normal((8, 8))
+    d = make(x, mesh, [S1])
+    with CommDebugMode() as mode:
+        got = np.stack([d, d.copy()], axis=axis)
+    assert mode.get_total_counts() == 0
+    assert got.placements == (S2,)
+    assert_matches(got, np.stack([x, x], axis=axis))
+
+
+def test_array_equal_combines_every_shard():
+    mesh = mesh_of((W,))
+    ones = make(np.ones((4, 4)), mesh, [S0])
+    assert np.array_equal(ones, make(np.ones((4, 4)), mesh, [S0]))
+    rank = mesh.get_coordinate()[0]
+    other = DTensor.from_local(np.ones((1, 4)) * (1 if rank == 0 else 2), mesh, [S0])
+    assert not np.array_equal(make(np.ones((W, 4)), mesh, [S0]), other) or W == 1
+    assert np.array_equal(make(np.ones((W, 4)), mesh, [S0]), make(np.ones((W, 4)), mesh, [R]))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_take_along_axis_like_torch_gather(axis):
+    """torch.gather: a Replicate input with a Replicate index, or with an index
+    sharded on the gather axis (the output sharded there), moves nothing."""
+    mesh = mesh_of((W,))
+    x = RNG.standard_normal((12, 8, 16))
+    shape = list(x.shape)
+    shape[axis] = 5
+    idx = np.random.default_rng(4).integers(0, x.shape[axis], shape)
+    want = np.take_along_axis(x, idx, axis=axis)
+    dx = make(x, mesh, [R])
+    for pls in ([R], [Shard(axis)]):
+        di = make(idx, mesh, pls)
+        with CommDebugMode() as mode:
+            got = np.take_along_axis(dx, di, axis=axis)
+        assert mode.get_total_counts() == 0
+        assert got.placements == tuple(pls)
+        assert_matches(got, want)
+    # A sharded input along another dim: the index follows it; along the axis:
+    # made whole first.
+    other = (axis + 1) % 3
+    for pls in ([Shard(other)], [Shard(axis)], [PS]):
+        got = np.take_along_axis(make(x, mesh, pls), make(idx, mesh, [R]), axis=axis)
+        assert_matches(got, want)
+    with pytest.raises(TypeError, match="equal"):
+        np.take_along_axis(dx, make(idx[:1, :1, :1], mesh, [R]), axis=axis)
