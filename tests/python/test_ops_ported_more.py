@@ -914,3 +914,38 @@ def test_take_along_axis_like_torch_gather(axis):
         assert_matches(got, want)
     with pytest.raises(TypeError, match="equal"):
         np.take_along_axis(dx, make(idx[:1, :1, :1], mesh, [R]), axis=axis)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_stack_and_concatenate_of_partial_with_replicate_move_nothing(op):
+    """torch's stack of [P, R] and [P, P] gives [P, P] with no collective: joining
+    is linear, so a Replicate input joins the Partial on one rank only (sum), or
+    as it is (avg, and max when the Partial comes first)."""
+    mesh = mesh_of((W,))
+    rank = mesh.get_coordinate()[0]
+    p = DTensor.from_local(np.random.default_rng(rank).standard_normal((4, 3)), mesh,
+                           [Partial(op)])
+    r = make(np.arange(12.0).reshape(4, 3), mesh, [R])
+    full_p, full_r = p.full_tensor(), r.full_tensor()
+    with CommDebugMode() as mode:
+        outs = [np.stack([p, r]), np.concatenate([p, r], axis=1)]
+    assert mode.get_total_counts() == 0
+    assert all(o.placements == (Partial(op),) for o in outs) or W == 1
+    assert_matches(outs[0], np.stack([full_p, full_r]))
+    assert_matches(outs[1], np.concatenate([full_p, full_r], axis=1))
+
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+def test_stack_of_partials_on_a_2d_mesh():
+    mesh = mesh_of((2, 2))
+    coord = mesh.get_coordinate()
+    pr = DTensor.from_local(np.random.default_rng(coord[0]).standard_normal((4, 8)), mesh,
+                            [PS, R])
+    pp = DTensor.from_local(np.random.default_rng(9 + 2 * coord[0] + coord[1])
+                            .standard_normal((4, 8)), mesh, [PS, PS])
+    with CommDebugMode() as mode:
+        got = np.stack([pr, pp])
+    assert mode.get_total_counts() == 0
+    assert got.shape == (2, 4, 8)
+    assert got.placements == (PS, PS)
+    assert_matches(got, np.stack([pr.full_tensor(), pp.full_tensor()]))

@@ -7,7 +7,8 @@ dim, Replicate and every Partial stay, and no rank communicates.
 
 The others are dim maps with one label per input dim (KEEP, shared by the inputs
 on the dims they have in common) and ``P_LINEAR_ALL`` (they are linear, so a
-Partial(sum|avg) carried by every input stays): a new output dim (expand_dims,
+Partial(sum|avg) carried by every input stays; concatenate and stack take
+``P_ADDITIVE``, torch's additive rules, so a Replicate input joins a Partial too): a new output dim (expand_dims,
 broadcast_to's leading dims, stack's axis) is a sized REPLICATE label; a size-1
 dim that broadcast_to widens, a dim squeeze removes and each input's concatenate
 axis are REPLICATE labels of their own (a Shard of them is gathered first), and
@@ -236,7 +237,9 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
             labels[ax] = len(kinds)
             kinds.append(D.REPLICATE)
             in_labels.append(labels)
-        return D.dimmap(in_labels, range(n), kinds, partial_rule=D.P_LINEAR_ALL,
+        # Joining is linear: torch's additive rules hold (a Replicate input joins
+        # a Partial(sum) on one rank only, with no move).
+        return D.dimmap(in_labels, range(n), kinds, partial_rule=D.P_ADDITIVE,
                         sizes={ax: total})
 
     return _run("concatenate", ("concatenate", ax), arrays, build,
@@ -258,7 +261,7 @@ def stack(arrays, axis=0, out=None, **kwargs):
         out = list(range(n))
         out.insert(ax, n)
         return D.dimmap([range(n)] * len(arrays), out, kinds,
-                        partial_rule=D.P_LINEAR_ALL, sizes={n: len(arrays)})
+                        partial_rule=D.P_ADDITIVE, sizes={n: len(arrays)})
 
     return _run("stack", ("stack", ax), arrays, build,
                 lambda *ls: np.stack(ls, axis=ax))
