@@ -214,6 +214,7 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
     was = _modes.set_grad_enabled(False)
     was_backward = _modes.set_backward(True)
     _exposures.append((exposed, stored))
+    _callbacks.append([])
     try:
         for r, g in zip(roots, gradients):
             g, owned = _seed(r, g)
@@ -279,7 +280,9 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                     grads[id(x)] = _add(prev[0], prev[1] and id(prev[0]) not in exposed,
                                         gx, ox and id(gx) not in exposed)
             gs = gx = prev = None
+        _run_callbacks(_callbacks[-1])
     finally:
+        _callbacks.pop()
         _exposures.pop()
         _modes.set_backward(was_backward)
         _modes.set_grad_enabled(was)
@@ -291,6 +294,32 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
 # The running backwards' (exposed, stored) tables, innermost last: a hook may run
 # a backward of its own.
 _exposures: list = []
+
+
+# The running backwards' final callbacks (queue_callback), innermost last.
+_callbacks: list = []
+
+
+def queue_callback(fn) -> None:
+    """Runs ``fn()`` once the running backward has gone through its whole graph
+    (torch's ``Variable._execution_engine.queue_callback``), still in backward mode;
+    a callback queued twice in one backward (an equal callable: the same bound
+    method) runs once. Not run when the backward raises. Local (``fn`` decides).
+
+    Example (inside a node's backward or a hook): ``queue_callback(state.settle)``.
+    """
+    if not _callbacks:
+        raise RuntimeError("Final callbacks can only be installed during backward pass.")
+    if fn not in _callbacks[-1]:
+        _callbacks[-1].append(fn)
+
+
+def _run_callbacks(queued: list) -> None:
+    # a callback may queue another: run until none is left
+    i = 0
+    while i < len(queued):
+        queued[i]()
+        i += 1
 
 
 def expose(g) -> None:
