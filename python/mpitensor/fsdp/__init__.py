@@ -17,9 +17,9 @@ Example (``mpiexec -n 4``)::
 
 from __future__ import annotations
 
-from ._fully_shard import FSDPModule, fully_shard
+from ._fully_shard import FSDPModule, UnshardHandle, fully_shard
 from ._mixed_precision import MixedPrecisionPolicy
 from ._two_d import enable_2d_with_fsdp, is_2d_enabled
 
-__all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "enable_2d_with_fsdp",
-           "is_2d_enabled"]
+__all__ = ["fully_shard", "FSDPModule", "UnshardHandle", "MixedPrecisionPolicy",
+           "enable_2d_with_fsdp", "is_2d_enabled"]

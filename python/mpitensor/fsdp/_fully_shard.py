@@ -40,10 +40,24 @@ flat buffer is filled in ``param_dtype`` (the cast happens on the shards, before
 the all-gather), so the unsharded parameters are ``param_dtype`` values, and the
 gradients are summed into a buffer of ``reduce_dtype``, reduce-scattered in it
 and cast to the sharded parameters' dtype, as torch's ``FSDPParam``.
+
+Prefetching (torch's ``unshard(async_op=True)``, ``set_modules_to_forward_prefetch``,
+``set_modules_to_backward_prefetch``): a group's all-gather can be started as a
+nonblocking MPI collective (an asynchronous redistribute, a ``_C.Request``) and
+completed only where the group's parameters are needed: in its pre-forward or
+pre-backward. A module's forward prefetches start after its own group is gathered,
+before its compute; its pre-backward starts those of its backward list, by default
+the group whose forward came just before its own (the next in backward), as torch's
+``FSDPParamGroup._backward_prefetch``. Every rank starts them in the same order:
+the hooks run in the same order everywhere and the lists are agreed on when set. A
+started all-gather that nothing used is waited on (and dropped) at the root's
+post-forward, at the end of the backward, at the group's next reshard or unshard
+and at exit, so no request outlives the step.
 """
 
 from __future__ import annotations
 
+import atexit
 import weakref
 
 import numpy as np
@@ -54,12 +68,13 @@ from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._fingerprint import fingerprint
 from ..autograd import Node, no_grad
+from ..autograd._engine import queue_callback
 from ..device_mesh import DeviceMesh, local_mesh
 from ..nn.module import Module
 from ..placement_types import Partial, Replicate, Shard
 from ._mixed_precision import MixedPrecisionPolicy, cast_floats, group_problem, policy_problem
 
-__all__ = ["fully_shard", "FSDPModule"]
+__all__ = ["fully_shard", "FSDPModule", "UnshardHandle"]
 
 # Meshes with the dims of a (dp, tp) mesh swapped, made once per mesh (see _Param).
 _tp_first_meshes: dict = {}
@@ -69,6 +84,74 @@ _post_meshes: dict = {}
 # (kept for a backward that never came) is gathered again, since the optimizer
 # may have changed the shards since.
 _generation = [0]
+# Group forwards under way: an all-gather started outside any forward and backward
+# (an explicit unshard between steps) is for the next root forward.
+_forwarding = [0]
+# The groups with an all-gather in flight, to wait on at exit (before MPI finalises).
+_in_flight: "weakref.WeakSet" = weakref.WeakSet()
+# fully_shard calls per mesh: a group's number on its mesh names it alike on every
+# rank of the mesh (each took part in every call), for the prefetch agreement.
+_serials: dict = {}
+# Off only to compare a step without prefetching (tests): the default backward
+# prefetch of the group whose forward came before.
+_implicit_backward_prefetch = True
+
+
+@atexit.register
+def _settle_all() -> None:
+    """Waits on every all-gather still in flight, so none reaches MPI_Finalize."""
+    for state in list(_in_flight):
+        state.settle()
+
+
+class UnshardHandle:
+    """What ``unshard(async_op=True)`` returns, as torch's: :meth:`wait` completes
+    the started all-gather and puts the gathered parameters in place.
+
+    Example::
+
+        >>> handle = model.layers[1].unshard(async_op=True)
+        >>> ...  # work that overlaps the all-gather
+        >>> handle.wait()
+    """
+
+    def __init__(self, state) -> None:
+        self._state = state
+
+    def wait(self) -> None:
+        """Completes the all-gather (nothing when the module's pre-forward already
+        did); later calls do nothing. Collective on the data-parallel mesh (an MPI
+        wait: it returns once every rank has started it).
+
+        Example: ``model.unshard(async_op=True).wait()``.
+        """
+        state, self._state = self._state, None
+        if state is not None:
+            state.finish_unshard()
+
+
+class _Context:
+    """What the groups of one root share: the group whose forward ended last in
+    the current root forward (the default backward prefetch of the next)."""
+
+    __slots__ = ("last", "__weakref__")
+
+    def __init__(self) -> None:
+        self.last = None  # (state, weakref to its _Forward)
+
+    def settle(self) -> None:
+        """Waits on and drops the all-gathers in flight of this root's groups."""
+        for state in list(_in_flight):
+            if state.ctx is self:
+                state.settle()
+
+
+def _target_generation() -> int:
+    """The root forward an all-gather started now is for: the one under way inside
+    a forward or backward, the next one between steps (an explicit unshard)."""
+    if _forwarding[0] or _modes.state.backward:
+        return _generation[0]
+    return _generation[0] + 1
 
 
 class FSDPModule:
@@ -84,16 +167,65 @@ class FSDPModule:
         >>> model.unshard(); model.reshard()
     """
 
-    def unshard(self) -> None:
-        """All-gather this module's parameter group now (one collective; nothing
-        when it is unsharded already). Collective on the data-parallel mesh.
+    def unshard(self, async_op: bool = False) -> "UnshardHandle | None":
+        """All-gather this module's parameter group (one collective; nothing when
+        it is unsharded already), as torch's. With ``async_op=True`` the
+        all-gather is only started (a nonblocking MPI collective) and an
+        :class:`UnshardHandle` is returned: its ``wait()``, or else the module's
+        next pre-forward (or pre-backward), completes it. Without, it completes
+        here and None is returned. Gathered outside a forward, the parameters
+        are those of the next forward: change no parameter in between.
+        Collective on the data-parallel mesh.
 
-        Example: ``model.unshard()`` before a forward that should not wait for it.
+        Example::
+
+            >>> handle = model.unshard(async_op=True)
+            >>> batch = next(loader)   # overlaps the all-gather
+            >>> loss = model(batch)    # waits on it first
         """
-        self.__dict__["_fsdp_state"].unshard()
+        state = self.__dict__["_fsdp_state"]
+        state.start_unshard(again=state.generation != _target_generation())
+        handle = UnshardHandle(state)
+        if async_op:
+            return handle
+        handle.wait()
+        return None
+
+    def set_modules_to_forward_prefetch(self, modules) -> None:
+        """The FSDP modules whose all-gathers this module starts in its forward,
+        as torch's: after its own group is gathered, before its compute, so they
+        overlap it; each is waited on in that module's pre-forward. Passing
+        the next block gives one all-gather in flight during each block's
+        forward; more use more memory. Raises ValueError (on every rank) for a
+        module that is not an FSDPModule or when the ranks' lists differ.
+        Collective on this module's mesh (one small agreement).
+
+        Example::
+
+            >>> for i, block in enumerate(model.layers[:-1]):
+            ...     block.set_modules_to_forward_prefetch([model.layers[i + 1]])
+        """
+        self.__dict__["_fsdp_state"].set_prefetch("forward", modules)
+
+    def set_modules_to_backward_prefetch(self, modules) -> None:
+        """The FSDP modules whose all-gathers this module starts in its
+        pre-backward, instead of the default (the module whose forward came just
+        before this one's: the next in backward), as torch's; each is waited on
+        in that module's pre-backward. An empty list restores the default.
+        Raises ValueError (on every rank) for a module that is not an FSDPModule
+        or when the ranks' lists differ. Collective on this module's mesh (one
+        small agreement).
+
+        Example::
+
+            >>> for i, block in enumerate(model.layers[1:], 1):
+            ...     block.set_modules_to_backward_prefetch([model.layers[i - 1]])
+        """
+        self.__dict__["_fsdp_state"].set_prefetch("backward", modules)
 
     def reshard(self) -> None:
-        """Free this module's unsharded parameters (no communication). Local.
+        """Free this module's unsharded parameters (no communication; an
+        all-gather still in flight is waited on and dropped). Local.
 
         Example: ``model.reshard()`` after an evaluation forward.
         """
@@ -187,6 +319,7 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
         s = m.__dict__.get("_fsdp_state")
         if s is not None and m is not module:
             s.is_root = False
+            s.ctx = state.ctx
     module.__dict__["_fsdp_state"] = state
     module.__class__ = _fsdp_class(type(module))
     module.register_forward_pre_hook(state.pre_forward, with_kwargs=True)
@@ -380,6 +513,12 @@ class _State:
         self.generation = -1  # the root forward the gathered arrays were made in
         self.live = weakref.WeakSet()  # the recorded forwards whose graphs live
         self.calls: list = []  # the forwards under way (a _Forward, or None)
+        self.ctx = _Context()  # shared with the groups of the root's tree
+        # The all-gather in flight: a DTensor whose local is a _C.Request, whether it
+        # gathers the rows kept after forward, and the root forward it is for.
+        self.pending, self.pending_post, self.pending_generation = None, False, -1
+        self.forward_prefetch: list = []  # the _States set_modules_to_*_prefetch named
+        self.backward_prefetch: list = []
         problem, after = None, True
         try:
             after = _post_forward_size(reshard_after_forward, mesh)
@@ -394,6 +533,7 @@ class _State:
             self.params, problem = [], str(e)
         self.dtype = self.params[0].dtype if self.params else np.dtype(np.float64)
         self._agree(mp_policy, after, problem)
+        _serials[mesh] = self.serial = _serials.get(mesh, 0) + 1
         self.reshard_after_forward = bool(after)
         # made after the agreement: its creation is collective
         post = after is not True and after is not False
@@ -468,19 +608,48 @@ class _State:
     # -- moving the group --------------------------------------------------------------
     def unshard(self, again: bool = False) -> None:
         """The group's one all-gather over dp, unpacked into the unsharded DTensors
-        (nothing when gathered already, unless ``again``)."""
+        (nothing when gathered already, unless ``again``; only the wait when it
+        was started already)."""
+        self.start_unshard(again)
+        self.finish_unshard()
+
+    def start_unshard(self, again: bool = False) -> None:
+        """Starts the group's all-gather as a nonblocking collective (nothing when
+        gathered already, unless ``again``, or started already for this root
+        forward). Collective on the dp (or post-forward) mesh."""
+        if self.pending is not None:
+            if not again or self.pending_generation == _target_generation():
+                return
+            self.settle()  # started for an earlier forward: the shards may have changed
         if (self.unsharded and not again) or not self.params:
-            self.unsharded = True
             return
-        if self.post is not None and not again:  # kept rows: gathered over post_mesh
-            full = _all_gather(self.post.reshape(-1), self.post_mesh)
+        self.pending_post = self.post is not None and not again
+        if self.pending_post:  # kept rows: gathered over post_mesh
+            local, mesh = self.post.reshape(-1), self.post_mesh
         else:
-            self.generation = _generation[0]
-            buf = np.zeros(self.size, self.param_dtype)  # the cast to param_dtype is here
+            self.pending_generation = _target_generation()
+            local = np.zeros(self.size, self.param_dtype)  # the cast to param_dtype is here
             for p, off in zip(self.params, self.offsets):
-                buf[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
-            full = _all_gather(buf, self.dp_mesh)
+                local[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
+            mesh = self.dp_mesh
+        # the request holds the source buffer until it completes
         self.post = None
+        with no_grad():
+            flat = DTensor.from_local(local, mesh, [Shard(0)],
+                                      shape=(mesh.size() * local.size,), stride=(1,))
+            self.pending = flat.redistribute(mesh, [Replicate()], async_op=True)
+        _in_flight.add(self)
+
+    def finish_unshard(self) -> None:
+        """Waits on the started all-gather and puts the gathered arrays into the
+        unsharded DTensors. Local but for the MPI wait."""
+        if self.pending is None:
+            if not self.params:
+                self.unsharded = True
+            return
+        full = self._take_pending()
+        if not self.pending_post:
+            self.generation = self.pending_generation
         full = full.reshape(self.dp, self.size)
         # kept only for the rows reshard(to_post=True) keeps: the parameters' arrays
         # are copies out of it
@@ -492,10 +661,45 @@ class _State:
         self._set_locals(arrays)
         self.unsharded = True
 
+    def _take_pending(self) -> np.ndarray:
+        pending, self.pending = self.pending, None
+        _in_flight.discard(self)
+        return pending._data()
+
+    def settle(self) -> None:
+        """Waits on an all-gather in flight and drops its result: nothing used it
+        (a prefetch whose group did not run), and it must not outlive the step.
+        The group stays as it was."""
+        if self.pending is not None:
+            self._take_pending()
+
+    def set_prefetch(self, kind: str, modules) -> None:
+        """``set_modules_to_{kind}_prefetch``: checked and agreed on over this
+        group's mesh, so that every rank starts the same all-gathers in the same
+        order (or every rank raises)."""
+        modules = list(modules)
+        problem = None
+        for m in modules:
+            if not isinstance(m, FSDPModule) or "_fsdp_state" not in m.__dict__:
+                problem = f"Expects FSDPModule but got {type(m)}: {m}"
+                break
+        states = [] if problem else [m.__dict__["_fsdp_state"] for m in modules]
+        _C.agree(self.mesh._handle, problem is None,
+                 fingerprint((kind, self._ident(), [s._ident() for s in states])),
+                 problem or f"set_modules_to_{kind}_prefetch: the ranks passed different "
+                            f"modules to {type(self.module).__name__} (every rank must "
+                            f"prefetch the same modules in the same order)")
+        setattr(self, f"{kind}_prefetch", states)
+
+    def _ident(self) -> tuple:
+        """This group, named alike on every rank of its mesh."""
+        return type(self.module).__name__, self.serial, self.mesh.shape
+
     def reshard(self, to_post: bool = False) -> None:
         """Frees the unsharded parameters (their arrays become placeholders); with
         ``to_post`` this rank keeps its rows of the gathered buffer, the part it
         contributes to the post-forward mesh's all-gather."""
+        self.settle()
         self.post = None
         if to_post and self.full is not None:
             k = self.dp // self.post_mesh.size()
@@ -523,7 +727,10 @@ class _State:
     def pre_forward(self, module, args, kwargs):
         if self.is_root:
             _generation[0] += 1
+            self.ctx.last = None  # a new forward order
+        _forwarding[0] += 1
         self.unshard(again=self.generation != _generation[0])
+        outermost = not self.calls
         if _modes.state.grad_enabled and self.params:
             fwd = self._record()
             self._register(fwd.views)
@@ -533,11 +740,17 @@ class _State:
             self._register([p.unsharded._data() if p.umesh is local_mesh() else p.unsharded
                             for p in self.params])
         self.calls.append(fwd)
+        # Started after this group is gathered, before its compute, which they
+        # overlap; not when the forward recomputes inside a backward, as torch's.
+        if outermost and not _modes.state.backward:
+            for target in self.forward_prefetch:
+                target.start_unshard(again=target.generation != _generation[0])
         if self.cast_inputs:
             return cast_floats(args, self.param_dtype), cast_floats(kwargs, self.param_dtype)
         return None
 
     def post_forward(self, module, args, output):
+        _forwarding[0] -= 1
         self._register([p.sharded for p in self.params])
         fwd = self.calls.pop()
         if fwd is None:
@@ -545,10 +758,14 @@ class _State:
         else:
             count = [0]
             output = _alias_outputs(output, lambda: self.pre_backward(fwd), count)
+            # the group whose forward ended before: the next in backward
+            fwd.prev, self.ctx.last = self.ctx.last, (self, weakref.ref(fwd))
             # Without an output to hook, nothing would gather the group again before
             # its backward: it stays gathered.
             if self.reshard_after_forward and not self.is_root and count[0]:
                 self.reshard(to_post=self.post_mesh is not None)
+        if self.is_root:
+            self.ctx.settle()  # forward prefetches of groups that did not run
         if self.output_dtype is not None:
             return cast_floats(output, self.output_dtype)
         return None if fwd is None else output
@@ -556,6 +773,27 @@ class _State:
     def pre_backward(self, fwd: "_Forward") -> None:
         fwd.active = True
         self.unshard()
+        if fwd.prefetched:  # another output of the same forward
+            return
+        fwd.prefetched = True
+        targets = self.backward_prefetch or self._default_backward_prefetch(fwd)
+        for target in targets:
+            target.start_unshard()
+        if targets:
+            queue_callback(self.ctx.settle)  # a target whose backward never ran
+
+    @staticmethod
+    def _default_backward_prefetch(fwd: "_Forward") -> list:
+        """The group whose forward ended just before ``fwd``'s, as torch's, while
+        that forward still awaits its backward (else the all-gather would be
+        wasted: it ran already, or is running)."""
+        if not _implicit_backward_prefetch or fwd.prev is None:
+            return []
+        state, ref = fwd.prev
+        prev = ref()
+        if prev is None or not prev.views or prev.active:
+            return []
+        return [state]
 
     # -- autograd ----------------------------------------------------------------------
     def _record(self) -> "_Forward":
@@ -689,25 +927,20 @@ def _divide_factors(divisor: int, reduce_dtype: np.dtype) -> tuple:
     return pre, divisor / pre
 
 
-def _all_gather(local: np.ndarray, mesh: DeviceMesh) -> np.ndarray:
-    """Every rank's 1-D ``local`` (one size on all) concatenated, in one all-gather
-    over ``mesh``. Collective on it."""
-    with no_grad():
-        flat = DTensor.from_local(local, mesh, [Shard(0)], shape=(mesh.size() * local.size,),
-                                  stride=(1,))
-        return flat.redistribute(mesh, [Replicate()])._data()
-
-
 class _Forward:
     """One recorded forward of a group: its unsharded parameters (held by the graph,
     whose nodes hold this record: it lives as long as the graph), its gradients
     and whether its backward is under way."""
 
-    __slots__ = ("views", "grad", "got", "active", "__weakref__")
+    __slots__ = ("views", "grad", "got", "active", "prev", "prefetched", "__weakref__")
 
     def __init__(self) -> None:
         # got: the parameters whose gradient came, each with its divisor left
         self.views, self.grad, self.got, self.active = [], None, {}, False
+        # prev: (state, weakref to its _Forward) of the forward that ended before
+        # this one in the root forward; prefetched: the pre-backward started its
+        # prefetches
+        self.prev, self.prefetched = None, False
 
 
 def _alias_outputs(output, pre_backward, count: list):
