@@ -137,7 +137,9 @@ class _Context:
     __slots__ = ("last", "__weakref__")
 
     def __init__(self) -> None:
-        self.last = None  # (state, weakref to its _Forward)
+        # (state, its _Forward), held strongly: whether a prefetch starts must not
+        # depend on when each rank's garbage collector frees a dropped graph
+        self.last = None
 
     def settle(self) -> None:
         """Waits on and drops the all-gathers in flight of this root's groups."""
@@ -759,7 +761,7 @@ class _State:
             count = [0]
             output = _alias_outputs(output, lambda: self.pre_backward(fwd), count)
             # the group whose forward ended before: the next in backward
-            fwd.prev, self.ctx.last = self.ctx.last, (self, weakref.ref(fwd))
+            fwd.prev, self.ctx.last = self.ctx.last, (self, fwd)
             # Without an output to hook, nothing would gather the group again before
             # its backward: it stays gathered.
             if self.reshard_after_forward and not self.is_root and count[0]:
@@ -789,9 +791,8 @@ class _State:
         wasted: it ran already, or is running)."""
         if not _implicit_backward_prefetch or fwd.prev is None:
             return []
-        state, ref = fwd.prev
-        prev = ref()
-        if prev is None or not prev.views or prev.active:
+        state, prev = fwd.prev
+        if not prev.views or prev.active:
             return []
         return [state]
 
@@ -869,7 +870,7 @@ class _State:
         ``.grad``. Frees the unsharded parameters unless another
         forward's backward is under way (the same module called twice)."""
         buf, got = fwd.grad, fwd.got
-        fwd.grad, fwd.views, fwd.active = None, [], False
+        fwd.grad, fwd.views, fwd.active, fwd.prev = None, [], False, None
         self.live.discard(fwd)
         if not any(f.active for f in self.live):
             self.reshard()
@@ -937,7 +938,7 @@ class _Forward:
     def __init__(self) -> None:
         # got: the parameters whose gradient came, each with its divisor left
         self.views, self.grad, self.got, self.active = [], None, {}, False
-        # prev: (state, weakref to its _Forward) of the forward that ended before
+        # prev: (state, _Forward) of the forward that ended before
         # this one in the root forward; prefetched: the pre-backward started its
         # prefetches
         self.prev, self.prefetched = None, False
