@@ -186,6 +186,22 @@ def test_forward_prefetch_starts_before_the_previous_compute(mesh, no_implicit):
     assert ahead[(3, "forward")] == base[(3, "forward")] == 5
 
 
+def test_comm_debug_mode_counts_the_prefetch_in_the_previous_block(mesh):
+    """CommDebugMode puts a prefetched all-gather under the module that started
+    it: block i's forward counts its own and block i+1's, and block 3 none."""
+    counts = []
+    for forward in (False, True):
+        m = sharded(mesh, forward=forward)
+        x, t = batch(mesh)
+        with CommDebugMode() as mode:
+            loss_of(m, x, t)
+        counts.append([mode.comm_module_counts.get(f"FSDPStack.layers.{i}", {})
+                       .get("forward", {}).get(AG, 0) for i in range(4)])
+        assert mode.get_comm_counts()[AG] == (5 if W > 1 else 0)
+    if W > 1:
+        assert counts == [[1, 1, 1, 1], [2, 1, 1, 0]]
+
+
 def test_default_backward_prefetch_of_the_previous_block(mesh, no_implicit):
     base = run_once(mesh, sharded(mesh))
     fs._implicit_backward_prefetch = True

@@ -159,7 +159,9 @@ def _target_generation() -> int:
 class FSDPModule:
     """What :func:`fully_shard` mixes into a module's class (as torch's
     ``FSDPModule``): ``unshard()`` and ``reshard()`` move the module's own
-    parameter group by hand. Collective on the data-parallel mesh.
+    parameter group by hand, ``unshard(async_op=True)`` and the prefetch lists
+    start its all-gather early (see the module docstring). Collective on the
+    data-parallel mesh.
 
     Example::
 
