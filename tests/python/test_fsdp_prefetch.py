@@ -442,3 +442,43 @@ def test_equals_torch_with_prefetch(mesh):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13, err_msg=f"{which} {name}")
     for mine, torchs in zip(ours[1], theirs[1]):
         assert all(n <= torchs.get(name, 0) for name, n in mine.items()), (mine, torchs)
+
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) (dp, tp) mesh")
+def test_same_step_beside_tensor_parallelism():
+    """FSDP over mesh["dp"] of a model parallelized over mesh["tp"]: block 1's
+    forward prefetched by block 0, the default backward prefetch: the same
+    gradients and collectives as without."""
+    from mpitensor import DTensor, Replicate
+    from mpitensor.device_mesh import local_mesh
+    from mpitensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from tp_models import MLP
+
+    mesh2d = mt.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    d = mesh2d.get_local_rank("dp")
+    x = DTensor.from_local(X[d * 6:(d + 1) * 6], mesh2d["tp"], [Replicate()])
+    t = DTensor.from_local(np.resize(T, (12, 5))[d * 6:(d + 1) * 6], local_mesh(),
+                           [Replicate()])
+
+    def run(prefetch):
+        m = MLP((5, 6, 5))
+        m = parallelize_module(m, mesh2d["tp"],
+                               {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+        fully_shard(m.w1, mesh=mesh2d["dp"])
+        fully_shard(m.w2, mesh=mesh2d["dp"])
+        fully_shard(m, mesh=mesh2d["dp"])
+        if prefetch:
+            m.w1.set_modules_to_forward_prefetch([m.w2])
+        fs._implicit_backward_prefetch = prefetch
+        try:
+            with CommDebugMode() as mode:
+                loss_of(m, x, t).backward()
+        finally:
+            fs._implicit_backward_prefetch = True
+        return mode.get_comm_counts(), {n: p.grad.detach().full_tensor()
+                                        for n, p in m.named_parameters()}
+
+    (c0, g0), (c1, g1) = run(False), run(True)
+    assert dict(c0) == dict(c1) and in_flight() == 0
+    for name in g0:
+        np.testing.assert_allclose(g1[name], g0[name], rtol=1e-12, atol=1e-15, err_msg=name)
