@@ -83,12 +83,14 @@ PyObject *mt_ext_request_result(PyObject *module, PyObject *obj) {
 }
 
 static PyObject *request_test(RequestObject *self, PyObject *unused) {
-  if (self->ex == NULL) return PyBool_FromLong(self->done);
+  if (self->ex == NULL && self->req == NULL) return PyBool_FromLong(self->done);
   mt_error err = {0};
-  int done = 0, rc;
+  int done = 1, rc = MT_OK;
   Py_BEGIN_ALLOW_THREADS
   PyThread_acquire_lock(self->lock, WAIT_LOCK);
-  rc = self->ex == NULL ? MT_OK : mt_exchange_test(self->ex, &done, &err);
+  /* finish() takes both under the lock: none left means it has completed */
+  if (self->ex != NULL) rc = mt_exchange_test(self->ex, &done, &err);
+  else if (self->req != NULL) rc = mt_request_test(self->req, &done, &err);
   PyThread_release_lock(self->lock);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
@@ -115,7 +117,8 @@ static PyMethodDef request_methods[] = {
      "Completes the exchange (collective for a redistribute) and returns its result; "
      "safe from several threads at once. Example: req.wait()"},
     {"test", (PyCFunction)request_test, METH_NOARGS,
-     "Lets MPI progress a ring exchange; True once it has completed. Local."},
+     "Lets MPI progress the exchange (MPI_Test); True once it has completed, so that "
+     "wait() no longer blocks. Local. Example: req.test()"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -113,3 +113,28 @@ def test_every_plan_pending_at_once_waited_in_per_rank_order():
         local = out.to_local() if i % 2 else out.wait().to_local()
         problems.expect(np.array_equal(local, want), f"{ms} {name(src)}->{name(dst)}")
     assert problems == []
+
+
+def test_polled_with_test_in_per_rank_order():
+    """``Request.test()`` (MPI_Test: what fully_shard's hooks call to move a
+    prefetched all-gather between pieces of compute) polled a different number
+    of times on every rank, in a per-rank order, changes no result; once it says
+    True, or after wait(), the request has completed."""
+    rng = random.Random(3000 + RANK)
+    problems = Problems()
+    all_cases = cases()
+    pending = [start(ms, src, dst, 1 + i % 5) for i, (ms, src, dst) in enumerate(all_cases)]
+    for _ in range(rng.randrange(1, 4)):
+        for i in rng.sample(range(len(pending)), len(pending)):
+            req = pending[i][0]._local_tensor
+            if type(req) is _C.Request:
+                problems.expect(type(req.test()) is bool, "test() is a bool")
+    for i in rng.sample(range(len(pending)), len(pending)):
+        out, want = pending[i]
+        req = out._local_tensor
+        out.wait()
+        if type(req) is _C.Request:
+            problems.expect(req.test() and req.done, "completed after wait()")
+        ms, src, dst = all_cases[i]
+        problems.expect(np.array_equal(out.to_local(), want), f"{ms} {name(src)}->{name(dst)}")
+    assert problems == []

@@ -148,6 +148,16 @@ class _Context:
                 state.settle()
 
 
+def _progress() -> None:
+    """Lets MPI move the all-gathers in flight (an MPI_Test each): a library without
+    a progress thread moves a nonblocking collective only inside MPI calls, so the
+    hooks poke it at every module boundary, between pieces of compute. Local."""
+    for state in list(_in_flight):
+        local = state.pending._local_tensor if state.pending is not None else None
+        if type(local) is _C.Request:
+            local.test()
+
+
 def _target_generation() -> int:
     """The root forward an all-gather started now is for: the one under way inside
     a forward or backward, the next one between steps (an explicit unshard)."""
@@ -733,6 +743,7 @@ class _State:
             _generation[0] += 1
             self.ctx.last = None  # a new forward order
         _forwarding[0] += 1
+        _progress()
         self.unshard(again=self.generation != _generation[0])
         outermost = not self.calls
         if _modes.state.grad_enabled and self.params:
@@ -755,6 +766,7 @@ class _State:
 
     def post_forward(self, module, args, output):
         _forwarding[0] -= 1
+        _progress()
         self._register([p.sharded for p in self.params])
         fwd = self.calls.pop()
         if fwd is None:
@@ -776,6 +788,7 @@ class _State:
 
     def pre_backward(self, fwd: "_Forward") -> None:
         fwd.active = True
+        _progress()
         self.unshard()
         if fwd.prefetched:  # another output of the same forward
             return

@@ -63,6 +63,13 @@ int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
  * on error). */
 int mt_request_wait(mt_request *req, mt_error *err);
 
+/* Local. Lets MPI progress the request's posted collective (MPI_Test), which an
+ * MPI library without a progress thread moves only inside MPI calls: calling it
+ * between pieces of compute lets the collective overlap them. Sets *done to 1 once
+ * the collective has completed (mt_request_wait then runs only the local steps),
+ * else 0; *done is untouched on error. */
+int mt_request_test(mt_request *req, int *done, mt_error *err);
+
 /* Local. How a reduce-scatter of `group` blocks of counts[k] elements of `itemsize`
  * bytes is issued when MPI takes counts up to `limit` (INT_MAX): 0 when one call
  * takes them all (their total, not only each block, within the limit, since the
