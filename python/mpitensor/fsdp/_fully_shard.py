@@ -52,7 +52,8 @@ the group whose forward came just before its own (the next in backward), as torc
 the hooks run in the same order everywhere and the lists are agreed on when set. A
 started all-gather that nothing used is waited on (and dropped) at the root's
 post-forward, at the end of the backward, at the group's next reshard or unshard
-and at exit, so no request outlives the step.
+and at exit, so no request outlives the step. Each hook also tests the requests
+in flight, which lets an MPI library without a progress thread move them.
 """
 
 from __future__ import annotations
