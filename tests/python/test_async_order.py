@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpitensor import DTensor, init_device_mesh, _plan
+from mpitensor import DTensor, _C, _plan, init_device_mesh
 from mpitensor._layout import _codes
 from mpi_helpers import Problems
 from redistribute_ref import (PLACEMENTS, expected_local, mixed_partials, name, source_local,

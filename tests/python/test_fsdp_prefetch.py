@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import _C, Shard, nn
+from mpitensor import Shard, _comm, nn
 from mpitensor.debug import CommDebugMode
 from mpitensor.fsdp import FSDPModule, MixedPrecisionPolicy, UnshardHandle, fully_shard
 from mpitensor.fsdp import _fully_shard as fs
@@ -34,7 +34,7 @@ LOG: list = []
 
 
 def gathers() -> int:
-    return _C.comm_counters()[AG][0]
+    return _comm.comm_counters()[AG][0]
 
 
 class Block(nn.Module):

@@ -63,7 +63,7 @@ import weakref
 
 import numpy as np
 
-from .. import _modes, _comm
+from .. import _C, _comm, _modes
 from .._args import resolve_mesh
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
@@ -699,11 +699,12 @@ class _State:
                 problem = f"Expects FSDPModule but got {type(m)}: {m}"
                 break
         states = [] if problem else [m.__dict__["_fsdp_state"] for m in modules]
-        _C.agree(self.mesh._handle, problem is None,
-                 fingerprint((kind, self._ident(), [s._ident() for s in states])),
-                 problem or f"set_modules_to_{kind}_prefetch: the ranks passed different "
-                            f"modules to {type(self.module).__name__} (every rank must "
-                            f"prefetch the same modules in the same order)")
+        _comm.agree(self.mesh._handle, problem is None,
+                    fingerprint((kind, self._ident(), [s._ident() for s in states])),
+                    problem or f"set_modules_to_{kind}_prefetch: the ranks passed "
+                               f"different modules to {type(self.module).__name__} "
+                               f"(every rank must prefetch the same modules in the "
+                               f"same order)")
         setattr(self, f"{kind}_prefetch", states)
 
     def _ident(self) -> tuple:
