@@ -641,6 +641,9 @@ class _State:
         self.pending_post = self.post is not None and not again
         if self.pending_post:  # kept rows: gathered over post_mesh
             local, mesh = self.post.reshape(-1), self.post_mesh
+            # for this backward only: a forward that finds it still in flight
+            # gathers from the shards
+            self.pending_generation = -1
         else:
             self.pending_generation = _target_generation()
             local = np.zeros(self.size, self.param_dtype)  # the cast to param_dtype is here
