@@ -824,3 +824,30 @@ def test_var_std_match_finite_differences(mesh_shape, func, axis, ddof, keepdims
             y = getattr(np, func)(x, axis=axis, ddof=ddof, keepdims=keepdims)
             return weighted(y) if y.shape else y * 1.5
         check(prog, [a], mesh, (pl,))
+
+
+def test_queue_callback_runs_once_after_the_graph():
+    """torch's final callback: queued from a hook during backward (twice: it runs
+    once), it runs after every node, still in backward; outside a backward it
+    raises as torch's."""
+    from mpitensor import _modes
+    from mpitensor.autograd._engine import queue_callback
+
+    mesh = mesh_of((W,))
+    x = make(np.arange(4.0), mesh, [Replicate()]).requires_grad_()
+    seen = []
+
+    def final():
+        seen.append(("final", x.grad is not None, _modes.state.backward))
+
+    def hook(g):
+        seen.append("hook")
+        queue_callback(final)
+        queue_callback(final)
+
+    y = x * 2
+    y.register_hook(hook)
+    (y * y).sum().backward()
+    assert seen == ["hook", ("final", True, True)]
+    with pytest.raises(RuntimeError, match="only be installed during backward"):
+        queue_callback(final)
