@@ -34,6 +34,7 @@ from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from .._ops._diag import diag_into
 from .._ops._indexing import _parse
+from .._ops._linalg import tensordot_subscripts
 from .._ops._split import split_bounds
 from ..placement_types import Replicate
 
@@ -210,12 +211,15 @@ def _einsum_supported(args, kwargs) -> bool:
 
 
 def _einsum(g, node, out):
+    return (None,) + _einsum_grads(g, node.saved[0], _dtensors(node.saved[1:], out))
+
+
+def _einsum_grads(g, subscripts, ops):
     """Each operand's gradient is the einsum of the output's gradient with the other
     operands onto its subscripts; a subscript of its own alone (summed in the
-    forward) is broadcast back."""
-    ops = _dtensors(node.saved[1:], out)
-    ins, outs = _einsum_split(node.saved[0])
-    grads = [None]
+    forward) is broadcast back. One gradient (or None) per operand."""
+    ins, outs = _einsum_split(subscripts)
+    grads = []
     for i, (s, x) in enumerate(zip(ins, ops)):
         if not _need(x):
             grads.append(None)
@@ -230,6 +234,25 @@ def _einsum(g, node, out):
                 n if c in avail else 1 for c, n in zip(s, x.shape))), x.shape)
         grads.append(gx if gx.dtype == x.dtype else gx.astype(x.dtype))
     return tuple(grads)
+
+
+# tensordot, inner and outer run as the einsum their subscripts spell (_linalg), so
+# their backward is that einsum's: the same subscripts, rebuilt from the call.
+
+def _tensordot(g, node, out):
+    b = _bind(node, ("a", "b", "axes"), axes=2)
+    a, y = b["a"], b["b"]
+    return _einsum_grads(g, tensordot_subscripts("numpy.tensordot", a, y, b["axes"]), (a, y))
+
+
+def _inner(g, node, out):
+    a, b = node.saved[:2]
+    return _einsum_grads(g, tensordot_subscripts("numpy.inner", a, b, ((-1,), (-1,))),
+                         (a, b))
+
+
+def _outer(g, node, out):
+    return _einsum_grads(g, "i,j->ij", node.saved[:2])
 
 
 # -- reductions ------------------------------------------------------------------------
@@ -483,6 +506,9 @@ _FUNCTIONS = {
     np.ufunc: ("ufunc", _ufunc_entry, _ufunc_supported),
     np.dot: ("dot", _dot, _dot_supported),
     np.einsum: ("einsum", _einsum, _einsum_supported),
+    np.tensordot: ("tensordot", _tensordot),
+    np.inner: ("inner", _inner),
+    np.outer: ("outer", _outer),
     np.where: ("where", _where),
     np.concatenate: ("concatenate", _concatenate),
     np.split: ("split", _split),
