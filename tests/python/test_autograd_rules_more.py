@@ -1,5 +1,5 @@
-"""Backward rules of ``np.tensordot``/``np.inner``/``np.outer``: each gradient against a
-reference computed with NumPy on the full arrays (central differences), in float64, on sharded,
+"""Backward rules of ``np.tensordot``/``np.inner``/``np.outer`` and ``np.prod``: each gradient against a
+reference computed with NumPy on the full arrays (central differences, the product of the others), in float64, on sharded,
 replicated and Partial inputs, even and uneven, at every world size."""
 
 from __future__ import annotations
@@ -137,3 +137,77 @@ def test_the_same_operand_twice_gets_both_gradients():
         (got,), c = run(prog, [a], mesh, [(Shard(0),)])
         (expect,) = numeric(prog, [a], c)
         np.testing.assert_allclose(got, expect, rtol=1e-7, atol=1e-8)
+
+
+# -- prod --------------------------------------------------------------------------------
+
+def prod_reference(a, axis, keepdims):
+    """d prod / d a: for each element, the product of the other elements of its lane
+    (the element set to 1), exact with zeros."""
+    g = np.empty_like(a)
+    axes = tuple(range(a.ndim)) if axis is None else (axis if isinstance(axis, tuple)
+                                                     else (axis,))
+    axes = tuple(d % a.ndim for d in axes)
+    for idx in np.ndindex(a.shape):
+        lane = tuple(slice(None) if d in axes else i for d, i in enumerate(idx))
+        b = a.copy()
+        b[idx] = 1.0
+        g[idx] = np.prod(b[lane])
+    return g
+
+
+def with_zeros(shape, seed, where):
+    a = np.random.default_rng(seed).uniform(0.5, 1.5, size=shape)
+    for idx in where:
+        a[idx] = 0.0
+    return a
+
+
+# No zero; a single zero in a lane; two zeros in one lane and one in another; a lane
+# of zeros.
+ZEROS = [(), ((1, 2),), ((0, 1), (3, 1), (2, 4)), ((2, 0), (2, 1), (2, 2), (2, 3), (2, 4),
+                                                    (0, 0), (1, 0), (3, 0), (4, 0))]
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 1)], ids=str)
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("zeros", range(len(ZEROS)))
+def test_prod_gradient_is_the_product_of_the_others(mesh_shape, axis, keepdims, zeros):
+    mesh = mesh_of(mesh_shape)
+    a = with_zeros((5, 5), zeros, ZEROS[zeros])
+    expect = prod_reference(a, axis, keepdims)
+    for j, (pl,) in enumerate(layouts(mesh_shape, [2])):
+        for f in (lambda x: np.prod(x, axis=axis, keepdims=keepdims),
+                  lambda x: x.prod(axis=axis, keepdims=keepdims),
+                  lambda x: np.prod(x, axis, None, None, keepdims)):
+            (got,), c = run(f, [a], mesh, [pl])
+            c = np.broadcast_to(c.reshape(np.prod(a, axis=axis, keepdims=True).shape),
+                                a.shape)
+            np.testing.assert_allclose(got, c * expect, rtol=1e-13, atol=0,
+                                       err_msg=str(pl))
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+def test_prod_in_a_chain_and_over_uneven_shards(mesh_shape):
+    mesh = mesh_of(mesh_shape)
+    for j, (pl,) in enumerate(layouts(mesh_shape, [3])):
+        a = with_zeros((3, 7, 2), 60 + j, [(1, 3, 0), (1, 5, 0), (2, 6, 1)])
+
+        def f(x):
+            return np.tanh(x * 0.5).prod(axis=1) * 2.0
+        grads, c = run(f, [a], mesh, [pl])
+        (expect,) = numeric(f, [a], c)
+        np.testing.assert_allclose(grads[0], expect, rtol=1e-6, atol=1e-8, err_msg=str(pl))
+
+
+def test_prod_of_a_float32_input_with_a_float64_result_gets_a_float32_gradient():
+    mesh = mesh_of((W,))
+    a = with_zeros((4, 3), 70, [(2, 1)]).astype(np.float32)
+    x = distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
+    y = np.prod(x, axis=0, dtype=np.float64)
+    assert y.dtype == np.float64
+    y.sum().backward()
+    assert x.grad.dtype == np.float32
+    np.testing.assert_allclose(x.grad.full_tensor(), prod_reference(a.astype(np.float64),
+                                                                     0, False), rtol=1e-6)

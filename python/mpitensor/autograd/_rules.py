@@ -294,10 +294,27 @@ def _reduction_grads(g, a, axis, keepdims, mean):
     return (g if g.dtype == a.dtype else g.astype(a.dtype),)
 
 
+def _prod_grads(g, a, axis, keepdims):
+    """prod: each element's gradient is the product of the other elements of its
+    lane, exact where the lane holds zeros, as torch's prod backward: the lane's
+    product of its nonzero elements, over the element itself where the lane has no
+    zero, as it is at the lane's only zero, and 0 where the product of the others
+    includes a zero. No division by zero, and no cumulative products along a
+    possibly sharded axis: one product and one count per lane."""
+    axes, _, kept = _reduced(a, axis)
+    zero = a == 0
+    nonzero = np.where(zero, np.ones((), a.dtype), a)
+    product = np.prod(nonzero, axis=axes, keepdims=True)
+    zeros = np.sum(zero, axis=axes, keepdims=True)
+    others = np.where(zero, product * (zeros == 1), product * (zeros == 0) / nonzero)
+    return (_fit(g.reshape(kept) * others, a),)
+
+
 # Reduction methods as the executor records them: saved (a,), aux (axis, keepdims).
 _METHODS = {
     np.sum: ("sum", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, False)),
     np.mean: ("mean", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, True)),
+    np.prod: ("prod", lambda g, node, out: _prod_grads(g, *node.saved, *node.aux)),
     np.max: ("max", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
     np.min: ("min", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
     np.var: ("var", lambda g, node, out: _moment_grads(g, *node.saved, out, node.aux[0], 0,
@@ -316,6 +333,11 @@ def _sum_function(mean):
         b = _bind(node, _SUM_ARGS, axis=None, keepdims=False)
         return _reduction_grads(g, b["a"], b["axis"], bool(b["keepdims"]), mean)
     return backward
+
+
+def _prod_function(g, node, out):
+    b = _bind(node, _SUM_ARGS, axis=None, keepdims=False)
+    return _prod_grads(g, b["a"], b["axis"], bool(b["keepdims"]))
 
 
 def _extremum_function(g, node, out):
@@ -518,6 +540,7 @@ _FUNCTIONS = {
     operator.getitem: ("getitem", _getitem, _getitem_supported),
     np.sum: ("sum", _sum_function(False)),
     np.mean: ("mean", _sum_function(True)),
+    np.prod: ("prod", _prod_function),
     np.max: ("max", _extremum_function),
     np.amax: ("amax", _extremum_function),
     np.min: ("min", _extremum_function),
