@@ -1,13 +1,17 @@
-"""Backward rules of ``np.tensordot``/``np.inner``/``np.outer`` and ``np.prod``: each gradient against a
-reference computed with NumPy on the full arrays (central differences, the product of the others), in float64, on sharded,
-replicated and Partial inputs, even and uneven, at every world size."""
+"""Backward rules of stepped slices, ``np.tensordot``/``np.inner``/``np.outer`` and
+``np.prod``: each gradient against a reference computed with NumPy on the full
+arrays (the scattered weights, central differences, the product of the others), in
+float64, on sharded, replicated and Partial inputs, even and uneven, at every world
+size; and against torch DTensor on gloo when torch is installed."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard, distribute_tensor
+from mpitensor.debug import CommDebugMode
 from ops_helpers import W, make, mesh_of, mesh_shapes
 
 R, PS = Replicate(), Partial("sum")
@@ -76,6 +80,90 @@ def numeric(f, arrays, c, eps=1e-6):
 def rng_arrays(seed, *shapes):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(s) for s in shapes]
+
+
+# -- stepped slices ----------------------------------------------------------------------
+
+STEPPED = [
+    np.s_[::2], np.s_[1:7:3, ::-1], np.s_[::-1], np.s_[::-2, 1], np.s_[5:0:-2, 1:4:2],
+    np.s_[None, -1::-3, ..., ::3], np.s_[2, ::-1], np.s_[1:6:2, None, 2:],
+    np.s_[..., ::-4],
+]
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("shape", [(7, 5), (8, 4)], ids=str)
+@pytest.mark.parametrize("key", STEPPED, ids=str)
+def test_stepped_slices_scatter_the_gradient(mesh_shape, shape, key):
+    mesh = mesh_of(mesh_shape)
+    for j, (pl,) in enumerate(layouts(mesh_shape, [2])):
+        (a,) = rng_arrays(j, shape)
+        (got,), c = run(lambda x: x[key] * 2.0, [a], mesh, [pl])
+        expect = np.zeros_like(a)
+        expect[key] = 2.0 * c
+        np.testing.assert_allclose(got, expect, rtol=1e-14, atol=0, err_msg=str(pl))
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("key", [np.s_[::2], np.s_[1:7:3, ::-1], np.s_[::-2, 1:]], ids=str)
+def test_a_sharded_or_partial_gradient_is_scattered_too(mesh_shape, key):
+    # The gradient reaching the slice is sharded (the sliced result redistributed) or
+    # Partial (the slice taken of a Partial input and never reduced).
+    mesh = mesh_of(mesh_shape)
+    (a,) = rng_arrays(3, (7, 5))
+    for pl in [(Shard(0),) * len(mesh_shape), (Shard(1),) * len(mesh_shape),
+               (R,) * len(mesh_shape)]:
+        def prog(x, pl=pl):
+            return x[key].redistribute(mesh, pl)
+        for src in [(R,) * len(mesh_shape), (PS,) * len(mesh_shape),
+                    (Shard(0),) * len(mesh_shape)]:
+            (got,), c = run(prog, [a], mesh, [src])
+            expect = np.zeros_like(a)
+            expect[key] = c
+            np.testing.assert_allclose(got, expect, rtol=1e-14, atol=0)
+    (got,), c = run(lambda x: x[key] * 3.0, [a], mesh, [(PS,) * len(mesh_shape)])
+    expect = np.zeros_like(a)
+    expect[key] = 3.0 * c
+    np.testing.assert_allclose(got, expect, rtol=1e-14, atol=0)
+
+
+def test_a_stepped_slice_of_a_shard_has_a_backward_without_communication():
+    # The forward gathers the picked rows into a Replicate result; its gradient is
+    # written by each rank into its own rows, and the leaf keeps Shard(0).
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.arange(24.0).reshape(8, 3), mesh, [Shard(0)],
+                          requires_grad=True)
+    loss = (x[1::3, ::-1] * 2.0).sum()
+    with CommDebugMode() as mode:
+        loss.backward()
+    assert mode.get_total_counts() == 0
+    expect = np.zeros((8, 3))
+    expect[1::3] = 2.0
+    assert x.grad.placements == (Shard(0),)
+    np.testing.assert_array_equal(x.grad.full_tensor(), expect)
+
+
+def test_a_stepped_slice_used_twice_accumulates():
+    mesh = mesh_of((W,))
+    (a,) = rng_arrays(4, (7, 3))
+    (got,), c = run(lambda x: x[::2] + x[::-2] * x[::2], [a], mesh, [(Shard(0),)])
+    expect = np.zeros_like(a)
+    expect[::2] += c * (1 + a[::-2])
+    expect[::-2] += c * a[::2]
+    np.testing.assert_allclose(got, expect, rtol=1e-13)
+
+
+def test_advanced_indexing_in_grad_mode_is_refused_at_the_forward():
+    # Its backward (a scatter-add) does not exist: refused where it is called, not
+    # in the middle of a later backward.
+    mesh = mesh_of((W,))
+    w = distribute_tensor(np.ones((4, 2)), mesh, [Shard(0)], requires_grad=True)
+    with pytest.raises(NotImplementedError, match="no_grad"):
+        w[[0, 2]]
+    with pytest.raises(NotImplementedError, match="no_grad"):
+        w[np.array([True, False, True, False])]
+    with mt.no_grad():
+        assert w[[0, 2]].shape == (2, 2)
 
 
 # -- tensordot, inner, outer -------------------------------------------------------------

@@ -10,7 +10,7 @@ Each rule is registered once, at import, where the executor records with it:
   arguments; the node's inputs are the positional arguments with lists and tuples
   flattened once, and the rule returns one gradient per input. An optional third
   entry, ``supports(args, kwargs)``, says whether the call has a rule (a diagonal
-  einsum, a stepped slice do not).
+  einsum, an advanced index do not).
 
 A rule is ``backward(grad, node, output)``. It computes the gradients with DTensor
 operations, so they run through the same executor as the forward: their
@@ -32,11 +32,12 @@ from .. import _C, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
+from .._ops._advanced_index import is_advanced
 from .._ops._diag import diag_into
 from .._ops._indexing import _parse
 from .._ops._linalg import tensordot_subscripts
 from .._ops._split import split_bounds
-from ..placement_types import Replicate
+from ..placement_types import Replicate, Shard
 
 __all__: list = []
 
@@ -405,25 +406,52 @@ def _pieces(g, arrays, ax, index, step=None):
 
 
 def _getitem_supported(args, kwargs) -> bool:
-    """Basic indexing has a rule unless a slice steps by more than one element."""
-    a, key = args
-    for k in key if type(key) is tuple else (key,):
-        if type(k) is slice and k.step is not None and k.step != 1:
-            sel, _ = _parse(key, a.shape)
-            return not any(count > 1 and step != 1 for _, step, count, _ in sel)
-    return True
+    """Basic indexing has a rule; a boolean mask or an integer array does not."""
+    return is_advanced(args[1]) is None
 
 
 def _getitem(g, node, out):
-    """Basic indexing's backward: the gradient reshaped to the picked box (ints and
-    None are size-1 dims) and padded with zeros to ``a``'s shape by concatenation,
-    dim by dim."""
+    """Basic indexing's backward: zeros of ``a``'s shape with the gradient at the
+    picked elements. Slices of step 1 pad it (below); a stepped slice scatters it
+    (``_scattered``)."""
     a, key = node.saved
-    sel, _ = _parse(key, a.shape)
+    sel, outdims = _parse(key, a.shape)
+    if any(count > 1 and step != 1 for _, step, count, _ in sel):
+        return (_scattered(g, a, key, outdims),)
+    return (_padded(g, a, sel),)
+
+
+def _padded(g, a, sel):
+    """The gradient reshaped to the picked box (ints and None are size-1 dims) and
+    padded with zeros to ``a``'s shape by concatenation, dim by dim."""
     g = g.reshape(tuple(count for _, _, count, _ in sel))
     for d, (start, _, count, _) in enumerate(sel):
         g = _pad_along(g, d, start, a.shape[d] - start - count)
-    return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+    return g if g.dtype == a.dtype else g.astype(a.dtype)
+
+
+def _scattered(g, a, key, outdims):
+    """A stepped slice's gradient: ``g`` written with ``a``'s key into zeros of
+    ``a``'s shape (DTensor item assignment, NumPy's semantics for any step), which
+    moves ``g`` only where the zeros' layout needs it. Per mesh dim the zeros take
+    ``g``'s Partial(sum), which the write keeps as it is (as the padding's zeros
+    keep it); else ``g``'s Shard of a dim ``a`` has, whose rows go to the ranks
+    that hold them; else ``a``'s own Shard, where each rank writes its rows of a
+    replicated ``g`` without communication; else Replicate."""
+    dims = [o[1] if o[0] == "in" else None for o in outdims]
+    pl = []
+    for gp, ap in zip(g.placements, a.placements):
+        if gp.is_partial("sum"):
+            pl.append(gp)
+        elif gp.is_shard() and dims[gp.dim % g.ndim] is not None:
+            pl.append(Shard(dims[gp.dim % g.ndim]))
+        elif ap.is_shard():
+            pl.append(Shard(ap.dim % a.ndim))
+        else:
+            pl.append(Replicate())
+    gx = _zeros(a.shape, a.dtype, a.device_mesh, tuple(pl))
+    gx[key] = g
+    return gx
 
 
 def _pad_along(g, d, before, after):
@@ -466,13 +494,17 @@ def _zeros_like_along(g, d, n):
     that dim (Replicate there): concatenating them with ``g`` moves only what the
     concatenation itself must. Zeros are valid parts of a Partial. Local."""
     shape = g.shape[:d] + (n,) + g.shape[d + 1:]
-    mesh = g.device_mesh
     pl = tuple(Replicate() if p.is_shard() and p.dim % g.ndim == d else p
                for p in g.placements)
+    return _zeros(shape, g.dtype, g.device_mesh, pl)
+
+
+def _zeros(shape, dtype, mesh, pl):
+    """A DTensor of zeros laid out by ``pl``; each rank allocates its part. Local."""
     if mesh.get_coordinate() is None:
-        local = np.empty((0,), g.dtype)
+        local = np.empty((0,), dtype)
     else:
-        local = np.zeros(compute_local_shape_and_global_offset(shape, mesh, pl)[0], g.dtype)
+        local = np.zeros(compute_local_shape_and_global_offset(shape, mesh, pl)[0], dtype)
     return DTensor.from_local(local, mesh, pl, shape=shape, stride=contiguous_strides(shape))
 
 
