@@ -2,7 +2,9 @@
 ``np.prod``: each gradient against a reference computed with NumPy on the full
 arrays (the scattered weights, central differences, the product of the others), in
 float64, on sharded, replicated and Partial inputs, even and uneven, at every world
-size; and against torch DTensor on gloo when torch is installed."""
+size; and against torch DTensor on gloo when torch is installed (skipped otherwise),
+where torch has the operation: slices of positive step, and the layouts its
+tensordot and prod do not refuse as uneven."""
 
 from __future__ import annotations
 
@@ -299,3 +301,114 @@ def test_prod_of_a_float32_input_with_a_float64_result_gets_a_float32_gradient()
     assert x.grad.dtype == np.float32
     np.testing.assert_allclose(x.grad.full_tensor(), prod_reference(a.astype(np.float64),
                                                                      0, False), rtol=1e-6)
+
+
+# -- against torch (skipped without it) --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tmesh():
+    pytest.importorskip("torch")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch_helpers import init_gloo
+
+    init_gloo()
+    return init_device_mesh("cpu", (W,))
+
+
+def torch_grads(f, arrays, tmesh, pls, c):
+    """The leaves' gradients of ``sum(c * f(*leaves))`` under torch DTensor, gathered;
+    None where torch refuses to flatten an uneven shard (its tensordot and prod
+    reshape their operands), which every rank sees alike."""
+    import torch
+    from torch.distributed import tensor as td
+    from torch_helpers import torch_placements
+
+    xs = [td.distribute_tensor(torch.tensor(a), tmesh, torch_placements(p)).requires_grad_()
+          for a, p in zip(arrays, pls)]
+    try:
+        y = f(*xs)
+        tc = td.distribute_tensor(torch.tensor(c), tmesh, [td.Replicate()])
+        (y * tc).sum().backward()
+    except RuntimeError as e:
+        if "unevenly sharded" in str(e):
+            return None
+        raise
+    return [x.grad.full_tensor().numpy() for x in xs]
+
+
+# torch's slices step forward only.
+TORCH_STEPPED = [np.s_[::2], np.s_[1:7:3, ::2], np.s_[1::3, 1], np.s_[None, 2::2, ..., 1::3],
+                 np.s_[3, ::4]]
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (8, 4)], ids=str)
+@pytest.mark.parametrize("key", TORCH_STEPPED, ids=str)
+def test_stepped_slices_equal_torch(tmesh, shape, key):
+    mesh = mesh_of((W,))
+    for j, pl in enumerate([(Shard(0),), (Shard(1),), (R,)]):
+        (a,) = rng_arrays(80 + j, shape)
+        (got,), c = run(lambda x: x[key] * 2.0, [a], mesh, [pl])
+        (theirs,) = torch_grads(lambda x: x[key] * 2.0, [a], tmesh, [pl], c)
+        np.testing.assert_allclose(got, theirs, rtol=1e-12, atol=1e-12, err_msg=str(pl))
+
+
+@pytest.mark.parametrize("case", ["tensordot1", "tensordot2", "tensordot0", "inner",
+                                  "inner_nd", "outer"])
+def test_tensordot_inner_outer_equal_torch(tmesh, case):
+    import torch
+
+    shapes, ours, theirs = {
+        "tensordot1": (((3, 5), (5, 4)), lambda x, y: np.tensordot(x, y, 1),
+                       lambda x, y: torch.tensordot(x, y, dims=1)),
+        "tensordot2": (((3, 4, 5), (4, 5, 2)), lambda x, y: np.tensordot(x, y, axes=2),
+                       lambda x, y: torch.tensordot(x, y, dims=2)),
+        "tensordot0": (((4, 3), (5,)), lambda x, y: np.tensordot(x, y, 0),
+                       lambda x, y: torch.tensordot(x, y, dims=0)),
+        "inner": (((7,), (7,)), np.inner, torch.inner),
+        "inner_nd": (((3, 5), (2, 4, 5)), np.inner, torch.inner),
+        "outer": (((5,), (7,)), np.outer, torch.outer),
+    }[case]
+    mesh = mesh_of((W,))
+    compared = 0
+    for j, pls in enumerate(layouts((W,), [len(s) for s in shapes])):
+        pls = [plain(p) for p in pls]  # torch's leaves are not Partial
+        arrays = rng_arrays(90 + j, *shapes)
+        got, c = run(ours, arrays, mesh, pls)
+        expect = torch_grads(theirs, arrays, tmesh, pls, c)
+        compared += expect is not None
+        for i, (g, t) in enumerate(zip(got, expect or ())):
+            np.testing.assert_allclose(g, t, rtol=1e-12, atol=1e-12, err_msg=f"{pls} {i}")
+    assert compared
+
+
+@pytest.mark.parametrize("zeros", range(len(ZEROS)))
+def test_prod_of_everything_equals_torch(tmesh, zeros):
+    mesh = mesh_of((W,))
+    a = with_zeros((4, 5), zeros, [z for z in ZEROS[zeros] if z[0] < 4])
+    compared = 0
+    for pl in [(Shard(0),), (Shard(1),), (R,)]:
+        (got,), c = run(lambda x: x.prod(), [a], mesh, [pl])
+        expect = torch_grads(lambda x: x.prod(), [a], tmesh, [pl], c)
+        compared += expect is not None
+        for theirs in expect or ():
+            np.testing.assert_allclose(got, theirs, rtol=1e-12, atol=1e-12, err_msg=str(pl))
+    assert compared
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1], ids=str)
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("zeros", range(len(ZEROS)))
+def test_prod_over_an_axis_equals_torch_on_the_full_tensor(tmesh, axis, keepdims, zeros):
+    # torch DTensor's prod(dim) backward fails (its safe-zeros path concatenates a
+    # plain tensor with a DTensor): the reference is torch's backward on the full
+    # tensor.
+    import torch
+
+    mesh = mesh_of((W,))
+    a = with_zeros((5, 5), zeros, ZEROS[zeros])
+    for j, (pl,) in enumerate(layouts((W,), [2])):
+        (got,), c = run(lambda x: np.prod(x, axis=axis, keepdims=keepdims), [a], mesh, [pl])
+        t = torch.tensor(a, requires_grad=True)
+        (t.prod(dim=axis, keepdim=keepdims) * torch.tensor(c)).sum().backward()
+        np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-12, atol=1e-12,
+                                   err_msg=str(pl))
