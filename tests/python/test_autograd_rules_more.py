@@ -291,6 +291,21 @@ def test_prod_in_a_chain_and_over_uneven_shards(mesh_shape):
         np.testing.assert_allclose(grads[0], expect, rtol=1e-6, atol=1e-8, err_msg=str(pl))
 
 
+def test_prod_over_a_sharded_axis_reduces_the_product_and_the_count_once_each():
+    # The lane's zero count and product of nonzeros are all the backward moves; with
+    # the forward's all-reduce that makes as many collectives as torch DTensor's
+    # prod, which gathers the whole input for its backward.
+    mesh = mesh_of((W,))
+    a = with_zeros((2 * W, 3), 71, [(1, 1)])
+    x = distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
+    loss = x.prod() * 2.0
+    with CommDebugMode() as mode:
+        loss.backward()
+    assert dict(mode.get_comm_counts()) == ({"all_reduce": 2} if W > 1 else {})
+    np.testing.assert_allclose(x.grad.full_tensor(), 2.0 * prod_reference(a, None, False),
+                               rtol=1e-13)
+
+
 def test_prod_of_a_float32_input_with_a_float64_result_gets_a_float32_gradient():
     mesh = mesh_of((W,))
     a = with_zeros((4, 3), 70, [(2, 1)]).astype(np.float32)

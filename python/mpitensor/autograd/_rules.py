@@ -301,14 +301,18 @@ def _prod_grads(g, a, axis, keepdims):
     product of its nonzero elements, over the element itself where the lane has no
     zero, as it is at the lane's only zero, and 0 where the product of the others
     includes a zero. No division by zero, and no cumulative products along a
-    possibly sharded axis: one product and one count per lane."""
+    possibly sharded axis: one product and one count per lane, each reduced once
+    (in the reduced shape, before they meet ``a``'s)."""
     axes, _, kept = _reduced(a, axis)
     zero = a == 0
     nonzero = np.where(zero, np.ones((), a.dtype), a)
-    product = np.prod(nonzero, axis=axes, keepdims=True)
-    zeros = np.sum(zero, axis=axes, keepdims=True)
-    others = np.where(zero, product * (zeros == 1), product * (zeros == 0) / nonzero)
-    return (_fit(g.reshape(kept) * others, a),)
+    # All the rule needs of the count is none, one or more: capped, it is reduced
+    # once and then used twice.
+    zeros = np.minimum(np.sum(zero, axis=axes), 2)
+    product = np.prod(nonzero, axis=axes) * (zeros <= 1)
+    at_zero = product.reshape(kept)
+    elsewhere = (product * (zeros == 0)).reshape(kept) / nonzero
+    return (_fit(g.reshape(kept) * np.where(zero, at_zero, elsewhere), a),)
 
 
 # Reduction methods as the executor records them: saved (a,), aux (axis, keepdims).
