@@ -1,4 +1,4 @@
-"""The cost of one agreement across ranks (``_C.agree``: the all-reduce of status and
+"""The cost of one agreement across ranks (``_comm.agree``: the all-reduce of status and
 fingerprint that mesh creation, distribute_tensor and large redistributes run by
 default), against a raw mpi4py ``Allreduce`` of the same three int64 on the same
 ranks, timed interleaved in one run.
@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import _C
+from mpitensor import _comm
 from _common import (machine, machine_line, per_call_us, result_path,  # benchmarks/ is sys.path[0]
                      summary, write_result)
 
@@ -31,7 +31,7 @@ def main() -> None:
     status, out = np.zeros(3, np.int64), np.zeros(3, np.int64)
 
     def agree():
-        _C.agree(mesh._handle, True, 7, "unused")
+        _comm.agree(mesh._handle, True, 7, "unused")
 
     def raw():
         comm.Allreduce(status, out, MPI.MAX)

@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import machine, machine_line, result_path, write_result  # noqa: E402
 
 import mpitensor as mt  # noqa: E402
-from mpitensor import Partial, Replicate, Shard, _C, _timemodel  # noqa: E402
+from mpitensor import Partial, Replicate, Shard, _C, _timemodel, _comm, _plan  # noqa: E402
 from mpitensor._layout import _codes  # noqa: E402
 
 KiB, MiB = 1024, 1024 * 1024
@@ -137,7 +137,7 @@ def candidates(shape, mesh_shape, a, b, models) -> dict:
     plans = {}
     for m in models:
         try:
-            p = _C.Plan(shape, mesh_shape, _codes(a), _codes(b), "f8", m)
+            p = _plan.Plan(shape, mesh_shape, _codes(a), _codes(b), "f8", m)
         except (RuntimeError, TypeError):
             return {}
         plans.setdefault(label_of(p), p)
@@ -147,7 +147,7 @@ def candidates(shape, mesh_shape, a, b, models) -> dict:
 def blind_label(shape, mesh_shape, a, b, model) -> str:
     """The label of the plan `model`'s costs give on one node: what a planner that
     ignores the nodes would run."""
-    return label_of(_C.Plan(shape, mesh_shape, _codes(a), _codes(b), "f8",
+    return label_of(_plan.Plan(shape, mesh_shape, _codes(a), _codes(b), "f8",
                             model[:7] + (0,)))
 
 
@@ -291,7 +291,7 @@ def replay(args) -> int:
     with open(args.replay, encoding="utf-8") as f:
         data = json.load(f)
     costs = _timemodel.read_table(args.table) if args.table else None
-    base = tuple(costs) if costs else _C.default_time_model()[:7]
+    base = tuple(costs) if costs else _comm.default_time_model()[:7]
     link = data.get("link")
     ranks = data.get("ranks") or data.get("machine", {}).get("np") or 4
     print(f"replay of {args.replay} ({data.get('transport')}); model (alpha_shm, "

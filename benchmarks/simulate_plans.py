@@ -1,6 +1,6 @@
 """Plans redistributions on meshes far larger than this machine, on nodes of 64 and
 128 ranks, and prices them against torch's per-mesh-dim steps. No MPI: the planner
-is pure C, called through mpitensor._C.Plan with a time model whose ranks_per_node
+is pure C, called through mpitensor._plan.Plan with a time model whose ranks_per_node
 places the simulated ranks on nodes (row-major: the last mesh dim innermost).
 
     python benchmarks/simulate_plans.py                  # the study below, JSON written
@@ -37,7 +37,7 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import machine, machine_line, result_path, write_result  # noqa: E402
 
-from mpitensor import Partial, Replicate, Shard, _C, _timemodel  # noqa: E402
+from mpitensor import Partial, Replicate, Shard, _timemodel, _comm, _plan  # noqa: E402
 from mpitensor._layout import _codes  # noqa: E402
 
 KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
@@ -112,7 +112,7 @@ def transitions(ndim: int, quick: bool):
 
 def plan(shape, mesh, a, b, model):
     t0 = time.perf_counter()
-    p = _C.Plan(shape, mesh, _codes(a), _codes(b), "f8", model)
+    p = _plan.Plan(shape, mesh, _codes(a), _codes(b), "f8", model)
     return p, time.perf_counter() - t0
 
 
@@ -121,7 +121,7 @@ def scale_record(ranks, per_node, mesh, what, a, b, size, base) -> dict:
     shape = scale_shape(size, ranks)
     p, took = plan(shape, mesh, a, b, base + (per_node,))
     t = p.torch()
-    blind = _C.Plan(shape, mesh, _codes(a), _codes(b), "f8", base + (0,))
+    blind = _plan.Plan(shape, mesh, _codes(a), _codes(b), "f8", base + (0,))
     return {"ranks": ranks, "per_node": per_node, "mesh": list(mesh), "move": what,
             "src": name(a), "dst": name(b), "bytes": size, "shape": list(shape),
             "plan": steps_of(p), "predicted_s": p.time, "net_bytes": p.net_bytes,
@@ -204,7 +204,7 @@ def main() -> int:
                     "simulate_plans-np1.json)")
     ap.add_argument("--quiet", action="store_true", help="the study: no line per move")
     args = ap.parse_args()
-    base = tuple(_C.default_time_model()[:7])
+    base = tuple(_comm.default_time_model()[:7])
     if args.table:
         base = tuple(_timemodel.read_table(args.table))
     print(machine_line(machine(MPI.COMM_SELF)))

@@ -131,11 +131,11 @@ def checkpoint_points(comm, sizes, reps, folder):
         path = os.path.join(folder, f"transport-{comm.size}.npy")
 
         def save(mode):
-            old = mt._C.io_gather(mode)
+            old = mt.checkpoint._io.io_gather(mode)
             try:
                 mt.save(dt, path)
             finally:
-                mt._C.io_gather(old)
+                mt.checkpoint._io.io_gather(old)
 
         t = time_interleaved(comm, {"gather": lambda: save(2), "slabs": lambda: save(0)},
                              reps(nbytes * comm.size), 1)

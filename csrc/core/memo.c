@@ -9,7 +9,7 @@
 #include "core-private.h"
 
 /* op, aux, operand count, then the operands. */
-enum { KEY_WORDS = 3 + MT_MEMO_MAX_OPERANDS };
+enum { HEAD_WORDS = 4, KEY_WORDS = HEAD_WORDS + MT_MEMO_MAX_OPERANDS };
 
 /* A direct-mapped front of the cache, by op: the decision an op found last,
  * tried before the key is hashed (an op mostly meets the same layouts again).
@@ -61,8 +61,8 @@ static int pack(const mt_memo_key *key, int64_t *w, mt_error *err) {
     return mt__fail(err, MT_EINVAL, "A memo key has 0 to %d operands, got %d",
                     MT_MEMO_MAX_OPERANDS, key->noperands);
   memset(w, 0, KEY_WORDS * sizeof *w);
-  w[0] = key->op, w[1] = key->aux, w[2] = count_word(key);
-  for (int i = 0; i < key->noperands; ++i) w[3 + i] = key->operand[i];
+  w[0] = key->op, w[1] = key->aux, w[2] = count_word(key), w[3] = key->want;
+  for (int i = 0; i < key->noperands; ++i) w[HEAD_WORDS + i] = key->operand[i];
   return MT_OK;
 }
 
@@ -93,9 +93,9 @@ void mt_memo_destroy(mt_memo *memo) {
 static int pack_used(const mt_memo_key *key, int64_t *w) {
   int n = key->noperands;
   if (n < 0 || n > MT_MEMO_MAX_OPERANDS) return 0;
-  w[0] = key->op, w[1] = key->aux, w[2] = count_word(key);
-  for (int i = 0; i < n; ++i) w[3 + i] = key->operand[i];
-  return 3 + n;
+  w[0] = key->op, w[1] = key->aux, w[2] = count_word(key), w[3] = key->want;
+  for (int i = 0; i < n; ++i) w[HEAD_WORDS + i] = key->operand[i];
+  return HEAD_WORDS + n;
 }
 
 mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key) {
@@ -106,10 +106,11 @@ mt_decision *mt_memo_peek(mt_memo *memo, const mt_memo_key *key) {
 
 /* Whether the front entry f holds `key`. */
 static int front_holds(const front *f, const mt_memo_key *key) {
-  if (f->key[0] != key->op || f->key[1] != key->aux || f->key[2] != count_word(key))
+  if (f->key[0] != key->op || f->key[1] != key->aux || f->key[2] != count_word(key) ||
+      f->key[3] != key->want)
     return 0;
   for (int i = 0; i < key->noperands; ++i)
-    if (f->key[3 + i] != key->operand[i]) return 0;
+    if (f->key[HEAD_WORDS + i] != key->operand[i]) return 0;
   return 1;
 }
 

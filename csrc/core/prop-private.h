@@ -138,6 +138,12 @@ int mt__prop_moved_with_alias(const mt__engine *e, int i, const int *choice);
 int mt__prop_grads_back(const mt__engine *e, const int *choice, mt__price *out,
                         mt_error *err);
 
+/* What moving the output to where it is headed (mt_prop_inputs.want) costs under
+ * `choice`: *comm says whether that move communicates; with `full` it is planned
+ * into `out`, else only flagged. Nothing when no output is wanted. */
+int mt__prop_way_out(const mt__engine *e, const int *choice, int full, mt__price *out,
+                     int *comm, mt_error *err);
+
 /* ---- scores (prop_score.c) ----------------------------------------------------- */
 
 /* Whether the candidates of `choice` may go together (shard counts, even splits,

@@ -11,6 +11,7 @@
  * without planning (a Partial reduced, or a rank missing part of its box), and
  * its lower bounds come from the same count (mt__lack, the planner's walk). */
 #include <stdint.h>
+#include <string.h>
 
 #include "core-private.h"
 #include "mpitensor/core/layout.h"
@@ -100,10 +101,10 @@ static mt_layout without_partials(const mt_layout *l) {
 
 /* Adds the plan src -> dst to `p`: 0 when it was planned, else its status (a
  * plan that fails makes the layout invalid, as the forward's would). */
-static int add_plan(const mt__engine *e, int i, const mt_layout *src, const mt_layout *dst,
-                    mt__price *p, mt_error *perr) {
+static int add_plan(const mt__engine *e, int64_t itemsize, const mt_layout *src,
+                    const mt_layout *dst, mt__price *p, mt_error *perr) {
   mt_plan *plan = NULL;
-  int rc = mt_plan_create_timed(src, dst, e->in->itemsize[i], e->model, &plan, perr);
+  int rc = mt_plan_create_timed(src, dst, itemsize, e->model, &plan, perr);
   if (rc != MT_OK) return rc;
   p->bytes = sat_add(p->bytes, mt_plan_bytes(plan));
   p->messages = sat_add(p->messages, mt_plan_messages(plan));
@@ -119,7 +120,7 @@ static int plan_price(mt__engine *e, int i, const mt_layout *need, mt__price *p,
                       mt_error *err) {
   mt_error perr = {0, ""};
   p->bytes = 0, p->messages = 0, p->time = 0.0;
-  int rc = add_plan(e, i, &e->cur[i], need, p, &perr);
+  int rc = add_plan(e, e->in->itemsize[i], &e->cur[i], need, p, &perr);
   if (rc == MT_ENOMEM) return mt__fail(err, rc, "%s", perr.msg);
   if (rc != MT_OK) {
     if (e->plan_rc == MT_OK) e->plan_rc = rc, e->plan_err = perr;
@@ -184,7 +185,7 @@ int mt__prop_grads_back(const mt__engine *e, const int *choice, mt__price *out,
               placement_eq(&from.placements[m], &to.placements[m]);
     if (same) continue;
     mt_error perr = {0, ""};
-    int rc = add_plan(e, i, &from, &to, out, &perr);
+    int rc = add_plan(e, e->in->itemsize[i], &from, &to, out, &perr);
     if (rc == MT_ENOMEM) return mt__fail(err, rc, "%s", perr.msg);
     /* A gradient the planner cannot move adds nothing: the forward decides. */
   }
@@ -221,4 +222,36 @@ int mt__prop_input_price(mt__engine *e, int i, const int *choice, int full,
   }
   *out = *p;
   return rc;
+}
+
+/* The output's layout under `choice`. */
+static mt_layout out_layout(const mt__engine *e, const int *choice) {
+  mt_layout out = e->cur[0];
+  out.ndim = e->map->out_ndim;
+  for (int d = 0; d < out.ndim; ++d) out.shape[d] = e->out_shape[d];
+  for (int m = 0; m < e->mesh_ndim; ++m) out.placements[m] = e->dims[m].c[choice[m]].out;
+  return out;
+}
+
+int mt__prop_way_out(const mt__engine *e, const int *choice, int full, mt__price *out,
+                     int *comm, mt_error *err) {
+  out->bytes = 0, out->messages = 0, out->time = 0.0;
+  *comm = 0;
+  const mt_prop_inputs *in = e->in;
+  if (!in->want || in->want_ndim != e->map->out_ndim) return MT_OK;
+  for (int d = 0; d < in->want_ndim; ++d)
+    if (in->want_shape[d] != e->out_shape[d]) return MT_OK;
+  mt_layout from = out_layout(e, choice), to = from;
+  memcpy(to.placements, in->want_placements, sizeof to.placements);
+  if (only_cuts(&from, &to)) {
+    out->time = mt__cuts_time(&from, &to, e->out_itemsize, e->model);
+    return MT_OK;
+  }
+  *comm = 1;
+  if (!full) return MT_OK;
+  mt_error perr = {0, ""};
+  int rc = add_plan(e, e->out_itemsize, &from, &to, out, &perr);
+  if (rc == MT_ENOMEM) return mt__fail(err, rc, "%s", perr.msg);
+  /* An output the planner cannot move adds nothing: the op decides alone. */
+  return MT_OK;
 }

@@ -192,10 +192,20 @@ int mt__prop_score(mt__engine *e, const int *choice, int full, mt__score *s,
     s->messages = sat_add(s->messages, p.messages);
     s->time += p.time;
   }
+  mt__price w;
+  int out_comm, rc = mt__prop_way_out(e, choice, full, &w, &out_comm, err);
+  if (rc != MT_OK) return rc;
+  if (out_comm && !full) {
+    s->comm = 1, *valid = 1;
+    return MT_OK;
+  }
+  s->bytes = sat_add(s->bytes, w.bytes);
+  s->messages = sat_add(s->messages, w.messages);
+  s->time += w.time;
   s->comm = s->bytes > 0 || s->messages > 0;
   if (s->comm && full) {
     mt__price g;
-    int rc = mt__prop_grads_back(e, choice, &g, err);
+    rc = mt__prop_grads_back(e, choice, &g, err);
     if (rc != MT_OK) return rc;
     s->bytes = sat_add(s->bytes, g.bytes);
     s->messages = sat_add(s->messages, g.messages);

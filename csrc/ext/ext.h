@@ -20,7 +20,7 @@
 #include "mpitensor/comm/counters.h"
 #include "mpitensor/comm/mesh.h"
 #include "mpitensor/comm/redistribute.h"
-#include "mpitensor/comm/ring.h"
+#include "mpitensor/comm/ring.h" /* mt_exchange, which a _C.Request completes */
 #include "mpitensor/core/layout_table.h"
 #include "mpitensor/core/memo.h"
 #include "mpitensor/core/plan.h"
@@ -30,8 +30,8 @@
 typedef struct mt_ext_dispatch mt_ext_dispatch;
 
 /* Per-module state (PEP 489): the heap types, and what the C libraries keep no
- * global of: the communication and I/O counters and the I/O options, read and
- * changed under the GIL. */
+ * global of: the communication and I/O counters (atomic cells, which the
+ * ctypes bindings read and pass by address). */
 typedef struct mt_ext_state {
   PyTypeObject *mesh_type, *plan_type, *request_type, *dimmap_type;
   PyTypeObject *dtensor_base_type, *mesh_base_type, *node_type, *modes_type;
@@ -39,7 +39,6 @@ typedef struct mt_ext_state {
   mt_ext_dispatch *dispatch; /* owned (ext_ops.c) */
   mt_comm_counters comm_counters;
   mt_io_counters io_counters;
-  mt_io_options io_options; /* io_options.counters is &io_counters */
 } mt_ext_state;
 
 extern struct PyModuleDef mt_ext_module_def;
@@ -62,28 +61,12 @@ int mt_ext_inexact(PyArray_Descr *d);
 PyArrayObject *mt_ext_contiguous(PyObject *obj);
 /* The Python exception of a core status, with the core's message; returns NULL. */
 PyObject *mt_ext_raise(int code, const mt_error *err);
-/* The status mt_ext_raise turns back into the exception class `kind`. */
-int mt_ext_status_of(PyObject *kind);
-/* `text` (a str) as UTF-8 in err->msg; -1 with an exception otherwise. */
-int mt_ext_set_message(mt_error *err, PyObject *text);
 /* Up to `cap` ints of a sequence into `out`, their count in *n; -1 naming `what`. */
 int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what);
 /* Placements encoded as a sequence of (kind, dim, reduce_op) int triples. */
 int mt_ext_placements(PyObject *seq, mt_placement *out, int *n);
-/* (global shape, mesh shape, placement codes) as a validated layout. */
-int mt_ext_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes, mt_layout *out);
-/* A time model from its tuple (alpha_shm, beta_shm, alpha_net, beta_net, call,
- * copy, reduce, ranks_per_node), checked; and the tuple of a model. */
-int mt_ext_time_model(PyObject *obj, mt_time_model *out);
-PyObject *mt_ext_time_model_tuple(const mt_time_model *model);
 /* A tuple of ints. */
 PyObject *mt_ext_int_tuple(const int64_t *v, int n);
-/* `obj` (borrowed) when it is a C-contiguous ndarray (writable when asked): MPI
- * moves it as flat bytes; TypeError naming `what` otherwise. */
-PyArrayObject *mt_ext_buffer(PyObject *obj, int writable, const char *what);
-/* A mesh dim argument; -1 for one out of range, which the comm call refuses on
- * every rank alike. 0, or -1 with an exception. */
-int mt_ext_mesh_dim(PyObject *obj, int *dim);
 /* A new C-contiguous array; large ones come from the block pool. */
 PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim,
                                 const npy_intp *dims);
@@ -126,6 +109,9 @@ typedef struct mt_ext_modes {
   /* A recorded forward runs with grad mode off: its decisions still price the
    * way back of the gradients its inputs will get. */
   char grad_priced;
+  /* The DTensor whose gradient a backward is computing (None or NULL: none): the
+   * outputs of the operations it runs are headed to that DTensor's layout. */
+  PyObject *want;
   int implicit_replication, listeners;
 } mt_ext_modes;
 
@@ -292,6 +278,12 @@ static inline int mt_ext_alias_of(const mt_ext_call *c, int t) {
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
                   PyObject *key);
 void mt_ext_call_release(mt_ext_call *c);
+/* Sets c->key.want from the modes' `want` when it is a DTensor on the call's mesh:
+ * 1, or -1 with an exception (the call released). */
+int mt_ext_call_want(mt_ext_dispatch *d, mt_ext_call *c);
+static inline int mt_ext_wanting(const mt_ext_dispatch *d) {
+  return d->modes->want != NULL && d->modes->want != Py_None;
+}
 
 /* What an operation is: how to decide it, what to run, how to record it. */
 typedef struct mt_ext_op {
@@ -388,12 +380,9 @@ int mt_ext_autograd_exec(PyObject *module);
 int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_ops_clear(mt_ext_state *st);
 void mt_ext_ops_free(mt_ext_state *st);
-extern PyMethodDef mt_ext_pool_methods[], mt_ext_mesh_methods[],
-    mt_ext_redistribute_methods[],
-    mt_ext_prop_methods[], mt_ext_io_methods[], mt_ext_ops_methods[],
-    mt_ext_autograd_methods[], mt_ext_decide_methods[], mt_ext_ring_methods[],
-    mt_ext_agree_methods[], mt_ext_watchdog_methods[],
-    mt_ext_exec_methods[], mt_ext_hooks_methods[], mt_ext_entry_methods[],
-    mt_ext_move_methods[], mt_ext_lanes_methods[];
+extern PyMethodDef mt_ext_pool_methods[], mt_ext_redistribute_methods[],
+    mt_ext_prop_methods[], mt_ext_ops_methods[], mt_ext_autograd_methods[],
+    mt_ext_decide_methods[], mt_ext_exec_methods[],
+    mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[];
 
 #endif

@@ -42,24 +42,6 @@ int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what
   return rc;
 }
 
-/* MPI reads and writes these buffers as flat bytes while Python runs on. */
-PyArrayObject *mt_ext_buffer(PyObject *obj, int writable, const char *what) {
-  if (!PyArray_Check(obj) || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) ||
-      (writable && !PyArray_ISWRITEABLE((PyArrayObject *)obj))) {
-    PyErr_Format(PyExc_TypeError, "%s must be a%s C-contiguous ndarray", what,
-                 writable ? " writable" : "");
-    return NULL;
-  }
-  return (PyArrayObject *)obj;
-}
-
-int mt_ext_mesh_dim(PyObject *obj, int *dim) {
-  long d = PyLong_AsLong(obj);
-  if (d == -1 && PyErr_Occurred()) return -1;
-  *dim = (d < 0 || d > MT_MAX_MESH_NDIM) ? -1 : (int)d;
-  return 0;
-}
-
 PyObject *mt_ext_int_tuple(const int64_t *v, int n) {
   PyObject *out = PyTuple_New(n);
   for (int i = 0; out != NULL && i < n; ++i) {
@@ -139,85 +121,4 @@ PyArrayObject *mt_ext_contiguous(PyObject *obj) {
   }
   if (dtype_or_raise((PyArrayObject *)obj) < 0) return NULL;
   return (PyArrayObject *)PyArray_GETCONTIGUOUS((PyArrayObject *)obj);
-}
-
-int mt_ext_layout(PyObject *shape, PyObject *mesh_shape, PyObject *codes, mt_layout *out) {
-  int64_t sh[MT_MAX_NDIM], ms[MT_MAX_MESH_NDIM];
-  mt_placement pl[MT_MAX_MESH_NDIM];
-  int nd = 0, nm = 0, np = 0;
-  if (mt_ext_int64s(shape, sh, MT_MAX_NDIM, &nd, "shape") < 0) return -1;
-  if (mt_ext_int64s(mesh_shape, ms, MT_MAX_MESH_NDIM, &nm, "mesh shape") < 0) return -1;
-  if (mt_ext_placements(codes, pl, &np) < 0) return -1;
-  if (np != nm) {
-    PyErr_Format(PyExc_ValueError, "%d placements were given for a %d-D mesh", np, nm);
-    return -1;
-  }
-  mt_error err = {0};
-  int rc = mt_layout_init(out, nd, sh, nm, ms, pl, &err);
-  if (rc != MT_OK) mt_ext_raise(rc, &err);
-  return rc == MT_OK ? 0 : -1;
-}
-
-/* The status that mt_ext_raise turns back into `kind` (or its closest base). The
- * subclasses come before their bases: NotImplementedError is a RuntimeError. */
-int mt_ext_status_of(PyObject *kind) {
-  static const struct {
-    int code;
-    PyObject **type;
-  } table[] = {
-      {MT_ENOMEM, &PyExc_MemoryError},
-      {MT_ENOTSUP, &PyExc_NotImplementedError},
-      {MT_EOVERFLOW, &PyExc_OverflowError},
-      {MT_EINDEX, &PyExc_IndexError},
-      {MT_ETYPE, &PyExc_TypeError},
-      {MT_EINVAL, &PyExc_ValueError},
-      {MT_EIO, &PyExc_OSError},
-  };
-  for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i) {
-    if (PyObject_IsSubclass(kind, *table[i].type) == 1) return table[i].code;
-  }
-  PyErr_Clear();
-  return MT_ESTATE;
-}
-
-/* `text` as UTF-8 in err->msg, cut at a character boundary if it is too long. */
-int mt_ext_set_message(mt_error *err, PyObject *text) {
-  Py_ssize_t len = 0;
-  const char *utf8 = PyUnicode_AsUTF8AndSize(text, &len);
-  if (utf8 == NULL) return -1;
-  size_t n = (size_t)len < sizeof err->msg - 1 ? (size_t)len : sizeof err->msg - 1;
-  while (n > 0 && n < (size_t)len && ((unsigned char)utf8[n] & 0xC0) == 0x80) --n;
-  memcpy(err->msg, utf8, n);
-  err->msg[n] = '\0';
-  return 0;
-}
-
-int mt_ext_time_model(PyObject *obj, mt_time_model *out) {
-  double a0, b0, a1, b1, call, copy, reduce;
-  long long per_node;
-  if (!PyTuple_Check(obj)) {
-    PyErr_Format(PyExc_TypeError,
-                 "a time model is a tuple (alpha_shm, beta_shm, alpha_net, beta_net, "
-                 "call, copy, reduce, ranks_per_node), got %s",
-                 Py_TYPE(obj)->tp_name);
-    return -1;
-  }
-  if (!PyArg_ParseTuple(obj, "dddddddL:time model", &a0, &b0, &a1, &b1, &call, &copy,
-                        &reduce, &per_node))
-    return -1;
-  mt_time_model m = {{a0, a1}, {b0, b1}, call, copy, reduce, (int64_t)per_node};
-  mt_error err = {0};
-  int rc = mt_time_model_check(&m, &err);
-  if (rc != MT_OK) {
-    mt_ext_raise(rc, &err);
-    return -1;
-  }
-  *out = m;
-  return 0;
-}
-
-PyObject *mt_ext_time_model_tuple(const mt_time_model *m) {
-  return Py_BuildValue("(dddddddL)", m->alpha[MT_LINK_SHM], m->beta[MT_LINK_SHM],
-                       m->alpha[MT_LINK_NET], m->beta[MT_LINK_NET], m->call, m->copy,
-                       m->reduce, (long long)m->ranks_per_node);
 }

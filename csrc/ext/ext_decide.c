@@ -162,7 +162,7 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
                   PyObject *key) {
   c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
-  c->key.op = 0, c->key.aux = 0, c->key.grad = 0;
+  c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
   c->key.noperands = c->noperands = n;
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;
   int err = 0;
@@ -174,6 +174,18 @@ int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *
       mt_ext_call_release(c);
       return rc;
     }
+  }
+  return mt_ext_wanting(d) ? mt_ext_call_want(d, c) : 1;
+}
+
+int mt_ext_call_want(mt_ext_dispatch *d, mt_ext_call *c) {
+  PyObject *w = d->modes->want;
+  if (!mt_ext_is_dtensor(d, w) || ((mt_ext_dtensor *)w)->spec == NULL ||
+      mt_ext_spec_mesh(d, ((mt_ext_dtensor *)w)->spec) != c->mb)
+    return 1;
+  if (mt_ext_layout_id(d, c->mb, (mt_ext_dtensor *)w, NULL, &c->key.want) < 0) {
+    mt_ext_call_release(c);
+    return -1;
   }
   return 1;
 }
@@ -200,6 +212,18 @@ static int call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_prop_inputs 
   }
   for (int i = 0, t = 0; i < c->noperands; ++i)
     if (c->tensors >> i & 1u) p->grad |= (c->key.grad >> i & 1u) << t++;
+  if (c->key.want != 0) {
+    /* Where the gradient of the wanted DTensor lives: Replicate for its Partials. */
+    mt_layout_key key;
+    if (mt_ext_spec_key(d, c->mb, ((mt_ext_dtensor *)d->modes->want)->spec, &key) < 0)
+      return -1;
+    p->want = 1, p->want_ndim = key.ndim;
+    memcpy(p->want_shape, key.shape, sizeof p->want_shape);
+    for (int m = 0; m < p->mesh_ndim; ++m)
+      p->want_placements[m] = key.placements[m].kind == MT_PLACEMENT_PARTIAL
+                                  ? (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}
+                                  : key.placements[m];
+  }
   return 0;
 }
 

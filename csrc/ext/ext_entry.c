@@ -33,11 +33,11 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
 static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
                               mt_ext_call *c, PyObject *key) {
   c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
-  c->key.op = 0, c->key.aux = 0, c->key.grad = 0;
+  c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
   c->key.noperands = c->noperands = n;
   for (int i = 0; i < n; ++i)
     if (!known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key);
-  return 1;
+  return mt_ext_wanting(d) ? mt_ext_call_want(d, c) : 1;
 }
 
 /* The registry entry of `func` (a user's rule first, as rule(args, kwargs)). */

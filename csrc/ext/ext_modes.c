@@ -16,6 +16,8 @@ static PyMemberDef modes_members[] = {
     FLAG(grad_enabled, T_BOOL, "Operations on DTensors that require grad are recorded."),
     FLAG(grad_priced, T_BOOL, "A recorded forward runs: decisions price its inputs' "
          "gradients."),
+    FLAG(want, T_OBJECT, "The DTensor whose gradient a backward rule computes: the "
+         "outputs of its operations are headed to its layout (None: none)."),
     FLAG(backward, T_BOOL, "Autograd's engine is running a backward pass."),
     FLAG(checks, T_BOOL, "Collective mismatch checks (mpitensor.debug)."),
     FLAG(log_debug, T_BOOL, "The mpitensor logger is at DEBUG."),
@@ -50,6 +52,7 @@ static PyGetSetDef modes_getset[] = {
 
 static void modes_dealloc(PyObject *self) {
   PyTypeObject *tp = Py_TYPE(self);
+  Py_CLEAR(((mt_ext_modes *)self)->want);
   tp->tp_free(self);
   Py_DECREF(tp);
 }
@@ -75,7 +78,7 @@ int mt_ext_modes_exec(PyObject *module) {
   if (st->modes_type == NULL) return -1;
   mt_ext_modes *m = PyObject_New(mt_ext_modes, st->modes_type);
   if (m == NULL) return -1;
-  m->grad_enabled = 1, m->grad_priced = 0, m->backward = 0, m->checks = 0, m->log_debug = 0;
+  m->grad_enabled = 1, m->grad_priced = 0, m->want = NULL, m->backward = 0, m->checks = 0, m->log_debug = 0;
   m->log_info = 0, m->gather_warning = 0, m->implicit_replication = 0, m->listeners = 0;
   st->dispatch->modes = m;
   return PyModule_AddObjectRef(module, "modes", (PyObject *)m);

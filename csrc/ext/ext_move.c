@@ -158,7 +158,7 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
                           const mt_placement *dst, int64_t aux, int same, int async,
                           PyObject *what) {
   mt_memo_key mk;
-  mk.op = d->redistribute_op, mk.noperands = 1, mk.aux = aux, mk.grad = 0;
+  mk.op = d->redistribute_op, mk.noperands = 1, mk.aux = aux, mk.grad = 0, mk.want = 0;
   if (mt_ext_layout_id(d, mb, src, NULL, &mk.operand[0]) < 0) return NULL;
   mt_decision *dec = mt_memo_find(mb->memo, &mk);
   if (dec == NULL && (dec = decide(d, mb, src->spec, dst, &mk)) == NULL) return NULL;

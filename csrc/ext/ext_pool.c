@@ -59,23 +59,27 @@ PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim
   return (PyArrayObject *)arr;
 }
 
-/* pool_set_limit(bytes): cap the bytes the pool keeps cached (0: none). Local. */
-static PyObject *pool_set_limit(PyObject *module, PyObject *arg) {
-  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
-  if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-  return PyLong_FromSize_t(mt_pool_set_limit((size_t)n));
-}
-
-static PyObject *pool_cached_bytes(PyObject *module, PyObject *unused) {
-  return PyLong_FromSize_t(mt_pool_cached_bytes());
+/* empty(shape, dtype) -> a new C-contiguous array, from the pool when it is large:
+ * the outputs the ctypes bindings fill (mpitensor._comm). Local. */
+static PyObject *empty(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  int64_t shape[NPY_MAXDIMS];
+  npy_intp dims[NPY_MAXDIMS];
+  int n = 0;
+  PyArray_Descr *descr = NULL;
+  if (nargs != 2) return PyErr_Format(PyExc_TypeError, "empty(shape, dtype)");
+  if (mt_ext_int64s(args[0], shape, NPY_MAXDIMS, &n, "shape") < 0 ||
+      !PyArray_DescrConverter(args[1], &descr))
+    return NULL;
+  for (int i = 0; i < n; ++i) dims[i] = (npy_intp)shape[i];
+  PyObject *out = (PyObject *)mt_ext_new_array(module, descr, n, dims);
+  Py_DECREF(descr);
+  return out;
 }
 
 PyMethodDef mt_ext_pool_methods[] = {
-    {"pool_set_limit", pool_set_limit, METH_O,
-     "pool_set_limit(bytes) -> the previous limit: the most bytes of freed large blocks "
-     "kept for reuse. Local."},
-    {"pool_cached_bytes", pool_cached_bytes, METH_NOARGS,
-     "Bytes of freed blocks the pool holds for reuse. Local."},
+    {"empty", (PyCFunction)(void (*)(void))empty, METH_FASTCALL,
+     "empty(shape, dtype) -> a new C-contiguous array, from the block pool when "
+     "large. Local."},
     {NULL, NULL, 0, NULL},
 };
 

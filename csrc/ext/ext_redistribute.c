@@ -1,56 +1,30 @@
-/* _C.Plan (a plan as data, for tools and benchmarks), the running of a plan on
- * this rank's local array (blocking, or started), distribute and the selection
- * exchange of basic indexing. */
+/* _C.Plan (the handle of a plan; mpitensor._plan reads it as data) and the
+ * running of a plan on this rank's local array (blocking, or started). */
 #include "ext.h"
 
-#include "mpitensor/comm/distribute.h"
 #include "mpitensor/comm/mesh.h"
 #include "mpitensor/comm/redistribute.h"
 
 typedef struct {
   PyObject_HEAD
   mt_plan *plan;
-  mt_layout src, dst;
-  mt_time_model model;
-  int64_t itemsize;
 } PlanObject;
 
 /* ---- Plan ------------------------------------------------------------------------ */
 
-/* Plan(shape, mesh_shape, src_placements, dst_placements, dtype[, model]): the
- * move checked first (mt_plan_check: no Partial created, no reduction the dtype
- * lacks), then planned for elements of dtype's size and ranked by `model` (a
- * time model tuple, mt_ext_time_model; the default when absent or None). Local. */
+/* Plan(address): takes over one reference of the mt_plan at `address`, made by
+ * mpitensor._plan through ctypes (mt_plan_create_timed), which also reads the
+ * plan as data. Local. */
 static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
-  PyObject *shape, *mesh_shape, *src, *dst, *model_obj = Py_None;
-  PyArray_Descr *descr;
-  if (!PyArg_ParseTuple(args, "OOOOO&|O:Plan", &shape, &mesh_shape, &src, &dst,
-                        PyArray_DescrConverter, &descr, &model_obj))
-    return NULL;
-  mt_time_model model = mt_time_model_default();
-  if (model_obj != Py_None && mt_ext_time_model(model_obj, &model) < 0) {
-    Py_DECREF(descr);
+  PyObject *address;
+  if (!PyArg_ParseTuple(args, "O:Plan", &address)) return NULL;
+  void *plan = PyLong_AsVoidPtr(address);
+  if (plan == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Plan(address): no plan");
     return NULL;
   }
-  int dtype = mt_ext_descr_dtype(descr);
-  int64_t itemsize = (int64_t)PyDataType_ELSIZE(descr);
-  Py_DECREF(descr);
   PlanObject *self = (PlanObject *)tp->tp_alloc(tp, 0);
-  if (self == NULL) return NULL;
-  if (mt_ext_layout(shape, mesh_shape, src, &self->src) < 0 ||
-      mt_ext_layout(shape, mesh_shape, dst, &self->dst) < 0) {
-    Py_DECREF(self);
-    return NULL;
-  }
-  self->model = model, self->itemsize = itemsize;
-  mt_error err = {0};
-  int rc = mt_plan_check(&self->src, &self->dst, dtype, &err);
-  if (rc == MT_OK)
-    rc = mt_plan_create_timed(&self->src, &self->dst, itemsize, &model, &self->plan, &err);
-  if (rc != MT_OK) {
-    Py_DECREF(self);
-    return mt_ext_raise(rc, &err);
-  }
+  if (self != NULL) self->plan = plan;
   return (PyObject *)self;
 }
 
@@ -61,136 +35,28 @@ static void plan_dealloc(PlanObject *self) {
   Py_DECREF(tp);
 }
 
-static const char *const step_names[] = {"all_gather", "all_to_all", "chunk",
-                                         "all_reduce", "reduce_scatter", "direct",
-                                         "all_reduce_nodes"};
-#define NKINDS ((int)(sizeof step_names / sizeof step_names[0]))
-
-static PyObject *codes_of(const mt_layout *l) {
-  PyObject *out = PyTuple_New(l->mesh_ndim);
-  for (int m = 0; out != NULL && m < l->mesh_ndim; ++m) {
-    mt_placement p = l->placements[m];
-    PyObject *t = Py_BuildValue("(iii)", p.kind, p.dim, p.reduce_op);
-    if (t == NULL) Py_CLEAR(out);
-    else PyTuple_SET_ITEM(out, m, t);
-  }
-  return out;
+static PyObject *plan_get_address(PlanObject *self, void *c) {
+  return PyLong_FromVoidPtr(self->plan);
 }
-
-/* steps() -> [(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds,
- * copy_bytes, reduce_bytes, net_bytes)] */
-static PyObject *plan_steps(PlanObject *self, PyObject *unused) {
-  int n = mt_plan_nsteps(self->plan);
-  PyObject *out = PyList_New(n);
-  for (int i = 0; out != NULL && i < n; ++i) {
-    const mt_step *s = mt_plan_step(self->plan, i);
-    PyObject *t = Py_BuildValue("(siNNLLdLLL)", step_names[s->kind], s->mesh_dim,
-                                codes_of(&s->src), codes_of(&s->dst),
-                                (long long)s->bytes, (long long)s->messages, s->time,
-                                (long long)s->copy_bytes, (long long)s->reduce_bytes,
-                                (long long)s->net_bytes);
-    if (t == NULL) Py_CLEAR(out);
-    else PyList_SET_ITEM(out, i, t);
-  }
-  return out;
-}
-
-static PyObject *plan_get_nsteps(PlanObject *self, void *c) {
-  return PyLong_FromLong(mt_plan_nsteps(self->plan));
-}
-static PyObject *plan_get_bytes(PlanObject *self, void *c) {
-  return PyLong_FromLongLong(mt_plan_bytes(self->plan));
-}
-static PyObject *plan_get_messages(PlanObject *self, void *c) {
-  return PyLong_FromLongLong(mt_plan_messages(self->plan));
-}
-static PyObject *plan_get_time(PlanObject *self, void *c) {
-  return PyFloat_FromDouble(mt_plan_time(self->plan));
-}
-static PyObject *plan_get_net_bytes(PlanObject *self, void *c) {
-  return PyLong_FromLongLong(mt_plan_net_bytes(self->plan));
-}
-
-/* torch() -> the Plan of torch's own per-mesh-dim steps for the same move under
- * the same model (mt_plan_create_torch), or None where one of them is no valid
- * collective here. */
-static PyObject *plan_torch(PlanObject *self, PyObject *unused) {
-  PlanObject *t = (PlanObject *)Py_TYPE(self)->tp_alloc(Py_TYPE(self), 0);
-  if (t == NULL) return NULL;
-  t->src = self->src, t->dst = self->dst, t->model = self->model;
-  t->itemsize = self->itemsize;
-  mt_error err = {0};
-  int rc = mt_plan_create_torch(&t->src, &t->dst, t->itemsize, &t->model, &t->plan, &err);
-  if (rc == MT_OK) return (PyObject *)t;
-  Py_DECREF(t);
-  if (rc == MT_ENOTSUP) Py_RETURN_NONE;
-  return mt_ext_raise(rc, &err);
-}
-
-/* torch_bytes() -> (bytes, net_bytes) of torch's per-mesh-dim steps for the same
- * move, priced as this plan's steps under its model (mt_plan_torch_bytes). */
-static PyObject *plan_torch_bytes(PlanObject *self, PyObject *unused) {
-  int64_t bytes = 0, net = 0;
-  mt_error err = {0};
-  int rc = mt_plan_torch_bytes(&self->src, &self->dst, self->itemsize, &self->model,
-                               &bytes, &net, &err);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  return Py_BuildValue("(LL)", (long long)bytes, (long long)net);
-}
-
-/* predict(model) -> seconds the time model tuple predicts for this plan's steps */
-static PyObject *plan_predict(PlanObject *self, PyObject *arg) {
-  mt_time_model m;
-  if (mt_ext_time_model(arg, &m) < 0) return NULL;
-  return PyFloat_FromDouble(mt_plan_predict(self->plan, &m));
-}
-
-static PyMethodDef plan_methods[] = {
-    {"predict", (PyCFunction)plan_predict, METH_O,
-     "predict(model) -> the seconds the time model tuple predicts for these steps. "
-     "Local."},
-    {"steps", (PyCFunction)plan_steps, METH_NOARGS,
-     "[(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds, copy_bytes, "
-     "reduce_bytes, net_bytes)] of every step: bytes and messages over all ranks, the "
-     "local copies and reductions of the busiest rank, the bytes between nodes over "
-     "all ranks. Local."},
-    {"torch", (PyCFunction)plan_torch, METH_NOARGS,
-     "torch() -> the Plan of torch's per-mesh-dim steps for the same move, priced by "
-     "the same model, or None where one of them is no valid collective here. Local."},
-    {"torch_bytes", (PyCFunction)plan_torch_bytes, METH_NOARGS,
-     "torch_bytes() -> (bytes, net_bytes) that torch's per-mesh-dim steps move for the "
-     "same redistribution, over all ranks, priced as this plan's steps. Local."},
-    {NULL, NULL, 0, NULL},
-};
 
 static PyGetSetDef plan_getset[] = {
-    {"nsteps", (getter)plan_get_nsteps, NULL, "number of steps", NULL},
-    {"bytes", (getter)plan_get_bytes, NULL, "bytes received from other ranks, all ranks", NULL},
-    {"messages", (getter)plan_get_messages, NULL, "point-to-point messages, all ranks", NULL},
-    {"time", (getter)plan_get_time, NULL, "predicted seconds (the time model)", NULL},
-    {"net_bytes", (getter)plan_get_net_bytes, NULL,
-     "bytes received from ranks of other nodes, all ranks (the model's ranks_per_node)",
-     NULL},
+    {"address", (getter)plan_get_address, NULL, "The mt_plan * (an int)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyType_Slot plan_slots[] = {
     {Py_tp_new, plan_new},
     {Py_tp_dealloc, plan_dealloc},
-    {Py_tp_methods, plan_methods},
     {Py_tp_getset, plan_getset},
-    {Py_tp_doc, "Plan(shape, mesh_shape, src, dst, dtype[, model]): a redistribution "
-                "plan ranked by the time model tuple (alpha_shm, beta_shm, alpha_net, "
-                "beta_net, call, copy, reduce, ranks_per_node), the move checked first "
-                "(RuntimeError: creating a Partial; TypeError: a reduction the dtype "
-                "lacks). Local."},
+    {Py_tp_doc, "A redistribution plan the executor runs and mpitensor._plan.Plan, its "
+                "Python subclass, reads as data. Local."},
     {0, NULL},
 };
 
 static PyType_Spec plan_spec = {
     .name = "mpitensor._C.Plan",
     .basicsize = sizeof(PlanObject),
-    .flags = Py_TPFLAGS_DEFAULT,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .slots = plan_slots,
 };
 
@@ -277,8 +143,12 @@ static int prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
     PyErr_SetString(PyExc_TypeError, "expected a _C.Plan");
     return -1;
   }
-  PlanObject *p = (PlanObject *)args[1];
-  return prepare_run(module, mesh, p->plan, &p->src, &p->dst, args[2], c);
+  const mt_plan *plan = ((PlanObject *)args[1])->plan;
+  int n = mt_plan_nsteps(plan);
+  /* No step: the data is already there (execute returns it). */
+  if (n == 0) return (c->src = mt_ext_contiguous(args[2])) == NULL ? -1 : 0;
+  return prepare_run(module, mesh, plan, &mt_plan_step(plan, 0)->src,
+                     &mt_plan_step(plan, n - 1)->dst, args[2], c);
 }
 
 static void release(call_args *c) {
@@ -340,8 +210,6 @@ PyObject *mt_ext_plan_wrap(PyObject *module, mt_plan *plan) {
   if (self == NULL) return NULL;
   mt_plan_retain(plan);
   self->plan = plan;
-  self->src = mt_plan_step(plan, 0)->src;
-  self->dst = mt_plan_step(plan, n - 1)->dst;
   return (PyObject *)self;
 }
 
@@ -377,191 +245,9 @@ PyObject *mt_ext_start_plan(PyObject *module, PyObject *mesh_obj, const mt_plan 
   return out;
 }
 
-/* A layout of `shape` placed by `codes` on the mesh's shape. */
-static int mesh_layout(mt_mesh *mesh, const int64_t *shape, int ndim, PyObject *codes,
-                       mt_layout *out) {
-  mt_placement pl[MT_MAX_MESH_NDIM];
-  int64_t mshape[MT_MAX_MESH_NDIM];
-  int np = 0, nm = mt_mesh_ndim(mesh);
-  if (mt_ext_placements(codes, pl, &np) < 0) return -1;
-  if (np != nm) {
-    PyErr_Format(PyExc_ValueError, "%d placements for a %d-D mesh", np, nm);
-    return -1;
-  }
-  for (int m = 0; m < nm; ++m) mshape[m] = mt_mesh_dim_size(mesh, m);
-  mt_error err = {0};
-  int rc = mt_layout_init(out, ndim, shape, nm, mshape, pl, &err);
-  if (rc != MT_OK) mt_ext_raise(rc, &err);
-  return rc == MT_OK ? 0 : -1;
-}
-
-/* ---- distribute ---------------------------------------------------------------------- */
-
-/* distribute(mesh, placements, full[, src]) -> this rank's box of `full`, whose
- * copy at coordinate `src` (0) of every mesh dim is the source of truth.
- * Collective on the mesh. */
-static PyObject *distribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 3 && nargs != 4)
-    return PyErr_Format(PyExc_TypeError, "distribute(mesh, placements, full[, src])");
-  long long src = 0;
-  if (nargs == 4) {
-    src = PyLong_AsLongLong(args[3]);
-    if (src == -1 && PyErr_Occurred()) return NULL;
-  }
-  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
-  if (mesh == NULL) return NULL;
-  PyArrayObject *full = mt_ext_contiguous(args[2]);
-  if (full == NULL) return NULL;
-  int64_t shape[MT_MAX_NDIM];
-  int ndim = PyArray_NDIM(full) <= MT_MAX_NDIM ? PyArray_NDIM(full) : MT_MAX_NDIM + 1;
-  for (int i = 0; i < ndim && i < MT_MAX_NDIM; ++i) shape[i] = PyArray_DIM(full, i);
-  mt_layout layout;
-  mt_box box;
-  PyArrayObject *local = NULL;
-  int ok = mesh_layout(mesh, shape, ndim, args[1], &layout) == 0 &&
-           my_box(mesh, &layout, &box) == 0;
-  if (ok) local = new_box_array(module, &box, full);
-  /* A rank that cannot allocate its shard still takes part, with no buffer, in
-   * the agreement mt_distribute starts with, so every rank raises MemoryError. */
-  if (ok && local == NULL && PyErr_ExceptionMatches(PyExc_MemoryError)) PyErr_Clear();
-  if (ok && !PyErr_Occurred()) {
-    mt_error err = {0};
-    int rc;
-    void *out = local != NULL ? PyArray_DATA(local) : NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = mt_distribute_from(mesh, &layout, mt_ext_dtype(full), (int64_t)src,
-                            PyArray_DATA(full), out, &err);
-    Py_END_ALLOW_THREADS
-    if (rc != MT_OK) {
-      Py_CLEAR(local);
-      mt_ext_raise(rc, &err);
-    }
-  }
-  Py_DECREF(full);
-  return (PyObject *)local;
-}
-
-/* ---- plan_check ----------------------------------------------------------------- */
-
-/* plan_check(src_codes, dst_codes, dtype) -> None: raises what a redistribution
- * between these placements of `dtype` elements refuses (mt_plan_check), before any
- * communication. Local. */
-static PyObject *plan_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "plan_check(src, dst, dtype)");
-  mt_layout src, dst;
-  memset(&src, 0, sizeof src);
-  memset(&dst, 0, sizeof dst);
-  PyArray_Descr *descr = NULL;
-  if (mt_ext_placements(args[0], src.placements, &src.mesh_ndim) < 0 ||
-      mt_ext_placements(args[1], dst.placements, &dst.mesh_ndim) < 0 ||
-      !PyArray_DescrConverter(args[2], &descr)) {
-    return NULL;
-  }
-  int dtype = mt_ext_descr_dtype(descr);
-  Py_DECREF(descr);
-  mt_error err = {0};
-  int rc = mt_plan_check(&src, &dst, dtype, &err);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  Py_RETURN_NONE;
-}
-
-/* ---- counters ------------------------------------------------------------------------ */
-
-/* comm_counters() -> {name: (calls, bytes)} of every mesh of this module since it
- * was loaded. Local. */
-static PyObject *comm_counters(PyObject *module, PyObject *unused) {
-  mt_comm_totals c;
-  mt_comm_counters_read(&mt_ext_state_of(module)->comm_counters, &c);
-  PyObject *out = PyDict_New();
-  for (int k = 0; out != NULL && k < MT_COLL_COUNT; ++k) {
-    PyObject *v = Py_BuildValue("(LL)", (long long)c.calls[k], (long long)c.bytes[k]);
-    if (v == NULL || PyDict_SetItemString(out, mt_coll_name(k), v) < 0) Py_CLEAR(out);
-    Py_XDECREF(v);
-  }
-  return out;
-}
-
-/* ---- selection exchange (basic indexing) ---------------------------------------- */
-
-/* The selection from (starts, steps, counts). */
-static int read_selection(PyObject *const *args, int ndim, mt_selection *sel) {
-  int n[3] = {0, 0, 0};
-  memset(sel, 0, sizeof *sel);
-  if (mt_ext_int64s(args[0], sel->start, MT_MAX_NDIM, &n[0], "starts") < 0 ||
-      mt_ext_int64s(args[1], sel->step, MT_MAX_NDIM, &n[1], "steps") < 0 ||
-      mt_ext_int64s(args[2], sel->count, MT_MAX_NDIM, &n[2], "counts") < 0)
-    return -1;
-  if (n[0] != ndim || n[1] != ndim || n[2] != ndim) {
-    PyErr_SetString(PyExc_ValueError, "starts, steps and counts need one entry per dim");
-    return -1;
-  }
-  sel->ndim = ndim;
-  return 0;
-}
-
-/* select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts, piece)
- *   -> this rank's box of the selection laid out by dst_codes. `piece` is the
- * rank's local array indexed by the selection. Collective on the mesh. */
-static PyObject *select_exchange(PyObject *module, PyObject *const *args,
-                                 Py_ssize_t nargs) {
-  if (nargs != 8)
-    return PyErr_Format(PyExc_TypeError, "select_exchange(mesh, shape, src_codes, "
-                        "dst_codes, starts, steps, counts, piece)");
-  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
-  int64_t shape[MT_MAX_NDIM];
-  int ndim = 0;
-  mt_selection sel;
-  mt_layout src, dst;
-  if (mesh == NULL || mt_ext_int64s(args[1], shape, MT_MAX_NDIM, &ndim, "shape") < 0 ||
-      read_selection(args + 4, ndim, &sel) < 0 ||
-      mesh_layout(mesh, shape, ndim, args[2], &src) < 0 ||
-      mesh_layout(mesh, sel.count, ndim, args[3], &dst) < 0)
-    return NULL;
-  mt_error err = {0};
-  int rc = mt_selection_check(&sel, ndim, shape, &err);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  mt_box sb, image, tb;
-  if (my_box(mesh, &src, &sb) < 0 || my_box(mesh, &dst, &tb) < 0) return NULL;
-  mt_selection_image(&sel, &sb, &image);
-  PyArrayObject *in = mt_ext_contiguous(args[7]);
-  if (in == NULL) return NULL;
-  if (check_local(in, &image) < 0) {
-    Py_DECREF(in);
-    return NULL;
-  }
-  PyArrayObject *out = new_box_array(module, &tb, in);
-  /* A rank that cannot allocate its box takes part in the agreement the exchange
-   * starts with, with no buffer, so that every rank raises MemoryError. */
-  if (out == NULL && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
-    Py_DECREF(in);
-    return NULL;
-  }
-  PyErr_Clear();
-  void *buf = out != NULL ? PyArray_DATA(out) : NULL;
-  Py_BEGIN_ALLOW_THREADS
-  rc = mt_selection_exchange(mesh, &src, &sel, &dst, mt_ext_dtype(in), PyArray_DATA(in),
-                             buf, &err);
-  Py_END_ALLOW_THREADS
-  Py_DECREF(in);
-  if (rc == MT_OK) return (PyObject *)out;
-  Py_XDECREF(out);
-  return mt_ext_raise(rc, &err);
-}
-
 PyMethodDef mt_ext_redistribute_methods[] = {
-    {"select_exchange", (PyCFunction)(void (*)(void))select_exchange, METH_FASTCALL,
-     "select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts, piece) "
-     "-> this rank's box of a selection moved to dst_codes. Collective."},
     {"redistribute", (PyCFunction)(void (*)(void))redistribute, METH_FASTCALL,
      "redistribute(mesh, plan, local) -> local array of the plan's target. Collective."},
-    {"distribute", (PyCFunction)(void (*)(void))distribute, METH_FASTCALL,
-     "distribute(mesh, placements, full[, src]) -> this rank's box. Collective."},
-    {"plan_check", (PyCFunction)(void (*)(void))plan_check, METH_FASTCALL,
-     "plan_check(src_codes, dst_codes, dtype) -> None: raises what redistributing "
-     "src to dst placements of dtype refuses (RuntimeError: creating a Partial; "
-     "TypeError: a reduction the dtype lacks). Local, no communication."},
-    {"comm_counters", comm_counters, METH_NOARGS,
-     "{collective name: (calls, bytes sent)} since the process started. Local."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -569,17 +255,5 @@ int mt_ext_redistribute_exec(PyObject *module) {
   mt_ext_state *st = mt_ext_state_of(module);
   st->plan_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &plan_spec, NULL);
   if (st->plan_type == NULL) return -1;
-  if (PyModule_AddObjectRef(module, "Plan", (PyObject *)st->plan_type) < 0) return -1;
-  PyObject *kinds = PyTuple_New(NKINDS);
-  for (int k = 0; kinds != NULL && k < NKINDS; ++k) {
-    PyObject *name = PyUnicode_FromString(step_names[k]);
-    if (name == NULL) Py_CLEAR(kinds);
-    else PyTuple_SET_ITEM(kinds, k, name);
-  }
-  if (kinds == NULL || PyModule_AddObjectRef(module, "STEP_KINDS", kinds) < 0) {
-    Py_XDECREF(kinds);
-    return -1;
-  }
-  Py_DECREF(kinds);
-  return 0;
+  return PyModule_AddObjectRef(module, "Plan", (PyObject *)st->plan_type);
 }

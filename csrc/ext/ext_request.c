@@ -56,6 +56,17 @@ PyObject *mt_ext_request_new(PyObject *module, mt_request *req, mt_exchange *ex,
   return (PyObject *)self;
 }
 
+/* Request(exchange, keep, result): a ring exchange that mpitensor._comm started
+ * through ctypes (the mt_exchange * at address `exchange`, 0 for one already
+ * complete), which the handle now owns. */
+static PyObject *request_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
+  PyObject *address, *keep, *result;
+  if (!PyArg_ParseTuple(args, "OOO:Request", &address, &keep, &result)) return NULL;
+  mt_exchange *ex = PyLong_AsVoidPtr(address);
+  if (ex == NULL && PyErr_Occurred()) return NULL;
+  return mt_ext_request_new(PyType_GetModule(tp), NULL, ex, keep, result);
+}
+
 static PyObject *request_wait(RequestObject *self, PyObject *unused) {
   mt_error err = {0};
   int rc = finish(self, &err);
@@ -114,6 +125,7 @@ static PyGetSetDef request_getset[] = {
 };
 
 static PyType_Slot request_slots[] = {
+    {Py_tp_new, request_new},
     {Py_tp_dealloc, request_dealloc},
     {Py_tp_methods, request_methods},
     {Py_tp_getset, request_getset},
@@ -125,7 +137,7 @@ static PyType_Slot request_slots[] = {
 static PyType_Spec request_spec = {
     .name = "mpitensor._C.Request",
     .basicsize = sizeof(RequestObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .flags = Py_TPFLAGS_DEFAULT,
     .slots = request_slots,
 };
 

@@ -3,19 +3,28 @@
 #define MT_EXT_IMPORTS_NUMPY
 #include "ext.h"
 
+static int add_address(PyObject *module, const char *name, void *p) {
+  PyObject *v = PyLong_FromVoidPtr(p);
+  int rc = v == NULL ? -1 : PyModule_AddObjectRef(module, name, v);
+  Py_XDECREF(v);
+  return rc;
+}
+
 static int module_exec(PyObject *module) {
   if (PyArray_ImportNumPyAPI() < 0) return -1;
-  PyMethodDef *tables[] = {mt_ext_mesh_methods,   mt_ext_redistribute_methods, mt_ext_pool_methods,
-                           mt_ext_prop_methods,   mt_ext_io_methods,     mt_ext_ops_methods,
+  PyMethodDef *tables[] = {mt_ext_redistribute_methods, mt_ext_pool_methods,
+                           mt_ext_prop_methods,   mt_ext_ops_methods,
                            mt_ext_autograd_methods, mt_ext_decide_methods,
-                           mt_ext_ring_methods,   mt_ext_agree_methods,
-                           mt_ext_watchdog_methods, mt_ext_exec_methods, mt_ext_hooks_methods,
-                           mt_ext_entry_methods,  mt_ext_move_methods, mt_ext_lanes_methods, NULL};
+                           mt_ext_exec_methods, mt_ext_hooks_methods,
+                           mt_ext_entry_methods,  mt_ext_move_methods, NULL};
   for (PyMethodDef **t = tables; *t != NULL; ++t)
     if (PyModule_AddFunctions(module, *t) < 0) return -1;
+  /* The counters' addresses, for the ctypes bindings that read or pass them
+   * (mpitensor._comm, mpitensor.checkpoint._io). */
   mt_ext_state *st = mt_ext_state_of(module);
-  st->io_options = mt_io_options_default();
-  st->io_options.counters = &st->io_counters;
+  if (add_address(module, "COMM_COUNTERS", &st->comm_counters) < 0 ||
+      add_address(module, "IO_COUNTERS", &st->io_counters) < 0)
+    return -1;
   if (mt_ext_ops_exec(module) < 0 || mt_ext_modes_exec(module) < 0 ||
       mt_ext_pool_exec(module) < 0 || mt_ext_mesh_exec(module) < 0 ||
       mt_ext_redistribute_exec(module) < 0 || mt_ext_request_exec(module) < 0 ||

@@ -143,6 +143,11 @@ static void free_type(MPI_Datatype *t) {
 
 /* ---- options ---------------------------------------------------------------- */
 
+void mt_io_counters_read(const mt_io_counters *c, int64_t *read, int64_t *written) {
+  *read = atomic_load(&c->read_bytes);
+  *written = atomic_load(&c->written_bytes);
+}
+
 mt_io_options mt_io_options_default(void) {
   /* The pipeline's chunk per rank: a few MiB keeps both the exchange and the
    * writes efficient while letting them overlap (docs/benchmarks.md, "Checkpoints"). */

@@ -12,7 +12,7 @@ Example (``mpiexec -n 4 python script.py``)::
 
 import os as _os
 
-from . import _C, _dtypes, _ops  # _ops fills the registry DTensor's operations are found in
+from . import _C, _comm, _dtypes, _ops  # _ops fills the registry DTensor's operations are found in
 from ._dtensor import DTensor
 from ._device import device
 from ._distribute import distribute_tensor
@@ -40,7 +40,7 @@ from ._show_config import show_config
 # Freed large output and staging blocks are kept resident for reuse (see
 # csrc/include/mpitensor/comm/pool.h); MPITENSOR_POOL_BYTES caps them, 0 turns it off.
 if _os.environ.get("MPITENSOR_POOL_BYTES"):
-    _C.pool_set_limit(int(_os.environ["MPITENSOR_POOL_BYTES"]))
+    _comm.pool_set_limit(int(_os.environ["MPITENSOR_POOL_BYTES"]))
 
 # MPITENSOR_LOGS=+dtensor (debug lines) and MPITENSOR_CHECK=1 (collective mismatch
 # detection); see mpitensor.debug.

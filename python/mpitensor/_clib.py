@@ -1,11 +1,13 @@
 """The C functions that take no Python object and touch no MPI, called through
 ctypes in libmpitensor_local.so, which is installed beside mpitensor._C: the core's
-layout math and random fills here, the nn kernels in :mod:`mpitensor.nn._ckernels`.
+layout math and random fills here, the nn kernels in :mod:`mpitensor.nn._ckernels`,
+the kernels along an axis in :mod:`mpitensor._ops._lanes`.
 
 This is the one loader of that library: it gives every binding the library, the
 C prototypes, the array checks and the status -> exception rule the extension
-uses, so a failing call raises what ``_C`` would raise. ctypes releases the GIL
-while a function runs. Every function is Local.
+uses, so a failing call raises what ``_C`` would raise; :mod:`mpitensor._comm`
+binds the functions ``_C`` itself exports with the same helpers. ctypes releases
+the GIL while a function runs. Every function here is Local.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ class _Layout(ctypes.Structure):  # mt_layout
                 ("placements", _Placement * MAX_MESH_NDIM)]
 
 
-def fn(name, restype, *argtypes):
-    """The library's function ``name`` with its C prototype."""
-    f = getattr(lib, name)
+def fn(name, restype, *argtypes, library=lib):
+    """The function ``name`` of ``library`` (this one unless given) with its C
+    prototype."""
+    f = getattr(library, name)
     f.restype, f.argtypes = restype, list(argtypes)
     return f
 
@@ -63,22 +66,54 @@ _even_global = fn("mt_layout_even_global_shape", I, I, P, I, P, P, P, _E)
 _rng_fill_box = fn("mt_rng_fill_box", I, P, I, I, ctypes.c_uint64, ctypes.c_uint64, P,
                    ctypes.POINTER(_Box), _E)
 
-# The library's codes (mpitensor/core/dtype.h) of the two element types it computes in.
-CODES = {np.dtype(t).type: next(i for i in range(64) if _dtype_name(i) == t.encode())
-         for t in ("float32", "float64")}
+# The core's element type codes (mpitensor/core/dtype.h) by NumPy's dtype names.
+_DTYPE_CODES = {_dtype_name(i).decode(): i for i in range(64)
+                if _dtype_name(i) != b"unknown"}
+# The codes of the two element types the library computes in.
+CODES = {np.dtype(t).type: _DTYPE_CODES[t] for t in ("float32", "float64")}
 # The exception of each status, as the extension raises them (csrc/ext/ext_args.c).
+_STATUS_CODES = {_status_name(c).decode(): c for c in range(0, -64, -1)}
 _EXCEPTIONS = {b"MT_EINVAL": ValueError, b"MT_EINDEX": IndexError, b"MT_ETYPE": TypeError,
                b"MT_ENOMEM": MemoryError, b"MT_ENOTSUP": NotImplementedError,
                b"MT_EOVERFLOW": OverflowError, b"MT_EIO": OSError}
 
 
-def call(f, *args) -> None:
-    """f(*args, &err), raising the exception of the status it returns."""
-    err = Error()
-    rc = f(*args, ctypes.byref(err))
+# The status of each exception class, subclasses before their bases
+# (NotImplementedError is a RuntimeError): the inverse of _EXCEPTIONS.
+_STATUSES = tuple(sorted(((kind, _STATUS_CODES[name.decode()])
+                         for name, kind in _EXCEPTIONS.items()),
+                        key=lambda pair: -len(pair[0].__mro__)))
+
+
+def check(rc: int, err: Error) -> None:
+    """Raises the exception of status ``rc`` with the message in ``err``."""
     if rc != 0:
         kind = _EXCEPTIONS.get(_status_name(rc), RuntimeError)
         raise kind(err.msg.decode(errors="replace") or _strerror(rc).decode())
+
+
+def call(f, *args) -> None:
+    """f(*args, &err), raising the exception of the status it returns."""
+    err = Error()
+    check(f(*args, ctypes.byref(err)), err)
+
+
+def status_of(kind: type) -> int:
+    """The status that :func:`check` turns back into the exception class ``kind``
+    (or its closest base); the core's invalid-state status for any other."""
+    return next((code for k, code in _STATUSES if issubclass(kind, k)),
+                _STATUS_CODES["MT_ESTATE"])
+
+
+def message(text: str) -> bytes:
+    """``text`` as UTF-8 that fits an mt_error's message, cut at a character
+    boundary when it is too long."""
+    return text.encode()[:Error.msg.size - 1].decode(errors="ignore").encode()
+
+
+def dtype_code(dtype) -> int:
+    """The core's code of NumPy ``dtype``, or -2 for one the core does not know."""
+    return _DTYPE_CODES.get(np.dtype(dtype).name, -2)
 
 
 def array(a, name: str, dtype: int | None = None, strided: bool = False,

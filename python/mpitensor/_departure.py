@@ -31,7 +31,7 @@ import atexit
 import sys
 import time
 
-from . import _C
+from . import _comm
 
 _listening = False
 _abort_status = [0]  # what mpi4py's runner set for its MPI_Abort at exit
@@ -39,12 +39,12 @@ _abort_status = [0]  # what mpi4py's runner set for its MPI_Abort at exit
 
 def listen(handle) -> None:
     """Listens for ranks that leave, once: collective on the mesh ``handle`` (a
-    _C.Mesh just created on every rank of its communicator) when it holds every
+    _comm.Mesh just created on every rank of its communicator) when it holds every
     rank of the world, else local and nothing."""
     global _listening
-    if _listening or _C.collective_timeout() == 0:
+    if _listening or _comm.collective_timeout() == 0:
         return
-    if _C.watchdog_listen(handle):
+    if _comm.watchdog_listen(handle):
         _listening = True
         _watch_mpi4py_abort()
         _watch_cells()
@@ -80,7 +80,7 @@ def _watch_cells() -> None:
 
 def _cell_starts() -> None:
     _cell[0] += 1
-    _C.watchdog_work(_cell[0])
+    _comm.watchdog_work(_cell[0])
 
 
 def _cell_ended(shell) -> None:
@@ -91,15 +91,15 @@ def _cell_ended(shell) -> None:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    _C.watchdog_tell(f"raised {type(error).__name__}: {text}"[:200] + " in a cell",
+    _comm.watchdog_tell(f"raised {type(error).__name__}: {text}"[:200] + " in a cell",
                      _cell[0])
     # Engines that raised too say so within moments; a wait for the others only
     # when some did not (the error may have come before a collective).
     others = world.Get_size() - 1
     deadline = time.monotonic() + 0.5
-    while _C.watchdog_failed(_cell[0]) < others and time.monotonic() < deadline:
+    while _comm.watchdog_failed(_cell[0]) < others and time.monotonic() < deadline:
         time.sleep(0.02)
-    missing = others - _C.watchdog_failed(_cell[0])
+    missing = others - _comm.watchdog_failed(_cell[0])
     if missing > 0:
         print(RESTART.format(rank=world.Get_rank(), others=missing, size=others + 1),
               file=sys.stderr, flush=True)
@@ -134,6 +134,6 @@ def reason() -> str:
 def _leave() -> None:
     """At exit, before MPI_Finalize (mpi4py finalizes after Python's atexit)."""
     try:
-        _C.watchdog_leave(None if _abort_status[0] else reason())
+        _comm.watchdog_leave(None if _abort_status[0] else reason())
     except Exception:  # noqa: BLE001 - exiting: nothing to raise to
         pass

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _C, _args, _modes, _trace
+from . import _args, _comm, _modes, _trace
 from ._dtensor import DTensor
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
@@ -74,7 +74,7 @@ def _distribute_array(tensor, device_mesh, placements, src_data_rank) -> DTensor
         return DTensor(_own_chunk(array, mesh, pl), spec)
     if _modes.state.tracing:
         _trace.collective("distribute_tensor", mesh, pl, array.shape, dtype)
-    return DTensor(_C.distribute(mesh._handle, _codes(pl), array, int(src_data_rank)),
+    return DTensor(_comm.distribute(mesh._handle, _codes(pl), array, int(src_data_rank)),
                    spec)
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import _C, _args, _clib, _device, _dtypes, _iterate, _modes, _registry, _trace
+from . import _C, _args, _clib, _device, _dtypes, _iterate, _modes, _registry, _trace, _comm
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
@@ -982,7 +982,7 @@ def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool)
         mesh._handle.bcast(root, d)
     problem = _meta_problem(local, spec, mine, root, shape_given)
     # The first rank that found a problem tells every rank what it is.
-    _C.agree(mesh._handle, problem is None, 0,
+    _comm.agree(mesh._handle, problem is None, 0,
              "DTensor.from_local(run_check=True): the local tensors do not fit one "
              "global tensor: " + (problem or ""), ValueError)
     copied = False

@@ -1,4 +1,4 @@
-"""The fingerprint of what must be alike on every rank, for `_C.agree` and the mesh.
+"""The fingerprint of what must be alike on every rank, for `_comm.agree` and the mesh.
 
 Python's own ``hash`` of a str is salted per process, so it cannot be compared across
 ranks; the fingerprint hashes the value's ``repr`` with two fixed checksums instead.
@@ -8,7 +8,7 @@ import zlib
 
 def fingerprint(value) -> int:
     """A 64-bit fingerprint of ``repr(value)``, the same in every process, as a
-    signed int (fits an int64 array; `_C.agree` takes it mod 2**64).
+    signed int (fits an int64 array; `_comm.agree` takes it mod 2**64).
 
     Two ranks whose values print differently get different fingerprints (up to a
     64-bit collision), so use values whose ``repr`` is canonical: tuples of

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import _C, _clib
+from . import _clib, _plan
 from .device_mesh import DeviceMesh
 from .placement_types import Placement, Shard
 
@@ -62,7 +62,7 @@ def compute_local_shape_and_global_offset(global_shape: Sequence[int], mesh,
     return local_shape_and_global_offset(global_shape, mesh.shape, coord, placements)
 
 
-def plan(mesh, shape, src, dst, dtype) -> "_C.Plan":
+def plan(mesh, shape, src, dst, dtype) -> "_plan.Plan":
     """The plan of moving a ``dtype`` tensor of ``shape`` from ``src`` to ``dst``
     placements on ``mesh``, as data (steps, bytes, messages, predicted time),
     ranked by the mesh's time model and checked first (RuntimeError for a Partial
@@ -71,5 +71,5 @@ def plan(mesh, shape, src, dst, dtype) -> "_C.Plan":
 
     Example: ``plan(mesh, (8, 8), (Shard(0),), (Replicate(),), np.dtype("f8")).bytes``.
     """
-    return _C.Plan(tuple(shape), mesh.shape, _codes(src), _codes(dst), dtype,
+    return _plan.Plan(tuple(shape), mesh.shape, _codes(src), _codes(dst), dtype,
                    mesh._handle.time_model())

@@ -7,12 +7,12 @@ module never imports a feature to ask whether it is active.
 
 The flags live once, in ``state`` (``mpitensor._C.modes``), which the C executor
 reads too: ``state.grad_enabled``, ``state.grad_priced`` (a recorded forward
-runs), ``state.tracing`` (some debugging tool listens, so the executor emits
-trace events), ``state.checks``,
-``state.log_debug``, ``state.gather_report``, ``state.implicit_replication``,
-``state.backward``. What only Python uses (the handlers of loss_parallel and
-context parallelism, the entered CommDebugModes, the collective checker) is kept
-here beside them.
+runs), ``state.want`` (where a backward rule's outputs go), ``state.tracing``
+(some debugging tool listens, so the executor emits trace events),
+``state.checks``, ``state.log_debug``, ``state.gather_report``,
+``state.implicit_replication``, ``state.backward``. What only Python uses (the
+handlers of loss_parallel and context parallelism, the entered CommDebugModes,
+the collective checker) is kept here beside them.
 
 Every function here is Local: modes are per process, and every rank of an SPMD
 program enters and leaves them alike.
@@ -169,6 +169,18 @@ def set_grad_enabled(enabled: bool) -> bool:
     """Sets grad mode; returns the previous one. Example: ``was = set_grad_enabled(False)``."""
     was = state.grad_enabled
     state.grad_enabled = bool(enabled)
+    return was
+
+
+def set_want(target):
+    """Sets the DTensor whose gradient a backward rule is computing (None: none):
+    the operations it runs are decided knowing their output goes to that
+    DTensor's placements next. Returns the previous one.
+
+    Example: ``was = set_want(x); ...; set_want(was)``.
+    """
+    was = state.want
+    state.want = target
     return was
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 
-from . import _C
+from . import _comm
 
 _checked = False
 _LIBMPI = re.compile(r"/libmpi\.so")
@@ -64,7 +64,7 @@ def check_mpi_library() -> None:
         return
     from mpi4py import MPI
 
-    ours, theirs = _C.mpi_library_version(), MPI.Get_library_version()
+    ours, theirs = _comm.mpi_library_version(), MPI.Get_library_version()
     if not same_mpi_library(ours, theirs):
         raise RuntimeError(mismatch_message(ours, theirs))
     # Two libraries loaded side by side may also report one version: where one
@@ -115,7 +115,7 @@ def launcher_mismatch(world_size: int, environ=None) -> str | None:
             return (f"{launcher} started this process as one of {started} "
                     f"({variable}={started}), but its MPI world holds 1 rank: that "
                     f"launcher belongs to another MPI library than the one mpi4py and "
-                    f"mpitensor use ({first_line(_C.mpi_library_version())}), so every "
+                    f"mpitensor use ({first_line(_comm.mpi_library_version())}), so every "
                     f"process would run alone. Start the job with that library's "
                     f"mpiexec (`mpiexec --version` names its own), or build mpi4py and "
                     f"mpitensor against the MPI of the launcher you use. "

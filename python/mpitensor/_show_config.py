@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from . import _C, _mpi_library, device_mesh
+from . import _C, _mpi_library, device_mesh, _comm
 from ._version import __version__
 from .nn import _blas
 
@@ -92,7 +92,7 @@ def config() -> dict:
     import mpi4py
     from mpi4py import MPI
 
-    theirs, ours = MPI.Get_library_version(), _C.mpi_library_version()
+    theirs, ours = MPI.Get_library_version(), _comm.mpi_library_version()
     return {
         "mpitensor": {"version": __version__,
                       "path": os.path.dirname(os.path.abspath(__file__)),

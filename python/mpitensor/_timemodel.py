@@ -22,7 +22,7 @@ import logging
 import math
 import os
 
-from . import _C
+from . import _comm
 
 __all__ = ["table_path", "read_table", "model_for"]
 
@@ -90,7 +90,7 @@ def read_table(path: str | None = None) -> tuple[float, ...] | None:
         if table.get("version") != VERSION:
             raise ValueError(f"its version is {table.get('version')!r}, "
                              f"this mpitensor reads version {VERSION}")
-        builtin = _C.default_time_model()
+        builtin = _comm.default_time_model()
         shm = _cost(table, "shm")
         if "net" in table:
             net = _cost(table, "net")
@@ -109,7 +109,7 @@ def read_table(path: str | None = None) -> tuple[float, ...] | None:
 
 
 def model_for(comm, handle) -> None:
-    """Gives the mesh ``handle`` (a ``_C.Mesh``) the calibrated costs, if any.
+    """Gives the mesh ``handle`` (a ``_comm.Mesh``) the calibrated costs, if any.
     Collective on ``comm``: its rank 0 reads the table and broadcasts the costs,
     or the reason it could not use them, which every rank then logs alike.
 

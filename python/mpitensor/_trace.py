@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from . import _C, _modes
+from . import _C, _modes, _plan
 from .placement_types import from_code
 
 # The operation whose inputs are being redistributed (set by `decision`, read by
@@ -50,6 +50,7 @@ def event(kind: str, *args) -> None:
         decision(*args)
     elif kind == "move":
         what, mesh, plan, shape, dtype, src, dst = args
+        plan = _plan.of(plan) if plan is not None else None
         steps = plan.steps() if plan is not None else []
         if dst is None:
             dst = _plan_placements(steps)[1]

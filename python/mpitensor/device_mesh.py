@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import _C, _departure, _mpi_library, _timemodel
+from . import _C, _departure, _mpi_library, _timemodel, _comm
 from ._fingerprint import fingerprint
 
 __all__ = ["DeviceMesh", "init_device_mesh", "ranks_per_node", "set_cache_limits"]
@@ -104,7 +104,7 @@ def _start_watchdog() -> None:
     if seconds is not None and not 0.0 <= seconds < float("inf"):
         raise ValueError(f"MPITENSOR_TIMEOUT must be a number of seconds >= 0 (0 turns "
                          f"the collective watchdog off), got {text!r}")
-    _C.set_collective_timeout(seconds)
+    _comm.set_collective_timeout(seconds)
     _watchdog_started = True
 
 
@@ -220,7 +220,7 @@ class DeviceMesh(_C.MeshBase):
         except (TypeError, ValueError, RuntimeError) as e:
             arr, names, failure = np.zeros(1, np.int64), None, e
         try:
-            handle = _C.Mesh(comm, arr.shape, arr.ravel().astype(np.intc),
+            handle = _comm.Mesh(comm, arr.shape, arr.ravel().astype(np.intc),
                              fingerprint((device_type, names)), failure)
         except (TypeError, ValueError, RuntimeError) as e:
             if failure is not None and str(e) == str(failure):

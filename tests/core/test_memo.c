@@ -98,7 +98,7 @@ static mt_plan *make_plan(void) {
 static mt_memo_key key(int64_t op, int64_t a, int64_t b) {
   mt_memo_key k;
   memset(&k, 0x5a, sizeof k);
-  k.op = op, k.aux = 0, k.noperands = 2, k.grad = 0, k.operand[0] = a, k.operand[1] = b;
+  k.op = op, k.aux = 0, k.noperands = 2, k.grad = 0, k.want = 0, k.operand[0] = a, k.operand[1] = b;
   return k;
 }
 
@@ -129,9 +129,13 @@ static void test_memo_basics(void) {
   mt_memo_key wants = key(1, 5, -2);
   wants.grad = 2;
   CHECK(mt_memo_find(memo, &wants) == NULL && mt_memo_peek(memo, &wants) == NULL);
+  /* So is an output headed elsewhere. */
+  mt_memo_key headed = key(1, 5, -2);
+  headed.want = 9;
+  CHECK(mt_memo_find(memo, &headed) == NULL && mt_memo_peek(memo, &headed) == NULL);
   mt_memo_stats st;
   mt_memo_stats_get(memo, &st);
-  CHECK(st.hits == 1 && st.misses == 2 && st.decisions == 1 && st.plans == 0);
+  CHECK(st.hits == 1 && st.misses == 3 && st.decisions == 1 && st.plans == 0);
   mt_memo_key bad = key(1, 5, -2);
   bad.noperands = MT_MEMO_MAX_OPERANDS + 1;
   CHECK(mt_memo_insert(memo, &bad, &d, NULL) == NULL && mt_memo_peek(memo, &bad) == NULL);

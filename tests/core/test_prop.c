@@ -1048,6 +1048,29 @@ static void test_gradient_way_back(void) {
   CHECK(r.bytes == 0 && r.messages == 0);
 }
 
+/* An output headed somewhere (mt_prop_inputs.want) is made there when moving it
+ * after would cost more: S0 + S1 moves one input either way, and the one that
+ * lands on the wanted S1 spares the output's move. A wanted layout of another
+ * shape is ignored. */
+static void test_output_way_out(void) {
+  tin t[2] = {t88(S(0)), t88(S(1))};
+  const int nd[2] = {2, 2};
+  const int64_t shapes[2][4] = {{8, 8}, {8, 8}};
+  mt_dimmap map = map_elementwise(2, nd, shapes, MT_PARTIAL_LINEAR_ALL);
+  mt_prop_inputs in = make_inputs(2, t, 1, MESH2);
+  mt_prop_result plain = decide(&map, &in);
+  EXPECT_OUT(plain, 2, 1, S(0));
+  in.want = 1, in.want_ndim = 2, in.want_shape[0] = 8, in.want_shape[1] = 8;
+  in.want_placements[0] = S(1);
+  mt_prop_result r = decide(&map, &in);
+  EXPECT_OUT(r, 2, 1, S(1));
+  EXPECT_IN(r, 0, 2, 1, S(1));
+  CHECK(r.bytes == plain.bytes && r.messages == plain.messages);
+  in.want_shape[1] = 1;
+  r = decide(&map, &in);
+  EXPECT_OUT(r, 2, 1, S(0));
+}
+
 static void test_partial_multiply(void) {
   /* multiply: P * R -> P either way round, free. */
   mt_prop_result r;
@@ -2050,6 +2073,7 @@ int main(int argc, char **argv) {
   test_partial_unary_kinds();
   test_partial_multiply();
   test_gradient_way_back();
+  test_output_way_out();
   test_partial_other();
   test_partial_multiply_alias();
   test_matmul();

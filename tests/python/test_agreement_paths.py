@@ -249,8 +249,8 @@ def test_load_state_dict_agrees_once_per_mesh(mesh, monkeypatch):
     osd = {"state": {0: {"momentum_buffer": sd["weight"]}, 1: {"momentum_buffer": sd["bias"]}},
            "param_groups": opt.state_dict()["param_groups"]}
     calls = []
-    real = mt._C.agree
-    monkeypatch.setattr(mt._C, "agree", lambda *a: calls.append(a[0]) or real(*a))
+    real = mt._comm.agree
+    monkeypatch.setattr(mt._comm, "agree", lambda *a: calls.append(a[0]) or real(*a))
     lin.load_state_dict(sd)
     opt.load_state_dict(osd)
     monkeypatch.undo()

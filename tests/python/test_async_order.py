@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpitensor import DTensor, _C, init_device_mesh
+from mpitensor import DTensor, init_device_mesh, _plan
 from mpitensor._layout import _codes
 from mpi_helpers import Problems
 from redistribute_ref import (PLACEMENTS, expected_local, mixed_partials, name, source_local,
@@ -39,7 +39,7 @@ def mesh_of(shape):
 
 def communicating_steps(ms, src, dst) -> int:
     try:
-        plan = _C.Plan(SHAPE, ms, _codes(src), _codes(dst), np.dtype("f8"))
+        plan = _plan.Plan(SHAPE, ms, _codes(src), _codes(dst), np.dtype("f8"))
     except (RuntimeError, TypeError):  # a Partial target, or avg of a mesh dim of 1
         return -1
     return sum(kind != "chunk" for kind, *_ in plan.steps())

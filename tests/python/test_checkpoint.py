@@ -193,13 +193,13 @@ def test_numpy_files_fortran_and_byte_swapped(tmp):
 
 def test_replicas_write_nothing_twice_and_partial_is_reduced(tmp, monkeypatch):
     written = []
-    real = mt._C.io_save
+    real = mt.checkpoint._io.io_save
 
     def spy(mesh, path, header, shape, itemsize, offset, box_offset, box_shape, buf):
         written.append(buf.nbytes)
         return real(mesh, path, header, shape, itemsize, offset, box_offset, box_shape, buf)
 
-    monkeypatch.setattr(mt._C, "io_save", spy)
+    monkeypatch.setattr(mt.checkpoint._io, "io_save", spy)
     g = cf.global_array((5, 4), "float64", 3)
     p = Problems()
     for mesh_shape in meshes():
@@ -259,7 +259,7 @@ def test_failed_save_leaves_the_existing_file(tmp, monkeypatch):
     path = os.path.join(tmp, "kept.npy")
     old = cf.global_array((8, 3), "float32", 1)
     mt.save(mt.distribute_tensor(old, mesh, [Shard(0)]), path)
-    real = mt._C.io_save
+    real = mt.checkpoint._io.io_save
 
     def bad_last_rank(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape,
                       buf):
@@ -269,7 +269,7 @@ def test_failed_save_leaves_the_existing_file(tmp, monkeypatch):
             buf = np.zeros(int(np.prod(box_shape)) * itemsize, np.uint8)
         return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf)
 
-    monkeypatch.setattr(mt._C, "io_save", bad_last_rank)
+    monkeypatch.setattr(mt.checkpoint._io, "io_save", bad_last_rank)
     new = mt.distribute_tensor(old + 1, mesh, [Shard(0)])
     outcome = raised(lambda: mt.save(new, path), IndexError, "outside")
     assert all_ranks(outcome is True), outcome
@@ -414,10 +414,10 @@ def moved():
 
     class Moved(dict):
         def clear(self):
-            self.start = mt._C.io_counters()
+            self.start = mt.checkpoint._io.io_counters()
 
         def __getitem__(self, key):
-            now = mt._C.io_counters()
+            now = mt.checkpoint._io.io_counters()
             i = ("read", "written").index(key)
             return now[i] - self.start[i]
 
@@ -442,9 +442,9 @@ def gather(request):
     """How interleaved boxes are saved: every rank writes its row slab (0), or the
     first rank writes the whole file, reading the others' memory (2: wherever it
     works, which on Linux with the I/O thread is every single-node run)."""
-    old = mt._C.io_gather(request.param)
+    old = mt.checkpoint._io.io_gather(request.param)
     yield request.param
-    mt._C.io_gather(old)
+    mt.checkpoint._io.io_gather(old)
 
 
 def short_runs(local_shape, shape) -> bool:
@@ -512,16 +512,16 @@ def test_gathered_save_writers_follow_the_cpus(tmp, moved):
     if N > 1:
         cases += [({0: {a}, 1: {b}}, "pair"), ({0: {a}, 1: {a}}, "slab")]
     box = dt.to_local().nbytes
-    old_mode, old_cpus = mt._C.io_gather(1), os.sched_getaffinity(0)
+    old_mode, old_cpus = mt.checkpoint._io.io_gather(1), os.sched_getaffinity(0)
     p = Problems()
     try:
         for binding, writers in cases:
             os.sched_setaffinity(0, binding.get(RANK, set(cpus)))
             moved.clear()
-            before = mt._C.comm_counters().get("all_to_all_single", (0, 0))[1]
+            before = mt._comm.comm_counters().get("all_to_all_single", (0, 0))[1]
             mt.save(dt, path)
             wrote = moved["written"]
-            sent = mt._C.comm_counters().get("all_to_all_single", (0, 0))[1] - before
+            sent = mt._comm.comm_counters().get("all_to_all_single", (0, 0))[1] - before
             os.sched_setaffinity(0, old_cpus)
             p.expect(bits_equal(np.load(path), g), f"{binding}: numpy.load differs")
             p.expect(COMM.allreduce(wrote) == g.nbytes, f"{binding}: not every byte once")
@@ -540,7 +540,7 @@ def test_gathered_save_writers_follow_the_cpus(tmp, moved):
                          f"({writers} expected)")
     finally:
         os.sched_setaffinity(0, old_cpus)
-        mt._C.io_gather(old_mode)
+        mt.checkpoint._io.io_gather(old_mode)
     assert p == []
 
 
@@ -584,21 +584,21 @@ def test_gathered_save_by_a_pair_fails_everywhere_when_the_second_writer_fails(t
     path = os.path.join(tmp, "pair-fail.npy")
     mt.save(mt.distribute_tensor(g, mesh, [Shard(1)]), path)
     cpus = sorted(machine_cpus())
-    old_mode, old_cpus = mt._C.io_gather(1), os.sched_getaffinity(0)
+    old_mode, old_cpus = mt.checkpoint._io.io_gather(1), os.sched_getaffinity(0)
     p = Problems()
     try:
         os.sched_setaffinity(0, {cpus[RANK]} if RANK < 2 else set(cpus))
         # Under this binding the pair writes (the slabs would split the file evenly,
         # and their last rank would fail as well, proving nothing about the pair).
-        start = mt._C.io_counters()[1]
+        start = mt.checkpoint._io.io_counters()[1]
         mt.save(mt.distribute_tensor(g, mesh, [Shard(1)]), path)
-        wrote = mt._C.io_counters()[1] - start
+        wrote = mt.checkpoint._io.io_counters()[1] - start
         p.expect(0 < wrote != g.nbytes // N if RANK < 2 else wrote == 0,
                  f"rank {RANK} wrote {wrote}: not the pair's split")
         errors = save_limited(mt.distribute_tensor(g * 2, mesh, [Shard(1)]), path, 1)
     finally:
         os.sched_setaffinity(0, old_cpus)
-        mt._C.io_gather(old_mode)
+        mt.checkpoint._io.io_gather(old_mode)
     expect_failed_everywhere(p, errors, path, g)
     assert p == []
 
@@ -614,10 +614,10 @@ def pipeline(request):
     row), with the I/O thread or inline, and saves gather on the first rank or
     not; the defaults come back afterwards."""
     chunk, thread, gather = request.param
-    old = mt._C.io_pipeline(chunk, thread), mt._C.io_gather(gather)
+    old = mt.checkpoint._io.io_pipeline(chunk, thread), mt.checkpoint._io.io_gather(gather)
     yield request.param
-    mt._C.io_pipeline(*old[0])
-    mt._C.io_gather(old[1])
+    mt.checkpoint._io.io_pipeline(*old[0])
+    mt.checkpoint._io.io_gather(old[1])
 
 
 @pytest.mark.parametrize("shape,dtype", [((37, 23), "float16"), ((10, 9, 7), "complex64"),

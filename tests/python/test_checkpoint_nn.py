@@ -182,13 +182,13 @@ def test_entries_on_a_sliced_mesh_are_written_by_one_slice(tmp, monkeypatch):
     two = grid()
     g, state = sliced_state(two)
     writes = []
-    real = mt._C.io_save
+    real = mt.checkpoint._io.io_save
 
     def spy(mesh, path, *args):
         writes.append((os.path.basename(path).split(".")[0], args[-1].nbytes))
         return real(mesh, path, *args)
 
-    monkeypatch.setattr(mt._C, "io_save", spy)
+    monkeypatch.setattr(mt.checkpoint._io, "io_save", spy)
     path = os.path.join(tmp, "sliced")
     mt.save(state, path)
     monkeypatch.undo()

@@ -121,7 +121,7 @@ def test_load_with_other_placements_or_like_on_one_rank_raises_everywhere(tmp, m
     the path, which carries the layout too (no collective is added). Before, each
     rank read the boxes of its own layout and the next collective found the ranks
     in different ones (or, for like=, that rank raised while the others waited)."""
-    monkeypatch.setattr(mt._C, "agree", counted(mt._C.agree, calls := []))
+    monkeypatch.setattr(mt._comm, "agree", counted(mt._comm.agree, calls := []))
     mesh = init_device_mesh("cpu", (N,))
     mt.save(rows(mesh, 7), os.path.join(tmp, "layout.npy"))
     mt.save({"w": rows(mesh, 7)}, os.path.join(tmp, "layout"))
@@ -192,7 +192,7 @@ def test_a_failure_on_one_entry_leaves_the_previous_checkpoint(tmp, monkeypatch)
     old = four(mesh, 1)
     mt.save(old, path)
     before = listing(path)
-    real, calls = mt._C.io_save, []
+    real, calls = mt.checkpoint._io.io_save, []
 
     def fail_on_b(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf):
         calls.append(path_)
@@ -202,7 +202,7 @@ def test_a_failure_on_one_entry_leaves_the_previous_checkpoint(tmp, monkeypatch)
             buf = np.zeros(int(np.prod(box_shape)) * itemsize, np.uint8)
         return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf)
 
-    monkeypatch.setattr(mt._C, "io_save", fail_on_b)
+    monkeypatch.setattr(mt.checkpoint._io, "io_save", fail_on_b)
     p = Problems()
     expect_same_error(p, "entry b", lambda: mt.save(four(mesh, 2), path), IndexError,
                       "outside")
@@ -220,7 +220,7 @@ def test_a_failed_save_over_an_index_that_does_not_parse_removes_nothing(tmp, mo
     old = four(mesh, 4)
     mt.save(old, path)
     write_index(path, "{broken")
-    real, calls = mt._C.io_save, []
+    real, calls = mt.checkpoint._io.io_save, []
 
     def fail_on_b(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf):
         calls.append(path_)
@@ -228,7 +228,7 @@ def test_a_failed_save_over_an_index_that_does_not_parse_removes_nothing(tmp, mo
             box_offset = (shape[0],) + tuple(box_offset[1:])
         return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf)
 
-    monkeypatch.setattr(mt._C, "io_save", fail_on_b)
+    monkeypatch.setattr(mt.checkpoint._io, "io_save", fail_on_b)
     p = Problems()
     expect_same_error(p, "entry b", lambda: mt.save(four(mesh, 5), path), IndexError,
                       "outside")

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DeviceMesh, _C, init_device_mesh
+from mpitensor import DeviceMesh, init_device_mesh, _comm
 from mpi_helpers import Problems
 
 N = MPI.COMM_WORLD.Get_size()
@@ -81,12 +81,12 @@ def test_groups_are_made_once_per_mesh(world_size):
     gc.collect()
     gc.disable()
     try:
-        before = _C.comm_live_count()
+        before = _comm.comm_live_count()
         first = mesh.get_all_groups()
         again = [mesh.get_group(0), mesh.get_group("b")] + mesh.get_all_groups()
         sub = mesh["b"]
         sub_groups = sub.get_all_groups()
-        after = _C.comm_live_count()
+        after = _comm.comm_live_count()
     finally:
         gc.enable()
     assert after == before
@@ -222,9 +222,9 @@ def check_slice(mesh, names):
     """mesh[names] holds this rank, keeps the named dims in order, reuses the
     parent's communicators and creates none."""
     gc.collect()
-    before = _C.comm_live_count()
+    before = _comm.comm_live_count()
     sub = mesh[names if len(names) > 1 else names[0]]
-    created = _C.comm_live_count() - before
+    created = _comm.comm_live_count() - before
     dims = [mesh.mesh_dim_names.index(n) for n in names]
     coord = mesh.get_coordinate()
     index = tuple(slice(None) if d in dims else coord[d] for d in range(mesh.ndim))
@@ -281,17 +281,17 @@ def test_slice_two_by_two_rows_and_columns():
 
 def test_slice_keeps_parent_communicators_alive(world_size):
     gc.collect()
-    before = _C.comm_live_count()
+    before = _comm.comm_live_count()
     mesh = init_device_mesh("cpu", (1, world_size), mesh_dim_names=("a", "b"))
-    with_mesh = _C.comm_live_count()
+    with_mesh = _comm.comm_live_count()
     sub = mesh["b"]
     del mesh
     gc.collect()
-    kept = _C.comm_live_count()
+    kept = _comm.comm_live_count()
     total = sub.get_group().allreduce(1)
     del sub
     gc.collect()
-    after = _C.comm_live_count()
+    after = _comm.comm_live_count()
     assert with_mesh > before
     assert kept == with_mesh
     assert total == world_size
@@ -380,14 +380,14 @@ def test_repr_does_not_communicate(comm, rank, world_size):
 @pytest.mark.parametrize("shape", world_shapes(), ids=str)
 def test_communicators_freed_with_the_mesh(shape):
     gc.collect()
-    before = _C.comm_live_count()
+    before = _comm.comm_live_count()
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=tuple("abc"[:len(shape)]))
     groups = mesh.get_all_groups()  # materialise the mpi4py wrappers too
     sub = mesh["a"]
-    during = _C.comm_live_count()
+    during = _comm.comm_live_count()
     del mesh, groups, sub
     gc.collect()
-    after = _C.comm_live_count()
+    after = _comm.comm_live_count()
     assert during > before
     assert after == before
 
@@ -395,18 +395,18 @@ def test_communicators_freed_with_the_mesh(shape):
 @pytest.mark.skipif(N < 2, reason="needs a rank outside the mesh")
 def test_non_member_communicators_freed():
     gc.collect()
-    before = _C.comm_live_count()
+    before = _comm.comm_live_count()
     mesh = DeviceMesh("cpu", list(range(1, N)))
-    during = _C.comm_live_count()
+    during = _comm.comm_live_count()
     del mesh
     gc.collect()
-    after = _C.comm_live_count()
+    after = _comm.comm_live_count()
     assert during >= before and after == before
 
 
 def test_two_hundred_meshes_leave_the_count_flat(world_size):
     gc.collect()
-    before = _C.comm_live_count()
+    before = _comm.comm_live_count()
     peak = before
     for i in range(200):
         if i % 2:
@@ -414,10 +414,10 @@ def test_two_hundred_meshes_leave_the_count_flat(world_size):
         else:
             mesh = init_device_mesh("cpu", (1, world_size), mesh_dim_names=("a", "b"))
             mesh["b"].get_group()
-        peak = max(peak, _C.comm_live_count())
+        peak = max(peak, _comm.comm_live_count())
         del mesh
     gc.collect()
-    after = _C.comm_live_count()
+    after = _comm.comm_live_count()
     assert after == before
     # Dropped meshes give their communicators back at once, not at some later
     # garbage collection: at most one mesh's worth (3 for a 2-D mesh) is alive.
@@ -435,11 +435,11 @@ dt = mt.zeros(3, device_mesh=mesh)
 kept = mt.init_device_mesh("cpu", (1,), comm=MPI.COMM_SELF)  # left for exit
 cycle = [mt.init_device_mesh("cpu", (1,))]
 cycle.append(cycle)  # left for the interpreter's last collection
-alive = mt._C.comm_live_count()
+alive = mt._comm.comm_live_count()
 MPI.Finalize()
 del mesh, sub, groups, dt
 gc.collect()
-print(alive, mt._C.comm_live_count(), flush=True)
+print(alive, mt._comm.comm_live_count(), flush=True)
 """
 
 

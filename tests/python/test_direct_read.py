@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpitensor import Replicate, Shard, _C, distribute_tensor, init_device_mesh
+from mpitensor import Replicate, Shard, distribute_tensor, init_device_mesh, _comm
 from mpitensor.debug import CommDebugMode
 
 COMM = MPI.COMM_WORLD
@@ -122,11 +122,11 @@ def test_a_copy_failing_on_one_rank_sends_every_rank_through_mpi(case):
     full = _global(shape, dtype)
     dt = distribute_tensor(full, mesh, src)
     if RANK == FAULTY:
-        _C.direct_fail_next(1)
+        _comm.direct_fail_next(1)
     out = dt.redistribute(mesh, dst)
     # The failure asked for was taken exactly where the direct path ran: the
     # proof that the cases meant to take it do, and the others stay on MPI.
-    untaken = _C.direct_fail_next(0) if RANK == FAULTY else 1 - int(taken)
+    untaken = _comm.direct_fail_next(0) if RANK == FAULTY else 1 - int(taken)
     assert COMM.allgather(untaken == 1 - int(taken)) == [True] * W
     assert everywhere(np.array_equal(out.full_tensor(), full)) == [True] * W
     # The mesh still copies directly: one failed step went through MPI.

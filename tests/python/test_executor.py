@@ -22,7 +22,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes
+from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes, _comm, _plan
 from mpitensor._ops import _dispatch as D
 from mpitensor.placement_types import from_code
 from mpitensor.debug import CommDebugMode, set_logs
@@ -306,16 +306,16 @@ def test_redistributing_decisions_run_their_collectives_every_time(mesh):
     p + 1.0  # P + c reduces the Partial first: a decision holding a plan
     assert memo(mesh)["plans"] >= 1
     for _ in range(2):
-        before, calls = _C.comm_counters(), runs()
+        before, calls = _comm.comm_counters(), runs()
         r = p + 1.0
-        after = _C.comm_counters()
+        after = _comm.comm_counters()
         assert runs() - calls == 1  # from the memo, in the executor
         assert sum(after[k][0] - before[k][0] for k in after) >= 1
         assert np.array_equal(r.full_tensor(), np.arange(8.0) + 1)
     q = p * 2.0  # P * c stays Partial: local
-    before = _C.comm_counters()
+    before = _comm.comm_counters()
     q = p * 2.0
-    assert _C.comm_counters() == before
+    assert _comm.comm_counters() == before
     assert q.placements == (Partial("sum"),)
     assert np.array_equal(q.full_tensor(), np.arange(8.0) * 2)
 
@@ -459,16 +459,16 @@ def test_fresh_dtensors_of_a_known_layout_hit(mesh):
 
 def test_a_dropped_mesh_frees_its_communicators_and_memo():
     gc.collect()
-    before = _C.comm_live_count()
+    before = _comm.comm_live_count()
     m = mt.init_device_mesh("cpu", (W,))
     a = mt.distribute_tensor(np.ones((12, 4)), m, [Shard(0)])  # even at 1..4 ranks
     for _ in range(2):
         a + a, a.sum(0), a * 2
     assert m._dispatch_stats()["decisions"] >= 3
-    during = _C.comm_live_count()
+    during = _comm.comm_live_count()
     del a, m  # no reference cycle: freed at once, without the garbage collector
     assert during > before
-    assert _C.comm_live_count() == before
+    assert _comm.comm_live_count() == before
 
 
 @pytest.mark.skipif(W < 2, reason="needs a rank outside the mesh")
@@ -552,7 +552,7 @@ def test_enums_come_from_c():
     assert (D.KEEP, D.CONTRACT, D.REDUCE, D.REPLICATE) == (0, 1, 2, 3)
     assert _C.REDUCE_OPS == ("sum", "avg", "product", "max", "min")
     assert from_code((_C.PLACEMENT_PARTIAL, 0, _C.REDUCE_MAX)) is Partial("max")
-    assert _C.STEP_KINDS[0] == "all_gather"
+    assert _plan.STEP_KINDS[0] == "all_gather"
 
 
 def test_code_run_by_numpy_may_clear_the_memo(mesh):

@@ -25,13 +25,14 @@ ROOT = Path(__file__).resolve().parents[2] / "python" / PACKAGE
 # A package's entry covers every module inside it; a longer entry wins.
 FLOORS = {
     "_C": 0, "_clib": 0,  # the extension; the C functions without Python objects (ctypes)
+    "_comm": 0, "_plan": 0,  # the C functions _C exports, by ctypes: meshes, plans
     # Ground floor: the DTensor model, its modes and the registry _ops fills.
     "_modes": 1, "_registry": 1, "placement_types": 1, "device_mesh": 1,
     "_dtensor_spec": 1, "_layout": 1, "_args": 1, "_trace": 1, "_logging": 1,
     "_redistribute": 1, "random": 1, "_dtensor": 1, "_factories": 1, "_distribute": 1,
     "_iterate": 1, "_shard": 1, "_mpi_library": 1, "_version": 1, "_timemodel": 1,
     "_departure": 1,
-    "_fingerprint": 1, "_allgather_bytes": 1, "_device": 1, "_dtypes": 1,
+    "_fingerprint": 1, "_allgather_bytes": 1, "_device": 1, "_dtypes": 1, "_hooks": 1,
     "_ops": 2,  # operations: each op's dim map, registered once; NumPy protocols
     "autograd": 3,  # the tape and backward rules
     "nn": 4, "optim": 4,  # training pieces

@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Replicate, Shard, _C, distribute_tensor, init_device_mesh
+from mpitensor import Replicate, Shard, distribute_tensor, init_device_mesh, _comm
 from mpi_helpers import all_ranks
 
 N = MPI.COMM_WORLD.Get_size()
@@ -62,7 +62,7 @@ def test_redistributes_and_ops_keep_memory_and_refcounts_flat():
     after_one = refcounts(*watched)
     for _ in range(ROUND):  # warm-up: caches, pools, interned objects
         one_call()
-    base_rss, base_comms = rss(), _C.comm_live_count()
+    base_rss, base_comms = rss(), _comm.comm_live_count()
     samples = []
     for _ in range(ROUNDS):
         for _ in range(ROUND):
@@ -70,18 +70,18 @@ def test_redistributes_and_ops_keep_memory_and_refcounts_flat():
         samples.append(rss())
     growth = samples[-1] - base_rss
     ok = (before == after_one == refcounts(*watched)
-          and _C.comm_live_count() == base_comms
+          and _comm.comm_live_count() == base_comms
           and growth < SLACK_BYTES
           and CALLS == 100_000 and float(value) == 3 * float(np.arange(16.0).sum()))
     assert all_ranks(ok), (before, after_one, refcounts(*watched), base_comms,
-                           _C.comm_live_count(), growth, samples)
+                           _comm.comm_live_count(), growth, samples)
 
 
 @pytest.mark.timeout(900)
 def test_mesh_creations_free_their_communicators():
     comm = MPI.COMM_WORLD
     gc.collect()
-    base_comms = _C.comm_live_count()
+    base_comms = _comm.comm_live_count()
     refs = refcounts(comm)
 
     def one_mesh(i):
@@ -99,6 +99,6 @@ def test_mesh_creations_free_their_communicators():
         one_mesh(i)
     gc.collect()
     growth = rss() - base_rss
-    ok = (_C.comm_live_count() == base_comms and refcounts(comm) == refs
+    ok = (_comm.comm_live_count() == base_comms and refcounts(comm) == refs
           and growth < SLACK_BYTES)
-    assert all_ranks(ok), (base_comms, _C.comm_live_count(), refs, refcounts(comm), growth)
+    assert all_ranks(ok), (base_comms, _comm.comm_live_count(), refs, refcounts(comm), growth)

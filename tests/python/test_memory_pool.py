@@ -6,7 +6,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Replicate, Shard, _C
+from mpitensor import Replicate, Shard, _comm
 
 W = MPI.COMM_WORLD.Get_size()
 BIG = (256 * W, 512)  # 1 MiB of float64 per rank once sharded
@@ -14,10 +14,10 @@ BIG = (256 * W, 512)  # 1 MiB of float64 per rank once sharded
 
 @pytest.fixture
 def pool_limit():
-    limit = _C.pool_set_limit(0)  # an empty pool: blocks earlier tests left may fill its slots
-    _C.pool_set_limit(limit)
+    limit = _comm.pool_set_limit(0)  # an empty pool: blocks earlier tests left may fill its slots
+    _comm.pool_set_limit(limit)
     yield
-    _C.pool_set_limit(limit)
+    _comm.pool_set_limit(limit)
 
 
 def test_dropped_outputs_return_to_the_pool_and_are_reused(pool_limit):
@@ -26,11 +26,11 @@ def test_dropped_outputs_return_to_the_pool_and_are_reused(pool_limit):
     dt = mt.distribute_tensor(data, mesh, [Shard(0)])
     local = dt.to_local()
     assert local.nbytes >= 1 << 20
-    before = _C.pool_cached_bytes()
+    before = _comm.pool_cached_bytes()
     del dt, local
-    assert _C.pool_cached_bytes() >= before + (1 << 20)
+    assert _comm.pool_cached_bytes() >= before + (1 << 20)
     again = mt.distribute_tensor(data, mesh, [Shard(0)])
-    assert _C.pool_cached_bytes() < before + (1 << 20)  # the block was taken back
+    assert _comm.pool_cached_bytes() < before + (1 << 20)  # the block was taken back
     assert np.array_equal(again.full_tensor(), data)
 
 
@@ -46,8 +46,8 @@ def test_pooled_arrays_behave_like_numpy_arrays(pool_limit):
 
 
 def test_limit_zero_caches_nothing(pool_limit):
-    _C.pool_set_limit(0)
+    _comm.pool_set_limit(0)
     mesh = mt.init_device_mesh("cpu", (W,))
     dt = mt.distribute_tensor(np.zeros(BIG), mesh, [Shard(0)])
     del dt
-    assert _C.pool_cached_bytes() == 0
+    assert _comm.pool_cached_bytes() == 0

@@ -21,7 +21,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Replicate, Shard, _C
+from mpitensor import Replicate, Shard, _comm
 from mpitensor._ops._indexing import _INDEX_KEYS
 
 W = MPI.COMM_WORLD.Get_size()
@@ -42,7 +42,7 @@ CACHES = 40 << 20     # what every cache of a mesh may hold, full (see the docs)
 def resident() -> int:
     """Resident bytes, less what the block pool keeps for reuse."""
     gc.collect()
-    return psutil.Process().memory_info().rss - _C.pool_cached_bytes()
+    return psutil.Process().memory_info().rss - _comm.pool_cached_bytes()
 
 
 PLACEMENTS = ([Shard(0)], [Shard(1)], [Replicate()])
@@ -93,7 +93,7 @@ def test_50000_operations_over_distinct_shapes_keep_memory_flat():
         assert stats["layouts"] <= stats["layout_limit"], stats
         assert len(m._index_keys) <= _INDEX_KEYS
     meshes = 1 if mesh2 is None else 2
-    assert _C.pool_cached_bytes() <= 512 << 20
+    assert _comm.pool_cached_bytes() <= 512 << 20
     assert end - middle < SLACK, (
         f"the second half of the run grew resident memory by {(end - middle) >> 20} MiB "
         f"(the first by {(middle - start) >> 20} MiB; {seconds:.0f} s)")

@@ -9,13 +9,13 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor
-from mpitensor import _C
+from mpitensor import _C, _comm
 
 LIBMPI = re.compile(r"/libmpi\.so(\.\d+)*$")
 
 
 def test_same_library_version_string():
-    ours = _C.mpi_library_version()
+    ours = _comm.mpi_library_version()
     # Open MPI counts the terminating NUL in the length it reports, and mpi4py
     # passes it on; the extension returns the C string without it.
     theirs = MPI.Get_library_version().rstrip("\0")

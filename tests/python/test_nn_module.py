@@ -195,7 +195,7 @@ def test_global_hooks_see_every_module_call():
 def test_load_state_dict_of_plain_arrays_communicates_nothing(monkeypatch):
     """Nothing distributed: the checks stay local, no agreement is run (a bad
     state dict then raises torch's RuntimeError on this rank alone)."""
-    monkeypatch.setattr(mt._C, "agree", lambda *a: pytest.fail("agreed on " + repr(a)))
+    monkeypatch.setattr(mt._comm, "agree", lambda *a: pytest.fail("agreed on " + repr(a)))
     lin = nn.Linear(2, 3)
     lin.load_state_dict({"weight": np.ones((3, 2)), "bias": np.zeros(3)})
     assert np.array_equal(lin.weight, np.ones((3, 2)))

@@ -274,10 +274,10 @@ def test_local_inputs_of_uneven_and_inconsistent_sizes(mesh):
 def short_watchdog():
     """Where ranks could disagree, a regression would leave some waiting in a
     collective: the watchdog then aborts the job in seconds, not at CI's timeout."""
-    mt._C.set_collective_timeout(20.0)
+    mt._comm.set_collective_timeout(20.0)
     yield
     text = os.environ.get("MPITENSOR_TIMEOUT", "").strip()
-    mt._C.set_collective_timeout(float(text) if text else None)
+    mt._comm.set_collective_timeout(float(text) if text else None)
 
 
 class _Block(nn.Module):
@@ -374,8 +374,8 @@ def test_linear_local_input_costs_one_agreement(mesh, monkeypatch):
     output's all-reduce, on a mesh of several ranks; a DTensor input, whose global
     width is known, costs none."""
     calls = []
-    agree = mt._C.agree
-    monkeypatch.setattr(mt._C, "agree", lambda *a: calls.append(a[1:3]) or agree(*a))
+    agree = mt._comm.agree
+    monkeypatch.setattr(mt._comm, "agree", lambda *a: calls.append(a[1:3]) or agree(*a))
     m = parallelize_module(linear(1, 11, 5), mesh, RowwiseParallel())
     dx = distribute_tensor(X[:, :11], mesh, [Shard(1)])
     y, counts = run(m, dx.to_local())

@@ -1,4 +1,4 @@
-"""_C.plan_check: what a redistribution refuses from its arguments alone, before
+"""_comm.plan_check: what a redistribution refuses from its arguments alone, before
 any communication, with torch's exception types and messages. Checked against
 the rule as torch states it, for every pair of placements on 1- and 2-D meshes and
 every dtype class. Local: no MPI involved."""
@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from mpitensor import Partial, Replicate, Shard, _C
+from mpitensor import Partial, Replicate, Shard, _comm
 from mpitensor._layout import _codes
 
 PLACEMENTS = [Replicate(), Shard(0), Shard(1)] + [
@@ -39,7 +39,7 @@ def expected(src, dst, dtype):
 
 def got(src, dst, dtype):
     try:
-        _C.plan_check(_codes(src), _codes(dst), np.dtype(dtype))
+        _comm.plan_check(_codes(src), _codes(dst), np.dtype(dtype))
     except Exception as e:  # noqa: BLE001 - compared with the expectation
         return type(e), str(e)
     return None
@@ -60,10 +60,10 @@ def test_every_pair_2d(dtype):
 
 
 def test_arguments():
-    assert _C.plan_check(_codes([Partial()]), _codes([Replicate()]), "float32") is None
+    assert _comm.plan_check(_codes([Partial()]), _codes([Replicate()]), "float32") is None
     with pytest.raises(ValueError, match="placements"):
-        _C.plan_check(_codes([Replicate()]), _codes([Replicate(), Replicate()]), "f8")
+        _comm.plan_check(_codes([Replicate()]), _codes([Replicate(), Replicate()]), "f8")
     with pytest.raises(TypeError):
-        _C.plan_check(_codes([Replicate()]), _codes([Replicate()]), "not a dtype")
+        _comm.plan_check(_codes([Replicate()]), _codes([Replicate()]), "not a dtype")
     with pytest.raises(TypeError):
-        _C.plan_check(_codes([Replicate()]), _codes([Replicate()]))
+        _comm.plan_check(_codes([Replicate()]), _codes([Replicate()]))

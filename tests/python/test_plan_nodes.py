@@ -3,7 +3,7 @@ time model's ranks_per_node, whatever this machine's MPI finds) leaves each rank
 exactly the local array NumPy gives, and no plan moves more bytes between nodes,
 nor in all, than torch's per-mesh-dim steps, on meshes of up to 16,384 ranks.
 
-The plans are made by _C.Plan under a model with the simulated node size and run
+The plans are made by _plan.Plan under a model with the simulated node size and run
 by the C executor on a mesh of this job's ranks: the steps say where the nodes
 are (an ALLREDUCE_NODES step carries its run of members per node), so the same
 plan runs on one machine as on a cluster.
@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Partial, Replicate, Shard, _C
+from mpitensor import Partial, Replicate, Shard, _C, _comm, _plan
 from mpitensor._layout import _codes
 from mpi_helpers import Problems
 from redistribute_ref import (PLACEMENTS, expected_local, mixed_partials, name,
@@ -25,7 +25,7 @@ from redistribute_ref import (PLACEMENTS, expected_local, mixed_partials, name,
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
-BUILTIN = _C.default_time_model()[:7]
+BUILTIN = _comm.default_time_model()[:7]
 # A network a thousand times slower per byte than shared memory, its messages as
 # cheap: reductions across nodes go within nodes first wherever a plan can.
 SLOW_NET = BUILTIN[:2] + (BUILTIN[0], 1000 * BUILTIN[1]) + BUILTIN[4:7]
@@ -68,7 +68,7 @@ def test_every_move_on_simulated_nodes_gives_numpys_result(mesh_shape):
         for k, costs in itertools.product(node_sizes(), (BUILTIN, SLOW_NET)):
             model = costs + (k,)
             for src, dst in pairs(mesh_shape):
-                plan = _C.Plan(shape, mesh_shape, _codes(src), _codes(dst), "f8", model)
+                plan = _plan.Plan(shape, mesh_shape, _codes(src), _codes(dst), "f8", model)
                 kinds.update(s[0] for s in plan.steps())
                 local = source_local(base, mesh_shape, coord, src, np.float64)
                 got = _C.redistribute(mesh._handle, plan, local)
@@ -115,7 +115,7 @@ def test_never_more_between_nodes_than_torch(mesh_shape, per_node):
         for i, (src, dst) in enumerate(paper_cases(mesh_shape, 12 if numel > 4096 else 40, k)):
             shape = [(4096, 1024), (37, 5), (1 << 16, 3)][i % 3]
             model = models[i % 3] + (k,)
-            plan = _C.Plan(shape, mesh_shape, _codes(src), _codes(dst), "f8", model)
+            plan = _plan.Plan(shape, mesh_shape, _codes(src), _codes(dst), "f8", model)
             t_bytes, t_net = plan.torch_bytes()
             what = f"{mesh_shape} nodes of {k} {shape} {name(src)}->{name(dst)}"
             problems.expect(plan.net_bytes <= t_net,

@@ -15,7 +15,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Partial, Replicate, Shard, _C, init_device_mesh
+from mpitensor import Partial, Replicate, Shard, init_device_mesh, _comm
 from mpi_helpers import outcome, same_everywhere
 
 COMM = MPI.COMM_WORLD
@@ -111,14 +111,14 @@ def rank0_capped(headroom: int):
     block pool emptied on every rank for the while (a block cached by an earlier
     test would stand in for the allocation that must fail)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = _C.pool_set_limit(0)
+    limit = _comm.pool_set_limit(0)
     if RANK == 0:
         resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + headroom, hard))
     try:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-        _C.pool_set_limit(limit)
+        _comm.pool_set_limit(limit)
 
 
 @many

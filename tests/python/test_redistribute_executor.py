@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes
+from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes, _comm
 from mpitensor.debug import CommDebugMode
 from mpi_helpers import Problems, bits_equal, raised
 
@@ -38,7 +38,7 @@ def pythons() -> int:
 
 
 def counters() -> dict:
-    return dict(_C.comm_counters())
+    return dict(_comm.comm_counters())
 
 
 def moved(before: dict, after: dict) -> dict:

@@ -20,7 +20,7 @@ import mpitensor as mt
 from mpitensor import _mpi_library, _show_config
 from mpi_helpers import Problems, raised
 
-_C_LIBRARY = _mpi_library.first_line(mt._C.mpi_library_version())
+_C_LIBRARY = _mpi_library.first_line(mt._comm.mpi_library_version())
 OPEN_MPI = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022"
 MPICH = "MPICH Version:      4.2.0\nMPICH Release date: Fri Feb  9 12:29:21 CST 2024\n"
 
@@ -43,7 +43,7 @@ def test_the_libraries_of_this_build_agree():
 
 def test_a_mesh_over_another_mpi_is_refused(monkeypatch):
     monkeypatch.setattr(_mpi_library, "_checked", False)
-    monkeypatch.setattr(_mpi_library._C, "mpi_library_version", lambda: MPICH)
+    monkeypatch.setattr(_mpi_library._comm, "mpi_library_version", lambda: MPICH)
     p = Problems()
     p.expect(raised(lambda: mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),)),
                     RuntimeError, "mpitensor._C: MPICH Version"), "mesh on another MPI")

@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Partial, Replicate, Shard, _C, _timemodel
+from mpitensor import Partial, Replicate, Shard, _timemodel, _comm, _plan
 from mpitensor._layout import _codes
 from mpi_helpers import node_of_each_rank, ref_ranks_per_node
 from redistribute_ref import torch_plan
@@ -36,7 +36,7 @@ def test_read_table(tmp_path):
     assert _timemodel.read_table(str(tmp_path / "missing.json")) is None
     assert _timemodel.read_table(write_table(tmp_path, GOOD)) == COSTS
     # One node measured: the built-in network costs stand in, and the call cost.
-    builtin = _C.default_time_model()
+    builtin = _comm.default_time_model()
     one = {k: v for k, v in GOOD.items() if k not in ("net", "call")}
     assert _timemodel.read_table(write_table(tmp_path, one)) == (
         4e-7, 1e-10, builtin[2], builtin[3], builtin[4], 2e-10, 3e-10)
@@ -82,9 +82,9 @@ def test_mesh_loads_the_table(tmp_path, monkeypatch):
                                      (Replicate(),), np.dtype("f8"))
     n = COMM.size
     if n > 1:
-        expect = _C.Plan((n * 4,), (n,), _codes((Shard(0),)), _codes((Replicate(),)),
+        expect = _plan.Plan((n * 4,), (n,), _codes((Shard(0),)), _codes((Replicate(),)),
                          "f8", got).time
-        assert plan.time == expect and plan.time != _C.Plan(
+        assert plan.time == expect and plan.time != _plan.Plan(
             (n * 4,), (n,), _codes((Shard(0),)), _codes((Replicate(),)), "f8").time
 
 
@@ -93,7 +93,7 @@ def test_bad_table_logs_and_uses_the_builtin(tmp_path, monkeypatch, caplog):
                        shared_path(tmp_path, {**GOOD, "shm": {"alpha": "x", "beta": 0}}))
     with caplog.at_level(logging.WARNING, logger="mpitensor"):
         mesh = mt.init_device_mesh("cpu", (COMM.size,))
-    assert mesh._handle.time_model()[:7] == _C.default_time_model()[:7]
+    assert mesh._handle.time_model()[:7] == _comm.default_time_model()[:7]
     assert any("shm.alpha is 'x'" in r.getMessage() and "built-in" in r.getMessage()
                for r in caplog.records)
 
@@ -101,7 +101,7 @@ def test_bad_table_logs_and_uses_the_builtin(tmp_path, monkeypatch, caplog):
 def test_builtin_ignores_any_table(tmp_path, monkeypatch):
     monkeypatch.setenv("MPITENSOR_TIME_MODEL", "builtin")
     mesh = mt.init_device_mesh("cpu", (COMM.size,))
-    assert mesh._handle.time_model()[:7] == _C.default_time_model()[:7]
+    assert mesh._handle.time_model()[:7] == _comm.default_time_model()[:7]
 
 
 def test_set_time_model_validates():
@@ -119,7 +119,7 @@ def test_set_time_model_validates():
 
 
 def kinds(shape, mesh_shape, src, dst, model):
-    plan = _C.Plan(shape, mesh_shape, _codes(src), _codes(dst), "f8", model)
+    plan = _plan.Plan(shape, mesh_shape, _codes(src), _codes(dst), "f8", model)
     return [s[0] for s in plan.steps()], plan
 
 
@@ -128,7 +128,7 @@ def test_plans_at_scale_switch_as_the_model_says(per_node):
     """[R, S(0)] -> [S(1), R] on a (64, 64) mesh: per-dim collectives for a small
     tensor, one direct exchange (fewer bytes) for a large one; the predicted times
     say which, and bytes first (no per-message cost) always took the exchange."""
-    model = _C.default_time_model()[:7] + (per_node,)
+    model = _comm.default_time_model()[:7] + (per_node,)
     flat = (0.0, model[3], 0.0, model[3], 0.0, 0.0, 0.0, per_node)  # bytes alone
     src, dst = (Replicate(), Shard(0)), (Shard(1), Replicate())
     small, plan_small = kinds((4096, 1), (64, 64), src, dst, model)
@@ -144,12 +144,12 @@ def test_plans_at_scale_switch_as_the_model_says(per_node):
 
 # Local passes free, and dear (1 ns per byte copied or reduced, a memory bus shared
 # by many ranks): the same shm and network costs otherwise.
-FREE_LOCAL = _C.default_time_model()[:5] + (0.0, 0.0, 0)
-DEAR_LOCAL = _C.default_time_model()[:5] + (1e-9, 1e-9, 0)
+FREE_LOCAL = _comm.default_time_model()[:5] + (0.0, 0.0, 0)
+DEAR_LOCAL = _comm.default_time_model()[:5] + (1e-9, 1e-9, 0)
 
 
 def steps_of(shape, src, dst, model):
-    plan = _C.Plan(shape, (2, 2), _codes(src), _codes(dst), "f8", model)
+    plan = _plan.Plan(shape, (2, 2), _codes(src), _codes(dst), "f8", model)
     return [(s[0], s[1]) for s in plan.steps()], plan
 
 

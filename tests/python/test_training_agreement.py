@@ -128,8 +128,8 @@ def test_clip_grad_norm_agrees_in_the_all_reduce_it_makes(norm_type, monkeypatch
     """One all-reduce of a few numbers per mesh dim (the inf-norm: and one of
     the maximum), also for replicated gradients; no separate agreement."""
     calls = []
-    real = mt._C.agree
-    monkeypatch.setattr(mt._C, "agree", lambda *a: calls.append(a) or real(*a))
+    real = mt._comm.agree
+    monkeypatch.setattr(mt._comm, "agree", lambda *a: calls.append(a) or real(*a))
     for mesh in meshes():
         for replicated in (False, True):
             ps = params_with_grads(mesh)
@@ -236,8 +236,8 @@ def test_alike_steps_agree_once_per_step_and_mesh(monkeypatch):
     ps = params_with_grads(mesh)
     opt = mt.optim.AdamW(ps, lr=0.1)
     calls = []
-    real = mt._C.agree
-    monkeypatch.setattr(mt._C, "agree", lambda *a: calls.append(a[0]) or real(*a))
+    real = mt._comm.agree
+    monkeypatch.setattr(mt._comm, "agree", lambda *a: calls.append(a[0]) or real(*a))
     for i in range(3):
         with CommDebugMode() as comm:
             opt.step()

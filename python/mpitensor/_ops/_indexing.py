@@ -6,7 +6,7 @@ that the key keeps whole (``:``) follows that dim; a Shard of a dim that an int 
 a partial slice cuts becomes Replicate; Replicate and every Partial stay (indexing
 only picks elements). Only what the key picks moves: each rank cuts its local
 array first, and when some sharded dim was cut, one exchange in C
-(``_C.select_exchange``) brings each rank exactly the picked elements its output
+(``_comm.select_exchange``) brings each rank exactly the picked elements its output
 box lacks; an int index on a sharded dim is sent by its owner alone. Cutting
 replicated or whole dims is local.
 """
@@ -17,7 +17,7 @@ import operator
 
 import numpy as np
 
-from .. import _C, _modes, _registry, _trace
+from .. import _comm, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -218,7 +218,7 @@ def getitem(dt, key):
             plan.counts, mesh.shape, mesh._coordinate, plan.mid)[0], spec.dtype)
     elif plan.exchange is not None:
         _trace.report_move("DTensor.__getitem__", spec, plan.mid)
-        piece = _C.select_exchange(mesh._handle, *plan.exchange, piece)
+        piece = _comm.select_exchange(mesh._handle, *plan.exchange, piece)
     # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
                                 for o in plan.outdims))

@@ -8,11 +8,14 @@ of a dtype the kernels do not know (long double) are NumPy's.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import operator
 
 import numpy as np
 
-from .. import _C, _dtypes
+from .. import _C, _clib, _dtypes
+from .._clib import P, I, I64
 
 __all__ = ["KERNEL_DTYPES", "scan", "arg_extreme"]
 
@@ -29,9 +32,44 @@ def scan(x, ax, op, init=None, out=True):
     each lane's last value, or ``init`` or the identity when ``ax`` is empty).
     Native byte order; TypeError for a dtype the kernel does not know. Local.
 
-    Example: ``scan(np.ones((3, 2)), 0, _C.REDUCE_SUM)[1]`` is ``array([3., 3.])``.
+    Example: ``scan(np.ones((3, 2)), 0, REDUCE_SUM)[1]`` is ``array([3., 3.])``.
     """
-    return _C.cumulate(_native(x), ax, op, init, out)
+    x = _native(x)
+    lanes, rest = _lanes_of(x, ax)
+    if init is not None and not (isinstance(init, np.ndarray) and init.flags.c_contiguous
+                                 and init.dtype == x.dtype
+                                 and init.size == lanes.outer * lanes.inner):
+        raise ValueError("init must be a C-contiguous array of one element per lane, "
+                         "of the input's dtype")
+    scanned = _C.empty(x.shape, x.dtype) if out else None
+    last = _C.empty(rest, x.dtype)
+    _clib.call(_cumulate, None if scanned is None else scanned.ctypes.data,
+               last.ctypes.data, x.ctypes.data, None if init is None else init.ctypes.data,
+               ctypes.byref(lanes), _clib.dtype_code(x.dtype), op)
+    return scanned, last
+
+
+class _Lanes(ctypes.Structure):  # mt_lanes
+    _fields_ = [("outer", I64), ("n", I64), ("inner", I64)]
+
+
+_E = ctypes.POINTER(_clib.Error)
+_cumulate = _clib.fn("mt_cumulate", I, P, P, P, P, ctypes.POINTER(_Lanes), I, I, _E)
+_arg_extreme = _clib.fn("mt_arg_extreme", I, P, P, P, ctypes.POINTER(_Lanes), I, I, _E)
+
+
+def _lanes_of(x, axis):
+    """The lanes of C-contiguous ``x`` along ``axis``, and the shape without it."""
+    if not (isinstance(x, np.ndarray) and x.flags.c_contiguous and x.dtype.isnative
+            and _clib.dtype_code(x.dtype) >= 0):
+        raise TypeError("expected a C-contiguous array of a numeric dtype in native "
+                        "byte order")
+    axis = operator.index(axis)
+    if not 0 <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of range for {x.ndim} dims")
+    shape = x.shape
+    return (_Lanes(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])),
+            shape[:axis] + shape[axis + 1:])
 
 
 def _native(x):
@@ -53,5 +91,8 @@ def arg_extreme(x, axis, largest):
         func = np.argmax if largest else np.argmin
         idx = func(x, axis=axis, keepdims=True)
         return idx, np.take_along_axis(x, idx, axis)
-    idx, value = _C.arg_extreme(x, axis, largest)
+    lanes, rest = _lanes_of(x, axis)
+    idx, value = _C.empty(rest, np.int64), _C.empty(rest, x.dtype)
+    _clib.call(_arg_extreme, idx.ctypes.data, value.ctypes.data, x.ctypes.data,
+               ctypes.byref(lanes), _clib.dtype_code(x.dtype), bool(largest))
     return np.expand_dims(idx.astype(np.intp, copy=False), axis), np.expand_dims(value, axis)

@@ -3,7 +3,7 @@
 A hook is user Python that runs in the middle of a backward whose next step is
 often a collective. If it raised on one rank only, that rank would leave the
 backward while the others wait in the collective for it. So the ranks of the
-tensor's mesh agree on each hook call's outcome (``_C.agree``, one small
+tensor's mesh agree on each hook call's outcome (``_comm.agree``, one small
 all-reduce): a hook that raises on some rank raises the same exception, with the
 first failing rank's message, on every rank, and the backward ends there on all of
 them. The agreement also carries the placements a hook's replacement gradient has,
@@ -15,7 +15,7 @@ hooks return.
 
 from __future__ import annotations
 
-from .. import _C
+from .. import _comm
 from .._dtensor import DTensor
 from .._fingerprint import fingerprint
 
@@ -26,7 +26,7 @@ def agreed(mesh, call, layout, what: str):
     """``call()``'s result once the ranks of ``mesh`` agree it returned everywhere
     with the same ``layout(result)`` (a value with a canonical repr). An exception
     of ``call`` on any rank becomes that rank's exception (its class mapped by
-    ``_C.agree``, its message prefixed with ``what``) on every rank, chained to the
+    ``_comm.agree``, its message prefixed with ``what``) on every rank, chained to the
     original where it happened. Collective on ``mesh`` (nothing for one rank when
     ``call`` returns)."""
     try:
@@ -34,12 +34,12 @@ def agreed(mesh, call, layout, what: str):
     except Exception as error:  # noqa: BLE001 - every exception must be agreed on
         text = f"{what} raised {type(error).__name__}: {error}"
         try:
-            _C.agree(mesh._handle, False, 0, text, type(error))
+            _comm.agree(mesh._handle, False, 0, text, type(error))
         except Exception as agreed_error:  # noqa: BLE001 - the agreed one
             raise agreed_error from error
         raise  # not reached: an agreement with a failing member raises
     if mesh.size() > 1:
-        _C.agree(mesh._handle, True, fingerprint(layout(result)),
+        _comm.agree(mesh._handle, True, fingerprint(layout(result)),
                  f"{what} gave gradients of other placements on other ranks: the "
                  f"ranks must return the same placements")
     return result

@@ -28,7 +28,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _C, _registry
+from .. import _C, _modes, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -106,6 +106,20 @@ def _select_grads(g, ops, need, greater):
     return (g * mask if need[0] else None, g * (1 - mask) if need[1] else None)
 
 
+def _joint(grads):
+    """Marks ``grads`` as computing both gradients from one intermediate."""
+    grads.joint = True
+    return grads
+
+
+def _maximum_grads(g, ops, out, need):
+    return _select_grads(g, ops, need, True)
+
+
+def _minimum_grads(g, ops, out, need):
+    return _select_grads(g, ops, need, False)
+
+
 _UFUNCS = {
     np.add: lambda g, ops, out, need: (g, g),
     np.subtract: lambda g, ops, out, need: (g, -g if need[1] else None),
@@ -125,28 +139,61 @@ _UFUNCS = {
     np.square: lambda g, ops, out, need: (g * (2 * ops[0]),),
     np.sin: lambda g, ops, out, need: (g * np.cos(ops[0]),),
     np.cos: lambda g, ops, out, need: (-(g * np.sin(ops[0])),),
-    np.maximum: lambda g, ops, out, need: _select_grads(g, ops, need, True),
-    np.minimum: lambda g, ops, out, need: _select_grads(g, ops, need, False),
+    np.maximum: _joint(_maximum_grads),
+    np.minimum: _joint(_minimum_grads),
     np.power: _power,
 }
 
 
-def _ufunc_grads(grads, g, ops, out, need):
-    gs = grads(g, ops, out, need)
-    return tuple(_fit(gx, x) if n else None for gx, x, n in zip(gs, ops, need))
+def _headed(x):
+    """Where the gradient of input ``x`` is taken next: ``x`` itself, or, through
+    the redistributes that made it, the DTensor they moved (a redistribute's
+    backward moves the gradient straight on to its source's placements). None
+    past a redistribute with a ``backward_dtype``: its backward moves the
+    gradient in that dtype, cheaper than the backward rule could."""
+    while type(x) is DTensor:
+        node = x.grad_fn
+        if node is None or node.name != "Redistribute" or type(node.inputs[0]) is not DTensor:
+            break
+        if node.aux and node.aux[0] is not None:
+            return None
+        x = node.inputs[0]
+    return x if type(x) is DTensor else None
+
+
+def _ufunc_grads(grads, g, ops, out, need, inputs=None):
+    """Each wanted operand's gradient, made where it goes next: the operations of
+    operand i's gradient are decided knowing their output moves to ``inputs[i]``'s
+    placements (its input as recorded; the operand itself by default)."""
+    if getattr(grads, "joint", False):  # one mask serves both gradients
+        gs = grads(g, ops, out, need)
+        return tuple(_fit(gx, x) if n else None for gx, x, n in zip(gs, ops, need))
+    targets = inputs if inputs is not None else ops
+    res = []
+    for i, (x, n) in enumerate(zip(ops, need)):
+        if not n:
+            res.append(None)
+            continue
+        was = _modes.set_want(_headed(targets[i]))
+        try:
+            gx = grads(g, ops, out, tuple(j == i for j in range(len(need))))[i]
+        finally:
+            _modes.set_want(was)
+        res.append(_fit(gx, x))
+    return tuple(res)
 
 
 def _recorded_ufunc(grads):
     """The backward of a ufunc's node (node.saved: the operands)."""
     def backward(g, node, out):
         need = tuple(x is not None for x in node.inputs)
-        return _ufunc_grads(grads, g, node.saved, out, need)
+        return _ufunc_grads(grads, g, node.saved, out, need, node.inputs)
     return backward
 
 
 def _recorded_matmul(g, node, out):
     need = tuple(x is not None for x in node.inputs)
-    return _matmul_grads(g, *node.saved, out, need)
+    return _matmul_grads(g, *node.saved, out, need, node.inputs)
 
 
 def _ufunc_entry(g, node, out):
@@ -170,7 +217,7 @@ def _swap(x):
     return np.swapaxes(x, -1, -2)
 
 
-def _matmul_grads(g, a, b, out, need=None):
+def _matmul_grads(g, a, b, out, need=None, targets=None):
     """matmul's backward with NumPy's 1-D promotion and batch broadcasting; ``need``
     says which operands want a gradient (default: those that require grad)."""
     need = need or (_need(a), _need(b))
@@ -180,10 +227,21 @@ def _matmul_grads(g, a, b, out, need=None):
     g1 = g.reshape(batch + (a1.shape[-2], b1.shape[-1])) if (a.ndim == 1 or b.ndim == 1) else g
     ga = gb = None
     if need[0]:
-        ga = _fit(g1 @ _swap(b1), a1)
+        bt = _swap(b1)
+        # The product is made where a's gradient goes: a's input as recorded.
+        was = _modes.set_want(_headed(a if targets is None else targets[0]))
+        try:
+            ga = _fit(g1 @ bt, a1)
+        finally:
+            _modes.set_want(was)
         ga = ga if a.ndim > 1 else ga.reshape(a.shape)
     if need[1]:
-        gb = _fit(_swap(a1) @ g1, b1)
+        at = _swap(a1)
+        was = _modes.set_want(_headed(b if targets is None else targets[1]))
+        try:
+            gb = _fit(at @ g1, b1)
+        finally:
+            _modes.set_want(was)
         gb = gb if b.ndim > 1 else gb.reshape(b.shape)
     return ga, gb
 

@@ -2,7 +2,7 @@
 rank and broadcast, so that every rank raises the same exception or none does;
 the path every rank passed, checked to be the same; and steps that can fail on
 some ranks only (allocations), agreed on before the collective that follows. The
-checks go through the one agreement primitive, ``_C.agree``.
+checks go through the one agreement primitive, ``_comm.agree``.
 
 A file system may answer differently on different ranks (caches, races with other
 jobs); when each rank looked for itself, one could raise while the others went on
@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import _C
+from .. import _comm
 from .._fingerprint import fingerprint
 
 # Exceptions that may travel, by index; anything else travels as OSError.
@@ -89,7 +89,7 @@ def same_path(mesh, path: str, look: Callable[[], bytes] = bytes, *,
     in the name) would mix them or leave holes; then ``first_rank(mesh, look)``.
     ``layout`` describes the other arguments that must be the same on every rank
     (a load's placements and ``like``): it rides in the same hash. One small
-    all-reduce (``_C.agree`` on a hash of the path) and one broadcast.
+    all-reduce (``_comm.agree`` on a hash of the path) and one broadcast.
 
     Example::
 
@@ -97,7 +97,7 @@ def same_path(mesh, path: str, look: Callable[[], bytes] = bytes, *,
     """
     if mesh.get_coordinate() is not None:
         what = "path, placements and like=" if layout else "path"
-        _C.agree(mesh._handle, True,
+        _comm.agree(mesh._handle, True,
                  fingerprint((path, layout)),
                  f"every rank of the mesh must pass the same {what}; the first rank's "
                  f"path is {path!r} (symlinks resolved) and another rank's arguments "
@@ -111,7 +111,7 @@ def everywhere(mesh, attempt: Callable[[], object], failure: Callable[[], Except
     on every rank (chained to the rank's own error where it had one), so that a step
     that can fail on some ranks only (an allocation, above all) never leaves the
     others waiting in the collective that follows. One small all-reduce
-    (``_C.agree``).
+    (``_comm.agree``).
 
     Example::
 
@@ -123,7 +123,7 @@ def everywhere(mesh, attempt: Callable[[], object], failure: Callable[[], Except
         result, error = None, e
     mine = failure() if error is not None else ValueError("")
     try:
-        _C.agree(mesh._handle, error is None, 0, str(mine), type(mine))
+        _comm.agree(mesh._handle, error is None, 0, str(mine), type(mine))
     except Exception as agreed:  # noqa: BLE001 - the first failing rank's, everywhere
         raise agreed from error
     return result

@@ -2,7 +2,7 @@
 with numpy's own parser, so files go both ways between mpitensor and NumPy.
 
 Only the header is handled in Python; the data bytes after it travel through the
-C core (mpitensor._C.io_save / io_load: POSIX I/O per rank, or MPI-IO).
+C core (mpitensor.checkpoint._io: POSIX I/O per rank, or MPI-IO).
 """
 
 from __future__ import annotations

@@ -20,12 +20,12 @@ import os
 
 import numpy as np
 
-from .. import _C, _args
+from .. import _args
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Partial, Replicate
-from . import _agree, _npy, _paths
+from . import _agree, _io, _npy, _paths
 
 _NOTHING = np.empty(0, np.uint8)
 
@@ -61,7 +61,7 @@ def save_dtensor(dt: DTensor, path: str) -> tuple:
     if not _writes(mesh, placements):
         sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
     header = _npy.encode(dt.shape, dt.dtype)
-    _C.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, len(header),
+    _io.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, len(header),
                offsets, sizes, local.reshape(-1).view(np.uint8))
     return placements
 
@@ -143,7 +143,7 @@ def _read_box(head: _npy.NpyHeader, path: str, mesh, pl, dtype: np.dtype) -> np.
     order = slice(None, None, -1) if head.fortran_order else slice(None)
     shape, sizes, offsets = ((head.shape[order], tuple(sizes)[order], tuple(offsets)[order])
                              if head.shape else ((1,), (1,), (0,)))
-    _C.io_load(mesh._handle, path, shape, head.dtype.itemsize, head.offset, offsets, sizes,
+    _io.io_load(mesh._handle, path, shape, head.dtype.itemsize, head.offset, offsets, sizes,
                raw.reshape(-1).view(np.uint8))
     if out is not raw:
         np.copyto(out, raw.T if head.fortran_order else raw)

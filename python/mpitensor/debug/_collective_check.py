@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from .. import _C, _modes
+from .. import _modes, _comm
 from .._allgather_bytes import allgather_bytes
 from .._fingerprint import fingerprint
 
@@ -70,9 +70,9 @@ def call_site() -> str:
 
 
 def _check_mesh(mesh):
-    """The ``_C.Mesh`` of the mesh's members, in row-major mesh order, that carries
+    """The ``_comm.Mesh`` of the mesh's members, in row-major mesh order, that carries
     its checks: made on first use, collective on the members only (a rank outside
-    the mesh never checks). ``_C.Mesh`` duplicates the communicator it is given, so
+    the mesh never checks). ``_comm.Mesh`` duplicates the communicator it is given, so
     the parent's and the group's serve as they are."""
     key = mesh._key()
     handle = _check_meshes.get(key)
@@ -81,12 +81,12 @@ def _check_mesh(mesh):
         ranks = [int(r) for r in mesh.mesh.ravel()]
         members = np.arange(len(ranks), dtype=np.intc)
         if ranks == list(range(parent.Get_size())):
-            handle = _C.Mesh(parent, (len(ranks),), members)
+            handle = _comm.Mesh(parent, (len(ranks),), members)
         else:
             group = parent.Get_group().Incl(ranks)
             comm = parent.Create_group(group)
             group.Free()
-            handle = _C.Mesh(comm, (len(ranks),), members)
+            handle = _comm.Mesh(comm, (len(ranks),), members)
             comm.Free()
         _check_meshes[key] = handle
     return handle
@@ -103,7 +103,7 @@ def agree(what: str, mesh) -> None:
         # The agreement primitive: one small all-reduce, and every member raises
         # the same ValueError when the digests differ (every rank passes ok=True,
         # so that is the only ValueError it can give).
-        _C.agree(handle, True, fingerprint(text), "collective mismatch")
+        _comm.agree(handle, True, fingerprint(text), "collective mismatch")
         return
     except ValueError:
         pass

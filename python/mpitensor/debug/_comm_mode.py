@@ -10,7 +10,7 @@ import re
 import sys
 from collections import defaultdict
 
-from .. import _C, _modes, device_mesh as _device_mesh
+from .. import _modes, device_mesh as _device_mesh, _comm
 from ._module_tracker import ModuleTracker
 
 __all__ = ["CommDebugMode"]
@@ -144,7 +144,7 @@ class CommDebugMode:
         self._operation_counts.clear()
         self._recorded.clear()
         self.advanced_module_tracker.reset()
-        self._start, self._end = _C.comm_counters(), None
+        self._start, self._end = _comm.comm_counters(), None
         self._last = self._start
         self.advanced_module_tracker.attach()
         _modes.add_listener(self)
@@ -152,19 +152,19 @@ class CommDebugMode:
 
     def __exit__(self, *exc) -> None:
         _modes.remove_listener(self)
-        self._end = _C.comm_counters()
+        self._end = _comm.comm_counters()
         self._attribute(self._end)
         self.advanced_module_tracker.detach()
 
     def _window(self):
         if self._start is None:
             raise RuntimeError("CommDebugMode has not been entered yet: use `with CommDebugMode() as m:`")
-        return (self._end or _C.comm_counters()), self._start
+        return (self._end or _comm.comm_counters()), self._start
 
     def _attribute(self, now=None) -> None:
         """Adds the collectives since the last module boundary to the running module
         and to every module around it."""
-        now = _C.comm_counters() if now is None else now
+        now = _comm.comm_counters() if now is None else now
         calls, nbytes = _diff(now, self._last, 0), _diff(now, self._last, 1)
         self._last = now
         if not calls:

@@ -7,7 +7,7 @@ import ctypes.util
 import gc
 from typing import Any, Callable
 
-from .. import _C
+from .. import _comm
 
 __all__ = ["peak_rss_growth"]
 
@@ -57,7 +57,7 @@ def peak_rss_growth(fn: Callable[[], Any]) -> int:
     # threshold, which rises to 32 MiB after a large free). Both are handed back
     # first; malloc_trim cannot shrink the top of an arena other than the main
     # one, which the main thread uses after contention with other threads.
-    _C.pool_set_limit(_C.pool_set_limit(0))
+    _comm.pool_set_limit(_comm.pool_set_limit(0))
     if _malloc_trim is not None:
         _malloc_trim(0)
     before = _status_kib("VmRSS")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _args
+from .. import _args, _comm
 from .._layout import plan as plan_for
 from ..placement_types import Partial
 from ._visualize_sharding import check_drawable, owners_grid, require, shard_blocks
@@ -207,7 +207,7 @@ def _write_on_one_rank(mesh, path, draw, what: str) -> None:
         except Exception as e:  # reported on every rank below
             error = e
     try:
-        _C.agree(mesh._handle, error is None, 0,
+        _comm.agree(mesh._handle, error is None, 0,
                  f"{what}: writing {path!r} failed on the mesh's first rank (rank "
                  f"{int(mesh.mesh.flat[0])}): {error}", type(error or RuntimeError()))
     except Exception as agreed:  # noqa: BLE001 - the first rank's, on every rank

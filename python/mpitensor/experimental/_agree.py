@@ -6,7 +6,7 @@ a collective."""
 
 from __future__ import annotations
 
-from .. import _C
+from .. import _comm
 from . import _load_balance as LB
 
 
@@ -22,12 +22,12 @@ def agree_on_shards(handle, n: int, meta: list, problem, who: str, names: tuple,
         [[3, 3]]
     """
     width, k = len(meta), len(names)
-    got = _C.ring_allgather_int64(handle, 0, meta)
+    got = _comm.ring_allgather_int64(handle, 0, meta)
     rows = [got[i * width:(i + 1) * width] for i in range(n)]
     if any(row[0] for row in rows):
         # Every rank learnt that some rank failed; the first one's reason travels
         # through the agreement primitive, so every rank raises the same message.
-        _C.agree(handle, not problem, 0, f"{who}: {problem}", ValueError)
+        _comm.agree(handle, not problem, 0, f"{who}: {problem}", ValueError)
     if any(row[1 + k:] != rows[0][1 + k:] for row in rows):
         raise ValueError(f"{who}: the ranks passed inputs that differ in {differs}")
     lengths = [[row[1 + j] for row in rows] for j in range(k)]

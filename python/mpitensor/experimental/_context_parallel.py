@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import _C, _modes
+from .. import _modes, _comm
 from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ..autograd import Function
@@ -289,7 +289,7 @@ def _unshard_one(handle, n, buf, seq_dim):
     lens, total = _gather_meta(handle, n, local, problem)
     row = int(np.prod(local.shape[1:], dtype=np.int64)) * local.itemsize
     gathered = np.empty((total,) + local.shape[1:], local.dtype)
-    _C.ring_allgatherv_start(handle, 0, local, gathered, [m * row for m in lens]).wait()
+    _comm.ring_allgatherv_start(handle, 0, local, gathered, [m * row for m in lens]).wait()
     out = np.empty_like(gathered)
     offset = 0
     for k in range(n):

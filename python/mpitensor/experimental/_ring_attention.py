@@ -20,7 +20,7 @@ import struct
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import _C
+from .. import _comm
 from . import _load_balance as LB
 from .._fingerprint import fingerprint
 from ._agree import agree_on_shards
@@ -405,7 +405,7 @@ def _grad_ring(s, k, v, segments, acc):
         kv = np.ascontiguousarray(np.concatenate([k, v], axis=-1))
         row = int(np.prod(batch, dtype=np.int64)) * kv.shape[-1] * kv.itemsize
         flat = np.empty(sum(lk) * row // kv.itemsize, kv.dtype)
-        gathered = _C.ring_allgatherv_start(handle, 0, kv, flat, [m * row for m in lk])
+        gathered = _comm.ring_allgatherv_start(handle, 0, kv, flat, [m * row for m in lk])
         offsets = np.concatenate([[0], np.cumsum(lk)]) * (row // kv.itemsize)
     else:
         bufs = _RingBuffers(k, v, max(lk))
@@ -419,7 +419,7 @@ def _grad_ring(s, k, v, segments, acc):
         if done is not None:
             arriving = grad_buf(lk[src])
             sends, recvs = sends + list(done), recvs + list(arriving)
-        ex = _C.ring_shift_start(handle, 0, sends, recvs) if sends else None
+        ex = _comm.ring_shift_start(handle, 0, sends, recvs) if sends else None
         if gathered is not None:
             if step == 0:
                 acc.progress = gathered.test  # the local block overlaps the gather
@@ -442,7 +442,7 @@ def _grad_ring(s, k, v, segments, acc):
         done = (dk, dv)
     acc.progress = lambda: None
     mine = grad_buf(lk[r])
-    _C.ring_shift_start(handle, 0, list(done), list(mine)).wait()
+    _comm.ring_shift_start(handle, 0, list(done), list(mine)).wait()
     return mine
 
 
@@ -476,7 +476,7 @@ def _rotate_ring(handle, n, r, k, v, lk, segments, acc):
         src, ex = (r - step) % n, None
         if step < n - 1:
             nxt = bufs.take(step, lk[(src - 1) % n], k, v)
-            ex = _C.ring_shift_start(handle, 0, cur, nxt)
+            ex = _comm.ring_shift_start(handle, 0, cur, nxt)
             acc.progress = ex.test
         acc.attend(cur[0], cur[1], segments[src])
         if ex is not None:
@@ -488,7 +488,7 @@ def _rotate_allgather(handle, n, r, kv, lk, segments, acc):
     computed and completed after."""
     row = int(np.prod(kv.shape[:-2], dtype=np.int64)) * kv.shape[-1] * kv.itemsize
     flat = np.empty(sum(lk) * row // kv.itemsize, kv.dtype)
-    ex = _C.ring_allgatherv_start(handle, 0, kv, flat, [n_k * row for n_k in lk])
+    ex = _comm.ring_allgatherv_start(handle, 0, kv, flat, [n_k * row for n_k in lk])
     acc.progress = ex.test
     acc.attend(kv[..., :acc.e], kv[..., acc.e:], segments[r])
     ex.wait()

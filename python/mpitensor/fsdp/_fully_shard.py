@@ -48,7 +48,7 @@ import weakref
 
 import numpy as np
 
-from .. import _C, _modes
+from .. import _modes, _comm
 from .._args import resolve_mesh
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
@@ -416,7 +416,7 @@ class _State:
         name = type(self.module).__name__
         problem = policy_problem(mp) or problem or group_problem(mp, self.dtype, name)
         layout = [(p.name, p.shape, p.dtype.str) for p in self.params]
-        _C.agree(self.mesh._handle, problem is None,
+        _comm.agree(self.mesh._handle, problem is None,
                  fingerprint((mp, reshard_after_forward, layout)),
                  problem or f"fully_shard: the ranks passed different mp_policy, "
                             f"reshard_after_forward or parameters (names, shapes, dtypes) "

@@ -19,6 +19,7 @@ from .. import _dtypes
 from .._dtensor import DTensor
 from .._hooks import RemovableHandle, add_hook
 from .._layout import compute_local_shape_and_global_offset
+from ._backward_hook import BackwardHook
 from ._state_load import _agree_load, _load_layout, _load_problem, _same_ranks
 
 __all__ = ["Module", "Parameter", "RemovableHandle", "register_module_forward_pre_hook",
@@ -632,7 +633,6 @@ class Module:
                *d.get("_backward_pre_hooks", {}).values()]
         if not hooks and not pre:
             return None
-        from ._backward_hook import BackwardHook
         return BackwardHook(self, [h for h, _ in hooks], [h for h, _ in pre])
 
     def __call__(self, *args, **kwargs):

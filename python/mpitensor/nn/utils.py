@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from .. import _C
+from .. import _comm
 from .._dtensor import DTensor
 from .._fingerprint import fingerprint
 from ..placement_types import Partial, Replicate
@@ -104,10 +104,10 @@ def _agree_on_call(mesh, part: float, ok: bool, fp: int, problem, what: str) -> 
     """The sum of ``part`` over the mesh, in the same all-reduce as the agreement
     that every rank passed the same call (``fp``) and none failed (``problem``):
     otherwise the same exception on every rank, the first failing rank's, through
-    `_C.agree` (which only runs then). Collective on the mesh."""
+    `_comm.agree` (which only runs then). Collective on the mesh."""
     got = _reduce(mesh, [part] + _check_words(ok, fp), "sum")
     if mesh.get_coordinate() is not None and not _check_passed(got[1:], mesh.size()):
-        _C.agree(mesh._handle, ok, fp, problem or what, ValueError)
+        _comm.agree(mesh._handle, ok, fp, problem or what, ValueError)
         raise ValueError(what)  # not reached: the agreement raised on every rank
     return float(got[0])
 

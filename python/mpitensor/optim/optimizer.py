@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .. import _C
+from .. import _comm
 from .._dtensor import DTensor
 from .._fingerprint import fingerprint
 from ..autograd import enable_grad
@@ -259,7 +259,7 @@ class Optimizer:
         return fp, meshes
 
     def _agree_on_step(self) -> None:
-        """The step's agreement (see :meth:`step`): one `_C.agree` per mesh of the
+        """The step's agreement (see :meth:`step`): one `_comm.agree` per mesh of the
         parameters (meshes of the same ranks once), the zero_grad record reset
         after it whatever its outcome, so that the next step starts afresh."""
         for i in [i for i in self._layouts if i >= len(self.param_groups)]:
@@ -276,7 +276,7 @@ class Optimizer:
         self._zeroed = 0
         for mesh in meshes:
             try:
-                _C.agree(mesh._handle, error is None, mine, error or _STEP_MISMATCH,
+                _comm.agree(mesh._handle, error is None, mine, error or _STEP_MISMATCH,
                          ValueError)
             except ValueError as agreed:  # the same on every rank of that mesh
                 # Carried to the other meshes, so that no rank of those waits.

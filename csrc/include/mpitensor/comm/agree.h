@@ -70,7 +70,7 @@ int mt_agree_fingerprint_comm(MPI_Comm comm, int status, uint64_t fingerprint,
  *   rc = mt_agree(mesh, rc, hash_of(shape), &err);
  *   if (rc != MT_OK) return rc;  // every member returns here, with one message
  */
-int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err);
+MT_EXPORT int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err);
 
 #ifdef __cplusplus
 }

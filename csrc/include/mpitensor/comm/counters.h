@@ -57,14 +57,15 @@ typedef struct mt_comm_totals {
 } mt_comm_totals;
 
 /* Local. Reads every cell of `counters` (NULL reads as zeros) into `out`. */
-void mt_comm_counters_read(const mt_comm_counters *counters, mt_comm_totals *out);
+MT_EXPORT void mt_comm_counters_read(const mt_comm_counters *counters,
+                                     mt_comm_totals *out);
 
 /* Local. Counts one call of kind `coll` that delivered `bytes` of payload from this
  * process to other ranks. Accepts NULL counters (nothing is counted). */
 void mt_comm_count(mt_comm_counters *counters, int coll, int64_t bytes);
 
 /* Local. torch's name of a collective kind ("all_reduce"), or "unknown". */
-const char *mt_coll_name(int coll);
+MT_EXPORT const char *mt_coll_name(int coll);
 
 /* Local. The counters that the collectives of `mesh` count into from now on (NULL:
  * none). Slices made from the mesh afterwards count into the same ones. The

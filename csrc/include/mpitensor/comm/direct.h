@@ -42,7 +42,7 @@ int mt_process_reads_back(int64_t pid, uint64_t token_at, int64_t expect);
 /* For tests: the next `n` direct copies of this process fail (as one the kernel
  * refused would), so that the fallbacks can be exercised. Returns how many of the
  * previous count were left untaken. */
-int mt_direct_fail_next(int n);
+MT_EXPORT int mt_direct_fail_next(int n);
 
 #ifdef __cplusplus
 }

@@ -32,8 +32,9 @@ int mt_distribute(mt_mesh *mesh, const mt_layout *layout, int dtype, const void 
  * of truth (torch's src_data_rank: a rank of each mesh dim's group); Partial(sum|
  * product) put the value there. MT_EINDEX when `src` is not below every mesh dim's
  * size (checked alike on every rank, before any communication). */
-int mt_distribute_from(mt_mesh *mesh, const mt_layout *layout, int dtype, int64_t src,
-                       const void *full, void *local, mt_error *err);
+MT_EXPORT int mt_distribute_from(mt_mesh *mesh, const mt_layout *layout, int dtype,
+                                 int64_t src, const void *full, void *local,
+                                 mt_error *err);
 
 #ifdef __cplusplus
 }

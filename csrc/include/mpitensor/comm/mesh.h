@@ -58,14 +58,14 @@ void mt_mesh_destroy(mt_mesh *mesh);
 int mt_mesh_check(const mt_mesh *mesh, mt_error *err);
 
 /* Local. Number of mesh dims. */
-int mt_mesh_ndim(const mt_mesh *mesh);
+MT_EXPORT int mt_mesh_ndim(const mt_mesh *mesh);
 
 /* Local. Size of mesh dim `dim`. */
-int64_t mt_mesh_dim_size(const mt_mesh *mesh, int dim);
+MT_EXPORT int64_t mt_mesh_dim_size(const mt_mesh *mesh, int dim);
 
 /* Local. Writes this rank's coordinate (ndim entries) and returns 1, or returns 0
  * when this rank is not in the mesh. */
-int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord);
+MT_EXPORT int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord);
 
 /* Local. The communicator of mesh dim `dim` (ranks ordered by their coordinate on
  * that dim), or MPI_COMM_NULL on a non-member. Owned by the mesh. */
@@ -97,8 +97,8 @@ int mt_mesh_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err);
 
 /* Collective on the ranks of mesh dim `dim`. Broadcasts `nbytes` bytes of `buf`
  * from coordinate 0 on that dim; counts above INT_MAX use a derived type. */
-int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
-                  mt_error *err);
+MT_EXPORT int mt_mesh_bcast(const mt_mesh *mesh, int dim, void *buf, int64_t nbytes,
+                            mt_error *err);
 
 /* mt_mesh_bcast from coordinate `root` of that dim (MT_EINDEX out of range). */
 int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
@@ -107,26 +107,26 @@ int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
 /* Collective on the ranks of mesh dim `dim`. Gathers every member's `value` into
  * `out` (one per coordinate of that dim, mt_mesh_dim_size entries), counted as an
  * all-gather: how uneven shards learn each other's sizes. */
-int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value, int64_t *out,
-                          mt_error *err);
+MT_EXPORT int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value,
+                                    int64_t *out, mt_error *err);
 
 /* Collective on the mesh. Logical OR of `flag` over every member, combined along
  * one mesh dim after another so no whole-mesh communicator is needed. */
-int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err);
+MT_EXPORT int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err);
 
 /* Collective on mesh dim `dim`. Exclusive prefix of `count` elements of `dtype`
  * (mt_dtype) in place, combined by `op` (a reduce op of layout.h) over the ranks
  * before this one along that dim, by coordinate (MPI_Exscan); coordinate 0 has no
  * ranks before it and keeps its buffer as it was. Counted as one "exscan" of
  * the buffer's bytes. */
-int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count, int dtype,
-                   int op, mt_error *err);
+MT_EXPORT int mt_mesh_exscan(const mt_mesh *mesh, int dim, void *buf, int64_t count,
+                             int dtype, int op, mt_error *err);
 
 /* Collective on mesh dim `dim`. Sends send[q] to coordinate q of that dim and
  * receives recv[q] from it (MPI_Alltoall of one int64 each): how the parts of a
  * variable all-to-all learn their sizes. Counted as one all-to-all. */
-int mt_mesh_alltoall_i64(const mt_mesh *mesh, int dim, const int64_t *send,
-                         int64_t *recv, mt_error *err);
+MT_EXPORT int mt_mesh_alltoall_i64(const mt_mesh *mesh, int dim, const int64_t *send,
+                                   int64_t *recv, mt_error *err);
 
 /* Collective on mesh dim `dim`. Sends send_counts[q] items of `itemsize` bytes to
  * coordinate q of that dim, the parts laid one after another in `send`, and
@@ -140,9 +140,10 @@ int mt_mesh_alltoall_i64(const mt_mesh *mesh, int dim, const int64_t *send,
  *   mt_mesh_alltoall_i64(mesh, 0, out, in, &err);
  *   mt_mesh_alltoallv(mesh, 0, buckets, out, merged, in, sizeof(double), &err);
  */
-int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
-                      const int64_t *send_counts, void *recv,
-                      const int64_t *recv_counts, int64_t itemsize, mt_error *err);
+MT_EXPORT int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
+                                const int64_t *send_counts, void *recv,
+                                const int64_t *recv_counts, int64_t itemsize,
+                                mt_error *err);
 
 /* Local. Whether large steps between the mesh's members copy each part straight
  * from one process's array into another's (Linux's process_vm_readv), one pass
@@ -152,7 +153,7 @@ int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
  * mesh's life, and the same on every member: a step whose copy fails somewhere
  * goes through MPI, agreed within its group, and the next one tries again (a
  * flag turned off by one group would differ from another group's). */
-int mt_mesh_direct_read(const mt_mesh *mesh);
+MT_EXPORT int mt_mesh_direct_read(const mt_mesh *mesh);
 
 /* How the members of a mesh lie on nodes (the ranks MPI_Comm_split_type SHARED
  * puts together), in row-major mesh order: all on one node; in `count` nodes of
@@ -181,12 +182,12 @@ typedef struct mt_mesh_nodes {
  *   mt_mesh_nodes_of(mesh, &n);
  *   if (n.kind == MT_NODES_UNEQUAL) printf("nodes of %lld to %lld ranks\n", ...);
  */
-void mt_mesh_nodes_of(const mt_mesh *mesh, mt_mesh_nodes *out);
+MT_EXPORT void mt_mesh_nodes_of(const mt_mesh *mesh, mt_mesh_nodes *out);
 
 /* Local. The time model that ranks plans on this mesh: the built-in costs until
  * mt_mesh_set_time_model, with ranks_per_node learnt when the mesh was created
  * (MPI_Comm_split_type SHARED; a slice derives its own). Owned by the mesh. */
-const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh);
+MT_EXPORT const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh);
 
 /* Local. Takes the alphas and betas of `model` (a calibrated table) and keeps the
  * mesh's ranks_per_node; MT_EINVAL, changing nothing, unless the result passes
@@ -196,13 +197,14 @@ const mt_time_model *mt_mesh_time_model(const mt_mesh *mesh);
  *   t.alpha[MT_LINK_SHM] = 0.4e-6;
  *   rc = mt_mesh_set_time_model(mesh, &t, &err);
  */
-int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model, mt_error *err);
+MT_EXPORT int mt_mesh_set_time_model(mt_mesh *mesh, const mt_time_model *model,
+                                     mt_error *err);
 
 /* Local. Communicators created by mpitensor and not yet freed, process-wide. */
-int64_t mt_comm_live_count(void);
+MT_EXPORT int64_t mt_comm_live_count(void);
 
 /* Local. The version string of the MPI library this code is linked to. */
-int mt_mpi_library_version(char *buf, int buflen, mt_error *err);
+MT_EXPORT int mt_mpi_library_version(char *buf, int buflen, mt_error *err);
 
 /* Local. Turns the failure `mpi_rc` of the MPI call named `what` into MT_EMPI with
  * MPI's own explanation in `err` (which may be NULL), and returns MT_EMPI:

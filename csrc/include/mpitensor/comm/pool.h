@@ -11,6 +11,8 @@
 
 #include <stddef.h>
 
+#include "mpitensor/core/status.h" /* MT_EXPORT */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -35,10 +37,10 @@ size_t mt_pool_block_size(const void *block);
 /* Local. Sets the cache's byte limit (0 turns caching off) and frees cached blocks
  * beyond it; returns the limit it replaces, so that a caller can empty the cache
  * and put the limit back. The default is 512 MiB. */
-size_t mt_pool_set_limit(size_t bytes);
+MT_EXPORT size_t mt_pool_set_limit(size_t bytes);
 
 /* Local. Bytes currently cached (not in use). */
-size_t mt_pool_cached_bytes(void);
+MT_EXPORT size_t mt_pool_cached_bytes(void);
 
 #ifdef __cplusplus
 }

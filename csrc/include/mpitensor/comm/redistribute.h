@@ -27,9 +27,10 @@ extern "C" {
  * Agrees first as mt_redistribute does (on the selection too) when the output
  * holds at least MT_AGREE_MIN_BYTES: `out` may be NULL for a box the caller
  * could not allocate. */
-int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selection *sel,
-                          const mt_layout *dst, int dtype, const void *in, void *out,
-                          mt_error *err);
+MT_EXPORT int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src,
+                                    const mt_selection *sel, const mt_layout *dst,
+                                    int dtype, const void *in, void *out,
+                                    mt_error *err);
 
 /* An in-flight redistribute started by mt_redistribute_start. */
 typedef struct mt_request mt_request;

@@ -31,10 +31,10 @@ typedef struct mt_exchange mt_exchange;
  * calls, and returns at once. On a dim of size 1 the blocks are copied (the sizes
  * must then agree). Counted as one all_to_all_single of all the bytes sent, as
  * torch counts its permute_tensor of cat([k, v]). */
-int mt_ring_shift_start(const mt_mesh *mesh, int dim, int nblocks,
-                        const void *const *send, const int64_t *send_bytes,
-                        void *const *recv, const int64_t *recv_bytes,
-                        mt_exchange **out, mt_error *err);
+MT_EXPORT int mt_ring_shift_start(const mt_mesh *mesh, int dim, int nblocks,
+                                  const void *const *send, const int64_t *send_bytes,
+                                  void *const *recv, const int64_t *recv_bytes,
+                                  mt_exchange **out, mt_error *err);
 
 /* Collective on the ranks of mesh dim `dim`. Starts a nonblocking all-gather:
  * the rank at coordinate k contributes `bytes[k]` bytes (`n` entries, the dim's
@@ -42,10 +42,10 @@ int mt_ring_shift_start(const mt_mesh *mesh, int dim, int nblocks,
  * order, back to back. MT_EINVAL, before any communication, unless `send` holds
  * `send_bytes` == bytes[own coordinate] and `recv` the sum, `recv_bytes`: MPI
  * would write past it. Counted as an all_gather_into_tensor. */
-int mt_ring_allgatherv_start(const mt_mesh *mesh, int dim, const void *send,
-                             int64_t send_bytes, void *recv, int64_t recv_bytes,
-                             const int64_t *bytes, int n, mt_exchange **out,
-                             mt_error *err);
+MT_EXPORT int mt_ring_allgatherv_start(const mt_mesh *mesh, int dim, const void *send,
+                                       int64_t send_bytes, void *recv,
+                                       int64_t recv_bytes, const int64_t *bytes, int n,
+                                       mt_exchange **out, mt_error *err);
 
 /* Local. Lets MPI progress the exchange; sets *done to 1 once it has completed
  * (mt_exchange_wait must still be called to free it). */
@@ -53,13 +53,14 @@ int mt_exchange_test(mt_exchange *ex, int *done, mt_error *err);
 
 /* Local once started. Completes the exchange and frees it (also on error). Accepts
  * NULL. */
-int mt_exchange_wait(mt_exchange *ex, mt_error *err);
+MT_EXPORT int mt_exchange_wait(mt_exchange *ex, mt_error *err);
 
 /* Collective on the ranks of mesh dim `dim`. Every rank contributes `n` int64
  * values (the same n everywhere); `out` receives n * (dim size) values in
  * coordinate order. Metadata, not payload: not counted. */
-int mt_ring_allgather_int64(const mt_mesh *mesh, int dim, const int64_t *values,
-                            int n, int64_t *out, mt_error *err);
+MT_EXPORT int mt_ring_allgather_int64(const mt_mesh *mesh, int dim,
+                                      const int64_t *values, int n, int64_t *out,
+                                      mt_error *err);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
 #include <mpi.h>
 #include <stdint.h>
 
+#include "mpitensor/comm/mesh.h"
 #include "mpitensor/core/status.h"
 
 #ifdef __cplusplus
@@ -29,10 +30,10 @@ extern "C" {
  * MT_ENOMEM when the thread cannot be started.
  *
  *   rc = mt_watchdog_set_timeout(600.0, &err);   // abort after 10 min in one call */
-int mt_watchdog_set_timeout(double seconds, mt_error *err);
+MT_EXPORT int mt_watchdog_set_timeout(double seconds, mt_error *err);
 
 /* The timeout in seconds; 0 when off. */
-double mt_watchdog_timeout(void);
+MT_EXPORT double mt_watchdog_timeout(void);
 
 /* Collective on `comm` when it holds the ranks of MPI_COMM_WORLD (in any order),
  * else Local and nothing. Starts listening for ranks that leave the job: a process
@@ -46,13 +47,19 @@ double mt_watchdog_timeout(void);
  */
 int mt_watchdog_listen(MPI_Comm comm, mt_error *err);
 
+/* mt_watchdog_listen on the communicator of `mesh`: collective on the mesh when it
+ * holds every rank of MPI_COMM_WORLD; on a rank outside the mesh (which then does
+ * not hold every rank) nothing. `*listening` says whether this process listens
+ * after, 0 outside the mesh. */
+MT_EXPORT int mt_watchdog_listen_mesh(mt_mesh *mesh, int *listening, mt_error *err);
+
 /* Local. Whether this process listens (mt_watchdog_listen). */
 int mt_watchdog_listening(void);
 
 /* Local. The tag of the work this process runs from now on (an interactive
  * engine's cell: every engine counts its cells alike). A notice of
  * mt_watchdog_tell counts for a process running work of the same tag. */
-void mt_watchdog_set_work(int64_t tag);
+MT_EXPORT void mt_watchdog_set_work(int64_t tag);
 
 /* Local (sends to every other process). Tells every other process that this one
  * failed in work `tag` (>= 0) for `reason`, without leaving: one that stays 2 s in
@@ -62,10 +69,10 @@ void mt_watchdog_set_work(int64_t tag);
  *
  *   mt_watchdog_set_work(cell);  ...  rc = mt_watchdog_tell("engine 1 raised", cell, &err);
  */
-int mt_watchdog_tell(const char *reason, int64_t tag, mt_error *err);
+MT_EXPORT int mt_watchdog_tell(const char *reason, int64_t tag, mt_error *err);
 
 /* Local. How many other processes said they failed in work `tag`. */
-int mt_watchdog_failed(int64_t tag);
+MT_EXPORT int mt_watchdog_failed(int64_t tag);
 
 /* Local, though it waits for the other processes. Says that this process leaves
  * the job, with `reason` (its end, an uncaught exception): it waits up to a
@@ -77,7 +84,7 @@ int mt_watchdog_failed(int64_t tag);
  *
  *   rc = mt_watchdog_leave("rank 1 raised ValueError: bad input", &err);
  */
-int mt_watchdog_leave(const char *reason, mt_error *err);
+MT_EXPORT int mt_watchdog_leave(const char *reason, mt_error *err);
 
 #ifdef __cplusplus
 }

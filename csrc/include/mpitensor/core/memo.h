@@ -36,6 +36,7 @@ typedef struct mt_memo_key {
   int64_t aux;
   int noperands;
   uint32_t grad;
+  int64_t want; /* the layout the output is headed to (mt_prop_inputs.want), 0: none */
   int64_t operand[MT_MEMO_MAX_OPERANDS];
 } mt_memo_key;
 

@@ -123,8 +123,9 @@ int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
  *   m.ranks_per_node = 64;
  *   rc = mt_plan_create_timed(&src, &dst, 4, &m, &plan, &err);
  */
-int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
-                         const mt_time_model *model, mt_plan **out, mt_error *err);
+MT_EXPORT int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst,
+                                   int64_t itemsize, const mt_time_model *model,
+                                   mt_plan **out, mt_error *err);
 
 /* Local. The plan of torch's own per-mesh-dim steps for the same move (the order
  * mt_plan_torch_bytes prices: no plan mt_plan_create_timed makes moves more),
@@ -137,8 +138,9 @@ int mt_plan_create_timed(const mt_layout *src, const mt_layout *dst, int64_t ite
  *   rc = mt_plan_create_torch(&src, &dst, 4, &m, &torch, &err);
  *   if (rc == MT_OK) printf("%g s\n", mt_plan_time(torch));
  */
-int mt_plan_create_torch(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
-                         const mt_time_model *model, mt_plan **out, mt_error *err);
+MT_EXPORT int mt_plan_create_torch(const mt_layout *src, const mt_layout *dst,
+                                   int64_t itemsize, const mt_time_model *model,
+                                   mt_plan **out, mt_error *err);
 
 /* Local. What a redistribution from `src` to `dst` of `dtype` elements refuses,
  * checked from the arguments alone (only the layouts' mesh_ndim and placements
@@ -150,7 +152,8 @@ int mt_plan_create_torch(const mt_layout *src, const mt_layout *dst, int64_t ite
  *
  *   if (mt_plan_check(&src, &dst, MT_DTYPE_INT32, &err) != MT_OK) return err.code;
  */
-int mt_plan_check(const mt_layout *src, const mt_layout *dst, int dtype, mt_error *err);
+MT_EXPORT int mt_plan_check(const mt_layout *src, const mt_layout *dst, int dtype,
+                            mt_error *err);
 
 /* Local. Whether a Partial(op) of `dtype` values can be reduced: MT_ETYPE for
  * complex max/min (no order), for an average of bools or integers (it is not of
@@ -164,11 +167,11 @@ int mt_partial_check(int dtype, int op, mt_error *err);
  *   ...
  *   mt_plan_destroy(plan);  // the last owner frees it
  */
-void mt_plan_retain(mt_plan *plan);
+MT_EXPORT void mt_plan_retain(mt_plan *plan);
 
 /* Local. Drops one owner of `plan`; the last one frees the plan and its compiled
  * part (through the destructor given to mt_plan_set_compiled). Accepts NULL. */
-void mt_plan_destroy(mt_plan *plan);
+MT_EXPORT void mt_plan_destroy(mt_plan *plan);
 
 /* Local. The per-process form of the plan that an executor compiled from it (the
  * comm library: counts, displacements and MPI datatypes of its steps), or NULL
@@ -182,18 +185,18 @@ void *mt_plan_compiled(const mt_plan *plan);
 int mt_plan_set_compiled(mt_plan *plan, void *data, void (*free_fn)(void *));
 
 /* Local. Number of steps, and step i (0 <= i < nsteps). */
-int mt_plan_nsteps(const mt_plan *plan);
-const mt_step *mt_plan_step(const mt_plan *plan, int i);
+MT_EXPORT int mt_plan_nsteps(const mt_plan *plan);
+MT_EXPORT const mt_step *mt_plan_step(const mt_plan *plan, int i);
 
 /* Local. Totals over all steps: bytes received from other ranks and messages,
  * summed over all ranks. */
-int64_t mt_plan_bytes(const mt_plan *plan);
-int64_t mt_plan_messages(const mt_plan *plan);
+MT_EXPORT int64_t mt_plan_bytes(const mt_plan *plan);
+MT_EXPORT int64_t mt_plan_messages(const mt_plan *plan);
 
 /* Local. Bytes received from ranks of other nodes, summed over all steps and
  * ranks, under the node layout of the model the plan was made under (0 on one
  * node). */
-int64_t mt_plan_net_bytes(const mt_plan *plan);
+MT_EXPORT int64_t mt_plan_net_bytes(const mt_plan *plan);
 
 /* Local. What torch's per-mesh-dim steps (torch/distributed/tensor/_redistribute.py)
  * move from `src` to `dst` for elements of `itemsize` bytes, priced as plan steps
@@ -205,19 +208,19 @@ int64_t mt_plan_net_bytes(const mt_plan *plan);
  *   int64_t b, net;
  *   rc = mt_plan_torch_bytes(&src, &dst, 4, &m, &b, &net, &err);
  */
-int mt_plan_torch_bytes(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
-                        const mt_time_model *model, int64_t *bytes, int64_t *net_bytes,
-                        mt_error *err);
+MT_EXPORT int mt_plan_torch_bytes(const mt_layout *src, const mt_layout *dst,
+                                  int64_t itemsize, const mt_time_model *model,
+                                  int64_t *bytes, int64_t *net_bytes, mt_error *err);
 
 /* Local. The plan's predicted seconds: the sum of its steps' `time`. */
-double mt_plan_time(const mt_plan *plan);
+MT_EXPORT double mt_plan_time(const mt_plan *plan);
 
 /* Local. The seconds `model` predicts for the plan's steps (as if it had been
  * planned under it), to compare plans chosen under other models.
  *
  *   double t = mt_plan_predict(plan, &calibrated);
  */
-double mt_plan_predict(const mt_plan *plan, const mt_time_model *model);
+MT_EXPORT double mt_plan_predict(const mt_plan *plan, const mt_time_model *model);
 
 /* Local. True when a step on one mesh dim that changes `src` into `dst` (which
  * differ only on `mesh_dim`) is one valid collective: the tensor dims it touches

@@ -225,7 +225,13 @@ typedef struct mt_op_args {
  * to (Replicate for its Partials, Partial(sum) where a LINEAR_ONE candidate keeps
  * another input's Partial) into input i's own (Replicate for its Partials, the
  * placement of a Partial's gradient). So exp of a Partial is all-reduced, as in
- * torch, rather than reduce-scattered and gathered again in the backward. */
+ * torch, rather than reduce-scattered and gathered again in the backward.
+ * `want` (1) says where the output is headed: a backward computing an input's
+ * gradient moves it to that input's placements, `want_placements`, next. Every
+ * combination is then also charged the move of its output there, so the product
+ * is made where the gradient must land when that is cheaper in all; ignored
+ * when the output's shape is not known to equal the wanted one (`want_ndim`,
+ * `want_shape`). */
 typedef struct mt_prop_inputs {
   int ninputs;
   int mesh_ndim;
@@ -238,6 +244,10 @@ typedef struct mt_prop_inputs {
   const mt_time_model *model; /* what moves are timed by; NULL: the built-in model */
   int alias[MT_PROP_MAX_INPUTS];
   uint32_t grad;
+  int want;
+  int want_ndim;
+  int64_t want_shape[MT_MAX_NDIM];
+  mt_placement want_placements[MT_MAX_MESH_NDIM];
 } mt_prop_inputs;
 
 /* The decision: the placements each input must be redistributed to (equal to its

@@ -28,6 +28,15 @@ typedef enum mt_status {
 
 #define MT_ERROR_LEN 512
 
+/* Marks a function that mpitensor._C exports for its ctypes bindings
+ * (mpitensor._comm): the libraries are compiled with hidden visibility, so the
+ * extension's dynamic symbols are PyInit__C and exactly the functions marked. */
+#if defined(__GNUC__)
+#define MT_EXPORT __attribute__((visibility("default")))
+#else
+#define MT_EXPORT
+#endif
+
 /* Filled in by a failing call: the status it returned and a sentence for the user.
  * Callers may pass NULL where they do not want the message. */
 typedef struct mt_error {

@@ -55,7 +55,7 @@ typedef struct mt_time_model {
 /* Local. The built-in model: shared memory at 1 us and 5 GB/s, a network at
  * 20 us and 1.25 GB/s (10 Gb/s), 2 us per step, local copies at 10 GB/s and
  * reductions at 8 GB/s, one node. */
-mt_time_model mt_time_model_default(void);
+MT_EXPORT mt_time_model mt_time_model_default(void);
 
 /* Local. MT_EINVAL unless call, copy, reduce and every alpha and beta are finite
  * and >= 0, the network's are not below shared memory's, and ranks_per_node >= 0;
@@ -63,7 +63,7 @@ mt_time_model mt_time_model_default(void);
  *
  *   if (mt_time_model_check(&m, &err) != MT_OK) return err.code;
  */
-int mt_time_model_check(const mt_time_model *model, mt_error *err);
+MT_EXPORT int mt_time_model_check(const mt_time_model *model, mt_error *err);
 
 /* Local. The link class of a group of `group` ranks whose row-major mesh
  * positions are `stride` apart: shared memory when every such group of the mesh

@@ -48,6 +48,10 @@ typedef struct mt_io_counters {
   _Atomic int64_t read_bytes, written_bytes;
 } mt_io_counters;
 
+/* Local. The bytes `counters` have counted, read and written. */
+MT_EXPORT void mt_io_counters_read(const mt_io_counters *counters, int64_t *read,
+                                   int64_t *written);
+
 /* How one save or load moves its data. Boxes of many short runs go through row
  * slabs, exchanged and transferred in chunks of about `chunk_bytes` per rank (at
  * least one row; every rank uses the smallest value any rank passed); with
@@ -76,7 +80,7 @@ typedef struct mt_io_options {
  *   opts.counters = &my_counters;
  *   rc = mt_io_save(mesh, path, hdr, hlen, &array, &box, buf, len, &opts, &err);
  */
-mt_io_options mt_io_options_default(void);
+MT_EXPORT mt_io_options mt_io_options_default(void);
 
 /* Collective on the mesh. Writes a new file at `path`: `hlen` bytes of `header`
  * at offset 0 (all members pass the same header; the first member writes it),
@@ -95,9 +99,10 @@ mt_io_options mt_io_options_default(void);
  * paths fail. On failure the temporary file is removed and MT_EIO (or the first
  * error) returns on every member with the message of the member that failed
  * first. */
-int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen,
-               const mt_io_array *array, const mt_box *box, const void *buf,
-               int64_t buflen, const mt_io_options *opts, mt_error *err);
+MT_EXPORT int mt_io_save(mt_mesh *mesh, const char *path, const void *header,
+                         int64_t hlen, const mt_io_array *array, const mt_box *box,
+                         const void *buf, int64_t buflen, const mt_io_options *opts,
+                         mt_error *err);
 
 /* Collective on the mesh. Reads this rank's `box` of `array` from the existing
  * file `path` into the C-contiguous buffer `buf` of `buflen` bytes, which must be
@@ -105,9 +110,9 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
  * row slabs, one run per member, and exchanged into the boxes, as `opts` says
  * (NULL: the defaults). Boxes may overlap. MT_EIO on every member when the file
  * cannot be opened or is too short to hold the array. */
-int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
-               const mt_box *box, void *buf, int64_t buflen, const mt_io_options *opts,
-               mt_error *err);
+MT_EXPORT int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
+                         const mt_box *box, void *buf, int64_t buflen,
+                         const mt_io_options *opts, mt_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,581 @@
+"""The mesh-bound calls of the C comm library, bound through ctypes to the very
+``_C`` shared object that runs the executor, so they share its state (the block
+pool, the watchdog, the direct-read state, the counters): a mesh's collectives,
+distribute and the selection exchange of basic indexing, the ring exchanges of
+context parallelism, the agreement primitive, the watchdog, the block pool's
+limit, the counters and the time models.
+
+Each is argument conversion around a C function that takes plain C arguments;
+ctypes releases the GIL while it runs, as the extension did around every
+collective, and a failing status raises what ``_C`` raises (:mod:`._clib`).
+A collective first checks that it runs on the thread that created the mesh
+(``_C.Mesh.check_thread``), which raises on every rank alike before any
+communication.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import operator
+
+import numpy as np
+
+from . import _C
+from ._clib import (MAX_MESH_NDIM, MAX_NDIM, Error, I, I64, D, P, _Box, _int64s, _Layout,
+                    _layout_init, _local_box, _placements, call, check, dtype_code,
+                    status_of)
+from ._clib import fn as _fn
+from ._clib import message as _message
+
+__all__ = ["Mesh", "agree", "comm_counters", "default_time_model", "mpi_library_version",
+           "comm_live_count", "direct_fail_next", "plan_check", "mesh_address",
+           "set_collective_timeout", "collective_timeout", "watchdog_listen",
+           "watchdog_leave", "watchdog_work", "watchdog_tell", "watchdog_failed",
+           "ring_shift_start", "ring_allgatherv_start", "ring_allgather_int64",
+           "distribute", "select_exchange", "pool_set_limit", "pool_cached_bytes"]
+
+lib = ctypes.CDLL(_C.__file__)  # the loaded extension itself: no second copy
+_E = ctypes.POINTER(Error)
+
+
+def fn(name, restype, *argtypes):
+    """The extension's exported function ``name`` with its C prototype."""
+    return _fn(name, restype, *argtypes, library=lib)
+
+
+class _TimeModel(ctypes.Structure):  # mt_time_model
+    _fields_ = [("alpha", D * 2), ("beta", D * 2), ("call", D), ("copy", D),
+                ("reduce", D), ("ranks_per_node", I64)]
+
+
+class _Nodes(ctypes.Structure):  # mt_mesh_nodes
+    _fields_ = [("kind", I), ("count", I64), ("smallest", I64), ("largest", I64)]
+
+
+_coll_name = fn("mt_coll_name", ctypes.c_char_p, I)
+_COLLS = tuple(itertools.takewhile(lambda name: name != b"unknown",
+                                   map(_coll_name, range(64))))  # mt_coll
+
+
+class _Totals(ctypes.Structure):  # mt_comm_totals
+    _fields_ = [("calls", I64 * len(_COLLS)), ("bytes", I64 * len(_COLLS))]
+
+
+_TM = ctypes.POINTER(_TimeModel)
+_ndim = fn("mt_mesh_ndim", I, P)
+_dim_size = fn("mt_mesh_dim_size", I64, P, I)
+_coordinate = fn("mt_mesh_coordinate", I, P, P)
+_bcast = fn("mt_mesh_bcast", I, P, I, P, I64, _E)
+_exscan = fn("mt_mesh_exscan", I, P, I, P, I64, I, I, _E)
+_alltoall_i64 = fn("mt_mesh_alltoall_i64", I, P, I, P, P, _E)
+_alltoallv = fn("mt_mesh_alltoallv", I, P, I, P, P, P, P, I64, _E)
+_any = fn("mt_mesh_any", I, P, I, ctypes.POINTER(I), _E)
+_allgather_i64 = fn("mt_mesh_allgather_i64", I, P, I, I64, P, _E)
+_direct_read = fn("mt_mesh_direct_read", I, P)
+_nodes_of = fn("mt_mesh_nodes_of", None, P, ctypes.POINTER(_Nodes))
+_mesh_time_model = fn("mt_mesh_time_model", _TM, P)
+_set_time_model = fn("mt_mesh_set_time_model", I, P, _TM, _E)
+_model_default = fn("mt_time_model_default", _TimeModel)
+_model_check = fn("mt_time_model_check", I, _TM, _E)
+_agree = fn("mt_agree", I, P, I, ctypes.c_uint64, _E)
+_counters_read = fn("mt_comm_counters_read", None, P, ctypes.POINTER(_Totals))
+_live_count = fn("mt_comm_live_count", I64)
+_library_version = fn("mt_mpi_library_version", I, ctypes.c_char_p, I, _E)
+_fail_next = fn("mt_direct_fail_next", I, I)
+_plan_check = fn("mt_plan_check", I, ctypes.POINTER(_Layout), ctypes.POINTER(_Layout), I,
+                 _E)
+
+_NODE_KINDS = ("one", "blocks", "unequal", "interleaved")  # mt_nodes_kind
+
+
+def mesh_address(mesh) -> int:
+    """The ``mt_mesh *`` of ``mesh`` (a ``_C.Mesh``) for a collective: TypeError for
+    another object; RuntimeError off the mesh's thread or on a freed mesh."""
+    if not isinstance(mesh, _C.Mesh):
+        raise TypeError(f"expected a _C.Mesh, got {type(mesh).__name__}")
+    mesh.check_thread()
+    return mesh.address
+
+
+def _buffer(obj, writable: bool, what: str) -> np.ndarray:
+    """``obj`` when it is a C-contiguous ndarray (writable when asked): MPI moves it
+    as flat bytes."""
+    if not (isinstance(obj, np.ndarray) and obj.flags.c_contiguous
+            and (obj.flags.writeable or not writable)):
+        raise TypeError(f"{what} must be a{' writable' if writable else ''} "
+                        "C-contiguous ndarray")
+    return obj
+
+
+def mesh_dim(obj) -> int:
+    """A mesh dim argument; -1 for one out of range, which the comm call refuses on
+    every rank alike."""
+    d = operator.index(obj)
+    return d if 0 <= d <= MAX_MESH_NDIM else -1
+
+
+def _model_tuple(m: _TimeModel) -> tuple:
+    return (m.alpha[0], m.beta[0], m.alpha[1], m.beta[1], m.call, m.copy, m.reduce,
+            m.ranks_per_node)
+
+
+def time_model(obj) -> _TimeModel:
+    """The checked time model of its tuple (alpha_shm, beta_shm, alpha_net,
+    beta_net, call, copy, reduce, ranks_per_node)."""
+    if not isinstance(obj, tuple):
+        raise TypeError("a time model is a tuple (alpha_shm, beta_shm, alpha_net, "
+                        "beta_net, call, copy, reduce, ranks_per_node), got "
+                        f"{type(obj).__name__}")
+    if len(obj) != 8:
+        raise TypeError(f"time model expected 8 arguments, got {len(obj)}")
+    a0, b0, a1, b1, c, cp, r = (float(v) for v in obj[:7])
+    m = _TimeModel((D * 2)(a0, a1), (D * 2)(b0, b1), c, cp, r, operator.index(obj[7]))
+    call(_model_check, ctypes.byref(m))
+    return m
+
+
+class Mesh(_C.Mesh):
+    """The communicators of a device mesh (``_C.Mesh``, which owns them) and its
+    collectives. ``Mesh(comm, shape, ranks[, fingerprint, failure])`` is collective
+    on ``comm``.
+
+    Example: ``Mesh(MPI.COMM_WORLD, (2,), np.arange(2, dtype=np.intc)).any(False)``.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, comm, shape, ranks, fingerprint: int = 0,
+                failure: BaseException | None = None):
+        # This rank's failure from its own checks, agreed on with the shape, the
+        # ranks and the fingerprint, as a status and its message.
+        if failure is None:
+            return super().__new__(cls, comm, shape, ranks, fingerprint)
+        return super().__new__(cls, comm, shape, ranks, fingerprint,
+                               status_of(type(failure)), _message(str(failure)))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The mesh shape. Local."""
+        m = self.address
+        return tuple(_dim_size(m, d) for d in range(_ndim(m)))
+
+    def coordinate(self) -> tuple[int, ...] | None:
+        """This rank's coordinate, or None for a non-member. Local."""
+        coord = (I64 * MAX_MESH_NDIM)()
+        m = self.address
+        return tuple(coord[:_ndim(m)]) if _coordinate(m, coord) else None
+
+    def bcast(self, array: np.ndarray, dim: int) -> None:
+        """Broadcasts ``array`` in place from coordinate 0 of mesh dim ``dim``.
+        Collective on the dim."""
+        m = mesh_address(self)
+        a = _buffer(array, True, "bcast: array")
+        call(_bcast, m, mesh_dim(dim), a.ctypes.data, a.nbytes)
+
+    def exscan(self, array: np.ndarray, dim: int, op: int) -> None:
+        """The exclusive prefix (MPI_Exscan) of ``array`` by reduce op ``op`` over
+        the ranks before this one on mesh dim ``dim``, in place; coordinate 0 keeps
+        its array. Collective on the dim; counted as an exscan."""
+        m = mesh_address(self)
+        a = _buffer(array, True, "exscan: array")
+        d, code = mesh_dim(dim), dtype_code(a.dtype)
+        if code < 0:
+            raise TypeError("exscan of an unsupported dtype")
+        call(_exscan, m, d, a.ctypes.data, a.size, code, operator.index(op))
+
+    def alltoallv(self, array: np.ndarray, counts, dim: int):
+        """(rows, counts received): ``counts[q]`` rows of C-contiguous ``array`` (in
+        order) go to coordinate q of mesh dim ``dim``. Collective on the dim;
+        counted as two all-to-alls (the counts, then the rows)."""
+        m = mesh_address(self)
+        a = _buffer(array, False, "alltoallv: array")
+        if not 1 <= a.ndim <= MAX_NDIM:
+            raise ValueError("alltoallv needs an array of at least one dim")
+        d = mesh_dim(dim)
+        if not 0 <= d < _ndim(m):
+            raise IndexError(f"mesh dim {dim!r} is out of range")
+        n = _dim_size(m, d)
+        send = [operator.index(c) for c in counts]
+        if len(send) > n:
+            raise ValueError(f"alltoallv: counts has {len(send)} entries; at most {n} "
+                             "are supported")
+        if len(send) != n or sum(send) != a.shape[0]:
+            raise ValueError(f"alltoallv: {len(send)} counts adding up to {sum(send)} "
+                             f"rows, for a mesh dim of size {n} and an array of "
+                             f"{a.shape[0]} rows")
+        send, recv = (I64 * n)(*send), (I64 * n)()
+        call(_alltoall_i64, m, d, send, recv)
+        out = np.empty((sum(recv),) + a.shape[1:], a.dtype)
+        # Rows of zero bytes (a dim of size 0) have nothing to move.
+        row = a.itemsize * int(np.prod(a.shape[1:]))
+        if row > 0:
+            call(_alltoallv, m, d, a.ctypes.data, send, out.ctypes.data, recv, row)
+        return out, tuple(recv)
+
+    def any(self, flag) -> bool:
+        """The OR of ``flag`` over all members. Collective on the mesh."""
+        m = mesh_address(self)
+        result = I()
+        call(_any, m, bool(flag), ctypes.byref(result))
+        return bool(result.value)
+
+    def allgather_int(self, value: int, dim: int) -> tuple[int, ...]:
+        """Every member's int on mesh dim ``dim``, by coordinate. Collective on the
+        dim; counted as an all-gather."""
+        m = mesh_address(self)
+        value, d = operator.index(value), mesh_dim(dim)
+        out = (I64 * (_dim_size(m, d) if 0 <= d < _ndim(m) else 1))()
+        call(_allgather_i64, m, d, value, out)
+        return tuple(out)
+
+    def time_model(self) -> tuple:
+        """(alpha_shm, beta_shm, alpha_net, beta_net, call, copy, reduce,
+        ranks_per_node): how plans on this mesh are ranked; ranks_per_node from
+        MPI_Comm_split_type (0: one node). Local."""
+        return _model_tuple(_mesh_time_model(self.address).contents)
+
+    def set_time_model(self, model: tuple) -> None:
+        """The costs of a calibrated table (ValueError when invalid);
+        ranks_per_node stays what the mesh learnt. Local."""
+        call(_set_time_model, self.address, ctypes.byref(time_model(model)))
+
+    def nodes(self) -> tuple[str, int, int, int]:
+        """(kind, count, smallest, largest) of the nodes the members lie on, as the
+        mesh learnt when it was made ('one', 'blocks', 'unequal', 'interleaved').
+        Local."""
+        n = _Nodes()
+        _nodes_of(self.address, ctypes.byref(n))
+        return _NODE_KINDS[n.kind], n.count, n.smallest, n.largest
+
+    def direct_read(self) -> bool:
+        """Whether large steps copy parts straight between the members' arrays
+        (mt_mesh_direct_read). Local."""
+        return bool(_direct_read(self.address))
+
+
+def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) -> None:
+    """Raises on every member when some member passed ``ok=False`` (the first such
+    member's ``error``, mapped to ValueError, TypeError, IndexError, MemoryError,
+    NotImplementedError, OverflowError, OSError or else RuntimeError, with its
+    message) or when the members' fingerprints (ints, taken mod 2**64) differ
+    (ValueError with the first member's message). Ranks outside the mesh take no
+    part and raise only their own failure. Collective on the mesh.
+
+    Example: ``agree(mesh._handle, buf is not None, hash(shape), 'no memory',
+    MemoryError)``.
+    """
+    m = mesh_address(mesh)
+    ok = bool(ok)
+    fp = operator.index(fingerprint) & (2**64 - 1)
+    if not isinstance(message, str):
+        raise TypeError("agree: message must be a str")
+    if not (isinstance(error, type) and issubclass(error, Exception)):
+        raise TypeError("agree: error must be an exception class")
+    err = Error()
+    err.msg = _message(message)
+    check(_agree(m, 0 if ok else status_of(error), fp, ctypes.byref(err)), err)
+
+
+def comm_counters() -> dict[str, tuple[int, int]]:
+    """{collective name: (calls, bytes sent)} of every mesh of this process. Local."""
+    t = _Totals()
+    _counters_read(_C.COMM_COUNTERS, ctypes.byref(t))
+    return {name.decode(): (t.calls[k], t.bytes[k]) for k, name in enumerate(_COLLS)}
+
+
+def default_time_model() -> tuple:
+    """The built-in time model (alpha_shm, beta_shm, alpha_net, beta_net, call,
+    copy, reduce, ranks_per_node): one node. Local."""
+    return _model_tuple(_model_default())
+
+
+def mpi_library_version() -> str:
+    """The MPI_Get_library_version string of the libmpi the extension links.
+    Local."""
+    text = ctypes.create_string_buffer(8192)
+    call(_library_version, text, len(text))
+    return text.value.decode(errors="replace")
+
+
+def comm_live_count() -> int:
+    """Communicators mpitensor created and has not freed yet. Local."""
+    return _live_count()
+
+
+def direct_fail_next(n: int) -> int:
+    """For tests: the next ``n`` direct copies of this process fail; returns the
+    failures asked before and not yet taken (mt_direct_fail_next). Local."""
+    return _fail_next(operator.index(n))
+
+
+def plan_check(src, dst, dtype) -> None:
+    """Raises what redistributing ``src`` to ``dst`` placement codes of ``dtype``
+    refuses (RuntimeError: creating a Partial; TypeError: a reduction the dtype
+    lacks). Local, no communication.
+
+    Example: ``plan_check([(2, 0, 0)], [(0, 0, 0)], np.float64)``.
+    """
+    layouts = [_Layout(), _Layout()]
+    for layout, codes in zip(layouts, (src, dst)):
+        layout.placements, layout.mesh_ndim = _placements(codes)
+    call(_plan_check, ctypes.byref(layouts[0]), ctypes.byref(layouts[1]),
+         dtype_code(dtype))
+
+
+# ---- the collective watchdog (mpitensor/comm/watchdog.h) ----------------------------
+
+_DEFAULT_TIMEOUT = 1800.0  # MT_WATCHDOG_DEFAULT_SECONDS: torch's, for gloo
+_set_timeout = fn("mt_watchdog_set_timeout", I, D, _E)
+_timeout = fn("mt_watchdog_timeout", D)
+_listen = fn("mt_watchdog_listen_mesh", I, P, ctypes.POINTER(I), _E)
+_leave = fn("mt_watchdog_leave", I, ctypes.c_char_p, _E)
+_set_work = fn("mt_watchdog_set_work", None, I64)
+_tell = fn("mt_watchdog_tell", I, ctypes.c_char_p, I64, _E)
+_failed = fn("mt_watchdog_failed", I, I64)
+
+
+def _reason(text: str) -> bytes:
+    """A reason as the watchdog's notices carry it: at most 255 bytes of UTF-8."""
+    return text.encode()[:255].decode(errors="ignore").encode()
+
+
+def set_collective_timeout(seconds: float | None) -> None:
+    """A process that waits in one of mpitensor's blocking collectives for this
+    long, with no other call entered, prints where it waits and aborts the job; 0
+    turns the watchdog off, None restores the default (1800 s). MPI must be
+    initialised. Local.
+
+    Example: ``set_collective_timeout(600.0)``.
+    """
+    call(_set_timeout, _DEFAULT_TIMEOUT if seconds is None else float(seconds))
+
+
+def collective_timeout() -> float:
+    """The watchdog's timeout in seconds, 0.0 when off. Local."""
+    return _timeout()
+
+
+def watchdog_listen(mesh) -> bool:
+    """Starts listening for ranks that leave the job, after the creation of
+    ``mesh`` (a ``_C.Mesh``); whether this process listens. Collective on the mesh
+    when it holds every rank of MPI_COMM_WORLD, else Local."""
+    if not isinstance(mesh, _C.Mesh):
+        raise TypeError(f"expected a _C.Mesh, got {type(mesh).__name__}")
+    listening = I()
+    call(_listen, mesh.address, ctypes.byref(listening))
+    return bool(listening.value)
+
+
+def watchdog_leave(reason: str | None) -> None:
+    """This process leaves the job, for ``reason`` (None: only stop listening):
+    waits up to a second for the others to leave too, else tells them and waits
+    for them."""
+    call(_leave, None if reason is None else _reason(reason))
+
+
+def watchdog_work(tag: int) -> None:
+    """The tag of the work (an engine's cell) this process runs now; notices of
+    failures in the same work count. Local."""
+    _set_work(operator.index(tag))
+
+
+def watchdog_tell(reason: str, tag: int) -> None:
+    """Tells every other process that this one failed in work ``tag`` (an engine's
+    cell), without leaving."""
+    call(_tell, _reason(reason), operator.index(tag))
+
+
+def watchdog_failed(tag: int) -> int:
+    """How many other processes said they failed in work ``tag``. Local."""
+    return _failed(operator.index(tag))
+
+
+# ---- the ring exchanges of context parallelism (mpitensor/comm/ring.h) --------------
+
+_RING_MAX_BLOCKS = 4  # MT_RING_MAX_BLOCKS
+_PP = ctypes.POINTER(P)
+_shift_start = fn("mt_ring_shift_start", I, P, I, I, P, P, P, P, _PP, _E)
+_allgatherv_start = fn("mt_ring_allgatherv_start", I, P, I, P, I64, P, I64, P, I, _PP, _E)
+_allgather_int64 = fn("mt_ring_allgather_int64", I, P, I, P, I, P, _E)
+_exchange_wait = fn("mt_exchange_wait", I, P, _E)
+
+
+def _started(start, keep, result, *args) -> _C.Request:
+    """A ``_C.Request`` for the exchange ``start(*args)`` begins: ``keep`` stays
+    referenced until it completes, and wait() returns ``result``."""
+    made = P()
+    call(start, *args, ctypes.byref(made))
+    try:
+        return _C.Request(made.value or 0, keep, result)
+    except BaseException:
+        _exchange_wait(made, None)
+        raise
+
+
+def _blocks(seq, writable: bool, what: str) -> tuple:
+    """1 to MT_RING_MAX_BLOCKS arrays, checked as MPI moves them."""
+    arrays = tuple(seq)
+    if not 1 <= len(arrays) <= _RING_MAX_BLOCKS:
+        raise ValueError(f"a shift moves 1 to {_RING_MAX_BLOCKS} arrays, got {len(arrays)}")
+    return tuple(_buffer(a, writable, what) for a in arrays)
+
+
+def ring_shift_start(mesh, dim: int, sends, recvs) -> _C.Request:
+    """The arrays of ``sends`` go to the next rank on mesh dim ``dim``, those of
+    ``recvs`` are filled from the previous one, pairwise; wait() gives ``recvs``.
+    Collective on the dim.
+
+    Example: ``ring_shift_start(mesh._handle, 0, [k, v], [k2, v2]).wait()``.
+    """
+    m, d = mesh_address(mesh), mesh_dim(dim)
+    # Tuples, so the arrays MPI is reading and writing cannot leave them meanwhile.
+    sends, recvs = _blocks(sends, False, "every send"), _blocks(recvs, True, "every recv")
+    if len(sends) != len(recvs):
+        raise ValueError(f"{len(sends)} sends but {len(recvs)} recvs")
+    n = len(sends)
+    ptrs = [(P * n)(*(a.ctypes.data for a in arrays)) for arrays in (sends, recvs)]
+    sizes = [(I64 * n)(*(a.nbytes for a in arrays)) for arrays in (sends, recvs)]
+    return _started(_shift_start, (mesh, sends, recvs), recvs, m, d, n, ptrs[0], sizes[0],
+                    ptrs[1], sizes[1])
+
+
+def ring_allgatherv_start(mesh, dim: int, send, recv, byte_counts) -> _C.Request:
+    """``recv`` receives every rank's block (``byte_counts`` by coordinate) in
+    coordinate order; wait() gives ``recv``. Collective on the dim."""
+    m, d = mesh_address(mesh), mesh_dim(dim)
+    send, recv = _buffer(send, False, "send"), _buffer(recv, True, "recv")
+    counts, n = _int64s(byte_counts, 1024, "byte counts")
+    return _started(_allgatherv_start, (mesh, send, recv), recv, m, d, send.ctypes.data,
+                    send.nbytes, recv.ctypes.data, recv.nbytes, counts, n)
+
+
+def ring_allgather_int64(mesh, dim: int, values) -> tuple[int, ...]:
+    """``len(values)`` ints of every rank on mesh dim ``dim``, in coordinate order.
+    Collective on the dim."""
+    m, d = mesh_address(mesh), mesh_dim(dim)
+    mine, n = _int64s(values, 64, "values")
+    total = max(_dim_size(m, d), 1) * max(n, 1)
+    out = (I64 * total)()
+    call(_allgather_int64, m, d, mine, n, out)
+    return tuple(out[:_dim_size(m, d) * n])
+
+
+# ---- whole tensors: distribute and the selection exchange of basic indexing ---------
+
+class _Selection(ctypes.Structure):  # mt_selection
+    _fields_ = [("ndim", I), ("start", I64 * MAX_NDIM), ("step", I64 * MAX_NDIM),
+                ("count", I64 * MAX_NDIM)]
+
+
+_L, _B = ctypes.POINTER(_Layout), ctypes.POINTER(_Box)
+_selection_check = _fn("mt_selection_check", I, ctypes.POINTER(_Selection), I, P, _E)
+_selection_image = _fn("mt_selection_image", I, ctypes.POINTER(_Selection), _B, _B)
+_selection_exchange = fn("mt_selection_exchange", I, P, _L, ctypes.POINTER(_Selection), _L,
+                         I, P, P, _E)
+_distribute_from = fn("mt_distribute_from", I, P, _L, I, I64, P, P, _E)
+
+
+def _layout_on(m: int, shape, codes) -> _Layout:
+    """The layout of ``shape`` placed by ``codes`` on the mesh's shape."""
+    pl, n = _placements(codes)
+    nm = _ndim(m)
+    if n != nm:
+        raise ValueError(f"{n} placements for a {nm}-D mesh")
+    sh, nd = _int64s(shape, MAX_NDIM + 1, "shape")
+    out = _Layout()
+    call(_layout_init, ctypes.byref(out), nd, sh, nm,
+         (I64 * MAX_MESH_NDIM)(*(_dim_size(m, d) for d in range(nm))), pl)
+    return out
+
+
+def _my_box(m: int, layout: _Layout) -> _Box:
+    """This rank's box of ``layout``."""
+    coord = (I64 * MAX_MESH_NDIM)()
+    if not _coordinate(m, coord):
+        raise RuntimeError("this rank is not a member of the mesh")
+    box = _Box()
+    call(_local_box, ctypes.byref(layout), coord, ctypes.byref(box))
+    return box
+
+
+def _movable(obj) -> np.ndarray:
+    """A C-contiguous ndarray of ``obj``'s elements, of a dtype MPI moves."""
+    if not isinstance(obj, np.ndarray):
+        raise TypeError(f"expected a NumPy ndarray, got {type(obj).__name__}")
+    if dtype_code(obj.dtype) < 0 or not obj.dtype.isnative:
+        raise TypeError(f"mpitensor does not move arrays of dtype {obj.dtype!r}")
+    return obj if obj.flags.c_contiguous else obj.copy(order="C")  # 0-d stays 0-d
+
+
+def _box_array(box: _Box, dtype):
+    """A new array of ``box``'s shape, or None where there is no memory for it: the
+    rank still takes part, with no buffer, in the agreement the exchange starts
+    with, so that every rank raises MemoryError."""
+    try:
+        return _C.empty(box.shape[:box.ndim], dtype)
+    except MemoryError:
+        return None
+
+
+def distribute(mesh, codes, full: np.ndarray, src: int = 0) -> np.ndarray:
+    """This rank's box of ``full`` placed by ``codes``, whose copy at coordinate
+    ``src`` of every mesh dim is the source of truth. Collective on the mesh."""
+    src, m = operator.index(src), mesh_address(mesh)
+    full = _movable(full)
+    layout = _layout_on(m, full.shape, codes)
+    local = _box_array(_my_box(m, layout), full.dtype)
+    call(_distribute_from, m, ctypes.byref(layout), dtype_code(full.dtype), src,
+         full.ctypes.data, None if local is None else local.ctypes.data)
+    return local
+
+
+def select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts,
+                    piece: np.ndarray) -> np.ndarray:
+    """This rank's box, laid out by ``dst_codes``, of the selection (``starts``,
+    ``steps``, ``counts`` per dim) of a tensor of ``shape`` laid out by
+    ``src_codes``; ``piece`` is the rank's local array indexed by the selection.
+    Collective on the mesh."""
+    m = mesh_address(mesh)
+    sh, ndim = _int64s(shape, MAX_NDIM, "shape")
+    sel = _Selection(ndim)
+    got = [_int64s(v, MAX_NDIM, what) for v, what in
+           ((starts, "starts"), (steps, "steps"), (counts, "counts"))]
+    if any(n != ndim for _, n in got):
+        raise ValueError("starts, steps and counts need one entry per dim")
+    sel.start[:ndim], sel.step[:ndim], sel.count[:ndim] = (v[:ndim] for v, _ in got)
+    src = _layout_on(m, sh[:ndim], src_codes)
+    dst = _layout_on(m, sel.count[:ndim], dst_codes)
+    call(_selection_check, ctypes.byref(sel), ndim, sh)
+    image, mine = _Box(), _my_box(m, src)
+    tb = _my_box(m, dst)
+    _selection_image(ctypes.byref(sel), ctypes.byref(mine), ctypes.byref(image))
+    piece = _movable(piece)
+    if piece.shape != tuple(image.shape[:image.ndim]):
+        raise ValueError(f"the local array of shape {piece.shape} is not this rank's "
+                         f"shard ({image.ndim} dims) of the DTensor; was it built with "
+                         "from_local from uneven shards without shape= and stride=?")
+    out = _box_array(tb, piece.dtype)
+    call(_selection_exchange, m, ctypes.byref(src), ctypes.byref(sel), ctypes.byref(dst),
+         dtype_code(piece.dtype), piece.ctypes.data, None if out is None else out.ctypes.data)
+    return out
+
+
+# ---- the block pool (mpitensor/comm/pool.h) ------------------------------------------
+
+_pool_set_limit = fn("mt_pool_set_limit", ctypes.c_size_t, ctypes.c_size_t)
+_pool_cached_bytes = fn("mt_pool_cached_bytes", ctypes.c_size_t)
+
+
+def pool_set_limit(limit: int) -> int:
+    """The most bytes of freed large blocks the pool keeps for reuse (0: none);
+    returns the previous limit. Local."""
+    limit = operator.index(limit)
+    if limit < 0:
+        raise OverflowError("can't convert negative int to unsigned")
+    return _pool_set_limit(limit)
+
+
+def pool_cached_bytes() -> int:
+    """Bytes of freed blocks the pool holds for reuse. Local."""
+    return _pool_cached_bytes()

@@ -1,0 +1,166 @@
+"""A redistribution plan as data, for tools, tracing and benchmarks: its steps,
+bytes, messages and predicted time, torch's plan for the same move, and what
+another time model predicts. The planner is the C core's (core/plan), called
+through ctypes in the ``_C`` object (:mod:`._comm`); a ``_C.Plan`` holds the plan
+(the executor makes them too, for its trace events) and :class:`Plan`, its
+subclass, makes and reads one. Every function is Local.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import _C, _comm
+from ._clib import (_STATUS_CODES, Error, I, I64, D, P, _Layout, _layout, call, check,
+                    dtype_code)
+
+__all__ = ["Plan", "STEP_KINDS", "steps", "of"]
+
+# mt_step_kind, by code.
+STEP_KINDS = ("all_gather", "all_to_all", "chunk", "all_reduce", "reduce_scatter",
+              "direct", "all_reduce_nodes")
+
+
+class _Step(ctypes.Structure):  # mt_step
+    _fields_ = [("kind", I), ("mesh_dim", I), ("src", _Layout), ("dst", _Layout)] + [
+        (name, I64) for name in (
+            "itemsize", "bytes", "messages", "rank_bytes", "vector_bytes",
+            "rank_messages", "copy_bytes", "reduce_bytes", "net_bytes", "node_bytes",
+            "rank_net_messages", "rank_shm_messages", "node_layout", "node_group")] + [
+        ("time", D)]
+
+
+_E, _L, _TM = ctypes.POINTER(Error), ctypes.POINTER(_Layout), ctypes.POINTER(_comm._TimeModel)
+_fn = _comm.fn
+_create_timed = _fn("mt_plan_create_timed", I, _L, _L, I64, _TM, ctypes.POINTER(P), _E)
+_create_torch = _fn("mt_plan_create_torch", I, _L, _L, I64, _TM, ctypes.POINTER(P), _E)
+_check = _fn("mt_plan_check", I, _L, _L, I, _E)
+_retain = _fn("mt_plan_retain", None, P)
+_nsteps = _fn("mt_plan_nsteps", I, P)
+_step = _fn("mt_plan_step", ctypes.POINTER(_Step), P, I)
+_bytes = _fn("mt_plan_bytes", I64, P)
+_messages = _fn("mt_plan_messages", I64, P)
+_net_bytes = _fn("mt_plan_net_bytes", I64, P)
+_time = _fn("mt_plan_time", D, P)
+_predict = _fn("mt_plan_predict", D, P, _TM)
+_torch_bytes = _fn("mt_plan_torch_bytes", I, _L, _L, I64, _TM, ctypes.POINTER(I64),
+                   ctypes.POINTER(I64), _E)
+
+
+def _codes(layout: _Layout) -> tuple:
+    return tuple((p.kind, p.dim, p.reduce_op)
+                 for p in layout.placements[:layout.mesh_ndim])
+
+
+def steps(plan) -> list[tuple]:
+    """[(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds,
+    copy_bytes, reduce_bytes, net_bytes)] of every step of ``plan`` (a
+    ``_C.Plan``): bytes and messages over all ranks, the local copies and
+    reductions of the busiest rank, the bytes between nodes over all ranks."""
+    address, out = plan.address, []
+    for i in range(_nsteps(address)):
+        s = _step(address, i).contents
+        out.append((STEP_KINDS[s.kind], s.mesh_dim, _codes(s.src), _codes(s.dst),
+                    s.bytes, s.messages, s.time, s.copy_bytes, s.reduce_bytes,
+                    s.net_bytes))
+    return out
+
+
+def of(plan) -> "Plan":
+    """``plan`` (a ``_C.Plan`` with steps, as the executor's trace events carry
+    them) as a :class:`Plan`, sharing it: its layouts are its first step's source
+    and its last step's target, its model the built-in one."""
+    if isinstance(plan, Plan):
+        return plan
+    address = plan.address
+    _retain(address)
+    out = _C.Plan.__new__(Plan, address)
+    first, last = _step(address, 0).contents, _step(address, _nsteps(address) - 1).contents
+    out._src, out._dst = _Layout.from_buffer_copy(first.src), _Layout.from_buffer_copy(last.dst)
+    out._itemsize = first.itemsize
+    out._model = _comm._model_default()
+    return out
+
+
+class Plan(_C.Plan):
+    """The plan of moving a tensor of ``shape`` on a mesh of ``mesh_shape`` from
+    ``src`` to ``dst`` placement codes, for elements of ``dtype``, ranked by the
+    time model tuple ``model`` (the built-in one when None); the move is checked
+    first (RuntimeError: a Partial created; TypeError: a reduction the dtype
+    lacks). Local.
+
+    Example: ``Plan((8,), (2,), [(1, 0, 0)], [(0, 0, 0)], "f8").steps()[0][0]`` is
+    ``"all_gather"``.
+    """
+
+    __slots__ = ("_src", "_dst", "_model", "_itemsize")
+
+    def __new__(cls, shape, mesh_shape, src, dst, dtype, model=None):
+        model = _comm._model_default() if model is None else _comm.time_model(model)
+        dtype = np.dtype(dtype)
+        a, b = _layout(shape, mesh_shape, src), _layout(shape, mesh_shape, dst)
+        call(_check, ctypes.byref(a), ctypes.byref(b), dtype_code(dtype))
+        made = P()
+        call(_create_timed, ctypes.byref(a), ctypes.byref(b), dtype.itemsize,
+             ctypes.byref(model), ctypes.byref(made))
+        self = super().__new__(cls, made.value)
+        self._src, self._dst, self._model, self._itemsize = a, b, model, dtype.itemsize
+        return self
+
+    @property
+    def nsteps(self) -> int:
+        """The number of steps."""
+        return _nsteps(self.address)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes received from other ranks, all ranks."""
+        return _bytes(self.address)
+
+    @property
+    def messages(self) -> int:
+        """Point-to-point messages, all ranks."""
+        return _messages(self.address)
+
+    @property
+    def time(self) -> float:
+        """Predicted seconds (the time model)."""
+        return _time(self.address)
+
+    @property
+    def net_bytes(self) -> int:
+        """Bytes received from ranks of other nodes, all ranks (the model's
+        ranks_per_node)."""
+        return _net_bytes(self.address)
+
+    def steps(self) -> list[tuple]:
+        """The steps, as :func:`steps` gives them."""
+        return steps(self)
+
+    def predict(self, model: tuple) -> float:
+        """The seconds the time model tuple ``model`` predicts for these steps."""
+        return _predict(self.address, ctypes.byref(_comm.time_model(model)))
+
+    def torch(self) -> "Plan | None":
+        """The Plan of torch's per-mesh-dim steps for the same move, priced by the
+        same model, or None where one of them is no valid collective here."""
+        made, err = P(), Error()
+        rc = _create_torch(ctypes.byref(self._src), ctypes.byref(self._dst), self._itemsize,
+                           ctypes.byref(self._model), ctypes.byref(made), ctypes.byref(err))
+        if rc == _STATUS_CODES["MT_ENOTSUP"]:
+            return None
+        check(rc, err)
+        out = _C.Plan.__new__(Plan, made.value)
+        out._src, out._dst, out._model = self._src, self._dst, self._model
+        out._itemsize = self._itemsize
+        return out
+
+    def torch_bytes(self) -> tuple[int, int]:
+        """(bytes, net_bytes) that torch's per-mesh-dim steps move for the same
+        redistribution, over all ranks, priced as these steps."""
+        moved, net = I64(), I64()
+        call(_torch_bytes, ctypes.byref(self._src), ctypes.byref(self._dst), self._itemsize,
+             ctypes.byref(self._model), ctypes.byref(moved), ctypes.byref(net))
+        return moved.value, net.value

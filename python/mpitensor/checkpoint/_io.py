@@ -1,0 +1,140 @@
+"""The C I/O of sharded files (mpitensor/io/io.h), bound through ctypes in the
+``_C`` object (:mod:`mpitensor._comm`): each member of a mesh writes or reads its
+own box of one C-order array, by POSIX I/O per rank or MPI-IO. The .npy format
+itself is :mod:`._npy`'s; these move the header and the data. The options every
+later save and load of this process passes live here, the counters in ``_C``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+import os
+
+import numpy as np
+
+from .. import _C, _comm
+from .._clib import MAX_NDIM, Error, I, I64, P, _Box, _int64s, call
+
+__all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "io_gather"]
+
+
+class _Array(ctypes.Structure):  # mt_io_array
+    _fields_ = [("ndim", I), ("shape", I64 * MAX_NDIM), ("itemsize", I64),
+                ("offset", I64)]
+
+
+class _Options(ctypes.Structure):  # mt_io_options
+    _fields_ = [("chunk_bytes", I64), ("io_thread", I), ("gather", I), ("counters", P)]
+
+
+_E = ctypes.POINTER(Error)
+_A, _B, _O = ctypes.POINTER(_Array), ctypes.POINTER(_Box), ctypes.POINTER(_Options)
+_save = _comm.fn("mt_io_save", I, P, ctypes.c_char_p, ctypes.c_char_p, I64, _A, _B, P, I64,
+                 _O, _E)
+_load = _comm.fn("mt_io_load", I, P, ctypes.c_char_p, _A, _B, P, I64, _O, _E)
+_defaults = _comm.fn("mt_io_options_default", _Options)
+_counters_read = _comm.fn("mt_io_counters_read", None, P, ctypes.POINTER(I64),
+                          ctypes.POINTER(I64))
+
+_options = _defaults()  # what every later io_save and io_load passes
+_options.counters = _C.IO_COUNTERS
+
+
+def _array_box(shape, itemsize, offset, box_offset, box_shape):
+    """(mt_io_array, mt_box) of the array's shape, itemsize and data offset, and of
+    the box's offset and shape."""
+    a = _Array(itemsize=operator.index(itemsize), offset=operator.index(offset))
+    sh, a.ndim = _int64s(shape, MAX_NDIM, "shape")
+    off, no = _int64s(box_offset, MAX_NDIM, "box offset")
+    size, ns = _int64s(box_shape, MAX_NDIM, "box shape")
+    if no != ns:
+        raise ValueError("box offset and box shape differ in length")
+    box = _Box(ns, (I64 * MAX_NDIM)(*off[:ns]), (I64 * MAX_NDIM)(*size[:ns]))
+    a.shape[:a.ndim] = sh[:a.ndim]
+    return a, box
+
+
+def _data(buf, writable: bool) -> np.ndarray:
+    """The bytes of C-contiguous ``buf`` (writable when asked) as an array of them;
+    their count is checked in the core, on every rank alike."""
+    view = memoryview(buf)
+    if not view.c_contiguous:
+        raise BufferError("the buffer is not C-contiguous")
+    if writable and view.readonly:
+        raise BufferError("the buffer is not writable")
+    return np.frombuffer(view.cast("B") if view.nbytes else b"", np.uint8)
+
+
+def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_offset,
+            box_shape, buf) -> None:
+    """Writes a new file of ``header`` and the array of ``shape`` at ``offset``,
+    this rank's box (``box_offset``, ``box_shape``) from the C-contiguous ``buf``.
+    Collective on the mesh.
+
+    Example: ``io_save(mesh._handle, "x.npy", head, (4,), 8, len(head), (0,), (4,),
+    local.view(np.uint8))``.
+    """
+    m = _comm.mesh_address(mesh)
+    name, head = os.fsencode(path), bytes(header)
+    array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
+    data = _data(buf, False)
+    opts = _Options(_options.chunk_bytes, _options.io_thread, _options.gather,
+                    _options.counters)
+    call(_save, m, name, head, len(head), ctypes.byref(array), ctypes.byref(box),
+         data.ctypes.data, data.nbytes, ctypes.byref(opts))
+
+
+def io_load(mesh, path, shape, itemsize: int, offset: int, box_offset, box_shape,
+            out) -> None:
+    """Fills the writable C-contiguous ``out`` with this rank's box of the array of
+    ``shape`` at ``offset`` in the file. Collective on the mesh.
+
+    Example: ``io_load(mesh._handle, "x.npy", (4,), 8, 128, (0,), (4,), raw)``.
+    """
+    m = _comm.mesh_address(mesh)
+    name = os.fsencode(path)
+    array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
+    data = _data(out, True)
+    opts = _Options(_options.chunk_bytes, _options.io_thread, _options.gather,
+                    _options.counters)
+    call(_load, m, name, ctypes.byref(array), ctypes.byref(box), data.ctypes.data,
+         data.nbytes, ctypes.byref(opts))
+
+
+def io_counters() -> tuple[int, int]:
+    """(data bytes read, data bytes written) by this process. Local."""
+    read, written = I64(), I64()
+    _counters_read(_C.IO_COUNTERS, ctypes.byref(read), ctypes.byref(written))
+    return read.value, written.value
+
+
+def io_pipeline(chunk_bytes: int, io_thread) -> tuple[int, bool]:
+    """How boxes of many short runs move through row slabs (mt_io_options), for
+    every later save and load; returns the previous pair. Local.
+
+    Example: ``old = io_pipeline(1 << 20, False)``.
+    """
+    chunk, threaded = operator.index(chunk_bytes), bool(io_thread)
+    if chunk < 1:
+        raise ValueError("chunk_bytes must be positive")
+    old = (_options.chunk_bytes, bool(_options.io_thread))
+    _options.chunk_bytes, _options.io_thread = chunk, threaded
+    return old
+
+
+def io_gather(mode: int) -> int:
+    """Whether a save of interleaved boxes whose ranks share one node is written
+    by two writers that read the other ranks' boxes straight from their memory
+    (two threads of the first rank, or the first two ranks when each is bound to
+    its own CPU): 0 never, 1 where it pays (the default), 2 always by the first
+    rank's threads where it works. The first rank's setting decides; returns the
+    previous mode. Local.
+
+    Example: ``old = io_gather(0)`` makes every rank write its row slab.
+    """
+    mode = operator.index(mode)
+    if not 0 <= mode <= 2:
+        raise ValueError("io_gather takes 0, 1 or 2")
+    old, _options.gather = _options.gather, mode
+    return old
