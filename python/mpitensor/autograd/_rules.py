@@ -270,13 +270,16 @@ def _einsum_supported(args, kwargs) -> bool:
 
 
 def _einsum(g, node, out):
-    return (None,) + _einsum_grads(g, node.saved[0], _dtensors(node.saved[1:], out))
+    return (None,) + _einsum_grads(g, node.saved[0], _dtensors(node.saved[1:], out),
+                                   node.inputs[1:])
 
 
-def _einsum_grads(g, subscripts, ops):
+def _einsum_grads(g, subscripts, ops, targets):
     """Each operand's gradient is the einsum of the output's gradient with the other
     operands onto its subscripts; a subscript of its own alone (summed in the
-    forward) is broadcast back. One gradient (or None) per operand."""
+    forward) is broadcast back. One gradient (or None) per operand, each made where
+    it goes next: decided knowing it moves to ``targets[i]``'s placements (the
+    operand's input as recorded), as matmul's."""
     ins, outs = _einsum_split(subscripts)
     grads = []
     for i, (s, x) in enumerate(zip(ins, ops)):
@@ -286,8 +289,12 @@ def _einsum_grads(g, subscripts, ops):
         others = [outs] + [t for j, t in enumerate(ins) if j != i]
         avail = set("".join(others))
         keep = "".join(c for c in s if c in avail)
-        gx = np.einsum(",".join(others) + "->" + keep, g,
-                       *(y for j, y in enumerate(ops) if j != i))
+        was = _modes.set_want(_headed(targets[i]))
+        try:
+            gx = np.einsum(",".join(others) + "->" + keep, g,
+                           *(y for j, y in enumerate(ops) if j != i))
+        finally:
+            _modes.set_want(was)
         if keep != s:
             gx = np.broadcast_to(gx.reshape(tuple(
                 n if c in avail else 1 for c, n in zip(s, x.shape))), x.shape)
@@ -301,17 +308,18 @@ def _einsum_grads(g, subscripts, ops):
 def _tensordot(g, node, out):
     b = _bind(node, ("a", "b", "axes"), axes=2)
     a, y = b["a"], b["b"]
-    return _einsum_grads(g, tensordot_subscripts("numpy.tensordot", a, y, b["axes"]), (a, y))
+    return _einsum_grads(g, tensordot_subscripts("numpy.tensordot", a, y, b["axes"]), (a, y),
+                         node.inputs[:2])
 
 
 def _inner(g, node, out):
     a, b = node.saved[:2]
     return _einsum_grads(g, tensordot_subscripts("numpy.inner", a, b, ((-1,), (-1,))),
-                         (a, b))
+                         (a, b), node.inputs[:2])
 
 
 def _outer(g, node, out):
-    return _einsum_grads(g, "i,j->ij", node.saved[:2])
+    return _einsum_grads(g, "i,j->ij", node.saved[:2], node.inputs[:2])
 
 
 # -- reductions ------------------------------------------------------------------------
