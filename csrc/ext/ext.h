@@ -119,8 +119,8 @@ typedef struct mt_ext_modes {
  * listens, or gathers are reported). */
 /* Whether an operand that requires grad gets a gradient from this operation's
  * decision: grad mode is on, or the forward of a recorded operation runs. */
-static inline unsigned mt_ext_grad_wanted(const mt_ext_modes *m) {
-  return (unsigned)(m->grad_enabled | m->grad_priced);
+static inline int mt_ext_grad_wanted(const mt_ext_modes *m) {
+  return m->grad_enabled | m->grad_priced;
 }
 static inline int mt_ext_tracing(const mt_ext_modes *m) {
   return m->checks || m->log_debug || m->gather_warning || m->listeners > 0;

@@ -23,8 +23,9 @@ from .._dtensor import DTensor
 # The label kinds, partial rules and reduce ops of dim maps, from the core.
 KEEP, CONTRACT, REDUCE, REPLICATE = (_C.LABEL_KEEP, _C.LABEL_CONTRACT, _C.LABEL_REDUCE,
                                      _C.LABEL_REPLICATE)
-P_NONE, P_LINEAR_ALL, P_LINEAR_ONE, P_SAME_OP = (
-    _C.PARTIAL_NONE, _C.PARTIAL_LINEAR_ALL, _C.PARTIAL_LINEAR_ONE, _C.PARTIAL_SAME_OP)
+P_NONE, P_LINEAR_ALL, P_LINEAR_ONE, P_SAME_OP, P_ADDITIVE = (
+    _C.PARTIAL_NONE, _C.PARTIAL_LINEAR_ALL, _C.PARTIAL_LINEAR_ONE, _C.PARTIAL_SAME_OP,
+    _C.PARTIAL_ADDITIVE)
 R_SUM, R_AVG, R_PRODUCT, R_MAX, R_MIN = (_C.REDUCE_SUM, _C.REDUCE_AVG, _C.REDUCE_PRODUCT,
                                          _C.REDUCE_MAX, _C.REDUCE_MIN)
 # The most DTensor inputs one decision takes.

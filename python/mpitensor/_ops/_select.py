@@ -1,7 +1,7 @@
 """Selection, conversion and comparison on DTensors: ``np.where``, ``np.clip``,
 ``DTensor.astype``, ``DTensor.copy`` / ``np.copy``, ``np.round``, ``np.isclose``,
 ``np.allclose`` and ``np.array_equal`` (compared locally, then one all-reduce of
-a flag).
+a flag), and ``np.take_along_axis``.
 
 ``where`` and ``clip`` are elementwise dim maps (DTensor operands right-aligned
 with broadcasting, scalars passed to NumPy as they are) that reduce every Partial
@@ -203,3 +203,52 @@ def real(val):
 @_registry.implements(np.imag)
 def imag(val):
     return _part("numpy.imag", val, np.imag)
+
+
+@_registry.implements(np.take_along_axis)
+def take_along_axis(arr, indices, axis=-1):
+    """numpy.take_along_axis of DTensors of equal ndim whose other dims have equal
+    lengths (torch.gather's case): the array is made whole along ``axis`` (its
+    Shard there moves or is gathered), the indices keep every Shard, their one
+    along ``axis`` included, and the output takes the indices' placements there;
+    the other dims are sharded alike. A Partial(sum|avg) array stays Partial
+    (picking is linear) when the indices are Replicate on that mesh dim.
+    Collective on the mesh when an input must move.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> a = distribute_tensor(np.arange(8.0).reshape(2, 4), mesh, [Replicate()])
+        >>> i = distribute_tensor(np.array([[3, 0], [1, 1]]), mesh, [Shard(1)])
+        >>> np.take_along_axis(a, i, axis=1).placements
+        (Shard(dim=1),)
+    """
+    name = "numpy.take_along_axis"
+    if type(arr) is not DTensor or type(indices) is not DTensor:
+        bad = indices if type(arr) is DTensor else arr
+        if isinstance(bad, np.ndarray):
+            raise D.mixed_error(name, bad)
+        raise TypeError(f"{name}: expected DTensors, got {type(bad).__name__}")
+    if axis is None:
+        raise TypeError(f"{name}: axis=None (flattening) is not supported on DTensors")
+    if indices.dtype.kind not in "iu":
+        raise IndexError(f"{name}: indices must be integers, got {indices.dtype}")
+    n = arr.ndim
+    if indices.ndim != n:
+        raise ValueError(f"{name}: indices and arr must have the same number of "
+                         f"dimensions, got {indices.ndim} and {n}")
+    ax = np.lib.array_utils.normalize_axis_index(axis, n)
+    if any(arr.shape[d] != indices.shape[d] for d in range(n) if d != ax):
+        raise TypeError(f"{name}: on DTensors the dims other than axis must have equal "
+                        f"lengths (no broadcasting), got {arr.shape} and {indices.shape}")
+    D.same_mesh(name, (arr, indices))
+
+    def build():
+        # Label ax is the indices' (and output's) axis; label n is the array's.
+        kinds = [D.KEEP] * n + [D.REPLICATE]
+        arr_labels = [n if d == ax else d for d in range(n)]
+        return D.dimmap([arr_labels, range(n)], range(n), kinds,
+                        partial_rule=D.P_LINEAR_ONE, partial_inputs=1)
+
+    return D.execute(("take_along_axis", ax), (arr, indices), build,
+                     lambda a, i: np.take_along_axis(a, i, axis=ax))
+

@@ -1,5 +1,5 @@
 """Shape operations on DTensors: permutations, reshape, squeeze, expand_dims,
-broadcast_to, concatenate and stack.
+broadcast_to, concatenate, stack, tile and atleast_1d/2d/3d.
 
 Permutations (``np.transpose``, ``DTensor.T``/``.transpose``, ``np.swapaxes``,
 ``np.moveaxis``) are maps of KEEP labels in another order: every Shard follows its
@@ -7,7 +7,8 @@ dim, Replicate and every Partial stay, and no rank communicates.
 
 The others are dim maps with one label per input dim (KEEP, shared by the inputs
 on the dims they have in common) and ``P_LINEAR_ALL`` (they are linear, so a
-Partial(sum|avg) carried by every input stays): a new output dim (expand_dims,
+Partial(sum|avg) carried by every input stays; concatenate and stack take
+``P_ADDITIVE``, torch's additive rules, so a Replicate input joins a Partial too): a new output dim (expand_dims,
 broadcast_to's leading dims, stack's axis) is a sized REPLICATE label; a size-1
 dim that broadcast_to widens, a dim squeeze removes and each input's concatenate
 axis are REPLICATE labels of their own (a Shard of them is gathered first), and
@@ -236,7 +237,9 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
             labels[ax] = len(kinds)
             kinds.append(D.REPLICATE)
             in_labels.append(labels)
-        return D.dimmap(in_labels, range(n), kinds, partial_rule=D.P_LINEAR_ALL,
+        # Joining is linear: torch's additive rules hold (a Replicate input joins
+        # a Partial(sum) on one rank only, with no move).
+        return D.dimmap(in_labels, range(n), kinds, partial_rule=D.P_ADDITIVE,
                         sizes={ax: total})
 
     return _run("concatenate", ("concatenate", ax), arrays, build,
@@ -258,10 +261,104 @@ def stack(arrays, axis=0, out=None, **kwargs):
         out = list(range(n))
         out.insert(ax, n)
         return D.dimmap([range(n)] * len(arrays), out, kinds,
-                        partial_rule=D.P_LINEAR_ALL, sizes={n: len(arrays)})
+                        partial_rule=D.P_ADDITIVE, sizes={n: len(arrays)})
 
     return _run("stack", ("stack", ax), arrays, build,
                 lambda *ls: np.stack(ls, axis=ax))
+
+
+@_registry.implements(np.tile)
+def tile(A, reps):
+    """numpy.tile of a DTensor: a dim repeated more than once is made whole first
+    (its Shard moves to another dim by one all-to-all, or is gathered when no dim
+    can take it; torch's ``repeat`` replicates it); every other dim keeps its Shard, new leading dims are Replicate, and a Partial(sum|avg)
+    stays, since tiling is linear. Collective on the mesh only when a repeated dim
+    is sharded.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> dt = distribute_tensor(np.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
+        >>> t = np.tile(dt, (1, 3))
+        >>> t.shape, t.placements
+        ((4, 6), (Shard(dim=0),))
+    """
+    a = _dtensor("tile", A)
+    reps = tuple(operator.index(r) for r in (reps if np.ndim(reps) else (reps,)))
+    if any(r < 0 for r in reps):
+        raise ValueError("numpy.tile: negative repetitions are not allowed")
+    n = a.ndim
+    nout = max(n, len(reps))
+    reps = (1,) * (nout - len(reps)) + reps
+    lead = nout - n
+
+    def build():
+        # Output dim lead + d is label d; a repeated dim reads its input through
+        # a label of its own, so the input's Shard of it is gathered.
+        kinds, in_labels, sizes = [D.KEEP] * n, list(range(n)), {}
+        for d in range(n):
+            if reps[lead + d] != 1:
+                kinds[d] = D.REPLICATE
+                sizes[d] = a.shape[d] * reps[lead + d]
+                in_labels[d] = len(kinds)
+                kinds.append(D.REPLICATE)
+        out = []
+        for j in range(lead):
+            sizes[len(kinds)] = reps[j]
+            out.append(len(kinds))
+            kinds.append(D.REPLICATE)
+        return D.dimmap([in_labels], out + list(range(n)), kinds,
+                        partial_rule=D.P_LINEAR_ALL, sizes=sizes)
+
+    return _run("tile", ("tile", reps), (a,), build, lambda x: np.tile(x, reps))
+
+
+def _atleast(name, arrays, axes_for):
+    out = []
+    for a in arrays:
+        a = _dtensor(name, a)
+        axes = axes_for(a.ndim)
+        out.append(expand_dims(a, axes) if axes else a)
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+@_registry.implements(np.atleast_1d)
+def atleast_1d(*arys):
+    """numpy.atleast_1d of DTensors: a 0-d one gains a Replicate dim of length 1;
+    the others are returned as they are. Local.
+
+    Example::
+
+        >>> np.atleast_1d(dt0).shape    # dt0 a 0-d DTensor
+        (1,)
+    """
+    return _atleast("atleast_1d", arys, lambda n: (0,) if n == 0 else ())
+
+
+@_registry.implements(np.atleast_2d)
+def atleast_2d(*arys):
+    """numpy.atleast_2d of DTensors: dims of length 1 are added in front, as
+    NumPy, and every Shard follows its dim. Local.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> np.atleast_2d(distribute_tensor(np.arange(4.0), mesh, [Shard(0)])).placements
+        (Shard(dim=1),)
+    """
+    return _atleast("atleast_2d", arys, lambda n: tuple(range(2 - n)) if n < 2 else ())
+
+
+@_registry.implements(np.atleast_3d)
+def atleast_3d(*arys):
+    """numpy.atleast_3d of DTensors: NumPy's shapes, (1, N, 1) for a 1-D input and
+    (M, N, 1) for a 2-D one; every Shard follows its dim. Local.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> np.atleast_3d(distribute_tensor(np.arange(4.0), mesh, [Shard(0)])).shape
+        (1, 4, 1)
+    """
+    where = {0: (0, 1, 2), 1: (0, 2), 2: (2,)}
+    return _atleast("atleast_3d", arys, lambda n: where.get(n, ()))
 
 
 # -- reshape -------------------------------------------------------------------------

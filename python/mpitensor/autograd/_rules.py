@@ -613,6 +613,20 @@ def _broadcast_to(g, node, out):
     return (_fit(g, node.saved[0]),)
 
 
+def _tile(g, node, out):
+    """Each copy's part of the gradient summed: the gradient split into (copies,
+    length) pairs of dims and summed over the copies."""
+    a = node.saved[0]
+    reps = _bind(node, ("A", "reps"))["reps"]
+    reps = tuple(reps) if np.ndim(reps) else (reps,)
+    n = max(a.ndim, len(reps))
+    reps = (1,) * (n - len(reps)) + tuple(int(r) for r in reps)
+    shape = (1,) * (n - a.ndim) + a.shape
+    pairs = tuple(x for r, s in zip(reps, shape) for x in (r, s))
+    summed = np.sum(g.reshape(pairs), axis=tuple(range(0, 2 * n, 2)))
+    return (summed.reshape(a.shape),)
+
+
 def _identity(g, node, out):
     return (g,)
 
@@ -658,6 +672,7 @@ _FUNCTIONS = {
     np.reshape: ("reshape", _reshape_back, _order_c(2)),
     np.ravel: ("ravel", _reshape_back, _order_c(1)),
     np.broadcast_to: ("broadcast_to", _broadcast_to),
+    np.tile: ("tile", _tile),
     np.copy: ("copy", _identity),
     np.ndarray.astype: ("astype", _astype),
 }
