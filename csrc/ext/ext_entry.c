@@ -129,7 +129,7 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   PyObject *name = bw != NULL ? PyTuple_GET_ITEM(bw, 0) : NULL;
   PyObject *backward = bw != NULL ? PyTuple_GET_ITEM(bw, 1) : Py_None;
   /* An optional third entry says whether this call has a rule (a diagonal einsum
-   * or a stepped slice do not). */
+   * or an advanced index do not). */
   if (bw != NULL && backward != Py_None && PyTuple_GET_SIZE(bw) > 2) {
     PyObject *kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
     PyObject *stack[2] = {args, kw};

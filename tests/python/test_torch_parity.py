@@ -141,6 +141,39 @@ def cases_for(mesh_shape) -> list:
         cube = (2,) + shape
         out += [Case("layer_norm", "layer_norm", (cube,), (_3d(a),), _layer_norm,
                      _torch_layer_norm) for a in singles]
+        out += [Case("rules", "stepped-slice", (shape,), (a,), _stepped, _stepped)
+                for a in singles]
+    out += _rules_cases(singles)
+    return out
+
+
+def _stepped(a):
+    return a[1::3, ::2]
+
+
+def _tensordot(a, b):
+    return np.tensordot(a, b, 1)
+
+
+def _torch_tensordot(a, b):
+    return torch.tensordot(a, b, dims=1)
+
+
+def _prod(a):
+    return a.prod()
+
+
+def _rules_cases(singles) -> list:
+    """tensordot, inner, outer and prod of everything, on even shapes: torch's
+    flatten them and refuses an uneven shard."""
+    out = [Case("rules", "prod", (EVEN,), (a,), _prod, _prod) for a in singles]
+    out += [Case("rules", name, (EVEN, EVEN), (a, b), fo, ft)
+            for name, fo, ft in (("tensordot", _tensordot, _torch_tensordot),
+                                 ("inner", np.inner, torch.inner))
+            for a in singles for b in singles]
+    flat = [a for a in singles if "S1" not in a]
+    out += [Case("rules", "outer", ((8,), (8,)), (a, b), np.outer, torch.outer)
+            for a in flat for b in flat]
     return out
 
 
@@ -188,6 +221,14 @@ PLACEMENTS = {f"2x2 {case}": _TIE_2D for case in (
     "matmul-matmul-S0RxPsumR-8-8x8-7", "matmul-matmul-RS1xRPsum-7-5x5-6",
     "matmul-matmul-S0RxS1R-7-5x5-6", "matmul-matmul-PsumRxS1R-7-5x5-6",
     "layer_norm-layer_norm-S2R-2-8-8")}
+# torch's tensordot is a matmul of its operands reshaped, whose strategy list gives
+# the tie to Shard(0); mpitensor's runs as an einsum, whose candidates come in the
+# order of its subscripts.
+_TIE_EINSUM = ("the forward bytes tie; mpitensor's tensordot is an einsum and takes the "
+               "first of its candidates, torch's a matmul and takes its first")
+PLACEMENTS.update({key: _TIE_EINSUM for key in (
+    "2 rules-tensordot-S0xS1-8-8x8-8", "4 rules-tensordot-S0xS1-8-8x8-8",
+    "2x2 rules-tensordot-RS0xRS1-8-8x8-8")})
 
 # Cases that communicate more than torch today, with the counts measured (calls per
 # rank, bytes summed over the ranks, over forward + backward + the gradients'

@@ -133,11 +133,10 @@ def _two_dtensors(name, a, b):
             raise TypeError(f"{name}: expected DTensors, got {type(x).__name__}")
 
 
-@_registry.implements(np.tensordot)
-def tensordot(a, b, axes=2):
-    """np.tensordot of two DTensors as an einsum."""
-    name = "numpy.tensordot"
-    _two_dtensors(name, a, b)
+def tensordot_subscripts(name, a, b, axes):
+    """The einsum subscripts of ``np.tensordot(a, b, axes)`` (an int: the last
+    ``axes`` dims of ``a`` with the first of ``b``; a pair of sequences: those dims),
+    checked against the shapes. Local."""
     if isinstance(axes, (int, np.integer)):
         n = int(axes)
         if n < 0 or n > min(a.ndim, b.ndim):
@@ -161,7 +160,15 @@ def tensordot(a, b, axes=2):
     sb = [s if s is not None else next(fresh) for s in sb]
     out = [s for i, s in enumerate(sa) if i not in ax_a] + \
           [s for j, s in enumerate(sb) if j not in ax_b]
-    return einsum("".join(sa) + "," + "".join(sb) + "->" + "".join(out), a, b)
+    return "".join(sa) + "," + "".join(sb) + "->" + "".join(out)
+
+
+@_registry.implements(np.tensordot)
+def tensordot(a, b, axes=2):
+    """np.tensordot of two DTensors as an einsum."""
+    name = "numpy.tensordot"
+    _two_dtensors(name, a, b)
+    return einsum(tensordot_subscripts(name, a, b, axes), a, b)
 
 
 @_registry.implements(np.inner)
@@ -172,7 +179,7 @@ def inner(a, b):
     if a.ndim == 0 or b.ndim == 0:
         raise TypeError(f"{name} on DTensors needs operands of at least one dim; for a "
                         f"scalar factor use *")
-    return tensordot(a, b, axes=((-1,), (-1,)))
+    return einsum(tensordot_subscripts(name, a, b, ((-1,), (-1,))), a, b)
 
 
 @_registry.implements(np.outer)

@@ -10,7 +10,7 @@ Each rule is registered once, at import, where the executor records with it:
   arguments; the node's inputs are the positional arguments with lists and tuples
   flattened once, and the rule returns one gradient per input. An optional third
   entry, ``supports(args, kwargs)``, says whether the call has a rule (a diagonal
-  einsum, a stepped slice do not).
+  einsum, an advanced index do not).
 
 A rule is ``backward(grad, node, output)``. It computes the gradients with DTensor
 operations, so they run through the same executor as the forward: their
@@ -32,10 +32,12 @@ from .. import _C, _modes, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
+from .._ops._advanced_index import is_advanced
 from .._ops._diag import diag_into
 from .._ops._indexing import _parse
+from .._ops._linalg import tensordot_subscripts
 from .._ops._split import split_bounds
-from ..placement_types import Replicate
+from ..placement_types import Replicate, Shard
 
 __all__: list = []
 
@@ -268,12 +270,18 @@ def _einsum_supported(args, kwargs) -> bool:
 
 
 def _einsum(g, node, out):
+    return (None,) + _einsum_grads(g, node.saved[0], _dtensors(node.saved[1:], out),
+                                   node.inputs[1:])
+
+
+def _einsum_grads(g, subscripts, ops, targets):
     """Each operand's gradient is the einsum of the output's gradient with the other
     operands onto its subscripts; a subscript of its own alone (summed in the
-    forward) is broadcast back."""
-    ops = _dtensors(node.saved[1:], out)
-    ins, outs = _einsum_split(node.saved[0])
-    grads = [None]
+    forward) is broadcast back. One gradient (or None) per operand, each made where
+    it goes next: decided knowing it moves to ``targets[i]``'s placements (the
+    operand's input as recorded), as matmul's."""
+    ins, outs = _einsum_split(subscripts)
+    grads = []
     for i, (s, x) in enumerate(zip(ins, ops)):
         if not _need(x):
             grads.append(None)
@@ -281,13 +289,37 @@ def _einsum(g, node, out):
         others = [outs] + [t for j, t in enumerate(ins) if j != i]
         avail = set("".join(others))
         keep = "".join(c for c in s if c in avail)
-        gx = np.einsum(",".join(others) + "->" + keep, g,
-                       *(y for j, y in enumerate(ops) if j != i))
+        was = _modes.set_want(_headed(targets[i]))
+        try:
+            gx = np.einsum(",".join(others) + "->" + keep, g,
+                           *(y for j, y in enumerate(ops) if j != i))
+        finally:
+            _modes.set_want(was)
         if keep != s:
             gx = np.broadcast_to(gx.reshape(tuple(
                 n if c in avail else 1 for c, n in zip(s, x.shape))), x.shape)
         grads.append(gx if gx.dtype == x.dtype else gx.astype(x.dtype))
     return tuple(grads)
+
+
+# tensordot, inner and outer run as the einsum their subscripts spell (_linalg), so
+# their backward is that einsum's: the same subscripts, rebuilt from the call.
+
+def _tensordot(g, node, out):
+    b = _bind(node, ("a", "b", "axes"), axes=2)
+    a, y = b["a"], b["b"]
+    return _einsum_grads(g, tensordot_subscripts("numpy.tensordot", a, y, b["axes"]), (a, y),
+                         node.inputs[:2])
+
+
+def _inner(g, node, out):
+    a, b = node.saved[:2]
+    return _einsum_grads(g, tensordot_subscripts("numpy.inner", a, b, ((-1,), (-1,))),
+                         (a, b), node.inputs[:2])
+
+
+def _outer(g, node, out):
+    return _einsum_grads(g, "i,j->ij", node.saved[:2], node.inputs[:2])
 
 
 # -- reductions ------------------------------------------------------------------------
@@ -329,10 +361,31 @@ def _reduction_grads(g, a, axis, keepdims, mean):
     return (g if g.dtype == a.dtype else g.astype(a.dtype),)
 
 
+def _prod_grads(g, a, axis, keepdims):
+    """prod: each element's gradient is the product of the other elements of its
+    lane, exact where the lane holds zeros, as torch's prod backward: the lane's
+    product of its nonzero elements, over the element itself where the lane has no
+    zero, as it is at the lane's only zero, and 0 where the product of the others
+    includes a zero. No division by zero, and no cumulative products along a
+    possibly sharded axis: one product and one count per lane, each reduced once
+    (in the reduced shape, before they meet ``a``'s)."""
+    axes, _, kept = _reduced(a, axis)
+    zero = a == 0
+    nonzero = np.where(zero, np.ones((), a.dtype), a)
+    # All the rule needs of the count is none, one or more: capped, it is reduced
+    # once and then used twice.
+    zeros = np.minimum(np.sum(zero, axis=axes), 2)
+    product = np.prod(nonzero, axis=axes) * (zeros <= 1)
+    at_zero = product.reshape(kept)
+    elsewhere = (product * (zeros == 0)).reshape(kept) / nonzero
+    return (_fit(g.reshape(kept) * np.where(zero, at_zero, elsewhere), a),)
+
+
 # Reduction methods as the executor records them: saved (a,), aux (axis, keepdims).
 _METHODS = {
     np.sum: ("sum", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, False)),
     np.mean: ("mean", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, True)),
+    np.prod: ("prod", lambda g, node, out: _prod_grads(g, *node.saved, *node.aux)),
     np.max: ("max", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
     np.min: ("min", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
     np.var: ("var", lambda g, node, out: _moment_grads(g, *node.saved, out, node.aux[0], 0,
@@ -351,6 +404,11 @@ def _sum_function(mean):
         b = _bind(node, _SUM_ARGS, axis=None, keepdims=False)
         return _reduction_grads(g, b["a"], b["axis"], bool(b["keepdims"]), mean)
     return backward
+
+
+def _prod_function(g, node, out):
+    b = _bind(node, _SUM_ARGS, axis=None, keepdims=False)
+    return _prod_grads(g, b["a"], b["axis"], bool(b["keepdims"]))
 
 
 def _extremum_function(g, node, out):
@@ -418,25 +476,52 @@ def _pieces(g, arrays, ax, index, step=None):
 
 
 def _getitem_supported(args, kwargs) -> bool:
-    """Basic indexing has a rule unless a slice steps by more than one element."""
-    a, key = args
-    for k in key if type(key) is tuple else (key,):
-        if type(k) is slice and k.step is not None and k.step != 1:
-            sel, _ = _parse(key, a.shape)
-            return not any(count > 1 and step != 1 for _, step, count, _ in sel)
-    return True
+    """Basic indexing has a rule; a boolean mask or an integer array does not."""
+    return is_advanced(args[1]) is None
 
 
 def _getitem(g, node, out):
-    """Basic indexing's backward: the gradient reshaped to the picked box (ints and
-    None are size-1 dims) and padded with zeros to ``a``'s shape by concatenation,
-    dim by dim."""
+    """Basic indexing's backward: zeros of ``a``'s shape with the gradient at the
+    picked elements. Slices of step 1 pad it (below); a stepped slice scatters it
+    (``_scattered``)."""
     a, key = node.saved
-    sel, _ = _parse(key, a.shape)
+    sel, outdims = _parse(key, a.shape)
+    if any(count > 1 and step != 1 for _, step, count, _ in sel):
+        return (_scattered(g, a, key, outdims),)
+    return (_padded(g, a, sel),)
+
+
+def _padded(g, a, sel):
+    """The gradient reshaped to the picked box (ints and None are size-1 dims) and
+    padded with zeros to ``a``'s shape by concatenation, dim by dim."""
     g = g.reshape(tuple(count for _, _, count, _ in sel))
     for d, (start, _, count, _) in enumerate(sel):
         g = _pad_along(g, d, start, a.shape[d] - start - count)
-    return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+    return g if g.dtype == a.dtype else g.astype(a.dtype)
+
+
+def _scattered(g, a, key, outdims):
+    """A stepped slice's gradient: ``g`` written with ``a``'s key into zeros of
+    ``a``'s shape (DTensor item assignment, NumPy's semantics for any step), which
+    moves ``g`` only where the zeros' layout needs it. Per mesh dim the zeros take
+    ``g``'s Partial(sum), which the write keeps as it is (as the padding's zeros
+    keep it); else ``g``'s Shard of a dim ``a`` has, whose rows go to the ranks
+    that hold them; else ``a``'s own Shard, where each rank writes its rows of a
+    replicated ``g`` without communication; else Replicate."""
+    dims = [o[1] if o[0] == "in" else None for o in outdims]
+    pl = []
+    for gp, ap in zip(g.placements, a.placements):
+        if gp.is_partial("sum"):
+            pl.append(gp)
+        elif gp.is_shard() and dims[gp.dim % g.ndim] is not None:
+            pl.append(Shard(dims[gp.dim % g.ndim]))
+        elif ap.is_shard():
+            pl.append(Shard(ap.dim % a.ndim))
+        else:
+            pl.append(Replicate())
+    gx = _zeros(a.shape, a.dtype, a.device_mesh, tuple(pl))
+    gx[key] = g
+    return gx
 
 
 def _pad_along(g, d, before, after):
@@ -479,13 +564,17 @@ def _zeros_like_along(g, d, n):
     that dim (Replicate there): concatenating them with ``g`` moves only what the
     concatenation itself must. Zeros are valid parts of a Partial. Local."""
     shape = g.shape[:d] + (n,) + g.shape[d + 1:]
-    mesh = g.device_mesh
     pl = tuple(Replicate() if p.is_shard() and p.dim % g.ndim == d else p
                for p in g.placements)
+    return _zeros(shape, g.dtype, g.device_mesh, pl)
+
+
+def _zeros(shape, dtype, mesh, pl):
+    """A DTensor of zeros laid out by ``pl``; each rank allocates its part. Local."""
     if mesh.get_coordinate() is None:
-        local = np.empty((0,), g.dtype)
+        local = np.empty((0,), dtype)
     else:
-        local = np.zeros(compute_local_shape_and_global_offset(shape, mesh, pl)[0], g.dtype)
+        local = np.zeros(compute_local_shape_and_global_offset(shape, mesh, pl)[0], dtype)
     return DTensor.from_local(local, mesh, pl, shape=shape, stride=contiguous_strides(shape))
 
 
@@ -555,6 +644,9 @@ _FUNCTIONS = {
     np.ufunc: ("ufunc", _ufunc_entry, _ufunc_supported),
     np.dot: ("dot", _dot, _dot_supported),
     np.einsum: ("einsum", _einsum, _einsum_supported),
+    np.tensordot: ("tensordot", _tensordot),
+    np.inner: ("inner", _inner),
+    np.outer: ("outer", _outer),
     np.where: ("where", _where),
     np.concatenate: ("concatenate", _concatenate),
     np.split: ("split", _split),
@@ -564,6 +656,7 @@ _FUNCTIONS = {
     operator.getitem: ("getitem", _getitem, _getitem_supported),
     np.sum: ("sum", _sum_function(False)),
     np.mean: ("mean", _sum_function(True)),
+    np.prod: ("prod", _prod_function),
     np.max: ("max", _extremum_function),
     np.amax: ("amax", _extremum_function),
     np.min: ("min", _extremum_function),

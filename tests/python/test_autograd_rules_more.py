@@ -1,0 +1,429 @@
+"""Backward rules of stepped slices, ``np.tensordot``/``np.inner``/``np.outer`` and
+``np.prod``: each gradient against a reference computed with NumPy on the full
+arrays (the scattered weights, central differences, the product of the others), in
+float64, on sharded, replicated and Partial inputs, even and uneven, at every world
+size; and against torch DTensor on gloo when torch is installed (skipped otherwise),
+where torch has the operation: slices of positive step, and the layouts its
+tensordot and prod do not refuse as uneven."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+from mpitensor import Partial, Replicate, Shard, distribute_tensor
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, make, mesh_of, mesh_shapes
+
+R, PS = Replicate(), Partial("sum")
+MESHES = mesh_shapes()
+
+
+def plain(pls):
+    return tuple(R if p.is_partial() else p for p in pls)
+
+
+def options(ndim):
+    """The placements one mesh dim may give an operand of ``ndim`` dims."""
+    return [R, PS] + [Shard(d) for d in range(ndim)]
+
+
+def layouts(mesh_shape, ndims):
+    """Placement tuples for operands of ``ndims`` dims, one placement per mesh dim,
+    that together give each operand every option on each mesh dim."""
+    count = max(len(options(n)) for n in ndims)
+    out = []
+    for j in range(count):
+        out.append(tuple(tuple(options(n)[(j + i + m) % len(options(n))]
+                               for m in range(len(mesh_shape)))
+                         for i, n in enumerate(ndims)))
+    return out
+
+
+def weights(shape, seed=7):
+    return np.random.default_rng(seed).uniform(0.5, 1.5, size=shape)
+
+
+def run(prog, arrays, mesh, pls, seed=7):
+    """The leaves' gradients of ``sum(c * prog(*leaves))`` for fixed weights ``c``,
+    each checked to have its leaf's placements (a Partial's: Replicate) and dtype;
+    returns them gathered, with ``c``."""
+    xs = [make(a, mesh, p).requires_grad_() for a, p in zip(arrays, pls)]
+    y = prog(*xs)
+    c = weights(y.shape, seed)
+    (y * distribute_tensor(c, mesh, [R] * mesh.ndim, src_data_rank=None)).sum().backward()
+    grads = []
+    for i, (x, p) in enumerate(zip(xs, pls)):
+        assert x.grad is not None, f"input {i} got no gradient"
+        assert x.grad.placements == plain(p), (i, x.grad.placements, p)
+        assert x.grad.dtype == x.dtype
+        grads.append(x.grad.full_tensor())
+    return grads, c
+
+
+def numeric(f, arrays, c, eps=1e-6):
+    """Central differences of ``sum(c * f(*arrays))`` in each array, on the full
+    NumPy arrays."""
+    out = []
+    for i, a in enumerate(arrays):
+        g = np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            vals = []
+            for step in (eps, -eps):
+                moved = [b.copy() for b in arrays]
+                moved[i][idx] += step
+                vals.append(float(np.sum(c * f(*moved))))
+            g[idx] = (vals[0] - vals[1]) / (2 * eps)
+        out.append(g)
+    return out
+
+
+def rng_arrays(seed, *shapes):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s) for s in shapes]
+
+
+# -- stepped slices ----------------------------------------------------------------------
+
+STEPPED = [
+    np.s_[::2], np.s_[1:7:3, ::-1], np.s_[::-1], np.s_[::-2, 1], np.s_[5:0:-2, 1:4:2],
+    np.s_[None, -1::-3, ..., ::3], np.s_[2, ::-1], np.s_[1:6:2, None, 2:],
+    np.s_[..., ::-4],
+]
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("shape", [(7, 5), (8, 4)], ids=str)
+@pytest.mark.parametrize("key", STEPPED, ids=str)
+def test_stepped_slices_scatter_the_gradient(mesh_shape, shape, key):
+    mesh = mesh_of(mesh_shape)
+    for j, (pl,) in enumerate(layouts(mesh_shape, [2])):
+        (a,) = rng_arrays(j, shape)
+        (got,), c = run(lambda x: x[key] * 2.0, [a], mesh, [pl])
+        expect = np.zeros_like(a)
+        expect[key] = 2.0 * c
+        np.testing.assert_allclose(got, expect, rtol=1e-14, atol=0, err_msg=str(pl))
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("key", [np.s_[::2], np.s_[1:7:3, ::-1], np.s_[::-2, 1:]], ids=str)
+def test_a_sharded_or_partial_gradient_is_scattered_too(mesh_shape, key):
+    # The gradient reaching the slice is sharded (the sliced result redistributed) or
+    # Partial (the slice taken of a Partial input and never reduced).
+    mesh = mesh_of(mesh_shape)
+    (a,) = rng_arrays(3, (7, 5))
+    for pl in [(Shard(0),) * len(mesh_shape), (Shard(1),) * len(mesh_shape),
+               (R,) * len(mesh_shape)]:
+        def prog(x, pl=pl):
+            return x[key].redistribute(mesh, pl)
+        for src in [(R,) * len(mesh_shape), (PS,) * len(mesh_shape),
+                    (Shard(0),) * len(mesh_shape)]:
+            (got,), c = run(prog, [a], mesh, [src])
+            expect = np.zeros_like(a)
+            expect[key] = c
+            np.testing.assert_allclose(got, expect, rtol=1e-14, atol=0)
+    (got,), c = run(lambda x: x[key] * 3.0, [a], mesh, [(PS,) * len(mesh_shape)])
+    expect = np.zeros_like(a)
+    expect[key] = 3.0 * c
+    np.testing.assert_allclose(got, expect, rtol=1e-14, atol=0)
+
+
+def test_a_stepped_slice_of_a_shard_has_a_backward_without_communication():
+    # The forward gathers the picked rows into a Replicate result; its gradient is
+    # written by each rank into its own rows, and the leaf keeps Shard(0).
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.arange(24.0).reshape(8, 3), mesh, [Shard(0)],
+                          requires_grad=True)
+    loss = (x[1::3, ::-1] * 2.0).sum()
+    with CommDebugMode() as mode:
+        loss.backward()
+    assert mode.get_total_counts() == 0
+    expect = np.zeros((8, 3))
+    expect[1::3] = 2.0
+    assert x.grad.placements == (Shard(0),)
+    np.testing.assert_array_equal(x.grad.full_tensor(), expect)
+
+
+def test_a_stepped_slice_used_twice_accumulates():
+    mesh = mesh_of((W,))
+    (a,) = rng_arrays(4, (7, 3))
+    (got,), c = run(lambda x: x[::2] + x[::-2] * x[::2], [a], mesh, [(Shard(0),)])
+    expect = np.zeros_like(a)
+    expect[::2] += c * (1 + a[::-2])
+    expect[::-2] += c * a[::2]
+    np.testing.assert_allclose(got, expect, rtol=1e-13)
+
+
+def test_advanced_indexing_in_grad_mode_is_refused_at_the_forward():
+    # Its backward (a scatter-add) does not exist: refused where it is called, not
+    # in the middle of a later backward.
+    mesh = mesh_of((W,))
+    w = distribute_tensor(np.ones((4, 2)), mesh, [Shard(0)], requires_grad=True)
+    with pytest.raises(NotImplementedError, match="no_grad"):
+        w[[0, 2]]
+    with pytest.raises(NotImplementedError, match="no_grad"):
+        w[np.array([True, False, True, False])]
+    with mt.no_grad():
+        assert w[[0, 2]].shape == (2, 2)
+
+
+# -- tensordot, inner, outer -------------------------------------------------------------
+
+TENSORDOT = [
+    ((3, 5), (5, 4), 1),
+    ((3, 4, 5), (4, 5, 2), 2),
+    ((3, 4, 5), (5, 2, 3), ((0, 2), (2, 0))),
+    ((5, 3), (3, 5), ([1, 0], [0, 1])),
+    ((4, 3), (2,), 0),
+    ((3, 5), (3, 5), 2),
+    ((7,), (7,), ((-1,), (-1,))),
+]
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("sa,sb,axes", TENSORDOT, ids=str)
+def test_tensordot_matches_finite_differences(mesh_shape, sa, sb, axes):
+    mesh = mesh_of(mesh_shape)
+    for j, pls in enumerate(layouts(mesh_shape, [len(sa), len(sb)])):
+        arrays = rng_arrays(10 + j, sa, sb)
+        for call in (lambda x, y: np.tensordot(x, y, axes),
+                     lambda x, y: np.tensordot(x, y, axes=axes)):
+            grads, c = run(call, arrays, mesh, pls)
+            expect = numeric(lambda p, q: np.tensordot(p, q, axes), arrays, c)
+            for got, e in zip(grads, expect):
+                np.testing.assert_allclose(got, e, rtol=1e-7, atol=1e-8, err_msg=str(pls))
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("sa,sb", [((5,), (5,)), ((3, 5), (4, 5)), ((2, 3, 4), (4,)),
+                                   ((7,), (2, 7))], ids=str)
+def test_inner_matches_finite_differences(mesh_shape, sa, sb):
+    mesh = mesh_of(mesh_shape)
+    for j, pls in enumerate(layouts(mesh_shape, [len(sa), len(sb)])):
+        arrays = rng_arrays(20 + j, sa, sb)
+        grads, c = run(np.inner, arrays, mesh, pls)
+        for got, e in zip(grads, numeric(np.inner, arrays, c)):
+            np.testing.assert_allclose(got, e, rtol=1e-7, atol=1e-8, err_msg=str(pls))
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("sa,sb", [((5,), (3,)), ((7,), (7,)), ((1,), (6,))], ids=str)
+def test_outer_matches_finite_differences(mesh_shape, sa, sb):
+    mesh = mesh_of(mesh_shape)
+    for j, pls in enumerate(layouts(mesh_shape, [1, 1])):
+        arrays = rng_arrays(30 + j, sa, sb)
+        grads, c = run(np.outer, arrays, mesh, pls)
+        for got, e in zip(grads, numeric(np.outer, arrays, c)):
+            np.testing.assert_allclose(got, e, rtol=1e-7, atol=1e-8, err_msg=str(pls))
+
+
+def test_the_same_operand_twice_gets_both_gradients():
+    mesh = mesh_of((W,))
+    (a,) = rng_arrays(40, (5, 3))
+    # Each program runs on DTensors and, for the reference, on the full ndarray.
+    for prog in (lambda x: np.tensordot(x, x, ([0], [0])), lambda x: np.inner(x, x),
+                 lambda x: np.outer(x[:, 0], x[:, 0])):
+        (got,), c = run(prog, [a], mesh, [(Shard(0),)])
+        (expect,) = numeric(prog, [a], c)
+        np.testing.assert_allclose(got, expect, rtol=1e-7, atol=1e-8)
+
+
+# -- prod --------------------------------------------------------------------------------
+
+def prod_reference(a, axis, keepdims):
+    """d prod / d a: for each element, the product of the other elements of its lane
+    (the element set to 1), exact with zeros."""
+    g = np.empty_like(a)
+    axes = tuple(range(a.ndim)) if axis is None else (axis if isinstance(axis, tuple)
+                                                     else (axis,))
+    axes = tuple(d % a.ndim for d in axes)
+    for idx in np.ndindex(a.shape):
+        lane = tuple(slice(None) if d in axes else i for d, i in enumerate(idx))
+        b = a.copy()
+        b[idx] = 1.0
+        g[idx] = np.prod(b[lane])
+    return g
+
+
+def with_zeros(shape, seed, where):
+    a = np.random.default_rng(seed).uniform(0.5, 1.5, size=shape)
+    for idx in where:
+        a[idx] = 0.0
+    return a
+
+
+# No zero; a single zero in a lane; two zeros in one lane and one in another; a lane
+# of zeros.
+ZEROS = [(), ((1, 2),), ((0, 1), (3, 1), (2, 4)), ((2, 0), (2, 1), (2, 2), (2, 3), (2, 4),
+                                                    (0, 0), (1, 0), (3, 0), (4, 0))]
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 1)], ids=str)
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("zeros", range(len(ZEROS)))
+def test_prod_gradient_is_the_product_of_the_others(mesh_shape, axis, keepdims, zeros):
+    mesh = mesh_of(mesh_shape)
+    a = with_zeros((5, 5), zeros, ZEROS[zeros])
+    expect = prod_reference(a, axis, keepdims)
+    for j, (pl,) in enumerate(layouts(mesh_shape, [2])):
+        for f in (lambda x: np.prod(x, axis=axis, keepdims=keepdims),
+                  lambda x: x.prod(axis=axis, keepdims=keepdims),
+                  lambda x: np.prod(x, axis, None, None, keepdims)):
+            (got,), c = run(f, [a], mesh, [pl])
+            c = np.broadcast_to(c.reshape(np.prod(a, axis=axis, keepdims=True).shape),
+                                a.shape)
+            np.testing.assert_allclose(got, c * expect, rtol=1e-13, atol=0,
+                                       err_msg=str(pl))
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+def test_prod_in_a_chain_and_over_uneven_shards(mesh_shape):
+    mesh = mesh_of(mesh_shape)
+    for j, (pl,) in enumerate(layouts(mesh_shape, [3])):
+        a = with_zeros((3, 7, 2), 60 + j, [(1, 3, 0), (1, 5, 0), (2, 6, 1)])
+
+        def f(x):
+            return np.tanh(x * 0.5).prod(axis=1) * 2.0
+        grads, c = run(f, [a], mesh, [pl])
+        (expect,) = numeric(f, [a], c)
+        np.testing.assert_allclose(grads[0], expect, rtol=1e-6, atol=1e-8, err_msg=str(pl))
+
+
+def test_prod_over_a_sharded_axis_reduces_the_product_and_the_count_once_each():
+    # The lane's zero count and product of nonzeros are all the backward moves; with
+    # the forward's all-reduce that makes as many collectives as torch DTensor's
+    # prod, which gathers the whole input for its backward.
+    mesh = mesh_of((W,))
+    a = with_zeros((2 * W, 3), 71, [(1, 1)])
+    x = distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
+    loss = x.prod() * 2.0
+    with CommDebugMode() as mode:
+        loss.backward()
+    assert dict(mode.get_comm_counts()) == ({"all_reduce": 2} if W > 1 else {})
+    np.testing.assert_allclose(x.grad.full_tensor(), 2.0 * prod_reference(a, None, False),
+                               rtol=1e-13)
+
+
+def test_prod_of_a_float32_input_with_a_float64_result_gets_a_float32_gradient():
+    mesh = mesh_of((W,))
+    a = with_zeros((4, 3), 70, [(2, 1)]).astype(np.float32)
+    x = distribute_tensor(a, mesh, [Shard(0)], requires_grad=True)
+    y = np.prod(x, axis=0, dtype=np.float64)
+    assert y.dtype == np.float64
+    y.sum().backward()
+    assert x.grad.dtype == np.float32
+    np.testing.assert_allclose(x.grad.full_tensor(), prod_reference(a.astype(np.float64),
+                                                                     0, False), rtol=1e-6)
+
+
+# -- against torch (skipped without it) --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tmesh():
+    pytest.importorskip("torch")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch_helpers import init_gloo
+
+    init_gloo()
+    return init_device_mesh("cpu", (W,))
+
+
+def torch_grads(f, arrays, tmesh, pls, c):
+    """The leaves' gradients of ``sum(c * f(*leaves))`` under torch DTensor, gathered;
+    None where torch refuses to flatten an uneven shard (its tensordot and prod
+    reshape their operands), which every rank sees alike."""
+    import torch
+    from torch.distributed import tensor as td
+    from torch_helpers import torch_placements
+
+    xs = [td.distribute_tensor(torch.tensor(a), tmesh, torch_placements(p)).requires_grad_()
+          for a, p in zip(arrays, pls)]
+    try:
+        y = f(*xs)
+        tc = td.distribute_tensor(torch.tensor(c), tmesh, [td.Replicate()])
+        (y * tc).sum().backward()
+    except RuntimeError as e:
+        if "unevenly sharded" in str(e):
+            return None
+        raise
+    return [x.grad.full_tensor().numpy() for x in xs]
+
+
+# torch's slices step forward only.
+TORCH_STEPPED = [np.s_[::2], np.s_[1:7:3, ::2], np.s_[1::3, 1], np.s_[None, 2::2, ..., 1::3],
+                 np.s_[3, ::4]]
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (8, 4)], ids=str)
+@pytest.mark.parametrize("key", TORCH_STEPPED, ids=str)
+def test_stepped_slices_equal_torch(tmesh, shape, key):
+    mesh = mesh_of((W,))
+    for j, pl in enumerate([(Shard(0),), (Shard(1),), (R,)]):
+        (a,) = rng_arrays(80 + j, shape)
+        (got,), c = run(lambda x: x[key] * 2.0, [a], mesh, [pl])
+        (theirs,) = torch_grads(lambda x: x[key] * 2.0, [a], tmesh, [pl], c)
+        np.testing.assert_allclose(got, theirs, rtol=1e-12, atol=1e-12, err_msg=str(pl))
+
+
+@pytest.mark.parametrize("case", ["tensordot1", "tensordot2", "tensordot0", "inner",
+                                  "inner_nd", "outer"])
+def test_tensordot_inner_outer_equal_torch(tmesh, case):
+    import torch
+
+    shapes, ours, theirs = {
+        "tensordot1": (((3, 5), (5, 4)), lambda x, y: np.tensordot(x, y, 1),
+                       lambda x, y: torch.tensordot(x, y, dims=1)),
+        "tensordot2": (((3, 4, 5), (4, 5, 2)), lambda x, y: np.tensordot(x, y, axes=2),
+                       lambda x, y: torch.tensordot(x, y, dims=2)),
+        "tensordot0": (((4, 3), (5,)), lambda x, y: np.tensordot(x, y, 0),
+                       lambda x, y: torch.tensordot(x, y, dims=0)),
+        "inner": (((7,), (7,)), np.inner, torch.inner),
+        "inner_nd": (((3, 5), (2, 4, 5)), np.inner, torch.inner),
+        "outer": (((5,), (7,)), np.outer, torch.outer),
+    }[case]
+    mesh = mesh_of((W,))
+    compared = 0
+    for j, pls in enumerate(layouts((W,), [len(s) for s in shapes])):
+        pls = [plain(p) for p in pls]  # torch's leaves are not Partial
+        arrays = rng_arrays(90 + j, *shapes)
+        got, c = run(ours, arrays, mesh, pls)
+        expect = torch_grads(theirs, arrays, tmesh, pls, c)
+        compared += expect is not None
+        for i, (g, t) in enumerate(zip(got, expect or ())):
+            np.testing.assert_allclose(g, t, rtol=1e-12, atol=1e-12, err_msg=f"{pls} {i}")
+    assert compared
+
+
+@pytest.mark.parametrize("zeros", range(len(ZEROS)))
+def test_prod_of_everything_equals_torch(tmesh, zeros):
+    mesh = mesh_of((W,))
+    a = with_zeros((4, 5), zeros, [z for z in ZEROS[zeros] if z[0] < 4])
+    compared = 0
+    for pl in [(Shard(0),), (Shard(1),), (R,)]:
+        (got,), c = run(lambda x: x.prod(), [a], mesh, [pl])
+        expect = torch_grads(lambda x: x.prod(), [a], tmesh, [pl], c)
+        compared += expect is not None
+        for theirs in expect or ():
+            np.testing.assert_allclose(got, theirs, rtol=1e-12, atol=1e-12, err_msg=str(pl))
+    assert compared
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1], ids=str)
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("zeros", range(len(ZEROS)))
+def test_prod_over_an_axis_equals_torch_on_the_full_tensor(tmesh, axis, keepdims, zeros):
+    # torch DTensor's prod(dim) backward fails (its safe-zeros path concatenates a
+    # plain tensor with a DTensor): the reference is torch's backward on the full
+    # tensor.
+    import torch
+
+    mesh = mesh_of((W,))
+    a = with_zeros((5, 5), zeros, ZEROS[zeros])
+    for j, (pl,) in enumerate(layouts((W,), [2])):
+        (got,), c = run(lambda x: np.prod(x, axis=axis, keepdims=keepdims), [a], mesh, [pl])
+        t = torch.tensor(a, requires_grad=True)
+        (t.prod(dim=axis, keepdim=keepdims) * torch.tensor(c)).sum().backward()
+        np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-12, atol=1e-12,
+                                   err_msg=str(pl))
