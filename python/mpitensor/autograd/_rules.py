@@ -161,6 +161,16 @@ def _headed(x):
     return x if type(x) is DTensor else None
 
 
+def _toward(x, compute):
+    """``compute()`` with its operations decided knowing their output goes to the
+    placements of input ``x``'s gradient next (:func:`_headed`)."""
+    was = _modes.set_want(_headed(x))
+    try:
+        return compute()
+    finally:
+        _modes.set_want(was)
+
+
 def _ufunc_grads(grads, g, ops, out, need, inputs=None):
     """Each wanted operand's gradient, made where it goes next: the operations of
     operand i's gradient are decided knowing their output moves to ``inputs[i]``'s
@@ -174,11 +184,8 @@ def _ufunc_grads(grads, g, ops, out, need, inputs=None):
         if not n:
             res.append(None)
             continue
-        was = _modes.set_want(_headed(targets[i]))
-        try:
-            gx = grads(g, ops, out, tuple(j == i for j in range(len(need))))[i]
-        finally:
-            _modes.set_want(was)
+        only = tuple(j == i for j in range(len(need)))
+        gx = _toward(targets[i], lambda: grads(g, ops, out, only)[i])
         res.append(_fit(gx, x))
     return tuple(res)
 
@@ -227,21 +234,12 @@ def _matmul_grads(g, a, b, out, need=None, targets=None):
     g1 = g.reshape(batch + (a1.shape[-2], b1.shape[-1])) if (a.ndim == 1 or b.ndim == 1) else g
     ga = gb = None
     if need[0]:
-        bt = _swap(b1)
-        # The product is made where a's gradient goes: a's input as recorded.
-        was = _modes.set_want(_headed(a if targets is None else targets[0]))
-        try:
-            ga = _fit(g1 @ bt, a1)
-        finally:
-            _modes.set_want(was)
+        bt = _swap(b1)  # outside: only the product is made where a's gradient goes
+        ga = _fit(_toward(a if targets is None else targets[0], lambda: g1 @ bt), a1)
         ga = ga if a.ndim > 1 else ga.reshape(a.shape)
     if need[1]:
         at = _swap(a1)
-        was = _modes.set_want(_headed(b if targets is None else targets[1]))
-        try:
-            gb = _fit(at @ g1, b1)
-        finally:
-            _modes.set_want(was)
+        gb = _fit(_toward(b if targets is None else targets[1], lambda: at @ g1), b1)
         gb = gb if b.ndim > 1 else gb.reshape(b.shape)
     return ga, gb
 
@@ -289,12 +287,9 @@ def _einsum_grads(g, subscripts, ops, targets):
         others = [outs] + [t for j, t in enumerate(ins) if j != i]
         avail = set("".join(others))
         keep = "".join(c for c in s if c in avail)
-        was = _modes.set_want(_headed(targets[i]))
-        try:
-            gx = np.einsum(",".join(others) + "->" + keep, g,
-                           *(y for j, y in enumerate(ops) if j != i))
-        finally:
-            _modes.set_want(was)
+        rest = [y for j, y in enumerate(ops) if j != i]
+        gx = _toward(targets[i],
+                     lambda: np.einsum(",".join(others) + "->" + keep, g, *rest))
         if keep != s:
             gx = np.broadcast_to(gx.reshape(tuple(
                 n if c in avail else 1 for c, n in zip(s, x.shape))), x.shape)
