@@ -128,6 +128,9 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   if (bw == NULL && PyErr_Occurred()) return NULL;
   PyObject *name = bw != NULL ? PyTuple_GET_ITEM(bw, 0) : NULL;
   PyObject *backward = bw != NULL ? PyTuple_GET_ITEM(bw, 1) : Py_None;
+  /* True: the entry is composed of operations that record themselves, so it runs
+   * with grad mode on and needs no node of its own. */
+  if (backward == Py_True) return call_entry(d, func, args, kwargs);
   /* An optional third entry says whether this call has a rule (a diagonal einsum
    * or an advanced index do not). */
   if (bw != NULL && backward != Py_None && PyTuple_GET_SIZE(bw) > 2) {

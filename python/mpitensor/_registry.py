@@ -11,7 +11,9 @@ it, never a silent gather.
 
 ``backwards`` holds the backward of each registered function (mpitensor.autograd
 fills it): function -> (name, backward(grad, node, output)), with None as the
-backward of a function that writes in place (its name is then the message's).
+backward of a function that writes in place (its name is then the message's),
+and True for one composed of operations that record themselves
+(``np.linalg.norm``).
 The executor records a call with it when grad mode is on and an argument
 requires grad.
 

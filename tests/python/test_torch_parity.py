@@ -164,13 +164,17 @@ def _prod(a):
 
 
 def _rules_cases(singles) -> list:
-    """tensordot, inner, outer and prod of everything, on even shapes: torch's
-    flatten them and refuses an uneven shard."""
+    """tensordot, inner, outer and prod of everything, on even shapes (torch's
+    flatten them and refuses an uneven shard), and the norm of everything."""
     out = [Case("rules", "prod", (EVEN,), (a,), _prod, _prod) for a in singles]
     out += [Case("rules", name, (EVEN, EVEN), (a, b), fo, ft)
             for name, fo, ft in (("tensordot", _tensordot, _torch_tensordot),
                                  ("inner", np.inner, torch.inner))
             for a in singles for b in singles]
+    # torch 2.13's norm backward refuses a Partial input (its masked_fill_ has no
+    # strategy for one).
+    out += [Case("rules", "norm", (shape,), (a,), np.linalg.norm, torch.linalg.norm)
+            for shape in (EVEN, UNEVEN) for a in singles if "Psum" not in a]
     flat = [a for a in singles if "S1" not in a]
     out += [Case("rules", "outer", ((8,), (8,)), (a, b), np.outer, torch.outer)
             for a in flat for b in flat]

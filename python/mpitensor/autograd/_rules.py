@@ -622,6 +622,59 @@ def _tile(g, node, out):
     return (summed.reshape(a.shape),)
 
 
+def _flip(g, node, out):
+    b = _bind(node, ("m", "axis"), axis=None)
+    return (np.flip(g, b["axis"]),)
+
+
+def _roll(g, node, out):
+    """The gradient rolled back: by minus each shift, along the same axes."""
+    b = _bind(node, ("a", "shift", "axis"), axis=None)
+    shift = b["shift"]
+    back = tuple(-int(s) for s in shift) if np.ndim(shift) else -int(shift)
+    return (np.roll(g, back, b["axis"]),)
+
+
+def _cumsum(g, node, out):
+    """Each element's gradient is the sum of the output gradient from it to the
+    end: a cumulative sum of the flipped gradient, flipped back (over the
+    flattened input when ``axis`` is None)."""
+    b = _bind(node, ("a", "axis"), axis=None)
+    a = b["a"]
+    if b["axis"] is None:
+        g, ax = g.reshape(-1), 0
+    else:
+        ax = normalize_axis_index(operator.index(b["axis"]), a.ndim)
+    gx = np.flip(np.cumsum(np.flip(g, ax), axis=ax), ax)
+    return (_fit(gx.reshape(a.shape), a),)
+
+
+def _diff(g, node, out):
+    """np.diff of order n is n first differences; the gradient of one,
+    ``y[i] = x[i + 1] - x[i]``, is ``g`` shifted one place up minus ``g``, each
+    padded with a zero. A prepended or appended scalar (all the forward takes on
+    DTensors) takes its place of it away."""
+    b = _bind(node, ("a", "n", "axis", "prepend", "append"), n=1, axis=-1,
+              prepend=np._NoValue, append=np._NoValue)
+    a = b["a"]
+    ax = normalize_axis_index(operator.index(b["axis"]), a.ndim)
+    for _ in range(operator.index(b["n"])):
+        g = _pad_along(g, ax, 1, 0) - _pad_along(g, ax, 0, 1)
+    if g.shape[ax] != a.shape[ax]:
+        lo = 0 if b["prepend"] is np._NoValue else 1
+        g = g[(slice(None),) * ax + (slice(lo, lo + a.shape[ax]),)]
+    return (_fit(g, a),)
+
+
+def _atleast(g, node, out):
+    """np.atleast_*d only adds dims of length 1: the gradient reshaped back. Given
+    several arrays it gives one output each (node.aux: (kwargs, its index))."""
+    if len(node.saved) == 1:
+        return (g.reshape(node.saved[0].shape),)
+    i = node.aux[1]
+    return tuple(g.reshape(a.shape) if k == i else None for k, a in enumerate(node.saved))
+
+
 def _identity(g, node, out):
     return (g,)
 
@@ -668,6 +721,14 @@ _FUNCTIONS = {
     np.ravel: ("ravel", _reshape_back, _order_c(1)),
     np.broadcast_to: ("broadcast_to", _broadcast_to),
     np.tile: ("tile", _tile),
+    np.flip: ("flip", _flip),
+    np.roll: ("roll", _roll),
+    np.cumsum: ("cumsum", _cumsum),
+    np.diff: ("diff", _diff),
+    np.linalg.norm: ("norm", True),
+    np.atleast_1d: ("atleast_1d", _atleast),
+    np.atleast_2d: ("atleast_2d", _atleast),
+    np.atleast_3d: ("atleast_3d", _atleast),
     np.copy: ("copy", _identity),
     np.ndarray.astype: ("astype", _astype),
 }
