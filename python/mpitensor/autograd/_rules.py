@@ -10,7 +10,8 @@ Each rule is registered once, at import, where the executor records with it:
   arguments; the node's inputs are the positional arguments with lists and tuples
   flattened once, and the rule returns one gradient per input. An optional third
   entry, ``supports(args, kwargs)``, says whether the call has a rule (a diagonal
-  einsum, an advanced index do not).
+  einsum, an advanced index do not). ``True`` as the backward says the function
+  is composed of operations that record themselves (``np.linalg.norm``).
 
 A rule is ``backward(grad, node, output)``. It computes the gradients with DTensor
 operations, so they run through the same executor as the forward: their
