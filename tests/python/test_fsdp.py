@@ -20,7 +20,7 @@ import mpitensor as mt
 from mpitensor import DTensor, Replicate, Shard, nn
 from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import local_mesh
-from mpitensor.fsdp import FSDPModule, fully_shard
+from mpitensor.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 from mpitensor.parallel import (
     ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module)
 from tp_models import MLP
@@ -86,6 +86,29 @@ def test_parameters_shard_dim0_unevenly(mesh):
         rows = -(-q.shape[0] // W)
         r = mesh.get_local_rank()
         assert p.to_local().shape[0] == max(0, min(q.shape[0] - r * rows, rows))
+
+
+def test_cpu_offload_runs_alike(mesh):
+    """Every array is in host memory already: torch's CPUOffloadPolicy changes
+    neither the gradients nor the collectives."""
+    runs = {}
+    for policy in (OffloadPolicy(), CPUOffloadPolicy(), CPUOffloadPolicy(pin_memory=False)):
+        m = sharded_mlp(mesh, offload_policy=policy)
+        with CommDebugMode() as comm:
+            loss_of(m, *batch(mesh)).backward()
+        runs[policy] = ({n: p.grad.to_local() for n, p in m.named_parameters()},
+                        comm.get_comm_counts())
+    (grads, counts), *others = runs.values()
+    for g, c in others:
+        assert c == counts
+        for name in grads:
+            np.testing.assert_array_equal(g[name], grads[name], err_msg=name)
+
+
+def test_offload_policy_of_another_type_raises_everywhere(mesh):
+    policy = "cpu" if mesh.get_local_rank() == 0 else CPUOffloadPolicy()
+    with pytest.raises(TypeError, match="offload_policy must be an OffloadPolicy"):
+        fully_shard(MLP(), mesh=mesh, offload_policy=policy)
 
 
 def test_gradients_equal_one_rank(mesh):

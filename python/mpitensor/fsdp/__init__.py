@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from ._fully_shard import FSDPModule, UnshardHandle, fully_shard
 from ._mixed_precision import MixedPrecisionPolicy
+from ._offload import CPUOffloadPolicy, OffloadPolicy
 from ._two_d import enable_2d_with_fsdp, is_2d_enabled
 
 __all__ = ["fully_shard", "FSDPModule", "UnshardHandle", "MixedPrecisionPolicy",
+           "OffloadPolicy", "CPUOffloadPolicy",
            "enable_2d_with_fsdp", "is_2d_enabled"]

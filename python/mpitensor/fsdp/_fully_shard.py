@@ -74,6 +74,7 @@ from ..device_mesh import DeviceMesh, local_mesh
 from ..nn.module import Module
 from ..placement_types import Partial, Replicate, Shard
 from ._mixed_precision import MixedPrecisionPolicy, cast_floats, group_problem, policy_problem
+from ._offload import OffloadPolicy
 
 __all__ = ["fully_shard", "FSDPModule", "UnshardHandle"]
 
@@ -260,7 +261,8 @@ def _fsdp_class(cls):
 
 def fully_shard(module, *, mesh: DeviceMesh | None = None,
                 reshard_after_forward: bool | int = True,
-                mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy()):
+                mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+                offload_policy: OffloadPolicy = OffloadPolicy()):
     """Shard ``module``'s parameters over the data-parallel mesh, as torch's FSDP2
     ``fully_shard``: call it on submodules (such as each transformer block) first,
     then on the root. Returns the module, whose class now also derives from
@@ -286,6 +288,10 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     and computed in (``param_dtype``), the dtype its gradients are reduce-scattered
     in (``reduce_dtype``), the casts of the forward's inputs and outputs; the
     sharded parameters and their gradients keep their own dtype.
+
+    ``offload_policy``: :class:`OffloadPolicy` or :class:`CPUOffloadPolicy`, as
+    torch's; every array already lives in host memory, so either runs alike
+    (TypeError for anything else).
 
     ``mesh``: the 1-D data-parallel mesh (FSDP), or a 2-D mesh, whatever its dim
     names, read as torch reads it: ``(replicate, shard)`` (HSDP). Each parameter
@@ -329,7 +335,7 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     if "_fsdp_state" in module.__dict__:
         raise ValueError(f"fully_shard: {type(module).__name__} is fully_sharded already")
     mesh = _data_mesh(mesh)
-    state = _State(module, mesh, reshard_after_forward, mp_policy)
+    state = _State(module, mesh, reshard_after_forward, mp_policy, offload_policy)
     for m in module.modules():
         s = m.__dict__.get("_fsdp_state")
         if s is not None and m is not module:
@@ -513,7 +519,7 @@ class _State:
     """A fully_sharded module's group and the hooks that move it."""
 
     def __init__(self, module: Module, mesh: DeviceMesh, reshard_after_forward,
-                 mp_policy: MixedPrecisionPolicy):
+                 mp_policy: MixedPrecisionPolicy, offload_policy: OffloadPolicy):
         # The mesh passed (1-D, or 2-D for HSDP), the one the group is gathered and
         # reduce-scattered over, and with HSDP the one its gradients are all-reduced
         # over.
@@ -546,8 +552,13 @@ class _State:
                     f"dtype: fully_shard the submodules of each dtype apart")
         except ValueError as e:
             self.params, problem = [], str(e)
+        error = ValueError
+        if not isinstance(offload_policy, OffloadPolicy):
+            problem, error = (f"fully_shard: offload_policy must be an OffloadPolicy or "
+                              f"CPUOffloadPolicy, got {type(offload_policy).__name__}",
+                              TypeError)
         self.dtype = self.params[0].dtype if self.params else np.dtype(np.float64)
-        self._agree(mp_policy, after, problem)
+        self._agree(mp_policy, after, problem, error)
         _serials[mesh] = self.serial = _serials.get(mesh, 0) + 1
         self.reshard_after_forward = bool(after)
         # made after the agreement: its creation is collective
@@ -563,7 +574,8 @@ class _State:
             for m, name in p.where:
                 m._parameters[name] = p.sharded
 
-    def _agree(self, mp, reshard_after_forward, problem: str | None) -> None:
+    def _agree(self, mp, reshard_after_forward, problem: str | None,
+               error: type = ValueError) -> None:
         """One small all-reduce over the mesh: every rank raises when one failed a
         check, or when the ranks' policies, ``reshard_after_forward`` or
         parameters (names, shapes, dtypes) differ, since the group's collectives
@@ -576,7 +588,7 @@ class _State:
                  problem or f"fully_shard: the ranks passed different mp_policy, "
                             f"reshard_after_forward or parameters (names, shapes, dtypes) "
                             f"of {name}",
-                 TypeError if not isinstance(mp, MixedPrecisionPolicy) else ValueError)
+                 TypeError if not isinstance(mp, MixedPrecisionPolicy) else error)
 
     def _mixed_precision(self, mp: MixedPrecisionPolicy) -> None:
         """The dtypes the group is gathered (and computed) and reduced in, as torch's
