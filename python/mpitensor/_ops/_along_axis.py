@@ -343,10 +343,7 @@ def _vector_fft(name, a, inverse, norm):
     cols = D.relayout(name, rows, layout(1)).to_local()
     if member:
         f = one(cols, axis=0, norm=norm)
-        c = mesh.get_coordinate()[m]
-        k1 = np.arange(n1, dtype=np.int64)[:, None]
-        j2 = np.arange(c * (n2 // p), (c + 1) * (n2 // p), dtype=np.int64)[None, :]
-        f *= np.exp(sign * 2j * np.pi * ((k1 * j2) % n) / n).astype(f.dtype)
+        f *= _twiddles(n1, n2, p, mesh.get_coordinate()[m], sign, f.dtype)
     else:
         f = np.empty((0, n2 // p), work)
     back = D.relayout(name, matrix(f, (n1, n2), layout(1)), layout(0)).to_local()
@@ -357,6 +354,29 @@ def _vector_fft(name, a, inverse, norm):
     if _modes.state.tracing:
         _trace.local(name, [a], pls)
     return DTensor(out, DTensorSpec(mesh, pls, (n,), out.dtype, contiguous_strides((n,))))
+
+
+# (n1, n2, p, coordinate, sign, dtype) -> this rank's twiddle factors. Computing
+# them costs a complex exp per element, as much as the transforms themselves, and a
+# program transforms the same length again and again; a few lengths are kept.
+_TWIDDLES: dict = {}
+_TWIDDLES_KEPT = 4
+
+
+def _twiddles(n1, n2, p, c, sign, dtype):
+    """exp(sign 2 pi i k1 j2 / n) for k1 < n1 and this rank's columns j2 of n2."""
+    key = (n1, n2, p, c, sign, np.dtype(dtype))
+    t = _TWIDDLES.pop(key, None)
+    if t is None:
+        n = n1 * n2
+        k1 = np.arange(n1, dtype=np.int64)[:, None]
+        j2 = np.arange(c * (n2 // p), (c + 1) * (n2 // p), dtype=np.int64)[None, :]
+        t = np.exp(sign * 2j * np.pi * ((k1 * j2) % n) / n).astype(dtype)
+        t.flags.writeable = False
+        while len(_TWIDDLES) >= _TWIDDLES_KEPT:
+            del _TWIDDLES[next(iter(_TWIDDLES))]
+    _TWIDDLES[key] = t
+    return t
 
 
 def _vector_fft_fits(a, axes, n) -> bool:
