@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import mpitensor as mt
 from mpitensor import Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from grad_helpers import PS, R, layouts, numeric, plain, rng_arrays, run, torch_grads
@@ -91,17 +90,67 @@ def test_a_stepped_slice_used_twice_accumulates():
     np.testing.assert_allclose(got, expect, rtol=1e-13)
 
 
-def test_advanced_indexing_in_grad_mode_is_refused_at_the_forward():
-    # Its backward (a scatter-add) does not exist: refused where it is called, not
-    # in the middle of a later backward.
+# -- advanced indexing ---------------------------------------------------------------------
+
+TAKES = [[0, 2], [3, 0, 3, 3], [-1, 1, 0, 5, 6, 2, 4], np.array([], np.int64), np.array([4, 4, 1])]
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("shape", [(7, 3), (8, 2)], ids=str)
+@pytest.mark.parametrize("key", range(len(TAKES)))
+def test_an_integer_array_adds_the_gradient_rows_in(mesh_shape, shape, key):
+    idx = TAKES[key]
+    mesh = mesh_of(mesh_shape)
+    for j, pls in enumerate(layouts(mesh_shape, [len(shape)])):
+        arrays = rng_arrays(50 + j, shape)
+        (got,), c = run(lambda x: x[idx], arrays, mesh, pls)
+        expect = np.zeros(shape)
+        np.add.at(expect, np.asarray(idx, np.int64), c)
+        np.testing.assert_allclose(got, expect, rtol=1e-12, atol=1e-12, err_msg=str(pls))
+
+
+def masks(shape):
+    rng = np.random.default_rng(sum(shape))
+    return [rng.random(shape[:1]) > 0.4, rng.random(shape) > 0.5,
+            np.zeros(shape[:1], bool), np.ones(shape, bool)]
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+@pytest.mark.parametrize("shape", [(7, 3), (8, 2)], ids=str)
+@pytest.mark.parametrize("which", range(4))
+@pytest.mark.parametrize("as_dtensor", [False, True], ids=["ndarray", "dtensor"])
+def test_a_boolean_mask_writes_the_gradient_where_it_picked(mesh_shape, shape, which,
+                                                            as_dtensor):
+    mask = masks(shape)[which]
+    mesh = mesh_of(mesh_shape)
+    for j, pls in enumerate(layouts(mesh_shape, [len(shape)])):
+        key = (distribute_tensor(mask, mesh, [R] * mesh.ndim, src_data_rank=None)
+               if as_dtensor else mask)
+        arrays = rng_arrays(70 + j, shape)
+        (got,), c = run(lambda x: x[key], arrays, mesh, pls)
+        expect = np.zeros(shape)
+        expect[mask] = c
+        np.testing.assert_allclose(got, expect, rtol=1e-12, atol=1e-12, err_msg=str(pls))
+
+
+def test_the_backward_of_an_integer_array_reverses_the_forwards_exchange():
+    """Shard(0) rows picked by an index list: the forward sends each picked row to
+    its output shard and the backward sends each gradient row back, one exchange
+    of variable parts each way (the counts, then the rows), never the whole array."""
     mesh = mesh_of((W,))
-    w = distribute_tensor(np.ones((4, 2)), mesh, [Shard(0)], requires_grad=True)
-    with pytest.raises(NotImplementedError, match="no_grad"):
-        w[[0, 2]]
-    with pytest.raises(NotImplementedError, match="no_grad"):
-        w[np.array([True, False, True, False])]
-    with mt.no_grad():
-        assert w[[0, 2]].shape == (2, 2)
+    w = distribute_tensor(np.arange(16.0).reshape(8, 2), mesh, [Shard(0)],
+                          requires_grad=True)
+    with CommDebugMode() as comm:
+        y = w[[7, 0, 7, 3]]
+    forward = comm.get_total_counts()
+    with CommDebugMode() as comm:
+        y.sum().backward()
+    assert comm.get_total_counts() == forward
+    assert w.grad.placements == (Shard(0),)
+    expect = np.zeros((8, 2))
+    expect[[0, 3]] = 1.0
+    expect[7] = 2.0
+    np.testing.assert_array_equal(w.grad.full_tensor(), expect)
 
 
 # -- tensordot, inner, outer -------------------------------------------------------------
@@ -342,3 +391,19 @@ def test_prod_over_an_axis_equals_torch_on_the_full_tensor(tmesh, axis, keepdims
         (t.prod(dim=axis, keepdim=keepdims) * torch.tensor(c)).sum().backward()
         np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-12, atol=1e-12,
                                    err_msg=str(pl))
+
+
+# torch 2.13 refuses a boolean mask on a DTensor (its output shape is data-dependent).
+@pytest.mark.parametrize("shape", [(7, 3), (8, 2)], ids=str)
+def test_an_integer_array_equals_torch(tmesh, shape):
+    import torch
+    from torch.distributed import tensor as td
+
+    mesh = mesh_of((W,))
+    key = [3, 0, 3, 6]
+    tkey = td.distribute_tensor(torch.tensor(key), tmesh, [td.Replicate()])
+    for j, pl in enumerate([(Shard(0),), (Shard(1),), (R,)]):
+        (a,) = rng_arrays(90 + j, shape)
+        (got,), c = run(lambda x: x[key], [a], mesh, [pl])
+        (theirs,) = torch_grads(lambda x: x[tkey], [a], tmesh, [pl], c)
+        np.testing.assert_allclose(got, theirs, rtol=1e-12, atol=1e-12, err_msg=str(pl))

@@ -32,7 +32,7 @@ from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 
-__all__ = ["is_advanced", "getitem_mask", "getitem_take"]
+__all__ = ["is_advanced", "getitem_mask", "getitem_take", "mask_grad", "take_grad"]
 
 
 def is_advanced(key) -> str | None:
@@ -86,6 +86,51 @@ def _rebalance(name, dt, m, rows, placements, shape):
     return _wrap(mesh, placements, shape, local, dt._spec.dtype)
 
 
+class _MaskPlan:
+    """How ``dt[mask]`` runs (see the module docstring): ``dt`` and this rank's part
+    of the mask in the layout the selection uses, the output's placements, the mesh
+    dim whose ranks' selections are rebalanced (None: none), and the selected count
+    when a plain mask tells it. Collective where the mask or ``dt`` must move."""
+
+    def __init__(self, name, dt, mask):
+        spec = dt._spec
+        mesh = spec.mesh
+        k = mask.ndim
+        if k > len(spec.shape) or tuple(mask.shape) != spec.shape[:k]:
+            raise IndexError(f"boolean index of shape {tuple(mask.shape)} does not match "
+                             f"the DTensor's leading dims {spec.shape[:k]}")
+        m = _row_group(dt)
+        masked = [i for i, p in enumerate(spec.placements)
+                  if p.is_shard() and p.dim < k and mesh.shape[i] > 1]
+        if m is None or m == -1 or any(i != m for i in masked):
+            if masked:
+                dt = D.relayout(name, dt, [Replicate() if i in masked else p
+                                           for i, p in enumerate(spec.placements)])
+                spec = dt._spec
+                m = None
+        mask_pls = tuple(p if p.is_shard() and p.dim < k else Replicate()
+                         for p in spec.placements)
+        if type(mask) is DTensor:
+            if mask._spec.mesh != mesh:
+                raise ValueError(f"{name}: the mask lives on another device mesh")
+            mask = D.relayout(name, mask, mask_pls, records=True)
+            self.local_mask = mask.to_local() if mesh._coordinate is not None else None
+            self.count = None
+        else:
+            self.count = int(np.count_nonzero(mask))
+            self.local_mask = None
+            if mesh._coordinate is not None:
+                lshape, off = local_shape_and_global_offset(mask.shape, mesh.shape,
+                                                            mesh._coordinate, mask_pls)
+                self.local_mask = mask[tuple(slice(o, o + n) for o, n in zip(off, lshape))]
+        # A Shard of a masked dim left here is on a mesh dim of size 1: Replicate.
+        out_pls = [(Shard(p.dim - k + 1) if p.dim >= k else Replicate()) if p.is_shard()
+                   else p for p in spec.placements]
+        if m is not None:
+            out_pls[m] = Shard(0)
+        self.dt, self.m, self.out_pls, self.rest = dt, m, out_pls, spec.shape[k:]
+
+
 def getitem_mask(dt, mask):
     """``dt[mask]`` for a bool mask of ``dt``'s leading dims (see the module
     docstring). Collective on the mesh when a masked dim is sharded.
@@ -93,50 +138,121 @@ def getitem_mask(dt, mask):
     Example: ``dt[dt > 0]`` of a ``[Shard(0)]`` DTensor is ``[Shard(0)]``, 1-D.
     """
     name = "DTensor.__getitem__ (boolean mask)"
+    plan = _MaskPlan(name, dt, mask)
+    dt, m, out_pls, rest = plan.dt, plan.m, plan.out_pls, plan.rest
     spec = dt._spec
     mesh = spec.mesh
-    k = mask.ndim
-    if k > len(spec.shape) or tuple(mask.shape) != spec.shape[:k]:
-        raise IndexError(f"boolean index of shape {tuple(mask.shape)} does not match "
-                         f"the DTensor's leading dims {spec.shape[:k]}")
-    m = _row_group(dt)
-    masked = [i for i, p in enumerate(spec.placements)
-              if p.is_shard() and p.dim < k and mesh.shape[i] > 1]
-    if m is None or m == -1 or any(i != m for i in masked):
-        if masked:
-            dt = D.relayout(name, dt, [Replicate() if i in masked else p
-                                       for i, p in enumerate(spec.placements)])
-            spec = dt._spec
-            m = None
-    mask_pls = tuple(p if p.is_shard() and p.dim < k else Replicate()
-                     for p in spec.placements)
-    if type(mask) is DTensor:
-        if mask._spec.mesh != mesh:
-            raise ValueError(f"{name}: the mask lives on another device mesh")
-        mask = D.relayout(name, mask, mask_pls, records=True)
-        local_mask = mask.to_local() if mesh._coordinate is not None else None
-        count = None
-    else:
-        count = int(np.count_nonzero(mask))
-        local_mask = None
-        if mesh._coordinate is not None:
-            lshape, off = local_shape_and_global_offset(mask.shape, mesh.shape,
-                                                        mesh._coordinate, mask_pls)
-            local_mask = mask[tuple(slice(o, o + n) for o, n in zip(off, lshape))]
-    rest = spec.shape[k:]
-    # A Shard of a masked dim left here is on a mesh dim of size 1: Replicate.
-    out_pls = [(Shard(p.dim - k + 1) if p.dim >= k else Replicate()) if p.is_shard()
-               else p for p in spec.placements]
-    if m is not None:
-        out_pls[m] = Shard(0)
     if mesh._coordinate is None:
-        n = count if count is not None else 0
+        n = plan.count if plan.count is not None else 0
         return _wrap(mesh, out_pls, (n,) + rest, None, spec.dtype)
-    rows = dt.to_local()[local_mask]
+    rows = dt.to_local()[plan.local_mask]
     if m is not None:
         return _rebalance(name, dt, m, rows, out_pls, (0,) + rest)
     # The mask is replicated on every mesh dim: this rank's count is the total.
     return _wrap(mesh, out_pls, (len(rows),) + rest, rows, spec.dtype)
+
+
+def mask_grad(g, dt, mask):
+    """The gradient of ``dt[mask]`` for ``dt``: ``g`` written at the selected
+    elements of zeros of ``dt``'s shape, in ``dt``'s placements. Where the forward
+    rebalanced the rows, one all-to-all of variable parts sends each row of ``g``
+    back to the rank that selected it. Collective where the forward was.
+
+    Example: ``mask_grad(g, x, x.full_tensor() > 0)``.
+    """
+    name = "the backward of DTensor.__getitem__ (boolean mask)"
+    plan = _MaskPlan(name, dt, mask)
+    src, m = plan.dt, plan.m
+    spec = src._spec
+    mesh = spec.mesh
+    g = D.relayout(name, g, _plain(plan.out_pls))
+    if mesh._coordinate is None:
+        gx = None
+    else:
+        gx = np.zeros(src.to_local().shape, g.dtype)
+        rows = g.to_local()
+        if m is not None:
+            rows = _return_rows(name, mesh, m, int(np.count_nonzero(plan.local_mask)),
+                                rows, g)
+        gx[plan.local_mask] = rows
+    return _back(name, mesh, spec, gx, g.dtype, dt)
+
+
+def _return_rows(name, mesh, m, mine, rows, g):
+    """The inverse of _rebalance: this rank's ``mine`` selected rows, back from the
+    output shards of mesh dim ``m`` that hold them now."""
+    handle = mesh._handle
+    p, c = mesh.shape[m], mesh._coordinate[m]
+    counts = np.asarray(handle.allgather_int(mine, m))
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    total = int(starts[-1])
+    bounds = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(total, p))])
+    lo = np.clip(starts[:-1], bounds[c], bounds[c + 1])
+    hi = np.clip(starts[1:], bounds[c], bounds[c + 1])
+    if _modes.state.tracing:
+        _trace.collective(f"{name}: rows to the ranks that selected them", mesh,
+                          g._spec.placements, g._spec.shape, g._spec.dtype)
+    got, _ = handle.alltoallv(np.ascontiguousarray(rows), np.maximum(hi - lo, 0).tolist(), m)
+    return got
+
+
+def _plain(placements):
+    """A gradient's placements for a value laid out by ``placements``: a Partial
+    value's gradient is Replicate, as every rank's part gets all of it."""
+    return tuple(Replicate() if p.is_partial() else p for p in placements)
+
+
+def _back(name, mesh, spec, gx, dtype, dt):
+    """The local gradient ``gx`` in ``spec``'s layout, moved to ``dt``'s placements
+    (the forward may have gathered ``dt`` first)."""
+    out = _wrap(mesh, _plain(spec.placements), spec.shape, gx, dtype)
+    want = _plain(dt._spec.placements)
+    return out if out._spec.placements == want else D.relayout(name, out, want)
+
+
+class _TakePlan:
+    """How ``dt[key]`` runs for an integer array ``key`` (see the module docstring):
+    the indices (in range, non-negative), ``dt`` in the layout the pick uses, and
+    the mesh dim that shards its dim 0 (None: none). Collective when ``dt`` must
+    move."""
+
+    def __init__(self, name, dt, key):
+        spec = dt._spec
+        if not spec.shape:
+            raise IndexError("too many indices for DTensor: it is 0-dimensional")
+        size = spec.shape[0]
+        idx = np.asarray(key, np.int64)
+        bad = (idx < -size) | (idx >= size)
+        if bad.any():
+            raise IndexError(f"index {int(idx[bad][0])} is out of bounds for axis 0 with "
+                             f"size {size}")
+        self.idx = idx % size if size else idx
+        m = _row_group(dt)
+        if m == -1:
+            dt = D.relayout(name, dt, [Replicate() if p.is_shard() and p.dim == 0 else p
+                                       for p in spec.placements])
+            m = None
+        self.dt, self.m = dt, m
+        self.shape = (len(idx),) + spec.shape[1:]
+        if m is not None and dt._spec.mesh._coordinate is not None:
+            mesh = dt._spec.mesh
+            p, c = mesh.shape[m], mesh._coordinate[m]
+            own = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(size, p))])
+            owner = np.searchsorted(own, self.idx, "right") - 1
+            out = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(len(idx), p))])
+            dest = np.searchsorted(out, np.arange(len(idx)), "right") - 1
+            # The picked rows this rank owns (in output order: grouped by
+            # destination), and the output rows it holds with their owners.
+            self.mine = np.flatnonzero(owner == c)
+            self.first = own[c]
+            self.counts = np.bincount(dest[self.mine], minlength=p).tolist()
+            self.here_owner = owner[out[c]:out[c + 1]]
+
+    def out_placements(self):
+        pls = list(self.dt._spec.placements)
+        if self.m is not None:
+            pls[self.m] = Shard(0)
+        return pls
 
 
 def getitem_take(dt, key):
@@ -146,46 +262,57 @@ def getitem_take(dt, key):
     Example: ``dt[[3, 0, 3]]`` of a ``[Shard(0)]`` DTensor is ``[Shard(0)]``.
     """
     name = "DTensor.__getitem__ (integer array)"
+    plan = _TakePlan(name, dt, key)
+    dt, m, idx, shape = plan.dt, plan.m, plan.idx, plan.shape
     spec = dt._spec
     mesh = spec.mesh
-    if not spec.shape:
-        raise IndexError("too many indices for DTensor: it is 0-dimensional")
-    size = spec.shape[0]
-    idx = np.asarray(key, np.int64)
-    bad = (idx < -size) | (idx >= size)
-    if bad.any():
-        raise IndexError(f"index {int(idx[bad][0])} is out of bounds for axis 0 with "
-                         f"size {size}")
-    idx = idx % size if size else idx
-    shape = (len(idx),) + spec.shape[1:]
-    m = _row_group(dt)
-    if m == -1:
-        dt = D.relayout(name, dt, [Replicate() if p.is_shard() and p.dim == 0 else p
-                                   for p in spec.placements])
-        spec, m = dt._spec, None
-    out_pls = list(spec.placements)
+    out_pls = plan.out_placements()
     if mesh._coordinate is None:
         return _wrap(mesh, out_pls, shape, None, spec.dtype)
     local = dt.to_local()
     if m is None:
         return _wrap(mesh, out_pls, shape, local[idx], spec.dtype)
-    p, c = mesh.shape[m], mesh._coordinate[m]
-    own = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(size, p))])
-    owner = np.searchsorted(own, idx, "right") - 1
-    out = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(len(idx), p))])
-    dest = np.searchsorted(out, np.arange(len(idx)), "right") - 1
-    # Rows this rank owns, by destination, in output order within each.
-    mine = np.flatnonzero(owner == c)
-    send = local[idx[mine] - own[c]]
-    counts = np.bincount(dest[mine], minlength=p).tolist()
+    send = local[idx[plan.mine] - plan.first]
     if _modes.state.tracing:
         _trace.collective(f"{name}: rows to their shards", mesh, spec.placements,
                           shape, spec.dtype)
-    got, _ = mesh._handle.alltoallv(np.ascontiguousarray(send), counts, m)
+    got, _ = mesh._handle.alltoallv(np.ascontiguousarray(send), plan.counts, m)
     # Received by source rank, each in output order: place them.
-    here = np.arange(out[c], out[c + 1])
-    order = np.argsort(owner[here], kind="stable")
-    result = np.empty((len(here),) + got.shape[1:], spec.dtype)
+    order = np.argsort(plan.here_owner, kind="stable")
+    result = np.empty((len(order),) + got.shape[1:], spec.dtype)
     result[order] = got
-    out_pls[m] = Shard(0)
     return _wrap(mesh, out_pls, shape, result, spec.dtype)
+
+
+def take_grad(g, dt, key):
+    """The gradient of ``dt[key]`` for ``dt`` (``key`` an integer array): the rows
+    of ``g`` added into zeros of ``dt``'s shape at the rows ``key`` picked (a
+    repeated index adds up, as np.add.at), in ``dt``'s placements. Where a mesh dim
+    shards dim 0, one all-to-all of variable parts sends each row of ``g`` back to
+    the rank that owns its row: the forward's exchange reversed. Collective where
+    the forward was.
+
+    Example: ``take_grad(g, x, [3, 0, 3])`` adds rows 0 and 2 of ``g`` into row 3.
+    """
+    name = "the backward of DTensor.__getitem__ (integer array)"
+    plan = _TakePlan(name, dt, key)
+    src, m, idx = plan.dt, plan.m, plan.idx
+    spec = src._spec
+    mesh = spec.mesh
+    g = D.relayout(name, g, _plain(plan.out_placements()))
+    if mesh._coordinate is None:
+        gx = None
+    else:
+        gx = np.zeros(src.to_local().shape, g.dtype)
+        rows = g.to_local()
+        if m is None:
+            np.add.at(gx, idx, rows)
+        else:
+            order = np.argsort(plan.here_owner, kind="stable")
+            counts = np.bincount(plan.here_owner, minlength=mesh.shape[m]).tolist()
+            if _modes.state.tracing:
+                _trace.collective(f"{name}: rows back to their owners", mesh,
+                                  g._spec.placements, g._spec.shape, g._spec.dtype)
+            got, _ = mesh._handle.alltoallv(np.ascontiguousarray(rows[order]), counts, m)
+            np.add.at(gx, idx[plan.mine] - plan.first, got)
+    return _back(name, mesh, spec, gx, g.dtype, dt)

@@ -33,7 +33,7 @@ from .. import _C, _modes, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
-from .._ops._advanced_index import is_advanced
+from .._ops._advanced_index import is_advanced, mask_grad, take_grad
 from .._ops._diag import diag_into
 from .._ops._indexing import _parse
 from .._ops._linalg import tensordot_subscripts
@@ -471,16 +471,16 @@ def _pieces(g, arrays, ax, index, step=None):
     return tuple(grads)
 
 
-def _getitem_supported(args, kwargs) -> bool:
-    """Basic indexing has a rule; a boolean mask or an integer array does not."""
-    return is_advanced(args[1]) is None
-
-
 def _getitem(g, node, out):
-    """Basic indexing's backward: zeros of ``a``'s shape with the gradient at the
-    picked elements. Slices of step 1 pad it (below); a stepped slice scatters it
-    (``_scattered``)."""
+    """Indexing's backward: zeros of ``a``'s shape with the gradient at the picked
+    elements. Slices of step 1 pad it (below); a stepped slice scatters it
+    (``_scattered``); an integer array adds its rows in (a repeated index sums) and
+    a boolean mask writes them, each undoing the forward's exchange."""
     a, key = node.saved
+    kind = is_advanced(key)
+    if kind is not None:
+        gx = (take_grad if kind == "take" else mask_grad)(g, a, key)
+        return (gx if gx.dtype == a.dtype else gx.astype(a.dtype),)
     sel, outdims = _parse(key, a.shape)
     if any(count > 1 and step != 1 for _, step, count, _ in sel):
         return (_scattered(g, a, key, outdims),)
@@ -702,7 +702,7 @@ _FUNCTIONS = {
     np.array_split: ("array_split", _split),
     np.diag: ("diag", _diag),
     np.stack: ("stack", _stack),
-    operator.getitem: ("getitem", _getitem, _getitem_supported),
+    operator.getitem: ("getitem", _getitem),
     np.sum: ("sum", _sum_function(False)),
     np.mean: ("mean", _sum_function(True)),
     np.prod: ("prod", _prod_function),
