@@ -109,6 +109,14 @@ def _torch_layer_norm(a):
     return TF.layer_norm(a, a.shape[-1:])
 
 
+def _layer_norm_affine(a, w, b):
+    return F.layer_norm(a, a.shape[-1:], w, b)
+
+
+def _torch_layer_norm_affine(a, w, b):
+    return TF.layer_norm(a, a.shape[-1:], w, b)
+
+
 def _matmul(a, b):
     return a @ b
 
@@ -141,6 +149,15 @@ def cases_for(mesh_shape) -> list:
         cube = (2,) + shape
         out += [Case("layer_norm", "layer_norm", (cube,), (_3d(a),), _layer_norm,
                      _torch_layer_norm) for a in singles]
+        # With a weight and bias: Replicate, as a LayerNorm under SequenceParallel
+        # has them, or sharded where the normalised dim is.
+        vec = (shape[1],)
+        for a in (a for a in singles if "Psum" not in a):
+            for w in dict.fromkeys([tuple("R" for _ in a),
+                                    tuple("S0" if t == "S1" else "R" for t in a)]):
+                out.append(Case("layer_norm", "layer_norm-affine", (cube, vec, vec),
+                                (_3d(a), w, w), _layer_norm_affine,
+                                _torch_layer_norm_affine))
         out += [Case("rules", "stepped-slice", (shape,), (a,), _stepped, _stepped)
                 for a in singles]
     out += _rules_cases(singles)
