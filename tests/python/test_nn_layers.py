@@ -161,18 +161,21 @@ def test_layers_on_replicated_dtensors_equal_plain(mesh):
     close(y.detach().full_tensor(), ref)
 
 
-@pytest.mark.parametrize("shape, moved", [((8, 20, 10), "all_to_all_single"),
-                                          ((1, 1, 10), "all_gather_into_tensor")],
-                         ids=["free dim", "no free dim"])
+@pytest.mark.parametrize("shape, moved", [((8, 20, 10), {"all_to_all_single"}),
+                                          ((1, 1, 10), {"all_to_all_single",
+                                                        "all_gather_into_tensor"})],
+                         ids=["free dim", "dims of length 1"])
 def test_layer_norm_of_a_sharded_normalized_dim_moves_once(mesh, shape, moved):
-    """torch's rule: the normalized dim is made whole in one collective (onto a free
-    dim by an all-to-all, or gathered when no dim is long enough), then local."""
+    """The normalized dim is made whole in one collective, then all is local: an
+    all-to-all onto a long free dim; with only dims of length 1 free, that or a
+    gather, whichever the executor prices cheaper."""
     x, w, b = RNG.standard_normal(shape), RNG.standard_normal(10), RNG.standard_normal(10)
     dw, db = (distribute_tensor(a, mesh, [Replicate()]) for a in (w, b))
     dx = distribute_tensor(x, mesh, [Shard(2)])
     with mt.no_grad(), CommDebugMode() as comm:
         y = F.layer_norm(dx, (10,), dw, db)
-    assert comm.get_comm_counts() == ({moved: 1} if W > 1 else {})
+    counts = comm.get_comm_counts()
+    assert (sum(counts.values()), set(counts) <= moved) == ((1, True) if W > 1 else (0, True))
     close(y.full_tensor(), F.layer_norm(x, (10,), w, b))
 
 

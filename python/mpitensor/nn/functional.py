@@ -23,7 +23,6 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from .._ops import _dispatch as D, _linalg
-from .._ops._along_axis import lanes_layout
 from ..placement_types import Partial, Replicate, Shard
 from ..autograd import Function
 from . import _kernels
@@ -513,9 +512,10 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     """(x - mean) / sqrt(var + eps) * weight + bias over the trailing
     ``normalized_shape`` dims, as torch. A DTensor sharded on other dims (e.g. the
     sequence dim under SequenceParallel) runs without communication; a sharded
-    normalized dim is made whole first by one all-to-all onto a free dim (or, with
-    none free, one all-gather), as torch (collective on the mesh; else local). Weight and bias are ndarrays or (with a
-    DTensor input) Replicate DTensors.
+    normalized dim is made whole first, by one all-to-all onto a free dim or one
+    all-gather, whichever the executor prices cheaper with the gradients' way back
+    (collective on the mesh; else local). Weight and bias are ndarrays or (with a
+    DTensor input) DTensors on its mesh.
 
     Example::
 
@@ -530,11 +530,10 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         return _kernels.layer_norm(_float(np.asarray(input)), len(shape),
                                    None if weight is None else np.asarray(weight),
                                    None if bias is None else np.asarray(bias), eps)
-    if _kernels.enabled and _params_local(input, (weight, bias)):
-        # Torch's rule: the normalized dims are made whole first, in one move (the
-        # shard goes to a free dim by one all-to-all, else a gather), and the rest
-        # is local; op by op, each reduction and broadcast would move again.
-        input = _rows_whole(input, axes, "mpitensor.nn.functional.layer_norm")
+    if _kernels.enabled and _params_on(input, (weight, bias)):
+        # Torch's rule: the normalized dims are made whole first, in one move, and
+        # the rest is local; op by op, each reduction and broadcast would move
+        # again. The executor decides that move, pricing the gradients' way back.
         return _LayerNorm.apply(input, weight, bias, len(shape), eps)
     # Other layouts: DTensor operations, each recorded by its own rule.
     mean = np.mean(input, axis=axes, keepdims=True)
@@ -544,24 +543,45 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 
 
 class _LayerNorm(Function):
-    """layer_norm of rows that are whole on every rank, forward and backward on the
-    local arrays. The input's gradient has its placements; the weight's and bias's
-    are this rank's sums over its rows: Partial(sum) on the mesh dims that shard
-    the rows, Replicate on the others (reduced where they meet the parameter)."""
+    """layer_norm of a DTensor, forward and backward on local arrays. The forward
+    runs through the executor with a dim map that keeps the normalized dims whole
+    (the weight and bias are laid along them): it moves the input as it decides
+    (an all-to-all onto a free dim, or a gather), the weight and bias to
+    Replicate. The input's gradient has the placements the forward computed in;
+    the weight's and bias's are this rank's sums over its rows: Partial(sum) on
+    the mesh dims that shard the rows, Replicate on the others (reduced where they
+    meet the parameter)."""
 
     _gives_up_results = True
 
     @staticmethod
     def forward(ctx, input, weight, bias, k, eps):
-        local = _float(input.to_local())
-        if input._spec.mesh._coordinate is not None:
-            local = _kernels.layer_norm(local, k, *(
-                None if p is None else p.to_local() for p in (weight, bias)), eps)
-        if _modes.state.tracing:
-            _trace.local("layer_norm", (input,), input.placements)
-        ctx.save_for_backward(input, weight, bias)
+        n = input.ndim
+        params = tuple(p for p in (weight, bias) if p is not None)
+        here = {}
+
+        def build():
+            kinds = [D.REPLICATE if d >= n - k else D.KEEP for d in range(n)]
+            return D.dimmap([range(n)] + [range(n - k, n)] * len(params), range(n), kinds)
+
+        def compute(x, *ps):
+            here["x"], here["params"] = x, ps
+            w = ps[0] if weight is not None else None
+            b = ps[-1] if bias is not None else None
+            return _kernels.layer_norm(_float(x), k, w, b, eps)
+
+        out = D.execute(("layer_norm", n, k, weight is not None, bias is not None),
+                        (input,) + params, build, compute)
+        mesh, pls = input.device_mesh, out.placements
+        x = here.get("x", np.empty((0,), input.dtype))
+        ps = iter(here.get("params", (np.empty((0,), p.dtype) for p in params)))
+        moved = [_wrap_like(mesh, pls, input.shape, x)]
+        for p in (weight, bias):
+            moved.append(None if p is None else
+                         _wrap_like(mesh, [Replicate()] * mesh.ndim, p.shape, next(ps)))
+        ctx.save_for_backward(*moved)
         ctx.k, ctx.eps = k, eps
-        return _wrap_like(input.device_mesh, input.placements, input.shape, local)
+        return out
 
     @staticmethod
     def backward(ctx, g):
@@ -598,27 +618,12 @@ class _LayerNorm(Function):
         return gx, gw, gb, None, None
 
 
-def _params_local(x, params) -> bool:
-    """Whether each parameter of a norm of DTensor ``x`` is None or a Replicate
-    DTensor on x's mesh, so that every rank holds all of it."""
-    spec = x._spec
-    return all(p is None or (_is_dt(p) and (p._spec.mesh is spec.mesh or p._spec.mesh ==
-                                           spec.mesh)
-                             and all(q.is_replicate() for q in p._spec.placements))
+def _params_on(x, params) -> bool:
+    """Whether each parameter of a norm of DTensor ``x`` is None or a DTensor on
+    x's mesh."""
+    mesh = x._spec.mesh
+    return all(p is None or (_is_dt(p) and (p._spec.mesh is mesh or p._spec.mesh == mesh))
                for p in params)
-
-
-def _rows_whole(x, axes, what):
-    """``x`` redistributed (recorded, so gradients flow back) so that no mesh dim
-    shards ``axes`` and nothing is Partial, by the along-axis rule's placements
-    (``lanes_layout``); a Shard that must become Replicate is a reported gather.
-    ``x`` itself when nothing moves; collective on the mesh otherwise."""
-    spec = x._spec
-    target = lanes_layout(x, axes, linear=False)
-    if target == spec.placements:
-        return x
-    _trace.report_move(what, spec, target)
-    return x.redistribute(spec.mesh, target)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
