@@ -343,3 +343,36 @@ def test_torch_agrees(mesh_shape, pls, how):
     np.testing.assert_array_equal(y.to_local(), ty.to_local().numpy())
     back = getattr(y, how)(8, 6)
     assert back.placements == tuple(pls)
+
+
+@pytest.mark.parametrize("mesh_shape,pls", CASES, ids=str)
+def test_in_place_writes_reach_the_strided_tensor(mesh_shape, pls):
+    mesh = mesh_of(mesh_shape)
+    flat = FULL.reshape(-1).copy()
+    y = distribute_tensor(FULL, mesh, pls).reshape(-1)
+    other = distribute_tensor(FULL, mesh, pls).reshape(-1)
+    _, n = counts(lambda: np.add(y, other, out=y))
+    assert n == 0
+    flat += flat
+    y *= 0.5
+    flat *= 0.5
+    y[3:7] = -1.0
+    flat[3:7] = -1.0
+    np.copyto(other, y)
+    np.testing.assert_array_equal(y.full_tensor(), flat)
+    np.testing.assert_array_equal(other.full_tensor(), flat)
+    assert y.placements == other.placements
+    y.fill(2.0)
+    np.testing.assert_array_equal(y.full_tensor(), np.full(48, 2.0))
+
+
+def test_pickle_and_local_box():
+    mesh = mesh_of((W,))
+    y = distribute_tensor(FULL, mesh, [S1]).reshape(-1)
+    z = pickle.loads(pickle.dumps(y))
+    assert z.placements == y.placements
+    np.testing.assert_array_equal(z.to_local(), y.to_local())
+    sizes, offsets = mt.compute_local_shape_and_global_offset((48,), mesh, y.placements)
+    assert sizes == (y.to_local().size,)
+    if sizes[0]:
+        assert offsets == (int(np.flatnonzero(FULL.reshape(-1) == y.to_local()[0])[0]),)

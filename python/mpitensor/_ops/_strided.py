@@ -14,6 +14,7 @@ usual.
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -112,10 +113,16 @@ def _reshape(a, shape=None, order="C", *, newshape=None, copy=None):
 def _ufunc(ufunc, method, *ops, **kwargs):
     """An elementwise call on operands strided alike, or replicated, or scalars:
     on their plain views, then read back."""
+    out = kwargs.pop("out", None)
     if method != "__call__" or set(kwargs) - {"dtype", "casting"}:
         return None
-    ref = next(o for o in ops if _is_strided(o))
+    outs = () if out is None else out if isinstance(out, tuple) else (out,)
+    if not all(_is_strided(o) for o in outs):
+        return None
+    ref = next(o for o in ops + outs if _is_strided(o))
     spec = ref._spec
+    if any(o._spec[1:3] != spec[1:3] or o._spec.mesh is not spec.mesh for o in outs):
+        return None
     for o in ops:
         if isinstance(o, DTensor):
             s = o._spec
@@ -129,6 +136,14 @@ def _ufunc(ufunc, method, *ops, **kwargs):
     views = [restride(o, shape, placements if o._spec.placements == spec.placements
                       else o._spec.placements) if isinstance(o, DTensor) else o
              for o in ops]
+    if outs:
+        # Written through views of the outputs' own local arrays.
+        targets = tuple(restride(o, shape, placements) for o in outs)
+        if not all(t._data().size == 0 or np.shares_memory(t._data(), o._data())
+                   for t, o in zip(targets, outs)):
+            return None
+        ufunc(*views, out=targets, **kwargs)
+        return outs[0] if len(outs) == 1 else outs
     res = ufunc(*views, **kwargs)
     if isinstance(res, tuple):
         return tuple(_back(r, spec.shape) for r in res)
@@ -227,9 +242,36 @@ def run(what, args, kwargs):
         out = _whole(what, *args, **kwargs)
     if out is not None:
         return out
-    args = tuple(_plain(a) for a in args)
-    kwargs = {k: _plain(v) for k, v in kwargs.items()}
-    return _C.call(what, args, kwargs or None)
+    return _through_plain(what, args, kwargs)
+
+
+def _through_plain(what, args, kwargs):
+    """``what`` on plain copies of the strided operands; a strided destination
+    (of setitem, copyto or ``out=``) gets the written values back."""
+    plain: dict = {}
+
+    def swap(o):
+        if _is_strided(o):
+            if id(o) not in plain:
+                plain[id(o)] = (o, _plain(o))
+            return plain[id(o)][1]
+        if isinstance(o, (list, tuple)) and any(_is_strided(x) for x in o):
+            return type(o)(swap(x) for x in o)
+        return o
+
+    dests = list(args[:1]) if what in (operator.setitem, np.copyto) else []
+    out = kwargs.get("out")
+    dests += list(out) if isinstance(out, tuple) else [out]
+    res = _C.call(what, tuple(swap(a) for a in args),
+                  {k: swap(v) for k, v in kwargs.items()} or None)
+    for d in dests:
+        if not _is_strided(d):
+            continue
+        written = plain[id(d)][1]
+        np.copyto(d._data(), written.redistribute(d._spec.mesh, d._spec.placements)._data())
+        res = d if res is written else tuple(d if r is written else r for r in res) \
+            if isinstance(res, tuple) else res
+    return res
 
 
 _C.set_hook("strided", run)
