@@ -53,8 +53,11 @@ class _Dim:
         rest = math.prod(self.local[k + 1:])
         if self.uneven or (self.local[k] % ranks and rest != 1):
             raise ValueError("uneven")
+        # After an uneven cut nothing more may cut this dim, so the local sizes
+        # stop mattering: only even cuts are followed (the core owns the chunk
+        # sizes).
         self.uneven = self.local[k] % ranks != 0
-        self.local[k] = -(-self.local[k] // ranks)
+        self.local[k] //= ranks
         self.owner[mesh_dim] = k
 
     def split(self, factor: int) -> int:

@@ -376,3 +376,35 @@ def test_pickle_and_local_box():
     assert sizes == (y.to_local().size,)
     if sizes[0]:
         assert offsets == (int(np.flatnonzero(FULL.reshape(-1) == y.to_local()[0])[0]),)
+
+
+def test_strided_leaf_gets_its_gradient_in_place():
+    mesh = mesh_of((W,))
+    pl = (_StridedShard(0, split_factor=8),)
+    flat = FULL.reshape(-1)
+    local = ref_local(flat, (W,), mesh.get_coordinate(), pl).copy()
+    x = DTensor.from_local(local, mesh, pl, shape=(48,), stride=(1,)).requires_grad_()
+    _, n = counts(lambda: (x * x + np.sin(x)).sum().backward())
+    assert n == 0
+    assert x.grad.placements == pl
+    np.testing.assert_allclose(x.grad.full_tensor(), 2 * flat + np.cos(flat))
+    (x.reshape(8, 6)[:, 1] * 3.0).sum().backward()
+    expect = 2 * flat + np.cos(flat)
+    expect.reshape(8, 6)[:, 1] += 3.0
+    np.testing.assert_allclose(x.grad.full_tensor(), expect)
+
+
+def test_factories():
+    mesh = mesh_of((W,))
+    pl = (_StridedShard(0, split_factor=8),)
+    for make, expect in ((lambda: mt.zeros(48, device_mesh=mesh, placements=pl), 0.0),
+                         (lambda: mt.full((48,), 3.0, device_mesh=mesh, placements=pl), 3.0)):
+        z = make()
+        assert z.placements == pl
+        np.testing.assert_array_equal(z.full_tensor(), np.full(48, expect))
+    # Random values do not depend on the layout.
+    mt.manual_seed(7)
+    a = mt.rand(48, device_mesh=mesh, placements=pl).full_tensor()
+    mt.manual_seed(7)
+    b = mt.rand(48, device_mesh=mesh, placements=[R]).full_tensor()
+    np.testing.assert_array_equal(a, b)
