@@ -238,6 +238,16 @@ PyObject *mt_ext_py_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t id,
                            int64_t slot, const mt_layout_key *key, PyObject *dtype);
 PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout);
 mt_ext_mesh_base *mt_ext_spec_mesh(mt_ext_dispatch *d, PyObject *spec);
+/* Whether a placement has no core code (a _StridedShard, which the core sees only
+ * as the plain layout of a reshaped view), a DTensor holds one, or an argument of
+ * a registered function (or an item of a list or tuple one) is such a DTensor. */
+int mt_ext_placement_strided(const mt_ext_dispatch *d, PyObject *p);
+int mt_ext_strided(const mt_ext_dispatch *d, PyObject *o);
+int mt_ext_args_strided(const mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
+/* The "strided" hook: fn(what, args, kwargs) runs a call that has a strided
+ * operand (NotImplemented: run it as usual). A new reference, or NULL. */
+PyObject *mt_ext_strided_call(mt_ext_dispatch *d, PyObject *what, PyObject *args,
+                              PyObject *kwargs);
 
 /* -- deciding (ext_decide.c) -------------------------------------------------------- */
 
@@ -251,6 +261,7 @@ typedef struct mt_ext_call {
   mt_memo_key key; /* op and aux are the caller's to set */
   PyObject *made[MT_MEMO_MAX_OPERANDS]; /* DTensors made of ndarrays (implicit) */
   int nmade;
+  int strided; /* gathering stopped at a strided operand (its door calls the hook) */
 } mt_ext_call;
 
 /* The memo key word of the DTensor just added as tensor input c->ntensors - 1:

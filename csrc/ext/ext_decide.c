@@ -149,6 +149,7 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
     }
   }
   mt_ext_dtensor *b = (mt_ext_dtensor *)o;
+  if (mt_ext_strided(d, o)) return c->strided = 1, 0;
   int64_t id;
   if (mt_ext_layout_id(d, c->mb, b, NULL, &id) < 0) return -1;
   c->dt[c->ntensors] = b;
@@ -161,7 +162,7 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
 
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
                   PyObject *key) {
-  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
+  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0, c->strided = 0;
   c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
   c->key.noperands = c->noperands = n;
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;

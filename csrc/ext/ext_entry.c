@@ -32,7 +32,7 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
  * cached operation. */
 static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
                               mt_ext_call *c, PyObject *key) {
-  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
+  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0, c->strided = 0;
   c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
   c->key.noperands = c->noperands = n;
   for (int i = 0; i < n; ++i)
@@ -198,6 +198,11 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
 PyObject *mt_ext_function(mt_ext_dispatch *d, PyObject *func, PyObject *args,
                           PyObject *kwargs) {
   if (kwargs != NULL && PyDict_GET_SIZE(kwargs) == 0) kwargs = NULL;
+  if (mt_ext_args_strided(d, args, kwargs)) {
+    PyObject *res = mt_ext_strided_call(d, func, args, kwargs);
+    if (res != Py_NotImplemented) return res;
+    Py_DECREF(res);
+  }
   if (d->modes->grad_enabled && args_need_grad(d, args, kwargs))
     return recorded_call(d, func, args, kwargs);
   return call_entry(d, func, args, kwargs);
@@ -247,6 +252,7 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
     return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
   mt_ext_call c;
   int rc = gather_fast(d, ops, (int)n, &c, ufunc);
+  if (rc == 0 && c.strided) return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
   if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   c.key.op = sig->id;
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;

@@ -433,8 +433,11 @@ static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nar
   mt_ext_call c;
   int rc = mt_ext_gather(d, &PyTuple_GET_ITEM(args[1], 0), (int)n, &c, args[0]);
   if (rc <= 0)
-    return rc < 0 ? NULL : PyErr_Format(PyExc_TypeError, "%R: expected DTensor operands "
-                                        "(and scalars)", args[0]);
+    return rc < 0      ? NULL
+           : c.strided ? PyErr_Format(PyExc_TypeError, "%R: a strided-shard operand reached "
+                                      "the executor; its entry must take it first", args[0])
+                       : PyErr_Format(PyExc_TypeError, "%R: expected DTensor operands "
+                                      "(and scalars)", args[0]);
   c.key.op = op.sig != NULL ? op.sig->id : mt_ext_op_id(d, args[0]);
   /* A reduction's local call is method(local, axis, **kwargs); its memo key
    * holds the reduced axes and keepdims. */

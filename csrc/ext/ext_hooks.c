@@ -74,7 +74,8 @@ PyObject *mt_ext_op_label(PyObject *key) {
   return out;
 }
 
-/* set_hook(name, fn): installs a Python hook ("event", "placements"); None removes. */
+/* set_hook(name, fn): installs a Python hook ("event", "placements", "strided");
+ * None removes. */
 static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 2 || !PyUnicode_Check(args[0]))
@@ -113,7 +114,8 @@ static PyObject *count_backward(PyObject *module, PyObject *unused) {
 PyMethodDef mt_ext_hooks_methods[] = {
     {"set_hook", (PyCFunction)(void (*)(void))set_hook, METH_FASTCALL,
      "set_hook(name, fn): the Python side of hook `name` ('event': trace events; "
-     "'placements': placement normalisation); None removes it. Local.\n\n"
+     "'placements': placement normalisation; 'strided': a call with a strided-shard "
+     "operand); None removes it. Local.\n\n"
      "Example: _C.set_hook('event', mpitensor._trace.event)"},
     {"hook_stats", hook_stats, METH_NOARGS,
      "{local, build, entry, event, placements, backward, runs}: calls from C into Python "

@@ -46,6 +46,27 @@ static int read_targets(const mt_ext_dispatch *d, PyObject *placements, PyObject
   return 1;
 }
 
+/* Whether the target placements hold a strided shard. */
+static int strided_targets(const mt_ext_dispatch *d, PyObject *placements) {
+  if (!PyList_CheckExact(placements) && !PyTuple_CheckExact(placements)) return 0;
+  for (Py_ssize_t m = 0; m < PySequence_Fast_GET_SIZE(placements); ++m)
+    if (mt_ext_placement_strided(d, PySequence_Fast_ITEMS(placements)[m])) return 1;
+  return 0;
+}
+
+/* A move from or to a strided shard: the strided hook runs it as moves of plain
+ * layouts of reshaped views. */
+static PyObject *strided_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
+                              PyObject *placements, int async, PyObject *fwd,
+                              PyObject *bwd, PyObject *what) {
+  PyObject *args = Py_BuildValue("(OOOOOOO)", self, mesh, placements,
+                                 async ? Py_True : Py_False, fwd, bwd, what);
+  if (args == NULL) return NULL;
+  PyObject *out = mt_ext_strided_call(d, d->s_redistribute, args, NULL);
+  Py_DECREF(args);
+  return out;
+}
+
 /* A miss: the move checked and planned by the core and stored. */
 static mt_decision *decide(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *spec,
                            const mt_placement *dst, const mt_memo_key *mk) {
@@ -197,6 +218,8 @@ PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
   mt_ext_dtensor *b = (mt_ext_dtensor *)self;
   mt_ext_mesh_base *mb = mt_ext_spec_mesh(d, b->spec);
   if (mb == NULL) return PyErr_Format(PyExc_TypeError, "a DTensor's spec names its mesh");
+  if (mt_ext_strided(d, self) || strided_targets(d, placements))
+    return strided_move(d, self, mesh, placements, async, fwd, bwd, what);
   PyObject *local = mt_ext_request_result(d->module, b->local), *holder = NULL;
   if (local == NULL) return NULL;
   Py_SETREF(b->local, local);

@@ -81,6 +81,62 @@ int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *sp
   return 0;
 }
 
+static int interned(const mt_ext_dispatch *d, const PyObject *p) {
+  if (p == d->replicate) return 1;
+  for (int i = 0; i < MT_MAX_NDIM; ++i)
+    if (p == d->shard[i]) return 1;
+  for (int op = 0; op < MT_REDUCE_COUNT; ++op)
+    if (p == d->partial[op]) return 1;
+  return 0;
+}
+
+int mt_ext_placement_strided(const mt_ext_dispatch *d, PyObject *p) {
+  if (interned(d, p)) return 0;
+  PyObject *code = PyObject_GetAttrString(p, "_code");
+  if (code == NULL) PyErr_Clear();
+  int yes = code == Py_None;
+  Py_XDECREF(code);
+  return yes;
+}
+
+int mt_ext_strided(const mt_ext_dispatch *d, PyObject *o) {
+  if (!mt_ext_is_dtensor(d, o)) return 0;
+  PyObject *spec = ((mt_ext_dtensor *)o)->spec;
+  if (spec == NULL || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return 0;
+  PyObject *pl = PyTuple_GET_ITEM(spec, 1);
+  if (!PyTuple_Check(pl)) return 0;
+  for (Py_ssize_t m = 0; m < PyTuple_GET_SIZE(pl); ++m)
+    if (mt_ext_placement_strided(d, PyTuple_GET_ITEM(pl, m))) return 1;
+  return 0;
+}
+
+static int item_strided(const mt_ext_dispatch *d, PyObject *a) {
+  if (mt_ext_strided(d, a)) return 1;
+  if (!PyTuple_CheckExact(a) && !PyList_CheckExact(a)) return 0;
+  for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(a); ++k)
+    if (mt_ext_strided(d, PySequence_Fast_ITEMS(a)[k])) return 1;
+  return 0;
+}
+
+int mt_ext_args_strided(const mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i)
+    if (item_strided(d, PyTuple_GET_ITEM(args, i))) return 1;
+  Py_ssize_t pos = 0;
+  PyObject *key, *a;
+  while (kwargs != NULL && PyDict_Next(kwargs, &pos, &key, &a))
+    if (item_strided(d, a)) return 1;
+  return 0;
+}
+
+PyObject *mt_ext_strided_call(mt_ext_dispatch *d, PyObject *what, PyObject *args,
+                              PyObject *kwargs) {
+  PyObject *fn = PyDict_GetItemString(d->hooks, "strided");
+  if (fn == NULL)
+    return PyErr_Format(PyExc_RuntimeError, "no strided hook: import mpitensor");
+  PyObject *stack[3] = {what, args, kwargs != NULL ? kwargs : Py_None};
+  return mt_ext_hook(d, MT_HOOK_ENTRY, fn, stack, 3, NULL);
+}
+
 mt_ext_mesh_base *mt_ext_spec_mesh(mt_ext_dispatch *d, PyObject *spec) {
   if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return NULL;
   PyObject *mesh = PyTuple_GET_ITEM(spec, 0);

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _dtypes
 from .device_mesh import DeviceMesh, _current_mesh
-from .placement_types import Partial, Placement, Replicate, Shard
+from .placement_types import Partial, Placement, Replicate, Shard, _StridedShard
 
 
 def resolve_mesh(device_mesh) -> DeviceMesh:
@@ -46,6 +46,13 @@ def normalize_placements(placements, mesh: DeviceMesh, ndim: int) -> tuple[Place
                     f"{p!r} is out of range for a tensor with {ndim} dims"
                 )
             p = Shard(p.dim + ndim) if p.dim < 0 else p
+        elif isinstance(p, _StridedShard):
+            if not -ndim <= p.dim < ndim:
+                raise IndexError(
+                    f"{p!r} is out of range for a tensor with {ndim} dims"
+                )
+            if p.dim < 0:
+                p = _StridedShard(p.dim + ndim, split_factor=p.split_factor)
         out.append(p)
     return tuple(out)
 

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _args, _comm, _modes, _trace
+from . import _args, _comm, _modes, _strided, _trace
 from ._dtensor import DTensor
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import _codes, compute_local_shape_and_global_offset
@@ -70,6 +70,13 @@ def _distribute_array(tensor, device_mesh, placements, src_data_rank) -> DTensor
     spec = DTensorSpec(mesh, pl, array.shape, dtype, contiguous_strides(array.shape))
     if mesh.get_coordinate() is None:
         return DTensor(np.empty((0,), dtype), spec)
+    if _strided.has_strided(pl):
+        # Distributed as the plain layout of its expansion, then read back.
+        eshape, epl, _ = _strided.expand(array.shape, pl, mesh.shape)
+        plain = _distribute_array(array.reshape(eshape), mesh, epl, src_data_rank)
+        local = plain._data().reshape(
+            _strided.local_shape(array.shape, pl, mesh.shape, mesh.get_coordinate()))
+        return DTensor(local, spec)
     if src_data_rank is None:
         return DTensor(_own_chunk(array, mesh, pl), spec)
     if _modes.state.tracing:

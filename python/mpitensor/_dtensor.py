@@ -21,7 +21,7 @@ from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
 from ._layout import _codes, compute_local_shape_and_global_offset
 from .device_mesh import DeviceMesh, find_live_mesh, local_mesh
-from .placement_types import Partial, Placement, Replicate, Shard
+from .placement_types import Partial, Placement, Replicate, Shard, _StridedShard
 from ._shard import DTensorShard
 
 __all__ = ["DTensor", "ChunkStorageMetadata"]
@@ -947,7 +947,9 @@ def _global_shape_and_stride(local, mesh, placements, shape, stride):
     if shape is not None:
         gshape = _args.check_shape(shape, local.ndim)
         return gshape, _args.check_stride(stride, len(gshape))
-    gshape = _clib.even_global_shape(local.shape, tuple(mesh.shape), _codes(placements))
+    # An even strided shard scales its dim as a Shard of it does.
+    even = tuple(Shard(p.dim) if isinstance(p, _StridedShard) else p for p in placements)
+    gshape = _clib.even_global_shape(local.shape, tuple(mesh.shape), _codes(even))
     return gshape, _global_stride(local, mesh, placements, gshape)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _args, random as _random
+from . import _args, _strided, random as _random
 from ._dtensor import DTensor
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._layout import compute_local_shape_and_global_offset
@@ -94,7 +94,14 @@ def _random_tensor(size, dtype, device_mesh, placements, what, dist) -> DTensor:
     stream = _random._next_stream()  # every rank advances, members or not
     local = np.empty(local_shape, spec.dtype)
     if spec.mesh.get_coordinate() is not None:  # a 0-d member also has offset ()
-        local = _random.fill(local, spec.shape, offset, dist, stream)
+        shape = spec.shape
+        if _strided.has_strided(spec.placements):
+            # A strided part is one box of the expansion, whose elements have the
+            # same C-order indices as the tensor's: the same values as a plain one.
+            shape, pl, _ = _strided.expand(shape, spec.placements, spec.mesh.shape)
+            box, offset = compute_local_shape_and_global_offset(shape, spec.mesh, pl)
+            local = local.reshape(box)
+        local = _random.fill(local, shape, offset, dist, stream).reshape(local_shape)
     return DTensor(local, spec)
 
 

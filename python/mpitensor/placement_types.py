@@ -188,6 +188,68 @@ class Partial(Placement):
         return f"P({self.reduce_op})"
 
 
+class _StridedShard(Placement):
+    """Sharded along tensor dim ``dim`` with a stride: torch's ``_StridedShard``.
+
+    The dim is first cut into ``split_factor`` equal pieces; each piece is cut over
+    the mesh dim's ranks as :class:`Shard` cuts (``torch.chunk``), and a rank holds
+    its part of every piece, in order. Flattening an array sharded on a dim that is
+    not the first of the flattened group makes one (``x.reshape(-1)`` of an (8, 6)
+    array placed ``[Shard(1)]`` is placed ``[_StridedShard(0, split_factor=8)]``), so
+    the flatten moves no data. Like torch's, it is not a :class:`Shard` and
+    ``is_shard()`` is True. Local (a value; no communication).
+
+    Example::
+
+        >>> _StridedShard(0, split_factor=8), str(_StridedShard(0, sf=8))
+        (_StridedShard(dim=0, sf=8), '_S(0, 8)')
+    """
+
+    __slots__ = ("dim", "split_factor", "_code")
+
+    def __new__(cls, dim: int = 0, *, split_factor: int = 1, sf: int | None = None):
+        if sf is not None:
+            if split_factor != 1:
+                raise TypeError("_StridedShard received both split_factor and sf")
+            split_factor = sf
+        for name, v in (("dim", dim), ("split_factor", split_factor)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"_StridedShard {name} must be an int, got {v!r}")
+        if split_factor < 1:
+            raise ValueError(f"_StridedShard split_factor must be >= 1, got {split_factor}")
+        dim, split_factor = int(dim), int(split_factor)
+        # No core code: the core sees a strided DTensor as the plain layout of a
+        # reshaped view (mpitensor._strided), never this placement itself.
+        return _intern(cls, (dim, split_factor),
+                       {"dim": dim, "split_factor": split_factor}, None)
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return dim is None or dim == self.dim
+
+    def _args(self) -> tuple:
+        return (self.dim,)
+
+    def __reduce__(self):
+        return (_strided_shard, (self.dim, self.split_factor))
+
+    def __hash__(self) -> int:
+        return hash((self.dim, self.split_factor))
+
+    def __repr__(self) -> str:
+        return f"_StridedShard(dim={self.dim}, sf={self.split_factor})"
+
+    def __str__(self) -> str:
+        return f"_S({self.dim}, {self.split_factor})"
+
+
+def _strided_shard(dim: int, split_factor: int) -> _StridedShard:
+    """Unpickles a :class:`_StridedShard` (its factor is a keyword). Local.
+
+    Example: ``_strided_shard(0, 8) is _StridedShard(0, sf=8)``.
+    """
+    return _StridedShard(dim, split_factor=split_factor)
+
+
 def from_code(code) -> Placement:
     """The placement of a C placement code ``(kind, dim, reduce_op)``. Local.
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
+from mpitensor.placement_types import _StridedShard
 from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
 
 R, S0, S1, PS, PMAX = Replicate(), Shard(0), Shard(1), Partial("sum"), Partial("max")
@@ -111,15 +112,22 @@ def test_uneven_shards_that_scale_stay_sharded():
 
 def test_shard_that_cannot_stay_moves_the_cheapest_way():
     mesh = mesh_of((W,))
-    # A shard on a merged dim that is not the group's leftmost: an all-to-all onto
-    # the leftmost dim (cheaper than the all-gather torch does).
+    # A shard on a merged dim that is not the group's leftmost stays where it is,
+    # as torch's _StridedShard (tests/python/test_strided_shard.py).
     full = np.arange(2 * W * 2 * W).reshape(2 * W, 2 * W)
     dt = make(full, mesh, [S1])
     with CommDebugMode() as mode:
         out = dt.reshape(-1)
     assert_matches(out, full.reshape(-1))
+    assert mode.get_total_counts() == 0
+    assert out.placements == (_StridedShard(0, split_factor=2 * W),)
+    # A group that merges and splits at once has no such view: an all-to-all onto
+    # the leftmost dim (cheaper than the all-gather torch does).
+    with CommDebugMode() as mode:
+        out = dt.reshape(W, 4 * W)
+    assert_matches(out, full.reshape(W, 4 * W))
     assert dict(mode.get_comm_counts()) == ({"all_to_all_single": 1} if W > 1 else {})
-    assert out.placements == (S0,)
+    assert out.placements == (S0,) or W == 1
     # Uneven shares: 3 rows of 2 over 2 ranks are (4, 2) elements but 6 over 2 is
     # (3, 3), so the input is gathered.
     if W == 2:

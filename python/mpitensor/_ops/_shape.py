@@ -31,8 +31,11 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from .. import _registry
+from .. import _strided as _layouts
 from .._dtensor import DTensor
 from . import _dispatch as D
+from ._strided import restride
+from ..placement_types import Shard
 
 
 
@@ -473,6 +476,10 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     elif order not in ("C", "A"):
         _target_shape(math.prod(src), shape, order)  # raises NumPy's error
 
+    strided = _strided_view(a, src, shape, order, copy)
+    if strided is not None:
+        return strided
+
     def build():
         return _reshape_map(src, _target_shape(math.prod(src), shape, order))
 
@@ -480,6 +487,22 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     # elements are exactly its box of the output.
     return D.execute(("reshape", given), (a,), build,
                      _reshape_copy if copy else np.reshape, box=True)
+
+
+def _strided_view(a, src, shape, order, copy):
+    """torch's view when a merge takes a Shard that is not on its group's first
+    dim: a _StridedShard, and no data moves (mpitensor._strided); None otherwise."""
+    placements = a._spec.placements
+    if order not in ("C", "A") or not any(type(p) is Shard and p.dim > 0
+                                          for p in placements):
+        return None
+    target = _target_shape(math.prod(src), shape, order)
+    if len(target) >= len(src):
+        return None
+    view = _layouts.view_placements(src, placements, target, a._spec.mesh.shape)
+    if view is None or not _layouts.has_strided(view):
+        return None
+    return restride(a, target, view, bool(copy))
 
 
 def _reshape_copy(local, box):

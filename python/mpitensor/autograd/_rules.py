@@ -38,6 +38,7 @@ from .._ops._diag import diag_into
 from .._ops._indexing import _parse
 from .._ops._linalg import tensordot_subscripts
 from .._ops._split import split_bounds
+from .._ops._strided import restride
 from ..placement_types import Replicate, Shard
 
 __all__: list = []
@@ -597,6 +598,20 @@ def _reshape_back(g, node, out):
     return (g.reshape(node.saved[0].shape),)
 
 
+def _restride_back(g, node, out):
+    """A strided view's backward: the gradient laid out as the view's output (a
+    Partial's: Replicate), then read back as the input's layout. No communication
+    when the gradient comes in the output's placements."""
+    a = node.saved[0]
+    mesh = a._spec.mesh
+    shape, placements = node.aux["layout"]
+    want = tuple(Replicate() if p.is_partial() else p for p in placements)
+    if g._spec.placements != want:
+        g = g.redistribute(mesh, want)
+    back = tuple(Replicate() if p.is_partial() else p for p in a._spec.placements)
+    return (restride(g, a._spec.shape, back),)
+
+
 def _order_c(position):
     """Whether a reshape-like call's ``order`` (positional at ``position``) is C."""
     def supported(args, kwargs) -> bool:
@@ -719,6 +734,7 @@ _FUNCTIONS = {
     np.squeeze: ("squeeze", _reshape_back),
     np.expand_dims: ("expand_dims", _reshape_back),
     np.reshape: ("reshape", _reshape_back, _order_c(2)),
+    restride: ("restride", _restride_back),
     np.ravel: ("ravel", _reshape_back, _order_c(1)),
     np.broadcast_to: ("broadcast_to", _broadcast_to),
     np.tile: ("tile", _tile),

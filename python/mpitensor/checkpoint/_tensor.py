@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from .. import _args
+from .. import _args, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -54,9 +54,12 @@ def save_dtensor(dt: DTensor, path: str) -> tuple:
     if mesh.get_coordinate() is None:
         return placements
     local = np.ascontiguousarray(dt.to_local())
-    sizes, offsets = compute_local_shape_and_global_offset(dt.shape, mesh, placements)
+    # A strided layout's file is its expansion's: the same bytes in C order, where
+    # each rank's part is a box again.
+    eshape, eplacements, _ = _strided.expand(dt.shape, placements, mesh.shape)
+    sizes, offsets = compute_local_shape_and_global_offset(eshape, mesh, eplacements)
     # A 0-d array travels as shape (1,), where a rank can also hold nothing.
-    shape = dt.shape or (1,)
+    shape = eshape or (1,)
     sizes, offsets = (tuple(sizes), tuple(offsets)) if dt.ndim else ((1,), (0,))
     if not _writes(mesh, placements):
         sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
@@ -115,6 +118,16 @@ def load_dtensor(head: _npy.NpyHeader, path: str, mesh, placements) -> DTensor:
     spec = DTensorSpec(mesh, pl, head.shape, dtype, contiguous_strides(head.shape))
     if mesh.get_coordinate() is None:
         return DTensor(np.empty((0,), dtype), spec)
+    if _strided.has_strided(pl):
+        # Read as the plain layout of the expansion (the same bytes in C order);
+        # a Fortran-order file holds them in another order, so it is read plain.
+        if head.fortran_order:
+            plain = load_dtensor(head, path, mesh, None)
+            return plain.redistribute(mesh, pl)
+        eshape, eplacements, _ = _strided.expand(head.shape, pl, mesh.shape)
+        box = _read_box(head._replace(shape=eshape), path, mesh, eplacements, dtype)
+        return DTensor(box.reshape(_strided.local_shape(head.shape, pl, mesh.shape,
+                                                        mesh.get_coordinate())), spec)
     return DTensor(_read_box(head, path, mesh, pl, dtype), spec)
 
 

@@ -7,6 +7,7 @@ import importlib
 
 import numpy as np
 
+from .. import _strided
 from .._layout import local_shape_and_global_offset
 
 __all__ = ["visualize_sharding"]
@@ -39,6 +40,8 @@ def shard_blocks(shape, mesh, placements) -> list:
     holding at least one element (inclusive bounds; a 1-D tensor is one column),
     in mesh order. Local: from the layout alone."""
     blocks = []
+    if _strided.has_strided(placements):
+        return _strided_blocks(shape, mesh, placements)
     for coord, rank in np.ndenumerate(mesh.mesh):
         size, offset = local_shape_and_global_offset(shape, mesh.shape, coord, placements)
         if len(shape) == 1:
@@ -47,6 +50,24 @@ def shard_blocks(shape, mesh, placements) -> list:
             continue
         blocks.append(((offset[0], offset[0] + size[0] - 1),
                        (offset[1], offset[1] + size[1] - 1), int(rank)))
+    return blocks
+
+
+def _runs(indices) -> list:
+    """Inclusive (first, last) of each run of consecutive indices."""
+    cuts = np.flatnonzero(np.diff(indices) != 1) + 1
+    return [(int(r[0]), int(r[-1])) for r in np.split(indices, cuts) if len(r)]
+
+
+def _strided_blocks(shape, mesh, placements) -> list:
+    """shard_blocks of a strided layout: a rank holds one block per pair of runs
+    of the indices it holds along the rows and the columns."""
+    blocks = []
+    for coord, rank in np.ndenumerate(mesh.mesh):
+        held = _strided.held_indices(shape, placements, mesh.shape, coord)
+        rows = _runs(np.sort(held[0]))
+        cols = _runs(np.sort(held[1])) if len(shape) > 1 else [(0, 0)]
+        blocks.extend((r, c, int(rank)) for r in rows for c in cols)
     return blocks
 
 

@@ -1,0 +1,277 @@
+"""Operations on DTensors placed with ``_StridedShard``.
+
+The C dispatch hands every call with a strided operand to :func:`run` (its
+"strided" hook) before anything else. A strided DTensor is the plain layout of a
+reshaped view (mpitensor._strided), so the calls that only need that view run on
+it with no communication: reshape and view, elementwise ufuncs between operands
+strided alike (or replicated), and reductions over every element. Redistribute
+moves the plain view with the core's plans. Any other operation gets its strided
+operands redistributed to plain placements first (the strided mesh dims to
+Replicate, as torch does: a planned move that CommDebugMode counts), then runs as
+usual.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+from .. import _C, _args, _registry, _strided
+from .._dtensor import DTensor, _redistribute_args
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Replicate, Shard
+
+__all__ = ["restride", "run"]
+
+
+def _is_strided(o) -> bool:
+    return isinstance(o, DTensor) and _strided.has_strided(o._spec.placements)
+
+
+def restride(a, shape, placements, copy=False):
+    """The same local elements read as the layout ``(shape, placements)``: a local
+    reshape, checked to hold the same elements on every rank (ValueError if not).
+    Local; the local array is a view where NumPy's reshape gives one. Recorded for
+    autograd (the gradient comes back the same way).
+
+    Example (``mpiexec -n 2``)::
+
+        >>> x = distribute_tensor(np.arange(48.0).reshape(8, 6), mesh, [Shard(1)])
+        >>> restride(x, (48,), (_StridedShard(0, sf=8),)).placements
+        (_StridedShard(dim=0, sf=8),)
+    """
+    return _registry.call(restride, a, layout=(tuple(shape), tuple(placements)),
+                          copy=copy)
+
+
+@_registry.implements(restride)
+def _restride(a, *, layout, copy=False):
+    shape, placements = layout
+    spec = a._spec
+    mesh = spec.mesh
+    if not _strided.same_elements(spec.shape, spec.placements, shape, placements,
+                                  mesh.shape):
+        raise ValueError(
+            f"the layout {spec.placements} of shape {spec.shape} is not a view of "
+            f"{placements} of shape {tuple(shape)}")
+    local = a._data()
+    coord = mesh.get_coordinate()
+    if coord is not None:
+        box = _strided.local_shape(shape, placements, mesh.shape, coord)
+        local = local.reshape(box)
+        if copy:
+            local = local.copy()
+    return DTensor(local, DTensorSpec(mesh, tuple(placements), tuple(shape), spec.dtype,
+                                      contiguous_strides(tuple(shape))))
+
+
+def _expanded(a):
+    """``a`` read as its plain expansion (no communication)."""
+    shape, placements, _ = _strided.expand(a._spec.shape, a._spec.placements,
+                                           a._spec.mesh.shape)
+    return restride(a, shape, placements)
+
+
+def _back(r, shape):
+    """The plain result ``r`` read back as ``shape``: a view when torch's reshape
+    would be one (a strided shard where it merges a cut dim), else a reshape that
+    moves what it must."""
+    view = _strided.view_placements(r._spec.shape, r._spec.placements, shape,
+                                    r._spec.mesh.shape)
+    if view is not None:
+        return restride(r, shape, view)
+    return _registry.call(np.reshape, r, shape)
+
+
+def _resolve(size: int, shape: tuple) -> tuple:
+    shape = tuple(int(n) for n in shape)
+    if shape.count(-1) == 1:
+        known = math.prod(n for n in shape if n != -1)
+        if known and size % known == 0:
+            shape = tuple(size // known if n == -1 else n for n in shape)
+    if math.prod(shape) != size or any(n < 0 for n in shape):
+        raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
+    return shape
+
+
+def _reshape(a, shape=None, order="C", *, newshape=None, copy=None):
+    shape = newshape if shape is None else shape
+    if shape is None or order not in ("C", "A") or copy is False:
+        return None
+    shape = _resolve(math.prod(a._spec.shape), (shape,) if isinstance(
+        shape, (int, np.integer)) else tuple(shape))
+    e = _expanded(a)
+    view = _strided.view_placements(e._spec.shape, e._spec.placements, shape,
+                                    e._spec.mesh.shape)
+    if view is not None:
+        return restride(e, shape, view, bool(copy))
+    return _registry.call(np.reshape, e, shape, copy=copy)
+
+
+def _ufunc(ufunc, method, *ops, **kwargs):
+    """An elementwise call on operands strided alike, or replicated, or scalars:
+    on their plain views, then read back."""
+    out = kwargs.pop("out", None)
+    if method != "__call__" or set(kwargs) - {"dtype", "casting"}:
+        return None
+    outs = () if out is None else out if isinstance(out, tuple) else (out,)
+    if not all(_is_strided(o) for o in outs):
+        return None
+    ref = next(o for o in ops + outs if _is_strided(o))
+    spec = ref._spec
+    if any(o._spec[1:3] != spec[1:3] or o._spec.mesh is not spec.mesh for o in outs):
+        return None
+    for o in ops:
+        if isinstance(o, DTensor):
+            s = o._spec
+            if s.mesh is not spec.mesh or s.shape != spec.shape or not (
+                    s.placements == spec.placements
+                    or all(p.is_replicate() for p in s.placements)):
+                return None
+        elif np.ndim(o) != 0:
+            return None
+    shape, placements, _ = _strided.expand(spec.shape, spec.placements, spec.mesh.shape)
+    views = [restride(o, shape, placements if o._spec.placements == spec.placements
+                      else o._spec.placements) if isinstance(o, DTensor) else o
+             for o in ops]
+    if outs:
+        # Written through views of the outputs' own local arrays.
+        targets = tuple(restride(o, shape, placements) for o in outs)
+        if not all(t._data().size == 0 or np.shares_memory(t._data(), o._data())
+                   for t, o in zip(targets, outs)):
+            return None
+        ufunc(*views, out=targets, **kwargs)
+        return outs[0] if len(outs) == 1 else outs
+    res = ufunc(*views, **kwargs)
+    if isinstance(res, tuple):
+        return tuple(_back(r, spec.shape) for r in res)
+    return _back(res, spec.shape)
+
+
+# Reductions over every element, which the plain view gives as they are.
+_WHOLE = {np.sum, np.prod, np.mean, np.max, np.min, np.amax, np.amin, np.all, np.any,
+          np.nansum, np.nanmax, np.nanmin}
+
+
+def _whole(func, a, axis=None, *rest, **kwargs):
+    if axis is not None or rest or kwargs.get("keepdims", False) or "out" in kwargs:
+        return None
+    return _registry.call(func, _expanded(a), None, **kwargs)
+
+
+def _expressed(shape, placements, groups, target_shape, mesh_shape):
+    """Plain ``placements`` of ``shape`` read on ``target_shape`` (whose dims
+    ``groups`` split ``shape``'s): each Shard on its group's first dim, when that
+    holds the same elements; else None."""
+    out = tuple(Shard(groups[p.dim].start) if isinstance(p, Shard) else p
+                for p in placements)
+    if _strided.same_elements(shape, placements, target_shape, out, mesh_shape):
+        return out
+    return None
+
+
+def _redistribute(a, mesh, placements, async_op, forward_dtype, backward_dtype, what):
+    """redistribute from or to a strided shard: one planned move of plain views when
+    both layouts have plain forms on the same expansion, else through the plain
+    placements (torch moves through Replicate too)."""
+    dst, fwd, bwd = _redistribute_args(a, mesh, placements, forward_dtype, backward_dtype)
+    spec = a._spec
+    m = spec.mesh
+    kw = {"forward_dtype": fwd, "backward_dtype": bwd}
+    kw = {k: v for k, v in kw.items() if v is not None}
+    if dst == spec.placements and not kw:
+        return restride(a, spec.shape, dst)
+    if _strided.has_strided(dst):
+        eshape, eplacements, groups = _strided.expand(spec.shape, dst, m.shape)
+        if _strided.has_strided(spec.placements):
+            have, hplace, _ = _strided.expand(spec.shape, spec.placements, m.shape)
+            src = hplace if have == eshape else None
+        else:
+            src = _expressed(spec.shape, spec.placements, groups, eshape, m.shape)
+        if src is None:
+            full = tuple(p if p.is_partial() else Replicate() for p in spec.placements)
+            a = a.redistribute(m, full, **kw)
+            kw, src = {}, _expressed(spec.shape, full, groups, eshape, m.shape)
+        moved = restride(a, eshape, src).redistribute(m, eplacements, **kw)
+        return restride(moved, spec.shape, dst)
+    eshape, eplacements, groups = _strided.expand(spec.shape, spec.placements, m.shape)
+    e = restride(a, eshape, eplacements)
+    target = _expressed(spec.shape, dst, groups, eshape, m.shape)
+    if target is not None:
+        return restride(e.redistribute(m, target, **kw), spec.shape, dst)
+    for mid in (_strided.plain_of(spec.placements),
+                tuple(p if p.is_partial() else Replicate() for p in spec.placements)):
+        on_e = _expressed(spec.shape, mid, groups, eshape, m.shape)
+        if on_e is not None:
+            plain = restride(e.redistribute(m, on_e, **kw), spec.shape, mid)
+            return plain.redistribute(m, dst)
+    raise AssertionError("a replicated layout is a view of any shape")
+
+
+def _plain(o):
+    if _is_strided(o):
+        return o.redistribute(o._spec.mesh, _strided.plain_of(o._spec.placements))
+    if isinstance(o, (list, tuple)) and any(_is_strided(x) for x in o):
+        return type(o)(_plain(x) for x in o)
+    return o
+
+
+def run(what, args, kwargs):
+    """The "strided" hook: runs ``what(*args, **kwargs)`` (or a redistribute) whose
+    arguments hold a strided DTensor; NotImplemented hands :func:`restride` back to
+    the dispatch. Collective on the mesh when data moves.
+
+    Example: ``run(np.reshape, (x, (8, 6)), None)`` for a flattened ``x``.
+    """
+    if what is restride:
+        return NotImplemented
+    if what == "DTensor.redistribute":
+        return _redistribute(*args)
+    kwargs = kwargs or {}
+    out = None
+    if what is np.reshape and _is_strided(args[0]):
+        out = _reshape(*args, **kwargs)
+    elif what is np.ravel and _is_strided(args[0]) and kwargs.get(
+            "order", args[1] if len(args) > 1 else "C") in ("C", "A"):
+        out = _reshape(args[0], -1)
+    elif what is np.ufunc:
+        out = _ufunc(*args, **kwargs)
+    elif what in _WHOLE and args and _is_strided(args[0]):
+        out = _whole(what, *args, **kwargs)
+    if out is not None:
+        return out
+    return _through_plain(what, args, kwargs)
+
+
+def _through_plain(what, args, kwargs):
+    """``what`` on plain copies of the strided operands; a strided destination
+    (of setitem, copyto or ``out=``) gets the written values back."""
+    plain: dict = {}
+
+    def swap(o):
+        if _is_strided(o):
+            if id(o) not in plain:
+                plain[id(o)] = (o, _plain(o))
+            return plain[id(o)][1]
+        if isinstance(o, (list, tuple)) and any(_is_strided(x) for x in o):
+            return type(o)(swap(x) for x in o)
+        return o
+
+    dests = list(args[:1]) if what in (operator.setitem, np.copyto) else []
+    out = kwargs.get("out")
+    dests += list(out) if isinstance(out, tuple) else [out]
+    res = _C.call(what, tuple(swap(a) for a in args),
+                  {k: swap(v) for k, v in kwargs.items()} or None)
+    for d in dests:
+        if not _is_strided(d):
+            continue
+        written = plain[id(d)][1]
+        np.copyto(d._data(), written.redistribute(d._spec.mesh, d._spec.placements)._data())
+        res = d if res is written else tuple(d if r is written else r for r in res) \
+            if isinstance(res, tuple) else res
+    return res
+
+
+_C.set_hook("strided", run)

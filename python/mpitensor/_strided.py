@@ -1,0 +1,318 @@
+"""Strided shards as plain layouts of a reshaped view.
+
+A dim placed ``_StridedShard(d, split_factor=f)`` is, on every rank, the local
+data of a plain layout in which that dim is split into factors (``f`` pieces,
+each cut as ``Shard`` cuts). So the core never needs a new layout kind: a
+strided DTensor is handed to it as the plain layout of its *expansion* (the same
+local array, reshaped), where the core's chunk math, prop and plans all apply.
+This module is that translation and nothing else: metadata arithmetic, local, no
+data and no MPI. Two layouts of the same mesh hold the same elements on every
+rank, in the same order, exactly when their :func:`canonical` forms are equal;
+that is how every view between them is checked.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from . import _clib
+from .placement_types import Placement, Replicate, Shard, _StridedShard
+
+__all__ = ["has_strided", "expand", "canonical", "view_placements", "same_elements",
+           "local_shape", "local_box", "held_indices", "plain_of"]
+
+
+def has_strided(placements: Sequence[Placement]) -> bool:
+    """Whether any placement is a :class:`_StridedShard`. Local.
+
+    Example: ``has_strided((Replicate(), _StridedShard(0, sf=8)))`` is True.
+    """
+    return any(type(p) is _StridedShard for p in placements)
+
+
+class _Dim:
+    """One tensor dim's factors while its placements are applied, mesh dim by
+    mesh dim: global sizes, this layout's local sizes (evenly cut so far, or cut
+    unevenly only on the last factor that holds data) and which factor each mesh
+    dim shards."""
+
+    def __init__(self, size: int):
+        self.sizes, self.local, self.owner, self.uneven = [size], [size], {}, False
+
+    def chunk(self, start: int, mesh_dim: int, ranks: int) -> None:
+        # A chunk of the flattened factors from `start` is a chunk of the first
+        # factor that holds more than one element, when the cut falls between its
+        # entries: evenly, or with nothing after it.
+        if start == len(self.local):
+            self.sizes.append(1)
+            self.local.append(1)
+        k = next((i for i in range(start, len(self.local)) if self.local[i] > 1), start)
+        rest = math.prod(self.local[k + 1:])
+        if self.uneven or (self.local[k] % ranks and rest != 1):
+            raise ValueError("uneven")
+        # After an uneven cut nothing more may cut this dim, so the local sizes
+        # stop mattering: only even cuts are followed (the core owns the chunk
+        # sizes).
+        self.uneven = self.local[k] % ranks != 0
+        self.local[k] //= ranks
+        self.owner[mesh_dim] = k
+
+    def split(self, factor: int) -> int:
+        # Where the first `factor` pieces end: a boundary between factors, one
+        # factor split in two when the boundary falls inside it.
+        prefix = 1
+        for k, n in enumerate(self.local):
+            if prefix == factor:
+                return k
+            a = factor // prefix
+            if a < n:
+                if n % a:
+                    raise ValueError("split")
+                inner = n // a
+                self.sizes[k:k + 1] = [self.sizes[k] // inner, inner]
+                self.local[k:k + 1] = [a, inner]
+                self.owner = {m: (i + 1 if i > k else i) for m, i in self.owner.items()}
+                return k + 1
+            if n == 0 or a % n:
+                raise ValueError("split")
+            prefix *= n
+        if prefix == factor:
+            return len(self.local)
+        raise ValueError("split")
+
+
+def expand(shape: Sequence[int], placements: Sequence[Placement],
+           mesh_shape: Sequence[int]):
+    """The plain layout whose local arrays, reshaped, are this layout's: ``(shape,
+    placements, groups)`` with ``groups[d]`` the range of expanded dims of dim
+    ``d``. A layout without strided shards is its own expansion. ValueError when a
+    strided shard has no plain form (a split factor that does not divide the
+    local dim, or a cut after an uneven one). Local.
+
+    Example::
+
+        >>> expand((48,), (_StridedShard(0, sf=8),), (2,))
+        ((8, 6), (Shard(dim=1),), (range(0, 2),))
+    """
+    shape = tuple(int(n) for n in shape)
+    if not has_strided(placements):
+        return shape, tuple(placements), tuple(range(d, d + 1) for d in range(len(shape)))
+    dims = [_Dim(n) for n in shape]
+    for m, p in enumerate(placements):
+        if not isinstance(p, (Shard, _StridedShard)):
+            continue
+        if not 0 <= p.dim < len(shape):
+            raise ValueError(f"{p!r} is out of range for a tensor with {len(shape)} dims")
+        dim = dims[p.dim]
+        try:
+            if type(p) is _StridedShard:
+                if dim.uneven or math.prod(dim.local) % p.split_factor:
+                    raise ValueError("factor")
+                dim.chunk(dim.split(p.split_factor), m, mesh_shape[m])
+            else:
+                dim.chunk(0, m, mesh_shape[m])
+        except ValueError:
+            raise ValueError(
+                f"placements {tuple(placements)} of a tensor of shape {shape} on a mesh "
+                f"of shape {tuple(mesh_shape)}: {p!r} on mesh dim {m} does not cut dim "
+                f"{p.dim} into whole pieces; redistribute to Shard or Replicate "
+                f"placements first") from None
+    out_shape, groups, first = [], [], []
+    for dim in dims:
+        first.append(len(out_shape))
+        groups.append(range(len(out_shape), len(out_shape) + len(dim.sizes)))
+        out_shape.extend(dim.sizes)
+    out = tuple(Shard(first[p.dim] + dims[p.dim].owner[m])
+                if isinstance(p, (Shard, _StridedShard)) else p
+                for m, p in enumerate(placements))
+    return tuple(out_shape), out, tuple(groups)
+
+
+def canonical(shape: Sequence[int], placements: Sequence[Placement],
+              mesh_shape: Sequence[int]):
+    """A normal form of a layout: expanded, dims of size 1 no mesh dim cuts
+    dropped, and neighbouring dims merged wherever the merge is still a plain
+    layout. Layouts with equal normal forms hold the same elements in the same
+    order on every rank, so a local reshape turns one into the other. None when
+    the layout has no plain expansion. Local.
+
+    Example: ``canonical((8, 6), (Shard(1),), (2,)) ==
+    canonical((48,), (_StridedShard(0, sf=8),), (2,))``.
+    """
+    try:
+        shape, placements, _ = expand(shape, placements, mesh_shape)
+    except ValueError:
+        return None
+    cuts = [[m for m, p in enumerate(placements) if isinstance(p, Shard) and p.dim == d]
+            for d in range(len(shape))]
+    merged, merged_cuts = [], []
+    for n, cut in zip(shape, cuts):
+        if n == 1 and not cut:
+            continue
+        if merged and not cut and _even(merged[-1], merged_cuts[-1], mesh_shape):
+            merged[-1] *= n
+            continue
+        merged.append(n)
+        merged_cuts.append(cut)
+    out = list(p if not isinstance(p, Shard) else None for p in placements)
+    for d, cut in enumerate(merged_cuts):
+        for m in cut:
+            out[m] = Shard(d)
+    return tuple(merged), tuple(out)
+
+
+def _even(size: int, cut: list, mesh_shape) -> bool:
+    for m in cut:
+        if size % mesh_shape[m]:
+            return False
+        size //= mesh_shape[m]
+    return True
+
+
+def _groups(a: Sequence[int], b: Sequence[int]):
+    """Consecutive groups of dims of ``a`` and ``b`` with equal products (a
+    reshape's split and merge groups); None when the sizes do not line up."""
+    out, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        gi, gj = [i] if i < len(a) else [], [j] if j < len(b) else []
+        pa = a[i] if i < len(a) else 1
+        pb = b[j] if j < len(b) else 1
+        i, j = i + bool(gi), j + bool(gj)
+        while pa != pb:
+            if pa < pb and i < len(a):
+                pa *= a[i]
+                gi.append(i)
+                i += 1
+            elif pb < pa and j < len(b):
+                pb *= b[j]
+                gj.append(j)
+                j += 1
+            else:
+                return None
+        out.append((gi, gj))
+    return out
+
+
+def view_placements(shape: Sequence[int], placements: Sequence[Placement],
+                    new_shape: Sequence[int], mesh_shape: Sequence[int]):
+    """torch's placements of ``reshape(new_shape)`` of a plain layout when the
+    reshape moves no data: a merged group keeps a Shard on its first dim and turns
+    a Shard on a later dim into ``_StridedShard`` (split factor: the local sizes
+    of the dims before it), a split group keeps a Shard on its first dim. None
+    when there is no such view (the caller then moves the data). Local.
+
+    Example: ``view_placements((8, 6), (Shard(1),), (48,), (2,)) ==
+    (_StridedShard(0, sf=8),)``.
+    """
+    shape, new_shape = tuple(shape), tuple(new_shape)
+    groups = _groups(shape, new_shape)
+    if groups is None or has_strided(placements):
+        return None
+    where = {}
+    for gi, gj in groups:
+        for i in gi:
+            where[i] = (gi, gj)
+    local, out = list(shape), []
+    for m, p in enumerate(placements):
+        if not isinstance(p, Shard):
+            out.append(p)
+            continue
+        gi, gj = where[p.dim]
+        if not gj:
+            return None
+        if len(gj) > 1 and len(gi) > 1:
+            return None
+        if p.dim == gi[0]:
+            out.append(Shard(gj[0]))
+        else:
+            out.append(_StridedShard(gj[0], split_factor=math.prod(local[gi[0]:p.dim])))
+        local[p.dim] //= mesh_shape[m]
+    out = tuple(out)
+    if canonical(new_shape, out, mesh_shape) != canonical(shape, placements, mesh_shape):
+        return None
+    return out
+
+
+def same_elements(a_shape, a_placements, b_shape, b_placements, mesh_shape) -> bool:
+    """Whether two layouts hold the same elements in the same order on every rank
+    (then a local reshape turns one into the other). Local.
+
+    Example: ``same_elements((8, 6), (Shard(1),), (48,), (_StridedShard(0, sf=8),),
+    (2,))`` is True.
+    """
+    a = canonical(a_shape, a_placements, mesh_shape)
+    return a is not None and a == canonical(b_shape, b_placements, mesh_shape)
+
+
+def _box(shape, placements, mesh_shape, coordinate):
+    """The core's box (local shape, global offset) of a plain layout."""
+    return _clib.local_box(tuple(shape), tuple(mesh_shape), tuple(coordinate),
+                           tuple(p._code for p in placements))
+
+
+def local_box(shape: Sequence[int], placements: Sequence[Placement],
+              mesh_shape: Sequence[int], coordinate: Sequence[int]) -> tuple:
+    """A strided layout's local shape, and as offset the global index, along each
+    dim, of this coordinate's first element (its elements are not one box; an
+    empty part reports the dim's size, as the core does). Local.
+
+    Example: ``local_box((48,), (_StridedShard(0, sf=8),), (2,), (1,)) ==
+    ((24,), (3,))``.
+    """
+    eshape, eplacements, groups = expand(shape, placements, mesh_shape)
+    elocal, eoffset = _box(eshape, eplacements, mesh_shape, coordinate)
+    sizes, offsets = [], []
+    for g in groups:
+        sizes.append(math.prod(elocal[g.start:g.stop]))
+        flat = 0
+        for i in g:
+            flat = flat * eshape[i] + min(eoffset[i], max(eshape[i] - 1, 0))
+        offsets.append(flat if sizes[-1] else math.prod(eshape[g.start:g.stop]))
+    return tuple(sizes), tuple(offsets)
+
+
+def local_shape(shape: Sequence[int], placements: Sequence[Placement],
+                mesh_shape: Sequence[int], coordinate: Sequence[int]) -> tuple:
+    """This coordinate's local shape of a layout, strided shards included: the
+    core's chunk math on the expansion. Local.
+
+    Example: ``local_shape((48,), (_StridedShard(0, sf=8),), (2,), (1,)) == (24,)``.
+    """
+    eshape, eplacements, groups = expand(shape, placements, mesh_shape)
+    elocal, _ = _box(eshape, eplacements, mesh_shape, coordinate)
+    return tuple(math.prod(elocal[g.start:g.stop]) for g in groups)
+
+
+def plain_of(placements: Sequence[Placement]) -> tuple:
+    """The placements with each strided shard replaced by Replicate: where an
+    operation without a strided rule takes a strided input. Local.
+
+    Example: ``plain_of((Shard(0), _StridedShard(0, sf=4))) == (Shard(0), Replicate())``.
+    """
+    return tuple(Replicate() if type(p) is _StridedShard else p for p in placements)
+
+
+
+def held_indices(shape: Sequence[int], placements: Sequence[Placement],
+                 mesh_shape: Sequence[int], coordinate: Sequence[int]) -> list:
+    """The global indices this coordinate holds along each dim, in local order (a
+    layout's local block is the product of them, strided shards included). For
+    drawing and checks on small arrays: the index arrays have the dims' local
+    lengths. Local.
+
+    Example: ``held_indices((12,), (_StridedShard(0, sf=2),), (2,), (1,))[0]``
+    is ``array([3, 4, 5, 9, 10, 11])``.
+    """
+    eshape, eplacements, groups = expand(shape, placements, mesh_shape)
+    size, offset = _box(eshape, eplacements, mesh_shape, coordinate)
+    out = []
+    for g in groups:
+        idx = np.zeros(1, dtype=np.int64)
+        for i in g:
+            idx = (idx[:, None] * eshape[i] + offset[i]
+                   + np.arange(size[i], dtype=np.int64)[None, :]).reshape(-1)
+        out.append(idx)
+    return out

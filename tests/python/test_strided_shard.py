@@ -1,0 +1,410 @@
+"""Strided shards (torch's ``_StridedShard``): flattening an array sharded on a
+dim that is not the first of the flattened group moves no data and gives torch's
+placement; every operation, redistribute and checkpoint takes the result and
+gives NumPy's values, at any number of ranks. The expected local arrays come
+from torch's definition (cut into split_factor pieces, cut each over the ranks,
+concatenate), written here apart from mpitensor's own translation."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from contextlib import redirect_stdout
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from mpitensor.debug import CommDebugMode, visualize_sharding
+from mpitensor.placement_types import _StridedShard
+
+COMM = MPI.COMM_WORLD
+W = COMM.Get_size()
+R, S0, S1 = Replicate(), Shard(0), Shard(1)
+_MESHES: dict = {}
+
+
+def mesh_of(shape):
+    if shape not in _MESHES:
+        _MESHES[shape] = mt.init_device_mesh("cpu", shape)
+    return _MESHES[shape]
+
+
+def meshes_2d():
+    return [(2, 2)] if W == 4 else [(1, W), (W, 1)]
+
+
+def _chunk(a, n, i, axis):
+    size = -(-a.shape[axis] // n)
+    return a.take(range(min(i * size, a.shape[axis]), min((i + 1) * size, a.shape[axis])),
+                  axis)
+
+
+def ref_local(full, mesh_shape, coord, placements):
+    """This coordinate's local array by torch's definitions, mesh dim by mesh dim."""
+    a = full
+    for m, p in enumerate(placements):
+        n, i = mesh_shape[m], coord[m]
+        if isinstance(p, _StridedShard):
+            pieces = np.split(a, p.split_factor, axis=p.dim)
+            a = np.concatenate([_chunk(q, n, i, p.dim) for q in pieces], axis=p.dim)
+        elif isinstance(p, Shard):
+            a = _chunk(a, n, i, p.dim)
+    return a
+
+
+def counts(fn):
+    with CommDebugMode() as c:
+        out = fn()
+    return out, c.get_total_counts()
+
+
+def flat_placements(pls, mesh_shape):
+    """torch's placements of (8, 6) placed `pls`, flattened."""
+    out, rows = [], 8
+    for m, p in enumerate(pls):
+        if p == S0:
+            out.append(S0)
+            rows //= mesh_shape[m]
+        elif p == S1:
+            out.append(_StridedShard(0, split_factor=rows))
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+def even(mesh_shape, pls):
+    """Whether the rows cut evenly wherever a cut of the columns follows them."""
+    return all(8 % mesh_shape[m] == 0 for m, p in enumerate(pls) if p == S0)
+
+
+CASES = [((W,), (S1,))] + [(ms, pls) for ms in meshes_2d()
+                           for pls in ((S0, S1), (S1, S0), (R, S1))]
+FULL = np.arange(48.0).reshape(8, 6) - 7.5
+
+
+@pytest.mark.parametrize("mesh_shape,pls", CASES, ids=str)
+@pytest.mark.parametrize("how", ["reshape", "view", "np.reshape", "ravel"])
+def test_flatten_moves_nothing(mesh_shape, pls, how):
+    mesh = mesh_of(mesh_shape)
+    x = distribute_tensor(FULL, mesh, pls)
+    run = {"reshape": lambda: x.reshape(-1), "view": lambda: x.view(-1),
+           "np.reshape": lambda: np.reshape(x, (48,)), "ravel": lambda: np.ravel(x)}[how]
+    y, n = counts(run)
+    assert y.shape == (48,)
+    np.testing.assert_array_equal(y.full_tensor(), FULL.reshape(-1))
+    if not even(mesh_shape, pls):
+        # torch refuses this view (an uneven cut of a dim with a cut after it in
+        # the group); the data moves instead.
+        np.testing.assert_array_equal(y.reshape(8, 6).full_tensor(), FULL)
+        return
+    assert n == 0
+    assert y.placements == flat_placements(pls, mesh_shape)
+    coord = mesh.get_coordinate()
+    np.testing.assert_array_equal(y.to_local(),
+                                  ref_local(FULL.reshape(-1), mesh_shape, coord,
+                                            y.placements))
+    assert y.to_local().size == 0 or np.shares_memory(y.to_local(), x.to_local())
+    back, n = counts(lambda: y.reshape(8, 6))
+    assert n == 0 and back.placements == tuple(pls)
+    np.testing.assert_array_equal(back.full_tensor(), FULL)
+    np.testing.assert_array_equal(y.full_tensor(), FULL.reshape(-1))
+
+
+@pytest.mark.parametrize("shape", [(7, 6), (8, 5), (5, 3), (3, 7, 4)])
+def test_uneven_flatten(shape):
+    full = np.arange(float(np.prod(shape))).reshape(shape)
+    mesh = mesh_of((W,))
+    x = distribute_tensor(full, mesh, [Shard(len(shape) - 1)])
+    y, n = counts(lambda: x.reshape(-1))
+    np.testing.assert_array_equal(y.full_tensor(), full.reshape(-1))
+    if isinstance(y.placements[0], _StridedShard):
+        assert n == 0
+        np.testing.assert_array_equal(
+            y.to_local(), ref_local(full.reshape(-1), (W,), mesh.get_coordinate(),
+                                    y.placements))
+    np.testing.assert_array_equal(y.reshape(shape).full_tensor(), full)
+    np.testing.assert_array_equal((y * 2).full_tensor(), 2 * full.reshape(-1))
+
+
+@pytest.mark.parametrize("mesh_shape", meshes_2d())
+def test_uneven_2d_values(mesh_shape):
+    full = np.arange(42.0).reshape(7, 6)
+    mesh = mesh_of(mesh_shape)
+    for pls in ((S0, S1), (S1, S0)):
+        y = distribute_tensor(full, mesh, pls).reshape(-1)
+        np.testing.assert_array_equal(y.full_tensor(), full.reshape(-1))
+        np.testing.assert_array_equal(y.reshape(7, 6).full_tensor(), full)
+
+
+@pytest.mark.parametrize("mesh_shape,pls", CASES, ids=str)
+def test_redistribute(mesh_shape, pls):
+    mesh = mesh_of(mesh_shape)
+    y = distribute_tensor(FULL, mesh, pls).reshape(-1)
+    flat = FULL.reshape(-1)
+    targets = [(R,) * mesh.ndim, (S0,) + (R,) * (mesh.ndim - 1),
+               (R,) * (mesh.ndim - 1) + (S0,), (S0,) * mesh.ndim, y.placements]
+    for t in targets:
+        z, n = counts(lambda: y.redistribute(mesh, t))
+        assert z.placements == t
+        assert n <= mesh.ndim
+        np.testing.assert_array_equal(z.full_tensor(), flat)
+        np.testing.assert_array_equal(
+            z.to_local(), ref_local(flat, mesh_shape, mesh.get_coordinate(), t))
+        # and back to the strided layout
+        w = z.redistribute(mesh, y.placements)
+        assert w.placements == y.placements
+        np.testing.assert_array_equal(w.to_local(), y.to_local())
+
+
+@pytest.mark.parametrize("mesh_shape,pls", CASES, ids=str)
+def test_elementwise_and_reductions(mesh_shape, pls):
+    mesh = mesh_of(mesh_shape)
+    flat = FULL.reshape(-1)
+    y = distribute_tensor(FULL, mesh, pls).reshape(-1)
+    y2 = distribute_tensor(FULL * 3, mesh, pls).reshape(-1)
+    rep = distribute_tensor(flat + 1, mesh, [R] * mesh.ndim)
+    for fn, expect in ((lambda: y * y2, flat * flat * 3), (lambda: y + rep, 2 * flat + 1),
+                       (lambda: rep - y, np.ones(48)), (lambda: np.exp(y), np.exp(flat)),
+                       (lambda: y + 1.5, flat + 1.5), (lambda: np.maximum(y, y2),
+                                                       np.maximum(flat, 3 * flat))):
+        z, n = counts(fn)
+        assert n == 0 and z.placements == y.placements
+        np.testing.assert_allclose(z.full_tensor(), expect)
+    s, n = counts(lambda: y.sum())
+    assert n == 0
+    assert s.full_tensor() == flat.sum()
+    assert np.sum(y * y).full_tensor() == (flat * flat).sum()
+    assert y.max().full_tensor() == flat.max()
+    np.testing.assert_allclose(np.mean(y).full_tensor(), flat.mean())
+
+
+@pytest.mark.parametrize("mesh_shape,pls", CASES, ids=str)
+def test_other_ops_take_plain_layout(mesh_shape, pls):
+    mesh = mesh_of(mesh_shape)
+    flat = FULL.reshape(-1)
+    y = distribute_tensor(FULL, mesh, pls).reshape(-1)
+    np.testing.assert_array_equal(np.cumsum(y).full_tensor(), np.cumsum(flat))
+    np.testing.assert_array_equal(y[3:20].full_tensor(), flat[3:20])
+    np.testing.assert_array_equal(np.sort(-y).full_tensor(), np.sort(-flat))
+    np.testing.assert_array_equal(y.sum(axis=0).full_tensor(), flat.sum(axis=0))
+    np.testing.assert_array_equal(y.reshape(4, 12).full_tensor(), flat.reshape(4, 12))
+    np.testing.assert_array_equal(np.outer(y, y[:3]).full_tensor(),
+                                  np.outer(flat, flat[:3]))
+    np.testing.assert_array_equal((y + y.reshape(8, 6).reshape(-1)).full_tensor(), 2 * flat)
+    np.testing.assert_array_equal(y.astype(np.float32).full_tensor(),
+                                  flat.astype(np.float32))
+
+
+def test_from_local_and_repr():
+    mesh = mesh_of((W,))
+    pl = (_StridedShard(0, split_factor=8),)
+    coord = mesh.get_coordinate()
+    local = ref_local(FULL.reshape(-1), (W,), coord, pl).copy()
+    y = DTensor.from_local(local, mesh, pl, shape=(48,), stride=(1,))
+    np.testing.assert_array_equal(y.full_tensor(), FULL.reshape(-1))
+    assert "_StridedShard(dim=0, sf=8)" in repr(y)
+    assert y.to_local() is local
+    if 6 % W == 0:
+        even = DTensor.from_local(local, mesh, pl)
+        assert even.shape == (48,)
+        np.testing.assert_array_equal(even.full_tensor(), FULL.reshape(-1))
+    neg = DTensor.from_local(local, mesh, (_StridedShard(-1, sf=8),), shape=(48,),
+                             stride=(1,))
+    assert neg.placements == pl
+
+
+def test_bad_split_factor_refused_on_every_rank():
+    mesh = mesh_of((W,))
+    local = np.zeros(48 // W if 48 % W == 0 else 0)
+    y = DTensor.from_local(local, mesh, (_StridedShard(0, split_factor=5),),
+                           shape=(48,), stride=(1,))
+    with pytest.raises(ValueError, match="does not cut dim 0 into whole pieces"):
+        y.full_tensor()
+
+
+def test_visualize_sharding():
+    mesh = mesh_of((W,))
+    y = distribute_tensor(np.zeros((4, 6)), mesh, [S1]).reshape(-1)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        visualize_sharding(y)
+    if mesh.get_coordinate() == [0] or tuple(mesh.get_coordinate()) == (0,):
+        text = out.getvalue()
+        assert "Row 0-" in text and "cpu:0" in text
+        if W == 2:
+            assert "Row 3-5" in text and "cpu:1" in text
+
+
+def test_placement_value_semantics():
+    a = _StridedShard(0, split_factor=8)
+    assert a == _StridedShard(0, sf=8) and a is _StridedShard(dim=0, split_factor=8)
+    assert a != _StridedShard(0, split_factor=4) and a != Shard(0)
+    assert hash(a) == hash((0, 8))
+    assert repr(a) == "_StridedShard(dim=0, sf=8)" and str(a) == "_S(0, 8)"
+    assert a.is_shard() and a.is_shard(0) and not a.is_shard(1)
+    assert not isinstance(a, Shard) and not a.is_replicate() and not a.is_partial()
+    assert pickle.loads(pickle.dumps(a)) is a
+    with pytest.raises(TypeError):
+        _StridedShard(0, split_factor=2, sf=3)
+    with pytest.raises(ValueError):
+        _StridedShard(0, split_factor=0)
+
+
+def test_backward_of_flatten():
+    mesh = mesh_of((W,))
+    x = distribute_tensor(FULL, mesh, [S1]).requires_grad_()
+
+    def step():
+        y = x.reshape(-1)
+        (y * y).sum().backward()
+
+    _, n = counts(step)
+    assert n == 0
+    assert x.grad.placements == (S1,)
+    np.testing.assert_allclose(x.grad.full_tensor(), 2 * FULL)
+
+
+@pytest.mark.parametrize("mesh_shape,pls", CASES, ids=str)
+def test_backward_2d(mesh_shape, pls):
+    mesh = mesh_of(mesh_shape)
+    x = distribute_tensor(FULL, mesh, pls).requires_grad_()
+    w = distribute_tensor(FULL * 0.5, mesh, pls).reshape(-1)
+    y = x.reshape(-1)
+    (np.exp(y * 0.1) * w).sum().backward()
+    assert x.grad.placements == tuple(pls)
+    np.testing.assert_allclose(x.grad.full_tensor(),
+                               0.1 * np.exp(0.1 * FULL) * FULL * 0.5)
+
+
+@pytest.mark.parametrize("mesh_shape,pls", CASES, ids=str)
+def test_checkpoint_round_trip(tmp_path_factory, mesh_shape, pls):
+    from mpitensor import checkpoint
+    mesh = mesh_of(mesh_shape)
+    base = COMM.bcast(str(tmp_path_factory.mktemp("strided")) if COMM.rank == 0 else None)
+    y = distribute_tensor(FULL, mesh, pls).reshape(-1)
+    path = f"{base}/strided.npy"
+    checkpoint.save(y, path, device_mesh=mesh)
+    if COMM.rank == 0:
+        np.testing.assert_array_equal(np.load(path), FULL.reshape(-1))
+    for target in ((R,) * mesh.ndim, (S0,) * mesh.ndim, y.placements):
+        z = checkpoint.load(path, mesh, target)
+        assert z.placements == target
+        np.testing.assert_array_equal(z.full_tensor(), FULL.reshape(-1))
+        np.testing.assert_array_equal(
+            z.to_local(), ref_local(FULL.reshape(-1), mesh_shape, mesh.get_coordinate(),
+                                    target))
+    plain = f"{base}/plain.npy"
+    checkpoint.save(distribute_tensor(FULL.reshape(-1), mesh, (S0,) * mesh.ndim), plain,
+                    device_mesh=mesh)
+    z = checkpoint.load(plain, mesh, y.placements)
+    np.testing.assert_array_equal(z.to_local(), y.to_local())
+
+
+def test_partial_strided_reduces():
+    mesh = mesh_of((W,) if W < 4 else (2, 2))
+    if mesh.ndim == 1:
+        pytest.skip("needs a second mesh dim for a Partial beside the strided shard")
+    x = distribute_tensor(FULL, mesh, [S1, R]).reshape(-1)
+    local = x.to_local() / mesh.shape[1]
+    p = DTensor.from_local(local, mesh, (x.placements[0], Partial()), shape=(48,),
+                           stride=(1,))
+    np.testing.assert_allclose(p.full_tensor(), FULL.reshape(-1))
+    np.testing.assert_allclose(p.redistribute(mesh, x.placements).to_local(),
+                               x.to_local())
+
+
+# -- against torch, when it is installed ---------------------------------------------
+
+@pytest.mark.parametrize("mesh_shape,pls", CASES, ids=str)
+@pytest.mark.parametrize("how", ["reshape", "view"])
+def test_torch_agrees(mesh_shape, pls, how):
+    torch = pytest.importorskip("torch")
+    if mesh_shape == (1, W) or mesh_shape == (W, 1):
+        pytest.skip("torch is compared on meshes (W,) and (2, 2)")
+    from torch.distributed.device_mesh import init_device_mesh as tinit
+    from torch.distributed.tensor import Replicate as TR, Shard as TS
+    from torch.distributed.tensor import distribute_tensor as tdist
+    from torch.distributed.tensor.debug import CommDebugMode as TC
+    from torch_helpers import init_gloo
+    init_gloo()
+    tmesh = tinit("cpu", mesh_shape)
+    tpl = [TS(p.dim) if p.is_shard() else TR() for p in pls]
+    t = tdist(torch.from_numpy(FULL.copy()), tmesh, tpl)
+    with TC() as tc:
+        ty = getattr(t, how)(-1)
+    mesh = mesh_of(mesh_shape)
+    x = distribute_tensor(FULL, mesh, pls)
+    y, n = counts(lambda: getattr(x, how)(-1))
+    assert n == tc.get_total_counts() == 0
+    assert [repr(p) for p in y.placements] == [repr(p) for p in ty.placements]
+    np.testing.assert_array_equal(y.to_local(), ty.to_local().numpy())
+    back = getattr(y, how)(8, 6)
+    assert back.placements == tuple(pls)
+
+
+@pytest.mark.parametrize("mesh_shape,pls", CASES, ids=str)
+def test_in_place_writes_reach_the_strided_tensor(mesh_shape, pls):
+    mesh = mesh_of(mesh_shape)
+    flat = FULL.reshape(-1).copy()
+    y = distribute_tensor(FULL, mesh, pls).reshape(-1)
+    other = distribute_tensor(FULL, mesh, pls).reshape(-1)
+    _, n = counts(lambda: np.add(y, other, out=y))
+    assert n == 0
+    flat += flat
+    y *= 0.5
+    flat *= 0.5
+    y[3:7] = -1.0
+    flat[3:7] = -1.0
+    np.copyto(other, y)
+    np.testing.assert_array_equal(y.full_tensor(), flat)
+    np.testing.assert_array_equal(other.full_tensor(), flat)
+    assert y.placements == other.placements
+    y.fill(2.0)
+    np.testing.assert_array_equal(y.full_tensor(), np.full(48, 2.0))
+
+
+def test_pickle_and_local_box():
+    mesh = mesh_of((W,))
+    y = distribute_tensor(FULL, mesh, [S1]).reshape(-1)
+    z = pickle.loads(pickle.dumps(y))
+    assert z.placements == y.placements
+    np.testing.assert_array_equal(z.to_local(), y.to_local())
+    sizes, offsets = mt.compute_local_shape_and_global_offset((48,), mesh, y.placements)
+    assert sizes == (y.to_local().size,)
+    if sizes[0]:
+        assert offsets == (int(np.flatnonzero(FULL.reshape(-1) == y.to_local()[0])[0]),)
+
+
+def test_strided_leaf_gets_its_gradient_in_place():
+    mesh = mesh_of((W,))
+    pl = (_StridedShard(0, split_factor=8),)
+    flat = FULL.reshape(-1)
+    local = ref_local(flat, (W,), mesh.get_coordinate(), pl).copy()
+    x = DTensor.from_local(local, mesh, pl, shape=(48,), stride=(1,)).requires_grad_()
+    _, n = counts(lambda: (x * x + np.sin(x)).sum().backward())
+    assert n == 0
+    assert x.grad.placements == pl
+    np.testing.assert_allclose(x.grad.full_tensor(), 2 * flat + np.cos(flat))
+    (x.reshape(8, 6)[:, 1] * 3.0).sum().backward()
+    expect = 2 * flat + np.cos(flat)
+    expect.reshape(8, 6)[:, 1] += 3.0
+    np.testing.assert_allclose(x.grad.full_tensor(), expect)
+
+
+def test_factories():
+    mesh = mesh_of((W,))
+    pl = (_StridedShard(0, split_factor=8),)
+    for make, expect in ((lambda: mt.zeros(48, device_mesh=mesh, placements=pl), 0.0),
+                         (lambda: mt.full((48,), 3.0, device_mesh=mesh, placements=pl), 3.0)):
+        z = make()
+        assert z.placements == pl
+        np.testing.assert_array_equal(z.full_tensor(), np.full(48, expect))
+    # Random values do not depend on the layout.
+    mt.manual_seed(7)
+    a = mt.rand(48, device_mesh=mesh, placements=pl).full_tensor()
+    mt.manual_seed(7)
+    b = mt.rand(48, device_mesh=mesh, placements=[R]).full_tensor()
+    np.testing.assert_array_equal(a, b)
