@@ -33,7 +33,7 @@ typedef struct mt_ext_dispatch mt_ext_dispatch;
  * global of: the communication and I/O counters (atomic cells, which the
  * ctypes bindings read and pass by address). */
 typedef struct mt_ext_state {
-  PyTypeObject *mesh_type, *plan_type, *request_type, *dimmap_type;
+  PyTypeObject *mesh_type, *plan_type, *request_type;
   PyTypeObject *dtensor_base_type, *mesh_base_type, *node_type, *modes_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
   mt_ext_dispatch *dispatch; /* owned (ext_ops.c) */
@@ -228,6 +228,9 @@ PyObject *mt_ext_op_label(PyObject *key);
 
 /* -- specs and layouts (ext_spec.c) ------------------------------------------------ */
 
+/* The code of an interned placement (Replicate(), Shard(i), Partial(op)), found
+ * by identity: 1, or 0 for any other object. */
+int mt_ext_interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placement *out);
 int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *spec,
                     mt_layout_key *key);
 int mt_ext_layout_id(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *dt,
@@ -236,7 +239,14 @@ int mt_ext_dtype_key(PyArray_Descr *descr);
 PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, int n);
 PyObject *mt_ext_py_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t id,
                            int64_t slot, const mt_layout_key *key, PyObject *dtype);
+/* A new DTensorSpec of (mesh, placements, shape, dtype, stride), borrowed; and one
+ * of a mesh and a Python layout (placements, shape, dtype, stride). */
+PyObject *mt_ext_spec_new(mt_ext_dispatch *d, PyObject *const *items);
 PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout);
+/* A DTensor of `spec` around `local` (both stolen; NULL for either: NULL), of
+ * layout id `id` (0: unknown) and freshness `fresh`. */
+PyObject *mt_ext_new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec, int64_t id,
+                             int fresh);
 mt_ext_mesh_base *mt_ext_spec_mesh(mt_ext_dispatch *d, PyObject *spec);
 
 /* -- deciding (ext_decide.c) -------------------------------------------------------- */
@@ -309,7 +319,11 @@ mt_decision *mt_ext_decide(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext
 int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
                            const mt_memo_key *key, const mt_decision *dec,
                            PyArray_Descr *descr, int64_t *id, PyObject **layout);
-const mt_dimmap *mt_ext_dimmap_get(PyObject *module, PyObject *obj);
+/* The dim map a builder gave (a buffer of one mt_dimmap), copied into `map` and
+ * checked: `map`, or NULL with an exception. */
+const mt_dimmap *mt_ext_dimmap_get(PyObject *obj, mt_dimmap *map);
+/* (output placements, output shape or None) of a decision. */
+PyObject *mt_ext_decision_out(mt_ext_dispatch *d, const mt_decision *dec);
 int64_t mt_ext_reduction_aux(PyObject *axis, int ndim, int keepdims, uint32_t *axes);
 
 /* -- the executor (ext_exec.c) -------------------------------------------------------- */
@@ -358,6 +372,9 @@ PyObject *mt_ext_request_new(PyObject *module, mt_request *req, mt_exchange *ex,
 static inline int mt_ext_needs_grad(const mt_ext_dispatch *d, PyObject *o) {
   return Py_TYPE(o) == d->dtensor && ((const mt_ext_dtensor *)o)->requires_grad;
 }
+/* The NotImplementedError of a floating-point result of the operation `key` (its
+ * function or op key) that has no backward rule; returns NULL. */
+PyObject *mt_ext_no_backward(PyObject *key);
 /* `out` (a DTensor, or a tuple: its first) recorded as made by `backward` from the
  * n inputs (those that need a gradient), keeping `saved` and `aux` for it; out
  * is returned, or NULL with an exception (out released). */
@@ -381,7 +398,7 @@ int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_ops_clear(mt_ext_state *st);
 void mt_ext_ops_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[], mt_ext_redistribute_methods[],
-    mt_ext_prop_methods[], mt_ext_ops_methods[], mt_ext_autograd_methods[],
+    mt_ext_ops_methods[], mt_ext_autograd_methods[],
     mt_ext_decide_methods[], mt_ext_exec_methods[],
     mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[];
 

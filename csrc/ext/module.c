@@ -13,7 +13,7 @@ static int add_address(PyObject *module, const char *name, void *p) {
 static int module_exec(PyObject *module) {
   if (PyArray_ImportNumPyAPI() < 0) return -1;
   PyMethodDef *tables[] = {mt_ext_redistribute_methods, mt_ext_pool_methods,
-                           mt_ext_prop_methods,   mt_ext_ops_methods,
+                           mt_ext_ops_methods,
                            mt_ext_autograd_methods, mt_ext_decide_methods,
                            mt_ext_exec_methods, mt_ext_hooks_methods,
                            mt_ext_entry_methods,  mt_ext_move_methods, NULL};
@@ -39,7 +39,7 @@ static int module_exec(PyObject *module) {
 }
 
 #define MT_EXT_TYPES(X, st)                                                            \
-  X(st->mesh_type); X(st->plan_type); X(st->request_type); X(st->dimmap_type);        \
+  X(st->mesh_type); X(st->plan_type); X(st->request_type);                            \
   X(st->pool_handler); X(st->dtensor_base_type); X(st->mesh_base_type);               \
   X(st->node_type); X(st->modes_type)
 

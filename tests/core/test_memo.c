@@ -410,9 +410,77 @@ static void test_decide_move(void) {
   mt_memo_destroy(memo);
 }
 
+/* The input a recorded node keeps as moved: a Partial reduced or shards moved
+ * between dims keep the moved copy (with contiguous strides); a gather, a chunk,
+ * or an input partitioned into zeros keep the input as given. */
+static int kept_as_moved(mt_memo *memo, int64_t op, mt_placement from, mt_placement to,
+                         mt_layout_key *moved) {
+  const int64_t mesh_shape[1] = {2};
+  mt_layout_key src = layout(8, 0);
+  src.placements[0] = from, src.stride[0] = 1, src.stride[1] = 8;
+  mt_memo_key k = key(op, 1, 0);
+  mt_decision *d = NULL;
+  CHECK(mt_memo_decide_move(memo, &k, &src, MT_DTYPE_FLOAT64, mesh_shape, &to, &d, NULL) ==
+        MT_OK);
+  mt_decision_moved_key(d, 0, &src, moved);
+  int keeps = mt_decision_keeps_moved(d, 0);
+  d->partition[0] = 1u;
+  CHECK(!mt_decision_keeps_moved(d, 0));
+  d->partition[0] = 0;
+  return keeps;
+}
+
+static void test_keeps_moved(void) {
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0};
+  const mt_placement r = {MT_PLACEMENT_REPLICATE, 0, 0};
+  const mt_placement p = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);
+  mt_layout_key moved;
+  CHECK(kept_as_moved(memo, 20, s0, s1, &moved));
+  CHECK(moved.placements[0].kind == MT_PLACEMENT_SHARD && moved.placements[0].dim == 1);
+  CHECK(moved.stride[0] == 4 && moved.stride[1] == 1 && moved.shape[0] == 8);
+  CHECK(kept_as_moved(memo, 21, p, r, &moved));
+  CHECK(kept_as_moved(memo, 22, p, s0, &moved));
+  CHECK(!kept_as_moved(memo, 23, s0, r, &moved));
+  CHECK(!kept_as_moved(memo, 24, r, s0, &moved));
+  mt_decision none;
+  memset(&none, 0, sizeof none);
+  none.ninputs = 1;
+  mt_layout_key given = layout(8, 1);
+  mt_decision_moved_key(&none, 0, &given, &moved);
+  CHECK(!mt_decision_keeps_moved(&none, 0) && memcmp(&moved, &given, sizeof moved) == 0);
+  mt_memo_destroy(memo);
+}
+
+/* The engine's inputs made of layout keys: each key appended as an input, and a
+ * wanted gradient's placements with Replicate for its Partials. */
+static void test_prop_inputs_of_keys(void) {
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.mesh_ndim = 1, in.mesh_shape[0] = 2;
+  mt_layout_key a = layout(8, 1), b = layout(6, 0);
+  mt_prop_inputs_add(&in, &a);
+  mt_prop_inputs_add(&in, &b);
+  CHECK(in.ninputs == 2 && in.ndim[1] == 2 && in.shape[1][0] == 6 && in.itemsize[0] == 8);
+  CHECK(in.placements[0][0].kind == MT_PLACEMENT_SHARD &&
+        in.placements[1][0].kind == MT_PLACEMENT_REPLICATE && in.want == 0);
+  a.placements[0] = (mt_placement){MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
+  mt_prop_inputs_want(&in, &a);
+  CHECK(in.want == 1 && in.want_ndim == 2 && in.want_shape[0] == 8);
+  CHECK(in.want_placements[0].kind == MT_PLACEMENT_REPLICATE);
+  mt_prop_inputs_want(&in, &b);
+  CHECK(in.want_shape[0] == 6 && in.want_placements[0].kind == MT_PLACEMENT_REPLICATE);
+  mt_prop_inputs_want(&in, &(mt_layout_key){.ndim = 1, .shape = {4}, .mesh_ndim = 1,
+                                            .placements = {{MT_PLACEMENT_SHARD, 0, 0}}});
+  CHECK(in.want_placements[0].kind == MT_PLACEMENT_SHARD && in.want_ndim == 1);
+}
+
 int main(void) {
+  test_prop_inputs_of_keys();
   test_decide();
   test_decision_reads();
+  test_keeps_moved();
   test_decide_move();
   test_contiguous_strides();
   test_layout_ids();
