@@ -359,14 +359,14 @@ PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c
   return dec == NULL ? NULL : mt_ext_run(d, op, c, dec, hit, ops);
 }
 
-/* execute(key, operands, build, local, extra, kwargs, box, axis, keepdims): see the
+/* execute(key, operands, build, local, extra, kwnames, box, axis, keepdims): see the
  * method table. */
 static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 9 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[4]) ||
-      (args[5] != Py_None && !PyDict_Check(args[5])))
+      (args[5] != Py_None && !PyTuple_Check(args[5])))
     return PyErr_Format(PyExc_TypeError, "execute(key, operands: tuple, build, local, "
-                        "extra: tuple, kwargs: dict|None, box, axis, keepdims)");
+                        "extra: tuple, kwnames: tuple|None, box, axis, keepdims)");
   mt_ext_op op = {0};
   op.sig = mt_ext_sig_of(d, args[0]);
   op.key = args[0], op.build = args[2], op.func = args[3];
@@ -383,9 +383,9 @@ static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nar
     return rc < 0 ? NULL : PyErr_Format(PyExc_TypeError, "%R: expected DTensor operands "
                                         "(and scalars)", args[0]);
   c.key.op = op.sig != NULL ? op.sig->id : mt_ext_op_id(d, args[0]);
-  /* A reduction's local call is method(local, axis, **kwargs); its memo key
-   * holds the reduced axes and keepdims. */
-  PyObject *stack[16], *kwnames = NULL, *out = NULL;
+  /* A reduction's local call is method(local, axis, *extra); its memo key holds
+   * the reduced axes and keepdims. */
+  PyObject *stack[16], *out = NULL;
   Py_ssize_t nextra = PyTuple_GET_SIZE(args[4]);
   int reduction = op.sig != NULL && op.sig->op.family == MT_OP_REDUCTION;
   if (reduction) {
@@ -399,23 +399,16 @@ static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nar
     op.aux = PyTuple_Pack(2, args[7], args[8]);
     if (op.aux == NULL) goto done;
   }
-  Py_ssize_t nkw = args[5] == Py_None ? 0 : PyDict_GET_SIZE(args[5]);
-  if (nextra + nkw + reduction > 16 || c.key.op < 0) {
+  if (nextra + reduction > 16 || c.key.op < 0) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "execute: too many arguments");
     goto done;
   }
-  Py_ssize_t k = 0, pos = 0;
-  if (reduction) stack[k++] = args[7];
-  for (Py_ssize_t i = 0; i < nextra; ++i) stack[k++] = PyTuple_GET_ITEM(args[4], i);
-  if (nkw > 0 && (kwnames = PyTuple_New(nkw)) == NULL) goto done;
-  for (PyObject *key, *value; nkw > 0 && PyDict_Next(args[5], &pos, &key, &value);) {
-    PyTuple_SET_ITEM(kwnames, k - nextra - reduction, Py_NewRef(key));
-    stack[k++] = value;
-  }
-  op.extra = stack, op.nextra = k, op.kwnames = kwnames;
+  if (reduction) stack[0] = args[7];
+  for (Py_ssize_t i = 0; i < nextra; ++i) stack[reduction + i] = PyTuple_GET_ITEM(args[4], i);
+  op.extra = stack, op.nextra = nextra + reduction;
+  op.kwnames = args[5] != Py_None && PyTuple_GET_SIZE(args[5]) > 0 ? args[5] : NULL;
   out = mt_ext_execute(d, &op, &c, &PyTuple_GET_ITEM(args[1], 0));
 done:
-  Py_XDECREF(kwnames);
   Py_XDECREF(op.aux);
   mt_ext_call_release(&c);
   return out;
@@ -423,12 +416,13 @@ done:
 
 PyMethodDef mt_ext_exec_methods[] = {
     {"execute", (PyCFunction)(void (*)(void))execute, METH_FASTCALL,
-     "execute(key, operands, build, local, extra, kwargs, box, axis, keepdims) -> DTensor "
-     "(or a tuple): runs an operation through the executor. `key` is a registered "
-     "ufunc or reduction (its dim map is the core's) or a hashable op key whose dim "
-     "map build() gives on a memo miss; `local(*locals, *extra, **kwargs[, box])` "
-     "computes on this rank's arrays (None: the ufunc, or the reduction's ndarray "
-     "method called with axis first); `box` appends this rank's output shape. "
+     "execute(key, operands, build, local, extra, kwnames, box, axis, keepdims) -> "
+     "DTensor (or a tuple): runs an operation through the executor. `key` is a "
+     "registered ufunc or reduction (its dim map is the core's) or a hashable op key "
+     "whose dim map build() gives on a memo miss; `local(*locals, *extra[, box])` "
+     "computes on this rank's arrays, the last of `extra` passed by the names in "
+     "`kwnames` (None: the ufunc, or the reduction's ndarray method called with axis "
+     "first); `box` appends this rank's output shape. "
      "Collective on the mesh when an input moves.\n\n"
      "Example: _C.execute(('squeeze', (0,)), (a,), build, np.squeeze, (0,), None, "
      "False, None, False)"},

@@ -155,8 +155,14 @@ def execute(key, operands, build=None, local=None, *, extra=(), kwargs=None,
     """
     if keepdims:
         kwargs = dict(kwargs or (), keepdims=True)
-    return _C.execute(key, tuple(operands), build, local, tuple(extra), kwargs, box,
-                      axis, keepdims)
+    # The keyword arguments ride at the end of the positional ones, named as a
+    # vectorcall names them.
+    if kwargs:
+        extra, kwnames = (*extra, *kwargs.values()), tuple(kwargs)
+    else:
+        extra, kwnames = tuple(extra), None
+    return _C.execute(key, tuple(operands), build, local, extra, kwnames, box, axis,
+                      keepdims)
 
 
 def decide(key, operands, build=None) -> tuple:
