@@ -89,3 +89,13 @@ void mt_decision_moved_key(const mt_decision *dec, int t, const mt_layout_key *g
   memcpy(out->placements, dst->placements, sizeof out->placements);
   mt_layout_contiguous_strides(out->ndim, out->shape, out->stride);
 }
+
+void mt_decision_hold(const mt_decision *dec, mt_decision *copy) {
+  *copy = *dec;
+  for (int i = 0; i < copy->ninputs; ++i)
+    if (copy->plan[i] != NULL) mt_plan_retain(copy->plan[i]);
+}
+
+void mt_decision_drop(mt_decision *copy) {
+  for (int i = 0; i < copy->ninputs; ++i) mt_plan_destroy(copy->plan[i]);
+}

@@ -24,6 +24,7 @@
 #include "mpitensor/core/layout_table.h"
 #include "mpitensor/core/memo.h"
 #include "mpitensor/core/plan.h"
+#include "mpitensor/core/ptr_index.h"
 #include "mpitensor/io/io.h"
 #include "mpitensor/mpitensor.h"
 
@@ -178,8 +179,7 @@ struct mt_ext_dispatch {
   int reduction_sig[MT_EXT_NREDUCTION]; /* index into sigs, or -1 */
   mt_ext_sig *sigs;
   int nsigs, sig_cap;
-  int *sig_slots; /* func -> index into sigs + 1 (0: empty), by address */
-  size_t sig_mask;
+  mt_ptr_index *sig_index; /* func -> index into sigs, by address */
   PyObject *op_ids; /* an op key -> its op id (bounded) */
   int64_t next_op, redistribute_op;
   PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims, *empty_tuple;
@@ -197,16 +197,9 @@ static inline int mt_ext_is_dtensor(const mt_ext_dispatch *d, PyObject *o) {
 }
 
 /* The registered signature of `func`, found by address. */
-static inline size_t mt_ext_sig_home(const mt_ext_dispatch *d, const PyObject *func) {
-  return (size_t)(((uint64_t)(uintptr_t)func >> 4) * 0x9E3779B97F4A7C15u >> 32) & d->sig_mask;
-}
 static inline mt_ext_sig *mt_ext_sig_of(const mt_ext_dispatch *d, const PyObject *func) {
-  if (d->sig_slots == NULL) return NULL;
-  for (size_t i = mt_ext_sig_home(d, func);; i = (i + 1) & d->sig_mask) {
-    int s = d->sig_slots[i];
-    if (s == 0) return NULL;
-    if (d->sigs[s - 1].func == func) return &d->sigs[s - 1];
-  }
+  int s = d->sig_index != NULL ? mt_ptr_index_find(d->sig_index, func) : -1;
+  return s < 0 ? NULL : &d->sigs[s];
 }
 /* The op id of a hashable key, or -1 with an exception. */
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key);
@@ -281,6 +274,23 @@ static inline int mt_ext_alias_of(const mt_ext_call *c, int t) {
   return -1;
 }
 
+/* A call of n operands, none gathered yet (its mesh unknown). */
+static inline void mt_ext_call_init(mt_ext_call *c, int n) {
+  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
+  c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
+  c->key.noperands = c->noperands = n;
+}
+/* DTensor b, of layout id `id` on the call's mesh, as operand i: the next tensor
+ * input, its memo key word, and whether its gradient is wanted. */
+static inline void mt_ext_call_add(const mt_ext_dispatch *d, mt_ext_call *c, int i,
+                                   mt_ext_dtensor *b, int64_t id) {
+  c->dt[c->ntensors] = b;
+  c->id[c->ntensors++] = id;
+  c->tensors |= 1u << i;
+  c->key.operand[i] = mt_ext_operand_word(c, id);
+  c->key.grad |= (uint32_t)(b->requires_grad & mt_ext_grad_wanted(d->modes)) << i;
+}
+
 /* Gathers n operands: DTensors of one mesh (DTensors pending an async move are
  * completed), scalars, and under implicit replication ndarrays as Replicate
  * DTensors (kept in c->made). 1, or 0 when they are not an operation's operands
@@ -319,6 +329,12 @@ mt_decision *mt_ext_decide(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext
 int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
                            const mt_memo_key *key, const mt_decision *dec,
                            PyArray_Descr *descr, int64_t *id, PyObject **layout);
+/* `out` interned on the mesh as the output layout of the decision stored under
+ * `key` (remembered there while the memo holds it): its id, and its Python
+ * layout of dtype object `dtype`. NULL with an exception. */
+PyObject *mt_ext_output_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
+                               const mt_memo_key *key, const mt_layout_key *out,
+                               PyObject *dtype, int64_t *id);
 /* The dim map a builder gave (a buffer of one mt_dimmap), copied into `map` and
  * checked: `map`, or NULL with an exception. */
 const mt_dimmap *mt_ext_dimmap_get(PyObject *obj, mt_dimmap *map);

@@ -144,19 +144,13 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
   mt_ext_dtensor *b = (mt_ext_dtensor *)o;
   int64_t id;
   if (mt_ext_layout_id(d, c->mb, b, NULL, &id) < 0) return -1;
-  c->dt[c->ntensors] = b;
-  c->id[c->ntensors++] = id;
-  c->tensors |= 1u << i;
-  c->key.operand[i] = mt_ext_operand_word(c, id);
-  c->key.grad |= (uint32_t)(b->requires_grad & mt_ext_grad_wanted(d->modes)) << i;
+  mt_ext_call_add(d, c, i, b, id);
   return 1;
 }
 
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
                   PyObject *key) {
-  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
-  c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
-  c->key.noperands = c->noperands = n;
+  mt_ext_call_init(c, n);
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;
   int err = 0;
   c->mb = first_mesh(d, ops, n, &err);
@@ -281,15 +275,20 @@ int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
   }
   mt_layout_key out;
   mt_decision_out_key(dec, mt_ext_dtype_key(descr), (int64_t)PyDataType_ELSIZE(descr), &out);
+  *layout = mt_ext_output_layout(d, mb, key, &out, (PyObject *)descr, id);
+  return *layout == NULL ? -1 : 0;
+}
+
+PyObject *mt_ext_output_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
+                               const mt_memo_key *key, const mt_layout_key *out,
+                               PyObject *dtype, int64_t *id) {
   int64_t slot;
   mt_error err = {0};
-  int rc = mt_layout_table_intern(mb->layouts, &out, id, &slot, &err);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err), -1;
-  *layout = mt_ext_py_layout(d, mb, *id, slot, &out, (PyObject *)descr);
-  if (*layout == NULL) return -1;
+  int rc = mt_layout_table_intern(mb->layouts, out, id, &slot, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
   mt_decision *live = mt_memo_peek(mb->memo, key);
   if (live != NULL) live->out_id = *id, live->out_slot = slot;
-  return 0;
+  return mt_ext_py_layout(d, mb, *id, slot, out, dtype);
 }
 
 /* decide(key, operands, build) -> (out placements, out shape, bytes moved): an

@@ -20,11 +20,7 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
   mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
   if (mb != c->mb && c->mb != NULL) return 0;
   c->mb = mb;
-  c->dt[c->ntensors] = b;
-  c->id[c->ntensors++] = b->layout_id;
-  c->tensors |= 1u << i;
-  c->key.operand[i] = mt_ext_operand_word(c, b->layout_id);
-  c->key.grad |= (uint32_t)(b->requires_grad & mt_ext_grad_wanted(d->modes)) << i;
+  mt_ext_call_add(d, c, i, b, b->layout_id);
   return 1;
 }
 
@@ -32,9 +28,7 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
  * cached operation. */
 static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
                               mt_ext_call *c, PyObject *key) {
-  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0;
-  c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
-  c->key.noperands = c->noperands = n;
+  mt_ext_call_init(c, n);
   for (int i = 0; i < n; ++i)
     if (!known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key);
   return mt_ext_wanting(d) ? mt_ext_call_want(d, c) : 1;

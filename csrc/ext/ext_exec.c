@@ -169,15 +169,6 @@ static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decisio
   return 0;
 }
 
-/* The decision's plans, owned for a run (the memo may drop them meanwhile). */
-static void hold(mt_decision *dec, int own) {
-  for (int i = 0; i < dec->ninputs; ++i) {
-    if (dec->plan[i] == NULL) continue;
-    if (own) mt_plan_retain(dec->plan[i]);
-    else mt_plan_destroy(dec->plan[i]);
-  }
-}
-
 /* The "decision" event: op key, inputs, output placements and shape, hit. */
 static int decision_event(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
                           const mt_decision *dec, int hit) {
@@ -330,8 +321,7 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
    * may run code that changes the memo. The common one is read before any runs. */
   int moves = found->nplans != 0 || found->partitioned != 0 || !c->mb->member;
   if (moves || found->out_id == 0 || op->pass_box || mt_ext_events(d->modes)) {
-    rs.copy = *found;
-    hold(&rs.copy, 1);
+    mt_decision_hold(found, &rs.copy);
     rs.dec = &rs.copy;
   }
   PyObject *out = NULL;
@@ -348,7 +338,7 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
     out = record(d, op, c, &rs, ops, out);
 done:
   for (int i = 0; rs.owned && i < c->noperands; ++i) Py_DECREF(rs.args[i]);
-  if (rs.dec != NULL) hold(&rs.copy, 0);
+  if (rs.dec != NULL) mt_decision_drop(&rs.copy);
   return out;
 }
 

@@ -61,12 +61,7 @@ static PyObject *out_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *
   mt_layout_key key;
   if (mt_ext_spec_key(d, mb, spec, &key) < 0) return NULL;
   memcpy(key.placements, dst, (size_t)mb->mesh_ndim * sizeof *dst);
-  int64_t slot;
-  mt_error err = {0};
-  int rc = mt_layout_table_intern(mb->layouts, &key, id, &slot, &err);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  if ((live = mt_memo_peek(mb->memo, mk)) != NULL) live->out_id = *id, live->out_slot = slot;
-  return mt_ext_py_layout(d, mb, *id, slot, &key, PyTuple_GET_ITEM(spec, 3));
+  return mt_ext_output_layout(d, mb, mk, &key, PyTuple_GET_ITEM(spec, 3), id);
 }
 
 /* The normalised arguments (the placements hook): placements as interned objects,

@@ -62,14 +62,10 @@ static PyType_Spec plan_spec = {
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
-static int my_box(mt_mesh *mesh, const mt_layout *l, mt_box *box) {
-  int64_t coord[MT_MAX_MESH_NDIM];
-  if (!mt_mesh_coordinate(mesh, coord)) {
-    PyErr_SetString(PyExc_RuntimeError, "this rank is not a member of the mesh");
-    return -1;
-  }
+/* This rank's box of `l`: 0, or -1 with the exception (RuntimeError off the mesh). */
+static int my_box(const mt_mesh *mesh, const mt_layout *l, mt_box *box) {
   mt_error err = {0};
-  int rc = mt_layout_local_box(l, coord, box, &err);
+  int rc = mt_mesh_local_box(mesh, l, box, &err);
   if (rc != MT_OK) mt_ext_raise(rc, &err);
   return rc == MT_OK ? 0 : -1;
 }

@@ -357,27 +357,32 @@ static void test_decision_reads(void) {
   CHECK(mt_memo_decide(memo, &k, &map, &in, f64, &d, NULL) == MT_OK);
   const mt_plan *moved = d->plan[0] != NULL ? d->plan[0] : d->plan[1];
   CHECK(mt_decision_bytes(d) == mt_plan_bytes(moved) && mt_decision_bytes(d) > 0);
-  mt_decision twice = *d;
+  mt_decision held;
+  mt_decision_hold(d, &held);
+  mt_memo_clear(memo); /* the held plans outlive the memo's decision */
+  CHECK(mt_decision_bytes(&held) == mt_plan_bytes(moved) && mt_plan_nsteps(moved) > 0);
+  mt_decision twice = held;
   twice.plan[0] = twice.plan[1] = (mt_plan *)moved;
-  CHECK(mt_decision_same_move(&twice, 1, 0) && !mt_decision_same_move(d, 1, 0));
+  CHECK(mt_decision_same_move(&twice, 1, 0) && !mt_decision_same_move(&held, 1, 0));
   twice.partition[1] = 1u;
   CHECK(!mt_decision_same_move(&twice, 1, 0));
   const int64_t mesh_shape[1] = {2}, c0[1] = {0}, c1[1] = {1};
   CHECK(!mt_decision_zeroed(&twice, 1, c0) && mt_decision_zeroed(&twice, 1, c1));
   CHECK(!mt_decision_zeroed(&twice, 0, c1));
   mt_box box;
-  CHECK(mt_decision_out_box(d, mesh_shape, c1, &box, NULL) == MT_OK);
+  CHECK(mt_decision_out_box(&held, mesh_shape, c1, &box, NULL) == MT_OK);
   CHECK(box.ndim == 2 && box.shape[0] + box.shape[1] == 12);
-  CHECK(mt_decision_out_box(d, mesh_shape, NULL, &box, NULL) == MT_OK);
+  CHECK(mt_decision_out_box(&held, mesh_shape, NULL, &box, NULL) == MT_OK);
   CHECK(box.ndim == 2 && box.shape[0] == 1 && box.shape[1] == 1);
   const int64_t bad[1] = {3};
   mt_error err = {0, ""};
-  CHECK(mt_decision_out_box(d, mesh_shape, bad, &box, &err) != MT_OK && err.msg[0] != 0);
+  CHECK(mt_decision_out_box(&held, mesh_shape, bad, &box, &err) != MT_OK && err.msg[0] != 0);
   mt_layout_key out;
-  mt_decision_out_key(d, MT_DTYPE_FLOAT32, 4, &out);
+  mt_decision_out_key(&held, MT_DTYPE_FLOAT32, 4, &out);
   CHECK(out.ndim == 2 && out.shape[0] == 8 && out.stride[0] == 8 && out.stride[1] == 1);
   CHECK(out.itemsize == 4 && out.mesh_ndim == 1 &&
-        out.placements[0].kind == d->out_placements[0].kind);
+        out.placements[0].kind == held.out_placements[0].kind);
+  mt_decision_drop(&held);
   mt_memo_destroy(memo);
 }
 

@@ -67,6 +67,11 @@ MT_EXPORT int64_t mt_mesh_dim_size(const mt_mesh *mesh, int dim);
  * when this rank is not in the mesh. */
 MT_EXPORT int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord);
 
+/* Local. This rank's box of `layout` (mt_layout_local_box at its coordinate);
+ * MT_ESTATE on a rank outside the mesh. */
+int mt_mesh_local_box(const mt_mesh *mesh, const mt_layout *layout, mt_box *box,
+                      mt_error *err);
+
 /* Local. The communicator of mesh dim `dim` (ranks ordered by their coordinate on
  * that dim), or MPI_COMM_NULL on a non-member. Owned by the mesh. */
 MT_EXPORT MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim);

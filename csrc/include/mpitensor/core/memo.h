@@ -180,6 +180,18 @@ int mt_decision_zeroed(const mt_decision *dec, int t, const int64_t *coord);
 int mt_decision_out_box(const mt_decision *dec, const int64_t *mesh_shape,
                         const int64_t *coord, mt_box *out, mt_error *err);
 
+/* Local. A copy of the decision that owns its plans (one more owner of each), for
+ * a run during which the memo may drop the decision; mt_decision_drop gives them
+ * back.
+ *
+ *   mt_decision copy;
+ *   mt_decision_hold(mt_memo_find(memo, &key), &copy);
+ *   ...  // collectives, callbacks that may change the memo
+ *   mt_decision_drop(&copy);
+ */
+void mt_decision_hold(const mt_decision *dec, mt_decision *copy);
+void mt_decision_drop(mt_decision *copy);
+
 /* Local. Whether a recorded node keeps input t as its plan moved it rather than as
  * given, so that the backward finds it where the forward used it instead of
  * moving it again: the plan reduced a Partial (the value the forward already
