@@ -30,16 +30,35 @@
 
 typedef struct mt_ext_dispatch mt_ext_dispatch;
 
+/* -- modes ---------------------------------------------------------------------- */
+
+/* The modes in force, the one state both Python and C read: a plain struct in the
+ * module state that mpitensor._modes maps through ctypes (`_C.MODES`, its
+ * address) and sets as features are entered and left; the executor reads the
+ * fields. The layout is mirrored by mpitensor._modes._State. */
+typedef struct mt_ext_modes {
+  char grad_enabled, backward, checks, log_debug, log_info, gather_warning;
+  /* A recorded forward runs with grad mode off: its decisions still price the
+   * way back of the gradients its inputs will get. */
+  char grad_priced;
+  /* The DTensor whose gradient a backward is computing (None: none): the outputs
+   * of the operations it runs are headed to that DTensor's layout. Python owns
+   * the reference (the ctypes structure keeps it). */
+  PyObject *want;
+  int implicit_replication, listeners;
+} mt_ext_modes;
+
 /* Per-module state (PEP 489): the heap types, and what the C libraries keep no
  * global of: the communication and I/O counters (atomic cells, which the
- * ctypes bindings read and pass by address). */
+ * ctypes bindings read and pass by address) and the modes. */
 typedef struct mt_ext_state {
   PyTypeObject *mesh_type, *plan_type, *request_type;
-  PyTypeObject *dtensor_base_type, *mesh_base_type, *node_type, *modes_type;
+  PyTypeObject *dtensor_base_type, *mesh_base_type, *node_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
   mt_ext_dispatch *dispatch; /* owned (ext_ops.c) */
   mt_comm_counters comm_counters;
   mt_io_counters io_counters;
+  mt_ext_modes modes;
 } mt_ext_state;
 
 extern struct PyModuleDef mt_ext_module_def;
@@ -100,34 +119,15 @@ typedef struct mt_ext_mesh_base {
   int64_t mesh_shape[MT_MAX_MESH_NDIM];
 } mt_ext_mesh_base;
 
-/* -- modes (ext_modes.c) ----------------------------------------------------------- */
-
-/* The modes in force, the one state both Python (mpitensor._modes) and C read:
- * `_C.modes`. */
-typedef struct mt_ext_modes {
-  PyObject_HEAD
-  char grad_enabled, backward, checks, log_debug, log_info, gather_warning;
-  /* A recorded forward runs with grad mode off: its decisions still price the
-   * way back of the gradients its inputs will get. */
-  char grad_priced;
-  /* The DTensor whose gradient a backward is computing (None or NULL: none): the
-   * outputs of the operations it runs are headed to that DTensor's layout. */
-  PyObject *want;
-  int implicit_replication, listeners;
-} mt_ext_modes;
-
-/* Some debugging tool listens; and the executor emits trace events (a tool
- * listens, or gathers are reported). */
 /* Whether an operand that requires grad gets a gradient from this operation's
  * decision: grad mode is on, or the forward of a recorded operation runs. */
 static inline int mt_ext_grad_wanted(const mt_ext_modes *m) {
   return m->grad_enabled | m->grad_priced;
 }
-static inline int mt_ext_tracing(const mt_ext_modes *m) {
-  return m->checks || m->log_debug || m->gather_warning || m->listeners > 0;
-}
+/* Whether the executor emits trace events: a tool listens (checks, debug logs, a
+ * gather warning, a CommDebugMode), or gathers are logged. */
 static inline int mt_ext_events(const mt_ext_modes *m) {
-  return mt_ext_tracing(m) || m->log_info;
+  return m->checks || m->log_debug || m->gather_warning || m->listeners > 0 || m->log_info;
 }
 
 /* -- DTensors -------------------------------------------------------------------- */
@@ -167,7 +167,7 @@ enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACE
 struct mt_ext_dispatch {
   PyObject *module; /* borrowed: the module whose state this is */
   PyTypeObject *dtensor, *spec, *mesh_base, *dtensor_base, *node_type;
-  mt_ext_modes *modes; /* owned: _C.modes */
+  mt_ext_modes *modes; /* the module state's */
   PyObject *functions; /* NumPy function -> its entry (mpitensor._registry) */
   PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
   PyObject *backwards; /* function -> (name, backward) of its registry entry */
@@ -401,7 +401,6 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
 /* -- each area adds its functions and types in Py_mod_exec ----------------------------- */
 
 int mt_ext_ops_exec(PyObject *module);
-int mt_ext_modes_exec(PyObject *module);
 int mt_ext_mesh_exec(PyObject *module);
 int mt_ext_redistribute_exec(PyObject *module);
 int mt_ext_request_exec(PyObject *module);

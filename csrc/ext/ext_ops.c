@@ -268,7 +268,6 @@ int mt_ext_ops_exec(PyObject *module) {
   X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids); X(d->s_call);        \
   X(d->s_axis); X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims); X(d->empty_tuple);  \
   X(d->s_redistribute);                                                                \
-  X(d->modes);                                                                         \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
   for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \
   for (int i_ = 0; i_ < MT_EXT_NBINARY; ++i_) X(d->binary[i_]);                        \

@@ -133,23 +133,9 @@ class MeshBase:
     def _dispatch_clear(self) -> None: ...
     def _set_cache_limits(self, decisions: int, plans: int, layouts: int) -> None: ...
 
-class Modes:
-    """The modes in force, held once (mpitensor._modes sets them). Local."""
-
-    grad_enabled: bool
-    backward: bool
-    checks: bool
-    log_debug: bool
-    log_info: bool
-    gather_warning: bool
-    implicit_replication: int
-    listeners: int
-    @property
-    def tracing(self) -> bool: ...
-    @property
-    def gather_report(self) -> bool: ...
-
-modes: Modes
+# The address of the modes in force (mpitensor._modes._State maps it).
+MODES: int
+MODES_SIZE: int
 
 def dispatch_init(dtensor_type: type, spec_type: type, replicate: Any, shards: tuple,
                   partials: tuple, functions: dict, rules: dict, backwards: dict) -> None: ...
