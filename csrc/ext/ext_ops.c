@@ -42,7 +42,7 @@ static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
     PyErr_SetString(PyExc_ValueError, "this function is registered already");
     return NULL;
   }
-  if (d->nsigs == d->sig_cap) {
+  if (d->sigs == NULL || d->nsigs == d->sig_cap) {
     int cap = d->sig_cap ? 2 * d->sig_cap : 64;
     mt_ext_sig *sigs = PyMem_Realloc(d->sigs, (size_t)cap * sizeof *sigs);
     if (sigs == NULL) return (mt_ext_sig *)PyErr_NoMemory();
@@ -196,11 +196,6 @@ static PyObject *set_cache_limits(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *op_id(PyObject *module, PyObject *key) {
-  int64_t id = mt_ext_op_id(mt_ext_dispatch_module(module), key);
-  return id < 0 ? NULL : PyLong_FromLongLong(id);
-}
-
 PyMethodDef mt_ext_ops_methods[] = {
     {"dispatch_init", dispatch_init, METH_VARARGS,
      "dispatch_init(DTensor, DTensorSpec, replicate, shards, partials, functions, "
@@ -220,8 +215,6 @@ PyMethodDef mt_ext_ops_methods[] = {
      "Example: _C.register_grad(numpy.tanh, 'tanh', tanh_backward)"},
     {"set_cache_limits", set_cache_limits, METH_VARARGS,
      "set_cache_limits(decisions, plans, layouts): bounds of meshes made later. Local."},
-    {"op_id", op_id, METH_O,
-     "op_id(key) -> the memo's id of an operation's hashable key. Local."},
     {NULL, NULL, 0, NULL},
 };
 
