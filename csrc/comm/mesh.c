@@ -500,6 +500,13 @@ int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord) {
   return 1;
 }
 
+int mt_mesh_local_box(const mt_mesh *mesh, const mt_layout *layout, mt_box *box,
+                      mt_error *err) {
+  if (!mesh->in_mesh)
+    return mt_error_set(err, MT_ESTATE, "this rank is not a member of the mesh");
+  return mt_layout_local_box(layout, mesh->coord, box, err);
+}
+
 MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim) {
   return (dim >= 0 && dim < mesh->ndim) ? mesh->dim_comm[dim] : MPI_COMM_NULL;
 }

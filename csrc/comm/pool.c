@@ -172,6 +172,26 @@ void mt_pool_free(void *block) {
   if (evicted != NULL) release_block(evicted);
 }
 
+int mt_pool_worth(size_t size) { return size >= MIN_CACHED; }
+
+void *mt_pool_calloc(size_t n, size_t elsize) {
+  if (elsize != 0 && n > SIZE_MAX / elsize) return NULL;
+  void *p = mt_pool_alloc(n * elsize);
+  if (p != NULL) memset(p, 0, n * elsize);
+  return p;
+}
+
+void *mt_pool_realloc(void *block, size_t size) {
+  if (block == NULL) return mt_pool_alloc(size);
+  size_t have = mt_pool_block_size(block);
+  if (size <= have) return block;
+  void *p = mt_pool_alloc(size);
+  if (p == NULL) return NULL;
+  memcpy(p, block, have);
+  mt_pool_free(block);
+  return p;
+}
+
 size_t mt_pool_block_size(const void *block) {
   return size_of((const char *)block - HEADER);
 }

@@ -1,5 +1,6 @@
 /* Deciding on a miss (memo.h): the engine's placements or a caller's (a user's rule,
  * a redistribute), each input's move checked and planned, and the decision stored. */
+#include <assert.h>
 #include <string.h>
 
 #include "core-private.h"
@@ -103,6 +104,23 @@ int mt_memo_decide(mt_memo *memo, const mt_memo_key *key, const mt_dimmap *map,
                                 &outcome, out, err);
 }
 
+void mt_prop_inputs_add(mt_prop_inputs *in, const mt_layout_key *key) {
+  int i = in->ninputs++;
+  assert(i < MT_PROP_MAX_INPUTS);
+  in->ndim[i] = key->ndim, in->itemsize[i] = key->itemsize;
+  memcpy(in->shape[i], key->shape, sizeof in->shape[i]);
+  memcpy(in->placements[i], key->placements, sizeof in->placements[i]);
+}
+
+void mt_prop_inputs_want(mt_prop_inputs *in, const mt_layout_key *key) {
+  in->want = 1, in->want_ndim = key->ndim;
+  memcpy(in->want_shape, key->shape, sizeof in->want_shape);
+  for (int m = 0; m < in->mesh_ndim; ++m)
+    in->want_placements[m] = key->placements[m].kind == MT_PLACEMENT_PARTIAL
+                                 ? (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}
+                                 : key->placements[m];
+}
+
 int mt_memo_decide_move(mt_memo *memo, const mt_memo_key *key, const mt_layout_key *src,
                         int dtype, const int64_t *mesh_shape, const mt_placement *dst,
                         mt_decision **out, mt_error *err) {
@@ -115,11 +133,9 @@ int mt_memo_decide_move(mt_memo *memo, const mt_memo_key *key, const mt_layout_k
   if (rc != MT_OK) return rc;
   mt_prop_inputs in;
   memset(&in, 0, sizeof in);
-  in.ninputs = 1, in.mesh_ndim = nm, in.ndim[0] = src->ndim;
-  in.itemsize[0] = src->itemsize;
+  in.mesh_ndim = nm;
   memcpy(in.mesh_shape, mesh_shape, (size_t)nm * sizeof *mesh_shape);
-  memcpy(in.shape[0], src->shape, (size_t)src->ndim * sizeof *src->shape);
-  memcpy(in.placements[0], src->placements, (size_t)nm * sizeof *src->placements);
+  mt_prop_inputs_add(&in, src);
   mt_placement targets[1][MT_MAX_MESH_NDIM];
   memset(targets, 0, sizeof targets);
   memcpy(targets[0], dst, (size_t)nm * sizeof *dst);

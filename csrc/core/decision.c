@@ -1,6 +1,7 @@
 /* What a decision asks of the run that follows it (memo.h): the bytes its plans
  * move, whether two inputs that are one tensor move once, which inputs are zeros
- * on this rank, and this rank's box of the output. */
+ * on this rank, this rank's box of the output, and which moved inputs a recorded
+ * node keeps as moved. */
 #include <string.h>
 
 #include "core-private.h"
@@ -53,4 +54,48 @@ int mt_decision_out_box(const mt_decision *dec, const int64_t *mesh_shape,
   int rc = mt_layout_init(&l, n, dec->out_shape, dec->mesh_ndim, mesh_shape,
                           dec->out_placements, err);
   return rc == MT_OK ? mt_layout_local_box(&l, coord, out, err) : rc;
+}
+
+/* The layouts at either end of input t's plan, or 0 when it has no step. */
+static int plan_ends(const mt_decision *dec, int t, const mt_layout **src,
+                     const mt_layout **dst) {
+  const mt_plan *plan = dec->plan[t];
+  int n = plan != NULL ? mt_plan_nsteps(plan) : 0;
+  if (n == 0) return 0;
+  *src = &mt_plan_step(plan, 0)->src, *dst = &mt_plan_step(plan, n - 1)->dst;
+  return 1;
+}
+
+int mt_decision_keeps_moved(const mt_decision *dec, int t) {
+  const mt_layout *src, *dst;
+  if (dec->partition[t] != 0 || !plan_ends(dec, t, &src, &dst)) return 0;
+  int saves = 0;
+  for (int m = 0; m < src->mesh_ndim; ++m) {
+    if (src->mesh_shape[m] == 1) continue;
+    const mt_placement *from = &src->placements[m], *to = &dst->placements[m];
+    if (from->kind == MT_PLACEMENT_PARTIAL && to->kind == MT_PLACEMENT_PARTIAL) return 0;
+    if (from->kind == MT_PLACEMENT_SHARD && to->kind != MT_PLACEMENT_SHARD) return 0;
+    saves |= from->kind == MT_PLACEMENT_PARTIAL ||
+             (from->kind == MT_PLACEMENT_SHARD && from->dim != to->dim);
+  }
+  return saves;
+}
+
+void mt_decision_moved_key(const mt_decision *dec, int t, const mt_layout_key *given,
+                           mt_layout_key *out) {
+  const mt_layout *src, *dst;
+  *out = *given;
+  if (!plan_ends(dec, t, &src, &dst)) return;
+  memcpy(out->placements, dst->placements, sizeof out->placements);
+  mt_layout_contiguous_strides(out->ndim, out->shape, out->stride);
+}
+
+void mt_decision_hold(const mt_decision *dec, mt_decision *copy) {
+  *copy = *dec;
+  for (int i = 0; i < copy->ninputs; ++i)
+    if (copy->plan[i] != NULL) mt_plan_retain(copy->plan[i]);
+}
+
+void mt_decision_drop(mt_decision *copy) {
+  for (int i = 0; i < copy->ninputs; ++i) mt_plan_destroy(copy->plan[i]);
 }

@@ -24,21 +24,41 @@
 #include "mpitensor/core/layout_table.h"
 #include "mpitensor/core/memo.h"
 #include "mpitensor/core/plan.h"
+#include "mpitensor/core/ptr_index.h"
 #include "mpitensor/io/io.h"
 #include "mpitensor/mpitensor.h"
 
 typedef struct mt_ext_dispatch mt_ext_dispatch;
 
+/* -- modes ---------------------------------------------------------------------- */
+
+/* The modes in force, the one state both Python and C read: a plain struct in the
+ * module state that mpitensor._modes maps through ctypes (`_C.MODES`, its
+ * address) and sets as features are entered and left; the executor reads the
+ * fields. The layout is mirrored by mpitensor._modes._State. */
+typedef struct mt_ext_modes {
+  char grad_enabled, backward, checks, log_debug, log_info, gather_warning;
+  /* A recorded forward runs with grad mode off: its decisions still price the
+   * way back of the gradients its inputs will get. */
+  char grad_priced;
+  /* The DTensor whose gradient a backward is computing (None: none): the outputs
+   * of the operations it runs are headed to that DTensor's layout. Python owns
+   * the reference (the ctypes structure keeps it). */
+  PyObject *want;
+  int implicit_replication, listeners;
+} mt_ext_modes;
+
 /* Per-module state (PEP 489): the heap types, and what the C libraries keep no
  * global of: the communication and I/O counters (atomic cells, which the
- * ctypes bindings read and pass by address). */
+ * ctypes bindings read and pass by address) and the modes. */
 typedef struct mt_ext_state {
-  PyTypeObject *mesh_type, *plan_type, *request_type, *dimmap_type;
-  PyTypeObject *dtensor_base_type, *mesh_base_type, *node_type, *modes_type;
+  PyTypeObject *mesh_type, *plan_type, *request_type;
+  PyTypeObject *dtensor_base_type, *mesh_base_type, *node_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
   mt_ext_dispatch *dispatch; /* owned (ext_ops.c) */
   mt_comm_counters comm_counters;
   mt_io_counters io_counters;
+  mt_ext_modes modes;
 } mt_ext_state;
 
 extern struct PyModuleDef mt_ext_module_def;
@@ -99,34 +119,15 @@ typedef struct mt_ext_mesh_base {
   int64_t mesh_shape[MT_MAX_MESH_NDIM];
 } mt_ext_mesh_base;
 
-/* -- modes (ext_modes.c) ----------------------------------------------------------- */
-
-/* The modes in force, the one state both Python (mpitensor._modes) and C read:
- * `_C.modes`. */
-typedef struct mt_ext_modes {
-  PyObject_HEAD
-  char grad_enabled, backward, checks, log_debug, log_info, gather_warning;
-  /* A recorded forward runs with grad mode off: its decisions still price the
-   * way back of the gradients its inputs will get. */
-  char grad_priced;
-  /* The DTensor whose gradient a backward is computing (None or NULL: none): the
-   * outputs of the operations it runs are headed to that DTensor's layout. */
-  PyObject *want;
-  int implicit_replication, listeners;
-} mt_ext_modes;
-
-/* Some debugging tool listens; and the executor emits trace events (a tool
- * listens, or gathers are reported). */
 /* Whether an operand that requires grad gets a gradient from this operation's
  * decision: grad mode is on, or the forward of a recorded operation runs. */
 static inline int mt_ext_grad_wanted(const mt_ext_modes *m) {
   return m->grad_enabled | m->grad_priced;
 }
-static inline int mt_ext_tracing(const mt_ext_modes *m) {
-  return m->checks || m->log_debug || m->gather_warning || m->listeners > 0;
-}
+/* Whether the executor emits trace events: a tool listens (checks, debug logs, a
+ * gather warning, a CommDebugMode), or gathers are logged. */
 static inline int mt_ext_events(const mt_ext_modes *m) {
-  return mt_ext_tracing(m) || m->log_info;
+  return m->checks || m->log_debug || m->gather_warning || m->listeners > 0 || m->log_info;
 }
 
 /* -- DTensors -------------------------------------------------------------------- */
@@ -166,7 +167,7 @@ enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACE
 struct mt_ext_dispatch {
   PyObject *module; /* borrowed: the module whose state this is */
   PyTypeObject *dtensor, *spec, *mesh_base, *dtensor_base, *node_type;
-  mt_ext_modes *modes; /* owned: _C.modes */
+  mt_ext_modes *modes; /* the module state's */
   PyObject *functions; /* NumPy function -> its entry (mpitensor._registry) */
   PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
   PyObject *backwards; /* function -> (name, backward) of its registry entry */
@@ -178,8 +179,7 @@ struct mt_ext_dispatch {
   int reduction_sig[MT_EXT_NREDUCTION]; /* index into sigs, or -1 */
   mt_ext_sig *sigs;
   int nsigs, sig_cap;
-  int *sig_slots; /* func -> index into sigs + 1 (0: empty), by address */
-  size_t sig_mask;
+  mt_ptr_index *sig_index; /* func -> index into sigs, by address */
   PyObject *op_ids; /* an op key -> its op id (bounded) */
   int64_t next_op, redistribute_op;
   PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims, *empty_tuple;
@@ -197,16 +197,9 @@ static inline int mt_ext_is_dtensor(const mt_ext_dispatch *d, PyObject *o) {
 }
 
 /* The registered signature of `func`, found by address. */
-static inline size_t mt_ext_sig_home(const mt_ext_dispatch *d, const PyObject *func) {
-  return (size_t)(((uint64_t)(uintptr_t)func >> 4) * 0x9E3779B97F4A7C15u >> 32) & d->sig_mask;
-}
 static inline mt_ext_sig *mt_ext_sig_of(const mt_ext_dispatch *d, const PyObject *func) {
-  if (d->sig_slots == NULL) return NULL;
-  for (size_t i = mt_ext_sig_home(d, func);; i = (i + 1) & d->sig_mask) {
-    int s = d->sig_slots[i];
-    if (s == 0) return NULL;
-    if (d->sigs[s - 1].func == func) return &d->sigs[s - 1];
-  }
+  int s = d->sig_index != NULL ? mt_ptr_index_find(d->sig_index, func) : -1;
+  return s < 0 ? NULL : &d->sigs[s];
 }
 /* The op id of a hashable key, or -1 with an exception. */
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key);
@@ -228,6 +221,9 @@ PyObject *mt_ext_op_label(PyObject *key);
 
 /* -- specs and layouts (ext_spec.c) ------------------------------------------------ */
 
+/* The code of an interned placement (Replicate(), Shard(i), Partial(op)), found
+ * by identity: 1, or 0 for any other object. */
+int mt_ext_interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placement *out);
 int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *spec,
                     mt_layout_key *key);
 int mt_ext_layout_id(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *dt,
@@ -236,7 +232,14 @@ int mt_ext_dtype_key(PyArray_Descr *descr);
 PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, int n);
 PyObject *mt_ext_py_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t id,
                            int64_t slot, const mt_layout_key *key, PyObject *dtype);
+/* A new DTensorSpec of (mesh, placements, shape, dtype, stride), borrowed; and one
+ * of a mesh and a Python layout (placements, shape, dtype, stride). */
+PyObject *mt_ext_spec_new(mt_ext_dispatch *d, PyObject *const *items);
 PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout);
+/* A DTensor of `spec` around `local` (both stolen; NULL for either: NULL), of
+ * layout id `id` (0: unknown) and freshness `fresh`. */
+PyObject *mt_ext_new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec, int64_t id,
+                             int fresh);
 mt_ext_mesh_base *mt_ext_spec_mesh(mt_ext_dispatch *d, PyObject *spec);
 /* Whether a placement has no core code (a _StridedShard, which the core sees only
  * as the plain layout of a reshaped view), a DTensor holds one, or an argument of
@@ -282,6 +285,23 @@ static inline int mt_ext_alias_of(const mt_ext_call *c, int t) {
   return -1;
 }
 
+/* A call of n operands, none gathered yet (its mesh unknown). */
+static inline void mt_ext_call_init(mt_ext_call *c, int n) {
+  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0, c->strided = 0;
+  c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
+  c->key.noperands = c->noperands = n;
+}
+/* DTensor b, of layout id `id` on the call's mesh, as operand i: the next tensor
+ * input, its memo key word, and whether its gradient is wanted. */
+static inline void mt_ext_call_add(const mt_ext_dispatch *d, mt_ext_call *c, int i,
+                                   mt_ext_dtensor *b, int64_t id) {
+  c->dt[c->ntensors] = b;
+  c->id[c->ntensors++] = id;
+  c->tensors |= 1u << i;
+  c->key.operand[i] = mt_ext_operand_word(c, id);
+  c->key.grad |= (uint32_t)(b->requires_grad & mt_ext_grad_wanted(d->modes)) << i;
+}
+
 /* Gathers n operands: DTensors of one mesh (DTensors pending an async move are
  * completed), scalars, and under implicit replication ndarrays as Replicate
  * DTensors (kept in c->made). 1, or 0 when they are not an operation's operands
@@ -320,7 +340,17 @@ mt_decision *mt_ext_decide(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext
 int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
                            const mt_memo_key *key, const mt_decision *dec,
                            PyArray_Descr *descr, int64_t *id, PyObject **layout);
-const mt_dimmap *mt_ext_dimmap_get(PyObject *module, PyObject *obj);
+/* `out` interned on the mesh as the output layout of the decision stored under
+ * `key` (remembered there while the memo holds it): its id, and its Python
+ * layout of dtype object `dtype`. NULL with an exception. */
+PyObject *mt_ext_output_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
+                               const mt_memo_key *key, const mt_layout_key *out,
+                               PyObject *dtype, int64_t *id);
+/* The dim map a builder gave (a buffer of one mt_dimmap), copied into `map` and
+ * checked: `map`, or NULL with an exception. */
+const mt_dimmap *mt_ext_dimmap_get(PyObject *obj, mt_dimmap *map);
+/* (output placements, output shape or None) of a decision. */
+PyObject *mt_ext_decision_out(mt_ext_dispatch *d, const mt_decision *dec);
 int64_t mt_ext_reduction_aux(PyObject *axis, int ndim, int keepdims, uint32_t *axes);
 
 /* -- the executor (ext_exec.c) -------------------------------------------------------- */
@@ -369,6 +399,9 @@ PyObject *mt_ext_request_new(PyObject *module, mt_request *req, mt_exchange *ex,
 static inline int mt_ext_needs_grad(const mt_ext_dispatch *d, PyObject *o) {
   return Py_TYPE(o) == d->dtensor && ((const mt_ext_dtensor *)o)->requires_grad;
 }
+/* The NotImplementedError of a floating-point result of the operation `key` (its
+ * function or op key) that has no backward rule; returns NULL. */
+PyObject *mt_ext_no_backward(PyObject *key);
 /* `out` (a DTensor, or a tuple: its first) recorded as made by `backward` from the
  * n inputs (those that need a gradient), keeping `saved` and `aux` for it; out
  * is returned, or NULL with an exception (out released). */
@@ -379,7 +412,6 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
 /* -- each area adds its functions and types in Py_mod_exec ----------------------------- */
 
 int mt_ext_ops_exec(PyObject *module);
-int mt_ext_modes_exec(PyObject *module);
 int mt_ext_mesh_exec(PyObject *module);
 int mt_ext_redistribute_exec(PyObject *module);
 int mt_ext_request_exec(PyObject *module);
@@ -392,7 +424,7 @@ int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_ops_clear(mt_ext_state *st);
 void mt_ext_ops_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[], mt_ext_redistribute_methods[],
-    mt_ext_prop_methods[], mt_ext_ops_methods[], mt_ext_autograd_methods[],
+    mt_ext_ops_methods[], mt_ext_autograd_methods[],
     mt_ext_decide_methods[], mt_ext_exec_methods[],
     mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[];
 

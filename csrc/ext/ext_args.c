@@ -89,19 +89,8 @@ int mt_ext_inexact(PyArray_Descr *d) {
 }
 
 int mt_ext_descr_dtype(PyArray_Descr *d) {
-  int size = (int)PyDataType_ELSIZE(d);
-  switch (d->kind) {
-    case 'b': return MT_DTYPE_BOOL;
-    case 'i': return size == 1 ? MT_DTYPE_INT8 : size == 2 ? MT_DTYPE_INT16
-                   : size == 4 ? MT_DTYPE_INT32 : size == 8 ? MT_DTYPE_INT64 : -2;
-    case 'u': return size == 1 ? MT_DTYPE_UINT8 : size == 2 ? MT_DTYPE_UINT16
-                   : size == 4 ? MT_DTYPE_UINT32 : size == 8 ? MT_DTYPE_UINT64 : -2;
-    case 'f': return size == 2 ? MT_DTYPE_FLOAT16 : size == 4 ? MT_DTYPE_FLOAT32
-                   : size == 8 ? MT_DTYPE_FLOAT64 : -2;
-    case 'c': return size == 8 ? MT_DTYPE_COMPLEX64 : size == 16 ? MT_DTYPE_COMPLEX128 : -2;
-    case 'V': return is_bfloat16(d) ? MT_DTYPE_BFLOAT16 : -2;
-    default: return -2;
-  }
+  if (d->kind == 'V') return is_bfloat16(d) ? MT_DTYPE_BFLOAT16 : -2;
+  return mt_dtype_of_kind(d->kind, (size_t)PyDataType_ELSIZE(d));
 }
 
 static int dtype_or_raise(PyArrayObject *a) {

@@ -68,22 +68,15 @@ static PyObject *replicated(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *
   PyObject *pl = PyTuple_New(mb->mesh_ndim);
   for (int m = 0; pl != NULL && m < mb->mesh_ndim; ++m)
     PyTuple_SET_ITEM(pl, m, Py_NewRef(d->replicate));
-  PyObject *sh = mt_ext_int_tuple(shape, n), *st = mt_ext_int_tuple(stride, n);
-  PyObject *spec = pl && sh && st ? d->spec->tp_alloc(d->spec, 5) : NULL;
-  mt_ext_dtensor *b = spec ? (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0) : NULL;
-  if (b != NULL) {
-    PyTuple_SET_ITEM(spec, 0, Py_NewRef((PyObject *)mb));
-    PyTuple_SET_ITEM(spec, 1, Py_NewRef(pl));
-    PyTuple_SET_ITEM(spec, 2, Py_NewRef(sh));
-    PyTuple_SET_ITEM(spec, 3, Py_NewRef((PyObject *)PyArray_DESCR(a)));
-    PyTuple_SET_ITEM(spec, 4, Py_NewRef(st));
-    b->local = Py_NewRef(arr), b->spec = Py_NewRef(spec);
+  PyObject *sh = mt_ext_int_tuple(shape, n), *st = mt_ext_int_tuple(stride, n), *spec = NULL;
+  if (pl && sh && st) {
+    PyObject *items[5] = {(PyObject *)mb, pl, sh, (PyObject *)PyArray_DESCR(a), st};
+    spec = mt_ext_spec_new(d, items);
   }
   Py_XDECREF(pl);
   Py_XDECREF(sh);
   Py_XDECREF(st);
-  Py_XDECREF(spec);
-  return (PyObject *)b;
+  return mt_ext_new_dtensor(d, spec ? Py_NewRef(arr) : NULL, spec, 0, 0);
 }
 
 /* The mixed-operand TypeError of a plain ndarray outside implicit_replication(). */
@@ -152,19 +145,13 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
   if (mt_ext_strided(d, o)) return c->strided = 1, 0;
   int64_t id;
   if (mt_ext_layout_id(d, c->mb, b, NULL, &id) < 0) return -1;
-  c->dt[c->ntensors] = b;
-  c->id[c->ntensors++] = id;
-  c->tensors |= 1u << i;
-  c->key.operand[i] = mt_ext_operand_word(c, id);
-  c->key.grad |= (uint32_t)(b->requires_grad & mt_ext_grad_wanted(d->modes)) << i;
+  mt_ext_call_add(d, c, i, b, id);
   return 1;
 }
 
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
                   PyObject *key) {
-  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0, c->strided = 0;
-  c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
-  c->key.noperands = c->noperands = n;
+  mt_ext_call_init(c, n);
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;
   int err = 0;
   c->mb = first_mesh(d, ops, n, &err);
@@ -200,31 +187,21 @@ void mt_ext_call_release(mt_ext_call *c) {
 static int call_inputs(mt_ext_dispatch *d, const mt_ext_call *c, mt_prop_inputs *p,
                        int *dtype) {
   memset(p, 0, sizeof *p);
-  p->ninputs = c->ntensors, p->mesh_ndim = c->mb->mesh_ndim;
+  p->mesh_ndim = c->mb->mesh_ndim;
   memcpy(p->mesh_shape, c->mb->mesh_shape, sizeof p->mesh_shape);
+  mt_layout_key key;
   for (int t = 0; t < c->ntensors; ++t) {
-    mt_layout_key key;
     if (mt_ext_spec_key(d, c->mb, c->dt[t]->spec, &key) < 0) return -1;
-    p->ndim[t] = key.ndim, p->itemsize[t] = key.itemsize;
-    memcpy(p->shape[t], key.shape, sizeof p->shape[t]);
-    memcpy(p->placements[t], key.placements, sizeof p->placements[t]);
+    mt_prop_inputs_add(p, &key);
     dtype[t] = mt_ext_descr_dtype((PyArray_Descr *)PyTuple_GET_ITEM(c->dt[t]->spec, 3));
     p->alias[t] = mt_ext_alias_of(c, t) + 1;
   }
   for (int i = 0, t = 0; i < c->noperands; ++i)
     if (c->tensors >> i & 1u) p->grad |= (c->key.grad >> i & 1u) << t++;
-  if (c->key.want != 0) {
-    /* Where the gradient of the wanted DTensor lives: Replicate for its Partials. */
-    mt_layout_key key;
-    if (mt_ext_spec_key(d, c->mb, ((mt_ext_dtensor *)d->modes->want)->spec, &key) < 0)
-      return -1;
-    p->want = 1, p->want_ndim = key.ndim;
-    memcpy(p->want_shape, key.shape, sizeof p->want_shape);
-    for (int m = 0; m < p->mesh_ndim; ++m)
-      p->want_placements[m] = key.placements[m].kind == MT_PLACEMENT_PARTIAL
-                                  ? (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}
-                                  : key.placements[m];
-  }
+  if (c->key.want == 0) return 0;
+  if (mt_ext_spec_key(d, c->mb, ((mt_ext_dtensor *)d->modes->want)->spec, &key) < 0)
+    return -1;
+  mt_prop_inputs_want(p, &key);
   return 0;
 }
 
@@ -256,8 +233,7 @@ static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_c
   } else {
     PyObject *made = mt_ext_hook(d, MT_HOOK_BUILD, op->build, NULL, 0, NULL);
     if (made == NULL) return NULL;
-    const mt_dimmap *m = mt_ext_dimmap_get(d->module, made);
-    if (m != NULL) map = *m;
+    const mt_dimmap *m = mt_ext_dimmap_get(made, &map);
     Py_DECREF(made);
     if (m == NULL) return NULL;
   }
@@ -270,6 +246,16 @@ mt_decision *mt_ext_decide(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext
   mt_decision *dec = mt_memo_find(c->mb->memo, &c->key);
   *hit = dec != NULL;
   return dec != NULL ? dec : miss(d, op, c);
+}
+
+PyObject *mt_ext_decision_out(mt_ext_dispatch *d, const mt_decision *dec) {
+  PyObject *pl = mt_ext_placement_objects(d, dec->out_placements, dec->mesh_ndim);
+  PyObject *shape = dec->out_ndim < 0 ? Py_NewRef(Py_None)
+                                      : mt_ext_int_tuple(dec->out_shape, dec->out_ndim);
+  PyObject *out = pl && shape ? PyTuple_Pack(2, pl, shape) : NULL;
+  Py_XDECREF(pl);
+  Py_XDECREF(shape);
+  return out;
 }
 
 /* Whether the Python layout `layout` has element type `descr`. */
@@ -290,15 +276,20 @@ int mt_ext_decision_output(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
   }
   mt_layout_key out;
   mt_decision_out_key(dec, mt_ext_dtype_key(descr), (int64_t)PyDataType_ELSIZE(descr), &out);
+  *layout = mt_ext_output_layout(d, mb, key, &out, (PyObject *)descr, id);
+  return *layout == NULL ? -1 : 0;
+}
+
+PyObject *mt_ext_output_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb,
+                               const mt_memo_key *key, const mt_layout_key *out,
+                               PyObject *dtype, int64_t *id) {
   int64_t slot;
   mt_error err = {0};
-  int rc = mt_layout_table_intern(mb->layouts, &out, id, &slot, &err);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err), -1;
-  *layout = mt_ext_py_layout(d, mb, *id, slot, &out, (PyObject *)descr);
-  if (*layout == NULL) return -1;
+  int rc = mt_layout_table_intern(mb->layouts, out, id, &slot, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
   mt_decision *live = mt_memo_peek(mb->memo, key);
   if (live != NULL) live->out_id = *id, live->out_slot = slot;
-  return 0;
+  return mt_ext_py_layout(d, mb, *id, slot, out, dtype);
 }
 
 /* decide(key, operands, build) -> (out placements, out shape, bytes moved): an
@@ -318,15 +309,12 @@ static PyObject *decide(PyObject *module, PyObject *const *args, Py_ssize_t narg
   c.key.op = op.sig != NULL ? op.sig->id : mt_ext_op_id(d, args[0]);
   int hit;
   const mt_decision *dec = c.key.op < 0 ? NULL : mt_ext_decide(d, &op, &c, &hit);
-  PyObject *out = NULL;
-  if (dec != NULL) {
-    PyObject *pl = mt_ext_placement_objects(d, dec->out_placements, dec->mesh_ndim);
-    PyObject *shape = dec->out_ndim < 0 ? Py_NewRef(Py_None)
-                                        : mt_ext_int_tuple(dec->out_shape, dec->out_ndim);
-    if (pl && shape) out = Py_BuildValue("(OOL)", pl, shape, (long long)mt_decision_bytes(dec));
-    Py_XDECREF(pl);
-    Py_XDECREF(shape);
-  }
+  PyObject *out = dec != NULL ? mt_ext_decision_out(d, dec) : NULL;
+  PyObject *bytes = out != NULL ? PyLong_FromLongLong(mt_decision_bytes(dec)) : NULL;
+  if (out != NULL)
+    Py_SETREF(out, bytes ? PyTuple_Pack(3, PyTuple_GET_ITEM(out, 0), PyTuple_GET_ITEM(out, 1),
+                                        bytes) : NULL);
+  Py_XDECREF(bytes);
   mt_ext_call_release(&c);
   return out;
 }

@@ -63,12 +63,15 @@ BINARY_SLOT(nb_xor, B_XOR)
 BINARY_SLOT(nb_or, B_OR)
 BINARY_SLOT(nb_divmod, B_DIVMOD)
 
+static PyObject *no_modulus(void) {
+  PyErr_SetString(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
+  return NULL;
+}
+
 /* CPython's ternaryfunc fixes the parameter types. */
 /* cppcheck-suppress constParameter */
 static PyObject *nb_pow(PyObject *l, PyObject *r, PyObject *mod) {
-  if (mod == Py_None) return binary(B_POW, l, r);
-  PyErr_SetString(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
-  return NULL;
+  return mod == Py_None ? binary(B_POW, l, r) : no_modulus();
 }
 
 /* `self op= other`: the ufunc into self (out=), which the ufunc's entry handles. */
@@ -103,9 +106,7 @@ INPLACE_SLOT(nb_ior, B_OR)
 
 /* cppcheck-suppress constParameter */
 static PyObject *nb_ipow(PyObject *l, PyObject *r, PyObject *mod) {
-  if (mod == Py_None) return inplace(B_POW, l, r);
-  PyErr_SetString(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
-  return NULL;
+  return mod == Py_None ? inplace(B_POW, l, r) : no_modulus();
 }
 
 static PyObject *unary(int op, PyObject *x) {

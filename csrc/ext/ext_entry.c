@@ -20,11 +20,7 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
   mt_ext_mesh_base *mb = (mt_ext_mesh_base *)PyTuple_GET_ITEM(b->spec, 0);
   if (mb != c->mb && c->mb != NULL) return 0;
   c->mb = mb;
-  c->dt[c->ntensors] = b;
-  c->id[c->ntensors++] = b->layout_id;
-  c->tensors |= 1u << i;
-  c->key.operand[i] = mt_ext_operand_word(c, b->layout_id);
-  c->key.grad |= (uint32_t)(b->requires_grad & mt_ext_grad_wanted(d->modes)) << i;
+  mt_ext_call_add(d, c, i, b, b->layout_id);
   return 1;
 }
 
@@ -32,25 +28,27 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
  * cached operation. */
 static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
                               mt_ext_call *c, PyObject *key) {
-  c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0, c->strided = 0;
-  c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
-  c->key.noperands = c->noperands = n;
+  mt_ext_call_init(c, n);
   for (int i = 0; i < n; ++i)
     if (!known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key);
   return mt_ext_wanting(d) ? mt_ext_call_want(d, c) : 1;
+}
+
+/* fn(args, kwargs) as hook `kind`, kwargs a dict (empty for NULL). */
+static PyObject *args_kwargs_hook(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *args,
+                                  PyObject *kwargs) {
+  PyObject *kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
+  PyObject *stack[2] = {args, kw};
+  PyObject *r = kw ? mt_ext_hook(d, kind, fn, stack, 2, NULL) : NULL;
+  Py_XDECREF(kw);
+  return r;
 }
 
 /* The registry entry of `func` (a user's rule first, as rule(args, kwargs)). */
 static PyObject *call_entry(mt_ext_dispatch *d, PyObject *func, PyObject *args,
                             PyObject *kwargs) {
   PyObject *rule = PyDict_GET_SIZE(d->rules) ? PyDict_GetItemWithError(d->rules, func) : NULL;
-  if (rule != NULL) {
-    PyObject *kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
-    PyObject *stack[2] = {args, kw};
-    PyObject *r = kw ? mt_ext_hook(d, MT_HOOK_ENTRY, rule, stack, 2, NULL) : NULL;
-    Py_XDECREF(kw);
-    return r;
-  }
+  if (rule != NULL) return args_kwargs_hook(d, MT_HOOK_ENTRY, rule, args, kwargs);
   if (PyErr_Occurred()) return NULL;
   PyObject *entry = PyDict_GetItemWithError(d->functions, func);
   if (entry == NULL) {
@@ -134,12 +132,8 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   /* An optional third entry says whether this call has a rule (a diagonal einsum
    * or an advanced index do not). */
   if (bw != NULL && backward != Py_None && PyTuple_GET_SIZE(bw) > 2) {
-    PyObject *kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
-    PyObject *stack[2] = {args, kw};
-    PyObject *ok = kw ? mt_ext_hook(d, MT_HOOK_BACKWARD, PyTuple_GET_ITEM(bw, 2), stack, 2,
-                                    NULL)
-                      : NULL;
-    Py_XDECREF(kw);
+    PyObject *ok = args_kwargs_hook(d, MT_HOOK_BACKWARD, PyTuple_GET_ITEM(bw, 2), args,
+                                    kwargs);
     int yes = ok == NULL ? -1 : PyObject_IsTrue(ok);
     Py_XDECREF(ok);
     if (yes < 0) return NULL;
@@ -169,15 +163,8 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
     return res;
   if (backward == Py_None) {
     Py_DECREF(res);
-    PyObject *fname = func == d->ufunc_type && PyTuple_GET_SIZE(args) > 0
-                          ? mt_ext_op_label(PyTuple_GET_ITEM(args, 0)) : mt_ext_op_label(func);
-    if (fname != NULL)
-      PyErr_Format(PyExc_NotImplementedError,
-                   "%U has no backward rule in mpitensor.autograd yet; run it under "
-                   "mpitensor.no_grad() or on .detach()ed DTensors (the gradient through "
-                   "it would be lost)", fname);
-    Py_XDECREF(fname);
-    return NULL;
+    return mt_ext_no_backward(func == d->ufunc_type && PyTuple_GET_SIZE(args) > 0
+                                  ? PyTuple_GET_ITEM(args, 0) : func);
   }
   PyObject *flat = flat_args(args);
   if (flat == NULL) {
@@ -222,25 +209,32 @@ static int plain_keywords(const mt_ext_dispatch *d, PyObject *kwnames) {
   return 1;
 }
 
-/* ufunc.__call__ through its Python entry (the registry's np.ufunc). */
+/* func(*prefix, *args, **kwargs) as a registered function's call, from a vectorcall
+ * whose last keyword arguments kwnames names. */
+static PyObject *function_call(mt_ext_dispatch *d, PyObject *func, PyObject *const *prefix,
+                               Py_ssize_t npre, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  PyObject *pos = PyTuple_New(npre + nargs), *kw = nkw ? PyDict_New() : NULL, *res = NULL;
+  if (pos != NULL && (nkw == 0 || kw != NULL)) {
+    for (Py_ssize_t i = 0; i < npre; ++i) PyTuple_SET_ITEM(pos, i, Py_NewRef(prefix[i]));
+    for (Py_ssize_t i = 0; i < nargs; ++i)
+      PyTuple_SET_ITEM(pos, npre + i, Py_NewRef(args[i]));
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < nkw; ++i)
+      rc = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
+    if (rc == 0) res = mt_ext_function(d, func, pos, kw);
+  }
+  Py_XDECREF(pos);
+  Py_XDECREF(kw);
+  return res;
+}
+
+/* ufunc.method through its Python entry (the registry's np.ufunc). */
 static PyObject *ufunc_entry(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
                              PyObject *const *ops, Py_ssize_t n, PyObject *kwnames) {
-  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-  PyObject *args = PyTuple_New(n + 2), *kwargs = nkw ? PyDict_New() : NULL;
-  if (args == NULL || (nkw && kwargs == NULL)) goto fail;
-  PyTuple_SET_ITEM(args, 0, Py_NewRef(ufunc));
-  PyTuple_SET_ITEM(args, 1, Py_NewRef(method));
-  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(args, i + 2, Py_NewRef(ops[i]));
-  for (Py_ssize_t i = 0; i < nkw; ++i)
-    if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), ops[n + i]) < 0) goto fail;
-  PyObject *res = mt_ext_function(d, d->ufunc_type, args, kwargs);
-  Py_DECREF(args);
-  Py_XDECREF(kwargs);
-  return res;
-fail:
-  Py_XDECREF(args);
-  Py_XDECREF(kwargs);
-  return NULL;
+  PyObject *prefix[2] = {ufunc, method};
+  return function_call(d, d->ufunc_type, prefix, 2, ops, n, kwnames);
 }
 
 PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
@@ -292,19 +286,7 @@ static int reduction_args(const mt_ext_dispatch *d, const mt_ext_sig *sig,
 static PyObject *reduction_entry(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *self,
                                  PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames) {
-  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-  PyObject *pos = PyTuple_New(nargs + 1), *kw = nkw ? PyDict_New() : NULL, *res = NULL;
-  if (pos != NULL && (nkw == 0 || kw != NULL)) {
-    PyTuple_SET_ITEM(pos, 0, Py_NewRef(self));
-    for (Py_ssize_t i = 0; i < nargs; ++i) PyTuple_SET_ITEM(pos, i + 1, Py_NewRef(args[i]));
-    int rc = 0;
-    for (Py_ssize_t i = 0; rc == 0 && i < nkw; ++i)
-      rc = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
-    if (rc == 0) res = mt_ext_function(d, sig->func, pos, kw);
-  }
-  Py_XDECREF(pos);
-  Py_XDECREF(kw);
-  return res;
+  return function_call(d, sig->func, &self, 1, args, nargs, kwnames);
 }
 
 PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,

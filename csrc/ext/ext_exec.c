@@ -23,20 +23,6 @@ static PyObject *as_array(PyObject *res) {
   return arr;
 }
 
-/* A DTensor of `spec` around `local` (both stolen). */
-static PyObject *new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec,
-                             int64_t id, int fresh) {
-  mt_ext_dtensor *b = local && spec ? (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0)
-                                    : NULL;
-  if (b == NULL) {
-    Py_XDECREF(local);
-    Py_XDECREF(spec);
-    return NULL;
-  }
-  b->local = local, b->spec = spec, b->layout_id = id, b->fresh = (char)fresh;
-  return (PyObject *)b;
-}
-
 /* The local array of a rank outside the mesh: empty, or a 0-d zero. */
 static PyObject *outside_local(int ndim, PyArray_Descr *descr) {
   npy_intp zero = 0;
@@ -76,7 +62,7 @@ static PyObject *wrap(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call
   for (int t = 0; rs->out_id != 0 && t < c->ntensors; ++t) {
     PyObject *spec = c->dt[t]->spec;
     if (c->id[t] == rs->out_id && PyTuple_GET_ITEM(spec, 3) == (PyObject *)descr)
-      return new_dtensor(d, res, Py_NewRef(spec), rs->out_id, fresh);
+      return mt_ext_new_dtensor(d, res, Py_NewRef(spec), rs->out_id, fresh);
   }
   const mt_decision *dec = rs->dec;
   PyObject *layout = NULL;
@@ -97,7 +83,7 @@ static PyObject *wrap(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call
   }
   PyObject *spec = mt_ext_make_spec(d, (PyObject *)c->mb, layout);
   Py_DECREF(layout);
-  return new_dtensor(d, res, spec, id, fresh);
+  return mt_ext_new_dtensor(d, res, spec, id, fresh);
 }
 
 /* Zeros of `local`'s shape and dtype, for a partitioned input (steals `local`). */
@@ -183,32 +169,21 @@ static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decisio
   return 0;
 }
 
-/* The decision's plans, owned for a run (the memo may drop them meanwhile). */
-static void hold(mt_decision *dec, int own) {
-  for (int i = 0; i < dec->ninputs; ++i) {
-    if (dec->plan[i] == NULL) continue;
-    if (own) mt_plan_retain(dec->plan[i]);
-    else mt_plan_destroy(dec->plan[i]);
-  }
-}
-
 /* The "decision" event: op key, inputs, output placements and shape, hit. */
 static int decision_event(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
                           const mt_decision *dec, int hit) {
   PyObject *ins = PyTuple_New(c->ntensors);
   for (int t = 0; ins != NULL && t < c->ntensors; ++t)
     PyTuple_SET_ITEM(ins, t, Py_NewRef((PyObject *)c->dt[t]));
-  PyObject *pl = mt_ext_placement_objects(d, dec->out_placements, dec->mesh_ndim);
-  PyObject *shape = dec->out_ndim < 0 ? Py_NewRef(Py_None)
-                                      : mt_ext_int_tuple(dec->out_shape, dec->out_ndim);
+  PyObject *out = ins != NULL ? mt_ext_decision_out(d, dec) : NULL;
   int rc = -1;
-  if (ins && pl && shape) {
-    PyObject *args[5] = {op->key, ins, pl, shape, hit ? Py_True : Py_False};
+  if (out != NULL) {
+    PyObject *args[5] = {op->key, ins, PyTuple_GET_ITEM(out, 0), PyTuple_GET_ITEM(out, 1),
+                         hit ? Py_True : Py_False};
     rc = mt_ext_event(d, "decision", args, 5);
   }
   Py_XDECREF(ins);
-  Py_XDECREF(pl);
-  Py_XDECREF(shape);
+  Py_XDECREF(out);
   return rc;
 }
 
@@ -256,19 +231,16 @@ static PyObject *wrap_all(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_
   return out;
 }
 
-/* Input t as its plan left it: a DTensor of its global shape and dtype around the
- * moved local array (outside the mesh: an empty one), laid out as the plan's
- * last step (contiguous strides). */
+/* Input t as its plan left it (mt_decision_moved_key): a DTensor of its global
+ * shape and dtype around the moved local array (outside the mesh: an empty one). */
 static PyObject *moved_input(mt_ext_dispatch *d, const mt_ext_call *c, int t,
-                             const mt_plan *plan, PyObject *local) {
-  const mt_step *last = mt_plan_step(plan, mt_plan_nsteps(plan) - 1);
-  mt_layout_key key;
-  if (mt_ext_spec_key(d, c->mb, c->dt[t]->spec, &key) < 0) return NULL;
+                             const mt_decision *dec, PyObject *local) {
+  mt_layout_key given, key;
+  if (mt_ext_spec_key(d, c->mb, c->dt[t]->spec, &given) < 0) return NULL;
+  mt_decision_moved_key(dec, t, &given, &key);
   local = c->mb->member ? Py_NewRef(local)
                         : outside_local(key.ndim, PyArray_DESCR((PyArrayObject *)local));
   if (local == NULL) return NULL;
-  memcpy(key.placements, last->dst.placements, sizeof key.placements);
-  mt_layout_contiguous_strides(key.ndim, key.shape, key.stride);
   int64_t id, slot;
   mt_error err = {0};
   int rc = mt_layout_table_intern(c->mb->layouts, &key, &id, &slot, &err);
@@ -280,34 +252,7 @@ static PyObject *moved_input(mt_ext_dispatch *d, const mt_ext_call *c, int t,
                                       PyTuple_GET_ITEM(c->dt[t]->spec, 3));
   PyObject *spec = layout ? mt_ext_make_spec(d, (PyObject *)c->mb, layout) : NULL;
   Py_XDECREF(layout);
-  return new_dtensor(d, local, spec, id, 0);
-}
-
-/* Whether the node keeps input t as its plan moved it rather than as given, so
- * that the backward finds it where the forward used it instead of moving it
- * again: the plan reduced a Partial (the value the forward already reduced is
- * reused, never reduced twice) or moved shards between dims, and gathered
- * nothing, so the copy holds no more than the input's local array. A plan that
- * gathers keeps the input as given: the gathered copy would outgrow the shard the
- * caller holds; a chunk alone is free to take again. Decided from the plan's
- * layouts alone, so every rank keeps the same. */
-static int keeps_moved(const run_state *rs, int i, int t) {
-  const mt_plan *plan = rs->dec->plan[t];
-  if (!rs->owned || plan == NULL || rs->dec->partition[t] != 0 ||
-      mt_plan_nsteps(plan) == 0 || !PyArray_Check(rs->args[i]))
-    return 0;
-  const mt_layout *src = &mt_plan_step(plan, 0)->src;
-  const mt_layout *dst = &mt_plan_step(plan, mt_plan_nsteps(plan) - 1)->dst;
-  int saves = 0;
-  for (int m = 0; m < src->mesh_ndim; ++m) {
-    if (src->mesh_shape[m] == 1) continue;
-    const mt_placement *from = &src->placements[m], *to = &dst->placements[m];
-    if (from->kind == MT_PLACEMENT_PARTIAL && to->kind == MT_PLACEMENT_PARTIAL) return 0;
-    if (from->kind == MT_PLACEMENT_SHARD && to->kind != MT_PLACEMENT_SHARD) return 0;
-    saves |= from->kind == MT_PLACEMENT_PARTIAL ||
-             (from->kind == MT_PLACEMENT_SHARD && from->dim != to->dim);
-  }
-  return saves;
+  return mt_ext_new_dtensor(d, local, spec, id, 0);
 }
 
 /* What a node keeps of the operands (NULL: them as given, or an error). */
@@ -317,11 +262,11 @@ static PyObject *saved_operands(mt_ext_dispatch *d, const mt_ext_call *c,
   *err = 0;
   for (int i = 0, t = 0; rs->dec != NULL && i < c->noperands; ++i) {
     if (!(c->tensors >> i & 1u)) continue;
-    if (keeps_moved(rs, i, t)) {
+    if (rs->owned && PyArray_Check(rs->args[i]) && mt_decision_keeps_moved(rs->dec, t)) {
       if (saved == NULL && (saved = PyTuple_New(c->noperands)) != NULL)
         for (int k = 0; k < c->noperands; ++k)
           PyTuple_SET_ITEM(saved, k, Py_NewRef(inputs[k]));
-      PyObject *m = saved ? moved_input(d, c, t, rs->dec->plan[t], rs->args[i]) : NULL;
+      PyObject *m = saved ? moved_input(d, c, t, rs->dec, rs->args[i]) : NULL;
       if (m == NULL) {
         Py_XDECREF(saved);
         *err = 1;
@@ -342,15 +287,8 @@ static PyObject *record(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_ca
   if (!mt_ext_inexact(PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)))
     return out;
   if (op->sig == NULL || op->sig->grad_backward == NULL) {
-    PyObject *name = mt_ext_op_label(op->key);
-    if (name != NULL)
-      PyErr_Format(PyExc_NotImplementedError,
-                 "%U has no backward rule in mpitensor.autograd yet; run it under "
-                 "mpitensor.no_grad() or on .detach()ed DTensors (the gradient through "
-                 "it would be lost)", name);
-    Py_XDECREF(name);
     Py_DECREF(out);
-    return NULL;
+    return mt_ext_no_backward(op->key);
   }
   PyObject *inputs[MT_MEMO_MAX_OPERANDS];
   for (int i = 0, t = 0; i < c->noperands; ++i)
@@ -383,8 +321,7 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
    * may run code that changes the memo. The common one is read before any runs. */
   int moves = found->nplans != 0 || found->partitioned != 0 || !c->mb->member;
   if (moves || found->out_id == 0 || op->pass_box || mt_ext_events(d->modes)) {
-    rs.copy = *found;
-    hold(&rs.copy, 1);
+    mt_decision_hold(found, &rs.copy);
     rs.dec = &rs.copy;
   }
   PyObject *out = NULL;
@@ -401,7 +338,7 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
     out = record(d, op, c, &rs, ops, out);
 done:
   for (int i = 0; rs.owned && i < c->noperands; ++i) Py_DECREF(rs.args[i]);
-  if (rs.dec != NULL) hold(&rs.copy, 0);
+  if (rs.dec != NULL) mt_decision_drop(&rs.copy);
   return out;
 }
 
@@ -412,14 +349,14 @@ PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c
   return dec == NULL ? NULL : mt_ext_run(d, op, c, dec, hit, ops);
 }
 
-/* execute(key, operands, build, local, extra, kwargs, box, axis, keepdims): see the
+/* execute(key, operands, build, local, extra, kwnames, box, axis, keepdims): see the
  * method table. */
 static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 9 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[4]) ||
-      (args[5] != Py_None && !PyDict_Check(args[5])))
+      (args[5] != Py_None && !PyTuple_Check(args[5])))
     return PyErr_Format(PyExc_TypeError, "execute(key, operands: tuple, build, local, "
-                        "extra: tuple, kwargs: dict|None, box, axis, keepdims)");
+                        "extra: tuple, kwnames: tuple|None, box, axis, keepdims)");
   mt_ext_op op = {0};
   op.sig = mt_ext_sig_of(d, args[0]);
   op.key = args[0], op.build = args[2], op.func = args[3];
@@ -439,9 +376,9 @@ static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nar
                        : PyErr_Format(PyExc_TypeError, "%R: expected DTensor operands "
                                       "(and scalars)", args[0]);
   c.key.op = op.sig != NULL ? op.sig->id : mt_ext_op_id(d, args[0]);
-  /* A reduction's local call is method(local, axis, **kwargs); its memo key
-   * holds the reduced axes and keepdims. */
-  PyObject *stack[16], *kwnames = NULL, *out = NULL;
+  /* A reduction's local call is method(local, axis, *extra); its memo key holds
+   * the reduced axes and keepdims. */
+  PyObject *stack[16], *out = NULL;
   Py_ssize_t nextra = PyTuple_GET_SIZE(args[4]);
   int reduction = op.sig != NULL && op.sig->op.family == MT_OP_REDUCTION;
   if (reduction) {
@@ -455,23 +392,16 @@ static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nar
     op.aux = PyTuple_Pack(2, args[7], args[8]);
     if (op.aux == NULL) goto done;
   }
-  Py_ssize_t nkw = args[5] == Py_None ? 0 : PyDict_GET_SIZE(args[5]);
-  if (nextra + nkw + reduction > 16 || c.key.op < 0) {
+  if (nextra + reduction > 16 || c.key.op < 0) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "execute: too many arguments");
     goto done;
   }
-  Py_ssize_t k = 0, pos = 0;
-  if (reduction) stack[k++] = args[7];
-  for (Py_ssize_t i = 0; i < nextra; ++i) stack[k++] = PyTuple_GET_ITEM(args[4], i);
-  if (nkw > 0 && (kwnames = PyTuple_New(nkw)) == NULL) goto done;
-  for (PyObject *key, *value; nkw > 0 && PyDict_Next(args[5], &pos, &key, &value);) {
-    PyTuple_SET_ITEM(kwnames, k - nextra - reduction, Py_NewRef(key));
-    stack[k++] = value;
-  }
-  op.extra = stack, op.nextra = k, op.kwnames = kwnames;
+  if (reduction) stack[0] = args[7];
+  for (Py_ssize_t i = 0; i < nextra; ++i) stack[reduction + i] = PyTuple_GET_ITEM(args[4], i);
+  op.extra = stack, op.nextra = nextra + reduction;
+  op.kwnames = args[5] != Py_None && PyTuple_GET_SIZE(args[5]) > 0 ? args[5] : NULL;
   out = mt_ext_execute(d, &op, &c, &PyTuple_GET_ITEM(args[1], 0));
 done:
-  Py_XDECREF(kwnames);
   Py_XDECREF(op.aux);
   mt_ext_call_release(&c);
   return out;
@@ -479,12 +409,13 @@ done:
 
 PyMethodDef mt_ext_exec_methods[] = {
     {"execute", (PyCFunction)(void (*)(void))execute, METH_FASTCALL,
-     "execute(key, operands, build, local, extra, kwargs, box, axis, keepdims) -> DTensor "
-     "(or a tuple): runs an operation through the executor. `key` is a registered "
-     "ufunc or reduction (its dim map is the core's) or a hashable op key whose dim "
-     "map build() gives on a memo miss; `local(*locals, *extra, **kwargs[, box])` "
-     "computes on this rank's arrays (None: the ufunc, or the reduction's ndarray "
-     "method called with axis first); `box` appends this rank's output shape. "
+     "execute(key, operands, build, local, extra, kwnames, box, axis, keepdims) -> "
+     "DTensor (or a tuple): runs an operation through the executor. `key` is a "
+     "registered ufunc or reduction (its dim map is the core's) or a hashable op key "
+     "whose dim map build() gives on a memo miss; `local(*locals, *extra[, box])` "
+     "computes on this rank's arrays, the last of `extra` passed by the names in "
+     "`kwnames` (None: the ufunc, or the reduction's ndarray method called with axis "
+     "first); `box` appends this rank's output shape. "
      "Collective on the mesh when an input moves.\n\n"
      "Example: _C.execute(('squeeze', (0,)), (a,), build, np.squeeze, (0,), None, "
      "False, None, False)"},

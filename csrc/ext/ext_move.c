@@ -14,15 +14,6 @@
  * dim or the reduce op). */
 enum { AUX_BITS = 6 };
 
-static int interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placement *out) {
-  if (p == d->replicate) return *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}, 1;
-  for (int i = 0; i < MT_MAX_NDIM; ++i)
-    if (p == d->shard[i]) return *out = (mt_placement){MT_PLACEMENT_SHARD, i, 0}, 1;
-  for (int op = 0; op < MT_REDUCE_COUNT; ++op)
-    if (p == d->partial[op]) return *out = (mt_placement){MT_PLACEMENT_PARTIAL, 0, op}, 1;
-  return 0;
-}
-
 /* Target placements given as interned objects, one per mesh dim, shard dims inside
  * the tensor (and, when `strict`, a Partial only where the source has it): their
  * codes, the key's word and whether they are the source's. 1, or 0 for anything
@@ -35,7 +26,7 @@ static int read_targets(const mt_ext_dispatch *d, PyObject *placements, PyObject
   if (n != PyTuple_GET_SIZE(src)) return 0;
   *aux = 0, *same = 1;
   for (Py_ssize_t m = 0; m < n; ++m) {
-    if (!interned_code(d, items[m], &dst[m])) return 0;
+    if (!mt_ext_interned_code(d, items[m], &dst[m])) return 0;
     if (dst[m].kind == MT_PLACEMENT_SHARD && dst[m].dim >= ndim) return 0;
     int kept = items[m] == PyTuple_GET_ITEM(src, m);
     if (strict && dst[m].kind == MT_PLACEMENT_PARTIAL && !kept) return 0;
@@ -91,12 +82,7 @@ static PyObject *out_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *
   mt_layout_key key;
   if (mt_ext_spec_key(d, mb, spec, &key) < 0) return NULL;
   memcpy(key.placements, dst, (size_t)mb->mesh_ndim * sizeof *dst);
-  int64_t slot;
-  mt_error err = {0};
-  int rc = mt_layout_table_intern(mb->layouts, &key, id, &slot, &err);
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  if ((live = mt_memo_peek(mb->memo, mk)) != NULL) live->out_id = *id, live->out_slot = slot;
-  return mt_ext_py_layout(d, mb, *id, slot, &key, PyTuple_GET_ITEM(spec, 3));
+  return mt_ext_output_layout(d, mb, mk, &key, PyTuple_GET_ITEM(spec, 3), id);
 }
 
 /* The normalised arguments (the placements hook): placements as interned objects,
@@ -117,21 +103,11 @@ static int normalise(mt_ext_dispatch *d, PyObject *self, PyObject *mesh, PyObjec
 
 /* `self` cast to `dtype` for the move (its spec with that dtype). */
 static PyObject *cast(mt_ext_dispatch *d, mt_ext_dtensor *b, PyObject *dtype) {
-  PyArray_Descr *descr = (PyArray_Descr *)dtype;
-  PyObject *spec = d->spec->tp_alloc(d->spec, 5);
-  if (spec == NULL) return NULL;
-  for (Py_ssize_t i = 0; i < 5; ++i)
-    PyTuple_SET_ITEM(spec, i, Py_NewRef(i == 3 ? dtype : PyTuple_GET_ITEM(b->spec, i)));
-  Py_INCREF(descr);
-  PyObject *local = PyArray_CastToType((PyArrayObject *)b->local, descr, 0);
-  mt_ext_dtensor *out = local ? (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0) : NULL;
-  if (out == NULL) {
-    Py_DECREF(spec);
-    Py_XDECREF(local);
-    return NULL;
-  }
-  out->local = local, out->spec = spec;
-  return (PyObject *)out;
+  PyObject *items[5];
+  for (Py_ssize_t i = 0; i < 5; ++i) items[i] = i == 3 ? dtype : PyTuple_GET_ITEM(b->spec, i);
+  Py_INCREF(dtype);
+  PyObject *local = PyArray_CastToType((PyArrayObject *)b->local, (PyArray_Descr *)dtype, 0);
+  return mt_ext_new_dtensor(d, local, local ? mt_ext_spec_new(d, items) : NULL, 0, 0);
 }
 
 /* The events of a move: "move" (its plan, or None when no rank communicates),
@@ -187,7 +163,7 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
   mt_plan *plan = dec->plan[0];
   if (plan != NULL) mt_plan_retain(plan);
   int64_t id = mk.operand[0];
-  PyObject *spec = NULL, *local = NULL, *layout = NULL, *out = NULL;
+  PyObject *spec = NULL, *local = NULL, *layout = NULL, *out;
   if (same) spec = Py_NewRef(src->spec);
   else if ((layout = out_layout(d, mb, src->spec, dst, &mk, &id)) != NULL)
     spec = mt_ext_make_spec(d, (PyObject *)mb, layout);
@@ -195,18 +171,10 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
       move_events(d, src, plan, same, PyTuple_GET_ITEM(spec, 1), what) < 0)
     Py_CLEAR(spec);
   if (spec != NULL) local = moved_local(d, mb, src, plan, same, async);
-  if (local != NULL) {
-    mt_ext_dtensor *b = (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0);
-    if (b != NULL) {
-      b->local = local, b->spec = spec, b->layout_id = id;
-      b->fresh = (char)(plan != NULL && !async && mb->member && d->modes->backward);
-      if (plan == NULL) b->fresh = src->fresh, src->fresh = 0; /* the array changes hands */
-      local = spec = NULL, out = (PyObject *)b;
-    }
-  }
   Py_XDECREF(layout);
-  Py_XDECREF(spec);
-  Py_XDECREF(local);
+  int fresh = plan != NULL ? !async && mb->member && d->modes->backward : src->fresh;
+  out = mt_ext_new_dtensor(d, local, spec, id, fresh);
+  if (out != NULL && plan == NULL) src->fresh = 0; /* the array changes hands */
   if (plan != NULL) mt_plan_destroy(plan);
   d->runs++;
   return out;

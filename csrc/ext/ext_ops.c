@@ -36,27 +36,13 @@ int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
   return d->next_op++;
 }
 
-/* Indexes sigs[0..nsigs) in a table of `cells` (a power of two). */
-static int index_sigs(mt_ext_dispatch *d, size_t cells) {
-  int *slots = PyMem_Calloc(cells, sizeof *slots);
-  if (slots == NULL) return PyErr_NoMemory(), -1;
-  PyMem_Free(d->sig_slots);
-  d->sig_slots = slots, d->sig_mask = cells - 1;
-  for (int s = 0; s < d->nsigs; ++s) {
-    size_t i = mt_ext_sig_home(d, d->sigs[s].func);
-    while (slots[i] != 0) i = (i + 1) & d->sig_mask;
-    slots[i] = s + 1;
-  }
-  return 0;
-}
-
 /* A new signature for `func`; NULL with an exception. */
 static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
   if (mt_ext_sig_of(d, func) != NULL) {
     PyErr_SetString(PyExc_ValueError, "this function is registered already");
     return NULL;
   }
-  if (d->nsigs == d->sig_cap) {
+  if (d->sigs == NULL || d->nsigs == d->sig_cap) {
     int cap = d->sig_cap ? 2 * d->sig_cap : 64;
     mt_ext_sig *sigs = PyMem_Realloc(d->sigs, (size_t)cap * sizeof *sigs);
     if (sigs == NULL) return (mt_ext_sig *)PyErr_NoMemory();
@@ -64,17 +50,15 @@ static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
   }
   int64_t id = mt_ext_op_id(d, func);
   if (id < 0) return NULL;
-  /* At most half full, so that a probe for an absent function ends soon. */
-  size_t cells = d->sig_slots == NULL ? 128 : d->sig_mask + 1;
-  while (cells < 2 * (size_t)(d->nsigs + 1)) cells *= 2;
-  if ((d->sig_slots == NULL || cells != d->sig_mask + 1) && index_sigs(d, cells) < 0)
+  mt_error err = {0};
+  int rc = mt_ptr_index_add(d->sig_index, func, d->nsigs, &err);
+  if (rc != MT_OK) {
+    mt_ext_raise(rc, &err);
     return NULL;
-  mt_ext_sig *sig = &d->sigs[d->nsigs];
+  }
+  mt_ext_sig *sig = &d->sigs[d->nsigs++];
   memset(sig, 0, sizeof *sig);
   sig->func = Py_NewRef(func), sig->id = id;
-  size_t i = mt_ext_sig_home(d, func);
-  while (d->sig_slots[i] != 0) i = (i + 1) & d->sig_mask;
-  d->sig_slots[i] = ++d->nsigs;
   return sig;
 }
 
@@ -212,11 +196,6 @@ static PyObject *set_cache_limits(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *op_id(PyObject *module, PyObject *key) {
-  int64_t id = mt_ext_op_id(mt_ext_dispatch_module(module), key);
-  return id < 0 ? NULL : PyLong_FromLongLong(id);
-}
-
 PyMethodDef mt_ext_ops_methods[] = {
     {"dispatch_init", dispatch_init, METH_VARARGS,
      "dispatch_init(DTensor, DTensorSpec, replicate, shards, partials, functions, "
@@ -236,8 +215,6 @@ PyMethodDef mt_ext_ops_methods[] = {
      "Example: _C.register_grad(numpy.tanh, 'tanh', tanh_backward)"},
     {"set_cache_limits", set_cache_limits, METH_VARARGS,
      "set_cache_limits(decisions, plans, layouts): bounds of meshes made later. Local."},
-    {"op_id", op_id, METH_O,
-     "op_id(key) -> the memo's id of an operation's hashable key. Local."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -273,7 +250,9 @@ int mt_ext_ops_exec(PyObject *module) {
   d->op_ids = PyDict_New();
   d->hooks = PyDict_New();
   if (d->op_ids == NULL || d->hooks == NULL || intern_names(d) < 0) return -1;
-  return 0;
+  mt_error err = {0};
+  int rc = mt_ptr_index_create(&d->sig_index, &err);
+  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
 }
 
 /* Every object the state holds, for traverse and clear. */
@@ -282,7 +261,6 @@ int mt_ext_ops_exec(PyObject *module) {
   X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids); X(d->s_call);        \
   X(d->s_axis); X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims); X(d->empty_tuple);  \
   X(d->s_redistribute);                                                                \
-  X(d->modes);                                                                         \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
   for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \
   for (int i_ = 0; i_ < MT_EXT_NBINARY; ++i_) X(d->binary[i_]);                        \
@@ -310,13 +288,15 @@ void mt_ext_ops_clear(mt_ext_state *st) {
   MT_EXT_OPS_OBJECTS(CLEAR_ONE, d)
 #undef CLEAR_ONE
   d->nsigs = 0;
-  PyMem_Free(d->sig_slots);
-  d->sig_slots = NULL;
+  if (d->sig_index != NULL) mt_ptr_index_clear(d->sig_index);
 }
 
 void mt_ext_ops_free(mt_ext_state *st) {
   mt_ext_ops_clear(st);
-  if (st->dispatch != NULL) PyMem_Free(st->dispatch->sigs);
+  if (st->dispatch != NULL) {
+    PyMem_Free(st->dispatch->sigs);
+    mt_ptr_index_destroy(st->dispatch->sig_index);
+  }
   PyMem_Free(st->dispatch);
   st->dispatch = NULL;
 }

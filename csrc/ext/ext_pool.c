@@ -6,33 +6,18 @@
  * finds them resident instead of page-faulting fresh memory in. */
 #include "ext.h"
 
-#include <string.h>
-
 #include "mpitensor/comm/pool.h"
-
-/* Below this, glibc's own caching already keeps blocks warm. */
-#define POOLED_MIN_BYTES (64 << 10)
 
 static void *pool_malloc(void *ctx, size_t size) {
   return mt_pool_alloc(size > 0 ? size : 1);
 }
 
 static void *pool_calloc(void *ctx, size_t n, size_t elsize) {
-  if (elsize != 0 && n > SIZE_MAX / elsize) return NULL;
-  void *p = pool_malloc(ctx, n * elsize);
-  if (p != NULL) memset(p, 0, n * elsize);
-  return p;
+  return mt_pool_calloc(n, elsize);
 }
 
 static void *pool_realloc(void *ctx, void *ptr, size_t size) {
-  if (ptr == NULL) return pool_malloc(ctx, size);
-  size_t have = mt_pool_block_size(ptr);
-  if (size <= have) return ptr;
-  void *p = pool_malloc(ctx, size);
-  if (p == NULL) return NULL;
-  memcpy(p, ptr, have);
-  mt_pool_free(ptr);
-  return p;
+  return mt_pool_realloc(ptr, size);
 }
 
 static void pool_free(void *ctx, void *ptr, size_t size) { mt_pool_free(ptr); }
@@ -48,7 +33,7 @@ PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim
   npy_intp bytes = PyDataType_ELSIZE(descr);
   for (int i = 0; i < ndim; ++i) bytes *= dims[i];
   PyObject *pool = mt_ext_state_of(module)->pool_handler;
-  PyObject *old = bytes >= POOLED_MIN_BYTES ? PyDataMem_SetHandler(pool) : NULL;
+  PyObject *old = mt_pool_worth((size_t)bytes) ? PyDataMem_SetHandler(pool) : NULL;
   Py_INCREF(descr);
   PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, ndim, (npy_intp *)dims, NULL,
                                        NULL, 0, NULL);

@@ -62,14 +62,10 @@ static PyType_Spec plan_spec = {
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
-static int my_box(mt_mesh *mesh, const mt_layout *l, mt_box *box) {
-  int64_t coord[MT_MAX_MESH_NDIM];
-  if (!mt_mesh_coordinate(mesh, coord)) {
-    PyErr_SetString(PyExc_RuntimeError, "this rank is not a member of the mesh");
-    return -1;
-  }
+/* This rank's box of `l`: 0, or -1 with the exception (RuntimeError off the mesh). */
+static int my_box(const mt_mesh *mesh, const mt_layout *l, mt_box *box) {
   mt_error err = {0};
-  int rc = mt_layout_local_box(l, coord, box, &err);
+  int rc = mt_mesh_local_box(mesh, l, box, &err);
   if (rc != MT_OK) mt_ext_raise(rc, &err);
   return rc == MT_OK ? 0 : -1;
 }
@@ -105,20 +101,20 @@ typedef struct call_args {
   int no_memory; /* dst could not be allocated: the executor agrees on that */
 } call_args;
 
-/* Checks `local` against the plan's source layout and allocates the destination
- * (none when the plan has no step). */
-static int prepare_run(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
-                       const mt_layout *src, const mt_layout *dst, PyObject *local,
+/* Checks `local` against the source layout of the plan (which has steps) and
+ * allocates the destination. */
+static int prepare_run(PyObject *module, mt_mesh *mesh, const mt_plan *plan, PyObject *local,
                        call_args *c) {
   memset(c, 0, sizeof *c);
   c->mesh = mesh, c->plan = plan;
   mt_box sb, tb;
+  const mt_layout *src = &mt_plan_step(plan, 0)->src;
+  const mt_layout *dst = &mt_plan_step(plan, mt_plan_nsteps(plan) - 1)->dst;
   if (my_box(mesh, src, &sb) < 0 || my_box(mesh, dst, &tb) < 0) return -1;
   c->src = mt_ext_contiguous(local);
   if (c->src == NULL) return -1;
   c->dtype = mt_ext_dtype(c->src);
   if (check_local(c->src, &sb) < 0) return -1;
-  if (mt_plan_nsteps(plan) == 0) return 0;
   c->dst = new_box_array(module, &tb, c->src);
   /* A rank that cannot allocate its box still takes part, with no buffer, in the
    * agreement the executor starts with, so that every rank raises MemoryError. */
@@ -129,28 +125,6 @@ static int prepare_run(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
   return c->dst == NULL && !c->no_memory ? -1 : 0;
 }
 
-/* Parses (mesh, plan, array) for prepare_run. */
-static int prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                   call_args *c) {
-  memset(c, 0, sizeof *c);
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "expected (mesh, plan, array)");
-    return -1;
-  }
-  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
-  if (mesh == NULL) return -1;
-  if (!PyObject_TypeCheck(args[1], mt_ext_state_of(module)->plan_type)) {
-    PyErr_SetString(PyExc_TypeError, "expected a _C.Plan");
-    return -1;
-  }
-  const mt_plan *plan = ((PlanObject *)args[1])->plan;
-  int n = mt_plan_nsteps(plan);
-  /* No step: the data is already there (execute returns it). */
-  if (n == 0) return (c->src = mt_ext_contiguous(args[2])) == NULL ? -1 : 0;
-  return prepare_run(module, mesh, plan, &mt_plan_step(plan, 0)->src,
-                     &mt_plan_step(plan, n - 1)->dst, args[2], c);
-}
-
 static void release(call_args *c) {
   Py_XDECREF(c->src);
   Py_XDECREF(c->dst);
@@ -158,8 +132,6 @@ static void release(call_args *c) {
 
 /* Runs a prepared plan, blocking; the new local array, or NULL with an exception. */
 static PyObject *execute(call_args *c) {
-  /* No step: the data is already there. */
-  if (c->dst == NULL && !c->no_memory) return (PyObject *)c->src;
   mt_error err = {0};
   int rc;
   void *dst = c->dst != NULL ? PyArray_DATA(c->dst) : NULL;
@@ -174,29 +146,28 @@ static PyObject *execute(call_args *c) {
   return (PyObject *)c->dst;
 }
 
-/* ---- redistribute ------------------------------------------------------------------- */
-
-/* redistribute(mesh, plan, local) -> new local array. Collective on the mesh. */
-static PyObject *redistribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
+                          PyObject *local) {
+  if (mt_plan_nsteps(plan) == 0) return Py_NewRef(local);
   call_args c;
-  if (prepare(module, args, nargs, &c) < 0) {
+  if (prepare_run(module, mesh, plan, local, &c) < 0) {
     release(&c);
     return NULL;
   }
   return execute(&c);
 }
 
-PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
-                          PyObject *local) {
-  int n = mt_plan_nsteps(plan);
-  if (n == 0) return Py_NewRef(local);
-  call_args c;
-  if (prepare_run(module, mesh, plan, &mt_plan_step(plan, 0)->src,
-                  &mt_plan_step(plan, n - 1)->dst, local, &c) < 0) {
-    release(&c);
-    return NULL;
-  }
-  return execute(&c);
+/* redistribute(mesh, plan, local) -> new local array (local itself, contiguous,
+ * for a plan without steps). Collective on the mesh. */
+static PyObject *redistribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "expected (mesh, plan, array)");
+  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
+  if (mesh == NULL) return NULL;
+  if (!PyObject_TypeCheck(args[1], mt_ext_state_of(module)->plan_type))
+    return PyErr_Format(PyExc_TypeError, "expected a _C.Plan");
+  const mt_plan *plan = ((PlanObject *)args[1])->plan;
+  if (mt_plan_nsteps(plan) == 0) return (PyObject *)mt_ext_contiguous(args[2]);
+  return mt_ext_run_plan(module, mesh, plan, args[2]);
 }
 
 PyObject *mt_ext_plan_wrap(PyObject *module, mt_plan *plan) {
@@ -217,11 +188,9 @@ PyObject *mt_ext_plan_wrap(PyObject *module, mt_plan *plan) {
  * wait() gives the new local array. Collective on the mesh. */
 PyObject *mt_ext_start_plan(PyObject *module, PyObject *mesh_obj, const mt_plan *plan,
                             PyObject *local) {
-  int n = mt_plan_nsteps(plan);
   mt_mesh *mesh = mt_ext_mesh_get_unchecked(mesh_obj);
   call_args c;
-  if (prepare_run(module, mesh, plan, &mt_plan_step(plan, 0)->src,
-                  &mt_plan_step(plan, n - 1)->dst, local, &c) < 0) {
+  if (prepare_run(module, mesh, plan, local, &c) < 0) {
     release(&c);
     return NULL;
   }

@@ -1,57 +1,32 @@
-/* _C.Request: one handle type for every exchange in flight, a redistribute
- * started with async_op=True (mt_request) or a ring shift or all-gather of
- * context parallelism (mt_exchange). It keeps what the exchange reads and writes
- * alive until it completes, and completes once: threads that wait on it at the
- * same time take turns on its lock, the first completes it, and every one gets
- * the same result. A handle dropped unwaited still completes, so MPI never
- * touches freed memory. */
+/* _C.Request: the Python handle of an exchange in flight (an async redistribute,
+ * a ring shift or all-gather of context parallelism), an mt_pending of the comm
+ * library, which completes it once whichever threads wait. The handle keeps what
+ * the exchange reads and writes alive until then, and gives the exchange's result
+ * to every waiter. */
 #include "ext.h"
 
-#include <pythread.h>
+#include "mpitensor/comm/pending.h"
 
 typedef struct {
   PyObject_HEAD
-  mt_request *req;
-  mt_exchange *ex;
+  mt_pending *pending;
   PyObject *keep;   /* what the exchange uses (a tuple) */
   PyObject *result; /* what wait() returns */
-  PyThread_type_lock lock;
-  char done; /* completed: read without the lock */
 } RequestObject;
-
-/* Completes the exchange once, whichever thread comes first; MT_OK after. A
- * thread that finds it taken waits on the lock until the taker has completed it. */
-static int finish(RequestObject *self, mt_error *err) {
-  if (self->done) return MT_OK;
-  int rc = MT_OK;
-  Py_BEGIN_ALLOW_THREADS
-  PyThread_acquire_lock(self->lock, WAIT_LOCK);
-  Py_END_ALLOW_THREADS
-  mt_request *req = self->req;
-  mt_exchange *ex = self->ex;
-  self->req = NULL, self->ex = NULL;
-  Py_BEGIN_ALLOW_THREADS
-  if (req != NULL) rc = mt_request_wait(req, err);
-  else if (ex != NULL) rc = mt_exchange_wait(ex, err);
-  PyThread_release_lock(self->lock);
-  Py_END_ALLOW_THREADS
-  self->done = 1;
-  return rc;
-}
 
 PyObject *mt_ext_request_new(PyObject *module, mt_request *req, mt_exchange *ex,
                              PyObject *keep, PyObject *result) {
   PyTypeObject *tp = mt_ext_state_of(module)->request_type;
+  mt_pending *pending = NULL;
+  mt_error err = {0};
+  int rc = mt_pending_create(req, ex, &pending, &err);
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
   RequestObject *self = (RequestObject *)tp->tp_alloc(tp, 0);
-  PyThread_type_lock lock = self != NULL ? PyThread_allocate_lock() : NULL;
-  if (lock == NULL) {
-    mt_error err = {0};
-    if (req != NULL) mt_request_wait(req, &err);
-    if (ex != NULL) mt_exchange_wait(ex, &err);
-    Py_XDECREF(self);
-    return PyErr_NoMemory();
+  if (self == NULL) {
+    mt_pending_destroy(pending);
+    return NULL;
   }
-  self->req = req, self->ex = ex, self->lock = lock;
+  self->pending = pending;
   self->keep = Py_NewRef(keep), self->result = Py_NewRef(result);
   return (PyObject *)self;
 }
@@ -69,7 +44,12 @@ static PyObject *request_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
 
 static PyObject *request_wait(RequestObject *self, PyObject *unused) {
   mt_error err = {0};
-  int rc = finish(self, &err);
+  int rc = MT_OK;
+  if (!mt_pending_done(self->pending)) {
+    Py_BEGIN_ALLOW_THREADS
+    rc = mt_pending_wait(self->pending, &err);
+    Py_END_ALLOW_THREADS
+  }
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
   return Py_NewRef(self->result);
 }
@@ -83,29 +63,24 @@ PyObject *mt_ext_request_result(PyObject *module, PyObject *obj) {
 }
 
 static PyObject *request_test(RequestObject *self, PyObject *unused) {
-  if (self->ex == NULL && self->req == NULL) return PyBool_FromLong(self->done);
   mt_error err = {0};
-  int done = 1, rc = MT_OK;
+  int done = 0, rc;
   Py_BEGIN_ALLOW_THREADS
-  PyThread_acquire_lock(self->lock, WAIT_LOCK);
-  /* finish() takes both under the lock: none left means it has completed */
-  if (self->ex != NULL) rc = mt_exchange_test(self->ex, &done, &err);
-  else if (self->req != NULL) rc = mt_request_test(self->req, &done, &err);
-  PyThread_release_lock(self->lock);
+  rc = mt_pending_test(self->pending, &done, &err);
   Py_END_ALLOW_THREADS
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
   return PyBool_FromLong(done);
 }
 
 static PyObject *request_done(RequestObject *self, void *c) {
-  return PyBool_FromLong(self->done);
+  return PyBool_FromLong(mt_pending_done(self->pending));
 }
 
 static void request_dealloc(RequestObject *self) {
   PyTypeObject *tp = Py_TYPE(self);
-  mt_error err = {0};
-  finish(self, &err);
-  PyThread_free_lock(self->lock);
+  Py_BEGIN_ALLOW_THREADS
+  mt_pending_destroy(self->pending);
+  Py_END_ALLOW_THREADS
   Py_XDECREF(self->keep);
   Py_XDECREF(self->result);
   tp->tp_free((PyObject *)self);

@@ -7,24 +7,19 @@
 
 #include <string.h>
 
-/* The placement code of a Placement: the cached instances first (placements are
- * interned, so identity decides), else its `_code` triple. 0, or -1 with an
- * exception. */
+int mt_ext_interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placement *out) {
+  if (p == d->replicate) return *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}, 1;
+  for (int i = 0; i < MT_MAX_NDIM; ++i)
+    if (p == d->shard[i]) return *out = (mt_placement){MT_PLACEMENT_SHARD, i, 0}, 1;
+  for (int op = 0; op < MT_REDUCE_COUNT; ++op)
+    if (p == d->partial[op]) return *out = (mt_placement){MT_PLACEMENT_PARTIAL, 0, op}, 1;
+  return 0;
+}
+
+/* The placement code of a Placement: an interned one by identity, else its
+ * `_code` triple. 0, or -1 with an exception. */
 static int placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
-  if (p == d->replicate) {
-    *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
-    return 0;
-  }
-  for (int i = 0; i < MT_MAX_NDIM; ++i) {
-    if (p != d->shard[i]) continue;
-    *out = (mt_placement){MT_PLACEMENT_SHARD, i, 0};
-    return 0;
-  }
-  for (int op = 0; op < MT_REDUCE_COUNT; ++op) {
-    if (p != d->partial[op]) continue;
-    *out = (mt_placement){MT_PLACEMENT_PARTIAL, 0, op};
-    return 0;
-  }
+  if (mt_ext_interned_code(d, p, out)) return 0;
   PyObject *code = PyObject_GetAttrString(p, "_code");
   PyObject *one = code == NULL ? NULL : PyTuple_Pack(1, code);
   Py_XDECREF(code);
@@ -226,11 +221,28 @@ PyObject *mt_ext_py_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, int64_t id,
   return made;
 }
 
-PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout) {
+PyObject *mt_ext_spec_new(mt_ext_dispatch *d, PyObject *const *items) {
   PyObject *spec = d->spec->tp_alloc(d->spec, 5);
-  if (spec == NULL) return NULL;
-  PyTuple_SET_ITEM(spec, 0, Py_NewRef(mesh));
-  for (Py_ssize_t i = 0; i < 4; ++i)
-    PyTuple_SET_ITEM(spec, i + 1, Py_NewRef(PyTuple_GET_ITEM(layout, i)));
+  for (Py_ssize_t i = 0; spec != NULL && i < 5; ++i)
+    PyTuple_SET_ITEM(spec, i, Py_NewRef(items[i]));
   return spec;
+}
+
+PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout) {
+  PyObject *items[5] = {mesh, PyTuple_GET_ITEM(layout, 0), PyTuple_GET_ITEM(layout, 1),
+                        PyTuple_GET_ITEM(layout, 2), PyTuple_GET_ITEM(layout, 3)};
+  return mt_ext_spec_new(d, items);
+}
+
+PyObject *mt_ext_new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec, int64_t id,
+                             int fresh) {
+  mt_ext_dtensor *b = local && spec ? (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0)
+                                    : NULL;
+  if (b == NULL) {
+    Py_XDECREF(local);
+    Py_XDECREF(spec);
+    return NULL;
+  }
+  b->local = local, b->spec = spec, b->layout_id = id, b->fresh = (char)fresh;
+  return (PyObject *)b;
 }

@@ -13,19 +13,23 @@ static int add_address(PyObject *module, const char *name, void *p) {
 static int module_exec(PyObject *module) {
   if (PyArray_ImportNumPyAPI() < 0) return -1;
   PyMethodDef *tables[] = {mt_ext_redistribute_methods, mt_ext_pool_methods,
-                           mt_ext_prop_methods,   mt_ext_ops_methods,
+                           mt_ext_ops_methods,
                            mt_ext_autograd_methods, mt_ext_decide_methods,
                            mt_ext_exec_methods, mt_ext_hooks_methods,
                            mt_ext_entry_methods,  mt_ext_move_methods, NULL};
   for (PyMethodDef **t = tables; *t != NULL; ++t)
     if (PyModule_AddFunctions(module, *t) < 0) return -1;
   /* The counters' addresses, for the ctypes bindings that read or pass them
-   * (mpitensor._comm, mpitensor.checkpoint._io). */
+   * (mpitensor._comm, mpitensor.checkpoint._io), and the modes' (mpitensor._modes). */
   mt_ext_state *st = mt_ext_state_of(module);
   if (add_address(module, "COMM_COUNTERS", &st->comm_counters) < 0 ||
-      add_address(module, "IO_COUNTERS", &st->io_counters) < 0)
+      add_address(module, "IO_COUNTERS", &st->io_counters) < 0 ||
+      add_address(module, "MODES", &st->modes) < 0)
     return -1;
-  if (mt_ext_ops_exec(module) < 0 || mt_ext_modes_exec(module) < 0 ||
+  /* Grad mode starts on; `want` holds an object from the start, as ctypes reads
+   * it. */
+  st->modes.grad_enabled = 1, st->modes.want = Py_NewRef(Py_None);
+  if (mt_ext_ops_exec(module) < 0 ||
       mt_ext_pool_exec(module) < 0 || mt_ext_mesh_exec(module) < 0 ||
       mt_ext_redistribute_exec(module) < 0 || mt_ext_request_exec(module) < 0 ||
       mt_ext_prop_exec(module) < 0 || mt_ext_mesh_base_exec(module) < 0 ||
@@ -33,15 +37,17 @@ static int module_exec(PyObject *module) {
     return -1;
   mt_ext_dispatch *d = st->dispatch;
   d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
-  d->node_type = st->node_type;
-  if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0) return -1;
+  d->node_type = st->node_type, d->modes = &st->modes;
+  if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0 ||
+      PyModule_AddIntConstant(module, "MODES_SIZE", (long)sizeof(mt_ext_modes)) < 0)
+    return -1;
   return PyModule_AddIntConstant(module, "MAX_MESH_NDIM", MT_MAX_MESH_NDIM);
 }
 
 #define MT_EXT_TYPES(X, st)                                                            \
-  X(st->mesh_type); X(st->plan_type); X(st->request_type); X(st->dimmap_type);        \
+  X(st->mesh_type); X(st->plan_type); X(st->request_type);                            \
   X(st->pool_handler); X(st->dtensor_base_type); X(st->mesh_base_type);               \
-  X(st->node_type); X(st->modes_type)
+  X(st->node_type)
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   mt_ext_state *st = mt_ext_state_of(module);

@@ -20,20 +20,18 @@ Codes = Sequence[tuple[int, int, int]]
 TimeModel = tuple[float, float, float, float, float, float, float, int]
 
 class Mesh:
-    """The communicators of a device mesh. Collective on `comm` to create. Its
-    collectives are those of mpitensor._comm.Mesh, its Python subclass; `failure`
-    is this rank's own (mt_status, UTF-8 message), agreed on with the rest."""
+    """The communicators of a device mesh, owned: mpitensor._comm.Mesh, its Python
+    subclass, makes them (collective on a communicator), slices them and runs
+    their collectives. Local."""
 
-    def __init__(self, comm: MPI.Comm, shape: Sequence[int], ranks: np.ndarray,
-                 fingerprint: int = 0, status: int = 0, message: bytes = b"") -> None: ...
+    def __init__(self, address: int) -> None:
+        """Takes over the mt_mesh at `address`; this thread becomes its owner."""
     @property
     def address(self) -> int:
         """The mt_mesh * the comm functions take (mpitensor._comm)."""
     def check_thread(self) -> None:
         """RuntimeError unless on the thread that created the mesh, and on a freed
         mesh: what a collective checks first."""
-    def slice(self, dims: Sequence[int]) -> "Mesh": ...
-    def groups(self) -> tuple[MPI.Comm, ...]: ...
 
 class Plan:
     """A redistribution plan (the executor's, or mpitensor._plan.Plan, its Python
@@ -60,24 +58,6 @@ class Request:
 def redistribute(mesh: Mesh, plan: Plan, local: np.ndarray) -> np.ndarray: ...
 def empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     """A new C-contiguous array, from the block pool when it is large. Local."""
-
-class DimMap:
-    """An operation's dim map for the sharding-propagation engine, checked once.
-    Local. Label kinds LABEL_*, partial rules PARTIAL_*, reduce ops REDUCE_* (see
-    csrc/include/mpitensor/core/prop.h)."""
-
-    def __init__(self, in_labels: Sequence[Sequence[int]], in_bcast: Sequence[int],
-                 out_labels: Sequence[int], label_kind: Sequence[int],
-                 label_reduce_op: Sequence[int], even_only: int, partial_rule: int,
-                 partial_inputs: int, partial_ops: int, sized_labels: int,
-                 label_size: Sequence[int], out_size: Sequence[int] = ...) -> None: ...
-    @property
-    def ninputs(self) -> int: ...
-
-def dimmap_elementwise(kind: int, noperands: int, tensors: int,
-                       shapes: Sequence[Sequence[int]]) -> DimMap: ...
-def dimmap_matmul(a_shape: Sequence[int], b_shape: Sequence[int],
-                  transpose_b: bool) -> DimMap: ...
 
 # The core's enums (prop.h, layout.h, plan.h).
 LABEL_KEEP: int
@@ -153,23 +133,9 @@ class MeshBase:
     def _dispatch_clear(self) -> None: ...
     def _set_cache_limits(self, decisions: int, plans: int, layouts: int) -> None: ...
 
-class Modes:
-    """The modes in force, held once (mpitensor._modes sets them). Local."""
-
-    grad_enabled: bool
-    backward: bool
-    checks: bool
-    log_debug: bool
-    log_info: bool
-    gather_warning: bool
-    implicit_replication: int
-    listeners: int
-    @property
-    def tracing(self) -> bool: ...
-    @property
-    def gather_report(self) -> bool: ...
-
-modes: Modes
+# The address of the modes in force (mpitensor._modes._State maps it).
+MODES: int
+MODES_SIZE: int
 
 def dispatch_init(dtensor_type: type, spec_type: type, replicate: Any, shards: tuple,
                   partials: tuple, functions: dict, rules: dict, backwards: dict) -> None: ...
@@ -178,9 +144,8 @@ def register_reduction(func: Any, method: str | None, reduce_op: int, partial_ru
                        partial_ops: int, even_only: bool) -> None: ...
 def register_grad(func: Any, name: str, backward: Any) -> None: ...
 def set_cache_limits(decisions: int, plans: int, layouts: int) -> None: ...
-def op_id(key: Any) -> int: ...
 def execute(key: Any, operands: tuple, build: Any, local: Any, extra: tuple,
-            kwargs: dict | None, box: bool, axis: Any, keepdims: bool) -> Any: ...
+            kwnames: tuple | None, box: bool, axis: Any, keepdims: bool) -> Any: ...
 def decide(key: Any, operands: tuple, build: Any) -> tuple[tuple, tuple | None, int]: ...
 def call(func: Any, args: tuple, kwargs: dict | None) -> Any: ...
 def move(dtensor: DTensorBase, placements: Sequence[Any], what: str) -> Any: ...

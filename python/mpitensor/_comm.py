@@ -16,6 +16,7 @@ communication.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import operator
 
@@ -83,10 +84,39 @@ _counters_read = fn("mt_comm_counters_read", None, P, ctypes.POINTER(_Totals))
 _live_count = fn("mt_comm_live_count", I64)
 _library_version = fn("mt_mpi_library_version", I, ctypes.c_char_p, I, _E)
 _fail_next = fn("mt_direct_fail_next", I, I)
+_slice = fn("mt_mesh_slice", I, P, I, P, ctypes.POINTER(P), _E)
+_destroy = fn("mt_mesh_destroy", None, P)
+_set_counters = fn("mt_mesh_set_counters", None, P, P)
 _plan_check = fn("mt_plan_check", I, ctypes.POINTER(_Layout), ctypes.POINTER(_Layout), I,
                  _E)
 
 _NODE_KINDS = ("one", "blocks", "unequal", "interleaved")  # mt_nodes_kind
+
+
+@functools.cache
+def _mpi():
+    """mpi4py's MPI and the mesh functions that take or give an MPI_Comm, whose C
+    type (an int or a pointer) is the MPI library's. Bound on the first mesh, not
+    at import, so that `import mpitensor` and its layout math do not start MPI."""
+    from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
+    comm = I if MPI._sizeof(MPI.Comm) == ctypes.sizeof(I) else P
+    create = fn("mt_mesh_create_agreed", I, comm, I, P, P, I, ctypes.c_uint64,
+                ctypes.POINTER(P), _E)
+    return MPI, create, fn("mt_mesh_dim_comm", comm, P, I)
+
+
+def _comm_object(handle):
+    """The mpi4py communicator of ``handle``, of the class its kind asks for (an
+    Intracomm, a Cartcomm, ...), as mpi4py itself would make it."""
+    MPI = _mpi()[0]
+    comm = MPI.Comm.fromhandle(handle or 0)
+    if comm == MPI.COMM_NULL:
+        return comm
+    if comm.Is_inter():
+        return MPI.Intercomm.fromhandle(handle)
+    kinds = {MPI.CART: MPI.Cartcomm, MPI.GRAPH: MPI.Graphcomm,
+             MPI.DIST_GRAPH: MPI.Distgraphcomm}
+    return kinds.get(comm.Get_topology(), MPI.Intracomm).fromhandle(handle)
 
 
 def mesh_address(mesh) -> int:
@@ -143,16 +173,54 @@ class Mesh(_C.Mesh):
     Example: ``Mesh(MPI.COMM_WORLD, (2,), np.arange(2, dtype=np.intc)).any(False)``.
     """
 
-    __slots__ = ()
+    __slots__ = ("_groups",)
 
     def __new__(cls, comm, shape, ranks, fingerprint: int = 0,
                 failure: BaseException | None = None):
         # This rank's failure from its own checks, agreed on with the shape, the
         # ranks and the fingerprint, as a status and its message.
-        if failure is None:
-            return super().__new__(cls, comm, shape, ranks, fingerprint)
-        return super().__new__(cls, comm, shape, ranks, fingerprint,
-                               status_of(type(failure)), _message(str(failure)))
+        MPI, create, _ = _mpi()
+        if not isinstance(comm, MPI.Comm):
+            raise TypeError(f"expected a Comm, got {type(comm).__name__}")
+        shape, ndim = _int64s(shape, MAX_MESH_NDIM, "mesh shape")
+        ranks = np.asarray(ranks).astype(np.intc, casting="safe", copy=False)
+        if ranks.ndim != 1:
+            raise ValueError("the ranks of a mesh are a 1-D array")
+        ranks, numel = np.ascontiguousarray(ranks), int(np.prod(shape[:ndim]))
+        err = Error()
+        if failure is not None:
+            err.code, err.msg = status_of(type(failure)), _message(str(failure))
+        elif ranks.size != numel:
+            err.code = status_of(ValueError)
+            err.msg = f"the mesh has {ranks.size} ranks but its shape needs {numel}".encode()
+        mesh = P()
+        check(create(MPI._handleof(comm), ndim, shape, ranks.ctypes.data, err.code,
+                     operator.index(fingerprint) & 0xFFFFFFFFFFFFFFFF, ctypes.byref(mesh),
+                     ctypes.byref(err)), err)
+        # Every mesh (and its slices) counts into the module's counters, which
+        # comm_counters() reads.
+        _set_counters(mesh, _C.COMM_COUNTERS)
+        return super().__new__(cls, mesh.value)
+
+    def slice(self, dims) -> "Mesh":
+        """The mesh over mesh dims ``dims`` (ascending), sharing communicators.
+        Local."""
+        m, (dims, n) = mesh_address(self), _int64s(dims, MAX_MESH_NDIM, "dims")
+        out = P()
+        call(_slice, m, n, (I * max(n, 1))(*dims[:n]), ctypes.byref(out))
+        return _C.Mesh.__new__(type(self), out.value)
+
+    def groups(self) -> tuple:
+        """One mpi4py communicator per mesh dim (COMM_NULL on a non-member). They
+        share the mesh's handles, which the mesh frees: they are made once and
+        kept. Local."""
+        m = mesh_address(self)
+        groups = getattr(self, "_groups", None)
+        if groups is None:
+            _, _, dim_comm = _mpi()
+            groups = self._groups = tuple(_comm_object(dim_comm(m, d))
+                                          for d in range(_ndim(m)))
+        return groups
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -5,8 +5,8 @@ replication, loss_parallel, context parallelism, the debugging tools, grad mode)
 pushes its state here; the code that must honour it reads it here. So a lower
 module never imports a feature to ask whether it is active.
 
-The flags live once, in ``state`` (``mpitensor._C.modes``), which the C executor
-reads too: ``state.grad_enabled``, ``state.grad_priced`` (a recorded forward
+The flags live once, in ``state`` (a structure in the C extension's memory,
+mapped here through ctypes), which the C executor reads too: ``state.grad_enabled``, ``state.grad_priced`` (a recorded forward
 runs), ``state.want`` (where a backward rule's outputs go), ``state.tracing``
 (some debugging tool listens, so the executor emits trace events),
 ``state.checks``, ``state.log_debug``, ``state.gather_report``,
@@ -20,9 +20,48 @@ program enters and leaves them alike.
 
 from __future__ import annotations
 
+import ctypes
+
 from . import _C
 
-state = _C.modes
+
+class _State(ctypes.Structure):  # mt_ext_modes (csrc/ext/ext.h)
+    """The modes in force, held once: the C executor reads these very fields.
+
+    ``grad_enabled``: operations on DTensors that require grad are recorded.
+    ``backward``: autograd's engine is running a backward pass. ``checks``:
+    collective mismatch checks (mpitensor.debug). ``log_debug``, ``log_info``: the
+    mpitensor logger is at DEBUG, or INFO (gathers are logged).
+    ``gather_warning``: gathers an operation needs warn (set_gather_warning).
+    ``grad_priced``: a recorded forward runs, so decisions price its inputs'
+    gradients. ``want``: the DTensor whose gradient a backward rule computes (its
+    operations' outputs are headed to its layout), or None.
+    ``implicit_replication``: depth of implicit_replication() blocks.
+    ``listeners``: entered CommDebugModes."""
+
+    _fields_ = [(name, ctypes.c_bool) for name in (
+        "grad_enabled", "backward", "checks", "log_debug", "log_info", "gather_warning",
+        "grad_priced")] + [("want", ctypes.py_object), ("implicit_replication", ctypes.c_int),
+                           ("listeners", ctypes.c_int)]
+
+    @property
+    def tracing(self) -> bool:
+        """Some tool listens: checks, debug logs, a gather warning, a CommDebugMode."""
+        return self.checks or self.log_debug or self.gather_warning or self.listeners > 0
+
+    @property
+    def gather_report(self) -> bool:
+        """Gathers an operation needs are reported."""
+        return self.gather_warning or self.log_info
+
+    @property
+    def events(self) -> bool:
+        """The executor emits trace events."""
+        return self.tracing or self.log_info
+
+
+assert ctypes.sizeof(_State) == _C.MODES_SIZE, "_State does not mirror mt_ext_modes"
+state = _State.from_address(_C.MODES)
 
 
 # -- implicit_replication --------------------------------------------------------------

@@ -357,27 +357,32 @@ static void test_decision_reads(void) {
   CHECK(mt_memo_decide(memo, &k, &map, &in, f64, &d, NULL) == MT_OK);
   const mt_plan *moved = d->plan[0] != NULL ? d->plan[0] : d->plan[1];
   CHECK(mt_decision_bytes(d) == mt_plan_bytes(moved) && mt_decision_bytes(d) > 0);
-  mt_decision twice = *d;
+  mt_decision held;
+  mt_decision_hold(d, &held);
+  mt_memo_clear(memo); /* the held plans outlive the memo's decision */
+  CHECK(mt_decision_bytes(&held) == mt_plan_bytes(moved) && mt_plan_nsteps(moved) > 0);
+  mt_decision twice = held;
   twice.plan[0] = twice.plan[1] = (mt_plan *)moved;
-  CHECK(mt_decision_same_move(&twice, 1, 0) && !mt_decision_same_move(d, 1, 0));
+  CHECK(mt_decision_same_move(&twice, 1, 0) && !mt_decision_same_move(&held, 1, 0));
   twice.partition[1] = 1u;
   CHECK(!mt_decision_same_move(&twice, 1, 0));
   const int64_t mesh_shape[1] = {2}, c0[1] = {0}, c1[1] = {1};
   CHECK(!mt_decision_zeroed(&twice, 1, c0) && mt_decision_zeroed(&twice, 1, c1));
   CHECK(!mt_decision_zeroed(&twice, 0, c1));
   mt_box box;
-  CHECK(mt_decision_out_box(d, mesh_shape, c1, &box, NULL) == MT_OK);
+  CHECK(mt_decision_out_box(&held, mesh_shape, c1, &box, NULL) == MT_OK);
   CHECK(box.ndim == 2 && box.shape[0] + box.shape[1] == 12);
-  CHECK(mt_decision_out_box(d, mesh_shape, NULL, &box, NULL) == MT_OK);
+  CHECK(mt_decision_out_box(&held, mesh_shape, NULL, &box, NULL) == MT_OK);
   CHECK(box.ndim == 2 && box.shape[0] == 1 && box.shape[1] == 1);
   const int64_t bad[1] = {3};
   mt_error err = {0, ""};
-  CHECK(mt_decision_out_box(d, mesh_shape, bad, &box, &err) != MT_OK && err.msg[0] != 0);
+  CHECK(mt_decision_out_box(&held, mesh_shape, bad, &box, &err) != MT_OK && err.msg[0] != 0);
   mt_layout_key out;
-  mt_decision_out_key(d, MT_DTYPE_FLOAT32, 4, &out);
+  mt_decision_out_key(&held, MT_DTYPE_FLOAT32, 4, &out);
   CHECK(out.ndim == 2 && out.shape[0] == 8 && out.stride[0] == 8 && out.stride[1] == 1);
   CHECK(out.itemsize == 4 && out.mesh_ndim == 1 &&
-        out.placements[0].kind == d->out_placements[0].kind);
+        out.placements[0].kind == held.out_placements[0].kind);
+  mt_decision_drop(&held);
   mt_memo_destroy(memo);
 }
 
@@ -410,9 +415,77 @@ static void test_decide_move(void) {
   mt_memo_destroy(memo);
 }
 
+/* The input a recorded node keeps as moved: a Partial reduced or shards moved
+ * between dims keep the moved copy (with contiguous strides); a gather, a chunk,
+ * or an input partitioned into zeros keep the input as given. */
+static int kept_as_moved(mt_memo *memo, int64_t op, mt_placement from, mt_placement to,
+                         mt_layout_key *moved) {
+  const int64_t mesh_shape[1] = {2};
+  mt_layout_key src = layout(8, 0);
+  src.placements[0] = from, src.stride[0] = 1, src.stride[1] = 8;
+  mt_memo_key k = key(op, 1, 0);
+  mt_decision *d = NULL;
+  CHECK(mt_memo_decide_move(memo, &k, &src, MT_DTYPE_FLOAT64, mesh_shape, &to, &d, NULL) ==
+        MT_OK);
+  mt_decision_moved_key(d, 0, &src, moved);
+  int keeps = mt_decision_keeps_moved(d, 0);
+  d->partition[0] = 1u;
+  CHECK(!mt_decision_keeps_moved(d, 0));
+  d->partition[0] = 0;
+  return keeps;
+}
+
+static void test_keeps_moved(void) {
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0};
+  const mt_placement r = {MT_PLACEMENT_REPLICATE, 0, 0};
+  const mt_placement p = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
+  mt_memo *memo = NULL;
+  CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);
+  mt_layout_key moved;
+  CHECK(kept_as_moved(memo, 20, s0, s1, &moved));
+  CHECK(moved.placements[0].kind == MT_PLACEMENT_SHARD && moved.placements[0].dim == 1);
+  CHECK(moved.stride[0] == 4 && moved.stride[1] == 1 && moved.shape[0] == 8);
+  CHECK(kept_as_moved(memo, 21, p, r, &moved));
+  CHECK(kept_as_moved(memo, 22, p, s0, &moved));
+  CHECK(!kept_as_moved(memo, 23, s0, r, &moved));
+  CHECK(!kept_as_moved(memo, 24, r, s0, &moved));
+  mt_decision none;
+  memset(&none, 0, sizeof none);
+  none.ninputs = 1;
+  mt_layout_key given = layout(8, 1);
+  mt_decision_moved_key(&none, 0, &given, &moved);
+  CHECK(!mt_decision_keeps_moved(&none, 0) && memcmp(&moved, &given, sizeof moved) == 0);
+  mt_memo_destroy(memo);
+}
+
+/* The engine's inputs made of layout keys: each key appended as an input, and a
+ * wanted gradient's placements with Replicate for its Partials. */
+static void test_prop_inputs_of_keys(void) {
+  mt_prop_inputs in;
+  memset(&in, 0, sizeof in);
+  in.mesh_ndim = 1, in.mesh_shape[0] = 2;
+  mt_layout_key a = layout(8, 1), b = layout(6, 0);
+  mt_prop_inputs_add(&in, &a);
+  mt_prop_inputs_add(&in, &b);
+  CHECK(in.ninputs == 2 && in.ndim[1] == 2 && in.shape[1][0] == 6 && in.itemsize[0] == 8);
+  CHECK(in.placements[0][0].kind == MT_PLACEMENT_SHARD &&
+        in.placements[1][0].kind == MT_PLACEMENT_REPLICATE && in.want == 0);
+  a.placements[0] = (mt_placement){MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
+  mt_prop_inputs_want(&in, &a);
+  CHECK(in.want == 1 && in.want_ndim == 2 && in.want_shape[0] == 8);
+  CHECK(in.want_placements[0].kind == MT_PLACEMENT_REPLICATE);
+  mt_prop_inputs_want(&in, &b);
+  CHECK(in.want_shape[0] == 6 && in.want_placements[0].kind == MT_PLACEMENT_REPLICATE);
+  mt_prop_inputs_want(&in, &(mt_layout_key){.ndim = 1, .shape = {4}, .mesh_ndim = 1,
+                                            .placements = {{MT_PLACEMENT_SHARD, 0, 0}}});
+  CHECK(in.want_placements[0].kind == MT_PLACEMENT_SHARD && in.want_ndim == 1);
+}
+
 int main(void) {
+  test_prop_inputs_of_keys();
   test_decide();
   test_decision_reads();
+  test_keeps_moved();
   test_decide_move();
   test_contiguous_strides();
   test_layout_ids();

@@ -90,6 +90,16 @@ static void test_non_member(void) {
   int64_t one = -1;
   int rc = mt_mesh_allgather_i64(m, 0, 5, &one, NULL);
   CHECK(world_rank == 0 ? rc == MT_OK && one == 5 : rc == MT_EINVAL);
+  /* This rank's box of a layout on it: the whole tensor on the member only. */
+  const int64_t tshape[2] = {6, 4};
+  const mt_placement s0[1] = {{MT_PLACEMENT_SHARD, 0, 0}};
+  mt_layout l;
+  mt_box box;
+  mt_error err = {0};
+  CHECK(mt_layout_init(&l, 2, tshape, 1, shape, s0, NULL) == MT_OK);
+  rc = mt_mesh_local_box(m, &l, &box, &err);
+  CHECK(world_rank == 0 ? rc == MT_OK && box.shape[0] == 6 && box.shape[1] == 4
+                        : rc == MT_ESTATE && err.msg[0] != '\0');
   mt_mesh_destroy(m);
 }
 

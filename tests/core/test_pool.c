@@ -157,6 +157,23 @@ static void test_growing_blocks_leave_the_heap_as_it_was(void) {
 #endif
 }
 
+/* calloc and realloc over the pool: zeroed, overflow refused, grown in place
+ * while the block is large enough, else moved with its bytes. */
+static void test_calloc_realloc(void) {
+  CHECK(!mt_pool_worth(1000) && mt_pool_worth((size_t)1 << 20));
+  CHECK(mt_pool_calloc(SIZE_MAX / 2, 4) == NULL);
+  unsigned char *a = mt_pool_calloc(1000, 3);
+  CHECK(a != NULL && a[0] == 0 && a[2999] == 0);
+  a[0] = 5;
+  CHECK(mt_pool_realloc(a, 2000) == a);
+  unsigned char *b = mt_pool_realloc(a, (size_t)1 << 20);
+  CHECK(b != NULL && b[0] == 5 && mt_pool_block_size(b) >= ((size_t)1 << 20));
+  mt_pool_free(b);
+  void *c = mt_pool_realloc(NULL, 10);
+  CHECK(c != NULL && mt_pool_block_size(c) >= 10);
+  mt_pool_free(c);
+}
+
 int main(void) {
   test_growing_blocks_leave_the_heap_as_it_was();
   test_small_blocks_are_not_cached();
@@ -164,5 +181,6 @@ int main(void) {
   test_limit();
   test_full_slots_keep_the_largest();
   test_large_blocks_ask_for_huge_pages();
+  test_calloc_realloc();
   return mt_test_exit("test_pool");
 }

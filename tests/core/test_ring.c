@@ -1,12 +1,14 @@
 /* Ring exchanges over MPI_COMM_WORLD at whatever size mpiexec gave: a full turn
- * of shifts with blocks of different sizes, the uneven all-gather, the metadata
- * all-gather, the counters, and bad input. */
+ * of shifts with blocks of different sizes, the uneven all-gather, the handle of
+ * an exchange in flight, the metadata all-gather, the counters, and bad input. */
 #include <mpi.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/pending.h"
 #include "mpitensor/comm/redistribute.h"
 #include "mpitensor/comm/ring.h"
 #include "world_mesh.h"
@@ -83,6 +85,54 @@ static void test_allgatherv(mt_mesh *m) {
   CHECK(off == total);
 }
 
+static mt_pending *started_allgather(mt_mesh *m, unsigned char *mine, unsigned char *all,
+                                     int64_t *bytes) {
+  int64_t total = 0;
+  for (int r = 0; r < world_size; ++r) total += (bytes[r] = block_len(r));
+  fill_block(world_rank, mine);
+  mt_exchange *ex = NULL;
+  mt_pending *p = NULL;
+  mt_error err = {0};
+  CHECK(mt_ring_allgatherv_start(m, 0, mine, bytes[world_rank], all, total, bytes,
+                                 world_size, &ex, &err) == MT_OK);
+  CHECK(mt_pending_create(NULL, ex, &p, &err) == MT_OK && !mt_pending_done(p));
+  return p;
+}
+
+static void *wait_on(void *p) {
+  mt_error err = {0};
+  return mt_pending_wait(p, &err) == MT_OK ? p : NULL;
+}
+
+/* The handle of an exchange in flight: tested until done, completed by the first
+ * wait (a second finds it complete), destroyed unwaited after completing it, and
+ * waited on by several threads at once (here one without an exchange, so that no
+ * thread but the main one calls MPI). */
+static void test_pending(mt_mesh *m) {
+  unsigned char mine[64], all[512];
+  int64_t bytes[8];
+  mt_error err = {0};
+  mt_pending *p = started_allgather(m, mine, all, bytes);
+  for (int done = 0; !done;) CHECK(mt_pending_test(p, &done, &err) == MT_OK);
+  CHECK(mt_pending_wait(p, &err) == MT_OK && mt_pending_done(p));
+  CHECK(block_ok(world_rank, all + world_rank * (world_rank + 3) / 2));
+  int done = 0;
+  CHECK(mt_pending_wait(p, &err) == MT_OK && mt_pending_test(p, &done, &err) == MT_OK && done);
+  mt_pending_destroy(p);
+  mt_pending_destroy(started_allgather(m, mine, all, bytes));
+  CHECK(block_ok(0, all));
+  CHECK(mt_pending_create(NULL, NULL, &p, &err) == MT_OK);
+  pthread_t threads[3];
+  for (int i = 0; i < 3; ++i) CHECK(pthread_create(&threads[i], NULL, wait_on, p) == 0);
+  for (int i = 0; i < 3; ++i) {
+    void *got = NULL;
+    CHECK(pthread_join(threads[i], &got) == 0 && got == p);
+  }
+  CHECK(mt_pending_done(p));
+  mt_pending_destroy(p);
+  mt_pending_destroy(NULL);
+}
+
 static void test_allgather_int64(mt_mesh *m) {
   int64_t mine[2] = {world_rank, (int64_t)1 << 40}, out[16];
   CHECK(mt_ring_allgather_int64(m, 0, mine, 2, out, NULL) == MT_OK);
@@ -132,6 +182,7 @@ int main(int argc, char **argv) {
     mt_mesh *m = world_mesh();
     test_shift_turn(m);
     test_allgatherv(m);
+    test_pending(m);
     test_allgather_int64(m);
     test_bad_input(m);
     mt_mesh_destroy(m);

@@ -13,11 +13,13 @@ events. A repeated call costs one lookup before NumPy runs on the local arrays.
 
 from __future__ import annotations
 
+import ctypes
 import numbers
 
 import numpy as np
 
-from .. import _C, _modes, _trace, device_mesh as _device_mesh
+from .. import _C, _comm, _modes, _trace, device_mesh as _device_mesh
+from .._clib import MAX_NDIM, Error, I, I64, call
 from .._dtensor import DTensor
 
 # The label kinds, partial rules and reduce ops of dim maps, from the core.
@@ -32,9 +34,44 @@ R_SUM, R_AVG, R_PRODUCT, R_MAX, R_MIN = (_C.REDUCE_SUM, _C.REDUCE_AVG, _C.REDUCE
 MAX_INPUTS = _C.PROP_MAX_INPUTS
 
 
+_U32 = ctypes.c_uint32
+MAX_LABELS = _C.PROP_MAX_LABELS
+
+
+class DimMap(ctypes.Structure):  # mt_dimmap
+    """An operation's dim map as the core reads it (the executor copies it on a
+    memo miss and checks it again)."""
+    _fields_ = [("ninputs", I), ("nlabels", I), ("in_ndim", I * MAX_INPUTS),
+                ("in_labels", (I * MAX_NDIM) * MAX_INPUTS), ("in_bcast", _U32 * MAX_INPUTS),
+                ("out_ndim", I), ("out_labels", I * MAX_NDIM),
+                ("label_kind", I * MAX_LABELS), ("label_reduce_op", I * MAX_LABELS),
+                ("even_only", _U32), ("partial_rule", I), ("partial_inputs", _U32),
+                ("partial_ops", _U32), ("sized_labels", _U32),
+                ("label_size", I64 * MAX_LABELS), ("out_resized", _U32),
+                ("out_size", I64 * MAX_NDIM)]
+
+
+_P, _E = ctypes.POINTER(DimMap), ctypes.POINTER(Error)
+_check = _comm.fn("mt_dimmap_check", I, _P, _E)
+_elementwise = _comm.fn("mt_dimmap_elementwise", I, I, I, _U32, ctypes.POINTER(I),
+                        ctypes.POINTER(I64 * MAX_NDIM), _P, _E)
+_matmul = _comm.fn("mt_dimmap_matmul", I, I, ctypes.POINTER(I64), I, ctypes.POINTER(I64),
+                   I, _P, _E)
+
+
+def _fill(array, values, what: str) -> int:
+    """``values`` into the ctypes ``array``; their count."""
+    values = tuple(values)
+    if len(values) > len(array):
+        raise ValueError(f"{what} has {len(values)} entries; at most {len(array)} are "
+                         "supported")
+    array[:len(values)] = values
+    return len(values)
+
+
 def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
            even_only=0, partial_rule=P_NONE, partial_inputs=0, partial_ops=0,
-           sizes=None, out_sizes=None) -> "_C.DimMap":
+           sizes=None, out_sizes=None) -> DimMap:
     """A checked C dim map. ``kinds`` has one label kind per label; ``reduce_ops``
     maps REDUCE labels to their op; ``sizes`` maps labels no input holds
     (keepdims' size-1 dims) to their size; ``out_sizes`` maps output dims resized
@@ -42,24 +79,50 @@ def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
 
     Example: ``dimmap([range(2)], [1, 0], [KEEP, KEEP])`` is a transpose's.
     """
-    n = len(kinds)
-    ops = [0] * n
+    m, in_labels = DimMap(), tuple(in_labels)
+    if len(in_labels) > MAX_INPUTS:
+        raise ValueError(f"at most {MAX_INPUTS} inputs are supported")
+    m.ninputs = len(in_labels)
+    for i, labels in enumerate(in_labels):
+        m.in_ndim[i] = _fill(m.in_labels[i], labels, "input labels")
+    if in_bcast is not None and _fill(m.in_bcast, in_bcast, "in_bcast") != m.ninputs:
+        raise ValueError("in_bcast needs one bitmask per input")
+    m.out_ndim = _fill(m.out_labels, out_labels, "output labels")
+    m.nlabels = _fill(m.label_kind, kinds, "label kinds")
     for label, op in (reduce_ops or {}).items():
-        ops[label] = op
-    label_size, sized = [0] * n, 0
+        m.label_reduce_op[label] = op
     for label, size in (sizes or {}).items():
-        label_size[label] = size
-        sized |= 1 << label
-    bcast = tuple(in_bcast) if in_bcast is not None else (0,) * len(in_labels)
-    args = (tuple(tuple(l) for l in in_labels), bcast, tuple(out_labels), tuple(kinds),
-            tuple(ops), even_only, partial_rule, partial_inputs, partial_ops, sized,
-            tuple(label_size))
-    if out_sizes:
-        out_size = [-1] * len(args[2])
-        for d, size in out_sizes.items():
-            out_size[d] = size
-        args += (tuple(out_size),)
-    return _C.DimMap(*args)
+        m.label_size[label] = size
+        m.sized_labels |= 1 << label
+    for d, size in (out_sizes or {}).items():
+        m.out_size[d] = size
+        m.out_resized |= 1 << d
+    m.even_only, m.partial_rule = even_only, partial_rule
+    m.partial_inputs, m.partial_ops = partial_inputs, partial_ops
+    call(_check, ctypes.byref(m))
+    return m
+
+
+def dimmap_elementwise(kind: int, noperands: int, tensors: int, shapes) -> DimMap:
+    """The core's dim map of an elementwise op (an ELEMENTWISE_* kind) of
+    ``noperands`` operands, those in the bitmask ``tensors`` tensors of ``shapes``.
+    Local."""
+    shapes = tuple(tuple(s) for s in shapes)
+    if len(shapes) > MAX_INPUTS:
+        raise ValueError("too many shapes")
+    nd, sh, m = (I * MAX_INPUTS)(), (I64 * MAX_NDIM * MAX_INPUTS)(), DimMap()
+    for i, s in enumerate(shapes):
+        nd[i] = _fill(sh[i], s, "shape")
+    call(_elementwise, kind, noperands, tensors, nd, sh, ctypes.byref(m))
+    return m
+
+
+def dimmap_matmul(a_shape, b_shape, transpose_b: bool) -> DimMap:
+    """The core's dim map of a @ b (or a @ b.T with ``transpose_b``). Local."""
+    a, b, m = (I64 * MAX_NDIM)(), (I64 * MAX_NDIM)(), DimMap()
+    na, nb = _fill(a, a_shape, "a_shape"), _fill(b, b_shape, "b_shape")
+    call(_matmul, na, a, nb, b, bool(transpose_b), ctypes.byref(m))
+    return m
 
 
 def same_mesh(op_name: str, inputs):
@@ -92,8 +155,14 @@ def execute(key, operands, build=None, local=None, *, extra=(), kwargs=None,
     """
     if keepdims:
         kwargs = dict(kwargs or (), keepdims=True)
-    return _C.execute(key, tuple(operands), build, local, tuple(extra), kwargs, box,
-                      axis, keepdims)
+    # The keyword arguments ride at the end of the positional ones, named as a
+    # vectorcall names them.
+    if kwargs:
+        extra, kwnames = (*extra, *kwargs.values()), tuple(kwargs)
+    else:
+        extra, kwnames = tuple(extra), None
+    return _C.execute(key, tuple(operands), build, local, extra, kwnames, box, axis,
+                      keepdims)
 
 
 def decide(key, operands, build=None) -> tuple:

@@ -41,7 +41,7 @@ def _run_elementwise(name, key, operands, func):
         raise TypeError(f"{name}: expected a DTensor operand")
     D.same_mesh(name, inputs)
     tensors = sum(1 << i for i, is_dt in enumerate(pattern) if is_dt)
-    return D.execute(key, operands, lambda: _C.dimmap_elementwise(
+    return D.execute(key, operands, lambda: D.dimmap_elementwise(
         _C.ELEMENTWISE_NONE, len(pattern), tensors, [x.shape for x in inputs]), func)
 
 
@@ -191,7 +191,7 @@ def _part(name, a, func):
     if a.dtype.kind != "c":
         return a if func is np.real else _same_layout(a, np.zeros_like(a.to_local()),
                                                        a.dtype)
-    return D.execute((name,), (a,), lambda: _C.dimmap_elementwise(
+    return D.execute((name,), (a,), lambda: D.dimmap_elementwise(
         _C.ELEMENTWISE_ADD, 1, 1, [a.shape]), lambda x: np.ascontiguousarray(func(x)))
 
 

@@ -293,7 +293,7 @@ def _linear_local(input, weight, bias):
     mesh = D.same_mesh(name, (input, weight))
 
     def build():
-        return _C.dimmap_matmul(input.shape, weight.shape, True)
+        return D.dimmap_matmul(input.shape, weight.shape, True)
     out_pl, out_shape, _ = D.decide((name,), (input, weight), build)
     fused, b = _fused_bias(mesh, out_pl, out_shape, bias, input.dtype)
     b = b if fused else None

@@ -70,7 +70,7 @@ MT_EXPORT const char *mt_coll_name(int coll);
 /* Local. The counters that the collectives of `mesh` count into from now on (NULL:
  * none). Slices made from the mesh afterwards count into the same ones. The
  * counters must outlive the mesh, or be detached first. */
-void mt_mesh_set_counters(mt_mesh *mesh, mt_comm_counters *counters);
+MT_EXPORT void mt_mesh_set_counters(mt_mesh *mesh, mt_comm_counters *counters);
 
 /* Local. The counters of `mesh`, or NULL. */
 mt_comm_counters *mt_mesh_counters(const mt_mesh *mesh);

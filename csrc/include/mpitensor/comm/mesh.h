@@ -34,18 +34,18 @@ int mt_mesh_create(MPI_Comm comm, int ndim, const int64_t *shape, const int *ran
  *
  *   rc = mt_mesh_create_agreed(comm, 2, shape, ranks, MT_OK, hash_of(names), &m, &err);
  */
-int mt_mesh_create_agreed(MPI_Comm comm, int ndim, const int64_t *shape,
-                          const int *ranks, int status, uint64_t fingerprint,
-                          mt_mesh **out, mt_error *err);
+MT_EXPORT int mt_mesh_create_agreed(MPI_Comm comm, int ndim, const int64_t *shape,
+                                    const int *ranks, int status, uint64_t fingerprint,
+                                    mt_mesh **out, mt_error *err);
 
 /* Local. The sub-mesh over mesh dims `dims` (n of them, ascending) that holds this
  * rank. It reuses the parent's communicators and keeps the parent alive. */
-int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
-                  mt_error *err);
+MT_EXPORT int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
+                            mt_error *err);
 
 /* Local. Releases the caller's reference; the last one frees the communicators
  * (with no MPI call once MPI has been finalized). Accepts NULL. */
-void mt_mesh_destroy(mt_mesh *mesh);
+MT_EXPORT void mt_mesh_destroy(mt_mesh *mesh);
 
 /* Local. Whether the mesh can still communicate: MT_ESTATE, with a message saying
  * why, once MPI has been finalized or once one of the mesh's communicators was
@@ -67,9 +67,14 @@ MT_EXPORT int64_t mt_mesh_dim_size(const mt_mesh *mesh, int dim);
  * when this rank is not in the mesh. */
 MT_EXPORT int mt_mesh_coordinate(const mt_mesh *mesh, int64_t *coord);
 
+/* Local. This rank's box of `layout` (mt_layout_local_box at its coordinate);
+ * MT_ESTATE on a rank outside the mesh. */
+int mt_mesh_local_box(const mt_mesh *mesh, const mt_layout *layout, mt_box *box,
+                      mt_error *err);
+
 /* Local. The communicator of mesh dim `dim` (ranks ordered by their coordinate on
  * that dim), or MPI_COMM_NULL on a non-member. Owned by the mesh. */
-MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim);
+MT_EXPORT MPI_Comm mt_mesh_dim_comm(const mt_mesh *mesh, int dim);
 
 /* Collective on the ranks of mesh dim `dim` the first time, Local afterwards. The
  * communicators of a split of the dim's groups into runs of `run` consecutive

@@ -31,6 +31,18 @@ void *mt_pool_alloc(size_t size);
  * most its limit in bytes. Accepts NULL. */
 void mt_pool_free(void *block);
 
+/* Local. calloc and realloc over the pool: `n` zeroed elements of `elsize` bytes
+ * (NULL when the product overflows), and a block grown to `size` bytes (the same
+ * block while it is large enough, else a new one holding its bytes; the old one
+ * is given back), so that an allocator made of the pool (NumPy's, for arrays)
+ * needs nothing else. */
+void *mt_pool_calloc(size_t n, size_t elsize);
+void *mt_pool_realloc(void *block, size_t size);
+
+/* Local. Whether a block of `size` bytes is worth taking from the pool: smaller
+ * ones are malloc's business, whose own caching keeps them warm. */
+int mt_pool_worth(size_t size);
+
 /* Local. The usable size of a block from mt_pool_alloc. */
 size_t mt_pool_block_size(const void *block);
 

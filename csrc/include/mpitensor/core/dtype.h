@@ -40,6 +40,11 @@ size_t mt_dtype_size(int dtype);
 /* Local. NumPy's name for the type ("float32"), or "unknown". */
 const char *mt_dtype_name(int dtype);
 
+/* Local. The code of NumPy's dtype of kind `kind` ('b', 'i', 'u', 'f', 'c') and
+ * `size` bytes per element, or -2 for one the core does not know (bfloat16, of
+ * NumPy kind 'V', is its caller's to recognise). */
+int mt_dtype_of_kind(char kind, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

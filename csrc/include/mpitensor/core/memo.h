@@ -106,6 +106,16 @@ int mt_memo_decide(mt_memo *memo, const mt_memo_key *key, const mt_dimmap *map,
                    const mt_prop_inputs *in, const int *dtypes, mt_decision **out,
                    mt_error *err);
 
+/* Local. The tensor of layout key `key` as the next input of `in` (its dims,
+ * shape, item size and placements; in->mesh_ndim and mesh_shape are the
+ * caller's), which holds fewer than MT_PROP_MAX_INPUTS. */
+void mt_prop_inputs_add(mt_prop_inputs *in, const mt_layout_key *key);
+
+/* Local. Where the output is headed (in->want): to the gradient of the tensor of
+ * layout key `key`, which lives at its placements with Replicate for its
+ * Partials. */
+void mt_prop_inputs_want(mt_prop_inputs *in, const mt_layout_key *key);
+
 /* Local. As mt_memo_decide for a decision its caller made (a user's sharding
  * rule): each input goes to `targets[i]`, the output is `outcome`'s. */
 int mt_memo_decide_targets(mt_memo *memo, const mt_memo_key *key,
@@ -169,6 +179,35 @@ int mt_decision_zeroed(const mt_decision *dec, int t, const int64_t *coord);
  */
 int mt_decision_out_box(const mt_decision *dec, const int64_t *mesh_shape,
                         const int64_t *coord, mt_box *out, mt_error *err);
+
+/* Local. A copy of the decision that owns its plans (one more owner of each), for
+ * a run during which the memo may drop the decision; mt_decision_drop gives them
+ * back.
+ *
+ *   mt_decision copy;
+ *   mt_decision_hold(mt_memo_find(memo, &key), &copy);
+ *   ...  // collectives, callbacks that may change the memo
+ *   mt_decision_drop(&copy);
+ */
+void mt_decision_hold(const mt_decision *dec, mt_decision *copy);
+void mt_decision_drop(mt_decision *copy);
+
+/* Local. Whether a recorded node keeps input t as its plan moved it rather than as
+ * given, so that the backward finds it where the forward used it instead of
+ * moving it again: the plan reduced a Partial (the value the forward already
+ * reduced is reused, never reduced twice) or moved shards between dims, and
+ * gathered nothing, so the copy holds no more than the input's local array. A
+ * plan that gathers keeps the input as given: the gathered copy would outgrow the
+ * shard the caller holds; a chunk alone is free to take again. Decided from the
+ * plan's layouts alone, so every rank keeps the same. An input without a plan, or
+ * partitioned into zeros, is kept as given. */
+int mt_decision_keeps_moved(const mt_decision *dec, int t);
+
+/* Local. The layout key of input t (`given`) as its plan leaves it: the plan's
+ * last placements, contiguous strides, the rest unchanged (`given` itself when
+ * it has no plan with steps). */
+void mt_decision_moved_key(const mt_decision *dec, int t, const mt_layout_key *given,
+                           mt_layout_key *out);
 
 #ifdef __cplusplus
 }

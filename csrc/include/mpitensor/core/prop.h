@@ -156,9 +156,9 @@ typedef enum mt_elementwise_kind {
  * dims of sizes shape[i]. NumPy broadcasting: inputs align to the right on the
  * output, whose dims are the labels (all KEEP); a dim of size 1 facing a larger
  * one broadcasts. Shapes that do not broadcast are MT_EINVAL. */
-int mt_dimmap_elementwise(int kind, int noperands, uint32_t tensors, const int *ndim,
-                          const int64_t (*shape)[MT_MAX_NDIM], mt_dimmap *out,
-                          mt_error *err);
+MT_EXPORT int mt_dimmap_elementwise(int kind, int noperands, uint32_t tensors,
+                                    const int *ndim, const int64_t (*shape)[MT_MAX_NDIM],
+                                    mt_dimmap *out, mt_error *err);
 
 /* Local. The dim map of matmul (a @ b, NumPy's rules) or, with `transpose_b`, of
  * a @ b.T for a 2-D b held as it is (nn.functional.linear's weight). Batch dims
@@ -166,9 +166,9 @@ int mt_dimmap_elementwise(int kind, int noperands, uint32_t tensors, const int *
  * dim CONTRACT (sharded -> Partial(sum)); a Partial(sum|avg) operand passes when
  * the other is Replicate (LINEAR_ONE on both). A 0-d operand, batch dims that do
  * not broadcast, or transpose_b with a b that is not 2-D are MT_EINVAL. */
-int mt_dimmap_matmul(int a_ndim, const int64_t *a_shape, int b_ndim,
-                     const int64_t *b_shape, int transpose_b, mt_dimmap *out,
-                     mt_error *err);
+MT_EXPORT int mt_dimmap_matmul(int a_ndim, const int64_t *a_shape, int b_ndim,
+                               const int64_t *b_shape, int transpose_b, mt_dimmap *out,
+                               mt_error *err);
 
 /* What a reduction does when the dims it reduces are sharded. `reduce_op` is the
  * mt_reduce_op the partial results combine with (the reduced labels are REDUCE),
@@ -278,7 +278,7 @@ int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inp
  * label held by an input or sized, a resized output dim's label held by an input
  * and not sized, sizes >= 0, bitmasks within range. MT_EINVAL with a
  * sentence otherwise. */
-int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
+MT_EXPORT int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
 
 /* Local. Chooses placements for `map` applied to `in`.
  *
