@@ -108,16 +108,20 @@ test-examples: install
 	  timeout 120 mpiexec --oversubscribe -n 4 $(PY) $$f $$args > /dev/null; \
 	done; echo "examples: all ran"
 
-# The MPI suite once more at np 4 with Open MPI kept off shared memory: the ob1
+# The transport-facing test files (tests/transport_files.txt), for the runs over
+# TCP and across simulated hosts.
+TRANSPORT_TESTS := $(shell grep -v '^\#' tests/transport_files.txt)
+
+# The transport-facing tests once more at np 4 with Open MPI kept off shared memory: the ob1
 # point-to-point layer over TCP on loopback, the path a multi-node job takes. The
 # comparisons with torch are left out: torch talks over gloo, whatever Open MPI uses.
 test-network: install
 	OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo \
-	  tests/run_mpi_pytest.sh 4 -k "not torch"
+	  tests/run_mpi_pytest.sh 4 $(TRANSPORT_TESTS) -k "not torch"
 
 # Across hosts, simulated on this machine (tests/multinode/run.sh: four hosts, each
 # its own network, PID, UTS, mount and IPC namespace, joined by a bridge): the
-# Python suite at np 4 on 2 hosts x 2 ranks, the node-layout tests on 1x4, 4x1, 3+1
+# transport-facing tests (tests/transport_files.txt) at np 4 on 2 hosts x 2 ranks, the node-layout tests on 1x4, 4x1, 3+1
 # and round-robin ranks, the examples, and a train_gpt.py checkpoint saved on 2x2
 # and resumed on 1x4 and 4x1 with the same losses. It needs root and namespaces;
 # without them it says so and passes.

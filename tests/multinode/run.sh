@@ -12,7 +12,7 @@
 # a cluster's nodes share theirs.
 #
 #   tests/multinode/run.sh                 # all of the below, as `make test-multinode`
-#   tests/multinode/run.sh pytest [ARGS]   # the pytest suite at np 4, 2 hosts x 2 ranks
+#   tests/multinode/run.sh pytest [ARGS]   # pytest at np 4, 2 hosts x 2 ranks (all: the transport tests)
 #   tests/multinode/run.sh nodes           # test_node_layout.py on the other layouts
 #   tests/multinode/run.sh examples        # examples/*.py on 2 hosts x 2 ranks
 #   tests/multinode/run.sh resume          # train_gpt.py saved on 2x2, resumed on 1x4, 4x1
@@ -239,7 +239,7 @@ part_pytest() {
     MT_RUN_TIMEOUT=${MT_RUN_TIMEOUT:-2400} run_job "$here/tests/run_mpi_pytest.sh" 4 "$@"
 }
 
-# The node layouts other than 2x2 (which the whole suite ran on): what the mesh
+# The node layouts other than 2x2 (which the transport tests ran on): what the mesh
 # learns, and the errors of layouts a (nodes, local) mesh cannot use.
 part_nodes() {
   local layout status=0
@@ -341,7 +341,8 @@ main() {
   echo "test-multinode: $nhosts simulated hosts up ($(cut -d' ' -f3 "$run/hosts" | xargs))"
   case $what in
     all)
-      part_pytest || status=1
+      mapfile -t files < <(grep -v '^#' "$here/tests/transport_files.txt" | sed "s|^|$here/|")
+      part_pytest "${files[@]}" || status=1
       part_nodes || status=1
       part_examples || status=1
       part_resume || status=1 ;;
