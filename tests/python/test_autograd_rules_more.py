@@ -407,3 +407,20 @@ def test_an_integer_array_equals_torch(tmesh, shape):
         (got,), c = run(lambda x: x[key], [a], mesh, [pl])
         (theirs,) = torch_grads(lambda x: x[tkey], [a], tmesh, [pl], c)
         np.testing.assert_allclose(got, theirs, rtol=1e-12, atol=1e-12, err_msg=str(pl))
+
+
+@pytest.mark.skipif(W == 1, reason="needs a sharded array")
+def test_the_backward_of_a_mask_does_not_gather_the_input_again():
+    """A mask over a sharded dim 1 gathers the input in the forward; the backward
+    needs only where it was gathered to: the gradient is written there and cut back
+    to Shard(1) locally, so nothing moves."""
+    mesh = mesh_of((W,))
+    full = np.arange(8.0 * W).reshape(4, 2 * W)
+    w = distribute_tensor(full, mesh, [Shard(1)], requires_grad=True)
+    mask = full % 3 == 0
+    y = w[mask]
+    with CommDebugMode() as comm:
+        y.sum().backward()
+    assert comm.get_total_counts() == 0
+    assert w.grad.placements == (Shard(1),)
+    np.testing.assert_array_equal(w.grad.full_tensor(), mask.astype(float))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _clib, _modes, _trace
-from .._dtensor import DTensor
+from .._dtensor import DTensor, _grad_placements
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
@@ -87,10 +87,12 @@ def _rebalance(name, dt, m, rows, placements, shape):
 
 
 class _MaskPlan:
-    """How ``dt[mask]`` runs (see the module docstring): ``dt`` and this rank's part
-    of the mask in the layout the selection uses, the output's placements, the mesh
-    dim whose ranks' selections are rebalanced (None: none), and the selected count
-    when a plain mask tells it. Collective where the mask or ``dt`` must move."""
+    """How ``dt[mask]`` runs (see the module docstring): the placements ``dt``
+    takes for the selection, this rank's part of the mask in them, the output's
+    placements, the mesh dim whose ranks' selections are rebalanced (None: none),
+    and the selected count when a plain mask tells it. ``dt`` itself is not moved
+    here (the backward needs only where it would be). Collective where a DTensor
+    mask must move."""
 
     def __init__(self, name, dt, mask):
         spec = dt._spec
@@ -102,14 +104,14 @@ class _MaskPlan:
         m = _row_group(dt)
         masked = [i for i, p in enumerate(spec.placements)
                   if p.is_shard() and p.dim < k and mesh.shape[i] > 1]
+        placements = spec.placements
         if m is None or m == -1 or any(i != m for i in masked):
             if masked:
-                dt = D.relayout(name, dt, [Replicate() if i in masked else p
-                                           for i, p in enumerate(spec.placements)])
-                spec = dt._spec
+                placements = tuple(Replicate() if i in masked else p
+                                   for i, p in enumerate(placements))
                 m = None
         mask_pls = tuple(p if p.is_shard() and p.dim < k else Replicate()
-                         for p in spec.placements)
+                         for p in placements)
         if type(mask) is DTensor:
             if mask._spec.mesh != mesh:
                 raise ValueError(f"{name}: the mask lives on another device mesh")
@@ -125,10 +127,10 @@ class _MaskPlan:
                 self.local_mask = mask[tuple(slice(o, o + n) for o, n in zip(off, lshape))]
         # A Shard of a masked dim left here is on a mesh dim of size 1: Replicate.
         out_pls = [(Shard(p.dim - k + 1) if p.dim >= k else Replicate()) if p.is_shard()
-                   else p for p in spec.placements]
+                   else p for p in placements]
         if m is not None:
             out_pls[m] = Shard(0)
-        self.dt, self.m, self.out_pls, self.rest = dt, m, out_pls, spec.shape[k:]
+        self.placements, self.m, self.out_pls, self.rest = placements, m, out_pls, spec.shape[k:]
 
 
 def getitem_mask(dt, mask):
@@ -139,7 +141,8 @@ def getitem_mask(dt, mask):
     """
     name = "DTensor.__getitem__ (boolean mask)"
     plan = _MaskPlan(name, dt, mask)
-    dt, m, out_pls, rest = plan.dt, plan.m, plan.out_pls, plan.rest
+    dt = D.relayout(name, dt, plan.placements)
+    m, out_pls, rest = plan.m, plan.out_pls, plan.rest
     spec = dt._spec
     mesh = spec.mesh
     if mesh._coordinate is None:
@@ -162,20 +165,18 @@ def mask_grad(g, dt, mask):
     """
     name = "the backward of DTensor.__getitem__ (boolean mask)"
     plan = _MaskPlan(name, dt, mask)
-    src, m = plan.dt, plan.m
-    spec = src._spec
-    mesh = spec.mesh
-    g = D.relayout(name, g, _plain(plan.out_pls))
+    m, mesh = plan.m, dt._spec.mesh
+    g = D.relayout(name, g, _grad_placements(plan.out_pls))
     if mesh._coordinate is None:
         gx = None
     else:
-        gx = np.zeros(src.to_local().shape, g.dtype)
+        gx = _zeros(dt, plan.placements, g.dtype)
         rows = g.to_local()
         if m is not None:
             rows = _return_rows(name, mesh, m, int(np.count_nonzero(plan.local_mask)),
                                 rows, g)
         gx[plan.local_mask] = rows
-    return _back(name, mesh, spec, gx, g.dtype, dt)
+    return _back(name, plan.placements, gx, g.dtype, dt)
 
 
 def _return_rows(name, mesh, m, mine, rows, g):
@@ -196,17 +197,21 @@ def _return_rows(name, mesh, m, mine, rows, g):
     return got
 
 
-def _plain(placements):
-    """A gradient's placements for a value laid out by ``placements``: a Partial
-    value's gradient is Replicate, as every rank's part gets all of it."""
-    return tuple(Replicate() if p.is_partial() else p for p in placements)
+def _zeros(dt, placements, dtype):
+    """Zeros of this rank's part of ``dt`` were it laid out by ``placements``."""
+    spec = dt._spec
+    mesh = spec.mesh
+    shape, _ = local_shape_and_global_offset(spec.shape, mesh.shape, mesh._coordinate,
+                                             placements)
+    return np.zeros(shape, dtype)
 
 
-def _back(name, mesh, spec, gx, dtype, dt):
-    """The local gradient ``gx`` in ``spec``'s layout, moved to ``dt``'s placements
-    (the forward may have gathered ``dt`` first)."""
-    out = _wrap(mesh, _plain(spec.placements), spec.shape, gx, dtype)
-    want = _plain(dt._spec.placements)
+def _back(name, placements, gx, dtype, dt):
+    """The local gradient ``gx`` of ``dt`` laid out by ``placements`` (where the
+    forward took it), moved to ``dt``'s own placements (a Partial's: Replicate)."""
+    spec = dt._spec
+    out = _wrap(spec.mesh, _grad_placements(placements), spec.shape, gx, dtype)
+    want = _grad_placements(spec.placements)
     return out if out._spec.placements == want else D.relayout(name, out, want)
 
 
@@ -228,14 +233,15 @@ class _TakePlan:
                              f"size {size}")
         self.idx = idx % size if size else idx
         m = _row_group(dt)
+        self.placements = spec.placements
         if m == -1:
-            dt = D.relayout(name, dt, [Replicate() if p.is_shard() and p.dim == 0 else p
-                                       for p in spec.placements])
+            self.placements = tuple(Replicate() if p.is_shard() and p.dim == 0 else p
+                                    for p in spec.placements)
             m = None
-        self.dt, self.m = dt, m
+        self.m = m
         self.shape = (len(idx),) + spec.shape[1:]
-        if m is not None and dt._spec.mesh._coordinate is not None:
-            mesh = dt._spec.mesh
+        if m is not None and spec.mesh._coordinate is not None:
+            mesh = spec.mesh
             p, c = mesh.shape[m], mesh._coordinate[m]
             own = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(size, p))])
             owner = np.searchsorted(own, self.idx, "right") - 1
@@ -249,7 +255,7 @@ class _TakePlan:
             self.here_owner = owner[out[c]:out[c + 1]]
 
     def out_placements(self):
-        pls = list(self.dt._spec.placements)
+        pls = list(self.placements)
         if self.m is not None:
             pls[self.m] = Shard(0)
         return pls
@@ -263,7 +269,8 @@ def getitem_take(dt, key):
     """
     name = "DTensor.__getitem__ (integer array)"
     plan = _TakePlan(name, dt, key)
-    dt, m, idx, shape = plan.dt, plan.m, plan.idx, plan.shape
+    dt = D.relayout(name, dt, plan.placements)
+    m, idx, shape = plan.m, plan.idx, plan.shape
     spec = dt._spec
     mesh = spec.mesh
     out_pls = plan.out_placements()
@@ -296,14 +303,12 @@ def take_grad(g, dt, key):
     """
     name = "the backward of DTensor.__getitem__ (integer array)"
     plan = _TakePlan(name, dt, key)
-    src, m, idx = plan.dt, plan.m, plan.idx
-    spec = src._spec
-    mesh = spec.mesh
-    g = D.relayout(name, g, _plain(plan.out_placements()))
+    m, idx, mesh = plan.m, plan.idx, dt._spec.mesh
+    g = D.relayout(name, g, _grad_placements(plan.out_placements()))
     if mesh._coordinate is None:
         gx = None
     else:
-        gx = np.zeros(src.to_local().shape, g.dtype)
+        gx = _zeros(dt, plan.placements, g.dtype)
         rows = g.to_local()
         if m is None:
             np.add.at(gx, idx, rows)
@@ -315,4 +320,4 @@ def take_grad(g, dt, key):
                                   g._spec.placements, g._spec.shape, g._spec.dtype)
             got, _ = mesh._handle.alltoallv(np.ascontiguousarray(rows[order]), counts, m)
             np.add.at(gx, idx[plan.mine] - plan.first, got)
-    return _back(name, mesh, spec, gx, g.dtype, dt)
+    return _back(name, plan.placements, gx, g.dtype, dt)

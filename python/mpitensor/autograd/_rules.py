@@ -10,7 +10,7 @@ Each rule is registered once, at import, where the executor records with it:
   arguments; the node's inputs are the positional arguments with lists and tuples
   flattened once, and the rule returns one gradient per input. An optional third
   entry, ``supports(args, kwargs)``, says whether the call has a rule (a diagonal
-  einsum, an advanced index do not). ``True`` as the backward says the function
+  einsum does not). ``True`` as the backward says the function
   is composed of operations that record themselves (``np.linalg.norm``).
 
 A rule is ``backward(grad, node, output)``. It computes the gradients with DTensor
@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from .. import _C, _modes, _registry
-from .._dtensor import DTensor
+from .._dtensor import DTensor, _grad_placements
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from .._ops._advanced_index import is_advanced, mask_grad, take_grad
@@ -605,11 +605,10 @@ def _restride_back(g, node, out):
     a = node.saved[0]
     mesh = a._spec.mesh
     shape, placements = node.aux["layout"]
-    want = tuple(Replicate() if p.is_partial() else p for p in placements)
+    want = _grad_placements(placements)
     if g._spec.placements != want:
         g = g.redistribute(mesh, want)
-    back = tuple(Replicate() if p.is_partial() else p for p in a._spec.placements)
-    return (restride(g, a._spec.shape, back),)
+    return (restride(g, a._spec.shape, _grad_placements(a._spec.placements)),)
 
 
 def _order_c(position):
@@ -669,7 +668,7 @@ def _diff(g, node, out):
     """np.diff of order n is n first differences; the gradient of one,
     ``y[i] = x[i + 1] - x[i]``, is ``g`` shifted one place up minus ``g``, each
     padded with a zero. A prepended or appended scalar (all the forward takes on
-    DTensors) takes its place of it away."""
+    DTensors) has no gradient: its place is cut away."""
     b = _bind(node, ("a", "n", "axis", "prepend", "append"), n=1, axis=-1,
               prepend=np._NoValue, append=np._NoValue)
     a = b["a"]
