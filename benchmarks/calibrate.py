@@ -80,7 +80,7 @@ def call_cost(comm, reps: int) -> float:
     for _ in range(reps + 1):
         comm.Barrier()
         t0 = time.perf_counter()
-        _C.redistribute(mesh._handle, plan, send)  # the executor alone, no Python
+        _C.redistribute(mesh, plan.address, send)  # the executor alone, no Python
         mt_times.append(time.perf_counter() - t0)
         comm.Barrier()
         t0 = time.perf_counter()
@@ -114,7 +114,7 @@ def local_costs(comm, nbytes: int, reps: int) -> tuple[float, float]:
                                   np.dtype("f8"))
     full = np.ones((rows, cols))
     copied = plan.steps()[0][7]
-    cut = slowest_median(comm, lambda: _C.redistribute(mesh._handle, plan, full), reps)
+    cut = slowest_median(comm, lambda: _C.redistribute(mesh, plan.address, full), reps)
     a, b = np.ones(max(nbytes // 8, 1)), np.ones(max(nbytes // 8, 1))
     added = slowest_median(comm, lambda: np.add(a, b, out=a), reps)
     return cut / copied, added / a.nbytes

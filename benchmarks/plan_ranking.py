@@ -89,7 +89,7 @@ def timed(comm, mesh, plan, local, reps: int, budget: float) -> float:
     for i in range(reps + 1):
         comm.Barrier()
         t0 = time.perf_counter()
-        _C.redistribute(mesh._handle, plan, local)
+        _C.redistribute(mesh, plan.address, local)
         times.append(time.perf_counter() - t0)
         # Every rank stops at the same repetition: the slowest rank's total decides.
         if i >= 3 and comm.allreduce(sum(times[1:]), op=MPI.MAX) > budget:

@@ -554,7 +554,7 @@ def profile(comm, mesh, sizes, args, names):
             dt = case.dt
             plan = _layout.plan(mesh, dt.shape, dt.placements,
                                           tuple(case.dst_pl), dt.dtype)
-            handle, local = mesh._handle, case.local
+            address, local = plan.address, case.local
             em = Emulation(case)
             want = case.run_mt().to_local()
             ok = np.allclose(em.run(), want, rtol=1e-12, atol=1e-12)
@@ -563,7 +563,7 @@ def profile(comm, mesh, sizes, args, names):
                 ok = ok and np.allclose(alt(), want, rtol=1e-12, atol=1e-12)
             variants = {
                 "mt": case.run_mt,
-                "c_call": lambda: _C.redistribute(handle, plan, local),
+                "c_call": lambda: _C.redistribute(mesh, address, local),
                 "numpy_emulation": em.run,
                 "same_call": same_call(case),
                 "raw": case.raw,

@@ -19,6 +19,8 @@
 
 struct mt_mesh {
   int refcount;    /* Slices hold a reference to their parent. */
+  uint64_t owner;  /* the thread that made it (thread_serial): the only one that may
+                      run its collectives */
   mt_comm_counters *counters; /* the caller's, or NULL; slices inherit it */
   mt_mesh *parent; /* Non-NULL for a slice, which owns only its mesh_comm. */
   mt_mesh *root;   /* The mesh that was created; itself for a created mesh. */
@@ -56,6 +58,17 @@ enum { LOST_FREED = 1, LOST_FINALIZED = 2 };
 static atomic_llong live_comms;
 
 int64_t mt_comm_live_count(void) { return (int64_t)atomic_load(&live_comms); }
+
+/* A number for the calling thread, never given to another one: thread ids are
+ * reused once a thread ends, and whether a new thread got a dead creator's id
+ * would differ across ranks. */
+static uint64_t thread_serial(void) {
+  static _Thread_local uint64_t mine = 0;
+  static atomic_ullong next;
+  /* cppcheck-suppress knownConditionTrueFalse ; a thread-local keeps its value */
+  if (mine == 0) mine = (uint64_t)atomic_fetch_add(&next, 1) + 1;
+  return mine;
+}
 
 /* The delete callback of a mesh's attribute (`value` is the mesh that owns the
  * communicator, or a created mesh for MPI_COMM_SELF): a communicator freed by
@@ -98,7 +111,19 @@ static int watch_mesh(mt_mesh *m, mt_error *err) {
   return rc;
 }
 
+/* Two threads issuing collectives on one mesh would pair them in whatever order
+ * each rank's scheduler ran them: wrong data, then a hang. Which thread made a
+ * mesh is decided by the program, the same on every rank, so refusing every other
+ * thread raises on the same calls everywhere, before any communication;
+ * serialising the threads per mesh would not fix the order across ranks. */
 int mt_mesh_check(const mt_mesh *mesh, mt_error *err) {
+  if (mesh->owner != thread_serial()) {
+    return mt_error_set(err, MT_ESTATE,
+                        "a DeviceMesh's collectives must run on the thread that created "
+                        "it: two threads communicating on one mesh would pair different "
+                        "operations across ranks (create a mesh in the thread that uses "
+                        "it)");
+  }
   int lost = atomic_load_explicit(&mesh->lost, memory_order_relaxed) |
              atomic_load_explicit(&mesh->root->lost, memory_order_relaxed);
   if (lost & LOST_FINALIZED) {
@@ -194,6 +219,7 @@ static mt_mesh *mesh_alloc(int ndim, const int64_t *shape) {
   mt_mesh *m = calloc(1, sizeof *m);
   if (m == NULL) return NULL;
   m->refcount = 1;
+  m->owner = thread_serial();
   m->root = m;
   m->keyval = MPI_KEYVAL_INVALID;
   m->ndim = ndim;
@@ -393,6 +419,7 @@ int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **out,
   mt_mesh *m = calloc(1, sizeof *m);
   if (m == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   m->refcount = 1;
+  m->owner = thread_serial();
   m->keyval = MPI_KEYVAL_INVALID;
   m->counters = parent->counters;
   m->parent = parent;

@@ -52,7 +52,7 @@ typedef struct mt_ext_modes {
  * global of: the communication and I/O counters (atomic cells, which the
  * ctypes bindings read and pass by address) and the modes. */
 typedef struct mt_ext_state {
-  PyTypeObject *mesh_type, *plan_type, *request_type;
+  PyTypeObject *request_type;
   PyTypeObject *dtensor_base_type, *mesh_base_type, *node_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
   mt_ext_dispatch *dispatch; /* owned (ext_ops.c) */
@@ -91,22 +91,15 @@ PyObject *mt_ext_int_tuple(const int64_t *v, int n);
 PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim,
                                 const npy_intp *dims);
 
-/* -- meshes (ext_mesh.c, ext_mesh_base.c) ------------------------------------------ */
-
-/* The core mesh behind a _C.Mesh (NULL with TypeError), unchecked for a known one. */
-mt_mesh *mt_ext_mesh_get(PyObject *module, PyObject *obj);
-mt_mesh *mt_ext_mesh_get_unchecked(PyObject *obj);
-/* 0 on the thread that created the _C.Mesh, else -1 with RuntimeError (the same on
- * every rank, before any communication); and mt_ext_mesh_get plus that check. */
-int mt_ext_mesh_check_thread(PyObject *obj);
-mt_mesh *mt_ext_mesh_for_collective(PyObject *module, PyObject *obj);
+/* -- meshes (ext_mesh_base.c) ------------------------------------------------------ */
 
 /* _C.MeshBase, the C base of DeviceMesh: its communicators' handle, and the
  * decision memo and layout table of the tensors on it, with the Python form of
  * each layout (placements, shape, dtype, stride) kept by layout slot. */
 typedef struct mt_ext_mesh_base {
   PyObject_HEAD
-  PyObject *handle; /* the _C.Mesh (`_handle`), or NULL */
+  PyObject *handle; /* the mpitensor._comm.Mesh (`_handle`) that owns `mesh`, or NULL */
+  mt_mesh *mesh;    /* its mt_mesh, borrowed */
   mt_memo *memo;
   mt_layout_table *layouts;
   PyObject **py_layouts; /* by layout slot, valid for py_ids[slot] */
@@ -118,6 +111,10 @@ typedef struct mt_ext_mesh_base {
   int mesh_ndim;
   int64_t mesh_shape[MT_MAX_MESH_NDIM];
 } mt_ext_mesh_base;
+
+/* 0 when the mesh may run a collective here (mt_mesh_check: its creating thread,
+ * its communicators alive), else -1 with the exception, the same on every rank. */
+int mt_ext_mesh_check(const mt_ext_mesh_base *mb);
 
 /* Whether an operand that requires grad gets a gradient from this operation's
  * decision: grad mode is on, or the forward of a recorded operation runs. */
@@ -382,9 +379,11 @@ PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
  * started (a _C.Request). */
 PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
                           PyObject *local);
-PyObject *mt_ext_start_plan(PyObject *module, PyObject *mesh_obj, const mt_plan *plan,
+PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_plan *plan,
                             PyObject *local);
-PyObject *mt_ext_plan_wrap(PyObject *module, mt_plan *plan);
+/* A capsule holding one reference of `plan` (named "mpitensor.plan"), which
+ * mpitensor._plan reads: how the trace events hand a plan to Python. */
+PyObject *mt_ext_plan_wrap(mt_plan *plan);
 /* The local array a pending move (a _C.Request in a DTensor's local slot) gives:
  * waits for it (collective); `obj` itself when it is an ndarray. New reference. */
 PyObject *mt_ext_request_result(PyObject *module, PyObject *obj);
@@ -412,8 +411,6 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
 /* -- each area adds its functions and types in Py_mod_exec ----------------------------- */
 
 int mt_ext_ops_exec(PyObject *module);
-int mt_ext_mesh_exec(PyObject *module);
-int mt_ext_redistribute_exec(PyObject *module);
 int mt_ext_request_exec(PyObject *module);
 int mt_ext_pool_exec(PyObject *module);
 int mt_ext_prop_exec(PyObject *module);

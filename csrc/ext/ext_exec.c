@@ -100,7 +100,7 @@ static PyObject *zeros_like(PyObject *local) {
 /* The "move" event of an operation's input before its plan runs. */
 static int move_event(mt_ext_dispatch *d, const mt_ext_call *c, int t, mt_plan *plan,
                       PyObject *what) {
-  PyObject *p = mt_ext_plan_wrap(d->module, plan);
+  PyObject *p = mt_ext_plan_wrap(plan);
   if (p == NULL) return -1;
   PyObject *spec = c->dt[t]->spec;
   PyObject *args[7] = {what, (PyObject *)c->mb, p, PyTuple_GET_ITEM(spec, 2),
@@ -135,7 +135,7 @@ static int operand_of(const mt_ext_call *c, int k) {
  * outside the mesh. */
 static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decision *dec,
                       PyObject *const *ops, run_state *rs) {
-  mt_mesh *mesh = c->mb->member ? mt_ext_mesh_get_unchecked(c->mb->handle) : NULL;
+  mt_mesh *mesh = c->mb->member ? c->mb->mesh : NULL;
   int64_t coord[MT_MAX_MESH_NDIM];
   for (int i = 0, t = 0; i < c->noperands; ++i) {
     PyObject *a;
@@ -152,7 +152,7 @@ static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decisio
       PyObject *local = c->dt[t]->local;
       if (plan == NULL) a = Py_NewRef(local);
       else if ((mt_ext_events(d->modes) && move_event(d, c, t, plan, Py_None) < 0) ||
-               mt_ext_mesh_check_thread(c->mb->handle) < 0)
+               mt_ext_mesh_check(c->mb) < 0)
         a = NULL;
       else a = mt_ext_run_plan(d->module, mesh, plan, local);
       if (dec->partition[t] != 0 && mt_mesh_coordinate(mesh, coord) &&
@@ -190,7 +190,7 @@ static int decision_event(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_
 /* This rank's box of the output (ones outside the mesh, as the stand-ins). */
 static PyObject *out_box(const mt_ext_call *c, const mt_decision *dec) {
   int64_t coord[MT_MAX_MESH_NDIM];
-  mt_mesh *mesh = c->mb->member ? mt_ext_mesh_get_unchecked(c->mb->handle) : NULL;
+  mt_mesh *mesh = c->mb->member ? c->mb->mesh : NULL;
   int member = mesh != NULL && mt_mesh_coordinate(mesh, coord);
   mt_box box;
   mt_error err = {0};

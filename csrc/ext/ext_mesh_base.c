@@ -1,5 +1,5 @@
 /* _C.MeshBase: the C base of mpitensor.DeviceMesh. It holds the mesh's
- * communicators (`_handle`, a _C.Mesh) and what the dispatch of operations on
+ * communicators (`_handle`, the mpitensor._comm.Mesh that owns its mt_mesh) and what the dispatch of operations on
  * the mesh remembers: the decision memo and the layout table (core/memo.c,
  * core/layout_table.c), with the Python form of each layout by its slot. The
  * dispatch reaches them from a DTensor's spec by a type check and a field read.
@@ -68,13 +68,15 @@ static PyObject *handle_get(PyObject *self, void *closure) {
   return Py_NewRef(mb->handle);
 }
 
-/* Sets the communicators' handle, and with it the mesh's shape and membership. */
+/* Sets the communicators' handle (an object whose `address` is its mt_mesh *,
+ * which it owns), and with it the mesh's shape and membership. */
 static int handle_set(PyObject *self, PyObject *value, void *closure) {
   mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
-  PyObject *module = PyType_GetModuleByDef(Py_TYPE(self), &mt_ext_module_def);
-  mt_mesh *mesh = value == NULL || module == NULL ? NULL : mt_ext_mesh_get(module, value);
+  PyObject *address = value != NULL ? PyObject_GetAttrString(value, "address") : NULL;
+  mt_mesh *mesh = address != NULL && PyLong_Check(address) ? PyLong_AsVoidPtr(address) : NULL;
+  Py_XDECREF(address);
   if (mesh == NULL) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "_handle is a _C.Mesh");
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "_handle is a _comm.Mesh");
     return -1;
   }
   int64_t coord[MT_MAX_MESH_NDIM];
@@ -88,7 +90,15 @@ static int handle_set(PyObject *self, PyObject *value, void *closure) {
     return -1;
   }
   Py_XSETREF(mb->handle, Py_NewRef(value));
+  mb->mesh = mesh;
   return 0;
+}
+
+int mt_ext_mesh_check(const mt_ext_mesh_base *mb) {
+  mt_error err = {0};
+  int rc = mt_mesh_check(mb->mesh, &err);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
 }
 
 static PyObject *dispatch_stats(PyObject *self, PyObject *unused) {
@@ -135,7 +145,7 @@ static PyObject *set_cache_limits(PyObject *self, PyObject *args) {
 
 static PyGetSetDef mb_getset[] = {
     {"_handle", handle_get, handle_set,
-     "The _C.Mesh of this mesh's communicators (set once, by DeviceMesh).", NULL},
+     "The _comm.Mesh of this mesh's communicators (set once, by DeviceMesh).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -116,7 +116,7 @@ static PyObject *cast(mt_ext_dispatch *d, mt_ext_dtensor *b, PyObject *dtype) {
 static int move_events(mt_ext_dispatch *d, mt_ext_dtensor *b, mt_plan *plan, int same,
                        PyObject *out_pl, PyObject *what) {
   PyObject *spec = b->spec, *mesh = PyTuple_GET_ITEM(spec, 0);
-  PyObject *p = plan != NULL ? mt_ext_plan_wrap(d->module, plan) : Py_NewRef(Py_None);
+  PyObject *p = plan != NULL ? mt_ext_plan_wrap(plan) : Py_NewRef(Py_None);
   if (p == NULL) return -1;
   PyObject *args[7] = {what, mesh, same ? out_pl : p, PyTuple_GET_ITEM(spec, 2),
                        PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 1), out_pl};
@@ -131,10 +131,10 @@ static PyObject *moved_local(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dt
   if (!mb->member || same) return Py_NewRef(b->local);
   /* Checked on every rank that moves, even where its own part stays: on another
    * rank or a larger mesh the same move communicates. */
-  if (mt_ext_mesh_check_thread(mb->handle) < 0) return NULL;
+  if (mt_ext_mesh_check(mb) < 0) return NULL;
   if (plan == NULL) return (PyObject *)mt_ext_contiguous(b->local);
-  if (async) return mt_ext_start_plan(d->module, mb->handle, plan, b->local);
-  return mt_ext_run_plan(d->module, mt_ext_mesh_get_unchecked(mb->handle), plan, b->local);
+  if (async) return mt_ext_start_plan(d->module, mb, plan, b->local);
+  return mt_ext_run_plan(d->module, mb->mesh, plan, b->local);
 }
 
 /* Records the move: the gradient goes back to the source's placements. */

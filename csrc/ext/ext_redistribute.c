@@ -1,66 +1,9 @@
-/* _C.Plan (the handle of a plan; mpitensor._plan reads it as data) and the
- * running of a plan on this rank's local array (blocking, or started). */
+/* Running a plan on this rank's local array (blocking, or started), and a plan
+ * handed to Python (the trace events) as a capsule that mpitensor._plan reads. */
 #include "ext.h"
 
 #include "mpitensor/comm/mesh.h"
 #include "mpitensor/comm/redistribute.h"
-
-typedef struct {
-  PyObject_HEAD
-  mt_plan *plan;
-} PlanObject;
-
-/* ---- Plan ------------------------------------------------------------------------ */
-
-/* Plan(address): takes over one reference of the mt_plan at `address`, made by
- * mpitensor._plan through ctypes (mt_plan_create_timed), which also reads the
- * plan as data. Local. */
-static PyObject *plan_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
-  PyObject *address;
-  if (!PyArg_ParseTuple(args, "O:Plan", &address)) return NULL;
-  void *plan = PyLong_AsVoidPtr(address);
-  if (plan == NULL) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Plan(address): no plan");
-    return NULL;
-  }
-  PlanObject *self = (PlanObject *)tp->tp_alloc(tp, 0);
-  if (self != NULL) self->plan = plan;
-  return (PyObject *)self;
-}
-
-static void plan_dealloc(PlanObject *self) {
-  PyTypeObject *tp = Py_TYPE(self);
-  mt_plan_destroy(self->plan);
-  tp->tp_free((PyObject *)self);
-  Py_DECREF(tp);
-}
-
-static PyObject *plan_get_address(PlanObject *self, void *c) {
-  return PyLong_FromVoidPtr(self->plan);
-}
-
-static PyGetSetDef plan_getset[] = {
-    {"address", (getter)plan_get_address, NULL, "The mt_plan * (an int)", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyType_Slot plan_slots[] = {
-    {Py_tp_new, plan_new},
-    {Py_tp_dealloc, plan_dealloc},
-    {Py_tp_getset, plan_getset},
-    {Py_tp_doc, "A redistribution plan the executor runs and mpitensor._plan.Plan, its "
-                "Python subclass, reads as data. Local."},
-    {0, NULL},
-};
-
-static PyType_Spec plan_spec = {
-    .name = "mpitensor._C.Plan",
-    .basicsize = sizeof(PlanObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .slots = plan_slots,
-};
-
-/* ---- helpers ---------------------------------------------------------------------- */
 
 /* This rank's box of `l`: 0, or -1 with the exception (RuntimeError off the mesh). */
 static int my_box(const mt_mesh *mesh, const mt_layout *l, mt_box *box) {
@@ -157,38 +100,36 @@ PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
   return execute(&c);
 }
 
-/* redistribute(mesh, plan, local) -> new local array (local itself, contiguous,
- * for a plan without steps). Collective on the mesh. */
+/* redistribute(mesh, plan_address, local) -> new local array (local itself,
+ * contiguous, for a plan without steps): the raw plan run, for benchmarks and
+ * tests. Collective on the mesh. */
 static PyObject *redistribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "expected (mesh, plan, array)");
-  mt_mesh *mesh = mt_ext_mesh_for_collective(module, args[0]);
-  if (mesh == NULL) return NULL;
-  if (!PyObject_TypeCheck(args[1], mt_ext_state_of(module)->plan_type))
-    return PyErr_Format(PyExc_TypeError, "expected a _C.Plan");
-  const mt_plan *plan = ((PlanObject *)args[1])->plan;
+  mt_ext_state *st = mt_ext_state_of(module);
+  if (nargs != 3 || !PyObject_TypeCheck(args[0], st->mesh_base_type) || !PyLong_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "redistribute(mesh: DeviceMesh, plan_address, local)");
+  const mt_ext_mesh_base *mb = (const mt_ext_mesh_base *)args[0];
+  const mt_plan *plan = PyLong_AsVoidPtr(args[1]);
+  if (plan == NULL || mb->mesh == NULL || mt_ext_mesh_check(mb) < 0)
+    return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "no plan or no mesh");
   if (mt_plan_nsteps(plan) == 0) return (PyObject *)mt_ext_contiguous(args[2]);
-  return mt_ext_run_plan(module, mesh, plan, args[2]);
+  return mt_ext_run_plan(module, mb->mesh, plan, args[2]);
 }
 
-PyObject *mt_ext_plan_wrap(PyObject *module, mt_plan *plan) {
-  PyTypeObject *tp = mt_ext_state_of(module)->plan_type;
-  int n = mt_plan_nsteps(plan);
-  if (n == 0) {
-    PyErr_SetString(PyExc_SystemError, "a plan without steps is not wrapped");
-    return NULL;
-  }
-  PlanObject *self = (PlanObject *)tp->tp_alloc(tp, 0);
-  if (self == NULL) return NULL;
-  mt_plan_retain(plan);
-  self->plan = plan;
-  return (PyObject *)self;
+static void plan_capsule_free(PyObject *capsule) {
+  mt_plan_destroy(PyCapsule_GetPointer(capsule, "mpitensor.plan"));
+}
+
+PyObject *mt_ext_plan_wrap(mt_plan *plan) {
+  PyObject *capsule = PyCapsule_New(plan, "mpitensor.plan", plan_capsule_free);
+  if (capsule != NULL) mt_plan_retain(plan);
+  return capsule;
 }
 
 /* The plan (with steps) started on this rank's local array: a _C.Request whose
  * wait() gives the new local array. Collective on the mesh. */
-PyObject *mt_ext_start_plan(PyObject *module, PyObject *mesh_obj, const mt_plan *plan,
+PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_plan *plan,
                             PyObject *local) {
-  mt_mesh *mesh = mt_ext_mesh_get_unchecked(mesh_obj);
+  mt_mesh *mesh = mb->mesh;
   call_args c;
   if (prepare_run(module, mesh, plan, local, &c) < 0) {
     release(&c);
@@ -201,8 +142,8 @@ PyObject *mt_ext_start_plan(PyObject *module, PyObject *mesh_obj, const mt_plan 
   Py_BEGIN_ALLOW_THREADS
   rc = mt_redistribute_start(mesh, plan, c.dtype, PyArray_DATA(c.src), dst, &req, &err);
   Py_END_ALLOW_THREADS
-  PyObject *p = rc == MT_OK ? mt_ext_plan_wrap(module, (mt_plan *)plan) : NULL;
-  PyObject *keep = p != NULL ? PyTuple_Pack(3, mesh_obj, p, (PyObject *)c.src) : NULL;
+  PyObject *p = rc == MT_OK ? mt_ext_plan_wrap((mt_plan *)plan) : NULL;
+  PyObject *keep = p != NULL ? PyTuple_Pack(3, (PyObject *)mb, p, (PyObject *)c.src) : NULL;
   PyObject *out = keep != NULL ? mt_ext_request_new(module, req, NULL, keep,
                                                     (PyObject *)c.dst)
                                : NULL;
@@ -216,13 +157,9 @@ PyObject *mt_ext_start_plan(PyObject *module, PyObject *mesh_obj, const mt_plan 
 
 PyMethodDef mt_ext_redistribute_methods[] = {
     {"redistribute", (PyCFunction)(void (*)(void))redistribute, METH_FASTCALL,
-     "redistribute(mesh, plan, local) -> local array of the plan's target. Collective."},
+     "redistribute(mesh, plan_address, local) -> local array of the plan's target: "
+     "the raw run of a plan (mpitensor._plan.Plan.address) on a DeviceMesh, for "
+     "benchmarks and tests. Collective.\n\n"
+     "Example: _C.redistribute(mesh, plan.address, dt.to_local())"},
     {NULL, NULL, 0, NULL},
 };
-
-int mt_ext_redistribute_exec(PyObject *module) {
-  mt_ext_state *st = mt_ext_state_of(module);
-  st->plan_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &plan_spec, NULL);
-  if (st->plan_type == NULL) return -1;
-  return PyModule_AddObjectRef(module, "Plan", (PyObject *)st->plan_type);
-}

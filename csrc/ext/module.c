@@ -30,8 +30,7 @@ static int module_exec(PyObject *module) {
    * it. */
   st->modes.grad_enabled = 1, st->modes.want = Py_NewRef(Py_None);
   if (mt_ext_ops_exec(module) < 0 ||
-      mt_ext_pool_exec(module) < 0 || mt_ext_mesh_exec(module) < 0 ||
-      mt_ext_redistribute_exec(module) < 0 || mt_ext_request_exec(module) < 0 ||
+      mt_ext_pool_exec(module) < 0 || mt_ext_request_exec(module) < 0 ||
       mt_ext_prop_exec(module) < 0 || mt_ext_mesh_base_exec(module) < 0 ||
       mt_ext_dtensor_exec(module) < 0 || mt_ext_autograd_exec(module) < 0)
     return -1;
@@ -45,7 +44,7 @@ static int module_exec(PyObject *module) {
 }
 
 #define MT_EXT_TYPES(X, st)                                                            \
-  X(st->mesh_type); X(st->plan_type); X(st->request_type);                            \
+  X(st->request_type);                                                                \
   X(st->pool_handler); X(st->dtensor_base_type); X(st->mesh_base_type);               \
   X(st->node_type)
 

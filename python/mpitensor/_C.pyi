@@ -8,7 +8,6 @@ Replicate, 1 Shard(dim), 2 Partial(reduce_op) with reduce ops 0 sum, 1 avg,
 from typing import Any, Sequence
 
 import numpy as np
-from mpi4py import MPI
 
 MAX_NDIM: int
 MAX_MESH_NDIM: int
@@ -18,29 +17,6 @@ Codes = Sequence[tuple[int, int, int]]
 # seconds per message and per byte on each link, per communicating step, per byte
 # copied and reduced locally; ranks per node (0: one node).
 TimeModel = tuple[float, float, float, float, float, float, float, int]
-
-class Mesh:
-    """The communicators of a device mesh, owned: mpitensor._comm.Mesh, its Python
-    subclass, makes them (collective on a communicator), slices them and runs
-    their collectives. Local."""
-
-    def __init__(self, address: int) -> None:
-        """Takes over the mt_mesh at `address`; this thread becomes its owner."""
-    @property
-    def address(self) -> int:
-        """The mt_mesh * the comm functions take (mpitensor._comm)."""
-    def check_thread(self) -> None:
-        """RuntimeError unless on the thread that created the mesh, and on a freed
-        mesh: what a collective checks first."""
-
-class Plan:
-    """A redistribution plan (the executor's, or mpitensor._plan.Plan, its Python
-    subclass, which reads it as data). Local."""
-
-    def __init__(self, address: int) -> None:
-        """Takes over one reference of the mt_plan at `address`."""
-    @property
-    def address(self) -> int: ...
 
 class Request:
     """An exchange in flight: an async redistribute or a ring exchange. Safe to
@@ -55,7 +31,9 @@ class Request:
     def test(self) -> bool:
         """Lets MPI progress the exchange (MPI_Test); True once it has completed."""
 
-def redistribute(mesh: Mesh, plan: Plan, local: np.ndarray) -> np.ndarray: ...
+def redistribute(mesh: MeshBase, plan_address: int, local: np.ndarray) -> np.ndarray:
+    """The raw run of a plan (mpitensor._plan.Plan.address) on this rank's local
+    array: for benchmarks and tests. Collective."""
 def empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     """A new C-contiguous array, from the block pool when it is large. Local."""
 
@@ -128,7 +106,7 @@ class MeshBase:
     """The C base of mpitensor.DeviceMesh: the communicators' handle and the
     decision memo and layout table of the operations on the mesh. Local."""
 
-    _handle: Mesh
+    _handle: Any  # mpitensor._comm.Mesh, which owns the mt_mesh
     def _dispatch_stats(self) -> dict[str, int]: ...
     def _dispatch_clear(self) -> None: ...
     def _set_cache_limits(self, decisions: int, plans: int, layouts: int) -> None: ...

@@ -9,8 +9,7 @@ Each is argument conversion around a C function that takes plain C arguments;
 ctypes releases the GIL while it runs, as the extension did around every
 collective, and a failing status raises what ``_C`` raises (:mod:`._clib`).
 A collective first checks that it runs on the thread that created the mesh
-(``_C.Mesh.check_thread``), which raises on every rank alike before any
-communication.
+(``mt_mesh_check``), which raises on every rank alike before any communication.
 """
 
 from __future__ import annotations
@@ -86,6 +85,7 @@ _library_version = fn("mt_mpi_library_version", I, ctypes.c_char_p, I, _E)
 _fail_next = fn("mt_direct_fail_next", I, I)
 _slice = fn("mt_mesh_slice", I, P, I, P, ctypes.POINTER(P), _E)
 _destroy = fn("mt_mesh_destroy", None, P)
+_mesh_check = fn("mt_mesh_check", I, P, _E)
 _set_counters = fn("mt_mesh_set_counters", None, P, P)
 _plan_check = fn("mt_plan_check", I, ctypes.POINTER(_Layout), ctypes.POINTER(_Layout), I,
                  _E)
@@ -120,11 +120,11 @@ def _comm_object(handle):
 
 
 def mesh_address(mesh) -> int:
-    """The ``mt_mesh *`` of ``mesh`` (a ``_C.Mesh``) for a collective: TypeError for
-    another object; RuntimeError off the mesh's thread or on a freed mesh."""
-    if not isinstance(mesh, _C.Mesh):
-        raise TypeError(f"expected a _C.Mesh, got {type(mesh).__name__}")
-    mesh.check_thread()
+    """The ``mt_mesh *`` of ``mesh`` (a :class:`Mesh`) for a collective: TypeError
+    for another object; RuntimeError off the mesh's thread or on a freed mesh."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"expected a Mesh, got {type(mesh).__name__}")
+    call(_mesh_check, mesh.address)
     return mesh.address
 
 
@@ -165,15 +165,16 @@ def time_model(obj) -> _TimeModel:
     return m
 
 
-class Mesh(_C.Mesh):
-    """The communicators of a device mesh (``_C.Mesh``, which owns them) and its
-    collectives. ``Mesh(comm, shape, ranks[, fingerprint, failure])`` is collective
-    on ``comm``.
+class Mesh:
+    """The communicators of a device mesh (the comm library's ``mt_mesh``, which
+    this object owns: ``address``) and its collectives. The thread that makes it is
+    the one that may run its collectives. ``Mesh(comm, shape, ranks[, fingerprint,
+    failure])`` is collective on ``comm``.
 
     Example: ``Mesh(MPI.COMM_WORLD, (2,), np.arange(2, dtype=np.intc)).any(False)``.
     """
 
-    __slots__ = ("_groups",)
+    __slots__ = ("address", "_groups")
 
     def __new__(cls, comm, shape, ranks, fingerprint: int = 0,
                 failure: BaseException | None = None):
@@ -200,7 +201,21 @@ class Mesh(_C.Mesh):
         # Every mesh (and its slices) counts into the module's counters, which
         # comm_counters() reads.
         _set_counters(mesh, _C.COMM_COUNTERS)
-        return super().__new__(cls, mesh.value)
+        return cls._owning(mesh.value)
+
+    @classmethod
+    def _owning(cls, address: int) -> "Mesh":
+        """A Mesh that takes over the ``mt_mesh *`` at ``address``."""
+        self = object.__new__(cls)
+        self.address = address
+        return self
+
+    def __del__(self):
+        # At interpreter exit the binding may already be gone; MPI is finalized
+        # by then, and the process frees the rest.
+        destroy, address = _destroy, getattr(self, "address", None)
+        if destroy is not None and address:
+            destroy(address)
 
     def slice(self, dims) -> "Mesh":
         """The mesh over mesh dims ``dims`` (ascending), sharing communicators.
@@ -208,7 +223,7 @@ class Mesh(_C.Mesh):
         m, (dims, n) = mesh_address(self), _int64s(dims, MAX_MESH_NDIM, "dims")
         out = P()
         call(_slice, m, n, (I * max(n, 1))(*dims[:n]), ctypes.byref(out))
-        return _C.Mesh.__new__(type(self), out.value)
+        return type(self)._owning(out.value)
 
     def groups(self) -> tuple:
         """One mpi4py communicator per mesh dim (COMM_NULL on a non-member). They
@@ -426,10 +441,10 @@ def collective_timeout() -> float:
 
 def watchdog_listen(mesh) -> bool:
     """Starts listening for ranks that leave the job, after the creation of
-    ``mesh`` (a ``_C.Mesh``); whether this process listens. Collective on the mesh
+    ``mesh`` (a :class:`Mesh`); whether this process listens. Collective on the mesh
     when it holds every rank of MPI_COMM_WORLD, else Local."""
-    if not isinstance(mesh, _C.Mesh):
-        raise TypeError(f"expected a _C.Mesh, got {type(mesh).__name__}")
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"expected a Mesh, got {type(mesh).__name__}")
     listening = I()
     call(_listen, mesh.address, ctypes.byref(listening))
     return bool(listening.value)

@@ -1,9 +1,9 @@
 """A redistribution plan as data, for tools, tracing and benchmarks: its steps,
 bytes, messages and predicted time, torch's plan for the same move, and what
 another time model predicts. The planner is the C core's (core/plan), called
-through ctypes in the ``_C`` object (:mod:`._comm`); a ``_C.Plan`` holds the plan
-(the executor makes them too, for its trace events) and :class:`Plan`, its
-subclass, makes and reads one. Every function is Local.
+through ctypes in the ``_C`` object (:mod:`._comm`). A :class:`Plan` owns one
+reference of an ``mt_plan``; the executor's trace events hand their plans over as
+capsules, which :func:`of` takes. Every function is Local.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import ctypes
 
 import numpy as np
 
-from . import _C, _comm
+from . import _comm
 from ._clib import (_STATUS_CODES, Error, I, I64, D, P, _Layout, _layout, call, check,
                     dtype_code)
 
@@ -38,6 +38,9 @@ _create_timed = _fn("mt_plan_create_timed", I, _L, _L, I64, _TM, ctypes.POINTER(
 _create_torch = _fn("mt_plan_create_torch", I, _L, _L, I64, _TM, ctypes.POINTER(P), _E)
 _check = _fn("mt_plan_check", I, _L, _L, I, _E)
 _retain = _fn("mt_plan_retain", None, P)
+_destroy = _fn("mt_plan_destroy", None, P)
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype, _capsule_pointer.argtypes = P, (ctypes.py_object, ctypes.c_char_p)
 _nsteps = _fn("mt_plan_nsteps", I, P)
 _step = _fn("mt_plan_step", ctypes.POINTER(_Step), P, I)
 _bytes = _fn("mt_plan_bytes", I64, P)
@@ -54,12 +57,20 @@ def _codes(layout: _Layout) -> tuple:
                  for p in layout.placements[:layout.mesh_ndim])
 
 
+def _address(plan) -> int:
+    """The ``mt_plan *`` of a :class:`Plan` or of an executor's plan capsule."""
+    if isinstance(plan, Plan):
+        return plan.address
+    return _capsule_pointer(plan, b"mpitensor.plan")
+
+
 def steps(plan) -> list[tuple]:
     """[(kind, mesh_dim, src_codes, dst_codes, bytes, messages, seconds,
     copy_bytes, reduce_bytes, net_bytes)] of every step of ``plan`` (a
-    ``_C.Plan``): bytes and messages over all ranks, the local copies and
-    reductions of the busiest rank, the bytes between nodes over all ranks."""
-    address, out = plan.address, []
+    :class:`Plan` or an executor's plan capsule): bytes and messages over all
+    ranks, the local copies and reductions of the busiest rank, the bytes between
+    nodes over all ranks."""
+    address, out = _address(plan), []
     for i in range(_nsteps(address)):
         s = _step(address, i).contents
         out.append((STEP_KINDS[s.kind], s.mesh_dim, _codes(s.src), _codes(s.dst),
@@ -69,14 +80,14 @@ def steps(plan) -> list[tuple]:
 
 
 def of(plan) -> "Plan":
-    """``plan`` (a ``_C.Plan`` with steps, as the executor's trace events carry
-    them) as a :class:`Plan`, sharing it: its layouts are its first step's source
-    and its last step's target, its model the built-in one."""
+    """``plan`` (a capsule of a plan with steps, as the executor's trace events
+    carry them) as a :class:`Plan`, sharing it: its layouts are its first step's
+    source and its last step's target, its model the built-in one."""
     if isinstance(plan, Plan):
         return plan
-    address = plan.address
+    address = _address(plan)
     _retain(address)
-    out = _C.Plan.__new__(Plan, address)
+    out = Plan._owning(address)
     first, last = _step(address, 0).contents, _step(address, _nsteps(address) - 1).contents
     out._src, out._dst = _Layout.from_buffer_copy(first.src), _Layout.from_buffer_copy(last.dst)
     out._itemsize = first.itemsize
@@ -84,7 +95,7 @@ def of(plan) -> "Plan":
     return out
 
 
-class Plan(_C.Plan):
+class Plan:
     """The plan of moving a tensor of ``shape`` on a mesh of ``mesh_shape`` from
     ``src`` to ``dst`` placement codes, for elements of ``dtype``, ranked by the
     time model tuple ``model`` (the built-in one when None); the move is checked
@@ -95,7 +106,7 @@ class Plan(_C.Plan):
     ``"all_gather"``.
     """
 
-    __slots__ = ("_src", "_dst", "_model", "_itemsize")
+    __slots__ = ("address", "_src", "_dst", "_model", "_itemsize")
 
     def __new__(cls, shape, mesh_shape, src, dst, dtype, model=None):
         model = _comm._model_default() if model is None else _comm.time_model(model)
@@ -105,9 +116,22 @@ class Plan(_C.Plan):
         made = P()
         call(_create_timed, ctypes.byref(a), ctypes.byref(b), dtype.itemsize,
              ctypes.byref(model), ctypes.byref(made))
-        self = super().__new__(cls, made.value)
+        self = cls._owning(made.value)
         self._src, self._dst, self._model, self._itemsize = a, b, model, dtype.itemsize
         return self
+
+    @classmethod
+    def _owning(cls, address: int) -> "Plan":
+        """A Plan that takes over one reference of the ``mt_plan *`` at ``address``."""
+        self = object.__new__(cls)
+        self.address = address
+        return self
+
+    def __del__(self):
+        # At interpreter exit the binding may already be gone.
+        destroy, address = _destroy, getattr(self, "address", None)
+        if destroy is not None and address:
+            destroy(address)
 
     @property
     def nsteps(self) -> int:
@@ -152,7 +176,7 @@ class Plan(_C.Plan):
         if rc == _STATUS_CODES["MT_ENOTSUP"]:
             return None
         check(rc, err)
-        out = _C.Plan.__new__(Plan, made.value)
+        out = Plan._owning(made.value)
         out._src, out._dst, out._model = self._src, self._dst, self._model
         out._itemsize = self._itemsize
         return out

@@ -71,7 +71,7 @@ def test_every_move_on_simulated_nodes_gives_numpys_result(mesh_shape):
                 plan = _plan.Plan(shape, mesh_shape, _codes(src), _codes(dst), "f8", model)
                 kinds.update(s[0] for s in plan.steps())
                 local = source_local(base, mesh_shape, coord, src, np.float64)
-                got = _C.redistribute(mesh._handle, plan, local)
+                got = _C.redistribute(mesh, plan.address, local)
                 want = expected_local(base, mesh_shape, coord, src, dst, np.float64)
                 problems.expect(got.shape == want.shape and np.array_equal(got, want),
                                 f"{name(src)}->{name(dst)} {shape} nodes of {k}: "

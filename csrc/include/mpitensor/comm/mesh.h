@@ -47,15 +47,16 @@ MT_EXPORT int mt_mesh_slice(mt_mesh *parent, int n, const int *dims, mt_mesh **o
  * (with no MPI call once MPI has been finalized). Accepts NULL. */
 MT_EXPORT void mt_mesh_destroy(mt_mesh *mesh);
 
-/* Local. Whether the mesh can still communicate: MT_ESTATE, with a message saying
- * why, once MPI has been finalized or once one of the mesh's communicators was
+/* Local. Whether the mesh can communicate from here: MT_ESTATE, with a message
+ * saying why, on a thread other than the one that created it (or its slice), once
+ * MPI has been finalized or once one of the mesh's communicators was
  * freed by someone else (an MPI_Comm_free of a communicator mt_mesh_dim_comm gave,
  * such as `mesh.get_group().Free()` in Python), instead of the crash a collective
- * on a freed communicator is. Two loads: callers check before each collective.
+ * on a freed communicator is. A few loads: callers check before each collective.
  *
  *   if ((rc = mt_mesh_check(mesh, &err)) != MT_OK) return rc;
  */
-int mt_mesh_check(const mt_mesh *mesh, mt_error *err);
+MT_EXPORT int mt_mesh_check(const mt_mesh *mesh, mt_error *err);
 
 /* Local. Number of mesh dims. */
 MT_EXPORT int mt_mesh_ndim(const mt_mesh *mesh);
