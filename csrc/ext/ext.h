@@ -53,7 +53,7 @@ typedef struct mt_ext_modes {
  * ctypes bindings read and pass by address) and the modes. */
 typedef struct mt_ext_state {
   PyTypeObject *request_type;
-  PyTypeObject *dtensor_base_type, *mesh_base_type, *node_type;
+  PyTypeObject *dtensor_base_type, *mesh_base_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
   mt_ext_dispatch *dispatch; /* owned (ext_ops.c) */
   mt_comm_counters comm_counters;
@@ -181,6 +181,7 @@ struct mt_ext_dispatch {
   int64_t next_op, redistribute_op;
   PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims, *empty_tuple;
   PyObject *s_redistribute; /* "DTensor.redistribute": an explicit move's name */
+  PyObject *node_fields[5]; /* Node's slots: name, inputs, backward_fn, saved, aux */
   long long hook_calls[MT_HOOK_COUNT], runs;
   int64_t decision_limit, plan_limit, layout_limit; /* for new meshes */
 };
@@ -416,7 +417,6 @@ int mt_ext_pool_exec(PyObject *module);
 int mt_ext_prop_exec(PyObject *module);
 int mt_ext_mesh_base_exec(PyObject *module);
 int mt_ext_dtensor_exec(PyObject *module);
-int mt_ext_autograd_exec(PyObject *module);
 int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_ops_clear(mt_ext_state *st);
 void mt_ext_ops_free(mt_ext_state *st);

@@ -32,11 +32,11 @@ static int module_exec(PyObject *module) {
   if (mt_ext_ops_exec(module) < 0 ||
       mt_ext_pool_exec(module) < 0 || mt_ext_request_exec(module) < 0 ||
       mt_ext_prop_exec(module) < 0 || mt_ext_mesh_base_exec(module) < 0 ||
-      mt_ext_dtensor_exec(module) < 0 || mt_ext_autograd_exec(module) < 0)
+      mt_ext_dtensor_exec(module) < 0)
     return -1;
   mt_ext_dispatch *d = st->dispatch;
   d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
-  d->node_type = st->node_type, d->modes = &st->modes;
+  d->modes = &st->modes;
   if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0 ||
       PyModule_AddIntConstant(module, "MODES_SIZE", (long)sizeof(mt_ext_modes)) < 0)
     return -1;
@@ -45,8 +45,7 @@ static int module_exec(PyObject *module) {
 
 #define MT_EXT_TYPES(X, st)                                                            \
   X(st->request_type);                                                                \
-  X(st->pool_handler); X(st->dtensor_base_type); X(st->mesh_base_type);               \
-  X(st->node_type)
+  X(st->pool_handler); X(st->dtensor_base_type); X(st->mesh_base_type)
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   mt_ext_state *st = mt_ext_state_of(module);

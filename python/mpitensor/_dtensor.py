@@ -20,6 +20,7 @@ from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
 from ._layout import _codes, compute_local_shape_and_global_offset
+from ._node import Node
 from .device_mesh import DeviceMesh, find_live_mesh, local_mesh
 from .placement_types import Partial, Placement, Replicate, Shard, _StridedShard
 from ._shard import DTensorShard
@@ -827,10 +828,11 @@ class DTensor(_C.DTensorBase):
                 f"shape={self.shape}, dtype={self.dtype})")
 
 
-# The executor makes DTensors, specs and placements of these types (placements are
-# interned: these are the objects Replicate(), Shard(d) and Partial(op) return),
-# and finds the operations in the registries mpitensor._ops and autograd fill.
-_C.dispatch_init(DTensor, DTensorSpec, Replicate(),
+# The executor makes DTensors, specs, autograd nodes and placements of these types
+# (placements are interned: these are the objects Replicate(), Shard(d) and
+# Partial(op) return), and finds the operations in the registries mpitensor._ops
+# and autograd fill.
+_C.dispatch_init(DTensor, DTensorSpec, Node, Replicate(),
                  tuple(Shard(d) for d in range(_C.MAX_NDIM)),
                  tuple(Partial(op) for op in _C.REDUCE_OPS), _registry.functions,
                  _registry.rules, _registry.backwards)

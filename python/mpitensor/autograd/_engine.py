@@ -26,20 +26,11 @@ import numpy as np
 
 from .. import _C, _modes
 from .._dtensor import DTensor, _grad_placements
+from .._node import Node
 from ..placement_types import Replicate
 from . import _hooks
 
 __all__ = ["Node", "record", "backward", "grad"]
-
-
-# What recorded one operation: ``name``, the ``inputs`` that need a gradient (None
-# for the others, in operand order) and ``backward_fn(grad) -> grads``, one per
-# input (None for no gradient). The executor makes the nodes of the operations it
-# runs: they hold the operands in ``saved`` (and the rest of the call, such as a
-# reduction's (axis, keepdims) or a function's keywords, in ``aux``) instead of a
-# closure, and their ``backward_fn(grad, node, output)`` is the operation's
-# registered backward (csrc/ext/ext_autograd.c, _rules.install).
-Node = _C.Node
 
 
 # record(name, out, inputs, backward_fn) -> out: makes ``out`` the result of a
