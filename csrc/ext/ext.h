@@ -157,9 +157,11 @@ typedef struct mt_ext_sig {
 enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
        MT_EXT_NREDUCTION = 11 };
 
-/* The hook table's kinds (ext_hooks.c): every call from C into Python is one. */
+/* The hook table's kinds (ext_hooks.c): every call from C into Python is one.
+ * Their counts, and RUNS (operations the executor ran), are an array that
+ * mpitensor._trace reads through ctypes (`_C.HOOK_CALLS`, in this order). */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
-       MT_HOOK_BACKWARD, MT_HOOK_COUNT };
+       MT_HOOK_BACKWARD, MT_HOOK_RUNS, MT_HOOK_COUNT };
 
 struct mt_ext_dispatch {
   PyObject *module; /* borrowed: the module whose state this is */
@@ -182,7 +184,7 @@ struct mt_ext_dispatch {
   PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims, *empty_tuple;
   PyObject *s_redistribute; /* "DTensor.redistribute": an explicit move's name */
   PyObject *node_fields[5]; /* Node's slots: name, inputs, backward_fn, saved, aux */
-  long long hook_calls[MT_HOOK_COUNT], runs;
+  long long hook_calls[MT_HOOK_COUNT];
   int64_t decision_limit, plan_limit, layout_limit; /* for new meshes */
 };
 

@@ -333,7 +333,7 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
       rs.args[i] = c->tensors >> i & 1u ? c->dt[t++]->local : ops[i];
   }
   out = wrap_all(d, op, c, &rs, call_local(d, op, c, rs.dec, &rs));
-  d->runs++;
+  d->hook_calls[MT_HOOK_RUNS]++;
   if (out != NULL && d->modes->grad_enabled && any_requires_grad(c))
     out = record(d, op, c, &rs, ops, out);
 done:

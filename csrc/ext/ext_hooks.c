@@ -13,16 +13,13 @@
  *   PLACEMENTS  the normaliser of placements that are not the interned objects
  *               (mpitensor._args.normalize_placements), which raises torch's
  *               errors;
- *   BACKWARD    not called from C: counted by the engine (_C.hook_stats).
+ *   BACKWARD    not called from C: counted by autograd's engine.
  *
- * Each call is counted by kind (`_C.hook_stats()`), so tests can show what a
- * path costs: a cached `a + b` makes one LOCAL call and nothing else. */
+ * Each call is counted by kind (mpitensor._trace.hook_stats()), so tests can show
+ * what a path costs: a cached `a + b` makes one LOCAL call and nothing else. */
 #include "ext.h"
 
 #include <string.h>
-
-static const char *const hook_names[MT_HOOK_COUNT] = {
-    "local", "build", "entry", "event", "placements", "backward"};
 
 PyObject *mt_ext_hook(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *const *args,
                       size_t nargsf, PyObject *kwnames) {
@@ -90,38 +87,11 @@ static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
   Py_RETURN_NONE;
 }
 
-/* hook_stats() -> {kind: calls} and "runs": operations the executor ran. */
-static PyObject *hook_stats(PyObject *module, PyObject *unused) {
-  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *out = PyDict_New();
-  for (int k = 0; out != NULL && k <= MT_HOOK_COUNT; ++k) {
-    long long v = k < MT_HOOK_COUNT ? d->hook_calls[k] : d->runs;
-    PyObject *n = PyLong_FromLongLong(v);
-    if (n == NULL || PyDict_SetItemString(out, k < MT_HOOK_COUNT ? hook_names[k] : "runs",
-                                          n) < 0)
-      Py_CLEAR(out);
-    Py_XDECREF(n);
-  }
-  return out;
-}
-
-/* count_backward(): one BACKWARD call, made by the engine (Python). */
-static PyObject *count_backward(PyObject *module, PyObject *unused) {
-  mt_ext_dispatch_module(module)->hook_calls[MT_HOOK_BACKWARD]++;
-  Py_RETURN_NONE;
-}
-
 PyMethodDef mt_ext_hooks_methods[] = {
     {"set_hook", (PyCFunction)(void (*)(void))set_hook, METH_FASTCALL,
      "set_hook(name, fn): the Python side of hook `name` ('event': trace events; "
      "'placements': placement normalisation; 'strided': a call with a strided-shard "
      "operand); None removes it. Local.\n\n"
      "Example: _C.set_hook('event', mpitensor._trace.event)"},
-    {"hook_stats", hook_stats, METH_NOARGS,
-     "{local, build, entry, event, placements, backward, runs}: calls from C into Python "
-     "by kind, and operations the executor ran, since import. Local.\n\n"
-     "Example: _C.hook_stats()['local']"},
-    {"count_backward", count_backward, METH_NOARGS,
-     "Counts one backward-rule call of autograd's engine (hook_stats). Local."},
     {NULL, NULL, 0, NULL},
 };

@@ -176,7 +176,7 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
   out = mt_ext_new_dtensor(d, local, spec, id, fresh);
   if (out != NULL && plan == NULL) src->fresh = 0; /* the array changes hands */
   if (plan != NULL) mt_plan_destroy(plan);
-  d->runs++;
+  d->hook_calls[MT_HOOK_RUNS]++;
   return out;
 }
 

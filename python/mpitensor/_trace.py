@@ -18,6 +18,7 @@ call :func:`collective`, and nn.functional's local layouts :func:`local`, behind
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import warnings
 
@@ -239,6 +240,29 @@ def report_gather(what: str, spec, placements, mesh_dims) -> None:
     log.info(text)
     if _modes.state.gather_warning:
         warnings.warn(text, UserWarning, stacklevel=4)
+
+
+# -- what the executor counts -------------------------------------------------------
+
+# The kinds of calls from C into Python (csrc/ext/ext_hooks.c), then the operations
+# the executor ran, in the order of the extension's counters.
+HOOK_KINDS = ("local", "build", "entry", "event", "placements", "backward", "runs")
+assert len(HOOK_KINDS) == _C.HOOK_COUNT, "HOOK_KINDS does not mirror the extension's"
+_hook_calls = (ctypes.c_longlong * len(HOOK_KINDS)).from_address(_C.HOOK_CALLS)
+
+
+def hook_stats() -> dict:
+    """{kind: calls} of the calls from C into Python since import, by hook kind, and
+    ``runs``: the operations the executor ran. Local.
+
+    Example: ``hook_stats()["local"]`` grows by one for a cached ``a + b``.
+    """
+    return dict(zip(HOOK_KINDS, _hook_calls))
+
+
+def count_backward() -> None:
+    """Counts one backward-rule call of autograd's engine (the ``backward`` kind)."""
+    _hook_calls[HOOK_KINDS.index("backward")] += 1
 
 
 _C.set_hook("event", event)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mpitensor as mt
-from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from mpitensor import DTensor, Partial, Replicate, Shard, _trace, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import local_mesh
 from ops_helpers import W, make, mesh_of, mesh_shapes
@@ -616,7 +616,7 @@ def test_a_c_recorded_result_without_gradients_gets_no_node():
 
 def _python_calls():
     from mpitensor import _C
-    return _C.hook_stats()["entry"]
+    return _trace.hook_stats()["entry"]
 
 
 # -- local_map ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes, _comm, _plan
+from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes, _comm, _plan, _trace
 from mpitensor._ops import _dispatch as D
 from mpitensor.placement_types import from_code
 from mpitensor.debug import CommDebugMode, set_logs
@@ -37,12 +37,12 @@ W = MPI.COMM_WORLD.Get_size()
 
 def runs():
     """Operations the executor ran."""
-    return _C.hook_stats()["runs"]
+    return _trace.hook_stats()["runs"]
 
 
 def entries():
     """Python entries of registered functions the executor called."""
-    return _C.hook_stats()["entry"]
+    return _trace.hook_stats()["entry"]
 
 
 def memo(mesh):
@@ -231,10 +231,10 @@ def test_a_cached_operation_calls_python_once(mesh):
     a = mt.distribute_tensor(np.ones((8, 4)), mesh, [Shard(0)])
     b = mt.distribute_tensor(np.ones((8, 4)), mesh, [Shard(0)])
     for _ in range(2):  # a miss, then a hit: both stay in the executor
-        before = _C.hook_stats()
+        before = _trace.hook_stats()
         a + b
         a.sum(0)
-        after = _C.hook_stats()
+        after = _trace.hook_stats()
         assert {k: after[k] - before[k] for k in after} == {
             "local": 2, "build": 0, "entry": 0, "event": 0, "placements": 0,
             "backward": 0, "runs": 2}
@@ -491,9 +491,9 @@ def test_a_listening_tool_sees_every_decision(mesh, capsys):
     a = mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])
     a + a
     with CommDebugMode() as comm:
-        before = _C.hook_stats()
+        before = _trace.hook_stats()
         a + a
-        after = _C.hook_stats()
+        after = _trace.hook_stats()
         assert (after["runs"] - before["runs"], after["entry"] - before["entry"]) == (1, 0)
         assert after["event"] > before["event"]  # the same run, with its events
     assert comm.comm_module_operation_counts["Global"]["operations_list"][0]["name"] == \

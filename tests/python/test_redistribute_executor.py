@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes, _comm
+from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes, _comm, _trace
 from mpitensor.debug import CommDebugMode
 from mpi_helpers import Problems, bits_equal, raised
 
@@ -28,12 +28,12 @@ PSUM, PMAX = Partial("sum"), Partial("max")
 
 
 def runs() -> int:
-    return _C.hook_stats()["runs"]
+    return _trace.hook_stats()["runs"]
 
 
 def pythons() -> int:
     """Calls from the executor into Python other than trace events."""
-    st = _C.hook_stats()
+    st = _trace.hook_stats()
     return st["local"] + st["build"] + st["entry"] + st["placements"]
 
 

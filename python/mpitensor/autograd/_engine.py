@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _modes
+from .. import _C, _modes, _trace
 from .._dtensor import DTensor, _grad_placements
 from .._node import Node
 from ..placement_types import Replicate
@@ -246,7 +246,7 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                 raise RuntimeError(
                     "Trying to backward through the graph a second time; specify "
                     "retain_graph=True on the first backward")
-            _C.count_backward()
+            _trace.count_backward()
             gs = backward_fn(g) if fn.saved is None else backward_fn(g, fn, t)
             if not isinstance(gs, tuple):
                 gs = tuple(gs)
