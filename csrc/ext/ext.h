@@ -20,7 +20,6 @@
 #include "mpitensor/comm/counters.h"
 #include "mpitensor/comm/mesh.h"
 #include "mpitensor/comm/redistribute.h"
-#include "mpitensor/comm/ring.h" /* mt_exchange, which a _C.Request completes */
 #include "mpitensor/core/layout_table.h"
 #include "mpitensor/core/memo.h"
 #include "mpitensor/core/plan.h"
@@ -52,7 +51,6 @@ typedef struct mt_ext_modes {
  * global of: the communication and I/O counters (atomic cells, which the
  * ctypes bindings read and pass by address) and the modes. */
 typedef struct mt_ext_state {
-  PyTypeObject *request_type;
   PyTypeObject *dtensor_base_type, *mesh_base_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
   mt_ext_dispatch *dispatch; /* owned (ext_ops.c) */
@@ -165,7 +163,7 @@ enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACE
 
 struct mt_ext_dispatch {
   PyObject *module; /* borrowed: the module whose state this is */
-  PyTypeObject *dtensor, *spec, *mesh_base, *dtensor_base, *node_type;
+  PyTypeObject *dtensor, *spec, *mesh_base, *dtensor_base, *node_type, *request_type;
   mt_ext_modes *modes; /* the module state's */
   PyObject *functions; /* NumPy function -> its entry (mpitensor._registry) */
   PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
@@ -184,6 +182,7 @@ struct mt_ext_dispatch {
   PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims, *empty_tuple;
   PyObject *s_redistribute; /* "DTensor.redistribute": an explicit move's name */
   PyObject *node_fields[5]; /* Node's slots: name, inputs, backward_fn, saved, aux */
+  PyObject *request_fields[3]; /* Request's slots: address, _keep, _result */
   long long hook_calls[MT_HOOK_COUNT];
   int64_t decision_limit, plan_limit, layout_limit; /* for new meshes */
 };
@@ -387,13 +386,14 @@ PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_pla
 /* A capsule holding one reference of `plan` (named "mpitensor.plan"), which
  * mpitensor._plan reads: how the trace events hand a plan to Python. */
 PyObject *mt_ext_plan_wrap(mt_plan *plan);
-/* The local array a pending move (a _C.Request in a DTensor's local slot) gives:
- * waits for it (collective); `obj` itself when it is an ndarray. New reference. */
-PyObject *mt_ext_request_result(PyObject *module, PyObject *obj);
-/* A _C.Request for an exchange in flight, a plan's (`req`) or a ring's (`ex`);
- * `keep` stays referenced until it completes, and wait() returns `result`. */
-PyObject *mt_ext_request_new(PyObject *module, mt_request *req, mt_exchange *ex,
-                             PyObject *keep, PyObject *result);
+/* The local array a pending move (a mpitensor._comm.Request in a DTensor's local
+ * slot) gives: waits for it (collective); `obj` itself when it is an ndarray.
+ * New reference. */
+PyObject *mt_ext_request_result(mt_ext_dispatch *d, PyObject *obj);
+/* A mpitensor._comm.Request that owns `req`, a plan's exchange in flight; `keep`
+ * stays referenced until it completes, and wait() returns `result`. */
+PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep,
+                             PyObject *result);
 
 /* -- autograd (ext_autograd.c) ------------------------------------------------------ */
 
@@ -414,7 +414,6 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
 /* -- each area adds its functions and types in Py_mod_exec ----------------------------- */
 
 int mt_ext_ops_exec(PyObject *module);
-int mt_ext_request_exec(PyObject *module);
 int mt_ext_pool_exec(PyObject *module);
 int mt_ext_prop_exec(PyObject *module);
 int mt_ext_mesh_base_exec(PyObject *module);

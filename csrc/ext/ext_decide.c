@@ -103,7 +103,7 @@ static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, in
     if (!mt_ext_is_dtensor(d, ops[i])) continue;
     mt_ext_dtensor *b = (mt_ext_dtensor *)ops[i];
     if (b->local != NULL && !PyArray_Check(b->local)) {
-      PyObject *done = mt_ext_request_result(d->module, b->local);
+      PyObject *done = mt_ext_request_result(d, b->local);
       if (done == NULL) return *err = 1, NULL;
       Py_SETREF(b->local, done);
     }

@@ -2,7 +2,7 @@
  * keyed in the mesh's memo by the source's layout id and the target placements,
  * holding the plan (checked and ranked by the mesh's time model) and the output's
  * layout. Then, as for every operation: the plan runs (blocking, or started as a
- * _C.Request kept in the DTensor's local slot), the result is wrapped, autograd
+ * mpitensor._comm.Request kept in the DTensor's local slot), the result is wrapped, autograd
  * records it (the gradient goes back to the source's placements), and the trace
  * events go out while a tool listens. Arguments that are not the interned
  * placements go through the placements hook first, which raises torch's errors. */
@@ -188,7 +188,7 @@ PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
   if (mb == NULL) return PyErr_Format(PyExc_TypeError, "a DTensor's spec names its mesh");
   if (mt_ext_strided(d, self) || strided_targets(d, placements))
     return strided_move(d, self, mesh, placements, async, fwd, bwd, what);
-  PyObject *local = mt_ext_request_result(d->module, b->local), *holder = NULL;
+  PyObject *local = mt_ext_request_result(d, b->local), *holder = NULL;
   if (local == NULL) return NULL;
   Py_SETREF(b->local, local);
   mt_placement dst[MT_MAX_MESH_NDIM];

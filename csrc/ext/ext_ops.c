@@ -163,15 +163,16 @@ static int load_placements(mt_ext_dispatch *d, PyObject *rep, PyObject *shards,
   return 0;
 }
 
-/* dispatch_init(DTensor, DTensorSpec, Node, replicate, shards, partials, functions,
- * rules, backwards) */
+/* dispatch_init(DTensor, DTensorSpec, Node, Request, replicate, shards, partials,
+ * functions, rules, backwards) */
 static PyObject *dispatch_init(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *dtensor, *spec, *node, *rep, *shards, *partials, *functions, *rules, *backwards;
-  if (!PyArg_ParseTuple(args, "O!O!O!OOOO!O!O!:dispatch_init", &PyType_Type, &dtensor,
-                        &PyType_Type, &spec, &PyType_Type, &node, &rep, &shards, &partials,
-                        &PyDict_Type, &functions, &PyDict_Type, &rules, &PyDict_Type,
-                        &backwards))
+  PyObject *dtensor, *spec, *node, *request, *rep, *shards, *partials, *functions, *rules,
+      *backwards;
+  if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!O!O!:dispatch_init", &PyType_Type, &dtensor,
+                        &PyType_Type, &spec, &PyType_Type, &node, &PyType_Type, &request,
+                        &rep, &shards, &partials, &PyDict_Type, &functions, &PyDict_Type,
+                        &rules, &PyDict_Type, &backwards))
     return NULL;
   if (!PyType_IsSubtype((PyTypeObject *)dtensor, d->dtensor_base))
     return PyErr_Format(PyExc_TypeError, "dispatch_init needs a DTensorBase subclass");
@@ -179,6 +180,7 @@ static PyObject *dispatch_init(PyObject *module, PyObject *args) {
     return PyErr_Format(PyExc_RuntimeError, "dispatch_init was called already");
   if (load_numpy(d) < 0 || load_placements(d, rep, shards, partials) < 0) return NULL;
   d->spec = (PyTypeObject *)Py_NewRef(spec), d->node_type = (PyTypeObject *)Py_NewRef(node);
+  d->request_type = (PyTypeObject *)Py_NewRef(request);
   d->functions = Py_NewRef(functions), d->rules = Py_NewRef(rules);
   d->backwards = Py_NewRef(backwards);
   d->dtensor = (PyTypeObject *)Py_NewRef(dtensor);
@@ -199,9 +201,9 @@ static PyObject *set_cache_limits(PyObject *module, PyObject *args) {
 
 PyMethodDef mt_ext_ops_methods[] = {
     {"dispatch_init", dispatch_init, METH_VARARGS,
-     "dispatch_init(DTensor, DTensorSpec, Node, replicate, shards, partials, "
-     "functions, rules, backwards): the ground floor's types, interned placements "
-     "and registries, once. Local."},
+     "dispatch_init(DTensor, DTensorSpec, Node, Request, replicate, shards, "
+     "partials, functions, rules, backwards): the ground floor's types, interned "
+     "placements and registries, once. Local."},
     {"register_ufunc", register_ufunc, METH_VARARGS,
      "register_ufunc(ufunc, family, kind): a ufunc's signature (FAMILY_ELEMENTWISE with "
      "an ELEMENTWISE_* kind, or FAMILY_MATMUL). Local."},
@@ -237,6 +239,9 @@ static int intern_names(mt_ext_dispatch *d) {
   static const char *const fields[5] = {"name", "inputs", "backward_fn", "saved", "aux"};
   for (int i = 0; i < 5; ++i)
     if ((d->node_fields[i] = PyUnicode_InternFromString(fields[i])) == NULL) return -1;
+  static const char *const request[3] = {"address", "_keep", "_result"};
+  for (int i = 0; i < 3; ++i)
+    if ((d->request_fields[i] = PyUnicode_InternFromString(request[i])) == NULL) return -1;
   d->kw_keepdims = PyTuple_Pack(1, d->s_keepdims);
   return d->kw_keepdims == NULL ? -1 : 0;
 }
@@ -261,7 +266,8 @@ int mt_ext_ops_exec(PyObject *module) {
 
 /* Every object the state holds, for traverse and clear. */
 #define MT_EXT_OPS_OBJECTS(X, d)                                                       \
-  X(d->dtensor); X(d->spec); X(d->node_type); X(d->functions); X(d->rules);          \
+  X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->functions);   \
+  X(d->rules);                                                                         \
   X(d->backwards); X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids);      \
   X(d->s_call);                                                                        \
   X(d->s_axis); X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims); X(d->empty_tuple);  \
@@ -273,6 +279,7 @@ int mt_ext_ops_exec(PyObject *module) {
   for (int i_ = 0; i_ < MT_EXT_NCOMPARE; ++i_) X(d->compare[i_]);                      \
   for (int i_ = 0; i_ < MT_EXT_NREDUCTION; ++i_) X(d->reduction_name[i_]);             \
   for (int i_ = 0; i_ < 5; ++i_) X(d->node_fields[i_]);                                \
+  for (int i_ = 0; i_ < 3; ++i_) X(d->request_fields[i_]);                             \
   for (int i_ = 0; i_ < d->nsigs; ++i_) {                                              \
     X(d->sigs[i_].func); X(d->sigs[i_].method);                                        \
     X(d->sigs[i_].grad_name); X(d->sigs[i_].grad_backward);                            \

@@ -144,11 +144,10 @@ PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_pla
   Py_END_ALLOW_THREADS
   PyObject *p = rc == MT_OK ? mt_ext_plan_wrap((mt_plan *)plan) : NULL;
   PyObject *keep = p != NULL ? PyTuple_Pack(3, (PyObject *)mb, p, (PyObject *)c.src) : NULL;
-  PyObject *out = keep != NULL ? mt_ext_request_new(module, req, NULL, keep,
-                                                    (PyObject *)c.dst)
-                               : NULL;
+  PyObject *out = NULL;
   if (rc != MT_OK) mt_ext_raise(rc, &err);
-  else if (out == NULL && req != NULL) mt_request_wait(req, &err);
+  else if (keep == NULL) mt_request_wait(req, &err); /* nothing owns it: completed here */
+  else out = mt_ext_request_new(mt_ext_dispatch_module(module), req, keep, (PyObject *)c.dst);
   Py_XDECREF(keep);
   Py_XDECREF(p);
   release(&c);

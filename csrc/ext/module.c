@@ -30,7 +30,7 @@ static int module_exec(PyObject *module) {
    * it. */
   st->modes.grad_enabled = 1, st->modes.want = Py_NewRef(Py_None);
   if (mt_ext_ops_exec(module) < 0 ||
-      mt_ext_pool_exec(module) < 0 || mt_ext_request_exec(module) < 0 ||
+      mt_ext_pool_exec(module) < 0 ||
       mt_ext_prop_exec(module) < 0 || mt_ext_mesh_base_exec(module) < 0 ||
       mt_ext_dtensor_exec(module) < 0)
     return -1;
@@ -47,7 +47,6 @@ static int module_exec(PyObject *module) {
 }
 
 #define MT_EXT_TYPES(X, st)                                                            \
-  X(st->request_type);                                                                \
   X(st->pool_handler); X(st->dtensor_base_type); X(st->mesh_base_type)
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg) {

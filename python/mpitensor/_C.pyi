@@ -18,19 +18,6 @@ Codes = Sequence[tuple[int, int, int]]
 # copied and reduced locally; ranks per node (0: one node).
 TimeModel = tuple[float, float, float, float, float, float, float, int]
 
-class Request:
-    """An exchange in flight: an async redistribute or a ring exchange. Safe to
-    wait on from several threads at once."""
-
-    def __init__(self, exchange: int, keep: Any, result: Any) -> None:
-        """Adopts the mt_exchange * at address `exchange` (0: complete) that
-        mpitensor._comm started; `keep` stays referenced until it completes."""
-    @property
-    def done(self) -> bool: ...
-    def wait(self) -> Any: ...
-    def test(self) -> bool:
-        """Lets MPI progress the exchange (MPI_Test); True once it has completed."""
-
 def redistribute(mesh: MeshBase, plan_address: int, local: np.ndarray) -> np.ndarray:
     """The raw run of a plan (mpitensor._plan.Plan.address) on this rank's local
     array: for benchmarks and tests. Collective."""
@@ -115,9 +102,9 @@ class MeshBase:
 MODES: int
 MODES_SIZE: int
 
-def dispatch_init(dtensor_type: type, spec_type: type, node_type: type, replicate: Any,
-                  shards: tuple, partials: tuple, functions: dict, rules: dict,
-                  backwards: dict) -> None: ...
+def dispatch_init(dtensor_type: type, spec_type: type, node_type: type, request_type: type,
+                  replicate: Any, shards: tuple, partials: tuple, functions: dict,
+                  rules: dict, backwards: dict) -> None: ...
 def register_ufunc(ufunc: Any, family: int, kind: int) -> None: ...
 def register_reduction(func: Any, method: str | None, reduce_op: int, partial_rule: int,
                        partial_ops: int, even_only: bool) -> None: ...

@@ -28,7 +28,7 @@ from ._clib import (MAX_MESH_NDIM, MAX_NDIM, Error, I, I64, D, P, _Box, _int64s,
 from ._clib import fn as _fn
 from ._clib import message as _message
 
-__all__ = ["Mesh", "agree", "comm_counters", "default_time_model", "mpi_library_version",
+__all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "mpi_library_version",
            "comm_live_count", "direct_fail_next", "plan_check", "mesh_address",
            "set_collective_timeout", "collective_timeout", "watchdog_listen",
            "watchdog_leave", "watchdog_work", "watchdog_tell", "watchdog_failed",
@@ -481,19 +481,68 @@ _PP = ctypes.POINTER(P)
 _shift_start = fn("mt_ring_shift_start", I, P, I, I, P, P, P, P, _PP, _E)
 _allgatherv_start = fn("mt_ring_allgatherv_start", I, P, I, P, I64, P, I64, P, I, _PP, _E)
 _allgather_int64 = fn("mt_ring_allgather_int64", I, P, I, P, I, P, _E)
-_exchange_wait = fn("mt_exchange_wait", I, P, _E)
 
 
-def _started(start, keep, result, *args) -> _C.Request:
-    """A ``_C.Request`` for the exchange ``start(*args)`` begins: ``keep`` stays
+_pending_create = fn("mt_pending_create", I, P, P, _PP, _E)
+_pending_wait = fn("mt_pending_wait", I, P, _E)
+_pending_test = fn("mt_pending_test", I, P, ctypes.POINTER(I), _E)
+_pending_done = fn("mt_pending_done", I, P)
+_pending_destroy = fn("mt_pending_destroy", None, P)
+
+
+class Request:
+    """An exchange in flight (an asynchronous redistribute, a ring shift or
+    all-gather), which this object owns (the comm library's ``mt_pending`` at
+    ``address``): ``wait()`` completes it and returns its result, safely from
+    several threads at once; what the exchange reads and writes stays referenced
+    until then. The executor makes those of asynchronous redistributes.
+
+    Example: ``ring_shift_start(mesh._handle, 0, [k], [k2]).wait()``.
+    """
+
+    __slots__ = ("address", "_keep", "_result")
+
+    def wait(self):
+        """Completes the exchange (collective on the mesh for a redistribute) and
+        returns its result."""
+        if not _pending_done(self.address):
+            call(_pending_wait, self.address)
+        return self._result
+
+    def test(self) -> bool:
+        """Lets MPI progress the exchange (MPI_Test); True once it has completed,
+        so that wait() no longer blocks. Local."""
+        done = I()
+        call(_pending_test, self.address, ctypes.byref(done))
+        return bool(done.value)
+
+    @property
+    def done(self) -> bool:
+        """True once wait() has completed it."""
+        return bool(_pending_done(self.address))
+
+    def __del__(self):
+        # An unwaited exchange completes first, so MPI never touches memory freed
+        # meanwhile; at interpreter exit the binding may already be gone.
+        destroy, address = _pending_destroy, getattr(self, "address", None)
+        if destroy is not None and address:
+            destroy(address)
+
+
+def _started(start, keep, result, *args) -> Request:
+    """A :class:`Request` for the exchange ``start(*args)`` begins: ``keep`` stays
     referenced until it completes, and wait() returns ``result``."""
-    made = P()
+    made, pending = P(), P()
     call(start, *args, ctypes.byref(made))
+    # A handle that cannot be made completes the exchange before it fails.
+    call(_pending_create, None, made, ctypes.byref(pending))
     try:
-        return _C.Request(made.value or 0, keep, result)
+        out = object.__new__(Request)
     except BaseException:
-        _exchange_wait(made, None)
+        _pending_destroy(pending)
         raise
+    out.address, out._keep, out._result = pending.value, keep, result
+    return out
 
 
 def _blocks(seq, writable: bool, what: str) -> tuple:
@@ -504,7 +553,7 @@ def _blocks(seq, writable: bool, what: str) -> tuple:
     return tuple(_buffer(a, writable, what) for a in arrays)
 
 
-def ring_shift_start(mesh, dim: int, sends, recvs) -> _C.Request:
+def ring_shift_start(mesh, dim: int, sends, recvs) -> Request:
     """The arrays of ``sends`` go to the next rank on mesh dim ``dim``, those of
     ``recvs`` are filled from the previous one, pairwise; wait() gives ``recvs``.
     Collective on the dim.
@@ -523,7 +572,7 @@ def ring_shift_start(mesh, dim: int, sends, recvs) -> _C.Request:
                     ptrs[1], sizes[1])
 
 
-def ring_allgatherv_start(mesh, dim: int, send, recv, byte_counts) -> _C.Request:
+def ring_allgatherv_start(mesh, dim: int, send, recv, byte_counts) -> Request:
     """``recv`` receives every rank's block (``byte_counts`` by coordinate) in
     coordinate order; wait() gives ``recv``. Collective on the dim."""
     m, d = mesh_address(mesh), mesh_dim(dim)

@@ -394,7 +394,7 @@ class DTensor(_C.DTensorBase):
         """The local ndarray, whatever grad mode says (completing a pending
         asynchronous redistribute first). Local unless one is pending."""
         local = self._local_tensor
-        if type(local) is _C.Request:
+        if type(local) is _comm.Request:
             local = self._local_tensor = local.wait()
         return local
 
@@ -832,7 +832,7 @@ class DTensor(_C.DTensorBase):
 # (placements are interned: these are the objects Replicate(), Shard(d) and
 # Partial(op) return), and finds the operations in the registries mpitensor._ops
 # and autograd fill.
-_C.dispatch_init(DTensor, DTensorSpec, Node, Replicate(),
+_C.dispatch_init(DTensor, DTensorSpec, Node, _comm.Request, Replicate(),
                  tuple(Shard(d) for d in range(_C.MAX_NDIM)),
                  tuple(Partial(op) for op in _C.REDUCE_OPS), _registry.functions,
                  _registry.rules, _registry.backwards)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpitensor import DTensor, _C, _plan, init_device_mesh
+from mpitensor import DTensor, _comm, _plan, init_device_mesh
 from mpitensor._layout import _codes
 from mpi_helpers import Problems
 from redistribute_ref import (PLACEMENTS, expected_local, mixed_partials, name, source_local,
@@ -127,13 +127,13 @@ def test_polled_with_test_in_per_rank_order():
     for _ in range(rng.randrange(1, 4)):
         for i in rng.sample(range(len(pending)), len(pending)):
             req = pending[i][0]._local_tensor
-            if type(req) is _C.Request:
+            if type(req) is _comm.Request:
                 problems.expect(type(req.test()) is bool, "test() is a bool")
     for i in rng.sample(range(len(pending)), len(pending)):
         out, want = pending[i]
         req = out._local_tensor
         out.wait()
-        if type(req) is _C.Request:
+        if type(req) is _comm.Request:
             problems.expect(req.test() and req.done, "completed after wait()")
         ms, src, dst = all_cases[i]
         problems.expect(np.array_equal(out.to_local(), want), f"{ms} {name(src)}->{name(dst)}")

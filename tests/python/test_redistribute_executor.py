@@ -156,7 +156,7 @@ def test_async_dtypes_tools_and_autograd_run_in_the_executor(mesh):
     x.redistribute(mesh, [R])
     calls, python = runs(), pythons()
     out = x.redistribute(mesh, [R], async_op=True)
-    problems.expect(type(out._local_tensor) is (_C.Request if W > 1 else np.ndarray),
+    problems.expect(type(out._local_tensor) is (_comm.Request if W > 1 else np.ndarray),
                     "async_op")
     problems.expect(bits_equal(out.to_local(), full), "async_op values")
     out = x.redistribute(mesh, [R], forward_dtype=np.float32)

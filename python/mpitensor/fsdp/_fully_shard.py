@@ -43,7 +43,7 @@ and cast to the sharded parameters' dtype, as torch's ``FSDPParam``.
 
 Prefetching (torch's ``unshard(async_op=True)``, ``set_modules_to_forward_prefetch``,
 ``set_modules_to_backward_prefetch``): a group's all-gather can be started as a
-nonblocking MPI collective (an asynchronous redistribute, a ``_C.Request``) and
+nonblocking MPI collective (an asynchronous redistribute, a ``_comm.Request``) and
 completed only where the group's parameters are needed: in its pre-forward or
 pre-backward. A module's forward prefetches start after its own group is gathered,
 before its compute; its pre-backward starts those of its backward list, by default
@@ -63,7 +63,7 @@ import weakref
 
 import numpy as np
 
-from .. import _C, _comm, _modes
+from .. import _comm, _modes
 from .._args import resolve_mesh
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
@@ -156,7 +156,7 @@ def _progress() -> None:
     hooks poke it at every module boundary, between pieces of compute. Local."""
     for state in list(_in_flight):
         local = state.pending._local_tensor if state.pending is not None else None
-        if type(local) is _C.Request:
+        if type(local) is _comm.Request:
             local.test()
 
 
@@ -535,7 +535,7 @@ class _State:
         self.live = weakref.WeakSet()  # the recorded forwards whose graphs live
         self.calls: list = []  # the forwards under way (a _Forward, or None)
         self.ctx = _Context()  # shared with the groups of the root's tree
-        # The all-gather in flight: a DTensor whose local is a _C.Request, whether it
+        # The all-gather in flight: a DTensor whose local is a _comm.Request, whether it
         # gathers the rows kept after forward, and the root forward it is for.
         self.pending, self.pending_post, self.pending_generation = None, False, -1
         self.forward_prefetch: list = []  # the _States set_modules_to_*_prefetch named

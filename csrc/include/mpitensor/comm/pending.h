@@ -20,23 +20,24 @@ typedef struct mt_pending mt_pending;
 /* Local. A handle that takes over `req` or `ex` (one of them; neither: an
  * exchange complete already). MT_ENOMEM when it cannot be made: the exchange is
  * then completed (and freed) before the call returns. */
-int mt_pending_create(mt_request *req, mt_exchange *ex, mt_pending **out, mt_error *err);
+MT_EXPORT int mt_pending_create(mt_request *req, mt_exchange *ex, mt_pending **out,
+                                mt_error *err);
 
 /* Collective on the mesh for a redistribute, Local for a ring exchange. Completes
  * the exchange: the first caller gets its status, any later or concurrent one
  * MT_OK once it has completed. */
-int mt_pending_wait(mt_pending *p, mt_error *err);
+MT_EXPORT int mt_pending_wait(mt_pending *p, mt_error *err);
 
 /* Local. Lets MPI progress the exchange; sets *done to 1 once it has completed
  * (a wait no longer blocks on MPI), else 0. A handle some thread is completing
  * reports 0 until that wait returns. */
-int mt_pending_test(mt_pending *p, int *done, mt_error *err);
+MT_EXPORT int mt_pending_test(mt_pending *p, int *done, mt_error *err);
 
 /* Local. Whether a wait has completed the exchange. */
-int mt_pending_done(const mt_pending *p);
+MT_EXPORT int mt_pending_done(const mt_pending *p);
 
 /* As mt_pending_wait, ignoring its status, then frees the handle. Accepts NULL. */
-void mt_pending_destroy(mt_pending *p);
+MT_EXPORT void mt_pending_destroy(mt_pending *p);
 
 #ifdef __cplusplus
 }
