@@ -59,14 +59,17 @@ static atomic_llong live_comms;
 
 int64_t mt_comm_live_count(void) { return (int64_t)atomic_load(&live_comms); }
 
+/* How many threads have asked for their number (thread_serial): process-wide, as
+ * threads are; atomic, since any thread may make a mesh. */
+static atomic_ullong threads_numbered;
+
 /* A number for the calling thread, never given to another one: thread ids are
  * reused once a thread ends, and whether a new thread got a dead creator's id
  * would differ across ranks. */
 static uint64_t thread_serial(void) {
   static _Thread_local uint64_t mine = 0;
-  static atomic_ullong next;
   /* cppcheck-suppress knownConditionTrueFalse ; a thread-local keeps its value */
-  if (mine == 0) mine = (uint64_t)atomic_fetch_add(&next, 1) + 1;
+  if (mine == 0) mine = (uint64_t)atomic_fetch_add(&threads_numbered, 1) + 1;
   return mine;
 }
 

@@ -42,7 +42,8 @@ PURE = {"core", "kernels"}
 # defined with its thread-safety: (object file, symbol).
 ALLOWED_STATE = {
     ("pool.c.o", "lock"), ("pool.c.o", "slots"), ("pool.c.o", "cached"),
-    ("pool.c.o", "limit"), ("mesh.c.o", "live_comms"), ("mpi_types.c.o", "user_ops"),
+    ("pool.c.o", "limit"), ("mesh.c.o", "live_comms"), ("mesh.c.o", "threads_numbered"),
+    ("mpi_types.c.o", "user_ops"),
     ("mpi_types.c.o", "user_state"), ("direct.c.o", "token"),
     ("direct.c.o", "failures_asked"),
     ("watchdog.c.o", "mt__waiting_in"), ("watchdog.c.o", "mt__waits"),

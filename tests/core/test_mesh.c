@@ -1,6 +1,7 @@
 /* Meshes over MPI_COMM_WORLD at whatever size mpiexec gave: coordinates,
  * per-dim communicators, non-members, slices, collectives and bad input. */
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,6 +279,42 @@ static void test_freed_communicator(void) {
   mt_mesh_destroy(fresh);
 }
 
+/* What another thread finds: a mesh it made itself may communicate there; the
+ * world mesh, made on the main thread, may not. */
+static void *other_thread(void *world) {
+  mt_error err = {0};
+  mt_mesh *own = NULL, *slice = NULL;
+  int dims[1] = {0};
+  int refused = mt_mesh_check(world, &err) == MT_ESTATE &&
+                strstr(err.msg, "thread that created it") != NULL;
+  /* A slice belongs to the thread that cut it. */
+  int sliced = mt_mesh_slice(world, 1, dims, &slice, NULL) == MT_OK &&
+               mt_mesh_check(slice, NULL) == MT_OK;
+  int64_t shape[1] = {1};
+  int me = 0;
+  int made = mt_mesh_create(MPI_COMM_SELF, 1, shape, &me, &own, NULL) == MT_OK &&
+             mt_mesh_check(own, NULL) == MT_OK;
+  mt_mesh_destroy(slice);
+  if (refused && sliced && made) return own;
+  mt_mesh_destroy(own);
+  return NULL;
+}
+
+/* A mesh's collectives run on the thread that made it: mt_mesh_check refuses any
+ * other, the same on every rank, before any communication. */
+static void test_owner_thread(void) {
+  mt_mesh *m = world_mesh();
+  pthread_t t;
+  void *theirs = NULL;
+  CHECK(pthread_create(&t, NULL, other_thread, m) == 0 && pthread_join(t, &theirs) == 0);
+  CHECK(theirs != NULL);
+  mt_error err = {0};
+  CHECK(mt_mesh_check(m, &err) == MT_OK);
+  CHECK(theirs == NULL || mt_mesh_check(theirs, &err) == MT_ESTATE);
+  mt_mesh_destroy(theirs);
+  mt_mesh_destroy(m);
+}
+
 /* A mesh dim split into runs of members (within a node) and the members that far
  * apart (across nodes): on the world in reverse, each run holds consecutive
  * coordinates, each "across" group those equal modulo the run; a slice uses its
@@ -321,7 +358,8 @@ static void test_node_comms(void) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   test_1d(0);
@@ -333,6 +371,7 @@ int main(int argc, char **argv) {
   test_alltoallv();
   test_bad_input();
   test_freed_communicator();
+  test_owner_thread();
   test_node_comms();
   CHECK(mt_comm_live_count() == 0);
   char version[256];
