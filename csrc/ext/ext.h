@@ -213,6 +213,12 @@ PyObject *mt_ext_hook_call(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject 
                            PyObject *kwargs);
 /* The trace event `kind` with n arguments, when tracing; 0, or -1 with an exception. */
 int mt_ext_event(mt_ext_dispatch *d, const char *kind, PyObject *const *args, Py_ssize_t n);
+/* The event of a DTensor of `spec` about to move by `plan` (NULL: no rank of it
+ * communicates), named `what` (None: an operation's input) to `dst` placements
+ * (None: the plan's): "move", or "unmoved" when `same` (an explicit redistribute
+ * to its own placements, checked like any since another rank's may move). */
+int mt_ext_move_event(mt_ext_dispatch *d, PyObject *spec, mt_plan *plan, int same,
+                      PyObject *what, PyObject *dst);
 
 /* "numpy.add", "numpy.linalg.norm", "numpy.reshape": the name a user writes for
  * an operation's function or key (a new reference, never NULL without an error). */

@@ -97,19 +97,6 @@ static PyObject *zeros_like(PyObject *local) {
   return z;
 }
 
-/* The "move" event of an operation's input before its plan runs. */
-static int move_event(mt_ext_dispatch *d, const mt_ext_call *c, int t, mt_plan *plan,
-                      PyObject *what) {
-  PyObject *p = mt_ext_plan_wrap(plan);
-  if (p == NULL) return -1;
-  PyObject *spec = c->dt[t]->spec;
-  PyObject *args[7] = {what, (PyObject *)c->mb, p, PyTuple_GET_ITEM(spec, 2),
-                       PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 1), Py_None};
-  int rc = mt_ext_event(d, "move", args, 7);
-  Py_DECREF(p);
-  return rc;
-}
-
 /* One element of the input's dtype per dim: a rank outside the mesh learns the
  * output's dtype from these. */
 static PyObject *stand_in(const mt_ext_dtensor *b) {
@@ -151,7 +138,7 @@ static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decisio
       mt_plan *plan = dec->plan[t];
       PyObject *local = c->dt[t]->local;
       if (plan == NULL) a = Py_NewRef(local);
-      else if ((mt_ext_events(d->modes) && move_event(d, c, t, plan, Py_None) < 0) ||
+      else if ((mt_ext_events(d->modes) && mt_ext_move_event(d, c->dt[t]->spec, plan, 0, Py_None, Py_None) < 0) ||
                mt_ext_mesh_check(c->mb) < 0)
         a = NULL;
       else a = mt_ext_run_plan(d->module, mesh, plan, local);

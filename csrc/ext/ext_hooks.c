@@ -47,6 +47,18 @@ int mt_ext_event(mt_ext_dispatch *d, const char *kind, PyObject *const *args,
   return r == NULL ? -1 : 0;
 }
 
+int mt_ext_move_event(mt_ext_dispatch *d, PyObject *spec, mt_plan *plan, int same,
+                      PyObject *what, PyObject *dst) {
+  PyObject *p = plan != NULL ? mt_ext_plan_wrap(plan) : Py_NewRef(Py_None);
+  if (p == NULL) return -1;
+  PyObject *args[7] = {what, PyTuple_GET_ITEM(spec, 0), same ? dst : p,
+                       PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3),
+                       PyTuple_GET_ITEM(spec, 1), dst};
+  int rc = mt_ext_event(d, same ? "unmoved" : "move", args, same ? 5 : 7);
+  Py_DECREF(p);
+  return rc;
+}
+
 PyObject *mt_ext_op_label(PyObject *key) {
   if (PyTuple_Check(key) && PyTuple_GET_SIZE(key) > 0) key = PyTuple_GET_ITEM(key, 0);
   if (PyUnicode_Check(key)) return PyUnicode_FromFormat("numpy.%U", key);

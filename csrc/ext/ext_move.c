@@ -110,21 +110,6 @@ static PyObject *cast(mt_ext_dispatch *d, mt_ext_dtensor *b, PyObject *dtype) {
   return mt_ext_new_dtensor(d, local, local ? mt_ext_spec_new(d, items) : NULL, 0, 0);
 }
 
-/* The events of a move: "move" (its plan, or None when no rank communicates),
- * or "unmoved" when the target is the source (an explicit redistribute is checked
- * like any, since another rank's may move). */
-static int move_events(mt_ext_dispatch *d, mt_ext_dtensor *b, mt_plan *plan, int same,
-                       PyObject *out_pl, PyObject *what) {
-  PyObject *spec = b->spec, *mesh = PyTuple_GET_ITEM(spec, 0);
-  PyObject *p = plan != NULL ? mt_ext_plan_wrap(plan) : Py_NewRef(Py_None);
-  if (p == NULL) return -1;
-  PyObject *args[7] = {what, mesh, same ? out_pl : p, PyTuple_GET_ITEM(spec, 2),
-                       PyTuple_GET_ITEM(spec, 3), PyTuple_GET_ITEM(spec, 1), out_pl};
-  int rc = same ? mt_ext_event(d, "unmoved", args, 5) : mt_ext_event(d, "move", args, 7);
-  Py_DECREF(p);
-  return rc;
-}
-
 /* The local array of the output: the plan run (or started) on this rank's. */
 static PyObject *moved_local(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *b,
                              mt_plan *plan, int same, int async) {
@@ -168,7 +153,7 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
   else if ((layout = out_layout(d, mb, src->spec, dst, &mk, &id)) != NULL)
     spec = mt_ext_make_spec(d, (PyObject *)mb, layout);
   if (spec != NULL && mt_ext_events(d->modes) && mb->member &&
-      move_events(d, src, plan, same, PyTuple_GET_ITEM(spec, 1), what) < 0)
+      mt_ext_move_event(d, src->spec, plan, same, what, PyTuple_GET_ITEM(spec, 1)) < 0)
     Py_CLEAR(spec);
   if (spec != NULL) local = moved_local(d, mb, src, plan, same, async);
   Py_XDECREF(layout);

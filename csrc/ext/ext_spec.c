@@ -76,17 +76,9 @@ int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *sp
   return 0;
 }
 
-static int interned(const mt_ext_dispatch *d, const PyObject *p) {
-  if (p == d->replicate) return 1;
-  for (int i = 0; i < MT_MAX_NDIM; ++i)
-    if (p == d->shard[i]) return 1;
-  for (int op = 0; op < MT_REDUCE_COUNT; ++op)
-    if (p == d->partial[op]) return 1;
-  return 0;
-}
-
 int mt_ext_placement_strided(const mt_ext_dispatch *d, PyObject *p) {
-  if (interned(d, p)) return 0;
+  mt_placement interned;
+  if (mt_ext_interned_code(d, p, &interned)) return 0;
   PyObject *code = PyObject_GetAttrString(p, "_code");
   if (code == NULL) PyErr_Clear();
   int yes = code == Py_None;
