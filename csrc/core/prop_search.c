@@ -155,26 +155,16 @@ static int torch_decision(mt__engine *e, int *torch, mt__score *torch_s, int *fo
   return mt__prop_score(e, torch, 1, torch_s, found, err);
 }
 
-/* When every combination communicates: plan them in order of their lower bounds
- * until the next bound exceeds the best cost found, skipping those that move more
- * bytes than torch's decision (which is among the rest). Equal costs still go to
- * fewer bytes, fewer messages and then the earlier combination, so the winner is
- * the one an exhaustive pass would pick. That winner's bytes then cap the fastest
- * (search_timed). */
-static int search_bounded(mt__engine *e, int64_t combos, int *best, mt__score *best_s,
-                          int *found, mt_error *err) {
-  assert(combos >= 1); /* every mesh dim has its all-Replicate candidate */
-  int torch[MT_MAX_MESH_NDIM] = {0}, known;
-  mt__score torch_s;
-  int rc = torch_decision(e, torch, &torch_s, &known, err);
-  if (rc != MT_OK) return rc;
-  int64_t cap = known ? torch_s.bytes : INT64_MAX;
-  bounded *list = malloc((size_t)combos * sizeof *list);
-  if (list == NULL)
-    return mt__fail(err, MT_ENOMEM, "Out of memory choosing placements");
-  int64_t n = 0, best_idx = -1;
-  rc = collect_bounds(e, list, &n, err);
-  if (rc == MT_OK) qsort(list, (size_t)n, sizeof *list, cmp_bounded);
+/* The reference pick among the combinations of `list` (sorted by lower bound)
+ * that move at most `cap` bytes: planned in order of their bounds until the next
+ * bound exceeds the best cost found. Equal costs still go to fewer bytes, fewer
+ * messages and then the earlier combination, so the winner is the one an
+ * exhaustive pass would pick. */
+static int search_reference(mt__engine *e, const bounded *list, int64_t n, int64_t cap,
+                            int *best, mt__score *best_s, int64_t *best_idx, int *found,
+                            mt_error *err) {
+  int rc = MT_OK;
+  *found = 0, *best_idx = -1;
   for (int64_t k = 0; rc == MT_OK && k < n; ++k) {
     if (*found && list[k].lb > best_s->cost) break;
     if (list[k].lb_bytes > cap) continue;
@@ -184,11 +174,49 @@ static int search_bounded(mt__engine *e, int64_t combos, int *best, mt__score *b
     rc = mt__prop_score(e, choice, 1, &s, &valid, err);
     if (rc != MT_OK || !valid || s.bytes > cap) continue;
     int tie = !mt__prop_better(&s, best_s) && !mt__prop_better(best_s, &s);
-    if (!*found || mt__prop_better(&s, best_s) || (tie && list[k].idx < best_idx)) {
+    if (!*found || mt__prop_better(&s, best_s) || (tie && list[k].idx < *best_idx)) {
       memcpy(best, choice, sizeof choice);
-      *best_s = s, *found = 1, best_idx = list[k].idx;
+      *best_s = s, *found = 1, *best_idx = list[k].idx;
     }
   }
+  return rc;
+}
+
+/* Torch's decision's bytes into *cap where they are fewer than `bytes`, else
+ * INT64_MAX. Its lower bound is read first: only a decision that may move fewer
+ * is planned. */
+static int torch_cap(mt__engine *e, int64_t bytes, int64_t *cap, mt_error *err) {
+  int torch[MT_MAX_MESH_NDIM] = {0}, valid;
+  bounded b;
+  mt__score s;
+  *cap = INT64_MAX;
+  if (!mt__prop_torch_pick(e, torch)) return MT_OK;
+  int rc = combo_bound(e, torch, &b, &valid, err);
+  if (rc != MT_OK || !valid || b.lb_bytes >= bytes) return rc;
+  rc = mt__prop_score(e, torch, 1, &s, &valid, err);
+  if (rc == MT_OK && valid && s.bytes < bytes) *cap = s.bytes;
+  return rc;
+}
+
+/* When every combination communicates: the reference pick, and where it moves
+ * more bytes than torch's decision, the reference pick among those moving no
+ * more than torch's (which is one of them). That winner's bytes then cap the
+ * fastest (search_timed). */
+static int search_bounded(mt__engine *e, int64_t combos, int *best, mt__score *best_s,
+                          int *found, mt_error *err) {
+  assert(combos >= 1); /* every mesh dim has its all-Replicate candidate */
+  bounded *list = malloc((size_t)combos * sizeof *list);
+  if (list == NULL)
+    return mt__fail(err, MT_ENOMEM, "Out of memory choosing placements");
+  int64_t n = 0, best_idx = -1, cap = INT64_MAX;
+  int rc = collect_bounds(e, list, &n, err);
+  if (rc == MT_OK) {
+    qsort(list, (size_t)n, sizeof *list, cmp_bounded);
+    rc = search_reference(e, list, n, cap, best, best_s, &best_idx, found, err);
+  }
+  if (rc == MT_OK && *found) rc = torch_cap(e, best_s->bytes, &cap, err);
+  if (rc == MT_OK && cap != INT64_MAX)
+    rc = search_reference(e, list, n, cap, best, best_s, &best_idx, found, err);
   if (rc == MT_OK && *found) rc = search_timed(e, list, n, best, best_s, &best_idx, err);
   free(list);
   return rc;
