@@ -284,6 +284,12 @@ int mt__torch_order_bytes(const mt_layout *src, const mt_layout *dst, int64_t it
                           const mt_time_model *model, int64_t *out, int64_t *net,
                           mt_error *err);
 
+/* What torch's ranking of strategies charges the move from normalised `src` to
+ * `dst` (torch's redistribute_cost), in microseconds; HUGE_VAL for a step torch
+ * refuses. */
+double mt__torch_order_cost(const mt_layout *src, const mt_layout *dst,
+                            int64_t itemsize);
+
 /* The fastest candidate from normalised `src` to `dst` into `list`, among those
  * that move no more bytes than torch's order. */
 int mt__best_candidate(mt__steps *list, const mt_layout *src, const mt_layout *dst,

@@ -83,6 +83,19 @@ int mt_plan_torch_bytes(const mt_layout *src, const mt_layout *dst, int64_t item
   return mt__torch_order_bytes(&a, &b, itemsize, model, bytes, net_bytes, err);
 }
 
+int mt_plan_torch_cost(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                       double *us, mt_error *err) {
+  mt_time_model model = mt_time_model_default();
+  mt_layout a, b;
+  if (us == NULL) return mt__fail(err, MT_EINVAL, "The cost to fill is required");
+  int rc = prepare(src, dst, itemsize, &model, &a, &b, err);
+  if (rc != MT_OK) return rc;
+  normalize(&a);
+  normalize(&b);
+  *us = mt__torch_order_cost(&a, &b, itemsize);
+  return MT_OK;
+}
+
 int mt_plan_create(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                    mt_plan **out, mt_error *err) {
   return mt_plan_create_timed(src, dst, itemsize, NULL, out, err);

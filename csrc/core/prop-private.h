@@ -2,7 +2,8 @@
  * one mt_propagate call, the candidates of each mesh dim, what is known of each
  * layout an input may need, and the functions its files call across. Calls go one
  * way: propagate.c -> prop_search.c -> prop_score.c -> prop_price.c and
- * prop_candidates.c; propagate.c -> prop_inputs.c -> prop.c. */
+ * prop_candidates.c; prop_search.c -> prop_torch.c -> prop_score.c;
+ * propagate.c -> prop_inputs.c -> prop.c. */
 #ifndef MPITENSOR_PROP_PRIVATE_H
 #define MPITENSOR_PROP_PRIVATE_H
 
@@ -124,6 +125,11 @@ void mt__prop_build_dim(const mt__engine *e, int m, mt__dim_cands *dc);
 
 /* ---- prices (prop_price.c) ----------------------------------------------------- */
 
+/* The layout input i must be moved to under `choice` (a Replicate input that a
+ * candidate partitions stays Replicate: partitioning is local). */
+void mt__prop_needed_layout(const mt__engine *e, int i, const int *choice,
+                            mt_layout *out);
+
 /* The price of input i's needed layout under `choice`, from the memo when there
  * is one. With `full` a communicating layout is planned, else only marked. */
 int mt__prop_input_price(mt__engine *e, int i, const int *choice, int full,
@@ -167,6 +173,12 @@ double mt__prop_now_time(const mt__score *s);
 
 /* Whether `a` is faster than `b` under the engine's model. */
 int mt__prop_faster(const mt__score *a, const mt__score *b);
+
+/* ---- torch's decision (prop_torch.c) ------------------------------------------- */
+
+/* Whether torch's sharding propagation would take one of the combinations for
+ * the same op and placements; if so, that one into `choice`. */
+int mt__prop_torch_pick(const mt__engine *e, int *choice);
 
 /* ---- the search (prop_search.c) ------------------------------------------------ */
 

@@ -23,8 +23,8 @@
 /* The layout input i must be moved to under `choice`. A Replicate input that a
  * candidate partitions into a Partial stays Replicate here: partitioning is local
  * (mt_decision's `partition`), so only the rest of the move is priced. */
-static void needed_layout(const mt__engine *e, int i, const int *choice,
-                          mt_layout *out) {
+void mt__prop_needed_layout(const mt__engine *e, int i, const int *choice,
+                            mt_layout *out) {
   *out = e->cur[i];
   for (int m = 0; m < e->mesh_ndim; ++m) {
     const mt_placement *p = &e->dims[m].c[choice[m]].in[i];
@@ -157,7 +157,7 @@ static int classify(mt__engine *e, int i, const mt_layout *need, int full, mt__p
  * r is p). */
 static mt_layout grad_layout(const mt__engine *e, int i, const int *choice) {
   mt_layout need;
-  needed_layout(e, i, choice, &need);
+  mt__prop_needed_layout(e, i, choice, &need);
   mt_layout g = without_partials(&need);
   for (int m = 0; m < e->mesh_ndim; ++m) {
     const mt__cand *c = &e->dims[m].c[choice[m]];
@@ -216,7 +216,7 @@ int mt__prop_input_price(mt__engine *e, int i, const int *choice, int full,
   int rc = MT_OK;
   if (p->state == MT__PRICE_UNKNOWN || (p->state == MT__PRICE_COMM && full)) {
     mt_layout need;
-    needed_layout(e, i, choice, &need);
+    mt__prop_needed_layout(e, i, choice, &need);
     rc = p->state == MT__PRICE_UNKNOWN ? classify(e, i, &need, full, p, err)
                                    : plan_price(e, i, &need, p, err);
   }

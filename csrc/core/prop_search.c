@@ -10,7 +10,9 @@
  * reference pricing (bytes and messages), whose bytes cap the second search, for
  * time. A (2,2)-mesh matmul that must communicate plans a handful of layouts
  * instead of all of them; the two searches share the memo, so nothing is planned
- * twice. Above MT_PROP_MAX_COMBOS combinations the search is greedy. */
+ * twice. Above MT_PROP_MAX_COMBOS combinations the search is greedy. Either way
+ * no decision moves more bytes than torch's for the same op and placements
+ * (prop_torch.c), forward and backward priced alike. */
 #include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -144,33 +146,77 @@ static int search_timed(mt__engine *e, bounded *list, int64_t n, int *best,
   return MT_OK;
 }
 
-/* When every combination communicates: plan them in order of their lower bounds
- * until the next bound exceeds the best cost found. Equal costs still go to fewer
- * bytes, fewer messages and then the earlier combination, so the winner is the
- * one an exhaustive pass would pick. That winner's bytes then cap the fastest
- * (search_timed). */
+/* Torch's decision (mt__prop_torch_pick) scored as any combination, into
+ * `torch` and *torch_s; *found is 0 when it is unknown or cannot be planned. */
+static int torch_decision(mt__engine *e, int *torch, mt__score *torch_s, int *found,
+                          mt_error *err) {
+  *found = 0;
+  if (!mt__prop_torch_pick(e, torch)) return MT_OK;
+  return mt__prop_score(e, torch, 1, torch_s, found, err);
+}
+
+/* The reference pick among the combinations of `list` (sorted by lower bound)
+ * that move at most `cap` bytes: planned in order of their bounds until the next
+ * bound exceeds the best cost found. Equal costs still go to fewer bytes, fewer
+ * messages and then the earlier combination, so the winner is the one an
+ * exhaustive pass would pick. */
+static int search_reference(mt__engine *e, const bounded *list, int64_t n, int64_t cap,
+                            int *best, mt__score *best_s, int64_t *best_idx, int *found,
+                            mt_error *err) {
+  int rc = MT_OK;
+  *found = 0, *best_idx = -1;
+  for (int64_t k = 0; rc == MT_OK && k < n; ++k) {
+    if (*found && list[k].lb > best_s->cost) break;
+    if (list[k].lb_bytes > cap) continue;
+    int choice[MT_MAX_MESH_NDIM] = {0}, valid;
+    mt__score s;
+    decode(e, list[k].idx, choice);
+    rc = mt__prop_score(e, choice, 1, &s, &valid, err);
+    if (rc != MT_OK || !valid || s.bytes > cap) continue;
+    int tie = !mt__prop_better(&s, best_s) && !mt__prop_better(best_s, &s);
+    if (!*found || mt__prop_better(&s, best_s) || (tie && list[k].idx < *best_idx)) {
+      memcpy(best, choice, sizeof choice);
+      *best_s = s, *found = 1, *best_idx = list[k].idx;
+    }
+  }
+  return rc;
+}
+
+/* Torch's decision's bytes into *cap where they are fewer than `bytes`, else
+ * INT64_MAX. Its lower bound is read first: only a decision that may move fewer
+ * is planned. */
+static int torch_cap(mt__engine *e, int64_t bytes, int64_t *cap, mt_error *err) {
+  int torch[MT_MAX_MESH_NDIM] = {0}, valid;
+  bounded b;
+  mt__score s;
+  *cap = INT64_MAX;
+  if (!mt__prop_torch_pick(e, torch)) return MT_OK;
+  int rc = combo_bound(e, torch, &b, &valid, err);
+  if (rc != MT_OK || !valid || b.lb_bytes >= bytes) return rc;
+  rc = mt__prop_score(e, torch, 1, &s, &valid, err);
+  if (rc == MT_OK && valid && s.bytes < bytes) *cap = s.bytes;
+  return rc;
+}
+
+/* When every combination communicates: the reference pick, and where it moves
+ * more bytes than torch's decision, the reference pick among those moving no
+ * more than torch's (which is one of them). That winner's bytes then cap the
+ * fastest (search_timed). */
 static int search_bounded(mt__engine *e, int64_t combos, int *best, mt__score *best_s,
                           int *found, mt_error *err) {
   assert(combos >= 1); /* every mesh dim has its all-Replicate candidate */
   bounded *list = malloc((size_t)combos * sizeof *list);
   if (list == NULL)
     return mt__fail(err, MT_ENOMEM, "Out of memory choosing placements");
-  int64_t n = 0, best_idx = -1;
+  int64_t n = 0, best_idx = -1, cap = INT64_MAX;
   int rc = collect_bounds(e, list, &n, err);
-  if (rc == MT_OK) qsort(list, (size_t)n, sizeof *list, cmp_bounded);
-  for (int64_t k = 0; rc == MT_OK && k < n; ++k) {
-    if (*found && list[k].lb > best_s->cost) break;
-    int choice[MT_MAX_MESH_NDIM] = {0}, valid;
-    mt__score s;
-    decode(e, list[k].idx, choice);
-    rc = mt__prop_score(e, choice, 1, &s, &valid, err);
-    if (rc != MT_OK || !valid) continue;
-    int tie = !mt__prop_better(&s, best_s) && !mt__prop_better(best_s, &s);
-    if (!*found || mt__prop_better(&s, best_s) || (tie && list[k].idx < best_idx)) {
-      memcpy(best, choice, sizeof choice);
-      *best_s = s, *found = 1, best_idx = list[k].idx;
-    }
+  if (rc == MT_OK) {
+    qsort(list, (size_t)n, sizeof *list, cmp_bounded);
+    rc = search_reference(e, list, n, cap, best, best_s, &best_idx, found, err);
   }
+  if (rc == MT_OK && *found) rc = torch_cap(e, best_s->bytes, &cap, err);
+  if (rc == MT_OK && cap != INT64_MAX)
+    rc = search_reference(e, list, n, cap, best, best_s, &best_idx, found, err);
   if (rc == MT_OK && *found) rc = search_timed(e, list, n, best, best_s, &best_idx, err);
   free(list);
   return rc;
@@ -179,8 +225,8 @@ static int search_bounded(mt__engine *e, int64_t combos, int *best, mt__score *b
 /* Above MT_PROP_MAX_COMBOS: each mesh dim in turn takes its best candidate, the
  * earlier ones fixed and the later ones at their first (Replicate, or on a
  * mesh dim of size 1 the one ordered first). */
-static int search_greedy(mt__engine *e, int *best, mt__score *best_s, int *found,
-                         mt_error *err) {
+static int greedy(mt__engine *e, int *best, mt__score *best_s, int *found,
+                  mt_error *err) {
   int choice[MT_MAX_MESH_NDIM] = {0};
   for (int m = 0; m < e->mesh_ndim; ++m) {
     int pick = 0, any = 0;
@@ -196,6 +242,20 @@ static int search_greedy(mt__engine *e, int *best, mt__score *best_s, int *found
   }
   int rc = mt__prop_score(e, choice, 1, best_s, found, err);
   memcpy(best, choice, sizeof choice);
+  return rc;
+}
+
+/* The greedy pick, or torch's decision where that one moves fewer bytes. */
+static int search_greedy(mt__engine *e, int *best, mt__score *best_s, int *found,
+                         mt_error *err) {
+  int torch[MT_MAX_MESH_NDIM] = {0}, known;
+  mt__score torch_s;
+  int rc = greedy(e, best, best_s, found, err);
+  if (rc == MT_OK) rc = torch_decision(e, torch, &torch_s, &known, err);
+  if (rc == MT_OK && known && (!*found || best_s->bytes > torch_s.bytes)) {
+    memcpy(best, torch, sizeof torch);
+    *best_s = torch_s, *found = 1;
+  }
   return rc;
 }
 

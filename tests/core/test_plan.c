@@ -417,6 +417,71 @@ static void test_size1(void) {
   }
 }
 
+/* torch's cost of a collective (allgather_cost and its kin in
+ * torch/distributed/tensor/_collective_utils.py) on a CPU mesh, where every mesh
+ * dim of several ranks counts as between hosts: `bytes` per rank, g ranks. */
+static double torch_us(double bytes, int64_t g, int64_t hops) {
+  return 6.6 + 2.7 * (double)hops +
+         bytes / (1024.0 * 1024.0 * 1024.0) * (double)hops / (double)g / (87.7 * 0.22) * 1e6;
+}
+
+static double torch_cost_of(const mt_layout *l, const mt_placement *a,
+                            const mt_placement *b, int64_t itemsize) {
+  mt_layout src = with(l, a), dst = with(l, b);
+  double us = -1.0;
+  mt_error err = {0, ""};
+  int rc = mt_plan_torch_cost(&src, &dst, itemsize, &us, &err);
+  CHECK_MSG(rc == MT_OK, "torch cost: %s", err.msg);
+  return us;
+}
+
+static int near(double a, double b) { return a - b < 1e-9 * b && b - a < 1e-9 * b; }
+
+/* What torch's ranking charges a redistribution (mt_plan_torch_cost), step by step
+ * in torch's order: one rank's bytes (the global bytes over the shards) grow with
+ * an all-gather and shrink with a reduce-scatter or a cut; an all-to-all is a
+ * microsecond dearer than an all-gather of the shard, so that torch prefers
+ * gathering small tensors and moving the shard of large ones; cutting and
+ * replicated sources cost nothing; a mesh dim of one rank is no step. */
+static void test_torch_cost(void) {
+  const int64_t m4[1] = {4}, m22[2] = {2, 2}, m41[2] = {4, 1};
+  mt_layout l = make(2, (const int64_t[]){8, 8}, 1, m4, (mt_placement[]){R()});
+  double shard = 8 * 8 * 8 / 4.0; /* one rank's bytes of a Shard(0), float64 */
+  CHECK(near(torch_cost_of(&l, (mt_placement[]){S(0)}, (mt_placement[]){R()}, 8),
+             torch_us(4 * shard, 4, 3)));
+  CHECK(near(torch_cost_of(&l, (mt_placement[]){S(0)}, (mt_placement[]){S(1)}, 8),
+             torch_us(shard, 4, 3) + 1.0));
+  CHECK(near(torch_cost_of(&l, (mt_placement[]){P(MT_REDUCE_SUM)}, (mt_placement[]){R()}, 8),
+             torch_us(4 * shard, 4, 6)));
+  CHECK(near(torch_cost_of(&l, (mt_placement[]){P(MT_REDUCE_SUM)}, (mt_placement[]){S(0)}, 8),
+             torch_us(4 * shard, 4, 3)));
+  CHECK(torch_cost_of(&l, (mt_placement[]){R()}, (mt_placement[]){S(1)}, 8) == 0.0);
+  CHECK(torch_cost_of(&l, (mt_placement[]){S(0)}, (mt_placement[]){S(0)}, 8) == 0.0);
+  /* Small: the all-gather wins; large: the all-to-all. */
+  mt_layout big = make(2, (const int64_t[]){4096, 4096}, 1, m4, (mt_placement[]){R()});
+  CHECK(torch_cost_of(&l, (mt_placement[]){S(0)}, (mt_placement[]){S(1)}, 8) >
+        torch_cost_of(&l, (mt_placement[]){S(0)}, (mt_placement[]){R()}, 8));
+  CHECK(torch_cost_of(&big, (mt_placement[]){S(0)}, (mt_placement[]){S(1)}, 8) <
+        torch_cost_of(&big, (mt_placement[]){S(0)}, (mt_placement[]){R()}, 8));
+  /* (2, 2): the inner mesh dim first, each gather doubling what a rank holds; a
+   * Partial over mesh dim 0 reduce-scattered after the inner cut halved it. */
+  mt_layout q = make(2, (const int64_t[]){8, 8}, 2, m22, (mt_placement[]){R(), R()});
+  CHECK(near(torch_cost_of(&q, (mt_placement[]){S(0), S(1)}, (mt_placement[]){R(), R()}, 8),
+             torch_us(128 * 2, 2, 1) + torch_us(128 * 4, 2, 1)));
+  CHECK(near(torch_cost_of(&q, (mt_placement[]){P(MT_REDUCE_SUM), R()},
+                           (mt_placement[]){S(0), S(1)}, 8),
+             torch_us(256, 2, 1)));
+  mt_layout one = make(2, (const int64_t[]){8, 8}, 2, m41, (mt_placement[]){R(), R()});
+  CHECK(near(torch_cost_of(&one, (mt_placement[]){S(0), S(1)}, (mt_placement[]){R(), R()}, 8),
+             torch_us(512, 4, 3)));
+  /* A Partial is never made by a redistribution. */
+  mt_layout src = with(&l, (mt_placement[]){S(0)});
+  mt_layout dst = with(&l, (mt_placement[]){P(MT_REDUCE_SUM)});
+  double us = 0.0;
+  CHECK(mt_plan_torch_cost(&src, &dst, 8, &us, NULL) == MT_ESTATE);
+  CHECK(mt_plan_torch_cost(&src, &src, 8, NULL, NULL) == MT_EINVAL);
+}
+
 /* ---- (b) Simulation: execute every plan on labelled elements. ---- */
 
 #define SIM_RANKS 64
@@ -1231,6 +1296,7 @@ int main(int argc, char **argv) {
   test_counts_2d();
   test_partial_2d();
   test_size1();
+  test_torch_cost();
   test_simulation_fixed();
   test_simulation();
   test_tiles_checker();

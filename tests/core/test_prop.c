@@ -6,6 +6,7 @@
  *
  * `test_prop --quick` (or MT_TEST_QUICK=1) runs fewer random cases, for valgrind.
  * MPITENSOR_TRACE=1 prints decision times. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -709,18 +710,24 @@ typedef struct okey {
   double time, later_time, later_local;
 } okey;
 
+/* Whether the labels a combination shards fit their shards and scale. */
+static int o_valid(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t *size,
+                   ocand (*c)[48], const int *ch) {
+  int64_t shards[MT_PROP_MAX_LABELS];
+  for (int l = 0; l < map->nlabels; ++l) shards[l] = 1;
+  for (int m = 0; m < in->mesh_ndim; ++m)
+    if (c[m][ch[m]].label >= 0) shards[c[m][ch[m]].label] *= in->mesh_shape[m];
+  for (int l = 0; l < map->nlabels; ++l)
+    if (shards[l] > 1 && !o_fits(map, size, l, shards[l])) return 0;
+  return o_scales(map, in, size, c, ch);
+}
+
 /* Prices one combination; 0 when it is not valid. */
 static int o_price(const mt_dimmap *map, const mt_prop_inputs *in, const int64_t *size,
                    ocand (*c)[48], const int *ch, okey *k) {
-  int64_t shards[MT_PROP_MAX_LABELS], numel = 1, ranks = 1, bytes = 0, msgs = 0;
-  for (int l = 0; l < map->nlabels; ++l) shards[l] = 1;
-  for (int m = 0; m < in->mesh_ndim; ++m) {
-    ranks *= in->mesh_shape[m];
-    if (c[m][ch[m]].label >= 0) shards[c[m][ch[m]].label] *= in->mesh_shape[m];
-  }
-  for (int l = 0; l < map->nlabels; ++l)
-    if (shards[l] > 1 && !o_fits(map, size, l, shards[l])) return 0;
-  if (!o_scales(map, in, size, c, ch)) return 0;
+  int64_t numel = 1, ranks = 1, bytes = 0, msgs = 0;
+  for (int m = 0; m < in->mesh_ndim; ++m) ranks *= in->mesh_shape[m];
+  if (!o_valid(map, in, size, c, ch)) return 0;
   k->changes = 0;
   k->time = 0.0;
   for (int i = 0; i < map->ninputs; ++i) {
@@ -808,9 +815,68 @@ static int o_faster(const okey *a, const okey *b) {
   return a->msgs < b->msgs;
 }
 
+/* Candidate k of mesh dim m is one of torch's strategies (prop_torch.c): on a
+ * mesh dim of one rank the first; else all Replicate, or keeping some input's
+ * Shard or Partial. */
+static int o_torch_like(const mt_dimmap *map, const mt_prop_inputs *in, int m,
+                        const ocand *c, int k) {
+  if (in->mesh_shape[m] == 1) return k == 0;
+  int all_r = 1;
+  for (int i = 0; i < map->ninputs; ++i) {
+    mt_placement p = in->placements[i][m];
+    all_r &= c->in[i].kind == MT_PLACEMENT_REPLICATE;
+    if (p.kind != MT_PLACEMENT_REPLICATE && peq(c->in[i], p)) return 1;
+  }
+  return all_r;
+}
+
+/* What torch charges a combination (mt_plan_torch_cost of each input's move,
+ * partitioning as Replicate), or HUGE_VAL when it is none of torch's. */
+static double o_torch_cost(const mt_dimmap *map, const mt_prop_inputs *in,
+                           ocand (*c)[48], const int *ch) {
+  double total = 0.0;
+  for (int m = 0; m < in->mesh_ndim; ++m)
+    if (!o_torch_like(map, in, m, &c[m][ch[m]], ch[m])) return HUGE_VAL;
+  for (int i = 0; i < map->ninputs; ++i) {
+    mt_placement to[MT_MAX_MESH_NDIM];
+    for (int m = 0; m < in->mesh_ndim; ++m) {
+      to[m] = c[m][ch[m]].in[i];
+      if (to[m].kind == MT_PLACEMENT_PARTIAL &&
+          in->placements[i][m].kind == MT_PLACEMENT_REPLICATE)
+        to[m] = R();
+    }
+    mt_layout a = layout_of(in, i, in->placements[i]), b = layout_of(in, i, to);
+    double us;
+    if (mt_plan_torch_cost(&a, &b, in->itemsize[i], &us, NULL) != MT_OK) return HUGE_VAL;
+    total += us;
+  }
+  return total;
+}
+
+/* The bytes of torch's decision: the valid combination torch charges least, the
+ * first on a tie, priced as the oracle prices any; INT64_MAX when it has none or
+ * its plans fail. */
+static int64_t o_torch_bytes(const mt_dimmap *map, const mt_prop_inputs *in,
+                             const int64_t *size, ocand (*c)[48], const int *n) {
+  int ch[MT_MAX_MESH_NDIM] = {0}, pick[MT_MAX_MESH_NDIM] = {0}, found = 0;
+  double best = HUGE_VAL;
+  for (;;) {
+    if (o_valid(map, in, size, c, ch)) {
+      double cost = o_torch_cost(map, in, c, ch);
+      if (cost < best) best = cost, found = 1, memcpy(pick, ch, sizeof ch);
+    }
+    int m = in->mesh_ndim - 1;
+    while (m >= 0 && ++ch[m] == n[m]) ch[m--] = 0;
+    if (m < 0) break;
+  }
+  okey k;
+  return found && o_price(map, in, size, c, pick, &k) ? k.bytes : INT64_MAX;
+}
+
 /* The engine's decision is the oracle's (inputs of itemsize 8): the pick of
- * o_better over every combination, then, when it communicates, the first
- * fastest (o_faster) of those moving no more bytes than it. */
+ * o_better over every combination that moves no more bytes than torch's
+ * decision, then, when it communicates, the first fastest (o_faster) of those
+ * moving no more bytes than it. */
 static void check_oracle(const mt_dimmap *map, const mt_prop_inputs *in,
                          const mt_prop_result *r) {
   static ocand c[MT_MAX_MESH_NDIM][48];
@@ -820,9 +886,11 @@ static void check_oracle(const mt_dimmap *map, const mt_prop_inputs *in,
   okey bk = {0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0};
   sizes_of(map, in, size);
   for (int m = 0; m < in->mesh_ndim; ++m) n[m] = o_cands(map, in, size, m, c[m]);
+  int64_t torch = o_torch_bytes(map, in, size, c, n);
   for (;;) {
     okey k;
-    if (o_price(map, in, size, c, ch, &k) && (!found || o_better(&k, &bk)))
+    if (o_price(map, in, size, c, ch, &k) && k.bytes <= torch &&
+        (!found || o_better(&k, &bk)))
       found = 1, bk = k, memcpy(best, ch, sizeof ch);
     int m = in->mesh_ndim - 1;
     while (m >= 0 && ++ch[m] == n[m]) ch[m--] = 0;
@@ -1046,6 +1114,50 @@ static void test_gradient_way_back(void) {
   r = decide(&map, &in);
   EXPECT_OUT(r, 2, 1, S(0));
   CHECK(r.bytes == 0 && r.messages == 0);
+}
+
+/* Bytes of moving input i's shape from placements `from` to `to`. */
+static int64_t move_bytes(const mt_prop_inputs *in, int i, const mt_placement *from,
+                          const mt_placement *to) {
+  mt_layout a = layout_of(in, i, from), b = layout_of(in, i, to);
+  mt_plan *plan = NULL;
+  CHECK(mt_plan_create(&a, &b, in->itemsize[i], &plan, NULL) == MT_OK);
+  int64_t bytes = mt_plan_bytes(plan);
+  mt_plan_destroy(plan);
+  return bytes;
+}
+
+/* No decision moves more bytes than torch's for the same op and placements, its
+ * gradients' way back counted alike. [P(sum), R] + [S0, S1] of an (8, 1) column on
+ * a (2, 2) mesh, both wanting gradients: all-reducing the Partial (and gathering
+ * the column) costs least by bytes and messages, and no gradient moves back, but
+ * it moves more bytes than torch's decision, which follows the column's S0 on
+ * mesh dim 0 (the Partial reduce-scattered) and replicates on mesh dim 1 (the
+ * column's S1 is on its broadcast dim), then gathers the Partial's gradient back.
+ * The engine takes torch's bytes, in one more collective. */
+static void test_torch_decision_caps_bytes(void) {
+  const int64_t m22[2] = {2, 2};
+  tin t[2] = {{2, {8, 8}, {PSUM, R()}}, {2, {8, 1}, {S(0), S(1)}}};
+  const int nd[2] = {2, 2};
+  const int64_t sh[2][MT_MAX_NDIM] = {{8, 8}, {8, 1}};
+  mt_dimmap map;
+  CHECK(mt_dimmap_elementwise(MT_ELEMENTWISE_ADD, 2, 3u, nd, sh, &map, NULL) == MT_OK);
+  mt_prop_inputs in = make_inputs(2, t, 2, m22);
+  mt_placement rr[2] = {R(), R()}, s0r[2] = {S(0), R()};
+  int64_t torch = move_bytes(&in, 0, in.placements[0], s0r) +
+                  move_bytes(&in, 1, in.placements[1], s0r) +
+                  move_bytes(&in, 0, s0r, rr);
+  int64_t reduced = move_bytes(&in, 0, in.placements[0], rr) +
+                    move_bytes(&in, 1, in.placements[1], rr);
+  CHECK_MSG(torch < reduced, "torch %lld, all-reduced %lld", (long long)torch,
+            (long long)reduced);
+  in.grad = 3u;
+  mt_prop_result r = decide(&map, &in);
+  char buf[512];
+  describe(&r, 2, 2, buf);
+  CHECK_MSG(r.bytes <= torch, "%s; torch's %lld", buf, (long long)torch);
+  EXPECT_IN(r, 0, 2, 2, S(0), R());
+  EXPECT_OUT(r, 2, 2, S(0), R());
 }
 
 /* An output headed somewhere (mt_prop_inputs.want) is made there when moving it
@@ -2073,6 +2185,7 @@ int main(int argc, char **argv) {
   test_partial_unary_kinds();
   test_partial_multiply();
   test_gradient_way_back();
+  test_torch_decision_caps_bytes();
   test_output_way_out();
   test_partial_other();
   test_partial_multiply_alias();

@@ -3,8 +3,9 @@ test_math_ops, test_pointwise_ops, test_comm_mode) check, ported to NumPy where 
 applies (issue 33): DTensor.device, CommDebugMode's "Global" entry, np.split /
 np.array_split and np.diag, a one-element ndarray mixed with DTensors, a
 histogram with range= on a Replicate input, log-sum-exp along a sharded axis and
-cumsum of the flattened array. Values equal NumPy's on the full arrays (uneven
-shards included), placements and collective counts as stated."""
+cumsum of the flattened array or of an axis two mesh dims cut. Values equal
+NumPy's on the full arrays (uneven shards included), placements and collective
+counts as stated."""
 
 from __future__ import annotations
 
@@ -241,6 +242,30 @@ def test_cumsum_flattened_rows_scans_without_gathering(shape):
             assert counts(mode) == {"exscan": 2}
     else:  # uneven rows do not flatten to a Shard(0): gathered, once per call
         assert counts(mode) == {"all_gather_into_tensor": 2}
+
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh")
+@pytest.mark.parametrize("shape", [(8,), (7,), (8, 3), (7, 3)], ids=str)
+def test_cumsum_of_an_axis_sharded_twice_scans_without_gathering(shape):
+    """Dim 0 cut by both mesh dims, nested: a scan per mesh dim and an all-reduce of
+    each inner pair's totals, lane cross sections only; the flattened array too
+    where the rows split evenly."""
+    mesh = mesh_of((2, 2))
+    full = np.arange(1.0, np.prod(shape) + 1).reshape(shape)
+    d = make(full, mesh, [S0, S0])
+    scans = {"exscan": 2, "all_reduce": 1}
+    with CommDebugMode() as mode:
+        along = np.cumsum(d, axis=0)
+        prod = np.cumprod(d / 8.0, axis=0)
+    assert_matches(along, np.cumsum(full, axis=0))
+    assert_matches(prod, np.cumprod(full / 8.0, axis=0))
+    assert along.placements == (S0, S0)
+    assert counts(mode) == {k: 2 * v for k, v in scans.items()}
+    with CommDebugMode() as mode:
+        flat = np.cumsum(d)
+    assert_matches(flat, np.cumsum(full))
+    if len(shape) == 1 or shape[0] % 4 == 0:
+        assert flat.placements == (S0, S0) and counts(mode) == scans
 
 
 def test_cumsum_flattened_otherwise_gathers_once():

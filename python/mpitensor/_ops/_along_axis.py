@@ -34,6 +34,7 @@ from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _lanes
 from . import _sample_sort as S
+from ._stats import _all_reduce
 
 __all__ = ["along_axes", "lanes_layout"]
 
@@ -615,14 +616,14 @@ for _f in (np.percentile, np.quantile, np.nanpercentile, np.nanquantile):
 # -- scans -----------------------------------------------------------------------------
 
 def _scan(name, a, ax, func, linear, op):
-    """``func`` along the sharded axis ``ax`` (sharded by one mesh dim): one
-    exclusive scan (MPI_Exscan) of the lanes' totals over that mesh dim gives what
-    the ranks before each one add (or multiply) in. Collective on the mesh dim
+    """``func`` along the sharded axis ``ax``: an exclusive scan (MPI_Exscan) of the
+    lanes' totals over each mesh dim that shards it gives what the ranks before
+    each one add (or multiply) in (``_offsets``). Collective on those mesh dims
     (and on the mesh when a Partial must be reduced first)."""
     a = D.relayout(name, a, lanes_layout(a, (), linear))
     spec = a._spec
     mesh = spec.mesh
-    dim = next(i for i, p in enumerate(spec.placements) if p.is_shard() and p.dim == ax)
+    dims = [m for m, p in enumerate(spec.placements) if p.is_shard() and p.dim == ax]
     coord = mesh.get_coordinate()
     if coord is None:
         local = np.asarray(func(np.zeros((1,) * len(spec.shape), spec.dtype)))
@@ -639,10 +640,30 @@ def _scan(name, a, ax, func, linear, op):
             # The global shape: the checks compare this text across ranks.
             _trace.collective(f"{name}: exclusive scan of the shard totals", mesh,
                               spec.placements, spec.shape, totals.dtype)
-        mesh._handle.exscan(totals, dim, op)
-        local, _ = _lanes.scan(x, ax, op, init=None if coord[dim] == 0 else totals)
+        local, _ = _lanes.scan(x, ax, op, init=_offsets(mesh, totals, dims, coord, op))
     return DTensor(local, DTensorSpec(mesh, spec.placements, spec.shape, local.dtype,
                                       contiguous_strides(spec.shape)))
+
+
+def _offsets(mesh, totals, dims, coord, op):
+    """What the ranks before this one along the axis hold of each lane (their sum,
+    or product, as ``op``), given each rank's lane ``totals``; None on the first
+    rank. The axis is cut by the mesh dims ``dims`` nested, the first outermost:
+    innermost first, an exclusive scan over the mesh dim, then the group's totals
+    reduced over it for the next mesh dim out. Collective on ``dims``."""
+    if totals.dtype == np.bool_:
+        combine = np.logical_or if op == _C.REDUCE_SUM else np.logical_and
+    else:
+        combine = np.add if op == _C.REDUCE_SUM else np.multiply
+    offset = None
+    for m in reversed(dims):
+        before = np.array(totals, order="C")  # the scan writes in place
+        mesh._handle.exscan(before, m, op)
+        if coord[m] > 0:
+            offset = before if offset is None else combine(before, offset)
+        if m != dims[0]:
+            totals = _all_reduce(mesh, totals, _C.REDUCE_OPS[op], (m,))
+    return offset
 
 
 def _lane_totals(x, ax, op):
@@ -668,36 +689,38 @@ def _cumulative(func, linear, op):
         _no_out(name, out)
         axes = _axis(name, a, axis)
         if axes is None and _rows_only(a):
-            # Flattening rows sharded by one mesh dim keeps them sharded (C order):
+            # Flattening rows sharded by mesh dims keeps them sharded (C order):
             # the flattened array is scanned as a 1-D one, without a gather.
             a, axis, axes = a if a.ndim == 1 else np.reshape(a, -1), 0, (0,)
         if axes is not None:
-            shards = [p for p in a._spec.placements if p.is_shard() and p.dim == axes[0]]
-            if len(shards) == 1:
+            if any(p.is_shard() and p.dim == axes[0] for p in a._spec.placements):
                 return _scan(name, a, axes[0], lambda x: func(x, axis=axis, dtype=dtype),
                              linear, op)
         return along_axes(name, a, axes, lambda x: func(x, axis=axis, dtype=dtype),
                           linear=linear)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when it is not sharded, the output "
-                    f"placed as the input; along an axis one mesh dim shards, one "
-                    f"exclusive scan of the shard totals (bytes: one lane's cross "
-                    f"section); ``axis=None`` scans the flattened array: by the same "
-                    f"scan when one mesh dim shards dim 0, nothing else is sharded or "
-                    f"Partial and the rows split evenly (flattening then moves "
-                    f"nothing; the result is ``Shard(0)`` there), else gathered "
-                    f"first.\n\nExample: ``{name}(dt, axis=0)`` of a ``[Shard(0)]`` "
-                    f"DTensor stays ``[Shard(0)]``; so does ``{name}(dt)``.")
+                    f"placed as the input; along a sharded axis, one exclusive scan "
+                    f"of the shard totals per mesh dim that shards it, and where "
+                    f"several do, an all-reduce of each inner group's totals (bytes: "
+                    f"one lane's cross section each); ``axis=None`` scans the "
+                    f"flattened array: by the same scans when mesh dims shard dim 0, "
+                    f"nothing else is sharded or Partial and the rows split evenly "
+                    f"(flattening then moves nothing; the result is sharded so "
+                    f"there), else gathered first.\n\nExample: ``{name}(dt, axis=0)`` "
+                    f"of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``; so does "
+                    f"``{name}(dt)``, and of a ``[Shard(0), Shard(0)]`` one.")
     return impl
 
 
 def _rows_only(a) -> bool:
-    """Whether exactly one mesh dim shards ``a``, on dim 0, and every other mesh dim
-    replicates it (its flattened array is then sharded the same way)."""
+    """Whether some mesh dims shard ``a`` on dim 0 and every other mesh dim
+    replicates it (its flattened array is then sharded the same way where the
+    rows split evenly)."""
     pls = a._spec.placements
     return (a.ndim >= 1 and all(p.is_replicate() or (p.is_shard() and p.dim == 0)
                                 for p in pls)
-            and sum(p.is_shard() for p in pls) == 1)
+            and any(p.is_shard() for p in pls))
 
 
 _registry.implements(np.cumsum)(_cumulative(np.cumsum, True, _C.REDUCE_SUM))

@@ -212,6 +212,21 @@ MT_EXPORT int mt_plan_torch_bytes(const mt_layout *src, const mt_layout *dst,
                                   int64_t itemsize, const mt_time_model *model,
                                   int64_t *bytes, int64_t *net_bytes, mt_error *err);
 
+/* Local. What torch's sharding propagation charges the move from `src` to `dst`
+ * of elements of `itemsize` bytes when it ranks its strategies
+ * (redistribute_cost in torch/distributed/tensor/_collective_utils.py), in its
+ * microseconds, into *us: torch's steps in the order mt_plan_torch_bytes prices,
+ * each a latency per collective and hop plus its bytes at torch's bandwidth of a
+ * CPU mesh, an all-to-all a microsecond dearer than an all-gather of the shard;
+ * HUGE_VAL for a step torch refuses. It says which of several moves torch takes,
+ * not how long any takes. Errors as mt_plan_create_timed.
+ *
+ *   double us;
+ *   rc = mt_plan_torch_cost(&src, &dst, 4, &us, &err);
+ */
+int mt_plan_torch_cost(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
+                       double *us, mt_error *err);
+
 /* Local. The plan's predicted seconds: the sum of its steps' `time`. */
 MT_EXPORT double mt_plan_time(const mt_plan *plan);
 

@@ -310,17 +310,25 @@ MT_EXPORT int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * creates (CONTRACT, REDUCE: a reduce-scatter of the output per such mesh dim),
  * fewer bytes, fewer messages and the first in enumeration order (mesh dim 0's
  * candidates outermost), among the combinations that move no more bytes than the
- * one torch-like pricing picks. That reference is the lowest bytes +
- * MT_PROP_MESSAGE_BYTES * messages now, then the lower such estimate of the later
- * reductions, fewer bytes, fewer messages, the first; torch prices what its
- * strategies move now (S0 @ S0 moves one operand by all-to-all and leaves a
- * Partial(sum) rather than gather the other), so a decision never moves more
- * than torch's, while the time model may pick fewer collectives or rounds within
- * those bytes. Every rank computes the same numbers in the same order, so every
- * rank decides the same. Above MT_PROP_MAX_COMBOS combinations the mesh dims are
- * chosen one at a time from the first by the reference order, with later mesh
- * dims held at their first candidate (Replicate, or on a mesh dim of size 1 the
- * one ordered first).
+ * reference. The reference is, among the combinations that move no more bytes
+ * than torch's decision, the lowest bytes + MT_PROP_MESSAGE_BYTES * messages now,
+ * then the lower such estimate of the later reductions, fewer bytes, fewer
+ * messages, the first. Torch's decision is the combination torch's sharding
+ * propagation takes: among those whose candidate on every mesh dim of more than
+ * one rank replicates every input or keeps some input's Shard or Partial as it is
+ * (torch's strategies follow the inputs' placements), the one whose inputs' moves
+ * torch charges least (mt_plan_torch_cost; torch prices neither the gradients'
+ * way back nor the output's way out), the first on a tie; its bytes are counted
+ * with those, as every combination's are. Bytes are the rule and messages come
+ * second: a decision never moves more bytes than torch's, forward and backward,
+ * even where fewer collectives would move more, while the time model may pick
+ * fewer collectives or rounds within those bytes (S0 @ S0 may move one operand
+ * by all-to-all and leave a Partial(sum) rather than gather the other). Every
+ * rank computes the same numbers in the same order, so every rank decides the
+ * same. Above MT_PROP_MAX_COMBOS combinations the mesh dims are chosen one at a
+ * time from the first by the reference order, with later mesh dims held at their
+ * first candidate (Replicate, or on a mesh dim of size 1 the one ordered first),
+ * and torch's decision replaces that pick where it moves fewer bytes.
  *
  * Shapes that disagree on a label, a broadcast dim whose size is not 1, or inputs
  * that do not fit the map are MT_EINVAL; bad placements fail as in
