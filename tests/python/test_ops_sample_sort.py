@@ -2,7 +2,8 @@
 statistics built on it (median, percentile, quantile and their nan forms over every
 dim): equal to NumPy on the full array for even and uneven lengths, dtypes, ties,
 NaNs and every ``method=``, in the usual shard layout, and never a gather of the
-array (CommDebugMode: the all-gathers carry only the samples and a few counts)."""
+array (CommDebugMode: the all-gathers carry only the samples and a few counts).
+A small array is sorted by one gather instead; the sorts run both ways."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 import mpitensor
 from mpitensor import DTensor, Partial, Replicate, Shard
+from mpitensor._ops import _sample_sort
 from mpitensor.debug import CommDebugMode
 from ops_helpers import W, make, mesh_of, mesh_shapes
 
@@ -52,10 +54,18 @@ def usual_layout(got: DTensor):
     assert got.to_local().shape == tuple(expect)
 
 
+@pytest.fixture(params=["sample sort", "gathered"])
+def sort_path(request, monkeypatch):
+    """Small arrays are sorted gathered: these tests take both ways."""
+    if request.param == "sample sort":
+        monkeypatch.setattr(_sample_sort, "GATHER_SORT_BYTES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.int8,
                                    np.complex128, np.bool_])
 @pytest.mark.parametrize("n", LENGTHS)
-def test_sort_and_argsort_of_a_sharded_vector(dtype, n):
+def test_sort_and_argsort_of_a_sharded_vector(dtype, n, sort_path):
     full = vector(n, dtype)
     for mesh_shape in mesh_shapes():
         mesh = mesh_of(mesh_shape)
@@ -75,7 +85,7 @@ def test_sort_and_argsort_of_a_sharded_vector(dtype, n):
             usual_layout(got)
 
 
-def test_argsort_ties_follow_the_global_index_whatever_kind():
+def test_argsort_ties_follow_the_global_index_whatever_kind(sort_path):
     full = np.repeat(np.arange(3.0), 5 * W + 1)[::-1].copy()
     dt = make(full, mesh_of((W,)), [S0])
     for kind in (None, "quicksort", "stable"):
@@ -84,7 +94,7 @@ def test_argsort_ties_follow_the_global_index_whatever_kind():
 
 
 @pytest.mark.parametrize("pls", [(S0,), (S1,)])
-def test_flattened_sort_of_a_matrix(pls):
+def test_flattened_sort_of_a_matrix(pls, sort_path):
     full = vector(6 * W + 5, np.float64, seed=3)[: 6 * W + 5].reshape(-1, 1)
     full = np.concatenate([full, full[::-1] * 2, full + 1], axis=1)
     dt = make(full if pls == (S0,) else full.T.copy(), mesh_of((W,)), pls)
@@ -93,6 +103,19 @@ def test_flattened_sort_of_a_matrix(pls):
     same(np.argsort(dt, axis=None, kind="stable"), np.argsort(ref, axis=None, kind="stable"))
     if W > 1:
         assert np.sort(dt, axis=None).placements == (S0,)
+
+
+@pytest.mark.skipif(W == 1, reason="one rank moves nothing")
+def test_a_small_array_is_sorted_by_one_gather():
+    full = vector(_sample_sort.GATHER_SORT_BYTES // 8, np.float64, seed=5)
+    dt = make(full, mesh_of((W,)), [S0])
+    with CommDebugMode() as mode:
+        got = np.argsort(dt, kind="stable")
+    assert mode.get_comm_counts() == {"all_gather_into_tensor": 1}
+    same(got, np.argsort(full, kind="stable"))
+    with CommDebugMode() as mode:
+        np.sort(make(np.append(full, 1.0), mesh_of((W,)), [S0]))
+    assert mode.get_comm_counts().get("all_to_all_single", 0) > 0  # one element more
 
 
 @pytest.mark.skipif(W == 1, reason="one rank moves nothing")
@@ -189,7 +212,7 @@ def test_median_of_a_large_vector_sends_no_gather():
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.int32])
-def test_sort_along_a_sharded_axis_with_no_free_dim_sorts_each_lane(dtype):
+def test_sort_along_a_sharded_axis_with_no_free_dim_sorts_each_lane(dtype, sort_path):
     for mesh_shape in mesh_shapes():
         mesh = mesh_of(mesh_shape)
         for shape, ax in (((5 * W + 1, 1), 0), ((1, W - 1 or 1, 7 * W), 2),
@@ -205,9 +228,9 @@ def test_sort_along_a_sharded_axis_with_no_free_dim_sorts_each_lane(dtype):
             if W > 1 and mesh.ndim == 1:
                 assert got.placements == (Shard(ax),)
                 usual_layout(got)
-                # Per lane: the samples, never the lane.
-                assert mode.get_comm_bytes().get("all_gather_into_tensor", 0) <= (
-                    lanes * (W - 1) ** 2 * 16)
+                # Per lane: the samples, never the lane (unless it is small).
+                assert sort_path == "gathered" or mode.get_comm_bytes().get(
+                    "all_gather_into_tensor", 0) <= lanes * (W - 1) ** 2 * 16
 
 
 def test_values_only_sorts_take_no_indirect_sort(monkeypatch):

@@ -19,6 +19,9 @@ elements they need are found where they lie.
 Bytes per rank: the samples (``p (p - 1)`` records, gathered), about two shards'
 worth of elements (one in the bucket exchange, at most one in the rebalance), and
 a few numbers per peer; a gather instead receives the whole array on every rank.
+A small array is gathered all the same (:data:`GATHER_SORT_BYTES`): one all-gather,
+as torch sorts along a sharded dim, where the sample sort's six collectives and
+their bookkeeping take longer than moving the whole array.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ from . import _dispatch as D
 
 __all__ = ["sort_mesh_dim", "sort_flat", "order_statistics", "quantile_flat",
            "median_flat"]
+
+# Arrays of at most this many bytes in all are sorted by gathering them whole: below
+# it one all-gather and a NumPy sort beat the sample sort's rounds of collectives
+# (benchmarks/vs_heat.py's sort row at its smallest size).
+GATHER_SORT_BYTES = 32 << 10
 
 # Keys of values-only sorts: the rank's coordinate above its element's position in
 # its sorted elements, which orders equal values across ranks without their global
@@ -210,6 +218,8 @@ def sort_flat(name, a, indices: bool):
     out_spec = DTensorSpec(mesh, placements, (n,), out_dtype, contiguous_strides((n,)))
     if mesh._coordinate is None or n == 0:
         return DTensor(np.empty((0,), out_dtype), out_spec)
+    if n * spec.dtype.itemsize <= GATHER_SORT_BYTES:
+        return _sort_gathered(name, a, m, indices, out_spec)
     a, local, keys = _input(name, a, indices)
     values, keys = _buckets(name, a, m, local, keys, indices)
     data = keys.astype(np.intp) if indices else values
@@ -227,6 +237,19 @@ def sort_flat(name, a, indices: bool):
     local, got = mesh._handle.alltoallv(np.ascontiguousarray(data), counts, m)
     assert len(local) == sizes[c]
     return DTensor(local, out_spec)
+
+
+def _sort_gathered(name, a, m, indices: bool, out_spec):
+    """sort_flat of a small ``a``: gathered whole (one all-gather), sorted stably by
+    NumPy (NaNs last, ties in index order) and cut to this rank's shard along mesh
+    dim ``m``. Collective on the mesh."""
+    mesh = out_spec.mesh
+    whole = D.relayout(name, a, [Replicate()] * mesh.ndim).to_local().reshape(-1)
+    done = np.argsort(whole, kind="stable") if indices else np.sort(whole, kind="stable")
+    sizes = _clib.chunk_sizes(len(done), mesh.shape[m])
+    c = mesh._coordinate[m]
+    start = int(np.sum(sizes[:c]))
+    return DTensor(done[start:start + sizes[c]].astype(out_spec.dtype), out_spec)
 
 
 def order_statistics(name, a, positions_of, nan_policy):
