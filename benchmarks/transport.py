@@ -7,9 +7,7 @@ MPI or libc path it replaces, on the same bytes, at np 2, timed interleaved.
 node): redistributions on a mesh whose ranks may copy straight from each other's
 arrays, against the same on a mesh made with MPITENSOR_DIRECT_READ=0, which goes
 through MPI: ``S1->R`` (an inner all-gather, read directly for outputs up to
-16 MiB) and ``S0->S1`` (an all-to-all as direct copies); and a checkpoint save of
-a Shard(1) array written by two writers that read the other ranks' rows directly
-(io_gather), against the row-slab exchange through MPI.
+16 MiB) and ``S0->S1`` (an all-to-all as direct copies).
 
 ``copy`` (csrc/core/copy.c): the loops built from that source into a small library
 (build/copy_paths.so, made with ``cc`` from benchmarks/copy_paths.c), each against
@@ -35,7 +33,6 @@ import ctypes
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -119,33 +116,6 @@ def direct_points(comm, sizes, reps, warmup):
     return points
 
 
-def checkpoint_points(comm, sizes, reps, folder):
-    """A Shard(1) save by the gathering writers against the row-slab exchange."""
-    mesh = mt.init_device_mesh("cpu", (comm.size,))
-    points = []
-    for nbytes in sizes:
-        cols = 512
-        rows = max(1, nbytes // 4 // cols)
-        local = np.ones((rows, cols), np.float32)
-        dt = mt.DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
-        path = os.path.join(folder, f"transport-{comm.size}.npy")
-
-        def save(mode):
-            old = mt.checkpoint._io.io_gather(mode)
-            try:
-                mt.save(dt, path)
-            finally:
-                mt.checkpoint._io.io_gather(old)
-
-        t = time_interleaved(comm, {"gather": lambda: save(2), "slabs": lambda: save(0)},
-                             reps(nbytes * comm.size), 1)
-        points.append(point(comm, "direct reads", "checkpoint save S1", local.nbytes, t,
-                            "gather", "slabs"))
-    if comm.rank == 0 and os.path.exists(os.path.join(folder, f"transport-{comm.size}.npy")):
-        os.remove(os.path.join(folder, f"transport-{comm.size}.npy"))
-    return points
-
-
 # ---- copy loops -----------------------------------------------------------------------
 
 def copy_library(comm):
@@ -223,13 +193,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="64KiB,256KiB,1MiB,4MiB,16MiB,64MiB",
                     help="input bytes per rank")
-    ap.add_argument("--parts", default="direct,copy,checkpoint")
-    ap.add_argument("--checkpoint-sizes", default="16MiB,64MiB",
-                    help="bytes per rank of the Shard(1) saves")
+    ap.add_argument("--parts", default="direct,copy")
     ap.add_argument("--reps", type=int, default=15, help="repetitions below 16 MiB")
     ap.add_argument("--reps-large", type=int, default=7, help="repetitions from 16 MiB")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--dir", default=None, help="folder of the checkpoint files")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
@@ -247,10 +214,6 @@ def main() -> int:
     points = []
     if "direct" in parts:
         points += direct_points(comm, sizes, reps, args.warmup)
-    if "checkpoint" in parts:
-        folder = args.dir or tempfile.gettempdir()
-        points += checkpoint_points(
-            comm, [parse_bytes(s) for s in args.checkpoint_sizes.split(",")], reps, folder)
     if "copy" in parts:
         points += copy_points(comm, copy_library(comm), sizes, reps, args.warmup)
     if comm.rank == 0:
