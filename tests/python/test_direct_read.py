@@ -67,11 +67,12 @@ def _global(shape, dtype):
 
 
 # (mesh shape, global shape, src, dst, dtype, whether the direct path is taken).
-# Sizes are above 16 KiB per member on average, but for the (W * 4, W * 64) case,
-# which stays on MPI as the (N, 8) cases do: they copy runs shorter than 4 KiB in
-# the other process or 512 bytes in their own. Inner all-gathers (S1 -> R) stay
-# on MPI at every size. Copies of more than 512 runs take several system calls,
-# whose batches end inside runs.
+# Sizes are 32 KiB per member on average or more, but for the (W * 4, 600) case,
+# which stays on MPI for that alone; the (W * 4, W * 64) case stays on MPI as the
+# (N, 8) cases do: they copy runs shorter than 4 KiB in the other process or 512
+# bytes in their own. Inner all-gathers (S1 -> R) stay on MPI at every size.
+# Copies of more than 512 runs take several system calls, whose batches end
+# inside runs.
 CASES = [
     ((W,), (W * 96 + 1, 700), [S0], [S1], np.float64, True),
     ((W,), (W * 96 + 1, 700), [S1], [S0], np.float64, True),
@@ -81,6 +82,7 @@ CASES = [
     ((W,), (W * 16, W * 128), [S0], [S1], np.float64, True),
     ((W,), (W * 1200, W * 128), [S0], [S1], np.float64, True),  # > 512 runs a copy
     ((W,), (900, W * 128 + 5), [S1], [R], np.float64, False),
+    ((W,), (W * 4, 600), [S0], [S1], np.float64, False),
     ((W,), (W * 4, W * 64), [S0], [S1], np.float64, False),
     ((W,), (W * 40000, 8), [S0], [S1], np.float64, False),
     ((W,), (W * 20000, 8), [S1], [R], np.float64, False),
