@@ -198,7 +198,7 @@ def copy_points(comm, lib, sizes, reps, warmup):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB",
+    ap.add_argument("--sizes", default="32KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB",
                     help="input bytes per rank (the copy from 4 MiB)")
     ap.add_argument("--parts", default="direct,copy")
     ap.add_argument("--reps", type=int, default=15, help="repetitions below 16 MiB")
