@@ -233,6 +233,7 @@ bench: install
 	  $(MPIRUN) $$np $(PY) benchmarks/checkpoint.py $(BENCH_CKPT); \
 	  $(MPIRUN) $$np $(PY) benchmarks/context_parallel.py $(BENCH_CP); done; \
 	$(MPIRUN) 2 $(PY) benchmarks/debug.py $(BENCH_DEBUG); \
+	$(MPIRUN) 2 $(PY) benchmarks/transport.py; \
 	$(MPIRUN) 2 $(PY) benchmarks/train.py $(BENCH_TRAIN) $$([ -n "$$torch" ] || echo --no-torch); \
 	$(MPIRUN) 2 $(PY) benchmarks/vs_heat.py $(BENCH_HEAT); \
 	echo "load average at end: $$(cut -d' ' -f1-3 /proc/loadavg)"; \

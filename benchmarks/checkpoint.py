@@ -9,10 +9,8 @@ Run under MPI (see benchmarks/README.md)::
 
 For each size (of the whole float32 array, 1024 columns) and layout on a 1-D mesh
 over all ranks (``S0``: Shard(0), each rank's box one run of the file; ``S1``:
-Shard(1), boxes interleave row by row, so mt.save has two writers (threads of
-rank 0, or ranks 0 and 1 when each is bound to its own CPU) read the boxes from
-the ranks' memory and write the file (else the boxes are exchanged in memory into
-row slabs, chunk by chunk while the previous chunk is written), and mt.load reads
+Shard(1), boxes interleave row by row, so mt.save exchanges them in memory into
+row slabs, chunk by chunk while the previous chunk is written, and mt.load reads
 row slabs and exchanges them back; up to --s1-max) it times, interleaved:
 
 * ``mt_save``  every rank: ``mt.save(dt, path)`` (MPI-IO, temporary name + rename);
@@ -36,8 +34,7 @@ Reported per point: the median bandwidth of each side with its [min..max], and t
 ratio mt/np of bandwidths (median and [min..max] over repetitions; the target is
 >= 0.8). For the largest size it also records what each rank read and wrote during
 mt_load / mt_save (``rchar`` / ``wchar`` of /proc/self/io): each rank moves about
-1/N of the file, except a gathered S1 save, where the writers write it all. Results go
-to benchmarks/results/<cpu>/checkpoint-np{N}.json.
+1/N of the file. Results go to benchmarks/results/<cpu>/checkpoint-np{N}.json.
 """
 
 from __future__ import annotations

@@ -171,6 +171,26 @@ def checkpoint(results: dict) -> str:
     return "\n".join(out)
 
 
+def transport(results: dict) -> str:
+    out = []
+    for (kind, n, torch), data in sorted(results.items()):
+        if kind != "transport":
+            continue
+        points = data["points"]
+        sizes = sorted({p["bytes"] for p in points})
+        rows = []
+        for path, case in dict.fromkeys((p["path"], p["case"]) for p in points):
+            by_size = {p["bytes"]: p for p in points if (p["path"], p["case"]) == (path, case)}
+            rows.append([path, case, *(ranged(by_size[b]["speedup"], by_size[b]["speedup_min"],
+                                              by_size[b]["speedup_max"])
+                                       if b in by_size else "" for b in sizes)])
+        out.append(f"np {n}: time of the MPI or libc path / time of the hand-written one, "
+                   f"where the library takes it, by input per rank (direct copies) or "
+                   f"destination (streaming stores)\n\n"
+                   + table(["path", "case", *map(size, sizes)], rows))
+    return "\n".join(out)
+
+
 def context_parallel(results: dict) -> str:
     out = []
     for (kind, n, torch), data in sorted(results.items()):
@@ -371,7 +391,8 @@ def vs_heat(results: dict) -> str:
 TABLES = {"redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
-          "plan_ranking": plan_ranking, "simulate_plans": simulate_plans, "vs_heat": vs_heat}
+          "plan_ranking": plan_ranking, "simulate_plans": simulate_plans, "vs_heat": vs_heat,
+          "transport": transport}
 
 
 def figures(name: str, cpu: str, results: dict, plots: str) -> str:

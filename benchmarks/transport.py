@@ -4,22 +4,22 @@ MPI or libc path it replaces, on the same bytes, at np 2, timed interleaved.
     mpiexec -n 2 python benchmarks/transport.py [--sizes 64KiB,1MiB,16MiB] [--parts direct,copy]
 
 ``direct`` (csrc/comm/direct.c, process_vm_readv/_writev between the ranks of a
-node): redistributions on a mesh whose ranks may copy straight from each other's
-arrays, against the same on a mesh made with MPITENSOR_DIRECT_READ=0, which goes
-through MPI: ``S1->R`` (an inner all-gather, read directly for outputs up to
-16 MiB) and ``S0->S1`` (an all-to-all as direct copies); and a checkpoint save of
-a Shard(1) array written by two writers that read the other ranks' rows directly
-(io_gather), against the row-slab exchange through MPI.
+node): all-to-alls run as direct copies (``S0->S1`` of float64 arrays of 512 and
+of 128 columns, ``S1->S2`` of 3-D ones: the shortest runs each side copies
+directly) on a mesh whose ranks may copy straight from each other's arrays,
+against the same on a mesh made with MPITENSOR_DIRECT_READ=0, which goes through
+MPI; each point records whether the direct path was taken (a copy made to fail
+is).
 
-``copy`` (csrc/core/copy.c): the loops built from that source into a small library
-(build/copy_paths.so, made with ``cc`` from benchmarks/copy_paths.c), each against
+``copy`` (csrc/core/copy.c): the copy built from that source into a small library
+(build/copy_paths.so, made with ``cc`` from benchmarks/copy_paths.c), against
 glibc's memcpy on the same runs, on both ranks at once as a redistribution's
-copies run: the AVX2 vector loop (which copy.c uses on AMD CPUs for runs of 4 KiB
-and more; forced here whatever the CPU) on runs whose destination sits 16 bytes
-off the source modulo 64 and on aligned ones, the same loop with streaming stores
-(destinations of 4 MiB and more), and what mt__copy_runs picks on this CPU. Copies never wait on
-the other rank, so they are timed in CPU time (time.thread_time), which a busy
-machine's scheduler does not stretch.
+copies run, at the points where copy.c streams on this CPU (it says which it
+skips): whole blocks, rows of whole aligned vectors and rows 16 bytes off the
+source modulo 64, into destinations of 4 MiB and more. Both write the same
+destination, taking turns, so each finds it as the other left it. Copies never
+wait on the other rank, so they are timed in CPU time (time.thread_time), which a
+busy machine's scheduler does not stretch.
 
 Per point: the median time of each side (repetitions alternate which runs first,
 after a barrier; the slowest rank's time) and ``speedup = median(baseline) /
@@ -35,21 +35,29 @@ import ctypes
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Replicate, Shard
+from mpitensor import Shard, _comm
 from _common import (machine, machine_line, page_aligned, ratio,  # benchmarks/ is sys.path[0]
                      result_path, summary, time_interleaved, write_result)
 
 KiB, MiB = 1024, 1024 * 1024
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-COLS = 512
+# The direct all-to-alls: (case, a rank's local float64 shape for `e` elements,
+# source, target). At np 2 a rank copies runs of 2 KiB on its own side into one
+# run on the other; of 512 bytes, the shortest its own side copies directly
+# (MT__DIRECT_MIN_LOCAL_RUN); and of 512 bytes into runs of 4 KiB on the other
+# side, the shortest the other side takes (MT__DIRECT_MIN_RUN).
+DIRECT_CASES = (
+    ("S0->S1, 512 columns", lambda e: (e // 512, 512), Shard(0), Shard(1)),
+    ("S0->S1, 128 columns", lambda e: (e // 128, 128), Shard(0), Shard(1)),
+    ("S1->S2, (n, 8 x np, 128)", lambda e: (e // 1024, 8, 128), Shard(1), Shard(2)),
+)
 
 
 def parse_bytes(text: str) -> int:
@@ -101,52 +109,29 @@ def direct_points(comm, sizes, reps, warmup):
                   "ptrace rules or a seccomp filter): direct paths not measured")
         return []
     points = []
-    for name, src, dst in (("S1->R", Shard(1), Replicate()), ("S0->S1", Shard(0), Shard(1))):
-        for nbytes in sizes:
-            e = nbytes // 8
-            cols = min(COLS if src == Shard(0) else COLS // comm.size, e)
-            shape = (e // cols, cols)
-            local = np.random.default_rng(comm.rank).standard_normal(shape)
-            dts = {m: mt.DTensor.from_local(local, mesh, [src], run_check=False)
-                   for m, mesh in (("direct", direct), ("mpi", plain))}
-            same = comm.allreduce(int(np.array_equal(
-                dts["direct"].redistribute(direct, [dst]).to_local(),
-                dts["mpi"].redistribute(plain, [dst]).to_local())), op=MPI.MIN) == 1
-            variants = {m: (lambda m=m, mesh=mesh: dts[m].redistribute(mesh, [dst]))
-                        for m, mesh in (("direct", direct), ("mpi", plain))}
-            t = time_interleaved(comm, variants, reps(nbytes), warmup)
-            points.append(point(comm, "direct reads", name, nbytes, t, "direct", "mpi", same))
+    for (name, local_shape, src, dst), nbytes in ((c, b) for c in DIRECT_CASES for b in sizes):
+        local = np.random.default_rng(comm.rank).standard_normal(local_shape(nbytes // 8))
+        dts = {m: mt.DTensor.from_local(local, mesh, [src], run_check=False)
+               for m, mesh in (("direct", direct), ("mpi", plain))}
+        same = comm.allreduce(int(np.array_equal(
+            dts["direct"].redistribute(direct, [dst]).to_local(),
+            dts["mpi"].redistribute(plain, [dst]).to_local())), op=MPI.MIN) == 1
+        # Whether the step really copies directly: a copy made to fail is taken.
+        _comm.direct_fail_next(1)
+        dts["direct"].redistribute(direct, [dst])
+        taken = comm.allreduce(_comm.direct_fail_next(0) == 0, op=MPI.LOR)
+        variants = {m: (lambda m=m, mesh=mesh: dts[m].redistribute(mesh, [dst]))
+                    for m, mesh in (("direct", direct), ("mpi", plain))}
+        t = time_interleaved(comm, variants, reps(nbytes), warmup)
+        p = point(comm, "direct reads", name, nbytes, t, "direct", "mpi", same)
+        p["taken"] = bool(taken)
+        if comm.rank == 0 and not taken:
+            print(f"  (not taken: {name} at {fmt_bytes(nbytes)} goes through MPI)")
+        points.append(p)
     return points
 
 
-def checkpoint_points(comm, sizes, reps, folder):
-    """A Shard(1) save by the gathering writers against the row-slab exchange."""
-    mesh = mt.init_device_mesh("cpu", (comm.size,))
-    points = []
-    for nbytes in sizes:
-        cols = 512
-        rows = max(1, nbytes // 4 // cols)
-        local = np.ones((rows, cols), np.float32)
-        dt = mt.DTensor.from_local(local, mesh, [Shard(1)], run_check=False)
-        path = os.path.join(folder, f"transport-{comm.size}.npy")
-
-        def save(mode):
-            old = mt.checkpoint._io.io_gather(mode)
-            try:
-                mt.save(dt, path)
-            finally:
-                mt.checkpoint._io.io_gather(old)
-
-        t = time_interleaved(comm, {"gather": lambda: save(2), "slabs": lambda: save(0)},
-                             reps(nbytes * comm.size), 1)
-        points.append(point(comm, "direct reads", "checkpoint save S1", local.nbytes, t,
-                            "gather", "slabs"))
-    if comm.rank == 0 and os.path.exists(os.path.join(folder, f"transport-{comm.size}.npy")):
-        os.remove(os.path.join(folder, f"transport-{comm.size}.npy"))
-    return points
-
-
-# ---- copy loops -----------------------------------------------------------------------
+# ---- the copy -------------------------------------------------------------------------
 
 def copy_library(comm):
     """build/copy_paths.so, compiled from benchmarks/copy_paths.c by rank 0."""
@@ -162,74 +147,63 @@ def copy_library(comm):
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.bench_library.argtypes = [ptr, ptr, i64, i64, i64, i64, i64]
     lib.bench_memcpy.argtypes = [ptr, ptr, i64, i64, i64, i64]
-    lib.bench_loop.argtypes = [ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
+    lib.bench_streams.argtypes = [ptr, i64, i64, i64]
     return lib
 
 
 def copy_cases(sizes):
     """(case, runs, run bytes, destination stride, source stride, destination offset
-    past the source's alignment, destination bytes): rows placed into every other
-    slot of an output (an inner all-gather at np 2), by run length, with the
-    destination 16 bytes off modulo 64 and aligned; and whole blocks of 4 MiB and
-    more, and strided 4 KiB runs into them (streaming stores)."""
+    past the source's alignment, destination bytes) for each destination of 4 MiB
+    and more: the whole block at once, aligned and 16 bytes off modulo 64, and
+    rows placed into every other slot of it (an inner all-gather at np 2): whole
+    aligned vectors from 512 bytes to just under 4 KiB, and 16 bytes off from
+    64 KiB to just under 1 MiB, the ends of the ranges copy.c streams."""
     cases = []
-    for run in (1 * KiB, 2 * KiB, 4 * KiB, 8 * KiB, 16 * KiB, 64 * KiB):
-        n = MiB // run
-        for shift in (16, 0):
+    for nbytes in (b for b in sizes if b >= 4 * MiB):
+        for shift in (0, 16):
+            cases.append((f"one block, {'+16 B' if shift else 'aligned'}", 1, nbytes, 0, 0,
+                          shift, nbytes))
+        for run, shift in [(r, 0) for r in (512, 1 * KiB, 2 * KiB, 4 * KiB - 32)] + \
+                          [(r, 16) for r in (64 * KiB, MiB - 32 * KiB)]:
             cases.append((f"rows of {fmt_bytes(run)}, {'+16 B' if shift else 'aligned'}",
-                          n, run, 2 * run, run, shift, 2 * MiB))
-    for nbytes in sizes:
-        if nbytes >= 4 * MiB:
-            cases.append(("one block", 1, nbytes, 0, 0, 0, nbytes))
-            for run in (512, 1 * KiB, 2 * KiB, 4 * KiB, 64 * KiB):
-                for shift in (16, 0):
-                    cases.append((f"rows of {fmt_bytes(run)}, {'+16 B' if shift else 'aligned'}",
-                                  nbytes // (2 * run), run, 2 * run, run, shift, nbytes))
+                          nbytes // (2 * run), run, 2 * run, run, shift, nbytes))
     return cases
 
 
 def copy_points(comm, lib, sizes, reps, warmup):
-    points = []
-    if not lib.bench_has_avx2():
-        if comm.rank == 0:
-            print("this CPU has no AVX2: copy.c uses memcpy only, nothing to measure")
-        return points
+    points, skipped = [], {}
     for case, n, run, ds, ss, shift, dst_bytes in copy_cases(sizes):
         src = page_aligned((n * max(ss, run) + 64,), "u1")
         src[:] = np.random.default_rng(comm.rank).integers(0, 255, src.size, np.uint8)
         dst, ref = (page_aligned((dst_bytes + 64,), "u1") for _ in range(2))
         dst[:], ref[:] = 0, 0
         s, d, r = src.ctypes.data, dst.ctypes.data + shift, ref.ctypes.data + shift
-        stream = dst_bytes >= 4 * MiB
-        variants = {
-            "memcpy": lambda: lib.bench_memcpy(d, s, n, ds, ss, run),
-            "library": lambda: lib.bench_library(d, s, n, ds, ss, run, dst_bytes),
-            "loop": lambda: lib.bench_loop(d, s, n, ds, ss, run, int(stream)),
-        }
+        if not comm.allreduce(lib.bench_streams(d, ds, run, dst_bytes), op=MPI.LAND):
+            skipped.setdefault(fmt_bytes(dst_bytes), []).append(case)
+            continue
+        variants = {"memcpy": lambda: lib.bench_memcpy(d, s, n, ds, ss, run),
+                    "library": lambda: lib.bench_library(d, s, n, ds, ss, run, dst_bytes)}
         lib.bench_memcpy(r, s, n, ds, ss, run)
-        same = True
-        for v in ("library", "loop"):
-            variants[v]()
-            same = same and np.array_equal(dst, ref)
+        variants["library"]()
+        same = comm.allreduce(int(np.array_equal(dst, ref)), op=MPI.MIN) == 1
         t = time_interleaved(comm, variants, reps(dst_bytes), warmup, time.thread_time)
-        kind = "streaming stores" if stream else "vector loop"
-        points.append(point(comm, f"{kind} (AVX2)", case, dst_bytes, t, "loop", "memcpy", same))
-        points.append(point(comm, "copy.c as built", case, dst_bytes, t, "library", "memcpy",
+        points.append(point(comm, "streaming stores", case, dst_bytes, t, "library", "memcpy",
                             same))
+    for size, cases in skipped.items():
+        if comm.rank == 0:
+            print(f"copy.c uses memcpy on this CPU, nothing to measure, into {size}: "
+                  f"{'; '.join(cases)}")
     return points
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="64KiB,256KiB,1MiB,4MiB,16MiB,64MiB",
-                    help="input bytes per rank")
-    ap.add_argument("--parts", default="direct,copy,checkpoint")
-    ap.add_argument("--checkpoint-sizes", default="16MiB,64MiB",
-                    help="bytes per rank of the Shard(1) saves")
+    ap.add_argument("--sizes", default="32KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB",
+                    help="input bytes per rank (the copy from 4 MiB)")
+    ap.add_argument("--parts", default="direct,copy")
     ap.add_argument("--reps", type=int, default=15, help="repetitions below 16 MiB")
     ap.add_argument("--reps-large", type=int, default=7, help="repetitions from 16 MiB")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--dir", default=None, help="folder of the checkpoint files")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
@@ -247,10 +221,6 @@ def main() -> int:
     points = []
     if "direct" in parts:
         points += direct_points(comm, sizes, reps, args.warmup)
-    if "checkpoint" in parts:
-        folder = args.dir or tempfile.gettempdir()
-        points += checkpoint_points(
-            comm, [parse_bytes(s) for s in args.checkpoint_sizes.split(",")], reps, folder)
     if "copy" in parts:
         points += copy_points(comm, copy_library(comm), sizes, reps, args.warmup)
     if comm.rank == 0:

@@ -14,9 +14,9 @@
 #include "mpitensor/core/status.h"
 
 /* Each step moves at least this much per member on average before it copies
- * directly: below, the two small collectives that frame the copies cost more
- * than the passes they spare. */
-#define MT__DIRECT_MIN_BYTES ((int64_t)16 << 10)
+ * directly: below, the two small collectives that frame the copies cost about as
+ * much as the passes they spare, or more. */
+#define MT__DIRECT_MIN_BYTES ((int64_t)32 << 10)
 
 /* The largest group that reads directly (the peers' addresses live on the
  * stack); larger groups go through MPI. */

@@ -123,9 +123,15 @@ static atomic_int failures_asked;
 
 int mt_direct_fail_next(int n) { return atomic_exchange(&failures_asked, n); }
 
-int mt_direct_copy(int64_t pid, int push, uint64_t local, const mt_box *local_box,
-                    uint64_t remote, const mt_box *remote_box, const mt_box *part,
-                    int64_t itemsize) {
+/* Copies `part` (a global box) between this process's C-contiguous array at
+ * address `local`, of box `local_box`, and process `pid`'s array at address
+ * `remote`, of box `remote_box`: from there to here (push 0) or from here to
+ * there (push 1), in calls of at most BATCH runs a side and BATCH_BYTES. Returns
+ * 0, or the errno of the failed call (one that stops short counts as EFAULT;
+ * ENOSYS off Linux). */
+static int copy_part(int64_t pid, int push, uint64_t local, const mt_box *local_box,
+                     uint64_t remote, const mt_box *remote_box, const mt_box *part,
+                     int64_t itemsize) {
   if (atomic_load(&failures_asked) > 0 && atomic_fetch_sub(&failures_asked, 1) > 0)
     return EFAULT;
 #if MT__HAVE_DIRECT
@@ -215,14 +221,14 @@ int mt__direct_step(MPI_Comm comm, int g, int me, const void *in,
     int q = (me + i) % g;
     const mt_box *part = &d->recv[q];
     if (mt_box_numel(part) > 0 && mt__direct_pulls(part, &d->recv_src[q], d->dst, itemsize)) {
-      failed = mt_direct_copy(peers[q].pid, 0, peers[me].out, d->dst, peers[q].in, &d->recv_src[q],
-                               part, itemsize);
+      failed = copy_part(peers[q].pid, 0, peers[me].out, d->dst, peers[q].in, &d->recv_src[q],
+                          part, itemsize);
     }
     part = &d->send[q];
     if (failed == 0 && mt_box_numel(part) > 0 &&
         !mt__direct_pulls(part, d->src, &d->send_dst[q], itemsize)) {
-      failed = mt_direct_copy(peers[q].pid, 1, peers[me].in, d->src,
-                               peers[q].out, &d->send_dst[q], part, itemsize);
+      failed = copy_part(peers[q].pid, 1, peers[me].in, d->src, peers[q].out,
+                          &d->send_dst[q], part, itemsize);
     }
   }
   if (all <= 0) return all;
@@ -231,14 +237,15 @@ int mt__direct_step(MPI_Comm comm, int g, int me, const void *in,
 
 /* ---- the probe ------------------------------------------------------------- */
 
-/* This process's token (mt_process_token): its pid, the clock at first use and
- * the token's own address, so that no other process holds the same value at the
- * same place. It names the process, so it is process-wide by nature: set once (an
+/* This process's token (process_token): its pid, the clock at first use and the
+ * token's own address, so that no other process holds the same value at the same
+ * place. It names the process, so it is process-wide by nature: set once (an
  * atomic compare-and-swap from 0, so concurrent first uses agree on it), read
  * after. */
 static _Atomic int64_t token;
 
-const int64_t *mt_process_token(void) {
+/* The token's address; peers read the value there. Thread-safe. */
+static const int64_t *process_token(void) {
   if (atomic_load(&token) == 0) {
     struct timespec ts;
     timespec_get(&ts, TIME_UTC);
@@ -251,11 +258,15 @@ const int64_t *mt_process_token(void) {
   return (const int64_t *)&token;
 }
 
-int mt_process_reads_back(int64_t pid, uint64_t token_at, int64_t expect) {
+/* Whether process `pid` holds `expect` at address `token_at` (what it published
+ * from process_token): that the pid names that process, and not another of the
+ * same pid on another node or in another pid namespace, and that this process
+ * may read its memory (no ptrace restriction or seccomp rule against it). */
+static int reads_back(int64_t pid, uint64_t token_at, int64_t expect) {
   int64_t got = 0;
   mt_box one = {.ndim = 1, .offset = {0}, .shape = {1}};
-  return mt_direct_copy(pid, 0, (uint64_t)(uintptr_t)&got, &one, token_at, &one, &one,
-                        sizeof got) == 0 &&
+  return copy_part(pid, 0, (uint64_t)(uintptr_t)&got, &one, token_at, &one, &one,
+                   sizeof got) == 0 &&
          got == expect;
 }
 
@@ -275,13 +286,13 @@ int mt__direct_probe(MPI_Comm comm, int n, int *ok, mt_error *err) {
     return rc;
   }
   /* The all-gather carries each token's address as `in` and its value as `out`. */
-  const int64_t *mine = mt_process_token();
+  const int64_t *mine = process_token();
   int all = mt__direct_begin(comm, n, (uint64_t)(uintptr_t)mine, (uint64_t)*mine, 1, peers,
                              err);
   int me = 0;
   MPI_Comm_rank(comm, &me);
   for (int q = 0; all == 1 && q < n && !failed; ++q) {
-    if (q != me) failed = !mt_process_reads_back(peers[q].pid, peers[q].in, (int64_t)peers[q].out);
+    if (q != me) failed = !reads_back(peers[q].pid, peers[q].in, (int64_t)peers[q].out);
   }
   free(peers);
   if (all < 0) return MT_EMPI;

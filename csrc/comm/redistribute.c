@@ -13,7 +13,6 @@
 
 #include "comm-private.h"
 #include "count-private.h"
-#include "direct-private.h"
 #include "exec-private.h"
 #include "mpi-types-private.h"
 #include "mpitensor/comm/agree.h"
@@ -125,54 +124,9 @@ static int gather_pairwise(const exec_ctx *c, pending *p, const mt_box *t, int *
   return fits;
 }
 
-/* The group's outputs (each the whole gathered tensor) beyond which an inner
- * all-gather goes by pairwise exchanges rather than direct reads: the kernel
- * writes with ordinary stores, which read every line of an output that no
- * longer fits in cache before writing it, where the pairwise placement streams
- * (mt_copy_bytes): from this size, direct reads lose. */
-#define GATHER_DIRECT_MAX_BYTES ((int64_t)16 << 20)
-
-/* An all-gather along an inner dim by direct reads (direct.c), when it is
- * blocking, its mesh allows them and its outputs are of a middle size: each
- * member reads every other member's block straight into its place and copies its
- * own, one pass for each where MPI takes two. 1 when done (or failed,
- * *rc set), 0 when it should go through MPI. */
-static int gather_direct(const exec_ctx *c, pending *p, const mt_box *t, int *rc,
-                         mt_error *err) {
-  const mt__step_exec *e = p->e;
-  int m = p->step->mesh_dim;
-  int64_t out_bytes = step_bytes(c, &p->step->dst);
-  if (c->nonblocking || !mt_mesh_direct_read(c->mesh) || e->group > MT__DIRECT_MAX_GROUP ||
-      out_bytes < MT__DIRECT_MIN_BYTES * e->group ||
-      out_bytes > GATHER_DIRECT_MAX_BYTES / e->group) {
-    return 0;
-  }
-  /* Every member's block goes to every other member's output box. */
-  mt_box blocks[MT__DIRECT_MAX_GROUP], outs[MT__DIRECT_MAX_GROUP];
-  for (int64_t k = 0; k < e->group; ++k) {
-    box_at(c, &p->step->src, m, k, &blocks[k]);
-    box_at(c, &p->step->dst, m, k, &outs[k]);
-  }
-  const mt_box *own = &blocks[c->coord[m]];
-  mt_box sends[MT__DIRECT_MAX_GROUP];
-  for (int64_t k = 0; k < e->group; ++k) sends[k] = *own;
-  mt__direct_parts d = {blocks, blocks, sends, outs, own, t};
-  int done = mt__direct_step(dim_comm(c, m), (int)e->group, (int)c->coord[m],
-                             p->in, p->out, &d, c->itemsize, err);
-  if (done < 0) *rc = MT_EMPI;
-  /* Its own block after the others', so that a step sent through MPI copies it
-   * once. */
-  if (done == 1 && mt_box_numel(own) > 0) {
-    int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM];
-    for (int i = 0; i < t->ndim; ++i) at[i] = own->offset[i] - t->offset[i];
-    mt_copy_box(p->in, own->shape, zero, p->out, t->shape, at, own, c->itemsize);
-  }
-  return done != 0;
-}
-
 /* Blocks are consecutive slabs of the gathered box when every dim before d has
- * extent 1; else they are read directly (gather_direct), placed chunk by chunk
- * (gather_pairwise) or arrive in a staging buffer and are placed in finish. */
+ * extent 1; else they are placed chunk by chunk (gather_pairwise) or arrive in a
+ * staging buffer and are placed in finish. */
 static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   const mt_step *s = p->step;
   const mt__step_exec *e = p->e;
@@ -181,7 +135,7 @@ static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
   box_at(c, &s->dst, -1, 0, &t);
   void *recv = p->out;
   int inner = leading(&t, shard_dim(&s->src, m)) != 1, rc = MT_OK;
-  if (inner && (gather_direct(c, p, &t, &rc, err) || gather_pairwise(c, p, &t, &rc, err))) {
+  if (inner && gather_pairwise(c, p, &t, &rc, err)) {
     if (rc == MT_OK) {
       mt__count(c->mesh, MT_COLL_ALL_GATHER,
                 (int64_t)e->ints[c->coord[m]] * e->unit_bytes * (e->group - 1));

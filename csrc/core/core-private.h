@@ -109,9 +109,9 @@ const char *mt__placement_text(const mt_placement *p, int brief, char *buf, size
 void mt__copy_runs(char *d, const char *s, int64_t n, int64_t ds, int64_t ss,
                    int64_t run, int64_t dst_bytes);
 
-/* One run of mt__copy_runs by its AVX2 loop (memcpy off x86-64), with streaming
- * stores or not, whatever the CPU's vendor: the tests and benchmarks reach the loop
- * where the library would not pick it (copy.c). Only on CPUs with AVX2. */
-void mt__copy_run_avx2(char *d, const char *s, int64_t n, int stream);
+/* One run by mt__copy_runs's streaming loop (memcpy off x86-64), fenced,
+ * whatever the CPU's vendor and size: the tests reach the loop where the library
+ * would not pick it (copy.c). Only on CPUs with AVX2. */
+void mt__copy_run_stream(char *d, const char *s, int64_t n);
 
 #endif

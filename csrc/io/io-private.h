@@ -1,8 +1,7 @@
 /* Shared by the io library's files. Calls go one way: io.c (the calls, their
- * checks and agreements) uses io_slabs.c (the pipelined path of interleaved boxes)
- * and io_gather.c (its one-node form for saves); both use io_rows.c (the row
- * geometry of C-order boxes) and io_worker.c (the I/O thread), which use nothing
- * of the io library. */
+ * checks and agreements) uses io_slabs.c (the pipelined path of interleaved
+ * boxes), which uses io_rows.c (the row geometry of C-order boxes) and io_worker.c
+ * (the I/O thread), which use nothing of the io library. */
 #ifndef MPITENSOR_IO_PRIVATE_H
 #define MPITENSOR_IO_PRIVATE_H
 
@@ -80,8 +79,8 @@ int mt__worker_stop(mt__io_worker *w);
 /* One interleaved transfer through row slabs: `boxes` holds every rank's box of
  * `array` (comm rank order); `buf` is this rank's, C-contiguous. `fd` is the file,
  * open on every rank (or -1 on a rank that failed to open it, whose status is in
- * `rc`). `chunk` (bytes) is the same on every rank; `threaded` and `gather` are
- * this process's options (mt_io_options). The bytes moved are counted into
+ * `rc`). `chunk` (bytes) is the same on every rank; `threaded` is this process's
+ * option (mt_io_options). The bytes moved are counted into
  * `comm_counters` (the mesh's) and `io_counters`, either of which may be NULL. */
 typedef struct mt__slab_io {
   MPI_Comm comm;
@@ -89,19 +88,10 @@ typedef struct mt__slab_io {
   const mt_box *boxes;
   int fd;
   int64_t chunk;
-  int threaded, gather;
+  int threaded;
   mt_comm_counters *comm_counters;
   mt_io_counters *io_counters;
 } mt__slab_io;
-
-/* Collective on s->comm. When every rank shares one node and the writers can
- * read the others' memory (and have two CPUs between them, and the settings
- * allow), two writers (threads of the first rank, or the first two ranks) write
- * the whole array, chunk by chunk, reading the boxes from the ranks' memory
- * (io_gather.c), and this returns 1; otherwise it moves nothing and returns 0 on
- * every rank, for mt__slabs_write. *rc is this rank's status, in and out (a rank
- * that failed before makes it return 0). */
-int mt__gather_write(const mt__slab_io *s, int *rc, const void *buf, mt_error *err);
 
 /* Collective on s->comm. Writes the array into the file: the boxes, which tile
  * the array, are exchanged in memory into one run of the file per rank (its row

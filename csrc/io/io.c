@@ -151,7 +151,7 @@ void mt_io_counters_read(const mt_io_counters *c, int64_t *read, int64_t *writte
 mt_io_options mt_io_options_default(void) {
   /* The pipeline's chunk per rank: a few MiB keeps both the exchange and the
    * writes efficient while letting them overlap (docs/benchmarks.md, "Checkpoints"). */
-  mt_io_options o = {(int64_t)2 << 20, 1, 1, NULL};
+  mt_io_options o = {(int64_t)2 << 20, 1, NULL};
   return o;
 }
 
@@ -182,7 +182,6 @@ typedef struct io_call {
   int contiguous; /* every rank's box is one run of the file */
   int short_runs; /* some rank's box is many runs, each short: it goes through slabs */
   int threaded;   /* this rank's I/O thread option (ranks may differ) */
-  int gather;     /* this rank's gather option (the first rank's counts) */
   int64_t chunk;  /* the slab pipeline's chunk, the same on every rank */
   mt_comm_counters *comm_counters; /* the mesh's */
   mt_io_counters *io_counters;     /* the caller's */
@@ -275,7 +274,6 @@ static void take_options(io_call *c, const mt_io_options *opts) {
   mt_io_options o = opts != NULL ? *opts : mt_io_options_default();
   c->chunk = o.chunk_bytes;
   c->threaded = o.io_thread != 0;
-  c->gather = o.gather < 0 ? 0 : o.gather > 2 ? 2 : o.gather;
   c->io_counters = o.counters;
 }
 
@@ -443,7 +441,7 @@ static int write_runs(io_call *c, const char *tmp, const void *header, int64_t h
   return agree(c->comm, sync_close(fd, mine, tmp, err), err);
 }
 
-/* The slab pipeline's view of this call (no gather unless the caller sets it). */
+/* The slab pipeline's view of this call. */
 static mt__slab_io slab_io(const io_call *c, const mt_io_array *a, int fd) {
   mt__slab_io s = {.comm = c->comm,
                    .array = a,
@@ -456,22 +454,18 @@ static mt__slab_io slab_io(const io_call *c, const mt_io_array *a, int fd) {
   return s;
 }
 
-/* The slab path. The first rank may write the whole file alone (io_gather.c),
- * extending it as it goes, as numpy.save does; otherwise the file is sized first,
- * as in write_runs, by one rank: the slabs' writers would each extend it. The
- * pipeline agrees once before its first round, and this once at the end. */
+/* The slab path. The file is sized first, as in write_runs, by one rank: the
+ * slabs' writers would each extend it. The pipeline agrees once before its first
+ * round, and this once at the end. */
 static int write_slabs(io_call *c, const mt_io_array *a, const char *tmp, const void *header,
                        int64_t hlen, const void *buf, mt_error *err) {
   int mine = MT_OK;
   int fd = open_for_writing(c, tmp, header, hlen, &mine, err);
   mt__slab_io s = slab_io(c, a, fd);
-  s.gather = c->gather;
-  if (!mt__gather_write(&s, &mine, buf, err)) {
-    if (mine == MT_OK && c->rank == 0 && ftruncate(fd, (off_t)c->end) != 0) {
-      mine = posix_fail(err, "ftruncate", tmp);
-    }
-    mine = mt__slabs_write(&s, mine, buf, err);
+  if (mine == MT_OK && c->rank == 0 && ftruncate(fd, (off_t)c->end) != 0) {
+    mine = posix_fail(err, "ftruncate", tmp);
   }
+  mine = mt__slabs_write(&s, mine, buf, err);
   return agree(c->comm, sync_close(fd, mine, tmp, err), err);
 }
 

@@ -1,6 +1,6 @@
-/* The row geometry of C-order boxes that the slab and gather paths share: a box
- * cut to some rows of dim 0, whole rows as a box, where a box's rows start in its
- * C-contiguous buffer, and placing a piece into a larger box. */
+/* The row geometry of C-order boxes that the slab path uses: a box cut to some
+ * rows of dim 0, whole rows as a box, where a box's rows start in its C-contiguous
+ * buffer, and placing a piece into a larger box. */
 #include "io-private.h"
 #include "mpitensor/core/pack.h"
 

@@ -1,8 +1,7 @@
-/* The I/O worker of the pipelined paths (io_slabs.c, io_gather.c): one POSIX
- * thread that writes or reads the chunks posted to it, in order, while the
- * calling thread prepares the next one. It makes no MPI call, so no MPI thread
- * level is needed; when the thread cannot start (or is not asked for) each job
- * runs inline when posted. */
+/* The I/O worker of the pipelined path (io_slabs.c): one POSIX thread that writes
+ * or reads the chunks posted to it, in order, while the calling thread prepares
+ * the next one. It makes no MPI call, so no MPI thread level is needed; when the
+ * thread cannot start (or is not asked for) each job runs inline when posted. */
 #include <errno.h>
 #include <string.h>
 #include <sys/types.h>

@@ -314,16 +314,16 @@ static void test_copy_cases(void) {
   CHECK(b[0] == 2 && b[1] == 3);
 }
 
-/* mt_copy_bytes around every size where copy.c changes method (memcpy's short
- * paths, the vector loop, streaming stores from 4 MiB) and at every alignment of
- * source and destination; the bytes around the destination stay untouched. */
+/* mt_copy_bytes around every size where its method changes (memcpy's own paths,
+ * streaming stores from 16 MiB) and at every alignment of source and
+ * destination; the bytes around the destination stay untouched. */
 static void test_copy_bytes_sizes(void) {
   static const int64_t sizes[] = {0,    1,    15,   63,   64,    127,   128,
                                   255,  256,  1023, 1024, 1025,  1151,  4095,  4096,
-                                  4133, 65536, 65599, ((int64_t)4 << 20) - 1,
-                                  (int64_t)4 << 20, ((int64_t)4 << 20) + 77};
+                                  4133, 65536, 65599, ((int64_t)16 << 20) - 1,
+                                  (int64_t)16 << 20, ((int64_t)16 << 20) + 77};
   static const int64_t shifts[][2] = {{0, 0}, {1, 0}, {0, 1}, {3, 17}, {31, 5}, {16, 32}};
-  const int64_t guard = 64, most = ((int64_t)4 << 20) + 77 + 64;
+  const int64_t guard = 64, most = ((int64_t)16 << 20) + 77 + 64;
   char *src = malloc((size_t)most), *dst = malloc((size_t)(most + 2 * guard));
   char *ref = malloc((size_t)(most + 2 * guard));
   uint64_t rng = 777;
@@ -333,12 +333,12 @@ static void test_copy_bytes_sizes(void) {
     fill_random(src, most, &rng);
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; ++i) {
       for (size_t k = 0; k < sizeof shifts / sizeof *shifts; ++k) {
-        int64_t n = sizes[i], at = guard + shifts[k][1];
-        memset(dst, 0x5a, (size_t)(most + 2 * guard));
-        memset(ref, 0x5a, (size_t)(most + 2 * guard));
+        int64_t n = sizes[i], at = guard + shifts[k][1], span = at + n + guard;
+        memset(dst, 0x5a, (size_t)span);
+        memset(ref, 0x5a, (size_t)span);
         mt_copy_bytes(dst + at, src + shifts[k][0], n);
         if (n > 0) memcpy(ref + at, src + shifts[k][0], (size_t)n);
-        CHECK_MSG(memcmp(dst, ref, (size_t)(most + 2 * guard)) == 0,
+        CHECK_MSG(memcmp(dst, ref, (size_t)span) == 0,
                   "%lld bytes, shifts %lld/%lld", (long long)n, (long long)shifts[k][0],
                   (long long)shifts[k][1]);
       }
@@ -349,9 +349,9 @@ static void test_copy_bytes_sizes(void) {
   free(ref);
 }
 
-/* The AVX2 loop, where the CPU has it, with ordinary and streaming stores, at
- * every size around its 128-byte turns and every alignment of the destination:
- * the library picks it on AMD CPUs only. */
+/* The streaming loop, where the CPU has AVX2, at every size around its 128-byte
+ * turns and every alignment of the destination: the library picks it on AMD CPUs
+ * only. */
 static void test_copy_loop(void) {
   static const int64_t sizes[] = {1, 15, 63, 64, 65, 127, 128, 129, 255, 1000, 4099, 65537};
   static const int64_t shifts[][2] = {{0, 0}, {0, 1}, {5, 15}, {0, 16}, {3, 31}, {0, 33}};
@@ -364,31 +364,29 @@ static void test_copy_loop(void) {
 #else
   int avx2 = 1; /* memcpy there */
 #endif
-  if (avx2) {
-    for (int stream = 0; stream < 2; ++stream) {
-      for (size_t i = 0; i < sizeof sizes / sizeof *sizes; ++i) {
-        for (size_t k = 0; k < sizeof shifts / sizeof *shifts; ++k) {
-          int64_t n = sizes[i], at = GUARD + shifts[k][1];
-          memset(dst, 0x33, sizeof dst);
-          memset(ref, 0x33, sizeof ref);
-          mt__copy_run_avx2(dst + at, src + shifts[k][0], n, stream);
-          memcpy(ref + at, src + shifts[k][0], (size_t)n);
-          CHECK_MSG(memcmp(dst, ref, sizeof dst) == 0, "stream %d: %lld bytes, shifts %lld/%lld",
-                    stream, (long long)n, (long long)shifts[k][0], (long long)shifts[k][1]);
-        }
-      }
+  for (size_t i = 0; avx2 && i < sizeof sizes / sizeof *sizes; ++i) {
+    for (size_t k = 0; k < sizeof shifts / sizeof *shifts; ++k) {
+      int64_t n = sizes[i], at = GUARD + shifts[k][1];
+      memset(dst, 0x33, sizeof dst);
+      memset(ref, 0x33, sizeof ref);
+      mt__copy_run_stream(dst + at, src + shifts[k][0], n);
+      memcpy(ref + at, src + shifts[k][0], (size_t)n);
+      CHECK_MSG(memcmp(dst, ref, sizeof dst) == 0, "%lld bytes, shifts %lld/%lld",
+                (long long)n, (long long)shifts[k][0], (long long)shifts[k][1]);
     }
   }
 }
 
 /* A column block of `rows` rows of `cols` elements placed into a destination of
  * `dcols` columns at column `at`, as an all-gather along an inner dim does:
- * whole destinations from 4 MiB are written with streaming stores, in runs long
- * enough for them, or not. */
+ * whole destinations from 16 MiB are written with streaming stores, in runs
+ * that suit them, or not. */
 static int column_block_case(int64_t rows, int64_t cols, int64_t dcols, int64_t at,
                              int64_t itemsize, uint64_t *rng) {
   int64_t sbytes = rows * cols * itemsize, dbytes = rows * dcols * itemsize;
-  char *src = malloc((size_t)sbytes), *dst = malloc((size_t)dbytes);
+  /* The destination starts on a page, so that `at` alone decides its alignment. */
+  size_t page = 4096, dalloc = ((size_t)dbytes + page - 1) / page * page;
+  char *src = malloc((size_t)sbytes), *dst = aligned_alloc(page, dalloc);
   char *ref = malloc((size_t)dbytes);
   int same = 0;
   if (src != NULL && dst != NULL && ref != NULL) {
@@ -410,15 +408,18 @@ static int column_block_case(int64_t rows, int64_t cols, int64_t dcols, int64_t 
 
 static void test_copy_column_blocks(void) {
   uint64_t rng = 4242;
-  /* {rows, cols, dcols, at, itemsize}: 1 KiB and odd 300-byte runs into 4+ MiB
-   * (streamed where every run is whole aligned vectors), 100-byte runs into 4+ MiB
-   * (too short to stream), 4 KiB+ runs into 4+ MiB off any 32-byte boundary
-   * (streamed), 2 KiB runs into 2 MiB (not streamed), and runs that start off any
-   * 32-byte boundary. */
+  /* {rows, cols, dcols, at, itemsize}, into 16+ MiB unless said: 1 KiB runs of
+   * whole aligned vectors (streamed), the same into 4 MiB (not streamed), 4 KiB
+   * runs of whole aligned vectors (not streamed), odd 300-byte and 100-byte runs
+   * (not streamed), 2 KiB runs into 2 MiB, 4 KiB+ runs off any 32-byte boundary
+   * (too short to stream there), 64 KiB runs and a little longer off any 32-byte
+   * boundary (streamed), 1 MiB+ runs there (not streamed), and runs that start
+   * off any 32-byte boundary. */
   static const int64_t cases[][5] = {
-      {2048, 128, 256, 128, 8}, {2048, 75, 700, 3, 4},   {8192, 25, 100, 50, 4},
-      {512, 256, 512, 256, 8},  {1024, 129, 520, 1, 8}, {4099, 33, 130, 97, 8},
-      {1024, 520, 1100, 3, 8}};
+      {8192, 128, 256, 128, 8},  {2048, 128, 256, 128, 8},  {2048, 512, 1024, 512, 8},
+      {8192, 75, 700, 3, 4},     {41944, 25, 100, 50, 4},   {512, 256, 512, 256, 8},
+      {16411, 33, 130, 97, 8},   {2048, 520, 1100, 3, 8},   {128, 8192, 16400, 3, 8},
+      {130, 8193, 16500, 1, 8},  {17, 131073, 131100, 1, 8}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) {
     const int64_t *c = cases[i];
     CHECK_MSG(column_block_case(c[0], c[1], c[2], c[3], c[4], &rng), "case %zu", i);

@@ -6,12 +6,7 @@ A test that fails on one rank while the others wait in a collective cannot finis
 a watchdog then ends the job with every thread's stack (naming the test), also when
 the rank is stuck inside an MPI call that holds the GIL, where pytest-timeout's
 thread cannot run.
-
-``@pytest.mark.single_node`` marks a test that holds only when every rank shares
-one node (a save gathered through the others' memory, CPU bindings): it runs when
-the ranks of the run share a node and is skipped, with the reason, when they span
-several (tests/multinode/run.sh). Every rank decides alike: the node count is
-agreed on once, when the conftest is imported."""
+"""
 
 from __future__ import annotations
 
@@ -62,18 +57,6 @@ def pytest_report_header(config):
     nodes = f" on {NODES} nodes" if NODES > 1 else ""
     return (f"mpitensor tests on {COMM.Get_size()} MPI rank(s){nodes}; this is rank "
             f"{COMM.Get_rank()}")
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "single_node: holds only when every rank shares one node; skipped "
-                   "when the ranks span several (tests/python/conftest.py)")
-
-
-def pytest_runtest_setup(item):
-    if NODES > 1 and item.get_closest_marker("single_node") is not None:
-        pytest.skip(f"holds only when every rank shares one node; this run's "
-                    f"{COMM.Get_size()} ranks span {NODES} nodes")
 
 
 @pytest.hookimpl(hookwrapper=True)

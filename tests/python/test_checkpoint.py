@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import io
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -434,40 +433,17 @@ def interleaved_layouts():
     return out
 
 
-# A gathered save reads the other ranks' memory, which only ranks of one node can:
-# across nodes every rank writes its slab, and the gathered expectations do not hold.
-@pytest.fixture(params=[0, pytest.param(2, marks=pytest.mark.single_node)],
-                ids=["slabs", "gather"])
-def gather(request):
-    """How interleaved boxes are saved: every rank writes its row slab (0), or the
-    first rank writes the whole file, reading the others' memory (2: wherever it
-    works, which on Linux with the I/O thread is every single-node run)."""
-    old = mt.checkpoint._io.io_gather(request.param)
-    yield request.param
-    mt.checkpoint._io.io_gather(old)
-
-
-def short_runs(local_shape, shape) -> bool:
-    """Whether a box of this shape is many runs of the C-order file (not one)."""
-    k = len(shape) - 1
-    while k > 0 and local_shape[k] == shape[k]:
-        k -= 1
-    return math.prod(local_shape) > 0 and any(local_shape[d] > 1 for d in range(k))
-
-
 @pytest.mark.parametrize("shape", [(12, 10), (7, 5, 3)], ids=str)
-def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, gather, shape):
+def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, shape):
     """Shard(1) and 2-D layouts: each rank reads its row slab of the file, every
     byte once, an equal share when the rows divide evenly; a save writes the same
-    way, or, gathered, the first rank writes every byte and the others none."""
+    way."""
     g = cf.global_array(shape, "float32", 5)
     p = Problems()
     for mesh_shape, pl in interleaved_layouts():
         mesh = init_device_mesh("cpu", mesh_shape)
         path = os.path.join(tmp, f"inter-{len(shape)}-{len(mesh_shape)}.npy")
         dt = mt.distribute_tensor(g, mesh, pl)
-        gathered = gather and N > 1 and COMM.allreduce(short_runs(dt.to_local().shape, shape),
-                                                       op=MPI.LOR)
         moved.clear()
         mt.save(dt, path)
         wrote = moved["written"]
@@ -478,69 +454,8 @@ def test_interleaved_layouts_move_one_share_per_rank(tmp, moved, gather, shape):
         check_dtensor(p, dt, g, f"{mesh_shape} {pl} loaded")
         for kind, mine in (("save", wrote), ("load", read)):
             p.expect(COMM.allreduce(mine) == g.nbytes, f"{kind}: not every byte once")
-            if kind == "save" and gathered:
-                p.expect(mine == (g.nbytes if RANK == 0 else 0),
-                         f"gathered save: rank {RANK} wrote {mine} bytes")
-            elif shape[0] % N == 0:
+            if shape[0] % N == 0:
                 p.expect(mine == g.nbytes // N, f"{kind}: {mine} bytes, not 1/{N}")
-    assert p == []
-
-
-def machine_cpus() -> set:
-    """The CPUs any rank may run on (collective); empty without Linux affinity."""
-    mine = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else set()
-    return set().union(*COMM.allgather(mine))
-
-
-@pytest.mark.single_node  # the writers read the other ranks' memory
-@pytest.mark.skipif(len(machine_cpus()) < 2, reason="needs Linux CPU affinity and two CPUs")
-def test_gathered_save_writers_follow_the_cpus(tmp, moved):
-    """By default (mode 1) an interleaved save is written by two threads of the
-    first rank when it may run on two CPUs, by the first two ranks when each is
-    bound to a CPU of its own, and otherwise by every rank into its row slab (two
-    writers on one CPU would only take turns). The file is right every time."""
-    g = cf.global_array((4 * N, 8 * N), "float32", 8)
-    mesh = init_device_mesh("cpu", (N,))
-    dt = mt.distribute_tensor(g, mesh, [Shard(1)])
-    path = os.path.join(tmp, "affinity.npy")
-    cpus = sorted(machine_cpus())
-    a, b = cpus[0], cpus[1]
-    slab = g.nbytes // N
-    # rank -> CPUs, and what each rank then writes: "all" (rank 0 alone), "pair"
-    # (ranks 0 and 1 share the file), "slab" (its row slab).
-    cases = [({}, "all" if N > 1 else "slab"), ({0: {a}}, "slab")]
-    if N > 1:
-        cases += [({0: {a}, 1: {b}}, "pair"), ({0: {a}, 1: {a}}, "slab")]
-    box = dt.to_local().nbytes
-    old_mode, old_cpus = mt.checkpoint._io.io_gather(1), os.sched_getaffinity(0)
-    p = Problems()
-    try:
-        for binding, writers in cases:
-            os.sched_setaffinity(0, binding.get(RANK, set(cpus)))
-            moved.clear()
-            before = mt._comm.comm_counters().get("all_to_all_single", (0, 0))[1]
-            mt.save(dt, path)
-            wrote = moved["written"]
-            sent = mt._comm.comm_counters().get("all_to_all_single", (0, 0))[1] - before
-            os.sched_setaffinity(0, old_cpus)
-            p.expect(bits_equal(np.load(path), g), f"{binding}: numpy.load differs")
-            p.expect(COMM.allreduce(wrote) == g.nbytes, f"{binding}: not every byte once")
-            if writers == "all":
-                ok = wrote == (g.nbytes if RANK == 0 else 0)
-                # What another process read of this rank's box counts as sent.
-                ok = ok and sent == (0 if RANK == 0 else box)
-            elif writers == "pair":
-                # The chunks alternate, and the first ones are smaller than the
-                # rest, so the pair's split is never the slabs' even one.
-                ok = 0 < wrote != slab and 0 < sent < box if RANK < 2 else wrote == 0
-                ok = ok and (RANK < 2 or sent == box)
-            else:
-                ok = wrote == slab
-            p.expect(ok, f"{binding}: rank {RANK} wrote {wrote}, sent {sent} "
-                         f"({writers} expected)")
-    finally:
-        os.sched_setaffinity(0, old_cpus)
-        mt.checkpoint._io.io_gather(old_mode)
     assert p == []
 
 
@@ -573,51 +488,16 @@ def expect_failed_everywhere(p, errors, path, g):
         p.expect(bits_equal(np.load(path), g), "the existing file changed")
 
 
-@pytest.mark.single_node  # the pair reads the other ranks' memory
-@pytest.mark.skipif(N < 2 or len(machine_cpus()) < 2, reason="needs 2 ranks and 2 CPUs")
-def test_gathered_save_by_a_pair_fails_everywhere_when_the_second_writer_fails(tmp):
-    """The first two ranks, each bound to its own CPU, write the file between them;
-    the second cannot write past 1000 bytes: every rank raises the same OSError and
-    the existing file stays whole."""
-    g = cf.global_array((64, 8 * N), "float32", 9)
-    mesh = init_device_mesh("cpu", (N,))
-    path = os.path.join(tmp, "pair-fail.npy")
-    mt.save(mt.distribute_tensor(g, mesh, [Shard(1)]), path)
-    cpus = sorted(machine_cpus())
-    old_mode, old_cpus = mt.checkpoint._io.io_gather(1), os.sched_getaffinity(0)
-    p = Problems()
-    try:
-        os.sched_setaffinity(0, {cpus[RANK]} if RANK < 2 else set(cpus))
-        # Under this binding the pair writes (the slabs would split the file evenly,
-        # and their last rank would fail as well, proving nothing about the pair).
-        start = mt.checkpoint._io.io_counters()[1]
-        mt.save(mt.distribute_tensor(g, mesh, [Shard(1)]), path)
-        wrote = mt.checkpoint._io.io_counters()[1] - start
-        p.expect(0 < wrote != g.nbytes // N if RANK < 2 else wrote == 0,
-                 f"rank {RANK} wrote {wrote}: not the pair's split")
-        errors = save_limited(mt.distribute_tensor(g * 2, mesh, [Shard(1)]), path, 1)
-    finally:
-        os.sched_setaffinity(0, old_cpus)
-        mt.checkpoint._io.io_gather(old_mode)
-    expect_failed_everywhere(p, errors, path, g)
-    assert p == []
-
-
 # -- the slab pipeline: chunks, threads, dtypes, orders ------------------------------
 
-@pytest.fixture(params=[(1, True, 0), (600, True, 0), (600, False, 0), (4096, True, 0),
-                        (1, True, 2), (600, True, 2), (4096, True, 2)],
-                ids=lambda p: f"chunk{p[0]}-{'thread' if p[1] else 'inline'}"
-                              f"{'-gather' if p[2] else ''}")
+@pytest.fixture(params=[(1, True), (600, True), (600, False), (4096, True)],
+                ids=lambda p: f"chunk{p[0]}-{'thread' if p[1] else 'inline'}")
 def pipeline(request):
     """Every rank moves interleaved boxes in chunks of this many bytes (at least one
-    row), with the I/O thread or inline, and saves gather on the first rank or
-    not; the defaults come back afterwards."""
-    chunk, thread, gather = request.param
-    old = mt.checkpoint._io.io_pipeline(chunk, thread), mt.checkpoint._io.io_gather(gather)
+    row), with the I/O thread or inline; the defaults come back afterwards."""
+    old = mt.checkpoint._io.io_pipeline(*request.param)
     yield request.param
-    mt.checkpoint._io.io_pipeline(*old[0])
-    mt.checkpoint._io.io_gather(old[1])
+    mt.checkpoint._io.io_pipeline(*old)
 
 
 @pytest.mark.parametrize("shape,dtype", [((37, 23), "float16"), ((10, 9, 7), "complex64"),
@@ -649,15 +529,13 @@ def test_slab_pipeline_round_trips_at_every_chunk_size(tmp, pipeline, shape, dty
 
 def test_slab_save_failure_on_one_rank_leaves_no_file(tmp, pipeline):
     """A writer cannot write (its file size limit is below what it writes, so from
-    2 ranks its first chunk fails inside the pipeline): the last rank, or the first
-    when it gathers the save. Every rank raises, the existing file stays whole and
-    no temporary file is left."""
+    2 ranks its first chunk fails inside the pipeline): the last rank. Every rank
+    raises, the existing file stays whole and no temporary file is left."""
     g = cf.global_array((64, 24), "float32", 2)
     mesh = init_device_mesh("cpu", (N,))
     path = os.path.join(tmp, "pipe-fail.npy")
     mt.save(mt.distribute_tensor(g, mesh, [Shard(1)]), path)
-    errors = save_limited(mt.distribute_tensor(g * 2, mesh, [Shard(1)]), path,
-                          0 if pipeline[2] else N - 1)
+    errors = save_limited(mt.distribute_tensor(g * 2, mesh, [Shard(1)]), path, N - 1)
     p = Problems()
     expect_failed_everywhere(p, errors, path, g)
     if RANK == 0:

@@ -1,12 +1,13 @@
 """Direct copies between the processes of one node (csrc/comm/direct.c): large
-all-to-all, direct and inner all-gather steps move each part straight between the
-ranks' arrays, pulled by its receiver or pushed by its sender. Checked here: every
-rank agrees on whether a mesh copies directly (and none does with
-MPITENSOR_DIRECT_READ=0 on any rank); results equal NumPy's and the MPI path's,
-on even and uneven shards, 2-D and 3-D tensors, 1-D and 2-D meshes, with short
-runs that stay on MPI; the direct path is really taken (a copy made to fail is
-taken); a copy failing on one rank only sends every rank of its group through
-MPI with the same result; and the communication counted is the same either way.
+all-to-all and direct steps move each part straight between the ranks' arrays,
+pulled by its receiver or pushed by its sender; all-gathers always go through MPI.
+Checked here: every rank agrees on whether a mesh copies directly (and none does
+with MPITENSOR_DIRECT_READ=0 on any rank); results equal NumPy's and the MPI
+path's, on even and uneven shards, 2-D and 3-D tensors, 1-D and 2-D meshes, with
+short runs and all-gathers that stay on MPI; the direct path is really taken (a
+copy made to fail is taken) and only there; a copy failing on one rank only sends
+every rank of its group through MPI with the same result; and the communication
+counted is the same either way.
 
 Every verdict is gathered before it is asserted, so a failure on one rank never
 leaves the others waiting."""
@@ -66,21 +67,22 @@ def _global(shape, dtype):
 
 
 # (mesh shape, global shape, src, dst, dtype, whether the direct path is taken).
-# Sizes are above 16 KiB per member on average (and, for inner all-gathers, the
-# group's outputs below 16 MiB), but for the (W * 4, W * 64) case, which stays on
-# MPI as the (N, 8) cases do: they copy runs shorter than 4 KiB in the other
-# process or 512 bytes in their own. Copies of more than 512 runs take several
-# system calls, whose batches end inside runs.
+# Sizes are 32 KiB per member on average or more, but for the (W * 4, 600) case,
+# which stays on MPI for that alone; the (W * 4, W * 64) case stays on MPI as the
+# (N, 8) cases do: they copy runs shorter than 4 KiB in the other process or 512
+# bytes in their own. Inner all-gathers (S1 -> R) stay on MPI at every size.
+# Copies of more than 512 runs take several system calls, whose batches end
+# inside runs.
 CASES = [
     ((W,), (W * 96 + 1, 700), [S0], [S1], np.float64, True),
     ((W,), (W * 96 + 1, 700), [S1], [S0], np.float64, True),
-    ((W,), (256, 200 * W + 3), [S1], [R], np.float64, True),
     ((W,), (W * 64, 1200), [S0], [S1], np.float32, True),
     ((W,), (W * 8 + 3, 20, 600), [S0], [S2], np.int64, True),
     ((W,), (W * 4, 40, 600), [S2], [S0], np.int64, True),
     ((W,), (W * 16, W * 128), [S0], [S1], np.float64, True),
     ((W,), (W * 1200, W * 128), [S0], [S1], np.float64, True),  # > 512 runs a copy
-    ((W,), (900, W * 128 + 5), [S1], [R], np.float64, True),
+    ((W,), (900, W * 128 + 5), [S1], [R], np.float64, False),
+    ((W,), (W * 4, 600), [S0], [S1], np.float64, False),
     ((W,), (W * 4, W * 64), [S0], [S1], np.float64, False),
     ((W,), (W * 40000, 8), [S0], [S1], np.float64, False),
     ((W,), (W * 20000, 8), [S1], [R], np.float64, False),
@@ -88,7 +90,7 @@ CASES = [
 if W == 4:
     CASES += [
         ((2, 2), (200, 4000), [S0, S1], [S1, S0], np.float64, True),
-        ((2, 2), (400, 1800), [R, S1], [R, R], np.float64, True),
+        ((2, 2), (400, 1800), [R, S1], [R, R], np.float64, False),
         ((2, 2), (301, 1203), [S1, S0], [S0, R], np.float32, True),
     ]
 

@@ -68,12 +68,8 @@ def save(obj, path, *, device_mesh=None) -> None:
     mesh it was cut from, else the current ``with mesh:`` or all ranks).
     Every byte is written once: of the replicas of a box only the one at
     coordinate 0 of every Replicate mesh dim writes it, and a Partial is reduced
-    first. When the boxes interleave in the file (Shard(1), say) and every rank
-    shares one machine, two writers (threads of the first rank, or the first two
-    ranks) write the file, reading the other ranks' boxes straight from their
-    memory (a local file system lets one writer of a file in at a time anyway);
-    otherwise they are first exchanged in memory into row slabs, so each rank
-    writes one run, a 1/N share.
+    first. When the boxes interleave in the file (Shard(1), say) they are first
+    exchanged in memory into row slabs, so each rank writes one run, a 1/N share.
     The file is written under a temporary name, synced to the device and renamed
     into place after every rank has finished, so an existing file is replaced
     whole or not at all, and the new one survives a power cut once ``save``

@@ -16,7 +16,7 @@ import numpy as np
 from .. import _C, _comm
 from .._clib import MAX_NDIM, Error, I, I64, P, _Box, _int64s, call
 
-__all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "io_gather"]
+__all__ = ["io_save", "io_load", "io_counters", "io_pipeline"]
 
 
 class _Array(ctypes.Structure):  # mt_io_array
@@ -25,7 +25,7 @@ class _Array(ctypes.Structure):  # mt_io_array
 
 
 class _Options(ctypes.Structure):  # mt_io_options
-    _fields_ = [("chunk_bytes", I64), ("io_thread", I), ("gather", I), ("counters", P)]
+    _fields_ = [("chunk_bytes", I64), ("io_thread", I), ("counters", P)]
 
 
 _E = ctypes.POINTER(Error)
@@ -79,8 +79,7 @@ def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_of
     name, head = os.fsencode(path), bytes(header)
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(buf, False)
-    opts = _Options(_options.chunk_bytes, _options.io_thread, _options.gather,
-                    _options.counters)
+    opts = _Options(_options.chunk_bytes, _options.io_thread, _options.counters)
     call(_save, m, name, head, len(head), ctypes.byref(array), ctypes.byref(box),
          data.ctypes.data, data.nbytes, ctypes.byref(opts))
 
@@ -96,8 +95,7 @@ def io_load(mesh, path, shape, itemsize: int, offset: int, box_offset, box_shape
     name = os.fsencode(path)
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(out, True)
-    opts = _Options(_options.chunk_bytes, _options.io_thread, _options.gather,
-                    _options.counters)
+    opts = _Options(_options.chunk_bytes, _options.io_thread, _options.counters)
     call(_load, m, name, ctypes.byref(array), ctypes.byref(box), data.ctypes.data,
          data.nbytes, ctypes.byref(opts))
 
@@ -122,19 +120,3 @@ def io_pipeline(chunk_bytes: int, io_thread) -> tuple[int, bool]:
     _options.chunk_bytes, _options.io_thread = chunk, threaded
     return old
 
-
-def io_gather(mode: int) -> int:
-    """Whether a save of interleaved boxes whose ranks share one node is written
-    by two writers that read the other ranks' boxes straight from their memory
-    (two threads of the first rank, or the first two ranks when each is bound to
-    its own CPU): 0 never, 1 where it pays (the default), 2 always by the first
-    rank's threads where it works. The first rank's setting decides; returns the
-    previous mode. Local.
-
-    Example: ``old = io_gather(0)`` makes every rank write its row slab.
-    """
-    mode = operator.index(mode)
-    if not 0 <= mode <= 2:
-        raise ValueError("io_gather takes 0, 1 or 2")
-    old, _options.gather = _options.gather, mode
-    return old

@@ -5,11 +5,9 @@ The header is made and parsed here; the data moves through csrc/io/io.c, so a
 file saved by N ranks is what numpy.save would have written, and M ranks in any
 layout read it back. Each rank hands the core its own box. A layout whose boxes
 are each one run of the file (Shard(0) of a C-order array) goes straight to the
-file. One whose boxes interleave in it in short runs (Shard(1)) is saved by two
-writers when every rank shares one node, reading the boxes from the ranks' memory
-(csrc/io/io_gather.c); otherwise, and for loads, it is
-exchanged in memory into row slabs, one run per rank, chunk by chunk while an I/O
-thread writes (reads) the previous chunk (csrc/io/io_slabs.c): what two-phase
+file. One whose boxes interleave in it in short runs (Shard(1)) is exchanged in
+memory into row slabs, one run per rank, chunk by chunk while an I/O thread
+writes (reads) the previous chunk (csrc/io/io_slabs.c): what two-phase
 collective I/O does inside MPI-IO, which on ext4 with Open MPI's OMPIO was
 several times slower.
 """

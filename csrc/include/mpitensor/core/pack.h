@@ -22,9 +22,9 @@ void mt_copy_box(const void *src, const int64_t *src_shape, const int64_t *src_o
                  const mt_box *extent, int64_t itemsize);
 
 /* Local. Copies `n` bytes (n <= 0: none) from `src` to `dst`, which must not
- * overlap: memcpy, but without the string instruction that is slow on some CPUs
- * for the mid-sized rows of strided copies (copy.c). Every copy of tensor data
- * in the library goes through it.
+ * overlap: memcpy, but with streaming stores for destinations larger than the
+ * caches on the CPUs where that is faster (copy.c). Every copy of tensor data in
+ * the library goes through it.
  *
  *   mt_copy_bytes(out + row * out_stride, in + row * in_stride, row_bytes);
  */

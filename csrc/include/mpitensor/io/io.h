@@ -41,8 +41,7 @@ int mt_io_box_type(const mt_io_array *array, const mt_box *box, MPI_Datatype *ty
 
 /* Data bytes read from and written to files by mt_io_save / mt_io_load (headers
  * not counted): what this process itself transferred. For boxes of many short runs
- * that is its row slab (or, for a save gathered on one node, the writers' chunks
- * and nothing on the others); otherwise its box. Zero-initialise it; the cells are
+ * that is its row slab; otherwise its box. Zero-initialise it; the cells are
  * atomic (read them with atomic_load) and only grow. */
 typedef struct mt_io_counters {
   _Atomic int64_t read_bytes, written_bytes;
@@ -57,24 +56,15 @@ MT_EXPORT void mt_io_counters_read(const mt_io_counters *counters, int64_t *read
  * least one row; every rank uses the smallest value any rank passed); with
  * `io_thread` nonzero a POSIX thread that makes no MPI call writes or reads one
  * chunk while the next is exchanged (with 0, or when the thread cannot start, each
- * chunk's transfer runs after its exchange). `gather` decides a save of such boxes
- * whose ranks all share one node: with 1 it is written by two writers that read
- * the other ranks' boxes straight from their memory (Linux process_vm_readv) into
- * their chunks and take turns at filling and writing: two threads of the first
- * rank when it may run on two CPUs, else the first two ranks when each is bound to
- * a CPU of its own; the others wait asleep. It also needs the I/O thread allowed
- * and every rank's memory readable. 2 takes the first rank's threads without the
- * CPU condition, 0 never gathers; only the first rank's value counts. File systems
- * that serialise the writers of one file (ext4, XFS) gain most. `counters`, when
- * not NULL, count the bytes this process moved. */
+ * chunk's transfer runs after its exchange). `counters`, when not NULL, count the
+ * bytes this process moved. */
 typedef struct mt_io_options {
   int64_t chunk_bytes;
   int io_thread;
-  int gather;
   mt_io_counters *counters;
 } mt_io_options;
 
-/* Local. The defaults: chunks of 2 MiB, the I/O thread, gather 1, no counters.
+/* Local. The defaults: chunks of 2 MiB, the I/O thread, no counters.
  *
  *   mt_io_options opts = mt_io_options_default();
  *   opts.counters = &my_counters;
