@@ -89,8 +89,10 @@ def point(comm, path, case, nbytes, times, on, off, same=True):
 # ---- direct copies between processes ------------------------------------------------
 
 def meshes(comm):
-    """(a mesh that may read directly, one made with MPITENSOR_DIRECT_READ=0)."""
-    old = os.environ.pop("MPITENSOR_DIRECT_READ", None)
+    """(a mesh made with MPITENSOR_DIRECT_READ=1, which reads directly on any CPU
+    that allows it, one made with MPITENSOR_DIRECT_READ=0)."""
+    old = os.environ.get("MPITENSOR_DIRECT_READ")
+    os.environ["MPITENSOR_DIRECT_READ"] = "1"
     direct = mt.init_device_mesh("cpu", (comm.size,))
     os.environ["MPITENSOR_DIRECT_READ"] = "0"
     plain = mt.init_device_mesh("cpu", (comm.size,))

@@ -25,7 +25,8 @@
 /* Collective on `comm` (`n` members, all on one node). Sets *ok to 1 on every
  * member when each could read every other one's memory and found what it held (a
  * token compared, so a process of another pid namespace never passes), else 0 on
- * every member; 0 without trying where MPITENSOR_DIRECT_READ=0 on some member.
+ * every member; 0 without trying where some member leaves them off (its CPU, or
+ * MPITENSOR_DIRECT_READ=0; =1 switches them on whatever the CPU).
  * MT_EMPI when the collectives themselves fail. */
 int mt__direct_probe(MPI_Comm comm, int n, int *ok, mt_error *err);
 

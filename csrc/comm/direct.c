@@ -270,9 +270,19 @@ static int reads_back(int64_t pid, uint64_t token_at, int64_t expect) {
          got == expect;
 }
 
+/* Whether this process leaves direct copies off: MPITENSOR_DIRECT_READ=0, or,
+ * unless MPITENSOR_DIRECT_READ=1 asks for them, a CPU where benchmarks/transport.py
+ * has not measured them faster than MPI's shared-memory transport (only AMD's
+ * have been). */
 static int disabled_here(void) {
   const char *v = getenv("MPITENSOR_DIRECT_READ");
-  return v != NULL && strcmp(v, "0") == 0;
+  if (v != NULL && strcmp(v, "0") == 0) return 1;
+  if (v != NULL && strcmp(v, "1") == 0) return 0;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return !__builtin_cpu_is("amd");
+#else
+  return 1;
+#endif
 }
 
 int mt__direct_probe(MPI_Comm comm, int n, int *ok, mt_error *err) {

@@ -150,7 +150,7 @@ void mt_io_counters_read(const mt_io_counters *c, int64_t *read, int64_t *writte
 
 mt_io_options mt_io_options_default(void) {
   /* The pipeline's chunk per rank: a few MiB keeps both the exchange and the
-   * writes efficient while letting them overlap (docs/benchmarks.md, "Checkpoints"). */
+   * writes efficient while letting them overlap. */
   mt_io_options o = {(int64_t)2 << 20, 1, NULL};
   return o;
 }

@@ -154,8 +154,9 @@ MT_EXPORT int mt_mesh_alltoallv(const mt_mesh *mesh, int dim, const void *send,
 /* Local. Whether large steps between the mesh's members copy each part straight
  * from one process's array into another's (Linux's process_vm_readv), one pass
  * where MPI packs, copies and unpacks a strided part: the members are all on one
- * node, none set MPITENSOR_DIRECT_READ=0, and each could read every other one when
- * the mesh was made. A slice answers for the mesh it was cut from. Fixed for the
+ * node, on CPUs where this was measured faster (AMD's) or with
+ * MPITENSOR_DIRECT_READ=1, none set MPITENSOR_DIRECT_READ=0, and each could read
+ * every other one when the mesh was made. A slice answers for the mesh it was cut from. Fixed for the
  * mesh's life, and the same on every member: a step whose copy fails somewhere
  * goes through MPI, agreed within its group, and the next one tries again (a
  * flag turned off by one group would differ from another group's). */
