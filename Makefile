@@ -195,7 +195,8 @@ test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 # benchmark with its own defaults (sizes up to 64 MiB per rank, 1 GiB checkpoints,
 # 16k-token attention) and checkpoint and context parallelism at np 4 too, which
 # takes several times longer. torch is timed alongside when it is importable in
-# the venv, and Heat (benchmarks/vs_heat.py, skipped without it) when it is
+# the venv (not beside the redistributions, whose raw MPI baselines gloo's polling
+# threads would slow on 2 cores), and Heat (benchmarks/vs_heat.py, skipped without it) when it is
 # importable. Every figure is a ratio against a baseline timed
 # interleaved in the same run (see docs/performance.md).
 BENCH_FULL ?=
@@ -225,7 +226,7 @@ bench: install
 	@set -e; mkdir -p benchmarks/results; \
 	torch=$$($(PY) -c "import torch" 2>/dev/null && echo --torch || true); \
 	start=$$(date +%s); echo "load average at start: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	$(MPIRUN) 2 $(PY) benchmarks/redistribute.py $(BENCH_REDIST) $$torch; \
+	$(MPIRUN) 2 $(PY) benchmarks/redistribute.py $(BENCH_REDIST); \
 	$(MPIRUN) 4 $(PY) benchmarks/redistribute.py $(BENCH_REDIST); \
 	$(MPIRUN) 2 $(PY) benchmarks/dispatch.py $(BENCH_DISPATCH) $$torch; \
 	$(MPIRUN) 2 $(PY) benchmarks/tensor_parallel.py $(BENCH_TP) $$torch; \
