@@ -1,7 +1,6 @@
 /* The words of sharding propagation (prop.h): what makes a dim map valid
  * (mt_dimmap_check: counts, masks, label kinds, and the labels of the inputs and
- * of the output), and the names of the reduce ops a Partial carries. The engine
- * that reads dim maps is propagate.c's. */
+ * of the output). The engine that reads dim maps is propagate.c's. */
 #include "mpitensor/core/prop.h"
 
 #include <inttypes.h>
@@ -9,11 +8,6 @@
 
 #include "core-private.h"
 #include "mpitensor/core/status.h"
-
-const char *mt_reduce_op_name(int op) {
-  static const char *const names[MT_REDUCE_COUNT] = {"sum", "avg", "product", "max", "min"};
-  return op >= 0 && op < MT_REDUCE_COUNT ? names[op] : NULL;
-}
 
 static int check_counts(const mt_dimmap *map, mt_error *err) {
   if (map->ninputs < 1 || map->ninputs > MT_PROP_MAX_INPUTS)

@@ -421,7 +421,6 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
 
 int mt_ext_ops_exec(PyObject *module);
 int mt_ext_pool_exec(PyObject *module);
-int mt_ext_prop_exec(PyObject *module);
 int mt_ext_mesh_base_exec(PyObject *module);
 int mt_ext_dtensor_exec(PyObject *module);
 int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg);

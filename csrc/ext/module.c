@@ -31,7 +31,7 @@ static int module_exec(PyObject *module) {
   st->modes.grad_enabled = 1, st->modes.want = Py_NewRef(Py_None);
   if (mt_ext_ops_exec(module) < 0 ||
       mt_ext_pool_exec(module) < 0 ||
-      mt_ext_prop_exec(module) < 0 || mt_ext_mesh_base_exec(module) < 0 ||
+      mt_ext_mesh_base_exec(module) < 0 ||
       mt_ext_dtensor_exec(module) < 0)
     return -1;
   mt_ext_dispatch *d = st->dispatch;
@@ -40,10 +40,7 @@ static int module_exec(PyObject *module) {
   if (add_address(module, "HOOK_CALLS", d->hook_calls) < 0 ||
       PyModule_AddIntConstant(module, "HOOK_COUNT", MT_HOOK_COUNT) < 0)
     return -1;
-  if (PyModule_AddIntConstant(module, "MAX_NDIM", MT_MAX_NDIM) < 0 ||
-      PyModule_AddIntConstant(module, "MODES_SIZE", (long)sizeof(mt_ext_modes)) < 0)
-    return -1;
-  return PyModule_AddIntConstant(module, "MAX_MESH_NDIM", MT_MAX_MESH_NDIM);
+  return PyModule_AddIntConstant(module, "MODES_SIZE", (long)sizeof(mt_ext_modes));
 }
 
 #define MT_EXT_TYPES(X, st)                                                            \

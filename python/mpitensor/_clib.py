@@ -1,7 +1,8 @@
 """The C functions that take no Python object and touch no MPI, called through
 ctypes in libmpitensor_local.so, which is installed beside mpitensor._C: the core's
-layout math and random fills here, the nn kernels in :mod:`mpitensor.nn._ckernels`,
-the kernels along an axis in :mod:`mpitensor._ops._lanes`.
+layout math, random fills and the names of its constants (``CORE``) here, the nn
+kernels in :mod:`mpitensor.nn._ckernels`, the kernels along an axis in
+:mod:`mpitensor._ops._lanes`.
 
 This is the one loader of that library: it gives every binding the library, the
 C prototypes, the array checks and the status -> exception rule the extension
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import operator
 import os
+import types
 
 import numpy as np
 
@@ -24,7 +27,34 @@ from . import _C
 lib = ctypes.CDLL(os.path.join(os.path.dirname(_C.__file__), "libmpitensor_local.so"))
 
 P, I, I64, D = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double
-MAX_NDIM, MAX_MESH_NDIM = _C.MAX_NDIM, _C.MAX_MESH_NDIM  # the sizes of mt_layout's arrays
+
+
+def fn(name, restype, *argtypes, library=lib):
+    """The function ``name`` of ``library`` (this one unless given) with its C
+    prototype."""
+    f = getattr(library, name)
+    f.restype, f.argtypes = restype, list(argtypes)
+    return f
+
+
+def _constants() -> types.SimpleNamespace:
+    """The core's constants by name (mt_enum_at: LABEL_KEEP, REDUCE_SUM, MAX_NDIM,
+    ...), with ``REDUCE_OPS``, torch's names of the reduce ops by code."""
+    enum_at = fn("mt_enum_at", ctypes.c_char_p, I, ctypes.POINTER(I))
+    op_name = fn("mt_reduce_op_name", ctypes.c_char_p, I)
+    value, names = I(), {}
+    for i in itertools.count():
+        name = enum_at(i, ctypes.byref(value))
+        if name is None:
+            break
+        names[name.decode()] = value.value
+    ops = tuple(op_name(op).decode() for op in range(names["REDUCE_COUNT"]))
+    return types.SimpleNamespace(**names, REDUCE_OPS=ops)
+
+
+# What Python knows of the core's enums and limits: read here, never copied.
+CORE = _constants()
+MAX_NDIM, MAX_MESH_NDIM = CORE.MAX_NDIM, CORE.MAX_MESH_NDIM  # the sizes of mt_layout's arrays
 
 
 class Error(ctypes.Structure):  # mt_error
@@ -43,14 +73,6 @@ class _Layout(ctypes.Structure):  # mt_layout
     _fields_ = [("ndim", I), ("shape", I64 * MAX_NDIM), ("mesh_ndim", I),
                 ("mesh_shape", I64 * MAX_MESH_NDIM),
                 ("placements", _Placement * MAX_MESH_NDIM)]
-
-
-def fn(name, restype, *argtypes, library=lib):
-    """The function ``name`` of ``library`` (this one unless given) with its C
-    prototype."""
-    f = getattr(library, name)
-    f.restype, f.argtypes = restype, list(argtypes)
-    return f
 
 
 _E = ctypes.POINTER(Error)

@@ -16,6 +16,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from . import _C, _args, _clib, _device, _dtypes, _iterate, _modes, _registry, _trace, _comm
+from ._clib import CORE
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
@@ -833,8 +834,8 @@ class DTensor(_C.DTensorBase):
 # Partial(op) return), and finds the operations in the registries mpitensor._ops
 # and autograd fill.
 _C.dispatch_init(DTensor, DTensorSpec, Node, _comm.Request, Replicate(),
-                 tuple(Shard(d) for d in range(_C.MAX_NDIM)),
-                 tuple(Partial(op) for op in _C.REDUCE_OPS), _registry.functions,
+                 tuple(Shard(d) for d in range(_clib.MAX_NDIM)),
+                 tuple(Partial(op) for op in CORE.REDUCE_OPS), _registry.functions,
                  _registry.rules, _registry.backwards)
 
 
@@ -1002,12 +1003,12 @@ def _meta_record(local: np.ndarray, gshape, placements) -> np.ndarray:
     """dtype, ndim, local shape, global shape and a checksum of the placements
     packed as int64 for a broadcast. Placements that differ across ranks would make
     the ranks' next collectives differ, i.e. hang, so they are checked too."""
-    rec = np.zeros(3 + 2 * _C.MAX_NDIM, dtype=np.int64)
+    rec = np.zeros(3 + 2 * _clib.MAX_NDIM, dtype=np.int64)
     rec[-1] = fingerprint(tuple(placements))
     rec[0] = int.from_bytes(local.dtype.str.encode().ljust(8)[:8], "little", signed=True)
     rec[1] = local.ndim
     rec[2:2 + local.ndim] = local.shape
-    rec[2 + _C.MAX_NDIM:2 + _C.MAX_NDIM + len(gshape)] = gshape
+    rec[2 + _clib.MAX_NDIM:2 + _clib.MAX_NDIM + len(gshape)] = gshape
     return rec
 
 
@@ -1018,14 +1019,14 @@ def _meta_problem(local, spec, mine, root, shape_given):
         return (f"placements {list(spec.placements)} on rank {spec.mesh.get_rank()} "
                 f"differ from the first rank's")
     if shape_given:
-        if not np.array_equal(mine[2 + _C.MAX_NDIM:-1], root[2 + _C.MAX_NDIM:-1]):
+        if not np.array_equal(mine[2 + _clib.MAX_NDIM:-1], root[2 + _clib.MAX_NDIM:-1]):
             return f"shape {spec.shape} differs from the first rank's"
         expect, _ = compute_local_shape_and_global_offset(
             spec.shape, spec.mesh, spec.placements)
         if tuple(local.shape) != tuple(expect):
             return (f"local shape {local.shape} on rank {spec.mesh.get_rank()} is not "
                     f"its shard {tuple(expect)} of the global shape {spec.shape}")
-    elif not np.array_equal(mine[2:2 + _C.MAX_NDIM], root[2:2 + _C.MAX_NDIM]):
+    elif not np.array_equal(mine[2:2 + _clib.MAX_NDIM], root[2:2 + _clib.MAX_NDIM]):
         return (f"local shape {local.shape} on rank {spec.mesh.get_rank()} differs from "
                 f"the first rank's; pass shape= and stride= for uneven shards")
     return None

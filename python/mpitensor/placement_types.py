@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _C
+from ._clib import CORE
 
 __all__ = ["Placement", "Shard", "Replicate", "Partial"]
 
 # The C core's codes (mt_placement_kind, mt_reduce_op in layout.h).
-_REPLICATE, _SHARD, _PARTIAL = _C.PLACEMENT_REPLICATE, _C.PLACEMENT_SHARD, _C.PLACEMENT_PARTIAL
-_REDUCE_OPS = _C.REDUCE_OPS
+_REPLICATE, _SHARD, _PARTIAL = (CORE.PLACEMENT_REPLICATE, CORE.PLACEMENT_SHARD,
+                               CORE.PLACEMENT_PARTIAL)
+_REDUCE_OPS = CORE.REDUCE_OPS
 
 
 class Placement:

@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes, _comm, _plan, _trace
+from mpitensor._clib import CORE
 from mpitensor._ops import _dispatch as D
 from mpitensor.placement_types import from_code
 from mpitensor.debug import CommDebugMode, set_logs
@@ -549,9 +550,17 @@ def test_the_memo_and_layouts_stay_within_their_bounds():
 
 
 def test_enums_come_from_c():
+    # Read through ctypes from the core's table (mt_enum_at), which the extension's
+    # own checks agree with: dispatch_init takes MAX_NDIM shards and a Partial per
+    # reduce op, register_ufunc only the two families.
     assert (D.KEEP, D.CONTRACT, D.REDUCE, D.REPLICATE) == (0, 1, 2, 3)
-    assert _C.REDUCE_OPS == ("sum", "avg", "product", "max", "min")
-    assert from_code((_C.PLACEMENT_PARTIAL, 0, _C.REDUCE_MAX)) is Partial("max")
+    assert (CORE.PLACEMENT_REPLICATE, CORE.PLACEMENT_SHARD, CORE.PLACEMENT_PARTIAL) == (0, 1, 2)
+    assert (CORE.FAMILY_ELEMENTWISE, CORE.FAMILY_MATMUL) == (0, 1)
+    assert (CORE.MAX_NDIM, CORE.MAX_MESH_NDIM, CORE.PROP_MAX_INPUTS) == (16, 8, 8)
+    assert CORE.REDUCE_OPS == ("sum", "avg", "product", "max", "min")
+    assert CORE.REDUCE_COUNT == len(CORE.REDUCE_OPS)
+    assert Shard(3)._code == (CORE.PLACEMENT_SHARD, 3, 0)
+    assert from_code((CORE.PLACEMENT_PARTIAL, 0, CORE.REDUCE_MAX)) is Partial("max")
     assert _plan.STEP_KINDS[0] == "all_gather"
 
 

@@ -10,6 +10,7 @@
 #include "mpitensor/core/dtype.h"
 #include "mpitensor/core/lanes.h"
 #include "mpitensor/core/layout.h"
+#include "mpitensor/core/names.h"
 #include "mpitensor/core/pack.h"
 #include "mpitensor/core/plan.h"
 #include "mpitensor/core/prop.h"

@@ -27,7 +27,8 @@ import numpy as np
 from numpy.lib import _function_base_impl as _npq
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _C, _dtypes, _modes, _registry, _trace
+from .. import _dtypes, _modes, _registry, _trace
+from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
@@ -652,9 +653,9 @@ def _offsets(mesh, totals, dims, coord, op):
     innermost first, an exclusive scan over the mesh dim, then the group's totals
     reduced over it for the next mesh dim out. Collective on ``dims``."""
     if totals.dtype == np.bool_:
-        combine = np.logical_or if op == _C.REDUCE_SUM else np.logical_and
+        combine = np.logical_or if op == CORE.REDUCE_SUM else np.logical_and
     else:
-        combine = np.add if op == _C.REDUCE_SUM else np.multiply
+        combine = np.add if op == CORE.REDUCE_SUM else np.multiply
     offset = None
     for m in reversed(dims):
         before = np.array(totals, order="C")  # the scan writes in place
@@ -662,7 +663,7 @@ def _offsets(mesh, totals, dims, coord, op):
         if coord[m] > 0:
             offset = before if offset is None else combine(before, offset)
         if m != dims[0]:
-            totals = _all_reduce(mesh, totals, _C.REDUCE_OPS[op], (m,))
+            totals = _all_reduce(mesh, totals, CORE.REDUCE_OPS[op], (m,))
     return offset
 
 
@@ -676,9 +677,9 @@ def _lane_totals(x, ax, op):
         # 2-byte floats round every step: NumPy's reduction would round differently.
         return _lanes.scan(x, ax, op, out=False)[1]
     if x.dtype == np.bool_:
-        ufunc = np.logical_or if op == _C.REDUCE_SUM else np.logical_and
+        ufunc = np.logical_or if op == CORE.REDUCE_SUM else np.logical_and
     else:
-        ufunc = np.add if op == _C.REDUCE_SUM else np.multiply
+        ufunc = np.add if op == CORE.REDUCE_SUM else np.multiply
     return np.ascontiguousarray(ufunc.reduce(x, axis=ax, dtype=x.dtype))
 
 
@@ -723,5 +724,5 @@ def _rows_only(a) -> bool:
             and any(p.is_shard() for p in pls))
 
 
-_registry.implements(np.cumsum)(_cumulative(np.cumsum, True, _C.REDUCE_SUM))
-_registry.implements(np.cumprod)(_cumulative(np.cumprod, False, _C.REDUCE_PRODUCT))
+_registry.implements(np.cumsum)(_cumulative(np.cumsum, True, CORE.REDUCE_SUM))
+_registry.implements(np.cumprod)(_cumulative(np.cumprod, False, CORE.REDUCE_PRODUCT))

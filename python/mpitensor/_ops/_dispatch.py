@@ -19,23 +19,24 @@ import numbers
 import numpy as np
 
 from .. import _C, _comm, _modes, _trace, device_mesh as _device_mesh
-from .._clib import MAX_NDIM, Error, I, I64, call
+from .._clib import CORE, MAX_NDIM, Error, I, I64, call
 from .._dtensor import DTensor
 
 # The label kinds, partial rules and reduce ops of dim maps, from the core.
-KEEP, CONTRACT, REDUCE, REPLICATE = (_C.LABEL_KEEP, _C.LABEL_CONTRACT, _C.LABEL_REDUCE,
-                                     _C.LABEL_REPLICATE)
+KEEP, CONTRACT, REDUCE, REPLICATE = (CORE.LABEL_KEEP, CORE.LABEL_CONTRACT,
+                                     CORE.LABEL_REDUCE, CORE.LABEL_REPLICATE)
 P_NONE, P_LINEAR_ALL, P_LINEAR_ONE, P_SAME_OP, P_ADDITIVE = (
-    _C.PARTIAL_NONE, _C.PARTIAL_LINEAR_ALL, _C.PARTIAL_LINEAR_ONE, _C.PARTIAL_SAME_OP,
-    _C.PARTIAL_ADDITIVE)
-R_SUM, R_AVG, R_PRODUCT, R_MAX, R_MIN = (_C.REDUCE_SUM, _C.REDUCE_AVG, _C.REDUCE_PRODUCT,
-                                         _C.REDUCE_MAX, _C.REDUCE_MIN)
+    CORE.PARTIAL_NONE, CORE.PARTIAL_LINEAR_ALL, CORE.PARTIAL_LINEAR_ONE, CORE.PARTIAL_SAME_OP,
+    CORE.PARTIAL_ADDITIVE)
+R_SUM, R_AVG, R_PRODUCT, R_MAX, R_MIN = (CORE.REDUCE_SUM, CORE.REDUCE_AVG,
+                                         CORE.REDUCE_PRODUCT, CORE.REDUCE_MAX,
+                                         CORE.REDUCE_MIN)
 # The most DTensor inputs one decision takes.
-MAX_INPUTS = _C.PROP_MAX_INPUTS
+MAX_INPUTS = CORE.PROP_MAX_INPUTS
 
 
 _U32 = ctypes.c_uint32
-MAX_LABELS = _C.PROP_MAX_LABELS
+MAX_LABELS = CORE.PROP_MAX_LABELS
 
 
 class DimMap(ctypes.Structure):  # mt_dimmap

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _C, _layout, _registry
+from .._clib import CORE
 from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _dispatch as D
@@ -25,17 +26,17 @@ from ._stats import logaddexp_reduce
 
 _KWARGS = frozenset({"out", "dtype", "casting"})
 _KINDS = {
-    np.add: _C.ELEMENTWISE_ADD, np.subtract: _C.ELEMENTWISE_ADD,
-    np.negative: _C.ELEMENTWISE_NEG, np.positive: _C.ELEMENTWISE_ADD,
-    np.multiply: _C.ELEMENTWISE_MUL, np.true_divide: _C.ELEMENTWISE_DIV,
-    np.maximum: _C.ELEMENTWISE_MAX, np.minimum: _C.ELEMENTWISE_MIN,
+    np.add: CORE.ELEMENTWISE_ADD, np.subtract: CORE.ELEMENTWISE_ADD,
+    np.negative: CORE.ELEMENTWISE_NEG, np.positive: CORE.ELEMENTWISE_ADD,
+    np.multiply: CORE.ELEMENTWISE_MUL, np.true_divide: CORE.ELEMENTWISE_DIV,
+    np.maximum: CORE.ELEMENTWISE_MAX, np.minimum: CORE.ELEMENTWISE_MIN,
 }
 # Non-decreasing on their whole domain, so max(f(p)) = f(max(p)): a Partial(max)
 # or Partial(min) passes (torch's non-decreasing unary rules).
 _KINDS.update(dict.fromkeys(
     (np.exp, np.exp2, np.expm1, np.floor, np.ceil, np.trunc, np.rint, np.tanh, np.sinh,
      np.arcsinh, np.arctan, np.sign, np.deg2rad, np.rad2deg, np.radians, np.degrees),
-    _C.ELEMENTWISE_INCREASING))
+    CORE.ELEMENTWISE_INCREASING))
 
 
 def _register() -> None:
@@ -47,10 +48,10 @@ def _register() -> None:
             continue
         seen.add(u)
         if u is np.matmul:
-            _C.register_ufunc(u, _C.FAMILY_MATMUL, 0)
+            _C.register_ufunc(u, CORE.FAMILY_MATMUL, 0)
         elif u.signature is None and u.nin <= D.MAX_INPUTS:
-            _C.register_ufunc(u, _C.FAMILY_ELEMENTWISE,
-                              _KINDS.get(u, _C.ELEMENTWISE_NONE))
+            _C.register_ufunc(u, CORE.FAMILY_ELEMENTWISE,
+                              _KINDS.get(u, CORE.ELEMENTWISE_NONE))
 
 
 _register()

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _registry
+from .. import _registry
+from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 from ..placement_types import Partial
@@ -42,7 +43,7 @@ def _run_elementwise(name, key, operands, func):
     D.same_mesh(name, inputs)
     tensors = sum(1 << i for i, is_dt in enumerate(pattern) if is_dt)
     return D.execute(key, operands, lambda: D.dimmap_elementwise(
-        _C.ELEMENTWISE_NONE, len(pattern), tensors, [x.shape for x in inputs]), func)
+        CORE.ELEMENTWISE_NONE, len(pattern), tensors, [x.shape for x in inputs]), func)
 
 
 @_registry.implements(np.where)
@@ -192,7 +193,7 @@ def _part(name, a, func):
         return a if func is np.real else _same_layout(a, np.zeros_like(a.to_local()),
                                                        a.dtype)
     return D.execute((name,), (a,), lambda: D.dimmap_elementwise(
-        _C.ELEMENTWISE_ADD, 1, 1, [a.shape]), lambda x: np.ascontiguousarray(func(x)))
+        CORE.ELEMENTWISE_ADD, 1, 1, [a.shape]), lambda x: np.ascontiguousarray(func(x)))
 
 
 @_registry.implements(np.real)

@@ -120,10 +120,6 @@ typedef struct mt_dimmap {
   int64_t out_size[MT_MAX_NDIM];
 } mt_dimmap;
 
-/* Local. torch's name of a reduce op ("sum", "avg", "product", "max", "min"), or
- * NULL for a code outside mt_reduce_op. */
-const char *mt_reduce_op_name(int op);
-
 /* ---- Dim maps of the operation families, built from an op's signature. ---- */
 
 /* How an elementwise op treats Partial inputs, by what it does to a pending sum.
