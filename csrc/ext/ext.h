@@ -159,7 +159,7 @@ enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
  * Their counts, and RUNS (operations the executor ran), are an array that
  * mpitensor._trace reads through ctypes (`_C.HOOK_CALLS`, in this order). */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
-       MT_HOOK_BACKWARD, MT_HOOK_RUNS, MT_HOOK_COUNT };
+       MT_HOOK_BACKWARD, MT_HOOK_ERROR, MT_HOOK_RUNS, MT_HOOK_COUNT };
 
 struct mt_ext_dispatch {
   PyObject *module; /* borrowed: the module whose state this is */
@@ -168,7 +168,7 @@ struct mt_ext_dispatch {
   PyObject *functions; /* NumPy function -> its entry (mpitensor._registry) */
   PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
   PyObject *backwards; /* function -> (name, backward) of its registry entry */
-  PyObject *hooks;     /* name -> callable: "event", "placements", "entry_error" */
+  PyObject *hooks;     /* name -> callable: "event", "placements", "strided", "error" */
   PyObject *ufunc_type;
   PyObject *replicate, *shard[MT_MAX_NDIM], *partial[MT_REDUCE_COUNT];
   PyObject *binary[MT_EXT_NBINARY], *unary[MT_EXT_NUNARY], *compare[MT_EXT_NCOMPARE];
@@ -220,9 +220,13 @@ int mt_ext_event(mt_ext_dispatch *d, const char *kind, PyObject *const *args, Py
 int mt_ext_move_event(mt_ext_dispatch *d, PyObject *spec, mt_plan *plan, int same,
                       PyObject *what, PyObject *dst);
 
-/* "numpy.add", "numpy.linalg.norm", "numpy.reshape": the name a user writes for
- * an operation's function or key (a new reference, never NULL without an error). */
-PyObject *mt_ext_op_label(PyObject *key);
+/* The exception of error `kind` of the operation `key` (its function or op key),
+ * with `arg` (NULL: None), raised by the error hook (mpitensor._registry), which
+ * names the operation as a user writes it. Returns NULL. The kinds: "no_rule",
+ * "no_backward" (a floating-point result of an op without a backward rule),
+ * "mixed" (arg: a plain ndarray operand), "in_place_grad" (key: the function's
+ * name), "out_grad". */
+PyObject *mt_ext_error(mt_ext_dispatch *d, const char *kind, PyObject *key, PyObject *arg);
 
 /* -- specs and layouts (ext_spec.c) ------------------------------------------------ */
 
@@ -407,9 +411,6 @@ PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep
 static inline int mt_ext_needs_grad(const mt_ext_dispatch *d, PyObject *o) {
   return Py_TYPE(o) == d->dtensor && ((const mt_ext_dtensor *)o)->requires_grad;
 }
-/* The NotImplementedError of a floating-point result of the operation `key` (its
- * function or op key) that has no backward rule; returns NULL. */
-PyObject *mt_ext_no_backward(PyObject *key);
 /* `out` (a DTensor, or a tuple: its first) recorded as made by `backward` from the
  * n inputs (those that need a gradient), keeping `saved` and `aux` for it; out
  * is returned, or NULL with an exception (out released). */

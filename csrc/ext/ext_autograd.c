@@ -7,17 +7,6 @@
  * and no `saved`. */
 #include "ext.h"
 
-PyObject *mt_ext_no_backward(PyObject *key) {
-  PyObject *name = mt_ext_op_label(key);
-  if (name != NULL)
-    PyErr_Format(PyExc_NotImplementedError,
-                 "%U has no backward rule in mpitensor.autograd yet; run it under "
-                 "mpitensor.no_grad() or on .detach()ed DTensors (the gradient through "
-                 "it would be lost)", name);
-  Py_XDECREF(name);
-  return NULL;
-}
-
 PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
                         PyObject *out, PyObject *const *inputs, Py_ssize_t n,
                         PyObject *saved, PyObject *aux) {

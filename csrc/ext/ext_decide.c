@@ -79,21 +79,6 @@ static PyObject *replicated(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *
   return mt_ext_new_dtensor(d, spec ? Py_NewRef(arr) : NULL, spec, 0, 0);
 }
 
-/* The mixed-operand TypeError of a plain ndarray outside implicit_replication(). */
-static int mixed(PyObject *arr, PyObject *key) {
-  PyObject *shape = PyObject_GetAttrString(arr, "shape");
-  PyObject *label = shape != NULL ? mt_ext_op_label(key) : NULL;
-  if (label != NULL)
-    PyErr_Format(PyExc_TypeError,
-                 "%U: mixing a DTensor with a plain ndarray of shape %R is not supported; "
-                 "wrap it with mpitensor.distribute_tensor(array, mesh, placements) first, "
-                 "or, when every rank holds the same array, run the operation inside "
-                 "mpitensor.experimental.implicit_replication()", label, shape);
-  Py_XDECREF(shape);
-  Py_XDECREF(label);
-  return -1;
-}
-
 /* The mesh of the first DTensor operand; NULL (no exception) when there is none.
  * A DTensor whose move is pending completes it here (collective). */
 static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, int n,
@@ -131,8 +116,10 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
   if (!mt_ext_is_dtensor(d, o)) {
     if (PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0) {
       if (!(d->modes->implicit_replication > 0 || c->mb->local ||
-            PyArray_SIZE((PyArrayObject *)o) == 1))
-        return mixed(o, key);
+            PyArray_SIZE((PyArrayObject *)o) == 1)) {
+        mt_ext_error(d, "mixed", key, o);
+        return -1;
+      }
       o = c->made[c->nmade++] = replicated(d, c->mb, o);
       if (o == NULL) return -1;
     } else {

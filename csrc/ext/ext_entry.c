@@ -51,16 +51,8 @@ static PyObject *call_entry(mt_ext_dispatch *d, PyObject *func, PyObject *args,
   if (rule != NULL) return args_kwargs_hook(d, MT_HOOK_ENTRY, rule, args, kwargs);
   if (PyErr_Occurred()) return NULL;
   PyObject *entry = PyDict_GetItemWithError(d->functions, func);
-  if (entry == NULL) {
-    if (PyErr_Occurred()) return NULL;
-    PyObject *name = mt_ext_op_label(func);
-    if (name != NULL)
-      PyErr_Format(PyExc_TypeError,
-                   "%U has no sharding rule for DTensors in mpitensor; call .full_tensor() "
-                   "to work on the whole array, or .to_local() for this rank's shard", name);
-    Py_XDECREF(name);
-    return NULL;
-  }
+  if (entry == NULL)
+    return PyErr_Occurred() ? NULL : mt_ext_error(d, "no_rule", func, NULL);
   return mt_ext_hook_call(d, MT_HOOK_ENTRY, entry, args, kwargs);
 }
 
@@ -141,16 +133,8 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   }
   PyObject *out_kw = kwargs != NULL ? PyDict_GetItemWithError(kwargs, d->s_out) : NULL;
   if (bw != NULL && backward == Py_None)  /* a function that writes in place */
-    return PyErr_Format(PyExc_RuntimeError, "%S: a DTensor that requires grad cannot be "
-                        "written in place while grad mode is on (the write would not be "
-                        "recorded and a gradient would be lost); write under "
-                        "mpitensor.no_grad(), or build a new DTensor (e.g. numpy.where)",
-                        name);
-  if (out_kw != NULL && out_kw != Py_None)
-    return PyErr_Format(PyExc_RuntimeError, "%R: out= (or an in-place operator) with "
-                        "DTensors that require grad is not supported in grad mode; write "
-                        "the result to a new DTensor, or run the update under "
-                        "mpitensor.no_grad()", func);
+    return mt_ext_error(d, "in_place_grad", name, NULL);
+  if (out_kw != NULL && out_kw != Py_None) return mt_ext_error(d, "out_grad", func, NULL);
   char priced = d->modes->grad_priced;
   d->modes->grad_enabled = 0, d->modes->grad_priced = 1;
   PyObject *res = call_entry(d, func, args, kwargs);
@@ -163,8 +147,9 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
     return res;
   if (backward == Py_None) {
     Py_DECREF(res);
-    return mt_ext_no_backward(func == d->ufunc_type && PyTuple_GET_SIZE(args) > 0
-                                  ? PyTuple_GET_ITEM(args, 0) : func);
+    return mt_ext_error(d, "no_backward",
+                        func == d->ufunc_type && PyTuple_GET_SIZE(args) > 0
+                            ? PyTuple_GET_ITEM(args, 0) : func, NULL);
   }
   PyObject *flat = flat_args(args);
   if (flat == NULL) {

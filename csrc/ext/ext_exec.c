@@ -275,7 +275,7 @@ static PyObject *record(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_ca
     return out;
   if (op->sig == NULL || op->sig->grad_backward == NULL) {
     Py_DECREF(out);
-    return mt_ext_no_backward(op->key);
+    return mt_ext_error(d, "no_backward", op->key, NULL);
   }
   PyObject *inputs[MT_MEMO_MAX_OPERANDS];
   for (int i = 0, t = 0; i < c->noperands; ++i)

@@ -13,13 +13,15 @@
  *   PLACEMENTS  the normaliser of placements that are not the interned objects
  *               (mpitensor._args.normalize_placements), which raises torch's
  *               errors;
- *   BACKWARD    not called from C: counted by autograd's engine.
+ *   BACKWARD    not called from C: counted by autograd's engine;
+ *   ERROR       the exception of an operation the executor refuses (no sharding
+ *               rule, no backward, a plain ndarray operand, a write under grad
+ *               mode): the error hook (mpitensor._registry.executor_error) names
+ *               the operation as a user writes it and raises.
  *
  * Each call is counted by kind (mpitensor._trace.hook_stats()), so tests can show
  * what a path costs: a cached `a + b` makes one LOCAL call and nothing else. */
 #include "ext.h"
-
-#include <string.h>
 
 PyObject *mt_ext_hook(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *const *args,
                       size_t nargsf, PyObject *kwnames) {
@@ -59,32 +61,23 @@ int mt_ext_move_event(mt_ext_dispatch *d, PyObject *spec, mt_plan *plan, int sam
   return rc;
 }
 
-PyObject *mt_ext_op_label(PyObject *key) {
-  if (PyTuple_Check(key) && PyTuple_GET_SIZE(key) > 0) key = PyTuple_GET_ITEM(key, 0);
-  if (PyUnicode_Check(key)) return PyUnicode_FromFormat("numpy.%U", key);
-  PyObject *module = PyObject_GetAttrString(key, "__module__");
-  PyObject *name = module ? PyObject_GetAttrString(key, "__qualname__") : NULL;
-  if (name == NULL) {
-    PyErr_Clear();
-    name = PyObject_GetAttrString(key, "__name__");
+PyObject *mt_ext_error(mt_ext_dispatch *d, const char *kind, PyObject *key, PyObject *arg) {
+  PyObject *fn = PyDict_GetItemString(d->hooks, "error");
+  if (fn == NULL)
+    return PyErr_Format(PyExc_RuntimeError, "%s: %R (no error hook: import mpitensor)", kind,
+                        key);
+  PyObject *args[3] = {PyUnicode_FromString(kind), key, arg != NULL ? arg : Py_None};
+  PyObject *r = args[0] != NULL ? mt_ext_hook(d, MT_HOOK_ERROR, fn, args, 3, NULL) : NULL;
+  Py_XDECREF(args[0]);
+  if (r != NULL) {
+    Py_DECREF(r);
+    PyErr_Format(PyExc_RuntimeError, "the error hook raised nothing for %s", kind);
   }
-  if (name == NULL) {
-    PyErr_Clear();
-    Py_XDECREF(module);
-    return PyObject_Repr(key);
-  }
-  /* NumPy's private modules (numpy._core...) are not where users find a function. */
-  const char *m = module != NULL && PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : NULL;
-  PyObject *out = m == NULL || strncmp(m, "numpy._", 7) == 0 || strcmp(m, "builtins") == 0
-                      ? PyUnicode_FromFormat("numpy.%S", name)
-                      : PyUnicode_FromFormat("%s.%S", m, name);
-  Py_XDECREF(module);
-  Py_DECREF(name);
-  return out;
+  return NULL;
 }
 
-/* set_hook(name, fn): installs a Python hook ("event", "placements", "strided");
- * None removes. */
+/* set_hook(name, fn): installs a Python hook ("event", "placements", "strided",
+ * "error"); None removes. */
 static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 2 || !PyUnicode_Check(args[0]))
@@ -103,7 +96,8 @@ PyMethodDef mt_ext_hooks_methods[] = {
     {"set_hook", (PyCFunction)(void (*)(void))set_hook, METH_FASTCALL,
      "set_hook(name, fn): the Python side of hook `name` ('event': trace events; "
      "'placements': placement normalisation; 'strided': a call with a strided-shard "
-     "operand); None removes it. Local.\n\n"
+     "operand; 'error': the exception of a refused operation); None removes it. "
+     "Local.\n\n"
      "Example: _C.set_hook('event', mpitensor._trace.event)"},
     {NULL, NULL, 0, NULL},
 };

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from . import _C
 
-__all__ = ["implements", "lookup", "call", "qualified_name", "functions", "rules",
-           "backwards"]
+__all__ = ["implements", "lookup", "call", "qualified_name", "op_label", "functions",
+           "rules", "backwards"]
 
 # NumPy function (or ndarray method, operator.getitem) -> its DTensor version.
 functions: dict = {}
@@ -74,11 +74,15 @@ def lookup(func):
             return lambda *args, **kwargs: rule(args, kwargs)
     impl = functions.get(func)
     if impl is None:
-        raise TypeError(
-            f"{qualified_name(func)} has no sharding rule for DTensors in mpitensor; call "
-            f".full_tensor() to work on the whole array, or .to_local() for this "
-            f"rank's shard")
+        raise _no_rule(func)
     return impl
+
+
+def _no_rule(func) -> TypeError:
+    return TypeError(
+        f"{op_label(func)} has no sharding rule for DTensors in mpitensor; call "
+        f".full_tensor() to work on the whole array, or .to_local() for this "
+        f"rank's shard")
 
 
 def qualified_name(func) -> str:
@@ -93,3 +97,50 @@ def qualified_name(func) -> str:
         module = "numpy"
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
     return f"{module}.{name}"
+
+
+def op_label(key) -> str:
+    """The name a user writes for an operation's function or op key (whose first
+    item names a NumPy function). Local.
+
+    Example: ``op_label(("reshape", (2, -1))) == "numpy.reshape"``.
+    """
+    if isinstance(key, tuple) and key:
+        key = key[0]
+    return f"numpy.{key}" if isinstance(key, str) else qualified_name(key)
+
+
+def executor_error(kind: str, key, arg) -> None:
+    """Raises what the executor refuses (its error hook: mt_ext_error in
+    csrc/ext/ext_hooks.c): ``kind`` of the operation ``key``, with ``arg``.
+    Local.
+
+    Example: ``executor_error("no_rule", np.fft.fft, None)`` raises TypeError.
+    """
+    if kind == "no_rule":
+        raise _no_rule(key)
+    if kind == "no_backward":
+        raise NotImplementedError(
+            f"{op_label(key)} has no backward rule in mpitensor.autograd yet; run it "
+            "under mpitensor.no_grad() or on .detach()ed DTensors (the gradient through "
+            "it would be lost)")
+    if kind == "mixed":
+        raise TypeError(
+            f"{op_label(key)}: mixing a DTensor with a plain ndarray of shape "
+            f"{arg.shape!r} is not supported; wrap it with mpitensor.distribute_tensor("
+            "array, mesh, placements) first, or, when every rank holds the same array, "
+            "run the operation inside mpitensor.experimental.implicit_replication()")
+    if kind == "in_place_grad":  # key: the name of the function that writes in place
+        raise RuntimeError(
+            f"{key}: a DTensor that requires grad cannot be written in place while grad "
+            "mode is on (the write would not be recorded and a gradient would be lost); "
+            "write under mpitensor.no_grad(), or build a new DTensor (e.g. numpy.where)")
+    if kind == "out_grad":
+        raise RuntimeError(
+            f"{key!r}: out= (or an in-place operator) with DTensors that require grad is "
+            "not supported in grad mode; write the result to a new DTensor, or run the "
+            "update under mpitensor.no_grad()")
+    raise RuntimeError(f"the executor refused {op_label(key)} ({kind})")
+
+
+_C.set_hook("error", executor_error)

@@ -246,7 +246,8 @@ def report_gather(what: str, spec, placements, mesh_dims) -> None:
 
 # The kinds of calls from C into Python (csrc/ext/ext_hooks.c), then the operations
 # the executor ran, in the order of the extension's counters.
-HOOK_KINDS = ("local", "build", "entry", "event", "placements", "backward", "runs")
+HOOK_KINDS = ("local", "build", "entry", "event", "placements", "backward", "error",
+              "runs")
 assert len(HOOK_KINDS) == _C.HOOK_COUNT, "HOOK_KINDS does not mirror the extension's"
 _hook_calls = (ctypes.c_longlong * len(HOOK_KINDS)).from_address(_C.HOOK_CALLS)
 

@@ -238,7 +238,7 @@ def test_a_cached_operation_calls_python_once(mesh):
         after = _trace.hook_stats()
         assert {k: after[k] - before[k] for k in after} == {
             "local": 2, "build": 0, "entry": 0, "event": 0, "placements": 0,
-            "backward": 0, "runs": 2}
+            "backward": 0, "error": 0, "runs": 2}
 
 
 def test_chained_results_hit(mesh):
