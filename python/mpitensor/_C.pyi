@@ -2,15 +2,12 @@
 
 Placements cross the boundary as (kind, dim, reduce_op) int triples: kind 0
 Replicate, 1 Shard(dim), 2 Partial(reduce_op) with reduce ops 0 sum, 1 avg,
-2 product, 3 max, 4 min.
+2 product, 3 max, 4 min (the core's constants, read in mpitensor._clib.CORE).
 """
 
 from typing import Any, Sequence
 
 import numpy as np
-
-MAX_NDIM: int
-MAX_MESH_NDIM: int
 
 Codes = Sequence[tuple[int, int, int]]
 # (alpha_shm, beta_shm, alpha_net, beta_net, call, copy, reduce, ranks_per_node):
@@ -24,38 +21,6 @@ def redistribute(mesh: MeshBase, plan_address: int, local: np.ndarray) -> np.nda
 def empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     """A new C-contiguous array, from the block pool when it is large. Local."""
 
-# The core's enums (prop.h, layout.h, plan.h).
-LABEL_KEEP: int
-LABEL_CONTRACT: int
-LABEL_REDUCE: int
-LABEL_REPLICATE: int
-PARTIAL_NONE: int
-PARTIAL_LINEAR_ALL: int
-PARTIAL_LINEAR_ONE: int
-PARTIAL_SAME_OP: int
-PARTIAL_ADDITIVE: int
-REDUCE_SUM: int
-REDUCE_AVG: int
-REDUCE_PRODUCT: int
-REDUCE_MAX: int
-REDUCE_MIN: int
-REDUCE_COUNT: int
-REDUCE_OPS: tuple[str, ...]
-PLACEMENT_REPLICATE: int
-PLACEMENT_SHARD: int
-PLACEMENT_PARTIAL: int
-ELEMENTWISE_NONE: int
-ELEMENTWISE_ADD: int
-ELEMENTWISE_MUL: int
-ELEMENTWISE_DIV: int
-ELEMENTWISE_MAX: int
-ELEMENTWISE_MIN: int
-ELEMENTWISE_NEG: int
-ELEMENTWISE_INCREASING: int
-FAMILY_ELEMENTWISE: int
-FAMILY_MATMUL: int
-PROP_MAX_INPUTS: int
-PROP_MAX_LABELS: int
 # The addresses of the module's communication and I/O counters (mt_comm_counters,
 # mt_io_counters), which mpitensor._comm and mpitensor.checkpoint._io read and pass.
 COMM_COUNTERS: int
@@ -116,7 +81,8 @@ def decide(key: Any, operands: tuple, build: Any) -> tuple[tuple, tuple | None, 
 def call(func: Any, args: tuple, kwargs: dict | None) -> Any: ...
 def move(dtensor: DTensorBase, placements: Sequence[Any], what: str) -> Any: ...
 def record(name: str, out: Any, inputs: Sequence[Any], backward_fn: Any) -> Any: ...
-def set_hook(name: str, fn: Any) -> None: ...
+def set_hook(name: str, fn: Any) -> None:
+    """Hooks: 'event', 'placements', 'strided', 'error'."""
 # The address of the counts of calls from C into Python by hook kind, then of the
 # operations the executor ran (mpitensor._trace.hook_stats reads them).
 HOOK_CALLS: int
