@@ -101,19 +101,6 @@ int mt_ext_mesh_check(const mt_ext_mesh_base *mb) {
   return rc == MT_OK ? 0 : -1;
 }
 
-static PyObject *dispatch_stats(PyObject *self, PyObject *unused) {
-  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
-  mt_memo_stats st;
-  mt_memo_stats_get(mb->memo, &st);
-  return Py_BuildValue("{sLsLsLsLsLsLsLsL}", "hits", (long long)st.hits, "misses",
-                       (long long)st.misses, "decisions", (long long)st.decisions,
-                       "plans", (long long)st.plans, "layouts",
-                       (long long)mt_layout_table_count(mb->layouts), "decision_limit",
-                       (long long)st.decision_limit, "plan_limit",
-                       (long long)st.plan_limit, "layout_limit",
-                       (long long)mt_layout_table_capacity(mb->layouts));
-}
-
 /* Empties the memo and the layout table under new bounds; ids go on increasing. */
 static int set_limits(mt_ext_mesh_base *mb, int64_t decisions, int64_t plans,
                       int64_t layouts) {
@@ -125,16 +112,6 @@ static int set_limits(mt_ext_mesh_base *mb, int64_t decisions, int64_t plans,
   return rc == MT_OK ? 0 : -1;
 }
 
-static PyObject *dispatch_clear(PyObject *self, PyObject *unused) {
-  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
-  mt_memo_stats st;
-  mt_memo_stats_get(mb->memo, &st);
-  if (set_limits(mb, st.decision_limit, st.plan_limit,
-                 mt_layout_table_capacity(mb->layouts)) < 0)
-    return NULL;
-  Py_RETURN_NONE;
-}
-
 static PyObject *set_cache_limits(PyObject *self, PyObject *args) {
   long long decisions, plans, layouts;
   if (!PyArg_ParseTuple(args, "LLL:_set_cache_limits", &decisions, &plans, &layouts))
@@ -143,9 +120,20 @@ static PyObject *set_cache_limits(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* The memo's and the layout table's addresses: mpitensor._comm.dispatch_stats
+ * reads their counts through ctypes while the mesh lives. */
+static PyObject *tables_get(PyObject *self, void *closure) {
+  const mt_ext_mesh_base *mb = (const mt_ext_mesh_base *)self;
+  return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)mb->memo,
+                       (unsigned long long)(uintptr_t)mb->layouts);
+}
+
 static PyGetSetDef mb_getset[] = {
     {"_handle", handle_get, handle_set,
      "The _comm.Mesh of this mesh's communicators (set once, by DeviceMesh).", NULL},
+    {"_tables", tables_get, NULL,
+     "(memo, layout table): the addresses of this mesh's decision memo and layout "
+     "table, for mpitensor._comm.dispatch_stats. Local.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -158,11 +146,6 @@ static PyMemberDef mb_members[] = {
 };
 
 static PyMethodDef mb_methods[] = {
-    {"_dispatch_stats", dispatch_stats, METH_NOARGS,
-     "{hits, misses, decisions, plans, layouts, and their limits} of this mesh's "
-     "decision memo and layout table. Local."},
-    {"_dispatch_clear", dispatch_clear, METH_NOARGS,
-     "Forgets this mesh's decisions and layouts (ids are not reused). Local."},
     {"_set_cache_limits", set_cache_limits, METH_VARARGS,
      "_set_cache_limits(decisions, plans, layouts): new bounds; empties both. Local."},
     {NULL, NULL, 0, NULL},

@@ -59,8 +59,7 @@ class MeshBase:
     decision memo and layout table of the operations on the mesh. Local."""
 
     _handle: Any  # mpitensor._comm.Mesh, which owns the mt_mesh
-    def _dispatch_stats(self) -> dict[str, int]: ...
-    def _dispatch_clear(self) -> None: ...
+    _tables: tuple[int, int]  # the addresses of its memo and layout table
     def _set_cache_limits(self, decisions: int, plans: int, layouts: int) -> None: ...
 
 # The address of the modes in force (mpitensor._modes._State maps it).

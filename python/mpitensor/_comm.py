@@ -33,7 +33,8 @@ __all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "m
            "set_collective_timeout", "collective_timeout", "watchdog_listen",
            "watchdog_leave", "watchdog_work", "watchdog_tell", "watchdog_failed",
            "ring_shift_start", "ring_allgatherv_start", "ring_allgather_int64",
-           "distribute", "select_exchange", "pool_set_limit", "pool_cached_bytes"]
+           "distribute", "select_exchange", "pool_set_limit", "pool_cached_bytes",
+           "dispatch_stats"]
 
 lib = ctypes.CDLL(_C.__file__)  # the loaded extension itself: no second copy
 _E = ctypes.POINTER(Error)
@@ -358,6 +359,32 @@ def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) ->
     err = Error()
     err.msg = _message(message)
     check(_agree(m, 0 if ok else status_of(error), fp, ctypes.byref(err)), err)
+
+
+class _MemoStats(ctypes.Structure):  # mt_memo_stats
+    _fields_ = [(name, I64) for name in ("hits", "misses", "decisions", "plans",
+                                         "decision_limit", "plan_limit")]
+
+
+_memo_stats = fn("mt_memo_stats_get", None, P, ctypes.POINTER(_MemoStats))
+_table_count = fn("mt_layout_table_count", I64, P)
+_table_capacity = fn("mt_layout_table_capacity", I64, P)
+
+
+def dispatch_stats(tables) -> dict[str, int]:
+    """{hits, misses, decisions, plans, layouts, and their limits} of a mesh's
+    decision memo and layout table, whose addresses ``tables`` holds
+    (``DeviceMesh._tables``). Local.
+
+    Example: ``dispatch_stats(mesh._tables)["hits"]``.
+    """
+    memo, layouts = tables
+    st = _MemoStats()
+    _memo_stats(memo, ctypes.byref(st))
+    return {"hits": st.hits, "misses": st.misses, "decisions": st.decisions,
+            "plans": st.plans, "layouts": _table_count(layouts),
+            "decision_limit": st.decision_limit, "plan_limit": st.plan_limit,
+            "layout_limit": _table_capacity(layouts)}
 
 
 def comm_counters() -> dict[str, tuple[int, int]]:

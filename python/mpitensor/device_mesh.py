@@ -251,6 +251,17 @@ class DeviceMesh(_C.MeshBase):
         self._equal_key = (fingerprint(self._key()) & 0xFFFFFFFFFFFFFFFF) or 1
         _live_meshes[id(self)] = self
 
+    # -- the executor's caches ---------------------------------------------------
+    def _dispatch_stats(self) -> dict:
+        """{hits, misses, decisions, plans, layouts, and their limits} of this
+        mesh's decision memo and layout table. Local."""
+        return _comm.dispatch_stats(self._tables)
+
+    def _dispatch_clear(self) -> None:
+        """Forgets this mesh's decisions and layouts (ids are not reused). Local."""
+        st = self._dispatch_stats()
+        self._set_cache_limits(st["decision_limit"], st["plan_limit"], st["layout_limit"])
+
     # -- structure ---------------------------------------------------------------
     @property
     def mesh(self) -> np.ndarray:

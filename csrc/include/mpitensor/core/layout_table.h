@@ -59,8 +59,8 @@ const mt_layout_key *mt_layout_table_get(const mt_layout_table *table, int64_t i
 int mt_layout_table_set_capacity(mt_layout_table *table, int64_t capacity, mt_error *err);
 
 /* Local. Layouts held, and the capacity. */
-int64_t mt_layout_table_count(const mt_layout_table *table);
-int64_t mt_layout_table_capacity(const mt_layout_table *table);
+MT_EXPORT int64_t mt_layout_table_count(const mt_layout_table *table);
+MT_EXPORT int64_t mt_layout_table_capacity(const mt_layout_table *table);
 
 #ifdef __cplusplus
 }

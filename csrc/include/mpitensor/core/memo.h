@@ -152,7 +152,7 @@ void mt_memo_clear(mt_memo *memo);
 int mt_memo_set_limits(mt_memo *memo, int64_t decisions, int64_t plans, mt_error *err);
 
 /* Local. The counts and bounds. */
-void mt_memo_stats_get(const mt_memo *memo, mt_memo_stats *out);
+MT_EXPORT void mt_memo_stats_get(const mt_memo *memo, mt_memo_stats *out);
 
 /* Local. The layout key of the decision's output (dec->out_ndim >= 0): its
  * placements and shape, contiguous strides, elements of `dtype` (a layout key's
