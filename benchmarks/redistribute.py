@@ -539,11 +539,11 @@ PROFILE_COLS = ["mt", "c_call", "numpy_emulation", "same_call", "raw", "alternat
 
 
 def profile(comm, mesh, sizes, args, names):
-    """Per transition and size: the full Python call, the C call alone with the cached
-    plan, the NumPy emulation of the executor, the executor's MPI routine between
+    """Per transition and size: the full Python call, the cached plan's raw run
+    (through ctypes), the NumPy emulation of the executor, the executor's MPI routine between
     resident buffers, the raw collective, an alternative, and the cost of allocating
     and first-touching an output-sized array."""
-    from mpitensor import _layout, _C
+    from mpitensor import _layout, _plan
 
     rows = []
     for name, src, dst, _, _ in TRANSITIONS:
@@ -554,7 +554,7 @@ def profile(comm, mesh, sizes, args, names):
             dt = case.dt
             plan = _layout.plan(mesh, dt.shape, dt.placements,
                                           tuple(case.dst_pl), dt.dtype)
-            address, local = plan.address, case.local
+            local = case.local
             em = Emulation(case)
             want = case.run_mt().to_local()
             ok = np.allclose(em.run(), want, rtol=1e-12, atol=1e-12)
@@ -563,7 +563,7 @@ def profile(comm, mesh, sizes, args, names):
                 ok = ok and np.allclose(alt(), want, rtol=1e-12, atol=1e-12)
             variants = {
                 "mt": case.run_mt,
-                "c_call": lambda: _C.redistribute(mesh, address, local),
+                "c_call": lambda: _plan.run(mesh, plan, local),
                 "numpy_emulation": em.run,
                 "same_call": same_call(case),
                 "raw": case.raw,
@@ -721,9 +721,9 @@ def print_memory(rows):
 def print_profile(rows):
     if not rows:
         return
-    print("\nprofile, median us: mt = dt.redistribute; c_call = _C.redistribute with the "
-          "cached plan;\n  numpy_emulation = the executor's work redone with NumPy+mpi4py "
-          "(fresh output, staging, unpack);\n  same_call = the executor's MPI routine "
+    print("\nprofile, median us: mt = dt.redistribute; c_call = the cached plan's raw run "
+          "(_plan.run, through ctypes);\n  numpy_emulation = the executor's work redone "
+          "with NumPy+mpi4py (fresh output, staging, unpack);\n  same_call = the executor's MPI routine "
           "between resident buffers (Allgatherv, Reduce_scatter, Alltoallw);\n  raw = the "
           "raw collective; alternative = S1->R: Allgather into a fresh output with a "
           "vector\n  receive type, S0->S1: NumPy pack+Alltoall; alloc_touch_output = "

@@ -427,8 +427,7 @@ int mt_ext_dtensor_exec(PyObject *module);
 int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg);
 void mt_ext_ops_clear(mt_ext_state *st);
 void mt_ext_ops_free(mt_ext_state *st);
-extern PyMethodDef mt_ext_pool_methods[], mt_ext_redistribute_methods[],
-    mt_ext_ops_methods[], mt_ext_autograd_methods[],
+extern PyMethodDef mt_ext_pool_methods[], mt_ext_ops_methods[], mt_ext_autograd_methods[],
     mt_ext_decide_methods[], mt_ext_exec_methods[],
     mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[];
 

@@ -100,21 +100,6 @@ PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
   return execute(&c);
 }
 
-/* redistribute(mesh, plan_address, local) -> new local array (local itself,
- * contiguous, for a plan without steps): the raw plan run, for benchmarks and
- * tests. Collective on the mesh. */
-static PyObject *redistribute(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  mt_ext_state *st = mt_ext_state_of(module);
-  if (nargs != 3 || !PyObject_TypeCheck(args[0], st->mesh_base_type) || !PyLong_Check(args[1]))
-    return PyErr_Format(PyExc_TypeError, "redistribute(mesh: DeviceMesh, plan_address, local)");
-  const mt_ext_mesh_base *mb = (const mt_ext_mesh_base *)args[0];
-  const mt_plan *plan = PyLong_AsVoidPtr(args[1]);
-  if (plan == NULL || mb->mesh == NULL || mt_ext_mesh_check(mb) < 0)
-    return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "no plan or no mesh");
-  if (mt_plan_nsteps(plan) == 0) return (PyObject *)mt_ext_contiguous(args[2]);
-  return mt_ext_run_plan(module, mb->mesh, plan, args[2]);
-}
-
 static void plan_capsule_free(PyObject *capsule) {
   mt_plan_destroy(PyCapsule_GetPointer(capsule, "mpitensor.plan"));
 }
@@ -153,12 +138,3 @@ PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_pla
   release(&c);
   return out;
 }
-
-PyMethodDef mt_ext_redistribute_methods[] = {
-    {"redistribute", (PyCFunction)(void (*)(void))redistribute, METH_FASTCALL,
-     "redistribute(mesh, plan_address, local) -> local array of the plan's target: "
-     "the raw run of a plan (mpitensor._plan.Plan.address) on a DeviceMesh, for "
-     "benchmarks and tests. Collective.\n\n"
-     "Example: _C.redistribute(mesh, plan.address, dt.to_local())"},
-    {NULL, NULL, 0, NULL},
-};

@@ -12,8 +12,7 @@ static int add_address(PyObject *module, const char *name, void *p) {
 
 static int module_exec(PyObject *module) {
   if (PyArray_ImportNumPyAPI() < 0) return -1;
-  PyMethodDef *tables[] = {mt_ext_redistribute_methods, mt_ext_pool_methods,
-                           mt_ext_ops_methods,
+  PyMethodDef *tables[] = {mt_ext_pool_methods, mt_ext_ops_methods,
                            mt_ext_autograd_methods, mt_ext_decide_methods,
                            mt_ext_exec_methods, mt_ext_hooks_methods,
                            mt_ext_entry_methods,  mt_ext_move_methods, NULL};

@@ -15,9 +15,6 @@ Codes = Sequence[tuple[int, int, int]]
 # copied and reduced locally; ranks per node (0: one node).
 TimeModel = tuple[float, float, float, float, float, float, float, int]
 
-def redistribute(mesh: MeshBase, plan_address: int, local: np.ndarray) -> np.ndarray:
-    """The raw run of a plan (mpitensor._plan.Plan.address) on this rank's local
-    array: for benchmarks and tests. Collective."""
 def empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     """A new C-contiguous array, from the block pool when it is large. Local."""
 

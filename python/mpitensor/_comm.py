@@ -667,6 +667,15 @@ def _movable(obj) -> np.ndarray:
     return obj if obj.flags.c_contiguous else obj.copy(order="C")  # 0-d stays 0-d
 
 
+def _check_local(piece: np.ndarray, box: _Box) -> None:
+    """A local array must be exactly this rank's box: anything else would make MPI
+    read or write outside it."""
+    if piece.shape != tuple(box.shape[:box.ndim]):
+        raise ValueError(f"the local array of shape {piece.shape} is not this rank's "
+                         f"shard ({box.ndim} dims) of the DTensor; was it built with "
+                         "from_local from uneven shards without shape= and stride=?")
+
+
 def _box_array(box: _Box, dtype):
     """A new array of ``box``'s shape, or None where there is no memory for it: the
     rank still takes part, with no buffer, in the agreement the exchange starts
@@ -710,10 +719,7 @@ def select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts,
     tb = _my_box(m, dst)
     _selection_image(ctypes.byref(sel), ctypes.byref(mine), ctypes.byref(image))
     piece = _movable(piece)
-    if piece.shape != tuple(image.shape[:image.ndim]):
-        raise ValueError(f"the local array of shape {piece.shape} is not this rank's "
-                         f"shard ({image.ndim} dims) of the DTensor; was it built with "
-                         "from_local from uneven shards without shape= and stride=?")
+    _check_local(piece, image)
     out = _box_array(tb, piece.dtype)
     call(_selection_exchange, m, ctypes.byref(src), ctypes.byref(sel), ctypes.byref(dst),
          dtype_code(piece.dtype), piece.ctypes.data, None if out is None else out.ctypes.data)

@@ -1,9 +1,10 @@
 """A redistribution plan as data, for tools, tracing and benchmarks: its steps,
 bytes, messages and predicted time, torch's plan for the same move, and what
-another time model predicts. The planner is the C core's (core/plan), called
-through ctypes in the ``_C`` object (:mod:`._comm`). A :class:`Plan` owns one
-reference of an ``mt_plan``; the executor's trace events hand their plans over as
-capsules, which :func:`of` takes. Every function is Local.
+another time model predicts, and its raw run (:func:`run`). The planner is the C
+core's (core/plan), called through ctypes in the ``_C`` object (:mod:`._comm`). A
+:class:`Plan` owns one reference of an ``mt_plan``; the executor's trace events hand
+their plans over as capsules, which :func:`of` takes. Every function but
+:func:`run` is Local.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from . import _comm
 from ._clib import (_STATUS_CODES, Error, I, I64, D, P, _Layout, _layout, call, check,
                     dtype_code)
 
-__all__ = ["Plan", "STEP_KINDS", "steps", "of"]
+__all__ = ["Plan", "STEP_KINDS", "steps", "of", "run"]
 
 # mt_step_kind, by code.
 STEP_KINDS = ("all_gather", "all_to_all", "chunk", "all_reduce", "reduce_scatter",
@@ -48,6 +49,7 @@ _messages = _fn("mt_plan_messages", I64, P)
 _net_bytes = _fn("mt_plan_net_bytes", I64, P)
 _time = _fn("mt_plan_time", D, P)
 _predict = _fn("mt_plan_predict", D, P, _TM)
+_redistribute = _fn("mt_redistribute", I, P, P, I, P, P, _E)
 _torch_bytes = _fn("mt_plan_torch_bytes", I, _L, _L, I64, _TM, ctypes.POINTER(I64),
                    ctypes.POINTER(I64), _E)
 
@@ -92,6 +94,29 @@ def of(plan) -> "Plan":
     out._src, out._dst = _Layout.from_buffer_copy(first.src), _Layout.from_buffer_copy(last.dst)
     out._itemsize = first.itemsize
     out._model = _comm._model_default()
+    return out
+
+
+def run(mesh, plan, local) -> np.ndarray:
+    """The local array of ``plan``'s target (a :class:`Plan` made for ``mesh``'s
+    shape) from ``local``, this rank's box of its source (``local`` itself,
+    C-contiguous, for a plan without steps): the raw run of a plan on a DeviceMesh,
+    as the executor runs it, for benchmarks and tests. ctypes releases the GIL
+    while it runs. Collective on the mesh.
+
+    Example: ``run(mesh, plan, dt.to_local())``.
+    """
+    address, m = _address(plan), _comm.mesh_address(mesh._handle)
+    n = _nsteps(address)
+    if n == 0:
+        return _comm._movable(local)
+    src, dst = _step(address, 0).contents.src, _step(address, n - 1).contents.dst
+    mine, theirs = _comm._my_box(m, src), _comm._my_box(m, dst)
+    local = _comm._movable(local)
+    _comm._check_local(local, mine)
+    out = _comm._box_array(theirs, local.dtype)
+    call(_redistribute, m, address, dtype_code(local.dtype), local.ctypes.data,
+         None if out is None else out.ctypes.data)
     return out
 
 

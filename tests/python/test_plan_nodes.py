@@ -4,7 +4,7 @@ exactly the local array NumPy gives, and no plan moves more bytes between nodes,
 nor in all, than torch's per-mesh-dim steps, on meshes of up to 16,384 ranks.
 
 The plans are made by _plan.Plan under a model with the simulated node size and run
-by the C executor on a mesh of this job's ranks: the steps say where the nodes
+(_plan.run: mt_redistribute) on a mesh of this job's ranks: the steps say where the nodes
 are (an ALLREDUCE_NODES step carries its run of members per node), so the same
 plan runs on one machine as on a cluster.
 """
@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Partial, Replicate, Shard, _C, _comm, _plan
+from mpitensor import Partial, Replicate, Shard, _comm, _plan
 from mpitensor._layout import _codes
 from mpi_helpers import Problems
 from redistribute_ref import (PLACEMENTS, expected_local, mixed_partials, name,
@@ -71,7 +71,7 @@ def test_every_move_on_simulated_nodes_gives_numpys_result(mesh_shape):
                 plan = _plan.Plan(shape, mesh_shape, _codes(src), _codes(dst), "f8", model)
                 kinds.update(s[0] for s in plan.steps())
                 local = source_local(base, mesh_shape, coord, src, np.float64)
-                got = _C.redistribute(mesh, plan.address, local)
+                got = _plan.run(mesh, plan, local)
                 want = expected_local(base, mesh_shape, coord, src, dst, np.float64)
                 problems.expect(got.shape == want.shape and np.array_equal(got, want),
                                 f"{name(src)}->{name(dst)} {shape} nodes of {k}: "
@@ -80,6 +80,23 @@ def test_every_move_on_simulated_nodes_gives_numpys_result(mesh_shape):
     if W == 4 and mesh_shape == (4,):
         assert "all_reduce_nodes" in kinds, kinds
     assert all(p == [] for p in every), next(p for p in every if p)[:5]
+
+
+def test_a_raw_run_takes_only_this_ranks_box():
+    """_plan.run refuses a local array that is not this rank's box of the plan's
+    source, on every rank, before any communication; a plan without steps gives
+    the local array back."""
+    mesh = mt.init_device_mesh("cpu", (W,))
+    plan = _plan.Plan((2 * W, 3), (W,), _codes([Shard(0)]), _codes([Replicate()]), "f8")
+    if plan.nsteps:  # one rank holds the whole tensor: nothing to move
+        with pytest.raises(ValueError, match=r"the local array of shape \(3, 3\) is not "
+                           r"this rank's shard \(2 dims\)"):
+            _plan.run(mesh, plan, np.zeros((3, 3)))
+    got = _plan.run(mesh, plan, np.full((2, 3), float(mesh.get_coordinate()[0])))
+    assert np.array_equal(got, np.repeat(np.arange(W, dtype=float), 2)[:, None] * np.ones(3))
+    same = _plan.Plan((2 * W, 3), (W,), _codes([Shard(0)]), _codes([Shard(0)]), "f8")
+    local = np.ones((2, 3))
+    assert same.nsteps == 0 and _plan.run(mesh, same, local) is local
 
 
 # Meshes on paper, with the node sizes that split them; pure planning, no MPI.

@@ -47,8 +47,8 @@ typedef struct mt_request mt_request;
  * one message (below that size, only this rank does). At that size the buffers
  * of intermediate steps are allocated before the agreement too, and a rank that
  * cannot allocate them makes every member return MT_ENOMEM. */
-int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
-                    void *dst, mt_error *err);
+MT_EXPORT int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype,
+                              const void *src, void *dst, mt_error *err);
 
 /* Collective on the mesh. Issues every communicating step of the plan before it
  * returns: the earlier ones run to completion, the last one is posted with a
