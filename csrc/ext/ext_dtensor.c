@@ -74,41 +74,6 @@ static PyObject *nb_pow(PyObject *l, PyObject *r, PyObject *mod) {
   return mod == Py_None ? binary(B_POW, l, r) : no_modulus();
 }
 
-/* `self op= other`: the ufunc into self (out=), which the ufunc's entry handles. */
-static PyObject *inplace(int op, PyObject *self, PyObject *other) {
-  mt_ext_dispatch *d = dispatch_of(self);
-  if (d == NULL) return NULL;
-  PyObject *outs = PyTuple_Pack(1, self);
-  if (outs == NULL) return NULL;
-  PyObject *kwnames = PyTuple_Pack(1, d->s_out);
-  PyObject *args[3] = {self, other, outs};
-  PyObject *res = kwnames == NULL ? NULL
-                                  : mt_ext_ufunc(d, d->binary[op], args, 2, kwnames);
-  Py_XDECREF(kwnames);
-  Py_DECREF(outs);
-  return res;
-}
-
-#define INPLACE_SLOT(fn, op) \
-  static PyObject *fn(PyObject *l, PyObject *r) { return inplace(op, l, r); }
-INPLACE_SLOT(nb_iadd, B_ADD)
-INPLACE_SLOT(nb_isub, B_SUB)
-INPLACE_SLOT(nb_imul, B_MUL)
-INPLACE_SLOT(nb_imatmul, B_MATMUL)
-INPLACE_SLOT(nb_itdiv, B_TDIV)
-INPLACE_SLOT(nb_ifdiv, B_FDIV)
-INPLACE_SLOT(nb_imod, B_MOD)
-INPLACE_SLOT(nb_ilsh, B_LSH)
-INPLACE_SLOT(nb_irsh, B_RSH)
-INPLACE_SLOT(nb_iand, B_AND)
-INPLACE_SLOT(nb_ixor, B_XOR)
-INPLACE_SLOT(nb_ior, B_OR)
-
-/* cppcheck-suppress constParameter */
-static PyObject *nb_ipow(PyObject *l, PyObject *r, PyObject *mod) {
-  return mod == Py_None ? inplace(B_POW, l, r) : no_modulus();
-}
-
 static PyObject *unary(int op, PyObject *x) {
   mt_ext_dispatch *d = dispatch_of(x);
   return d == NULL ? NULL : mt_ext_ufunc(d, d->unary[op], &x, 1, NULL);
@@ -381,19 +346,6 @@ static PyType_Slot base_slots[] = {
     {Py_nb_and, nb_and},
     {Py_nb_xor, nb_xor},
     {Py_nb_or, nb_or},
-    {Py_nb_inplace_add, nb_iadd},
-    {Py_nb_inplace_subtract, nb_isub},
-    {Py_nb_inplace_multiply, nb_imul},
-    {Py_nb_inplace_matrix_multiply, nb_imatmul},
-    {Py_nb_inplace_true_divide, nb_itdiv},
-    {Py_nb_inplace_floor_divide, nb_ifdiv},
-    {Py_nb_inplace_remainder, nb_imod},
-    {Py_nb_inplace_power, nb_ipow},
-    {Py_nb_inplace_lshift, nb_ilsh},
-    {Py_nb_inplace_rshift, nb_irsh},
-    {Py_nb_inplace_and, nb_iand},
-    {Py_nb_inplace_xor, nb_ixor},
-    {Py_nb_inplace_or, nb_ior},
     {Py_nb_negative, nb_neg},
     {Py_nb_positive, nb_pos},
     {Py_nb_absolute, nb_abs},
