@@ -81,8 +81,6 @@ PyArrayObject *mt_ext_contiguous(PyObject *obj);
 PyObject *mt_ext_raise(int code, const mt_error *err);
 /* Up to `cap` ints of a sequence into `out`, their count in *n; -1 naming `what`. */
 int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what);
-/* Placements encoded as a sequence of (kind, dim, reduce_op) int triples. */
-int mt_ext_placements(PyObject *seq, mt_placement *out, int *n);
 /* A tuple of ints. */
 PyObject *mt_ext_int_tuple(const int64_t *v, int n);
 /* A new C-contiguous array; large ones come from the block pool. */

@@ -52,28 +52,6 @@ PyObject *mt_ext_int_tuple(const int64_t *v, int n) {
   return out;
 }
 
-int mt_ext_placements(PyObject *seq, mt_placement *out, int *n) {
-  PyObject *fast = PySequence_Fast(seq, "placements must be a sequence");
-  if (fast == NULL) return -1;
-  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
-  int rc = 0;
-  if (len > MT_MAX_MESH_NDIM) {
-    PyErr_Format(PyExc_ValueError, "at most %d placements are supported", MT_MAX_MESH_NDIM);
-    rc = -1;
-  }
-  for (Py_ssize_t i = 0; rc == 0 && i < len; ++i) {
-    int kind, dim, op;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iii", &kind, &dim, &op)) {
-      rc = -1;
-    } else {
-      out[i] = (mt_placement){kind, dim, op};
-    }
-  }
-  Py_DECREF(fast);
-  if (rc == 0) *n = (int)len;
-  return rc;
-}
-
 int mt_ext_dtype(PyArrayObject *a) { return mt_ext_descr_dtype(PyArray_DESCR(a)); }
 
 /* ml_dtypes' bfloat16 is a user-defined NumPy dtype of kind 'V', whose type number

@@ -21,11 +21,12 @@ int mt_ext_interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placeme
 static int placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
   if (mt_ext_interned_code(d, p, out)) return 0;
   PyObject *code = PyObject_GetAttrString(p, "_code");
-  PyObject *one = code == NULL ? NULL : PyTuple_Pack(1, code);
+  int ok = code != NULL && PyTuple_Check(code) &&
+           PyArg_ParseTuple(code, "iii", &out->kind, &out->dim, &out->reduce_op);
+  if (code != NULL && !PyTuple_Check(code))
+    PyErr_SetString(PyExc_TypeError, "a placement's _code is a (kind, dim, reduce_op) tuple");
   Py_XDECREF(code);
-  int n = 0, rc = one == NULL ? -1 : mt_ext_placements(one, out, &n);
-  Py_XDECREF(one);
-  return rc;
+  return ok ? 0 : -1;
 }
 
 int mt_ext_dtype_key(PyArray_Descr *descr) {
