@@ -1,8 +1,9 @@
 /* _C.DTensorBase: the C base of mpitensor.DTensor. It holds the local ndarray,
  * the spec, the layout id of the spec on its mesh (found when first needed), and
  * autograd's requires_grad bit and node; its operators, __array_ufunc__,
- * __array_function__, reduction methods and redistribute are the executor's
- * doors (ext_entry.c, ext_move.c). */
+ * reduction methods and redistribute are the executor's doors (ext_entry.c,
+ * ext_move.c). NumPy functions come in through DTensor.__array_function__, in
+ * Python, to _C.call. */
 #include "ext.h"
 
 #include <stddef.h>
@@ -101,26 +102,6 @@ static PyObject *array_ufunc(PyObject *self, PyObject *const *args, Py_ssize_t n
     return NULL;
   }
   return mt_ext_array_ufunc(d, args[0], args[1], args + 2, nargs - 2, kwnames);
-}
-
-/* __array_function__(func, types, args, kwargs): NotImplemented for a type that is
- * neither a DTensor nor an ndarray, else the registered function. */
-static PyObject *array_function(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  mt_ext_dispatch *d = dispatch_of(self);
-  if (d == NULL) return NULL;
-  if (nargs != 4 || !PyTuple_Check(args[2]) || !PyDict_Check(args[3]))
-    return PyErr_Format(PyExc_TypeError, "__array_function__(func, types, args, kwargs)");
-  PyObject *types = PySequence_Fast(args[1], "types must be a sequence");
-  if (types == NULL) return NULL;
-  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(types); ++i) {
-    PyTypeObject *t = (PyTypeObject *)PySequence_Fast_GET_ITEM(types, i);
-    if (t != d->dtensor && (!PyType_Check(t) || !PyType_IsSubtype(t, &PyArray_Type))) {
-      Py_DECREF(types);
-      Py_RETURN_NOTIMPLEMENTED;
-    }
-  }
-  Py_DECREF(types);
-  return mt_ext_function(d, args[0], args[2], args[3]);
 }
 
 #define REDUCTION(fn, idx)                                                            \
@@ -308,9 +289,6 @@ static PyMethodDef base_methods[] = {
     {"__array_ufunc__", (PyCFunction)(void (*)(void))array_ufunc,
      METH_FASTCALL | METH_KEYWORDS,
      "NumPy ufuncs on DTensors, sharded (see mpitensor._ops._elementwise)."},
-    {"__array_function__", (PyCFunction)(void (*)(void))array_function, METH_FASTCALL,
-     "NumPy functions on DTensors: the registered ones (mpitensor._registry); any "
-     "other is a TypeError naming it, never a silent gather."},
     RED_DEF("sum", m_sum, PARTIAL_OK),     RED_DEF("mean", m_mean, PARTIAL_OK),
     RED_DEF("prod", m_prod, PARTIAL_OK),   RED_DEF("max", m_max, PARTIAL_OK),
     RED_DEF("min", m_min, PARTIAL_OK),     RED_DEF("all", m_all, WHOLE),

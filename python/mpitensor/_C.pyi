@@ -25,7 +25,7 @@ IO_COUNTERS: int
 
 class DTensorBase:
     """The C base of mpitensor.DTensor: its fields and the executor's doors
-    (operators, __array_ufunc__, __array_function__, reduction methods,
+    (operators, __array_ufunc__, reduction methods,
     redistribute); see csrc/ext/ext_dtensor.c. Local."""
 
     _local_tensor: Any
@@ -35,7 +35,6 @@ class DTensorBase:
     _fresh: bool
     def __init__(self, local_tensor: Any, spec: Any) -> None: ...
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any: ...
-    def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any: ...
     def redistribute(self, device_mesh: Any = None, placements: Any = None, *,
                      async_op: bool = False, forward_dtype: Any = None,
                      backward_dtype: Any = None) -> Any: ...

@@ -65,9 +65,8 @@ class DTensor(_C.DTensorBase):
     # The C base holds the fields, ``_local_tensor`` and ``_spec`` (its
     # ``__init__(local_tensor, spec)`` sets them), and the entry points of NumPy
     # operations: the operators (those in place are below), ``__array_ufunc__``,
-    # ``__array_function__``, ``redistribute`` and the reduction methods sum,
-    # mean, prod, max, min, all, any, std, var, argmax and argmin
-    # (csrc/ext/ext_dtensor.c), and autograd's ``_requires_grad`` bit and
+    # ``redistribute`` and the reduction methods sum, mean, prod, max, min, all,
+    # any, std, var, argmax and argmin (csrc/ext/ext_dtensor.c), and autograd's ``_requires_grad`` bit and
     # ``_grad_fn`` node (None for a leaf), which the executor records into. The
     # slots here are autograd's too: the accumulated gradient, whether it is still
     # the engine's own (nobody read it since it was stored) and retain_grad()'s
