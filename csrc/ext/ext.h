@@ -79,8 +79,6 @@ int mt_ext_inexact(PyArray_Descr *d);
 PyArrayObject *mt_ext_contiguous(PyObject *obj);
 /* The Python exception of a core status, with the core's message; returns NULL. */
 PyObject *mt_ext_raise(int code, const mt_error *err);
-/* Up to `cap` ints of a sequence into `out`, their count in *n; -1 naming `what`. */
-int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what);
 /* A tuple of ints. */
 PyObject *mt_ext_int_tuple(const int64_t *v, int n);
 /* A new C-contiguous array; large ones come from the block pool. */

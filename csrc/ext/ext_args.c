@@ -1,5 +1,5 @@
-/* The argument helpers every area of mpitensor._C shares: Python sequences to C
- * arrays, NumPy dtypes to core codes, core statuses to exceptions. They call only
+/* The argument helpers every area of mpitensor._C shares: C arrays to Python
+ * tuples, NumPy dtypes to core codes, core statuses to exceptions. They call only
  * the core and CPython, so every area depends on them and they on no area. */
 #include <string.h>
 
@@ -20,26 +20,6 @@ PyObject *mt_ext_raise(int code, const mt_error *err) {
   const char *msg = (err != NULL && err->msg[0] != '\0') ? err->msg : mt_strerror(code);
   PyErr_SetString(type, msg);
   return NULL;
-}
-
-int mt_ext_int64s(PyObject *seq, int64_t *out, int cap, int *n, const char *what) {
-  PyObject *fast = PySequence_Fast(seq, what);
-  if (fast == NULL) return -1;
-  Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
-  int rc = 0;
-  if (len > cap) {
-    PyErr_Format(PyExc_ValueError, "%s has %zd entries; at most %d are supported", what,
-                 len, cap);
-    rc = -1;
-  }
-  for (Py_ssize_t i = 0; rc == 0 && i < len; ++i) {
-    long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-    if (v == -1 && PyErr_Occurred()) rc = -1;
-    out[i] = (int64_t)v;
-  }
-  Py_DECREF(fast);
-  if (rc == 0) *n = (int)len;
-  return rc;
 }
 
 PyObject *mt_ext_int_tuple(const int64_t *v, int n) {

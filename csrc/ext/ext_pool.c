@@ -47,17 +47,15 @@ PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim
 /* empty(shape, dtype) -> a new C-contiguous array, from the pool when it is large:
  * the outputs the ctypes bindings fill (mpitensor._comm). Local. */
 static PyObject *empty(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  int64_t shape[NPY_MAXDIMS];
-  npy_intp dims[NPY_MAXDIMS];
-  int n = 0;
+  PyArray_Dims shape = {NULL, 0};
   PyArray_Descr *descr = NULL;
   if (nargs != 2) return PyErr_Format(PyExc_TypeError, "empty(shape, dtype)");
-  if (mt_ext_int64s(args[0], shape, NPY_MAXDIMS, &n, "shape") < 0 ||
-      !PyArray_DescrConverter(args[1], &descr))
-    return NULL;
-  for (int i = 0; i < n; ++i) dims[i] = (npy_intp)shape[i];
-  PyObject *out = (PyObject *)mt_ext_new_array(module, descr, n, dims);
-  Py_DECREF(descr);
+  if (!PyArray_IntpConverter(args[0], &shape)) return NULL;
+  PyObject *out = PyArray_DescrConverter(args[1], &descr)
+                      ? (PyObject *)mt_ext_new_array(module, descr, shape.len, shape.ptr)
+                      : NULL;
+  Py_XDECREF(descr);
+  PyDimMem_FREE(shape.ptr);
   return out;
 }
 
