@@ -534,27 +534,21 @@ def alternative(case: Case):
     return None
 
 
-PROFILE_COLS = ["mt", "c_call", "numpy_emulation", "same_call", "raw", "alternative",
+PROFILE_COLS = ["mt", "numpy_emulation", "same_call", "raw", "alternative",
                 "alloc_touch_output"]
 
 
 def profile(comm, mesh, sizes, args, names):
-    """Per transition and size: the full Python call, the cached plan's raw run
-    (through ctypes), the NumPy emulation of the executor, the executor's MPI routine between
+    """Per transition and size: the full call (a cached move runs in the executor
+    alone, no Python code), the NumPy emulation of the executor, the executor's MPI routine between
     resident buffers, the raw collective, an alternative, and the cost of allocating
     and first-touching an output-sized array."""
-    from mpitensor import _layout, _plan
-
     rows = []
     for name, src, dst, _, _ in TRANSITIONS:
         if name not in names:
             continue
         for nbytes in sizes:
             case = Case(name, src, dst, nbytes, comm, mesh)
-            dt = case.dt
-            plan = _layout.plan(mesh, dt.shape, dt.placements,
-                                          tuple(case.dst_pl), dt.dtype)
-            local = case.local
             em = Emulation(case)
             want = case.run_mt().to_local()
             ok = np.allclose(em.run(), want, rtol=1e-12, atol=1e-12)
@@ -563,7 +557,6 @@ def profile(comm, mesh, sizes, args, names):
                 ok = ok and np.allclose(alt(), want, rtol=1e-12, atol=1e-12)
             variants = {
                 "mt": case.run_mt,
-                "c_call": lambda: _plan.run(mesh, plan, local),
                 "numpy_emulation": em.run,
                 "same_call": same_call(case),
                 "raw": case.raw,
@@ -721,8 +714,8 @@ def print_memory(rows):
 def print_profile(rows):
     if not rows:
         return
-    print("\nprofile, median us: mt = dt.redistribute; c_call = the cached plan's raw run "
-          "(_plan.run, through ctypes);\n  numpy_emulation = the executor's work redone "
+    print("\nprofile, median us: mt = dt.redistribute (a cached move: the executor "
+          "alone);\n  numpy_emulation = the executor's work redone "
           "with NumPy+mpi4py (fresh output, staging, unpack);\n  same_call = the executor's MPI routine "
           "between resident buffers (Allgatherv, Reduce_scatter, Alltoallw);\n  raw = the "
           "raw collective; alternative = S1->R: Allgather into a fresh output with a "
