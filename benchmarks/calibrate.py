@@ -115,7 +115,8 @@ def local_costs(comm, nbytes: int, reps: int) -> tuple[float, float]:
                                   np.dtype("f8"))
     full = np.ones((rows, cols))
     copied = plan.steps()[0][7]
-    cut = slowest_median(comm, lambda: _plan.run(mesh, plan, full), reps)
+    go = _plan.runner(mesh, plan, full)
+    cut = slowest_median(comm, lambda: go(full), reps)
     a, b = np.ones(max(nbytes // 8, 1)), np.ones(max(nbytes // 8, 1))
     added = slowest_median(comm, lambda: np.add(a, b, out=a), reps)
     return cut / copied, added / a.nbytes

@@ -133,9 +133,23 @@ def message(text: str) -> bytes:
     return text.encode()[:Error.msg.size - 1].decode(errors="ignore").encode()
 
 
+# dtype object -> its code, for the dtypes the core knows (a few objects each): a
+# dtype's name is built anew on each read, which would cost every ctypes call that
+# moves an array more than the call itself.
+_CODE_OF: dict = {}
+
+
 def dtype_code(dtype) -> int:
-    """The core's code of NumPy ``dtype``, or -2 for one the core does not know."""
-    return _DTYPE_CODES.get(np.dtype(dtype).name, -2)
+    """The core's code of NumPy ``dtype``, or -2 for one the core does not know.
+
+    Example: ``dtype_code(np.dtype("float64")) == dtype_code("f8")``.
+    """
+    code = _CODE_OF.get(dtype) if isinstance(dtype, np.dtype) else None
+    if code is None:
+        code = _DTYPE_CODES.get(np.dtype(dtype).name, -2)
+        if isinstance(dtype, np.dtype) and code >= 0:
+            _CODE_OF[dtype] = code
+    return code
 
 
 def array(a, name: str, dtype: int | None = None, strided: bool = False,

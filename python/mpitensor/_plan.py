@@ -3,8 +3,8 @@ bytes, messages and predicted time, torch's plan for the same move, and what
 another time model predicts, and its raw run (:func:`run`). The planner is the C
 core's (core/plan), called through ctypes in the ``_C`` object (:mod:`._comm`). A
 :class:`Plan` owns one reference of an ``mt_plan``; the executor's trace events hand
-their plans over as capsules, which :func:`of` takes. Every function but
-:func:`run` is Local.
+their plans over as capsules, which :func:`of` takes. Every function is Local but
+:func:`run` and the runners :func:`runner` makes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from . import _comm
 from ._clib import (_STATUS_CODES, Error, I, I64, D, P, _Layout, _layout, call, check,
                     dtype_code)
 
-__all__ = ["Plan", "STEP_KINDS", "steps", "of", "run"]
+__all__ = ["Plan", "STEP_KINDS", "steps", "of", "run", "runner"]
 
 # mt_step_kind, by code.
 STEP_KINDS = ("all_gather", "all_to_all", "chunk", "all_reduce", "reduce_scatter",
@@ -97,6 +97,38 @@ def of(plan) -> "Plan":
     return out
 
 
+def runner(mesh, plan, like):
+    """A callable that runs ``plan`` (a :class:`Plan` made for ``mesh``'s shape)
+    on a local array of ``like``'s shape and dtype, this rank's box of its source,
+    and returns a new array of its target, as :func:`run` does. The boxes are worked
+    out once, so that a call costs about what the executor's run of a cached plan
+    costs: what benchmarks that time plans against each other need. Each call is
+    collective on the mesh.
+
+    Example: ``go = runner(mesh, plan, local); out = go(local)``.
+    """
+    address, m = _address(plan), _comm.mesh_address(mesh._handle)
+    n = _nsteps(address)
+    if n == 0:
+        return _comm._movable
+    src, dst = _step(address, 0).contents.src, _step(address, n - 1).contents.dst
+    mine, theirs = _comm._my_box(m, src), _comm._my_box(m, dst)
+    _comm._check_local(_comm._movable(like), mine)
+    handle, shape = mesh._handle, tuple(mine.shape[:mine.ndim])
+
+    def go(local):
+        local = _comm._movable(local)
+        if local.shape != shape:
+            _comm._check_local(local, mine)
+        out = _comm._box_array(theirs, local.dtype)
+        call(_redistribute, _comm.mesh_address(handle), address, dtype_code(local.dtype),
+             local.ctypes.data, None if out is None else out.ctypes.data)
+        return out
+
+    go.plan = plan  # the plan lives as long as its runner
+    return go
+
+
 def run(mesh, plan, local) -> np.ndarray:
     """The local array of ``plan``'s target (a :class:`Plan` made for ``mesh``'s
     shape) from ``local``, this rank's box of its source (``local`` itself,
@@ -106,18 +138,7 @@ def run(mesh, plan, local) -> np.ndarray:
 
     Example: ``run(mesh, plan, dt.to_local())``.
     """
-    address, m = _address(plan), _comm.mesh_address(mesh._handle)
-    n = _nsteps(address)
-    if n == 0:
-        return _comm._movable(local)
-    src, dst = _step(address, 0).contents.src, _step(address, n - 1).contents.dst
-    mine, theirs = _comm._my_box(m, src), _comm._my_box(m, dst)
-    local = _comm._movable(local)
-    _comm._check_local(local, mine)
-    out = _comm._box_array(theirs, local.dtype)
-    call(_redistribute, m, address, dtype_code(local.dtype), local.ctypes.data,
-         None if out is None else out.ctypes.data)
-    return out
+    return runner(mesh, plan, local)(local)
 
 
 class Plan:

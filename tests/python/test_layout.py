@@ -246,3 +246,18 @@ def test_out_of_range_shard_dim_is_named_as_given():
         box_of((5, 2), (4,), (0,), [Shard(-3)])
     with pytest.raises(IndexError, match=r"Shard\(dim=2\)"):
         box_of((5, 2), (4,), (0,), [Shard(2)])
+
+
+def test_dtype_codes_are_the_cores_whatever_form_names_them():
+    """_clib.dtype_code gives the core's code of a dtype, the same for a dtype
+    object, its string and its type, on first and later calls; one the core does
+    not know is -2 every time."""
+    codes = {np.dtype(t).name: mt._clib._DTYPE_CODES[np.dtype(t).name]
+             for t in ("f4", "f8", "i8", "c16", "bool")}
+    for _ in range(2):
+        for name, code in codes.items():
+            assert mt._clib.dtype_code(np.dtype(name)) == code
+            assert mt._clib.dtype_code(name) == code
+            assert mt._clib.dtype_code(np.dtype(name).type) == code
+        assert mt._clib.dtype_code(np.dtype([("a", "f8"), ("b", "i4")])) == -2
+        assert mt._clib.dtype_code(np.dtype("U3")) == -2

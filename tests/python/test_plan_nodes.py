@@ -140,3 +140,20 @@ def test_never_more_between_nodes_than_torch(mesh_shape, per_node):
             problems.expect(plan.bytes <= t_bytes, f"{what}: {plan.bytes} > torch's {t_bytes}")
             problems.expect(plan.net_bytes == sum(s[9] for s in plan.steps()), what)
     assert problems == []
+
+
+def test_a_runner_gives_new_arrays_and_checks_each_call():
+    """_plan.runner works out the boxes once: every call returns a new array of the
+    plan's target, and a call with a local array of another shape is refused on
+    every rank, before any communication, as run refuses it."""
+    mesh = mt.init_device_mesh("cpu", (W,))
+    plan = _plan.Plan((2 * W, 3), (W,), _codes([Shard(0)]), _codes([Replicate()]), "f8")
+    me = float(mesh.get_coordinate()[0])
+    go = _plan.runner(mesh, plan, np.zeros((2, 3)))
+    first, second = go(np.full((2, 3), me)), go(np.full((2, 3), me + 1))
+    want = np.repeat(np.arange(W, dtype=float), 2)[:, None] * np.ones(3)
+    assert first is not second
+    assert np.array_equal(first, want) and np.array_equal(second, want + 1)
+    if plan.nsteps:
+        with pytest.raises(ValueError, match=r"the local array of shape \(3, 3\)"):
+            go(np.zeros((3, 3)))
