@@ -243,8 +243,8 @@ bench: install
 	echo "make bench: $$(( $$(date +%s) - start ))s"
 
 # Whether issue 21's redistribution goals hold on this machine (docs/benchmarks.md):
-# a short redistribute.py run at np 2 and 4 that prints PASS or FAIL per goal and
-# fails when one does. Not part of `make test`: it times, so run it on a quiet machine.
+# a short redistribute.py run at np 2 (the speed goals) and np 4 (a regression watch
+# against the committed run) that prints PASS or FAIL per goal and fails when one does. Not part of `make test`: it times, so run it on a quiet machine.
 BENCH_CHECK_NPS ?= 2 4
 BENCH_CHECK := --sizes 1KiB,1MiB,4MiB --reps 15 --reps-large 9 --mem-bytes 40MiB --no-plot --goals
 bench-check: install

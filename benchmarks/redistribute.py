@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import os
 import sys
 import time
@@ -52,8 +53,9 @@ KiB, MiB = 1024, 1024 * 1024
 COLS = 512
 
 # Issue 21's goals, written here only: --goals (make bench-check) gives each point
-# a goal covers PASS or FAIL, the points record them as their targets and the plot
-# draws the ratio limits. (name, transitions, from bytes/rank, up to bytes/rank,
+# a goal covers PASS or FAIL (at np 2; at other np against the committed run,
+# watch_verdicts), the points record them as their targets and the plot draws the
+# ratio limits. (name, transitions, from bytes/rank, up to bytes/rank,
 # the point's summary key, its limit, what the key is)
 DIM0 = ("S0->R", "P->R", "P->S0", "R->S0")
 INNER = ("S1->R", "P->S1")
@@ -654,6 +656,42 @@ def goal_verdicts(points) -> list:
     return rows
 
 
+def spread(summary: dict, key: str) -> float:
+    """The [min..max] width, over a run's repetitions, of a point's value `key`."""
+    if key == "overhead_us":
+        return summary["mt"]["max_us"] - summary["mt"]["min_us"]
+    return summary[f"{key}_max"] - summary[f"{key}_min"]
+
+
+def watch_verdicts(points, committed) -> list:
+    """At np other than 2 the goals are a regression watch, not a speed goal (ranks
+    share the cores, and which share decides the figure): one row per (goal, point it
+    covers), passing unless its value is worse than the committed run's (`committed`:
+    that run's points, for this CPU and np) by more than that run's own spread. A
+    point the committed run lacks is not judged."""
+    before = {(p["transition"], p["bytes"]): p["summary"] for p in committed}
+    rows = []
+    for row in goal_verdicts(points):
+        was = before.get((row["transition"], row["bytes"]))
+        key = next(g[4] for g in GOALS if g[0] == row["goal"])
+        if was is None or key not in was:
+            continue
+        limit = was[key] + spread(was, key)
+        rows.append({**row, "limit": limit, "pass": bool(row["value"] <= limit)})
+    return rows
+
+
+def committed_points(n: int):
+    """The points of the committed redistribute.py run for this CPU at np `n`, and
+    its commit; (None, None) when there is none."""
+    path = result_path(f"redistribute-np{n}.json")
+    if not os.path.exists(path):
+        return None, None
+    with open(path) as f:
+        run = json.load(f)
+    return run["points"], run["machine"].get("commit", "?")
+
+
 def memory_verdicts(mem_rows) -> list:
     """One row per transition of the peak-memory measurement, as goal_verdicts'."""
     return [{"goal": MEMORY_GOAL[0], "transition": r["transition"], "bytes": r["bytes"],
@@ -662,23 +700,28 @@ def memory_verdicts(mem_rows) -> list:
              "pass": bool(r["mt_within_limit"])} for r in mem_rows]
 
 
-def print_goals(rows, np_) -> bool:
+def print_goals(rows, np_, against=None) -> bool:
     """Prints PASS or FAIL per point and per goal; whether every goal passed. A
     goal no point covered (sizes or transitions left out) does not pass; the
-    memory goal counts only when the run measured memory."""
-    print(f"\nissue 21's goals at np={np_}, per point:")
+    memory goal counts only when the run measured memory. `against`: the commit of
+    the run a regression watch compares with (watch_verdicts)."""
+    watch = against is not None
+    print(f"\nissue 21's goals at np={np_}" + (
+        f", as a regression watch: no worse than the committed run ({against}) by more "
+        f"than its spread" if watch else "") + ", per point:")
     for r in rows:
         print(f"  {'PASS' if r['pass'] else 'FAIL'}  {r['goal']:<23} {r['transition']:<7} "
               f"{fmt_bytes(r['bytes']):>8}: {r['what']} = {r['value']:.2f} "
-              f"(limit {r['limit']:g})")
+              f"(limit {r['limit']:.3g})")
     print(f"per goal (np={np_}):")
     passed = 0
     for g in GOALS:
         mine = [r for r in rows if r["goal"] == g[0]]
-        verdict = "NOT MEASURED" if not mine else (
+        verdict = ("NOT JUDGED" if watch else "NOT MEASURED") if not mine else (
             "PASS" if all(r["pass"] for r in mine) else "FAIL")
-        passed += verdict == "PASS"
-        print(f"  {verdict:<12} {g[0]}: {g[6]} <= {g[5]:g} ({', '.join(g[1])})")
+        passed += verdict in ("PASS", "NOT JUDGED")
+        limit = "the committed run's + its spread" if watch else f"{g[5]:g}"
+        print(f"  {verdict:<12} {g[0]}: {g[6]} <= {limit} ({', '.join(g[1])})")
     total = len(GOALS)
     mem = [r for r in rows if r["goal"] == MEMORY_GOAL[0]]
     if mem:
@@ -946,8 +989,17 @@ def main(argv=None):
         print_memory(mem_rows)
         print_profile(result.get("profile"))
         if args.goals:
-            result["goals"] = goal_verdicts(result["points"]) + memory_verdicts(mem_rows)
-            all_pass = print_goals(result["goals"], n)
+            committed, against = committed_points(n) if n != 2 else (None, None)
+            if n == 2:
+                rows = goal_verdicts(result["points"])
+            elif committed is None:
+                rows, against = [], "none"
+                print(f"\nno committed run at np={n} on this CPU to watch against "
+                      "(make bench writes one): only the memory goal is judged")
+            else:
+                rows = watch_verdicts(result["points"], committed)
+            result["goals"] = rows + memory_verdicts(mem_rows)
+            all_pass = print_goals(result["goals"], n, against)
         out = args.out or result_path(
             f"redistribute-np{n}{'-torch' if tctx else ''}.json")
         write_result(out, {**result, "points": [
