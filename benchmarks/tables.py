@@ -90,11 +90,15 @@ def where(results: dict) -> str:
             + "; ".join(f"commit `{c}` ({day})" for c, day in runs))
 
 
+def runs_of(results: dict, kind: str) -> list:
+    """(np, with torch, data) of every result of benchmark `kind` (on one CPU), in
+    order of np."""
+    return [(n, torch, data) for (k, n, torch), data in sorted(results.items()) if k == kind]
+
+
 def redistribute(results: dict) -> str:
     out = []
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "redistribute":
-            continue
+    for n, torch, data in runs_of(results, "redistribute"):
         points = data["points"]
         sizes = sorted({p["bytes"] for p in points})
         rows = []
@@ -126,9 +130,7 @@ def dispatch(results: dict) -> str:
     columns = [("overhead_us", "cached"), ("traced_overhead_us", "traced (CommDebugMode)"),
                ("miss_overhead_us", "decision not cached"),
                ("torch_overhead_us", "torch DTensor, cached")]
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "dispatch":
-            continue
+    for n, torch, data in runs_of(results, "dispatch"):
         # Only the smallest size: above it the operation's own jitter swamps a
         # sub-microsecond overhead (the JSON has every size).
         smallest = min(r["n"] for r in data["results"])
@@ -144,9 +146,7 @@ def dispatch(results: dict) -> str:
 
 def tensor_parallel(results: dict) -> str:
     out = []
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "tensor_parallel":
-            continue
+    for n, torch, data in runs_of(results, "tensor_parallel"):
         has_torch = any("torch_over_tp" in r for r in data["rows"])
         rows = [[r["model"], r["hidden"], r["tokens"], stat(r["speedup"]),
                  *([stat(r["torch_over_tp"])] if "torch_over_tp" in r else
@@ -160,9 +160,7 @@ def tensor_parallel(results: dict) -> str:
 
 def checkpoint(results: dict) -> str:
     out = []
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "checkpoint":
-            continue
+    for n, torch, data in runs_of(results, "checkpoint"):
         rows = [[r["layout"], size(r["bytes"]), stat(r["save"]["ratio"]),
                  stat(r["load"]["ratio"])] for r in data["results"]]
         out.append(f"np {n}: bandwidth of `mt.save` / `mt.load` over `numpy.save` / "
@@ -173,9 +171,7 @@ def checkpoint(results: dict) -> str:
 
 def transport(results: dict) -> str:
     out = []
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "transport":
-            continue
+    for n, torch, data in runs_of(results, "transport"):
         points = data["points"]
         sizes = sorted({p["bytes"] for p in points})
         rows = []
@@ -193,9 +189,7 @@ def transport(results: dict) -> str:
 
 def context_parallel(results: dict) -> str:
     out = []
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "context_parallel":
-            continue
+    for n, torch, data in runs_of(results, "context_parallel"):
         summary, peak, args = data["summary"], data["peak_bytes_per_rank"], data["args"]
         rows = [[name, ranged(s["speedup_median"], s["speedup_min"], s["speedup_max"]),
                  f"{peak[name] / peak['np1']:.2f}"] for name, s in summary.items()
@@ -210,9 +204,7 @@ def context_parallel(results: dict) -> str:
 
 def debug(results: dict) -> str:
     out = []
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "debug":
-            continue
+    for n, torch, data in runs_of(results, "debug"):
         checks = [[f"{r['n']} x {r['n']}", stat(r["off_us"]), stat(r["on_us"]),
                    stat(r["ratio"])] for r in data["rows"] if r["case"] == "checks"]
         hooks = [[f"{r['n']} x {r['n']}", stat(r["off_us"]), stat(r["logged_us"])]
@@ -228,9 +220,7 @@ def debug(results: dict) -> str:
 
 def train(results: dict) -> str:
     out = []
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "train":
-            continue
+    for n, torch, data in runs_of(results, "train"):
         rows = data["rows"]
         has_torch = any("torch_over_mt" in r for r in rows)
         table_rows = [[r["hidden"], "x".join(map(str, r["mesh"])), stat(
@@ -250,9 +240,7 @@ def train(results: dict) -> str:
 
 def autograd(results: dict) -> str:
     out = []
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "autograd":
-            continue
+    for n, torch, data in runs_of(results, "autograd"):
         rows = [[r["op"], f"{r['above_numpy_us']['median']:.2f}", stat(r["recording_us"])]
                 for r in data["rows"]]
         size = data["args"]["size"]
@@ -364,9 +352,7 @@ def vs_heat(results: dict) -> str:
     """Heat's time over mpitensor's per operation and size (benchmarks/vs_heat.py),
     and the sizes where a library's result differed from NumPy's."""
     out = []
-    for (kind, n, torch), data in sorted(results.items()):
-        if kind != "vs_heat":
-            continue
+    for n, torch, data in runs_of(results, "vs_heat"):
         points = data["points"]
         sizes = sorted({p["bytes"] for p in points})
         rows = []
