@@ -16,7 +16,6 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from . import _C, _args, _clib, _device, _dtypes, _iterate, _modes, _registry, _trace, _comm
-from ._clib import CORE
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
@@ -66,14 +65,14 @@ class DTensor(_C.DTensorBase):
     # ``__init__(local_tensor, spec)`` sets them), and the entry points of NumPy
     # operations: the operators (those in place are below), ``__array_ufunc__``,
     # ``redistribute`` and the reduction methods sum, mean, prod, max, min, all,
-    # any, std, var, argmax and argmin (csrc/ext/ext_dtensor.c), and autograd's ``_requires_grad`` bit and
-    # ``_grad_fn`` node (None for a leaf), which the executor records into. The
-    # slots here are autograd's too: the accumulated gradient, whether it is still
-    # the engine's own (nobody read it since it was stored) and retain_grad()'s
-    # flag, and the hooks ``register_hook`` and ``register_post_accumulate_grad_hook``
-    # add (tables the engine reads when it reaches this tensor); unset until used, so
-    # a DTensor the executor makes costs nothing more. The comparison operators make
-    # DTensors, so keep identity hashing.
+    # any, std, var, argmax and argmin (csrc/ext/ext_dtensor.c), and autograd's
+    # ``_requires_grad`` bit and ``_grad_fn`` node (None for a leaf), which the
+    # executor records into. The slots here are autograd's too: the accumulated
+    # gradient, whether it is still the engine's own (nobody read it since it was
+    # stored) and retain_grad()'s flag, and the hooks ``register_hook`` and
+    # ``register_post_accumulate_grad_hook`` add (tables the engine reads when it
+    # reaches this tensor); unset until used, so a DTensor the executor makes costs
+    # nothing more. The comparison operators make DTensors, so keep identity hashing.
     __slots__ = ("_grad", "_retains_grad", "_grad_owned", "_backward_hooks",
                  "_post_accumulate_grad_hooks")
     __hash__ = object.__hash__
@@ -858,7 +857,7 @@ class DTensor(_C.DTensorBase):
 # and autograd fill.
 _C.dispatch_init(DTensor, DTensorSpec, Node, _comm.Request, Replicate(),
                  tuple(Shard(d) for d in range(_clib.MAX_NDIM)),
-                 tuple(Partial(op) for op in CORE.REDUCE_OPS), _registry.functions,
+                 tuple(Partial(op) for op in _clib.CORE.REDUCE_OPS), _registry.functions,
                  _registry.rules, _registry.backwards)
 
 

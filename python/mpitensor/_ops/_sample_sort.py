@@ -34,7 +34,6 @@ import numpy as np
 from numpy.lib import _function_base_impl as _npq
 
 from .. import _C, _clib, _modes, _trace
-from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -184,7 +183,7 @@ def _offset(a, m, size) -> int:
     """The global position of this rank's first bucket element: an exclusive scan
     of the bucket sizes along mesh dim ``m``."""
     box = np.array([size], np.int64)
-    a._spec.mesh._handle.exscan(box, m, CORE.REDUCE_SUM)
+    a._spec.mesh._handle.exscan(box, m, _clib.CORE.REDUCE_SUM)
     return int(box[0]) if a._spec.mesh._coordinate[m] > 0 else 0
 
 
