@@ -4,12 +4,15 @@ build without warnings and print their figures. Plain pytest:
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from mpi_helpers import fresh_job_env  # noqa: E402  (tests/python is not a package)
+
 BENCH = ROOT / "benchmarks"
 TIMEOUT = 120  # seconds; each run takes about one
 
@@ -18,14 +21,6 @@ def build(compiler: str, source: str, out: Path) -> Path:
     subprocess.run([compiler, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out),
                     str(BENCH / source)], check=True, timeout=TIMEOUT)
     return out
-
-
-def job_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
-    return env
 
 
 def test_cross_copy_prints_each_means_ratio_to_raw(tmp_path):
@@ -40,7 +35,7 @@ def test_cross_copy_prints_each_means_ratio_to_raw(tmp_path):
 def test_inner_gather_times_each_way_against_the_raw_allgather(tmp_path):
     exe = build("mpicc", "inner_gather.c", tmp_path / "inner_gather")
     out = subprocess.run(["mpiexec", "-n", "2", str(exe), "1"], capture_output=True,
-                         text=True, check=True, timeout=TIMEOUT, env=job_env()).stdout
+                         text=True, check=True, timeout=TIMEOUT, env=fresh_job_env()).stdout
     assert re.search(r"1 MiB  staged +[\d.]+  raw +[\d.]+  ratio [\d.]+ \[[\d.]+\.\.[\d.]+\]",
                      out), out
     # a machine without ptrace permission between processes says so instead
@@ -50,6 +45,6 @@ def test_inner_gather_times_each_way_against_the_raw_allgather(tmp_path):
 def test_inner_gather_refuses_other_sizes_of_job(tmp_path):
     exe = build("mpicc", "inner_gather.c", tmp_path / "inner_gather")
     run = subprocess.run(["mpiexec", "-n", "3", str(exe), "1"], capture_output=True,
-                         text=True, timeout=TIMEOUT, env=job_env())
+                         text=True, timeout=TIMEOUT, env=fresh_job_env())
     assert run.returncode != 0
     assert "inner_gather runs at np 2" in run.stderr + run.stdout

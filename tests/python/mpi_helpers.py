@@ -12,6 +12,7 @@ rotate methods of ring attention.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 
 import numpy as np
@@ -23,6 +24,21 @@ from mpitensor import Shard
 from mpitensor.experimental import set_rotate_method
 
 COMM = MPI.COMM_WORLD
+
+
+def fresh_job_env() -> dict:
+    """The environment for a new mpiexec job that a test starts: none of the running
+    job's Open MPI or PMIx variables, which would make mpiexec think it runs inside
+    that job; root allowed, more ranks than cores, one BLAS thread.
+
+    Example: ``subprocess.run(["mpiexec", "-n", "2", sys.executable, "job.py"],
+    env=fresh_job_env())``.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
+    return env
 
 
 @pytest.fixture(scope="module", name="mesh")

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, init_device_mesh
-from mpi_helpers import Problems, all_ranks, bits_equal
+from mpi_helpers import all_ranks, bits_equal, fresh_job_env, Problems
 import checkpoint_files as cf
 
 COMM = MPI.COMM_WORLD
@@ -299,22 +299,13 @@ else:
 """
 
 
-def clean_env() -> dict:
-    """The environment of a fresh job: none of this job's Open MPI variables."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
-    return env
-
-
 def start_killed(folder: str, mode: str, cols: int) -> subprocess.Popen:
     script = os.path.join(folder, "job.py")
     with open(script, "w") as f:
         f.write(KILLED)
     cmd = ["mpiexec", "--oversubscribe", "-n", "2", sys.executable, script, mode,
            os.path.join(folder, "ckpt"), str(cols)]
-    return subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -495,7 +486,7 @@ def test_data_and_directory_are_synced_around_the_rename(tmp_path):
     log, folder = tmp_path / "log", os.path.realpath(tmp_path)
     cmd = ["mpiexec", "--oversubscribe", "-n", "2", "-x", f"LD_PRELOAD={spy}", "-x",
            f"MT_SPY_LOG={log}", sys.executable, str(tmp_path / "job.py"), folder]
-    run = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=120)
+    run = subprocess.run(cmd, env=fresh_job_env(), capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     events = [line.split(" ", 2)[1:] for line in log.read_text().splitlines()]
     for name in ("rows.npy", "cols.npy", "long.npy", "sd/w.npy", "sd/index.json"):

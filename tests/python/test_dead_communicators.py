@@ -7,7 +7,6 @@ call that would communicate raises a RuntimeError saying why; meshes that were
 not touched go on working.
 """
 
-import os
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, distribute_tensor
-from mpi_helpers import outcome, same_everywhere
+from mpi_helpers import fresh_job_env, outcome, same_everywhere
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
@@ -76,14 +75,6 @@ for call in (x.full_tensor, lambda: x.redistribute(mesh, [Replicate()]),
 """
 
 
-def job_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
-    return env
-
-
 @pytest.mark.skipif(W != 1, reason="starts its own mpiexec job; np=1 only")
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.timeout(120)
@@ -92,7 +83,7 @@ def test_a_mesh_used_after_mpi_finalize_raises(tmp_path, ranks):
     script.write_text(FINALIZED)
     started = time.monotonic()
     proc = subprocess.run(["mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable,
-                           str(script)], env=job_env(), capture_output=True, text=True,
+                           str(script)], env=fresh_job_env(), capture_output=True, text=True,
                           timeout=90)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"exit {proc.returncode} after " \

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
+from mpi_helpers import fresh_job_env
+
 N = MPI.COMM_WORLD.Get_size()
 pytestmark = pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
 
@@ -45,22 +47,12 @@ for i in range(10**7):
 """
 
 
-def job_env():
-    """The environment of a fresh job: none of the outer job's Open MPI/PMIx
-    variables, which would make mpiexec think it runs inside that job."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
-    return env
-
-
 def start_job(tmp_path: Path, mode: str, *python_args: str) -> subprocess.Popen:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     cmd = ["mpiexec", "--oversubscribe", "-n", "3", sys.executable, *python_args,
            str(script), mode, str(tmp_path)]
-    return subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -137,7 +129,7 @@ elif mode == "slow":  # a late rank is not a stuck one
 def run_watched(tmp_path: Path, mode: str, timeout: str):
     script = tmp_path / "watched.py"
     script.write_text(WATCHED)
-    env = job_env()
+    env = fresh_job_env()
     env["MPITENSOR_TIMEOUT"] = timeout
     started = time.monotonic()
     proc = subprocess.Popen(["mpiexec", "--oversubscribe", "-n", "3", sys.executable,

@@ -14,13 +14,14 @@ test_failing_ranks.py): a job started from inside a multi-rank job would share i
 ranks' cores and Open MPI environment.
 """
 
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 from mpi4py import MPI
+
+from mpi_helpers import fresh_job_env
 
 N = MPI.COMM_WORLD.Get_size()
 pytestmark = pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
@@ -50,14 +51,6 @@ print("finished", rank, float(y.to_local().sum()), flush=True)
 """
 
 
-def job_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
-    return env
-
-
 def run(tmp_path, mode, ranks, *python_args, mpiexec=True):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
@@ -65,7 +58,7 @@ def run(tmp_path, mode, ranks, *python_args, mpiexec=True):
     if mpiexec:
         cmd = ["mpiexec", "--oversubscribe", "-n", str(ranks)] + cmd
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=DEADLINE)
