@@ -40,6 +40,7 @@ def test_inner_gather_times_each_way_against_the_raw_allgather(tmp_path):
                      out), out
     # a machine without ptrace permission between processes says so instead
     assert re.search(r"1 MiB  direct +([\d.]+  raw|unavailable: process_vm_readv)", out), out
+    assert re.search(r"1 MiB  get +[\d.]+  raw +[\d.]+  ratio", out), out
 
 
 def test_inner_gather_refuses_other_sizes_of_job(tmp_path):
