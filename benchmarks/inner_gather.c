@@ -18,7 +18,9 @@
  * must cut the peer's block into rows. Each way is timed against the raw call in
  * its own pass, the two alternating repetition by repetition after a barrier (as
  * benchmarks/redistribute.py does), each time the max over the ranks. Prints the
- * median times and the median and [min..max] of the per-repetition ratio.
+ * median times and the median and [min..max] of the per-repetition ratio. After its
+ * timing, each way's output is checked row by row against the raw call's blocks; a
+ * way that misplaces a row ends the run with an error.
  *
  *   mpicc -O2 -o build/inner_gather benchmarks/inner_gather.c
  *   mpiexec -n 2 build/inner_gather 1 4     # local blocks of 1 and 4 MiB
@@ -45,7 +47,7 @@ typedef struct {
   int me, peer;
   char *in, *out, *stage, *raw_out;
   struct iovec *iov;
-  int denied; /* a direct read failed on this rank */
+  int denied; /* a direct read failed on this rank since it was last cleared */
   MPI_Win win;      /* over `in`, for get */
   MPI_Datatype col; /* the peer's column block of the output, for get */
 } gather;
@@ -129,6 +131,18 @@ static void run(gather *g, int way) {
   else get(g);
 }
 
+/* Whether the output holds this rank's rows and, beside each, the peer's row as the
+ * raw call gathered it (`raw_out` holds the peer's block after any raw call). */
+static int placed_right(const gather *g) {
+  const char *theirs = g->raw_out + g->peer * g->rows * g->row;
+  for (int64_t i = 0; i < g->rows; ++i) {
+    if (memcmp(g->out + (2 * i + g->me) * g->row, g->in + i * g->row, (size_t)g->row) != 0 ||
+        memcmp(g->out + (2 * i + g->peer) * g->row, theirs + i * g->row, (size_t)g->row) != 0)
+      return 0;
+  }
+  return 1;
+}
+
 static int by_value(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -180,16 +194,30 @@ int main(int argc, char **argv) {
     g.in = buffer((size_t)bytes), g.stage = buffer((size_t)bytes);
     g.out = buffer((size_t)(2 * bytes)), g.raw_out = buffer((size_t)(2 * bytes));
     g.iov = malloc((size_t)g.rows * sizeof *g.iov);
+    double *values = (double *)(void *)g.in; /* distinct on every rank and row */
+    for (int64_t i = 0; i < bytes / (int64_t)sizeof(double); ++i)
+      values[i] = (double)(g.me * bytes + i);
     MPI_Win_create(g.in, (MPI_Aint)bytes, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &g.win);
     MPI_Win_lock_all(0, g.win);
     MPI_Type_vector((int)g.rows, (int)g.row, (int)(2 * g.row), MPI_BYTE, &g.col);
     MPI_Type_commit(&g.col);
     for (int way = 1; way < 4; ++way) {
       double tw, tr, ratio[REPS];
+      g.denied = 0;
       time_pair(&g, way, &tw, &tr, ratio);
       double med = median(ratio, REPS);
-      int denied;
+      int denied, right = 0;
       MPI_Allreduce(&g.denied, &denied, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      if (!denied) {
+        memset(g.out, 0, (size_t)(2 * bytes));
+        run(&g, way);
+        right = placed_right(&g);
+        MPI_Allreduce(MPI_IN_PLACE, &right, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      }
+      if (!denied && !right) {
+        if (g.me == 0) fprintf(stderr, "%s put rows in the wrong places\n", ways[way]);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
       if (denied) {
         if (g.me == 0) printf("%4lld MiB  %-7s unavailable: process_vm_readv needs ptrace "
                               "permission between the ranks\n", (long long)(bytes >> 20), ways[way]);

@@ -33,6 +33,7 @@ def test_cross_copy_prints_each_means_ratio_to_raw(tmp_path):
 
 
 def test_inner_gather_times_each_way_against_the_raw_allgather(tmp_path):
+    """check=True: the run fails if a way put a row where the raw call's would not be."""
     exe = build("mpicc", "inner_gather.c", tmp_path / "inner_gather")
     out = subprocess.run(["mpiexec", "-n", "2", str(exe), "1"], capture_output=True,
                          text=True, check=True, timeout=TIMEOUT, env=fresh_job_env()).stdout

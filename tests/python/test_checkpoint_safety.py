@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, init_device_mesh
-from mpi_helpers import all_ranks, bits_equal, fresh_job_env, Problems
+from mpi_helpers import Problems, all_ranks, bits_equal, fresh_job_env
 import checkpoint_files as cf
 
 COMM = MPI.COMM_WORLD
