@@ -17,7 +17,9 @@ from ._dtensor import DTensor
 from ._device import device
 from ._distribute import distribute_tensor
 from ._distribute_module import distribute_module
-from ._factories import empty, full, ones, rand, randn, zeros
+from ._factories import (arange, empty, empty_like, eye, full, full_like, identity,
+                         linspace, logspace, ones, ones_like, rand, rand_like, randn,
+                         randn_like, tri, zeros, zeros_like)
 from ._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
 from ._modes import set_gather_warning
 from .device_mesh import DeviceMesh, init_device_mesh, set_cache_limits
@@ -69,6 +71,18 @@ __all__ = [
     "full",
     "rand",
     "randn",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "rand_like",
+    "randn_like",
+    "arange",
+    "linspace",
+    "logspace",
+    "eye",
+    "identity",
+    "tri",
     "manual_seed",
     "get_rng_state",
     "set_rng_state",
