@@ -2,6 +2,8 @@
  * that the meshes' file calls the agreement and not the other way round. */
 #include "mpitensor/comm/agree.h"
 
+#include <stdio.h>
+
 #include "comm-private.h"
 
 int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err) {
@@ -11,4 +13,26 @@ int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err) {
   int rc = mt_mesh_comm(mesh, &comm, err);
   if (rc != MT_OK) return rc;
   return mt_agree_fingerprint_comm(comm, status, fingerprint, err);
+}
+
+int mt_agree_move(mt_mesh *mesh, int status, const mt_layout *from,
+                  const mt_placement *to, int dtype, int async, mt_error *err) {
+  mt_error e = {0};
+  if (status != MT_OK && err != NULL) e = *err;
+  if (status == MT_OK) {
+    snprintf(e.msg, sizeof e.msg,
+             "redistribute: the ranks of the mesh passed different placements, "
+             "async_op or forward_dtype, or DTensors of different global shapes; every "
+             "rank must make the same call on the same DTensor (from_local of uneven "
+             "shards needs shape= and stride=)");
+  }
+  mt_layout target = *from;
+  if (to != NULL) {
+    for (int m = 0; m < from->mesh_ndim; ++m) target.placements[m] = to[m];
+  }
+  uint64_t h = mt__fnv1a(MT__FNV_START, &dtype, sizeof dtype);
+  h = mt__fnv1a(mt__layout_fnv(mt__layout_fnv(h, from), &target), &async, sizeof async);
+  int rc = mt_agree(mesh, status, h, &e);
+  if (rc != MT_OK && err != NULL) *err = e;
+  return rc;
 }

@@ -217,7 +217,7 @@ static int spread_phase(const dist_ctx *c, const mt_layout *layout, void *local,
   return rc;
 }
 
-/* Every member passed the same global shape, dtype and placements, and could
+/* Every member passed the same global shape, dtype, placements and source, and could
  * allocate its box (`local` not NULL): else each would cut the source by its own
  * shape and the scatter would pair counts that differ (garbage on one rank,
  * MPI_ERR_TRUNCATE on another), or one rank would leave the others waiting. */
@@ -244,11 +244,13 @@ static int agree_on_source(const dist_ctx *c, const mt_layout *l, const void *lo
     }
     if (n > 0 && (size_t)n < sizeof e.msg) {
       snprintf(e.msg + n, sizeof e.msg - (size_t)n,
-               "), %lld-byte elements); every rank must pass the same global tensor",
+               "), %lld-byte elements), or a different src_data_rank; every rank "
+               "must pass the same global tensor",
                (long long)c->itemsize);
     }
   }
   uint64_t h = mt__layout_fnv(mt__fnv1a(MT__FNV_START, &c->dtype, sizeof c->dtype), l);
+  h = mt__fnv1a(h, &c->src, sizeof c->src);
   rc = mt_agree(c->mesh, rc, h, &e);
   if (rc != MT_OK && err != NULL) *err = e;
   return rc;

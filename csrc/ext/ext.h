@@ -79,6 +79,11 @@ int mt_ext_inexact(PyArray_Descr *d);
 PyArrayObject *mt_ext_contiguous(PyObject *obj);
 /* The Python exception of a core status, with the core's message; returns NULL. */
 PyObject *mt_ext_raise(int code, const mt_error *err);
+/* The core status of the Python exception being raised (MemoryError, OverflowError,
+ * IndexError, TypeError, ValueError, NotImplementedError, OSError, else MT_ESTATE,
+ * which raises as RuntimeError), its message in err->msg; the exception is cleared.
+ * The reverse of mt_ext_raise, for an exception that must travel to other ranks. */
+int mt_ext_fetch_status(mt_error *err);
 /* A tuple of ints. */
 PyObject *mt_ext_int_tuple(const int64_t *v, int n);
 /* A new C-contiguous array; large ones come from the block pool. */

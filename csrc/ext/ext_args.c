@@ -1,6 +1,7 @@
 /* The argument helpers every area of mpitensor._C shares: C arrays to Python
  * tuples, NumPy dtypes to core codes, core statuses to exceptions. They call only
  * the core and CPython, so every area depends on them and they on no area. */
+#include <stdio.h>
 #include <string.h>
 
 #include "ext.h"
@@ -20,6 +21,40 @@ PyObject *mt_ext_raise(int code, const mt_error *err) {
   const char *msg = (err != NULL && err->msg[0] != '\0') ? err->msg : mt_strerror(code);
   PyErr_SetString(type, msg);
   return NULL;
+}
+
+int mt_ext_fetch_status(mt_error *err) {
+  /* The most specific first: NumPy's AxisError is both a ValueError and an
+   * IndexError, and raises as IndexError on the ranks that learn it, as NumPy's
+   * own AxisError is caught by `except IndexError`. */
+  static const struct {
+    PyObject **type;
+    int code;
+  } table[] = {
+      {&PyExc_MemoryError, MT_ENOMEM}, {&PyExc_OverflowError, MT_EOVERFLOW},
+      {&PyExc_IndexError, MT_EINDEX},  {&PyExc_TypeError, MT_ETYPE},
+      {&PyExc_ValueError, MT_EINVAL},  {&PyExc_NotImplementedError, MT_ENOTSUP},
+      {&PyExc_OSError, MT_EIO},
+  };
+  int code = MT_ESTATE;
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i) {
+    if (PyErr_ExceptionMatches(*table[i].type)) {
+      code = table[i].code;
+      break;
+    }
+  }
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyObject *text = value != NULL ? PyObject_Str(value) : NULL;
+  const char *msg = text != NULL ? PyUnicode_AsUTF8(text) : NULL;
+  snprintf(err->msg, sizeof err->msg, "%s", msg != NULL ? msg : mt_strerror(code));
+  PyErr_Clear();
+  Py_XDECREF(text);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  return code;
 }
 
 PyObject *mt_ext_int_tuple(const int64_t *v, int n) {

@@ -10,6 +10,8 @@
 
 #include <string.h>
 
+#include "mpitensor/comm/agree.h"
+
 /* The key's word of target placements: 6 bits per mesh dim (kind, then the shard
  * dim or the reduce op). */
 enum { AUX_BITS = 6 };
@@ -135,15 +137,61 @@ static PyObject *record_move(mt_ext_dispatch *d, PyObject *self, PyObject *out,
   return out;
 }
 
+/* An explicit redistribute is collective by contract, so it is agreed on before
+ * anything moves, over the source's mesh (which every rank has, whatever it
+ * passed): one rank's bad argument (`dst` NULL, with its exception pending) becomes
+ * every rank's exception, and targets, async_op or forward_dtype that differ between
+ * ranks raise instead of pairing different collectives, also where one rank's move
+ * is none. After the decision, so that a target the core refuses on one rank is
+ * agreed too; `spec` is the moved tensor's (cast to forward_dtype). 0, or -1 with
+ * the agreed exception. */
+static int agree_on_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *spec,
+                         const mt_placement *dst, int async) {
+  int64_t members = 1;
+  for (int m = 0; m < mb->mesh_ndim; ++m) members *= mb->mesh_shape[m];
+  /* Under collective checks the checker compares every call on a communicator of
+   * its own, at the move's event: a second agreement here would pair with it on
+   * a rank whose operation moves an input where the others redistribute. */
+  if (!mb->member || members == 1 || d->modes->checks) return dst != NULL ? 0 : -1;
+  mt_error err = {0};
+  int rc = mt_mesh_check(mb->mesh, &err);
+  if (rc != MT_OK) {
+    PyErr_Clear();
+    return mt_ext_raise(rc, &err), -1;
+  }
+  if (dst == NULL) rc = mt_ext_fetch_status(&err);
+  mt_layout_key key;
+  mt_layout from;
+  if (mt_ext_spec_key(d, mb, spec, &key) < 0) {
+    if (rc == MT_OK) rc = mt_ext_fetch_status(&err);
+    else PyErr_Clear();
+    memset(&key, 0, sizeof key);
+    key.mesh_ndim = mb->mesh_ndim;
+  }
+  int init = mt_layout_init(&from, key.ndim, key.shape, mb->mesh_ndim, mb->mesh_shape,
+                            key.placements, rc == MT_OK ? &err : NULL);
+  if (rc == MT_OK) rc = init;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_agree_move(mb->mesh, rc, &from, dst, key.dtype, async, &err);
+  Py_END_ALLOW_THREADS
+  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
+}
+
 /* The move of `src` (self, or its cast) to `dst`: decision, plan, wrap. */
 static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *src,
                           const mt_placement *dst, int64_t aux, int same, int async,
                           PyObject *what) {
+  int explicit = what == d->s_redistribute;
   mt_memo_key mk;
   mk.op = d->redistribute_op, mk.noperands = 1, mk.aux = aux, mk.grad = 0, mk.want = 0;
-  if (mt_ext_layout_id(d, mb, src, NULL, &mk.operand[0]) < 0) return NULL;
-  mt_decision *dec = mt_memo_find(mb->memo, &mk);
-  if (dec == NULL && (dec = decide(d, mb, src->spec, dst, &mk)) == NULL) return NULL;
+  mt_decision *dec = NULL;
+  if (mt_ext_layout_id(d, mb, src, NULL, &mk.operand[0]) == 0 &&
+      (dec = mt_memo_find(mb->memo, &mk)) == NULL)
+    dec = decide(d, mb, src->spec, dst, &mk);
+  if (dec == NULL) {
+    if (explicit) agree_on_move(d, mb, src->spec, NULL, async);
+    return NULL;
+  }
   /* Held: a collective releases the GIL, and events run Python. */
   mt_plan *plan = dec->plan[0];
   if (plan != NULL) mt_plan_retain(plan);
@@ -152,6 +200,8 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
   if (same) spec = Py_NewRef(src->spec);
   else if ((layout = out_layout(d, mb, src->spec, dst, &mk, &id)) != NULL)
     spec = mt_ext_make_spec(d, (PyObject *)mb, layout);
+  if (explicit && agree_on_move(d, mb, src->spec, spec != NULL ? dst : NULL, async) < 0)
+    Py_CLEAR(spec);
   if (spec != NULL && mt_ext_events(d->modes) && mb->member &&
       mt_ext_move_event(d, src->spec, plan, same, what, PyTuple_GET_ITEM(spec, 1)) < 0)
     Py_CLEAR(spec);
@@ -179,13 +229,20 @@ PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
   mt_placement dst[MT_MAX_MESH_NDIM];
   int64_t aux;
   int same, ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(b->spec, 2));
+  int explicit = what == d->s_redistribute;
+  /* Each failure before the move, on one rank, is agreed (agree_on_move). */
   if ((mesh != Py_None && mesh != (PyObject *)mb) || fwd != Py_None || bwd != Py_None ||
       !read_targets(d, placements, PyTuple_GET_ITEM(b->spec, 1), ndim, 1, dst, &aux, &same)) {
-    if (normalise(d, self, mesh, &placements, &fwd, &bwd, &holder) < 0) return NULL;
+    if (normalise(d, self, mesh, &placements, &fwd, &bwd, &holder) < 0) {
+      if (explicit) agree_on_move(d, mb, b->spec, NULL, async);
+      return NULL;
+    }
     if (!read_targets(d, placements, PyTuple_GET_ITEM(b->spec, 1), ndim, 0, dst, &aux,
                       &same)) {
+      PyErr_Format(PyExc_ValueError, "placements %R are not valid here", placements);
+      if (explicit) agree_on_move(d, mb, b->spec, NULL, async);
       Py_DECREF(holder);
-      return PyErr_Format(PyExc_ValueError, "placements %R are not valid here", placements);
+      return NULL;
     }
   }
   PyObject *src = self;
@@ -193,6 +250,7 @@ PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
     src = cast(d, b, fwd);
     same = 0;
   }
+  if (src == NULL && explicit) agree_on_move(d, mb, b->spec, NULL, async);
   PyObject *out = src == NULL ? NULL
                               : run_move(d, mb, (mt_ext_dtensor *)src, dst, aux, same, async,
                                          what);

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _dtypes
+from . import _clib, _comm, _dtypes
 from .device_mesh import DeviceMesh, _current_mesh
 from .placement_types import Partial, Placement, Replicate, Shard, _StridedShard
 
@@ -104,6 +104,15 @@ def check_dtype(dtype) -> np.dtype:
             f"DTensors hold numeric data (bool, int, uint, float, complex, bfloat16); "
             f"got dtype {dt}"
         )
+    # Refused here, once, rather than by the first operation that moves or reduces
+    # it: the core's kernels and MPI types know native, fixed-size elements only.
+    if not dt.isnative or _clib.dtype_code(dt) < 0:
+        near = np.dtype(f"{dt.kind}{min(dt.itemsize, 16 if dt.kind == 'c' else 8)}")
+        raise TypeError(
+            f"DTensors hold bool, int8-64, uint8-64, float16/32/64, complex64/128 or "
+            f"bfloat16 elements in native byte order; got dtype {dt.str!r} ({dt}): "
+            f"convert it first, e.g. array.astype({near.name!r})"
+        )
     return dt
 
 
@@ -138,12 +147,58 @@ def check_shape(shape, ndim: int) -> tuple[int, ...]:
     return shape
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def check_extent(shape, stride, dtype: np.dtype) -> None:
+    """A global shape (and strides, when given) whose element count, byte size or
+    farthest byte offset does not fit an int64 is refused (OverflowError), as the
+    core refuses such a tensor's layout: a size that wrapped around would pass every
+    later check and answer nonsense (a negative ``size``).
+
+    Example: ``check_extent((2**62, 4), None, np.dtype("f8"))`` raises OverflowError.
+    """
+    count = 1
+    for s in shape:
+        count *= s
+    reach = sum(abs(t) * max(s - 1, 0) for s, t in zip(shape, stride or ()))
+    if count > _INT64_MAX or count * dtype.itemsize > _INT64_MAX or \
+            reach * dtype.itemsize > _INT64_MAX:
+        raise OverflowError(
+            f"The tensor has more than {_INT64_MAX} elements or bytes: shape "
+            f"{tuple(shape)}{'' if stride is None else f', stride {tuple(stride)}'} "
+            f"of {dtype.itemsize}-byte elements"
+        )
+
+
 def check_stride(stride, ndim: int) -> tuple[int, ...]:
     """from_local's ``stride=``: ints, one per dim of ``shape``."""
     stride = _ints(stride, "stride")
     if len(stride) != ndim:
         raise ValueError(f"stride {stride} does not match a shape with {ndim} dims")
     return stride
+
+
+def raise_on_every_rank(mesh: DeviceMesh, error: Exception):
+    """Raises ``error``, a local check that failed on this rank, on every member of
+    the mesh: it goes into the agreement that the other members' first collective
+    of the same call enters (``_comm.agree`` here, ``mt_agree`` in C), so each
+    member raises the first failing member's exception and the next call pairs.
+    Call it only where the call is collective on every rank that passed its checks.
+    Collective on the mesh; never returns.
+
+    Example::
+
+        try:
+            pl = normalize_placements(placements, mesh, array.ndim)
+        except Exception as e:
+            raise_on_every_rank(mesh, e)
+    """
+    try:
+        _comm.agree(mesh._handle, False, 0, str(error), type(error))
+    except Exception as agreed:  # noqa: BLE001 - the agreed one replaces it
+        raise agreed from error
+    raise error
 
 
 def reject_masked(array, what: str) -> None:

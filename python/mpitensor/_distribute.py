@@ -48,15 +48,24 @@ def distribute_tensor(tensor, device_mesh: DeviceMesh | None = None,
     if isinstance(tensor, DTensor):
         dt = _already_distributed(tensor, device_mesh, placements)
         return dt.requires_grad_() if requires_grad else dt
-    _args.reject_masked(tensor, "distribute_tensor")
-    return _distribute_array(tensor, device_mesh, placements, src_data_rank
-                             ).requires_grad_(requires_grad)
-
-
-def _distribute_array(tensor, device_mesh, placements, src_data_rank) -> DTensor:
-    array = np.asarray(tensor)
-    dtype = _args.check_dtype(array.dtype)
+    # Without a mesh there is nothing to agree over: that error stays local.
     mesh = _args.resolve_mesh(device_mesh)
+    try:
+        array, pl = _checked(tensor, mesh, placements, src_data_rank)
+    except Exception as e:
+        # The other ranks' first collective is the scatter's agreement: this rank's
+        # failure goes there, so that every rank raises it.
+        if src_data_rank is not None and mesh.get_coordinate() is not None:
+            _args.raise_on_every_rank(mesh, e)
+        raise
+    return _distribute_array(array, mesh, pl, src_data_rank).requires_grad_(requires_grad)
+
+
+def _checked(tensor, mesh, placements, src_data_rank):
+    """distribute_tensor's local checks: (the array, its placements). Local."""
+    _args.reject_masked(tensor, "distribute_tensor")
+    array = np.asarray(tensor)
+    _args.check_dtype(array.dtype)
     pl = _args.normalize_placements(placements, mesh, array.ndim)
     if src_data_rank is not None and (
             isinstance(src_data_rank, bool) or not isinstance(src_data_rank, (int, np.integer))
@@ -67,6 +76,11 @@ def _distribute_array(tensor, device_mesh, placements, src_data_rank) -> DTensor
             f"at that coordinate of each mesh dim is the source) or None (every rank "
             f"uses its own copy); got {src_data_rank!r}"
         )
+    return array, pl
+
+
+def _distribute_array(array, mesh, pl, src_data_rank) -> DTensor:
+    dtype = array.dtype
     spec = DTensorSpec(mesh, pl, array.shape, dtype, contiguous_strides(array.shape))
     if mesh.get_coordinate() is None:
         return DTensor(np.empty((0,), dtype), spec)

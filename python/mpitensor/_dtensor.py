@@ -358,29 +358,22 @@ class DTensor(_C.DTensorBase):
             >>> DTensor.from_local(local, mesh, [Shard(0)]).shape
             (6,)
         """
-        source = None
-        if type(local_tensor) is DTensor:
-            if local_tensor._spec.mesh is not local_mesh():
-                raise TypeError(
-                    "from_local takes a NumPy ndarray, or the local DTensor that "
-                    "to_local() gives of a tensor that requires grad (it lives on "
-                    f"mpitensor's local mesh); got a DTensor on {local_tensor.device_mesh}")
-            source, local_tensor = local_tensor, local_tensor._data()
-        elif not isinstance(local_tensor, np.ndarray):
-            raise TypeError(
-                f"from_local takes a NumPy ndarray, got {type(local_tensor).__name__}"
-            )
-        _args.reject_masked(local_tensor, "DTensor.from_local")
-        dtype = _args.check_dtype(local_tensor.dtype)
+        # Without a mesh there is nothing to agree over: that error stays local.
         mesh = _args.resolve_mesh(device_mesh)
-        pl = _args.normalize_placements(placements, mesh, local_tensor.ndim)
-        gshape, gstride = _global_shape_and_stride(local_tensor, mesh, pl, shape, stride)
-        spec = DTensorSpec(mesh, pl, gshape, dtype, gstride)
+        try:
+            source, local_tensor, spec = _from_local_spec(local_tensor, mesh, placements,
+                                                          shape, stride)
+        except Exception as e:
+            # run_check=True is collective: this rank's failure is every rank's.
+            if run_check and mesh.get_coordinate() is not None:
+                _check_across_ranks(mesh, None, None, False, failure=e)
+            raise
         if mesh.get_coordinate() is None:
-            out = DTensor(np.empty((0,), dtype), spec)
+            out = DTensor(np.empty((0,), spec.dtype), spec)
         else:
             if run_check:
-                local_tensor = _check_across_ranks(local_tensor, spec, shape is not None)
+                local_tensor = _check_across_ranks(mesh, local_tensor, spec,
+                                                   shape is not None)
             out = DTensor(local_tensor, spec)
         if source is not None and _modes.state.grad_enabled and source._requires_grad:
             _C.record("FromLocal", out, (source,),
@@ -963,6 +956,29 @@ def _from_local_grad(g: "DTensor", spec: DTensorSpec, source: "DTensor") -> "DTe
     return DTensor(local, source._spec)
 
 
+def _from_local_spec(local_tensor, mesh, placements, shape, stride):
+    """from_local's local checks: (the local DTensor it came from or None, the
+    local ndarray, the spec). Local."""
+    source = None
+    if type(local_tensor) is DTensor:
+        if local_tensor._spec.mesh is not local_mesh():
+            raise TypeError(
+                "from_local takes a NumPy ndarray, or the local DTensor that "
+                "to_local() gives of a tensor that requires grad (it lives on "
+                f"mpitensor's local mesh); got a DTensor on {local_tensor.device_mesh}")
+        source, local_tensor = local_tensor, local_tensor._data()
+    elif not isinstance(local_tensor, np.ndarray):
+        raise TypeError(
+            f"from_local takes a NumPy ndarray, got {type(local_tensor).__name__}"
+        )
+    _args.reject_masked(local_tensor, "DTensor.from_local")
+    dtype = _args.check_dtype(local_tensor.dtype)
+    pl = _args.normalize_placements(placements, mesh, local_tensor.ndim)
+    gshape, gstride = _global_shape_and_stride(local_tensor, mesh, pl, shape, stride)
+    _args.check_extent(gshape, gstride, dtype)
+    return source, local_tensor, DTensorSpec(mesh, pl, gshape, dtype, gstride)
+
+
 def _global_shape_and_stride(local, mesh, placements, shape, stride):
     if (shape is None) != (stride is None):
         raise ValueError(
@@ -995,18 +1011,22 @@ def _global_stride(local, mesh, placements, gshape):
     return tuple(stride)
 
 
-def _check_across_ranks(local: np.ndarray, spec: DTensorSpec, shape_given: bool):
+def _check_across_ranks(mesh, local, spec, shape_given: bool, failure=None):
     """run_check: compare with the mesh's first rank, agree on a verdict, then
-    broadcast Replicate dims. Collective on the mesh."""
-    mesh = spec.mesh
+    broadcast Replicate dims. ``failure``: this rank's local checks raised it (no
+    ``local`` or ``spec`` then), and it becomes every rank's exception. Collective on
+    the mesh."""
     if _modes.state.tracing:
         # No shape here: a shape that differs is what run_check itself reports.
-        _trace.collective("DTensor.from_local(run_check=True)", mesh, spec.placements,
-                          None, None)
-    mine = _meta_record(local, spec.shape, spec.placements)
+        _trace.collective("DTensor.from_local(run_check=True)", mesh,
+                          None if spec is None else spec.placements, None, None)
+    mine = (np.full(3 + 2 * _clib.MAX_NDIM, -1, np.int64) if failure is not None
+            else _meta_record(local, spec.shape, spec.placements))
     root = mine.copy()
     for d in range(mesh.ndim):
         mesh._handle.bcast(root, d)
+    if failure is not None:
+        _args.raise_on_every_rank(mesh, failure)
     problem = _meta_problem(local, spec, mine, root, shape_given)
     # The first rank that found a problem tells every rank what it is.
     _comm.agree(mesh._handle, problem is None, 0,

@@ -264,9 +264,38 @@ def good_mesh(case_id):
     return DeviceMesh("cpu", list(range(N)))
 
 
+# Cases of calls that are collective by contract (distribute_tensor, redistribute),
+# and the good call the other ranks make: the bad rank's failure goes into the
+# agreement their first collective enters, so every rank raises it.
+AGREED = {i for i in IDS if i.startswith(("distribute_", "redistribute_"))
+          and i != "distribute_mesh_is_a_string"}
+
+
+def good_call(case_id, m):
+    if case_id == "distribute_wrong_number_of_placements":  # on the grid, as the bad one
+        return distribute_tensor(X, m.grid, [Replicate(), Shard(0)])
+    if case_id.startswith("distribute_"):
+        return distribute_tensor(np.arange(8.0).reshape(4, 2), m.world, [Shard(0)])
+    return m.dt.redistribute(m.world, [Replicate()])
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] not in MESH_CASES],
-                         ids=[i for i in IDS if i not in MESH_CASES])
+@pytest.mark.skipif(N < 2, reason="needs a second rank to disagree with")
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in AGREED],
+                         ids=[i for i in IDS if i in AGREED])
+def test_a_bad_argument_of_a_collective_call_on_one_rank_raises_everywhere(case, m, comm):
+    """Only the last rank passes the bad argument; the others make the good call and
+    get the last rank's exception, and the next collective pairs."""
+    case_id, call, exc, match = case
+    bad = RANK == N - 1
+    outcome = raised(lambda: call(m) if bad else good_call(case_id, m), exc, match)
+    assert comm.allgather(outcome) == [True] * N
+    assert np.array_equal(m.dt.full_tensor(), np.arange(8.0).reshape(4, 2))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] not in MESH_CASES | AGREED],
+                         ids=[i for i in IDS if i not in MESH_CASES | AGREED])
 def test_raises_before_any_communication(case, m, comm):
     """Only the last rank makes the bad call. Had it communicated before raising,
     it would wait for ranks that never join, while they wait in the allgather."""

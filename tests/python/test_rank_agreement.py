@@ -51,26 +51,32 @@ BIG = (2, 2**20)  # 16 MiB of float64: redistributes this large agree before the
     pytest.param(lambda odd: [Replicate()] if odd else [Shard(0)], id="gather_or_nothing"),
 ])
 @pytest.mark.parametrize("size", ["small", "large"])
-def test_rank_dependent_placements_raise_everywhere(mesh, checks, target, size):
-    """With collective checks on, whatever the size, also when one rank's move is a
-    no-op (it used to return at once, leaving the others in their check)."""
+def test_rank_dependent_placements_raise_everywhere(mesh, target, size):
+    """An explicit redistribute agrees before it moves, whatever the size, also when
+    one rank's move is a no-op (it used to return at once, leaving the others in
+    their collective)."""
     x = mt.zeros(*((4 * N, 2) if size == "small" else BIG), device_mesh=mesh,
                  placements=[Shard(0)])
     got = same_everywhere(outcome(lambda: x.redistribute(mesh, target(LAST))))
-    assert got is not None and got[0] == "RuntimeError", got
-    assert got[1].startswith("collective mismatch"), got
+    assert got is not None and got[0] == "ValueError", got
+    assert "different placements" in got[1], got
     still_in_step()
 
 
 @many
 @pytest.mark.timeout(60)
-def test_rank_dependent_placements_of_a_large_tensor_raise_everywhere_without_checks(mesh):
-    """16 MiB or more: the agreement before the move is on by default."""
-    x = mt.zeros(*BIG, device_mesh=mesh, placements=[Shard(0)])
-    got = same_everywhere(outcome(
-        lambda: x.redistribute(mesh, [Replicate()] if LAST else [Shard(1)])))
-    assert got is not None and got[0] == "ValueError", got
-    assert "different placements" in got[1], got
+@pytest.mark.parametrize("target", [
+    pytest.param(lambda odd: [Replicate()] if odd else [Shard(1)], id="gather_or_all_to_all"),
+    pytest.param(lambda odd: [Replicate()] if odd else [Shard(0)], id="gather_or_nothing"),
+])
+def test_rank_dependent_placements_under_collective_checks_name_every_call(
+        mesh, checks, target):
+    """Under collective checks the checker compares the calls instead, and names
+    each rank's."""
+    x = mt.zeros(4 * N, 2, device_mesh=mesh, placements=[Shard(0)])
+    got = same_everywhere(outcome(lambda: x.redistribute(mesh, target(LAST))))
+    assert got is not None and got[0] == "RuntimeError", got
+    assert got[1].startswith("collective mismatch"), got
     still_in_step()
 
 

@@ -72,6 +72,18 @@ int mt_agree_fingerprint_comm(MPI_Comm comm, int status, uint64_t fingerprint,
  */
 MT_EXPORT int mt_agree(mt_mesh *mesh, int status, uint64_t fingerprint, mt_error *err);
 
+/* Collective on the mesh. mt_agree for an explicit redistribute of a tensor laid
+ * out as `from` to the placements `to` (NULL: this rank failed before it knew
+ * them), cast to `dtype` and asynchronous or not: every member's verdict, and the
+ * same layouts, dtype and async flag everywhere, else MT_EINVAL saying so. Called
+ * before anything moves, also where this rank's part stays, so that a move that is
+ * none on one rank cannot leave another waiting in its collective.
+ *
+ *   rc = mt_agree_move(mesh, rc, &src_layout, dst_placements, dtype, async, &err);
+ */
+MT_EXPORT int mt_agree_move(mt_mesh *mesh, int status, const mt_layout *from,
+                            const mt_placement *to, int dtype, int async, mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif
