@@ -20,7 +20,7 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
 .PHONY: plan-ranking install system-deps demo docs test test-c test-python test-plain test-examples \
-  test-network test-multinode test-lint test-fuzz test-asan bench bench-check calibrate \
+  test-network test-multinode test-lint test-fuzz test-fuzz-ranks test-asan bench bench-check calibrate \
   bench-multinode clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
@@ -161,6 +161,13 @@ test-fuzz: build/fuzz/fuzz_plan
 	  || { tail -40 last.log; echo "fuzz: FAILED (input saved in build/fuzz)"; exit 1; }
 	@grep -E "^(Done|stat::(number_of_executed_units|average_exec_per_sec|new_units_added))" \
 	  build/fuzz/last.log; echo "fuzz: no invariant broken in $(FUZZ_SECONDS)s"
+
+# The one-rank fuzz at length (tests/python/test_one_rank_fuzz.py): every rank in
+# turn passes the odd argument, on a 1-D and a (1, N) mesh; `make test` runs the
+# last rank's turn on the 1-D mesh.
+test-fuzz-ranks: install
+	@status=0; for np in 2 3; do MT_FUZZ_LONG=1 tests/run_mpi_pytest.sh $$np \
+	  tests/python/test_one_rank_fuzz.py -q || status=1; done; exit $$status
 
 # ASan and UBSan over the C tests and over the Python suite at np 2. The Python
 # side runs in its own venv, .venv-asan, whose editable mpitensor is built with

@@ -34,6 +34,7 @@ __all__ = ["zeros", "ones", "empty", "full", "rand", "randn", "arange", "linspac
 def _spec_and_box(size, dtype, device_mesh, placements, what):
     shape = _args.parse_size(size)
     dt = _args.check_dtype(np.float64 if dtype is None else dtype)
+    _args.check_extent(shape, None, dt)
     mesh = _args.resolve_mesh(device_mesh)
     pl = _args.normalize_placements(placements, mesh, len(shape))
     _args.reject_partial(pl, what)

@@ -74,6 +74,31 @@ CASES = [
      TypeError, "ints"),
     ("masked_local", lambda m: from_local(np.ma.masked_array(X, mask=X > 0), m.world),
      TypeError, "MaskedArray"),
+    # issue 49, cases 6 and 7: sizes that overflow int64, dtypes the core cannot move
+    ("shape_elements_overflow", lambda m: from_local(
+        X, m.world, [Shard(0)], shape=(2**62, 2**62), stride=(2**62, 1)),
+     OverflowError, "more than"),
+    ("shape_elements_overflow_to_negative", lambda m: from_local(
+        X, m.world, [Shard(0)], shape=(2**63 - 1, 2), stride=(2, 1)),
+     OverflowError, "more than"),
+    ("shape_bytes_overflow", lambda m: from_local(
+        X, m.world, [Shard(0)], shape=(2**61, 2), stride=(2, 1)), OverflowError, "bytes"),
+    ("stride_reach_overflow", lambda m: from_local(
+        X, m.world, [Shard(0)], shape=(4, 2), stride=(2**62, 1)), OverflowError, "stride"),
+    ("zeros_bytes_overflow", lambda m: mt.zeros(2**62, device_mesh=m.world), OverflowError,
+     "bytes"),
+    ("local_big_endian", lambda m: from_local(X.astype(">f8"), m.world), TypeError,
+     "byte order"),
+    ("local_float128", lambda m: from_local(X.astype(np.longdouble), m.world), TypeError,
+     "float64"),
+    ("local_complex256", lambda m: from_local(X.astype(np.clongdouble), m.world), TypeError,
+     "complex128"),
+    ("zeros_float128", lambda m: mt.zeros(2, dtype=np.longdouble, device_mesh=m.world),
+     TypeError, "native byte order"),
+    ("distribute_big_endian", lambda m: distribute_tensor(X.astype(">i4"), m.world),
+     TypeError, "int32"),
+    ("distribute_float128", lambda m: distribute_tensor(X.astype(np.longdouble), m.world),
+     TypeError, "float64"),
     # factories
     ("zeros_negative_size", lambda m: mt.zeros(-1, device_mesh=m.world), ValueError,
      "negative"),
@@ -290,7 +315,9 @@ def test_a_bad_argument_of_a_collective_call_on_one_rank_raises_everywhere(case,
     bad = RANK == N - 1
     outcome = raised(lambda: call(m) if bad else good_call(case_id, m), exc, match)
     assert comm.allgather(outcome) == [True] * N
-    assert np.array_equal(m.dt.full_tensor(), np.arange(8.0).reshape(4, 2))
+    # The next distribute_tensor pairs: before, it gave rank 0's previous array.
+    b = np.arange(10.0, 18.0).reshape(4, 2)
+    assert np.array_equal(distribute_tensor(b, m.world, [Shard(0)]).full_tensor(), b)
 
 
 @pytest.mark.timeout(30)

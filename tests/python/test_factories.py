@@ -22,8 +22,8 @@ N = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
 
 NUMERIC = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
-           np.uint32, np.uint64, np.float16, np.float32, np.float64, np.longdouble,
-           np.complex64, np.complex128, np.clongdouble]
+           np.uint32, np.uint64, np.float16, np.float32, np.float64,
+           np.complex64, np.complex128]
 
 
 def factory(name):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 from .._dtensor import DTensor
-from .._args import resolve_mesh
+from .._args import raise_on_every_rank, resolve_mesh
 from ..device_mesh import _mesh_stack, init_device_mesh
 from . import _agree, _directory, _paths, _tensor, _tree
 from .._shard import DTensorShard, assemble
@@ -92,18 +92,30 @@ def save(obj, path, *, device_mesh=None) -> None:
         >>> w = distribute_tensor(np.ones((4, 3), np.float32), mesh, [Shard(0)])
         >>> mpitensor.save({"w": w, "step": np.array(7)}, "ckpt")   # ckpt/w.npy, ...
     """
-    # Symlinks resolved: the rename then replaces the link's target, and the ranks
-    # compare the files they name.
-    path = os.path.realpath(os.fspath(path))
     if isinstance(obj, DTensor):
+        path = _real_path(path, obj.device_mesh)
         if obj.device_mesh.get_coordinate() is not None:
             _agree.same_path(obj.device_mesh, path, lambda: _paths.check_target(path))
         _tensor.save_dtensor(obj, path)
     elif isinstance(obj, dict):
-        _directory.save_dict(obj, path, _mesh_of(obj, device_mesh))
+        mesh = _mesh_of(obj, device_mesh)
+        _directory.save_dict(obj, _real_path(path, mesh), mesh)
     else:
         raise TypeError(f"save takes a DTensor or a dict of DTensors and ndarrays, got "
                         f"{type(obj).__name__}")
+
+
+def _real_path(path, mesh) -> str:
+    """``path`` with symlinks resolved (a save's rename then replaces the link's
+    target, and the ranks compare the files they name). A path that is no path on
+    one rank raises on every rank of the mesh, through the agreement on the path
+    that the others enter next. Collective on the mesh only when it fails."""
+    try:
+        return os.path.realpath(os.fspath(path))
+    except Exception as e:
+        if mesh.get_coordinate() is not None:
+            raise_on_every_rank(mesh, e)
+        raise
 
 
 def _look(path: str) -> bytes:
@@ -146,8 +158,8 @@ def load(path, device_mesh=None, placements=None, *, like=None):
         >>> sd = mpitensor.load("ckpt", mesh, {"w": [Shard(1)]})
         >>> opt.load_state_dict(mpitensor.load("run")["optim"])  # a nested save
     """
-    path = os.path.realpath(os.fspath(path))
     mesh = _load_mesh(device_mesh, like)
+    path = _real_path(path, mesh)
     seen = _agree.same_path(mesh, path, lambda: _look(path), outsiders=True,
                             layout=_layout_of(placements, like))
     if seen == b"D":

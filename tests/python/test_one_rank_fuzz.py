@@ -1,0 +1,227 @@
+"""One rank at a time passes an invalid or a different argument to a public entry
+point; the other ranks make the good call. For a call that is collective by
+contract, every rank must raise the same exception type, within the test's
+timeout, and the next collective must pair and give the right values. For a call
+that is local (a factory, from_local without run_check), the odd rank raises alone,
+nothing is sent, and the next collective still pairs.
+
+`make test` runs each mutation once, with the last rank as the odd one, on a 1-D
+mesh; `make test-fuzz-ranks` (MT_FUZZ_LONG=1) makes every rank the odd one in turn
+and adds a (1, N) mesh. What no agreement can cover, because it decides whether
+the call communicates at all (run_check, src_data_rank=None, the mesh itself), is
+left out: docs/reliability.md says so."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
+from mpitensor.nn.utils import clip_grad_norm_
+from mpi_helpers import outcome
+
+COMM = MPI.COMM_WORLD
+N, RANK = COMM.Get_size(), COMM.Get_rank()
+LONG = os.environ.get("MT_FUZZ_LONG") == "1"
+
+pytestmark = pytest.mark.skipif(N < 2, reason="a rank that differs needs two of them")
+
+A = np.arange(8.0 * N).reshape(4 * N, 2)
+_DEFAULT = object()
+
+
+class Ctx:
+    """The mesh, a DTensor on it and a shared folder, the same on every rank."""
+
+    def __init__(self, shape):
+        self.mesh = init_device_mesh("cpu", shape)
+        self.other_mesh = init_device_mesh("cpu", (N,) if len(shape) == 2 else (1, N))
+        self.pl = [Shard(0)] if len(shape) == 1 else [Replicate(), Shard(0)]
+        self.x = distribute_tensor(A, self.mesh, self.pl)
+        # Made on every rank: a mutation must not itself be a collective.
+        self.longer = distribute_tensor(np.ones((4 * N + 2, 2)), self.mesh, self.pl)
+        self.replicated = self.x.redistribute(self.mesh, self.placements(Replicate()))
+        self.dir = COMM.bcast(tempfile.mkdtemp() if RANK == 0 else None)
+        self.file = os.path.join(self.dir, "x.npy")
+        mt.save(self.x, self.file)
+
+    def placements(self, p):
+        """`p` for the mesh's last dim, Replicate before it."""
+        return [Replicate()] * (self.mesh.ndim - 1) + [p]
+
+
+# -- the entry points: each takes the context and the arguments to change ---------------
+
+def distribute(c, tensor=_DEFAULT, placements=_DEFAULT, src_data_rank=0):
+    return distribute_tensor(A if tensor is _DEFAULT else tensor, c.mesh,
+                             c.pl if placements is _DEFAULT else placements,
+                             src_data_rank=src_data_rank)
+
+
+def from_local_checked(c, local=_DEFAULT, placements=_DEFAULT, shape=None, stride=None):
+    mine = c.x.to_local() if local is _DEFAULT else local
+    return DTensor.from_local(mine, c.mesh, c.pl if placements is _DEFAULT else placements,
+                              run_check=True, shape=shape, stride=stride)
+
+
+def redistribute(c, device_mesh=_DEFAULT, placements=_DEFAULT, async_op=False,
+                 forward_dtype=None):
+    out = c.x.redistribute(c.mesh if device_mesh is _DEFAULT else device_mesh,
+                           c.placements(Replicate()) if placements is _DEFAULT
+                           else placements, async_op=async_op, forward_dtype=forward_dtype)
+    return out.wait() if async_op else out
+
+
+def full_tensor(c, x=_DEFAULT):
+    return (c.x if x is _DEFAULT else x).full_tensor()
+
+
+def save(c, obj=_DEFAULT, path=_DEFAULT):
+    mt.save(c.x if obj is _DEFAULT else obj, c.file if path is _DEFAULT else path)
+
+
+def load(c, path=_DEFAULT, placements=_DEFAULT, like=None):
+    return mt.load(c.file if path is _DEFAULT else path, c.mesh,
+                   c.pl if placements is _DEFAULT else placements, like=like)
+
+
+def clip(c, max_norm=1.0, norm_type=2.0):
+    p = distribute_tensor(A, c.mesh, c.pl, requires_grad=True)
+    p.grad = distribute_tensor(A, c.mesh, c.pl)
+    return clip_grad_norm_([p], max_norm, norm_type)
+
+
+def zeros(c, size=(4 * N, 2), dtype=None, placements=_DEFAULT):
+    return mt.zeros(*size, dtype=dtype, device_mesh=c.mesh,
+                    placements=c.pl if placements is _DEFAULT else placements)
+
+
+def arange(c, stop=4 * N, step=1):
+    return mt.arange(0, stop, step, device_mesh=c.mesh, placements=c.placements(Shard(0)))
+
+
+def from_local_unchecked(c, local=_DEFAULT, placements=_DEFAULT):
+    mine = c.x.to_local() if local is _DEFAULT else local
+    return DTensor.from_local(mine, c.mesh, c.pl if placements is _DEFAULT else placements)
+
+
+# (entry, collective by contract, {case id: (argument changes on the odd rank, taking
+# the context)}); every case of a collective entry must raise on every rank.
+MUTATIONS = [
+    (distribute, True, {
+        "masked": lambda c: dict(tensor=np.ma.masked_array(A, mask=A > 3)),
+        "object_dtype": lambda c: dict(tensor=A.astype(object)),
+        "big_endian": lambda c: dict(tensor=A.astype(">f8")),
+        "float128": lambda c: dict(tensor=A.astype(np.longdouble)),
+        "structured": lambda c: dict(tensor=np.zeros(4 * N, dtype=[("a", "f8")])),
+        "ragged_list": lambda c: dict(tensor=[[1.0], [1.0, 2.0]]),
+        "other_shape": lambda c: dict(tensor=np.ones((4 * N + 1, 2))),
+        "other_dtype": lambda c: dict(tensor=A.astype(np.float32)),
+        "shard_dim_out_of_range": lambda c: dict(placements=c.placements(Shard(5))),
+        "placement_is_a_string": lambda c: dict(placements=["S0"] * c.mesh.ndim),
+        "too_many_placements": lambda c: dict(placements=c.pl + [Replicate()]),
+        "other_placements": lambda c: dict(placements=c.placements(Shard(1))),
+        "src_data_rank_out_of_range": lambda c: dict(src_data_rank=N + 3),
+        "src_data_rank_a_string": lambda c: dict(src_data_rank="0"),
+        "other_src_data_rank": lambda c: dict(src_data_rank=1),
+    }),
+    (from_local_checked, True, {
+        "big_endian": lambda c: dict(local=c.x.to_local().astype(">f8")),
+        "float128": lambda c: dict(local=c.x.to_local().astype(np.longdouble)),
+        "a_list": lambda c: dict(local=c.x.to_local().tolist()),
+        "object_dtype": lambda c: dict(local=c.x.to_local().astype(object)),
+        "masked": lambda c: dict(local=np.ma.masked_array(c.x.to_local())),
+        "other_local_shape": lambda c: dict(local=np.ones((5, 2))),
+        "other_dtype": lambda c: dict(local=c.x.to_local().astype(np.float32)),
+        "shard_dim_out_of_range": lambda c: dict(placements=c.placements(Shard(5))),
+        "placement_is_a_string": lambda c: dict(placements=["R"] * c.mesh.ndim),
+        "other_placements": lambda c: dict(placements=c.placements(Shard(1))),
+        "float_shape": lambda c: dict(shape=(2.5, 2), stride=(2, 1)),
+        "overflowing_shape": lambda c: dict(shape=(2**62, 2**62), stride=(2**62, 1)),
+        "other_shape": lambda c: dict(shape=(4 * N + 1, 2), stride=(2, 1)),
+    }),
+    (redistribute, True, {
+        "shard_dim_out_of_range": lambda c: dict(placements=c.placements(Shard(5))),
+        "placement_is_a_string": lambda c: dict(placements=["R"] * c.mesh.ndim),
+        "too_few_placements": lambda c: dict(placements=[]),
+        "to_partial": lambda c: dict(placements=c.placements(Partial())),
+        "other_placements": lambda c: dict(placements=c.placements(Shard(1))),
+        "no_move_on_one_rank": lambda c: dict(placements=c.pl),
+        "other_mesh": lambda c: dict(device_mesh=c.other_mesh),
+        "async_on_one_rank": lambda c: dict(async_op=True),
+        "forward_dtype_on_one_rank": lambda c: dict(forward_dtype=np.float32),
+        "forward_dtype_not_a_dtype": lambda c: dict(forward_dtype="no such dtype"),
+    }),
+    (full_tensor, True, {
+        "other_tensor_shape": lambda c: dict(x=c.longer),
+    }),
+    (save, True, {
+        "other_path": lambda c: dict(path=os.path.join(c.dir, "y.npy")),
+        "path_is_a_number": lambda c: dict(path=42),
+    }),
+    (load, True, {
+        "other_path": lambda c: dict(path=os.path.join(c.dir, "missing.npy")),
+        "shard_dim_out_of_range": lambda c: dict(placements=c.placements(Shard(5))),
+        "other_placements": lambda c: dict(placements=c.placements(Shard(1))),
+        "other_like": lambda c: dict(like=c.replicated),
+    }),
+    (clip, True, {
+        "other_max_norm": lambda c: dict(max_norm=0.5),
+        "other_norm_type": lambda c: dict(norm_type=3.0),
+        "max_norm_not_a_number": lambda c: dict(max_norm="one"),
+    }),
+    # Local entry points: nothing is sent, so only the odd rank raises.
+    (zeros, False, {
+        "negative_size": lambda c: dict(size=(-1, 2)),
+        "overflowing_size": lambda c: dict(size=(2**62, 4)),
+        "float128": lambda c: dict(dtype=np.longdouble),
+        "partial": lambda c: dict(placements=c.placements(Partial())),
+    }),
+    (arange, False, {
+        "zero_step": lambda c: dict(step=0),
+    }),
+    (from_local_unchecked, False, {
+        "big_endian": lambda c: dict(local=c.x.to_local().astype(">f8")),
+        "shard_dim_out_of_range": lambda c: dict(placements=c.placements(Shard(5))),
+    }),
+]
+
+CASES = [pytest.param(entry, collective, make, id=f"{entry.__name__}-{name}")
+         for entry, collective, table in MUTATIONS for name, make in table.items()]
+MESHES = [(N,), (1, N)] if LONG else [(N,)]
+ODD = list(range(N)) if LONG else [N - 1]
+
+
+@pytest.fixture(scope="module", params=MESHES, ids=lambda s: "x".join(map(str, s)))
+def ctx(request):
+    return Ctx(request.param)
+
+
+def still_in_step(c):
+    """The next collective pairs on every rank and gives the right values."""
+    b = A + 100.0
+    got = distribute_tensor(b, c.mesh, c.pl).redistribute(
+        c.mesh, c.placements(Replicate())).to_local()
+    assert np.array_equal(got, b)
+    assert np.array_equal(c.x.full_tensor(), A)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("odd", ODD, ids=lambda r: f"odd{r}")
+@pytest.mark.parametrize("entry, collective, make", CASES)
+def test_one_rank_differs(ctx, entry, collective, make, odd):
+    changes = make(ctx) if RANK == odd else {}
+    got = outcome(lambda: entry(ctx, **changes))
+    every = COMM.allgather(None if got is None else got[0])
+    if collective:
+        assert every[odd] is not None, f"the odd rank raised nothing: {every}"
+        assert every == [every[odd]] * N, every
+    else:
+        assert every[odd] is not None and all(
+            e is None for r, e in enumerate(every) if r != odd), every
+    still_in_step(ctx)
