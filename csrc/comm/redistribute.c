@@ -38,7 +38,8 @@ typedef struct pending {
   const mt__step_exec *e;
   const void *in;
   void *out;
-  char *staging;
+  char *staging; /* a copy of the input or output that the step owns */
+  int borrowed;  /* `in` is the caller's source, not a buffer of the plan */
 } pending;
 
 struct mt_request {
@@ -79,6 +80,28 @@ static int64_t leading(const mt_box *b, int d) {
 }
 
 static int shard_dim(const mt_layout *l, int m) { return l->placements[m].dim; }
+
+/* A call posted nonblocking on the caller's source would read it until the wait,
+ * and the caller may write to it in between: such a call must read nothing of it
+ * after it returns, so that the result is the one of the values at the call. */
+static int posted_on_source(const exec_ctx *c, const pending *p) {
+  return c->nonblocking && p->borrowed;
+}
+
+/* What the step's call reads as its input: for a call posted on the caller's
+ * source, a copy taken now (in the step's staging); else the input itself. */
+static int input_now(const exec_ctx *c, pending *p, const void **send, mt_error *err) {
+  *send = p->in;
+  mt_box sb;
+  box_at(c, &p->step->src, -1, 0, &sb);
+  int64_t n = mt_box_numel(&sb) * c->itemsize;
+  if (!posted_on_source(c, p) || n == 0) return MT_OK;
+  p->staging = mt_pool_alloc((size_t)n);
+  if (p->staging == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  mt_copy_bytes(p->staging, p->in, n);
+  *send = p->staging;
+  return MT_OK;
+}
 
 /* The global tensor's bytes: the same on every rank, so a choice made by it is. */
 static int64_t step_bytes(const exec_ctx *c, const mt_layout *l) {
@@ -124,6 +147,19 @@ static int gather_pairwise(const exec_ctx *c, pending *p, const mt_box *t, int *
   return fits;
 }
 
+/* What a gather into `recv` sends. Posted on the caller's source, it runs in
+ * place: this rank's block goes to its place in `recv` now, the copy MPI would
+ * make of it anyway (Open MPI's sends it from there in place or not), and MPI
+ * reads nothing of the source after the call. */
+static const void *gather_send(const exec_ctx *c, const pending *p, void *recv) {
+  const mt__step_exec *e = p->e;
+  int64_t me = c->coord[p->step->mesh_dim];
+  if (!posted_on_source(c, p)) return p->in;
+  mt_copy_bytes((char *)recv + e->ints[e->group + me] * e->unit_bytes, p->in,
+                e->ints[me] * e->unit_bytes);
+  return MPI_IN_PLACE;
+}
+
 /* Blocks are consecutive slabs of the gathered box when every dim before d has
  * extent 1; else they are placed chunk by chunk (gather_pairwise) or arrive in a
  * staging buffer and are placed in finish. */
@@ -154,12 +190,12 @@ static int start_allgather(const exec_ctx *c, pending *p, mt_error *err) {
    * large blocks, a neighbour exchange instead of recursive doubling), and the
    * plain call's choice is the one a raw MPI_Allgather gets. */
   if (c->nonblocking && e->even) {
-    MT__MPI_TRY(MPI_Iallgather(p->in, mine, e->unit, recv, mine, e->unit, dim_comm(c, m),
-                               &p->req),
+    MT__MPI_TRY(MPI_Iallgather(gather_send(c, p, recv), mine, e->unit, recv, mine,
+                               e->unit, dim_comm(c, m), &p->req),
                 "MPI_Iallgather");
   } else if (c->nonblocking) {
-    MT__MPI_TRY(MPI_Iallgatherv(p->in, mine, e->unit, recv, e->ints, e->ints + g,
-                                e->unit, dim_comm(c, m), &p->req),
+    MT__MPI_TRY(MPI_Iallgatherv(gather_send(c, p, recv), mine, e->unit, recv, e->ints,
+                                e->ints + g, e->unit, dim_comm(c, m), &p->req),
                 "MPI_Iallgatherv");
   } else if (e->even) {
     MT__MPI_TRY(MPI_Allgather(p->in, mine, e->unit, recv, mine, e->unit, dim_comm(c, m)),
@@ -199,14 +235,16 @@ static int start_exchange(const exec_ctx *c, pending *p, mt_error *err) {
   MPI_Comm comm = m >= 0 ? dim_comm(c, m) : MPI_COMM_NULL;
   int rc = m >= 0 ? MT_OK : mt_mesh_comm(c->mesh, &comm, err);
   int done = 0;
+  const void *in = p->in;
   if (rc == MT_OK && !c->nonblocking) {
     done = mt__exchange_direct(c->mesh, &p->e->x, step_bytes(c, &p->step->src), p->in,
                                p->out, comm, err);
     if (done < 0) rc = MT_EMPI;
   }
+  if (rc == MT_OK && !done) rc = input_now(c, p, &in, err);
   if (rc == MT_OK && !done) {
-    rc = mt__exchange_post(&p->e->x, p->in, p->out, comm,
-                           c->nonblocking ? &p->req : NULL, err);
+    rc = mt__exchange_post(&p->e->x, in, p->out, comm, c->nonblocking ? &p->req : NULL,
+                           err);
   }
   if (rc == MT_OK) mt__count(c->mesh, MT_COLL_ALL_TO_ALL, p->e->x.sent);
   return rc;
@@ -264,7 +302,12 @@ static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
   if (n > INT_MAX) {
     rc = allreduce_rounds(c, p, n, type, op, dim_comm(c, m), err);
   } else if (c->nonblocking) {
-    MT__MPI_TRY(MPI_Iallreduce(p->in, p->out, (int)n, type, op, dim_comm(c, m), &p->req),
+    /* A copy, not in place on the output (the same copy): MPI may choose another
+     * algorithm for an all-reduce in place. */
+    const void *send = NULL;
+    rc = input_now(c, p, &send, err);
+    if (rc != MT_OK) return rc;
+    MT__MPI_TRY(MPI_Iallreduce(send, p->out, (int)n, type, op, dim_comm(c, m), &p->req),
                 "MPI_Iallreduce");
   } else {
     MT__MPI_TRY(MPI_Allreduce(p->in, p->out, (int)n, type, op, dim_comm(c, m)),
@@ -330,14 +373,16 @@ static int start_allreduce_nodes(const exec_ctx *c, pending *p, mt_error *err) {
 }
 
 /* Each member's part of the reduced box, consecutive in member order: the input
- * itself when the parts are slabs, else a packed staging copy. */
+ * itself when the parts are slabs (input_now's, unless it goes in rounds, which
+ * are blocking calls), else a packed staging copy. */
 static int scatter_input(const exec_ctx *c, pending *p, const void **send, mt_error *err) {
   const mt_step *s = p->step;
   int m = s->mesh_dim;
   mt_box sb;
   box_at(c, &s->src, -1, 0, &sb);
   *send = p->in;
-  if (leading(&sb, shard_dim(&s->dst, m)) == 1) return MT_OK;
+  if (leading(&sb, shard_dim(&s->dst, m)) == 1)
+    return p->e->round != 0 ? MT_OK : input_now(c, p, send, err);
   p->staging = mt_pool_alloc((size_t)(mt_box_numel(&sb) * c->itemsize));
   if (p->staging == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   int64_t zero[MT_MAX_NDIM] = {0}, at[MT_MAX_NDIM], off = 0;
@@ -791,6 +836,7 @@ static int start_async(mt_request *r, char **mid, mt_error *err) {
     r->tmp_in = r->tmp_out;
     r->tmp_out = i == n - 1 ? NULL : out;
     pending_init(&r->p, &r->ctx, i, s, in, out);
+    r->p.borrowed = in == r->src;
     r->next = i + 1;
     r->ctx.nonblocking = i == last;
     rc = start_step(&r->ctx, &r->p, err);

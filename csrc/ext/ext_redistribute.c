@@ -128,7 +128,8 @@ PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_pla
   rc = mt_redistribute_start(mesh, plan, c.dtype, PyArray_DATA(c.src), dst, &req, &err);
   Py_END_ALLOW_THREADS
   PyObject *p = rc == MT_OK ? mt_ext_plan_wrap((mt_plan *)plan) : NULL;
-  PyObject *keep = p != NULL ? PyTuple_Pack(3, (PyObject *)mb, p, (PyObject *)c.src) : NULL;
+  /* Not the source: the executor reads it before returning. */
+  PyObject *keep = p != NULL ? PyTuple_Pack(2, (PyObject *)mb, p) : NULL;
   PyObject *out = NULL;
   if (rc != MT_OK) mt_ext_raise(rc, &err);
   else if (keep == NULL) mt_request_wait(req, &err); /* nothing owns it: completed here */

@@ -506,7 +506,8 @@ static void run_blocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffers*
 }
 
 /* Nonblocking; with `two`, a second request of the same plan is started before the
- * first is waited for, so both are in flight on the same communicators. */
+ * first is waited for, so both are in flight on the same communicators. The source
+ * is overwritten while they are: a result is the one of its values at the start. */
 static void run_nonblocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffers* b,
                             int two, const char* what) {
   mt_comm_totals before, after;
@@ -520,10 +521,12 @@ static void run_nonblocking(mt_mesh* mesh, const mt_plan* plan, int dtype, buffe
   if (two)
     CHECK(mt_redistribute_start(mesh, plan, dtype, b->src, b->got2, &r2, &err) ==
           MT_OK);
+  memset(b->src, 0xC3, (size_t)b->sbytes);
   if (r1 != NULL)
     CHECK_MSG(mt_request_wait(r1, &err) == MT_OK, "%s: wait: %s", what, err.msg);
   if (r2 != NULL)
     CHECK_MSG(mt_request_wait(r2, &err) == MT_OK, "%s: wait: %s", what, err.msg);
+  memcpy(b->src, b->keep, (size_t)b->sbytes);
   mt_comm_counters_read(&test_counters, &after);
   check_counters(plan, 1 + two, &before, &after, what);
   check_result(plan, b, b->got, dtype, two ? "first of two requests" : "nonblocking",

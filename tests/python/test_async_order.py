@@ -1,10 +1,16 @@
-"""Asynchronous redistributes waited on in a different order on every rank.
+"""Asynchronous redistributes: the result never depends on when, or in what order,
+they are waited on.
 
 Multi-step plans (two or more collectives, which only meshes with two dims of size
 above 1 have) used to post their later steps from inside `wait()`, so two pending
 redistributes waited in orders 0,1 on some ranks and 1,0 on others paired one
 tensor's messages with the other's: wrong values on every rank, no error. Every
-rank here draws its own wait order; every result must still equal NumPy's."""
+rank here draws its own wait order; every result must still equal NumPy's.
+
+A posted collective used to read the source's local array when it was waited on,
+so a write to that array between the call and the wait changed the result; the
+result must be that of the values at the call, as torch's functional collectives
+give."""
 
 from __future__ import annotations
 
@@ -63,16 +69,21 @@ def cases():
     return found
 
 
+def source(ms, src, scale, shape=SHAPE):
+    """A DTensor of `scale` times the base array placed by `src`, and the array."""
+    mesh = mesh_of(ms)
+    base = (np.arange(np.prod(shape)) % 89 + 1).reshape(shape) * scale
+    local = source_local(base, ms, mesh.get_coordinate(), src, np.float64)
+    return DTensor.from_local(local, mesh, src, shape=shape, stride=strides(shape)), base
+
+
 def start(ms, src, dst, scale):
     """A pending redistribute of `scale` times the base array, and what this rank's
     local result must be."""
+    dt, base = source(ms, src, scale)
     mesh = mesh_of(ms)
-    base = (np.arange(np.prod(SHAPE)) % 89 + 1).reshape(SHAPE) * scale
-    coord = mesh.get_coordinate()
-    local = source_local(base, ms, coord, src, np.float64)
-    dt = DTensor.from_local(local, mesh, src, shape=SHAPE, stride=strides(SHAPE))
     return dt.redistribute(mesh, dst, async_op=True), expected_local(
-        base, ms, coord, src, dst, np.float64)
+        base, ms, mesh.get_coordinate(), src, dst, np.float64)
 
 
 def test_multi_step_plans_are_found():
@@ -137,4 +148,37 @@ def test_polled_with_test_in_per_rank_order():
             problems.expect(req.test() and req.done, "completed after wait()")
         ms, src, dst = all_cases[i]
         problems.expect(np.array_equal(out.to_local(), want), f"{ms} {name(src)}->{name(dst)}")
+    assert problems == []
+
+
+def one_step_cases(ms):
+    """(mesh shape, src, dst) for every plan of one collective on mesh `ms`."""
+    return [(ms, s, d) for s in itertools.product(PLACEMENTS, repeat=len(ms))
+            for d in itertools.product(PLACEMENTS, repeat=len(ms))
+            if not mixed_partials(s) and communicating_steps(ms, s, d) == 1]
+
+
+# Small messages, which MPI may copy when it posts them, and larger ones, which it
+# reads as they go.
+@pytest.mark.parametrize("shape", [SHAPE, (96, 40)], ids=["small", "large"])
+def test_writing_the_source_before_wait_changes_no_result(shape):
+    """Every collective kind posted straight on the source (all-gather along the
+    first and an inner dim, all-to-all, all-reduce, reduce-scatter into slabs and
+    into packed blocks), and at np 4 the multi-step plans: the source's local
+    array is overwritten after the call and before wait(), and the result is
+    still the one of the values at the call."""
+    found = one_step_cases((W,)) + (cases() if W == 4 and shape == SHAPE else [])
+    kinds = set()
+    problems = Problems()
+    for ms, src, dst in found:
+        plan = _plan.Plan(shape, ms, _codes(src), _codes(dst), np.dtype("f8"))
+        kinds.update(kind for kind, *_ in plan.steps())
+        dt, base = source(ms, src, 1, shape)
+        mesh = mesh_of(ms)
+        want = expected_local(base, ms, mesh.get_coordinate(), src, dst, np.float64)
+        out = dt.redistribute(mesh, dst, async_op=True)
+        dt.to_local()[...] = -1000.0 - RANK
+        local = out.wait().to_local()
+        problems.expect(np.array_equal(local, want), f"{ms} {name(src)}->{name(dst)}")
+    assert {"all_gather", "all_to_all", "all_reduce", "reduce_scatter"} <= kinds
     assert problems == []

@@ -662,7 +662,7 @@ class _State:
             for p, off in zip(self.params, self.offsets):
                 local[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
             mesh = self.dp_mesh
-        # the request holds the source buffer until it completes
+        # the all-gather reads its source at the call
         self.post = None
         with no_grad():
             flat = DTensor.from_local(local, mesh, [Shard(0)],

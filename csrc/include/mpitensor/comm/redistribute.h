@@ -53,9 +53,11 @@ MT_EXPORT int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype,
 /* Collective on the mesh. Issues every communicating step of the plan before it
  * returns: the earlier ones run to completion, the last one is posted with a
  * nonblocking MPI call, so the order in which requests are waited on never changes
- * a result. `src` and `dst` must stay valid and untouched until mt_request_wait,
- * which runs any local steps after the last collective. Agrees first as
- * mt_redistribute does. */
+ * a result. `dst` must stay valid until mt_request_wait, which runs any local
+ * steps after the last collective. `src` is read before this returns: a collective
+ * posted on it reads a copy or runs in place in the request's buffers, so the
+ * result is the one of its values at the call, whatever the caller does with it
+ * afterwards. Agrees first as mt_redistribute does. */
 int mt_redistribute_start(mt_mesh *mesh, const mt_plan *plan, int dtype,
                           const void *src, void *dst, mt_request **out, mt_error *err);
 
