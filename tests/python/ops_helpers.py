@@ -4,7 +4,10 @@ the full array), and the comparison with NumPy on the full arrays."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 from mpi4py import MPI
 
@@ -30,6 +33,58 @@ def placements(draw, ndim, mesh_ndim, partial=True):
     if partial:
         options.append(Partial("sum"))
     return tuple(draw(st.sampled_from(options)) for _ in range(mesh_ndim))
+
+
+# Shapes that leave some rank's shard empty, or holding one element, at every
+# mesh the suite runs on: sizes 0 and 1, and dims shorter than the mesh. Property
+# tests draw shapes at random, so these corners go through a deterministic test
+# beside each of them instead of being left to the draw.
+CORNER_SHAPES = ((0,), (1,), (3,), (0, 3), (3, 0), (1, 3), (2, 1), (1, 1, 2), (1, 2, 0))
+
+
+def corner_layouts(ndim, partial=True):
+    """Every (mesh, placements) of the suite's meshes whose mesh dims each are
+    Replicate, a Shard of any dim or, when ``partial``, Partial(sum): with
+    CORNER_SHAPES, every way a small dim can be cut into empty shards.
+
+    Example: ``corner_layouts(1, False)`` at 4 ranks gives ``(mesh, (Replicate(),))``,
+    ``(mesh, (Shard(0),))`` and the nine layouts of the (2, 2) mesh.
+    """
+    options = [Replicate()] + [Shard(d) for d in range(ndim)]
+    if partial:
+        options.append(Partial("sum"))
+    return [(mesh_of(shape), pls) for shape in mesh_shapes()
+            for pls in itertools.product(options, repeat=len(shape))]
+
+
+def next_layout(pls, ndim, partial=True):
+    """``pls`` with each mesh dim's placement moved on to the next of
+    :func:`corner_layouts`' options: a second operand laid out otherwise, so that
+    every layout meets another without trying every pair.
+
+    Example: ``next_layout((Shard(0), Replicate()), 2)`` is ``(Shard(1), Shard(0))``.
+    """
+    options = [Replicate()] + [Shard(d) for d in range(ndim)]
+    if partial:
+        options.append(Partial("sum"))
+    return tuple(options[(options.index(p) + 1) % len(options)] if p in options
+                 else Replicate() for p in pls)
+
+
+def matches_or_raises_alike(ours, numpys, compare=None):
+    """Calls ``numpys()`` and ``ours()`` and compares: the same value (by
+    ``compare``, :func:`assert_matches` unless given), or, where NumPy raises, an
+    exception of the same type from ours, on every rank.
+
+    Example: ``matches_or_raises_alike(lambda: np.argmax(dt), lambda: np.argmax(full))``.
+    """
+    try:
+        expect = numpys()
+    except Exception as e:  # noqa: BLE001 - any NumPy error is the one to match
+        with pytest.raises(type(e)):
+            ours()
+        return
+    (compare or assert_matches)(ours(), expect)
 
 
 def make(full: np.ndarray, mesh, pls) -> DTensor:

@@ -1,8 +1,9 @@
 """Reductions that merge per-rank results (var, std, argmax, argmin, all, any,
-np.linalg.norm): equal to NumPy on the full array for random shapes (uneven and
-empty shards), axes, keepdims, dtypes, meshes and placements (Partial included),
-with communication proportional to the result: np.var of a (2**20,) [Shard(0)]
-array sends under 1 KiB."""
+np.linalg.norm): equal to NumPy on the full array, or raising NumPy's exception
+type, for random shapes (uneven and empty shards), axes, keepdims, dtypes, meshes
+and placements (Partial included), and on every run for the corner shapes that
+leave shards empty in every layout; with communication proportional to the
+result: np.var of a (2**20,) [Shard(0)] array sends under 1 KiB."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 
 from mpitensor import DeviceMesh, DTensor, Partial, Replicate, Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, corner_layouts, make, matches_or_raises_alike,
+                         mesh_of, mesh_shapes, placements)
 
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
 
@@ -34,7 +36,7 @@ def check(got, expect, dtype):
 
 def draw_case(data, dtypes):
     mesh = mesh_of(data.draw(st.sampled_from(mesh_shapes())))
-    shape = tuple(data.draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    shape = tuple(data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=3)))
     dtype = data.draw(st.sampled_from(dtypes))
     rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
     full = rng.integers(-4, 5, size=shape).astype(dtype)
@@ -42,6 +44,48 @@ def draw_case(data, dtypes):
         full = full + 1j * rng.integers(-4, 5, size=shape)
     pls = placements(data.draw, len(shape), mesh.ndim)
     return mesh, shape, full, make(full, mesh, pls)
+
+
+def corner_full(shape, k):
+    """The array of a corner case: float64, int64 or complex128 by ``k``, values
+    with ties, zeros and negatives."""
+    full = (np.arange(int(np.prod(shape))).reshape(shape) % 3 - 1).astype(
+        [np.float64, np.int64, np.complex128][k % 3])
+    return full * (1 - 2j) if full.dtype.kind == "c" else full
+
+
+def corner_axes(ndim):
+    """None, every axis, and a tuple of the first and last (the whole array in 2-D)."""
+    return [None, *range(ndim)] + ([(0, ndim - 1)] if ndim > 1 else [])
+
+
+def _alike(full, ours, numpys):
+    """Ours equals NumPy on the full array, or raises NumPy's exception type; the
+    degrees-of-freedom warnings are NumPy's too."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        matches_or_raises_alike(ours, numpys, lambda got, exp: check(got, exp, full.dtype))
+
+
+def moment_case(full, dt, name, axis, keepdims, ddof):
+    func = getattr(np, name)
+    _alike(full, lambda: func(dt, axis=axis, ddof=ddof, keepdims=keepdims),
+           lambda: func(full, axis=axis, ddof=ddof, keepdims=keepdims))
+    _alike(full, lambda: getattr(dt, name)(axis, None, None, ddof, keepdims),
+           lambda: func(full, axis=axis, ddof=ddof, keepdims=keepdims))
+
+
+def arg_or_logical_case(full, dt, name, axis, keepdims):
+    func = getattr(np, name)
+    _alike(full, lambda: func(dt, axis=axis, keepdims=keepdims),
+           lambda: func(full, axis=axis, keepdims=keepdims))
+    _alike(full, lambda: getattr(dt, name)(axis=axis, keepdims=keepdims),
+           lambda: func(full, axis=axis, keepdims=keepdims))
+
+
+def norm_case(full, dt, kwargs, keepdims):
+    _alike(full, lambda: np.linalg.norm(dt, keepdims=keepdims, **kwargs),
+           lambda: np.linalg.norm(full, keepdims=keepdims, **kwargs))
 
 
 @settings(max_examples=120)
@@ -56,12 +100,7 @@ def test_moments_match_numpy(data):
     keepdims = data.draw(st.booleans())
     ddof = data.draw(st.sampled_from([0, 1]))
     name = data.draw(st.sampled_from(["var", "std"]))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        expect = getattr(np, name)(full, axis=axis, ddof=ddof, keepdims=keepdims)
-        check(getattr(np, name)(dt, axis=axis, ddof=ddof, keepdims=keepdims), expect,
-              full.dtype)
-        check(getattr(dt, name)(axis, None, None, ddof, keepdims), expect, full.dtype)
+    moment_case(full, dt, name, axis, keepdims, ddof)
 
 
 @settings(max_examples=120)
@@ -78,9 +117,40 @@ def test_arg_extremes_and_logicals_match_numpy(data):
                                    st.lists(st.integers(0, ndim - 1), unique=True,
                                             min_size=1).map(tuple)))
     keepdims = data.draw(st.booleans())
-    expect = getattr(np, name)(full, axis=axis, keepdims=keepdims)
-    check(getattr(np, name)(dt, axis=axis, keepdims=keepdims), expect, full.dtype)
-    check(getattr(dt, name)(axis=axis, keepdims=keepdims), expect, full.dtype)
+    arg_or_logical_case(full, dt, name, axis, keepdims)
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_merged_reductions_match_numpy_on_empty_shards(shape):
+    """The corners the property tests may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included),
+    so that ranks hold no elements or the kept dims are empty; NumPy's value, or
+    its exception type (argmax of an empty axis) on every rank."""
+    ndim = len(shape)
+    for k, (mesh, pls) in enumerate(corner_layouts(ndim)):
+        full = corner_full(shape, k)
+        dt = make(full, mesh, pls)
+        for i, axis in enumerate(corner_axes(ndim)):
+            keepdims = (i + k) % 2 == 1
+            for name in ("var", "std"):
+                moment_case(full, dt, name, axis, keepdims, (i + k) % 2)
+            for name in ("all", "any") + (("argmax", "argmin") if type(axis) is not tuple
+                                          else ()):
+                arg_or_logical_case(full, dt, name, axis, keepdims)
+
+
+def test_var_of_no_rows_sharded_by_column_is_empty():
+    """A (0, 3) array sharded by column reduced along its columns: no output
+    element, so no record to gather (the gather's reshape once met a size of zero
+    it could not divide)."""
+    mesh = mesh_of((W,))
+    full = np.zeros((0, 3))
+    dt = make(full, mesh, [S1])
+    for keepdims in (False, True):
+        for func in (np.var, np.std, np.argmax, np.argmin):
+            out = func(dt, axis=1, keepdims=keepdims)
+            check(out, func(full, axis=1, keepdims=keepdims), full.dtype)
+    assert np.var(dt, axis=1).shape == (0,)
 
 
 @settings(max_examples=80)
@@ -101,8 +171,49 @@ def test_norm_matches_numpy(data):
         axes = tuple(data.draw(st.permutations(range(ndim)))[:2])
         kwargs = {"axis": axes, "ord": data.draw(st.sampled_from(
             [None, "fro", 1, -1, np.inf, -np.inf]))}
-    expect = np.linalg.norm(full, keepdims=keepdims, **kwargs)
-    check(np.linalg.norm(dt, keepdims=keepdims, **kwargs), expect, full.dtype)
+    norm_case(full, dt, kwargs, keepdims)
+
+
+def corner_norms(ndim):
+    """The norms of a corner case: the whole array, vectors along the first and
+    last axes, and matrices of the first two axes in both orders (and of the
+    last and first in 3-D)."""
+    out = [{}] + [{"axis": axis, "ord": o} for axis in sorted({0, ndim - 1})
+                  for o in (None, 1, 0, 3, np.inf, -np.inf)]
+    if ndim > 1:
+        pairs = [(0, 1), (1, 0)] + ([(ndim - 1, 0)] if ndim > 2 else [])
+        out += [{"axis": axes, "ord": o} for axes in pairs
+                for o in ("fro", 1, -1, np.inf, -np.inf, 0)]
+    return out
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_norm_matches_numpy_on_empty_shards(shape):
+    """The corners the property test may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh. An empty axis gives
+    a maximum of zero, as NumPy's norms start from zero; an order that is no
+    matrix norm is NumPy's ValueError."""
+    ndim = len(shape)
+    for k, (mesh, pls) in enumerate(corner_layouts(ndim)):
+        full = corner_full(shape, k)
+        dt = make(full, mesh, pls)
+        for i, kwargs in enumerate(corner_norms(ndim)):
+            norm_case(full, dt, kwargs, (i + k) % 2 == 1)
+
+
+def test_matrix_norm_of_fewer_rows_than_the_mesh():
+    """A (1, 1, 2) array placed [Shard(0), Replicate()] on a 2-D mesh leaves half the
+    ranks without rows; its matrix norms over the first two axes reshape the
+    reduced result, which must move data instead of taking a strided view with a
+    split factor of zero."""
+    mesh = mesh_of((2, 2) if W == 4 else (W, 1))
+    full = np.array([[[3.0, -4.0]]])
+    for pls in ((S0, R), (S0, Shard(2)), (S1, S0)):
+        dt = make(full, mesh, pls)
+        for ord_, axes in ((1, (0, 1)), (-1, (0, 1)), (np.inf, (1, 0)), (-np.inf, (1, 0))):
+            check(np.linalg.norm(dt, ord=ord_, axis=axes),
+                  np.linalg.norm(full, ord=ord_, axis=axes), full.dtype)
+    assert np.linalg.norm(make(full, mesh, (S0, R)), ord=1, axis=(0, 1)).shape == (2,)
 
 
 def test_var_of_a_sharded_vector_sends_under_a_kib():

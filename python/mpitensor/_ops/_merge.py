@@ -92,7 +92,9 @@ def _gather_rows(name, a, axes, gathered, rows):
     parts = DTensor.from_local(np.ascontiguousarray(local), mesh, pls, shape=shape,
                                stride=contiguous_strides(shape))
     out = D.relayout(name, parts, dst, records=True).to_local()
-    return out.reshape((-1,) + out.shape[lead:])
+    # The count of ranks is spelled out: with no kept elements the records are
+    # empty, and NumPy cannot infer a -1 from a size of zero.
+    return out.reshape((int(np.prod(out.shape[:lead])),) + out.shape[lead:])
 
 
 def _sharded_reduced(a, axes):
@@ -310,7 +312,7 @@ def norm(x, ord=None, axis=None, keepdims=False):
         if isinstance(ord, str):
             raise ValueError(f"Invalid norm order '{ord}' for vectors")
         if ord == np.inf:
-            return np.max(np.abs(x), axis=ax, keepdims=keepdims)
+            return _max_from_zero(np.abs(x), ax, keepdims)
         if ord == -np.inf:
             return np.min(np.abs(x), axis=ax, keepdims=keepdims)
         if ord == 0:
@@ -328,13 +330,23 @@ def norm(x, ord=None, axis=None, keepdims=False):
     if ord in (1, -1, np.inf, -np.inf):
         inner, outer = (row, col) if ord in (1, -1) else (col, row)
         sums = np.sum(np.abs(x), axis=inner, keepdims=True)
-        pick = np.max if ord > 0 else np.min
-        out = pick(sums, axis=outer, keepdims=True)
+        out = (_max_from_zero(sums, outer, True) if ord > 0
+               else np.min(sums, axis=outer, keepdims=True))
         if not keepdims:
             out = out.reshape(tuple(n for k, n in enumerate(out.shape) if k not in axes))
         return out
+    if ord not in (2, -2, "nuc"):
+        raise ValueError("Invalid norm order for matrices.")
     raise TypeError(f"{name}: ord={ord!r} needs singular values and has no sharding "
                     f"rule for DTensors; call .full_tensor() and numpy.linalg.norm")
+
+
+def _max_from_zero(x, axis, keepdims):
+    """The maximum of the non-negative ``x`` along ``axis``, starting from zero as
+    NumPy's norms do: an empty axis gives zeros, which is then its sum."""
+    if x.shape[axis] == 0:
+        return np.sum(x, axis=axis, keepdims=keepdims)
+    return np.max(x, axis=axis, keepdims=keepdims)
 
 
 def _abs2(x):
