@@ -202,7 +202,8 @@ def view_placements(shape: Sequence[int], placements: Sequence[Placement],
     reshape moves no data: a merged group keeps a Shard on its first dim and turns
     a Shard on a later dim into ``_StridedShard`` (split factor: the local sizes
     of the dims before it), a split group keeps a Shard on its first dim. None
-    when there is no such view (the caller then moves the data). Local.
+    when there is no such view, as when a dim before a later Shard of its group
+    is cut unevenly (the caller then moves the data). Local.
 
     Example: ``view_placements((8, 6), (Shard(1),), (48,), (2,)) ==
     (_StridedShard(0, sf=8),)``.
@@ -215,7 +216,7 @@ def view_placements(shape: Sequence[int], placements: Sequence[Placement],
     for gi, gj in groups:
         for i in gi:
             where[i] = (gi, gj)
-    local, out = list(shape), []
+    local, uneven, out = list(shape), set(), []
     for m, p in enumerate(placements):
         if not isinstance(p, Shard):
             out.append(p)
@@ -227,8 +228,15 @@ def view_placements(shape: Sequence[int], placements: Sequence[Placement],
             return None
         if p.dim == gi[0]:
             out.append(Shard(gj[0]))
+        elif uneven.intersection(range(gi[0], p.dim)):
+            # A dim before it that is cut unevenly has no one local size, so no
+            # split factor describes every rank's share (an empty share would
+            # even give a factor of zero): the data must move.
+            return None
         else:
             out.append(_StridedShard(gj[0], split_factor=math.prod(local[gi[0]:p.dim])))
+        if local[p.dim] % mesh_shape[m]:
+            uneven.add(p.dim)
         local[p.dim] //= mesh_shape[m]
     out = tuple(out)
     if canonical(new_shape, out, mesh_shape) != canonical(shape, placements, mesh_shape):

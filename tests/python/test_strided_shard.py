@@ -129,6 +129,36 @@ def test_uneven_flatten(shape):
     np.testing.assert_array_equal((y * 2).full_tensor(), 2 * full.reshape(-1))
 
 
+@pytest.mark.parametrize("mesh_shape", meshes_2d(), ids=str)
+@pytest.mark.parametrize("pls", [(S0, Shard(2)), (S0, S1), (S1, Shard(2))], ids=str)
+def test_flatten_after_a_shard_left_empty(mesh_shape, pls):
+    """A dim of size 1 cut over several ranks leaves some empty, so the dims before
+    a later Shard of the group have no one local size and no split factor
+    describes the shares (a factor of zero was built and refused): the data moves
+    instead, with NumPy's values."""
+    mesh = mesh_of(mesh_shape)
+    full = np.arange(2.0).reshape(1, 1, 2) - 0.5
+    x = distribute_tensor(full, mesh, pls)
+    y = x.reshape(-1)
+    np.testing.assert_array_equal(y.full_tensor(), full.reshape(-1))
+    np.testing.assert_array_equal(y.to_local(), ref_local(full.reshape(-1), mesh_shape,
+                                                          mesh.get_coordinate(),
+                                                          y.placements))
+    np.testing.assert_array_equal(y.reshape(1, 1, 2).full_tensor(), full)
+
+
+def test_no_strided_view_after_an_uneven_cut():
+    """The view's placements are None (move the data) when a dim before a later
+    Shard of its group is cut unevenly, at any number of ranks: the metadata
+    alone decides."""
+    from mpitensor._strided import view_placements
+    assert view_placements((1, 1, 2), (S0, Shard(2)), (2,), (2, 2)) is None
+    assert view_placements((1, 3), (S0, S1), (3,), (2, 1)) is None
+    assert view_placements((3, 4), (S0, S1), (12,), (2, 2)) is None
+    assert view_placements((4, 4), (S0, S1), (16,), (2, 2)) == (
+        S0, _StridedShard(0, split_factor=2))
+
+
 @pytest.mark.parametrize("mesh_shape", meshes_2d())
 def test_uneven_2d_values(mesh_shape):
     full = np.arange(42.0).reshape(7, 6)
