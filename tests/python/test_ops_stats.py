@@ -5,6 +5,8 @@ bytes proportional to their result, never the input."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,7 +15,8 @@ from mpi4py import MPI
 
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, corner_layouts, make, matches_or_raises_alike,
+                         mesh_of, mesh_shapes, placements)
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
 COMM = MPI.COMM_WORLD
@@ -41,6 +44,62 @@ def test_logaddexp_reduce_matches_numpy(data):
     assert got.shape == want.shape and got.dtype == want.dtype
     tol = 1e-12 if dtype == np.float64 else 1e-5
     np.testing.assert_allclose(got.full_tensor(), want, rtol=tol, atol=tol)
+
+
+def _close(got, want):
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape)
+    np.testing.assert_allclose(got.full_tensor(), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_logaddexp_reduce_and_histogram_match_numpy_on_empty_shards(shape):
+    """The corners the property test may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included),
+    along every axis; NumPy's value, or its exception type where NumPy raises. The
+    histogram of the same layouts counts each element once."""
+    ndim = len(shape)
+    for k, (mesh, pls) in enumerate(corner_layouts(ndim)):
+        full = np.arange(float(np.prod(shape))).reshape(shape) / 3 - 1
+        dt = make(full, mesh, pls)
+        ufunc = (np.logaddexp, np.logaddexp2)[k % 2]
+        for axis in range(ndim):
+            keepdims = (axis + k) % 2 == 1
+            matches_or_raises_alike(lambda: ufunc.reduce(dt, axis=axis, keepdims=keepdims),
+                                    lambda: ufunc.reduce(full, axis=axis, keepdims=keepdims),
+                                    _close)
+        counts, edges = np.histogram(dt, bins=3)
+        want_counts, want_edges = np.histogram(full, bins=3)
+        np.testing.assert_array_equal(counts, want_counts)
+        np.testing.assert_allclose(edges, want_edges, rtol=1e-12)
+
+
+@pytest.mark.skipif(W != 4, reason="a (2, 2) mesh: one mesh dim cuts the axis, the "
+                                   "other a kept dim")
+@pytest.mark.parametrize("collective", ["all_gather", "all_reduce"])
+def test_logaddexp_reduce_with_a_kept_dim_cut_unevenly(collective, monkeypatch):
+    """A kept dim that the other mesh dim cuts unevenly (5 over 2), or leaves a rank
+    empty (1 over 2), gives the ranks local results of different shapes: the merge
+    describes them by the result's global shape and placements, so every rank
+    passes the same layout (each its own local block once refused that), by
+    either of the two collectives the time model chooses between."""
+    import mpitensor._ops._stats as stats
+    gather = collective == "all_gather"
+
+    def plan(mesh, shape, src, dst, dtype):
+        # The all-gather's source holds no Partial; the all-reduces' does.
+        cheap = gather != any(p.is_partial() for p in src)
+        return SimpleNamespace(time=1.0 if cheap else 10.0)
+
+    monkeypatch.setattr(stats, "_layout", SimpleNamespace(plan=plan))
+    mesh = mesh_of((2, 2))
+    for shape in ((4, 5), (3, 1), (0, 3)):
+        full = np.arange(float(np.prod(shape))).reshape(shape) / 3
+        for pls in ((S0, S1), (S1, S0)):
+            dt = make(full, mesh, pls)
+            for axis in (0, 1):
+                for keepdims in (False, True):
+                    _close(np.logaddexp.reduce(dt, axis=axis, keepdims=keepdims),
+                           np.logaddexp.reduce(full, axis=axis, keepdims=keepdims))
 
 
 def test_logsumexp_of_a_long_sharded_vector_moves_only_the_result():

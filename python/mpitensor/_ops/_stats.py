@@ -91,31 +91,42 @@ def logaddexp_reduce(ufunc, a, axis=0, dtype=None, out=None, keepdims=False, **k
                                           contiguous_strides(shape)))
     local = ufunc.reduce(a.to_local(), axis=axis, keepdims=keepdims)
     if dims:
-        local = _merge_logaddexp(ufunc, mesh, np.asarray(local), dims)
+        local = _merge_logaddexp(ufunc, mesh, np.asarray(local), dims, placements, shape)
     local = np.asarray(local)
     return DTensor(local, DTensorSpec(mesh, placements, shape, local.dtype,
                                       contiguous_strides(shape)))
 
 
-def _merge_logaddexp(ufunc, mesh, local, dims):
+def _merge_logaddexp(ufunc, mesh, local, dims, placements, shape):
     """The log-sum-exp (base e or 2, as ``ufunc``) of the ranks' ``local`` values
     over the mesh dims ``dims``, exactly: shifted by the maximum M, then
     ``M + log(sum(exp(v - M)))``. In one collective, an all-gather of every
     rank's values merged alike on every rank, unless the time model prices two
     all-reduces the size of the result (of M, then of the shifted sum) cheaper,
-    as it can for many ranks and large results. Collective on those mesh dims."""
+    as it can for many ranks and large results. ``local`` is this rank's block
+    of the result laid out as ``placements`` (``shape`` global): the other mesh
+    dims keep their Shards, so that every rank describes the same global array
+    even where those cut unevenly or leave a rank empty. Collective on the mesh."""
     exp = np.exp if ufunc is np.logaddexp else np.exp2
     log = np.log if ufunc is np.logaddexp else np.log2
     group = int(np.prod([mesh.shape[m] for m in dims]))
-    shape = (group,) + local.shape
-    gathered = tuple(Shard(0) if m in dims else Replicate() for m in range(mesh.ndim))
-    whole = (Replicate(),) * mesh.ndim
-    maxed = tuple(Partial("max") if m in dims else Replicate() for m in range(mesh.ndim))
-    one = _layout.plan(mesh, shape, gathered, whole, local.dtype).time
-    two = 2 * _layout.plan(mesh, local.shape, maxed, whole, local.dtype).time
+    stacked = (group,) + tuple(shape)
+    kept = [Shard(p.dim + 1) if isinstance(p, Shard) else p for p in placements]
+    gathered = tuple(Shard(0) if m in dims else kept[m] for m in range(mesh.ndim))
+    whole = tuple(Replicate() if m in dims else kept[m] for m in range(mesh.ndim))
+    maxed = tuple(Partial("max") if m in dims else p for m, p in enumerate(placements))
+    one = _layout.plan(mesh, stacked, gathered, whole, local.dtype).time
+    two = 2 * _layout.plan(mesh, tuple(shape), maxed, tuple(placements), local.dtype).time
+
+    def reduced(values, op):
+        pls = tuple(Partial(op) if m in dims else p for m, p in enumerate(placements))
+        return DTensor.from_local(np.array(values, order="C"), mesh, pls, shape=shape,
+                                  stride=contiguous_strides(shape)).redistribute(
+            mesh, placements).to_local()
+
     if one <= two:
-        values = DTensor.from_local(local[None], mesh, gathered, shape=shape,
-                                    stride=contiguous_strides(shape))
+        values = DTensor.from_local(np.ascontiguousarray(local[None]), mesh, gathered,
+                                    shape=stacked, stride=contiguous_strides(stacked))
         values = values.redistribute(mesh, whole).to_local()
         top = values.max(axis=0)
         finite = np.isfinite(top)
@@ -123,11 +134,11 @@ def _merge_logaddexp(ufunc, mesh, local, dims):
         with np.errstate(divide="ignore"):
             total = exp(values - shift).sum(axis=0)
     else:
-        top = _all_reduce(mesh, local, "max", dims)
+        top = reduced(local, "max")
         finite = np.isfinite(top)
         shift = np.where(finite, top, 0)
         with np.errstate(divide="ignore"):
-            total = _all_reduce(mesh, exp(local - shift), "sum", dims)
+            total = reduced(exp(local - shift), "sum")
     with np.errstate(divide="ignore"):
         return np.where(finite, shift + log(total), top).astype(local.dtype)
 
