@@ -6,6 +6,8 @@ axis (and no Partial must be reduced), the other dims keeping their placements."
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,7 +15,8 @@ from hypothesis import strategies as st
 
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, corner_layouts, make, matches_or_raises_alike,
+                         mesh_of, mesh_shapes, placements)
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
 
@@ -83,6 +86,42 @@ def test_along_axis_matches_numpy(data):
         if not name.startswith(("median", "percentile", "quantile", "nanmedian")):
             assert got.placements == tuple(pls)
     check(got, call(full, axis))
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_along_axis_matches_numpy_on_empty_shards(shape):
+    """The corners the property test may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every Shard/Replicate layout of every mesh,
+    every function along every axis (int64 for the sorts and scans, float64 for
+    the rest); NumPy's value, or its exception type where NumPy raises (the
+    median of nothing is NaN with a warning, an irfft of nothing an error)."""
+    ndim = len(shape)
+    full = np.arange(float(np.prod(shape))).reshape(shape) % 4 - 1
+    for mesh, pls in corner_layouts(ndim, partial=False):
+        dt = make(full, mesh, pls)
+        for name, (call, _) in CALLS.items():
+            floating = name.startswith(("fft", "ifft", "rfft", "irfft", "median",
+                                        "percentile", "quantile", "nanmedian"))
+            x, f = (dt, full) if floating else (dt.astype(np.int64), full.astype(np.int64))
+            for axis in range(ndim):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    matches_or_raises_alike(lambda: call(x, axis), lambda: call(f, axis),
+                                            check)
+
+
+@pytest.mark.parametrize("indices", [False, True])
+def test_sort_along_a_sharded_axis_with_no_lanes(indices):
+    """A (0, 3) array sharded along its columns, sorted along them: no lane to
+    sort, so each rank's block stays empty (stacking the lanes' results met an
+    empty list)."""
+    func = np.argsort if indices else np.sort
+    for mesh_shape in mesh_shapes():
+        mesh = mesh_of(mesh_shape)
+        for shape, axis in (((0, 3), 1), ((3, 0, 4), 2)):
+            full = np.zeros(shape)
+            dt = make(full, mesh, (Shard(axis),) * mesh.ndim)
+            check(func(dt, axis=axis), func(full, axis=axis))
 
 
 @pytest.mark.parametrize("name", ["sort", "cumsum", "fft", "median", "percentile", "flip"])

@@ -171,7 +171,10 @@ def _sort_lanes(name, a, ax, indices):
         one = DTensor(np.ascontiguousarray(lane),
                       DTensorSpec(mesh, pl1, (length,), spec.dtype, (1,)))
         outs.append(S.sort_flat(name, one, indices).to_local())
-    if member:
+    if member and not outs:
+        # No lanes (another dim has size zero): the block is empty as it is.
+        out = np.empty(a.to_local().shape, out_dtype)
+    elif member:
         out = np.moveaxis(np.stack(outs).reshape(lane_shape + (-1,)), -1, ax)
         out = np.ascontiguousarray(out, out_dtype)
     else:
