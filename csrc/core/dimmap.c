@@ -251,3 +251,91 @@ int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inp
       return mt__fail(err, MT_EINVAL, "Unknown operation family %d", sig->family);
   }
 }
+
+/* The NumPy kind of an mt_dtype code: 'b', 'i', 'u', 'f' (bfloat16 too), 'c', or
+ * 0 for a code the core does not know. */
+static char kind_of(int dtype) {
+  switch (dtype) {
+    case MT_DTYPE_BOOL: return 'b';
+    case MT_DTYPE_INT8:
+    case MT_DTYPE_INT16:
+    case MT_DTYPE_INT32:
+    case MT_DTYPE_INT64: return 'i';
+    case MT_DTYPE_UINT8:
+    case MT_DTYPE_UINT16:
+    case MT_DTYPE_UINT32:
+    case MT_DTYPE_UINT64: return 'u';
+    case MT_DTYPE_FLOAT16:
+    case MT_DTYPE_FLOAT32:
+    case MT_DTYPE_FLOAT64:
+    case MT_DTYPE_BFLOAT16: return 'f';
+    case MT_DTYPE_COMPLEX64:
+    case MT_DTYPE_COMPLEX128: return 'c';
+    default: return 0;
+  }
+}
+
+static int inexact(char kind) { return kind == 'f' || kind == 'c'; }
+static int integral(char kind) { return kind == 'i' || kind == 'u'; }
+
+/* Whether float or complex dtype `out` holds the range and precision of `in`
+ * (of its real part, for a complex `in` cast to a float), so that casting the
+ * parts of a sum rounds them at most: a narrower one would overflow where their
+ * sum does not. */
+static int widens(int in, int out) {
+  size_t a = mt_dtype_size(in) / (kind_of(in) == 'c' ? 2 : 1);
+  size_t b = mt_dtype_size(out) / (kind_of(out) == 'c' ? 2 : 1);
+  int half = in == MT_DTYPE_FLOAT16 || out == MT_DTYPE_FLOAT16;
+  int brain = in == MT_DTYPE_BFLOAT16 || out == MT_DTYPE_BFLOAT16;
+  return b > a || (b == a && !(half && brain));
+}
+
+/* Whether every value of integer dtype `in` is one of integer dtype `out`. */
+static int holds(int in, int out) {
+  size_t a = mt_dtype_size(in), b = mt_dtype_size(out);
+  char ka = kind_of(in), kb = kind_of(out);
+  return ka == kb ? b >= a : ka == 'u' && b > a;
+}
+
+int mt_partial_exact(int op, int in, int out, int arithmetic) {
+  if (kind_of(in) == 0 || kind_of(out) == 0) return in == out;
+  char a = kind_of(in), b = kind_of(out);
+  switch (op) {
+    case MT_REDUCE_SUM:
+    case MT_REDUCE_PRODUCT:
+      if (in == out || (inexact(a) && inexact(b) && widens(in, out))) return 1;
+      return integral(a) && integral(b) && mt_dtype_size(out) <= mt_dtype_size(in);
+    case MT_REDUCE_AVG: return inexact(a) && inexact(b) && widens(in, out);
+    case MT_REDUCE_MAX:
+    case MT_REDUCE_MIN:
+      if (arithmetic) return b == 'f';
+      return in == out || a == 'b' || (b == 'f' && a != 'c') ||
+             (integral(a) && integral(b) && holds(in, out));
+    default: return 0;
+  }
+}
+
+/* Whether shards' averages in `dtype` average to NumPy's mean: not integers (each
+ * shard's mean is rounded first), nor float16, which NumPy adds in float32 while
+ * the shards' float16 means would be added in float16 and could overflow. */
+static int averages(int dtype) {
+  return dtype < 0 || (inexact(kind_of(dtype)) && dtype != MT_DTYPE_FLOAT16);
+}
+
+void mt_dimmap_dtypes(mt_dimmap *map, const int *in_dtypes, int out_dtype) {
+  int arithmetic = map->partial_rule == MT_PARTIAL_NEGATE ||
+                   map->partial_rule == MT_PARTIAL_ADDITIVE;
+  for (int l = 0; l < map->nlabels && !averages(out_dtype); ++l) {
+    if (map->label_kind[l] == MT_LABEL_REDUCE &&
+        map->label_reduce_op[l] == MT_REDUCE_AVG)
+      map->label_kind[l] = MT_LABEL_REPLICATE;
+  }
+  for (int i = 0; i < map->ninputs; ++i) {
+    int out = out_dtype < 0 ? in_dtypes[i] : out_dtype;
+    map->reduce_first[i] = 0;
+    for (int op = 0; op < MT_REDUCE_COUNT; ++op) {
+      if (!mt_partial_exact(op, in_dtypes[i], out, arithmetic))
+        map->reduce_first[i] |= 1u << op;
+    }
+  }
+}

@@ -27,6 +27,8 @@ static int check_counts(const mt_dimmap *map, mt_error *err) {
       return mt__fail(err, MT_EINVAL,
                       "in_bcast[%d] marks dims beyond the input's %d dims", i,
                       map->in_ndim[i]);
+    if (map->reduce_first[i] & ~low_bits(MT_REDUCE_COUNT))
+      return mt__fail(err, MT_EINVAL, "reduce_first[%d] names unknown reduce ops", i);
   }
   return MT_OK;
 }

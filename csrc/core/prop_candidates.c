@@ -191,6 +191,26 @@ static void add_partials(const mt__engine *e, mt__dim_cands *dc, int m) {
   }
 }
 
+/* Whether candidate c keeps on some input a Partial that the op's dtypes do not
+ * keep exact there (mt_dimmap.reduce_first). */
+static int inexact(const mt__engine *e, const mt__cand *c) {
+  for (int i = 0; i < e->ninputs; ++i) {
+    const mt_placement *p = &c->in[i];
+    if (p->kind == MT_PLACEMENT_PARTIAL && bit(e->map->reduce_first[i], p->reduce_op))
+      return 1;
+  }
+  return 0;
+}
+
+/* Drops the candidates from `first` on that keep an inexact Partial: those
+ * inputs are reduced first instead, by the candidates that remain. */
+static void drop_inexact(const mt__engine *e, mt__dim_cands *dc, int first) {
+  int n = first;
+  for (int k = first; k < dc->n; ++k)
+    if (!inexact(e, &dc->c[k])) dc->c[n++] = dc->c[k];
+  dc->n = n;
+}
+
 /* Numbers each input's distinct needed placements on one mesh dim. */
 static void assign_variants(const mt__engine *e, mt__dim_cands *dc) {
   for (int i = 0; i < e->ninputs; ++i) {
@@ -244,7 +264,10 @@ void mt__prop_build_dim(const mt__engine *e, int m, mt__dim_cands *dc) {
   for (int l = 0; l < e->map->nlabels; ++l) {
     if (e->shardable[l] && mt__prop_fits(e, l, g)) add_label(e, dc, l);
   }
+  int first = dc->n;
   add_partials(e, dc, m);
+  /* One rank's Partial is the value itself, which any rewrite keeps. */
   if (g == 1) order_on_one(e, m, dc);
+  else drop_inexact(e, dc, first);
   assign_variants(e, dc);
 }

@@ -204,6 +204,93 @@ static void *raise_named(const mt_ext_op *op, int rc, const mt_error *err) {
   return mt_ext_raise(rc, &named);
 }
 
+/* A scalar operand of memo word kind `kind` as ufunc.resolve_dtypes takes it: a
+ * Python number's type (a weak scalar), else its dtype. New reference. */
+static PyObject *scalar_type(int64_t kind) {
+  if (kind == KIND_FLOAT) return Py_NewRef((PyObject *)&PyFloat_Type);
+  if (kind == KIND_INT) return Py_NewRef((PyObject *)&PyLong_Type);
+  if (kind == KIND_COMPLEX) return Py_NewRef((PyObject *)&PyComplex_Type);
+  int num = kind == KIND_BOOL       ? NPY_BOOL
+            : kind >= KIND_ARRAY0 ? (int)(kind - KIND_ARRAY0)
+                                  : (int)(kind - KIND_NUMPY);
+  return (PyObject *)PyArray_DescrFromType(num);
+}
+
+/* The operand types of the call and one None for the result, as
+ * ufunc.resolve_dtypes takes them. New reference, or NULL with an exception. */
+static PyObject *operand_types(const mt_ext_call *c) {
+  PyObject *types = PyTuple_New(c->noperands + 1);
+  for (int i = 0, t = 0; types != NULL && i < c->noperands; ++i) {
+    PyObject *o = !(c->tensors >> i & 1u)
+                      ? scalar_type(-c->key.operand[i])
+                      : Py_NewRef(PyTuple_GET_ITEM(c->dt[t++]->spec, 3));
+    if (o == NULL) Py_CLEAR(types);
+    else PyTuple_SET_ITEM(types, i, o);
+  }
+  if (types != NULL) PyTuple_SET_ITEM(types, c->noperands, Py_NewRef(Py_None));
+  return types;
+}
+
+/* The dtype a ufunc's loop gives for the call's operands (NumPy's promotion,
+ * weak Python scalars included). New reference, or NULL. */
+static PyObject *ufunc_result(const mt_ext_op *op, const mt_ext_call *c) {
+  PyObject *types = operand_types(c), *res = NULL, *out = NULL;
+  if (types != NULL)
+    res = PyObject_CallMethod(op->sig->func, "resolve_dtypes", "(O)", types);
+  if (res != NULL && PyTuple_Check(res) && PyTuple_GET_SIZE(res) > c->noperands)
+    out = Py_NewRef(PyTuple_GET_ITEM(res, c->noperands));
+  Py_XDECREF(types);
+  Py_XDECREF(res);
+  return out;
+}
+
+/* The dtype of the reduction of one element of the input (a sum of int8 is an
+ * int64, a mean of ints a float64). New reference, or NULL. */
+static PyObject *reduction_result(const mt_ext_op *op, const mt_ext_call *c) {
+  PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(c->dt[0]->spec, 3);
+  npy_intp one = 1;
+  Py_INCREF(descr);
+  PyObject *stand_in = PyArray_Zeros(1, &one, descr, 0), *res = NULL, *out = NULL;
+  if (stand_in != NULL) res = PyObject_CallOneArg(op->sig->func, stand_in);
+  if (res != NULL) out = PyObject_GetAttrString(res, "dtype");
+  Py_XDECREF(stand_in);
+  Py_XDECREF(res);
+  return out;
+}
+
+/* The op's dtype= keyword, or NULL. New reference. */
+static PyObject *keyword_dtype(const mt_ext_op *op) {
+  Py_ssize_t nkw = op->kwnames != NULL ? PyTuple_GET_SIZE(op->kwnames) : 0;
+  for (Py_ssize_t i = 0; i < nkw; ++i) {
+    PyObject *name = PyTuple_GET_ITEM(op->kwnames, i);
+    if (PyUnicode_CompareWithASCIIString(name, "dtype") != 0) continue;
+    PyArray_Descr *descr = NULL;
+    if (!PyArray_DescrConverter2(op->extra[op->nextra - nkw + i], &descr))
+      PyErr_Clear();
+    return (PyObject *)descr;
+  }
+  return NULL;
+}
+
+/* The mt_dtype of the op's local result, which decides the Partials it keeps
+ * exactly (mt_dimmap_dtypes); -1 where it is not known before the op runs (an op
+ * entry's own local function). A dtype= keyword gives it, else NumPy does; what
+ * NumPy refuses here it raises when the op runs. */
+static int result_dtype(const mt_ext_op *op, const mt_ext_call *c) {
+  if (op->sig == NULL) return -1;
+  PyObject *descr = keyword_dtype(op);
+  if (descr == NULL && op->sig->op.family != MT_OP_REDUCTION)
+    descr = ufunc_result(op, c);
+  else if (descr == NULL && op->sig->op.rule.reduce_op >= 0)
+    descr = reduction_result(op, c);
+  int code = descr != NULL && PyArray_DescrCheck(descr)
+                 ? mt_ext_descr_dtype((PyArray_Descr *)descr)
+                 : -1;
+  if (descr == NULL) PyErr_Clear();
+  Py_XDECREF(descr);
+  return code;
+}
+
 /* A miss: the op's dim map decided and stored. */
 static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c) {
   mt_prop_inputs in;
@@ -224,6 +311,7 @@ static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_c
     Py_DECREF(made);
     if (m == NULL) return NULL;
   }
+  if (map.ninputs == in.ninputs) mt_dimmap_dtypes(&map, dtype, result_dtype(op, c));
   rc = mt_memo_decide(c->mb->memo, &c->key, &map, &in, dtype, &dec, &err);
   return rc == MT_OK ? dec : (mt_decision *)raise_named(op, rc, &err);
 }

@@ -329,9 +329,30 @@ done:
   return out;
 }
 
+/* What the op's dtype= keyword adds to its memo key (0 without one): the result's
+ * dtype decides which Partials the op keeps (mt_dimmap_dtypes, on a miss), so
+ * calls of different dtypes are decided apart. NumPy's type number, above the
+ * bits a reduction's axes and keepdims take. */
+static int64_t dtype_word(const mt_ext_op *op) {
+  Py_ssize_t nkw = op->kwnames != NULL ? PyTuple_GET_SIZE(op->kwnames) : 0;
+  for (Py_ssize_t i = 0; i < nkw; ++i) {
+    PyObject *name = PyTuple_GET_ITEM(op->kwnames, i);
+    if (PyUnicode_CompareWithASCIIString(name, "dtype") != 0) continue;
+    PyArray_Descr *descr = NULL;
+    /* A dtype NumPy refuses raises in the call itself. */
+    if (!PyArray_DescrConverter2(op->extra[op->nextra - nkw + i], &descr))
+      PyErr_Clear();
+    int64_t word = descr != NULL ? (int64_t)(descr->type_num + 1) << 40 : 0;
+    Py_XDECREF(descr);
+    return word;
+  }
+  return 0;
+}
+
 PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
                          PyObject *const *ops) {
   int hit;
+  c->key.aux |= dtype_word(op);
   const mt_decision *dec = mt_ext_decide(d, op, c, &hit);
   return dec == NULL ? NULL : mt_ext_run(d, op, c, dec, hit, ops);
 }

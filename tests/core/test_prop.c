@@ -1089,6 +1089,49 @@ static void test_partial_unary_kinds(void) {
   CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
 }
 
+/* The rewrites hold only where the dtypes keep them exact (mt_partial_exact):
+ * -P(max) of ints would wrap, so the Partial is reduced first; of floats it is
+ * P(min) with nothing moved. A cast to int or a wider int reduces a Partial(sum)
+ * first; a mean into float16 or an int gathers its shards. */
+static void test_partial_dtypes(void) {
+  CHECK(mt_partial_exact(MT_REDUCE_SUM, MT_DTYPE_FLOAT32, MT_DTYPE_COMPLEX128, 0));
+  CHECK(!mt_partial_exact(MT_REDUCE_SUM, MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT32, 0));
+  CHECK(!mt_partial_exact(MT_REDUCE_AVG, MT_DTYPE_FLOAT16, MT_DTYPE_BFLOAT16, 0));
+  CHECK(mt_partial_exact(MT_REDUCE_MAX, MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT16, 0));
+  CHECK(mt_partial_exact(MT_REDUCE_SUM, MT_DTYPE_INT64, MT_DTYPE_UINT8, 0));
+  CHECK(!mt_partial_exact(MT_REDUCE_SUM, MT_DTYPE_INT8, MT_DTYPE_INT64, 0));
+  CHECK(!mt_partial_exact(MT_REDUCE_SUM, MT_DTYPE_FLOAT64, MT_DTYPE_INT64, 0));
+  CHECK(!mt_partial_exact(MT_REDUCE_SUM, MT_DTYPE_FLOAT64, MT_DTYPE_BOOL, 0));
+  CHECK(!mt_partial_exact(MT_REDUCE_AVG, MT_DTYPE_INT64, MT_DTYPE_INT64, 0));
+  CHECK(mt_partial_exact(MT_REDUCE_MAX, MT_DTYPE_INT8, MT_DTYPE_INT16, 0));
+  CHECK(mt_partial_exact(MT_REDUCE_MAX, MT_DTYPE_UINT8, MT_DTYPE_INT16, 0));
+  CHECK(!mt_partial_exact(MT_REDUCE_MAX, MT_DTYPE_INT8, MT_DTYPE_UINT16, 0));
+  CHECK(!mt_partial_exact(MT_REDUCE_MAX, MT_DTYPE_INT8, MT_DTYPE_INT8, 1));
+  CHECK(mt_partial_exact(MT_REDUCE_MIN, MT_DTYPE_INT8, MT_DTYPE_FLOAT32, 1));
+  const int nd[1] = {2};
+  const int64_t sh[1][MT_MAX_NDIM] = {{8, 8}};
+  const int dtypes[2] = {MT_DTYPE_INT8, MT_DTYPE_FLOAT64};
+  for (int k = 0; k < 2; ++k) {
+    mt_dimmap map;
+    CHECK(mt_dimmap_elementwise(MT_ELEMENTWISE_NEG, 1, 1u, nd, sh, &map, NULL) == MT_OK);
+    mt_dimmap_dtypes(&map, &dtypes[k], -1);
+    tin t = t88(PMAX);
+    mt_prop_inputs in = make_inputs(1, &t, 1, MESH2);
+    mt_prop_result r = run(&map, &in);
+    if (k == 0) CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
+    else EXPECT_OUT(r, 2, 1, P(MT_REDUCE_MIN));
+  }
+  const mt_reduction_rule mean = {MT_REDUCE_AVG, MT_PARTIAL_LINEAR_ALL, 0, 1};
+  const int half = MT_DTYPE_FLOAT16;
+  const int outs[3] = {MT_DTYPE_FLOAT16, MT_DTYPE_INT64, MT_DTYPE_FLOAT32};
+  for (int k = 0; k < 3; ++k) {
+    mt_dimmap map;
+    CHECK(mt_dimmap_reduction(&mean, 2, 1u, 0, half, &map, NULL) == MT_OK);
+    mt_dimmap_dtypes(&map, &half, outs[k]);
+    CHECK(map.label_kind[0] == (k < 2 ? MT_LABEL_REPLICATE : MT_LABEL_REDUCE));
+  }
+}
+
 /* A gradient wanted: the decision also prices its way back. exp of a Partial(sum)
  * reduce-scatters it when no gradient is wanted (half an all-reduce's bytes);
  * with one, the shard's gradient would need an all-gather to reach the input's
@@ -2183,6 +2226,7 @@ int main(int argc, char **argv) {
   test_partial_rules();
   test_partial_additive();
   test_partial_unary_kinds();
+  test_partial_dtypes();
   test_partial_multiply();
   test_gradient_way_back();
   test_torch_decision_caps_bytes();

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from mpitensor import DTensor, Partial, Replicate, Shard, init_device_mesh
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
+                         mesh_shapes, next_layout, placements)
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
 BINARY = [np.add, np.subtract, np.multiply, np.true_divide, np.maximum, np.minimum,
@@ -77,6 +78,27 @@ def test_unary_and_scalar_matches_numpy(data):
     assert_matches(da ** 2, a ** 2)
 
 
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_elementwise_matches_numpy_on_empty_shards(shape):
+    """The corners the property tests may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included):
+    the unary ufuncs, scalar operands, a second operand laid out otherwise and a
+    broadcast row every rank holds."""
+    ndim = len(shape)
+    full = np.arange(float(np.prod(shape))).reshape(shape) % 3 + 0.5
+    row = np.arange(1.0, shape[-1] + 1)
+    for mesh, pls in corner_layouts(ndim):
+        dt = make(full, mesh, pls)
+        other = make(full[::-1] + 1, mesh, next_layout(pls, ndim))
+        drow = make(row, mesh, (R,) * mesh.ndim)
+        for f in UNARY:
+            assert_matches(f(dt), f(full))
+        assert_matches(2 - dt * 3, 2 - full * 3)
+        assert_matches(dt + other, full + (full[::-1] + 1))
+        assert_matches(np.maximum(other, dt), np.maximum(full[::-1] + 1, full))
+        assert_matches(dt / drow, full / row)
+
+
 @pytest.mark.parametrize("mesh_shape", mesh_shapes())
 def test_out_and_inplace(mesh_shape):
     mesh = mesh_of(mesh_shape)
@@ -114,7 +136,8 @@ def test_partial_rules_placements():
 def test_additive_rules_keep_partial_as_torch(mesh_shape):
     """torch's additive rules: P(sum) +- R keeps P(sum) with nothing moved (the
     Replicate operand counts once: exact for integers), P(avg|max) + R keeps the
-    Partial, P(max) + P(max) is one all-reduce, R - P(max) is reduced first."""
+    Partial (of floats: integers wrap, so theirs is reduced first), P(max) + P(max)
+    is one all-reduce, R - P(max) is reduced first."""
     mesh = mesh_of(mesh_shape)
     nd = mesh.ndim
     a = np.arange(20, dtype=np.int64).reshape(4, 5) - 7
@@ -127,9 +150,9 @@ def test_additive_rules_keep_partial_as_torch(mesh_shape):
     for got, want in outs:
         assert all(got.placements[m] == PS for m in wide), got.placements
         assert_matches(got, want)
-    rank = np.int64(mesh.get_rank())
+    rank = float(mesh.get_rank())
     pmax = DTensor.from_local(np.full((4, 5), rank), mesh, [Partial("max")] * nd)
-    top = np.full((4, 5), np.int64(W - 1))
+    top = np.full((4, 5), W - 1.0)
     with CommDebugMode() as mode:
         kept = pmax + r
     assert mode.get_total_counts() == 0
@@ -153,6 +176,36 @@ def test_additive_rules_keep_partial_as_torch(mesh_shape):
     flipped = r - pmax
     assert all(flipped.placements[m] != Partial("max") for m in wide)
     assert_matches(flipped, b - top)
+
+
+def test_negating_or_shifting_an_int_partial_max_or_min_reduces_it_first():
+    """Per rank, -x, x + r and x - r of an integer Partial(max|min) wrap where the
+    reduced value does not (-(-128) is -128 in int8, 0 - 1 is 255 in uint8), so the
+    order that turns -P(max) into P(min) and keeps P(max) + R breaks: the Partial
+    is reduced first and the result is NumPy's on the global array. Floats keep
+    the rewrite, with nothing moved."""
+    mesh = mesh_of((W,))
+    first = mesh.get_coordinate()[0] == 0
+    pmax = DTensor.from_local(np.array([-128, 127] if first else [5, 0], np.int8), mesh,
+                              [Partial("max")])
+    pmin = DTensor.from_local(np.array([0, 9] if first else [200, 7], np.uint8), mesh,
+                              [Partial("min")])
+    top, low = pmax.full_tensor(), pmin.full_tensor()
+    one8 = DTensor.from_local(np.ones(2, np.int8), mesh, [R])
+    one_u8 = DTensor.from_local(np.ones(2, np.uint8), mesh, [R])
+    assert_matches(-pmax, -top)
+    assert_matches(np.negative(pmin), np.negative(low))
+    assert_matches(pmax + one8, top + np.int8(1))
+    assert_matches(pmax - one8, top - np.int8(1))
+    assert_matches(pmin - one_u8, low - np.uint8(1))
+    assert_matches(pmin + one_u8, low + np.uint8(1))
+    pf = DTensor.from_local(np.array([-128.0, 127.0] if first else [5.0, 0.0]), mesh,
+                            [Partial("max")])
+    with CommDebugMode() as mode:
+        neg = -pf
+    assert mode.get_total_counts() == 0
+    assert neg.placements == (Partial("min"),)
+    assert_matches(neg, -pf.full_tensor())
 
 
 def test_shard_plus_shard_no_communication():

@@ -5,14 +5,17 @@ reduction over a sharded axis gives, and no collective for x.sum(axis=1) on [S0]
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpitensor import Partial, Replicate, Shard
+from mpitensor import DTensor, Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make,
+                         matches_or_raises_alike, mesh_of, mesh_shapes, placements)
 
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
 FUNCS = ["sum", "mean", "prod", "max", "min", "amax", "amin", "all", "any", "argmax",
@@ -50,6 +53,36 @@ def test_reduction_matches_numpy(data):
         assert_matches(getattr(dt, name)(axis=axis, keepdims=keepdims), expect)
 
 
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_reduction_matches_numpy_on_empty_shards(shape):
+    """The corners the property test may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included),
+    each reduction along None, every axis and a pair (the method of one of them in
+    turn: the methods reach the same code); NumPy's value, or its exception type
+    where NumPy raises (max of an empty axis). amax and amin are max and min; the
+    merged reductions have their own in test_ops_merge.py."""
+    ndim = len(shape)
+    axes = [None, *range(ndim)] + ([(0, ndim - 1)] if ndim > 1 else [])
+    names = ("sum", "nansum", "mean", "prod", "max", "min")
+    for k, (mesh, pls) in enumerate(corner_layouts(ndim)):
+        full = (np.arange(int(np.prod(shape))).reshape(shape) % 3 - 1).astype(
+            [np.float64, np.int64][k % 2])
+        dt = make(full, mesh, pls)
+        for i, axis in enumerate(axes):
+            keepdims = (i + k) % 2 == 1
+            method = names[(i + k) % len(names)]
+            for name in names:
+                func = getattr(np, name)
+                calls = [lambda: func(dt, axis=axis, keepdims=keepdims)]
+                if name == method and name in METHODS:
+                    calls.append(lambda: getattr(dt, name)(axis=axis, keepdims=keepdims))
+                for call in calls:
+                    with warnings.catch_warnings():  # the mean of nothing, as NumPy
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        matches_or_raises_alike(
+                            call, lambda: func(full, axis=axis, keepdims=keepdims))
+
+
 def test_positional_and_extra_arguments():
     mesh = mesh_of((W,))
     full = np.arange(30.0).reshape(5, 6)
@@ -59,6 +92,50 @@ def test_positional_and_extra_arguments():
     assert_matches(np.std(dt, axis=0, ddof=1), np.std(full, axis=0, ddof=1))
     assert_matches(dt.var(None, None, None, 1), full.var(None, None, None, 1))
     assert_matches(np.mean(dt, dtype=np.float32), np.mean(full, dtype=np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.bool_], ids=["int64", "bool"])
+@pytest.mark.parametrize("name", ["sum", "mean"])
+def test_a_dtype_cast_that_is_not_linear_reduces_a_partial_sum_first(name, dtype):
+    """Casting each rank's part of a float Partial(sum) to int truncates it (to
+    bool, tests it for zero) before the parts are added, which is not the cast of
+    their sum: NumPy's value on the global array needs the sum first."""
+    mesh = mesh_of((W,))
+    first = mesh.get_coordinate()[0] == 0
+    if dtype is np.bool_:  # parts that cancel: the global array is zeros
+        local = np.full((2, 3), W - 1.0 if first else -1.0)
+    else:  # 1.5 on every rank, each truncated to 1 alone
+        local = np.full((2, 3), 1.5)
+    x = DTensor.from_local(local, mesh, [Partial("sum")])
+    full = x.full_tensor()
+    func = getattr(np, name)
+    for axis in (None, 0, 1):
+        assert_matches(func(x, axis=axis, dtype=dtype), func(full, axis=axis, dtype=dtype))
+    assert_matches(getattr(x, name)(dtype=dtype), func(full, dtype=dtype))
+
+
+def test_sum_and_mean_of_an_int8_partial_sum_wrap_as_its_global_value_does():
+    """An int8 Partial(sum)'s global value wraps in int8; np.sum adds int8 in int64
+    and np.mean in float64, where the parts added one by one would not wrap."""
+    mesh = mesh_of((W,))
+    x = DTensor.from_local(np.full((3, 2), 100, np.int8), mesh, [Partial("sum")])
+    full = x.full_tensor()
+    for axis in (None, 0):
+        assert_matches(np.sum(x, axis=axis), np.sum(full, axis=axis))
+        assert_matches(np.mean(x, axis=axis), np.mean(full, axis=axis))
+    assert_matches(x.sum(), full.sum())
+
+
+def test_mean_of_float16_over_a_sharded_axis_adds_as_wide_as_numpy():
+    """NumPy's mean of float16 adds in float32, so a mean of values near float16's
+    largest is that value, not inf: the shards' means are combined without
+    overflowing either."""
+    mesh = mesh_of((W,))
+    full = np.full((12, 2), 6e4, np.float16)
+    x = make(full, mesh, [S0])
+    assert_matches(np.mean(x), np.mean(full))
+    assert_matches(np.mean(x, axis=0), np.mean(full, axis=0))
+    assert_matches(x.mean(axis=0), full.mean(axis=0))
 
 
 @pytest.mark.parametrize("name,op", [("sum", "sum"), ("mean", "avg"), ("max", "max"),

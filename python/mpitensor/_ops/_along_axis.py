@@ -45,14 +45,20 @@ def _check(name, a):
         raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
 
 
-def lanes_layout(a, axes, linear) -> tuple:
+def lanes_layout(a, axes, linear, result=None) -> tuple:
     """The placements under which every lane along ``axes`` (None: all dims) is
     local. A Shard of one of those axes moves to the largest free dim (one no mesh
     dim shards, outside ``axes``, at least as long as the mesh dim): one all-to-all,
     the pencil method, which moves each element at most once; with no such dim it
     becomes Replicate (an all-gather, torch's choice). A Partial becomes Replicate
-    unless the function is ``linear`` and the Partial a sum or an average. Local."""
+    unless the function is ``linear``, the Partial a sum or an average and its
+    values stay exact in the function's ``result`` dtype (default: ``a``'s;
+    ``_dispatch.keeps_partial``). Local.
+
+    Example: ``lanes_layout(dt, (0,), True, np.int64)`` of a float ``[Partial()]``
+    DTensor is ``(Replicate(),)``: each rank's part would be truncated first."""
     spec = a._spec
+    result = spec.dtype if result is None else result
     sharded = {p.dim for p in spec.placements if p.is_shard()}
     free = sorted((k for k in range(len(spec.shape))
                    if axes is not None and k not in axes and k not in sharded),
@@ -64,27 +70,29 @@ def lanes_layout(a, axes, linear) -> tuple:
                 out.append(Shard(free.pop(0)))
             else:
                 out.append(Replicate())
-        elif p.is_partial() and not (linear and p.reduce_op in ("sum", "avg")):
+        elif p.is_partial() and not (linear and p.reduce_op in ("sum", "avg") and
+                                     D.keeps_partial(p.reduce_op, spec.dtype, result)):
             out.append(Replicate())
         else:
             out.append(p)
     return tuple(out)
 
 
-def along_axes(name, a, axes, compute, *, linear, out_dim=None):
+def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
     """``compute(local)`` on every rank's lanes along ``axes`` (a tuple of
     normalised axes, or None for the flattened array); ``out_dim(k)`` is the
-    output dim of input dim ``k`` outside ``axes`` (default: k). Local when no mesh
-    dim shards ``axes`` (and no Partial must be reduced); else the input moves first
-    to ``lanes_layout``'s placements (one all-to-all to a free dim, or a gather when
-    none is free), which is collective on the mesh.
+    output dim of input dim ``k`` outside ``axes`` (default: k); ``result`` the
+    dtype it gives when that is not ``a``'s (a Partial must stay exact in it).
+    Local when no mesh dim shards ``axes`` (and no Partial must be reduced); else
+    the input moves first to ``lanes_layout``'s placements (one all-to-all to a
+    free dim, or a gather when none is free), which is collective on the mesh.
 
     Example: ``along_axes("numpy.sort", dt, (1,), lambda x: np.sort(x, 1), linear=False)``.
     """
     _check(name, a)
     spec = a._spec
     mesh = spec.mesh
-    target = lanes_layout(a, axes, linear)
+    target = lanes_layout(a, axes, linear, result)
     a = D.relayout(name, a, target)
     out_dim = out_dim or (lambda k: k)
     kept = [k for k in range(len(spec.shape)) if axes is not None and k not in axes]
@@ -619,12 +627,13 @@ for _f in (np.percentile, np.quantile, np.nanpercentile, np.nanquantile):
 
 # -- scans -----------------------------------------------------------------------------
 
-def _scan(name, a, ax, func, linear, op):
+def _scan(name, a, ax, func, linear, op, result):
     """``func`` along the sharded axis ``ax``: an exclusive scan (MPI_Exscan) of the
     lanes' totals over each mesh dim that shards it gives what the ranks before
-    each one add (or multiply) in (``_offsets``). Collective on those mesh dims
-    (and on the mesh when a Partial must be reduced first)."""
-    a = D.relayout(name, a, lanes_layout(a, (), linear))
+    each one add (or multiply) in (``_offsets``); ``result`` is the dtype ``func``
+    gives. Collective on those mesh dims (and on the mesh when a Partial must be
+    reduced first)."""
+    a = D.relayout(name, a, lanes_layout(a, (), linear, result))
     spec = a._spec
     mesh = spec.mesh
     dims = [m for m, p in enumerate(spec.placements) if p.is_shard() and p.dim == ax]
@@ -696,12 +705,15 @@ def _cumulative(func, linear, op):
             # Flattening rows sharded by mesh dims keeps them sharded (C order):
             # the flattened array is scanned as a 1-D one, without a gather.
             a, axis, axes = a if a.ndim == 1 else np.reshape(a, -1), 0, (0,)
+        # An int8 sum accumulates in int64, a float one cast by dtype= truncates:
+        # a Partial passes only when each rank's part converts exactly.
+        result = func(np.zeros(1, a.dtype), dtype=dtype).dtype
         if axes is not None:
             if any(p.is_shard() and p.dim == axes[0] for p in a._spec.placements):
                 return _scan(name, a, axes[0], lambda x: func(x, axis=axis, dtype=dtype),
-                             linear, op)
+                             linear, op, result)
         return along_axes(name, a, axes, lambda x: func(x, axis=axis, dtype=dtype),
-                          linear=linear)
+                          linear=linear, result=result)
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} along an axis: local when it is not sharded, the output "
                     f"placed as the input; along a sharded axis, one exclusive scan "

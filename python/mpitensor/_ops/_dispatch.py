@@ -19,7 +19,7 @@ import numbers
 import numpy as np
 
 from .. import _C, _comm, _modes, _trace, device_mesh as _device_mesh
-from .._clib import CORE, MAX_NDIM, Error, I, I64, call
+from .._clib import CORE, MAX_NDIM, Error, I, I64, call, dtype_code
 from .._dtensor import DTensor
 
 # The label kinds, partial rules and reduce ops of dim maps, from the core.
@@ -49,7 +49,7 @@ class DimMap(ctypes.Structure):  # mt_dimmap
                 ("even_only", _U32), ("partial_rule", I), ("partial_inputs", _U32),
                 ("partial_ops", _U32), ("sized_labels", _U32),
                 ("label_size", I64 * MAX_LABELS), ("out_resized", _U32),
-                ("out_size", I64 * MAX_NDIM)]
+                ("out_size", I64 * MAX_NDIM), ("reduce_first", _U32 * MAX_INPUTS)]
 
 
 _P, _E = ctypes.POINTER(DimMap), ctypes.POINTER(Error)
@@ -58,6 +58,7 @@ _elementwise = _comm.fn("mt_dimmap_elementwise", I, I, I, _U32, ctypes.POINTER(I
                         ctypes.POINTER(I64 * MAX_NDIM), _P, _E)
 _matmul = _comm.fn("mt_dimmap_matmul", I, I, ctypes.POINTER(I64), I, ctypes.POINTER(I64),
                    I, _P, _E)
+_partial_exact = _comm.fn("mt_partial_exact", I, I, I, I, I)
 
 
 def _fill(array, values, what: str) -> int:
@@ -124,6 +125,20 @@ def dimmap_matmul(a_shape, b_shape, transpose_b: bool) -> DimMap:
     na, nb = _fill(a, a_shape, "a_shape"), _fill(b, b_shape, "b_shape")
     call(_matmul, na, a, nb, b, bool(transpose_b), ctypes.byref(m))
     return m
+
+
+def keeps_partial(reduce_op: str, dtype, result, *, arithmetic=False) -> bool:
+    """Whether a pending ``Partial(reduce_op)`` of ``dtype`` values stays exact
+    through an operation whose local result has dtype ``result`` (the executor's
+    rule, the core's mt_partial_exact): not where the cast is not linear (float to
+    int, to or from bool, a wider int), where ints would average (they floor), nor,
+    with ``arithmetic`` (negating or adding to a Partial(max|min)), for ints, which
+    wrap. Local.
+
+    Example: ``keeps_partial("sum", np.float64, np.int64)`` is False.
+    """
+    op = CORE.REDUCE_OPS.index(reduce_op)
+    return bool(_partial_exact(op, dtype_code(dtype), dtype_code(result), bool(arithmetic)))
 
 
 def same_mesh(op_name: str, inputs):

@@ -8,12 +8,14 @@ with broadcasting, scalars passed to NumPy as they are) that reduce every Partia
 first: neither is linear.
 
 ``copy`` keeps the placements, Partials included (a copy of each partial value
-sums to a copy of the value). ``astype`` keeps them too when the cast is exact on
-every value, i.e. float/complex to an equal or wider float/complex: then casting
-the partial values and reducing equals reducing and casting, up to rounding of
-the sum. Any other cast of a Partial (integer truncation, wrap-around, float to
-int, narrowing) is not the cast of the reduced value, so the Partial is reduced
-first; Shard and Replicate are always kept.
+sums to a copy of the value). ``astype`` keeps them too when casting the partial
+values and reducing equals reducing and casting (the executor's rule,
+``_dispatch.keeps_partial``): float/complex to an equal or wider float/complex, up
+to rounding of the sum; an integer sum to an integer no wider, whose wrapping
+commutes with the sum; a max or min to a dtype that keeps their order. Any other
+cast of a Partial (integer truncation, a wider integer where the global value
+wraps first, float to int, narrowing) is not the cast of the reduced value, so the
+Partial is reduced first; Shard and Replicate are always kept.
 """
 
 from __future__ import annotations
@@ -89,12 +91,6 @@ def copy(a, order="K", subok=False):
     return _same_layout(a, a.to_local().copy(), a.dtype)
 
 
-def exact_cast(src, dst) -> bool:
-    """True when casting keeps Partials: float/complex to equal or wider."""
-    src, dst = np.dtype(src), np.dtype(dst)
-    return src.kind in "fc" and dst.kind in "fc" and np.can_cast(src, dst, "safe")
-
-
 @_registry.implements(np.ndarray.astype)
 def astype(a, dtype, copy=True):
     """DTensor.astype: placements kept, except that a Partial is reduced first unless
@@ -103,7 +99,8 @@ def astype(a, dtype, copy=True):
     dtype = np.dtype(dtype)
     if dtype == a.dtype and not copy:
         return a
-    if exact_cast(a.dtype, dtype) or not any(p.is_partial() for p in a.placements):
+    if all(D.keeps_partial(p.reduce_op, a.dtype, dtype)
+           for p in a.placements if p.is_partial()):
         return _same_layout(a, a.to_local().astype(dtype), dtype)
     return _run_elementwise("DTensor.astype", ("astype", dtype), (a,),
                             lambda x: x.astype(dtype))

@@ -99,6 +99,9 @@ typedef enum mt_partial_rule {
  * `partial_ops` a bitmask of mt_reduce_op values SAME_OP keeps. `even_only` is a
  * bitmask of labels that may be sharded only when every shard has the same size
  * (mean's Partial(avg): uneven shards would weigh the partial means wrongly).
+ * `reduce_first[i]` is a bitmask of mt_reduce_op values: a Partial of one of them
+ * that input i carries is reduced first, whatever `partial_rule` allows, because
+ * the rule's rewrite is not exact in the op's dtypes (mt_dimmap_dtypes fills it).
  * Zero-initialise the struct and fill what the op uses. */
 typedef struct mt_dimmap {
   int ninputs;
@@ -118,6 +121,7 @@ typedef struct mt_dimmap {
   int64_t label_size[MT_PROP_MAX_LABELS]; /* for labels in sized_labels */
   uint32_t out_resized;                   /* bit d: output dim d is out_size[d] long */
   int64_t out_size[MT_MAX_NDIM];
+  uint32_t reduce_first[MT_PROP_MAX_INPUTS];
 } mt_dimmap;
 
 /* ---- Dim maps of the operation families, built from an op's signature. ---- */
@@ -268,6 +272,36 @@ typedef struct mt_prop_result {
 int mt_op_dimmap(const mt_op_sig *sig, const mt_op_args *args, const mt_prop_inputs *in,
                  int dtype, mt_dimmap *out, mt_error *err);
 
+/* Local. Whether a pending Partial(op) whose values have mt_dtype `in` may pass
+ * through an operation whose local result has mt_dtype `out` and still reduce to
+ * the value NumPy gives on the global array. The global value is the reduction
+ * in `in`'s own arithmetic (integers wrap, an integer average floors), so a
+ * rewrite holds only where that arithmetic commutes with the op:
+ *   sum, product: the same dtype; float or complex to a float or complex that
+ *     holds its range and precision (up to rounding; a narrower one overflows
+ *     where the sum does not); an integer to an integer no wider (wrapping in
+ *     the narrower width commutes with the sum). Not a wider integer (the global
+ *     value wraps in the input's width first), nor a cast between integers,
+ *     floats and bool (truncation and the nonzero test are not linear);
+ *   avg: as sum, for floats and complex only (an integer average floors);
+ *   max, min: with `arithmetic` (the op negates them or adds to them: NEGATE,
+ *     ADDITIVE), only a floating-point result, since integers wrap where float
+ *     rounding and overflow keep the order; without (maximum, exp, a move), a
+ *     cast that keeps the order: the same dtype, from bool, from an integer or a
+ *     float to a float, or to an integer that holds every value of `in`.
+ * An unknown dtype (< 0) is exact only when both are the same code. */
+MT_EXPORT int mt_partial_exact(int op, int in, int out, int arithmetic);
+
+/* Local. Sets map->reduce_first to the Partials that mt_partial_exact refuses for
+ * each input (of mt_dtype in_dtypes[i]) going to a result of mt_dtype `out_dtype`,
+ * < 0 when that is not known (each input's own is used). `arithmetic` follows from
+ * the map's partial_rule: NEGATE and ADDITIVE compute on Partial(max|min) values.
+ * A result that is not floating point, or is float16, also makes REDUCE labels of
+ * avg REPLICATE: each shard's integer mean would be rounded before the shards are
+ * averaged, and NumPy adds float16 in float32 where the shards' float16 means,
+ * added in float16, could overflow. */
+void mt_dimmap_dtypes(mt_dimmap *map, const int *in_dtypes, int out_dtype);
+
 /* Local. Checks a dim map on its own: 1 to MT_PROP_MAX_INPUTS inputs, label
  * ranges and kinds, every output label KEEP or REPLICATE and at most once, every
  * KEEP label in the output, CONTRACT/REDUCE labels absent from it, every output
@@ -282,13 +316,14 @@ MT_EXPORT int mt_dimmap_check(const mt_dimmap *map, mt_error *err);
  * shardable label in increasing order (not REPLICATE, held by some input on a
  * non-broadcast dim and repeated in none), every input holding it sharded on it
  * and the others Replicate; then the Partial pass-throughs `partial_rule` allows
- * for the inputs' current Partials, in input order. The output of a candidate is
- * Shard(the label's output dim) for KEEP, Partial(sum) for CONTRACT,
- * Partial(reduce_op) for REDUCE, the kept Partial for a pass-through, else
- * Replicate. A mesh dim of size 1 moves no data whatever its labels say, so all
- * its candidates are free; they are ordered so that ties go to the one the most
- * inputs already hold, then to one creating no Partial, then to one whose output
- * is a Shard (a Shard stays a Shard there, as in torch).
+ * for the inputs' current Partials, in input order (none that keeps a Partial
+ * its input's `reduce_first` names). The output of a candidate is Shard(the
+ * label's output dim) for KEEP, Partial(sum) for CONTRACT, Partial(reduce_op)
+ * for REDUCE, the kept Partial for a pass-through, else Replicate. A mesh dim of
+ * size 1 moves no data whatever its labels say, so all its candidates are free;
+ * they are ordered so that ties go to the one the most inputs already hold, then
+ * to one creating no Partial, then to one whose output is a Shard (a Shard stays
+ * a Shard there, as in torch).
  *
  * Candidates are combined over mesh dims (a label sharded by several mesh dims is
  * nested in mesh-dim order); a combination is valid when every REDUCE label with
