@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
+                         mesh_shapes, next_layout, placements)
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
 
@@ -71,6 +72,34 @@ def test_tensordot_inner_outer_match_numpy(data):
     du = make(u, mesh, placements(data.draw, 1, mesh.ndim))
     dv = make(v, mesh, placements(data.draw, 1, mesh.ndim))
     assert_matches(np.outer(du, dv), np.outer(u, v))
+
+
+# Subscripts for each number of dims of a corner shape: sums over each dim, a
+# transpose, a product kept or contracted.
+CORNER_SUBSCRIPTS = {
+    1: ["i->", "i->i", "i,i->", "i,i->i"],
+    2: ["ij->i", "ij->j", "ij->ji", "ij,ij->i", "ij,kj->ik", "ij,ik->jk"],
+    3: ["ijk->k", "ijk->ik", "ijk,ijk->j", "ijk,ljk->il"],
+}
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_einsum_and_tensordot_match_numpy_on_empty_shards(shape):
+    """The corners the property tests may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included),
+    with a second operand laid out otherwise; contracted dims of size 0 give
+    zeros."""
+    ndim = len(shape)
+    a = np.arange(float(np.prod(shape))).reshape(shape) % 5 - 2
+    b = a[::-1] + 1
+    for mesh, pls in corner_layouts(ndim):
+        da, db = make(a, mesh, pls), make(b, mesh, next_layout(pls, ndim))
+        for sub in CORNER_SUBSCRIPTS[ndim]:
+            ops = (da, db) if "," in sub else (da,)
+            assert_matches(np.einsum(sub, *ops), np.einsum(sub, *(a, b)[:len(ops)]))
+        assert_matches(np.tensordot(da, db, axes=ndim), np.tensordot(a, b, axes=ndim))
+        assert_matches(np.tensordot(da, db, axes=([0], [0])),
+                       np.tensordot(a, b, axes=([0], [0])))
 
 
 @pytest.mark.parametrize("sub,pa,pb,expect", [

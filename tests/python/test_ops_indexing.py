@@ -14,7 +14,8 @@ from mpi4py import MPI
 
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make,
+                         matches_or_raises_alike, mesh_of, mesh_shapes, placements)
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
 
@@ -85,6 +86,28 @@ def test_indexing_matches_numpy(data):
     out = dt[key]
     assert_matches(out, full[key])
     assert out.placements == _expected_placements(pls, shape, key, out.ndim)
+
+
+# Keys for every corner shape: slices that keep a dim whole, cut it, reverse it
+# or empty it, a new axis, and ints that NumPy refuses on a dim of size 0.
+CORNER_KEYS = [slice(1, None), slice(None, None, -1), (Ellipsis, slice(None, 1)),
+               (None, Ellipsis), (slice(None), None), 0, -1, (Ellipsis, 0)]
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_indexing_matches_numpy_on_empty_shards(shape):
+    """The corners the property test may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included);
+    NumPy's value and torch's placements, or NumPy's IndexError on every rank."""
+    full = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape) * 3 - 7
+    for mesh, pls in corner_layouts(len(shape)):
+        dt = make(full, mesh, pls)
+        for key in CORNER_KEYS:
+            def ours(key=key):
+                out = dt[key]
+                assert out.placements == _expected_placements(pls, shape, key, out.ndim)
+                return out
+            matches_or_raises_alike(ours, lambda key=key: full[key])
 
 
 def _bytes(mode):

@@ -16,7 +16,8 @@ import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
 from mpitensor.experimental import implicit_replication
-from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
+                         mesh_shapes, next_layout, placements)
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
 COMM = MPI.COMM_WORLD
@@ -99,6 +100,36 @@ def test_copyto_where_and_inplace_operators_match_numpy(data):
     full -= other[0]
     assert dt.placements == pls
     assert_matches(dt, full)
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_writes_match_numpy_on_empty_shards(shape):
+    """The corners the property tests may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, every Shard/Replicate destination of every mesh:
+    a scalar into all and into a slice, a DTensor value laid out otherwise (Partial
+    included) into a reversed view, copyto where a mask, in-place operators; the
+    destination keeps its placements."""
+    ndim = len(shape)
+    base = np.arange(float(np.prod(shape))).reshape(shape) % 5 - 2
+    other = base[::-1] * 2 + 1
+    for mesh, pls in corner_layouts(ndim, partial=False):
+        dt, full = make(base, mesh, pls), base.copy()
+        dother = make(other, mesh, next_layout(pls, ndim))
+        dmask = make(other > 0, mesh, next_layout(pls, ndim, partial=False))
+        dt[...] = 5
+        full[...] = 5
+        dt[:1] = 3
+        full[:1] = 3
+        dt[::-1] = dother
+        full[::-1] = other
+        np.copyto(dt, dother, where=dmask)
+        np.copyto(full, other, where=other > 0)
+        dt += dother
+        full += other
+        dt *= 2
+        full *= 2
+        assert dt.placements == pls
+        assert_matches(dt, full)
 
 
 @pytest.mark.parametrize("pls", [[S0], [S1], [R], [PS]], ids=str)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
 from mpitensor.placement_types import _StridedShard
-from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
+                         mesh_shapes, placements)
 
 R, S0, S1, PS, PMAX = Replicate(), Shard(0), Shard(1), Partial("sum"), Partial("max")
 
@@ -57,6 +58,24 @@ def test_reshape_matches_numpy(data):
     # Partials pass through unreduced; a result that kept every Shard moved nothing.
     for m, (p, q) in enumerate(zip(pls, out.placements)):
         assert p.is_partial() == q.is_partial() or mesh.shape[m] == 1
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_reshape_matches_numpy_on_empty_shards(shape):
+    """The corners the property test may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included):
+    flattened and back, the dims reversed, and a dim of one added in front; a
+    merge whose earlier dim is cut unevenly moves the data instead of taking a
+    strided view."""
+    ndim = len(shape)
+    full = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape) - 2
+    for mesh, pls in corner_layouts(ndim):
+        dt = make(full, mesh, pls)
+        flat = dt.reshape(-1)
+        assert_matches(flat, full.reshape(-1))
+        assert_matches(flat.reshape(shape), full)
+        assert_matches(np.reshape(dt, shape[::-1]), full.reshape(shape[::-1]))
+        assert_matches(dt.reshape((1,) + shape), full.reshape((1,) + shape))
 
 
 def test_merge_and_split_keep_even_shards_without_communication():

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from mpitensor import Partial, Shard
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
+                         mesh_shapes, next_layout, placements)
 
 S0, S1, PS = Shard(0), Shard(1), Partial("sum")
 
@@ -79,6 +80,25 @@ def test_astype_copy_match_numpy(data):
     c2 = np.copy(da)
     assert c2.placements == da.placements
     assert_matches(c2, a)
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_where_clip_astype_match_numpy_on_empty_shards(shape):
+    """The corners the property tests may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included),
+    with operands laid out otherwise and scalars."""
+    ndim = len(shape)
+    a = (np.arange(int(np.prod(shape))).reshape(shape) % 5 - 2) / 2
+    b = a[::-1] * 3
+    for mesh, pls in corner_layouts(ndim):
+        da, db = make(a, mesh, pls), make(b, mesh, next_layout(pls, ndim))
+        dc = make(b > 0, mesh, next_layout(pls, ndim, partial=False))
+        assert_matches(np.where(dc, da, db), np.where(b > 0, a, b))
+        assert_matches(np.where(dc, da, 7), np.where(b > 0, a, 7))
+        assert_matches(np.clip(da, -0.5, 0.5), np.clip(a, -0.5, 0.5))
+        for dtype in (np.float32, np.int8, np.bool_):
+            assert_matches(da.astype(dtype), a.astype(dtype))
+        assert_matches(np.copy(db), b)
 
 
 def test_copy_and_exact_cast_keep_partial_locally():

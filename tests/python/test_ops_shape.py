@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
+                         mesh_shapes, next_layout, placements)
 
 R, S0, S1, S2, PS = Replicate(), Shard(0), Shard(1), Shard(2), Partial("sum")
 
@@ -56,6 +57,29 @@ def test_permutations_match_numpy_without_communication(data):
                          for x in dt.placements)
             assert got.placements == want
         assert_matches(got, expect)
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_shape_functions_match_numpy_on_empty_shards(shape):
+    """The corners the property tests may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included):
+    permutations, squeeze and expand_dims, broadcast_to, and concatenate and
+    stack with a second array laid out otherwise."""
+    ndim = len(shape)
+    full = np.arange(float(np.prod(shape))).reshape(shape) - 2
+    for mesh, pls in corner_layouts(ndim):
+        dt = make(full, mesh, pls)
+        other = make(full + 10, mesh, next_layout(pls, ndim))
+        assert_matches(dt.T, full.T)
+        assert_matches(np.moveaxis(dt, 0, -1), np.moveaxis(full, 0, -1))
+        assert_matches(np.swapaxes(dt, 0, -1), np.swapaxes(full, 0, -1))
+        assert_matches(np.squeeze(dt), np.squeeze(full))
+        assert_matches(np.expand_dims(dt, (0, -1)), np.expand_dims(full, (0, -1)))
+        assert_matches(np.broadcast_to(dt, (2,) + shape), np.broadcast_to(full, (2,) + shape))
+        for axis in range(ndim):
+            assert_matches(np.concatenate([dt, other], axis=axis),
+                           np.concatenate([full, full + 10], axis=axis))
+        assert_matches(np.stack([other, dt], axis=-1), np.stack([full + 10, full], axis=-1))
 
 
 def test_transpose_placements_exact():

@@ -3,7 +3,8 @@ dims), meshes whose size is the world size (1-D or 2-D), placements from
 {Replicate, Shard(d)} (and Partial(sum) in the source), and dtypes: the result
 equals NumPy ground truth on every rank, every move sends no more bytes than
 torch's plan and Shard/Replicate moves at least the bytes each rank lacks, and
-two redistributes in a row stay right.
+two redistributes in a row stay right. The corner shapes (sizes 0 and 1, dims
+shorter than the mesh) are explicit examples, so they run on every run.
 
 Every rank draws the same examples (derandomize, no database: see conftest), and
 every verdict is agreed on by all ranks before hypothesis sees it, so a failure
@@ -15,13 +16,14 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
 from mpitensor import DTensor, Partial, Replicate, Shard, init_device_mesh
 from mpitensor.debug import CommDebugMode
 from mpi_helpers import ref_index
+from ops_helpers import CORNER_SHAPES
 from redistribute_ref import (contribution, expected_local, needed_elements,
                               reduced_dims, strides, torch_plan)
 
@@ -60,6 +62,33 @@ def cases(draw, chained: bool):
     dst2 = target(dst) if chained else None
     dtype = draw(st.sampled_from(DTYPES))
     return shape, mesh_shape, src, dst, dst2, dtype
+
+
+def corner_cases(chained: bool) -> list:
+    """Cases run on every run, before the drawn ones: each corner shape (sizes 0
+    and 1, dims shorter than the mesh) sharded along each dim on every mesh dim of
+    the 1-D mesh and the squarest 2-D one, moved to a Shard of the next dim and
+    then (chained) to Replicate or back, dtypes in turn."""
+    square = max((m for m in MESH_SHAPES if len(m) == 2), key=min, default=None)
+    out = []
+    for shape in CORNER_SHAPES:
+        ndim = len(shape)
+        for mesh_shape in [(W,)] + ([square] if square else []):
+            for d in range(ndim):
+                src = (Shard(d),) * len(mesh_shape)
+                dst = (Shard((d + 1) % ndim),) + (Replicate(),) * (len(mesh_shape) - 1)
+                dst2 = (Replicate(),) * len(mesh_shape) if d % 2 else src
+                dtype = DTYPES[(len(out) * 5) % len(DTYPES)]
+                out.append((shape, mesh_shape, src, dst, dst2 if chained else None, dtype))
+    return out
+
+
+def with_corner_cases(chained: bool):
+    def wrap(test):
+        for case in corner_cases(chained):
+            test = example(case=case)(test)
+        return test
+    return wrap
 
 
 def base_of(shape, dtype) -> np.ndarray:
@@ -145,6 +174,7 @@ def source(meshes, shape, mesh_shape, src, dtype):
 
 @PROPERTY
 @given(case=cases(chained=False))
+@with_corner_cases(chained=False)
 def test_redistribute_matches_numpy(meshes, case):
     shape, mesh_shape, src, dst, _, dtype = case
     mesh, base, dt = source(meshes, shape, mesh_shape, src, dtype)
@@ -154,6 +184,7 @@ def test_redistribute_matches_numpy(meshes, case):
 
 @PROPERTY
 @given(case=cases(chained=True))
+@with_corner_cases(chained=True)
 def test_two_redistributes_in_a_row(meshes, case):
     shape, mesh_shape, src, dst, dst2, dtype = case
     mesh, base, dt = source(meshes, shape, mesh_shape, src, dtype)

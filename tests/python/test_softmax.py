@@ -14,7 +14,8 @@ import mpitensor
 from mpitensor import Replicate, Shard
 from mpitensor.debug import CommDebugMode
 from mpitensor.nn import functional as F
-from ops_helpers import W, assert_matches, make, mesh_of, mesh_shapes, placements
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
+                         mesh_shapes, placements)
 
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
 
@@ -53,6 +54,24 @@ def test_softmax_matches_numpy(data):
                 assert got.placements == pls
         assert_matches(got, ref(x, ax))
         np.testing.assert_allclose(f(x, axis), ref(x, ax), rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", CORNER_SHAPES, ids=str)
+def test_softmax_matches_numpy_on_empty_shards(shape):
+    """The corners the property test may not draw, every time: sizes 0 and 1 and
+    dims shorter than the mesh, in every layout of every mesh (Partial included),
+    along every axis; an empty array gives an empty one."""
+    ndim = len(shape)
+    x = np.arange(float(np.prod(shape))).reshape(shape) % 5 - 2
+    for mesh, pls in corner_layouts(ndim):
+        dx = make(x, mesh, pls)
+        for axis in range(ndim):
+            if x.size:
+                assert_matches(F.softmax(dx, axis=axis), ref_softmax(x, axis))
+                assert_matches(F.log_softmax(dx, axis=axis), ref_log_softmax(x, axis))
+            else:
+                assert_matches(F.softmax(dx, axis=axis), x)
+                assert_matches(F.log_softmax(dx, axis=axis), x)
 
 
 def test_softmax_sharded_rows_no_communication():
