@@ -341,10 +341,23 @@ def norm(x, ord=None, axis=None, keepdims=False):
                     f"rule for DTensors; call .full_tensor() and numpy.linalg.norm")
 
 
+def _norms_start_from_zero() -> bool:
+    """Whether this NumPy's norms take their maxima from zero, so that an empty
+    axis gives zeros (recent NumPy), rather than raising its zero-size error."""
+    try:
+        np.linalg.norm(np.zeros(0), np.inf)
+    except ValueError:
+        return False
+    return True
+
+
+_FROM_ZERO = _norms_start_from_zero()
+
+
 def _max_from_zero(x, axis, keepdims):
-    """The maximum of the non-negative ``x`` along ``axis``, starting from zero as
-    NumPy's norms do: an empty axis gives zeros, which is then its sum."""
-    if x.shape[axis] == 0:
+    """The maximum of the non-negative ``x`` along ``axis``, starting from zero
+    where NumPy's norms do: an empty axis gives zeros, which is then its sum."""
+    if _FROM_ZERO and x.shape[axis] == 0:
         return np.sum(x, axis=axis, keepdims=keepdims)
     return np.max(x, axis=axis, keepdims=keepdims)
 
