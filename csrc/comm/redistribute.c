@@ -3,9 +3,10 @@
  * Every step has a start and a finish. Blocking execution calls the blocking MPI
  * collective in start and has nothing to wait for; asynchronous execution calls
  * the nonblocking one and waits before finish. Finish does the local work that
- * follows the collective: unpacking a staging buffer, dividing an average. What a
- * step needs besides its buffers (counts, displacements, datatypes) comes from the
- * plan's compiled part (compiled.c), built on the plan's first execution. */
+ * follows the collective: unpacking a staging buffer, dividing an average (and
+ * narrowing a float16 one, reduced in float32). What a step needs besides its
+ * buffers (counts, displacements, datatypes) comes from the plan's compiled part
+ * (compiled.c), built on the plan's first execution. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@ typedef struct exec_ctx {
   int64_t coord[MT_MAX_MESH_NDIM];
   int dtype;
   int64_t itemsize;
+  int64_t counted; /* the plan's item size, which the counters follow (runs_wide) */
   int nonblocking;
   const mt__compiled *cp; /* the plan's compiled part for this rank */
   mt__compiled *owned;    /* a private one (see mt__compiled_get), freed with ctx */
@@ -39,6 +41,8 @@ typedef struct pending {
   const void *in;
   void *out;
   char *staging; /* a copy of the input or output that the step owns */
+  float *wide;   /* a float16 average's input and output in float32 (widen) */
+  void *narrow;  /* then: the step's own output, which finish narrows `out` into */
   int borrowed;  /* `in` is the caller's source, not a buffer of the plan */
 } pending;
 
@@ -66,7 +70,8 @@ static void pending_init(pending *p, const exec_ctx *c, int i, const mt_step *s,
 
 static void pending_free(pending *p) {
   mt_pool_free(p->staging);
-  p->staging = NULL;
+  mt_pool_free(p->wide);
+  p->staging = NULL, p->wide = NULL;
 }
 
 static void box_at(const exec_ctx *c, const mt_layout *l, int m, int64_t k, mt_box *out) {
@@ -267,6 +272,32 @@ static int run_chunk(const exec_ctx *c, pending *p) {
 
 static int partial_op(const mt_step *s) { return s->src.placements[s->mesh_dim].reduce_op; }
 
+/* Whether the step averages float16 partials: it runs in float32, as NumPy's
+ * mean adds float16, so that the sum cannot overflow where the average does not
+ * and the average is rounded to float16 once. Its values on the wire are wider
+ * than the plan's, which the counters follow, as the cost model does. */
+static int runs_wide(const exec_ctx *c, const pending *p) {
+  return c->dtype == MT_DTYPE_FLOAT16 && partial_op(p->step) == MT_REDUCE_AVG;
+}
+
+/* For runs_wide: the step reads its input widened into a buffer it owns (nothing
+ * of the caller's source is read later) and writes a float32 output beside it,
+ * which finish_reduce narrows into the step's own. */
+static int widen(const exec_ctx *c, pending *p, mt_error *err) {
+  mt_box sb, tb;
+  box_at(c, &p->step->src, -1, 0, &sb);
+  box_at(c, &p->step->dst, -1, 0, &tb);
+  int64_t n = mt_box_numel(&sb), m = mt_box_numel(&tb);
+  /* One float more, so that a step of empty boxes owns a buffer too. */
+  p->wide = mt_pool_alloc((size_t)(n + m + 1) * sizeof(float));
+  if (p->wide == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  const uint16_t *in = p->in;
+  for (int64_t i = 0; i < n; ++i) p->wide[i] = mt_half_to_float(in[i]);
+  p->narrow = p->out;
+  p->in = p->wide, p->out = p->wide + n, p->borrowed = 0;
+  return MT_OK;
+}
+
 /* This rank's share of the ring model's 2 (G - 1) buffers for its group of G: each
  * rank receives 2 (G - 1) / G of the buffer; the remainder of that division goes to
  * the lowest coordinates, so the group's counts sum to the plan's step bytes. */
@@ -315,7 +346,7 @@ static int start_allreduce(const exec_ctx *c, pending *p, mt_error *err) {
   }
   if (rc == MT_OK) {
     mt__count(c->mesh, MT_COLL_ALL_REDUCE,
-              ring_share(c, m, n * c->itemsize, p->e->group));
+              ring_share(c, m, n * c->counted, p->e->group));
   }
   return rc;
 }
@@ -367,8 +398,10 @@ static int start_allreduce_nodes(const exec_ctx *c, pending *p, mt_error *err) {
                       inside, across, err);
   }
   free(ints);
-  if (rc == MT_OK)
-    mt__count(c->mesh, MT_COLL_ALL_REDUCE, ring_share(c, m, n * isz, p->e->group));
+  if (rc == MT_OK) {
+    mt__count(c->mesh, MT_COLL_ALL_REDUCE,
+              ring_share(c, m, n * c->counted, p->e->group));
+  }
   return rc;
 }
 
@@ -497,7 +530,7 @@ static int start_reduce_scatter(const exec_ctx *c, pending *p, mt_error *err) {
     box_at(c, &s->src, -1, 0, &sb);
     int64_t kept = e->counts[c->coord[m]];
     mt__count(c->mesh, MT_COLL_REDUCE_SCATTER,
-              (mt_box_numel(&sb) - kept) * c->itemsize);
+              (mt_box_numel(&sb) - kept) * c->counted);
   }
   return rc;
 }
@@ -507,10 +540,31 @@ static int finish_reduce(const exec_ctx *c, pending *p, mt_error *err) {
   if (partial_op(s) != MT_REDUCE_AVG) return MT_OK;
   mt_box tb;
   box_at(c, &s->dst, -1, 0, &tb);
-  return mt_divide(p->out, mt_box_numel(&tb), c->dtype, p->e->group, err);
+  int64_t n = mt_box_numel(&tb);
+  if (p->wide == NULL) return mt_divide(p->out, n, c->dtype, p->e->group, err);
+  const float *sum = p->out, g = (float)p->e->group;
+  uint16_t *out = p->narrow;
+  for (int64_t i = 0; i < n; ++i) out[i] = mt_float_to_half(sum[i] / g);
+  return MT_OK;
 }
 
 /* ---- dispatch ------------------------------------------------------------------ */
+
+/* A step that reduces a Partial: all-reduce, reduce-scatter, all-reduce by nodes;
+ * a float16 average as a float32 one (runs_wide). */
+static int start_reduce(const exec_ctx *c, pending *p, mt_error *err) {
+  exec_ctx wide = *c;
+  if (runs_wide(c, p)) {
+    int rc = widen(c, p, err);
+    if (rc != MT_OK) return rc;
+    wide.dtype = MT_DTYPE_FLOAT32, wide.itemsize = (int64_t)sizeof(float);
+  }
+  switch (p->step->kind) {
+    case MT_STEP_ALLREDUCE: return start_allreduce(&wide, p, err);
+    case MT_STEP_REDUCE_SCATTER: return start_reduce_scatter(&wide, p, err);
+    default: return start_allreduce_nodes(&wide, p, err);
+  }
+}
 
 static int start_step(const exec_ctx *c, pending *p, mt_error *err) {
   switch (p->step->kind) {
@@ -518,9 +572,9 @@ static int start_step(const exec_ctx *c, pending *p, mt_error *err) {
     case MT_STEP_ALLTOALL:
     case MT_STEP_DIRECT: return start_exchange(c, p, err);
     case MT_STEP_CHUNK: return run_chunk(c, p);
-    case MT_STEP_ALLREDUCE: return start_allreduce(c, p, err);
-    case MT_STEP_REDUCE_SCATTER: return start_reduce_scatter(c, p, err);
-    case MT_STEP_ALLREDUCE_NODES: return start_allreduce_nodes(c, p, err);
+    case MT_STEP_ALLREDUCE:
+    case MT_STEP_REDUCE_SCATTER:
+    case MT_STEP_ALLREDUCE_NODES: return start_reduce(c, p, err);
     default:
       return mt_error_set(err, MT_EINVAL, "unknown plan step kind %d", p->step->kind);
   }
@@ -570,7 +624,7 @@ static int check_mesh_shape(const mt_mesh *mesh, const mt_layout *l, mt_error *e
 static int ctx_base(exec_ctx *c, mt_mesh *mesh, int dtype, mt_error *err) {
   memset(c, 0, sizeof *c);
   c->mesh = mesh, c->dtype = dtype;
-  c->itemsize = (int64_t)mt_dtype_size(dtype);
+  c->itemsize = c->counted = (int64_t)mt_dtype_size(dtype);
   if (c->itemsize == 0)
     return mt_error_set(err, MT_ETYPE, "unknown dtype code %d", dtype);
   if (!mt_mesh_coordinate(mesh, c->coord)) {

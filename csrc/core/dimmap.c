@@ -315,12 +315,9 @@ int mt_partial_exact(int op, int in, int out, int arithmetic) {
   }
 }
 
-/* Whether shards' averages in `dtype` average to NumPy's mean: not integers (each
- * shard's mean is rounded first), nor float16, which NumPy adds in float32 while
- * the shards' float16 means would be added in float16 and could overflow. */
-static int averages(int dtype) {
-  return dtype < 0 || (inexact(kind_of(dtype)) && dtype != MT_DTYPE_FLOAT16);
-}
+/* Whether shards' averages in `dtype` average to NumPy's mean: not integers, each
+ * shard's mean would be rounded first. */
+static int averages(int dtype) { return dtype < 0 || inexact(kind_of(dtype)); }
 
 void mt_dimmap_dtypes(mt_dimmap *map, const int *in_dtypes, int out_dtype) {
   int arithmetic = map->partial_rule == MT_PARTIAL_NEGATE ||

@@ -128,13 +128,18 @@ def test_sum_and_mean_of_an_int8_partial_sum_wrap_as_its_global_value_does():
 
 def test_mean_of_float16_over_a_sharded_axis_adds_as_wide_as_numpy():
     """NumPy's mean of float16 adds in float32, so a mean of values near float16's
-    largest is that value, not inf: the shards' means are combined without
-    overflowing either."""
+    largest is that value, not inf: the shards' means, a Partial(avg) moved nowhere,
+    are added in float32 too when they are combined (all-reduce, reduce-scatter)."""
     mesh = mesh_of((W,))
     full = np.full((12, 2), 6e4, np.float16)
     x = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        out = np.mean(x, axis=0)
+    assert mode.get_total_counts() == 0
+    assert out.placements == (Partial("avg"),)
+    assert_matches(out, np.mean(full, axis=0))
+    assert_matches(out.redistribute(mesh, [S0]), np.mean(full, axis=0))
     assert_matches(np.mean(x), np.mean(full))
-    assert_matches(np.mean(x, axis=0), np.mean(full, axis=0))
     assert_matches(x.mean(axis=0), full.mean(axis=0))
 
 

@@ -46,7 +46,10 @@ typedef struct mt_request mt_request;
  * the caller could not allocate it, and then every member returns MT_ENOMEM with
  * one message (below that size, only this rank does). At that size the buffers
  * of intermediate steps are allocated before the agreement too, and a rank that
- * cannot allocate them makes every member return MT_ENOMEM. */
+ * cannot allocate them makes every member return MT_ENOMEM. A float16
+ * Partial(avg) is reduced in float32 and rounded once, as NumPy's mean adds
+ * float16: its sum could overflow float16 where the average does not (the
+ * counters count the plan's float16 bytes). */
 MT_EXPORT int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype,
                               const void *src, void *dst, mt_error *err);
 

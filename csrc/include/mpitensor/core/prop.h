@@ -296,10 +296,8 @@ MT_EXPORT int mt_partial_exact(int op, int in, int out, int arithmetic);
  * each input (of mt_dtype in_dtypes[i]) going to a result of mt_dtype `out_dtype`,
  * < 0 when that is not known (each input's own is used). `arithmetic` follows from
  * the map's partial_rule: NEGATE and ADDITIVE compute on Partial(max|min) values.
- * A result that is not floating point, or is float16, also makes REDUCE labels of
- * avg REPLICATE: each shard's integer mean would be rounded before the shards are
- * averaged, and NumPy adds float16 in float32 where the shards' float16 means,
- * added in float16, could overflow. */
+ * A result that is not floating point also makes REDUCE labels of avg REPLICATE:
+ * each shard's integer mean would be rounded before the shards are averaged. */
 void mt_dimmap_dtypes(mt_dimmap *map, const int *in_dtypes, int out_dtype);
 
 /* Local. Checks a dim map on its own: 1 to MT_PROP_MAX_INPUTS inputs, label
