@@ -18,12 +18,16 @@ Example (``mpiexec -n 4``)::
 
 from __future__ import annotations
 
+import json
 import os
+
+import numpy as np
 
 from .._dtensor import DTensor
 from .._args import raise_on_every_rank, resolve_mesh
 from ..device_mesh import _mesh_stack, init_device_mesh
-from . import _agree, _directory, _paths, _tensor, _tree
+from . import (_agree, _directory, _formats, _hdf5, _npy, _opened, _paths,
+               _region, _tensor, _tree, _zarr)
 from .._shard import DTensorShard, assemble
 
 __all__ = ["save", "load", "DTensorShard", "assemble"]
@@ -54,8 +58,20 @@ def _mesh_of(obj, device_mesh):
     return max(meshes, key=lambda m: m.size()) if meshes else _default_mesh()
 
 
-def save(obj, path, *, device_mesh=None) -> None:
-    """Saves a DTensor as one .npy file, or a state_dict as a directory.
+def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
+         attrs=None, durable=True) -> None:
+    """Saves a DTensor as one .npy file, HDF5 dataset or Zarr array, or a
+    state_dict as a directory.
+
+    The format is ``format=`` (``"npy"``, ``"hdf5"``, ``"zarr"``) or the path's
+    suffix (``.h5``/``.hdf5`` and ``.zarr``; anything else is a .npy file). An
+    HDF5 file holds the DTensor as the dataset ``dataset=`` (a path such as
+    ``"fields/u"``); ``mode="w"`` (the default) writes a new file in place of
+    any file at ``path``, ``mode="a"`` adds the dataset to the existing file (or
+    writes it into the same contiguous dataset of the same shape and dtype)
+    and keeps the rest of the file. A ``.zarr`` path is a Zarr v3 array at the
+    store's root, chunked as the DTensor is sharded. ``attrs=`` (a dict) become
+    the dataset's or array's attributes.
 
     A dict may nest dicts (str or int keys), lists and tuples, as an optimizer's
     ``state_dict()`` does: each array is an entry named by its dotted path
@@ -73,9 +89,11 @@ def save(obj, path, *, device_mesh=None) -> None:
     The file is written under a temporary name, synced to the device and renamed
     into place after every rank has finished, so an existing file is replaced
     whole or not at all, and the new one survives a power cut once ``save``
-    returns. A symlink is followed (its target is replaced, as by
-    ``numpy.save``); anything else that is not a regular file (a directory, a
-    FIFO, a device) is refused. A directory save is all or nothing for ``load``:
+    returns (a Zarr store likewise, as a directory; a dataset added to an
+    existing HDF5 file is written in place: see docs/checkpoints.md). A symlink
+    is followed (its target is replaced, as by ``numpy.save``); anything else
+    that is not a regular file (a directory, a FIFO, a device) is refused. A
+    directory save is all or nothing for ``load``:
     the entries are written under new names and ``index.json``, which names them,
     is switched last; a failed or killed save leaves the previous checkpoint
     whole, and the next save removes what it left. Every rank must pass the
@@ -91,18 +109,50 @@ def save(obj, path, *, device_mesh=None) -> None:
         >>> mesh = init_device_mesh("cpu", (2,))
         >>> w = distribute_tensor(np.ones((4, 3), np.float32), mesh, [Shard(0)])
         >>> mpitensor.save({"w": w, "step": np.array(7)}, "ckpt")   # ckpt/w.npy, ...
+        >>> mpitensor.save(w, "run.h5", dataset="w", attrs={"units": "m"})
+        >>> mpitensor.save(w, "w.zarr")
     """
     if isinstance(obj, DTensor):
+        fmt = _formats.named(path, format) or "npy"
+        _check_save_args(fmt, dataset, mode, attrs)
         path = _real_path(path, obj.device_mesh)
-        if obj.device_mesh.get_coordinate() is not None:
-            _agree.same_path(obj.device_mesh, path, lambda: _paths.check_target(path))
-        _tensor.save_dtensor(obj, path)
+        if fmt == "hdf5":
+            _hdf5.save(obj, path, dataset, mode, attrs, durable)
+        elif fmt == "zarr":
+            _zarr.save(obj, path, attrs, durable)
+        else:
+            if obj.device_mesh.get_coordinate() is not None:
+                _agree.same_path(obj.device_mesh, path, lambda: _paths.check_target(path))
+            _tensor.save_dtensor(obj, path)
     elif isinstance(obj, dict):
+        if format not in (None, "npy") or dataset is not None or attrs is not None:
+            raise TypeError("a dict is saved as a directory of .npy files: format=, "
+                            "dataset= and attrs= are for one DTensor")
         mesh = _mesh_of(obj, device_mesh)
         _directory.save_dict(obj, _real_path(path, mesh), mesh)
     else:
         raise TypeError(f"save takes a DTensor or a dict of DTensors and ndarrays, got "
                         f"{type(obj).__name__}")
+
+
+def _check_save_args(fmt: str, dataset, mode, attrs) -> None:
+    """The arguments that only some formats take, checked alike on every rank
+    before anything is written (they are the same on every rank, as the path)."""
+    if fmt == "hdf5":
+        _hdf5.h5py()
+        if not isinstance(dataset, str) or not dataset.strip("/"):
+            raise ValueError("an HDF5 save names its dataset: dataset='x'")
+        if mode not in _hdf5.MODES:
+            raise ValueError(f"mode= takes 'w' (a new file) or 'a' (add to the file), "
+                             f"got {mode!r}")
+    elif dataset is not None or mode != "w":
+        raise ValueError(f"dataset= and mode= are for HDF5 files; a {fmt} save writes "
+                         f"one array")
+    if fmt == "zarr":
+        _zarr.zarr()
+    if attrs is not None and (fmt == "npy" or not isinstance(attrs, dict)):
+        raise TypeError("attrs= is a dict, for HDF5 datasets and Zarr arrays (a .npy "
+                        "file has none)")
 
 
 def _real_path(path, mesh) -> str:
@@ -118,26 +168,51 @@ def _real_path(path, mesh) -> str:
         raise
 
 
-def _look(path: str) -> bytes:
-    """On the first rank: b"D" for a directory, else b"F" and the file's size and
-    first bytes (its .npy header), so one broadcast serves both questions."""
-    if os.path.isdir(path):
+def _look(path: str, opened: _opened.Opened, fmt, dataset) -> bytes:
+    """On the first rank: what stands at ``path``, as a kind (its first byte) and
+    what the kind needs: b"D" for a state_dict directory, b"Z" for a Zarr store,
+    b"H" and the dataset's description for an HDF5 file, b"F" and the file's size
+    and first bytes (its .npy header) for a .npy file; one broadcast serves every
+    question."""
+    if fmt == "zarr" or os.path.isdir(path):
+        if not os.path.isdir(path):
+            if os.path.exists(path):
+                raise NotADirectoryError(f"{path!r} is not a Zarr store: a store is a "
+                                         f"directory")
+            raise FileNotFoundError(f"no Zarr store at {path!r}: no such directory")
+        if fmt == "zarr" or _formats.found(path, b"") == "zarr":
+            return b"Z" + _zarr.describe(opened)
         return b"D"
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path!r}: no such file or directory")
-    return b"F" + _tensor.look_file(path)
+    if fmt is None:
+        with opened.file() as f:
+            fmt = _formats.found(path, f.read(len(_formats.HDF5_SIGNATURE)))
+    if fmt == "hdf5":
+        return b"H" + _hdf5.describe(opened, dataset)
+    return b"F" + _tensor.look_file(opened)
 
 
-def load(path, device_mesh=None, placements=None, *, like=None):
-    """Loads a .npy file as a DTensor, or a checkpoint directory as a dict.
+def load(path, device_mesh=None, placements=None, *, like=None, dataset=None,
+         format=None, index=None):
+    """Loads a .npy file, an HDF5 dataset or a Zarr array as a DTensor, or a
+    checkpoint directory as a dict.
 
     Collective on the mesh. Any mesh and placements (Shard, Replicate, even or
     not) work, whatever the file was saved with; each rank reads only its own box,
     or, when the boxes interleave in the file, one row slab that an in-memory
     exchange then turns into its box.
     Plain .npy files written by NumPy load too, Fortran order and any byte order
-    included. ``device_mesh`` defaults to the mesh of ``like``, then to the current
-    ``with mesh:``, then to a 1-D mesh of all ranks; ``placements`` to Replicate.
+    included. The format is ``format=`` or the path's suffix (``.h5``, ``.hdf5``,
+    ``.nc`` for netCDF-4, ``.zarr``); with neither, what is at the path decides.
+    ``dataset=`` names an HDF5 file's dataset (by default its only one); a
+    chunked or compressed dataset, and a Zarr array, are read by each rank
+    through h5py or zarr, only the chunks it needs. ``index=`` (integers and
+    slices of step 1, as ``np.s_[10:20, :, 3]``) loads that part of the array
+    alone, as the DTensor of its shape, reading nothing else but the rows (or
+    chunks) it touches. ``device_mesh`` defaults to the mesh of ``like``, then
+    to the current ``with mesh:``, then to a 1-D mesh of all ranks;
+    ``placements`` to Replicate.
     For a directory, ``placements`` may be one list for every entry or a dict of
     names to lists; entries without one keep the placements they were saved with
     when the mesh has the same shape, else are replicated; ndarray entries come back
@@ -145,7 +220,11 @@ def load(path, device_mesh=None, placements=None, *, like=None):
     entries by their dotted paths). ``like`` (a DTensor, or a dict of DTensors
     and ndarrays such as a ``state_dict()``, nested or not) gives each entry its mesh and placements and must match the
     checkpoint's keys, shapes and dtypes (KeyError, ValueError, TypeError).
-    A missing, truncated or non-.npy file, a path that is not a regular file or
+    Every rank reads the file it opened, and the ranks check that they opened the
+    same one: a file replaced while it is loaded gives one version on every rank
+    or an OSError on every rank, never a mix.
+    A missing, truncated or non-.npy file, a missing dataset (KeyError), a damaged
+    HDF5 file or Zarr store, a path that is not a regular file or
     directory, a malformed ``index.json`` or one that names files outside its
     directory, paths, placements or ``like`` that differ between ranks, and a part
     that some rank cannot allocate raise the same exception on every rank, so that
@@ -157,19 +236,51 @@ def load(path, device_mesh=None, placements=None, *, like=None):
         >>> w = mpitensor.load("ckpt/w.npy", mesh, [Shard(0)])  # 4 rows: 2, 2, 0 (torch.chunk)
         >>> sd = mpitensor.load("ckpt", mesh, {"w": [Shard(1)]})
         >>> opt.load_state_dict(mpitensor.load("run")["optim"])  # a nested save
+        >>> u = mpitensor.load("run.h5", mesh, [Shard(0)], dataset="fields/u",
+        ...                    index=np.s_[100:200])
     """
     mesh = _load_mesh(device_mesh, like)
     path = _real_path(path, mesh)
-    seen = _agree.same_path(mesh, path, lambda: _look(path), outsiders=True,
-                            layout=_layout_of(placements, like))
-    if seen == b"D":
-        if like is not None and not isinstance(like, dict):
-            raise TypeError(f"{path!r} is a checkpoint directory; like= must be a dict")
-        return _directory.load_dict(path, mesh, placements, like)
-    head = _tensor.header_of(seen[1:], path)
-    if like is not None:
-        return _tensor.load_like(head, path, like, mesh)
-    return _tensor.load_dtensor(head, path, mesh, placements)
+    fmt = _formats.named(path, format)
+    if fmt == "hdf5":
+        _hdf5.h5py()
+    if fmt == "zarr":
+        _zarr.zarr()
+    layout = _layout_of(placements, like) + repr((fmt, dataset, index))
+    with _opened.Opened(path) as opened:
+        seen = _agree.same_path(mesh, path, lambda: _look(path, opened, fmt, dataset),
+                                outsiders=True, layout=layout)
+        kind, rest = seen[:1], seen[1:]
+        if kind in (b"D", b"Z", b"F") and dataset is not None:
+            raise ValueError(f"dataset= names a dataset of an HDF5 file; {path!r} is not "
+                             f"one")
+        if kind == b"D":
+            if index is not None:
+                raise ValueError(f"{path!r} is a checkpoint directory; index= is for "
+                                 f"one array")
+            if like is not None and not isinstance(like, dict):
+                raise TypeError(f"{path!r} is a checkpoint directory; like= must be a dict")
+            return _directory.load_dict(path, mesh, placements, like)
+        if kind in (b"H", b"Z"):
+            look = json.loads(rest)
+            shape, dtype = tuple(look["shape"]), _npy.dtype_of(look["dtype"])
+        else:
+            head = _tensor.header_of(rest, path)
+            shape, dtype = head.shape, head.dtype
+        region = _region.region_of(index, shape) if index is not None else None
+        if like is not None:
+            _tensor.check_like(like, path, shape if region is None else region.shape,
+                               dtype)
+            mesh, placements = ((mesh, None) if isinstance(like, np.ndarray)
+                                else (like.device_mesh, like.placements))
+        opened.directory = kind == b"Z"
+        if kind == b"H":
+            out = _hdf5.load(opened, look, mesh, placements, region)
+        elif kind == b"Z":
+            out = _zarr.load(opened, look, mesh, placements, region)
+        else:
+            out = _tensor.load_dtensor(head, opened, mesh, placements, region)
+        return out.to_local() if isinstance(like, np.ndarray) else out
 
 
 def _layout_of(placements, like) -> str:

@@ -21,7 +21,7 @@ from .._fingerprint import fingerprint
 # Exceptions that may travel, by index; anything else travels as OSError.
 _HEAD = 16  # int64 kind and int64 payload length
 _KINDS = (None, FileNotFoundError, IsADirectoryError, NotADirectoryError,
-          PermissionError, FileExistsError, OSError, ValueError, TypeError)
+          PermissionError, FileExistsError, OSError, ValueError, TypeError, KeyError)
 
 
 def _bcast_from_first(mesh, buf: np.ndarray) -> None:
@@ -44,7 +44,9 @@ def _outcome(produce) -> tuple[int, bytes]:
     try:
         return 0, bytes(produce())
     except Exception as e:  # noqa: BLE001 - every kind travels to the other ranks
-        return _kind_of(e), str(e).encode("utf-8")
+        # str() of a KeyError quotes its message; the message itself travels
+        text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        return _kind_of(e), text.encode("utf-8")
 
 
 def first_rank(mesh, produce: Callable[[], bytes], cap: int = 4096, *,
@@ -105,13 +107,15 @@ def same_path(mesh, path: str, look: Callable[[], bytes] = bytes, *,
     return first_rank(mesh, look, outsiders=outsiders)
 
 
-def everywhere(mesh, attempt: Callable[[], object], failure: Callable[[], Exception]):
+def everywhere(mesh, attempt: Callable[[], object], failure: Callable[[], Exception],
+               fingerprint: int = 0, differ: str = ""):
     """Collective on the mesh. ``attempt()`` on every rank, and its result when it
     returned on every rank; otherwise the first failing rank's ``failure()`` raised
     on every rank (chained to the rank's own error where it had one), so that a step
     that can fail on some ranks only (an allocation, above all) never leaves the
-    others waiting in the collective that follows. One small all-reduce
-    (``_comm.agree``).
+    others waiting in the collective that follows. A check that the ranks hold
+    the same thing rides along: ValueError(``differ``) on every rank when their
+    ``fingerprint`` values differ. One small all-reduce (``_comm.agree``).
 
     Example::
 
@@ -121,9 +125,9 @@ def everywhere(mesh, attempt: Callable[[], object], failure: Callable[[], Except
         result, error = attempt(), None
     except Exception as e:  # noqa: BLE001 - MemoryError, ValueError, OverflowError alike
         result, error = None, e
-    mine = failure() if error is not None else ValueError("")
+    mine = failure() if error is not None else ValueError(differ)
     try:
-        _comm.agree(mesh._handle, error is None, 0, str(mine), type(mine))
+        _comm.agree(mesh._handle, error is None, fingerprint, str(mine), type(mine))
     except Exception as agreed:  # noqa: BLE001 - the first failing rank's, everywhere
         raise agreed from error
     return result

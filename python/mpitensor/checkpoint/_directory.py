@@ -20,7 +20,7 @@ import numpy as np
 
 from .._dtensor import DTensor
 from ..placement_types import Replicate
-from . import _agree, _index, _npy, _paths, _tensor, _tree
+from . import _agree, _index, _npy, _opened, _paths, _tensor, _tree
 
 PENDING = ".pending.json"
 
@@ -193,14 +193,14 @@ def load_dict(path: str, mesh, placements, like) -> dict:
     out = {}
     for name in names:
         entry = index["entries"][name]
-        file = os.path.join(path, entry["file"])
-        head = _tensor.read_header(mesh, file)
-        _check_entry(name, entry, head, file)
-        out[name] = _load_entry(name, entry, head, file, mesh, placements, like)
+        with _opened.Opened(os.path.join(path, entry["file"])) as file:
+            head = _tensor.read_header(mesh, file)
+            _check_entry(name, entry, head, file.path)
+            out[name] = _load_entry(name, entry, head, file, mesh, placements, like)
     return _tree.rebuild(index["tree"], out) if "tree" in index else out
 
 
-def _load_entry(name, entry, head, file, mesh, placements, like):
+def _load_entry(name, entry, head, file: _opened.Opened, mesh, placements, like):
     if like is not None:
         return _tensor.load_like(head, file, like[name], mesh)
     if entry["kind"] == "ndarray":

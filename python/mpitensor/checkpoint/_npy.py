@@ -1,6 +1,11 @@
 """The .npy header: written here byte for byte as numpy.save writes it, and read
 with numpy's own parser, so files go both ways between mpitensor and NumPy.
 
+bfloat16 is the one exception: numpy.save describes it as ``'<V2'``, raw bytes
+that nothing can load back as numbers. Its header names it ``'bfloat16'``, which
+``numpy.load`` turns into ml_dtypes' bfloat16 when ml_dtypes is imported (without
+it numpy.load says the dtype is not understood, rather than giving raw bytes).
+
 Only the header is handled in Python; the data bytes after it travel through the
 C core (mpitensor.checkpoint._io: POSIX I/O per rank, or MPI-IO).
 """
@@ -14,6 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 from numpy.lib import format as npformat
+
+from .. import _dtypes
 
 MAGIC = b"\x93NUMPY"
 # numpy.load refuses headers above 10000 bytes unless told otherwise; a prefix
@@ -43,7 +50,7 @@ def encode(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     Version 1.0 always fits: its 16-bit length holds the header of any numeric dtype
     and any shape of at most 64 dims (numpy.save moves to 2.0 only beyond)."""
     out = io.BytesIO()
-    npformat.write_array_header_1_0(out, {"descr": npformat.dtype_to_descr(dtype),
+    npformat.write_array_header_1_0(out, {"descr": descr(dtype),
                                           "fortran_order": False,
                                           "shape": tuple(int(s) for s in shape)})
     return out.getvalue()
@@ -75,18 +82,27 @@ def decode(prefix: bytes, path: str) -> NpyHeader:
             raise ValueError(f"format version {version} is not supported")
         shape, fortran_order, dtype = reader(f, max_header_size=PREFIX_BYTES)
     except (ValueError, SyntaxError, EOFError) as e:
+        if "'bfloat16'" in str(e):  # NumPy knows the name only once ml_dtypes is imported
+            raise TypeError(f"{path!r} holds bfloat16, which needs the ml_dtypes "
+                            f"package: pip install ml_dtypes") from None
         raise ValueError(f"{path!r} is not a valid .npy file: {e}") from None
-    if dtype.kind not in "biufc" or dtype.hasobject or dtype.fields is not None:
+    if (dtype.kind not in "biufc" and not _dtypes.is_bfloat16(dtype)) or dtype.hasobject \
+            or dtype.fields is not None:
         raise TypeError(f"{path!r} holds dtype {dtype}; DTensors hold numeric data "
                         f"(bool, int, uint, float, complex)")
     return NpyHeader(tuple(int(s) for s in shape), dtype, bool(fortran_order), f.tell())
 
 
 def descr(dtype: np.dtype) -> str:
-    """The dtype as the .npy format names it ("<f4"), for index files."""
+    """The dtype as the .npy format names it ("<f4"; bfloat16 by its name), for
+    headers and index files."""
+    if _dtypes.is_bfloat16(dtype):
+        return "bfloat16"
     return npformat.dtype_to_descr(dtype)
 
 
 def dtype_of(text: str) -> np.dtype:
     """Inverse of :func:`descr`."""
+    if text == "bfloat16":
+        return _dtypes.require_bfloat16()
     return npformat.descr_to_dtype(ast.literal_eval(repr(text)))

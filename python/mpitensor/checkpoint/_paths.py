@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import stat
 import time
 
@@ -43,11 +44,12 @@ def temp_name(path: str) -> str:
 
 
 def remove_leftovers(folder: str, names) -> None:
-    """Removes the temporary files that killed saves of the files ``names`` left
-    in ``folder`` (one listing of the directory for all of them). A temporary
-    file of a save still running elsewhere would make that save fail (its first
-    rank created the file, the others open it without creating it, and the rename
-    finds nothing): never a file holding some ranks' bytes only."""
+    """Removes the temporary files (and Zarr stores) that killed saves of the
+    files ``names`` left in ``folder`` (one listing of the directory for all of
+    them). A temporary file of a save still running elsewhere would make that
+    save fail (its first rank created the file, the others open it without
+    creating it, and the rename finds nothing): never a file holding some
+    ranks' bytes only."""
     full = {os.fsencode(n) for n in names}
     cut = {n[:_TEMP_NAME_KEEP] for n in full}
     try:
@@ -57,8 +59,12 @@ def remove_leftovers(folder: str, names) -> None:
     for entry in entries:
         new, old = _TEMP_SUFFIX.search(entry), _OLD_TEMP_SUFFIX.search(entry)
         if (new and entry[:new.start()] in cut) or (old and entry[:old.start()] in full):
+            found = os.path.join(os.fsencode(folder), entry)
             try:
-                os.unlink(os.path.join(os.fsencode(folder), entry))
+                if os.path.isdir(found) and not os.path.islink(found):
+                    shutil.rmtree(found)  # a Zarr store's
+                else:
+                    os.unlink(found)
             except OSError:
                 pass  # gone already, or not ours to remove: the save goes on
 

@@ -23,7 +23,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Partial, Replicate
-from . import _agree, _io, _npy, _paths
+from . import _agree, _io, _npy, _opened, _region, _stored
 
 _NOTHING = np.empty(0, np.uint8)
 
@@ -40,10 +40,20 @@ def written_placements(placements) -> tuple:
     return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
 
 
-def save_dtensor(dt: DTensor, path: str) -> tuple:
+def _npy_layout(shape: tuple, dtype: np.dtype) -> tuple:
+    header = _npy.encode(shape, dtype)
+    return header, len(header)
+
+
+def save_dtensor(dt: DTensor, path: str, layout=_npy_layout) -> tuple:
     """Collective on ``dt``'s mesh. Writes ``dt`` as the .npy file ``path``, which
     every rank passes alike and the first rank has checked (_paths.check_target); a
-    Partial is reduced first. Returns the placements that were written."""
+    Partial is reduced first. Returns the placements that were written.
+
+    ``layout(shape, dtype)`` gives the bytes before the data and where the data
+    starts (by default the .npy header and its length); it is called on every
+    member of the mesh and may be collective (an HDF5 file's structure, made on
+    the first rank)."""
     dt = dt.detach()  # a parameter that requires grad is saved as its data
     mesh = dt.device_mesh
     placements = written_placements(dt.placements)
@@ -61,16 +71,17 @@ def save_dtensor(dt: DTensor, path: str) -> tuple:
     sizes, offsets = (tuple(sizes), tuple(offsets)) if dt.ndim else ((1,), (0,))
     if not _writes(mesh, placements):
         sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
-    header = _npy.encode(dt.shape, dt.dtype)
-    _io.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, len(header),
+    header, data_offset = layout(tuple(dt.shape), dt.dtype)
+    _io.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, data_offset,
                offsets, sizes, local.reshape(-1).view(np.uint8))
     return placements
 
 
-def look_file(path: str) -> bytes:
-    """The file's size (8 bytes) and first bytes: its whole .npy header when it has
-    one. OSError for anything but a regular file. Local."""
-    with _paths.open_regular(path) as f:
+def look_file(opened: _opened.Opened) -> bytes:
+    """The size (8 bytes) and first bytes of the file ``opened`` holds (opening
+    it): its whole .npy header when it has one. OSError for anything but a
+    regular file. Local."""
+    with opened.file() as f:
         size = os.fstat(f.fileno()).st_size
         prefix = f.read(4000)
         end = min(_npy.header_end(prefix), _npy.PREFIX_BYTES)
@@ -90,10 +101,11 @@ def header_of(look: bytes, path: str) -> _npy.NpyHeader:
     return head
 
 
-def read_header(mesh, path: str) -> _npy.NpyHeader:
-    """Collective on the mesh. The header of the .npy file ``path``, read by the
+def read_header(mesh, opened: _opened.Opened) -> _npy.NpyHeader:
+    """Collective on the mesh. The header of the .npy file ``opened``, read by the
     first rank; the same exception on every rank when there is none."""
-    return header_of(_agree.first_rank(mesh, lambda: look_file(path), outsiders=True), path)
+    return header_of(_agree.first_rank(mesh, lambda: look_file(opened), outsiders=True),
+                     opened.path)
 
 
 def check_expected(head: _npy.NpyHeader, path: str, shape=None, dtype=None) -> None:
@@ -107,28 +119,6 @@ def check_expected(head: _npy.NpyHeader, path: str, shape=None, dtype=None) -> N
                         f"{np.dtype(dtype)}")
 
 
-def load_dtensor(head: _npy.NpyHeader, path: str, mesh, placements) -> DTensor:
-    """Collective on the mesh. This rank's box of the file, as a DTensor with
-    ``placements`` (Shard and Replicate, any mesh, even or not)."""
-    pl = _args.normalize_placements(placements, mesh, len(head.shape))
-    _args.reject_partial(pl, "load")
-    dtype = _args.check_dtype(head.dtype.newbyteorder("="))
-    spec = DTensorSpec(mesh, pl, head.shape, dtype, contiguous_strides(head.shape))
-    if mesh.get_coordinate() is None:
-        return DTensor(np.empty((0,), dtype), spec)
-    if _strided.has_strided(pl):
-        # Read as the plain layout of the expansion (the same bytes in C order);
-        # a Fortran-order file holds them in another order, so it is read plain.
-        if head.fortran_order:
-            plain = load_dtensor(head, path, mesh, None)
-            return plain.redistribute(mesh, pl)
-        eshape, eplacements, _ = _strided.expand(head.shape, pl, mesh.shape)
-        box = _read_box(head._replace(shape=eshape), path, mesh, eplacements, dtype)
-        return DTensor(box.reshape(_strided.local_shape(head.shape, pl, mesh.shape,
-                                                        mesh.get_coordinate())), spec)
-    return DTensor(_read_box(head, path, mesh, pl, dtype), spec)
-
-
 def _allocate(head: _npy.NpyHeader, sizes: tuple, dtype: np.dtype) -> tuple:
     """Room for a box of ``sizes``: as the file holds it (a Fortran-order file
     holds the transpose) and, when that is not the result, the result."""
@@ -138,36 +128,79 @@ def _allocate(head: _npy.NpyHeader, sizes: tuple, dtype: np.dtype) -> tuple:
     return raw, np.empty(sizes, dtype)
 
 
-def _read_box(head: _npy.NpyHeader, path: str, mesh, pl, dtype: np.dtype) -> np.ndarray:
-    """Collective. This rank's box of the file in layout ``pl``, C-order, in
-    ``dtype`` (the file's in native byte order); straight from the file in place.
-    Every array is allocated before the read and the ranks agree on it first: a
-    rank that cannot allocate its part (MemoryError, or a ValueError for a size
-    beyond any address space) must not leave the others in the read."""
-    sizes, offsets = compute_local_shape_and_global_offset(head.shape, mesh, pl)
-    raw, out = _agree.everywhere(
-        mesh, lambda: _allocate(head, tuple(sizes), dtype),
-        lambda: MemoryError(f"cannot load {path!r}: some rank of the mesh cannot allocate "
-                            f"its part of the {head.shape} {head.dtype} array as "
-                            f"{list(pl)}"))
-    # A Fortran-order file holds the transpose in C order: read the mirrored box.
-    order = slice(None, None, -1) if head.fortran_order else slice(None)
-    shape, sizes, offsets = ((head.shape[order], tuple(sizes)[order], tuple(offsets)[order])
-                             if head.shape else ((1,), (1,), (0,)))
-    _io.io_load(mesh._handle, path, shape, head.dtype.itemsize, head.offset, offsets, sizes,
-               raw.reshape(-1).view(np.uint8))
-    if out is not raw:
-        np.copyto(out, raw.T if head.fortran_order else raw)
-    return out
+class RawReader(_stored.Reader):
+    """Boxes of the array a .npy header describes (C or Fortran order, any byte
+    order, at a byte offset of the file ``opened`` holds), read by the core in
+    parallel: each rank reads its box in place, or one row slab that the ranks
+    exchange into their boxes. A contiguous HDF5 dataset is read the same way."""
+
+    collective = True
+
+    def __init__(self, head: _npy.NpyHeader, opened: _opened.Opened, mesh, region):
+        self.head, self.opened, self.mesh, self.region = head, opened, mesh, region
+        self.dtype = _args.check_dtype(head.dtype.newbyteorder("="))
+
+    def allocate(self, sizes: tuple, dtype: np.dtype):
+        # The box in the file keeps a 1 where an integer index dropped a dim.
+        return _allocate(self.head, self.region.box(sizes, (0,) * len(sizes))[1], dtype)
+
+    def read(self, room, offsets: tuple, sizes: tuple) -> np.ndarray:
+        raw, out = room
+        head = self.head
+        # A Fortran-order file holds the transpose in C order: read the mirrored box.
+        order = slice(None, None, -1) if head.fortran_order else slice(None)
+        shape, sizes, offsets = ((head.shape[order], sizes[order], offsets[order])
+                                 if head.shape else ((1,), (1,), (0,)))
+        try:
+            _io.io_load(self.mesh._handle, self.opened.name, shape, head.dtype.itemsize,
+                        head.offset, offsets, sizes, raw.reshape(-1).view(np.uint8))
+        except Exception as e:  # noqa: BLE001 - the same on every rank, renamed
+            raise type(e)(self.opened.local(str(e))) from None
+        if out is not raw:
+            np.copyto(out, raw.T if head.fortran_order else raw)
+        return out
 
 
-def load_like(head: _npy.NpyHeader, path: str, like, mesh):
+def load_dtensor(head: _npy.NpyHeader, opened: _opened.Opened, mesh, placements,
+                 region=None) -> DTensor:
+    """Collective on the mesh. This rank's box of the array (or of its ``region``)
+    in the file ``opened`` holds, which the ranks have agreed on, as a DTensor with
+    ``placements`` (Shard and Replicate, any mesh, even or not)."""
+    whole = region is None
+    region = _region.whole(head.shape) if whole else region
+    reader = RawReader(head, opened, mesh, region)
+    pl = _args.normalize_placements(placements, mesh, len(region.shape))
+    if (whole and not head.fortran_order and _strided.has_strided(pl)
+            and mesh.get_coordinate() is not None):
+        # Read as the plain layout of the expansion (the same bytes in C order).
+        _args.reject_partial(pl, "load")
+        spec = DTensorSpec(mesh, pl, head.shape, reader.dtype,
+                           contiguous_strides(head.shape))
+        eshape, eplacements, _ = _strided.expand(head.shape, pl, mesh.shape)
+        reader.head, reader.region = head._replace(shape=eshape), _region.whole(eshape)
+        box = _stored.read_box(opened.path, eshape, mesh, eplacements, reader.region,
+                               reader)
+        return DTensor(box.reshape(_strided.local_shape(head.shape, pl, mesh.shape,
+                                                        mesh.get_coordinate())), spec)
+    return _stored.load(opened.path, head.shape, mesh, pl, reader, region)
+
+
+def load_like(head: _npy.NpyHeader, opened: _opened.Opened, like, mesh, region=None):
     """Collective. The file as ``like`` is: a DTensor on its mesh and placements, or
     an ndarray (read whole on every rank of ``mesh``). ValueError / TypeError when
     the shape or dtype differs."""
+    check_like(like, opened.path, region.shape if region is not None else head.shape,
+               head.dtype)
+    if isinstance(like, np.ndarray):
+        return load_dtensor(head, opened, mesh, None, region).to_local()
+    return load_dtensor(head, opened, like.device_mesh, like.placements, region)
+
+
+def check_like(like, path: str, shape: tuple, dtype: np.dtype) -> None:
+    """TypeError unless ``like`` is a DTensor or an ndarray; ValueError / TypeError
+    when the stored array (or the part ``index=`` names) differs from it in shape
+    or dtype. Local."""
     if not isinstance(like, (DTensor, np.ndarray)):
         raise TypeError(f"like= takes DTensors and ndarrays, got {type(like).__name__}")
-    check_expected(head, path, like.shape, like.dtype)
-    if isinstance(like, np.ndarray):
-        return load_dtensor(head, path, mesh, None).to_local()
-    return load_dtensor(head, path, like.device_mesh, like.placements)
+    check_expected(_npy.NpyHeader(tuple(shape), dtype, False, 0), path, like.shape,
+                   like.dtype)

@@ -1,0 +1,368 @@
+"""DTensors as Zarr v3 arrays, through zarr-python: the array at the root of a
+store (a directory), chunked as the DTensor is sharded.
+
+A Shard cuts a dim as torch.chunk does, into pieces of ceil(n / k) elements but
+the last: a regular chunk grid. So each rank's part is whole chunks, which it
+writes alone, with no rank reading or rewriting another's; a layout that is no
+such grid (one dim sharded by several mesh dims, a strided shard) is first
+redistributed into one that is. Chunks larger than CHUNK_BYTES are cut further
+along a dim, so that a load on more ranks (or a part of the array) reads little
+beyond what it needs.
+
+A save writes a new store under a temporary name beside the path and swaps it
+with the old one in one rename (renameat2's exchange, where the file system has
+it), so a store is replaced whole or not at all. The old store's ``zarr.json`` is
+removed before its chunks: a load that read it and still finds it after reading
+its chunks read none that had gone (a Zarr reader takes a missing chunk for the
+fill value). Each rank of a load reads through its descriptor of the store's
+directory, agreed to be the same one on every rank.
+
+bfloat16 is the Zarr data type ``"bfloat16"`` (zarr-extensions), registered with
+zarr-python here when ml_dtypes is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _dtypes, _strided
+from .._layout import compute_local_shape_and_global_offset
+from ..placement_types import Replicate, Shard
+from . import _agree, _npy, _paths, _stored, _tensor
+
+# Uncompressed bytes of a chunk at most, where a dim can be cut further.
+CHUNK_BYTES = 32 << 20
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def zarr():
+    """The zarr module (3 or later), with bfloat16 registered; ImportError that
+    says how to install it. Local."""
+    try:
+        import zarr as module
+    except ImportError:
+        raise ImportError("Zarr stores need zarr-python 3: pip install 'mpitensor[io]' "
+                          "(or zarr)") from None
+    if int(module.__version__.split(".")[0]) < 3:
+        raise ImportError(f"Zarr stores need zarr-python 3 or later; {module.__version__} "
+                          f"is installed")
+    _register_bfloat16()
+    return module
+
+
+def _register_bfloat16() -> None:
+    from zarr.core.dtype import data_type_registry
+
+    if _dtypes.bfloat16 is None or "bfloat16" in data_type_registry.contents:
+        return
+    from zarr.core.dtype.npy.float import BaseFloat
+
+    @dataclass(frozen=True, kw_only=True)
+    class BFloat16(BaseFloat):
+        """zarr-extensions' bfloat16, as ml_dtypes' bfloat16 in memory."""
+
+        dtype_cls = type(_dtypes.bfloat16)
+        _zarr_v3_name = "bfloat16"
+        _zarr_v2_names = ()
+
+        @property
+        def item_size(self) -> int:
+            return 2
+
+        def to_native_dtype(self):
+            return _dtypes.bfloat16
+
+    data_type_registry.register("bfloat16", BFloat16)
+
+
+def _grid(shape: tuple, placements, mesh_shape) -> list | None:
+    """The chunk shape that makes every rank's box whole chunks, or None when the
+    layout is no regular grid."""
+    if _strided.has_strided(placements):
+        return None
+    chunks, cut = list(shape), set()
+    for m, p in enumerate(placements):
+        if p.is_shard():
+            d = p.dim % len(shape)
+            if d in cut:
+                return None
+            cut.add(d)
+            chunks[d] = -(-shape[d] // mesh_shape[m])
+    return [max(1, c) for c in chunks]
+
+
+def _divisor_at_most(n: int, most: int) -> int:
+    return max((k for k in range(1, min(n, most) + 1) if n % k == 0), default=1)
+
+
+def _cut(chunks: list, itemsize: int, sharded: set) -> list:
+    """``chunks`` cut along dims, first to last, until a chunk holds CHUNK_BYTES
+    at most. A sharded dim is cut only into a divisor of its chunk (a rank's part
+    stays whole chunks), and only when that divisor is not much smaller than
+    needed."""
+    chunks = list(chunks)
+    for d in range(len(chunks)):
+        nbytes = math.prod(chunks) * itemsize
+        if nbytes <= CHUNK_BYTES:
+            break
+        want = max(1, chunks[d] * CHUNK_BYTES // nbytes)
+        if d not in sharded:
+            chunks[d] = want
+        elif chunks[d] > 1:
+            k = _divisor_at_most(chunks[d], want) if chunks[d] <= 1 << 20 else 1
+            chunks[d] = k if 8 * k >= want else chunks[d]
+    return chunks
+
+
+def _layout(dt):
+    """``dt`` in a layout of whole chunks (redistributed when it is not), and the
+    chunk shape."""
+    mesh = dt.device_mesh
+    placements = _tensor.written_placements(dt.placements)
+    if placements != tuple(dt.placements):
+        dt = dt.redistribute(mesh, placements)
+    if dt.ndim and _grid(dt.shape, placements, mesh.shape) is None:
+        placements = tuple(Shard(m) if m < dt.ndim else Replicate()
+                           for m in range(mesh.ndim))
+        dt = dt.redistribute(mesh, placements)
+    chunks = _grid(dt.shape, placements, mesh.shape) if dt.ndim else []
+    sharded = {p.dim % dt.ndim for p in placements if p.is_shard()} if dt.ndim else set()
+    return dt, _cut(chunks, dt.dtype.itemsize, sharded)
+
+
+def _is_store(path: str) -> bool:
+    return any(os.path.exists(os.path.join(path, n)) for n in ("zarr.json", ".zarray",
+                                                                ".zgroup"))
+
+
+def check_target(path: str) -> None:
+    """On the first rank, before a save: the directory to hold the store exists,
+    and at ``path`` is nothing, an empty directory or a Zarr store (a save
+    replaces nothing else); removes what killed saves left."""
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"cannot save to {path!r}: the directory {parent!r} "
+                                f"does not exist")
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise NotADirectoryError(f"cannot save a Zarr store to {path!r}: it is a "
+                                     f"file; a save replaces Zarr stores only")
+        if os.listdir(path) and not _is_store(path):
+            raise IsADirectoryError(f"cannot save a Zarr store to {path!r}: it is a "
+                                    f"directory that holds no Zarr store")
+    _paths.remove_leftovers(parent, [os.path.basename(path)])
+
+
+def _begin(path: str, shape: tuple, dtype: np.dtype, chunks: list, attrs) -> bytes:
+    """On the first rank: a new store under a temporary name beside ``path``,
+    holding the array's metadata; its name."""
+    z = zarr()
+    check_target(path)
+    tmp = _paths.temp_name(path)
+    os.mkdir(tmp)
+    try:
+        z.create_array(z.storage.LocalStore(tmp), shape=shape, chunks=tuple(chunks),
+                       dtype=dtype, attributes=dict(attrs or {}), zarr_format=3)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return os.fsencode(tmp)
+
+
+def _chunk_keys(offsets: tuple, sizes: tuple, chunks: list) -> list:
+    """The keys (default encoding) of the chunks that a box of whole chunks holds."""
+    if not sizes:
+        return ["c"]
+    ranges = [range(o // c, (o + s - 1) // c + 1)
+              for o, s, c in zip(offsets, sizes, chunks)]
+    keys = [[]]
+    for r in ranges:
+        keys = [k + [i] for k in keys for i in r]
+    return ["c/" + "/".join(map(str, k)) for k in keys]
+
+
+def _sync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
+           durable: bool) -> None:
+    """This rank's box into the store at ``tmp``, synced with the directories that
+    name its chunks (an all-fill chunk is not stored, as Zarr does)."""
+    z = zarr()
+    arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
+    sizes = local.shape
+    arr[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] = local
+    if not durable:
+        return
+    folders = set()
+    for key in _chunk_keys(offsets, sizes, chunks):
+        name = os.path.join(tmp, key)
+        if os.path.exists(name):
+            _sync(name)
+            folders.add(os.path.dirname(name))
+    for folder in sorted(folders):
+        _paths.sync_dir(folder)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swaps the names ``a`` and ``b`` in one step; False where the system or the
+    file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    e = ctypes.get_errno()
+    if e in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(e, f"swapping {a!r} and {b!r} failed: {os.strerror(e)}")
+
+
+def _remove_store(path: str) -> None:
+    """Removes a replaced store, its metadata first (see the module's comment)."""
+    for name in ("zarr.json", ".zarray"):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(path, name))
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _commit(tmp: str, path: str, durable: bool) -> bytes:
+    """On the first rank, once every rank has written: the new store at ``path``,
+    the old one removed."""
+    if durable:
+        _sync(os.path.join(tmp, "zarr.json"))
+        _paths.sync_dir(tmp)
+    if not os.path.exists(path):
+        os.rename(tmp, path)
+    elif _exchange(tmp, path):
+        _remove_store(tmp)
+    else:
+        # Without an exchange the old store is moved aside first: for a moment
+        # nothing is at the path, but the old store stays whole until the new one
+        # is in place.
+        aside = _paths.temp_name(path)
+        os.rename(path, aside)
+        os.rename(tmp, path)
+        _remove_store(aside)
+    if durable:
+        _paths.sync_dir(os.path.dirname(path))
+    return b""
+
+
+def save(dt, path: str, attrs, durable: bool) -> None:
+    """Collective on ``dt``'s mesh. Writes ``dt`` as a Zarr v3 array at the root of
+    the store ``path`` (a directory, replaced whole), each rank writing whole
+    chunks of its own.
+
+    Example::
+
+        >>> save(dt, "/data/u.zarr", {"units": "m/s"}, True)
+    """
+    zarr()
+    dt, chunks = _layout(dt.detach())
+    mesh = dt.device_mesh
+    if mesh.get_coordinate() is None:
+        return
+    shape = tuple(dt.shape)
+    tmp = os.fsdecode(_agree.same_path(
+        mesh, path, lambda: _begin(path, shape, dt.dtype, chunks, attrs),
+        layout=repr(sorted(attrs or {}))))
+    try:
+        local = np.ascontiguousarray(dt.to_local())
+        sizes, offsets = compute_local_shape_and_global_offset(shape, mesh, dt.placements)
+        writes = local.size > 0 and _tensor._writes(mesh, dt.placements)
+        failed = []
+
+        def attempt():
+            try:
+                if writes:
+                    _write(tmp, local.reshape(tuple(sizes)), tuple(offsets), chunks,
+                           durable)
+            except Exception as e:  # noqa: BLE001 - raised on every rank just below
+                failed.append(_stored._travels(e))
+                raise
+
+        _agree.everywhere(mesh, attempt, lambda: failed[0])
+        _agree.first_rank(mesh, lambda: _commit(tmp, path, durable))
+    except BaseException:
+        if mesh.get_coordinate() == [0] * mesh.ndim:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def describe(opened) -> bytes:
+    """On the first rank: the array at the root of the store ``opened`` holds (a
+    directory), as JSON: shape, dtype and the metadata file a load checks for
+    after reading. ValueError for a store that holds no valid array."""
+    z = zarr()
+    path = opened.path
+    opened.directory = True
+    try:
+        arr = z.open_array(z.storage.LocalStore(opened.name, read_only=True), mode="r")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{path!r} holds no Zarr array at its root: "
+                                f"{opened.local(str(e))}") from None
+    except Exception as e:  # noqa: BLE001 - zarr's own errors, of many kinds
+        raise ValueError(f"{path!r} holds no valid Zarr array at its root: "
+                         f"{type(e).__name__}: {opened.local(str(e))}") from None
+    dtype = np.dtype(arr.dtype)
+    if (dtype.kind not in "biufc" and not _dtypes.is_bfloat16(dtype)) or dtype.fields:
+        raise TypeError(f"{path!r} holds dtype {dtype}; DTensors hold numeric data "
+                        f"(bool, int, uint, float, complex, bfloat16)")
+    meta = "zarr.json" if arr.metadata.zarr_format == 3 else ".zarray"
+    return json.dumps({"shape": list(arr.shape), "dtype": _npy.descr(dtype),
+                       "meta": meta}).encode()
+
+
+class ZarrReader(_stored.Reader):
+    """Each rank's box of a Zarr array through zarr-python: the chunks it touches,
+    from the store this rank holds open."""
+
+    def __init__(self, opened, look: dict):
+        self.opened, self.meta = opened, look["meta"]
+        self.dtype = _npy.dtype_of(look["dtype"]).newbyteorder("=")
+
+    def read(self, room, offsets: tuple, sizes: tuple) -> np.ndarray:
+        room = room.reshape(sizes)
+        if room.size == 0:
+            return room
+        z = zarr()
+        try:
+            arr = z.open_array(z.storage.LocalStore(self.opened.name, read_only=True),
+                               mode="r")
+            room[...] = arr[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
+        except OSError as e:
+            raise type(e)(self.opened.local(str(e))) from None
+        except Exception as e:  # noqa: BLE001 - a codec's error on a damaged chunk
+            raise ValueError(f"cannot read {self.opened.path!r}: a chunk is damaged: "
+                             f"{type(e).__name__}: {self.opened.local(str(e))}") from None
+        if not os.path.exists(os.path.join(self.opened.name, self.meta)):
+            raise OSError(f"{self.opened.path!r} was replaced while it was being "
+                          f"loaded; load it again")
+        return room
+
+
+def load(opened, look: dict, mesh, placements, region):
+    """Collective on the mesh. The array ``look`` describes (describe's JSON), in
+    the store the ranks have agreed they hold open, or its ``region``, as a
+    DTensor with ``placements``."""
+    reader = ZarrReader(opened, look)
+    return _stored.load(opened.path, tuple(look["shape"]), mesh, placements, reader,
+                        region)

@@ -1,0 +1,304 @@
+"""Zarr v3 arrays saved and loaded in parallel (issue 46): chunks aligned with the
+shards, stores that zarr-python reads with the right values and attributes, stores
+that zarr-python writes (any chunks, compressed, with absent chunks) loaded onto
+any mesh and placements, a slice loaded from its chunks alone, a store replaced
+whole or not at all, and bad stores that raise the same exception on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+import zarr
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Replicate, Shard, init_device_mesh
+from mpitensor.checkpoint import _zarr
+from mpi_helpers import Problems, bits_equal
+from io_helpers import (BF16, DTYPES, N, RANK, array, check_dtensor, expect_same_error,
+                        layouts, on_first)
+
+COMM = MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def tmp():
+    """A directory that every rank sees, removed at the end."""
+    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-zarr-") if RANK == 0 else None)
+    yield path
+    COMM.Barrier()
+    if RANK == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def read_zarr(path: str):
+    """Rank 0's plain zarr-python read (values, dtype, chunks, attributes, the
+    chunk files), broadcast."""
+    got = None
+    if RANK == 0:
+        a = zarr.open_array(path, mode="r")
+        files = sorted(os.path.relpath(os.path.join(d, f), path)
+                       for d, _, fs in os.walk(path) for f in fs if f != "zarr.json")
+        got = (a[()], a.dtype, a.chunks, dict(a.attrs), files, a.metadata.zarr_format)
+    return COMM.bcast(got)
+
+
+def listing(folder: str) -> list:
+    return COMM.bcast(sorted(os.listdir(folder)) if RANK == 0 else None)
+
+
+# -- written by mpitensor ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_round_trips_in_chunks_of_the_shards(tmp, dtype):
+    path = os.path.join(tmp, f"dt_{dtype}.zarr")
+    g = array((2 * N + 1, 3), dtype)
+    mesh = init_device_mesh("cpu", (N,))
+    mt.save(mt.distribute_tensor(g, mesh, [Shard(0)]), path)
+    values, stored, chunks, _, files, version = read_zarr(path)
+    rows = -(-(2 * N + 1) // N)  # torch.chunk's piece
+    p = Problems()
+    p.expect(version == 3 and stored == g.dtype, f"v{version} {stored}")
+    p.expect(bits_equal(values, g), "zarr-python reads other values")
+    p.expect(chunks == (rows, 3), f"chunks {chunks}, shards of {rows} rows")
+    back = mt.load(path, mesh, [Shard(1)])
+    p.expect(back.dtype == g.dtype, f"dtype {back.dtype}")
+    check_dtensor(p, back, g, f"{dtype} as Shard(1)")
+    assert p == []
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (2 * N + 1, 3), (3, 2 * N, 2), (2, 3, N + 1, 2),
+                                   (0, 4), (1, 3)])
+def test_every_shape_from_and_into_every_layout(tmp, shape):
+    g = array(shape, "float64", 3) + 1  # no zero: every chunk is stored
+    p = Problems()
+    for k, (mesh_shape, pl) in enumerate(layouts(len(shape))):
+        path = os.path.join(tmp, f"shape{len(shape)}_{k}.zarr")
+        mesh = init_device_mesh("cpu", mesh_shape)
+        mt.save(mt.distribute_tensor(g, mesh, pl), path)
+        p.expect(bits_equal(read_zarr(path)[0], g), f"{shape} saved as {pl}: zarr differs")
+        for mesh2, pl2 in layouts(len(shape))[::2]:
+            back = mt.load(path, init_device_mesh("cpu", mesh2), pl2)
+            check_dtensor(p, back, g, f"{shape}: saved {pl} on {mesh_shape}, loaded {pl2}")
+    assert p == []
+
+
+def test_each_rank_writes_whole_chunks_of_its_own(tmp, monkeypatch):
+    """Chunks as the shards, cut further when large, never across two ranks:
+    each rank writes exactly the chunk files of its own box."""
+    monkeypatch.setattr(_zarr, "CHUNK_BYTES", 8 * 5 * 4)  # a chunk: 4 rows of 5
+    mesh = init_device_mesh("cpu", (N,))
+    g = array((8 * N, 5), "float64", 1) + 1
+    written = []
+    real = _zarr._write
+
+    def spy(tmp_, local, offsets, chunks, durable):
+        written.append((offsets, local.shape, list(chunks)))
+        return real(tmp_, local, offsets, chunks, durable)
+
+    monkeypatch.setattr(_zarr, "_write", spy)
+    path = os.path.join(tmp, "own.zarr")
+    mt.save(mt.distribute_tensor(g, mesh, [Shard(0)]), path)
+    values, _, chunks, _, files, _ = read_zarr(path)
+    p = Problems()
+    p.expect(bits_equal(values, g), "values")
+    p.expect(chunks == (4, 5), f"chunks {chunks}")
+    p.expect(len(files) == 2 * N, f"{len(files)} chunk files")
+    mine = written[0] if written else None
+    p.expect(mine is not None and mine[0][0] % 4 == 0 and mine[1][0] % 4 == 0,
+             f"rank {RANK} wrote {mine}: not whole chunks")
+    assert p == []
+
+
+def test_attributes_are_kept(tmp):
+    path = os.path.join(tmp, "attrs.zarr")
+    mesh = init_device_mesh("cpu", (N,))
+    mt.save(mt.distribute_tensor(array((N, 2), "float32"), mesh, [Shard(0)]), path,
+            attrs={"units": "K", "axes": ["y", "x"]})
+    attrs = read_zarr(path)[3]
+    assert attrs == {"units": "K", "axes": ["y", "x"]}, attrs
+
+
+# -- written by zarr-python -------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["one chunk", "small chunks", "uncompressed", "gzip",
+                                  "zarr v2", "sharded"])
+def test_stores_that_zarr_writes_load_in_every_layout(tmp, kind):
+    g = array((2 * N + 3, 5), "float64", 1)
+    path = os.path.join(tmp, f"zarr_{kind.replace(' ', '_')}.zarr")
+    options = {"one chunk": {"chunks": g.shape},
+               "small chunks": {"chunks": (2, 3)},
+               "uncompressed": {"chunks": (3, 5), "compressors": None},
+               "gzip": {"chunks": (4, 2), "compressors": zarr.codecs.GzipCodec()},
+               "zarr v2": {"chunks": (3, 3), "zarr_format": 2},
+               "sharded": {"chunks": (1, 5), "shards": (4, 5)}}[kind]
+
+    def action():
+        a = zarr.create_array(path, shape=g.shape, dtype=g.dtype, **options)
+        a[...] = g
+    on_first(action)
+    p = Problems()
+    for mesh_shape, pl in layouts(2):
+        back = mt.load(path, init_device_mesh("cpu", mesh_shape), pl)
+        check_dtensor(p, back, g, f"{kind} as {pl} on {mesh_shape}")
+    assert p == []
+
+
+def test_an_absent_chunk_reads_as_the_fill_value(tmp):
+    path = os.path.join(tmp, "sparse.zarr")
+    g = np.full((3 * N, 4), 7, np.int32)
+    g[:N] = array((N, 4), "int32", 2)
+
+    def action():
+        a = zarr.create_array(path, shape=g.shape, dtype=g.dtype, chunks=(N, 4),
+                              fill_value=7)
+        a[:N] = g[:N]
+    on_first(action)
+    p = Problems()
+    p.expect(len(read_zarr(path)[4]) == 1, "one chunk stored")
+    check_dtensor(p, mt.load(path, init_device_mesh("cpu", (N,)), [Shard(0)]), g,
+                  "fill value where no chunk is")
+    assert p == []
+
+
+def test_index_reads_only_the_chunks_it_needs(tmp):
+    """The chunks outside the slice are made garbage: the slice still loads, the
+    whole array raises on every rank."""
+    path = os.path.join(tmp, "slice.zarr")
+    g = array((4 * N, 6), "float32") + 1
+    mesh = init_device_mesh("cpu", (N,))
+
+    def make():
+        a = zarr.create_array(path, shape=g.shape, dtype=g.dtype, chunks=(2, 6))
+        a[...] = g
+        for i in range(N, 2 * N):  # rows from 2N on
+            with open(os.path.join(path, "c", str(i), "0"), "wb") as f:
+                f.write(b"\x00garbage" * 5)
+    on_first(make)
+    p = Problems()
+    check_dtensor(p, mt.load(path, mesh, [Shard(1)], index=np.s_[:2 * N, 1:5]),
+                  g[:2 * N, 1:5], "the unspoiled rows")
+    check_dtensor(p, mt.load(path, mesh, [Replicate()], index=np.s_[1]), g[1], "one row")
+    expect_same_error(p, "the spoiled chunks", lambda: mt.load(path, mesh, [Shard(0)]),
+                      ValueError, "damaged")
+    assert p == []
+
+
+# -- whole or not at all ----------------------------------------------------------------
+
+def test_a_save_replaces_the_store_whole(tmp):
+    path = os.path.join(tmp, "replace.zarr")
+    mesh = init_device_mesh("cpu", (N,))
+    big, small = array((6 * N, 3), "float64") + 1, array((N, 2), "int16", 1) + 1
+    mt.save(mt.distribute_tensor(big, mesh, [Shard(0)]), path, attrs={"old": 1})
+    mt.save(mt.distribute_tensor(small, mesh, [Shard(1)]), path)
+    values, stored, _, attrs, files, _ = read_zarr(path)
+    p = Problems()
+    p.expect(bits_equal(values, small) and attrs == {}, f"{stored} {attrs}")
+    p.expect(len(files) <= N, f"the old store's chunks stayed: {files}")
+    p.expect(listing(tmp).count("replace.zarr") == 1
+             and not [f for f in listing(tmp) if f.startswith("replace.zarr.")],
+             f"leftovers: {listing(tmp)}")
+    assert p == []
+
+
+def test_a_failed_save_leaves_the_old_store(tmp, monkeypatch):
+    path = os.path.join(tmp, "keep.zarr")
+    mesh = init_device_mesh("cpu", (N,))
+    old = array((2 * N, 3), "float64") + 1
+    mt.save(mt.distribute_tensor(old, mesh, [Shard(0)]), path)
+    real = _zarr._write
+
+    def failing(*args):
+        if RANK == N - 1:
+            raise PermissionError("cannot write the last rank's chunk")
+        return real(*args)
+
+    monkeypatch.setattr(_zarr, "_write", failing)
+    p = Problems()
+    expect_same_error(p, "failed save", lambda: mt.save(
+        mt.distribute_tensor(old * 2, mesh, [Shard(0)]), path), OSError, "last rank")
+    monkeypatch.undo()
+    p.expect(bits_equal(read_zarr(path)[0], old), "the old store is whole")
+    p.expect(not [f for f in listing(tmp) if f.startswith("keep.zarr.")],
+             f"leftovers: {listing(tmp)}")
+    # what a killed save leaves, a temporary store, goes with the next save
+    on_first(lambda: os.mkdir(os.path.join(tmp, "keep.zarr.1a2b-3c4d.tmp")))
+    mt.save(mt.distribute_tensor(old * 3, mesh, [Shard(0)]), path)
+    p.expect(not [f for f in listing(tmp) if f.startswith("keep.zarr.")],
+             f"a killed save's store stayed: {listing(tmp)}")
+    p.expect(bits_equal(read_zarr(path)[0], old * 3), "the next save")
+    assert p == []
+
+
+def test_what_a_save_does_not_replace(tmp):
+    mesh = init_device_mesh("cpu", (N,))
+    dt = mt.distribute_tensor(array((N, 2), "float32"), mesh, [Shard(0)])
+    folder, file = os.path.join(tmp, "notes.zarr"), os.path.join(tmp, "file.zarr")
+
+    def make():
+        os.mkdir(folder)
+        open(os.path.join(folder, "notes.txt"), "w").write("mine")
+        open(file, "w").write("a file")
+    on_first(make)
+    p = Problems()
+    expect_same_error(p, "a directory of other things", lambda: mt.save(dt, folder),
+                      IsADirectoryError, "no Zarr store")
+    expect_same_error(p, "a file", lambda: mt.save(dt, file), NotADirectoryError, "a file")
+    expect_same_error(p, "no parent", lambda: mt.save(dt, os.path.join(tmp, "no", "x.zarr")),
+                      FileNotFoundError, "does not exist")
+    p.expect(listing(folder) == ["notes.txt"], "the directory was changed")
+    assert p == []
+
+
+# -- bad stores -------------------------------------------------------------------------
+
+def test_bad_stores_raise_the_same_error_everywhere(tmp):
+    mesh = init_device_mesh("cpu", (N,))
+    g = array((4 * N, 3), "float64") + 1
+
+    def store(name, **options):
+        path = os.path.join(tmp, name)
+        a = zarr.create_array(path, shape=g.shape, dtype=g.dtype, chunks=(4, 3), **options)
+        a[...] = g
+        return path
+
+    def make():
+        store("json.zarr")
+        with open(os.path.join(tmp, "json.zarr", "zarr.json"), "w") as f:
+            f.write("{not json")
+        store("size.zarr", compressors=None)
+        chunk = os.path.join(tmp, "size.zarr", "c", "0", "0")
+        with open(chunk, "r+b") as f:
+            f.truncate(os.path.getsize(chunk) - 8)
+        store("zstd.zarr")
+        with open(os.path.join(tmp, "zstd.zarr", "c", "0", "0"), "wb") as f:
+            f.write(os.urandom(64))
+        zarr.create_group(os.path.join(tmp, "group.zarr"))
+        store("strings.zarr")
+        meta = json.load(open(os.path.join(tmp, "strings.zarr", "zarr.json")))
+        meta["data_type"] = "no_such_type"
+        json.dump(meta, open(os.path.join(tmp, "strings.zarr", "zarr.json"), "w"))
+        os.mkdir(os.path.join(tmp, "empty.zarr"))
+    on_first(make)
+    p = Problems()
+    cases = [("missing store", "nothing.zarr", FileNotFoundError, "no Zarr store"),
+             ("garbage zarr.json", "json.zarr", ValueError, "no valid Zarr array"),
+             ("a chunk of the wrong size", "size.zarr", ValueError, "damaged"),
+             ("a garbage chunk", "zstd.zarr", ValueError, "damaged"),
+             ("a group", "group.zarr", ValueError, "no valid Zarr array"),
+             ("an unknown data type", "strings.zarr", ValueError, "no valid Zarr array"),
+             ("no metadata", "empty.zarr", FileNotFoundError, "no Zarr array")]
+    for what, name, exc, match in cases:
+        expect_same_error(p, what, lambda: mt.load(os.path.join(tmp, name), mesh,
+                                                   [Shard(0)]), exc, match)
+    good = os.path.join(tmp, "good.zarr")
+    mt.save(mt.distribute_tensor(g, mesh, [Shard(0)]), good)
+    check_dtensor(p, mt.load(good, mesh, [Shard(1)]), g, "after the errors")
+    assert p == []
