@@ -348,15 +348,21 @@ class ZarrReader(_stored.Reader):
             arr = z.open_array(z.storage.LocalStore(self.opened.name, read_only=True),
                                mode="r")
             room[...] = arr[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
-        except OSError as e:
-            raise type(e)(self.opened.local(str(e))) from None
         except Exception as e:  # noqa: BLE001 - a codec's error on a damaged chunk
+            self._check_whole()
+            if isinstance(e, OSError):
+                raise type(e)(self.opened.local(str(e))) from None
             raise ValueError(f"cannot read {self.opened.path!r}: a chunk is damaged: "
                              f"{type(e).__name__}: {self.opened.local(str(e))}") from None
+        self._check_whole()
+        return room
+
+    def _check_whole(self) -> None:
+        """OSError when the store has been removed (a save replaced it): its
+        metadata goes first, so while it is there no chunk has gone."""
         if not os.path.exists(os.path.join(self.opened.name, self.meta)):
             raise OSError(f"{self.opened.path!r} was replaced while it was being "
                           f"loaded; load it again")
-        return room
 
 
 def load(opened, look: dict, mesh, placements, region):

@@ -1,0 +1,81 @@
+"""bfloat16 and float16 saved and loaded back in every format (issue 46): numpy.save
+describes bfloat16 as raw bytes ('<V2'), which used to make a saved bfloat16 DTensor
+impossible to load again. The .npy header now names it 'bfloat16' (numpy.load
+gives ml_dtypes' bfloat16 back), HDF5 holds it as a float type of its own, Zarr
+as its data type "bfloat16"; state_dict directories record it in their index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Replicate, Shard, init_device_mesh
+from mpi_helpers import Problems, bits_equal
+from io_helpers import BF16, N, RANK, array, check_dtensor, layouts
+
+COMM = MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def tmp():
+    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-bf16-") if RANK == 0 else None)
+    yield path
+    COMM.Barrier()
+    if RANK == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("suffix", [".npy", ".h5", ".zarr"])
+def test_a_half_precision_tensor_loads_back_in_every_layout(tmp, dtype, suffix):
+    g = array((2 * N + 1, 3), dtype, 1)
+    g.reshape(-1)[:3] = np.array([np.nan, -np.inf, -0.0], np.float32).astype(g.dtype)
+    path = os.path.join(tmp, f"half_{dtype}{suffix}")
+    extra = {"dataset": "x"} if suffix == ".h5" else {}
+    mesh = init_device_mesh("cpu", (N,))
+    mt.save(mt.distribute_tensor(g, mesh, [Shard(0)]), path, **extra)
+    p = Problems()
+    for mesh_shape, pl in layouts(2):
+        back = mt.load(path, init_device_mesh("cpu", mesh_shape), pl)
+        p.expect(back.dtype == g.dtype, f"{suffix} {pl}: dtype {back.dtype}")
+        check_dtensor(p, back, g, f"{dtype} {suffix} as {pl}")
+    like = mt.distribute_tensor(np.zeros_like(g), mesh, [Shard(1)])
+    check_dtensor(p, mt.load(path, like=like), g, "like=")
+    assert p == []
+
+
+def test_numpy_reads_the_npy_file_as_bfloat16(tmp):
+    path = os.path.join(tmp, "np.npy")
+    g = array((N + 2, 4), "bfloat16")
+    mt.save(mt.distribute_tensor(g, init_device_mesh("cpu", (N,)), [Shard(1)]), path)
+    got = COMM.bcast(np.load(path) if RANK == 0 else None)
+    head = COMM.bcast(open(path, "rb").read(128) if RANK == 0 else None)
+    assert got.dtype == BF16 and bits_equal(got, g), got.dtype
+    assert b"'descr': 'bfloat16'" in head, head
+
+
+def test_a_state_dict_of_bfloat16_round_trips(tmp):
+    path = os.path.join(tmp, "sd")
+    mesh = init_device_mesh("cpu", (N,))
+    w, b = array((2 * N, 3), "bfloat16"), array((5,), "bfloat16", 2)
+    mt.save({"w": mt.distribute_tensor(w, mesh, [Shard(0)]), "b": b}, path)
+    index = COMM.bcast(json.load(open(os.path.join(path, "index.json")))
+                       if RANK == 0 else None)
+    p = Problems()
+    p.expect(index["entries"]["w"]["dtype"] == "bfloat16", f"index {index['entries']['w']}")
+    back = mt.load(path, mesh)
+    check_dtensor(p, back["w"], w, "w")
+    p.expect(isinstance(back["b"], np.ndarray) and bits_equal(back["b"], b), "b")
+    like = {"w": mt.distribute_tensor(np.zeros_like(w), mesh, [Replicate()]),
+            "b": np.zeros_like(b)}
+    again = mt.load(path, like=like)
+    check_dtensor(p, again["w"], w, "w like=")
+    assert p == []
