@@ -90,7 +90,12 @@ def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
     into place after every rank has finished, so an existing file is replaced
     whole or not at all, and the new one survives a power cut once ``save``
     returns (a Zarr store likewise, as a directory; a dataset added to an
-    existing HDF5 file is written in place: see docs/checkpoints.md). A symlink
+    existing HDF5 file is written in place: see docs/checkpoints.md).
+    ``durable=False`` skips the syncs that mpitensor makes in Python (a Zarr
+    store's, a dataset added to an HDF5 file, a directory's index), as
+    ``numpy.save`` makes none: the replacement is still whole or not at all for
+    other processes, but a power cut may undo it; the core's writes of .npy files
+    and new HDF5 files are synced whatever it says. A symlink
     is followed (its target is replaced, as by ``numpy.save``); anything else
     that is not a regular file (a directory, a FIFO, a device) is refused. A
     directory save is all or nothing for ``load``:
@@ -113,9 +118,9 @@ def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
         >>> mpitensor.save(w, "w.zarr")
     """
     if isinstance(obj, DTensor):
+        path = _real_path(path, obj.device_mesh)
         fmt = _formats.named(path, format) or "npy"
         _check_save_args(fmt, dataset, mode, attrs)
-        path = _real_path(path, obj.device_mesh)
         if fmt == "hdf5":
             _hdf5.save(obj, path, dataset, mode, attrs, durable)
         elif fmt == "zarr":
@@ -129,7 +134,7 @@ def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
             raise TypeError("a dict is saved as a directory of .npy files: format=, "
                             "dataset= and attrs= are for one DTensor")
         mesh = _mesh_of(obj, device_mesh)
-        _directory.save_dict(obj, _real_path(path, mesh), mesh)
+        _directory.save_dict(obj, _real_path(path, mesh), mesh, durable)
     else:
         raise TypeError(f"save takes a DTensor or a dict of DTensors and ndarrays, got "
                         f"{type(obj).__name__}")

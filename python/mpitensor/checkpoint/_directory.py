@@ -61,7 +61,7 @@ def _tidy(folder: str) -> None:
             pass
 
 
-def _begin(folder: str, names: list) -> bytes:
+def _begin(folder: str, names: list, durable: bool) -> bytes:
     """On the first rank, before a save of entries ``names``: the directory, made or
     tidied; for each entry a file name that the index does not use, whose target
     is absent or a regular file; both saves' files in PENDING. Returns the names as
@@ -72,14 +72,15 @@ def _begin(folder: str, names: list) -> bytes:
     files = {n: _index.file_name(n, _index.file_name(n) in current) for n in names}
     _paths.check_targets(folder, list(files.values()))
     listed = sorted(current | set(files.values()))
-    _paths.replace_synced(os.path.join(folder, PENDING), json.dumps(listed).encode())
+    _paths.replace_synced(os.path.join(folder, PENDING), json.dumps(listed).encode(),
+                          durable)
     return json.dumps(files).encode()
 
 
-def _commit(folder: str, index: dict) -> bytes:
+def _commit(folder: str, index: dict, durable: bool) -> bytes:
     """On the first rank, once every entry is written: the index switched to this
     save, then the previous save's files removed."""
-    _index.write(folder, index)
+    _index.write(folder, index, durable)
     _tidy(folder)
     return b""
 
@@ -122,7 +123,7 @@ def _save_entry(dt: DTensor, file: str, mesh) -> tuple:
     return _tensor.written_placements(dt.placements)
 
 
-def save_dict(state: dict, path: str, mesh) -> None:
+def save_dict(state: dict, path: str, mesh, durable: bool = True) -> None:
     """Collective on ``mesh`` (which holds every DTensor's mesh members); ranks
     outside it take no part. A nested dict is saved as its flat entries and the
     index's tree (_tree.py)."""
@@ -133,7 +134,7 @@ def save_dict(state: dict, path: str, mesh) -> None:
     if mesh.get_coordinate() is None:
         return
     _agree.same_path(mesh, path)
-    files = json.loads(_agree.first_rank(mesh, lambda: _begin(path, list(entries))))
+    files = json.loads(_agree.first_rank(mesh, lambda: _begin(path, list(entries), durable)))
     index = {"format": _index.FORMAT, "version": _index.VERSION, "entries": {}}
     if tree is not None:
         index["tree"] = tree
@@ -148,7 +149,7 @@ def save_dict(state: dict, path: str, mesh) -> None:
                 "mesh_shape": list(dt.device_mesh.shape),
                 "mesh_dim_names": dt.device_mesh.mesh_dim_names,
             }
-        _agree.first_rank(mesh, lambda: _commit(path, index))
+        _agree.first_rank(mesh, lambda: _commit(path, index, durable))
     except BaseException:
         # Every rank raises the same error; the index still names the previous
         # save's files, and this save's are removed.

@@ -47,10 +47,11 @@ def placement_from_json(text: str):
     raise ValueError(f"unknown placement {text!r}")
 
 
-def write(folder: str, index: dict) -> None:
-    """Replaces the index of ``folder`` whole and syncs it. Local."""
+def write(folder: str, index: dict, durable: bool = True) -> None:
+    """Replaces the index of ``folder`` whole and syncs it (when ``durable``).
+    Local."""
     _paths.replace_synced(os.path.join(folder, INDEX),
-                          json.dumps(index, indent=1).encode("utf-8"))
+                          json.dumps(index, indent=1).encode("utf-8"), durable)
 
 
 def _ints(value, least: int) -> bool:

@@ -81,21 +81,23 @@ def sync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def replace_synced(path: str, data: bytes) -> None:
+def replace_synced(path: str, data: bytes, durable: bool = True) -> None:
     """Writes ``path`` whole or not at all: a temporary file, synced, renamed over
-    it, and the directory synced."""
+    it, and the directory synced (no syncs unless ``durable``)."""
     tmp = temp_name(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    sync_dir(os.path.dirname(path))
+    if durable:
+        sync_dir(os.path.dirname(path))
 
 
 def _check_kind(path: str) -> None:

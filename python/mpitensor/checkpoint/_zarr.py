@@ -202,7 +202,8 @@ def _sync(path: str) -> None:
 def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
            durable: bool) -> None:
     """This rank's box into the store at ``tmp``, synced with the directories that
-    name its chunks (an all-fill chunk is not stored, as Zarr does)."""
+    lead to its chunks when ``durable`` (an all-fill chunk is not stored, as Zarr
+    does)."""
     z = zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
     sizes = local.shape
@@ -214,7 +215,9 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
         name = os.path.join(tmp, key)
         if os.path.exists(name):
             _sync(name)
-            folders.add(os.path.dirname(name))
+            # every folder down from the store's own names the next one
+            for depth in range(1, key.count("/") + 1):
+                folders.add(os.path.join(tmp, *key.split("/")[:depth]))
     for folder in sorted(folders):
         _paths.sync_dir(folder)
 
