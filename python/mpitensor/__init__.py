@@ -22,6 +22,7 @@ from ._factories import (arange, empty, empty_like, eye, full, full_like, identi
                          randn_like, tri, zeros, zeros_like)
 from ._layout import compute_local_shape_and_global_offset, local_shape_and_global_offset
 from ._modes import set_gather_warning
+from ._ops._fallback import GatherWarning, strict
 from .device_mesh import DeviceMesh, init_device_mesh, set_cache_limits
 from .placement_types import Partial, Placement, Replicate, Shard
 from .random import get_rng_state, manual_seed, set_rng_state
@@ -61,6 +62,8 @@ __all__ = [
     "init_device_mesh",
     "set_cache_limits",
     "set_gather_warning",
+    "GatherWarning",
+    "strict",
     "Placement",
     "Shard",
     "Replicate",

@@ -95,7 +95,14 @@ class DTensor(_C.DTensorBase):
         for t in types:
             if t is not DTensor and not issubclass(t, np.ndarray):
                 return NotImplemented
-        return _registry.call(func, *args, **kwargs)
+        if func in _registry.functions or func in _registry.rules:
+            try:
+                return _registry.call(func, *args, **kwargs)
+            except _registry.NoRule as e:
+                # Raised before anything moved, on every rank alike: the rule does
+                # not cover these arguments, NumPy on the gathered arrays does.
+                return _registry.gather_call(func, args, kwargs, cause=e)
+        return _registry.gather_call(func, args, kwargs)
 
     @property
     def T(self) -> "DTensor":

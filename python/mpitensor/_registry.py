@@ -6,8 +6,9 @@ an ndarray method, or ``operator.getitem``): its entry, which normalises the
 arguments and runs the operation's steps through the C executor. The executor
 calls it for ``__array_function__``, and DTensor's methods (``reshape``,
 ``__getitem__``, ...) through :func:`call`, so the ground floor names no
-operation module. A NumPy function nobody registered is a TypeError that names
-it, never a silent gather.
+operation module. A NumPy function nobody registered runs on the gathered arrays
+(:func:`gather_call`, with a warning), or is a TypeError that names it under
+``mpitensor.strict()``.
 
 ``backwards`` holds the backward of each registered function (mpitensor.autograd
 fills it): function -> (name, backward(grad, node, output)), with None as the
@@ -27,8 +28,8 @@ from __future__ import annotations
 
 from . import _C
 
-__all__ = ["implements", "lookup", "call", "qualified_name", "op_label", "functions",
-           "rules", "backwards"]
+__all__ = ["implements", "lookup", "call", "gather_call", "NoRule", "no_rule", "qualified_name",
+           "op_label", "functions", "rules", "backwards"]
 
 # NumPy function (or ndarray method, operator.getitem) -> its DTensor version.
 functions: dict = {}
@@ -62,6 +63,24 @@ def implements(*np_funcs):
     return register
 
 
+# The fallback for a call with no rule (mpitensor._ops._fallback.gather_call, set at
+# import): gather_call(func, args, kwargs, name) runs NumPy on the gathered arrays.
+fallback = None
+
+
+def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
+                cause: Exception | None = None):
+    """``func`` with no rule for these arguments (``cause``: the NoRule its rule
+    raised): the fallback's answer, or that TypeError when there is none.
+    Collective on the DTensors' mesh.
+
+    Example: ``gather_call(np.kron, (a, b), {})``.
+    """
+    if fallback is None:
+        raise cause or no_rule(func if name is None else name)
+    return fallback(func, args, kwargs, name, cause)
+
+
 def lookup(func):
     """The DTensor version of ``func``: a user's rule first, then the built-in one;
     TypeError when there is none. Local.
@@ -74,13 +93,25 @@ def lookup(func):
             return lambda *args, **kwargs: rule(args, kwargs)
     impl = functions.get(func)
     if impl is None:
-        raise _no_rule(func)
+        raise no_rule(func)
     return impl
 
 
-def _no_rule(func) -> TypeError:
-    return TypeError(
-        f"{op_label(func)} has no sharding rule for DTensors in mpitensor; call "
+class NoRule(TypeError):
+    """An operation's rule does not cover these arguments (a keyword, an order, a
+    form it has no distributed algorithm for): the call runs on the gathered arrays
+    instead (:func:`gather_call`), and is this TypeError under
+    ``mpitensor.strict()``. Raised before anything moves, on every rank alike.
+
+    Example: ``raise NoRule(f"{name}: where= is not supported on DTensors")``.
+    """
+
+
+def no_rule(func) -> NoRule:
+    """The NoRule error of a call with no rule (``func``: a function or a name)."""
+    label = func if isinstance(func, str) and func.startswith("numpy") else op_label(func)
+    return NoRule(
+        f"{label} has no sharding rule for DTensors in mpitensor; call "
         f".full_tensor() to work on the whole array, or .to_local() for this "
         f"rank's shard")
 
@@ -118,7 +149,7 @@ def executor_error(kind: str, key, arg) -> None:
     Example: ``executor_error("no_rule", np.fft.fft, None)`` raises TypeError.
     """
     if kind == "no_rule":
-        raise _no_rule(key)
+        raise no_rule(key)
     if kind == "no_backward":
         raise NotImplementedError(
             f"{op_label(key)} has no backward rule in mpitensor.autograd yet; run it "

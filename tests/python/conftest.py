@@ -107,6 +107,18 @@ def forward_only():
 
 
 @pytest.fixture
+def strict_numpy():
+    """Runs a test under ``mpitensor.strict()``: a call that no rule covers raises
+    its TypeError instead of running on the gathered arrays, for the tests of those
+    errors (test_ops_fallback.py checks the answers). Use:
+    ``@pytest.mark.usefixtures("strict_numpy")``."""
+    import mpitensor as mt
+
+    with mt.strict():
+        yield
+
+
+@pytest.fixture
 def comm():
     """MPI.COMM_WORLD."""
     return COMM

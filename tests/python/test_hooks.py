@@ -510,8 +510,14 @@ def test_a_hook_raising_on_one_rank_raises_on_every_rank(where):
 def test_a_hook_returning_other_placements_on_one_rank_raises_everywhere():
     w = leaf(values(), (R,))
     mesh = mesh_of((W,))
-    # Replicate to Shard(0) moves no data: only rank 1's gradient changes placements.
-    w.register_hook(lambda g: g.redistribute(mesh, [S0]) if RANK == 1 else None)
+    # Only rank 1's gradient changes placements, cut from its own copy: a
+    # redistribute, collective by contract, would wait for the others.
+    def cut(g):
+        (size,), (start,) = mt.compute_local_shape_and_global_offset(g.shape, mesh, [S0])
+        return DTensor.from_local(g.to_local()[start:start + size].copy(), mesh, [S0],
+                                  shape=g.shape, stride=(1,))
+
+    w.register_hook(lambda g: cut(g) if RANK == 1 else None)
     with pytest.raises(ValueError, match="other placements on other ranks"):
         (w * w).sum().backward()
     assert full(w * 1.0).shape == (N,)

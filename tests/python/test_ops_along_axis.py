@@ -140,6 +140,7 @@ def test_axis_not_sharded_keeps_the_shards(name):
         check(got, call(full, 1))
 
 
+@pytest.mark.usefixtures("strict_numpy")
 def test_flattening_forms_and_errors():
     mesh = mesh_of((W,))
     full = np.random.default_rng(5).normal(size=(W + 2, 3))

@@ -120,6 +120,7 @@ def test_placement_outcomes_without_communication(sub, pa, pb, expect):
     assert_matches(z, np.einsum(sub, a, b))
 
 
+@pytest.mark.usefixtures("strict_numpy")
 def test_errors():
     mesh = mesh_of((W,))
     dx = make(np.ones((4, 4)), mesh, [S0])

@@ -245,6 +245,7 @@ def test_different_meshes_value_error():
         x + y
 
 
+@pytest.mark.usefixtures("strict_numpy")
 def test_unsupported_calls_are_type_errors():
     mesh = mesh_of((W,))
     x = make(np.ones((4, 3)), mesh, [S0])

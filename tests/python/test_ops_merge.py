@@ -305,18 +305,7 @@ def test_arg_extremes_along_a_leading_axis_keep_numpys_order(dtype):
                           np.expand_dims(expect, axis), full.dtype)
 
 
-@pytest.mark.parametrize("dtype", [">f8", np.longdouble])
-def test_arg_extremes_of_local_arrays_the_kernel_does_not_read_as_they_are(dtype):
-    """A big-endian local array is swapped before the kernel reads it; long double,
-    which the kernel lacks, is NumPy's to search."""
-    full = np.random.default_rng(6).integers(0, 4, size=(5, 3)).astype(dtype)
-    full[2, 1] = np.nan
-    dt = DTensor.from_local(full, mesh_of((W,)), [R])
-    for name in ("argmax", "argmin"):
-        got = getattr(np, name)(dt, axis=0).to_local()
-        np.testing.assert_array_equal(got, getattr(np, name)(full, axis=0))
-
-
+@pytest.mark.usefixtures("strict_numpy")
 def test_norm_without_a_rule_names_itself():
     dt = make(np.ones((W, 2)), mesh_of((W,)), [S0])
     with pytest.raises(TypeError, match=r"numpy\.linalg\.norm: ord='nuc'"):

@@ -119,6 +119,7 @@ def test_array_equal_nan_and_flag_cost():
     assert sum(mode.get_comm_bytes().values()) <= 3 * 4 * (1 if W > 1 else 0) * 2
 
 
+@pytest.mark.usefixtures("strict_numpy")
 def test_errors_name_the_function_and_implicit_replication():
     mesh = mesh_of((W,))
     dt = make(np.ones((W, 2)), mesh, [S0])

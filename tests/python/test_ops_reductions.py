@@ -265,6 +265,7 @@ def test_mean_over_uneven_shards_replicates_first():
     assert_matches(out, full.mean(axis=0))
 
 
+@pytest.mark.usefixtures("strict_numpy")
 def test_unsupported_arguments():
     mesh = mesh_of((W,))
     dt = make(np.ones((4, 2)), mesh, [S0])

@@ -195,6 +195,7 @@ def test_bad_shapes_fail_on_every_rank(shape, exc, words):
         dt.reshape(shape)
 
 
+@pytest.mark.usefixtures("strict_numpy")
 def test_order_f_is_refused():
     dt = make(np.arange(24.0).reshape(4, 6), mesh_of((W,)), [S0])
     with pytest.raises(TypeError, match="order='F'"):
@@ -213,6 +214,7 @@ def test_repeated_reshapes_and_shape_kinds():
         assert_matches(a.reshape(np.int64(24)), full.reshape(24))
 
 
+@pytest.mark.usefixtures("strict_numpy")
 def test_ravel_and_flatten_are_reshape_minus_one():
     mesh = mesh_of((W,))
     full = np.arange(4 * W * 6.0).reshape(4 * W, 6)

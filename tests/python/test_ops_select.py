@@ -130,6 +130,7 @@ def test_inexact_cast_of_partial_reduces_first():
     assert_matches(got, a.astype(np.int64))
 
 
+@pytest.mark.usefixtures("strict_numpy")
 def test_errors():
     mesh = mesh_of((W,))
     dt = make(np.ones((4, 2)), mesh, [S0])

@@ -3,7 +3,7 @@ ufunc's and reduction's signature with the C dispatch (_elementwise.py,
 _reductions.py), and each operation's DTensor version in mpitensor._registry,
 where DTensor's entry points and the C dispatch's Python entries find them."""
 
-from . import (_along_axis, _diag, _elementwise, _indexing, _inplace, _like,  # noqa: F401
-               _linalg, _reductions, _select, _shape, _split, _stats, _strided)
+from . import (_along_axis, _diag, _elementwise, _fallback, _indexing, _inplace,  # noqa: F401
+               _like, _linalg, _reductions, _select, _shape, _split, _stats, _strided)
 
 __all__: list = []

@@ -134,7 +134,7 @@ def _axes(name, a, axis):
 
 def _no_out(name, out):
     if out is not None:
-        raise TypeError(f"{name}: out= is not supported on DTensors")
+        raise _registry.NoRule(f"{name}: out= is not supported on DTensors")
 
 
 # -- sorting -------------------------------------------------------------------------
@@ -202,8 +202,8 @@ def _sorting(func):
 
     def impl(a, axis=-1, kind=None, order=None, **kwargs):
         if order is not None:
-            raise TypeError(f"{name}: order= (structured fields) is not supported on "
-                            f"DTensors")
+            raise _registry.NoRule(f"{name}: order= (structured fields) is not supported on "
+                                   f"DTensors")
         axes = _axis(name, a, axis)
         if _flat_sample_sort(a, axes):
             return S.sort_flat(name, a, func is np.argsort)
@@ -233,7 +233,7 @@ def _partitioning(func):
 
     def impl(a, kth, axis=-1, kind="introselect", order=None):
         if order is not None:
-            raise TypeError(f"{name}: order= is not supported on DTensors")
+            raise _registry.NoRule(f"{name}: order= is not supported on DTensors")
         if isinstance(kth, DTensor):
             raise TypeError(f"{name}: kth must be an int or a sequence of ints")
         axes = _axis(name, a, axis)
@@ -591,7 +591,7 @@ def _quantile(func):
              keepdims=False, *, weights=None):
         _no_out(name, out)
         if weights is not None:
-            raise TypeError(f"{name}: weights= is not supported on DTensors")
+            raise _registry.NoRule(f"{name}: weights= is not supported on DTensors")
         if isinstance(q, DTensor):
             raise TypeError(f"{name}: q must be a scalar or a plain array (the same on "
                             f"every rank), not a DTensor")

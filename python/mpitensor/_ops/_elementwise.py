@@ -61,7 +61,17 @@ _register()
 def array_ufunc(ufunc, method, *operands, **kwargs):
     """The Python entry of ``ufunc.method(*operands, **kwargs)`` on DTensors: what
     the executor leaves to Python (out=, a user's rule, other methods, checks of
-    keywords and operands), normalised into executor calls."""
+    keywords and operands), normalised into executor calls; what no rule covers
+    runs on the gathered arrays."""
+    try:
+        return _array_ufunc(ufunc, method, *operands, **kwargs)
+    except _registry.NoRule as e:
+        name = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+        f = ufunc if method == "__call__" else getattr(ufunc, method)
+        return _registry.gather_call(f, operands, kwargs, name, cause=e)
+
+
+def _array_ufunc(ufunc, method, *operands, **kwargs):
     name = f"numpy.{ufunc.__name__}"
     if _registry.rules and method == "__call__":
         custom = _registry.rules.get(ufunc)
@@ -70,15 +80,15 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
     if method == "reduce" and ufunc in (np.logaddexp, np.logaddexp2):
         return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":
-        raise TypeError(
-            f"{name}.{method} has no sharding rule for DTensors in mpitensor; use the "
-            f"NumPy function (e.g. numpy.sum for add.reduce) or .full_tensor()"
-        )
+        raise _registry.NoRule(f"{name}.{method} has no sharding rule for DTensors in "
+                               f"mpitensor; use the NumPy function (e.g. numpy.sum for "
+                               f"add.reduce) or .full_tensor()")
     if ufunc.signature is not None and ufunc is not np.matmul:
-        raise TypeError(f"{name} has no sharding rule for DTensors in mpitensor")
+        raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
     for k in kwargs:
         if k not in _KWARGS:
-            raise TypeError(f"{name}: the keyword argument {k}= is not supported on DTensors")
+            raise _registry.NoRule(f"{name}: the keyword argument {k}= is not supported "
+                                   f"on DTensors")
     operands = D.implicit(operands)
     split = D.split_operands(name, operands)
     if split is None:

@@ -24,7 +24,7 @@ from . import _dispatch as D
 def dot(a, b, out=None):
     """np.dot for 1-D and 2-D DTensors (the cases where it equals matmul)."""
     if out is not None:
-        raise TypeError("numpy.dot: out= is not supported on DTensors")
+        raise _registry.NoRule("numpy.dot: out= is not supported on DTensors")
     a, b = D.implicit((a, b))
     for x in (a, b):
         if type(x) is not DTensor:
@@ -62,14 +62,14 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 def _parse_einsum(subscripts, operands):
     name = "numpy.einsum"
     if not isinstance(subscripts, str):
-        raise TypeError(f"{name} on DTensors takes a subscripts string (the interleaved "
-                        f"operand/sublist form is not supported)")
+        raise _registry.NoRule(f"{name} on DTensors takes a subscripts string (the interleaved "
+                               f"operand/sublist form is not supported)")
     spec = subscripts.replace(" ", "")
     if "->" not in spec:
-        raise TypeError(f"{name} on DTensors needs explicit output subscripts "
-                        f"('ij,jk->ik'), got {subscripts!r}")
+        raise _registry.NoRule(f"{name} on DTensors needs explicit output subscripts "
+                               f"('ij,jk->ik'), got {subscripts!r}")
     if "." in spec:
-        raise TypeError(f"{name} on DTensors does not support '...'; spell every dim")
+        raise _registry.NoRule(f"{name} on DTensors does not support '...'; spell every dim")
     lhs, out = spec.split("->")
     ins = lhs.split(",")
     if len(ins) != len(operands):
@@ -188,9 +188,9 @@ def outer(a, b, out=None):
     name = "numpy.outer"
     _two_dtensors(name, a, b)
     if out is not None:
-        raise TypeError(f"{name}: out= is not supported on DTensors")
+        raise _registry.NoRule(f"{name}: out= is not supported on DTensors")
     if a.ndim != 1 or b.ndim != 1:
-        raise TypeError(f"{name} on DTensors takes 1-D operands (NumPy would flatten "
-                        f"them, which has no sharding rule); got {a.ndim}-D and "
-                        f"{b.ndim}-D")
+        raise _registry.NoRule(f"{name} on DTensors takes 1-D operands (NumPy would flatten "
+                               f"them, which has no sharding rule); got {a.ndim}-D and "
+                               f"{b.ndim}-D")
     return einsum("i,j->ij", a, b)

@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _clib
+from .. import _clib, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -337,8 +337,8 @@ def norm(x, ord=None, axis=None, keepdims=False):
         return out
     if ord not in (2, -2, "nuc"):
         raise ValueError("Invalid norm order for matrices.")
-    raise TypeError(f"{name}: ord={ord!r} needs singular values and has no sharding "
-                    f"rule for DTensors; call .full_tensor() and numpy.linalg.norm")
+    raise _registry.NoRule(f"{name}: ord={ord!r} needs singular values and has no sharding "
+                           f"rule for DTensors; call .full_tensor() and numpy.linalg.norm")
 
 
 def _norms_start_from_zero() -> bool:

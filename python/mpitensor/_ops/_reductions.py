@@ -59,7 +59,8 @@ def _reduce(name, a, axis, keepdims, out, extra):
         return out
     for k in extra:
         if k not in ("dtype", "ddof"):
-            raise TypeError(f"{fname}: the keyword argument {k}= is not supported on DTensors")
+            raise _registry.NoRule(f"{fname}: the keyword argument {k}= is not supported "
+                                   f"on DTensors")
     ndim = a.ndim
     func = _RULES[name][0]
     if name in ("argmax", "argmin"):
@@ -112,9 +113,10 @@ def _check(fname, a, out, extra):
     if type(a) is not DTensor:
         raise TypeError(f"{fname}: expected a DTensor, got {type(a).__name__}")
     if out is not None:
-        raise TypeError(f"{fname}: out= is not supported on DTensors")
+        raise _registry.NoRule(f"{fname}: out= is not supported on DTensors")
     for k in extra:
-        raise TypeError(f"{fname}: the keyword argument {k}= is not supported on DTensors")
+        raise _registry.NoRule(f"{fname}: the keyword argument {k}= is not supported on "
+                               f"DTensors")
 
 
 def _arg(name):

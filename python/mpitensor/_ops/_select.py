@@ -51,8 +51,8 @@ def _run_elementwise(name, key, operands, func):
 @_registry.implements(np.where)
 def where(condition, x=None, y=None):
     if x is None or y is None:
-        raise TypeError("numpy.where on DTensors needs x and y (the one-argument form, "
-                        "nonzero indices, has no sharding rule)")
+        raise _registry.NoRule("numpy.where on DTensors needs x and y (the one-argument form, "
+                               "nonzero indices, has no sharding rule)")
     return _run_elementwise("numpy.where", "where", (condition, x, y), np.where)
 
 
@@ -114,7 +114,7 @@ def round_(a, decimals=0, out=None):
     Example: ``np.round(dt, 2)`` of a Shard(0) DTensor stays Shard(0).
     """
     if out is not None:
-        raise TypeError("numpy.round: out= is not supported on DTensors")
+        raise _registry.NoRule("numpy.round: out= is not supported on DTensors")
     decimals = int(decimals)
     return _run_elementwise("numpy.round", ("round", decimals), (a,),
                             lambda x: np.round(x, decimals))
@@ -227,7 +227,7 @@ def take_along_axis(arr, indices, axis=-1):
             raise D.mixed_error(name, bad)
         raise TypeError(f"{name}: expected DTensors, got {type(bad).__name__}")
     if axis is None:
-        raise TypeError(f"{name}: axis=None (flattening) is not supported on DTensors")
+        raise _registry.NoRule(f"{name}: axis=None (flattening) is not supported on DTensors")
     if indices.dtype.kind not in "iu":
         raise IndexError(f"{name}: indices must be integers, got {indices.dtype}")
     n = arr.ndim

@@ -205,11 +205,11 @@ def _sequence(name, arrays):
 
 def _check_kwargs(name, out, kwargs):
     if out is not None:
-        raise TypeError(f"numpy.{name}: out= is not supported on DTensors")
+        raise _registry.NoRule(f"numpy.{name}: out= is not supported on DTensors")
     for k, v in kwargs.items():
         if v is not None and not (k == "casting" and v == "same_kind"):
-            raise TypeError(f"numpy.{name}: the keyword argument {k}= is not supported "
-                            f"on DTensors")
+            raise _registry.NoRule(f"numpy.{name}: the keyword argument {k}= is not supported "
+                                   f"on DTensors")
 
 
 @_registry.implements(np.concatenate)
@@ -217,8 +217,8 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
     _check_kwargs("concatenate", out, kwargs)
     arrays = _sequence("concatenate", arrays)
     if axis is None:
-        raise TypeError("numpy.concatenate: axis=None (flattening) is not supported on "
-                        "DTensors")
+        raise _registry.NoRule("numpy.concatenate: axis=None (flattening) is not supported on "
+                               "DTensors")
     n = arrays[0].ndim
     if n == 0:
         raise ValueError("numpy.concatenate: zero-dimensional arrays cannot be "
@@ -368,8 +368,8 @@ def atleast_3d(*arys):
 
 def _target_shape(size, shape, order):
     if order not in ("C", "A"):
-        raise TypeError(f"numpy.reshape: order={order!r} is not supported on DTensors; "
-                        f"only order='C' (and 'A', which is 'C' for them)")
+        raise _registry.NoRule(f"numpy.reshape: order={order!r} is not supported on DTensors; "
+                               f"only order='C' (and 'A', which is 'C' for them)")
     try:
         shape = (shape,) if operator.index(shape) is not None else ()
     except TypeError:
@@ -524,6 +524,6 @@ def ravel(a, order="C"):
     """
     a = _dtensor("ravel", a)
     if order not in ("C", "A"):
-        raise TypeError(f"numpy.ravel: order={order!r} is not supported on DTensors; "
-                        f"only order='C' (and 'A', which is 'C' for them)")
+        raise _registry.NoRule(f"numpy.ravel: order={order!r} is not supported on DTensors; "
+                               f"only order='C' (and 'A', which is 'C' for them)")
     return reshape(a, -1)

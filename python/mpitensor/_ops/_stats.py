@@ -155,7 +155,7 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     if type(a) is not DTensor:
         raise TypeError(f"{name}: the data must be the DTensor")
     if weights is not None:
-        raise TypeError(f"{name}: weights= is not supported on DTensors")
+        raise _registry.NoRule(f"{name}: weights= is not supported on DTensors")
     a = _unpartial(name, a)
     spec = a._spec
     mesh = spec.mesh
