@@ -330,6 +330,7 @@ def test_bad_files_raise_the_same_error_everywhere(tmp):
             f.create_group("grp")
             f.create_dataset("text", data=np.array([b"ab", b"cd"]))
             f.create_dataset("rec", data=np.zeros(3, [("a", "i4"), ("b", "f8")]))
+            f.create_dataset("huge", shape=(1 << 40, 1 << 20), dtype="f8", chunks=(1, 8))
     on_first(make)
     p = Problems()
     cases = [("missing file", "nothing.h5", "x", FileNotFoundError, "no checkpoint"),
@@ -339,7 +340,8 @@ def test_bad_files_raise_the_same_error_everywhere(tmp):
              ("not HDF5", "garbage.h5", "x", OSError, "HDF5"),
              ("a group", "kinds.h5", "grp", TypeError, "group"),
              ("strings", "kinds.h5", "text", TypeError, "numeric"),
-             ("records", "kinds.h5", "rec", TypeError, "numeric")]
+             ("records", "kinds.h5", "rec", TypeError, "numeric"),
+             ("a huge shape", "kinds.h5", "huge", MemoryError, "cannot allocate")]
     for what, name, dataset, exc, match in cases:
         expect_same_error(p, what, lambda: mt.load(os.path.join(tmp, name), mesh,
                                                    [Shard(0)], dataset=dataset), exc, match)

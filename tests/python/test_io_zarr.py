@@ -286,6 +286,8 @@ def test_bad_stores_raise_the_same_error_everywhere(tmp):
         meta["data_type"] = "no_such_type"
         json.dump(meta, open(os.path.join(tmp, "strings.zarr", "zarr.json"), "w"))
         os.mkdir(os.path.join(tmp, "empty.zarr"))
+        zarr.create_array(os.path.join(tmp, "huge.zarr"), shape=(1 << 40, 1 << 20),
+                          dtype="f8", chunks=(1, 8))
     on_first(make)
     p = Problems()
     cases = [("missing store", "nothing.zarr", FileNotFoundError, "no Zarr store"),
@@ -294,7 +296,8 @@ def test_bad_stores_raise_the_same_error_everywhere(tmp):
              ("a garbage chunk", "zstd.zarr", ValueError, "damaged"),
              ("a group", "group.zarr", ValueError, "no valid Zarr array"),
              ("an unknown data type", "strings.zarr", ValueError, "no valid Zarr array"),
-             ("no metadata", "empty.zarr", FileNotFoundError, "no Zarr array")]
+             ("no metadata", "empty.zarr", FileNotFoundError, "no Zarr array"),
+             ("a huge shape", "huge.zarr", MemoryError, "cannot allocate")]
     for what, name, exc, match in cases:
         expect_same_error(p, what, lambda: mt.load(os.path.join(tmp, name), mesh,
                                                    [Shard(0)]), exc, match)
