@@ -187,8 +187,8 @@ def test_strict_turns_the_gather_into_a_type_error(monkeypatch):
     v = distribute_tensor(np.arange(4.0 * W), mesh, [Shard(0)])
     with CommDebugMode() as comm, mt.strict(), pytest.raises(TypeError, match="numpy.kron"):
         np.kron(v, v)
-    with mt.strict(), pytest.raises(TypeError, match=r"numpy.add.accumulate"):
-        np.add.accumulate(v)
+    with mt.strict(), pytest.raises(TypeError, match=r"numpy.maximum.accumulate"):
+        np.maximum.accumulate(v)
     assert comm.get_total_counts() == 0
     monkeypatch.setattr(_fallback, "_STRICT_ENV", True)
     with pytest.raises(TypeError, match="no sharding rule"):
@@ -242,3 +242,37 @@ def test_results_that_a_dtensor_cannot_hold_come_back_as_numpy_gives_them():
     assert text == np.array2string(np.arange(3.0 * W))
     assert np.array_equal(np.array_split(v, 2)[1].full_tensor(),
                           np.array_split(np.arange(3.0 * W), 2)[1])
+
+
+# ufunc methods that equal a distributed operation run as it, without a gather.
+METHODS = [
+    ("add_reduce", lambda a: np.add.reduce(a)),
+    ("add_reduce_axis1", lambda a: np.add.reduce(a, axis=1, keepdims=True)),
+    ("add_reduce_positional", lambda a: np.add.reduce(a, 1, np.float32)),
+    ("multiply_reduce_none", lambda a: np.multiply.reduce(a / 10 + 1, axis=None)),
+    ("maximum_reduce", lambda a: np.maximum.reduce(a, axis=0)),
+    ("minimum_reduce", lambda a: np.minimum.reduce(a, axis=1)),
+    ("logical_and_reduce", lambda a: np.logical_and.reduce(a > -3, axis=0)),
+    ("logical_or_reduce", lambda a: np.logical_or.reduce(a > 5, axis=1)),
+    ("add_accumulate", lambda a: np.add.accumulate(a)),
+    ("multiply_accumulate", lambda a: np.multiply.accumulate(a / 10 + 1, axis=1)),
+    ("multiply_outer", lambda a: np.multiply.outer(a, a[0])),
+    ("subtract_outer", lambda a: np.subtract.outer(a[:, 0], a[1])),
+    ("greater_outer_scalar", lambda a: np.greater.outer(a, 2.0)),
+]
+
+
+@pytest.mark.parametrize("case", METHODS, ids=[c[0] for c in METHODS])
+@pytest.mark.parametrize("layout", meshes_and_placements() + [((W,), [Shard(1)])], ids=str)
+def test_ufunc_methods_run_as_the_operation_they_equal(case, layout):
+    _, call = case
+    mesh = init_device_mesh("cpu", layout[0])
+    m, _ = global_arrays()
+    dm = distribute_tensor(m, mesh, layout[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mt.GatherWarning)
+        got = call(dm)
+    want = np.asarray(call(m))
+    whole = got.full_tensor()
+    assert whole.dtype == want.dtype and whole.shape == want.shape
+    np.testing.assert_allclose(whole, want, rtol=1e-13)

@@ -21,6 +21,7 @@ from .._clib import CORE
 from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _dispatch as D
+from . import _ufunc_methods
 from ._inplace import follow
 from ._stats import logaddexp_reduce
 
@@ -80,9 +81,7 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
     if method == "reduce" and ufunc in (np.logaddexp, np.logaddexp2):
         return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":
-        raise _registry.NoRule(f"{name}.{method} has no sharding rule for DTensors in "
-                               f"mpitensor; use the NumPy function (e.g. numpy.sum for "
-                               f"add.reduce) or .full_tensor()")
+        return _ufunc_methods.method(ufunc, method, operands, kwargs)
     if ufunc.signature is not None and ufunc is not np.matmul:
         raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
     for k in kwargs:

@@ -119,8 +119,8 @@ def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
     """
     if isinstance(obj, DTensor):
         path = _real_path(path, obj.device_mesh)
-        fmt = _formats.named(path, format) or "npy"
-        _check_save_args(fmt, dataset, mode, attrs)
+        fmt = _on_every_rank(obj.device_mesh, lambda: _save_format(path, format, dataset,
+                                                                   mode, attrs))
         if fmt == "hdf5":
             _hdf5.save(obj, path, dataset, mode, attrs, durable)
         elif fmt == "zarr":
@@ -130,19 +130,37 @@ def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
                 _agree.same_path(obj.device_mesh, path, lambda: _paths.check_target(path))
             _tensor.save_dtensor(obj, path)
     elif isinstance(obj, dict):
-        if format not in (None, "npy") or dataset is not None or attrs is not None:
-            raise TypeError("a dict is saved as a directory of .npy files: format=, "
-                            "dataset= and attrs= are for one DTensor")
         mesh = _mesh_of(obj, device_mesh)
-        _directory.save_dict(obj, _real_path(path, mesh), mesh, durable)
+        path = _real_path(path, mesh)
+        _on_every_rank(mesh, lambda: _dict_args(format, dataset, mode, attrs))
+        _directory.save_dict(obj, path, mesh, durable)
     else:
         raise TypeError(f"save takes a DTensor or a dict of DTensors and ndarrays, got "
                         f"{type(obj).__name__}")
 
 
-def _check_save_args(fmt: str, dataset, mode, attrs) -> None:
-    """The arguments that only some formats take, checked alike on every rank
-    before anything is written (they are the same on every rank, as the path)."""
+def _on_every_rank(mesh, check):
+    """``check()``'s result; when it raises on some members of the mesh, the same
+    exception on every member, through the agreement that the others enter next
+    (the one on the path). Collective on the mesh only when it fails."""
+    try:
+        return check()
+    except Exception as e:
+        if mesh.get_coordinate() is not None:
+            raise_on_every_rank(mesh, e)
+        raise
+
+
+def _dict_args(format, dataset, mode, attrs) -> None:
+    if format not in (None, "npy") or dataset is not None or mode != "w" or attrs is not None:
+        raise TypeError("a dict is saved as a directory of .npy files: format=, "
+                        "dataset=, mode= and attrs= are for one DTensor")
+
+
+def _save_format(path: str, format, dataset, mode, attrs) -> str:
+    """The format of a save of one DTensor, once the arguments that only some
+    formats take are checked."""
+    fmt = _formats.named(path, format) or "npy"
     if fmt == "hdf5":
         _hdf5.h5py()
         if not isinstance(dataset, str) or not dataset.strip("/"):
@@ -158,6 +176,7 @@ def _check_save_args(fmt: str, dataset, mode, attrs) -> None:
     if attrs is not None and (fmt == "npy" or not isinstance(attrs, dict)):
         raise TypeError("attrs= is a dict, for HDF5 datasets and Zarr arrays (a .npy "
                         "file has none)")
+    return fmt
 
 
 def _real_path(path, mesh) -> str:
@@ -171,6 +190,17 @@ def _real_path(path, mesh) -> str:
         if mesh.get_coordinate() is not None:
             raise_on_every_rank(mesh, e)
         raise
+
+
+def _load_format(path: str, format):
+    """The format ``format=`` or the suffix names (None: what is there decides),
+    with its library imported."""
+    fmt = _formats.named(path, format)
+    if fmt == "hdf5":
+        _hdf5.h5py()
+    if fmt == "zarr":
+        _zarr.zarr()
+    return fmt
 
 
 def _look(path: str, opened: _opened.Opened, fmt, dataset) -> bytes:
@@ -246,11 +276,7 @@ def load(path, device_mesh=None, placements=None, *, like=None, dataset=None,
     """
     mesh = _load_mesh(device_mesh, like)
     path = _real_path(path, mesh)
-    fmt = _formats.named(path, format)
-    if fmt == "hdf5":
-        _hdf5.h5py()
-    if fmt == "zarr":
-        _zarr.zarr()
+    fmt = _on_every_rank(mesh, lambda: _load_format(path, format))
     layout = _layout_of(placements, like) + repr((fmt, dataset, index))
     with _opened.Opened(path) as opened:
         seen = _agree.same_path(mesh, path, lambda: _look(path, opened, fmt, dataset),
