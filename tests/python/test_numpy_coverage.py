@@ -1,0 +1,21 @@
+"""docs/numpy_coverage.md is the registry's page as it stands (issue 44, item 7):
+a rule added or removed without regenerating the page fails here."""
+
+from pathlib import Path
+
+from mpitensor import _coverage
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "numpy_coverage.md"
+
+
+def test_the_coverage_page_is_current():
+    assert PAGE.read_text() == _coverage.page(), (
+        "docs/numpy_coverage.md is stale: python -m mpitensor._coverage > "
+        "docs/numpy_coverage.md")
+
+
+def test_the_page_names_what_gathers_and_what_does_not():
+    page = _coverage.page()
+    assert "| `numpy.sum` | distributed" in page
+    assert "| `numpy.kron` | gathered |" in page or "| `numpy.kron` | distributed" in page
+    assert "| `add` | distributed | distributed | distributed | gathered | gathered |" in page
