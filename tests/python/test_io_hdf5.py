@@ -353,3 +353,33 @@ def test_bad_files_raise_the_same_error_everywhere(tmp):
     # and the job goes on
     check_dtensor(p, mt.load(good, mesh, [Shard(1)], format="hdf5"), g, "after the errors")
     assert p == []
+
+
+@pytest.mark.skipif(N < 2, reason="needs ranks that can pass different arguments")
+def test_arguments_that_differ_on_one_rank_raise_everywhere(tmp):
+    """The last rank passes another dataset, index, format or mode: every rank
+    raises the same exception (in the agreement on the path), none waits in a
+    collective that the last rank never enters, and the job goes on."""
+    path = os.path.join(tmp, "args.h5")
+    mesh = init_device_mesh("cpu", (N,))
+    g = array((2 * N, 3), "float64")
+    dt = mt.distribute_tensor(g, mesh, [Shard(0)])
+    mt.save(dt, path, dataset="x")
+    last = RANK == N - 1
+    p = Problems()
+    for what, kwargs, exc in (
+            ("dataset", {"dataset": "y" if last else "x"}, ValueError),
+            ("index", {"dataset": "x", "index": np.s_[1:] if last else None}, ValueError),
+            ("format", {"format": "zarr" if last else None}, ValueError),
+            ("no such format", {"format": "csv" if last else None}, ValueError)):
+        expect_same_error(p, f"load with another {what}", lambda: mt.load(
+            path, mesh, [Shard(0)], **kwargs), exc, "")
+    for what, kwargs, exc in (
+            ("dataset", {"dataset": "y" if last else "x"}, ValueError),
+            ("mode", {"dataset": "x", "mode": "r" if last else "w"}, ValueError),
+            ("attrs", {"dataset": "x", "attrs": [1] if last else None}, TypeError),
+            ("format", {"dataset": "x", "format": "zarr" if last else None}, ValueError)):
+        expect_same_error(p, f"save with another {what}", lambda: mt.save(
+            dt, path, **kwargs), exc, "")
+    check_dtensor(p, mt.load(path, mesh, [Shard(1)], dataset="x"), g, "the job goes on")
+    assert p == []

@@ -145,7 +145,7 @@ def _is_store(path: str) -> bool:
                                                                 ".zgroup"))
 
 
-def check_target(path: str) -> None:
+def check_target(path: str) -> bytes:
     """On the first rank, before a save: the directory to hold the store exists,
     and at ``path`` is nothing, an empty directory or a Zarr store (a save
     replaces nothing else); removes what killed saves left."""
@@ -161,13 +161,13 @@ def check_target(path: str) -> None:
             raise IsADirectoryError(f"cannot save a Zarr store to {path!r}: it is a "
                                     f"directory that holds no Zarr store")
     _paths.remove_leftovers(parent, [os.path.basename(path)])
+    return b""
 
 
 def _begin(path: str, shape: tuple, dtype: np.dtype, chunks: list, attrs) -> bytes:
     """On the first rank: a new store under a temporary name beside ``path``,
     holding the array's metadata; its name."""
     z = zarr()
-    check_target(path)
     tmp = _paths.temp_name(path)
     os.mkdir(tmp)
     try:
@@ -278,15 +278,18 @@ def save(dt, path: str, attrs, durable: bool) -> None:
 
         >>> save(dt, "/data/u.zarr", {"units": "m/s"}, True)
     """
-    zarr()
-    dt, chunks = _layout(dt.detach())
     mesh = dt.device_mesh
+    if mesh.get_coordinate() is not None:
+        # before the redistribution below: the agreement that a rank whose
+        # arguments failed their checks has entered (checkpoint.save)
+        _agree.same_path(mesh, path, lambda: check_target(path),
+                         layout=repr(sorted(attrs or {})))
+    dt, chunks = _layout(dt.detach())
     if mesh.get_coordinate() is None:
         return
     shape = tuple(dt.shape)
-    tmp = os.fsdecode(_agree.same_path(
-        mesh, path, lambda: _begin(path, shape, dt.dtype, chunks, attrs),
-        layout=repr(sorted(attrs or {}))))
+    tmp = os.fsdecode(_agree.first_rank(
+        mesh, lambda: _begin(path, shape, dt.dtype, chunks, attrs)))
     try:
         local = np.ascontiguousarray(dt.to_local())
         sizes, offsets = compute_local_shape_and_global_offset(shape, mesh, dt.placements)
