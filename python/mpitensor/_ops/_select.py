@@ -28,6 +28,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 from ..placement_types import Partial
 from . import _dispatch as D
+from . import _nonzero
 from ._inplace import write_result
 
 
@@ -50,9 +51,10 @@ def _run_elementwise(name, key, operands, func):
 
 @_registry.implements(np.where)
 def where(condition, x=None, y=None):
+    if x is None and y is None:
+        return _nonzero.nonzero(condition)
     if x is None or y is None:
-        raise _registry.NoRule("numpy.where on DTensors needs x and y (the one-argument form, "
-                               "nonzero indices, has no sharding rule)")
+        raise _registry.NoRule("numpy.where on DTensors needs x and y, or neither")
     return _run_elementwise("numpy.where", "where", (condition, x, y), np.where)
 
 
