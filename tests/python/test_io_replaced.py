@@ -24,7 +24,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Shard, init_device_mesh
 from mpitensor.checkpoint import _zarr
-from mpi_helpers import Problems, bits_equal
+from mpi_helpers import Problems
 
 COMM = MPI.COMM_WORLD
 N = COMM.Get_size()
