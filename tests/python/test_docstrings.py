@@ -16,7 +16,8 @@ import pytest
 MODULES = ["mpitensor", "mpitensor.device_mesh", "mpitensor.placement_types",
            "mpitensor.debug", "mpitensor.experimental", "mpitensor.nn",
            "mpitensor.nn.functional", "mpitensor.parallel", "mpitensor.checkpoint",
-           "mpitensor.testing", "mpitensor.random"]
+           "mpitensor.testing", "mpitensor.random", "mpitensor.optim",
+           "mpitensor.optim.lr_scheduler"]
 
 EXAMPLE = re.compile(r">>>|Example")
 COLLECTIVENESS = re.compile(r"\b(Collective|collective|Local|local)\b")

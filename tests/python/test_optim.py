@@ -1,8 +1,10 @@
-"""mpitensor.optim: SGD, Adam and AdamW on DTensor parameters against torch.optim on
-the full tensors (float64 to rtol 1e-12, float32 to 1e-5) on even and uneven shards
-at every world size; state DTensors in their parameter's placements; steps that
-never communicate; param groups; state_dict in torch's format, saved with
-mt.save and loaded onto another layout to continue the same trajectory.
+"""mpitensor.optim: SGD, Adam, AdamW, RMSprop and Adagrad on DTensor parameters
+against torch's update rules written in NumPy here, and against torch.optim when it
+is installed, on the full tensors (float64 to rtol 1e-12, float32 to 1e-5) on even
+and uneven shards at every world size; state DTensors in their parameter's
+placements; steps that never communicate; param groups; state_dict in torch's
+format, saved with mt.save and loaded onto another layout to continue the same
+trajectory.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ CONFIGS = [
     ("Adam", dict(lr=0.02, maximize=True)),
     ("AdamW", dict(lr=0.01)),
     ("AdamW", dict(lr=0.01, weight_decay=0.2, amsgrad=True)),
+    ("RMSprop", dict(lr=0.01)),
+    ("RMSprop", dict(lr=0.01, alpha=0.9, eps=1e-6, weight_decay=0.1, momentum=0.8)),
+    ("RMSprop", dict(lr=0.005, alpha=0.3, centered=True, momentum=0.5, maximize=True)),
+    ("RMSprop", dict(lr=0.02, centered=True)),
+    ("Adagrad", dict(lr=0.1)),
+    ("Adagrad", dict(lr=0.1, lr_decay=0.05, weight_decay=0.1,
+                     initial_accumulator_value=0.3, eps=1e-6)),
+    ("Adagrad", dict(lr=0.05, maximize=True, foreach=True)),
 ]
 # (5, 3) and (7,) shard unevenly over 2, 3 and 4 ranks; (4, 6) evenly over 2 and 4.
 SHAPES = [(5, 3), (7,), (4, 6)]
@@ -87,9 +97,99 @@ def test_matches_torch_for_several_steps(name, kwargs, dtype):
                     assert p.dtype == dtype and p.placements == tuple(pls[i])
 
 
-@pytest.mark.parametrize("name,kwargs", [("SGD", dict(lr=0.1, momentum=0.9)),
-                                         ("Adam", dict(lr=0.01, amsgrad=True)),
-                                         ("AdamW", dict(lr=0.01))])
+# torch's documented defaults and update rules, on the full arrays.
+DEFAULTS = {
+    "SGD": dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False),
+    "Adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False),
+    "AdamW": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                  amsgrad=False),
+    "RMSprop": dict(lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
+                    centered=False),
+    "Adagrad": dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0,
+                    eps=1e-10),
+}
+
+
+def reference_step(name, h, p, g, s):
+    """One step of torch's rule for ``name`` (hyperparameters ``h``, state ``s``
+    a dict made empty); returns the new parameter."""
+    g = -g if h.get("maximize") else g
+    s["t"] = t = s.get("t", 0) + 1
+    if name == "SGD":
+        d = g + h["weight_decay"] * p
+        if h["momentum"]:
+            s["b"] = d if t == 1 else h["momentum"] * s["b"] + (1 - h["dampening"]) * d
+            d = d + h["momentum"] * s["b"] if h["nesterov"] else s["b"]
+        return p - h["lr"] * d
+    if name in ("Adam", "AdamW"):
+        b1, b2 = h["betas"]
+        if name == "AdamW":
+            p = p * (1 - h["lr"] * h["weight_decay"])
+        else:
+            g = g + h["weight_decay"] * p
+        s["m"] = b1 * s.get("m", 0) + (1 - b1) * g
+        s["v"] = b2 * s.get("v", 0) + (1 - b2) * g * g
+        v = s["v"]
+        if h["amsgrad"]:
+            s["vmax"] = v = np.maximum(s.get("vmax", 0), s["v"])
+        m_hat, v_hat = s["m"] / (1 - b1 ** t), v / (1 - b2 ** t)
+        return p - h["lr"] * m_hat / (np.sqrt(v_hat) + h["eps"])
+    if name == "RMSprop":
+        a = h["alpha"]
+        g = g + h["weight_decay"] * p
+        s["v"] = a * s.get("v", 0) + (1 - a) * g * g
+        v = s["v"]
+        if h["centered"]:
+            s["ga"] = a * s.get("ga", 0) + (1 - a) * g
+            v = v - s["ga"] ** 2
+        step = g / (np.sqrt(v) + h["eps"])
+        if h["momentum"] > 0:
+            s["b"] = h["momentum"] * s.get("b", 0) + step
+            step = s["b"]
+        return p - h["lr"] * step
+    g = g + h["weight_decay"] * p  # Adagrad
+    s["sum"] = s.get("sum", h["initial_accumulator_value"]) + g * g
+    clr = h["lr"] / (1 + (t - 1) * h["lr_decay"])
+    return p - clr * g / (np.sqrt(s["sum"]) + h["eps"])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name,kwargs", CONFIGS, ids=[f"{n}-{i}" for i, (n, _) in
+                                                      enumerate(CONFIGS)])
+def test_matches_torchs_rules_in_numpy(name, kwargs, dtype):
+    # A few steps on sharded and replicated parameters at every world size; the
+    # second parameter has no gradient at step 1 and is skipped, as torch skips it.
+    h = {**DEFAULTS[name], **kwargs}
+    init, grads = arrays(0, dtype), [arrays(s + 1, dtype) for s in range(4)]
+    for mesh_shape in mesh_shapes():
+        mesh = mesh_of(mesh_shape)
+        for pls in layouts(mesh_shape):
+            ps = [distribute_tensor(a.copy(), mesh, p, requires_grad=True)
+                  for a, p in zip(init, pls)]
+            expect = [a.astype(np.float64) for a in init]
+            states = [{} for _ in init]
+            opt = getattr(mt.optim, name)(ps, **kwargs)
+            for step, gs in enumerate(grads):
+                for i, (p, g) in enumerate(zip(ps, gs)):
+                    if step == 1 and i == 1:
+                        p.grad = None
+                        continue
+                    p.grad = distribute_tensor(g, mesh, p.placements)
+                    expect[i] = reference_step(name, h, expect[i], g.astype(np.float64),
+                                               states[i])
+                opt.step()
+                for i, p in enumerate(ps):
+                    np.testing.assert_allclose(p.detach().full_tensor(), expect[i],
+                                               **tol(dtype),
+                                               err_msg=f"{mesh_shape} {pls} step {step} "
+                                                       f"param {i}")
+                    assert p.dtype == dtype and p.placements == tuple(pls[i])
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.01, amsgrad=True)),
+    ("AdamW", dict(lr=0.01)), ("RMSprop", dict(lr=0.01, centered=True, momentum=0.5)),
+    ("Adagrad", dict(lr=0.1, initial_accumulator_value=0.2))])
 def test_complex_parameters_match_torch(name, kwargs):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(3)
@@ -99,7 +199,8 @@ def test_complex_parameters_match_torch(name, kwargs):
     ps = [distribute_tensor(init[0], mesh, [S0], requires_grad=True),
           distribute_tensor(init[1], mesh, [R], requires_grad=True)]
     tps = [torch.tensor(a, requires_grad=True) for a in init]
-    opt, topt = getattr(mt.optim, name)(ps, **kwargs), getattr(torch.optim, name)(tps, **kwargs)
+    opt = getattr(mt.optim, name)(ps, **kwargs)
+    topt = getattr(torch.optim, name)(tps, **kwargs)
     for gs in grads:
         for p, tp, g in zip(ps, tps, gs):
             p.grad, tp.grad = distribute_tensor(g, mesh, p.placements), torch.tensor(g)
@@ -112,7 +213,8 @@ def test_complex_parameters_match_torch(name, kwargs):
     a = init[0][:4].copy()
     p = mt.DTensor.from_local(np.asfortranarray(a), local_mesh(), [R]).requires_grad_()
     tp = torch.tensor(a, requires_grad=True)
-    opt, topt = getattr(mt.optim, name)([p], **kwargs), getattr(torch.optim, name)([tp], **kwargs)
+    opt = getattr(mt.optim, name)([p], **kwargs)
+    topt = getattr(torch.optim, name)([tp], **kwargs)
     for gs in grads:
         p.grad = mt.DTensor.from_local(gs[0][:4].copy(), local_mesh(), [R])
         tp.grad = torch.tensor(gs[0][:4])
@@ -138,8 +240,9 @@ def test_sgd_formula_without_torch():
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("name,kwargs", [c for c in CONFIGS if c[0] != "SGD"],
-                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONFIGS) if n != "SGD"])
+@pytest.mark.parametrize("name,kwargs", [c for c in CONFIGS if c[0].startswith("Adam")],
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONFIGS)
+                              if n.startswith("Adam")])
 def test_adam_in_c_is_the_numpy_update_bit_for_bit(name, kwargs, dtype, monkeypatch):
     # The one-pass C update against the NumPy statements it replaces (kernels off),
     # NaN and inf gradients included: the same bits after several steps.
@@ -172,14 +275,16 @@ def test_adam_in_c_is_the_numpy_update_bit_for_bit(name, kwargs, dtype, monkeypa
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"])
 def test_step_never_communicates_and_state_keeps_placements(name):
     for mesh_shape in mesh_shapes():
         mesh = mesh_of(mesh_shape)
         for pls in layouts(mesh_shape):
             ps = [distribute_tensor(a, mesh, p, requires_grad=True)
                   for a, p in zip(arrays(0, np.float64), pls)]
-            kwargs = dict(momentum=0.9) if name == "SGD" else dict(amsgrad=True)
+            kwargs = {"SGD": dict(momentum=0.9), "Adagrad": {},
+                      "RMSprop": dict(momentum=0.9, centered=True)}.get(
+                          name, dict(amsgrad=True))
             opt = getattr(mt.optim, name)(ps, lr=0.1, **kwargs)
             for p, g in zip(ps, arrays(1, np.float64)):
                 p.grad = distribute_tensor(g, mesh, p.placements)
@@ -218,6 +323,66 @@ def test_parameters_of_a_module_and_parameter_objects():
     opt.step()
     for p in [model.a, model.b, wrapped.data]:
         np.testing.assert_array_equal(p.detach().full_tensor(), np.full(p.shape, 0.5))
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("RMSprop", dict(lr=0.01, centered=True, momentum=0.5, weight_decay=0.1)),
+    ("Adagrad", dict(lr=0.1, initial_accumulator_value=0.2, lr_decay=0.1))])
+def test_complex_parameters_are_pairs_of_reals(name, kwargs):
+    # torch updates a complex parameter as its view of (real, imaginary) pairs.
+    rng = np.random.default_rng(8)
+    c = lambda *s: rng.standard_normal(s) + 1j * rng.standard_normal(s)  # noqa: E731
+    mesh = mesh_of((W,))
+    w0, grads = c(5, 3), [c(5, 3) for _ in range(3)]
+    w = distribute_tensor(w0.copy(), mesh, [S0], requires_grad=True)
+    opt = getattr(mt.optim, name)([w], **kwargs)
+    h, state = {**DEFAULTS[name], **kwargs}, {}
+    expect = w0.copy().view(np.float64)
+    for g in grads:
+        w.grad = distribute_tensor(g, mesh, [S0])
+        opt.step()
+        expect = reference_step(name, h, expect, g.copy().view(np.float64), state)
+    np.testing.assert_allclose(w.detach().full_tensor(), expect.view(np.complex128),
+                               rtol=1e-12)
+
+
+def test_adagrad_state_exists_from_the_start_as_torchs():
+    mesh = mesh_of((W,))
+    a = distribute_tensor(np.ones((5, 2)), mesh, [S0], requires_grad=True)
+    b = distribute_tensor(np.ones(3), mesh, [R], requires_grad=True)
+    opt = mt.optim.Adagrad([a], initial_accumulator_value=0.25)
+    opt.add_param_group({"params": [b], "initial_accumulator_value": 2.0})
+    sd = opt.state_dict()
+    assert sorted(sd["state"]) == [0, 1]
+    for i, (p, fill) in enumerate([(a, 0.25), (b, 2.0)]):
+        assert sd["state"][i]["step"] == 0.0
+        acc = sd["state"][i]["sum"]
+        assert acc.placements == p.placements
+        np.testing.assert_array_equal(acc.full_tensor(), np.full(p.shape, fill))
+
+
+def test_foreach_fused_and_differentiable_as_torch():
+    mesh = mesh_of((W,))
+    w = distribute_tensor(np.ones(4), mesh, [S0], requires_grad=True)
+    for name in ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"):
+        cls = getattr(mt.optim, name)
+        for foreach, fused in [(None, None), (True, None), (False, True), (None, False)]:
+            opt = cls([w], lr=0.1, foreach=foreach, fused=fused)
+            assert opt.param_groups[0]["foreach"] is foreach
+            assert opt.param_groups[0]["fused"] is fused
+        with pytest.raises(RuntimeError, match="cannot be `True` together"):
+            cls([w], lr=0.1, foreach=True, fused=True)
+        with pytest.raises(NotImplementedError, match="differentiable"):
+            cls([w], lr=0.1, differentiable=True)
+    # The same update whatever they say.
+    outs = []
+    for fused in (None, True):
+        p = distribute_tensor(np.arange(4.0), mesh, [S0], requires_grad=True)
+        opt = mt.optim.Adam([p], lr=0.1, fused=fused)
+        p.grad = distribute_tensor(np.linspace(-1, 1, 4), mesh, [S0])
+        opt.step()
+        outs.append(p.detach().full_tensor())
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 def test_what_cannot_be_optimized_raises():
@@ -310,12 +475,14 @@ def other_layouts():
     return out
 
 
-@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+@pytest.mark.parametrize("name", ["SGD", "AdamW", "RMSprop", "Adagrad"])
 def test_saved_state_continues_on_another_layout(tmp, name):
     mesh = mesh_of((W,))
     init = arrays(0, np.float64)
     grads = [arrays(s + 1, np.float64) for s in range(4)]
-    kwargs = dict(lr=0.1, momentum=0.9) if name == "SGD" else dict(lr=0.01, amsgrad=True)
+    kwargs = {"SGD": dict(lr=0.1, momentum=0.9), "AdamW": dict(lr=0.01, amsgrad=True),
+              "RMSprop": dict(lr=0.01, momentum=0.5, centered=True),
+              "Adagrad": dict(lr=0.1, lr_decay=0.1, initial_accumulator_value=0.5)}[name]
 
     def run(ps, opt, steps):
         for gs in steps:

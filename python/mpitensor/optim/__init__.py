@@ -1,6 +1,7 @@
 """Optimizers for DTensor parameters, as torch.optim: :class:`SGD`, :class:`Adam`,
-:class:`AdamW` on the :class:`Optimizer` base (param_groups, zero_grad, step,
-state_dict in torch's format).
+:class:`AdamW`, :class:`RMSprop`, :class:`Adagrad` on the :class:`Optimizer` base
+(param_groups, zero_grad, step, state_dict in torch's format), and the
+learning-rate schedulers of :mod:`mpitensor.optim.lr_scheduler`.
 
 A state tensor is a DTensor with its parameter's mesh and placements, so every
 update runs on the local shards with no data moved (a step agrees with the other
@@ -18,8 +19,11 @@ Example (``mpiexec -n 2``)::
     (Shard(dim=0),)
 """
 
+from . import lr_scheduler
+from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .optimizer import Optimizer
+from .rmsprop import RMSprop
 from .sgd import SGD
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "lr_scheduler"]

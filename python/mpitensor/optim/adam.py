@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..nn import _ckernels, _kernels
-from .optimizer import Optimizer, zeros_like_param
+from .optimizer import Optimizer, check_implementation, zeros_like_param
 
 __all__ = ["Adam", "AdamW"]
 
@@ -42,8 +42,10 @@ class Adam(Optimizer):
     (with ``amsgrad``, ``v``'s running maximum in the denominator). State:
     ``"step"`` (a float), ``"exp_avg"``, ``"exp_avg_sq"`` and, with amsgrad,
     ``"max_exp_avg_sq"``: DTensors with the parameter's placements. A parameter
-    whose ``.grad`` is None is skipped. A step moves no data; it agrees with the
-    other ranks that they step alike (:meth:`Optimizer.step`).
+    whose ``.grad`` is None is skipped. ``foreach``, ``fused`` and ``capturable``
+    are accepted, as torch scripts pass them, and change nothing (float32 and
+    float64 shards take one C pass whatever they say). A step moves no data; it
+    agrees with the other ranks that they step alike (:meth:`Optimizer.step`).
 
     Example::
 
@@ -55,7 +57,8 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False, *,
-                 maximize: bool = False, foreach=None) -> None:
+                 maximize: bool = False, foreach=None, capturable: bool = False,
+                 differentiable: bool = False, fused=None) -> None:
         if not 0.0 <= lr:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
@@ -66,9 +69,12 @@ class Adam(Optimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         if not 0.0 <= weight_decay:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        check_implementation(foreach, fused, differentiable)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay, amsgrad=amsgrad,
-                                      maximize=maximize, foreach=foreach))
+                                      maximize=maximize, foreach=foreach,
+                                      capturable=capturable, differentiable=differentiable,
+                                      fused=fused))
 
     def _update(self, p, g, state, group) -> None:
         local = p._data()
@@ -123,7 +129,8 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """AdamW: Adam with decoupled weight decay (``p *= 1 - lr * weight_decay``
     before the update, the gradient untouched), as torch.optim.AdamW, whose
-    default ``weight_decay`` is 0.01. A step moves no data (see :class:`Adam`).
+    default ``weight_decay`` is 0.01. Making one is Local; a step moves no data
+    (see :class:`Adam`).
 
     Example::
 
@@ -134,6 +141,8 @@ class AdamW(Adam):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False, *,
-                 maximize: bool = False, foreach=None) -> None:
+                 maximize: bool = False, foreach=None, capturable: bool = False,
+                 differentiable: bool = False, fused=None) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         foreach=foreach)
+                         foreach=foreach, capturable=capturable,
+                         differentiable=differentiable, fused=fused)

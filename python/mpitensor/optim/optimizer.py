@@ -78,6 +78,27 @@ def zeros_like_param(p: DTensor) -> DTensor:
     return DTensor(np.zeros(local.shape, local.dtype), p._spec)
 
 
+def check_implementation(foreach, fused, differentiable) -> None:
+    """torch's ``foreach=`` and ``fused=`` choose among implementations of one
+    update; there is one here, so both are accepted and change nothing (torch's
+    refusal of both at once kept). ``differentiable=True`` asks for a step that
+    autograd records, which there is not: NotImplementedError."""
+    if fused and foreach:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+    if differentiable:
+        raise NotImplementedError("differentiable=True: an optimizer step is not "
+                                  "recorded by mpitensor.autograd")
+
+
+def lerp_(a: np.ndarray, b: np.ndarray, weight: float) -> None:
+    """``a`` moved towards ``b`` by ``weight`` in place, by torch's two formulas
+    (either side of one half), so that the rounding is torch's."""
+    if abs(weight) < 0.5:
+        a += weight * (b - a)
+    else:
+        np.subtract(b, (b - a) * (1 - weight), out=a)
+
+
 def _is_state_tensor(key: str, value) -> bool:
     return key != "step" and isinstance(value, (DTensor, np.ndarray))
 
@@ -125,8 +146,9 @@ class Optimizer:
     DTensors), or of dicts that each define a parameter group with its own
     hyperparameters (``{"params": [...], "lr": 0.01}``); ``defaults`` fills what
     a group leaves out. ``state[p]`` holds a parameter's state (DTensors with its
-    placements). A subclass defines ``_update``. An update works on each rank's
-    shards and moves no data; :meth:`step` agrees with the other ranks first.
+    placements). A subclass defines ``_update``. Making one is Local. An update
+    works on each rank's shards and moves no data; :meth:`step` agrees with the
+    other ranks first.
 
     Example::
 
@@ -223,6 +245,8 @@ class Optimizer:
 
         Example: ``loss.backward(); opt.step(); opt.zero_grad()``.
         """
+        # Read by a learning-rate scheduler, which warns when it steps first.
+        self._opt_called = True
         loss = None
         if closure is not None:
             with enable_grad():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .optimizer import Optimizer, required, zeros_like_param
+from .optimizer import Optimizer, check_implementation, required, zeros_like_param
 
 __all__ = ["SGD"]
 
@@ -20,6 +20,8 @@ class SGD(Optimizer):
 
     ``state[p]["momentum_buffer"]`` is a DTensor with ``p``'s placements (only
     when momentum is not 0). A parameter whose ``.grad`` is None is skipped.
+    ``foreach`` and ``fused`` are accepted, as torch scripts pass them, and
+    change nothing.
     A step moves no data; it agrees with the other ranks that they step alike
     (:meth:`Optimizer.step`).
 
@@ -31,7 +33,8 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-                 *, maximize: bool = False, foreach=None) -> None:
+                 *, maximize: bool = False, foreach=None, differentiable: bool = False,
+                 fused=None) -> None:
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
@@ -40,9 +43,11 @@ class SGD(Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        check_implementation(foreach, fused, differentiable)
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov,
-                                      maximize=maximize, foreach=foreach))
+                                      maximize=maximize, foreach=foreach,
+                                      differentiable=differentiable, fused=fused))
 
     def _update(self, p, g, state, group) -> None:
         local = p._data()
