@@ -97,6 +97,32 @@ def one_cycle(base_unused, max_lr, total, pct, strategy, three, div, fdiv):
     return out
 
 
+def warm_restarts(base, e, T0, mult, lo):
+    """SGDR as torch steps it: the position in the period counted one by one."""
+    cur, Ti = 0, T0
+    for _ in range(e):
+        cur += 1
+        if cur >= Ti:
+            cur, Ti = cur % Ti, Ti * mult
+    return lo + (base - lo) * (1 + math.cos(math.pi * cur / Ti)) / 2
+
+
+def sgdr(base, e, T0, mult, lo):
+    """SGDR's closed form: periods T0, T0 * mult, ... from epoch 0."""
+    start, Ti = 0, T0
+    while e >= start + Ti:
+        start, Ti = start + Ti, Ti * mult
+    return lo + (base - lo) * (1 + math.cos(math.pi * (e - start) / Ti)) / 2
+
+
+def cyclic(top, e, up, down, scale):
+    """A triangle wave from top / 10 up to top in ``up`` steps and down in
+    ``down``, its height times scale(cycle from 1, step)."""
+    low, p, c = top * 0.1, e % (up + down), e // (up + down) + 1
+    f = p / up if p <= up else (up + down - p) / down
+    return low + (top - low) * f * scale(c, e)
+
+
 def f_lambda(e):
     return 0.5 ** (e // 7) * (1 + e % 3)
 
@@ -147,6 +173,20 @@ CASES = [
      lambda b: chain(b, lambda b: b * 0.5,
                      lambda e, lr, b: lr * 0.98 * (2.0 if e == 20 else 1.0)),
      lambda b, e: b * (0.5 if e < 20 else 1.0) * 0.98 ** e),
+    ("CosineAnnealingWarmRestarts", lambda o: ls.CosineAnnealingWarmRestarts(
+        o, T_0=10, T_mult=2, eta_min=1e-3),
+     lambda b: [warm_restarts(b, e, 10, 2, 1e-3) for e in range(STEPS + 1)],
+     lambda b, e: sgdr(b, e, 10, 2, 1e-3)),
+    ("CyclicLR-triangular2", lambda o: ls.CyclicLR(
+        o, base_lr=[b * 0.1 for b in BASE], max_lr=BASE, step_size_up=7,
+        step_size_down=13, mode="triangular2"),
+     lambda b: [cyclic(b, e, 7, 13, lambda c, e: 1 / 2.0 ** (c - 1))
+                for e in range(STEPS + 1)], None),
+    ("CyclicLR-exp_range", lambda o: ls.CyclicLR(
+        o, base_lr=[b * 0.1 for b in BASE], max_lr=BASE, step_size_up=5, mode="exp_range",
+        gamma=0.98),
+     lambda b: [cyclic(b, e, 5, 5, lambda c, e: 0.98 ** e) for e in range(STEPS + 1)],
+     None),
     ("OneCycleLR", lambda o: ls.OneCycleLR(o, max_lr=[1.0, 0.4], total_steps=STEPS),
      None, lambda b, e: None),
     ("OneCycleLR-3-linear", lambda o: ls.OneCycleLR(
@@ -381,6 +421,33 @@ def test_warnings_and_refusals_as_torch():
         ls.OneCycleLR(opt, max_lr=0.1)
     with pytest.raises(ValueError, match="Factor should be"):
         ls.ReduceLROnPlateau(opt, factor=1.0)
+
+
+def test_warm_restarts_at_a_fractional_or_later_epoch():
+    opt = optimizer()
+    sched = ls.CosineAnnealingWarmRestarts(opt, T_0=10, T_mult=2, eta_min=1e-3)
+    for epoch, cur, Ti in [(3.25, 3.25, 10), (25.5, 15.5, 20), (70.0, 0.0, 40),
+                           (12, 2, 20)]:
+        sched.step(epoch)
+        want = [1e-3 + (b - 1e-3) * (1 + math.cos(math.pi * cur / Ti)) / 2 for b in BASE]
+        np.testing.assert_allclose(sched.get_last_lr(), want, rtol=1e-13, err_msg=epoch)
+        assert sched.last_epoch == math.floor(epoch)
+    sched.step()  # epoch 13 of the period from 10 on
+    np.testing.assert_allclose(sched.get_last_lr(),
+                               [sgdr(b, 13, 10, 2, 1e-3) for b in BASE], rtol=1e-13)
+
+
+def test_cyclic_momentum_moves_against_the_rate():
+    opt = optimizer("Adam")
+    sched = ls.CyclicLR(opt, base_lr=0.01, max_lr=0.1, step_size_up=4, base_momentum=0.8,
+                        max_momentum=0.9)
+    for e in range(1, 20):
+        grads_step(opt)
+        sched.step()
+        f = cyclic(1.0, e, 4, 4, lambda c, e: 1.0) / 0.9 - 0.1 / 0.9  # 0..1
+        assert abs(opt.param_groups[0]["betas"][0] - (0.9 - 0.1 * f)) < 1e-14
+        assert abs(sched.get_last_lr()[0] - (0.01 + 0.09 * f)) < 1e-14
+    assert opt.param_groups[1]["betas"][1] == 0.999
 
 
 def test_made_with_last_epoch_the_first_step_keeps_the_rates():

@@ -32,8 +32,8 @@ from .optimizer import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR",
            "ConstantLR", "LinearLR", "ExponentialLR", "PolynomialLR",
-           "CosineAnnealingLR", "SequentialLR", "ChainedScheduler", "OneCycleLR",
-           "ReduceLROnPlateau"]
+           "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CyclicLR",
+           "SequentialLR", "ChainedScheduler", "OneCycleLR", "ReduceLROnPlateau"]
 
 _EPOCH_DEPRECATED = (
     "The epoch parameter in `scheduler.step()` was not necessary and is being "
@@ -52,6 +52,14 @@ def _per_group(name: str, optimizer: Optimizer, value) -> list:
                              f"{len(optimizer.param_groups)}.")
         return list(value)
     return [value] * len(optimizer.param_groups)
+
+
+def _set_momentum(sched, group: dict, value) -> None:
+    """SGD's ``momentum`` or Adam's ``betas[0]``, as the optimizer has."""
+    if sched.use_beta1:
+        group["betas"] = (value, *group["betas"][1:])
+    else:
+        group["momentum"] = value
 
 
 def _check_optimizer(optimizer) -> None:
@@ -495,6 +503,189 @@ class CosineAnnealingLR(LRScheduler):
                 for base in self.base_lrs]
 
 
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing from ``initial_lr`` to ``eta_min`` that restarts: over
+    ``T_0`` epochs, then ``T_0 * T_mult``, and so on, as torch's
+    CosineAnnealingWarmRestarts (SGDR). ``step(epoch)`` takes a fractional epoch
+    (``epoch + i / iters`` within an epoch) and may jump. Local.
+
+    Example::
+
+        >>> sched = CosineAnnealingWarmRestarts(opt, T_0=10, T_mult=2, eta_min=1e-5)
+    """
+
+    def __init__(self, optimizer: Optimizer, T_0: int, T_mult: int = 1,
+                 eta_min: float = 0.0, last_epoch: int = -1) -> None:
+        if T_0 <= 0 or not isinstance(T_0, int):
+            raise ValueError(f"Expected positive integer T_0, but got {T_0}")
+        if T_mult < 1 or not isinstance(T_mult, int):
+            raise ValueError(f"Expected integer T_mult >= 1, but got {T_mult}")
+        if not isinstance(eta_min, (float, int)):
+            raise ValueError(f"Expected float or int eta_min, but got {eta_min} of type "
+                             f"{type(eta_min)}")
+        self.T_0 = T_0
+        self.T_i = T_0
+        self.T_mult = T_mult
+        self.eta_min = eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        self._warn_outside_step()
+        return [self.eta_min + (base - self.eta_min)
+                * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for base in self.base_lrs]
+
+    def step(self, epoch=None) -> None:
+        """The next epoch, or ``epoch`` (a float allowed: a point within an
+        epoch), restarting the cosine at the end of each period. Local.
+
+        Example: ``sched.step(epoch + i / len(loader))`` after each batch.
+        """
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur = self.T_cur + 1
+            if self.T_cur >= self.T_i:
+                self.T_cur = self.T_cur % self.T_i
+                self.T_i = self.T_i * self.T_mult
+        elif epoch < 0:
+            raise ValueError(f"Expected non-negative epoch, but got {epoch}")
+        elif epoch < self.T_0:
+            self.T_i = self.T_0
+            self.T_cur = epoch
+        elif self.T_mult == 1:
+            self.T_cur = epoch % self.T_0
+        else:
+            # The number of whole periods before epoch: the geometric series'
+            # inverse.
+            n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
+            self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
+            self.T_i = self.T_0 * self.T_mult ** n
+        self.last_epoch = math.floor(epoch)
+        self._get_lr_called_within_step = True
+        try:
+            values = self.get_lr()
+        finally:
+            self._get_lr_called_within_step = False
+        for group, lr in zip(self.optimizer.param_groups, values):
+            group["lr"] = lr
+        self._last_lr = self._lrs()
+
+
+class CyclicLR(LRScheduler):
+    """The cyclical learning rate (CLR), as torch's CyclicLR: ``lr`` goes from
+    ``base_lr`` to ``max_lr`` in ``step_size_up`` steps and back in
+    ``step_size_down`` (default: the same), its amplitude scaled by ``mode``
+    (``"triangular"``: 1; ``"triangular2"``: halved each cycle; ``"exp_range"``:
+    ``gamma ** step``) or by ``scale_fn`` of the cycle or of the step
+    (``scale_mode``); with ``cycle_momentum`` the momentum (SGD's ``momentum``,
+    Adam's ``betas[0]``) moves the other way between ``max_momentum`` and
+    ``base_momentum``. Local.
+
+    Example::
+
+        >>> sched = CyclicLR(opt, base_lr=0.01, max_lr=0.1, step_size_up=200)
+    """
+
+    def __init__(self, optimizer: Optimizer, base_lr, max_lr, step_size_up: int = 2000,
+                 step_size_down: int | None = None, mode: str = "triangular",
+                 gamma: float = 1.0, scale_fn: Callable | None = None,
+                 scale_mode: str = "cycle", cycle_momentum: bool = True,
+                 base_momentum=0.8, max_momentum=0.9, last_epoch: int = -1) -> None:
+        _check_optimizer(optimizer)
+        self.optimizer = optimizer
+        base_lrs = _per_group("base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                group["lr"] = lr
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr)
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueError("mode is invalid and scale_fn is None")
+        self.mode = mode
+        self.gamma = gamma
+        self._scale_fn_custom = scale_fn
+        # The built-in modes decide their own scale_mode.
+        self.scale_mode = scale_mode if scale_fn is not None else (
+            "iterations" if mode == "exp_range" else "cycle")
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError("optimizer must support momentum or beta1 with "
+                                 "`cycle_momentum` option enabled")
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for high, low, group in zip(self.max_momentums, self.base_momentums,
+                                            optimizer.param_groups):
+                    _set_momentum(self, group, high)
+                    group["max_momentum"] = high
+                    group["base_momentum"] = low
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def scale_fn(self, x) -> float:
+        """The amplitude's scale at ``x`` (a cycle number or a step, as
+        ``scale_mode`` says). Local.
+
+        Example: ``CyclicLR(opt, 0.01, 0.1, mode="triangular2").scale_fn(3) == 0.25``.
+        """
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        if self.mode == "triangular":
+            return 1.0
+        if self.mode == "triangular2":
+            return 1 / (2.0 ** (x - 1))
+        return self.gamma ** x
+
+    def get_lr(self) -> list:
+        self._warn_outside_step()
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        if x <= self.step_ratio:
+            factor = x / self.step_ratio
+        else:
+            factor = (x - 1) / (self.step_ratio - 1)
+        scale = self.scale_fn(cycle if self.scale_mode == "cycle" else self.last_epoch)
+        lrs = [base + (top - base) * factor * scale
+               for base, top in zip(self.base_lrs, self.max_lrs)]
+        if self.cycle_momentum:
+            for group, low, high in zip(self.optimizer.param_groups, self.base_momentums,
+                                        self.max_momentums):
+                _set_momentum(self, group, high - (high - low) * factor * scale)
+        return lrs
+
+    def state_dict(self) -> dict:
+        """The scheduler's state; of ``scale_fn`` only a callable object's
+        attributes (a function or lambda is None), as torch's. Local.
+
+        Example: ``mpitensor.save({"sched": sched.state_dict()}, "ckpt")``.
+        """
+        state = super().state_dict()
+        fn = state.pop("_scale_fn_custom")
+        plain = fn is None or isinstance(fn, types.FunctionType)
+        state["_scale_fn_custom"] = None if plain else dict(fn.__dict__)
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Takes back :meth:`state_dict` (the ``scale_fn`` stays the one given to
+        the constructor, with a callable object's attributes restored). Local.
+
+        Example: ``sched.load_state_dict(saved["sched"])``.
+        """
+        attrs = state_dict.get("_scale_fn_custom")
+        super().load_state_dict({k: v for k, v in state_dict.items()
+                                 if k != "_scale_fn_custom"})
+        if attrs is not None:
+            self._scale_fn_custom.__dict__.update(attrs)
+
+
 def _check_children(kind: str, optimizer, schedulers) -> None:
     if len(schedulers) < 1:
         raise ValueError(f"{kind} expects at least one scheduler, but got no scheduler.")
@@ -687,7 +878,7 @@ class OneCycleLR(LRScheduler):
             lows = _per_group("base_momentum", optimizer, base_momentum)
             if last_epoch == -1:
                 for high, low, group in zip(highs, lows, optimizer.param_groups):
-                    self._set_momentum(group, high)
+                    _set_momentum(self, group, high)
                     group["max_momentum"] = high
                     group["base_momentum"] = low
         super().__init__(optimizer, last_epoch)
@@ -714,12 +905,6 @@ class OneCycleLR(LRScheduler):
         return {"end_step": end_step, "start_lr": start_lr, "end_lr": end_lr,
                 "start_momentum": start_momentum, "end_momentum": end_momentum}
 
-    def _set_momentum(self, group: dict, value) -> None:
-        if self.use_beta1:
-            group["betas"] = (value, *group["betas"][1:])
-        else:
-            group["momentum"] = value
-
     def _anneal(self, start, end, pct):
         if self._anneal_func_type == "cos":
             return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
@@ -742,7 +927,7 @@ class OneCycleLR(LRScheduler):
                     lrs.append(self._anneal(group[phase["start_lr"]],
                                             group[phase["end_lr"]], pct))
                     if self.cycle_momentum:
-                        self._set_momentum(group, self._anneal(
+                        _set_momentum(self, group, self._anneal(
                             group[phase["start_momentum"]], group[phase["end_momentum"]],
                             pct))
                     break
