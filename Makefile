@@ -20,7 +20,8 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
 .PHONY: plan-ranking install system-deps demo docs test test-c test-python test-plain test-examples \
-  test-network test-multinode test-lint test-fuzz test-fuzz-ranks test-asan bench bench-check calibrate \
+  test-network test-multinode test-lint test-fuzz test-fuzz-ranks test-asan \
+  test-array-api test-array-api-short array-api-suite bench bench-check calibrate \
   bench-multinode clean
 
 # mpi4py is built from source so that it links the same libmpi as mpitensor._C
@@ -28,12 +29,13 @@ export OPENBLAS_NUM_THREADS := 1
 # mpitensor[mkl], about 7 s to install from the mirror) is the BLAS the nn kernels
 # load at import when it is there (docs/performance.md). ml_dtypes (the extra
 # mpitensor[bfloat16]) is there so that the bfloat16 tests run rather than skip;
-# h5py and zarr (the extra mpitensor[io]) so that the HDF5 and Zarr tests do.
+# h5py and zarr (the extra mpitensor[io]) so that the HDF5 and Zarr tests do;
+# pytest-json-report and ndindex for the array API standard's suite (test-array-api).
 PY_DEPS := --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
   "scikit-build-core>=0.11" cmake ninja threadpoolctl \
-  mkl "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6" "psutil>=5" \
+  mkl "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.151" "psutil>=5" \
   tabulate rich matplotlib "ipyparallel>=8.6" "nbclient>=0.10" "ipykernel>=6.29" ml_dtypes \
-  "h5py>=3.8" "zarr>=3.1"
+  "h5py>=3.8" "zarr>=3.1" "pytest-json-report" "ndindex>=1.8"
 %/.deps: pyproject.toml Makefile | system-deps
 	$(PYTHON) -m venv $*
 	$*/bin/python -m pip --disable-pip-version-check install -q --upgrade pip
@@ -66,7 +68,7 @@ test: install
 	@start=$$(date +%s); failed=; export MT_FAILURES=$(abspath build/test-failures.txt); \
 	mkdir -p build; rm -f "$$MT_FAILURES"; \
 	for part in test-c test-python test-plain test-examples test-network test-multinode \
-	  test-lint test-fuzz; do \
+	  test-lint test-fuzz test-array-api-short; do \
 	  $(MAKE) --no-print-directory $$part || failed="$$failed $$part"; done; \
 	echo "make test: $$(( $$(date +%s) - start ))s, $$( [ -z "$$failed" ] && echo passed || echo "FAILED in:$$failed")"; \
 	[ -f "$$MT_FAILURES" ] && cat "$$MT_FAILURES"; \
@@ -109,6 +111,28 @@ test-examples: install
 	  echo "=== $$f $$args (mpiexec -n 4)"; \
 	  timeout 120 mpiexec --oversubscribe -n 4 $(PY) $$f $$args > /dev/null; \
 	done; echo "examples: all ran"
+
+# The array API standard's suite (data-apis/array-api-tests at 55fcc60, with the
+# standard's text at 5f847a3) against mpitensor.array_api at np 1 and 2, every rank
+# drawing the same examples (tests/array_api/run.sh; what it fails, each with its
+# reason, is tests/array_api/xfails.txt). `make test` runs a few examples per test;
+# test-array-api runs ARRAY_API_EXAMPLES. The suite is ../shared/array-api-tests
+# when that exists, else cloned into build/.
+ARRAY_API_TESTS ?= $(if $(wildcard ../shared/array-api-tests/array_api_tests),$(abspath ../shared/array-api-tests),$(abspath build/array-api-tests))
+ARRAY_API_EXAMPLES ?= 50
+export ARRAY_API_TESTS
+array-api-suite:
+	@[ -d "$(ARRAY_API_TESTS)/array_api_tests" ] || { \
+	  git clone -q https://github.com/data-apis/array-api-tests "$(ARRAY_API_TESTS)" && \
+	  git -C "$(ARRAY_API_TESTS)" checkout -q 55fcc60 && \
+	  git -C "$(ARRAY_API_TESTS)" submodule update -q --init; }
+
+test-array-api-short: install array-api-suite
+	@status=0; for np in 1 2; do tests/array_api/run.sh $$np 3 -q || status=1; done; exit $$status
+
+test-array-api: install array-api-suite
+	@status=0; for np in 1 2; do MT_RUN_TIMEOUT=3600 MT_TEST_TIMEOUT=600 \
+	  tests/array_api/run.sh $$np $(ARRAY_API_EXAMPLES) -q || status=1; done; exit $$status
 
 # The transport-facing test files (tests/transport_files.txt), for the runs over
 # TCP and across simulated hosts.

@@ -36,6 +36,7 @@ from . import parallel
 from . import fsdp
 from . import testing
 from . import debug
+from . import array_api
 
 from ._version import __version__
 from ._show_config import show_config
@@ -103,6 +104,7 @@ __all__ = [
     "fsdp",
     "testing",
     "show_config",
+    "array_api",
 ]
 
 

@@ -308,8 +308,13 @@ class DTensor(_C.DTensorBase):
         """Basic indexing (ints, slices with any step, None, ...), placements as
         torch's select/slice: a Shard of a dim the key cuts becomes Replicate, and
         only the picked elements move. Collective on the mesh when a sharded dim is
-        cut, else local. Example: ``dt[1:, ::2]``, ``dt[..., 0, None]``."""
-        return _registry.call(operator.getitem, self, key)
+        cut, else local. Other advanced keys (integer DTensors, several arrays) are
+        NumPy's indexing on the gathered arrays. Example: ``dt[1:, ::2]``,
+        ``dt[..., 0, None]``."""
+        try:
+            return _registry.call(operator.getitem, self, key)
+        except _registry.NoRule as e:
+            return _registry.gather_call(operator.getitem, (self, key), {}, cause=e)
 
     def __setitem__(self, key, value) -> None:
         """``dt[key] = value`` in place, placements kept: a basic key (ints, slices,
@@ -843,6 +848,56 @@ class DTensor(_C.DTensorBase):
             "a DTensor holds only this rank's shard; call .full_tensor() for the whole "
             "array on every rank, or .to_local() for this rank's shard"
         )
+
+    # -- the array API standard (the namespace is mpitensor.array_api) -----------------
+    def __array_namespace__(self, *, api_version: str | None = None):
+        """The array API namespace, ``mpitensor.array_api`` (standard 2024.12; an
+        older ``api_version`` is served by the same functions). Local.
+
+        Example: ``xp = dt.__array_namespace__(); xp.sum(dt)``.
+        """
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise ValueError(f"api_version {api_version!r} is not one of the standard's")
+        return _registry.array_namespace
+
+    @property
+    def mT(self) -> "DTensor":
+        """The standard's ``mT``: the last two dims swapped. Local.
+
+        Example: ``dt.mT.shape == (3, 2)`` for a (2, 3) ``dt``.
+        """
+        return self.swapaxes(-1, -2)
+
+    def to_device(self, device, /, *, stream=None) -> "DTensor":
+        """The standard's ``to_device``: the CPU (or this DTensor's own mesh) is where
+        it is already, so it comes back as itself. Local.
+
+        Example: ``dt.to_device("cpu") is dt``.
+        """
+        if not (device is self._spec.mesh or device == self._spec.mesh):
+            _device.device(device)  # ValueError for another device
+        return self
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # DLPack's kDLCPU: every array lives in host memory
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """DLPack of the whole array, so that a consumer sees the global values on
+        every rank, as ``np.from_dlpack(dt)``: the local array of a replicated
+        DTensor (no copy), else the array gathered on every rank. Collective on the
+        mesh unless replicated.
+
+        Example: ``np.from_dlpack(dt)`` equals ``dt.full_tensor()``.
+        """
+        whole = self._data() if all(p.is_replicate() for p in self.placements) \
+            else self.redistribute(self._spec.mesh, [Replicate()] * self._spec.mesh.ndim)._data()
+        kwargs = {} if max_version is None else {"max_version": max_version}
+        return whole.__dlpack__(stream=stream, dl_device=dl_device, copy=copy, **kwargs)
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iu" or self.ndim:
+            raise TypeError("only 0-d integer arrays can be converted to an index")
+        return int(self)
 
     def __repr__(self) -> str:
         # Never communicates: printing on one rank must not wait for the others.

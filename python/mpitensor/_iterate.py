@@ -39,4 +39,6 @@ def iterate(dt):
 def _rows(whole, placements, shape, stride):
     local, mesh = whole.to_local(), whole.device_mesh
     for i in range(whole.shape[0]):
-        yield type(whole).from_local(local[i], mesh, placements, shape=shape, stride=stride)
+        # local[i, ...] keeps a row of a 1-D array a 0-d array, not a NumPy scalar.
+        yield type(whole).from_local(local[i, ...], mesh, placements, shape=shape,
+                                     stride=stride)

@@ -66,6 +66,9 @@ def implements(*np_funcs):
 # The fallback for a call with no rule (mpitensor._ops._fallback.gather_call, set at
 # import): gather_call(func, args, kwargs, name) runs NumPy on the gathered arrays.
 fallback = None
+# The array API namespace DTensor.__array_namespace__ returns (mpitensor.array_api,
+# which sets it at import).
+array_namespace = None
 
 
 def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
+import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make,
@@ -197,8 +198,6 @@ def test_0d():
 @pytest.mark.parametrize("key, exc, words", [
     ([0, 9], IndexError, "index 9 is out of bounds"),
     (np.array([True, False, True]), IndexError, "boolean index of shape"),
-    (np.array([[0, 1]]), TypeError, "full_tensor"),
-    ((slice(None), [1]), TypeError, "list"),
     (True, TypeError, "bool"),
     (4, IndexError, "out of bounds"),
     ((0, 0, 0), IndexError, "too many indices"),
@@ -212,9 +211,15 @@ def test_bad_keys_fail_on_every_rank(key, exc, words):
         dt[key]
 
 
-def test_dtensor_key_is_refused():
-    dt = make(np.arange(16.0).reshape(4, 4), mesh_of((W,)), [S0])
-    with pytest.raises(TypeError, match="not a boolean mask"):
+def test_integer_dtensor_key_gives_numpys_value_and_strict_refuses_it():
+    full = np.arange(16.0).reshape(4, 4)
+    dt = make(full, mesh_of((W,)), [S0])
+    key = make(np.array([3, 0, 3]), mesh_of((W,)), [S0])
+    got = dt[key, 1:]
+    np.testing.assert_array_equal(got.full_tensor(), full[[3, 0, 3], 1:])
+    for numpy_key in (np.array([[0, 1]]), (slice(None), [1])):
+        np.testing.assert_array_equal(dt[numpy_key].full_tensor(), full[numpy_key])
+    with mt.strict(), pytest.raises(TypeError, match="not a boolean mask"):
         dt[dt.astype(np.int64)]
 
 

@@ -260,9 +260,9 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     """
     name = "numpy.diff"
     for extra in (prepend, append):
-        if extra is not np._NoValue and not (np.ndim(extra) == 0
-                                            and not isinstance(extra, DTensor)):
-            raise TypeError(f"{name}: prepend= and append= must be scalars on DTensors")
+        if extra is not np._NoValue and (isinstance(extra, DTensor) or np.ndim(extra)):
+            raise _registry.NoRule(f"{name}: prepend= and append= must be scalars "
+                                   f"on DTensors")
     axes = _axis(name, a, axis)
     plain = prepend is np._NoValue and append is np._NoValue
     return along_axes(name, a, axes, lambda x: np.diff(x, n, axis, prepend, append),

@@ -25,8 +25,8 @@ from ..placement_types import Replicate, Shard
 from . import _advanced_index as A
 
 
-def _advanced_error(what) -> TypeError:
-    return TypeError(
+def _advanced_error(what, cls=TypeError) -> TypeError:
+    return cls(
         f"DTensor indexing supports ints, slices, None and ..., or alone a boolean "
         f"mask or one integer array (a list or 1-D ndarray), not {what} (other "
         f"advanced indexing); index dt.full_tensor() for the whole array, or "
@@ -58,7 +58,10 @@ def _parse(key, shape):
         if isinstance(k, slice) or _as_int(k) is not None:
             used += 1
             continue
-        raise _advanced_error(f"an index of type {type(k).__name__}")
+        # An array index NumPy takes (advanced indexing this rule has no algorithm
+        # for) runs on the gathered arrays; anything else is a bad key.
+        cls = _registry.NoRule if isinstance(k, (DTensor, np.ndarray, list)) else TypeError
+        raise _advanced_error(f"an index of type {type(k).__name__}", cls)
     if sum(k is Ellipsis for k in key) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     if used > n:
@@ -192,7 +195,7 @@ def getitem(dt, key):
     if kind == "take":
         return A.getitem_take(dt, key)
     if type(key) is DTensor:
-        raise _advanced_error("a DTensor that is not a boolean mask")
+        raise _advanced_error("a DTensor that is not a boolean mask", _registry.NoRule)
     spec = dt._spec
     mesh = spec.mesh
     ck = _cache_key(key)

@@ -1,0 +1,181 @@
+"""The few standard functions whose NumPy form would not do on DTensors as it is:
+the data-type functions, which take arrays only for their dtypes (NumPy would send a
+DTensor through ``__array_function__`` and gather it for a dtype), and ``astype``,
+which is the DTensor's own method (placements kept, nothing moves)."""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+
+from .._dtensor import DTensor
+from ..placement_types import Replicate
+
+__all__ = ["argsort", "arrays_out", "astype", "broadcast_arrays", "can_cast", "clip", "finfo",
+           "iinfo", "meshgrid", "result_type", "sort", "tensordot"]
+
+
+def _dtype_of(x):
+    return x.dtype if isinstance(x, DTensor) else x
+
+
+def astype(x, dtype, /, *, copy=True, device=None):
+    """The standard's ``astype``: ``x`` cast to ``dtype``, placements kept; with
+    ``copy=False`` ``x`` itself when it has that dtype already. Local.
+
+    Example: ``astype(x, float32).placements == x.placements``.
+    """
+    if device is not None and device != x.device and device != x.device_mesh:
+        raise ValueError(f"astype cannot move an array to {device!r}")
+    if not copy and np.dtype(dtype) == x.dtype:
+        return x
+    return x.astype(dtype, copy=True)
+
+
+def can_cast(from_, to, /) -> bool:
+    """The standard's ``can_cast``, on the dtype of an array. Local.
+
+    Example: ``can_cast(x, float64)`` for an ``int32`` array ``x`` is True.
+    """
+    return bool(np.can_cast(_dtype_of(from_), to))
+
+
+def result_type(*arrays_and_dtypes):
+    """The standard's ``result_type``: NumPy's promotion of the arrays' dtypes (and
+    Python scalars as NumPy weakly takes them). Local.
+
+    Example: ``result_type(x, 1.0)`` for a ``float32`` array is ``float32``.
+    """
+    return np.result_type(*(_dtype_of(a) for a in arrays_and_dtypes))
+
+
+class _finfo(NamedTuple):
+    bits: int
+    eps: float
+    max: float
+    min: float
+    smallest_normal: float
+    dtype: np.dtype
+
+
+def finfo(type, /):  # noqa: A002
+    """The standard's ``finfo`` of a floating dtype or array: NumPy's values as
+    Python floats (NumPy gives scalars of the dtype), and the real dtype. Local.
+
+    Example: ``finfo(float32).bits == 32``.
+    """
+    f = np.finfo(_dtype_of(type))
+    return _finfo(int(f.bits), float(f.eps), float(f.max), float(f.min),
+                  float(f.smallest_normal), f.dtype)
+
+
+def iinfo(type, /):  # noqa: A002
+    """The standard's ``iinfo`` of an integer dtype or array. Local.
+
+    Example: ``iinfo(int8).max == 127``.
+    """
+    return np.iinfo(_dtype_of(type))
+
+
+def tensordot(x1, x2, /, *, axes=2):
+    """The standard's ``tensordot`` (``axes`` keyword-only), NumPy's on DTensors.
+    Collective when a contracted dim is sharded.
+
+    Example: ``tensordot(a, b, axes=1)`` of two matrices is their product.
+    """
+    return arrays_out(np.tensordot)(x1, x2, axes=axes)
+
+
+def _first_mesh(obj):
+    if isinstance(obj, DTensor):
+        return obj.device_mesh
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            mesh = _first_mesh(item)
+            if mesh is not None:
+                return mesh
+    return None
+
+
+def _as_arrays(obj, mesh):
+    """``obj`` with each NumPy scalar made a 0-d replicated DTensor on ``mesh``: where
+    NumPy gives a scalar for a 0-d result, the standard gives an array."""
+    if isinstance(obj, np.generic):
+        return DTensor.from_local(np.asarray(obj), mesh, [Replicate()] * mesh.ndim)
+    if isinstance(obj, tuple):
+        items = [_as_arrays(o, mesh) for o in obj]
+        return type(obj)(items) if type(obj) is tuple else type(obj)(*items)
+    if isinstance(obj, list):
+        return [_as_arrays(o, mesh) for o in obj]
+    return obj
+
+
+def arrays_out(func):
+    """NumPy's ``func``, whose 0-d results are arrays (0-d DTensors on the mesh of
+    its first DTensor argument), as the standard asks. Local (the call itself is
+    whatever ``func`` is on DTensors).
+
+    Example: ``arrays_out(np.linalg.det)(a)`` is a 0-d DTensor for a 2-D ``a``.
+    """
+    @functools.wraps(func)
+    def call(*args, **kwargs):
+        out = func(*args, **kwargs)
+        mesh = _first_mesh(args)
+        return out if mesh is None else _as_arrays(out, mesh)
+    return call
+
+
+def sort(x, /, *, axis=-1, descending=False, stable=True):
+    """The standard's ``sort``: NumPy's ascending sort, flipped for ``descending``.
+    Collective along a sharded axis.
+
+    Example: ``sort(x, descending=True)[0]`` is the largest value.
+    """
+    out = np.sort(x, axis=axis, kind="stable" if stable else None)
+    return np.flip(out, axis=axis) if descending else out
+
+
+def argsort(x, /, *, axis=-1, descending=False, stable=True):
+    """The standard's ``argsort``. Descending and stable (equal values keep their
+    order) is the ascending stable argsort of the flipped array, flipped back.
+    Collective along a sharded axis.
+
+    Example: ``argsort(asarray([3, 1, 2]))`` gives ``[1, 2, 0]``.
+    """
+    kind = "stable" if stable else None
+    if not descending:
+        return np.argsort(x, axis=axis, kind=kind)
+    n = x.shape[axis] if x.ndim else 1
+    flipped = np.argsort(np.flip(x, axis=axis), axis=axis, kind=kind)
+    return (n - 1) - np.flip(flipped, axis=axis)
+
+
+def clip(x, /, min=None, max=None):  # noqa: A002
+    """The standard's ``clip``: NumPy's, where either bound may be None (both None
+    gives a copy). Local where the bounds are laid out as ``x``.
+
+    Example: ``clip(x, min=0)``.
+    """
+    if min is None and max is None:
+        return x.copy()
+    return np.clip(x, min, max)
+
+
+def meshgrid(*arrays, indexing="xy"):
+    """The standard's ``meshgrid``: NumPy's, as a list. Collective as
+    ``np.meshgrid`` on DTensors is.
+
+    Example: ``xx, yy = meshgrid(x, y)``.
+    """
+    return list(arrays_out(np.meshgrid)(*arrays, indexing=indexing))
+
+
+def broadcast_arrays(*arrays):
+    """The standard's ``broadcast_arrays``: NumPy's, as a list. Local or collective
+    as ``np.broadcast_arrays`` on DTensors is.
+
+    Example: ``a, b = broadcast_arrays(x, y)``.
+    """
+    return list(arrays_out(np.broadcast_arrays)(*arrays))

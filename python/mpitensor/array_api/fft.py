@@ -1,0 +1,43 @@
+"""The standard's ``fft`` extension: NumPy's ``numpy.fft`` functions on DTensors
+(through the registry, as every NumPy call), and ``fftfreq``/``rfftfreq`` made as
+the namespace's creation functions make arrays."""
+
+import numpy as np
+
+from ._creation import _distributed
+from ._funcs import arrays_out
+
+__all__ = ["fft", "ifft", "fftn", "ifftn", "rfft", "irfft", "rfftn", "irfftn", "hfft",
+           "ihfft", "fftfreq", "rfftfreq", "fftshift", "ifftshift"]
+
+fft = arrays_out(np.fft.fft)
+ifft = arrays_out(np.fft.ifft)
+fftn = arrays_out(np.fft.fftn)
+ifftn = arrays_out(np.fft.ifftn)
+rfft = arrays_out(np.fft.rfft)
+irfft = arrays_out(np.fft.irfft)
+rfftn = arrays_out(np.fft.rfftn)
+irfftn = arrays_out(np.fft.irfftn)
+hfft = arrays_out(np.fft.hfft)
+ihfft = arrays_out(np.fft.ihfft)
+fftshift = arrays_out(np.fft.fftshift)
+ifftshift = arrays_out(np.fft.ifftshift)
+
+
+def fftfreq(n, /, *, d=1.0, dtype=None, device=None):
+    """The standard's ``fftfreq``: NumPy's sample frequencies, cut along the mesh as
+    the creation functions cut. Local.
+
+    Example: ``fftfreq(4).shape == (4,)``.
+    """
+    return _distributed(np.fft.fftfreq(n, d=d).astype(dtype or np.float64, copy=False),
+                        device)
+
+
+def rfftfreq(n, /, *, d=1.0, dtype=None, device=None):
+    """The standard's ``rfftfreq``, as :func:`fftfreq`. Local.
+
+    Example: ``rfftfreq(4).shape == (3,)``.
+    """
+    return _distributed(np.fft.rfftfreq(n, d=d).astype(dtype or np.float64, copy=False),
+                        device)

@@ -1,0 +1,182 @@
+"""The array API namespace (mpitensor.array_api): DTensor.__array_namespace__ gives
+it, its creation functions build on the mesh of ``with mesh:`` (else the world) cut
+along the first dim, its functions give NumPy's values through the registry, and
+its DTensor protocol pieces (mT, to_device, DLPack, __index__) answer as the standard
+says. The standard's own suite runs beside these (make test-array-api)."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+import mpitensor.array_api as xp
+from mpitensor import Replicate, Shard, init_device_mesh
+from mpitensor.debug import CommDebugMode
+
+N = MPI.COMM_WORLD.Get_size()
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return init_device_mesh("cpu", (N,))
+
+
+def test_namespace_is_the_module_and_the_standards_version(mesh):
+    x = xp.asarray([1.0, 2.0], device=mesh)
+    assert x.__array_namespace__() is xp
+    assert x.__array_namespace__(api_version="2024.12") is xp
+    assert xp.__array_api_version__ == "2024.12"
+    assert mt.array_api is xp
+    with pytest.raises(ValueError):
+        x.__array_namespace__(api_version="2019.01")
+
+
+def test_creation_under_with_mesh_is_cut_along_the_first_dim(mesh):
+    with mesh:
+        made = [xp.zeros((7, 3)), xp.ones(5, dtype=xp.int32), xp.empty((4, 2)),
+                xp.full((6,), 2.5), xp.arange(9), xp.linspace(0, 1, 11), xp.eye(5, 3),
+                xp.asarray(np.arange(12.0).reshape(6, 2)), xp.asarray([[1, 2], [3, 4]]),
+                xp.fft.fftfreq(8)]
+        scalar = xp.asarray(3.0)
+    for a in made:
+        assert a.device_mesh is mesh and a.placements == (Shard(0),), a
+    assert scalar.placements == (Replicate(),) and scalar.shape == ()
+    assert made[1].dtype == np.int32 and made[3].dtype == np.float64
+    assert made[4].dtype == np.arange(9).dtype
+    np.testing.assert_array_equal(made[6].full_tensor(), np.eye(5, 3))
+    np.testing.assert_array_equal(made[5].full_tensor(), np.linspace(0, 1, 11))
+    np.testing.assert_array_equal(made[9].full_tensor(), np.fft.fftfreq(8))
+
+
+def test_device_takes_a_mesh_or_the_cpu(mesh):
+    sub = init_device_mesh("cpu", (1, N))
+    a = xp.zeros((4, 4), device=sub)
+    assert a.device_mesh is sub and a.placements == (Shard(0), Shard(0))
+    b = xp.ones(3, device="cpu")
+    assert b.device == "cpu" and xp.ones(3, device=b.device).shape == (3,)
+    assert b.to_device(b.device) is b and b.to_device(b.device_mesh) is b
+    with pytest.raises(ValueError):
+        xp.zeros(3, device="cuda")
+    with pytest.raises(ValueError):
+        b.to_device("cuda")
+
+
+def test_creation_outside_any_mesh_uses_the_world():
+    a = xp.arange(2 * N + 1)
+    assert a.device_mesh.shape == (N,) and a.placements == (Shard(0),)
+    assert a.device_mesh is xp.arange(3).device_mesh
+
+
+def test_creation_moves_nothing(mesh):
+    ref = np.arange(20.0).reshape(10, 2)
+    with mesh, CommDebugMode() as mode:
+        a = xp.asarray(ref)
+        xp.zeros_like(a), xp.full_like(a, 1), xp.arange(10), xp.eye(4)
+    assert mode.get_total_counts() == 0
+    np.testing.assert_array_equal(a.full_tensor(), ref)
+
+
+def test_asarray_copy_semantics(mesh):
+    ref = np.arange(8.0)
+    with mesh:
+        shared = xp.asarray(ref)
+        own = xp.asarray(ref, copy=True)
+    assert np.shares_memory(shared.to_local(), ref)
+    assert not np.shares_memory(own.to_local(), ref)
+    assert xp.asarray(shared) is shared and xp.asarray(shared, copy=True) is not shared
+    assert xp.asarray(shared, dtype=xp.float32).dtype == np.float32
+    with pytest.raises(ValueError):
+        xp.asarray(shared, dtype=xp.float32, copy=False)
+
+
+@pytest.mark.parametrize("name, args, kwargs", [
+    ("concat", "two", {"axis": 0}),
+    ("permute_dims", "one", {"axes": (1, 0)}),
+    ("matrix_transpose", "one", {}),
+    ("clip", "one", {"min": 2.0, "max": 9.0}),
+    ("cumulative_sum", "one", {"axis": 0}),
+    ("sum", "one", {"axis": 0}),
+    ("mean", "one", {}),
+    ("tensordot", "square", {"axes": 1}),
+    ("vecdot", "two", {}),
+    ("sort", "one", {"axis": 0}),
+    ("take", "take", {"axis": 0}),
+    ("searchsorted", "sorted", {}),
+    ("unique_values", "one", {}),
+    ("tril", "one", {"k": 1}),
+])
+def test_functions_give_numpys_values(mesh, name, args, kwargs):
+    a = np.arange(24.0).reshape(6, 4) % 7
+    b = np.arange(24.0).reshape(6, 4)[::-1].copy()
+    with mesh:
+        da, db = xp.asarray(a), xp.asarray(b)
+    calls = {"one": ((da,), (a,)), "two": (((da, db),), ((a, b),)) if name == "concat"
+             else ((da, db), (a, b)),
+             "square": ((da, xp.asarray(a.T.copy(), device=mesh)), (a, a.T)),
+             "take": ((da, xp.asarray([0, 5, 2], device=mesh)), (a, np.array([0, 5, 2]))),
+             "sorted": ((xp.arange(10.0, device=mesh), xp.asarray([2.5, 0.0, 9.0],
+                                                                   device=mesh)),
+                        (np.arange(10.0), np.array([2.5, 0.0, 9.0])))}[args]
+    got = getattr(xp, name)(*calls[0], **kwargs)
+    want = getattr(np, name)(*calls[1], **kwargs)
+    if name == "unique_values":  # the order of unique values is not specified
+        got, want = np.sort(got.full_tensor()), np.sort(want)
+    else:
+        assert isinstance(got, mt.DTensor) and got.dtype == np.asarray(want).dtype
+        got = got.full_tensor()
+    np.testing.assert_allclose(got, want)
+
+
+def test_zero_d_results_are_arrays(mesh):
+    with mesh:
+        m = xp.asarray(np.eye(3) * 2.0)
+        v = xp.arange(5.0)
+    for got in (xp.linalg.det(m), xp.linalg.vector_norm(v), xp.max(v)):
+        assert isinstance(got, mt.DTensor) and got.shape == ()
+    assert float(xp.linalg.det(m)) == pytest.approx(8.0)
+    sign, logdet = xp.linalg.slogdet(m)
+    assert isinstance(logdet, mt.DTensor) and float(logdet) == pytest.approx(np.log(8.0))
+
+
+def test_a_sharded_sum_keeps_its_rows_and_reduces_once(mesh):
+    with mesh:
+        x = xp.arange(4.0 * N)
+    with CommDebugMode() as mode:
+        total = float(xp.sum(x * x))
+    assert total == float(np.sum(np.arange(4.0 * N) ** 2))
+    assert mode.get_total_counts() == (1 if N > 1 else 0)
+
+
+def test_data_type_functions_do_not_gather(mesh):
+    with mesh:
+        x = xp.zeros((4 * N,), dtype=xp.int32)
+    with CommDebugMode() as mode:
+        assert xp.result_type(x, xp.float32) == np.float64
+        assert xp.can_cast(x, xp.int64) and xp.iinfo(x).bits == 32
+        assert xp.astype(x, xp.int32, copy=False) is x
+        assert xp.astype(x, xp.float32).placements == (Shard(0),)
+    assert mode.get_total_counts() == 0
+
+
+def test_array_object_pieces(mesh):
+    a = np.arange(12).reshape(3, 4)
+    with mesh:
+        x = xp.asarray(a)
+        i = xp.asarray(2)
+    np.testing.assert_array_equal(x.mT.full_tensor(), a.T)
+    assert [0, 1, 2, 3][i] == 2 and x.__dlpack_device__() == (1, 0)
+    assert [int(v) for v in xp.asarray([3, 1, 4], device=mesh)] == [3, 1, 4]
+    with pytest.raises(TypeError):
+        [0, 1][xp.asarray(1.0, device=mesh)]
+    np.testing.assert_array_equal(np.from_dlpack(x), a)
+    back = xp.from_dlpack(a)
+    assert back.placements == (Shard(0),)
+    np.testing.assert_array_equal(back.full_tensor(), a)
+
+
+def test_info(mesh):
+    info = xp.__array_namespace_info__()
+    assert info.default_device() == "cpu" and info.devices() == [mt.device("cpu")]
+    assert info.default_dtypes() == np.__array_namespace_info__().default_dtypes()
+    assert info.dtypes(kind="bool") == {"bool": np.dtype(bool)}
+    assert info.capabilities()["boolean indexing"]
