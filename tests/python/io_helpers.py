@@ -4,8 +4,6 @@ makes alike."""
 
 from __future__ import annotations
 
-import re
-
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
@@ -53,21 +51,6 @@ def check_dtensor(p, dt, expect: np.ndarray, what: str) -> None:
     got, problems = gather_global(dt)
     p.expect(problems == [], f"{what}: {problems}")
     p.expect(bits_equal(got, expect), f"{what}: values differ")
-
-
-def expect_same_error(p, what: str, call, exc, match: str) -> None:
-    """Collective. call() raises ``exc`` (a message matching ``match``) on every
-    rank, with the same type and message everywhere."""
-    try:
-        call()
-        mine = None
-    except Exception as e:  # noqa: BLE001 - compared across ranks below
-        mine = (type(e).__name__, str(e))
-    seen = COMM.allgather(mine)
-    ok = (all(s == seen[0] for s in seen) and seen[0] is not None
-          and seen[0][0] == exc.__name__ and re.search(match, seen[0][1]) is not None)
-    p.expect(ok, f"{what}: expected the same {exc.__name__} matching {match!r} on every "
-                 f"rank, got {seen}")
 
 
 def on_first(action) -> None:

@@ -159,6 +159,16 @@ class Problems(list):
             self.append(what)
 
 
+def expect_same_error(p: Problems, what: str, call, exc, match: str) -> None:
+    """Collective. call() must raise ``exc`` (a message matching ``match``) on every
+    rank, with the same type and message everywhere; a failure goes into ``p``."""
+    seen = COMM.allgather(outcome(call))
+    ok = (all(s == seen[0] for s in seen) and seen[0] is not None
+          and seen[0][0] == exc.__name__ and re.search(match, seen[0][1]) is not None)
+    p.expect(ok, f"{what}: expected the same {exc.__name__} matching {match!r} on every "
+                 f"rank, got {seen}")
+
+
 def raised(call, exc, match=None):
     """True when call() raises `exc` (whose message contains the regex `match`),
     else a description of what happened instead. Never raises."""

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, init_device_mesh
-from mpi_helpers import Problems, all_ranks, bits_equal, fresh_job_env
+from mpi_helpers import Problems, all_ranks, bits_equal, expect_same_error, fresh_job_env
 import checkpoint_files as cf
 
 COMM = MPI.COMM_WORLD
@@ -52,21 +52,6 @@ def on_first(action) -> None:
     if RANK == 0:
         action()
     COMM.Barrier()
-
-
-def expect_same_error(p: Problems, what: str, call, exc, match: str) -> None:
-    """call() must raise ``exc`` (whose message matches ``match``) on every rank,
-    with the same type and message everywhere."""
-    try:
-        call()
-        mine = None
-    except Exception as e:  # noqa: BLE001 - compared across ranks below
-        mine = (type(e).__name__, str(e))
-    seen = COMM.allgather(mine)
-    ok = (all(s == seen[0] for s in seen) and seen[0] is not None
-          and seen[0][0] == exc.__name__ and re.search(match, seen[0][1]) is not None)
-    p.expect(ok, f"{what}: expected the same {exc.__name__} matching {match!r} on every "
-                 f"rank, got {seen}")
 
 
 def rows(mesh, salt: int, shape=None) -> mt.DTensor:

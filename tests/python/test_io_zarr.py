@@ -20,9 +20,8 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Replicate, Shard, init_device_mesh
 from mpitensor.checkpoint import _zarr
-from mpi_helpers import Problems, bits_equal
-from io_helpers import (DTYPES, N, RANK, array, check_dtensor, expect_same_error, layouts,
-                        on_first)
+from mpi_helpers import Problems, bits_equal, expect_same_error
+from io_helpers import (DTYPES, N, RANK, array, check_dtensor, layouts, on_first)
 
 COMM = MPI.COMM_WORLD
 
