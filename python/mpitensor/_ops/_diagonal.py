@@ -1,0 +1,167 @@
+"""Diagonals and triangles of DTensors, on global indices: ``np.triu``, ``np.tril``,
+``np.trace`` and ``np.diagonal`` (``np.diag``, which gathers as torch does, is in
+_diag.py).
+
+Each rank knows the global offset of its box, so it knows which of its elements lie
+on or above a diagonal without asking anyone. ``triu``/``tril`` zero the others
+in place of the data: no communication, and every placement stays (a Partial too:
+zeroing is linear). ``trace`` sums the part of the diagonal a rank holds, and
+``diagonal`` places that part at its global positions in zeros of the diagonal's
+length: the mesh dims that shard either of the two axes leave a Partial(sum) of
+the size of the result (the diagonal's elements live on the ranks that hold them,
+and a sum of zeros elsewhere places each once), reduced when read; the other dims
+keep their Shards.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
+
+from .. import _registry
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._layout import compute_local_shape_and_global_offset
+from ..placement_types import Partial, Replicate, Shard
+from . import _dispatch as D
+
+__all__ = ["triu", "tril", "trace", "diagonal"]
+
+
+def _sum_partials_only(name, a):
+    """``a`` with every Partial but Partial(sum) reduced: the operations here are
+    linear, so a sum of parts passes through."""
+    pls = [Replicate() if p.is_partial() and p != Partial("sum") else p
+           for p in a._spec.placements]
+    return D.relayout(name, a, pls)
+
+
+def _offset(a):
+    return compute_local_shape_and_global_offset(a._spec.shape, a._spec.mesh,
+                                                 a._spec.placements)[1]
+
+
+def _triangle(name, m, k, upper):
+    if type(m) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(m).__name__}")
+    k = operator.index(k)
+    if m.ndim < 2:
+        raise _registry.NoRule(f"{name}: a DTensor of fewer than two dims (NumPy makes "
+                               f"it a square) has no distributed rule")
+    m = _sum_partials_only(name, m)
+    spec = m._spec
+    if spec.mesh.get_coordinate() is None:
+        return DTensor(D.outside_local(spec.shape, spec.dtype), spec)
+    local = m.to_local()
+    off = _offset(m)
+    rows = off[-2] + np.arange(local.shape[-2])
+    cols = off[-1] + np.arange(local.shape[-1])
+    above = cols[None, :] - rows[:, None]
+    keep = above >= k if upper else above <= k
+    out = np.where(keep, local, np.zeros(1, local.dtype))
+    return DTensor(np.ascontiguousarray(out, spec.dtype), DTensorSpec(
+        spec.mesh, spec.placements, spec.shape, spec.dtype, contiguous_strides(spec.shape)))
+
+
+@_registry.implements(np.triu)
+def triu(m, k=0):
+    """``np.triu`` of a DTensor of two or more dims: its elements below diagonal
+    ``k`` of the last two dims zeroed, by their global indices. Local: every
+    placement stays.
+
+    Example: ``np.triu(dt, 1)`` of a (4, 4) ``[Shard(0)]`` DTensor.
+    """
+    return _triangle("numpy.triu", m, k, True)
+
+
+@_registry.implements(np.tril)
+def tril(m, k=0):
+    """``np.tril`` of a DTensor of two or more dims: its elements above diagonal
+    ``k`` of the last two dims zeroed, by their global indices. Local: every
+    placement stays.
+
+    Example: ``np.tril(dt)`` of a (4, 4) ``[Shard(1)]`` DTensor.
+    """
+    return _triangle("numpy.tril", m, k, False)
+
+
+def _diagonal_spec(name, a, offset, axis1, axis2):
+    """(``a`` with only Partial(sum)s left, axis1, axis2, local offset of the
+    diagonal in this rank's box, the output's placements over the other dims,
+    their global shape)."""
+    if type(a) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
+    offset = operator.index(offset)
+    if a.ndim < 2:
+        raise ValueError("diag requires an array of at least two dimensions")
+    axis1, axis2 = normalize_axis_index(axis1, a.ndim), normalize_axis_index(axis2, a.ndim)
+    if axis1 == axis2:
+        raise ValueError("axis1 and axis2 cannot be the same")
+    a = _sum_partials_only(name, a)
+    spec = a._spec
+    rest = [d for d in range(a.ndim) if d not in (axis1, axis2)]
+    pls = tuple(Partial("sum") if p.is_shard() and p.dim in (axis1, axis2) else
+                Shard(rest.index(p.dim)) if p.is_shard() else p for p in spec.placements)
+    return a, axis1, axis2, pls, tuple(spec.shape[d] for d in rest)
+
+
+@_registry.implements(np.trace)
+def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
+    """``np.trace`` of a DTensor: each rank sums the part of the diagonal it holds;
+    Partial(sum) over the mesh dims that shard ``axis1`` or ``axis2`` (one
+    all-reduce of the result's size when read), the Shards of the other dims kept.
+    Local.
+
+    Example: ``np.trace(dt)`` of a (4, 4) ``[Shard(0)]`` DTensor is a 0-d
+    ``[Partial(sum)]`` DTensor.
+    """
+    name = "numpy.trace"
+    if out is not None:
+        raise _registry.NoRule(f"{name}: out= has no distributed rule")
+    a, axis1, axis2, pls, shape = _diagonal_spec(name, a, offset, axis1, axis2)
+    spec = a._spec
+    out_dtype = np.trace(np.zeros((1, 1), spec.dtype), dtype=dtype).dtype
+    if spec.mesh.get_coordinate() is None:
+        local = D.outside_local(shape, out_dtype)
+    else:
+        off = _offset(a)
+        local = np.trace(a.to_local(), offset + off[axis1] - off[axis2], axis1, axis2,
+                         dtype=dtype)
+    return DTensor(np.asarray(local, out_dtype), DTensorSpec(
+        spec.mesh, pls, shape, np.dtype(out_dtype), contiguous_strides(shape)))
+
+
+@_registry.implements(np.diagonal)
+def diagonal(a, offset=0, axis1=0, axis2=1):
+    """``np.diagonal`` of a DTensor (a new array, not a view): each rank places the
+    part of the diagonal it holds at its global positions, in zeros elsewhere;
+    Partial(sum) over the mesh dims that shard ``axis1`` or ``axis2`` (one
+    all-reduce of the diagonal's size when read), the Shards of the other dims
+    kept. Local.
+
+    Example: ``np.diagonal(dt)`` of a (4, 4) ``[Shard(1)]`` DTensor is a (4,)
+    ``[Partial(sum)]`` DTensor.
+    """
+    name = "numpy.diagonal"
+    a, axis1, axis2, pls, rest = _diagonal_spec(name, a, offset, axis1, axis2)
+    spec = a._spec
+    rows, cols = spec.shape[axis1], spec.shape[axis2]
+    length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))
+    shape = rest + (length,)
+    if spec.mesh.get_coordinate() is None:
+        return DTensor(D.outside_local(shape, spec.dtype), DTensorSpec(
+            spec.mesh, pls, shape, spec.dtype, contiguous_strides(shape)))
+    local = a.to_local()
+    off = _offset(a)
+    here = offset + off[axis1] - off[axis2]
+    part = np.diagonal(local, here, axis1, axis2)
+    # Diagonal element t sits at global row t - min(offset, 0); this rank's first
+    # at local row max(0, -here).
+    first = off[axis1] + max(0, -here) + min(offset, 0) if part.shape[-1] else 0
+    kept = tuple(n for d, n in enumerate(local.shape) if d not in (axis1, axis2))
+    out = np.zeros(kept + (length,), spec.dtype)
+    out[..., first:first + part.shape[-1]] = part
+    return DTensor(out, DTensorSpec(spec.mesh, pls, shape, spec.dtype,
+                                    contiguous_strides(shape)))
