@@ -96,6 +96,10 @@ def same(got, want) -> bool:
         whole = got.full_tensor() if type(got) is mt.DTensor else got
         return isinstance(whole, np.ndarray) and whole.dtype == want.dtype and \
             whole.shape == want.shape and np.array_equal(whole, want, equal_nan=True)
+    if type(got) is mt.DTensor and isinstance(want, np.generic):
+        # A reduction's scalar is a 0-d DTensor, as np.sum's is.
+        got = got.full_tensor()
+        return got.shape == () and same(got[()], want)
     return type(got) is type(want) and (got == want or (got != got and want != want))
 
 
