@@ -27,7 +27,8 @@ ROOT = Path(__file__).parents[2]
 # counts they run at (the README's example needs a 2 x 2 mesh), and pages holding
 # scripts of their own.
 PROGRAMS = {"README.md": [4], "docs/tensor_parallel.md": [1, 4], "docs/checkpoints.md": [1, 4],
-            "docs/spmd_mistakes.md": [1, 4], "docs/clusters.md": [1, 4]}
+            "docs/spmd_mistakes.md": [1, 4], "docs/clusters.md": [1, 4],
+            "docs/array_api.md": [1, 4]}
 SCRIPT_PAGES = ["docs/getting_started.md"]
 
 pytestmark = pytest.mark.skipif(

@@ -65,7 +65,9 @@ _FROM_NUMPY = (
     "moveaxis permute_dims repeat reshape roll squeeze stack tile unstack take "
     "take_along_axis matmul matrix_transpose vecdot").split()
 # Ufuncs keep their DTensors 0-d; the other functions may give NumPy scalars, which
-# become 0-d arrays.
+# become 0-d arrays. NumPy 1.x lacks some of the names (they came with NumPy 2):
+# those are left out there, so the namespace is whole with NumPy 2.1 and later.
+_FROM_NUMPY = [name for name in _FROM_NUMPY if hasattr(np, name)]
 globals().update({name: (getattr(np, name) if isinstance(getattr(np, name), np.ufunc)
                          else arrays_out(getattr(np, name))) for name in _FROM_NUMPY})
 

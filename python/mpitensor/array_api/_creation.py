@@ -98,7 +98,9 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None) -> DTensor:
     elif not isinstance(obj, np.ndarray) and hasattr(obj, "__dlpack__") \
             and not hasattr(obj, "__array__"):
         obj = np.from_dlpack(obj, copy=copy)
-    arr = np.asarray(obj, dtype=dtype, copy=copy)
+    # copy= as np.asarray takes it in NumPy 2; NumPy 1.x's asarray has no copy=.
+    arr = np.array(obj, dtype=dtype) if copy else np.asarray(
+        obj, dtype=dtype, **({} if copy is None else {"copy": copy}))
     return _distributed(arr, device)
 
 

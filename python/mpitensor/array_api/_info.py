@@ -24,6 +24,8 @@ class __array_namespace_info__:
     __module__ = "mpitensor.array_api"
 
     def __init__(self):
+        if not hasattr(np, "__array_namespace_info__"):
+            raise NotImplementedError("the array API inspection functions need NumPy 2")
         self._numpy = np.__array_namespace_info__()
 
     def capabilities(self) -> dict:

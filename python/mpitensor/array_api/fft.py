@@ -10,18 +10,8 @@ from ._funcs import arrays_out
 __all__ = ["fft", "ifft", "fftn", "ifftn", "rfft", "irfft", "rfftn", "irfftn", "hfft",
            "ihfft", "fftfreq", "rfftfreq", "fftshift", "ifftshift"]
 
-fft = arrays_out(np.fft.fft)
-ifft = arrays_out(np.fft.ifft)
-fftn = arrays_out(np.fft.fftn)
-ifftn = arrays_out(np.fft.ifftn)
-rfft = arrays_out(np.fft.rfft)
-irfft = arrays_out(np.fft.irfft)
-rfftn = arrays_out(np.fft.rfftn)
-irfftn = arrays_out(np.fft.irfftn)
-hfft = arrays_out(np.fft.hfft)
-ihfft = arrays_out(np.fft.ihfft)
-fftshift = arrays_out(np.fft.fftshift)
-ifftshift = arrays_out(np.fft.ifftshift)
+globals().update({name: arrays_out(getattr(np.fft, name)) for name in __all__
+                  if not name.endswith("freq")})
 
 
 def fftfreq(n, /, *, d=1.0, dtype=None, device=None):

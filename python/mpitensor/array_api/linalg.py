@@ -12,26 +12,10 @@ __all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "m
            "pinv", "qr", "slogdet", "solve", "svd", "svdvals", "tensordot", "trace",
            "vecdot", "vector_norm"]
 
-cholesky = arrays_out(np.linalg.cholesky)
-cross = arrays_out(np.linalg.cross)
-det = arrays_out(np.linalg.det)
-diagonal = arrays_out(np.linalg.diagonal)
-eigh = arrays_out(np.linalg.eigh)
-eigvalsh = arrays_out(np.linalg.eigvalsh)
-inv = arrays_out(np.linalg.inv)
-matmul = np.linalg.matmul
-matrix_norm = arrays_out(np.linalg.matrix_norm)
-matrix_power = arrays_out(np.linalg.matrix_power)
-matrix_rank = arrays_out(np.linalg.matrix_rank)
-matrix_transpose = arrays_out(np.linalg.matrix_transpose)
-outer = arrays_out(np.linalg.outer)
-pinv = arrays_out(np.linalg.pinv)
-qr = arrays_out(np.linalg.qr)
-slogdet = arrays_out(np.linalg.slogdet)
-solve = arrays_out(np.linalg.solve)
-svd = arrays_out(np.linalg.svd)
-svdvals = arrays_out(np.linalg.svdvals)
+# NumPy 1.x lacks some of them (the standard's names came with NumPy 2): those are
+# left out there.
+globals().update({name: (getattr(np.linalg, name) if name in ("matmul", "vecdot")
+                         else arrays_out(getattr(np.linalg, name)))
+                  for name in __all__ if name != "tensordot" and hasattr(np.linalg, name)})
 tensordot = _funcs.tensordot
-trace = arrays_out(np.linalg.trace)
-vecdot = np.linalg.vecdot
-vector_norm = arrays_out(np.linalg.vector_norm)
+__all__ = [name for name in __all__ if name in globals()]
