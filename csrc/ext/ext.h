@@ -16,6 +16,7 @@
 #define NO_IMPORT_ARRAY
 #endif
 #include <numpy/arrayobject.h>
+#include <stdbool.h>
 
 #include "mpitensor/comm/counters.h"
 #include "mpitensor/comm/mesh.h"
@@ -34,12 +35,12 @@ typedef struct mt_ext_dispatch mt_ext_dispatch;
 /* The modes in force, the one state both Python and C read: a plain struct in the
  * module state that mpitensor._modes maps through ctypes (`_C.MODES`, its
  * address) and sets as features are entered and left; the executor reads the
- * fields. The layout is mirrored by mpitensor._modes._State. */
+ * fields. Python lays it out from ext_structs.c's table. */
 typedef struct mt_ext_modes {
-  char grad_enabled, backward, checks, log_debug, log_info, gather_warning;
+  bool grad_enabled, backward, checks, log_debug, log_info, gather_warning;
   /* A recorded forward runs with grad mode off: its decisions still price the
    * way back of the gradients its inputs will get. */
-  char grad_priced;
+  bool grad_priced;
   /* The DTensor whose gradient a backward is computing (None: none): the outputs
    * of the operations it runs are headed to that DTensor's layout. Python owns
    * the reference (the ctypes structure keeps it). */
@@ -418,6 +419,19 @@ static inline int mt_ext_needs_grad(const mt_ext_dispatch *d, PyObject *o) {
 PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
                         PyObject *out, PyObject *const *inputs, Py_ssize_t n,
                         PyObject *saved, PyObject *aux);
+
+/* -- the layouts of the structs Python reads (ext_structs.c) --------------------------- */
+
+/* Local. The C name of struct `i` of the table, its size in *size; NULL, *size
+ * untouched, past the last. Example: enumerate i = 0, 1, ... until NULL. */
+MT_EXPORT const char *mt_ext_struct_at(int i, int64_t *size);
+/* Local. Field `j` of struct `i`, in declaration order: its name, with the C name
+ * of its elements' type in *type (a scalar type, "void *", "PyObject *" or a
+ * struct of the table), its byte offset, its size, and its extents in dims[2]
+ * ({0, 0} a scalar, {n, 0} an array of n, {n, m} n arrays of m); NULL, the
+ * outputs untouched, past the last field or struct. */
+MT_EXPORT const char *mt_ext_field_at(int i, int j, const char **type, int64_t *offset,
+                                      int64_t *size, int64_t *dims);
 
 /* -- each area adds its functions and types in Py_mod_exec ----------------------------- */
 

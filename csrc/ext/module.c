@@ -36,10 +36,8 @@ static int module_exec(PyObject *module) {
   mt_ext_dispatch *d = st->dispatch;
   d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
   d->modes = &st->modes;
-  if (add_address(module, "HOOK_CALLS", d->hook_calls) < 0 ||
-      PyModule_AddIntConstant(module, "HOOK_COUNT", MT_HOOK_COUNT) < 0)
-    return -1;
-  return PyModule_AddIntConstant(module, "MODES_SIZE", (long)sizeof(mt_ext_modes));
+  if (add_address(module, "HOOK_CALLS", d->hook_calls) < 0) return -1;
+  return PyModule_AddIntConstant(module, "HOOK_COUNT", MT_HOOK_COUNT);
 }
 
 #define MT_EXT_TYPES(X, st)                                                            \

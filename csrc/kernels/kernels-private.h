@@ -33,9 +33,13 @@ int mt__gemm2(const mt_blas *blas, int dtype, int trans_a, int trans_b, int64_t 
               mt_error *err);
 
 /* One row of n >= 1 elements: y = softmax(x), or log_softmax(x) with `log`;
- * y may be x (softmax.c). */
-void mt__softmax_row_f32(const float *x, float *y, int64_t n, int log);
-void mt__softmax_row_f64(const double *x, double *y, int64_t n, int log);
+ * y may be x (softmax.c). Hidden by name: GCC gives the ifunc of a multiversioned
+ * function default visibility whatever the preset, which would export it from
+ * mpitensor._C. */
+__attribute__((visibility("hidden"))) void mt__softmax_row_f32(const float *x, float *y,
+                                                               int64_t n, int log);
+__attribute__((visibility("hidden"))) void mt__softmax_row_f64(const double *x, double *y,
+                                                               int64_t n, int log);
 
 /* exp(x) in float, within 2 ulp, written without calls or branches so that a loop
  * of it vectorizes: 2^n * p(r) with n = round(x / ln 2), r = x - n ln 2 (ln 2 in

@@ -60,7 +60,6 @@ class MeshBase:
 
 # The address of the modes in force (mpitensor._modes._State maps it).
 MODES: int
-MODES_SIZE: int
 
 def dispatch_init(dtensor_type: type, spec_type: type, node_type: type, request_type: type,
                   replicate: Any, shards: tuple, partials: tuple, functions: dict,

@@ -1,13 +1,14 @@
-"""The C functions that take no Python object and touch no MPI, called through
-ctypes in libmpitensor_local.so, which is installed beside mpitensor._C: the core's
-layout math, random fills and the names of its constants (``CORE``) here, the nn
-kernels in :mod:`mpitensor.nn._ckernels`, the kernels along an axis in
-:mod:`mpitensor._ops._lanes`.
+"""The one door into C by ctypes: every binding module loads the ``_C`` shared
+object through ``lib`` here, binds each function once at import with :func:`fn`,
+and lays out each C struct it reads with :func:`struct`, from the table the
+extension exports (csrc/ext/ext_structs.c), never from a copy. This module binds
+the core's layout math, random fills and the names of its constants (``CORE``);
+:mod:`mpitensor._comm`, :mod:`mpitensor._plan`, :mod:`mpitensor.checkpoint._io`,
+:mod:`mpitensor.nn._ckernels`, :mod:`mpitensor._ops._lanes` and
+:mod:`mpitensor._ops._dispatch` the rest.
 
-This is the one loader of that library: it gives every binding the library, the
-C prototypes, the array checks and the status -> exception rule the extension
-uses, so a failing call raises what ``_C`` would raise; :mod:`mpitensor._comm`
-binds the functions ``_C`` itself exports with the same helpers. ctypes releases
+It also gives them the array checks and the status -> exception rule the
+extension uses, so a failing call raises what ``_C`` would raise. ctypes releases
 the GIL while a function runs. Every function here is Local.
 """
 
@@ -17,22 +18,21 @@ import ctypes
 import functools
 import itertools
 import operator
-import os
 import types
 
 import numpy as np
 
 from . import _C
 
-lib = ctypes.CDLL(os.path.join(os.path.dirname(_C.__file__), "libmpitensor_local.so"))
+lib = ctypes.CDLL(_C.__file__)  # the loaded extension itself: one object, one state
 
 P, I, I64, D = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double
 
 
-def fn(name, restype, *argtypes, library=lib):
-    """The function ``name`` of ``library`` (this one unless given) with its C
-    prototype."""
-    f = getattr(library, name)
+def fn(name, restype, *argtypes):
+    """The exported C function ``name`` with its prototype; bind it once, at
+    import."""
+    f = getattr(lib, name)
     f.restype, f.argtypes = restype, list(argtypes)
     return f
 
@@ -57,36 +57,93 @@ CORE = _constants()
 MAX_NDIM, MAX_MESH_NDIM = CORE.MAX_NDIM, CORE.MAX_MESH_NDIM  # the sizes of mt_layout's arrays
 
 
-class Error(ctypes.Structure):  # mt_error
-    _fields_ = [("code", I), ("msg", ctypes.c_char * 512)]  # MT_ERROR_LEN
+def _struct_table() -> dict:
+    """{C struct name: (sizeof, ((field, element type, offset, size, extents),
+    ...))}, in the order of the extension's table (mt_ext_struct_at)."""
+    struct_at = fn("mt_ext_struct_at", ctypes.c_char_p, I, ctypes.POINTER(I64))
+    field_at = fn("mt_ext_field_at", ctypes.c_char_p, I, I, ctypes.POINTER(ctypes.c_char_p),
+                  ctypes.POINTER(I64), ctypes.POINTER(I64), ctypes.POINTER(I64))
+    size, kind, offset, nbytes, dims = I64(), ctypes.c_char_p(), I64(), I64(), (I64 * 2)()
+    out = {}
+    for i in itertools.count():
+        name = struct_at(i, ctypes.byref(size))
+        if name is None:
+            return out
+        fields, sizeof = [], size.value
+        for j in itertools.count():
+            field = field_at(i, j, ctypes.byref(kind), ctypes.byref(offset),
+                             ctypes.byref(nbytes), dims)
+            if field is None:
+                break
+            fields.append((field.decode(), kind.value.decode(), offset.value, nbytes.value,
+                           tuple(d for d in dims if d)))
+        out[name.decode()] = (sizeof, tuple(fields))
 
 
-class _Placement(ctypes.Structure):  # mt_placement
-    _fields_ = [("kind", I), ("dim", I), ("reduce_op", I)]
+STRUCTS = _struct_table()
+# The ctypes type of each scalar type the table names.
+_SCALARS = {"bool": ctypes.c_bool, "char": ctypes.c_char, "int": I,
+            "unsigned int": ctypes.c_uint, "long": ctypes.c_long,
+            "unsigned long": ctypes.c_ulong, "long long": ctypes.c_longlong,
+            "unsigned long long": ctypes.c_ulonglong, "double": D, "void *": P,
+            "PyObject *": ctypes.py_object}
 
 
-class _Box(ctypes.Structure):  # mt_box
-    _fields_ = [("ndim", I), ("offset", I64 * MAX_NDIM), ("shape", I64 * MAX_NDIM)]
+def build(name: str, sizeof: int, fields) -> type:
+    """A ctypes Structure of ``fields`` (rows of :data:`STRUCTS`), ImportError
+    naming the struct and the field where ctypes would not lay it out at C's
+    offsets and sizes. Its instances take no attribute but the fields, so a
+    misspelt or vanished field name raises instead of being set aside."""
+    def ctype(field, kind, dims):
+        if kind not in _SCALARS and kind not in STRUCTS:
+            raise ImportError(f"{name}.{field}: no ctypes type for C type {kind!r}")
+        t = _SCALARS.get(kind) or struct(kind)
+        for n in reversed(dims):
+            t = t * n
+        return t
+
+    cls = type(name, (ctypes.Structure,), {
+        "__slots__": (), "__module__": __name__,
+        "_fields_": [(f, ctype(f, kind, dims)) for f, kind, _, _, dims in fields]})
+    for f, _, offset, size, _ in fields:
+        got = getattr(cls, f)
+        if (got.offset, got.size) != (offset, size):
+            raise ImportError(f"{name}.{f}: ctypes lays it out at byte {got.offset} "
+                              f"({got.size} bytes), C at byte {offset} ({size} bytes)")
+    if ctypes.sizeof(cls) != sizeof:
+        raise ImportError(f"{name}: ctypes makes it {ctypes.sizeof(cls)} bytes, C "
+                          f"{sizeof}")
+    return cls
 
 
-class _Layout(ctypes.Structure):  # mt_layout
-    _fields_ = [("ndim", I), ("shape", I64 * MAX_NDIM), ("mesh_ndim", I),
-                ("mesh_shape", I64 * MAX_MESH_NDIM),
-                ("placements", _Placement * MAX_MESH_NDIM)]
+@functools.cache
+def struct(name: str) -> type:
+    """The ctypes Structure of C struct ``name``, laid out from the extension's
+    table and checked against it (:func:`build`); fill it by field name.
+
+    Example: ``struct("mt_box")(ndim=1).shape[0] == 0``.
+    """
+    try:
+        return build(name, *STRUCTS[name])
+    except KeyError:
+        raise ImportError(f"{name} is not in the extension's table of structs "
+                          "(csrc/ext/ext_structs.c)") from None
 
 
-_E = ctypes.POINTER(Error)
+Error, _Placement, _Box, _Layout = map(struct, ("mt_error", "mt_placement", "mt_box",
+                                                "mt_layout"))
+E = ctypes.POINTER(Error)  # the last argument of every fallible function
 _dtype_name = fn("mt_dtype_name", ctypes.c_char_p, I)
 _status_name = fn("mt_status_name", ctypes.c_char_p, I)
 _strerror = fn("mt_strerror", ctypes.c_char_p, I)
 _chunk = fn("mt_chunk", None, I64, I64, I64, ctypes.POINTER(I64), ctypes.POINTER(I64))
 _strides = fn("mt_layout_contiguous_strides", None, I, P, P)
-_layout_init = fn("mt_layout_init", I, ctypes.POINTER(_Layout), I, P, I, P, P, _E)
+_layout_init = fn("mt_layout_init", I, ctypes.POINTER(_Layout), I, P, I, P, P, E)
 _local_box = fn("mt_layout_local_box", I, ctypes.POINTER(_Layout), P,
-                ctypes.POINTER(_Box), _E)
-_even_global = fn("mt_layout_even_global_shape", I, I, P, I, P, P, P, _E)
+                ctypes.POINTER(_Box), E)
+_even_global = fn("mt_layout_even_global_shape", I, I, P, I, P, P, P, E)
 _rng_fill_box = fn("mt_rng_fill_box", I, P, I, I, ctypes.c_uint64, ctypes.c_uint64, P,
-                   ctypes.POINTER(_Box), _E)
+                   ctypes.POINTER(_Box), E)
 
 # The core's element type codes (mpitensor/core/dtype.h) by NumPy's dtype names.
 _DTYPE_CODES = {_dtype_name(i).decode(): i for i in range(64)
@@ -197,8 +254,12 @@ def _placements(codes):
     codes = tuple(codes)
     if len(codes) > MAX_MESH_NDIM:
         raise ValueError(f"at most {MAX_MESH_NDIM} placements are supported")
-    return (_Placement * MAX_MESH_NDIM)(*(_Placement(*map(operator.index, c))
-                                          for c in codes)), len(codes)
+    return (_Placement * MAX_MESH_NDIM)(*map(_placement, codes)), len(codes)
+
+
+def _placement(code) -> _Placement:
+    kind, dim, op = map(operator.index, code)
+    return _Placement(kind=kind, dim=dim, reduce_op=op)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -285,7 +346,8 @@ def rng_fill(out: np.ndarray, global_shape, offset, seed: int, stream: int,
     off, noff = _int64s(offset, MAX_NDIM, "offset")
     if noff != nd or out.ndim != nd:
         raise ValueError("out, global_shape and offset need equal ndim")
-    box = _Box(nd, (I64 * MAX_NDIM)(*off[:nd]), (I64 * MAX_NDIM)(*out.shape))
+    box = _Box(ndim=nd, offset=(I64 * MAX_NDIM)(*off[:nd]),
+               shape=(I64 * MAX_NDIM)(*out.shape))
     call(_rng_fill_box, out.ctypes.data, dtype, operator.index(dist),
          operator.index(seed) & (2**64 - 1), operator.index(stream) & (2**64 - 1), glob,
          ctypes.byref(box))

@@ -1,9 +1,9 @@
-"""The mesh-bound calls of the C comm library, bound through ctypes to the very
-``_C`` shared object that runs the executor, so they share its state (the block
-pool, the watchdog, the direct-read state, the counters): a mesh's collectives,
-distribute and the selection exchange of basic indexing, the ring exchanges of
-context parallelism, the agreement primitive, the watchdog, the block pool's
-limit, the counters and the time models.
+"""The mesh-bound calls of the C comm library, bound through ctypes (:mod:`._clib`)
+to the very ``_C`` shared object that runs the executor, so they share its state
+(the block pool, the watchdog, the direct-read state, the counters): a mesh's
+collectives, distribute and the selection exchange of basic indexing, the ring
+exchanges of context parallelism, the agreement primitive, the watchdog, the
+block pool's limit, the counters and the time models.
 
 Each is argument conversion around a C function that takes plain C arguments;
 ctypes releases the GIL while it runs, as the extension did around every
@@ -22,10 +22,9 @@ import operator
 import numpy as np
 
 from . import _C
-from ._clib import (MAX_MESH_NDIM, MAX_NDIM, Error, I, I64, D, P, _Box, _int64s, _Layout,
-                    _layout_init, _local_box, _placements, call, check, dtype_code,
-                    status_of)
-from ._clib import fn as _fn
+from ._clib import (MAX_MESH_NDIM, MAX_NDIM, E as _E, Error, I, I64, D, P, _Box, _int64s,
+                    _Layout, _layout_init, _local_box, _placements, call, check,
+                    dtype_code, fn, status_of, struct)
 from ._clib import message as _message
 
 __all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "mpi_library_version",
@@ -36,33 +35,11 @@ __all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "m
            "distribute", "select_exchange", "pool_set_limit", "pool_cached_bytes",
            "dispatch_stats"]
 
-lib = ctypes.CDLL(_C.__file__)  # the loaded extension itself: no second copy
-_E = ctypes.POINTER(Error)
-
-
-def fn(name, restype, *argtypes):
-    """The extension's exported function ``name`` with its C prototype."""
-    return _fn(name, restype, *argtypes, library=lib)
-
-
-class _TimeModel(ctypes.Structure):  # mt_time_model
-    _fields_ = [("alpha", D * 2), ("beta", D * 2), ("call", D), ("copy", D),
-                ("reduce", D), ("ranks_per_node", I64)]
-
-
-class _Nodes(ctypes.Structure):  # mt_mesh_nodes
-    _fields_ = [("kind", I), ("count", I64), ("smallest", I64), ("largest", I64)]
-
-
+_TimeModel, _Nodes, _Totals = map(struct, ("mt_time_model", "mt_mesh_nodes",
+                                            "mt_comm_totals"))
 _coll_name = fn("mt_coll_name", ctypes.c_char_p, I)
 _COLLS = tuple(itertools.takewhile(lambda name: name != b"unknown",
                                    map(_coll_name, range(64))))  # mt_coll
-
-
-class _Totals(ctypes.Structure):  # mt_comm_totals
-    _fields_ = [("calls", I64 * len(_COLLS)), ("bytes", I64 * len(_COLLS))]
-
-
 _TM = ctypes.POINTER(_TimeModel)
 _ndim = fn("mt_mesh_ndim", I, P)
 _dim_size = fn("mt_mesh_dim_size", I64, P, I)
@@ -161,7 +138,8 @@ def time_model(obj) -> _TimeModel:
     if len(obj) != 8:
         raise TypeError(f"time model expected 8 arguments, got {len(obj)}")
     a0, b0, a1, b1, c, cp, r = (float(v) for v in obj[:7])
-    m = _TimeModel((D * 2)(a0, a1), (D * 2)(b0, b1), c, cp, r, operator.index(obj[7]))
+    m = _TimeModel(alpha=(D * 2)(a0, a1), beta=(D * 2)(b0, b1), call=c, copy=cp,
+                   reduce=r, ranks_per_node=operator.index(obj[7]))
     call(_model_check, ctypes.byref(m))
     return m
 
@@ -361,11 +339,7 @@ def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) ->
     check(_agree(m, 0 if ok else status_of(error), fp, ctypes.byref(err)), err)
 
 
-class _MemoStats(ctypes.Structure):  # mt_memo_stats
-    _fields_ = [(name, I64) for name in ("hits", "misses", "decisions", "plans",
-                                         "decision_limit", "plan_limit")]
-
-
+_MemoStats = struct("mt_memo_stats")
 _memo_stats = fn("mt_memo_stats_get", None, P, ctypes.POINTER(_MemoStats))
 _table_count = fn("mt_layout_table_count", I64, P)
 _table_capacity = fn("mt_layout_table_capacity", I64, P)
@@ -622,14 +596,10 @@ def ring_allgather_int64(mesh, dim: int, values) -> tuple[int, ...]:
 
 # ---- whole tensors: distribute and the selection exchange of basic indexing ---------
 
-class _Selection(ctypes.Structure):  # mt_selection
-    _fields_ = [("ndim", I), ("start", I64 * MAX_NDIM), ("step", I64 * MAX_NDIM),
-                ("count", I64 * MAX_NDIM)]
-
-
+_Selection = struct("mt_selection")
 _L, _B = ctypes.POINTER(_Layout), ctypes.POINTER(_Box)
-_selection_check = _fn("mt_selection_check", I, ctypes.POINTER(_Selection), I, P, _E)
-_selection_image = _fn("mt_selection_image", I, ctypes.POINTER(_Selection), _B, _B)
+_selection_check = fn("mt_selection_check", I, ctypes.POINTER(_Selection), I, P, _E)
+_selection_image = fn("mt_selection_image", I, ctypes.POINTER(_Selection), _B, _B)
 _selection_exchange = fn("mt_selection_exchange", I, P, _L, ctypes.POINTER(_Selection), _L,
                          I, P, P, _E)
 _distribute_from = fn("mt_distribute_from", I, P, _L, I, I64, P, P, _E)
@@ -706,7 +676,7 @@ def select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts,
     Collective on the mesh."""
     m = mesh_address(mesh)
     sh, ndim = _int64s(shape, MAX_NDIM, "shape")
-    sel = _Selection(ndim)
+    sel = _Selection(ndim=ndim)
     got = [_int64s(v, MAX_NDIM, what) for v, what in
            ((starts, "starts"), (steps, "steps"), (counts, "counts"))]
     if any(n != ndim for _, n in got):

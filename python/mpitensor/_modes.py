@@ -5,12 +5,13 @@ replication, loss_parallel, context parallelism, the debugging tools, grad mode)
 pushes its state here; the code that must honour it reads it here. So a lower
 module never imports a feature to ask whether it is active.
 
-The flags live once, in ``state`` (a structure in the C extension's memory,
-mapped here through ctypes), which the C executor reads too: ``state.grad_enabled``, ``state.grad_priced`` (a recorded forward
-runs), ``state.want`` (where a backward rule's outputs go), ``state.tracing``
-(some debugging tool listens, so the executor emits trace events),
-``state.checks``, ``state.log_debug``, ``state.gather_report``,
-``state.implicit_replication``, ``state.backward``. What only Python uses (the
+The flags live once, in ``state`` (the C extension's ``mt_ext_modes``, mapped
+here through ctypes with its layout from C), which the C executor reads too:
+``state.grad_enabled``, ``state.grad_priced`` (a recorded forward runs),
+``state.want`` (where a backward rule's outputs go), ``state.tracing`` (some
+debugging tool listens, so the executor emits trace events), ``state.checks``,
+``state.log_debug``, ``state.gather_report``, ``state.implicit_replication``,
+``state.backward``. What only Python uses (the
 handlers of loss_parallel and context parallelism, the entered CommDebugModes,
 the collective checker) is kept here beside them.
 
@@ -20,12 +21,10 @@ program enters and leaves them alike.
 
 from __future__ import annotations
 
-import ctypes
-
-from . import _C
+from . import _C, _clib
 
 
-class _State(ctypes.Structure):  # mt_ext_modes (csrc/ext/ext.h)
+class _State(_clib.struct("mt_ext_modes")):
     """The modes in force, held once: the C executor reads these very fields.
 
     ``grad_enabled``: operations on DTensors that require grad are recorded.
@@ -39,10 +38,7 @@ class _State(ctypes.Structure):  # mt_ext_modes (csrc/ext/ext.h)
     ``implicit_replication``: depth of implicit_replication() blocks.
     ``listeners``: entered CommDebugModes."""
 
-    _fields_ = [(name, ctypes.c_bool) for name in (
-        "grad_enabled", "backward", "checks", "log_debug", "log_info", "gather_warning",
-        "grad_priced")] + [("want", ctypes.py_object), ("implicit_replication", ctypes.c_int),
-                           ("listeners", ctypes.c_int)]
+    __slots__ = ()
 
     @property
     def tracing(self) -> bool:
@@ -60,7 +56,6 @@ class _State(ctypes.Structure):  # mt_ext_modes (csrc/ext/ext.h)
         return self.tracing or self.log_info
 
 
-assert ctypes.sizeof(_State) == _C.MODES_SIZE, "_State does not mirror mt_ext_modes"
 state = _State.from_address(_C.MODES)
 
 

@@ -1,7 +1,7 @@
 """A redistribution plan as data, for tools, tracing and benchmarks: its steps,
 bytes, messages and predicted time, torch's plan for the same move, and what
 another time model predicts, and its raw run (:func:`run`). The planner is the C
-core's (core/plan), called through ctypes in the ``_C`` object (:mod:`._comm`). A
+core's (core/plan), called through ctypes in the ``_C`` object (:mod:`._clib`). A
 :class:`Plan` owns one reference of an ``mt_plan``; the executor's trace events hand
 their plans over as capsules, which :func:`of` takes. Every function is Local but
 :func:`run` and the runners :func:`runner` makes.
@@ -14,8 +14,8 @@ import ctypes
 import numpy as np
 
 from . import _comm
-from ._clib import (_STATUS_CODES, Error, I, I64, D, P, _Layout, _layout, call, check,
-                    dtype_code)
+from ._clib import (_STATUS_CODES, E as _E, Error, I, I64, D, P, _Layout, _layout, call,
+                    check, dtype_code, fn as _fn, struct)
 
 __all__ = ["Plan", "STEP_KINDS", "steps", "of", "run", "runner"]
 
@@ -23,18 +23,8 @@ __all__ = ["Plan", "STEP_KINDS", "steps", "of", "run", "runner"]
 STEP_KINDS = ("all_gather", "all_to_all", "chunk", "all_reduce", "reduce_scatter",
               "direct", "all_reduce_nodes")
 
-
-class _Step(ctypes.Structure):  # mt_step
-    _fields_ = [("kind", I), ("mesh_dim", I), ("src", _Layout), ("dst", _Layout)] + [
-        (name, I64) for name in (
-            "itemsize", "bytes", "messages", "rank_bytes", "vector_bytes",
-            "rank_messages", "copy_bytes", "reduce_bytes", "net_bytes", "node_bytes",
-            "rank_net_messages", "rank_shm_messages", "node_layout", "node_group")] + [
-        ("time", D)]
-
-
-_E, _L, _TM = ctypes.POINTER(Error), ctypes.POINTER(_Layout), ctypes.POINTER(_comm._TimeModel)
-_fn = _comm.fn
+_Step = struct("mt_step")
+_L, _TM = ctypes.POINTER(_Layout), ctypes.POINTER(_comm._TimeModel)
 _create_timed = _fn("mt_plan_create_timed", I, _L, _L, I64, _TM, ctypes.POINTER(P), _E)
 _create_torch = _fn("mt_plan_create_torch", I, _L, _L, I64, _TM, ctypes.POINTER(P), _E)
 _check = _fn("mt_plan_check", I, _L, _L, I, _E)

@@ -18,8 +18,8 @@ import numbers
 
 import numpy as np
 
-from .. import _C, _comm, _modes, _trace, device_mesh as _device_mesh
-from .._clib import CORE, MAX_NDIM, Error, I, I64, call, dtype_code
+from .. import _C, _modes, _trace, device_mesh as _device_mesh
+from .._clib import CORE, MAX_NDIM, E as _E, I, I64, call, dtype_code, fn, struct
 from .._dtensor import DTensor
 
 # The label kinds, partial rules and reduce ops of dim maps, from the core.
@@ -39,26 +39,16 @@ _U32 = ctypes.c_uint32
 MAX_LABELS = CORE.PROP_MAX_LABELS
 
 
-class DimMap(ctypes.Structure):  # mt_dimmap
-    """An operation's dim map as the core reads it (the executor copies it on a
-    memo miss and checks it again)."""
-    _fields_ = [("ninputs", I), ("nlabels", I), ("in_ndim", I * MAX_INPUTS),
-                ("in_labels", (I * MAX_NDIM) * MAX_INPUTS), ("in_bcast", _U32 * MAX_INPUTS),
-                ("out_ndim", I), ("out_labels", I * MAX_NDIM),
-                ("label_kind", I * MAX_LABELS), ("label_reduce_op", I * MAX_LABELS),
-                ("even_only", _U32), ("partial_rule", I), ("partial_inputs", _U32),
-                ("partial_ops", _U32), ("sized_labels", _U32),
-                ("label_size", I64 * MAX_LABELS), ("out_resized", _U32),
-                ("out_size", I64 * MAX_NDIM), ("reduce_first", _U32 * MAX_INPUTS)]
-
-
-_P, _E = ctypes.POINTER(DimMap), ctypes.POINTER(Error)
-_check = _comm.fn("mt_dimmap_check", I, _P, _E)
-_elementwise = _comm.fn("mt_dimmap_elementwise", I, I, I, _U32, ctypes.POINTER(I),
-                        ctypes.POINTER(I64 * MAX_NDIM), _P, _E)
-_matmul = _comm.fn("mt_dimmap_matmul", I, I, ctypes.POINTER(I64), I, ctypes.POINTER(I64),
-                   I, _P, _E)
-_partial_exact = _comm.fn("mt_partial_exact", I, I, I, I, I)
+# An operation's dim map as the core reads it (the executor copies it on a memo
+# miss and checks it again).
+DimMap = struct("mt_dimmap")
+_P = ctypes.POINTER(DimMap)
+_check = fn("mt_dimmap_check", I, _P, _E)
+_elementwise = fn("mt_dimmap_elementwise", I, I, I, _U32, ctypes.POINTER(I),
+                  ctypes.POINTER(I64 * MAX_NDIM), _P, _E)
+_matmul = fn("mt_dimmap_matmul", I, I, ctypes.POINTER(I64), I, ctypes.POINTER(I64), I, _P,
+             _E)
+_partial_exact = fn("mt_partial_exact", I, I, I, I, I)
 
 
 def _fill(array, values, what: str) -> int:

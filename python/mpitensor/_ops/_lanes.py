@@ -15,7 +15,7 @@ import operator
 import numpy as np
 
 from .. import _C, _clib, _dtypes
-from .._clib import P, I, I64
+from .._clib import P, I
 
 __all__ = ["KERNEL_DTYPES", "scan", "arg_extreme"]
 
@@ -49,11 +49,8 @@ def scan(x, ax, op, init=None, out=True):
     return scanned, last
 
 
-class _Lanes(ctypes.Structure):  # mt_lanes
-    _fields_ = [("outer", I64), ("n", I64), ("inner", I64)]
-
-
-_E = ctypes.POINTER(_clib.Error)
+_Lanes = _clib.struct("mt_lanes")
+_E = _clib.E
 _cumulate = _clib.fn("mt_cumulate", I, P, P, P, P, ctypes.POINTER(_Lanes), I, I, _E)
 _arg_extreme = _clib.fn("mt_arg_extreme", I, P, P, P, ctypes.POINTER(_Lanes), I, I, _E)
 
@@ -68,8 +65,8 @@ def _lanes_of(x, axis):
     if not 0 <= axis < x.ndim:
         raise ValueError(f"axis {axis} is out of range for {x.ndim} dims")
     shape = x.shape
-    return (_Lanes(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])),
-            shape[:axis] + shape[axis + 1:])
+    return (_Lanes(outer=math.prod(shape[:axis]), n=shape[axis],
+                   inner=math.prod(shape[axis + 1:])), shape[:axis] + shape[axis + 1:])
 
 
 def _native(x):

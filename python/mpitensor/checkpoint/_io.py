@@ -1,5 +1,5 @@
 """The C I/O of sharded files (mpitensor/io/io.h), bound through ctypes in the
-``_C`` object (:mod:`mpitensor._comm`): each member of a mesh writes or reads its
+``_C`` object (:mod:`mpitensor._clib`): each member of a mesh writes or reads its
 own box of one C-order array, by POSIX I/O per rank or MPI-IO. The .npy format
 itself is :mod:`._npy`'s; these move the header and the data. The options every
 later save and load of this process passes live here, the counters in ``_C``.
@@ -14,28 +14,16 @@ import os
 import numpy as np
 
 from .. import _C, _comm
-from .._clib import MAX_NDIM, Error, I, I64, P, _Box, _int64s, call
+from .._clib import MAX_NDIM, E as _E, I, I64, P, _Box, _int64s, call, fn, struct
 
 __all__ = ["io_save", "io_load", "io_counters", "io_pipeline"]
 
-
-class _Array(ctypes.Structure):  # mt_io_array
-    _fields_ = [("ndim", I), ("shape", I64 * MAX_NDIM), ("itemsize", I64),
-                ("offset", I64)]
-
-
-class _Options(ctypes.Structure):  # mt_io_options
-    _fields_ = [("chunk_bytes", I64), ("io_thread", I), ("counters", P)]
-
-
-_E = ctypes.POINTER(Error)
+_Array, _Options = struct("mt_io_array"), struct("mt_io_options")
 _A, _B, _O = ctypes.POINTER(_Array), ctypes.POINTER(_Box), ctypes.POINTER(_Options)
-_save = _comm.fn("mt_io_save", I, P, ctypes.c_char_p, ctypes.c_char_p, I64, _A, _B, P, I64,
-                 _O, _E)
-_load = _comm.fn("mt_io_load", I, P, ctypes.c_char_p, _A, _B, P, I64, _O, _E)
-_defaults = _comm.fn("mt_io_options_default", _Options)
-_counters_read = _comm.fn("mt_io_counters_read", None, P, ctypes.POINTER(I64),
-                          ctypes.POINTER(I64))
+_save = fn("mt_io_save", I, P, ctypes.c_char_p, ctypes.c_char_p, I64, _A, _B, P, I64, _O, _E)
+_load = fn("mt_io_load", I, P, ctypes.c_char_p, _A, _B, P, I64, _O, _E)
+_defaults = fn("mt_io_options_default", _Options)
+_counters_read = fn("mt_io_counters_read", None, P, ctypes.POINTER(I64), ctypes.POINTER(I64))
 
 _options = _defaults()  # what every later io_save and io_load passes
 _options.counters = _C.IO_COUNTERS
@@ -50,7 +38,8 @@ def _array_box(shape, itemsize, offset, box_offset, box_shape):
     size, ns = _int64s(box_shape, MAX_NDIM, "box shape")
     if no != ns:
         raise ValueError("box offset and box shape differ in length")
-    box = _Box(ns, (I64 * MAX_NDIM)(*off[:ns]), (I64 * MAX_NDIM)(*size[:ns]))
+    box = _Box(ndim=ns, offset=(I64 * MAX_NDIM)(*off[:ns]),
+               shape=(I64 * MAX_NDIM)(*size[:ns]))
     a.shape[:a.ndim] = sh[:a.ndim]
     return a, box
 
@@ -79,7 +68,7 @@ def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_of
     name, head = os.fsencode(path), bytes(header)
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(buf, False)
-    opts = _Options(_options.chunk_bytes, _options.io_thread, _options.counters)
+    opts = _Options.from_buffer_copy(_options)
     call(_save, m, name, head, len(head), ctypes.byref(array), ctypes.byref(box),
          data.ctypes.data, data.nbytes, ctypes.byref(opts))
 
@@ -95,7 +84,7 @@ def io_load(mesh, path, shape, itemsize: int, offset: int, box_offset, box_shape
     name = os.fsencode(path)
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(out, True)
-    opts = _Options(_options.chunk_bytes, _options.io_thread, _options.counters)
+    opts = _Options.from_buffer_copy(_options)
     call(_load, m, name, ctypes.byref(array), ctypes.byref(box), data.ctypes.data,
          data.nbytes, ctypes.byref(opts))
 

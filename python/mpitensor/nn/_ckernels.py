@@ -1,5 +1,5 @@
 """The nn kernels of csrc/kernels (mpitensor/kernels/kernels.h) on NumPy arrays, called
-through ctypes in libmpitensor_local.so, loaded by :mod:`mpitensor._clib`.
+through ctypes in the ``_C`` object (:mod:`mpitensor._clib`).
 
 Inputs must already be float32 or float64 of one dtype and laid out as each
 function says: :mod:`._kernels` checks that and uses NumPy otherwise, so a
@@ -19,30 +19,12 @@ import operator
 
 import numpy as np
 
-from .._clib import D as _D, Error as _Error, I as _I, I64 as _I64, P as _P
-from .._clib import array as _array, call as _call, fn as _fn
+from .._clib import D as _D, E as _E, I as _I, I64 as _I64, P as _P
+from .._clib import array as _array, call as _call, fn as _fn, struct as _struct
 
-
-class _Blas(ctypes.Structure):  # mt_blas
-    _fields_ = [(name, _P) for name in ("sgemm", "dgemm", "sgemm64", "dgemm64")]
-
-
-class _Operand(ctypes.Structure):  # mt_attn_operand
-    _fields_ = [("data", _P), ("batch_stride", _I64), ("head_stride", _I64),
-                ("row_stride", _I64)]
-
-
-class _Shape(ctypes.Structure):  # mt_attn_shape
-    _fields_ = [(name, _I64) for name in ("batch", "heads", "L", "S", "E", "Ev")]
-
-
-class _AdamHyper(ctypes.Structure):  # mt_adam_hyper
-    _fields_ = [(name, _D) for name in ("decay", "l2", "beta1", "beta2", "step_size",
-                                        "bias_correction2_sqrt", "eps")]
-    _fields_ += [("maximize", _I)]
-
-
-_B, _O, _E = ctypes.POINTER(_Blas), ctypes.POINTER(_Operand), ctypes.POINTER(_Error)
+_Blas, _Operand, _Shape, _AdamHyper = map(_struct, (
+    "mt_blas", "mt_attn_operand", "mt_attn_shape", "mt_adam_hyper"))
+_B, _O = ctypes.POINTER(_Blas), ctypes.POINTER(_Operand)
 _blas_check = _fn("mt_blas_check", _I, _B, _E)
 _blas_available = _fn("mt_blas_available", _I, _B)
 _gemm = _fn("mt_gemm", _I, _B, _I, _I, _I64, _I64, _I64, _D, _P, _I64, _P, _I64, _D, _P,
@@ -70,7 +52,8 @@ def set_blas(sgemm: int, dgemm: int, ilp64: bool) -> None:
     library it loaded, which keeps it loaded) the BLAS of every gemm and attention;
     (0, 0, any) removes it."""
     global _blas
-    blas = _Blas(None, None, sgemm, dgemm) if ilp64 else _Blas(sgemm, dgemm)
+    blas = (_Blas(sgemm64=sgemm, dgemm64=dgemm) if ilp64
+            else _Blas(sgemm=sgemm, dgemm=dgemm))
     _call(_blas_check, ctypes.byref(blas))
     _blas = blas
 
@@ -172,8 +155,10 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay: float, 
                              f"the parameter {param.size}")
         if i != 1 and not a.flags.writeable:
             raise ValueError(f"adam_update: {name} is read-only")
-    h = _AdamHyper(*map(float, (decay, l2, beta1, beta2, step_size, bias_correction2_sqrt,
-                                eps)), bool(maximize))
+    h = _AdamHyper(decay=float(decay), l2=float(l2), beta1=float(beta1),
+                   beta2=float(beta2), step_size=float(step_size),
+                   bias_correction2_sqrt=float(bias_correction2_sqrt), eps=float(eps),
+                   maximize=bool(maximize))
     _call(_adam_update, dtype, param.size,
           *(None if a is None else a.ctypes.data for a in arrays), ctypes.byref(h))
 
@@ -183,11 +168,12 @@ def _operand(a, name: str) -> _Operand:
     contiguous (or of size <= 1) and its strides whole elements."""
     if a.ndim == 4 and a.size == 0:
         # NumPy gives empty arrays any strides (often 0); none is ever used.
-        return _Operand(a.ctypes.data, 0, 0, a.shape[3])
+        return _Operand(data=a.ctypes.data, row_stride=a.shape[3])
     size, st = a.itemsize, a.strides
     if a.ndim != 4 or (a.shape[3] > 1 and st[3] != size) or any(s % size for s in st[:3]):
         raise ValueError(f"{name} must be 4-D with a contiguous last dim")
-    return _Operand(a.ctypes.data, *(s // size for s in st[:3]))
+    return _Operand(data=a.ctypes.data, batch_stride=st[0] // size,
+                    head_stride=st[1] // size, row_stride=st[2] // size)
 
 
 def _attention_args(arrays, names, first_out: int):
@@ -202,7 +188,7 @@ def _attention_args(arrays, names, first_out: int):
             or o[2] != q[2] or o[3] != v[3]):
         raise ValueError("attention: q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev) and "
                          "out (B, H, L, Ev) expected")
-    return dtype, _Shape(q[0], q[1], q[2], k[2], q[3], v[3]), ops
+    return dtype, _Shape(batch=q[0], heads=q[1], L=q[2], S=k[2], E=q[3], Ev=v[3]), ops
 
 
 def attention(q, k, v, out, scale: float, causal: bool) -> None:

@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include "mpitensor/core/status.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,7 +40,7 @@ typedef enum mt_dtype {
 size_t mt_dtype_size(int dtype);
 
 /* Local. NumPy's name for the type ("float32"), or "unknown". */
-const char *mt_dtype_name(int dtype);
+MT_EXPORT const char *mt_dtype_name(int dtype);
 
 /* Local. The code of NumPy's dtype of kind `kind` ('b', 'i', 'u', 'f', 'c') and
  * `size` bytes per element, or -2 for one the core does not know (bfloat16, of

@@ -33,8 +33,8 @@ typedef struct mt_lanes {
  *   mt_lanes l = {1, n, 1};
  *   mt_cumulate(out, &total, x, NULL, &l, MT_DTYPE_FLOAT64, MT_REDUCE_SUM, &err);
  */
-int mt_cumulate(void *out, void *last, const void *in, const void *init, const mt_lanes *l,
-                int dtype, int op, mt_error *err);
+MT_EXPORT int mt_cumulate(void *out, void *last, const void *in, const void *init,
+                          const mt_lanes *l, int dtype, int op, mt_error *err);
 
 /* Local. The first extreme of each lane of `in` as numpy.argmax (`largest`) or
  * numpy.argmin finds it: index[o, j] the row of the first maximum (minimum), a NaN
@@ -45,8 +45,8 @@ int mt_cumulate(void *out, void *last, const void *in, const void *init, const m
  *   mt_lanes l = {1, rows, cols};
  *   mt_arg_extreme(index, value, x, &l, MT_DTYPE_FLOAT64, 1, &err);
  */
-int mt_arg_extreme(int64_t *index, void *value, const void *in, const mt_lanes *l, int dtype,
-                   int largest, mt_error *err);
+MT_EXPORT int mt_arg_extreme(int64_t *index, void *value, const void *in,
+                             const mt_lanes *l, int dtype, int largest, mt_error *err);
 
 #ifdef __cplusplus
 }

@@ -58,29 +58,30 @@ typedef struct mt_layout {
 /* Local. The torch.chunk rule: `n` items cut into `k` chunks of ceil(n/k), the
  * trailing ones short or empty. Chunk `i` starts at `*offset` and holds `*size`
  * items; an empty chunk starts at `n`. Requires n >= 0, k >= 1, 0 <= i < k. */
-void mt_chunk(int64_t n, int64_t k, int64_t i, int64_t *size, int64_t *offset);
+MT_EXPORT void mt_chunk(int64_t n, int64_t k, int64_t i, int64_t *size,
+                        int64_t *offset);
 
 /* Local. Validates and fills `out`: 0 <= ndim <= MT_MAX_NDIM, sizes >= 0,
  * 1 <= mesh_ndim <= MT_MAX_MESH_NDIM, mesh sizes >= 1, shard dims in [0, ndim),
  * reduce ops known. `out` is untouched on error. */
-int mt_layout_init(mt_layout *out, int ndim, const int64_t *shape, int mesh_ndim,
-                   const int64_t *mesh_shape, const mt_placement *placements,
-                   mt_error *err);
+MT_EXPORT int mt_layout_init(mt_layout *out, int ndim, const int64_t *shape,
+                             int mesh_ndim, const int64_t *mesh_shape,
+                             const mt_placement *placements, mt_error *err);
 
 /* Local. The box of the rank at mesh coordinate `coord` (mesh_ndim entries).
  * Shards nest left to right over mesh dims: a tensor dim sharded on mesh dims 0
  * and 1 is chunked over dim 0 first, then each chunk over dim 1. An empty extent
  * reports the global size of that dim as its offset. */
-int mt_layout_local_box(const mt_layout *layout, const int64_t *coord, mt_box *out,
-                        mt_error *err);
+MT_EXPORT int mt_layout_local_box(const mt_layout *layout, const int64_t *coord,
+                                  mt_box *out, mt_error *err);
 
 /* Local. The global shape that local shards of shape `local_shape` make when the
  * tensor is evenly sharded (each Shard multiplies its dim by the mesh dim size),
  * the rule torch uses for DTensor.from_local without `shape`. */
-int mt_layout_even_global_shape(int ndim, const int64_t *local_shape, int mesh_ndim,
-                                const int64_t *mesh_shape,
-                                const mt_placement *placements, int64_t *global_shape,
-                                mt_error *err);
+MT_EXPORT int mt_layout_even_global_shape(int ndim, const int64_t *local_shape,
+                                          int mesh_ndim, const int64_t *mesh_shape,
+                                          const mt_placement *placements,
+                                          int64_t *global_shape, mt_error *err);
 
 /* A basic-indexing selection (NumPy's ints and slices) of every dim of a tensor:
  * index k of output dim d is input index start[d] + k * step[d], for
@@ -96,14 +97,15 @@ typedef struct mt_selection {
 /* Local. Checks `sel` against a tensor of `ndim` dims of sizes `shape`: the same
  * ndim, step != 0, count >= 0 and, where count > 0, its first and last indices in
  * range. MT_EINVAL or MT_EINDEX with a sentence otherwise. */
-int mt_selection_check(const mt_selection *sel, int ndim, const int64_t *shape,
-                       mt_error *err);
+MT_EXPORT int mt_selection_check(const mt_selection *sel, int ndim,
+                                 const int64_t *shape, mt_error *err);
 
 /* Local. The elements of input box `in` that a checked `sel` picks, as a box of the
  * selection's output (contiguous there, since indices are monotone in k), in
  * output order. Returns 1 when it holds an element; else 0 and `out` is an empty
  * box (extent 0 where nothing is picked). */
-int mt_selection_image(const mt_selection *sel, const mt_box *in, mt_box *out);
+MT_EXPORT int mt_selection_image(const mt_selection *sel, const mt_box *in,
+                                 mt_box *out);
 
 /* Local. Number of elements in a box (1 for a 0-d box). */
 int64_t mt_box_numel(const mt_box *box);

@@ -35,7 +35,8 @@ typedef struct mt_layout_table mt_layout_table;
 
 /* Local. torch's strides of a contiguous tensor of `shape`, in elements (a dim of
  * size 0 counts as 1, so every stride is at least 1). */
-void mt_layout_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+MT_EXPORT void mt_layout_contiguous_strides(int ndim, const int64_t *shape,
+                                            int64_t *stride);
 
 /* Local. A table of at most `capacity` (>= 1) layouts. */
 int mt_layout_table_create(int64_t capacity, mt_layout_table **out, mt_error *err);

@@ -5,6 +5,8 @@
 #ifndef MPITENSOR_NAMES_H
 #define MPITENSOR_NAMES_H
 
+#include "mpitensor/core/status.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -12,11 +14,11 @@ extern "C" {
 /* Local. The name of constant `i` ("LABEL_KEEP", "REDUCE_SUM", "MAX_NDIM", ...:
  * its C name without MT_) with its value in *value, or NULL, *value untouched,
  * for an `i` outside [0, count). Example: enumerate i = 0, 1, ... until NULL. */
-const char *mt_enum_at(int i, int *value);
+MT_EXPORT const char *mt_enum_at(int i, int *value);
 
 /* Local. torch's name of a reduce op ("sum", "avg", "product", "max", "min"), or
  * NULL for a code outside mt_reduce_op. */
-const char *mt_reduce_op_name(int op);
+MT_EXPORT const char *mt_reduce_op_name(int op);
 
 #ifdef __cplusplus
 }

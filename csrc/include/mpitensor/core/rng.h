@@ -26,8 +26,9 @@ void mt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out
  * `box` of a tensor of shape `global_shape` (box->ndim dims) drawn from `dist`.
  * `dtype` is MT_DTYPE_FLOAT32 or MT_DTYPE_FLOAT64. `stream` separates successive
  * draws under one seed (the caller advances it once per tensor). */
-int mt_rng_fill_box(void *out, int dtype, int dist, uint64_t seed, uint64_t stream,
-                    const int64_t *global_shape, const mt_box *box, mt_error *err);
+MT_EXPORT int mt_rng_fill_box(void *out, int dtype, int dist, uint64_t seed,
+                              uint64_t stream, const int64_t *global_shape,
+                              const mt_box *box, mt_error *err);
 
 #ifdef __cplusplus
 }

@@ -45,10 +45,10 @@ typedef struct mt_error {
 } mt_error;
 
 /* Local. A short description of a status code ("invalid argument"). */
-const char *mt_strerror(int code);
+MT_EXPORT const char *mt_strerror(int code);
 
 /* Local. The symbolic name of a status code ("MT_EINVAL"). */
-const char *mt_status_name(int code);
+MT_EXPORT const char *mt_status_name(int code);
 
 /* Local. Records `code` and a printf-style message in `err` (which may be NULL)
  * and returns `code`, so that a failure path is one line. How every library built

@@ -49,11 +49,11 @@ typedef struct mt_blas {
  *   mt_blas blas = {.sgemm = cblas_sgemm, .dgemm = cblas_dgemm};
  *   if (mt_blas_check(&blas, &err) != MT_OK) ...
  */
-int mt_blas_check(const mt_blas *blas, mt_error *err);
+MT_EXPORT int mt_blas_check(const mt_blas *blas, mt_error *err);
 
 /* Local. 1 when `blas` holds a complete pair, which mt_gemm and mt_attention need
  * (without one they return MT_ENOTSUP); else 0. */
-int mt_blas_available(const mt_blas *blas);
+MT_EXPORT int mt_blas_available(const mt_blas *blas);
 
 /* Local. c (m, n) = alpha * a (m, k) @ op(b) + beta * c, row-major, where op(b) is
  * b (k, n) or, with `trans_b`, b^T for b stored (n, k); lda/ldb/ldc are row
@@ -64,9 +64,10 @@ int mt_blas_available(const mt_blas *blas);
  *
  *   mt_gemm(&blas, MT_DTYPE_FLOAT64, 0, 2, 2, 3, 1.0, a, 3, b, 2, 0.0, c, 2, &err);
  */
-int mt_gemm(const mt_blas *blas, int dtype, int trans_b, int64_t m, int64_t n,
-            int64_t k, double alpha, const void *a, int64_t lda, const void *b,
-            int64_t ldb, double beta, void *c, int64_t ldc, mt_error *err);
+MT_EXPORT int mt_gemm(const mt_blas *blas, int dtype, int trans_b, int64_t m, int64_t n,
+                      int64_t k, double alpha, const void *a, int64_t lda,
+                      const void *b, int64_t ldb, double beta, void *c, int64_t ldc,
+                      mt_error *err);
 
 typedef enum mt_gelu_approx {
   MT_GELU_ERF = 0, /* x * Phi(x), Phi through erfc */
@@ -74,24 +75,25 @@ typedef enum mt_gelu_approx {
 } mt_gelu_approx;
 
 /* Local. y[i] = gelu(x[i]) for n elements; y may be x (in place). */
-int mt_gelu(int dtype, int approx, int64_t n, const void *x, void *y, mt_error *err);
+MT_EXPORT int mt_gelu(int dtype, int approx, int64_t n, const void *x, void *y,
+                      mt_error *err);
 
 /* Local. gx[i] = g[i] * gelu'(x[i]) for n elements, in one pass (the backward of
  * mt_gelu with the same `approx`); gx may be g (in place). */
-int mt_gelu_backward(int dtype, int approx, int64_t n, const void *x, const void *g,
-                     void *gx, mt_error *err);
+MT_EXPORT int mt_gelu_backward(int dtype, int approx, int64_t n, const void *x,
+                               const void *g, void *gx, mt_error *err);
 
 /* Local. Each of `rows` rows of `cols` elements: y = softmax(x) or, with `log`
  * nonzero, log_softmax(x), both with the row maximum subtracted first. y may be x. */
-int mt_softmax_rows(int dtype, int log, int64_t rows, int64_t cols, const void *x,
-                    void *y, mt_error *err);
+MT_EXPORT int mt_softmax_rows(int dtype, int log, int64_t rows, int64_t cols,
+                              const void *x, void *y, mt_error *err);
 
 /* Local. Each of `rows` rows of `cols` elements: y = (x - mean) / sqrt(var + eps)
  * * weight + bias (biased variance, as torch); `weight` and `bias` are NULL or
  * `cols` elements. y may be x. */
-int mt_layer_norm_rows(int dtype, int64_t rows, int64_t cols, const void *x,
-                       const void *weight, const void *bias, double eps, void *y,
-                       mt_error *err);
+MT_EXPORT int mt_layer_norm_rows(int dtype, int64_t rows, int64_t cols, const void *x,
+                                 const void *weight, const void *bias, double eps,
+                                 void *y, mt_error *err);
 
 /* What one Adam/AdamW step applies to every element (mpitensor.optim.Adam's
  * update): `decay` multiplies the parameter first (AdamW's 1 - lr * weight_decay;
@@ -107,9 +109,9 @@ typedef struct mt_adam_hyper {
  * second moments and, when not NULL (amsgrad), the running maximum of the second
  * moment, from the gradient `grad`. Each element is computed in `dtype` with the
  * operations and order of the NumPy statements it replaces (same bits). */
-int mt_adam_update(int dtype, int64_t n, void *param, const void *grad, void *exp_avg,
-                   void *exp_avg_sq, void *max_exp_avg_sq, const mt_adam_hyper *h,
-                   mt_error *err);
+MT_EXPORT int mt_adam_update(int dtype, int64_t n, void *param, const void *grad,
+                             void *exp_avg, void *exp_avg_sq, void *max_exp_avg_sq,
+                             const mt_adam_hyper *h, mt_error *err);
 
 /* One operand of mt_attention: a (batch, heads, rows, cols) array whose last dim
  * is contiguous, with its other strides in elements (so a head may be a strided
@@ -131,10 +133,10 @@ typedef struct mt_attn_shape {
  * never computed). Each row's softmax is exact (max subtracted). S == 0 gives
  * zeros. `out->data` is written through. The gemms go through `blas`
  * (MT_ENOTSUP when it holds none). */
-int mt_attention(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
-                 const mt_attn_operand *q, const mt_attn_operand *k,
-                 const mt_attn_operand *v, const mt_attn_operand *out, double scale,
-                 int causal, mt_error *err);
+MT_EXPORT int mt_attention(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
+                           const mt_attn_operand *q, const mt_attn_operand *k,
+                           const mt_attn_operand *v, const mt_attn_operand *out,
+                           double scale, int causal, mt_error *err);
 
 /* Local. The gradients of mt_attention (same shape, scale and causal) in q, k and v
  * for the output's gradient g (batch, heads, L, Ev): dq (.., L, E), dk (.., S, E),
@@ -142,12 +144,14 @@ int mt_attention(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
  * are recomputed per block of query rows, as the forward computes them, and the
  * masked keys of a causal block cost nothing; no (L, S) array is made. The gemms go
  * through `blas` (MT_ENOTSUP when it holds none). */
-int mt_attention_backward(const mt_blas *blas, int dtype, const mt_attn_shape *shape,
-                          const mt_attn_operand *q, const mt_attn_operand *k,
-                          const mt_attn_operand *v, const mt_attn_operand *g,
-                          const mt_attn_operand *dq, const mt_attn_operand *dk,
-                          const mt_attn_operand *dv, double scale, int causal,
-                          mt_error *err);
+MT_EXPORT int mt_attention_backward(const mt_blas *blas, int dtype,
+                                    const mt_attn_shape *shape,
+                                    const mt_attn_operand *q, const mt_attn_operand *k,
+                                    const mt_attn_operand *v, const mt_attn_operand *g,
+                                    const mt_attn_operand *dq,
+                                    const mt_attn_operand *dk,
+                                    const mt_attn_operand *dv, double scale, int causal,
+                                    mt_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,166 @@
+"""Every C struct Python reads is laid out from C (issue 47): the extension's table
+(csrc/ext/ext_structs.c) names each field its header declares, in order; every
+ctypes Structure of the package is built from that table; and a layout ctypes
+would place differently from C fails at import, naming the struct and the field.
+
+No MPI is needed; under the MPI runner every rank reaches the same verdict.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpitensor import _C, _clib, _modes
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "python" / "mpitensor"
+HEADERS = sorted((ROOT / "csrc" / "include").rglob("*.h")) + sorted(
+    (ROOT / "csrc" / "ext").glob("*.h"))
+
+
+def declared_fields(text: str) -> dict[str, list[str]]:
+    """{struct name: its members' names in order} of every ``typedef struct NAME
+    {...} NAME;`` of a C header's ``text``."""
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", text, flags=re.S)
+    out = {}
+    for name, body in re.findall(r"typedef struct (\w+) \{(.*?)\} \1;", text, re.S):
+        names = []
+        for decl in filter(None, (d.strip() for d in body.split(";"))):
+            decl = re.sub(r"\[[^\]]*\]", "", decl)  # array extents
+            first, *rest = decl.split(",")
+            names.append(re.findall(r"\w+", first)[-1])
+            names += [re.findall(r"\w+", r)[-1] for r in rest]
+        out[name] = names
+    return out
+
+
+def missing_fields(structs: dict) -> list[str]:
+    """Where the table ``structs`` (as _clib.STRUCTS) differs from the headers."""
+    declared = {}
+    for path in HEADERS:
+        declared.update(declared_fields(path.read_text()))
+    problems = []
+    for name, (_, fields) in structs.items():
+        table = [f[0] for f in fields]
+        if name not in declared:
+            problems.append(f"{name}: no 'typedef struct {name} {{...}} {name};' in the headers")
+        elif table != declared[name]:
+            problems.append(f"{name}: the header declares {declared[name]}, the table "
+                            f"names {table}")
+    return problems
+
+
+def test_the_table_names_every_field_each_header_declares():
+    assert not missing_fields(_clib.STRUCTS), "\n".join(missing_fields(_clib.STRUCTS))
+
+
+def test_a_field_missing_from_the_table_is_caught():
+    size, fields = _clib.STRUCTS["mt_mesh_nodes"]
+    # A field that fits in padding moves no offset: only the header can tell.
+    assert missing_fields({"mt_mesh_nodes": (size, fields[1:])})
+    assert missing_fields({"mt_mesh_nodes": (size, fields[:1] + fields[2:])})
+    assert declared_fields("typedef struct s {\n  int a, *b; /* x; y */\n"
+                           "  double c[4][2];\n  void (*f);\n} s;") == {
+        "s": ["a", "b", "c", "f"]}
+
+
+def _class_problems(path: Path) -> list[str]:
+    """Hand-written ctypes layouts in a module's source: a ``_fields_`` or a class
+    deriving from a ctypes Structure or Union by name."""
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "_fields_" for t in targets):
+                out.append(f"line {node.lineno}: _fields_ written by hand")
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                text = ast.unparse(base)
+                if re.search(r"\b(\w*Structure|Union)$", text):
+                    out.append(f"line {node.lineno}: class {node.name}({text})")
+    return out
+
+
+def test_no_module_writes_a_layout_by_hand():
+    problems = [f"{path.relative_to(PACKAGE.parent)}: {p}"
+                for path in sorted(PACKAGE.rglob("*.py")) for p in _class_problems(path)]
+    assert not problems, ("ctypes layouts must come from _clib.struct:\n"
+                          + "\n".join(problems))
+
+
+def test_the_source_check_catches_a_hand_written_structure(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text("import ctypes\nclass _S(ctypes.Structure):\n"
+                    "    _fields_ = [('a', ctypes.c_int)]\n")
+    assert len(_class_problems(path)) == 2
+
+
+def _structures():
+    """Every ctypes Structure class the package's imported modules hold."""
+    import mpitensor.checkpoint._io  # noqa: F401  (binding modules not imported at once)
+    import mpitensor.nn._ckernels  # noqa: F401
+    seen = {}
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] != "mpitensor":
+            continue
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, ctypes.Structure):
+                seen[f"{name}.{getattr(value, '__qualname__', value)}"] = value
+    return seen
+
+
+def test_every_structure_of_the_package_is_the_tables():
+    found = _structures()
+    assert len(found) >= 19
+    for where, cls in found.items():
+        made = next((c for c in cls.__mro__ if c.__module__ == _clib.__name__), None)
+        assert made is not None and made is _clib.struct(made.__name__), where
+        # A subclass may add behaviour (properties), never fields or a __dict__.
+        for c in cls.__mro__[:cls.__mro__.index(made)]:
+            assert "_fields_" not in vars(c) and vars(c).get("__slots__") == (), where
+
+
+def test_every_struct_of_the_table_builds_at_its_c_size():
+    for name, (size, fields) in _clib.STRUCTS.items():
+        cls = _clib.struct(name)
+        assert ctypes.sizeof(cls) == size
+        assert [f[0] for f in cls._fields_] == [f[0] for f in fields]
+
+
+def test_a_layout_ctypes_would_misplace_fails_at_import():
+    size, fields = _clib.STRUCTS["mt_box"]
+    moved = [f if f[0] != "shape" else (f[0], f[1], f[2] + 8, f[3], f[4]) for f in fields]
+    with pytest.raises(ImportError, match=r"mt_box\.shape: ctypes lays it out at byte"):
+        _clib.build("mt_box", size, moved)
+    resized = [f if f[0] != "offset" else (f[0], f[1], f[2], f[3] - 8, f[4])
+               for f in fields]
+    with pytest.raises(ImportError, match=r"mt_box\.offset"):
+        _clib.build("mt_box", size, resized)
+    with pytest.raises(ImportError, match=r"mt_box: ctypes makes it \d+ bytes, C 999"):
+        _clib.build("mt_box", 999, fields)
+    with pytest.raises(ImportError, match=r"odd\.x: no ctypes type for C type 'float128'"):
+        _clib.build("odd", 16, [("x", "float128", 0, 16, ())])
+    with pytest.raises(ImportError, match="mt_nothing is not in the extension's table"):
+        _clib.struct("mt_nothing")
+
+
+def test_a_struct_takes_only_its_fields():
+    box = _clib.struct("mt_box")(ndim=2)
+    assert box.ndim == 2 and box.shape[1] == 0
+    with pytest.raises(AttributeError):
+        _clib.struct("mt_box")(ndims=2)
+    with pytest.raises(AttributeError):
+        box.extra = 1
+
+
+def test_the_modes_are_the_extensions():
+    state = _modes.state
+    assert ctypes.addressof(state) == _C.MODES
+    assert isinstance(state.grad_enabled, bool) and state.want is None
