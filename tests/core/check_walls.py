@@ -7,6 +7,10 @@ Fails, naming what it found, when
   header of a library that is not below its own;
 - a public header (csrc/include/mpitensor/LIBRARY/) includes a private header, or
   the public header of a library that is not below its own;
+- the same holds for the extension (csrc/ext), which sits above every library and
+  has no public header: it may include any library's public headers and its own
+  private ones, and nothing includes its headers;
+- a file outside the extension includes Python's, NumPy's or mpi4py's headers;
 - an object file calls into a library that is not below its own (calls go down:
   core <- kernels, core <- comm <- io);
 - object files call each other in a cycle (within or across libraries);
@@ -30,6 +34,12 @@ from graphs import strongly_connected  # noqa: E402  (tests/graphs.py)
 
 BELOW = {"core": {"core"}, "kernels": {"kernels", "core"}, "comm": {"comm", "core"},
          "io": {"io", "comm", "core"}}
+# Whose headers each directory may include: the libraries', and the extension's. The
+# extension is no archive of the C build (only of the Python one), so only its
+# includes are checked.
+INCLUDES = {**BELOW, "ext": {"ext", "io", "comm", "kernels", "core"}}
+# Headers only the extension may include: it is the one floor that knows Python.
+PYTHON_HEADER = re.compile(r'^#include [<"](Python\.h|numpy/[^>"]+|mpi4py/[^>"]+)[>"]', re.M)
 
 # Symbols the pure libraries (core, kernels) must not use.
 FORBIDDEN = re.compile(
@@ -94,22 +104,25 @@ def header_owner(src: str, name: str):
 
 
 def include_problems(src: str) -> list[str]:
-    """Includes that cross a wall, in every library's sources, private headers and
-    public headers."""
+    """Includes that cross a wall, in every library's and the extension's sources,
+    private headers and public headers."""
     problems = []
-    for lib in BELOW:
+    for lib in INCLUDES:
         own = sorted(glob.glob(os.path.join(src, lib, "*.[ch]")))
         public = sorted(glob.glob(os.path.join(src, "include", "mpitensor", lib, "*.h")))
         public += [os.path.join(src, "include", u) for u, o in UMBRELLA.items() if o == lib]
         for path in own + public:
-            for name in re.findall(r'^#include "([^"]+)"', open(path).read(), re.M):
+            text, where = open(path).read(), os.path.relpath(path, src)
+            for name in re.findall(r'^#include "([^"]+)"', text, re.M):
                 if name.startswith("mpitensor/"):
-                    ok = header_owner(src, name) in BELOW[lib]
+                    ok = header_owner(src, name) in INCLUDES[lib]
                 else:  # a private header: only the library's own sources have them
                     ok = path in own and os.path.exists(os.path.join(src, lib, name))
                 if not ok:
-                    where = os.path.relpath(path, src)
                     problems.append(f"{where} includes {name}")
+            if lib != "ext":
+                problems += [f"{where} includes {name}: only csrc/ext knows Python"
+                             for name in PYTHON_HEADER.findall(text)]
     return problems
 
 

@@ -1,4 +1,4 @@
-"""The package's floors (ARCHITECTURE.md, "The floors"): every module of
+"""The package's floors (docs/design.md, "The layers"): every module of
 python/mpitensor is parsed with ``ast``, its imports of the package's own modules
 become a graph, and the graph must have no cycle and no edge that goes up a floor.
 An import inside a function is allowed only for an optional dependency.
@@ -24,12 +24,12 @@ ROOT = Path(__file__).resolve().parents[2] / "python" / PACKAGE
 # Calls go down, never up: a module may import modules of its own floor or lower.
 # A package's entry covers every module inside it; a longer entry wins.
 FLOORS = {
-    "_C": 0, "_clib": 0,  # the extension; the C functions without Python objects (ctypes)
-    "_comm": 0, "_plan": 0,  # the C functions _C exports, by ctypes: meshes, plans
+    "_C": 0, "_clib": 0,  # the extension, and the one loader of its ctypes bindings
+    "_comm": 0, "_plan": 0,  # bindings through _clib: meshes and their collectives, plans
     # Ground floor: the DTensor model, its modes and the registry _ops fills.
     "_modes": 1, "_registry": 1, "placement_types": 1, "device_mesh": 1,
     "_dtensor_spec": 1, "_layout": 1, "_args": 1, "_trace": 1, "_logging": 1,
-    "_redistribute": 1, "random": 1, "_dtensor": 1, "_factories": 1, "_distribute": 1,
+    "random": 1, "_dtensor": 1, "_factories": 1, "_distribute": 1,
     "_iterate": 1, "_shard": 1, "_mpi_library": 1, "_version": 1, "_timemodel": 1,
     "_departure": 1, "_strided": 1,
     "_fingerprint": 1, "_allgather_bytes": 1, "_device": 1, "_dtypes": 1, "_hooks": 1,
@@ -153,6 +153,13 @@ def test_every_module_has_a_floor():
         except KeyError:
             missing.append(name)
     assert not missing, f"modules without a floor in FLOORS: {missing}"
+
+
+def test_every_floor_names_a_module():
+    names = set(modules())  # and the extension, by its stub
+    stale = [key for key in FLOORS if key != "__init__"
+             and f"{PACKAGE}.{key}" not in names and not (ROOT / f"{key}.pyi").exists()]
+    assert not stale, f"FLOORS names modules that do not exist: {stale}"
 
 
 def test_no_import_cycles():

@@ -28,8 +28,8 @@ typedef enum mt_status {
 
 #define MT_ERROR_LEN 512
 
-/* Marks a function that mpitensor._C exports for its ctypes bindings
- * (mpitensor._comm): the libraries are compiled with hidden visibility, so the
+/* Marks a function that mpitensor._C exports for its ctypes bindings (loaded by
+ * mpitensor._clib): the libraries are compiled with hidden visibility, so the
  * extension's dynamic symbols are PyInit__C and exactly the functions marked. */
 #if defined(__GNUC__)
 #define MT_EXPORT __attribute__((visibility("default")))
