@@ -41,12 +41,14 @@ FLOORS = {
     "parallel": 5, "fsdp": 5, "experimental": 5, "debug": 5, "checkpoint": 5,
     "testing": 5, "_distribute_module": 5, "_show_config": 5,
     "array_api": 5,  # the array API standard's namespace, over the registry
+    "_coverage": 5,  # the NumPy coverage page, read from the registry
     "__init__": 6,  # mpitensor/__init__.py: the public names; imports everything
 }
 
 # Imported inside functions because they are optional, heavy, or (mpi4py's MPI)
 # start MPI when imported.
-LAZY_OK = {"matplotlib", "ipyparallel", "torch", "tabulate", "rich", "mpi4py"}
+LAZY_OK = {"matplotlib", "ipyparallel", "torch", "tabulate", "rich", "mpi4py", "h5py",
+           "zarr"}
 
 
 def module_name(path: Path) -> str:
