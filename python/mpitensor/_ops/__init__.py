@@ -3,8 +3,8 @@ ufunc's and reduction's signature with the C dispatch (_elementwise.py,
 _reductions.py), and each operation's DTensor version in mpitensor._registry,
 where DTensor's entry points and the C dispatch's Python entries find them."""
 
-from . import (_along_axis, _counts, _diag, _diagonal, _elementwise, _fallback,  # noqa: F401
-               _indexing, _inplace, _like, _linalg, _nan, _nonzero, _reductions, _select, _shape,
-               _split, _stats, _strided)
+from . import (_along_axis, _counts, _cov, _diag, _diagonal, _elementwise,  # noqa: F401
+               _fallback, _indexing, _inplace, _like, _linalg, _nan, _nonzero, _reductions,
+               _select, _shape, _split, _stats, _strided)
 
 __all__: list = []
