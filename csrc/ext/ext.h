@@ -342,6 +342,9 @@ typedef struct mt_ext_op {
   PyObject *aux;     /* what the autograd node keeps besides the operands */
 } mt_ext_op;
 
+/* The op's dtype= keyword as a NumPy dtype, or NULL (none, or one NumPy refuses,
+ * which then raises in the call itself). New reference. */
+PyArray_Descr *mt_ext_keyword_dtype(const mt_ext_op *op);
 /* The decision of the call: the memo's (*hit), else made from the op's signature
  * or its builder's dim map and stored. NULL with an exception. */
 mt_decision *mt_ext_decide(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,

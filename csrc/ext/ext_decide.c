@@ -258,8 +258,7 @@ static PyObject *reduction_result(const mt_ext_op *op, const mt_ext_call *c) {
   return out;
 }
 
-/* The op's dtype= keyword, or NULL. New reference. */
-static PyObject *keyword_dtype(const mt_ext_op *op) {
+PyArray_Descr *mt_ext_keyword_dtype(const mt_ext_op *op) {
   Py_ssize_t nkw = op->kwnames != NULL ? PyTuple_GET_SIZE(op->kwnames) : 0;
   for (Py_ssize_t i = 0; i < nkw; ++i) {
     PyObject *name = PyTuple_GET_ITEM(op->kwnames, i);
@@ -267,7 +266,7 @@ static PyObject *keyword_dtype(const mt_ext_op *op) {
     PyArray_Descr *descr = NULL;
     if (!PyArray_DescrConverter2(op->extra[op->nextra - nkw + i], &descr))
       PyErr_Clear();
-    return (PyObject *)descr;
+    return descr;
   }
   return NULL;
 }
@@ -278,7 +277,7 @@ static PyObject *keyword_dtype(const mt_ext_op *op) {
  * NumPy refuses here it raises when the op runs. */
 static int result_dtype(const mt_ext_op *op, const mt_ext_call *c) {
   if (op->sig == NULL) return -1;
-  PyObject *descr = keyword_dtype(op);
+  PyObject *descr = (PyObject *)mt_ext_keyword_dtype(op);
   if (descr == NULL && op->sig->op.family != MT_OP_REDUCTION)
     descr = ufunc_result(op, c);
   else if (descr == NULL && op->sig->op.rule.reduce_op >= 0)

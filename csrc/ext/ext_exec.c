@@ -334,19 +334,10 @@ done:
  * calls of different dtypes are decided apart. NumPy's type number, above the
  * bits a reduction's axes and keepdims take. */
 static int64_t dtype_word(const mt_ext_op *op) {
-  Py_ssize_t nkw = op->kwnames != NULL ? PyTuple_GET_SIZE(op->kwnames) : 0;
-  for (Py_ssize_t i = 0; i < nkw; ++i) {
-    PyObject *name = PyTuple_GET_ITEM(op->kwnames, i);
-    if (PyUnicode_CompareWithASCIIString(name, "dtype") != 0) continue;
-    PyArray_Descr *descr = NULL;
-    /* A dtype NumPy refuses raises in the call itself. */
-    if (!PyArray_DescrConverter2(op->extra[op->nextra - nkw + i], &descr))
-      PyErr_Clear();
-    int64_t word = descr != NULL ? (int64_t)(descr->type_num + 1) << 40 : 0;
-    Py_XDECREF(descr);
-    return word;
-  }
-  return 0;
+  PyArray_Descr *descr = mt_ext_keyword_dtype(op);
+  int64_t word = descr != NULL ? (int64_t)(descr->type_num + 1) << 40 : 0;
+  Py_XDECREF(descr);
+  return word;
 }
 
 PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
