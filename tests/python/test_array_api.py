@@ -180,3 +180,23 @@ def test_info(mesh):
     assert info.default_dtypes() == np.__array_namespace_info__().default_dtypes()
     assert info.dtypes(kind="bool") == {"bool": np.dtype(bool)}
     assert info.capabilities()["boolean indexing"]
+
+
+def test_clip_takes_array_bounds_and_stack_many_arrays(mesh):
+    a = np.arange(12.0).reshape(6, 2)
+    with mesh:
+        x, lo = xp.asarray(a), xp.asarray(np.full((6, 2), 3.0))
+    got = xp.clip(x, min=lo, max=8.0)
+    np.testing.assert_array_equal(got.full_tensor(), np.clip(a, 3.0, 8.0))
+    assert got.dtype == a.dtype
+    many = [xp.asarray(a + k, device=mesh) for k in range(9)]
+    np.testing.assert_array_equal(xp.stack(many).full_tensor(),
+                                  np.stack([a + k for k in range(9)]))
+
+
+def test_masked_write_of_a_zero_d_array(mesh):
+    a = np.arange(10.0)
+    with mesh:
+        x, v = xp.asarray(a), xp.asarray(-1.0)
+    x[x > 4.0] = v
+    np.testing.assert_array_equal(x.full_tensor(), np.where(a > 4.0, -1.0, a))

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
@@ -207,9 +208,13 @@ def test_concatenate_keeps_other_shards():
 def test_errors():
     mesh = mesh_of((W,))
     dt = make(np.ones((4, 2)), mesh, [S0])
-    with pytest.raises(TypeError, match="at most 8"):
+    # More arrays than a dim map takes answer on the gathered arrays, and are
+    # refused under strict().
+    assert_matches(np.concatenate([dt] * 9), np.ones((36, 2)))
+    assert_matches(np.stack([dt] * 9), np.ones((9, 4, 2)))
+    with mt.strict(), pytest.raises(TypeError, match="at most 8"):
         np.concatenate([dt] * 9)
-    with pytest.raises(TypeError, match="at most 8"):
+    with mt.strict(), pytest.raises(TypeError, match="at most 8"):
         np.stack([dt] * 9)
     with pytest.raises(TypeError, match="distribute_tensor"):
         np.concatenate([dt, np.ones((4, 2))])

@@ -300,6 +300,10 @@ def _local_operand(name, dst, obj):
 
 def _mask_write(dt, mask, value, op):
     name = "DTensor item assignment with a boolean mask"
+    if type(value) is DTensor and value.ndim == 0:
+        # A 0-d array is a scalar (the array API standard writes scalars so); a
+        # Partial one is reduced, as every rank needs its value.
+        value = value.full_tensor()[()]
     if type(value) is DTensor or not D.is_scalar(value):
         raise TypeError(f"{name}: only a scalar value is supported (the value of "
                         f"dt[mask] = v is written where the mask is True); for an "

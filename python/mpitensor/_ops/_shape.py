@@ -197,7 +197,8 @@ def _sequence(name, arrays):
                 raise D.mixed_error(f"numpy.{name}", x)
             raise TypeError(f"numpy.{name}: expected DTensors, got {type(x).__name__}")
     if len(arrays) > D.MAX_INPUTS:
-        raise TypeError(
+        # More inputs than a dim map takes: NumPy on the gathered arrays answers.
+        raise _registry.NoRule(
             f"numpy.{name}: at most {D.MAX_INPUTS} DTensors at once, got {len(arrays)}; "
             f"combine them in groups (e.g. numpy.{name} of numpy.{name}s)")
     return arrays

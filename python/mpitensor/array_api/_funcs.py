@@ -154,12 +154,19 @@ def argsort(x, /, *, axis=-1, descending=False, stable=True):
 
 def clip(x, /, min=None, max=None):  # noqa: A002
     """The standard's ``clip``: NumPy's, where either bound may be None (both None
-    gives a copy). Local where the bounds are laid out as ``x``.
+    gives a copy) or an array (then NumPy's maximum and minimum, in ``x``'s dtype).
+    Local where the bounds are laid out as ``x``.
 
     Example: ``clip(x, min=0)``.
     """
     if min is None and max is None:
         return x.copy()
+    if isinstance(min, DTensor) or isinstance(max, DTensor):
+        # NumPy's clip is maximum then minimum; mpitensor's clip rule takes scalar
+        # bounds only, and these two are elementwise rules of their own.
+        out = x if min is None else np.maximum(x, min)
+        out = out if max is None else np.minimum(out, max)
+        return out.astype(x.dtype, copy=False)
     return np.clip(x, min, max)
 
 
