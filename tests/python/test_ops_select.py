@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpitensor import Partial, Shard
+from mpitensor import Partial, Shard, strict
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
                          mesh_shapes, next_layout, placements)
@@ -138,5 +138,7 @@ def test_errors():
         np.where(dt > 0, dt, np.ones((4, 2)))
     with pytest.raises(TypeError, match="scalar bounds"):
         np.clip(dt, dt, 2)
-    with pytest.raises(TypeError, match="x and y"):
-        np.where(dt)
+    with strict(), pytest.raises(TypeError, match="x and y"):
+        np.where(dt, dt)
+    # The one-argument form is np.nonzero (test_ops_nonzero.py), not an error.
+    assert_matches(np.where(dt)[1], np.where(np.ones((4, 2)))[1])
