@@ -116,8 +116,11 @@ mode = sys.argv[1]
 rank = MPI.COMM_WORLD.Get_rank()
 mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
 x = mt.distribute_tensor(np.arange(48.0).reshape(6, 8), mesh, [Shard(0)])
-if mode == "differ":  # a small tensor, no MPITENSOR_CHECK: nothing agrees on this
-    x.redistribute(mesh, [Replicate()] if rank == 0 else [Shard(1)])
+if mode == "differ":  # one rank never enters the collective the others wait in
+    if rank == 0:
+        time.sleep(60)
+    else:
+        x.redistribute(mesh, [Replicate()])
 elif mode == "slow":  # a late rank is not a stuck one
     if rank == 1:
         time.sleep(2.0)
