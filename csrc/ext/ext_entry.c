@@ -135,7 +135,7 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   if (bw != NULL && backward == Py_None)  /* a function that writes in place */
     return mt_ext_error(d, "in_place_grad", name, NULL);
   if (out_kw != NULL && out_kw != Py_None) return mt_ext_error(d, "out_grad", func, NULL);
-  char priced = d->modes->grad_priced;
+  bool priced = d->modes->grad_priced;
   d->modes->grad_enabled = 0, d->modes->grad_priced = 1;
   PyObject *res = call_entry(d, func, args, kwargs);
   d->modes->grad_enabled = 1, d->modes->grad_priced = priced;
