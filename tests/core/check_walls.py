@@ -1,6 +1,6 @@
 """The walls between mpitensor's C libraries, read from the built archives.
 
-Usage: check_walls.py src=CSRC core=LIB kernels=LIB comm=LIB io=LIB   (ctest runs it)
+Usage: check_walls.py src=CSRC core=LIB kernels=LIB comm=LIB io=LIB linalg=LIB   (ctest runs it)
 
 Fails, naming what it found, when
 - a source of a library includes another library's private header, or the public
@@ -12,7 +12,7 @@ Fails, naming what it found, when
   private ones, and nothing includes its headers;
 - a file outside the extension includes Python's, NumPy's or mpi4py's headers;
 - an object file calls into a library that is not below its own (calls go down:
-  core <- kernels, core <- comm <- io);
+  core <- kernels, core <- comm <- io, comm <- linalg);
 - object files call each other in a cycle (within or across libraries);
 - the core or the kernels use MPI, threads or file I/O;
 - an object holds process-wide mutable state (a writable global or static) that
@@ -33,11 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from graphs import strongly_connected  # noqa: E402  (tests/graphs.py)
 
 BELOW = {"core": {"core"}, "kernels": {"kernels", "core"}, "comm": {"comm", "core"},
-         "io": {"io", "comm", "core"}}
+         "io": {"io", "comm", "core"}, "linalg": {"linalg", "comm", "core"}}
 # Whose headers each directory may include: the libraries', and the extension's. The
 # extension is no archive of the C build (only of the Python one), so only its
 # includes are checked.
-INCLUDES = {**BELOW, "ext": {"ext", "io", "comm", "kernels", "core"}}
+INCLUDES = {**BELOW, "ext": {"ext", "io", "linalg", "comm", "kernels", "core"}}
 # Headers only the extension may include: it is the one floor that knows Python.
 PYTHON_HEADER = re.compile(r'^#include [<"](Python\.h|numpy/[^>"]+|mpi4py/[^>"]+)[>"]', re.M)
 

@@ -1,0 +1,93 @@
+/* ScaLAPACK drivers for square matrices sharded over a mesh.
+ *
+ * ScaLAPACK is reached through a table of its routines filled at run time
+ * (mt_scalapack_open, a dlopen), never linked: a machine without it still builds
+ * and imports mpitensor, and only these calls fail, with a message that names the
+ * package to install.
+ *
+ * A matrix arrives as the local block of a block distribution (torch.chunk's: a
+ * block of ceil(n/P) rows or columns, one per process) in column-major order. The
+ * mesh dim that shards its rows (`row_dim`, -1 when they are not sharded) and the
+ * one that shards its columns (`col_dim`) make the Pr x Pc process grid; the
+ * members that share their coordinates on the other mesh dims make one grid each
+ * and run the same computation side by side. The block distribution is a
+ * ScaLAPACK one (descinit with those block sizes), so no data moves to describe
+ * it; the factorizations, which need square blocks, get ScaLAPACK's own pXgemr2d
+ * to a block-cyclic copy and back.
+ *
+ * `type` is LAPACK's letter of the element type: 's', 'd', 'c' or 'z'. `info`
+ * is the routine's INFO, the same on every member (a positive value is LAPACK's:
+ * a singular matrix, one not positive definite, an eigenproblem that failed). */
+#ifndef MPITENSOR_LINALG_SCALAPACK_H
+#define MPITENSOR_LINALG_SCALAPACK_H
+
+#include <stdint.h>
+
+#include "mpitensor/comm/mesh.h"
+#include "mpitensor/core/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The routines of one ScaLAPACK library (BLACS included), opened by dlopen. */
+typedef struct mt_scalapack mt_scalapack;
+
+/* Local. Opens the ScaLAPACK library `path` (a file name the dynamic loader
+ * searches for, or a path) and fills the table of its routines. MT_ENOTSUP, with
+ * the loader's message or the name of the routine that is missing, when it cannot.
+ *
+ *   mt_scalapack *sl = NULL;
+ *   rc = mt_scalapack_open("libscalapack-openmpi.so.2.2", &sl, &err);
+ */
+MT_EXPORT int mt_scalapack_open(const char *path, mt_scalapack **out, mt_error *err);
+
+/* Local. Closes the library and frees the table; NULL is a no-op. */
+MT_EXPORT void mt_scalapack_close(mt_scalapack *sl);
+
+/* Collective on the mesh. Solves A X = B: `a` is the local block of the n x n A
+ * (overwritten by its LU factors' block), `b` that of the n x nrhs B, whose rows
+ * are sharded as A's and its columns over `col_dim` (blocks of ceil(nrhs/Pc));
+ * X replaces B. `info` > 0: A is singular.
+ *
+ *   rc = mt_scalapack_solve(sl, mesh, 0, -1, 'd', n, a, nrhs, b, &info, &err);
+ */
+MT_EXPORT int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                                 int col_dim, int type, int64_t n, void *a,
+                                 int64_t nrhs, void *b, int *info, mt_error *err);
+
+/* Collective on the mesh. The inverse of the n x n A replaces `a`'s block.
+ * `info` > 0: A is singular. */
+MT_EXPORT int mt_scalapack_inv(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                               int col_dim, int type, int64_t n, void *a, int *info,
+                               mt_error *err);
+
+/* Collective on the mesh. The determinant of A as out[0] = log|det A| and
+ * out[1] = its phase in radians (0 or pi for a real A), on every member; out[0]
+ * is -inf for a singular A. `a`'s block is overwritten by the LU factors'. */
+MT_EXPORT int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                                   int col_dim, int type, int64_t n, void *a,
+                                   double *out, mt_error *err);
+
+/* Collective on the mesh. The Cholesky factor of the Hermitian positive definite
+ * A replaces `a`'s block: lower (L L^H = A, from A's lower triangle) or, with
+ * `upper`, upper (U^H U = A, from its upper triangle); the other triangle is zero.
+ * `info` > 0: A is not positive definite. */
+MT_EXPORT int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                                    int col_dim, int type, int64_t n, void *a,
+                                    int upper, int *info, mt_error *err);
+
+/* Collective on the mesh. The eigenvalues of the Hermitian A (from its lower
+ * triangle, or its upper one with `upper`) go to `w` (n reals of A's precision, in
+ * ascending order, on every member); with `vectors`, the eigenvectors replace
+ * `a`'s block (column j belongs to w[j]), else `a`'s block is overwritten.
+ * `info` > 0: the eigensolver failed to converge. */
+MT_EXPORT int mt_scalapack_eigh(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                                int col_dim, int type, int64_t n, void *a, int upper,
+                                int vectors, void *w, int *info, mt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,122 @@
+/* Shared by the ScaLAPACK files of the linalg library: the table of routines
+ * (scalapack_table.c) and the process grid and descriptors the drivers use
+ * (scalapack_grid.c), under the drivers (scalapack.c). */
+#ifndef MPITENSOR_SCALAPACK_PRIVATE_H
+#define MPITENSOR_SCALAPACK_PRIVATE_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mpitensor/linalg/scalapack.h"
+
+/* Fortran's conventions: every argument by address, INTEGER is int, and each
+ * CHARACTER argument adds its length, by value, after the others. */
+typedef void (*mt__sl_gemr2d)(const int *m, const int *n, const void *a, const int *ia,
+                              const int *ja, const int *desca, void *b, const int *ib,
+                              const int *jb, const int *descb, const int *ctxt);
+typedef void (*mt__sl_gesv)(const int *n, const int *nrhs, void *a, const int *ia,
+                            const int *ja, const int *desca, int *ipiv, void *b,
+                            const int *ib, const int *jb, const int *descb, int *info);
+typedef void (*mt__sl_getrf)(const int *m, const int *n, void *a, const int *ia,
+                             const int *ja, const int *desca, int *ipiv, int *info);
+typedef void (*mt__sl_getri)(const int *n, void *a, const int *ia, const int *ja,
+                             const int *desca, const int *ipiv, void *work,
+                             const int *lwork, int *iwork, const int *liwork, int *info);
+typedef void (*mt__sl_potrf)(const char *uplo, const int *n, void *a, const int *ia,
+                             const int *ja, const int *desca, int *info, size_t);
+typedef void (*mt__sl_laset)(const char *uplo, const int *m, const int *n,
+                             const void *alpha, const void *beta, void *a, const int *ia,
+                             const int *ja, const int *desca, size_t);
+/* pssyevd and pdsyevd (real: no rwork). */
+typedef void (*mt__sl_syevd)(const char *jobz, const char *uplo, const int *n, void *a,
+                             const int *ia, const int *ja, const int *desca, void *w,
+                             void *z, const int *iz, const int *jz, const int *descz,
+                             void *work, const int *lwork, int *iwork, const int *liwork,
+                             int *info, size_t, size_t);
+/* pcheevd and pzheevd. */
+typedef void (*mt__sl_heevd)(const char *jobz, const char *uplo, const int *n, void *a,
+                             const int *ia, const int *ja, const int *desca, void *w,
+                             void *z, const int *iz, const int *jz, const int *descz,
+                             void *work, const int *lwork, void *rwork,
+                             const int *lrwork, int *iwork, const int *liwork, int *info,
+                             size_t, size_t);
+
+/* The routines of one element type. */
+typedef struct mt__sl_typed {
+  mt__sl_gemr2d gemr2d;
+  mt__sl_gesv gesv;
+  mt__sl_getrf getrf;
+  mt__sl_getri getri;
+  mt__sl_potrf potrf;
+  mt__sl_laset laset;
+  mt__sl_syevd syevd; /* s and d */
+  mt__sl_heevd heevd; /* c and z */
+} mt__sl_typed;
+
+struct mt_scalapack {
+  void *handle; /* dlopen's */
+  mt__sl_typed typed[4]; /* s, d, c, z */
+  void (*descinit)(int *desc, const int *m, const int *n, const int *mb, const int *nb,
+                   const int *irsrc, const int *icsrc, const int *ctxt, const int *lld,
+                   int *info);
+  int (*numroc)(const int *n, const int *nb, const int *iproc, const int *isrcproc,
+                const int *nprocs);
+  int (*sys2blacs)(MPI_Comm comm);
+  void (*gridinit)(int *ctxt, const char *order, int nprow, int npcol);
+  void (*gridinfo)(int ctxt, int *nprow, int *npcol, int *myrow, int *mycol);
+  void (*gridexit)(int ctxt);
+  void (*free_handle)(int handle);
+};
+
+/* The index in mt_scalapack.typed of LAPACK's letter `type`, or -1. */
+int mt__sl_type_index(int type);
+
+/* The size in bytes of one element of each type, by index. */
+extern const size_t mt__sl_itemsize[4];
+
+/* A BLACS process grid over the members of a mesh that share their coordinates
+ * outside the grid's two dims. */
+typedef struct mt__sl_grid {
+  MPI_Comm comm; /* the grid's members, ranked row-major */
+  int handle;    /* Csys2blacs_handle of comm */
+  int ctxt;
+  int nprow, npcol, myrow, mycol;
+} mt__sl_grid;
+
+/* Collective on the mesh. Opens the grid of `row_dim` x `col_dim` (-1: size 1). */
+int mt__sl_grid_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                     mt__sl_grid *g, mt_error *err);
+
+/* Collective on the grid. Frees what mt__sl_grid_open made. */
+void mt__sl_grid_close(const mt_scalapack *sl, mt__sl_grid *g);
+
+/* A distributed matrix: its local block and its descriptor. */
+typedef struct mt__sl_matrix {
+  void *data;
+  int desc[9];
+  int64_t local_rows, local_cols;
+  int owned; /* whether data was allocated here (mt__sl_matrix_free frees it) */
+} mt__sl_matrix;
+
+/* Local. Describes the m x n matrix whose local block (column-major, leading
+ * dimension its local rows or 1) is at `data`, in blocks of mb x nb; with data
+ * NULL, allocates the block. MT_EOVERFLOW past Fortran's INTEGER, MT_ENOMEM. */
+int mt__sl_matrix_init(const mt_scalapack *sl, const mt__sl_grid *g, int64_t m,
+                       int64_t n, int64_t mb, int64_t nb, size_t itemsize, void *data,
+                       mt__sl_matrix *out, mt_error *err);
+
+/* Local. Frees the block when it was allocated here. */
+void mt__sl_matrix_free(mt__sl_matrix *mat);
+
+/* The block size of the block-cyclic copies of an n x n matrix on grid `g`. */
+int64_t mt__sl_cyclic_block(const mt__sl_grid *g, int64_t n);
+
+/* Collective on the grid. `status` agreed over the grid's members (mt_agree_comm). */
+int mt__sl_agree(const mt__sl_grid *g, int status, mt_error *err);
+
+/* Collective on the grid. The largest `info` of the members, so that a failure one
+ * process saw is every member's. */
+int mt__sl_agree_info(const mt__sl_grid *g, int *info, mt_error *err);
+
+#endif

@@ -1,0 +1,326 @@
+/* The ScaLAPACK drivers: each describes the caller's block-distributed matrix,
+ * copies it to a block-cyclic one with pXgemr2d (the factorizations want square
+ * blocks, and the cyclic layout balances their work), runs the routine and copies
+ * the result back into the caller's block. */
+#include <complex.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scalapack-private.h"
+
+/* A half turn, in radians (HALF_TURN is POSIX, not C11). */
+static const double HALF_TURN = 3.14159265358979323846;
+
+/* One call's grid and its n x n matrix, in the caller's block and in the cyclic
+ * copy. */
+typedef struct job {
+  const mt_scalapack *sl;
+  const mt__sl_typed *t;
+  int k; /* the type's index */
+  size_t itemsize;
+  int n, nb, one;
+  mt__sl_grid g;
+  mt__sl_matrix blk, cyc;
+} job;
+
+/* Checks what every rank can check alone: the same verdict everywhere, before any
+ * communication. */
+static int check(const mt_scalapack *sl, int type, int64_t n, mt_error *err) {
+  if (sl == NULL)
+    return mt_error_set(err, MT_ENOTSUP, "ScaLAPACK is not loaded");
+  if (mt__sl_type_index(type) < 0)
+    return mt_error_set(err, MT_ETYPE, "ScaLAPACK has no element type '%c'", type);
+  if (n < 1)
+    return mt_error_set(err, MT_EINVAL, "the matrix is %lld x %lld; ScaLAPACK wants n >= 1",
+                        (long long)n, (long long)n);
+  return MT_OK;
+}
+
+/* Collective on the mesh. The grid, the caller's block of A at `a`, its cyclic
+ * copy (allocated, agreed on) and A copied into it. */
+static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                    int type, int64_t n, void *a, job *j, mt_error *err) {
+  int rc = check(sl, type, n, err);
+  if (rc != MT_OK) return rc;
+  memset(j, 0, sizeof *j);
+  j->sl = sl, j->k = mt__sl_type_index(type), j->t = &sl->typed[j->k];
+  j->itemsize = mt__sl_itemsize[j->k], j->one = 1;
+  rc = mt__sl_grid_open(sl, mesh, row_dim, col_dim, &j->g, err);
+  if (rc != MT_OK) return rc;
+  int64_t nb = mt__sl_cyclic_block(&j->g, n);
+  rc = mt__sl_matrix_init(sl, &j->g, n, n, (n + j->g.nprow - 1) / j->g.nprow,
+                          (n + j->g.npcol - 1) / j->g.npcol, j->itemsize, a, &j->blk, err);
+  if (rc == MT_OK)
+    rc = mt__sl_matrix_init(sl, &j->g, n, n, nb, nb, j->itemsize, NULL, &j->cyc, err);
+  rc = mt__sl_agree(&j->g, rc, err);
+  if (rc != MT_OK) {
+    mt__sl_matrix_free(&j->cyc);
+    mt__sl_grid_close(sl, &j->g);
+    return rc;
+  }
+  j->n = (int)n, j->nb = (int)nb;
+  j->t->gemr2d(&j->n, &j->n, j->blk.data, &j->one, &j->one, j->blk.desc, j->cyc.data,
+               &j->one, &j->one, j->cyc.desc, &j->g.ctxt);
+  return MT_OK;
+}
+
+/* Collective on the grid. Copies the cyclic matrix back into the caller's block. */
+static void job_back(job *j) {
+  j->t->gemr2d(&j->n, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, j->blk.data,
+               &j->one, &j->one, j->blk.desc, &j->g.ctxt);
+}
+
+static void job_close(job *j) {
+  mt__sl_matrix_free(&j->cyc);
+  mt__sl_grid_close(j->sl, &j->g);
+}
+
+/* The pivots of a cyclic matrix's local rows (pXgetrf's IPIV), agreed allocated. */
+static int pivots(job *j, int **ipiv, mt_error *err) {
+  *ipiv = malloc((size_t)(j->cyc.local_rows + j->nb) * sizeof **ipiv);
+  int rc = *ipiv != NULL ? MT_OK : mt_error_set(err, MT_ENOMEM, "out of memory");
+  return mt__sl_agree(&j->g, rc, err);
+}
+
+int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                       int type, int64_t n, void *a, int64_t nrhs, void *b, int *info,
+                       mt_error *err) {
+  job j;
+  int rc = nrhs < 1 ? mt_error_set(err, MT_EINVAL, "solve wants nrhs >= 1")
+                    : job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  if (rc != MT_OK) return rc;
+  mt__sl_matrix bblk = {0}, bcyc = {0};
+  int *ipiv = NULL;
+  rc = mt__sl_matrix_init(sl, &j.g, n, nrhs, (n + j.g.nprow - 1) / j.g.nprow,
+                          (nrhs + j.g.npcol - 1) / j.g.npcol, j.itemsize, b, &bblk, err);
+  if (rc == MT_OK)
+    rc = mt__sl_matrix_init(sl, &j.g, n, nrhs, j.nb, j.nb, j.itemsize, NULL, &bcyc, err);
+  rc = mt__sl_agree(&j.g, rc, err);
+  if (rc == MT_OK) rc = pivots(&j, &ipiv, err);
+  if (rc == MT_OK) {
+    int m = (int)nrhs;
+    j.t->gemr2d(&j.n, &m, bblk.data, &j.one, &j.one, bblk.desc, bcyc.data, &j.one,
+                &j.one, bcyc.desc, &j.g.ctxt);
+    j.t->gesv(&j.n, &m, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, bcyc.data, &j.one,
+              &j.one, bcyc.desc, info);
+    rc = mt__sl_agree_info(&j.g, info, err);
+    if (rc == MT_OK && *info == 0)
+      j.t->gemr2d(&j.n, &m, bcyc.data, &j.one, &j.one, bcyc.desc, bblk.data, &j.one,
+                  &j.one, bblk.desc, &j.g.ctxt);
+  }
+  free(ipiv);
+  mt__sl_matrix_free(&bcyc);
+  job_close(&j);
+  return rc;
+}
+
+/* The size a workspace query wrote in the first element of `work` (a real or
+ * complex number of the job's precision). */
+static int query_size(const job *j, const void *work) {
+  double v = j->k % 2 == 0 ? (double)*(const float *)work : *(const double *)work;
+  return (int)v + 1;
+}
+
+/* Allocates `count` elements of `size` bytes, agreed over the grid. */
+static int agreed_alloc(job *j, void **out, int count, size_t size, mt_error *err) {
+  *out = malloc((size_t)(count > 1 ? count : 1) * size);
+  int rc = *out != NULL ? MT_OK : mt_error_set(err, MT_ENOMEM, "out of memory");
+  return mt__sl_agree(&j->g, rc, err);
+}
+
+/* pXgetri on the factored cyclic matrix, with the workspace it asks for. */
+static int invert(job *j, const int *ipiv, int *info, mt_error *err) {
+  double wq[2] = {0, 0};
+  int iq = 0, minus = -1, lwork, liwork;
+  void *work = NULL, *iwork = NULL;
+  j->t->getri(&j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, ipiv, wq, &minus, &iq,
+              &minus, info);
+  lwork = query_size(j, wq), liwork = iq + 1;
+  int rc = agreed_alloc(j, &work, lwork, j->itemsize, err);
+  if (rc == MT_OK) rc = agreed_alloc(j, &iwork, liwork, sizeof(int), err);
+  if (rc == MT_OK) {
+    j->t->getri(&j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, ipiv, work, &lwork,
+                iwork, &liwork, info);
+    rc = mt__sl_agree_info(&j->g, info, err);
+  }
+  free(work);
+  free(iwork);
+  return rc;
+}
+
+int mt_scalapack_inv(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                     int type, int64_t n, void *a, int *info, mt_error *err) {
+  job j;
+  int *ipiv = NULL;
+  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  if (rc != MT_OK) return rc;
+  rc = pivots(&j, &ipiv, err);
+  if (rc == MT_OK) {
+    j.t->getrf(&j.n, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, info);
+    rc = mt__sl_agree_info(&j.g, info, err);
+  }
+  if (rc == MT_OK && *info == 0) rc = invert(&j, ipiv, info, err);
+  if (rc == MT_OK && *info == 0) job_back(&j);
+  free(ipiv);
+  job_close(&j);
+  return rc;
+}
+
+/* The diagonal entry g of the cyclic matrix, when this process holds it. */
+static const char *diagonal_at(const job *j, int g) {
+  int block = g / j->nb, within = g % j->nb;
+  if (block % j->g.nprow != j->g.myrow || block % j->g.npcol != j->g.mycol) return NULL;
+  int64_t i = (int64_t)(block / j->g.nprow) * j->nb + within;
+  int64_t c = (int64_t)(block / j->g.npcol) * j->nb + within;
+  int64_t lld = j->cyc.desc[8];
+  return (const char *)j->cyc.data + (size_t)(i + c * lld) * j->itemsize;
+}
+
+/* The log of the modulus and the argument of an element of the job's type. */
+static void polar(const job *j, const char *p, double *logabs, double *angle) {
+  double complex v;
+  switch (j->k) {
+    case 0: v = *(const float *)p; break;
+    case 1: v = *(const double *)p; break;
+    case 2: v = *(const float complex *)p; break;
+    default: v = *(const double complex *)p; break;
+  }
+  *logabs = log(cabs(v));
+  *angle = carg(v);
+}
+
+/* This process's share of log|det| and of the phase of the factored cyclic
+ * matrix: its diagonal entries, and a half turn for each row swap it made. */
+static void det_share(const job *j, const int *ipiv, double share[2]) {
+  for (int g = 0; g < j->n; ++g) {
+    const char *p = diagonal_at(j, g);
+    if (p == NULL) continue;
+    double logabs, angle;
+    polar(j, p, &logabs, &angle);
+    share[0] += logabs;
+    share[1] += angle;
+    int64_t i = (int64_t)(g / j->nb / j->g.nprow) * j->nb + g % j->nb;
+    if (ipiv[i] != g + 1) share[1] += HALF_TURN;
+  }
+}
+
+int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                         int col_dim, int type, int64_t n, void *a, double *out,
+                         mt_error *err) {
+  job j;
+  int *ipiv = NULL, info = 0;
+  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  if (rc != MT_OK) return rc;
+  rc = pivots(&j, &ipiv, err);
+  if (rc == MT_OK) {
+    double share[2] = {0, 0};
+    j.t->getrf(&j.n, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, &info);
+    det_share(&j, ipiv, share);
+    int mpi = MPI_Allreduce(MPI_IN_PLACE, share, 2, MPI_DOUBLE, MPI_SUM, j.g.comm);
+    rc = mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Allreduce");
+    out[0] = share[0], out[1] = remainder(share[1], 2 * HALF_TURN);
+  }
+  free(ipiv);
+  job_close(&j);
+  return rc;
+}
+
+/* Zeroes the strict triangle of the cyclic matrix opposite `uplo`'s. */
+static void zero_other_triangle(job *j, char uplo) {
+  double zero[2] = {0, 0};
+  int m = j->n - 1, two = 2;
+  if (m < 1) return;
+  if (uplo == 'L')
+    j->t->laset("U", &m, &m, zero, zero, j->cyc.data, &j->one, &two, j->cyc.desc, 1);
+  else
+    j->t->laset("L", &m, &m, zero, zero, j->cyc.data, &two, &j->one, j->cyc.desc, 1);
+}
+
+int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                          int col_dim, int type, int64_t n, void *a, int upper, int *info,
+                          mt_error *err) {
+  job j;
+  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  if (rc != MT_OK) return rc;
+  const char *uplo = upper ? "U" : "L";
+  j.t->potrf(uplo, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, info, 1);
+  rc = mt__sl_agree_info(&j.g, info, err);
+  if (rc == MT_OK && *info == 0) {
+    zero_other_triangle(&j, *uplo);
+    job_back(&j);
+  }
+  job_close(&j);
+  return rc;
+}
+
+/* The workspace sizes pXsyevd or pXheevd asks for: work, rwork (complex types
+ * only) and iwork, in elements. */
+static void eigh_query(job *j, const char *uplo, void *w, int sizes[3], int *info) {
+  double wq[2] = {0, 0}, rq = 0;
+  float rqf = 0;
+  int iq = 0, minus = -1;
+  if (j->t->syevd != NULL)
+    j->t->syevd("V", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, w,
+                j->cyc.data, &j->one, &j->one, j->cyc.desc, wq, &minus, &iq, &minus, info,
+                1, 1);
+  else
+    j->t->heevd("V", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, w,
+                j->cyc.data, &j->one, &j->one, j->cyc.desc, wq, &minus,
+                j->k == 2 ? (void *)&rqf : (void *)&rq, &minus, &iq, &minus, info, 1, 1);
+  sizes[0] = query_size(j, wq);
+  sizes[1] = (int)(j->k == 2 ? (double)rqf : rq) + 1;
+  sizes[2] = iq + 1;
+}
+
+/* pXsyevd or pXheevd into the cyclic Z, with workspaces of `sizes`. */
+static void eigh_run(job *j, const char *uplo, void *w, mt__sl_matrix *z, int sizes[3],
+                     void *work, void *rwork, int *iwork, int *info) {
+  if (j->t->syevd != NULL)
+    j->t->syevd("V", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, w,
+                z->data, &j->one, &j->one, z->desc, work, &sizes[0], iwork, &sizes[2],
+                info, 1, 1);
+  else
+    j->t->heevd("V", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, w,
+                z->data, &j->one, &j->one, z->desc, work, &sizes[0], rwork, &sizes[1],
+                iwork, &sizes[2], info, 1, 1);
+}
+
+/* Allocates the eigensolver's workspaces and Z, agreed, then runs it. */
+static int eigh_solve(job *j, const char *uplo, void *w, mt__sl_matrix *z, int *info,
+                      mt_error *err) {
+  int sizes[3];
+  void *work = NULL, *rwork = NULL, *iwork = NULL;
+  eigh_query(j, uplo, w, sizes, info);
+  size_t real = j->k % 2 == 0 ? sizeof(float) : sizeof(double);
+  int rc = mt__sl_matrix_init(j->sl, &j->g, j->n, j->n, j->nb, j->nb, j->itemsize, NULL,
+                              z, err);
+  rc = mt__sl_agree(&j->g, rc, err);
+  if (rc == MT_OK) rc = agreed_alloc(j, &work, sizes[0], j->itemsize, err);
+  if (rc == MT_OK) rc = agreed_alloc(j, &rwork, sizes[1], real, err);
+  if (rc == MT_OK) rc = agreed_alloc(j, &iwork, sizes[2], sizeof(int), err);
+  if (rc == MT_OK) {
+    eigh_run(j, uplo, w, z, sizes, work, rwork, iwork, info);
+    rc = mt__sl_agree_info(&j->g, info, err);
+  }
+  free(work);
+  free(rwork);
+  free(iwork);
+  return rc;
+}
+
+int mt_scalapack_eigh(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                      int type, int64_t n, void *a, int upper, int vectors, void *w,
+                      int *info, mt_error *err) {
+  job j;
+  mt__sl_matrix z = {0};
+  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  if (rc != MT_OK) return rc;
+  rc = eigh_solve(&j, upper ? "U" : "L", w, &z, info, err);
+  if (rc == MT_OK && *info == 0 && vectors)
+    j.t->gemr2d(&j.n, &j.n, z.data, &j.one, &j.one, z.desc, j.blk.data, &j.one, &j.one,
+                j.blk.desc, &j.g.ctxt);
+  mt__sl_matrix_free(&z);
+  job_close(&j);
+  return rc;
+}
