@@ -10,6 +10,7 @@
 
 #include "ext.h"
 #include "mpitensor/kernels/kernels.h"
+#include "mpitensor/linalg/tsqr.h"
 
 typedef struct field {
   const char *name;
@@ -121,6 +122,14 @@ static const field modes[] = {
     SCALAR(mt_ext_modes, implicit_replication), SCALAR(mt_ext_modes, listeners),
     END};
 
+static const field lapack[] = {
+    POINTER(mt_lapack, sgeqrf),  POINTER(mt_lapack, dgeqrf),  POINTER(mt_lapack, cgeqrf),
+    POINTER(mt_lapack, zgeqrf),  POINTER(mt_lapack, stpqrt),  POINTER(mt_lapack, dtpqrt),
+    POINTER(mt_lapack, ctpqrt),  POINTER(mt_lapack, ztpqrt),  POINTER(mt_lapack, stpmqrt),
+    POINTER(mt_lapack, dtpmqrt), POINTER(mt_lapack, ctpmqrt), POINTER(mt_lapack, ztpmqrt),
+    POINTER(mt_lapack, sormqr),  POINTER(mt_lapack, dormqr),  POINTER(mt_lapack, cormqr),
+    POINTER(mt_lapack, zormqr),  SCALAR(mt_lapack, ilp64),    END};
+
 #define STRUCT(T, fields) {#T, sizeof(T), fields}
 
 /* A struct nested in another comes before it, so that Python meets it first. */
@@ -144,6 +153,7 @@ static const struct {
     STRUCT(mt_io_array, io_array),
     STRUCT(mt_io_options, io_options),
     STRUCT(mt_blas, blas),
+    STRUCT(mt_lapack, lapack),
     STRUCT(mt_attn_operand, attn_operand),
     STRUCT(mt_attn_shape, attn_shape),
     STRUCT(mt_adam_hyper, adam_hyper),

@@ -1,0 +1,102 @@
+"""The LAPACK routines of TSQR (csrc/linalg/tsqr.c), taken from the OpenBLAS that
+NumPy loaded and handed to C as function pointers (an ``mt_lapack``, laid out from
+the extension's table by :func:`mpitensor._clib.struct`), and the binding of
+``mt_tsqr`` through :mod:`mpitensor._clib`.
+
+NumPy's wheel bundles scipy-openblas, whose Fortran symbols carry a ``scipy_``
+prefix and, being ILP64, a ``64_`` suffix (``scipy_dgeqrf_64_``); a NumPy built
+against a system OpenBLAS exports ``dgeqrf_`` with 32-bit integers. The library is
+found by threadpoolctl, as :mod:`mpitensor.nn._blas` finds it for gemm, and loaded
+with RTLD_LOCAL; where none is found, :func:`available` is False and TSQR's callers
+take NumPy's own path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import numpy as np
+
+from ._clib import E, I, I64, P, call, dtype_code, fn, struct
+
+_Lapack = struct("mt_lapack")
+_tsqr = fn("mt_tsqr", I, P, I, ctypes.POINTER(_Lapack), I, I64, I64, P, I64, P, I64, P,
+           I64, E)
+_supports = fn("mt_lapack_supports", I, ctypes.POINTER(_Lapack), I)
+
+# (prefix, suffix, ILP64) of the Fortran names an OpenBLAS may export.
+_NAMINGS = (("scipy_", "_64_", True), ("", "_64_", True), ("scipy_", "_", False),
+            ("", "_", False))
+_ROUTINES = ("geqrf", "tpqrt", "tpmqrt", "ormqr")
+_TYPES = "sdcz"
+
+
+def _openblas_path() -> str | None:
+    from threadpoolctl import threadpool_info
+    found = [i for i in threadpool_info()
+             if i.get("user_api") == "blas" and i.get("internal_api") == "openblas"]
+    found.sort(key=lambda i: i.get("prefix") != "libscipy_openblas")
+    return found[0]["filepath"] if found else None
+
+
+def _fortran_name(prefix, t, routine, suffix):
+    # complex types take unmqr where real ones take ormqr
+    name = "unmqr" if routine == "ormqr" and t in "cz" else routine
+    return f"{prefix}{t}{name}{suffix}"
+
+
+@functools.cache
+def lapack():
+    """The ``mt_lapack`` of NumPy's OpenBLAS, with the library kept alive beside
+    it, or None when NumPy loaded no OpenBLAS exporting these routines. Local."""
+    path = _openblas_path()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError:
+        return None
+    for prefix, suffix, ilp64 in _NAMINGS:
+        names = {f"{t}{r}": _fortran_name(prefix, t, r, suffix)
+                 for t in _TYPES for r in _ROUTINES}
+        if all(hasattr(lib, n) for n in names.values()):
+            out = _Lapack(ilp64=int(ilp64))
+            for field, name in names.items():
+                setattr(out, field, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
+            return out, lib
+    return None
+
+
+def available(dtype) -> bool:
+    """Whether TSQR runs in C for ``dtype`` here. Local.
+
+    Example: ``available(np.float64)`` is True with NumPy's wheel.
+    """
+    found = lapack()
+    code = dtype_code(np.dtype(dtype))
+    return found is not None and code >= 0 and bool(_supports(ctypes.byref(found[0]), code))
+
+
+def tsqr(mesh_address: int, dim: int, block: np.ndarray, want_q: bool):
+    """(q, r) of the TSQR of the matrix whose rows are the blocks of the ranks of
+    mesh dim ``dim`` (in coordinate order), this rank's being ``block`` (m x n,
+    m >= n on every rank): ``q`` this rank's m x n rows of the reduced Q (None
+    unless ``want_q``), ``r`` the n x n R, the same on every rank. Both are
+    Fortran-ordered. Collective on the dim; counted as one all-reduce.
+
+    Example: ``q, r = tsqr(mesh_address(mesh), 0, local, True)``.
+    """
+    found = lapack()
+    if found is None:
+        raise NotImplementedError("TSQR: NumPy loaded no OpenBLAS with LAPACK's "
+                                  "geqrf/tpqrt/tpmqrt/ormqr")
+    a = np.array(block, order="F", copy=True)
+    m, n = a.shape
+    r = np.zeros((n, n), a.dtype, order="F")
+    q = np.empty((m, n), a.dtype, order="F") if want_q else None
+    call(_tsqr, mesh_address, dim, ctypes.byref(found[0]), dtype_code(a.dtype), m, n,
+         a.ctypes.data, max(m, 1), r.ctypes.data, max(n, 1),
+         None if q is None else q.ctypes.data, max(m, 1))
+    return q, r
