@@ -5,6 +5,7 @@ where DTensor's entry points and the C dispatch's Python entries find them."""
 
 from . import (_along_axis, _counts, _cov, _diag, _diagonal, _elementwise,  # noqa: F401
                _fallback, _indexing, _inplace, _like, _linalg, _lookup, _meshgrid, _nan,
-               _nonzero, _reductions, _select, _shape, _split, _stats, _strided)
+               _nonzero, _reductions, _select, _shape, _split, _stats, _strided,
+               _tsqr)
 
 __all__: list = []

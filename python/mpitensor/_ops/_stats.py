@@ -233,50 +233,5 @@ for _f in (np.linalg.svd, np.linalg.eigh, np.linalg.eigvalsh,
     if _f is not None:
         _registry.implements(_f)(_decomposition(_f))
 
-_replicated_qr = _decomposition(np.linalg.qr)
-
-
-@_registry.implements(np.linalg.qr)
-def qr(a, mode="reduced"):
-    """np.linalg.qr of a DTensor. A tall-skinny matrix (rows >= columns) sharded
-    only along its rows on one mesh dim takes TSQR: each rank factors its rows, the
-    small R factors (padded to n x n) are all-gathered and factored again, and each
-    rank's Q rows are its local Q times its block of that second Q: Q keeps the
-    rows' Shard, R is Replicate, and n x n per rank moves instead of the matrix.
-    Signs may differ from NumPy's (a QR is unique up to the signs of R's rows).
-    Anything else is replicated first. Collective on the mesh."""
-    if type(a) is not DTensor:
-        raise TypeError(f"numpy.linalg.qr: expected a DTensor, got {type(a).__name__}")
-    spec = a._spec
-    mesh = spec.mesh
-    sharded = [m for m, p in enumerate(spec.placements) if not isinstance(p, Replicate)
-               and mesh.shape[m] > 1]
-    tall = (a.ndim == 2 and mode in ("reduced", "r") and spec.shape[0] >= spec.shape[1]
-            and len(sharded) == 1 and spec.placements[sharded[0]] == Shard(0))
-    if not tall:
-        return _replicated_qr(a, mode=mode)
-    m_dim, n = sharded[0], spec.shape[1]
-    g = mesh.shape[m_dim]
-    if mesh._coordinate is None:
-        q_local, r_pad = np.empty((0,), spec.dtype), np.zeros((n, n), spec.dtype)
-    else:
-        q_local, r_local = np.linalg.qr(a.to_local())
-        r_pad = np.zeros((n, n), r_local.dtype)
-        r_pad[:r_local.shape[0]] = r_local
-    pls = [Shard(0) if m == m_dim else Replicate() for m in range(mesh.ndim)]
-    stacked = DTensor.from_local(r_pad, mesh, pls, shape=(g * n, n), stride=(n, 1))
-    stacked = D.relayout("numpy.linalg.qr", stacked, [Replicate()] * mesh.ndim)
-    if mesh._coordinate is None:
-        q2, r = np.eye(g * n, n), np.zeros((n, n))
-    else:
-        q2, r = np.linalg.qr(stacked.to_local())
-    r_dt = _wrap_replicate(mesh, r)
-    if mode == "r":
-        return r_dt
-    if mesh._coordinate is not None:
-        k = mesh._coordinate[m_dim]
-        q_local = q_local @ q2[k * n:k * n + q_local.shape[1]]
-    q_dt = DTensor(np.ascontiguousarray(q_local),
-                   DTensorSpec(mesh, spec.placements, (spec.shape[0], n),
-                               np.dtype(q_local.dtype), contiguous_strides((spec.shape[0], n))))
-    return type(np.linalg.qr(np.eye(1)))(q_dt, r_dt)
+# np.linalg.qr, and svd/svdvals of tall row-sharded matrices, take TSQR (_tsqr.py),
+# which falls back on _decomposition for the others.

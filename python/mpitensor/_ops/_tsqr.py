@@ -1,0 +1,321 @@
+"""Linear algebra of tall-skinny matrices on TSQR (csrc/linalg/tsqr.c): ``qr``,
+``svd``, ``svdvals``, ``lstsq``, ``matrix_rank``, ``pinv``, ``norm`` (ord 2, -2,
+'nuc') and ``cond`` (p None, 2, -2) of a 2-D DTensor whose rows are sharded on one
+mesh dim (``Shard(0)`` there, ``Replicate`` on any other), with at least as many
+rows as columns in every rank's block.
+
+Each rank factors its block with LAPACK; the ranks of that mesh dim combine their
+n x n R factors as a butterfly (one triangle per rank per level, log2 P levels), so
+that every rank holds R, and each rank's rows of Q follow from the tree with no
+further message (but to the ranks folded in where P is not a power of two). Only
+n x n triangles move, never the matrix; CommDebugMode counts each TSQR as one
+all_reduce. Everything else (the SVD of R, the solve of R) is n x n work repeated
+alike on every rank.
+
+Placements: Q and U keep A's (rows sharded), ``pinv``'s columns are sharded as
+A's rows; R, singular values, Vh, the solution of ``lstsq`` and norms are
+Replicate; ``matrix_rank`` and ``cond`` are NumPy scalars, as on the gathered path. A matrix outside that form (wide, batched, sharded on its columns or on
+two mesh dims, Partial, a block shorter than it is wide, an integer dtype, or
+NumPy's modes that have no distributed form) keeps the replicate-and-NumPy path
+(``_stats._decomposition``) or, for ``norm``, the partial-norm rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
+
+from .. import _clib, _comm, _lapack, _registry
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Replicate, Shard
+from . import _dispatch as D
+from . import _merge
+from ._stats import _decomposition, _wrap_replicate
+
+_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
+
+
+class _Tall:
+    """A DTensor TSQR takes: its mesh, the mesh dim that shards its rows, its
+    global shape and this rank's block (None outside the mesh)."""
+
+    def __init__(self, a, dim):
+        self.a, self.spec, self.dim = a, a._spec, dim
+        self.mesh = a._spec.mesh
+        self.shape = tuple(a._spec.shape)
+        inside = self.mesh._coordinate is not None
+        self.block = a.to_local() if inside else None
+
+    def factor(self, want_q, block=None):
+        """(q, r) of TSQR over the mesh dim (q None unless ``want_q``); outside
+        the mesh, zeros of the right shapes. Collective on the mesh dim."""
+        block = self.block if block is None else block
+        n = block.shape[1] if block is not None else self.shape[1]
+        if self.mesh._coordinate is None:
+            return np.zeros((0, n), self.spec.dtype), np.zeros((n, n), self.spec.dtype)
+        address = _comm.mesh_address(self.mesh._handle)
+        return _lapack.tsqr(address, self.dim, block, want_q)
+
+    def rows_like_a(self, local, ncols):
+        """A DTensor of global shape (rows, ncols) whose rows are laid out as A's,
+        this rank's block ``local``."""
+        shape = (self.shape[0], ncols)
+        local = np.ascontiguousarray(local) if self.mesh._coordinate is not None else \
+            D.outside_local(shape, local.dtype)
+        return DTensor(local, DTensorSpec(self.mesh, self.spec.placements, shape,
+                                          np.dtype(local.dtype), contiguous_strides(shape)))
+
+    def replicate(self, x):
+        return _wrap_replicate(self.mesh, x)
+
+
+def _tall(a, extra_columns=0):
+    """A :class:`_Tall` of ``a`` when TSQR can factor it (with ``extra_columns``
+    more columns beside it, as lstsq's right-hand sides), else None. Decided from
+    the global spec alone, so alike on every rank."""
+    if type(a) is not DTensor or a.ndim != 2:
+        return None
+    spec = a._spec
+    if np.dtype(spec.dtype).type not in _DTYPES or not _lapack.available(spec.dtype):
+        return None
+    shards = [m for m, p in enumerate(spec.placements) if p != Replicate()]
+    if len(shards) != 1 or spec.placements[shards[0]] != Shard(0):
+        return None
+    dim = shards[0]
+    rows, n = spec.shape
+    n += extra_columns
+    if n == 0 or min(_clib.chunk_sizes(rows, spec.mesh.shape[dim])) < n:
+        return None
+    return _Tall(a, dim)
+
+
+# -- qr ------------------------------------------------------------------------------
+
+_replicated_qr = _decomposition(np.linalg.qr)
+
+
+@_registry.implements(np.linalg.qr)
+def qr(a, mode="reduced"):
+    """np.linalg.qr of a DTensor. A tall matrix with its rows sharded on one mesh
+    dim (every block at least as tall as it is wide) takes TSQR: ``mode``
+    'reduced' gives Q laid out as A (each rank its rows) and R Replicate; 'r' R
+    alone. Signs may differ from NumPy's (a QR is unique up to the signs of R's
+    rows): Q @ R is A and Q's columns are orthonormal. Modes 'complete' (an
+    m x m Q) and 'raw' (LAPACK's reflectors of the whole matrix) have no
+    distributed form: they, and any other matrix, are replicated first and NumPy
+    runs on every rank. Collective on the mesh.
+
+    Example::
+
+        >>> a = distribute_tensor(np.random.rand(1000, 8), mesh, [Shard(0)])
+        >>> q, r = np.linalg.qr(a)   # q: [Shard(0)], r: [Replicate()]
+    """
+    t = _tall(a) if mode in ("reduced", "r") else None
+    if t is None:
+        return _replicated_qr(a, mode=mode)
+    q, r = t.factor(want_q=mode == "reduced")
+    if mode == "r":
+        return t.replicate(r)
+    n = t.shape[1]
+    return type(np.linalg.qr(np.eye(1)))(t.rows_like_a(q, n), t.replicate(r))
+
+
+# -- singular values ---------------------------------------------------------------
+
+_replicated_svd = _decomposition(np.linalg.svd)
+_replicated_svdvals = (_decomposition(np.linalg.svdvals)
+                       if hasattr(np.linalg, "svdvals") else None)
+
+
+def _singular_values(t):
+    """The singular values of the matrix of ``t`` (those of its R), descending, as
+    NumPy gives them: real, on every rank. Collective on the mesh dim."""
+    _, r = t.factor(want_q=False)
+    return np.linalg.svd(r, compute_uv=False)
+
+
+@_registry.implements(np.linalg.svd)
+def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
+    """np.linalg.svd of a DTensor. A tall matrix with its rows sharded on one mesh
+    dim takes TSQR and the SVD of R = U_R S Vh: U = Q U_R is laid out as A, S and
+    Vh are Replicate (with ``compute_uv=False``, S alone). ``full_matrices=True``
+    asks for an m x m U, which has no distributed form here: unless the matrix
+    is square, it and any other matrix (or ``hermitian=True``) are replicated
+    first and NumPy runs on every rank. Singular vectors are unique up to a
+    phase per pair, as in NumPy. Collective on the mesh.
+
+    Example::
+
+        >>> u, s, vh = np.linalg.svd(a, full_matrices=False)  # a: [Shard(0)], tall
+    """
+    t = _tall(a) if not hermitian else None
+    if t is not None and compute_uv and full_matrices and t.shape[0] != t.shape[1]:
+        t = None
+    if t is None:
+        return _replicated_svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
+                               hermitian=hermitian)
+    if not compute_uv:
+        return t.replicate(_singular_values(t))
+    q, r = t.factor(want_q=True)
+    u_r, s, vh = np.linalg.svd(r)
+    u = t.rows_like_a(q @ u_r, t.shape[1])
+    return type(np.linalg.svd(np.eye(1)))(u, t.replicate(s), t.replicate(vh))
+
+
+if _replicated_svdvals is not None:
+    @_registry.implements(np.linalg.svdvals)
+    def svdvals(x, /):
+        """np.linalg.svdvals of a DTensor: for a tall matrix with its rows sharded
+        on one mesh dim, the singular values of TSQR's R (one triangle per rank
+        per tree level moves), Replicate; any other matrix is replicated first.
+        Collective on the mesh.
+
+        Example: ``np.linalg.svdvals(a)`` of a ``[Shard(0)]`` 10000 x 16 DTensor.
+        """
+        t = _tall(x)
+        if t is None:
+            return _replicated_svdvals(x)
+        return t.replicate(_singular_values(t))
+
+
+# -- least squares -------------------------------------------------------------------
+
+@_registry.implements(np.linalg.lstsq)
+def lstsq(a, b, rcond=None):
+    """np.linalg.lstsq of a tall DTensor ``a`` with its rows sharded on one mesh
+    dim and a DTensor ``b`` (m or m x k) on the same mesh: TSQR of [A | b] gives R
+    and Q^H b at once (nothing but the tree's triangles moves; ``b`` is first laid
+    out as ``a``'s rows, which moves nothing when it already is), then every rank
+    solves the small problem alike. NumPy's ``rcond`` (None: machine precision
+    times max(m, n)), rank, residuals (the squared norms of the trailing block of
+    R, given when A has full rank and m > n) and singular values. Results are
+    Replicate (the rank an int). Any other operands take the gathered path.
+    Collective on the mesh.
+
+    Example::
+
+        >>> x, res, rank, s = np.linalg.lstsq(a, b)   # a: [Shard(0)] 10000 x 8, b: 10000
+    """
+    k = (b.shape[1] if b.ndim == 2 else 1) if type(b) is DTensor and b.ndim in (1, 2) else 0
+    t = _tall(a, extra_columns=k) if k else None
+    if (t is None or b._spec.mesh is not t.mesh or b.shape[0] != t.shape[0]
+            or np.result_type(a.dtype, b.dtype) != a.dtype):
+        return _registry.gather_call(np.linalg.lstsq, (a, b), {"rcond": rcond})
+    b = D.relayout("numpy.linalg.lstsq", b, t.spec.placements)
+    m, n = t.shape
+    if t.mesh._coordinate is not None:
+        rhs = b.to_local().reshape(-1, k).astype(a.dtype, copy=False)
+        block = np.concatenate([t.block, rhs], axis=1)
+    else:
+        block = np.zeros((0, n + k), a.dtype)
+    _, r = t.factor(want_q=False, block=block)
+    if rcond is None:
+        rcond = np.finfo(a.dtype).eps * max(m, n)
+    x, _, rank, s = np.linalg.lstsq(r[:n, :n], r[:n, n:], rcond=rcond)
+    if rank == n and m > n:
+        residuals = np.sum(np.abs(r[n:, n:]) ** 2, axis=0)
+    else:
+        residuals = np.empty(0, np.finfo(a.dtype).dtype)
+    if b.ndim == 1:
+        x = x[:, 0]
+    return (t.replicate(x), t.replicate(residuals.astype(np.finfo(a.dtype).dtype)),
+            int(rank), t.replicate(s))
+
+
+# -- what the singular values give ---------------------------------------------------
+
+@_registry.implements(np.linalg.matrix_rank)
+def matrix_rank(A, tol=None, hermitian=False, *, rtol=None):
+    """np.linalg.matrix_rank of a DTensor: for a tall matrix with its rows
+    sharded on one mesh dim, the count of R's singular values above NumPy's
+    tolerance (``tol``, else ``rtol`` times the largest, ``rtol`` defaulting to
+    machine precision times max(m, n)), a NumPy integer alike on every rank, as
+    NumPy returns it; any other matrix takes the gathered path. Collective on the mesh.
+
+    Example: ``int(np.linalg.matrix_rank(a))`` of a ``[Shard(0)]`` DTensor.
+    """
+    t = _tall(A) if not hermitian else None
+    if t is None:
+        return _registry.gather_call(np.linalg.matrix_rank, (A,),
+                                     {"tol": tol, "hermitian": hermitian, "rtol": rtol})
+    s = _singular_values(t)
+    if tol is None:
+        if rtol is None:
+            rtol = max(t.shape) * np.finfo(s.dtype).eps
+        tol = s.max(initial=0.0) * rtol
+    return np.intp(np.count_nonzero(s > tol))
+
+
+@_registry.implements(np.linalg.pinv)
+def pinv(a, rcond=None, hermitian=False, *, rtol=np._NoValue):
+    """np.linalg.pinv of a DTensor: for a tall matrix with its rows sharded on one
+    mesh dim, A+ = R+ Q^H from TSQR, each rank its columns of the n x m result
+    (``Shard(1)`` where A has ``Shard(0)``), with NumPy's cutoff (``rtol``, else
+    ``rcond``, else machine precision times max(m, n), times the largest singular
+    value). Any other matrix takes the gathered path. Collective on the mesh.
+
+    Example: ``p = np.linalg.pinv(a)``  # a: [Shard(0)] 10000 x 8 -> p: [Shard(1)]
+    """
+    t = _tall(a) if not hermitian else None
+    if t is None:
+        kwargs = {"rcond": rcond, "hermitian": hermitian}
+        if rtol is not np._NoValue:
+            kwargs["rtol"] = rtol
+        return _registry.gather_call(np.linalg.pinv, (a,), kwargs)
+    m, n = t.shape
+    cut = rtol if rtol is not np._NoValue and rtol is not None else rcond
+    if cut is None:
+        cut = np.finfo(a.dtype).eps * max(m, n)
+    q, r = t.factor(want_q=True)
+    local = np.linalg.pinv(r, rcond=cut) @ q.conj().T
+    placements = tuple(Shard(1) if p == Shard(0) else p for p in t.spec.placements)
+    shape = (n, m)
+    if t.mesh._coordinate is None:
+        local = D.outside_local(shape, local.dtype)
+    return DTensor(np.ascontiguousarray(local),
+                   DTensorSpec(t.mesh, placements, shape, np.dtype(local.dtype),
+                               contiguous_strides(shape)))
+
+
+@_registry.implements(np.linalg.norm)
+def norm(x, ord=None, axis=None, keepdims=False):
+    """np.linalg.norm of a DTensor. The matrix norms that need singular values
+    (``ord`` 2, -2, 'nuc') of a tall 2-D matrix with its rows sharded on one mesh
+    dim take TSQR (the largest, the smallest, the sum of R's singular values), a
+    0-d Replicate DTensor (or 1 x 1 with ``keepdims``); every other norm is the
+    partial-norm rule (``_merge.norm``). Collective on the mesh.
+
+    Example: ``np.linalg.norm(a, 2)`` of a ``[Shard(0)]`` 10000 x 8 DTensor.
+    """
+    t = None
+    if (isinstance(ord, str) and ord == "nuc") or (not isinstance(ord, str) and ord in (2, -2)):
+        if axis is None or tuple(normalize_axis_tuple(axis, 2)) == (0, 1):
+            t = _tall(x) if type(x) is DTensor and x.ndim == 2 else None
+    if t is None:
+        return _merge.norm(x, ord=ord, axis=axis, keepdims=keepdims)
+    s = _singular_values(t)
+    value = s.sum() if ord == "nuc" else (s.max() if ord == 2 else s.min())
+    out = np.asarray(value, s.dtype)
+    return t.replicate(out.reshape(1, 1) if keepdims else out)
+
+
+@_registry.implements(np.linalg.cond)
+def cond(x, p=None):
+    """np.linalg.cond of a DTensor: with ``p`` None, 2 or -2 and a tall matrix with
+    its rows sharded on one mesh dim, the ratio of R's largest and smallest
+    singular values (inf for a singular matrix, as NumPy), a NumPy float alike on
+    every rank, as NumPy returns it; other norms and matrices take the gathered path. Collective on the
+    mesh.
+
+    Example: ``float(np.linalg.cond(a))`` of a ``[Shard(0)]`` DTensor.
+    """
+    t = _tall(x) if p in (None, 2, -2) and not isinstance(p, str) else None
+    if t is None:
+        return _registry.gather_call(np.linalg.cond, (x,), {"p": p})
+    s = _singular_values(t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = s[0] / s[-1] if p in (None, 2) else s[-1] / s[0]
+    if np.isnan(value):
+        value = np.inf
+    return s.dtype.type(value)
