@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copyreg
 import operator
+import sys
 from collections import OrderedDict
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import _C, _args, _clib, _device, _dtypes, _iterate, _modes, _registry, _trace, _comm
+from . import (_C, _args, _call_agreement, _clib, _comm, _device, _dtypes, _iterate, _modes,
+               _registry, _trace)
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
@@ -95,6 +97,8 @@ class DTensor(_C.DTensorBase):
         for t in types:
             if t is not DTensor and not issubclass(t, np.ndarray):
                 return NotImplemented
+        _call_agreement.agree_call(_registry.qualified_name(func), args, kwargs,
+                                   sys._getframe(1))
         if func in _registry.functions or func in _registry.rules:
             try:
                 return _registry.call(func, *args, **kwargs)

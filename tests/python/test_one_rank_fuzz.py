@@ -1,5 +1,6 @@
 """One rank at a time passes an invalid or a different argument to a public entry
-point; the other ranks make the good call. For a call that is collective by
+point (the DTensor calls, NumPy functions, an optimizer's step, fully_shard); the
+other ranks make the good call. For a call that is collective by
 contract, every rank must raise the same exception type, within the test's
 timeout, and the next collective must pair and give the right values. For a call
 that is local (a factory, from_local without run_check), the odd rank raises alone,
@@ -15,13 +16,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
+from mpitensor import (DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh,
+                       nn, optim)
+from mpitensor.fsdp import MixedPrecisionPolicy, fully_shard
 from mpitensor.nn.utils import clip_grad_norm_
 from mpi_helpers import outcome
 
@@ -46,6 +50,7 @@ class Ctx:
         # Made on every rank: a mutation must not itself be a collective.
         self.longer = distribute_tensor(np.ones((4 * N + 2, 2)), self.mesh, self.pl)
         self.replicated = self.x.redistribute(self.mesh, self.placements(Replicate()))
+        self.dp = init_device_mesh("cpu", (N,), mesh_dim_names=("dp",))
         self.dir = COMM.bcast(tempfile.mkdtemp() if RANK == 0 else None)
         self.file = os.path.join(self.dir, "x.npy")
         mt.save(self.x, self.file)
@@ -94,6 +99,61 @@ def clip(c, max_norm=1.0, norm_type=2.0):
     p = distribute_tensor(A, c.mesh, c.pl, requires_grad=True)
     p.grad = distribute_tensor(A, c.mesh, c.pl)
     return clip_grad_norm_([p], max_norm, norm_type)
+
+
+def np_sum(c, axis=0, dtype=None):
+    return np.sum(c.x, axis=axis, dtype=dtype)
+
+
+def np_cumsum(c, axis=0):
+    return np.cumsum(c.x, axis=axis)
+
+
+def np_sort(c, axis=0, kind=None):
+    return np.sort(c.x, axis=axis, kind=kind)
+
+
+def np_histogram(c, bins=4, range=None):  # noqa: A002 - NumPy's keyword
+    return np.histogram(c.x, bins=bins, range=range)
+
+
+def np_percentile(c, q=50.0, method="linear"):
+    return np.percentile(c.x, q, method=method)
+
+
+def np_concatenate(c, other=_DEFAULT, axis=0):
+    return np.concatenate([c.x, c.x if other is _DEFAULT else other], axis=axis)
+
+
+def np_add_reduce(c, axis=0):
+    return np.add.reduce(c.x, axis=axis)
+
+
+def np_kron(c, b=_DEFAULT):
+    """A function without a distributed rule: the gather fallback's agreement."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        return np.kron(c.x, np.ones(2) if b is _DEFAULT else b)
+
+
+def optimizer_step(c, kind="SGD", hyper=None, grad=True, group_lr=None):
+    """A step after a construction that is Local: what differs on the odd rank is
+    the optimizer's hyperparameters or the gradients it holds."""
+    p = distribute_tensor(A, c.mesh, c.pl, requires_grad=True)
+    if grad:
+        p.grad = distribute_tensor(A, c.mesh, c.pl)
+    opt = getattr(optim, kind)([p], **(hyper or {"lr": 0.1}))
+    if group_lr is not None:  # as a scheduler that ran on one rank only would
+        opt.param_groups[0]["lr"] = group_lr
+    opt.step()
+    return p
+
+
+def shard_module(c, out_features=4, reshard_after_forward=True, mp_policy=_DEFAULT):
+    model = nn.Linear(2, out_features)
+    fully_shard(model, mesh=c.dp, reshard_after_forward=reshard_after_forward,
+                mp_policy=MixedPrecisionPolicy() if mp_policy is _DEFAULT else mp_policy)
+    return model
 
 
 def zeros(c, size=(4 * N, 2), dtype=None, placements=_DEFAULT):
@@ -174,6 +234,59 @@ MUTATIONS = [
         "other_max_norm": lambda c: dict(max_norm=0.5),
         "other_norm_type": lambda c: dict(norm_type=3.0),
         "max_norm_not_a_number": lambda c: dict(max_norm="one"),
+    }),
+    # NumPy's functions, each a call every rank makes: agreed before they run.
+    (np_sum, True, {
+        "other_axis": lambda c: dict(axis=1),
+        "axis_out_of_range": lambda c: dict(axis=5),
+        "axis_a_string": lambda c: dict(axis="0"),
+        "other_dtype": lambda c: dict(dtype=np.float32),
+    }),
+    (np_cumsum, True, {
+        "other_axis": lambda c: dict(axis=1),
+        "axis_out_of_range": lambda c: dict(axis=-3),
+    }),
+    (np_sort, True, {
+        "other_axis": lambda c: dict(axis=1),
+        "unknown_kind": lambda c: dict(kind="no such kind"),
+    }),
+    (np_histogram, True, {
+        "other_bins": lambda c: dict(bins=5),
+        "bins_an_array_of_this_rank": lambda c: dict(bins=np.linspace(0.0, 8.0 * N, 4)),
+        "negative_bins": lambda c: dict(bins=-1),
+        "other_range": lambda c: dict(range=(0.0, 1.0)),
+    }),
+    (np_percentile, True, {
+        "other_q": lambda c: dict(q=25.0),
+        "q_out_of_range": lambda c: dict(q=150.0),
+        "unknown_method": lambda c: dict(method="no such method"),
+    }),
+    (np_concatenate, True, {
+        "other_axis": lambda c: dict(axis=1),
+        "other_tensor": lambda c: dict(other=c.longer),
+        "tensor_of_another_shape": lambda c: dict(other=c.replicated[:, :1]),
+    }),
+    (np_add_reduce, True, {
+        "other_axis": lambda c: dict(axis=1),
+    }),
+    (np_kron, True, {
+        "other_operand": lambda c: dict(b=np.ones(3)),
+        "other_operand_values": lambda c: dict(b=np.full(2, 2.0)),
+    }),
+    (optimizer_step, True, {
+        "other_lr": lambda c: dict(hyper={"lr": 0.5}),
+        "lr_changed_in_group": lambda c: dict(group_lr=0.2),
+        "other_momentum": lambda c: dict(hyper={"lr": 0.1, "momentum": 0.9}),
+        "no_gradient": lambda c: dict(grad=False),
+        "other_optimizer": lambda c: dict(kind="Adam"),
+    }),
+    (shard_module, True, {
+        "other_parameter_shape": lambda c: dict(out_features=5),
+        "other_reshard_after_forward": lambda c: dict(reshard_after_forward=False),
+        "other_mp_policy": lambda c: dict(
+            mp_policy=MixedPrecisionPolicy(param_dtype=np.float32)),
+        "mp_policy_of_an_unknown_dtype": lambda c: dict(
+            mp_policy=MixedPrecisionPolicy(param_dtype=np.int8)),
     }),
     # Local entry points: nothing is sent, so only the odd rank raises.
     (zeros, False, {

@@ -14,9 +14,11 @@ rule, each normalised into executor calls.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
-from .. import _C, _layout, _registry
+from .. import _C, _call_agreement, _layout, _registry
 from .._clib import CORE
 from .._dtensor import DTensor
 from ..placement_types import Replicate
@@ -64,10 +66,12 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
     the executor leaves to Python (out=, a user's rule, other methods, checks of
     keywords and operands), normalised into executor calls; what no rule covers
     runs on the gathered arrays."""
+    name = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+    # Called from C: the frame above is the program's, or mpitensor's own.
+    _call_agreement.agree_call(name, operands, kwargs, sys._getframe(1))
     try:
         return _array_ufunc(ufunc, method, *operands, **kwargs)
     except _registry.NoRule as e:
-        name = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
         f = ufunc if method == "__call__" else getattr(ufunc, method)
         return _registry.gather_call(f, operands, kwargs, name, cause=e)
 

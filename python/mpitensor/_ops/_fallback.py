@@ -34,6 +34,7 @@ import numpy as np
 from .. import _comm, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._fingerprint import fingerprint
+from .._call_agreement import call_fingerprint
 from ..placement_types import Replicate
 from . import _inplace
 
@@ -161,9 +162,10 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
     if mesh.get_coordinate() is not None:
         # One call, one gather: every rank must make the same one and hold its result.
         _comm.agree(
-            mesh._handle, need <= _available_bytes(), fingerprint((name, need)),
-            f"{name}: the ranks of the mesh called different functions, or on DTensors "
-            f"of other sizes" if need <= _available_bytes() else
+            mesh._handle, need <= _available_bytes(),
+            fingerprint((need, call_fingerprint(name, args, kwargs))),
+            f"{name}: the ranks of the mesh made different calls (other functions or "
+            f"arguments, or DTensors of other placements, shapes or dtypes)" if need <= _available_bytes() else
             f"{name} runs on the gathered arrays ({need} bytes on each rank), and a rank "
             f"of the mesh has not that much memory available", MemoryError)
     if _modes.state.tracing:

@@ -1,0 +1,132 @@
+"""Every rank makes the same NumPy call.
+
+A NumPy function on DTensors is a call every rank of the mesh makes (as every op
+on a torch DTensor is). A program whose ranks pass different arguments (another
+``axis=``, a ``bins=`` array computed per rank, an argument that is invalid on one
+rank only) would otherwise pair one rank's collectives with another call's, or
+leave the others waiting in a collective the odd rank never enters. So before a
+registered NumPy function runs, the ranks agree (one small all-reduce, the
+agreement primitive) on a fingerprint of the call: the function, each DTensor's
+placements, global shape and dtype, and the value of every other argument. Once
+they agree, every check the rule makes sees the same arguments on every rank and
+fails on every rank alike; a difference is a ValueError on every rank, before
+anything moves, and the next call pairs.
+
+Only the call a program makes is agreed: the calls mpitensor makes inside an
+operation, a backward pass, an optimizer or a parallel style are made alike by
+construction. Under the collective checks (``MPITENSOR_CHECK=1``) the checker
+compares the collectives instead. Operators and plain ufunc calls without
+keywords (``a + b``, ``np.exp(a)``) take the executor's fast path and are not
+agreed: their arguments are DTensors and scalars the dispatch itself checks.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from . import _C, _comm, _modes
+from ._fingerprint import fingerprint
+
+__all__ = ["agree_call", "call_fingerprint"]
+
+# Frames of these modules make the calls a program makes; the rest of the package
+# makes its own calls alike on every rank.
+_PACKAGE = __name__.rpartition(".")[0] + "."
+_DOORS = (_PACKAGE + "array_api", _PACKAGE + "testing")
+
+
+def agree_call(name: str, args: tuple, kwargs: dict, caller) -> None:
+    """Agrees on the call ``name(*args, **kwargs)`` that the frame ``caller`` makes
+    on DTensors, when a program makes it (not mpitensor) on a mesh of more than one
+    rank: ValueError on every rank of the mesh when the calls differ. The doors of
+    NumPy's calls (``DTensor.__array_function__``, the ufuncs' Python entry) call it
+    first. Collective on the mesh of the first DTensor argument.
+
+    Example: ``agree_call("numpy.sum", (dt,), {"axis": 0}, sys._getframe(1))``.
+    """
+    if _modes.state.checks or not _called_by_program(caller):
+        return
+    mesh = _mesh_of(args) or _mesh_of(kwargs.values())
+    if mesh is None or mesh.size() == 1 or mesh._coordinate is None:
+        return
+    _comm.agree(mesh._handle, True, call_fingerprint(name, args, kwargs),
+                f"{name}: the ranks of the mesh made different calls (other arguments, "
+                f"or DTensors of other placements, shapes or dtypes); every rank of the "
+                f"mesh must make the same call", ValueError)
+
+
+def _called_by_program(frame) -> bool:
+    module = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return not module.startswith(_PACKAGE) or module.startswith(_DOORS)
+
+
+def _mesh_of(values):
+    """The mesh of the first DTensor among ``values`` (and in their lists and
+    tuples), or None."""
+    for v in values:
+        if isinstance(v, _C.DTensorBase):
+            return v._spec.mesh
+        if type(v) in (list, tuple):
+            mesh = _mesh_of(v)
+            if mesh is not None:
+                return mesh
+    return None
+
+
+def call_fingerprint(name: str, args: tuple, kwargs: dict) -> int:
+    """A fingerprint of the call ``name(*args, **kwargs)``, the same on every rank
+    exactly when the calls are alike: DTensors by placements, global shape and
+    dtype (their local values differ by rank), ndarrays by shape, dtype and bytes,
+    anything else by value where it has a canonical one, by type otherwise. Local.
+
+    Example: ``call_fingerprint("numpy.sum", (dt,), {"axis": 0})``.
+    """
+    parts: list = [name]
+    _digest(args, parts)
+    if kwargs:
+        _digest(sorted(kwargs.items()), parts)
+    return fingerprint(parts)
+
+
+# A placements tuple's repr, which is canonical but slow to make: one per layout.
+_placements_repr: dict = {}
+
+
+def _placements(placements) -> str:
+    text = _placements_repr.get(placements)
+    if text is None:
+        if len(_placements_repr) > 4096:
+            _placements_repr.clear()
+        text = _placements_repr[placements] = repr(placements)
+    return text
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, np.generic, slice,
+          type(Ellipsis))
+
+
+def _digest(v, parts: list) -> None:
+    if isinstance(v, _C.DTensorBase):
+        spec = v._spec
+        parts.append(("T", _placements(spec.placements), spec.shape, spec.dtype.str))
+    elif isinstance(v, _PLAIN):
+        parts.append(v)
+    elif type(v) in (list, tuple):
+        parts.append(("(", len(v)))
+        for item in v:
+            _digest(item, parts)
+    elif isinstance(v, np.ndarray):
+        if v.dtype.hasobject:
+            parts.append(("O", v.shape, [repr(x) for x in v.flat]))
+        else:
+            parts.append(("A", v.shape, v.dtype.str,
+                          zlib.crc32(np.ascontiguousarray(v).reshape(-1).view(np.uint8))))
+    elif isinstance(v, np.dtype):
+        parts.append(("D", v.str))
+    elif isinstance(v, type) or callable(v):
+        parts.append(("F", getattr(v, "__module__", None), getattr(v, "__qualname__",
+                                                                   type(v).__qualname__)))
+    else:  # no canonical value: compared by type only
+        parts.append(("?", type(v).__module__, type(v).__qualname__))
