@@ -1,7 +1,9 @@
 """The cost of one agreement across ranks (``_comm.agree``: the all-reduce of status and
-fingerprint that mesh creation, distribute_tensor and large redistributes run by
-default), against a raw mpi4py ``Allreduce`` of the same three int64 on the same
-ranks, timed interleaved in one run.
+fingerprint that mesh creation, distribute_tensor, redistribute and a program's NumPy
+calls run), against a raw mpi4py ``Allreduce`` of the same three int64 on the same
+ranks; and what it adds to a small NumPy call: ``np.sum(dt, axis=1)``, which a program
+makes and the ranks agree on, against ``dt.sum(axis=1)``, the same operation by the
+method, which is not agreed. Timed interleaved in one run.
 
     mpiexec -n 2 python benchmarks/agree.py [--calls 2000] [--reps 15]
 """
@@ -36,19 +38,30 @@ def main() -> None:
     def raw():
         comm.Allreduce(status, out, MPI.MAX)
 
+    dt = mt.distribute_tensor(np.ones((64 * comm.size, 16)), mesh, [mt.Shard(0)])
+
+    def np_sum():
+        np.sum(dt, axis=1)
+
+    def method_sum():
+        dt.sum(axis=1)
+
     info = machine(comm)
-    times = {"agree": [], "raw": []}
-    for name, fn in (("agree", agree), ("raw", raw)):  # warm-up
+    calls = (("agree", agree), ("raw", raw), ("np_sum", np_sum), ("method_sum", method_sum))
+    times = {name: [] for name, _ in calls}
+    for name, fn in calls:  # warm-up
         per_call_us(fn, args.calls // 4)
     for _ in range(args.reps):
-        for name, fn in (("agree", agree), ("raw", raw)):
+        for name, fn in calls:
             comm.Barrier()
             times[name].append(per_call_us(fn, args.calls))
     if comm.rank == 0:
         print(machine_line(info))
         for name, t in times.items():
-            print(f"{name:6s} {statistics.median(t):6.2f} us per call "
+            print(f"{name:10s} {statistics.median(t):6.2f} us per call "
                   f"[{min(t):.2f}..{max(t):.2f}]")
+        print(f"a program's np.sum over the method's: "
+              f"{statistics.median(times['np_sum']) / statistics.median(times['method_sum']):.2f}x")
         path = args.out or result_path(f"agree-np{comm.size}.json")
         write_result(path, {"machine": info, "args": vars(args),
                             "per_call_us": {k: summary(t) for k, t in times.items()}})
