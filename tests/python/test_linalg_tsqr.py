@@ -1,0 +1,280 @@
+"""np.linalg on TSQR (issue 45): qr, svd, svdvals, lstsq, matrix_rank, pinv, norm
+and cond of tall DTensors whose rows are sharded on one mesh dim, compared with
+NumPy on the gathered matrix: ||A - QR|| / ||A|| and ||Q^H Q - I|| within 1e-12 in
+float64 (up to a condition number of 1e12), singular values to 1e-10 of the
+largest; float32, float64, complex64 and complex128; uneven shards, blocks shorter
+than the matrix is wide (and a rank without rows), which take the replicated path
+and are still NumPy's answer; a 1-rank mesh, 2-D meshes, non-contiguous locals.
+Only the tree's triangles move: CommDebugMode sees one all_reduce per TSQR and no
+all-gather. Run under mpiexec at 1 to 4 ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpitensor import DTensor, DeviceMesh, Replicate, Shard, distribute_tensor
+from mpitensor._clib import chunk_sizes
+from mpitensor.debug import CommDebugMode
+from mpitensor.device_mesh import init_device_mesh
+
+COMM = MPI.COMM_WORLD
+P = COMM.size
+R, S0 = Replicate(), Shard(0)
+DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
+# The bound on ||A - QR|| / ||A|| and ||Q^H Q - I|| per real precision.
+TOL = {np.float32: 2e-5, np.float64: 1e-12}
+
+
+def tol(dtype):
+    return TOL[np.finfo(dtype).dtype.type]
+
+
+def matrix(m, n, dtype, seed=0, cond=None):
+    """An m x n matrix of ``dtype``, with condition number ``cond`` when given."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, n))
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal((m, n))
+    if cond is not None:
+        u, _, vh = np.linalg.svd(a, full_matrices=False)
+        a = (u * np.logspace(0, -np.log10(cond), n)) @ vh
+    return a.astype(dtype)
+
+
+def meshes():
+    """(mesh, placements sharding the rows on one dim) of every mesh of the test."""
+    out = [(init_device_mesh("cpu", (P,)), [S0])]
+    if P % 2 == 0:
+        two = init_device_mesh("cpu", (2, P // 2))
+        out += [(two, [S0, R]), (two, [R, S0])]
+    return out
+
+
+def one_rank_mesh():
+    return DeviceMesh("cpu", [0], comm=MPI.COMM_SELF)
+
+
+def check_qr(a, q, r, dtype):
+    whole_q, whole_r = q.full_tensor(), r.full_tensor()
+    n = a.shape[1]
+    assert whole_q.dtype == np.dtype(dtype) and whole_r.dtype == np.dtype(dtype)
+    assert whole_q.shape == a.shape and whole_r.shape == (n, n)
+    assert np.array_equal(whole_r, np.triu(whole_r))
+    assert np.linalg.norm(a - whole_q @ whole_r) <= tol(dtype) * np.linalg.norm(a)
+    assert np.linalg.norm(whole_q.conj().T @ whole_q - np.eye(n)) <= tol(dtype)
+    # R is Replicate: the very same triangle on every rank
+    same = COMM.allgather(r.to_local().tobytes())
+    assert all(x == same[0] for x in same)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", [(40, 5), (97, 3), (33, 1), (64, 16)], ids=str)
+def test_qr_matches_numpy_on_every_mesh(dtype, shape):
+    a = matrix(*shape, dtype, seed=sum(shape))
+    for mesh, pls in meshes():
+        dt = distribute_tensor(a, mesh, pls)
+        with CommDebugMode() as comm_mode:
+            q, r = np.linalg.qr(dt)
+        check_qr(a, q, r, dtype)
+        assert q.placements == tuple(pls) and r.placements == (R,) * mesh.ndim
+        counts = comm_mode.get_comm_counts()
+        assert "all_gather_into_tensor" not in counts
+        sharded = mesh.shape[[p == S0 for p in pls].index(True)] > 1
+        assert counts == ({"all_reduce": 1} if sharded else {})
+        only_r = np.linalg.qr(dt, mode="r")
+        assert np.array_equal(only_r.full_tensor(), r.full_tensor())
+
+
+@pytest.mark.parametrize("cond", [1e4, 1e8, 1e12])
+def test_qr_of_ill_conditioned_matrices(cond):
+    a = matrix(300, 12, np.float64, seed=7, cond=cond)
+    mesh = init_device_mesh("cpu", (P,))
+    q, r = np.linalg.qr(distribute_tensor(a, mesh, [S0]))
+    check_qr(a, q, r, np.float64)
+
+
+def test_uneven_and_short_blocks_are_numpys_answer():
+    # blocks of 4, ..., 4, 3 rows for 4 columns: one is shorter than wide, and
+    # a 5-row matrix on 4 ranks leaves one rank without rows
+    mesh = init_device_mesh("cpu", (P,))
+    shapes = [(5, 1), (5, 2), (4 * P + 3, 4)] + ([(4 * P - 1, 4)] if P > 1 else [])
+    for m, n in shapes:
+        a = matrix(m, n, np.float64, seed=m)
+        dt = distribute_tensor(a, mesh, [S0])
+        q, r = np.linalg.qr(dt)
+        check_qr(a, q, r, np.float64)
+        s = np.linalg.svdvals(dt).full_tensor()
+        np.testing.assert_allclose(s, np.linalg.svdvals(a), rtol=1e-10)
+    if P > 1:
+        assert min(chunk_sizes(4 * P - 1, P)) < 4  # the short block was there
+
+
+def test_one_rank_mesh():
+    a = matrix(30, 4, np.float64, seed=3)
+    dt = distribute_tensor(a, one_rank_mesh(), [S0])
+    q, r = np.linalg.qr(dt)
+    check_qr(a, q, r, np.float64)
+
+
+def test_non_contiguous_locals():
+    mesh = init_device_mesh("cpu", (P,))
+    m, n = 12 * P, 3
+    a = matrix(m, 2 * n, np.float64, seed=11)
+    rows = chunk_sizes(m, P)
+    start = sum(rows[:COMM.rank])
+    local = a[start:start + rows[COMM.rank], ::2]  # a strided view
+    assert not local.flags.c_contiguous
+    dt = DTensor.from_local(local, mesh, [S0], shape=(m, n), stride=(n, 1))
+    q, r = np.linalg.qr(dt)
+    check_qr(a[:, ::2], q, r, np.float64)
+    np.testing.assert_allclose(np.linalg.svdvals(dt).full_tensor(),
+                               np.linalg.svdvals(a[:, ::2]), rtol=1e-10)
+
+
+def test_qr_modes_without_a_distributed_form_are_numpys():
+    a = matrix(10 * P, 3, np.float64, seed=5)
+    dt = distribute_tensor(a, init_device_mesh("cpu", (P,)), [S0])
+    q, r = np.linalg.qr(dt, mode="complete")
+    assert q.shape == (10 * P, 10 * P) and r.shape == (10 * P, 3)
+    np.testing.assert_allclose(q.full_tensor() @ r.full_tensor(), a, atol=1e-12)
+    h, tau = np.linalg.qr(dt, mode="raw")
+    want_h, want_tau = np.linalg.qr(a, mode="raw")
+    np.testing.assert_allclose(h.full_tensor(), want_h, atol=1e-12)
+    np.testing.assert_allclose(tau.full_tensor(), want_tau, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_svd_and_svdvals(dtype):
+    a = matrix(25 * P + 3, 6, dtype, seed=2)
+    real = np.finfo(dtype).dtype
+    rtol = 1e-10 if real == np.float64 else 1e-4
+    want = np.linalg.svd(a, compute_uv=False)
+    for mesh, pls in meshes():
+        dt = distribute_tensor(a, mesh, pls)
+        u, s, vh = np.linalg.svd(dt, full_matrices=False)
+        assert u.placements == tuple(pls) and s.placements == vh.placements == (R,) * mesh.ndim
+        whole_u, whole_s, whole_vh = u.full_tensor(), s.full_tensor(), vh.full_tensor()
+        assert whole_s.dtype == real and whole_u.dtype == np.dtype(dtype)
+        np.testing.assert_allclose(whole_s, want, rtol=rtol)
+        assert np.linalg.norm((whole_u * whole_s) @ whole_vh - a) <= tol(dtype) * 10 * np.linalg.norm(a)
+        assert np.linalg.norm(whole_u.conj().T @ whole_u - np.eye(6)) <= tol(dtype) * 10
+        np.testing.assert_allclose(np.linalg.svd(dt, compute_uv=False).full_tensor(), want,
+                                   rtol=rtol)
+        np.testing.assert_allclose(np.linalg.svdvals(dt).full_tensor(), want, rtol=rtol)
+
+
+def test_singular_values_of_an_ill_conditioned_matrix():
+    a = matrix(200, 10, np.float64, seed=9, cond=1e12)
+    dt = distribute_tensor(a, init_device_mesh("cpu", (P,)), [S0])
+    s, want = np.linalg.svdvals(dt).full_tensor(), np.linalg.svdvals(a)
+    assert np.abs(s - want).max() <= 1e-10 * want[0]
+    assert float(np.linalg.cond(dt)) == pytest.approx(np.linalg.cond(a), rel=1e-3)
+
+
+def test_svd_with_full_matrices_is_numpys():
+    a = matrix(6 * P, 2, np.float64, seed=4)
+    dt = distribute_tensor(a, init_device_mesh("cpu", (P,)), [S0])
+    u, s, vh = np.linalg.svd(dt)
+    assert u.shape == (6 * P, 6 * P)
+    np.testing.assert_allclose(s.full_tensor(), np.linalg.svdvals(a), rtol=1e-10)
+    np.testing.assert_allclose(u.full_tensor()[:, :2] * s.full_tensor() @ vh.full_tensor(), a,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_lstsq_full_rank(dtype):
+    m, n = 20 * P + 1, 4
+    a = matrix(m, n, dtype, seed=12)
+    real = np.finfo(dtype).dtype
+    rtol = 1e-10 if real == np.float64 else 1e-3
+    for rhs in [(m,), (m, 3)]:
+        b = matrix(*(rhs if len(rhs) == 2 else (m, 1)), dtype, seed=13).reshape(rhs)
+        want = np.linalg.lstsq(a, b)
+        for mesh, pls in meshes():
+            got = np.linalg.lstsq(distribute_tensor(a, mesh, pls),
+                                  distribute_tensor(b, mesh, pls))
+            x, res, rank, s = got
+            assert x.placements == (R,) * mesh.ndim
+            assert rank == want[2] == n
+            np.testing.assert_allclose(x.full_tensor(), want[0], rtol=rtol, atol=rtol)
+            assert res.full_tensor().shape == want[1].shape
+            np.testing.assert_allclose(res.full_tensor(), want[1], rtol=rtol * 10)
+            np.testing.assert_allclose(s.full_tensor(), want[3], rtol=rtol)
+
+
+def test_lstsq_rank_deficient_and_rcond():
+    m = 15 * P + 2
+    a = matrix(m, 4, np.float64, seed=21)
+    a[:, 3] = a[:, 0] + a[:, 1]
+    b = matrix(m, 1, np.float64, seed=22)[:, 0]
+    mesh = init_device_mesh("cpu", (P,))
+    da, db = distribute_tensor(a, mesh, [S0]), distribute_tensor(b, mesh, [S0])
+    x, res, rank, s = np.linalg.lstsq(da, db)
+    want = np.linalg.lstsq(a, b)
+    assert rank == want[2] == 3
+    assert res.full_tensor().shape == (0,)
+    np.testing.assert_allclose(x.full_tensor(), want[0], rtol=1e-9, atol=1e-9)
+    # a cutoff above the second largest singular value keeps one
+    cut = want[3][1] / want[3][0] * 1.01
+    x, _, rank, _ = np.linalg.lstsq(da, db, rcond=cut)
+    want = np.linalg.lstsq(a, b, rcond=cut)
+    assert rank == want[2] == 1
+    np.testing.assert_allclose(x.full_tensor(), want[0], rtol=1e-9, atol=1e-9)
+    # b replicated: laid out as a's rows first, the same answer
+    x, _, _, _ = np.linalg.lstsq(da, distribute_tensor(b, mesh, [R]))
+    np.testing.assert_allclose(x.full_tensor(), np.linalg.lstsq(a, b)[0], rtol=1e-9, atol=1e-9)
+
+
+def test_matrix_rank_pinv_norm_cond():
+    m = 18 * P + 5
+    a = matrix(m, 5, np.float64, seed=31)
+    low = a.copy()
+    low[:, 4] = 2 * low[:, 2]
+    for mesh, pls in meshes():
+        dt, dlow = distribute_tensor(a, mesh, pls), distribute_tensor(low, mesh, pls)
+        assert int(np.linalg.matrix_rank(dt)) == np.linalg.matrix_rank(a) == 5
+        assert int(np.linalg.matrix_rank(dlow)) == np.linalg.matrix_rank(low) == 4
+        assert int(np.linalg.matrix_rank(dt, tol=1e9)) == 0
+        for x, w in [(dt, a), (dlow, low)]:
+            p = np.linalg.pinv(x)
+            assert p.shape == (5, m)
+            assert p.placements == tuple(Shard(1) if q == S0 else q for q in pls)
+            np.testing.assert_allclose(p.full_tensor(), np.linalg.pinv(w), rtol=1e-9,
+                                       atol=1e-12)
+        for order in (2, -2, "nuc"):
+            got = np.linalg.norm(dt, order)
+            assert got.placements == (R,) * mesh.ndim
+            assert float(got.full_tensor()) == pytest.approx(np.linalg.norm(a, order),
+                                                             rel=1e-12)
+        for p_ in (None, 2, -2):
+            assert float(np.linalg.cond(dt, p_)) == pytest.approx(np.linalg.cond(a, p_),
+                                                                  rel=1e-10)
+        assert float(np.linalg.cond(dlow)) > 1e12
+
+
+def test_norms_without_singular_values_keep_their_rule():
+    a = matrix(9 * P, 3, np.float64, seed=41)
+    dt = distribute_tensor(a, init_device_mesh("cpu", (P,)), [S0])
+    for order in (None, "fro", 1, np.inf):
+        np.testing.assert_allclose(float(np.linalg.norm(dt, order).full_tensor()),
+                                   np.linalg.norm(a, order), rtol=1e-12)
+
+
+def test_wide_and_column_sharded_matrices_are_numpys():
+    mesh = init_device_mesh("cpu", (P,))
+    wide = matrix(3, 8 * P, np.float64, seed=51)
+    q, r = np.linalg.qr(distribute_tensor(wide, mesh, [Shard(1)]))
+    np.testing.assert_allclose(q.full_tensor() @ r.full_tensor(), wide, atol=1e-12)
+    tall = matrix(8 * P, 3, np.float64, seed=52)
+    s = np.linalg.svdvals(distribute_tensor(tall, mesh, [Shard(1)]))
+    np.testing.assert_allclose(s.full_tensor(), np.linalg.svdvals(tall), rtol=1e-10)
+
+
+def test_integer_matrices_are_factored_in_float64():
+    a = np.arange(12 * P * 2, dtype=np.int64).reshape(12 * P, 2) % 7
+    dt = distribute_tensor(a, init_device_mesh("cpu", (P,)), [S0])
+    q, r = np.linalg.qr(dt)
+    assert q.dtype == np.float64
+    np.testing.assert_allclose(q.full_tensor() @ r.full_tensor(), a, atol=1e-12)
