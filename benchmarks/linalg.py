@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""Distributed linear algebra (issue 45) against Heat and against NumPy in one
+process, the peers in the same processes.
+
+    OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe -n 2 .venv/bin/python \
+        benchmarks/linalg.py [--quick] [--sections tsqr]
+
+One section per engine, each a function of SECTIONS that returns its points:
+
+- ``tsqr``: ``np.linalg.qr`` and ``np.linalg.svd(full_matrices=False)`` of a
+  200,000 x 64 float64 matrix, rows sharded ``[Shard(0)]`` (TSQR in C), against
+  Heat's ``ht.linalg.qr`` / ``ht.linalg.svd`` on a ``split=0`` DNDarray of the same
+  matrix and NumPy on the whole matrix on rank 0 alone (the other ranks wait at a
+  barrier, so it has the machine to itself as a one-process program would).
+
+Each timed call leaves its library's full answer where it belongs (Q/U on the rows'
+ranks, R/S/Vh on every rank). Before timing, every answer is checked against the
+matrix (||A - QR|| / ||A||, or the singular values against NumPy's); a wrong
+answer is recorded, not timed away. Figures are medians (and min, max) over the
+repetitions of the slowest rank's time, interleaved repetition by repetition
+(benchmarks/_common.time_interleaved). Heat is optional (``pip install heat``,
+which needs torch): without it its columns are left out and the reason recorded.
+Writes benchmarks/results/<cpu>/linalg-np{N}.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Shard
+
+from _common import (machine, machine_line, ratio, result_path, summary,  # benchmarks/ is sys.path[0]
+                     time_interleaved, write_result)
+
+
+def heat_module():
+    """(heat, None), or (None, why it cannot be imported)."""
+    try:
+        import heat as ht
+        import torch
+        torch.set_num_threads(1)
+        return ht, None
+    except Exception as e:  # not installed, or a torch/torchvision pair that fails to load
+        return None, f"{type(e).__name__}: {e}"
+
+
+def numpy_alone(comm, fn, reps, warmup):
+    """Seconds of ``fn`` on rank 0 alone, the other ranks waiting, per repetition."""
+    out = []
+    for r in range(-warmup, reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        if comm.rank == 0:
+            fn()
+        comm.Barrier()
+        if r >= 0:
+            out.append(time.perf_counter() - t0)
+    return comm.bcast(out, root=0)
+
+
+def qr_error(a, q, r) -> float:
+    return float(np.linalg.norm(a - q @ r) / np.linalg.norm(a))
+
+
+def sv_error(s, a_s) -> float:
+    return float(np.abs(np.asarray(s) - a_s).max() / a_s[0])
+
+
+def tsqr_section(comm, args, ht):
+    """qr and svd of a tall row-sharded matrix: mpitensor's TSQR, Heat, NumPy."""
+    rows, cols = (20_000, 64) if args.quick else (args.rows, args.cols)
+    mesh = mt.init_device_mesh("cpu", (comm.size,))
+    a = np.random.default_rng(0).standard_normal((rows, cols))
+    dt = mt.distribute_tensor(a, mesh, [Shard(0)])
+    want_s = np.linalg.svd(a, compute_uv=False)
+    ha = ht.array(a, split=0) if ht is not None else None
+
+    def mt_qr():
+        q, r = np.linalg.qr(dt)
+        return q, r
+
+    def mt_svd():
+        return np.linalg.svd(dt, full_matrices=False)
+
+    calls = {"qr": {"mt": mt_qr, "numpy": lambda: np.linalg.qr(a)},
+             "svd": {"mt": mt_svd, "numpy": lambda: np.linalg.svd(a, full_matrices=False)}}
+    if ht is not None:
+        calls["qr"]["heat"] = lambda: ht.linalg.qr(ha)
+        calls["svd"]["heat"] = lambda: ht.linalg.svd(ha, full_matrices=False)
+    right = {"qr": {}, "svd": {}}
+    q, r = mt_qr()
+    right["qr"]["mt"] = qr_error(a, q.full_tensor(), r.full_tensor())
+    right["svd"]["mt"] = sv_error(mt_svd()[1].full_tensor(), want_s)
+    if ht is not None:
+        for op, check in (("qr", lambda res: qr_error(a, res[0].numpy(), res[1].numpy())),
+                          ("svd", lambda res: sv_error(res[1].numpy(), want_s))):
+            try:
+                right[op]["heat"] = check(calls[op]["heat"]())
+            except Exception as e:  # an API this Heat lacks: recorded, not timed
+                right[op]["heat"] = f"{type(e).__name__}: {e}"
+                del calls[op]["heat"]
+    points = []
+    for op, ways in calls.items():
+        timed = {k: v for k, v in ways.items() if k != "numpy"}
+        times = time_interleaved(comm, timed, args.reps, args.warmup)
+        times["numpy"] = numpy_alone(comm, ways["numpy"], args.reps, args.warmup)
+        points.append({
+            "op": op, "shape": [rows, cols], "dtype": "float64", "layout": "[Shard(0)]",
+            "seconds": {k: summary(v) for k, v in times.items()},
+            "mt_speedup": {k: ratio(v, times["mt"]) for k, v in times.items() if k != "mt"},
+            "error": right[op]})
+    return points
+
+
+SECTIONS = {"tsqr": tsqr_section}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a small matrix, two repetitions")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated, of {', '.join(SECTIONS)}")
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--cols", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=None, help="repetitions (7; quick 2)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
+    args = ap.parse_args()
+    args.reps = args.reps or (2 if args.quick else 7)
+    comm = MPI.COMM_WORLD
+    ht, why = heat_module()
+    info = machine(comm)
+    info["heat"] = ht.__version__ if ht is not None else f"not run ({why})"
+    results = {}
+    for name in args.sections.split(","):
+        results[name] = SECTIONS[name](comm, args, ht)
+    if comm.rank == 0:
+        print(machine_line(info) + f"; Heat {info['heat']}; np {comm.size}")
+        for name, points in results.items():
+            for p in points:
+                cells = "  ".join(f"{k} {s['median'] * 1e3:.1f}ms"
+                                  for k, s in p["seconds"].items())
+                print(f"{name} {p['op']:4s} {p['shape']}  {cells}  error {p['error']}")
+        path = args.out or result_path(f"linalg-np{comm.size}.json")
+        write_result(path, {"machine": info, "args": vars(args), "sections": results})
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
