@@ -12,7 +12,9 @@ Partial(sum|avg) carried by every input stays; concatenate and stack take
 broadcast_to's leading dims, stack's axis) is a sized REPLICATE label; a size-1
 dim that broadcast_to widens, a dim squeeze removes and each input's concatenate
 axis are REPLICATE labels of their own (a Shard of them is gathered first), and
-concatenate's output axis is a sized REPLICATE label of the summed length.
+concatenate's output axis is a sized REPLICATE label of the summed length. Along
+an axis a mesh dim shards, concatenate instead re-chunks the rows by one exchange
+(``_join.py``) and the result stays sharded along it.
 
 reshape splits the two shapes into groups of dims with equal products (see
 ``_reshape_groups``); a group's leftmost input dim keeps its label on the group's
@@ -34,6 +36,7 @@ from .. import _registry
 from .. import _strided as _layouts
 from .._dtensor import DTensor
 from . import _dispatch as D
+from . import _join
 from ._strided import restride
 from ..placement_types import Shard
 
@@ -230,6 +233,16 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
                              "same number of dimensions")
     ax = normalize_axis_index(axis, n)
     total = sum(x.shape[ax] for x in arrays)
+    D.same_mesh("numpy.concatenate", arrays)
+    m = _join.joining_mesh_dim(arrays, ax)
+    if m is not None:
+        first = arrays[0].shape
+        for x in arrays:
+            if any(x.shape[d] != first[d] for d in range(n) if d != ax):
+                raise ValueError("numpy.concatenate: all the input array dimensions except "
+                                 "for the concatenation axis must match exactly")
+        # Along a sharded axis the rows are re-chunked by one exchange, not gathered.
+        return _join.concatenate_sharded("numpy.concatenate", arrays, ax, m)
 
     def build():
         # Label ax is the output's axis; each input's axis gets a label of its own.

@@ -1,4 +1,5 @@
-"""``np.split`` and ``np.array_split`` of DTensors: a list of pieces along an axis.
+"""``np.split``, ``np.array_split``, ``np.hsplit``, ``np.vsplit`` and ``np.dsplit`` of
+DTensors: a list of pieces along an axis.
 
 A piece is a dim map with one KEEP label per dim but the axis, whose output label
 is a sized REPLICATE label of the piece's length (as concatenate's): every other
@@ -7,7 +8,11 @@ each piece is the local slice of the axis. When a mesh dim shards the axis, one
 executor call makes the axis whole first (its label REPLICATE, the others KEEP:
 the engine moves the shard to a free dim by one all-to-all or gathers it, by
 price), so the pieces need no communication of their own; torch gathers the axis
-(all-gather, Replicate pieces).
+(all-gather, Replicate pieces). Where that would gather (no other dim is free to
+take the shard, as in a 1-D array), the pieces stay sharded along the axis
+instead: each rank's rows go to the ranks that hold them in the pieces'
+torch.chunk blocks, all pieces in one exchange along the mesh dim
+(``_row_exchange``), and only rows whose owner changes move.
 
 In grad mode each piece is recorded with split's backward (mpitensor.autograd):
 its gradient in the input's shape, zeros outside the piece.
@@ -22,7 +27,11 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _registry
 from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Shard
 from . import _dispatch as D
+from . import _row_exchange as X
+from ._along_axis import lanes_layout
 
 __all__ = ["split_bounds"]
 
@@ -68,6 +77,57 @@ def _whole_along(a: DTensor, ax: int) -> DTensor:
     return D.execute(("split_whole", ax), (a,), build, lambda x: x)
 
 
+def _gathering_mesh_dim(a: DTensor, ax: int):
+    """The first mesh dim that shards ``ax`` when making the axis whole would
+    gather it along every mesh dim that shards it (no other dim is free and long
+    enough to take a shard, as for a 1-D array), or None. Local."""
+    if any(p.is_partial() for p in a._spec.placements):
+        return None
+    target = lanes_layout(a, (ax,), True)
+    mesh = a._spec.mesh
+    dims = [i for i, p in enumerate(a._spec.placements) if p == Shard(ax) and mesh.shape[i] > 1]
+    if dims and all(target[i].is_replicate() for i in dims):
+        return dims[0]
+    return None
+
+
+def _split_sharded(name, a, ax, m, bounds) -> list:
+    """The pieces of ``a`` along ``ax``, which mesh dim ``m`` shards, each
+    ``Shard(ax)`` on ``m`` in torch.chunk's blocks: every rank sends the runs of
+    its rows to the ranks that hold them in their pieces, all pieces in one
+    exchange along ``m`` (only rows whose owner changes move). Collective on the
+    mesh."""
+    a, m = X.sharding_mesh_dim(name, a, ax)
+    X.check_movable(name, a._spec.dtype)
+    spec = a._spec
+    mesh = spec.mesh
+    placements = spec.placements
+
+    def piece_spec(length):
+        shape = spec.shape[:ax] + (length,) + spec.shape[ax + 1:]
+        return DTensorSpec(mesh, placements, shape, spec.dtype, contiguous_strides(shape))
+
+    if mesh.get_coordinate() is None:
+        return [DTensor(np.empty((0,), spec.dtype), piece_spec(hi - lo)) for lo, hi in bounds]
+    p, me = mesh.shape[m], mesh.get_coordinate()[m]
+    src = X.bounds(spec.shape[ax], p)
+    transfers = []
+    base = np.zeros(p, np.int64)   # where each piece starts in each rank's buffer
+    mine = []                       # (start, length) of each piece in this rank's buffer
+    for lo, hi in bounds:
+        dst = X.bounds(hi - lo, p)
+        for c, row, off, run in X.cut(src, lo, hi - lo):
+            for q, drow, doff, drun in X.cut(dst, off, run):
+                transfers.append((c, row + doff, q, int(base[q]) + drow, drun))
+        mine.append((int(base[me]), int(dst[me + 1] - dst[me])))
+        base += np.diff(dst)
+    send = X.along(a.to_local(), ax)
+    out = np.empty((int(base[me]),) + send.shape[1:], spec.dtype)
+    X.exchange(name, spec, m, send, transfers, out)
+    return [DTensor(np.ascontiguousarray(np.moveaxis(out[s:s + n], 0, ax)),
+                    piece_spec(hi - lo)) for (s, n), (lo, hi) in zip(mine, bounds)]
+
+
 def _piece(a: DTensor, ax: int, lo: int, hi: int) -> DTensor:
     """``a[..., lo:hi, ...]`` along the whole axis ``ax``: local."""
     n = a.ndim
@@ -90,6 +150,9 @@ def _split(name, ary, indices_or_sections, axis, equal) -> list:
         raise ValueError(f"{name}: a 0-d DTensor has no axis to split")
     ax = normalize_axis_index(operator.index(axis), ary.ndim)
     bounds = split_bounds(name, ary.shape[ax], indices_or_sections, equal)
+    m = _gathering_mesh_dim(ary, ax)
+    if m is not None:
+        return _split_sharded(name, ary, ax, m, bounds)
     whole = _whole_along(ary, ax)
     return [_piece(whole, ax, lo, hi) for lo, hi in bounds]
 
@@ -117,3 +180,45 @@ def array_split(ary, indices_or_sections, axis=0):
     ``[(3, 2), (2, 2)]``.
     """
     return _split("numpy.array_split", ary, indices_or_sections, axis, False)
+
+
+def _split_axis(name, ary, least, axis_of):
+    if type(ary) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(ary).__name__}")
+    if ary.ndim < least:
+        raise ValueError(f"{name.split('.')[-1]} only works on arrays of {least} or more "
+                         f"dimensions")
+    return axis_of(ary.ndim)
+
+
+@_registry.implements(np.hsplit)
+def hsplit(ary, indices_or_sections):
+    """``np.hsplit`` of a DTensor: ``np.split`` along axis 1 (axis 0 of a 1-D
+    DTensor). Local unless that axis is sharded; collective then.
+
+    Example: ``np.hsplit(dt, 2)`` of a (4, 6) ``[Shard(0)]`` DTensor moves nothing.
+    """
+    ax = _split_axis("numpy.hsplit", ary, 1, lambda n: 1 if n > 1 else 0)
+    return _split("numpy.hsplit", ary, indices_or_sections, ax, True)
+
+
+@_registry.implements(np.vsplit)
+def vsplit(ary, indices_or_sections):
+    """``np.vsplit`` of a DTensor of 2 or more dims: ``np.split`` along axis 0.
+    Local unless axis 0 is sharded; collective then.
+
+    Example: ``np.vsplit(dt, 2)`` of a (4, 6) ``[Shard(1)]`` DTensor moves nothing.
+    """
+    _split_axis("numpy.vsplit", ary, 2, lambda n: 0)
+    return _split("numpy.vsplit", ary, indices_or_sections, 0, True)
+
+
+@_registry.implements(np.dsplit)
+def dsplit(ary, indices_or_sections):
+    """``np.dsplit`` of a DTensor of 3 or more dims: ``np.split`` along axis 2.
+    Local unless axis 2 is sharded; collective then.
+
+    Example: ``np.dsplit(dt, 2)`` of a (2, 3, 4) ``[Shard(0)]`` DTensor moves nothing.
+    """
+    _split_axis("numpy.dsplit", ary, 3, lambda n: 2)
+    return _split("numpy.dsplit", ary, indices_or_sections, 2, True)
