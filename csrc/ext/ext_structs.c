@@ -96,6 +96,7 @@ static const field io_array[] = {SCALAR(mt_io_array, ndim), ARRAY(mt_io_array, s
                                  SCALAR(mt_io_array, offset), END};
 static const field io_options[] = {
     SCALAR(mt_io_options, chunk_bytes), SCALAR(mt_io_options, io_thread),
+    SCALAR(mt_io_options, durable),
     POINTER(mt_io_options, counters),  // NOLINT(bugprone-sizeof-expression)
     END};
 static const field blas[] = {POINTER(mt_blas, sgemm), POINTER(mt_blas, dgemm),

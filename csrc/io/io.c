@@ -151,7 +151,7 @@ void mt_io_counters_read(const mt_io_counters *c, int64_t *read, int64_t *writte
 mt_io_options mt_io_options_default(void) {
   /* The pipeline's chunk per rank: a few MiB keeps both the exchange and the
    * writes efficient while letting them overlap. */
-  mt_io_options o = {(int64_t)2 << 20, 1, NULL};
+  mt_io_options o = {(int64_t)2 << 20, 1, 1, NULL};
   return o;
 }
 
@@ -182,6 +182,7 @@ typedef struct io_call {
   int contiguous; /* every rank's box is one run of the file */
   int short_runs; /* some rank's box is many runs, each short: it goes through slabs */
   int threaded;   /* this rank's I/O thread option (ranks may differ) */
+  int durable;    /* sync the file and its directory (every rank passes the same) */
   int64_t chunk;  /* the slab pipeline's chunk, the same on every rank */
   mt_comm_counters *comm_counters; /* the mesh's */
   mt_io_counters *io_counters;     /* the caller's */
@@ -274,6 +275,7 @@ static void take_options(io_call *c, const mt_io_options *opts) {
   mt_io_options o = opts != NULL ? *opts : mt_io_options_default();
   c->chunk = o.chunk_bytes;
   c->threaded = o.io_thread != 0;
+  c->durable = o.durable != 0;
   c->io_counters = o.counters;
 }
 
@@ -419,8 +421,9 @@ static int close_file(int fd, int mine, const char *path, mt_error *err) {
  * into place, so a power cut after the save cannot leave zeros behind its name.
  * Every rank syncs its own descriptor: where nodes share a file system, a sync
  * flushes what its own node wrote; on one node the first sync flushes all. */
-static int sync_close(int fd, int mine, const char *path, mt_error *err) {
-  if (fd >= 0 && mine == MT_OK && fsync(fd) != 0) mine = posix_fail(err, "fsync", path);
+static int sync_close(const io_call *c, int fd, int mine, const char *path, mt_error *err) {
+  if (c->durable && fd >= 0 && mine == MT_OK && fsync(fd) != 0)
+    mine = posix_fail(err, "fsync", path);
   return close_file(fd, mine, path, err);
 }
 
@@ -438,7 +441,7 @@ static int write_runs(io_call *c, const char *tmp, const void *header, int64_t h
   int e = mine == MT_OK ? mt__io_transfer(fd, buf, NULL, buflen, c->disp) : 0;
   if (e != 0)
     mine = mt_error_set(err, MT_EIO, "writing '%s' failed: %s", tmp, strerror(e));
-  return agree(c->comm, sync_close(fd, mine, tmp, err), err);
+  return agree(c->comm, sync_close(c, fd, mine, tmp, err), err);
 }
 
 /* The slab pipeline's view of this call. */
@@ -466,7 +469,7 @@ static int write_slabs(io_call *c, const mt_io_array *a, const char *tmp, const 
     mine = posix_fail(err, "ftruncate", tmp);
   }
   mine = mt__slabs_write(&s, mine, buf, err);
-  return agree(c->comm, sync_close(fd, mine, tmp, err), err);
+  return agree(c->comm, sync_close(c, fd, mine, tmp, err), err);
 }
 
 /* Syncs the directory that holds `path`, so that a rename into it survives a
@@ -496,7 +499,7 @@ static int commit(io_call *c, const char *tmp, const char *path, mt_error *err) 
     mine = mt_error_set(err, MT_EIO, "renaming '%s' to '%s' failed: %s", tmp, path,
                     strerror(errno));
   }
-  if (c->rank == 0 && mine == MT_OK) mine = sync_dir(path, err);
+  if (c->rank == 0 && mine == MT_OK && c->durable) mine = sync_dir(path, err);
   return agree(c->comm, mine, err);
 }
 

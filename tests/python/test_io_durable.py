@@ -92,7 +92,5 @@ def test_saves_that_are_not_durable_sync_nothing_that_python_writes(tmp_path):
 
 @needs_a_job[0]
 @needs_a_job[1]
-@pytest.mark.xfail(strict=True, reason="the core's save (mt_io_save) syncs its file and "
-                   "directory always: mt_io_options has no durable field yet")
 def test_a_npy_save_that_is_not_durable_syncs_nothing(tmp_path):
     assert spied_syncs(tmp_path, False) == []

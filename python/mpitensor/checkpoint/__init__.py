@@ -91,11 +91,9 @@ def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
     whole or not at all, and the new one survives a power cut once ``save``
     returns (a Zarr store likewise, as a directory; a dataset added to an
     existing HDF5 file is written in place: see docs/checkpoints.md).
-    ``durable=False`` skips the syncs that mpitensor makes in Python (a Zarr
-    store's, a dataset added to an HDF5 file, a directory's index), as
+    ``durable=False`` skips every sync (files, directories, an index), as
     ``numpy.save`` makes none: the replacement is still whole or not at all for
-    other processes, but a power cut may undo it; the core's writes of .npy files
-    and new HDF5 files are synced whatever it says. A symlink
+    other processes, but a power cut may undo it. A symlink
     is followed (its target is replaced, as by ``numpy.save``); anything else
     that is not a regular file (a directory, a FIFO, a device) is refused. A
     directory save is all or nothing for ``load``:
@@ -128,7 +126,7 @@ def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
         else:
             if obj.device_mesh.get_coordinate() is not None:
                 _agree.same_path(obj.device_mesh, path, lambda: _paths.check_target(path))
-            _tensor.save_dtensor(obj, path)
+            _tensor.save_dtensor(obj, path, durable=durable)
     elif isinstance(obj, dict):
         mesh = _mesh_of(obj, device_mesh)
         path = _real_path(path, mesh)

@@ -97,7 +97,7 @@ def _entry(name: str, value, mesh) -> DTensor:
                     f"DTensors and NumPy arrays")
 
 
-def _save_entry(dt: DTensor, file: str, mesh) -> tuple:
+def _save_entry(dt: DTensor, file: str, mesh, durable: bool) -> tuple:
     """Collective on ``mesh``. Writes one entry; returns the placements written.
 
     An entry on a slice (``mesh["tp"]``) is written by the first slice only: the
@@ -106,11 +106,11 @@ def _save_entry(dt: DTensor, file: str, mesh) -> tuple:
     not go on into the next entry's collectives while the first one has failed).
     """
     if dt.device_mesh._get_root_mesh() is dt.device_mesh:
-        return _tensor.save_dtensor(dt, file)
+        return _tensor.save_dtensor(dt, file, durable=durable)
     failure = None
     if dt.device_mesh._first_slice:
         try:
-            _tensor.save_dtensor(dt, file)
+            _tensor.save_dtensor(dt, file, durable=durable)
         except Exception as e:  # noqa: BLE001 - raised on every rank just below
             failure = e
 
@@ -140,7 +140,7 @@ def save_dict(state: dict, path: str, mesh, durable: bool = True) -> None:
         index["tree"] = tree
     try:
         for name, dt in entries.items():
-            written = _save_entry(dt, os.path.join(path, files[name]), mesh)
+            written = _save_entry(dt, os.path.join(path, files[name]), mesh, durable)
             index["entries"][name] = {
                 "file": files[name], "shape": list(dt.shape), "dtype": _npy.descr(dt.dtype),
                 "kind": "dtensor" if isinstance(state[name], DTensor) else "ndarray",

@@ -251,7 +251,7 @@ def save(dt, path: str, dataset: str, mode: str, attrs, durable: bool) -> None:
         got = _agree.first_rank(mesh, lambda: skeleton(shape, dtype, dataset, attrs))
         return got[8:], int.from_bytes(got[:8], "little")
 
-    _tensor.save_dtensor(dt, path, layout=layout)
+    _tensor.save_dtensor(dt, path, layout=layout, durable=durable)
 
 
 def _only_dataset(f, path: str) -> str:

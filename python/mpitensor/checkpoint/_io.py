@@ -56,10 +56,10 @@ def _data(buf, writable: bool) -> np.ndarray:
 
 
 def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_offset,
-            box_shape, buf) -> None:
+            box_shape, buf, durable: bool = True) -> None:
     """Writes a new file of ``header`` and the array of ``shape`` at ``offset``,
-    this rank's box (``box_offset``, ``box_shape``) from the C-contiguous ``buf``.
-    Collective on the mesh.
+    this rank's box (``box_offset``, ``box_shape``) from the C-contiguous ``buf``;
+    synced to the device before it returns when ``durable``. Collective on the mesh.
 
     Example: ``io_save(mesh._handle, "x.npy", head, (4,), 8, len(head), (0,), (4,),
     local.view(np.uint8))``.
@@ -69,6 +69,7 @@ def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_of
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(buf, False)
     opts = _Options.from_buffer_copy(_options)
+    opts.durable = bool(durable)
     call(_save, m, name, head, len(head), ctypes.byref(array), ctypes.byref(box),
          data.ctypes.data, data.nbytes, ctypes.byref(opts))
 

@@ -45,10 +45,11 @@ def _npy_layout(shape: tuple, dtype: np.dtype) -> tuple:
     return header, len(header)
 
 
-def save_dtensor(dt: DTensor, path: str, layout=_npy_layout) -> tuple:
+def save_dtensor(dt: DTensor, path: str, layout=_npy_layout, durable: bool = True) -> tuple:
     """Collective on ``dt``'s mesh. Writes ``dt`` as the .npy file ``path``, which
     every rank passes alike and the first rank has checked (_paths.check_target); a
-    Partial is reduced first. Returns the placements that were written.
+    Partial is reduced first; synced to the device when ``durable``. Returns the
+    placements that were written.
 
     ``layout(shape, dtype)`` gives the bytes before the data and where the data
     starts (by default the .npy header and its length); it is called on every
@@ -73,7 +74,7 @@ def save_dtensor(dt: DTensor, path: str, layout=_npy_layout) -> tuple:
         sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
     header, data_offset = layout(tuple(dt.shape), dt.dtype)
     _io.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, data_offset,
-               offsets, sizes, local.reshape(-1).view(np.uint8))
+               offsets, sizes, local.reshape(-1).view(np.uint8), durable)
     return placements
 
 

@@ -56,15 +56,18 @@ MT_EXPORT void mt_io_counters_read(const mt_io_counters *counters, int64_t *read
  * least one row; every rank uses the smallest value any rank passed); with
  * `io_thread` nonzero a POSIX thread that makes no MPI call writes or reads one
  * chunk while the next is exchanged (with 0, or when the thread cannot start, each
- * chunk's transfer runs after its exchange). `counters`, when not NULL, count the
- * bytes this process moved. */
+ * chunk's transfer runs after its exchange). `durable` zero skips a save's syncs
+ * (the rename stays whole or nothing for other processes, but a power cut may undo
+ * it), as numpy.save makes none. `counters`, when not NULL, count the bytes this
+ * process moved. */
 typedef struct mt_io_options {
   int64_t chunk_bytes;
   int io_thread;
+  int durable;
   mt_io_counters *counters;
 } mt_io_options;
 
-/* Local. The defaults: chunks of 2 MiB, the I/O thread, no counters.
+/* Local. The defaults: chunks of 2 MiB, the I/O thread, durable saves, no counters.
  *
  *   mt_io_options opts = mt_io_options_default();
  *   opts.counters = &my_counters;
@@ -84,7 +87,8 @@ MT_EXPORT mt_io_options mt_io_options_default(void);
  * the others open it), synced to the device by every member, and renamed to
  * `path` by the first member, which then syncs the directory, only after every
  * member has written its part: an existing file at `path` is replaced whole or not
- * at all, and the new one survives a power cut once this returns. `path` itself is
+ * at all, and the new one survives a power cut once this returns (unless
+ * `opts->durable` is 0: then nothing is synced). `path` itself is
  * replaced (a symlink too: callers resolve it first); members that pass different
  * paths fail. On failure the temporary file is removed and MT_EIO (or the first
  * error) returns on every member with the message of the member that failed
