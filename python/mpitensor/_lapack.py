@@ -18,6 +18,7 @@ import functools
 import os
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 from ._clib import E, I, I64, P, call, dtype_code, fn, struct
 
@@ -34,7 +35,6 @@ _TYPES = "sdcz"
 
 
 def _openblas_path() -> str | None:
-    from threadpoolctl import threadpool_info
     found = [i for i in threadpool_info()
              if i.get("user_api") == "blas" and i.get("internal_api") == "openblas"]
     found.sort(key=lambda i: i.get("prefix") != "libscipy_openblas")

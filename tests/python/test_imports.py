@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2] / "python" / PACKAGE
 FLOORS = {
     "_C": 0, "_clib": 0,  # the extension, and the one loader of its ctypes bindings
     "_comm": 0, "_plan": 0,  # bindings through _clib: meshes and their collectives, plans
+    "_lapack": 0,  # binding through _clib: TSQR on the LAPACK NumPy loaded
     # Ground floor: the DTensor model, its modes and the registry _ops fills.
     "_modes": 1, "_registry": 1, "placement_types": 1, "device_mesh": 1,
     "_dtensor_spec": 1, "_layout": 1, "_args": 1, "_trace": 1, "_logging": 1,
