@@ -31,7 +31,7 @@ from .autograd import enable_grad, no_grad
 from . import nn
 from . import optim
 from . import checkpoint
-from .checkpoint import load, save
+from .checkpoint import async_save, load, save
 from . import parallel
 from . import fsdp
 from . import testing
@@ -99,6 +99,7 @@ __all__ = [
     "optim",
     "checkpoint",
     "save",
+    "async_save",
     "load",
     "parallel",
     "fsdp",
