@@ -83,6 +83,9 @@ def test_qr_matches_numpy_on_every_mesh(dtype, shape):
         assert "all_gather_into_tensor" not in counts
         sharded = mesh.shape[[p == S0 for p in pls].index(True)] > 1
         assert counts == ({"all_reduce": 1} if sharded else {})
+        listed = [op["name"] for op in
+                  comm_mode.comm_module_operation_counts["Global"]["operations_list"]]
+        assert any(name.startswith("numpy.linalg.qr: TSQR") for name in listed), listed
         only_r = np.linalg.qr(dt, mode="r")
         assert np.array_equal(only_r.full_tensor(), r.full_tensor())
 

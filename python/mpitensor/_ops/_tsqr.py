@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _clib, _comm, _lapack, _registry
+from .. import _clib, _comm, _lapack, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
@@ -47,13 +47,17 @@ class _Tall:
         inside = self.mesh._coordinate is not None
         self.block = a.to_local() if inside else None
 
-    def factor(self, want_q, block=None):
-        """(q, r) of TSQR over the mesh dim (q None unless ``want_q``); outside
-        the mesh, zeros of the right shapes. Collective on the mesh dim."""
+    def factor(self, name, want_q, block=None):
+        """(q, r) of TSQR over the mesh dim (q None unless ``want_q``) for the
+        operation ``name``, which the collective checks, logs and CommDebugMode's
+        operation list see; outside the mesh, zeros of the right shapes.
+        Collective on the mesh dim."""
         block = self.block if block is None else block
         n = block.shape[1] if block is not None else self.shape[1]
         if self.mesh._coordinate is None:
             return np.zeros((0, n), self.spec.dtype), np.zeros((n, n), self.spec.dtype)
+        _trace.collective(f"{name}: TSQR's tree of R factors", self.mesh,
+                          self.spec.placements, (self.shape[0], n), self.spec.dtype)
         address = _comm.mesh_address(self.mesh._handle)
         return _lapack.tsqr(address, self.dim, block, want_q)
 
@@ -114,7 +118,7 @@ def qr(a, mode="reduced"):
     t = _tall(a) if mode in ("reduced", "r") else None
     if t is None:
         return _replicated_qr(a, mode=mode)
-    q, r = t.factor(want_q=mode == "reduced")
+    q, r = t.factor("numpy.linalg.qr", want_q=mode == "reduced")
     if mode == "r":
         return t.replicate(r)
     n = t.shape[1]
@@ -128,10 +132,10 @@ _replicated_svdvals = (_decomposition(np.linalg.svdvals)
                        if hasattr(np.linalg, "svdvals") else None)
 
 
-def _singular_values(t):
+def _singular_values(t, name):
     """The singular values of the matrix of ``t`` (those of its R), descending, as
     NumPy gives them: real, on every rank. Collective on the mesh dim."""
-    _, r = t.factor(want_q=False)
+    _, r = t.factor(name, want_q=False)
     return np.linalg.svd(r, compute_uv=False)
 
 
@@ -156,8 +160,8 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
         return _replicated_svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
                                hermitian=hermitian)
     if not compute_uv:
-        return t.replicate(_singular_values(t))
-    q, r = t.factor(want_q=True)
+        return t.replicate(_singular_values(t, "numpy.linalg.svd"))
+    q, r = t.factor("numpy.linalg.svd", want_q=True)
     u_r, s, vh = np.linalg.svd(r)
     u = t.rows_like_a(q @ u_r, t.shape[1])
     return type(np.linalg.svd(np.eye(1)))(u, t.replicate(s), t.replicate(vh))
@@ -176,7 +180,7 @@ if _replicated_svdvals is not None:
         t = _tall(x)
         if t is None:
             return _replicated_svdvals(x)
-        return t.replicate(_singular_values(t))
+        return t.replicate(_singular_values(t, "numpy.linalg.svdvals"))
 
 
 # -- least squares -------------------------------------------------------------------
@@ -209,7 +213,7 @@ def lstsq(a, b, rcond=None):
         block = np.concatenate([t.block, rhs], axis=1)
     else:
         block = np.zeros((0, n + k), a.dtype)
-    _, r = t.factor(want_q=False, block=block)
+    _, r = t.factor("numpy.linalg.lstsq", want_q=False, block=block)
     if rcond is None:
         rcond = np.finfo(a.dtype).eps * max(m, n)
     x, _, rank, s = np.linalg.lstsq(r[:n, :n], r[:n, n:], rcond=rcond)
@@ -239,7 +243,7 @@ def matrix_rank(A, tol=None, hermitian=False, *, rtol=None):
     if t is None:
         return _registry.gather_call(np.linalg.matrix_rank, (A,),
                                      {"tol": tol, "hermitian": hermitian, "rtol": rtol})
-    s = _singular_values(t)
+    s = _singular_values(t, "numpy.linalg.matrix_rank")
     if tol is None:
         if rtol is None:
             rtol = max(t.shape) * np.finfo(s.dtype).eps
@@ -267,7 +271,7 @@ def pinv(a, rcond=None, hermitian=False, *, rtol=np._NoValue):
     cut = rtol if rtol is not np._NoValue and rtol is not None else rcond
     if cut is None:
         cut = np.finfo(a.dtype).eps * max(m, n)
-    q, r = t.factor(want_q=True)
+    q, r = t.factor("numpy.linalg.pinv", want_q=True)
     local = np.linalg.pinv(r, rcond=cut) @ q.conj().T
     placements = tuple(Shard(1) if p == Shard(0) else p for p in t.spec.placements)
     shape = (n, m)
@@ -294,7 +298,7 @@ def norm(x, ord=None, axis=None, keepdims=False):
             t = _tall(x) if type(x) is DTensor and x.ndim == 2 else None
     if t is None:
         return _merge.norm(x, ord=ord, axis=axis, keepdims=keepdims)
-    s = _singular_values(t)
+    s = _singular_values(t, "numpy.linalg.norm")
     value = s.sum() if ord == "nuc" else (s.max() if ord == 2 else s.min())
     out = np.asarray(value, s.dtype)
     return t.replicate(out.reshape(1, 1) if keepdims else out)
@@ -313,7 +317,7 @@ def cond(x, p=None):
     t = _tall(x) if p in (None, 2, -2) and not isinstance(p, str) else None
     if t is None:
         return _registry.gather_call(np.linalg.cond, (x,), {"p": p})
-    s = _singular_values(t)
+    s = _singular_values(t, "numpy.linalg.cond")
     with np.errstate(divide="ignore", invalid="ignore"):
         value = s[0] / s[-1] if p in (None, 2) else s[-1] / s[0]
     if np.isnan(value):
