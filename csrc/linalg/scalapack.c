@@ -254,6 +254,20 @@ int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
   return rc;
 }
 
+/* The smallest workspaces pXsyevd and pXheevd document (work, rwork, iwork): a
+ * floor under their answers to a workspace query, which some releases give too
+ * small for small blocks. */
+static void eigh_minimum(const job *j, int minimum[3]) {
+  int64_t n = j->n, nb = j->nb, np = j->cyc.local_rows, nq = j->cyc.local_cols;
+  int64_t tri = 3 * n + (nb * (np + 1) > 3 * nb ? nb * (np + 1) : 3 * nb);
+  int64_t real = (1 + 6 * n + 2 * np * nq > tri ? 1 + 6 * n + 2 * np * nq : tri) + 2 * n;
+  int64_t blocks = (n + nb - 1) / nb + 1, np0 = blocks / j->g.nprow * nb + nb;
+  int64_t mq0 = blocks / j->g.npcol * nb + nb;
+  minimum[0] = (int)(j->t->syevd != NULL ? real : n + (np0 + mq0 + nb) * nb);
+  minimum[1] = (int)(1 + 9 * n + 3 * np * nq);
+  minimum[2] = (int)(7 * n + 8 * j->g.npcol + 2);
+}
+
 /* The workspace sizes pXsyevd or pXheevd asks for: work, rwork (complex types
  * only) and iwork, in elements. */
 static void eigh_query(job *j, const char *uplo, void *w, int sizes[3], int *info) {
@@ -268,9 +282,18 @@ static void eigh_query(job *j, const char *uplo, void *w, int sizes[3], int *inf
     j->t->heevd("V", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, w,
                 j->cyc.data, &j->one, &j->one, j->cyc.desc, wq, &minus,
                 j->k == 2 ? (void *)&rqf : (void *)&rq, &minus, &iq, &minus, info, 1, 1);
+  int minimum[3];
+  eigh_minimum(j, minimum);
   sizes[0] = query_size(j, wq);
   sizes[1] = (int)(j->k == 2 ? (double)rqf : rq) + 1;
   sizes[2] = iq + 1;
+  for (int i = 0; i < 3; ++i)
+    if (sizes[i] < minimum[i]) sizes[i] = minimum[i];
+  /* pXlaed3 (in the divide and conquer) writes past both on grids where some
+   * process holds a short last block: a margin of a few blocks' columns. */
+  int64_t margin = (int64_t)j->n * j->nb + 2 * (int64_t)j->nb * j->nb + 8 * (int64_t)j->n;
+  sizes[0] += (int)margin;
+  sizes[1] += (int)margin;
 }
 
 /* pXsyevd or pXheevd into the cyclic Z, with workspaces of `sizes`. */

@@ -1,7 +1,7 @@
 """Reductions whose per-rank results merge without gathering the input:
 ``np.logaddexp.reduce`` / ``np.logaddexp2.reduce`` (log-sum-exp) and
-``np.histogram``; and the dense decompositions ``np.linalg.svd``, ``eigh`` and
-``qr``, which replicate their input first (as torch's DTensor does).
+``np.histogram``; and the dense decompositions ``np.linalg.svd`` and ``qr``,
+which replicate their input first (as torch's DTensor does).
 
 Log-sum-exp along a sharded axis: each rank reduces its shard, then the mesh dims
 that shard the axis merge the per-rank values exactly, with no Partial left behind:
@@ -228,8 +228,8 @@ def _decomposition(func):
     return impl
 
 
-for _f in (np.linalg.svd, np.linalg.eigh, np.linalg.eigvalsh,
-           np.linalg.svdvals if hasattr(np.linalg, "svdvals") else None):
+# eigh and eigvalsh run on ScaLAPACK (_scalapack.py).
+for _f in (np.linalg.svd, np.linalg.svdvals if hasattr(np.linalg, "svdvals") else None):
     if _f is not None:
         _registry.implements(_f)(_decomposition(_f))
 

@@ -1,0 +1,518 @@
+"""The square linear algebra of ``np.linalg`` on sharded DTensors, on ScaLAPACK:
+``solve``, ``inv``, ``det``, ``slogdet``, ``cholesky``, ``eigh`` and ``eigvalsh``.
+
+A torch.chunk shard is a ScaLAPACK block distribution (one block of ceil(n/P) rows
+or columns per process), so a matrix whose rows are sharded over one mesh dim and
+its columns (or not) over another is described to ScaLAPACK as it lies, on a
+Pr x Pc process grid made of those two mesh dims (csrc/linalg/scalapack.c): each
+rank hands over a column-major copy of its own block, and ScaLAPACK's pXgemr2d
+moves the blocks to the block-cyclic layout its factorizations want, and back.
+The matrix is never gathered. Other layouts (a Partial, a mesh dim sharding a
+batch dim, two mesh dims on one matrix dim) are first redistributed to rows on the
+first mesh dim of more than one rank and columns on the second; batch dims are
+replicated and each matrix of the stack is one ScaLAPACK call. A matrix that no
+mesh dim shards (replicated, or on a one-rank mesh) is the small case: each rank
+runs NumPy's LAPACK on its local stack, and the results keep the stack's
+placements.
+
+ScaLAPACK is loaded at the first call that needs it (Debian's
+``libscalapack-openmpi-dev``, or the library ``MPITENSOR_SCALAPACK`` names); without
+it those calls raise RuntimeError on every rank, naming the package.
+``eig``/``eigvals`` have no ScaLAPACK driver and keep the gathering fallback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+
+import numpy as np
+
+from .. import _comm, _registry
+from .._clib import E, I, I64, P, call, fn
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Replicate, Shard
+from . import _dispatch as D
+
+__all__ = ["scalapack_library"]
+
+_open = fn("mt_scalapack_open", I, ctypes.c_char_p, ctypes.POINTER(P), E)
+_IP = ctypes.POINTER(I)
+_solve = fn("mt_scalapack_solve", I, P, P, I, I, I, I64, P, I64, P, _IP, E)
+_inv = fn("mt_scalapack_inv", I, P, P, I, I, I, I64, P, _IP, E)
+_slogdet = fn("mt_scalapack_slogdet", I, P, P, I, I, I, I64, P, P, E)
+_cholesky = fn("mt_scalapack_cholesky", I, P, P, I, I, I, I64, P, I, _IP, E)
+_eigh = fn("mt_scalapack_eigh", I, P, P, I, I, I, I64, P, I, I, P, _IP, E)
+
+# The libraries tried, in order, when MPITENSOR_SCALAPACK names none: Debian's
+# ScaLAPACK for Open MPI (BLACS included), by its soname and its dev link.
+_CANDIDATES = ("libscalapack-openmpi.so.2.2", "libscalapack-openmpi.so.2",
+               "libscalapack-openmpi.so")
+PACKAGE = "libscalapack-openmpi-dev"
+# LAPACK's letter of each element type ScaLAPACK computes in.
+_LETTERS = {np.dtype(np.float32): b"s", np.dtype(np.float64): b"d",
+            np.dtype(np.complex64): b"c", np.dtype(np.complex128): b"z"}
+
+
+@functools.cache
+def _load():
+    """(table handle, path) of the ScaLAPACK found, or (None, why not). Local."""
+    named = os.environ.get("MPITENSOR_SCALAPACK")
+    found = ctypes.util.find_library("scalapack-openmpi")
+    candidates = (named,) if named else _CANDIDATES + ((found,) if found else ())
+    why = []
+    for path in candidates:
+        handle = P()
+        try:
+            call(_open, path.encode(), ctypes.byref(handle))
+        except NotImplementedError as e:
+            why.append(str(e))
+            continue
+        return handle, path
+    return None, "; ".join(why)
+
+
+def scalapack_library() -> str | None:
+    """The ScaLAPACK library mpitensor's square linear algebra runs on, or None when
+    none was found (then ``np.linalg.solve`` and its kind raise on sharded
+    DTensors). Local; loads the library on the first call.
+
+    Example: ``scalapack_library()`` -> ``'libscalapack-openmpi.so.2.2'``.
+    """
+    handle, path = _load()
+    return path if handle is not None else None
+
+
+def _library(name: str, mesh):
+    """The ScaLAPACK table, agreed on by the mesh's members: RuntimeError on every
+    rank, naming the package, when some member has none. Collective on the mesh."""
+    handle, why = _load()
+    _comm.agree(mesh._handle, handle is not None, 0,
+                f"{name} of a sharded matrix runs on ScaLAPACK, which was not found "
+                f"({why}): install Debian's {PACKAGE} (apt-get install {PACKAGE}) or "
+                f"set MPITENSOR_SCALAPACK to the library's path", RuntimeError)
+    return handle
+
+
+def _inexact(name: str, dtype) -> np.dtype:
+    """The type NumPy's linalg computes ``dtype`` in; TypeError as NumPy for one it
+    does not take."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "biu":
+        return np.dtype(np.float64)
+    if dtype not in _LETTERS:
+        raise TypeError(f"{name}: array type {dtype} is unsupported in linalg")
+    return dtype
+
+
+def _square(name: str, a) -> None:
+    if a.ndim < 2:
+        raise np.linalg.LinAlgError(f"{a.ndim}-dimensional array given. Array must be at "
+                                    "least two-dimensional")
+    if a.shape[-1] != a.shape[-2]:
+        raise np.linalg.LinAlgError("Last 2 dimensions of the array must be square")
+
+
+def _grid(a):
+    """(row mesh dim, column mesh dim) of a DTensor's matrix dims, -1 for a dim no
+    mesh dim of more than one rank shards; None when some mesh dim holds it in a
+    way no grid describes (Partial, a sharded batch dim, two on one dim)."""
+    spec, nd = a._spec, a.ndim
+    dims = [-1, -1]
+    for m, p in enumerate(spec.placements):
+        if spec.mesh.shape[m] == 1 or isinstance(p, Replicate):
+            continue
+        k = p.dim % nd - (nd - 2) if isinstance(p, Shard) else -1
+        if k < 0 or dims[k] >= 0:
+            return None
+        dims[k] = m
+    return tuple(dims)
+
+
+def _canonical(a) -> tuple:
+    """Placements putting ``a``'s rows on the first mesh dim of more than one rank
+    and its columns on the second, every other dim replicated."""
+    mesh, nd = a._spec.mesh, a.ndim
+    out, free = [Replicate()] * mesh.ndim, [nd - 2, nd - 1]
+    for m in range(mesh.ndim):
+        if mesh.shape[m] > 1 and free:
+            out[m] = Shard(free.pop(0))
+    return tuple(out)
+
+
+def _placements(mesh, nd: int, rows: int, cols: int) -> tuple:
+    """Rows of an nd-dim array on mesh dim ``rows``, columns on ``cols``."""
+    return tuple(Shard(nd - 2) if m == rows else Shard(nd - 1) if m == cols else Replicate()
+                 for m in range(mesh.ndim))
+
+
+def _on_grid(name: str, a):
+    """``a`` laid out on a process grid: (a, row mesh dim, column mesh dim), or
+    (a, -1, -1) when no mesh dim shards its matrix dims (the local case)."""
+    dims = _grid(a)
+    if dims is None:
+        a = D.relayout(name, a, _canonical(a))
+        dims = _grid(a)
+    if dims == (-1, -1):
+        return a, -1, -1
+    batch = any(isinstance(p, Shard) and p.dim % a.ndim < a.ndim - 2
+                for p in a._spec.placements)
+    if batch:  # a sharded batch dim with sharded matrix dims: the batch replicates
+        a = D.relayout(name, a, _placements(a._spec.mesh, a.ndim, *dims))
+    return a, dims[0], dims[1]
+
+
+def _wrap(mesh, local, placements, shape):
+    """A DTensor of this rank's ``local`` (C-ordered here) and its global layout."""
+    local = np.array(local, order="C", copy=None)  # 0-d stays 0-d
+    if mesh._coordinate is None:
+        local = D.outside_local(shape, local.dtype)
+    return DTensor(local, DTensorSpec(mesh, tuple(placements), tuple(shape), local.dtype,
+                                      contiguous_strides(tuple(shape))))
+
+
+def _replicated(mesh, value):
+    value = np.asarray(value)
+    return _wrap(mesh, value, (Replicate(),) * mesh.ndim, value.shape)
+
+
+def _batch_placements(a, nd_out: int) -> tuple:
+    """``a``'s placements for a result whose leading dims are ``a``'s batch dims
+    (its matrix dims replicated)."""
+    out = []
+    for p in a._spec.placements:
+        keep = isinstance(p, Shard) and p.dim % a.ndim < nd_out and p.dim % a.ndim < a.ndim - 2
+        out.append(Shard(p.dim % a.ndim) if keep else Replicate())
+    return tuple(out)
+
+
+def _local_stack(a, dtype):
+    """``a``'s local stack as Fortran-ordered matrices of ``dtype``, one per batch
+    index: the blocks ScaLAPACK takes and overwrites."""
+    local = a.to_local()
+    batch = local.shape[:-2]
+    # Always a copy: a block of one row is Fortran-ordered already, and ScaLAPACK
+    # writes into what it is given.
+    return batch, [np.array(local[i], dtype=dtype, order="F", copy=True)
+                   for i in np.ndindex(*batch)]
+
+
+def _stack(batch, blocks):
+    """The matrices of a batch back as one C-ordered local array."""
+    if not batch:
+        return np.ascontiguousarray(blocks[0])
+    return np.stack(blocks).reshape(batch + blocks[0].shape)
+
+
+def _check_info(info: int, message: str) -> None:
+    if info > 0:
+        raise np.linalg.LinAlgError(message)
+    if info < 0:
+        raise RuntimeError(f"ScaLAPACK rejected argument {-info}")
+
+
+def _prepare(name: str, a):
+    """(a on its grid, row dim, column dim, computing dtype, ScaLAPACK table or None
+    for the local case) for a square DTensor ``a``. Collective on the mesh."""
+    if type(a) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
+    _square(name, a)
+    dtype = _inexact(name, a.dtype)
+    a, rows, cols = _on_grid(name, a)
+    if rows < 0 and cols < 0 or a.shape[-1] == 0 or a._spec.mesh._coordinate is None:
+        return a, rows, cols, dtype, None
+    return a, rows, cols, dtype, _library(name, a._spec.mesh)
+
+
+def _local(a, func, dtype, results_nd):
+    """NumPy's ``func`` on each rank's local stack; each result keeps ``a``'s batch
+    placements (``results_nd``: each result's number of dims)."""
+    mesh = a._spec.mesh
+    # A rank outside the mesh computes on identities, which every routine takes.
+    local = (a.to_local() if mesh._coordinate is not None
+             else np.broadcast_to(np.eye(a.shape[-1]), a.shape))
+    out = func(local.astype(dtype, copy=False))
+    parts = tuple(out) if isinstance(out, tuple) else (out,)
+    wrapped = []
+    for x, nd in zip(parts, results_nd):
+        x = np.asarray(x)
+        pls = _batch_placements(a, nd) if nd < a.ndim else _local_placements(a)
+        wrapped.append(_wrap(mesh, x, pls, _global_shape(a, x.shape, pls)))
+    if isinstance(out, tuple):
+        return type(out)(*wrapped)
+    return wrapped[0]
+
+
+def _local_placements(a) -> tuple:
+    return tuple(Shard(p.dim % a.ndim) if isinstance(p, Shard) else Replicate()
+                 for p in a._spec.placements)
+
+
+def _global_shape(a, local_shape, placements) -> tuple:
+    """The global shape of a result whose leading dims are ``a``'s."""
+    shape = list(local_shape)
+    for p in placements:
+        if isinstance(p, Shard):
+            shape[p.dim] = a.shape[p.dim]
+    return tuple(shape)
+
+
+@_registry.implements(np.linalg.inv)
+def inv(a):
+    """np.linalg.inv of a DTensor: ScaLAPACK's pXgetrf and pXgetri on the matrix as
+    it is sharded (rows and columns over up to two mesh dims); the inverse is laid
+    out as ``a`` (after any redistribution to a grid). LinAlgError on every rank for
+    a singular matrix. Collective on the mesh.
+
+    Example::
+
+        >>> x = distribute_tensor(np.eye(4) * 2, mesh, [Shard(0)])
+        >>> np.linalg.inv(x).full_tensor()[0, 0]
+        0.5
+    """
+    name = "numpy.linalg.inv"
+    a, rows, cols, dtype, sl = _prepare(name, a)
+    if sl is None:
+        return _local(a, np.linalg.inv, dtype, (a.ndim,))
+    n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
+    batch, blocks = _local_stack(a, dtype)
+    for block in blocks:
+        call(_inv, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n, block.ctypes.data,
+             ctypes.byref(info))
+        _check_info(info.value, "Singular matrix")
+    return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
+
+
+def _slogdet_values(name, a):
+    """(sign, logabsdet) arrays of ``a``'s batch, replicated, from ScaLAPACK."""
+    a, rows, cols, dtype, sl = _prepare(name, a)
+    if sl is None:
+        return a, dtype, None
+    n, letter, out = a.shape[-1], _LETTERS[dtype][0], (ctypes.c_double * 2)()
+    batch, blocks = _local_stack(a, dtype)
+    signs, logs = [], []
+    for block in blocks:
+        call(_slogdet, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n,
+             block.ctypes.data, out)
+        logs.append(out[0])
+        if out[0] == -np.inf:
+            signs.append(0.0)
+        elif dtype.kind == "c":
+            signs.append(np.exp(1j * out[1]))
+        else:
+            signs.append(1.0 if np.cos(out[1]) > 0 else -1.0)
+    real = np.finfo(dtype).dtype
+    sign = np.asarray(signs, dtype=dtype).reshape(batch)
+    return a, dtype, (sign, np.asarray(logs, dtype=real).reshape(batch))
+
+
+@_registry.implements(np.linalg.slogdet)
+def slogdet(a):
+    """np.linalg.slogdet of a DTensor: ScaLAPACK's pXgetrf on the sharded matrix,
+    then each rank's share of the diagonal's logs and the pivots' signs, summed in
+    one all-reduce; sign and logabsdet are Replicate. Collective on the mesh.
+
+    Example::
+
+        >>> x = distribute_tensor(np.diag([2.0, -3.0]), mesh, [Shard(0)])
+        >>> [float(v.full_tensor()) for v in np.linalg.slogdet(x)]
+        [-1.0, 1.791759469228055]
+    """
+    a, dtype, values = _slogdet_values("numpy.linalg.slogdet", a)
+    if values is None:
+        return _local(a, np.linalg.slogdet, dtype, (a.ndim - 2, a.ndim - 2))
+    mesh = a._spec.mesh
+    return type(np.linalg.slogdet(np.eye(1)))(*(_replicated(mesh, v) for v in values))
+
+
+@_registry.implements(np.linalg.det)
+def det(a):
+    """np.linalg.det of a DTensor: sign * exp(logabsdet) of :func:`slogdet`'s
+    ScaLAPACK path, Replicate. Collective on the mesh.
+
+    Example::
+
+        >>> x = distribute_tensor(np.diag([2.0, -3.0]), mesh, [Shard(0)])
+        >>> float(np.linalg.det(x).full_tensor())
+        -6.0
+    """
+    a, dtype, values = _slogdet_values("numpy.linalg.det", a)
+    if values is None:
+        return _local(a, np.linalg.det, dtype, (a.ndim - 2,))
+    sign, logabs = values
+    return _replicated(a._spec.mesh, (sign * np.exp(logabs)).astype(dtype))
+
+
+@_registry.implements(np.linalg.cholesky)
+def cholesky(a, /, *, upper=False):
+    """np.linalg.cholesky of a DTensor: ScaLAPACK's pXpotrf on the sharded matrix;
+    the factor (lower, or upper with ``upper=True``; the other triangle zero) is
+    laid out as ``a``. LinAlgError on every rank for a matrix that is not positive
+    definite. Collective on the mesh.
+
+    Example::
+
+        >>> x = distribute_tensor(np.eye(4) * 4, mesh, [Shard(0)])
+        >>> np.linalg.cholesky(x).full_tensor()[0, 0]
+        2.0
+    """
+    name = "numpy.linalg.cholesky"
+    a, rows, cols, dtype, sl = _prepare(name, a)
+    if sl is None:
+        kw = {"upper": True} if upper else {}
+        return _local(a, lambda x: np.linalg.cholesky(x, **kw), dtype, (a.ndim,))
+    n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
+    batch, blocks = _local_stack(a, dtype)
+    for block in blocks:
+        call(_cholesky, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n,
+             block.ctypes.data, int(bool(upper)), ctypes.byref(info))
+        _check_info(info.value, "Matrix is not positive definite")
+    return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
+
+
+def _eigen(name, a, UPLO, vectors):
+    if UPLO not in ("L", "U"):
+        raise ValueError("UPLO argument must be 'L' or 'U'")
+    a, rows, cols, dtype, sl = _prepare(name, a)
+    func = np.linalg.eigh if vectors else np.linalg.eigvalsh
+    if sl is None:
+        nd = (a.ndim - 1, a.ndim) if vectors else (a.ndim - 1,)
+        return _local(a, lambda x: func(x, UPLO=UPLO), dtype, nd)
+    n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
+    real = np.finfo(dtype).dtype
+    batch, blocks = _local_stack(a, dtype)
+    ws = []
+    for block in blocks:
+        w = np.empty(n, real)
+        call(_eigh, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n, block.ctypes.data,
+             int(UPLO == "U"), int(vectors), w.ctypes.data, ctypes.byref(info))
+        _check_info(info.value, "Eigenvalues did not converge")
+        ws.append(w)
+    mesh = a._spec.mesh
+    w = _replicated(mesh, np.stack(ws).reshape(batch + (n,)))
+    if not vectors:
+        return w
+    v = _wrap(mesh, _stack(batch, blocks), a._spec.placements, a.shape)
+    return type(np.linalg.eigh(np.eye(1)))(w, v)
+
+
+@_registry.implements(np.linalg.eigh)
+def eigh(a, UPLO="L"):
+    """np.linalg.eigh of a DTensor: ScaLAPACK's divide and conquer (pXsyevd,
+    pXheevd) on the sharded matrix; eigenvalues ascending and Replicate, the
+    eigenvectors laid out as ``a``. Collective on the mesh.
+
+    Example::
+
+        >>> x = distribute_tensor(np.diag([3.0, 1.0, 2.0]), mesh, [Shard(0)])
+        >>> np.linalg.eigh(x).eigenvalues.full_tensor()
+        array([1., 2., 3.])
+    """
+    return _eigen("numpy.linalg.eigh", a, UPLO, True)
+
+
+@_registry.implements(np.linalg.eigvalsh)
+def eigvalsh(a, UPLO="L"):
+    """np.linalg.eigvalsh of a DTensor: the eigenvalues of :func:`eigh`'s ScaLAPACK
+    path, ascending and Replicate. Collective on the mesh.
+
+    Example::
+
+        >>> x = distribute_tensor(np.diag([3.0, 1.0, 2.0]), mesh, [Shard(0)])
+        >>> np.linalg.eigvalsh(x).full_tensor()
+        array([1., 2., 3.])
+    """
+    return _eigen("numpy.linalg.eigvalsh", a, UPLO, False)
+
+
+def _as_dtensor(b, mesh):
+    """``b`` as a DTensor on ``mesh``: an ndarray every rank holds is Replicate."""
+    if type(b) is DTensor:
+        return b
+    b = np.asarray(b)
+    return _wrap(mesh, b, (Replicate(),) * mesh.ndim, b.shape)
+
+
+@_registry.implements(np.linalg.solve)
+def solve(a, b):
+    """np.linalg.solve of DTensors: ScaLAPACK's pXgesv on A as it is sharded; b
+    (a vector, or a matrix of right-hand sides; batched as NumPy's, the batch
+    replicated) is laid out with its rows as A's rows and its columns over A's
+    column mesh dim, and x comes back in that layout (a vector: rows as A's rows).
+    LinAlgError on every rank for a singular A. Collective on the mesh.
+
+    Example::
+
+        >>> A = distribute_tensor(np.eye(4) * 2, mesh, [Shard(0)])
+        >>> np.linalg.solve(A, np.ones(4)).full_tensor()
+        array([0.5, 0.5, 0.5, 0.5])
+    """
+    name = "numpy.linalg.solve"
+    if type(a) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
+    mesh = a._spec.mesh
+    b = _as_dtensor(b, mesh)
+    _square(name, a)
+    dtype = np.result_type(_inexact(name, a.dtype), _inexact(name, b.dtype))
+    vector = b.ndim == 1
+    if vector and b.shape[0] != a.shape[-1] or not vector and b.shape[-2] != a.shape[-1]:
+        raise ValueError(f"{name}: b's rows ({b.shape}) do not match A's "
+                         f"({a.shape}) (NumPy's gufunc would raise too)")
+    if vector and a.ndim > 2:
+        raise _registry.NoRule(f"{name}: a vector b with a stack of matrices A")
+    if not vector and b.shape[:-2] != a.shape[:-2]:
+        raise ValueError(f"{name}: A's batch {a.shape[:-2]} and b's {b.shape[:-2]} "
+                         "differ; broadcast them first")
+    a, rows, cols = _on_grid(name, a)
+    n = a.shape[-1]
+    if rows < 0 and cols < 0 or n == 0 or mesh._coordinate is None:
+        a = D.relayout(name, a, (Replicate(),) * mesh.ndim)
+        b = D.relayout(name, b, (Replicate(),) * mesh.ndim)
+        return _local_solve(a, b, dtype)
+    sl = _library(name, mesh)
+    if vector:
+        return _solve_vector(name, sl, a, b, rows, cols, dtype)
+    b = D.relayout(name, b, _placements(mesh, b.ndim, rows, cols))
+    return _solve_blocks(sl, a, b, rows, cols, dtype, b._spec.placements, b.shape)
+
+
+def _local_solve(a, b, dtype):
+    mesh = a._spec.mesh
+    if mesh._coordinate is None:
+        x = np.zeros(b.shape, dtype)
+    else:
+        x = np.linalg.solve(a.to_local().astype(dtype), b.to_local().astype(dtype))
+    return _replicated(mesh, x)
+
+
+def _solve_blocks(sl, a, b, rows, cols, dtype, placements, shape):
+    """x of A x = B on the grid, B's local blocks given as ``b`` (a DTensor laid
+    out with rows as A's and columns over ``cols``)."""
+    n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
+    batch, blocks = _local_stack(a, dtype)
+    _, rhs = _local_stack(b, dtype)
+    for block, r in zip(blocks, rhs):
+        call(_solve, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n, block.ctypes.data,
+             b.shape[-1], r.ctypes.data, ctypes.byref(info))
+        _check_info(info.value, "Singular matrix")
+    return _wrap(a._spec.mesh, _stack(batch, rhs), placements, shape)
+
+
+def _solve_vector(name, sl, a, b, rows, cols, dtype):
+    """A vector b as the n x 1 matrix ScaLAPACK takes (its one column on the first
+    grid column), and x back as a vector with A's rows' placement."""
+    mesh = a._spec.mesh
+    pls = tuple(Shard(0) if m == rows else Replicate() for m in range(mesh.ndim))
+    b = D.relayout(name, b, pls)
+    local = b.to_local()[:, None]
+    if cols >= 0 and mesh._coordinate[cols] != 0:
+        local = local[:, :0]
+    mat = _placements(mesh, 2, rows, cols)
+    b2 = _wrap(mesh, local, mat, (b.shape[0], 1))
+    x2 = _solve_blocks(sl, a, b2, rows, cols, dtype, mat, (b.shape[0], 1))
+    x2 = D.relayout(name, x2, tuple(Shard(0) if m == rows else Replicate()
+                                    for m in range(mesh.ndim)))
+    return _wrap(mesh, x2.to_local()[:, 0], pls, (b.shape[0],))
