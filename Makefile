@@ -13,6 +13,10 @@ FUZZ_SECONDS ?= 60
 # Debian packages the build and the checks need; each is probed by its command.
 SYSTEM_TOOLS := mpicc:libopenmpi-dev mpiexec:openmpi-bin valgrind:valgrind \
   clang:clang clang-tidy:clang-tidy cppcheck:cppcheck
+# Debian libraries mpitensor loads at run time, each probed by its file in the
+# loader's cache: ScaLAPACK for Open MPI (np.linalg.solve, eigh, ... on sharded
+# matrices; csrc/linalg loads it by dlopen, so the build does not need it).
+SYSTEM_LIBS := libscalapack-openmpi.so:libscalapack-openmpi-dev
 
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
@@ -48,6 +52,9 @@ PY_DEPS := --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
 system-deps:
 	@missing=; for t in $(SYSTEM_TOOLS); do \
 	  command -v $${t%%:*} >/dev/null || missing="$$missing $${t#*:}"; done; \
+	for t in $(SYSTEM_LIBS); do \
+	  $$(command -v ldconfig || echo /sbin/ldconfig) -p | grep -q "$${t%%:*}" || \
+	    missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing from Debian:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
