@@ -18,8 +18,11 @@ ranks, R/S/Vh on every rank). Before timing, every answer is checked against the
 matrix (||A - QR|| / ||A||, or the singular values against NumPy's); a wrong
 answer is recorded, not timed away. Figures are medians (and min, max) over the
 repetitions of the slowest rank's time, interleaved repetition by repetition
-(benchmarks/_common.time_interleaved). Heat is optional (``pip install heat``,
-which needs torch): without it its columns are left out and the reason recorded.
+(benchmarks/_common.time_interleaved). Heat is optional: without it its columns
+are left out and the reason recorded. Heat 1.8 as measured here:
+``pip install torch==2.13.0`` and ``pip install --no-deps heat==1.8.0 "scipy~=1.14"
+pillow``, with a stand-in ``torchvision`` package (Heat imports it for its MNIST
+and image-transform helpers only, which this benchmark does not use).
 Writes benchmarks/results/<cpu>/linalg-np{N}.json.
 """
 
