@@ -34,7 +34,7 @@ FLOORS = {
     "_iterate": 1, "_shard": 1, "_mpi_library": 1, "_version": 1, "_timemodel": 1,
     "_departure": 1, "_strided": 1,
     "_fingerprint": 1, "_allgather_bytes": 1, "_device": 1, "_dtypes": 1, "_hooks": 1,
-    "_node": 1,
+    "_node": 1, "_call_agreement": 1,
     "_ops": 2,  # operations: each op's dim map, registered once; NumPy protocols
     "autograd": 3,  # the tape and backward rules
     "nn": 4, "optim": 4,  # training pieces

@@ -32,8 +32,6 @@ from .._shard import DTensorShard, assemble
 
 __all__ = ["save", "async_save", "load", "DTensorShard", "assemble"]
 
-async_save = _async.async_save
-
 _world_mesh = []
 
 
@@ -137,6 +135,25 @@ def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
     else:
         raise TypeError(f"save takes a DTensor or a dict of DTensors and ndarrays, got "
                         f"{type(obj).__name__}")
+
+
+def async_save(obj, path, **kwargs):
+    """Starts ``save(obj, path, **kwargs)`` on a worker thread and returns its
+    ``concurrent.futures.Future``, as torch's DCP ``async_save``: ``result()``
+    waits for it and returns None, or raises what ``save`` raised (the same on
+    every rank). The DTensors and arrays of ``obj`` are copied first, so the
+    values saved are those of the call. Every rank of the meshes involved makes
+    the same async_save calls in the same order, as with ``save``. Local; the
+    save runs collectively in the background (on meshes the worker makes once,
+    of the same ranks and dim names).
+
+    Example::
+
+        >>> fut = mpitensor.async_save({"model": model.state_dict()}, "ckpt")
+        >>> loss = train_step()   # overlaps the write
+        >>> fut.result()          # the checkpoint is whole and synced from here
+    """
+    return _async.start(save, obj, path, kwargs)
 
 
 def _on_every_rank(mesh, check):

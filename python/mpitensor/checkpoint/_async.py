@@ -22,28 +22,16 @@ import numpy as np
 from .._dtensor import DTensor
 from ..device_mesh import DeviceMesh
 
-__all__ = ["async_save"]
+__all__ = ["start"]
 
 _lock = threading.Lock()
 _executor: list = []  # the worker, made at the first async_save
 _meshes: dict = {}    # the worker's meshes, by the program's mesh's ranks and names
 
 
-def async_save(obj, path, **kwargs) -> concurrent.futures.Future:
-    """Starts ``mpitensor.save(obj, path, **kwargs)`` on a worker thread and returns
-    its future: ``result()`` waits for it and returns None, or raises what ``save``
-    raised (the same on every rank). The DTensors and arrays of ``obj`` are copied
-    first, so the values saved are those of the call. Every rank of the meshes
-    involved makes the same async_save calls in the same order, as with ``save``;
-    wait for one before its file is read. Collective (in the background) as
-    ``save`` is; the call itself is Local.
-
-    Example::
-
-        >>> fut = mpitensor.async_save({"model": model.state_dict()}, "ckpt")
-        >>> train_one_more_step()
-        >>> fut.result()   # the checkpoint is whole and synced from here
-    """
+def start(save, obj, path, kwargs: dict) -> concurrent.futures.Future:
+    """``save(obj, path, **kwargs)`` of a copy of ``obj``, on the worker thread:
+    mpitensor.async_save. Local."""
     if not isinstance(obj, (DTensor, dict)):
         raise TypeError(f"async_save takes a DTensor or a dict of DTensors and ndarrays, "
                         f"got {type(obj).__name__}")
@@ -53,7 +41,7 @@ def async_save(obj, path, **kwargs) -> concurrent.futures.Future:
         if not _executor:
             _executor.append(concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="mpitensor-async-save"))
-        return _executor[0].submit(_save, staged, path, device_mesh, kwargs)
+        return _executor[0].submit(_save, save, staged, path, device_mesh, kwargs)
 
 
 class _Staged:
@@ -79,9 +67,7 @@ def _stage(obj):
     return obj
 
 
-def _save(staged, path, device_mesh, kwargs) -> None:
-    from . import save  # the package's save, which imports this module
-
+def _save(save, staged, path, device_mesh, kwargs) -> None:
     obj = _unstage(staged)
     if device_mesh is not None:
         kwargs["device_mesh"] = _worker_mesh(device_mesh)
