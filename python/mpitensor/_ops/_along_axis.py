@@ -15,7 +15,9 @@ then sharded along that dim), or, when there is none, the lanes are gathered
 axis one mesh dim shards instead scan each shard starting from the totals of the
 shards before it, found by one exclusive scan. ``axis=None`` means the
 flattened array for the functions that flatten (sort, cumsum, roll, median, ...),
-so any sharded dim is gathered then.
+so any sharded dim is gathered then. diff (without prepend/append) and roll along
+a sharded axis instead move only the overlapping or wrapped rows (``_halo``,
+``_roll``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
-from . import _lanes
+from . import _halo, _lanes, _roll
 from . import _sample_sort as S
 from ._stats import _all_reduce
 
@@ -130,6 +132,18 @@ def _axes(name, a, axis):
     if axis is None:
         return tuple(range(a.ndim))
     return normalize_axis_tuple(axis, a.ndim)
+
+
+def _sharding_one(a, axes):
+    """The first mesh dim (of more than one rank) that shards the one axis of
+    ``axes``, or None (also for None or several axes). Local."""
+    if axes is None or len(axes) != 1:
+        return None
+    mesh = a._spec.mesh
+    for i, p in enumerate(a._spec.placements):
+        if p.is_shard() and p.dim == axes[0] and mesh.shape[i] > 1:
+            return i
+    return None
 
 
 def _no_out(name, out):
@@ -254,7 +268,9 @@ for _f in (np.partition, np.argpartition):
 @_registry.implements(np.diff)
 def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     """numpy.diff along an axis, local when it is not sharded; linear (a Partial sum
-    is kept) without prepend/append, which must be scalars.
+    is kept) without prepend/append, which must be scalars. Along an axis one mesh
+    dim shards (and no prepend/append), each rank takes the n following rows from
+    its neighbours in one exchange (``_halo``) and the output stays sharded.
 
     Example: ``np.diff(dt, axis=1).shape == (dt.shape[0], dt.shape[1] - 1)``.
     """
@@ -265,6 +281,13 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
                                    f"on DTensors")
     axes = _axis(name, a, axis)
     plain = prepend is np._NoValue and append is np._NoValue
+    n = operator.index(n)
+    if n < 0:
+        raise ValueError(f"order must be non-negative but got {n!r}")
+    m = _sharding_one(a, axes)
+    if plain and m is not None:
+        # A halo of n rows from the next ranks, not a move of the whole axis.
+        return _halo.diff_sharded(a, n, axes[0], m)
     return along_axes(name, a, axes, lambda x: np.diff(x, n, axis, prepend, append),
                       linear=plain)
 
@@ -282,12 +305,33 @@ def flip(m, axis=None):
 
 @_registry.implements(np.roll)
 def roll(a, shift, axis=None):
-    """numpy.roll: local along unsharded axes (``axis=None`` rolls the flattened
-    array, gathered when any dim is sharded).
+    """numpy.roll: local along unsharded axes; along a sharded axis (and a 1-D
+    array's ``axis=None``) one exchange of the rows that change owner
+    (``_roll``), placed as the input; ``axis=None`` of an n-D array rolls the
+    flattened array, gathered when any dim is sharded.
 
     Example: ``np.roll(dt, 2, axis=1)`` of a ``[Shard(0)]`` DTensor moves nothing.
     """
     _check("numpy.roll", a)
+    if axis is None and a.ndim == 1:
+        axis = 0
+    if axis is not None:
+        shifts: dict = {}
+        for sh, ax in np.broadcast(shift, axis):
+            ax = normalize_axis_tuple(int(ax), a.ndim)[0]
+            shifts[ax] = shifts.get(ax, 0) + operator.index(sh)
+        cut = [ax for ax in shifts if _sharding_one(a, (ax,)) is not None]
+        if cut:
+            # Each sharded axis rolls by one exchange of the rows that change
+            # owner; the others roll locally.
+            rest = tuple(ax for ax in shifts if ax not in cut)
+            if rest:
+                a = along_axes("numpy.roll", a, rest,
+                               lambda x: np.roll(x, [shifts[k] for k in rest], rest),
+                               linear=True)
+            for ax in cut:
+                a = _roll.roll_sharded(a, shifts[ax], ax, _sharding_one(a, (ax,)))
+            return a
     axes = None if axis is None else normalize_axis_tuple(axis, a.ndim)
     return along_axes("numpy.roll", a, axes, lambda x: np.roll(x, shift, axis),
                       linear=True)

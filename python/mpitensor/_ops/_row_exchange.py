@@ -23,7 +23,8 @@ from .._clib import dtype_code
 from ..placement_types import Replicate
 from . import _dispatch as D
 
-__all__ = ["bounds", "cut", "exchange", "sharding_mesh_dim", "along", "check_movable"]
+__all__ = ["bounds", "cut", "moves", "gathers", "exchange", "sharding_mesh_dim", "along",
+           "check_movable"]
 
 
 def bounds(n: int, p: int) -> np.ndarray:
@@ -49,6 +50,35 @@ def cut(at: np.ndarray, start: int, length: int):
             yield q, row - int(at[q]), row - start, run
             row += run
         q += 1
+
+
+def moves(src_at, dst_at, src_start: int, dst_start: int, length: int) -> list:
+    """The transfers that take global rows ``[src_start, src_start + length)`` of an
+    axis chunked at bounds ``src_at`` to rows ``[dst_start, ...)`` of one chunked at
+    ``dst_at`` (each rank's buffer holding its own block). Local.
+
+    Example: ``moves(bounds(4, 2), bounds(4, 2), 0, 1, 3)`` shifts rows down by one.
+    """
+    out = []
+    for c, row, off, run in cut(src_at, src_start, length):
+        for q, drow, doff, drun in cut(dst_at, dst_start + off, run):
+            out.append((c, row + doff, q, drow, drun))
+    return out
+
+
+def gathers(src_at, ranges) -> list:
+    """The transfers that fill each rank q's buffer with global rows
+    ``ranges[q] = (start, stop)`` of an axis chunked at ``src_at`` (a halo: rows may
+    go to several ranks). Local.
+
+    Example: ``gathers(bounds(4, 2), [(0, 3), (2, 4)])`` gives rank 0 one row of
+    rank 1's.
+    """
+    out = []
+    for q, (start, stop) in enumerate(ranges):
+        for c, row, off, run in cut(src_at, start, max(stop - start, 0)):
+            out.append((c, row, q, off, run))
+    return out
 
 
 def sharding_mesh_dim(name: str, a, ax: int):

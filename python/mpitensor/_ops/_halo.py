@@ -1,0 +1,254 @@
+"""Stencils along a sharded axis: ``np.diff``, ``np.gradient``, ``np.convolve`` and
+``np.correlate`` by a halo of the neighbours' rows, never a gather.
+
+Each output row depends on a few consecutive input rows (``n + 1`` for diff, the
+row and ``edge_order`` on each side for gradient, ``len(v)`` for a convolution
+with a kernel ``v``). The output is laid out in torch.chunk's blocks of its own
+length along the same mesh dim, so every rank knows which input rows each rank
+needs: one exchange along that mesh dim (``_row_exchange``) brings each rank its
+block's rows plus the few rows of the overlap, from whichever ranks hold them
+(several, when shards are short or empty), and NumPy runs on that window. The
+functions are linear, so a Partial(sum) is kept. A convolution's kernel is the
+small operand: it is made Replicate (a sharded long signal and a short kernel is
+the form this rule is for).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
+
+from .. import _registry
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Replicate
+from . import _dispatch as D
+from . import _row_exchange as X
+
+__all__ = ["diff_sharded", "gradient", "convolve", "correlate"]
+
+
+def _spec(a, shape, dtype):
+    shape = tuple(shape)
+    return DTensorSpec(a._spec.mesh, a._spec.placements, shape, np.dtype(dtype),
+                       contiguous_strides(shape))
+
+
+def _window(name, a, ax, m, ranges) -> np.ndarray:
+    """This rank's rows ``ranges[c]`` (c its coordinate on mesh dim ``m``) of axis
+    ``ax`` of ``a``, rows first, from whichever ranks hold them. Collective along
+    ``m``."""
+    spec = a._spec
+    p, me = spec.mesh.shape[m], spec.mesh.get_coordinate()[m]
+    send = X.along(a.to_local(), ax)
+    lo, hi = ranges[me]
+    out = np.empty((max(hi - lo, 0),) + send.shape[1:], spec.dtype)
+    return X.exchange(name, spec, m, send, X.gathers(X.bounds(spec.shape[ax], p), ranges),
+                      out)
+
+
+def _back(rows, ax) -> np.ndarray:
+    return np.ascontiguousarray(np.moveaxis(rows, 0, ax))
+
+
+def diff_sharded(a, n, ax, m):
+    """``np.diff(a, n, axis=ax)`` (no prepend or append) when mesh dim ``m`` shards
+    ``ax``: each rank's output block needs its ``n`` following input rows, one
+    exchange along ``m``; the output keeps ``Shard(ax)``. Collective on the mesh.
+
+    Example: ``diff_sharded(dt, 1, 0, 0)`` of a (10,) ``[Shard(0)]`` DTensor.
+    """
+    name = "numpy.diff"
+    X.check_movable(name, a._spec.dtype)
+    if a._spec.dtype.kind == "b":
+        # A difference of booleans is not_equal, which no Partial survives.
+        a = D.relayout(name, a, [Replicate() if p.is_partial() else p
+                                 for p in a._spec.placements])
+    a, m = X.sharding_mesh_dim(name, a, ax)
+    shape = list(a._spec.shape)
+    length = max(shape[ax] - n, 0)
+    shape[ax] = length
+    dtype = np.diff(np.zeros((n + 1,), a._spec.dtype), n).dtype
+    mesh = a._spec.mesh
+    if mesh.get_coordinate() is None:
+        return DTensor(np.empty((0,), dtype), _spec(a, shape, dtype))
+    at = X.bounds(length, mesh.shape[m])
+    ranges = [(int(at[q]), int(at[q + 1]) + n if at[q + 1] > at[q] else int(at[q]))
+              for q in range(mesh.shape[m])]
+    rows = _window(name, a, ax, m, ranges)
+    out = np.diff(rows, n, axis=0) if len(rows) else rows[:0].astype(dtype)
+    return DTensor(_back(out, ax), _spec(a, shape, dtype))
+
+
+def _spacing(name, varargs, naxes):
+    """One scalar spacing per axis; NoRule for coordinate arrays."""
+    if not varargs:
+        return [1.0] * naxes
+    if len(varargs) == 1:
+        varargs = list(varargs) * naxes
+    if len(varargs) != naxes:
+        raise TypeError("invalid number of arguments")
+    for h in varargs:
+        if isinstance(h, DTensor) or np.ndim(h) != 0:
+            raise _registry.NoRule(f"{name}: coordinate arrays as spacing have no "
+                                   f"distributed rule")
+    return list(varargs)
+
+
+@_registry.implements(np.gradient)
+def gradient(f, *varargs, axis=None, edge_order=1):
+    """``np.gradient`` of a DTensor, with scalar spacings: along an axis no mesh dim
+    shards, local; along a sharded one, each rank's block with ``edge_order``
+    rows of halo on each side, one exchange along the sharding mesh dim (never a
+    gather). Each result is placed as ``f`` (float64 for integer input).
+    Collective on the mesh when an axis is sharded.
+
+    Example: ``np.gradient(dt)`` of a (10,) ``[Shard(0)]`` DTensor is a
+    ``[Shard(0)]`` DTensor.
+    """
+    name = "numpy.gradient"
+    if type(f) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(f).__name__}")
+    axes = tuple(range(f.ndim)) if axis is None else normalize_axis_tuple(axis, f.ndim)
+    spacing = _spacing(name, varargs, len(axes))
+    edge_order = operator.index(edge_order)
+    if edge_order > 2:
+        raise ValueError("'edge_order' greater than 2 not supported")
+    for ax in axes:
+        if f.shape[ax] < edge_order + 1:
+            raise ValueError("Shape of array too small to calculate a numerical gradient, "
+                             "at least (edge_order + 1) elements are required.")
+    kind = f._spec.dtype.kind
+    if kind not in "iufc":
+        raise _registry.NoRule(f"{name}: DTensors of dtype {f._spec.dtype} have no "
+                               f"distributed rule")
+    dtype = np.dtype(np.float64) if kind in "iu" else f._spec.dtype
+    X.check_movable(name, f._spec.dtype)
+    outs = [_gradient_along(name, f, ax, h, edge_order, dtype)
+            for ax, h in zip(axes, spacing)]
+    return outs[0] if len(axes) == 1 else tuple(outs)
+
+
+def _gradient_along(name, f, ax, h, edge_order, dtype):
+    g, m = X.sharding_mesh_dim(name, f, ax)
+    mesh = g._spec.mesh
+    spec = _spec(g, g._spec.shape, dtype)
+    if mesh.get_coordinate() is None:
+        return DTensor(np.empty((0,), dtype), spec)
+    if m is None:
+        local = g.to_local()
+        out = (np.gradient(local, h, axis=ax, edge_order=edge_order) if local.size
+               else local.astype(dtype))
+        return DTensor(np.ascontiguousarray(out, dtype), spec)
+    n, p, me = g._spec.shape[ax], mesh.shape[m], mesh.get_coordinate()[m]
+    at = X.bounds(n, p)
+    ranges = []
+    for q in range(p):
+        lo, hi = int(at[q]), int(at[q + 1])
+        ranges.append((max(lo - edge_order, 0), min(hi + edge_order, n)) if hi > lo
+                      else (lo, lo))
+    rows = _window(name, g, ax, m, ranges)
+    lo, hi = int(at[me]), int(at[me + 1])
+    if hi > lo:
+        out = np.gradient(rows, h, axis=0, edge_order=edge_order)
+        out = out[lo - ranges[me][0]:hi - ranges[me][0]]
+    else:
+        out = rows.astype(dtype)
+    return DTensor(_back(np.asarray(out, dtype), ax), spec)
+
+
+_MODES = ("full", "same", "valid")
+
+
+def _signal_and_kernel(name, a, v, swap):
+    mesh = next(x._spec.mesh for x in (a, v) if type(x) is DTensor)
+    # A plain array beside the DTensor (the usual kernel) is the same on every
+    # rank, as the fallback would take it too: a Replicate DTensor, made locally.
+    a, v = (x if type(x) is DTensor else
+            DTensor.from_local(np.ascontiguousarray(x), mesh, [Replicate()] * mesh.ndim)
+            for x in (a, v))
+    if a.ndim == 0 or v.ndim == 0:
+        raise _registry.NoRule(f"{name}: 0-d DTensors have no distributed rule")
+    if a.ndim != 1 or v.ndim != 1:
+        raise ValueError("object too deep for desired array")
+    if a.shape[0] == 0:
+        raise ValueError("a cannot be empty")
+    if v.shape[0] == 0:
+        raise ValueError("v cannot be empty")
+    D.same_mesh(name, (a, v))
+    if v.shape[0] > a.shape[0]:
+        if not swap:
+            raise _registry.NoRule(f"{name}: a kernel longer than the signal has no "
+                                   f"distributed rule")
+        a, v = v, a
+    return a, v
+
+
+def _convolution(name, a, v, mode, correlate):
+    """``np.convolve(a, v, mode)`` (``correlate``: of ``v`` reversed and conjugated,
+    which is ``np.correlate`` when ``a`` is the longer) of the 1-D DTensor signal
+    ``a`` by the kernel ``v``."""
+    if isinstance(mode, (int, np.integer)) and not isinstance(mode, bool) and \
+            0 <= mode < len(_MODES):
+        mode = _MODES[::-1][mode]
+    if mode not in _MODES:
+        raise ValueError("Use one of 'valid', 'same', or 'full' for convolve/correlate mode")
+    a, v = _signal_and_kernel(name, a, v, swap=not correlate)
+    dtype = np.convolve(np.zeros(1, a._spec.dtype), np.zeros(1, v._spec.dtype)).dtype
+    X.check_movable(name, a._spec.dtype)
+    kernel = D.relayout(name, v, (Replicate(),) * v._spec.mesh.ndim)
+    a, m = X.sharding_mesh_dim(name, a, 0)
+    n, k = a._spec.shape[0], v._spec.shape[0]
+    length, off = {"full": (n + k - 1, 0), "same": (n, (k - 1) // 2),
+                   "valid": (n - k + 1, k - 1)}[mode]
+    spec = _spec(a, (length,), dtype)
+    mesh = a._spec.mesh
+    if mesh.get_coordinate() is None:
+        return DTensor(np.empty((0,), dtype), spec)
+    w = kernel.to_local()
+    if correlate:
+        w = w[::-1].conj()
+    if m is None:
+        full = np.convolve(a.to_local(), w, "full")
+        return DTensor(np.ascontiguousarray(full[off:off + length], dtype), spec)
+    p, me = mesh.shape[m], mesh.get_coordinate()[m]
+    at = X.bounds(length, p)
+    ranges = []
+    for q in range(p):
+        k0, k1 = int(at[q]) + off, int(at[q + 1]) + off
+        ranges.append((max(k0 - k + 1, 0), min(k1, n)) if k1 > k0 else (0, 0))
+    rows = _window(name, a, 0, m, ranges)
+    k0, k1 = int(at[me]) + off, int(at[me + 1]) + off
+    if k1 > k0:
+        start = ranges[me][0]
+        out = np.convolve(rows, w, "full")[k0 - start:k1 - start]
+    else:
+        out = np.empty((0,), dtype)
+    return DTensor(np.ascontiguousarray(out, dtype), spec)
+
+
+@_registry.implements(np.convolve)
+def convolve(a, v, mode="full"):
+    """``np.convolve`` of 1-D DTensors: the longer one (the signal) keeps its
+    Shard, the shorter (the kernel) is made Replicate, and each rank's output
+    block takes ``len(kernel) - 1`` rows of halo from its neighbours in one
+    exchange along the sharding mesh dim. Collective on the mesh.
+
+    Example: ``np.convolve(signal, kernel, "same")`` of a ``[Shard(0)]`` signal is a
+    ``[Shard(0)]`` DTensor.
+    """
+    return _convolution("numpy.convolve", a, v, mode, False)
+
+
+@_registry.implements(np.correlate)
+def correlate(a, v, mode="valid"):
+    """``np.correlate`` of a 1-D DTensor signal ``a`` with a kernel ``v`` no longer
+    than it: a convolution by ``v`` reversed and conjugated (see
+    :func:`convolve`), a halo exchange, no gather. A longer ``v`` goes to the
+    fallback. Collective on the mesh.
+
+    Example: ``np.correlate(signal, kernel, "full")``.
+    """
+    return _convolution("numpy.correlate", a, v, mode, True)

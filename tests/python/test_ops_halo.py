@@ -1,0 +1,209 @@
+"""np.roll, np.diff, np.gradient, np.convolve, np.correlate and np.pad along a
+sharded axis: NumPy's value and dtype on every rank for every layout of the
+suite's meshes (Partial included) on corner and uneven lengths; nothing is
+gathered (strict mode, GatherWarning as an error); the result stays sharded; and
+only the overlapping or wrapped rows move, in one exchange (counts, then rows)
+whose bytes CommDebugMode bounds."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import mpitensor
+from mpitensor import Replicate, Shard
+from mpitensor._ops._fallback import GatherWarning
+from mpitensor.debug import CommDebugMode
+from ops_helpers import (W, assert_matches, corner_layouts, make, matches_or_raises_alike,
+                         mesh_of)
+
+R, S0, S1 = Replicate(), Shard(0), Shard(1)
+LENGTHS = (1, 2, 3, 5, 9, 13)
+
+
+def strictly(check):
+    with warnings.catch_warnings(), mpitensor.strict():
+        warnings.simplefilter("error", GatherWarning)
+        check()
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_roll_diff_gradient_1d(n):
+    full = (np.arange(n, dtype=np.int64) ** 2) - 3
+    for mesh, pls in corner_layouts(1):
+        dt = make(full, mesh, pls)
+
+        def check():
+            for s in (0, 1, -2, n + 3):
+                assert_matches(np.roll(dt, s), np.roll(full, s))
+            for k in (0, 1, 2, n + 1):
+                assert_matches(np.diff(dt, k), np.diff(full, k))
+            for order in (1, 2):
+                if n > order:
+                    assert_matches(np.gradient(dt, 0.5, edge_order=order),
+                                   np.gradient(full, 0.5, edge_order=order))
+        strictly(check)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (2, 4), (9, 1, 2)], ids=str)
+def test_roll_diff_gradient_nd(shape):
+    full = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) ** 2
+    for mesh, pls in corner_layouts(len(shape)):
+        dt = make(full, mesh, pls)
+
+        def check():
+            for axis in range(len(shape)):
+                assert_matches(np.roll(dt, 2, axis=axis), np.roll(full, 2, axis=axis))
+                assert_matches(np.diff(dt, 1, axis=axis), np.diff(full, 1, axis=axis))
+            assert_matches(np.roll(dt, (1, -1), (0, 1)), np.roll(full, (1, -1), (0, 1)))
+            axes = tuple(k for k in range(len(shape)) if shape[k] > 1)
+            for g, w in zip(np.gradient(dt, axis=axes), np.gradient(full, axis=axes)):
+                assert_matches(g, w)
+            matches_or_raises_alike(lambda: np.gradient(dt), lambda: np.gradient(full),
+                                    compare=lambda g, w: [assert_matches(x, y)
+                                                          for x, y in zip(g, w)])
+        strictly(check)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_convolve_correlate(n):
+    signal = np.arange(n, dtype=np.float64) * 1.5 - 2
+    for mesh, pls in corner_layouts(1):
+        a = make(signal, mesh, pls)
+        for k in (1, 2, 3, 4):
+            if k > n:
+                continue
+            kernel = np.arange(1, k + 1, dtype=np.int64)
+            v = make(kernel, mesh, pls[::-1])
+
+            def check():
+                for mode in ("full", "same", "valid"):
+                    assert_matches(np.convolve(a, v, mode), np.convolve(signal, kernel, mode))
+                    assert_matches(np.convolve(v, a, mode), np.convolve(kernel, signal, mode))
+                    assert_matches(np.correlate(a, v, mode),
+                                   np.correlate(signal, kernel, mode))
+                assert_matches(np.correlate(a, v), np.correlate(signal, kernel))
+            strictly(check)
+
+
+def test_a_plain_kernel_is_taken_as_replicated():
+    mesh = mesh_of((W,))
+    signal, kernel = np.arange(10.0), np.array([1.0, -1.0, 2.0])
+    a = make(signal, mesh, [S0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GatherWarning)
+        with CommDebugMode() as mode:
+            got = np.convolve(a, kernel)
+            back = np.correlate(a, list(kernel), "same")
+    assert_matches(got, np.convolve(signal, kernel))
+    assert_matches(back, np.correlate(signal, kernel, "same"))
+    assert mode.get_total_counts() == (4 if W > 1 else 0)
+
+
+def test_complex_correlate_conjugates_the_kernel():
+    mesh = mesh_of((W,))
+    signal = np.arange(11) + 1j * np.arange(11)[::-1]
+    kernel = np.array([1 - 2j, 3j, 0.5])
+    a, v = make(signal, mesh, [S0]), make(kernel, mesh, [R])
+    assert_matches(np.correlate(a, v, "full"), np.correlate(signal, kernel, "full"))
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_pad_1d(n):
+    full = (np.arange(n) ** 2).astype(np.int32)
+    for mesh, pls in corner_layouts(1):
+        dt = make(full, mesh, pls)
+        for mode in ("constant", "edge", "reflect", "symmetric", "wrap"):
+            for width in (0, 1, 2, (0, 3), (4, 1), n - 1, n):
+                b, e = np.broadcast_to(width, (2,))
+                limit = {"reflect": n - 1, "symmetric": n, "wrap": n}.get(mode, 1 << 30)
+                if max(b, e) > limit or (mode == "reflect" and n == 1 and max(b, e)):
+                    continue
+                strictly(lambda: assert_matches(np.pad(dt, width, mode),
+                                                np.pad(full, width, mode)))
+        strictly(lambda: assert_matches(np.pad(dt, 2, constant_values=7),
+                                        np.pad(full, 2, constant_values=7)))
+
+
+def test_pad_2d_and_what_falls_back():
+    full = np.arange(15.0).reshape(5, 3)
+    for mesh, pls in corner_layouts(2):
+        dt = make(full, mesh, pls)
+        for mode in ("constant", "edge", "wrap", "symmetric", "reflect"):
+            strictly(lambda: assert_matches(np.pad(dt, ((1, 2), (2, 1)), mode),
+                                            np.pad(full, ((1, 2), (2, 1)), mode)))
+    mesh = mesh_of((W,))
+    dt = make(full, mesh, [S0])
+    # Forms without a rule give NumPy's answer through the fallback, never a wrong one.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GatherWarning)
+        assert_matches(np.pad(dt, 7, "reflect"), np.pad(full, 7, "reflect"))
+        assert_matches(np.pad(dt, 1, "linear_ramp"), np.pad(full, 1, "linear_ramp"))
+    matches_or_raises_alike(lambda: np.pad(dt, -1), lambda: np.pad(full, -1))
+    matches_or_raises_alike(lambda: np.pad(dt, 1, "edge", constant_values=3),
+                            lambda: np.pad(full, 1, "edge", constant_values=3))
+    empty = make(np.zeros((0, 3)), mesh, [S0])
+    matches_or_raises_alike(lambda: np.pad(empty, 1, "edge"),
+                            lambda: np.pad(np.zeros((0, 3)), 1, "edge"))
+
+
+def test_bad_arguments_raise_numpys_errors():
+    mesh = mesh_of((W,))
+    dt = make(np.arange(6.0), mesh, [S0])
+    matches_or_raises_alike(lambda: np.diff(dt, -1), lambda: np.diff(np.arange(6.0), -1))
+    matches_or_raises_alike(lambda: np.gradient(make(np.arange(2.0), mesh, [S0]),
+                                                edge_order=2),
+                            lambda: np.gradient(np.arange(2.0), edge_order=2))
+    matches_or_raises_alike(lambda: np.convolve(dt, dt, "bogus"),
+                            lambda: np.convolve(np.arange(6.0), np.arange(6.0), "bogus"))
+
+
+def sent_bytes(mode):
+    return sum(mode.get_comm_bytes().values())
+
+
+def test_only_the_edge_rows_move():
+    n = 4000
+    mesh = mesh_of((W,))
+    full = np.arange(n, dtype=np.float64)
+    dt, kernel = make(full, mesh, [S0]), make(np.ones(5), mesh, [R])
+    cases = [
+        # (call, NumPy's, the most rows this rank may send)
+        (lambda x: np.roll(x, 3), lambda x: np.roll(x, 3), 3),
+        (lambda x: np.diff(x, 2), lambda x: np.diff(x, 2), 2 + 2 * W),
+        (lambda x: np.gradient(x, edge_order=2), lambda x: np.gradient(x, edge_order=2), 4),
+        (lambda x: np.convolve(x, kernel if type(x) is not np.ndarray else np.ones(5), "same"),
+         lambda x: np.convolve(x, np.ones(5), "same"), 8),
+        (lambda x: np.pad(x, (3, 2), "reflect"), lambda x: np.pad(x, (3, 2), "reflect"),
+         3 + 4 + 3 + 2 * W),
+    ]
+    for ours, numpys, rows in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GatherWarning)
+            with CommDebugMode() as mode:
+                got = ours(dt)
+        assert_matches(got, numpys(full))
+        # Rows, plus one count per rank: never the shard, let alone the whole.
+        assert sent_bytes(mode) <= 8 * rows + 8 * W, (rows, mode.get_comm_bytes())
+        if W > 1:
+            assert got.placements == (S0,)
+            assert dict(mode.get_comm_counts()) == {"all_to_all_single": 2}
+        else:
+            assert mode.get_total_counts() == 0
+
+
+def test_along_an_unsharded_axis_nothing_moves():
+    mesh = mesh_of((W,))
+    full = np.arange(24.0).reshape(8, 3)
+    dt = make(full, mesh, [S0])
+    with CommDebugMode() as mode:
+        outs = [np.roll(dt, 1, axis=1), np.diff(dt, axis=1), np.pad(dt, ((0, 0), (1, 2))),
+                np.gradient(dt, axis=1)]
+    assert mode.get_total_counts() == 0
+    wants = [np.roll(full, 1, axis=1), np.diff(full, axis=1), np.pad(full, ((0, 0), (1, 2))),
+             np.gradient(full, axis=1)]
+    for got, want in zip(outs, wants):
+        assert got.placements == (S0,)
+        assert_matches(got, want)
