@@ -112,6 +112,18 @@ void mt__sl_matrix_free(mt__sl_matrix *mat);
 /* The block size of the block-cyclic copies of an n x n matrix on grid `g`. */
 int64_t mt__sl_cyclic_block(const mt__sl_grid *g, int64_t n);
 
+/* The largest block of a block distribution that the drivers factor in place. A
+ * torch.chunk block distribution whose blocks are square (or whose grid is one
+ * row or one column of processes) is already a square-block distribution, so
+ * ScaLAPACK can factor it where it lies, moving nothing to set up; but its panels
+ * are factored one column at a time (level-2 BLAS) and the last process rows
+ * work alone at the end, so larger blocks go to a block-cyclic copy instead. */
+#define MT__SL_IN_PLACE_BLOCK 256
+
+/* The square block of the block distribution of an n x n matrix on `g`, when the
+ * drivers factor it in place, else 0. */
+int64_t mt__sl_square_block(const mt__sl_grid *g, int64_t n);
+
 /* Collective on the grid. `status` agreed over the grid's members (mt_agree_comm). */
 int mt__sl_agree(const mt__sl_grid *g, int status, mt_error *err);
 

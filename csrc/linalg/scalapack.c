@@ -20,6 +20,7 @@ typedef struct job {
   int k; /* the type's index */
   size_t itemsize;
   int n, nb, one;
+  int in_place; /* whether cyc describes the caller's block itself */
   mt__sl_grid g;
   mt__sl_matrix blk, cyc;
 } job;
@@ -48,11 +49,14 @@ static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
   j->itemsize = mt__sl_itemsize[j->k], j->one = 1;
   rc = mt__sl_grid_open(sl, mesh, row_dim, col_dim, &j->g, err);
   if (rc != MT_OK) return rc;
-  int64_t nb = mt__sl_cyclic_block(&j->g, n);
+  int64_t square = mt__sl_square_block(&j->g, n);
+  int64_t nb = square > 0 ? square : mt__sl_cyclic_block(&j->g, n);
+  j->in_place = square > 0;
   rc = mt__sl_matrix_init(sl, &j->g, n, n, (n + j->g.nprow - 1) / j->g.nprow,
                           (n + j->g.npcol - 1) / j->g.npcol, j->itemsize, a, &j->blk, err);
   if (rc == MT_OK)
-    rc = mt__sl_matrix_init(sl, &j->g, n, n, nb, nb, j->itemsize, NULL, &j->cyc, err);
+    rc = mt__sl_matrix_init(sl, &j->g, n, n, nb, nb, j->itemsize, j->in_place ? a : NULL,
+                            &j->cyc, err);
   rc = mt__sl_agree(&j->g, rc, err);
   if (rc != MT_OK) {
     mt__sl_matrix_free(&j->cyc);
@@ -60,13 +64,15 @@ static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
     return rc;
   }
   j->n = (int)n, j->nb = (int)nb;
-  j->t->gemr2d(&j->n, &j->n, j->blk.data, &j->one, &j->one, j->blk.desc, j->cyc.data,
-               &j->one, &j->one, j->cyc.desc, &j->g.ctxt);
+  if (!j->in_place)
+    j->t->gemr2d(&j->n, &j->n, j->blk.data, &j->one, &j->one, j->blk.desc, j->cyc.data,
+                 &j->one, &j->one, j->cyc.desc, &j->g.ctxt);
   return MT_OK;
 }
 
 /* Collective on the grid. Copies the cyclic matrix back into the caller's block. */
 static void job_back(job *j) {
+  if (j->in_place) return;
   j->t->gemr2d(&j->n, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, j->blk.data,
                &j->one, &j->one, j->blk.desc, &j->g.ctxt);
 }
@@ -94,18 +100,23 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
   int *ipiv = NULL;
   rc = mt__sl_matrix_init(sl, &j.g, n, nrhs, (n + j.g.nprow - 1) / j.g.nprow,
                           (nrhs + j.g.npcol - 1) / j.g.npcol, j.itemsize, b, &bblk, err);
-  if (rc == MT_OK)
+  /* In place, B keeps its column blocks: pXgesv asks only its row blocks to be A's. */
+  if (rc == MT_OK && j.in_place)
+    rc = mt__sl_matrix_init(sl, &j.g, n, nrhs, j.nb, (nrhs + j.g.npcol - 1) / j.g.npcol,
+                            j.itemsize, b, &bcyc, err);
+  else if (rc == MT_OK)
     rc = mt__sl_matrix_init(sl, &j.g, n, nrhs, j.nb, j.nb, j.itemsize, NULL, &bcyc, err);
   rc = mt__sl_agree(&j.g, rc, err);
   if (rc == MT_OK) rc = pivots(&j, &ipiv, err);
   if (rc == MT_OK) {
     int m = (int)nrhs;
-    j.t->gemr2d(&j.n, &m, bblk.data, &j.one, &j.one, bblk.desc, bcyc.data, &j.one,
-                &j.one, bcyc.desc, &j.g.ctxt);
+    if (!j.in_place)
+      j.t->gemr2d(&j.n, &m, bblk.data, &j.one, &j.one, bblk.desc, bcyc.data, &j.one,
+                  &j.one, bcyc.desc, &j.g.ctxt);
     j.t->gesv(&j.n, &m, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, bcyc.data, &j.one,
               &j.one, bcyc.desc, info);
     rc = mt__sl_agree_info(&j.g, info, err);
-    if (rc == MT_OK && *info == 0)
+    if (rc == MT_OK && *info == 0 && !j.in_place)
       j.t->gemr2d(&j.n, &m, bcyc.data, &j.one, &j.one, bcyc.desc, bblk.data, &j.one,
                   &j.one, bblk.desc, &j.g.ctxt);
   }

@@ -119,16 +119,20 @@ def _square(name: str, a) -> None:
 def _grid(a):
     """(row mesh dim, column mesh dim) of a DTensor's matrix dims, -1 for a dim no
     mesh dim of more than one rank shards; None when some mesh dim holds it in a
-    way no grid describes (Partial, a sharded batch dim, two on one dim)."""
+    way no grid describes (Partial, two on one dim). A sharded batch dim is left
+    to the caller."""
     spec, nd = a._spec, a.ndim
     dims = [-1, -1]
     for m, p in enumerate(spec.placements):
         if spec.mesh.shape[m] == 1 or isinstance(p, Replicate):
             continue
-        k = p.dim % nd - (nd - 2) if isinstance(p, Shard) else -1
-        if k < 0 or dims[k] >= 0:
+        if not isinstance(p, Shard):
             return None
-        dims[k] = m
+        k = p.dim % nd - (nd - 2)
+        if k >= 0 and dims[k] >= 0:
+            return None
+        if k >= 0:
+            dims[k] = m
     return tuple(dims)
 
 
