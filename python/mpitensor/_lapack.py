@@ -92,6 +92,9 @@ def tsqr(mesh_address: int, dim: int, block: np.ndarray, want_q: bool):
     if found is None:
         raise NotImplementedError("TSQR: NumPy loaded no OpenBLAS with LAPACK's "
                                   "geqrf/tpqrt/tpmqrt/ormqr")
+    # Column-major, as geqrf wants it: a row-major block is its transpose in memory,
+    # whose LQ (gelqf) would save this copy but walks each reflector with a stride
+    # of the row length, which costs OpenBLAS far more time than the copy.
     a = np.array(block, order="F", copy=True)
     m, n = a.shape
     r = np.zeros((n, n), a.dtype, order="F")
