@@ -11,6 +11,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from . import _C, _mpi_library, device_mesh, _comm
+from ._ops._scalapack import PACKAGE, scalapack_library
 from ._version import __version__
 from .nn import _blas
 
@@ -25,6 +26,7 @@ SWITCHES = {
     "MPITENSOR_CHECK": "1: check that every rank makes the same collective",
     "MPITENSOR_TIMEOUT": "seconds a collective may wait before the job is aborted (default 1800, 0: off)",
     "MPITENSOR_MPIEXEC": "the launcher of the pytest plugin",
+    "MPITENSOR_SCALAPACK": "the ScaLAPACK library of np.linalg.solve, eigh, ... (a path)",
     "MPITENSOR_MPIEXEC_ARGS": "extra launcher arguments of the pytest plugin",
 }
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -86,6 +88,12 @@ def _blas_info() -> dict:
             "loaded BLAS libraries": numpy_blas}
 
 
+def _linalg_info() -> dict:
+    """The ScaLAPACK the square np.linalg routines run on (loaded here if not yet)."""
+    found = scalapack_library()
+    return {"ScaLAPACK": found or f"not found (install Debian's {PACKAGE})"}
+
+
 def config() -> dict:
     """What :func:`show_config` prints, as a dict of sections. Local; imports
     mpi4py.MPI, which initializes MPI if it is not yet."""
@@ -108,6 +116,7 @@ def config() -> dict:
                                 "libmpi files loaded": _mpi_library.loaded_libmpi()},
         "nodes": _nodes_info(MPI),
         "BLAS": _blas_info(),
+        "linear algebra": _linalg_info(),
         "threads": {**{v: os.environ.get(v, "unset") for v in _THREAD_VARIABLES},
                     "CPUs available": len(os.sched_getaffinity(0))
                     if hasattr(os, "sched_getaffinity") else os.cpu_count()},
@@ -123,8 +132,8 @@ def show_config(mode: str = "stdout"):
     of mpi4py and of mpitensor's extension (and whether they agree), where this
     process runs and how each live mesh lies on the nodes (ranks per node, the mesh
     dims that stay inside a node and those across nodes, as the mesh's plans see
-    them), the BLAS of the nn kernels and the BLAS libraries loaded, thread
-    settings and the ``MPITENSOR_*`` switches. ``mode="dicts"`` returns them
+    them), the BLAS of the nn kernels and the BLAS libraries loaded, the ScaLAPACK
+    found, thread settings and the ``MPITENSOR_*`` switches. ``mode="dicts"`` returns them
     instead. Local (it never communicates: call it on one rank or all); imports
     mpi4py.MPI (which initializes MPI if it is not yet). Include its output when
     you report a problem.
