@@ -329,3 +329,28 @@ def test_eigh_512_sends_less_than_the_matrix():
         setup = _bytes_sent("none", where)
         eigh = _bytes_sent("eigh", where)
     assert 0 < eigh - setup < _MATRIX_BYTES, (setup, eigh)
+
+
+@pytest.fixture
+def no_scalapack(monkeypatch):
+    """mpitensor as on a machine without ScaLAPACK: the library it is told to load
+    does not exist."""
+    from mpitensor._ops import _scalapack
+    monkeypatch.setenv("MPITENSOR_SCALAPACK", "/nonexistent/libscalapack.so")
+    _scalapack._load.cache_clear()
+    yield
+    monkeypatch.delenv("MPITENSOR_SCALAPACK")
+    _scalapack._load.cache_clear()
+
+
+@pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
+def test_without_scalapack_every_rank_raises_naming_the_package(no_scalapack):
+    n = 2 * P
+    a = matrix(n, np.float64)
+    da = dist(a, ((P,), [S0]))
+    for f in (np.linalg.inv, np.linalg.eigh, np.linalg.cholesky):
+        with pytest.raises(RuntimeError, match="libscalapack-openmpi-dev"):
+            f(da)
+    # Replicated matrices are the small case: NumPy's LAPACK, no ScaLAPACK needed.
+    np.testing.assert_allclose(np.linalg.inv(dist(a, ((P,), [R]))).full_tensor(),
+                               np.linalg.inv(a))
