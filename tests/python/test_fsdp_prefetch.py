@@ -31,6 +31,7 @@ T = np.random.default_rng(1).standard_normal((12, 3))
 # (block, "forward" or "backward", all-gathers started so far): read where each
 # block computes, so a prefetch shows as a count ahead of the no-prefetch run.
 LOG: list = []
+FAIL: set = set()  # the blocks whose forward raises
 
 
 def gathers() -> int:
@@ -45,6 +46,8 @@ class Block(nn.Module):
 
     def forward(self, x):
         LOG.append((self.tag, "forward", gathers()))
+        if self.tag in FAIL:
+            raise RuntimeError(f"block {self.tag} failed")
         h = self.lin(x)
         if h.requires_grad:
             tag = self.tag
@@ -184,6 +187,34 @@ def test_forward_prefetch_starts_before_the_previous_compute(mesh, no_implicit):
         assert base[(i, "forward")] == i + 2
         assert ahead[(i, "forward")] == i + 3
     assert ahead[(3, "forward")] == base[(3, "forward")] == 5
+
+
+def test_forward_prefetch_after_a_forward_that_raised(mesh, no_implicit):
+    """A forward that raised inside a block leaves no trace: the next step
+    prefetches as a fresh model's does, and nothing stays in flight."""
+    want = run_once(mesh, sharded(mesh, forward=True))
+    model = sharded(mesh, forward=True)
+    x, t = batch(mesh)
+    FAIL.add(2)
+    try:
+        with pytest.raises(RuntimeError, match="block 2 failed"):
+            loss_of(model, x, t)
+    finally:
+        FAIL.discard(2)
+    assert in_flight() == 0
+    assert run_once(mesh, model) == want
+
+
+def test_a_pre_hook_registered_first_runs_after_fully_shards(mesh):
+    """fully_shard's pre-forward hook is put first, as torch's: a user's hook
+    registered before fully_shard sees the gathered weight and the cast input."""
+    seen = []
+    block = Block(0, DIMS[0], DIMS[1])
+    block.register_forward_pre_hook(
+        lambda mod, args: seen.append((mod.lin.weight.dtype, args[0].dtype)))
+    fully_shard(block, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=np.float32))
+    block(batch(mesh)[0])
+    assert seen == [(np.float32, np.float32)]
 
 
 def test_comm_debug_mode_counts_the_prefetch_in_the_previous_block(mesh):

@@ -183,6 +183,15 @@ class FSDPModule:
         >>> model.unshard(); model.reshard()
     """
 
+    def __call__(self, *args, **kwargs):
+        state = self.__dict__["_fsdp_state"]
+        depth, forwarding = len(state.calls), _forwarding[0]
+        try:
+            return super().__call__(*args, **kwargs)
+        except BaseException:
+            state.forward_failed(depth, forwarding)
+            raise
+
     def unshard(self, async_op: bool = False) -> "UnshardHandle | None":
         """All-gather this module's parameter group (one collective; nothing when
         it is unsharded already), as torch's. With ``async_op=True`` the
@@ -343,7 +352,9 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
             s.ctx = state.ctx
     module.__dict__["_fsdp_state"] = state
     module.__class__ = _fsdp_class(type(module))
-    module.register_forward_pre_hook(state.pre_forward, with_kwargs=True)
+    # First, as torch's: a user's pre-hook registered earlier sees the gathered
+    # parameters and the cast inputs.
+    module.register_forward_pre_hook(state.pre_forward, prepend=True, with_kwargs=True)
     module.register_forward_hook(state.post_forward)
     return module
 
@@ -780,6 +791,15 @@ class _State:
         if self.cast_inputs:
             return cast_floats(args, self.param_dtype), cast_floats(kwargs, self.param_dtype)
         return None
+
+    def forward_failed(self, depth: int, forwarding: int) -> None:
+        """The forward that ``pre_forward`` began raised, so ``post_forward`` will
+        not run: its record goes, so that the next forward is the outermost again
+        (and prefetches), and the root waits for the all-gathers it started."""
+        del self.calls[depth:]
+        _forwarding[0] = forwarding
+        if self.is_root:
+            self.ctx.settle()
 
     def post_forward(self, module, args, output):
         _forwarding[0] -= 1
