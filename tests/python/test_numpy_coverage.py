@@ -17,5 +17,6 @@ def test_the_coverage_page_is_current():
 def test_the_page_names_what_gathers_and_what_does_not():
     page = _coverage.page()
     assert "| `numpy.sum` | distributed" in page
-    assert "| `numpy.kron` | gathered |" in page  # no rule yet: the fallback's
+    assert "| `numpy.kron` | distributed (`_kron.py`) |" in page
+    assert "| `numpy.apply_along_axis` | gathered |" in page  # no rule: the fallback's
     assert "| `add` | distributed | distributed | distributed | gathered | gathered |" in page

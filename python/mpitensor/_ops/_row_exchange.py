@@ -20,7 +20,7 @@ import numpy as np
 from .. import _modes, _registry, _trace
 from .._clib import chunk_sizes
 from .._clib import dtype_code
-from ..placement_types import Replicate
+from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 
 __all__ = ["bounds", "cut", "moves", "gathers", "exchange", "sharding_mesh_dim", "along",
@@ -92,6 +92,12 @@ def sharding_mesh_dim(name: str, a, ax: int):
     """
     spec = a._spec
     mesh = spec.mesh
+    if any(p.is_shard() and p.dim == ax and type(p) is not Shard for p in spec.placements):
+        # A strided shard (of a flatten) holds no run of rows: it becomes the
+        # plain Shard first, one redistribution, no gather.
+        a = D.relayout(name, a, [Shard(ax) if p.is_shard() and p.dim == ax else p
+                                 for p in spec.placements])
+        spec = a._spec
     dims = [i for i, p in enumerate(spec.placements)
             if p.is_shard() and p.dim == ax and mesh.shape[i] > 1]
     if not dims:
