@@ -248,6 +248,29 @@ class FSDPModule:
         """
         self.__dict__["_fsdp_state"].set_prefetch("backward", modules)
 
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *,
+                                   recurse: bool = True) -> None:
+        """Whether this module's backward reduce-scatters its gradients (and, with
+        HSDP, all-reduces them), as torch's: with False each rank adds its
+        unsharded gradients into a buffer of its own, with no communication, and
+        the next backward with True reduces that sum with its own gradients in
+        one reduce-scatter, so gradient accumulation over micro-batches costs one
+        reduction. ``recurse`` sets it on every FSDP module inside too. Local, but
+        every rank must set the same.
+
+        Example::
+
+            >>> for i, batch in enumerate(micro_batches):
+            ...     model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+            ...     loss_fn(model(batch)).backward()
+            >>> opt.step()
+        """
+        modules = self.modules() if recurse else [self]
+        for m in modules:
+            state = m.__dict__.get("_fsdp_state")
+            if state is not None:
+                state.sync = bool(requires_gradient_sync)
+
     def reshard(self) -> None:
         """Free this module's unsharded parameters (no communication; an
         all-gather still in flight is waited on and dropped). Local.
@@ -542,6 +565,9 @@ class _State:
         self.post = None  # this rank's rows of it, kept after forward for post_mesh
         self.is_root = True
         self.unsharded = False
+        # set_requires_gradient_sync: without, backward adds into `accum` (the
+        # (dp, size) buffer of unreduced gradients) and `accum_got` (their divisors)
+        self.sync, self.accum, self.accum_got = True, None, {}
         self.generation = -1  # the root forward the gathered arrays were made in
         self.live = weakref.WeakSet()  # the recorded forwards whose graphs live
         self.calls: list = []  # the forwards under way (a _Forward, or None)
@@ -926,6 +952,15 @@ class _State:
         self.live.discard(fwd)
         if not any(f.active for f in self.live):
             self.reshard()
+        if not self.sync:  # accumulation: this rank's terms wait for the next sync
+            if buf is not None:
+                self.accum = buf if self.accum is None else self.accum + buf
+                self.accum_got.update(got)
+            return (None,) * len(self.params)
+        if self.accum is not None:
+            buf = self.accum if buf is None else buf + self.accum
+            got = {**self.accum_got, **got}
+            self.accum, self.accum_got = None, {}
         if buf is None:
             return (None,) * len(self.params)
         flat = DTensor.from_local(buf.reshape(-1), self.dp_mesh, [Partial("sum")],
