@@ -15,8 +15,11 @@ SYSTEM_TOOLS := mpicc:libopenmpi-dev mpiexec:openmpi-bin valgrind:valgrind \
   clang:clang clang-tidy:clang-tidy cppcheck:cppcheck
 # Debian libraries mpitensor loads at run time, each probed by its file in the
 # loader's cache: ScaLAPACK for Open MPI (np.linalg.solve, eigh, ... on sharded
-# matrices; csrc/linalg loads it by dlopen, so the build does not need it).
-SYSTEM_LIBS := libscalapack-openmpi.so:libscalapack-openmpi-dev
+# matrices; csrc/linalg loads it by dlopen, so the build does not need it), and
+# OpenBLAS, one thread, as the system's BLAS and LAPACK that ScaLAPACK calls (the
+# reference BLAS it would otherwise get is several times slower).
+SYSTEM_LIBS := libscalapack-openmpi.so:libscalapack-openmpi-dev \
+  libopenblas.so.0:libopenblas0-serial
 
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
