@@ -7,6 +7,10 @@ process, the peers in the same processes.
 
 One section per engine, each a function of SECTIONS that returns its points:
 
+- ``scalapack``: ``np.linalg.solve`` (a vector right-hand side) and
+  ``np.linalg.eigh`` of a row-sharded ``[Shard(0)]`` float64 matrix on ScaLAPACK,
+  against Heat's ``ht.linalg.solve`` / ``ht.linalg.eigh`` on ``split=0`` at n =
+  2,000, and against NumPy on rank 0 alone at n = 4,000.
 - ``tsqr``: ``np.linalg.qr`` and ``np.linalg.svd(full_matrices=False)`` of a
   200,000 x 64 float64 matrix, rows sharded ``[Shard(0)]`` (TSQR in C), against
   Heat's ``ht.linalg.qr`` / ``ht.linalg.svd`` on a ``split=0`` DNDarray of the same
@@ -121,7 +125,78 @@ def tsqr_section(comm, args, ht):
     return points
 
 
-SECTIONS = {"tsqr": tsqr_section}
+# ---- square: ScaLAPACK (csrc/linalg/scalapack.c) ------------------------------
+
+def solve_error(a, x, b) -> float:
+    """||A x - b|| / (||A|| ||x|| + ||b||): backward error of a solve."""
+    return float(np.linalg.norm(a @ x - b) /
+                 (np.linalg.norm(a) * np.linalg.norm(x) + np.linalg.norm(b)))
+
+
+def square_problem(n):
+    """A well-conditioned n x n matrix, its symmetric part and a right-hand side."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)) + 2 * np.sqrt(n) * np.eye(n)
+    return a, (a + a.T) / 2, rng.standard_normal(n)
+
+
+def heat_square_calls(ht, a, s, b):
+    """Heat's solve and eigh on split=0 DNDarrays, each with its check; an API this
+    Heat lacks is recorded instead."""
+    ha, hs, hb = ht.array(a, split=0), ht.array(s, split=0), ht.array(b[:, None], split=0)
+    want = np.linalg.eigvalsh(s)
+    calls, errors = {}, {}
+    for op, call, check in (
+            ("solve", lambda: ht.linalg.solve(ha, hb),
+             lambda x: solve_error(a, x.numpy()[:, 0], b)),
+            ("eigh", lambda: ht.linalg.eigh(hs),
+             lambda r: float(np.abs(np.sort(r[0].numpy()) - want).max() / np.abs(want).max()))):
+        try:
+            errors[op] = check(call())
+            calls[op] = call
+        except Exception as e:  # noqa: BLE001 - recorded, not timed
+            errors[op] = f"{type(e).__name__}: {e}"
+    return calls, errors
+
+
+def square_point(comm, args, ht, op, n, peers):
+    """One op at size n: mpitensor on [Shard(0)] rows against ``peers`` (heat in the
+    same processes, numpy on rank 0 alone), each checked before it is timed."""
+    mesh = mt.init_device_mesh("cpu", (comm.size,))
+    a, s, b = square_problem(n)
+    da, ds = (mt.distribute_tensor(m, mesh, [Shard(0)]) for m in (a, s))
+    db = mt.distribute_tensor(b, mesh, [Shard(0)])
+    want = np.linalg.eigvalsh(s) if op == "eigh" else None
+    mt_call = (lambda: np.linalg.solve(da, db)) if op == "solve" else (lambda: np.linalg.eigh(ds))
+    numpy_call = (lambda: np.linalg.solve(a, b)) if op == "solve" else (lambda: np.linalg.eigh(s))
+    got = mt_call()
+    errors = {"mt": solve_error(a, got.full_tensor(), b) if op == "solve" else
+              float(np.abs(got[0].full_tensor() - want).max() / np.abs(want).max())}
+    timed = {"mt": mt_call}
+    if "heat" in peers and ht is not None:
+        calls, heat_errors = heat_square_calls(ht, a, s, b)
+        errors["heat"] = heat_errors[op]
+        if op in calls:
+            timed["heat"] = calls[op]
+    times = time_interleaved(comm, timed, args.reps, args.warmup)
+    if "numpy" in peers:
+        times["numpy"] = numpy_alone(comm, numpy_call, args.reps, args.warmup)
+    return {"op": op, "shape": [n, n], "dtype": "float64", "layout": "[Shard(0)]",
+            "seconds": {k: summary(v) for k, v in times.items()},
+            "mt_speedup": {k: ratio(v, times["mt"]) for k, v in times.items() if k != "mt"},
+            "error": errors}
+
+
+def scalapack_section(comm, args, ht):
+    """solve and eigh of a row-sharded square matrix on ScaLAPACK: against Heat at
+    n = 2,000 and against NumPy in one process at n = 4,000 (quick: 300 and 600)."""
+    small, large = (300, 600) if args.quick else (args.square_n, args.square_n_numpy)
+    return [square_point(comm, args, ht, op, n, peers)
+            for n, peers in ((small, ("heat",)), (large, ("numpy",)))
+            for op in ("solve", "eigh")]
+
+
+SECTIONS = {"tsqr": tsqr_section, "scalapack": scalapack_section}
 
 
 def main() -> int:
@@ -131,6 +206,10 @@ def main() -> int:
                     help=f"comma-separated, of {', '.join(SECTIONS)}")
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--cols", type=int, default=64)
+    ap.add_argument("--square-n", type=int, default=2_000,
+                    help="n of the square section's comparison with Heat")
+    ap.add_argument("--square-n-numpy", type=int, default=4_000,
+                    help="n of the square section's comparison with one-process NumPy")
     ap.add_argument("--reps", type=int, default=None, help="repetitions (7; quick 2)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
