@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from mpitensor import Partial, Replicate, Shard
+from mpitensor._clib import chunk_sizes
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (CORNER_SHAPES, W, corner_layouts, make, matches_or_raises_alike,
                          mesh_of, mesh_shapes, placements)
@@ -162,7 +163,9 @@ def test_decompositions_replicate_then_equal_numpy(pls):
     a = np.random.default_rng(3).normal(size=(7, 4))
     dt = make(a, mesh, pls)
     u, s, vh = np.linalg.svd(dt, full_matrices=False)
-    assert u.placements == (R,) and s.placements == (R,)
+    # rows sharded in blocks at least 4 tall take TSQR: U keeps them (_tsqr.py)
+    tsqr = pls == [S0] and min(chunk_sizes(7, W)) >= 4
+    assert u.placements == ((S0,) if tsqr else (R,)) and s.placements == (R,)
     np.testing.assert_allclose((u.full_tensor() * s.full_tensor()) @ vh.full_tensor(), a,
                                atol=1e-10)
     np.testing.assert_allclose(s.full_tensor(), np.linalg.svd(a, compute_uv=False))
@@ -179,9 +182,12 @@ def test_decompositions_replicate_then_equal_numpy(pls):
 
 @pytest.mark.parametrize("shape", [(64, 4), (7, 3), (5, 5), (W * 2 + 1, 2)], ids=str)
 def test_tall_skinny_qr_on_shard0_moves_only_r_factors(shape):
-    """TSQR: Q keeps Shard(0), R is Replicate, and each rank sends its n x n R
-    factor (one all-gather) instead of the matrix being gathered; Q @ R equals the
-    input, Q is orthonormal and R is NumPy's up to the signs of its rows."""
+    """TSQR (_tsqr.py, in C): where every rank's block is at least as tall as the
+    matrix is wide, Q keeps Shard(0), R is Replicate, and the ranks exchange only
+    upper triangles of R (one all_reduce: log2 W butterfly levels, plus a fold in
+    and R back out, and Q's n x n block, for the ranks beyond a power of two);
+    with a shorter block the matrix is replicated first. Either way Q @ R equals
+    the input, Q is orthonormal and R is NumPy's up to the signs of its rows."""
     mesh = mesh_of((W,))
     a = np.random.default_rng(4).normal(size=shape)
     dt = make(a, mesh, [S0])
@@ -193,9 +199,12 @@ def test_tall_skinny_qr_on_shard0_moves_only_r_factors(shape):
     np.testing.assert_allclose(Q.T @ Q, np.eye(n), atol=1e-10)
     np.testing.assert_allclose(np.abs(Rf), np.abs(np.linalg.qr(a)[1]), atol=1e-10)
     assert np.allclose(np.tril(Rf, -1), 0)
-    if W > 1:
+    if min(chunk_sizes(shape[0], W)) >= n:
         assert q.placements == (S0,) and r.placements == (R,)
-        assert dict(mode.get_comm_counts()) == {"all_gather_into_tensor": 1}
-        assert COMM.allreduce(sum(mode.get_comm_bytes().values())) == W * (W - 1) * n * n * 8
+        p2 = 1 << (W.bit_length() - 1)
+        extras, triangle = W - p2, n * (n + 1) // 2 * 8
+        want = (p2 * (p2.bit_length() - 1) + 2 * extras) * triangle + extras * n * n * 8
+        assert dict(mode.get_comm_counts()) == ({"all_reduce": 1} if W > 1 else {})
+        assert COMM.allreduce(sum(mode.get_comm_bytes().values())) == want
     np.testing.assert_allclose(np.abs(np.linalg.qr(dt, mode="r").full_tensor()),
                                np.abs(np.linalg.qr(a, mode="r")), atol=1e-10)
