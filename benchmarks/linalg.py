@@ -9,8 +9,10 @@ One section per engine, each a function of SECTIONS that returns its points:
 
 - ``scalapack``: ``np.linalg.solve`` (a vector right-hand side) and
   ``np.linalg.eigh`` of a row-sharded ``[Shard(0)]`` float64 matrix on ScaLAPACK,
-  against Heat's ``ht.linalg.solve`` / ``ht.linalg.eigh`` on ``split=0`` at n =
-  2,000, and against NumPy on rank 0 alone at n = 4,000.
+  against Heat's best paths from ``split=0``: ``ht.linalg.solve`` of A resplit to
+  None (it takes no A split along its matrix axes, and its distributed
+  Gauss-Jordan ``inv`` is far slower) and ``ht.linalg.eigh`` at n = 2,000, and
+  against NumPy on rank 0 alone at n = 4,000.
 - ``tsqr``: ``np.linalg.qr`` and ``np.linalg.svd(full_matrices=False)`` of a
   200,000 x 64 float64 matrix, rows sharded ``[Shard(0)]`` (TSQR in C), against
   Heat's ``ht.linalg.qr`` / ``ht.linalg.svd`` on a ``split=0`` DNDarray of the same
@@ -141,13 +143,17 @@ def square_problem(n):
 
 
 def heat_square_calls(ht, a, s, b):
-    """Heat's solve and eigh on split=0 DNDarrays, each with its check; an API this
-    Heat lacks is recorded instead."""
-    ha, hs, hb = ht.array(a, split=0), ht.array(s, split=0), ht.array(b[:, None], split=0)
+    """Heat's solve (of the gathered A) and eigh on split=0 DNDarrays, each with its check;
+    an API this Heat lacks is recorded instead."""
+    # b replicated: Heat's solve refuses a b split along its rows.
+    ha, hs, hb = ht.array(a, split=0), ht.array(s, split=0), ht.array(b[:, None])
     want = np.linalg.eigvalsh(s)
     calls, errors = {}, {}
+    # Heat's solve takes no A split along its matrix axes, and its distributed
+    # inverse (Gauss-Jordan, row by row) is far slower: its best path gathers A
+    # (resplit to None) and solves on every process.
     for op, call, check in (
-            ("solve", lambda: ht.linalg.solve(ha, hb),
+            ("solve", lambda: ht.linalg.solve(ht.resplit(ha, None), hb),
              lambda x: solve_error(a, x.numpy()[:, 0], b)),
             ("eigh", lambda: ht.linalg.eigh(hs),
              lambda r: float(np.abs(np.sort(r[0].numpy()) - want).max() / np.abs(want).max()))):
