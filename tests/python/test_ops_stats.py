@@ -182,8 +182,8 @@ def test_decompositions_replicate_then_equal_numpy(pls):
 
 @pytest.mark.parametrize("shape", [(64, 4), (7, 3), (5, 5), (W * 2 + 1, 2)], ids=str)
 def test_tall_skinny_qr_on_shard0_moves_only_r_factors(shape):
-    """TSQR (_tsqr.py, in C): where every rank's block is at least as tall as the
-    matrix is wide, Q keeps Shard(0), R is Replicate, and the ranks exchange only
+    """TSQR (_tsqr.py, in C): where the matrix is tall and every rank's block at
+    least as tall as the matrix is wide, Q keeps Shard(0), R is Replicate, and the ranks exchange only
     upper triangles of R (one all_reduce: log2 W butterfly levels, plus a fold in
     and R back out, and Q's n x n block, for the ranks beyond a power of two);
     with a shorter block the matrix is replicated first. Either way Q @ R equals
@@ -199,7 +199,7 @@ def test_tall_skinny_qr_on_shard0_moves_only_r_factors(shape):
     np.testing.assert_allclose(Q.T @ Q, np.eye(n), atol=1e-10)
     np.testing.assert_allclose(np.abs(Rf), np.abs(np.linalg.qr(a)[1]), atol=1e-10)
     assert np.allclose(np.tril(Rf, -1), 0)
-    if min(chunk_sizes(shape[0], W)) >= n:
+    if shape[0] > n and min(chunk_sizes(shape[0], W)) >= n:  # tall, every block too
         assert q.placements == (S0,) and r.placements == (R,)
         p2 = 1 << (W.bit_length() - 1)
         extras, triangle = W - p2, n * (n + 1) // 2 * 8

@@ -1,8 +1,8 @@
 """Linear algebra of tall-skinny matrices on TSQR (csrc/linalg/tsqr.c): ``qr``,
 ``svd``, ``svdvals``, ``lstsq``, ``matrix_rank``, ``pinv``, ``norm`` (ord 2, -2,
-'nuc') and ``cond`` (p None, 2, -2) of a 2-D DTensor whose rows are sharded on one
-mesh dim (``Shard(0)`` there, ``Replicate`` on any other), with at least as many
-rows as columns in every rank's block.
+'nuc') and ``cond`` (p None, 2, -2) of a 2-D DTensor with more rows than columns
+whose rows are sharded on one mesh dim (``Shard(0)`` there, ``Replicate`` on any
+other), with at least as many rows as columns in every rank's block.
 
 Each rank factors its block with LAPACK; the ranks of that mesh dim combine their
 n x n R factors as a butterfly (one triangle per rank per level, log2 P levels), so
@@ -88,8 +88,11 @@ def _tall(a, extra_columns=0):
         return None
     dim = shards[0]
     rows, n = spec.shape
+    # A square matrix is no tall one: it is ScaLAPACK's, or NumPy's on one rank.
+    if n == 0 or rows <= n:
+        return None
     n += extra_columns
-    if n == 0 or min(_clib.chunk_sizes(rows, spec.mesh.shape[dim])) < n:
+    if min(_clib.chunk_sizes(rows, spec.mesh.shape[dim])) < n:
         return None
     return _Tall(a, dim)
 
@@ -282,6 +285,18 @@ def pinv(a, rcond=None, hermitian=False, *, rtol=np._NoValue):
                                contiguous_strides(shape)))
 
 
+def _whole_matrix(axis) -> bool:
+    """Whether ``axis`` of a matrix norm names a 2-D array's (rows, columns) in
+    that order; anything else (a vector norm, the transpose, a wrong axis) is left
+    to the partial-norm rule, which raises NumPy's error where NumPy does."""
+    if axis is None:
+        return True
+    try:
+        return tuple(normalize_axis_tuple(axis, 2)) == (0, 1)
+    except (TypeError, ValueError):
+        return False
+
+
 @_registry.implements(np.linalg.norm)
 def norm(x, ord=None, axis=None, keepdims=False):
     """np.linalg.norm of a DTensor. The matrix norms that need singular values
@@ -293,9 +308,9 @@ def norm(x, ord=None, axis=None, keepdims=False):
     Example: ``np.linalg.norm(a, 2)`` of a ``[Shard(0)]`` 10000 x 8 DTensor.
     """
     t = None
-    if (isinstance(ord, str) and ord == "nuc") or (not isinstance(ord, str) and ord in (2, -2)):
-        if axis is None or tuple(normalize_axis_tuple(axis, 2)) == (0, 1):
-            t = _tall(x) if type(x) is DTensor and x.ndim == 2 else None
+    singular = (ord == "nuc") if isinstance(ord, str) else ord in (2, -2)
+    if singular and type(x) is DTensor and x.ndim == 2 and _whole_matrix(axis):
+        t = _tall(x)
     if t is None:
         return _merge.norm(x, ord=ord, axis=axis, keepdims=keepdims)
     s = _singular_values(t, "numpy.linalg.norm")
