@@ -46,7 +46,7 @@ import mpitensor as mt  # noqa: E402
 from mpitensor._dtensor import _grad_placements  # noqa: E402
 from mpitensor.debug import CommDebugMode  # noqa: E402
 from mpitensor.nn import functional as F  # noqa: E402
-from torch_helpers import (init_gloo, pair_of, torch_bytes_mode,  # noqa: E402
+from torch_helpers import (init_gloo, pair_of, parse, torch_bytes_mode,  # noqa: E402
                            torch_placements)
 
 COMM = MPI.COMM_WORLD
@@ -161,6 +161,61 @@ def cases_for(mesh_shape) -> list:
         out += [Case("rules", "stepped-slice", (shape,), (a,), _stepped, _stepped)
                 for a in singles]
     out += _rules_cases(singles)
+    out += _same_operand_cases(mesh_shape, singles)
+    return out
+
+
+# Both operands of one operation are the same tensor (issue 48): their gradients
+# are summed before they move on, once. ``redistribute`` alone is the issue's case,
+# since every case's loss is ``(y * y).sum()``.
+TARGETS_1D = [("S0",), ("S1",), ("R",)]
+TARGETS_2D = [("S0", "R"), ("R", "S1"), ("S0", "S1"), ("R", "R")]
+
+
+def _moved_to(texts):
+    ours = [parse(t)[0] for t in texts]
+    theirs = [parse(t)[1] for t in texts]
+
+    def fo(a):
+        return a.redistribute(a.device_mesh, ours)
+
+    def ft(a):
+        return a.redistribute(a.device_mesh, theirs)
+    return fo, ft
+
+
+def _self_mul(a):
+    return a * a
+
+
+def _self_matmul(a):
+    return a @ a.T
+
+
+def _rms_norm(a):
+    return F.rms_norm(a, a.shape[-1:])
+
+
+def _torch_rms_norm(a):
+    return TF.rms_norm(a, a.shape[-1:])
+
+
+def _same_operand_cases(mesh_shape, singles) -> list:
+    out = []
+    targets = TARGETS_1D if len(mesh_shape) == 1 else TARGETS_2D
+    for shape in (EVEN, UNEVEN):
+        for a in singles:
+            for t in targets:
+                out.append(Case("same-operand", "redistribute-" + "".join(t), (shape,),
+                                (a,), *_moved_to(t)))
+            out.append(Case("same-operand", "mul", (shape,), (a,), _self_mul, _self_mul))
+            out.append(Case("same-operand", "matmul", (shape,), (a,), _self_matmul,
+                            _self_matmul))
+            # torch 2.13's rms_norm adds eps in place to a Partial(avg) mean when
+            # the normalized dim is sharded, which its DTensor refuses.
+            if "S1" not in a:
+                out.append(Case("same-operand", "rms_norm", (shape,), (a,), _rms_norm,
+                                _torch_rms_norm))
     return out
 
 
@@ -250,6 +305,13 @@ _TIE_EINSUM = ("the forward bytes tie; mpitensor's tensordot is an einsum and ta
 PLACEMENTS.update({key: _TIE_EINSUM for key in (
     "2 rules-tensordot-S0xS1-8-8x8-8", "4 rules-tensordot-S0xS1-8-8x8-8",
     "2x2 rules-tensordot-RS0xRS1-8-8x8-8")})
+# a @ a.T of a row-sharded square a: gathering either operand moves the same bytes
+# and gives a column- or a row-sharded product.
+_TIE_SELF = ("a @ a.T of a row-sharded square matrix: gathering either operand moves the "
+             "same bytes; mpitensor gathers the left one, torch the right one")
+PLACEMENTS.update({key: _TIE_SELF for key in (
+    "2 same-operand-matmul-S0-8-8", "4 same-operand-matmul-S0-8-8",
+    "2x2 same-operand-matmul-RS0-8-8")})
 
 # Cases that communicate more than torch today, with the counts measured (calls per
 # rank, bytes summed over the ranks, over forward + backward + the gradients'

@@ -11,7 +11,10 @@ they go through the same executor as the forward: their placements come from the
 same C decisions and their redistributions are the same plans. A leaf's gradient
 is redistributed to the leaf's placements (a Partial one's: Replicate) before it is
 stored. Every check here depends on global shapes and placements only, so every
-rank raises the same error.
+rank raises the same error. A rule makes a gradient where it goes next (past the
+redistributes that made its input, ``_rules._headed``), except at a tensor that
+several gradients reach (``y`` of ``y * y``; the engine counts them, as torch's
+dependency counts): there they are summed first and move on once.
 
 Hooks: a tensor's ``register_hook`` hooks run when the engine reaches it with its
 summed gradient, before the gradient goes on (to its node, its ``.grad``); a leaf's
@@ -206,12 +209,14 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
     was_backward = _modes.set_backward(True)
     _exposures.append((exposed, stored))
     _callbacks.append([])
+    _dependencies.append({})
     try:
         for r, g in zip(roots, gradients):
             g, owned = _seed(r, g)
             prev = grads.get(id(r))
             grads[id(r)] = (g, owned) if prev is None else _add(*prev, g, owned)
         order = _order(roots)
+        _dependencies[-1] = _count_dependencies(order, roots)
         needed = None if wanted is None else _leading_to(order, wanted)
         for t in order:
             entry = grads.pop(id(t), None)
@@ -273,6 +278,7 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
             gs = gx = prev = None
         _run_callbacks(_callbacks[-1])
     finally:
+        _dependencies.pop()
         _callbacks.pop()
         _exposures.pop()
         _modes.set_backward(was_backward)
@@ -280,6 +286,36 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
     if exposed:
         found = {k: (g, o and id(g) not in exposed) for k, (g, o) in found.items()}
     return found
+
+
+def _count_dependencies(order, roots) -> dict:
+    """How many gradients reach each tensor of ``order`` (by id): one per place it
+    is an input of a recorded node, and one per time it is a root (torch's
+    dependency counts)."""
+    deps: dict = {}
+    for r in roots:
+        deps[id(r)] = deps.get(id(r), 0) + 1
+    for t in order:
+        fn = t.grad_fn
+        if fn is not None:
+            for x in fn.inputs:
+                if x is not None:
+                    deps[id(x)] = deps.get(id(x), 0) + 1
+    return deps
+
+
+# The running backwards' dependency counts, innermost last.
+_dependencies: list = []
+
+
+def gathers(t) -> bool:
+    """Whether the running backward sums more than one gradient at ``t`` before it
+    goes on: then each of them is best left where it is made and the sum moved
+    once, as torch does. Local (global shapes and the graph only).
+
+    Example (in a rule): ``if not gathers(x): ...move x's gradient on...``.
+    """
+    return bool(_dependencies) and _dependencies[-1].get(id(t), 0) > 1
 
 
 # The running backwards' (exposed, stored) tables, innermost last: a hook may run

@@ -30,6 +30,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from .. import _C, _modes, _registry
+from . import _engine
 from .._dtensor import DTensor, _grad_placements
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -152,8 +153,12 @@ def _headed(x):
     the redistributes that made it, the DTensor they moved (a redistribute's
     backward moves the gradient straight on to its source's placements). None
     past a redistribute with a ``backward_dtype``: its backward moves the
-    gradient in that dtype, cheaper than the backward rule could."""
+    gradient in that dtype, cheaper than the backward rule could. The walk stops
+    at a tensor other gradients reach too (``y`` of ``y * y``): they are summed
+    there and the sum moves on once, rather than each moving on its own."""
     while type(x) is DTensor:
+        if _engine.gathers(x):
+            break
         node = x.grad_fn
         if node is None or node.name != "Redistribute" or type(node.inputs[0]) is not DTensor:
             break
