@@ -93,8 +93,8 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
                        int type, int64_t n, void *a, int64_t nrhs, void *b, int *info,
                        mt_error *err) {
   job j;
-  int rc = nrhs < 1 ? mt_error_set(err, MT_EINVAL, "solve wants nrhs >= 1")
-                    : job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  if (nrhs < 1) return mt_error_set(err, MT_EINVAL, "solve wants nrhs >= 1");
+  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
   if (rc != MT_OK) return rc;
   mt__sl_matrix bblk = {0}, bcyc = {0};
   int *ipiv = NULL;
@@ -190,13 +190,14 @@ static const char *diagonal_at(const job *j, int g) {
 
 /* The log of the modulus and the argument of an element of the job's type. */
 static void polar(const job *j, const char *p, double *logabs, double *angle) {
-  double complex v;
-  switch (j->k) {
-    case 0: v = *(const float *)p; break;
-    case 1: v = *(const double *)p; break;
-    case 2: v = *(const float complex *)p; break;
-    default: v = *(const double complex *)p; break;
-  }
+  /* memcpy: the bytes are an element of the job's type, at any alignment. */
+  float f[2] = {0, 0};
+  double d[2] = {0, 0};
+  if (j->k % 2 == 0)
+    memcpy(f, p, j->itemsize);
+  else
+    memcpy(d, p, j->itemsize);
+  double complex v = j->k % 2 == 0 ? CMPLX(f[0], f[1]) : CMPLX(d[0], d[1]);
   *logabs = log(cabs(v));
   *angle = carg(v);
 }
@@ -276,7 +277,7 @@ static void eigh_minimum(const job *j, int minimum[3]) {
   int64_t mq0 = blocks / j->g.npcol * nb + nb;
   minimum[0] = (int)(j->t->syevd != NULL ? real : n + (np0 + mq0 + nb) * nb);
   minimum[1] = (int)(1 + 9 * n + 3 * np * nq);
-  minimum[2] = (int)(7 * n + 8 * j->g.npcol + 2);
+  minimum[2] = (int)(7 * n + 8 * (int64_t)j->g.npcol + 2);
 }
 
 /* The workspace sizes pXsyevd or pXheevd asks for: work, rwork (complex types

@@ -60,7 +60,7 @@ static int load(void *handle, const char *name, char *slot, mt_error *err) {
 static int load_typed(void *handle, char letter, mt__sl_typed *t, mt_error *err) {
   char name[32];
   for (size_t i = 0; i < sizeof TYPED_ENTRIES / sizeof *TYPED_ENTRIES; ++i) {
-    strcpy(name, TYPED_ENTRIES[i].name);
+    snprintf(name, sizeof name, "%s", TYPED_ENTRIES[i].name);
     *strchr(name, '?') = letter;
     int rc = load(handle, name, (char *)t + TYPED_ENTRIES[i].offset, err);
     if (rc != MT_OK) return rc;

@@ -211,6 +211,11 @@ def _stack(batch, blocks):
     return np.stack(blocks).reshape(batch + blocks[0].shape)
 
 
+def _address(a):
+    """The C mesh under ``a``'s mesh, as the drivers take it."""
+    return _comm.mesh_address(a._spec.mesh._handle)
+
+
 def _check_info(info: int, message: str) -> None:
     if info > 0:
         raise np.linalg.LinAlgError(message)
@@ -284,7 +289,7 @@ def inv(a):
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     batch, blocks = _local_stack(a, dtype)
     for block in blocks:
-        call(_inv, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n, block.ctypes.data,
+        call(_inv, sl, _address(a), rows, cols, letter, n, block.ctypes.data,
              ctypes.byref(info))
         _check_info(info.value, "Singular matrix")
     return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
@@ -299,7 +304,7 @@ def _slogdet_values(name, a):
     batch, blocks = _local_stack(a, dtype)
     signs, logs = [], []
     for block in blocks:
-        call(_slogdet, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n,
+        call(_slogdet, sl, _address(a), rows, cols, letter, n,
              block.ctypes.data, out)
         logs.append(out[0])
         if out[0] == -np.inf:
@@ -371,7 +376,7 @@ def cholesky(a, /, *, upper=False):
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     batch, blocks = _local_stack(a, dtype)
     for block in blocks:
-        call(_cholesky, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n,
+        call(_cholesky, sl, _address(a), rows, cols, letter, n,
              block.ctypes.data, int(bool(upper)), ctypes.byref(info))
         _check_info(info.value, "Matrix is not positive definite")
     return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
@@ -391,7 +396,7 @@ def _eigen(name, a, UPLO, vectors):
     ws = []
     for block in blocks:
         w = np.empty(n, real)
-        call(_eigh, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n, block.ctypes.data,
+        call(_eigh, sl, _address(a), rows, cols, letter, n, block.ctypes.data,
              int(UPLO == "U"), int(vectors), w.ctypes.data, ctypes.byref(info))
         _check_info(info.value, "Eigenvalues did not converge")
         ws.append(w)
@@ -499,7 +504,7 @@ def _solve_blocks(sl, a, b, rows, cols, dtype, placements, shape):
     batch, blocks = _local_stack(a, dtype)
     _, rhs = _local_stack(b, dtype)
     for block, r in zip(blocks, rhs):
-        call(_solve, sl, _comm.mesh_address(a._spec.mesh._handle), rows, cols, letter, n, block.ctypes.data,
+        call(_solve, sl, _address(a), rows, cols, letter, n, block.ctypes.data,
              b.shape[-1], r.ctypes.data, ctypes.byref(info))
         _check_info(info.value, "Singular matrix")
     return _wrap(a._spec.mesh, _stack(batch, rhs), placements, shape)
