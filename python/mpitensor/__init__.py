@@ -35,6 +35,7 @@ from .checkpoint import async_save, load, save
 from . import parallel
 from . import fsdp
 from . import testing
+from . import utils
 from . import debug
 from . import array_api
 
@@ -104,6 +105,7 @@ __all__ = [
     "parallel",
     "fsdp",
     "testing",
+    "utils",
     "show_config",
     "array_api",
 ]

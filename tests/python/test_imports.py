@@ -41,6 +41,7 @@ FLOORS = {
     # Features.
     "parallel": 5, "fsdp": 5, "experimental": 5, "debug": 5, "checkpoint": 5,
     "testing": 5, "_distribute_module": 5, "_show_config": 5,
+    "utils": 5,  # torch.utils' names: activation checkpointing
     "array_api": 5,  # the array API standard's namespace, over the registry
     "_coverage": 5,  # the NumPy coverage page, read from the registry
     "__init__": 6,  # mpitensor/__init__.py: the public names; imports everything
