@@ -142,6 +142,7 @@ _UFUNCS = {
     np.square: lambda g, ops, out, need: (g * (2 * ops[0]),),
     np.sin: lambda g, ops, out, need: (g * np.cos(ops[0]),),
     np.cos: lambda g, ops, out, need: (-(g * np.sin(ops[0])),),
+    np.conjugate: lambda g, ops, out, need: (np.conjugate(g),),
     np.maximum: _joint(_maximum_grads),
     np.minimum: _joint(_minimum_grads),
     np.power: _power,
@@ -669,6 +670,34 @@ def _cumsum(g, node, out):
     return (_fit(gx.reshape(a.shape), a),)
 
 
+def _cumprod(g, node, out):
+    """torch's cumprod backward, exact where a lane holds zeros. Before a lane's
+    first zero, an element's gradient is the reversed cumulative sum of ``g *
+    out`` over it; at the first zero, that of ``g`` times the cumulative product
+    with the zero taken as one (the products of the others); after it, zero (each
+    product it is in holds the first zero too). Over the flattened input when
+    ``axis`` is None."""
+    b = _bind(node, ("a", "axis", "dtype"), axis=None)
+    a = b["a"]
+    x = a.reshape(-1) if b["axis"] is None else a
+    ax = 0 if b["axis"] is None else normalize_axis_index(operator.index(b["axis"]), a.ndim)
+    if b["axis"] is None:
+        g = g.reshape(-1)
+    out = out.reshape(x.shape)
+
+    def rsum(v):
+        return np.flip(np.cumsum(np.flip(v, ax), axis=ax), ax)
+
+    zero = x == 0
+    seen = np.cumsum(zero, axis=ax)
+    one = np.ones((), x.dtype)
+    before = seen == 0
+    first = zero & (seen == 1)
+    gx = np.where(before, rsum(g * out) / np.where(zero, one, x), np.zeros((), g.dtype))
+    gx = gx + first * rsum(g * np.cumprod(np.where(first, one, x), axis=ax))
+    return (_fit(gx.reshape(a.shape), a),)
+
+
 def _diff(g, node, out):
     """np.diff of order n is n first differences; the gradient of one,
     ``y[i] = x[i + 1] - x[i]``, is ``g`` shifted one place up minus ``g``, each
@@ -697,6 +726,20 @@ def _atleast(g, node, out):
 
 def _identity(g, node, out):
     return (g,)
+
+
+def _real(g, node, out):
+    """np.real: the gradient as the real part (torch's: an imaginary part of zero)."""
+    a = node.saved[0]
+    return (g if g.dtype == a.dtype else g.astype(a.dtype),)
+
+
+def _imag(g, node, out):
+    """np.imag: the gradient as the imaginary part (torch's: ``1j * g``); a real
+    input's imaginary part is zero, whatever the input."""
+    a = node.saved[0]
+    gx = g * 1j if a.dtype.kind == "c" else g * 0
+    return (gx if gx.dtype == a.dtype else gx.astype(a.dtype),)
 
 
 def _astype(g, node, out):
@@ -745,21 +788,29 @@ _FUNCTIONS = {
     np.flip: ("flip", _flip),
     np.roll: ("roll", _roll),
     np.cumsum: ("cumsum", _cumsum),
+    np.cumprod: ("cumprod", _cumprod),
     np.diff: ("diff", _diff),
     np.linalg.norm: ("norm", True),
     np.atleast_1d: ("atleast_1d", _atleast),
     np.atleast_2d: ("atleast_2d", _atleast),
     np.atleast_3d: ("atleast_3d", _atleast),
     np.copy: ("copy", _identity),
+    np.real: ("real", _real),
+    np.imag: ("imag", _imag),
     np.ndarray.astype: ("astype", _astype),
 }
 
 
-def install() -> None:
-    """Registers every backward where the executor records with it. Local (at
-    import)."""
-    for func, entry in _FUNCTIONS.items():
-        _registry.backwards[func] = entry
+def install(*more) -> None:
+    """Registers every backward where the executor records with it, with the
+    tables ``more`` of the rules that live in their own files (function -> entry,
+    as ``_FUNCTIONS``). Local (at import).
+
+    Example: ``install(_fft_rules.FUNCTIONS)``.
+    """
+    for table in (_FUNCTIONS,) + more:
+        for func, entry in table.items():
+            _registry.backwards[func] = entry
     for func, message in _WRITES.items():
         _registry.backwards[func] = (message, None)
     for ufunc, grads in _UFUNCS.items():
