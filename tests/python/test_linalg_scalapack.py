@@ -354,3 +354,25 @@ def test_without_scalapack_every_rank_raises_naming_the_package(no_scalapack):
     # Replicated matrices are the small case: NumPy's LAPACK, no ScaLAPACK needed.
     np.testing.assert_allclose(np.linalg.inv(dist(a, ((P,), [R]))).full_tensor(),
                                np.linalg.inv(a))
+
+
+@pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
+def test_comm_debug_mode_lists_each_call():
+    from mpitensor.debug import CommDebugMode
+    n = 2 * P + 1
+    a = matrix(n, np.float64, spd=True)
+    da = dist(a, ((P,), [S0]))
+    b = distribute_tensor(np.ones(n), da.device_mesh, [R])
+    calls = {"numpy.linalg.solve": lambda: np.linalg.solve(da, b),
+             "numpy.linalg.inv": lambda: np.linalg.inv(da),
+             "numpy.linalg.det": lambda: np.linalg.det(da),
+             "numpy.linalg.slogdet": lambda: np.linalg.slogdet(da),
+             "numpy.linalg.cholesky": lambda: np.linalg.cholesky(da),
+             "numpy.linalg.eigh": lambda: np.linalg.eigh(da),
+             "numpy.linalg.eigvalsh": lambda: np.linalg.eigvalsh(da)}
+    for name, f in calls.items():
+        with CommDebugMode() as comm_mode:
+            f()
+        listed = [op["name"] for op in
+                  comm_mode.comm_module_operation_counts["Global"]["operations_list"]]
+        assert any(x.startswith(f"{name}: ScaLAPACK") for x in listed), (name, listed)

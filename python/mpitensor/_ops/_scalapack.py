@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 
-from .. import _comm, _registry
+from .. import _comm, _registry, _trace
 from .._clib import E, I, I64, P, call, fn
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
@@ -211,9 +211,14 @@ def _stack(batch, blocks):
     return np.stack(blocks).reshape(batch + blocks[0].shape)
 
 
-def _address(a):
-    """The C mesh under ``a``'s mesh, as the drivers take it."""
-    return _comm.mesh_address(a._spec.mesh._handle)
+def _address(a, name: str, routine: str):
+    """The C mesh under ``a``'s mesh, as the drivers take it; first announces the
+    ScaLAPACK ``routine`` as a collective of the operation ``name``, so the
+    collective checks, the debug log and CommDebugMode's operation list see it."""
+    spec = a._spec
+    _trace.collective(f"{name}: ScaLAPACK {routine}", spec.mesh, spec.placements,
+                      spec.shape, spec.dtype)
+    return _comm.mesh_address(spec.mesh._handle)
 
 
 def _check_info(info: int, message: str) -> None:
@@ -288,8 +293,9 @@ def inv(a):
         return _local(a, np.linalg.inv, dtype, (a.ndim,))
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     batch, blocks = _local_stack(a, dtype)
+    address = _address(a, name, "pXgetrf, pXgetri")
     for block in blocks:
-        call(_inv, sl, _address(a), rows, cols, letter, n, block.ctypes.data,
+        call(_inv, sl, address, rows, cols, letter, n, block.ctypes.data,
              ctypes.byref(info))
         _check_info(info.value, "Singular matrix")
     return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
@@ -303,8 +309,9 @@ def _slogdet_values(name, a):
     n, letter, out = a.shape[-1], _LETTERS[dtype][0], (ctypes.c_double * 2)()
     batch, blocks = _local_stack(a, dtype)
     signs, logs = [], []
+    address = _address(a, name, "pXgetrf")
     for block in blocks:
-        call(_slogdet, sl, _address(a), rows, cols, letter, n,
+        call(_slogdet, sl, address, rows, cols, letter, n,
              block.ctypes.data, out)
         logs.append(out[0])
         if out[0] == -np.inf:
@@ -375,8 +382,9 @@ def cholesky(a, /, *, upper=False):
         return _local(a, lambda x: np.linalg.cholesky(x, **kw), dtype, (a.ndim,))
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     batch, blocks = _local_stack(a, dtype)
+    address = _address(a, name, "pXpotrf")
     for block in blocks:
-        call(_cholesky, sl, _address(a), rows, cols, letter, n,
+        call(_cholesky, sl, address, rows, cols, letter, n,
              block.ctypes.data, int(bool(upper)), ctypes.byref(info))
         _check_info(info.value, "Matrix is not positive definite")
     return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
@@ -394,9 +402,10 @@ def _eigen(name, a, UPLO, vectors):
     real = np.finfo(dtype).dtype
     batch, blocks = _local_stack(a, dtype)
     ws = []
+    address = _address(a, name, "pXsyevd" if dtype.kind == "f" else "pXheevd")
     for block in blocks:
         w = np.empty(n, real)
-        call(_eigh, sl, _address(a), rows, cols, letter, n, block.ctypes.data,
+        call(_eigh, sl, address, rows, cols, letter, n, block.ctypes.data,
              int(UPLO == "U"), int(vectors), w.ctypes.data, ctypes.byref(info))
         _check_info(info.value, "Eigenvalues did not converge")
         ws.append(w)
@@ -503,8 +512,9 @@ def _solve_blocks(sl, a, b, rows, cols, dtype, placements, shape):
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     batch, blocks = _local_stack(a, dtype)
     _, rhs = _local_stack(b, dtype)
+    address = _address(a, "numpy.linalg.solve", "pXgesv")
     for block, r in zip(blocks, rhs):
-        call(_solve, sl, _address(a), rows, cols, letter, n, block.ctypes.data,
+        call(_solve, sl, address, rows, cols, letter, n, block.ctypes.data,
              b.shape[-1], r.ctypes.data, ctypes.byref(info))
         _check_info(info.value, "Singular matrix")
     return _wrap(a._spec.mesh, _stack(batch, rhs), placements, shape)
