@@ -147,18 +147,16 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     """np.linalg.svd of a DTensor. A tall matrix with its rows sharded on one mesh
     dim takes TSQR and the SVD of R = U_R S Vh: U = Q U_R is laid out as A, S and
     Vh are Replicate (with ``compute_uv=False``, S alone). ``full_matrices=True``
-    asks for an m x m U, which has no distributed form here: unless the matrix
-    is square, it and any other matrix (or ``hermitian=True``) are replicated
-    first and NumPy runs on every rank. Singular vectors are unique up to a
+    (NumPy's default) asks for an m x m U, which has no distributed form here:
+    it, any other matrix and ``hermitian=True`` are replicated first and NumPy
+    runs on every rank. Singular vectors are unique up to a
     phase per pair, as in NumPy. Collective on the mesh.
 
     Example::
 
         >>> u, s, vh = np.linalg.svd(a, full_matrices=False)  # a: [Shard(0)], tall
     """
-    t = _tall(a) if not hermitian else None
-    if t is not None and compute_uv and full_matrices and t.shape[0] != t.shape[1]:
-        t = None
+    t = _tall(a) if not (hermitian or (compute_uv and full_matrices)) else None
     if t is None:
         return _replicated_svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
                                hermitian=hermitian)
