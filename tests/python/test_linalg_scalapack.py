@@ -376,3 +376,19 @@ def test_comm_debug_mode_lists_each_call():
         listed = [op["name"] for op in
                   comm_mode.comm_module_operation_counts["Global"]["operations_list"]]
         assert any(x.startswith(f"{name}: ScaLAPACK") for x in listed), (name, listed)
+
+
+def test_layouts_no_grid_describes_are_laid_out_first():
+    """A Partial matrix, and two mesh dims on one matrix dim, are first laid out as
+    rows on the first mesh dim and columns on the second: NumPy's answer still."""
+    from mpitensor import Partial
+    n = 2 * P + 1
+    a = matrix(n, np.float64, seed=10, spd=True)
+    mesh = init_device_mesh("cpu", (P,))
+    partial = DTensor.from_local(a / P, mesh, [Partial()])
+    np.testing.assert_allclose(np.linalg.eigvalsh(partial).full_tensor(),
+                               np.linalg.eigvalsh(a), rtol=1e-10)
+    if P == 4:
+        both = dist(a, ((2, 2), [S0, S0]))
+        np.testing.assert_allclose(np.linalg.inv(both).full_tensor(), np.linalg.inv(a),
+                                   rtol=1e-9, atol=1e-12)
