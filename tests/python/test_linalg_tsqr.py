@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpitensor import DTensor, DeviceMesh, Replicate, Shard, distribute_tensor
+from mpitensor import DTensor, DeviceMesh, Replicate, Shard, _comm, _lapack, distribute_tensor
 from mpitensor._clib import chunk_sizes
 from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
@@ -281,3 +281,20 @@ def test_integer_matrices_are_factored_in_float64():
     q, r = np.linalg.qr(dt)
     assert q.dtype == np.float64
     np.testing.assert_allclose(q.full_tensor() @ r.full_tensor(), a, atol=1e-12)
+
+
+def test_ranks_that_disagree_fail_together_and_the_next_call_pairs():
+    # The C tree agrees on every rank's verdict before anything moves: one rank's
+    # short block (or another column count) is the same ValueError everywhere.
+    mesh = init_device_mesh("cpu", (P,))
+    address = _comm.mesh_address(mesh._handle)
+    last = COMM.rank == P - 1
+    block = np.ones((2 if last else 6, 4))
+    with pytest.raises(ValueError, match="at least as many rows as columns; this rank has 2 x 4"):
+        _lapack.tsqr(address, 0, block, True)
+    if P > 1:
+        with pytest.raises(ValueError, match="different column counts"):
+            _lapack.tsqr(address, 0, np.ones((8, 3 if last else 2)), False)
+    a = matrix(9 * P, 3, np.float64, seed=61)
+    q, r = np.linalg.qr(distribute_tensor(a, mesh, [S0]))
+    check_qr(a, q, r, np.float64)
