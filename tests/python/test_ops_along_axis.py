@@ -287,13 +287,16 @@ def test_sharded_axis_moves_to_a_free_dim_by_one_all_to_all(name):
         assert sum(mode.get_comm_bytes().values()) <= dt.to_local().nbytes
     assert got.placements == ((Shard(1),) if name == "median" else (Shard(2),))
     check(got, call(full))
-    # No free dim: sort and median run a sample sort (test_ops_sample_sort.py);
-    # the others gather the lanes, as torch does.
+    # No free dim: sort and median run a sample sort (test_ops_sample_sort.py),
+    # flip moves reversed runs of rows (test_ops_halo.py); the others gather the
+    # lanes, as torch does.
     vec = make(full[:, 0, 0], mesh, [S0])
     with CommDebugMode() as mode:
         got = call(vec) if name not in ("fftn",) else np.fft.fft(vec)
     if name in ("sort", "median"):
         assert mode.get_comm_bytes().get("all_gather_into_tensor", 0) <= 16 * W * W
+    elif name == "flip":
+        assert set(mode.get_comm_counts()) <= {"all_to_all_single"}
     else:
         assert set(mode.get_comm_counts()) <= {"all_gather_into_tensor"}
     check(got, call(full[:, 0, 0]) if name != "fftn" else np.fft.fft(full[:, 0, 0]))

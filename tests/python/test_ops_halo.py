@@ -1,5 +1,5 @@
-"""np.roll, np.diff, np.gradient, np.convolve, np.correlate and np.pad along a
-sharded axis: NumPy's value and dtype on every rank for every layout of the
+"""np.roll, np.diff, np.ediff1d, np.gradient, np.convolve, np.correlate, np.pad and
+np.flip (fliplr, flipud) along a sharded axis: NumPy's value and dtype on every rank for every layout of the
 suite's meshes (Partial included) on corner and uneven lengths; nothing is
 gathered (strict mode, GatherWarning as an error); the result stays sharded; and
 only the overlapping or wrapped rows move, in one exchange (counts, then rows)
@@ -47,6 +47,41 @@ def test_roll_diff_gradient_1d(n):
         strictly(check)
 
 
+@pytest.mark.parametrize("n", LENGTHS + (0,))
+def test_ediff1d_and_flip_1d(n):
+    full = np.arange(n, dtype=np.float64) ** 2
+    for mesh, pls in corner_layouts(1):
+        dt = make(full, mesh, pls)
+
+        def check():
+            assert_matches(np.ediff1d(dt), np.ediff1d(full))
+            assert_matches(np.ediff1d(dt, to_begin=[0, 1], to_end=-1),
+                           np.ediff1d(full, to_begin=[0, 1], to_end=-1))
+            assert_matches(np.flip(dt), np.flip(full))
+            assert_matches(np.flipud(dt), np.flipud(full))
+        strictly(check)
+    mesh = mesh_of((W,))
+    ints = make(np.arange(4), mesh, [S0])
+    matches_or_raises_alike(lambda: np.ediff1d(ints, to_begin=[1.5]),
+                            lambda: np.ediff1d(np.arange(4), to_begin=[1.5]))
+    matches_or_raises_alike(lambda: np.fliplr(ints), lambda: np.fliplr(np.arange(4)))
+
+
+def test_flip_of_a_vector_moves_each_row_once():
+    mesh = mesh_of((W,))
+    full = np.arange(1001.0)
+    dt = make(full, mesh, [S0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GatherWarning)
+        with CommDebugMode() as mode:
+            got = np.flip(dt)
+    assert_matches(got, full[::-1])
+    assert sent_bytes(mode) <= dt.to_local().nbytes + 8 * W
+    if W > 1:
+        assert got.placements == (S0,)
+        assert dict(mode.get_comm_counts()) == {"all_to_all_single": 2}
+
+
 @pytest.mark.parametrize("shape", [(5, 3), (2, 4), (9, 1, 2)], ids=str)
 def test_roll_diff_gradient_nd(shape):
     full = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) ** 2
@@ -58,6 +93,9 @@ def test_roll_diff_gradient_nd(shape):
                 assert_matches(np.roll(dt, 2, axis=axis), np.roll(full, 2, axis=axis))
                 assert_matches(np.diff(dt, 1, axis=axis), np.diff(full, 1, axis=axis))
             assert_matches(np.roll(dt, (1, -1), (0, 1)), np.roll(full, (1, -1), (0, 1)))
+            assert_matches(np.fliplr(dt), np.fliplr(full))
+            assert_matches(np.flipud(dt), np.flipud(full))
+            assert_matches(np.ediff1d(dt), np.ediff1d(full))
             axes = tuple(k for k in range(len(shape)) if shape[k] > 1)
             for g, w in zip(np.gradient(dt, axis=axes), np.gradient(full, axis=axes)):
                 assert_matches(g, w)

@@ -1,5 +1,5 @@
 """np.concatenate along a sharded axis, the joining shorthands (hstack, vstack,
-column_stack, dstack) and the splits (split, array_split, hsplit, vsplit, dsplit)
+column_stack, dstack, append) and the splits (split, array_split, hsplit, vsplit, dsplit)
 of 1-D arrays: NumPy's value and dtype on every rank for every layout of the
 suite's meshes on corner and uneven shapes; along a sharded axis nothing is
 gathered (no GatherWarning, no fallback under strictness), the result stays
@@ -147,3 +147,28 @@ def test_hsplit_vsplit_dsplit():
             assert len(got) == len(want)
             for g, w in zip(got, want):
                 assert_matches(g, w)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_append(n):
+    full = np.arange(n, dtype=np.float32)
+    mat = np.arange(n * 2).reshape(n, 2)
+    for mesh, pls in corner_layouts(1):
+        dt = make(full, mesh, pls)
+
+        def check():
+            assert_matches(np.append(dt, [1.5, 2.5]), np.append(full, [1.5, 2.5]))
+            assert_matches(np.append([7], dt), np.append([7], full))
+            assert_matches(np.append(dt, dt), np.append(full, full))
+        with warnings.catch_warnings(), mpitensor.strict():
+            warnings.simplefilter("error", GatherWarning)
+            check()
+    for mesh, pls in corner_layouts(2, partial=False):
+        dm = make(mat, mesh, pls)
+        with warnings.catch_warnings(), mpitensor.strict():
+            warnings.simplefilter("error", GatherWarning)
+            assert_matches(np.append(dm, [[1, 2]], axis=0), np.append(mat, [[1, 2]], axis=0))
+            assert_matches(np.append(dm, [9]), np.append(mat, [9]))
+    mesh = mesh_of((W,))
+    with pytest.raises(ValueError):
+        np.append(make(full, mesh, [S0]), 3.0, axis=0)

@@ -35,7 +35,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
-from . import _halo, _lanes, _roll
+from . import _flip, _halo, _lanes, _roll
 from . import _sample_sort as S
 from ._stats import _all_reduce
 
@@ -295,11 +295,16 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
 @_registry.implements(np.flip)
 def flip(m, axis=None):
     """numpy.flip: local along unsharded axes; a sharded axis moves first
-    (see lanes_layout).
+    (see lanes_layout), or, when no dim can take its shard, flips by one exchange
+    of reversed runs of rows (``_flip``).
 
     Example: ``np.flip(dt, 1)`` of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``.
     """
     axes = _axes("numpy.flip", m, axis)
+    mesh_dim = _sharding_one(m, axes)
+    if mesh_dim is not None and lanes_layout(m, axes, True)[mesh_dim].is_replicate():
+        # No dim can take the shard: reversed runs of rows move, not the axis.
+        return _flip.flip_sharded(m, axes[0])
     return along_axes("numpy.flip", m, axes, lambda x: np.flip(x, axes), linear=True)
 
 

@@ -1,5 +1,6 @@
-"""Stencils along a sharded axis: ``np.diff``, ``np.gradient``, ``np.convolve`` and
-``np.correlate`` by a halo of the neighbours' rows, never a gather.
+"""Stencils along a sharded axis: ``np.diff`` (and ``np.ediff1d``), ``np.gradient``,
+``np.convolve`` and ``np.correlate`` by a halo of the neighbours' rows, never a
+gather.
 
 Each output row depends on a few consecutive input rows (``n + 1`` for diff, the
 row and ``edge_order`` on each side for gradient, ``len(v)`` for a convolution
@@ -27,7 +28,7 @@ from ..placement_types import Replicate
 from . import _dispatch as D
 from . import _row_exchange as X
 
-__all__ = ["diff_sharded", "gradient", "convolve", "correlate"]
+__all__ = ["diff_sharded", "gradient", "convolve", "correlate", "ediff1d"]
 
 
 def _spec(a, shape, dtype):
@@ -252,3 +253,39 @@ def correlate(a, v, mode="valid"):
     Example: ``np.correlate(signal, kernel, "full")``.
     """
     return _convolution("numpy.correlate", a, v, mode, True)
+
+
+def _replicated(x, mesh, dtype=None):
+    """A plain array the same on every rank as a Replicate DTensor, made locally."""
+    x = np.ascontiguousarray(x, dtype)
+    return DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, shape=x.shape,
+                              stride=contiguous_strides(x.shape))
+
+
+@_registry.implements(np.ediff1d)
+def ediff1d(ary, to_end=None, to_begin=None):
+    """``np.ediff1d`` of a DTensor: ``np.diff`` of the flattened array (a halo of
+    one row along a sharded axis), with ``to_begin`` and ``to_end`` (arrays the
+    same on every rank) joined on by ``np.concatenate`` (one exchange of rows when
+    the result is sharded). Collective on the mesh then.
+
+    Example: ``np.ediff1d(dt, to_begin=0)`` of a (10,) ``[Shard(0)]`` DTensor.
+    """
+    name = "numpy.ediff1d"
+    if type(ary) is not DTensor or ary._spec.dtype.kind == "b":
+        raise _registry.NoRule(f"{name}: has no distributed rule for these arguments")
+    dtype = ary._spec.dtype
+    flat = ary if ary.ndim == 1 else np.ravel(ary)
+    parts = [np.diff(flat)]
+    for label, extra, at in (("to_begin", to_begin, 0), ("to_end", to_end, 1)):
+        if extra is None:
+            continue
+        if isinstance(extra, DTensor):
+            raise _registry.NoRule(f"{name}: a DTensor {label} has no distributed rule")
+        extra = np.asanyarray(extra)
+        if not np.can_cast(extra, dtype, casting="same_kind"):
+            raise TypeError(f"dtype of `{label}` must be compatible with input `ary` under "
+                            f"the `same_kind` rule.")
+        piece = _replicated(extra.ravel(), ary._spec.mesh, dtype)
+        parts.insert(0, piece) if at == 0 else parts.append(piece)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -1,5 +1,5 @@
 """Joining DTensors along an axis a mesh dim shards, and NumPy's joining shorthands
-(``np.hstack``, ``np.vstack``, ``np.column_stack``, ``np.dstack``).
+(``np.hstack``, ``np.vstack``, ``np.column_stack``, ``np.dstack``, ``np.append``).
 
 ``np.concatenate`` along an axis no mesh dim shards is a dim map (``_shape.py``):
 every rank joins its own blocks and nothing moves. Along an axis mesh dim ``m``
@@ -27,7 +27,8 @@ from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _row_exchange as X
 
-__all__ = ["concatenate_sharded", "joining_mesh_dim", "hstack", "vstack", "column_stack", "dstack"]
+__all__ = ["concatenate_sharded", "joining_mesh_dim", "hstack", "vstack", "column_stack",
+           "dstack", "append"]
 
 
 def _agreed(mesh, arrays, m, ax) -> tuple:
@@ -164,3 +165,31 @@ def column_stack(tup):
             x = np.expand_dims(np.atleast_1d(x), 1)
         arrs.append(x)
     return np.concatenate(arrs, axis=1)
+
+
+@_registry.implements(np.append)
+def append(arr, values, axis=None):
+    """``np.append`` with a DTensor: ``np.concatenate`` of the two (flattened when
+    ``axis`` is None); a plain array beside the DTensor is taken as the same on
+    every rank (Replicate, made locally). Local unless the joined axis is sharded
+    (then one exchange of rows, no gather).
+
+    Example: ``np.append(dt, [1.0, 2.0])`` of a (10,) ``[Shard(0)]`` DTensor is a
+    (12,) ``[Shard(0)]`` DTensor.
+    """
+    mesh = next(x._spec.mesh for x in (arr, values) if type(x) is DTensor)
+    pair = []
+    for x in (arr, values):
+        if type(x) is not DTensor:
+            x = np.asarray(x)
+            if axis is None:
+                x = x.ravel()
+            elif x.ndim == 0:
+                raise ValueError("zero-dimensional arrays cannot be concatenated")
+            x = np.ascontiguousarray(x)
+            x = DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, shape=x.shape,
+                                   stride=contiguous_strides(x.shape))
+        elif axis is None and x.ndim != 1:
+            x = np.ravel(x)
+        pair.append(x)
+    return np.concatenate(pair, axis=0 if axis is None else axis)
