@@ -392,3 +392,14 @@ def test_layouts_no_grid_describes_are_laid_out_first():
         both = dist(a, ((2, 2), [S0, S0]))
         np.testing.assert_allclose(np.linalg.inv(both).full_tensor(), np.linalg.inv(a),
                                    rtol=1e-9, atol=1e-12)
+
+
+def test_empty_matrices_and_stacks():
+    """0 x 0 matrices and empty stacks answer as NumPy, with no ScaLAPACK call."""
+    mesh = init_device_mesh("cpu", (P,))
+    for shape in ((0, 0), (0, 3, 3)):
+        a = np.zeros(shape)
+        da = distribute_tensor(a, mesh, [Shard(len(shape) - 2)])
+        assert np.linalg.inv(da).shape == np.linalg.inv(a).shape
+        np.testing.assert_array_equal(np.linalg.det(da).full_tensor(), np.linalg.det(a))
+        assert np.linalg.eigvalsh(da).shape == np.linalg.eigvalsh(a).shape

@@ -236,7 +236,9 @@ def _prepare(name: str, a):
     _square(name, a)
     dtype = _inexact(name, a.dtype)
     a, rows, cols = _on_grid(name, a)
-    if rows < 0 and cols < 0 or a.shape[-1] == 0 or a._spec.mesh._coordinate is None:
+    if 0 in a.shape and (rows >= 0 or cols >= 0):  # nothing to move: the local case
+        a, rows, cols = D.relayout(name, a, (Replicate(),) * a._spec.mesh.ndim), -1, -1
+    if rows < 0 and cols < 0 or a._spec.mesh._coordinate is None:
         return a, rows, cols, dtype, None
     return a, rows, cols, dtype, _library(name, a._spec.mesh)
 
@@ -486,7 +488,7 @@ def solve(a, b):
                          "differ; broadcast them first")
     a, rows, cols = _on_grid(name, a)
     n = a.shape[-1]
-    if rows < 0 and cols < 0 or n == 0 or mesh._coordinate is None:
+    if rows < 0 and cols < 0 or 0 in a.shape + b.shape or mesh._coordinate is None:
         a = D.relayout(name, a, (Replicate(),) * mesh.ndim)
         b = D.relayout(name, b, (Replicate(),) * mesh.ndim)
         return _local_solve(a, b, dtype)
