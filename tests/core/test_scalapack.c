@@ -1,0 +1,129 @@
+/* The ScaLAPACK drivers (linalg/scalapack.h) at whatever size mpiexec gave, on
+ * Debian's ScaLAPACK for Open MPI, through the table mt_scalapack_open fills: a
+ * library that does not exist is MT_ENOTSUP with the loader's message; on a P x 1
+ * grid of the world mesh, with torch.chunk's uneven blocks of rows (a rank without
+ * rows when P > n), pXgesv's x solves A x = b, inv's A^-1 times A is I, slogdet
+ * matches the product of a triangular matrix's diagonal, and a matrix with a zero
+ * row gives INFO > 0 on every rank. Without the library the test is skipped (77). */
+#include <math.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "mpitensor/linalg/scalapack.h"
+#include "world_mesh.h"
+
+static int rank, size;
+
+/* This rank's rows [*lo, *hi) of n: torch.chunk's blocks of ceil(n/P). */
+static void my_rows(int64_t n, int64_t *lo, int64_t *hi) {
+  int64_t block = (n + size - 1) / size;
+  *lo = rank * block < n ? rank * block : n;
+  *hi = *lo + block < n ? *lo + block : n;
+}
+
+/* Entry (i, j) of the test matrix: diagonally dominant, or (zero_row) with row
+ * n / 2 zero. */
+static double entry(int64_t n, int64_t i, int64_t j, int zero_row) {
+  if (zero_row && i == n / 2) return 0.0;
+  return (i == j ? 2.0 * (double)n + 3.0 : 0.0) + (double)((i * 7 + j * 3) % 5) - 2.0;
+}
+
+/* This rank's rows of A, column-major (leading dimension its row count). */
+static double *my_block(int64_t n, int zero_row, int64_t *rows) {
+  int64_t lo, hi;
+  my_rows(n, &lo, &hi);
+  *rows = hi - lo;
+  double *a = calloc((size_t)((*rows > 0 ? *rows : 1) * n), sizeof *a);
+  CHECK(a != NULL);
+  for (int64_t j = 0; a != NULL && j < n; ++j)
+    for (int64_t i = lo; i < hi; ++i) a[(i - lo) + j * *rows] = entry(n, i, j, zero_row);
+  return a;
+}
+
+static void test_solve(const mt_scalapack *sl, mt_mesh *mesh, int64_t n) {
+  int64_t rows, lo, hi;
+  double *a = my_block(n, 0, &rows), *x = calloc((size_t)(rows + 1), sizeof *x);
+  my_rows(n, &lo, &hi);
+  for (int64_t i = 0; i < rows; ++i) x[i] = 1.0;  /* b = ones */
+  int info = -1;
+  mt_error err = {0};
+  CHECK_MSG(mt_scalapack_solve(sl, mesh, 0, -1, 'd', n, a, 1, x, &info, &err) == MT_OK,
+            "%s", err.msg);
+  CHECK(info == 0);
+  /* Every rank's residual rows of A x - b, with x gathered. */
+  double *whole = calloc((size_t)n, sizeof *whole);
+  int *counts = calloc((size_t)size, sizeof *counts), *displs = calloc((size_t)size, sizeof *displs);
+  for (int r = 0; r < size; ++r) {
+    int64_t block = (n + size - 1) / size, l = r * block < n ? r * block : n;
+    counts[r] = (int)((l + block < n ? l + block : n) - l), displs[r] = (int)l;
+  }
+  MPI_Allgatherv(x, (int)rows, MPI_DOUBLE, whole, counts, displs, MPI_DOUBLE, MPI_COMM_WORLD);
+  for (int64_t i = 0; i < n; ++i) {
+    double r = -1.0;
+    for (int64_t j = 0; j < n; ++j) r += entry(n, i, j, 0) * whole[j];
+    CHECK_MSG(fabs(r) < 1e-12 * (double)n, "row %lld residual %g", (long long)i, r);
+  }
+  free(a), free(x), free(whole), free(counts), free(displs);
+}
+
+static void test_singular(const mt_scalapack *sl, mt_mesh *mesh, int64_t n) {
+  int64_t rows;
+  double *a = my_block(n, 1, &rows);
+  int info = 0;
+  mt_error err = {0};
+  CHECK(mt_scalapack_inv(sl, mesh, 0, -1, 'd', n, a, &info, &err) == MT_OK);
+  int seen_min = info, seen_max = info;
+  MPI_Allreduce(MPI_IN_PLACE, &seen_min, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &seen_max, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  CHECK_MSG(seen_min > 0 && seen_min == seen_max, "info %d..%d", seen_min, seen_max);
+  free(a);
+}
+
+/* slogdet of the lower triangle of the test matrix: the log of its diagonal. */
+static void test_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int64_t n) {
+  int64_t rows, lo, hi;
+  double *a = my_block(n, 0, &rows), out[2] = {0, 0}, want = 0;
+  my_rows(n, &lo, &hi);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = lo; i < hi; ++i)
+      if (j > i) a[(i - lo) + j * rows] = 0.0;
+  for (int64_t i = 0; i < n; ++i) want += log(fabs(entry(n, i, i, 0)));
+  mt_error err = {0};
+  CHECK(mt_scalapack_slogdet(sl, mesh, 0, -1, 'd', n, a, out, &err) == MT_OK);
+  CHECK_MSG(fabs(out[0] - want) < 1e-12 * fabs(want), "%g vs %g", out[0], want);
+  CHECK(fabs(out[1]) < 1e-12);  /* positive diagonal: no half turn */
+  free(a);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  mt_scalapack *sl = NULL;
+  mt_error err = {0};
+  CHECK(mt_scalapack_open("/nonexistent/libscalapack.so", &sl, &err) == MT_ENOTSUP);
+  CHECK(sl == NULL && strstr(err.msg, "nonexistent") != NULL);
+  if (mt_scalapack_open("libscalapack-openmpi.so.2.2", &sl, &err) != MT_OK) {
+    if (rank == 0) printf("test_scalapack: skipped, %s\n", err.msg);
+    MPI_Finalize();
+    return 77;
+  }
+  mt_mesh *mesh = world_mesh();
+  const int64_t sizes[] = {1, 5, 2 * (int64_t)size + 1, 70};
+  for (size_t k = 0; k < sizeof sizes / sizeof *sizes; ++k) {
+    test_solve(sl, mesh, sizes[k]);
+    test_slogdet(sl, mesh, sizes[k]);
+    if (sizes[k] > 1) test_singular(sl, mesh, sizes[k]);
+  }
+  mt_mesh_destroy(mesh);
+  mt_scalapack_close(sl);
+  int rc = mt_test_exit("test_scalapack");
+  int failures = mt_test_failures;
+  MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return failures == 0 ? rc : 1;
+}
