@@ -109,7 +109,10 @@ def sharding_mesh_dim(name: str, a, ax: int):
 
 
 def along(local: np.ndarray, ax: int) -> np.ndarray:
-    """``local`` with axis ``ax`` first, C-contiguous: rows are what moves. Local."""
+    """``local`` with axis ``ax`` first, C-contiguous: rows are what moves. Local.
+
+    Example: ``along(np.zeros((2, 3)), 1).shape == (3, 2)``.
+    """
     return np.ascontiguousarray(np.moveaxis(local, ax, 0))
 
 
