@@ -1,4 +1,5 @@
-"""np.unique of DTensors (values, return_index, return_inverse, return_counts):
+"""np.unique of DTensors (values, return_index, return_inverse, return_counts) and
+np.union1d:
 NumPy's values and dtypes on every rank for every layout of the suite's meshes
 (Partial included) on corner and uneven shapes, NaNs counted once; a sharded
 input is never gathered: past the sample sort's gather threshold the all-gathers
@@ -77,3 +78,19 @@ def test_unique_of_a_large_array_gathers_only_numbers_per_rank():
     assert gathered < 64 * W * W, mode.get_comm_bytes()
     if W > 1:
         assert got[0].placements == (S0,)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 13])
+def test_union1d(n):
+    full = np.arange(n) % 4 * 2
+    other = np.arange(3 * n).reshape(n, 3) % 5
+    for mesh, pls in corner_layouts(1):
+        a = make(full, mesh, pls)
+        b = make(other, mesh, pls)
+        with warnings.catch_warnings():
+            if one_mesh_dim(mesh, pls):
+                warnings.simplefilter("error", GatherWarning)
+            else:
+                warnings.simplefilter("ignore", GatherWarning)
+            same(np.union1d(a, [1, 9]), np.union1d(full, [1, 9]))
+            same(np.union1d(a, b), np.union1d(full, other))

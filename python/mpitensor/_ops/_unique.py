@@ -1,5 +1,6 @@
 """``np.unique`` of a sharded DTensor on the distributed sample sort, without a
-gather: the values, and ``return_index``, ``return_inverse``, ``return_counts``.
+gather: the values, and ``return_index``, ``return_inverse``, ``return_counts``;
+and ``np.union1d``, the unique values of two arrays joined.
 
 The flattened array is sorted by the sample sort (``_sample_sort.sort_flat``,
 stable, so its argsort lists equal values in index order) into torch.chunk's
@@ -29,7 +30,7 @@ from . import _dispatch as D
 from . import _row_exchange as X
 from . import _sample_sort as S
 
-__all__ = ["unique"]
+__all__ = ["unique", "union1d"]
 
 
 def _differs(u, w):
@@ -170,3 +171,15 @@ def _replicated(ar, want):
         out.append(DTensor(g, DTensorSpec(mesh, (Replicate(),) * mesh.ndim, g.shape, g.dtype,
                                           contiguous_strides(g.shape))))
     return out[0] if len(out) == 1 else tuple(out)
+
+
+@_registry.implements(np.union1d)
+def union1d(ar1, ar2):
+    """``np.union1d`` with a DTensor: ``np.unique`` of both flattened and joined
+    (``np.append``: one exchange of rows when sharded), so nothing is gathered; a
+    plain array beside the DTensor is taken as the same on every rank. Collective
+    on the mesh.
+
+    Example: ``np.union1d(dt, [0, 99])`` of a ``[Shard(0)]`` DTensor is ``[Shard(0)]``.
+    """
+    return np.unique(np.append(ar1, ar2))
