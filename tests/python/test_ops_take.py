@@ -1,5 +1,5 @@
-"""np.take, np.searchsorted, np.repeat and np.kron of DTensors: NumPy's value and
-dtype on every rank for every layout of the suite's meshes (Partial included) on
+"""np.take, np.searchsorted, np.repeat, np.kron, np.delete and np.compress of
+DTensors: NumPy's value and dtype on every rank for every layout of the suite's meshes (Partial included) on
 corner and uneven lengths, with nothing gathered (strict mode, GatherWarning as
 an error); along a sharded axis the picked, repeated or Kronecker rows move once
 (one exchange), searchsorted moves nothing and answers with a Partial(sum) of
@@ -157,3 +157,50 @@ def test_rows_move_once():
         if W > 1:
             assert got.placements == (S0,)
             assert mode.get_total_counts() == 2
+
+
+@pytest.mark.parametrize("n", LENGTHS + (0,))
+def test_delete_and_compress(n):
+    vec = np.arange(n, dtype=np.float32) * 2
+    mat = np.arange(n * 3).reshape(n, 3)
+    objs = [0, -1, [0, 0, n - 1], slice(1, None, 2), np.arange(n) % 2 == 0, []]
+    for mesh, pls in corner_layouts(1):
+        dv = make(vec, mesh, pls)
+
+        def check():
+            for obj in objs:
+                matches_or_raises_alike(lambda: np.delete(dv, obj), lambda: np.delete(vec, obj))
+            cond = np.arange(n) % 3 != 1
+            assert_matches(np.compress(cond, dv), np.compress(cond, vec))
+            assert_matches(np.compress(cond[:2], dv, axis=0), np.compress(cond[:2], vec, axis=0))
+        strictly(check)
+    for mesh, pls in corner_layouts(2):
+        dm = make(mat, mesh, pls)
+
+        def check2():
+            for axis in (0, 1, None):
+                matches_or_raises_alike(lambda: np.delete(dm, [0], axis=axis),
+                                        lambda: np.delete(mat, [0], axis=axis))
+            assert_matches(np.compress([True, False, True], dm, axis=1),
+                           np.compress([True, False, True], mat, axis=1))
+        strictly(check2)
+    mesh = mesh_of((W,))
+    dv = make(vec, mesh, [S0])
+    matches_or_raises_alike(lambda: np.delete(dv, n + 2), lambda: np.delete(vec, n + 2))
+    matches_or_raises_alike(lambda: np.compress([True] * (n + 1), dv),
+                            lambda: np.compress([True] * (n + 1), vec))
+
+
+def test_delete_moves_only_kept_rows():
+    mesh = mesh_of((W,))
+    full = np.arange(1000.0)
+    dt = make(full, mesh, [S0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GatherWarning)
+        with CommDebugMode() as mode:
+            got = np.delete(dt, slice(0, 100))
+    assert_matches(got, full[100:])
+    assert sum(mode.get_comm_bytes().values()) <= dt.to_local().nbytes + 8 * W
+    if W > 1:
+        assert got.placements == (S0,)
+        assert mode.get_total_counts() == 2
