@@ -1,9 +1,9 @@
-"""np.take, np.searchsorted, np.repeat, np.kron, np.delete and np.compress of
-DTensors: NumPy's value and dtype on every rank for every layout of the suite's meshes (Partial included) on
-corner and uneven lengths, with nothing gathered (strict mode, GatherWarning as
-an error); along a sharded axis the picked, repeated or Kronecker rows move once
-(one exchange), searchsorted moves nothing and answers with a Partial(sum) of
-local searches."""
+"""np.take, np.searchsorted, np.repeat, np.kron, np.delete, np.compress and
+np.extract of DTensors: NumPy's value and dtype on every rank for every layout of
+the suite's meshes (Partial included) on corner and uneven lengths, with nothing
+gathered (strict mode, GatherWarning as an error); along a sharded axis the
+picked, repeated, kept or Kronecker rows move once (one exchange), searchsorted
+moves nothing and answers with a Partial(sum) of local searches."""
 
 from __future__ import annotations
 
@@ -173,6 +173,8 @@ def test_delete_and_compress(n):
             cond = np.arange(n) % 3 != 1
             assert_matches(np.compress(cond, dv), np.compress(cond, vec))
             assert_matches(np.compress(cond[:2], dv, axis=0), np.compress(cond[:2], vec, axis=0))
+            assert_matches(np.extract(cond, dv), np.extract(cond, vec))
+            assert_matches(np.extract(dv > 2, dv), np.extract(vec > 2, vec))
         strictly(check)
     for mesh, pls in corner_layouts(2):
         dm = make(mat, mesh, pls)
@@ -183,6 +185,7 @@ def test_delete_and_compress(n):
                                         lambda: np.delete(mat, [0], axis=axis))
             assert_matches(np.compress([True, False, True], dm, axis=1),
                            np.compress([True, False, True], mat, axis=1))
+            assert_matches(np.extract(dm % 2, dm), np.extract(mat % 2, mat))
         strictly(check2)
     mesh = mesh_of((W,))
     dv = make(vec, mesh, [S0])

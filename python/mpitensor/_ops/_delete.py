@@ -1,5 +1,5 @@
-"""``np.delete`` and ``np.compress`` of a DTensor: the kept rows, re-chunked by one
-exchange along a sharded axis, never gathered.
+"""``np.delete``, ``np.compress`` and ``np.extract`` of a DTensor: the kept rows,
+re-chunked by one exchange along a sharded axis, never gathered.
 
 Which rows of the axis stay is known on every rank (``obj`` and ``condition`` are
 the same everywhere), so every rank knows how many of each rank's rows stay and
@@ -20,7 +20,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from . import _row_exchange as X
 
-__all__ = ["delete", "compress"]
+__all__ = ["delete", "compress", "extract"]
 
 
 def _keep_rows(name, a, ax, keep):
@@ -97,3 +97,25 @@ def compress(condition, a, axis=None, out=None):
     keep = np.zeros(n, bool)
     keep[:len(cond)] = cond
     return _keep_rows(name, a, ax, keep)
+
+
+@_registry.implements(np.extract)
+def extract(condition, arr):
+    """``np.extract`` from a DTensor: the flattened ``arr`` where the flattened
+    ``condition`` (a DTensor or an array the same on every rank, of ``arr``'s size)
+    is nonzero: a bool mask on the flattened array (``dt[mask]``: each rank selects
+    its own elements and one exchange re-chunks them), never a gather.
+
+    Example: ``np.extract(dt > 0, dt)`` of a ``[Shard(0)]`` DTensor is ``[Shard(0)]``.
+    """
+    name = "numpy.extract"
+    shape = condition.shape if type(condition) is DTensor else np.shape(condition)
+    size = int(np.prod(shape))
+    if type(arr) is not DTensor or size != int(np.prod(arr.shape)):
+        raise _registry.NoRule(f"{name}: only a DTensor arr with a condition of its size "
+                               f"has a distributed rule")
+    flat = arr if arr.ndim == 1 else np.ravel(arr)
+    if type(condition) is DTensor:
+        mask = np.ravel(condition) if condition.ndim != 1 else condition
+        return flat[mask != 0] if mask.dtype != np.bool_ else flat[mask]
+    return compress(np.asarray(condition).reshape(-1) != 0, flat, axis=0)
