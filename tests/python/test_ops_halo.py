@@ -245,3 +245,12 @@ def test_along_an_unsharded_axis_nothing_moves():
     for got, want in zip(outs, wants):
         assert got.placements == (S0,)
         assert_matches(got, want)
+
+
+def test_pad_width_as_a_dtensor_falls_back():
+    mesh = mesh_of((W,))
+    full = np.arange(6.0)
+    dt = make(full, mesh, [S0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GatherWarning)
+        assert_matches(np.pad(dt, make(np.array([1, 2]), mesh, [R])), np.pad(full, [1, 2]))

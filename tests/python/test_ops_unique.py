@@ -94,3 +94,14 @@ def test_union1d(n):
                 warnings.simplefilter("ignore", GatherWarning)
             same(np.union1d(a, [1, 9]), np.union1d(full, [1, 9]))
             same(np.union1d(a, b), np.union1d(full, other))
+
+
+def test_forms_without_a_rule_give_numpys_answer():
+    mesh = mesh_of((W,))
+    full = np.array([3, 1, 2, 1, 3, 0])
+    dt = make(full, mesh, [S0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GatherWarning)
+        same(np.unique(dt, sorted=False), np.unique(full, sorted=False))
+        same(np.unique(make(full.reshape(2, 3), mesh, [S0]), axis=1),
+             np.unique(full.reshape(2, 3), axis=1))

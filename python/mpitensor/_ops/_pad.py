@@ -139,6 +139,8 @@ def pad(array, pad_width, mode="constant", **kwargs):
                                f"distributed rule")
     if kwargs.get("reflect_type", "even") != "even":
         raise _registry.NoRule(f"{name}: reflect_type='odd' has no distributed rule")
+    if isinstance(pad_width, DTensor):
+        raise _registry.NoRule(f"{name}: a DTensor pad_width has no distributed rule")
     widths = _widths(name, pad_width, array.ndim)
     spec = array._spec
     X.check_movable(name, spec.dtype)

@@ -100,8 +100,9 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     name = "numpy.unique"
     if type(ar) is not DTensor:
         raise TypeError(f"{name}: expected a DTensor, got {type(ar).__name__}")
-    if axis is not None:
-        raise _registry.NoRule(f"{name}: axis= has no distributed rule")
+    if axis is not None or not sorted:
+        # sorted=False lets NumPy choose an order, which only NumPy can reproduce.
+        raise _registry.NoRule(f"{name}: axis= and sorted=False have no distributed rule")
     if ar._spec.dtype.kind not in "biuf" or not equal_nan:
         raise _registry.NoRule(f"{name}: dtype {ar._spec.dtype} (or equal_nan=False) has "
                                f"no distributed rule")
