@@ -1,9 +1,9 @@
 """np.roll, np.diff, np.ediff1d, np.gradient, np.convolve, np.correlate, np.pad and
-np.flip (fliplr, flipud) along a sharded axis: NumPy's value and dtype on every rank for every layout of the
-suite's meshes (Partial included) on corner and uneven lengths; nothing is
-gathered (strict mode, GatherWarning as an error); the result stays sharded; and
-only the overlapping or wrapped rows move, in one exchange (counts, then rows)
-whose bytes CommDebugMode bounds."""
+np.flip (fliplr, flipud) along a sharded axis: NumPy's value and dtype on every
+rank for every layout of the suite's meshes (Partial included) on corner and
+uneven lengths; nothing is gathered (strict mode, GatherWarning as an error); the
+result stays sharded; and only the overlapping or wrapped rows move, in one
+exchange (counts, then rows) whose bytes CommDebugMode bounds."""
 
 from __future__ import annotations
 
