@@ -87,8 +87,9 @@ int mt_scalapack_open(const char *path, mt_scalapack **out, mt_error *err) {
     return mt_error_set(err, MT_EINVAL, "mt_scalapack_open: path and out are required");
   struct mt_scalapack *sl = calloc(1, sizeof *sl);
   if (sl == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
-  /* RTLD_GLOBAL: ScaLAPACK's BLACS and its LAPACK calls resolve among themselves. */
-  sl->handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  /* RTLD_LOCAL: its BLAS and LAPACK symbols (dgemm_, ...) stay out of the global
+   * namespace, where they could stand in for those of a library loaded later. */
+  sl->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (sl->handle == NULL) {
     const char *why = dlerror();
     free(sl);
