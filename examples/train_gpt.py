@@ -37,11 +37,13 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, nn
-from mpitensor.fsdp import MixedPrecisionPolicy, fully_shard
+from mpitensor.checkpoint.state_dict import get_state_dict, set_state_dict
+from mpitensor.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from mpitensor.nn import functional as F
 from mpitensor.parallel import (
     ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
     loss_parallel, parallelize_module)
+from mpitensor.utils.checkpoint import checkpoint_wrapper
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "river_town.txt")
 
@@ -157,13 +159,17 @@ def make_mesh(dims, comm=MPI.COMM_WORLD):
 
 def build(cfg, mesh):
     """The model, seeded, laid out on ``mesh``: the TP plan over ``tp``, then
-    ``fully_shard`` over ``dp`` (each block, then the root, as torch's FSDP2 does).
+    ``fully_shard`` over ``dp`` (each block, then the root, as torch's FSDP2 does);
+    with ``cfg.checkpoint`` each block is checkpoint_wrapper-ed between the two.
     With ``cfg.param_dtype`` the groups are gathered and computed in it (the root's
     logits cast back to ``cfg.dtype``), as torch's MixedPrecisionPolicy."""
     mt.manual_seed(cfg.seed)
     model = GPT(cfg.vocab, cfg.dim, cfg.heads, cfg.layers, cfg.seq, cfg.dropout, cfg.dtype)
     tp_mesh = mesh["tp"]
     model = parallelize_module(model, tp_mesh, tp_plan())
+    if cfg.checkpoint:  # after TP, before FSDP, as torch's scripts order them
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(layer)
     if "dp" in (mesh.mesh_dim_names or ()):
         inner = MixedPrecisionPolicy(param_dtype=cfg.param_dtype)
         root = MixedPrecisionPolicy(param_dtype=cfg.param_dtype,
@@ -215,6 +221,9 @@ class Config:
         self.dropout = 0.0
         self.dtype, self.vocab = np.float32, 0
         self.param_dtype = None  # fully_shard's MixedPrecisionPolicy (e.g. "bfloat16")
+        self.checkpoint = False  # recompute each block's activations in backward
+        self.accumulate = 1  # micro-batches per step, reduced once
+        self.schedule, self.warmup = "constant", 0  # the learning rate's schedule
         for k, v in kw.items():
             if not hasattr(self, k):
                 raise TypeError(f"Config has no {k!r}")
@@ -225,36 +234,69 @@ def make_optimizer(model, cfg):
     return mt.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def train_steps(model, opt, data, cfg, mesh, start, stop, on_step=None):
-    """Steps ``start .. stop-1``; returns the loss of each (global, before its update)."""
+def make_scheduler(opt, cfg, steps):
+    """None for a constant rate; for "cosine", a linear warmup over ``cfg.warmup``
+    steps, then a cosine decay to a tenth of the rate, as torch scripts chain them."""
+    if cfg.schedule == "constant":
+        return None
+    sched = mt.optim.lr_scheduler
+    decay = sched.CosineAnnealingLR(opt, T_max=max(steps - cfg.warmup, 1),
+                                    eta_min=cfg.lr / 10)
+    if not cfg.warmup:
+        return decay
+    warm = sched.LinearLR(opt, start_factor=1.0 / cfg.warmup, total_iters=cfg.warmup)
+    return sched.SequentialLR(opt, [warm, decay], milestones=[cfg.warmup])
+
+
+def train_steps(model, opt, data, cfg, mesh, start, stop, on_step=None, sched=None):
+    """Steps ``start .. stop-1``; returns the loss of each (global, before its update).
+    With ``cfg.accumulate`` k, each step's batch runs as k micro-batches whose
+    gradients add up, reduced over dp once (set_requires_gradient_sync)."""
     losses = []
+    k = cfg.accumulate
     for step in range(start, stop):
         tokens, targets = local_batch(data, cfg, step, mesh)
-        loss = loss_of(model, tokens, targets)
         opt.zero_grad()
-        loss.backward()
+        rows, total = len(tokens) // k, 0.0
+        for i in range(k):
+            if isinstance(model, FSDPModule):
+                model.set_requires_gradient_sync(i == k - 1)
+            part = slice(i * rows, (i + 1) * rows)
+            loss = loss_of(model, tokens[part], targets[part])
+            (loss if k == 1 else loss / k).backward()
+            total += global_loss(loss, mesh)
         if cfg.clip:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
-        losses.append(global_loss(loss, mesh))
+        if sched is not None:
+            sched.step()
+        losses.append(total / k)
         if on_step is not None:
             on_step(step, losses[-1])
     return losses
 
 
-def save(path, model, opt, step, mesh):
-    """Model, optimizer, the generator's state (dropout's next masks) and the step
-    reached, as one checkpoint directory. Collective."""
-    mt.save({"model": model.state_dict(), "optim": opt.state_dict(),
-             "rng": mt.get_rng_state(), "step": np.array(step)}, path, device_mesh=mesh)
+def save(path, model, opt, step, mesh, sched=None):
+    """Model and optimizer (torch's distributed state dicts: keys by parameter name,
+    so a run with or without --checkpoint resumes either way), the scheduler, the
+    generator's state (dropout's next masks) and the step reached, as one
+    checkpoint directory. Collective."""
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd, "rng": mt.get_rng_state(),
+             "step": np.array(step)}
+    if sched is not None:
+        state["sched"] = sched.state_dict()
+    mt.save(state, path, device_mesh=mesh)
 
 
-def load(path, model, opt, mesh) -> int:
-    """Loads what :func:`save` wrote into ``model`` and ``opt``, whatever mesh saved it;
-    returns the step to continue from. Collective."""
+def load(path, model, opt, mesh, sched=None) -> int:
+    """Loads what :func:`save` wrote into ``model``, ``opt`` and ``sched``, whatever
+    mesh saved it; returns the step to continue from. Collective."""
     state = mt.load(path, device_mesh=mesh)
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optim"])
+    set_state_dict(model, opt, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    if sched is not None and "sched" in state:
+        sched.load_state_dict(state["sched"])
     mt.set_rng_state(state["rng"])
     return int(state["step"])
 
@@ -309,20 +351,30 @@ def main(argv=None):
     p.add_argument("--ckpt", default="gpt_ckpt", help="checkpoint directory (--save-at, --resume)")
     p.add_argument("--resume", default=None, metavar="DIR", help="continue from a checkpoint")
     p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curve")
+    p.add_argument("--schedule", default="constant", choices=("constant", "cosine"),
+                   help="the learning rate: constant, or warmup then cosine decay")
+    p.add_argument("--warmup", type=int, default=0, help="warmup steps of --schedule cosine")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing: recompute each block in backward")
+    p.add_argument("--accumulate", type=int, default=1, metavar="K",
+                   help="micro-batches per step, their gradients reduced once")
     args = p.parse_args(argv)
 
     data = CharData()
     cfg = Config(dim=args.dim, heads=args.heads, layers=args.layers, seq=args.seq,
                  batch=args.batch, lr=args.lr, seed=args.seed, dropout=args.dropout,
-                 vocab=data.vocab,
+                 vocab=data.vocab, checkpoint=args.checkpoint, accumulate=args.accumulate,
+                 schedule=args.schedule, warmup=args.warmup,
                  dtype=np.dtype(args.dtype).type)
     dims = parse_mesh(args.mesh)
     mesh = make_mesh(dims, comm)
-    if cfg.batch % dp_rank_and_size(mesh)[1]:
-        raise SystemExit(f"--batch {cfg.batch} must split evenly over dp {dims[0]}")
+    if cfg.batch % (dp_rank_and_size(mesh)[1] * cfg.accumulate):
+        raise SystemExit(f"--batch {cfg.batch} must split evenly over dp {dims[0]} and "
+                         f"--accumulate {cfg.accumulate}")
     model = build(cfg, mesh)
     opt = make_optimizer(model, cfg)
-    start = load(args.resume, model, opt, mesh) if args.resume else 0
+    sched = make_scheduler(opt, cfg, args.steps)
+    start = load(args.resume, model, opt, mesh, sched) if args.resume else 0
     if args.save_at is not None and not start < args.save_at <= args.steps:
         raise SystemExit(f"--save-at {args.save_at} must lie after the first step ({start}) "
                          f"and at most --steps {args.steps}")
@@ -339,12 +391,12 @@ def main(argv=None):
     progress = Progress(args.steps, args.print_every, start, rank)
     losses = []
     stop = args.steps if args.save_at is None else args.save_at
-    losses += train_steps(model, opt, data, cfg, mesh, start, stop, progress)
+    losses += train_steps(model, opt, data, cfg, mesh, start, stop, progress, sched)
     if args.save_at is not None:
-        save(args.ckpt, model, opt, stop, mesh)
+        save(args.ckpt, model, opt, stop, mesh, sched)
         if rank == 0:
             print(f"saved step {stop} to {args.ckpt}")
-        losses += train_steps(model, opt, data, cfg, mesh, stop, args.steps, progress)
+        losses += train_steps(model, opt, data, cfg, mesh, stop, args.steps, progress, sched)
     if rank == 0 and losses:
         print(f"final loss {losses[-1]:.4f} (unigram baseline {data.unigram_loss():.4f})")
         if args.plot:

@@ -171,6 +171,39 @@ def test_command_line_saves_and_resumes(tmp, capsys):
         assert "unigram baseline" in out and "resumed at step 1" in out
 
 
+@pytest.mark.parametrize("dims", meshes(), ids=str)
+def test_checkpointing_and_accumulation_follow_the_curve(dims, reference):
+    """--checkpoint (each block recomputed in backward) and --accumulate 2 (two
+    micro-batches, one reduction) train the same curve as the plain run."""
+    for kw in (dict(checkpoint=True), dict(accumulate=2), dict(checkpoint=True,
+                                                                accumulate=2)):
+        np.testing.assert_allclose(run(dims, **kw)[0], reference, rtol=1e-9, err_msg=str(kw))
+
+
+def test_cosine_schedule_resumes_where_it_stopped(tmp):
+    """--schedule cosine --warmup 2: the rates follow a linear warmup and a cosine
+    decay, and a resumed run (the scheduler in the checkpoint) continues them."""
+    path = os.path.join(tmp, "sched")
+    args = ["--dim", "24", "--heads", "12", "--layers", "1", "--seq", "8", "--batch", "4",
+            "--dtype", "float64", "--steps", "4", "--print-every", "1",
+            "--schedule", "cosine", "--warmup", "2"]
+    whole = G.main(args)
+    saved = G.main(args + ["--save-at", "2", "--ckpt", path])
+    resumed = G.main(args + ["--resume", path])
+    np.testing.assert_allclose(saved, whole, rtol=1e-9)
+    np.testing.assert_allclose(resumed, whole[2:], rtol=1e-9)
+    cfg = G.Config(**{**CFG, "schedule": "cosine", "warmup": 2})
+    opt = G.make_optimizer(G.build(cfg, G.make_mesh((W,), COMM)), cfg)
+    sched, rates = G.make_scheduler(opt, cfg, 6), []
+    for _ in range(6):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    lr = CFG["lr"]
+    np.testing.assert_allclose(rates[:3], [lr / 2, 3 * lr / 4, lr], rtol=1e-12)
+    assert rates[3] < rates[2] and rates[-1] >= lr / 10
+
+
 # -- against torch ------------------------------------------------------------------
 
 def torch_gpt(torch, model, cfg):

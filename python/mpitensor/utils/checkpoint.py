@@ -40,10 +40,16 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
     if not is_grad_enabled():
         return function(*args, **kwargs)
     state = random.get_rng_state() if preserve_rng_state else None
+    owner = _owner(function)
+    # The parameters the forward saw: inside fully_shard, the gathered views of
+    # this forward, which the recomputation must use (and send gradients to) again.
+    params = [] if owner is None else [
+        (m, name, t) for m in owner.modules() for name, t in m._parameters.items()]
     with no_grad():
         out = function(*args, **kwargs)
     needs = tuple(type(a) is DTensor and a.requires_grad for a in args)
-    if not (any(needs) or _has_trainable_parameters(function)):
+    trainable = any(getattr(t, "requires_grad", False) for _, _, t in params)
+    if not (any(needs) or trainable):
         return out
     if type(out) is not DTensor:
         raise TypeError(f"checkpoint: the function must return one DTensor, got "
@@ -54,16 +60,21 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
     def backward_fn(g):
         inputs = [a.detach().requires_grad_(n) if n else a for a, n in zip(args, needs)]
         saved_state = random.get_rng_state() if state is not None else None
+        current = [(m, name, m._parameters.get(name)) for m, name, _ in params]
         if state is not None:
             random.set_rng_state(state)
+        for m, name, t in params:
+            m._parameters[name] = t
         try:
             with enable_grad():
                 again = function(*inputs, **kwargs)
+            if type(again) is DTensor and again.requires_grad:
+                backward([again], [g])
         finally:
+            for m, name, t in current:
+                m._parameters[name] = t
             if saved_state is not None:
                 random.set_rng_state(saved_state)
-        if type(again) is DTensor and again.requires_grad:
-            backward([again], [g])
         return tuple(x.grad if n else None for x, n in zip(inputs, needs))
 
     out._requires_grad = True
@@ -72,9 +83,10 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
     return out
 
 
-def _has_trainable_parameters(function) -> bool:
+def _owner(function):
+    """The Module that ``function`` is, or whose bound method it is; else None."""
     owner = function if isinstance(function, Module) else getattr(function, "__self__", None)
-    return isinstance(owner, Module) and any(p.requires_grad for p in owner.parameters())
+    return owner if isinstance(owner, Module) else None
 
 
 class CheckpointWrapper(Module):
