@@ -85,6 +85,9 @@ PyObject *mt_ext_raise(int code, const mt_error *err);
  * which raises as RuntimeError), its message in err->msg; the exception is cleared.
  * The reverse of mt_ext_raise, for an exception that must travel to other ranks. */
 int mt_ext_fetch_status(mt_error *err);
+/* ((status, exception class), ...): the one status <-> exception table, most
+ * specific first (new reference; NULL with an exception). */
+PyObject *mt_ext_status_exceptions(void);
 /* A tuple of ints. */
 PyObject *mt_ext_int_tuple(const int64_t *v, int n);
 /* A new C-contiguous array; large ones come from the block pool. */

@@ -6,17 +6,41 @@
 
 #include "ext.h"
 
+/* The one table of statuses and the exceptions they are, both ways: C raises by
+ * it, mt_ext_fetch_status maps a Python exception back by it, and Python reads it
+ * (_C.STATUS_EXCEPTIONS, in mpitensor._clib). The most specific first: NumPy's
+ * AxisError is both a ValueError and an IndexError, and goes to the ranks that
+ * learn it as IndexError, as NumPy's own AxisError is caught by `except
+ * IndexError`. Any other status is a RuntimeError, any other exception
+ * MT_ESTATE. */
+static const struct {
+  PyObject **type;
+  int code;
+} status_table[] = {
+    {&PyExc_MemoryError, MT_ENOMEM}, {&PyExc_OverflowError, MT_EOVERFLOW},
+    {&PyExc_IndexError, MT_EINDEX},  {&PyExc_TypeError, MT_ETYPE},
+    {&PyExc_ValueError, MT_EINVAL},  {&PyExc_NotImplementedError, MT_ENOTSUP},
+    {&PyExc_OSError, MT_EIO},
+};
+enum { STATUS_TABLE_LEN = sizeof status_table / sizeof status_table[0] };
+
+PyObject *mt_ext_status_exceptions(void) {
+  PyObject *out = PyTuple_New(STATUS_TABLE_LEN);
+  for (int i = 0; out != NULL && i < STATUS_TABLE_LEN; ++i) {
+    PyObject *pair = Py_BuildValue("(iO)", status_table[i].code, *status_table[i].type);
+    if (pair == NULL) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, i, pair);
+  }
+  return out;
+}
+
 PyObject *mt_ext_raise(int code, const mt_error *err) {
   PyObject *type = PyExc_RuntimeError;
-  switch (code) {
-    case MT_EINVAL: type = PyExc_ValueError; break;
-    case MT_EINDEX: type = PyExc_IndexError; break;
-    case MT_ETYPE: type = PyExc_TypeError; break;
-    case MT_ENOMEM: type = PyExc_MemoryError; break;
-    case MT_ENOTSUP: type = PyExc_NotImplementedError; break;
-    case MT_EOVERFLOW: type = PyExc_OverflowError; break;
-    case MT_EIO: type = PyExc_OSError; break;
-    default: break;
+  for (int i = 0; i < STATUS_TABLE_LEN; ++i) {
+    if (status_table[i].code == code) {
+      type = *status_table[i].type;
+      break;
+    }
   }
   const char *msg = (err != NULL && err->msg[0] != '\0') ? err->msg : mt_strerror(code);
   PyErr_SetString(type, msg);
@@ -24,22 +48,10 @@ PyObject *mt_ext_raise(int code, const mt_error *err) {
 }
 
 int mt_ext_fetch_status(mt_error *err) {
-  /* The most specific first: NumPy's AxisError is both a ValueError and an
-   * IndexError, and raises as IndexError on the ranks that learn it, as NumPy's
-   * own AxisError is caught by `except IndexError`. */
-  static const struct {
-    PyObject **type;
-    int code;
-  } table[] = {
-      {&PyExc_MemoryError, MT_ENOMEM}, {&PyExc_OverflowError, MT_EOVERFLOW},
-      {&PyExc_IndexError, MT_EINDEX},  {&PyExc_TypeError, MT_ETYPE},
-      {&PyExc_ValueError, MT_EINVAL},  {&PyExc_NotImplementedError, MT_ENOTSUP},
-      {&PyExc_OSError, MT_EIO},
-  };
   int code = MT_ESTATE;
-  for (size_t i = 0; i < sizeof table / sizeof table[0]; ++i) {
-    if (PyErr_ExceptionMatches(*table[i].type)) {
-      code = table[i].code;
+  for (int i = 0; i < STATUS_TABLE_LEN; ++i) {
+    if (PyErr_ExceptionMatches(*status_table[i].type)) {
+      code = status_table[i].code;
       break;
     }
   }

@@ -37,6 +37,10 @@ static int module_exec(PyObject *module) {
   d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
   d->modes = &st->modes;
   if (add_address(module, "HOOK_CALLS", d->hook_calls) < 0) return -1;
+  PyObject *statuses = mt_ext_status_exceptions();
+  int rc = statuses == NULL ? -1 : PyModule_AddObjectRef(module, "STATUS_EXCEPTIONS", statuses);
+  Py_XDECREF(statuses);
+  if (rc < 0) return -1;
   return PyModule_AddIntConstant(module, "HOOK_COUNT", MT_HOOK_COUNT);
 }
 

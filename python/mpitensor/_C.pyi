@@ -22,6 +22,9 @@ def empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
 # mt_io_counters), which mpitensor._comm and mpitensor.checkpoint._io read and pass.
 COMM_COUNTERS: int
 IO_COUNTERS: int
+# ((status, exception class), ...), most specific first: the one table by which
+# the extension raises a status and maps an exception back (csrc/ext/ext_args.c).
+STATUS_EXCEPTIONS: tuple[tuple[int, type], ...]
 
 class DTensorBase:
     """The C base of mpitensor.DTensor: its fields and the executor's doors

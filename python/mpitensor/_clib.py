@@ -150,24 +150,17 @@ _DTYPE_CODES = {_dtype_name(i).decode(): i for i in range(64)
                 if _dtype_name(i) != b"unknown"}
 # The codes of the two element types the library computes in.
 CODES = {np.dtype(t).type: _DTYPE_CODES[t] for t in ("float32", "float64")}
-# The exception of each status, as the extension raises them (csrc/ext/ext_args.c).
 _STATUS_CODES = {_status_name(c).decode(): c for c in range(0, -64, -1)}
-_EXCEPTIONS = {b"MT_EINVAL": ValueError, b"MT_EINDEX": IndexError, b"MT_ETYPE": TypeError,
-               b"MT_ENOMEM": MemoryError, b"MT_ENOTSUP": NotImplementedError,
-               b"MT_EOVERFLOW": OverflowError, b"MT_EIO": OSError}
-
-
-# The status of each exception class, subclasses before their bases
-# (NotImplementedError is a RuntimeError): the inverse of _EXCEPTIONS.
-_STATUSES = tuple(sorted(((kind, _STATUS_CODES[name.decode()])
-                         for name, kind in _EXCEPTIONS.items()),
-                        key=lambda pair: -len(pair[0].__mro__)))
+# The exception of each status and back, most specific first: the extension's one
+# table (csrc/ext/ext_args.c), read, never copied.
+_EXCEPTIONS = dict(_C.STATUS_EXCEPTIONS)
+_STATUSES = tuple((kind, code) for code, kind in _C.STATUS_EXCEPTIONS)
 
 
 def check(rc: int, err: Error) -> None:
     """Raises the exception of status ``rc`` with the message in ``err``."""
     if rc != 0:
-        kind = _EXCEPTIONS.get(_status_name(rc), RuntimeError)
+        kind = _EXCEPTIONS.get(rc, RuntimeError)
         raise kind(err.msg.decode(errors="replace") or _strerror(rc).decode())
 
 
