@@ -144,6 +144,32 @@ def op_label(key) -> str:
     return f"numpy.{key}" if isinstance(key, str) else qualified_name(key)
 
 
+def mixed_error(op_name: str, obj) -> TypeError:
+    """The error of an operation given a DTensor and ``obj``, a plain ndarray (or
+    anything else) that is no DTensor operand: the executor's and every rule's.
+    Local.
+
+    Example: ``raise mixed_error("numpy.dot", np.ones(3))``.
+    """
+    what = (f"a plain ndarray of shape {obj.shape!r}" if hasattr(obj, "shape")
+            else f"a {type(obj).__name__}")
+    return TypeError(
+        f"{op_name}: mixing a DTensor with {what} is not supported; wrap it with "
+        f"mpitensor.distribute_tensor(array, mesh, placements) first, or, when every "
+        f"rank holds the same array, run the operation inside "
+        f"mpitensor.experimental.implicit_replication()")
+
+
+def mesh_error(op_name: str, a, b) -> ValueError:
+    """The error of an operation on DTensors of two meshes, in the executor's words
+    (csrc/ext/ext_decide.c). Local.
+
+    Example: ``raise mesh_error("numpy.concatenate", mesh, other)``.
+    """
+    return ValueError(f"{op_name}: the DTensors live on different device meshes ({a!r} "
+                      f"and {b!r}); redistribute them onto one mesh first")
+
+
 def executor_error(kind: str, key, arg) -> None:
     """Raises what the executor refuses (its error hook: mt_ext_error in
     csrc/ext/ext_hooks.c): ``kind`` of the operation ``key``, with ``arg``.
@@ -159,11 +185,7 @@ def executor_error(kind: str, key, arg) -> None:
             "under mpitensor.no_grad() or on .detach()ed DTensors (the gradient through "
             "it would be lost)")
     if kind == "mixed":
-        raise TypeError(
-            f"{op_label(key)}: mixing a DTensor with a plain ndarray of shape "
-            f"{arg.shape!r} is not supported; wrap it with mpitensor.distribute_tensor("
-            "array, mesh, placements) first, or, when every rank holds the same array, "
-            "run the operation inside mpitensor.experimental.implicit_replication()")
+        raise mixed_error(op_label(key), arg)
     if kind == "in_place_grad":  # key: the name of the function that writes in place
         raise RuntimeError(
             f"{key}: a DTensor that requires grad cannot be written in place while grad "

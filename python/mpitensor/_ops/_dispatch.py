@@ -18,7 +18,7 @@ import numbers
 
 import numpy as np
 
-from .. import _C, _modes, _trace, device_mesh as _device_mesh
+from .. import _C, _modes, _registry, _trace, device_mesh as _device_mesh
 from .._clib import CORE, MAX_NDIM, E as _E, I, I64, call, dtype_code, fn, struct
 from .._dtensor import DTensor
 
@@ -137,10 +137,7 @@ def same_mesh(op_name: str, inputs):
     for x in inputs[1:]:
         m = x._spec.mesh
         if m is not mesh and m != mesh:
-            raise ValueError(
-                f"{op_name}: the DTensors live on different device meshes ({mesh} and "
-                f"{m}); redistribute them onto one mesh first"
-            )
+            raise _registry.mesh_error(op_name, mesh, m)
     return mesh
 
 
@@ -237,15 +234,7 @@ def split_operands(name: str, operands):
     return inputs, tuple(pattern)
 
 
-def mixed_error(op_name: str, obj) -> TypeError:
-    what = (f"a plain ndarray of shape {obj.shape}" if isinstance(obj, np.ndarray)
-            else f"a {type(obj).__name__}")
-    return TypeError(
-        f"{op_name}: mixing a DTensor with {what} is not supported; wrap it with "
-        f"mpitensor.distribute_tensor(array, mesh, placements) first, or, when every "
-        f"rank holds the same array, run the operation inside "
-        f"mpitensor.experimental.implicit_replication()"
-    )
+mixed_error = _registry.mixed_error  # the executor's words, for the rules here
 
 
 def relayout(what: str, a, placements, *, records=False):

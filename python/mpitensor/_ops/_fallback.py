@@ -150,8 +150,7 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
     mesh = found[0].device_mesh
     for t in found[1:]:
         if t.device_mesh != mesh:
-            raise ValueError(f"{name}: DTensor does not support cross-mesh operation on "
-                             f"different device meshes: {mesh} and {t.device_mesh}")
+            raise _registry.mesh_error(name, mesh, t.device_mesh)
     if _modes.state.grad_enabled and any(t.requires_grad for t in found):
         raise NotImplementedError(
             f"{name} has no distributed rule and no backward rule in mpitensor.autograd; "
