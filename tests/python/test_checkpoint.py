@@ -205,9 +205,9 @@ def test_replicas_write_nothing_twice_and_partial_is_reduced(tmp, monkeypatch):
     written = []
     real = mt.checkpoint._io.io_save
 
-    def spy(mesh, path, header, shape, itemsize, offset, box_offset, box_shape, buf):
+    def spy(mesh, path, header, shape, itemsize, offset, box_offset, box_shape, buf, **kw):
         written.append(buf.nbytes)
-        return real(mesh, path, header, shape, itemsize, offset, box_offset, box_shape, buf)
+        return real(mesh, path, header, shape, itemsize, offset, box_offset, box_shape, buf, **kw)
 
     monkeypatch.setattr(mt.checkpoint._io, "io_save", spy)
     g = cf.global_array((5, 4), "float64", 3)
@@ -272,12 +272,12 @@ def test_failed_save_leaves_the_existing_file(tmp, monkeypatch):
     real = mt.checkpoint._io.io_save
 
     def bad_last_rank(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape,
-                      buf):
+                      buf, **kw):
         if RANK == N - 1:
             box_offset = (shape[0],) + tuple(box_offset[1:])
             box_shape = (1,) + tuple(box_shape[1:])
             buf = np.zeros(int(np.prod(box_shape)) * itemsize, np.uint8)
-        return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf)
+        return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf, **kw)
 
     monkeypatch.setattr(mt.checkpoint._io, "io_save", bad_last_rank)
     new = mt.distribute_tensor(old + 1, mesh, [Shard(0)])

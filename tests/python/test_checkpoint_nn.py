@@ -184,9 +184,9 @@ def test_entries_on_a_sliced_mesh_are_written_by_one_slice(tmp, monkeypatch):
     writes = []
     real = mt.checkpoint._io.io_save
 
-    def spy(mesh, path, *args):
+    def spy(mesh, path, *args, **kw):
         writes.append((os.path.basename(path).split(".")[0], args[-1].nbytes))
-        return real(mesh, path, *args)
+        return real(mesh, path, *args, **kw)
 
     monkeypatch.setattr(mt.checkpoint._io, "io_save", spy)
     path = os.path.join(tmp, "sliced")
@@ -216,10 +216,10 @@ def test_a_failed_slice_write_raises_on_every_rank(tmp, monkeypatch):
     _, state = sliced_state(two)
     real = _tensor.save_dtensor
 
-    def failing(dt, file):
+    def failing(dt, file, **kw):
         if os.path.basename(file) == "w.npy":
             raise PermissionError(f"cannot write {file!r}")
-        return real(dt, file)
+        return real(dt, file, **kw)
 
     monkeypatch.setattr(_tensor, "save_dtensor", failing)
     outcome = raised(lambda: mt.save(state, os.path.join(tmp, "failing")), PermissionError,

@@ -179,13 +179,13 @@ def test_a_failure_on_one_entry_leaves_the_previous_checkpoint(tmp, monkeypatch)
     before = listing(path)
     real, calls = mt.checkpoint._io.io_save, []
 
-    def fail_on_b(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf):
+    def fail_on_b(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf, **kw):
         calls.append(path_)
         if len(calls) == 2 and RANK == N - 1:
             box_offset = (shape[0],) + tuple(box_offset[1:])
             box_shape = (1,) + tuple(box_shape[1:])
             buf = np.zeros(int(np.prod(box_shape)) * itemsize, np.uint8)
-        return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf)
+        return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf, **kw)
 
     monkeypatch.setattr(mt.checkpoint._io, "io_save", fail_on_b)
     p = Problems()
@@ -207,11 +207,11 @@ def test_a_failed_save_over_an_index_that_does_not_parse_removes_nothing(tmp, mo
     write_index(path, "{broken")
     real, calls = mt.checkpoint._io.io_save, []
 
-    def fail_on_b(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf):
+    def fail_on_b(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf, **kw):
         calls.append(path_)
         if len(calls) == 2:
             box_offset = (shape[0],) + tuple(box_offset[1:])
-        return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf)
+        return real(mesh_, path_, header, shape, itemsize, offset, box_offset, box_shape, buf, **kw)
 
     monkeypatch.setattr(mt.checkpoint._io, "io_save", fail_on_b)
     p = Problems()
@@ -266,11 +266,11 @@ comm.Barrier()
 if mode == "between":
     real, count = _tensor.save_dtensor, [0]
 
-    def killing(dt, file):
+    def killing(dt, file, **kw):
         count[0] += 1
         if count[0] == 3 and comm.Get_rank() == 0:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real(dt, file)
+        return real(dt, file, **kw)
 
     _tensor.save_dtensor = killing
     mt.save(state(1), target)

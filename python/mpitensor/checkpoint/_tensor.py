@@ -74,7 +74,7 @@ def save_dtensor(dt: DTensor, path: str, layout=_npy_layout, durable: bool = Tru
         sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
     header, data_offset = layout(tuple(dt.shape), dt.dtype)
     _io.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, data_offset,
-               offsets, sizes, local.reshape(-1).view(np.uint8), durable)
+               offsets, sizes, local.reshape(-1).view(np.uint8), durable=durable)
     return placements
 
 
