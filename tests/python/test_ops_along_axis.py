@@ -300,3 +300,17 @@ def test_sharded_axis_moves_to_a_free_dim_by_one_all_to_all(name):
     else:
         assert set(mode.get_comm_counts()) <= {"all_gather_into_tensor"}
     check(got, call(full[:, 0, 0]) if name != "fftn" else np.fft.fft(full[:, 0, 0]))
+
+
+@pytest.mark.parametrize("func", [np.quantile, np.nanquantile, np.percentile,
+                                  np.nanpercentile, np.median, np.nanmedian])
+def test_quantiles_of_a_block_left_empty_by_the_move(func):
+    """(7, W + 1) Shard(0) along axis 0 moves to Shard(1), where a rank of 3 or 4 is
+    left no column: its empty result keeps q's dim (NumPy's nanquantile of no lanes
+    drops it), so every rank agrees on the output instead of one raising alone."""
+    g = np.random.default_rng(3).standard_normal((7, W + 1))
+    x = make(g, mesh_of((W,)), [Shard(0)])
+    q = [] if func in (np.median, np.nanmedian) else [[25.0, 50.0] if "percentile" in
+                                                       func.__name__ else [0.25, 0.5]]
+    got = func(x, *q, axis=0)
+    np.testing.assert_allclose(got.full_tensor(), func(g, *q, axis=0), rtol=1e-12)

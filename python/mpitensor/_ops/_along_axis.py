@@ -98,13 +98,21 @@ def along_axes(name, a, axes, compute, *, linear, out_dim=None, result=None):
     a = D.relayout(name, a, target)
     out_dim = out_dim or (lambda k: k)
     kept = [k for k in range(len(spec.shape)) if axes is not None and k not in axes]
-    if mesh.get_coordinate() is None:
-        # Not a member: a stand-in with whole lanes, to learn the output's shape.
-        stand_in = tuple(n if axes is None or k in axes else 1
-                         for k, n in enumerate(spec.shape))
+    # A stand-in of one lane, whole along ``axes``, gives the output's shape where
+    # this rank has no lanes: not a member, or an empty block, of which NumPy may
+    # drop dims (nanquantile's q dim), so that this rank's shape would be another.
+    stand_in = tuple(n if axes is None or k in axes else 1
+                     for k, n in enumerate(spec.shape))
+    mine = a.to_local() if mesh.get_coordinate() is not None else None
+    if mine is None or any(mine.shape[k] == 0 for k in kept):
         local = np.asarray(compute(np.zeros(stand_in, spec.dtype)))
+        if mine is not None:
+            lshape = list(local.shape)
+            for k in kept:
+                lshape[out_dim(k)] = mine.shape[k]
+            local = np.empty(lshape, local.dtype)
     else:
-        local = np.asarray(compute(a.to_local()))
+        local = np.asarray(compute(mine))
     shape = list(local.shape)
     for k in kept:
         shape[out_dim(k)] = spec.shape[k]
