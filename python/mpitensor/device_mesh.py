@@ -453,7 +453,7 @@ class DeviceMesh(_C.MeshBase):
         coord = self._coordinate or [0] * self.ndim
         index = tuple(slice(None) if d in dims else coord[d] for d in range(self.ndim))
         sub = DeviceMesh.__new__(DeviceMesh)
-        names = tuple(self._names[d] for d in dims)
+        names = None if self._names is None else tuple(self._names[d] for d in dims)
         sub._init(self.device_type, self._mesh[index], names,
                   self._handle.slice(dims), self._comm)
         sub._root = self._get_root_mesh()

@@ -251,9 +251,42 @@ def test_unsupported_calls_are_type_errors():
     x = make(np.ones((4, 3)), mesh, [S0])
     with pytest.raises(TypeError, match=r"numpy\.linalg\.lstsq"):
         np.linalg.lstsq(x, x)
-    with pytest.raises(TypeError, match=r"numpy\.maximum\.reduceat"):
-        np.maximum.reduceat(x, [0, 2])
+    with pytest.raises(TypeError, match=r"numpy\.add\.at"):
+        np.add.at(x, [0], 1.0)
     with pytest.raises(TypeError, match=r"where="):
         np.add(x, x, where=True)
     with pytest.raises(TypeError, match="full_tensor"):
         np.asarray(x)
+
+
+@pytest.mark.usefixtures("strict_numpy")
+@pytest.mark.parametrize("ufunc", [np.add, np.maximum, np.multiply, np.logical_or])
+@pytest.mark.parametrize("shape, axis, pl", [
+    ((11,), 0, [S0]), ((9, 4), 0, [S0]), ((4, 9), 1, [Shard(1)]), ((9, 4), 1, [S0]),
+    ((3,), 0, [S0]), ((9, 4), 0, [R])], ids=str)
+def test_reduceat_gives_numpys_value_without_a_gather(ufunc, shape, axis, pl):
+    """Segments that span ranks, empty or reversed ones (a[i] alone), repeated
+    indices: each rank's pieces, gathered over the sharding mesh dim (two
+    all-gathers of one record per segment) and combined."""
+    g = np.random.default_rng(7).standard_normal(shape)
+    if ufunc is np.logical_or:
+        g = g > 0.5
+    x = make(g, mesh_of((W,)), pl)
+    n = shape[axis]
+    for idx in ([0], [0, 2, 5], [n - 1, 0, n - 1], [1, 1, 0]):
+        idx = [i for i in idx if i < n]
+        with CommDebugMode() as mode:
+            got = ufunc.reduceat(x, idx, axis=axis)
+        want = ufunc.reduceat(g, idx, axis=axis)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got.full_tensor(), want, rtol=1e-12)
+        sharded = any(p.is_shard() and p.dim == axis for p in pl) and W > 1
+        assert mode.get_total_counts() == (2 if sharded else 0)
+
+
+def test_reduceat_checks_its_indices_as_numpy():
+    x = make(np.arange(6.0), mesh_of((W,)), [S0])
+    with pytest.raises(IndexError, match="out-of-bounds"):
+        np.add.reduceat(x, [0, 6])
+    with pytest.raises(IndexError, match="out-of-bounds"):
+        np.add.reduceat(x, [-1])

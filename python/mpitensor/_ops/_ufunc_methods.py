@@ -6,18 +6,25 @@
 | ``reduce`` of add, multiply, maximum, minimum, logical_and, logical_or | ``sum``, ``prod``, ``max``, ``min``, ``all``, ``any`` (``axis=0`` by default, as ufunc.reduce) | the reduction's: a reduced sharded dim gives a Partial or a merge |
 | ``accumulate`` of add, multiply | ``cumsum``, ``cumprod`` along ``axis`` (0 by default) | the scan's |
 | ``outer`` of any elementwise ufunc of two operands | the ufunc of the first operand with the second's dims appended, broadcast | the elementwise rule's |
+| ``reduceat`` of add, multiply, maximum, minimum, fmax, fmin and the logical and bitwise ufuncs | each rank's pieces of the segments, all-gathered over the mesh dim that shards the axis and combined (local when none does) | ``len(indices)`` along the axis, Replicate over that mesh dim |
 
-Every other method and ufunc (``reduceat``, ``at``, ``maximum.accumulate``,
+Every other method and ufunc (``at``, ``maximum.accumulate``,
 ``initial=``, ``where=``, ...) raises NoRule before anything moves, which hands the
 call to the fallback (_fallback.py): NumPy on the gathered arrays.
 """
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _registry
 from .._dtensor import DTensor
+from .._dtensor_spec import contiguous_strides
+from .._layout import compute_local_shape_and_global_offset
+from ..placement_types import Replicate, Shard
 
 _REDUCE = {np.add: np.sum, np.multiply: np.prod, np.maximum: np.max, np.minimum: np.min,
            np.logical_and: np.all, np.logical_or: np.any}
@@ -45,6 +52,8 @@ def method(ufunc, name: str, operands: tuple, kwargs: dict):
         return _accumulate(ufunc, label, operands, kwargs)
     if name == "outer":
         return _outer(ufunc, label, operands, kwargs)
+    if name == "reduceat":
+        return _reduceat(ufunc, label, operands, kwargs)
     raise _no_rule(label, "no distributed algorithm")
 
 
@@ -93,6 +102,89 @@ def _accumulate(ufunc, label: str, operands: tuple, kwargs: dict):
         # ufunc.accumulate has no flattening form: NumPy refuses axis=None.
         raise TypeError(f"{label}: axis=None is not supported by accumulate")
     return func(a, **kw)
+
+
+# ufuncs whose reduction may combine the pieces of a segment in any grouping and
+# order: each rank reduces its piece, and the pieces are combined across ranks.
+_REGROUPABLE = frozenset((np.add, np.multiply, np.maximum, np.minimum, np.fmax, np.fmin,
+                          np.logical_and, np.logical_or, np.logical_xor, np.bitwise_and,
+                          np.bitwise_or, np.bitwise_xor))
+
+
+def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
+    """``ufunc.reduceat(a, indices, axis, dtype)``: local when no mesh dim shards
+    ``axis``; else each rank reduces its piece of every segment, the pieces (one
+    record per segment) are all-gathered over the mesh dim that shards ``axis`` and
+    combined in rank order. The result has ``len(indices)`` along ``axis``,
+    Replicate over that mesh dim, the other dims as ``a``'s."""
+    kw = dict(kwargs)
+    for key, value in zip(("indices", "axis", "dtype", "out"), operands[1:]):
+        kw[key] = value
+    a = operands[0]
+    if (type(a) is not DTensor or ufunc not in _REGROUPABLE or len(operands) > 4
+            or kw.get("out") is not None or "indices" not in kw
+            or set(kw) - {"indices", "axis", "dtype", "out"}
+            or isinstance(kw["indices"], DTensor)):
+        raise _no_rule(label, "an operand, keyword or ufunc without a distributed form")
+    spec, dtype = a._spec, kw.get("dtype")
+    axis = normalize_axis_index(operator.index(kw.get("axis", 0)), a.ndim)
+    n = spec.shape[axis]
+    idx = np.asarray(kw["indices"])
+    if idx.ndim != 1 or idx.dtype.kind not in "iu":
+        raise _no_rule(label, "indices that are not a 1-D integer array")
+    for i in idx.tolist():
+        if not 0 <= i < n:
+            raise IndexError(f"index {i} out-of-bounds in {ufunc.__name__}.reduceat "
+                             f"[0, {n})")
+    pl = tuple(spec.placements)
+    dims = [m for m, p in enumerate(pl) if p.is_shard() and p.dim == axis]
+    if any(p.is_partial() or (p.is_shard() and type(p) is not Shard) for p in pl) \
+            or len(dims) > 1:
+        raise _no_rule(label, "a Partial, a strided shard or an axis cut by several "
+                              "mesh dims")
+    mesh = spec.mesh
+    out_shape = spec.shape[:axis] + (len(idx),) + spec.shape[axis + 1:]
+    out_pl = tuple(Replicate() if m in dims else p for m, p in enumerate(pl))
+    if mesh.get_coordinate() is None:
+        res = np.empty((0,), ufunc.reduceat(np.zeros(1, spec.dtype), [0], dtype=dtype).dtype)
+    elif not dims:
+        res = ufunc.reduceat(a.to_local(), idx, axis=axis, dtype=dtype)
+    else:
+        res = _segments_across(ufunc, a, idx, axis, dtype, dims[0])
+    return DTensor.from_local(np.ascontiguousarray(res), mesh, out_pl, shape=out_shape,
+                              stride=contiguous_strides(out_shape))
+
+
+def _segments_across(ufunc, a, idx, axis: int, dtype, m: int) -> np.ndarray:
+    """This rank's block of ``ufunc.reduceat`` along ``axis``, which mesh dim ``m``
+    shards: its pieces of the segments, all-gathered over ``m`` and combined."""
+    spec, local = a._spec, a.to_local()
+    n = spec.shape[axis]
+    _, offsets = compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)
+    lo, hi = offsets[axis], offsets[axis] + local.shape[axis]
+    rest = local.shape[:axis] + local.shape[axis + 1:]
+    kind = ufunc.reduceat(np.zeros((1,), spec.dtype), [0], dtype=dtype).dtype
+    pieces = np.zeros((len(idx),) + rest, kind)
+    have = np.zeros(len(idx), bool)
+    for i, (s, e) in enumerate(zip(idx.tolist(), idx[1:].tolist() + [n])):
+        b, c = max(s, lo), min(e if e > s else s + 1, hi)  # e <= s: the segment is a[s]
+        if b < c:
+            part = np.take(local, np.arange(b - lo, c - lo), axis=axis)
+            pieces[i] = np.squeeze(ufunc.reduceat(part, [0], axis=axis, dtype=dtype), axis)
+            have[i] = True
+    line = spec.mesh._slice([m])
+    every, flags = (DTensor.from_local(x[None], line, [Shard(0)],
+                                       shape=(line.size(),) + x.shape,
+                                       stride=contiguous_strides((line.size(),) + x.shape))
+                    .redistribute(line, [Replicate()]).to_local() for x in (pieces, have))
+    acc, seen = pieces.copy(), np.zeros(len(idx), bool)
+    for r in range(every.shape[0]):
+        here = flags[r].reshape((-1,) + (1,) * len(rest))
+        first = here & ~seen.reshape(here.shape)
+        combined = ufunc(acc, every[r]).astype(kind, copy=False)
+        acc = np.where(first, every[r], np.where(here, combined, acc))
+        seen |= flags[r]
+    return np.moveaxis(acc, 0, axis)
 
 
 def _outer(ufunc, label: str, operands: tuple, kwargs: dict):
