@@ -45,7 +45,8 @@ def _method_row(ufunc) -> list[str]:
         known = {"reduce": ufunc in _ufunc_methods._REDUCE,
                  "accumulate": ufunc in _ufunc_methods._ACCUMULATE,
                  "outer": ufunc.signature is None,
-                 "reduceat": ufunc in _ufunc_methods._REGROUPABLE}.get(m, False)
+                 "reduceat": ufunc in _ufunc_methods._REGROUPABLE,
+                 "at": True}.get(m, False)
         cells.append("distributed" if known else "gathered")
     return cells
 

@@ -251,8 +251,8 @@ def test_unsupported_calls_are_type_errors():
     x = make(np.ones((4, 3)), mesh, [S0])
     with pytest.raises(TypeError, match=r"numpy\.linalg\.lstsq"):
         np.linalg.lstsq(x, x)
-    with pytest.raises(TypeError, match=r"numpy\.add\.at"):
-        np.add.at(x, [0], 1.0)
+    with pytest.raises(TypeError, match=r"numpy\.maximum\.accumulate"):
+        np.maximum.accumulate(x)
     with pytest.raises(TypeError, match=r"where="):
         np.add(x, x, where=True)
     with pytest.raises(TypeError, match="full_tensor"):
@@ -290,3 +290,30 @@ def test_reduceat_checks_its_indices_as_numpy():
         np.add.reduceat(x, [0, 6])
     with pytest.raises(IndexError, match="out-of-bounds"):
         np.add.reduceat(x, [-1])
+
+
+@pytest.mark.usefixtures("strict_numpy")
+@pytest.mark.parametrize("pl", [[S0], [Shard(1)], [R]], ids=str)
+def test_ufunc_at_updates_in_place_without_moving_anything(pl):
+    """Repeated and negative indices, an index per leading dim, a broadcast operand,
+    a one-operand ufunc: each rank applies the updates that land in its block."""
+    cases = [((np.array([0, 0, 4, 6]),), np.array([[1.0], [2.0], [3.0], [4.0]])),
+             ((np.array([0, 0, 4]), np.array([1, 1, 2])), [1.0, 2.0, 3.0]),
+             ((np.array([0, 0, 4]),), 1.0), ((2,), np.arange(3.0)),
+             ((np.array([-1, 1]),), 5.0)]
+    for idx, b in cases:
+        g = np.arange(21.0).reshape(7, 3)
+        x = make(g, mesh_of((W,)), pl)
+        key = idx if len(idx) > 1 else idx[0]
+        with CommDebugMode() as mode:
+            assert np.add.at(x, key, b) is None
+        np.add.at(g, key, b)
+        assert mode.get_total_counts() == 0
+        np.testing.assert_array_equal(x.full_tensor(), g)
+    g = np.arange(5.0)
+    x = make(g, mesh_of((W,)), [S0])
+    np.negative.at(x, [1, 3])
+    np.negative.at(g, [1, 3])
+    np.testing.assert_array_equal(x.full_tensor(), g)
+    with pytest.raises(IndexError, match="out of bounds"):
+        np.add.at(x, [5], 1.0)

@@ -8,7 +8,9 @@
 | ``outer`` of any elementwise ufunc of two operands | the ufunc of the first operand with the second's dims appended, broadcast | the elementwise rule's |
 | ``reduceat`` of add, multiply, maximum, minimum, fmax, fmin and the logical and bitwise ufuncs | each rank's pieces of the segments, all-gathered over the mesh dim that shards the axis and combined (local when none does) | ``len(indices)`` along the axis, Replicate over that mesh dim |
 
-Every other method and ufunc (``at``, ``maximum.accumulate``,
+| ``at`` of any ufunc, with integer indices and a plain or scalar operand | each rank applies the updates that land in its block, in place | the target's (a Partial or strided target, or a DTensor index, gathers) |
+
+Every other method and ufunc (``maximum.accumulate``,
 ``initial=``, ``where=``, ...) raises NoRule before anything moves, which hands the
 call to the fallback (_fallback.py): NumPy on the gathered arrays.
 """
@@ -20,7 +22,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import _registry
+from .. import _modes, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -54,6 +56,8 @@ def method(ufunc, name: str, operands: tuple, kwargs: dict):
         return _outer(ufunc, label, operands, kwargs)
     if name == "reduceat":
         return _reduceat(ufunc, label, operands, kwargs)
+    if name == "at":
+        return _at(ufunc, label, operands, kwargs)
     raise _no_rule(label, "no distributed algorithm")
 
 
@@ -185,6 +189,53 @@ def _segments_across(ufunc, a, idx, axis: int, dtype, m: int) -> np.ndarray:
         acc = np.where(first, every[r], np.where(here, combined, acc))
         seen |= flags[r]
     return np.moveaxis(acc, 0, axis)
+
+
+def _at(ufunc, label: str, operands: tuple, kwargs: dict):
+    """``ufunc.at(a, indices[, b])`` in place, with integer indices (an int, an
+    integer array, or a tuple of them, one per leading dim) and ``b`` a scalar or a
+    plain array, the same on every rank: each rank applies the updates that land
+    in its own block, so nothing moves. Returns None, as NumPy's."""
+    if kwargs or len(operands) not in (2, 3) or type(operands[0]) is not DTensor:
+        raise _no_rule(label, "keywords or a non-DTensor target")
+    a, indices = operands[0], operands[1]
+    b = operands[2] if len(operands) == 3 else None
+    keys = indices if isinstance(indices, tuple) else (indices,)
+    if (isinstance(b, DTensor) or any(isinstance(k, DTensor) for k in keys)
+            or (b is None) != (ufunc.nin == 1)):
+        raise _no_rule(label, "a DTensor index or operand")
+    keys = tuple(np.asarray(k) for k in keys)
+    spec = a._spec
+    if (len(keys) > a.ndim or any(k.dtype.kind not in "iu" for k in keys)
+            or any(p.is_partial() or (p.is_shard() and type(p) is not Shard)
+                   for p in spec.placements)
+            or (a.requires_grad and _modes.state.grad_enabled)):
+        raise _no_rule(label, "an index that is not integers, a Partial or strided "
+                              "target, or one that requires grad")
+    shape = spec.shape
+    keys = np.broadcast_arrays(*keys)
+    for d, k in enumerate(keys):
+        if k.size and (k.min() < -shape[d] or k.max() >= shape[d]):
+            bad = k.min() if k.min() < -shape[d] else k.max()
+            raise IndexError(f"index {bad} is out of bounds for axis {d} with size "
+                             f"{shape[d]}")
+    keys = [np.where(k < 0, k + shape[d], k) for d, k in enumerate(keys)]
+    if spec.mesh.get_coordinate() is None:
+        return None
+    sizes, offsets = compute_local_shape_and_global_offset(shape, spec.mesh,
+                                                           spec.placements)
+    mine = np.ones(keys[0].shape, bool)
+    for d, k in enumerate(keys):
+        mine &= (k >= offsets[d]) & (k < offsets[d] + sizes[d])
+    local_keys = tuple(k[mine] - offsets[d] for d, k in enumerate(keys))
+    rest = tuple(slice(o, o + s) for o, s in zip(offsets[len(keys):], sizes[len(keys):]))
+    local = a.to_local()
+    if b is None:
+        ufunc.at(local, local_keys)
+        return None
+    whole = np.broadcast_to(b, keys[0].shape + shape[len(keys):])
+    ufunc.at(local, local_keys, whole[mine][(slice(None),) + rest])
+    return None
 
 
 def _outer(ufunc, label: str, operands: tuple, kwargs: dict):
