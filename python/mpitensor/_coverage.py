@@ -42,8 +42,9 @@ def _method_row(ufunc) -> list[str]:
         if ufunc.nin != 2 and m != "at":
             cells.append("")
             continue
-        known = {"reduce": ufunc in _ufunc_methods._REDUCE,
-                 "accumulate": ufunc in _ufunc_methods._ACCUMULATE,
+        regroupable = ufunc in _ufunc_methods._REGROUPABLE
+        known = {"reduce": ufunc in _ufunc_methods._REDUCE or regroupable,
+                 "accumulate": ufunc in _ufunc_methods._ACCUMULATE or regroupable,
                  "outer": ufunc.signature is None,
                  "reduceat": ufunc in _ufunc_methods._REGROUPABLE,
                  "at": True}.get(m, False)

@@ -4,13 +4,15 @@
 | method | is | placements |
 |---|---|---|
 | ``reduce`` of add, multiply, maximum, minimum, logical_and, logical_or | ``sum``, ``prod``, ``max``, ``min``, ``all``, ``any`` (``axis=0`` by default, as ufunc.reduce) | the reduction's: a reduced sharded dim gives a Partial or a merge |
+| ``reduce`` of maximum's kin (fmax, fmin, the logical and bitwise ufuncs) along one axis | reduceat's one segment | Replicate over the mesh dim that shards the axis |
 | ``accumulate`` of add, multiply | ``cumsum``, ``cumprod`` along ``axis`` (0 by default) | the scan's |
+| ``accumulate`` of maximum, minimum and the others above | each rank scans its block and combines the totals of the ranks before it (one all-gather of a slice per rank) | ``a``'s |
 | ``outer`` of any elementwise ufunc of two operands | the ufunc of the first operand with the second's dims appended, broadcast | the elementwise rule's |
 | ``reduceat`` of add, multiply, maximum, minimum, fmax, fmin and the logical and bitwise ufuncs | each rank's pieces of the segments, all-gathered over the mesh dim that shards the axis and combined (local when none does) | ``len(indices)`` along the axis, Replicate over that mesh dim |
 
 | ``at`` of any ufunc, with integer indices and a plain or scalar operand | each rank applies the updates that land in its block, in place | the target's (a Partial or strided target, or a DTensor index, gathers) |
 
-Every other method and ufunc (``maximum.accumulate``,
+Every other method and ufunc (``subtract.accumulate``,
 ``initial=``, ``where=``, ...) raises NoRule before anything moves, which hands the
 call to the fallback (_fallback.py): NumPy on the gathered arrays.
 """
@@ -89,7 +91,16 @@ def _one_array(label: str, operands: tuple, kwargs: dict, allowed) -> tuple:
 def _reduce(ufunc, label: str, operands: tuple, kwargs: dict):
     func = _REDUCE.get(ufunc)
     if func is None:
-        raise _no_rule(label, "no reduction of this ufunc")
+        if ufunc not in _REGROUPABLE:
+            raise _no_rule(label, "no reduction of this ufunc")
+        # One segment of the whole axis: reduceat's pieces and their combination.
+        a, kw = _one_array(label, operands, kwargs, _REDUCE_KW)
+        axis = kw.get("axis")
+        if not isinstance(axis, (int, np.integer)) or kw.get("out") is not None:
+            raise _no_rule(label, "an axis that is not one int, or out=")
+        axis = normalize_axis_index(int(axis), a.ndim)
+        got = _reduceat(ufunc, label, (a, [0], axis, kw.get("dtype")), {})
+        return got if kw.get("keepdims") else np.squeeze(got, axis)
     a, kw = _one_array(label, operands, kwargs, _REDUCE_KW)
     if func in (np.all, np.any):
         if kw.pop("dtype", None) not in (None, bool, np.bool_):
@@ -100,7 +111,13 @@ def _reduce(ufunc, label: str, operands: tuple, kwargs: dict):
 def _accumulate(ufunc, label: str, operands: tuple, kwargs: dict):
     func = _ACCUMULATE.get(ufunc)
     if func is None:
-        raise _no_rule(label, "no scan of this ufunc")
+        if ufunc not in _REGROUPABLE:
+            raise _no_rule(label, "no scan of this ufunc")
+        a, kw = _one_array(label, operands, kwargs, _ACCUMULATE_KW)
+        if kw.get("out") is not None or kw["axis"] is None:
+            raise _no_rule(label, "out= or axis=None")
+        return _scan(ufunc, label, a, normalize_axis_index(operator.index(kw["axis"]),
+                                                             a.ndim), kw.get("dtype"))
     a, kw = _one_array(label, operands, kwargs, _ACCUMULATE_KW)
     if kw["axis"] is None:
         # ufunc.accumulate has no flattening form: NumPy refuses axis=None.
@@ -159,6 +176,53 @@ def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
                               stride=contiguous_strides(out_shape))
 
 
+def _scan(ufunc, label: str, a, axis: int, dtype):
+    """``ufunc.accumulate`` along ``axis``: each rank scans its block, the blocks'
+    totals (one slice each) are all-gathered over the mesh dim that shards
+    ``axis``, and each rank combines the totals of the ranks before it into its
+    block. Placements as ``a``'s."""
+    spec = a._spec
+    pl = tuple(spec.placements)
+    dims = [m for m, p in enumerate(pl) if p.is_shard() and p.dim == axis]
+    if any(p.is_partial() or (p.is_shard() and type(p) is not Shard) for p in pl) \
+            or len(dims) > 1:
+        raise _no_rule(label, "a Partial, a strided shard or an axis cut by several "
+                              "mesh dims")
+    kind = ufunc.accumulate(np.zeros((1,), spec.dtype), dtype=dtype).dtype
+    mesh = spec.mesh
+    if mesh.get_coordinate() is None:
+        res = np.empty((0,), kind)
+    else:
+        local = a.to_local()
+        res = ufunc.accumulate(local, axis=axis, dtype=dtype) if local.size else \
+            np.zeros(local.shape, kind)
+        if dims:
+            m = dims[0]
+            last = np.take(res, [-1], axis=axis) if local.shape[axis] else \
+                np.zeros(local.shape[:axis] + (1,) + local.shape[axis + 1:], kind)
+            have = np.array([local.shape[axis] > 0])
+            every, flags = _gather_line(spec.mesh, m, last, have)
+            prefix, seen = None, False
+            for r in range(spec.mesh.get_coordinate()[m]):  # the ranks before this one
+                if flags[r, 0]:
+                    prefix = every[r] if not seen else ufunc(prefix, every[r]).astype(kind)
+                    seen = True
+            if seen and local.size:
+                res = ufunc(prefix, res).astype(kind, copy=False)
+    return DTensor.from_local(np.ascontiguousarray(res), mesh, pl, shape=spec.shape,
+                              stride=contiguous_strides(spec.shape))
+
+
+def _gather_line(mesh, m: int, *arrays):
+    """Each of ``arrays`` (the same shape on every rank of the line) from every rank
+    along mesh dim ``m``, stacked in rank order. One all-gather each."""
+    line = mesh if mesh.ndim == 1 else mesh._slice([m])
+    n = line.size()
+    return tuple(DTensor.from_local(x[None], line, [Shard(0)], shape=(n,) + x.shape,
+                                    stride=contiguous_strides((n,) + x.shape))
+                 .redistribute(line, [Replicate()]).to_local() for x in arrays)
+
+
 def _segments_across(ufunc, a, idx, axis: int, dtype, m: int) -> np.ndarray:
     """This rank's block of ``ufunc.reduceat`` along ``axis``, which mesh dim ``m``
     shards: its pieces of the segments, all-gathered over ``m`` and combined."""
@@ -176,11 +240,7 @@ def _segments_across(ufunc, a, idx, axis: int, dtype, m: int) -> np.ndarray:
             part = np.take(local, np.arange(b - lo, c - lo), axis=axis)
             pieces[i] = np.squeeze(ufunc.reduceat(part, [0], axis=axis, dtype=dtype), axis)
             have[i] = True
-    line = spec.mesh._slice([m])
-    every, flags = (DTensor.from_local(x[None], line, [Shard(0)],
-                                       shape=(line.size(),) + x.shape,
-                                       stride=contiguous_strides((line.size(),) + x.shape))
-                    .redistribute(line, [Replicate()]).to_local() for x in (pieces, have))
+    every, flags = _gather_line(spec.mesh, m, pieces, have)
     acc, seen = pieces.copy(), np.zeros(len(idx), bool)
     for r in range(every.shape[0]):
         here = flags[r].reshape((-1,) + (1,) * len(rest))
