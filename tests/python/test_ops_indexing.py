@@ -238,3 +238,31 @@ def test_zero_d_integer_arrays_are_ints():
     dt = make(np.arange(12.0).reshape(3, 4), mesh_of((W,)), [S0])
     key = (np.array(2), Ellipsis, np.array(-1))
     assert_matches(dt[key], np.arange(12.0).reshape(3, 4)[2, ..., -1])
+
+
+@pytest.mark.parametrize("pl", [[R], [Shard(0)]], ids=str)
+def test_a_basic_slice_that_moves_nothing_is_a_view(pl):
+    """As NumPy's and torch's: writing into the slice, or into it as out=, writes
+    into the DTensor it was cut from, when no sharded dim is cut."""
+    g = np.arange(8.0 * W).reshape(4 * W, 2)
+    a = make(g, mesh_of((W,)), pl)
+    v = a[:, :1]
+    v[...] = -1.0
+    want = g.copy()
+    want[:, :1] = -1.0
+    np.testing.assert_array_equal(a.full_tensor(), want)
+    b = make(g, mesh_of((W,)), pl)
+    np.sum(b, axis=1, keepdims=True, out=b[:, :1])
+    want = g.copy()
+    np.sum(want, axis=1, keepdims=True, out=want[:, :1])
+    np.testing.assert_array_equal(b.full_tensor(), want)
+
+
+def test_a_slice_that_cuts_a_sharded_dim_is_a_copy():
+    """One that moves data is a copy, as torch's: the DTensor stays as it was."""
+    g = np.arange(8.0 * W).reshape(2, 4 * W)
+    a = make(g, mesh_of((W,)), [Shard(1)])
+    v = a[:, 1:]
+    v[...] = -1.0
+    if W > 1:
+        np.testing.assert_array_equal(a.full_tensor(), g)

@@ -215,13 +215,16 @@ def getitem(dt, key):
                        f"{spec.shape} -> {plan.counts}, {spec.dtype}", mesh)
     if plan.cut is None:
         return DTensor(np.empty((0,), spec.dtype), plan.spec)
-    piece = np.ascontiguousarray(dt.to_local()[plan.cut])
+    # Without an exchange the piece is a view of the local array, so that a write
+    # into the result writes into ``dt``, as NumPy's and torch's basic slices do.
+    piece = dt.to_local()[plan.cut or ...]  # a 0-d array's view is [...], not [()]
     if 0 in plan.counts:
         piece = np.empty(local_shape_and_global_offset(
             plan.counts, mesh.shape, mesh._coordinate, plan.mid)[0], spec.dtype)
     elif plan.exchange is not None:
         _trace.report_move("DTensor.__getitem__", spec, plan.mid)
-        piece = _comm.select_exchange(mesh._handle, *plan.exchange, piece)
+        piece = _comm.select_exchange(mesh._handle, *plan.exchange,
+                                      np.ascontiguousarray(piece))
     # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
                                 for o in plan.outdims))
