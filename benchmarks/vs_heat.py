@@ -107,6 +107,22 @@ OPS = [
     Op("argmax(axis=0)", "replicated", lambda n, p: [normal(matrix(n, p))],
        lambda g: np.argmax(g, 0), lambda mesh, x: full(mesh, np.argmax(x, 0)),
        lambda ht, x: ht.argmax(x, 0)),
+    # the rules of issue 44 that Heat has too
+    Op("roll (1-D)", "Shard(0) / split=0", lambda n, p: [normal((n * p,))],
+       lambda g: np.roll(g, 3), lambda mesh, x: np.roll(x, 3), lambda ht, x: ht.roll(x, 3)),
+    Op("diff (1-D)", "Shard(0) / split=0", lambda n, p: [normal((n * p,))], np.diff,
+       lambda mesh, x: np.diff(x), lambda ht, x: ht.diff(x)),
+    Op("concatenate (1-D)", "Shard(0) / split=0",
+       lambda n, p: [normal((n * p,)), normal((n * p,), 1)],
+       lambda a, b: np.concatenate([a, b]), lambda mesh, a, b: np.concatenate([a, b]),
+       lambda ht, a, b: ht.concatenate((a, b), axis=0)),
+    Op("pad rows", "Shard(0) / split=0", lambda n, p: [normal(matrix(n, p))],
+       lambda g: np.pad(g, ((1, 1), (0, 0))), lambda mesh, x: np.pad(x, ((1, 1), (0, 0))),
+       lambda ht, x: ht.pad(x, ((1, 1), (0, 0)))),
+    Op("unique (1-D ints)", "replicated",
+       lambda n, p: [np.random.default_rng(2).integers(0, 1000, n * p).astype(np.float64)],
+       np.unique, lambda mesh, x: full(mesh, np.unique(x)),
+       lambda ht, x: ht.resplit(ht.unique(x, sorted=True), None)),
 ]
 
 
