@@ -23,7 +23,9 @@ Barrier, each time the max over ranks:
 * ``single``  (np > 1) the one-process model on every rank at once (a mesh over
               MPI_COMM_SELF, one core each): the time np 1 takes, under the same load;
 * ``mt``      mpitensor on the mesh;
-* ``torch``   torch on the same mesh over gloo, one thread per rank.
+* ``torch``   torch on the same mesh over gloo, one thread per rank;
+* ``mt_ckpt`` (``--checkpoint``) mpitensor with each block checkpoint_wrapper-ed
+              (activation checkpointing): its time and peak memory beside ``mt``'s.
 
 Reported per hidden size: median and [min..max] of each time, ``speedup = single /
 mt`` (np 1 -> np N), ``torch / mt``, and each variant's peak memory of a step on
@@ -255,9 +257,12 @@ def value(loss) -> float:
         return float(loss.to_local())
 
 
-def case(comm, cfg, dims, data, reps, torch):
+def case(comm, cfg, dims, data, reps, torch, checkpoint=False):
     mesh = G.make_mesh(dims, comm)
     runs = {"mt": MtRun(cfg, mesh, data)}
+    if checkpoint:
+        ckpt = G.Config(**{**vars(cfg), "checkpoint": True})
+        runs["mt_ckpt"] = MtRun(ckpt, mesh, data)
     if comm.size > 1:
         runs["single"] = MtRun(cfg, G.make_mesh((1,), MPI.COMM_SELF), data)
     if torch is not None:
@@ -268,7 +273,7 @@ def case(comm, cfg, dims, data, reps, torch):
         runs["torch"] = TorchRun(torch, cfg, dims, data, weights)
     # The first step of each, side by side: the same loss before any timing.
     first = {k: r.step() for k, r in runs.items()}
-    losses = {"mt": G.global_loss(first["mt"], mesh)}
+    losses = {k: G.global_loss(first[k], mesh) for k in ("mt", "mt_ckpt") if k in first}
     if "torch" in first:
         t = first["torch"]
         t = t.full_tensor() if hasattr(t, "full_tensor") else t
@@ -297,6 +302,9 @@ def case(comm, cfg, dims, data, reps, torch):
     if "torch" in times:
         row["torch_over_mt"] = ratio(times["torch"], times["mt"])
         row["memory_mt_over_torch"] = memory["mt"] / memory["torch"]
+    if "mt_ckpt" in times:
+        row["ckpt_time_over_mt"] = ratio(times["mt_ckpt"], times["mt"])
+        row["memory_ckpt_over_mt"] = memory["mt_ckpt"] / memory["mt"]
     return row
 
 
@@ -361,6 +369,8 @@ def main():
     ap.add_argument("--mesh", default=None, help="N (tp) or DPxTP; default: all ranks on tp")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="also time the model with activation checkpointing (mt_ckpt)")
     ap.add_argument("--param-dtype", default=None, choices=("bfloat16", "float16"),
                     help="instead of timing: one step's bytes, float32 beside fully_shard's "
                          "MixedPrecisionPolicy(param_dtype=...)")
@@ -395,7 +405,7 @@ def main():
             if comm.rank == 0:
                 print_bytes(hidden, table)
             continue
-        row = case(comm, cfg, dims, data, args.reps, torch)
+        row = case(comm, cfg, dims, data, args.reps, torch, args.checkpoint)
         rows.append(row)
         if comm.rank == 0:
             mem = row["memory_bytes"]
@@ -410,6 +420,11 @@ def main():
                          f"  torch/mt {fmt(row['torch_over_mt'], unit='x')}"
                          f"  memory mt {mem['mt'] / 2**20:.0f} MiB, torch "
                          f"{mem['torch'] / 2**20:.0f} MiB ({row['memory_mt_over_torch']:.2f}x)")
+            if "mt_ckpt" in row:
+                line += (f"  checkpointed {fmt(row['mt_ckpt'], 1e3, 'ms')}"
+                         f" ({fmt(row['ckpt_time_over_mt'], unit='x')} of mt's time), memory "
+                         f"{mem['mt_ckpt'] / 2**20:.0f} MiB "
+                         f"({row['memory_ckpt_over_mt']:.2f}x of mt's)")
             print(line, flush=True)
     if comm.rank == 0 and args.profile is None:
         name = f"train-np{comm.size}{'' if args.mesh is None else '-' + args.mesh}"
