@@ -158,11 +158,7 @@ def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
             raise IndexError(f"index {i} out-of-bounds in {ufunc.__name__}.reduceat "
                              f"[0, {n})")
     pl = tuple(spec.placements)
-    dims = [m for m, p in enumerate(pl) if p.is_shard() and p.dim == axis]
-    if any(p.is_partial() or (p.is_shard() and type(p) is not Shard) for p in pl) \
-            or len(dims) > 1:
-        raise _no_rule(label, "a Partial, a strided shard or an axis cut by several "
-                              "mesh dims")
+    dims = _axis_dims(label, pl, axis)
     mesh = spec.mesh
     out_shape = spec.shape[:axis] + (len(idx),) + spec.shape[axis + 1:]
     out_pl = tuple(Replicate() if m in dims else p for m, p in enumerate(pl))
@@ -176,6 +172,17 @@ def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
                               stride=contiguous_strides(out_shape))
 
 
+def _axis_dims(label: str, pl: tuple, axis: int) -> list:
+    """The mesh dim that shards ``axis`` (a list of at most one), for the methods
+    that combine per-rank pieces along it; NoRule for a layout they do not take."""
+    dims = [m for m, p in enumerate(pl) if p.is_shard() and p.dim == axis]
+    if any(p.is_partial() or (p.is_shard() and type(p) is not Shard) for p in pl) \
+            or len(dims) > 1:
+        raise _no_rule(label, "a Partial, a strided shard or an axis cut by several "
+                              "mesh dims")
+    return dims
+
+
 def _scan(ufunc, label: str, a, axis: int, dtype):
     """``ufunc.accumulate`` along ``axis``: each rank scans its block, the blocks'
     totals (one slice each) are all-gathered over the mesh dim that shards
@@ -183,11 +190,7 @@ def _scan(ufunc, label: str, a, axis: int, dtype):
     block. Placements as ``a``'s."""
     spec = a._spec
     pl = tuple(spec.placements)
-    dims = [m for m, p in enumerate(pl) if p.is_shard() and p.dim == axis]
-    if any(p.is_partial() or (p.is_shard() and type(p) is not Shard) for p in pl) \
-            or len(dims) > 1:
-        raise _no_rule(label, "a Partial, a strided shard or an axis cut by several "
-                              "mesh dims")
+    dims = _axis_dims(label, pl, axis)
     kind = ufunc.accumulate(np.zeros((1,), spec.dtype), dtype=dtype).dtype
     mesh = spec.mesh
     if mesh.get_coordinate() is None:
