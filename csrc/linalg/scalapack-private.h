@@ -28,19 +28,24 @@ typedef void (*mt__sl_potrf)(const char *uplo, const int *n, void *a, const int 
 typedef void (*mt__sl_laset)(const char *uplo, const int *m, const int *n,
                              const void *alpha, const void *beta, void *a, const int *ia,
                              const int *ja, const int *desca, size_t);
-/* pssyevd and pdsyevd (real: no rwork). */
-typedef void (*mt__sl_syevd)(const char *jobz, const char *uplo, const int *n, void *a,
-                             const int *ia, const int *ja, const int *desca, void *w,
+/* pssyevr and pdsyevr (real: no rwork). VL and VU are reals of the type's
+ * precision, unread when RANGE is 'A'. */
+typedef void (*mt__sl_syevr)(const char *jobz, const char *range, const char *uplo,
+                             const int *n, void *a, const int *ia, const int *ja,
+                             const int *desca, const void *vl, const void *vu,
+                             const int *il, const int *iu, int *m, int *nz, void *w,
                              void *z, const int *iz, const int *jz, const int *descz,
-                             void *work, const int *lwork, int *iwork, const int *liwork,
-                             int *info, size_t, size_t);
-/* pcheevd and pzheevd. */
-typedef void (*mt__sl_heevd)(const char *jobz, const char *uplo, const int *n, void *a,
-                             const int *ia, const int *ja, const int *desca, void *w,
+                             void *work, const int *lwork, int *iwork,
+                             const int *liwork, int *info, size_t, size_t, size_t);
+/* pcheevr and pzheevr. */
+typedef void (*mt__sl_heevr)(const char *jobz, const char *range, const char *uplo,
+                             const int *n, void *a, const int *ia, const int *ja,
+                             const int *desca, const void *vl, const void *vu,
+                             const int *il, const int *iu, int *m, int *nz, void *w,
                              void *z, const int *iz, const int *jz, const int *descz,
                              void *work, const int *lwork, void *rwork,
                              const int *lrwork, int *iwork, const int *liwork, int *info,
-                             size_t, size_t);
+                             size_t, size_t, size_t);
 
 /* The routines of one element type. */
 typedef struct mt__sl_typed {
@@ -50,8 +55,8 @@ typedef struct mt__sl_typed {
   mt__sl_getri getri;
   mt__sl_potrf potrf;
   mt__sl_laset laset;
-  mt__sl_syevd syevd; /* s and d */
-  mt__sl_heevd heevd; /* c and z */
+  mt__sl_syevr syevr; /* s and d */
+  mt__sl_heevr heevr; /* c and z */
 } mt__sl_typed;
 
 struct mt_scalapack {

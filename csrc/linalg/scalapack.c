@@ -266,76 +266,60 @@ int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
   return rc;
 }
 
-/* The smallest workspaces pXsyevd and pXheevd document (work, rwork, iwork): a
- * floor under their answers to a workspace query, which some releases give too
- * small for small blocks. */
-static void eigh_minimum(const job *j, int minimum[3]) {
-  int64_t n = j->n, nb = j->nb, np = j->cyc.local_rows, nq = j->cyc.local_cols;
-  int64_t tri = 3 * n + (nb * (np + 1) > 3 * nb ? nb * (np + 1) : 3 * nb);
-  int64_t real = (1 + 6 * n + 2 * np * nq > tri ? 1 + 6 * n + 2 * np * nq : tri) + 2 * n;
-  int64_t blocks = (n + nb - 1) / nb + 1, np0 = blocks / j->g.nprow * nb + nb;
-  int64_t mq0 = blocks / j->g.npcol * nb + nb;
-  minimum[0] = (int)(j->t->syevd != NULL ? real : n + (np0 + mq0 + nb) * nb);
-  minimum[1] = (int)(1 + 9 * n + 3 * np * nq);
-  minimum[2] = (int)(7 * n + 8 * (int64_t)j->g.npcol + 2);
-}
-
-/* The workspace sizes pXsyevd or pXheevd asks for: work, rwork (complex types
- * only) and iwork, in elements. */
-static void eigh_query(job *j, const char *uplo, void *w, int sizes[3], int *info) {
-  double wq[2] = {0, 0}, rq = 0;
-  float rqf = 0;
-  int iq = 0, minus = -1;
-  if (j->t->syevd != NULL)
-    j->t->syevd("V", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, w,
-                j->cyc.data, &j->one, &j->one, j->cyc.desc, wq, &minus, &iq, &minus, info,
-                1, 1);
+/* pXsyevr or pXheevr (MRRR) on the cyclic matrix, all eigenvalues: `jobz` "V" or
+ * "N", Z described by `z`, workspaces of `sizes` (work, rwork, iwork; -1 asks). */
+static void eigh_call(job *j, const char *jobz, const char *uplo, void *w,
+                      const mt__sl_matrix *z, void *work, void *rwork, int *iwork,
+                      const int sizes[3], int *info) {
+  double bound = 0;
+  int m = 0, nz = 0, zero = 0;
+  if (j->t->syevr != NULL)
+    j->t->syevr(jobz, "A", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc,
+                &bound, &bound, &zero, &zero, &m, &nz, w, z->data, &j->one, &j->one,
+                z->desc, work, &sizes[0], iwork, &sizes[2], info, 1, 1, 1);
   else
-    j->t->heevd("V", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, w,
-                j->cyc.data, &j->one, &j->one, j->cyc.desc, wq, &minus,
-                j->k == 2 ? (void *)&rqf : (void *)&rq, &minus, &iq, &minus, info, 1, 1);
-  int minimum[3];
-  eigh_minimum(j, minimum);
-  sizes[0] = query_size(j, wq);
-  sizes[1] = (int)(j->k == 2 ? (double)rqf : rq) + 1;
-  sizes[2] = iq + 1;
-  for (int i = 0; i < 3; ++i)
-    if (sizes[i] < minimum[i]) sizes[i] = minimum[i];
-  /* pXlaed3 (in the divide and conquer) writes past both on grids where some
-   * process holds a short last block: a margin of a few blocks' columns. */
-  int64_t margin = (int64_t)j->n * j->nb + 2 * (int64_t)j->nb * j->nb + 8 * (int64_t)j->n;
-  sizes[0] += (int)margin;
-  sizes[1] += (int)margin;
+    j->t->heevr(jobz, "A", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc,
+                &bound, &bound, &zero, &zero, &m, &nz, w, z->data, &j->one, &j->one,
+                z->desc, work, &sizes[0], rwork, &sizes[1], iwork, &sizes[2], info, 1, 1,
+                1);
 }
 
-/* pXsyevd or pXheevd into the cyclic Z, with workspaces of `sizes`. */
-static void eigh_run(job *j, const char *uplo, void *w, mt__sl_matrix *z, int sizes[3],
-                     void *work, void *rwork, int *iwork, int *info) {
-  if (j->t->syevd != NULL)
-    j->t->syevd("V", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, w,
-                z->data, &j->one, &j->one, z->desc, work, &sizes[0], iwork, &sizes[2],
-                info, 1, 1);
-  else
-    j->t->heevd("V", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, w,
-                z->data, &j->one, &j->one, z->desc, work, &sizes[0], rwork, &sizes[1],
-                iwork, &sizes[2], info, 1, 1);
+/* The workspace sizes the eigensolver asks for (work, rwork for the complex types,
+ * iwork, in elements), with a margin of a few columns: some releases answer the
+ * query short of what they use on grids where a process holds a short block. */
+static void eigh_query(job *j, const char *jobz, const char *uplo, void *w,
+                       const mt__sl_matrix *z, int sizes[3], int *info) {
+  double wq[2] = {0, 0}, rq[2] = {0, 0};
+  int iq[2] = {0, 0}, ask[3] = {-1, -1, -1};
+  eigh_call(j, jobz, uplo, w, z, wq, rq, iq, ask, info);
+  int64_t margin = 4 * (int64_t)j->n + 2 * (int64_t)j->nb * j->nb;
+  int64_t real = (int64_t)(j->k == 2 ? (double)*(const float *)rq : rq[0]);
+  sizes[0] = (int)(query_size(j, wq) + margin);
+  sizes[1] = (int)(real + 1 + margin);
+  sizes[2] = (int)(iq[0] + 1 + margin);
 }
 
-/* Allocates the eigensolver's workspaces and Z, agreed, then runs it. */
-static int eigh_solve(job *j, const char *uplo, void *w, mt__sl_matrix *z, int *info,
-                      mt_error *err) {
-  int sizes[3];
+/* Allocates the eigensolver's workspaces (and Z with `vectors`), agreed, then runs
+ * it: the eigenvalues into `w`, the eigenvectors into `z`. */
+static int eigh_solve(job *j, const char *uplo, int vectors, void *w, mt__sl_matrix *z,
+                      int *info, mt_error *err) {
+  int sizes[3], rc = MT_OK;
   void *work = NULL, *rwork = NULL, *iwork = NULL;
-  eigh_query(j, uplo, w, sizes, info);
-  size_t real = j->k % 2 == 0 ? sizeof(float) : sizeof(double);
-  int rc = mt__sl_matrix_init(j->sl, &j->g, j->n, j->n, j->nb, j->nb, j->itemsize, NULL,
-                              z, err);
+  const char *jobz = vectors ? "V" : "N";
+  if (vectors)
+    rc = mt__sl_matrix_init(j->sl, &j->g, j->n, j->n, j->nb, j->nb, j->itemsize, NULL, z,
+                            err);
   rc = mt__sl_agree(&j->g, rc, err);
-  if (rc == MT_OK) rc = agreed_alloc(j, &work, sizes[0], j->itemsize, err);
+  if (rc != MT_OK) return rc;
+  /* Without vectors Z is never read: A's descriptor stands in for its own. */
+  const mt__sl_matrix *zd = vectors ? z : &j->cyc;
+  eigh_query(j, jobz, uplo, w, zd, sizes, info);
+  size_t real = j->k % 2 == 0 ? sizeof(float) : sizeof(double);
+  rc = agreed_alloc(j, &work, sizes[0], j->itemsize, err);
   if (rc == MT_OK) rc = agreed_alloc(j, &rwork, sizes[1], real, err);
   if (rc == MT_OK) rc = agreed_alloc(j, &iwork, sizes[2], sizeof(int), err);
   if (rc == MT_OK) {
-    eigh_run(j, uplo, w, z, sizes, work, rwork, iwork, info);
+    eigh_call(j, jobz, uplo, w, zd, work, rwork, iwork, sizes, info);
     rc = mt__sl_agree_info(&j->g, info, err);
   }
   free(work);
@@ -351,7 +335,7 @@ int mt_scalapack_eigh(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int co
   mt__sl_matrix z = {0};
   int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
   if (rc != MT_OK) return rc;
-  rc = eigh_solve(&j, upper ? "U" : "L", w, &z, info, err);
+  rc = eigh_solve(&j, upper ? "U" : "L", vectors, w, &z, info, err);
   if (rc == MT_OK && *info == 0 && vectors)
     j.t->gemr2d(&j.n, &j.n, z.data, &j.one, &j.one, z.desc, j.blk.data, &j.one, &j.one,
                 j.blk.desc, &j.g.ctxt);

@@ -66,8 +66,8 @@ static int load_typed(void *handle, char letter, mt__sl_typed *t, mt_error *err)
     if (rc != MT_OK) return rc;
   }
   int complex = letter == 'c' || letter == 'z';
-  snprintf(name, sizeof name, complex ? "p%cheevd_" : "p%csyevd_", letter);
-  return load(handle, name, complex ? (char *)&t->heevd : (char *)&t->syevd, err);
+  snprintf(name, sizeof name, complex ? "p%cheevr_" : "p%csyevr_", letter);
+  return load(handle, name, complex ? (char *)&t->heevr : (char *)&t->syevr, err);
 }
 
 static int load_all(struct mt_scalapack *sl, mt_error *err) {

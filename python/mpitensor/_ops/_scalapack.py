@@ -404,7 +404,7 @@ def _eigen(name, a, UPLO, vectors):
     real = np.finfo(dtype).dtype
     batch, blocks = _local_stack(a, dtype)
     ws = []
-    address = _address(a, name, "pXsyevd" if dtype.kind == "f" else "pXheevd")
+    address = _address(a, name, "pXsyevr" if dtype.kind == "f" else "pXheevr")
     for block in blocks:
         w = np.empty(n, real)
         call(_eigh, sl, address, rows, cols, letter, n, block.ctypes.data,
@@ -421,8 +421,8 @@ def _eigen(name, a, UPLO, vectors):
 
 @_registry.implements(np.linalg.eigh)
 def eigh(a, UPLO="L"):
-    """np.linalg.eigh of a DTensor: ScaLAPACK's divide and conquer (pXsyevd,
-    pXheevd) on the sharded matrix; eigenvalues ascending and Replicate, the
+    """np.linalg.eigh of a DTensor: ScaLAPACK's MRRR eigensolver (pXsyevr,
+    pXheevr) on the sharded matrix; eigenvalues ascending and Replicate, the
     eigenvectors laid out as ``a``. Collective on the mesh.
 
     Example::
@@ -436,8 +436,9 @@ def eigh(a, UPLO="L"):
 
 @_registry.implements(np.linalg.eigvalsh)
 def eigvalsh(a, UPLO="L"):
-    """np.linalg.eigvalsh of a DTensor: the eigenvalues of :func:`eigh`'s ScaLAPACK
-    path, ascending and Replicate. Collective on the mesh.
+    """np.linalg.eigvalsh of a DTensor: ScaLAPACK's pXsyevr or pXheevr asked for
+    the eigenvalues alone (the tridiagonal reduction's messages, no eigenvectors
+    computed or moved), ascending and Replicate. Collective on the mesh.
 
     Example::
 
