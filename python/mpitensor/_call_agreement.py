@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from . import _C, _comm, _modes
+from . import _C, _clib, _comm, _modes
 from ._fingerprint import fingerprint
 
 __all__ = ["agree_call", "call_fingerprint"]
@@ -51,10 +51,24 @@ def agree_call(name: str, args: tuple, kwargs: dict, caller) -> None:
     mesh = _mesh_of(args) or _mesh_of(kwargs.values())
     if mesh is None or mesh.size() == 1 or mesh._coordinate is None:
         return
-    _comm.agree(mesh._handle, True, call_fingerprint(name, args, kwargs),
-                f"{name}: the ranks of the mesh made different calls (other arguments, "
-                f"or DTensors of other placements, shapes or dtypes); every rank of the "
-                f"mesh must make the same call", ValueError)
+    _comm.agree_fingerprint(mesh._handle, call_fingerprint(name, args, kwargs),
+                            _message(name))
+
+
+# The ValueError's text per function, encoded once: a call agreement must cost little.
+_messages: dict = {}
+
+
+def _message(name: str) -> bytes:
+    text = _messages.get(name)
+    if text is None:
+        if len(_messages) > 4096:
+            _messages.clear()
+        text = _messages[name] = _clib.message(
+            f"{name}: the ranks of the mesh made different calls (other arguments, or "
+            f"DTensors of other placements, shapes or dtypes); every rank of the mesh "
+            f"must make the same call")
+    return text
 
 
 def _called_by_program(frame) -> bool:
@@ -83,10 +97,23 @@ def call_fingerprint(name: str, args: tuple, kwargs: dict) -> int:
 
     Example: ``call_fingerprint("numpy.sum", (dt,), {"axis": 0})``.
     """
-    parts: list = [name]
-    _digest(args, parts)
+    # Flat: the count of positional arguments first, so that f(x, "axis", 1) and
+    # f(x, axis=1) differ; the common arguments (DTensors, ints, None) inline,
+    # because this runs on every call a program makes.
+    parts: list = [name, len(args)]
+    for v in args:
+        if type(v) in _INLINE:
+            parts.append(v)
+        else:
+            _digest(v, parts)
     if kwargs:
-        _digest(sorted(kwargs.items()), parts)
+        for k in sorted(kwargs):
+            parts.append(k)
+            v = kwargs[k]
+            if type(v) in _INLINE:
+                parts.append(v)
+            else:
+                _digest(v, parts)
     return fingerprint(parts)
 
 
@@ -105,12 +132,14 @@ def _placements(placements) -> str:
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, np.generic, slice,
           type(Ellipsis))
+# Exact types whose repr is their canonical value.
+_INLINE = frozenset((type(None), bool, int, float, str))
 
 
 def _digest(v, parts: list) -> None:
     if isinstance(v, _C.DTensorBase):
         spec = v._spec
-        parts.append(("T", _placements(spec.placements), spec.shape, spec.dtype.str))
+        parts.extend(("T", _placements(spec.placements), spec.shape, spec.dtype.str))
     elif isinstance(v, _PLAIN):
         parts.append(v)
     elif type(v) in (list, tuple):

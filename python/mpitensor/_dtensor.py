@@ -97,8 +97,16 @@ class DTensor(_C.DTensorBase):
         for t in types:
             if t is not DTensor and not issubclass(t, np.ndarray):
                 return NotImplemented
-        _call_agreement.agree_call(_registry.qualified_name(func), args, kwargs,
-                                   sys._getframe(1))
+        name = _names.get(func)
+        if name is None:
+            name = _names[func] = _registry.qualified_name(func)
+        _call_agreement.agree_call(name, args, kwargs, sys._getframe(1))
+        method = _METHODS.get(func)
+        if (method is not None and 0 < len(args) <= 2 and type(args[0]) is DTensor
+                and func not in _registry.rules and _METHOD_KEYWORDS.issuperset(kwargs)):
+            # The C method runs the same rule without the registry's Python entry
+            # (which it calls itself for any argument it does not take).
+            return method(*args, **kwargs)
         if func in _registry.functions or func in _registry.rules:
             try:
                 return _registry.call(func, *args, **kwargs)
@@ -918,6 +926,15 @@ _C.dispatch_init(DTensor, DTensorSpec, Node, _comm.Request, Replicate(),
                  tuple(Shard(d) for d in range(_clib.MAX_NDIM)),
                  tuple(Partial(op) for op in _clib.CORE.REDUCE_OPS), _registry.functions,
                  _registry.rules, _registry.backwards)
+
+
+# __array_function__'s: the name a user writes of each NumPy function called on
+# DTensors, and the reductions the C base runs as methods.
+_names: dict = {}
+_METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
+            for name in ("sum", "mean", "prod", "max", "min", "all", "any", "std", "var",
+                         "argmax", "argmin")}
+_METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
 
 
 def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names,
