@@ -798,3 +798,52 @@ def _rows_only(a) -> bool:
 
 _registry.implements(np.cumsum)(_cumulative(np.cumsum, True, CORE.REDUCE_SUM))
 _registry.implements(np.cumprod)(_cumulative(np.cumprod, False, CORE.REDUCE_PRODUCT))
+
+
+def _identity_slab(res, ax, value):
+    """A DTensor of ``res``'s shape with length one along ``ax``, filled with
+    ``value``, laid out as ``res`` except that ``ax`` and Partials are replicated,
+    made on every rank without communicating."""
+    from .. import _factories  # the ground floor's factory, imported when first used
+    shape = tuple(1 if d == ax else n for d, n in enumerate(res.shape))
+    pls = [Replicate() if p.is_partial() or (p.is_shard() and p.dim == ax) else p
+           for p in res._spec.placements]
+    return _factories.full(shape, value, res.dtype, device_mesh=res.device_mesh,
+                           placements=pls)
+
+
+def _array_api_cumulative(func, scan, identity):
+    name = f"numpy.{func.__name__}"
+
+    def impl(x, /, *, axis=None, dtype=None, out=None, include_initial=False):
+        _check(name, x)
+        _no_out(name, out)
+        if x.ndim == 0:
+            x = np.reshape(x, (1,))
+        if axis is None:
+            if x.ndim >= 2:
+                raise ValueError("For arrays which have more than one dimension "
+                                 "``axis`` argument is required.")
+            axis = 0
+        ax = normalize_axis_tuple(operator.index(axis), x.ndim)[0]
+        # NumPy's own dtype for x's (the accumulate's), given to the scan explicitly.
+        dtype = func(np.zeros((1,) * x.ndim, x.dtype), axis=ax, dtype=dtype).dtype
+        res = scan(x, axis=ax, dtype=dtype)
+        if not include_initial:
+            return res
+        return np.concatenate([_identity_slab(res, ax, identity), res], axis=ax)
+    impl.__name__ = func.__name__
+    impl.__doc__ = (f"{name} of a DTensor: ``{scan.__name__}``'s rule along ``axis`` (a "
+                    f"scan of each shard from the totals of the shards before it when "
+                    f"the axis is sharded), with ``include_initial`` the identity "
+                    f"prepended along the axis by numpy.concatenate's rule (rows move "
+                    f"only where the longer axis cuts the shards elsewhere). Collective "
+                    f"on the mesh dims that shard the axis.\n\nExample: "
+                    f"``{name}(dt, axis=0, include_initial=True)``.")
+    return impl
+
+
+_registry.implements(np.cumulative_sum)(
+    _array_api_cumulative(np.cumulative_sum, _registry.functions[np.cumsum], 0))
+_registry.implements(np.cumulative_prod)(
+    _array_api_cumulative(np.cumulative_prod, _registry.functions[np.cumprod], 1))

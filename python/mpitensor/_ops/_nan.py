@@ -1,7 +1,7 @@
 """The NaN-ignoring reductions, ``np.ptp`` and ``np.average`` of DTensors, written
 as DTensor operations so that the engine places them: ``nanmean``, ``nanvar``,
-``nanstd``, ``nanmax``, ``nanmin``, ``nanargmax``, ``nanargmin`` (``nansum`` is in
-_reductions.py).
+``nanstd``, ``nanmax``, ``nanmin``, ``nanargmax``, ``nanargmin``, ``nanprod`` and the
+scans ``nancumsum`` and ``nancumprod`` (``nansum`` is in _reductions.py).
 
 Each is NumPy's own recipe on the whole array: NaNs replaced by what leaves a
 reduction unchanged (zero for sums, the infinity on the other side for extremes)
@@ -26,7 +26,7 @@ from ..placement_types import Replicate
 from . import _dispatch as D
 
 __all__ = ["nanmean", "nanvar", "nanstd", "nanmax", "nanmin", "nanargmax", "nanargmin",
-           "ptp", "average"]
+           "ptp", "average", "nanprod", "nancumsum", "nancumprod"]
 
 
 def _check(name, a, out=None, **unsupported):
@@ -249,3 +249,45 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=np._NoValue)
     avg = _reduced(name, np.sum(np.multiply(a, weights, dtype=kind), axis=axis,
                                 keepdims=keepdims)) / wsum
     return (avg, wsum) if returned else avg
+
+
+def _replace_nan(a, value):
+    """``a`` with its NaNs replaced by ``value``, as NumPy's nan functions first do
+    (an array of no inexact dtype is left as it is). Local for Shard and Replicate."""
+    return np.where(np.isnan(a), value, a) if _inexact(a) else a
+
+
+@_registry.implements(np.nanprod)
+def nanprod(a, axis=None, dtype=None, out=None, keepdims=np._NoValue, initial=np._NoValue,
+            where=np._NoValue):
+    """``np.nanprod`` of a DTensor: ``np.prod`` with NaNs as one, so a sharded reduced
+    axis leaves a Partial(product) the size of the result. Collective on the mesh
+    when a reduced axis is sharded and the result is read.
+
+    Example: ``np.nanprod(dt, axis=0)``.
+    """
+    _check("numpy.nanprod", a, out, initial=initial, where=where)
+    return np.prod(_replace_nan(a, 1), axis=axis, dtype=dtype, keepdims=_keep(keepdims))
+
+
+@_registry.implements(np.nancumsum)
+def nancumsum(a, axis=None, dtype=None, out=None):
+    """``np.nancumsum`` of a DTensor: ``np.cumsum``'s rule with NaNs as zero (one
+    exclusive scan of the shard totals along a sharded axis). Collective on the
+    mesh dims that shard the axis.
+
+    Example: ``np.nancumsum(dt, axis=0)``.
+    """
+    _check("numpy.nancumsum", a, out)
+    return np.cumsum(_replace_nan(a, 0), axis=axis, dtype=dtype)
+
+
+@_registry.implements(np.nancumprod)
+def nancumprod(a, axis=None, dtype=None, out=None):
+    """``np.nancumprod`` of a DTensor: ``np.cumprod``'s rule with NaNs as one.
+    Collective on the mesh dims that shard the axis.
+
+    Example: ``np.nancumprod(dt, axis=1)``.
+    """
+    _check("numpy.nancumprod", a, out)
+    return np.cumprod(_replace_nan(a, 1), axis=axis, dtype=dtype)

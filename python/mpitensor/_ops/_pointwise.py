@@ -1,0 +1,221 @@
+"""NumPy functions that are not ufuncs but answer element by element, on DTensors:
+``np.angle``, ``np.fix``, ``np.i0``, ``np.sinc``, ``np.iscomplex``, ``np.isreal``,
+``np.isneginf``, ``np.isposinf``, ``np.nan_to_num``, ``np.astype``,
+``np.digitize`` (with bins every rank holds alike) and ``np.real_if_close`` (one
+flag reduced over the mesh).
+
+Each runs NumPy's own function on every rank's block, so each element is NumPy's
+value, bit for bit, and the output keeps the input's Shard and Replicate
+placements without communicating. None of them is linear, so a Partial input is
+reduced first. The result's dtype and NumPy's errors for a dtype come from one
+call on a one-element stand-in of the input's dtype, made on every rank before
+anything runs: a rank whose block is empty would otherwise answer with another
+dtype, or not raise while the others do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _registry
+from .._dtensor import DTensor
+from ..placement_types import Replicate
+from . import _dispatch as D
+from ._inplace import write_result
+from ._select import _everywhere, _run_elementwise, astype as _astype
+
+__all__ = ["angle", "fix", "i0", "sinc", "iscomplex", "isreal", "isneginf", "isposinf",
+           "nan_to_num", "astype", "digitize", "real_if_close"]
+
+
+def _dtensor(name, x):
+    if type(x) is not DTensor:
+        if isinstance(x, np.ndarray):
+            raise D.mixed_error(name, x)
+        raise TypeError(f"{name}: expected a DTensor, got {type(x).__name__}")
+    return x
+
+
+def per_element(name, key, x, func):
+    """``func`` of each rank's block of the DTensor ``x``, cast to the dtype ``func``
+    gives for ``x``'s dtype; Shard and Replicate kept, a Partial reduced first.
+    Local unless ``x`` has a Partial.
+
+    Example: ``per_element("numpy.fix", ("fix",), dt, np.fix)``.
+    """
+    x = _dtensor(name, x)
+    dtype = np.asarray(func(np.zeros(1, x.dtype))).dtype
+    return _run_elementwise(name, key, (x,), lambda v: np.asarray(func(v), dtype))
+
+
+def _no_out(name, out):
+    if out is not None:
+        raise _registry.NoRule(f"{name}: out= is not supported on DTensors")
+
+
+@_registry.implements(np.angle)
+def angle(z, deg=False):
+    """``np.angle`` of a DTensor, element by element. Local for Shard and Replicate.
+
+    Example: ``np.angle(dt, deg=True)``.
+    """
+    deg = bool(deg)
+    return per_element("numpy.angle", ("angle", deg), z, lambda v: np.angle(v, deg))
+
+
+@_registry.implements(np.fix)
+def fix(x, out=None):
+    """``np.fix`` of a DTensor (rounding toward zero). Local for Shard and Replicate.
+
+    Example: ``np.fix(dt)``.
+    """
+    _no_out("numpy.fix", out)
+    return per_element("numpy.fix", ("fix",), x, np.fix)
+
+
+@_registry.implements(np.i0)
+def i0(x):
+    """``np.i0`` of a DTensor (the modified Bessel function of order 0), NumPy's
+    TypeError for complex values. Local for Shard and Replicate.
+
+    Example: ``np.i0(dt)``.
+    """
+    return per_element("numpy.i0", ("i0",), x, np.i0)
+
+
+@_registry.implements(np.sinc)
+def sinc(x):
+    """``np.sinc`` of a DTensor. Local for Shard and Replicate.
+
+    Example: ``np.sinc(dt)``.
+    """
+    return per_element("numpy.sinc", ("sinc",), x, np.sinc)
+
+
+@_registry.implements(np.iscomplex)
+def iscomplex(x):
+    """``np.iscomplex`` of a DTensor: a bool DTensor of its layout. Local for Shard
+    and Replicate.
+
+    Example: ``np.iscomplex(dt).any()``.
+    """
+    return per_element("numpy.iscomplex", ("iscomplex",), x, np.iscomplex)
+
+
+@_registry.implements(np.isreal)
+def isreal(x):
+    """``np.isreal`` of a DTensor: a bool DTensor of its layout. Local for Shard and
+    Replicate.
+
+    Example: ``np.isreal(dt).all()``.
+    """
+    return per_element("numpy.isreal", ("isreal",), x, np.isreal)
+
+
+@_registry.implements(np.isneginf)
+def isneginf(x, out=None):
+    """``np.isneginf`` of a DTensor; NumPy's TypeError for complex values. Local for
+    Shard and Replicate.
+
+    Example: ``np.isneginf(dt)``.
+    """
+    _no_out("numpy.isneginf", out)
+    return per_element("numpy.isneginf", ("isneginf",), x, np.isneginf)
+
+
+@_registry.implements(np.isposinf)
+def isposinf(x, out=None):
+    """``np.isposinf`` of a DTensor; NumPy's TypeError for complex values. Local for
+    Shard and Replicate.
+
+    Example: ``np.isposinf(dt)``.
+    """
+    _no_out("numpy.isposinf", out)
+    return per_element("numpy.isposinf", ("isposinf",), x, np.isposinf)
+
+
+@_registry.implements(np.nan_to_num)
+def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
+    """``np.nan_to_num`` of a DTensor with scalar replacements; ``copy=False``
+    writes into ``x`` and returns it, as NumPy. Local for Shard and Replicate.
+
+    Example: ``np.nan_to_num(dt, posinf=1e300)``.
+    """
+    name = "numpy.nan_to_num"
+    x = _dtensor(name, x)
+    for v in (nan, posinf, neginf):
+        if v is not None and not D.is_scalar(v):
+            raise _registry.NoRule(f"{name}: replacements that are arrays are not "
+                                   f"supported on DTensors")
+    if not copy and x.dtype.kind not in "fc":
+        return x  # NumPy returns the array itself: nothing to replace
+    result = per_element(name, ("nan_to_num", nan, posinf, neginf), x,
+                         lambda v: np.nan_to_num(v, nan=nan, posinf=posinf, neginf=neginf))
+    if copy:
+        return result
+    write_result(name, x, result)
+    return x
+
+
+@_registry.implements(np.astype)
+def astype(x, dtype, /, *, copy=True, device=None):
+    """``np.astype`` of a DTensor: ``DTensor.astype``, placements kept (a Partial
+    only where the cast keeps its sum exact). Local unless a Partial must be
+    reduced.
+
+    Example: ``np.astype(dt, np.float32)``.
+    """
+    name = "numpy.astype"
+    x = _dtensor(name, x)
+    if device not in (None, "cpu"):
+        raise ValueError(f'Device not understood. Only "cpu" is allowed, but received: '
+                         f'{device}')
+    return _astype(x, dtype, copy=bool(copy))
+
+
+def _replicated_bins(name, bins, mesh):
+    """``bins`` as the plain array every rank holds: a DTensor is made Replicate
+    (it is small beside ``x``: the bins, never the data, move)."""
+    if type(bins) is DTensor:
+        if bins._spec.mesh != mesh:
+            raise _registry.mesh_error(name, mesh, bins._spec.mesh)
+        return D.relayout(name, bins, [Replicate()] * mesh.ndim).to_local()
+    return np.asarray(bins)
+
+
+@_registry.implements(np.digitize)
+def digitize(x, bins, right=False):
+    """``np.digitize`` of a DTensor ``x`` with ``bins`` that every rank passes alike
+    (a plain array, or a DTensor made Replicate first): each rank bins its own
+    block, the output placed as ``x``; NumPy's errors for complex ``x`` and bins
+    that are not monotonic on every rank. Local when the bins are plain or
+    Replicate.
+
+    Example: ``np.digitize(dt, np.array([0.0, 1.0, 2.5]))``.
+    """
+    name = "numpy.digitize"
+    x = _dtensor(name, x)
+    bins = _replicated_bins(name, bins, x.device_mesh)
+    right = bool(right)
+    return per_element(name, ("digitize", bins.tobytes(), bins.shape, bins.dtype.str, right),
+                       x, lambda v: np.digitize(v, bins, right))
+
+
+@_registry.implements(np.real_if_close)
+def real_if_close(a, tol=100):
+    """``np.real_if_close`` of a DTensor: its real part when every imaginary part is
+    below the tolerance, found locally and agreed by one all-reduce of a flag;
+    else ``a``. Collective on the mesh for complex values.
+
+    Example: ``np.real_if_close(dt + 0j).dtype == np.float64``.
+    """
+    name = "numpy.real_if_close"
+    a = _dtensor(name, a)
+    if a.dtype.kind != "c":
+        return a
+    if tol > 1:
+        tol = np.finfo(a.dtype).eps * tol
+    if any(p.is_partial() for p in a.placements):
+        a = D.relayout(name, a, [Replicate() if p.is_partial() else p for p in a.placements])
+    small = bool(np.all(np.absolute(a.to_local().imag) < tol))
+    return np.real(a) if _everywhere(a.device_mesh, small) else a

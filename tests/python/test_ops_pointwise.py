@@ -1,0 +1,252 @@
+"""The per-element NumPy functions that are not ufuncs (_pointwise.py), the ones that
+read only shapes and dtypes (_metadata.py), the array API's scans and the nan scans
+and product: NumPy's value bit for bit and its dtype on every rank, for every
+layout of the suite's meshes on shapes that leave shards empty; nothing moves
+for a Shard or Replicate input of the per-element and metadata functions; NumPy's
+exception types for bad arguments."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from mpitensor import Partial, Replicate, Shard
+from mpitensor._ops._fallback import GatherWarning
+from mpitensor.debug import CommDebugMode
+from ops_helpers import W, corner_layouts, make, matches_or_raises_alike, mesh_of, mesh_shapes
+
+R, S0, S1 = Replicate(), Shard(0), Shard(1)
+SHAPES = ((0, 3), (3, 0), (1, 3), (2, 1), (5, 4), (4, 7), (3, 2, 5))
+SPECIAL = np.array([1.5, -2.5, np.nan, np.inf, -np.inf, 0.0, -0.0, 7.25, -3.0, 2.0, 1e300])
+
+
+def exact(result, expect):
+    """``result`` (a DTensor) is ``expect`` bit for bit: shape, dtype and bytes."""
+    expect = np.asarray(expect)
+    got = result.full_tensor()
+    assert got.shape == expect.shape, (got.shape, expect.shape)
+    assert got.dtype == expect.dtype, (got.dtype, expect.dtype)
+    assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(expect).tobytes(), \
+        (got, expect)
+
+
+def values(shape, kind):
+    n = int(np.prod(shape))
+    base = np.resize(SPECIAL, n).reshape(shape)
+    if kind == "c":
+        return base + 1j * np.resize(SPECIAL[::-1], n).reshape(shape) * (np.arange(n) % 3 == 0
+                                                                       ).reshape(shape)
+    if kind == "i":
+        return (np.arange(n).reshape(shape) % 7 - 3).astype(np.int32)
+    return base
+
+
+def no_gather():
+    w = warnings.catch_warnings()
+    w.__enter__()
+    warnings.simplefilter("error", GatherWarning)
+    warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's own, on inf and nan
+    return w
+
+
+def plain(pls):
+    return not any(p.is_partial() for p in pls)
+
+
+ELEMENTWISE = [
+    ("angle", lambda x: np.angle(x), "fic"),
+    ("angle_deg", lambda x: np.angle(x, deg=True), "fc"),
+    ("fix", np.fix, "fi"),
+    ("i0", np.i0, "fi"),
+    ("sinc", np.sinc, "fc"),
+    ("iscomplex", np.iscomplex, "fic"),
+    ("isreal", np.isreal, "fic"),
+    ("isneginf", np.isneginf, "fi"),
+    ("isposinf", np.isposinf, "fi"),
+    ("nan_to_num", np.nan_to_num, "fic"),
+    ("nan_to_num_kw", lambda x: np.nan_to_num(x, nan=-1.0, posinf=9.0, neginf=-9.0), "fc"),
+    ("astype", lambda x: np.astype(x, np.float32), "fic"),
+    ("digitize", lambda x: np.digitize(x.real if x.dtype.kind == "c" else x,
+                                       np.array([-3.0, 0.0, 1.5, 2.0])), "fi"),
+    ("digitize_right_down", lambda x: np.digitize(x, np.array([5, 2, 0, -1]), right=True), "fi"),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("op", ELEMENTWISE, ids=lambda o: o[0])
+def test_elementwise_bit_for_bit(op, shape):
+    _, func, kinds = op
+    for kind in kinds:
+        full = values(shape, kind)
+        for mesh, pls in corner_layouts(len(shape)):
+            dt = make(full, mesh, pls)
+            # Partial parts sum to the value up to the sign of a zero.
+            ref = full if plain(pls) else dt.full_tensor()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expect = func(ref)
+            w = no_gather()
+            try:
+                with CommDebugMode() as mode:
+                    got = func(dt)
+            finally:
+                w.__exit__(None, None, None)
+            if plain(pls):
+                assert mode.get_total_counts() == 0
+                assert got.placements == pls
+            exact(got, expect)
+
+
+def test_real_if_close_and_nan_to_num_in_place():
+    for mesh, pls in corner_layouts(2, partial=False):
+        full = np.arange(12.0).reshape(4, 3) + 1e-16j
+        dt = make(full, mesh, pls)
+        w = no_gather()
+        try:
+            exact(np.real_if_close(dt), np.real_if_close(full))
+            bumped = make(full + (np.arange(12).reshape(4, 3) == 11) * 1j, mesh, pls)
+            exact(np.real_if_close(bumped), full + (np.arange(12).reshape(4, 3) == 11) * 1j)
+            x = make(np.array([[np.nan, 1.0, np.inf]] * 4), mesh, pls)
+            assert np.nan_to_num(x, copy=False) is x
+            exact(x, np.nan_to_num(np.array([[np.nan, 1.0, np.inf]] * 4)))
+            ints = make(np.arange(12).reshape(4, 3), mesh, pls)
+            assert np.nan_to_num(ints, copy=False) is ints
+        finally:
+            w.__exit__(None, None, None)
+
+
+def test_numpys_errors():
+    mesh = mesh_of((W,))
+    c = make(np.ones((4, 3), complex), mesh, (S0,))
+    f = make(np.ones((4, 3)), mesh, (S0,))
+    cases = [
+        (lambda x: np.isposinf(x), c, np.ones((4, 3), complex)),
+        (lambda x: np.isneginf(x), c, np.ones((4, 3), complex)),
+        (lambda x: np.i0(x), c, np.ones((4, 3), complex)),
+        (lambda x: np.digitize(x, [1, 2]), c, np.ones((4, 3), complex)),
+        (lambda x: np.digitize(x, [3, 1, 2]), f, np.ones((4, 3))),
+        (lambda x: np.digitize(x, [[1, 2]]), f, np.ones((4, 3))),
+        (lambda x: np.astype(x, np.float32, device="gpu"), f, np.ones((4, 3))),
+        (lambda x: np.cumulative_sum(x), f, np.ones((4, 3))),
+        (lambda x: np.cumulative_sum(x, axis=2), f, np.ones((4, 3))),
+        (lambda x: np.size(x, 2), f, np.ones((4, 3))),
+        (lambda x: np.common_type(x), make(np.ones((4, 3), bool), mesh, (S0,)),
+         np.ones((4, 3), bool)),
+        (lambda x: np.can_cast(x, x), f, np.ones((4, 3))),
+        (lambda x: np.linalg.vector_norm(x, ord="fro"), f, np.ones((4, 3))),
+    ]
+    for func, dt, full in cases:
+        matches_or_raises_alike(lambda: func(dt), lambda: func(full),
+                                compare=lambda got, expect: exact(got, expect))
+
+
+def test_metadata_moves_nothing():
+    for mesh, pls in corner_layouts(3):
+        for full in (np.zeros((5, 0, 3), np.float32), np.zeros((3, 4, 2), np.int16)):
+            dt = make(full, mesh, pls)
+            other = make(np.zeros((4, 1), np.complex64), mesh, pls[:0] + (R,) * mesh.ndim)
+            with CommDebugMode() as mode:
+                assert np.ndim(dt) == np.ndim(full)
+                assert np.shape(dt) == np.shape(full)
+                assert np.size(dt) == np.size(full) and np.size(dt, 1) == np.size(full, 1)
+                assert np.size(dt, (0, 2)) == np.size(full, (0, 2))
+                assert np.iscomplexobj(dt) is np.iscomplexobj(full)
+                assert np.isrealobj(dt) is np.isrealobj(full)
+                assert np.common_type(dt, other) is np.common_type(full, np.zeros(1, np.complex64))
+                assert np.result_type(dt, 3.0, np.int8) == np.result_type(full, 3.0, np.int8)
+                for to in (np.float16, np.int8, np.float64):
+                    for casting in ("safe", "same_kind", "unsafe"):
+                        assert np.can_cast(dt, to, casting) == np.can_cast(full, to, casting)
+                assert np.min_scalar_type(dt) == np.min_scalar_type(full)
+                assert np.may_share_memory(dt, dt.T) and not np.may_share_memory(dt, dt.copy())
+            assert mode.get_total_counts() == 0
+
+
+def test_min_scalar_type_of_a_scalar_and_shares_memory():
+    for shape in mesh_shapes():
+        mesh = mesh_of(shape)
+        for pls in ((R,) * mesh.ndim, (Partial("sum"),) * mesh.ndim):
+            for value in (3, 300, -70000, 2.5, 1e300):
+                full = np.array(value)
+                dt = make(full, mesh, pls)
+                assert np.min_scalar_type(dt) == np.min_scalar_type(full)
+        dt = make(np.arange(24.0).reshape(6, 4), mesh, (S0,) * mesh.ndim)
+        assert np.shares_memory(dt, dt.T) is True
+        assert np.shares_memory(dt, dt.copy()) is False
+        assert np.shares_memory(dt[:, :1], dt[:, 1:]) is False
+
+
+def test_broadcast_arrays():
+    for mesh, pls in corner_layouts(2):
+        a_full = np.arange(15.0).reshape(5, 3)
+        b_full = np.arange(3.0).reshape(1, 3) - 1
+        a = make(a_full, mesh, pls)
+        b = make(b_full, mesh, tuple(R if p == S0 else p for p in pls))
+        w = no_gather()
+        try:
+            with CommDebugMode() as mode:
+                got = np.broadcast_arrays(a, b)
+            if plain(pls):
+                assert mode.get_total_counts() == 0
+        finally:
+            w.__exit__(None, None, None)
+        assert isinstance(got, tuple) and got[0] is a
+        for g, e in zip(got, np.broadcast_arrays(a_full, b_full)):
+            exact(g, e)
+
+
+SCAN_SHAPES = ((0, 3), (1, 3), (2, 1), (5, 4), (7,), (0,), (3, 2, 5))
+
+
+@pytest.mark.parametrize("shape", SCAN_SHAPES, ids=str)
+def test_scans_and_nanprod(shape):
+    n = int(np.prod(shape))
+    # Small integers as floats: every sum and product is exact, so any order of
+    # accumulation is NumPy's value to the bit.
+    full = (np.arange(n) % 5 - 2).astype(np.float64).reshape(shape)
+    full.reshape(-1)[::4] = np.nan
+    ints = (np.arange(n) % 4 + 1).astype(np.int8).reshape(shape)
+    for mesh, pls in corner_layouts(len(shape)):
+        dt, di = make(full, mesh, pls), make(ints, mesh, pls)
+        w = no_gather()
+        try:
+            for ax in range(len(shape)):
+                for init in (False, True):
+                    exact(np.cumulative_sum(di, axis=ax, include_initial=init),
+                          np.cumulative_sum(ints, axis=ax, include_initial=init))
+                    exact(np.cumulative_prod(di, axis=ax, include_initial=init),
+                          np.cumulative_prod(ints, axis=ax, include_initial=init))
+                    exact(np.cumulative_sum(dt, axis=ax, dtype=np.float32,
+                                            include_initial=init),
+                          np.cumulative_sum(full, axis=ax, dtype=np.float32,
+                                            include_initial=init))
+                exact(np.nancumsum(dt, axis=ax), np.nancumsum(full, axis=ax))
+                exact(np.nancumprod(dt, axis=ax), np.nancumprod(full, axis=ax))
+                exact(np.nanprod(dt, axis=ax), np.nanprod(full, axis=ax))
+                exact(np.nanprod(di, axis=ax, keepdims=True), np.nanprod(ints, axis=ax,
+                                                                          keepdims=True))
+            exact(np.nanprod(dt), np.asarray(np.nanprod(full)))
+            if len(shape) == 1:
+                exact(np.cumulative_sum(dt), np.cumulative_sum(full))
+                exact(np.cumulative_prod(di, include_initial=True),
+                      np.cumulative_prod(ints, include_initial=True))
+        finally:
+            w.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes(), ids=str)
+def test_scan_along_a_sharded_axis_moves_lanes_not_the_array(mesh_shape):
+    mesh = mesh_of(mesh_shape)
+    full = (np.arange(64 * 8) % 3).astype(np.float64).reshape(64, 8)
+    pls = (S0,) * mesh.ndim
+    dt = make(full, mesh, pls)
+    with CommDebugMode() as mode:
+        got = np.cumulative_sum(dt, axis=0)
+        nan = np.nancumsum(dt, axis=0)
+    assert got.placements == pls and nan.placements == pls
+    # What moves is a few lanes' totals per rank, not the 64 rows.
+    assert sum(mode.get_comm_bytes().values()) <= 4 * W * 8 * 8
+    exact(got, np.cumulative_sum(full, axis=0))
+    exact(nan, np.nancumsum(full, axis=0))
