@@ -70,7 +70,10 @@ def normal(shape, seed=0) -> np.ndarray:
 
 
 def full(mesh, x):
-    """mpitensor's result replicated on every rank (a DTensor's whole array)."""
+    """mpitensor's result replicated on every rank (a DTensor's whole array; the
+    histograms already give NumPy arrays on every rank)."""
+    if isinstance(x, np.ndarray):
+        return x
     return x.redistribute(mesh, [Replicate()]).to_local()
 
 
@@ -123,6 +126,55 @@ OPS = [
        lambda n, p: [np.random.default_rng(2).integers(0, 1000, n * p).astype(np.float64)],
        np.unique, lambda mesh, x: full(mesh, np.unique(x)),
        lambda ht, x: ht.resplit(ht.unique(x, sorted=True), None)),
+    # more of the functions both libraries distribute
+    Op("mean", "replicated", lambda n, p: [normal(matrix(n, p))], np.mean,
+       lambda mesh, x: np.mean(x).full_tensor(), lambda ht, x: ht.mean(x)),
+    Op("max(axis=0)", "replicated", lambda n, p: [normal(matrix(n, p))],
+       lambda g: np.max(g, axis=0), lambda mesh, x: full(mesh, np.max(x, axis=0)),
+       lambda ht, x: ht.max(x, axis=0)),
+    Op("exp", "Shard(0) / split=0", lambda n, p: [normal(matrix(n, p))], np.exp,
+       lambda mesh, x: np.exp(x), lambda ht, x: ht.exp(x)),
+    Op("where(x > 0)", "Shard(0) / split=0", lambda n, p: [normal(matrix(n, p))],
+       lambda g: np.where(g > 0, g, 0.0), lambda mesh, x: np.where(x > 0, x, 0.0),
+       lambda ht, x: ht.where(x > 0, x, 0.0)),
+    Op("median (1-D)", "replicated", lambda n, p: [normal((n * p,))], np.median,
+       lambda mesh, x: full(mesh, np.median(x)), lambda ht, x: ht.median(x)),
+    Op("nonzero (1-D)", "Shard(0) / split=0", lambda n, p: [normal((n * p,))],
+       lambda g: np.flatnonzero(g > 0), lambda mesh, x: np.flatnonzero(x > 0),
+       lambda ht, x: ht.nonzero(x > 0)),
+    Op("bincount", "replicated",
+       lambda n, p: [np.random.default_rng(3).integers(0, 100, n * p)], np.bincount,
+       lambda mesh, x: full(mesh, np.bincount(x)), lambda ht, x: ht.bincount(x)),
+    Op("histogram (10 bins)", "replicated", lambda n, p: [normal((n * p,))],
+       lambda g: np.histogram(g, bins=10, range=(-4, 4))[0],
+       lambda mesh, x: full(mesh, np.histogram(x, bins=10, range=(-4, 4))[0]),
+       lambda ht, x: ht.histogram(x, bins=10, range=(-4, 4))),
+    Op("cov (8 columns)", "replicated", lambda n, p: [normal((max(1, n // 8) * p, 8))],
+       lambda g: np.cov(g, rowvar=False), lambda mesh, x: full(mesh, np.cov(x, rowvar=False)),
+       lambda ht, x: ht.cov(x, rowvar=False)),
+    Op("tril", "Shard(0) / split=0", lambda n, p: [normal(matrix(n, p))], np.tril,
+       lambda mesh, x: np.tril(x), lambda ht, x: ht.tril(x)),
+    Op("trace", "replicated", lambda n, p: [normal(matrix(n, p))], np.trace,
+       lambda mesh, x: full(mesh, np.trace(x)), lambda ht, x: ht.trace(x)),
+    Op("repeat (1-D)", "Shard(0) / split=0", lambda n, p: [normal((n * p,))],
+       lambda g: np.repeat(g, 2), lambda mesh, x: np.repeat(x, 2),
+       lambda ht, x: ht.repeat(x, 2)),
+    Op("flip (1-D)", "Shard(0) / split=0", lambda n, p: [normal((n * p,))], np.flip,
+       lambda mesh, x: np.flip(x), lambda ht, x: ht.flip(x)),
+    Op("vstack", "Shard(0) / split=0",
+       lambda n, p: [normal(matrix(n, p)), normal(matrix(n, p), 1)],
+       lambda a, b: np.vstack([a, b]), lambda mesh, a, b: np.vstack([a, b]),
+       lambda ht, a, b: ht.vstack((a, b))),
+    Op("convolve (3 taps)", "Shard(0) / split=0", lambda n, p: [normal((n * p,))],
+       lambda g: np.convolve(g, [1.0, 2.0, 3.0], mode="same"),
+       lambda mesh, x: np.convolve(x, np.array([1.0, 2.0, 3.0]), mode="same"),
+       lambda ht, x: ht.convolve(x, ht.array([1.0, 2.0, 3.0]), mode="same")),
+    Op("average(axis=0)", "replicated", lambda n, p: [normal(matrix(n, p))],
+       lambda g: np.average(g, axis=0), lambda mesh, x: full(mesh, np.average(x, axis=0)),
+       lambda ht, x: ht.average(x, axis=0)),
+    Op("reshape (1-D to n x 8)", "Shard(0) / split=0", lambda n, p: [normal((n * p,))],
+       lambda g: g.reshape(-1, 8), lambda mesh, x: np.reshape(x, (-1, 8)),
+       lambda ht, x: ht.reshape(x, (-1, 8), new_split=0)),
 ]
 
 
