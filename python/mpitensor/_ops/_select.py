@@ -1,7 +1,7 @@
 """Selection, conversion and comparison on DTensors: ``np.where``, ``np.clip``,
 ``DTensor.astype``, ``DTensor.copy`` / ``np.copy``, ``np.round``, ``np.isclose``,
-``np.allclose`` and ``np.array_equal`` (compared locally, then one all-reduce of
-a flag), and ``np.take_along_axis``.
+``np.allclose``, ``np.array_equal`` and ``np.array_equiv`` (compared locally, then
+one all-reduce of a flag), and ``np.take_along_axis``.
 
 ``where`` and ``clip`` are elementwise dim maps (DTensor operands right-aligned
 with broadcasting, scalars passed to NumPy as they are) that reduce every Partial
@@ -178,6 +178,25 @@ def array_equal(a1, a2, equal_nan=False):
         return np.asarray(x == y)
     same = _run_elementwise("numpy.array_equal", ("array_equal", equal_nan), (a1, a2),
                             compare)
+    return _everywhere(same.device_mesh, bool(same.to_local().all()))
+
+
+@_registry.implements(np.array_equiv)
+def array_equiv(a1, a2):
+    """np.array_equiv of DTensors: False at once (no communication) when their
+    global shapes do not broadcast together, else compared elementwise with
+    broadcasting and one all-reduce of a flag. Collective on the mesh.
+
+    Example: ``np.array_equiv(dt, dt[:1])`` is True when every row of ``dt`` is
+    its first.
+    """
+    shapes = [np.shape(x) if type(x) is not DTensor else x.shape for x in (a1, a2)]
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        return False
+    same = _run_elementwise("numpy.array_equiv", "array_equiv", (a1, a2),
+                            lambda x, y: np.asarray(x == y))
     return _everywhere(same.device_mesh, bool(same.to_local().all()))
 
 
