@@ -262,6 +262,38 @@ def test_overwrite_is_whole_and_leaves_no_temporary_files(tmp):
     assert all_ranks(glob.glob(os.path.join(tmp, "*.tmp")) == [])
 
 
+def test_a_save_without_syncs_replaces_whole_and_spares_open_readers(tmp):
+    """The old file is put aside and removed, never cut or overwritten: a reader
+    that opened it before the save still reads the old array to its end."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "quick.npy")
+    old, new = cf.global_array((13, 5), "float64", 1), cf.global_array((13, 5), "float64", 2)
+    mt.save(mt.distribute_tensor(old, mesh, [Shard(0)]), path, durable=False)
+    with open(path, "rb") as f:
+        COMM.Barrier()  # every rank holds the old file open
+        mt.save(mt.distribute_tensor(new, mesh, [Shard(0)]), path, durable=False)
+        assert all_ranks(bits_equal(np.load(f), old))
+    assert all_ranks(bits_equal(np.load(path), new))
+    assert all_ranks(glob.glob(os.path.join(tmp, "*.tmp")) == [])
+
+
+def test_a_file_never_replaces_a_directory_that_took_its_place(tmp):
+    """save() refuses a directory at the path before it writes; one that appears
+    after that check still fails the save, and stays where it is."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "raced.npy")
+    if RANK == 0:
+        os.mkdir(path)
+        open(os.path.join(path, "inside"), "w").close()
+    COMM.Barrier()
+    dt = mt.distribute_tensor(cf.global_array((6, 2), "int32", 1), mesh, [Shard(0)])
+    save = mt.checkpoint._tensor.save_dtensor  # past the check, as in a race
+    outcome = raised(lambda: save(dt, path, durable=False), OSError, "Is a directory")
+    assert all_ranks(outcome is True), outcome
+    assert all_ranks(os.listdir(path) == ["inside"])
+    assert all_ranks(glob.glob(os.path.join(tmp, "*.tmp")) == [])
+
+
 def test_failed_save_leaves_the_existing_file(tmp, monkeypatch):
     """One rank passes a box outside the array: every rank raises, the old file
     stays whole, and no temporary file is left."""

@@ -57,9 +57,10 @@ MT_EXPORT void mt_io_counters_read(const mt_io_counters *counters, int64_t *read
  * `io_thread` nonzero a POSIX thread that makes no MPI call writes or reads one
  * chunk while the next is exchanged (with 0, or when the thread cannot start, each
  * chunk's transfer runs after its exchange). `durable` zero skips a save's syncs
- * (the rename stays whole or nothing for other processes, but a power cut may undo
- * it), as numpy.save makes none. `counters`, when not NULL, count the bytes this
- * process moved. */
+ * (the replacement stays whole or nothing for other processes, but a power cut may
+ * undo it), as numpy.save makes none; the device writes are still started before
+ * the file is put in place, without waiting. `counters`, when not NULL, count the
+ * bytes this process moved. */
 typedef struct mt_io_options {
   int64_t chunk_bytes;
   int io_thread;
@@ -84,10 +85,11 @@ MT_EXPORT mt_io_options mt_io_options_default(void);
  * short runs that tile the array are written as `opts` says (NULL: the defaults).
  * The file is written under a temporary name in the same directory
  * (`<name cut to 200 bytes>.<hex>-<hex>.tmp`, created by the first member before
- * the others open it), synced to the device by every member, and renamed to
- * `path` by the first member, which then syncs the directory, only after every
- * member has written its part: an existing file at `path` is replaced whole or not
- * at all, and the new one survives a power cut once this returns (unless
+ * the others open it), synced to the device by every member, and put at `path` by
+ * the first member (swapped with an existing file in one step where the system
+ * can, which it then removes; else renamed), which then syncs the directory, only
+ * after every member has written its part: an existing file at `path` is replaced
+ * whole or not at all, and the new one survives a power cut once this returns (unless
  * `opts->durable` is 0: then nothing is synced). `path` itself is
  * replaced (a symlink too: callers resolve it first); members that pass different
  * paths fail. On failure the temporary file is removed and MT_EIO (or the first
