@@ -1,8 +1,9 @@
 """The per-element NumPy functions that are not ufuncs (_pointwise.py), the ones that
 read only shapes and dtypes (_metadata.py), the array API's scans and the nan scans
-and product: NumPy's value bit for bit and its dtype on every rank, for every
+and product, and np.put / np.place in place (_put.py): NumPy's value bit for bit and its dtype on every rank, for every
 layout of the suite's meshes on shapes that leave shards empty; nothing moves
-for a Shard or Replicate input of the per-element and metadata functions; NumPy's
+for a Shard or Replicate input of the per-element and metadata functions, nor
+for put and place by a plain mask; NumPy's
 exception types for bad arguments."""
 
 from __future__ import annotations
@@ -250,3 +251,76 @@ def test_scan_along_a_sharded_axis_moves_lanes_not_the_array(mesh_shape):
     assert sum(mode.get_comm_bytes().values()) <= 4 * W * 8 * 8
     exact(got, np.cumulative_sum(full, axis=0))
     exact(nan, np.nancumsum(full, axis=0))
+
+
+def _none(got, expect):
+    assert got is None and expect is None
+
+
+def _after(func, full, *args):
+    out = full.copy()
+    func(out, *args)
+    return out
+
+
+@pytest.mark.parametrize("shape", ((0, 3), (1, 3), (5, 4), (7,), (3, 2, 5)), ids=str)
+def test_put_writes_in_place_without_moving(shape):
+    size = int(np.prod(shape))
+    full = np.arange(size, dtype=np.float64).reshape(shape)
+    cases = [([0, size - 1, 3, 3, -1, 5], [-1.5, -2.5, 7.0]), ([], [1.0]), ([2], []),
+             ([4, 1, 4], [9, 8])]
+    for mesh, pls in corner_layouts(len(shape), partial=False):
+        for ind, v in cases:
+            for mode in ("raise", "wrap", "clip"):
+                ind2 = ind if mode == "raise" else ind + [size + 2, -size - 3]
+                dt = make(full, mesh, pls)
+
+                def ours():
+                    with CommDebugMode() as m:
+                        assert np.put(dt, ind2, v, mode=mode) is None
+                    assert m.get_total_counts() == 0
+                    return dt
+                matches_or_raises_alike(ours, lambda: _after(np.put, full, ind2, v, mode),
+                                        compare=exact)
+    mesh = mesh_of((W,))
+    dt, de = make(np.zeros((4, 3)), mesh, (S0,)), make(np.zeros((0, 3)), mesh, (S0,))
+    bad = [(lambda x: np.put(x, [12], [1.0]), dt, np.zeros((4, 3))),
+           (lambda x: np.put(x, [-13], [1.0]), dt, np.zeros((4, 3))),
+           (lambda x: np.put(x, [0], [1.0], mode="x"), dt, np.zeros((4, 3))),
+           (lambda x: np.put(x, [0], [1.0]), de, np.zeros((0, 3)))]
+    for func, ours, full in bad:
+        matches_or_raises_alike(lambda: func(ours), lambda: func(full.copy()), compare=_none)
+
+
+@pytest.mark.parametrize("shape", ((0, 3), (1, 3), (5, 4), (7,), (3, 2, 5)), ids=str)
+def test_place_by_a_plain_mask_moves_nothing_and_by_a_dtensor_mask_scans(shape):
+    size = int(np.prod(shape))
+    full = np.arange(size, dtype=np.float64).reshape(shape)
+    mask = (np.arange(size) % 3 != 1).reshape(shape)
+    for mesh, pls in corner_layouts(len(shape), partial=False):
+        for vals in ([-1.0, -2.0, -3.0, -4.0, -5.0], [7], np.arange(100.0)):
+            expect = _after(np.place, full, mask, vals)
+            dt = make(full, mesh, pls)
+            with CommDebugMode() as m:
+                np.place(dt, mask, vals)
+            assert m.get_total_counts() == 0
+            exact(dt, expect)
+            if all(p.is_replicate() or p == S0 for p in pls):
+                dt, dm = make(full, mesh, pls), make(mask, mesh, pls)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", GatherWarning)
+                    np.place(dt, dm, vals)
+                exact(dt, expect)
+        dt = make(full, mesh, pls)
+        matches_or_raises_alike(lambda: np.place(dt, mask, []),
+                                lambda: np.place(full.copy(), mask, []),
+                                compare=_none)
+        matches_or_raises_alike(lambda: np.place(dt, make(mask, mesh, pls), []),
+                                lambda: np.place(full.copy(), mask, []),
+                                compare=_none)
+        matches_or_raises_alike(lambda: np.place(dt, np.zeros(size, bool), []),
+                                lambda: np.place(full.copy(), np.zeros(size, bool), []),
+                                compare=_none)
+        matches_or_raises_alike(lambda: np.place(dt, np.ones(size + 1, bool), [1.0]),
+                                lambda: np.place(full.copy(), np.ones(size + 1, bool), [1.0]),
+                                compare=_none)
