@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import mpitensor as mt
 from mpitensor.debug import CommDebugMode
+from fsdp_torch import rank_rows, torch_stack
 from test_fsdp_prefetch import DIMS, RANK, RS, T, W, X, Stack, batch, loss_of, sharded
 
 MICRO = 4
@@ -68,36 +69,18 @@ def test_no_gradient_before_the_sync_and_recurse_false(mesh):
 
 def test_equals_torch(mesh):
     """torch 2.13's FSDP2, the same micro-steps with set_requires_gradient_sync."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
     from mpitensor.testing import init_torch_gloo
 
     init_torch_gloo()
-
-    class TorchStack(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList([torch.nn.Linear(DIMS[i], DIMS[i + 1])
-                                               for i in range(len(DIMS) - 1)])
-            self.head = torch.nn.Linear(DIMS[-1], 3)
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = torch.tanh(layer(x))
-            return self.head(x)
-
-    model = TorchStack().double()
-    with torch.no_grad():
-        for (_, p), (_, q) in zip(model.named_parameters(), Stack().named_parameters()):
-            p.copy_(torch.from_numpy(np.array(q)))
+    model = torch_stack(DIMS, Stack())
     tmesh = init_device_mesh("cpu", (W,))
     for block in model.layers:
         torch_fully_shard(block, mesh=tmesh)
     torch_fully_shard(model, mesh=tmesh)
-    rows = len(X) // W
-    x = torch.from_numpy(X[RANK * rows:(RANK + 1) * rows])
-    t = torch.from_numpy(T[RANK * rows:(RANK + 1) * rows])
+    x, t = rank_rows(RANK, W, X, T)
     for k in range(MICRO):
         model.set_requires_gradient_sync(k == MICRO - 1)
         ((model(x * (k + 1.0)) - t) ** 2).mean().backward()

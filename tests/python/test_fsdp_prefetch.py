@@ -19,6 +19,7 @@ from mpitensor.debug import CommDebugMode
 from mpitensor.fsdp import FSDPModule, MixedPrecisionPolicy, UnshardHandle, fully_shard
 from mpitensor.fsdp import _fully_shard as fs
 
+from fsdp_torch import rank_rows, torch_counts, torch_stack
 from mpi_helpers import outcome, same_everywhere
 
 W = MPI.COMM_WORLD.Get_size()
@@ -402,9 +403,6 @@ def test_same_step_with_fsdp_options(mesh, kw):
 
 # -- against torch ---------------------------------------------------------------------
 
-TORCH_NAMES = {"_allgather_base_": AG, "_reduce_scatter_base_": RS}
-
-
 def torch_run(steps=3, lr=0.1):
     """torch 2.13's FSDP2 of the same stack on gloo, each rank on its rows, with
     forward prefetch of the next block and the default backward prefetch."""
@@ -413,31 +411,14 @@ def torch_run(steps=3, lr=0.1):
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
     from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
-    class TorchStack(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layers = torch.nn.ModuleList([torch.nn.Linear(DIMS[i], DIMS[i + 1])
-                                               for i in range(len(DIMS) - 1)])
-            self.head = torch.nn.Linear(DIMS[-1], 3)
-
-        def forward(self, x):
-            for layer in self.layers:
-                x = torch.tanh(layer(x))
-            return self.head(x)
-
     tmesh = init_device_mesh("cpu", (W,))
-    model = TorchStack().double()
-    with torch.no_grad():
-        for (_, p), (_, q) in zip(model.named_parameters(), Stack().named_parameters()):
-            p.copy_(torch.from_numpy(np.array(q)))
+    model = torch_stack(DIMS, Stack())
     for block in model.layers:
         torch_fully_shard(block, mesh=tmesh)
     torch_fully_shard(model, mesh=tmesh)
     for i in range(len(model.layers) - 1):
         model.layers[i].set_modules_to_forward_prefetch([model.layers[i + 1]])
-    rows = len(X) // W
-    x = torch.from_numpy(X[RANK * rows:(RANK + 1) * rows])
-    t = torch.from_numpy(T[RANK * rows:(RANK + 1) * rows])
+    x, t = rank_rows(RANK, W, X, T)
     losses, counts = [], []
     for _ in range(steps):
         for p in model.parameters():
@@ -445,8 +426,7 @@ def torch_run(steps=3, lr=0.1):
         with TorchCommDebugMode() as mode:
             loss = ((model(x) - t) ** 2).mean()
             loss.backward()
-        counts.append({TORCH_NAMES.get(getattr(k, "__name__", str(k)), str(k)): n
-                       for k, n in mode.get_comm_counts().items() if n})
+        counts.append(torch_counts(mode))
         losses.append(MPI.COMM_WORLD.allreduce(loss.item()) / W)
         with torch.no_grad():
             for p in model.parameters():

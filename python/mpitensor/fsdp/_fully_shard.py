@@ -1,9 +1,10 @@
 """fully_shard: torch's FSDP2 on DTensors.
 
 A fully_sharded module owns one group: its parameters that no fully_sharded
-descendant owns. Each parameter is stored sharded on dim 0 over the data-parallel
-mesh (dim 0 of what tensor parallelism leaves on the rank, for a parameter already
-on a ``tp`` mesh). Every rank's shards of the group are packed into one flat
+descendant owns. Each parameter is stored sharded on dim 0 (or the dim
+``shard_placement_fn`` names) over the data-parallel mesh (of what tensor
+parallelism leaves on the rank, for a parameter already on a ``tp`` mesh). Every
+rank's shards of the group are packed into one flat
 buffer, each padded to the same number of rows on every rank, so that the group's
 unshard is one even all-gather and its gradient one reduce-scatter, as torch's
 FSDP2 (``FSDPParamGroup``).
@@ -71,15 +72,16 @@ from .._fingerprint import fingerprint
 from ..autograd import Node, no_grad
 from ..autograd._engine import queue_callback
 from ..device_mesh import DeviceMesh, local_mesh
-from ..nn.module import Module
+from ..nn.module import Module, Parameter
 from ..placement_types import Partial, Replicate, Shard
 from ._mixed_precision import MixedPrecisionPolicy, cast_floats, group_problem, policy_problem
 from ._offload import OffloadPolicy
 
 __all__ = ["fully_shard", "FSDPModule", "UnshardHandle"]
 
-# Meshes with the dims of a (dp, tp) mesh swapped, made once per mesh (see _Param).
-_tp_first_meshes: dict = {}
+# Root meshes with their tp dim moved ahead of the shard dim, made once per mesh
+# (see _Param).
+_tp_ahead_meshes: dict = {}
 # The post-forward meshes of reshard_after_forward=N, made once per (mesh, N).
 _post_meshes: dict = {}
 # Counts the root modules' forwards: a group still gathered from an earlier one
@@ -292,9 +294,11 @@ def _fsdp_class(cls):
 
 
 def fully_shard(module, *, mesh: DeviceMesh | None = None,
-                reshard_after_forward: bool | int = True,
+                reshard_after_forward: bool | int | None = True,
+                shard_placement_fn=None,
                 mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
-                offload_policy: OffloadPolicy = OffloadPolicy()):
+                offload_policy: OffloadPolicy = OffloadPolicy(),
+                ignored_params=None):
     """Shard ``module``'s parameters over the data-parallel mesh, as torch's FSDP2
     ``fully_shard``: call it on submodules (such as each transformer block) first,
     then on the root. Returns the module, whose class now also derives from
@@ -308,13 +312,23 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     sharding does). Before the module's forward its group is all-gathered in one
     collective; after it the gathered parameters are freed when
     ``reshard_after_forward`` (the root module, first to run backward, keeps them,
-    as torch's); an int N keeps each group of N consecutive dp ranks holding the
-    gathered parameters between them (torch's post-forward mesh, dp viewed as
-    (dp // N, N)), so the backward's all-gather runs over N ranks; the
+    as torch's default None, which is taken as True); an int N keeps each group
+    of N consecutive dp ranks holding the gathered parameters between them
+    (torch's post-forward mesh, dp viewed as (dp // N, N)), so the backward's all-gather runs over N ranks; the
     parameters are gathered again before the module's backward, and the gradients
     are reduce-scattered in one collective into the sharded parameters' ``.grad``:
     summed when they are Partial over ``dp`` (a batch sharded over ``dp``),
     averaged over the replicas otherwise (each replica's own batch).
+
+    ``shard_placement_fn``: called with each parameter, returns ``Shard(d)`` to
+    shard it on dim ``d`` instead of 0, or None for 0, as torch's; a dim other
+    than 0 must split evenly over the shard dim (NotImplementedError, as torch's),
+    a result that is no Shard is a ValueError. The group still moves in one
+    all-gather and one reduce-scatter. ``ignored_params``: parameters (any
+    iterable, matched by identity) left as they are: not sharded, gathered or
+    reduced by FSDP; a DTensor among them that requires grad gets the gradient
+    its own placements give (a Replicate one on ``dp``: the global loss's, one
+    all-reduce, where torch leaves each rank its local gradient).
 
     ``mp_policy`` (:class:`MixedPrecisionPolicy`): the dtype the group is gathered
     and computed in (``param_dtype``), the dtype its gradients are reduce-scattered
@@ -330,6 +344,11 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     is then ``(Replicate(), Shard(0))``: the group is all-gathered over the shard
     dim, and its gradients reduce-scattered over it and all-reduced over the
     replicate dim; ``reshard_after_forward`` as an int divides the shard dim's size.
+    A 2-D mesh sliced from a 3-D ``(replicate, shard, tp)`` one takes a module
+    parallelized over its ``tp`` dim (HSDP beside tensor parallelism): each
+    parallelized parameter lives on the 3-D mesh, ``(Replicate(), Shard(0),
+    tp placement)``, and each data-parallel rank runs its own batch, as beside a
+    1-D ``dp`` mesh; gradients are averaged over both data-parallel dims.
     Default the current mesh. Raises as torch's: ValueError for a mesh of more
     than 2 dims, AssertionError for a 2-D mesh without dim names. Raises ValueError
     (on every rank: the ranks' checks, parameters' names, shapes and dtypes and
@@ -360,6 +379,11 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
         >>> model.w1.weight.placements
         (Replicate(), Shard(dim=0))
         >>> x = distribute_tensor(batch, mesh, [Shard(0), Shard(0)])  # the global batch
+
+    Weights sharded on their input dim, a frozen embedding left alone::
+
+        >>> fully_shard(model, mesh=mesh, ignored_params={model.embed.weight},
+        ...             shard_placement_fn=lambda p: Shard(1) if p.ndim == 2 else None)
     """
     if not isinstance(module, Module):
         raise TypeError(f"fully_shard takes an mpitensor.nn.Module, got "
@@ -367,7 +391,8 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     if "_fsdp_state" in module.__dict__:
         raise ValueError(f"fully_shard: {type(module).__name__} is fully_sharded already")
     mesh = _data_mesh(mesh)
-    state = _State(module, mesh, reshard_after_forward, mp_policy, offload_policy)
+    state = _State(module, mesh, reshard_after_forward, mp_policy, offload_policy,
+                   shard_placement_fn, ignored_params)
     for m in module.modules():
         s = m.__dict__.get("_fsdp_state")
         if s is not None and m is not module:
@@ -404,13 +429,19 @@ def _post_forward_size(value, mesh: DeviceMesh):
     """``reshard_after_forward`` as torch normalises it: True, False, or the size N
     of the groups the parameters stay gathered in after forward (1 < N < the
     shard dim's size)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if value is None:  # torch's default: the root keeps its parameters, as here
+        return True
+    if isinstance(value, (bool, np.bool_)):
         return bool(value)
+    if not isinstance(value, (int, np.integer)):
+        raise ValueError(f"reshard_after_forward should be a bool or an int representing "
+                         f"the group size to reshard to, not {value}")
     n, dp = int(value), _shard_mesh(mesh).size()
     if n < 1 or dp % n:
         where = "" if mesh.ndim == 1 else " of the shard dim"
-        raise ValueError(f"fully_shard: reshard_after_forward={n} must divide the "
-                         f"data-parallel size {dp}{where} (or be True or False)")
+        raise ValueError(f"If passing reshard_after_forward as an int, it should be a "
+                         f"factor of {dp}, not {n} (fully_shard: it must divide the "
+                         f"data-parallel size {dp}{where})")
     if n == 1 or n == dp:  # in torch's order: at dp 1, 1 is False
         return n != 1
     if mesh._get_root_mesh() is not mesh:
@@ -432,22 +463,33 @@ def _post_mesh(mesh: DeviceMesh, n: int) -> DeviceMesh:
     return _post_meshes[(mesh, n)]
 
 
-def _tp_first(root: DeviceMesh, dp_name: str) -> DeviceMesh:
-    """``root`` (2-D) with its dp dim last. Collective on ``root``'s ranks."""
-    names = root.mesh_dim_names
-    if names.index(dp_name) == 1:
+def _tp_ahead(root: DeviceMesh, tp: str, shard_name: str) -> DeviceMesh:
+    """``root`` ((dp, tp) or (replicate, shard, tp)) with its dim ``tp`` just ahead
+    of its dim ``shard_name``. Collective on ``root``'s ranks the first time."""
+    names = list(root.mesh_dim_names)
+    order = [n for n in names if n != tp]
+    order.insert(order.index(shard_name), tp)
+    if order == names:
         return root
-    if root not in _tp_first_meshes:
-        _tp_first_meshes[root] = DeviceMesh(root.device_type, root.mesh.T,
-                                            mesh_dim_names=names[::-1], comm=root._comm)
-    return _tp_first_meshes[root]
+    if root not in _tp_ahead_meshes:
+        perm = [names.index(n) for n in order]
+        _tp_ahead_meshes[root] = DeviceMesh(root.device_type, root.mesh.transpose(perm),
+                                            mesh_dim_names=tuple(order), comm=root._comm)
+    return _tp_ahead_meshes[root]
 
 
 class _Param:
     """One parameter of a group: its sharded and unsharded DTensors, where it
-    is registered, and its slot in the group's flat buffer."""
+    is registered, and its slot in the group's flat buffer.
 
-    def __init__(self, where, value, mesh: DeviceMesh, dp_mesh: DeviceMesh, what: str):
+    ``dim`` is the dim the data-parallel ranks shard (0 unless a
+    ``shard_placement_fn`` says otherwise). Each rank's slot holds its chunk of
+    that dim padded to ``cshape``, the first rank's, so that the group's buffer
+    is the same size on every rank; a dim other than 0 must split evenly, as
+    torch's, so only dim 0 pads."""
+
+    def __init__(self, where, value, mesh: DeviceMesh, dp_mesh: DeviceMesh, what: str,
+                 placement=None):
         self.where, self.name = where, what  # [(module, name)], its qualified name
         # To find a registration of the same parameter outside the group: a weak
         # reference where the type has them (ndarray), else the id (DTensor; an id
@@ -457,51 +499,98 @@ class _Param:
             self.origin = weakref.ref(value)
         except TypeError:
             self.origin = None
-        dp = dp_mesh.size()
+        self.dp = dp = dp_mesh.size()
         rank = dp_mesh.get_local_rank()
-        if mesh.ndim == 2:  # HSDP: plain arrays only, Replicate over both dims
+        root = dp_mesh._get_root_mesh()
+        tp_pl = None
+        if isinstance(value, DTensor) and (mesh.ndim == 1 or root.ndim == 3):
+            tp_mesh, tp_pl, local = self._tp_parts(value, mesh, what)
+            self.umesh, self.upl = tp_mesh, (tp_pl,)
+            shape = value.shape
+        elif mesh.ndim == 2 and root.ndim == 2:  # HSDP: Replicate over both dims
             if isinstance(value, DTensor):
                 self._hsdp_refuses(value, mesh, what)
             local = np.asarray(value)
-            self.umesh, self.upl, tp_mesh = mesh, (Replicate(), Replicate()), None
+            self.umesh, self.upl = mesh, (Replicate(), Replicate())
             shape = local.shape
-        elif isinstance(value, DTensor):
-            tp_mesh, tp_pl, local = self._tp_parts(value, dp_mesh, what)
-            self.umesh, self.upl = tp_mesh, (tp_pl,)
-            shape = value.shape
         else:
             local = np.asarray(value)
             # Beside tensor parallelism the forward's activations are this rank's
             # (local arrays, or local DTensors under grad), as torch's plain tensors;
-            # on a mesh of dp alone the parameter is Replicate over dp.
-            beside_tp = dp_mesh._get_root_mesh().ndim > 1
-            self.umesh = local_mesh() if beside_tp else dp_mesh
-            self.upl, tp_mesh = (Replicate(),), None
+            # on a mesh of data-parallel dims alone the parameter is Replicate there.
+            beside_tp = root.ndim > mesh.ndim
+            self.umesh = local_mesh() if beside_tp else mesh
+            self.upl = (Replicate(),) * (1 if beside_tp else mesh.ndim)
             shape = local.shape
         if local.ndim == 0 or len(shape) == 0:
             raise ValueError(f"fully_shard: parameter {what} is a scalar; FSDP shards dim 0")
         if not np.issubdtype(local.dtype, np.inexact):
             raise ValueError(f"fully_shard: parameter {what} has dtype {local.dtype}; "
                              f"parameters must be floating point or complex")
+        self.dim = d = self._shard_dim(placement, local.shape, dp, what)
         self.shape, self.dtype, self.lshape = tuple(shape), local.dtype, local.shape
-        self.rows = -(-local.shape[0] // dp)  # padded rows of every rank's shard
-        self.rest = int(np.prod(local.shape[1:], dtype=np.int64))
-        start = min(rank * self.rows, local.shape[0])
-        self.n = min(local.shape[0] - start, self.rows)
-        shard = np.array(local[start:start + self.n], copy=True)
+        chunk = -(-local.shape[d] // dp)  # torch.chunk's: the first rank's, padded to
+        start = min(rank * chunk, local.shape[d])
+        n = min(local.shape[d] - start, chunk)
+        self.cshape = local.shape[:d] + (chunk,) + local.shape[d + 1:]
+        self.sshape = local.shape[:d] + (n,) + local.shape[d + 1:]  # this rank's
+        self.csize = int(np.prod(self.cshape, dtype=np.int64))
+        self.ssize = int(np.prod(self.sshape, dtype=np.int64))
+        cut = (slice(None),) * d + (slice(start, start + n),)
+        shard = np.ascontiguousarray(local[cut]).copy()
         stride = contiguous_strides(self.shape)
-        if mesh.ndim == 2:
-            smesh, spl = mesh, (Replicate(), Shard(0))
-        elif tp_mesh is None:
-            smesh, spl = dp_mesh, (Shard(0),)
+        fsdp_pl = Shard(d)
+        if mesh.ndim == 2 and tp_pl is None:
+            smesh, spl = mesh, (Replicate(), fsdp_pl)
+        elif tp_pl is None:
+            smesh, spl = mesh, (fsdp_pl,)
         else:
-            root = dp_mesh._get_root_mesh()
-            dp_name = dp_mesh.mesh_dim_names[0]
-            smesh = _tp_first(root, dp_name) if tp_pl.is_shard(0) else root
-            spl = tuple(Shard(0) if n == dp_name else tp_pl for n in smesh.mesh_dim_names)
+            names = dict(zip(mesh.mesh_dim_names, (Replicate(), fsdp_pl)[-mesh.ndim:]))
+            shard_name = mesh.mesh_dim_names[-1]
+            # TP shards the same dim: dp shards the rank's TP shard (torch's strided
+            # sharding), which a mesh with the tp dim ahead of dp's describes
+            tp_name = self.umesh.mesh_dim_names[0]
+            smesh = _tp_ahead(root, tp_name, shard_name) if tp_pl.is_shard(d) else root
+            spl = tuple(names.get(n, tp_pl) for n in smesh.mesh_dim_names)
         self.sharded = DTensor.from_local(shard, smesh, spl, shape=self.shape, stride=stride)
         self.sharded.requires_grad_(True)
         self.compute_in(self.dtype)
+
+    @staticmethod
+    def _shard_dim(placement, lshape: tuple, dp: int, what: str) -> int:
+        """The dim ``shard_placement_fn`` chose (0 without), checked as torch's."""
+        if placement is None:
+            return 0
+        if not isinstance(placement, Shard):
+            raise ValueError(f"Invalid shard_placement_fn result: {placement}")
+        d = placement.dim + len(lshape) if placement.dim < 0 else placement.dim
+        if not 0 <= d < len(lshape):
+            raise ValueError(f"fully_shard: Shard dim {placement.dim} is invalid for "
+                             f"{len(lshape)}D parameter {what}: {tuple(lshape)}")
+        if d > 0 and lshape[d] % dp:
+            raise NotImplementedError(
+                f"FSDP does not support uneven sharding on dim {d}: {tuple(lshape)} "
+                f"(world size: {dp}) (parameter {what})")
+        return d
+
+    def gathered(self, block: np.ndarray) -> np.ndarray:
+        """The unsharded local array from the ranks' slots, ``block`` (dp, csize)."""
+        chunks = block.reshape((block.shape[0],) + self.cshape)
+        if self.dim == 0:
+            return chunks.reshape((-1,) + self.cshape[1:])[:self.lshape[0]]
+        return np.moveaxis(chunks, 0, self.dim).reshape(self.lshape)
+
+    def slots(self, local: np.ndarray, dtype) -> np.ndarray:
+        """The unsharded gradient ``local`` cut into the ranks' slots: (dp, csize),
+        zeros where dim 0 pads."""
+        dp = self.dp
+        if self.dim == 0:
+            padded = np.zeros((dp * self.cshape[0],) + self.cshape[1:], dtype)
+            padded[:self.lshape[0]] = local
+            return padded.reshape(dp, -1)
+        d, c = self.dim, self.cshape[self.dim]
+        split = local.reshape(self.lshape[:d] + (dp, c) + self.lshape[d + 1:])
+        return np.moveaxis(split, d, 0).astype(dtype, copy=True).reshape(dp, -1)
 
     def compute_in(self, dtype: np.dtype) -> None:
         """Makes the unsharded parameter (freed: a placeholder that holds no
@@ -519,20 +608,24 @@ class _Param:
                 f"fully_shard on submodules before their parents)")
         raise ValueError(
             f"fully_shard: parameter {what} is a DTensor on {value.device_mesh!r}; "
-            f"fully_shard on a 2-D (replicate, shard) mesh (HSDP) takes arrays: HSDP "
-            f"beside tensor parallelism is not supported")
+            f"fully_shard on a 2-D (replicate, shard) mesh (HSDP) takes arrays, or "
+            f"DTensors on the third dim of the 3-D mesh it was sliced from (HSDP beside "
+            f"tensor parallelism)")
 
     @staticmethod
-    def _tp_parts(value: DTensor, dp_mesh: DeviceMesh, what: str):
+    def _tp_parts(value: DTensor, dmesh: DeviceMesh, what: str):
+        """The TP mesh, placement and local array of a parameter parallelized over
+        the dim of the root mesh that the data-parallel mesh ``dmesh`` leaves."""
         mesh = value.device_mesh
-        root = dp_mesh._get_root_mesh()
-        dp_name = (dp_mesh.mesh_dim_names or (None,))[0]
-        ok = (mesh.ndim == 1 and root.ndim == 2 and mesh is not dp_mesh
-              and mesh._get_root_mesh() is root and dp_name is not None
-              and mesh.mesh_dim_names is not None and mesh.mesh_dim_names[0] != dp_name)
+        root = dmesh._get_root_mesh()
+        dp_names = dmesh.mesh_dim_names or ()
+        ok = (mesh.ndim == 1 and root.ndim == dmesh.ndim + 1 and mesh is not dmesh
+              and mesh._get_root_mesh() is root and len(dp_names) == dmesh.ndim
+              and mesh.mesh_dim_names is not None
+              and mesh.mesh_dim_names[0] not in dp_names)
         if not ok:
-            if mesh == dp_mesh or (mesh.ndim == 2 and mesh._get_root_mesh() is root) or \
-                    mesh in _tp_first_meshes.values():
+            if mesh == dmesh or mesh.ndim > 1 and mesh._get_root_mesh() is root or \
+                    mesh in _tp_ahead_meshes.values():
                 raise ValueError(
                     f"fully_shard: parameter {what} is on {mesh!r} already, with "
                     f"placements {value.placements}: it is fully_sharded by an ancestor "
@@ -540,8 +633,9 @@ class _Param:
                     f"parallelized over the whole mesh (parallelize over mesh['tp'])")
             raise ValueError(
                 f"fully_shard: parameter {what} is a DTensor on {mesh!r}; fully_shard over "
-                f"{dp_mesh!r} takes arrays, or DTensors on the other dim of the 2-D mesh "
-                f"the dp mesh was sliced from (parallelize_module over mesh['tp'] first)")
+                f"{dmesh!r} takes arrays, or DTensors on the other dim of the mesh the "
+                f"data-parallel mesh was sliced from (parallelize_module over "
+                f"mesh['tp'] first)")
         pl = value.placements[0]
         if pl.is_partial():
             raise ValueError(f"fully_shard: parameter {what} is Partial over "
@@ -553,7 +647,8 @@ class _State:
     """A fully_sharded module's group and the hooks that move it."""
 
     def __init__(self, module: Module, mesh: DeviceMesh, reshard_after_forward,
-                 mp_policy: MixedPrecisionPolicy, offload_policy: OffloadPolicy):
+                 mp_policy: MixedPrecisionPolicy, offload_policy: OffloadPolicy,
+                 shard_placement_fn=None, ignored_params=None):
         # The mesh passed (1-D, or 2-D for HSDP), the one the group is gathered and
         # reduce-scattered over, and with HSDP the one its gradients are all-reduced
         # over.
@@ -577,19 +672,20 @@ class _State:
         self.pending, self.pending_post, self.pending_generation = None, False, -1
         self.forward_prefetch: list = []  # the _States set_modules_to_*_prefetch named
         self.backward_prefetch: list = []
-        problem, after = None, True
+        problem, after, error = None, True, ValueError
         try:
             after = _post_forward_size(reshard_after_forward, mesh)
-            self.params = self._collect(module)
+            self.params = self._collect(module, shard_placement_fn, ignored_params)
             dtypes = {p.dtype for p in self.params}
             if len(dtypes) > 1:
                 raise ValueError(
                     f"fully_shard: {type(module).__name__}'s parameters mix dtypes "
                     f"{sorted(str(d) for d in dtypes)}; a group is one buffer of one "
                     f"dtype: fully_shard the submodules of each dtype apart")
-        except ValueError as e:
-            self.params, problem = [], str(e)
-        error = ValueError
+        except (ValueError, TypeError, NotImplementedError) as e:
+            # torch's classes: a Shard dim that does not split evenly is
+            # NotImplementedError, a result that is no Shard ValueError
+            self.params, problem, error = [], str(e), type(e)
         if not isinstance(offload_policy, OffloadPolicy):
             problem, error = (f"fully_shard: offload_policy must be an OffloadPolicy or "
                               f"CPUOffloadPolicy, got {type(offload_policy).__name__}",
@@ -605,7 +701,7 @@ class _State:
         self.offsets, size = [], 0
         for p in self.params:
             self.offsets.append(size)
-            size += p.rows * p.rest
+            size += p.csize
         self.size = size
         for p in self.params:
             for m, name in p.where:
@@ -619,12 +715,12 @@ class _State:
         would then wait for each other or pair other rows."""
         name = type(self.module).__name__
         problem = policy_problem(mp) or problem or group_problem(mp, self.dtype, name)
-        layout = [(p.name, p.shape, p.dtype.str) for p in self.params]
+        layout = [(p.name, p.shape, p.dtype.str, p.dim) for p in self.params]
         _comm.agree(self.mesh._handle, problem is None,
                  fingerprint((mp, reshard_after_forward, layout)),
                  problem or f"fully_shard: the ranks passed different mp_policy, "
-                            f"reshard_after_forward or parameters (names, shapes, dtypes) "
-                            f"of {name}",
+                            f"reshard_after_forward or parameters (names, shapes, dtypes, "
+                            f"shard dims) of {name}",
                  TypeError if not isinstance(mp, MixedPrecisionPolicy) else error)
 
     def _mixed_precision(self, mp: MixedPrecisionPolicy) -> None:
@@ -638,13 +734,19 @@ class _State:
             for p in self.params:
                 p.compute_in(self.param_dtype)
 
-    def _collect(self, module: Module) -> list:
+    def _collect(self, module: Module, shard_placement_fn=None, ignored_params=None) -> list:
+        """The group's parameters: those of ``module`` and of its submodules that no
+        fully_shard call owns, but ``ignored_params`` (matched by identity: an
+        ndarray has no hash), each sharded on the dim ``shard_placement_fn``
+        gives."""
         found: dict = {}
         order: list = []
+        ignored = {id(p.data if isinstance(p, Parameter) else p)
+                   for p in (ignored_params or ())}
 
         def walk(m, prefix):
             for name, value in m._parameters.items():
-                if value is None:
+                if value is None or id(value) in ignored:
                     continue
                 key = id(value)
                 if key not in found:
@@ -666,7 +768,9 @@ class _State:
                         f"{type(module).__name__} is also a parameter of a fully_sharded "
                         f"submodule ({type(m).__name__}); a shared (tied) parameter must "
                         f"be in one group: fully_shard a module that holds every use")
-        return [_Param(found[k][0], found[k][1], self.mesh, self.dp_mesh, found[k][2])
+        place = shard_placement_fn if callable(shard_placement_fn) else (lambda value: None)
+        return [_Param(found[k][0], found[k][1], self.mesh, self.dp_mesh, found[k][2],
+                       place(found[k][1]))
                 for k in order]
 
     # -- moving the group --------------------------------------------------------------
@@ -697,7 +801,7 @@ class _State:
             self.pending_generation = _target_generation()
             local = np.zeros(self.size, self.param_dtype)  # the cast to param_dtype is here
             for p, off in zip(self.params, self.offsets):
-                local[off:off + p.n * p.rest] = p.sharded._data().reshape(-1)
+                local[off:off + p.ssize] = p.sharded._data().reshape(-1)
             mesh = self.dp_mesh
         # the all-gather reads its source at the call
         self.post = None
@@ -723,8 +827,7 @@ class _State:
         self.full = full if self.post_mesh is not None else None
         arrays = []
         for p, off in zip(self.params, self.offsets):
-            block = full[:, off:off + p.rows * p.rest].reshape((self.dp * p.rows,) + p.lshape[1:])
-            arrays.append(block[:p.lshape[0]])
+            arrays.append(p.gathered(full[:, off:off + p.csize]))
         self._set_locals(arrays)
         self.unsharded = True
 
@@ -914,11 +1017,10 @@ class _State:
         if fwd.grad is None:
             fwd.grad = np.zeros((self.dp, self.size), self.reduce_dtype)
         off = self.offsets[i]
-        padded = np.zeros((self.dp * p.rows,) + p.lshape[1:], self.reduce_dtype)
-        padded[:p.lshape[0]] = local
+        slots = p.slots(local, self.reduce_dtype)
         if pre != 1:
-            padded /= pre
-        fwd.grad[:, off:off + p.rows * p.rest] += padded.reshape(self.dp, -1)
+            slots /= pre
+        fwd.grad[:, off:off + p.csize] += slots
         fwd.got[i] = post
 
     def _as_terms(self, p: _Param, g: DTensor):
@@ -931,7 +1033,7 @@ class _State:
         if p.umesh is not self.mesh:
             if tuple(g.placements) != p.upl:
                 g = g.redistribute(p.umesh, p.upl)
-            return g, self.dp
+            return g, self.mesh.size()  # every replica's, HSDP's too
         target, divisor = [], 1
         for d, pl in enumerate(g.placements):
             target.append(pl if pl.is_partial("sum") or pl.is_partial("avg") else Replicate())
@@ -976,19 +1078,19 @@ class _State:
             for i, post in got.items():
                 p, off = self.params[i], self.offsets[i]
                 if post != 1:
-                    local[off:off + p.n * p.rest] /= post
+                    local[off:off + p.ssize] /= post
         # The parts of this one new buffer are the engine's to keep as .grad without
         # a copy when they tile it; with padding between them (uneven dims) a kept
         # part would keep the padding alive, so the engine copies them.
         cast = local.dtype != self.dtype  # each part then is its own new array
         tiles = cast or (len(got) == len(self.params)
-                         and sum(p.n * p.rest for p in self.params) == local.size)
+                         and sum(p.ssize for p in self.params) == local.size)
         out = []
         for i, (p, off) in enumerate(zip(self.params, self.offsets)):
             if i not in got:
                 out.append(None)
                 continue
-            shard = local[off:off + p.n * p.rest].reshape((p.n,) + p.lshape[1:])
+            shard = local[off:off + p.ssize].reshape(p.sshape)
             if cast:
                 shard = shard.astype(self.dtype)
             s = p.sharded._spec
