@@ -47,6 +47,28 @@ typedef void (*mt__sl_heevr)(const char *jobz, const char *range, const char *up
                              const int *lrwork, int *iwork, const int *liwork, int *info,
                              size_t, size_t, size_t);
 
+typedef void (*mt__sl_geqrf)(const int *m, const int *n, void *a, const int *ia,
+                             const int *ja, const int *desca, void *tau, void *work,
+                             const int *lwork, int *info);
+/* pXorgqr for the real types, pXungqr for the complex ones. */
+typedef void (*mt__sl_orgqr)(const int *m, const int *n, const int *k, void *a,
+                             const int *ia, const int *ja, const int *desca,
+                             const void *tau, void *work, const int *lwork, int *info);
+/* psgesvd and pdgesvd (real: no rwork). */
+typedef void (*mt__sl_gesvd)(const char *jobu, const char *jobvt, const int *m,
+                             const int *n, void *a, const int *ia, const int *ja,
+                             const int *desca, void *s, void *u, const int *iu,
+                             const int *ju, const int *descu, void *vt, const int *ivt,
+                             const int *jvt, const int *descvt, void *work,
+                             const int *lwork, int *info, size_t, size_t);
+/* pcgesvd and pzgesvd. */
+typedef void (*mt__sl_cgesvd)(const char *jobu, const char *jobvt, const int *m,
+                              const int *n, void *a, const int *ia, const int *ja,
+                              const int *desca, void *s, void *u, const int *iu,
+                              const int *ju, const int *descu, void *vt, const int *ivt,
+                              const int *jvt, const int *descvt, void *work,
+                              const int *lwork, void *rwork, int *info, size_t, size_t);
+
 /* The routines of one element type. */
 typedef struct mt__sl_typed {
   mt__sl_gemr2d gemr2d;
@@ -57,6 +79,10 @@ typedef struct mt__sl_typed {
   mt__sl_laset laset;
   mt__sl_syevr syevr; /* s and d */
   mt__sl_heevr heevr; /* c and z */
+  mt__sl_geqrf geqrf;
+  mt__sl_orgqr orgqr;
+  mt__sl_gesvd gesvd;   /* s and d */
+  mt__sl_cgesvd cgesvd; /* c and z */
 } mt__sl_typed;
 
 struct mt_scalapack {
@@ -114,8 +140,8 @@ int mt__sl_matrix_init(const mt_scalapack *sl, const mt__sl_grid *g, int64_t m,
 /* Local. Frees the block when it was allocated here. */
 void mt__sl_matrix_free(mt__sl_matrix *mat);
 
-/* The block size of the block-cyclic copies of an n x n matrix on grid `g`. */
-int64_t mt__sl_cyclic_block(const mt__sl_grid *g, int64_t n);
+/* The block size of the block-cyclic copies of an m x n matrix on grid `g`. */
+int64_t mt__sl_cyclic_block(const mt__sl_grid *g, int64_t m, int64_t n);
 
 /* The largest block of a block distribution that the drivers factor in place. A
  * torch.chunk block distribution whose blocks are square (or whose grid is one
@@ -125,9 +151,9 @@ int64_t mt__sl_cyclic_block(const mt__sl_grid *g, int64_t n);
  * work alone at the end, so larger blocks go to a block-cyclic copy instead. */
 #define MT__SL_IN_PLACE_BLOCK 256
 
-/* The square block of the block distribution of an n x n matrix on `g`, when the
+/* The square block of the block distribution of an m x n matrix on `g`, when the
  * drivers factor it in place, else 0. */
-int64_t mt__sl_square_block(const mt__sl_grid *g, int64_t n);
+int64_t mt__sl_square_block(const mt__sl_grid *g, int64_t m, int64_t n);
 
 /* Collective on the grid. `status` agreed over the grid's members (mt_agree_comm). */
 int mt__sl_agree(const mt__sl_grid *g, int status, mt_error *err);
@@ -135,5 +161,36 @@ int mt__sl_agree(const mt__sl_grid *g, int status, mt_error *err);
 /* Collective on the grid. The largest `info` of the members, so that a failure one
  * process saw is every member's. */
 int mt__sl_agree_info(const mt__sl_grid *g, int *info, mt_error *err);
+
+/* One call's grid and its m x n matrix, in the caller's block and in the
+ * square-block copy the routines run on (the caller's block itself when its blocks
+ * are square and small enough). */
+typedef struct mt__sl_job {
+  const mt_scalapack *sl;
+  const mt__sl_typed *t;
+  int k; /* the type's index */
+  size_t itemsize;
+  int m, n, nb, one;
+  int in_place; /* whether cyc describes the caller's block itself */
+  mt__sl_grid g;
+  mt__sl_matrix blk, cyc;
+} mt__sl_job;
+
+/* Collective on the mesh. The grid, the caller's block of the m x n A at `a`, its
+ * cyclic copy (allocated, agreed on) and A copied into it. */
+int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                    int type, int64_t m, int64_t n, void *a, mt__sl_job *j,
+                    mt_error *err);
+
+/* Collective on the grid. Frees the cyclic copy and the grid. */
+void mt__sl_job_close(mt__sl_job *j);
+
+/* Collective on the grid. Allocates `count` (at least one) elements of `size`
+ * bytes, agreed over the grid. */
+int mt__sl_alloc(mt__sl_job *j, void **out, int64_t count, size_t size, mt_error *err);
+
+/* Local. The size a workspace query wrote in the first element of `work` (a real
+ * or complex number of the job's precision), plus one. */
+int mt__sl_query_size(const mt__sl_job *j, const void *work);
 
 #endif

@@ -12,74 +12,13 @@
 /* A half turn, in radians (HALF_TURN is POSIX, not C11). */
 static const double HALF_TURN = 3.14159265358979323846;
 
-/* One call's grid and its n x n matrix, in the caller's block and in the cyclic
- * copy. */
-typedef struct job {
-  const mt_scalapack *sl;
-  const mt__sl_typed *t;
-  int k; /* the type's index */
-  size_t itemsize;
-  int n, nb, one;
-  int in_place; /* whether cyc describes the caller's block itself */
-  mt__sl_grid g;
-  mt__sl_matrix blk, cyc;
-} job;
-
-/* Checks what every rank can check alone: the same verdict everywhere, before any
- * communication. */
-static int check(const mt_scalapack *sl, int type, int64_t n, mt_error *err) {
-  if (sl == NULL)
-    return mt_error_set(err, MT_ENOTSUP, "ScaLAPACK is not loaded");
-  if (mt__sl_type_index(type) < 0)
-    return mt_error_set(err, MT_ETYPE, "ScaLAPACK has no element type '%c'", type);
-  if (n < 1)
-    return mt_error_set(err, MT_EINVAL, "the matrix is %lld x %lld; ScaLAPACK wants n >= 1",
-                        (long long)n, (long long)n);
-  return MT_OK;
-}
-
-/* Collective on the mesh. The grid, the caller's block of A at `a`, its cyclic
- * copy (allocated, agreed on) and A copied into it. */
-static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                    int type, int64_t n, void *a, job *j, mt_error *err) {
-  int rc = check(sl, type, n, err);
-  if (rc != MT_OK) return rc;
-  memset(j, 0, sizeof *j);
-  j->sl = sl, j->k = mt__sl_type_index(type), j->t = &sl->typed[j->k];
-  j->itemsize = mt__sl_itemsize[j->k], j->one = 1;
-  rc = mt__sl_grid_open(sl, mesh, row_dim, col_dim, &j->g, err);
-  if (rc != MT_OK) return rc;
-  int64_t square = mt__sl_square_block(&j->g, n);
-  int64_t nb = square > 0 ? square : mt__sl_cyclic_block(&j->g, n);
-  j->in_place = square > 0;
-  rc = mt__sl_matrix_init(sl, &j->g, n, n, (n + j->g.nprow - 1) / j->g.nprow,
-                          (n + j->g.npcol - 1) / j->g.npcol, j->itemsize, a, &j->blk, err);
-  if (rc == MT_OK)
-    rc = mt__sl_matrix_init(sl, &j->g, n, n, nb, nb, j->itemsize, j->in_place ? a : NULL,
-                            &j->cyc, err);
-  rc = mt__sl_agree(&j->g, rc, err);
-  if (rc != MT_OK) {
-    mt__sl_matrix_free(&j->cyc);
-    mt__sl_grid_close(sl, &j->g);
-    return rc;
-  }
-  j->n = (int)n, j->nb = (int)nb;
-  if (!j->in_place)
-    j->t->gemr2d(&j->n, &j->n, j->blk.data, &j->one, &j->one, j->blk.desc, j->cyc.data,
-                 &j->one, &j->one, j->cyc.desc, &j->g.ctxt);
-  return MT_OK;
-}
+typedef mt__sl_job job;
 
 /* Collective on the grid. Copies the cyclic matrix back into the caller's block. */
 static void job_back(job *j) {
   if (j->in_place) return;
   j->t->gemr2d(&j->n, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, j->blk.data,
                &j->one, &j->one, j->blk.desc, &j->g.ctxt);
-}
-
-static void job_close(job *j) {
-  mt__sl_matrix_free(&j->cyc);
-  mt__sl_grid_close(j->sl, &j->g);
 }
 
 /* The pivots of a cyclic matrix's local rows (pXgetrf's IPIV), agreed allocated. */
@@ -94,7 +33,7 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
                        mt_error *err) {
   job j;
   if (nrhs < 1) return mt_error_set(err, MT_EINVAL, "solve wants nrhs >= 1");
-  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   mt__sl_matrix bblk = {0}, bcyc = {0};
   int *ipiv = NULL;
@@ -122,22 +61,8 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
   }
   free(ipiv);
   mt__sl_matrix_free(&bcyc);
-  job_close(&j);
+  mt__sl_job_close(&j);
   return rc;
-}
-
-/* The size a workspace query wrote in the first element of `work` (a real or
- * complex number of the job's precision). */
-static int query_size(const job *j, const void *work) {
-  double v = j->k % 2 == 0 ? (double)*(const float *)work : *(const double *)work;
-  return (int)v + 1;
-}
-
-/* Allocates `count` elements of `size` bytes, agreed over the grid. */
-static int agreed_alloc(job *j, void **out, int count, size_t size, mt_error *err) {
-  *out = malloc((size_t)(count > 1 ? count : 1) * size);
-  int rc = *out != NULL ? MT_OK : mt_error_set(err, MT_ENOMEM, "out of memory");
-  return mt__sl_agree(&j->g, rc, err);
 }
 
 /* pXgetri on the factored cyclic matrix, with the workspace it asks for. */
@@ -147,9 +72,9 @@ static int invert(job *j, const int *ipiv, int *info, mt_error *err) {
   void *work = NULL, *iwork = NULL;
   j->t->getri(&j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, ipiv, wq, &minus, &iq,
               &minus, info);
-  lwork = query_size(j, wq), liwork = iq + 1;
-  int rc = agreed_alloc(j, &work, lwork, j->itemsize, err);
-  if (rc == MT_OK) rc = agreed_alloc(j, &iwork, liwork, sizeof(int), err);
+  lwork = mt__sl_query_size(j, wq), liwork = iq + 1;
+  int rc = mt__sl_alloc(j, &work, lwork, j->itemsize, err);
+  if (rc == MT_OK) rc = mt__sl_alloc(j, &iwork, liwork, sizeof(int), err);
   if (rc == MT_OK) {
     j->t->getri(&j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, ipiv, work, &lwork,
                 iwork, &liwork, info);
@@ -164,7 +89,7 @@ int mt_scalapack_inv(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col
                      int type, int64_t n, void *a, int *info, mt_error *err) {
   job j;
   int *ipiv = NULL;
-  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   rc = pivots(&j, &ipiv, err);
   if (rc == MT_OK) {
@@ -174,7 +99,7 @@ int mt_scalapack_inv(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col
   if (rc == MT_OK && *info == 0) rc = invert(&j, ipiv, info, err);
   if (rc == MT_OK && *info == 0) job_back(&j);
   free(ipiv);
-  job_close(&j);
+  mt__sl_job_close(&j);
   return rc;
 }
 
@@ -222,7 +147,7 @@ int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                          mt_error *err) {
   job j;
   int *ipiv = NULL, info = 0;
-  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   rc = pivots(&j, &ipiv, err);
   if (rc == MT_OK) {
@@ -234,7 +159,7 @@ int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
     out[0] = share[0], out[1] = remainder(share[1], 2 * HALF_TURN);
   }
   free(ipiv);
-  job_close(&j);
+  mt__sl_job_close(&j);
   return rc;
 }
 
@@ -253,7 +178,7 @@ int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                           int col_dim, int type, int64_t n, void *a, int upper, int *info,
                           mt_error *err) {
   job j;
-  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   const char *uplo = upper ? "U" : "L";
   j.t->potrf(uplo, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, info, 1);
@@ -262,7 +187,7 @@ int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
     zero_other_triangle(&j, *uplo);
     job_back(&j);
   }
-  job_close(&j);
+  mt__sl_job_close(&j);
   return rc;
 }
 
@@ -294,7 +219,7 @@ static void eigh_query(job *j, const char *jobz, const char *uplo, void *w,
   eigh_call(j, jobz, uplo, w, z, wq, rq, iq, ask, info);
   int64_t margin = 4 * (int64_t)j->n + 2 * (int64_t)j->nb * j->nb;
   int64_t real = (int64_t)(j->k == 2 ? (double)*(const float *)rq : rq[0]);
-  sizes[0] = (int)(query_size(j, wq) + margin);
+  sizes[0] = (int)(mt__sl_query_size(j, wq) + margin);
   sizes[1] = (int)(real + 1 + margin);
   sizes[2] = (int)(iq[0] + 1 + margin);
 }
@@ -315,9 +240,9 @@ static int eigh_solve(job *j, const char *uplo, int vectors, void *w, mt__sl_mat
   const mt__sl_matrix *zd = vectors ? z : &j->cyc;
   eigh_query(j, jobz, uplo, w, zd, sizes, info);
   size_t real = j->k % 2 == 0 ? sizeof(float) : sizeof(double);
-  rc = agreed_alloc(j, &work, sizes[0], j->itemsize, err);
-  if (rc == MT_OK) rc = agreed_alloc(j, &rwork, sizes[1], real, err);
-  if (rc == MT_OK) rc = agreed_alloc(j, &iwork, sizes[2], sizeof(int), err);
+  rc = mt__sl_alloc(j, &work, sizes[0], j->itemsize, err);
+  if (rc == MT_OK) rc = mt__sl_alloc(j, &rwork, sizes[1], real, err);
+  if (rc == MT_OK) rc = mt__sl_alloc(j, &iwork, sizes[2], sizeof(int), err);
   if (rc == MT_OK) {
     eigh_call(j, jobz, uplo, w, zd, work, rwork, iwork, sizes, info);
     rc = mt__sl_agree_info(&j->g, info, err);
@@ -333,13 +258,13 @@ int mt_scalapack_eigh(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int co
                       int *info, mt_error *err) {
   job j;
   mt__sl_matrix z = {0};
-  int rc = job_open(sl, mesh, row_dim, col_dim, type, n, a, &j, err);
+  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   rc = eigh_solve(&j, upper ? "U" : "L", vectors, w, &z, info, err);
   if (rc == MT_OK && *info == 0 && vectors)
     j.t->gemr2d(&j.n, &j.n, z.data, &j.one, &j.one, z.desc, j.blk.data, &j.one, &j.one,
                 j.blk.desc, &j.g.ctxt);
   mt__sl_matrix_free(&z);
-  job_close(&j);
+  mt__sl_job_close(&j);
   return rc;
 }

@@ -92,16 +92,16 @@ void mt__sl_matrix_free(mt__sl_matrix *mat) {
   mat->owned = 0;
 }
 
-int64_t mt__sl_cyclic_block(const mt__sl_grid *g, int64_t n) {
-  int64_t p = g->nprow > g->npcol ? g->nprow : g->npcol;
-  int64_t nb = (n + p - 1) / p;
+int64_t mt__sl_cyclic_block(const mt__sl_grid *g, int64_t m, int64_t n) {
+  int64_t p = g->nprow > g->npcol ? g->nprow : g->npcol, big = m > n ? m : n;
+  int64_t nb = (big + p - 1) / p;
   /* Blocks of 64 keep the level-3 BLAS busy while every process gets work. */
   if (nb > 64) nb = 64;
   return nb < 1 ? 1 : nb;
 }
 
-int64_t mt__sl_square_block(const mt__sl_grid *g, int64_t n) {
-  int64_t mb = (n + g->nprow - 1) / g->nprow, nb = (n + g->npcol - 1) / g->npcol;
+int64_t mt__sl_square_block(const mt__sl_grid *g, int64_t m, int64_t n) {
+  int64_t mb = (m + g->nprow - 1) / g->nprow, nb = (n + g->npcol - 1) / g->npcol;
   int64_t block = g->npcol == 1 ? mb : g->nprow == 1 ? nb : mb == nb ? mb : 0;
   return block <= MT__SL_IN_PLACE_BLOCK ? block : 0;
 }

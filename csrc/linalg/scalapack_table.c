@@ -30,6 +30,7 @@ typedef struct entry {
 static const entry TYPED_ENTRIES[] = {
     {"p?gemr2d_", TYPED(gemr2d)}, {"p?gesv_", TYPED(gesv)},   {"p?getrf_", TYPED(getrf)},
     {"p?getri_", TYPED(getri)},   {"p?potrf_", TYPED(potrf)}, {"p?laset_", TYPED(laset)},
+    {"p?geqrf_", TYPED(geqrf)},
 };
 #undef TYPED
 
@@ -66,8 +67,15 @@ static int load_typed(void *handle, char letter, mt__sl_typed *t, mt_error *err)
     if (rc != MT_OK) return rc;
   }
   int complex = letter == 'c' || letter == 'z';
+  snprintf(name, sizeof name, complex ? "p%cungqr_" : "p%corgqr_", letter);
+  int rc = load(handle, name, (char *)&t->orgqr, err);
+  snprintf(name, sizeof name, "p%cgesvd_", letter);
+  if (rc == MT_OK)
+    rc = load(handle, name, complex ? (char *)&t->cgesvd : (char *)&t->gesvd, err);
   snprintf(name, sizeof name, complex ? "p%cheevr_" : "p%csyevr_", letter);
-  return load(handle, name, complex ? (char *)&t->heevr : (char *)&t->syevr, err);
+  if (rc == MT_OK)
+    rc = load(handle, name, complex ? (char *)&t->heevr : (char *)&t->syevr, err);
+  return rc;
 }
 
 static int load_all(struct mt_scalapack *sl, mt_error *err) {

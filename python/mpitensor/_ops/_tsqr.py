@@ -14,10 +14,13 @@ alike on every rank.
 
 Placements: Q and U keep A's (rows sharded), ``pinv``'s columns are sharded as
 A's rows; R, singular values, Vh, the solution of ``lstsq`` and norms are
-Replicate; ``matrix_rank`` and ``cond`` are NumPy scalars, as on the gathered path. A matrix outside that form (wide, batched, sharded on its columns or on
-two mesh dims, Partial, a block shorter than it is wide, an integer dtype, or
-NumPy's modes that have no distributed form) keeps the replicate-and-NumPy path
-(``_stats._decomposition``) or, for ``norm``, the partial-norm rules.
+Replicate; ``matrix_rank`` and ``cond`` are NumPy scalars, as on the gathered path.
+A 2-D matrix outside that form (square, wide, sharded on its columns or on two mesh
+dims, a block shorter than it is wide) with a sharded matrix dim goes to ScaLAPACK
+for ``qr``, ``svd``, ``svdvals`` and ``lstsq`` (``_scalapack_rect``); what neither
+engine takes (a stack, NumPy's modes that have no distributed form) keeps the
+replicate-and-NumPy path (``_stats._decomposition``) or, for ``norm``, the
+partial-norm rules.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _merge
+from . import _scalapack_rect as _rect
 from ._stats import _decomposition, _wrap_replicate
 
 _DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
@@ -108,19 +112,22 @@ def qr(a, mode="reduced"):
     dim (every block at least as tall as it is wide) takes TSQR: ``mode``
     'reduced' gives Q laid out as A (each rank its rows) and R Replicate; 'r' R
     alone. Signs may differ from NumPy's (a QR is unique up to the signs of R's
-    rows): Q @ R is A and Q's columns are orthonormal. Modes 'complete' (an
-    m x m Q) and 'raw' (LAPACK's reflectors of the whole matrix) have no
-    distributed form: they, and any other matrix, are replicated first and NumPy
-    runs on every rank. Collective on the mesh.
+    rows): Q @ R is A and Q's columns are orthonormal. Any other 2-D matrix with
+    a sharded dim, and mode 'complete' (an m x m Q), take ScaLAPACK's pXgeqrf and
+    pXorgqr: Q and R laid out as A. Mode 'raw' (LAPACK's reflectors of the whole
+    matrix) and stacks are replicated first and NumPy runs on every rank.
+    Collective on the mesh.
 
     Example::
 
         >>> a = distribute_tensor(np.random.rand(1000, 8), mesh, [Shard(0)])
         >>> q, r = np.linalg.qr(a)   # q: [Shard(0)], r: [Replicate()]
+        >>> q, r = np.linalg.qr(a[:8])   # square: ScaLAPACK, q and r [Shard(0)]
     """
     t = _tall(a) if mode in ("reduced", "r") else None
     if t is None:
-        return _replicated_qr(a, mode=mode)
+        out = _rect.qr(a, mode)
+        return out if out is not None else _replicated_qr(a, mode=mode)
     q, r = t.factor("numpy.linalg.qr", want_q=mode == "reduced")
     if mode == "r":
         return t.replicate(r)
@@ -148,9 +155,10 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     dim takes TSQR and the SVD of R = U_R S Vh: U = Q U_R is laid out as A, S and
     Vh are Replicate (with ``compute_uv=False``, S alone). ``full_matrices=True``
     (NumPy's default) asks for an m x m U, which has no distributed form here:
-    it, any other matrix and ``hermitian=True`` are replicated first and NumPy
-    runs on every rank. Singular vectors are unique up to a
-    phase per pair, as in NumPy. Collective on the mesh.
+    it (but for a square matrix) and ``hermitian=True`` are replicated first and
+    NumPy runs on every rank. Any other 2-D matrix with a sharded dim takes
+    ScaLAPACK's pXgesvd: U and Vh laid out as A, S Replicate. Singular vectors
+    are unique up to a phase per pair, as in NumPy. Collective on the mesh.
 
     Example::
 
@@ -158,6 +166,11 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     """
     t = _tall(a) if not (hermitian or (compute_uv and full_matrices)) else None
     if t is None:
+        square = a.ndim == 2 and a.shape[0] == a.shape[1]
+        thin = not (compute_uv and full_matrices) or square
+        out = _rect.svd(a, compute_uv) if thin and not hermitian else None
+        if out is not None:
+            return out
         return _replicated_svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
                                hermitian=hermitian)
     if not compute_uv:
@@ -173,14 +186,16 @@ if _replicated_svdvals is not None:
     def svdvals(x, /):
         """np.linalg.svdvals of a DTensor: for a tall matrix with its rows sharded
         on one mesh dim, the singular values of TSQR's R (one triangle per rank
-        per tree level moves), Replicate; any other matrix is replicated first.
-        Collective on the mesh.
+        per tree level moves), Replicate; another 2-D matrix with a sharded dim
+        takes ScaLAPACK's pXgesvd, and a stack is replicated first. Collective on
+        the mesh.
 
         Example: ``np.linalg.svdvals(a)`` of a ``[Shard(0)]`` 10000 x 16 DTensor.
         """
         t = _tall(x)
         if t is None:
-            return _replicated_svdvals(x)
+            out = _rect.svd(x, compute_uv=False)
+            return out if out is not None else _replicated_svdvals(x)
         return t.replicate(_singular_values(t, "numpy.linalg.svdvals"))
 
 
@@ -195,7 +210,9 @@ def lstsq(a, b, rcond=None):
     solves the small problem alike. NumPy's ``rcond`` (None: machine precision
     times max(m, n)), rank, residuals (the squared norms of the trailing block of
     R, given when A has full rank and m > n) and singular values. Results are
-    Replicate (the rank an int). Any other operands take the gathered path.
+    Replicate (the rank an int). Another 2-D ``a`` with a sharded dim (square,
+    wide, short blocks) takes ScaLAPACK's SVD, as NumPy's gelsd; any other
+    operands take the gathered path.
     Collective on the mesh.
 
     Example::
@@ -206,6 +223,9 @@ def lstsq(a, b, rcond=None):
     t = _tall(a, extra_columns=k) if k else None
     if (t is None or b._spec.mesh is not t.mesh or b.shape[0] != t.shape[0]
             or np.result_type(a.dtype, b.dtype) != a.dtype):
+        out = _rect.lstsq(a, b, rcond) if t is None else None
+        if out is not None:
+            return out
         return _registry.gather_call(np.linalg.lstsq, (a, b), {"rcond": rcond})
     b = D.relayout("numpy.linalg.lstsq", b, t.spec.placements)
     m, n = t.shape

@@ -86,6 +86,32 @@ MT_EXPORT int mt_scalapack_eigh(const mt_scalapack *sl, mt_mesh *mesh, int row_d
                                 int col_dim, int type, int64_t n, void *a, int upper,
                                 int vectors, void *w, int *info, mt_error *err);
 
+/* Collective on the mesh. The QR factorization of the m x n A (`a`'s block,
+ * overwritten): the first `rrows` rows of R (min(m, n) to m; zero below the
+ * diagonal) into `r`, the block of an rrows x n matrix, and, unless `q` is NULL,
+ * the first `qcols` columns of Q (min(m, n) to m) into `q`, the block of an
+ * m x qcols matrix. Every block is torch.chunk's, rows over `row_dim` and columns
+ * over `col_dim`.
+ *
+ *   rc = mt_scalapack_qr(sl, mesh, 0, -1, 'd', m, n, a, k, r, k, q, &err);
+ */
+MT_EXPORT int mt_scalapack_qr(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                              int col_dim, int type, int64_t m, int64_t n, void *a,
+                              int64_t rrows, void *r, int64_t qcols, void *q,
+                              mt_error *err);
+
+/* Collective on the mesh. The singular values of the m x n A (`a`'s block,
+ * overwritten) into `s` (min(m, n) reals of A's precision, descending, on every
+ * member) and, unless NULL, the left singular vectors into `u` (the block of the
+ * m x min(m, n) U) and the right ones into `vt` (the block of the min(m, n) x n
+ * V^H), blocks as mt_scalapack_qr's. `info` > 0: the SVD did not converge.
+ *
+ *   rc = mt_scalapack_svd(sl, mesh, 0, 1, 'z', m, n, a, s, u, vt, &info, &err);
+ */
+MT_EXPORT int mt_scalapack_svd(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                               int col_dim, int type, int64_t m, int64_t n, void *a,
+                               void *s, void *u, void *vt, int *info, mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,222 @@
+/* The ScaLAPACK drivers of rectangular matrices: QR (pXgeqrf, then pXorgqr or
+ * pXungqr for Q) and the SVD (pXgesvd). Each runs on the square-block copy of the
+ * caller's block and writes its factors into blocks the caller laid out as
+ * torch.chunk's, rows over the grid's rows and columns over its columns. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "scalapack-private.h"
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+/* Describes the caller's block of an m x n factor at `data`: torch.chunk's blocks
+ * of ceil(m/Pr) rows and ceil(n/Pc) columns. */
+static int caller_block(mt__sl_job *j, int64_t m, int64_t n, void *data,
+                        mt__sl_matrix *out, mt_error *err) {
+  return mt__sl_matrix_init(j->sl, &j->g, m, n, ceil_div(m, j->g.nprow),
+                            ceil_div(n, j->g.npcol), j->itemsize, data, out, err);
+}
+
+/* The routine's INFO agreed over the grid; a negative one (a rejected argument) is
+ * a bug of ours, said as such. */
+static int agreed_info(mt__sl_job *j, const char *routine, int *info, mt_error *err) {
+  int rc = mt__sl_agree_info(&j->g, info, err);
+  if (rc == MT_OK && *info < 0)
+    rc = mt_error_set(err, MT_EINVAL, "%s rejected argument %d", routine, -*info);
+  return rc;
+}
+
+/* pXgeqrf on the cyclic copy: the reflectors below its diagonal, R on and above,
+ * the reflectors' scalars in `tau`. */
+static int qr_factor(mt__sl_job *j, void *tau, mt_error *err) {
+  double wq[2] = {0, 0};
+  int minus = -1, info = 0, lwork;
+  void *work = NULL;
+  j->t->geqrf(&j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, tau, wq, &minus,
+              &info);
+  lwork = mt__sl_query_size(j, wq);
+  int rc = mt__sl_alloc(j, &work, lwork, j->itemsize, err);
+  if (rc == MT_OK) {
+    j->t->geqrf(&j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, tau, work,
+                &lwork, &info);
+    rc = agreed_info(j, "pXgeqrf", &info, err);
+  }
+  free(work);
+  return rc;
+}
+
+/* Zeroes the entries of a caller's block that lie below the global diagonal. */
+static void zero_below_diagonal(const mt__sl_job *j, mt__sl_matrix *b) {
+  int64_t row0 = (int64_t)j->g.myrow * b->desc[4], col0 = (int64_t)j->g.mycol * b->desc[5];
+  int64_t lld = b->desc[8];
+  for (int64_t c = 0; c < b->local_cols; ++c)
+    for (int64_t i = c + col0 + 1 - row0 > 0 ? c + col0 + 1 - row0 : 0; i < b->local_rows;
+         ++i)
+      memset((char *)b->data + (size_t)(i + c * lld) * j->itemsize, 0, j->itemsize);
+}
+
+/* R: the first `rrows` rows of the factored copy, upper triangle, into the
+ * caller's block at `r`. */
+static int r_out(mt__sl_job *j, int64_t rrows, void *r, mt_error *err) {
+  mt__sl_matrix rb = {0};
+  int rc = mt__sl_agree(&j->g, caller_block(j, rrows, j->n, r, &rb, err), err);
+  if (rc != MT_OK) return rc;
+  int rows = (int)rrows;
+  j->t->gemr2d(&rows, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, rb.data,
+               &j->one, &j->one, rb.desc, &j->g.ctxt);
+  zero_below_diagonal(j, &rb);
+  return MT_OK;
+}
+
+/* pXorgqr (pXungqr) on `src`, whose first min(m, n) columns hold the reflectors:
+ * the first `cols` columns of Q replace them. */
+static int q_form(mt__sl_job *j, mt__sl_matrix *src, int cols, const void *tau,
+                  mt_error *err) {
+  double wq[2] = {0, 0};
+  int minus = -1, info = 0, k = min_int(j->m, j->n), lwork;
+  void *work = NULL;
+  j->t->orgqr(&j->m, &cols, &k, src->data, &j->one, &j->one, src->desc, tau, wq, &minus,
+              &info);
+  lwork = mt__sl_query_size(j, wq);
+  int rc = mt__sl_alloc(j, &work, lwork, j->itemsize, err);
+  if (rc == MT_OK) {
+    j->t->orgqr(&j->m, &cols, &k, src->data, &j->one, &j->one, src->desc, tau, work,
+                &lwork, &info);
+    rc = agreed_info(j, "pXorgqr", &info, err);
+  }
+  free(work);
+  return rc;
+}
+
+/* Q's first `qcols` columns into the caller's block at `q`: formed in the
+ * factored copy itself, or, with more columns than A has, in a wider copy the
+ * reflectors go to first (same blocks, so `tau` still fits it). */
+static int q_out(mt__sl_job *j, const void *tau, int64_t qcols, void *q, mt_error *err) {
+  mt__sl_matrix qb = {0}, wide = {0}, *src = &j->cyc;
+  int cols = (int)qcols;
+  int rc = caller_block(j, j->m, qcols, q, &qb, err);
+  if (rc == MT_OK && cols > j->n) {
+    rc = mt__sl_matrix_init(j->sl, &j->g, j->m, qcols, j->nb, j->nb, j->itemsize, NULL,
+                            &wide, err);
+    src = &wide;
+  }
+  rc = mt__sl_agree(&j->g, rc, err);
+  if (rc == MT_OK && src == &wide)
+    j->t->gemr2d(&j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, wide.data,
+                 &j->one, &j->one, wide.desc, &j->g.ctxt);
+  if (rc == MT_OK) rc = q_form(j, src, cols, tau, err);
+  if (rc == MT_OK)
+    j->t->gemr2d(&j->m, &cols, src->data, &j->one, &j->one, src->desc, qb.data, &j->one,
+                 &j->one, qb.desc, &j->g.ctxt);
+  mt__sl_matrix_free(&wide);
+  return rc;
+}
+
+int mt_scalapack_qr(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                    int type, int64_t m, int64_t n, void *a, int64_t rrows, void *r,
+                    int64_t qcols, void *q, mt_error *err) {
+  mt__sl_job j;
+  void *tau = NULL;
+  int64_t k = m < n ? m : n;
+  if (rrows < k || rrows > m || (q != NULL && (qcols < k || qcols > m)))
+    return mt_error_set(err, MT_EINVAL, "a QR of a %lld x %lld matrix has no %lld-row R "
+                        "or %lld-column Q", (long long)m, (long long)n, (long long)rrows,
+                        (long long)qcols);
+  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, m, n, a, &j, err);
+  if (rc != MT_OK) return rc;
+  rc = mt__sl_alloc(&j, &tau, (m > n ? m : n) + j.nb, j.itemsize, err);
+  if (rc == MT_OK) rc = qr_factor(&j, tau, err);
+  if (rc == MT_OK) rc = r_out(&j, rrows, r, err);
+  if (rc == MT_OK && q != NULL) rc = q_out(&j, tau, qcols, q, err);
+  free(tau);
+  mt__sl_job_close(&j);
+  return rc;
+}
+
+/* One call's singular vectors: U (m x k) and Vh (k x n), each in a square-block
+ * copy and in the caller's block, or absent. */
+typedef struct vectors {
+  mt__sl_matrix ucyc, ublk, vcyc, vblk;
+  int want_u, want_v;
+} vectors;
+
+static int vectors_open(mt__sl_job *j, void *u, void *vt, vectors *v, mt_error *err) {
+  int k = min_int(j->m, j->n), rc = MT_OK;
+  memset(v, 0, sizeof *v);
+  v->want_u = u != NULL, v->want_v = vt != NULL;
+  if (v->want_u) rc = caller_block(j, j->m, k, u, &v->ublk, err);
+  if (rc == MT_OK && v->want_u)
+    rc = mt__sl_matrix_init(j->sl, &j->g, j->m, k, j->nb, j->nb, j->itemsize, NULL,
+                            &v->ucyc, err);
+  if (rc == MT_OK && v->want_v) rc = caller_block(j, k, j->n, vt, &v->vblk, err);
+  if (rc == MT_OK && v->want_v)
+    rc = mt__sl_matrix_init(j->sl, &j->g, k, j->n, j->nb, j->nb, j->itemsize, NULL,
+                            &v->vcyc, err);
+  return mt__sl_agree(&j->g, rc, err);
+}
+
+static void vectors_close(vectors *v) {
+  mt__sl_matrix_free(&v->ucyc);
+  mt__sl_matrix_free(&v->vcyc);
+}
+
+/* pXgesvd on the cyclic copy with workspaces of `lwork` (-1 asks) and, for the
+ * complex types, `rwork`. A matrix not asked for is described by A's descriptor,
+ * which the routine checks but never writes through. */
+static void svd_call(mt__sl_job *j, vectors *v, void *s, void *work, int lwork,
+                     void *rwork, int *info) {
+  mt__sl_matrix *u = v->want_u ? &v->ucyc : &j->cyc, *vt = v->want_v ? &v->vcyc : &j->cyc;
+  const char *jobu = v->want_u ? "V" : "N", *jobvt = v->want_v ? "V" : "N";
+  if (j->t->gesvd != NULL)
+    j->t->gesvd(jobu, jobvt, &j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, s,
+                u->data, &j->one, &j->one, u->desc, vt->data, &j->one, &j->one, vt->desc,
+                work, &lwork, info, 1, 1);
+  else
+    j->t->cgesvd(jobu, jobvt, &j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc,
+                 s, u->data, &j->one, &j->one, u->desc, vt->data, &j->one, &j->one,
+                 vt->desc, work, &lwork, rwork, info, 1, 1);
+}
+
+/* Queries, allocates (agreed) and runs pXgesvd. The query's answer gets a margin
+ * of a few blocks: some releases answer short on grids with short last blocks. */
+static int svd_run(mt__sl_job *j, vectors *v, void *s, int *info, mt_error *err) {
+  double wq[2] = {0, 0}, rq[2] = {0, 0};
+  void *work = NULL, *rwork = NULL;
+  svd_call(j, v, s, wq, -1, rq, info);
+  int64_t big = j->m > j->n ? j->m : j->n;
+  int64_t lwork = mt__sl_query_size(j, wq) + 4 * big + 2 * (int64_t)j->nb * j->nb;
+  size_t real = j->k % 2 == 0 ? sizeof(float) : sizeof(double);
+  int rc = lwork <= INT32_MAX ? MT_OK : mt_error_set(err, MT_EOVERFLOW, "workspace");
+  if (rc == MT_OK) rc = mt__sl_alloc(j, &work, lwork, j->itemsize, err);
+  if (rc == MT_OK) rc = mt__sl_alloc(j, &rwork, 1 + 4 * big + lwork, real, err);
+  if (rc == MT_OK) {
+    svd_call(j, v, s, work, (int)lwork, rwork, info);
+    rc = agreed_info(j, "pXgesvd", info, err);
+  }
+  free(work);
+  free(rwork);
+  return rc;
+}
+
+int mt_scalapack_svd(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                     int type, int64_t m, int64_t n, void *a, void *s, void *u, void *vt,
+                     int *info, mt_error *err) {
+  mt__sl_job j;
+  vectors v;
+  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, m, n, a, &j, err);
+  if (rc != MT_OK) return rc;
+  rc = vectors_open(&j, u, vt, &v, err);
+  if (rc == MT_OK) rc = svd_run(&j, &v, s, info, err);
+  int k = min_int(j.m, j.n);
+  if (rc == MT_OK && *info == 0 && v.want_u)
+    j.t->gemr2d(&j.m, &k, v.ucyc.data, &j.one, &j.one, v.ucyc.desc, v.ublk.data, &j.one,
+                &j.one, v.ublk.desc, &j.g.ctxt);
+  if (rc == MT_OK && *info == 0 && v.want_v)
+    j.t->gemr2d(&k, &j.n, v.vcyc.data, &j.one, &j.one, v.vcyc.desc, v.vblk.data, &j.one,
+                &j.one, v.vblk.desc, &j.g.ctxt);
+  vectors_close(&v);
+  mt__sl_job_close(&j);
+  return rc;
+}

@@ -1,0 +1,74 @@
+/* What every ScaLAPACK driver does around its routine: the checks every rank makes
+ * alone, the grid, the caller's block and its square-block copy, and workspaces
+ * allocated with the grid's agreement. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "scalapack-private.h"
+
+/* Checks what every rank can check alone: the same verdict everywhere, before any
+ * communication. */
+static int check(const mt_scalapack *sl, int type, int64_t m, int64_t n, mt_error *err) {
+  if (sl == NULL)
+    return mt_error_set(err, MT_ENOTSUP, "ScaLAPACK is not loaded");
+  if (mt__sl_type_index(type) < 0)
+    return mt_error_set(err, MT_ETYPE, "ScaLAPACK has no element type '%c'", type);
+  if (m < 1 || n < 1)
+    return mt_error_set(err, MT_EINVAL,
+                        "the matrix is %lld x %lld; ScaLAPACK wants both sizes >= 1",
+                        (long long)m, (long long)n);
+  return MT_OK;
+}
+
+/* The caller's block and the copy the routine runs on, agreed on. */
+static int describe(mt__sl_job *j, int64_t m, int64_t n, void *a, mt_error *err) {
+  int64_t square = mt__sl_square_block(&j->g, m, n);
+  int64_t nb = square > 0 ? square : mt__sl_cyclic_block(&j->g, m, n);
+  j->in_place = square > 0;
+  j->nb = (int)nb;
+  int rc = mt__sl_matrix_init(j->sl, &j->g, m, n, (m + j->g.nprow - 1) / j->g.nprow,
+                              (n + j->g.npcol - 1) / j->g.npcol, j->itemsize, a, &j->blk,
+                              err);
+  if (rc == MT_OK)
+    rc = mt__sl_matrix_init(j->sl, &j->g, m, n, nb, nb, j->itemsize,
+                            j->in_place ? a : NULL, &j->cyc, err);
+  return mt__sl_agree(&j->g, rc, err);
+}
+
+int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                    int type, int64_t m, int64_t n, void *a, mt__sl_job *j,
+                    mt_error *err) {
+  int rc = check(sl, type, m, n, err);
+  if (rc != MT_OK) return rc;
+  memset(j, 0, sizeof *j);
+  j->sl = sl, j->k = mt__sl_type_index(type), j->t = &sl->typed[j->k];
+  j->itemsize = mt__sl_itemsize[j->k], j->one = 1;
+  rc = mt__sl_grid_open(sl, mesh, row_dim, col_dim, &j->g, err);
+  if (rc != MT_OK) return rc;
+  rc = describe(j, m, n, a, err);
+  if (rc != MT_OK) {
+    mt__sl_job_close(j);
+    return rc;
+  }
+  j->m = (int)m, j->n = (int)n;
+  if (!j->in_place)
+    j->t->gemr2d(&j->m, &j->n, j->blk.data, &j->one, &j->one, j->blk.desc, j->cyc.data,
+                 &j->one, &j->one, j->cyc.desc, &j->g.ctxt);
+  return MT_OK;
+}
+
+void mt__sl_job_close(mt__sl_job *j) {
+  mt__sl_matrix_free(&j->cyc);
+  mt__sl_grid_close(j->sl, &j->g);
+}
+
+int mt__sl_alloc(mt__sl_job *j, void **out, int64_t count, size_t size, mt_error *err) {
+  *out = count <= INT32_MAX ? malloc((size_t)(count > 1 ? count : 1) * size) : NULL;
+  int rc = *out != NULL ? MT_OK : mt_error_set(err, MT_ENOMEM, "out of memory");
+  return mt__sl_agree(&j->g, rc, err);
+}
+
+int mt__sl_query_size(const mt__sl_job *j, const void *work) {
+  double v = j->k % 2 == 0 ? (double)*(const float *)work : *(const double *)work;
+  return (int)v + 1;
+}

@@ -1,0 +1,194 @@
+"""The rectangular linear algebra of ``np.linalg`` on ScaLAPACK: ``qr`` (pXgeqrf,
+then pXorgqr or pXungqr), ``svd``/``svdvals`` (pXgesvd) and ``lstsq`` (on that SVD)
+of 2-D DTensors that TSQR does not take: square and wide matrices, and tall ones
+whose row blocks are shorter than the matrix is wide.
+
+The matrix is described to ScaLAPACK as it lies, as in ``_scalapack`` (rows over
+one mesh dim, columns over another, a Pr x Pc grid), and never gathered; each
+factor comes back in torch.chunk's blocks on the same grid, so it is a DTensor
+with A's placements (after any redistribution to a grid): Q, R, U and Vh are laid
+out as A, singular values are Replicate. Each entry point answers None when the
+matrix is not its to take (a stack, no sharded matrix dim, an empty matrix, a rank
+outside the mesh): the caller keeps its replicate-and-NumPy path for those.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from .. import _clib, _comm
+from .._clib import E, I, I64, P, call, fn
+from .._dtensor import DTensor
+from ..placement_types import Replicate
+from . import _dispatch as D
+from . import _scalapack as S
+
+_IP = ctypes.POINTER(I)
+_qr = fn("mt_scalapack_qr", I, P, P, I, I, I, I64, I64, P, I64, P, I64, P, E)
+_svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, P, P, P, P, _IP, E)
+
+
+class _Grid:
+    """A 2-D DTensor on its process grid: the DTensor (redistributed to a grid when
+    it was on none), the mesh dims of its rows and columns, the computing dtype,
+    the ScaLAPACK table and this rank's block as ScaLAPACK takes it."""
+
+    def __init__(self, name, a, rows, cols, dtype):
+        self.name, self.a, self.rows, self.cols, self.dtype = name, a, rows, cols, dtype
+        self.mesh = a._spec.mesh
+        self.sl = S._library(name, self.mesh)
+        self.letter = S._LETTERS[dtype][0]
+        # A copy: ScaLAPACK overwrites what it is given.
+        self.block = np.array(a.to_local(), dtype=dtype, order="F", copy=True)
+
+    def empty(self, shape, dtype=None):
+        """This rank's block of a ``shape`` matrix on the grid, Fortran-ordered."""
+        coord = self.mesh._coordinate
+        local = []
+        for size, m in zip(shape, (self.rows, self.cols)):
+            local.append(size if m < 0 else
+                         _clib.chunk_sizes(size, self.mesh.shape[m])[coord[m]])
+        return np.zeros(local, dtype or self.dtype, order="F")
+
+    def wrap(self, block, shape):
+        """A DTensor of global ``shape`` whose block here is ``block``, laid out on
+        the grid (rows over the row mesh dim, columns over the column one)."""
+        return S._wrap(self.mesh, block, S._placements(self.mesh, 2, self.rows, self.cols),
+                       shape)
+
+    def require_finite(self, message):
+        """LinAlgError with ``message`` on every rank when some block holds a NaN
+        or an infinity, as NumPy's LAPACK fails on them (ScaLAPACK's may not say).
+        Collective on the mesh."""
+        try:
+            _comm.agree(self.mesh._handle, np.isfinite(self.block).all(), 0, message,
+                        ValueError)
+        except ValueError:
+            raise np.linalg.LinAlgError(message) from None
+
+    def address(self, routine):
+        return S._address(self.a, self.name, routine)
+
+
+def _grid(name, a):
+    """A :class:`_Grid` of ``a``, or None when ScaLAPACK is not the engine for it.
+    Decided from the global spec alone, so alike on every rank of the mesh."""
+    if type(a) is not DTensor or a.ndim != 2 or 0 in a.shape:
+        return None
+    if a._spec.mesh._coordinate is None:
+        return None
+    dtype = S._inexact(name, a.dtype)
+    a, rows, cols = S._on_grid(name, a)
+    if rows < 0 and cols < 0:
+        return None
+    return _Grid(name, a, rows, cols, dtype)
+
+
+def qr(a, mode):
+    """np.linalg.qr on ScaLAPACK for the modes 'reduced', 'complete' and 'r': Q and
+    R laid out as A; None for a matrix or mode it does not take. Collective on the
+    mesh."""
+    if mode not in ("reduced", "complete", "r"):
+        return None
+    g = _grid("numpy.linalg.qr", a)
+    if g is None:
+        return None
+    m, n = g.a.shape
+    k = min(m, n)
+    rrows, qcols = (m, m) if mode == "complete" else (k, k)
+    r = g.empty((rrows, n))
+    q = g.empty((m, qcols)) if mode != "r" else None
+    routine = "pXgeqrf" if mode == "r" else "pXgeqrf, pXorgqr"
+    call(_qr, g.sl, g.address(routine), g.rows, g.cols, g.letter, m, n,
+         g.block.ctypes.data, rrows, r.ctypes.data, qcols,
+         q.ctypes.data if q is not None else None)
+    r = g.wrap(r, (rrows, n))
+    if q is None:
+        return r
+    return type(np.linalg.qr(np.eye(1)))(g.wrap(q, (m, qcols)), r)
+
+
+def svd(a, compute_uv=True):
+    """The thin SVD on ScaLAPACK: (U m x k, S, Vh k x n) with U and Vh laid out as
+    A and S Replicate, descending; S alone without ``compute_uv``; None for a
+    matrix it does not take. LinAlgError on every rank when it does not converge.
+    Collective on the mesh."""
+    name = "numpy.linalg.svd" if compute_uv else "numpy.linalg.svdvals"
+    g = _grid(name, a)
+    if g is None:
+        return None
+    g.require_finite("SVD did not converge")
+    m, n = g.a.shape
+    k = min(m, n)
+    s = np.zeros(k, np.finfo(g.dtype).dtype)
+    u = g.empty((m, k)) if compute_uv else None
+    vt = g.empty((k, n)) if compute_uv else None
+    info = I()
+    call(_svd, g.sl, g.address("pXgesvd"), g.rows, g.cols, g.letter, m, n,
+         g.block.ctypes.data, s.ctypes.data, None if u is None else u.ctypes.data,
+         None if vt is None else vt.ctypes.data, ctypes.byref(info))
+    S._check_info(info.value, "SVD did not converge")
+    s = S._replicated(g.mesh, s)
+    if not compute_uv:
+        return s
+    return type(np.linalg.svd(np.eye(1)))(g.wrap(u, (m, k)), s, g.wrap(vt, (k, n)))
+
+
+def lstsq(a, b, rcond):
+    """np.linalg.lstsq on ScaLAPACK's SVD, as NumPy's gelsd: x = V diag(1/s) U^H b
+    over the singular values above ``rcond`` times the largest, NumPy's rank,
+    residuals (given when the rank is n and m > n) and singular values; all
+    Replicate (the rank an int). U^H b and V (1/s) U^H b are DTensor matmuls: A is
+    never gathered, b only as its k columns. None when ScaLAPACK does not take
+    ``a``. Collective on the mesh."""
+    if type(b) is not DTensor or b.ndim not in (1, 2) or b._spec.mesh is not \
+            getattr(getattr(a, "_spec", None), "mesh", None) or b.shape[0] != a.shape[0]:
+        return None
+    if type(a) is not DTensor or a.ndim != 2 or 0 in a.shape or 0 in b.shape:
+        return None
+    dtype = np.result_type(S._inexact("numpy.linalg.lstsq", a.dtype),
+                           S._inexact("numpy.linalg.lstsq", b.dtype))
+    if a._spec.mesh._coordinate is None:
+        return None
+    if S._grid(a) == (-1, -1):  # every rank holds A: NumPy's LAPACK, no message
+        return _local_lstsq(a, b, rcond, dtype)
+    u, s, vh = svd(a.astype(dtype) if a.dtype != dtype else a)
+    m, n = a.shape
+    mesh = a._spec.mesh
+    sv = s.full_tensor()
+    if rcond is None:
+        rcond = np.finfo(dtype).eps * max(m, n)
+    keep = sv > rcond * sv.max(initial=0.0)
+    rank = int(np.count_nonzero(keep))
+    inv = np.where(keep, 1.0 / np.where(keep, sv, 1.0), 0.0).astype(sv.dtype)
+    rhs = b if b.dtype == dtype else b.astype(dtype)
+    c = np.matmul(u.conj().T, rhs if rhs.ndim == 2 else rhs[:, None])
+    c = D.relayout("numpy.linalg.lstsq", c, (Replicate(),) * mesh.ndim)
+    y = S._replicated(mesh, c.to_local() * inv[:, None])
+    x = np.matmul(vh.conj().T, y)
+    x = D.relayout("numpy.linalg.lstsq", x, (Replicate(),) * mesh.ndim)
+    real = np.finfo(dtype).dtype
+    if rank == n and m > n:
+        r = np.matmul(a.astype(dtype), x) - (rhs if rhs.ndim == 2 else rhs[:, None])
+        res = np.sum(np.abs(r) ** 2, axis=0)
+        residuals = D.relayout("numpy.linalg.lstsq", res, (Replicate(),) * mesh.ndim)
+        residuals = S._replicated(mesh, residuals.to_local().astype(real))
+    else:
+        residuals = S._replicated(mesh, np.empty(0, real))
+    xl = x.to_local()
+    if b.ndim == 1:
+        xl = xl[:, 0]
+    return S._replicated(mesh, xl), residuals, rank, s
+
+
+def _local_lstsq(a, b, rcond, dtype):
+    """lstsq of a matrix every rank holds, on NumPy's LAPACK; ``b`` is replicated
+    first. Results Replicate."""
+    mesh = a._spec.mesh
+    b = D.relayout("numpy.linalg.lstsq", b, (Replicate(),) * mesh.ndim)
+    x, res, rank, s = np.linalg.lstsq(a.to_local().astype(dtype),
+                                      b.to_local().astype(dtype), rcond=rcond)
+    return (S._replicated(mesh, x), S._replicated(mesh, res), int(rank),
+            S._replicated(mesh, s))

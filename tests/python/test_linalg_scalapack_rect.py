@@ -1,0 +1,232 @@
+"""np.linalg's rectangular factorizations on ScaLAPACK (issue 45): qr (pXgeqrf and
+pXorgqr/pXungqr, every mode NumPy has), svd and svdvals (pXgesvd) and lstsq (on
+that SVD, as NumPy's gelsd) of square, wide, and tall-but-short-blocked DTensors
+sharded over one or two mesh dims, compared with NumPy on the gathered matrix:
+||A - QR|| / ||A|| and ||Q^H Q - I|| within 1e-12 in float64, singular values
+within 1e-10 of the largest; float32 and the complex types within their
+precision's. Uneven shards, a rank with no rows, 2-D meshes; no gather (a
+GatherWarning is an error here). Run under mpiexec at 1 to 4 ranks."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpitensor import Replicate, Shard, distribute_tensor
+from mpitensor._ops._fallback import GatherWarning
+from mpitensor._ops._scalapack import scalapack_library
+from mpitensor.device_mesh import init_device_mesh
+
+P = MPI.COMM_WORLD.size
+R, S0, S1 = Replicate(), Shard(0), Shard(1)
+DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
+
+pytestmark = pytest.mark.skipif(scalapack_library() is None,
+                                reason="ScaLAPACK (libscalapack-openmpi-dev) is not installed")
+
+
+def layouts():
+    """(mesh shape, placements): rows, columns, both (2-D meshes)."""
+    out = [((P,), [S0]), ((P,), [S1])]
+    if P == 4:
+        out += [((2, 2), [S0, S1]), ((2, 2), [S1, S0]), ((2, 2), [S0, R])]
+    if P >= 2:
+        out += [((1, P), [S0, S1]), ((P, 1), [S1, S0])]
+    return out
+
+
+# Square, wide, tall with blocks shorter than wide (TSQR's form at P = 1 only),
+# and a matrix with fewer rows than ranks (a rank with no rows).
+SHAPES = sorted({(2 * P + 1, 2 * P + 1), (P + 2, 3 * P + 2), (2 * P + 3, 2 * P + 1),
+                 (max(P - 1, 1), 4)})
+
+
+def tol(dtype, base=1e-12):
+    return base if np.finfo(dtype).dtype == np.float64 else 1e3 * np.finfo(dtype).eps
+
+
+def matrix(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal(shape)
+    return a.astype(dtype)
+
+
+def dist(a, layout):
+    mesh = init_device_mesh("cpu", layout[0])
+    return distribute_tensor(a, mesh, layout[1])
+
+
+def same_layout(x, da) -> bool:
+    """Whether ``x`` is laid out as A on every mesh dim of more than one rank (a
+    dim of one rank holds everything either way)."""
+    sizes = da.device_mesh.shape
+    return all(p == q for p, q, size in zip(x.placements, da.placements, sizes) if size > 1)
+
+
+@pytest.fixture(autouse=True)
+def no_gather():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GatherWarning)
+        yield
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_qr_every_mode(layout, shape, dtype):
+    a = matrix(shape, dtype)
+    da = dist(a, layout)
+    m, n = shape
+    k = min(m, n)
+    for mode, (qcols, rrows) in (("reduced", (k, k)), ("complete", (m, m))):
+        q, r = np.linalg.qr(da, mode=mode)
+        assert q.shape == (m, qcols) and r.shape == (rrows, n) and q.dtype == np.dtype(dtype)
+        qf, rf = q.full_tensor(), r.full_tensor()
+        assert np.array_equal(rf, np.triu(rf))
+        assert np.linalg.norm(a - qf @ rf) <= tol(dtype) * np.linalg.norm(a)
+        assert np.linalg.norm(qf.conj().T @ qf - np.eye(qcols)) <= tol(dtype) * max(1, qcols)
+        # R's rows agree with NumPy's up to a sign (a phase): |R| is unique.
+        np.testing.assert_allclose(np.abs(rf[:k]), np.abs(np.linalg.qr(a, mode=mode)[1][:k]),
+                                   atol=tol(dtype, 1e-10) * np.abs(a).max() * n)
+    rr = np.linalg.qr(da, mode="r")
+    assert rr.shape == (k, n)
+    np.testing.assert_allclose(np.abs(rr.full_tensor()), np.abs(np.linalg.qr(a, mode="r")),
+                               atol=tol(dtype, 1e-10) * np.abs(a).max() * n)
+
+
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_qr_placements_follow_a(layout):
+    """Q and R are laid out on A's grid: A's placements when A is on one."""
+    n = 2 * P + 1
+    da = dist(matrix((n, n + 2), np.float64), layout)
+    q, r = np.linalg.qr(da)
+    assert same_layout(q, da) and same_layout(r, da)
+
+
+def test_qr_raw_answers_as_numpy():
+    """'raw' (LAPACK's reflectors of the whole matrix) has no distributed form: it
+    takes the replicate path, with NumPy's answer and its warning."""
+    a = matrix((2 * P + 1, 2 * P + 1), np.float64)
+    da = dist(a, ((P,), [S0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GatherWarning)
+        h, tau = np.linalg.qr(da, mode="raw")
+    wh, wtau = np.linalg.qr(a, mode="raw")
+    np.testing.assert_allclose(h.full_tensor(), wh, atol=1e-12)
+    np.testing.assert_allclose(tau.full_tensor(), wtau, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_svd_and_svdvals(layout, shape, dtype):
+    a = matrix(shape, dtype, seed=1)
+    da = dist(a, layout)
+    m, n = shape
+    k = min(m, n)
+    want = np.linalg.svd(a.astype(np.complex128 if np.dtype(dtype).kind == "c"
+                                  else np.float64), compute_uv=False)
+    bound = tol(dtype, 1e-10) * want.max()
+    u, s, vh = np.linalg.svd(da, full_matrices=False)
+    assert u.shape == (m, k) and s.shape == (k,) and vh.shape == (k, n)
+    assert all(p == R for p in s.placements)
+    assert same_layout(u, da) and same_layout(vh, da)
+    sf, uf, vf = s.full_tensor(), u.full_tensor(), vh.full_tensor()
+    assert sf.dtype == np.finfo(dtype).dtype and np.all(np.diff(sf) <= 0)
+    assert np.abs(sf - want).max() <= bound
+    assert np.linalg.norm(a - (uf * sf) @ vf) <= tol(dtype) * 10 * np.linalg.norm(a)
+    assert np.linalg.norm(uf.conj().T @ uf - np.eye(k)) <= tol(dtype) * 10 * k
+    assert np.linalg.norm(vf @ vf.conj().T - np.eye(k)) <= tol(dtype) * 10 * k
+    assert np.abs(np.linalg.svd(da, compute_uv=False).full_tensor() - want).max() <= bound
+    if hasattr(np.linalg, "svdvals"):
+        assert np.abs(np.linalg.svdvals(da).full_tensor() - want).max() <= bound
+    if m == n:  # full_matrices=True (NumPy's default) is the thin SVD of a square A
+        u2, s2, vh2 = np.linalg.svd(da)
+        assert u2.shape == (n, n) and np.abs(s2.full_tensor() - want).max() <= bound
+
+
+def lstsq_case(m, n, rank, k, seed):
+    """An m x n matrix of the given rank and a right-hand side of k columns (a
+    vector when k is 0)."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, rank)) @ rng.standard_normal((rank, n))
+    b = rng.standard_normal((m, k) if k else m)
+    return a, b
+
+
+@pytest.mark.parametrize("k", [0, 2])
+@pytest.mark.parametrize("case", ["square", "wide", "deficient", "tall"])
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_lstsq_as_numpy(layout, case, k):
+    n = 2 * P + 2
+    m, cols, rank = {"square": (n, n, n), "wide": (P + 1, n, P + 1),
+                     "deficient": (n, n, n - 2), "tall": (n + 1, n, n)}[case]
+    a, b = lstsq_case(m, cols, rank, k, seed=3)
+    da = dist(a, layout)
+    db = distribute_tensor(b, da.device_mesh, [R] * da.device_mesh.ndim)
+    x, res, r, s = np.linalg.lstsq(da, db, rcond=None)
+    wx, wres, wr, ws = np.linalg.lstsq(a, b, rcond=None)
+    assert r == wr and isinstance(r, int)
+    assert x.shape == wx.shape and res.shape == wres.shape and s.shape == ws.shape
+    np.testing.assert_allclose(s.full_tensor(), ws, rtol=0, atol=1e-10 * ws.max())
+    np.testing.assert_allclose(x.full_tensor(), wx, rtol=0,
+                               atol=1e-9 * max(1.0, np.abs(wx).max()))
+    np.testing.assert_allclose(res.full_tensor(), wres, rtol=1e-9, atol=1e-12)
+    for t in (x, res, s):
+        assert all(p == R for p in t.placements)
+
+
+def test_lstsq_rcond_cuts_small_singular_values():
+    """A singular value under rcond times the largest counts as zero, as NumPy's."""
+    n = 2 * P + 2
+    rng = np.random.default_rng(4)
+    uq, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    vq, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    sv = np.logspace(0, -8, n)
+    a = (uq * sv) @ vq.T
+    b = rng.standard_normal(n)
+    da = dist(a, ((P,), [S0]))
+    db = distribute_tensor(b, da.device_mesh, [R])
+    x, _, r, _ = np.linalg.lstsq(da, db, rcond=1e-5)
+    wx, _, wr, _ = np.linalg.lstsq(a, b, rcond=1e-5)
+    assert r == wr < n
+    np.testing.assert_allclose(x.full_tensor(), wx, atol=1e-8 * np.abs(wx).max())
+
+
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_svd_of_nan_raises_linalgerror_on_every_rank(layout):
+    """NumPy's SVD fails on a NaN; so does this one, on every rank (the NaN lives in
+    one rank's block), and the ranks go on together."""
+    n = 2 * P + 1
+    a = matrix((n, n + 1), np.float64)
+    a[-1, -1] = np.nan
+    da = dist(a, layout)
+    with pytest.raises(np.linalg.LinAlgError, match="SVD did not converge"):
+        np.linalg.svd(da, full_matrices=False)
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.lstsq(da, distribute_tensor(np.ones(n), da.device_mesh,
+                                              [R] * da.device_mesh.ndim))
+    ok = np.linalg.svd(dist(matrix((n, n), np.float64), layout), compute_uv=False)
+    assert ok.shape == (n,)
+
+
+@pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
+def test_comm_debug_mode_lists_each_call():
+    from mpitensor.debug import CommDebugMode
+    n = 2 * P + 1
+    da = dist(matrix((n, n + 1), np.float64), ((P,), [S0]))
+    b = distribute_tensor(np.ones(n), da.device_mesh, [R])
+    calls = {"numpy.linalg.qr": lambda: np.linalg.qr(da),
+             "numpy.linalg.svd": lambda: np.linalg.svd(da, full_matrices=False),
+             "numpy.linalg.lstsq": lambda: np.linalg.lstsq(da, b)}
+    for name, f in calls.items():
+        with CommDebugMode() as comm_mode:
+            f()
+        listed = [op["name"] for op in
+                  comm_mode.comm_module_operation_counts["Global"]["operations_list"]]
+        assert any(": ScaLAPACK" in x for x in listed), (name, listed)
