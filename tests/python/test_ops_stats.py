@@ -147,6 +147,32 @@ def test_histogram_matches_numpy_and_moves_only_counts(pls):
     np.testing.assert_allclose(dens, np.histogram(full, bins=5, density=True)[0])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int16", "uint8", "int64"])
+def test_histogram_of_values_on_the_edges_equals_numpys(dtype):
+    """Equal bins count in one pass (csrc/core/histogram.c): values on each edge,
+    one step beside it, NaN and out of range land where NumPy puts them; int64
+    (which double does not hold exactly) is NumPy's own count."""
+    mesh = mesh_of((W,))
+    rng = np.random.default_rng(5)
+    if np.dtype(dtype).kind == "f":
+        edges = np.histogram_bin_edges(np.zeros(0, dtype), bins=7, range=(-1.3, 2.9))
+        near = np.concatenate([edges, np.nextafter(edges, -np.inf),
+                               np.nextafter(edges, np.inf)]).astype(dtype)
+        full = np.concatenate([near, rng.uniform(-2, 4, 500).astype(dtype),
+                               np.array([np.nan, np.inf, -np.inf], dtype)])
+        cases = ((7, (-1.3, 2.9)), (3, (np.float32(0.1), 0.7)), (1000, (-2.0, 4.0)))
+    else:
+        info = np.iinfo(dtype)
+        full = rng.integers(max(info.min, -300), min(info.max, 300), 501).astype(dtype)
+        cases = ((7, None), (6, (0, 250)), (13, (-3.5, 100.25)))
+    dt = make(full, mesh, [S0])
+    for bins, r in cases:
+        counts, edges = np.histogram(dt, bins=bins, range=r)
+        want, want_edges = np.histogram(full, bins=bins, range=r)
+        np.testing.assert_array_equal(counts, want)
+        np.testing.assert_array_equal(edges, want_edges)
+
+
 def test_histogram_on_a_2d_mesh_counts_replicas_once():
     if W != 4:
         pytest.skip("needs a (2, 2) mesh")

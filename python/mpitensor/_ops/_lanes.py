@@ -1,5 +1,6 @@
 """The local kernels along one axis (csrc/core/lanes.c) for the dtypes they know:
-running sums and products, and the first extreme. Each reads a C-contiguous array
+running sums and products, and the first extreme; and equal-bin counts
+(csrc/core/histogram.c), in one pass where NumPy's histogram makes several. Each reads a C-contiguous array
 once, row by row, where NumPy walks each lane with the axis's stride (and its
 argmax along an axis that is not the last copies the array with that axis moved
 last first). Arrays of a non-native byte order are swapped first; argmax and argmin
@@ -17,7 +18,7 @@ import numpy as np
 from .. import _C, _clib, _dtypes
 from .._clib import P, I
 
-__all__ = ["KERNEL_DTYPES", "scan", "arg_extreme"]
+__all__ = ["KERNEL_DTYPES", "scan", "arg_extreme", "uniform_counts"]
 
 # The element types of mt_dtype, in this machine's byte order.
 KERNEL_DTYPES = frozenset(np.dtype(t) for t in (
@@ -53,6 +54,13 @@ _Lanes = _clib.struct("mt_lanes")
 _E = _clib.E
 _cumulate = _clib.fn("mt_cumulate", I, P, P, P, P, ctypes.POINTER(_Lanes), I, I, _E)
 _arg_extreme = _clib.fn("mt_arg_extreme", I, P, P, P, ctypes.POINTER(_Lanes), I, I, _E)
+_histogram_uniform = _clib.fn("mt_histogram_uniform", I, I, ctypes.c_int64, P,
+                              ctypes.c_int64, P, P, _E)
+# The dtypes the counting kernel reads (double holds each exactly), and how many
+# bins it takes (csrc/include/mpitensor/core/histogram.h).
+_COUNTED = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16,
+                                           np.int32, np.uint8, np.uint16, np.uint32))
+_MAX_BINS = 65536
 
 
 def _lanes_of(x, axis):
@@ -93,3 +101,25 @@ def arg_extreme(x, axis, largest):
     _clib.call(_arg_extreme, idx.ctypes.data, value.ctypes.data, x.ctypes.data,
                ctypes.byref(lanes), _clib.dtype_code(x.dtype), bool(largest))
     return np.expand_dims(idx.astype(np.intp, copy=False), axis), np.expand_dims(value, axis)
+
+
+def uniform_counts(x, edges):
+    """The counts of ``x``'s elements in the equal bins ``edges`` (``bins + 1``
+    increasing finite values, as ``np.histogram_bin_edges`` makes them for a number
+    of bins), by numpy.histogram's rule (each bin closed on the left, the last on
+    both sides); None where the kernel does not apply (another dtype, too many
+    bins), for the caller to ask NumPy. Local.
+
+    Example: ``uniform_counts(np.array([0.1, 0.9, 1.0]), np.linspace(0, 1, 3))`` is
+    ``array([1, 2])``.
+    """
+    edges = np.asarray(edges)
+    bins = edges.size - 1
+    if x.dtype not in _COUNTED or not 1 <= bins <= _MAX_BINS:
+        return None
+    x = _native(x)
+    edges = np.ascontiguousarray(edges, np.float64)
+    counts = np.zeros(bins, np.int64)
+    _clib.call(_histogram_uniform, _clib.dtype_code(x.dtype), x.size, x.ctypes.data,
+               bins, edges.ctypes.data, counts.ctypes.data)
+    return counts.astype(np.intp, copy=False)

@@ -27,7 +27,7 @@ from .. import _layout, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Partial, Replicate, Shard
-from . import _dispatch as D
+from . import _dispatch as D, _lanes
 from ._inplace import write_result
 
 
@@ -173,7 +173,9 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
         elif mesh._coordinate is not None:
             # per-rank extremes (an empty shard gives the identity), one number each
             x = a.to_local()
-            ext = np.array([x.min(), -x.max()] if x.size else [np.inf, np.inf], np.float64)
+            # negated as floats: the maximum of unsigned ints has no negative
+            ext = (np.array([x.min(), x.max()], np.float64) * [1.0, -1.0] if x.size
+                   else np.array([np.inf, np.inf]))
             if sharding:
                 ext = _all_reduce(mesh, ext, "min", sharding)
             range = (float(ext[0]), float(-ext[1]))
@@ -182,7 +184,12 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     edges = np.histogram_bin_edges(np.empty(0, spec.dtype), bins=bins, range=range)
     if mesh._coordinate is None:
         return np.zeros(len(edges) - 1, np.intp), edges
-    counts, _ = np.histogram(a.to_local(), bins=edges)
+    # Equal bins (a number of bins) count in the one-pass kernel by NumPy's rule;
+    # edges given, or a dtype the kernel does not read, count by NumPy.
+    local = a.to_local()
+    counts = _lanes.uniform_counts(local, edges) if np.ndim(bins) == 0 else None
+    if counts is None:
+        counts, _ = np.histogram(local, bins=edges)
     if sharding:
         counts = _all_reduce(mesh, counts, "sum", sharding)
     if density:
