@@ -5,8 +5,10 @@ points ``xp`` and values ``fp``).
 The looked-up DTensor keeps its placements (a Partial is reduced first: a lookup
 is not linear) and each rank looks up its own elements, with no communication. A
 table given as an array is taken as every rank's (each rank passes the same, as
-NumPy's call on each would); a table given as a DTensor is gathered first, which
-moves the table, not the data.
+NumPy's call on each would); a replicated DTensor table is read where it is; a
+sharded one of ``np.isin`` stays sharded and the elements are looked up where its
+values lie (``_setops``), and one of ``np.interp`` is gathered, which moves the
+table, not the data.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate
 from . import _dispatch as D
+from . import _setops
 
 __all__ = ["isin", "interp"]
 
@@ -49,12 +52,19 @@ def _lookup(name, x, compute):
 @_registry.implements(np.isin)
 def isin(element, test_elements, assume_unique=False, invert=False, *, kind=None):
     """``np.isin`` of a DTensor: whether each element is among ``test_elements`` (an
-    array every rank passes alike, or a DTensor, gathered). Local when the test
-    elements are not a sharded DTensor; the result has ``element``'s placements.
+    array every rank passes alike, or a DTensor). Local when the test elements
+    are not a sharded DTensor; sharded ones are not gathered: the elements are
+    looked up where the test elements' unique values lie (``_setops``). The
+    result has ``element``'s placements.
 
     Example: ``np.isin(dt, [1, 3])``.
     """
     name = "numpy.isin"
+    if type(test_elements) is DTensor and (type(element) is not DTensor or any(
+            p.is_shard() and test_elements._spec.mesh.shape[i] > 1
+            for i, p in enumerate(test_elements._spec.placements))):
+        # Sharded test elements stay where they are: the elements visit them.
+        return _setops.isin_sharded(name, element, test_elements, invert, kind)
     if type(element) is not DTensor:
         raise _registry.NoRule(f"{name}: the elements must be the DTensor")
     table = _table(name, test_elements)

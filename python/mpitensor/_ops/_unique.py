@@ -14,13 +14,31 @@ all-gather of an int per rank), hence the counts. The outputs are re-chunked int
 torch.chunk's blocks of their length by one exchange each (``_row_exchange``),
 ``Shard(0)`` on that mesh dim. The inverse is each sorted position's value number
 sent back to the rank that holds its original position (one all-to-all of index
-pairs). NaNs count as one value (``equal_nan=True``). ``axis=``, other dtypes
-and arrays sharded along two mesh dims go to the fallback.
+pairs). NaNs count as one value (``equal_nan=True``) or one each
+(``equal_nan=False``). ``axis=``, other dtypes and arrays sharded along two mesh
+dims go to the fallback.
+
+The array API's ``unique_counts``, ``unique_inverse`` and ``unique_all`` are
+NumPy's sorted ``unique`` without ``equal_nan``, so they run on the same steps;
+one form does not: NumPy's ``unique_inverse`` numbers the NaNs of a float array
+in the order of its unstable sort, which no other sort reproduces, so a float
+array with a NaN (known after one all-reduce of a count) goes to the fallback.
+``unique_values`` is sorted for booleans and floats; for integers NumPy lists
+the values in the order of a C++ hash set (``std::unordered_set``, sized by the
+array's length up to a cap), which depends only on that size and on the order in
+which distinct values first occur. So the distinct values are found with their
+first indices by the sample sort, gathered (the result's size, not the array's)
+in first-occurrence order, and every rank hands NumPy that sequence padded with
+repeats of its first value to the array's length up to the cap: the same set
+built by the same insertions, hence NumPy's order.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib._arraysetops_impl import UniqueAllResult as _UniqueAll
+from numpy.lib._arraysetops_impl import UniqueCountsResult as _UniqueCounts
+from numpy.lib._arraysetops_impl import UniqueInverseResult as _UniqueInverse
 
 from .. import _registry
 from .._dtensor import DTensor
@@ -30,7 +48,8 @@ from . import _dispatch as D
 from . import _row_exchange as X
 from . import _sample_sort as S
 
-__all__ = ["unique", "union1d"]
+__all__ = ["unique", "union1d", "unique_values", "unique_counts", "unique_inverse",
+           "unique_all"]
 
 
 def _differs(u, w):
@@ -103,9 +122,8 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     if axis is not None or not sorted:
         # sorted=False lets NumPy choose an order, which only NumPy can reproduce.
         raise _registry.NoRule(f"{name}: axis= and sorted=False have no distributed rule")
-    if ar._spec.dtype.kind not in "biuf" or not equal_nan:
-        raise _registry.NoRule(f"{name}: dtype {ar._spec.dtype} (or equal_nan=False) has "
-                               f"no distributed rule")
+    if ar._spec.dtype.kind not in "biuf":
+        raise _registry.NoRule(f"{name}: dtype {ar._spec.dtype} has no distributed rule")
     if any(p.is_partial() for p in ar._spec.placements):
         # Equality is not linear: the values are summed first.
         ar = D.relayout(name, ar, [Replicate() if p.is_partial() else p
@@ -114,7 +132,7 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     mesh = spec.mesh
     want = (return_index, return_inverse, return_counts)
     if not any(p.is_shard() and mesh.shape[i] > 1 for i, p in enumerate(spec.placements)):
-        return _replicated(ar, want)
+        return _replicated(ar, want, equal_nan)
     m = S.sort_mesh_dim(ar)
     if m is None or mesh.get_coordinate() is None:
         raise _registry.NoRule(f"{name}: an array sharded along two mesh dims has no "
@@ -130,9 +148,11 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     prev = _previous_last(name, vals, m, p, me, sizes)
     flag = np.ones(len(x), bool)
     if len(x):
-        flag[1:] = _differs(x[1:], x[:-1])
+        # Without equal_nan every NaN is a value of its own, as NumPy's != says.
+        differs = _differs if equal_nan else np.not_equal
+        flag[1:] = differs(x[1:], x[:-1])
         if prev is not None:
-            flag[0] = _differs(x[:1], np.asarray([prev], x.dtype))[0]
+            flag[0] = differs(x[:1], np.asarray([prev], x.dtype))[0]
     here = np.flatnonzero(flag) + int(at[me])
     k = len(here)
     counts_of = mesh._handle.allgather_int(k, m)
@@ -159,12 +179,12 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     return out[0] if len(out) == 1 else tuple(out)
 
 
-def _replicated(ar, want):
+def _replicated(ar, want, equal_nan=True):
     """np.unique on each rank's whole copy: Replicate results (a Replicate input's
     other mesh dims hold the whole array too). Local."""
     mesh = ar._spec.mesh
     local = ar.to_local() if mesh.get_coordinate() is not None else np.zeros(0, ar.dtype)
-    got = np.unique(local, *want)
+    got = np.unique(local, *want, equal_nan=equal_nan)
     got = got if isinstance(got, tuple) else (got,)
     out = []
     for g in got:
@@ -184,3 +204,90 @@ def union1d(ar1, ar2):
     Example: ``np.union1d(dt, [0, 99])`` of a ``[Shard(0)]`` DTensor is ``[Shard(0)]``.
     """
     return np.unique(np.append(ar1, ar2))
+
+
+# NumPy's hash set is sized by the input's length up to this many buckets
+# (HASH_TABLE_INITIAL_BUCKETS in NumPy's unique.cpp): the padding below gives
+# the set NumPy builds the same size.
+_HASH_BUCKETS_CAP = 1024
+
+
+def _dtensor_arg(name, x):
+    if type(x) is not DTensor:
+        raise _registry.NoRule(f"{name}: expected a DTensor, got {type(x).__name__}")
+    return x
+
+
+@_registry.implements(np.unique_values)
+def unique_values(x):
+    """``np.unique_values`` of a DTensor, in NumPy's order: sorted for booleans and
+    floats (each NaN its own value), and for integers the order of NumPy's hash
+    set, rebuilt from the distinct values in the order they first occur (found
+    by the sample sort, then gathered: the result's size, not the array's).
+    Result ``Shard(0)`` along the mesh dim that shards ``x``. Collective on the
+    mesh.
+
+    Example: ``np.unique_values(dt).full_tensor()`` equals
+    ``np.unique_values(dt.full_tensor())``.
+    """
+    name = "numpy.unique_values"
+    x = _dtensor_arg(name, x)
+    if x._spec.dtype.kind not in "iu":
+        return unique(x, equal_nan=False)
+    vals, first = unique(x, return_index=True, equal_nan=False)
+    mesh = vals._spec.mesh
+    whole = [D.relayout(name, v, [Replicate()] * mesh.ndim).to_local() for v in (vals, first)]
+    seq = whole[0][np.argsort(whole[1], kind="stable")]
+    n = int(np.prod(x._spec.shape))
+    pad = max(len(seq), min(n, _HASH_BUCKETS_CAP)) - len(seq)
+    ordered = np.unique_values(np.concatenate([seq, np.repeat(seq[:1], pad)]))
+    m = S.sort_mesh_dim(vals) if any(p.is_shard() for p in vals._spec.placements) else None
+    if m is None:
+        local = ordered
+    else:
+        at = X.bounds(len(ordered), mesh.shape[m])
+        me = mesh.get_coordinate()[m]
+        local = ordered[at[me]:at[me + 1]]
+    return DTensor(np.ascontiguousarray(local), DTensorSpec(
+        mesh, vals._spec.placements, (len(ordered),), vals._spec.dtype, (1,)))
+
+
+@_registry.implements(np.unique_counts)
+def unique_counts(x):
+    """``np.unique_counts`` of a DTensor: ``np.unique(x, return_counts=True,
+    equal_nan=False)``, sorted as NumPy's, by the sample sort; no gather.
+    Collective on the mesh.
+
+    Example: ``np.unique_counts(dt).counts``.
+    """
+    x = _dtensor_arg("numpy.unique_counts", x)
+    return _UniqueCounts(*unique(x, return_counts=True, equal_nan=False))
+
+
+@_registry.implements(np.unique_inverse)
+def unique_inverse(x):
+    """``np.unique_inverse`` of a DTensor: ``np.unique(x, return_inverse=True,
+    equal_nan=False)`` by the sample sort, no gather; a float array holding a NaN
+    goes to the fallback (NumPy numbers its NaNs in the order of an unstable
+    sort). Collective on the mesh.
+
+    Example: ``np.unique_inverse(dt).inverse_indices``.
+    """
+    name = "numpy.unique_inverse"
+    x = _dtensor_arg(name, x)
+    if x._spec.dtype.kind == "f" and bool(np.any(np.isnan(x)).full_tensor()):
+        raise _registry.NoRule(f"{name}: NumPy numbers the NaNs of a float array in the "
+                               f"order of its unstable sort")
+    return _UniqueInverse(*unique(x, return_inverse=True, equal_nan=False))
+
+
+@_registry.implements(np.unique_all)
+def unique_all(x):
+    """``np.unique_all`` of a DTensor: ``np.unique(x, return_index=True,
+    return_inverse=True, return_counts=True, equal_nan=False)`` by the sample
+    sort, no gather. Collective on the mesh.
+
+    Example: ``np.unique_all(dt).indices``.
+    """
+    x = _dtensor_arg("numpy.unique_all", x)
+    return _UniqueAll(*unique(x, True, True, True, equal_nan=False))
