@@ -88,6 +88,31 @@ def test_every_shape_from_and_into_every_layout(tmp, shape):
     assert p == []
 
 
+def test_a_rank_encodes_its_chunks_from_its_own_memory(tmp, monkeypatch):
+    """Each chunk goes to zarr-python alone, which then encodes it in place: a
+    save holds about one encoded chunk beside the data, never a copy of the
+    rank's part (as it did when the part went in whole, chunk copies and all)."""
+    import tracemalloc
+
+    monkeypatch.setattr(_zarr, "CHUNK_BYTES", 256 << 10)
+    mesh = init_device_mesh("cpu", (N,))
+    g = np.random.default_rng(1).standard_normal((512 * N, 256))  # 1 MiB a rank, 4 chunks
+    dt = mt.distribute_tensor(g, mesh, [Shard(0)])
+    path = os.path.join(tmp, "in_place.zarr")
+    mt.save(dt, path, durable=False)  # imports and caches, untraced
+    tracemalloc.start()
+    try:
+        mt.save(dt, path, durable=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    p = Problems()
+    p.expect(peak < dt.to_local().nbytes // 2, f"rank {RANK} allocated {peak} bytes at "
+             f"most, saving {dt.to_local().nbytes}")
+    p.expect(bits_equal(read_zarr(path)[0], g), "values")
+    assert p == []
+
+
 def test_each_rank_writes_whole_chunks_of_its_own(tmp, monkeypatch):
     """Chunks as the shards, cut further when large, never across two ranks:
     each rank writes exactly the chunk files of its own box."""

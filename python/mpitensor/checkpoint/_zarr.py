@@ -207,7 +207,15 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
     z = zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
     sizes = local.shape
-    arr[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] = local
+    # One chunk at a time: zarr-python encodes a value that is exactly one chunk
+    # straight from its memory, but copies each chunk of a larger value into a
+    # new buffer, filled first, before encoding it.
+    for key in _chunk_keys(offsets, sizes, chunks):
+        index = [int(i) for i in key.split("/")[1:]]
+        at = [max(i * c, o) for i, c, o in zip(index, chunks, offsets)]
+        end = [min((i + 1) * c, o + s) for i, c, o, s in zip(index, chunks, offsets, sizes)]
+        part = tuple(slice(a - o, e - o) for a, e, o in zip(at, end, offsets))
+        arr[tuple(slice(a, e) for a, e in zip(at, end))] = local[part]
     if not durable:
         return
     folders = set()
