@@ -143,6 +143,31 @@ def _merge_logaddexp(ufunc, mesh, local, dims, placements, shape):
         return np.where(finite, shift + log(total), top).astype(local.dtype)
 
 
+# Equal-bin edges by (dtype, bins, range and the types of its ends, which decide
+# the edges' dtype): NumPy's making of them is most of a small histogram's time.
+_edges: dict = {}
+
+
+def _bin_edges(dtype, bins, range):
+    """np.histogram_bin_edges of no data of ``dtype`` (a copy: the caller's to keep)."""
+    key = None
+    if np.ndim(bins) == 0 and range is not None and len(range) == 2:
+        key = (dtype.str, bins, type(bins), range[0], type(range[0]), range[1],
+               type(range[1]))
+        try:
+            hit = _edges.get(key)
+        except TypeError:  # an unhashable end: NumPy says what it makes of it
+            key = hit = None
+        if hit is not None:
+            return hit.copy()
+    edges = np.histogram_bin_edges(np.empty(0, dtype), bins=bins, range=range)
+    if key is not None:
+        if len(_edges) >= 256:
+            _edges.clear()
+        _edges[key] = edges.copy()
+    return edges
+
+
 @_registry.implements(np.histogram)
 def histogram(a, bins=10, range=None, density=None, weights=None):
     """``np.histogram`` of a DTensor's elements: ``(counts, bin_edges)`` as NumPy
@@ -181,7 +206,7 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
             range = (float(ext[0]), float(-ext[1]))
         else:
             range = (0.0, 1.0)  # outside the mesh: no data, nothing is counted
-    edges = np.histogram_bin_edges(np.empty(0, spec.dtype), bins=bins, range=range)
+    edges = _bin_edges(spec.dtype, bins, range)
     if mesh._coordinate is None:
         return np.zeros(len(edges) - 1, np.intp), edges
     # Equal bins (a number of bins) count in the one-pass kernel by NumPy's rule;
