@@ -33,9 +33,11 @@ __all__ = ["triu", "tril", "trace", "diagonal"]
 def _sum_partials_only(name, a):
     """``a`` with every Partial but Partial(sum) reduced: the operations here are
     linear, so a sum of parts passes through."""
-    pls = [Replicate() if p.is_partial() and p != Partial("sum") else p
-           for p in a._spec.placements]
-    return D.relayout(name, a, pls)
+    placements = a._spec.placements
+    if not any(p.is_partial() and p != Partial("sum") for p in placements):
+        return a
+    return D.relayout(name, a, [Replicate() if p.is_partial() and p != Partial("sum")
+                                else p for p in placements])
 
 
 def _offset(a):
@@ -107,6 +109,22 @@ def _diagonal_spec(name, a, offset, axis1, axis2):
     return a, axis1, axis2, pls, tuple(spec.shape[d] for d in rest)
 
 
+# np.trace's result dtype per (input dtype, dtype=): NumPy's own answer, asked once.
+_trace_dtypes: dict = {}
+
+
+def _trace_dtype(dtype, asked):
+    try:
+        return _trace_dtypes[dtype, asked]
+    except (KeyError, TypeError):
+        out = np.trace(np.zeros((1, 1), dtype), dtype=asked).dtype
+        try:
+            _trace_dtypes[dtype, asked] = out
+        except TypeError:  # an unhashable dtype= argument
+            pass
+        return out
+
+
 @_registry.implements(np.trace)
 def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
     """``np.trace`` of a DTensor: each rank sums the part of the diagonal it holds;
@@ -122,7 +140,7 @@ def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
         raise _registry.NoRule(f"{name}: out= has no distributed rule")
     a, axis1, axis2, pls, shape = _diagonal_spec(name, a, offset, axis1, axis2)
     spec = a._spec
-    out_dtype = np.trace(np.zeros((1, 1), spec.dtype), dtype=dtype).dtype
+    out_dtype = _trace_dtype(spec.dtype, dtype)
     if spec.mesh.get_coordinate() is None:
         local = D.outside_local(shape, out_dtype)
     else:
