@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from mpitensor import Partial, Replicate, Shard
+from mpitensor import Partial, Replicate, Shard, strict
 from mpitensor._ops._fallback import GatherWarning
 from mpitensor.debug import CommDebugMode
 from ops_helpers import W, corner_layouts, make, matches_or_raises_alike, mesh_of, mesh_shapes
@@ -324,3 +324,36 @@ def test_place_by_a_plain_mask_moves_nothing_and_by_a_dtensor_mask_scans(shape):
         matches_or_raises_alike(lambda: np.place(dt, np.ones(size + 1, bool), [1.0]),
                                 lambda: np.place(full.copy(), np.ones(size + 1, bool), [1.0]),
                                 compare=_none)
+
+
+@pytest.mark.parametrize("shape", ((0, 3), (1, 3), (5, 4), (7,), ()), ids=str)
+def test_piecewise_with_constant_pieces(shape):
+    full = values(shape, "f") if shape else np.array(-2.5)
+    for mesh, pls in corner_layouts(len(shape)):
+        dt = make(full, mesh, pls)
+        ref = full if plain(pls) else dt.full_tensor()
+        plain_pls = tuple(R if p.is_partial() else p for p in pls)
+        lo, hi = make(ref < 0, mesh, plain_pls), make(ref > 5, mesh, plain_pls)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GatherWarning)
+            with CommDebugMode() as mode:
+                got = np.piecewise(dt, [lo, hi], [-1.0, 1.0, 0.5])
+            if plain(pls):
+                assert mode.get_total_counts() == 0, (pls, mode.get_comm_counts())
+            if len(shape) == 1:  # one condition, not a list: NumPy takes it as [lo]
+                exact(np.piecewise(dt, lo, [7, 9]), np.piecewise(ref, ref < 0, [7, 9]))
+        exact(got, np.piecewise(ref, [ref < 0, ref > 5], [-1.0, 1.0, 0.5]))
+    mesh = mesh_of((W,))
+    dt = make(np.arange(6.0), mesh, (S0,))
+    cond = make(np.arange(6.0) > 2, mesh, (S0,))
+    matches_or_raises_alike(lambda: np.piecewise(dt, [cond], [1.0, 2.0, 3.0]),
+                            lambda: np.piecewise(np.arange(6.0), [np.arange(6.0) > 2],
+                                                 [1.0, 2.0, 3.0]), compare=exact)
+    # A callable sees the whole selection, which no rank holds: it is gathered.
+    centred = [lambda v: v - v.mean(), 0.0]
+    with strict(), pytest.raises(TypeError):
+        np.piecewise(dt, [cond], centred)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GatherWarning)
+        exact(np.piecewise(dt, [cond], centred),
+              np.piecewise(np.arange(6.0), [np.arange(6.0) > 2], centred))

@@ -1,8 +1,8 @@
 """NumPy functions that are not ufuncs but answer element by element, on DTensors:
 ``np.angle``, ``np.fix``, ``np.i0``, ``np.sinc``, ``np.iscomplex``, ``np.isreal``,
 ``np.isneginf``, ``np.isposinf``, ``np.nan_to_num``, ``np.astype``,
-``np.digitize`` (with bins every rank holds alike) and ``np.real_if_close`` (one
-flag reduced over the mesh).
+``np.digitize`` (with bins every rank holds alike), ``np.piecewise`` (constant
+pieces) and ``np.real_if_close`` (one flag reduced over the mesh).
 
 Each runs NumPy's own function on every rank's block, so each element is NumPy's
 value, bit for bit, and the output keeps the input's Shard and Replicate
@@ -25,7 +25,7 @@ from ._inplace import write_result
 from ._select import _everywhere, _run_elementwise, astype as _astype
 
 __all__ = ["angle", "fix", "i0", "sinc", "iscomplex", "isreal", "isneginf", "isposinf",
-           "nan_to_num", "astype", "digitize", "real_if_close"]
+           "nan_to_num", "astype", "digitize", "piecewise", "real_if_close"]
 
 
 def _dtensor(name, x):
@@ -171,6 +171,49 @@ def astype(x, dtype, /, *, copy=True, device=None):
         raise ValueError(f'Device not understood. Only "cpu" is allowed, but received: '
                          f'{device}')
     return _astype(x, dtype, copy=bool(copy))
+
+
+@_registry.implements(np.piecewise)
+def piecewise(x, condlist, funclist, *args, **kw):
+    """``np.piecewise`` of a DTensor with DTensor conditions of its shape and
+    constant pieces: NumPy's own piecewise on every rank's blocks, placed as the
+    elementwise rule places ``x`` with the conditions. A callable piece is NumPy's
+    call on the selected values of the whole array, which no rank holds (the
+    function need not work element by element), so it goes to the fallback.
+    Local when the conditions are laid out as ``x``.
+
+    Example: ``np.piecewise(dt, [dt < 0, dt > 5], [-1.0, 1.0, 0.0])``.
+    """
+    name = "numpy.piecewise"
+    x = _dtensor(name, x)
+    funcs = tuple(funclist)
+    if any(callable(f) for f in funcs):
+        raise _registry.NoRule(f"{name}: a callable piece sees the selected values of the "
+                               f"whole array; only constant pieces have a distributed rule")
+    if type(condlist) is DTensor:
+        # NumPy takes one condition of one dim as a list of it, and the rows of one
+        # of more dims as the conditions.
+        if condlist.ndim != 1 or x.ndim == 0:
+            raise _registry.NoRule(f"{name}: a condition of {condlist.ndim} dims as the "
+                                   f"list of its rows has no distributed rule")
+        condlist = [condlist]
+    conds = list(condlist)
+    if not conds or any(type(c) is not DTensor or c.shape != x.shape for c in conds):
+        raise _registry.NoRule(f"{name}: conditions other than DTensors of x's shape have "
+                               f"no distributed rule")
+    if len(conds) + 1 > D.MAX_INPUTS:
+        raise _registry.NoRule(f"{name}: at most {D.MAX_INPUTS - 1} conditions on DTensors")
+    n = len(conds)
+    if len(funcs) not in (n, n + 1):
+        raise ValueError(f"with {n} condition(s), either {n} or {n + 1} functions are "
+                         f"expected")
+    for f in funcs:
+        if not D.is_scalar(f):
+            raise _registry.NoRule(f"{name}: pieces that are arrays have no distributed rule")
+    D.same_mesh(name, [x, *conds])
+    return _run_elementwise(
+        name, ("piecewise", n, funcs), (x, *conds),
+        lambda v, *cs: np.piecewise(v, [np.asarray(c, bool) for c in cs], list(funcs)))
 
 
 def _replicated_bins(name, bins, mesh):
