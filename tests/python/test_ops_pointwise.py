@@ -357,3 +357,39 @@ def test_piecewise_with_constant_pieces(shape):
         warnings.simplefilter("ignore", GatherWarning)
         exact(np.piecewise(dt, [cond], centred),
               np.piecewise(np.arange(6.0), [np.arange(6.0) > 2], centred))
+
+
+@pytest.mark.parametrize("shape", ((0, 3), (1, 3), (5, 4), (7,)), ids=str)
+def test_spaces_between_dtensor_endpoints(shape):
+    n = int(np.prod(shape))
+    lo = (np.arange(n) % 4 + 1.0).reshape(shape)
+    hi = (np.arange(n) % 3 + 10.0).reshape(shape) * np.where(np.arange(n) % 2, 1, -1
+                                                           ).reshape(shape)
+    for mesh, pls in corner_layouts(len(shape)):
+        dlo, dhi = make(lo, mesh, pls), make(hi, mesh, pls)
+        ref_lo = lo if plain(pls) else dlo.full_tensor()
+        ref_hi = hi if plain(pls) else dhi.full_tensor()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GatherWarning)
+            with CommDebugMode() as mode:
+                np.linspace(dlo, dhi, 5, axis=-1)
+                np.logspace(dlo, 2.0, 5, axis=0)
+            if plain(pls):
+                assert mode.get_total_counts() == 0
+            for axis in (0, 1, -1):
+                exact(np.linspace(dlo, dhi, 5, axis=axis), np.linspace(ref_lo, ref_hi, 5,
+                                                                       axis=axis))
+                exact(np.linspace(dlo, 3.0, 4, endpoint=False, axis=axis, dtype=np.float32),
+                      np.linspace(ref_lo, 3.0, 4, endpoint=False, axis=axis,
+                                  dtype=np.float32))
+                exact(np.logspace(dlo, dhi, 3, base=2.0, axis=axis),
+                      np.logspace(ref_lo, ref_hi, 3, base=2.0, axis=axis))
+                exact(np.geomspace(dlo, dhi, 6, axis=axis),
+                      np.geomspace(ref_lo, ref_hi, 6, axis=axis))
+    mesh = mesh_of((W,))
+    zero = np.arange(8.0)
+    dz = make(zero, mesh, (S0,))
+    matches_or_raises_alike(lambda: np.geomspace(dz, 10.0, 3),
+                            lambda: np.geomspace(zero, 10.0, 3), compare=exact)
+    matches_or_raises_alike(lambda: np.linspace(dz, 10.0, -1),
+                            lambda: np.linspace(zero, 10.0, -1), compare=exact)

@@ -2,7 +2,9 @@
 ``np.angle``, ``np.fix``, ``np.i0``, ``np.sinc``, ``np.iscomplex``, ``np.isreal``,
 ``np.isneginf``, ``np.isposinf``, ``np.nan_to_num``, ``np.astype``,
 ``np.digitize`` (with bins every rank holds alike), ``np.piecewise`` (constant
-pieces) and ``np.real_if_close`` (one flag reduced over the mesh).
+pieces), ``np.real_if_close`` (one flag reduced over the mesh), and
+``np.linspace``, ``np.logspace`` and ``np.geomspace`` between DTensor endpoints
+(each sequence is its own pair's).
 
 Each runs NumPy's own function on every rank's block, so each element is NumPy's
 value, bit for bit, and the output keeps the input's Shard and Replicate
@@ -15,7 +17,10 @@ dtype, or not raise while the others do.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _registry
 from .._dtensor import DTensor
@@ -25,7 +30,7 @@ from ._inplace import write_result
 from ._select import _everywhere, _run_elementwise, astype as _astype
 
 __all__ = ["angle", "fix", "i0", "sinc", "iscomplex", "isreal", "isneginf", "isposinf",
-           "nan_to_num", "astype", "digitize", "piecewise", "real_if_close"]
+           "nan_to_num", "astype", "digitize", "piecewise", "real_if_close", "linspace", "logspace", "geomspace"]
 
 
 def _dtensor(name, x):
@@ -214,6 +219,103 @@ def piecewise(x, condlist, funclist, *args, **kw):
     return _run_elementwise(
         name, ("piecewise", n, funcs), (x, *conds),
         lambda v, *cs: np.piecewise(v, [np.asarray(c, bool) for c in cs], list(funcs)))
+
+
+def _spaced(func, name, start, stop, num, axis, **kwargs):
+    """``func`` (linspace, logspace, geomspace) of DTensor ``start`` and ``stop``:
+    each sequence depends only on its own pair of endpoints, so NumPy's function
+    runs on every rank's blocks, the new dim of length ``num`` whole on every rank
+    and the others placed as the endpoints. The endpoints are DTensors of one shape
+    or scalars; NumPy's dtype and errors come from a call on one-element stand-ins
+    first."""
+    operands = D.implicit((start, stop))
+    dts = [o for o in operands if type(o) is DTensor]
+    if any(type(o) is not DTensor and not D.is_scalar(o) for o in operands):
+        raise _registry.NoRule(f"{name}: endpoints that are not DTensors or scalars have "
+                               f"no distributed rule")
+    shape = dts[0].shape
+    if any(o.shape != shape for o in dts):
+        raise _registry.NoRule(f"{name}: endpoints of different shapes (broadcast) have no "
+                               f"distributed rule")
+    D.same_mesh(name, dts)
+    n = len(shape)
+    num = operator.index(num)
+    ax = normalize_axis_index(operator.index(axis), n + 1)
+    stand = [np.ones((1,) * n, o.dtype) if type(o) is DTensor else o for o in operands]
+    dtype = np.asarray(func(*stand, num=num, axis=ax, **kwargs)).dtype
+
+    def build():
+        out = list(range(n))
+        out.insert(ax, n)
+        return D.dimmap([range(n)] * len(dts), out, [D.KEEP] * n + [D.REPLICATE],
+                        sizes={n: num})
+
+    return D.execute((name, num, ax, tuple(type(o) is DTensor for o in operands),
+                      tuple(o for o in operands if type(o) is not DTensor),
+                      tuple(sorted(kwargs.items()))), dts, build,
+                     lambda *ls: _spaced_local(func, operands, ls, num, ax, dtype, kwargs))
+
+
+def _spaced_local(func, operands, locals_, num, ax, dtype, kwargs):
+    it = iter(locals_)
+    args = [next(it) if type(o) is DTensor else o for o in operands]
+    return np.ascontiguousarray(func(*args, num=num, axis=ax, **kwargs), dtype)
+
+
+@_registry.implements(np.linspace)
+def linspace(start, stop, num=50, endpoint=True, retstep=False, dtype=None, axis=0, *,
+             device=None):
+    """``np.linspace`` between DTensor endpoints: one sequence per pair, made on the
+    rank that holds the pair; the new dim whole on every rank, the others placed
+    as the endpoints. Local.
+
+    Example: ``np.linspace(lo, hi, 5, axis=-1)`` of ``(n,)`` DTensors is ``(n, 5)``.
+    """
+    if retstep:
+        raise _registry.NoRule("numpy.linspace: retstep=True has no distributed rule")
+    if device not in (None, "cpu"):
+        raise ValueError(f'Device not understood. Only "cpu" is allowed, but received: '
+                         f'{device}')
+    return _spaced(np.linspace, "numpy.linspace", start, stop, num, axis,
+                   endpoint=bool(endpoint), dtype=dtype)
+
+
+@_registry.implements(np.logspace)
+def logspace(start, stop, num=50, endpoint=True, base=10.0, dtype=None, axis=0):
+    """``np.logspace`` between DTensor endpoints (a scalar ``base``), as
+    ``np.linspace``'s rule. Local.
+
+    Example: ``np.logspace(lo, hi, 4, base=2.0)``.
+    """
+    if not D.is_scalar(base):
+        raise _registry.NoRule("numpy.logspace: an array base has no distributed rule")
+    return _spaced(np.logspace, "numpy.logspace", start, stop, num, axis,
+                   endpoint=bool(endpoint), base=base, dtype=dtype)
+
+
+@_registry.implements(np.geomspace)
+def geomspace(start, stop, num=50, endpoint=True, dtype=None, axis=0):
+    """``np.geomspace`` between DTensor endpoints, as ``np.linspace``'s rule; NumPy's
+    ValueError for a zero endpoint on every rank, agreed by one all-reduce of a
+    flag. Collective on the mesh.
+
+    Example: ``np.geomspace(lo, hi, 8, axis=1)``.
+    """
+    name = "numpy.geomspace"
+    ends = []
+    for o in D.implicit((start, stop)):
+        if type(o) is DTensor:
+            pls = o._spec.placements
+            o = D.relayout(name, o, [Replicate() if p.is_partial() else p for p in pls])
+        ends.append(o)
+    start, stop = ends
+    dts = [o for o in ends if type(o) is DTensor]
+    if dts:
+        nonzero = all(bool(np.all(o.to_local() != 0)) for o in dts)
+        if not _everywhere(dts[0].device_mesh, nonzero):
+            raise ValueError("Geometric sequence cannot include zero")
+    return _spaced(np.geomspace, "numpy.geomspace", start, stop, num, axis,
+                   endpoint=bool(endpoint), dtype=dtype)
 
 
 def _replicated_bins(name, bins, mesh):
