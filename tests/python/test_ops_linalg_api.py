@@ -80,6 +80,13 @@ def test_products(mesh_shape):
                   np.linalg.vecdot(i8, i8))  # wraps as NumPy's
             exact(np.linalg.vecdot(da, make(a[0], mesh, (R,) * mesh.ndim)),
                   np.linalg.vecdot(a, a[0]))
+            bits = a > 0
+            exact(np.linalg.vecdot(make(bits, mesh, pls), make(bits, mesh, pls)),
+                  np.linalg.vecdot(bits, bits))
+            # Values whose sums round: where the axis is whole, NumPy's own loop.
+            r = np.random.default_rng(0).standard_normal((6, 5))
+            dr = make(r, mesh, tuple(R if p == S1 else p for p in pls))
+            exact(np.linalg.vecdot(dr, dr), np.linalg.vecdot(r, r))
             chain = [a, b, ints((3, 4)), ints((4, 2), mod=3)]
             dchain = [make(x, mesh, pls) for x in chain]
             for k in (2, 3, 4):

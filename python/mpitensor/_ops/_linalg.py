@@ -288,10 +288,12 @@ def linalg_tensordot(x1, x2, /, *, axes=2):
 
 @_registry.implements(np.linalg.vecdot)
 def linalg_vecdot(x1, x2, /, *, axis=-1):
-    """``np.linalg.vecdot`` of DTensors: the conjugate of ``x1`` times ``x2``,
-    elementwise with broadcasting, summed along ``axis`` in the operands' dtype
-    (NumPy's, ints wrap alike); a sharded ``axis`` leaves a Partial(sum) the
-    size of the result. Local until read when the operands are laid out alike.
+    """``np.linalg.vecdot`` of DTensors: operands of one shape run NumPy's vecdot on
+    each block, the axis contracted as einsum's (a sharded ``axis`` leaves a
+    Partial(sum) the size of the result); broadcast operands (and bools) take the
+    conjugate of ``x1`` times ``x2`` summed along ``axis`` in the operands' dtype
+    (ints wrap as NumPy's). Local until read when the operands are laid out
+    alike.
 
     Example: ``np.linalg.vecdot(a, b, axis=0)``.
     """
@@ -310,6 +312,13 @@ def linalg_vecdot(x1, x2, /, *, axis=-1):
                          f"different from {x1.shape[a1]})")
     dtype = np.result_type(x1.dtype, x2.dtype)
     u, v = np.moveaxis(x1, a1, -1), np.moveaxis(x2, a2, -1)
+    if u.shape == v.shape and dtype != np.bool_:
+        # NumPy's own loop on each block (its summation order where the axis is
+        # whole); a sharded axis is contracted into a Partial(sum), as einsum's.
+        letters = list(_LETTERS[:u.ndim])
+        return D.execute(("vecdot", u.ndim), (u, v),
+                         lambda: einsum_map([letters, letters], letters[:-1], letters),
+                         lambda p, q: np.vecdot(p, q, axis=-1))
     if dtype.kind == "c":
         u = np.conjugate(u)
     return np.sum(np.multiply(u, v, dtype=dtype), axis=-1, dtype=dtype)
