@@ -85,8 +85,16 @@ typedef struct mt__sl_typed {
   mt__sl_cgesvd cgesvd; /* c and z */
 } mt__sl_typed;
 
+/* What a table shares with the grids it cached (scalapack_grid.c). */
+typedef struct mt__sl_life mt__sl_life;
+
 struct mt_scalapack {
   void *handle; /* dlopen's */
+  /* The MPI attribute under which a mesh's communicator keeps the grids made on
+   * it, MPI_KEYVAL_INVALID when MPI was not initialized at open (each call then
+   * makes and frees its own grid). */
+  int keyval;
+  mt__sl_life *life;
   mt__sl_typed typed[4]; /* s, d, c, z */
   void (*descinit)(int *desc, const int *m, const int *n, const int *mb, const int *nb,
                    const int *irsrc, const int *icsrc, const int *ctxt, const int *lld,
@@ -113,14 +121,31 @@ typedef struct mt__sl_grid {
   int handle;    /* Csys2blacs_handle of comm */
   int ctxt;
   int nprow, npcol, myrow, mycol;
+  int cached; /* whether the mesh's cache owns it (else mt__sl_grid_close frees it) */
 } mt__sl_grid;
 
-/* Collective on the mesh. Opens the grid of `row_dim` x `col_dim` (-1: size 1). */
+/* Collective on the mesh the first time, Local afterwards. The grid of `row_dim` x
+ * `col_dim` (-1: size 1), from the cache the mesh's communicator keeps, made and
+ * cached on a miss. The cache holds a few grids per mesh, dropping the oldest for
+ * a new one, and frees them when the communicator is freed (mt_mesh_destroy). It
+ * is touched only inside collective calls on the mesh, from the thread that uses
+ * the mesh, and by MPI's delete callback when the communicator goes. */
 int mt__sl_grid_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
                      mt__sl_grid *g, mt_error *err);
 
-/* Collective on the grid. Frees what mt__sl_grid_open made. */
+/* Collective on the grid. Frees what mt__sl_grid_open made, unless it is cached. */
 void mt__sl_grid_close(const mt_scalapack *sl, mt__sl_grid *g);
+
+/* Local. Sets up the table's grid caches (its keyval) once its routines are
+ * loaded; MT_ENOMEM. */
+int mt__sl_caches_open(mt_scalapack *sl, mt_error *err);
+
+/* Local. Whether the table may be freed now: the caches' keyval is released, and
+ * with grids still cached the last one's release frees the table instead. */
+int mt__sl_caches_close(mt_scalapack *sl);
+
+/* Local. Unloads the library and frees the table. */
+void mt__sl_table_free(mt_scalapack *sl);
 
 /* A distributed matrix: its local block and its descriptor. */
 typedef struct mt__sl_matrix {

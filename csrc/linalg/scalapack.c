@@ -218,7 +218,9 @@ static void eigh_query(job *j, const char *jobz, const char *uplo, void *w,
   int iq[2] = {0, 0}, ask[3] = {-1, -1, -1};
   eigh_call(j, jobz, uplo, w, z, wq, rq, iq, ask, info);
   int64_t margin = 4 * (int64_t)j->n + 2 * (int64_t)j->nb * j->nb;
-  int64_t real = (int64_t)(j->k == 2 ? (double)*(const float *)rq : rq[0]);
+  float single = 0; /* what a complex64 query wrote: memcpy, the buffer is doubles */
+  memcpy(&single, rq, sizeof single);
+  int64_t real = (int64_t)(j->k == 2 ? (double)single : rq[0]);
   sizes[0] = (int)(mt__sl_query_size(j, wq) + margin);
   sizes[1] = (int)(real + 1 + margin);
   sizes[2] = (int)(iq[0] + 1 + margin);

@@ -95,6 +95,7 @@ int mt_scalapack_open(const char *path, mt_scalapack **out, mt_error *err) {
     return mt_error_set(err, MT_EINVAL, "mt_scalapack_open: path and out are required");
   struct mt_scalapack *sl = calloc(1, sizeof *sl);
   if (sl == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  sl->keyval = MPI_KEYVAL_INVALID;
   /* RTLD_LOCAL: its BLAS and LAPACK symbols (dgemm_, ...) stay out of the global
    * namespace, where they could stand in for those of a library loaded later. */
   sl->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -104,6 +105,7 @@ int mt_scalapack_open(const char *path, mt_scalapack **out, mt_error *err) {
     return mt_error_set(err, MT_ENOTSUP, "%s", why != NULL ? why : path);
   }
   int rc = load_all(sl, err);
+  if (rc == MT_OK) rc = mt__sl_caches_open(sl, err);
   if (rc != MT_OK) {
     mt_scalapack_close(sl);
     return rc;
@@ -112,8 +114,13 @@ int mt_scalapack_open(const char *path, mt_scalapack **out, mt_error *err) {
   return MT_OK;
 }
 
+void mt__sl_table_free(mt_scalapack *sl) {
+  if (sl->handle != NULL) dlclose(sl->handle);
+  free(sl->life);
+  free(sl);
+}
+
 void mt_scalapack_close(mt_scalapack *sl) {
   if (sl == NULL) return;
-  if (sl->handle != NULL) dlclose(sl->handle);
-  free(sl);
+  if (mt__sl_caches_close(sl)) mt__sl_table_free(sl);
 }

@@ -4,7 +4,8 @@
  * grid of the world mesh, with torch.chunk's uneven blocks of rows (a rank without
  * rows when P > n), pXgesv's x solves A x = b, inv's A^-1 times A is I, slogdet
  * matches the product of a triangular matrix's diagonal, and a matrix with a zero
- * row gives INFO > 0 on every rank. Without the library the test is skipped (77). */
+ * row gives INFO > 0 on every rank; the grids are cached per mesh and released
+ * with it. Without the library the test is skipped (77). */
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -99,6 +100,67 @@ static void test_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int64_t n) {
   free(a);
 }
 
+/* Rows [*lo, *hi) of n that coordinate k of p holds: torch.chunk's blocks. */
+static void span(int64_t n, int64_t p, int64_t k, int64_t *lo, int64_t *hi) {
+  int64_t block = (n + p - 1) / p;
+  *lo = k * block < n ? k * block : n;
+  *hi = *lo + block < n ? *lo + block : n;
+}
+
+/* det(2 I) through slogdet with rows over mesh dim `rd` and columns over `cd`. */
+static void check_two_eye(const mt_scalapack *sl, mt_mesh *mesh, int64_t n, int rd, int cd) {
+  int64_t coord[MT_MAX_MESH_NDIM], r0, r1, c0, c1;
+  CHECK(mt_mesh_coordinate(mesh, coord));
+  span(n, rd < 0 ? 1 : mt_mesh_dim_size(mesh, rd), rd < 0 ? 0 : coord[rd], &r0, &r1);
+  span(n, cd < 0 ? 1 : mt_mesh_dim_size(mesh, cd), cd < 0 ? 0 : coord[cd], &c0, &c1);
+  int64_t rows = r1 - r0, cols = c1 - c0;
+  double *a = calloc((size_t)((rows > 0 ? rows : 1) * (cols > 0 ? cols : 1)), sizeof *a);
+  CHECK(a != NULL);
+  for (int64_t c = 0; a != NULL && c < cols; ++c)
+    for (int64_t i = 0; i < rows; ++i) a[i + c * rows] = r0 + i == c0 + c ? 2.0 : 0.0;
+  double out[2] = {0, 0};
+  mt_error err = {0};
+  CHECK_MSG(mt_scalapack_slogdet(sl, mesh, rd, cd, 'd', n, a, out, &err) == MT_OK, "%s",
+            err.msg);
+  CHECK_MSG(fabs(out[0] - (double)n * log(2.0)) < 1e-12 * (double)n, "%g", out[0]);
+  free(a);
+}
+
+/* The drivers' process grids are cached on the mesh: a second call on a layout
+ * makes no grid, another layout one more, and destroying the mesh releases them
+ * (the table counts one mesh fewer). */
+static void test_grid_cache(const mt_scalapack *sl) {
+  int64_t n = 2 * (int64_t)size + 1;
+  int before = mt_scalapack_cached_meshes(sl);
+  mt_mesh *mesh = world_mesh();
+  CHECK(mt_scalapack_cached_grids(sl, mesh) == 0);
+  check_two_eye(sl, mesh, n, 0, -1);
+  check_two_eye(sl, mesh, n, 0, -1);
+  CHECK(mt_scalapack_cached_grids(sl, mesh) == 1);
+  CHECK(mt_scalapack_cached_meshes(sl) == before + 1);
+  check_two_eye(sl, mesh, n, -1, 0);
+  CHECK(mt_scalapack_cached_grids(sl, mesh) == 2);
+  mt_mesh_destroy(mesh);
+  CHECK(mt_scalapack_cached_meshes(sl) == before);
+}
+
+/* On a 2 x 2 mesh, six layouts: the cache keeps the last few, and a layout it
+ * dropped is made again with the same answer. */
+static void test_grid_cache_drops_the_oldest(const mt_scalapack *sl) {
+  if (size != 4) return;
+  int ranks[4] = {0, 1, 2, 3};
+  int64_t shape[2] = {2, 2};
+  mt_mesh *mesh = NULL;
+  CHECK(mt_mesh_create(MPI_COMM_WORLD, 2, shape, ranks, &mesh, NULL) == MT_OK);
+  const int dims[6][2] = {{0, -1}, {1, -1}, {-1, 0}, {-1, 1}, {0, 1}, {1, 0}};
+  for (int k = 0; k < 6; ++k) check_two_eye(sl, mesh, 7, dims[k][0], dims[k][1]);
+  int kept = mt_scalapack_cached_grids(sl, mesh);
+  CHECK_MSG(kept >= 1 && kept < 6, "%d grids", kept);
+  check_two_eye(sl, mesh, 7, 0, -1);
+  CHECK(mt_scalapack_cached_grids(sl, mesh) == kept);
+  mt_mesh_destroy(mesh);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -120,6 +182,8 @@ int main(int argc, char **argv) {
     if (sizes[k] > 1) test_singular(sl, mesh, sizes[k]);
   }
   mt_mesh_destroy(mesh);
+  test_grid_cache(sl);
+  test_grid_cache_drops_the_oldest(sl);
   mt_scalapack_close(sl);
   int rc = mt_test_exit("test_scalapack");
   int failures = mt_test_failures;

@@ -42,7 +42,10 @@ typedef struct mt_scalapack mt_scalapack;
  */
 MT_EXPORT int mt_scalapack_open(const char *path, mt_scalapack **out, mt_error *err);
 
-/* Local. Closes the library and frees the table; NULL is a no-op. */
+/* Local. Closes the library and frees the table; NULL is a no-op. The process
+ * grids the drivers made are cached on each mesh's communicator and freed with it
+ * (mt_mesh_destroy); a table closed while some mesh still holds its grids stays
+ * loaded until the last of those meshes is destroyed. */
 MT_EXPORT void mt_scalapack_close(mt_scalapack *sl);
 
 /* Collective on the mesh. Solves A X = B: `a` is the local block of the n x n A
@@ -111,6 +114,18 @@ MT_EXPORT int mt_scalapack_qr(const mt_scalapack *sl, mt_mesh *mesh, int row_dim
 MT_EXPORT int mt_scalapack_svd(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                                int col_dim, int type, int64_t m, int64_t n, void *a,
                                void *s, void *u, void *vt, int *info, mt_error *err);
+
+/* Local (on a created mesh, or a slice that a driver ran on). How many process
+ * grids `sl` keeps cached on `mesh`: one per layout of rows and columns the
+ * drivers ran on there, the oldest dropped past a few; 0 before the first call,
+ * or when MPI was not initialized at mt_scalapack_open and nothing is cached.
+ *
+ *   mt_scalapack_solve(sl, mesh, 0, -1, ...);   // mt_scalapack_cached_grids -> 1
+ */
+MT_EXPORT int mt_scalapack_cached_grids(const mt_scalapack *sl, mt_mesh *mesh);
+
+/* Local. How many meshes hold grids of `sl`: each counts until it is destroyed. */
+MT_EXPORT int mt_scalapack_cached_meshes(const mt_scalapack *sl);
 
 #ifdef __cplusplus
 }
