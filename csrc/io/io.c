@@ -13,9 +13,6 @@
  * is 64-bit safe, and the box's start goes into the view's displacement. Between
  * phases the members agree on the first failure (mt_agree_comm) so that they all
  * return it. */
-/* renameat2's exchange and sync_file_range are Linux calls, declared by glibc
- * under _GNU_SOURCE; elsewhere the save falls back to rename and skips the hint. */
-#define _GNU_SOURCE
 #include "mpitensor/io/io.h"
 
 #include <errno.h>
