@@ -255,6 +255,7 @@ BENCH_CP := --seq 4096 --reps 3
 BENCH_DEBUG := --reps 11
 BENCH_TRAIN := --reps 3
 BENCH_HEAT := --quick
+BENCH_IO :=
 BENCH_NP4 :=
 else
 BENCH_REDIST := --no-plot
@@ -265,6 +266,7 @@ BENCH_CP :=
 BENCH_DEBUG :=
 BENCH_TRAIN :=
 BENCH_HEAT :=
+BENCH_IO := --mib 64,256 --reps 5 --budget 1200
 BENCH_NP4 := 4
 endif
 bench: install
@@ -282,6 +284,7 @@ bench: install
 	$(MPIRUN) 2 $(PY) benchmarks/transport.py; \
 	$(MPIRUN) 2 $(PY) benchmarks/train.py $(BENCH_TRAIN) $$([ -n "$$torch" ] || echo --no-torch); \
 	$(MPIRUN) 2 $(PY) benchmarks/vs_heat.py $(BENCH_HEAT); \
+	$(MPIRUN) 2 $(PY) benchmarks/io.py $(BENCH_IO); \
 	echo "load average at end: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	$(PY) benchmarks/plot.py benchmarks/results --out docs/img/perf; \
 	$(PY) benchmarks/tables.py; \

@@ -4,7 +4,8 @@ against raw ``os.pwrite``/``os.pread`` of each rank's block (contiguous HDF5 and
 ``.npy``), side by side in the same processes.
 
     OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe -n 2 .venv/bin/python \
-        benchmarks/io.py [--mib 64,256] [--reps 5] [--dir /tmp] [--quick]
+        benchmarks/io.py [--mib 64] [--reps 3] [--rows even,uneven] \
+        [--formats npy,h5,zarr] [--budget 240] [--dir /tmp] [--quick]
 
 For each size (MiB of float64 per rank, 512 columns) and row count (divisible by
 the ranks, and one more row, so the shards are uneven), it times, interleaved:
@@ -13,17 +14,29 @@ the ranks, and one more row, so the shards are uneven), it times, interleaved:
   ``ht.save_hdf5``; ``mt_h5_load``/``heat_h5_load``: ``mt.load(..., [Shard(0)])``
   against ``ht.load_hdf5(split=0)``;
 * ``mt_zarr_save``/``heat_zarr_save``, ``mt_zarr_load``/``heat_zarr_load`` likewise;
-* ``mt_npy_save``/``mt_npy_load`` and ``raw_write``/``raw_read``: every rank
-  ``pwrite``s (``pread``s) its own rows at their offset in one existing file, the
-  ceiling of N writers of one file here, with no metadata and no rename.
+* ``mt_npy_save``/``mt_npy_load`` against ``raw_write``/``raw_read``. ``raw_write``
+  makes a new file as ``numpy.save`` does: the first rank opens the path with
+  ``O_TRUNC`` (the previous file's pages and blocks are freed, new ones allocated
+  as the bytes land), then every rank ``pwrite``s its rows at their offset. That
+  is the least a save of new bytes costs; it promises nothing (a reader may see
+  a half-written file, a failed write leaves one), where a save writes under a
+  temporary name and swaps it in. Rewriting the pages of a file that already
+  holds them would cost only a memory copy, which no save can be.
 
-Both sides sync nothing (``durable=False``: Heat syncs nothing either). Before each
-timed load, the file's pages are dropped from the page cache (``fsync`` and
-``posix_fadvise(DONTNEED)`` on every file of the store), so loads read the device.
-Each timing starts after a barrier and ends when the last rank is done. Reported:
-medians of the bandwidth of the whole array with [min..max], and the ratios
-mt/Heat and mt/raw (above 1: mpitensor is faster). Heat is optional; without it
-only the raw comparisons run. Writes benchmarks/results/<cpu>/io-np{N}.json.
+Every save, on both sides, replaces the file of the previous repetition, and
+syncs nothing (``durable=False``: Heat syncs nothing either). Before each timed
+load, the file's pages are dropped from the page cache (``fsync`` and
+``posix_fadvise(DONTNEED)`` on every file of the store), so loads read the
+device. Each timing starts after a barrier and ends when the last rank is done.
+
+A run stops starting new points once ``--budget`` seconds have passed (the point
+under way finishes); the JSON says which points ran. A variant whose first run
+takes longer than ``--slow`` seconds runs that once (Heat's Zarr save of uneven
+rows writes one chunk file per row); the JSON lists those per point. Printed: medians of the
+bandwidth of the whole array with [min..max], and the ratios mt/Heat and mt/raw
+(above 1: mpitensor is faster), each the median of the repetition-by-repetition
+ratio. Heat is optional; without it only the raw comparisons run. Writes
+benchmarks/results/<cpu>/io-np{N}.json (summaries only, as every benchmark).
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -40,13 +54,19 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Shard
 
-from _common import (machine, machine_line, result_path,  # benchmarks/ is sys.path[0]
-                     time_interleaved, write_result)
+from _common import (machine, machine_line, ratio, result_path,  # benchmarks/ is sys.path[0]
+                     summary, time_interleaved, write_result)
 
 MiB = 1024 * 1024
 COLS = 512
 COMM = MPI.COMM_WORLD
 N, RANK = COMM.Get_size(), COMM.Get_rank()
+FORMATS = ("npy", "h5", "zarr")
+# (mpitensor, its reference) pairs whose per-repetition ratios are reported
+PAIRS = [("mt_h5_save", "heat_h5_save"), ("mt_h5_load", "heat_h5_load"),
+         ("mt_zarr_save", "heat_zarr_save"), ("mt_zarr_load", "heat_zarr_load"),
+         ("mt_npy_save", "raw_write"), ("mt_h5_save", "raw_write"),
+         ("mt_npy_load", "raw_read"), ("mt_h5_load", "raw_read")]
 
 
 def _heat():
@@ -85,67 +105,121 @@ def _remove(path: str) -> None:
     COMM.Barrier()
 
 
-def point(ht, folder: str, rows: int, reps: int) -> dict:
-    mesh = mt.init_device_mesh("cpu", (N,))
-    glob = np.random.default_rng(0).standard_normal((rows, COLS))
-    x = mt.distribute_tensor(glob, mesh, [Shard(0)])
+def _raw(path: str, local: np.ndarray, at: int):
+    """The raw write and read of this rank's rows at byte ``at`` of ``path``."""
+    data = memoryview(local).cast("B")
+
+    def write():
+        if RANK == 0:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
+        COMM.Barrier()  # the file is new before any rank writes into it
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], at + done)
+        finally:
+            os.close(fd)
+
+    def read():
+        out = np.empty_like(local)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.preadv(fd, [memoryview(out).cast("B")], at)
+        finally:
+            os.close(fd)
+
+    return write, read
+
+
+def variants(ht, folder: str, x, mesh, formats) -> tuple[dict, dict]:
+    """(saves, loads): name -> function, and name -> (file, function)."""
     local = np.ascontiguousarray(x.to_local())
     row0 = sum(COMM.allgather(local.shape[0])[:RANK])
-    path = {"h5": "x.h5", "zarr": "x.zarr", "npy": "x.npy", "raw": "x.raw",
-            "hh5": "heat.h5", "hzarr": "heat.zarr"}
-    path = {k: os.path.join(folder, v) for k, v in path.items()}
-    raw_bytes = rows * COLS * 8
-    if RANK == 0:
-        with open(path["raw"], "wb") as f:
-            f.truncate(raw_bytes)
-    COMM.Barrier()
-
-    def raw_write():
-        fd = os.open(path["raw"], os.O_WRONLY)
-        os.pwrite(fd, memoryview(local).cast("B"), row0 * COLS * 8)
-        os.close(fd)
-
-    def raw_read():
-        out = np.empty_like(local)
-        fd = os.open(path["raw"], os.O_RDONLY)
-        os.preadv(fd, [memoryview(out).cast("B")], row0 * COLS * 8)
-        os.close(fd)
-
-    saves = {
-        "mt_h5_save": lambda: mt.save(x, path["h5"], dataset="x", durable=False),
-        "mt_zarr_save": lambda: mt.save(x, path["zarr"], durable=False),
-        "mt_npy_save": lambda: mt.save(x, path["npy"], durable=False),
-        "raw_write": raw_write,
-    }
-    loads = {
-        "mt_h5_load": (path["h5"], lambda: mt.load(path["h5"], mesh, [Shard(0)], dataset="x")),
-        "mt_zarr_load": (path["zarr"], lambda: mt.load(path["zarr"], mesh, [Shard(0)])),
-        "mt_npy_load": (path["npy"], lambda: mt.load(path["npy"], mesh, [Shard(0)])),
-        "raw_read": (path["raw"], raw_read),
-    }
+    path = {k: os.path.join(folder, v) for k, v in
+            {"h5": "x.h5", "zarr": "x.zarr", "npy": "x.npy", "raw": "x.raw",
+             "hh5": "heat.h5", "hzarr": "heat.zarr"}.items()}
+    saves, loads = {}, {}
+    if "h5" in formats:
+        saves["mt_h5_save"] = lambda: mt.save(x, path["h5"], dataset="x", durable=False)
+        loads["mt_h5_load"] = (path["h5"], lambda: mt.load(path["h5"], mesh, [Shard(0)],
+                                                           dataset="x"))
+    if "zarr" in formats:
+        saves["mt_zarr_save"] = lambda: mt.save(x, path["zarr"], durable=False)
+        loads["mt_zarr_load"] = (path["zarr"], lambda: mt.load(path["zarr"], mesh,
+                                                               [Shard(0)]))
+    if "npy" in formats or "h5" in formats:
+        raw_write, raw_read = _raw(path["raw"], local, row0 * COLS * 8)
+        saves["raw_write"], loads["raw_read"] = raw_write, (path["raw"], raw_read)
+    if "npy" in formats:
+        saves["mt_npy_save"] = lambda: mt.save(x, path["npy"], durable=False)
+        loads["mt_npy_load"] = (path["npy"], lambda: mt.load(path["npy"], mesh,
+                                                             [Shard(0)]))
     if ht is not None:
         hx = ht.array(local, is_split=0)
-        saves["heat_h5_save"] = lambda: ht.save_hdf5(hx, path["hh5"], "x", mode="w")
-        saves["heat_zarr_save"] = lambda: ht.save_zarr(hx, path["hzarr"], overwrite=True)
-        loads["heat_h5_load"] = (path["hh5"], lambda: ht.load_hdf5(path["hh5"], "x", split=0))
-        loads["heat_zarr_load"] = (path["hzarr"], lambda: ht.load_zarr(path["hzarr"], split=0))
-    times = time_interleaved(COMM, saves, reps, 1)
-    # The loads, each after its file's pages are dropped (untimed).
-    for name, (p, _) in loads.items():
+        if "h5" in formats:
+            saves["heat_h5_save"] = lambda: ht.save_hdf5(hx, path["hh5"], "x", mode="w")
+            loads["heat_h5_load"] = (path["hh5"], lambda: ht.load_hdf5(path["hh5"], "x",
+                                                                       split=0))
+        if "zarr" in formats:
+            saves["heat_zarr_save"] = lambda: ht.save_zarr(hx, path["hzarr"],
+                                                           overwrite=True)
+            loads["heat_zarr_load"] = (path["hzarr"], lambda: ht.load_zarr(path["hzarr"],
+                                                                           split=0))
+    return saves, loads
+
+
+def point(ht, folder: str, rows: int, reps: int, formats, slow: float) -> dict:
+    """Seconds of every variant at ``rows`` rows, ``reps`` repetitions each, but
+    one for a variant whose first run took more than ``slow`` seconds (Heat's Zarr
+    of uneven rows: one chunk file per row)."""
+    mesh = mt.init_device_mesh("cpu", (N,))
+    x = mt.distribute_tensor(np.random.default_rng(0).standard_normal((rows, COLS)), mesh,
+                             [Shard(0)])
+    saves, loads = variants(ht, folder, x, mesh, formats)
+    # A first round, which the others repeat, then replacing a file in every save.
+    first = time_interleaved(COMM, saves, 1, 0)
+    once = {k for k, v in first.items() if v[0] > slow}
+    times = time_interleaved(COMM, {k: f for k, f in saves.items() if k not in once},
+                             reps, 0)
+    times.update({k: first[k] for k in once})
+    for name in loads:
         times[name] = []
     for _ in range(reps):
         for name, (p, fn) in loads.items():
-            _drop_cache(p)
+            if times[name] and times[name][0] > slow:
+                continue
+            _drop_cache(p)  # untimed
             times[name].extend(time_interleaved(COMM, {name: fn}, 1, 0)[name])
-    for p in path.values():
-        _remove(p)
-    return {k: [raw_bytes / t / MiB for t in v] for k, v in times.items()}  # MiB/s
+    for p in COMM.bcast(sorted(os.listdir(folder)) if RANK == 0 else None):
+        _remove(os.path.join(folder, p))
+    return times
+
+
+def _summaries(nbytes: int, times: dict) -> dict:
+    """MiB/s of the whole array per variant, and the pairs' ratios (of bandwidths,
+    repetition by repetition), as summaries."""
+    bw = {k: [nbytes / t / MiB for t in v] for k, v in times.items()}
+    out = {"MiB_per_s": {k: summary(v) for k, v in bw.items()}, "ratios": {},
+           "once": sorted(k for k, v in times.items() if len(v) == 1)}
+    for a, b in PAIRS:
+        if a in bw and b in bw:
+            out["ratios"][f"{a}/{b}"] = ratio(bw[a], bw[b])
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", default="64,256", help="MiB of float64 per rank, comma list")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--mib", default="64", help="MiB of float64 per rank, comma list")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rows", default="even,uneven",
+                    help="even (divisible by the ranks), uneven (one more row), or both")
+    ap.add_argument("--formats", default=",".join(FORMATS),
+                    help=f"comma list of {', '.join(FORMATS)}")
+    ap.add_argument("--budget", type=float, default=240,
+                    help="seconds after which no new point starts")
+    ap.add_argument("--slow", type=float, default=10,
+                    help="seconds of a first run past which a variant runs once")
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary"
                     " folder under /tmp)")
     ap.add_argument("--quick", action="store_true", help="4 MiB per rank, 2 repetitions")
@@ -153,42 +227,50 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.mib, args.reps = "4", 2
+    formats = [f for f in args.formats.split(",") if f]
+    kinds = [k for k in args.rows.split(",") if k]
+    if set(formats) - set(FORMATS) or not formats or set(kinds) - {"even", "uneven"}:
+        ap.error("--formats takes npy, h5, zarr; --rows takes even, uneven")
     ht = _heat()
     folder = COMM.bcast(tempfile.mkdtemp(dir=args.dir) if RANK == 0 else None)
     info = machine(COMM)
     if ht is not None:
         info["heat"] = ht.__version__
-    points = []
+    points, skipped, start = [], [], time.monotonic()
     try:
         for mib in [int(s) for s in args.mib.split(",")]:
             even = mib * MiB // (8 * COLS) * N
-            for rows in (even, even + 1):
-                bw = point(ht, folder, rows, args.reps)
-                points.append({"mib_per_rank": mib, "rows": rows, "MiB_per_s": bw})
+            for kind in kinds:
+                rows = even + (kind == "uneven")
+                # rank 0's clock decides, so every rank stops at the same point
+                if COMM.bcast(time.monotonic() - start > args.budget):
+                    skipped.append({"mib_per_rank": mib, "rows": rows})
+                    continue
+                times = point(ht, folder, rows, args.reps, formats, args.slow)
+                res = _summaries(rows * COLS * 8, times)
+                points.append({"mib_per_rank": mib, "rows": rows, **res})
                 if RANK == 0:
-                    _print(mib, rows, bw)
+                    _print(mib, rows, res)
     finally:
         if RANK == 0:
             shutil.rmtree(folder, ignore_errors=True)
     if RANK == 0:
-        print(machine_line(info) + ("" if ht else "; Heat not installed"))
+        seconds = time.monotonic() - start
+        print(machine_line(info) + ("" if ht else "; Heat not installed")
+              + f"; {seconds:.0f} s" + (f"; {len(skipped)} points past the budget"
+                                        if skipped else ""))
         path = args.out or result_path(f"io-np{N}.json")
-        write_result(path, {"machine": info, "args": vars(args), "points": points})
+        write_result(path, {"machine": info, "args": vars(args), "points": points,
+                            "past_budget": skipped})
         print(f"wrote {path}")
 
 
-def _print(mib: int, rows: int, bw: dict) -> None:
-    med = {k: statistics.median(v) for k, v in bw.items()}
+def _print(mib: int, rows: int, res: dict) -> None:
     print(f"{mib} MiB/rank, {rows} rows (MiB/s of the whole array, median [min..max]):")
-    for k, v in bw.items():
-        print(f"  {k:15s} {med[k]:9.0f} [{min(v):.0f}..{max(v):.0f}]")
-    pairs = [("mt_h5_save", "heat_h5_save"), ("mt_h5_load", "heat_h5_load"),
-             ("mt_zarr_save", "heat_zarr_save"), ("mt_zarr_load", "heat_zarr_load"),
-             ("mt_npy_save", "raw_write"), ("mt_h5_save", "raw_write"),
-             ("mt_npy_load", "raw_read"), ("mt_h5_load", "raw_read")]
-    for a, b in pairs:
-        if a in med and b in med:
-            print(f"  {a}/{b}: {med[a] / med[b]:.2f}x")
+    for k, s in res["MiB_per_s"].items():
+        print(f"  {k:15s} {s['median']:9.0f} [{s['min']:.0f}..{s['max']:.0f}]")
+    for k, s in res["ratios"].items():
+        print(f"  {k}: {s['median']:.2f}x [{s['min']:.2f}..{s['max']:.2f}]")
 
 
 if __name__ == "__main__":

@@ -374,11 +374,39 @@ def vs_heat(results: dict) -> str:
     return "\n".join(out)
 
 
+def io(results: dict) -> str:
+    """Per size and row count (benchmarks/io.py): mpitensor's bandwidth over Heat's
+    and over raw pwrite/pread of the same bytes, saves and loads."""
+    cols = [("mt_h5_save/heat_h5_save", "HDF5 save / Heat"),
+            ("mt_h5_load/heat_h5_load", "HDF5 load / Heat"),
+            ("mt_zarr_save/heat_zarr_save", "Zarr save / Heat"),
+            ("mt_zarr_load/heat_zarr_load", "Zarr load / Heat"),
+            ("mt_h5_save/raw_write", "HDF5 save / pwrite"),
+            ("mt_npy_save/raw_write", ".npy save / pwrite"),
+            ("mt_h5_load/raw_read", "HDF5 load / pread"),
+            ("mt_npy_load/raw_read", ".npy load / pread")]
+    out = []
+    for n, torch, data in runs_of(results, "io"):
+        shown = [(k, name) for k, name in cols
+                 if any(k in pt["ratios"] for pt in data["points"])]
+        rows = [[size(pt["mib_per_rank"] * 2**20),
+                 f"{pt['rows']} ({'even' if pt['rows'] % n == 0 else 'uneven'})",
+                 *(stat(pt["ratios"][k]) if k in pt["ratios"] else "" for k, _ in shown)]
+                for pt in data["points"]]
+        heat = data["machine"].get("heat")
+        out.append(f"np {n}{f', Heat {heat}' if heat else ', without Heat'}: bandwidth "
+                   f"of mpitensor over the other side's (above 1: mpitensor is faster), "
+                   f"no syncs on either side; pwrite makes a new file as numpy.save does\n\n"
+                   + table(["float64 per rank", "rows", *(name for _, name in shown)],
+                           rows))
+    return "\n".join(out)
+
+
 TABLES = {"redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
           "plan_ranking": plan_ranking, "simulate_plans": simulate_plans, "vs_heat": vs_heat,
-          "transport": transport}
+          "transport": transport, "io": io}
 
 
 def figures(name: str, cpu: str, results: dict, plots: str) -> str:
