@@ -87,6 +87,18 @@ def test_products(mesh_shape):
             r = np.random.default_rng(0).standard_normal((6, 5))
             dr = make(r, mesh, tuple(R if p == S1 else p for p in pls))
             exact(np.linalg.vecdot(dr, dr), np.linalg.vecdot(r, r))
+            # BLAS rounds a block of rows as it rounds the whole only where the
+            # operands are whole: replicated ones here.
+            whole = make(r, mesh, (R,) * mesh.ndim)
+            exact(np.linalg.tensordot(whole, make(r.T.copy(), mesh, (R,) * mesh.ndim), axes=1),
+                  np.linalg.tensordot(r, r.T, axes=1))
+            exact(np.tensordot(whole, whole, axes=([1], [1])),
+                  np.tensordot(r, r, axes=([1], [1])))
+            z = r + 1j * r[::-1]
+            dz = make(z, mesh, tuple(R if p == S1 else p for p in pls))
+            exact(np.linalg.vector_norm(dz, axis=1), np.linalg.vector_norm(z, axis=1))
+            exact(np.linalg.vector_norm(dr, axis=-1, ord=3), np.linalg.vector_norm(r, axis=-1,
+                                                                                   ord=3))
             chain = [a, b, ints((3, 4)), ints((4, 2), mod=3)]
             dchain = [make(x, mesh, pls) for x in chain]
             for k in (2, 3, 4):

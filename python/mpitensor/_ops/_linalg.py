@@ -172,10 +172,25 @@ def tensordot_subscripts(name, a, b, axes):
 
 @_registry.implements(np.tensordot)
 def tensordot(a, b, axes=2):
-    """np.tensordot of two DTensors as an einsum."""
+    """np.tensordot of two DTensors, placed as the einsum it equals (a sharded
+    contracted dim leaves a Partial(sum)); each block runs NumPy's tensordot, so
+    where the contracted dims are whole the result rounds as NumPy's (an einsum
+    loop sums in another order).
+
+    Example: ``np.tensordot(a, b, axes=1)``.
+    """
     name = "numpy.tensordot"
     _two_dtensors(name, a, b)
-    return einsum(tensordot_subscripts(name, a, b, axes), a, b)
+    a, b = D.implicit((a, b))
+    sub = tensordot_subscripts(name, a, b, axes)
+    D.same_mesh(name, (a, b))
+    lhs, out = sub.split("->")
+    ins = lhs.split(",")
+    letters = sorted(set(lhs.replace(",", "")), key=lhs.index)
+    local_axes = axes if isinstance(axes, (int, np.integer)) else (
+        tuple(normalize_axis_tuple(axes[0], a.ndim)), tuple(normalize_axis_tuple(axes[1], b.ndim)))
+    return D.execute(("tensordot", sub), (a, b), lambda: einsum_map(ins, out, letters),
+                     lambda x, y: np.tensordot(x, y, local_axes))
 
 
 @_registry.implements(np.inner)
@@ -325,14 +340,16 @@ def linalg_vecdot(x1, x2, /, *, axis=-1):
 
 
 def _vector_norm_axes(x, axes, ord, keepdims):
-    """NumPy's vector norm over several ``axes`` at once, the formulas of
-    ``np.linalg.norm``'s vector branch reduced over the tuple (NumPy reshapes them
-    into one axis, which would move a sharded dim)."""
+    """NumPy's vector norm over ``axes`` at once, the formulas of
+    ``np.linalg.norm``'s vector branch (a complex square as NumPy's, the real part
+    of the conjugate times the value) reduced over the tuple (NumPy reshapes
+    several axes into one, which would move a sharded dim)."""
     if x.dtype.kind not in "fc":
         x = x.astype(np.float64)
     empty = any(x.shape[a] == 0 for a in axes)
     if ord is None or ord == 2:
-        return np.sqrt(np.sum(_merge._abs2(x), axis=axes, keepdims=keepdims))
+        square = np.real(np.conjugate(x) * x) if x.dtype.kind == "c" else x * x
+        return np.sqrt(np.sum(square, axis=axes, keepdims=keepdims))
     if isinstance(ord, str):
         raise ValueError(f"Invalid norm order '{ord}' for vectors")
     if ord == np.inf:
@@ -352,10 +369,10 @@ def _vector_norm_axes(x, axes, ord, keepdims):
 
 @_registry.implements(np.linalg.vector_norm)
 def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
-    """``np.linalg.vector_norm`` of a DTensor by partial norms: over one axis the
-    ``np.linalg.norm`` rule's, over several (``None``: all) the same formulas
-    reduced over them together; a sharded reduced axis is reduced at the size of
-    the result. Collective on the mesh when a reduced axis is sharded.
+    """``np.linalg.vector_norm`` of a DTensor by partial norms: NumPy's vector
+    formulas reduced over the axes (``None``: all) together; a sharded reduced
+    axis is reduced at the size of the result. Collective on the mesh when a
+    reduced axis is sharded.
 
     Example: ``np.linalg.vector_norm(dt, axis=(0, 1), ord=1)``.
     """
@@ -367,10 +384,7 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
         axes = normalize_axis_tuple(axis, x.ndim)
     else:
         axes = normalize_axis_tuple(operator.index(axis), x.ndim)
-    keepdims = bool(keepdims)
-    if len(axes) == 1:
-        return _merge.norm(x, ord=ord, axis=axes[0], keepdims=keepdims)
-    return _vector_norm_axes(x, axes, ord, keepdims)
+    return _vector_norm_axes(x, axes, ord, bool(keepdims))
 
 
 @_registry.implements(np.linalg.matrix_norm)
