@@ -331,12 +331,19 @@ class DTensor(_C.DTensorBase):
     def __setitem__(self, key, value) -> None:
         """``dt[key] = value`` in place, placements kept: a basic key (ints, slices,
         None, ...) with a scalar, an ndarray every rank holds or a DTensor value, or
-        a boolean mask with a scalar. Collective on the mesh when a DTensor value or
-        mask must move to follow this layout, else local.
+        a boolean mask with a scalar (with an array of values, NumPy's assignment
+        runs on the gathered arrays, with a GatherWarning). Collective on the mesh
+        when a DTensor value or mask must move to follow this layout, else local.
 
         Example: ``dt[1:3] = 0.0``; ``dt[dt < 0] = 0``.
         """
-        _registry.call(operator.setitem, self, key, value)
+        try:
+            _registry.call(operator.setitem, self, key, value)
+        except _registry.NoRule as e:
+            # Raised before anything moved, alike on every rank: NumPy's assignment
+            # on the gathered arrays, written back (a mask with an array of values).
+            _registry.gather_call(operator.setitem, (self, key, value), {},
+                                  "DTensor item assignment", cause=e)
 
     def fill(self, value) -> None:
         """numpy.ndarray.fill: every element set to ``value`` (cast as NumPy

@@ -4,6 +4,8 @@ along the first dim, its functions give NumPy's values through the registry, and
 its DTensor protocol pieces (mT, to_device, DLPack, __index__) answer as the standard
 says. The standard's own suite runs beside these (make test-array-api)."""
 
+import warnings
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -200,3 +202,28 @@ def test_masked_write_of_a_zero_d_array(mesh):
         x, v = xp.asarray(a), xp.asarray(-1.0)
     x[x > 4.0] = v
     np.testing.assert_array_equal(x.full_tensor(), np.where(a > 4.0, -1.0, a))
+
+
+def test_scikit_learns_standard_scaler_gives_numpys_statistics(mesh, monkeypatch):
+    """StandardScaler with array_api_dispatch on a sharded array: its column sums are
+    Partials that it corrects in place (x -= c) and a masked copy of an array of
+    values (NumPy's on the gathered statistics): the result stays sharded and equals
+    NumPy's."""
+    sklearn = pytest.importorskip("sklearn")
+    if not getattr(sklearn.utils._array_api, "_check_array_api_dispatch", None):
+        pytest.skip("this scikit-learn has no array API dispatch")
+    monkeypatch.setenv("SCIPY_ARRAY_API", "1")
+    from sklearn.preprocessing import StandardScaler
+
+    data = np.random.default_rng(0).standard_normal((41, 3)) * [1.0, 10.0, 100.0] + 5.0
+    with mesh:
+        x = xp.asarray(data)
+    # (the gather's warning comes once per process: another test may have had it)
+    with sklearn.config_context(array_api_dispatch=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        scaler = StandardScaler().fit(x)
+        y = scaler.transform(x)
+    want = StandardScaler().fit(data)
+    assert y.placements == (Shard(0),)
+    np.testing.assert_allclose(y.full_tensor(), want.transform(data), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(scaler.var_.full_tensor(), want.var_, rtol=1e-12)

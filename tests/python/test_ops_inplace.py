@@ -6,6 +6,8 @@ are only what the value needs to follow the destination."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -196,22 +198,46 @@ def test_inplace_operator_follows_the_destination():
     assert_matches(a, (x + y) * 3)
 
 
-def test_inplace_that_would_change_placements_raises_clearly():
+def test_inplace_into_a_partial_keeps_it_and_gives_numpys_value():
+    """An in-place op or out= whose result is not the destination's Partial writes
+    the result into it (torch refuses): the placements stay, the value is NumPy's."""
     mesh = mesh_of((W,))
     a, b = make(np.ones((4, 4)), mesh, [PS]), make(np.ones((4, 4)), mesh, [PS])
+    np.exp(a, out=a)  # exp needs the Partial reduced: the result is not Partial
+    assert a.placements == (PS,)
+    assert_matches(a, np.exp(np.ones((4, 4))))
+    np.maximum(a, b, out=a)
+    assert_matches(a, np.full((4, 4), np.e))
+    a *= b  # P(sum) * P(sum): one operand is reduced, the Partial stays
+    assert a.placements == (PS,)
+    assert_matches(a, np.full((4, 4), np.e))
+    c = make(np.full((4, 4), 7.0), mesh, [PS])
+    np.clip(make(np.full((4, 4), 3.0), mesh, [R]), 0, 1, out=c)
+    assert c.placements == (PS,)
+    assert_matches(c, np.ones((4, 4)))
+    # the pattern of a column mean taken by hand (scikit-learn's StandardScaler)
+    x = np.arange(24.0).reshape(6, 4)
+    s = make(x, mesh, [S0]).sum(axis=0)
+    s -= 1.0
+    s /= 6
+    assert s.placements == (PS,)
+    assert_matches(s, (x.sum(axis=0) - 1.0) / 6)
+
+
+def test_writes_into_partial_avg_refuse_what_they_cannot_make_exact():
+    mesh = mesh_of((W,))
     if W == 1:
         pytest.skip("a Partial over one rank is already reduced")
-    with pytest.raises(RuntimeError, match="never changes placements") as info:
-        np.exp(a, out=a)  # exp needs the Partial reduced: the result is not Partial
-    assert "internal use" not in str(info.value)
-    with pytest.raises(RuntimeError, match="never changes placements"):
-        np.maximum(a, b, out=a)
-    a *= b  # P(sum) * P(sum): one operand is reduced, the Partial stays: allowed
-    assert a.placements == (PS,)
-    assert_matches(a, np.ones((4, 4)))
-    c = make(np.ones((4, 4)), mesh, [PS])
-    with pytest.raises(RuntimeError, match="cannot be made Partial"):
-        np.clip(make(np.ones((4, 4)), mesh, [R]), 0, 1, out=c)
+    pa = Partial("avg")
+    a = mt.DTensor.from_local(np.zeros(4), mesh, [pa])
+    for write in (lambda: a.__setitem__(slice(None), 0.1),
+                  lambda: np.copyto(a, 0.1),
+                  lambda: np.exp(a, out=a)):
+        with pytest.raises(RuntimeError, match="cannot be exact"):
+            write()
+    # a Partial(avg) value is written as its own locals: exact
+    np.copyto(a, mt.DTensor.from_local(np.full(4, 0.1), mesh, [pa]))
+    assert_matches(a, np.full(4, 0.1))
 
 
 def test_partial_destination_writes_reduce_to_the_value():
@@ -265,10 +291,29 @@ def test_bad_writes_raise_on_every_rank():
         dt[1:3] = np.ones((3, 5))
     with pytest.raises(ValueError, match="could not broadcast"):
         np.copyto(dt, make(np.ones((4, 4)), mesh, [R]))
-    with pytest.raises(TypeError, match="only a scalar"):
+    with pytest.raises(ValueError, match="cannot assign 3 input values"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
         dt[np.zeros((4, 5), bool)] = np.ones(3)
     with pytest.raises(IndexError):
         dt[7] = 1.0
+
+
+@pytest.mark.parametrize("pls", [[S0], [S1], [R], [PS]], ids=str)
+def test_masked_write_of_an_array_of_values_is_numpys(pls):
+    """dt[mask] = values (values in C order of the Trues): NumPy's assignment on the
+    gathered arrays, written back into dt's placements."""
+    mesh = mesh_of((W,))
+    full = np.arange(35.0).reshape(7, 5)
+    mask = full % 3 == 1
+    dt = make(full, mesh, pls)
+    values = -np.arange(mask.sum(), dtype=float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        dt[make(mask, mesh, [S0])] = make(values, mesh, [S0])
+    full[mask] = values
+    assert dt.placements == tuple(pls)
+    assert_matches(dt, full)
 
 
 def test_out_takes_the_cheaper_of_following_and_moving_the_result():

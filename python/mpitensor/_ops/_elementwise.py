@@ -24,6 +24,7 @@ from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _dispatch as D
 from . import _ufunc_methods
+from . import _inplace
 from ._inplace import follow
 from ._stats import logaddexp_reduce
 
@@ -118,19 +119,19 @@ def _follow_out(mesh, ufunc, operands, pattern, kwargs, o, out_pl, out_shape):
     output's: the cheaper of moving every DTensor input to follow the output (torch's
     rule for in-place ops; nothing moves back) and the decision followed by one
     redistribution of the result; the bytes tie goes to following. An output with a
-    Partial the result would not have is a RuntimeError, as in torch: placements are
-    never changed in place."""
+    Partial the result would not have keeps it: the result is written into it (torch
+    refuses), except into Partial(avg), which no write makes exact."""
     name = f"numpy.{ufunc.__name__}"
     if o.shape != out_shape:
         raise ValueError(f"{name}: out= has shape {o.shape}, the result has shape "
                          f"{out_shape}")
     if any(p.is_partial() for p in o.placements):
-        raise RuntimeError(
-            f"{name} into a DTensor with placements {o.placements}: the result would be "
-            f"{out_pl}, and an in-place operation never changes placements "
-            f"(a Partial cannot be made from a result); redistribute the output first, "
-            f"e.g. x = x.redistribute(x.device_mesh, [Replicate()]), or write "
-            f"x = {name}(...) to get a new DTensor")
+        # The output keeps its placements (as in torch, an in-place operation never
+        # changes them); the result is written into its Partial as copyto writes
+        # (once per reduction, the identity elsewhere), where torch refuses.
+        result = D.execute(ufunc, operands, kwargs=kwargs or None)
+        _inplace.copyto(o, result, casting=kwargs.get("casting", "same_kind"))
+        return o
     spec = o._spec
     targets, follow_bytes = [], 0
     for x, is_dt in zip(operands, pattern):

@@ -25,6 +25,7 @@ mesh's first rank only, so that one file is written once. What NumPy writes into
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import threading
 import warnings
@@ -196,7 +197,7 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
 
 # NumPy functions that write into their first argument.
 _MUTATORS = frozenset((np.put, np.place, np.putmask, np.copyto, np.fill_diagonal,
-                       np.put_along_axis))
+                       np.put_along_axis, operator.setitem))
 
 
 def _written(func, name: str, args: tuple, kwargs: dict) -> list:

@@ -15,9 +15,12 @@ write (torch makes the value Replicate there, a gather).
 
 A Partial destination holds each element as the reduction of the ranks' locals,
 so a written element must reduce to the value: for Partial(sum) the first rank of
-the mesh dim writes the value and the others 0 (1 for a product); for avg, max and
-min every rank writes it; a value that is Partial with the destination's op is
-written as its own locals. A write with an operand that requires grad in grad mode
+the mesh dim writes the value and the others 0 (1 for a product); for max and min
+every rank writes it; a value that is Partial with the destination's op is
+written as its own locals. Into Partial(avg) only such a value is written: the
+mean of P copies of a float is not always that float, and no other locals
+reduce to it exactly, so any other write is a RuntimeError (reduce the
+destination first). A write with an operand that requires grad in grad mode
 is a RuntimeError (mpitensor.autograd refuses it before the write: the tape records
 no writes).
 """
@@ -46,6 +49,19 @@ def _partial_op(dst):
         raise ValueError(f"cannot write into a DTensor with Partials of different "
                          f"reduce ops {dst._spec.placements}; redistribute it first")
     return next(iter(ops), None)
+
+
+def _check_exact(name, dst, kept) -> None:
+    """RuntimeError (alike on every rank) when a write into ``dst`` could not
+    reduce to the value: a Partial(avg) mesh dim on which the value is not itself
+    Partial(avg) (``kept``: the mesh dims where it is)."""
+    for m, p in enumerate(dst._spec.placements):
+        if isinstance(p, Partial) and p.reduce_op == "avg" and m not in kept:
+            raise RuntimeError(
+                f"{name}: a write into a DTensor with placements {dst.placements} "
+                f"cannot be exact (the mean of copies of a float is not always that "
+                f"float); reduce it first, e.g. x = x.redistribute(x.device_mesh, "
+                f"[Replicate()])")
 
 
 def _writes_identity(dst, kept) -> bool:
@@ -218,6 +234,7 @@ def setitem(dt, key, value) -> None:
             target = target[:m] + (value._spec.placements[m],) + target[m + 1:]
             followed.add(j)
         value = D.relayout("DTensor item assignment", value, target)
+    _check_exact("DTensor item assignment", dt, kept)
     if mesh._coordinate is None:
         return
     lshape, loff = local_shape_and_global_offset(spec.shape, mesh.shape,
@@ -305,13 +322,15 @@ def _mask_write(dt, mask, value, op):
         # Partial one is reduced, as every rank needs its value.
         value = value.full_tensor()[()]
     if type(value) is DTensor or not D.is_scalar(value):
-        raise TypeError(f"{name}: only a scalar value is supported (the value of "
-                        f"dt[mask] = v is written where the mask is True); for an "
-                        f"array of values use numpy.copyto(dt, values, where=mask)")
+        # The values go to the Trues in C order across every rank's block: NumPy's
+        # own assignment on the gathered arrays (the fallback writes dt back).
+        raise _registry.NoRule(f"{name}: an array of values has no distributed rule "
+                               f"(numpy.copyto(dt, values, where=mask) has one)")
     if mask.shape != dt.shape or np.dtype(mask.dtype) != np.bool_:
         raise IndexError(f"{name}: the mask must be a boolean array of the DTensor's "
                          f"shape {dt.shape}, not {mask.dtype} of shape {mask.shape}")
     local_mask, _ = _local_operand(name, dt, mask)
+    _check_exact(name, dt, set())
     if dt._spec.mesh._coordinate is None:
         return
     dest = dt.to_local()
@@ -332,6 +351,7 @@ def copyto(dst, src, casting="same_kind", where=True) -> None:
         raise TypeError(f"{name}: where= must be boolean, not {where.dtype}")
     s, kept = _local_operand(name, dst, src)
     w, _ = _local_operand(name, dst, where) if where is not True else (True, set())
+    _check_exact(name, dst, kept)
     if dst._spec.mesh._coordinate is None:
         return
     if _writes_identity(dst, kept):
@@ -349,12 +369,12 @@ def write_result(name, out, result) -> None:
     if out.shape != result.shape:
         raise ValueError(f"{name}: out= has shape {out.shape}, the result has shape "
                          f"{result.shape}")
-    for p, q in zip(out.placements, result.placements):
-        if isinstance(p, Partial) and p != q:
-            raise RuntimeError(
-                f"{name}: out= has placements {out.placements} but the result is "
-                f"{result.placements}; a result cannot be made Partial, so write into "
-                f"a DTensor of the result's placements (or redistribute out first)")
+    if any(isinstance(p, Partial) and p != q
+           for p, q in zip(out.placements, result.placements)):
+        # out keeps its placements: the value is written as copyto writes into a
+        # Partial (once per reduction, the identity elsewhere).
+        copyto(out, result)
+        return
     result = D.relayout(name, result, out.placements)
     if out._spec.mesh._coordinate is not None:
         np.copyto(out.to_local(), result.to_local(), casting="same_kind")
