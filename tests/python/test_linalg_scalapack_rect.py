@@ -159,19 +159,23 @@ def lstsq_case(m, n, rank, k, seed):
     return a, b
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128], ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("k", [0, 2])
 @pytest.mark.parametrize("case", ["square", "wide", "deficient", "tall"])
 @pytest.mark.parametrize("layout", layouts(), ids=str)
-def test_lstsq_as_numpy(layout, case, k):
+def test_lstsq_as_numpy(layout, case, k, dtype):
     n = 2 * P + 2
     m, cols, rank = {"square": (n, n, n), "wide": (P + 1, n, P + 1),
                      "deficient": (n, n, n - 2), "tall": (n + 1, n, n)}[case]
     a, b = lstsq_case(m, cols, rank, k, seed=3)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * lstsq_case(m, cols, rank, k, seed=4)[0]
     da = dist(a, layout)
     db = distribute_tensor(b, da.device_mesh, [R] * da.device_mesh.ndim)
     x, res, r, s = np.linalg.lstsq(da, db, rcond=None)
     wx, wres, wr, ws = np.linalg.lstsq(a, b, rcond=None)
     assert r == wr and isinstance(r, int)
+    assert x.dtype == wx.dtype and res.dtype == wres.dtype and s.dtype == ws.dtype
     assert x.shape == wx.shape and res.shape == wres.shape and s.shape == ws.shape
     np.testing.assert_allclose(s.full_tensor(), ws, rtol=0, atol=1e-10 * ws.max())
     np.testing.assert_allclose(x.full_tensor(), wx, rtol=0,
@@ -196,6 +200,35 @@ def test_lstsq_rcond_cuts_small_singular_values():
     wx, _, wr, _ = np.linalg.lstsq(a, b, rcond=1e-5)
     assert r == wr < n
     np.testing.assert_allclose(x.full_tensor(), wx, atol=1e-8 * np.abs(wx).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64], ids=lambda t: np.dtype(t).name)
+def test_lstsq_single_precision(dtype):
+    """float32 and complex64 compute in their own precision, as NumPy's."""
+    m, n = P + 2, 2 * P + 3
+    a, b = matrix((m, n), dtype, seed=5), matrix((m, 2), dtype, seed=6)
+    da = dist(a, ((P,), [S1]))
+    x, res, r, s = np.linalg.lstsq(da, distribute_tensor(b, da.device_mesh, [R]))
+    wx, wres, wr, ws = np.linalg.lstsq(a, b)
+    assert x.dtype == wx.dtype and s.dtype == ws.dtype and r == wr
+    np.testing.assert_allclose(x.full_tensor(), wx, atol=1e3 * np.finfo(dtype).eps * np.abs(wx).max())
+
+
+def test_integers_and_non_contiguous_locals():
+    """An integer matrix factors as float64, as NumPy's; a DTensor whose locals are
+    views (a transpose) is read as the matrix it is."""
+    n = 2 * P + 1
+    ai = np.random.default_rng(7).integers(-5, 5, (n, n + 1))
+    mesh = init_device_mesh("cpu", (P,))
+    di = distribute_tensor(ai, mesh, [S0])
+    q, r = np.linalg.qr(di)
+    assert q.dtype == np.float64
+    assert np.linalg.norm(q.full_tensor() @ r.full_tensor() - ai) <= 1e-12 * np.linalg.norm(ai)
+    a = matrix((n + 1, n), np.float64, seed=8)
+    dt = distribute_tensor(a.T.copy(), mesh, [S0]).T  # A, columns sharded, views
+    want = np.linalg.svd(a, compute_uv=False)
+    got = np.linalg.svd(dt, compute_uv=False).full_tensor()
+    assert np.abs(got - want).max() <= 1e-10 * want.max()
 
 
 @pytest.mark.parametrize("layout", layouts(), ids=str)
