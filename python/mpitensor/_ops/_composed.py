@@ -1,0 +1,271 @@
+"""NumPy functions that are NumPy's own code over operations DTensors have:
+``np.rot90``, ``np.rollaxis``, ``np.unstack``, ``np.polyval``, ``np.select``,
+``np.trapezoid``, ``np.vdot``; and the ones that read only shapes:
+``np.tril_indices_from``, ``np.triu_indices_from``, ``np.diag_indices_from``,
+``np.einsum_path``; and ``np.vander``, whose rows are its input's elements.
+
+NumPy writes the first group in Python over flips, transposes, slices, products
+and sums, after ``asanyarray`` of its input (which would gather a DTensor). Here
+the same steps run on the DTensor, each by its own rule, so the result is what
+those rules give (no gather; what each step moves, it says) and the value is
+NumPy's: the same operations in the same order. The shape-only functions answer
+from the global shape on every rank without communicating, and ``vander`` runs
+NumPy's on each rank's block of a 1-D input (its rows keep the input's Shard).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
+
+from .. import _registry
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Replicate, Shard
+from . import _dispatch as D
+
+__all__ = ["rot90", "rollaxis", "unstack", "polyval", "select", "trapezoid", "vdot",
+           "tril_indices_from", "triu_indices_from", "diag_indices_from", "einsum_path",
+           "vander"]
+
+
+def _dtensor(name, x):
+    if type(x) is not DTensor:
+        raise _registry.NoRule(f"{name}: the DTensor rule takes a DTensor here")
+    return x
+
+
+@_registry.implements(np.rot90)
+def rot90(m, k=1, axes=(0, 1)):
+    """``np.rot90`` of a DTensor: NumPy's flips and transpose, each a DTensor
+    operation (a flip along a sharded axis is one exchange; the transpose moves
+    nothing). Collective on the mesh when a flipped axis is sharded.
+
+    Example: ``np.rot90(dt)`` of a ``[Shard(0)]`` matrix is ``[Shard(1)]``.
+    """
+    m = _dtensor("numpy.rot90", m)
+    axes = tuple(axes)
+    if len(axes) != 2:
+        raise ValueError("len(axes) must be 2.")
+    if axes[0] == axes[1] or abs(axes[0] - axes[1]) == m.ndim:
+        raise ValueError("Axes must be different.")
+    if (axes[0] >= m.ndim or axes[0] < -m.ndim
+            or axes[1] >= m.ndim or axes[1] < -m.ndim):
+        raise ValueError(f"Axes={axes} out of range for array of ndim={m.ndim}.")
+    k = operator.index(k) % 4
+    if k == 0:
+        return m[:]
+    if k == 2:
+        return np.flip(np.flip(m, axes[0]), axes[1])
+    order = list(range(m.ndim))
+    order[axes[0]], order[axes[1]] = order[axes[1]], order[axes[0]]
+    if k == 1:
+        return np.transpose(np.flip(m, axes[1]), order)
+    return np.flip(np.transpose(m, order), axes[1])
+
+
+@_registry.implements(np.rollaxis)
+def rollaxis(a, axis, start=0):
+    """``np.rollaxis`` of a DTensor: a transpose (Shards follow their dims). Local.
+
+    Example: ``np.rollaxis(dt, 2).shape == (4, 2, 3)`` for a (2, 3, 4) ``dt``.
+    """
+    return np.rollaxis._implementation(_dtensor("numpy.rollaxis", a), axis, start)
+
+
+@_registry.implements(np.unstack)
+def unstack(x, /, *, axis=0):
+    """``np.unstack`` of a DTensor: its slices along ``axis``, by indexing (a slice
+    of an axis that is sharded is made Replicate, as torch's unbind does). Local
+    unless ``axis`` is sharded.
+
+    Example: ``np.unstack(dt, axis=1)`` of a ``[Shard(0)]`` matrix: its columns,
+    each ``[Shard(0)]``.
+    """
+    x = _dtensor("numpy.unstack", x)
+    if x.ndim == 0:
+        raise ValueError("Input array must be at least 1-d.")
+    axis = normalize_axis_index(operator.index(axis), x.ndim)
+    lead = (slice(None),) * axis
+    return tuple(x[lead + (i,)] for i in range(x.shape[axis]))
+
+
+@_registry.implements(np.polyval)
+def polyval(p, x):
+    """``np.polyval`` at the points of a DTensor ``x`` (coefficients ``p`` the same on
+    every rank, not a DTensor): NumPy's Horner steps, elementwise. Local for Shard
+    and Replicate ``x``.
+
+    Example: ``np.polyval([1.0, 0.0, -2.0], dt)`` is ``dt**2 - 2`` by NumPy's steps.
+    """
+    if type(p) is DTensor or type(x) is not DTensor:
+        raise _registry.NoRule("numpy.polyval: the DTensor rule takes plain coefficients "
+                               "and DTensor points")
+    y = np.zeros_like(x)
+    for pv in np.asarray(p):
+        y = y * x + pv
+    return y
+
+
+def _dtype_of(v):
+    """What np.result_type makes of ``v``: a DTensor's dtype, a Python number as
+    itself (weak, as NEP 50 has it), anything else as an array."""
+    if type(v) is DTensor:
+        return v.dtype
+    return v if type(v) in (int, float, complex) else np.asarray(v)
+
+
+@_registry.implements(np.select)
+def select(condlist, choicelist, default=0):
+    """``np.select`` with DTensor conditions or choices: NumPy's choices, the first
+    true condition's taking precedence, as one ``np.where`` per choice (each by its
+    rule: a DTensor operand follows the result's layout). Local when the DTensors
+    share a layout.
+
+    Example: ``np.select([dt < 0, dt > 5], [0, dt], default=-1)``.
+    """
+    if len(condlist) != len(choicelist):
+        raise ValueError("list of cases must be same length as list of conditions")
+    if len(condlist) == 0:
+        raise ValueError("select with an empty condition list is not possible")
+    try:
+        dtype = np.result_type(*[_dtype_of(v) for v in (*choicelist, default)])
+    except TypeError as e:
+        raise TypeError(f"Choicelist and default value do not have a common dtype: "
+                        f"{e}") from None
+    for i, cond in enumerate(condlist):
+        kind = cond.dtype if type(cond) is DTensor else np.asarray(cond).dtype
+        if kind.type is not np.bool_:
+            raise TypeError(f"invalid entry {i} in condlist: should be boolean ndarray")
+    if not any(type(v) is DTensor for v in (*condlist, *choicelist, default)):
+        raise _registry.NoRule("numpy.select: no DTensor among the arguments")
+    result = default
+    for cond, choice in zip(condlist[::-1], choicelist[::-1]):
+        result = np.where(cond, choice, result)
+    if type(result) is not DTensor:  # the DTensors were among conditions never reached
+        raise _registry.NoRule("numpy.select: the result is not a DTensor")
+    return result.astype(dtype, copy=False)
+
+
+@_registry.implements(np.trapezoid)
+def trapezoid(y, x=None, dx=1.0, axis=-1):
+    """``np.trapezoid`` of a DTensor ``y``: NumPy's sum of ``d * (y[1:] + y[:-1]) / 2``
+    along ``axis``, each step by its rule (a slice of a sharded axis moves the rows
+    it shifts; the sum over it is one reduction). Collective on the mesh when
+    ``axis`` is sharded.
+
+    Example: ``np.trapezoid(dt, dx=0.5)``.
+    """
+    y = _dtensor("numpy.trapezoid", y)
+    if x is None:
+        d = dx
+    else:
+        x = x if type(x) is DTensor else np.asarray(x)
+        if x.ndim == 1:
+            d = np.diff(x)
+            shape = [1] * y.ndim
+            shape[axis] = d.shape[0]
+            d = d.reshape(shape)
+        else:
+            d = np.diff(x, axis=axis)
+        if type(d) is not DTensor:  # spacings every rank holds alike
+            mesh = y._spec.mesh
+            d = DTensor.from_local(np.ascontiguousarray(d), mesh,
+                                   [Replicate()] * mesh.ndim)
+    nd = y.ndim
+    first, rest = [slice(None)] * nd, [slice(None)] * nd
+    first[axis] = slice(1, None)
+    rest[axis] = slice(None, -1)
+    return (d * (y[tuple(first)] + y[tuple(rest)]) / 2.0).sum(axis)
+
+
+@_registry.implements(np.vdot)
+def vdot(a, b, /):
+    """``np.vdot``: the dot product of the flattened DTensors, the first conjugated:
+    each rank's products summed, one reduction (a DTensor and an ndarray are a
+    mixed call, as for every operation). Collective on the mesh.
+
+    Example: ``np.vdot(dt, dt)`` is the squared norm of ``dt``.
+    """
+    if type(a) is not DTensor or type(b) is not DTensor:
+        raise D.mixed_error("numpy.vdot", b if type(a) is DTensor else a)
+    if a.size != b.size:
+        raise ValueError("vectors have different lengths")
+    flat_a, flat_b = np.ravel(a), np.ravel(b)
+    if np.iscomplexobj(flat_a):
+        flat_a = np.conjugate(flat_a)
+    return np.dot(flat_a, flat_b)
+
+
+@_registry.implements(np.tril_indices_from)
+def tril_indices_from(arr, k=0):
+    """``np.tril_indices_from`` of a DTensor: from its global shape, plain index
+    arrays alike on every rank. Local (no communication).
+
+    Example: ``np.tril_indices_from(dt, -1)``.
+    """
+    return np.tril_indices_from._implementation(_dtensor("numpy.tril_indices_from", arr),
+                                                k)
+
+
+@_registry.implements(np.triu_indices_from)
+def triu_indices_from(arr, k=0):
+    """``np.triu_indices_from`` of a DTensor: from its global shape, plain index
+    arrays alike on every rank. Local (no communication).
+
+    Example: ``np.triu_indices_from(dt, 1)``.
+    """
+    return np.triu_indices_from._implementation(_dtensor("numpy.triu_indices_from", arr),
+                                                k)
+
+
+@_registry.implements(np.diag_indices_from)
+def diag_indices_from(arr):
+    """``np.diag_indices_from`` of a DTensor: from its global shape. Local.
+
+    Example: ``np.diag_indices_from(dt)`` of a (3, 3) ``dt``.
+    """
+    return np.diag_indices_from._implementation(_dtensor("numpy.diag_indices_from", arr))
+
+
+@_registry.implements(np.einsum_path)
+def einsum_path(*operands, optimize="greedy", einsum_call=False):
+    """``np.einsum_path`` with DTensor operands: NumPy's path, from the operands'
+    global shapes (stand-ins that hold no data). Local.
+
+    Example: ``np.einsum_path("ij,jk->ik", a, b)[0]``.
+    """
+    stand_ins = tuple(np.broadcast_to(np.zeros((), v.dtype), v.shape)
+                      if type(v) is DTensor else v for v in operands)
+    return np.einsum_path(*stand_ins, optimize=optimize, einsum_call=einsum_call)
+
+
+@_registry.implements(np.vander)
+def vander(x, N=None, increasing=False):
+    """``np.vander`` of a 1-D DTensor: NumPy's on each rank's block (row i holds the
+    powers of element i), the rows placed as ``x``'s elements (a Partial ``x`` is
+    reduced first). Local for Shard and Replicate.
+
+    Example: ``np.vander(dt, 3)`` of a ``[Shard(0)]`` vector is ``[Shard(0)]``.
+    """
+    name = "numpy.vander"
+    x = _dtensor(name, x)
+    if x.ndim != 1:
+        raise ValueError("x must be a one-dimensional array or sequence.")
+    n = len(x) if N is None else operator.index(N)
+    if n < 0:
+        raise ValueError("negative dimensions are not allowed")
+    x = D.relayout(name, x, [Replicate() if p.is_partial() else p
+                             for p in x._spec.placements])
+    spec = x._spec
+    dtype = np.vander(np.zeros(1, spec.dtype), max(n, 0)).dtype
+    shape = (spec.shape[0], n)
+    if spec.mesh._coordinate is None:
+        local = D.outside_local(shape, dtype)
+    else:
+        local = np.vander(x.to_local(), n, increasing=bool(increasing))
+    placements = tuple(Shard(0) if isinstance(p, Shard) else p for p in spec.placements)
+    return DTensor(np.ascontiguousarray(local), DTensorSpec(
+        spec.mesh, placements, shape, dtype, contiguous_strides(shape)))

@@ -1,0 +1,140 @@
+"""NumPy functions run as NumPy's own steps over DTensor operations (rot90,
+rollaxis, unstack, polyval, select, trapezoid, vdot), the ones that read shapes
+only (tril/triu/diag_indices_from, einsum_path) and vander: NumPy's value on
+every rank for Shard(0), Shard(1), Replicate and Partial(sum) layouts, uneven
+shapes (a rank with no rows included) and a 2-D mesh; no gather (strict mode);
+the shape-only ones and the local ones move nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+from mpitensor import Partial, Replicate, Shard
+from mpitensor.debug import CommDebugMode
+from ops_helpers import (W, assert_matches, make, matches_or_raises_alike, mesh_of,
+                         mesh_shapes)
+
+R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
+SHAPES = [(5, 3), (W * 2, 4), (1, 3), (3, 1)]
+
+
+def layouts():
+    """(mesh shape, placements) on every mesh of this run."""
+    out = [((W,), (p,)) for p in (S0, S1, R, PS)]
+    if W == 4:
+        out += [((2, 2), pls) for pls in ((S0, S1), (S1, S0), (R, S0), (S0, PS))]
+    return out
+
+
+def arrays(shape, seed=0):
+    return np.random.default_rng(seed).integers(-5, 6, shape).astype(np.float64)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_rearrangements_equal_numpys(shape, layout):
+    mesh_shape, pls = layout
+    full = arrays(shape)
+    dt = make(full, mesh_of(mesh_shape), pls)
+    with mt.strict():
+        for k in (0, 1, 2, 3, -1):
+            assert_matches(np.rot90(dt, k), np.rot90(full, k))
+        assert_matches(np.rot90(dt, 1, axes=(1, 0)), np.rot90(full, 1, axes=(1, 0)))
+        assert_matches(np.rollaxis(dt, 1), np.rollaxis(full, 1))
+        for axis in (0, 1, -1):
+            got, want = np.unstack(dt, axis=axis), np.unstack(full, axis=axis)
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                assert_matches(g, w)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_polyval_select_trapezoid_vdot_equal_numpys(shape, layout):
+    mesh_shape, pls = layout
+    mesh = mesh_of(mesh_shape)
+    full, other = arrays(shape), arrays(shape, 1)
+    dt, do = make(full, mesh, pls), make(other, mesh, pls)
+    with mt.strict():
+        assert_matches(np.polyval([2.0, -1.0, 0.5], dt), np.polyval([2.0, -1.0, 0.5], full))
+        assert_matches(np.polyval(np.array([3, 1]), dt), np.polyval(np.array([3, 1]), full))
+        assert_matches(np.select([dt < 0, dt > 2], [do, 7], default=-1),
+                       np.select([full < 0, full > 2], [other, 7], default=-1))
+        assert_matches(np.select([dt > 0], [1], default=0.5),
+                       np.select([full > 0], [1], default=0.5))
+        for axis in (0, 1, -1):
+            assert_matches(np.trapezoid(dt, axis=axis), np.trapezoid(full, axis=axis))
+        xs = np.linspace(0.0, 2.0, shape[0])
+        assert_matches(np.trapezoid(dt, x=xs, axis=0), np.trapezoid(full, x=xs, axis=0))
+        assert_matches(np.trapezoid(dt, dx=0.25), np.trapezoid(full, dx=0.25))
+        assert_matches(np.vdot(dt, do), np.vdot(full, other))
+        z = make(full + 1j * other, mesh, pls)
+        assert_matches(np.vdot(z, z), np.vdot(full + 1j * other, full + 1j * other))
+
+
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_vander_keeps_the_rows_of_its_input(layout):
+    mesh_shape, pls = layout
+    if any(p == S1 for p in pls):
+        pytest.skip("a vector has no dim 1")
+    mesh = mesh_of(mesh_shape)
+    for n in (0, 1, 5, W * 3 + 1):
+        full = np.arange(n, dtype=np.int32) - 2
+        dt = make(full, mesh, pls)
+        for N, inc in ((None, False), (3, True), (0, False), (1, True)):
+            with CommDebugMode() as comm, mt.strict():
+                got = np.vander(dt, N, increasing=inc)
+            assert_matches(got, np.vander(full, N, increasing=inc))
+            if not any(p.is_partial() for p in pls):
+                assert comm.get_total_counts() == 0
+                assert got.placements == tuple(S0 if p == S0 else p for p in pls)
+    matches_or_raises_alike(lambda: np.vander(make(np.ones(4), mesh, pls), -1),
+                            lambda: np.vander(np.ones(4), -1))
+
+
+def test_shape_only_functions_move_nothing():
+    mesh = mesh_of((W,))
+    for shape in ((4, 4), (3, 5), (3, 3, 3)):
+        full = np.zeros(shape)
+        dt = make(full, mesh, [S0])
+        with CommDebugMode() as comm, mt.strict():
+            if len(shape) == 2:
+                for k in (-1, 0, 2):
+                    for f in (np.tril_indices_from, np.triu_indices_from):
+                        got, want = f(dt, k), f(full, k)
+                        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+            matches_or_raises_alike(lambda: np.diag_indices_from(dt),
+                                    lambda: np.diag_indices_from(full),
+                                    lambda g, w: all(map(np.array_equal, g, w)))
+        assert comm.get_total_counts() == 0
+    a, b = make(np.ones((3, 4)), mesh, [S0]), make(np.ones((4, 5)), mesh, [S1])
+    with CommDebugMode() as comm:
+        got = np.einsum_path("ij,jk->ik", a, b, optimize="optimal")
+    assert got == np.einsum_path("ij,jk->ik", np.ones((3, 4)), np.ones((4, 5)),
+                                 optimize="optimal")
+    assert comm.get_total_counts() == 0
+
+
+def test_bad_arguments_raise_numpys_errors():
+    mesh = mesh_of((W,))
+    full = np.ones((4, 3))
+    dt = make(full, mesh, [S0])
+    cases = [
+        (lambda x: np.rot90(x, axes=(0, 0)), ValueError),
+        (lambda x: np.rot90(x, axes=(0, 5)), ValueError),
+        (lambda x: np.rot90(x, axes=(0,)), ValueError),
+        (lambda x: np.rollaxis(x, 5), np.exceptions.AxisError),
+        (lambda x: np.select([x > 0], [x, x]), ValueError),
+        (lambda x: np.select([], []), ValueError),
+        (lambda x: np.select([x], [x]), TypeError),
+        (lambda x: np.vander(x), ValueError),
+        (lambda x: np.tril_indices_from(x[0]), ValueError),
+        (lambda x: np.diag_indices_from(x), ValueError),
+    ]
+    for call, kind in cases:
+        with pytest.raises(kind):
+            call(full)
+        with pytest.raises(kind):
+            call(dt)
