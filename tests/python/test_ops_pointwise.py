@@ -116,6 +116,19 @@ def test_real_if_close_and_nan_to_num_in_place():
             assert np.nan_to_num(ints, copy=False) is ints
         finally:
             w.__exit__(None, None, None)
+    for mesh, pls in corner_layouts(2):
+        if plain(pls):
+            continue
+        full = np.array([[np.inf, 1.0, 2.0]] * 4)
+        x = make(full, mesh, pls)
+        ref = x.full_tensor()
+        w = no_gather()
+        try:
+            assert np.nan_to_num(x, copy=False, posinf=5.0) is x
+            assert x.placements == pls
+            exact(x, np.nan_to_num(ref, posinf=5.0))
+        finally:
+            w.__exit__(None, None, None)
 
 
 def test_numpys_errors():

@@ -26,7 +26,6 @@ from .. import _registry
 from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _dispatch as D
-from ._inplace import write_result
 from ._select import _everywhere, _run_elementwise, astype as _astype
 
 __all__ = ["angle", "fix", "i0", "sinc", "iscomplex", "isreal", "isneginf", "isposinf",
@@ -158,7 +157,9 @@ def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
                          lambda v: np.nan_to_num(v, nan=nan, posinf=posinf, neginf=neginf))
     if copy:
         return result
-    write_result(name, x, result)
+    # The write rule keeps a Partial destination's placements (the value on one
+    # rank of its mesh dim, the op's identity on the others).
+    x[...] = result
     return x
 
 
