@@ -462,7 +462,8 @@ def test_data_and_directory_are_synced_around_the_rename(tmp_path):
     """An LD_PRELOAD spy logs fsync and rename in a 2-rank job: for each file
     saved, its temporary file is synced before it is renamed into place, and the
     directory after (the four ways a save writes: independent runs, the gathered
-    or slab path, collective MPI-IO, and index.json)."""
+    or slab path, collective MPI-IO, and index.json), and so is a file saved over
+    an existing one, which the save swaps into place (renameat2's exchange)."""
     spy = tmp_path / "spy.so"
     (tmp_path / "spy.c").write_text(SPY)
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(spy),
@@ -474,22 +475,39 @@ def test_data_and_directory_are_synced_around_the_rename(tmp_path):
     run = subprocess.run(cmd, env=fresh_job_env(), capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     events = [line.split(" ", 2)[1:] for line in log.read_text().splitlines()]
-    for name in ("rows.npy", "cols.npy", "long.npy", "sd/w.npy", "sd/index.json"):
+    for name in ("rows.npy", "cols.npy", "long.npy", "sd/w.npy", "sd/index.json",
+                 "twice.npy"):
         target = os.path.join(folder, name)
-        assert synced_around_rename(events, target), (name, events)
+        saves = 2 if name == "twice.npy" else 1
+        assert synced_around_rename(events, target, saves), (name, events)
+    if can_exchange(tmp_path):
+        assert any(what == "exchange" for what, _ in events), events
 
 
-def synced_around_rename(events: list, target: str) -> bool:
+def can_exchange(folder) -> bool:
+    """Whether the file system of ``folder`` swaps two names (renameat2)."""
+    import ctypes
+
+    a, b = os.path.join(folder, "swap_a"), os.path.join(folder, "swap_b")
+    for name in (a, b):
+        open(name, "w").close()
+    renameat2 = getattr(ctypes.CDLL(None), "renameat2", None)
+    return renameat2 is not None and renameat2(-100, a.encode(), -100, b.encode(), 2) == 0
+
+
+def synced_around_rename(events: list, target: str, saves: int = 1) -> bool:
+    """Each of the ``saves`` renames (or swaps) of a temporary onto ``target`` has
+    the temporary synced before it and the directory after it."""
     temp = re.compile(re.escape(target) + r"\.[0-9a-f]+-[0-9a-f]+\.tmp")
     renames = [i for i, (what, args) in enumerate(events)
-               if what == "rename" and args.split(" ")[1] == target
+               if what in ("rename", "exchange") and args.split(" ")[1] == target
                and temp.fullmatch(args.split(" ")[0])]
-    if len(renames) != 1:
+    if len(renames) != saves:
         return False
-    i, tmp = renames[0], events[renames[0]][1].split(" ")[0]
-    return (any(what == "fsync" and args == tmp for what, args in events[:i])
-            and any(what == "fsync" and args == os.path.dirname(target)
-                    for what, args in events[i:]))
+    return all(any(what == "fsync" and args == events[i][1].split(" ")[0]
+                   for what, args in events[:i])
+               and any(what == "fsync" and args == os.path.dirname(target)
+                       for what, args in events[i:]) for i in renames)
 
 
 SPIED = """
@@ -507,9 +525,13 @@ for name, shape, dim in (("rows.npy", (8, 4), 0), ("cols.npy", (8, 6), 1),
             os.path.join(folder, name))
 mt.save({"w": mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])},
         os.path.join(folder, "sd"))
+for _ in range(2):
+    mt.save(mt.distribute_tensor(np.ones((8, 4)), mesh, [Shard(0)]),
+            os.path.join(folder, "twice.npy"))
 """
 
-# Logs "<pid> fsync <path>" and "<pid> rename <from> <to>" after each call returns.
+# Logs "<pid> fsync <path>", "<pid> rename <from> <to>" and "<pid> exchange <from>
+# <to>" (renameat2 swapping two names) after each call returns.
 SPY = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -552,6 +574,15 @@ int rename(const char *from, const char *to) {
       (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
   int rc = real(from, to);
   if (rc == 0) note("rename", from, to);
+  return rc;
+}
+
+int renameat2(int dfrom, const char *from, int dto, const char *to, unsigned flags) {
+  int (*real)(int, const char *, int, const char *, unsigned) =
+      (int (*)(int, const char *, int, const char *, unsigned))dlsym(RTLD_NEXT,
+                                                                     "renameat2");
+  int rc = real(dfrom, from, dto, to, flags);
+  if (rc == 0) note((flags & RENAME_EXCHANGE) ? "exchange" : "rename", from, to);
   return rc;
 }
 """
