@@ -23,6 +23,7 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _advanced_index as A
+from ._pick import pick_rows
 
 
 def _advanced_error(what, cls=TypeError) -> TypeError:
@@ -195,6 +196,8 @@ def getitem(dt, key):
     if kind == "take":
         return A.getitem_take(dt, key)
     if type(key) is DTensor:
+        if key.dtype.kind in "iu":
+            return pick_rows("DTensor.__getitem__ (integer DTensor)", dt, key)
         raise _advanced_error("a DTensor that is not a boolean mask", _registry.NoRule)
     spec = dt._spec
     mesh = spec.mesh

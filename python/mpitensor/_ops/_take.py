@@ -6,7 +6,8 @@ picks them (``_advanced_index``: local when no mesh dim shards the axis, else on
 all-to-all of variable parts that sends each picked row straight to the rank
 whose output shard lists it, never a gather), and the index dims move back to
 where the axis was. ``mode='wrap'`` and ``'clip'`` only rewrite the indices first.
-Indices given as a DTensor, and ``out=``, go to the fallback.
+Indices given as a DTensor are answered where they lie (``_pick``: each index to
+the row's owner, the rows back); ``out=`` goes to the fallback.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _registry
 from .._dtensor import DTensor
+from ._pick import pick_rows
 
 __all__ = ["take"]
 
@@ -60,14 +62,19 @@ def take(a, indices, axis=None, out=None, mode="raise"):
         raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
     if out is not None:
         raise _registry.NoRule(f"{name}: out= is not supported on DTensors")
-    if isinstance(indices, DTensor):
-        raise _registry.NoRule(f"{name}: DTensor indices have no distributed rule")
+    if type(indices) is DTensor and mode not in ("raise", "wrap", "clip"):
+        raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' (got {mode!r})")
     if axis is None:
         a, ax = (a if a.ndim == 1 else np.ravel(a)), 0
     else:
         ax = normalize_axis_index(axis, a.ndim)
-    idx = _indices(indices, a.shape[ax], mode)
     moved = np.moveaxis(a, ax, 0) if ax else a
+    if type(indices) is DTensor:
+        # each rank answers for its block of indices (_pick.py)
+        got = pick_rows(name, moved, indices, mode)
+        k = indices.ndim
+        return np.moveaxis(got, list(range(k)), list(range(ax, ax + k))) if ax else got
+    idx = _indices(indices, a.shape[ax], mode)
     got = moved[idx.reshape(-1)]
     k = idx.ndim
     if k == 0:

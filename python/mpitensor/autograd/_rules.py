@@ -484,6 +484,13 @@ def _getitem(g, node, out):
     (``_scattered``); an integer array adds its rows in (a repeated index sums) and
     a boolean mask writes them, each undoing the forward's exchange."""
     a, key = node.saved
+    if type(key) is DTensor and key.dtype.kind in "iu":
+        # rows picked by an integer DTensor (_pick.py): added back where they came
+        # from, the indices gathered (the gradient's rows go to their owners)
+        n = a.shape[0]
+        idx = np.asarray(key.full_tensor(), np.intp).reshape(-1)
+        gx = take_grad(g.reshape((idx.size,) + a.shape[1:]), a, np.where(idx < 0, idx + n, idx))
+        return (gx if gx.dtype == a.dtype else gx.astype(a.dtype),)
     kind = is_advanced(key)
     if kind is not None:
         gx = (take_grad if kind == "take" else mask_grad)(g, a, key)
