@@ -4,8 +4,8 @@ that SVD, as NumPy's gelsd) of square, wide, and tall-but-short-blocked DTensors
 sharded over one or two mesh dims, compared with NumPy on the gathered matrix:
 ||A - QR|| / ||A|| and ||Q^H Q - I|| within 1e-12 in float64, singular values
 within 1e-10 of the largest; float32 and the complex types within their
-precision's. Uneven shards, a rank with no rows, 2-D meshes; no gather (a
-GatherWarning is an error here). Run under mpiexec at 1 to 4 ranks."""
+precision's. Uneven shards, a rank with no rows, 2-D meshes, stacks; no gather
+(a GatherWarning is an error here). Run under mpiexec at 1 to 4 ranks."""
 
 from __future__ import annotations
 
@@ -229,6 +229,30 @@ def test_integers_and_non_contiguous_locals():
     want = np.linalg.svd(a, compute_uv=False)
     got = np.linalg.svd(dt, compute_uv=False).full_tensor()
     assert np.abs(got - want).max() <= 1e-10 * want.max()
+
+
+def test_stacks_one_call_per_matrix():
+    """A stack with its matrix dims sharded: each matrix factored where it lies,
+    the batch replicated; the factors keep the matrix dims' placements."""
+    k, m, n = 3, 2 * P + 1, P + 3
+    a = np.stack([matrix((m, n), np.float64, seed=s) for s in range(k)])
+    mesh = init_device_mesh("cpu", (P,))
+    da = distribute_tensor(a, mesh, [Shard(1)])
+    q, r = np.linalg.qr(da)
+    assert q.shape == (k, m, min(m, n)) and r.shape == (k, min(m, n), n)
+    qf, rf = q.full_tensor(), r.full_tensor()
+    assert np.linalg.norm(qf @ rf - a) <= 1e-12 * np.linalg.norm(a)
+    u, s, vh = np.linalg.svd(da, full_matrices=False)
+    want = np.linalg.svd(a, compute_uv=False)
+    assert s.shape == want.shape and np.abs(s.full_tensor() - want).max() <= 1e-10 * want.max()
+    uf, vf = u.full_tensor(), vh.full_tensor()
+    assert np.linalg.norm((uf * s.full_tensor()[:, None, :]) @ vf - a) <= 1e-11 * np.linalg.norm(a)
+    if P > 1:
+        assert q.placements == (Shard(1),) and u.placements == (Shard(1),)
+    sq = np.stack([matrix((m, m), np.complex128, seed=s) for s in range(k)])
+    got = np.linalg.svd(distribute_tensor(sq, mesh, [Shard(2)]), compute_uv=False)
+    want = np.linalg.svd(sq, compute_uv=False)
+    assert np.abs(got.full_tensor() - want).max() <= 1e-10 * want.max()
 
 
 @pytest.mark.parametrize("layout", layouts(), ids=str)

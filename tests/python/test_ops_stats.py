@@ -189,9 +189,11 @@ def test_decompositions_replicate_then_equal_numpy(pls):
     a = np.random.default_rng(3).normal(size=(7, 4))
     dt = make(a, mesh, pls)
     u, s, vh = np.linalg.svd(dt, full_matrices=False)
-    # rows sharded in blocks at least 4 tall take TSQR: U keeps them (_tsqr.py)
+    # rows sharded in blocks at least 4 tall take TSQR, other sharded matrices
+    # ScaLAPACK: U keeps A's placement either way (_tsqr.py, _scalapack_rect.py)
     tsqr = pls == [S0] and min(chunk_sizes(7, W)) >= 4
-    assert u.placements == ((S0,) if tsqr else (R,)) and s.placements == (R,)
+    sharded = pls != [R] and (W > 1 or tsqr)
+    assert u.placements == (tuple(pls) if sharded else (R,)) and s.placements == (R,)
     np.testing.assert_allclose((u.full_tensor() * s.full_tensor()) @ vh.full_tensor(), a,
                                atol=1e-10)
     np.testing.assert_allclose(s.full_tensor(), np.linalg.svd(a, compute_uv=False))

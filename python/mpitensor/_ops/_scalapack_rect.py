@@ -1,14 +1,15 @@
 """The rectangular linear algebra of ``np.linalg`` on ScaLAPACK: ``qr`` (pXgeqrf,
 then pXorgqr or pXungqr), ``svd``/``svdvals`` (pXgesvd) and ``lstsq`` (on that SVD)
-of 2-D DTensors that TSQR does not take: square and wide matrices, and tall ones
-whose row blocks are shorter than the matrix is wide.
+of DTensors that TSQR does not take: square and wide matrices, tall ones whose
+row blocks are shorter than the matrix is wide, and stacks of them (one call per
+matrix, the batch replicated; lstsq takes one matrix, as NumPy's).
 
 The matrix is described to ScaLAPACK as it lies, as in ``_scalapack`` (rows over
 one mesh dim, columns over another, a Pr x Pc grid), and never gathered; each
 factor comes back in torch.chunk's blocks on the same grid, so it is a DTensor
 with A's placements (after any redistribution to a grid): Q, R, U and Vh are laid
 out as A, singular values are Replicate. Each entry point answers None when the
-matrix is not its to take (a stack, no sharded matrix dim, an empty matrix, a rank
+matrix is not its to take (no sharded matrix dim, an empty matrix or stack, a rank
 outside the mesh): the caller keeps its replicate-and-NumPy path for those.
 """
 
@@ -31,17 +32,18 @@ _svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, P, P, P, P, _IP, E)
 
 
 class _Grid:
-    """A 2-D DTensor on its process grid: the DTensor (redistributed to a grid when
-    it was on none), the mesh dims of its rows and columns, the computing dtype,
-    the ScaLAPACK table and this rank's block as ScaLAPACK takes it."""
+    """A DTensor of matrices on its process grid: the DTensor (redistributed to a
+    grid when it was on none, its batch dims replicated), the mesh dims of its
+    rows and columns, the computing dtype, the ScaLAPACK table and this rank's
+    block of each matrix of the stack as ScaLAPACK takes it."""
 
     def __init__(self, name, a, rows, cols, dtype):
         self.name, self.a, self.rows, self.cols, self.dtype = name, a, rows, cols, dtype
         self.mesh = a._spec.mesh
         self.sl = S._library(name, self.mesh)
         self.letter = S._LETTERS[dtype][0]
-        # A copy: ScaLAPACK overwrites what it is given.
-        self.block = np.array(a.to_local(), dtype=dtype, order="F", copy=True)
+        # Copies: ScaLAPACK overwrites what it is given.
+        self.batch, self.blocks = S._local_stack(a, dtype)
 
     def empty(self, shape, dtype=None):
         """This rank's block of a ``shape`` matrix on the grid, Fortran-ordered."""
@@ -52,19 +54,27 @@ class _Grid:
                          _clib.chunk_sizes(size, self.mesh.shape[m])[coord[m]])
         return np.zeros(local, dtype or self.dtype, order="F")
 
-    def wrap(self, block, shape):
-        """A DTensor of global ``shape`` whose block here is ``block``, laid out on
-        the grid (rows over the row mesh dim, columns over the column one)."""
-        return S._wrap(self.mesh, block, S._placements(self.mesh, 2, self.rows, self.cols),
-                       shape)
+    def wrap(self, blocks, shape):
+        """A DTensor of the stack of ``shape`` matrices whose blocks here are
+        ``blocks``, laid out on the grid (rows over the row mesh dim, columns over
+        the column one, the batch replicated)."""
+        nd = len(self.batch) + 2
+        return S._wrap(self.mesh, S._stack(self.batch, blocks),
+                       S._placements(self.mesh, nd, self.rows, self.cols),
+                       self.batch + tuple(shape))
+
+    def replicated(self, values):
+        """A Replicate DTensor of one array per matrix of the stack."""
+        stacked = np.stack(values)
+        return S._replicated(self.mesh, stacked.reshape(self.batch + stacked.shape[1:]))
 
     def require_finite(self, message):
         """LinAlgError with ``message`` on every rank when some block holds a NaN
         or an infinity, as NumPy's LAPACK fails on them (ScaLAPACK's may not say).
         Collective on the mesh."""
+        finite = all(np.isfinite(b).all() for b in self.blocks)
         try:
-            _comm.agree(self.mesh._handle, np.isfinite(self.block).all(), 0, message,
-                        ValueError)
+            _comm.agree(self.mesh._handle, finite, 0, message, ValueError)
         except ValueError:
             raise np.linalg.LinAlgError(message) from None
 
@@ -75,11 +85,13 @@ class _Grid:
 def _grid(name, a):
     """A :class:`_Grid` of ``a``, or None when ScaLAPACK is not the engine for it.
     Decided from the global spec alone, so alike on every rank of the mesh."""
-    if type(a) is not DTensor or a.ndim != 2 or 0 in a.shape:
+    if type(a) is not DTensor or a.ndim < 2 or 0 in a.shape:
         return None
     if a._spec.mesh._coordinate is None:
         return None
     dtype = S._inexact(name, a.dtype)
+    if S._grid(a) is not None and S._grid(a) == (-1, -1):
+        return None  # the matrices are whole on every rank: NumPy's LAPACK
     a, rows, cols = S._on_grid(name, a)
     if rows < 0 and cols < 0:
         return None
@@ -87,53 +99,62 @@ def _grid(name, a):
 
 
 def qr(a, mode):
-    """np.linalg.qr on ScaLAPACK for the modes 'reduced', 'complete' and 'r': Q and
-    R laid out as A; None for a matrix or mode it does not take. Collective on the
-    mesh."""
+    """np.linalg.qr on ScaLAPACK for the modes 'reduced', 'complete' and 'r' (a
+    stack: one call per matrix): Q and R laid out as A; None for a matrix or mode
+    it does not take. Collective on the mesh."""
     if mode not in ("reduced", "complete", "r"):
         return None
     g = _grid("numpy.linalg.qr", a)
     if g is None:
         return None
-    m, n = g.a.shape
+    m, n = g.a.shape[-2:]
     k = min(m, n)
     rrows, qcols = (m, m) if mode == "complete" else (k, k)
-    r = g.empty((rrows, n))
-    q = g.empty((m, qcols)) if mode != "r" else None
-    routine = "pXgeqrf" if mode == "r" else "pXgeqrf, pXorgqr"
-    call(_qr, g.sl, g.address(routine), g.rows, g.cols, g.letter, m, n,
-         g.block.ctypes.data, rrows, r.ctypes.data, qcols,
-         q.ctypes.data if q is not None else None)
-    r = g.wrap(r, (rrows, n))
-    if q is None:
+    rs, qs = [], []
+    address = g.address("pXgeqrf" if mode == "r" else "pXgeqrf, pXorgqr")
+    for block in g.blocks:
+        r = g.empty((rrows, n))
+        q = g.empty((m, qcols)) if mode != "r" else None
+        call(_qr, g.sl, address, g.rows, g.cols, g.letter, m, n, block.ctypes.data,
+             rrows, r.ctypes.data, qcols, q.ctypes.data if q is not None else None)
+        rs.append(r)
+        qs.append(q)
+    r = g.wrap(rs, (rrows, n))
+    if mode == "r":
         return r
-    return type(np.linalg.qr(np.eye(1)))(g.wrap(q, (m, qcols)), r)
+    return type(np.linalg.qr(np.eye(1)))(g.wrap(qs, (m, qcols)), r)
 
 
 def svd(a, compute_uv=True):
-    """The thin SVD on ScaLAPACK: (U m x k, S, Vh k x n) with U and Vh laid out as
-    A and S Replicate, descending; S alone without ``compute_uv``; None for a
-    matrix it does not take. LinAlgError on every rank when it does not converge.
-    Collective on the mesh."""
+    """The thin SVD on ScaLAPACK (a stack: one call per matrix): (U m x k, S, Vh
+    k x n) with U and Vh laid out as A and S Replicate, descending; S alone
+    without ``compute_uv``; None for a matrix it does not take. LinAlgError on
+    every rank when it does not converge. Collective on the mesh."""
     name = "numpy.linalg.svd" if compute_uv else "numpy.linalg.svdvals"
     g = _grid(name, a)
     if g is None:
         return None
     g.require_finite("SVD did not converge")
-    m, n = g.a.shape
+    m, n = g.a.shape[-2:]
     k = min(m, n)
-    s = np.zeros(k, np.finfo(g.dtype).dtype)
-    u = g.empty((m, k)) if compute_uv else None
-    vt = g.empty((k, n)) if compute_uv else None
+    ss, us, vts = [], [], []
     info = I()
-    call(_svd, g.sl, g.address("pXgesvd"), g.rows, g.cols, g.letter, m, n,
-         g.block.ctypes.data, s.ctypes.data, None if u is None else u.ctypes.data,
-         None if vt is None else vt.ctypes.data, ctypes.byref(info))
-    S._check_info(info.value, "SVD did not converge")
-    s = S._replicated(g.mesh, s)
+    address = g.address("pXgesvd")
+    for block in g.blocks:
+        s = np.zeros(k, np.finfo(g.dtype).dtype)
+        u = g.empty((m, k)) if compute_uv else None
+        vt = g.empty((k, n)) if compute_uv else None
+        call(_svd, g.sl, address, g.rows, g.cols, g.letter, m, n, block.ctypes.data,
+             s.ctypes.data, None if u is None else u.ctypes.data,
+             None if vt is None else vt.ctypes.data, ctypes.byref(info))
+        S._check_info(info.value, "SVD did not converge")
+        ss.append(s)
+        us.append(u)
+        vts.append(vt)
+    s = g.replicated(ss)
     if not compute_uv:
         return s
-    return type(np.linalg.svd(np.eye(1)))(g.wrap(u, (m, k)), s, g.wrap(vt, (k, n)))
+    return type(np.linalg.svd(np.eye(1)))(g.wrap(us, (m, k)), s, g.wrap(vts, (k, n)))
 
 
 def lstsq(a, b, rcond):
@@ -147,7 +168,7 @@ def lstsq(a, b, rcond):
             getattr(getattr(a, "_spec", None), "mesh", None) or b.shape[0] != a.shape[0]:
         return None
     if type(a) is not DTensor or a.ndim != 2 or 0 in a.shape or 0 in b.shape:
-        return None
+        return None  # NumPy's lstsq takes one matrix
     dtype = np.result_type(S._inexact("numpy.linalg.lstsq", a.dtype),
                            S._inexact("numpy.linalg.lstsq", b.dtype))
     if a._spec.mesh._coordinate is None:

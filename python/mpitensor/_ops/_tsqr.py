@@ -166,7 +166,7 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     """
     t = _tall(a) if not (hermitian or (compute_uv and full_matrices)) else None
     if t is None:
-        square = a.ndim == 2 and a.shape[0] == a.shape[1]
+        square = a.ndim >= 2 and a.shape[-1] == a.shape[-2]
         thin = not (compute_uv and full_matrices) or square
         out = _rect.svd(a, compute_uv) if thin and not hermitian else None
         if out is not None:
