@@ -138,3 +138,25 @@ def test_bad_arguments_raise_numpys_errors():
             call(full)
         with pytest.raises(kind):
             call(dt)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 6 * W + 1])
+@pytest.mark.parametrize("pl", [S0, R], ids=str)
+def test_lexsort_and_sort_complex_equal_numpys(n, pl):
+    """lexsort by stable argsorts and picks (ties, NaN and empty blocks included);
+    sort_complex casts as NumPy does."""
+    mesh = mesh_of((W,))
+    rng = np.random.default_rng(n)
+    a, c = rng.integers(0, 3, n), rng.integers(0, 2, n).astype(np.int16)
+    b = rng.integers(0, 3, n).astype(np.float64)
+    b[::5] = np.nan
+    keys = tuple(make(k, mesh, [pl]) for k in (a, b, c))
+    with mt.strict():  # the sorts' all-gathers are their splitters, not the keys
+        got = np.lexsort(keys)
+    assert np.array_equal(got.full_tensor(), np.lexsort((a, b, c)))
+    for k, full in zip(keys, (a, b, c)):
+        want = np.sort_complex(full)
+        got = np.sort_complex(k).full_tensor()
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+    with pytest.raises(ValueError):
+        np.lexsort((keys[0], make(np.zeros(n + 1), mesh, [pl])))

@@ -1,6 +1,8 @@
 """NumPy functions that are NumPy's own code over operations DTensors have:
 ``np.rot90``, ``np.rollaxis``, ``np.unstack``, ``np.polyval``, ``np.select``,
-``np.trapezoid``, ``np.vdot``; and the ones that read only shapes:
+``np.trapezoid``, ``np.vdot``, ``np.sort_complex``, ``np.lexsort`` (of 1-D keys:
+one stable argsort per key, least significant first, each key read through the
+order so far, as a radix sort does); and the ones that read only shapes:
 ``np.tril_indices_from``, ``np.triu_indices_from``, ``np.diag_indices_from``,
 ``np.einsum_path``; and ``np.vander``, whose rows are its input's elements.
 
@@ -27,6 +29,7 @@ from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 
 __all__ = ["rot90", "rollaxis", "unstack", "polyval", "select", "trapezoid", "vdot",
+           "sort_complex", "lexsort",
            "tril_indices_from", "triu_indices_from", "diag_indices_from", "einsum_path",
            "vander"]
 
@@ -197,6 +200,47 @@ def vdot(a, b, /):
     if np.iscomplexobj(flat_a):
         flat_a = np.conjugate(flat_a)
     return np.dot(flat_a, flat_b)
+
+
+@_registry.implements(np.sort_complex)
+def sort_complex(a):
+    """``np.sort_complex`` of a DTensor: NumPy's sort along the last axis (by real
+    part, then imaginary), cast to complex as NumPy casts. The sort's own
+    communication (a sample sort when that axis is sharded).
+
+    Example: ``np.sort_complex(dt)`` of a real ``[Shard(0)]`` vector is complex128.
+    """
+    b = np.sort(_dtensor("numpy.sort_complex", a))
+    if np.issubdtype(b.dtype, np.complexfloating):
+        return b
+    char = b.dtype.char
+    return b.astype("F" if char in "bhBH" else "G" if char == "g" else "D")
+
+
+@_registry.implements(np.lexsort)
+def lexsort(keys, axis=-1):
+    """``np.lexsort`` of 1-D DTensor keys of one length (a sequence, the last key
+    primary): the stable argsort of the first key, then for each next key the
+    stable argsort of that key read through the order so far, which the order then
+    follows (``a[idx]`` by an integer DTensor, _pick.py). Each step is a sample sort
+    and two exchanges of what it picks, never a gather. Collective on the mesh.
+
+    Example: ``np.lexsort((first_names, surnames))`` of two ``[Shard(0)]`` vectors
+    (a tuple: NumPy looks into a tuple of keys for DTensors, not into a list).
+    """
+    name = "numpy.lexsort"
+    if type(keys) is DTensor or not isinstance(keys, (list, tuple)) or not keys or \
+            any(type(k) is not DTensor or k.ndim != 1 for k in keys):
+        raise _registry.NoRule(f"{name}: the DTensor rule takes a sequence of 1-D "
+                               f"DTensor keys")
+    if axis not in (-1, 0):
+        raise np.exceptions.AxisError(axis, 1)
+    if len({k.shape for k in keys}) != 1:
+        raise ValueError("all keys need to be the same shape")
+    order = np.argsort(keys[0], kind="stable")
+    for key in keys[1:]:
+        order = order[np.argsort(key[order], kind="stable")]
+    return order
 
 
 @_registry.implements(np.tril_indices_from)
