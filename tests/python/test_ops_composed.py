@@ -160,3 +160,36 @@ def test_lexsort_and_sort_complex_equal_numpys(n, pl):
         assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
     with pytest.raises(ValueError):
         np.lexsort((keys[0], make(np.zeros(n + 1), mesh, [pl])))
+
+
+@pytest.mark.parametrize("n", [1, 2, 9, 5 * W + 3])
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_unwrap_equals_numpys(n, layout):
+    mesh_shape, pls = layout
+    rng = np.random.default_rng(n)
+    phases = np.angle(np.exp(1j * np.cumsum(rng.uniform(-2.5, 2.5, (n, 3)), axis=0)))
+    ints = rng.integers(0, 12, (n, 3))
+    mesh = mesh_of(mesh_shape)
+    with mt.strict():
+        for axis in (0, 1):
+            assert_matches(np.unwrap(make(phases, mesh, pls), axis=axis),
+                           np.unwrap(phases, axis=axis))
+            assert_matches(np.unwrap(make(ints, mesh, pls), period=6, axis=axis),
+                           np.unwrap(ints, period=6, axis=axis))
+
+
+def test_tensorinv_and_tensorsolve_equal_numpys():
+    mesh = mesh_of((W,))
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((6, 2, 3))
+    b = rng.standard_normal((2, 3, 6))
+    rhs = rng.standard_normal((2, 3))
+    with mt.strict():
+        assert_matches(np.linalg.tensorinv(make(a, mesh, [S0]), ind=1),
+                       np.linalg.tensorinv(a, ind=1))
+        assert_matches(np.linalg.tensorsolve(make(b, mesh, [S0]), make(rhs, mesh, [S0])),
+                       np.linalg.tensorsolve(b, rhs))
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.tensorsolve(make(b[:, :, :5], mesh, [S0]), make(rhs, mesh, [S0]))
+    with pytest.raises(ValueError):
+        np.linalg.tensorinv(make(a, mesh, [S0]), ind=0)

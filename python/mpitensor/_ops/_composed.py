@@ -1,6 +1,8 @@
 """NumPy functions that are NumPy's own code over operations DTensors have:
 ``np.rot90``, ``np.rollaxis``, ``np.unstack``, ``np.polyval``, ``np.select``,
-``np.trapezoid``, ``np.vdot``, ``np.sort_complex``, ``np.lexsort`` (of 1-D keys:
+``np.trapezoid``, ``np.vdot``, ``np.unwrap``, ``np.linalg.tensorinv`` and
+``tensorsolve`` (a reshape around ``inv`` and ``solve``, which ScaLAPACK runs),
+``np.sort_complex``, ``np.lexsort`` (of 1-D keys:
 one stable argsort per key, least significant first, each key read through the
 order so far, as a radix sort does); and the ones that read only shapes:
 ``np.tril_indices_from``, ``np.triu_indices_from``, ``np.diag_indices_from``,
@@ -29,7 +31,7 @@ from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 
 __all__ = ["rot90", "rollaxis", "unstack", "polyval", "select", "trapezoid", "vdot",
-           "sort_complex", "lexsort",
+           "sort_complex", "lexsort", "unwrap", "tensorinv", "tensorsolve",
            "tril_indices_from", "triu_indices_from", "diag_indices_from", "einsum_path",
            "vander"]
 
@@ -200,6 +202,87 @@ def vdot(a, b, /):
     if np.iscomplexobj(flat_a):
         flat_a = np.conjugate(flat_a)
     return np.dot(flat_a, flat_b)
+
+
+@_registry.implements(np.unwrap)
+def unwrap(p, discont=None, axis=-1, *, period=2 * np.pi):
+    """``np.unwrap`` of a DTensor: NumPy's steps (a difference along ``axis``, the
+    jumps folded into the period, their running sum added back), each by its rule:
+    a halo of one row and a scan when ``axis`` is sharded. Collective on the mesh
+    then.
+
+    Example: ``np.unwrap(phases)`` of a ``[Shard(0)]`` vector.
+    """
+    p = _dtensor("numpy.unwrap", p)
+    nd = p.ndim
+    dd = np.diff(p, axis=axis)
+    if discont is None:
+        discont = period / 2
+    rest = [slice(None, None)] * nd
+    rest[axis] = slice(1, None)
+    rest = tuple(rest)
+    dtype = np.result_type(dd.dtype, period)
+    if np.issubdtype(dtype, np.integer):
+        interval_high, rem = divmod(period, 2)
+        boundary_ambiguous = rem == 0
+    else:
+        interval_high = period / 2
+        boundary_ambiguous = True
+    interval_low = -interval_high
+    ddmod = np.mod(dd - interval_low, period) + interval_low
+    if boundary_ambiguous:
+        np.copyto(ddmod, interval_high, where=(ddmod == interval_low) & (dd > 0))
+    ph_correct = ddmod - dd
+    np.copyto(ph_correct, 0, where=abs(dd) < discont)
+    up = p.astype(dtype, copy=True)
+    up[rest] = p[rest] + ph_correct.cumsum(axis)
+    return up
+
+
+@_registry.implements(np.linalg.tensorinv)
+def tensorinv(a, ind=2):
+    """``np.linalg.tensorinv`` of a DTensor: ``inv`` of its reshape to a square
+    matrix (ScaLAPACK's, see _scalapack.py), reshaped back. Collective on the mesh.
+
+    Example: ``np.linalg.tensorinv(dt, ind=1)`` of a (4, 2, 2) ``dt``.
+    """
+    a = _dtensor("numpy.linalg.tensorinv", a)
+    oldshape = a.shape
+    if ind <= 0:
+        raise ValueError("Invalid ind argument.")
+    invshape = oldshape[ind:] + oldshape[:ind]
+    prod = 1
+    for k in oldshape[ind:]:
+        prod *= k
+    return np.linalg.inv(a.reshape(prod, -1)).reshape(*invshape)
+
+
+@_registry.implements(np.linalg.tensorsolve)
+def tensorsolve(a, b, axes=None):
+    """``np.linalg.tensorsolve`` with DTensors: ``solve`` of the reshaped square
+    system (ScaLAPACK's), reshaped to the unknowns' shape. Collective on the mesh.
+
+    Example: ``np.linalg.tensorsolve(a, b)`` of a (2, 3, 6) ``a`` and (2, 3) ``b``.
+    """
+    a = _dtensor("numpy.linalg.tensorsolve", a)
+    if type(b) is not DTensor:
+        raise D.mixed_error("numpy.linalg.tensorsolve", b)
+    an = a.ndim
+    if axes is not None:
+        order = list(range(an))
+        for k in axes:
+            order.remove(k)
+            order.insert(an, k)
+        a = a.transpose(order)
+    oldshape = a.shape[-(an - b.ndim):]
+    prod = 1
+    for k in oldshape:
+        prod *= k
+    if a.size != prod ** 2:
+        raise np.linalg.LinAlgError(
+            "Input arrays must satisfy the requirement "
+            "prod(a.shape[b.ndim:]) == prod(a.shape[:b.ndim])")
+    return np.linalg.solve(a.reshape(prod, prod), np.ravel(b)).reshape(oldshape)
 
 
 @_registry.implements(np.sort_complex)
