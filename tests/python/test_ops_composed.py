@@ -193,3 +193,32 @@ def test_tensorinv_and_tensorsolve_equal_numpys():
         np.linalg.tensorsolve(make(b[:, :, :5], mesh, [S0]), make(rhs, mesh, [S0]))
     with pytest.raises(ValueError):
         np.linalg.tensorinv(make(a, mesh, [S0]), ind=0)
+
+
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_trim_zeros_and_fill_diagonal_equal_numpys(layout):
+    mesh_shape, pls = layout
+    mesh = mesh_of(mesh_shape)
+    vec_pls = tuple(S0 if p == S1 else p for p in pls)
+    with mt.strict():
+        for full, lp in ((np.array([0, 0, 3, 1, 0, 2, 0]), vec_pls), (np.zeros(5), vec_pls),
+                         (np.array([[0, 0, 0], [0, 1, 0], [0, 2, 0], [0, 0, 0]]), pls)):
+            for trim in ("fb", "f", "b"):
+                assert_matches(np.trim_zeros(make(full, mesh, lp), trim),
+                               np.trim_zeros(full, trim))
+        assert_matches(np.trim_zeros(make(np.eye(3), mesh, pls), axis=1),
+                       np.trim_zeros(np.eye(3), axis=1))
+    if any(p.is_partial() for p in pls):
+        return  # fill_diagonal of a Partial is the fallback's
+    for shape, wrap in (((5, 5), False), ((7, 3), True), ((7, 3), False), ((3, 6), False)):
+        full = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
+        dt = make(full, mesh, pls)
+        with CommDebugMode() as comm, mt.strict():
+            np.fill_diagonal(dt, [-1.0, -2.0], wrap=wrap)
+        np.fill_diagonal(full, [-1.0, -2.0], wrap=wrap)
+        assert comm.get_total_counts() == 0
+        assert_matches(dt, full)
+    with pytest.raises(ValueError):
+        np.fill_diagonal(make(np.zeros((2, 3, 2)), mesh, (R,) * len(mesh_shape)), 1.0)
+    with pytest.raises(ValueError):
+        np.trim_zeros(make(np.ones(3), mesh, (R,) * len(mesh_shape)), "x")

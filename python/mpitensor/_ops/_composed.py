@@ -2,6 +2,7 @@
 ``np.rot90``, ``np.rollaxis``, ``np.unstack``, ``np.polyval``, ``np.select``,
 ``np.trapezoid``, ``np.vdot``, ``np.unwrap``, ``np.linalg.tensorinv`` and
 ``tensorsolve`` (a reshape around ``inv`` and ``solve``, which ScaLAPACK runs),
+``np.trim_zeros`` (where each dim holds a nonzero, then a slice),
 ``np.sort_complex``, ``np.lexsort`` (of 1-D keys:
 one stable argsort per key, least significant first, each key read through the
 order so far, as a radix sort does); and the ones that read only shapes:
@@ -13,8 +14,9 @@ and sums, after ``asanyarray`` of its input (which would gather a DTensor). Here
 the same steps run on the DTensor, each by its own rule, so the result is what
 those rules give (no gather; what each step moves, it says) and the value is
 NumPy's: the same operations in the same order. The shape-only functions answer
-from the global shape on every rank without communicating, and ``vander`` runs
-NumPy's on each rank's block of a 1-D input (its rows keep the input's Shard).
+from the global shape on every rank without communicating, ``vander`` runs NumPy's on
+each rank's block of a 1-D input (its rows keep the input's Shard), and
+``fill_diagonal`` writes on each rank the diagonal positions its block holds.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from numpy.lib.array_utils import normalize_axis_index
 from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 
 __all__ = ["rot90", "rollaxis", "unstack", "polyval", "select", "trapezoid", "vdot",
-           "sort_complex", "lexsort", "unwrap", "tensorinv", "tensorsolve",
+           "sort_complex", "lexsort", "unwrap", "tensorinv", "tensorsolve", "trim_zeros",
+           "fill_diagonal",
            "tril_indices_from", "triu_indices_from", "diag_indices_from", "einsum_path",
            "vander"]
 
@@ -283,6 +287,84 @@ def tensorsolve(a, b, axes=None):
             "Input arrays must satisfy the requirement "
             "prod(a.shape[b.ndim:]) == prod(a.shape[:b.ndim])")
     return np.linalg.solve(a.reshape(prod, prod), np.ravel(b)).reshape(oldshape)
+
+
+@_registry.implements(np.trim_zeros)
+def trim_zeros(filt, trim="fb", axis=None):
+    """``np.trim_zeros`` of a DTensor: the first and last nonzero index per dim
+    (from ``any`` over the other dims, a vector of the dim's length made whole),
+    then NumPy's slice. Collective on the mesh.
+
+    Example: ``np.trim_zeros(dt)`` of ``[0, 0, 3, 1, 0]`` as ``[Shard(0)]``.
+    """
+    filt = _dtensor("numpy.trim_zeros", filt)
+    trim = trim.lower()
+    if trim not in {"fb", "bf", "f", "b"}:
+        raise ValueError(f"unexpected character(s) in `trim`: {trim!r}")
+    nd = filt.ndim
+    axes = tuple(range(nd)) if axis is None else np.lib.array_utils.normalize_axis_tuple(
+        axis, nd, argname="axis")
+    if not axes:
+        return filt
+    # Per dim, whether each index holds a nonzero (a reduction over the other dims,
+    # made whole: its length, not the array's size); NumPy's argwhere extremes.
+    nonzero = filt != 0
+    lines = [np.asarray((np.any(nonzero, axis=tuple(o for o in range(nd) if o != d))
+                         if nd > 1 else nonzero).full_tensor()) for d in range(nd)]
+    if not lines[0].any():
+        start = stop = np.zeros(nd, dtype=np.intp)
+    else:
+        start = [int(np.argmax(line)) for line in lines]
+        stop = [len(line) - int(np.argmax(line[::-1])) for line in lines]
+        if "f" not in trim:
+            start = (None,) * nd
+        if "b" not in trim:
+            stop = (None,) * nd
+    key = tuple(slice(None if start[d] is None else int(start[d]),
+                      None if stop[d] is None else int(stop[d])) if d in axes
+                else slice(None) for d in range(nd))
+    return filt[key[0]] if nd == 1 else filt[key]
+
+
+@_registry.implements(np.fill_diagonal)
+def fill_diagonal(a, val, wrap=False):
+    """``np.fill_diagonal`` of a DTensor, in place: NumPy's diagonal positions (every
+    ``step``-th element of the flattened array, wrapping on a tall matrix when asked),
+    each written by the rank whose block holds it, ``val`` cycled as NumPy's flat
+    assignment cycles it. Local (a Partial destination or a DTensor ``val`` is
+    gathered).
+
+    Example: ``np.fill_diagonal(dt, 0.0)`` of a ``[Shard(0)]`` matrix.
+    """
+    name = "numpy.fill_diagonal"
+    a = _dtensor(name, a)
+    if type(val) is DTensor or any(p.is_partial() for p in a._spec.placements):
+        raise _registry.NoRule(f"{name}: a DTensor value or a Partial destination")
+    if a.ndim < 2:
+        raise ValueError("array must be at least 2-d")
+    end = a.size
+    if a.ndim == 2:
+        step = a.shape[1] + 1
+        if not wrap:
+            end = min(end, a.shape[1] * a.shape[1])
+    else:
+        if not np.all(np.diff(a.shape) == 0):
+            raise ValueError("All dimensions of input must be of equal length")
+        step = 1 + int(np.cumprod(a.shape[:-1]).sum())
+    values = np.asarray(val, dtype=a.dtype).reshape(-1)
+    spec = a._spec
+    if spec.mesh._coordinate is None or values.size == 0:
+        return
+    flat = np.arange(0, end, step, dtype=np.intp)
+    where = np.unravel_index(flat, spec.shape)
+    lshape, loff = local_shape_and_global_offset(spec.shape, spec.mesh.shape,
+                                                 spec.mesh._coordinate, spec.placements)
+    mine = np.ones(flat.size, bool)
+    for d in range(a.ndim):
+        mine &= (where[d] >= loff[d]) & (where[d] < loff[d] + lshape[d])
+    local = a.to_local()
+    local[tuple(w[mine] - loff[d] for d, w in enumerate(where))] = \
+        values[np.flatnonzero(mine) % values.size]
 
 
 @_registry.implements(np.sort_complex)
