@@ -222,3 +222,42 @@ def test_trim_zeros_and_fill_diagonal_equal_numpys(layout):
         np.fill_diagonal(make(np.zeros((2, 3, 2)), mesh, (R,) * len(mesh_shape)), 1.0)
     with pytest.raises(ValueError):
         np.trim_zeros(make(np.ones(3), mesh, (R,) * len(mesh_shape)), "x")
+
+
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_choose_and_index_conversions_equal_numpys(layout):
+    """choose, unravel_index and ravel_multi_index element by element; an index
+    out of bounds on one rank's block only is NumPy's ValueError on every rank."""
+    mesh_shape, pls = layout
+    mesh = mesh_of(mesh_shape)
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 3, (5, 3))
+    x, y, z = rng.standard_normal((3, 5, 3))
+    flat = rng.integers(0, 20, (5, 3))
+    d = lambda v: make(v, mesh, pls)  # noqa: E731
+    with mt.strict():
+        assert_matches(np.choose(d(a), [d(x), d(y), d(z)]), np.choose(a, [x, y, z]))
+        assert_matches(np.choose(d(a + 4), [d(x), d(y)], mode="wrap"),
+                       np.choose(a + 4, [x, y], mode="wrap"))
+        for order in ("C", "F"):
+            for got, want in zip(np.unravel_index(d(flat), (4, 5), order=order),
+                                 np.unravel_index(flat, (4, 5), order=order)):
+                assert_matches(got, want)
+            assert_matches(np.ravel_multi_index((d(a), d(a + 1)), (3, 4), order=order),
+                           np.ravel_multi_index((a, a + 1), (3, 4), order=order))
+        assert_matches(np.ravel_multi_index((d(a + 5), d(a - 2)), (3, 4), mode=("wrap", "clip")),
+                       np.ravel_multi_index((a + 5, a - 2), (3, 4), mode=("wrap", "clip")))
+    bad = a.copy()
+    bad[-1, -1] = 7  # on the last block only
+    for ours, numpys in ((lambda: np.choose(d(bad), [d(x), d(y), d(z)]),
+                          lambda: np.choose(bad, [x, y, z])),
+                         (lambda: np.unravel_index(d(bad * 3), (2, 3)),
+                          lambda: np.unravel_index(bad * 3, (2, 3))),
+                         (lambda: np.ravel_multi_index((d(bad), d(a)), (3, 4)),
+                          lambda: np.ravel_multi_index((bad, a), (3, 4)))):
+        with pytest.raises(ValueError):
+            numpys()
+        with pytest.raises(ValueError):
+            ours()
+    with pytest.raises(TypeError):
+        np.unravel_index(d(x), (4, 5))

@@ -3,6 +3,8 @@
 ``np.trapezoid``, ``np.vdot``, ``np.unwrap``, ``np.linalg.tensorinv`` and
 ``tensorsolve`` (a reshape around ``inv`` and ``solve``, which ScaLAPACK runs),
 ``np.trim_zeros`` (where each dim holds a nonzero, then a slice),
+``np.choose``, ``np.unravel_index`` and ``np.ravel_multi_index`` (integer
+arithmetic element by element, after one reduction that checks the indices),
 ``np.sort_complex``, ``np.lexsort`` (of 1-D keys:
 one stable argsort per key, least significant first, each key read through the
 order so far, as a radix sort does); and the ones that read only shapes:
@@ -32,10 +34,11 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
+from ._pointwise import per_element
 
 __all__ = ["rot90", "rollaxis", "unstack", "polyval", "select", "trapezoid", "vdot",
            "sort_complex", "lexsort", "unwrap", "tensorinv", "tensorsolve", "trim_zeros",
-           "fill_diagonal",
+           "fill_diagonal", "choose", "unravel_index", "ravel_multi_index",
            "tril_indices_from", "triu_indices_from", "diag_indices_from", "einsum_path",
            "vander"]
 
@@ -365,6 +368,108 @@ def fill_diagonal(a, val, wrap=False):
     local = a.to_local()
     local[tuple(w[mine] - loff[d] for d, w in enumerate(where))] = \
         values[np.flatnonzero(mine) % values.size]
+
+
+def _any(mask) -> bool:
+    """Whether any element of a boolean DTensor is true, the same on every rank
+    (one reduction). Collective on the mesh."""
+    return bool(np.any(mask).full_tensor())
+
+
+def _int_dtensor(name, x):
+    x = _dtensor(name, x)
+    if x.dtype.kind not in "iu":
+        raise TypeError("only int indices permitted")
+    return x
+
+
+@_registry.implements(np.choose)
+def choose(a, choices, out=None, mode="raise"):
+    """``np.choose`` with an integer DTensor ``a``: element by element, the choice
+    ``a`` names (``np.select`` of ``a == k``), after one reduction that checks ``a``
+    for mode 'raise' ('wrap' and 'clip' rewrite it). Local besides that check when
+    the DTensors share a layout.
+
+    Example: ``np.choose(dt_index, [x, y, z])``.
+    """
+    name = "numpy.choose"
+    if out is not None:
+        raise _registry.NoRule(f"{name}: out= is not supported on DTensors")
+    a = _int_dtensor(name, a)
+    choices = list(choices)
+    n = len(choices)
+    if mode == "raise":
+        if n == 0 or _any((a < 0) | (a >= n)):
+            raise ValueError("invalid entry in choice array")
+    elif mode == "wrap":
+        a = a % n
+    elif mode == "clip":
+        a = np.clip(a, 0, n - 1)
+    else:
+        raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' (got {mode!r})")
+    return np.select([a == k for k in range(n)], choices)
+
+
+@_registry.implements(np.unravel_index)
+def unravel_index(indices, shape, order="C"):
+    """``np.unravel_index`` of an integer DTensor: one DTensor of coordinates per dim
+    of ``shape``, each laid out as ``indices`` (NumPy's on each block), after one
+    reduction that checks the bounds. Local besides that check.
+
+    Example: ``np.unravel_index(dt, (4, 5))``.
+    """
+    name = "numpy.unravel_index"
+    idx = _int_dtensor(name, indices)
+    shape = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(
+        operator.index(d) for d in shape)
+    if order not in ("C", "F"):
+        raise ValueError("only 'C' or 'F' order is permitted")
+    size = int(np.prod(shape))
+    if _any((idx < 0) | (idx >= size)):
+        raise ValueError(f"an index is out of bounds for array with size {size}")
+    return tuple(per_element(name, ("unravel_index", shape, order, k), idx,
+                             lambda v, k=k: np.unravel_index(v, shape, order)[k])
+                 for k in range(len(shape)))
+
+
+@_registry.implements(np.ravel_multi_index)
+def ravel_multi_index(multi_index, dims, mode="raise", order="C"):
+    """``np.ravel_multi_index`` of integer DTensor coordinates: the flat index by
+    integer arithmetic element by element (exact, as NumPy's), after one reduction
+    that checks the coordinates for mode 'raise'. Local besides that check when
+    the coordinates share a layout.
+
+    Example: ``np.ravel_multi_index((rows, cols), (4, 5))``.
+    """
+    name = "numpy.ravel_multi_index"
+    coords = [_int_dtensor(name, c) for c in multi_index]
+    dims = tuple(operator.index(d) for d in dims)
+    if len(coords) != len(dims):
+        raise ValueError(f"parameter multi_index must be a sequence of length {len(dims)}")
+    if order not in ("C", "F"):
+        raise ValueError("only 'C' or 'F' order is permitted")
+    modes = (mode,) * len(dims) if isinstance(mode, str) else tuple(mode)
+    fixed = []
+    for c, n, m in zip(coords, dims, modes):
+        c = c.astype(np.intp)
+        if m == "raise":
+            if _any((c < 0) | (c >= n)):
+                raise ValueError("invalid entry in coordinates array")
+        elif m == "wrap":
+            c = c % n
+        elif m == "clip":
+            c = np.clip(c, 0, n - 1)
+        else:
+            raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' "
+                             f"(got {m!r})")
+        fixed.append(c)
+    pairs = list(zip(fixed, dims))
+    if order == "F":
+        pairs = pairs[::-1]
+    flat = pairs[0][0]
+    for c, n in pairs[1:]:
+        flat = flat * n + c
+    return flat
 
 
 @_registry.implements(np.sort_complex)
