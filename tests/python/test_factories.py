@@ -523,6 +523,13 @@ def test_like_overrides(sharded, meshes):
     assert dt.to_local().shape == ref_box((4, 6), (N,), (RANK,), [Shard(0)])[0]
     dt = mt.ones_like(sharded, shape=(7,))  # another ndim: Replicate
     assert dt.placements == (Replicate(),) and dt.to_local().shape == (7,)
+    for f, value in ((np.zeros_like, 0.0), (np.ones_like, 1.0)):  # NumPy's shape= alike
+        dt = f(sharded, shape=(4, 6))
+        assert dt.shape == (4, 6) and dt.placements == (Shard(0),)
+        assert bits_equal(dt.full_tensor(), np.full((4, 6), value))
+        dt = f(sharded, shape=7)
+        assert dt.placements == (Replicate(),) and bits_equal(dt.to_local(), np.full(7, value))
+    assert np.full_like(sharded, 2, shape=(2, 2, 2)).full_tensor().sum() == 16
     if N >= 2:
         mesh2 = meshes[(1, N)]
         dt = mt.zeros_like(sharded, device_mesh=mesh2)  # another mesh: Replicate

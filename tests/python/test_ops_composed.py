@@ -261,3 +261,30 @@ def test_choose_and_index_conversions_equal_numpys(layout):
             ours()
     with pytest.raises(TypeError):
         np.unravel_index(d(x), (4, 5))
+
+
+@pytest.mark.parametrize("n", [W * 8, 61])
+def test_polyfit_and_resize_equal_numpys(n):
+    mesh = mesh_of((W,))
+    rng = np.random.default_rng(n)
+    x = np.linspace(-1.0, 2.0, n)
+    y = 3 * x**2 - x + 0.5 + rng.normal(0, 0.1, n)
+    w = np.abs(y) + 1
+    d = lambda v: make(v, mesh, [S0])  # noqa: E731
+    with mt.strict():
+        np.testing.assert_allclose(np.polyfit(d(x), d(y), 2).full_tensor(),
+                                   np.polyfit(x, y, 2), rtol=1e-9)
+        c, cov = np.polyfit(d(x), d(y), 2, cov=True)
+        np.testing.assert_allclose(cov.full_tensor(), np.polyfit(x, y, 2, cov=True)[1],
+                                   rtol=1e-8)
+        np.testing.assert_allclose(np.polyfit(d(x), d(y), 1, w=d(w)).full_tensor(),
+                                   np.polyfit(x, y, 1, w=w), rtol=1e-9)
+        got = np.polyfit(d(x), d(np.stack([y, -y], axis=1)), 1)
+        np.testing.assert_allclose(got.full_tensor(),
+                                   np.polyfit(x, np.stack([y, -y], axis=1), 1), rtol=1e-9)
+        for shape in ((3, 4), 7, (0,), (2, 0)):
+            assert_matches(np.resize(d(np.arange(5.0)), shape), np.resize(np.arange(5.0), shape))
+    with pytest.raises(ValueError):
+        np.polyfit(d(x), d(y), -1)
+    with pytest.raises(TypeError):
+        np.polyfit(d(x), d(y[:-1]), 1)

@@ -3,7 +3,8 @@
 ``np.trapezoid``, ``np.vdot``, ``np.unwrap``, ``np.linalg.tensorinv`` and
 ``tensorsolve`` (a reshape around ``inv`` and ``solve``, which ScaLAPACK runs),
 ``np.trim_zeros`` (where each dim holds a nonzero, then a slice),
-``np.choose``, ``np.unravel_index`` and ``np.ravel_multi_index`` (integer
+``np.polyfit`` (NumPy's scaled Vandermonde least squares, on TSQR or ScaLAPACK),
+``np.resize``, ``np.choose``, ``np.unravel_index`` and ``np.ravel_multi_index`` (integer
 arithmetic element by element, after one reduction that checks the indices),
 ``np.sort_complex``, ``np.lexsort`` (of 1-D keys:
 one stable argsort per key, least significant first, each key read through the
@@ -24,6 +25,7 @@ each rank's block of a 1-D input (its rows keep the input's Shard), and
 from __future__ import annotations
 
 import operator
+import warnings
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
@@ -38,7 +40,8 @@ from ._pointwise import per_element
 
 __all__ = ["rot90", "rollaxis", "unstack", "polyval", "select", "trapezoid", "vdot",
            "sort_complex", "lexsort", "unwrap", "tensorinv", "tensorsolve", "trim_zeros",
-           "fill_diagonal", "choose", "unravel_index", "ravel_multi_index",
+           "fill_diagonal", "choose", "unravel_index", "ravel_multi_index", "polyfit",
+           "resize",
            "tril_indices_from", "triu_indices_from", "diag_indices_from", "einsum_path",
            "vander"]
 
@@ -368,6 +371,87 @@ def fill_diagonal(a, val, wrap=False):
     local = a.to_local()
     local[tuple(w[mine] - loff[d] for d, w in enumerate(where))] = \
         values[np.flatnonzero(mine) % values.size]
+
+
+@_registry.implements(np.polyfit)
+def polyfit(x, y, deg, rcond=None, full=False, w=None, cov=False):
+    """``np.polyfit`` with DTensor samples: NumPy's steps, the Vandermonde matrix
+    laid out as the samples (``vander``), its columns scaled by their norms (one
+    reduction) and ``lstsq`` on it (TSQR for a tall ``[Shard(0)]`` one: only the
+    small R factors move); the coefficients are placed as lstsq places them.
+
+    Example: ``np.polyfit(x, y, 2)`` of two ``[Shard(0)]`` vectors.
+    """
+    name = "numpy.polyfit"
+    if type(x) is not DTensor or type(y) is not DTensor or (
+            w is not None and type(w) is not DTensor):
+        raise _registry.NoRule(f"{name}: the DTensor rule takes DTensor x, y (and w)")
+    order = int(deg) + 1
+    x, y = x + 0.0, y + 0.0
+    if deg < 0:
+        raise ValueError("expected deg >= 0")
+    if x.ndim != 1:
+        raise TypeError("expected 1D vector for x")
+    if x.size == 0:
+        raise TypeError("expected non-empty vector for x")
+    if y.ndim < 1 or y.ndim > 2:
+        raise TypeError("expected 1D or 2D array for y")
+    if x.shape[0] != y.shape[0]:
+        raise TypeError("expected x and y to have same length")
+    if rcond is None:
+        rcond = len(x) * np.finfo(x.dtype).eps
+    lhs, rhs = np.vander(x, order), y
+    if w is not None:
+        w = w + 0.0
+        if w.ndim != 1:
+            raise TypeError("expected a 1-d array for weights")
+        if w.shape[0] != y.shape[0]:
+            raise TypeError("expected w and y to have the same length")
+        lhs = lhs * w[:, np.newaxis]
+        rhs = rhs * (w[:, np.newaxis] if rhs.ndim == 2 else w)
+    scale = np.sqrt((lhs * lhs).sum(axis=0))
+    lhs = lhs / scale
+    c, resids, rank, sv = np.linalg.lstsq(lhs, rhs, rcond)
+    c = (c.T / scale).T
+    rank = int(rank.full_tensor()) if type(rank) is DTensor else int(rank)
+    if rank != order and not full:
+        warnings.warn("Polyfit may be poorly conditioned", np.exceptions.RankWarning,
+                      stacklevel=4)
+    if full:
+        return c, resids, rank, sv, rcond
+    if cov:
+        base = np.linalg.inv(np.dot(lhs.T, lhs)) / np.outer(scale, scale)
+        if cov == "unscaled":
+            fac = 1
+        else:
+            if len(x) <= order:
+                raise ValueError("the number of data points must exceed order "
+                                 "to scale the covariance matrix")
+            fac = resids / (len(x) - order)
+        return (c, base * fac) if y.ndim == 1 else (c, base[:, :, np.newaxis] * fac)
+    return c
+
+
+@_registry.implements(np.resize)
+def resize(a, new_shape):
+    """``np.resize`` of a DTensor: NumPy's flatten, repeat by concatenation, cut and
+    reshape, each by its rule. Collective on the mesh when the layout moves.
+
+    Example: ``np.resize(dt, (3, 4))``.
+    """
+    a = _dtensor("numpy.resize", a)
+    if isinstance(new_shape, (int, np.integer)):
+        new_shape = (new_shape,)
+    a = np.ravel(a)
+    new_size = 1
+    for n in new_shape:
+        new_size *= n
+        if n < 0:
+            raise ValueError("all elements of `new_shape` must be non-negative")
+    if a.size == 0 or new_size == 0:
+        return np.zeros_like(a, shape=new_shape)
+    repeats = (new_size + a.size - 1) // a.size
+    return np.reshape(np.concatenate((a,) * repeats)[:new_size], new_shape)
 
 
 def _any(mask) -> bool:

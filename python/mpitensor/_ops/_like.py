@@ -1,7 +1,9 @@
 """``np.zeros_like``, ``ones_like``, ``empty_like`` and ``full_like`` of a DTensor:
 a DTensor of the same global shape and placements, made locally with no
 communication. A Partial becomes Replicate, as torch's ``*_like`` do: the new
-values are the tensor's values, not parts of a sum.
+values are the tensor's values, not parts of a sum. With another ``shape=`` the
+placements stay when the number of dims does, else Replicate (as
+``mpitensor.zeros_like``).
 """
 
 from __future__ import annotations
@@ -11,21 +13,34 @@ import numpy as np
 from .. import _args, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate
 
 
 def _like(name, a, dtype, shape, make):
     if type(a) is not DTensor:
         raise TypeError(f"numpy.{name}: expected a DTensor, got {type(a).__name__}")
-    if shape is not None and tuple(np.atleast_1d(shape).tolist()) != a.shape:
-        raise TypeError(f"numpy.{name}: shape= other than the DTensor's own is not "
-                        f"supported on DTensors; use mpitensor.{name[:-5]}(shape, ...)")
     dtype = a.dtype if dtype is None else _args.check_dtype(np.dtype(dtype))
     s = a._spec
     placements = tuple(Replicate() if p.is_partial() else p for p in s.placements)
-    local = make(a.to_local().shape, dtype)
-    return DTensor(local, DTensorSpec(s.mesh, placements, s.shape, dtype,
-                                      contiguous_strides(s.shape)))
+    new_shape = s.shape if shape is None else tuple(
+        int(n) for n in np.atleast_1d(np.asarray(shape, dtype=np.intp)))
+    if new_shape == s.shape:
+        local = make(a.to_local().shape, dtype)
+    else:
+        # Another shape: the placements stay for as many dims, else Replicate, as
+        # mpitensor.zeros_like(shape=) has them.
+        if any(n < 0 for n in new_shape):
+            raise ValueError("negative dimensions are not allowed")
+        if len(new_shape) != len(s.shape):
+            placements = (Replicate(),) * len(placements)
+        if s.mesh._coordinate is None:
+            local = make((0,) if new_shape else (), dtype)
+        else:
+            local = make(compute_local_shape_and_global_offset(
+                new_shape, s.mesh, placements)[0], dtype)
+    return DTensor(local, DTensorSpec(s.mesh, placements, new_shape, dtype,
+                                      contiguous_strides(new_shape)))
 
 
 @_registry.implements(np.zeros_like)
