@@ -25,11 +25,9 @@ def gathers():
     mesh = mesh_of((W,))
     col = make(np.arange(4.0 * W).reshape(4 * W, 1), mesh, [S0])
     vec = make(np.arange(4.0 * W), mesh, [S0])
-    wide = make(np.arange(8.0 * W).reshape(2, 4 * W), mesh, [Shard(1)])
     return [
         (r"numpy.partition gathers dim 0 .*\[S\(0\)\] -> \[R\]",
          lambda: np.partition(col, 1, axis=0)),
-        (r"numpy.cumsum gathers dim 1", lambda: np.cumsum(wide)),
         (r"DTensor.__getitem__ gathers dim 0", lambda: vec[1:3]),
         (r"DTensor.tolist gathers dim 0", lambda: vec.tolist()),
     ]
@@ -41,13 +39,17 @@ def no_gathers():
     mat = make(np.arange(8.0 * W).reshape(4 * W, 2), mesh, [S0])
     square = make(np.ones((2 * W, 2 * W)), mesh, [S0])
     col = make(np.arange(4.0 * W).reshape(4 * W, 1), mesh, [S0])
+    wide = make(np.arange(8.0 * W).reshape(2, 4 * W), mesh, [Shard(1)])
     return [lambda: np.sort(vec), lambda: np.median(vec), lambda: np.var(mat, axis=0),
             lambda: np.sort(col, axis=0),
             lambda: np.argmax(mat, axis=0), lambda: np.fft.fft2(square),
             lambda: np.fft.fft(make(np.ones(W * W * 2), mesh, [S0])),
             lambda: vec[vec > 3], lambda: np.cumsum(mat, axis=0), lambda: np.cumsum(col),
             # re-chunked or reversed in one exchange of rows
-            lambda: np.concatenate([vec, vec]), lambda: np.flip(vec)]
+            lambda: np.concatenate([vec, vec]), lambda: np.flip(vec),
+            # the flattened array reached by exchanges (_flatten), not a gather
+            lambda: np.cumsum(wide), lambda: np.roll(wide, 1), lambda: np.flip(wide),
+            lambda: np.concatenate([wide, mat], axis=None)]
 
 
 def test_each_gather_warns_on_every_rank_when_asked():

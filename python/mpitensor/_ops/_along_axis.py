@@ -35,7 +35,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
-from . import _flip, _halo, _lanes, _roll
+from . import _flatten, _flip, _halo, _lanes, _roll
 from . import _sample_sort as S
 from ._stats import _all_reduce
 
@@ -309,6 +309,11 @@ def flip(m, axis=None):
     Example: ``np.flip(dt, 1)`` of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``.
     """
     axes = _axes("numpy.flip", m, axis)
+    if axis is None and m.ndim > 1 and _flatten.sharding_dim(m) is not None:
+        # Every axis reversed is the flattened array reversed: one exchange to
+        # flat order, one to the flipped rows, one back, never a gather.
+        flat, md, pls = _flatten.flatten("numpy.flip", m)
+        return _flatten.unflatten("numpy.flip", _flip.flip_sharded(flat, 0), m.shape, md, pls)
     mesh_dim = _sharding_one(m, axes)
     if mesh_dim is not None and lanes_layout(m, axes, True)[mesh_dim].is_replicate():
         # No dim can take the shard: reversed runs of rows move, not the axis.
@@ -320,14 +325,25 @@ def flip(m, axis=None):
 def roll(a, shift, axis=None):
     """numpy.roll: local along unsharded axes; along a sharded axis (and a 1-D
     array's ``axis=None``) one exchange of the rows that change owner
-    (``_roll``), placed as the input; ``axis=None`` of an n-D array rolls the
-    flattened array, gathered when any dim is sharded.
+    (``_roll``), placed as the input; ``axis=None`` of a sharded n-D array rolls
+    the flattened array, reached and left by one exchange each (``_flatten``).
 
     Example: ``np.roll(dt, 2, axis=1)`` of a ``[Shard(0)]`` DTensor moves nothing.
     """
     _check("numpy.roll", a)
     if axis is None and a.ndim == 1:
         axis = 0
+    if axis is None and a.ndim > 1 and _flatten.sharding_dim(a) is not None:
+        # NumPy rolls the flattened array: flattened by one exchange, rolled by
+        # one and put back by one, never a gather.
+        pairs = np.broadcast(shift, 0)
+        if pairs.ndim > 1:
+            raise ValueError("'shift' and 'axis' should be scalars or 1D sequences")
+        # NumPy's int() of each shift, which truncates a float one.
+        total = sum(int(sh) for sh, _ in pairs)
+        flat, md, pls = _flatten.flatten("numpy.roll", a)
+        return _flatten.unflatten("numpy.roll", _roll.roll_sharded(flat, total, 0, md),
+                                  a.shape, md, pls)
     if axis is not None:
         shifts: dict = {}
         for sh, ax in np.broadcast(shift, axis):
@@ -758,10 +774,13 @@ def _cumulative(func, linear, op):
     def impl(a, axis=None, dtype=None, out=None):
         _no_out(name, out)
         axes = _axis(name, a, axis)
-        if axes is None and _rows_only(a):
+        if axes is None and _rows_only(a) and _even_rows(a):
             # Flattening rows sharded by mesh dims keeps them sharded (C order):
             # the flattened array is scanned as a 1-D one, without a gather.
             a, axis, axes = a if a.ndim == 1 else np.reshape(a, -1), 0, (0,)
+        elif axes is None and _flatten.sharding_dim(a) is not None:
+            # Any other sharded layout reaches flat order by one exchange.
+            a, axis, axes = _flatten.flatten(name, a)[0], 0, (0,)
         # An int8 sum accumulates in int64, a float one cast by dtype= truncates:
         # a Partial passes only when each rank's part converts exactly.
         result = func(np.zeros(1, a.dtype), dtype=dtype).dtype
@@ -780,10 +799,20 @@ def _cumulative(func, linear, op):
                     f"flattened array: by the same scans when mesh dims shard dim 0, "
                     f"nothing else is sharded or Partial and the rows split evenly "
                     f"(flattening then moves nothing; the result is sharded so "
-                    f"there), else gathered first.\n\nExample: ``{name}(dt, axis=0)`` "
+                    f"there), else after one exchange to the flat blocks "
+                    f"(``_flatten``), never a gather.\n\nExample: ``{name}(dt, axis=0)`` "
                     f"of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``; so does "
                     f"``{name}(dt)``, and of a ``[Shard(0), Shard(0)]`` one.")
     return impl
+
+
+def _even_rows(a) -> bool:
+    """Whether the mesh dims that shard ``a``'s rows cut them into equal blocks
+    (a reshape to the flat array then moves nothing). Local."""
+    mesh = a._spec.mesh
+    k = int(np.prod([mesh.shape[i] for i, p in enumerate(a._spec.placements)
+                     if p.is_shard()]))
+    return a.ndim == 1 or (a.shape[0] % k == 0 and a.size > 0)
 
 
 def _rows_only(a) -> bool:

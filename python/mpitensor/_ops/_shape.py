@@ -36,7 +36,7 @@ from .. import _registry
 from .. import _strided as _layouts
 from .._dtensor import DTensor
 from . import _dispatch as D
-from . import _join
+from . import _flatten, _join
 from ._strided import restride
 from ..placement_types import Shard
 
@@ -216,13 +216,24 @@ def _check_kwargs(name, out, kwargs):
                                    f"on DTensors")
 
 
+def _flat(x):
+    """The flattened DTensor ``x``, in torch.chunk's blocks where a mesh dim shards
+    it (also one of a single rank: a plain Shard, never a strided one)."""
+    m = _flatten.sharding_dim(x)
+    if m is None:
+        m = next((i for i, p in enumerate(x._spec.placements) if p.is_shard()), None)
+    return np.ravel(x) if m is None else _flatten.flatten("numpy.concatenate", x, m)[0]
+
+
 @_registry.implements(np.concatenate)
 def concatenate(arrays, axis=0, out=None, **kwargs):
     _check_kwargs("concatenate", out, kwargs)
     arrays = _sequence("concatenate", arrays)
     if axis is None:
-        raise _registry.NoRule("numpy.concatenate: axis=None (flattening) is not supported on "
-                               "DTensors")
+        # NumPy joins the flattened arrays: each sharded one reaches flat order by
+        # one exchange (``_flatten``), then they join along the flat axis.
+        flat = [x if x.ndim == 1 else _flat(x) for x in arrays]
+        return concatenate(flat, 0, out, **kwargs)
     n = arrays[0].ndim
     if n == 0:
         raise ValueError("numpy.concatenate: zero-dimensional arrays cannot be "
