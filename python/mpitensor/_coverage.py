@@ -48,6 +48,9 @@ def _method_row(ufunc) -> list[str]:
                  "outer": ufunc.signature is None,
                  "reduceat": ufunc in _ufunc_methods._REGROUPABLE,
                  "at": True}.get(m, False)
+        if m == "accumulate" and ufunc in _ufunc_methods.PARTIAL_ACCUMULATE:
+            cells.append("distributed: " + _ufunc_methods.PARTIAL_ACCUMULATE[ufunc])
+            continue
         cells.append("distributed" if known else "gathered")
     return cells
 
@@ -80,6 +83,10 @@ def page() -> str:
     ]
     lines += [f"| `{name}` | {_rule(f)} |" for name, f in funcs]
     lines += ["", "## ufunc methods", "",
+              "`accumulate` of a ufunc whose steps may not be regrouped (`subtract`, "
+              "`divide`, ...) gathers: a scan of blocks rounds otherwise than NumPy's "
+              "running difference or quotient. `subtract`'s of integers is exact as "
+              "`2 * x[0]` less add's scan (wrapping arithmetic), and distributed.", "",
               "| ufunc | " + " | ".join(f"`{m}`" for m in _METHODS) + " |",
               "|---|" + "---|" * len(_METHODS)]
     ufuncs = sorted({getattr(np, n) for n in dir(np) if isinstance(getattr(np, n), np.ufunc)},

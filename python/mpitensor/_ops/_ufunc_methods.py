@@ -29,6 +29,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
+from . import _dispatch as D
 
 _REDUCE = {np.add: np.sum, np.multiply: np.prod, np.maximum: np.max, np.minimum: np.min,
            np.logical_and: np.all, np.logical_or: np.any}
@@ -110,6 +111,8 @@ def _reduce(ufunc, label: str, operands: tuple, kwargs: dict):
 
 def _accumulate(ufunc, label: str, operands: tuple, kwargs: dict):
     func = _ACCUMULATE.get(ufunc)
+    if ufunc is np.subtract:
+        return _subtract_accumulate(label, operands, kwargs)
     if func is None:
         if ufunc not in _REGROUPABLE:
             raise _no_rule(label, "no scan of this ufunc")
@@ -123,6 +126,33 @@ def _accumulate(ufunc, label: str, operands: tuple, kwargs: dict):
         # ufunc.accumulate has no flattening form: NumPy refuses axis=None.
         raise TypeError(f"{label}: axis=None is not supported by accumulate")
     return func(a, **kw)
+
+
+# accumulate forms with a rule for some dtypes only, and what the coverage page
+# says of them: a float running difference or quotient rounds at every step, and
+# no regrouping of it (a scan of blocks) gives NumPy's bits, so those gather.
+PARTIAL_ACCUMULATE = {np.subtract: "integers; floats gathered"}
+
+
+def _subtract_accumulate(label, operands, kwargs):
+    """np.subtract.accumulate of an integer DTensor: ``x0 - x1 - ... - xi`` is
+    ``2 * x0 - (x0 + ... + xi)`` in the integers' wrapping arithmetic, exactly,
+    so it is add's scan and one row of the axis. A float one is not (a regrouped
+    sum rounds otherwise than NumPy's running difference): the fallback."""
+    a, kw = _one_array(label, operands, kwargs, _ACCUMULATE_KW)
+    if (a.dtype.kind not in "iu" or kw.get("out") is not None or kw.get("dtype") is not None
+            or kw["axis"] is None):
+        raise _no_rule(label, "only integers, without out=, dtype= or axis=None")
+    ax = normalize_axis_index(operator.index(kw["axis"]), a.ndim)
+    total = np.add.accumulate(a, axis=ax, dtype=a.dtype)
+    if a.shape[ax] == 0:
+        return total
+    first = np.take(a, [0], axis=ax)
+    # One row, every rank of the axis's mesh dims needs it: its all-gather moves
+    # a cross section, not the array.
+    first = D.relayout(label, first, [Replicate() if p.is_shard() and p.dim == ax else p
+                                      for p in first._spec.placements], records=True)
+    return first * 2 - total
 
 
 # ufuncs whose reduction may combine the pieces of a segment in any grouping and
