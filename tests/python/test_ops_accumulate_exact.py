@@ -2,7 +2,8 @@
 running sum, exact in wrapping arithmetic): NumPy's values and dtype on every rank
 for every layout of the suite's meshes, uneven and empty axes included, with no
 gather; float ones (whose running difference a regrouped sum does not round
-alike) and divide.accumulate still answer through the fallback."""
+alike) and divide.accumulate still answer through the fallback. add.at and
+subtract.at update a Partial target's parts in place where that is exact."""
 
 from __future__ import annotations
 
@@ -58,3 +59,43 @@ def test_float_and_divide_accumulate_answer_through_the_fallback():
         assert_matches(np.divide.accumulate(dt), np.divide.accumulate(full))
     with pytest.raises(TypeError), mpitensor.strict():
         np.subtract.accumulate(dt)
+
+
+@pytest.mark.parametrize("ufunc", [np.add, np.subtract], ids=lambda u: u.__name__)
+def test_at_of_a_partial_target_updates_the_parts_in_place(ufunc):
+    """add.at and subtract.at keep an integer Partial(sum) target (the update made
+    on one rank of the sum) and a Partial(max) one (every part shifted alike)."""
+    from mpitensor import DTensor, Partial, Replicate
+    idx, vals = [0, 3, 3, 5], np.array([4, -2, 7, 1])
+    full = np.arange(12, dtype=np.int32).reshape(6, 2)
+    for mesh, pls in corner_layouts(2):
+        if not any(p.is_partial() for p in pls):
+            continue
+        dt = make(full, mesh, pls)
+        want = full.copy()
+        ufunc.at(want, idx, vals[:, None])
+        with CommDebugMode() as mode, mpitensor.strict():
+            ufunc.at(dt, idx, vals[:, None])
+        assert mode.get_total_counts() == 0
+        assert dt.placements == pls
+        assert_matches(dt, want)
+    mesh = mesh_of((W,))
+    coord = mesh.get_coordinate()[0]
+    real = np.linspace(-1.0, 1.0, 8)
+    # Parts whose max is ``real``: rank 0 holds it, the others hold less.
+    part = real if coord == 0 else real - 1.0 - coord
+    dt = DTensor.from_local(part.copy(), mesh, [Partial("max")], shape=(8,), stride=(1,))
+    want = real.copy()
+    ufunc.at(want, [1, 1, 6], 0.25)
+    with CommDebugMode() as mode, mpitensor.strict():
+        ufunc.at(dt, [1, 1, 6], 0.25)
+    assert mode.get_total_counts() == 0
+    np.testing.assert_array_equal(dt.full_tensor(), want)
+    # A float sum would round otherwise than NumPy: the fallback takes it.
+    fs = make(real, mesh, [Partial("sum")])
+    want = real.copy()
+    ufunc.at(want, [2], 0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GatherWarning)
+        ufunc.at(fs, [2], 0.1)
+    assert_matches(fs.redistribute(mesh, [Replicate()]), want)

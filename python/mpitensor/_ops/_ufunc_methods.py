@@ -10,7 +10,7 @@
 | ``outer`` of any elementwise ufunc of two operands | the ufunc of the first operand with the second's dims appended, broadcast | the elementwise rule's |
 | ``reduceat`` of add, multiply, maximum, minimum, fmax, fmin and the logical and bitwise ufuncs | each rank's pieces of the segments, all-gathered over the mesh dim that shards the axis and combined (local when none does) | ``len(indices)`` along the axis, Replicate over that mesh dim |
 
-| ``at`` of any ufunc, with integer indices and a plain or scalar operand | each rank applies the updates that land in its block, in place | the target's (a Partial or strided target, or a DTensor index, gathers) |
+| ``at`` of any ufunc, with integer indices and a plain or scalar operand | each rank applies the updates that land in its block, in place | the target's; ``add``/``subtract`` keep a Partial max or min target, and an integer Partial sum one (updated on one rank); other Partials, a strided target or a DTensor index gather |
 
 Every other method and ufunc (``subtract.accumulate``,
 ``initial=``, ``where=``, ...) raises NoRule before anything moves, which hands the
@@ -284,6 +284,24 @@ def _segments_across(ufunc, a, idx, axis: int, dtype, m: int) -> np.ndarray:
     return np.moveaxis(acc, 0, axis)
 
 
+def _shifts_partial(ufunc, spec, b) -> bool:
+    """Whether ``ufunc.at`` may update the parts of ``spec``'s Partials where they
+    lie and give NumPy's value once reduced (True when there are none): adding
+    or subtracting ``b`` shifts a max or min of the parts alike (rounding is
+    monotone), and an integer sum when made on one rank only (wrapping
+    arithmetic regroups exactly; a float sum would round otherwise). ``b``'s
+    dtype must cast to the target's, so that no rank alone raises. Local."""
+    ops = {p.reduce_op for p in spec.placements if p.is_partial()}
+    if not ops:
+        return True
+    if ufunc not in (np.add, np.subtract) or b is None:
+        return False
+    if not np.can_cast(np.asarray(b).dtype, spec.dtype, "same_kind"):
+        return False
+    return ops <= {"max", "min"} or (ops <= {"sum", "max", "min"} and
+                                     spec.dtype.kind in "iu" and len(ops) == 1)
+
+
 def _at(ufunc, label: str, operands: tuple, kwargs: dict):
     """``ufunc.at(a, indices[, b])`` in place, with integer indices (an int, an
     integer array, or a tuple of them, one per leading dim) and ``b`` a scalar or a
@@ -300,8 +318,8 @@ def _at(ufunc, label: str, operands: tuple, kwargs: dict):
     keys = tuple(np.asarray(k) for k in keys)
     spec = a._spec
     if (len(keys) > a.ndim or any(k.dtype.kind not in "iu" for k in keys)
-            or any(p.is_partial() or (p.is_shard() and type(p) is not Shard)
-                   for p in spec.placements)
+            or any(p.is_shard() and type(p) is not Shard for p in spec.placements)
+            or not _shifts_partial(ufunc, spec, b)
             or (a.requires_grad and _modes.state.grad_enabled)):
         raise _no_rule(label, "an index that is not integers, a Partial or strided "
                               "target, or one that requires grad")
@@ -313,7 +331,10 @@ def _at(ufunc, label: str, operands: tuple, kwargs: dict):
             raise IndexError(f"index {bad} is out of bounds for axis {d} with size "
                              f"{shape[d]}")
     keys = [np.where(k < 0, k + shape[d], k) for d, k in enumerate(keys)]
-    if spec.mesh.get_coordinate() is None:
+    coord = spec.mesh.get_coordinate()
+    if coord is None or any(p.is_partial("sum") and coord[i] for i, p in
+                            enumerate(spec.placements)):
+        # A sum's update is made once: on the first rank of each Partial(sum) dim.
         return None
     sizes, offsets = compute_local_shape_and_global_offset(shape, spec.mesh,
                                                            spec.placements)
