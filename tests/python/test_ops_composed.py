@@ -288,3 +288,26 @@ def test_polyfit_and_resize_equal_numpys(n):
         np.polyfit(d(x), d(y), -1)
     with pytest.raises(TypeError):
         np.polyfit(d(x), d(y[:-1]), 1)
+
+
+@pytest.mark.parametrize("pl", [S0, S1, R], ids=str)
+def test_gradients_flow_through_the_composed_steps(pl):
+    """Each composed function's steps record themselves: the gradient is the
+    analytic one (and astype(copy=False) of the same dtype keeps the graph)."""
+    mesh = mesh_of((W,))
+    full = np.arange(12.0).reshape(4, 3)
+    cases = [
+        (lambda x: np.rot90(x).sum(), np.ones_like(full)),
+        (lambda x: np.polyval([1.0, 0.0, 0.0], x).sum(), 2 * full),
+        (lambda x: np.vdot(x, x), 2 * full),
+        (lambda x: np.select([x > 5], [x * 3], default=1.0).sum(),
+         np.where(full > 5, 3.0, 0.0)),
+        (lambda x: np.trapezoid(x, axis=0).sum(),
+         np.array([0.5, 1.0, 1.0, 0.5])[:, None] * np.ones((1, 3))),
+        (lambda x: (x * 2).astype(np.float64, copy=False).sum(), np.full_like(full, 2.0)),
+    ]
+    for f, want in cases:
+        x = make(full, mesh, [pl])
+        x.requires_grad_(True)
+        f(x).backward()
+        np.testing.assert_allclose(x.grad.full_tensor(), want)

@@ -118,7 +118,7 @@ def polyval(p, x):
     if type(p) is DTensor or type(x) is not DTensor:
         raise _registry.NoRule("numpy.polyval: the DTensor rule takes plain coefficients "
                                "and DTensor points")
-    y = np.zeros_like(x)
+    y = np.zeros_like(x.detach())  # zeros: nothing of x's gradient flows through
     for pv in np.asarray(p):
         y = y * x + pv
     return y

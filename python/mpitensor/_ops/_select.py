@@ -100,7 +100,9 @@ def astype(a, dtype, copy=True):
     without Partials."""
     dtype = np.dtype(dtype)
     if dtype == a.dtype and not copy:
-        return a
+        # a new DTensor on the same local array, not ``a`` itself: the tape records
+        # this call's output, and recording it as ``a`` cut ``a`` off its gradient
+        return _same_layout(a, a.to_local(), dtype)
     if all(D.keeps_partial(p.reduce_op, a.dtype, dtype)
            for p in a.placements if p.is_partial()):
         return _same_layout(a, a.to_local().astype(dtype), dtype)
