@@ -123,13 +123,15 @@ def _indices(name, a):
     k = mesh.shape[m]
     bounds = np.cumsum(np.asarray((0,) + tuple(chunk_sizes(total, k)), np.int64))
     counts = np.diff(np.searchsorted(position, bounds, side="left")).tolist()
+    if d == 0:
+        # Cut along dim 0, each rank's run of positions follows the one before:
+        # the indices arrive in order, and no position need travel with them.
+        got, _ = mesh._handle.alltoallv(np.ascontiguousarray(found, np.int64), counts, m)
+        return _wrap(mesh, m, got, (total, ndim)), m
     records = np.concatenate([position[:, None].astype(np.int64), found.astype(np.int64)],
                              axis=1)
     got, _ = mesh._handle.alltoallv(np.ascontiguousarray(records), counts, m)
-    # Each source's records arrive in order; when the sources' runs follow one
-    # another (a cut along dim 0 always), they are in order already.
-    if len(got) > 1 and np.any(got[1:, 0] < got[:-1, 0]):
-        got = got[np.argsort(got[:, 0], kind="stable")]
+    got = got[np.argsort(got[:, 0], kind="stable")]
     return _wrap(mesh, m, got[:, 1:], (total, ndim)), m
 
 
@@ -175,6 +177,6 @@ def flatnonzero(a):
     idx, m = _indices("numpy.flatnonzero", a)
     spec = idx._spec
     local = idx.to_local()
-    flat = (np.ravel_multi_index(tuple(local.T), a.shape) if local.size else
-            np.zeros(local.shape[0], np.intp))
+    flat = (local[:, 0] if a.ndim == 1 else np.ravel_multi_index(tuple(local.T), a.shape)
+            if local.size else np.zeros(local.shape[0], np.intp))
     return _wrap(spec.mesh, m, flat, (spec.shape[0],))
