@@ -137,8 +137,10 @@ int mt__sl_grid_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col
 void mt__sl_grid_close(const mt_scalapack *sl, mt__sl_grid *g);
 
 /* Local. Sets up the table's grid caches (its keyval) once its routines are
- * loaded; MT_ENOMEM. */
-int mt__sl_caches_open(mt_scalapack *sl, mt_error *err);
+ * loaded; `free_table` frees the table when the last cache outlives
+ * mt_scalapack_close. MT_ENOMEM. */
+int mt__sl_caches_open(mt_scalapack *sl, void (*free_table)(mt_scalapack *sl),
+                       mt_error *err);
 
 /* Local. Whether the table may be freed now: the caches' keyval is released, and
  * with grids still cached the last one's release frees the table instead. */

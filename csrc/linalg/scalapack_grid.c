@@ -68,6 +68,9 @@ struct mt__sl_life {
   atomic_int caches; /* caches alive on some communicator */
   atomic_int closed; /* mt_scalapack_close was called */
   atomic_flag freed; /* set by whoever frees the table */
+  /* the table's own freeing (scalapack_table.c), handed in so that the files
+   * call each other one way only */
+  void (*free_table)(mt_scalapack *sl);
 };
 
 /* Frees the table once it is closed and no cache is left, exactly once. */
@@ -75,7 +78,7 @@ static void release_table(mt_scalapack *sl) {
   mt__sl_life *life = sl->life;
   if (atomic_load(&life->closed) && atomic_load(&life->caches) == 0 &&
       !atomic_flag_test_and_set(&life->freed))
-    mt__sl_table_free(sl);
+    life->free_table(sl);
 }
 
 /* MPI's delete callback of the cache attribute: the communicator is being freed. */
@@ -90,9 +93,11 @@ static int cache_delete(MPI_Comm comm, int keyval, void *value, void *extra) {
   return MPI_SUCCESS;
 }
 
-int mt__sl_caches_open(mt_scalapack *sl, mt_error *err) {
+int mt__sl_caches_open(mt_scalapack *sl, void (*free_table)(mt_scalapack *sl),
+                       mt_error *err) {
   sl->life = calloc(1, sizeof *sl->life);
   if (sl->life == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  sl->life->free_table = free_table;
   atomic_flag_clear(&sl->life->freed);
   int init = 0;
   MPI_Initialized(&init);

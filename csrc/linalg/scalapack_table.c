@@ -105,7 +105,7 @@ int mt_scalapack_open(const char *path, mt_scalapack **out, mt_error *err) {
     return mt_error_set(err, MT_ENOTSUP, "%s", why != NULL ? why : path);
   }
   int rc = load_all(sl, err);
-  if (rc == MT_OK) rc = mt__sl_caches_open(sl, err);
+  if (rc == MT_OK) rc = mt__sl_caches_open(sl, mt__sl_table_free, err);
   if (rc != MT_OK) {
     mt_scalapack_close(sl);
     return rc;

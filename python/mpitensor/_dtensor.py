@@ -936,11 +936,12 @@ _C.dispatch_init(DTensor, DTensorSpec, Node, _comm.Request, Replicate(),
 
 
 # __array_function__'s: the name a user writes of each NumPy function called on
-# DTensors, and the reductions the C base runs as methods.
+# DTensors, and the reductions the C base runs as methods as their functions do
+# (all and any are not: np.all keeps a bool Partial, the method reduces it).
 _names: dict = {}
 _METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
-            for name in ("sum", "mean", "prod", "max", "min", "all", "any", "std", "var",
-                         "argmax", "argmin")}
+            for name in ("sum", "mean", "prod", "max", "min", "std", "var", "argmax",
+                         "argmin")}
 _METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
 
 

@@ -211,7 +211,10 @@ def test_bad_keys_fail_on_every_rank(key, exc, words):
         dt[key]
 
 
-def test_integer_dtensor_key_gives_numpys_value_and_strict_refuses_it():
+def test_integer_dtensor_key_gives_numpys_value():
+    """A key with an integer DTensor gives NumPy's value: alone it is picked where
+    the indices lie (_pick.py, no gather even under strict); in a tuple key, the
+    fallback's."""
     full = np.arange(16.0).reshape(4, 4)
     dt = make(full, mesh_of((W,)), [S0])
     key = make(np.array([3, 0, 3]), mesh_of((W,)), [S0])
@@ -219,8 +222,9 @@ def test_integer_dtensor_key_gives_numpys_value_and_strict_refuses_it():
     np.testing.assert_array_equal(got.full_tensor(), full[[3, 0, 3], 1:])
     for numpy_key in (np.array([[0, 1]]), (slice(None), [1])):
         np.testing.assert_array_equal(dt[numpy_key].full_tensor(), full[numpy_key])
-    with mt.strict(), pytest.raises(TypeError, match="not a boolean mask"):
-        dt[dt.astype(np.int64)]
+    with mt.strict():
+        got = dt[make(np.array([1, 3, 0, 3]), mesh_of((W,)), [S0])]
+    np.testing.assert_array_equal(got.full_tensor(), full[[1, 3, 0, 3]])
 
 
 def test_repeated_keys_reuse_the_plan_on_new_data():

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.lib import _function_base_impl as _npq
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _dtypes, _modes, _registry, _trace
+from .. import _dtypes, _factories, _modes, _registry, _trace
 from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
@@ -833,7 +833,6 @@ def _identity_slab(res, ax, value):
     """A DTensor of ``res``'s shape with length one along ``ax``, filled with
     ``value``, laid out as ``res`` except that ``ax`` and Partials are replicated,
     made on every rank without communicating."""
-    from .. import _factories  # the ground floor's factory, imported when first used
     shape = tuple(1 if d == ax else n for d, n in enumerate(res.shape))
     pls = [Replicate() if p.is_partial() or (p.is_shard() and p.dim == ax) else p
            for p in res._spec.placements]

@@ -25,6 +25,7 @@ from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Shard
 from . import _dispatch as D
+from ._along_axis import _offsets
 from ._select import _everywhere
 
 __all__ = ["put", "place"]
@@ -179,7 +180,6 @@ def _place_by_scan(name, arr, mask, vals):
         return None
     if coord is None:
         return None
-    from ._along_axis import _offsets  # the scans' exclusive scan over nested mesh dims
     before = _offsets(mesh, np.array([count], np.int64), dims, coord, CORE.REDUCE_SUM)
     start = 0 if before is None else int(before[0])
     arr.to_local()[local_mask] = vals[(start + np.arange(count)) % vals.size]
