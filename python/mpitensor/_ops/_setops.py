@@ -201,6 +201,11 @@ def _cast(a, dtype):
 def _unique_of(name, a, with_index):
     """``np.unique`` of a DTensor (values, and first indices when asked), as a
     tuple."""
+    mesh = a._spec.mesh
+    cuts = [m for m, p in enumerate(a._spec.placements) if p.is_shard() and mesh.shape[m] > 1]
+    if len(cuts) > 1:  # unique's sample sort runs along one mesh dim: keep the first
+        a = D.relayout(name, a, [p if m == cuts[0] or not p.is_shard() else Replicate()
+                                 for m, p in enumerate(a._spec.placements)])
     got = np.unique(a, return_index=with_index)
     return got if isinstance(got, tuple) else (got,)
 
