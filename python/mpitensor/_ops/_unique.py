@@ -278,7 +278,9 @@ def unique_inverse(x):
     if x._spec.dtype.kind == "f" and bool(np.any(np.isnan(x)).full_tensor()):
         raise _registry.NoRule(f"{name}: NumPy numbers the NaNs of a float array in the "
                                f"order of its unstable sort")
-    return _UniqueInverse(*unique(x, return_inverse=True, equal_nan=False))
+    values, inverse = unique(x, return_inverse=True, equal_nan=False)
+    # NumPy gives the inverse the input's shape (a 0-d one too)
+    return _UniqueInverse(values, np.reshape(inverse, x.shape))
 
 
 @_registry.implements(np.unique_all)
@@ -290,4 +292,5 @@ def unique_all(x):
     Example: ``np.unique_all(dt).indices``.
     """
     x = _dtensor_arg("numpy.unique_all", x)
-    return _UniqueAll(*unique(x, True, True, True, equal_nan=False))
+    values, index, inverse, counts = unique(x, True, True, True, equal_nan=False)
+    return _UniqueAll(values, index, np.reshape(inverse, x.shape), counts)
