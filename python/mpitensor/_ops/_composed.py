@@ -460,6 +460,21 @@ def _any(mask) -> bool:
     return bool(np.any(mask).full_tensor())
 
 
+def _in_range(a, n, mode, message):
+    """Integer DTensor ``a`` brought into ``[0, n)`` by NumPy's clip modes: 'raise'
+    checks it (ValueError ``message`` on every rank, one reduction), 'wrap' and
+    'clip' rewrite it."""
+    if mode == "raise":
+        if (n == 0 and a.size) or _any((a < 0) | (a >= n)):
+            raise ValueError(message)
+        return a
+    if mode == "wrap":
+        return a % n
+    if mode == "clip":
+        return np.clip(a, 0, n - 1)
+    raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' (got {mode!r})")
+
+
 def _int_dtensor(name, x):
     x = _dtensor(name, x)
     if x.dtype.kind not in "iu":
@@ -482,15 +497,7 @@ def choose(a, choices, out=None, mode="raise"):
     a = _int_dtensor(name, a)
     choices = list(choices)
     n = len(choices)
-    if mode == "raise":
-        if n == 0 or _any((a < 0) | (a >= n)):
-            raise ValueError("invalid entry in choice array")
-    elif mode == "wrap":
-        a = a % n
-    elif mode == "clip":
-        a = np.clip(a, 0, n - 1)
-    else:
-        raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' (got {mode!r})")
+    a = _in_range(a, n, mode, "invalid entry in choice array")
     return np.select([a == k for k in range(n)], choices)
 
 
@@ -535,18 +542,8 @@ def ravel_multi_index(multi_index, dims, mode="raise", order="C"):
     modes = (mode,) * len(dims) if isinstance(mode, str) else tuple(mode)
     fixed = []
     for c, n, m in zip(coords, dims, modes):
-        c = c.astype(np.intp)
-        if m == "raise":
-            if _any((c < 0) | (c >= n)):
-                raise ValueError("invalid entry in coordinates array")
-        elif m == "wrap":
-            c = c % n
-        elif m == "clip":
-            c = np.clip(c, 0, n - 1)
-        else:
-            raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' "
-                             f"(got {m!r})")
-        fixed.append(c)
+        fixed.append(_in_range(c.astype(np.intp), n, m,
+                               "invalid entry in coordinates array"))
     pairs = list(zip(fixed, dims))
     if order == "F":
         pairs = pairs[::-1]
