@@ -305,9 +305,17 @@ def test_gradients_flow_through_the_composed_steps(pl):
         (lambda x: np.trapezoid(x, axis=0).sum(),
          np.array([0.5, 1.0, 1.0, 0.5])[:, None] * np.ones((1, 3))),
         (lambda x: (x * 2).astype(np.float64, copy=False).sum(), np.full_like(full, 2.0)),
+        (lambda x: np.rollaxis(x, 1).sum(), np.ones_like(full)),
+        (lambda x: sum(t.sum() for t in np.unstack(x, axis=1)), np.ones_like(full)),
+        (lambda x: np.resize(x, (5, 3)).sum(), np.array([[2.0] * 3] + [[1.0] * 3] * 3)),
     ]
     for f, want in cases:
         x = make(full, mesh, [pl])
         x.requires_grad_(True)
         f(x).backward()
         np.testing.assert_allclose(x.grad.full_tensor(), want)
+    # a step without a backward rule is refused, never a lost gradient
+    x = make(full, mesh, [pl])
+    x.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="backward"):
+        np.unwrap(x, axis=0)
