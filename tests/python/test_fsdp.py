@@ -561,7 +561,28 @@ def test_reshard_int_edge_values(mesh):
 
 
 @pytest.mark.skipif(W != 4, reason="a dp of 4 sliced from a (4, 1) mesh")
-def test_reshard_int_needs_a_dp_mesh_of_its_own():
+def test_reshard_to_groups_of_two_beside_tp():
+    """reshard_after_forward=2 on a dp mesh sliced from (dp, tp), with the module
+    parallelized over tp: the backward gathers over pairs of dp ranks, and the
+    gradients are those of reshard_after_forward=True."""
     mesh = mt.init_device_mesh("cpu", (4, 1), mesh_dim_names=("dp", "tp"))
-    with pytest.raises(ValueError, match="1-D data-parallel mesh of its own"):
-        fully_shard(MLP(), mesh=mesh["dp"], reshard_after_forward=2)
+    grads = {}
+    for raf in (True, 2):
+        m = parallelize_module(MLP((5, 6, 5)), mesh["tp"],
+                               {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+        for sub in (m.w1, m.w2, m):
+            fully_shard(sub, mesh=mesh["dp"], reshard_after_forward=raf)
+        x = np.random.default_rng(5).standard_normal((4, 5))
+        t = np.random.default_rng(6).standard_normal((4, 5))
+        r = mesh.get_local_rank("dp")
+        xs = DTensor.from_local(x[r:r + 1], mesh["tp"], [Replicate()])
+        with CommDebugMode() as fwd:
+            loss = ((m(xs) - t[r:r + 1]) ** 2).mean()
+        with CommDebugMode() as bwd:
+            loss.backward()
+        sent = fwd.get_comm_bytes()[AG], bwd.get_comm_bytes()[AG]
+        assert sent[1] == (sent[0] if raf is True else 2 * sent[0] // 3), sent
+        grads[raf] = {n: p.grad.full_tensor() for n, p in m.named_parameters()}
+        assert freed(m.w1) and freed(m.w2)
+    for name, g in grads[True].items():
+        np.testing.assert_array_equal(grads[2][name], g, err_msg=name)

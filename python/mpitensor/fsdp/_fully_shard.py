@@ -343,7 +343,8 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     names, read as torch reads it: ``(replicate, shard)`` (HSDP). Each parameter
     is then ``(Replicate(), Shard(0))``: the group is all-gathered over the shard
     dim, and its gradients reduce-scattered over it and all-reduced over the
-    replicate dim; ``reshard_after_forward`` as an int divides the shard dim's size.
+    replicate dim; ``reshard_after_forward`` as an int divides the shard dim's size,
+    also on a mesh sliced beside ``tp``.
     A 2-D mesh sliced from a 3-D ``(replicate, shard, tp)`` one takes a module
     parallelized over its ``tp`` dim (HSDP beside tensor parallelism): each
     parallelized parameter lives on the 3-D mesh, ``(Replicate(), Shard(0),
@@ -357,8 +358,7 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     mesh that is not the other dim of ``dp``'s 2-D mesh (any DTensor, with HSDP),
     is a scalar or Partial, or the group mixes dtypes, or an int
     ``reshard_after_forward`` does not divide the dp (shard) size (1 means False,
-    the size True, as torch's) or is given with a mesh sliced from a larger one,
-    or the ranks' parameters differ; and when the policy names a dtype other than
+    the size True, as torch's), or the ranks' parameters differ; and when the policy names a dtype other than
     float16, bfloat16, float32 and float64, casts complex parameters, or differs
     between ranks. Collective on the mesh (one small agreement; local shards are
     cut; the swapped mesh, when needed, communicates).
@@ -444,21 +444,26 @@ def _post_forward_size(value, mesh: DeviceMesh):
                          f"data-parallel size {dp}{where})")
     if n == 1 or n == dp:  # in torch's order: at dp 1, 1 is False
         return n != 1
-    if mesh._get_root_mesh() is not mesh:
-        raise ValueError("fully_shard: reshard_after_forward as an int needs a 1-D "
-                         "data-parallel mesh of its own (or a 2-D one for HSDP), not one "
-                         "sliced from a larger mesh")
     return n
 
 
 def _post_mesh(mesh: DeviceMesh, n: int) -> DeviceMesh:
     """The 1-D mesh of this rank's group of ``n`` consecutive ranks of ``mesh``
     flattened, as torch's ``mesh.view(-1, n)``: ``n`` divides the shard dim's
-    size, so a group lies within one replica. Collective on ``mesh`` the first
-    time."""
+    size, so a group lies within one replica. Collective on ``mesh``'s root mesh
+    the first time.
+
+    A mesh sliced from a larger one (dp beside tp) holds other ranks on each of
+    its peers, and a mesh's creation needs one rank array everywhere: the array
+    is the root's, with ``mesh``'s dims moved last, so that each row of groups is
+    some rank's ``mesh.view(-1, n)``."""
     if (mesh, n) not in _post_meshes:
-        grid = DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, n),
-                          mesh_dim_names=("post_replicate", "post_shard"), comm=mesh._comm)
+        root = mesh._get_root_mesh()
+        dims = [root.mesh_dim_names.index(name) for name in mesh.mesh_dim_names] \
+            if root is not mesh else list(range(mesh.ndim))
+        ranks = np.moveaxis(root.mesh, dims, range(root.ndim - len(dims), root.ndim))
+        grid = DeviceMesh(mesh.device_type, ranks.reshape(-1, n),
+                          mesh_dim_names=("post_replicate", "post_shard"), comm=root._comm)
         _post_meshes[(mesh, n)] = grid["post_shard"]
     return _post_meshes[(mesh, n)]
 
