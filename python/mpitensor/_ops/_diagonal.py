@@ -40,9 +40,80 @@ def _sum_partials_only(name, a):
                                 else p for p in placements])
 
 
+# Each rank's box offset per (global shape, placements, mesh shape, coordinate): a
+# rule here runs in a few microseconds, and the layout math would be half of them.
+_offsets: dict = {}
+
+
 def _offset(a):
-    return compute_local_shape_and_global_offset(a._spec.shape, a._spec.mesh,
-                                                 a._spec.placements)[1]
+    spec = a._spec
+    mesh = spec.mesh
+    key = (spec.shape, spec.placements, mesh.shape, *mesh._coordinate)
+    off = _offsets.get(key)
+    if off is None:
+        if len(_offsets) > 1024:
+            _offsets.clear()
+        off = _offsets[key] = compute_local_shape_and_global_offset(
+            spec.shape, mesh, spec.placements)[1]
+    return off
+
+
+# A triangle's mask per (rows, cols, shift, upper): True where the element is kept.
+_masks: dict = {}
+# Local blocks of at most this many elements (per matrix) take one cached mask; larger
+# ones are written band by band, so that no mask or index array of their size is made.
+_SMALL = 16384
+# Rows per band of a large block: the elements next to the diagonal a band holds are
+# picked by a mask of about this squared, the rest of its rows copied or zeroed whole.
+_BAND = 64
+
+
+def _mask(rows, cols, shift, upper):
+    """Row i's columns j with j < i + shift (the left part) kept, or, for ``upper``,
+    the others; cached."""
+    key = (rows, cols, shift, upper)
+    mask = _masks.get(key)
+    if mask is None:
+        if len(_masks) > 256:
+            _masks.clear()
+        left = np.arange(cols)[None, :] < (np.arange(rows) + shift)[:, None]
+        mask = _masks[key] = ~left if upper else left
+    return mask
+
+
+def _split_rows(local, shift, upper):
+    """A new C-contiguous array: ``local`` with, in each matrix of its last two dims,
+    row i's columns ``j < i + shift`` kept (``upper``: zeroed) and the others zeroed
+    (``upper``: kept). Each element is read and written once."""
+    rows, cols = local.shape[-2:]
+    zero = np.zeros(1, local.dtype)
+    if rows * cols <= _SMALL:
+        return np.ascontiguousarray(np.where(_mask(rows, cols, shift, upper), local, zero))
+    out = np.empty(local.shape, local.dtype)
+
+    def fill(i0, i1):
+        # Columns left of the first row's split are left of every row's split in
+        # [i0, i1), those from the last row's on right of every one.
+        lo = min(max(i0 + shift, 0), cols)
+        hi = min(max(i1 - 1 + shift, 0), cols)
+        kept, zeroed = ((slice(hi, None), slice(None, lo)) if upper else
+                        (slice(None, lo), slice(hi, None)))
+        out[..., i0:i1, kept] = local[..., i0:i1, kept]
+        out[..., i0:i1, zeroed] = zero
+        if hi > lo:
+            out[..., i0:i1, lo:hi] = np.where(_mask(i1 - i0, hi - lo, i0 + shift - lo, upper),
+                                              local[..., i0:i1, lo:hi], zero)
+
+    # Rows [0, first) are wholly right of their split, rows [last, rows) wholly left.
+    first = min(max(-shift + 1, 0), rows)
+    last = min(max(cols - shift, first), rows)
+    if first:
+        fill(0, first)
+    for i0 in range(first, last, _BAND):
+        fill(i0, min(i0 + _BAND, last))
+    if last < rows:
+        fill(last, rows)
+    return out
 
 
 def _triangle(name, m, k, upper):
@@ -56,15 +127,13 @@ def _triangle(name, m, k, upper):
     spec = m._spec
     if spec.mesh.get_coordinate() is None:
         return DTensor(D.outside_local(spec.shape, spec.dtype), spec)
-    local = m.to_local()
     off = _offset(m)
-    rows = off[-2] + np.arange(local.shape[-2])
-    cols = off[-1] + np.arange(local.shape[-1])
-    above = cols[None, :] - rows[:, None]
-    keep = above >= k if upper else above <= k
-    out = np.where(keep, local, np.zeros(1, local.dtype))
-    return DTensor(np.ascontiguousarray(out, spec.dtype), DTensorSpec(
-        spec.mesh, spec.placements, spec.shape, spec.dtype, contiguous_strides(spec.shape)))
+    # Local element (i, j) is global (i + off[-2], j + off[-1]): tril keeps
+    # j - i <= k, the columns left of i + here + 1; triu zeroes those left of i + here.
+    here = k + off[-2] - off[-1]
+    out = _split_rows(m.to_local(), here if upper else here + 1, upper)
+    return DTensor(out, DTensorSpec(spec.mesh, spec.placements, spec.shape, spec.dtype,
+                                    contiguous_strides(spec.shape)))
 
 
 @_registry.implements(np.triu)
