@@ -5,8 +5,10 @@ NumPy's recipe on the whole array: the variables' means (a reduction), the
 deviations (elementwise), then ``X @ X.T`` over the observations: where the
 observations are sharded the product is a Partial(sum) of the variables x variables
 result, reduced once (before the scaling, so that it rounds as NumPy's); where the
-variables are sharded the engine moves one operand, as for any product. No whole
-array is gathered to run NumPy. ``corrcoef`` divides by the standard deviations
+variables are sharded the engine moves one operand, as for any product. With few
+variables, not sharded, each rank forms its part of the product block by block of
+its observations, so the deviations never fill an array of the data's size. No
+whole array is gathered to run NumPy. ``corrcoef`` divides by the standard deviations
 read off the diagonal (_diagonal.py), elementwise.
 
 Forms with no rule here (``y=``, ``fweights=``, ``aweights=``, complex
@@ -22,7 +24,7 @@ import numpy as np
 from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
-from ..placement_types import Replicate, Shard
+from ..placement_types import Partial, Replicate, Shard
 from . import _dispatch as D
 
 __all__ = ["cov", "corrcoef"]
@@ -33,26 +35,89 @@ def _reduced(name, x):
                                 for p in x._spec.placements])
 
 
-def _deviations(name, x):
-    """``x`` less the means of its rows, in ``x``'s placements: the means are a sum
-    reduced where the observations are sharded (np.mean's Partial(avg) would move
-    the data of uneven shards instead) and laid out as ``x``'s rows are, so each
-    rank subtracts its own; the engine is not asked to place the difference, which
-    it may shard further along a mesh dim the product then gathers. Collective on
-    the mesh when the observations are sharded (the means only)."""
-    # A mean subtracted from each part of a Partial would be subtracted many times.
-    x = _reduced(name, x)
+def _row_sums(local):
+    """The sums of ``local``'s rows, as a column. A transposed block (``rowvar=False``
+    of row-major data) is summed as one matrix-vector product: NumPy's sum along its
+    strided axis adds one short row of the data at a time, several passes' time."""
+    if local.flags.c_contiguous or local.dtype not in _BLAS or not local.size:
+        return np.sum(local, axis=1, keepdims=True)
+    return (local @ np.ones(local.shape[1], local.dtype))[:, None]
+
+
+_BLAS = frozenset(np.dtype(t) for t in ("f4", "f8", "c8", "c16"))
+
+
+def _means(name, x):
+    """The means of the rows of ``x`` (no Partial), as a column laid out as ``x``'s
+    rows are, so each rank subtracts its own: a sum reduced where the observations
+    are sharded (np.mean's Partial(avg) would move the data of uneven shards
+    instead). Collective on the mesh when the observations are sharded (the means
+    only)."""
     spec = x._spec
+    mesh = spec.mesh
+    # Each rank's sums over its observations: a Partial(sum) over the mesh dims that
+    # shard them, as np.sum's rule leaves it.
+    sums_pls = tuple(Partial("sum") if p.is_shard() and p.dim == 1 else p
+                     for p in spec.placements)
+    shape = (spec.shape[0], 1)
+    dtype = (spec.dtype if spec.dtype in _BLAS else  # np.sum widens small integers
+             np.sum(np.zeros((1, 1), spec.dtype), axis=1).dtype)
+    sums = DTensor(np.asarray(_row_sums(x.to_local()), dtype)
+                   if mesh.get_coordinate() is not None else D.outside_local(shape, dtype),
+                   DTensorSpec(mesh, sums_pls, shape, dtype, contiguous_strides(shape)))
     with np.errstate(divide="ignore", invalid="ignore"):
-        mean = _reduced(name, np.sum(x, axis=1, keepdims=True)) / x.shape[1]
+        mean = _reduced(name, sums) / x.shape[1]
     rows = [Shard(0) if p == Shard(0) else Replicate() for p in spec.placements]
-    mean = D.relayout(name, mean.astype(spec.dtype), rows, records=True)
+    return D.relayout(name, mean.astype(spec.dtype), rows, records=True)
+
+
+def _deviations(name, x, mean):
+    """``x`` (no Partial) less its rows' ``mean``, in ``x``'s placements: the engine
+    is not asked to place the difference, which it may shard further along a mesh
+    dim the product then gathers. The difference keeps the memory order of ``x``'s
+    block (a transposed block stays one, which the product reads as it is). Local."""
+    spec = x._spec
     if spec.mesh.get_coordinate() is None:
         return x
     with np.errstate(invalid="ignore"):
         local = x.to_local() - mean.to_local()
-    return DTensor(np.ascontiguousarray(local, spec.dtype), DTensorSpec(
+    return DTensor(np.asarray(local, spec.dtype), DTensorSpec(
         spec.mesh, spec.placements, spec.shape, spec.dtype, contiguous_strides(spec.shape)))
+
+
+# Up to this many variables, each rank forms its part of the product from blocks of
+# observations: a block's deviations are made and multiplied while in cache, and no
+# deviations array of the data's size is written. Above, the product's own cost
+# dwarfs that pass.
+_FEW = 256
+# Elements per block of deviations.
+_BLOCK = 32768
+
+
+def _product_by_blocks(name, x, mean):
+    """The deviations' product over the observations of ``x`` (no Partial, the
+    variables not sharded): each rank's sum over its observations, reduced where
+    they are sharded. Collective on the mesh when they are (one all-reduce of the
+    product)."""
+    spec = x._spec
+    mesh = spec.mesh
+    v = spec.shape[0]
+    pls = tuple(Partial("sum") if p.is_shard() and p.dim == 1 else p
+                for p in spec.placements)
+    dtype = spec.dtype
+    if mesh.get_coordinate() is None:
+        c = D.outside_local((v, v), dtype)
+    else:
+        local, mu = x.to_local(), mean.to_local()
+        c = np.zeros((v, v), dtype)
+        step = max(1, _BLOCK // max(v, 1))
+        with np.errstate(invalid="ignore"):
+            for j in range(0, local.shape[1], step):
+                dev = local[:, j:j + step] - mu
+                # dev @ dev.T of one buffer is one symmetric rank-k update in BLAS.
+                c += dev @ (np.conj(dev) if dtype.kind == "c" else dev).T
+    return _reduced(name, DTensor(c, DTensorSpec(mesh, pls, (v, v), dtype,
+                                                 contiguous_strides((v, v)))))
 
 
 def _cov(name, m, rowvar, bias, ddof, dtype):
@@ -73,9 +138,16 @@ def _cov(name, m, rowvar, bias, ddof, dtype):
     if fact <= 0:
         warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
         fact = 0.0
-    dev = _deviations(name, x)
-    other = np.conj(dev) if dtype.kind == "c" else dev
-    c = _reduced(name, np.matmul(dev, np.transpose(other)))
+    # A mean subtracted from each part of a Partial would be subtracted many times.
+    x = _reduced(name, x)
+    mean = _means(name, x)
+    if (x.shape[0] <= _FEW and dtype in _BLAS
+            and not any(p.is_shard() and p.dim == 0 for p in x._spec.placements)):
+        c = _product_by_blocks(name, x, mean)
+    else:
+        dev = _deviations(name, x, mean)
+        other = np.conj(dev) if dtype.kind == "c" else dev
+        c = _reduced(name, np.matmul(dev, np.transpose(other)))
     with np.errstate(divide="ignore", invalid="ignore"):
         # NumPy scales in place: in float64, kept in the data's dtype.
         c = (c * np.true_divide(1, fact)).astype(c.dtype)
