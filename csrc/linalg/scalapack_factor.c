@@ -1,5 +1,6 @@
 /* The ScaLAPACK drivers of rectangular matrices: QR (pXgeqrf, then pXorgqr or
- * pXungqr for Q) and the SVD (pXgesvd). Each runs on the square-block copy of the
+ * pXungqr for Q; or pXgeqrf's reflectors themselves) and the SVD (pXgesvd, its U
+ * completed by the QR of U where a complete basis is asked for). Each runs on the square-block copy of the
  * caller's block and writes its factors into blocks the caller laid out as
  * torch.chunk's, rows over the grid's rows and columns over its columns. */
 #include <stdlib.h>
@@ -28,23 +29,27 @@ static int agreed_info(mt__sl_job *j, const char *routine, int *info, mt_error *
   return rc;
 }
 
-/* pXgeqrf on the cyclic copy: the reflectors below its diagonal, R on and above,
- * the reflectors' scalars in `tau`. */
-static int qr_factor(mt__sl_job *j, void *tau, mt_error *err) {
+/* pXgeqrf on the first `n` columns of `mat` (m x n, the job's blocks): the
+ * reflectors below its diagonal, R on and above, the reflectors' scalars in `tau`. */
+static int geqrf_on(mt__sl_job *j, mt__sl_matrix *mat, int n, void *tau, mt_error *err) {
   double wq[2] = {0, 0};
   int minus = -1, info = 0, lwork;
   void *work = NULL;
-  j->t->geqrf(&j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, tau, wq, &minus,
-              &info);
+  j->t->geqrf(&j->m, &n, mat->data, &j->one, &j->one, mat->desc, tau, wq, &minus, &info);
   lwork = mt__sl_query_size(j, wq);
   int rc = mt__sl_alloc(j, &work, lwork, j->itemsize, err);
   if (rc == MT_OK) {
-    j->t->geqrf(&j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, tau, work,
-                &lwork, &info);
+    j->t->geqrf(&j->m, &n, mat->data, &j->one, &j->one, mat->desc, tau, work, &lwork,
+                &info);
     rc = agreed_info(j, "pXgeqrf", &info, err);
   }
   free(work);
   return rc;
+}
+
+/* pXgeqrf on the cyclic copy. */
+static int qr_factor(mt__sl_job *j, void *tau, mt_error *err) {
+  return geqrf_on(j, &j->cyc, j->n, tau, err);
 }
 
 /* Zeroes the entries of a caller's block that lie below the global diagonal. */
@@ -70,12 +75,12 @@ static int r_out(mt__sl_job *j, int64_t rrows, void *r, mt_error *err) {
   return MT_OK;
 }
 
-/* pXorgqr (pXungqr) on `src`, whose first min(m, n) columns hold the reflectors:
- * the first `cols` columns of Q replace them. */
-static int q_form(mt__sl_job *j, mt__sl_matrix *src, int cols, const void *tau,
+/* pXorgqr (pXungqr) on `src`, whose first `k` columns hold the reflectors: the
+ * first `cols` columns of Q replace them. */
+static int q_form(mt__sl_job *j, mt__sl_matrix *src, int cols, int k, const void *tau,
                   mt_error *err) {
   double wq[2] = {0, 0};
-  int minus = -1, info = 0, k = min_int(j->m, j->n), lwork;
+  int minus = -1, info = 0, lwork;
   void *work = NULL;
   j->t->orgqr(&j->m, &cols, &k, src->data, &j->one, &j->one, src->desc, tau, wq, &minus,
               &info);
@@ -106,7 +111,7 @@ static int q_out(mt__sl_job *j, const void *tau, int64_t qcols, void *q, mt_erro
   if (rc == MT_OK && src == &wide)
     j->t->gemr2d(&j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, wide.data,
                  &j->one, &j->one, wide.desc, &j->g.ctxt);
-  if (rc == MT_OK) rc = q_form(j, src, cols, tau, err);
+  if (rc == MT_OK) rc = q_form(j, src, cols, min_int(j->m, j->n), tau, err);
   if (rc == MT_OK)
     j->t->gemr2d(&j->m, &cols, src->data, &j->one, &j->one, src->desc, qb.data, &j->one,
                  &j->one, qb.desc, &j->g.ctxt);
@@ -135,18 +140,61 @@ int mt_scalapack_qr(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
   return rc;
 }
 
+/* The `k` scalars of the reflectors, from the cyclic copy's `tau` (each process
+ * column holds those of its columns, alike on its process rows) into `out` on
+ * every member: process row 0 places its own, and a sum over the grid fills in
+ * the rest. */
+static int tau_out(mt__sl_job *j, const void *tau, int k, void *out, mt_error *err) {
+  size_t real = j->k % 2 == 0 ? sizeof(float) : sizeof(double);
+  int parts = (int)(j->itemsize / real);
+  memset(out, 0, (size_t)k * j->itemsize);
+  if (j->g.myrow == 0) {
+    int nb = j->nb, zero = 0;
+    int local = j->sl->numroc(&k, &nb, &j->g.mycol, &zero, &j->g.npcol);
+    for (int jj = 0; jj < local; ++jj) {
+      int64_t global = (int64_t)(jj / nb) * nb * j->g.npcol + (int64_t)j->g.mycol * nb +
+                       jj % nb;
+      memcpy((char *)out + global * j->itemsize, (const char *)tau + jj * j->itemsize,
+             j->itemsize);
+    }
+  }
+  int mpi = MPI_Allreduce(MPI_IN_PLACE, out, k * parts,
+                          real == sizeof(float) ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM,
+                          j->g.comm);
+  return mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Allreduce");
+}
+
+int mt_scalapack_geqrf(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                       int type, int64_t m, int64_t n, void *a, void *tau,
+                       mt_error *err) {
+  mt__sl_job j;
+  void *local_tau = NULL;
+  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, m, n, a, &j, err);
+  if (rc != MT_OK) return rc;
+  rc = mt__sl_alloc(&j, &local_tau, (m > n ? m : n) + j.nb, j.itemsize, err);
+  if (rc == MT_OK) rc = qr_factor(&j, local_tau, err);
+  if (rc == MT_OK && !j.in_place)
+    j.t->gemr2d(&j.m, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, j.blk.data, &j.one,
+                &j.one, j.blk.desc, &j.g.ctxt);
+  if (rc == MT_OK) rc = tau_out(&j, local_tau, min_int(j.m, j.n), tau, err);
+  free(local_tau);
+  mt__sl_job_close(&j);
+  return rc;
+}
+
 /* One call's singular vectors: U (m x k) and Vh (k x n), each in a square-block
- * copy and in the caller's block, or absent. */
+ * copy, and in the caller's block (U's of `ucols` columns), or absent. */
 typedef struct vectors {
   mt__sl_matrix ucyc, ublk, vcyc, vblk;
-  int want_u, want_v;
+  int want_u, want_v, ucols;
 } vectors;
 
-static int vectors_open(mt__sl_job *j, void *u, void *vt, vectors *v, mt_error *err) {
+static int vectors_open(mt__sl_job *j, void *u, int64_t ucols, void *vt, vectors *v,
+                        mt_error *err) {
   int k = min_int(j->m, j->n), rc = MT_OK;
   memset(v, 0, sizeof *v);
-  v->want_u = u != NULL, v->want_v = vt != NULL;
-  if (v->want_u) rc = caller_block(j, j->m, k, u, &v->ublk, err);
+  v->want_u = u != NULL, v->want_v = vt != NULL, v->ucols = (int)ucols;
+  if (v->want_u) rc = caller_block(j, j->m, ucols, u, &v->ublk, err);
   if (rc == MT_OK && v->want_u)
     rc = mt__sl_matrix_init(j->sl, &j->g, j->m, k, j->nb, j->nb, j->itemsize, NULL,
                             &v->ucyc, err);
@@ -200,21 +248,56 @@ static int svd_run(mt__sl_job *j, vectors *v, void *s, int *info, mt_error *err)
   return rc;
 }
 
+/* U's `ucols` columns into the caller's block: the k = min(m, n) singular vectors
+ * and, past them, an orthonormal basis of their complement, the columns past k of
+ * the complete Q of U's own QR (pXgeqrf, then pXorgqr with `ucols` columns, in a
+ * wider copy whose first k columns then take U back exactly). */
+static int u_out(mt__sl_job *j, vectors *v, mt_error *err) {
+  int k = min_int(j->m, j->n), cols = v->ucols;
+  mt__sl_matrix wide = {0}, *src = &v->ucyc;
+  void *tau = NULL;
+  int rc = MT_OK;
+  if (cols > k) {
+    rc = mt__sl_matrix_init(j->sl, &j->g, j->m, cols, j->nb, j->nb, j->itemsize, NULL,
+                            &wide, err);
+    rc = mt__sl_agree(&j->g, rc, err);
+    if (rc == MT_OK) rc = mt__sl_alloc(j, &tau, (int64_t)cols + j->nb, j->itemsize, err);
+    if (rc == MT_OK) {
+      j->t->gemr2d(&j->m, &k, v->ucyc.data, &j->one, &j->one, v->ucyc.desc, wide.data,
+                   &j->one, &j->one, wide.desc, &j->g.ctxt);
+      rc = geqrf_on(j, &wide, k, tau, err);
+    }
+    if (rc == MT_OK) rc = q_form(j, &wide, cols, k, tau, err);
+    if (rc == MT_OK)
+      j->t->gemr2d(&j->m, &k, v->ucyc.data, &j->one, &j->one, v->ucyc.desc, wide.data,
+                   &j->one, &j->one, wide.desc, &j->g.ctxt);
+    src = &wide;
+  }
+  if (rc == MT_OK)
+    j->t->gemr2d(&j->m, &cols, src->data, &j->one, &j->one, src->desc, v->ublk.data,
+                 &j->one, &j->one, v->ublk.desc, &j->g.ctxt);
+  free(tau);
+  mt__sl_matrix_free(&wide);
+  return rc;
+}
+
 int mt_scalapack_svd(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                     int type, int64_t m, int64_t n, void *a, void *s, void *u, void *vt,
-                     int *info, mt_error *err) {
+                     int type, int64_t m, int64_t n, void *a, void *s, void *u,
+                     int64_t ucols, void *vt, int *info, mt_error *err) {
   mt__sl_job j;
   vectors v;
+  int64_t k = m < n ? m : n;
+  if (u != NULL && (ucols < k || ucols > m))
+    return mt_error_set(err, MT_EINVAL, "an SVD of a %lld x %lld matrix has no %lld-column "
+                        "U", (long long)m, (long long)n, (long long)ucols);
   int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, m, n, a, &j, err);
   if (rc != MT_OK) return rc;
-  rc = vectors_open(&j, u, vt, &v, err);
+  rc = vectors_open(&j, u, ucols, vt, &v, err);
   if (rc == MT_OK) rc = svd_run(&j, &v, s, info, err);
-  int k = min_int(j.m, j.n);
-  if (rc == MT_OK && *info == 0 && v.want_u)
-    j.t->gemr2d(&j.m, &k, v.ucyc.data, &j.one, &j.one, v.ucyc.desc, v.ublk.data, &j.one,
-                &j.one, v.ublk.desc, &j.g.ctxt);
+  int kk = min_int(j.m, j.n);
+  if (rc == MT_OK && *info == 0 && v.want_u) rc = u_out(&j, &v, err);
   if (rc == MT_OK && *info == 0 && v.want_v)
-    j.t->gemr2d(&k, &j.n, v.vcyc.data, &j.one, &j.one, v.vcyc.desc, v.vblk.data, &j.one,
+    j.t->gemr2d(&kk, &j.n, v.vcyc.data, &j.one, &j.one, v.vcyc.desc, v.vblk.data, &j.one,
                 &j.one, v.vblk.desc, &j.g.ctxt);
   vectors_close(&v);
   mt__sl_job_close(&j);

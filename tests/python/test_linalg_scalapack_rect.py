@@ -1,6 +1,6 @@
 """np.linalg's rectangular factorizations on ScaLAPACK (issue 45): qr (pXgeqrf and
-pXorgqr/pXungqr, every mode NumPy has), svd and svdvals (pXgesvd) and lstsq (on
-that SVD, as NumPy's gelsd) of square, wide, and tall-but-short-blocked DTensors
+pXorgqr/pXungqr, every mode NumPy has; 'raw' NumPy's own h and tau), svd
+(pXgesvd, full_matrices too) and svdvals, and lstsq (on that SVD, as NumPy's gelsd) of square, wide, and tall-but-short-blocked DTensors
 sharded over one or two mesh dims, compared with NumPy on the gathered matrix:
 ||A - QR|| / ||A|| and ||Q^H Q - I|| within 1e-12 in float64, singular values
 within 1e-10 of the largest; float32 and the complex types within their
@@ -97,6 +97,16 @@ def test_qr_every_mode(layout, shape, dtype):
     assert rr.shape == (k, n)
     np.testing.assert_allclose(np.abs(rr.full_tensor()), np.abs(np.linalg.qr(a, mode="r")),
                                atol=tol(dtype, 1e-10) * np.abs(a).max() * n)
+    # 'raw': pXgeqrf's reflectors are LAPACK's geqrf's (signs and scaling), so h and
+    # tau are NumPy's themselves, h laid out as A's transpose.
+    h, tau = np.linalg.qr(da, mode="raw")
+    wh, wtau = np.linalg.qr(a, mode="raw")
+    assert h.shape == wh.shape and tau.shape == wtau.shape
+    assert h.dtype == wh.dtype and tau.dtype == wtau.dtype
+    assert all(p == R for p in tau.placements) and same_layout(h.mT, da)
+    np.testing.assert_allclose(h.full_tensor(), wh, rtol=0,
+                               atol=tol(dtype, 1e-12) * 10 * max(1.0, np.abs(wh).max()))
+    np.testing.assert_allclose(tau.full_tensor(), wtau, rtol=0, atol=tol(dtype, 1e-12) * 10)
 
 
 @pytest.mark.parametrize("layout", layouts(), ids=str)
@@ -108,17 +118,15 @@ def test_qr_placements_follow_a(layout):
     assert same_layout(q, da) and same_layout(r, da)
 
 
-def test_qr_raw_answers_as_numpy():
-    """'raw' (LAPACK's reflectors of the whole matrix) has no distributed form: it
-    takes the replicate path, with NumPy's answer and its warning."""
-    a = matrix((2 * P + 1, 2 * P + 1), np.float64)
-    da = dist(a, ((P,), [S0]))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", GatherWarning)
-        h, tau = np.linalg.qr(da, mode="raw")
+def test_qr_raw_of_a_stack_one_call_per_matrix():
+    """'raw' of a stack with sharded matrix dims: NumPy's h (each matrix's factored
+    A transposed) and tau, no gather."""
+    a = np.stack([matrix((2 * P + 1, P + 2), np.float64, seed=s) for s in range(2)])
+    da = distribute_tensor(a, init_device_mesh("cpu", (P,)), [Shard(1)])
+    h, tau = np.linalg.qr(da, mode="raw")
     wh, wtau = np.linalg.qr(a, mode="raw")
-    np.testing.assert_allclose(h.full_tensor(), wh, atol=1e-12)
-    np.testing.assert_allclose(tau.full_tensor(), wtau, atol=1e-12)
+    np.testing.assert_allclose(h.full_tensor(), wh, rtol=0, atol=1e-12 * np.abs(wh).max())
+    np.testing.assert_allclose(tau.full_tensor(), wtau, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
@@ -145,9 +153,16 @@ def test_svd_and_svdvals(layout, shape, dtype):
     assert np.abs(np.linalg.svd(da, compute_uv=False).full_tensor() - want).max() <= bound
     if hasattr(np.linalg, "svdvals"):
         assert np.abs(np.linalg.svdvals(da).full_tensor() - want).max() <= bound
-    if m == n:  # full_matrices=True (NumPy's default) is the thin SVD of a square A
-        u2, s2, vh2 = np.linalg.svd(da)
-        assert u2.shape == (n, n) and np.abs(s2.full_tensor() - want).max() <= bound
+    # full_matrices=True (NumPy's default): U m x m and Vh n x n, the columns past
+    # k an orthonormal basis of the rest of the space (a wide A's through A^H).
+    u2, s2, vh2 = np.linalg.svd(da)
+    assert u2.shape == (m, m) and vh2.shape == (n, n)
+    assert same_layout(u2, da) and same_layout(vh2, da)
+    uf, sf, vf = u2.full_tensor(), s2.full_tensor(), vh2.full_tensor()
+    assert np.abs(sf - want).max() <= bound
+    assert np.linalg.norm(a - (uf[:, :k] * sf) @ vf[:k]) <= tol(dtype) * 10 * np.linalg.norm(a)
+    assert np.linalg.norm(uf.conj().T @ uf - np.eye(m)) <= tol(dtype) * 10 * m
+    assert np.linalg.norm(vf @ vf.conj().T - np.eye(n)) <= tol(dtype) * 10 * n
 
 
 def lstsq_case(m, n, rank, k, seed):

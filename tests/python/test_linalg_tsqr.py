@@ -140,16 +140,21 @@ def test_non_contiguous_locals():
                                np.linalg.svdvals(a[:, ::2]), rtol=1e-10)
 
 
-def test_qr_modes_without_a_distributed_form_are_numpys():
+def test_qr_modes_past_tsqr_are_scalapacks_without_a_gather():
+    # 'complete' (an m x m Q) and 'raw' (geqrf's reflectors of the whole matrix)
+    # have no TSQR form: ScaLAPACK's pXgeqrf gives them, nothing gathered.
     a = matrix(10 * P, 3, np.float64, seed=5)
     dt = distribute_tensor(a, init_device_mesh("cpu", (P,)), [S0])
-    q, r = np.linalg.qr(dt, mode="complete")
+    with CommDebugMode() as comm_mode:
+        q, r = np.linalg.qr(dt, mode="complete")
+        h, tau = np.linalg.qr(dt, mode="raw")
+    assert "all_gather_into_tensor" not in comm_mode.get_comm_counts()
     assert q.shape == (10 * P, 10 * P) and r.shape == (10 * P, 3)
     np.testing.assert_allclose(q.full_tensor() @ r.full_tensor(), a, atol=1e-12)
-    h, tau = np.linalg.qr(dt, mode="raw")
     want_h, want_tau = np.linalg.qr(a, mode="raw")
-    np.testing.assert_allclose(h.full_tensor(), want_h, atol=1e-12)
-    np.testing.assert_allclose(tau.full_tensor(), want_tau, atol=1e-12)
+    assert h.placements == ((Shard(1),) if P > 1 else (R,)) and tau.placements == (R,)
+    np.testing.assert_allclose(h.full_tensor(), want_h, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(tau.full_tensor(), want_tau, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
@@ -180,14 +185,23 @@ def test_singular_values_of_an_ill_conditioned_matrix():
     assert float(np.linalg.cond(dt)) == pytest.approx(np.linalg.cond(a), rel=1e-3)
 
 
-def test_svd_with_full_matrices_is_numpys():
-    a = matrix(6 * P, 2, np.float64, seed=4)
-    dt = distribute_tensor(a, init_device_mesh("cpu", (P,)), [S0])
-    u, s, vh = np.linalg.svd(dt)
-    assert u.shape == (6 * P, 6 * P)
-    np.testing.assert_allclose(s.full_tensor(), np.linalg.svdvals(a), rtol=1e-10)
-    np.testing.assert_allclose(u.full_tensor()[:, :2] * s.full_tensor() @ vh.full_tensor(), a,
-                               atol=1e-12)
+@pytest.mark.parametrize("dtype", [np.float32, np.complex128], ids=lambda t: np.dtype(t).name)
+def test_svd_with_full_matrices_completes_u_without_a_gather(dtype):
+    # NumPy's default full_matrices=True: the m x m U of ScaLAPACK's SVD, its
+    # columns past n completing an orthonormal basis; laid out as A.
+    m, n = 6 * P + 1, 2
+    a = matrix(m, n, dtype, seed=4)
+    for mesh, pls in meshes() + [(one_rank_mesh(), [S0])]:
+        dt = distribute_tensor(a, mesh, pls)
+        with CommDebugMode() as comm_mode:
+            u, s, vh = np.linalg.svd(dt)
+        assert "all_gather_into_tensor" not in comm_mode.get_comm_counts()
+        assert u.shape == (m, m) and vh.shape == (n, n) and u.dtype == np.dtype(dtype)
+        uf, sf, vf = u.full_tensor(), s.full_tensor(), vh.full_tensor()
+        np.testing.assert_allclose(sf, np.linalg.svdvals(a), rtol=10 * tol(dtype))
+        assert np.linalg.norm((uf[:, :n] * sf) @ vf - a) <= 10 * tol(dtype) * np.linalg.norm(a)
+        assert np.linalg.norm(uf.conj().T @ uf - np.eye(m)) <= 10 * tol(dtype) * m
+        assert np.linalg.norm(vf @ vf.conj().T - np.eye(n)) <= 10 * tol(dtype) * n
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)

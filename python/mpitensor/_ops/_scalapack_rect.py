@@ -1,8 +1,11 @@
 """The rectangular linear algebra of ``np.linalg`` on ScaLAPACK: ``qr`` (pXgeqrf,
-then pXorgqr or pXungqr), ``svd``/``svdvals`` (pXgesvd) and ``lstsq`` (on that SVD)
-of DTensors that TSQR does not take: square and wide matrices, tall ones whose
-row blocks are shorter than the matrix is wide, and stacks of them (one call per
-matrix, the batch replicated; lstsq takes one matrix, as NumPy's).
+then pXorgqr or pXungqr; mode 'raw' pXgeqrf's reflectors themselves),
+``svd``/``svdvals`` (pXgesvd; NumPy's ``full_matrices`` by completing U to a basis
+with the QR of U) and ``lstsq`` (on that SVD) of DTensors that TSQR does not take:
+square and wide matrices, tall ones whose row blocks are shorter than the matrix
+is wide, the modes TSQR has no form for (a complete Q or U, the raw reflectors),
+and stacks of them (one call per matrix, the batch replicated; lstsq takes one
+matrix, as NumPy's).
 
 The matrix is described to ScaLAPACK as it lies, as in ``_scalapack`` (rows over
 one mesh dim, columns over another, a Pr x Pc grid), and never gathered; each
@@ -28,7 +31,8 @@ from . import _scalapack as S
 
 _IP = ctypes.POINTER(I)
 _qr = fn("mt_scalapack_qr", I, P, P, I, I, I, I64, I64, P, I64, P, I64, P, E)
-_svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, P, P, P, P, _IP, E)
+_svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, P, P, P, I64, P, _IP, E)
+_geqrf = fn("mt_scalapack_geqrf", I, P, P, I, I, I, I64, I64, P, P, E)
 
 
 class _Grid:
@@ -99,16 +103,20 @@ def _grid(name, a):
 
 
 def qr(a, mode):
-    """np.linalg.qr on ScaLAPACK for the modes 'reduced', 'complete' and 'r' (a
-    stack: one call per matrix): Q and R laid out as A; None for a matrix or mode
-    it does not take. Collective on the mesh."""
-    if mode not in ("reduced", "complete", "r"):
+    """np.linalg.qr on ScaLAPACK for every mode (a stack: one call per matrix): Q
+    and R laid out as A; for 'raw', NumPy's (h, tau): h the transpose of pXgeqrf's
+    factored A (R and the Householder vectors, as LAPACK's geqrf leaves them,
+    laid out as A's transpose) and tau Replicate. None for a matrix it does not
+    take. Collective on the mesh."""
+    if mode not in ("reduced", "complete", "r", "raw"):
         return None
     g = _grid("numpy.linalg.qr", a)
     if g is None:
         return None
     m, n = g.a.shape[-2:]
     k = min(m, n)
+    if mode == "raw":
+        return _qr_raw(g, m, n, k)
     rrows, qcols = (m, m) if mode == "complete" else (k, k)
     rs, qs = [], []
     address = g.address("pXgeqrf" if mode == "r" else "pXgeqrf, pXorgqr")
@@ -125,11 +133,34 @@ def qr(a, mode):
     return type(np.linalg.qr(np.eye(1)))(g.wrap(qs, (m, qcols)), r)
 
 
-def svd(a, compute_uv=True):
-    """The thin SVD on ScaLAPACK (a stack: one call per matrix): (U m x k, S, Vh
-    k x n) with U and Vh laid out as A and S Replicate, descending; S alone
-    without ``compute_uv``; None for a matrix it does not take. LinAlgError on
-    every rank when it does not converge. Collective on the mesh."""
+def _qr_raw(g, m, n, k):
+    """NumPy's qr(mode='raw') of the grid's matrices: pXgeqrf overwrites each
+    block with R and the reflectors, the same Householder reflectors (sign and
+    scaling) as LAPACK's geqrf, and NumPy hands back that matrix transposed."""
+    address = g.address("pXgeqrf")
+    taus = []
+    for block in g.blocks:
+        tau = np.zeros(k, g.dtype)
+        call(_geqrf, g.sl, address, g.rows, g.cols, g.letter, m, n, block.ctypes.data,
+             tau.ctypes.data)
+        taus.append(tau)
+    return np.swapaxes(g.wrap(g.blocks, (m, n)), -1, -2), g.replicated(taus)
+
+
+def svd(a, compute_uv=True, full_matrices=False):
+    """The SVD on ScaLAPACK (a stack: one call per matrix): (U, S, Vh) with U and
+    Vh laid out as A and S Replicate, descending; S alone without ``compute_uv``;
+    None for a matrix it does not take. The thin U (m x k) and Vh (k x n), or with
+    ``full_matrices`` NumPy's m x m U and n x n Vh: a tall A's U completed to a
+    basis in C, a wide A's as the SVD of A^H (a local transpose: its U is A's Vh^H).
+    LinAlgError on every rank when it does not converge. Collective on the mesh."""
+    m, n = (a.shape[-2:] if type(a) is DTensor and a.ndim >= 2 else (0, 0))
+    if compute_uv and full_matrices and m < n:
+        out = svd(_adjoint(a), compute_uv=True, full_matrices=True)
+        if out is None:
+            return None
+        u, s, vh = out
+        return type(out)(_adjoint(vh), s, _adjoint(u))
     name = "numpy.linalg.svd" if compute_uv else "numpy.linalg.svdvals"
     g = _grid(name, a)
     if g is None:
@@ -137,15 +168,17 @@ def svd(a, compute_uv=True):
     g.require_finite("SVD did not converge")
     m, n = g.a.shape[-2:]
     k = min(m, n)
+    ucols = m if full_matrices else k
     ss, us, vts = [], [], []
     info = I()
-    address = g.address("pXgesvd")
+    address = g.address("pXgesvd, pXgeqrf, pXorgqr" if compute_uv and ucols > k
+                        else "pXgesvd")
     for block in g.blocks:
         s = np.zeros(k, np.finfo(g.dtype).dtype)
-        u = g.empty((m, k)) if compute_uv else None
+        u = g.empty((m, ucols)) if compute_uv else None
         vt = g.empty((k, n)) if compute_uv else None
         call(_svd, g.sl, address, g.rows, g.cols, g.letter, m, n, block.ctypes.data,
-             s.ctypes.data, None if u is None else u.ctypes.data,
+             s.ctypes.data, None if u is None else u.ctypes.data, ucols,
              None if vt is None else vt.ctypes.data, ctypes.byref(info))
         S._check_info(info.value, "SVD did not converge")
         ss.append(s)
@@ -154,7 +187,14 @@ def svd(a, compute_uv=True):
     s = g.replicated(ss)
     if not compute_uv:
         return s
-    return type(np.linalg.svd(np.eye(1)))(g.wrap(us, (m, k)), s, g.wrap(vts, (k, n)))
+    return type(np.linalg.svd(np.eye(1)))(g.wrap(us, (m, ucols)), s, g.wrap(vts, (k, n)))
+
+
+def _adjoint(x):
+    """The conjugate transpose of a stack of matrices: local, the placements
+    following the dims."""
+    x = np.swapaxes(x, -1, -2)
+    return np.conjugate(x) if x.dtype.kind == "c" else x
 
 
 def lstsq(a, b, rcond):

@@ -115,8 +115,9 @@ def qr(a, mode="reduced"):
     rows): Q @ R is A and Q's columns are orthonormal. Any other 2-D matrix with
     a sharded dim, and mode 'complete' (an m x m Q), take ScaLAPACK's pXgeqrf and
     pXorgqr: Q and R laid out as A. Mode 'raw' (LAPACK's reflectors of the whole
-    matrix) and stacks are replicated first and NumPy runs on every rank.
-    Collective on the mesh.
+    matrix) is pXgeqrf's factored matrix, the same reflectors as LAPACK's geqrf:
+    h (NumPy's transpose of it) laid out as A's transpose, tau Replicate. A
+    matrix no mesh dim shards runs NumPy on every rank. Collective on the mesh.
 
     Example::
 
@@ -142,6 +143,15 @@ _replicated_svdvals = (_decomposition(np.linalg.svdvals)
                        if hasattr(np.linalg, "svdvals") else None)
 
 
+def _scalapack_found(a) -> bool:
+    """Whether ScaLAPACK loaded, agreed on by ``a``'s mesh (ValueError on every
+    member when the members differ). Collective on the mesh."""
+    found = _rect.S.scalapack_library() is not None
+    _comm.agree(a._spec.mesh._handle, True, int(found),
+                "numpy.linalg: ScaLAPACK was found on some ranks and not on others")
+    return found
+
+
 def _singular_values(t, name):
     """The singular values of the matrix of ``t`` (those of its R), descending, as
     NumPy gives them: real, on every rank. Collective on the mesh dim."""
@@ -155,22 +165,26 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     dim takes TSQR and the SVD of R = U_R S Vh: U = Q U_R is laid out as A, S and
     Vh are Replicate (with ``compute_uv=False``, S alone). ``full_matrices=True``
     (NumPy's default) asks for an m x m U, which has no distributed form here:
-    it (but for a square matrix) and ``hermitian=True`` are replicated first and
-    NumPy runs on every rank. Any other 2-D matrix with a sharded dim takes
-    ScaLAPACK's pXgesvd: U and Vh laid out as A, S Replicate. Singular vectors
-    are unique up to a phase per pair, as in NumPy. Collective on the mesh.
+    it takes ScaLAPACK (pXgesvd, U completed to a basis of the whole space by
+    its own QR; a wide matrix's Vh likewise, through A^H), as does any other 2-D
+    matrix with a sharded dim: U and Vh laid out as A, S Replicate.
+    ``hermitian=True``, and a complete U where ScaLAPACK is not installed, are
+    replicated first and NumPy runs on every rank. Singular vectors are unique
+    up to a phase per pair, as in NumPy. Collective on the mesh.
 
     Example::
 
         >>> u, s, vh = np.linalg.svd(a, full_matrices=False)  # a: [Shard(0)], tall
     """
-    t = _tall(a) if not (hermitian or (compute_uv and full_matrices)) else None
-    if t is None:
-        square = a.ndim >= 2 and a.shape[-1] == a.shape[-2]
-        thin = not (compute_uv and full_matrices) or square
-        out = _rect.svd(a, compute_uv) if thin and not hermitian else None
+    full = bool(compute_uv and full_matrices)
+    t = _tall(a) if not (hermitian or full) else None
+    if full and not hermitian and _tall(a) is not None and not _scalapack_found(a):
+        t = None  # without ScaLAPACK, a tall matrix's complete U is NumPy's
+    elif t is None and not hermitian:
+        out = _rect.svd(a, compute_uv, full_matrices=full)
         if out is not None:
             return out
+    if t is None:
         return _replicated_svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
                                hermitian=hermitian)
     if not compute_uv:

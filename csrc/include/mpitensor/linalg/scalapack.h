@@ -103,17 +103,31 @@ MT_EXPORT int mt_scalapack_qr(const mt_scalapack *sl, mt_mesh *mesh, int row_dim
                               int64_t rrows, void *r, int64_t qcols, void *q,
                               mt_error *err);
 
+/* Collective on the mesh. LAPACK's geqrf of the m x n A, as NumPy's
+ * qr(mode='raw') gives it: `a`'s block (torch.chunk's, as mt_scalapack_qr's) is
+ * overwritten by R on and above the diagonal and the Householder vectors below it,
+ * and `tau` gets the min(m, n) scalars of the reflectors, on every member.
+ *
+ *   rc = mt_scalapack_geqrf(sl, mesh, 0, -1, 'd', m, n, a, tau, &err);
+ */
+MT_EXPORT int mt_scalapack_geqrf(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                                 int col_dim, int type, int64_t m, int64_t n, void *a,
+                                 void *tau, mt_error *err);
+
 /* Collective on the mesh. The singular values of the m x n A (`a`'s block,
  * overwritten) into `s` (min(m, n) reals of A's precision, descending, on every
  * member) and, unless NULL, the left singular vectors into `u` (the block of the
- * m x min(m, n) U) and the right ones into `vt` (the block of the min(m, n) x n
- * V^H), blocks as mt_scalapack_qr's. `info` > 0: the SVD did not converge.
+ * m x `ucols` U: min(m, n) columns, or up to m, the columns past min(m, n) an
+ * orthonormal basis of the rest of the space, as NumPy's full_matrices) and the
+ * right ones into `vt` (the block of the min(m, n) x n V^H), blocks as
+ * mt_scalapack_qr's. `info` > 0: the SVD did not converge.
  *
- *   rc = mt_scalapack_svd(sl, mesh, 0, 1, 'z', m, n, a, s, u, vt, &info, &err);
+ *   rc = mt_scalapack_svd(sl, mesh, 0, 1, 'z', m, n, a, s, u, k, vt, &info, &err);
  */
 MT_EXPORT int mt_scalapack_svd(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                                int col_dim, int type, int64_t m, int64_t n, void *a,
-                               void *s, void *u, void *vt, int *info, mt_error *err);
+                               void *s, void *u, int64_t ucols, void *vt, int *info,
+                               mt_error *err);
 
 /* Local (on a created mesh, or a slice that a driver ran on). How many process
  * grids `sl` keeps cached on `mesh`: one per layout of rows and columns the
