@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _registry
+from .. import _modes, _registry, _trace
 from .._dtensor import DTensor
 from . import _row_exchange as X
 
@@ -33,15 +33,42 @@ def flip_sharded(a, ax: int):
     mesh = spec.mesh
     if mesh.get_coordinate() is None:
         return DTensor(np.array(a.to_local(), copy=True), spec)
-    n, p = spec.shape[ax], mesh.shape[m]
-    at = X.bounds(n, p)
-    transfers = []
+    n, p, me = spec.shape[ax], mesh.shape[m], mesh._coordinate[m]
+    at = X.bounds(n, p).tolist()
+    local = X.along(a.to_local(), ax)
+    out = np.empty((at[me + 1] - at[me],) + local.shape[1:], local.dtype)
+
+    def run(c, q):
+        """The global input rows [g0, g1) coordinate c sends to q (empty: g0 >= g1);
+        they land reversed at q's local rows [n - g1 - at[q], n - g0 - at[q])."""
+        return max(at[c], n - at[q + 1]), min(at[c + 1], n - at[q])
+
+    # The runs move in input order, each reversed once, where it lands: no reversed
+    # copy is made to be sent, and a block that goes to one rank is sent as it is.
+    parts, counts = [], [0] * p
+    for q in range(p):
+        g0, g1 = run(me, q)
+        if g0 >= g1:
+            continue
+        rows = local[g0 - at[me]:g1 - at[me]]
+        if q == me:
+            out[n - g1 - at[me]:n - g0 - at[me]] = rows[::-1]
+        else:
+            parts.append(rows)
+            counts[q] = g1 - g0
+    send = (parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else
+            np.empty((0,) + local.shape[1:], local.dtype))
+    if _modes.state.tracing:
+        _trace.collective(f"{name}: row exchange", mesh, spec.placements, spec.shape,
+                          spec.dtype)
+    got, _ = mesh._handle.alltoallv(np.ascontiguousarray(send), counts, m)
+    pos = 0
     for c in range(p):
-        size = int(at[c + 1] - at[c])
-        for q, row, off, run in X.cut(at, n - int(at[c + 1]), size):
-            transfers.append((c, off, q, row, run))
-    send = np.ascontiguousarray(X.along(a.to_local(), ax)[::-1])
-    out = X.exchange(name, spec, m, send, transfers, np.empty_like(send))
+        g0, g1 = run(c, me)
+        if c == me or g0 >= g1:
+            continue
+        out[n - g1 - at[me]:n - g0 - at[me]] = got[pos:pos + g1 - g0][::-1]
+        pos += g1 - g0
     return DTensor(np.ascontiguousarray(np.moveaxis(out, 0, ax)), spec)
 
 
