@@ -173,10 +173,13 @@ def pad(array, pad_width, mode="constant", **kwargs):
         return DTensor(np.empty((0,), spec.dtype),
                        DTensorSpec(mesh, spec.placements, shape, spec.dtype,
                                    contiguous_strides(shape)))
-    local = np.pad(array.to_local(), local_widths, mode, **kwargs)
-    array = DTensor(np.ascontiguousarray(local),
-                    DTensorSpec(mesh, spec.placements, shape, spec.dtype,
-                                contiguous_strides(shape)))
+    # With nothing to pad locally, the exchange writes the rows into a new array: a
+    # copy here would be one more pass over the data.
+    if not cut or any(b or e for b, e in local_widths):
+        local = np.pad(array.to_local(), local_widths, mode, **kwargs)
+        array = DTensor(np.ascontiguousarray(local),
+                        DTensorSpec(mesh, spec.placements, shape, spec.dtype,
+                                    contiguous_strides(shape)))
     for ax, m in cut.items():
         array = _pad_axis(name, array, ax, m, *widths[ax], mode, kwargs)
     return array
