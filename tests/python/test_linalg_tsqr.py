@@ -248,6 +248,39 @@ def test_lstsq_rank_deficient_and_rcond():
     np.testing.assert_allclose(x.full_tensor(), np.linalg.lstsq(a, b)[0], rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128],
+                         ids=lambda t: np.dtype(t).name)
+def test_lstsq_of_an_ndarray_b_without_a_gather(dtype):
+    # b an ndarray, the same on every rank: each rank keeps its rows of it, so
+    # TSQR of [A | b] moves triangles alone. Single precision computes in double,
+    # as NumPy's, so even a float32 rank-deficient A gets NumPy's rank and x.
+    m = 9 * P + 2
+    rng = np.random.default_rng(71)
+    for rank in (3, 2):
+        a = (rng.standard_normal((m, rank)) @ rng.standard_normal((rank, 3))).astype(dtype)
+        b = rng.standard_normal((m, 2)).astype(dtype)
+        want = np.linalg.lstsq(a, b)
+        for mesh, pls in meshes() + [(one_rank_mesh(), [S0])]:
+            with CommDebugMode() as comm_mode:
+                x, res, r, s = np.linalg.lstsq(distribute_tensor(a, mesh, pls), b)
+            assert "all_gather_into_tensor" not in comm_mode.get_comm_counts()
+            assert r == want[2] and x.dtype == want[0].dtype and s.dtype == want[3].dtype
+            assert res.dtype == want[1].dtype and res.shape == want[1].shape
+            rtol = 1e-9 if np.finfo(dtype).dtype == np.float64 else 1e-4
+            np.testing.assert_allclose(x.full_tensor(), want[0], rtol=rtol, atol=rtol)
+            np.testing.assert_allclose(res.full_tensor(), want[1], rtol=rtol)
+            np.testing.assert_allclose(s.full_tensor(), want[3], rtol=rtol, atol=rtol)
+    # uneven rows (a rank with none at P = 4) and columns sharded: ScaLAPACK's path,
+    # the ndarray b taken as a Replicate DTensor, no gather of A
+    a = matrix(P + 1, 3, np.float64, seed=72)
+    b = np.arange(P + 1.0)
+    for pls in ([S0], [Shard(1)]):
+        x, res, r, s = np.linalg.lstsq(distribute_tensor(a, init_device_mesh("cpu", (P,)), pls), b)
+        want = np.linalg.lstsq(a, b)
+        assert r == want[2] and res.shape == want[1].shape
+        np.testing.assert_allclose(x.full_tensor(), want[0], rtol=1e-9, atol=1e-12)
+
+
 def test_matrix_rank_pinv_norm_cond():
     m = 18 * P + 5
     a = matrix(m, 5, np.float64, seed=31)

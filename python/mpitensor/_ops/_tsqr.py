@@ -221,9 +221,13 @@ def lstsq(a, b, rcond=None):
     dim and a DTensor ``b`` (m or m x k) on the same mesh: TSQR of [A | b] gives R
     and Q^H b at once (nothing but the tree's triangles moves; ``b`` is first laid
     out as ``a``'s rows, which moves nothing when it already is), then every rank
-    solves the small problem alike. NumPy's ``rcond`` (None: machine precision
-    times max(m, n)), rank, residuals (the squared norms of the trailing block of
-    R, given when A has full rank and m > n) and singular values. Results are
+    solves the small problem alike: the SVD of R's n x n block (A's singular
+    values) decides the rank by NumPy's ``rcond`` (None: double's machine
+    precision times max(m, n)), and a rank-deficient A gets NumPy's minimum-norm
+    solution from it. Residuals (the squared norms of the trailing block of R) are
+    given when A has full rank and m > n. ``b`` may be an ndarray, the same on
+    every rank (each rank keeps its rows). As NumPy, single precision computes in
+    double and the results come back in the operands' type. Results are
     Replicate (the rank an int). Another 2-D ``a`` with a sharded dim (square,
     wide, short blocks) takes ScaLAPACK's SVD, as NumPy's gelsd; any other
     operands take the gathered path.
@@ -233,18 +237,18 @@ def lstsq(a, b, rcond=None):
 
         >>> x, res, rank, s = np.linalg.lstsq(a, b)   # a: [Shard(0)] 10000 x 8, b: 10000
     """
+    a, b, result = _lstsq_operands(a, b)
     k = (b.shape[1] if b.ndim == 2 else 1) if type(b) is DTensor and b.ndim in (1, 2) else 0
     t = _tall(a, extra_columns=k) if k else None
-    if (t is None or b._spec.mesh is not t.mesh or b.shape[0] != t.shape[0]
-            or np.result_type(a.dtype, b.dtype) != a.dtype):
+    if t is None or b._spec.mesh is not t.mesh or b.shape[0] != t.shape[0]:
         out = _rect.lstsq(a, b, rcond) if t is None else None
         if out is not None:
-            return out
+            return _lstsq_result(out, result)
         return _registry.gather_call(np.linalg.lstsq, (a, b), {"rcond": rcond})
     b = D.relayout("numpy.linalg.lstsq", b, t.spec.placements)
     m, n = t.shape
     if t.mesh._coordinate is not None:
-        rhs = b.to_local().reshape(-1, k).astype(a.dtype, copy=False)
+        rhs = b.to_local().reshape(-1, k)
         block = np.concatenate([t.block, rhs], axis=1)
     else:
         block = np.zeros((0, n + k), a.dtype)
@@ -258,8 +262,42 @@ def lstsq(a, b, rcond=None):
         residuals = np.empty(0, np.finfo(a.dtype).dtype)
     if b.ndim == 1:
         x = x[:, 0]
-    return (t.replicate(x), t.replicate(residuals.astype(np.finfo(a.dtype).dtype)),
-            int(rank), t.replicate(s))
+    return _lstsq_result((t.replicate(x), t.replicate(residuals), int(rank),
+                          t.replicate(s)), result)
+
+
+def _lstsq_operands(a, b):
+    """(a, b, the result's dtype): lstsq's operands as the engines take them, in the
+    precision NumPy computes in (double: its lite LAPACK runs float32 in float64,
+    and its rcond and rank are double's), cast locally. An ndarray (or list)
+    ``b`` beside a DTensor ``a`` is the same on every rank, as the gathered path
+    reads it, so it becomes a Replicate DTensor (each rank then keeps its rows,
+    moving nothing). Anything else is left as it is (result None), for the
+    gathered path."""
+    if type(a) is not DTensor or a.ndim != 2:
+        return a, b, None
+    if type(b) is not DTensor:
+        if not (isinstance(b, (np.ndarray, list, tuple)) and np.ndim(b) in (1, 2)):
+            return a, b, None
+        b = _wrap_replicate(a._spec.mesh, np.asarray(b))
+    kinds = [np.float64 if x.dtype.kind in "biu" else x.dtype for x in (a, b)]
+    result = np.result_type(*kinds)
+    if result.type not in _DTYPES or b._spec.mesh is not a._spec.mesh:
+        return a, b, None
+    common = np.dtype(np.complex128 if result.kind == "c" else np.float64)
+    return (a if a.dtype == common else a.astype(common),
+            b if b.dtype == common else b.astype(common), result)
+
+
+def _lstsq_result(out, result):
+    """lstsq's (x, residuals, rank, s) in NumPy's result types for ``result``."""
+    x, residuals, rank, s = out
+    if result is None:
+        return out
+    real = np.finfo(result).dtype
+    return (x if x.dtype == result else x.astype(result),
+            residuals if residuals.dtype == real else residuals.astype(real), rank,
+            s if s.dtype == real else s.astype(real))
 
 
 # -- what the singular values give ---------------------------------------------------
