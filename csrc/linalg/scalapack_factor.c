@@ -154,8 +154,8 @@ static int tau_out(mt__sl_job *j, const void *tau, int k, void *out, mt_error *e
     for (int jj = 0; jj < local; ++jj) {
       int64_t global = (int64_t)(jj / nb) * nb * j->g.npcol + (int64_t)j->g.mycol * nb +
                        jj % nb;
-      memcpy((char *)out + global * j->itemsize, (const char *)tau + jj * j->itemsize,
-             j->itemsize);
+      memcpy((char *)out + (size_t)global * j->itemsize,
+             (const char *)tau + (size_t)jj * j->itemsize, j->itemsize);
     }
   }
   int mpi = MPI_Allreduce(MPI_IN_PLACE, out, k * parts,

@@ -4,8 +4,9 @@
  * grid of the world mesh, with torch.chunk's uneven blocks of rows (a rank without
  * rows when P > n), pXgesv's x solves A x = b, inv's A^-1 times A is I, slogdet
  * matches the product of a triangular matrix's diagonal, and a matrix with a zero
- * row gives INFO > 0 on every rank; the grids are cached per mesh and released
- * with it. Without the library the test is skipped (77). */
+ * row gives INFO > 0 on every rank; geqrf's reflectors and tau are LAPACK's
+ * (tau = 2 / v^T v, alike on every rank) and the SVD's complete U is orthogonal;
+ * the grids are cached per mesh and released with it. Without the library the test is skipped (77). */
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -161,6 +162,73 @@ static void test_grid_cache_drops_the_oldest(const mt_scalapack *sl) {
   mt_mesh_destroy(mesh);
 }
 
+/* This rank's rows of an m x n matrix (entry(m, i, j) as the square one's),
+ * column-major: torch.chunk's blocks of ceil(m/P) rows. */
+static double *tall_block(int64_t m, int64_t n, int64_t *lo, int64_t *rows) {
+  int64_t hi;
+  my_rows(m, lo, &hi);
+  *rows = hi - *lo;
+  double *a = calloc((size_t)((*rows > 0 ? *rows : 1) * n), sizeof *a);
+  CHECK(a != NULL);
+  for (int64_t j = 0; a != NULL && j < n; ++j)
+    for (int64_t i = 0; i < *rows; ++i) a[i + j * *rows] = entry(m, *lo + i, j, 0);
+  return a;
+}
+
+/* geqrf's reflectors, as LAPACK's: tau on every rank, and for each column j,
+ * v = (1, A[j+1:, j]) with tau = 2 / (v^T v) (dlarfg's reflector is orthogonal);
+ * |R[0, 0]| is the norm of column 0. */
+static void test_geqrf(const mt_scalapack *sl, mt_mesh *mesh, int64_t m, int64_t n) {
+  int64_t lo, rows, k = m < n ? m : n;
+  double *a = tall_block(m, n, &lo, &rows), *tau = calloc((size_t)k, sizeof *tau);
+  double *sums = calloc((size_t)k + 1, sizeof *sums), norm0 = 0.0;
+  for (int64_t i = 0; i < m; ++i) norm0 += entry(m, i, 0, 0) * entry(m, i, 0, 0);
+  mt_error err = {0};
+  CHECK_MSG(mt_scalapack_geqrf(sl, mesh, 0, -1, 'd', m, n, a, tau, &err) == MT_OK, "%s",
+            err.msg);
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t i = 0; i < rows; ++i)
+      if (lo + i > j) sums[j] += a[i + j * rows] * a[i + j * rows];
+  if (rows > 0 && lo == 0) sums[k] = fabs(a[0]);
+  MPI_Allreduce(MPI_IN_PLACE, sums, (int)k + 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  double *first = calloc((size_t)k, sizeof *first);
+  if (rank == 0) memcpy(first, tau, (size_t)k * sizeof *tau);
+  MPI_Bcast(first, (int)k, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  for (int64_t j = 0; j < k; ++j) {
+    CHECK_MSG(tau[j] == first[j], "tau[%lld] differs between ranks", (long long)j);
+    double want = sums[j] > 0.0 ? 2.0 / (1.0 + sums[j]) : 0.0;  /* no tail: H = I */
+    CHECK_MSG(fabs(tau[j] - want) < 1e-12, "tau[%lld] %g, want %g", (long long)j, tau[j],
+              want);
+  }
+  CHECK_MSG(fabs(sums[k] - sqrt(norm0)) < 1e-12 * sqrt(norm0), "|R00| %g", sums[k]);
+  free(a), free(tau), free(sums), free(first);
+}
+
+/* The complete U (m x m) of the SVD is orthogonal: U^T U, summed over the ranks'
+ * rows, is I. */
+static void test_svd_complete_u(const mt_scalapack *sl, mt_mesh *mesh, int64_t m, int64_t n) {
+  int64_t lo, rows, k = m < n ? m : n;
+  double *a = tall_block(m, n, &lo, &rows), *s = calloc((size_t)k, sizeof *s);
+  double *u = calloc((size_t)((rows > 0 ? rows : 1) * m), sizeof *u);
+  double *g = calloc((size_t)(m * m), sizeof *g);
+  int info = -1;
+  mt_error err = {0};
+  CHECK_MSG(mt_scalapack_svd(sl, mesh, 0, -1, 'd', m, n, a, s, u, m, NULL, &info, &err) ==
+                MT_OK, "%s", err.msg);
+  CHECK(info == 0);
+  for (int64_t p = 0; p < m; ++p)
+    for (int64_t q = 0; q < m; ++q)
+      for (int64_t i = 0; i < rows; ++i) g[p + q * m] += u[i + p * rows] * u[i + q * rows];
+  MPI_Allreduce(MPI_IN_PLACE, g, (int)(m * m), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  for (int64_t p = 0; p < m; ++p)
+    for (int64_t q = 0; q < m; ++q)
+      CHECK_MSG(fabs(g[p + q * m] - (p == q)) < 1e-12 * (double)m, "U^T U [%lld, %lld] %g",
+                (long long)p, (long long)q, g[p + q * m]);
+  CHECK(mt_scalapack_svd(sl, mesh, 0, -1, 'd', m, n, a, s, u, m + 1, NULL, &info, &err) ==
+        MT_EINVAL);
+  free(a), free(s), free(u), free(g);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -181,6 +249,9 @@ int main(int argc, char **argv) {
     test_slogdet(sl, mesh, sizes[k]);
     if (sizes[k] > 1) test_singular(sl, mesh, sizes[k]);
   }
+  test_geqrf(sl, mesh, 2 * (int64_t)size + 3, 3);
+  test_geqrf(sl, mesh, 2, 5);
+  test_svd_complete_u(sl, mesh, 2 * (int64_t)size + 3, 3);
   mt_mesh_destroy(mesh);
   test_grid_cache(sl);
   test_grid_cache_drops_the_oldest(sl);
