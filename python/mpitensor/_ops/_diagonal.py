@@ -34,10 +34,13 @@ def _sum_partials_only(name, a):
     """``a`` with every Partial but Partial(sum) reduced: the operations here are
     linear, so a sum of parts passes through."""
     placements = a._spec.placements
-    if not any(p.is_partial() and p != Partial("sum") for p in placements):
+    if not any(p.is_partial() and p != _SUM for p in placements):
         return a
-    return D.relayout(name, a, [Replicate() if p.is_partial() and p != Partial("sum")
+    return D.relayout(name, a, [Replicate() if p.is_partial() and p != _SUM
                                 else p for p in placements])
+
+
+_SUM = Partial("sum")
 
 
 # Each rank's box offset per (global shape, placements, mesh shape, coordinate): a
@@ -132,8 +135,9 @@ def _triangle(name, m, k, upper):
     # j - i <= k, the columns left of i + here + 1; triu zeroes those left of i + here.
     here = k + off[-2] - off[-1]
     out = _split_rows(m.to_local(), here if upper else here + 1, upper)
-    return DTensor(out, DTensorSpec(spec.mesh, spec.placements, spec.shape, spec.dtype,
-                                    contiguous_strides(spec.shape)))
+    strides = contiguous_strides(spec.shape)
+    return DTensor(out, spec if spec.stride == strides else DTensorSpec(
+        spec.mesh, spec.placements, spec.shape, spec.dtype, strides))
 
 
 @_registry.implements(np.triu)
