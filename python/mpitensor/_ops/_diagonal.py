@@ -177,7 +177,7 @@ def _diagonal_spec(name, a, offset, axis1, axis2):
     a = _sum_partials_only(name, a)
     spec = a._spec
     rest = [d for d in range(a.ndim) if d not in (axis1, axis2)]
-    pls = tuple(Partial("sum") if p.is_shard() and p.dim in (axis1, axis2) else
+    pls = tuple(_SUM if p.is_shard() and p.dim in (axis1, axis2) else
                 Shard(rest.index(p.dim)) if p.is_shard() else p for p in spec.placements)
     return a, axis1, axis2, pls, tuple(spec.shape[d] for d in rest)
 
