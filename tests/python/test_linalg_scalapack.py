@@ -16,12 +16,14 @@ import re
 import subprocess
 import sys
 import tempfile
+import warnings
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from mpitensor import DTensor, Replicate, Shard, distribute_tensor
+from mpitensor._ops._fallback import GatherWarning
 from mpitensor._ops._scalapack import scalapack_library
 from mpitensor.device_mesh import init_device_mesh
 
@@ -381,6 +383,23 @@ def test_without_scalapack_every_rank_raises_naming_the_package(no_scalapack):
     # Replicated matrices are the small case: NumPy's LAPACK, no ScaLAPACK needed.
     np.testing.assert_allclose(np.linalg.inv(dist(a, ((P,), [R]))).full_tensor(),
                                np.linalg.inv(a))
+
+
+@pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
+def test_without_scalapack_a_tall_matrix_still_gets_every_form(no_scalapack):
+    """TSQR needs no ScaLAPACK; the forms it has none of (qr's 'complete' and
+    'raw', svd's complete U) replicate a tall matrix rather than raise."""
+    a = np.random.default_rng(3).standard_normal((6 * P, 2))
+    da = dist(a, ((P,), [S0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GatherWarning)
+        h, tau = np.linalg.qr(da, mode="raw")
+        q, r = np.linalg.qr(da, mode="complete")
+        u, s, vh = np.linalg.svd(da)
+    np.testing.assert_allclose(h.full_tensor(), np.linalg.qr(a, mode="raw")[0], atol=1e-12)
+    assert q.shape == u.shape == (6 * P, 6 * P)
+    np.testing.assert_allclose(q.full_tensor() @ r.full_tensor(), a, atol=1e-12)
+    np.testing.assert_allclose(s.full_tensor(), np.linalg.svdvals(a), rtol=1e-12)
 
 
 @pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")

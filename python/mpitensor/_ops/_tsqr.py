@@ -117,7 +117,9 @@ def qr(a, mode="reduced"):
     pXorgqr: Q and R laid out as A. Mode 'raw' (LAPACK's reflectors of the whole
     matrix) is pXgeqrf's factored matrix, the same reflectors as LAPACK's geqrf:
     h (NumPy's transpose of it) laid out as A's transpose, tau Replicate. A
-    matrix no mesh dim shards runs NumPy on every rank. Collective on the mesh.
+    matrix no mesh dim shards, and a tall one's 'complete' and 'raw' where
+    ScaLAPACK is not installed, are replicated and NumPy runs on every rank.
+    Collective on the mesh.
 
     Example::
 
@@ -126,6 +128,8 @@ def qr(a, mode="reduced"):
         >>> q, r = np.linalg.qr(a[:8])   # square: ScaLAPACK, q and r [Shard(0)]
     """
     t = _tall(a) if mode in ("reduced", "r") else None
+    if t is None and _tall(a) is not None and not _scalapack_found(a):
+        return _replicated_qr(a, mode=mode)  # without ScaLAPACK a tall matrix still runs
     if t is None:
         out = _rect.qr(a, mode)
         return out if out is not None else _replicated_qr(a, mode=mode)
