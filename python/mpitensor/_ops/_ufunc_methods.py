@@ -10,7 +10,8 @@
 | ``outer`` of any elementwise ufunc of two operands | the ufunc of the first operand with the second's dims appended, broadcast | the elementwise rule's |
 | ``reduceat`` of add, multiply, maximum, minimum, fmax, fmin and the logical and bitwise ufuncs | each rank's pieces of the segments, all-gathered over the mesh dim that shards the axis and combined (local when none does) | ``len(indices)`` along the axis, Replicate over that mesh dim |
 
-| ``at`` of any ufunc, with integer indices and a plain or scalar operand | each rank applies the updates that land in its block, in place | the target's; ``add``/``subtract`` keep a Partial max or min target, and an integer Partial sum one (updated on one rank); other Partials, a strided target or a DTensor index gather |
+| ``at`` of any ufunc, with integer indices and a plain or scalar operand | each rank applies the updates that land in its block, in place | the target's; ``add``/``subtract`` keep a Partial max or min target, and an integer Partial sum one (updated on one rank); other Partials or a strided target gather |
+| ``at`` with one integer DTensor of row indices | each (row, value) goes to the rank that holds the row, along the mesh dim that cuts dim 0 (_scatter.py) | the target's; a Partial or strided target gathers |
 
 Every other method and ufunc (``subtract.accumulate``,
 ``initial=``, ``where=``, ...) raises NoRule before anything moves, which hands the
@@ -30,6 +31,7 @@ from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
+from ._scatter import ufunc_at_rows
 
 _REDUCE = {np.add: np.sum, np.multiply: np.prod, np.maximum: np.max, np.minimum: np.min,
            np.logical_and: np.all, np.logical_or: np.any}
@@ -312,6 +314,8 @@ def _at(ufunc, label: str, operands: tuple, kwargs: dict):
     a, indices = operands[0], operands[1]
     b = operands[2] if len(operands) == 3 else None
     keys = indices if isinstance(indices, tuple) else (indices,)
+    if type(indices) is DTensor and (b is None) == (ufunc.nin == 1):
+        return _at_dtensor_index(ufunc, label, a, indices, b)
     if (isinstance(b, DTensor) or any(isinstance(k, DTensor) for k in keys)
             or (b is None) != (ufunc.nin == 1)):
         raise _no_rule(label, "a DTensor index or operand")
@@ -320,7 +324,7 @@ def _at(ufunc, label: str, operands: tuple, kwargs: dict):
     if (len(keys) > a.ndim or any(k.dtype.kind not in "iu" for k in keys)
             or any(p.is_shard() and type(p) is not Shard for p in spec.placements)
             or not _shifts_partial(ufunc, spec, b)
-            or (a.requires_grad and _modes.state.grad_enabled)):
+            or _writes_grad(label, a)):
         raise _no_rule(label, "an index that is not integers, a Partial or strided "
                               "target, or one that requires grad")
     shape = spec.shape
@@ -350,6 +354,29 @@ def _at(ufunc, label: str, operands: tuple, kwargs: dict):
     whole = np.broadcast_to(b, keys[0].shape + shape[len(keys):])
     ufunc.at(local, local_keys, whole[mine][(slice(None),) + rest])
     return None
+
+
+def _writes_grad(label, a) -> bool:
+    """RuntimeError, as for every write in place, when ``a`` requires grad in grad
+    mode: the executor runs a recorded call's rule with grad mode off
+    (``grad_priced`` on), and ``ufunc.at`` has no backward to record."""
+    if a.requires_grad and (_modes.state.grad_enabled or _modes.state.grad_priced):
+        raise RuntimeError(
+            f"{label}: a DTensor that requires grad cannot be written in place while "
+            "grad mode is on (the write would not be recorded and a gradient would be "
+            "lost); write under mpitensor.no_grad(), or build a new DTensor")
+    return False
+
+
+def _at_dtensor_index(ufunc, label, a, idx, b):
+    """``ufunc.at`` with one DTensor of row indices: each update goes to the rank
+    that holds its row (_scatter.py)."""
+    spec = a._spec
+    if any(p.is_partial() or (p.is_shard() and type(p) is not Shard)
+           for p in spec.placements) or _writes_grad(label, a):
+        raise _no_rule(label, "a Partial or strided target, or one that requires grad, "
+                              "with a DTensor index")
+    return ufunc_at_rows(ufunc, label, a, idx, b)
 
 
 def _outer(ufunc, label: str, operands: tuple, kwargs: dict):

@@ -755,7 +755,9 @@ def _astype(g, node, out):
 
 
 _WRITES = {operator.setitem: "DTensor item assignment (dt[key] = value)",
-           np.copyto: "numpy.copyto (and DTensor.fill)"}
+           np.copyto: "numpy.copyto (and DTensor.fill)",
+           np.put: "numpy.put", np.place: "numpy.place",
+           np.put_along_axis: "numpy.put_along_axis", np.putmask: "numpy.putmask"}
 
 # function -> (name, backward[, supports(args, kwargs)])
 _FUNCTIONS = {
