@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mpitensor import Replicate, Shard
+from mpitensor._ops import _cov
 from mpitensor._ops._fallback import GatherWarning
 from mpitensor.debug import CommDebugMode
 from ops_helpers import W, assert_matches, corner_layouts, make, mesh_of, mesh_shapes
@@ -46,6 +47,23 @@ def test_cov_and_corrcoef(shape):
                 close(np.cov(dt, **kw), np.cov(full, **kw))
             for kw in (dict(), dict(rowvar=False)):
                 assert_matches(np.corrcoef(dt, **kw), np.corrcoef(full, **kw))
+
+
+@pytest.mark.parametrize("few", [0, 256], ids=["product", "by-blocks"])
+def test_product_by_blocks_of_observations(monkeypatch, few):
+    """With few variables each rank multiplies its deviations block by block of
+    observations (here blocks of a few, the last one short); with many, the
+    deviations' product is the engine's: the same values either way."""
+    monkeypatch.setattr(_cov, "_FEW", few)
+    monkeypatch.setattr(_cov, "_BLOCK", 9)
+    full = data((3, 23), 2)
+    cplx = full + 1j * data((3, 23), 3)
+    for pls in ((S0,), (S1,), (R,)):
+        for kw in (dict(), dict(rowvar=False), dict(ddof=3)):
+            close(np.cov(make(full, mesh_of((W,)), pls), **kw), np.cov(full, **kw))
+        assert_matches(np.cov(make(cplx, mesh_of((W,)), pls)), np.cov(cplx))
+        assert_matches(np.corrcoef(make(full, mesh_of((W,)), pls), rowvar=False),
+                       np.corrcoef(full, rowvar=False))
 
 
 def test_integer_and_complex_data():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mpitensor import Partial, Replicate, Shard
+from mpitensor._ops import _diagonal
 from mpitensor._ops._fallback import GatherWarning
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (W, assert_matches, corner_layouts, make, matches_or_raises_alike,
@@ -44,6 +45,22 @@ def test_triangles_trace_and_diagonal(shape):
                     assert_matches(np.diagonal(dt, 1, *axes), np.diagonal(full, 1, *axes))
                     assert_matches(np.trace(dt, -1, *axes, dtype=np.float32),
                                    np.trace(full, -1, *axes, dtype=np.float32))
+
+
+def test_triangles_of_blocks_written_band_by_band(monkeypatch):
+    """Blocks above the cached-mask size are written band by band (rows wholly
+    kept, wholly zeroed, and bands across the diagonal, the last one short): the
+    same values, on small arrays with the size and band made small."""
+    monkeypatch.setattr(_diagonal, "_SMALL", 0)
+    monkeypatch.setattr(_diagonal, "_BAND", 3)
+    for shape in ((11, 7), (6, 13), (2, 9, 8)):
+        full = values(shape, shape[-1])
+        layouts = [(S0,), (S1,)] if len(shape) == 2 else [(S0,), (Shard(1),), (Shard(2),)]
+        for pls in layouts:
+            dt = make(full, mesh_of((W,)), pls)
+            for k in (-12, -4, -1, 0, 2, 5, 14):
+                assert_matches(np.triu(dt, k), np.triu(full, k))
+                assert_matches(np.tril(dt, k), np.tril(full, k))
 
 
 def test_numpys_errors_and_dtypes():
