@@ -64,10 +64,11 @@ def _offset(a):
 # A triangle's mask per (rows, cols, shift, upper): True where the element is kept.
 _masks: dict = {}
 # Local blocks of at most this many elements (per matrix) take one cached mask; larger
-# ones are written band by band, so that no mask or index array of their size is made.
-_SMALL = 16384
+# ones are copied and zeroed band by band, so that no mask or index array of their
+# size is made.
+_SMALL = 32768
 # Rows per band of a large block: the elements next to the diagonal a band holds are
-# picked by a mask of about this squared, the rest of its rows copied or zeroed whole.
+# zeroed by a mask of about this squared, the rest of its zeros by one slice.
 _BAND = 64
 
 
@@ -77,7 +78,7 @@ def _mask(rows, cols, shift, upper):
     key = (rows, cols, shift, upper)
     mask = _masks.get(key)
     if mask is None:
-        if len(_masks) > 256:
+        if len(_masks) > 64:
             _masks.clear()
         left = np.arange(cols)[None, :] < (np.arange(rows) + shift)[:, None]
         mask = _masks[key] = ~left if upper else left
@@ -87,35 +88,31 @@ def _mask(rows, cols, shift, upper):
 def _split_rows(local, shift, upper):
     """A new C-contiguous array: ``local`` with, in each matrix of its last two dims,
     row i's columns ``j < i + shift`` kept (``upper``: zeroed) and the others zeroed
-    (``upper``: kept). Each element is read and written once."""
+    (``upper``: kept)."""
     rows, cols = local.shape[-2:]
     zero = np.zeros(1, local.dtype)
     if rows * cols <= _SMALL:
         return np.ascontiguousarray(np.where(_mask(rows, cols, shift, upper), local, zero))
     out = np.empty(local.shape, local.dtype)
-
-    def fill(i0, i1):
-        # Columns left of the first row's split are left of every row's split in
-        # [i0, i1), those from the last row's on right of every one.
-        lo = min(max(i0 + shift, 0), cols)
-        hi = min(max(i1 - 1 + shift, 0), cols)
-        kept, zeroed = ((slice(hi, None), slice(None, lo)) if upper else
-                        (slice(None, lo), slice(hi, None)))
-        out[..., i0:i1, kept] = local[..., i0:i1, kept]
-        out[..., i0:i1, zeroed] = zero
-        if hi > lo:
-            out[..., i0:i1, lo:hi] = np.where(_mask(i1 - i0, hi - lo, i0 + shift - lo, upper),
-                                              local[..., i0:i1, lo:hi], zero)
-
-    # Rows [0, first) are wholly right of their split, rows [last, rows) wholly left.
+    # Rows [0, first) lie wholly right of their split, rows [last, rows) wholly left:
+    # those wholly zeroed are filled, the others copied whole (one block copy runs
+    # faster than copying the part of each row kept) and then zeroed band by band.
     first = min(max(-shift + 1, 0), rows)
     last = min(max(cols - shift, first), rows)
-    if first:
-        fill(0, first)
+    zeroed, copied = ((slice(last, None), slice(None, last)) if upper else
+                      (slice(None, first), slice(first, None)))
+    out[..., zeroed, :] = zero
+    out[..., copied, :] = local[..., copied, :]
     for i0 in range(first, last, _BAND):
-        fill(i0, min(i0 + _BAND, last))
-    if last < rows:
-        fill(last, rows)
+        i1 = min(i0 + _BAND, last)
+        # Columns left of the band's first row's split are left of every row's
+        # split in it, those from its last row's on right of every one.
+        lo = min(max(i0 + shift, 0), cols)
+        hi = min(max(i1 - 1 + shift, 0), cols)
+        out[..., i0:i1, slice(None, lo) if upper else slice(hi, None)] = zero
+        if hi > lo:
+            np.copyto(out[..., i0:i1, lo:hi], zero,
+                      where=~_mask(i1 - i0, hi - lo, i0 + shift - lo, upper))
     return out
 
 
