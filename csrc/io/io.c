@@ -520,6 +520,20 @@ static int settle(io_call *c, const char *tmp, mt_error *err) {
   return agree(c->comm, close_file(fd, mine, tmp, err), err);
 }
 
+int mt_io_exchange(const char *a, const char *b, mt_error *err) {
+#if defined(__linux__) && defined(RENAME_EXCHANGE)
+  if (renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0) return MT_OK;
+  if (errno != ENOENT && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+    return mt_error_set(err, MT_EIO, "swapping '%s' and '%s' failed: %s", a, b,
+                        strerror(errno));
+  }
+  return mt_error_set(err, MT_ENOTSUP, "cannot swap '%s' and '%s': %s", a, b,
+                      strerror(errno));
+#else
+  return mt_error_set(err, MT_ENOTSUP, "cannot swap '%s' and '%s': no renameat2", a, b);
+#endif
+}
+
 /* Local. Puts `tmp` at `path` in one step. Over an existing name the two are
  * swapped (*swapped set: `tmp` then names the old file, for the caller to
  * remove): a plain rename over a file makes ext4 write out the whole new file
@@ -528,23 +542,19 @@ static int settle(io_call *c, const char *tmp, mt_error *err) {
  * the file system cannot swap. */
 static int replace(const char *tmp, const char *path, int *swapped, mt_error *err) {
   *swapped = 0;
-#if defined(__linux__) && defined(RENAME_EXCHANGE)
-  if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
+  int rc = mt_io_exchange(tmp, path, err);
+  if (rc == MT_OK) {
     struct stat st;
     if (lstat(tmp, &st) == 0 && S_ISDIR(st.st_mode)) {
       /* rename refuses to replace a directory by a file: so does the save */
-      (void)renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE);
+      (void)mt_io_exchange(tmp, path, err);
       return mt_error_set(err, MT_EIO, "renaming '%s' to '%s' failed: %s", tmp, path,
                           strerror(EISDIR));
     }
     *swapped = 1;
     return MT_OK;
   }
-  if (errno != ENOENT && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
-    return mt_error_set(err, MT_EIO, "renaming '%s' to '%s' failed: %s", tmp, path,
-                        strerror(errno));
-  }
-#endif
+  if (rc != MT_ENOTSUP) return rc;
   if (rename(tmp, path) != 0) {
     return mt_error_set(err, MT_EIO, "renaming '%s' to '%s' failed: %s", tmp, path,
                         strerror(errno));

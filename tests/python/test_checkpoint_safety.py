@@ -31,6 +31,7 @@ import mpitensor as mt
 from mpitensor import Replicate, Shard, init_device_mesh
 from mpi_helpers import Problems, all_ranks, bits_equal, expect_same_error, fresh_job_env
 import checkpoint_files as cf
+from mpitensor.checkpoint import _io
 
 COMM = MPI.COMM_WORLD
 N = COMM.Get_size()
@@ -482,6 +483,22 @@ def test_data_and_directory_are_synced_around_the_rename(tmp_path):
         assert synced_around_rename(events, target, saves), (name, events)
     if can_exchange(tmp_path):
         assert any(what == "exchange" for what, _ in events), events
+
+
+def test_exchange_swaps_two_names_or_changes_nothing():
+    """The one swap every save uses (mt_io_exchange): two folders trade names
+    where the file system can; a missing name is False with nothing changed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+        for name in (a, b):
+            os.mkdir(name)
+            open(os.path.join(name, os.path.basename(name)), "w").close()
+        if _io.exchange(a, b):
+            assert os.listdir(a) == ["b"] and os.listdir(b) == ["a"]
+        else:
+            assert not can_exchange(tmp)
+        assert _io.exchange(a, os.path.join(tmp, "missing")) is False
+        assert sorted(os.listdir(tmp)) == ["a", "b"]
 
 
 def can_exchange(folder) -> bool:

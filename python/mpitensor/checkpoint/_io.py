@@ -14,9 +14,10 @@ import os
 import numpy as np
 
 from .. import _C, _comm
-from .._clib import MAX_NDIM, E as _E, I, I64, P, _Box, _int64s, call, fn, struct
+from .._clib import (MAX_NDIM, E as _E, Error, I, I64, P, _Box, _int64s, call, check, fn,
+                     status_of, struct)
 
-__all__ = ["io_save", "io_load", "io_counters", "io_pipeline"]
+__all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "exchange"]
 
 _Array, _Options = struct("mt_io_array"), struct("mt_io_options")
 _A, _B, _O = ctypes.POINTER(_Array), ctypes.POINTER(_Box), ctypes.POINTER(_Options)
@@ -24,6 +25,7 @@ _save = fn("mt_io_save", I, P, ctypes.c_char_p, ctypes.c_char_p, I64, _A, _B, P,
 _load = fn("mt_io_load", I, P, ctypes.c_char_p, _A, _B, P, I64, _O, _E)
 _defaults = fn("mt_io_options_default", _Options)
 _counters_read = fn("mt_io_counters_read", None, P, ctypes.POINTER(I64), ctypes.POINTER(I64))
+_exchange = fn("mt_io_exchange", I, ctypes.c_char_p, ctypes.c_char_p, _E)
 
 _options = _defaults()  # what every later io_save and io_load passes
 _options.counters = _C.IO_COUNTERS
@@ -88,6 +90,21 @@ def io_load(mesh, path, shape, itemsize: int, offset: int, box_offset, box_shape
     opts = _Options.from_buffer_copy(_options)
     call(_load, m, name, ctypes.byref(array), ctypes.byref(box), data.ctypes.data,
          data.nbytes, ctypes.byref(opts))
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swaps the names ``a`` and ``b`` in one step, as the saves of files put them
+    in place; False, with nothing changed, where either is missing or the file
+    system cannot; OSError for any other failure. Local.
+
+    Example: ``if exchange(tmp, "u.zarr"): shutil.rmtree(tmp)``.
+    """
+    err = Error()
+    rc = _exchange(os.fsencode(a), os.fsencode(b), ctypes.byref(err))
+    if rc == status_of(NotImplementedError):
+        return False
+    check(rc, err)
+    return True
 
 
 def io_counters() -> tuple[int, int]:

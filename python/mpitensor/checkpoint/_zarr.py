@@ -24,8 +24,6 @@ zarr-python here when ml_dtypes is installed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import json
 import math
 import os
@@ -37,12 +35,10 @@ import numpy as np
 from .. import _dtypes, _strided
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
-from . import _agree, _npy, _paths, _stored, _tensor
+from . import _agree, _io, _npy, _paths, _stored, _tensor
 
 # Uncompressed bytes of a chunk at most, where a dim can be cut further.
 CHUNK_BYTES = 32 << 20
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
 
 
 def zarr():
@@ -230,22 +226,6 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
         _paths.sync_dir(folder)
 
 
-def _exchange(a: str, b: str) -> bool:
-    """Swaps the names ``a`` and ``b`` in one step; False where the system or the
-    file system cannot."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    if rc == 0:
-        return True
-    e = ctypes.get_errno()
-    if e in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(e, f"swapping {a!r} and {b!r} failed: {os.strerror(e)}")
-
-
 def _remove_store(path: str) -> None:
     """Removes a replaced store, its metadata first (see the module's comment)."""
     for name in ("zarr.json", ".zarray"):
@@ -262,7 +242,7 @@ def _commit(tmp: str, path: str, durable: bool) -> bytes:
         _paths.sync_dir(tmp)
     if not os.path.exists(path):
         os.rename(tmp, path)
-    elif _exchange(tmp, path):
+    elif _io.exchange(tmp, path):
         _remove_store(tmp)
     else:
         # Without an exchange the old store is moved aside first: for a moment

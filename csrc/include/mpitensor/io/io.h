@@ -110,6 +110,15 @@ MT_EXPORT int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *arr
                          const mt_box *box, void *buf, int64_t buflen,
                          const mt_io_options *opts, mt_error *err);
 
+/* Local. Swaps the names `a` and `b` in one step (renameat2's exchange), so that
+ * a file or directory is replaced whole or not at all. MT_ENOTSUP, with nothing
+ * changed, where either is missing or the system or file system cannot swap;
+ * MT_EIO for any other failure.
+ *
+ *   if (mt_io_exchange(tmp, path, &err) == MT_OK) remove_tree(tmp);  // the old one
+ */
+MT_EXPORT int mt_io_exchange(const char *a, const char *b, mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif
