@@ -1,0 +1,122 @@
+"""``np.packbits`` and ``np.unpackbits`` of DTensors.
+
+Packing eight elements into a byte (and back) is local along an axis no mesh dim
+cuts: each rank packs its own block, and the result keeps every Shard of the other
+dims. Along the axis one mesh dim cuts, it stays local when the blocks' bounds are
+multiples of eight elements (packbits) and the result's torch.chunk blocks fall on
+the packed bounds (both: the blocks of the result are the packed blocks); otherwise
+that mesh dim is made Replicate first, a gather of the axis that
+``_trace.report_move`` reports and CommDebugMode counts. ``axis=None`` packs the
+flattened array (``np.ravel``'s rule) along its one axis. A Partial input is
+reduced first (packing is not linear).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
+
+from .. import _registry
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Replicate, Shard
+from . import _dispatch as D
+from . import _row_exchange as X
+
+__all__ = ["packbits", "unpackbits"]
+
+
+def _local_along(name, a, ax, out_len, aligned):
+    """``a`` laid out so that axis ``ax`` is whole on each rank, or cut by one mesh
+    dim whose blocks ``aligned(in_bounds, out_bounds)`` accepts; the placements the
+    result of length ``out_len`` along ``ax`` takes."""
+    spec = a._spec
+    mesh, n = spec.mesh, spec.shape[ax]
+    pls = []
+    for m, p in enumerate(spec.placements):
+        if p.is_partial() or (p.is_shard() and type(p) is not Shard):
+            p = Replicate()
+        elif p.is_shard(ax) and mesh.shape[m] > 1:
+            cut_before = any(q.is_shard(ax) and mesh.shape[i] > 1 for i, q in enumerate(pls))
+            k = mesh.shape[m]
+            if cut_before or not aligned(X.bounds(n, k), X.bounds(out_len, k)):
+                p = Replicate()
+        pls.append(p)
+    return D.relayout(name, a, pls), tuple(pls)
+
+
+def _wrap(mesh, placements, shape, local):
+    return DTensor(np.ascontiguousarray(local), DTensorSpec(
+        mesh, tuple(placements), tuple(shape), local.dtype, contiguous_strides(shape)))
+
+
+def _run(name, a, axis, out_len, aligned, compute):
+    if type(a) is not DTensor:
+        raise _registry.NoRule(f"{name}: the DTensor rule takes a DTensor")
+    if axis is None:
+        a, axis = np.ravel(a), 0
+    ax = normalize_axis_index(axis, a.ndim)
+    length = out_len(a.shape[ax])
+    a, pls = _local_along(name, a, ax, length, aligned)
+    shape = a.shape[:ax] + (length,) + a.shape[ax + 1:]
+    mesh = a._spec.mesh
+    if mesh.get_coordinate() is None:
+        return _wrap(mesh, pls, shape, D.outside_local(shape, np.uint8))
+    return _wrap(mesh, pls, shape, compute(a.to_local(), ax))
+
+
+@_registry.implements(np.packbits)
+def packbits(a, /, axis=None, bitorder="big"):
+    """``np.packbits`` of a DTensor of integers or booleans: each rank packs its
+    block (local when ``axis`` is whole on each rank or cut at multiples of eight
+    whose packed blocks are the result's torch.chunk blocks); else the mesh dim
+    that cuts it is made Replicate first (collective, counted).
+
+    Example: ``np.packbits(dt, axis=1)`` of a (4, 16) ``[Shard(0)]`` DTensor is a
+    (4, 2) ``[Shard(0)]`` uint8 DTensor, without communication.
+    """
+    name = "numpy.packbits"
+    if type(a) is DTensor and a.dtype.kind not in "biu":
+        raise TypeError("Expected an input array of integer or boolean data type")
+    if bitorder not in ("big", "little"):
+        raise ValueError("'order' must be either 'little' or 'big'")
+
+    def aligned(ins, outs):
+        n = int(ins[-1])
+        return all((i % 8 == 0 or i == n) and -(-i // 8) == o for i, o in zip(ins, outs))
+
+    return _run(name, a, axis, lambda n: -(-n // 8), aligned,
+                lambda x, ax: np.packbits(x, axis=ax, bitorder=bitorder))
+
+
+@_registry.implements(np.unpackbits)
+def unpackbits(a, /, axis=None, count=None, bitorder="big"):
+    """``np.unpackbits`` of a uint8 DTensor: each rank unpacks its block (local
+    when ``axis`` is whole on each rank, or cut with no ``count`` at bounds whose
+    eightfold are the result's torch.chunk blocks); else the mesh dim that cuts it
+    is made Replicate first (collective, counted).
+
+    Example: ``np.unpackbits(dt, axis=1)`` of a (4, 2) ``[Shard(0)]`` uint8 DTensor
+    is a (4, 16) ``[Shard(0)]`` DTensor, without communication.
+    """
+    name = "numpy.unpackbits"
+    if type(a) is DTensor and a.dtype != np.uint8:
+        raise TypeError("Expected an input array of unsigned byte data type")
+    if bitorder not in ("big", "little"):
+        raise ValueError("'order' must be either 'little' or 'big'")
+    if count is not None:
+        count = int(count)
+
+    def out_len(n):
+        if count is None:
+            return 8 * n
+        length = count if count >= 0 else 8 * n + count
+        if length < 0:
+            raise ValueError(f"-count larger than number of elements ({-count} > {8 * n})")
+        return length
+
+    def aligned(ins, outs):
+        return count is None and all(8 * int(i) == int(o) for i, o in zip(ins, outs))
+
+    return _run(name, a, axis, out_len, aligned,
+                lambda x, ax: np.unpackbits(x, axis=ax, count=count, bitorder=bitorder))
