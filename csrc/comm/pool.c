@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #if defined(__linux__)
 #include <sys/mman.h>
 #include <unistd.h>
@@ -212,6 +215,13 @@ size_t mt_pool_set_limit(size_t bytes) {
     if (drop[i] != NULL) release_block(drop[i]);
   }
   return previous;
+}
+
+void mt_pool_trim(void) {
+  (void)mt_pool_set_limit(mt_pool_set_limit(0));
+#if defined(__GLIBC__)
+  (void)malloc_trim(0);
+#endif
 }
 
 size_t mt_pool_cached_bytes(void) {

@@ -33,7 +33,7 @@ __all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "m
            "watchdog_leave", "watchdog_work", "watchdog_tell", "watchdog_failed",
            "ring_shift_start", "ring_allgatherv_start", "ring_allgather_int64",
            "distribute", "select_exchange", "pool_set_limit", "pool_cached_bytes",
-           "dispatch_stats"]
+           "pool_trim", "dispatch_stats"]
 
 _TimeModel, _Nodes, _Totals = map(struct, ("mt_time_model", "mt_mesh_nodes",
                                             "mt_comm_totals"))
@@ -719,6 +719,9 @@ def select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts,
 
 _pool_set_limit = fn("mt_pool_set_limit", ctypes.c_size_t, ctypes.c_size_t)
 _pool_cached_bytes = fn("mt_pool_cached_bytes", ctypes.c_size_t)
+pool_trim = fn("mt_pool_trim", None)
+pool_trim.__doc__ = ("pool_trim(): frees the pool's cached blocks and hands what the C heap "
+                     "keeps free back to the system (glibc's malloc_trim). Local.")
 
 
 def pool_set_limit(limit: int) -> int:

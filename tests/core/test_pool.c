@@ -62,6 +62,16 @@ static void test_limit(void) {
   mt_pool_set_limit(before);
 }
 
+/* A trim empties the cache and keeps the limit. */
+static void test_trim(void) {
+  size_t before = mt_pool_set_limit((size_t)8 << 20);
+  mt_pool_free(mt_pool_alloc((size_t)1 << 20));
+  CHECK(mt_pool_cached_bytes() > 0);
+  mt_pool_trim();
+  CHECK(mt_pool_cached_bytes() == 0);
+  CHECK(mt_pool_set_limit(before) == (size_t)8 << 20);
+}
+
 /* With every slot taken by small blocks, a larger block freed takes the place of
  * the smallest, and a smaller one is not kept. */
 static void test_full_slots_keep_the_largest(void) {
@@ -179,6 +189,7 @@ int main(void) {
   test_small_blocks_are_not_cached();
   test_large_blocks_are_reused();
   test_limit();
+  test_trim();
   test_full_slots_keep_the_largest();
   test_large_blocks_ask_for_huge_pages();
   test_calloc_realloc();

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 from typing import Any, Callable
 
@@ -18,17 +16,6 @@ def _status_kib(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise OSError(f"/proc/self/status has no {field} line")
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc: musl, macOS
-        return None
-
-
-_malloc_trim = _load_malloc_trim()
 
 
 def peak_rss_growth(fn: Callable[[], Any]) -> int:
@@ -57,9 +44,7 @@ def peak_rss_growth(fn: Callable[[], Any]) -> int:
     # threshold, which rises to 32 MiB after a large free). Both are handed back
     # first; malloc_trim cannot shrink the top of an arena other than the main
     # one, which the main thread uses after contention with other threads.
-    _comm.pool_set_limit(_comm.pool_set_limit(0))
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    _comm.pool_trim()
     before = _status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")

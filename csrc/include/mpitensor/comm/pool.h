@@ -54,6 +54,11 @@ MT_EXPORT size_t mt_pool_set_limit(size_t bytes);
 /* Local. Bytes currently cached (not in use). */
 MT_EXPORT size_t mt_pool_cached_bytes(void);
 
+/* Local. Frees every cached block (the limit stays) and hands back to the system
+ * what the C heap keeps free (glibc's malloc_trim; elsewhere the cache only), so
+ * that a measure of peak memory starts from what is in use. */
+MT_EXPORT void mt_pool_trim(void);
+
 #ifdef __cplusplus
 }
 #endif
