@@ -3,7 +3,7 @@ ufunc's and reduction's signature with the C dispatch (_elementwise.py,
 _reductions.py), and each operation's DTensor version in mpitensor._registry,
 where DTensor's entry points and the C dispatch's Python entries find them."""
 
-from . import (_along_axis, _assemble, _bits, _composed, _counts, _cov, _delete, _diag,  # noqa: F401
+from . import (_along_axis, _apply, _assemble, _bits, _composed, _counts, _cov, _delete, _diag,  # noqa: F401
                _diagonal, _elementwise, _fallback, _flip, _halo, _indexing, _inplace, _insert, _join, _kron, _like, _linalg,
                _lookup, _metadata, _meshgrid, _nan, _nonzero, _pad, _pointwise, _put, _repeat,
                _reductions, _roll, _scalapack, _scatter, _searchsorted, _select, _setops, _shape, _split,
