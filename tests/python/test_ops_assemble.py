@@ -1,8 +1,9 @@
-"""``np.block``, ``np.ix_`` and ``np.apply_over_axes`` of DTensors (_assemble.py):
-NumPy's value on every rank for Shard(0), Shard(1), Replicate and a 2-D mesh,
-uneven shapes where a rank holds no rows, run by the DTensor rules of their steps
+"""``np.block``, ``np.ix_``, ``np.apply_over_axes`` and ``np.diagflat`` of DTensors
+(_assemble.py): NumPy's value on every rank for Shard(0), Shard(1), Replicate and a
+2-D mesh, uneven shapes where a rank holds no rows, run by the DTensor rules of their steps
 (strict mode: nothing falls back to a gather); NumPy's exceptions for bad
-arguments; the gradient of ``block`` flows back to its pieces."""
+arguments; the gradient of ``block`` flows back to its pieces, and ``diagflat``,
+which has no backward, refuses grad mode."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard
+from mpitensor.debug import CommDebugMode
 from ops_helpers import W, assert_matches, make, mesh_of
 
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
@@ -82,3 +84,28 @@ def test_apply_over_axes_matches_numpy(layout):
                            np.apply_over_axes(func, full, axes))
     with pytest.raises(ValueError):
         np.apply_over_axes(lambda x, ax: x.sum(), a, [0])
+
+
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_diagflat_matches_numpy(layout):
+    mesh = mesh_of(layout[0])
+    full = np.arange(6.0).reshape(3, 2) + 1
+    a = make(full, mesh, layout[1])
+    vec = make(np.arange(1, 4), mesh, (S0,) + (R,) * (len(layout[0]) - 1))
+    with mt.strict():
+        for k in (0, 2, -1, -4):
+            assert_matches(np.diagflat(a, k), np.diagflat(full, k))
+            assert_matches(np.diagflat(vec, k), np.diagflat(np.arange(1, 4), k))
+    assert np.diagflat(vec).placements == vec.placements
+
+
+def test_diagflat_of_rows_moves_nothing():
+    mesh = mesh_of((W,))
+    v = make(np.arange(2.0 * W), mesh, [S0])
+    with CommDebugMode() as comm:
+        got = np.diagflat(v)
+    assert sum(comm.get_comm_bytes().values()) == 0
+    assert got.placements == (S0,)
+    assert_matches(got, np.diagflat(np.arange(2.0 * W)))
+    with pytest.raises(NotImplementedError):
+        np.diagflat(v.requires_grad_(True))

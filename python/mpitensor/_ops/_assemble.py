@@ -8,18 +8,27 @@ and the gradient flows through the steps that record themselves):
   becomes its ``nonzero`` positions first); plain sequences become Replicate
   DTensors of the same mesh, as the fallback would return them;
 * ``np.apply_over_axes``: NumPy's loop, ``func(val, axis)`` on the DTensor and
-  ``expand_dims`` where the function dropped the axis.
+  ``expand_dims`` where the function dropped the axis;
+* ``np.diagflat``: the flattened input, padded by ``concatenate`` with ``|k|``
+  zeros so that its element ``r`` is the one on row ``r``, laid out as the rows of
+  the result: each rank writes its own rows' diagonal elements into zeros (no
+  backward: NotImplementedError in grad mode).
 """
 
 from __future__ import annotations
+
+import operator
 
 import numpy as np
 
 from .. import _registry
 from .._dtensor import DTensor
-from ..placement_types import Replicate
+from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._layout import compute_local_shape_and_global_offset
+from ..placement_types import Replicate, Shard
+from . import _dispatch as D
 
-__all__ = ["block", "ix_", "apply_over_axes"]
+__all__ = ["block", "ix_", "apply_over_axes", "diagflat"]
 
 
 def _depth(x) -> int:
@@ -139,3 +148,43 @@ def apply_over_axes(func, a, axes):
                 raise ValueError("function is not returning an array of the correct shape")
         val = res
     return val
+
+
+@_registry.implements(np.diagflat)
+def diagflat(v, k=0):
+    """``np.diagflat`` of a DTensor: the (n, n) array, ``n = v.size + |k|``, with
+    the flattened ``v`` on diagonal ``k``, its rows laid out as ``v``'s elements
+    (a Shard of the flattened ``v`` gives Shard(0); a Partial is reduced first).
+    Each rank writes the
+    diagonal elements of its own rows; the flattened ``v`` moves only where the
+    ``|k|`` zeros shift its blocks. Collective on the mesh when ``v`` moves.
+
+    Example: ``np.diagflat(dt)`` of a (4,) ``[Shard(0)]`` DTensor is a (4, 4)
+    ``[Shard(0)]`` DTensor, without communication.
+    """
+    name = "numpy.diagflat"
+    if type(v) is not DTensor:
+        raise _registry.NoRule(f"{name}: the DTensor rule takes a DTensor")
+    k = operator.index(k)
+    flat = np.ravel(v)
+    mesh, base = flat.device_mesh, flat._spec.placements
+    if k:
+        pad = DTensor.from_local(np.zeros(abs(k), flat.dtype), mesh,
+                                 [Replicate()] * mesh.ndim)
+        flat = np.concatenate([flat, pad] if k > 0 else [pad, flat])
+    # Partial is reduced: the zeros a rank writes would not be a Partial's parts.
+    pls = tuple(p if type(p) is Shard else Replicate() for p in base)
+    flat = D.relayout(name, flat, pls)
+    n = flat.shape[0]
+    shape = (n, n)
+    out_pls = pls
+    if mesh.get_coordinate() is None:
+        local = D.outside_local(shape, flat.dtype)
+    else:
+        (rows, _), (start, _) = compute_local_shape_and_global_offset(shape, mesh, out_pls)
+        local = np.zeros((rows, n), flat.dtype)
+        r = np.arange(rows)
+        keep = (r + start + k >= 0) & (r + start + k < n)
+        local[r[keep], r[keep] + start + k] = flat.to_local()[keep]
+    return DTensor(local, DTensorSpec(mesh, out_pls, shape, flat.dtype,
+                                      contiguous_strides(shape)))
