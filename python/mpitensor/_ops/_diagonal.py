@@ -165,18 +165,30 @@ def _diagonal_spec(name, a, offset, axis1, axis2):
     their global shape)."""
     if type(a) is not DTensor:
         raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
-    offset = operator.index(offset)
+    operator.index(offset)
+    spec = a._spec
+    key = (axis1, type(axis1), axis2, type(axis2), spec.placements, spec.shape)
+    known = _diagonal_layouts.get(key)
+    if known is not None:
+        return (_sum_partials_only(name, a),) + known
     if a.ndim < 2:
         raise ValueError("diag requires an array of at least two dimensions")
-    axis1, axis2 = normalize_axis_index(axis1, a.ndim), normalize_axis_index(axis2, a.ndim)
-    if axis1 == axis2:
+    ax1, ax2 = normalize_axis_index(axis1, a.ndim), normalize_axis_index(axis2, a.ndim)
+    if ax1 == ax2:
         raise ValueError("axis1 and axis2 cannot be the same")
     a = _sum_partials_only(name, a)
-    spec = a._spec
-    rest = [d for d in range(a.ndim) if d not in (axis1, axis2)]
-    pls = tuple(_SUM if p.is_shard() and p.dim in (axis1, axis2) else
-                Shard(rest.index(p.dim)) if p.is_shard() else p for p in spec.placements)
-    return a, axis1, axis2, pls, tuple(spec.shape[d] for d in rest)
+    rest = [d for d in range(a.ndim) if d not in (ax1, ax2)]
+    pls = tuple(_SUM if p.is_shard() and p.dim in (ax1, ax2) else
+                Shard(rest.index(p.dim)) if p.is_shard() else p for p in a._spec.placements)
+    if len(_diagonal_layouts) > 1024:
+        _diagonal_layouts.clear()
+    known = _diagonal_layouts[key] = (ax1, ax2, pls, tuple(spec.shape[d] for d in rest))
+    return (a,) + known
+
+
+# _diagonal_spec's answer past its checks, per (axes, placements, global shape): the
+# same on every call, and most of a small trace's time.
+_diagonal_layouts: dict = {}
 
 
 # np.trace's result dtype per (input dtype, dtype=): NumPy's own answer, asked once.
@@ -215,8 +227,8 @@ def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
         local = D.outside_local(shape, out_dtype)
     else:
         off = _offset(a)
-        local = np.trace(a.to_local(), offset + off[axis1] - off[axis2], axis1, axis2,
-                         dtype=dtype)
+        local = a.to_local().trace(offset + off[axis1] - off[axis2], axis1, axis2,
+                                   dtype=dtype)
     return DTensor(np.asarray(local, out_dtype), DTensorSpec(
         spec.mesh, pls, shape, np.dtype(out_dtype), contiguous_strides(shape)))
 
