@@ -2,7 +2,7 @@
 for Shard(0), Shard(1), Replicate and a 2-D mesh, uneven shapes where a rank holds
 no rows, functions giving a scalar, a vector or a matrix per row; the function sees
 1-D NumPy arrays, as NumPy's loop passes them; the array moves only where ``axis``
-is cut; NumPy's exceptions, on every rank; in grad mode a NotImplementedError
+is cut, and then its cut moves to another dim; NumPy's exceptions, on every rank; in grad mode a NotImplementedError
 (the function runs on NumPy arrays, so no gradient could flow)."""
 
 from __future__ import annotations
@@ -59,6 +59,13 @@ def test_rows_stay_where_they_are():
     assert got.placements == (S0,)
     assert COMM.allreduce(sum(comm.get_comm_bytes().values())) < full.nbytes
     assert_matches(got, np.apply_along_axis(np.cumsum, 1, full))
+    # a cut axis: the cut moves to the other dim (an all-to-all), not a gather
+    b = make(full, mesh, [S1])
+    with mt.strict(), CommDebugMode() as comm:
+        got = np.apply_along_axis(np.sum, 1, b)
+    assert got.placements == ((S0,) if W > 1 else (R,))  # one rank: nothing to move
+    assert COMM.allreduce(sum(comm.get_comm_bytes().values())) <= full.nbytes
+    assert_matches(got, full.sum(axis=1))
 
 
 def test_errors_are_numpys_on_every_rank():

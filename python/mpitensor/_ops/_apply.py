@@ -3,9 +3,10 @@ rows.
 
 The function sees what NumPy's loop passes it: a 1-D NumPy array (a view of the
 rank's block along ``axis``), one call per row, in C order within the block. The
-axis must be whole on each rank: a mesh dim that cuts it is made Replicate first
-(a gather of that axis, reported by ``_trace.report_move`` and counted by
-CommDebugMode), as is a Partial (the function need not be linear). NumPy sizes its
+axis must be whole on each rank: a mesh dim that cuts it cuts another dim instead
+(one all-to-all), or is made Replicate when no other dim is free (a gather of that
+axis, reported by ``_trace.report_move``); either is counted by CommDebugMode. A
+Partial is reduced first (the function need not be linear). NumPy sizes its
 result by the function's value on the first row: here the rank at the mesh's origin,
 which holds that row, computes it, and its shape and dtype are broadcast (a few
 bytes) so that every rank builds its block alike; any rank's failure is every
@@ -26,7 +27,7 @@ from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _row_exchange as X
 
-__all__ = ["apply_along_axis"]
+__all__ = ["apply_along_axis", "whole_axis"]
 
 def _encode(res) -> np.ndarray:
     """The first result's dtype and shape as one int64 array to broadcast."""
@@ -59,12 +60,35 @@ def _agree(mesh, error) -> None:
                 ValueError if error is None else type(error))
 
 
+def whole_axis(spec, ax, keep=lambda m: False) -> tuple:
+    """Placements of ``spec`` under which axis ``ax`` is whole on each rank: a
+    mesh dim that cuts it (unless ``keep(m)``) cuts instead the longest other dim
+    no mesh dim cuts (one all-to-all), or is Replicate when there is none (a
+    gather); Partial and strided placements become Replicate. Local."""
+    cut = {p.dim for p in spec.placements if type(p) is Shard}
+    out = []
+    for m, p in enumerate(spec.placements):
+        if type(p) is Shard and (p.dim != ax or keep(m)):
+            out.append(p)
+        elif type(p) is Shard and spec.mesh.shape[m] > 1:
+            free = [d for d in range(len(spec.shape)) if d != ax and d not in cut]
+            if free:
+                d = max(free, key=lambda d: (spec.shape[d], -d))
+                cut.add(d)
+                out.append(Shard(d))
+            else:
+                out.append(Replicate())
+        else:
+            out.append(p if p.is_replicate() or type(p) is Shard else Replicate())
+    return tuple(out)
+
+
 @_registry.implements(np.apply_along_axis)
 def apply_along_axis(func1d, axis, arr, *args, **kwargs):
     """``np.apply_along_axis`` of a DTensor: ``func1d`` called on each rank's own
     rows (1-D NumPy arrays, as NumPy passes them), the result's Shards kept on the
-    other dims. Collective on the mesh (a few bytes, and a gather of ``axis``
-    along the mesh dim that cuts it, if one does).
+    other dims. Collective on the mesh (a few bytes, and where a mesh dim cuts
+    ``axis``, an all-to-all that moves that cut to another dim).
 
     Example: ``np.apply_along_axis(np.sort, 1, dt)`` of a ``[Shard(0)]`` matrix
     sorts each rank's rows where they are.
@@ -77,8 +101,7 @@ def apply_along_axis(func1d, axis, arr, *args, **kwargs):
     mesh = spec.mesh
     if mesh.get_coordinate() is None:
         raise _registry.NoRule(f"{name}: a rank outside the mesh cannot size the result")
-    pls = tuple(p if type(p) is Shard and p.dim != ax else
-                (p if p.is_replicate() else Replicate()) for p in spec.placements)
+    pls = whole_axis(spec, ax)
     arr = D.relayout(name, arr, pls)
     outer = spec.shape[:ax] + spec.shape[ax + 1:]
     if 0 in outer:
@@ -117,7 +140,8 @@ def apply_along_axis(func1d, axis, arr, *args, **kwargs):
     order = list(range(ax)) + list(range(k, k + nres)) + list(range(ax, k))
     local = np.ascontiguousarray(np.transpose(buff, order))
     shape = spec.shape[:ax] + res_shape + spec.shape[ax + 1:]
-    out_pls = tuple(Shard(p.dim if p.dim < ax else p.dim - 1 + nres)
-                    if type(p) is Shard else p for p in pls)
+    # A Shard of the axis is left only on a mesh dim of one rank: Replicate there.
+    out_pls = tuple(p if type(p) is not Shard else Replicate() if p.dim == ax else
+                    Shard(p.dim if p.dim < ax else p.dim - 1 + nres) for p in pls)
     return DTensor(local, DTensorSpec(mesh, out_pls, shape, dtype,
                                       contiguous_strides(shape)))

@@ -5,8 +5,9 @@ cuts: each rank packs its own block, and the result keeps every Shard of the oth
 dims. Along the axis one mesh dim cuts, it stays local when the blocks' bounds are
 multiples of eight elements (packbits) and the result's torch.chunk blocks fall on
 the packed bounds (both: the blocks of the result are the packed blocks); otherwise
-that mesh dim is made Replicate first, a gather of the axis that
-``_trace.report_move`` reports and CommDebugMode counts. ``axis=None`` packs the
+that mesh dim cuts another dim instead (one all-to-all), or is made Replicate when
+no other dim is free (a gather of the axis that ``_trace.report_move`` reports);
+CommDebugMode counts either. ``axis=None`` packs the
 flattened array (``np.ravel``'s rule) along its one axis. A Partial input is
 reduced first (packing is not linear).
 """
@@ -19,30 +20,26 @@ from numpy.lib.array_utils import normalize_axis_index
 from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
-from ..placement_types import Replicate, Shard
+from ..placement_types import Shard
 from . import _dispatch as D
 from . import _row_exchange as X
+from ._apply import whole_axis
 
 __all__ = ["packbits", "unpackbits"]
 
 
 def _local_along(name, a, ax, out_len, aligned):
     """``a`` laid out so that axis ``ax`` is whole on each rank, or cut by one mesh
-    dim whose blocks ``aligned(in_bounds, out_bounds)`` accepts; the placements the
-    result of length ``out_len`` along ``ax`` takes."""
+    dim whose blocks ``aligned(in_bounds, out_bounds)`` accepts (the result of
+    length ``out_len`` along ``ax`` then takes the packed blocks); its placements."""
     spec = a._spec
     mesh, n = spec.mesh, spec.shape[ax]
-    pls = []
-    for m, p in enumerate(spec.placements):
-        if p.is_partial() or (p.is_shard() and type(p) is not Shard):
-            p = Replicate()
-        elif p.is_shard(ax) and mesh.shape[m] > 1:
-            cut_before = any(q.is_shard(ax) and mesh.shape[i] > 1 for i, q in enumerate(pls))
-            k = mesh.shape[m]
-            if cut_before or not aligned(X.bounds(n, k), X.bounds(out_len, k)):
-                p = Replicate()
-        pls.append(p)
-    return D.relayout(name, a, pls), tuple(pls)
+    cuts = [m for m, p in enumerate(spec.placements)
+            if type(p) is Shard and p.dim == ax and mesh.shape[m] > 1]
+    keep = set(cuts) if len(cuts) == 1 and aligned(
+        X.bounds(n, mesh.shape[cuts[0]]), X.bounds(out_len, mesh.shape[cuts[0]])) else set()
+    pls = whole_axis(spec, ax, keep=lambda m: m in keep)
+    return D.relayout(name, a, pls), pls
 
 
 def _wrap(mesh, placements, shape, local):
@@ -70,7 +67,7 @@ def packbits(a, /, axis=None, bitorder="big"):
     """``np.packbits`` of a DTensor of integers or booleans: each rank packs its
     block (local when ``axis`` is whole on each rank or cut at multiples of eight
     whose packed blocks are the result's torch.chunk blocks); else the mesh dim
-    that cuts it is made Replicate first (collective, counted).
+    that cuts it moves to another dim first (collective, counted).
 
     Example: ``np.packbits(dt, axis=1)`` of a (4, 16) ``[Shard(0)]`` DTensor is a
     (4, 2) ``[Shard(0)]`` uint8 DTensor, without communication.
@@ -94,7 +91,7 @@ def unpackbits(a, /, axis=None, count=None, bitorder="big"):
     """``np.unpackbits`` of a uint8 DTensor: each rank unpacks its block (local
     when ``axis`` is whole on each rank, or cut with no ``count`` at bounds whose
     eightfold are the result's torch.chunk blocks); else the mesh dim that cuts it
-    is made Replicate first (collective, counted).
+    moves to another dim first (collective, counted).
 
     Example: ``np.unpackbits(dt, axis=1)`` of a (4, 2) ``[Shard(0)]`` uint8 DTensor
     is a (4, 16) ``[Shard(0)]`` DTensor, without communication.
