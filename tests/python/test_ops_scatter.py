@@ -89,6 +89,15 @@ def test_put_along_axis_uneven_and_errors():
         np.put_along_axis(a, np.array([0]), 0.0, axis=1)
     with pytest.raises(np.exceptions.AxisError):
         np.put_along_axis(a, np.array([[0]]), 0.0, axis=2)
+    # axis=None: flat positions, as NumPy writes them
+    b = make(np.arange(6.0).reshape(2, 3), mesh, [S1])
+    with mt.strict():
+        np.put_along_axis(b, np.array([4, 0, -1]), [7.0, 8.0, 9.0], axis=None)
+    assert_matches(b, np.array([[8.0, 1.0, 2.0], [3.0, 7.0, 9.0]]))
+    with pytest.raises(IndexError):
+        np.put_along_axis(b, np.array([6]), 0.0, axis=None)
+    with pytest.raises(ValueError):
+        np.put_along_axis(b, np.array([[0]]), 0.0, axis=None)
 
 
 @pytest.mark.parametrize("layout", layouts(), ids=str)

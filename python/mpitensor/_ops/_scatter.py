@@ -104,12 +104,14 @@ def put_along_axis(arr, indices, values, axis):
     that holds it; collective on the mesh then. ``values``: a scalar, a plain
     array broadcast to the indices' shape, or a DTensor of that shape.
 
+    ``axis=None`` writes flat positions, as ``np.put`` (plain indices and values).
+
     Example: ``np.put_along_axis(dt, np.argmax(dt, axis=1, keepdims=True), 0.0, axis=1)``.
     """
     name = "numpy.put_along_axis"
     arr = _target(name, arr)
     if axis is None:
-        raise _registry.NoRule(f"{name}: axis=None has no distributed rule")
+        return _put_flat(name, arr, indices, values)
     ax = normalize_axis_index(axis, arr.ndim)
     if type(indices) is DTensor:
         return _put_along_by_dtensor(name, arr, indices, values, ax)
@@ -134,6 +136,25 @@ def put_along_axis(arr, indices, values, axis):
     if box is not None:
         _write_mine(arr.to_local(), fancy, values, *box)
     return None
+
+
+def _put_flat(name, arr, indices, values):
+    """put_along_axis with ``axis=None``: NumPy's checks, then ``np.put``'s rule on
+    the flat positions (plain indices and values only)."""
+    if type(indices) is DTensor or type(values) is DTensor:
+        raise _registry.NoRule(f"{name}: axis=None with DTensor indices or values has no "
+                               f"distributed rule")
+    indices = np.asarray(indices)
+    if indices.ndim != 1:
+        raise ValueError("when axis=None, `indices` must have a single dimension.")
+    if indices.dtype.kind not in "iu":
+        raise IndexError("`indices` must be an integer array")
+    size = math.prod(arr.shape)
+    bad = indices[(indices < -size) | (indices >= size)]
+    if bad.size:
+        raise IndexError(f"index {int(bad[0])} is out of bounds for axis 0 with size {size}")
+    values = np.broadcast_to(np.asarray(values).astype(arr.dtype, copy=False), indices.shape)
+    return np.put(arr, indices, values)
 
 
 def _along_axis_index(shape, indices, ax):
