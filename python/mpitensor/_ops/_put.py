@@ -8,9 +8,10 @@ each rank would take them, so each rank writes its part and nothing moves.
 ``place`` with a DTensor mask needs, on each rank, how many True positions come
 before its block: one exclusive scan of a count over the mesh dims that shard the
 rows, for a target cut by rows only (Shard(0) on some mesh dims, Replicate on the
-others), where C order runs rank after rank. Other layouts, a Partial target, a
-DTensor as indices or values, and a target that requires grad in grad mode go to
-the fallback.
+others), where C order runs rank after rank. Other layouts, a Partial target and a
+DTensor as indices or values go to the fallback. A target that requires grad is
+refused in grad mode by the executor (a RuntimeError, as every write in place:
+autograd/_rules.py's ``_WRITES``), before the rule runs.
 """
 
 from __future__ import annotations

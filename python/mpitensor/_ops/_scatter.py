@@ -13,10 +13,12 @@ the owner applies what it received in the order of the index, which is NumPy's
 (the last write to a position wins; ``ufunc.at`` accumulates in that order). The
 target is never gathered.
 
-A Partial or strided target, a target that requires grad in grad mode (the write
-has no backward, and dropping the gradient silently is not an answer), a DTensor
-index or mask of a shape that broadcasts rather than equals, and an axis cut by two
-mesh dims go to the fallback (_fallback.py).
+A Partial or strided target, a DTensor index or mask of a shape that broadcasts
+rather than equals, and an axis cut by two mesh dims go to the fallback
+(_fallback.py). A target that requires grad is refused in grad mode (a
+RuntimeError, as every write in place: the write has no backward, and dropping the
+gradient silently is not an answer): by the executor for the functions
+(autograd/_rules.py's ``_WRITES``), by _ufunc_methods.py for ``ufunc.at``.
 """
 
 from __future__ import annotations
