@@ -800,12 +800,13 @@ _FUNCTIONS = {
     np.cumprod: ("cumprod", _cumprod),
     np.diff: ("diff", _diff),
     np.linalg.norm: ("norm", True),
-    # NumPy's own steps over DTensor operations (_ops/_composed.py, _assemble.py): each step
-    # records itself
+    # NumPy's own steps over DTensor operations (_ops/_composed.py, _assemble.py,
+    # _poly.py): each step records itself
     **{f: (f.__name__, True) for f in (
         np.rot90, np.rollaxis, np.unstack, np.polyval, np.select, np.trapezoid, np.vdot,
         np.unwrap, np.linalg.tensorinv, np.linalg.tensorsolve, np.resize, np.polyfit,
-        np.block, np.apply_over_axes)},
+        np.block, np.apply_over_axes, np.polyadd, np.polysub, np.polymul, np.polyder,
+        np.polyint)},
     np.atleast_1d: ("atleast_1d", _atleast),
     np.atleast_2d: ("atleast_2d", _atleast),
     np.atleast_3d: ("atleast_3d", _atleast),
