@@ -187,7 +187,8 @@ def test_writes_refuse_a_target_that_requires_grad():
     with pytest.raises(RuntimeError, match="grad"):
         np.add.at(a, make(np.array([0]), mesh, [R]), 1.0)
     for write in (lambda: np.add.at(a, [0], 1.0), lambda: np.put(a, [0], 1.0),
-                  lambda: np.place(a, np.ones((2, 2), bool), [1.0])):
+                  lambda: np.place(a, np.ones((2, 2), bool), [1.0]),
+                  lambda: np.fill_diagonal(a, 1.0)):
         with pytest.raises(RuntimeError, match="grad"):
             write()
     with mt.no_grad():

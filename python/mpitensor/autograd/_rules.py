@@ -757,7 +757,8 @@ def _astype(g, node, out):
 _WRITES = {operator.setitem: "DTensor item assignment (dt[key] = value)",
            np.copyto: "numpy.copyto (and DTensor.fill)",
            np.put: "numpy.put", np.place: "numpy.place",
-           np.put_along_axis: "numpy.put_along_axis", np.putmask: "numpy.putmask"}
+           np.put_along_axis: "numpy.put_along_axis", np.putmask: "numpy.putmask",
+           np.fill_diagonal: "numpy.fill_diagonal"}
 
 # function -> (name, backward[, supports(args, kwargs)])
 _FUNCTIONS = {
