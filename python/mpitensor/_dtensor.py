@@ -828,7 +828,9 @@ class DTensor(_C.DTensorBase):
         if dims:
             _trace.report_gather("DTensor.tolist", spec,
                                  (Replicate(),) * len(spec.placements), dims)
-        full = self.full_tensor()
+        # detached: in grad mode full_tensor records and gives a DTensor, whose
+        # tolist would call this again
+        full = self.detach().full_tensor()
         if self.device_mesh.get_coordinate() is None:
             raise RuntimeError("tolist() of a DTensor on a rank outside its mesh: this "
                                "rank holds no data")
