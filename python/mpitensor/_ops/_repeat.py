@@ -27,7 +27,8 @@ __all__ = ["repeat"]
 
 
 def _counts(name, repeats, n):
-    """One count per row as int64, checked as NumPy checks them."""
+    """One count per row as int64, or one int for every row (a scalar or a single
+    count), checked as NumPy checks them."""
     if isinstance(repeats, DTensor):
         whole = D.relayout(name, repeats, (Replicate(),) * repeats._spec.mesh.ndim,
                            records=True)
@@ -38,8 +39,12 @@ def _counts(name, repeats, n):
                                f"have no distributed rule")
     r = r.astype(np.int64).reshape(-1)
     if r.size == 1:
-        r = np.full(n, r[0], np.int64)
-    elif r.size != n:
+        # One count for every row: kept a scalar, so that nothing the length of
+        # the whole axis is made on each rank.
+        if r[0] < 0:
+            raise ValueError("negative dimensions are not allowed")
+        return int(r[0])
+    if r.size != n:
         raise ValueError(f"operands could not be broadcast together with shape ({n},) "
                          f"({r.size},)")
     if (r < 0).any():
@@ -67,8 +72,11 @@ def repeat(a, repeats, axis=None):
     n = a.shape[ax]
     r = _counts(name, repeats, n)
     X.check_movable(name, a._spec.dtype)
-    cum = np.concatenate([[0], np.cumsum(r)])
-    total = int(cum[-1])
+    if isinstance(r, int):
+        total = n * r
+    else:
+        cum = np.concatenate([[0], np.cumsum(r)])
+        total = int(cum[-1])
     a, m = X.sharding_mesh_dim(name, a, ax)
     spec = a._spec
     mesh = spec.mesh
@@ -80,10 +88,19 @@ def repeat(a, repeats, axis=None):
         return DTensor(np.ascontiguousarray(np.repeat(a.to_local(), r, axis=ax)), out_spec)
     p, me = mesh.shape[m], mesh.get_coordinate()[m]
     at = X.bounds(n, p)
-    mine = np.repeat(a.to_local(), r[at[me]:at[me + 1]], axis=ax)
-    send = X.along(mine, ax)
+    if isinstance(r, int):
+        mine = np.repeat(a.to_local(), r, axis=ax)
+        starts = at * r
+    else:
+        mine = np.repeat(a.to_local(), r[at[me]:at[me + 1]], axis=ax)
+        starts = cum[at]
     dst = X.bounds(total, p)
-    transfers = X.moves(cum[at], dst, 0, 0, total)
+    if np.array_equal(starts, dst):
+        # Every rank's repeated block is already its block of the output (the
+        # plan, known alike on every rank, moves nothing): no exchange, no copy.
+        return DTensor(np.ascontiguousarray(mine), out_spec)
+    send = X.along(mine, ax)
+    transfers = X.moves(starts, dst, 0, 0, total)
     out = np.empty((int(dst[me + 1] - dst[me]),) + send.shape[1:], spec.dtype)
     X.exchange(name, spec, m, send, transfers, out)
     return DTensor(np.ascontiguousarray(np.moveaxis(out, 0, ax)), out_spec)
