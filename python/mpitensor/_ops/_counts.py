@@ -4,10 +4,10 @@
 
 Each rank counts its own elements into bins that every rank knows alike, and the
 counts, not the data, are summed over the mesh dims that shard the input. What
-the bins depend on is agreed first in one all-reduce of a few numbers: the
-largest value for ``bincount`` (its length), the extremes of each coordinate for
-histograms whose bins are a number without a range (their edges, as NumPy
-places them).
+the bins depend on is agreed in one all-reduce of a few numbers: the longest
+local count for ``bincount`` (its length, the counts made first), the extremes
+of each coordinate for histograms whose bins are a number without a range
+(their edges, as NumPy places them).
 
 ``bincount`` leaves its counts a Partial(sum) over the sharding mesh dims, as
 ``np.sum`` leaves a sum: the all-reduce runs when they are read. The histograms
@@ -52,7 +52,8 @@ def bincount(x, weights=None, minlength=0):
     of its length, moved to its layout): a DTensor of NumPy's length and dtype,
     Partial(sum) over the mesh dims that shard ``x``, Replicate elsewhere.
     Collective on the mesh when ``x`` is sharded: one all-reduce of two numbers
-    (the largest and the smallest value), then nothing until the counts are read.
+    (the longest local count and whether a value is negative), then nothing until
+    the counts are read.
 
     Example: ``np.bincount(dt).full_tensor()`` equals ``np.bincount(dt.full_tensor())``.
     """
@@ -77,15 +78,23 @@ def bincount(x, weights=None, minlength=0):
         return DTensor(D.outside_local((0,), dtype),
                        DTensorSpec(mesh, pls, (0,), dtype, contiguous_strides((0,))))
     local = x.to_local().astype(np.intp, copy=False)
-    # The smallest value rides along so that a negative one fails on every rank.
-    ext = np.array([-local.max(initial=-1), local.min(initial=0)], np.int64)
+    # Counted first: NumPy's bincount finds the local extremes itself, so the
+    # length every rank agrees on is the longest local count, and no pass of our
+    # own reads the data. A negative value is flagged so that it fails on every
+    # rank.
+    try:
+        counts = np.bincount(local, None if weights is None else weights.to_local(),
+                             minlength=minlength)
+        ext = np.array([-len(counts), 0], np.int64)
+    except ValueError:
+        counts, ext = None, np.array([0, -1], np.int64)
     if sharding:
         ext = _all_reduce(mesh, ext, "min", sharding)
     if ext[1] < 0:
         raise ValueError("'list' argument must have no negative elements")
-    n = max(int(-ext[0]) + 1, minlength)
-    counts = np.bincount(local, None if weights is None else weights.to_local(),
-                         minlength=n)
+    n = int(-ext[0])
+    if len(counts) < n:
+        counts = np.concatenate([counts, np.zeros(n - len(counts), counts.dtype)])
     return DTensor(np.ascontiguousarray(counts, dtype),
                    DTensorSpec(mesh, pls, (n,), dtype, contiguous_strides((n,))))
 
