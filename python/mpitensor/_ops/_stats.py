@@ -41,6 +41,12 @@ def _all_reduce(mesh, local, op, mesh_dims):
     to Replicate); the other mesh dims as ``keep``. Collective on the mesh."""
     pls = [Partial(op) if m in mesh_dims else Replicate() for m in range(mesh.ndim)]
     local = np.array(local, order="C")  # 0-d stays 0-d (ascontiguousarray makes 1-D)
+    if mesh._coordinate is not None:
+        # The spec is known whole (every rank holds the result's shape): from_local's
+        # checks of a user's shards would be most of a small reduction's time.
+        spec = DTensorSpec(mesh, tuple(pls), local.shape, local.dtype,
+                           contiguous_strides(local.shape))
+        return DTensor(local, spec).redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
     dt = DTensor.from_local(local, mesh, pls,
                             shape=local.shape, stride=tuple(
                                 int(np.prod(local.shape[d + 1:])) for d in range(local.ndim)))
