@@ -105,29 +105,35 @@ def _indices(name, a):
     rows = int(np.prod(spec.shape[:d]))
     # Only dim d is cut, so the dims before it are whole here and C order holds
     # this rank's elements row by row.
-    per_row = np.count_nonzero(local.reshape(rows, -1), axis=1) if local.size else \
-        np.zeros(rows, np.int64)
+    found = np.flatnonzero(local)[:, None] if ndim == 1 else np.argwhere(local)
+    # Cut along dim 0 there is one row, whose count is the indices found: no
+    # second pass over the data.
+    per_row = (np.array([len(found)], np.int64) if d == 0 else
+               np.count_nonzero(local.reshape(rows, -1), axis=1) if local.size else
+               np.zeros(rows, np.int64))
     table = _row_counts(name, mesh, m, rows, per_row)
     total = int(table.sum())
     c = mesh.get_coordinate()[m]
     starts = (np.cumsum(table.reshape(-1)) - table.reshape(-1)).reshape(table.shape)[:, c]
-    found = np.flatnonzero(local)[:, None] if ndim == 1 else np.argwhere(local)
-    if offset:
+    if offset and any(offset):
         found += np.asarray(offset, np.intp)
+    k = mesh.shape[m]
+    bounds = np.cumsum(np.asarray((0,) + tuple(chunk_sizes(total, k)), np.int64))
+    if d == 0:
+        # Cut along dim 0, this rank's positions are the one run
+        # [starts[0], starts[0] + len(found)), and each rank's run follows the one
+        # before: the indices arrive in order, and no position need travel with them.
+        at = np.clip(bounds - int(starts[0]), 0, len(found))
+        got, _ = mesh._handle.alltoallv(np.ascontiguousarray(found, np.int64),
+                                        np.diff(at).tolist(), m)
+        return _wrap(mesh, m, got, (total, ndim)), m
     row_of = (np.ravel_multi_index(tuple(found[:, :d].T), spec.shape[:d]) if d and len(found)
               else np.zeros(len(found), np.intp))
     first_in_row = np.cumsum(per_row) - per_row
     position = starts[row_of] + np.arange(len(found)) - first_in_row[row_of]
     # Positions grow in local order: the rows do, and within a row the rank's
     # elements are consecutive.
-    k = mesh.shape[m]
-    bounds = np.cumsum(np.asarray((0,) + tuple(chunk_sizes(total, k)), np.int64))
     counts = np.diff(np.searchsorted(position, bounds, side="left")).tolist()
-    if d == 0:
-        # Cut along dim 0, each rank's run of positions follows the one before:
-        # the indices arrive in order, and no position need travel with them.
-        got, _ = mesh._handle.alltoallv(np.ascontiguousarray(found, np.int64), counts, m)
-        return _wrap(mesh, m, got, (total, ndim)), m
     records = np.concatenate([position[:, None].astype(np.int64), found.astype(np.int64)],
                              axis=1)
     got, _ = mesh._handle.alltoallv(np.ascontiguousarray(records), counts, m)
