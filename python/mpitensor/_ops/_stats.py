@@ -32,6 +32,8 @@ from ._inplace import write_result
 
 
 def _unpartial(name, a):
+    if not any(p.is_partial() for p in a._spec.placements):
+        return a
     return D.relayout(name, a, [Replicate() if p.is_partial() else p
                                 for p in a._spec.placements])
 
@@ -149,6 +151,12 @@ def _merge_logaddexp(ufunc, mesh, local, dims, placements, shape):
         return np.where(finite, shift + log(total), top).astype(local.dtype)
 
 
+def _scalar(bins) -> bool:
+    """Whether ``bins`` is a number of bins (not edges), an int's answer without
+    NumPy's ndim, which is a visible part of a small histogram's time."""
+    return type(bins) is int or np.ndim(bins) == 0
+
+
 # Equal-bin edges by (dtype, bins, range and the types of its ends, which decide
 # the edges' dtype): NumPy's making of them is most of a small histogram's time.
 _edges: dict = {}
@@ -157,7 +165,7 @@ _edges: dict = {}
 def _bin_edges(dtype, bins, range):
     """np.histogram_bin_edges of no data of ``dtype`` (a copy: the caller's to keep)."""
     key = None
-    if np.ndim(bins) == 0 and range is not None and len(range) == 2:
+    if _scalar(bins) and range is not None and len(range) == 2:
         key = (dtype.str, bins, type(bins), range[0], type(range[0]), range[1],
                type(range[1]))
         try:
@@ -197,7 +205,7 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     # the others every rank holds the same elements already.
     sharding = {m for m, p in enumerate(spec.placements)
                 if isinstance(p, Shard) and mesh.shape[m] > 1}
-    if np.ndim(bins) == 0 and range is None:
+    if _scalar(bins) and range is None:
         operator.index(bins)
         if spec.shape and 0 in spec.shape:
             range = (0.0, 1.0)
@@ -218,7 +226,7 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     # Equal bins (a number of bins) count in the one-pass kernel by NumPy's rule;
     # edges given, or a dtype the kernel does not read, count by NumPy.
     local = a.to_local()
-    counts = _lanes.uniform_counts(local, edges) if np.ndim(bins) == 0 else None
+    counts = _lanes.uniform_counts(local, edges) if _scalar(bins) else None
     if counts is None:
         counts, _ = np.histogram(local, bins=edges)
     if sharding:
