@@ -1,5 +1,5 @@
-"""The tables of docs/performance.md, docs/plans.md and docs/benchmarks.md (the
-comparison with Heat), generated from the benchmarks' JSON results.
+"""The tables of docs/performance.md, docs/plans.md, docs/benchmarks.md (the
+comparison with Heat) and docs/linalg.md, generated from the benchmarks' JSON results.
 
     python benchmarks/tables.py            # rewrite the tables of the pages
     python benchmarks/tables.py --check    # exit 1 when the page differs from the JSON
@@ -28,7 +28,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 PAGES = tuple(os.path.join(os.path.dirname(HERE), "docs", name)
-              for name in ("performance.md", "plans.md", "benchmarks.md"))
+              for name in ("performance.md", "plans.md", "benchmarks.md", "linalg.md"))
 # The plots of the same results (benchmarks/plot.py --out docs/img/perf), shown
 # under their tables when present.
 PLOTS = os.path.join(os.path.dirname(HERE), "docs", "img", "perf")
@@ -402,11 +402,39 @@ def io(results: dict) -> str:
     return "\n".join(out)
 
 
+def linalg(results: dict) -> str:
+    """Per call and shape (benchmarks/linalg.py): mpitensor's time, and the other
+    side's time over it (Heat's, one-process NumPy's), with each side's error."""
+    out = []
+    for n, torch, data in runs_of(results, "linalg"):
+        rows = []
+        for section, points in data["sections"].items():
+            for pt in points:
+                speed = pt["mt_speedup"]
+                err = pt.get("error", {})
+                rows.append([
+                    pt["op"], " x ".join(map(str, pt["shape"])), section,
+                    f"{pt['seconds']['mt']['median'] * 1e3:.0f} ms",
+                    stat(speed["heat"]) if "heat" in speed else "",
+                    stat(speed["numpy"]) if "numpy" in speed else "",
+                    f"{err['mt']:.1e}" if "mt" in err else "",
+                    f"{err['heat']:.1e}" if "heat" in err else ""])
+        heat = data["machine"].get("heat")
+        out.append(f"np {n}{f', Heat {heat}' if heat else ''}, float64, `[Shard(0)]`: "
+                   f"the other side's time over mpitensor's (above 1: mpitensor is "
+                   f"faster), median [min..max]; errors: qr's ||A - QR|| / ||A||, svd's "
+                   f"singular values' against NumPy's over the largest, solve's "
+                   f"backward error, eigh's eigenvalues against NumPy's over the largest\n\n"
+                   + table(["call", "shape", "engine", "mpitensor", "Heat / mt",
+                            "NumPy (1 process) / mt", "error (mt)", "error (Heat)"], rows))
+    return "\n".join(out)
+
+
 TABLES = {"redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
           "plan_ranking": plan_ranking, "simulate_plans": simulate_plans, "vs_heat": vs_heat,
-          "transport": transport, "io": io}
+          "transport": transport, "io": io, "linalg": linalg}
 
 
 def figures(name: str, cpu: str, results: dict, plots: str) -> str:
