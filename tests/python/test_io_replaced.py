@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Shard, init_device_mesh
-from mpitensor.checkpoint import _zarr
+from mpitensor.checkpoint import _io, _zarr
 from mpi_helpers import Problems
 
 COMM = MPI.COMM_WORLD
@@ -117,7 +117,7 @@ def test_a_zarr_store_removed_under_a_load_raises_everywhere(tmp, monkeypatch):
             new = path + ".new"
             a = zarr.create_array(new, shape=SHAPE, dtype="f8", chunks=(64, 1024))
             a[...] = version(2)
-            assert _zarr._exchange(new, path)
+            assert _io.exchange(new, path)
             _zarr._remove_store(new)
         replace_on_first(swap)
         return real(self, *args)
