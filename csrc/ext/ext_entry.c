@@ -140,6 +140,13 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   PyObject *res = call_entry(d, func, args, kwargs);
   d->modes->grad_enabled = 1, d->modes->grad_priced = priced;
   if (res == NULL) return NULL;
+  /* None from a function with no backward: it can only have written into an
+   * argument, unrecorded. A writer missing from autograd's table of writes is
+   * refused here, after the fact, rather than losing the gradient silently. */
+  if (res == Py_None && bw == NULL) {
+    Py_DECREF(res);
+    return mt_ext_error(d, "in_place_grad", func, NULL);
+  }
   int several = (PyTuple_Check(res) || PyList_Check(res)) && PySequence_Fast_GET_SIZE(res);
   PyObject *first = several ? PySequence_Fast_ITEMS(res)[0] : res;
   if (Py_TYPE(first) != d->dtensor ||

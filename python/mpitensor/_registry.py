@@ -186,9 +186,9 @@ def executor_error(kind: str, key, arg) -> None:
             "it would be lost)")
     if kind == "mixed":
         raise mixed_error(op_label(key), arg)
-    if kind == "in_place_grad":  # key: the name of the function that writes in place
+    if kind == "in_place_grad":  # key: the function that writes in place, or its name
         raise RuntimeError(
-            f"{key}: a DTensor that requires grad cannot be written in place while grad "
+            f"{key if isinstance(key, str) else op_label(key)}: a DTensor that requires grad cannot be written in place while grad "
             "mode is on (the write would not be recorded and a gradient would be lost); "
             "write under mpitensor.no_grad(), or build a new DTensor (e.g. numpy.where)")
     if kind == "out_grad":

@@ -194,3 +194,13 @@ def test_writes_refuse_a_target_that_requires_grad():
     with mt.no_grad():
         np.putmask(a, np.ones((2, 2), bool), 0.0)
     assert_matches(a.detach(), np.zeros((2, 2)))
+
+
+def test_a_writer_missing_from_autograds_table_is_still_refused(monkeypatch):
+    # The executor refuses a function with no backward that answers None in grad
+    # mode: a writer someone forgets to list among autograd's writes is caught.
+    monkeypatch.delitem(mt._registry.backwards, np.putmask)
+    mesh = mesh_of((W,))
+    a = make(np.arange(4.0).reshape(2, 2), mesh, [S0]).requires_grad_(True)
+    with pytest.raises(RuntimeError, match="numpy.putmask.*grad"):
+        np.putmask(a, np.ones((2, 2), bool), 0.0)
