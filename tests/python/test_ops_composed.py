@@ -162,6 +162,17 @@ def test_lexsort_and_sort_complex_equal_numpys(n, pl):
         np.lexsort((keys[0], make(np.zeros(n + 1), mesh, [pl])))
 
 
+@pytest.mark.parametrize("pl", [S0, S1, R], ids=str)
+def test_lexsort_of_one_dtensor_takes_its_rows_as_keys(pl):
+    """A 2-D DTensor's rows are the keys, as NumPy's."""
+    mesh = mesh_of((W,))
+    rng = np.random.default_rng(3)
+    full = rng.integers(0, 3, (3, 4 * W + 1))
+    with mt.strict():
+        got = np.lexsort(make(full, mesh, [pl]))
+    assert np.array_equal(got.full_tensor(), np.lexsort(full))
+
+
 @pytest.mark.parametrize("n", [1, 2, 9, 5 * W + 3])
 @pytest.mark.parametrize("layout", layouts(), ids=str)
 def test_unwrap_equals_numpys(n, layout):

@@ -570,8 +570,8 @@ def sort_complex(a):
 
 @_registry.implements(np.lexsort)
 def lexsort(keys, axis=-1):
-    """``np.lexsort`` of 1-D DTensor keys of one length (a sequence, the last key
-    primary): the stable argsort of the first key, then for each next key the
+    """``np.lexsort`` of 1-D DTensor keys of one length (a tuple, or the rows of a
+    2-D DTensor, the last key primary): the stable argsort of the first key, then for each next key the
     stable argsort of that key read through the order so far, which the order then
     follows (``a[idx]`` by an integer DTensor, _pick.py). Each step is a sample sort
     and two exchanges of what it picks, never a gather. Collective on the mesh.
@@ -580,6 +580,8 @@ def lexsort(keys, axis=-1):
     (a tuple: NumPy looks into a tuple of keys for DTensors, not into a list).
     """
     name = "numpy.lexsort"
+    if type(keys) is DTensor and keys.ndim == 2:
+        keys = [keys[i] for i in range(keys.shape[0])]
     if type(keys) is DTensor or not isinstance(keys, (list, tuple)) or not keys or \
             any(type(k) is not DTensor or k.ndim != 1 for k in keys):
         raise _registry.NoRule(f"{name}: the DTensor rule takes a sequence of 1-D "
