@@ -27,6 +27,15 @@ def mesh_shapes():
     return [(W,), (2, 2)] if W == 4 else [(W,)]
 
 
+def mesh_layouts(*two_d):
+    """(mesh shape, placements) pairs for a 2-D array: Replicate, Shard(0) and
+    Shard(1) over every rank, then at np 4 each of ``two_d`` on the (2, 2) mesh."""
+    out = [((W,), (p,)) for p in (Replicate(), Shard(0), Shard(1))]
+    if W == 4:
+        out += [((2, 2), tuple(pls)) for pls in two_d]
+    return out
+
+
 def placements(draw, ndim, mesh_ndim, partial=True):
     """One placement per mesh dim: Replicate, Shard of any dim, or Partial(sum)."""
     options = [Replicate()] + [Shard(d) for d in range(ndim)]

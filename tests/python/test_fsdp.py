@@ -523,23 +523,37 @@ def test_reshard_to_groups_of_two(mesh):
     backward's all-gathers run over 2 ranks (fewer bytes sent than the forward's
     over 4), the gradients are those of reshard_after_forward=True, and the
     parameters are freed on every rank."""
-    grads = {}
-    for raf in (True, 2):
+    def run(raf):
         m = sharded_mlp(mesh, reshard_after_forward=raf)
         x, t = batch(mesh)
+        return m, lambda: loss_of(m, x, t)
+
+    for fwd, bwd in gathers_in_pairs(run):
+        assert fwd.get_comm_counts()[AG] == 2 and bwd.get_comm_counts()[AG] == 2
+        assert bwd.get_comm_counts()[RS] == 2
+
+
+def gathers_in_pairs(run):
+    """Forward and backward of ``run(raf)`` (the module and its loss function)
+    for reshard_after_forward True and 2: the parameters are freed after each,
+    the backward's all-gathers with 2 send 2/3 of the forward's bytes (True: the
+    same), and both give the same gradients. The two steps' counters, True's first."""
+    grads, modes = {}, []
+    for raf in (True, 2):
+        m, loss_fn = run(raf)
         with CommDebugMode() as fwd:
-            loss = loss_of(m, x, t)
+            loss = loss_fn()
         assert freed(m.w1) and freed(m.w2)
         with CommDebugMode() as bwd:
             loss.backward()
-        assert fwd.get_comm_counts()[AG] == 2 and bwd.get_comm_counts()[AG] == 2
-        assert bwd.get_comm_counts()[RS] == 2
         sent = fwd.get_comm_bytes()[AG], bwd.get_comm_bytes()[AG]
         assert sent[1] == (sent[0] if raf is True else 2 * sent[0] // 3), sent
         grads[raf] = {n: p.grad.full_tensor() for n, p in m.named_parameters()}
         assert freed(m.w1) and freed(m.w2)
+        modes.append((fwd, bwd))
     for name, g in grads[True].items():
         np.testing.assert_array_equal(grads[2][name], g, err_msg=name)
+    return modes
 
 
 def test_reshard_int_edge_values(mesh):
@@ -566,23 +580,16 @@ def test_reshard_to_groups_of_two_beside_tp():
     parallelized over tp: the backward gathers over pairs of dp ranks, and the
     gradients are those of reshard_after_forward=True."""
     mesh = mt.init_device_mesh("cpu", (4, 1), mesh_dim_names=("dp", "tp"))
-    grads = {}
-    for raf in (True, 2):
+    x = np.random.default_rng(5).standard_normal((4, 5))
+    t = np.random.default_rng(6).standard_normal((4, 5))
+    r = mesh.get_local_rank("dp")
+    xs = DTensor.from_local(x[r:r + 1], mesh["tp"], [Replicate()])
+
+    def run(raf):
         m = parallelize_module(MLP((5, 6, 5)), mesh["tp"],
                                {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
         for sub in (m.w1, m.w2, m):
             fully_shard(sub, mesh=mesh["dp"], reshard_after_forward=raf)
-        x = np.random.default_rng(5).standard_normal((4, 5))
-        t = np.random.default_rng(6).standard_normal((4, 5))
-        r = mesh.get_local_rank("dp")
-        xs = DTensor.from_local(x[r:r + 1], mesh["tp"], [Replicate()])
-        with CommDebugMode() as fwd:
-            loss = ((m(xs) - t[r:r + 1]) ** 2).mean()
-        with CommDebugMode() as bwd:
-            loss.backward()
-        sent = fwd.get_comm_bytes()[AG], bwd.get_comm_bytes()[AG]
-        assert sent[1] == (sent[0] if raf is True else 2 * sent[0] // 3), sent
-        grads[raf] = {n: p.grad.full_tensor() for n, p in m.named_parameters()}
-        assert freed(m.w1) and freed(m.w2)
-    for name, g in grads[True].items():
-        np.testing.assert_array_equal(grads[2][name], g, err_msg=name)
+        return m, lambda: ((m(xs) - t[r:r + 1]) ** 2).mean()
+
+    gathers_in_pairs(run)

@@ -14,17 +14,10 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Replicate, Shard
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, assert_matches, make, mesh_of
+from ops_helpers import W, assert_matches, make, mesh_layouts, mesh_of
 
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
 COMM = MPI.COMM_WORLD
-
-
-def layouts():
-    out = [((W,), (p,)) for p in (R, S0, S1)]
-    if W == 4:
-        out += [((2, 2), (S0, S1)), ((2, 2), (S1, S0))]
-    return out
 
 
 def refuse(row):
@@ -36,7 +29,7 @@ def ends(row, scale=1.0):
     return (row[0] + row[-1]) * scale
 
 
-@pytest.mark.parametrize("layout", layouts(), ids=str)
+@pytest.mark.parametrize("layout", mesh_layouts((S0, S1), (S1, S0)), ids=str)
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_apply_along_axis_matches_numpy(layout, axis):
     mesh = mesh_of(layout[0])

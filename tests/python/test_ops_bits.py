@@ -10,22 +10,15 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor as mt
-from mpitensor import Replicate, Shard
+from mpitensor import Shard
 from mpitensor.debug import CommDebugMode
-from ops_helpers import W, assert_matches, make, mesh_of
+from ops_helpers import W, assert_matches, make, mesh_layouts, mesh_of
 
-R, S0, S1 = Replicate(), Shard(0), Shard(1)
+S0, S1 = Shard(0), Shard(1)
 COMM = MPI.COMM_WORLD
 
 
-def layouts():
-    out = [((W,), (p,)) for p in (R, S0, S1)]
-    if W == 4:
-        out += [((2, 2), (S0, S1)), ((2, 2), (S1, S1))]
-    return out
-
-
-@pytest.mark.parametrize("layout", layouts(), ids=str)
+@pytest.mark.parametrize("layout", mesh_layouts((S0, S1), (S1, S1)), ids=str)
 @pytest.mark.parametrize("shape", [(3, 13), (16 * W, 2)])
 def test_pack_and_unpack_match_numpy(layout, shape):
     mesh = mesh_of(layout[0])
