@@ -76,7 +76,7 @@ class DTensor(_C.DTensorBase):
     # reaches this tensor); unset until used, so a DTensor the executor makes costs
     # nothing more. The comparison operators make DTensors, so keep identity hashing.
     __slots__ = ("_grad", "_retains_grad", "_grad_owned", "_backward_hooks",
-                 "_post_accumulate_grad_hooks")
+                 "_post_accumulate_grad_hooks", "_grad_as_made")
     __hash__ = object.__hash__
 
     __iadd__ = _in_place(np.add, "__iadd__")

@@ -10,7 +10,8 @@ Gradients are DTensors computed with DTensor operations with grad mode off, so
 they go through the same executor as the forward: their placements come from the
 same C decisions and their redistributions are the same plans. A leaf's gradient
 is redistributed to the leaf's placements (a Partial one's: Replicate) before it is
-stored. Every check here depends on global shapes and placements only, so every
+stored, but for fully_shard's ignored parameters, which torch's FSDP does not
+reduce: theirs stays where backward made it, as torch's DTensor leaves. Every check here depends on global shapes and placements only, so every
 rank raises the same error. A rule makes a gradient where it goes next (past the
 redistributes that made its input, ``_rules._headed``), except at a tensor that
 several gradients reach (``y`` of ``y * y``; the engine counts them, as torch's
@@ -141,9 +142,11 @@ def _local_sum(a: DTensor, b: DTensor) -> DTensor:
 
 
 def _converted(t: DTensor, g: DTensor, owned: bool) -> tuple:
-    """``g`` with ``t``'s gradient placements (a Partial's: Replicate) and dtype."""
+    """``g`` with ``t``'s gradient placements (a Partial's: Replicate) and dtype;
+    a leaf marked ``_grad_as_made`` (fully_shard's ignored parameters) keeps the
+    placements backward gave, as torch keeps every leaf's."""
     pl = _grad_placements(t._spec.placements)
-    if g._spec.placements != pl:
+    if g._spec.placements != pl and not getattr(t, "_grad_as_made", False):
         moved = g.redistribute(t._spec.mesh, pl)
         g, owned = moved, (owned if moved is g else bool(moved._fresh))
     if g._spec.dtype != t._spec.dtype:

@@ -326,9 +326,9 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     a result that is no Shard is a ValueError. The group still moves in one
     all-gather and one reduce-scatter. ``ignored_params``: parameters (any
     iterable, matched by identity) left as they are: not sharded, gathered or
-    reduced by FSDP; a DTensor among them that requires grad gets the gradient
-    its own placements give (a Replicate one on ``dp``: the global loss's, one
-    all-reduce, where torch leaves each rank its local gradient).
+    reduced by FSDP; a DTensor among them that requires grad keeps its gradient
+    where backward made it, as torch's DTensor does (a Replicate one on ``dp``: a
+    Partial gradient, the global loss's, reduced by the optimizer's step).
 
     ``mp_policy`` (:class:`MixedPrecisionPolicy`): the dtype the group is gathered
     and computed in (``param_dtype``), the dtype its gradients are reduce-scattered
@@ -748,6 +748,11 @@ class _State:
         order: list = []
         ignored = {id(p.data if isinstance(p, Parameter) else p)
                    for p in (ignored_params or ())}
+        for p in ignored_params or ():
+            p = p.data if isinstance(p, Parameter) else p
+            if isinstance(p, DTensor):
+                # FSDP does not reduce it, so neither does the engine (torch's rule).
+                p._grad_as_made = True
 
         def walk(m, prefix):
             for name, value in m._parameters.items():

@@ -59,10 +59,15 @@ def local_grad(p: DTensor):
     """This rank's part of ``p.grad`` as an ndarray in ``p``'s dtype, or None when
     ``p`` has no gradient. ValueError when the gradient is not laid out as ``p``
     (the same on every rank: placements and meshes are global), since updating
-    shards from another layout would need communication."""
+    shards from another layout would need communication. The gradient of a leaf
+    that keeps it where backward made it (fully_shard's ignored parameters) is
+    moved to ``p``'s placements first, as torch's in-place update moves it:
+    collective on ``p``'s mesh then."""
     g = p.grad
     if g is None:
         return None
+    if getattr(p, "_grad_as_made", False) and g.device_mesh == p.device_mesh:
+        g = g.redistribute(p.device_mesh, p.placements)
     if g.device_mesh != p.device_mesh or g.placements != p.placements:
         raise ValueError(f"a gradient with placements {g.placements} on {g.device_mesh} "
                          f"cannot update a parameter with placements {p.placements} on "
