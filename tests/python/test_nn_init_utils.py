@@ -190,6 +190,34 @@ def test_clip_grad_norm_matches_torch(norm_type, dtype):
                                                rtol=rtol, atol=1e-7 * rtol)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_clip_grad_norm_of_partial_gradients_matches_torch(norm_type, op):
+    """A Partial gradient (fully_shard's ignored parameters keep one) counts with
+    its reduction, as torch's norm reduces it, and stays Partial once scaled."""
+    torch = pytest.importorskip("torch")
+    mesh = mesh_of((W,))
+    ps, arrays = grads_on(mesh, [[S0], [R], [R]], np.float64)
+    rank = mesh.get_coordinate()[0]
+    share = (rank + 1) * 2 / (W * (W + 1)) * (W if op == "avg" else 1)
+    for p in ps[1:]:  # this rank's addend of the whole gradient
+        p.grad = mt.DTensor.from_local(p.grad.to_local() * share, mesh, [Partial(op)],
+                                       run_check=False)
+    tps = [torch.zeros(a.shape, dtype=torch.float64) for a in arrays]
+    for tp, a in zip(tps, arrays):
+        tp.grad = torch.tensor(a)
+    with CommDebugMode() as comm:
+        norm = clip_grad_norm_(ps, 0.5, norm_type=norm_type)
+    tnorm = torch.nn.utils.clip_grad_norm_(tps, 0.5, norm_type=norm_type)
+    np.testing.assert_allclose(float(norm), float(tnorm), rtol=1e-12)
+    if W > 1:  # the agreement, the two sums, the norm (and the inf-norm's maximum)
+        want = 4 + (1 if math.isinf(norm_type) else 0)
+        assert comm.get_comm_counts() == {"all_reduce": want}
+    for p, tp in zip(ps, tps):
+        assert p.grad.placements == ((S0,) if p is ps[0] else (Partial(op),))
+        np.testing.assert_allclose(p.grad.full_tensor(), tp.grad.numpy(), rtol=1e-12)
+
+
 def test_clip_grad_norm_without_torch():
     mesh = mesh_of((W,))
     ps, arrays = grads_on(mesh, [[S0], [R], [S1]], np.float64)

@@ -111,14 +111,14 @@ def test_clip_grad_norm_with_other_arguments_on_one_rank_raises_everywhere(bad, 
 
 
 def test_clip_grad_norm_problem_on_one_rank_raises_its_error_everywhere(bad):
-    """A Partial gradient on one rank only: that rank's error, on every rank."""
+    """A Partial(max) gradient on one rank only: that rank's error, on every rank."""
     mesh = meshes()[0]
     ps = params_with_grads(mesh)
     if RANK == bad:
-        ps[1].grad = mt.DTensor.from_local(np.ones((4, 6)), mesh, [mt.Partial()],
+        ps[1].grad = mt.DTensor.from_local(np.ones((4, 6)), mesh, [mt.Partial("max")],
                                            run_check=False)
     got = same_everywhere(outcome(lambda: clip_grad_norm_(ps, 1.0)))
-    assert got == ("ValueError", "cannot clip a Partial gradient ((Partial(sum),)); "
+    assert got == ("ValueError", "cannot clip a Partial gradient ((Partial(max),)); "
                                  "redistribute it first"), got
     still_in_step(mesh)
 

@@ -11,8 +11,9 @@ they go through the same executor as the forward: their placements come from the
 same C decisions and their redistributions are the same plans. A leaf's gradient
 is redistributed to the leaf's placements (a Partial one's: Replicate) before it is
 stored, but for fully_shard's ignored parameters, which torch's FSDP does not
-reduce: theirs stays where backward made it, as torch's DTensor leaves. Every check here depends on global shapes and placements only, so every
-rank raises the same error. A rule makes a gradient where it goes next (past the
+reduce: theirs stays where backward made it, as torch's DTensor leaves. Every
+check here depends on global shapes and placements only, so every rank raises the
+same error. A rule makes a gradient where it goes next (past the
 redistributes that made its input, ``_rules._headed``), except at a tensor that
 several gradients reach (``y`` of ``y * y``; the engine counts them, as torch's
 dependency counts): there they are summed first and move on once.

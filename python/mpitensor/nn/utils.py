@@ -37,11 +37,25 @@ def _grads(parameters) -> tuple[list, list, str | None]:
             continue
         if g.device_mesh not in meshes:
             meshes.append(g.device_mesh)
-        if any(pl.is_partial() for pl in g.placements) and problem is None:
+        if problem is None and any(pl.is_partial() and pl.reduce_op not in _LINEAR
+                                   for pl in g.placements):
             problem = (f"cannot clip a Partial gradient ({g.placements}); "
                        f"redistribute it first")
         grads.append(g)
     return grads, meshes or ([first] if first is not None else []), problem
+
+
+# Partial gradients clip by their sum (or mean): scaling each rank's addend scales it.
+_LINEAR = ("sum", "avg")
+
+
+def _summed(g: DTensor) -> DTensor:
+    """``g`` with its Partial mesh dims reduced (Replicate there), so that its norm
+    is the gradient's. Collective on ``g``'s mesh when ``g`` is Partial."""
+    if not any(pl.is_partial() for pl in g.placements):
+        return g
+    return g.redistribute(g.device_mesh,
+                          [Replicate() if pl.is_partial() else pl for pl in g.placements])
 
 
 def _counts_here(g: DTensor) -> bool:
@@ -141,6 +155,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     rank raises the same ValueError before any gradient is scaled. Gradients on
     several meshes must share the same ranks (ValueError otherwise). With
     ``error_if_nonfinite`` a nan or inf total is a RuntimeError on every rank.
+    A Partial gradient (of a sum or a mean: a trainable parameter that
+    ``fully_shard`` ignores) counts with its sum, as torch's norm reduces it (an
+    all-reduce of it, after one of the agreement), and is scaled where it is.
     ``foreach`` is accepted for torch's signature. Parameters without a gradient
     are skipped; with none at all the result is 0.0 (a NumPy float: there is no
     mesh to put it on). Collective on the parameters' mesh.
@@ -179,6 +196,11 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     total = 0.0
     for mesh in meshes:
         group = [g for g in grads if g.device_mesh == mesh]
+        if problem is None and any(pl.is_partial() for g in group for pl in g.placements):
+            # Summing a Partial gradient moves it: the ranks agree on the call first
+            # (one more all-reduce of a few numbers), so that they move the same.
+            _agree_on_call(mesh, 0.0, True, fp, None, mismatch)
+            group = [_summed(g) for g in group]
         part = _local_part(group, norm_type) if problem is None else 0.0
         value = _agree_on_call(mesh, 0.0 if is_inf else part, problem is None, fp,
                                problem, mismatch)
