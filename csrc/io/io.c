@@ -491,35 +491,6 @@ static int sync_dir(const char *path, mt_error *err) {
   return rc;
 }
 
-/* Local. Starts the device writes of bytes [at, at + len) of `fd` and returns
- * without waiting for them; a hint, so its failure is no failure of the save. */
-static void start_writeback(int fd, int64_t at, int64_t len) {
-#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
-  if (fd >= 0 && len > 0) {
-    (void)sync_file_range(fd, (off_t)at, (off_t)len, SYNC_FILE_RANGE_WRITE);
-  }
-#else
-  (void)fd, (void)at, (void)len;
-#endif
-}
-
-/* Collective, for a save that is not durable, once every rank has written: each
- * rank starts the device writes of its 1/N share of the file, and the ranks agree
- * that all have before the file is put in place. Without a sync, a power cut
- * after the rename could otherwise find the new name on a file whose blocks were
- * never allocated (zeros). ext4 does this itself inside a rename over an existing
- * file (auto_da_alloc), but for the whole file, on the one renaming rank; started
- * here it runs on every rank at once, and the swap that replaces the rename
- * (replace) leaves ext4 nothing to do. */
-static int settle(io_call *c, const char *tmp, mt_error *err) {
-  int fd = open(tmp, O_WRONLY | O_CLOEXEC);
-  int mine = fd >= 0 ? MT_OK : posix_fail(err, "open", tmp);
-  int64_t share = c->end / c->size, rest = c->end % c->size;
-  int64_t lo = share * c->rank + (c->rank < rest ? c->rank : rest);
-  start_writeback(fd, lo, share + (c->rank < rest));
-  return agree(c->comm, close_file(fd, mine, tmp, err), err);
-}
-
 int mt_io_exchange(const char *a, const char *b, mt_error *err) {
 #if defined(__linux__) && defined(RENAME_EXCHANGE)
   if (renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0) return MT_OK;
@@ -538,8 +509,9 @@ int mt_io_exchange(const char *a, const char *b, mt_error *err) {
  * swapped (*swapped set: `tmp` then names the old file, for the caller to
  * remove): a plain rename over a file makes ext4 write out the whole new file
  * inside the rename (auto_da_alloc), on this one rank while the others wait,
- * which a swap does not. A rename does it where nothing is at `path`, or where
- * the file system cannot swap. */
+ * which a swap does not: a save that is not durable then waits for no device
+ * write, as numpy.save does not. A rename does it where nothing is at `path`, or
+ * where the file system cannot swap. */
 static int replace(const char *tmp, const char *path, int *swapped, mt_error *err) {
   *swapped = 0;
   int rc = mt_io_exchange(tmp, path, err);
@@ -565,7 +537,8 @@ static int replace(const char *tmp, const char *path, int *swapped, mt_error *er
 /* Rank 0 puts the finished file in place, removes the file it replaced (a
  * failure there leaves a temporary that the next save removes) and syncs the
  * directory; every rank learns the outcome, and no temporary is left once any
- * rank returns. */
+ * rank returns. The removal frees what numpy.save's truncation of the old file
+ * frees, at the same cost, so it stays before the agreement. */
 static int commit(io_call *c, const char *tmp, const char *path, mt_error *err) {
   int mine = MT_OK, swapped = 0;
   if (c->rank == 0) mine = replace(tmp, path, &swapped, err);
@@ -615,7 +588,6 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
     if (c.contiguous) rc = write_runs(&c, tmp, header, hlen, buf, buflen, err);
     else if (slabs) rc = write_slabs(&c, array, tmp, header, hlen, buf, err);
     else rc = write_file(&c, tmp, header, hlen, buf, err);
-    if (rc == MT_OK && !c.durable) rc = settle(&c, tmp, err);
     if (rc == MT_OK) rc = commit(&c, tmp, path, err);
   }
   if (rc != MT_OK && made) remove(tmp);

@@ -567,13 +567,21 @@ static void note(const char *what, const char *a, const char *b) {
   if (fd >= 0 && write(fd, line, (size_t)n) >= 0) close(fd);
 }
 
-static int synced(int fd, int rc) {
+static int noted(const char *what, int fd, int rc) {
   char link[64], path[PATH_MAX];
   snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
   ssize_t n = readlink(link, path, sizeof path - 1);
   path[n > 0 ? n : 0] = 0;
-  if (rc == 0) note("fsync", path, NULL);
+  if (rc == 0) note(what, path, NULL);
   return rc;
+}
+
+static int synced(int fd, int rc) { return noted("fsync", fd, rc); }
+
+int sync_file_range(int fd, off_t at, off_t len, unsigned flags) {
+  int (*real)(int, off_t, off_t, unsigned) =
+      (int (*)(int, off_t, off_t, unsigned))dlsym(RTLD_NEXT, "sync_file_range");
+  return noted("sync_file_range", fd, real(fd, at, len, flags));
 }
 
 int fsync(int fd) {

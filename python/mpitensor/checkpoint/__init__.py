@@ -93,7 +93,9 @@ def save(obj, path, *, device_mesh=None, dataset=None, format=None, mode="w",
     existing HDF5 file is written in place: see docs/checkpoints.md).
     ``durable=False`` skips every sync (files, directories, an index), as
     ``numpy.save`` makes none: the replacement is still whole or not at all for
-    other processes, but a power cut may undo it. A symlink
+    other processes, even if the saving job is killed, but a crash of the machine
+    may leave the old file, the new one, or the new name on unwritten bytes
+    (as it may leave ``numpy.save``'s file cut short). A symlink
     is followed (its target is replaced, as by ``numpy.save``); anything else
     that is not a regular file (a directory, a FIFO, a device) is refused. A
     directory save is all or nothing for ``load``:

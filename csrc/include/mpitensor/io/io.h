@@ -57,9 +57,11 @@ MT_EXPORT void mt_io_counters_read(const mt_io_counters *counters, int64_t *read
  * `io_thread` nonzero a POSIX thread that makes no MPI call writes or reads one
  * chunk while the next is exchanged (with 0, or when the thread cannot start, each
  * chunk's transfer runs after its exchange). `durable` zero skips a save's syncs
- * (the replacement stays whole or nothing for other processes, but a power cut may
- * undo it), as numpy.save makes none; the device writes are still started before
- * the file is put in place, without waiting. `counters`, when not NULL, count the
+ * and starts no device write, as numpy.save: the replacement stays whole or
+ * nothing for every process, a killed saving job included (what it wrote is in
+ * the page cache, which outlives it), but a crash of the machine may leave at
+ * `path` the old file, the new one, or the new name on bytes never written, as it
+ * may leave numpy.save's file cut short. `counters`, when not NULL, count the
  * bytes this process moved. */
 typedef struct mt_io_options {
   int64_t chunk_bytes;
