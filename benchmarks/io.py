@@ -23,8 +23,14 @@ the ranks, and one more row, so the shards are uneven), it times, interleaved:
   temporary name and swaps it in. Rewriting the pages of a file that already
   holds them would cost only a memory copy, which no save can be.
 
-Every save, on both sides, replaces the file of the previous repetition, and
-syncs nothing (``durable=False``: Heat syncs nothing either). Before each timed
+Every save, on both sides, replaces the file of the previous repetition. Each is
+timed twice, with the same durability on both sides: syncing nothing (ours
+``durable=False``, as Heat and ``numpy.save``), and durable, under the names
+ending in ``_durable``: ours ``durable=True``; Heat's save followed by an
+``fsync`` of every file it wrote (each rank a share of them) and of every
+directory that names one; ``raw_write`` followed by each rank's ``fsync`` of the
+file and the first rank's of its directory. The syncs are timed, inside the
+save. Before each timed
 load, the file's pages are dropped from the page cache (``fsync`` and
 ``posix_fadvise(DONTNEED)`` on every file of the store), so loads read the
 device. Each timing starts after a barrier and ends when the last rank is done.
@@ -66,7 +72,11 @@ FORMATS = ("npy", "h5", "zarr")
 PAIRS = [("mt_h5_save", "heat_h5_save"), ("mt_h5_load", "heat_h5_load"),
          ("mt_zarr_save", "heat_zarr_save"), ("mt_zarr_load", "heat_zarr_load"),
          ("mt_npy_save", "raw_write"), ("mt_h5_save", "raw_write"),
-         ("mt_npy_load", "raw_read"), ("mt_h5_load", "raw_read")]
+         ("mt_npy_load", "raw_read"), ("mt_h5_load", "raw_read"),
+         ("mt_h5_save_durable", "heat_h5_save_durable"),
+         ("mt_zarr_save_durable", "heat_zarr_save_durable"),
+         ("mt_npy_save_durable", "raw_write_durable"),
+         ("mt_h5_save_durable", "raw_write_durable")]
 
 
 def _heat():
@@ -96,6 +106,38 @@ def _drop_cache(path: str) -> None:
     COMM.Barrier()
 
 
+def _fsync(path: str, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _durably(save, path: str):
+    """``save`` followed by what makes its result durable, as a durable save of
+    ours does: every file under ``path`` synced (rank r the r-th of every N, so
+    the ranks share the work, and on one node the first sync of a file writes
+    it all) and then every directory that names one, the parent included; the
+    ranks meet after the syncs, so the save returns durable everywhere.
+    Collective."""
+    def run():
+        save()
+        COMM.Barrier()  # every rank's bytes are in before any sync
+        if os.path.isdir(path):
+            folders = [d for d, _, _ in os.walk(path)]
+            files = sorted(os.path.join(d, f) for d in folders for f in os.listdir(d)
+                           if not os.path.isdir(os.path.join(d, f)))
+        else:
+            folders, files = [], [path]
+        for f in files[RANK::N]:
+            _fsync(f)
+        for d in sorted(folders + [os.path.dirname(path)])[RANK::N]:
+            _fsync(d, os.O_DIRECTORY)
+        COMM.Barrier()
+    return run
+
+
 def _remove(path: str) -> None:
     if RANK == 0:
         if os.path.isdir(path):
@@ -106,10 +148,12 @@ def _remove(path: str) -> None:
 
 
 def _raw(path: str, local: np.ndarray, at: int):
-    """The raw write and read of this rank's rows at byte ``at`` of ``path``."""
+    """The raw write and read of this rank's rows at byte ``at`` of ``path``, and
+    the write made durable (each rank syncs what it wrote, then the first rank
+    the directory, which names the file)."""
     data = memoryview(local).cast("B")
 
-    def write():
+    def write(durable=False):
         if RANK == 0:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
         COMM.Barrier()  # the file is new before any rank writes into it
@@ -118,8 +162,15 @@ def _raw(path: str, local: np.ndarray, at: int):
             done = 0
             while done < len(data):
                 done += os.pwrite(fd, data[done:], at + done)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
+        if durable:
+            COMM.Barrier()
+            if RANK == 0:
+                _fsync(os.path.dirname(path), os.O_DIRECTORY)
+            COMM.Barrier()
 
     def read():
         out = np.empty_like(local)
@@ -129,7 +180,7 @@ def _raw(path: str, local: np.ndarray, at: int):
         finally:
             os.close(fd)
 
-    return write, read
+    return write, lambda: write(True), read
 
 
 def variants(ht, folder: str, x, mesh, formats) -> tuple[dict, dict]:
@@ -139,31 +190,42 @@ def variants(ht, folder: str, x, mesh, formats) -> tuple[dict, dict]:
     path = {k: os.path.join(folder, v) for k, v in
             {"h5": "x.h5", "zarr": "x.zarr", "npy": "x.npy", "raw": "x.raw",
              "hh5": "heat.h5", "hzarr": "heat.zarr"}.items()}
+    # the durable saves' files, apart, so that each variant replaces its own
+    synced = {k: os.path.join(folder, "synced-" + os.path.basename(v))
+              for k, v in path.items()}
     saves, loads = {}, {}
     if "h5" in formats:
         saves["mt_h5_save"] = lambda: mt.save(x, path["h5"], dataset="x", durable=False)
+        saves["mt_h5_save_durable"] = lambda: mt.save(x, synced["h5"], dataset="x")
         loads["mt_h5_load"] = (path["h5"], lambda: mt.load(path["h5"], mesh, [Shard(0)],
                                                            dataset="x"))
     if "zarr" in formats:
         saves["mt_zarr_save"] = lambda: mt.save(x, path["zarr"], durable=False)
+        saves["mt_zarr_save_durable"] = lambda: mt.save(x, synced["zarr"])
         loads["mt_zarr_load"] = (path["zarr"], lambda: mt.load(path["zarr"], mesh,
                                                                [Shard(0)]))
     if "npy" in formats or "h5" in formats:
-        raw_write, raw_read = _raw(path["raw"], local, row0 * COLS * 8)
+        raw_write, _, raw_read = _raw(path["raw"], local, row0 * COLS * 8)
         saves["raw_write"], loads["raw_read"] = raw_write, (path["raw"], raw_read)
+        saves["raw_write_durable"] = _raw(synced["raw"], local, row0 * COLS * 8)[1]
     if "npy" in formats:
         saves["mt_npy_save"] = lambda: mt.save(x, path["npy"], durable=False)
+        saves["mt_npy_save_durable"] = lambda: mt.save(x, synced["npy"])
         loads["mt_npy_load"] = (path["npy"], lambda: mt.load(path["npy"], mesh,
                                                              [Shard(0)]))
     if ht is not None:
         hx = ht.array(local, is_split=0)
         if "h5" in formats:
             saves["heat_h5_save"] = lambda: ht.save_hdf5(hx, path["hh5"], "x", mode="w")
+            saves["heat_h5_save_durable"] = _durably(
+                lambda: ht.save_hdf5(hx, synced["hh5"], "x", mode="w"), synced["hh5"])
             loads["heat_h5_load"] = (path["hh5"], lambda: ht.load_hdf5(path["hh5"], "x",
                                                                        split=0))
         if "zarr" in formats:
             saves["heat_zarr_save"] = lambda: ht.save_zarr(hx, path["hzarr"],
                                                            overwrite=True)
+            saves["heat_zarr_save_durable"] = _durably(
+                lambda: ht.save_zarr(hx, synced["hzarr"], overwrite=True), synced["hzarr"])
             loads["heat_zarr_load"] = (path["hzarr"], lambda: ht.load_zarr(path["hzarr"],
                                                                            split=0))
     return saves, loads
@@ -268,7 +330,7 @@ def main() -> None:
 def _print(mib: int, rows: int, res: dict) -> None:
     print(f"{mib} MiB/rank, {rows} rows (MiB/s of the whole array, median [min..max]):")
     for k, s in res["MiB_per_s"].items():
-        print(f"  {k:15s} {s['median']:9.0f} [{s['min']:.0f}..{s['max']:.0f}]")
+        print(f"  {k:22s} {s['median']:9.0f} [{s['min']:.0f}..{s['max']:.0f}]")
     for k, s in res["ratios"].items():
         print(f"  {k}: {s['median']:.2f}x [{s['min']:.2f}..{s['max']:.2f}]")
 

@@ -384,7 +384,11 @@ def io(results: dict) -> str:
             ("mt_h5_save/raw_write", "HDF5 save / pwrite"),
             ("mt_npy_save/raw_write", ".npy save / pwrite"),
             ("mt_h5_load/raw_read", "HDF5 load / pread"),
-            ("mt_npy_load/raw_read", ".npy load / pread")]
+            ("mt_npy_load/raw_read", ".npy load / pread"),
+            ("mt_h5_save_durable/heat_h5_save_durable", "HDF5 save / Heat, synced"),
+            ("mt_zarr_save_durable/heat_zarr_save_durable", "Zarr save / Heat, synced"),
+            ("mt_h5_save_durable/raw_write_durable", "HDF5 save / pwrite, synced"),
+            ("mt_npy_save_durable/raw_write_durable", ".npy save / pwrite, synced")]
     out = []
     for n, torch, data in runs_of(results, "io"):
         shown = [(k, name) for k, name in cols
@@ -394,9 +398,13 @@ def io(results: dict) -> str:
                  *(stat(pt["ratios"][k]) if k in pt["ratios"] else "" for k, _ in shown)]
                 for pt in data["points"]]
         heat = data["machine"].get("heat")
+        synced = any(k.endswith("_durable") for k, _ in shown)
+        syncs = ("no syncs on either side, and where it says synced, durable on both "
+                 "sides (ours durable=True; Heat's save and pwrite followed by fsync of "
+                 "the files and their directory)" if synced else "no syncs on either side")
         out.append(f"np {n}{f', Heat {heat}' if heat else ', without Heat'}: bandwidth "
                    f"of mpitensor over the other side's (above 1: mpitensor is faster), "
-                   f"no syncs on either side; pwrite makes a new file as numpy.save does\n\n"
+                   f"{syncs}; pwrite makes a new file as numpy.save does\n\n"
                    + table(["float64 per rank", "rows", *(name for _, name in shown)],
                            rows))
     return "\n".join(out)
