@@ -37,8 +37,11 @@ from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _agree, _io, _npy, _paths, _stored, _tensor
 
-# Uncompressed bytes of a chunk at most, where a dim can be cut further.
-CHUNK_BYTES = 32 << 20
+# Uncompressed bytes of a chunk at most, where a dim can be cut further. zarr's
+# default codec (zstd) encodes chunks of a few MiB faster per byte than chunks of
+# tens of MiB, whose output buffers are too large for the allocator to reuse (each
+# is mapped anew and its pages faulted in); loads read either as fast.
+CHUNK_BYTES = 8 << 20
 
 
 def zarr():
