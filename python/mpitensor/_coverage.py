@@ -33,7 +33,10 @@ def _rule(f) -> str:
     if impl is None:
         return "gathered"
     module = getattr(impl, "__module__", "") or ""
-    return f"distributed (`{module.rsplit('.', 1)[-1]}.py`)"
+    # Named from mpitensor/_ops, where the rules live, or from the package for
+    # the few that live with what they use (np.save's beside the sharded writer).
+    path = module.split(".", 1)[-1].replace(".", "/")
+    return f"distributed (`{path.removeprefix('_ops/')}.py`)"
 
 
 def _method_row(ufunc) -> list[str]:
@@ -66,8 +69,9 @@ def page() -> str:
         "# NumPy coverage",
         "",
         "Every NumPy call on DTensors answers with NumPy's value. A call marked",
-        "**distributed** runs its rule in `mpitensor/_ops` (the [user guide](user_guide.md)",
-        "says what each moves; some forms of it still gather, named there); a call marked",
+        "**distributed** runs its rule in the file named, under `mpitensor/_ops` (the",
+        "[user guide](user_guide.md) says what each moves; some forms of it still gather,",
+        "named there); a call marked",
         "**gathered** has no rule yet: its DTensor arguments are gathered on every rank,",
         "NumPy runs on the whole arrays and the result is replicated, with a",
         "`mpitensor.GatherWarning` (`mpitensor.strict()` makes it a `TypeError`).",

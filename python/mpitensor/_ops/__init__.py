@@ -5,7 +5,7 @@ where DTensor's entry points and the C dispatch's Python entries find them."""
 
 from . import (_along_axis, _apply, _assemble, _bits, _composed, _counts, _cov, _delete, _diag,  # noqa: F401
                _diagonal, _elementwise, _fallback, _flip, _halo, _indexing, _inplace, _insert, _join, _kron, _like, _linalg,
-               _lookup, _metadata, _meshgrid, _nan, _nonzero, _pad, _pointwise, _poly, _put, _repeat,
+               _lookup, _metadata, _meshgrid, _nan, _nonzero, _pad, _pointwise, _poly, _print, _put, _repeat,
                _reductions, _roll, _scalapack, _scatter, _searchsorted, _select, _setops, _shape, _split,
                _stats, _strided, _take, _tsqr, _unique)
 
