@@ -23,8 +23,8 @@ typedef void ormqr_fn(const char *side, const char *trans, void *m, void *n, voi
 
 /* The integer arguments of one call, in the library's size. */
 typedef struct ints {
-  int64_t wide[8];
-  int narrow[8];
+  int64_t wide[12];
+  int narrow[12];
   int ilp64;
 } ints;
 
@@ -114,23 +114,25 @@ int mt__geqrf(const mt__lapack_ops *ops, int64_t m, int64_t n, void *a, int64_t 
   return info_status(&s, 4, "geqrf", err);
 }
 
-int mt__tpqrt(const mt__lapack_ops *ops, int64_t n, int64_t nb, void *a, void *b,
-              void *t, void *work, mt_error *err) {
+int mt__tpqrt(const mt__lapack_ops *ops, const mt__pentagon *p, void *t, void *work,
+              mt_error *err) {
   ints s = {.ilp64 = ops->ilp64};
-  ((tpqrt_fn *)ops->tpqrt)(arg(&s, 0, n), arg(&s, 1, n), arg(&s, 2, n), arg(&s, 3, nb),
-                           a, arg(&s, 4, n), b, arg(&s, 5, n), t, arg(&s, 6, nb), work,
+  ((tpqrt_fn *)ops->tpqrt)(arg(&s, 0, p->m), arg(&s, 1, p->n), arg(&s, 2, p->l),
+                           arg(&s, 3, p->nb), p->a, arg(&s, 4, p->lda), p->b,
+                           arg(&s, 5, p->ldb), t, arg(&s, 6, p->nb), work,
                            arg(&s, 7, 0));
   return info_status(&s, 7, "tpqrt", err);
 }
 
-int mt__tpmqrt(const mt__lapack_ops *ops, int64_t n, int64_t nb, const void *v,
-               const void *t, void *a, void *b, void *work, mt_error *err) {
+int mt__tpmqrt(const mt__lapack_ops *ops, const mt__pentagon *p, const void *t, void *c,
+               int64_t ldc, void *d, int64_t ldd, void *work, mt_error *err) {
   ints s = {.ilp64 = ops->ilp64};
-  ((tpmqrt_fn *)ops->tpmqrt)("L", "N", arg(&s, 0, n), arg(&s, 1, n), arg(&s, 2, n),
-                             arg(&s, 3, n), arg(&s, 4, nb), v, arg(&s, 5, n), t,
-                             arg(&s, 6, nb), a, arg(&s, 5, n), b, arg(&s, 5, n), work,
-                             arg(&s, 7, 0), 1, 1);
-  return info_status(&s, 7, "tpmqrt", err);
+  ((tpmqrt_fn *)ops->tpmqrt)("L", "N", arg(&s, 0, p->m), arg(&s, 1, p->n),
+                             arg(&s, 2, p->n), arg(&s, 3, p->l), arg(&s, 4, p->nb),
+                             p->b, arg(&s, 5, p->ldb), t, arg(&s, 6, p->nb), c,
+                             arg(&s, 7, ldc), d, arg(&s, 8, ldd), work, arg(&s, 9, 0),
+                             1, 1);
+  return info_status(&s, 9, "tpmqrt", err);
 }
 
 int mt__ormqr(const mt__lapack_ops *ops, int64_t m, int64_t n, const void *a,

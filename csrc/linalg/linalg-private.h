@@ -30,15 +30,27 @@ int mt__lapack_lwork(const mt__lapack_ops *ops, int64_t m, int64_t n, int64_t *l
 int mt__geqrf(const mt__lapack_ops *ops, int64_t m, int64_t n, void *a, int64_t lda,
               void *tau, void *work, int64_t lwork, mt_error *err);
 
-/* tpqrt of the n x n upper triangles a over b (l = n): R into a, the reflectors'
- * V into b, their block factor into t (nb x n). work: nb * n elements. */
-int mt__tpqrt(const mt__lapack_ops *ops, int64_t n, int64_t nb, void *a, void *b,
-              void *t, void *work, mt_error *err);
+/* The operands of one tpqrt: the n x n upper triangle a (lda) over the m x n
+ * pentagon b (ldb) whose last l rows are upper trapezoidal (l = 0: b is full;
+ * l = m = n: b is a triangle too), blocked by nb columns. After tpqrt, b holds
+ * the reflectors' V, which tpmqrt reads with the same shape. */
+typedef struct mt__pentagon {
+  int64_t m, n, l, nb;
+  void *a, *b;
+  int64_t lda, ldb;
+} mt__pentagon;
 
-/* tpmqrt, from the left, not transposed: [a; b] (each n x n) = Q [a; b] for the Q of
- * one tpqrt (v, t). work: nb * n elements. */
-int mt__tpmqrt(const mt__lapack_ops *ops, int64_t n, int64_t nb, const void *v,
-               const void *t, void *a, void *b, void *work, mt_error *err);
+/* tpqrt of [a; b] as `p` describes: R into a's upper triangle (what lies below its
+ * diagonal is left alone), V into b, their block factor into t (nb x n, ldt nb).
+ * work: nb * n elements. */
+int mt__tpqrt(const mt__lapack_ops *ops, const mt__pentagon *p, void *t, void *work,
+              mt_error *err);
+
+/* tpmqrt, from the left, not transposed: [c; d] = Q [c; d] for the Q of the tpqrt
+ * that `p` (V in p->b) and t describe; c is n x n (ldc), d m x n (ldd), the
+ * columns n as many as the reflectors. work: nb * n elements. */
+int mt__tpmqrt(const mt__lapack_ops *ops, const mt__pentagon *p, const void *t, void *c,
+               int64_t ldc, void *d, int64_t ldd, void *work, mt_error *err);
 
 /* ormqr (unmqr), from the left, not transposed: c (m x n, ldc) = Q c for the Q of
  * geqrf's n reflectors in a (m x n, lda) and tau. */

@@ -1,6 +1,6 @@
-/* TSQR as a butterfly (tsqr.h): the leaf factorization, the R factors combined by
- * recursive doubling among the largest power-of-two set of ranks (the others folded
- * in first and sent R last), and Q formed by applying the tree back down.
+/* TSQR as a butterfly (tsqr.h): the leaf factorization (chunk by chunk), the R factors
+ * combined by recursive doubling among the largest power-of-two set of ranks (the
+ * others folded in first and sent R last), and Q formed by applying the tree back down.
  *
  * Every rank of a pair computes the same tpqrt of the same two triangles (the lower
  * coordinate's on top), so both keep the combined R and the Householder block that
@@ -18,7 +18,7 @@
 #include "mpitensor/comm/counters.h"
 #include "mpitensor/core/dtype.h"
 
-enum { TAG = 4551 };
+enum { TAG = 4551, CHUNK_BYTES = 1 << 18, CHUNK_HEIGHT = 8, CHUNK_NB = 16 };
 
 /* One call's state: the tree's shape seen from this rank, and its buffers. */
 typedef struct tree {
@@ -26,7 +26,8 @@ typedef struct tree {
   MPI_Comm comm;
   int me, size, p2, levels;
   int64_t n, nb, es, lwork, sent;
-  char *tau, *work, *r, *other, *packed, *v, *t, *c, *below;
+  int64_t chunk, chunks, leaf_nb; /* the leaf's rows per chunk, chunks, block size */
+  char *tau, *work, *r, *other, *packed, *v, *t, *c, *below, *leaf_t;
 } tree;
 
 /* The node count of this rank's path: its butterfly levels and, last, its fold. */
@@ -42,13 +43,32 @@ static void *t_of(const tree *s, int node) {
   return s->t + (size_t)node * (size_t)(s->nb * s->n * s->es);
 }
 
+/* The block factor of the leaf's chunk k (k >= 1). */
+static void *leaf_t_of(const tree *s, int64_t k) {
+  return s->leaf_t + (size_t)(k - 1) * (size_t)(s->leaf_nb * s->n * s->es);
+}
+
 static int64_t triangle(const tree *s) {
   return s->n * (s->n + 1) / 2 * s->es;
 }
 
 static void tree_free(tree *s) {
   free(s->tau), free(s->work), free(s->r), free(s->other), free(s->packed);
-  free(s->v), free(s->t), free(s->c), free(s->below);
+  free(s->v), free(s->t), free(s->c), free(s->below), free(s->leaf_t);
+}
+
+/* The leaf factors its block a chunk of rows at a time, each small enough to stay
+ * in cache while it is factored: geqrf of the first, then each next one stacked
+ * under R (tpqrt), a flat tree. One geqrf of the whole block would stream it from
+ * memory once per reflector of each panel. Chunks are at least a few times as
+ * tall as wide, so that the triangle each tpqrt carries adds little work. */
+static void chunking(tree *s, int64_t m) {
+  int64_t width = s->n * s->es, rows = width > 0 ? CHUNK_BYTES / width : 1;
+  if (rows < CHUNK_HEIGHT * s->n) rows = CHUNK_HEIGHT * s->n;
+  s->chunk = m < rows ? (m > 1 ? m : 1) : rows;
+  s->chunks = (m + s->chunk - 1) / s->chunk;
+  if (s->chunks < 1) s->chunks = 1;
+  s->leaf_nb = s->n < CHUNK_NB ? s->n : CHUNK_NB;
 }
 
 /* The shape of the tree: p2 the largest power of two <= size, levels its log. */
@@ -58,7 +78,8 @@ static void tree_shape(tree *s) {
 }
 
 static int tree_alloc(tree *s, int64_t m, mt_error *err) {
-  int rc = mt__lapack_lwork(&s->ops, m, s->n, &s->lwork, err);
+  chunking(s, m);
+  int rc = mt__lapack_lwork(&s->ops, s->chunk, s->n, &s->lwork, err);
   if (rc != MT_OK) return rc;
   size_t es = (size_t)s->es, nn = (size_t)(s->n * s->n) * es;
   size_t work = (size_t)(s->lwork > s->nb * s->n ? s->lwork : s->nb * s->n) * es;
@@ -68,8 +89,9 @@ static int tree_alloc(tree *s, int64_t m, mt_error *err) {
   s->v = calloc((size_t)nodes(s) * nn + es, 1);
   s->t = calloc((size_t)nodes(s) * (size_t)(s->nb * s->n) * es + es, 1);
   s->c = calloc(nn + es, 1), s->below = calloc(nn + es, 1);
+  s->leaf_t = calloc((size_t)((s->chunks - 1) * s->leaf_nb * s->n) * es + es, 1);
   if (!s->tau || !s->work || !s->r || !s->other || !s->packed || !s->v || !s->t ||
-      !s->c || !s->below) {
+      !s->c || !s->below || !s->leaf_t) {
     return mt_error_set(err, MT_ENOMEM, "TSQR: out of memory for n = %lld",
                         (long long)s->n);
   }
@@ -118,9 +140,23 @@ static int check_local(const tree *s, int64_t m, int64_t lda, int64_t ldr, const
   return MT_OK;
 }
 
-/* The leaf: geqrf of this rank's block, R its upper triangle. */
+/* Chunk k of the leaf (k >= 1) under R, which lies in a's first rows. */
+static mt__pentagon chunk_of(const tree *s, int64_t m, void *a, int64_t lda,
+                             int64_t k) {
+  int64_t start = k * s->chunk, rows = m - start < s->chunk ? m - start : s->chunk;
+  return (mt__pentagon){.m = rows, .n = s->n, .l = 0, .nb = s->leaf_nb, .a = a,
+                        .b = (char *)a + (size_t)start * (size_t)s->es, .lda = lda,
+                        .ldb = lda};
+}
+
+/* The leaf: this rank's block factored chunk by chunk (chunking), R its upper
+ * triangle. */
 static int leaf(tree *s, int64_t m, void *a, int64_t lda, mt_error *err) {
-  int rc = mt__geqrf(&s->ops, m, s->n, a, lda, s->tau, s->work, s->lwork, err);
+  int rc = mt__geqrf(&s->ops, s->chunk, s->n, a, lda, s->tau, s->work, s->lwork, err);
+  for (int64_t k = 1; k < s->chunks && rc == MT_OK; ++k) {
+    mt__pentagon p = chunk_of(s, m, a, lda, k);
+    rc = mt__tpqrt(&s->ops, &p, leaf_t_of(s, k), s->work, err);
+  }
   size_t es = (size_t)s->es;
   memset(s->r, 0, (size_t)(s->n * s->n) * es);
   for (int64_t j = 0; j < s->n; ++j) {
@@ -141,8 +177,9 @@ static int combine(tree *s, int node, int mine_on_top, mt_error *err) {
   unpack(s, s->packed, s->other);
   memcpy(v_of(s, node), mine_on_top ? s->other : s->r, nn);
   if (!mine_on_top) memcpy(s->r, s->other, nn);
-  return mt__tpqrt(&s->ops, s->n, s->nb, s->r, v_of(s, node), t_of(s, node), s->work,
-                   err);
+  mt__pentagon p = {.m = s->n, .n = s->n, .l = s->n, .nb = s->nb, .a = s->r,
+                    .b = v_of(s, node), .lda = s->n, .ldb = s->n};
+  return mt__tpqrt(&s->ops, &p, t_of(s, node), s->work, err);
 }
 
 /* The way up: the fold, the butterfly, R back to the folded ranks. A LAPACK
@@ -189,8 +226,10 @@ static int up(tree *s, mt_error *err) {
 static int descend(tree *s, int node, int keep_top, mt_error *err) {
   size_t nn = (size_t)(s->n * s->n * s->es);
   memset(s->below, 0, nn);
-  int rc = mt__tpmqrt(&s->ops, s->n, s->nb, v_of(s, node), t_of(s, node), s->c,
-                      s->below, s->work, err);
+  mt__pentagon p = {.m = s->n, .n = s->n, .l = s->n, .nb = s->nb, .b = v_of(s, node),
+                    .ldb = s->n};
+  int rc = mt__tpmqrt(&s->ops, &p, t_of(s, node), s->c, s->n, s->below, s->n, s->work,
+                      err);
   if (!keep_top) memcpy(s->c, s->below, nn);
   return rc;
 }
@@ -228,16 +267,30 @@ static int down(tree *s, mt_error *err) {
   return rc != MT_OK ? rc : mpi_status(mrc, "MPI_Send", err);
 }
 
-/* This rank's rows of Q: its reflectors applied to [c; 0]. */
-static int rows_of_q(tree *s, int64_t m, const void *a, int64_t lda, void *q,
-                     int64_t ldq, mt_error *err) {
+/* This rank's rows of Q: its reflectors applied to [c; 0], the leaf's chunks in
+ * the reverse of their order, each chunk's rows of Q made while they are in cache. */
+static int rows_of_q(tree *s, int64_t m, void *a, int64_t lda, void *q, int64_t ldq,
+                     mt_error *err) {
   size_t es = (size_t)s->es;
   for (int64_t j = 0; j < s->n; ++j) {
     char *col = (char *)q + (size_t)(j * ldq) * es;
     memcpy(col, s->c + (size_t)(j * s->n) * es, (size_t)s->n * es);
-    memset(col + (size_t)s->n * es, 0, (size_t)(m - s->n) * es);
   }
-  return mt__ormqr(&s->ops, m, s->n, a, lda, s->tau, q, ldq, s->work, s->lwork, err);
+  int rc = MT_OK;
+  for (int64_t k = s->chunks - 1; k >= 1 && rc == MT_OK; --k) {
+    mt__pentagon p = chunk_of(s, m, a, lda, k);
+    char *d = (char *)q + (size_t)(k * s->chunk) * es;
+    for (int64_t j = 0; j < s->n; ++j)
+      memset(d + (size_t)(j * ldq) * es, 0, (size_t)p.m * es);
+    rc = mt__tpmqrt(&s->ops, &p, leaf_t_of(s, k), q, ldq, d, ldq, s->work, err);
+  }
+  for (int64_t j = 0; j < s->n; ++j) {
+    char *col = (char *)q + (size_t)(j * ldq) * es;
+    memset(col + (size_t)s->n * es, 0, (size_t)(s->chunk - s->n) * es);
+  }
+  if (rc != MT_OK) return rc;
+  return mt__ormqr(&s->ops, s->chunk, s->n, a, lda, s->tau, q, ldq, s->work, s->lwork,
+                   err);
 }
 
 /* Every member's verdict and the same n, dtype and Q request everywhere. */

@@ -32,6 +32,7 @@ _NAMINGS = (("scipy_", "_64_", True), ("", "_64_", True), ("scipy_", "_", False)
             ("", "_", False))
 _ROUTINES = ("geqrf", "tpqrt", "tpmqrt", "ormqr")
 _TYPES = "sdcz"
+_SLAB_BYTES = 1 << 17
 
 
 def _openblas_path() -> str | None:
@@ -79,6 +80,19 @@ def available(dtype) -> bool:
     return found is not None and code >= 0 and bool(_supports(ctypes.byref(found[0]), code))
 
 
+def _fortran_copy(block: np.ndarray) -> np.ndarray:
+    """A column-major copy of ``block``. NumPy transposes a whole row-major matrix
+    in one pass whose writes stride across all of memory; a slab of rows at a time
+    stays in cache, several times faster on a tall block."""
+    if block.ndim != 2 or not block.flags.c_contiguous:
+        return np.array(block, order="F", copy=True)
+    out = np.empty(block.shape, block.dtype, order="F")
+    step = max(1, _SLAB_BYTES // max(1, block.shape[1] * block.itemsize))
+    for start in range(0, block.shape[0], step):
+        out[start:start + step] = block[start:start + step]
+    return out
+
+
 def tsqr(mesh_address: int, dim: int, block: np.ndarray, want_q: bool):
     """(q, r) of the TSQR of the matrix whose rows are the blocks of the ranks of
     mesh dim ``dim`` (in coordinate order), this rank's being ``block`` (m x n,
@@ -95,7 +109,7 @@ def tsqr(mesh_address: int, dim: int, block: np.ndarray, want_q: bool):
     # Column-major, as geqrf wants it: a row-major block is its transpose in memory,
     # whose LQ (gelqf) would save this copy but walks each reflector with a stride
     # of the row length, which costs OpenBLAS far more time than the copy.
-    a = np.array(block, order="F", copy=True)
+    a = _fortran_copy(block)
     m, n = a.shape
     r = np.zeros((n, n), a.dtype, order="F")
     q = np.empty((m, n), a.dtype, order="F") if want_q else None

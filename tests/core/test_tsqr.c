@@ -185,6 +185,9 @@ int main(int argc, char **argv) {
   test_case(mesh, &lapack, 33 * p + 1, 1, 0);
   test_case(mesh, &lapack, 30 * p + 2, 4, 1);
   test_case(mesh, &lapack, 70 * p, 40, 0); /* n above tpqrt's block of 32 */
+  /* Blocks taller than several of the leaf's chunks, the last one short. */
+  test_case(mesh, &lapack, 1100 * p + 3, 64, 0);
+  test_case(mesh, &lapack, 2100 * p + 1, 64, 1);
   test_short_block(mesh, &lapack);
   test_r_alone(mesh, &lapack);
   mt_mesh_destroy(mesh);

@@ -92,6 +92,21 @@ def test_qr_matches_numpy_on_every_mesh(dtype, shape):
         assert np.array_equal(only_r.full_tensor(), r.full_tensor())
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.complex128], ids=lambda t: np.dtype(t).name)
+def test_blocks_of_several_cache_chunks(dtype):
+    # Every rank's block spans several of the chunks its leaf factors one at a time
+    # (csrc/linalg/tsqr.c, chunking), the last of them short; Q and U come from
+    # every chunk's reflectors.
+    a = matrix(2100 * P + 1, 64, dtype, seed=3)
+    dt = distribute_tensor(a, init_device_mesh("cpu", (P,)), [S0])
+    q, r = np.linalg.qr(dt)
+    check_qr(a, q, r, dtype)
+    u, s, vh = np.linalg.svd(dt, full_matrices=False)
+    assert np.allclose(s.full_tensor(), np.linalg.svd(a, compute_uv=False), rtol=tol(dtype))
+    whole = (u.full_tensor() * s.full_tensor()) @ vh.full_tensor()
+    assert np.linalg.norm(a - whole) <= tol(dtype) * np.linalg.norm(a)
+
+
 @pytest.mark.parametrize("cond", [1e4, 1e8, 1e12])
 def test_qr_of_ill_conditioned_matrices(cond):
     a = matrix(300, 12, np.float64, seed=7, cond=cond)

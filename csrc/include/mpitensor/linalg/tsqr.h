@@ -1,14 +1,15 @@
 /* TSQR: the QR factorization of a tall-skinny matrix whose rows are cut into one
  * block per rank of a communicator, without gathering the matrix.
  *
- * Each rank factors its block (geqrf); the ranks then combine their R factors as a
+ * Each rank factors its block a cache-sized chunk of rows at a time (geqrf of the
+ * first, tpqrt of each next one under R); the ranks then combine their R factors as a
  * butterfly (recursive doubling, tpqrt on two stacked triangles), so that every rank
- * holds the same R at the end without a broadcast. A rank count that is not a power
- * of two first folds the ranks beyond the largest power of two into their partners,
- * and receives R from them afterwards. Q is formed by applying the tree's Householder
- * blocks back down (tpmqrt, no communication but the folded ranks' one block) and
- * then the rank's own reflectors (ormqr): each rank's rows of Q, and nothing of A
- * moves.
+ * holds the same R at the end without a broadcast. A rank count that is not a power of
+ * two first folds the ranks beyond the largest power of two into their partners, and
+ * receives R from them afterwards. Q is formed by applying the tree's Householder
+ * blocks back down (tpmqrt, no communication but the folded ranks' one block) and then
+ * the rank's own reflectors (tpmqrt per chunk, ormqr): each rank's rows of Q, and
+ * nothing of A moves.
  *
  * The LAPACK routines are not linked: the caller hands in those of the library it
  * has loaded (NumPy's OpenBLAS), as Fortran functions taking every argument by
