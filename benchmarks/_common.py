@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import time
@@ -147,14 +148,17 @@ def git_revision(repo: str) -> str:
 def time_interleaved(comm, variants, reps, warmup, clock=time.perf_counter):
     """Seconds of each variant (name -> function) over ``reps`` repetitions after
     ``warmup``: each repetition runs every variant once after a Barrier, in an order
-    rotating by one each time (so none always runs after the same one), and each
-    time is the max over the ranks of ``comm``. ``clock`` may be time.thread_time
+    shuffled anew each time, alike on every rank (so none always runs after the
+    same one and inherits its dirty pages or caches), and each time is the max over
+    the ranks of ``comm``. ``clock`` may be time.thread_time
     for work that never waits on another rank: the CPU time it took, which a busy
     machine's scheduler does not stretch. Collective."""
     names = list(variants)
     times = {k: [] for k in names}
     for r in range(-warmup, reps):
-        for k in names[r % len(names):] + names[:r % len(names)]:
+        order = list(names)
+        random.Random(r).shuffle(order)
+        for k in order:
             comm.Barrier()
             t0 = clock()
             variants[k]()
