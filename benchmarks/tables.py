@@ -376,37 +376,41 @@ def vs_heat(results: dict) -> str:
 
 def io(results: dict) -> str:
     """Per size and row count (benchmarks/io.py): mpitensor's bandwidth over Heat's
-    and over raw pwrite/pread of the same bytes, saves and loads."""
-    cols = [("mt_h5_save/heat_h5_save", "HDF5 save / Heat"),
-            ("mt_h5_load/heat_h5_load", "HDF5 load / Heat"),
-            ("mt_zarr_save/heat_zarr_save", "Zarr save / Heat"),
-            ("mt_zarr_load/heat_zarr_load", "Zarr load / Heat"),
-            ("mt_h5_save/raw_write", "HDF5 save / pwrite"),
-            ("mt_npy_save/raw_write", ".npy save / pwrite"),
-            ("mt_h5_load/raw_read", "HDF5 load / pread"),
-            ("mt_npy_load/raw_read", ".npy load / pread"),
-            ("mt_h5_save_durable/heat_h5_save_durable", "HDF5 save / Heat, synced"),
-            ("mt_zarr_save_durable/heat_zarr_save_durable", "Zarr save / Heat, synced"),
-            ("mt_h5_save_durable/raw_write_durable", "HDF5 save / pwrite, synced"),
-            ("mt_npy_save_durable/raw_write_durable", ".npy save / pwrite, synced")]
+    and over raw pwrite/pread of the same bytes, saves and loads; one table with no
+    syncs on either side and, when the run has them, one of synced saves."""
+    plain = [("mt_h5_save/heat_h5_save", "HDF5 save / Heat"),
+             ("mt_h5_load/heat_h5_load", "HDF5 load / Heat"),
+             ("mt_zarr_save/heat_zarr_save", "Zarr save / Heat"),
+             ("mt_zarr_load/heat_zarr_load", "Zarr load / Heat"),
+             ("mt_h5_save/raw_write", "HDF5 save / pwrite"),
+             ("mt_npy_save/raw_write", ".npy save / pwrite"),
+             ("mt_h5_load/raw_read", "HDF5 load / pread"),
+             ("mt_npy_load/raw_read", ".npy load / pread")]
+    synced = [("mt_h5_save_durable/heat_h5_save_durable", "HDF5 save / Heat"),
+              ("mt_zarr_save_durable/heat_zarr_save_durable", "Zarr save / Heat"),
+              ("mt_h5_save_durable/raw_write_durable", "HDF5 save / pwrite"),
+              ("mt_npy_save_durable/raw_write_durable", ".npy save / pwrite")]
     out = []
     for n, torch, data in runs_of(results, "io"):
-        shown = [(k, name) for k, name in cols
-                 if any(k in pt["ratios"] for pt in data["points"])]
-        rows = [[size(pt["mib_per_rank"] * 2**20),
-                 f"{pt['rows']} ({'even' if pt['rows'] % n == 0 else 'uneven'})",
-                 *(stat(pt["ratios"][k]) if k in pt["ratios"] else "" for k, _ in shown)]
-                for pt in data["points"]]
         heat = data["machine"].get("heat")
-        synced = any(k.endswith("_durable") for k, _ in shown)
-        syncs = ("no syncs on either side, and where it says synced, durable on both "
-                 "sides (ours durable=True; Heat's save and pwrite followed by fsync of "
-                 "the files and their directory)" if synced else "no syncs on either side")
-        out.append(f"np {n}{f', Heat {heat}' if heat else ', without Heat'}: bandwidth "
-                   f"of mpitensor over the other side's (above 1: mpitensor is faster), "
-                   f"{syncs}; pwrite makes a new file as numpy.save does\n\n"
-                   + table(["float64 per rank", "rows", *(name for _, name in shown)],
-                           rows))
+        head = (f"np {n}{f', Heat {heat}' if heat else ', without Heat'}: bandwidth of "
+                f"mpitensor over the other side's (above 1: mpitensor is faster)")
+        for cols, syncs in (
+                (plain, "no syncs on either side; pwrite makes a new file as numpy.save "
+                        "does"),
+                (synced, "saves durable on both sides: ours durable=True; Heat's save "
+                         "and pwrite followed by fsync of the files and their directory")):
+            shown = [(k, name) for k, name in cols
+                     if any(k in pt["ratios"] for pt in data["points"])]
+            if not shown:
+                continue
+            rows = [[size(pt["mib_per_rank"] * 2**20),
+                     f"{pt['rows']} ({'even' if pt['rows'] % n == 0 else 'uneven'})",
+                     *(stat(pt["ratios"][k]) if k in pt["ratios"] else "" for k, _ in shown)]
+                    for pt in data["points"]]
+            out.append(f"{head}, {syncs}\n\n"
+                       + table(["float64 per rank", "rows", *(name for _, name in shown)],
+                               rows))
     return "\n".join(out)
 
 
