@@ -18,14 +18,9 @@ from numpy._core import arrayprint
 
 from .. import _registry
 from .._dtensor import DTensor
+from ._composed import _dtensor
 
 __all__ = ["array2string", "array_repr", "array_str"]
-
-
-def _dtensor(name, a):
-    if type(a) is not DTensor:
-        raise _registry.NoRule(f"{name}: the DTensor rule takes a DTensor here")
-    return a
 
 
 def _shown(a: DTensor, threshold, edgeitems) -> tuple:
