@@ -6,8 +6,9 @@ precision's epsilon times n); a singular matrix (solve, inv) or one that is not
 positive definite (cholesky) raises numpy.linalg.LinAlgError on every rank.
 float32, float64, complex64, complex128; uneven shards, a rank with no rows, a
 1-rank mesh, 2-D meshes, non-contiguous locals, batches. Open MPI's pml
-monitoring counts what a 512 x 512 solve, eigh, eigvalsh and svd send at np 2. Run under mpiexec
-at 1 to 4 ranks."""
+monitoring counts what a 512 x 512 solve, eigh, eigvalsh and svd send at np 2
+(eigh and svd of that size on LAPACK, _small_linalg.py). Run under mpiexec at 1 to
+4 ranks."""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import DTensor, Replicate, Shard, distribute_tensor
+from mpitensor._ops import _scalapack, _small_linalg
 from mpitensor._ops._fallback import GatherWarning
 from mpitensor._ops._scalapack import scalapack_library
+from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -325,9 +328,6 @@ def test_solve_512_sends_less_than_the_matrix():
     assert 0 < solve - setup < _MATRIX_BYTES, (setup, solve)
 
 
-@pytest.mark.xfail(strict=True, reason="pXsyevr's tridiagonal reduction and the back "
-                   "transformation of the eigenvectors send over three times the matrix "
-                   "on a 2 x 1 grid; no ScaLAPACK driver sends less (issue 45: open)")
 @pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")
 @pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
 def test_eigh_512_sends_less_than_the_matrix():
@@ -348,9 +348,6 @@ def test_eigvalsh_512_sends_less_than_the_matrix():
     assert 0 < eigvalsh - setup < _MATRIX_BYTES, (setup, eigvalsh)
 
 
-@pytest.mark.xfail(strict=True, reason="pXgesvd's bidiagonal reduction sends several times "
-                   "the matrix on a 2 x 1 grid, on any block size or grid shape, even for "
-                   "the singular values alone (issue 45: open)")
 @pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")
 @pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
 def test_svd_512_sends_less_than_the_matrix():
@@ -364,7 +361,6 @@ def test_svd_512_sends_less_than_the_matrix():
 def no_scalapack(monkeypatch):
     """mpitensor as on a machine without ScaLAPACK: the library it is told to load
     does not exist."""
-    from mpitensor._ops import _scalapack
     monkeypatch.setenv("MPITENSOR_SCALAPACK", "/nonexistent/libscalapack.so")
     _scalapack._load.cache_clear()
     yield
@@ -404,7 +400,6 @@ def test_without_scalapack_a_tall_matrix_still_gets_every_form(no_scalapack):
 
 @pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
 def test_comm_debug_mode_lists_each_call():
-    from mpitensor.debug import CommDebugMode
     n = 2 * P + 1
     a = matrix(n, np.float64, spd=True)
     da = dist(a, ((P,), [S0]))
@@ -417,11 +412,68 @@ def test_comm_debug_mode_lists_each_call():
              "numpy.linalg.eigh": lambda: np.linalg.eigh(da),
              "numpy.linalg.eigvalsh": lambda: np.linalg.eigvalsh(da)}
     for name, f in calls.items():
+        # A small row-sharded eigh runs on one rank's LAPACK (_small_linalg).
+        engine = "LAPACK on one rank" if "eig" in name else "ScaLAPACK"
         with CommDebugMode() as comm_mode:
             f()
         listed = [op["name"] for op in
                   comm_mode.comm_module_operation_counts["Global"]["operations_list"]]
-        assert any(x.startswith(f"{name}: ScaLAPACK") for x in listed), (name, listed)
+        assert any(x.startswith(f"{name}: {engine}") for x in listed), (name, listed)
+
+
+def test_small_row_sharded_stack_eigh_on_one_rank():
+    """A stack whose matrices' rows are sharded, small: each rank's rows of every
+    eigenvector matrix come back laid out as A, the eigenvalues Replicate."""
+    k, n = 3, 2 * P + 1
+    a = np.stack([matrix(n, np.complex128, seed=s, spd=True) for s in range(k)])
+    mesh = init_device_mesh("cpu", (P,))
+    ds = distribute_tensor(a, mesh, [Shard(1)])
+    for uplo in ("L", "U"):
+        w, v = np.linalg.eigh(ds, UPLO=uplo)
+        assert w.placements == (R,) and v.placements == (Shard(1),)
+        want = np.linalg.eigvalsh(a)
+        assert np.abs(w.full_tensor() - want).max() <= 1e-10 * np.abs(want).max()
+        vf = v.full_tensor()
+        resid = np.linalg.norm(a @ vf - vf * w.full_tensor()[:, None, :])
+        assert resid < 50 * n * eps(np.float64) * np.linalg.norm(a)
+        np.testing.assert_allclose(np.linalg.eigvalsh(ds, UPLO=uplo).full_tensor(), want,
+                                   rtol=1e-10)
+
+
+def test_lapack_failure_on_the_root_raises_on_every_rank(monkeypatch):
+    """Only the root runs LAPACK: its LinAlgError is agreed, so every rank raises
+    and the ranks go on together."""
+    n = 2 * P + 1
+    da = dist(matrix(n, np.float64, spd=True), ((P,), [S0]))
+
+    def fails(*args, **kwargs):
+        raise np.linalg.LinAlgError("Eigenvalues did not converge")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(np.linalg, "eigh", fails)
+        with pytest.raises(np.linalg.LinAlgError, match="did not converge"):
+            _scalapack.eigh(da)
+    assert np.linalg.eigvalsh(da).shape == (n,)
+
+
+@pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
+def test_row_sharded_eigh_above_the_small_size_keeps_scalapack(monkeypatch):
+    """Past EIGH_MAX_N a row-sharded eigh is ScaLAPACK's (pXsyevr on a P x 1
+    grid), which never holds the matrix on one rank: the same answers."""
+    monkeypatch.setattr(_small_linalg, "EIGH_MAX_N", 2)
+    n = 2 * P + 1
+    a = matrix(n, np.float64, seed=12, spd=True)
+    da = dist(a, ((P,), [S0]))
+    with CommDebugMode() as comm_mode:
+        w, v = np.linalg.eigh(da)
+    listed = [op["name"] for op in
+              comm_mode.comm_module_operation_counts["Global"]["operations_list"]]
+    assert any(x.startswith("numpy.linalg.eigh: ScaLAPACK") for x in listed), listed
+    want = np.linalg.eigvalsh(a)
+    assert np.abs(w.full_tensor() - want).max() <= 1e-10 * want.max()
+    vf = v.full_tensor()
+    bound = 50 * n * eps(np.float64) * np.linalg.norm(a)
+    assert np.linalg.norm(a @ vf - vf * w.full_tensor()) < bound
 
 
 def test_layouts_no_grid_describes_are_laid_out_first():

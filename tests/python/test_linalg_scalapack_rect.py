@@ -16,8 +16,10 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import Replicate, Shard, distribute_tensor
+from mpitensor._ops import _small_linalg
 from mpitensor._ops._fallback import GatherWarning
 from mpitensor._ops._scalapack import scalapack_library
+from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
 
 P = MPI.COMM_WORLD.size
@@ -289,7 +291,6 @@ def test_svd_of_nan_raises_linalgerror_on_every_rank(layout):
 
 @pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
 def test_comm_debug_mode_lists_each_call():
-    from mpitensor.debug import CommDebugMode
     n = 2 * P + 1
     da = dist(matrix((n, n + 1), np.float64), ((P,), [S0]))
     b = distribute_tensor(np.ones(n), da.device_mesh, [R])
@@ -301,4 +302,25 @@ def test_comm_debug_mode_lists_each_call():
             f()
         listed = [op["name"] for op in
                   comm_mode.comm_module_operation_counts["Global"]["operations_list"]]
-        assert any(": ScaLAPACK" in x for x in listed), (name, listed)
+        # A small row-sharded matrix's SVD is the stacked R's (_small_linalg).
+        engine = ": QR of each block" if name != "numpy.linalg.qr" else ": ScaLAPACK"
+        assert any(engine in x for x in listed), (name, listed)
+
+
+@pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
+def test_row_sharded_svd_above_the_small_size_keeps_scalapack(monkeypatch):
+    """Past SVD_MAX_ELEMENTS a row-sharded SVD is pXgesvd's, which never holds the
+    matrix on one rank: the same answers."""
+    monkeypatch.setattr(_small_linalg, "SVD_MAX_ELEMENTS", 1)
+    n = 2 * P + 1
+    a = matrix((n, n + 2), np.float64, seed=3)
+    da = dist(a, ((P,), [S0]))
+    with CommDebugMode() as comm_mode:
+        u, s, vh = np.linalg.svd(da, full_matrices=False)
+    listed = [op["name"] for op in
+              comm_mode.comm_module_operation_counts["Global"]["operations_list"]]
+    assert any(": ScaLAPACK" in x for x in listed), listed
+    want = np.linalg.svd(a, compute_uv=False)
+    assert np.abs(s.full_tensor() - want).max() <= 1e-10 * want.max()
+    uf, vf = u.full_tensor(), vh.full_tensor()
+    assert np.linalg.norm(a - (uf * s.full_tensor()) @ vf) <= 1e-11 * np.linalg.norm(a)

@@ -158,8 +158,9 @@ def test_partition_along_axis_zero_moves_at_most_once(pls):
 
 
 def test_svd_of_shard0_square_gathers_nothing():
-    """A square [S(0)] matrix is ScaLAPACK's: U and Vh stay sharded as A, and
-    the only collectives counted are ScaLAPACK's own."""
+    """A small square [S(0)] matrix's SVD is that of its blocks' stacked R
+    factors (ScaLAPACK's when large): no all-gather, and U and Vh stay sharded
+    as A."""
     mesh = mesh_of((W,))
     a = RNG.standard_normal((8, 8))
     d = make(a, mesh, [S0])

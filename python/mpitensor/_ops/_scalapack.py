@@ -13,7 +13,8 @@ first mesh dim of more than one rank and columns on the second; batch dims are
 replicated and each matrix of the stack is one ScaLAPACK call. A matrix that no
 mesh dim shards (replicated, or on a one-rank mesh) is the small case: each rank
 runs NumPy's LAPACK on its local stack, and the results keep the stack's
-placements.
+placements. A small matrix whose rows alone are sharded takes ``_small_linalg``'s
+eigh on one rank.
 
 ScaLAPACK is loaded at the first call that needs it (Debian's
 ``libscalapack-openmpi-dev``, or the library ``MPITENSOR_SCALAPACK`` names); without
@@ -36,6 +37,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
+from . import _small_linalg
 
 __all__ = ["scalapack_library"]
 
@@ -400,6 +402,10 @@ def _eigen(name, a, UPLO, vectors):
     if sl is None:
         nd = (a.ndim - 1, a.ndim) if vectors else (a.ndim - 1,)
         return _local(a, lambda x: func(x, UPLO=UPLO), dtype, nd)
+    if cols < 0:  # a small row-sharded matrix: LAPACK on one rank (_small_linalg)
+        out = _small_linalg.eigen(name, a, rows, dtype, UPLO, vectors)
+        if out is not None:
+            return out
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     real = np.finfo(dtype).dtype
     batch, blocks = _local_stack(a, dtype)
@@ -423,7 +429,10 @@ def _eigen(name, a, UPLO, vectors):
 def eigh(a, UPLO="L"):
     """np.linalg.eigh of a DTensor: ScaLAPACK's MRRR eigensolver (pXsyevr,
     pXheevr) on the sharded matrix; eigenvalues ascending and Replicate, the
-    eigenvectors laid out as ``a``. Collective on the mesh.
+    eigenvectors laid out as ``a``. A small matrix whose rows alone are sharded
+    (n up to ``_small_linalg.EIGH_MAX_N``) is solved by NumPy's LAPACK on one
+    rank instead, which receives the ``UPLO`` triangle's parts and sends back
+    each rank's rows of the eigenvectors. Collective on the mesh.
 
     Example::
 
@@ -438,7 +447,9 @@ def eigh(a, UPLO="L"):
 def eigvalsh(a, UPLO="L"):
     """np.linalg.eigvalsh of a DTensor: ScaLAPACK's pXsyevr or pXheevr asked for
     the eigenvalues alone (the tridiagonal reduction's messages, no eigenvectors
-    computed or moved), ascending and Replicate. Collective on the mesh.
+    computed or moved), ascending and Replicate; a small matrix whose rows alone
+    are sharded on NumPy's LAPACK on one rank, as :func:`eigh`'s. Collective on
+    the mesh.
 
     Example::
 

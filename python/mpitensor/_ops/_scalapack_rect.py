@@ -14,6 +14,8 @@ with A's placements (after any redistribution to a grid): Q, R, U and Vh are lai
 out as A, singular values are Replicate. Each entry point answers None when the
 matrix is not its to take (no sharded matrix dim, an empty matrix or stack, a rank
 outside the mesh): the caller keeps its replicate-and-NumPy path for those.
+A small matrix whose rows alone are sharded takes ``_small_linalg``'s SVD of its
+blocks' stacked R factors instead of pXgesvd, with the same placements.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _dispatch as D
 from . import _scalapack as S
+from . import _small_linalg
 
 _IP = ctypes.POINTER(I)
 _qr = fn("mt_scalapack_qr", I, P, P, I, I, I, I64, I64, P, I64, P, I64, P, E)
@@ -155,6 +158,9 @@ def svd(a, compute_uv=True, full_matrices=False):
     basis in C, a wide A's as the SVD of A^H (a local transpose: its U is A's Vh^H).
     LinAlgError on every rank when it does not converge. Collective on the mesh."""
     m, n = (a.shape[-2:] if type(a) is DTensor and a.ndim >= 2 else (0, 0))
+    out = _small(a, compute_uv, full_matrices)
+    if out is not None:
+        return out
     if compute_uv and full_matrices and m < n:
         out = svd(_adjoint(a), compute_uv=True, full_matrices=True)
         if out is None:
@@ -188,6 +194,21 @@ def svd(a, compute_uv=True, full_matrices=False):
     if not compute_uv:
         return s
     return type(np.linalg.svd(np.eye(1)))(g.wrap(us, (m, ucols)), s, g.wrap(vts, (k, n)))
+
+
+def _small(a, compute_uv, full_matrices):
+    """The SVD of a small 2-D matrix whose rows alone are sharded, from the stacked
+    R factors of its blocks (``_small_linalg``), or None for any other matrix."""
+    if type(a) is not DTensor or a.ndim != 2:
+        return None
+    dims = S._grid(a)
+    if dims is None or dims[0] < 0 or dims[1] >= 0 or \
+            not _small_linalg.svd_takes(a, dims[0], compute_uv, full_matrices):
+        return None
+    name = "numpy.linalg.svd" if compute_uv else "numpy.linalg.svdvals"
+    dtype = S._inexact(name, a.dtype)
+    S._library(name, a._spec.mesh)  # sharded matrices need it, whichever engine runs
+    return _small_linalg.svd(name, a, dims[0], dtype, compute_uv, full_matrices)
 
 
 def _adjoint(x):

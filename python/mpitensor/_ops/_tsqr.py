@@ -171,7 +171,10 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     (NumPy's default) asks for an m x m U, which has no distributed form here:
     it takes ScaLAPACK (pXgesvd, U completed to a basis of the whole space by
     its own QR; a wide matrix's Vh likewise, through A^H), as does any other 2-D
-    matrix with a sharded dim: U and Vh laid out as A, S Replicate.
+    matrix with a sharded dim: U and Vh laid out as A, S Replicate. A small
+    one whose rows alone are sharded and whose blocks are not tall takes the SVD
+    of its blocks' stacked R factors (``_small_linalg``) instead, with the same
+    placements.
     ``hermitian=True``, and a complete U where ScaLAPACK is not installed, are
     replicated first and NumPy runs on every rank. Singular vectors are unique
     up to a phase per pair, as in NumPy. Collective on the mesh.
