@@ -100,6 +100,10 @@ typedef struct mt__slab_io {
  * chunk. Returns this rank's own status (the caller agrees on it). */
 int mt__slabs_write(const mt__slab_io *s, int rc, const void *buf, mt_error *err);
 
+/* Local. The bytes of the file that this rank's slab covers: where
+ * mt__slabs_write wrote on this rank (len 0 when its slab is empty). */
+void mt__slab_range(const mt__slab_io *s, int64_t *at, int64_t *len);
+
 /* Collective on s->comm. The reverse: each rank reads its row slab of the boxes'
  * rows, chunk by chunk, and the chunks are exchanged into every rank's box of
  * `buf` while the next chunk is read. */

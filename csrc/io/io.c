@@ -183,6 +183,7 @@ typedef struct io_call {
   int short_runs; /* some rank's box is many runs, each short: it goes through slabs */
   int threaded;   /* this rank's I/O thread option (ranks may differ) */
   int durable;    /* sync the file and its directory (every rank passes the same) */
+  int sync_all;   /* durable, on several nodes: every rank syncs the whole file */
   int64_t chunk;  /* the slab pipeline's chunk, the same on every rank */
   mt_comm_counters *comm_counters; /* the mesh's */
   mt_io_counters *io_counters;     /* the caller's */
@@ -253,6 +254,9 @@ static int start(io_call *c, mt_mesh *mesh, int rc, const mt_io_array *a,
   int mrc = mt_mesh_comm(mesh, &c->comm, err);
   if (mrc != MT_OK) return mrc;
   c->comm_counters = mt_mesh_counters(mesh);
+  mt_mesh_nodes nodes;
+  mt_mesh_nodes_of(mesh, &nodes);
+  c->sync_all = nodes.kind != MT_NODES_ONE;
   MPI_Comm_rank(c->comm, &c->rank);
   MPI_Comm_size(c->comm, &c->size);
   if (rc == MT_OK) rc = prepare(c, a, box, buflen, err);
@@ -388,8 +392,8 @@ static int write_file(io_call *c, const char *tmp, const void *header, int64_t h
    * partial failure is not closed, since closing is collective too. */
   if (agreed != MT_OK) return agreed;
   mine = write_all(c, fh, header, hlen, buf, tmp, err);
-  rc = c->durable ? MPI_File_sync(fh) : MPI_SUCCESS;
-  if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_sync", tmp);
+  /* No MPI_File_sync: it fsyncs the whole file on every rank at once, each
+   * waiting for all of it; the file is synced once, in commit. */
   rc = MPI_File_close(&fh);
   if (rc != MPI_SUCCESS && mine == MT_OK) mine = io_fail(err, rc, "MPI_File_close", tmp);
   return agree(c->comm, mine, err);
@@ -417,13 +421,43 @@ static int close_file(int fd, int mine, const char *path, mt_error *err) {
   return mine;
 }
 
-/* A writer's end: the bytes it wrote reach the device before the file is renamed
- * into place, so a power cut after the save cannot leave zeros behind its name.
- * Every rank syncs its own descriptor: where nodes share a file system, a sync
- * flushes what its own node wrote; on one node the first sync flushes all. */
-static int sync_close(const io_call *c, int fd, int mine, const char *path, mt_error *err) {
-  if (c->durable && fd >= 0 && mine == MT_OK && fsync(fd) != 0)
-    mine = posix_fail(err, "fsync", path);
+/* Writes back bytes [at, at + len) of `fd` and waits for them: 0 or an errno.
+ * On Linux through sync_file_range (wait for write-back under way, start it,
+ * wait for it), which touches only this range, so ranks that wrote apart in one
+ * file do not each wait for all of it, as concurrent fsyncs of the file do. It
+ * neither commits the file's metadata (its size, its blocks, allocated as the
+ * pages are written) nor flushes the device's write cache: that is left to one
+ * fsync of the file (sync_file), cheap once the data is written. Elsewhere, or
+ * where the call is refused, an fsync of the file. */
+static int sync_range(int fd, int64_t at, int64_t len) {
+  if (len <= 0) return 0; /* sync_file_range reads 0 as "to the end of the file" */
+#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
+  unsigned flags =
+      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
+  if (sync_file_range(fd, (off_t)at, (off_t)len, flags) == 0) return 0;
+  if (errno != ENOSYS && errno != EINVAL && errno != ESPIPE) return errno;
+#endif
+  return fsync(fd) == 0 ? 0 : errno;
+}
+
+int mt_io_sync_range(int fd, int64_t at, int64_t len, const char *path, mt_error *err) {
+  if (at < 0 || len < 0) {
+    return mt_error_set(err, MT_EINVAL, "cannot sync %lld bytes at byte %lld of '%s'",
+                        (long long)len, (long long)at, path);
+  }
+  int e = sync_range(fd, at, len);
+  if (e == 0) return MT_OK;
+  errno = e;
+  return posix_fail(err, "the write-back", path);
+}
+
+/* A writer's end: the bytes it wrote, written back before the file is renamed
+ * into place (commit syncs the rest). */
+static int sync_close(const io_call *c, int fd, int64_t at, int64_t len, int mine,
+                      const char *path, mt_error *err) {
+  if (c->durable && fd >= 0 && mine == MT_OK) {
+    mine = mt_io_sync_range(fd, at, len, path, err);
+  }
   return close_file(fd, mine, path, err);
 }
 
@@ -441,7 +475,7 @@ static int write_runs(io_call *c, const char *tmp, const void *header, int64_t h
   int e = mine == MT_OK ? mt__io_transfer(fd, buf, NULL, buflen, c->disp) : 0;
   if (e != 0)
     mine = mt_error_set(err, MT_EIO, "writing '%s' failed: %s", tmp, strerror(e));
-  return agree(c->comm, sync_close(c, fd, mine, tmp, err), err);
+  return agree(c->comm, sync_close(c, fd, c->disp, buflen, mine, tmp, err), err);
 }
 
 /* The slab pipeline's view of this call. */
@@ -469,7 +503,9 @@ static int write_slabs(io_call *c, const mt_io_array *a, const char *tmp, const 
     mine = posix_fail(err, "ftruncate", tmp);
   }
   mine = mt__slabs_write(&s, mine, buf, err);
-  return agree(c->comm, sync_close(c, fd, mine, tmp, err), err);
+  int64_t at = 0, len = 0;
+  mt__slab_range(&s, &at, &len);
+  return agree(c->comm, sync_close(c, fd, at, len, mine, tmp, err), err);
 }
 
 /* Syncs the directory that holds `path`, so that a rename into it survives a
@@ -534,14 +570,34 @@ static int replace(const char *tmp, const char *path, int *swapped, mt_error *er
   return MT_OK;
 }
 
+/* Syncs the whole file `path`: its metadata, what no rank's range covered (the
+ * header), and the device's write cache. */
+static int sync_file(const char *path, mt_error *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int mine = fd >= 0 && fsync(fd) == 0 ? MT_OK : posix_fail(err, "fsync", path);
+  return close_file(fd, mine, path, err);
+}
+
+/* Before the rename of a durable save, once every rank's bytes are written back:
+ * on one node, one fsync by the first rank covers every rank's pages (they share
+ * the page cache and the file's inode). Where the ranks lie on several nodes of
+ * a shared file system, a sync flushes only what its own node wrote, so every
+ * rank syncs, and they agree before the rename. */
+static int sync_before_rename(const io_call *c, const char *tmp, mt_error *err) {
+  if (!c->durable) return MT_OK;
+  if (!c->sync_all) return c->rank == 0 ? sync_file(tmp, err) : MT_OK;
+  return agree(c->comm, sync_file(tmp, err), err);
+}
+
 /* Rank 0 puts the finished file in place, removes the file it replaced (a
  * failure there leaves a temporary that the next save removes) and syncs the
  * directory; every rank learns the outcome, and no temporary is left once any
  * rank returns. The removal frees what numpy.save's truncation of the old file
  * frees, at the same cost, so it stays before the agreement. */
 static int commit(io_call *c, const char *tmp, const char *path, mt_error *err) {
-  int mine = MT_OK, swapped = 0;
-  if (c->rank == 0) mine = replace(tmp, path, &swapped, err);
+  int mine = sync_before_rename(c, tmp, err), swapped = 0;
+  if (c->sync_all && mine != MT_OK) return mine; /* agreed already */
+  if (c->rank == 0 && mine == MT_OK) mine = replace(tmp, path, &swapped, err);
   if (swapped) (void)unlink(tmp);
   if (c->rank == 0 && mine == MT_OK && c->durable) mine = sync_dir(path, err);
   return agree(c->comm, mine, err);

@@ -97,7 +97,8 @@ static int64_t stage_bytes(const slabs *g) {
   return most;
 }
 
-static int init_slabs(slabs *g, const mt__slab_io *s, mt_error *err) {
+/* The slabs' rows and this rank's place among them; nothing allocated. */
+static void geometry(slabs *g, const mt__slab_io *s) {
   memset(g, 0, sizeof *g);
   g->s = s;
   MPI_Comm_size(s->comm, &g->n);
@@ -113,6 +114,10 @@ static int init_slabs(slabs *g, const mt__slab_io *s, mt_error *err) {
   if (g->hi < g->lo) g->lo = g->hi = 0;
   g->rowbytes = a->itemsize;
   for (int d = 1; d < a->ndim; ++d) g->rowbytes *= a->shape[d];
+}
+
+static int init_slabs(slabs *g, const mt__slab_io *s, mt_error *err) {
+  geometry(g, s);
   g->rows = s->chunk / g->rowbytes > 1 ? s->chunk / g->rowbytes : 1;
   int64_t most = (g->hi - g->lo + g->n - 1) / g->n; /* the largest slab */
   g->rounds = (most + g->rows - 1) / g->rows;
@@ -279,6 +284,15 @@ static int64_t slab_bytes(const slabs *g) {
   int64_t s0 = 0, s1 = 0;
   slab_of(g, g->me, &s0, &s1);
   return (s1 - s0) * g->rowbytes;
+}
+
+void mt__slab_range(const mt__slab_io *s, int64_t *at, int64_t *len) {
+  slabs g;
+  geometry(&g, s);
+  int64_t s0 = 0, s1 = 0;
+  slab_of(&g, g.me, &s0, &s1);
+  *at = s->array->offset + s0 * g.rowbytes;
+  *len = (s1 - s0) * g.rowbytes;
 }
 
 /* Collective. Sets up, and agrees that every rank may go on: after this no rank

@@ -17,7 +17,7 @@ from .. import _C, _comm
 from .._clib import (MAX_NDIM, E as _E, Error, I, I64, P, _Box, _int64s, call, check, fn,
                      status_of, struct)
 
-__all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "exchange"]
+__all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "exchange", "sync_range"]
 
 _Array, _Options = struct("mt_io_array"), struct("mt_io_options")
 _A, _B, _O = ctypes.POINTER(_Array), ctypes.POINTER(_Box), ctypes.POINTER(_Options)
@@ -26,6 +26,7 @@ _load = fn("mt_io_load", I, P, ctypes.c_char_p, _A, _B, P, I64, _O, _E)
 _defaults = fn("mt_io_options_default", _Options)
 _counters_read = fn("mt_io_counters_read", None, P, ctypes.POINTER(I64), ctypes.POINTER(I64))
 _exchange = fn("mt_io_exchange", I, ctypes.c_char_p, ctypes.c_char_p, _E)
+_sync_range = fn("mt_io_sync_range", I, I, I64, I64, ctypes.c_char_p, _E)
 
 _options = _defaults()  # what every later io_save and io_load passes
 _options.counters = _C.IO_COUNTERS
@@ -105,6 +106,19 @@ def exchange(a: str, b: str) -> bool:
         return False
     check(rc, err)
     return True
+
+
+def sync_range(fd: int, at: int, nbytes: int, path: str) -> None:
+    """Writes back bytes [at, at + nbytes) of the open file ``fd`` and waits for
+    the device to have them, leaving the rest of the file alone (Linux's
+    sync_file_range; elsewhere an fsync); OSError on failure. The file's
+    metadata and the device's write cache still need one ``os.fsync`` of it,
+    after every writer's range. Local.
+
+    Example: ``sync_range(fd, offset, data.nbytes, path); os.fsync(fd)``.
+    """
+    call(_sync_range, operator.index(fd), operator.index(at), operator.index(nbytes),
+         os.fsencode(path))
 
 
 def io_counters() -> tuple[int, int]:

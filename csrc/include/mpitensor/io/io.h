@@ -87,12 +87,14 @@ MT_EXPORT mt_io_options mt_io_options_default(void);
  * short runs that tile the array are written as `opts` says (NULL: the defaults).
  * The file is written under a temporary name in the same directory
  * (`<name cut to 200 bytes>.<hex>-<hex>.tmp`, created by the first member before
- * the others open it), synced to the device by every member, and put at `path` by
- * the first member (swapped with an existing file in one step where the system
- * can, which it then removes; else renamed), which then syncs the directory, only
- * after every member has written its part: an existing file at `path` is replaced
- * whole or not at all, and the new one survives a power cut once this returns (unless
- * `opts->durable` is 0: then nothing is synced). `path` itself is
+ * the others open it), and put at `path` by the first member (swapped with an
+ * existing file in one step where the system can, which it then removes; else
+ * renamed), only after every member has written its part: an existing file at
+ * `path` is replaced whole or not at all. Unless `opts->durable` is 0 (then
+ * nothing is synced), the new file survives a power cut once this returns: each
+ * member writes back the bytes it wrote (mt_io_sync_range), the first member then
+ * fsyncs the file (every member does, when they lie on several nodes) before the
+ * rename and the directory after it. `path` itself is
  * replaced (a symlink too: callers resolve it first); members that pass different
  * paths fail. On failure the temporary file is removed and MT_EIO (or the first
  * error) returns on every member with the message of the member that failed
@@ -111,6 +113,19 @@ MT_EXPORT int mt_io_save(mt_mesh *mesh, const char *path, const void *header,
 MT_EXPORT int mt_io_load(mt_mesh *mesh, const char *path, const mt_io_array *array,
                          const mt_box *box, void *buf, int64_t buflen,
                          const mt_io_options *opts, mt_error *err);
+
+/* Local. Writes back bytes [at, at + len) of the open file `fd` (named `path`
+ * in messages) and waits until the device has them: on Linux sync_file_range,
+ * which leaves the rest of the file alone, so members that wrote apart in one
+ * file sync at once without waiting for each other's bytes; elsewhere fsync. It
+ * does not make the file durable by itself: the file's metadata and the device's
+ * write cache need one fsync of the file afterwards. len 0 syncs nothing. MT_EIO
+ * with the system's reason on failure.
+ *
+ *   rc = mt_io_sync_range(fd, at, nbytes, path, &err);  // then one fsync(fd)
+ */
+MT_EXPORT int mt_io_sync_range(int fd, int64_t at, int64_t len, const char *path,
+                               mt_error *err);
 
 /* Local. Swaps the names `a` and `b` in one step (renameat2's exchange), so that
  * a file or directory is replaced whole or not at all. MT_ENOTSUP, with nothing
