@@ -547,52 +547,81 @@ for _ in range(2):
             os.path.join(folder, "twice.npy"))
 """
 
-# Logs "<pid> fsync <path>", "<pid> rename <from> <to>" and "<pid> exchange <from>
-# <to>" (renameat2 swapping two names) after each call returns.
+# Logs "<rank> fsync <path>", "<rank> sync_file_range <path> <at> <len>", "<rank>
+# rename <from> <to>" and "<rank> exchange <from> <to>" (renameat2 swapping two
+# names) after each call returns (<rank> in MPI_COMM_WORLD, -1 outside mpiexec).
+# MT_SPY_FAIL="<call>:<rank>:<text>" makes that call (fsync, which fdatasync is
+# too, or sync_file_range) fail with EIO on that rank for paths containing <text>.
 SPY = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+static const char *rank(void) {
+  const char *r = getenv("OMPI_COMM_WORLD_RANK");
+  return r ? r : "-1";
+}
 
 static void note(const char *what, const char *a, const char *b) {
   const char *log = getenv("MT_SPY_LOG");
   char line[3 * PATH_MAX];
-  int n = snprintf(line, sizeof line, "%d %s %s%s%s\n", (int)getpid(), what, a,
+  int n = snprintf(line, sizeof line, "%s %s %s%s%s\n", rank(), what, a,
                    b ? " " : "", b ? b : "");
   int fd = log ? open(log, O_WRONLY | O_APPEND | O_CREAT, 0644) : -1;
   if (fd >= 0 && write(fd, line, (size_t)n) >= 0) close(fd);
 }
 
-static int noted(const char *what, int fd, int rc) {
-  char link[64], path[PATH_MAX];
+static void path_of(int fd, char *path) {
+  char link[64];
   snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-  ssize_t n = readlink(link, path, sizeof path - 1);
+  ssize_t n = readlink(link, path, PATH_MAX - 1);
   path[n > 0 ? n : 0] = 0;
-  if (rc == 0) note(what, path, NULL);
-  return rc;
 }
 
-static int synced(int fd, int rc) { return noted("fsync", fd, rc); }
+/* Whether MT_SPY_FAIL names this call on this rank for this path. */
+static int failing(const char *what, const char *path) {
+  const char *spec = getenv("MT_SPY_FAIL");
+  char call[64], who[16], text[PATH_MAX];
+  if (!spec || sscanf(spec, "%63[^:]:%15[^:]:%4095s", call, who, text) != 3) return 0;
+  return !strcmp(call, what) && !strcmp(who, rank()) && strstr(path, text) != NULL;
+}
+
+static int synced(int fd, int (*real)(int)) {
+  char path[PATH_MAX];
+  path_of(fd, path);
+  if (failing("fsync", path)) {
+    errno = EIO;
+    return -1;
+  }
+  int rc = real(fd);
+  if (rc == 0) note("fsync", path, NULL);
+  return rc;
+}
 
 int sync_file_range(int fd, off_t at, off_t len, unsigned flags) {
   int (*real)(int, off_t, off_t, unsigned) =
       (int (*)(int, off_t, off_t, unsigned))dlsym(RTLD_NEXT, "sync_file_range");
-  return noted("sync_file_range", fd, real(fd, at, len, flags));
+  char path[PATH_MAX], range[64];
+  path_of(fd, path);
+  if (failing("sync_file_range", path)) {
+    errno = EIO;
+    return -1;
+  }
+  int rc = real(fd, at, len, flags);
+  snprintf(range, sizeof range, "%lld %lld", (long long)at, (long long)len);
+  if (rc == 0) note("sync_file_range", path, range);
+  return rc;
 }
 
-int fsync(int fd) {
-  int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
-  return synced(fd, real(fd));
-}
+int fsync(int fd) { return synced(fd, (int (*)(int))dlsym(RTLD_NEXT, "fsync")); }
 
-int fdatasync(int fd) {
-  int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
-  return synced(fd, real(fd));
-}
+int fdatasync(int fd) { return synced(fd, (int (*)(int))dlsym(RTLD_NEXT, "fdatasync")); }
 
 int rename(const char *from, const char *to) {
   int (*real)(const char *, const char *) =

@@ -1,17 +1,21 @@
 """``mt.save(..., durable=False)`` skips the syncs (issue 46, item 5), as numpy.save
-makes none; ``durable=True`` (the default) syncs a Zarr store's chunks, metadata
-and directories before it is swapped in, and a dataset added to an HDF5 file
-before save returns. An LD_PRELOAD spy (test_checkpoint_safety.SPY) logs every
-fsync of a 2-rank job started from the np=1 run.
+makes none; ``durable=True`` (the default) makes a save durable with the fewest
+syncs: each rank writes back the bytes it wrote (sync_file_range of its range),
+then one rank fsyncs the file; a Zarr store's chunk files are synced by their
+writers and each of its folders once. A sync that fails on one rank raises on
+every rank. An LD_PRELOAD spy (test_checkpoint_safety.SPY) logs the syncs of a
+2- or 3-rank job started from the np=1 run, and fails the ones it is told to.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 
+import h5py
 import pytest
 from mpi4py import MPI
 
@@ -41,30 +45,53 @@ MPI.COMM_WORLD.Barrier()
 mt.save(x, os.path.join(folder, "f.h5"), dataset="x", mode="a", durable=durable)
 mt.save({"w": x}, os.path.join(folder, "sd"), durable=durable)
 mt.save(x, os.path.join(folder, "n", "x.npy"), durable=durable)
+mt.save(x.redistribute(mesh, [Shard(1)]), os.path.join(folder, "n", "cols.npy"),
+        durable=durable)  # row slabs after an exchange
+mt.save(x, os.path.join(folder, "n", "x.h5"), dataset="x", durable=durable)
 """
 
 
-def spied_syncs(tmp_path, durable: bool) -> list:
-    """The paths that a 2-rank job of JOB synced or started writing back."""
+def run_spied(tmp_path, job: str, args: list, ranks: int = 2, fail: str = "") -> tuple:
+    """Runs ``job`` on ``ranks`` ranks under the spy (failing what ``fail`` names,
+    MT_SPY_FAIL) with a new folder as its first argument: (folder, the spy's
+    events, the job's output)."""
     spy = tmp_path / "spy.so"
     (tmp_path / "spy.c").write_text(SPY)
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(spy),
                     str(tmp_path / "spy.c"), "-ldl"], check=True)
-    (tmp_path / "job.py").write_text(JOB)
+    (tmp_path / "job.py").write_text(job)
     folder = os.path.realpath(tmp_path / "out")
     os.mkdir(folder)
     log = tmp_path / "log"
-    cmd = ["mpiexec", "--oversubscribe", "-n", "2", "-x", f"LD_PRELOAD={spy}", "-x",
-           f"MT_SPY_LOG={log}", sys.executable, str(tmp_path / "job.py"), folder,
-           "1" if durable else "0"]
+    cmd = ["mpiexec", "--oversubscribe", "-n", str(ranks), "-x", f"LD_PRELOAD={spy}",
+           "-x", f"MT_SPY_LOG={log}", "-x", f"MT_SPY_FAIL={fail}", sys.executable,
+           str(tmp_path / "job.py"), folder, *args]
     run = subprocess.run(cmd, env=fresh_job_env(), capture_output=True, text=True,
                          timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr
-    events = [line.split(" ", 2)[1:] for line in log.read_text().splitlines()] \
-        if log.exists() else []
+    return folder, spy_events(log), run.stdout
+
+
+def spied_syncs(tmp_path, durable: bool) -> list:
+    """The paths that a 2-rank job of JOB synced or started writing back."""
+    folder, events, _ = run_spied(tmp_path, JOB, ["1" if durable else "0"])
     # a started write-back (sync_file_range) counts as a sync: numpy.save starts none
-    return [os.path.relpath(args, folder) for what, args in events
+    return [os.path.relpath(path, folder) for _, what, path, _ in events
             if what in ("fsync", "sync_file_range")]
+
+
+def spy_events(log) -> list:
+    """The spy's log as (rank, call, path, range): range is (at, len) for
+    sync_file_range, else None (and path the first of a rename's two)."""
+    out = []
+    for line in log.read_text().splitlines() if log.exists() else []:
+        rank, what, args = line.split(" ", 2)
+        if what == "sync_file_range":
+            path, at, n = args.rsplit(" ", 2)
+            out.append((int(rank), what, path, (int(at), int(n))))
+        else:
+            out.append((int(rank), what, args.split(" ")[0], None))
+    return out
 
 
 needs_a_job = [pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only"),
@@ -96,3 +123,184 @@ def test_saves_that_are_not_durable_sync_nothing_that_python_writes(tmp_path):
 @needs_a_job[1]
 def test_a_npy_save_that_is_not_durable_syncs_nothing(tmp_path):
     assert spied_syncs(tmp_path, False) == []
+
+
+# -- what each rank syncs: its own bytes, then one fsync of the whole file -----------
+
+RANGES = """
+import os, sys
+import h5py
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Shard
+
+folder = sys.argv[1]
+mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+rows = mt.distribute_tensor(np.arange(7.0 * 512).reshape(7, 512), mesh, [Shard(0)])
+cols = mt.distribute_tensor(np.arange(48.0).reshape(8, 6), mesh, [Shard(1)])
+mt.save(rows, os.path.join(folder, "rows.npy"))  # uneven shards: 3, 3 and 1 rows
+mt.save(cols, os.path.join(folder, "cols.npy"))  # row slabs after an exchange
+mt.save(rows, os.path.join(folder, "x.h5"), dataset="x")
+if MPI.COMM_WORLD.Get_rank() == 0:
+    with h5py.File(os.path.join(folder, "f.h5"), "w") as f:
+        f.create_dataset("a", data=np.arange(3))
+MPI.COMM_WORLD.Barrier()
+mt.save(rows, os.path.join(folder, "f.h5"), dataset="y", mode="a")
+z = mt.distribute_tensor(np.arange(1.0, 97.0).reshape(4, 6, 4), mesh, [Shard(1)])
+mt.save(z, os.path.join(folder, "z.zarr"))
+"""
+
+
+def data_offset(folder: str, name: str, nbytes: int) -> int:
+    if name.endswith(".npy"):
+        return os.path.getsize(os.path.join(folder, name)) - nbytes
+    with h5py.File(os.path.join(folder, name), "r") as f:
+        return f["x" if name == "x.h5" else "y"].id.get_offset()
+
+
+def syncs_of(events: list, path: str) -> tuple:
+    """The sync_file_range calls ({rank: (at, len)}) and the ranks of the fsyncs
+    of ``path`` or of a temporary file of it, and whether every fsync followed
+    every range."""
+    temp = re.compile(re.escape(path) + r"(\.[0-9a-f]+-[0-9a-f]+\.tmp)?")
+    mine = [(i, e) for i, e in enumerate(events) if temp.fullmatch(e[2])]
+    ranges = [(r, span) for _, (r, what, _, span) in mine if what == "sync_file_range"]
+    fsyncs = [(i, r) for i, (r, what, _, _) in mine if what == "fsync"]
+    last_range = max((i for i, e in mine if e[1] == "sync_file_range"), default=-1)
+    return (dict(ranges), len(ranges), [r for _, r in fsyncs],
+            all(i > last_range for i, _ in fsyncs))
+
+
+@pytest.fixture(scope="module", name="ranges")
+def ranges_job(tmp_path_factory):
+    """(folder, events) of one 3-rank job of RANGES under the spy."""
+    folder, events, _ = run_spied(tmp_path_factory.mktemp("ranges"), RANGES, [], ranks=3)
+    return folder, events
+
+
+@needs_a_job[0]
+@needs_a_job[1]
+def test_each_rank_syncs_its_own_bytes_and_one_rank_the_file(ranges):
+    """A 3-rank job saves .npy files (uneven rows, and columns through row slabs),
+    a new HDF5 file and a dataset added to one: each rank writes back exactly the
+    bytes it wrote (its rows, or its slab of rows), and then one rank fsyncs the
+    file once, before the rename."""
+    folder, events = ranges
+    row = 512 * 8
+    # (name, bytes of a row, rows per rank as each rank wrote them)
+    cases = [("rows.npy", row, (3, 3, 1)), ("cols.npy", 6 * 8, (2, 3, 3)),
+             ("x.h5", row, (3, 3, 1)), ("f.h5", row, (3, 3, 1))]
+    for name, size, counts in cases:
+        at = data_offset(folder, name, size * sum(counts))
+        want = {}
+        for r, n in enumerate(counts):
+            want[r] = (at, n * size)
+            at += n * size
+        ranges, calls, fsyncs, after = syncs_of(events, os.path.join(folder, name))
+        assert (ranges, calls) == (want, 3), (name, ranges, want)
+        assert fsyncs == [0] and after, (name, fsyncs, events)
+
+
+@needs_a_job[0]
+@needs_a_job[1]
+def test_zarr_chunks_and_folders_are_each_synced_once(ranges):
+    """Each chunk file by the rank that wrote it; each folder of the store once,
+    after every rank's chunks (ranks write chunks into one folder here)."""
+    folder, events = ranges
+    store = re.compile(re.escape(os.path.join(folder, "z.zarr."))
+                       + r"[0-9a-f]+-[0-9a-f]+\.tmp")
+    synced = [(i, r, path) for i, (r, what, path, _) in enumerate(events)
+              if what == "fsync" and store.match(path)]
+    root = store.match(synced[0][2]).group(0)
+    chunks = {os.path.relpath(p, root): r for _, r, p in synced
+              if os.path.relpath(p, root).count("/") == 3}
+    assert chunks == {f"c/0/{j}/0": j for j in range(3)}, synced
+    folders = [os.path.relpath(p, root) for _, _, p in synced
+               if os.path.relpath(p, root).count("/") < 3]
+    assert sorted(folders) == [".", "c", "c/0", "c/0/0", "c/0/1", "c/0/2", "zarr.json"], \
+        synced
+    last_chunk = max(i for i, _, p in synced if os.path.relpath(p, root) in chunks)
+    assert all(i > last_chunk for i, _, p in synced if os.path.relpath(p, root)
+               in folders), synced
+
+
+# -- a sync that fails on one rank raises on every rank ------------------------------
+
+FAILING = """
+import os, sys
+import h5py
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Shard
+
+folder = sys.argv[1]
+rank = MPI.COMM_WORLD.Get_rank()
+said = open(os.path.join(folder, "..", f"said.{rank}"), "w", buffering=1)
+
+
+def say(*words):
+    said.write(" ".join(str(w).replace(chr(10), " ") for w in words) + chr(10))
+
+
+mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+new = mt.distribute_tensor(np.arange(7.0 * 64).reshape(7, 64), mesh, [Shard(0)])
+old = new * 0 - 1
+for name in ("bad.npy", "badcols.npy", "bad.h5", "bad.zarr"):
+    path, kw = os.path.join(folder, name), {"dataset": "x"} if ".h5" in name else {}
+    for x, durable in ((old, False), (new.redistribute(mesh, [Shard(1)]) if "cols" in name
+                                      else new, True)):
+        try:
+            mt.save(x, path, durable=durable, **kw)
+            say(name, "saved")
+        except Exception as e:
+            say(name, type(e).__name__, e)
+    back = mt.load(path, mesh, [Shard(0)], **kw)
+    say(name, "holds", "old" if np.array_equal(back.full_tensor(), old.full_tensor())
+        else "new")
+if rank == 0:
+    with h5py.File(os.path.join(folder, "add_bad.h5"), "w") as f:
+        f.create_dataset("a", data=np.arange(3))
+MPI.COMM_WORLD.Barrier()
+try:
+    mt.save(new, os.path.join(folder, "add_bad.h5"), dataset="badrows", mode="a")
+    say("add_bad.h5", "saved")
+except Exception as e:
+    say("add_bad.h5", type(e).__name__, e)
+say("left", ",".join(sorted(n for n in os.listdir(folder) if n.endswith(".tmp"))))
+"""
+
+
+def outcomes(folder) -> dict:
+    """What each rank of FAILING said, by (name, what): {rank: the rest}."""
+    got = {}
+    for rank in range(2):
+        for line in (folder / f"said.{rank}").read_text().splitlines():
+            name, rest = (line.split(" ", 1) + [""])[:2]
+            kind = ("holds" if rest.startswith("holds") else "left" if name == "left"
+                    else "save")
+            got.setdefault((name, kind), {})[rank] = rest
+    return got
+
+
+@needs_a_job[0]
+@needs_a_job[1]
+@pytest.mark.parametrize("fail", ["sync_file_range:1:bad", "fsync:0:bad"])
+def test_a_failed_sync_on_one_rank_raises_on_every_rank(tmp_path, fail):
+    """A rank's write-back of its bytes (rank 1) or the one fsync of the file
+    (rank 0; for Zarr, its chunk files) fails with EIO: the save raises OSError on
+    both ranks, the previous file or store stays and loads, and no temporary file
+    is left; a dataset added to an existing HDF5 file raises on both ranks too."""
+    run_spied(tmp_path, FAILING, [], fail=fail)
+    got = outcomes(tmp_path)
+    names = ["bad.npy", "badcols.npy", "bad.h5", "bad.zarr"]
+    if fail.startswith("sync_file_range"):
+        names.remove("bad.zarr")  # its chunk files are fsynced whole, not by range
+    for name in names + ["add_bad.h5"]:
+        said = got[(name, "save")]
+        assert sorted(said) == [0, 1] and len(set(said.values())) == 1, (name, got)
+        assert said[0].startswith("OSError"), (name, got)
+    for name in names:
+        assert got[(name, "holds")] == {0: "holds old", 1: "holds old"}, (name, got)
+    assert got[("left", "left")] == {0: "", 1: ""}, got

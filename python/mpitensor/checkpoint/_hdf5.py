@@ -33,7 +33,7 @@ import numpy as np
 from .. import _dtypes
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
-from . import _agree, _npy, _paths, _stored, _tensor
+from . import _agree, _io, _npy, _paths, _stored, _tensor
 
 MODES = ("w", "a")
 
@@ -141,11 +141,11 @@ def _rows(dt):
     return dt.redistribute(mesh, rows) if tuple(dt.placements) != tuple(rows) else dt
 
 
-def _in_file(path: str, dataset: str, shape: tuple, dtype: np.dtype, attrs,
-             durable: bool) -> bytes:
+def _in_file(path: str, dataset: str, shape: tuple, dtype: np.dtype, attrs) -> bytes:
     """On the first rank, in mode "a": the dataset added to the file (or the same
     shape and type found there, contiguous) with its storage allocated; its offset
-    and the file's inode (8 bytes each)."""
+    and the file's inode (8 bytes each). Not synced here: the one sync of the
+    file after every rank's rows (_add) covers what h5py wrote too."""
     h = h5py()
     with h.File(path, "r+") as f:
         if dataset in f:
@@ -157,12 +157,6 @@ def _in_file(path: str, dataset: str, shape: tuple, dtype: np.dtype, attrs,
             _allocate(d)
         offset = d.id.get_offset() or 0
         inode = os.fstat(f.id.get_vfd_handle()).st_ino
-    if durable:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
     return offset.to_bytes(8, "little") + inode.to_bytes(8, "little")
 
 
@@ -194,20 +188,48 @@ def _write_rows(path: str, inode: int, data: np.ndarray, at: int, durable: bool)
             raise OSError(f"{path!r} was replaced while a dataset was being added to it")
         _pwrite_all(fd, memoryview(data.reshape(-1).view(np.uint8)), at)
         if durable:
-            os.fsync(fd)
+            # this rank's rows only: _add syncs the whole file once they all are
+            _io.sync_range(fd, at, data.nbytes, path)
     finally:
         os.close(fd)
 
 
+def _sync_once(mesh, path: str) -> None:
+    """Collective on the mesh, once every rank has written back its own bytes of
+    the file ``path`` (_io.sync_range): the one fsync that makes it durable, by
+    the first rank (the ranks of one node share its page cache), or by every rank
+    where they lie on several nodes (a sync flushes only what its own node wrote);
+    a failure raises on every rank.
+
+    Example::
+
+        >>> _sync_once(mesh, "/data/run.h5")
+    """
+    if mesh._handle.nodes()[0] == "one":
+        _agree.first_rank(mesh, lambda: _paths.sync_file(path) or b"")
+        return
+    failed = []
+
+    def attempt():
+        try:
+            _paths.sync_file(path)
+        except OSError as e:
+            failed.append(e)
+            raise
+
+    _agree.everywhere(mesh, attempt, lambda: failed[0])
+
+
 def _add(dt, path: str, dataset: str, attrs, durable: bool) -> None:
     """Collective. Mode "a" on an existing file: the first rank adds the dataset,
-    then every rank writes its rows in place."""
+    then every rank writes its rows in place; when ``durable``, each rank writes
+    back its own rows and then the file is synced once (_sync_once)."""
     dt = _rows(dt.detach())
     mesh = dt.device_mesh
     if mesh.get_coordinate() is None:
         return
     got = _agree.first_rank(mesh, lambda: _in_file(path, dataset, tuple(dt.shape),
-                                                   dt.dtype, attrs, durable))
+                                                   dt.dtype, attrs))
     offset, inode = int.from_bytes(got[:8], "little"), int.from_bytes(got[8:], "little")
     local = np.ascontiguousarray(dt.to_local())
     sizes, starts = compute_local_shape_and_global_offset(dt.shape, mesh, dt.placements)
@@ -226,6 +248,8 @@ def _add(dt, path: str, dataset: str, attrs, durable: bool) -> None:
             raise
 
     _agree.everywhere(mesh, attempt, lambda: failed[0])
+    if durable:
+        _sync_once(mesh, path)
 
 
 def save(dt, path: str, dataset: str, mode: str, attrs, durable: bool) -> None:

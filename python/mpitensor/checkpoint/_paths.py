@@ -69,6 +69,17 @@ def remove_leftovers(folder: str, names) -> None:
                 pass  # gone already, or not ours to remove: the save goes on
 
 
+def sync_file(path: str) -> None:
+    """fsyncs the file ``path``: its bytes, its metadata and the device's cache."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        raise OSError(e.errno, f"fsync of {path!r} failed: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
 def sync_dir(folder: str) -> None:
     """Syncs a directory, so that the names renamed into it survive a power cut."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

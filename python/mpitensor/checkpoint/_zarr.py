@@ -190,19 +190,12 @@ def _chunk_keys(offsets: tuple, sizes: tuple, chunks: list) -> list:
     return ["c/" + "/".join(map(str, k)) for k in keys]
 
 
-def _sync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
            durable: bool) -> None:
-    """This rank's box into the store at ``tmp``, synced with the directories that
-    lead to its chunks when ``durable`` (an all-fill chunk is not stored, as Zarr
-    does)."""
+    """This rank's box into the store at ``tmp``, each of its chunk files synced
+    when ``durable`` (files of its own, which no other rank writes; an all-fill
+    chunk is not stored, as Zarr does). The directories are synced once every
+    rank has written (_sync_folders)."""
     z = zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
     sizes = local.shape
@@ -217,15 +210,32 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
         arr[tuple(slice(a, e) for a, e in zip(at, end))] = local[part]
     if not durable:
         return
-    folders = set()
     for key in _chunk_keys(offsets, sizes, chunks):
         name = os.path.join(tmp, key)
         if os.path.exists(name):
-            _sync(name)
-            # every folder down from the store's own names the next one
-            for depth in range(1, key.count("/") + 1):
-                folders.add(os.path.join(tmp, *key.split("/")[:depth]))
-    for folder in sorted(folders):
+            _paths.sync_file(name)
+
+
+def _own_folders(tmp: str, offsets: tuple, sizes: tuple, chunks: list) -> list:
+    """The folders of the store at ``tmp`` that this rank syncs: of those that lead
+    to its chunks, each one whose first chunk (index 0 in every dim that the
+    folder does not fix) is this rank's. The writing ranks' boxes are whole chunks
+    that tile the array, so exactly one rank syncs each folder, whichever ranks
+    wrote into it."""
+    folders = set()
+    for key in _chunk_keys(offsets, sizes, chunks):
+        parts = key.split("/")  # "c", then one index per dim
+        for fixed in range(len(parts) - 1):  # the folder of the first `fixed` dims
+            if all(o == 0 for o in offsets[fixed:]):
+                folders.add(os.path.join(tmp, *parts[:fixed + 1]))
+    return sorted(f for f in folders if os.path.isdir(f))
+
+
+def _sync_folders(tmp: str, offsets: tuple, sizes: tuple, chunks: list) -> None:
+    """Once every rank has written its chunks: the folders this rank owns
+    (_own_folders) synced, so the names of every rank's chunk files in them
+    survive a power cut; the store's own folder is _commit's."""
+    for folder in _own_folders(tmp, offsets, sizes, chunks):
         _paths.sync_dir(folder)
 
 
@@ -241,7 +251,7 @@ def _commit(tmp: str, path: str, durable: bool) -> bytes:
     """On the first rank, once every rank has written: the new store at ``path``,
     the old one removed."""
     if durable:
-        _sync(os.path.join(tmp, "zarr.json"))
+        _paths.sync_file(os.path.join(tmp, "zarr.json"))
         _paths.sync_dir(tmp)
     if not os.path.exists(path):
         os.rename(tmp, path)
@@ -287,16 +297,21 @@ def save(dt, path: str, attrs, durable: bool) -> None:
         writes = local.size > 0 and _tensor._writes(mesh, dt.placements)
         failed = []
 
-        def attempt():
+        def attempt(step):
             try:
                 if writes:
-                    _write(tmp, local.reshape(tuple(sizes)), tuple(offsets), chunks,
-                           durable)
+                    step()
             except Exception as e:  # noqa: BLE001 - raised on every rank just below
                 failed.append(_stored._travels(e))
                 raise
 
-        _agree.everywhere(mesh, attempt, lambda: failed[0])
+        box = (tuple(offsets), tuple(sizes), chunks)
+        _agree.everywhere(mesh, lambda: attempt(lambda: _write(
+            tmp, local.reshape(tuple(sizes)), tuple(offsets), chunks, durable)),
+            lambda: failed[0])
+        if durable:
+            _agree.everywhere(mesh, lambda: attempt(lambda: _sync_folders(tmp, *box)),
+                              lambda: failed[0])
         _agree.first_rank(mesh, lambda: _commit(tmp, path, durable))
     except BaseException:
         if mesh.get_coordinate() == [0] * mesh.ndim:
