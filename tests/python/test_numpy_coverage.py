@@ -18,5 +18,6 @@ def test_the_page_names_what_gathers_and_what_does_not():
     page = _coverage.page()
     assert "| `numpy.sum` | distributed" in page
     assert "| `numpy.kron` | distributed (`_kron.py`) |" in page
-    assert "| `numpy.savez` | gathered |" in page  # no rule: the fallback's
+    assert "| `numpy.busday_count` | gathered |" in page  # no rule: the fallback's
+    assert "| `numpy.savez` | distributed (`checkpoint/_npz.py`) |" in page
     assert "| `add` | distributed | distributed | distributed | distributed | distributed |" in page

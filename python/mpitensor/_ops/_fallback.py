@@ -16,7 +16,8 @@ not fit in memory is a MemoryError on every rank. ``MPITENSOR_STRICT=1`` or
 ``with mpitensor.strict():`` turns the fallback off, as torch's strictness: the
 call is then a TypeError that names the function.
 
-Writers (``numpy.save``, ``savez``, ``savez_compressed``, ``savetxt``) run on the
+Writers (``numpy.save``, ``savez``, ``savez_compressed``, ``savetxt``), which come
+here for what their rules do not write in parts (a file object), run on the
 mesh's first rank only, so that one file is written once. What NumPy writes into
 (an ``out=`` DTensor, the first argument of ``ufunc.at``, ``np.put``,
 ``np.copyto``, ...) is written back into the DTensor, each rank its own part.

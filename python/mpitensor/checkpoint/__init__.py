@@ -26,8 +26,8 @@ import numpy as np
 from .._dtensor import DTensor
 from .._args import raise_on_every_rank, resolve_mesh
 from ..device_mesh import _mesh_stack, init_device_mesh
-from . import (_agree, _async, _directory, _formats, _hdf5, _npy, _numpy, _opened,  # noqa: F401
-               _paths, _region, _tensor, _tree, _zarr)
+from . import (_agree, _async, _directory, _formats, _hdf5, _npy, _npz, _numpy,  # noqa: F401
+               _opened, _paths, _region, _tensor, _tree, _zarr)
 from .._shard import DTensorShard, assemble
 
 __all__ = ["save", "async_save", "load", "DTensorShard", "assemble"]

@@ -10,7 +10,8 @@ byte for byte. A layout whose ranks do not hold whole rows (Shard(1)) has them
 moved into rows first (one all-to-all, or a gather of the columns where the rows
 are cut too); the scan and its total are two small collectives. A file object, a
 compressed name (``.gz``, ...) or an encoding whose parts cannot be encoded
-apart keep the gathered fallback, as ``savez`` does.
+apart keep the gathered fallback. ``savez`` and ``savez_compressed`` are
+:mod:`._npz`'s.
 """
 
 from __future__ import annotations
