@@ -57,9 +57,11 @@ def _c(a):
 
 
 def _linear_by_gemm() -> bool:
-    """Whether linear calls the provider's gemm: not with NumPy's own OpenBLAS,
-    which np.matmul calls already (benchmarks/tensor_parallel.py compares them)."""
-    return enabled and _blas.provider() not in ("none", "openblas")
+    """Whether linear calls the provider's gemm, NumPy's own OpenBLAS included:
+    np.matmul runs one gemm per leading index of a batched input and the bias
+    then takes a pass of its own over the output, where one gemm over all rows
+    adds the product to the bias already in place."""
+    return enabled and _blas.provider() != "none"
 
 
 def _rows(a):
@@ -100,10 +102,10 @@ def matmul(a, b):
 def linear(x, w, b):
     """x @ w.T + b for ndarrays x (..., k), w (n, k) and b None or broadcastable.
 
-    With MKL as the BLAS (or a library named by MPITENSOR_BLAS) and float operands
-    of one dtype, the bias is broadcast into the output and one gemm adds the
-    product to it (beta = 1): no pass of its own over the output. Otherwise the
-    product is NumPy's, and the bias is added in place when that gives the same
+    With a BLAS loaded (:func:`blas_provider` not "none") and float operands of
+    one dtype, the bias is broadcast into the output and one gemm over all rows
+    adds the product to it (beta = 1): no pass of its own over the output.
+    Otherwise the product is NumPy's, and the bias is added in place when that gives the same
     array as ``out + b`` (same dtype and shape), which saves a temporary. float16
     and bfloat16 operands are computed in float32 and rounded once."""
     if narrow(x, w, b):
