@@ -1024,8 +1024,18 @@ def _redistribute_back(g: "DTensor", spec: DTensorSpec, backward_dtype) -> "DTen
         s = g._spec
         g = DTensor(g._data().astype(backward_dtype),
                     DTensorSpec(s.mesh, s.placements, s.shape, backward_dtype, s.stride))
-    g = g.redistribute(spec.mesh, _grad_placements(spec.placements))
+    g = _moved_back(g, spec)
     return g if g.dtype == spec.dtype else g.astype(spec.dtype)
+
+
+def _moved_back(g: "DTensor", spec: DTensorSpec) -> "DTensor":
+    """``g`` redistributed to the gradient placements of ``spec``; ``g`` itself when
+    it is there already (a decision on the specs, so every rank takes it), without
+    the agreement over the mesh that an explicit redistribute makes."""
+    target = _grad_placements(spec.placements)
+    if g._spec.mesh is spec.mesh and g._spec.placements == target:
+        return g
+    return g.redistribute(spec.mesh, target)
 
 
 def _to_local_grad(g: "DTensor", spec: DTensorSpec, grad_placements) -> "DTensor":
@@ -1044,8 +1054,7 @@ def _from_local_grad(g: "DTensor", spec: DTensorSpec, source: "DTensor") -> "DTe
     if spec.mesh.get_coordinate() is None:
         local = np.zeros(source.shape, source.dtype)
     else:
-        g = g.redistribute(spec.mesh, _grad_placements(spec.placements))
-        local = g._data().astype(source.dtype, copy=False)
+        local = _moved_back(g, spec)._data().astype(source.dtype, copy=False)
     return DTensor(local, source._spec)
 
 

@@ -508,6 +508,39 @@ def test_embedding_styles_keep_the_weight_placement():
                                    ref.weight.grad.full_tensor(), rtol=1e-12)
 
 
+def test_colwise_output_already_in_place_is_not_moved_either_way(monkeypatch):
+    # ColwiseParallel's default Shard(-1) is where the product already is: no
+    # redistribute forward and none of its gradient in backward (each, though moving
+    # nothing, would agree over the mesh: a collective torch does not make).
+    mesh = mesh_of((W,))
+    mt.manual_seed(2)
+    lin = mp.parallelize_module(nn.Linear(3, 2 * W), mesh,
+                                mp.ColwiseParallel(use_local_output=False))
+    still = []  # the redistributes whose target is where the tensor is already
+    real = DTensor.redistribute
+
+    def spy(self, mesh=None, placements=None, **kw):
+        norm = tuple(Shard(p.dim % self.ndim) if p.is_shard() else p for p in placements)
+        if norm == self.placements:
+            still.append(norm)
+        return real(self, mesh, placements, **kw)
+
+    monkeypatch.setattr(DTensor, "redistribute", spy)
+    x = np.arange(12.0).reshape(4, 3)
+    out = lin(x)
+    assert out.placements == (Shard(1),)
+    weighted(out).backward()
+    assert still == []
+    mt.manual_seed(2)
+    ref = mt.distribute_module(nn.Linear(3, 2 * W), mesh)
+    want = ref(distribute_tensor(x, mesh, [R]))
+    weighted(want).backward()
+    np.testing.assert_allclose(out.full_tensor(), want.full_tensor(), rtol=1e-12)
+    assert lin.weight.grad.placements == (S0,)
+    for p, q in ((lin.weight, ref.weight), (lin.bias, ref.bias)):
+        np.testing.assert_allclose(p.grad.full_tensor(), q.grad.full_tensor(), rtol=1e-12)
+
+
 # -- parameters -------------------------------------------------------------------------------
 
 def test_parameters_require_grad_and_stay_leaves():

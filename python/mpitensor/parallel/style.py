@@ -105,7 +105,14 @@ def _prepare_linear_like_input(input_layouts, desired_input_layouts, mod, inputs
 
 
 def _prepare_linear_like_output(output_layouts, use_local_output, mod, outputs, mesh):
-    if outputs.placements != output_layouts:
+    # Compared with the shard dims counted from the front, as the output's own are:
+    # ColwiseParallel's default Shard(-1) is where its output already is, and an
+    # explicit redistribute there would still agree over the mesh (a collective
+    # that torch's no-op redistribute does not make).
+    ndim = outputs.ndim
+    wanted = tuple(Shard(p.dim + ndim) if isinstance(p, Shard) and p.dim < 0 else p
+                   for p in output_layouts)
+    if outputs.placements != wanted:
         outputs = outputs.redistribute(placements=output_layouts)
     return outputs.to_local() if use_local_output else outputs
 
