@@ -36,6 +36,7 @@ from .. import _clib, _comm, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate
+from ._alike import alike
 
 __all__ = ["EIGH_MAX_N", "SVD_MAX_ELEMENTS", "eigen", "svd_takes", "svd"]
 
@@ -197,8 +198,9 @@ def svd(name, a, rows, dtype, compute_uv, full_matrices):
     if not np.isfinite(stack).all():  # the same bytes on every rank: all raise
         raise np.linalg.LinAlgError("SVD did not converge")
     if not compute_uv:
-        return _replicated(mesh, np.linalg.svd(stack, compute_uv=False))
-    u_r, s, vh = np.linalg.svd(stack, full_matrices=full_matrices)
+        return _replicated(mesh, alike(mesh, (np.linalg.svd(stack, compute_uv=False),),
+                                       name)[0])
+    u_r, s, vh = alike(mesh, np.linalg.svd(stack, full_matrices=full_matrices), name)
     at = _offsets(ks)
     u = q @ u_r[at[me]:at[me + 1]] if q is not None else np.zeros((0, u_r.shape[1]), dtype)
     vrows = _offsets(_clib.chunk_sizes(vh.shape[0], p))

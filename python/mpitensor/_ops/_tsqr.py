@@ -10,7 +10,7 @@ that every rank holds R, and each rank's rows of Q follow from the tree with no
 further message (but to the ranks folded in where P is not a power of two). Only
 n x n triangles move, never the matrix; CommDebugMode counts each TSQR as one
 all_reduce. Everything else (the SVD of R, the solve of R) is n x n work repeated
-alike on every rank.
+on every rank, its results checked alike (``_alike``: one small all-reduce).
 
 Placements: Q and U keep A's (rows sharded), ``pinv``'s columns are sharded as
 A's rows; R, singular values, Vh, the solution of ``lstsq`` and norms are
@@ -35,6 +35,7 @@ from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _merge
 from . import _scalapack_rect as _rect
+from ._alike import alike
 from ._stats import _decomposition, _wrap_replicate
 
 _DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
@@ -63,7 +64,11 @@ class _Tall:
         _trace.collective(f"{name}: TSQR's tree of R factors", self.mesh,
                           self.spec.placements, (self.shape[0], n), self.spec.dtype)
         address = _comm.mesh_address(self.mesh._handle)
-        return _lapack.tsqr(address, self.dim, block, want_q)
+        q, r = _lapack.tsqr(address, self.dim, block, want_q)
+        # Every rank's R, a Replicate result, from its own tree: made alike. Q stays
+        # each rank's own, which is its R's to rounding.
+        (r,) = alike(self.mesh, (r,), name)
+        return q, r
 
     def rows_like_a(self, local, ncols):
         """A DTensor of global shape (rows, ncols) whose rows are laid out as A's,
@@ -160,7 +165,7 @@ def _singular_values(t, name):
     """The singular values of the matrix of ``t`` (those of its R), descending, as
     NumPy gives them: real, on every rank. Collective on the mesh dim."""
     _, r = t.factor(name, want_q=False)
-    return np.linalg.svd(r, compute_uv=False)
+    return alike(t.mesh, (np.linalg.svd(r, compute_uv=False),), name)[0]
 
 
 @_registry.implements(np.linalg.svd)
@@ -197,7 +202,7 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     if not compute_uv:
         return t.replicate(_singular_values(t, "numpy.linalg.svd"))
     q, r = t.factor("numpy.linalg.svd", want_q=True)
-    u_r, s, vh = np.linalg.svd(r)
+    u_r, s, vh = alike(t.mesh, np.linalg.svd(r), "numpy.linalg.svd")
     u = t.rows_like_a(q @ u_r, t.shape[1])
     return type(np.linalg.svd(np.eye(1)))(u, t.replicate(s), t.replicate(vh))
 
@@ -263,6 +268,7 @@ def lstsq(a, b, rcond=None):
     if rcond is None:
         rcond = np.finfo(a.dtype).eps * max(m, n)
     x, _, rank, s = np.linalg.lstsq(r[:n, :n], r[:n, n:], rcond=rcond)
+    x, rank, s = alike(t.mesh, (x, np.array(rank), s), "numpy.linalg.lstsq")
     if rank == n and m > n:
         residuals = np.sum(np.abs(r[n:, n:]) ** 2, axis=0)
     else:
@@ -352,7 +358,8 @@ def pinv(a, rcond=None, hermitian=False, *, rtol=np._NoValue):
     if cut is None:
         cut = np.finfo(a.dtype).eps * max(m, n)
     q, r = t.factor("numpy.linalg.pinv", want_q=True)
-    local = np.linalg.pinv(r, rcond=cut) @ q.conj().T
+    (r_plus,) = alike(t.mesh, (np.linalg.pinv(r, rcond=cut),), "numpy.linalg.pinv")
+    local = r_plus @ q.conj().T
     placements = tuple(Shard(1) if p == Shard(0) else p for p in t.spec.placements)
     shape = (n, m)
     if t.mesh._coordinate is None:
