@@ -182,7 +182,8 @@ typedef struct io_call {
   int contiguous; /* every rank's box is one run of the file */
   int short_runs; /* some rank's box is many runs, each short: it goes through slabs */
   int threaded;   /* this rank's I/O thread option (ranks may differ) */
-  int durable;    /* sync the file and its directory (every rank passes the same) */
+  int durable;    /* sync the file (every rank passes the same) */
+  int sync_dir;   /* durable, and the directory after the rename too */
   int sync_all;   /* durable, on several nodes: every rank syncs the whole file */
   int64_t chunk;  /* the slab pipeline's chunk, the same on every rank */
   mt_comm_counters *comm_counters; /* the mesh's */
@@ -280,6 +281,7 @@ static void take_options(io_call *c, const mt_io_options *opts) {
   c->chunk = o.chunk_bytes;
   c->threaded = o.io_thread != 0;
   c->durable = o.durable != 0;
+  c->sync_dir = c->durable && o.durable != MT_IO_DURABLE_FILE;
   c->io_counters = o.counters;
 }
 
@@ -599,7 +601,7 @@ static int commit(io_call *c, const char *tmp, const char *path, mt_error *err) 
   if (c->sync_all && mine != MT_OK) return mine; /* agreed already */
   if (c->rank == 0 && mine == MT_OK) mine = replace(tmp, path, &swapped, err);
   if (swapped) (void)unlink(tmp);
-  if (c->rank == 0 && mine == MT_OK && c->durable) mine = sync_dir(path, err);
+  if (c->rank == 0 && mine == MT_OK && c->sync_dir) mine = sync_dir(path, err);
   return agree(c->comm, mine, err);
 }
 

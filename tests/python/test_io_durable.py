@@ -149,6 +149,7 @@ MPI.COMM_WORLD.Barrier()
 mt.save(rows, os.path.join(folder, "f.h5"), dataset="y", mode="a")
 z = mt.distribute_tensor(np.arange(1.0, 97.0).reshape(4, 6, 4), mesh, [Shard(1)])
 mt.save(z, os.path.join(folder, "z.zarr"))
+mt.save({"a": rows, "b": rows, "c": cols}, os.path.join(folder, "sd"))
 """
 
 
@@ -223,6 +224,26 @@ def test_zarr_chunks_and_folders_are_each_synced_once(ranges):
     last_chunk = max(i for i, _, p in synced if os.path.relpath(p, root) in chunks)
     assert all(i > last_chunk for i, _, p in synced if os.path.relpath(p, root)
                in folders), synced
+
+
+@needs_a_job[0]
+@needs_a_job[1]
+def test_a_state_dict_syncs_its_directory_once_for_all_entries(ranges):
+    """Each entry's file is synced once, and the directory once after every
+    entry is in place (before the index's rename) and once after that rename:
+    not once per entry (the list of pending files, written first, has its own)."""
+    folder, events = ranges
+    sd = os.path.join(folder, "sd")
+    renames = [i for i, (_, what, path, _) in enumerate(events)
+               if what in ("rename", "exchange") and os.path.dirname(path) == sd
+               and not os.path.basename(path).startswith(".pending")]
+    dir_syncs = [i for i, (_, what, path, _) in enumerate(events)
+                 if what == "fsync" and path == sd and i > renames[0]]
+    assert len(renames) == 4 and len(dir_syncs) == 2, events  # 3 entries, the index
+    assert renames[2] < dir_syncs[0] < renames[3] < dir_syncs[1], events
+    for name in ("a", "b", "c"):
+        _, _, fsyncs, _ = syncs_of(events, os.path.join(sd, name + ".npy"))
+        assert fsyncs == [0], (name, events)
 
 
 # -- a sync that fails on one rank raises on every rank ------------------------------

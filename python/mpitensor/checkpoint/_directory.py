@@ -4,11 +4,12 @@ saved with.
 
 A save is all or nothing as ``load`` sees it. Entries are written under names
 the current index does not use (``w.npy``, or ``w+1.npy`` while the index names
-``w.npy``), each synced, and then the index is replaced, atomically; only then
-are the previous save's files removed. Before any entry is written the first
-rank lists both saves' files in PENDING, so what a failed or killed save leaves
-is removed by the next save of the directory: every file PENDING lists that the
-index does not name, with the temporary files of their saves.
+``w.npy``), each synced (and the directory once, for all their names), and then
+the index is replaced, atomically; only then are the previous save's files
+removed. Before any entry is written the first rank lists both saves' files in
+PENDING, so what a failed or killed save leaves is removed by the next save of
+the directory: every file PENDING lists that the index does not name, with the
+temporary files of their saves.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from .._dtensor import DTensor
 from ..placement_types import Replicate
-from . import _agree, _index, _npy, _opened, _paths, _tensor, _tree
+from . import _agree, _index, _io, _npy, _opened, _paths, _tensor, _tree
 
 PENDING = ".pending.json"
 
@@ -78,8 +79,11 @@ def _begin(folder: str, names: list, durable: bool) -> bytes:
 
 
 def _commit(folder: str, index: dict, durable: bool) -> bytes:
-    """On the first rank, once every entry is written: the index switched to this
-    save, then the previous save's files removed."""
+    """On the first rank, once every entry is written: the directory synced once
+    for the names of all the entries (each entry's save synced its file only),
+    the index switched to this save, then the previous save's files removed."""
+    if durable:
+        _paths.sync_dir(folder)
     _index.write(folder, index, durable)
     _tidy(folder)
     return b""
@@ -140,7 +144,8 @@ def save_dict(state: dict, path: str, mesh, durable: bool = True) -> None:
         index["tree"] = tree
     try:
         for name, dt in entries.items():
-            written = _save_entry(dt, os.path.join(path, files[name]), mesh, durable)
+            written = _save_entry(dt, os.path.join(path, files[name]), mesh,
+                                  _io.DURABLE_FILE if durable else False)
             index["entries"][name] = {
                 "file": files[name], "shape": list(dt.shape), "dtype": _npy.descr(dt.dtype),
                 "kind": "dtensor" if isinstance(state[name], DTensor) else "ndarray",

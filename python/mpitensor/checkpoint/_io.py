@@ -28,6 +28,9 @@ _counters_read = fn("mt_io_counters_read", None, P, ctypes.POINTER(I64), ctypes.
 _exchange = fn("mt_io_exchange", I, ctypes.c_char_p, ctypes.c_char_p, _E)
 _sync_range = fn("mt_io_sync_range", I, I, I64, I64, ctypes.c_char_p, _E)
 
+# io_save's durable that syncs the file but not its directory (MT_IO_DURABLE_FILE)
+DURABLE_FILE = 2
+
 _options = _defaults()  # what every later io_save and io_load passes
 _options.counters = _C.IO_COUNTERS
 
@@ -59,10 +62,11 @@ def _data(buf, writable: bool) -> np.ndarray:
 
 
 def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_offset,
-            box_shape, buf, durable: bool = True) -> None:
+            box_shape, buf, durable: bool | int = True) -> None:
     """Writes a new file of ``header`` and the array of ``shape`` at ``offset``,
     this rank's box (``box_offset``, ``box_shape``) from the C-contiguous ``buf``;
-    synced to the device before it returns when ``durable``. Collective on the mesh.
+    synced to the device before it returns when ``durable``, with its directory
+    unless ``durable`` is DURABLE_FILE. Collective on the mesh.
 
     Example: ``io_save(mesh._handle, "x.npy", head, (4,), 8, len(head), (0,), (4,),
     local.view(np.uint8))``.
@@ -72,7 +76,7 @@ def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_of
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(buf, False)
     opts = _Options.from_buffer_copy(_options)
-    opts.durable = bool(durable)
+    opts.durable = DURABLE_FILE if durable == DURABLE_FILE else int(bool(durable))
     call(_save, m, name, head, len(head), ctypes.byref(array), ctypes.byref(box),
          data.ctypes.data, data.nbytes, ctypes.byref(opts))
 

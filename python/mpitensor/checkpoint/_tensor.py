@@ -45,11 +45,13 @@ def _npy_layout(shape: tuple, dtype: np.dtype) -> tuple:
     return header, len(header)
 
 
-def save_dtensor(dt: DTensor, path: str, layout=_npy_layout, durable: bool = True) -> tuple:
+def save_dtensor(dt: DTensor, path: str, layout=_npy_layout,
+                 durable: bool | int = True) -> tuple:
     """Collective on ``dt``'s mesh. Writes ``dt`` as the .npy file ``path``, which
     every rank passes alike and the first rank has checked (_paths.check_target); a
-    Partial is reduced first; synced to the device when ``durable``. Returns the
-    placements that were written.
+    Partial is reduced first; synced to the device when ``durable`` (with its
+    directory, unless it is _io.DURABLE_FILE). Returns the placements that were
+    written.
 
     ``layout(shape, dtype)`` gives the bytes before the data and where the data
     starts (by default the .npy header and its length); it is called on every

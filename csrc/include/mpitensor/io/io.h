@@ -61,8 +61,13 @@ MT_EXPORT void mt_io_counters_read(const mt_io_counters *counters, int64_t *read
  * nothing for every process, a killed saving job included (what it wrote is in
  * the page cache, which outlives it), but a crash of the machine may leave at
  * `path` the old file, the new one, or the new name on bytes never written, as it
- * may leave numpy.save's file cut short. `counters`, when not NULL, count the
- * bytes this process moved. */
+ * may leave numpy.save's file cut short. `durable` MT_IO_DURABLE_FILE syncs the
+ * file but not its directory after the rename: for a caller that saves several
+ * files into one directory and syncs it once, after the last (a state_dict's
+ * entries, before its index). `counters`, when not NULL, count the bytes this
+ * process moved. */
+#define MT_IO_DURABLE_FILE 2
+
 typedef struct mt_io_options {
   int64_t chunk_bytes;
   int io_thread;
