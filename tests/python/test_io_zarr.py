@@ -90,7 +90,7 @@ def test_every_shape_from_and_into_every_layout(tmp, shape):
 
 def test_a_rank_encodes_its_chunks_from_its_own_memory(tmp, monkeypatch):
     """Each chunk goes to zarr-python alone, which then encodes it in place: a
-    save holds about one encoded chunk beside the data, never a copy of the
+    save holds one or two encoded chunks beside the data, never a copy of the
     rank's part (as it did when the part went in whole, chunk copies and all)."""
     import tracemalloc
 
@@ -107,7 +107,9 @@ def test_a_rank_encodes_its_chunks_from_its_own_memory(tmp, monkeypatch):
     finally:
         tracemalloc.stop()
     p = Problems()
-    p.expect(peak < dt.to_local().nbytes // 2, f"rank {RANK} allocated {peak} bytes at "
+    # zarr-python may hold two encoded chunks at once when its event loop runs
+    # late (a loaded machine); a copy of the part would be all four and more.
+    p.expect(peak < 3 * dt.to_local().nbytes // 4, f"rank {RANK} allocated {peak} bytes at "
              f"most, saving {dt.to_local().nbytes}")
     p.expect(bits_equal(read_zarr(path)[0], g), "values")
     assert p == []
