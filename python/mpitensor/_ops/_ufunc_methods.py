@@ -4,11 +4,11 @@
 | method | is | placements |
 |---|---|---|
 | ``reduce`` of add, multiply, maximum, minimum, logical_and, logical_or | ``sum``, ``prod``, ``max``, ``min``, ``all``, ``any`` (``axis=0`` by default, as ufunc.reduce) | the reduction's: a reduced sharded dim gives a Partial or a merge |
-| ``reduce`` of maximum's kin (fmax, fmin, the logical and bitwise ufuncs) along one axis | reduceat's one segment | Replicate over the mesh dim that shards the axis |
+| ``reduce`` of maximum's kin (fmax, fmin, the logical and bitwise ufuncs, gcd, equal and not_equal of booleans, logaddexp, logaddexp2, hypot) along one axis | reduceat's one segment | Replicate over the mesh dim that shards the axis |
 | ``accumulate`` of add, multiply | ``cumsum``, ``cumprod`` along ``axis`` (0 by default) | the scan's |
 | ``accumulate`` of maximum, minimum and the others above | each rank scans its block and combines the totals of the ranks before it (one all-gather of a slice per rank) | ``a``'s |
 | ``outer`` of any elementwise ufunc of two operands | the ufunc of the first operand with the second's dims appended, broadcast | the elementwise rule's |
-| ``reduceat`` of add, multiply, maximum, minimum, fmax, fmin and the logical and bitwise ufuncs | each rank's pieces of the segments, all-gathered over the mesh dim that shards the axis and combined (local when none does) | ``len(indices)`` along the axis, Replicate over that mesh dim |
+| ``reduceat`` of add, multiply, maximum, minimum, fmax, fmin, the logical and bitwise ufuncs and the others above | each rank's pieces of the segments, all-gathered over the mesh dim that shards the axis and combined (local when none does) | ``len(indices)`` along the axis, Replicate over that mesh dim |
 
 | ``at`` of any ufunc, with integer indices and a plain or scalar operand | each rank applies the updates that land in its block, in place | the target's; ``add``/``subtract`` keep a Partial max or min target, and an integer Partial sum one (updated on one rank); other Partials or a strided target gather |
 | ``at`` with one integer DTensor of row indices | each (row, value) goes to the rank that holds the row, along the mesh dim that cuts dim 0 (_scatter.py) | the target's; a Partial or strided target gathers |
@@ -159,9 +159,16 @@ def _subtract_accumulate(label, operands, kwargs):
 
 # ufuncs whose reduction may combine the pieces of a segment in any grouping and
 # order: each rank reduces its piece, and the pieces are combined across ranks.
+# Associative and commutative: exactly for the integer and boolean ones (gcd; equal
+# and not_equal, whose only loops of one dtype are boolean: XNOR and XOR), up to
+# rounding, as add's, for the float ones (logaddexp: log of a sum; hypot: root of
+# a sum of squares). A dtype without a loop fails in NumPy's own call on a tiny
+# array of that dtype, made alike on every rank before anything moves. lcm is
+# not here: its overflow does not wrap alike in every grouping.
 _REGROUPABLE = frozenset((np.add, np.multiply, np.maximum, np.minimum, np.fmax, np.fmin,
                           np.logical_and, np.logical_or, np.logical_xor, np.bitwise_and,
-                          np.bitwise_or, np.bitwise_xor))
+                          np.bitwise_or, np.bitwise_xor, np.gcd, np.equal, np.not_equal,
+                          np.logaddexp, np.logaddexp2, np.hypot))
 
 
 def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
