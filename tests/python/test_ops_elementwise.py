@@ -284,6 +284,23 @@ def test_reduceat_gives_numpys_value_without_a_gather(ufunc, shape, axis, pl):
         assert mode.get_total_counts() == (2 if sharded else 0)
 
 
+@pytest.mark.parametrize("ufunc", [np.gcd, np.fmax, np.logaddexp, np.bitwise_or])
+def test_reduce_over_an_empty_axis_is_numpys_identity_or_error(ufunc):
+    dtype = np.int64 if ufunc in (np.gcd, np.bitwise_or) else np.float64
+    g = np.zeros((0, 3), dtype)
+    x = make(g, mesh_of((W,)), [S0])
+    try:
+        want = ufunc.reduce(g, axis=0)
+    except ValueError as e:
+        with pytest.raises(ValueError, match="no identity"):
+            ufunc.reduce(x, axis=0)
+        assert "no identity" in str(e)
+        return
+    got = ufunc.reduce(x, axis=0)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.full_tensor(), want)
+
+
 def test_reduceat_checks_its_indices_as_numpy():
     x = make(np.arange(6.0), mesh_of((W,)), [S0])
     with pytest.raises(IndexError, match="out-of-bounds"):

@@ -102,13 +102,34 @@ def _reduce(ufunc, label: str, operands: tuple, kwargs: dict):
         if not isinstance(axis, (int, np.integer)) or kw.get("out") is not None:
             raise _no_rule(label, "an axis that is not one int, or out=")
         axis = normalize_axis_index(int(axis), a.ndim)
-        got = _reduceat(ufunc, label, (a, [0], axis, kw.get("dtype")), {})
+        if a.shape[axis] == 0:
+            got = _reduce_empty(ufunc, label, a, axis, kw.get("dtype"))
+        else:
+            got = _reduceat(ufunc, label, (a, [0], axis, kw.get("dtype")), {})
         return got if kw.get("keepdims") else np.squeeze(got, axis)
     a, kw = _one_array(label, operands, kwargs, _REDUCE_KW)
     if func in (np.all, np.any):
         if kw.pop("dtype", None) not in (None, bool, np.bool_):
             raise _no_rule(label, "a dtype= other than bool")
     return func(a, **kw)
+
+
+def _reduce_empty(ufunc, label: str, a, axis: int, dtype):
+    """``ufunc.reduce`` of ``a`` over its empty ``axis``, keeping it: NumPy's
+    identity in every place, or NumPy's ValueError (a ufunc without one) on every
+    rank, from NumPy's own call on an empty block, before anything moves. Local."""
+    spec = a._spec
+    pl = tuple(spec.placements)
+    _axis_dims(label, pl, axis)
+    shape = spec.shape[:axis] + (1,) + spec.shape[axis + 1:]
+    member = spec.mesh.get_coordinate() is not None
+    block = a.to_local() if member else np.zeros(spec.shape, spec.dtype)
+    res = ufunc.reduce(block, axis=axis, dtype=dtype, keepdims=True)
+    if not member:
+        res = np.empty((0,), res.dtype)
+    out_pl = tuple(Replicate() if p.is_shard() and p.dim == axis else p for p in pl)
+    return DTensor.from_local(np.ascontiguousarray(res), spec.mesh, out_pl, shape=shape,
+                              stride=contiguous_strides(shape))
 
 
 def _accumulate(ufunc, label: str, operands: tuple, kwargs: dict):
