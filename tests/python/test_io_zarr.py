@@ -89,9 +89,9 @@ def test_every_shape_from_and_into_every_layout(tmp, shape):
 
 
 def test_a_rank_encodes_its_chunks_from_its_own_memory(tmp, monkeypatch):
-    """Each chunk goes to zarr-python alone, which then encodes it in place: a
-    save holds one or two encoded chunks beside the data, never a copy of the
-    rank's part (as it did when the part went in whole, chunk copies and all)."""
+    """Each chunk is encoded alone, from the rank's memory: a save holds one or two
+    encoded chunks beside the data, never a copy of the rank's part (as it did
+    when the part went in whole to zarr-python, chunk copies and all)."""
     import tracemalloc
 
     monkeypatch.setattr(_zarr, "CHUNK_BYTES", 256 << 10)
@@ -112,6 +112,48 @@ def test_a_rank_encodes_its_chunks_from_its_own_memory(tmp, monkeypatch):
     p.expect(peak < 3 * dt.to_local().nbytes // 4, f"rank {RANK} allocated {peak} bytes at "
              f"most, saving {dt.to_local().nbytes}")
     p.expect(bits_equal(read_zarr(path)[0], g), "values")
+    assert p == []
+
+
+@pytest.mark.parametrize("dtype,encoder", [("float64", "ours"), ("bool", "ours"),
+                                           ("float64", "zarr-python's")])
+def test_the_files_are_byte_for_byte_zarr_pythons(tmp, monkeypatch, dtype, encoder):
+    """A save encodes its chunks itself, or has zarr-python encode them for codecs
+    it does not know: either way the store holds the files zarr-python writes for
+    the same array, an edge chunk padded with the fill value, an all-fill chunk
+    absent and a chunk of -0.0 present."""
+    monkeypatch.setattr(_zarr, "CHUNK_BYTES", 2 * np.dtype(dtype).itemsize)  # 1 x 2
+    if encoder != "ours":
+        monkeypatch.setattr(_zarr, "_encoder", lambda arr, dtype: None)
+    g = array((2 * N + 1, 5), dtype, 2)
+    g[0] = 0
+    g[1, :2] = -0.0
+    mesh = init_device_mesh("cpu", (N,))
+    path, ref = os.path.join(tmp, f"bytes_{dtype}.zarr"), os.path.join(tmp, "ref.zarr")
+    mt.save(mt.distribute_tensor(g, mesh, [Shard(0)]), path, durable=False)
+    chunks = read_zarr(path)[2]
+
+    def files(store):
+        return {os.path.relpath(os.path.join(d, f), store):
+                open(os.path.join(d, f), "rb").read()
+                for d, _, fs in os.walk(store) for f in fs}
+
+    def reference():
+        shutil.rmtree(ref, ignore_errors=True)
+        zarr.create_array(zarr.storage.LocalStore(ref), shape=g.shape, chunks=chunks,
+                          dtype=g.dtype, zarr_format=3)[...] = g
+
+    on_first(reference)
+    ours, theirs = COMM.bcast((files(path), files(ref)) if RANK == 0 else None)
+    p = Problems()
+    p.expect(chunks == (1, 2), f"chunks {chunks}")
+    p.expect("c/0/0" not in ours, f"an all-fill chunk stored: {sorted(ours)}")
+    # bool's values hold whole chunks of False (the fill value); float64's none
+    p.expect(dtype == "bool" or {"c/1/0", "c/2/2"} <= set(ours),
+             f"a chunk of -0.0 or an edge chunk not stored: {sorted(ours)}")
+    p.expect(sorted(ours) == sorted(theirs), f"{sorted(ours)} != {sorted(theirs)}")
+    p.expect(all(ours[k] == theirs[k] for k in set(ours) & set(theirs)),
+             f"other bytes in {[k for k in set(ours) & set(theirs) if ours[k] != theirs[k]]}")
     assert p == []
 
 

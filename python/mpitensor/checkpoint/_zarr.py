@@ -7,7 +7,10 @@ writes alone, with no rank reading or rewriting another's; a layout that is no
 such grid (one dim sharded by several mesh dims, a strided shard) is first
 redistributed into one that is. Chunks larger than CHUNK_BYTES are cut further
 along a dim, so that a load on more ranks (or a part of the array) reads little
-beyond what it needs.
+beyond what it needs. A rank encodes its chunks with the codecs zarr-python
+gave the array (its default: bytes, then zstd) and writes their files itself, the
+bytes zarr-python would write, without its event loop and temporary files; any
+other codecs it leaves to zarr-python.
 
 A save writes a new store under a temporary name beside the path and swaps it
 with the old one in one rename (renameat2's exchange, where the file system has
@@ -28,6 +31,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -190,6 +194,46 @@ def _chunk_keys(offsets: tuple, sizes: tuple, chunks: list) -> list:
     return ["c/" + "/".join(map(str, k)) for k in keys]
 
 
+def _encoder(arr, dtype: np.dtype):
+    """The bytes zarr-python would store for a chunk of ``arr``, as a function of
+    the chunk (whole, contiguous): for the codecs a save gives its arrays (bytes
+    in little-endian order, then zstd) on a little-endian machine; None for any
+    other, which zarr-python encodes."""
+    z = zarr()
+    codecs = arr.metadata.codecs
+    if (sys.byteorder != "little" or dtype.byteorder == ">" or len(codecs) != 2
+            or not isinstance(codecs[0], z.codecs.BytesCodec)
+            or getattr(codecs[0].endian, "value", "little") != "little"
+            or not isinstance(codecs[1], z.codecs.ZstdCodec)):
+        return None
+    # zarr-python's zstd codec is numcodecs' Zstd with the same level and checksum
+    from numcodecs.zstd import Zstd
+
+    zstd = Zstd(level=codecs[1].level, checksum=codecs[1].checksum)
+    return lambda chunk: zstd.encode(chunk.reshape(-1).view(np.uint8))
+
+
+def _all_fill(chunk: np.ndarray, fill) -> bool:
+    """Whether zarr-python would leave ``chunk`` unstored (all of it the fill
+    value), by its own comparison; its first element first, which settles most
+    chunks without a pass over them."""
+    nd = zarr().core.buffer.cpu.NDBuffer
+    flat = chunk.reshape(-1)
+    return all(nd.from_numpy_array(v).all_equal(fill) for v in (flat[:1], flat))
+
+
+def _put(name: str, data) -> None:
+    """A new file ``name`` in a store of this save's own, holding ``data``."""
+    os.makedirs(os.path.dirname(name), exist_ok=True)
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        view, done = memoryview(data).cast("B"), 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+    finally:
+        os.close(fd)
+
+
 def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
            durable: bool) -> None:
     """This rank's box into the store at ``tmp``, each of its chunk files synced
@@ -198,16 +242,27 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
     rank has written (_sync_folders)."""
     z = zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
+    encode, fill = _encoder(arr, local.dtype), arr.metadata.fill_value
     sizes = local.shape
-    # One chunk at a time: zarr-python encodes a value that is exactly one chunk
-    # straight from its memory, but copies each chunk of a larger value into a
-    # new buffer, filled first, before encoding it.
+    # One chunk at a time, so that a save holds one chunk's copy and its bytes
+    # beside the data at most. Encoded here, the chunk skips zarr-python's event
+    # loop, its temporary file and its rename, whose cost per chunk is a good
+    # part of the codec's.
     for key in _chunk_keys(offsets, sizes, chunks):
         index = [int(i) for i in key.split("/")[1:]]
         at = [max(i * c, o) for i, c, o in zip(index, chunks, offsets)]
         end = [min((i + 1) * c, o + s) for i, c, o, s in zip(index, chunks, offsets, sizes)]
-        part = tuple(slice(a - o, e - o) for a, e, o in zip(at, end, offsets))
-        arr[tuple(slice(a, e) for a, e in zip(at, end))] = local[part]
+        part = local[tuple(slice(a - o, e - o) for a, e, o in zip(at, end, offsets))]
+        if encode is None:
+            arr[tuple(slice(a, e) for a, e in zip(at, end))] = part
+            continue
+        if part.shape != tuple(chunks):  # an edge chunk: stored whole, fill beyond
+            whole = np.full(tuple(chunks), fill, dtype=part.dtype)
+            whole[tuple(slice(0, n) for n in part.shape)] = part
+            part = whole
+        part = np.ascontiguousarray(part)
+        if not _all_fill(part, fill):
+            _put(os.path.join(tmp, key), encode(part))
     if not durable:
         return
     for key in _chunk_keys(offsets, sizes, chunks):
