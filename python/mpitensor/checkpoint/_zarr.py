@@ -26,6 +26,7 @@ zarr-python here when ml_dtypes is installed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import math
@@ -234,6 +235,23 @@ def _put(name: str, data) -> None:
         os.close(fd)
 
 
+def _write_chunk(arr, encode, tmp: str, key: str, part: np.ndarray, at: list,
+                 end: list) -> None:
+    """The chunk ``key`` (``part``, from ``at`` to ``end`` in the array), encoded
+    here by ``encode`` or, when that is None, by zarr-python."""
+    if encode is None:
+        arr[tuple(slice(a, e) for a, e in zip(at, end))] = part
+        return
+    fill = arr.metadata.fill_value
+    if part.shape != arr.chunks:  # an edge chunk: stored whole, fill beyond
+        whole = np.full(arr.chunks, fill, dtype=part.dtype)
+        whole[tuple(slice(0, n) for n in part.shape)] = part
+        part = whole
+    part = np.ascontiguousarray(part)
+    if not _all_fill(part, fill):
+        _put(os.path.join(tmp, key), encode(part))
+
+
 def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
            durable: bool) -> None:
     """This rank's box into the store at ``tmp``, each of its chunk files synced
@@ -242,33 +260,26 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
     rank has written (_sync_folders)."""
     z = zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
-    encode, fill = _encoder(arr, local.dtype), arr.metadata.fill_value
-    sizes = local.shape
+    encode, sizes = _encoder(arr, local.dtype), local.shape
     # One chunk at a time, so that a save holds one chunk's copy and its bytes
     # beside the data at most. Encoded here, the chunk skips zarr-python's event
     # loop, its temporary file and its rename, whose cost per chunk is a good
-    # part of the codec's.
-    for key in _chunk_keys(offsets, sizes, chunks):
-        index = [int(i) for i in key.split("/")[1:]]
-        at = [max(i * c, o) for i, c, o in zip(index, chunks, offsets)]
-        end = [min((i + 1) * c, o + s) for i, c, o, s in zip(index, chunks, offsets, sizes)]
-        part = local[tuple(slice(a - o, e - o) for a, e, o in zip(at, end, offsets))]
-        if encode is None:
-            arr[tuple(slice(a, e) for a, e in zip(at, end))] = part
-            continue
-        if part.shape != tuple(chunks):  # an edge chunk: stored whole, fill beyond
-            whole = np.full(tuple(chunks), fill, dtype=part.dtype)
-            whole[tuple(slice(0, n) for n in part.shape)] = part
-            part = whole
-        part = np.ascontiguousarray(part)
-        if not _all_fill(part, fill):
-            _put(os.path.join(tmp, key), encode(part))
-    if not durable:
-        return
-    for key in _chunk_keys(offsets, sizes, chunks):
-        name = os.path.join(tmp, key)
-        if os.path.exists(name):
-            _paths.sync_file(name)
+    # part of the codec's. Each chunk's file is synced by a thread while the next
+    # chunk is encoded, so the device writes as the codec runs.
+    with concurrent.futures.ThreadPoolExecutor(1) as syncer:
+        syncs = []
+        for key in _chunk_keys(offsets, sizes, chunks):
+            index = [int(i) for i in key.split("/")[1:]]
+            at = [max(i * c, o) for i, c, o in zip(index, chunks, offsets)]
+            end = [min((i + 1) * c, o + s)
+                   for i, c, o, s in zip(index, chunks, offsets, sizes)]
+            part = local[tuple(slice(a - o, e - o) for a, e, o in zip(at, end, offsets))]
+            _write_chunk(arr, encode, tmp, key, part, at, end)
+            name = os.path.join(tmp, key)
+            if durable and os.path.exists(name):
+                syncs.append(syncer.submit(_paths.sync_file, name))
+        for done in syncs:
+            done.result()
 
 
 def _own_folders(tmp: str, offsets: tuple, sizes: tuple, chunks: list) -> list:
