@@ -45,15 +45,23 @@ def _method_row(ufunc) -> list[str]:
         if ufunc.nin != 2 and m != "at":
             cells.append("")
             continue
-        regroupable = ufunc in _ufunc_methods._REGROUPABLE
+        # A ufunc that may not be regrouped is folded along a chain of ranks,
+        # but for the float results whose bits NumPy's reduce gives otherwise.
+        fold = _ufunc_methods._fold
+        folded = (ufunc not in _ufunc_methods._REGROUPABLE and fold.foldable(ufunc)
+                  and m in ("reduce", "accumulate", "reduceat")
+                  and ufunc not in _ufunc_methods._REDUCE)
+        if folded and ufunc in fold._FLOATS_NOT_FOLDED:
+            floats_only = all(t[-1] in "efdgFDGO" for t in ufunc.types)
+            cells.append("gathered" if floats_only
+                         else "distributed: integers; floats gathered")
+            continue
+        regroupable = ufunc in _ufunc_methods._REGROUPABLE or fold.foldable(ufunc)
         known = {"reduce": ufunc in _ufunc_methods._REDUCE or regroupable,
                  "accumulate": ufunc in _ufunc_methods._ACCUMULATE or regroupable,
                  "outer": ufunc.signature is None,
-                 "reduceat": ufunc in _ufunc_methods._REGROUPABLE,
+                 "reduceat": regroupable,
                  "at": True}.get(m, False)
-        if m == "accumulate" and ufunc in _ufunc_methods.PARTIAL_ACCUMULATE:
-            cells.append("distributed: " + _ufunc_methods.PARTIAL_ACCUMULATE[ufunc])
-            continue
         cells.append("distributed" if known else "gathered")
     return cells
 
@@ -87,10 +95,14 @@ def page() -> str:
     ]
     lines += [f"| `{name}` | {_rule(f)} |" for name, f in funcs]
     lines += ["", "## ufunc methods", "",
-              "`accumulate` of a ufunc whose steps may not be regrouped (`subtract`, "
-              "`divide`, ...) gathers: a scan of blocks rounds otherwise than NumPy's "
-              "running difference or quotient. `subtract`'s of integers is exact as "
-              "`2 * x[0]` less add's scan (wrapping arithmetic), and distributed.", "",
+              "`reduce`, `accumulate` and `reduceat` of a ufunc whose steps may not be "
+              "regrouped (`subtract`, `divide`, ...) are NumPy's left fold, bit for bit: "
+              "the ranks along the sharded axis continue it in turn from the carry "
+              "(one slice per segment) the rank before sends (`_fold.py`). A dtype "
+              "without a loop raises NumPy's error. Along a sharded axis, results of "
+              "float16, long double or complex dtype gather, and so do those named "
+              "below: NumPy's own reduction of them is no fold of its elementwise "
+              "steps.", "",
               "| ufunc | " + " | ".join(f"`{m}`" for m in _METHODS) + " |",
               "|---|" + "---|" * len(_METHODS)]
     ufuncs = sorted({getattr(np, n) for n in dir(np) if isinstance(getattr(np, n), np.ufunc)},

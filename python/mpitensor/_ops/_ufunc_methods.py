@@ -9,12 +9,12 @@
 | ``accumulate`` of maximum, minimum and the others above | each rank scans its block and combines the totals of the ranks before it (one all-gather of a slice per rank) | ``a``'s |
 | ``outer`` of any elementwise ufunc of two operands | the ufunc of the first operand with the second's dims appended, broadcast | the elementwise rule's |
 | ``reduceat`` of add, multiply, maximum, minimum, fmax, fmin, the logical and bitwise ufuncs and the others above | each rank's pieces of the segments, all-gathered over the mesh dim that shards the axis and combined (local when none does) | ``len(indices)`` along the axis, Replicate over that mesh dim |
-
+| ``reduce``, ``accumulate``, ``reduceat`` of the ufuncs that may not be regrouped (subtract, divide, fmod, the comparisons, the shifts, lcm, power of integers, ...) | NumPy's left fold, continued rank after rank from the carry the rank before sends (_fold.py: one slice, or one per segment, per rank); along a sharded axis, float16, complex and long double results, float power and arctan2 gather (NumPy's reduction of them is no fold of its steps) | accumulate: ``a``'s; reduce and reduceat: Replicate over the mesh dim that shards the axis |
 | ``at`` of any ufunc, with integer indices and a plain or scalar operand | each rank applies the updates that land in its block, in place | the target's; ``add``/``subtract`` keep a Partial max or min target, and an integer Partial sum one (updated on one rank); other Partials or a strided target gather |
 | ``at`` with one integer DTensor of row indices | each (row, value) goes to the rank that holds the row, along the mesh dim that cuts dim 0 (_scatter.py) | the target's; a Partial or strided target gathers |
 
-Every other method and ufunc (``subtract.accumulate``,
-``initial=``, ``where=``, ...) raises NoRule before anything moves, which hands the
+Every other method and ufunc (divmod's, ``initial=``,
+``where=``, ...) raises NoRule before anything moves, which hands the
 call to the fallback (_fallback.py): NumPy on the gathered arrays.
 """
 
@@ -31,6 +31,7 @@ from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
+from . import _fold
 from ._scatter import ufunc_at_rows
 
 _REDUCE = {np.add: np.sum, np.multiply: np.prod, np.maximum: np.max, np.minimum: np.min,
@@ -94,7 +95,7 @@ def _one_array(label: str, operands: tuple, kwargs: dict, allowed) -> tuple:
 def _reduce(ufunc, label: str, operands: tuple, kwargs: dict):
     func = _REDUCE.get(ufunc)
     if func is None:
-        if ufunc not in _REGROUPABLE:
+        if ufunc not in _REGROUPABLE and not _fold.foldable(ufunc):
             raise _no_rule(label, "no reduction of this ufunc")
         # One segment of the whole axis: reduceat's pieces and their combination.
         a, kw = _one_array(label, operands, kwargs, _REDUCE_KW)
@@ -135,15 +136,20 @@ def _reduce_empty(ufunc, label: str, a, axis: int, dtype):
 def _accumulate(ufunc, label: str, operands: tuple, kwargs: dict):
     func = _ACCUMULATE.get(ufunc)
     if ufunc is np.subtract:
-        return _subtract_accumulate(label, operands, kwargs)
+        try:
+            return _subtract_accumulate(label, operands, kwargs)
+        except _registry.NoRule:
+            pass  # a float one: the fold below
     if func is None:
-        if ufunc not in _REGROUPABLE:
+        if ufunc not in _REGROUPABLE and not _fold.foldable(ufunc):
             raise _no_rule(label, "no scan of this ufunc")
         a, kw = _one_array(label, operands, kwargs, _ACCUMULATE_KW)
         if kw.get("out") is not None or kw["axis"] is None:
             raise _no_rule(label, "out= or axis=None")
-        return _scan(ufunc, label, a, normalize_axis_index(operator.index(kw["axis"]),
-                                                             a.ndim), kw.get("dtype"))
+        axis = normalize_axis_index(operator.index(kw["axis"]), a.ndim)
+        if ufunc in _REGROUPABLE:
+            return _scan(ufunc, label, a, axis, kw.get("dtype"))
+        return _fold_scan(ufunc, label, a, axis, kw.get("dtype"))
     a, kw = _one_array(label, operands, kwargs, _ACCUMULATE_KW)
     if kw["axis"] is None:
         # ufunc.accumulate has no flattening form: NumPy refuses axis=None.
@@ -151,17 +157,32 @@ def _accumulate(ufunc, label: str, operands: tuple, kwargs: dict):
     return func(a, **kw)
 
 
-# accumulate forms with a rule for some dtypes only, and what the coverage page
-# says of them: a float running difference or quotient rounds at every step, and
-# no regrouping of it (a scan of blocks) gives NumPy's bits, so those gather.
-PARTIAL_ACCUMULATE = {np.subtract: "integers; floats gathered"}
+def _fold_scan(ufunc, label: str, a, axis: int, dtype):
+    """``ufunc.accumulate`` of a ufunc that may not be regrouped: NumPy's left
+    fold, as a chain over the mesh dim that shards ``axis`` (_fold.py), local when
+    none does. Placements as ``a``'s."""
+    spec = a._spec
+    pl = tuple(spec.placements)
+    dims = _axis_dims(label, pl, axis)
+    kind = _fold.kind(ufunc, spec.dtype, dtype)
+    if dims and not _fold.exact(ufunc, kind):
+        raise _no_rule(label, f"no fold of {kind} that gives NumPy's bits")
+    if spec.mesh.get_coordinate() is None:
+        res = np.empty((0,), kind)
+    elif not dims:
+        res = ufunc.accumulate(a.to_local(), axis=axis, dtype=dtype)
+    else:
+        res = _fold.accumulate(ufunc, a, axis, dtype, dims[0], kind)
+    return DTensor.from_local(np.ascontiguousarray(res), spec.mesh, pl, shape=spec.shape,
+                              stride=contiguous_strides(spec.shape))
 
 
 def _subtract_accumulate(label, operands, kwargs):
     """np.subtract.accumulate of an integer DTensor: ``x0 - x1 - ... - xi`` is
     ``2 * x0 - (x0 + ... + xi)`` in the integers' wrapping arithmetic, exactly,
     so it is add's scan and one row of the axis. A float one is not (a regrouped
-    sum rounds otherwise than NumPy's running difference): the fallback."""
+    sum rounds otherwise than NumPy's running difference): NoRule, and the
+    fold (_fold.py)."""
     a, kw = _one_array(label, operands, kwargs, _ACCUMULATE_KW)
     if (a.dtype.kind not in "iu" or kw.get("out") is not None or kw.get("dtype") is not None
             or kw["axis"] is None):
@@ -196,13 +217,16 @@ def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
     """``ufunc.reduceat(a, indices, axis, dtype)``: local when no mesh dim shards
     ``axis``; else each rank reduces its piece of every segment, the pieces (one
     record per segment) are all-gathered over the mesh dim that shards ``axis`` and
-    combined in rank order. The result has ``len(indices)`` along ``axis``,
+    combined in rank order, or, for a ufunc that may not be regrouped, folded
+    rank after rank (_fold.py). The result has ``len(indices)`` along ``axis``,
     Replicate over that mesh dim, the other dims as ``a``'s."""
     kw = dict(kwargs)
     for key, value in zip(("indices", "axis", "dtype", "out"), operands[1:]):
         kw[key] = value
     a = operands[0]
-    if (type(a) is not DTensor or ufunc not in _REGROUPABLE or len(operands) > 4
+    regroupable = ufunc in _REGROUPABLE
+    if (type(a) is not DTensor or not (regroupable or _fold.foldable(ufunc))
+            or len(operands) > 4
             or kw.get("out") is not None or "indices" not in kw
             or set(kw) - {"indices", "axis", "dtype", "out"}
             or isinstance(kw["indices"], DTensor)):
@@ -219,6 +243,9 @@ def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
                              f"[0, {n})")
     pl = tuple(spec.placements)
     dims = _axis_dims(label, pl, axis)
+    if not regroupable and not _fold.exact(ufunc, _fold.kind(ufunc, spec.dtype, dtype)) \
+            and dims:
+        raise _no_rule(label, "no fold of this dtype that gives NumPy's bits")
     mesh = spec.mesh
     out_shape = spec.shape[:axis] + (len(idx),) + spec.shape[axis + 1:]
     out_pl = tuple(Replicate() if m in dims else p for m, p in enumerate(pl))
@@ -226,8 +253,11 @@ def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
         res = np.empty((0,), ufunc.reduceat(np.zeros(1, spec.dtype), [0], dtype=dtype).dtype)
     elif not dims:
         res = ufunc.reduceat(a.to_local(), idx, axis=axis, dtype=dtype)
-    else:
+    elif regroupable:
         res = _segments_across(ufunc, a, idx, axis, dtype, dims[0])
+    else:
+        res = _fold.segments(ufunc, a, idx, axis, dtype, dims[0],
+                             _fold.kind(ufunc, spec.dtype, dtype))
     return DTensor.from_local(np.ascontiguousarray(res), mesh, out_pl, shape=out_shape,
                               stride=contiguous_strides(out_shape))
 
