@@ -47,6 +47,16 @@ def test_fold_is_numpys_bit_for_bit(ufunc, shape, pl, axis):
     same(ufunc.reduceat(x, idx, axis=axis), ufunc.reduceat(g, idx, axis=axis))
 
 
+@pytest.mark.skipif(W != 4, reason="a 2 x 2 mesh")
+@pytest.mark.parametrize("pl,axis", [([S0, S1], 1), ([S1, S0], 0)])
+def test_fold_along_one_dim_of_a_2d_mesh(pl, axis):
+    g = np.random.default_rng(3).uniform(-2.0, 2.0, (5, 7))
+    x = make(g, mesh_of((2, 2)), pl)
+    same(np.subtract.reduce(x, axis=axis), np.subtract.reduce(g, axis=axis))
+    same(np.divide.accumulate(x, axis=axis), np.divide.accumulate(g, axis=axis))
+    same(np.fmod.reduceat(x, [0, 3, 1], axis=axis), np.fmod.reduceat(g, [0, 3, 1], axis=axis))
+
+
 def test_fold_moves_slices_and_never_gathers_the_array():
     g = np.linspace(1.0, 2.0, 4 * W * 3).reshape(4 * W, 3)
     x = make(g, mesh_of((W,)), [S0])
