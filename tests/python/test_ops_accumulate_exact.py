@@ -2,7 +2,8 @@
 running sum, exact in wrapping arithmetic): NumPy's values and dtype on every rank
 for every layout of the suite's meshes, uneven and empty axes included, with no
 gather; float ones (whose running difference a regrouped sum does not round
-alike) and divide.accumulate still answer through the fallback. add.at and
+alike) and divide.accumulate fold along the ranks (_fold.py), arctan2's still
+answers through the fallback. add.at and
 subtract.at update a Partial target's parts in place where that is exact."""
 
 from __future__ import annotations
@@ -50,15 +51,20 @@ def test_subtract_accumulate_moves_one_row_and_the_scan():
         assert got.placements == (Shard(0),)
 
 
-def test_float_and_divide_accumulate_answer_through_the_fallback():
+def test_float_accumulates_fold_and_arctan2_answers_through_the_fallback():
+    """A float running difference or quotient folds along the ranks, NumPy's bits
+    without a gather; arctan2's, which NumPy rounds by call shape, gathers."""
     full = np.linspace(1.0, 3.0, 11)
     dt = make(full, mesh_of((W,)), [Shard(0)])
+    with mpitensor.strict():
+        for ufunc in (np.subtract, np.divide):
+            got = ufunc.accumulate(dt).full_tensor()
+            np.testing.assert_array_equal(got, ufunc.accumulate(full))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GatherWarning)
-        assert_matches(np.subtract.accumulate(dt), np.subtract.accumulate(full))
-        assert_matches(np.divide.accumulate(dt), np.divide.accumulate(full))
+        assert_matches(np.arctan2.accumulate(dt), np.arctan2.accumulate(full))
     with pytest.raises(TypeError), mpitensor.strict():
-        np.subtract.accumulate(dt)
+        np.arctan2.accumulate(dt)
 
 
 @pytest.mark.parametrize("ufunc", [np.add, np.subtract], ids=lambda u: u.__name__)
