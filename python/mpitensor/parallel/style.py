@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import _clib, _comm
+from .._args import normalize_placements
 from .._dtensor import DTensor
 from .._distribute import distribute_tensor
 from .._distribute_module import distribute_module
@@ -109,9 +110,7 @@ def _prepare_linear_like_output(output_layouts, use_local_output, mod, outputs, 
     # ColwiseParallel's default Shard(-1) is where its output already is, and an
     # explicit redistribute there would still agree over the mesh (a collective
     # that torch's no-op redistribute does not make).
-    ndim = outputs.ndim
-    wanted = tuple(Shard(p.dim + ndim) if isinstance(p, Shard) and p.dim < 0 else p
-                   for p in output_layouts)
+    wanted = normalize_placements(output_layouts, outputs.device_mesh, outputs.ndim)
     if outputs.placements != wanted:
         outputs = outputs.redistribute(placements=output_layouts)
     return outputs.to_local() if use_local_output else outputs
