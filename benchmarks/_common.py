@@ -145,20 +145,25 @@ def git_revision(repo: str) -> str:
     return (rev or "unknown") + ("+dirty" if dirty else "")
 
 
-def time_interleaved(comm, variants, reps, warmup, clock=time.perf_counter):
+def time_interleaved(comm, variants, reps, warmup, clock=time.perf_counter, before=None):
     """Seconds of each variant (name -> function) over ``reps`` repetitions after
     ``warmup``: each repetition runs every variant once after a Barrier, in an order
     shuffled anew each time, alike on every rank (so none always runs after the
     same one and inherits its dirty pages or caches), and each time is the max over
     the ranks of ``comm``. ``clock`` may be time.thread_time
     for work that never waits on another rank: the CPU time it took, which a busy
-    machine's scheduler does not stretch. Collective."""
+    machine's scheduler does not stretch. ``before``, when given, runs untimed
+    before every variant (on every rank, then a Barrier): writes that must not
+    inherit the write-back of the variant before them pass a sync here.
+    Collective."""
     names = list(variants)
     times = {k: [] for k in names}
     for r in range(-warmup, reps):
         order = list(names)
         random.Random(r).shuffle(order)
         for k in order:
+            if before is not None:
+                before()
             comm.Barrier()
             t0 = clock()
             variants[k]()
