@@ -1,7 +1,10 @@
 """The one door into C by ctypes: every binding module loads the ``_C`` shared
 object through ``lib`` here, binds each function once at import with :func:`fn`,
 and lays out each C struct it reads with :func:`struct`, from the table the
-extension exports (csrc/ext/ext_structs.c), never from a copy. This module binds
+extension exports (csrc/ext/ext_structs.c), never from a copy. Those modules
+import no ctypes: a prototype names a struct for a pointer to one and :class:`A`
+for an array's data, so a call passes structs and ndarrays as they are; the
+libraries loaded beside (BLAS, LAPACK) come through :func:`load`. This module binds
 the core's layout math, random fills and the names of its constants (``CORE``);
 :mod:`mpitensor._comm`, :mod:`mpitensor._plan`, :mod:`mpitensor.checkpoint._io`,
 :mod:`mpitensor.nn._ckernels`, :mod:`mpitensor._ops._lanes` and
@@ -15,9 +18,11 @@ the GIL while a function runs. Every function here is Local.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import functools
 import itertools
 import operator
+import os
 import types
 
 import numpy as np
@@ -27,14 +32,66 @@ from . import _C
 lib = ctypes.CDLL(_C.__file__)  # the loaded extension itself: one object, one state
 
 P, I, I64, D = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double
+U32, U64, SIZE, S = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_char_p
+# For the modules that bind through here.
+ptr, sizeof, find_library = ctypes.POINTER, ctypes.sizeof, ctypes.util.find_library
+
+
+class A:
+    """An argument type: an ndarray passes its data pointer, ``None`` NULL, an int
+    that address; so a call passes arrays as they are."""
+
+    @staticmethod
+    def from_param(a):
+        return P(a.ctypes.data if isinstance(a, np.ndarray) else a)
+
+
+def _arg_type(t):
+    """A struct or a C array type in a prototype is a pointer to one: ctypes then
+    passes an instance by reference."""
+    by_ref = isinstance(t, type) and issubclass(t, (ctypes.Structure, ctypes.Array))
+    return ctypes.POINTER(t) if by_ref else t
 
 
 def fn(name, restype, *argtypes):
-    """The exported C function ``name`` with its prototype; bind it once, at
-    import."""
+    """The exported C function ``name`` with its prototype, a struct or C array
+    type standing for a pointer to one (see :func:`_arg_type`); bind it once, at
+    import.
+
+    Example: ``fn("mt_mesh_check", I, P, E)``.
+    """
     f = getattr(lib, name)
-    f.restype, f.argtypes = restype, list(argtypes)
+    f.restype, f.argtypes = restype, [_arg_type(t) for t in argtypes]
     return f
+
+
+# The pointer in a capsule of the given name (the executor hands plans over as
+# capsules); ValueError for another capsule.
+capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+capsule_pointer.restype, capsule_pointer.argtypes = P, (ctypes.py_object, S)
+
+
+def load(path: str):
+    """The shared library at ``path``, its symbols kept to itself (RTLD_LOCAL), all
+    bound at once; OSError when it does not load."""
+    return ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+
+
+def address(lib_, name: str) -> int:
+    """The address of symbol ``name`` of a loaded library; AttributeError when it
+    has none."""
+    return ctypes.cast(getattr(lib_, name), P).value
+
+
+def text_buffer(size: int):
+    """A writable C string of ``size`` bytes, for a function that writes text."""
+    return ctypes.create_string_buffer(size)
+
+
+def counters(address_: int, n: int):
+    """The ``n`` long long counters at ``address_`` (one the extension exports),
+    read and written in place."""
+    return (ctypes.c_longlong * n).from_address(address_)
 
 
 def _constants() -> types.SimpleNamespace:

@@ -14,7 +14,6 @@ A collective first checks that it runs on the thread that created the mesh
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import itertools
 import operator
@@ -22,9 +21,9 @@ import operator
 import numpy as np
 
 from . import _C
-from ._clib import (MAX_MESH_NDIM, MAX_NDIM, E as _E, Error, I, I64, D, P, _Box, _int64s,
-                    _Layout, _layout_init, _local_box, _placements, call, check,
-                    dtype_code, fn, status_of, struct)
+from ._clib import (MAX_MESH_NDIM, MAX_NDIM, SIZE, U64, A, E as _E, Error, I, I64, D, P, S,
+                    _Box, _int64s, _Layout, _layout_init, _local_box, _placements, call,
+                    check, dtype_code, fn, ptr, sizeof, status_of, struct, text_buffer)
 from ._clib import message as _message
 
 __all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "mpi_library_version",
@@ -37,36 +36,35 @@ __all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "m
 
 _TimeModel, _Nodes, _Totals = map(struct, ("mt_time_model", "mt_mesh_nodes",
                                             "mt_comm_totals"))
-_coll_name = fn("mt_coll_name", ctypes.c_char_p, I)
+_coll_name = fn("mt_coll_name", S, I)
 _COLLS = tuple(itertools.takewhile(lambda name: name != b"unknown",
                                    map(_coll_name, range(64))))  # mt_coll
-_TM = ctypes.POINTER(_TimeModel)
+_TM = ptr(_TimeModel)
 _ndim = fn("mt_mesh_ndim", I, P)
 _dim_size = fn("mt_mesh_dim_size", I64, P, I)
 _coordinate = fn("mt_mesh_coordinate", I, P, P)
-_bcast = fn("mt_mesh_bcast", I, P, I, P, I64, _E)
-_exscan = fn("mt_mesh_exscan", I, P, I, P, I64, I, I, _E)
+_bcast = fn("mt_mesh_bcast", I, P, I, A, I64, _E)
+_exscan = fn("mt_mesh_exscan", I, P, I, A, I64, I, I, _E)
 _alltoall_i64 = fn("mt_mesh_alltoall_i64", I, P, I, P, P, _E)
-_alltoallv = fn("mt_mesh_alltoallv", I, P, I, P, P, P, P, I64, _E)
-_any = fn("mt_mesh_any", I, P, I, ctypes.POINTER(I), _E)
+_alltoallv = fn("mt_mesh_alltoallv", I, P, I, A, P, A, P, I64, _E)
+_any = fn("mt_mesh_any", I, P, I, ptr(I), _E)
 _allgather_i64 = fn("mt_mesh_allgather_i64", I, P, I, I64, P, _E)
 _direct_read = fn("mt_mesh_direct_read", I, P)
-_nodes_of = fn("mt_mesh_nodes_of", None, P, ctypes.POINTER(_Nodes))
+_nodes_of = fn("mt_mesh_nodes_of", None, P, ptr(_Nodes))
 _mesh_time_model = fn("mt_mesh_time_model", _TM, P)
 _set_time_model = fn("mt_mesh_set_time_model", I, P, _TM, _E)
 _model_default = fn("mt_time_model_default", _TimeModel)
 _model_check = fn("mt_time_model_check", I, _TM, _E)
-_agree = fn("mt_agree", I, P, I, ctypes.c_uint64, _E)
-_counters_read = fn("mt_comm_counters_read", None, P, ctypes.POINTER(_Totals))
+_agree = fn("mt_agree", I, P, I, U64, _E)
+_counters_read = fn("mt_comm_counters_read", None, P, ptr(_Totals))
 _live_count = fn("mt_comm_live_count", I64)
-_library_version = fn("mt_mpi_library_version", I, ctypes.c_char_p, I, _E)
+_library_version = fn("mt_mpi_library_version", I, S, I, _E)
 _fail_next = fn("mt_direct_fail_next", I, I)
-_slice = fn("mt_mesh_slice", I, P, I, P, ctypes.POINTER(P), _E)
+_slice = fn("mt_mesh_slice", I, P, I, P, ptr(P), _E)
 _destroy = fn("mt_mesh_destroy", None, P)
 _mesh_check = fn("mt_mesh_check", I, P, _E)
 _set_counters = fn("mt_mesh_set_counters", None, P, P)
-_plan_check = fn("mt_plan_check", I, ctypes.POINTER(_Layout), ctypes.POINTER(_Layout), I,
-                 _E)
+_plan_check = fn("mt_plan_check", I, _Layout, _Layout, I, _E)
 
 _NODE_KINDS = ("one", "blocks", "unequal", "interleaved")  # mt_nodes_kind
 
@@ -77,9 +75,8 @@ def _mpi():
     type (an int or a pointer) is the MPI library's. Bound on the first mesh, not
     at import, so that `import mpitensor` and its layout math do not start MPI."""
     from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
-    comm = I if MPI._sizeof(MPI.Comm) == ctypes.sizeof(I) else P
-    create = fn("mt_mesh_create_agreed", I, comm, I, P, P, I, ctypes.c_uint64,
-                ctypes.POINTER(P), _E)
+    comm = I if MPI._sizeof(MPI.Comm) == sizeof(I) else P
+    create = fn("mt_mesh_create_agreed", I, comm, I, P, A, I, U64, ptr(P), _E)
     return MPI, create, fn("mt_mesh_dim_comm", comm, P, I)
 
 
@@ -140,7 +137,7 @@ def time_model(obj) -> _TimeModel:
     a0, b0, a1, b1, c, cp, r = (float(v) for v in obj[:7])
     m = _TimeModel(alpha=(D * 2)(a0, a1), beta=(D * 2)(b0, b1), call=c, copy=cp,
                    reduce=r, ranks_per_node=operator.index(obj[7]))
-    call(_model_check, ctypes.byref(m))
+    call(_model_check, m)
     return m
 
 
@@ -174,9 +171,8 @@ class Mesh:
             err.code = status_of(ValueError)
             err.msg = f"the mesh has {ranks.size} ranks but its shape needs {numel}".encode()
         mesh = P()
-        check(create(MPI._handleof(comm), ndim, shape, ranks.ctypes.data, err.code,
-                     operator.index(fingerprint) & 0xFFFFFFFFFFFFFFFF, ctypes.byref(mesh),
-                     ctypes.byref(err)), err)
+        check(create(MPI._handleof(comm), ndim, shape, ranks, err.code,
+                     operator.index(fingerprint) & 0xFFFFFFFFFFFFFFFF, mesh, err), err)
         # Every mesh (and its slices) counts into the module's counters, which
         # comm_counters() reads.
         _set_counters(mesh, _C.COMM_COUNTERS)
@@ -201,7 +197,7 @@ class Mesh:
         Local."""
         m, (dims, n) = mesh_address(self), _int64s(dims, MAX_MESH_NDIM, "dims")
         out = P()
-        call(_slice, m, n, (I * max(n, 1))(*dims[:n]), ctypes.byref(out))
+        call(_slice, m, n, (I * max(n, 1))(*dims[:n]), out)
         return type(self)._owning(out.value)
 
     def groups(self) -> tuple:
@@ -233,7 +229,7 @@ class Mesh:
         Collective on the dim."""
         m = mesh_address(self)
         a = _buffer(array, True, "bcast: array")
-        call(_bcast, m, mesh_dim(dim), a.ctypes.data, a.nbytes)
+        call(_bcast, m, mesh_dim(dim), a, a.nbytes)
 
     def exscan(self, array: np.ndarray, dim: int, op: int) -> None:
         """The exclusive prefix (MPI_Exscan) of ``array`` by reduce op ``op`` over
@@ -244,7 +240,7 @@ class Mesh:
         d, code = mesh_dim(dim), dtype_code(a.dtype)
         if code < 0:
             raise TypeError("exscan of an unsupported dtype")
-        call(_exscan, m, d, a.ctypes.data, a.size, code, operator.index(op))
+        call(_exscan, m, d, a, a.size, code, operator.index(op))
 
     def alltoallv(self, array: np.ndarray, counts, dim: int):
         """(rows, counts received): ``counts[q]`` rows of C-contiguous ``array`` (in
@@ -272,14 +268,14 @@ class Mesh:
         # Rows of zero bytes (a dim of size 0) have nothing to move.
         row = a.itemsize * int(np.prod(a.shape[1:]))
         if row > 0:
-            call(_alltoallv, m, d, a.ctypes.data, send, out.ctypes.data, recv, row)
+            call(_alltoallv, m, d, a, send, out, recv, row)
         return out, tuple(recv)
 
     def any(self, flag) -> bool:
         """The OR of ``flag`` over all members. Collective on the mesh."""
         m = mesh_address(self)
         result = I()
-        call(_any, m, bool(flag), ctypes.byref(result))
+        call(_any, m, bool(flag), result)
         return bool(result.value)
 
     def allgather_int(self, value: int, dim: int) -> tuple[int, ...]:
@@ -300,14 +296,14 @@ class Mesh:
     def set_time_model(self, model: tuple) -> None:
         """The costs of a calibrated table (ValueError when invalid);
         ranks_per_node stays what the mesh learnt. Local."""
-        call(_set_time_model, self.address, ctypes.byref(time_model(model)))
+        call(_set_time_model, self.address, time_model(model))
 
     def nodes(self) -> tuple[str, int, int, int]:
         """(kind, count, smallest, largest) of the nodes the members lie on, as the
         mesh learnt when it was made ('one', 'blocks', 'unequal', 'interleaved').
         Local."""
         n = _Nodes()
-        _nodes_of(self.address, ctypes.byref(n))
+        _nodes_of(self.address, n)
         return _NODE_KINDS[n.kind], n.count, n.smallest, n.largest
 
     def direct_read(self) -> bool:
@@ -336,7 +332,7 @@ def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) ->
         raise TypeError("agree: error must be an exception class")
     err = Error()
     err.msg = _message(message)
-    check(_agree(m, 0 if ok else status_of(error), fp, ctypes.byref(err)), err)
+    check(_agree(m, 0 if ok else status_of(error), fp, err), err)
 
 
 def agree_fingerprint(mesh, fingerprint: int, message: bytes) -> None:
@@ -351,15 +347,15 @@ def agree_fingerprint(mesh, fingerprint: int, message: bytes) -> None:
         raise TypeError(f"expected a Mesh, got {type(mesh).__name__}")
     err = Error()
     m = mesh.address
-    rc = _mesh_check(m, ctypes.byref(err))
+    rc = _mesh_check(m, err)
     if rc == 0:
         err.msg = message
-        rc = _agree(m, 0, fingerprint & 0xFFFFFFFFFFFFFFFF, ctypes.byref(err))
+        rc = _agree(m, 0, fingerprint & 0xFFFFFFFFFFFFFFFF, err)
     check(rc, err)
 
 
 _MemoStats = struct("mt_memo_stats")
-_memo_stats = fn("mt_memo_stats_get", None, P, ctypes.POINTER(_MemoStats))
+_memo_stats = fn("mt_memo_stats_get", None, P, ptr(_MemoStats))
 _table_count = fn("mt_layout_table_count", I64, P)
 _table_capacity = fn("mt_layout_table_capacity", I64, P)
 
@@ -373,7 +369,7 @@ def dispatch_stats(tables) -> dict[str, int]:
     """
     memo, layouts = tables
     st = _MemoStats()
-    _memo_stats(memo, ctypes.byref(st))
+    _memo_stats(memo, st)
     return {"hits": st.hits, "misses": st.misses, "decisions": st.decisions,
             "plans": st.plans, "layouts": _table_count(layouts),
             "decision_limit": st.decision_limit, "plan_limit": st.plan_limit,
@@ -383,7 +379,7 @@ def dispatch_stats(tables) -> dict[str, int]:
 def comm_counters() -> dict[str, tuple[int, int]]:
     """{collective name: (calls, bytes sent)} of every mesh of this process. Local."""
     t = _Totals()
-    _counters_read(_C.COMM_COUNTERS, ctypes.byref(t))
+    _counters_read(_C.COMM_COUNTERS, t)
     return {name.decode(): (t.calls[k], t.bytes[k]) for k, name in enumerate(_COLLS)}
 
 
@@ -396,7 +392,7 @@ def default_time_model() -> tuple:
 def mpi_library_version() -> str:
     """The MPI_Get_library_version string of the libmpi the extension links.
     Local."""
-    text = ctypes.create_string_buffer(8192)
+    text = text_buffer(8192)
     call(_library_version, text, len(text))
     return text.value.decode(errors="replace")
 
@@ -422,8 +418,7 @@ def plan_check(src, dst, dtype) -> None:
     layouts = [_Layout(), _Layout()]
     for layout, codes in zip(layouts, (src, dst)):
         layout.placements, layout.mesh_ndim = _placements(codes)
-    call(_plan_check, ctypes.byref(layouts[0]), ctypes.byref(layouts[1]),
-         dtype_code(dtype))
+    call(_plan_check, layouts[0], layouts[1], dtype_code(dtype))
 
 
 # ---- the collective watchdog (mpitensor/comm/watchdog.h) ----------------------------
@@ -431,10 +426,10 @@ def plan_check(src, dst, dtype) -> None:
 _DEFAULT_TIMEOUT = 1800.0  # MT_WATCHDOG_DEFAULT_SECONDS: torch's, for gloo
 _set_timeout = fn("mt_watchdog_set_timeout", I, D, _E)
 _timeout = fn("mt_watchdog_timeout", D)
-_listen = fn("mt_watchdog_listen_mesh", I, P, ctypes.POINTER(I), _E)
-_leave = fn("mt_watchdog_leave", I, ctypes.c_char_p, _E)
+_listen = fn("mt_watchdog_listen_mesh", I, P, ptr(I), _E)
+_leave = fn("mt_watchdog_leave", I, S, _E)
 _set_work = fn("mt_watchdog_set_work", None, I64)
-_tell = fn("mt_watchdog_tell", I, ctypes.c_char_p, I64, _E)
+_tell = fn("mt_watchdog_tell", I, S, I64, _E)
 _failed = fn("mt_watchdog_failed", I, I64)
 
 
@@ -466,7 +461,7 @@ def watchdog_listen(mesh) -> bool:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"expected a Mesh, got {type(mesh).__name__}")
     listening = I()
-    call(_listen, mesh.address, ctypes.byref(listening))
+    call(_listen, mesh.address, listening)
     return bool(listening.value)
 
 
@@ -497,15 +492,15 @@ def watchdog_failed(tag: int) -> int:
 # ---- the ring exchanges of context parallelism (mpitensor/comm/ring.h) --------------
 
 _RING_MAX_BLOCKS = 4  # MT_RING_MAX_BLOCKS
-_PP = ctypes.POINTER(P)
+_PP = ptr(P)
 _shift_start = fn("mt_ring_shift_start", I, P, I, I, P, P, P, P, _PP, _E)
-_allgatherv_start = fn("mt_ring_allgatherv_start", I, P, I, P, I64, P, I64, P, I, _PP, _E)
+_allgatherv_start = fn("mt_ring_allgatherv_start", I, P, I, A, I64, A, I64, P, I, _PP, _E)
 _allgather_int64 = fn("mt_ring_allgather_int64", I, P, I, P, I, P, _E)
 
 
 _pending_create = fn("mt_pending_create", I, P, P, _PP, _E)
 _pending_wait = fn("mt_pending_wait", I, P, _E)
-_pending_test = fn("mt_pending_test", I, P, ctypes.POINTER(I), _E)
+_pending_test = fn("mt_pending_test", I, P, ptr(I), _E)
 _pending_done = fn("mt_pending_done", I, P)
 _pending_destroy = fn("mt_pending_destroy", None, P)
 
@@ -533,7 +528,7 @@ class Request:
         """Lets MPI progress the exchange (MPI_Test); True once it has completed,
         so that wait() no longer blocks. Local."""
         done = I()
-        call(_pending_test, self.address, ctypes.byref(done))
+        call(_pending_test, self.address, done)
         return bool(done.value)
 
     @property
@@ -553,9 +548,9 @@ def _started(start, keep, result, *args) -> Request:
     """A :class:`Request` for the exchange ``start(*args)`` begins: ``keep`` stays
     referenced until it completes, and wait() returns ``result``."""
     made, pending = P(), P()
-    call(start, *args, ctypes.byref(made))
+    call(start, *args, made)
     # A handle that cannot be made completes the exchange before it fails.
-    call(_pending_create, None, made, ctypes.byref(pending))
+    call(_pending_create, None, made, pending)
     try:
         out = object.__new__(Request)
     except BaseException:
@@ -598,8 +593,8 @@ def ring_allgatherv_start(mesh, dim: int, send, recv, byte_counts) -> Request:
     m, d = mesh_address(mesh), mesh_dim(dim)
     send, recv = _buffer(send, False, "send"), _buffer(recv, True, "recv")
     counts, n = _int64s(byte_counts, 1024, "byte counts")
-    return _started(_allgatherv_start, (mesh, send, recv), recv, m, d, send.ctypes.data,
-                    send.nbytes, recv.ctypes.data, recv.nbytes, counts, n)
+    return _started(_allgatherv_start, (mesh, send, recv), recv, m, d, send, send.nbytes,
+                    recv, recv.nbytes, counts, n)
 
 
 def ring_allgather_int64(mesh, dim: int, values) -> tuple[int, ...]:
@@ -616,12 +611,11 @@ def ring_allgather_int64(mesh, dim: int, values) -> tuple[int, ...]:
 # ---- whole tensors: distribute and the selection exchange of basic indexing ---------
 
 _Selection = struct("mt_selection")
-_L, _B = ctypes.POINTER(_Layout), ctypes.POINTER(_Box)
-_selection_check = fn("mt_selection_check", I, ctypes.POINTER(_Selection), I, P, _E)
-_selection_image = fn("mt_selection_image", I, ctypes.POINTER(_Selection), _B, _B)
-_selection_exchange = fn("mt_selection_exchange", I, P, _L, ctypes.POINTER(_Selection), _L,
-                         I, P, P, _E)
-_distribute_from = fn("mt_distribute_from", I, P, _L, I, I64, P, P, _E)
+_L, _B = _Layout, _Box
+_selection_check = fn("mt_selection_check", I, _Selection, I, P, _E)
+_selection_image = fn("mt_selection_image", I, _Selection, _B, _B)
+_selection_exchange = fn("mt_selection_exchange", I, P, _L, _Selection, _L, I, A, A, _E)
+_distribute_from = fn("mt_distribute_from", I, P, _L, I, I64, A, A, _E)
 
 
 def _layout_on(m: int, shape, codes) -> _Layout:
@@ -632,7 +626,7 @@ def _layout_on(m: int, shape, codes) -> _Layout:
         raise ValueError(f"{n} placements for a {nm}-D mesh")
     sh, nd = _int64s(shape, MAX_NDIM + 1, "shape")
     out = _Layout()
-    call(_layout_init, ctypes.byref(out), nd, sh, nm,
+    call(_layout_init, out, nd, sh, nm,
          (I64 * MAX_MESH_NDIM)(*(_dim_size(m, d) for d in range(nm))), pl)
     return out
 
@@ -643,7 +637,7 @@ def _my_box(m: int, layout: _Layout) -> _Box:
     if not _coordinate(m, coord):
         raise RuntimeError("this rank is not a member of the mesh")
     box = _Box()
-    call(_local_box, ctypes.byref(layout), coord, ctypes.byref(box))
+    call(_local_box, layout, coord, box)
     return box
 
 
@@ -682,8 +676,7 @@ def distribute(mesh, codes, full: np.ndarray, src: int = 0) -> np.ndarray:
     full = _movable(full)
     layout = _layout_on(m, full.shape, codes)
     local = _box_array(_my_box(m, layout), full.dtype)
-    call(_distribute_from, m, ctypes.byref(layout), dtype_code(full.dtype), src,
-         full.ctypes.data, None if local is None else local.ctypes.data)
+    call(_distribute_from, m, layout, dtype_code(full.dtype), src, full, local)
     return local
 
 
@@ -703,22 +696,21 @@ def select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts,
     sel.start[:ndim], sel.step[:ndim], sel.count[:ndim] = (v[:ndim] for v, _ in got)
     src = _layout_on(m, sh[:ndim], src_codes)
     dst = _layout_on(m, sel.count[:ndim], dst_codes)
-    call(_selection_check, ctypes.byref(sel), ndim, sh)
+    call(_selection_check, sel, ndim, sh)
     image, mine = _Box(), _my_box(m, src)
     tb = _my_box(m, dst)
-    _selection_image(ctypes.byref(sel), ctypes.byref(mine), ctypes.byref(image))
+    _selection_image(sel, mine, image)
     piece = _movable(piece)
     _check_local(piece, image)
     out = _box_array(tb, piece.dtype)
-    call(_selection_exchange, m, ctypes.byref(src), ctypes.byref(sel), ctypes.byref(dst),
-         dtype_code(piece.dtype), piece.ctypes.data, None if out is None else out.ctypes.data)
+    call(_selection_exchange, m, src, sel, dst, dtype_code(piece.dtype), piece, out)
     return out
 
 
 # ---- the block pool (mpitensor/comm/pool.h) ------------------------------------------
 
-_pool_set_limit = fn("mt_pool_set_limit", ctypes.c_size_t, ctypes.c_size_t)
-_pool_cached_bytes = fn("mt_pool_cached_bytes", ctypes.c_size_t)
+_pool_set_limit = fn("mt_pool_set_limit", SIZE, SIZE)
+_pool_cached_bytes = fn("mt_pool_cached_bytes", SIZE)
 pool_trim = fn("mt_pool_trim", None)
 pool_trim.__doc__ = ("pool_trim(): frees the pool's cached blocks and hands what the C heap "
                      "keeps free back to the system (glibc's malloc_trim). Local.")

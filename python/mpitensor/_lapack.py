@@ -13,19 +13,16 @@ take NumPy's own path.
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import os
 
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from ._clib import E, I, I64, P, call, dtype_code, fn, struct
+from ._clib import A, E, I, I64, P, address, call, dtype_code, fn, load, struct
 
 _Lapack = struct("mt_lapack")
-_tsqr = fn("mt_tsqr", I, P, I, ctypes.POINTER(_Lapack), I, I64, I64, P, I64, P, I64, P,
-           I64, E)
-_supports = fn("mt_lapack_supports", I, ctypes.POINTER(_Lapack), I)
+_tsqr = fn("mt_tsqr", I, P, I, _Lapack, I, I64, I64, A, I64, A, I64, A, I64, E)
+_supports = fn("mt_lapack_supports", I, _Lapack, I)
 
 # (prefix, suffix, ILP64) of the Fortran names an OpenBLAS may export.
 _NAMINGS = (("scipy_", "_64_", True), ("", "_64_", True), ("scipy_", "_", False),
@@ -56,7 +53,7 @@ def lapack():
     if path is None:
         return None
     try:
-        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        lib = load(path)
     except OSError:
         return None
     for prefix, suffix, ilp64 in _NAMINGS:
@@ -65,7 +62,7 @@ def lapack():
         if all(hasattr(lib, n) for n in names.values()):
             out = _Lapack(ilp64=int(ilp64))
             for field, name in names.items():
-                setattr(out, field, ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
+                setattr(out, field, address(lib, name))
             return out, lib
     return None
 
@@ -77,7 +74,7 @@ def available(dtype) -> bool:
     """
     found = lapack()
     code = dtype_code(np.dtype(dtype))
-    return found is not None and code >= 0 and bool(_supports(ctypes.byref(found[0]), code))
+    return found is not None and code >= 0 and bool(_supports(found[0], code))
 
 
 def _fortran_copy(block: np.ndarray) -> np.ndarray:
@@ -113,7 +110,6 @@ def tsqr(mesh_address: int, dim: int, block: np.ndarray, want_q: bool):
     m, n = a.shape
     r = np.zeros((n, n), a.dtype, order="F")
     q = np.empty((m, n), a.dtype, order="F") if want_q else None
-    call(_tsqr, mesh_address, dim, ctypes.byref(found[0]), dtype_code(a.dtype), m, n,
-         a.ctypes.data, max(m, 1), r.ctypes.data, max(n, 1),
-         None if q is None else q.ctypes.data, max(m, 1))
+    call(_tsqr, mesh_address, dim, found[0], dtype_code(a.dtype), m, n, a, max(m, 1), r,
+         max(n, 1), q, max(m, 1))
     return q, r

@@ -9,13 +9,11 @@ their plans over as capsules, which :func:`of` takes. Every function is Local bu
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from . import _comm
-from ._clib import (_STATUS_CODES, E as _E, Error, I, I64, D, P, _Layout, _layout, call,
-                    check, dtype_code, fn as _fn, struct)
+from ._clib import (_STATUS_CODES, A, E as _E, Error, I, I64, D, P, _Layout, _layout, call,
+                    capsule_pointer, check, dtype_code, fn as _fn, ptr, struct)
 
 __all__ = ["Plan", "STEP_KINDS", "steps", "of", "run", "runner"]
 
@@ -24,24 +22,21 @@ STEP_KINDS = ("all_gather", "all_to_all", "chunk", "all_reduce", "reduce_scatter
               "direct", "all_reduce_nodes")
 
 _Step = struct("mt_step")
-_L, _TM = ctypes.POINTER(_Layout), ctypes.POINTER(_comm._TimeModel)
-_create_timed = _fn("mt_plan_create_timed", I, _L, _L, I64, _TM, ctypes.POINTER(P), _E)
-_create_torch = _fn("mt_plan_create_torch", I, _L, _L, I64, _TM, ctypes.POINTER(P), _E)
+_L, _TM = _Layout, _comm._TimeModel
+_create_timed = _fn("mt_plan_create_timed", I, _L, _L, I64, _TM, ptr(P), _E)
+_create_torch = _fn("mt_plan_create_torch", I, _L, _L, I64, _TM, ptr(P), _E)
 _check = _fn("mt_plan_check", I, _L, _L, I, _E)
 _retain = _fn("mt_plan_retain", None, P)
 _destroy = _fn("mt_plan_destroy", None, P)
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype, _capsule_pointer.argtypes = P, (ctypes.py_object, ctypes.c_char_p)
 _nsteps = _fn("mt_plan_nsteps", I, P)
-_step = _fn("mt_plan_step", ctypes.POINTER(_Step), P, I)
+_step = _fn("mt_plan_step", ptr(_Step), P, I)
 _bytes = _fn("mt_plan_bytes", I64, P)
 _messages = _fn("mt_plan_messages", I64, P)
 _net_bytes = _fn("mt_plan_net_bytes", I64, P)
 _time = _fn("mt_plan_time", D, P)
 _predict = _fn("mt_plan_predict", D, P, _TM)
-_redistribute = _fn("mt_redistribute", I, P, P, I, P, P, _E)
-_torch_bytes = _fn("mt_plan_torch_bytes", I, _L, _L, I64, _TM, ctypes.POINTER(I64),
-                   ctypes.POINTER(I64), _E)
+_redistribute = _fn("mt_redistribute", I, P, P, I, A, A, _E)
+_torch_bytes = _fn("mt_plan_torch_bytes", I, _L, _L, I64, _TM, ptr(I64), ptr(I64), _E)
 
 
 def _codes(layout: _Layout) -> tuple:
@@ -53,7 +48,7 @@ def _address(plan) -> int:
     """The ``mt_plan *`` of a :class:`Plan` or of an executor's plan capsule."""
     if isinstance(plan, Plan):
         return plan.address
-    return _capsule_pointer(plan, b"mpitensor.plan")
+    return capsule_pointer(plan, b"mpitensor.plan")
 
 
 def steps(plan) -> list[tuple]:
@@ -112,7 +107,7 @@ def runner(mesh, plan, like):
             _comm._check_local(local, mine)
         out = _comm._box_array(theirs, local.dtype)
         call(_redistribute, _comm.mesh_address(handle), address, dtype_code(local.dtype),
-             local.ctypes.data, None if out is None else out.ctypes.data)
+             local, out)
         return out
 
     go.plan = plan  # the plan lives as long as its runner
@@ -148,10 +143,9 @@ class Plan:
         model = _comm._model_default() if model is None else _comm.time_model(model)
         dtype = np.dtype(dtype)
         a, b = _layout(shape, mesh_shape, src), _layout(shape, mesh_shape, dst)
-        call(_check, ctypes.byref(a), ctypes.byref(b), dtype_code(dtype))
+        call(_check, a, b, dtype_code(dtype))
         made = P()
-        call(_create_timed, ctypes.byref(a), ctypes.byref(b), dtype.itemsize,
-             ctypes.byref(model), ctypes.byref(made))
+        call(_create_timed, a, b, dtype.itemsize, model, made)
         self = cls._owning(made.value)
         self._src, self._dst, self._model, self._itemsize = a, b, model, dtype.itemsize
         return self
@@ -201,14 +195,13 @@ class Plan:
 
     def predict(self, model: tuple) -> float:
         """The seconds the time model tuple ``model`` predicts for these steps."""
-        return _predict(self.address, ctypes.byref(_comm.time_model(model)))
+        return _predict(self.address, _comm.time_model(model))
 
     def torch(self) -> "Plan | None":
         """The Plan of torch's per-mesh-dim steps for the same move, priced by the
         same model, or None where one of them is no valid collective here."""
         made, err = P(), Error()
-        rc = _create_torch(ctypes.byref(self._src), ctypes.byref(self._dst), self._itemsize,
-                           ctypes.byref(self._model), ctypes.byref(made), ctypes.byref(err))
+        rc = _create_torch(self._src, self._dst, self._itemsize, self._model, made, err)
         if rc == _STATUS_CODES["MT_ENOTSUP"]:
             return None
         check(rc, err)
@@ -221,6 +214,5 @@ class Plan:
         """(bytes, net_bytes) that torch's per-mesh-dim steps move for the same
         redistribution, over all ranks, priced as these steps."""
         moved, net = I64(), I64()
-        call(_torch_bytes, ctypes.byref(self._src), ctypes.byref(self._dst), self._itemsize,
-             ctypes.byref(self._model), ctypes.byref(moved), ctypes.byref(net))
+        call(_torch_bytes, self._src, self._dst, self._itemsize, self._model, moved, net)
         return moved.value, net.value

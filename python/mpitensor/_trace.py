@@ -18,13 +18,12 @@ call :func:`collective`, and nn.functional's local layouts :func:`local`, behind
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import warnings
 
 import numpy as np
 
-from . import _C, _modes, _plan
+from . import _C, _clib, _modes, _plan
 from .placement_types import from_code
 
 # The operation whose inputs are being redistributed (set by `decision`, read by
@@ -249,7 +248,7 @@ def report_gather(what: str, spec, placements, mesh_dims) -> None:
 HOOK_KINDS = ("local", "build", "entry", "event", "placements", "backward", "error",
               "runs")
 assert len(HOOK_KINDS) == _C.HOOK_COUNT, "HOOK_KINDS does not mirror the extension's"
-_hook_calls = (ctypes.c_longlong * len(HOOK_KINDS)).from_address(_C.HOOK_CALLS)
+_hook_calls = _clib.counters(_C.HOOK_CALLS, len(HOOK_KINDS))
 
 
 def hook_stats() -> dict:

@@ -13,13 +13,12 @@ events. A repeated call costs one lookup before NumPy runs on the local arrays.
 
 from __future__ import annotations
 
-import ctypes
 import numbers
 
 import numpy as np
 
 from .. import _C, _modes, _registry, _trace, device_mesh as _device_mesh
-from .._clib import CORE, MAX_NDIM, E as _E, I, I64, call, dtype_code, fn, struct
+from .._clib import CORE, MAX_NDIM, U32, E as _E, I, I64, call, dtype_code, fn, ptr, struct
 from .._dtensor import DTensor
 
 # The label kinds, partial rules and reduce ops of dim maps, from the core.
@@ -34,20 +33,15 @@ R_SUM, R_AVG, R_PRODUCT, R_MAX, R_MIN = (CORE.REDUCE_SUM, CORE.REDUCE_AVG,
 # The most DTensor inputs one decision takes.
 MAX_INPUTS = CORE.PROP_MAX_INPUTS
 
-
-_U32 = ctypes.c_uint32
 MAX_LABELS = CORE.PROP_MAX_LABELS
 
 
 # An operation's dim map as the core reads it (the executor copies it on a memo
 # miss and checks it again).
 DimMap = struct("mt_dimmap")
-_P = ctypes.POINTER(DimMap)
-_check = fn("mt_dimmap_check", I, _P, _E)
-_elementwise = fn("mt_dimmap_elementwise", I, I, I, _U32, ctypes.POINTER(I),
-                  ctypes.POINTER(I64 * MAX_NDIM), _P, _E)
-_matmul = fn("mt_dimmap_matmul", I, I, ctypes.POINTER(I64), I, ctypes.POINTER(I64), I, _P,
-             _E)
+_check = fn("mt_dimmap_check", I, DimMap, _E)
+_elementwise = fn("mt_dimmap_elementwise", I, I, I, U32, ptr(I), I64 * MAX_NDIM, DimMap, _E)
+_matmul = fn("mt_dimmap_matmul", I, I, ptr(I64), I, ptr(I64), I, DimMap, _E)
 _partial_exact = fn("mt_partial_exact", I, I, I, I, I)
 
 
@@ -91,7 +85,7 @@ def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
         m.out_resized |= 1 << d
     m.even_only, m.partial_rule = even_only, partial_rule
     m.partial_inputs, m.partial_ops = partial_inputs, partial_ops
-    call(_check, ctypes.byref(m))
+    call(_check, m)
     return m
 
 
@@ -105,7 +99,7 @@ def dimmap_elementwise(kind: int, noperands: int, tensors: int, shapes) -> DimMa
     nd, sh, m = (I * MAX_INPUTS)(), (I64 * MAX_NDIM * MAX_INPUTS)(), DimMap()
     for i, s in enumerate(shapes):
         nd[i] = _fill(sh[i], s, "shape")
-    call(_elementwise, kind, noperands, tensors, nd, sh, ctypes.byref(m))
+    call(_elementwise, kind, noperands, tensors, nd, sh, m)
     return m
 
 
@@ -113,7 +107,7 @@ def dimmap_matmul(a_shape, b_shape, transpose_b: bool) -> DimMap:
     """The core's dim map of a @ b (or a @ b.T with ``transpose_b``). Local."""
     a, b, m = (I64 * MAX_NDIM)(), (I64 * MAX_NDIM)(), DimMap()
     na, nb = _fill(a, a_shape, "a_shape"), _fill(b, b_shape, "b_shape")
-    call(_matmul, na, a, nb, b, bool(transpose_b), ctypes.byref(m))
+    call(_matmul, na, a, nb, b, bool(transpose_b), m)
     return m
 
 

@@ -9,14 +9,13 @@ of a dtype the kernels do not know (long double) are NumPy's.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import operator
 
 import numpy as np
 
 from .. import _C, _clib, _dtypes
-from .._clib import P, I
+from .._clib import A, I, I64
 
 __all__ = ["KERNEL_DTYPES", "scan", "arg_extreme", "uniform_counts"]
 
@@ -44,18 +43,15 @@ def scan(x, ax, op, init=None, out=True):
                          "of the input's dtype")
     scanned = _C.empty(x.shape, x.dtype) if out else None
     last = _C.empty(rest, x.dtype)
-    _clib.call(_cumulate, None if scanned is None else scanned.ctypes.data,
-               last.ctypes.data, x.ctypes.data, None if init is None else init.ctypes.data,
-               ctypes.byref(lanes), _clib.dtype_code(x.dtype), op)
+    _clib.call(_cumulate, scanned, last, x, init, lanes, _clib.dtype_code(x.dtype), op)
     return scanned, last
 
 
 _Lanes = _clib.struct("mt_lanes")
 _E = _clib.E
-_cumulate = _clib.fn("mt_cumulate", I, P, P, P, P, ctypes.POINTER(_Lanes), I, I, _E)
-_arg_extreme = _clib.fn("mt_arg_extreme", I, P, P, P, ctypes.POINTER(_Lanes), I, I, _E)
-_histogram_uniform = _clib.fn("mt_histogram_uniform", I, I, ctypes.c_int64, P,
-                              ctypes.c_int64, P, P, _E)
+_cumulate = _clib.fn("mt_cumulate", I, A, A, A, A, _Lanes, I, I, _E)
+_arg_extreme = _clib.fn("mt_arg_extreme", I, A, A, A, _Lanes, I, I, _E)
+_histogram_uniform = _clib.fn("mt_histogram_uniform", I, I, I64, A, I64, A, A, _E)
 # The dtypes the counting kernel reads (double holds each exactly), and how many
 # bins it takes (csrc/include/mpitensor/core/histogram.h).
 _COUNTED = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16,
@@ -98,8 +94,7 @@ def arg_extreme(x, axis, largest):
         return idx, np.take_along_axis(x, idx, axis)
     lanes, rest = _lanes_of(x, axis)
     idx, value = _C.empty(rest, np.int64), _C.empty(rest, x.dtype)
-    _clib.call(_arg_extreme, idx.ctypes.data, value.ctypes.data, x.ctypes.data,
-               ctypes.byref(lanes), _clib.dtype_code(x.dtype), bool(largest))
+    _clib.call(_arg_extreme, idx, value, x, lanes, _clib.dtype_code(x.dtype), bool(largest))
     return np.expand_dims(idx.astype(np.intp, copy=False), axis), np.expand_dims(value, axis)
 
 
@@ -120,6 +115,5 @@ def uniform_counts(x, edges):
     x = _native(x)
     edges = np.ascontiguousarray(edges, np.float64)
     counts = np.zeros(bins, np.int64)
-    _clib.call(_histogram_uniform, _clib.dtype_code(x.dtype), x.size, x.ctypes.data,
-               bins, edges.ctypes.data, counts.ctypes.data)
+    _clib.call(_histogram_uniform, _clib.dtype_code(x.dtype), x.size, x, bins, edges, counts)
     return counts.astype(np.intp, copy=False)

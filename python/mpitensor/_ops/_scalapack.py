@@ -24,15 +24,13 @@ it those calls raise RuntimeError on every rank, naming the package.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import os
 
 import numpy as np
 
 from .. import _comm, _registry, _trace
-from .._clib import E, I, I64, P, call, fn
+from .._clib import A, D as _D, E, I, I64, P, S, call, find_library, fn, ptr
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
@@ -41,13 +39,12 @@ from . import _small_linalg
 
 __all__ = ["scalapack_library"]
 
-_open = fn("mt_scalapack_open", I, ctypes.c_char_p, ctypes.POINTER(P), E)
-_IP = ctypes.POINTER(I)
-_solve = fn("mt_scalapack_solve", I, P, P, I, I, I, I64, P, I64, P, _IP, E)
-_inv = fn("mt_scalapack_inv", I, P, P, I, I, I, I64, P, _IP, E)
-_slogdet = fn("mt_scalapack_slogdet", I, P, P, I, I, I, I64, P, P, E)
-_cholesky = fn("mt_scalapack_cholesky", I, P, P, I, I, I, I64, P, I, _IP, E)
-_eigh = fn("mt_scalapack_eigh", I, P, P, I, I, I, I64, P, I, I, P, _IP, E)
+_open = fn("mt_scalapack_open", I, S, ptr(P), E)
+_solve = fn("mt_scalapack_solve", I, P, P, I, I, I, I64, A, I64, A, ptr(I), E)
+_inv = fn("mt_scalapack_inv", I, P, P, I, I, I, I64, A, ptr(I), E)
+_slogdet = fn("mt_scalapack_slogdet", I, P, P, I, I, I, I64, A, _D * 2, E)
+_cholesky = fn("mt_scalapack_cholesky", I, P, P, I, I, I, I64, A, I, ptr(I), E)
+_eigh = fn("mt_scalapack_eigh", I, P, P, I, I, I, I64, A, I, I, A, ptr(I), E)
 
 # The libraries tried, in order, when MPITENSOR_SCALAPACK names none: Debian's
 # ScaLAPACK for Open MPI (BLACS included), by its soname and its dev link.
@@ -63,13 +60,13 @@ _LETTERS = {np.dtype(np.float32): b"s", np.dtype(np.float64): b"d",
 def _load():
     """(table handle, path) of the ScaLAPACK found, or (None, why not). Local."""
     named = os.environ.get("MPITENSOR_SCALAPACK")
-    found = ctypes.util.find_library("scalapack-openmpi")
+    found = find_library("scalapack-openmpi")
     candidates = (named,) if named else _CANDIDATES + ((found,) if found else ())
     why = []
     for path in candidates:
         handle = P()
         try:
-            call(_open, path.encode(), ctypes.byref(handle))
+            call(_open, path.encode(), handle)
         except NotImplementedError as e:
             why.append(str(e))
             continue
@@ -299,8 +296,7 @@ def inv(a):
     batch, blocks = _local_stack(a, dtype)
     address = _address(a, name, "pXgetrf, pXgetri")
     for block in blocks:
-        call(_inv, sl, address, rows, cols, letter, n, block.ctypes.data,
-             ctypes.byref(info))
+        call(_inv, sl, address, rows, cols, letter, n, block, info)
         _check_info(info.value, "Singular matrix")
     return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
 
@@ -310,13 +306,12 @@ def _slogdet_values(name, a):
     a, rows, cols, dtype, sl = _prepare(name, a)
     if sl is None:
         return a, dtype, None
-    n, letter, out = a.shape[-1], _LETTERS[dtype][0], (ctypes.c_double * 2)()
+    n, letter, out = a.shape[-1], _LETTERS[dtype][0], (_D * 2)()
     batch, blocks = _local_stack(a, dtype)
     signs, logs = [], []
     address = _address(a, name, "pXgetrf")
     for block in blocks:
-        call(_slogdet, sl, address, rows, cols, letter, n,
-             block.ctypes.data, out)
+        call(_slogdet, sl, address, rows, cols, letter, n, block, out)
         logs.append(out[0])
         if out[0] == -np.inf:
             signs.append(0.0)
@@ -388,8 +383,7 @@ def cholesky(a, /, *, upper=False):
     batch, blocks = _local_stack(a, dtype)
     address = _address(a, name, "pXpotrf")
     for block in blocks:
-        call(_cholesky, sl, address, rows, cols, letter, n,
-             block.ctypes.data, int(bool(upper)), ctypes.byref(info))
+        call(_cholesky, sl, address, rows, cols, letter, n, block, int(bool(upper)), info)
         _check_info(info.value, "Matrix is not positive definite")
     return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
 
@@ -413,8 +407,8 @@ def _eigen(name, a, UPLO, vectors):
     address = _address(a, name, "pXsyevr" if dtype.kind == "f" else "pXheevr")
     for block in blocks:
         w = np.empty(n, real)
-        call(_eigh, sl, address, rows, cols, letter, n, block.ctypes.data,
-             int(UPLO == "U"), int(vectors), w.ctypes.data, ctypes.byref(info))
+        call(_eigh, sl, address, rows, cols, letter, n, block, int(UPLO == "U"),
+             int(vectors), w, info)
         _check_info(info.value, "Eigenvalues did not converge")
         ws.append(w)
     mesh = a._spec.mesh
@@ -528,8 +522,7 @@ def _solve_blocks(sl, a, b, rows, cols, dtype, placements, shape):
     _, rhs = _local_stack(b, dtype)
     address = _address(a, "numpy.linalg.solve", "pXgesv")
     for block, r in zip(blocks, rhs):
-        call(_solve, sl, address, rows, cols, letter, n, block.ctypes.data,
-             b.shape[-1], r.ctypes.data, ctypes.byref(info))
+        call(_solve, sl, address, rows, cols, letter, n, block, b.shape[-1], r, info)
         _check_info(info.value, "Singular matrix")
     return _wrap(a._spec.mesh, _stack(batch, rhs), placements, shape)
 

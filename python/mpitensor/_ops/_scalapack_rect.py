@@ -20,22 +20,19 @@ blocks' stacked R factors instead of pXgesvd, with the same placements.
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from .. import _clib, _comm
-from .._clib import E, I, I64, P, call, fn
+from .._clib import A, E, I, I64, P, call, fn, ptr
 from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _dispatch as D
 from . import _scalapack as S
 from . import _small_linalg
 
-_IP = ctypes.POINTER(I)
-_qr = fn("mt_scalapack_qr", I, P, P, I, I, I, I64, I64, P, I64, P, I64, P, E)
-_svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, P, P, P, I64, P, _IP, E)
-_geqrf = fn("mt_scalapack_geqrf", I, P, P, I, I, I, I64, I64, P, P, E)
+_qr = fn("mt_scalapack_qr", I, P, P, I, I, I, I64, I64, A, I64, A, I64, A, E)
+_svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, A, A, A, I64, A, ptr(I), E)
+_geqrf = fn("mt_scalapack_geqrf", I, P, P, I, I, I, I64, I64, A, A, E)
 
 
 class _Grid:
@@ -126,8 +123,7 @@ def qr(a, mode):
     for block in g.blocks:
         r = g.empty((rrows, n))
         q = g.empty((m, qcols)) if mode != "r" else None
-        call(_qr, g.sl, address, g.rows, g.cols, g.letter, m, n, block.ctypes.data,
-             rrows, r.ctypes.data, qcols, q.ctypes.data if q is not None else None)
+        call(_qr, g.sl, address, g.rows, g.cols, g.letter, m, n, block, rrows, r, qcols, q)
         rs.append(r)
         qs.append(q)
     r = g.wrap(rs, (rrows, n))
@@ -144,8 +140,7 @@ def _qr_raw(g, m, n, k):
     taus = []
     for block in g.blocks:
         tau = np.zeros(k, g.dtype)
-        call(_geqrf, g.sl, address, g.rows, g.cols, g.letter, m, n, block.ctypes.data,
-             tau.ctypes.data)
+        call(_geqrf, g.sl, address, g.rows, g.cols, g.letter, m, n, block, tau)
         taus.append(tau)
     return np.swapaxes(g.wrap(g.blocks, (m, n)), -1, -2), g.replicated(taus)
 
@@ -183,9 +178,8 @@ def svd(a, compute_uv=True, full_matrices=False):
         s = np.zeros(k, np.finfo(g.dtype).dtype)
         u = g.empty((m, ucols)) if compute_uv else None
         vt = g.empty((k, n)) if compute_uv else None
-        call(_svd, g.sl, address, g.rows, g.cols, g.letter, m, n, block.ctypes.data,
-             s.ctypes.data, None if u is None else u.ctypes.data, ucols,
-             None if vt is None else vt.ctypes.data, ctypes.byref(info))
+        call(_svd, g.sl, address, g.rows, g.cols, g.letter, m, n, block, s, u, ucols, vt,
+             info)
         S._check_info(info.value, "SVD did not converge")
         ss.append(s)
         us.append(u)

@@ -7,26 +7,24 @@ later save and load of this process passes live here, the counters in ``_C``.
 
 from __future__ import annotations
 
-import ctypes
 import operator
 import os
 
 import numpy as np
 
 from .. import _C, _comm
-from .._clib import (MAX_NDIM, E as _E, Error, I, I64, P, _Box, _int64s, call, check, fn,
-                     status_of, struct)
+from .._clib import (MAX_NDIM, A, E as _E, Error, I, I64, P, S, _Box, _int64s, call, check,
+                     fn, ptr, status_of, struct)
 
 __all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "exchange", "sync_range"]
 
 _Array, _Options = struct("mt_io_array"), struct("mt_io_options")
-_A, _B, _O = ctypes.POINTER(_Array), ctypes.POINTER(_Box), ctypes.POINTER(_Options)
-_save = fn("mt_io_save", I, P, ctypes.c_char_p, ctypes.c_char_p, I64, _A, _B, P, I64, _O, _E)
-_load = fn("mt_io_load", I, P, ctypes.c_char_p, _A, _B, P, I64, _O, _E)
+_save = fn("mt_io_save", I, P, S, S, I64, _Array, _Box, A, I64, _Options, _E)
+_load = fn("mt_io_load", I, P, S, _Array, _Box, A, I64, _Options, _E)
 _defaults = fn("mt_io_options_default", _Options)
-_counters_read = fn("mt_io_counters_read", None, P, ctypes.POINTER(I64), ctypes.POINTER(I64))
-_exchange = fn("mt_io_exchange", I, ctypes.c_char_p, ctypes.c_char_p, _E)
-_sync_range = fn("mt_io_sync_range", I, I, I64, I64, ctypes.c_char_p, _E)
+_counters_read = fn("mt_io_counters_read", None, P, ptr(I64), ptr(I64))
+_exchange = fn("mt_io_exchange", I, S, S, _E)
+_sync_range = fn("mt_io_sync_range", I, I, I64, I64, S, _E)
 
 # io_save's durable that syncs the file but not its directory (MT_IO_DURABLE_FILE)
 DURABLE_FILE = 2
@@ -77,8 +75,7 @@ def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_of
     data = _data(buf, False)
     opts = _Options.from_buffer_copy(_options)
     opts.durable = DURABLE_FILE if durable == DURABLE_FILE else int(bool(durable))
-    call(_save, m, name, head, len(head), ctypes.byref(array), ctypes.byref(box),
-         data.ctypes.data, data.nbytes, ctypes.byref(opts))
+    call(_save, m, name, head, len(head), array, box, data, data.nbytes, opts)
 
 
 def io_load(mesh, path, shape, itemsize: int, offset: int, box_offset, box_shape,
@@ -93,8 +90,7 @@ def io_load(mesh, path, shape, itemsize: int, offset: int, box_offset, box_shape
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(out, True)
     opts = _Options.from_buffer_copy(_options)
-    call(_load, m, name, ctypes.byref(array), ctypes.byref(box), data.ctypes.data,
-         data.nbytes, ctypes.byref(opts))
+    call(_load, m, name, array, box, data, data.nbytes, opts)
 
 
 def exchange(a: str, b: str) -> bool:
@@ -105,7 +101,7 @@ def exchange(a: str, b: str) -> bool:
     Example: ``if exchange(tmp, "u.zarr"): shutil.rmtree(tmp)``.
     """
     err = Error()
-    rc = _exchange(os.fsencode(a), os.fsencode(b), ctypes.byref(err))
+    rc = _exchange(os.fsencode(a), os.fsencode(b), err)
     if rc == status_of(NotImplementedError):
         return False
     check(rc, err)
@@ -128,7 +124,7 @@ def sync_range(fd: int, at: int, nbytes: int, path: str) -> None:
 def io_counters() -> tuple[int, int]:
     """(data bytes read, data bytes written) by this process. Local."""
     read, written = I64(), I64()
-    _counters_read(_C.IO_COUNTERS, ctypes.byref(read), ctypes.byref(written))
+    _counters_read(_C.IO_COUNTERS, read, written)
     return read.value, written.value
 
 

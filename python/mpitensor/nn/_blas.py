@@ -21,7 +21,6 @@ more (then its OpenMP layer) or MKL_THREADING_LAYER names a layer itself.
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import os
 import sys
@@ -31,6 +30,7 @@ from importlib.metadata import PackageNotFoundError, files
 import numpy as np
 from threadpoolctl import threadpool_info
 
+from .. import _clib
 from . import _ckernels
 
 # MKL's service-function constants (mkl_service.h).
@@ -88,7 +88,7 @@ def _openblas_path() -> str:
 
 def _load(path: str):
     try:
-        return ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        return _clib.load(path)
     except OSError as e:
         raise _LoadError(f"cannot load {path}: {e}") from None
 
@@ -98,14 +98,13 @@ def _symbols(lib, names):
     exports, with its index."""
     for i, (s, d) in enumerate(names):
         if hasattr(lib, s) and hasattr(lib, d):
-            return i, [ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in (s, d)]
+            return i, [_clib.address(lib, n) for n in (s, d)]
     raise _LoadError(f"{lib._name} exports none of {', '.join(s for s, _ in names)}")
 
 
 def _open_mkl():
     path = _mkl_path()
     lib = _load(path)
-    lib.MKL_Set_Interface_Layer.restype = ctypes.c_int
     if lib.MKL_Set_Interface_Layer(_MKL_INTERFACE_LP64) != _MKL_INTERFACE_LP64:
         raise _LoadError(f"{path}: MKL keeps an ILP64 interface (MKL_INTERFACE_LAYER)")
     if "MKL_THREADING_LAYER" not in os.environ:
