@@ -1,7 +1,8 @@
 /* Equal-bin counts (histogram.h) against the edges' rule applied by a bisection
  * of the edges, one element at a time: random floats, every value that is an
  * edge, values one float above and below each edge, NaN, out-of-range values,
- * narrow and wide ranges, one bin and the most bins, and the argument checks. */
+ * narrow and wide ranges, one bin and the most bins, and the argument checks;
+ * per-value counts (mt_bincount) against a plain loop. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -105,6 +106,49 @@ static void check_arguments(void) {
   CHECK(mt_histogram_uniform(MT_DTYPE_FLOAT64, 0, NULL, 2, edges, counts, &err) == MT_OK);
 }
 
+/* Per-value counts (mt_bincount) against a plain loop: a table grown and the
+ * count resumed where a value did not fit, a stop at a negative value, sums of
+ * weights in element order, and the argument checks. */
+static void check_bincount(uint64_t *rng) {
+  enum { N = 1003, TOP = 300 };
+  int64_t x[N], want[TOP] = {0}, got[TOP] = {0};
+  double w[N], wsum[TOP] = {0}, gsum[TOP] = {0};
+  int64_t top = -1;
+  for (int i = 0; i < N; ++i) {
+    x[i] = (int64_t)(next_u64(rng) % (i < N / 2 ? 40 : TOP));
+    w[i] = (double)(next_u64(rng) >> 11) / 9007199254740992.0 - 0.25;
+    ++want[x[i]];
+    wsum[x[i]] += w[i];
+    top = x[i] > top ? x[i] : top;
+  }
+  mt_error err = {0};
+  int64_t pos = 0, max = -1, size = 8, resumed = 0;
+  while (pos < N) {  /* a table of 8 first, grown to each value that does not fit */
+    CHECK_MSG(mt_bincount(N, x, NULL, size, got, NULL, &pos, &max, &err) == MT_OK, "%s",
+              err.msg);
+    if (pos < N) {
+      size = x[pos] + 1;
+      ++resumed;
+    }
+  }
+  CHECK(resumed > 0 && max == top && memcmp(got, want, sizeof got) == 0);
+  pos = 0, max = -1;
+  CHECK(mt_bincount(N, x, w, TOP, NULL, gsum, &pos, &max, &err) == MT_OK);
+  CHECK(pos == N && max == top);
+  for (int v = 0; v < TOP; ++v) CHECK(gsum[v] == wsum[v]);  /* the same sums, bit for bit */
+  int64_t neg[6] = {1, 2, 3, 0, -5, 1}, small[4] = {0};
+  pos = 0, max = -1;
+  CHECK(mt_bincount(6, neg, NULL, 4, small, NULL, &pos, &max, &err) == MT_OK);
+  CHECK(pos == 4 && max == 3 && small[0] == 1 && small[1] == 1 && small[3] == 1);
+  pos = 7;
+  CHECK(mt_bincount(6, neg, NULL, 4, small, NULL, &pos, &max, &err) == MT_EINVAL);
+  pos = 0;
+  CHECK(mt_bincount(-1, neg, NULL, 4, small, NULL, &pos, &max, &err) == MT_EINVAL);
+  CHECK(mt_bincount(6, neg, w, 4, small, NULL, &pos, &max, &err) == MT_EINVAL);
+  CHECK(mt_bincount(6, NULL, NULL, 4, small, NULL, &pos, &max, &err) == MT_EINVAL);
+  CHECK(mt_bincount(0, NULL, NULL, 0, NULL, NULL, &pos, &max, &err) == MT_OK && pos == 0);
+}
+
 int main(void) {
   uint64_t rng = 42;
   const double ranges[][2] = {{-4.0, 4.0}, {0.1, 0.9}, {1e-300, 3e-300}, {-1e300, 1e300},
@@ -124,5 +168,6 @@ int main(void) {
   }
   check_ints();
   check_arguments();
+  check_bincount(&rng);
   return mt_test_exit("test_histogram");
 }

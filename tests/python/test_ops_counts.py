@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mpitensor import Replicate, Shard
+from mpitensor._ops import _lanes
 from mpitensor._ops._fallback import GatherWarning
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (W, assert_matches, corner_layouts, make, matches_or_raises_alike,
@@ -66,6 +67,33 @@ def test_bincount_bad_input_raises_numpys_error():
             warnings.simplefilter("ignore", GatherWarning)
             matches_or_raises_alike(lambda: np.bincount(dt), lambda: np.bincount(full))
 
+
+
+def test_bincount_kernel_counts_as_numpy(monkeypatch):
+    """The one-pass kernel (taken from a few values here): NumPy's array and dtype
+    for tables it grows as it goes, minlength, weights (float64 sums bit for bit,
+    int weights cast), int32 values; NumPy's ValueError for a negative value, also
+    of a DTensor whose negative value one rank holds."""
+    monkeypatch.setattr(_lanes, "_BINCOUNT_MIN", 0)
+    rng = np.random.default_rng(5)
+    for top in (1, 9, 300, 5000):
+        x = rng.integers(0, top, 700)
+        for minlength in (0, 7, 400):
+            for w in (None, rng.normal(size=700), rng.integers(-3, 3, 700)):
+                got, want = _lanes.bincount(x, w, minlength), np.bincount(x, w, minlength)
+                assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    x32 = x.astype(np.int32)
+    assert np.array_equal(_lanes.bincount(x32), np.bincount(x32))
+    bad = np.array([0, 3, 2, 5, 1, -1, 2])
+    with pytest.raises(ValueError, match="no negative elements"):
+        _lanes.bincount(bad)
+    mesh = mesh_of((W,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GatherWarning)
+        full = ints(23, 1, 40)
+        assert_matches(np.bincount(make(full, mesh, (S0,))), np.bincount(full))
+        matches_or_raises_alike(lambda: np.bincount(make(bad, mesh, (S0,))),
+                                lambda: np.bincount(bad))
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_histogram_bin_edges(n):

@@ -28,7 +28,7 @@ from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Partial, Replicate, Shard
-from . import _dispatch as D
+from . import _dispatch as D, _lanes
 from ._stats import _all_reduce
 
 __all__ = ["bincount", "histogram_bin_edges", "histogram2d", "histogramdd"]
@@ -78,13 +78,13 @@ def bincount(x, weights=None, minlength=0):
         return DTensor(D.outside_local((0,), dtype),
                        DTensorSpec(mesh, pls, (0,), dtype, contiguous_strides((0,))))
     local = x.to_local().astype(np.intp, copy=False)
-    # Counted first: NumPy's bincount finds the local extremes itself, so the
-    # length every rank agrees on is the longest local count, and no pass of our
-    # own reads the data. A negative value is flagged so that it fails on every
+    # Counted first, in one pass that tracks the largest value, so the length
+    # every rank agrees on is the longest local count and no pass of our own looks
+    # for the extremes first. A negative value is flagged so that it fails on every
     # rank.
     try:
-        counts = np.bincount(local, None if weights is None else weights.to_local(),
-                             minlength=minlength)
+        counts = _lanes.bincount(local, None if weights is None else weights.to_local(),
+                                 minlength)
         ext = np.array([-len(counts), 0], np.int64)
     except ValueError:
         counts, ext = None, np.array([0, -1], np.int64)

@@ -1,6 +1,7 @@
 """The local kernels along one axis (csrc/core/lanes.c) for the dtypes they know:
-running sums and products, and the first extreme; and equal-bin counts
-(csrc/core/histogram.c), in one pass where NumPy's histogram makes several. Each reads a C-contiguous array
+running sums and products, and the first extreme; and equal-bin and per-value
+counts (csrc/core/histogram.c), in one pass where NumPy's histogram and bincount
+make several. Each reads a C-contiguous array
 once, row by row, where NumPy walks each lane with the axis's stride (and its
 argmax along an axis that is not the last copies the array with that axis moved
 last first). Arrays of a non-native byte order are swapped first; argmax and argmin
@@ -17,7 +18,7 @@ import numpy as np
 from .. import _C, _clib, _dtypes
 from .._clib import A, I, I64
 
-__all__ = ["KERNEL_DTYPES", "scan", "arg_extreme", "uniform_counts"]
+__all__ = ["KERNEL_DTYPES", "scan", "arg_extreme", "uniform_counts", "bincount"]
 
 # The element types of mt_dtype, in this machine's byte order.
 KERNEL_DTYPES = frozenset(np.dtype(t) for t in (
@@ -117,3 +118,48 @@ def uniform_counts(x, edges):
     counts = np.zeros(bins, np.int64)
     _clib.call(_histogram_uniform, _clib.dtype_code(x.dtype), x.size, x, bins, edges, counts)
     return counts.astype(np.intp, copy=False)
+
+
+_bincount = _clib.fn("mt_bincount", I, I64, A, A, I64, A, A, _clib.ptr(I64),
+                     _clib.ptr(I64), _E)
+# Below this many values NumPy's extremes pass is short and its call cheaper than
+# the kernel's.
+_BINCOUNT_MIN = 16384
+# The first table's length: values past it grow the table as the count goes.
+_BINCOUNT_TABLE = 256
+
+
+def bincount(x, weights=None, minlength=0):
+    """``np.bincount(x, weights, minlength)`` of a 1-D ``x`` that casts safely to
+    intp: the same array and dtype (intp counts, float64 sums of the weights added
+    in element order) and NumPy's ValueError for a negative value, counted in one
+    pass that tracks the largest value (NumPy finds the extremes in a pass first),
+    the table grown where a value does not fit. Local.
+
+    Example: ``bincount(np.array([0, 2, 2]))`` is ``array([1, 0, 2])``.
+    """
+    x = np.asarray(x)
+    # Anything else NumPy answers itself, its exceptions included.
+    least = int(minlength) if isinstance(minlength, (int, np.integer)) else -1
+    if (x.ndim != 1 or x.size < _BINCOUNT_MIN or least < 0 or np.dtype(np.intp) != np.int64
+            or not np.can_cast(x.dtype, np.int64, "safe")
+            or (weights is not None and (np.shape(weights) != x.shape or not np.can_cast(
+                np.asarray(weights).dtype, np.float64, "safe")))):
+        return np.bincount(x, weights, minlength)
+    x = np.ascontiguousarray(x, np.int64)
+    w = None if weights is None else np.ascontiguousarray(weights, np.float64)
+    size = max(least, _BINCOUNT_TABLE)
+    table = np.zeros(size, np.int64 if w is None else np.float64)
+    n, stop, top = x.size, I64(0), I64(-1)  # where the count stopped, the largest value
+    while True:
+        _clib.call(_bincount, n, x, w, table.size, table if w is None else None,
+                   None if w is None else table, stop, top)
+        if stop.value == n:
+            break
+        if x[stop.value] < 0:
+            raise ValueError("'list' argument must have no negative elements")
+        grown = np.zeros(max(int(x[stop.value]) + 1, 2 * table.size), table.dtype)
+        grown[:table.size] = table
+        table = grown
+    length = max(top.value + 1, least)
+    return table if length == table.size else table[:length].copy()

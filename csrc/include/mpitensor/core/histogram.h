@@ -1,6 +1,6 @@
 /* Counting a local array into equal bins, as numpy.histogram does with a number
- * of bins: in one pass, where NumPy makes several over blocks of the array. Local;
- * touches only caller memory. */
+ * of bins, and into a bin per value, as numpy.bincount does: in one pass, where
+ * NumPy makes several. Local; touches only caller memory. */
 #ifndef MPITENSOR_HISTOGRAM_H
 #define MPITENSOR_HISTOGRAM_H
 
@@ -33,6 +33,23 @@ extern "C" {
  */
 MT_EXPORT int mt_histogram_uniform(int dtype, int64_t n, const void *x, int64_t bins,
                                    const double *edges, int64_t *counts, mt_error *err);
+
+/* Local. numpy.bincount's counting in one pass, where NumPy first finds the
+ * extremes in a pass of its own: from index *pos, each value v of `x` (`n` int64)
+ * in [0, size) adds one to counts[v] (`weights` NULL) or weights[i] to sums[v]
+ * (`weights`: n doubles; sums in element order, as NumPy adds them), and *max
+ * becomes the largest value counted if larger. It stops at the first value
+ * outside [0, size) and leaves its index in *pos (n when there is none), so that a
+ * caller grows the table and resumes there, or finds the value negative: NumPy's
+ * error. MT_EINVAL for n < 0, *pos outside [0, n], size < 0, or a missing array.
+ *
+ *   int64_t pos = 0, max = -1;
+ *   mt_bincount(n, x, NULL, size, counts, NULL, &pos, &max, &err);
+ *   // pos < n: x[pos] is negative or >= size
+ */
+MT_EXPORT int mt_bincount(int64_t n, const int64_t *x, const double *weights,
+                          int64_t size, int64_t *counts, double *sums, int64_t *pos,
+                          int64_t *max, mt_error *err);
 
 #ifdef __cplusplus
 }
