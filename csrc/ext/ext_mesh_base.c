@@ -8,8 +8,10 @@
 #include "ext.h"
 
 #include <stddef.h>
+#include <string.h>
 #include <structmember.h>
 
+#include "mpitensor/comm/agree.h"
 #include "mpitensor/comm/mesh.h"
 
 static void drop_py_layouts(mt_ext_mesh_base *mb) {
@@ -145,9 +147,37 @@ static PyMemberDef mb_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+/* _agree_call(fingerprint, message): see the method table. The check and the
+ * agreement in one call, because a program's every NumPy call on DTensors makes
+ * it (mpitensor._call_agreement). */
+static PyObject *agree_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  const mt_ext_mesh_base *mb = (const mt_ext_mesh_base *)self;
+  if (nargs != 2 || !PyLong_Check(args[0]) || !PyBytes_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "_agree_call(fingerprint: int, message: bytes)");
+  unsigned long long fp = PyLong_AsUnsignedLongLongMask(args[0]);
+  if (fp == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  if (mb->mesh == NULL)
+    return PyErr_Format(PyExc_RuntimeError, "_agree_call: the mesh has no communicators");
+  if (mt_ext_mesh_check(mb) < 0) return NULL;
+  mt_error err = {0};
+  Py_ssize_t len = PyBytes_GET_SIZE(args[1]);
+  if (len > (Py_ssize_t)sizeof err.msg - 1) len = (Py_ssize_t)sizeof err.msg - 1;
+  memcpy(err.msg, PyBytes_AS_STRING(args[1]), (size_t)len);
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_agree(mb->mesh, MT_OK, (uint64_t)fp, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef mb_methods[] = {
     {"_set_cache_limits", set_cache_limits, METH_VARARGS,
      "_set_cache_limits(decisions, plans, layouts): new bounds; empties both. Local."},
+    {"_agree_call", (PyCFunction)(void (*)(void))agree_call, METH_FASTCALL,
+     "_agree_call(fingerprint, message): ValueError with `message` (UTF-8) on every "
+     "member when the members' fingerprints (ints, taken mod 2**64) differ; first "
+     "the mesh's own check (its thread, its communicators). Collective on the mesh."},
     {NULL, NULL, 0, NULL},
 };
 

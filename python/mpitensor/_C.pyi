@@ -60,6 +60,7 @@ class MeshBase:
     _handle: Any  # mpitensor._comm.Mesh, which owns the mt_mesh
     _tables: tuple[int, int]  # the addresses of its memo and layout table
     def _set_cache_limits(self, decisions: int, plans: int, layouts: int) -> None: ...
+    def _agree_call(self, fingerprint: int, message: bytes) -> None: ...
 
 # The address of the modes in force (mpitensor._modes._State maps it).
 MODES: int

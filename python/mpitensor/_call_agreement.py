@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from . import _C, _clib, _comm, _modes
+from . import _C, _clib, _modes
 from ._fingerprint import fingerprint
 
 __all__ = ["agree_call", "call_fingerprint"]
@@ -49,10 +49,11 @@ def agree_call(name: str, args: tuple, kwargs: dict, caller) -> None:
     if _modes.state.checks or not _called_by_program(caller):
         return
     mesh = _mesh_of(args) or _mesh_of(kwargs.values())
-    if mesh is None or mesh.size() == 1 or mesh._coordinate is None:
+    if mesh is None or mesh._coordinate is None or mesh._mesh.size == 1:
         return
-    _comm.agree_fingerprint(mesh._handle, call_fingerprint(name, args, kwargs),
-                            _message(name))
+    # The mesh's check and the agreement in one C call: every call a program
+    # makes pays for it.
+    mesh._agree_call(call_fingerprint(name, args, kwargs), _message(name))
 
 
 # The ValueError's text per function, encoded once: a call agreement must cost little.
@@ -104,6 +105,8 @@ def call_fingerprint(name: str, args: tuple, kwargs: dict) -> int:
     for v in args:
         if type(v) in _INLINE:
             parts.append(v)
+        elif isinstance(v, _C.DTensorBase):
+            parts.append(_layout(v._spec))
         else:
             _digest(v, parts)
     if kwargs:
@@ -117,17 +120,20 @@ def call_fingerprint(name: str, args: tuple, kwargs: dict) -> int:
     return fingerprint(parts)
 
 
-# A placements tuple's repr, which is canonical but slow to make: one per layout.
-_placements_repr: dict = {}
+# A DTensor's part of a fingerprint per (placements, global shape, dtype): the
+# placements' repr and the dtype's string, canonical but slow to make, once per
+# layout.
+_layouts: dict = {}
 
 
-def _placements(placements) -> str:
-    text = _placements_repr.get(placements)
-    if text is None:
-        if len(_placements_repr) > 4096:
-            _placements_repr.clear()
-        text = _placements_repr[placements] = repr(placements)
-    return text
+def _layout(spec) -> tuple:
+    key = (spec.placements, spec.shape, spec.dtype)
+    part = _layouts.get(key)
+    if part is None:
+        if len(_layouts) > 4096:
+            _layouts.clear()
+        part = _layouts[key] = ("T", repr(spec.placements), spec.shape, spec.dtype.str)
+    return part
 
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, np.generic, slice,
@@ -138,8 +144,7 @@ _INLINE = frozenset((type(None), bool, int, float, str))
 
 def _digest(v, parts: list) -> None:
     if isinstance(v, _C.DTensorBase):
-        spec = v._spec
-        parts.extend(("T", _placements(spec.placements), spec.shape, spec.dtype.str))
+        parts.append(_layout(v._spec))
     elif isinstance(v, _PLAIN):
         parts.append(v)
     elif type(v) in (list, tuple):

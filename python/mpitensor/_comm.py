@@ -335,25 +335,6 @@ def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) ->
     check(_agree(m, 0 if ok else status_of(error), fp, err), err)
 
 
-def agree_fingerprint(mesh, fingerprint: int, message: bytes) -> None:
-    """:func:`agree` of a member that passed its checks, on the fingerprint alone:
-    ValueError with ``message`` (UTF-8, as ``_clib.message`` makes it) on every member
-    when the fingerprints differ. What a program's NumPy calls run on every call,
-    so it skips :func:`agree`'s checks of its own arguments. Collective on the mesh.
-
-    Example: ``agree_fingerprint(mesh._handle, fp, _clib.message("calls differ"))``.
-    """
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"expected a Mesh, got {type(mesh).__name__}")
-    err = Error()
-    m = mesh.address
-    rc = _mesh_check(m, err)
-    if rc == 0:
-        err.msg = message
-        rc = _agree(m, 0, fingerprint & 0xFFFFFFFFFFFFFFFF, err)
-    check(rc, err)
-
-
 _MemoStats = struct("mt_memo_stats")
 _memo_stats = fn("mt_memo_stats_get", None, P, ptr(_MemoStats))
 _table_count = fn("mt_layout_table_count", I64, P)
