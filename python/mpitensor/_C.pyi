@@ -18,6 +18,9 @@ TimeModel = tuple[float, float, float, float, float, float, float, int]
 def empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
     """A new C-contiguous array, from the block pool when it is large. Local."""
 
+def data_address(array: np.ndarray) -> int:
+    """The address of an ndarray's data (its ``.ctypes.data``). Local."""
+
 # The addresses of the module's communication and I/O counters (mt_comm_counters,
 # mt_io_counters), which mpitensor._comm and mpitensor.checkpoint._io read and pass.
 COMM_COUNTERS: int

@@ -43,7 +43,8 @@ class A:
 
     @staticmethod
     def from_param(a):
-        return P(a.ctypes.data if isinstance(a, np.ndarray) else a)
+        # The extension reads the address: NumPy's .ctypes makes an object per read.
+        return P(_C.data_address(a) if isinstance(a, np.ndarray) else a)
 
 
 def _arg_type(t):
