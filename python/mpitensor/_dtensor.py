@@ -109,7 +109,9 @@ class DTensor(_C.DTensorBase):
             return method(*args, **kwargs)
         if func in _registry.functions or func in _registry.rules:
             try:
-                return _registry.call(func, *args, **kwargs)
+                # _registry.call's own step, without unpacking and packing the
+                # arguments again.
+                return _C.call(func, args, kwargs or None)
             except _registry.NoRule as e:
                 # Raised before anything moved, on every rank alike: the rule does
                 # not cover these arguments, NumPy on the gathered arrays does.

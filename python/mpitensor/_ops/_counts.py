@@ -43,7 +43,37 @@ def _unpartial(name, a):
 
 def _sharding(spec):
     """The mesh dims (of more than one rank) whose shards hold different elements."""
-    return {m for m, p in enumerate(spec.placements) if p.is_shard() and spec.mesh.shape[m] > 1}
+    shape = spec.mesh._mesh.shape
+    return {m for m, p in enumerate(spec.placements) if p.is_shard() and shape[m] > 1}
+
+
+# The counts' placements per (mesh dims, dims that shard the data): placements are
+# made through their interning, a good part of a small count's time.
+_counted_placements: dict = {}
+
+
+def _counts_placements(ndim, sharding):
+    key = (ndim, frozenset(sharding))
+    pls = _counted_placements.get(key)
+    if pls is None:
+        if len(_counted_placements) > 256:
+            _counted_placements.clear()
+        pls = _counted_placements[key] = tuple(
+            Partial("sum") if m in sharding else Replicate() for m in range(ndim))
+    return pls
+
+
+# Whether NumPy's bincount takes a dtype (casts it safely to intp), per dtype.
+_to_intp: dict = {}
+
+
+def _counted_dtype(dtype) -> bool:
+    ok = _to_intp.get(dtype)
+    if ok is None:
+        if len(_to_intp) > 256:
+            _to_intp.clear()
+        ok = _to_intp[dtype] = bool(np.can_cast(dtype, np.intp, "safe"))
+    return ok
 
 
 @_registry.implements(np.bincount)
@@ -61,7 +91,7 @@ def bincount(x, weights=None, minlength=0):
     if type(x) is not DTensor:
         raise _registry.NoRule(f"{name}: the data must be a DTensor")
     minlength = operator.index(minlength)
-    if x.ndim != 1 or not np.can_cast(x.dtype, np.intp, "safe") or minlength < 0:
+    if x.ndim != 1 or not _counted_dtype(x.dtype) or minlength < 0:
         raise _registry.NoRule(f"{name}: no rule for this form; NumPy decides")
     if weights is not None and (type(weights) is not DTensor or weights.shape != x.shape):
         raise _registry.NoRule(f"{name}: weights= must be a DTensor of the data's shape")
@@ -69,7 +99,7 @@ def bincount(x, weights=None, minlength=0):
     spec = x._spec
     mesh = spec.mesh
     sharding = _sharding(spec)
-    pls = tuple(Partial("sum") if m in sharding else Replicate() for m in range(mesh.ndim))
+    pls = _counts_placements(mesh.ndim, sharding)
     if weights is not None:
         weights = D.relayout(name, _unpartial(name, weights), spec.placements)
     # NumPy counts an empty input in intp, weights or not.

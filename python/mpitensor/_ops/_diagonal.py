@@ -51,7 +51,7 @@ _offsets: dict = {}
 def _offset(a):
     spec = a._spec
     mesh = spec.mesh
-    key = (spec.shape, spec.placements, mesh.shape, *mesh._coordinate)
+    key = (spec.shape, spec.placements, mesh._mesh.shape, *mesh._coordinate)
     off = _offsets.get(key)
     if off is None:
         if len(_offsets) > 1024:
@@ -125,7 +125,7 @@ def _triangle(name, m, k, upper):
                                f"it a square) has no distributed rule")
     m = _sum_partials_only(name, m)
     spec = m._spec
-    if spec.mesh.get_coordinate() is None:
+    if spec.mesh._coordinate is None:
         return DTensor(D.outside_local(spec.shape, spec.dtype), spec)
     off = _offset(m)
     # Local element (i, j) is global (i + off[-2], j + off[-1]): tril keeps
@@ -223,7 +223,7 @@ def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
     a, axis1, axis2, pls, shape = _diagonal_spec(name, a, offset, axis1, axis2)
     spec = a._spec
     out_dtype = _trace_dtype(spec.dtype, dtype)
-    if spec.mesh.get_coordinate() is None:
+    if spec.mesh._coordinate is None:
         local = D.outside_local(shape, out_dtype)
     else:
         off = _offset(a)
@@ -250,7 +250,7 @@ def diagonal(a, offset=0, axis1=0, axis2=1):
     rows, cols = spec.shape[axis1], spec.shape[axis2]
     length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))
     shape = rest + (length,)
-    if spec.mesh.get_coordinate() is None:
+    if spec.mesh._coordinate is None:
         return DTensor(D.outside_local(shape, spec.dtype), DTensorSpec(
             spec.mesh, pls, shape, spec.dtype, contiguous_strides(shape)))
     local = a.to_local()

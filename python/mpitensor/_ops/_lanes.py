@@ -139,9 +139,11 @@ def bincount(x, weights=None, minlength=0):
     Example: ``bincount(np.array([0, 2, 2]))`` is ``array([1, 0, 2])``.
     """
     x = np.asarray(x)
+    if x.size < _BINCOUNT_MIN:
+        return np.bincount(x, weights, minlength)
     # Anything else NumPy answers itself, its exceptions included.
     least = int(minlength) if isinstance(minlength, (int, np.integer)) else -1
-    if (x.ndim != 1 or x.size < _BINCOUNT_MIN or least < 0 or np.dtype(np.intp) != np.int64
+    if (x.ndim != 1 or least < 0 or np.dtype(np.intp) != np.int64
             or not np.can_cast(x.dtype, np.int64, "safe")
             or (weights is not None and (np.shape(weights) != x.shape or not np.can_cast(
                 np.asarray(weights).dtype, np.float64, "safe")))):

@@ -38,17 +38,36 @@ def _unpartial(name, a):
                                 for p in a._spec.placements])
 
 
+# (the Partials to reduce, Replicate everywhere) per (mesh dims, op, dims reduced):
+# placements are made through their interning, which would be a good part of a
+# small reduction's time.
+_reduced_placements: dict = {}
+
+
+def _placements(ndim, op, mesh_dims):
+    key = (ndim, op, frozenset(mesh_dims))
+    pls = _reduced_placements.get(key)
+    if pls is None:
+        if len(_reduced_placements) > 256:
+            _reduced_placements.clear()
+        pls = _reduced_placements[key] = (
+            tuple(Partial(op) if m in mesh_dims else Replicate() for m in range(ndim)),
+            (Replicate(),) * ndim)
+    return pls
+
+
 def _all_reduce(mesh, local, op, mesh_dims):
     """``local`` reduced by ``op`` over ``mesh_dims`` (a Partial(op) there, reduced
     to Replicate); the other mesh dims as ``keep``. Collective on the mesh."""
-    pls = [Partial(op) if m in mesh_dims else Replicate() for m in range(mesh.ndim)]
     local = np.array(local, order="C")  # 0-d stays 0-d (ascontiguousarray makes 1-D)
     if mesh._coordinate is not None:
+        pls, replicated = _placements(mesh.ndim, op, mesh_dims)
         # The spec is known whole (every rank holds the result's shape): from_local's
         # checks of a user's shards would be most of a small reduction's time.
-        spec = DTensorSpec(mesh, tuple(pls), local.shape, local.dtype,
+        spec = DTensorSpec(mesh, pls, local.shape, local.dtype,
                            contiguous_strides(local.shape))
-        return DTensor(local, spec).redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
+        return DTensor(local, spec).redistribute(mesh, replicated).to_local()
+    pls = [Partial(op) if m in mesh_dims else Replicate() for m in range(mesh.ndim)]
     dt = DTensor.from_local(local, mesh, pls,
                             shape=local.shape, stride=tuple(
                                 int(np.prod(local.shape[d + 1:])) for d in range(local.ndim)))
