@@ -46,6 +46,18 @@ typedef void (*mt__sl_heevr)(const char *jobz, const char *range, const char *up
                              void *work, const int *lwork, void *rwork,
                              const int *lrwork, int *iwork, const int *liwork, int *info,
                              size_t, size_t, size_t);
+/* pssyevd and pdsyevd (divide and conquer; eigenvectors always computed). */
+typedef void (*mt__sl_syevd)(const char *jobz, const char *uplo, const int *n, void *a,
+                             const int *ia, const int *ja, const int *desca, void *w,
+                             void *z, const int *iz, const int *jz, const int *descz,
+                             void *work, const int *lwork, int *iwork, const int *liwork,
+                             int *info, size_t, size_t);
+/* pcheevd and pzheevd. */
+typedef void (*mt__sl_heevd)(const char *jobz, const char *uplo, const int *n, void *a,
+                             const int *ia, const int *ja, const int *desca, void *w,
+                             void *z, const int *iz, const int *jz, const int *descz,
+                             void *work, const int *lwork, void *rwork, const int *lrwork,
+                             int *iwork, const int *liwork, int *info, size_t, size_t);
 
 typedef void (*mt__sl_geqrf)(const int *m, const int *n, void *a, const int *ia,
                              const int *ja, const int *desca, void *tau, void *work,
@@ -79,6 +91,8 @@ typedef struct mt__sl_typed {
   mt__sl_laset laset;
   mt__sl_syevr syevr; /* s and d */
   mt__sl_heevr heevr; /* c and z */
+  mt__sl_syevd syevd; /* s and d */
+  mt__sl_heevd heevd; /* c and z */
   mt__sl_geqrf geqrf;
   mt__sl_orgqr orgqr;
   mt__sl_gesvd gesvd;   /* s and d */

@@ -191,22 +191,31 @@ int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
   return rc;
 }
 
-/* pXsyevr or pXheevr (MRRR) on the cyclic matrix, all eigenvalues: `jobz` "V" or
- * "N", Z described by `z`, workspaces of `sizes` (work, rwork, iwork; -1 asks). */
+/* The eigensolver on the cyclic matrix, all eigenvalues: with `jobz` "V" the
+ * divide and conquer of pXsyevd or pXheevd (LAPACK's eigh's own method, and the
+ * faster of ScaLAPACK's for every eigenvector), with "N" the MRRR of pXsyevr or
+ * pXheevr (pXsyevd always forms the vectors). Z is described by `z`, workspaces of
+ * `sizes` (work, rwork, iwork; -1 asks). */
 static void eigh_call(job *j, const char *jobz, const char *uplo, void *w,
                       const mt__sl_matrix *z, void *work, void *rwork, int *iwork,
                       const int sizes[3], int *info) {
   double bound = 0;
-  int m = 0, nz = 0, zero = 0;
-  if (j->t->syevr != NULL)
-    j->t->syevr(jobz, "A", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc,
-                &bound, &bound, &zero, &zero, &m, &nz, w, z->data, &j->one, &j->one,
-                z->desc, work, &sizes[0], iwork, &sizes[2], info, 1, 1, 1);
+  int m = 0, nz = 0, zero = 0, real = j->t->syevr != NULL;
+  void *a = j->cyc.data, *zz = z->data;
+  const int *da = j->cyc.desc, *dz = z->desc, *one = &j->one;
+  if (*jobz == 'V' && real)
+    j->t->syevd(jobz, uplo, &j->n, a, one, one, da, w, zz, one, one, dz, work, &sizes[0],
+                iwork, &sizes[2], info, 1, 1);
+  else if (*jobz == 'V')
+    j->t->heevd(jobz, uplo, &j->n, a, one, one, da, w, zz, one, one, dz, work, &sizes[0],
+                rwork, &sizes[1], iwork, &sizes[2], info, 1, 1);
+  else if (real)
+    j->t->syevr(jobz, "A", uplo, &j->n, a, one, one, da, &bound, &bound, &zero, &zero, &m,
+                &nz, w, zz, one, one, dz, work, &sizes[0], iwork, &sizes[2], info, 1, 1, 1);
   else
-    j->t->heevr(jobz, "A", uplo, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc,
-                &bound, &bound, &zero, &zero, &m, &nz, w, z->data, &j->one, &j->one,
-                z->desc, work, &sizes[0], rwork, &sizes[1], iwork, &sizes[2], info, 1, 1,
-                1);
+    j->t->heevr(jobz, "A", uplo, &j->n, a, one, one, da, &bound, &bound, &zero, &zero, &m,
+                &nz, w, zz, one, one, dz, work, &sizes[0], rwork, &sizes[1], iwork,
+                &sizes[2], info, 1, 1, 1);
 }
 
 /* The workspace sizes the eigensolver asks for (work, rwork for the complex types,

@@ -75,6 +75,9 @@ static int load_typed(void *handle, char letter, mt__sl_typed *t, mt_error *err)
   snprintf(name, sizeof name, complex ? "p%cheevr_" : "p%csyevr_", letter);
   if (rc == MT_OK)
     rc = load(handle, name, complex ? (char *)&t->heevr : (char *)&t->syevr, err);
+  snprintf(name, sizeof name, complex ? "p%cheevd_" : "p%csyevd_", letter);
+  if (rc == MT_OK)
+    rc = load(handle, name, complex ? (char *)&t->heevd : (char *)&t->syevd, err);
   return rc;
 }
 

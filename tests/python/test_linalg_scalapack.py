@@ -458,7 +458,7 @@ def test_lapack_failure_on_the_root_raises_on_every_rank(monkeypatch):
 
 @pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
 def test_row_sharded_eigh_above_the_small_size_keeps_scalapack(monkeypatch):
-    """Past EIGH_MAX_N a row-sharded eigh is ScaLAPACK's (pXsyevr on a P x 1
+    """Past EIGH_MAX_N a row-sharded eigh is ScaLAPACK's (pXsyevd on a P x 1
     grid), which never holds the matrix on one rank: the same answers."""
     monkeypatch.setattr(_small_linalg, "EIGH_MAX_N", 2)
     n = 2 * P + 1

@@ -404,7 +404,9 @@ def _eigen(name, a, UPLO, vectors):
     real = np.finfo(dtype).dtype
     batch, blocks = _local_stack(a, dtype)
     ws = []
-    address = _address(a, name, "pXsyevr" if dtype.kind == "f" else "pXheevr")
+    routine = ("pXsyevd" if vectors else "pXsyevr") if dtype.kind == "f" else (
+        "pXheevd" if vectors else "pXheevr")
+    address = _address(a, name, routine)
     for block in blocks:
         w = np.empty(n, real)
         call(_eigh, sl, address, rows, cols, letter, n, block, int(UPLO == "U"),
@@ -421,8 +423,8 @@ def _eigen(name, a, UPLO, vectors):
 
 @_registry.implements(np.linalg.eigh)
 def eigh(a, UPLO="L"):
-    """np.linalg.eigh of a DTensor: ScaLAPACK's MRRR eigensolver (pXsyevr,
-    pXheevr) on the sharded matrix; eigenvalues ascending and Replicate, the
+    """np.linalg.eigh of a DTensor: ScaLAPACK's divide and conquer (pXsyevd,
+    pXheevd; LAPACK's own method in NumPy's eigh) on the sharded matrix; eigenvalues ascending and Replicate, the
     eigenvectors laid out as ``a``. A small matrix whose rows alone are sharded
     (n up to ``_small_linalg.EIGH_MAX_N``) is solved by NumPy's LAPACK on one
     rank instead, which receives the ``UPLO`` triangle's parts and sends back
