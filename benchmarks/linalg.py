@@ -12,7 +12,14 @@ One section per engine, each a function of SECTIONS that returns its points:
   against Heat's best paths from ``split=0``: ``ht.linalg.solve`` of A resplit to
   None (it takes no A split along its matrix axes, and its distributed
   Gauss-Jordan ``inv`` is far slower) and ``ht.linalg.eigh`` at n = 2,000, and
-  against NumPy on rank 0 alone at n = 4,000.
+  against NumPy on rank 0 alone at n = 4,000, and at both sizes against a plain C
+  program calling the same ScaLAPACK routine on the block-cyclic descriptors
+  mpitensor builds (benchmarks/scalapack_plain.c, compiled with ``mpicc`` into a
+  temporary directory as a library whose one-repetition entry runs in these
+  processes, interleaved with mpitensor's; its time is the routine's alone, the
+  matrix made in the cyclic layout beforehand). ``mt_over_plain`` is mpitensor's
+  time over the plain program's, repetition by repetition: what mpitensor adds
+  (the copy of each block, pdgemr2d to the cyclic layout and back, Python).
 - ``tsqr``: ``np.linalg.qr`` and ``np.linalg.svd(full_matrices=False)`` of a
   200,000 x 64 float64 matrix, rows sharded ``[Shard(0)]`` (TSQR in C), against
   Heat's ``ht.linalg.qr`` / ``ht.linalg.svd`` on a ``split=0`` DNDarray of the same
@@ -35,7 +42,11 @@ Writes benchmarks/results/<cpu>/linalg-np{N}.json.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -129,6 +140,48 @@ def tsqr_section(comm, args, ht):
 
 # ---- square: ScaLAPACK (csrc/linalg/scalapack.c) ------------------------------
 
+# The eigensolver mpitensor's eigh calls (csrc/linalg/scalapack.c), which the plain
+# program calls too.
+EIGH_DRIVER = b"syevd"
+
+
+def plain_library(comm, folder):
+    """benchmarks/scalapack_plain.c built by rank 0 into ``folder`` as a library
+    (``MPICC``, default mpicc, linked to Debian's ScaLAPACK), loaded on every rank;
+    None and why not where it cannot be built. Collective."""
+    out, why = os.path.join(folder, "scalapack_plain.so"), None
+    if comm.rank == 0:
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalapack_plain.c")
+        cmd = [os.environ.get("MPICC", "mpicc"), "-O2", "-shared", "-fPIC", "-o", out, src,
+               "-lscalapack-openmpi", "-lm"]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            why = f"{' '.join(cmd)}: {getattr(e, 'stderr', None) or e}"
+    why = comm.bcast(why, root=0)
+    if why is not None:
+        return None, why
+    lib = ctypes.CDLL(out)
+    lib.plain_once.restype = ctypes.c_double
+    lib.plain_once.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                               ctypes.c_char_p, ctypes.POINTER(ctypes.c_double),
+                               ctypes.POINTER(ctypes.c_int)]
+    return lib, None
+
+
+def plain_call(lib, op, n):
+    """(call, its routine times, its check): one repetition of the plain program's
+    ``op`` per call, with mpitensor's grid and block, the routine's own seconds
+    (slowest rank) appended to the list."""
+    seconds, check, info = [], ctypes.c_double(0), ctypes.c_int(0)
+
+    def call():
+        seconds.append(lib.plain_once(op.encode(), n, 0, 0, EIGH_DRIVER, ctypes.byref(check),
+                                      ctypes.byref(info)))
+        if info.value != 0:
+            raise RuntimeError(f"the plain program's {op} returned INFO {info.value}")
+    return call, seconds, check
+
 def solve_error(a, x, b) -> float:
     """||A x - b|| / (||A|| ||x|| + ||b||): backward error of a solve."""
     return float(np.linalg.norm(a @ x - b) /
@@ -165,9 +218,10 @@ def heat_square_calls(ht, a, s, b):
     return calls, errors
 
 
-def square_point(comm, args, ht, op, n, peers):
+def square_point(comm, args, ht, op, n, peers, plain):
     """One op at size n: mpitensor on [Shard(0)] rows against ``peers`` (heat in the
-    same processes, numpy on rank 0 alone), each checked before it is timed."""
+    same processes, numpy on rank 0 alone) and the ``plain`` program's library (or
+    None), each checked before it is timed."""
     mesh = mt.init_device_mesh("cpu", (comm.size,))
     a, s, b = square_problem(n)
     da, ds = (mt.distribute_tensor(m, mesh, [Shard(0)]) for m in (a, s))
@@ -184,22 +238,43 @@ def square_point(comm, args, ht, op, n, peers):
         errors["heat"] = heat_errors[op]
         if op in calls:
             timed["heat"] = calls[op]
+    if plain is not None:
+        timed["plain"], plain_seconds, plain_check = plain_call(plain, op, n)
     times = time_interleaved(comm, timed, args.reps, args.warmup)
+    if plain is not None:
+        # The routine's own time, not the call's (which makes the matrix first).
+        times["plain"] = plain_seconds[-args.reps:]
+        if op == "eigh":
+            errors["plain (residual)"] = plain_check.value
     if "numpy" in peers:
         times["numpy"] = numpy_alone(comm, numpy_call, args.reps, args.warmup)
-    return {"op": op, "shape": [n, n], "dtype": "float64", "layout": "[Shard(0)]",
-            "seconds": {k: summary(v) for k, v in times.items()},
-            "mt_speedup": {k: ratio(v, times["mt"]) for k, v in times.items() if k != "mt"},
-            "error": errors}
+    point = {"op": op, "shape": [n, n], "dtype": "float64", "layout": "[Shard(0)]",
+             "seconds": {k: summary(v) for k, v in times.items()},
+             "mt_speedup": {k: ratio(v, times["mt"]) for k, v in times.items()
+                            if k not in ("mt", "plain")},
+             "error": errors}
+    if plain is not None:
+        point["mt_over_plain"] = ratio(times["mt"], times["plain"])
+    return point
 
 
 def scalapack_section(comm, args, ht):
     """solve and eigh of a row-sharded square matrix on ScaLAPACK: against Heat at
     n = 2,000 and against NumPy in one process at n = 4,000 (quick: 300 and 600)."""
     small, large = (300, 600) if args.quick else (args.square_n, args.square_n_numpy)
-    return [square_point(comm, args, ht, op, n, peers)
-            for n, peers in ((small, ("heat",)), (large, ("numpy",)))
-            for op in ("solve", "eigh")]
+    # Rank 0's temporary directory, which every rank reads the library from.
+    tmp = tempfile.TemporaryDirectory() if comm.rank == 0 else None
+    try:
+        plain, why = plain_library(comm, comm.bcast(tmp and tmp.name, root=0))
+        if plain is None and comm.rank == 0:
+            print(f"the plain ScaLAPACK program is left out: {why}")
+        return [square_point(comm, args, ht, op, n, peers, plain)
+                for n, peers in ((small, ("heat",)), (large, ("numpy",)))
+                for op in ("solve", "eigh")]
+    finally:
+        comm.Barrier()
+        if tmp is not None:
+            tmp.cleanup()
 
 
 SECTIONS = {"tsqr": tsqr_section, "scalapack": scalapack_section}
@@ -234,7 +309,9 @@ def main() -> int:
             for p in points:
                 cells = "  ".join(f"{k} {s['median'] * 1e3:.1f}ms"
                                   for k, s in p["seconds"].items())
-                print(f"{name} {p['op']:4s} {p['shape']}  {cells}  error {p['error']}")
+                over = (f"  mt/plain {p['mt_over_plain']['median']:.2f}"
+                        if "mt_over_plain" in p else "")
+                print(f"{name} {p['op']:4s} {p['shape']}  {cells}{over}  error {p['error']}")
         path = args.out or result_path(f"linalg-np{comm.size}.json")
         write_result(path, {"machine": info, "args": vars(args), "sections": results})
         print(f"wrote {path}")
