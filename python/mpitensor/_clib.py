@@ -74,24 +74,36 @@ capsule_pointer.restype, capsule_pointer.argtypes = P, (ctypes.py_object, S)
 
 def load(path: str):
     """The shared library at ``path``, its symbols kept to itself (RTLD_LOCAL), all
-    bound at once; OSError when it does not load."""
+    bound at once; OSError when it does not load.
+
+    Example: ``address(load(path), "cblas_dgemm")``.
+    """
     return ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
 
 
 def address(lib_, name: str) -> int:
     """The address of symbol ``name`` of a loaded library; AttributeError when it
-    has none."""
+    has none.
+
+    Example: ``address(lib, "mt_chunk") > 0``.
+    """
     return ctypes.cast(getattr(lib_, name), P).value
 
 
 def text_buffer(size: int):
-    """A writable C string of ``size`` bytes, for a function that writes text."""
+    """A writable C string of ``size`` bytes, for a function that writes text.
+
+    Example: ``call(f, text_buffer(256), 256); text.value.decode()``.
+    """
     return ctypes.create_string_buffer(size)
 
 
 def counters(address_: int, n: int):
     """The ``n`` long long counters at ``address_`` (one the extension exports),
-    read and written in place."""
+    read and written in place.
+
+    Example: ``counters(_C.HOOK_CALLS, _C.HOOK_COUNT)[0]``.
+    """
     return (ctypes.c_longlong * n).from_address(address_)
 
 

@@ -187,6 +187,33 @@ def test_imports_inside_functions_are_optional_dependencies():
     assert not bad, "imports inside functions:\n" + "\n".join(bad)
 
 
+def imports_ctypes(source: str) -> bool:
+    """Whether a module's source imports ctypes (or a module of it) anywhere."""
+    for node in ast.walk(ast.parse(source)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                 else [])
+        if any(n == "ctypes" or n.startswith("ctypes.") for n in names):
+            return True
+    return False
+
+
+def test_only_the_one_door_imports_ctypes():
+    """Every binding goes through _clib (docs/design.md, "The one door"): its
+    ``fn``, ``call``, ``struct``, ``A`` and ``load``, never ctypes itself."""
+    found = sorted(name for name, path in modules().items()
+                   if name != f"{PACKAGE}._clib" and imports_ctypes(path.read_text()))
+    assert not found, f"modules importing ctypes besides _clib: {found}"
+
+
+@pytest.mark.parametrize("source, expect", [
+    ("import ctypes\n", True), ("import ctypes.util\n", True),
+    ("from ctypes import c_int\n", True), ("def f():\n    import ctypes\n", True),
+    ("from . import ctypes_like\n", False), ("import numpy\n", False)])
+def test_a_ctypes_import_is_seen(source, expect):
+    assert imports_ctypes(source) is expect
+
+
 @pytest.mark.parametrize("importer, source, expect", [
     ("mpitensor.m", "from .a import x\n", {"mpitensor.a"}),
     ("mpitensor.m", "from . import b\n", {"mpitensor.b"}),
