@@ -121,8 +121,8 @@ def call_fingerprint(name: str, args: tuple, kwargs: dict) -> int:
 
 
 # A DTensor's part of a fingerprint per (placements, global shape, dtype): the
-# placements' repr and the dtype's string, canonical but slow to make, once per
-# layout.
+# fingerprint of the placements' repr, the shape and the dtype's string, canonical
+# but slow to make, once per layout, so that the call's own text stays short.
 _layouts: dict = {}
 
 
@@ -132,7 +132,8 @@ def _layout(spec) -> tuple:
     if part is None:
         if len(_layouts) > 4096:
             _layouts.clear()
-        part = _layouts[key] = ("T", repr(spec.placements), spec.shape, spec.dtype.str)
+        part = _layouts[key] = ("T", fingerprint((repr(spec.placements), spec.shape,
+                                                  spec.dtype.str)))
     return part
 
 

@@ -76,6 +76,8 @@ def _lanes_of(x, axis):
 
 def _native(x):
     """``x`` C-contiguous in this machine's byte order (no copy when it is)."""
+    if x.ndim and x.dtype.isnative and x.flags.c_contiguous:
+        return x  # the common case, without making the dtype anew
     return np.ascontiguousarray(x, x.dtype.newbyteorder("="))
 
 

@@ -222,8 +222,9 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
                         f"pass a number of bins or the edges")
     # Only the mesh dims that shard the data combine counts (or extremes): along
     # the others every rank holds the same elements already.
+    shape = mesh._mesh.shape
     sharding = {m for m, p in enumerate(spec.placements)
-                if isinstance(p, Shard) and mesh.shape[m] > 1}
+                if isinstance(p, Shard) and shape[m] > 1}
     if _scalar(bins) and range is None:
         operator.index(bins)
         if spec.shape and 0 in spec.shape:
