@@ -213,7 +213,9 @@ typedef struct mt__sl_job {
   size_t itemsize;
   int m, n, nb, one;
   int in_place; /* whether cyc describes the caller's block itself */
-  mt__sl_grid g;
+  int turned;   /* whether cg is a grid of its own (see mt__sl_job_open_turned) */
+  mt__sl_grid g;  /* the caller's block's grid */
+  mt__sl_grid cg; /* cyc's grid: g, or g turned */
   mt__sl_matrix blk, cyc;
 } mt__sl_job;
 
@@ -222,6 +224,15 @@ typedef struct mt__sl_job {
 int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
                     int type, int64_t m, int64_t n, void *a, mt__sl_job *j,
                     mt_error *err);
+
+/* Collective on the mesh. As mt__sl_job_open, but a P x 1 grid's cyclic copy
+ * lies on the 1 x P grid of the same processes: there pXgetrf factors each panel
+ * on one process, with no message per column to find its pivot, and side by side
+ * pXgesv took less time on it. For the square drivers whose only use of the
+ * grid's shape is through the copy's descriptor. */
+int mt__sl_job_open_turned(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                           int col_dim, int type, int64_t m, int64_t n, void *a,
+                           mt__sl_job *j, mt_error *err);
 
 /* Collective on the grid. Frees the cyclic copy and the grid. */
 void mt__sl_job_close(mt__sl_job *j);

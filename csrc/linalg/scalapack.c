@@ -33,7 +33,7 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
                        mt_error *err) {
   job j;
   if (nrhs < 1) return mt_error_set(err, MT_EINVAL, "solve wants nrhs >= 1");
-  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
+  int rc = mt__sl_job_open_turned(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   mt__sl_matrix bblk = {0}, bcyc = {0};
   int *ipiv = NULL;
@@ -44,7 +44,7 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
     rc = mt__sl_matrix_init(sl, &j.g, n, nrhs, j.nb, (nrhs + j.g.npcol - 1) / j.g.npcol,
                             j.itemsize, b, &bcyc, err);
   else if (rc == MT_OK)
-    rc = mt__sl_matrix_init(sl, &j.g, n, nrhs, j.nb, j.nb, j.itemsize, NULL, &bcyc, err);
+    rc = mt__sl_matrix_init(sl, &j.cg, n, nrhs, j.nb, j.nb, j.itemsize, NULL, &bcyc, err);
   rc = mt__sl_agree(&j.g, rc, err);
   if (rc == MT_OK) rc = pivots(&j, &ipiv, err);
   if (rc == MT_OK) {

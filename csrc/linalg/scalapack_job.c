@@ -20,23 +20,43 @@ static int check(const mt_scalapack *sl, int type, int64_t m, int64_t n, mt_erro
   return MT_OK;
 }
 
+/* The grid of the cyclic copy: the caller's, or with `turn` a P x 1 grid's
+ * transpose when the copy is not the caller's block itself. The same verdict on
+ * every member: the grid's shape and the sizes decide it. */
+static int cyclic_grid(mt__sl_job *j, mt_mesh *mesh, int row_dim, int turn, int64_t m,
+                       int64_t n, mt_error *err) {
+  j->cg = j->g;
+  if (!turn || j->g.npcol != 1 || j->g.nprow < 2 || mt__sl_square_block(&j->g, m, n) > 0)
+    return MT_OK;
+  int rc = mt__sl_grid_open(j->sl, mesh, -1, row_dim, &j->cg, err);
+  j->turned = rc == MT_OK;
+  if (rc != MT_OK) {
+    j->cg = j->g;
+    return rc;
+  }
+  /* Caching cg may have dropped g, the oldest grid of a full cache: opened again,
+   * g is made anew in the next oldest's place, never cg's. */
+  return j->g.cached ? mt__sl_grid_open(j->sl, mesh, row_dim, -1, &j->g, err) : MT_OK;
+}
+
 /* The caller's block and the copy the routine runs on, agreed on. */
 static int describe(mt__sl_job *j, int64_t m, int64_t n, void *a, mt_error *err) {
   int64_t square = mt__sl_square_block(&j->g, m, n);
-  int64_t nb = square > 0 ? square : mt__sl_cyclic_block(&j->g, m, n);
+  int64_t nb = square > 0 ? square : mt__sl_cyclic_block(&j->cg, m, n);
   j->in_place = square > 0;
   j->nb = (int)nb;
   int rc = mt__sl_matrix_init(j->sl, &j->g, m, n, (m + j->g.nprow - 1) / j->g.nprow,
                               (n + j->g.npcol - 1) / j->g.npcol, j->itemsize, a, &j->blk,
                               err);
   if (rc == MT_OK)
-    rc = mt__sl_matrix_init(j->sl, &j->g, m, n, nb, nb, j->itemsize,
+    rc = mt__sl_matrix_init(j->sl, &j->cg, m, n, nb, nb, j->itemsize,
                             j->in_place ? a : NULL, &j->cyc, err);
   return mt__sl_agree(&j->g, rc, err);
 }
 
-int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                    int type, int64_t m, int64_t n, void *a, mt__sl_job *j,
+/* mt__sl_job_open, the copy on a turned grid with `turn`. */
+static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                    int type, int64_t m, int64_t n, void *a, int turn, mt__sl_job *j,
                     mt_error *err) {
   int rc = check(sl, type, m, n, err);
   if (rc != MT_OK) return rc;
@@ -45,6 +65,12 @@ int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
   j->itemsize = mt__sl_itemsize[j->k], j->one = 1;
   rc = mt__sl_grid_open(sl, mesh, row_dim, col_dim, &j->g, err);
   if (rc != MT_OK) return rc;
+  rc = cyclic_grid(j, mesh, row_dim, turn, m, n, err);
+  if (rc != MT_OK) {
+    if (j->turned) mt__sl_grid_close(sl, &j->cg);
+    mt__sl_grid_close(sl, &j->g);
+    return rc;
+  }
   rc = describe(j, m, n, a, err);
   if (rc != MT_OK) {
     mt__sl_job_close(j);
@@ -57,8 +83,21 @@ int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
   return MT_OK;
 }
 
+int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                    int type, int64_t m, int64_t n, void *a, mt__sl_job *j,
+                    mt_error *err) {
+  return job_open(sl, mesh, row_dim, col_dim, type, m, n, a, 0, j, err);
+}
+
+int mt__sl_job_open_turned(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                           int col_dim, int type, int64_t m, int64_t n, void *a,
+                           mt__sl_job *j, mt_error *err) {
+  return job_open(sl, mesh, row_dim, col_dim, type, m, n, a, 1, j, err);
+}
+
 void mt__sl_job_close(mt__sl_job *j) {
   mt__sl_matrix_free(&j->cyc);
+  if (j->turned) mt__sl_grid_close(j->sl, &j->cg);
   mt__sl_grid_close(j->sl, &j->g);
 }
 

@@ -507,8 +507,8 @@ def test_empty_matrices_and_stacks():
 @pytest.mark.parametrize("layout", [((2, 2), [S0, S1])] if P == 4 else
                          [((P,), [S0]), ((P,), [S1])], ids=str)
 def test_blocks_too_large_to_factor_in_place_go_block_cyclic(layout):
-    """Blocks of more than 256 rows go to a block-cyclic copy (pXgemr2d) and back:
-    the same answers."""
+    """Blocks of more than 256 rows go to a block-cyclic copy (pXgemr2d) and back,
+    a solve's of rows alone on the 1 x P grid: the same answers."""
     n = 257 * max(layout[0]) + 3
     a = matrix(n, np.float64, seed=11, spd=True)
     da = dist(a, layout)
@@ -516,6 +516,10 @@ def test_blocks_too_large_to_factor_in_place_go_block_cyclic(layout):
     mesh = da.device_mesh
     x = np.linalg.solve(da, distribute_tensor(b, mesh, [R] * mesh.ndim)).full_tensor()
     assert resid(a, x, b) < 20 * n * eps(np.float64)
+    bs = np.random.default_rng(3).standard_normal((n, 3))
+    xs = np.linalg.solve(da, distribute_tensor(bs, mesh, [R] * mesh.ndim)).full_tensor()
+    assert np.linalg.norm(a @ xs - bs) < 20 * n * eps(np.float64) * np.linalg.norm(a) * \
+        np.linalg.norm(xs)
     inv = np.linalg.inv(da).full_tensor()
     assert np.linalg.norm(a @ inv - np.eye(n)) < 50 * n * eps(np.float64) * np.linalg.cond(a)
     low = np.linalg.cholesky(da).full_tensor()
