@@ -143,6 +143,10 @@ def tsqr_section(comm, args, ht):
 # The eigensolver mpitensor's eigh calls (csrc/linalg/scalapack.c), which the plain
 # program calls too.
 EIGH_DRIVER = b"syevd"
+# The process rows of the grid mpitensor's cyclic copy lies on, per op, for a
+# [Shard(0)] matrix (csrc/linalg/scalapack_job.c): solve turns the P x 1 grid to
+# 1 x P, eigh keeps it (0: P rows).
+PLAIN_ROWS = {"solve": 1, "eigh": 0}
 
 
 def plain_library(comm, folder):
@@ -176,8 +180,8 @@ def plain_call(lib, op, n):
     seconds, check, info = [], ctypes.c_double(0), ctypes.c_int(0)
 
     def call():
-        seconds.append(lib.plain_once(op.encode(), n, 0, 0, EIGH_DRIVER, ctypes.byref(check),
-                                      ctypes.byref(info)))
+        seconds.append(lib.plain_once(op.encode(), n, 0, PLAIN_ROWS[op], EIGH_DRIVER,
+                                      ctypes.byref(check), ctypes.byref(info)))
         if info.value != 0:
             raise RuntimeError(f"the plain program's {op} returned INFO {info.value}")
     return call, seconds, check

@@ -1,7 +1,8 @@
 /* The plain C program benchmarks/linalg.py holds mpitensor's ScaLAPACK path to:
  * the process grid and block-cyclic descriptors mpitensor builds for a [Shard(0)]
  * n x n float64 matrix (csrc/linalg/scalapack_grid.c: a P x 1 grid in row-major
- * BLACS order, square blocks of min(ceil(n/P), 64)), the matrix generated in
+ * BLACS order, or for a solve the 1 x P grid csrc/linalg/scalapack_job.c turns it
+ * to, square blocks of min(ceil(n/P), 64)), the matrix generated in
  * place in that layout, and the same routines called on it: pdgesv of one
  * right-hand side, the eigensolver mpitensor's eigh calls. No redistribution, no
  * copies: what a ScaLAPACK program written by hand spends.
