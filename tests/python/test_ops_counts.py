@@ -68,7 +68,6 @@ def test_bincount_bad_input_raises_numpys_error():
             matches_or_raises_alike(lambda: np.bincount(dt), lambda: np.bincount(full))
 
 
-
 def test_bincount_kernel_counts_as_numpy(monkeypatch):
     """The one-pass kernel (taken from a few values here): NumPy's array and dtype
     for tables it grows as it goes, minlength, weights (float64 sums bit for bit,
@@ -94,6 +93,7 @@ def test_bincount_kernel_counts_as_numpy(monkeypatch):
         assert_matches(np.bincount(make(full, mesh, (S0,))), np.bincount(full))
         matches_or_raises_alike(lambda: np.bincount(make(bad, mesh, (S0,))),
                                 lambda: np.bincount(bad))
+
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_histogram_bin_edges(n):

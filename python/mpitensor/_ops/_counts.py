@@ -27,40 +27,11 @@ import numpy as np
 from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
-from ..placement_types import Partial, Replicate, Shard
+from ..placement_types import Shard
 from . import _dispatch as D, _lanes
-from ._stats import _all_reduce
+from ._stats import _all_reduce, _placements, _sharding, _unpartial
 
 __all__ = ["bincount", "histogram_bin_edges", "histogram2d", "histogramdd"]
-
-
-def _unpartial(name, a):
-    if any(p.is_partial() for p in a._spec.placements):
-        return D.relayout(name, a, [Replicate() if p.is_partial() else p
-                                    for p in a._spec.placements])
-    return a
-
-
-def _sharding(spec):
-    """The mesh dims (of more than one rank) whose shards hold different elements."""
-    shape = spec.mesh._mesh.shape
-    return {m for m, p in enumerate(spec.placements) if p.is_shard() and shape[m] > 1}
-
-
-# The counts' placements per (mesh dims, dims that shard the data): placements are
-# made through their interning, a good part of a small count's time.
-_counted_placements: dict = {}
-
-
-def _counts_placements(ndim, sharding):
-    key = (ndim, frozenset(sharding))
-    pls = _counted_placements.get(key)
-    if pls is None:
-        if len(_counted_placements) > 256:
-            _counted_placements.clear()
-        pls = _counted_placements[key] = tuple(
-            Partial("sum") if m in sharding else Replicate() for m in range(ndim))
-    return pls
 
 
 # Whether NumPy's bincount takes a dtype (casts it safely to intp), per dtype.
@@ -99,7 +70,7 @@ def bincount(x, weights=None, minlength=0):
     spec = x._spec
     mesh = spec.mesh
     sharding = _sharding(spec)
-    pls = _counts_placements(mesh.ndim, sharding)
+    pls = _placements(mesh.ndim, "sum", sharding)[0]
     if weights is not None:
         weights = D.relayout(name, _unpartial(name, weights), spec.placements)
     # NumPy counts an empty input in intp, weights or not.

@@ -40,11 +40,16 @@ def _unpartial(name, a):
 
 # (the Partials to reduce, Replicate everywhere) per (mesh dims, op, dims reduced):
 # placements are made through their interning, which would be a good part of a
-# small reduction's time.
+# small reduction's (or count's) time.
 _reduced_placements: dict = {}
 
 
 def _placements(ndim, op, mesh_dims):
+    """(Partial(op) on ``mesh_dims`` and Replicate elsewhere, Replicate everywhere)
+    for a mesh of ``ndim`` dims, made once per key. Local.
+
+    Example: ``_placements(2, "sum", {0})[0] == (Partial("sum"), Replicate())``.
+    """
     key = (ndim, op, frozenset(mesh_dims))
     pls = _reduced_placements.get(key)
     if pls is None:
@@ -54,6 +59,13 @@ def _placements(ndim, op, mesh_dims):
             tuple(Partial(op) if m in mesh_dims else Replicate() for m in range(ndim)),
             (Replicate(),) * ndim)
     return pls
+
+
+def _sharding(spec):
+    """The mesh dims (of more than one rank) whose shards hold different elements:
+    the ones along which per-rank counts or extremes combine. Local."""
+    shape = spec.mesh._mesh.shape
+    return {m for m, p in enumerate(spec.placements) if p.is_shard() and shape[m] > 1}
 
 
 def _all_reduce(mesh, local, op, mesh_dims):
@@ -222,9 +234,7 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
                         f"pass a number of bins or the edges")
     # Only the mesh dims that shard the data combine counts (or extremes): along
     # the others every rank holds the same elements already.
-    shape = mesh._mesh.shape
-    sharding = {m for m, p in enumerate(spec.placements)
-                if isinstance(p, Shard) and shape[m] > 1}
+    sharding = _sharding(spec)
     if _scalar(bins) and range is None:
         operator.index(bins)
         if spec.shape and 0 in spec.shape:
