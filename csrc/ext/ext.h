@@ -33,8 +33,8 @@ typedef struct mt_ext_dispatch mt_ext_dispatch;
 /* -- modes ---------------------------------------------------------------------- */
 
 /* The modes in force, the one state both Python and C read: a plain struct in the
- * module state that mpitensor._modes maps through ctypes (`_C.MODES`, its
- * address) and sets as features are entered and left; the executor reads the
+ * module state that mpitensor._modes maps through ctypes (`_C.MODES`, a
+ * capsule of it) and sets as features are entered and left; the executor reads the
  * fields. Python lays it out from ext_structs.c's table. */
 typedef struct mt_ext_modes {
   bool grad_enabled, backward, checks, log_debug, log_info, gather_warning;
@@ -50,7 +50,7 @@ typedef struct mt_ext_modes {
 
 /* Per-module state (PEP 489): the heap types, and what the C libraries keep no
  * global of: the communication and I/O counters (atomic cells, which the
- * ctypes bindings read and pass by address) and the modes. */
+ * ctypes bindings pass back to C through their capsules) and the modes. */
 typedef struct mt_ext_state {
   PyTypeObject *dtensor_base_type, *mesh_base_type;
   PyObject *pool_handler; /* capsule of the NumPy allocator over the block pool */
@@ -162,7 +162,8 @@ enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
 
 /* The hook table's kinds (ext_hooks.c): every call from C into Python is one.
  * Their counts, and RUNS (operations the executor ran), are an array that
- * mpitensor._trace reads through ctypes (`_C.HOOK_CALLS`, in this order). */
+ * mpitensor._trace reads through ctypes (the capsule `_C.HOOK_CALLS`, in this
+ * order). */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
        MT_HOOK_BACKWARD, MT_HOOK_ERROR, MT_HOOK_RUNS, MT_HOOK_COUNT };
 
@@ -438,6 +439,19 @@ MT_EXPORT const char *mt_ext_struct_at(int i, int64_t *size);
  * outputs untouched, past the last field or struct. */
 MT_EXPORT const char *mt_ext_field_at(int i, int j, const char **type, int64_t *offset,
                                       int64_t *size, int64_t *dims);
+
+/* The capsules the extension exports (the module's counters and modes, a mesh's
+ * tables) are named for what they point to, and the same table describes each:
+ * Python reads one only through its row (mpitensor._clib.exported). Local. Row
+ * `i`: the capsule's name, with the C name of its elements' type in *type (a
+ * scalar type, a struct of the table, or "opaque": Python only passes the pointer
+ * back to C), its size (0 when opaque) and its extents in dims[2]; NULL past the
+ * last. */
+MT_EXPORT const char *mt_ext_export_at(int i, const char **type, int64_t *size,
+                                       int64_t *dims);
+/* A new capsule of `p` named `name`, which must be a row of the table (a
+ * SystemError otherwise, so an export cannot skip its row). */
+PyObject *mt_ext_export(const char *name, void *p);
 
 /* -- each area adds its functions and types in Py_mod_exec ----------------------------- */
 

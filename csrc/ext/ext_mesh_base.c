@@ -122,19 +122,24 @@ static PyObject *set_cache_limits(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* The memo's and the layout table's addresses: mpitensor._comm.dispatch_stats
+/* Capsules of the memo and the layout table: mpitensor._comm.dispatch_stats
  * reads their counts through ctypes while the mesh lives. */
 static PyObject *tables_get(PyObject *self, void *closure) {
   const mt_ext_mesh_base *mb = (const mt_ext_mesh_base *)self;
-  return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)mb->memo,
-                       (unsigned long long)(uintptr_t)mb->layouts);
+  PyObject *memo = mt_ext_export("mpitensor._C.memo", mb->memo);
+  PyObject *layouts = memo == NULL ? NULL
+                                   : mt_ext_export("mpitensor._C.layout_table", mb->layouts);
+  PyObject *out = layouts == NULL ? NULL : PyTuple_Pack(2, memo, layouts);
+  Py_XDECREF(memo);
+  Py_XDECREF(layouts);
+  return out;
 }
 
 static PyGetSetDef mb_getset[] = {
     {"_handle", handle_get, handle_set,
      "The _comm.Mesh of this mesh's communicators (set once, by DeviceMesh).", NULL},
     {"_tables", tables_get, NULL,
-     "(memo, layout table): the addresses of this mesh's decision memo and layout "
+     "(memo, layout table): capsules of this mesh's decision memo and layout "
      "table, for mpitensor._comm.dispatch_stats. Local.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

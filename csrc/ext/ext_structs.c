@@ -7,6 +7,7 @@
  * reads is one block below; tests/python/test_structs.py checks that each block
  * names every field its header declares. */
 #include <stddef.h>
+#include <string.h>
 
 #include "ext.h"
 #include "mpitensor/kernels/kernels.h"
@@ -25,7 +26,8 @@ typedef struct field {
   _Generic((x), bool: "bool", char: "char", int: "int", unsigned int: "unsigned int", \
            long: "long", unsigned long: "unsigned long", long long: "long long",      \
            unsigned long long: "unsigned long long", double: "double",                \
-           mt_placement: "mt_placement", mt_layout: "mt_layout")
+           mt_placement: "mt_placement", mt_layout: "mt_layout",                       \
+           mt_ext_modes: "mt_ext_modes")
 #define MEMBER(T, m) (((T *)0)->m)
 #define COUNT(a) (int64_t)(sizeof(a) / sizeof((a)[0]))
 #define AT(T, m) #m, offsetof(T, m), sizeof MEMBER(T, m)
@@ -165,6 +167,35 @@ const char *mt_ext_struct_at(int i, int64_t *size) {
   if (i < 0 || i >= (int)(sizeof structs / sizeof structs[0])) return NULL;
   *size = (int64_t)structs[i].size;
   return structs[i].name;
+}
+
+/* What each exported capsule points to: a member of the module state (or of its
+ * dispatch state) read in place, or something Python only hands back to C. */
+#define EXPORT(T, m) {"mpitensor._C." #m, 0, sizeof MEMBER(T, m), CTYPE(MEMBER(T, m)), {0, 0}}
+#define EXPORT_ARRAY(T, m)                                                          \
+  {"mpitensor._C." #m, 0, sizeof MEMBER(T, m), CTYPE(MEMBER(T, m)[0]),              \
+   {COUNT(MEMBER(T, m)), 0}}
+#define EXPORT_OPAQUE(name) {"mpitensor._C." name, 0, 0, "opaque", {0, 0}}
+static const field exports[] = {
+    EXPORT(mt_ext_state, modes),
+    EXPORT_ARRAY(mt_ext_dispatch, hook_calls),
+    EXPORT_OPAQUE("comm_counters"),
+    EXPORT_OPAQUE("io_counters"),
+    EXPORT_OPAQUE("memo"),
+    EXPORT_OPAQUE("layout_table"),
+    END};
+
+const char *mt_ext_export_at(int i, const char **type, int64_t *size, int64_t *dims) {
+  if (i < 0 || i >= (int)(sizeof exports / sizeof exports[0]) - 1) return NULL;
+  const field *f = &exports[i];
+  *type = f->type, *size = (int64_t)f->size, dims[0] = f->dims[0], dims[1] = f->dims[1];
+  return f->name;
+}
+
+PyObject *mt_ext_export(const char *name, void *p) {
+  for (const field *f = exports; f->name != NULL; ++f)
+    if (strcmp(f->name, name) == 0) return PyCapsule_New(p, f->name, NULL);
+  return PyErr_Format(PyExc_SystemError, "%s is not in the table of exports", name);
 }
 
 const char *mt_ext_field_at(int i, int j, const char **type, int64_t *offset,

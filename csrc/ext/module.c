@@ -3,8 +3,10 @@
 #define MT_EXT_IMPORTS_NUMPY
 #include "ext.h"
 
-static int add_address(PyObject *module, const char *name, void *p) {
-  PyObject *v = PyLong_FromVoidPtr(p);
+/* Adds the capsule of `p` named `what` (a row of ext_structs.c's exports) as
+ * `name`: an address Python reads only as what the capsule's row says it is. */
+static int add_capsule(PyObject *module, const char *name, const char *what, void *p) {
+  PyObject *v = mt_ext_export(what, p);
   int rc = v == NULL ? -1 : PyModule_AddObjectRef(module, name, v);
   Py_XDECREF(v);
   return rc;
@@ -18,12 +20,13 @@ static int module_exec(PyObject *module) {
                            mt_ext_entry_methods,  mt_ext_move_methods, NULL};
   for (PyMethodDef **t = tables; *t != NULL; ++t)
     if (PyModule_AddFunctions(module, *t) < 0) return -1;
-  /* The counters' addresses, for the ctypes bindings that read or pass them
-   * (mpitensor._comm, mpitensor.checkpoint._io), and the modes' (mpitensor._modes). */
+  /* The counters, for the ctypes bindings that pass them back to C
+   * (mpitensor._comm, mpitensor.checkpoint._io), and the modes (mpitensor._modes). */
   mt_ext_state *st = mt_ext_state_of(module);
-  if (add_address(module, "COMM_COUNTERS", &st->comm_counters) < 0 ||
-      add_address(module, "IO_COUNTERS", &st->io_counters) < 0 ||
-      add_address(module, "MODES", &st->modes) < 0)
+  if (add_capsule(module, "COMM_COUNTERS", "mpitensor._C.comm_counters",
+                  &st->comm_counters) < 0 ||
+      add_capsule(module, "IO_COUNTERS", "mpitensor._C.io_counters", &st->io_counters) < 0 ||
+      add_capsule(module, "MODES", "mpitensor._C.modes", &st->modes) < 0)
     return -1;
   /* Grad mode starts on; `want` holds an object from the start, as ctypes reads
    * it. */
@@ -36,7 +39,8 @@ static int module_exec(PyObject *module) {
   mt_ext_dispatch *d = st->dispatch;
   d->mesh_base = st->mesh_base_type, d->dtensor_base = st->dtensor_base_type;
   d->modes = &st->modes;
-  if (add_address(module, "HOOK_CALLS", d->hook_calls) < 0) return -1;
+  if (add_capsule(module, "HOOK_CALLS", "mpitensor._C.hook_calls", d->hook_calls) < 0)
+    return -1;
   PyObject *statuses = mt_ext_status_exceptions();
   int rc = statuses == NULL ? -1 : PyModule_AddObjectRef(module, "STATUS_EXCEPTIONS", statuses);
   Py_XDECREF(statuses);

@@ -21,10 +21,12 @@ def empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
 def data_address(array: np.ndarray) -> int:
     """The address of an ndarray's data (its ``.ctypes.data``). Local."""
 
-# The addresses of the module's communication and I/O counters (mt_comm_counters,
-# mt_io_counters), which mpitensor._comm and mpitensor.checkpoint._io read and pass.
-COMM_COUNTERS: int
-IO_COUNTERS: int
+# Capsules ("mpitensor._C.comm_counters", "mpitensor._C.io_counters") of the
+# module's communication and I/O counters, which mpitensor._comm and
+# mpitensor.checkpoint._io pass back to C (mpitensor._clib.exported reads each
+# capsule as the extension's table of exports says).
+COMM_COUNTERS: Any
+IO_COUNTERS: Any
 # ((status, exception class), ...), most specific first: the one table by which
 # the extension raises a status and maps an exception back (csrc/ext/ext_args.c).
 STATUS_EXCEPTIONS: tuple[tuple[int, type], ...]
@@ -61,12 +63,13 @@ class MeshBase:
     decision memo and layout table of the operations on the mesh. Local."""
 
     _handle: Any  # mpitensor._comm.Mesh, which owns the mt_mesh
-    _tables: tuple[int, int]  # the addresses of its memo and layout table
+    _tables: tuple[Any, Any]  # capsules of its memo and layout table
     def _set_cache_limits(self, decisions: int, plans: int, layouts: int) -> None: ...
     def _agree_call(self, fingerprint: int, message: bytes) -> None: ...
 
-# The address of the modes in force (mpitensor._modes._State maps it).
-MODES: int
+# A capsule ("mpitensor._C.modes") of the modes in force (mpitensor._modes._State
+# maps it).
+MODES: Any
 
 def dispatch_init(dtensor_type: type, spec_type: type, node_type: type, request_type: type,
                   replicate: Any, shards: tuple, partials: tuple, functions: dict,
@@ -84,7 +87,8 @@ def move(dtensor: DTensorBase, placements: Sequence[Any], what: str) -> Any: ...
 def record(name: str, out: Any, inputs: Sequence[Any], backward_fn: Any) -> Any: ...
 def set_hook(name: str, fn: Any) -> None:
     """Hooks: 'event', 'placements', 'strided', 'error'."""
-# The address of the counts of calls from C into Python by hook kind, then of the
-# operations the executor ran (mpitensor._trace.hook_stats reads them).
-HOOK_CALLS: int
+# A capsule ("mpitensor._C.hook_calls") of the counts of calls from C into Python
+# by hook kind, then of the operations the executor ran (mpitensor._trace.hook_stats
+# reads them).
+HOOK_CALLS: Any
 HOOK_COUNT: int

@@ -67,7 +67,8 @@ def fn(name, restype, *argtypes):
 
 
 # The pointer in a capsule of the given name (the executor hands plans over as
-# capsules); ValueError for another capsule.
+# capsules, the extension its counters, modes and tables: see :func:`exported`);
+# ValueError for another capsule or an object that is none.
 capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 capsule_pointer.restype, capsule_pointer.argtypes = P, (ctypes.py_object, S)
 
@@ -96,15 +97,6 @@ def text_buffer(size: int):
     Example: ``call(f, text_buffer(256), 256); text.value.decode()``.
     """
     return ctypes.create_string_buffer(size)
-
-
-def counters(address_: int, n: int):
-    """The ``n`` long long counters at ``address_`` (one the extension exports),
-    read and written in place.
-
-    Example: ``counters(_C.HOOK_CALLS, _C.HOOK_COUNT)[0]``.
-    """
-    return (ctypes.c_longlong * n).from_address(address_)
 
 
 def _constants() -> types.SimpleNamespace:
@@ -198,6 +190,55 @@ def struct(name: str) -> type:
     except KeyError:
         raise ImportError(f"{name} is not in the extension's table of structs "
                           "(csrc/ext/ext_structs.c)") from None
+
+
+def _export_table() -> dict:
+    """{capsule name: (element type, size, extents)} of what each capsule the
+    extension exports points to (mt_ext_export_at)."""
+    export_at = fn("mt_ext_export_at", ctypes.c_char_p, I, ctypes.POINTER(ctypes.c_char_p),
+                   ctypes.POINTER(I64), ctypes.POINTER(I64))
+    kind, size, dims, out = ctypes.c_char_p(), I64(), (I64 * 2)(), {}
+    for i in itertools.count():
+        name = export_at(i, ctypes.byref(kind), ctypes.byref(size), dims)
+        if name is None:
+            return out
+        out[name.decode()] = (kind.value.decode(), size.value, tuple(d for d in dims if d))
+
+
+EXPORTS = _export_table()
+
+
+def exported(capsule, name: str, kind: type | None = None):
+    """What the extension's ``capsule`` points to, read as the extension's table of
+    exports says (csrc/ext/ext_structs.c): a ctypes view of its struct or array,
+    read and written in place (``kind``, a subclass of that struct, when given), or
+    the address of an object Python only passes back to C. ValueError for a
+    capsule of another name, ImportError when the table has no such export or its
+    type is not ``kind``'s: a renamed or retyped export fails at import instead of
+    misreading memory. Read each once, at import.
+
+    Example: ``exported(_C.HOOK_CALLS, "mpitensor._C.hook_calls")[0] >= 0``.
+    """
+    try:
+        elem, size, dims = EXPORTS[name]
+    except KeyError:
+        raise ImportError(f"{name} is not in the extension's table of exports "
+                          "(csrc/ext/ext_structs.c)") from None
+    address_ = capsule_pointer(capsule, name.encode())
+    if elem == "opaque":
+        if kind is not None:
+            raise ImportError(f"{name} is opaque: it cannot be read as {kind.__name__}")
+        return address_
+    t = _SCALARS.get(elem) or struct(elem)
+    for n in reversed(dims):
+        t = t * n
+    if kind is not None:
+        if not (isinstance(kind, type) and issubclass(kind, t)) or dims:
+            raise ImportError(f"{name} points to {elem}, not {kind.__name__}")
+        t = kind
+    if ctypes.sizeof(t) != size:
+        raise ImportError(f"{name}: ctypes makes it {ctypes.sizeof(t)} bytes, C {size}")
+    return t.from_address(address_)
 
 
 Error, _Placement, _Box, _Layout = map(struct, ("mt_error", "mt_placement", "mt_box",

@@ -23,7 +23,8 @@ import numpy as np
 from . import _C
 from ._clib import (MAX_MESH_NDIM, MAX_NDIM, SIZE, U64, A, E as _E, Error, I, I64, D, P, S,
                     _Box, _int64s, _Layout, _layout_init, _local_box, _placements, call,
-                    check, dtype_code, fn, ptr, sizeof, status_of, struct, text_buffer)
+                    check, dtype_code, exported, fn, ptr, sizeof, status_of, struct,
+                    text_buffer)
 from ._clib import message as _message
 
 __all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "mpi_library_version",
@@ -65,6 +66,8 @@ _destroy = fn("mt_mesh_destroy", None, P)
 _mesh_check = fn("mt_mesh_check", I, P, _E)
 _set_counters = fn("mt_mesh_set_counters", None, P, P)
 _plan_check = fn("mt_plan_check", I, _Layout, _Layout, I, _E)
+# The module's counters, which every mesh counts into and comm_counters() reads.
+_COUNTERS = exported(_C.COMM_COUNTERS, "mpitensor._C.comm_counters")
 
 _NODE_KINDS = ("one", "blocks", "unequal", "interleaved")  # mt_nodes_kind
 
@@ -175,7 +178,7 @@ class Mesh:
                      operator.index(fingerprint) & 0xFFFFFFFFFFFFFFFF, mesh, err), err)
         # Every mesh (and its slices) counts into the module's counters, which
         # comm_counters() reads.
-        _set_counters(mesh, _C.COMM_COUNTERS)
+        _set_counters(mesh, _COUNTERS)
         return cls._owning(mesh.value)
 
     @classmethod
@@ -343,12 +346,13 @@ _table_capacity = fn("mt_layout_table_capacity", I64, P)
 
 def dispatch_stats(tables) -> dict[str, int]:
     """{hits, misses, decisions, plans, layouts, and their limits} of a mesh's
-    decision memo and layout table, whose addresses ``tables`` holds
+    decision memo and layout table, whose capsules ``tables`` holds
     (``DeviceMesh._tables``). Local.
 
     Example: ``dispatch_stats(mesh._tables)["hits"]``.
     """
-    memo, layouts = tables
+    memo = exported(tables[0], "mpitensor._C.memo")
+    layouts = exported(tables[1], "mpitensor._C.layout_table")
     st = _MemoStats()
     _memo_stats(memo, st)
     return {"hits": st.hits, "misses": st.misses, "decisions": st.decisions,
@@ -360,7 +364,7 @@ def dispatch_stats(tables) -> dict[str, int]:
 def comm_counters() -> dict[str, tuple[int, int]]:
     """{collective name: (calls, bytes sent)} of every mesh of this process. Local."""
     t = _Totals()
-    _counters_read(_C.COMM_COUNTERS, t)
+    _counters_read(_COUNTERS, t)
     return {name.decode(): (t.calls[k], t.bytes[k]) for k, name in enumerate(_COLLS)}
 
 

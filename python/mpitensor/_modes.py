@@ -56,7 +56,7 @@ class _State(_clib.struct("mt_ext_modes")):
         return self.tracing or self.log_info
 
 
-state = _State.from_address(_C.MODES)
+state = _clib.exported(_C.MODES, "mpitensor._C.modes", _State)
 
 
 # -- implicit_replication --------------------------------------------------------------

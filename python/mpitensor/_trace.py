@@ -248,7 +248,7 @@ def report_gather(what: str, spec, placements, mesh_dims) -> None:
 HOOK_KINDS = ("local", "build", "entry", "event", "placements", "backward", "error",
               "runs")
 assert len(HOOK_KINDS) == _C.HOOK_COUNT, "HOOK_KINDS does not mirror the extension's"
-_hook_calls = _clib.counters(_C.HOOK_CALLS, len(HOOK_KINDS))
+_hook_calls = _clib.exported(_C.HOOK_CALLS, "mpitensor._C.hook_calls")
 
 
 def hook_stats() -> dict:

@@ -162,5 +162,28 @@ def test_a_struct_takes_only_its_fields():
 
 def test_the_modes_are_the_extensions():
     state = _modes.state
-    assert ctypes.addressof(state) == _C.MODES
+    assert ctypes.addressof(state) == _clib.capsule_pointer(_C.MODES, b"mpitensor._C.modes")
     assert isinstance(state.grad_enabled, bool) and state.want is None
+
+
+def test_an_export_is_read_only_as_its_table_row_says():
+    assert set(_clib.EXPORTS) == {"mpitensor._C." + n for n in (
+        "modes", "hook_calls", "comm_counters", "io_counters", "memo", "layout_table")}
+    calls = _clib.exported(_C.HOOK_CALLS, "mpitensor._C.hook_calls")
+    assert len(calls) == _C.HOOK_COUNT and ctypes.sizeof(calls) == _C.HOOK_COUNT * 8
+    assert isinstance(_clib.exported(_C.COMM_COUNTERS, "mpitensor._C.comm_counters"), int)
+
+
+def test_a_capsule_of_another_name_is_refused():
+    # The I/O counters read as the communication counters: the capsule's name says no.
+    with pytest.raises(ValueError, match="incorrect name"):
+        _clib.exported(_C.IO_COUNTERS, "mpitensor._C.comm_counters")
+    with pytest.raises(ValueError):
+        _clib.exported(_clib.capsule_pointer(_C.MODES, b"mpitensor._C.modes"),
+                       "mpitensor._C.modes")  # a bare address is no capsule
+    with pytest.raises(ImportError, match="mpitensor._C.gone is not in the extension's"):
+        _clib.exported(_C.MODES, "mpitensor._C.gone")
+    with pytest.raises(ImportError, match="points to mt_ext_modes, not mt_box"):
+        _clib.exported(_C.MODES, "mpitensor._C.modes", _clib.struct("mt_box"))
+    with pytest.raises(ImportError, match="opaque"):
+        _clib.exported(_C.IO_COUNTERS, "mpitensor._C.io_counters", _clib.struct("mt_box"))

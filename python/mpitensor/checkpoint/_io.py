@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _C, _comm
 from .._clib import (MAX_NDIM, A, E as _E, Error, I, I64, P, S, _Box, _int64s, call, check,
-                     fn, ptr, status_of, struct)
+                     exported, fn, ptr, status_of, struct)
 
 __all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "exchange", "sync_range"]
 
@@ -29,8 +29,9 @@ _sync_range = fn("mt_io_sync_range", I, I, I64, I64, S, _E)
 # io_save's durable that syncs the file but not its directory (MT_IO_DURABLE_FILE)
 DURABLE_FILE = 2
 
+_COUNTERS = exported(_C.IO_COUNTERS, "mpitensor._C.io_counters")  # io_counters() reads
 _options = _defaults()  # what every later io_save and io_load passes
-_options.counters = _C.IO_COUNTERS
+_options.counters = _COUNTERS
 
 
 def _array_box(shape, itemsize, offset, box_offset, box_shape):
@@ -124,7 +125,7 @@ def sync_range(fd: int, at: int, nbytes: int, path: str) -> None:
 def io_counters() -> tuple[int, int]:
     """(data bytes read, data bytes written) by this process. Local."""
     read, written = I64(), I64()
-    _counters_read(_C.IO_COUNTERS, read, written)
+    _counters_read(_COUNTERS, read, written)
     return read.value, written.value
 
 
