@@ -1,10 +1,9 @@
 /* mt_ext_record, the one way a node (mpitensor._node.Node) is made: by the
  * executor for the operations it runs (its node holds the op's registered
- * backward, the call's operands in `saved` and the rest of the call in `aux`; the
- * engine calls backward_fn(grad, node, output)), and through _C.record for the
- * differentiable functions written in Python (autograd.Function,
- * DTensor.from_local/to_local), whose node holds a closure, backward_fn(grad),
- * and no `saved`. */
+ * backward, the call's operands in `saved` and the rest of the call in `aux`), and
+ * through _C.record for the differentiable functions written in Python
+ * (autograd.Function, DTensor.from_local/to_local), whose node holds a closure and
+ * no `saved`. The engine calls every node's backward_fn(grad, node, output). */
 #include "ext.h"
 
 PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
@@ -70,7 +69,8 @@ PyMethodDef mt_ext_autograd_methods[] = {
      "recorded operation when one of `inputs` requires grad (grad mode is the "
      "caller's check) and `out` is a floating-point or complex DTensor: "
      "out.grad_fn = Node(name, inputs needing a gradient (None for the others), "
-     "backward_fn). Local.\n\n"
-     "Example: record('double', y, (x,), lambda g: (g * 2,))"},
+     "backward_fn), which the engine calls as backward_fn(grad, node, out). "
+     "Local.\n\n"
+     "Example: record('double', y, (x,), lambda g, node, out: (g * 2,))"},
     {NULL, NULL, 0, NULL},
 };

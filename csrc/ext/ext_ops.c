@@ -1,7 +1,7 @@
 /* What the executor knows of operations: the ground floor's types and registry
  * (dispatch_init), the ufuncs and reductions whose dim maps the core builds
  * (register_ufunc, register_reduction), the backwards autograd records them and
- * registered functions with (register_grad, register_backward), and op ids. */
+ * registered functions with (register_grad), and op ids. */
 #include "ext.h"
 
 #include <string.h>
@@ -116,17 +116,37 @@ static PyObject *register_reduction(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* register_grad(func, name, backward): the backward of the registered ufunc or
- * reduction `func` as the executor calls it (node.saved: the operands; aux: a
- * reduction's (axis, keepdims)). */
+/* register_grad(func, name, backward, supports=None, operands=False): the one way a
+ * backward is registered (mpitensor.autograd._engine.register_backward). With
+ * `operands`, for the ufunc or reduction `func` the executor runs itself (node.saved:
+ * the operands; aux: a reduction's (axis, keepdims)); else for the registered
+ * function `func` (node.saved: its positional arguments; aux: its keywords), in the
+ * table recorded_call reads (ext_entry.c). */
 static PyObject *register_grad(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *func, *name, *backward;
-  if (!PyArg_ParseTuple(args, "OUO:register_grad", &func, &name, &backward)) return NULL;
+  PyObject *func, *name, *backward, *supports = Py_None;
+  int operands = 0;
+  if (!PyArg_ParseTuple(args, "OUO|Op:register_grad", &func, &name, &backward, &supports,
+                        &operands))
+    return NULL;
+  if (!operands) {
+    if (d->backwards == NULL)
+      return PyErr_Format(PyExc_RuntimeError, "register_grad before dispatch_init");
+    if (backward != Py_None && backward != Py_True && !PyCallable_Check(backward))
+      return PyErr_Format(PyExc_TypeError, "backward must be callable, None or True");
+    if (supports != Py_None && !PyCallable_Check(supports))
+      return PyErr_Format(PyExc_TypeError, "supports must be callable or None");
+    PyObject *entry = supports == Py_None ? PyTuple_Pack(2, name, backward)
+                                          : PyTuple_Pack(3, name, backward, supports);
+    int rc = entry == NULL ? -1 : PyDict_SetItem(d->backwards, func, entry);
+    Py_XDECREF(entry);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+  }
   mt_ext_sig *sig = mt_ext_sig_of(d, func);
   if (sig == NULL) return PyErr_Format(PyExc_ValueError, "%R is not registered", func);
-  if (!PyCallable_Check(backward))
-    return PyErr_Format(PyExc_TypeError, "backward must be callable");
+  if (!PyCallable_Check(backward) || supports != Py_None)
+    return PyErr_Format(PyExc_TypeError, "an operand backward is a callable, for every call");
   Py_XSETREF(sig->grad_name, Py_NewRef(name));
   Py_XSETREF(sig->grad_backward, Py_NewRef(backward));
   Py_RETURN_NONE;
@@ -212,10 +232,10 @@ PyMethodDef mt_ext_ops_methods[] = {
      "a reduction's signature and the DTensor method it backs (reduce_op -1: the "
      "reduced dims are merged by its Python entry). Local."},
     {"register_grad", register_grad, METH_VARARGS,
-     "register_grad(func, name, backward): how the executor records the registered "
-     "ufunc or reduction `func`: a Node named `name` whose backward_fn is "
-     "backward(grad, node, output), node.saved the operands. Local.\n\n"
-     "Example: _C.register_grad(numpy.tanh, 'tanh', tanh_backward)"},
+     "register_grad(func, name, backward, supports=None, operands=False): how the "
+     "executor records `func`, the one registration of a backward "
+     "(mpitensor.autograd._engine.register_backward says how). Local.\n\n"
+     "Example: _C.register_grad(numpy.tanh, 'tanh', tanh_backward, None, True)"},
     {"set_cache_limits", set_cache_limits, METH_VARARGS,
      "set_cache_limits(decisions, plans, layouts): bounds of meshes made later. Local."},
     {NULL, NULL, 0, NULL},

@@ -410,7 +410,7 @@ class DTensor(_C.DTensorBase):
             out = DTensor(local_tensor, spec)
         if source is not None and _modes.state.grad_enabled and source._requires_grad:
             _C.record("FromLocal", out, (source,),
-                      lambda g: (_from_local_grad(g, spec, source),))
+                      lambda g, node, output: (_from_local_grad(g, spec, source),))
         return out
 
     # -- data --------------------------------------------------------------------
@@ -649,7 +649,8 @@ class DTensor(_C.DTensorBase):
         lmesh = local_mesh()
         out = DTensor(local, DTensorSpec(lmesh, (Replicate(),), local.shape, local.dtype,
                                          contiguous_strides(local.shape)))
-        _C.record("ToLocal", out, (self,), lambda g: (_to_local_grad(g, spec, grad_pl),))
+        _C.record("ToLocal", out, (self,),
+                  lambda g, node, output: (_to_local_grad(g, spec, grad_pl),))
         return out
 
     # -- metadata (all local) ------------------------------------------------------
@@ -1177,5 +1178,3 @@ def _meta_problem(local, spec, mine, root, shape_given):
                 f"the first rank's; pass shape= and stride= for uneven shards")
     return None
 
-
-_registry.backwards["redistribute"] = ("Redistribute", _redistribute_grad)

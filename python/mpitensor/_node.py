@@ -10,12 +10,13 @@ __all__ = ["Node"]
 class Node:
     """``Node(name, inputs, backward_fn, saved=None, aux=None)``: what recorded one
     operation: its ``name``, the ``inputs`` that need a gradient (None for the
-    others, in operand order) and ``backward_fn(grad)`` -> one gradient per input
-    (None for no gradient). A node the executor made holds the call's operands in
-    ``saved`` (an operand the forward all-reduced, as that reduced value) and the
-    rest of the call in ``aux`` (a reduction's (axis, keepdims), a function's
-    keywords) instead of a closure; its ``backward_fn`` takes ``(grad, node,
-    output)``. ``backward_fn`` is None once the graph is freed (a backward without
+    others, in operand order) and ``backward_fn(grad, node, output)`` -> one
+    gradient per input (None for no gradient), as the engine calls every node's. A
+    node the executor made holds the call's operands in ``saved`` (an operand the
+    forward all-reduced, as that reduced value) and the rest of the call in ``aux``
+    (a reduction's (axis, keepdims), a function's keywords); one made for a
+    function written in Python (``_C.record``) holds a closure and saves nothing.
+    ``backward_fn`` is None once the graph is freed (a backward without
     ``retain_graph``). Local.
 
     Example: ``(w * 2).grad_fn.name == "multiply"``.

@@ -10,13 +10,14 @@ operation module. A NumPy function nobody registered runs on the gathered arrays
 (:func:`gather_call`, with a warning), or is a TypeError that names it under
 ``mpitensor.strict()``.
 
-``backwards`` holds the backward of each registered function (mpitensor.autograd
-fills it): function -> (name, backward(grad, node, output)), with None as the
-backward of a function that writes in place (its name is then the message's),
-and True for one composed of operations that record themselves
-(``np.linalg.norm``).
-The executor records a call with it when grad mode is on and an argument
-requires grad.
+``backwards`` holds the backward of each registered function: function -> (name,
+backward(grad, node, output)[, supports]), with None as the backward of a
+function that writes in place (its name is then the message's), and True for one
+composed of operations that record themselves (``np.linalg.norm``). Only
+``mpitensor.autograd._engine.register_backward`` fills it (through
+``_C.register_grad``, which also registers the executor's own ufuncs and
+reductions). The executor records a call with it when grad mode is on and an
+argument requires grad.
 
 ``rules`` holds the sharding rules a user registers
 (``mpitensor.experimental.register_sharding``): NumPy function or ufunc -> a

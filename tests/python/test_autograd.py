@@ -849,3 +849,33 @@ def test_queue_callback_runs_once_after_the_graph():
     assert seen == ["hook", ("final", True, True)]
     with pytest.raises(RuntimeError, match="only be installed during backward"):
         queue_callback(final)
+
+
+def test_every_node_is_called_with_grad_node_and_output():
+    # One calling convention: a closure recorded from Python gets what an
+    # executor-made node's rule gets.
+    mesh = mesh_of((W,))
+    w = distribute_tensor(np.arange(1.0, 9.0).reshape(4, 2), mesh, [S0], requires_grad=True)
+    seen = []
+
+    def backward_fn(g, node, output):
+        seen.append((node, output))
+        return (g * 3,)
+
+    y = mt.autograd._engine.record("triple", w * 1, (w,), backward_fn)
+    y.sum().backward()
+    assert len(seen) == 1 and seen[0][0] is y.grad_fn and seen[0][1] is y
+    np.testing.assert_allclose(w.grad.full_tensor(), np.full((4, 2), 3.0))
+
+
+def test_a_backward_is_registered_one_way():
+    register = mt.autograd._engine.register_backward
+    # What the executor does not run itself takes no operand backward ...
+    with pytest.raises(ValueError, match="is not registered"):
+        register(np.flipud, "flipud", lambda g, node, out: (g,), operands=True)
+    # ... and an operand backward is one callable, for every call.
+    with pytest.raises(TypeError, match="operand backward"):
+        register(np.tanh, "tanh", None, operands=True)
+    with pytest.raises(TypeError, match="callable, None or True"):
+        register(np.flipud, "flipud", 3)
+    assert mt._registry.backwards[np.flipud][0] == "flipud"

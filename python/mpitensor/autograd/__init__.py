@@ -17,7 +17,8 @@ Example (``mpiexec -n 2``)::
 from __future__ import annotations
 
 from .. import _modes
-from . import _engine, _fft_rules, _order_rules, _rules, _shape_rules
+# Each rules module registers its backwards when imported.
+from . import _engine, _fft_rules, _order_rules, _rules, _shape_rules  # noqa: F401
 from ._engine import Node, backward, grad
 from ._function import Function, FunctionCtx
 from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
@@ -25,5 +26,4 @@ from ._grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 __all__ = ["Node", "Function", "FunctionCtx", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled",
            "is_grad_enabled"]
 
-_rules.install(_fft_rules.FUNCTIONS, _order_rules.FUNCTIONS, _shape_rules.FUNCTIONS)
 _modes.install_autograd(_engine)

@@ -35,14 +35,37 @@ from .._node import Node
 from ..placement_types import Replicate
 from . import _hooks
 
-__all__ = ["Node", "record", "backward", "grad"]
+__all__ = ["Node", "record", "register_backward", "backward", "grad"]
 
 
 # record(name, out, inputs, backward_fn) -> out: makes ``out`` the result of a
 # recorded operation when one of ``inputs`` requires grad (grad mode is the
-# caller's check) and ``out`` is floating point or complex. In C: every operation
-# the Python entries record pays it.
+# caller's check) and ``out`` is floating point or complex; the engine calls
+# ``backward_fn(grad, node, out)`` as every node's. In C: every operation the
+# Python entries record pays it.
 record = _C.record
+
+
+def register_backward(func, name: str, backward, supports=None, *,
+                      operands: bool = False) -> None:
+    """Registers how the executor records ``func``: a node named ``name`` whose
+    ``backward(grad, node, output)`` returns one gradient per input (None for none),
+    as the engine calls every node's. The one way a backward is registered. Local
+    (at import).
+
+    ``operands=True``: ``func`` is a ufunc or reduction the executor runs itself;
+    the node's ``saved`` holds the operands, ``aux`` a reduction's ``(axis,
+    keepdims)``. Otherwise ``func`` is a registered NumPy function (or
+    ``"redistribute"``): ``saved`` holds its positional arguments as called,
+    ``aux`` its keywords, and the node's inputs are the positional arguments with
+    lists and tuples flattened once; ``supports(args, kwargs)`` says whether a call
+    has a rule (a diagonal einsum does not); ``backward`` None says the function
+    writes in place (``name`` is then the error's message) and True that it is
+    composed of operations that record themselves (``np.linalg.norm``).
+
+    Example: ``register_backward(np.flipud, "flipud", lambda g, node, out: (np.flipud(g),))``.
+    """
+    _C.register_grad(func, name, backward, supports, operands)
 
 
 def _order(roots) -> list:
@@ -256,7 +279,7 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                     "Trying to backward through the graph a second time; specify "
                     "retain_graph=True on the first backward")
             _trace.count_backward()
-            gs = backward_fn(g) if fn.saved is None else backward_fn(g, fn, t)
+            gs = backward_fn(g, fn, t)
             if not isinstance(gs, tuple):
                 gs = tuple(gs)
             owned = _owned_results(gs, g, owned)

@@ -20,6 +20,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
+from ._engine import register_backward
 from ._rules import _zeros_like_along
 
 
@@ -156,12 +157,16 @@ def _many_supported(default_axes):
     return supported
 
 
-FUNCTIONS = {}
+_FUNCTIONS = {}
 for _k in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft"):
-    FUNCTIONS[getattr(np.fft, _k)] = (_k, _one(_k))
+    _FUNCTIONS[getattr(np.fft, _k)] = (_k, _one(_k))
 for _k in ("fftn", "ifftn", "rfftn", "irfftn"):
-    FUNCTIONS[getattr(np.fft, _k)] = (_k, _many(_k, None), _many_supported(None))
+    _FUNCTIONS[getattr(np.fft, _k)] = (_k, _many(_k, None), _many_supported(None))
     _two = _k[:-1] + "2"
-    FUNCTIONS[getattr(np.fft, _two)] = (_two, _many(_k, (-2, -1)),
+    _FUNCTIONS[getattr(np.fft, _two)] = (_two, _many(_k, (-2, -1)),
                                         _many_supported((-2, -1)))
 del _k, _two
+
+for _func, _entry in _FUNCTIONS.items():
+    register_backward(_func, *_entry)
+del _func, _entry

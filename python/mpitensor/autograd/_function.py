@@ -127,7 +127,7 @@ class Function:
             out = out.__copy__()
         name = cls.__name__
 
-        def backward_fn(g):
+        def backward_fn(g, node, output):
             grads = cls.backward(ctx, g)
             if not isinstance(grads, tuple):
                 grads = (grads,)

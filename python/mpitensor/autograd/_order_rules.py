@@ -21,6 +21,7 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 from .._dtensor import DTensor
 from .._ops import _dispatch as D
 from ..placement_types import Replicate
+from ._engine import register_backward
 
 __all__ = ["scatter_along_axis"]
 
@@ -218,8 +219,8 @@ def median_grad(nan):
     return backward
 
 
-# function -> (name, backward[, supports(args, kwargs)]), merged into _rules' table.
-FUNCTIONS = {
+# function -> (name, backward[, supports(args, kwargs)]), registered below.
+_FUNCTIONS = {
     np.take_along_axis: ("take_along_axis", take_along_axis_grad, take_along_axis_supported),
     np.sort: ("sort", sort_grad),
     np.quantile: ("quantile", quantile_grad(False), quantile_supported),
@@ -229,3 +230,7 @@ FUNCTIONS = {
     np.median: ("median", median_grad(False)),
     np.nanmedian: ("nanmedian", median_grad(True)),
 }
+
+for _func, _entry in _FUNCTIONS.items():
+    register_backward(_func, *_entry)
+del _func, _entry

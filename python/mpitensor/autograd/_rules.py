@@ -1,19 +1,13 @@
 """Backward rules of the operations on DTensors.
 
-Each rule is registered once, at import, where the executor records with it:
+Each rule is registered once, at import, by ``_engine.register_backward`` (as the
+rules in ``_fft_rules``, ``_order_rules`` and ``_shape_rules``): the ufuncs and
+reduction methods the executor runs itself with ``operands=True`` (their node's
+``saved`` holds the operands, ``aux`` a reduction's ``(axis, keepdims)``), the
+registered NumPy functions without (``saved`` holds the positional arguments as
+called, ``aux`` the keywords).
 
-* the ufuncs and reduction methods the executor runs itself, by
-  ``_C.register_grad``: their node's ``saved`` holds the operands, ``aux`` a
-  reduction's ``(axis, keepdims)``;
-* the registered NumPy functions, in ``_registry.backwards``: their node's
-  ``saved`` holds the positional arguments as called and ``aux`` the keyword
-  arguments; the node's inputs are the positional arguments with lists and tuples
-  flattened once, and the rule returns one gradient per input. An optional third
-  entry, ``supports(args, kwargs)``, says whether the call has a rule (a diagonal
-  einsum does not). ``True`` as the backward says the function
-  is composed of operations that record themselves (``np.linalg.norm``).
-
-A rule is ``backward(grad, node, output)``. It computes the gradients with DTensor
+A rule is ``backward(grad, node, output)``, as the engine calls every node's. It computes the gradients with DTensor
 operations, so they run through the same executor as the forward: their
 placements come from the same decisions and are priced the same way. A gradient
 is computed only for the operands that need one; broadcast dims are summed away
@@ -29,9 +23,10 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _C, _modes, _registry
+from .. import _modes
 from . import _engine
-from .._dtensor import DTensor, _grad_placements
+from ._engine import register_backward
+from .._dtensor import DTensor, _grad_placements, _redistribute_grad
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from .._ops._advanced_index import is_advanced, mask_grad, take_grad
@@ -762,6 +757,7 @@ _WRITES = {operator.setitem: "DTensor item assignment (dt[key] = value)",
 
 # function -> (name, backward[, supports(args, kwargs)])
 _FUNCTIONS = {
+    "redistribute": ("Redistribute", _redistribute_grad),
     np.ufunc: ("ufunc", _ufunc_entry, _ufunc_supported),
     np.dot: ("dot", _dot, _dot_supported),
     np.einsum: ("einsum", _einsum, _einsum_supported),
@@ -818,20 +814,13 @@ _FUNCTIONS = {
 }
 
 
-def install(*more) -> None:
-    """Registers every backward where the executor records with it, with the
-    tables ``more`` of the rules that live in their own files (function -> entry,
-    as ``_FUNCTIONS``). Local (at import).
-
-    Example: ``install(_fft_rules.FUNCTIONS)``.
-    """
-    for table in (_FUNCTIONS,) + more:
-        for func, entry in table.items():
-            _registry.backwards[func] = entry
-    for func, message in _WRITES.items():
-        _registry.backwards[func] = (message, None)
-    for ufunc, grads in _UFUNCS.items():
-        _C.register_grad(ufunc, ufunc.__name__, _recorded_ufunc(grads))
-    _C.register_grad(np.matmul, "matmul", _recorded_matmul)
-    for func, (name, backward) in _METHODS.items():
-        _C.register_grad(func, name, backward)
+for _func, _entry in _FUNCTIONS.items():
+    register_backward(_func, *_entry)
+for _func, _message in _WRITES.items():
+    register_backward(_func, _message, None)
+for _func, _grads in _UFUNCS.items():
+    register_backward(_func, _func.__name__, _recorded_ufunc(_grads), operands=True)
+register_backward(np.matmul, "matmul", _recorded_matmul, operands=True)
+for _func, (_name, _backward) in _METHODS.items():
+    register_backward(_func, _name, _backward, operands=True)
+del _func, _entry, _message, _grads, _name, _backward

@@ -23,6 +23,7 @@ from numpy.lib.array_utils import normalize_axis_index
 from .._dtensor import DTensor
 from .._ops._advanced_index import take_grad
 from ..placement_types import Replicate, Shard
+from ._engine import register_backward
 from ._order_rules import scatter_along_axis
 from ._rules import _dtensors, _fit, _need, _pad_along, _split, _zeros
 
@@ -350,7 +351,7 @@ def _ediff1d_supported(args, kwargs) -> bool:
     return getattr(a, "size", 0) > 1
 
 
-FUNCTIONS = {
+_FUNCTIONS = {
     np.take: ("take", _take),
     np.repeat: ("repeat", _repeat),
     np.delete: ("delete", _delete),
@@ -376,3 +377,7 @@ FUNCTIONS = {
     np.flipud: ("flipud", _flipud),
     np.ediff1d: ("ediff1d", _ediff1d, _ediff1d_supported),
 }
+
+for _func, _entry in _FUNCTIONS.items():
+    register_backward(_func, *_entry)
+del _func, _entry

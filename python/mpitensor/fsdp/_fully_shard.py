@@ -1000,7 +1000,7 @@ class _State:
         need = [p.sharded._requires_grad for p in self.params]
         token._grad_fn = Node("FSDPPostBackward",
                               tuple(p.sharded if n else None for p, n in zip(self.params, need)),
-                              lambda g: self.post_backward(fwd))
+                              lambda g, node, out: self.post_backward(fwd))
         zero = DTensor.from_local(np.zeros((), self.dtype), self.mesh, everywhere)
         for i, v in enumerate(fwd.views):
             if need[i]:
@@ -1010,7 +1010,7 @@ class _State:
         return fwd
 
     def _collector(self, fwd: "_Forward", i: int, zero: DTensor):
-        def backward_fn(g):
+        def backward_fn(g, node, out):
             self._add_grad(fwd, i, g)
             return (zero,)
         return backward_fn
@@ -1153,7 +1153,7 @@ def _alias_outputs(output, pre_backward, count: list):
         alias = DTensor(output._data(), output._spec)
         alias._requires_grad = True
 
-        def backward_fn(g):
+        def backward_fn(g, node, out):
             pre_backward()
             return (g,)
         alias._grad_fn = Node("FSDPPreBackward", (output,), backward_fn)

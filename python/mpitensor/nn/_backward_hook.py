@@ -96,7 +96,7 @@ class BackwardHook:
                                  [Replicate()] * mesh.ndim)
         got = [None] * len(tensors)
 
-        def hub_backward(_):
+        def hub_backward(g, node, out):
             grads = tuple(got)
             got[:] = [None] * len(got)
             # The hooks may keep what they are given and what they return: the
@@ -125,7 +125,7 @@ class BackwardHook:
 
     @staticmethod
     def _collector(got: list, j: int, zero: DTensor):
-        def backward_fn(g):
+        def backward_fn(g, node, out):
             got[j] = g
             return (zero,)
         return backward_fn

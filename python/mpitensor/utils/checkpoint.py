@@ -57,7 +57,7 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
     if any(out is a for a in args):
         out = out.__copy__()
 
-    def backward_fn(g):
+    def backward_fn(g, node, out):
         inputs = [a.detach().requires_grad_(n) if n else a for a, n in zip(args, needs)]
         saved_state = random.get_rng_state() if state is not None else None
         current = [(m, name, m._parameters.get(name)) for m, name, _ in params]
