@@ -7,8 +7,7 @@
  * right-hand side, the eigensolver mpitensor's eigh calls. No redistribution, no
  * copies: what a ScaLAPACK program written by hand spends.
  *
- *   mpicc -O2 -o scalapack_plain benchmarks/scalapack_plain.c -lscalapack-openmpi \
- *       -llapack -lblas -lm
+ *   mpicc -O2 -o scalapack_plain benchmarks/scalapack_plain.c -lscalapack-openmpi -lm
  *   OPENBLAS_NUM_THREADS=1 mpiexec -n 2 ./scalapack_plain OP N REPS WARMUP \
  *       [NB] [NPROW] [DRIVER]
  *
