@@ -40,10 +40,13 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
   return out;
 }
 
-/* record(name, out, inputs, backward_fn): see the method table. */
+/* record(name, out, inputs, backward_fn, always=False): see the method table. */
 static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  if (nargs != 4) return PyErr_Format(PyExc_TypeError, "record takes 4 arguments");
+  if (nargs != 4 && nargs != 5)
+    return PyErr_Format(PyExc_TypeError, "record takes 4 or 5 arguments");
+  int always = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+  if (always < 0) return NULL;
   PyObject *out = args[1];
   PyObject *seq = PySequence_Fast(args[2], "record: inputs must be a sequence");
   if (seq == NULL) return NULL;
@@ -57,7 +60,7 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
   int inexact = dtype != NULL && PyArray_DescrCheck(dtype) &&
                 mt_ext_inexact((PyArray_Descr *)dtype);
   PyObject *res = Py_NewRef(out);
-  if (inexact)
+  if (inexact || always)
     res = mt_ext_record(d, args[0], args[3], res, items, n, Py_None, NULL);
   Py_DECREF(seq);
   return res;
@@ -65,9 +68,11 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 PyMethodDef mt_ext_autograd_methods[] = {
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL,
-     "record(name, out, inputs, backward_fn) -> out: makes `out` the result of a "
-     "recorded operation when one of `inputs` requires grad (grad mode is the "
-     "caller's check) and `out` is a floating-point or complex DTensor: "
+     "record(name, out, inputs, backward_fn, always=False) -> out: makes `out` the "
+     "result of a recorded operation when one of `inputs` requires grad (grad mode "
+     "is the caller's check) and `out` is a floating-point or complex DTensor, or "
+     "`always` (a node run for what its backward does, as activation "
+     "checkpointing's recomputation): "
      "out.grad_fn = Node(name, inputs needing a gradient (None for the others), "
      "backward_fn), which the engine calls as backward_fn(grad, node, out). "
      "Local.\n\n"

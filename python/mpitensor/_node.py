@@ -8,10 +8,11 @@ __all__ = ["Node"]
 
 
 class Node:
-    """``Node(name, inputs, backward_fn, saved=None, aux=None)``: what recorded one
-    operation: its ``name``, the ``inputs`` that need a gradient (None for the
-    others, in operand order) and ``backward_fn(grad, node, output)`` -> one
-    gradient per input (None for no gradient), as the engine calls every node's. A
+    """What recorded one operation, made only by the extension's ``mt_ext_record``
+    (from Python: ``_C.record``), which fills its slots: its ``name``, the
+    ``inputs`` that need a gradient (None for the others, in operand order) and
+    ``backward_fn(grad, node, output)`` -> one gradient per input (None for no
+    gradient), as the engine calls every node's. A
     node the executor made holds the call's operands in ``saved`` (an operand the
     forward all-reduced, as that reduced value) and the rest of the call in ``aux``
     (a reduction's (axis, keepdims), a function's keywords); one made for a
@@ -23,10 +24,6 @@ class Node:
     """
 
     __slots__ = ("name", "inputs", "backward_fn", "saved", "aux")
-
-    def __init__(self, name, inputs, backward_fn, saved=None, aux=None):
-        self.name, self.inputs, self.backward_fn = name, inputs, backward_fn
-        self.saved, self.aux = saved, aux
 
     def __repr__(self) -> str:
         return f"<{self.name} backward>"

@@ -879,3 +879,16 @@ def test_a_backward_is_registered_one_way():
     with pytest.raises(TypeError, match="callable, None or True"):
         register(np.flipud, "flipud", 3)
     assert mt._registry.backwards[np.flipud][0] == "flipud"
+
+
+def test_every_node_is_made_by_the_one_constructor():
+    # The graph is written on one side: mt_ext_record makes every node, Python
+    # code records through _C.record and never builds a Node itself.
+    import pathlib
+    import re
+    package = pathlib.Path(mt.__file__).parent
+    makers = [str(p.relative_to(package)) for p in package.rglob("*.py")
+              if re.search(r"\bNode\(", p.read_text())]
+    assert makers == []
+    with pytest.raises(TypeError):
+        mt.autograd.Node("made", (), None)

@@ -69,8 +69,8 @@ from .._args import resolve_mesh
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._fingerprint import fingerprint
-from ..autograd import Node, no_grad
-from ..autograd._engine import queue_callback
+from ..autograd import no_grad
+from ..autograd._engine import queue_callback, record
 from ..device_mesh import DeviceMesh, local_mesh
 from ..nn.module import Module, Parameter
 from ..placement_types import Partial, Replicate, Shard
@@ -995,17 +995,15 @@ class _State:
         fwd.views = [DTensor(p.unsharded._data(), p.unsharded._spec) for p in self.params]
         everywhere = [Replicate()] * self.mesh.ndim
         token = DTensor.from_local(np.zeros((), self.dtype), self.mesh, everywhere)
-        token._requires_grad = True
         # a parameter frozen with requires_grad_(False) gets no gradient, as torch's
+        # (record gives the node only the inputs that require grad)
         need = [p.sharded._requires_grad for p in self.params]
-        token._grad_fn = Node("FSDPPostBackward",
-                              tuple(p.sharded if n else None for p, n in zip(self.params, need)),
-                              lambda g, node, out: self.post_backward(fwd))
+        record("FSDPPostBackward", token, [p.sharded for p in self.params],
+               lambda g, node, out: self.post_backward(fwd))
         zero = DTensor.from_local(np.zeros((), self.dtype), self.mesh, everywhere)
         for i, v in enumerate(fwd.views):
             if need[i]:
-                v._requires_grad = True
-                v._grad_fn = Node("FSDPUnshard", (token,), self._collector(fwd, i, zero))
+                record("FSDPUnshard", v, (token,), self._collector(fwd, i, zero))
         self.live.add(fwd)
         return fwd
 
@@ -1150,15 +1148,12 @@ def _alias_outputs(output, pre_backward, count: list):
     if type(output) is DTensor:
         if not output._requires_grad:
             return output
-        alias = DTensor(output._data(), output._spec)
-        alias._requires_grad = True
-
         def backward_fn(g, node, out):
             pre_backward()
             return (g,)
-        alias._grad_fn = Node("FSDPPreBackward", (output,), backward_fn)
         count[0] += 1
-        return alias
+        return record("FSDPPreBackward", DTensor(output._data(), output._spec), (output,),
+                      backward_fn)
     if isinstance(output, (tuple, list)):
         items = [_alias_outputs(o, pre_backward, count) for o in output]
         if hasattr(output, "_fields"):  # a namedtuple

@@ -23,8 +23,7 @@ import numpy as np
 
 from .. import _modes
 from .._dtensor import DTensor
-from ..autograd import Node
-from ..autograd._engine import expose
+from ..autograd._engine import expose, record
 from ..autograd._hooks import agreed
 from ..placement_types import Replicate
 
@@ -109,18 +108,12 @@ class BackwardHook:
                 expose(g)
             return tuple(g if n else None for g, n in zip(result, need))
 
-        hub._requires_grad = True
-        hub._grad_fn = Node("BackwardHookFunctionBackward",
-                            tuple(t if n else None for t, n in zip(tensors, need)),
-                            hub_backward)
+        record("BackwardHookFunctionBackward", hub, tensors, hub_backward)
         out = list(items)
         for j, (i, t) in enumerate(zip(index, tensors)):
             if need[j]:
-                alias = DTensor(t._data(), t._spec)
-                alias._requires_grad = True
-                alias._grad_fn = Node("BackwardHookFunctionBackward", (hub,),
-                                      self._collector(got, j, zero))
-                out[i] = alias
+                out[i] = record("BackwardHookFunctionBackward", DTensor(t._data(), t._spec),
+                                (hub,), self._collector(got, j, zero))
         return (tuple(out) if type(items) is tuple else type(items)(*out)), index
 
     @staticmethod

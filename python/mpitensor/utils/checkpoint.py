@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from .. import random
 from .._dtensor import DTensor
-from .._node import Node
 from ..autograd import backward, enable_grad, is_grad_enabled, no_grad
+from ..autograd._engine import record
 from ..nn.module import Module
 
 __all__ = ["checkpoint", "checkpoint_wrapper", "CheckpointWrapper"]
@@ -77,10 +77,9 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
                 random.set_rng_state(saved_state)
         return tuple(x.grad if n else None for x, n in zip(inputs, needs))
 
-    out._requires_grad = True
-    out._grad_fn = Node("CheckpointFunctionBackward",
-                        tuple(a if n else None for a, n in zip(args, needs)), backward_fn)
-    return out
+    # always: the recomputation's backward reaches trainable parameters that are no
+    # input of the node, so it is recorded even when no argument requires grad.
+    return record("CheckpointFunctionBackward", out, args, backward_fn, True)
 
 
 def _owner(function):
