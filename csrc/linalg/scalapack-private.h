@@ -12,9 +12,6 @@
 
 /* Fortran's conventions: every argument by address, INTEGER is int, and each
  * CHARACTER argument adds its length, by value, after the others. */
-typedef void (*mt__sl_gemr2d)(const int *m, const int *n, const void *a, const int *ia,
-                              const int *ja, const int *desca, void *b, const int *ib,
-                              const int *jb, const int *descb, const int *ctxt);
 typedef void (*mt__sl_gesv)(const int *n, const int *nrhs, void *a, const int *ia,
                             const int *ja, const int *desca, int *ipiv, void *b,
                             const int *ib, const int *jb, const int *descb, int *info);
@@ -83,7 +80,6 @@ typedef void (*mt__sl_cgesvd)(const char *jobu, const char *jobvt, const int *m,
 
 /* The routines of one element type. */
 typedef struct mt__sl_typed {
-  mt__sl_gemr2d gemr2d;
   mt__sl_gesv gesv;
   mt__sl_getrf getrf;
   mt__sl_getri getri;
@@ -184,16 +180,17 @@ void mt__sl_matrix_free(mt__sl_matrix *mat);
 /* The block size of the block-cyclic copies of an m x n matrix on grid `g`. */
 int64_t mt__sl_cyclic_block(const mt__sl_grid *g, int64_t m, int64_t n);
 
-/* The largest block of a block distribution that the drivers factor in place. A
+/* The largest block of a block distribution that the drivers take as it lies. A
  * torch.chunk block distribution whose blocks are square (or whose grid is one
  * row or one column of processes) is already a square-block distribution, so
- * ScaLAPACK can factor it where it lies, moving nothing to set up; but its panels
+ * ScaLAPACK can factor it with each rank's block where it is, no message to set
+ * up (the copy to column-major is local); but its panels
  * are factored one column at a time (level-2 BLAS) and the last process rows
  * work alone at the end, so larger blocks go to a block-cyclic copy instead. */
-#define MT__SL_IN_PLACE_BLOCK 256
+#define MT__SL_LOCAL_BLOCK 256
 
 /* The square block of the block distribution of an m x n matrix on `g`, when the
- * drivers factor it in place, else 0. */
+ * drivers take it as it lies, else 0. */
 int64_t mt__sl_square_block(const mt__sl_grid *g, int64_t m, int64_t n);
 
 /* Collective on the grid. `status` agreed over the grid's members (mt_agree_comm). */
@@ -203,26 +200,24 @@ int mt__sl_agree(const mt__sl_grid *g, int status, mt_error *err);
  * process saw is every member's. */
 int mt__sl_agree_info(const mt__sl_grid *g, int *info, mt_error *err);
 
-/* One call's grid and its m x n matrix, in the caller's block and in the
- * square-block copy the routines run on (the caller's block itself when its blocks
- * are square and small enough). */
+/* One call's grid and its m x n matrix in the square-block copy the routines run
+ * on, taken from the caller's row-major blocks (mt__sl_rows_to_cyclic). */
 typedef struct mt__sl_job {
   const mt_scalapack *sl;
   const mt__sl_typed *t;
   int k; /* the type's index */
   size_t itemsize;
   int m, n, nb, one;
-  int in_place; /* whether cyc describes the caller's block itself */
-  int turned;   /* whether cg is a grid of its own (see mt__sl_job_open_turned) */
-  mt__sl_grid g;  /* the caller's block's grid */
+  int turned;     /* whether cg is a grid of its own (see mt__sl_job_open_turned) */
+  mt__sl_grid g;  /* the caller's blocks' grid */
   mt__sl_grid cg; /* cyc's grid: g, or g turned */
-  mt__sl_matrix blk, cyc;
+  mt__sl_matrix cyc;
 } mt__sl_job;
 
-/* Collective on the mesh. The grid, the caller's block of the m x n A at `a`, its
- * cyclic copy (allocated, agreed on) and A copied into it. */
+/* Collective on the mesh. The grid, the cyclic copy of the m x n A (allocated,
+ * agreed on) and A copied into it from the caller's block at `a`. */
 int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                    int type, int64_t m, int64_t n, void *a, mt__sl_job *j,
+                    int type, int64_t m, int64_t n, const void *a, mt__sl_job *j,
                     mt_error *err);
 
 /* Collective on the mesh. As mt__sl_job_open, but a P x 1 grid's cyclic copy
@@ -231,8 +226,24 @@ int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
  * pXgesv took less time on it. For the square drivers whose only use of the
  * grid's shape is through the copy's descriptor. */
 int mt__sl_job_open_turned(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
-                           int col_dim, int type, int64_t m, int64_t n, void *a,
+                           int col_dim, int type, int64_t m, int64_t n, const void *a,
                            mt__sl_job *j, mt_error *err);
+
+/* Collective on the grid. Copies the m x n matrix whose caller's blocks
+ * (torch.chunk's on j->g: ceil(m/Pr) rows by ceil(n/Pc) columns, each rank's
+ * row-major and contiguous) are at `rows` into `cyc`, a block-cyclic matrix of at
+ * least m x n on grid `on` (j->g or j->cg: the same processes in the same order),
+ * its leading m x n part: one message per pair of ranks sharing entries
+ * (scalapack_exchange.c). MT_ENOMEM, MT_EOVERFLOW, agreed over the grid. */
+int mt__sl_rows_to_cyclic(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
+                          int64_t n, const void *rows, mt__sl_matrix *cyc,
+                          mt_error *err);
+
+/* Collective on the grid. The other way: the leading m x n part of `cyc` into the
+ * caller's blocks at `rows`. */
+int mt__sl_cyclic_to_rows(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
+                          int64_t n, const mt__sl_matrix *cyc, void *rows,
+                          mt_error *err);
 
 /* Collective on the grid. Frees the cyclic copy and the grid. */
 void mt__sl_job_close(mt__sl_job *j);

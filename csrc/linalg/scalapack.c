@@ -1,7 +1,7 @@
-/* The ScaLAPACK drivers: each describes the caller's block-distributed matrix,
- * copies it to a block-cyclic one with pXgemr2d (the factorizations want square
- * blocks, and the cyclic layout balances their work), runs the routine and copies
- * the result back into the caller's block. */
+/* The ScaLAPACK drivers: each copies the caller's block-distributed matrix to a
+ * block-cyclic one (the factorizations want square blocks, and the cyclic layout
+ * balances their work; scalapack_exchange.c), runs the routine and copies the
+ * result back into the caller's blocks. */
 #include <complex.h>
 #include <math.h>
 #include <stdlib.h>
@@ -15,10 +15,8 @@ static const double HALF_TURN = 3.14159265358979323846;
 typedef mt__sl_job job;
 
 /* Collective on the grid. Copies the cyclic matrix back into the caller's block. */
-static void job_back(job *j) {
-  if (j->in_place) return;
-  j->t->gemr2d(&j->n, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, j->blk.data,
-               &j->one, &j->one, j->blk.desc, &j->g.ctxt);
+static int job_back(job *j, void *a, mt_error *err) {
+  return mt__sl_cyclic_to_rows(j, &j->cg, j->n, j->n, &j->cyc, a, err);
 }
 
 /* The pivots of a cyclic matrix's local rows (pXgetrf's IPIV), agreed allocated. */
@@ -29,36 +27,26 @@ static int pivots(job *j, int **ipiv, mt_error *err) {
 }
 
 int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                       int type, int64_t n, void *a, int64_t nrhs, void *b, int *info,
-                       mt_error *err) {
+                       int type, int64_t n, const void *a, int64_t nrhs, void *b,
+                       int *info, mt_error *err) {
   job j;
   if (nrhs < 1) return mt_error_set(err, MT_EINVAL, "solve wants nrhs >= 1");
   int rc = mt__sl_job_open_turned(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
-  mt__sl_matrix bblk = {0}, bcyc = {0};
+  mt__sl_matrix bcyc = {0};
   int *ipiv = NULL;
-  rc = mt__sl_matrix_init(sl, &j.g, n, nrhs, (n + j.g.nprow - 1) / j.g.nprow,
-                          (nrhs + j.g.npcol - 1) / j.g.npcol, j.itemsize, b, &bblk, err);
-  /* In place, B keeps its column blocks: pXgesv asks only its row blocks to be A's. */
-  if (rc == MT_OK && j.in_place)
-    rc = mt__sl_matrix_init(sl, &j.g, n, nrhs, j.nb, (nrhs + j.g.npcol - 1) / j.g.npcol,
-                            j.itemsize, b, &bcyc, err);
-  else if (rc == MT_OK)
-    rc = mt__sl_matrix_init(sl, &j.cg, n, nrhs, j.nb, j.nb, j.itemsize, NULL, &bcyc, err);
+  rc = mt__sl_matrix_init(sl, &j.cg, n, nrhs, j.nb, j.nb, j.itemsize, NULL, &bcyc, err);
   rc = mt__sl_agree(&j.g, rc, err);
   if (rc == MT_OK) rc = pivots(&j, &ipiv, err);
+  if (rc == MT_OK) rc = mt__sl_rows_to_cyclic(&j, &j.cg, n, nrhs, b, &bcyc, err);
   if (rc == MT_OK) {
     int m = (int)nrhs;
-    if (!j.in_place)
-      j.t->gemr2d(&j.n, &m, bblk.data, &j.one, &j.one, bblk.desc, bcyc.data, &j.one,
-                  &j.one, bcyc.desc, &j.g.ctxt);
     j.t->gesv(&j.n, &m, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, bcyc.data, &j.one,
               &j.one, bcyc.desc, info);
     rc = mt__sl_agree_info(&j.g, info, err);
-    if (rc == MT_OK && *info == 0 && !j.in_place)
-      j.t->gemr2d(&j.n, &m, bcyc.data, &j.one, &j.one, bcyc.desc, bblk.data, &j.one,
-                  &j.one, bblk.desc, &j.g.ctxt);
   }
+  if (rc == MT_OK && *info == 0)
+    rc = mt__sl_cyclic_to_rows(&j, &j.cg, n, nrhs, &bcyc, b, err);
   free(ipiv);
   mt__sl_matrix_free(&bcyc);
   mt__sl_job_close(&j);
@@ -97,7 +85,7 @@ int mt_scalapack_inv(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col
     rc = mt__sl_agree_info(&j.g, info, err);
   }
   if (rc == MT_OK && *info == 0) rc = invert(&j, ipiv, info, err);
-  if (rc == MT_OK && *info == 0) job_back(&j);
+  if (rc == MT_OK && *info == 0) rc = job_back(&j, a, err);
   free(ipiv);
   mt__sl_job_close(&j);
   return rc;
@@ -143,7 +131,7 @@ static void det_share(const job *j, const int *ipiv, double share[2]) {
 }
 
 int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
-                         int col_dim, int type, int64_t n, void *a, double *out,
+                         int col_dim, int type, int64_t n, const void *a, double *out,
                          mt_error *err) {
   job j;
   int *ipiv = NULL, info = 0;
@@ -185,7 +173,7 @@ int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
   rc = mt__sl_agree_info(&j.g, info, err);
   if (rc == MT_OK && *info == 0) {
     zero_other_triangle(&j, *uplo);
-    job_back(&j);
+    rc = job_back(&j, a, err);
   }
   mt__sl_job_close(&j);
   return rc;
@@ -273,8 +261,7 @@ int mt_scalapack_eigh(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int co
   if (rc != MT_OK) return rc;
   rc = eigh_solve(&j, upper ? "U" : "L", vectors, w, &z, info, err);
   if (rc == MT_OK && *info == 0 && vectors)
-    j.t->gemr2d(&j.n, &j.n, z.data, &j.one, &j.one, z.desc, j.blk.data, &j.one, &j.one,
-                j.blk.desc, &j.g.ctxt);
+    rc = mt__sl_cyclic_to_rows(&j, &j.g, j.n, j.n, &z, a, err);
   mt__sl_matrix_free(&z);
   mt__sl_job_close(&j);
   return rc;

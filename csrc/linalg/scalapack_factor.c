@@ -12,12 +12,11 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
-/* Describes the caller's block of an m x n factor at `data`: torch.chunk's blocks
- * of ceil(m/Pr) rows and ceil(n/Pc) columns. */
-static int caller_block(mt__sl_job *j, int64_t m, int64_t n, void *data,
-                        mt__sl_matrix *out, mt_error *err) {
-  return mt__sl_matrix_init(j->sl, &j->g, m, n, ceil_div(m, j->g.nprow),
-                            ceil_div(n, j->g.npcol), j->itemsize, data, out, err);
+/* The leading m x n part of the cyclic `src` into the caller's blocks at `out`
+ * (torch.chunk's, row-major). */
+static int out_rows(mt__sl_job *j, const mt__sl_matrix *src, int64_t m, int64_t n,
+                    void *out, mt_error *err) {
+  return mt__sl_cyclic_to_rows(j, &j->g, m, n, src, out, err);
 }
 
 /* The routine's INFO agreed over the grid; a negative one (a rejected argument) is
@@ -47,32 +46,34 @@ static int geqrf_on(mt__sl_job *j, mt__sl_matrix *mat, int n, void *tau, mt_erro
   return rc;
 }
 
+/* The leading columns of the cyclic `src` into those of `dst`, a wider matrix on
+ * the same grid in the same blocks: their local blocks match column for column. */
+static void widen(const mt__sl_matrix *src, mt__sl_matrix *dst, size_t itemsize) {
+  memcpy(dst->data, src->data, (size_t)(src->desc[8] * src->local_cols) * itemsize);
+}
+
 /* pXgeqrf on the cyclic copy. */
 static int qr_factor(mt__sl_job *j, void *tau, mt_error *err) {
   return geqrf_on(j, &j->cyc, j->n, tau, err);
 }
 
-/* Zeroes the entries of a caller's block that lie below the global diagonal. */
-static void zero_below_diagonal(const mt__sl_job *j, mt__sl_matrix *b) {
-  int64_t row0 = (int64_t)j->g.myrow * b->desc[4], col0 = (int64_t)j->g.mycol * b->desc[5];
-  int64_t lld = b->desc[8];
-  for (int64_t c = 0; c < b->local_cols; ++c)
-    for (int64_t i = c + col0 + 1 - row0 > 0 ? c + col0 + 1 - row0 : 0; i < b->local_rows;
-         ++i)
-      memset((char *)b->data + (size_t)(i + c * lld) * j->itemsize, 0, j->itemsize);
+/* Zeroes the entries of this rank's block (row-major) of an m x n matrix that lie
+ * below the global diagonal. */
+static void zero_below_diagonal(const mt__sl_job *j, int64_t m, int64_t n, void *data) {
+  int64_t mb = ceil_div(m, j->g.nprow), nb = ceil_div(n, j->g.npcol);
+  int64_t row0 = j->g.myrow * mb, col0 = j->g.mycol * nb;
+  int64_t rows = m - row0 < mb ? m - row0 : mb, cols = n - col0 < nb ? n - col0 : nb;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < cols && col0 + c < row0 + i; ++c)
+      memset((char *)data + (size_t)(i * cols + c) * j->itemsize, 0, j->itemsize);
 }
 
 /* R: the first `rrows` rows of the factored copy, upper triangle, into the
  * caller's block at `r`. */
 static int r_out(mt__sl_job *j, int64_t rrows, void *r, mt_error *err) {
-  mt__sl_matrix rb = {0};
-  int rc = mt__sl_agree(&j->g, caller_block(j, rrows, j->n, r, &rb, err), err);
-  if (rc != MT_OK) return rc;
-  int rows = (int)rrows;
-  j->t->gemr2d(&rows, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, rb.data,
-               &j->one, &j->one, rb.desc, &j->g.ctxt);
-  zero_below_diagonal(j, &rb);
-  return MT_OK;
+  int rc = out_rows(j, &j->cyc, rrows, j->n, r, err);
+  if (rc == MT_OK) zero_below_diagonal(j, rrows, j->n, r);
+  return rc;
 }
 
 /* pXorgqr (pXungqr) on `src`, whose first `k` columns hold the reflectors: the
@@ -99,29 +100,25 @@ static int q_form(mt__sl_job *j, mt__sl_matrix *src, int cols, int k, const void
  * factored copy itself, or, with more columns than A has, in a wider copy the
  * reflectors go to first (same blocks, so `tau` still fits it). */
 static int q_out(mt__sl_job *j, const void *tau, int64_t qcols, void *q, mt_error *err) {
-  mt__sl_matrix qb = {0}, wide = {0}, *src = &j->cyc;
-  int cols = (int)qcols;
-  int rc = caller_block(j, j->m, qcols, q, &qb, err);
-  if (rc == MT_OK && cols > j->n) {
+  mt__sl_matrix wide = {0}, *src = &j->cyc;
+  int cols = (int)qcols, rc = MT_OK;
+  if (cols > j->n) {
     rc = mt__sl_matrix_init(j->sl, &j->g, j->m, qcols, j->nb, j->nb, j->itemsize, NULL,
                             &wide, err);
     src = &wide;
   }
   rc = mt__sl_agree(&j->g, rc, err);
   if (rc == MT_OK && src == &wide)
-    j->t->gemr2d(&j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, wide.data,
-                 &j->one, &j->one, wide.desc, &j->g.ctxt);
+    widen(&j->cyc, &wide, j->itemsize);
   if (rc == MT_OK) rc = q_form(j, src, cols, min_int(j->m, j->n), tau, err);
-  if (rc == MT_OK)
-    j->t->gemr2d(&j->m, &cols, src->data, &j->one, &j->one, src->desc, qb.data, &j->one,
-                 &j->one, qb.desc, &j->g.ctxt);
+  if (rc == MT_OK) rc = out_rows(j, src, j->m, qcols, q, err);
   mt__sl_matrix_free(&wide);
   return rc;
 }
 
 int mt_scalapack_qr(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                    int type, int64_t m, int64_t n, void *a, int64_t rrows, void *r,
-                    int64_t qcols, void *q, mt_error *err) {
+                    int type, int64_t m, int64_t n, const void *a, int64_t rrows,
+                    void *r, int64_t qcols, void *q, mt_error *err) {
   mt__sl_job j;
   void *tau = NULL;
   int64_t k = m < n ? m : n;
@@ -173,9 +170,7 @@ int mt_scalapack_geqrf(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
   if (rc != MT_OK) return rc;
   rc = mt__sl_alloc(&j, &local_tau, (m > n ? m : n) + j.nb, j.itemsize, err);
   if (rc == MT_OK) rc = qr_factor(&j, local_tau, err);
-  if (rc == MT_OK && !j.in_place)
-    j.t->gemr2d(&j.m, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, j.blk.data, &j.one,
-                &j.one, j.blk.desc, &j.g.ctxt);
+  if (rc == MT_OK) rc = out_rows(&j, &j.cyc, m, n, a, err);
   if (rc == MT_OK) rc = tau_out(&j, local_tau, min_int(j.m, j.n), tau, err);
   free(local_tau);
   mt__sl_job_close(&j);
@@ -183,9 +178,10 @@ int mt_scalapack_geqrf(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
 }
 
 /* One call's singular vectors: U (m x k) and Vh (k x n), each in a square-block
- * copy, and in the caller's block (U's of `ucols` columns), or absent. */
+ * copy, and the caller's blocks they go to (U's of `ucols` columns), or absent. */
 typedef struct vectors {
-  mt__sl_matrix ucyc, ublk, vcyc, vblk;
+  mt__sl_matrix ucyc, vcyc;
+  void *u, *vt;
   int want_u, want_v, ucols;
 } vectors;
 
@@ -194,11 +190,10 @@ static int vectors_open(mt__sl_job *j, void *u, int64_t ucols, void *vt, vectors
   int k = min_int(j->m, j->n), rc = MT_OK;
   memset(v, 0, sizeof *v);
   v->want_u = u != NULL, v->want_v = vt != NULL, v->ucols = (int)ucols;
-  if (v->want_u) rc = caller_block(j, j->m, ucols, u, &v->ublk, err);
-  if (rc == MT_OK && v->want_u)
+  v->u = u, v->vt = vt;
+  if (v->want_u)
     rc = mt__sl_matrix_init(j->sl, &j->g, j->m, k, j->nb, j->nb, j->itemsize, NULL,
                             &v->ucyc, err);
-  if (rc == MT_OK && v->want_v) rc = caller_block(j, k, j->n, vt, &v->vblk, err);
   if (rc == MT_OK && v->want_v)
     rc = mt__sl_matrix_init(j->sl, &j->g, k, j->n, j->nb, j->nb, j->itemsize, NULL,
                             &v->vcyc, err);
@@ -263,26 +258,22 @@ static int u_out(mt__sl_job *j, vectors *v, mt_error *err) {
     rc = mt__sl_agree(&j->g, rc, err);
     if (rc == MT_OK) rc = mt__sl_alloc(j, &tau, (int64_t)cols + j->nb, j->itemsize, err);
     if (rc == MT_OK) {
-      j->t->gemr2d(&j->m, &k, v->ucyc.data, &j->one, &j->one, v->ucyc.desc, wide.data,
-                   &j->one, &j->one, wide.desc, &j->g.ctxt);
+      widen(&v->ucyc, &wide, j->itemsize);
       rc = geqrf_on(j, &wide, k, tau, err);
     }
     if (rc == MT_OK) rc = q_form(j, &wide, cols, k, tau, err);
     if (rc == MT_OK)
-      j->t->gemr2d(&j->m, &k, v->ucyc.data, &j->one, &j->one, v->ucyc.desc, wide.data,
-                   &j->one, &j->one, wide.desc, &j->g.ctxt);
+      widen(&v->ucyc, &wide, j->itemsize);
     src = &wide;
   }
-  if (rc == MT_OK)
-    j->t->gemr2d(&j->m, &cols, src->data, &j->one, &j->one, src->desc, v->ublk.data,
-                 &j->one, &j->one, v->ublk.desc, &j->g.ctxt);
+  if (rc == MT_OK) rc = out_rows(j, src, j->m, cols, v->u, err);
   free(tau);
   mt__sl_matrix_free(&wide);
   return rc;
 }
 
 int mt_scalapack_svd(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                     int type, int64_t m, int64_t n, void *a, void *s, void *u,
+                     int type, int64_t m, int64_t n, const void *a, void *s, void *u,
                      int64_t ucols, void *vt, int *info, mt_error *err) {
   mt__sl_job j;
   vectors v;
@@ -294,11 +285,9 @@ int mt_scalapack_svd(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col
   if (rc != MT_OK) return rc;
   rc = vectors_open(&j, u, ucols, vt, &v, err);
   if (rc == MT_OK) rc = svd_run(&j, &v, s, info, err);
-  int kk = min_int(j.m, j.n);
   if (rc == MT_OK && *info == 0 && v.want_u) rc = u_out(&j, &v, err);
   if (rc == MT_OK && *info == 0 && v.want_v)
-    j.t->gemr2d(&kk, &j.n, v.vcyc.data, &j.one, &j.one, v.vcyc.desc, v.vblk.data, &j.one,
-                &j.one, v.vblk.desc, &j.g.ctxt);
+    rc = out_rows(&j, &v.vcyc, min_int(j.m, j.n), j.n, v.vt, err);
   vectors_close(&v);
   mt__sl_job_close(&j);
   return rc;

@@ -253,7 +253,7 @@ int64_t mt__sl_cyclic_block(const mt__sl_grid *g, int64_t m, int64_t n) {
 int64_t mt__sl_square_block(const mt__sl_grid *g, int64_t m, int64_t n) {
   int64_t mb = (m + g->nprow - 1) / g->nprow, nb = (n + g->npcol - 1) / g->npcol;
   int64_t block = g->npcol == 1 ? mb : g->nprow == 1 ? nb : mb == nb ? mb : 0;
-  return block <= MT__SL_IN_PLACE_BLOCK ? block : 0;
+  return block <= MT__SL_LOCAL_BLOCK ? block : 0;
 }
 
 int mt__sl_agree(const mt__sl_grid *g, int status, mt_error *err) {

@@ -1,5 +1,5 @@
 /* What every ScaLAPACK driver does around its routine: the checks every rank makes
- * alone, the grid, the caller's block and its square-block copy, and workspaces
+ * alone, the grid and the square-block copy of the caller's blocks, and workspaces
  * allocated with the grid's agreement. */
 #include <stdlib.h>
 #include <string.h>
@@ -39,25 +39,21 @@ static int cyclic_grid(mt__sl_job *j, mt_mesh *mesh, int row_dim, int turn, int6
   return j->g.cached ? mt__sl_grid_open(j->sl, mesh, row_dim, -1, &j->g, err) : MT_OK;
 }
 
-/* The caller's block and the copy the routine runs on, agreed on. */
-static int describe(mt__sl_job *j, int64_t m, int64_t n, void *a, mt_error *err) {
+/* The copy the routine runs on, agreed on: in the caller's own blocks when they
+ * are square, so that no rank sends anything. */
+static int describe(mt__sl_job *j, int64_t m, int64_t n, mt_error *err) {
   int64_t square = mt__sl_square_block(&j->g, m, n);
   int64_t nb = square > 0 ? square : mt__sl_cyclic_block(&j->cg, m, n);
-  j->in_place = square > 0;
   j->nb = (int)nb;
-  int rc = mt__sl_matrix_init(j->sl, &j->g, m, n, (m + j->g.nprow - 1) / j->g.nprow,
-                              (n + j->g.npcol - 1) / j->g.npcol, j->itemsize, a, &j->blk,
-                              err);
-  if (rc == MT_OK)
-    rc = mt__sl_matrix_init(j->sl, &j->cg, m, n, nb, nb, j->itemsize,
-                            j->in_place ? a : NULL, &j->cyc, err);
+  int rc =
+      mt__sl_matrix_init(j->sl, &j->cg, m, n, nb, nb, j->itemsize, NULL, &j->cyc, err);
   return mt__sl_agree(&j->g, rc, err);
 }
 
 /* mt__sl_job_open, the copy on a turned grid with `turn`. */
 static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                    int type, int64_t m, int64_t n, void *a, int turn, mt__sl_job *j,
-                    mt_error *err) {
+                    int type, int64_t m, int64_t n, const void *a, int turn,
+                    mt__sl_job *j, mt_error *err) {
   int rc = check(sl, type, m, n, err);
   if (rc != MT_OK) return rc;
   memset(j, 0, sizeof *j);
@@ -71,26 +67,24 @@ static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
     mt__sl_grid_close(sl, &j->g);
     return rc;
   }
-  rc = describe(j, m, n, a, err);
+  rc = describe(j, m, n, err);
+  if (rc == MT_OK) rc = mt__sl_rows_to_cyclic(j, &j->cg, m, n, a, &j->cyc, err);
   if (rc != MT_OK) {
     mt__sl_job_close(j);
     return rc;
   }
   j->m = (int)m, j->n = (int)n;
-  if (!j->in_place)
-    j->t->gemr2d(&j->m, &j->n, j->blk.data, &j->one, &j->one, j->blk.desc, j->cyc.data,
-                 &j->one, &j->one, j->cyc.desc, &j->g.ctxt);
   return MT_OK;
 }
 
 int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                    int type, int64_t m, int64_t n, void *a, mt__sl_job *j,
+                    int type, int64_t m, int64_t n, const void *a, mt__sl_job *j,
                     mt_error *err) {
   return job_open(sl, mesh, row_dim, col_dim, type, m, n, a, 0, j, err);
 }
 
 int mt__sl_job_open_turned(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
-                           int col_dim, int type, int64_t m, int64_t n, void *a,
+                           int col_dim, int type, int64_t m, int64_t n, const void *a,
                            mt__sl_job *j, mt_error *err) {
   return job_open(sl, mesh, row_dim, col_dim, type, m, n, a, 1, j, err);
 }

@@ -28,9 +28,8 @@ typedef struct entry {
 
 #define TYPED(field) offsetof(mt__sl_typed, field)
 static const entry TYPED_ENTRIES[] = {
-    {"p?gemr2d_", TYPED(gemr2d)}, {"p?gesv_", TYPED(gesv)},   {"p?getrf_", TYPED(getrf)},
-    {"p?getri_", TYPED(getri)},   {"p?potrf_", TYPED(potrf)}, {"p?laset_", TYPED(laset)},
-    {"p?geqrf_", TYPED(geqrf)},
+    {"p?gesv_", TYPED(gesv)},   {"p?getrf_", TYPED(getrf)}, {"p?getri_", TYPED(getri)},
+    {"p?potrf_", TYPED(potrf)}, {"p?laset_", TYPED(laset)}, {"p?geqrf_", TYPED(geqrf)},
 };
 #undef TYPED
 

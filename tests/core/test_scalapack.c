@@ -34,7 +34,7 @@ static double entry(int64_t n, int64_t i, int64_t j, int zero_row) {
   return (i == j ? 2.0 * (double)n + 3.0 : 0.0) + (double)((i * 7 + j * 3) % 5) - 2.0;
 }
 
-/* This rank's rows of A, column-major (leading dimension its row count). */
+/* This rank's rows of A, row-major. */
 static double *my_block(int64_t n, int zero_row, int64_t *rows) {
   int64_t lo, hi;
   my_rows(n, &lo, &hi);
@@ -42,7 +42,7 @@ static double *my_block(int64_t n, int zero_row, int64_t *rows) {
   double *a = calloc((size_t)((*rows > 0 ? *rows : 1) * n), sizeof *a);
   CHECK(a != NULL);
   for (int64_t j = 0; a != NULL && j < n; ++j)
-    for (int64_t i = lo; i < hi; ++i) a[(i - lo) + j * *rows] = entry(n, i, j, zero_row);
+    for (int64_t i = lo; i < hi; ++i) a[(i - lo) * n + j] = entry(n, i, j, zero_row);
   return a;
 }
 
@@ -92,7 +92,7 @@ static void test_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int64_t n) {
   my_rows(n, &lo, &hi);
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = lo; i < hi; ++i)
-      if (j > i) a[(i - lo) + j * rows] = 0.0;
+      if (j > i) a[(i - lo) * n + j] = 0.0;
   for (int64_t i = 0; i < n; ++i) want += log(fabs(entry(n, i, i, 0)));
   mt_error err = {0};
   CHECK(mt_scalapack_slogdet(sl, mesh, 0, -1, 'd', n, a, out, &err) == MT_OK);
@@ -118,7 +118,7 @@ static void check_two_eye(const mt_scalapack *sl, mt_mesh *mesh, int64_t n, int 
   double *a = calloc((size_t)((rows > 0 ? rows : 1) * (cols > 0 ? cols : 1)), sizeof *a);
   CHECK(a != NULL);
   for (int64_t c = 0; a != NULL && c < cols; ++c)
-    for (int64_t i = 0; i < rows; ++i) a[i + c * rows] = r0 + i == c0 + c ? 2.0 : 0.0;
+    for (int64_t i = 0; i < rows; ++i) a[i * cols + c] = r0 + i == c0 + c ? 2.0 : 0.0;
   double out[2] = {0, 0};
   mt_error err = {0};
   CHECK_MSG(mt_scalapack_slogdet(sl, mesh, rd, cd, 'd', n, a, out, &err) == MT_OK, "%s",
@@ -163,7 +163,7 @@ static void test_grid_cache_drops_the_oldest(const mt_scalapack *sl) {
 }
 
 /* This rank's rows of an m x n matrix (entry(m, i, j) as the square one's),
- * column-major: torch.chunk's blocks of ceil(m/P) rows. */
+ * row-major: torch.chunk's blocks of ceil(m/P) rows. */
 static double *tall_block(int64_t m, int64_t n, int64_t *lo, int64_t *rows) {
   int64_t hi;
   my_rows(m, lo, &hi);
@@ -171,7 +171,7 @@ static double *tall_block(int64_t m, int64_t n, int64_t *lo, int64_t *rows) {
   double *a = calloc((size_t)((*rows > 0 ? *rows : 1) * n), sizeof *a);
   CHECK(a != NULL);
   for (int64_t j = 0; a != NULL && j < n; ++j)
-    for (int64_t i = 0; i < *rows; ++i) a[i + j * *rows] = entry(m, *lo + i, j, 0);
+    for (int64_t i = 0; i < *rows; ++i) a[i * n + j] = entry(m, *lo + i, j, 0);
   return a;
 }
 
@@ -188,7 +188,7 @@ static void test_geqrf(const mt_scalapack *sl, mt_mesh *mesh, int64_t m, int64_t
             err.msg);
   for (int64_t j = 0; j < k; ++j)
     for (int64_t i = 0; i < rows; ++i)
-      if (lo + i > j) sums[j] += a[i + j * rows] * a[i + j * rows];
+      if (lo + i > j) sums[j] += a[i * n + j] * a[i * n + j];
   if (rows > 0 && lo == 0) sums[k] = fabs(a[0]);
   MPI_Allreduce(MPI_IN_PLACE, sums, (int)k + 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   double *first = calloc((size_t)k, sizeof *first);
@@ -218,7 +218,7 @@ static void test_svd_complete_u(const mt_scalapack *sl, mt_mesh *mesh, int64_t m
   CHECK(info == 0);
   for (int64_t p = 0; p < m; ++p)
     for (int64_t q = 0; q < m; ++q)
-      for (int64_t i = 0; i < rows; ++i) g[p + q * m] += u[i + p * rows] * u[i + q * rows];
+      for (int64_t i = 0; i < rows; ++i) g[p + q * m] += u[i * m + p] * u[i * m + q];
   MPI_Allreduce(MPI_IN_PLACE, g, (int)(m * m), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   for (int64_t p = 0; p < m; ++p)
     for (int64_t q = 0; q < m; ++q)

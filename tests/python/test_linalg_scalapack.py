@@ -221,14 +221,18 @@ def test_non_contiguous_locals():
 
 
 def test_inputs_are_not_overwritten():
-    """ScaLAPACK factors in place: the DTensor passed in keeps its values, even
-    where a one-row block is a Fortran-ordered array already."""
+    """The drivers write their results into the blocks they are given: the DTensor
+    passed in keeps its values, its C-ordered block being passed as it is where a
+    driver only reads it."""
     n = P + 1 if P > 1 else 3
     a = matrix(n, np.float64, seed=9, spd=True)
     da = dist(a, ((P,), [S0]))
-    for f in (np.linalg.inv, np.linalg.det, np.linalg.cholesky, np.linalg.eigh):
+    calls = (np.linalg.inv, np.linalg.det, np.linalg.cholesky, np.linalg.eigh,
+             np.linalg.eigvalsh, np.linalg.svd, lambda x: np.linalg.solve(x, np.ones(n)),
+             lambda x: np.linalg.qr(x, mode="complete"), lambda x: np.linalg.qr(x, "raw"))
+    for k, f in enumerate(calls):
         f(da)
-        assert np.array_equal(da.full_tensor(), a), f.__name__
+        assert np.array_equal(da.full_tensor(), a), k
 
 
 def test_batched():
@@ -507,7 +511,7 @@ def test_empty_matrices_and_stacks():
 @pytest.mark.parametrize("layout", [((2, 2), [S0, S1])] if P == 4 else
                          [((P,), [S0]), ((P,), [S1])], ids=str)
 def test_blocks_too_large_to_factor_in_place_go_block_cyclic(layout):
-    """Blocks of more than 256 rows go to a block-cyclic copy (pXgemr2d) and back,
+    """Blocks of more than 256 rows go to a block-cyclic copy and back,
     a solve's of rows alone on the 1 x P grid: the same answers."""
     n = 257 * max(layout[0]) + 3
     a = matrix(n, np.float64, seed=11, spd=True)
@@ -532,3 +536,32 @@ def test_blocks_too_large_to_factor_in_place_go_block_cyclic(layout):
     assert np.linalg.norm(a @ vf - vf * w.full_tensor()) < bound
     np.testing.assert_allclose(np.linalg.slogdet(da)[1].full_tensor(), np.linalg.slogdet(a)[1],
                                rtol=1e-10)
+
+
+@pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
+@pytest.mark.parametrize("dtype", (np.float32, np.complex128),
+                         ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("layout", [((P,), [S0]), ((P,), [S1])] +
+                         ([((2, 2), [S1, S0])] if P == 4 else []), ids=str)
+def test_block_cyclic_copy_of_other_types_and_uneven_blocks(layout, dtype):
+    """The pieces each rank packs for the block-cyclic copy and unpacks on the way
+    back (csrc/linalg/scalapack_exchange.c), in 4- and 16-byte elements, from
+    uneven blocks larger than the drivers take as they lie: solve (columns of b
+    over no mesh dim), inv, eigh's vectors and cholesky as NumPy's."""
+    n = 257 * max(layout[0]) + 3
+    a = matrix(n, dtype, seed=5, spd=True)
+    da = dist(a, layout)
+    mesh = da.device_mesh
+    tol = 50 * n * eps(dtype)
+    bs = matrix(n, dtype, seed=6)[:, :3]
+    xs = np.linalg.solve(da, distribute_tensor(bs, mesh, [R] * mesh.ndim)).full_tensor()
+    assert np.linalg.norm(a @ xs - bs) < tol * np.linalg.norm(a) * np.linalg.norm(xs)
+    inv = np.linalg.inv(da)
+    assert inv.placements == da.placements
+    assert np.linalg.norm(a @ inv.full_tensor() - np.eye(n)) < tol * np.linalg.cond(a)
+    w, v = np.linalg.eigh(da)
+    vf, wf = v.full_tensor(), w.full_tensor()
+    assert np.linalg.norm(a @ vf - vf * wf) < tol * np.linalg.norm(a)
+    low = np.linalg.cholesky(da).full_tensor()
+    assert np.linalg.norm(low @ low.conj().T - a) < tol * np.linalg.norm(a)
+    assert np.all(np.triu(low, 1) == 0)

@@ -324,3 +324,29 @@ def test_row_sharded_svd_above_the_small_size_keeps_scalapack(monkeypatch):
     assert np.abs(s.full_tensor() - want).max() <= 1e-10 * want.max()
     uf, vf = u.full_tensor(), vh.full_tensor()
     assert np.linalg.norm(a - (uf * s.full_tensor()) @ vf) <= 1e-11 * np.linalg.norm(a)
+
+
+@pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
+@pytest.mark.parametrize("case", [((P,), [S0], (257 * P + 3, 300), np.complex128),
+                                  ((P,), [S1], (300, 257 * P + 3), np.float32)] +
+                         ([((2, 2), [S0, S1], (1, 9), np.float64),
+                           ((2, 2), [S0, S1], (9, 1), np.complex128)] if P == 4 else []),
+                         ids=str)
+def test_factors_through_the_block_cyclic_copy(case):
+    """QR and SVD whose factors come back from the block-cyclic copy into blocks
+    of other shapes than A's (csrc/linalg/scalapack_exchange.c): row blocks too
+    large to take as they lie, and 2-D grids with a rank holding no rows or no
+    columns."""
+    mesh_shape, placements, shape, dtype = case
+    a = matrix(shape, dtype, seed=4)
+    da = dist(a, (mesh_shape, placements))
+    m, n = shape
+    t = 50 * max(m, n) * float(np.finfo(dtype).eps) * np.linalg.norm(a)
+    q, r = np.linalg.qr(da, mode="complete")
+    assert same_layout(q, da) and same_layout(r, da)
+    qf, rf = q.full_tensor(), r.full_tensor()
+    assert np.linalg.norm(qf @ rf - a) < t and np.all(np.tril(rf, -1) == 0)
+    u, s, vh = np.linalg.svd(da, full_matrices=False)
+    uf, sf, vf = u.full_tensor(), s.full_tensor(), vh.full_tensor()
+    assert np.linalg.norm((uf * sf) @ vf - a) < t
+    np.testing.assert_allclose(sf, np.linalg.svd(a, compute_uv=False), atol=t)

@@ -5,8 +5,9 @@ A torch.chunk shard is a ScaLAPACK block distribution (one block of ceil(n/P) ro
 or columns per process), so a matrix whose rows are sharded over one mesh dim and
 its columns (or not) over another is described to ScaLAPACK as it lies, on a
 Pr x Pc process grid made of those two mesh dims (csrc/linalg/scalapack.c): each
-rank hands over a column-major copy of its own block, and ScaLAPACK's pXgemr2d
-moves the blocks to the block-cyclic layout its factorizations want, and back.
+rank hands over its own block as NumPy holds it (C-ordered), and the C side packs
+from it, column-major, the pieces each rank owns in the block-cyclic layout the
+factorizations want, one message per pair of ranks, and back.
 The matrix is never gathered. Other layouts (a Partial, a mesh dim sharding a
 batch dim, two mesh dims on one matrix dim) are first redistributed to rows on the
 first mesh dim of more than one rank and columns on the second; batch dims are
@@ -192,14 +193,13 @@ def _batch_placements(a, nd_out: int) -> tuple:
     return tuple(out)
 
 
-def _local_stack(a, dtype):
-    """``a``'s local stack as Fortran-ordered matrices of ``dtype``, one per batch
-    index: the blocks ScaLAPACK takes and overwrites."""
+def _local_stack(a, dtype, copy=True):
+    """``a``'s local stack as C-ordered matrices of ``dtype``, one per batch index:
+    the blocks the drivers take; copies (the drivers write their results into
+    them) unless ``copy`` is False, for a driver that only reads them."""
     local = a.to_local()
     batch = local.shape[:-2]
-    # Always a copy: a block of one row is Fortran-ordered already, and ScaLAPACK
-    # writes into what it is given.
-    return batch, [np.array(local[i], dtype=dtype, order="F", copy=True)
+    return batch, [np.array(local[i], dtype=dtype, order="C", copy=copy or None)
                    for i in np.ndindex(*batch)]
 
 
@@ -307,7 +307,7 @@ def _slogdet_values(name, a):
     if sl is None:
         return a, dtype, None
     n, letter, out = a.shape[-1], _LETTERS[dtype][0], (_D * 2)()
-    batch, blocks = _local_stack(a, dtype)
+    batch, blocks = _local_stack(a, dtype, copy=False)
     signs, logs = [], []
     address = _address(a, name, "pXgetrf")
     for block in blocks:
@@ -402,7 +402,7 @@ def _eigen(name, a, UPLO, vectors):
             return out
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     real = np.finfo(dtype).dtype
-    batch, blocks = _local_stack(a, dtype)
+    batch, blocks = _local_stack(a, dtype, copy=vectors)
     ws = []
     routine = ("pXsyevd" if vectors else "pXsyevr") if dtype.kind == "f" else (
         "pXheevd" if vectors else "pXheevr")
@@ -520,7 +520,7 @@ def _solve_blocks(sl, a, b, rows, cols, dtype, placements, shape):
     """x of A x = B on the grid, B's local blocks given as ``b`` (a DTensor laid
     out with rows as A's and columns over ``cols``)."""
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
-    batch, blocks = _local_stack(a, dtype)
+    batch, blocks = _local_stack(a, dtype, copy=False)
     _, rhs = _local_stack(b, dtype)
     address = _address(a, "numpy.linalg.solve", "pXgesv")
     for block, r in zip(blocks, rhs):

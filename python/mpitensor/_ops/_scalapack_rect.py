@@ -46,17 +46,17 @@ class _Grid:
         self.mesh = a._spec.mesh
         self.sl = S._library(name, self.mesh)
         self.letter = S._LETTERS[dtype][0]
-        # Copies: ScaLAPACK overwrites what it is given.
-        self.batch, self.blocks = S._local_stack(a, dtype)
+        # Read only, but for the raw QR's, which takes copies itself.
+        self.batch, self.blocks = S._local_stack(a, dtype, copy=False)
 
     def empty(self, shape, dtype=None):
-        """This rank's block of a ``shape`` matrix on the grid, Fortran-ordered."""
+        """This rank's block of a ``shape`` matrix on the grid, C-ordered."""
         coord = self.mesh._coordinate
         local = []
         for size, m in zip(shape, (self.rows, self.cols)):
             local.append(size if m < 0 else
                          _clib.chunk_sizes(size, self.mesh.shape[m])[coord[m]])
-        return np.zeros(local, dtype or self.dtype, order="F")
+        return np.zeros(local, dtype or self.dtype)
 
     def wrap(self, blocks, shape):
         """A DTensor of the stack of ``shape`` matrices whose blocks here are
@@ -137,12 +137,12 @@ def _qr_raw(g, m, n, k):
     block with R and the reflectors, the same Householder reflectors (sign and
     scaling) as LAPACK's geqrf, and NumPy hands back that matrix transposed."""
     address = g.address("pXgeqrf")
-    taus = []
-    for block in g.blocks:
+    taus, blocks = [], [b.copy() for b in g.blocks]  # overwritten by the factors
+    for block in blocks:
         tau = np.zeros(k, g.dtype)
         call(_geqrf, g.sl, address, g.rows, g.cols, g.letter, m, n, block, tau)
         taus.append(tau)
-    return np.swapaxes(g.wrap(g.blocks, (m, n)), -1, -2), g.replicated(taus)
+    return np.swapaxes(g.wrap(blocks, (m, n)), -1, -2), g.replicated(taus)
 
 
 def svd(a, compute_uv=True, full_matrices=False):

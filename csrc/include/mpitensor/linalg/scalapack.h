@@ -6,14 +6,16 @@
  * package to install.
  *
  * A matrix arrives as the local block of a block distribution (torch.chunk's: a
- * block of ceil(n/P) rows or columns, one per process) in column-major order. The
- * mesh dim that shards its rows (`row_dim`, -1 when they are not sharded) and the
- * one that shards its columns (`col_dim`) make the Pr x Pc process grid; the
- * members that share their coordinates on the other mesh dims make one grid each
- * and run the same computation side by side. The block distribution is a
- * ScaLAPACK one (descinit with those block sizes), so no data moves to describe
- * it; the factorizations, which need square blocks, get ScaLAPACK's own pXgemr2d
- * to a block-cyclic copy and back.
+ * block of ceil(n/P) rows or columns, one per process) in row-major order, as
+ * NumPy holds it (contiguous). The mesh dim that shards its rows (`row_dim`, -1
+ * when they are not sharded) and the one that shards its columns (`col_dim`) make
+ * the Pr x Pc process grid; the members that share their coordinates on the other
+ * mesh dims make one grid each and run the same computation side by side. The
+ * routines, which need square blocks, run on a column-major block-cyclic copy:
+ * each rank packs the pieces of its block that each other rank owns there, one
+ * message per pair, and the results come back the same way. A block distribution
+ * whose blocks are square already (and not too large) is its own cyclic layout:
+ * then no rank sends anything.
  *
  * `type` is LAPACK's letter of the element type: 's', 'd', 'c' or 'z'. `info`
  * is the routine's INFO, the same on every member (a positive value is LAPACK's:
@@ -49,14 +51,14 @@ MT_EXPORT int mt_scalapack_open(const char *path, mt_scalapack **out, mt_error *
 MT_EXPORT void mt_scalapack_close(mt_scalapack *sl);
 
 /* Collective on the mesh. Solves A X = B: `a` is the local block of the n x n A
- * (overwritten by its LU factors' block), `b` that of the n x nrhs B, whose rows
+ * (read only), `b` that of the n x nrhs B, whose rows
  * are sharded as A's and its columns over `col_dim` (blocks of ceil(nrhs/Pc));
  * X replaces B. `info` > 0: A is singular.
  *
  *   rc = mt_scalapack_solve(sl, mesh, 0, -1, 'd', n, a, nrhs, b, &info, &err);
  */
 MT_EXPORT int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
-                                 int col_dim, int type, int64_t n, void *a,
+                                 int col_dim, int type, int64_t n, const void *a,
                                  int64_t nrhs, void *b, int *info, mt_error *err);
 
 /* Collective on the mesh. The inverse of the n x n A replaces `a`'s block.
@@ -67,9 +69,9 @@ MT_EXPORT int mt_scalapack_inv(const mt_scalapack *sl, mt_mesh *mesh, int row_di
 
 /* Collective on the mesh. The determinant of A as out[0] = log|det A| and
  * out[1] = its phase in radians (0 or pi for a real A), on every member; out[0]
- * is -inf for a singular A. `a`'s block is overwritten by the LU factors'. */
+ * is -inf for a singular A. `a`'s block is only read. */
 MT_EXPORT int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
-                                   int col_dim, int type, int64_t n, void *a,
+                                   int col_dim, int type, int64_t n, const void *a,
                                    double *out, mt_error *err);
 
 /* Collective on the mesh. The Cholesky factor of the Hermitian positive definite
@@ -83,14 +85,14 @@ MT_EXPORT int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int r
 /* Collective on the mesh. The eigenvalues of the Hermitian A (from its lower
  * triangle, or its upper one with `upper`) go to `w` (n reals of A's precision, in
  * ascending order, on every member); with `vectors`, the eigenvectors replace
- * `a`'s block (column j belongs to w[j]), else `a`'s block is overwritten.
+ * `a`'s block (column j belongs to w[j]), else `a`'s block is only read.
  * `info` > 0: the eigensolver failed to converge. */
 MT_EXPORT int mt_scalapack_eigh(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                                 int col_dim, int type, int64_t n, void *a, int upper,
                                 int vectors, void *w, int *info, mt_error *err);
 
 /* Collective on the mesh. The QR factorization of the m x n A (`a`'s block,
- * overwritten): the first `rrows` rows of R (min(m, n) to m; zero below the
+ * read only): the first `rrows` rows of R (min(m, n) to m; zero below the
  * diagonal) into `r`, the block of an rrows x n matrix, and, unless `q` is NULL,
  * the first `qcols` columns of Q (min(m, n) to m) into `q`, the block of an
  * m x qcols matrix. Every block is torch.chunk's, rows over `row_dim` and columns
@@ -99,9 +101,9 @@ MT_EXPORT int mt_scalapack_eigh(const mt_scalapack *sl, mt_mesh *mesh, int row_d
  *   rc = mt_scalapack_qr(sl, mesh, 0, -1, 'd', m, n, a, k, r, k, q, &err);
  */
 MT_EXPORT int mt_scalapack_qr(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
-                              int col_dim, int type, int64_t m, int64_t n, void *a,
-                              int64_t rrows, void *r, int64_t qcols, void *q,
-                              mt_error *err);
+                              int col_dim, int type, int64_t m, int64_t n,
+                              const void *a, int64_t rrows, void *r, int64_t qcols,
+                              void *q, mt_error *err);
 
 /* Collective on the mesh. LAPACK's geqrf of the m x n A, as NumPy's
  * qr(mode='raw') gives it: `a`'s block (torch.chunk's, as mt_scalapack_qr's) is
@@ -115,7 +117,7 @@ MT_EXPORT int mt_scalapack_geqrf(const mt_scalapack *sl, mt_mesh *mesh, int row_
                                  void *tau, mt_error *err);
 
 /* Collective on the mesh. The singular values of the m x n A (`a`'s block,
- * overwritten) into `s` (min(m, n) reals of A's precision, descending, on every
+ * read only) into `s` (min(m, n) reals of A's precision, descending, on every
  * member) and, unless NULL, the left singular vectors into `u` (the block of the
  * m x `ucols` U: min(m, n) columns, or up to m, the columns past min(m, n) an
  * orthonormal basis of the rest of the space, as NumPy's full_matrices) and the
@@ -125,9 +127,9 @@ MT_EXPORT int mt_scalapack_geqrf(const mt_scalapack *sl, mt_mesh *mesh, int row_
  *   rc = mt_scalapack_svd(sl, mesh, 0, 1, 'z', m, n, a, s, u, k, vt, &info, &err);
  */
 MT_EXPORT int mt_scalapack_svd(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
-                               int col_dim, int type, int64_t m, int64_t n, void *a,
-                               void *s, void *u, int64_t ucols, void *vt, int *info,
-                               mt_error *err);
+                               int col_dim, int type, int64_t m, int64_t n,
+                               const void *a, void *s, void *u, int64_t ucols, void *vt,
+                               int *info, mt_error *err);
 
 /* Local (on a created mesh, or a slice that a driver ran on). How many process
  * grids `sl` keeps cached on `mesh`: one per layout of rows and columns the
