@@ -3,6 +3,7 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core-private.h"
@@ -229,6 +230,23 @@ int mt_box_intersect(const mt_box *a, const mt_box *b, mt_box *out) {
   }
   *out = r;
   return 1;
+}
+
+int mt_box_check_local(const mt_box *box, int ndim, const int64_t *shape, mt_error *err) {
+  assert(box != NULL && (shape != NULL || ndim == 0));
+  int ok = ndim == box->ndim;
+  for (int d = 0; ok && d < ndim; ++d) ok = shape[d] == box->shape[d];
+  if (ok) return MT_OK;
+  /* The shape as Python prints a tuple, which is how the user sees the array's. */
+  char text[MT_MAX_NDIM * 22 + 4] = "(";
+  size_t at = 1;
+  for (int d = 0; d < ndim && d < MT_MAX_NDIM; ++d)
+    at += (size_t)snprintf(text + at, sizeof text - at, "%s%" PRId64, d ? ", " : "", shape[d]);
+  snprintf(text + at, sizeof text - at, ndim == 1 ? ",)" : ")");
+  return mt__fail(err, MT_EINVAL,
+                  "the local array of shape %s is not this rank's shard (%d dims) of the "
+                  "DTensor; was it built with from_local from uneven shards without "
+                  "shape= and stride=?", text, box->ndim);
 }
 
 /* ---- Selections. ---- */

@@ -20,19 +20,15 @@ static PyArrayObject *new_box_array(PyObject *module, const mt_box *box,
   return mt_ext_new_array(module, PyArray_DESCR(like), box->ndim, dims);
 }
 
-/* A local array must be exactly this rank's box: anything else would make MPI read
- * or write outside it. */
+/* A local array must be exactly this rank's box (the core's check and words). */
 static int check_local(PyArrayObject *a, const mt_box *box) {
-  int ok = PyArray_NDIM(a) == box->ndim;
-  for (int i = 0; ok && i < box->ndim; ++i) ok = PyArray_DIM(a, i) == box->shape[i];
-  if (!ok) {
-    PyObject *shape = PyObject_GetAttrString((PyObject *)a, "shape");
-    PyErr_Format(PyExc_ValueError, "the local array of shape %R is not this rank's shard "
-                 "(%d dims) of the DTensor; was it built with from_local from "
-                 "uneven shards without shape= and stride=?", shape, box->ndim);
-    Py_XDECREF(shape);
-  }
-  return ok ? 0 : -1;
+  int64_t shape[MT_MAX_NDIM];
+  int n = PyArray_NDIM(a);
+  for (int i = 0; i < n && i < MT_MAX_NDIM; ++i) shape[i] = PyArray_DIM(a, i);
+  mt_error err = {0};
+  int rc = mt_box_check_local(box, n, shape, &err);
+  if (rc != MT_OK) mt_ext_raise(rc, &err);
+  return rc == MT_OK ? 0 : -1;
 }
 
 typedef struct call_args {

@@ -601,6 +601,7 @@ _selection_check = fn("mt_selection_check", I, _Selection, I, P, _E)
 _selection_image = fn("mt_selection_image", I, _Selection, _B, _B)
 _selection_exchange = fn("mt_selection_exchange", I, P, _L, _Selection, _L, I, A, A, _E)
 _distribute_from = fn("mt_distribute_from", I, P, _L, I, I64, A, A, _E)
+_box_check_local = fn("mt_box_check_local", I, _B, I, P, _E)
 
 
 def _layout_on(m: int, shape, codes) -> _Layout:
@@ -636,12 +637,9 @@ def _movable(obj) -> np.ndarray:
 
 
 def _check_local(piece: np.ndarray, box: _Box) -> None:
-    """A local array must be exactly this rank's box: anything else would make MPI
-    read or write outside it."""
-    if piece.shape != tuple(box.shape[:box.ndim]):
-        raise ValueError(f"the local array of shape {piece.shape} is not this rank's "
-                         f"shard ({box.ndim} dims) of the DTensor; was it built with "
-                         "from_local from uneven shards without shape= and stride=?")
+    """A local array must be exactly this rank's box (the core's check and words,
+    the executor's too)."""
+    call(_box_check_local, box, piece.ndim, _int64s(piece.shape, 64, "shape")[0])
 
 
 def _box_array(box: _Box, dtype):

@@ -418,6 +418,22 @@ static void test_boxes(void) {
   CHECK(mt_box_intersect(&s0, &s1, &out) == 1 && out.ndim == 0);
 }
 
+/* A local array's shape against its box: the words the user sees name the array's
+ * shape as Python prints a tuple. */
+static void test_check_local(void) {
+  mt_box b = box2(0, 2, 0, 3);
+  mt_error err = {0};
+  int64_t fits[2] = {2, 3}, off[2] = {2, 2}, one[1] = {5};
+  CHECK(mt_box_check_local(&b, 2, fits, &err) == MT_OK);
+  CHECK(mt_box_check_local(&b, 2, off, &err) == MT_EINVAL &&
+        strstr(err.msg, "local array of shape (2, 2) is not this rank's shard (2 dims)"));
+  CHECK(mt_box_check_local(&b, 1, one, &err) == MT_EINVAL && strstr(err.msg, "(5,)"));
+  CHECK(mt_box_check_local(&b, 0, NULL, &err) == MT_EINVAL && strstr(err.msg, "shape ()"));
+  mt_box s;
+  memset(&s, 0, sizeof s);
+  CHECK(mt_box_check_local(&s, 0, NULL, &err) == MT_OK);
+}
+
 int main(void) {
   test_chunk();
   test_worked_examples();
@@ -429,6 +445,7 @@ int main(void) {
   test_even_global_shape();
   test_even_global_shape_errors();
   test_boxes();
+  test_check_local();
   printf("test_layout: %ld layouts swept\n", sweep_layouts);
   return mt_test_exit("test_layout");
 }

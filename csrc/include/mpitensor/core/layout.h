@@ -110,6 +110,13 @@ MT_EXPORT int mt_selection_image(const mt_selection *sel, const mt_box *in,
 /* Local. Number of elements in a box (1 for a 0-d box). */
 int64_t mt_box_numel(const mt_box *box);
 
+/* Local. Whether an array of `ndim` dims of sizes `shape` is exactly `box`'s
+ * shape, as a rank's local array must be before MPI reads or writes it: anything
+ * else would move bytes outside it. MT_EINVAL with the sentence the user sees
+ * otherwise (the executor's and the bindings' one check). */
+MT_EXPORT int mt_box_check_local(const mt_box *box, int ndim, const int64_t *shape,
+                                 mt_error *err);
+
 /* Local. The intersection of two boxes of equal ndim; returns 1 when it holds at
  * least one element (and fills `out`), 0 otherwise (and leaves `out` untouched). */
 int mt_box_intersect(const mt_box *a, const mt_box *b, mt_box *out);
