@@ -80,9 +80,10 @@ static PyObject *replicated(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *
 }
 
 /* The mesh of the first DTensor operand; NULL (no exception) when there is none.
- * A DTensor whose move is pending completes it here (collective). */
+ * A DTensor whose move is pending completes it here (collective). Two meshes are
+ * the error hook's "mesh" error of the operation `key`, in _registry's words. */
 static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, int n,
-                                    int *err) {
+                                    PyObject *key, int *err) {
   mt_ext_mesh_base *mb = NULL;
   for (int i = 0; i < n; ++i) {
     if (!mt_ext_is_dtensor(d, ops[i])) continue;
@@ -98,8 +99,9 @@ static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, in
       return *err = 1, NULL;
     }
     if (mb != NULL && m != mb && (m->key == 0 || m->key != mb->key)) {
-      PyErr_Format(PyExc_ValueError, "the DTensors live on different device meshes (%R "
-                   "and %R); redistribute them onto one mesh first", mb, m);
+      PyObject *pair = PyTuple_Pack(2, (PyObject *)mb, (PyObject *)m);
+      if (pair != NULL) mt_ext_error(d, "mesh", key, pair);
+      Py_XDECREF(pair);
       return *err = 1, NULL;
     }
     if (mb == NULL) mb = m;
@@ -141,7 +143,7 @@ int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *
   mt_ext_call_init(c, n);
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;
   int err = 0;
-  c->mb = first_mesh(d, ops, n, &err);
+  c->mb = first_mesh(d, ops, n, key, &err);
   if (c->mb == NULL) return err ? -1 : 0;
   for (int i = 0; i < n; ++i) {
     int rc = gather_one(d, ops[i], i, c, key);

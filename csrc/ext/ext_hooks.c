@@ -15,9 +15,10 @@
  *               errors;
  *   BACKWARD    not called from C: counted by autograd's engine;
  *   ERROR       the exception of an operation the executor refuses (no sharding
- *               rule, no backward, a plain ndarray operand, a write under grad
- *               mode): the error hook (mpitensor._registry.executor_error) names
- *               the operation as a user writes it and raises.
+ *               rule, no backward, a plain ndarray operand, two meshes, a
+ *               write under grad mode): the error hook
+ *               (mpitensor._registry.executor_error) names the operation as a
+ *               user writes it and raises.
  *
  * Each call is counted by kind (mpitensor._trace.hook_stats()), so tests can show
  * what a path costs: a cached `a + b` makes one LOCAL call and nothing else. */

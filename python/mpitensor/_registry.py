@@ -162,8 +162,8 @@ def mixed_error(op_name: str, obj) -> TypeError:
 
 
 def mesh_error(op_name: str, a, b) -> ValueError:
-    """The error of an operation on DTensors of two meshes, in the executor's words
-    (csrc/ext/ext_decide.c). Local.
+    """The error of an operation on DTensors of two meshes: the executor's (its
+    error hook's "mesh") and every rule's. Local.
 
     Example: ``raise mesh_error("numpy.concatenate", mesh, other)``.
     """
@@ -187,6 +187,8 @@ def executor_error(kind: str, key, arg) -> None:
             "it would be lost)")
     if kind == "mixed":
         raise mixed_error(op_label(key), arg)
+    if kind == "mesh":  # arg: the two meshes
+        raise mesh_error(op_label(key), *arg)
     if kind == "in_place_grad":  # key: the function that writes in place, or its name
         raise RuntimeError(
             f"{key if isinstance(key, str) else op_label(key)}: a DTensor that requires grad cannot be written in place while grad "
