@@ -405,10 +405,11 @@ PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_pla
 /* A capsule holding one reference of `plan` (named "mpitensor.plan"), which
  * mpitensor._plan reads: how the trace events hand a plan to Python. */
 PyObject *mt_ext_plan_wrap(mt_plan *plan);
-/* The local array a pending move (a mpitensor._comm.Request in a DTensor's local
- * slot) gives: waits for it (collective); `obj` itself when it is an ndarray.
- * New reference. */
-PyObject *mt_ext_request_result(mt_ext_dispatch *d, PyObject *obj);
+/* Completes `b`'s pending move (a mpitensor._comm.Request in its local slot):
+ * waits for it (collective) and puts the local array it gives in the slot; nothing
+ * when the slot holds an ndarray. The one completion: the executor's operands,
+ * redistribute and DTensor._data. 0, or -1 with an exception. */
+int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b);
 /* A mpitensor._comm.Request that owns `req`, a plan's exchange in flight; `keep`
  * stays referenced until it completes, and wait() returns `result`. */
 PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep,

@@ -88,11 +88,7 @@ static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, in
   for (int i = 0; i < n; ++i) {
     if (!mt_ext_is_dtensor(d, ops[i])) continue;
     mt_ext_dtensor *b = (mt_ext_dtensor *)ops[i];
-    if (b->local != NULL && !PyArray_Check(b->local)) {
-      PyObject *done = mt_ext_request_result(d, b->local);
-      if (done == NULL) return *err = 1, NULL;
-      Py_SETREF(b->local, done);
-    }
+    if (mt_ext_complete(d, b) < 0) return *err = 1, NULL;
     mt_ext_mesh_base *m = b->spec == NULL ? NULL : mt_ext_spec_mesh(d, b->spec);
     if (m == NULL) {
       PyErr_SetString(PyExc_TypeError, "a DTensor's spec must name a DeviceMesh");

@@ -285,7 +285,21 @@ static void base_dealloc(PyObject *self) {
   Py_DECREF(tp);
 }
 
+/* _data(): the local ndarray, its pending move completed first (the executor's
+ * completion, mt_ext_complete). */
+static PyObject *m_data(PyObject *self, PyObject *unused) {
+  mt_ext_dispatch *d = dispatch_of(self);
+  if (d == NULL || mt_ext_complete(d, (mt_ext_dtensor *)self) < 0) return NULL;
+  PyObject *local = ((mt_ext_dtensor *)self)->local;
+  if (local == NULL) PyErr_SetString(PyExc_AttributeError, "_local_tensor");
+  return Py_XNewRef(local);
+}
+
 static PyMethodDef base_methods[] = {
+    {"_data", m_data, METH_NOARGS,
+     "The local ndarray, whatever grad mode says, completing a pending asynchronous "
+     "redistribute first. Local unless one is pending (then collective on the mesh)."
+     "\n\nExample: dt._data().shape"},
     {"redistribute", (PyCFunction)(void (*)(void))m_redistribute,
      METH_FASTCALL | METH_KEYWORDS, redistribute_doc},
     {"__array_ufunc__", (PyCFunction)(void (*)(void))array_ufunc,

@@ -223,9 +223,8 @@ PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
   if (mb == NULL) return PyErr_Format(PyExc_TypeError, "a DTensor's spec names its mesh");
   if (mt_ext_strided(d, self) || strided_targets(d, placements))
     return strided_move(d, self, mesh, placements, async, fwd, bwd, what);
-  PyObject *local = mt_ext_request_result(d, b->local), *holder = NULL;
-  if (local == NULL) return NULL;
-  Py_SETREF(b->local, local);
+  if (mt_ext_complete(d, b) < 0) return NULL;
+  PyObject *holder = NULL;
   mt_placement dst[MT_MAX_MESH_NDIM];
   int64_t aux;
   int same, ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(b->spec, 2));

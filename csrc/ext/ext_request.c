@@ -1,6 +1,6 @@
 /* The executor's side of mpitensor._comm.Request, the Python owner of an exchange
  * in flight (an mt_pending of the comm library): an asynchronous redistribute
- * makes one, and an operation on its DTensor completes it. The slots are set and
+ * makes one, and an operation on its DTensor (or DTensor._data) completes it. The slots are set and
  * read as attributes: Request defines no __setattr__ or __getattr__, so no Python
  * code runs. */
 #include "ext.h"
@@ -33,22 +33,32 @@ PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep
   return obj;
 }
 
-PyObject *mt_ext_request_result(mt_ext_dispatch *d, PyObject *obj) {
-  if (PyArray_Check(obj)) return Py_NewRef(obj);
-  if (Py_TYPE(obj) != d->request_type)
-    return PyErr_Format(PyExc_TypeError, "a DTensor's local data is an ndarray, got %s",
-                        Py_TYPE(obj)->tp_name);
+int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b) {
+  PyObject *obj = b->local;
+  if (obj == NULL || PyArray_Check(obj)) return 0;
+  if (Py_TYPE(obj) != d->request_type) {
+    PyErr_Format(PyExc_TypeError, "a DTensor's local data is an ndarray, got %s",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  /* Held while the GIL is released: another thread completing the same DTensor
+   * meanwhile replaces its slot and drops the slot's reference. */
+  Py_INCREF(obj);
   PyObject *address = PyObject_GenericGetAttr(obj, d->request_fields[ADDRESS]);
   mt_pending *pending = address != NULL ? PyLong_AsVoidPtr(address) : NULL;
   Py_XDECREF(address);
-  if (pending == NULL) return NULL;
   mt_error err = {0};
   int rc = MT_OK;
-  if (!mt_pending_done(pending)) {
+  if (pending != NULL && !mt_pending_done(pending)) {
     Py_BEGIN_ALLOW_THREADS
     rc = mt_pending_wait(pending, &err);
     Py_END_ALLOW_THREADS
   }
-  if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  return PyObject_GenericGetAttr(obj, d->request_fields[RESULT]);
+  PyObject *done = NULL;
+  if (pending != NULL && rc != MT_OK) mt_ext_raise(rc, &err);
+  else if (pending != NULL) done = PyObject_GenericGetAttr(obj, d->request_fields[RESULT]);
+  Py_DECREF(obj);
+  if (done == NULL) return -1;
+  Py_XSETREF(b->local, done);
+  return 0;
 }

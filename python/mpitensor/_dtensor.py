@@ -439,13 +439,8 @@ class DTensor(_C.DTensorBase):
             return self._local_view(grad_placements)
         return self._data()
 
-    def _data(self) -> np.ndarray:
-        """The local ndarray, whatever grad mode says (completing a pending
-        asynchronous redistribute first). Local unless one is pending."""
-        local = self._local_tensor
-        if type(local) is _comm.Request:
-            local = self._local_tensor = local.wait()
-        return local
+    # ``_data()`` (the local ndarray, a pending redistribute completed first) is
+    # DTensorBase's: the executor's one completion (csrc/ext/ext_request.c).
 
     def wait(self) -> "DTensor":
         """Completes a pending asynchronous redistribute; returns self. Collective.
