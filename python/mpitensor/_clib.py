@@ -241,8 +241,8 @@ def exported(capsule, name: str, kind: type | None = None):
     return t.from_address(address_)
 
 
-Error, _Placement, _Box, _Layout = map(struct, ("mt_error", "mt_placement", "mt_box",
-                                                "mt_layout"))
+Error, _Placement, _Box, _Layout, _Selection = map(struct, (
+    "mt_error", "mt_placement", "mt_box", "mt_layout", "mt_selection"))
 E = ctypes.POINTER(Error)  # the last argument of every fallible function
 _dtype_name = fn("mt_dtype_name", ctypes.c_char_p, I)
 _status_name = fn("mt_status_name", ctypes.c_char_p, I)
@@ -252,6 +252,8 @@ _strides = fn("mt_layout_contiguous_strides", None, I, P, P)
 _layout_init = fn("mt_layout_init", I, ctypes.POINTER(_Layout), I, P, I, P, P, E)
 _local_box = fn("mt_layout_local_box", I, ctypes.POINTER(_Layout), P,
                 ctypes.POINTER(_Box), E)
+_selection_image = fn("mt_selection_image", I, ctypes.POINTER(_Selection),
+                      ctypes.POINTER(_Box), ctypes.POINTER(_Box))
 _even_global = fn("mt_layout_even_global_shape", I, I, P, I, P, P, P, E)
 _rng_fill_box = fn("mt_rng_fill_box", I, P, I, I, ctypes.c_uint64, ctypes.c_uint64, P,
                    ctypes.POINTER(_Box), E)
@@ -415,6 +417,25 @@ def local_box(global_shape: tuple, mesh_shape: tuple, coordinate: tuple, codes: 
     box = _Box()
     call(_local_box, ctypes.byref(layout), coord, ctypes.byref(box))
     return tuple(box.shape[:box.ndim]), tuple(box.offset[:box.ndim])
+
+
+def selection_image(sel, offsets, sizes) -> tuple:
+    """For each dim of a selection (``sel``: (start, step, count, ...) per dim, step
+    not 0), the positions ``(k0, k1)`` of the k < count whose index start + k * step
+    lies in the box [offset, offset + size) of ``offsets`` and ``sizes``: they are
+    consecutive. The core's rule (mt_selection_image), which the selection exchange
+    follows, so a local cut picks what the exchange expects. Local.
+
+    Example: ``selection_image(((0, 2, 5),), (3,), (4,)) == ((2, 4),)``.
+    """
+    n = len(sel)
+    s = _Selection(ndim=n)
+    for d, (start, step, count, *_) in enumerate(sel):
+        s.start[d], s.step[d], s.count[d] = start, step, count
+    box, out = _Box(ndim=n), _Box()
+    box.offset[:n], box.shape[:n] = offsets, sizes
+    _selection_image(ctypes.byref(s), ctypes.byref(box), ctypes.byref(out))
+    return tuple((out.offset[d], out.offset[d] + out.shape[d]) for d in range(n))
 
 
 @functools.lru_cache(maxsize=4096)

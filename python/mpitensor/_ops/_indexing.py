@@ -17,7 +17,7 @@ import operator
 
 import numpy as np
 
-from .. import _comm, _modes, _registry, _trace
+from .. import _clib, _comm, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -100,25 +100,28 @@ def _whole(s, size):
     return not is_int and count == size and (size <= 1 or (start == 0 and step == 1))
 
 
-def _local_cut(s, lo, n):
-    """The slice of a local extent [lo, lo + n) that picks selection s's elements
-    there: the k with start + k * step in it are consecutive (as in
-    mt_selection_image)."""
-    start, step, count, _ = s
-    if n == 0:
-        return slice(0, 0)
-    hi = lo + n
-    if step > 0:
-        k0, k1 = -((start - lo) // step), -((start - hi) // step)
-    else:
-        k0, k1 = (start - hi) // -step + 1, (start - lo) // -step + 1
-    k0 = min(max(k0, 0), count)
-    k1 = min(max(k1, k0), count)
+def _local_cut(s, lo, k0, k1):
+    """The slice of a local extent that starts at global index ``lo`` picking the
+    elements k0 <= k < k1 of selection ``s``, consecutive there (the positions
+    :func:`mpitensor._clib.selection_image` finds, as the exchange does)."""
     if k1 == k0:
         return slice(0, 0)
+    start, step = s[0], s[1]
     first = start + k0 * step - lo
     stop = first + (k1 - k0) * step
     return slice(first, stop if stop >= 0 else None, step)
+
+
+def local_cuts(sel, loff, lshape) -> tuple:
+    """The local key that picks selection ``sel``'s elements from the local array
+    of global offset ``loff`` and shape ``lshape``, one slice per dim, and what
+    each picks as (k0, k1). Local.
+
+    Example: ``local_cuts(((0, 2, 5, False),), (3,), (4,)) == ((slice(1, 5, 2),),
+    ((2, 4),))``.
+    """
+    ks = _clib.selection_image(sel, loff, lshape)
+    return tuple(_local_cut(s, loff[d], *ks[d]) for d, s in enumerate(sel)), ks
 
 
 class _Plan:
@@ -161,7 +164,7 @@ class _Plan:
         if mesh._coordinate is not None:
             lshape, loff = local_shape_and_global_offset(
                 shape, mesh.shape, mesh._coordinate, spec.placements)
-            self.cut = tuple(_local_cut(s, loff[d], lshape[d]) for d, s in enumerate(sel))
+            self.cut = local_cuts(sel, loff, lshape)[0]
 
 
 # The parsed keys a mesh keeps (basic indexing repeats its keys in loops).

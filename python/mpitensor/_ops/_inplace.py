@@ -36,7 +36,7 @@ from .._dtensor import DTensor
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard
 from . import _dispatch as D
-from ._indexing import _parse, _whole
+from ._indexing import _parse, _whole, local_cuts
 
 _IDENTITY = {"sum": 0, "product": 1}
 
@@ -130,20 +130,6 @@ def _as_value(name, value, mesh):
     return value if D.is_scalar(value) else np.asarray(value)
 
 
-def _range_cut(start, step, count, lo, n):
-    """(k0, k1): the positions k of a selection ``start + k * step`` (k < count)
-    that fall in the local extent [lo, lo + n); they are consecutive."""
-    if n == 0 or count == 0:
-        return 0, 0
-    hi = lo + n
-    if step > 0:
-        k0, k1 = -((start - lo) // step), -((start - hi) // step)
-    else:
-        k0, k1 = (start - hi) // -step + 1, (start - lo) // -step + 1
-    k0 = min(max(k0, 0), count)
-    return k0, min(max(k1, k0), count)
-
-
 def _cut_rows(spec, sel, region_dims, vplacements, vshape):
     """(mesh dim m, value dim j) when the rows a DTensor value writes can go straight
     to their owners: one mesh dim (of several ranks) shards the destination dim d a
@@ -178,7 +164,7 @@ def _rows_to_owners(spec, sel, value, m, j):
     mesh = spec.mesh
     p, c = mesh.shape[m], mesh._coordinate[m]
     d = spec.placements[m].dim
-    start, step, count, _ = sel[d]
+    count = sel[d][2]
     own = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(spec.shape[d], p))])
     have = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(count, p))])
     lo, hi = int(have[c]), int(have[c + 1])
@@ -187,7 +173,8 @@ def _rows_to_owners(spec, sel, value, m, j):
     for r in range(p):
         # Rank r's rows of the region are consecutive; with a negative step the
         # later ranks hold the earlier rows, so each part is cut by its owner.
-        k0, k1 = _range_cut(start, step, count, int(own[r]), int(own[r + 1] - own[r]))
+        (k0, k1), = _clib.selection_image((sel[d],), (int(own[r]),),
+                                           (int(own[r + 1] - own[r]),))
         a, b = max(k0, lo), min(k1, hi)
         parts.append(v[a - lo:b - lo] if b > a else v[:0])
     send = np.ascontiguousarray(np.concatenate(parts))
@@ -239,13 +226,7 @@ def setitem(dt, key, value) -> None:
         return
     lshape, loff = local_shape_and_global_offset(spec.shape, mesh.shape,
                                                  mesh._coordinate, spec.placements)
-    cuts = [_range_cut(s[0], s[1], s[2], loff[d], lshape[d]) for d, s in enumerate(sel)]
-    local_key = []
-    for d, (s, (k0, k1)) in enumerate(zip(sel, cuts)):
-        first = s[0] + k0 * s[1] - loff[d]
-        stop = first + (k1 - k0) * s[1]
-        local_key.append(slice(first, stop if stop >= 0 else None, s[1]) if k1 > k0
-                         else slice(0, 0))
+    local_key, cuts = local_cuts(sel, loff, lshape)
     target_shape = tuple(k1 - k0 for k0, k1 in cuts)
     region_local = tuple(1 if d is None else cuts[d][1] - cuts[d][0] for d in region_dims)
     dest = dt.to_local()
