@@ -21,8 +21,8 @@ import numpy as np
 from . import _clib
 from .placement_types import Placement, Replicate, Shard, _StridedShard
 
-__all__ = ["has_strided", "expand", "canonical", "view_placements", "same_elements",
-           "local_shape", "local_box", "held_indices", "plain_of"]
+__all__ = ["has_strided", "expand", "canonical", "reshape_groups", "view_placements",
+           "same_elements", "local_shape", "local_box", "held_indices", "plain_of"]
 
 
 def has_strided(placements: Sequence[Placement]) -> bool:
@@ -172,28 +172,37 @@ def _even(size: int, cut: list, mesh_shape) -> bool:
     return True
 
 
-def _groups(a: Sequence[int], b: Sequence[int]):
-    """Consecutive groups of dims of ``a`` and ``b`` with equal products (a
-    reshape's split and merge groups); None when the sizes do not line up."""
-    out, i, j = [], 0, 0
-    while i < len(a) or j < len(b):
-        gi, gj = [i] if i < len(a) else [], [j] if j < len(b) else []
-        pa = a[i] if i < len(a) else 1
-        pb = b[j] if j < len(b) else 1
-        i, j = i + bool(gi), j + bool(gj)
-        while pa != pb:
-            if pa < pb and i < len(a):
-                pa *= a[i]
-                gi.append(i)
-                i += 1
-            elif pb < pa and j < len(b):
-                pb *= b[j]
-                gj.append(j)
-                j += 1
+def reshape_groups(src: Sequence[int], dst: Sequence[int]):
+    """A reshape's groups of dims, (input dims, output dims) of equal products left
+    to right, as torch's view_groups makes them: a size-1 dim facing a larger one
+    stands alone, otherwise dims are taken from the side with the smaller product
+    until the products agree. None when the sizes do not line up. The one rule of
+    reshape's dim map (mpitensor._ops._shape) and of its views here. Local.
+
+    Example: ``reshape_groups((1, 8, 6), (8, 2, 3)) == [((0,), ()), ((1,), (0,)),
+    ((2,), (1, 2))]``.
+    """
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        if j == len(dst) or (i < len(src) and src[i] == 1 and dst[j] != 1):
+            groups.append(((i,), ()))
+            i += 1
+            continue
+        if i == len(src) or (dst[j] == 1 and src[i] != 1):
+            groups.append(((), (j,)))
+            j += 1
+            continue
+        i0, j0, f, t = i, j, src[i], dst[j]
+        i, j = i + 1, j + 1
+        while f != t:
+            if f < t and i < len(src):
+                f, i = f * src[i], i + 1
+            elif t < f and j < len(dst):
+                t, j = t * dst[j], j + 1
             else:
                 return None
-        out.append((gi, gj))
-    return out
+        groups.append((tuple(range(i0, i)), tuple(range(j0, j))))
+    return groups
 
 
 def view_placements(shape: Sequence[int], placements: Sequence[Placement],
@@ -209,7 +218,7 @@ def view_placements(shape: Sequence[int], placements: Sequence[Placement],
     (_StridedShard(0, sf=8),)``.
     """
     shape, new_shape = tuple(shape), tuple(new_shape)
-    groups = _groups(shape, new_shape)
+    groups = reshape_groups(shape, new_shape)
     if groups is None or has_strided(placements):
         return None
     where = {}

@@ -159,6 +159,18 @@ def test_no_strided_view_after_an_uneven_cut():
         S0, _StridedShard(0, split_factor=2))
 
 
+def test_a_size_one_dim_is_a_group_of_its_own():
+    """A size-1 dim facing a larger one is a reshape group of its own, in the views
+    as in reshape's dim map (torch's view_groups): a Shard of the dim after it
+    stays a plain Shard, and a merge past it is a strided view, not a move."""
+    from mpitensor._strided import reshape_groups, view_placements
+    assert reshape_groups((2, 1, 4), (1, 8)) == [((), (0,)), ((0, 1, 2), (1,))]
+    assert view_placements((1, 8), (S1,), (8,), (2,)) == (S0,)
+    assert view_placements((4,), (S0,), (1, 4), (2,)) == (S1,)
+    assert view_placements((2, 1, 4), (Shard(2),), (1, 8), (2,)) == (
+        _StridedShard(1, split_factor=2),)
+
+
 @pytest.mark.parametrize("mesh_shape", meshes_2d())
 def test_uneven_2d_values(mesh_shape):
     full = np.arange(42.0).reshape(7, 6)

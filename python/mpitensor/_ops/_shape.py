@@ -17,11 +17,11 @@ an axis a mesh dim shards, concatenate instead re-chunks the rows by one exchang
 (``_join.py``) and the result stays sharded along it.
 
 reshape splits the two shapes into groups of dims with equal products (see
-``_reshape_groups``); a group's leftmost input dim keeps its label on the group's
-leftmost output dim, resized to that dim's length, and the engine lets a Shard
-through only where every rank's share of both is the same part of the group
-(prop.h: out_resized). Every Partial passes: reshape moves elements, it does not
-combine them.
+``mpitensor._strided.reshape_groups``); a group's leftmost input dim keeps its
+label on the group's leftmost output dim, resized to that dim's length, and the
+engine lets a Shard through only where every rank's share of both is the same
+part of the group (prop.h: out_resized). Every Partial passes: reshape moves
+elements, it does not combine them.
 """
 
 from __future__ import annotations
@@ -416,32 +416,6 @@ def _target_shape(size, shape, order):
     return shape
 
 
-def _reshape_groups(src, dst):
-    """(input dims, output dims) groups of equal products, left to right: a size-1
-    dim facing a larger one stands alone, otherwise dims are taken from the side
-    with the smaller product until the products agree (as torch's view_groups and
-    map_reshape in tests/core/test_prop.c)."""
-    groups, i, j = [], 0, 0
-    while i < len(src) or j < len(dst):
-        if j == len(dst) or (i < len(src) and src[i] == 1 and dst[j] != 1):
-            groups.append(((i,), ()))
-            i += 1
-            continue
-        if i == len(src) or (dst[j] == 1 and src[i] != 1):
-            groups.append(((), (j,)))
-            j += 1
-            continue
-        i0, j0, f, t = i, j, src[i], dst[j]
-        i, j = i + 1, j + 1
-        while f != t:
-            if f < t:
-                f, i = f * src[i], i + 1
-            else:
-                t, j = t * dst[j], j + 1
-        groups.append((tuple(range(i0, i)), tuple(range(j0, j))))
-    return groups
-
-
 def _reshape_map(src, dst):
     n = len(src)
     kinds, out, resized = [D.REPLICATE] * n, [None] * len(dst), {}
@@ -453,7 +427,8 @@ def _reshape_map(src, dst):
         kinds.append(D.REPLICATE)
 
     # An empty array has nothing to keep sharded: every output dim is new.
-    groups = _reshape_groups(src, dst) if math.prod(src) else [((), tuple(range(len(dst))))]
+    groups = (_layouts.reshape_groups(src, dst) if math.prod(src)
+              else [((), tuple(range(len(dst))))])
     for ins, outs in groups:
         if ins and outs:
             kinds[ins[0]] = D.KEEP
