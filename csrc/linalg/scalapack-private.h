@@ -17,6 +17,10 @@ typedef void (*mt__sl_gesv)(const int *n, const int *nrhs, void *a, const int *i
                             const int *ib, const int *jb, const int *descb, int *info);
 typedef void (*mt__sl_getrf)(const int *m, const int *n, void *a, const int *ia,
                              const int *ja, const int *desca, int *ipiv, int *info);
+typedef void (*mt__sl_getrs)(const char *trans, const int *n, const int *nrhs,
+                             const void *a, const int *ia, const int *ja,
+                             const int *desca, const int *ipiv, void *b, const int *ib,
+                             const int *jb, const int *descb, int *info, size_t);
 typedef void (*mt__sl_getri)(const int *n, void *a, const int *ia, const int *ja,
                              const int *desca, const int *ipiv, void *work,
                              const int *lwork, int *iwork, const int *liwork, int *info);
@@ -82,6 +86,7 @@ typedef void (*mt__sl_cgesvd)(const char *jobu, const char *jobvt, const int *m,
 typedef struct mt__sl_typed {
   mt__sl_gesv gesv;
   mt__sl_getrf getrf;
+  mt__sl_getrs getrs;
   mt__sl_getri getri;
   mt__sl_potrf potrf;
   mt__sl_laset laset;
@@ -220,6 +225,14 @@ int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
                     int type, int64_t m, int64_t n, const void *a, mt__sl_job *j,
                     mt_error *err);
 
+/* Collective on the mesh. As mt__sl_job_open for a square A on a grid of one row or
+ * one column of processes, but the cyclic copy is of A's transpose, on the grid's
+ * turn (mt__sl_rows_to_cyclic_flipped): no element is transposed on the way.
+ * Blocks square and small enough stay where they are, as mt__sl_job_open's. */
+int mt__sl_job_open_flipped(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
+                            int col_dim, int type, int64_t n, const void *a,
+                            mt__sl_job *j, mt_error *err);
+
 /* Collective on the mesh. As mt__sl_job_open, but a P x 1 grid's cyclic copy
  * lies on the 1 x P grid of the same processes: there pXgetrf factors each panel
  * on one process, with no message per column to find its pivot, and side by side
@@ -238,6 +251,15 @@ int mt__sl_job_open_turned(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
 int mt__sl_rows_to_cyclic(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
                           int64_t n, const void *rows, mt__sl_matrix *cyc,
                           mt_error *err);
+
+/* Collective on the grid. As mt__sl_rows_to_cyclic, but `cyc` gets the transpose
+ * of the n x m matrix whose caller's blocks are at `rows`, on a grid whose ranks
+ * are in the order of j->g's (a grid of one row or one column and its turn): the
+ * caller's rows are the columns of the transpose, column-major already, so the
+ * pieces are copied straight, never transposed. */
+int mt__sl_rows_to_cyclic_flipped(const mt__sl_job *j, const mt__sl_grid *on,
+                                  int64_t m, int64_t n, const void *rows,
+                                  mt__sl_matrix *cyc, mt_error *err);
 
 /* Collective on the grid. The other way: the leading m x n part of `cyc` into the
  * caller's blocks at `rows`. */

@@ -31,7 +31,14 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
                        int *info, mt_error *err) {
   job j;
   if (nrhs < 1) return mt_error_set(err, MT_EINVAL, "solve wants nrhs >= 1");
-  int rc = mt__sl_job_open_turned(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
+  /* Rows sharded alone: the LU of A's transpose, whose columns the caller's rows
+   * are (no transposition on the way), on the 1 x P grid turned from theirs, where
+   * each panel lies on one process; A = (A^T)^T solves from it. */
+  int flip = row_dim >= 0 && col_dim < 0;
+  int rc = flip
+               ? mt__sl_job_open_flipped(sl, mesh, row_dim, col_dim, type, n, a, &j, err)
+               : mt__sl_job_open_turned(sl, mesh, row_dim, col_dim, type, n, n, a, &j,
+                                        err);
   if (rc != MT_OK) return rc;
   mt__sl_matrix bcyc = {0};
   int *ipiv = NULL;
@@ -41,9 +48,17 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
   if (rc == MT_OK) rc = mt__sl_rows_to_cyclic(&j, &j.cg, n, nrhs, b, &bcyc, err);
   if (rc == MT_OK) {
     int m = (int)nrhs;
-    j.t->gesv(&j.n, &m, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, bcyc.data, &j.one,
-              &j.one, bcyc.desc, info);
-    rc = mt__sl_agree_info(&j.g, info, err);
+    if (flip) {
+      j.t->getrf(&j.n, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, info);
+      rc = mt__sl_agree_info(&j.g, info, err);
+      if (rc == MT_OK && *info == 0)
+        j.t->getrs("T", &j.n, &m, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv,
+                   bcyc.data, &j.one, &j.one, bcyc.desc, info, 1);
+    } else {
+      j.t->gesv(&j.n, &m, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, bcyc.data,
+                &j.one, &j.one, bcyc.desc, info);
+    }
+    if (rc == MT_OK) rc = mt__sl_agree_info(&j.g, info, err);
   }
   if (rc == MT_OK && *info == 0)
     rc = mt__sl_cyclic_to_rows(&j, &j.cg, n, nrhs, &bcyc, b, err);

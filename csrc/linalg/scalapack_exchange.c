@@ -22,7 +22,7 @@ static int64_t owned_below(int64_t x, int64_t nb, int64_t np, int64_t p) {
 
 /* The caller's block of one matrix dim on one process: [lo, hi) of `size`, in
  * torch.chunk's blocks over np processes. */
-static void chunk(int64_t size, int64_t np, int64_t p, int64_t* lo, int64_t* hi) {
+static void chunk(int64_t size, int64_t np, int64_t p, int64_t *lo, int64_t *hi) {
   int64_t block = (size + np - 1) / np;
   *lo = p * block < size ? p * block : size;
   *hi = *lo + block < size ? *lo + block : size;
@@ -41,7 +41,7 @@ static side side_of(int64_t lo, int64_t hi, int64_t nb, int64_t np, int64_t p) {
 }
 
 /* The offsets in the caller's range of the `s.count` indices owned by p, ascending. */
-static void offsets(side s, int64_t nb, int64_t np, int64_t p, int64_t* out) {
+static void offsets(side s, int64_t nb, int64_t np, int64_t p, int64_t *out) {
   int64_t k = 0, cycle = nb * np;
   for (int64_t start = s.lo / cycle * cycle + p * nb; start < s.hi; start += cycle)
     for (int64_t i = start > s.lo ? start : s.lo; i < start + nb && i < s.hi; ++i)
@@ -70,8 +70,8 @@ typedef struct two_doubles {
   double re, im;
 } two_doubles;
 
-static void transpose(void* cm, int64_t ldc, void* rm, int64_t ldr, const int64_t* ri,
-                      const int64_t* ci, int64_t R, int64_t C, size_t size, int to_cm) {
+static void transpose(void *cm, int64_t ldc, void *rm, int64_t ldr, const int64_t *ri,
+                      const int64_t *ci, int64_t R, int64_t C, size_t size, int to_cm) {
   if (size == 4)
     TRANSPOSE(float);
   else if (size == 8)
@@ -80,8 +80,24 @@ static void transpose(void* cm, int64_t ldc, void* rm, int64_t ldr, const int64_
     TRANSPOSE(two_doubles);
 }
 
+/* cm[i + j ldc] = rm[cj[j] ldr + ri[i]], R x C entries of `size` bytes: the
+ * column-major piece of the transpose of a row-major block, a copy of runs. */
+static void straight(void *cm, int64_t ldc, const void *rm, int64_t ldr,
+                     const int64_t *ri, const int64_t *cj, int64_t R, int64_t C,
+                     size_t size) {
+  for (int64_t j = 0; j < C; ++j) {
+    const char *row = (const char *)rm + (size_t)(cj[j] * ldr) * size;
+    char *col = (char *)cm + (size_t)(j * ldc) * size;
+    for (int64_t i = 0, run; i < R; i += run) {
+      for (run = 1; i + run < R && ri[i + run] == ri[i] + run; ++run) {
+      }
+      memcpy(col + (size_t)i * size, row + (size_t)ri[i] * size, (size_t)run * size);
+    }
+  }
+}
+
 /* Column-major R x C at `a` (leading dimension lda) into or out of a packed one. */
-static void columns(char* a, int64_t lda, char* packed, int64_t R, int64_t C,
+static void columns(char *a, int64_t lda, char *packed, int64_t R, int64_t C,
                     size_t size, int to_packed) {
   for (int64_t j = 0; j < C; ++j) {
     char *col = a + (size_t)(j * lda) * size, *p = packed + (size_t)(j * R) * size;
@@ -95,51 +111,55 @@ typedef struct plan {
   int64_t m, n, mb, nb; /* the cyclic blocks */
   size_t size;
   int ranks;
+  int flip;         /* whether the cyclic matrix is the transpose of the caller's */
+  int64_t *scratch; /* m + n indices: a piece's offsets */
 } plan;
 
-static int my_rank(const plan* p) {
+static int my_rank(const plan *p) {
   return p->g->myrow * p->g->npcol + p->g->mycol;
 }
 
 /* The piece that the caller's block of rank `from` and the cyclic matrix of rank
  * `to` share. */
-static void piece(const plan* p, int from, int to, side* rows, side* cols) {
-  int64_t r0, r1, c0, c1;
-  chunk(p->m, p->g->nprow, from / p->g->npcol, &r0, &r1);
-  chunk(p->n, p->g->npcol, from % p->g->npcol, &c0, &c1);
+static void piece(const plan *p, int from, int to, side *rows, side *cols) {
+  int64_t r0, r1, c0, c1, grow = from / p->g->npcol, gcol = from % p->g->npcol;
+  chunk(p->m, p->flip ? p->g->npcol : p->g->nprow, p->flip ? gcol : grow, &r0, &r1);
+  chunk(p->n, p->flip ? p->g->nprow : p->g->npcol, p->flip ? grow : gcol, &c0, &c1);
   *rows = side_of(r0, r1, p->mb, p->on->nprow, to / p->on->npcol);
   *cols = side_of(c0, c1, p->nb, p->on->npcol, to % p->on->npcol);
 }
 
 /* Copies between this rank's rows (`rm`, leading dimension ld) and a column-major
  * R x C piece at `cm` (leading dimension ldc) that cyclic rank `to` owns. */
-static int rows_piece(const plan* p, int to, void* cm, int64_t ldc, void* rm,
-                      int64_t ld, int to_cm, mt_error* err) {
+static void rows_piece(const plan *p, int to, void *cm, int64_t ldc, void *rm,
+                       int64_t ld, int to_cm) {
   side rows, cols;
   piece(p, my_rank(p), to, &rows, &cols);
-  if (rows.count == 0 || cols.count == 0) return MT_OK;
-  int64_t* ri = malloc((size_t)(rows.count + cols.count) * sizeof *ri);
-  if (ri == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  if (rows.count == 0 || cols.count == 0) return;
+  int64_t *ri = p->scratch;
   offsets(rows, p->mb, p->on->nprow, to / p->on->npcol, ri);
   offsets(cols, p->nb, p->on->npcol, to % p->on->npcol, ri + rows.count);
-  transpose(cm, ldc, rm, ld, ri, ri + rows.count, rows.count, cols.count, p->size,
-            to_cm);
-  free(ri);
-  return MT_OK;
+  if (p->flip)
+    straight(cm, ldc, rm, ld, ri, ri + rows.count, rows.count, cols.count, p->size);
+  else
+    transpose(cm, ldc, rm, ld, ri, ri + rows.count, rows.count, cols.count, p->size,
+              to_cm);
 }
 
 /* The items this rank sends to and receives from each rank, and their offsets in
  * the packed buffers (its own piece is copied in place, never packed). */
 typedef struct counts {
   int64_t *send, *recv, *soff, *roff, stotal, rtotal;
+  int64_t *direct; /* whether a piece lands straight in the cyclic block */
 } counts;
 
-static int count(const plan* p, int to_cyclic, counts* c, mt_error* err) {
+static int count(const plan *p, int to_cyclic, const mt__sl_matrix *cyc, counts *c,
+                 mt_error *err) {
   int me = my_rank(p);
-  c->send = calloc((size_t)p->ranks * 4, sizeof *c->send);
+  c->send = calloc((size_t)p->ranks * 5, sizeof *c->send);
   if (c->send == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   c->recv = c->send + p->ranks, c->soff = c->recv + p->ranks,
-  c->roff = c->soff + p->ranks;
+  c->roff = c->soff + p->ranks, c->direct = c->roff + p->ranks;
   c->stotal = c->rtotal = 0;
   for (int k = 0; k < p->ranks; ++k) {
     side rows, cols;
@@ -147,9 +167,11 @@ static int count(const plan* p, int to_cyclic, counts* c, mt_error* err) {
     int64_t out = k == me ? 0 : rows.count * cols.count;
     piece(p, to_cyclic ? k : me, to_cyclic ? me : k, &rows, &cols);
     int64_t in = k == me ? 0 : rows.count * cols.count;
+    /* A piece of whole columns of the cyclic block is contiguous there. */
+    c->direct[k] = to_cyclic && k != me && rows.count == cyc->desc[8];
     c->soff[k] = c->stotal, c->roff[k] = c->rtotal;
     c->send[k] = out, c->recv[k] = in;
-    c->stotal += out, c->rtotal += in;
+    c->stotal += out, c->rtotal += c->direct[k] ? 0 : in;
     if (out > INT_MAX || in > INT_MAX)
       return mt_error_set(err, MT_EOVERFLOW,
                           "a piece of the matrix is past MPI's counts");
@@ -157,20 +179,35 @@ static int count(const plan* p, int to_cyclic, counts* c, mt_error* err) {
   return MT_OK;
 }
 
-/* Posts the receives (their sources into `from`) and the sends of the packed
- * pieces: one message per rank with a piece, none for an empty one. */
-static int post(const plan* p, const counts* c, char* sbuf, char* rbuf,
-                MPI_Datatype item, MPI_Request* req, int* from, int* nrecv, int* nreq,
-                mt_error* err) {
+/* The local cyclic block of piece (rows, cols) in `cyc`. */
+static char *cyclic_at(const plan *p, const mt__sl_matrix *cyc, side rows, side cols) {
+  return (char *)cyc->data + (size_t)(rows.at + cols.at * cyc->desc[8]) * p->size;
+}
+
+/* Posts the receives, their sources into `from`: one message per rank with a
+ * piece, none for an empty one. */
+static int post_receives(const plan *p, const counts *c, const mt__sl_matrix *cyc,
+                         char *rbuf, MPI_Datatype item, MPI_Request *req, int *from,
+                         int *nreq, mt_error *err) {
   *nreq = 0;
   for (int k = 0; k < p->ranks; ++k)
     if (c->recv[k] > 0) {
+      side rows, cols;
+      char *at = rbuf + (size_t)c->roff[k] * p->size;
+      if (c->direct[k]) {
+        piece(p, k, my_rank(p), &rows, &cols);
+        at = cyclic_at(p, cyc, rows, cols);
+      }
       from[*nreq] = k;
-      int mpi = MPI_Irecv(rbuf + (size_t)c->roff[k] * p->size, (int)c->recv[k], item, k,
-                          0, p->g->comm, &req[(*nreq)++]);
+      int mpi = MPI_Irecv(at, (int)c->recv[k], item, k, 0, p->g->comm, &req[(*nreq)++]);
       if (mpi != MPI_SUCCESS) return mt_mpi_error(err, mpi, "MPI_Irecv");
     }
-  *nrecv = *nreq;
+  return MT_OK;
+}
+
+/* Posts the sends of the packed pieces. */
+static int post_sends(const plan *p, const counts *c, char *sbuf, MPI_Datatype item,
+                      MPI_Request *req, int *nreq, mt_error *err) {
   for (int k = 0; k < p->ranks; ++k)
     if (c->send[k] > 0) {
       int mpi = MPI_Isend(sbuf + (size_t)c->soff[k] * p->size, (int)c->send[k], item, k,
@@ -180,120 +217,141 @@ static int post(const plan* p, const counts* c, char* sbuf, char* rbuf,
   return MT_OK;
 }
 
-/* The local cyclic block of piece (rows, cols) in `cyc`. */
-static char* cyclic_at(const plan* p, const mt__sl_matrix* cyc, side rows, side cols) {
-  return (char*)cyc->data + (size_t)(rows.at + cols.at * cyc->desc[8]) * p->size;
-}
-
 /* Packs (to the cyclic matrix: from this rank's rows; back: from its cyclic
- * block) every piece bound for another rank, and copies its own in place. */
-static int pack(const plan* p, const counts* c, int to_cyclic, void* rm, int64_t ld,
-                const mt__sl_matrix* cyc, char* sbuf, mt_error* err) {
-  int me = my_rank(p), rc = MT_OK;
-  for (int k = 0; k < p->ranks && rc == MT_OK; ++k) {
+ * block) every piece bound for another rank. */
+static void pack(const plan *p, const counts *c, int to_cyclic, void *rm, int64_t ld,
+                 const mt__sl_matrix *cyc, char *sbuf) {
+  int me = my_rank(p);
+  for (int k = 0; k < p->ranks; ++k) {
     side rows, cols;
+    if (k == me || c->send[k] == 0) continue;
+    char *at = sbuf + (size_t)c->soff[k] * p->size;
     if (to_cyclic) {
       piece(p, me, k, &rows, &cols);
-      if (k == me)
-        rc = rows_piece(p, k, cyclic_at(p, cyc, rows, cols), cyc->desc[8], rm, ld, 1,
-                        err);
-      else if (c->send[k] > 0)
-        rc = rows_piece(p, k, sbuf + (size_t)c->soff[k] * p->size, rows.count, rm, ld,
-                        1, err);
-    } else if (k != me && c->send[k] > 0) {
+      rows_piece(p, k, at, rows.count, rm, ld, 1);
+    } else {
       piece(p, k, me, &rows, &cols);
-      columns(cyclic_at(p, cyc, rows, cols), cyc->desc[8],
-              sbuf + (size_t)c->soff[k] * p->size, rows.count, cols.count, p->size, 1);
+      columns(cyclic_at(p, cyc, rows, cols), cyc->desc[8], at, rows.count, cols.count,
+              p->size, 1);
     }
   }
-  return rc;
 }
 
-/* Unpacks the piece received from rank k; back to the rows, k = this rank copies
- * its own piece straight from its cyclic block. */
-static int unpack(const plan* p, const counts* c, int to_cyclic, int k, void* rm,
-                  int64_t ld, const mt__sl_matrix* cyc, char* rbuf, mt_error* err) {
+/* Unpacks the piece received from rank k; k = this rank copies its own piece
+ * straight across. */
+static void unpack(const plan *p, const counts *c, int to_cyclic, int k, void *rm,
+                   int64_t ld, const mt__sl_matrix *cyc, char *rbuf) {
   side rows, cols;
   int me = my_rank(p);
+  char *at = rbuf + (size_t)c->roff[k] * p->size;
   if (!to_cyclic) {
     piece(p, me, k, &rows, &cols);
     if (k == me)
-      return rows_piece(p, k, cyclic_at(p, cyc, rows, cols), cyc->desc[8], rm, ld, 0,
-                        err);
-    return rows_piece(p, k, rbuf + (size_t)c->roff[k] * p->size, rows.count, rm, ld, 0,
-                      err);
+      rows_piece(p, k, cyclic_at(p, cyc, rows, cols), cyc->desc[8], rm, ld, 0);
+    else
+      rows_piece(p, k, at, rows.count, rm, ld, 0);
+    return;
   }
+  if (c->direct[k]) return;
   piece(p, k, me, &rows, &cols);
-  columns(cyclic_at(p, cyc, rows, cols), cyc->desc[8],
-          rbuf + (size_t)c->roff[k] * p->size, rows.count, cols.count, p->size, 0);
-  return MT_OK;
+  if (k == me)
+    rows_piece(p, k, cyclic_at(p, cyc, rows, cols), cyc->desc[8], rm, ld, 1);
+  else
+    columns(cyclic_at(p, cyc, rows, cols), cyc->desc[8], at, rows.count, cols.count,
+            p->size, 0);
 }
 
 /* Both ways: the pieces packed, the messages posted, this rank's own piece copied
  * while they travel, and each received piece unpacked as it lands. */
-static int exchange(const plan* p, int to_cyclic, void* rm, int64_t ld,
-                    const mt__sl_matrix* cyc, mt_error* err) {
+static int exchange(plan *p, int to_cyclic, void *rm, int64_t ld,
+                    const mt__sl_matrix *cyc, mt_error *err) {
   counts c = {0};
   char *sbuf = NULL, *rbuf = NULL;
-  MPI_Request* req = NULL;
-  int *from = NULL, nrecv = 0, nreq = 0;
+  MPI_Request *req = NULL;
+  int *from = NULL, nrecv = 0, nreq = 0, me = my_rank(p);
   MPI_Datatype item = MPI_DATATYPE_NULL;
-  int rc = count(p, to_cyclic, &c, err);
+  int rc = count(p, to_cyclic, cyc, &c, err);
   if (rc == MT_OK) {
     sbuf = malloc((size_t)(c.stotal > 0 ? c.stotal : 1) * p->size);
     rbuf = malloc((size_t)(c.rtotal > 0 ? c.rtotal : 1) * p->size);
     req = malloc((size_t)(2 * p->ranks) * sizeof *req);
     from = malloc((size_t)p->ranks * sizeof *from);
-    if (sbuf == NULL || rbuf == NULL || req == NULL || from == NULL)
+    p->scratch = malloc((size_t)(p->m + p->n) * sizeof *p->scratch);
+    if (sbuf == NULL || rbuf == NULL || req == NULL || from == NULL ||
+        p->scratch == NULL)
       rc = mt_error_set(err, MT_ENOMEM, "out of memory");
   }
-  rc = mt__sl_agree(p->g, rc, err);
   if (rc == MT_OK) {
     int mpi = MPI_Type_contiguous((int)p->size, MPI_BYTE, &item);
     if (mpi == MPI_SUCCESS) mpi = MPI_Type_commit(&item);
     rc = mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Type_contiguous");
   }
-  if (rc == MT_OK) rc = pack(p, &c, to_cyclic, rm, ld, cyc, sbuf, err);
-  if (rc == MT_OK) rc = post(p, &c, sbuf, rbuf, item, req, from, &nrecv, &nreq, err);
-  if (rc == MT_OK && !to_cyclic)
-    rc = unpack(p, &c, 0, my_rank(p), rm, ld, cyc, rbuf, err);
+  rc = mt__sl_agree(p->g, rc, err);
+  /* Everything copied before the first message: both ends then wait only on the
+   * transfers (a rank busy copying would hold up the peer's shared-memory
+   * pipeline, which side by side cost more than the overlap gained). */
+  if (rc == MT_OK) {
+    pack(p, &c, to_cyclic, rm, ld, cyc, sbuf);
+    unpack(p, &c, to_cyclic, me, rm, ld, cyc, rbuf);
+    rc = post_receives(p, &c, cyc, rbuf, item, req, from, &nrecv, err);
+  }
+  nreq = nrecv;
+  if (rc == MT_OK) rc = post_sends(p, &c, sbuf, item, req, &nreq, err);
   for (int left = nrecv; rc == MT_OK && left > 0; --left) {
     int done = MPI_UNDEFINED;
     int mpi = MPI_Waitany(nrecv, req, &done, MPI_STATUS_IGNORE);
     if (mpi != MPI_SUCCESS || done == MPI_UNDEFINED)
       rc = mt_mpi_error(err, mpi != MPI_SUCCESS ? mpi : MPI_ERR_REQUEST, "MPI_Waitany");
     else
-      rc = unpack(p, &c, to_cyclic, from[done], rm, ld, cyc, rbuf, err);
+      unpack(p, &c, to_cyclic, from[done], rm, ld, cyc, rbuf);
   }
   if (nreq > nrecv) {
     int mpi = MPI_Waitall(nreq - nrecv, req + nrecv, MPI_STATUSES_IGNORE);
     if (rc == MT_OK && mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Waitall");
   }
   if (item != MPI_DATATYPE_NULL) MPI_Type_free(&item);
-  free(c.send), free(sbuf), free(rbuf), free(req), free(from);
+  free(c.send), free(sbuf), free(rbuf), free(req), free(from), free(p->scratch);
   return rc;
 }
 
-static plan plan_of(const mt__sl_job* j, const mt__sl_grid* on, int64_t m, int64_t n,
-                    const mt__sl_matrix* cyc) {
-  plan p = {&j->g,        on,           m,           n,
-            cyc->desc[4], cyc->desc[5], j->itemsize, j->g.nprow * j->g.npcol};
+static plan plan_of(const mt__sl_job *j, const mt__sl_grid *on, int64_t m, int64_t n,
+                    const mt__sl_matrix *cyc) {
+  plan p = {&j->g,
+            on,
+            m,
+            n,
+            cyc->desc[4],
+            cyc->desc[5],
+            j->itemsize,
+            j->g.nprow * j->g.npcol,
+            0,
+            NULL};
   return p;
 }
 
-int mt__sl_rows_to_cyclic(const mt__sl_job* j, const mt__sl_grid* on, int64_t m,
-                          int64_t n, const void* rows, mt__sl_matrix* cyc,
-                          mt_error* err) {
+int mt__sl_rows_to_cyclic(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
+                          int64_t n, const void *rows, mt__sl_matrix *cyc,
+                          mt_error *err) {
   plan p = plan_of(j, on, m, n, cyc);
   int64_t c0, c1;
   chunk(n, j->g.npcol, j->g.mycol, &c0, &c1);
   /* Only read on this way: the casts serve the copy that runs both ways. */
-  return exchange(&p, 1, (void*)rows, c1 - c0, cyc, err);
+  return exchange(&p, 1, (void *)rows, c1 - c0, cyc, err);
 }
 
-int mt__sl_cyclic_to_rows(const mt__sl_job* j, const mt__sl_grid* on, int64_t m,
-                          int64_t n, const mt__sl_matrix* cyc, void* rows,
-                          mt_error* err) {
+int mt__sl_rows_to_cyclic_flipped(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
+                                  int64_t n, const void *rows, mt__sl_matrix *cyc,
+                                  mt_error *err) {
+  plan p = plan_of(j, on, m, n, cyc);
+  int64_t c0, c1;
+  p.flip = 1;
+  chunk(m, j->g.npcol, j->g.mycol, &c0, &c1);
+  return exchange(&p, 1, (void *)rows, c1 - c0, cyc, err);
+}
+
+int mt__sl_cyclic_to_rows(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
+                          int64_t n, const mt__sl_matrix *cyc, void *rows,
+                          mt_error *err) {
   plan p = plan_of(j, on, m, n, cyc);
   int64_t c0, c1;
   chunk(n, j->g.npcol, j->g.mycol, &c0, &c1);

@@ -29,6 +29,7 @@ typedef struct entry {
 #define TYPED(field) offsetof(mt__sl_typed, field)
 static const entry TYPED_ENTRIES[] = {
     {"p?gesv_", TYPED(gesv)},   {"p?getrf_", TYPED(getrf)}, {"p?getri_", TYPED(getri)},
+    {"p?getrs_", TYPED(getrs)},
     {"p?potrf_", TYPED(potrf)}, {"p?laset_", TYPED(laset)}, {"p?geqrf_", TYPED(geqrf)},
 };
 #undef TYPED
