@@ -24,6 +24,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #include "io-private.h"
 #include "mpitensor/comm/agree.h"
@@ -605,6 +608,43 @@ static int commit(io_call *c, const char *tmp, const char *path, mt_error *err) 
   return agree(c->comm, mine, err);
 }
 
+/* Linux 6.5's cachestat, which headers older than the kernel lack: its number is
+ * the same on x86-64 and in the generic table (arm64, riscv64). */
+#if defined(__NR_cachestat)
+#define MT_NR_CACHESTAT __NR_cachestat
+#elif defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__) || \
+                             (defined(__riscv) && __riscv_xlen == 64))
+#define MT_NR_CACHESTAT 451
+#endif
+
+#if defined(MT_NR_CACHESTAT) && defined(POSIX_FADV_DONTNEED)
+typedef struct cache_range {
+  uint64_t off, len; /* len 0: to the end of the file */
+} cache_range;
+typedef struct cache_stat {
+  uint64_t cached, dirty, writeback, evicted, recently_evicted;
+} cache_stat;
+#endif
+
+void mt_io_release_cache(const char *path) {
+#if defined(MT_NR_CACHESTAT) && defined(POSIX_FADV_DONTNEED)
+  /* O_NONBLOCK: a FIFO at the path must not hold the save; O_NOFOLLOW: a
+   * symlink is replaced, not the file it names. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return;
+  struct stat st;
+  cache_range range = {0, 0};
+  cache_stat cs = {0, 0, 0, 0, 0};
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+      syscall(MT_NR_CACHESTAT, fd, &range, &cs, 0) == 0 && cs.cached > 0 && cs.dirty == 0) {
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  }
+  close(fd);
+#else
+  (void)path;
+#endif
+}
+
 /* Rank 0's pid and clock; the others offer the maximum, so the minimum over the
  * ranks is rank 0's. Returns whether this rank is rank 0. */
 static int nonce_of(mt_mesh *mesh, int64_t *nonce) {
@@ -632,6 +672,12 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
                       "at byte %lld",
                       (long long)hlen, (long long)array->offset);
   }
+  /* Before any rank writes (start agrees): on one node the first rank releases
+   * the cache of the file this save replaces, where the ranks lie on several
+   * nodes every rank its own node's. */
+  mt_mesh_nodes nodes;
+  mt_mesh_nodes_of(mesh, &nodes);
+  if (rc == MT_OK && (first || nodes.kind != MT_NODES_ONE)) mt_io_release_cache(path);
   if (rc == MT_OK && first) {
     rc = temp_name(path, nonce, tmp, sizeof tmp, err);
     if (rc == MT_OK) rc = create_temp(tmp, err);

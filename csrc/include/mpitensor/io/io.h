@@ -95,7 +95,8 @@ MT_EXPORT mt_io_options mt_io_options_default(void);
  * the others open it), and put at `path` by the first member (swapped with an
  * existing file in one step where the system can, which it then removes; else
  * renamed), only after every member has written its part: an existing file at
- * `path` is replaced whole or not at all. Unless `opts->durable` is 0 (then
+ * `path` is replaced whole or not at all; its clean cached pages are released
+ * before any member writes (mt_io_release_cache). Unless `opts->durable` is 0 (then
  * nothing is synced), the new file survives a power cut once this returns: each
  * member writes back the bytes it wrote (mt_io_sync_range), the first member then
  * fsyncs the file (every member does, when they lie on several nodes) before the
@@ -140,6 +141,22 @@ MT_EXPORT int mt_io_sync_range(int fd, int64_t at, int64_t len, const char *path
  *   if (mt_io_exchange(tmp, path, &err) == MT_OK) remove_tree(tmp);  // the old one
  */
 MT_EXPORT int mt_io_exchange(const char *a, const char *b, mt_error *err);
+
+/* Local. Drops the cached pages of the regular file at `path`, which a save is
+ * about to replace, when none is dirty; the file stays whole on the device. The
+ * new file's pages then reuse those just freed, as numpy.save's truncation of the
+ * old file lets its writes do, instead of taking free memory that has lain unused:
+ * in a virtual machine that hands such memory back to its host (free page
+ * reporting), the first touch of each of those pages faults in the host and costs
+ * several times the copy into it. Dirty pages stay, since dropping them would
+ * start their write-back, device writes for a file the save then removes; so does
+ * everything where the kernel cannot count them (cachestat, Linux 6.5). A symlink,
+ * a missing file or anything but a regular file is let be. mt_io_save calls it;
+ * a Zarr save calls it on the chunk files of the store it replaces.
+ *
+ *   mt_io_release_cache("/data/run.npy");  // then write the new file
+ */
+MT_EXPORT void mt_io_release_cache(const char *path);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,136 @@
+"""A save releases the clean cached pages of the file it replaces before writing
+its own (mt_io_release_cache), so that the new pages reuse them, as numpy.save's
+truncation of the old file lets its writes do: in a virtual machine that hands
+long-free memory back to its host, the first write into such memory faults in
+the host and costs many times the copy. The replaced file stays whole on the device, and dirty pages stay put:
+dropping them would start their write-back. Whether a page is cached is read
+with preadv(RWF_NOWAIT), which refuses to read one that is not.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Shard, init_device_mesh
+from mpi_helpers import Problems
+
+COMM = MPI.COMM_WORLD
+N, RANK = COMM.Get_size(), COMM.Get_rank()
+SHAPE = (32 * N, 1024)
+
+
+@pytest.fixture(scope="module")
+def tmp():
+    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-cache-") if RANK == 0 else None)
+    yield path
+    COMM.Barrier()
+    if RANK == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def cached(fd: int) -> bool:
+    """Whether the first page of ``fd``'s file is in the page cache. A miss starts
+    the page's read-ahead, so only one rank of a node asks about a shared file."""
+    try:
+        return os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT) > 0
+    except BlockingIOError:
+        return False
+
+
+def read_all(fd: int) -> bytes:
+    """The whole file, read through ``fd`` (so it is cached)."""
+    out, at = [], 0
+    while chunk := os.pread(fd, 1 << 20, at):
+        out.append(chunk)
+        at += len(chunk)
+    return b"".join(out)
+
+
+@pytest.fixture(scope="module")
+def releases(tmp) -> bool:
+    """Whether a save can release a file's cache here: a kernel with cachestat
+    (Linux 6.5, where the core knows its number) and a file system whose clean
+    pages fadvise drops (not tmpfs). Read on the first rank."""
+    def probe() -> bool:
+        release = tuple(int(v) for v in platform.release().split("-")[0].split(".")[:2])
+        if (platform.system() != "Linux" or release < (6, 5)
+                or platform.machine() not in ("x86_64", "aarch64", "riscv64")):
+            return False
+        path = os.path.join(tmp, "probe")
+        with open(path, "wb") as f:
+            f.write(b"x" * 8192)
+            f.flush()
+            os.fsync(f.fileno())
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            read_all(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            return not cached(fd)
+        finally:
+            os.close(fd)
+    return COMM.bcast(probe() if RANK == 0 else None)
+
+
+def versions(k: int):
+    mesh = init_device_mesh("cpu", (N,))
+    return mt.distribute_tensor(np.full(SHAPE, float(k)), mesh, [Shard(0)])
+
+
+def everywhere(p: Problems) -> list:
+    """Collective: every rank's failed expectations, the same on every rank."""
+    return [f"rank {r}: {w}" for r, ws in enumerate(COMM.allgather(list(p))) for w in ws]
+
+
+def replaced(path: str, save_old, save_new, releases, asks: bool) -> list:
+    """Collective. ``save_old``, then ``save_new`` over it while each rank holds
+    the old file at ``path`` open, and the ranks that ``asks`` whether its pages
+    are cached: what went wrong, on every rank."""
+    p = Problems()
+    save_old()
+    fd = os.open(path, os.O_RDONLY)  # the old file, which outlives its name
+    try:
+        before = read_all(fd)
+        COMM.Barrier()
+        p.expect(not asks or cached(fd), "the file just read is not cached")
+        COMM.Barrier()
+        save_new()
+        if asks:
+            p.expect(cached(fd) != releases, "the replaced file's pages " + (
+                "stayed cached" if releases else "were dropped where nothing drops them"))
+        COMM.Barrier()  # the ranks of a node share its cache, which the read refills
+        p.expect(read_all(fd) == before, "the replaced file changed")
+    finally:
+        os.close(fd)
+    return everywhere(p)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".h5"])
+def test_a_save_releases_the_clean_cache_of_the_file_it_replaces(tmp, releases, suffix):
+    path = os.path.join(tmp, f"clean{suffix}")
+    extra = {"dataset": "x"} if suffix == ".h5" else {}
+    # the first save is durable: its pages are clean
+    assert replaced(path, lambda: mt.save(versions(1), path, **extra),
+                    lambda: mt.save(versions(2), path, **extra), releases,
+                    RANK == 0) == []
+    mesh = init_device_mesh("cpu", (N,))
+    back = mt.load(path, mesh, [Shard(0)], **extra).to_local()
+    assert COMM.allreduce(int(not np.all(back == 2.0))) == 0
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".h5"])
+def test_a_save_leaves_the_dirty_cache_of_the_file_it_replaces(tmp, suffix):
+    path = os.path.join(tmp, f"dirty{suffix}")
+    extra = {"dataset": "x"} if suffix == ".h5" else {}
+    # neither save syncs: the first one's pages are dirty when the second starts
+    assert replaced(path, lambda: mt.save(versions(1), path, durable=False, **extra),
+                    lambda: mt.save(versions(2), path, durable=False, **extra),
+                    False, RANK == 0) == []
+
