@@ -1,8 +1,9 @@
-"""A save releases the clean cached pages of the file it replaces before writing
-its own (mt_io_release_cache), so that the new pages reuse them, as numpy.save's
-truncation of the old file lets its writes do: in a virtual machine that hands
-long-free memory back to its host, the first write into such memory faults in
-the host and costs many times the copy. The replaced file stays whole on the device, and dirty pages stay put:
+"""A save releases the clean cached pages of the file it replaces (a Zarr save,
+of each chunk file it replaces) before writing its own (mt_io_release_cache),
+so that the new pages reuse them, as numpy.save's truncation of the old file
+lets its writes do: in a virtual machine that hands long-free memory back to its
+host, the first write into such memory faults in the host and costs many times
+the copy. The replaced file stays whole on the device, and dirty pages stay put:
 dropping them would start their write-back. Whether a page is cached is read
 with preadv(RWF_NOWAIT), which refuses to read one that is not.
 """
@@ -134,3 +135,13 @@ def test_a_save_leaves_the_dirty_cache_of_the_file_it_replaces(tmp, suffix):
                     lambda: mt.save(versions(2), path, durable=False, **extra),
                     False, RANK == 0) == []
 
+
+def test_a_zarr_save_releases_the_clean_cache_of_the_chunks_it_replaces(tmp, releases):
+    path = os.path.join(tmp, "clean.zarr")
+    # chunks follow the shards: rank r writes the chunk file c/r/0
+    chunk = os.path.join(path, "c", str(RANK), "0")
+    assert replaced(chunk, lambda: mt.save(versions(1), path),
+                    lambda: mt.save(versions(2), path), releases, True) == []
+    mesh = init_device_mesh("cpu", (N,))
+    back = mt.load(path, mesh, [Shard(0)]).to_local()
+    assert COMM.allreduce(int(not np.all(back == 2.0))) == 0

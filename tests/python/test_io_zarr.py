@@ -166,9 +166,9 @@ def test_each_rank_writes_whole_chunks_of_its_own(tmp, monkeypatch):
     written = []
     real = _zarr._write
 
-    def spy(tmp_, local, offsets, chunks, durable):
+    def spy(tmp_, local, offsets, chunks, *rest):
         written.append((offsets, local.shape, list(chunks)))
-        return real(tmp_, local, offsets, chunks, durable)
+        return real(tmp_, local, offsets, chunks, *rest)
 
     monkeypatch.setattr(_zarr, "_write", spy)
     path = os.path.join(tmp, "own.zarr")

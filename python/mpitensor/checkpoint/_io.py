@@ -16,7 +16,8 @@ from .. import _C, _comm
 from .._clib import (MAX_NDIM, A, E as _E, Error, I, I64, P, S, _Box, _int64s, call, check,
                      exported, fn, ptr, status_of, struct)
 
-__all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "exchange", "sync_range"]
+__all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "exchange", "sync_range",
+           "release_cache"]
 
 _Array, _Options = struct("mt_io_array"), struct("mt_io_options")
 _save = fn("mt_io_save", I, P, S, S, I64, _Array, _Box, A, I64, _Options, _E)
@@ -25,6 +26,7 @@ _defaults = fn("mt_io_options_default", _Options)
 _counters_read = fn("mt_io_counters_read", None, P, ptr(I64), ptr(I64))
 _exchange = fn("mt_io_exchange", I, S, S, _E)
 _sync_range = fn("mt_io_sync_range", I, I, I64, I64, S, _E)
+_release_cache = fn("mt_io_release_cache", None, S)
 
 # io_save's durable that syncs the file but not its directory (MT_IO_DURABLE_FILE)
 DURABLE_FILE = 2
@@ -120,6 +122,19 @@ def sync_range(fd: int, at: int, nbytes: int, path: str) -> None:
     """
     call(_sync_range, operator.index(fd), operator.index(at), operator.index(nbytes),
          os.fsencode(path))
+
+
+def release_cache(path: str) -> None:
+    """Drops the cached pages of the regular file ``path``, which a save is about
+    to replace, when none is dirty, so that the new file's pages reuse them (see
+    mt_io_release_cache: in a virtual machine, free memory unused for a while can
+    cost many times more to write into). The file stays whole on the device; a
+    missing file, a symlink or a dirty file is let be. Local.
+
+    Example: ``release_cache(os.path.join(store, "c/0/0"))``, then write the new
+    chunk.
+    """
+    _release_cache(os.fsencode(path))
 
 
 def io_counters() -> tuple[int, int]:

@@ -253,11 +253,13 @@ def _write_chunk(arr, encode, tmp: str, key: str, part: np.ndarray, at: list,
 
 
 def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
-           durable: bool) -> None:
+           durable: bool, old: str) -> None:
     """This rank's box into the store at ``tmp``, each of its chunk files synced
     when ``durable`` (files of its own, which no other rank writes; an all-fill
     chunk is not stored, as Zarr does). The directories are synced once every
-    rank has written (_sync_folders)."""
+    rank has written (_sync_folders). The cached pages of the chunk of the same
+    key in the store ``old``, which this save replaces, are released just before
+    (_io.release_cache), for the new chunk's to reuse."""
     z = zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
     encode, sizes = _encoder(arr, local.dtype), local.shape
@@ -274,6 +276,7 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
             end = [min((i + 1) * c, o + s)
                    for i, c, o, s in zip(index, chunks, offsets, sizes)]
             part = local[tuple(slice(a - o, e - o) for a, e, o in zip(at, end, offsets))]
+            _io.release_cache(os.path.join(old, key))
             _write_chunk(arr, encode, tmp, key, part, at, end)
             name = os.path.join(tmp, key)
             if durable and os.path.exists(name):
@@ -373,7 +376,7 @@ def save(dt, path: str, attrs, durable: bool) -> None:
 
         box = (tuple(offsets), tuple(sizes), chunks)
         _agree.everywhere(mesh, lambda: attempt(lambda: _write(
-            tmp, local.reshape(tuple(sizes)), tuple(offsets), chunks, durable)),
+            tmp, local.reshape(tuple(sizes)), tuple(offsets), chunks, durable, path)),
             lambda: failed[0])
         if durable:
             _agree.everywhere(mesh, lambda: attempt(lambda: _sync_folders(tmp, *box)),
