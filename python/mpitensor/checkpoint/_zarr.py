@@ -211,6 +211,16 @@ def _encoder(arr, dtype: np.dtype):
     from numcodecs.zstd import Zstd
 
     zstd = Zstd(level=codecs[1].level, checksum=codecs[1].checksum)
+    # Each chunk's output comes from malloc at zstd's bound for the chunk, and
+    # is cut to the encoded size before it is freed. glibc maps a block above its
+    # mmap threshold anew and raises the threshold to the size of a mapped block
+    # freed, which the cut output never reaches: every chunk's output was a new
+    # mapping whose pages faulted in anew, at a large share of the codec's time.
+    # Freeing one mapped block above the bound (never touched) lifts the
+    # threshold, so the outputs reuse the same memory.
+    nbytes = math.prod(arr.chunks) * dtype.itemsize
+    lift = np.empty(nbytes + nbytes // 128 + (64 << 10), np.uint8)
+    del lift
     return lambda chunk: zstd.encode(chunk.reshape(-1).view(np.uint8))
 
 
