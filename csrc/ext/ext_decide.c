@@ -105,16 +105,21 @@ static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, in
   return mb;
 }
 
-/* Adds operand i: a DTensor, an implicitly replicated ndarray, or a scalar. An
- * ndarray of one element (of any dims) is replicated as torch replicates a
- * one-element tensor: every rank holds a value of that shape; larger ones only
- * under implicit replication or on the local mesh. */
+/* Whether a plain ndarray operand `o` (not 0-d) mixed with DTensors of `mb` is
+ * replicated on it: one of one element always, as torch replicates a one-element
+ * tensor (every rank holds a value of that shape); larger ones only under
+ * implicit replication or on the local mesh, where there is nothing to trust. */
+static int replicates(const mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *o) {
+  return d->modes->implicit_replication > 0 || mb->local ||
+         PyArray_SIZE((PyArrayObject *)o) == 1;
+}
+
+/* Adds operand i: a DTensor, an implicitly replicated ndarray, or a scalar. */
 static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
                       PyObject *key) {
   if (!mt_ext_is_dtensor(d, o)) {
     if (PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0) {
-      if (!(d->modes->implicit_replication > 0 || c->mb->local ||
-            PyArray_SIZE((PyArrayObject *)o) == 1)) {
+      if (!replicates(d, c->mb, o)) {
         mt_ext_error(d, "mixed", key, o);
         return -1;
       }
@@ -391,7 +396,54 @@ static PyObject *decide(PyObject *module, PyObject *const *args, Py_ssize_t narg
   return out;
 }
 
+/* implicit(operands[, like]) -> operands: the tuple with each plain ndarray (not
+ * 0-d) the executor would replicate made the Replicate DTensor it makes, on the
+ * mesh of the first DTensor operand; the tuple itself when there is none. With
+ * `like` (a DTensor), every one on like's mesh: a backward's operands, which its
+ * forward took so. Local. */
+static PyObject *implicit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (nargs < 1 || nargs > 2 || !PyTuple_Check(args[0]) ||
+      (nargs == 2 && !mt_ext_is_dtensor(d, args[1])))
+    return PyErr_Format(PyExc_TypeError, "implicit(operands: tuple[, like: DTensor])");
+  PyObject *ops = args[0];
+  Py_ssize_t n = PyTuple_GET_SIZE(ops);
+  int every = nargs == 2;
+  mt_ext_mesh_base *mb = NULL;
+  for (Py_ssize_t i = every ? -1 : 0; mb == NULL && i < n; ++i) {
+    PyObject *o = i < 0 ? args[1] : PyTuple_GET_ITEM(ops, i);
+    if (mt_ext_is_dtensor(d, o) && ((mt_ext_dtensor *)o)->spec != NULL)
+      mb = mt_ext_spec_mesh(d, ((mt_ext_dtensor *)o)->spec);
+  }
+  PyObject *out = NULL;
+  for (Py_ssize_t i = 0; mb != NULL && i < n; ++i) {
+    PyObject *o = PyTuple_GET_ITEM(ops, i);
+    if (Py_TYPE(o) != &PyArray_Type || PyArray_NDIM((PyArrayObject *)o) == 0 ||
+        !(every || replicates(d, mb, o)))
+      continue;
+    if (out == NULL) { /* a new tuple: a whole slice would be `ops` itself */
+      if ((out = PyTuple_New(n)) == NULL) return NULL;
+      for (Py_ssize_t j = 0; j < n; ++j)
+        PyTuple_SET_ITEM(out, j, Py_NewRef(PyTuple_GET_ITEM(ops, j)));
+    }
+    PyObject *r = replicated(d, mb, o);
+    if (r == NULL) {
+      Py_DECREF(out);
+      return NULL;
+    }
+    Py_DECREF(PyTuple_GET_ITEM(out, i));
+    PyTuple_SET_ITEM(out, i, r);
+  }
+  return out != NULL ? out : Py_NewRef(ops);
+}
+
 PyMethodDef mt_ext_decide_methods[] = {
+    {"implicit", (PyCFunction)(void (*)(void))implicit, METH_FASTCALL,
+     "implicit(operands[, like]) -> operands: each plain ndarray (not 0-d) the "
+     "executor replicates (one element always, any inside implicit_replication() or "
+     "on the local mesh) made the Replicate DTensor it makes, on the first DTensor "
+     "operand's mesh; with like, every one, on like's mesh. Local.\n\n"
+     "Example: _C.implicit((dt, numpy.ones(1)))[1].placements == (Replicate(),)"},
     {"decide", (PyCFunction)(void (*)(void))decide, METH_FASTCALL,
      "decide(key, operands, build) -> (out_placements, out_shape, bytes): the "
      "decision of an operation (a registered ufunc, or a key whose dim map build() "

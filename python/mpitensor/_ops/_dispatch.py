@@ -17,7 +17,7 @@ import numbers
 
 import numpy as np
 
-from .. import _C, _modes, _registry, _trace, device_mesh as _device_mesh
+from .. import _C, _registry, _trace
 from .._clib import CORE, MAX_NDIM, U32, E as _E, I, I64, call, dtype_code, fn, ptr, struct
 from .._dtensor import DTensor
 
@@ -190,24 +190,17 @@ def is_scalar(obj) -> bool:
 
 
 def implicit(operands) -> tuple:
-    """Plain ndarrays (not 0-d) among the operands that become Replicate DTensors on
-    the mesh of the first DTensor operand (no communication: every rank is trusted
-    to hold the same array): one of one element always, as torch replicates a
-    one-element tensor, and any inside ``implicit_replication()``. On the local
-    mesh (one rank: where ``to_local()`` puts a tensor autograd follows) an
-    ndarray is always such a DTensor, with nothing to trust, so it mixes with
-    local DTensors as it mixes with ndarrays. The C executor's operands follow
-    the same rule (csrc/ext/ext_decide.c)."""
-    every = _modes.state.implicit_replication or _device_mesh._local_mesh is not None
-    if not every and not any(type(o) is np.ndarray and o.size == 1 and o.ndim > 0
-                             for o in operands):
-        return tuple(operands)
-    mesh = next((o._spec.mesh for o in operands if type(o) is DTensor), None)
-    if mesh is None:
-        return tuple(operands)
-    every = _modes.state.implicit_replication or _device_mesh.is_local_mesh(mesh)
-    return tuple(DTensor.from_local(o, mesh) if type(o) is np.ndarray and o.ndim > 0
-                 and (every or o.size == 1) else o for o in operands)
+    """The operands with each plain ndarray (not 0-d) that the executor replicates
+    made the Replicate DTensor it makes, on the mesh of the first DTensor operand
+    (no communication: every rank is trusted to hold the same array): one of one
+    element always, as torch replicates a one-element tensor, and any inside
+    ``implicit_replication()`` or on the local mesh (one rank: where
+    ``to_local()`` puts a tensor autograd follows, with nothing to trust). The
+    executor's own rule (``_C.implicit``, csrc/ext/ext_decide.c). Local.
+
+    Example: ``implicit((dt, np.ones(1)))[1].placements == (Replicate(),)``.
+    """
+    return _C.implicit(tuple(operands))
 
 
 def split_operands(name: str, operands):

@@ -23,7 +23,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _modes
+from .. import _C, _modes
 from . import _engine
 from ._engine import register_backward
 from .._dtensor import DTensor, _grad_placements, _redistribute_grad
@@ -65,10 +65,9 @@ def _need(x) -> bool:
 
 def _dtensors(operands, like: DTensor) -> tuple:
     """The operands with plain ndarrays (mixed in under implicit replication) as
-    Replicate DTensors on ``like``'s mesh, as the forward took them."""
-    mesh = like.device_mesh
-    return tuple(DTensor.from_local(o, mesh) if type(o) is np.ndarray and o.ndim > 0
-                 else o for o in operands)
+    the Replicate DTensors on ``like``'s mesh the forward took them as (the
+    executor's, ``_C.implicit``)."""
+    return _C.implicit(tuple(operands), like)
 
 
 def _bind(node, names, **defaults) -> dict:
