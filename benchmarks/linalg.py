@@ -19,7 +19,7 @@ One section per engine, each a function of SECTIONS that returns its points:
   processes, interleaved with mpitensor's; its time is the routine's alone, the
   matrix made in the cyclic layout beforehand). ``mt_over_plain`` is mpitensor's
   time over the plain program's, repetition by repetition: what mpitensor adds
-  (the copy of each block, pdgemr2d to the cyclic layout and back, Python).
+  (each block's copy to the cyclic layout and back, its messages, Python).
 - ``tsqr``: ``np.linalg.qr`` and ``np.linalg.svd(full_matrices=False)`` of a
   200,000 x 64 float64 matrix, rows sharded ``[Shard(0)]`` (TSQR in C), against
   Heat's ``ht.linalg.qr`` / ``ht.linalg.svd`` on a ``split=0`` DNDarray of the same

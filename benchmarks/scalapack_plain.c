@@ -12,8 +12,8 @@
  *       [NB] [NPROW] [DRIVER]
  *
  * OP is solve, eigh, or redist (pdgemr2d of the matrix from torch.chunk's blocks of
- * ceil(n/P) rows to the cyclic layout and back, mpitensor's only extra ScaLAPACK
- * traffic); NB 0 or absent is mpitensor's block; NPROW 0 or absent is P (the grid is
+ * ceil(n/P) rows to the cyclic layout and back: the move mpitensor makes with its
+ * own exchange instead, csrc/linalg/scalapack_exchange.c); NB 0 or absent is mpitensor's block; NPROW 0 or absent is P (the grid is
  * NPROW x P/NPROW); DRIVER is syevr (mpitensor's), syevd or syevx. Rank 0 prints one
  * JSON object: the seconds of each repetition, the slowest rank's, and for eigh the
  * largest |A v - w v| / (|A| n) over a few eigenvectors as a check. */

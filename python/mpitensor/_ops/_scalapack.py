@@ -466,8 +466,9 @@ def _as_dtensor(b, mesh):
 
 @_registry.implements(np.linalg.solve)
 def solve(a, b):
-    """np.linalg.solve of DTensors: ScaLAPACK's pXgesv on A as it is sharded; b
-    (a vector, or a matrix of right-hand sides; batched as NumPy's, the batch
+    """np.linalg.solve of DTensors: ScaLAPACK's pXgesv on A as it is sharded, or
+    with its rows alone sharded pXgetrf of A's transpose (which each rank's rows
+    already are, column-major) and pXgetrs with TRANS='T'; b (a vector, or a matrix of right-hand sides; batched as NumPy's, the batch
     replicated) is laid out with its rows as A's rows and its columns over A's
     column mesh dim, and x comes back in that layout (a vector: rows as A's rows).
     LinAlgError on every rank for a singular A. Collective on the mesh.
@@ -522,7 +523,8 @@ def _solve_blocks(sl, a, b, rows, cols, dtype, placements, shape):
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     batch, blocks = _local_stack(a, dtype, copy=False)
     _, rhs = _local_stack(b, dtype)
-    address = _address(a, "numpy.linalg.solve", "pXgesv")
+    address = _address(a, "numpy.linalg.solve",
+                       "pXgetrf, pXgetrs" if cols < 0 else "pXgesv")
     for block, r in zip(blocks, rhs):
         call(_solve, sl, address, rows, cols, letter, n, block, b.shape[-1], r, info)
         _check_info(info.value, "Singular matrix")
