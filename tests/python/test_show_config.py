@@ -112,7 +112,9 @@ def test_processes_started_by_another_mpis_launcher_are_refused():
         try:
             found = [alone(1, PMI_SIZE="4"), alone(4, SLURM_STEP_NUM_TASKS="4"), alone(1)]
         except Exception as e:
-            found = repr(e)
+            # A timeout keeps what the child had written: whether it hung before
+            # refusing or after (in Open MPI's singleton teardown).
+            found = f"{e!r}\nstdout: {getattr(e, 'stdout', None)!r}\nstderr: {getattr(e, 'stderr', None)!r}"
     found = MPI.COMM_WORLD.bcast(found)
     assert not isinstance(found, str), found
     pmi, slurm, fine = found
