@@ -149,6 +149,7 @@ typedef struct search {
   int have;
   int64_t limit;     /* torch's bytes */
   int64_t net_limit; /* torch's bytes between nodes */
+  int overflowed;    /* a candidate's counts did not fit in int64 */
   const mt_time_model *model;
   mt__direct_memo direct;
 } search;
@@ -176,6 +177,12 @@ static int offer(search *sr, mt__steps *tmp, const mt_layout *src, const mt_layo
                     &found, err);
   else
     rc = staged(tmp, src, dst, which, itemsize, build, &sr->direct, err);
+  if (rc == MT_EOVERFLOW) {
+    /* A count of this candidate passes int64 (its bytes would pass torch's,
+     * which fit): it drops out, and only a search left with none says so. */
+    sr->overflowed = 1;
+    return MT_OK;
+  }
   if (rc != MT_OK || !found || tmp->bytes > sr->limit) return rc;
   mt__set_times(tmp, sr->model);
   if (tmp->net > sr->net_limit) return MT_OK;
@@ -224,6 +231,7 @@ int mt__best_candidate(mt__steps *list, const mt_layout *src, const mt_layout *d
     rc = search_all(&sr, tmp, src, dst, itemsize, err);
   }
   free(tmp);
+  if (rc == MT_OK && !sr.have && sr.overflowed) rc = overflow(err);
   if (rc == MT_OK && !sr.have)
     rc = mt__fail(err, MT_ESTATE,
                   "No redistribution plan moves at most the bytes of torch's order");

@@ -1154,6 +1154,16 @@ static void test_plan_limits(void) {
     CHECK(mt_plan_bytes(plan) == 0);
     mt_plan_destroy(plan);
   }
+  /* A candidate whose bytes pass int64 drops out where torch's order fits: the
+   * fuzzer's gather-first candidate for [S(0), P] -> [R, R] of 2^32 + 3 items of
+   * 1 MiB on 30 x 30 had failed the whole plan. */
+  const int64_t big = (INT64_C(1) << 32) + 3, m30[2] = {30, 30};
+  mt_layout sp = make(1, &big, 2, m30, (mt_placement[]){S(0), P(MT_REDUCE_SUM)});
+  mt_layout rr = with(&sp, (mt_placement[]){R(), R()});
+  mt_plan *fits = NULL;
+  CHECK(mt_plan_create(&sp, &rr, INT64_C(1) << 20, &fits, NULL) == MT_OK);
+  CHECK(mt_plan_bytes(fits) > 0);
+  mt_plan_destroy(fits);
   /* A mesh no MPI job can have. */
   const int64_t wide[2] = {INT64_C(1) << 20, INT64_C(1) << 20};
   mt_layout w = make(1, &four, 2, wide, (mt_placement[]){R(), R()});
