@@ -118,7 +118,8 @@ def test_a_zarr_store_removed_under_a_load_raises_everywhere(tmp, monkeypatch):
             a = zarr.create_array(new, shape=SHAPE, dtype="f8", chunks=(64, 1024))
             a[...] = version(2)
             assert _io.exchange(new, path)
-            _zarr._remove_store(new)
+            _zarr._drop_metadata(new)
+            shutil.rmtree(new)
         replace_on_first(swap)
         return real(self, *args)
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -20,7 +24,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Replicate, Shard, init_device_mesh
 from mpitensor.checkpoint import _zarr
-from mpi_helpers import Problems, bits_equal, expect_same_error
+from mpi_helpers import Problems, bits_equal, expect_same_error, fresh_job_env
 from io_helpers import (DTYPES, N, RANK, array, check_dtensor, layouts, on_first)
 
 COMM = MPI.COMM_WORLD
@@ -303,6 +307,164 @@ def test_a_failed_save_leaves_the_old_store(tmp, monkeypatch):
              f"a killed save's store stayed: {listing(tmp)}")
     p.expect(bits_equal(read_zarr(path)[0], old * 3), "the next save")
     assert p == []
+
+
+def old_store_of_many_chunks(path: str, mesh, placements, monkeypatch) -> tuple:
+    """A store at ``path`` of many small chunks (as a large array has), saved with a
+    smaller CHUNK_BYTES; its array and the number of its chunk files."""
+    g = array((16 * N, 8), "float64") + 1
+    monkeypatch.setattr(_zarr, "CHUNK_BYTES", 2 * 8 * 8)
+    mt.save(mt.distribute_tensor(g, mesh, placements), path)
+    monkeypatch.undo()
+    return g, len(read_zarr(path)[4])
+
+
+def test_the_ranks_that_wrote_share_the_removal_of_the_old_store(tmp, monkeypatch):
+    """Each rank that writes the new store unlinks a share of the old store's
+    files; a replica that wrote nothing unlinks none; nothing of the old store is
+    left when the save returns."""
+    path = os.path.join(tmp, "shared.zarr")
+    mesh_shapes = [((N,), [Shard(0)])]
+    if N % 2 == 0:
+        mesh_shapes.append(((N // 2, 2), [Shard(0), Replicate()]))
+    p = Problems()
+    for shape, placements in mesh_shapes:
+        mesh = init_device_mesh("cpu", shape)
+        g, files = old_store_of_many_chunks(path, mesh, placements, monkeypatch)
+        p.expect(files == 8 * N, f"the old store has {files} chunk files")
+        mine, real = [], os.unlink
+
+        def counting(name, *args, **kw):
+            real(name, *args, **kw)
+            if os.fsdecode(name).startswith(path + "."):
+                mine.append(name)
+
+        monkeypatch.setattr(os, "unlink", counting)
+        mt.save(mt.distribute_tensor(g * 2, mesh, placements), path)
+        monkeypatch.undo()
+        counts = COMM.allgather(len(mine))
+        writes = COMM.allgather(all(c == 0 for c, pl in zip(mesh.get_coordinate(),
+                                                            placements) if not pl.is_shard()))
+        p.expect(sum(counts) == files + 1,  # the chunks and zarr.json
+                 f"{shape}: the ranks unlinked {counts} of {files + 1} files")
+        p.expect(all((c > 0) == w for c, w in zip(counts, writes)),
+                 f"{shape}: unlinks {counts}, writers {writes}")
+        p.expect(listing(tmp).count("shared.zarr") == 1
+                 and not [f for f in listing(tmp) if f.startswith("shared.zarr.")],
+                 f"{shape}: leftovers {listing(tmp)}")
+        values, *_ = read_zarr(path)
+        p.expect(bits_equal(values, g * 2), f"{shape}: the new store")
+    assert p == []
+
+
+KILLED = """
+import os, signal, sys
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Shard
+from mpitensor.checkpoint import _zarr
+
+mode, path = sys.argv[1], sys.argv[2]
+comm = MPI.COMM_WORLD
+mesh = mt.init_device_mesh("cpu", (comm.Get_size(),))
+_zarr.CHUNK_BYTES = 4 * 64 * 8  # many chunks: their removal takes a while
+
+
+def save(gen):
+    g = np.full((1024, 64), float(gen))
+    mt.save(mt.distribute_tensor(g, mesh, [Shard(0)]), path)
+
+
+save(1)
+if mode == "removing":
+    real = _zarr._remove_share
+
+    def killing(old, share, shares):
+        if share == shares - 1:  # the last rank, once its share is half gone
+            names = [os.path.join(d, f) for d, _, fs in os.walk(old) for f in fs]
+            for name in names[:len(names) // 2]:
+                os.unlink(name)
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(old, share, shares)
+
+    _zarr._remove_share = killing
+    save(2)
+else:
+    open(f"{path}.pid.{comm.Get_rank()}", "w").write(str(os.getpid()))
+    gen = 2
+    while True:
+        save(gen)
+        gen += 1
+"""
+
+
+def start_killed(folder: str, mode: str):
+    script = os.path.join(folder, "job.py")
+    with open(script, "w") as f:
+        f.write(KILLED)
+    cmd = ["mpiexec", "--oversubscribe", "-n", "2", sys.executable, script, mode,
+           os.path.join(folder, "s.zarr")]
+    return subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def generation(path: str) -> set:
+    """The values of the store at ``path``, as mpitensor loads it on one rank."""
+    back = mt.load(path, init_device_mesh("cpu", (1,)), [Shard(0)]).to_local()
+    return set(np.unique(back).tolist())
+
+
+def saved_again(path: str) -> list:
+    """Saves generation 9 over ``path``; what is left beside it."""
+    mesh = init_device_mesh("cpu", (1,))
+    mt.save(mt.distribute_tensor(np.full((1024, 64), 9.0), mesh, [Shard(0)]), path)
+    folder = os.path.dirname(path)
+    return [f for f in os.listdir(folder) if f.startswith("s.zarr.") and ".pid." not in f]
+
+
+@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+def test_a_save_killed_while_removing_the_old_store_leaves_the_new_one(tmp_path):
+    """One rank is killed with SIGKILL halfway through its share of the old store's
+    files: the new store loads whole, and the next save removes the rest."""
+    job = start_killed(str(tmp_path), "removing")
+    out, _ = job.communicate(timeout=120)
+    path = str(tmp_path / "s.zarr")
+    assert job.returncode != 0, out
+    left = [f for f in os.listdir(tmp_path) if f.startswith("s.zarr.")]
+    assert generation(path) == {2.0}, out
+    assert left, "the killed save left nothing of the old store: it was not killed midway"
+    assert saved_again(path) == [] and generation(path) == {9.0}
+
+
+@pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
+def test_saves_killed_at_any_moment_leave_one_whole_store(tmp_path):
+    """Both ranks of a job that saves over its store again and again are killed
+    with SIGKILL, eight times a little later each: the store loads as one save's,
+    whole, and the next save removes what the killed one left."""
+    path, left_any = str(tmp_path / "s.zarr"), 0
+    for attempt in range(8):
+        shutil.rmtree(path, ignore_errors=True)
+        job = start_killed(str(tmp_path), "loop")
+        try:
+            pids = [tmp_path / f"s.zarr.pid.{r}" for r in range(2)]
+            end = time.monotonic() + 60
+            while not all(p.exists() and p.read_text() for p in pids):
+                assert job.poll() is None and time.monotonic() < end, job.communicate()
+                time.sleep(0.001)
+            time.sleep(0.05 + attempt * 0.037)
+            for pid in pids:
+                os.kill(int(pid.read_text()), signal.SIGKILL)
+                pid.unlink()
+            job.communicate(timeout=60)
+        finally:
+            job.kill()
+            job.wait()
+        got = generation(path)
+        assert len(got) == 1, f"values of several saves: {sorted(got)}"
+        left_any += any(f.startswith("s.zarr.") for f in os.listdir(tmp_path))
+        assert saved_again(path) == [] and generation(path) == {9.0}
+    assert left_any, "no kill left a temporary store: the test did not test it"
 
 
 def test_what_a_save_does_not_replace(tmp):

@@ -17,8 +17,10 @@ with the old one in one rename (renameat2's exchange, where the file system has
 it), so a store is replaced whole or not at all. The old store's ``zarr.json`` is
 removed before its chunks: a load that read it and still finds it after reading
 its chunks read none that had gone (a Zarr reader takes a missing chunk for the
-fill value). Each rank of a load reads through its descriptor of the store's
-directory, agreed to be the same one on every rank.
+fill value). Then the ranks that wrote remove the old store's files, a share each:
+an unlink can cost milliseconds, and a store of many chunks took the first rank
+alone seconds while the others waited. Each rank of a load reads through its
+descriptor of the store's directory, agreed to be the same one on every rank.
 
 bfloat16 is the Zarr data type ``"bfloat16"`` (zarr-extensions), registered with
 zarr-python here when ml_dtypes is installed.
@@ -33,6 +35,7 @@ import math
 import os
 import shutil
 import sys
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +50,9 @@ from . import _agree, _io, _npy, _paths, _stored, _tensor
 # tens of MiB, whose output buffers are too large for the allocator to reuse (each
 # is mapped anew and its pages faulted in); loads read either as fast.
 CHUNK_BYTES = 8 << 20
+
+# Threads of each rank that remove a replaced store's files (_remove_share).
+REMOVERS = 4
 
 
 def zarr():
@@ -318,35 +324,98 @@ def _sync_folders(tmp: str, offsets: tuple, sizes: tuple, chunks: list) -> None:
         _paths.sync_dir(folder)
 
 
-def _remove_store(path: str) -> None:
-    """Removes a replaced store, its metadata first (see the module's comment)."""
+def _drop_metadata(path: str) -> None:
+    """Removes the metadata of the replaced store ``path``, before any chunk of it
+    (see the module's comment)."""
     for name in ("zarr.json", ".zarray"):
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(path, name))
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _commit(tmp: str, path: str, durable: bool) -> bytes:
-    """On the first rank, once every rank has written: the new store at ``path``,
-    the old one removed."""
+    """On the first rank, once every rank has written: the new store at ``path``;
+    the name of the old one, its metadata removed, whose files the ranks remove
+    next (_remove_share), or b"" when there was none."""
     if durable:
         _paths.sync_file(os.path.join(tmp, "zarr.json"))
         _paths.sync_dir(tmp)
+    old = ""
     if not os.path.exists(path):
         os.rename(tmp, path)
     elif _io.exchange(tmp, path):
-        _remove_store(tmp)
+        old = tmp
     else:
         # Without an exchange the old store is moved aside first: for a moment
         # nothing is at the path, but the old store stays whole until the new one
         # is in place.
-        aside = _paths.temp_name(path)
-        os.rename(path, aside)
+        old = _paths.temp_name(path)
+        os.rename(path, old)
         os.rename(tmp, path)
-        _remove_store(aside)
+    if old:
+        _drop_metadata(old)
     if durable:
         _paths.sync_dir(os.path.dirname(path))
-    return b""
+    return os.fsencode(old)
+
+
+def _remover(mesh, placements) -> tuple | None:
+    """(share, shares): this rank's share of a replaced store's files, among the
+    ranks that wrote the new store (they see its folder, as the ranks of other
+    nodes may not); None for a replica that wrote nothing."""
+    if not _tensor._writes(mesh, placements):
+        return None
+    coord, share, shares = mesh.get_coordinate(), 0, 1
+    for m, p in enumerate(placements):
+        if p.is_shard():
+            share, shares = share * mesh.shape[m] + coord[m], shares * mesh.shape[m]
+    return share, shares
+
+
+def _remove_share(old: str, share: int, shares: int) -> None:
+    """Removes the files of the replaced store ``old`` that fall to ``share`` of
+    ``shares`` (by a hash of the file's name, so that ranks listing the store while
+    others remove from it agree on the shares), then tries each folder that held
+    one, deepest first: the rank that empties a folder last removes it. An unlink
+    waits on the file system's journal more than it computes, so REMOVERS threads
+    overlap them. Errors are let be: what stays, the first rank removes next."""
+    mine, folders = [], set()
+    for folder, _, files in os.walk(old):
+        for f in files:
+            name = os.path.join(folder, f)
+            if zlib.crc32(os.fsencode(os.path.relpath(name, old))) % shares == share:
+                mine.append(name)
+                folders.add(folder)
+    for d in list(folders):
+        while len(d) > len(old):  # up to the store's own folder
+            d = os.path.dirname(d)
+            folders.add(d)
+    levels = {}
+    for d in folders:
+        levels.setdefault(d.count(os.sep), []).append(d)
+    with concurrent.futures.ThreadPoolExecutor(REMOVERS) as pool:
+        list(pool.map(_quietly(os.unlink), mine))
+        for depth in sorted(levels, reverse=True):
+            list(pool.map(_quietly(os.rmdir), levels[depth]))
+
+
+def _quietly(remove):
+    """``remove`` that lets an OSError be (a file gone already, or not ours)."""
+    def attempt(name: str) -> None:
+        with contextlib.suppress(OSError):
+            remove(name)
+    return attempt
+
+
+def _remove_old(mesh, placements, old: str) -> None:
+    """Collective on the mesh: the replaced store ``old`` removed, each writing rank
+    its share of the files (_remove_share), then the first rank what is left (a
+    share of a rank that could not see it, a symlink). A kill at any point leaves
+    part of it under its temporary name, which the next save removes."""
+    mine = _remover(mesh, placements)
+    _agree.everywhere(mesh, lambda: mine and _remove_share(old, *mine),
+                      lambda: OSError(f"cannot remove {old!r}"))
+    if mesh.get_coordinate() == [0] * mesh.ndim and os.path.lexists(old):
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def save(dt, path: str, attrs, durable: bool) -> None:
@@ -391,11 +460,13 @@ def save(dt, path: str, attrs, durable: bool) -> None:
         if durable:
             _agree.everywhere(mesh, lambda: attempt(lambda: _sync_folders(tmp, *box)),
                               lambda: failed[0])
-        _agree.first_rank(mesh, lambda: _commit(tmp, path, durable))
+        old = os.fsdecode(_agree.first_rank(mesh, lambda: _commit(tmp, path, durable)))
     except BaseException:
         if mesh.get_coordinate() == [0] * mesh.ndim:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if old:
+        _remove_old(mesh, dt.placements, old)
 
 
 def describe(opened) -> bytes:
