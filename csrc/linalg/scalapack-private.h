@@ -103,8 +103,13 @@ typedef struct mt__sl_typed {
 /* What a table shares with the grids it cached (scalapack_grid.c). */
 typedef struct mt__sl_life mt__sl_life;
 
+/* The most libraries one ScaLAPACK may come in (MKL's: core, threading layer,
+ * interface, BLACS, ScaLAPACK). */
+#define MT__SL_LIBRARIES 8
+
 struct mt_scalapack {
-  void *handle; /* dlopen's */
+  void *handles[MT__SL_LIBRARIES]; /* dlopen's, in the order opened */
+  int nhandles;
   /* The MPI attribute under which a mesh's communicator keeps the grids made on
    * it, MPI_KEYVAL_INVALID when MPI was not initialized at open (each call then
    * makes and frees its own grid). */
@@ -161,7 +166,7 @@ int mt__sl_caches_open(mt_scalapack *sl, void (*free_table)(mt_scalapack *sl),
  * with grids still cached the last one's release frees the table instead. */
 int mt__sl_caches_close(mt_scalapack *sl);
 
-/* Local. Unloads the library and frees the table. */
+/* Local. Unloads the libraries and frees the table. */
 void mt__sl_table_free(mt_scalapack *sl);
 
 /* A distributed matrix: its local block and its descriptor. */

@@ -20,9 +20,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import glob
+import importlib.metadata
 import itertools
 import operator
 import os
+import sys
 import types
 
 import numpy as np
@@ -80,6 +83,23 @@ def load(path: str):
     Example: ``address(load(path), "cblas_dgemm")``.
     """
     return ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+
+
+def mkl_library(stem: str) -> str | None:
+    """The path of the ``mkl`` package's library whose file name starts with
+    ``stem``: from the package's file list, else in sys.prefix/lib (where pip puts
+    it); None when it is not installed.
+
+    Example: ``mkl_library("libmkl_core.so")`` -> ``'/venv/lib/libmkl_core.so.3'``.
+    """
+    found = []
+    try:
+        found = [str(f.locate()) for f in importlib.metadata.files("mkl") or ()
+                 if os.path.basename(str(f)).startswith(stem)]
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    found += sorted(glob.glob(os.path.join(sys.prefix, "lib", glob.escape(stem) + "*")))
+    return next((os.path.normpath(path) for path in found if os.path.exists(path)), None)
 
 
 def address(lib_, name: str) -> int:

@@ -11,7 +11,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from . import _C, _mpi_library, device_mesh, _comm
-from ._ops._scalapack import PACKAGE, scalapack_library
+from ._ops._scalapack import PACKAGE, scalapack_library, scalapack_source
 from ._version import __version__
 from .nn import _blas
 
@@ -26,7 +26,7 @@ SWITCHES = {
     "MPITENSOR_CHECK": "1: check that every rank makes the same collective",
     "MPITENSOR_TIMEOUT": "seconds a collective may wait before the job is aborted (default 1800, 0: off)",
     "MPITENSOR_MPIEXEC": "the launcher of the pytest plugin",
-    "MPITENSOR_SCALAPACK": "the ScaLAPACK library of np.linalg.solve, eigh, ... (a path)",
+    "MPITENSOR_SCALAPACK": "the ScaLAPACK of np.linalg.solve, eigh, ...: debian, mkl or a library path",
     "MPITENSOR_MPIEXEC_ARGS": "extra launcher arguments of the pytest plugin",
 }
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -91,7 +91,9 @@ def _blas_info() -> dict:
 def _linalg_info() -> dict:
     """The ScaLAPACK the square np.linalg routines run on (loaded here if not yet)."""
     found = scalapack_library()
-    return {"ScaLAPACK": found or f"not found (install Debian's {PACKAGE})"}
+    if found is None:
+        return {"ScaLAPACK": f"not found (install Debian's {PACKAGE} or the mkl package)"}
+    return {"ScaLAPACK": f"{scalapack_source()}: {found}"}
 
 
 def config() -> dict:

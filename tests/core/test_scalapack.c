@@ -237,6 +237,12 @@ int main(int argc, char **argv) {
   mt_error err = {0};
   CHECK(mt_scalapack_open("/nonexistent/libscalapack.so", &sl, &err) == MT_ENOTSUP);
   CHECK(sl == NULL && strstr(err.msg, "nonexistent") != NULL);
+  /* A source of several libraries stops at the first that does not load, naming it. */
+  const char *missing[] = {"/nonexistent/libmkl_core.so.3",
+                           "/nonexistent/libscalapack.so"};
+  CHECK(mt_scalapack_open_libraries(missing, 2, &sl, &err) == MT_ENOTSUP);
+  CHECK(sl == NULL && strstr(err.msg, "libmkl_core") != NULL);
+  CHECK(mt_scalapack_open_libraries(missing, 0, &sl, &err) == MT_EINVAL);
   if (mt_scalapack_open("libscalapack-openmpi.so.2.2", &sl, &err) != MT_OK) {
     if (rank == 0) printf("test_scalapack: skipped, %s\n", err.msg);
     MPI_Finalize();

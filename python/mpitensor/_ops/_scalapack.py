@@ -17,9 +17,10 @@ runs NumPy's LAPACK on its local stack, and the results keep the stack's
 placements. A small matrix whose rows alone are sharded takes ``_small_linalg``'s
 eigh on one rank.
 
-ScaLAPACK is loaded at the first call that needs it (Debian's
-``libscalapack-openmpi-dev``, or the library ``MPITENSOR_SCALAPACK`` names); without
-it those calls raise RuntimeError on every rank, naming the package.
+ScaLAPACK is loaded at the first call that needs it: Debian's
+``libscalapack-openmpi-dev``, else MKL's (the ``mkl`` extra); ``MPITENSOR_SCALAPACK``
+picks one (``debian``, ``mkl``, or a library's path). Without it those calls raise
+RuntimeError on every rank, naming the package.
 ``eig``/``eigvals`` have no ScaLAPACK driver and keep the gathering fallback.
 """
 
@@ -30,7 +31,7 @@ import os
 
 import numpy as np
 
-from .. import _comm, _registry, _trace
+from .. import _clib, _comm, _registry, _trace
 from .._clib import A, D as _D, E, I, I64, P, S, call, find_library, fn, ptr
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
@@ -38,62 +39,114 @@ from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _small_linalg
 
-__all__ = ["scalapack_library"]
+__all__ = ["scalapack_library", "scalapack_source"]
 
-_open = fn("mt_scalapack_open", I, S, ptr(P), E)
+_open = fn("mt_scalapack_open_libraries", I, ptr(S), I, ptr(P), E)
 _solve = fn("mt_scalapack_solve", I, P, P, I, I, I, I64, A, I64, A, ptr(I), E)
 _inv = fn("mt_scalapack_inv", I, P, P, I, I, I, I64, A, ptr(I), E)
 _slogdet = fn("mt_scalapack_slogdet", I, P, P, I, I, I, I64, A, _D * 2, E)
 _cholesky = fn("mt_scalapack_cholesky", I, P, P, I, I, I, I64, A, I, ptr(I), E)
 _eigh = fn("mt_scalapack_eigh", I, P, P, I, I, I, I64, A, I, I, A, ptr(I), E)
 
-# The libraries tried, in order, when MPITENSOR_SCALAPACK names none: Debian's
-# ScaLAPACK for Open MPI (BLACS included), by its soname and its dev link.
-_CANDIDATES = ("libscalapack-openmpi.so.2.2", "libscalapack-openmpi.so.2",
-               "libscalapack-openmpi.so")
+# Debian's ScaLAPACK for Open MPI (BLACS included), one library: each of these is
+# tried, by its soname and its dev link.
+_DEBIAN = ("libscalapack-openmpi.so.2.2", "libscalapack-openmpi.so.2",
+           "libscalapack-openmpi.so")
 PACKAGE = "libscalapack-openmpi-dev"
+# MKL's ScaLAPACK as the mkl package ships it, in the order its libraries are loaded
+# (each finds its symbols in those before it; the routines are in the last two):
+# its sequential layer, one thread per rank as OPENBLAS_NUM_THREADS=1 gives NumPy;
+# 32-bit integers, as Debian's; BLACS over Open MPI, the MPI mpitensor is built on.
+_MKL = ("libmkl_core.so.3", "libmkl_sequential.so.3", "libmkl_intel_lp64.so.3",
+        "libmkl_blacs_openmpi_lp64.so.2", "libmkl_scalapack_lp64.so.2")
+_MKL_PACKAGE = "pip install mkl, as pip install mpitensor[mkl] does"
+# What each source is called in messages and show_config.
+_NAMES = {"debian": f"Debian's {PACKAGE}", "mkl": "MKL's ScaLAPACK"}
 # LAPACK's letter of each element type ScaLAPACK computes in.
 _LETTERS = {np.dtype(np.float32): b"s", np.dtype(np.float64): b"d",
             np.dtype(np.complex64): b"c", np.dtype(np.complex128): b"z"}
 
 
+def _mkl_libraries() -> tuple:
+    """MKL's libraries, each from the mkl package (beside this Python's prefix) or,
+    when it is not there, by its soname (a system MKL on the loader's path)."""
+    return tuple(_clib.mkl_library(name.partition(".so")[0] + ".so") or name
+                 for name in _MKL)
+
+
+def _sources(choice: str) -> list:
+    """(source, libraries) of each ScaLAPACK to try, in order, for a value of
+    ``MPITENSOR_SCALAPACK``: ``debian``, ``mkl``, a library's path, or empty for
+    Debian's and then MKL's. Debian's comes first: MKL's goes into the global
+    namespace for good once loaded (csrc/linalg/scalapack_table.c)."""
+    found = find_library("scalapack-openmpi")
+    named = {"debian": [("debian", (path,)) for path in _DEBIAN + ((found,) if found else ())],
+             "mkl": [("mkl", _mkl_libraries())]}
+    if not choice:
+        return named["debian"] + named["mkl"]
+    return named.get(choice, [("path", (choice,))])
+
+
 @functools.cache
 def _load():
-    """(table handle, path) of the ScaLAPACK found, or (None, why not). Local."""
-    named = os.environ.get("MPITENSOR_SCALAPACK")
-    found = find_library("scalapack-openmpi")
-    candidates = (named,) if named else _CANDIDATES + ((found,) if found else ())
+    """(table handle, source, the ScaLAPACK library's path) of the ScaLAPACK found,
+    or (None, None, why not). Local."""
     why = []
-    for path in candidates:
+    for source, paths in _sources(os.environ.get("MPITENSOR_SCALAPACK", "")):
         handle = P()
         try:
-            call(_open, path.encode(), handle)
+            call(_open, (S * len(paths))(*(p.encode() for p in paths)), len(paths), handle)
         except NotImplementedError as e:
-            why.append(str(e))
+            why.append(f"{_NAMES.get(source, paths[-1])}: {e}")
             continue
-        return handle, path
-    return None, "; ".join(why)
+        return handle, source, paths[-1]
+    return None, None, "; ".join(why)
 
 
 def scalapack_library() -> str | None:
     """The ScaLAPACK library mpitensor's square linear algebra runs on, or None when
     none was found (then ``np.linalg.solve`` and its kind raise on sharded
-    DTensors). Local; loads the library on the first call.
+    DTensors): Debian's, MKL's (``MPITENSOR_SCALAPACK=mkl``, or Debian's missing)
+    or the one ``MPITENSOR_SCALAPACK`` names by path. Local; loads the library on
+    the first call.
 
-    Example: ``scalapack_library()`` -> ``'libscalapack-openmpi.so.2.2'``.
+    Example: ``scalapack_library()`` -> ``'libscalapack-openmpi.so.2.2'``, or with
+    MKL ``'/venv/lib/libmkl_scalapack_lp64.so.2'``.
     """
-    handle, path = _load()
+    handle, _, path = _load()
     return path if handle is not None else None
+
+
+def scalapack_source() -> str:
+    """Which ScaLAPACK :func:`scalapack_library` is, in words: Debian's, MKL's or the
+    library named by path; ``"none"`` without one. Local; loads it on the first
+    call.
+
+    Example: ``scalapack_source()`` -> ``"Debian's libscalapack-openmpi-dev"``.
+    """
+    handle, source, path = _load()
+    return "none" if handle is None else _NAMES.get(source, path)
+
+
+def _install_hint() -> str:
+    """What to install for the ScaLAPACK ``MPITENSOR_SCALAPACK`` asks for."""
+    debian = f"install Debian's {PACKAGE} (apt-get install {PACKAGE})"
+    mkl = f"install MKL's ({_MKL_PACKAGE})"
+    choice = os.environ.get("MPITENSOR_SCALAPACK", "")
+    if choice in ("debian", "mkl"):
+        return f"MPITENSOR_SCALAPACK={choice} asks for it: " + (
+            debian if choice == "debian" else mkl)
+    return (f"{debian} or {mkl}, or set MPITENSOR_SCALAPACK to debian, mkl or the "
+            "library's path")
 
 
 def _library(name: str, mesh):
     """The ScaLAPACK table, agreed on by the mesh's members: RuntimeError on every
     rank, naming the package, when some member has none. Collective on the mesh."""
-    handle, why = _load()
+    handle, _, why = _load()
     _comm.agree(mesh._handle, handle is not None, 0,
                 f"{name} of a sharded matrix runs on ScaLAPACK, which was not found "
-                f"({why}): install Debian's {PACKAGE} (apt-get install {PACKAGE}) or "
-                f"set MPITENSOR_SCALAPACK to the library's path", RuntimeError)
+                f"({why}): {_install_hint()}", RuntimeError)
     return handle
 
 

@@ -21,11 +21,8 @@ more (then its OpenMP layer) or MKL_THREADING_LAYER names a layer itself.
 
 from __future__ import annotations
 
-import glob
 import os
-import sys
 import warnings
-from importlib.metadata import PackageNotFoundError, files
 
 import numpy as np
 from threadpoolctl import threadpool_info
@@ -59,18 +56,11 @@ def library() -> str | None:
 
 
 def _mkl_path() -> str:
-    """libmkl_rt from the ``mkl`` package's file list, else from sys.prefix/lib."""
-    found = []
-    try:
-        found = [str(f.locate()) for f in files("mkl") or ()
-                 if os.path.basename(str(f)).startswith("libmkl_rt.so")]
-    except PackageNotFoundError:
-        pass
-    found += sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
-    for path in found:
-        if os.path.exists(path):
-            return os.path.realpath(path)
-    raise _LoadError("the mkl package is not installed (pip install mpitensor[mkl])")
+    """libmkl_rt of the ``mkl`` package (its file list, else sys.prefix/lib)."""
+    path = _clib.mkl_library("libmkl_rt.so")
+    if path is None:
+        raise _LoadError("the mkl package is not installed (pip install mpitensor[mkl])")
+    return os.path.realpath(path)
 
 
 def _openblas_path() -> str:

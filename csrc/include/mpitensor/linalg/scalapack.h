@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-/* The routines of one ScaLAPACK library (BLACS included), opened by dlopen. */
+/* The routines of one ScaLAPACK (BLACS included), opened by dlopen. */
 typedef struct mt_scalapack mt_scalapack;
 
 /* Local. Opens the ScaLAPACK library `path` (a file name the dynamic loader
@@ -43,6 +43,20 @@ typedef struct mt_scalapack mt_scalapack;
  *   rc = mt_scalapack_open("libscalapack-openmpi.so.2.2", &sl, &err);
  */
 MT_EXPORT int mt_scalapack_open(const char *path, mt_scalapack **out, mt_error *err);
+
+/* Local. As mt_scalapack_open, for a ScaLAPACK that comes as `count` libraries
+ * which do not name each other, as MKL's (core, threading layer, interface, BLACS,
+ * ScaLAPACK): they are opened in the order given, all but the last into the global
+ * namespace for good (the later ones find their symbols there), and the routines
+ * are looked up from the last back. Up to 8 libraries.
+ *
+ *   const char *mkl[] = {"libmkl_core.so.3", "libmkl_sequential.so.3",
+ *                        "libmkl_intel_lp64.so.3", "libmkl_blacs_openmpi_lp64.so.2",
+ *                        "libmkl_scalapack_lp64.so.2"};
+ *   rc = mt_scalapack_open_libraries(mkl, 5, &sl, &err);
+ */
+MT_EXPORT int mt_scalapack_open_libraries(const char *const *paths, int count,
+                                          mt_scalapack **out, mt_error *err);
 
 /* Local. Closes the library and frees the table; NULL is a no-op. The process
  * grids the drivers made are cached on each mesh's communicator and freed with it
