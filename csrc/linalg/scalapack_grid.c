@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "mpitensor/comm/agree.h"
+#include "mpitensor/comm/pool.h"
 #include "scalapack-private.h"
 
 /* The grid's communicator: the members sharing their coordinates outside
@@ -229,15 +230,18 @@ int mt__sl_matrix_init(const mt_scalapack *sl, const mt__sl_grid *g, int64_t m,
   out->owned = data == NULL;
   out->data = data;
   if (data == NULL) {
+    /* From the block pool, as the executor's buffers: a matrix of the size the
+     * last call used is handed out again instead of being faulted in anew, and
+     * a large one lies on huge pages. */
     size_t count = (size_t)(lld * (out->local_cols > 0 ? out->local_cols : 1));
-    out->data = calloc(count, itemsize);
+    out->data = mt_pool_calloc(count, itemsize);
     if (out->data == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
   }
   return MT_OK;
 }
 
 void mt__sl_matrix_free(mt__sl_matrix *mat) {
-  if (mat->owned) free(mat->data);
+  if (mat->owned) mt_pool_free(mat->data);
   mat->data = NULL;
   mat->owned = 0;
 }
