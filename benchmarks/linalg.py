@@ -3,7 +3,7 @@
 process, the peers in the same processes.
 
     OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe -n 2 .venv/bin/python \
-        benchmarks/linalg.py [--quick] [--sections tsqr]
+        benchmarks/linalg.py [--quick] [--sections tsqr] [--scalapack mkl]
 
 One section per engine, each a function of SECTIONS that returns its points:
 
@@ -36,7 +36,9 @@ are left out and the reason recorded. Heat 1.8 as measured here:
 ``pip install torch==2.13.0`` and ``pip install --no-deps heat==1.8.0 "scipy~=1.14"
 pillow``, with a stand-in ``torchvision`` package (Heat imports it for its MNIST
 and image-transform helpers only, which this benchmark does not use).
-Writes benchmarks/results/<cpu>/linalg-np{N}.json.
+``--scalapack mkl`` runs mpitensor and the plain program on MKL's ScaLAPACK (the
+``mkl`` extra) instead of Debian's; the library run on is recorded.
+Writes benchmarks/results/<cpu>/linalg-np{N}.json (linalg-mkl-np{N}.json on MKL's).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Shard
+# MKL's ScaLAPACK's libraries in the order mpitensor loads them.
+from mpitensor._ops._scalapack import _MKL as MKL_LIBRARIES, scalapack_library
 
 from _common import (machine, machine_line, ratio, result_path, summary,  # benchmarks/ is sys.path[0]
                      time_interleaved, write_result)
@@ -149,15 +153,27 @@ EIGH_DRIVER = b"syevd"
 PLAIN_ROWS = {"solve": 1, "eigh": 0}
 
 
+def plain_link(library):
+    """The linker's arguments for the ScaLAPACK mpitensor loaded (its path): MKL's
+    libraries in the order they resolve one another (benchmarks/scalapack_plain.c's
+    header), found where that one is, else Debian's."""
+    if library is None or "libmkl_" not in os.path.basename(library):
+        return ["-lscalapack-openmpi"]
+    where = os.path.dirname(library)
+    return [f"-L{where}", f"-Wl,--no-as-needed,-rpath,{where}",
+            *(f"-l:{name}" for name in reversed(MKL_LIBRARIES))]
+
+
 def plain_library(comm, folder):
     """benchmarks/scalapack_plain.c built by rank 0 into ``folder`` as a library
-    (``MPICC``, default mpicc, linked to Debian's ScaLAPACK), loaded on every rank;
-    None and why not where it cannot be built. Collective."""
+    (``MPICC``, default mpicc, linked to the ScaLAPACK mpitensor runs on: Debian's
+    or MKL's), loaded on every rank; None and why not where it cannot be built.
+    Collective."""
     out, why = os.path.join(folder, "scalapack_plain.so"), None
     if comm.rank == 0:
         src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalapack_plain.c")
         cmd = [os.environ.get("MPICC", "mpicc"), "-O2", "-shared", "-fPIC", "-o", out, src,
-               "-lscalapack-openmpi", "-lm"]
+               *plain_link(scalapack_library()), "-lm"]
         try:
             subprocess.run(cmd, check=True, capture_output=True, text=True)
         except (OSError, subprocess.CalledProcessError) as e:
@@ -298,17 +314,24 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=None, help="repetitions (7; quick 2)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<cpu>/...)")
+    ap.add_argument("--scalapack", choices=("debian", "mkl"), default=None,
+                    help="the ScaLAPACK of mpitensor and the plain program (default: "
+                         "MPITENSOR_SCALAPACK's, else Debian's, else MKL's)")
     args = ap.parse_args()
+    if args.scalapack:
+        os.environ["MPITENSOR_SCALAPACK"] = args.scalapack
     args.reps = args.reps or (2 if args.quick else 7)
     comm = MPI.COMM_WORLD
     ht, why = heat_module()
     info = machine(comm)
     info["heat"] = ht.__version__ if ht is not None else f"not run ({why})"
+    info["scalapack"] = scalapack_library() or "not found"
     results = {}
     for name in args.sections.split(","):
         results[name] = SECTIONS[name](comm, args, ht)
     if comm.rank == 0:
-        print(machine_line(info) + f"; Heat {info['heat']}; np {comm.size}")
+        print(machine_line(info) + f"; Heat {info['heat']}; np {comm.size}; "
+              f"ScaLAPACK {info['scalapack']}")
         for name, points in results.items():
             for p in points:
                 cells = "  ".join(f"{k} {s['median'] * 1e3:.1f}ms"
@@ -316,7 +339,8 @@ def main() -> int:
                 over = (f"  mt/plain {p['mt_over_plain']['median']:.2f}"
                         if "mt_over_plain" in p else "")
                 print(f"{name} {p['op']:4s} {p['shape']}  {cells}{over}  error {p['error']}")
-        path = args.out or result_path(f"linalg-np{comm.size}.json")
+        mkl = "libmkl_" in os.path.basename(info["scalapack"])
+        path = args.out or result_path(f"linalg{'-mkl' if mkl else ''}-np{comm.size}.json")
         write_result(path, {"machine": info, "args": vars(args), "sections": results})
         print(f"wrote {path}")
     return 0

@@ -8,6 +8,15 @@
  * copies: what a ScaLAPACK program written by hand spends.
  *
  *   mpicc -O2 -o scalapack_plain benchmarks/scalapack_plain.c -lscalapack-openmpi -lm
+ *
+ * or on MKL's ScaLAPACK (MPITENSOR_SCALAPACK=mkl's libraries: LP64, BLACS over Open
+ * MPI, sequential), from the mkl package's lib directory L (the venv's lib/):
+ *
+ *   mpicc -O2 -o scalapack_plain benchmarks/scalapack_plain.c -L$L \
+ *       -Wl,--no-as-needed,-rpath,$L -l:libmkl_scalapack_lp64.so.2 \
+ *       -l:libmkl_blacs_openmpi_lp64.so.2 -l:libmkl_intel_lp64.so.3 \
+ *       -l:libmkl_sequential.so.3 -l:libmkl_core.so.3 -lm
+ *
  *   OPENBLAS_NUM_THREADS=1 mpiexec -n 2 ./scalapack_plain OP N REPS WARMUP \
  *       [NB] [NPROW] [DRIVER]
  *
