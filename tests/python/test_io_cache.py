@@ -138,8 +138,8 @@ def test_a_save_leaves_the_dirty_cache_of_the_file_it_replaces(tmp, suffix):
 
 def test_a_zarr_save_releases_the_clean_cache_of_the_chunks_it_replaces(tmp, releases):
     path = os.path.join(tmp, "clean.zarr")
-    # chunks follow the shards: rank r writes the chunk file c/r/0
-    chunk = os.path.join(path, "c", str(RANK), "0")
+    # chunks follow the shards: rank r writes the chunk file c.r.0
+    chunk = os.path.join(path, f"c.{RANK}.0")
     assert replaced(chunk, lambda: mt.save(versions(1), path),
                     lambda: mt.save(versions(2), path), releases, True) == []
     mesh = init_device_mesh("cpu", (N,))

@@ -102,7 +102,7 @@ needs_a_job = [pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np
 @needs_a_job[1]
 def test_durable_saves_sync_what_they_write(tmp_path):
     synced = spied_syncs(tmp_path, True)
-    chunks = [s for s in synced if ".tmp/c/" in s and s.startswith("x.zarr.")]
+    chunks = [s for s in synced if ".tmp/c." in s and s.startswith("x.zarr.")]
     assert len(chunks) >= 2, synced  # both ranks' chunks, in both saves
     assert any(s.startswith("x.zarr.") and s.endswith("zarr.json") for s in synced), synced
     assert "." in synced, synced  # the folder, after the store's rename
@@ -205,25 +205,22 @@ def test_each_rank_syncs_its_own_bytes_and_one_rank_the_file(ranges):
 
 @needs_a_job[0]
 @needs_a_job[1]
-def test_zarr_chunks_and_folders_are_each_synced_once(ranges):
-    """Each chunk file by the rank that wrote it; each folder of the store once,
-    after every rank's chunks (ranks write chunks into one folder here)."""
+def test_zarr_chunks_and_the_store_folder_are_each_synced_once(ranges):
+    """Each chunk file by the rank that wrote it; the store's folder, which names
+    them all (no folder per chunk), once after every rank's chunks."""
     folder, events = ranges
     store = re.compile(re.escape(os.path.join(folder, "z.zarr."))
                        + r"[0-9a-f]+-[0-9a-f]+\.tmp")
     synced = [(i, r, path) for i, (r, what, path, _) in enumerate(events)
               if what == "fsync" and store.match(path)]
     root = store.match(synced[0][2]).group(0)
-    chunks = {os.path.relpath(p, root): r for _, r, p in synced
-              if os.path.relpath(p, root).count("/") == 3}
-    assert chunks == {f"c/0/{j}/0": j for j in range(3)}, synced
-    folders = [os.path.relpath(p, root) for _, _, p in synced
-               if os.path.relpath(p, root).count("/") < 3]
-    assert sorted(folders) == [".", "c", "c/0", "c/0/0", "c/0/1", "c/0/2", "zarr.json"], \
-        synced
-    last_chunk = max(i for i, _, p in synced if os.path.relpath(p, root) in chunks)
-    assert all(i > last_chunk for i, _, p in synced if os.path.relpath(p, root)
-               in folders), synced
+    rel = [(i, r, os.path.relpath(p, root)) for i, r, p in synced]
+    chunks = {p: r for _, r, p in rel if p.startswith("c.")}
+    assert chunks == {f"c.0.{j}.0": j for j in range(3)}, synced
+    others = [p for _, _, p in rel if p not in chunks]
+    assert sorted(others) == [".", "zarr.json"], synced
+    last_chunk = max(i for i, _, p in rel if p in chunks)
+    assert all(i > last_chunk for i, _, p in rel if p in others), synced
 
 
 @needs_a_job[0]

@@ -145,15 +145,16 @@ def test_the_files_are_byte_for_byte_zarr_pythons(tmp, monkeypatch, dtype, encod
     def reference():
         shutil.rmtree(ref, ignore_errors=True)
         zarr.create_array(zarr.storage.LocalStore(ref), shape=g.shape, chunks=chunks,
-                          dtype=g.dtype, zarr_format=3)[...] = g
+                          dtype=g.dtype, zarr_format=3,
+                          chunk_key_encoding={"name": "default", "separator": "."})[...] = g
 
     on_first(reference)
     ours, theirs = COMM.bcast((files(path), files(ref)) if RANK == 0 else None)
     p = Problems()
     p.expect(chunks == (1, 2), f"chunks {chunks}")
-    p.expect("c/0/0" not in ours, f"an all-fill chunk stored: {sorted(ours)}")
+    p.expect("c.0.0" not in ours, f"an all-fill chunk stored: {sorted(ours)}")
     # bool's values hold whole chunks of False (the fill value); float64's none
-    p.expect(dtype == "bool" or {"c/1/0", "c/2/2"} <= set(ours),
+    p.expect(dtype == "bool" or {"c.1.0", "c.2.2"} <= set(ours),
              f"a chunk of -0.0 or an edge chunk not stored: {sorted(ours)}")
     p.expect(sorted(ours) == sorted(theirs), f"{sorted(ours)} != {sorted(theirs)}")
     p.expect(all(ours[k] == theirs[k] for k in set(ours) & set(theirs)),
@@ -199,13 +200,15 @@ def test_attributes_are_kept(tmp):
 
 # -- written by zarr-python -------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["one chunk", "small chunks", "uncompressed", "gzip",
-                                  "zarr v2", "sharded"])
+@pytest.mark.parametrize("kind", ["one chunk", "small chunks", "flat keys", "uncompressed",
+                                  "gzip", "zarr v2", "sharded"])
 def test_stores_that_zarr_writes_load_in_every_layout(tmp, kind):
     g = array((2 * N + 3, 5), "float64", 1)
     path = os.path.join(tmp, f"zarr_{kind.replace(' ', '_')}.zarr")
     options = {"one chunk": {"chunks": g.shape},
                "small chunks": {"chunks": (2, 3)},
+               "flat keys": {"chunks": (2, 3), "chunk_key_encoding": {"name": "default",
+                                                                      "separator": "."}},
                "uncompressed": {"chunks": (3, 5), "compressors": None},
                "gzip": {"chunks": (4, 2), "compressors": zarr.codecs.GzipCodec()},
                "zarr v2": {"chunks": (3, 3), "zarr_format": 2},

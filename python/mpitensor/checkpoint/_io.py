@@ -131,7 +131,7 @@ def release_cache(path: str) -> None:
     cost many times more to write into). The file stays whole on the device; a
     missing file, a symlink or a dirty file is let be. Local.
 
-    Example: ``release_cache(os.path.join(store, "c/0/0"))``, then write the new
+    Example: ``release_cache(os.path.join(store, "c.0.0"))``, then write the new
     chunk.
     """
     _release_cache(os.fsencode(path))

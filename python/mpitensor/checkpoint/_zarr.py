@@ -54,6 +54,12 @@ CHUNK_BYTES = 8 << 20
 # Threads of each rank that remove a replaced store's files (_remove_share).
 REMOVERS = 4
 
+# Chunk keys as "c.0.1" (Zarr v3's default encoding, "." separator): every chunk
+# file lies in the store's own folder, so a save makes, syncs and later removes no
+# folder per chunk, where "/" gives one per chunk of all but the last dim. Readers
+# take the separator from zarr.json, so stores of either load alike.
+SEPARATOR = "."
+
 
 def zarr():
     """The zarr module (3 or later), with bfloat16 registered; ImportError that
@@ -182,7 +188,8 @@ def _begin(path: str, shape: tuple, dtype: np.dtype, chunks: list, attrs) -> byt
     os.mkdir(tmp)
     try:
         z.create_array(z.storage.LocalStore(tmp), shape=shape, chunks=tuple(chunks),
-                       dtype=dtype, attributes=dict(attrs or {}), zarr_format=3)
+                       dtype=dtype, attributes=dict(attrs or {}), zarr_format=3,
+                       chunk_key_encoding={"name": "default", "separator": SEPARATOR})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -190,7 +197,7 @@ def _begin(path: str, shape: tuple, dtype: np.dtype, chunks: list, attrs) -> byt
 
 
 def _chunk_keys(offsets: tuple, sizes: tuple, chunks: list) -> list:
-    """The keys (default encoding) of the chunks that a box of whole chunks holds."""
+    """The keys (SEPARATOR's) of the chunks that a box of whole chunks holds."""
     if not sizes:
         return ["c"]
     ranges = [range(o // c, (o + s - 1) // c + 1)
@@ -198,7 +205,7 @@ def _chunk_keys(offsets: tuple, sizes: tuple, chunks: list) -> list:
     keys = [[]]
     for r in ranges:
         keys = [k + [i] for k in keys for i in r]
-    return ["c/" + "/".join(map(str, k)) for k in keys]
+    return ["c" + SEPARATOR + SEPARATOR.join(map(str, k)) for k in keys]
 
 
 def _encoder(arr, dtype: np.dtype):
@@ -241,7 +248,6 @@ def _all_fill(chunk: np.ndarray, fill) -> bool:
 
 def _put(name: str, data) -> None:
     """A new file ``name`` in a store of this save's own, holding ``data``."""
-    os.makedirs(os.path.dirname(name), exist_ok=True)
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         view, done = memoryview(data).cast("B"), 0
@@ -272,10 +278,10 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
            durable: bool, old: str) -> None:
     """This rank's box into the store at ``tmp``, each of its chunk files synced
     when ``durable`` (files of its own, which no other rank writes; an all-fill
-    chunk is not stored, as Zarr does). The directories are synced once every
-    rank has written (_sync_folders). The cached pages of the chunk of the same
-    key in the store ``old``, which this save replaces, are released just before
-    (_io.release_cache), for the new chunk's to reuse."""
+    chunk is not stored, as Zarr does). The store's folder, which names them all,
+    is synced once every rank has written (_commit). The cached pages of the
+    chunk of the same key in the store ``old``, which this save replaces, are
+    released just before (_io.release_cache), for the new chunk's to reuse."""
     z = zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
     encode, sizes = _encoder(arr, local.dtype), local.shape
@@ -287,7 +293,7 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
     with concurrent.futures.ThreadPoolExecutor(1) as syncer:
         syncs = []
         for key in _chunk_keys(offsets, sizes, chunks):
-            index = [int(i) for i in key.split("/")[1:]]
+            index = [int(i) for i in key.split(SEPARATOR)[1:]]
             at = [max(i * c, o) for i, c, o in zip(index, chunks, offsets)]
             end = [min((i + 1) * c, o + s)
                    for i, c, o, s in zip(index, chunks, offsets, sizes)]
@@ -299,29 +305,6 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
                 syncs.append(syncer.submit(_paths.sync_file, name))
         for done in syncs:
             done.result()
-
-
-def _own_folders(tmp: str, offsets: tuple, sizes: tuple, chunks: list) -> list:
-    """The folders of the store at ``tmp`` that this rank syncs: of those that lead
-    to its chunks, each one whose first chunk (index 0 in every dim that the
-    folder does not fix) is this rank's. The writing ranks' boxes are whole chunks
-    that tile the array, so exactly one rank syncs each folder, whichever ranks
-    wrote into it."""
-    folders = set()
-    for key in _chunk_keys(offsets, sizes, chunks):
-        parts = key.split("/")  # "c", then one index per dim
-        for fixed in range(len(parts) - 1):  # the folder of the first `fixed` dims
-            if all(o == 0 for o in offsets[fixed:]):
-                folders.add(os.path.join(tmp, *parts[:fixed + 1]))
-    return sorted(f for f in folders if os.path.isdir(f))
-
-
-def _sync_folders(tmp: str, offsets: tuple, sizes: tuple, chunks: list) -> None:
-    """Once every rank has written its chunks: the folders this rank owns
-    (_own_folders) synced, so the names of every rank's chunk files in them
-    survive a power cut; the store's own folder is _commit's."""
-    for folder in _own_folders(tmp, offsets, sizes, chunks):
-        _paths.sync_dir(folder)
 
 
 def _drop_metadata(path: str) -> None:
@@ -453,13 +436,9 @@ def save(dt, path: str, attrs, durable: bool) -> None:
                 failed.append(_stored._travels(e))
                 raise
 
-        box = (tuple(offsets), tuple(sizes), chunks)
         _agree.everywhere(mesh, lambda: attempt(lambda: _write(
             tmp, local.reshape(tuple(sizes)), tuple(offsets), chunks, durable, path)),
             lambda: failed[0])
-        if durable:
-            _agree.everywhere(mesh, lambda: attempt(lambda: _sync_folders(tmp, *box)),
-                              lambda: failed[0])
         old = os.fsdecode(_agree.first_rank(mesh, lambda: _commit(tmp, path, durable)))
     except BaseException:
         if mesh.get_coordinate() == [0] * mesh.ndim:
