@@ -318,46 +318,34 @@ static int exchange(plan *p, int to_cyclic, void *rm, int64_t ld,
   return rc;
 }
 
-static plan plan_of(const mt__sl_job *j, const mt__sl_grid *on, int64_t m, int64_t n,
-                    const mt__sl_matrix *cyc) {
-  plan p = {&j->g,
-            on,
-            m,
-            n,
-            cyc->desc[4],
-            cyc->desc[5],
-            j->itemsize,
-            j->g.nprow * j->g.npcol,
-            0,
-            NULL};
-  return p;
+/* The copy each entry point below makes between the caller's blocks `rows` and
+ * `cyc`: `to_cyclic` or back, of the transpose when `flip` (the caller's block
+ * columns then chunk m, the cyclic matrix's rows). */
+static int copy(const mt__sl_job *j, const mt__sl_grid *on, int64_t m, int64_t n,
+                int flip, int to_cyclic, void *rows, const mt__sl_matrix *cyc,
+                mt_error *err) {
+  plan p = {&j->g, on, m, n, cyc->desc[4], cyc->desc[5], j->itemsize,
+            j->g.nprow * j->g.npcol, flip, NULL};
+  int64_t c0, c1;
+  chunk(flip ? m : n, j->g.npcol, j->g.mycol, &c0, &c1);
+  return exchange(&p, to_cyclic, rows, c1 - c0, cyc, err);
 }
 
 int mt__sl_rows_to_cyclic(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
                           int64_t n, const void *rows, mt__sl_matrix *cyc,
                           mt_error *err) {
-  plan p = plan_of(j, on, m, n, cyc);
-  int64_t c0, c1;
-  chunk(n, j->g.npcol, j->g.mycol, &c0, &c1);
-  /* Only read on this way: the casts serve the copy that runs both ways. */
-  return exchange(&p, 1, (void *)rows, c1 - c0, cyc, err);
+  /* Only read on this way: the cast serves the copy that runs both ways. */
+  return copy(j, on, m, n, 0, 1, (void *)rows, cyc, err);
 }
 
 int mt__sl_rows_to_cyclic_flipped(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
                                   int64_t n, const void *rows, mt__sl_matrix *cyc,
                                   mt_error *err) {
-  plan p = plan_of(j, on, m, n, cyc);
-  int64_t c0, c1;
-  p.flip = 1;
-  chunk(m, j->g.npcol, j->g.mycol, &c0, &c1);
-  return exchange(&p, 1, (void *)rows, c1 - c0, cyc, err);
+  return copy(j, on, m, n, 1, 1, (void *)rows, cyc, err);
 }
 
 int mt__sl_cyclic_to_rows(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
                           int64_t n, const mt__sl_matrix *cyc, void *rows,
                           mt_error *err) {
-  plan p = plan_of(j, on, m, n, cyc);
-  int64_t c0, c1;
-  chunk(n, j->g.npcol, j->g.mycol, &c0, &c1);
-  return exchange(&p, 0, rows, c1 - c0, cyc, err);
+  return copy(j, on, m, n, 0, 0, rows, cyc, err);
 }

@@ -50,16 +50,39 @@ static int describe(mt__sl_job *j, int64_t m, int64_t n, mt_error *err) {
   return mt__sl_agree(&j->g, rc, err);
 }
 
-/* mt__sl_job_open, the copy on a turned grid with `turn`. */
-static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
-                    int type, int64_t m, int64_t n, const void *a, int turn,
-                    mt__sl_job *j, mt_error *err) {
+/* The head of every mt__sl_job_open*: the local checks, the job's type and the
+ * caller's grid g. */
+static int job_begin(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                     int type, int64_t m, int64_t n, mt__sl_job *j, mt_error *err) {
   int rc = check(sl, type, m, n, err);
   if (rc != MT_OK) return rc;
   memset(j, 0, sizeof *j);
   j->sl = sl, j->k = mt__sl_type_index(type), j->t = &sl->typed[j->k];
   j->itemsize = mt__sl_itemsize[j->k], j->one = 1;
-  rc = mt__sl_grid_open(sl, mesh, row_dim, col_dim, &j->g, err);
+  return mt__sl_grid_open(sl, mesh, row_dim, col_dim, &j->g, err);
+}
+
+/* The tail of every mt__sl_job_open*, its grids open: the copy described and
+ * filled from `a` (with its transpose when `flip`), or the job closed. */
+static int job_fill(mt__sl_job *j, int64_t m, int64_t n, const void *a, int flip,
+                    mt_error *err) {
+  int rc = describe(j, m, n, err);
+  if (rc == MT_OK)
+    rc = flip ? mt__sl_rows_to_cyclic_flipped(j, &j->cg, m, n, a, &j->cyc, err)
+              : mt__sl_rows_to_cyclic(j, &j->cg, m, n, a, &j->cyc, err);
+  if (rc != MT_OK) {
+    mt__sl_job_close(j);
+    return rc;
+  }
+  j->m = (int)m, j->n = (int)n;
+  return MT_OK;
+}
+
+/* mt__sl_job_open, the copy on a turned grid with `turn`. */
+static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
+                    int type, int64_t m, int64_t n, const void *a, int turn,
+                    mt__sl_job *j, mt_error *err) {
+  int rc = job_begin(sl, mesh, row_dim, col_dim, type, m, n, j, err);
   if (rc != MT_OK) return rc;
   rc = cyclic_grid(j, mesh, row_dim, turn, m, n, err);
   if (rc != MT_OK) {
@@ -67,14 +90,7 @@ static int job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
     mt__sl_grid_close(sl, &j->g);
     return rc;
   }
-  rc = describe(j, m, n, err);
-  if (rc == MT_OK) rc = mt__sl_rows_to_cyclic(j, &j->cg, m, n, a, &j->cyc, err);
-  if (rc != MT_OK) {
-    mt__sl_job_close(j);
-    return rc;
-  }
-  j->m = (int)m, j->n = (int)n;
-  return MT_OK;
+  return job_fill(j, m, n, a, 0, err);
 }
 
 int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
@@ -92,36 +108,22 @@ int mt__sl_job_open_turned(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
 int mt__sl_job_open_flipped(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                             int col_dim, int type, int64_t n, const void *a,
                             mt__sl_job *j, mt_error *err) {
-  int rc = check(sl, type, n, n, err);
-  if (rc == MT_OK && row_dim >= 0 && col_dim >= 0)
-    rc = mt_error_set(err, MT_EINVAL, "a flipped copy wants one row or column of "
-                                      "processes");
-  if (rc != MT_OK) return rc;
-  memset(j, 0, sizeof *j);
-  j->sl = sl, j->k = mt__sl_type_index(type), j->t = &sl->typed[j->k];
-  j->itemsize = mt__sl_itemsize[j->k], j->one = 1;
-  rc = mt__sl_grid_open(sl, mesh, row_dim, col_dim, &j->g, err);
+  if (row_dim >= 0 && col_dim >= 0)
+    return mt_error_set(err, MT_EINVAL, "a flipped copy wants one row or column of "
+                                        "processes");
+  int rc = job_begin(sl, mesh, row_dim, col_dim, type, n, n, j, err);
   if (rc != MT_OK) return rc;
   rc = mt__sl_grid_open(sl, mesh, col_dim, row_dim, &j->cg, err);
   j->turned = rc == MT_OK;
   /* Caching cg may have dropped g (see cyclic_grid). */
   if (rc == MT_OK && j->g.cached)
     rc = mt__sl_grid_open(sl, mesh, row_dim, col_dim, &j->g, err);
-  if (rc == MT_OK) {
-    /* The caller's blocks turned are square ones of the turned grid. */
-    int64_t square = mt__sl_square_block(&j->g, n, n);
-    int64_t nb = square > 0 ? square : mt__sl_cyclic_block(&j->cg, n, n);
-    j->nb = (int)nb;
-    rc = mt__sl_matrix_init(sl, &j->cg, n, n, nb, nb, j->itemsize, NULL, &j->cyc, err);
-    rc = mt__sl_agree(&j->g, rc, err);
-  }
-  if (rc == MT_OK) rc = mt__sl_rows_to_cyclic_flipped(j, &j->cg, n, n, a, &j->cyc, err);
   if (rc != MT_OK) {
     mt__sl_job_close(j);
     return rc;
   }
-  j->m = (int)n, j->n = (int)n;
-  return MT_OK;
+  /* The caller's blocks turned are square ones of the turned grid. */
+  return job_fill(j, n, n, a, 1, err);
 }
 
 void mt__sl_job_close(mt__sl_job *j) {
