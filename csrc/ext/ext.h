@@ -166,6 +166,8 @@ enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
  * order). */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
        MT_HOOK_BACKWARD, MT_HOOK_ERROR, MT_HOOK_RUNS, MT_HOOK_COUNT };
+/* The trace events, each installed as the hook of its name (ext_hooks.c). */
+enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
 
 struct mt_ext_dispatch {
   PyObject *module; /* borrowed: the module whose state this is */
@@ -174,7 +176,8 @@ struct mt_ext_dispatch {
   PyObject *functions; /* NumPy function -> its entry (mpitensor._registry) */
   PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
   PyObject *backwards; /* function -> (name, backward) of its registry entry */
-  PyObject *hooks;     /* name -> callable: "event", "placements", "strided", "error" */
+  PyObject *hooks; /* name -> callable: an event's, "placements", "strided", "error" */
+  PyObject *event_name[MT_EVENT_COUNT]; /* interned: the hooks of the events */
   PyObject *ufunc_type;
   PyObject *replicate, *shard[MT_MAX_NDIM], *partial[MT_REDUCE_COUNT];
   PyObject *binary[MT_EXT_NBINARY], *unary[MT_EXT_NUNARY], *compare[MT_EXT_NCOMPARE];
@@ -217,8 +220,9 @@ PyObject *mt_ext_hook(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *cons
 /* fn(*args, **kwargs) as hook `kind` (args a tuple, kwargs a dict or NULL). */
 PyObject *mt_ext_hook_call(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *args,
                            PyObject *kwargs);
-/* The trace event `kind` with n arguments, when tracing; 0, or -1 with an exception. */
-int mt_ext_event(mt_ext_dispatch *d, const char *kind, PyObject *const *args, Py_ssize_t n);
+/* The trace event `kind` (an MT_EVENT_*) with n arguments, when tracing; 0, or -1
+ * with an exception. */
+int mt_ext_event(mt_ext_dispatch *d, int kind, PyObject *const *args, Py_ssize_t n);
 /* The event of a DTensor of `spec` about to move by `plan` (NULL: no rank of it
  * communicates), named `what` (None: an operation's input) to `dst` placements
  * (None: the plan's): "move", or "unmoved" when `same` (an explicit redistribute

@@ -156,20 +156,25 @@ static int local_args(mt_ext_dispatch *d, const mt_ext_call *c, const mt_decisio
   return 0;
 }
 
-/* The "decision" event: op key, inputs, output placements and shape, hit. */
+/* The "decision" event: op key, the inputs' specs, output placements and shape
+ * (None, None unless debug logging wants them: building them would sit on every
+ * traced op), hit. Specs, not the DTensors: a listener keeps them, and no local
+ * array. */
 static int decision_event(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c,
                           const mt_decision *dec, int hit) {
-  PyObject *ins = PyTuple_New(c->ntensors);
-  for (int t = 0; ins != NULL && t < c->ntensors; ++t)
-    PyTuple_SET_ITEM(ins, t, Py_NewRef((PyObject *)c->dt[t]));
-  PyObject *out = ins != NULL ? mt_ext_decision_out(d, dec) : NULL;
+  PyObject *specs = PyTuple_New(c->ntensors);
+  if (specs == NULL) return -1;
+  for (int t = 0; t < c->ntensors; ++t)
+    PyTuple_SET_ITEM(specs, t, Py_NewRef(c->dt[t]->spec));
+  PyObject *out = d->modes->log_debug ? mt_ext_decision_out(d, dec) : NULL;
   int rc = -1;
-  if (out != NULL) {
-    PyObject *args[5] = {op->key, ins, PyTuple_GET_ITEM(out, 0), PyTuple_GET_ITEM(out, 1),
+  if (out != NULL || !d->modes->log_debug) {
+    PyObject *args[5] = {op->key, specs, out ? PyTuple_GET_ITEM(out, 0) : Py_None,
+                         out ? PyTuple_GET_ITEM(out, 1) : Py_None,
                          hit ? Py_True : Py_False};
-    rc = mt_ext_event(d, "decision", args, 5);
+    rc = mt_ext_event(d, MT_EVENT_DECISION, args, 5);
   }
-  Py_XDECREF(ins);
+  Py_DECREF(specs);
   Py_XDECREF(out);
   return rc;
 }

@@ -8,8 +8,9 @@
  *   ENTRY       the Python entry of a registered NumPy function (an operation
  *               without a dim map of its own, or one whose arguments need Python
  *               to normalise), or a user's register_sharding rule;
- *   EVENT       a trace event for the debugging tools (mpitensor._trace.event),
- *               only while one listens (_C.modes.events);
+ *   EVENT       a trace event for the debugging tools, only while one listens
+ *               (_C.modes.events): each kind ("decision", "move", "unmoved") is
+ *               the hook of its name, a function of mpitensor._trace;
  *   PLACEMENTS  the normaliser of placements that are not the interned objects
  *               (mpitensor._args.normalize_placements), which raises torch's
  *               errors;
@@ -36,16 +37,12 @@ PyObject *mt_ext_hook_call(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject 
   return PyObject_Call(fn, args, kwargs);
 }
 
-int mt_ext_event(mt_ext_dispatch *d, const char *kind, PyObject *const *args,
-                 Py_ssize_t n) {
-  PyObject *fn = PyDict_GetItemString(d->hooks, "event");
-  if (fn == NULL) return 0;
-  PyObject *stack[8];
-  stack[0] = PyUnicode_InternFromString(kind);
-  if (stack[0] == NULL) return -1;
-  for (Py_ssize_t i = 0; i < n && i < 7; ++i) stack[1 + i] = args[i];
-  PyObject *r = mt_ext_hook(d, MT_HOOK_EVENT, fn, stack, (size_t)(n + 1), NULL);
-  Py_DECREF(stack[0]);
+int mt_ext_event(mt_ext_dispatch *d, int kind, PyObject *const *args, Py_ssize_t n) {
+  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->event_name[kind]);
+  if (fn == NULL) return PyErr_Occurred() ? -1 : 0;
+  Py_INCREF(fn); /* the hook may remove itself */
+  PyObject *r = mt_ext_hook(d, MT_HOOK_EVENT, fn, args, (size_t)n, NULL);
+  Py_DECREF(fn);
   Py_XDECREF(r);
   return r == NULL ? -1 : 0;
 }
@@ -57,7 +54,7 @@ int mt_ext_move_event(mt_ext_dispatch *d, PyObject *spec, mt_plan *plan, int sam
   PyObject *args[7] = {what, PyTuple_GET_ITEM(spec, 0), same ? dst : p,
                        PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 3),
                        PyTuple_GET_ITEM(spec, 1), dst};
-  int rc = mt_ext_event(d, same ? "unmoved" : "move", args, same ? 5 : 7);
+  int rc = mt_ext_event(d, same ? MT_EVENT_UNMOVED : MT_EVENT_MOVE, args, same ? 5 : 7);
   Py_DECREF(p);
   return rc;
 }
@@ -77,8 +74,8 @@ PyObject *mt_ext_error(mt_ext_dispatch *d, const char *kind, PyObject *key, PyOb
   return NULL;
 }
 
-/* set_hook(name, fn): installs a Python hook ("event", "placements", "strided",
- * "error"); None removes. */
+/* set_hook(name, fn): installs a Python hook (an event's: "decision", "move",
+ * "unmoved"; "placements", "strided", "error"); None removes. */
 static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 2 || !PyUnicode_Check(args[0]))
@@ -95,10 +92,11 @@ static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t na
 
 PyMethodDef mt_ext_hooks_methods[] = {
     {"set_hook", (PyCFunction)(void (*)(void))set_hook, METH_FASTCALL,
-     "set_hook(name, fn): the Python side of hook `name` ('event': trace events; "
+     "set_hook(name, fn): the Python side of hook `name` ('decision', 'move', "
+     "'unmoved': the trace events of that name; "
      "'placements': placement normalisation; 'strided': a call with a strided-shard "
      "operand; 'error': the exception of a refused operation); None removes it. "
      "Local.\n\n"
-     "Example: _C.set_hook('event', mpitensor._trace.event)"},
+     "Example: _C.set_hook('decision', mpitensor._trace.decision)"},
     {NULL, NULL, 0, NULL},
 };

@@ -262,6 +262,9 @@ static int intern_names(mt_ext_dispatch *d) {
   static const char *const request[3] = {"address", "_keep", "_result"};
   for (int i = 0; i < 3; ++i)
     if ((d->request_fields[i] = PyUnicode_InternFromString(request[i])) == NULL) return -1;
+  static const char *const events[MT_EVENT_COUNT] = {"decision", "move", "unmoved"};
+  for (int i = 0; i < MT_EVENT_COUNT; ++i)
+    if ((d->event_name[i] = PyUnicode_InternFromString(events[i])) == NULL) return -1;
   d->kw_keepdims = PyTuple_Pack(1, d->s_keepdims);
   return d->kw_keepdims == NULL ? -1 : 0;
 }
@@ -298,6 +301,7 @@ int mt_ext_ops_exec(PyObject *module) {
   for (int i_ = 0; i_ < MT_EXT_NUNARY; ++i_) X(d->unary[i_]);                          \
   for (int i_ = 0; i_ < MT_EXT_NCOMPARE; ++i_) X(d->compare[i_]);                      \
   for (int i_ = 0; i_ < MT_EXT_NREDUCTION; ++i_) X(d->reduction_name[i_]);             \
+  for (int i_ = 0; i_ < MT_EVENT_COUNT; ++i_) X(d->event_name[i_]);                    \
   for (int i_ = 0; i_ < 5; ++i_) X(d->node_fields[i_]);                                \
   for (int i_ = 0; i_ < 3; ++i_) X(d->request_fields[i_]);                             \
   for (int i_ = 0; i_ < d->nsigs; ++i_) {                                              \

@@ -182,7 +182,10 @@ def set_log_info(enabled: bool) -> None:
 
 
 def add_listener(listener) -> None:
-    """Adds an entered CommDebugMode; it is told of every traced operation."""
+    """Adds an entered CommDebugMode; it is told of every traced operation: each
+    decision appends ``(operation name, input specs)`` to its list ``_records``
+    (an append, not a call: it sits on every traced operation); the rarer
+    records call its methods (mpitensor._trace)."""
     listeners.append(listener)
     state.listeners = len(listeners)
 

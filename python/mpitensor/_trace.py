@@ -5,11 +5,12 @@ Four tools listen (their flags are in mpitensor._modes.state): the collective
 mismatch detector (``mpitensor.debug.set_collective_checks``), debug logging
 (``MPITENSOR_LOGS=+dtensor``), gather reports (INFO logging, the gather warning)
 and the operation trace of an entered ``CommDebugMode``. While one does,
-``_modes.state.tracing`` is set and the C executor calls :func:`event` with what
-it does: a ``decision`` (an operation's, found in or added to the memo), a
-``move`` (a plan about to run: an operation's input, an explicit redistribute or
-a move an operation names) and ``unmoved`` (an explicit redistribute to its own
-placements). With every tool off the executor pays one flag test per operation.
+``_modes.state.tracing`` is set and the C executor tells what it does, each
+event calling the function of its name here: :func:`decision` (an operation's,
+found in or added to the memo), :func:`move` (a plan about to run: an
+operation's input, an explicit redistribute or a move an operation names) and
+:func:`unmoved` (an explicit redistribute to its own placements). With every
+tool off the executor pays one flag test per operation.
 
 Python's own collectives (``distribute_tensor``, ``from_local(run_check=True)``)
 call :func:`collective`, and nn.functional's local layouts :func:`local`, behind
@@ -41,33 +42,28 @@ def dtype_text(dtype) -> str:
     return str(getattr(dtype, "name", dtype))
 
 
-# -- the executor's events -------------------------------------------------------------
+# -- the executor's events: each kind is the hook of its name (csrc/ext/ext_hooks.c) --
 
-def event(kind: str, *args) -> None:
-    """One trace event of the C executor (installed as its "event" hook)."""
+def move(what, mesh, plan, shape, dtype, src, dst) -> None:
+    """The "move" event: a DTensor of ``src`` placements and global ``shape`` about
+    to move to ``dst`` (None: the plan's target) by ``plan`` (None: no rank of
+    this move communicates), for the operation being decided (``what`` None),
+    an explicit redistribute (``"DTensor.redistribute"``) or the operation
+    ``what`` names."""
     global _current_op
-    if kind == "decision":
-        decision(*args)
-    elif kind == "move":
-        what, mesh, plan, shape, dtype, src, dst = args
-        plan = _plan.of(plan) if plan is not None else None
-        steps = plan.steps() if plan is not None else []
-        if dst is None:
-            dst = _plan_placements(steps)[1]
-        if what is None:
-            if _modes.state.gather_report:
-                report_move(_current_op or "an operation",
-                            _Spec(mesh, src, shape, dtype), dst)
-            redistribute("operation", mesh, plan, shape, dtype, steps, src, dst)
-        elif what == "DTensor.redistribute":
-            redistribute(what, mesh, plan, shape, dtype, steps, src, dst)
-        else:
-            _current_op = what
-            redistribute("operation", mesh, plan, shape, dtype, steps, src, dst)
-    elif kind == "unmoved":
-        what, mesh, placements, shape, dtype = args
-        if what == "DTensor.redistribute":
-            unmoved(what, mesh, placements, shape, dtype)
+    plan = _plan.of(plan) if plan is not None else None
+    steps = plan.steps() if plan is not None else []
+    if dst is None:
+        dst = _plan_placements(steps)[1]
+    if what is None:
+        if _modes.state.gather_report:
+            report_move(_current_op or "an operation", _Spec(mesh, src, shape, dtype), dst)
+        redistribute("operation", mesh, plan, shape, dtype, steps, src, dst)
+    elif what == "DTensor.redistribute":
+        redistribute(what, mesh, plan, shape, dtype, steps, src, dst)
+    else:
+        _current_op = what
+        redistribute("operation", mesh, plan, shape, dtype, steps, src, dst)
 
 
 class _Spec:
@@ -105,9 +101,10 @@ def redistribute(what: str, mesh, plan, shape, dtype, steps, src, dst) -> None:
 
 
 def unmoved(what: str, mesh, placements, shape, dtype) -> None:
-    """Right before an explicit redistribute returns without a plan (the target is
-    the source): checked as any redistribute, for the same reason as a local one."""
-    if _modes.state.checks:
+    """The "unmoved" event: a move returns without a plan (the target is the
+    source). An explicit redistribute is checked as any, for the same reason as a
+    local one."""
+    if what == "DTensor.redistribute" and _modes.state.checks:
         _modes.checker(_redistribute_text(what, placements, placements, shape, dtype), mesh)
 
 
@@ -140,21 +137,24 @@ def collective(what: str, mesh, placements, shape, dtype) -> None:
         listener._record_operation(what, [], [], mesh)
 
 
-def decision(op_key, inputs, out_placements, out_shape, hit: bool) -> None:
-    """After an operation's decision was found (hit) or made (miss) in the memo."""
+def decision(op_key, specs, out_placements, out_shape, hit: bool) -> None:
+    """The "decision" event: an operation's decision was found (hit) or made (miss)
+    in the memo, for DTensor inputs of ``specs``; its output placements and shape
+    come only while debug logging is on (None otherwise). It sits on every traced
+    operation, so a listener keeps what it is given and reads it later."""
     global _current_op
-    name = op_name(op_key)
+    name = _op_names.get(op_key) or op_name(op_key)
     _current_op = name
-    if _modes.state.log_debug:
-        ins = "; ".join(f"{placements_text(x._spec.placements)} {tuple(x._spec.shape)} "
-                        f"{dtype_text(x._spec.dtype)}" for x in inputs)
+    if out_placements is not None:
+        ins = "; ".join(f"{placements_text(s.placements)} {tuple(s.shape)} "
+                        f"{dtype_text(s.dtype)}" for s in specs)
         log.debug("%s: inputs %s -> output %s %s (cache %s)", name, ins,
                   placements_text(out_placements), out_shape,
                   "hit" if hit else "miss")
     if _modes.listeners:
-        specs = tuple([x._spec for x in inputs])
+        record = (name, specs)
         for listener in _modes.listeners:
-            listener._record_inputs(name, specs)
+            listener._records.append(record)
 
 
 def local(name: str, inputs, out_placements) -> None:
@@ -265,4 +265,6 @@ def count_backward() -> None:
     _hook_calls[HOOK_KINDS.index("backward")] += 1
 
 
-_C.set_hook("event", event)
+_C.set_hook("decision", decision)
+_C.set_hook("move", move)
+_C.set_hook("unmoved", unmoved)

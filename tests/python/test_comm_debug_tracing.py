@@ -261,6 +261,25 @@ def test_operations_outside_modules_and_trivial_ones(mesh):
     assert "**numpy.transpose" in mode.generate_comm_debug_tracing_table(3)
 
 
+def test_operations_listed_on_their_side_in_order(mesh):
+    """Each operation is listed with the side (forward, backward) in force when it
+    ran, in the order it ran, also when the list is read between them."""
+    x = distribute_tensor(np.arange(16.0).reshape(4, 4), mesh, [Shard(0)]).requires_grad_()
+    with CommDebugMode() as mode:
+        y = np.tanh(x)
+        so_far = mode.comm_module_operation_counts["Global"]["operations_list"]
+        so_far = [o["name"] for o in so_far]
+        (y * y).sum().backward()
+    ops = mode.comm_module_operation_counts["Global"]["operations_list"]
+    assert so_far == ["numpy.tanh"]
+    assert [o["name"] for o in ops[:3]] == ["numpy.tanh", "numpy.multiply", "numpy.sum"]
+    sides = [o["is_bw"] for o in ops]
+    assert sides[:3] == [False] * 3 and len(sides) > 3 and all(sides[3:])
+    table = mode.generate_comm_debug_tracing_table(1)
+    assert (table.index("FORWARD PASS") < table.index("**numpy.sum")
+            < table.index("BACKWARD PASS") < table.index("**numpy.subtract"))
+
+
 def test_nested_modes_both_trace(mesh, terminal):
     model = parallel_mlp(mesh)
     with CommDebugMode() as outer:

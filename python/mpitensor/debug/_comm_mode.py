@@ -110,9 +110,15 @@ class CommDebugMode:
         self.comm_module_counts: dict = {}
         self.comm_module_bytes: dict = {}
         self._operation_counts: dict = {}
-        # Operations as recorded (module, name, input specs, mesh, is_bw), turned
-        # into torch's dicts only when read: recording sits on every traced op.
-        self._recorded: list = []
+        # The operations as recorded, turned into torch's dicts only when read:
+        # recording sits on every traced op, so an op appends what it was given,
+        # ``(name, input specs)`` (the decision event appends it to ``_records``, as
+        # _modes.add_listener says) or ``(name, shapes, shardings, mesh)``. Where
+        # they ran is noted once per run of them at each module boundary and
+        # backward switch: ``(end, module, is_bw)`` in ``_runs``, the run being
+        # _records[previous end:end].
+        self._records: list = []
+        self._runs: list = []
         self.advanced_module_tracker = ModuleTracker(self._attribute)
         if module is not None:
             self.track(module)
@@ -142,7 +148,8 @@ class CommDebugMode:
             # As torch's: "Global" is there from entry, with nothing counted yet.
             table["Global"] = {"forward": defaultdict(int), "backward": defaultdict(int)}
         self._operation_counts.clear()
-        self._recorded.clear()
+        self._records.clear()
+        self._runs.clear()
         self.advanced_module_tracker.reset()
         self._start, self._end = _comm.comm_counters(), None
         self._last = self._start
@@ -164,6 +171,7 @@ class CommDebugMode:
     def _attribute(self, now=None) -> None:
         """Adds the collectives since the last module boundary to the running module
         and to every module around it."""
+        self._end_run()
         now = _comm.comm_counters() if now is None else now
         calls, nbytes = _diff(now, self._last, 0), _diff(now, self._last, 1)
         self._last = now
@@ -184,14 +192,16 @@ class CommDebugMode:
 
     # -- operation trace (called by mpitensor._trace) ------------------------------------
     def _record_operation(self, name, shapes, shardings, mesh) -> None:
-        self._recorded.append((self.advanced_module_tracker.name, name, shapes, shardings,
-                               mesh, _modes.state.backward))
+        self._records.append((name, shapes, shardings, mesh))
 
-    def _record_inputs(self, name, specs) -> None:
-        """An operation on DTensors of ``specs`` (their shapes and placements are
-        read when the list is)."""
-        self._recorded.append((self.advanced_module_tracker.name, name, specs, None,
-                               specs[0].mesh, _modes.state.backward))
+    def _end_run(self) -> None:
+        """Notes that the operations recorded since the last note ran in the module
+        running now, on the side (forward, backward) in force now: called before
+        either changes."""
+        end = len(self._records)
+        if end and (not self._runs or self._runs[-1][0] != end):
+            self._runs.append((end, self.advanced_module_tracker.name,
+                               _modes.state.backward))
 
     @property
     def comm_module_operation_counts(self) -> dict:
@@ -201,23 +211,36 @@ class CommDebugMode:
 
         Example: ``comm_mode.comm_module_operation_counts["Global"]["operations_list"][0]["name"]``.
         """
-        recorded, self._recorded = self._recorded, []
-        for module, name, shapes, shardings, mesh, is_bw in recorded:
-            if _device_mesh.is_local_mesh(mesh):
-                # A rank's own values that autograd follows (to_local in grad mode):
-                # torch's to_local gives a plain tensor there, which it does not list.
-                continue
-            if shardings is None:
-                shapes, shardings = ([tuple(x.shape) for x in shapes],
-                                     [tuple(x.placements) for x in shapes])
-            ops = self._operation_counts.setdefault(module, {"operations_list": []})
-            ops["operations_list"].append({
-                "name": name, "input_shape": list(shapes),
-                "input_sharding": list(shardings),
-                "device_mesh": str(mesh) if shapes else "",
-                "is_bw": is_bw, "is_activation_checkpointing": False,
-            })
+        if self._inside():
+            self._end_run()
+        start = 0
+        for end, module, is_bw in self._runs:
+            for record in self._records[start:end]:
+                self._list_operation(module, is_bw, *record)
+            start = end
+        self._records.clear()
+        self._runs.clear()
         return self._operation_counts
+
+    def _list_operation(self, module, is_bw, name, shapes, shardings=None,
+                        mesh=None) -> None:
+        """A recorded operation (shapes: the input specs without shardings) added to
+        its module's list, as torch's CommDebugMode lists it."""
+        if shardings is None:
+            shapes, shardings, mesh = ([tuple(x.shape) for x in shapes],
+                                       [tuple(x.placements) for x in shapes],
+                                       shapes[0].mesh)
+        if _device_mesh.is_local_mesh(mesh):
+            # A rank's own values that autograd follows (to_local in grad mode):
+            # torch's to_local gives a plain tensor there, which it does not list.
+            return
+        ops = self._operation_counts.setdefault(module, {"operations_list": []})
+        ops["operations_list"].append({
+            "name": name, "input_shape": list(shapes),
+            "input_sharding": list(shardings),
+            "device_mesh": str(mesh) if shapes else "",
+            "is_bw": is_bw, "is_activation_checkpointing": False,
+        })
 
     def _record_redistribute(self, explicit, mesh, steps, shape, src) -> None:
         if explicit:
