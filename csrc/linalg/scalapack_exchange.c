@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mpitensor/comm/pool.h"
 #include "scalapack-private.h"
 
 /* How many of the indices below x the cyclic process p owns: blocks of nb dealt
@@ -274,8 +275,10 @@ static int exchange(plan *p, int to_cyclic, void *rm, int64_t ld,
   MPI_Datatype item = MPI_DATATYPE_NULL;
   int rc = count(p, to_cyclic, cyc, &c, err);
   if (rc == MT_OK) {
-    sbuf = malloc((size_t)(c.stotal > 0 ? c.stotal : 1) * p->size);
-    rbuf = malloc((size_t)(c.rtotal > 0 ? c.rtotal : 1) * p->size);
+    /* The staging buffers are as large as the matrix's share that moves: from
+     * the block pool, as the cyclic copy, so a repeated call faults none in. */
+    sbuf = mt_pool_alloc((size_t)(c.stotal > 0 ? c.stotal : 1) * p->size);
+    rbuf = mt_pool_alloc((size_t)(c.rtotal > 0 ? c.rtotal : 1) * p->size);
     req = malloc((size_t)(2 * p->ranks) * sizeof(MPI_Request));
     from = malloc((size_t)p->ranks * sizeof *from);
     p->scratch = malloc((size_t)(p->m + p->n) * sizeof *p->scratch);
@@ -314,7 +317,7 @@ static int exchange(plan *p, int to_cyclic, void *rm, int64_t ld,
     if (rc == MT_OK && mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Waitall");
   }
   if (item != MPI_DATATYPE_NULL) MPI_Type_free(&item);
-  free(c.send), free(sbuf), free(rbuf), free(req), free(from), free(p->scratch);
+  free(c.send), mt_pool_free(sbuf), mt_pool_free(rbuf), free(req), free(from), free(p->scratch);
   return rc;
 }
 
