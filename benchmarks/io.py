@@ -23,6 +23,12 @@ the ranks, and one more row, so the shards are uneven), it times, interleaved:
   temporary name and swaps it in. Rewriting the pages of a file that already
   holds them would cost only a memory copy, which no save can be.
 
+``mt_zarr_save_replacing``/``mt_zarr_save_new``: a Zarr save over a store of many
+small chunks (of REPLACED_CHUNK bytes, as many files as a large array's store
+has), against the same save where no store is: what replacing a store costs
+beyond writing one (its files removed). Before each, untimed, the old store is
+written (or removed) and written back. Not durable.
+
 Every save, on both sides, replaces the file of the previous repetition. Each is
 timed twice, with the same durability on both sides: syncing nothing (ours
 ``durable=False``, as Heat and ``numpy.save``), and durable, under the names
@@ -60,6 +66,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Shard
+from mpitensor.checkpoint import _zarr
 
 from _common import (machine, machine_line, ratio, result_path,  # benchmarks/ is sys.path[0]
                      summary, time_interleaved, write_result)
@@ -77,7 +84,10 @@ PAIRS = [("mt_h5_save", "heat_h5_save"), ("mt_h5_load", "heat_h5_load"),
          ("mt_h5_save_durable", "heat_h5_save_durable"),
          ("mt_zarr_save_durable", "heat_zarr_save_durable"),
          ("mt_npy_save_durable", "raw_write_durable"),
+         ("mt_zarr_save_replacing", "mt_zarr_save_new"),
          ("mt_h5_save_durable", "raw_write_durable")]
+# Bytes of a chunk of the store that mt_zarr_save_replacing replaces.
+REPLACED_CHUNK = 64 << 10
 
 
 def _heat():
@@ -239,6 +249,36 @@ def variants(ht, folder: str, x, mesh, formats) -> tuple[dict, dict]:
     return saves, loads
 
 
+def _old_store(path: str, x, chunk_bytes: int) -> None:
+    """The store that a timed save replaces: ``x`` in chunks of ``chunk_bytes``
+    at most, written back; or, for chunk_bytes 0, none. Collective."""
+    _remove(path)
+    if chunk_bytes:
+        saved, _zarr.CHUNK_BYTES = _zarr.CHUNK_BYTES, chunk_bytes
+        try:
+            mt.save(x, path, durable=False)
+        finally:
+            _zarr.CHUNK_BYTES = saved
+    _written_back()
+
+
+def replacing(folder: str, x, reps: int) -> dict:
+    """Seconds of mt_zarr_save_replacing and mt_zarr_save_new, interleaved."""
+    path = os.path.join(folder, "replaced.zarr")
+    olds = {"mt_zarr_save_replacing": REPLACED_CHUNK, "mt_zarr_save_new": 0}
+    times = {k: [] for k in olds}
+
+    def save():
+        mt.save(x, path, durable=False)
+
+    for _ in range(reps):
+        for name, chunk in olds.items():
+            _old_store(path, x, chunk)
+            times[name].extend(time_interleaved(COMM, {name: save}, 1, 0)[name])
+    _remove(path)
+    return times
+
+
 def point(ht, folder: str, rows: int, reps: int, formats, slow: float) -> dict:
     """Seconds of every variant at ``rows`` rows, ``reps`` repetitions each, but
     one for a variant whose first run took more than ``slow`` seconds (Heat's Zarr
@@ -261,6 +301,8 @@ def point(ht, folder: str, rows: int, reps: int, formats, slow: float) -> dict:
                 continue
             _drop_cache(p)  # untimed
             times[name].extend(time_interleaved(COMM, {name: fn}, 1, 0)[name])
+    if "zarr" in formats:
+        times.update(replacing(folder, x, reps))
     for p in COMM.bcast(sorted(os.listdir(folder)) if RANK == 0 else None):
         _remove(os.path.join(folder, p))
     return times
