@@ -18,9 +18,9 @@ placements. A small matrix whose rows alone are sharded takes ``_small_linalg``'
 eigh on one rank.
 
 ScaLAPACK is loaded at the first call that needs it: Debian's
-``libscalapack-openmpi-dev``, else MKL's (the ``mkl`` extra); ``MPITENSOR_SCALAPACK``
-picks one (``debian``, ``mkl``, or a library's path). Without it those calls raise
-RuntimeError on every rank, naming the package.
+``libscalapack-openmpi-dev``, or MKL's (the ``mkl`` extra, without eigh) or a library
+by path where ``MPITENSOR_SCALAPACK`` asks (``debian``, ``mkl``, a path). Without it
+those calls raise RuntimeError on every rank, naming the package.
 ``eig``/``eigvals`` have no ScaLAPACK driver and keep the gathering fallback.
 """
 
@@ -77,13 +77,14 @@ def _mkl_libraries() -> tuple:
 def _sources(choice: str) -> list:
     """(source, libraries) of each ScaLAPACK to try, in order, for a value of
     ``MPITENSOR_SCALAPACK``: ``debian``, ``mkl``, a library's path, or empty for
-    Debian's and then MKL's. Debian's comes first: MKL's goes into the global
-    namespace for good once loaded (csrc/linalg/scalapack_table.c)."""
+    Debian's. MKL's only when asked for: its eigensolvers crash with Open MPI
+    (_eigen), and it goes into the global namespace for good once loaded
+    (csrc/linalg/scalapack_table.c)."""
     found = find_library("scalapack-openmpi")
     named = {"debian": [("debian", (path,)) for path in _DEBIAN + ((found,) if found else ())],
              "mkl": [("mkl", _mkl_libraries())]}
     if not choice:
-        return named["debian"] + named["mkl"]
+        return named["debian"]
     return named.get(choice, [("path", (choice,))])
 
 
@@ -106,8 +107,7 @@ def _load():
 def scalapack_library() -> str | None:
     """The ScaLAPACK library mpitensor's square linear algebra runs on, or None when
     none was found (then ``np.linalg.solve`` and its kind raise on sharded
-    DTensors): Debian's, MKL's (``MPITENSOR_SCALAPACK=mkl``, or Debian's missing)
-    or the one ``MPITENSOR_SCALAPACK`` names by path. Local; loads the library on
+    DTensors): Debian's, MKL's (``MPITENSOR_SCALAPACK=mkl``) or the one ``MPITENSOR_SCALAPACK`` names by path. Local; loads the library on
     the first call.
 
     Example: ``scalapack_library()`` -> ``'libscalapack-openmpi.so.2.2'``, or with
@@ -453,6 +453,13 @@ def _eigen(name, a, UPLO, vectors):
         out = _small_linalg.eigen(name, a, rows, dtype, UPLO, vectors)
         if out is not None:
             return out
+    # MKL's band reduction (pdsyrdb, under its symmetric eigensolvers) hands MPI
+    # the grid's communicator cut to 32 bits, which Open MPI's pointer handles do
+    # not survive: on a large matrix it killed the job, a plain C program's too.
+    _comm.agree(a._spec.mesh._handle, _load()[1] != "mkl", 0,
+                f"{name} of a sharded matrix does not run on MKL's ScaLAPACK, whose "
+                "eigensolvers crash with Open MPI: install Debian's "
+                f"{PACKAGE} and unset MPITENSOR_SCALAPACK", RuntimeError)
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     real = np.finfo(dtype).dtype
     batch, blocks = _local_stack(a, dtype, copy=vectors)
