@@ -136,8 +136,9 @@ def _install_hint() -> str:
     if choice in ("debian", "mkl"):
         return f"MPITENSOR_SCALAPACK={choice} asks for it: " + (
             debian if choice == "debian" else mkl)
-    return (f"{debian} or {mkl}, or set MPITENSOR_SCALAPACK to debian, mkl or the "
-            "library's path")
+    # Unset, only Debian's is tried: MKL's must be asked for by name.
+    return (f"{debian}, or {mkl} and set MPITENSOR_SCALAPACK=mkl (no eigh there), or "
+            "set MPITENSOR_SCALAPACK to the library's path")
 
 
 def _library(name: str, mesh):
