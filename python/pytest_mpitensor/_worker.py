@@ -71,10 +71,14 @@ class Worker:
         with open(path + ".tmp", "w") as f:
             json.dump(self.reports, f)
         os.replace(path + ".tmp", path)
-        # A rank whose test failed exits non-zero, and mpi4py's runner then calls
-        # MPI_Abort, which kills the other ranks: none leaves before every rank's
-        # report is on disk. A rank still stuck in a test is ended by its timeout.
+        # No rank leaves before every rank's report is on disk; a rank still stuck
+        # in a test is ended by its timeout.
         self._finish.Barrier()
+        # The outcome travels in the reports, so every rank ends MPI the ordinary
+        # way. A rank exiting non-zero would make mpi4py's runner call MPI_Abort
+        # while the others are in MPI_Finalize, and Open MPI 4.1 now and then never
+        # ends such a job.
+        session.exitstatus = pytest.ExitCode.OK
 
 
 def _skip_reason(report):

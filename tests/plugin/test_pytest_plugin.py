@@ -7,6 +7,7 @@ Run with plain pytest (never under mpiexec): `python -m pytest tests/plugin`."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -128,6 +129,26 @@ def test_plain_pytest_runs_marked_tests_under_mpiexec(tmp_path):
     assert got["test_expected_to_fail"][0] == "skipped"  # junit's word for xfailed
     assert got["test_parametrized[1]"][0] == "passed"
     assert got["test_parametrized[2]"][0] == "failure"
+
+
+def test_ranks_of_a_failed_test_end_mpi_without_abort(tmp_path):
+    # A rank exiting non-zero makes mpi4py's runner call MPI_Abort while the other
+    # ranks are in MPI_Finalize, a job Open MPI now and then never ends. The ranks'
+    # side of the plugin therefore always exits zero; the failure is in the report.
+    (tmp_path / "test_user.py").write_text(USER_SUITE)
+    (tmp_path / "reports").mkdir()
+    proc = subprocess.run(
+        ["mpiexec", "-n", "3", sys.executable, "-m", "mpi4py", "-m", "pytest",
+         "test_user.py::test_fails_on_rank_1_only", "-p", "no:terminal", "-p", "no:cacheprovider",
+         f"--mpitensor-worker-report={tmp_path / 'reports'}", "--mpi-timeout=120"],
+        cwd=tmp_path, env={**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"},
+        capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "MPI_ABORT" not in output, output
+    outcomes = [[x["outcome"] for x in json.loads((tmp_path / "reports" / f"rank{r}.json")
+                                                  .read_text()) if x["when"] == "call"]
+                for r in range(3)]
+    assert outcomes == [["passed"], ["failed"], ["passed"]], outcomes
 
 
 def test_under_mpiexec_marked_tests_run_in_place_or_skip(tmp_path):
