@@ -27,7 +27,7 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
 .PHONY: plan-ranking install system-deps demo docs test test-c test-python test-plain test-examples \
-  test-network test-multinode test-lint test-fuzz test-fuzz-ranks test-asan \
+  test-network test-multinode test-lint test-fuzz fuzz-seeds test-fuzz-ranks test-asan \
   test-array-api test-array-api-short array-api-suite bench bench-check calibrate \
   bench-multinode clean
 
@@ -193,9 +193,22 @@ build/fuzz/fuzz_plan: $(FUZZ_SRC) $(wildcard csrc/core/*.h csrc/include/mpitenso
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  -Icsrc/include -Icsrc/core $(FUZZ_SRC) -lm -o $@
 
-test-fuzz: build/fuzz/fuzz_plan
+# The run starts from the committed seeds (tests/fuzz/seeds.hex, one input per line in
+# hex, libFuzzer's merge of earlier corpora), so that CI's short run, on a fresh clone,
+# reaches deep plans at once; `make fuzz-seeds` folds the local corpus into them.
+SEED_HEX := tests/fuzz/seeds.hex
+build/fuzz/seeds: $(SEED_HEX)
+	rm -rf $@ && mkdir -p $@
+	python3 -c 'import sys; lines = [l for l in open(sys.argv[1]).read().splitlines() if l and not l.startswith("#")]; [open(f"{sys.argv[2]}/{i}", "wb").write(bytes.fromhex(l)) for i, l in enumerate(lines)]' $< $@
+
+fuzz-seeds: build/fuzz/fuzz_plan build/fuzz/seeds
+	rm -rf build/fuzz/merged && mkdir -p build/fuzz/merged
+	cd build/fuzz && ./fuzz_plan -merge=1 -max_len=64 merged seeds corpus > merge.log 2>&1
+	python3 -c 'import os, sys; d = sys.argv[1]; head = [l for l in open(sys.argv[2]) if l.startswith("#")]; body = sorted(open(os.path.join(d, f), "rb").read().hex() for f in os.listdir(d)); open(sys.argv[2], "w").write("".join(head) + "\n".join(body) + "\n")' build/fuzz/merged $(SEED_HEX)
+
+test-fuzz: build/fuzz/fuzz_plan build/fuzz/seeds
 	@cd build/fuzz && ./fuzz_plan -max_total_time=$(FUZZ_SECONDS) -max_len=64 -timeout=60 \
-	  -rss_limit_mb=4096 -print_final_stats=1 corpus > last.log 2>&1 \
+	  -rss_limit_mb=4096 -print_final_stats=1 corpus seeds > last.log 2>&1 \
 	  || { tail -40 last.log; echo "fuzz: FAILED (input saved in build/fuzz)"; exit 1; }
 	@grep -E "^(Done|stat::(number_of_executed_units|average_exec_per_sec|new_units_added))" \
 	  build/fuzz/last.log; echo "fuzz: no invariant broken in $(FUZZ_SECONDS)s"
