@@ -5,7 +5,7 @@ against raw ``os.pwrite``/``os.pread`` of each rank's block (contiguous HDF5 and
 
     OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe -n 2 .venv/bin/python \
         benchmarks/io.py [--mib 64] [--reps 3] [--rows even,uneven] \
-        [--formats npy,h5,zarr] [--budget 240] [--dir /tmp] [--quick]
+        [--formats npy,h5,zarr] [--budget 240] [--dir /tmp] [--quick] [--replacing]
 
 For each size (MiB of float64 per rank, 512 columns) and row count (divisible by
 the ranks, and one more row, so the shards are uneven), it times, interleaved:
@@ -27,7 +27,8 @@ the ranks, and one more row, so the shards are uneven), it times, interleaved:
 small chunks (of REPLACED_CHUNK bytes, as many files as a large array's store
 has), against the same save where no store is: what replacing a store costs
 beyond writing one (its files removed). Before each, untimed, the old store is
-written (or removed) and written back. Not durable.
+written (or removed) and written back. Not durable. ``--replacing`` times these
+two alone.
 
 Every save, on both sides, replaces the file of the previous repetition. Each is
 timed twice, with the same durability on both sides: syncing nothing (ours
@@ -279,13 +280,17 @@ def replacing(folder: str, x, reps: int) -> dict:
     return times
 
 
-def point(ht, folder: str, rows: int, reps: int, formats, slow: float) -> dict:
+def point(ht, folder: str, rows: int, reps: int, formats, slow: float,
+          replacing_only: bool = False) -> dict:
     """Seconds of every variant at ``rows`` rows, ``reps`` repetitions each, but
     one for a variant whose first run took more than ``slow`` seconds (Heat's Zarr
-    of uneven rows: one chunk file per row)."""
+    of uneven rows: one chunk file per row); of the replacing pair alone when
+    ``replacing_only``."""
     mesh = mt.init_device_mesh("cpu", (N,))
     x = mt.distribute_tensor(np.random.default_rng(0).standard_normal((rows, COLS)), mesh,
                              [Shard(0)])
+    if replacing_only:
+        return replacing(folder, x, reps)
     saves, loads = variants(ht, folder, x, mesh, formats)
     # A first round, which the others repeat, then replacing a file in every save.
     first = time_interleaved(COMM, saves, 1, 0, before=_written_back)
@@ -335,6 +340,8 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the files go (default: a temporary"
                     " folder under /tmp)")
     ap.add_argument("--quick", action="store_true", help="4 MiB per rank, 2 repetitions")
+    ap.add_argument("--replacing", action="store_true",
+                    help="time only mt_zarr_save_replacing against mt_zarr_save_new")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.quick:
@@ -358,7 +365,8 @@ def main() -> None:
                 if COMM.bcast(time.monotonic() - start > args.budget):
                     skipped.append({"mib_per_rank": mib, "rows": rows})
                     continue
-                times = point(ht, folder, rows, args.reps, formats, args.slow)
+                times = point(ht, folder, rows, args.reps, formats, args.slow,
+                              args.replacing)
                 res = _summaries(rows * COLS * 8, times)
                 points.append({"mib_per_rank": mib, "rows": rows, **res})
                 if RANK == 0:
