@@ -57,6 +57,14 @@ def test_hangs():
         MPI.COMM_WORLD.barrier()  # rank 1 never comes
 
 
+@pytest.mark.mpi(ranks=2, timeout=10)
+def test_passes_but_its_ranks_never_exit():
+    import threading
+    import time
+    # Not a daemon: each rank's interpreter waits for it at exit, after the report.
+    threading.Thread(target=time.sleep, args=(3600,)).start()
+
+
 @pytest.mark.mpi(ranks=2)
 def test_skipped_everywhere():
     pytest.skip("nothing to see")
@@ -123,6 +131,12 @@ def test_plain_pytest_runs_marked_tests_under_mpiexec(tmp_path):
     assert f'test_user.py", line {line} in test_hangs' in text  # rank 0's stack at the limit
     # Neither the healthy rank's pytest summary nor the launcher's banner.
     assert "passed" not in text and "-" * 20 not in text, text
+
+    # The outcome is known once every rank reported: a job that then does not end
+    # is killed after the test's timeout, with a warning.
+    assert got["test_passes_but_its_ranks_never_exit"][0] == "passed", output
+    assert ("test_user.py::test_passes_but_its_ranks_never_exit on 2 MPI rank(s): every rank "
+            "reported, but the job did not end within 10 s after and was killed") in output
 
     outcome, text = got["test_skipped_everywhere"]
     assert outcome == "skipped" and "nothing to see" in text, text
