@@ -229,6 +229,9 @@ test-fuzz-ranks: install
 # Leak detection is on for the C unit tests and off where CPython and Open MPI
 # run (both keep their allocations until exit by design); leaks there are
 # caught by tests/python/test_leaks.py (RSS and live communicators) instead.
+# The instrumented suite runs several times slower than a plain one, so the
+# whole-run budget of run_mpi_pytest.sh, sized for a plain run, would end it
+# midway: the run gets hours, and each test still its own 300 s.
 ASAN_VENV := .venv-asan
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:detect_stack_use_after_return=0:allocator_may_return_null=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PYTHONMALLOC=malloc MT_SANITIZED=1
@@ -243,7 +246,7 @@ test-asan: $(VENV)/.deps $(ASAN_VENV)/.deps
 	  --no-build-isolation -e . -Ccmake.define.MPITENSOR_SANITIZE=ON \
 	  -Cbuild-dir=build/asan-{wheel_tag}
 	$(ASAN_ENV) LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libstdc++.so)" \
-	  PYTHON=$(abspath $(ASAN_VENV))/bin/python MT_TEST_TIMEOUT=300 \
+	  PYTHON=$(abspath $(ASAN_VENV))/bin/python MT_TEST_TIMEOUT=300 MT_RUN_TIMEOUT=14400 \
 	  tests/run_mpi_pytest.sh 2
 
 # The benchmarks at np 2 (and np 4 for redistribute), one BLAS thread per rank,
