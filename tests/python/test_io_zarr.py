@@ -430,8 +430,9 @@ def test_the_old_store_is_removed_by_the_names_its_metadata_gives(tmp, monkeypat
 @pytest.mark.parametrize("kind", ["folders", "v2"])
 def test_a_store_of_another_layout_is_released_and_removed_whole(tmp, monkeypatch, kind):
     """A store of chunk keys c/0/1 (folders per chunk row, as saves made before
-    the '.' separator): the first save over it releases the cache of its chunks
-    (the same index, its own names) and removes every file and folder of it. A
+    the '.' separator) and smaller chunks: the first save over it releases the
+    cache of the old chunks that hold each new chunk's elements, by their own
+    names, and removes every file and folder of it. A
     Zarr v2 store, whose metadata gives no keys, is found by a listing and
     removed as well."""
     path = os.path.join(tmp, f"{kind}.zarr")
@@ -460,7 +461,9 @@ def test_a_store_of_another_layout_is_released_and_removed_whole(tmp, monkeypatc
     p.expect(not os.path.exists(os.path.join(path, "c")), "a folder of the old store")
     if kind == "folders":
         names = [os.path.relpath(n, path) for n in released]
-        p.expect(names == [f"c/{RANK}/0"], f"rank {RANK} released {names}")
+        # the new chunk of a rank holds 8 of the old chunks' rows
+        p.expect(names == [f"c/{i}/0" for i in range(8 * RANK, 8 * RANK + 8)],
+                 f"rank {RANK} released {names}")
     assert p == []
 
 

@@ -21,9 +21,11 @@ fill value). Then the ranks that wrote remove the old store's files, a share eac
 an unlink can cost milliseconds, and a store of many chunks took the first rank
 alone seconds while the others waited. A share is named from the old store's
 metadata, read before the save (its chunk grid and key encoding), so no rank
-lists thousands of names to find its own; the first rank then removes whatever
-is left (files that are no chunk of the grid). Each rank of a load reads through
-its descriptor of the store's directory, agreed to be the same one on every rank.
+lists thousands of names to find its own (the same names tell a rank which old
+chunks' cached pages to release as it writes the new ones); the first rank then
+removes whatever is left (files that are no chunk of the grid). Each rank of a
+load reads through its descriptor of the store's directory, agreed to be the
+same one on every rank.
 
 bfloat16 is the Zarr data type ``"bfloat16"`` (zarr-extensions), registered with
 zarr-python here when ml_dtypes is installed.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -194,10 +197,11 @@ def check_target(path: str) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class _Keys:
-    """How a Zarr v3 array's store names its chunk files: the number of chunks
-    along each dim, and the key encoding's prefix ("c" for "default", "" for
-    "v2") and separator."""
+    """How a Zarr v3 array's store names its chunk files: the chunk shape, the
+    number of chunks along each dim, and the key encoding's prefix ("c" for
+    "default", "" for "v2") and separator."""
 
+    chunks: tuple
     grid: tuple
     prefix: str
     separator: str
@@ -235,7 +239,8 @@ class _Keys:
             "separator", "/" if prefix else ".")
         if prefix is None or separator not in ("/", "."):
             return None
-        return _Keys(tuple(-(-n // c) for n, c in zip(shape, chunks)), prefix, separator)
+        return _Keys(tuple(chunks), tuple(-(-n // c) for n, c in zip(shape, chunks)),
+                     prefix, separator)
 
     @staticmethod
     def parse(text: bytes) -> _Keys | None:
@@ -243,7 +248,8 @@ class _Keys:
         if not text:
             return None
         keys = json.loads(text)
-        return _Keys(tuple(keys["grid"]), keys["prefix"], keys["separator"])
+        return _Keys(tuple(keys["chunks"]), tuple(keys["grid"]), keys["prefix"],
+                     keys["separator"])
 
     def name(self, index) -> str:
         """The key of the chunk at ``index`` (a tuple of ints)."""
@@ -252,6 +258,15 @@ class _Keys:
 
     def count(self) -> int:
         return math.prod(self.grid)
+
+    def covering(self, at: list, end: list) -> list:
+        """The keys of the chunks that hold any of the box from ``at`` to ``end``
+        (none for a box of another number of dims)."""
+        if len(at) != len(self.grid):
+            return []
+        ranges = [range(a // c, min(-(-e // c), g))
+                  for a, e, c, g in zip(at, end, self.chunks, self.grid)]
+        return [self.name(index) for index in itertools.product(*ranges)]
 
 
 def _begin(path: str, shape: tuple, dtype: np.dtype, chunks: list, attrs) -> bytes:
@@ -354,9 +369,9 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
     when ``durable`` (files of its own, which no other rank writes; an all-fill
     chunk is not stored, as Zarr does). The store's folder, which names them all,
     is synced once every rank has written (_commit). The cached pages of the
-    chunk of the same index in the store ``old``, which this save replaces, named
-    as ``keys`` says (a store of "c/0/1" as well), are released just before
-    (_io.release_cache), for the new chunk's to reuse."""
+    chunks of the store ``old``, which this save replaces, that hold the same
+    elements, named as ``keys`` says (smaller chunks, a store of "c/0/1"), are
+    released just before (_io.release_cache), for the new chunk's to reuse."""
     z = zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
     encode, sizes = _encoder(arr, local.dtype), local.shape
@@ -373,9 +388,8 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
             end = [min((i + 1) * c, o + s)
                    for i, c, o, s in zip(index, chunks, offsets, sizes)]
             part = local[tuple(slice(a - o, e - o) for a, e, o in zip(at, end, offsets))]
-            if (keys is not None and len(index) == len(keys.grid)
-                    and all(i < n for i, n in zip(index, keys.grid))):
-                _io.release_cache(os.path.join(old, keys.name(index)))
+            for name in keys.covering(at, end) if keys is not None else []:
+                _io.release_cache(os.path.join(old, name))
             _write_chunk(arr, encode, tmp, key, part, at, end)
             name = os.path.join(tmp, key)
             if durable and os.path.exists(name):
