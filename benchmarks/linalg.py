@@ -148,9 +148,9 @@ def tsqr_section(comm, args, ht):
 # program calls too.
 EIGH_DRIVER = b"syevd"
 # The process rows of the grid mpitensor's cyclic copy lies on, per op, for a
-# [Shard(0)] matrix (csrc/linalg/scalapack_job.c): solve turns the P x 1 grid to
-# 1 x P, eigh keeps it (0: P rows).
-PLAIN_ROWS = {"solve": 1, "eigh": 0}
+# [Shard(0)] matrix (csrc/linalg/scalapack_job.c): solve and eigh turn the P x 1
+# grid to 1 x P.
+PLAIN_ROWS = {"solve": 1, "eigh": 1}
 
 
 def plain_link(library):

@@ -1,8 +1,8 @@
 /* The plain C program benchmarks/linalg.py holds mpitensor's ScaLAPACK path to:
  * the process grid and block-cyclic descriptors mpitensor builds for a [Shard(0)]
  * n x n float64 matrix (csrc/linalg/scalapack_grid.c: a P x 1 grid in row-major
- * BLACS order, or for a solve the 1 x P grid csrc/linalg/scalapack_job.c turns it
- * to, square blocks of min(ceil(n/P), 64)), the matrix generated in
+ * BLACS order, or for a solve and an eigh the 1 x P grid csrc/linalg/scalapack_job.c
+ * turns it to, square blocks of min(ceil(n/P), 64)), the matrix generated in
  * place in that layout, and the same routines called on it: pdgesv of one
  * right-hand side, the eigensolver mpitensor's eigh calls. No redistribution, no
  * copies: what a ScaLAPACK program written by hand spends.
@@ -23,7 +23,7 @@
  * OP is solve, eigh, or redist (pdgemr2d of the matrix from torch.chunk's blocks of
  * ceil(n/P) rows to the cyclic layout and back: the move mpitensor makes with its
  * own exchange instead, csrc/linalg/scalapack_exchange.c); NB 0 or absent is mpitensor's block; NPROW 0 or absent is P (the grid is
- * NPROW x P/NPROW); DRIVER is syevr (mpitensor's), syevd or syevx. Rank 0 prints one
+ * NPROW x P/NPROW); DRIVER is syevd (mpitensor's, with vectors), syevr or syevx. Rank 0 prints one
  * JSON object: the seconds of each repetition, the slowest rank's, and for eigh the
  * largest |A v - w v| / (|A| n) over a few eigenvectors as a check. */
 #include <math.h>
@@ -257,7 +257,7 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return 2;
   }
-  const char *op = argv[1], *driver = argc > 7 ? argv[7] : "syevr";
+  const char *op = argv[1], *driver = argc > 7 ? argv[7] : "syevd";
   int n = atoi(argv[2]), reps = atoi(argv[3]), warmup = atoi(argv[4]);
   int nb = argc > 5 ? atoi(argv[5]) : 0, nprow = argc > 6 ? atoi(argv[6]) : 0;
   double check = 0;
