@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
+import shutil
 import sys
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -132,3 +135,26 @@ def world_size():
 @pytest.fixture
 def rank():
     return COMM.Get_rank()
+
+
+def _shared_directory(name: str):
+    """A directory that every rank sees (made by rank 0, its path broadcast),
+    removed once every rank is done with it. Collective."""
+    path = COMM.bcast(tempfile.mkdtemp(prefix=f"mt-{name}-") if COMM.Get_rank() == 0 else None)
+    yield path
+    COMM.Barrier()
+    if COMM.Get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tmp(request):
+    """A directory that every rank sees, one per test module, removed at its end.
+    Use: ``def test_x(tmp): mt.save(x, os.path.join(tmp, "x.npy"))``."""
+    yield from _shared_directory(request.module.__name__)
+
+
+@pytest.fixture
+def folder(request):
+    """As ``tmp``, but one per test: each test starts from an empty directory."""
+    yield from _shared_directory(re.sub(r"[^\w.-]", "_", request.node.name)[:40])

@@ -13,8 +13,6 @@ import glob
 import io
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -31,15 +29,6 @@ RANK = COMM.Get_rank()
 NUMERIC = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
            "uint64", "float16", "float32", "float64", "complex64", "complex128"]
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    """A directory that every rank sees, removed at the end."""
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-ckpt-") if RANK == 0 else None)
-    yield path
-    COMM.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -35,14 +33,6 @@ CONFIG = dict(vocab=37, dim=24, heads=12, layers=2, hidden=73)
 # Forward values and communication only (conftest.forward_only).
 pytestmark = pytest.mark.usefixtures("forward_only")
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-ckpt-nn-") if RANK == 0 else None)
-    yield path
-    COMM.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def grid():

@@ -38,15 +38,6 @@ N = COMM.Get_size()
 RANK = COMM.Get_rank()
 
 
-@pytest.fixture(scope="module")
-def tmp():
-    """A directory that every rank sees, removed at the end."""
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-safe-") if RANK == 0 else None)
-    yield path
-    COMM.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
-
 
 def on_first(action) -> None:
     """Collective: ``action()`` on rank 0, then a barrier."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -23,14 +21,6 @@ from io_helpers import BF16, N, RANK, array, check_dtensor, layouts
 
 COMM = MPI.COMM_WORLD
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-bf16-") if RANK == 0 else None)
-    yield path
-    COMM.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -27,14 +25,6 @@ COMM = MPI.COMM_WORLD
 N, RANK = COMM.Get_size(), COMM.Get_rank()
 SHAPE = (32 * N, 1024)
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-cache-") if RANK == 0 else None)
-    yield path
-    COMM.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def cached(fd: int) -> bool:

@@ -8,8 +8,6 @@ and bad files that raise the same exception on every rank.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import h5py
 import numpy as np
@@ -23,15 +21,6 @@ from io_helpers import (DTYPES, N, RANK, array, check_dtensor, layouts, on_first
 
 COMM = MPI.COMM_WORLD
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    """A directory that every rank sees, removed at the end."""
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-h5-") if RANK == 0 else None)
-    yield path
-    COMM.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def read_h5(path: str, name: str):

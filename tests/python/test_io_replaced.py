@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
@@ -31,14 +30,6 @@ N = COMM.Get_size()
 RANK = COMM.Get_rank()
 SHAPE = (64 * N, 1024)  # float64 rows, so each rank's read takes a while
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-replaced-") if RANK == 0 else None)
-    yield path
-    COMM.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def version(k: int) -> np.ndarray:

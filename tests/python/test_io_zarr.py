@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -29,15 +28,6 @@ from io_helpers import (DTYPES, N, RANK, array, check_dtensor, layouts, on_first
 
 COMM = MPI.COMM_WORLD
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    """A directory that every rank sees, removed at the end."""
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-zarr-") if RANK == 0 else None)
-    yield path
-    COMM.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def read_zarr(path: str):

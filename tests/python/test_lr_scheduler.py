@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 import warnings
 from bisect import bisect_right
 from collections import Counter
@@ -224,15 +222,6 @@ def check(got, rec, closed, upto, what):
             np.testing.assert_allclose(got[g], closed[g][:upto], rtol=0, atol=1e-12 * scale,
                                        err_msg=f"{what} group {g} (closed form)")
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    """A directory that every rank sees, removed at the end."""
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-sched-") if COMM.rank == 0 else None)
-    yield path
-    COMM.Barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("name,make,recurrence,closed", CASES, ids=[c[0] for c in CASES])

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -24,14 +22,6 @@ S0, S1 = Shard(0), Shard(1)
 COMM = MPI.COMM_WORLD
 SMALL = {"all_reduce", "broadcast", "exscan"}
 
-
-@pytest.fixture
-def folder():
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-save-") if COMM.rank == 0 else None)
-    yield path
-    COMM.barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(path)
 
 
 def _same_bytes(path, write_expected):

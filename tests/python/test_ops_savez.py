@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
-import tempfile
 import zipfile
 import zlib
 
@@ -29,14 +27,6 @@ S0, S1 = Shard(0), Shard(1)
 COMM = MPI.COMM_WORLD
 LAYOUTS = mesh_layouts((S0, S1), (S1, S0)) + [((W,), (Partial(),))]
 
-
-@pytest.fixture
-def folder():
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-savez-") if COMM.rank == 0 else None)
-    yield path
-    COMM.barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(path)
 
 
 def _numpys(write, *args, **kwds) -> bytes:

@@ -10,8 +10,6 @@ trajectory.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -456,15 +454,6 @@ def test_state_dict_has_torchs_format():
         for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"):
             assert g[key] == tg[key], key
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    """A directory that every rank sees, removed at the end."""
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-optim-") if COMM.rank == 0 else None)
-    yield path
-    COMM.Barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def other_layouts():

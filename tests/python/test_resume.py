@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -24,14 +22,6 @@ from ops_helpers import W, mesh_of
 COMM = MPI.COMM_WORLD
 R, S0, S1 = Replicate(), Shard(0), Shard(1)
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-resume-") if COMM.rank == 0 else None)
-    yield path
-    COMM.Barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_rng_state_round_trip():

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 import pytest
@@ -69,14 +67,6 @@ def reference():
     """The loss curve of one process (mesh (1,) over MPI_COMM_SELF)."""
     return run(one_rank_mesh())[0]
 
-
-@pytest.fixture(scope="module")
-def tmp():
-    path = COMM.bcast(tempfile.mkdtemp(prefix="mt-train-gpt-") if RANK == 0 else None)
-    yield path
-    COMM.Barrier()
-    if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- the data and the forward -------------------------------------------------------
