@@ -19,13 +19,8 @@ removed before its chunks: a load that read it and still finds it after reading
 its chunks read none that had gone (a Zarr reader takes a missing chunk for the
 fill value). Then the ranks that wrote remove the old store's files, a share each:
 an unlink can cost milliseconds, and a store of many chunks took the first rank
-alone seconds while the others waited. A share is named from the old store's
-metadata, read before the save (its chunk grid and key encoding), so no rank
-lists thousands of names to find its own (the same names tell a rank which old
-chunks' cached pages to release as it writes the new ones); the first rank then
-removes whatever is left (files that are no chunk of the grid). Each rank of a
-load reads through its descriptor of the store's directory, agreed to be the
-same one on every rank.
+alone seconds while the others waited. Each rank of a load reads through its
+descriptor of the store's directory, agreed to be the same one on every rank.
 
 bfloat16 is the Zarr data type ``"bfloat16"`` (zarr-extensions), registered with
 zarr-python here when ml_dtypes is installed.
@@ -59,13 +54,6 @@ CHUNK_BYTES = 8 << 20
 
 # Threads of each rank that remove a replaced store's files (_remove_share).
 REMOVERS = 4
-
-# The most chunk keys whose names a replaced store's metadata may give the ranks
-# to remove (_named_share); beyond, they list the store. An absent name costs a
-# failed lookup, far less than an unlink, but a sparse store of a huge grid would
-# cost more in those than its listing. Its metadata is read up to METADATA_BYTES.
-NAMED_KEYS = 1 << 20
-METADATA_BYTES = 1 << 20
 
 # Chunk keys as "c.0.1" (Zarr v3's default encoding, "." separator): every chunk
 # file lies in the store's own folder, so a save makes, syncs and later removes no
@@ -177,8 +165,7 @@ def _is_store(path: str) -> bool:
 def check_target(path: str) -> bytes:
     """On the first rank, before a save: the directory to hold the store exists,
     and at ``path`` is nothing, an empty directory or a Zarr store (a save
-    replaces nothing else); removes what killed saves left. Returns how the store
-    it replaces names its chunk files (_Keys.read), or b"" when unknown."""
+    replaces nothing else); removes what killed saves left."""
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"cannot save to {path!r}: the directory {parent!r} "
@@ -192,81 +179,7 @@ def check_target(path: str) -> bytes:
             raise IsADirectoryError(f"cannot save a Zarr store to {path!r}: it is a "
                                     f"directory that holds no Zarr store")
     _paths.remove_leftovers(parent, [os.path.basename(path)])
-    return _Keys.read(path)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Keys:
-    """How a Zarr v3 array's store names its chunk files: the chunk shape, the
-    number of chunks along each dim, and the key encoding's prefix ("c" for
-    "default", "" for "v2") and separator."""
-
-    chunks: tuple
-    grid: tuple
-    prefix: str
-    separator: str
-
-    @staticmethod
-    def read(path: str) -> bytes:
-        """The keys of the array in the store ``path`` as JSON, from its zarr.json
-        (a regular chunk grid, the default or v2 key encoding); b"" for anything
-        else (no store, Zarr v2, a group, metadata unread), whose files a save
-        finds by listing them."""
-        try:
-            with open(os.path.join(path, "zarr.json"), "rb") as f:
-                if os.fstat(f.fileno()).st_size > METADATA_BYTES:
-                    return b""
-                keys = _Keys.of(json.loads(f.read()))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            return b""
-        return json.dumps(dataclasses.asdict(keys)).encode() if keys else b""
-
-    @staticmethod
-    def of(meta: dict) -> _Keys | None:
-        """The keys that array metadata ``meta`` (zarr.json's) gives; None when it
-        is no v3 array of a regular grid with a known key encoding."""
-        grid, encoding = meta["chunk_grid"], meta["chunk_key_encoding"]
-        if (meta["zarr_format"] != 3 or meta["node_type"] != "array"
-                or grid["name"] != "regular"):
-            return None
-        shape, chunks = meta["shape"], grid["configuration"]["chunk_shape"]
-        sizes = [*shape, *chunks]
-        if (len(shape) != len(chunks) or not all(type(n) is int for n in sizes)
-                or min(shape, default=0) < 0 or min(chunks, default=1) < 1):
-            return None
-        prefix = {"default": "c", "v2": ""}.get(encoding["name"])
-        separator = encoding.get("configuration", {}).get(
-            "separator", "/" if prefix else ".")
-        if prefix is None or separator not in ("/", "."):
-            return None
-        return _Keys(tuple(chunks), tuple(-(-n // c) for n, c in zip(shape, chunks)),
-                     prefix, separator)
-
-    @staticmethod
-    def parse(text: bytes) -> _Keys | None:
-        """read's JSON as _Keys; None for b""."""
-        if not text:
-            return None
-        keys = json.loads(text)
-        return _Keys(tuple(keys["chunks"]), tuple(keys["grid"]), keys["prefix"],
-                     keys["separator"])
-
-    def name(self, index) -> str:
-        """The key of the chunk at ``index`` (a tuple of ints)."""
-        parts = ([self.prefix] if self.prefix else []) + [str(i) for i in index]
-        return self.separator.join(parts) or "0"
-
-    def count(self) -> int:
-        return math.prod(self.grid)
-
-    def covering(self, at: list, end: list) -> list:
-        """The keys of the chunks that hold any of the box from ``at`` to ``end``
-        (none for a box of another number of dims)."""
-        if len(at) != len(self.grid):
-            return []
-        ranges = [range(a // c, min(-(-e // c), g))
-                  for a, e, c, g in zip(at, end, self.chunks, self.grid)]
-        return [self.name(index) for index in itertools.product(*ranges)]
+    return b""
 
 
 def _begin(path: str, shape: tuple, dtype: np.dtype, chunks: list, attrs) -> bytes:
@@ -364,16 +277,17 @@ def _write_chunk(arr, encode, tmp: str, key: str, part: np.ndarray, at: list,
 
 
 def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
-           durable: bool, old: str, keys: _Keys | None) -> None:
+           durable: bool, old: str) -> None:
     """This rank's box into the store at ``tmp``, each of its chunk files synced
     when ``durable`` (files of its own, which no other rank writes; an all-fill
     chunk is not stored, as Zarr does). The store's folder, which names them all,
     is synced once every rank has written (_commit). The cached pages of the
     chunks of the store ``old``, which this save replaces, that hold the same
-    elements, named as ``keys`` says (smaller chunks, a store of "c/0/1"), are
-    released just before (_io.release_cache), for the new chunk's to reuse."""
+    elements (_old_chunks) are released just before (_io.release_cache), for the
+    new chunk's to reuse."""
     z = zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), mode="r+")
+    covering = _old_chunks(old)
     encode, sizes = _encoder(arr, local.dtype), local.shape
     # One chunk at a time, so that a save holds one chunk's copy and its bytes
     # beside the data at most. Encoded here, the chunk skips zarr-python's event
@@ -388,7 +302,7 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
             end = [min((i + 1) * c, o + s)
                    for i, c, o, s in zip(index, chunks, offsets, sizes)]
             part = local[tuple(slice(a - o, e - o) for a, e, o in zip(at, end, offsets))]
-            for name in keys.covering(at, end) if keys is not None else []:
+            for name in covering(at, end):
                 _io.release_cache(os.path.join(old, name))
             _write_chunk(arr, encode, tmp, key, part, at, end)
             name = os.path.join(tmp, key)
@@ -396,6 +310,29 @@ def _write(tmp: str, local: np.ndarray, offsets: tuple, chunks: list,
                 syncs.append(syncer.submit(_paths.sync_file, name))
         for done in syncs:
             done.result()
+
+
+def _old_chunks(old: str):
+    """The keys of the chunks of the store ``old`` that hold any of a box (from
+    ``at`` to ``end``), as a function of the box, by the old store's own chunk
+    shape (its shards' when sharded: they are its files) and key encoding, which
+    may differ from the new one's; no keys when ``old`` holds no array that
+    zarr-python opens (nothing there, a group)."""
+    z = zarr()
+    try:
+        arr = z.open_array(z.storage.LocalStore(old, read_only=True), mode="r")
+        chunks, encode = arr.shards or arr.chunks, arr.metadata.encode_chunk_key
+    except Exception:  # noqa: BLE001 - only a cache to release: none then
+        return lambda at, end: []
+    grid = [-(-n // c) for n, c in zip(arr.shape, chunks)]
+
+    def covering(at: list, end: list) -> list:
+        if len(at) != len(chunks):
+            return []
+        ranges = [range(a // c, min(-(-e // c), g))
+                  for a, e, c, g in zip(at, end, chunks, grid)]
+        return [encode(index) for index in itertools.product(*ranges)]
+    return covering
 
 
 def _drop_metadata(path: str) -> None:
@@ -445,48 +382,29 @@ def _remover(mesh, placements) -> tuple | None:
     return share, shares
 
 
-def _named_share(keys: _Keys, share: int, shares: int) -> list:
-    """The names of the chunks of ``keys`` that fall to ``share`` of ``shares``:
-    every ``shares``-th in C order, computed without a look at the store."""
-    flat = np.arange(share, keys.count(), shares)
-    if not keys.grid:
-        return [keys.name(())] * len(flat)
-    return [keys.name(i) for i in zip(*(a.tolist()
-                                        for a in np.unravel_index(flat, keys.grid)))]
-
-
-def _listed_share(old: str, share: int, shares: int) -> list:
-    """The names of the files of the store ``old`` (by a listing of it) that fall
-    to ``share`` of ``shares``, by a hash of the name, so that ranks listing the
-    store while others remove from it agree on the shares."""
-    mine = []
+def _remove_share(old: str, share: int, shares: int) -> None:
+    """Removes the files of the replaced store ``old`` that fall to ``share`` of
+    ``shares`` (by a hash of the file's name, so that ranks listing the store while
+    others remove from it agree on the shares), then tries each folder that held
+    one, deepest first: the rank that empties a folder last removes it. An unlink
+    waits on the file system's journal more than it computes, so REMOVERS threads
+    overlap them. Errors are let be: what stays, the first rank removes next."""
+    mine, folders = [], set()
     for folder, _, files in os.walk(old):
         for f in files:
-            name = os.path.relpath(os.path.join(folder, f), old)
-            if zlib.crc32(os.fsencode(name)) % shares == share:
+            name = os.path.join(folder, f)
+            if zlib.crc32(os.fsencode(os.path.relpath(name, old))) % shares == share:
                 mine.append(name)
-    return mine
-
-
-def _remove_share(old: str, keys: _Keys | None, share: int, shares: int) -> None:
-    """Removes the files of the replaced store ``old`` that fall to ``share`` of
-    ``shares``: the chunks its metadata named (``keys``, _named_share), or, when
-    it named none or too many, the files a listing finds (_listed_share). Then
-    tries each folder that held one, deepest first: the rank that empties a folder
-    last removes it. An unlink waits on the file system's journal more than it
-    computes, so REMOVERS threads overlap them. Errors are let be: what stays,
-    the first rank removes next."""
-    named = keys is not None and keys.count() <= NAMED_KEYS
-    mine = _named_share(keys, share, shares) if named else _listed_share(old, share, shares)
-    folders = {os.path.dirname(name) for name in mine} - {""}
+                folders.add(folder)
     for d in list(folders):
-        while d := os.path.dirname(d):
+        while len(d) > len(old):  # up to the store's own folder
+            d = os.path.dirname(d)
             folders.add(d)
     levels = {}
     for d in folders:
-        levels.setdefault(d.count(os.sep), []).append(os.path.join(old, d))
+        levels.setdefault(d.count(os.sep), []).append(d)
     with concurrent.futures.ThreadPoolExecutor(REMOVERS) as pool:
-        list(pool.map(_quietly(os.unlink), [os.path.join(old, n) for n in mine]))
+        list(pool.map(_quietly(os.unlink), mine))
         for depth in sorted(levels, reverse=True):
             list(pool.map(_quietly(os.rmdir), levels[depth]))
 
@@ -499,15 +417,13 @@ def _quietly(remove):
     return attempt
 
 
-def _remove_old(mesh, placements, old: str, keys: _Keys | None) -> None:
-    """Collective on the mesh: the replaced store ``old``, whose chunk files
-    ``keys`` names, removed, each writing rank its share of the files
-    (_remove_share), then the first rank what is left (files that are no chunk,
-    the store's folder, a share of a rank that could not see it, a symlink). A
-    kill at any point leaves part of it under its temporary name, which the next
-    save removes."""
+def _remove_old(mesh, placements, old: str) -> None:
+    """Collective on the mesh: the replaced store ``old`` removed, each writing rank
+    its share of the files (_remove_share), then the first rank what is left (a
+    share of a rank that could not see it, a symlink). A kill at any point leaves
+    part of it under its temporary name, which the next save removes."""
     mine = _remover(mesh, placements)
-    _agree.everywhere(mesh, lambda: mine and _remove_share(old, keys, *mine),
+    _agree.everywhere(mesh, lambda: mine and _remove_share(old, *mine),
                       lambda: OSError(f"cannot remove {old!r}"))
     if mesh.get_coordinate() == [0] * mesh.ndim and os.path.lexists(old):
         shutil.rmtree(old, ignore_errors=True)
@@ -526,8 +442,8 @@ def save(dt, path: str, attrs, durable: bool) -> None:
     if mesh.get_coordinate() is not None:
         # before the redistribution below: the agreement that a rank whose
         # arguments failed their checks has entered (checkpoint.save)
-        keys = _Keys.parse(_agree.same_path(mesh, path, lambda: check_target(path),
-                                            layout=repr(sorted(attrs or {}))))
+        _agree.same_path(mesh, path, lambda: check_target(path),
+                         layout=repr(sorted(attrs or {})))
     dt, chunks = _layout(dt.detach())
     if mesh.get_coordinate() is None:
         return
@@ -549,7 +465,7 @@ def save(dt, path: str, attrs, durable: bool) -> None:
                 raise
 
         _agree.everywhere(mesh, lambda: attempt(lambda: _write(
-            tmp, local.reshape(tuple(sizes)), tuple(offsets), chunks, durable, path, keys)),
+            tmp, local.reshape(tuple(sizes)), tuple(offsets), chunks, durable, path)),
             lambda: failed[0])
         old = os.fsdecode(_agree.first_rank(mesh, lambda: _commit(tmp, path, durable)))
     except BaseException:
@@ -557,7 +473,7 @@ def save(dt, path: str, attrs, durable: bool) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     if old:
-        _remove_old(mesh, dt.placements, old, keys)
+        _remove_old(mesh, dt.placements, old)
 
 
 def describe(opened) -> bytes:
