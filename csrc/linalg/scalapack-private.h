@@ -82,6 +82,21 @@ typedef void (*mt__sl_cgesvd)(const char *jobu, const char *jobvt, const int *m,
                               const int *jvt, const int *descvt, void *work,
                               const int *lwork, void *rwork, int *info, size_t, size_t);
 
+/* The local LAPACK and BLAS routines of the library ScaLAPACK itself runs on, for
+ * the LU of a one-row grid (scalapack_lu.c). */
+typedef void (*mt__sl_lgetrf)(const int *m, const int *n, void *a, const int *lda,
+                              int *ipiv, int *info);
+typedef void (*mt__sl_laswp)(const int *n, void *a, const int *lda, const int *k1,
+                             const int *k2, const int *ipiv, const int *incx);
+typedef void (*mt__sl_trsm)(const char *side, const char *uplo, const char *transa,
+                            const char *diag, const int *m, const int *n,
+                            const void *alpha, const void *a, const int *lda, void *b,
+                            const int *ldb, size_t, size_t, size_t, size_t);
+typedef void (*mt__sl_gemm)(const char *transa, const char *transb, const int *m,
+                            const int *n, const int *k, const void *alpha, const void *a,
+                            const int *lda, const void *b, const int *ldb,
+                            const void *beta, void *c, const int *ldc, size_t, size_t);
+
 /* The routines of one element type. */
 typedef struct mt__sl_typed {
   mt__sl_gesv gesv;
@@ -98,6 +113,11 @@ typedef struct mt__sl_typed {
   mt__sl_orgqr orgqr;
   mt__sl_gesvd gesvd;   /* s and d */
   mt__sl_cgesvd cgesvd; /* c and z */
+  /* Local routines, NULL when the libraries lack one (pXgetrf serves then). */
+  mt__sl_lgetrf lgetrf;
+  mt__sl_laswp laswp;
+  mt__sl_trsm trsm;
+  mt__sl_gemm gemm;
 } mt__sl_typed;
 
 /* What a table shares with the grids it cached (scalapack_grid.c). */
@@ -274,6 +294,12 @@ int mt__sl_cyclic_to_rows(const mt__sl_job *j, const mt__sl_grid *on, int64_t m,
 
 /* Collective on the grid. Frees the cyclic copy and the grid. */
 void mt__sl_job_close(mt__sl_job *j);
+
+/* Collective on the job's grids. pXgetrf of the job's square cyclic copy, in
+ * place, with the same factors, IPIV and INFO: on a grid of one process row by
+ * the lookahead LU of scalapack_lu.c, else by ScaLAPACK's own. MT_ENOMEM, MPI
+ * errors, agreed over the grid; a singular matrix is INFO's, not an error. */
+int mt__sl_lu(const mt__sl_job *j, int *ipiv, int *info, mt_error *err);
 
 /* Collective on the grid. Allocates `count` (at least one) elements of `size`
  * bytes, agreed over the grid. */

@@ -49,8 +49,7 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
   if (rc == MT_OK) {
     int m = (int)nrhs;
     if (flip) {
-      j.t->getrf(&j.n, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, info);
-      rc = mt__sl_agree_info(&j.g, info, err);
+      rc = mt__sl_lu(&j, ipiv, info, err);
       if (rc == MT_OK && *info == 0)
         j.t->getrs("T", &j.n, &m, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv,
                    bcyc.data, &j.one, &j.one, bcyc.desc, info, 1);
@@ -96,8 +95,7 @@ int mt_scalapack_inv(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col
   if (rc != MT_OK) return rc;
   rc = pivots(&j, &ipiv, err);
   if (rc == MT_OK) {
-    j.t->getrf(&j.n, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, info);
-    rc = mt__sl_agree_info(&j.g, info, err);
+    rc = mt__sl_lu(&j, ipiv, info, err);
   }
   if (rc == MT_OK && *info == 0) rc = invert(&j, ipiv, info, err);
   if (rc == MT_OK && *info == 0) rc = job_back(&j, a, err);
@@ -153,9 +151,9 @@ int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
   int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   rc = pivots(&j, &ipiv, err);
+  if (rc == MT_OK) rc = mt__sl_lu(&j, ipiv, &info, err);
   if (rc == MT_OK) {
     double share[2] = {0, 0};
-    j.t->getrf(&j.n, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, &info);
     det_share(&j, ipiv, share);
     int mpi = MPI_Allreduce(MPI_IN_PLACE, share, 2, MPI_DOUBLE, MPI_SUM, j.g.comm);
     rc = mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Allreduce");

@@ -33,7 +33,6 @@ static const entry TYPED_ENTRIES[] = {
     {"p?getrs_", TYPED(getrs)},
     {"p?potrf_", TYPED(potrf)}, {"p?laset_", TYPED(laset)}, {"p?geqrf_", TYPED(geqrf)},
 };
-#undef TYPED
 
 #define SL(field) offsetof(struct mt_scalapack, field)
 static const entry ENTRIES[] = {
@@ -46,6 +45,13 @@ static const entry ENTRIES[] = {
     {"Cfree_blacs_system_handle", SL(free_handle)},
 };
 #undef SL
+
+/* The local routines the one-row LU runs on, each optional. */
+static const entry LOCAL_ENTRIES[] = {
+    {"?getrf_", TYPED(lgetrf)}, {"?laswp_", TYPED(laswp)},
+    {"?trsm_", TYPED(trsm)},    {"?gemm_", TYPED(gemm)},
+};
+#undef TYPED
 
 /* Stores the address of `name` at `slot`, looked up in the table's libraries from
  * the last opened back (the ScaLAPACK routines are in the last; MKL keeps BLACS's
@@ -61,6 +67,21 @@ static int load(const struct mt_scalapack *sl, const char *name, char *slot,
                         name);
   memcpy(slot, &sym, sizeof sym);
   return MT_OK;
+}
+
+/* The local routines of element type `letter` into `t`, all or none: a library
+ * that lacks one leaves the LU to pXgetrf. */
+static void load_local(const struct mt_scalapack *sl, char letter, mt__sl_typed *t) {
+  char name[32];
+  size_t count = sizeof LOCAL_ENTRIES / sizeof *LOCAL_ENTRIES;
+  for (size_t i = 0; i < count; ++i) {
+    snprintf(name, sizeof name, "%s", LOCAL_ENTRIES[i].name);
+    *strchr(name, '?') = letter;
+    if (load(sl, name, (char *)t + LOCAL_ENTRIES[i].offset, NULL) != MT_OK) {
+      t->lgetrf = NULL;
+      return;
+    }
+  }
 }
 
 /* The routines of element type `letter` into `t`. */
@@ -85,6 +106,7 @@ static int load_typed(const struct mt_scalapack *sl, char letter, mt__sl_typed *
   snprintf(name, sizeof name, complex ? "p%cheevd_" : "p%csyevd_", letter);
   if (rc == MT_OK)
     rc = load(sl, name, complex ? (char *)&t->heevd : (char *)&t->syevd, err);
+  if (rc == MT_OK) load_local(sl, letter, t);
   return rc;
 }
 

@@ -567,3 +567,44 @@ def test_block_cyclic_copy_of_other_types_and_uneven_blocks(layout, dtype):
     low = np.linalg.cholesky(da).full_tensor()
     assert np.linalg.norm(low @ low.conj().T - a) < tol * np.linalg.norm(a)
     assert np.all(np.triu(low, 1) == 0)
+
+
+def pivoting(n, dtype, seed):
+    """A well-conditioned n x n matrix whose largest entry of each row and column
+    lies on the anti-diagonal, so partial pivoting of it or its transpose swaps
+    rows between panels (and between the ranks that own them) at every step."""
+    a = matrix(n, dtype, seed=seed) - 2 * np.sqrt(n) * np.eye(n, dtype=dtype)
+    return a + (4 * np.sqrt(n) * np.eye(n)[::-1]).astype(dtype)
+
+
+@pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("layout", [((P,), [S0]), ((P,), [S1])], ids=str)
+def test_lu_of_one_process_row_pivots_across_panels(layout, dtype):
+    """The LU of a grid of one process row (csrc/linalg/scalapack_lu.c: solve of
+    rows, every LU of columns) over many panels, each owned by the next rank, on
+    a matrix that pivots at every step: solve, inv and slogdet as NumPy's; a
+    zero pivot in a late panel is singular on every rank."""
+    n = 257 * P + 3
+    a = pivoting(n, dtype, seed=7)
+    da = dist(a, layout)
+    mesh = da.device_mesh
+    tol = 50 * n * eps(dtype)
+    b = matrix(n, dtype, seed=8)[:, :2]
+    x = np.linalg.solve(da, distribute_tensor(b, mesh, [R])).full_tensor()
+    assert np.linalg.norm(a @ x - b) < tol * np.linalg.norm(a) * np.linalg.norm(x)
+    inv = np.linalg.inv(da).full_tensor()
+    assert np.linalg.norm(a @ inv - np.eye(n)) < tol * np.linalg.cond(a)
+    sign, logabs = np.linalg.slogdet(da)
+    want_sign, want_log = np.linalg.slogdet(a.astype(np.complex128 if a.dtype.kind == "c"
+                                                     else np.float64))
+    assert abs(complex(sign.full_tensor()) - want_sign) < 1e-3
+    assert float(logabs.full_tensor()) == pytest.approx(want_log, rel=1e3 * eps(dtype))
+    late = n - 5  # a zero row of A, a zero column of its transpose: either LU
+    a[late] = 0   # meets an exactly zero pivot in the last panels
+    da = dist(a, layout)
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.solve(da, distribute_tensor(b, mesh, [R]))
+    with pytest.raises(np.linalg.LinAlgError):
+        np.linalg.inv(da)
+    assert float(np.linalg.slogdet(da)[1].full_tensor()) == -np.inf
