@@ -106,10 +106,11 @@ int mt_scalapack_inv(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col
 
 /* The diagonal entry g of the cyclic matrix, when this process holds it. */
 static const char *diagonal_at(const job *j, int g) {
+  const mt__sl_grid *cg = &j->cg;
   int block = g / j->nb, within = g % j->nb;
-  if (block % j->g.nprow != j->g.myrow || block % j->g.npcol != j->g.mycol) return NULL;
-  int64_t i = (int64_t)(block / j->g.nprow) * j->nb + within;
-  int64_t c = (int64_t)(block / j->g.npcol) * j->nb + within;
+  if (block % cg->nprow != cg->myrow || block % cg->npcol != cg->mycol) return NULL;
+  int64_t i = (int64_t)(block / cg->nprow) * j->nb + within;
+  int64_t c = (int64_t)(block / cg->npcol) * j->nb + within;
   int64_t lld = j->cyc.desc[8];
   return (const char *)j->cyc.data + (size_t)(i + c * lld) * j->itemsize;
 }
@@ -138,7 +139,7 @@ static void det_share(const job *j, const int *ipiv, double share[2]) {
     polar(j, p, &logabs, &angle);
     share[0] += logabs;
     share[1] += angle;
-    int64_t i = (int64_t)(g / j->nb / j->g.nprow) * j->nb + g % j->nb;
+    int64_t i = (int64_t)(g / j->nb / j->cg.nprow) * j->nb + g % j->nb;
     if (ipiv[i] != g + 1) share[1] += HALF_TURN;
   }
 }
@@ -148,7 +149,10 @@ int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                          mt_error *err) {
   job j;
   int *ipiv = NULL, info = 0;
-  int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
+  /* Rows sharded alone: det(A) = det(A^T), whose LU on the turned grid is solve's. */
+  int rc = row_dim >= 0 && col_dim < 0
+               ? mt__sl_job_open_flipped(sl, mesh, row_dim, col_dim, type, n, a, &j, err)
+               : mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   rc = pivots(&j, &ipiv, err);
   if (rc == MT_OK) rc = mt__sl_lu(&j, ipiv, &info, err);
