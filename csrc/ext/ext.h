@@ -143,6 +143,12 @@ typedef struct mt_ext_dtensor {
   char requires_grad, fresh;
 } mt_ext_dtensor;
 
+/* A new DTensor of type d->dtensor, its fields zero, tracked by the GC: the memory
+ * of a freed one when there is one. NULL with an exception. */
+PyObject *mt_ext_dtensor_alloc(mt_ext_dispatch *d);
+/* Frees the memory kept for reuse (the dispatch is cleared). */
+void mt_ext_dtensor_free_all(mt_ext_dispatch *d);
+
 /* -- registered operations (ext_ops.c) ------------------------------------------ */
 
 /* A ufunc or reduction whose dim map the core builds (core/dimmap.c), and its
@@ -159,6 +165,9 @@ typedef struct mt_ext_sig {
 
 enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
        MT_EXT_NREDUCTION = 11 };
+/* The freed DTensors kept for reuse (ext_dtensor.c): enough for the temporaries
+ * of an expression, few enough to hold little memory. */
+enum { MT_EXT_FREE_DTENSORS = 16 };
 
 /* The hook table's kinds (ext_hooks.c): every call from C into Python is one.
  * Their counts, and RUNS (operations the executor ran), are an array that
@@ -193,6 +202,10 @@ struct mt_ext_dispatch {
   PyObject *node_fields[5]; /* Node's slots: name, inputs, backward_fn, saved, aux */
   PyObject *request_fields[3]; /* Request's slots: address, _keep, _result */
   long long hook_calls[MT_HOOK_COUNT];
+  /* The memory of freed DTensors of type `dtensor`, untracked and with every
+   * field cleared, which the next ones reuse (ext_dtensor.c). */
+  PyObject *free_dtensors[MT_EXT_FREE_DTENSORS];
+  int nfree_dtensors;
   int64_t decision_limit, plan_limit, layout_limit; /* for new meshes */
 };
 

@@ -7,6 +7,7 @@
 #include "ext.h"
 
 #include <stddef.h>
+#include <string.h>
 #include <structmember.h>
 
 enum { B_ADD, B_SUB, B_MUL, B_MATMUL, B_TDIV, B_FDIV, B_MOD, B_POW, B_LSH, B_RSH,
@@ -277,12 +278,46 @@ static int base_clear(PyObject *self) {
   return 0;
 }
 
+/* The dispatch whose DTensor type is `tp`, else NULL (no exception). */
+static mt_ext_dispatch *dispatch_of_dtensor_type(PyTypeObject *tp) {
+  PyTypeObject *base = tp->tp_base;
+  if (base == NULL || base->tp_dealloc != base_dealloc) return NULL;
+  mt_ext_state *st = PyType_GetModuleState(base);
+  mt_ext_dispatch *d = st != NULL ? st->dispatch : NULL;
+  return d != NULL && d->dtensor == tp ? d : NULL;
+}
+
+/* A DTensor's memory goes back to the allocator, or, for a DTensor of exactly the
+ * dispatch's type, waits in its free list: every operation makes one, and
+ * allocating it (malloc, zeroing, GC link) and freeing it cost as much as the
+ * executor's decision. By then subtype_dealloc has cleared the Python slots and
+ * base_clear the C fields. */
 static void base_dealloc(PyObject *self) {
   PyTypeObject *tp = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
   base_clear(self);
-  tp->tp_free(self);
+  mt_ext_dispatch *d = dispatch_of_dtensor_type(tp);
+  if (d != NULL && d->nfree_dtensors < MT_EXT_FREE_DTENSORS)
+    d->free_dtensors[d->nfree_dtensors++] = self;
+  else
+    tp->tp_free(self);
   Py_DECREF(tp);
+}
+
+PyObject *mt_ext_dtensor_alloc(mt_ext_dispatch *d) {
+  PyTypeObject *tp = d->dtensor;
+  if (d->nfree_dtensors == 0) return tp->tp_alloc(tp, 0);
+  PyObject *o = d->free_dtensors[--d->nfree_dtensors];
+  /* As PyType_GenericAlloc leaves it: zero past the header, a new reference to
+   * the type, tracked. */
+  memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
+  PyObject_Init(o, tp);
+  PyObject_GC_Track(o);
+  return o;
+}
+
+void mt_ext_dtensor_free_all(mt_ext_dispatch *d) {
+  while (d->nfree_dtensors > 0) PyObject_GC_Del(d->free_dtensors[--d->nfree_dtensors]);
 }
 
 /* _data(): the local ndarray, its pending move completed first (the executor's

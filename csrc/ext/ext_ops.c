@@ -321,6 +321,7 @@ int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg) {
 void mt_ext_ops_clear(mt_ext_state *st) {
   mt_ext_dispatch *d = st->dispatch;
   if (d == NULL) return;
+  mt_ext_dtensor_free_all(d);
 #define CLEAR_ONE(o) Py_CLEAR(o)
   MT_EXT_OPS_OBJECTS(CLEAR_ONE, d)
 #undef CLEAR_ONE

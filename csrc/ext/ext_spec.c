@@ -229,8 +229,7 @@ PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout)
 
 PyObject *mt_ext_new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec, int64_t id,
                              int fresh) {
-  mt_ext_dtensor *b = local && spec ? (mt_ext_dtensor *)d->dtensor->tp_alloc(d->dtensor, 0)
-                                    : NULL;
+  mt_ext_dtensor *b = local && spec ? (mt_ext_dtensor *)mt_ext_dtensor_alloc(d) : NULL;
   if (b == NULL) {
     Py_XDECREF(local);
     Py_XDECREF(spec);

@@ -532,6 +532,22 @@ def test_a_tensor_that_requires_grad_is_recorded_by_the_executor(mesh):
         a._requires_grad = False
 
 
+def test_a_dtensor_made_in_the_memory_of_a_freed_one_starts_blank(mesh):
+    """The executor reuses the memory of freed DTensors: a new one has none of the
+    freed one's fields (autograd's bit and node, its Python slots)."""
+    a = mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])
+    for _ in range(40):  # fill the free list with DTensors that had every field set
+        x = (a + a).requires_grad_()
+        x._grad, x._retains_grad, x._grad_as_made, x._grad_fn = a, True, True, a
+        x._fresh = True
+        del x
+    for _ in range(40):
+        y = a + a
+        assert not y.requires_grad and y._grad_fn is None and not y._fresh
+        assert not any(hasattr(y, s) for s in ("_grad", "_retains_grad", "_grad_as_made"))
+        assert y._spec is a._spec and y.to_local().sum() == 2 * a.to_local().size
+
+
 def test_the_memo_and_layouts_stay_within_their_bounds():
     m = mt.init_device_mesh("cpu", (W,))
     limits = mt.set_cache_limits()
