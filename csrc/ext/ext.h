@@ -140,6 +140,10 @@ typedef struct mt_ext_dtensor {
   PyObject *spec;    /* _spec: (mesh, placements, shape, dtype, stride) */
   int64_t layout_id; /* on the spec's mesh; 0 until first needed */
   PyObject *grad_fn; /* _grad_fn: the autograd Node that made it, or NULL */
+  /* Autograd's attributes, NULL (unset) until used (mpitensor.DTensor says what
+   * each is). Here rather than in the Python class's __slots__, which
+   * subtype_dealloc would walk one by one at every free. */
+  PyObject *grad, *retains_grad, *grad_owned, *backward_hooks, *post_hooks, *grad_as_made;
   char requires_grad, fresh;
 } mt_ext_dtensor;
 

@@ -258,6 +258,20 @@ static PyMemberDef base_members[] = {
     {"_fresh", T_BOOL, offsetof(mt_ext_dtensor, fresh), 0,
      "Made during a backward by the executor, whose new local array only this "
      "DTensor holds: autograd's engine may write into it."},
+    {"_grad", T_OBJECT_EX, offsetof(mt_ext_dtensor, grad), 0,
+     "The accumulated gradient (unset until one is stored)."},
+    {"_retains_grad", T_OBJECT_EX, offsetof(mt_ext_dtensor, retains_grad), 0,
+     "retain_grad()'s flag (unset until called)."},
+    {"_grad_owned", T_OBJECT_EX, offsetof(mt_ext_dtensor, grad_owned), 0,
+     "Whether the gradient is still the engine's own: nobody read it since it was "
+     "stored."},
+    {"_backward_hooks", T_OBJECT_EX, offsetof(mt_ext_dtensor, backward_hooks), 0,
+     "register_hook's table (unset until used)."},
+    {"_post_accumulate_grad_hooks", T_OBJECT_EX, offsetof(mt_ext_dtensor, post_hooks), 0,
+     "register_post_accumulate_grad_hook's table (unset until used)."},
+    {"_grad_as_made", T_OBJECT_EX, offsetof(mt_ext_dtensor, grad_as_made), 0,
+     "Whether this leaf's gradient keeps the placements backward gave (fully_shard's "
+     "ignored parameters), as torch keeps every leaf's."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -267,6 +281,12 @@ static int base_traverse(PyObject *self, visitproc visit, void *arg) {
   Py_VISIT(b->local);
   Py_VISIT(b->spec);
   Py_VISIT(b->grad_fn);
+  Py_VISIT(b->grad);
+  Py_VISIT(b->retains_grad);
+  Py_VISIT(b->grad_owned);
+  Py_VISIT(b->backward_hooks);
+  Py_VISIT(b->post_hooks);
+  Py_VISIT(b->grad_as_made);
   return 0;
 }
 
@@ -275,6 +295,12 @@ static int base_clear(PyObject *self) {
   Py_CLEAR(b->local);
   Py_CLEAR(b->spec);
   Py_CLEAR(b->grad_fn);
+  Py_CLEAR(b->grad);
+  Py_CLEAR(b->retains_grad);
+  Py_CLEAR(b->grad_owned);
+  Py_CLEAR(b->backward_hooks);
+  Py_CLEAR(b->post_hooks);
+  Py_CLEAR(b->grad_as_made);
   return 0;
 }
 
@@ -290,8 +316,7 @@ static mt_ext_dispatch *dispatch_of_dtensor_type(PyTypeObject *tp) {
 /* A DTensor's memory goes back to the allocator, or, for a DTensor of exactly the
  * dispatch's type, waits in its free list: every operation makes one, and
  * allocating it (malloc, zeroing, GC link) and freeing it cost as much as the
- * executor's decision. By then subtype_dealloc has cleared the Python slots and
- * base_clear the C fields. */
+ * executor's decision. By then base_clear has cleared its fields. */
 static void base_dealloc(PyObject *self) {
   PyTypeObject *tp = Py_TYPE(self);
   PyObject_GC_UnTrack(self);

@@ -69,14 +69,15 @@ class DTensor(_C.DTensorBase):
     # ``redistribute`` and the reduction methods sum, mean, prod, max, min, all,
     # any, std, var, argmax and argmin (csrc/ext/ext_dtensor.c), and autograd's
     # ``_requires_grad`` bit and ``_grad_fn`` node (None for a leaf), which the
-    # executor records into. The slots here are autograd's too: the accumulated
-    # gradient, whether it is still the engine's own (nobody read it since it was
-    # stored) and retain_grad()'s flag, and the hooks ``register_hook`` and
+    # executor records into, and autograd's other attributes: the accumulated
+    # ``_grad``, whether it is still the engine's own (``_grad_owned``: nobody read
+    # it since it was stored), retain_grad()'s flag, the hooks ``register_hook`` and
     # ``register_post_accumulate_grad_hook`` add (tables the engine reads when it
-    # reaches this tensor); unset until used, so a DTensor the executor makes costs
-    # nothing more. The comparison operators make DTensors, so keep identity hashing.
-    __slots__ = ("_grad", "_retains_grad", "_grad_owned", "_backward_hooks",
-                 "_post_accumulate_grad_hooks", "_grad_as_made")
+    # reaches this tensor) and ``_grad_as_made``; unset until used. They are C
+    # fields rather than slots here, which CPython would clear one by one at every
+    # free of the DTensors the executor makes. The comparison operators make
+    # DTensors, so keep identity hashing.
+    __slots__ = ()
     __hash__ = object.__hash__
 
     __iadd__ = _in_place(np.add, "__iadd__")
