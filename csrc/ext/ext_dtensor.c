@@ -18,6 +18,9 @@ static void base_dealloc(PyObject *self);
 /* DTensorBase itself when `o` is an instance of it or of a subclass, else NULL:
  * the one type in o's MRO with our dealloc (a subclass has CPython's). */
 static PyTypeObject *base_of(PyObject *o) {
+  /* DTensor's own base first: every operator of a DTensor looks it up. */
+  PyTypeObject *base = Py_TYPE(o)->tp_base;
+  if (base != NULL && base->tp_dealloc == base_dealloc) return base;
   PyObject *mro = Py_TYPE(o)->tp_mro;
   for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); ++i) {
     PyTypeObject *t = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);

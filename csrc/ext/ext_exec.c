@@ -339,6 +339,7 @@ done:
  * calls of different dtypes are decided apart. NumPy's type number, above the
  * bits a reduction's axes and keepdims take. */
 static int64_t dtype_word(const mt_ext_op *op) {
+  if (op->kwnames == NULL) return 0; /* the common call: no keyword to look for */
   PyArray_Descr *descr = mt_ext_keyword_dtype(op);
   int64_t word = descr != NULL ? (int64_t)(descr->type_num + 1) << 40 : 0;
   Py_XDECREF(descr);
