@@ -29,10 +29,18 @@ static PyTypeObject *base_of(PyObject *o) {
   return NULL;
 }
 
+/* The module state of DTensorBase (a heap type made with its module), read
+ * from the type directly: PyType_GetModuleState checks what is known here, on
+ * every operator and every free of a DTensor. */
+static mt_ext_state *state_of_base(PyTypeObject *base) {
+  PyObject *module = ((PyHeapTypeObject *)base)->ht_module;
+  return module != NULL ? mt_ext_state_of(module) : NULL;
+}
+
 /* The dispatch's state from DTensorBase's module state (NULL with an exception
  * for no DTensorBase, or before dispatch_init). */
 static mt_ext_dispatch *dispatch_at(PyTypeObject *base) {
-  mt_ext_state *st = base != NULL ? PyType_GetModuleState(base) : NULL;
+  mt_ext_state *st = base != NULL ? state_of_base(base) : NULL;
   if (st == NULL || st->dispatch == NULL || st->dispatch->dtensor == NULL) {
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_RuntimeError, "mpitensor._C.dispatch_init was not called");
@@ -311,7 +319,7 @@ static int base_clear(PyObject *self) {
 static mt_ext_dispatch *dispatch_of_dtensor_type(PyTypeObject *tp) {
   PyTypeObject *base = tp->tp_base;
   if (base == NULL || base->tp_dealloc != base_dealloc) return NULL;
-  mt_ext_state *st = PyType_GetModuleState(base);
+  mt_ext_state *st = state_of_base(base);
   mt_ext_dispatch *d = st != NULL ? st->dispatch : NULL;
   return d != NULL && d->dtensor == tp ? d : NULL;
 }
@@ -336,9 +344,10 @@ PyObject *mt_ext_dtensor_alloc(mt_ext_dispatch *d) {
   PyTypeObject *tp = d->dtensor;
   if (d->nfree_dtensors == 0) return tp->tp_alloc(tp, 0);
   PyObject *o = d->free_dtensors[--d->nfree_dtensors];
-  /* As PyType_GenericAlloc leaves it: zero past the header, a new reference to
-   * the type, tracked. */
-  memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
+  /* As PyType_GenericAlloc leaves it: zero past the header (a size the compiler
+   * knows, so a few stores; any slots a Python class adds CPython has cleared),
+   * a new reference to the type, tracked. */
+  memset((char *)o + sizeof(PyObject), 0, sizeof(mt_ext_dtensor) - sizeof(PyObject));
   PyObject_Init(o, tp);
   PyObject_GC_Track(o);
   return o;
