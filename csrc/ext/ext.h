@@ -199,6 +199,12 @@ struct mt_ext_dispatch {
   mt_ext_sig *sigs;
   int nsigs, sig_cap;
   mt_ptr_index *sig_index; /* func -> index into sigs, by address */
+  /* The last ufunc an operator or __array_ufunc__ called and its index into sigs
+   * (-1: none), borrowed: an expression repeats its operators. Forgotten when a
+   * signature is added or the sigs cleared; a registered ufunc cannot die while
+   * remembered (its sig holds it). */
+  PyObject *last_ufunc;
+  int last_sig;
   PyObject *op_ids; /* an op key -> its op id (bounded) */
   int64_t next_op, redistribute_op;
   PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims, *empty_tuple;

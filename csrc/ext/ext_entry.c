@@ -229,9 +229,18 @@ static PyObject *ufunc_entry(mt_ext_dispatch *d, PyObject *ufunc, PyObject *meth
   return function_call(d, d->ufunc_type, prefix, 2, ops, n, kwnames);
 }
 
+/* The registered signature of `ufunc` (NULL: none), the last one's remembered. */
+static inline mt_ext_sig *ufunc_sig(mt_ext_dispatch *d, PyObject *ufunc) {
+  if (ufunc != d->last_ufunc) {
+    mt_ext_sig *sig = mt_ext_sig_of(d, ufunc);
+    d->last_ufunc = ufunc, d->last_sig = sig != NULL ? (int)(sig - d->sigs) : -1;
+  }
+  return d->last_sig >= 0 ? &d->sigs[d->last_sig] : NULL;
+}
+
 PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                        Py_ssize_t n, PyObject *kwnames) {
-  mt_ext_sig *sig = mt_ext_sig_of(d, ufunc);
+  mt_ext_sig *sig = ufunc_sig(d, ufunc);
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
       n > MT_MEMO_MAX_OPERANDS || !plain_keywords(d, kwnames) ||
       (PyDict_GET_SIZE(d->rules) != 0 && PyDict_Contains(d->rules, ufunc)))

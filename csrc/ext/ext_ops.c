@@ -57,6 +57,7 @@ static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
     return NULL;
   }
   mt_ext_sig *sig = &d->sigs[d->nsigs++];
+  d->last_ufunc = NULL;
   memset(sig, 0, sizeof *sig);
   sig->func = Py_NewRef(func), sig->id = id;
   return sig;
@@ -325,7 +326,7 @@ void mt_ext_ops_clear(mt_ext_state *st) {
 #define CLEAR_ONE(o) Py_CLEAR(o)
   MT_EXT_OPS_OBJECTS(CLEAR_ONE, d)
 #undef CLEAR_ONE
-  d->nsigs = 0;
+  d->nsigs = 0, d->last_ufunc = NULL;
   if (d->sig_index != NULL) mt_ptr_index_clear(d->sig_index);
 }
 

@@ -548,6 +548,21 @@ def test_a_dtensor_made_in_the_memory_of_a_freed_one_starts_blank(mesh):
         assert y._spec is a._spec and y.to_local().sum() == 2 * a.to_local().size
 
 
+def test_a_ufunc_registered_after_a_call_runs_in_the_executor(mesh):
+    """The executor remembers the last ufunc's signature; registering one forgets
+    it, so a ufunc first called unregistered runs in the executor once it is
+    registered."""
+    a = mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])
+    u = np.frompyfunc(lambda x, y: x + y, 2, 1)
+    with pytest.raises(TypeError, match="a local function is needed"):
+        u(a, a)
+    _C.register_ufunc(u, CORE.FAMILY_ELEMENTWISE, CORE.ELEMENTWISE_NONE)
+    before, python = runs(), entries()
+    out = u(a, a)
+    assert runs() == before + 1 and entries() == python
+    assert out.to_local().dtype == object and (out.to_local() == 2.0).all()
+
+
 def test_the_memo_and_layouts_stay_within_their_bounds():
     m = mt.init_device_mesh("cpu", (W,))
     limits = mt.set_cache_limits()
