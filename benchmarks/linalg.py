@@ -19,7 +19,10 @@ One section per engine, each a function of SECTIONS that returns its points:
   processes, interleaved with mpitensor's; its time is the routine's alone, the
   matrix made in the cyclic layout beforehand). ``mt_over_plain`` is mpitensor's
   time over the plain program's, repetition by repetition: what mpitensor adds
-  (each block's copy to the cyclic layout and back, its messages, Python).
+  (each block's copy to the cyclic layout and back, its messages, Python). The
+  plain solve is ``pXgetrf`` and ``pXgetrs`` on the 1 x P grid; mpitensor's solve
+  of rows runs its own LU with lookahead (csrc/linalg/scalapack_lu.c) on its rows
+  where they lie, so there the ratio also weighs the two LUs.
 - ``tsqr``: ``np.linalg.qr`` and ``np.linalg.svd(full_matrices=False)`` of a
   200,000 x 64 float64 matrix, rows sharded ``[Shard(0)]`` (TSQR in C), against
   Heat's ``ht.linalg.qr`` / ``ht.linalg.svd`` on a ``split=0`` DNDarray of the same

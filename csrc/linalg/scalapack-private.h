@@ -239,6 +239,7 @@ typedef struct mt__sl_job {
   size_t itemsize;
   int m, n, nb, one;
   int turned;     /* whether cg is a grid of its own (see mt__sl_job_open_turned) */
+  int relabelled; /* whether cyc is relabelled (see mt__sl_job_open_flipped) */
   mt__sl_grid g;  /* the caller's blocks' grid */
   mt__sl_grid cg; /* cyc's grid: g, or g turned */
   mt__sl_matrix cyc;
@@ -253,10 +254,15 @@ int mt__sl_job_open(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_
 /* Collective on the mesh. As mt__sl_job_open for a square A on a grid of one row or
  * one column of processes, but the cyclic copy is of A's transpose, on the grid's
  * turn (mt__sl_rows_to_cyclic_flipped): no element is transposed on the way.
- * Blocks square and small enough stay where they are, as mt__sl_job_open's. */
+ * Blocks square and small enough stay where they are, as mt__sl_job_open's.
+ * With `relabel`, A's rows sharded, and a cyclic block that deals each process
+ * as many columns as it holds rows (and the local routines of mt__sl_lu loaded),
+ * the copy is instead of A^T with its columns relabelled so that each process's
+ * are its own rows as they lie, (Pi A)^T for a permutation Pi of A's rows: no
+ * message. j->relabelled says which; mt__sl_lu_solve_relabelled solves from it. */
 int mt__sl_job_open_flipped(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                             int col_dim, int type, int64_t n, const void *a,
-                            mt__sl_job *j, mt_error *err);
+                            int relabel, mt__sl_job *j, mt_error *err);
 
 /* Collective on the mesh. As mt__sl_job_open, but a P x 1 grid's cyclic copy
  * lies on the 1 x P grid of the same processes: there pXgetrf factors each panel
@@ -300,6 +306,13 @@ void mt__sl_job_close(mt__sl_job *j);
  * the lookahead LU of scalapack_lu.c, else by ScaLAPACK's own. MT_ENOMEM, MPI
  * errors, agreed over the grid; a singular matrix is INFO's, not an error. */
 int mt__sl_lu(const mt__sl_job *j, int *ipiv, int *info, mt_error *err);
+
+/* Collective on the grid. With the LU (mt__sl_lu, INFO 0) of a relabelled copy
+ * of A (mt__sl_job_open_flipped), solves A X = B: `b` is this process's rows of
+ * the n x nrhs B (its rows of A's, row-major), which X replaces. Every process
+ * holds an n x nrhs workspace. MT_ENOMEM, MPI errors, agreed. */
+int mt__sl_lu_solve_relabelled(const mt__sl_job *j, const int *ipiv, int64_t nrhs,
+                               void *b, mt_error *err);
 
 /* Collective on the grid. Allocates `count` (at least one) elements of `size`
  * bytes, agreed over the grid. */

@@ -26,6 +26,22 @@ static int pivots(job *j, int **ipiv, mt_error *err) {
   return mt__sl_agree(&j->g, rc, err);
 }
 
+/* The most right-hand sides solved on a relabelled copy, each process holding
+ * them all (mt__sl_lu_solve_relabelled); more go to the block-cyclic copy. */
+#define RELABEL_NRHS 64
+
+/* mt_scalapack_solve on a relabelled copy: no message but the LU's and the
+ * substitutions'. Closes the job. */
+static int solve_relabelled(job *j, int64_t nrhs, void *b, int *info, mt_error *err) {
+  int *ipiv = NULL;
+  int rc = pivots(j, &ipiv, err);
+  if (rc == MT_OK) rc = mt__sl_lu(j, ipiv, info, err);
+  if (rc == MT_OK && *info == 0) rc = mt__sl_lu_solve_relabelled(j, ipiv, nrhs, b, err);
+  free(ipiv);
+  mt__sl_job_close(j);
+  return rc;
+}
+
 int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col_dim,
                        int type, int64_t n, const void *a, int64_t nrhs, void *b,
                        int *info, mt_error *err) {
@@ -35,11 +51,12 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
    * are (no transposition on the way), on the 1 x P grid turned from theirs, where
    * each panel lies on one process; A = (A^T)^T solves from it. */
   int flip = row_dim >= 0 && col_dim < 0;
-  int rc = flip
-               ? mt__sl_job_open_flipped(sl, mesh, row_dim, col_dim, type, n, a, &j, err)
-               : mt__sl_job_open_turned(sl, mesh, row_dim, col_dim, type, n, n, a, &j,
-                                        err);
+  int rc = flip ? mt__sl_job_open_flipped(sl, mesh, row_dim, col_dim, type, n, a,
+                                          nrhs <= RELABEL_NRHS, &j, err)
+                : mt__sl_job_open_turned(sl, mesh, row_dim, col_dim, type, n, n, a, &j,
+                                         err);
   if (rc != MT_OK) return rc;
+  if (j.relabelled) return solve_relabelled(&j, nrhs, b, info, err);
   mt__sl_matrix bcyc = {0};
   int *ipiv = NULL;
   rc = mt__sl_matrix_init(sl, &j.cg, n, nrhs, j.nb, j.nb, j.itemsize, NULL, &bcyc, err);
@@ -151,7 +168,8 @@ int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
   int *ipiv = NULL, info = 0;
   /* Rows sharded alone: det(A) = det(A^T), whose LU on the turned grid is solve's. */
   int rc = row_dim >= 0 && col_dim < 0
-               ? mt__sl_job_open_flipped(sl, mesh, row_dim, col_dim, type, n, a, &j, err)
+               ? mt__sl_job_open_flipped(sl, mesh, row_dim, col_dim, type, n, a, 0, &j,
+                                         err)
                : mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   rc = pivots(&j, &ipiv, err);

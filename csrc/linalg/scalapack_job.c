@@ -1,6 +1,7 @@
 /* What every ScaLAPACK driver does around its routine: the checks every rank makes
  * alone, the grid and the square-block copy of the caller's blocks, and workspaces
  * allocated with the grid's agreement. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,9 +106,52 @@ int mt__sl_job_open_turned(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
   return job_open(sl, mesh, row_dim, col_dim, type, m, n, a, 1, j, err);
 }
 
+/* Whether blocks of nb dealt round np processes give each exactly the rows of
+ * its torch.chunk block of n. */
+static int deals_chunks(const mt_scalapack *sl, int n, int nb, int np) {
+  int block = n / np + (n % np != 0), zero = 0;
+  for (int p = 0; p < np; ++p) {
+    int lo = p * block < n ? p * block : n, hi = lo + block < n ? lo + block : n;
+    if (sl->numroc(&n, &nb, &p, &zero, &np) != hi - lo) return 0;
+  }
+  return 1;
+}
+
+/* The block of a relabelled copy on the turned grid of j: the one nearest the
+ * block-cyclic copies' own that deals each process its caller's rows, else 0.
+ * The block of ceil(n/P) always does, but balances an LU only when small. */
+static int64_t relabel_block(const mt__sl_job *j, int64_t n) {
+  if (j->t->lgetrf == NULL || n > INT_MAX) return 0;
+  int np = j->cg.npcol, want = (int)mt__sl_cyclic_block(&j->cg, n, n);
+  for (int d = 0; d <= want / 2; ++d)
+    for (int s = -1; s <= 1; s += 2) {
+      int nb = want + s * d;
+      if ((d > 0 || s < 0) && deals_chunks(j->sl, (int)n, nb, np)) return nb;
+    }
+  int64_t block = (n + np - 1) / np;
+  return block <= MT__SL_LOCAL_BLOCK ? block : 0;
+}
+
+/* The tail of a relabelled mt__sl_job_open_flipped: the caller's rows, columns of
+ * A^T column-major already, are this process's columns of the copy as they lie. */
+static int relabelled_fill(mt__sl_job *j, int64_t n, int64_t nb, const void *a,
+                           mt_error *err) {
+  j->nb = (int)nb;
+  int rc = mt__sl_matrix_init(j->sl, &j->cg, n, n, nb, nb, j->itemsize, NULL, &j->cyc,
+                              err);
+  rc = mt__sl_agree(&j->g, rc, err);
+  if (rc != MT_OK) {
+    mt__sl_job_close(j);
+    return rc;
+  }
+  memcpy(j->cyc.data, a, (size_t)(n * j->cyc.local_cols) * j->itemsize);
+  j->m = (int)n, j->n = (int)n, j->relabelled = 1;
+  return MT_OK;
+}
+
 int mt__sl_job_open_flipped(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                             int col_dim, int type, int64_t n, const void *a,
-                            mt__sl_job *j, mt_error *err) {
+                            int relabel, mt__sl_job *j, mt_error *err) {
   if (row_dim >= 0 && col_dim >= 0)
     return mt_error_set(err, MT_EINVAL, "a flipped copy wants one row or column of "
                                         "processes");
@@ -122,6 +166,8 @@ int mt__sl_job_open_flipped(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
     mt__sl_job_close(j);
     return rc;
   }
+  int64_t nb = relabel ? relabel_block(j, n) : 0;
+  if (nb > 0) return relabelled_fill(j, n, nb, a, err);
   /* The caller's blocks turned are square ones of the turned grid. */
   return job_fill(j, n, n, a, 1, err);
 }

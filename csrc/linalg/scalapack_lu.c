@@ -7,7 +7,9 @@
  * broadcast, and only then updates the rest of its columns: the factoring hides
  * behind the others' updates. The arithmetic is a right-looking blocked LU with
  * partial pivoting, as pXgetrf's, and its result goes to pXgetrs and pXgetri as
- * pXgetrf's would. */
+ * pXgetrf's would. A solve from a relabelled copy (mt__sl_job_open_flipped)
+ * substitutes here too, block by block, each block sent from the process that
+ * holds its part of the factors: no right-hand side goes to a cyclic copy. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,8 +103,9 @@ static void apply(const lu *L, int k, int lo, int hi) {
   L->t->trsm("L", "L", "N", "U", &kb, &cols, &L->one, panel, &m, top, &L->lld, 1, 1, 1,
              1);
   if (rest > 0)
-    L->t->gemm("N", "N", &rest, &cols, &kb, &L->minus_one, panel + (size_t)kb * L->itemsize,
-               &m, top, &L->lld, &L->one, at(L, c0 + kb, lo), &L->lld, 1, 1);
+    L->t->gemm("N", "N", &rest, &cols, &kb, &L->minus_one,
+               panel + (size_t)kb * L->itemsize, &m, top, &L->lld, &L->one,
+               at(L, c0 + kb, lo), &L->lld, 1, 1);
 }
 
 /* apply() in slices, testing the broadcast in flight (when `pending`) between
@@ -118,15 +121,25 @@ static void apply_moving(lu *L, int k, int lo, int hi, MPI_Request *pending) {
 }
 
 /* Panel k arrived: its pivots into the global IPIV (global rows, from 1), its
- * INFO into `info` when the first, its interchanges applied to the columns left
- * of it, as LAPACK's getrf leaves L. */
-static void finish(lu *L, int k, int *ipiv, int *info) {
-  int c0 = first_col(L, k), kb = width(L, k), one = 1;
+ * INFO into `info` when the first. */
+static void finish(const lu *L, int k, int *ipiv, int *info) {
+  int c0 = first_col(L, k), kb = width(L, k);
   const int *ints = panel_ints(L, k);
   for (int i = 0; i < kb; ++i) ipiv[c0 + i] = c0 + ints[i];
   if (*info == 0 && ints[kb] > 0) *info = c0 + ints[kb];
-  int left = local_below(L, c0);
-  if (left > 0) L->t->laswp(&left, at(L, c0, 0), &L->lld, &one, &kb, ints, &one);
+}
+
+/* The interchanges of every later panel applied to each local panel, as LAPACK's
+ * getrf leaves L. Once at the end rather than at each step, so that each panel
+ * meets all of them while it is in cache. */
+static void swap_left(const lu *L, const int *ipiv) {
+  int one = 1;
+  for (int col = 0; col < L->nloc; col += L->nb) {
+    int k = col / L->nb * L->np + L->me, cols = L->nloc - col < L->nb ? L->nloc - col
+                                                                      : L->nb;
+    int k1 = first_col(L, k) + cols + 1, k2 = L->n;
+    if (k1 <= k2) L->t->laswp(&cols, at(L, 0, col), &L->lld, &k1, &k2, ipiv, &one);
+  }
 }
 
 static void run(lu *L, int *ipiv, int *info) {
@@ -158,6 +171,7 @@ static void run(lu *L, int *ipiv, int *info) {
    * checker, which cannot follow a request indexed by k % 2. */
   /* NOLINTNEXTLINE(clang-analyzer-optin.mpi.MPI-Checker) */
   mpi_check(L, MPI_Waitall(2, L->req, MPI_STATUSES_IGNORE));
+  swap_left(L, ipiv);
 }
 
 /* Whether the lookahead LU takes this job: a square matrix on one process row,
@@ -168,20 +182,27 @@ static int takes(const mt__sl_job *j) {
          j->cyc.desc[6] == 0 && j->cyc.desc[7] == 0 && panel <= INT_MAX;
 }
 
-static int lookahead(const mt__sl_job *j, int *ipiv, int *info, mt_error *err) {
-  lu L = {.j = j, .t = j->t, .comm = j->cg.comm, .n = j->n, .nb = j->nb,
-          .np = j->cg.npcol, .me = j->cg.mycol, .lld = j->cyc.desc[8],
-          .itemsize = j->itemsize, .a = j->cyc.data,
-          .req = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}, .mpi_rc = MPI_SUCCESS};
-  L.nloc = local_below(&L, L.n);
-  L.npanels = (L.n + L.nb - 1) / L.nb;
-  memset(&L.one, 0, sizeof L.one);
-  memset(&L.minus_one, 0, sizeof L.minus_one);
+/* The LU's view of a job's copy. */
+static void lu_init(lu *L, const mt__sl_job *j) {
+  *L = (lu){.j = j, .t = j->t, .comm = j->cg.comm, .n = j->n, .nb = j->nb,
+            .np = j->cg.npcol, .me = j->cg.mycol, .lld = j->cyc.desc[8],
+            .itemsize = j->itemsize, .a = j->cyc.data,
+            .req = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}, .mpi_rc = MPI_SUCCESS};
+  L->nloc = local_below(L, L->n);
+  L->npanels = (L->n + L->nb - 1) / L->nb;
+  memset(&L->one, 0, sizeof L->one);
+  memset(&L->minus_one, 0, sizeof L->minus_one);
   if (j->k % 2 == 0) /* s and c: single precision */
-    L.one.s[0] = 1, L.minus_one.s[0] = -1;
+    L->one.s[0] = 1, L->minus_one.s[0] = -1;
   else
-    L.one.d[0] = 1, L.minus_one.d[0] = -1;
-  size_t bytes = (size_t)L.n * (size_t)L.nb * L.itemsize + (size_t)(L.nb + 1) * sizeof(int);
+    L->one.d[0] = 1, L->minus_one.d[0] = -1;
+}
+
+static int lookahead(const mt__sl_job *j, int *ipiv, int *info, mt_error *err) {
+  lu L;
+  lu_init(&L, j);
+  size_t bytes =
+      (size_t)L.n * (size_t)L.nb * L.itemsize + (size_t)(L.nb + 1) * sizeof(int);
   L.buf[0] = malloc(bytes), L.buf[1] = malloc(bytes);
   int rc = L.buf[0] != NULL && L.buf[1] != NULL
                ? MT_OK
@@ -205,4 +226,91 @@ int mt__sl_lu(const mt__sl_job *j, int *ipiv, int *info, mt_error *err) {
     j->t->getrf(&j->n, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, ipiv, info);
   }
   return mt__sl_agree_info(&j->g, info, err);
+}
+
+/* The rows of the n x nrhs row-major z, from row `row`. */
+static char *rows_at(const lu *L, char *z, int nrhs, int row) {
+  return z + (size_t)row * (size_t)nrhs * L->itemsize;
+}
+
+/* Block k of z, solved by its owner, to every process. */
+static void share(lu *L, char *z, int nrhs, int k) {
+  int bytes = width(L, k) * nrhs * (int)L->itemsize;
+  mpi_check(L, MPI_Bcast(rows_at(L, z, nrhs, first_col(L, k)), bytes, MPI_BYTE,
+                         owner(L, k), L->comm));
+}
+
+/* With A''= P L U the LU of the copy, (Pi A) x = Pi b is A''^T x = c: U^T z = c,
+ * then L^T w = z, then x = P w, as pXgetrs with TRANS 'T'. Each block of z (and
+ * of w) is solved by the owner of U's (L's) column block, which holds all it
+ * reads, and sent to all: on z row-major (its transpose column-major), each
+ * block's equations read z_k^T U_kk = c_k^T - z_<k^T U_<k,k and
+ * w_k^T L_kk = z_k^T - w_>k^T L_>k,k. */
+static void substitute(lu *L, const int *ipiv, int nrhs, char *z) {
+  const mt__sl_typed *t = L->t;
+  for (int k = 0; k < L->npanels; ++k) {
+    int c0 = first_col(L, k), kb = width(L, k), col = k / L->np * L->nb;
+    char *zk = rows_at(L, z, nrhs, c0);
+    if (owner(L, k) == L->me) {
+      if (c0 > 0)
+        t->gemm("N", "N", &nrhs, &kb, &c0, &L->minus_one, z, &nrhs, at(L, 0, col),
+                &L->lld, &L->one, zk, &nrhs, 1, 1);
+      t->trsm("R", "U", "N", "N", &nrhs, &kb, &L->one, at(L, c0, col), &L->lld, zk,
+              &nrhs, 1, 1, 1, 1);
+    }
+    share(L, z, nrhs, k);
+  }
+  for (int k = L->npanels - 1; k >= 0; --k) {
+    int c0 = first_col(L, k), kb = width(L, k), col = k / L->np * L->nb;
+    int end = c0 + kb, rest = L->n - end;
+    char *zk = rows_at(L, z, nrhs, c0);
+    if (owner(L, k) == L->me) {
+      if (rest > 0)
+        t->gemm("N", "N", &nrhs, &kb, &rest, &L->minus_one, rows_at(L, z, nrhs, end),
+                &nrhs, at(L, end, col), &L->lld, &L->one, zk, &nrhs, 1, 1);
+      t->trsm("R", "L", "N", "U", &nrhs, &kb, &L->one, at(L, c0, col), &L->lld, zk,
+              &nrhs, 1, 1, 1, 1);
+    }
+    share(L, z, nrhs, k);
+  }
+  size_t row = (size_t)nrhs * L->itemsize;
+  char *tmp = rows_at(L, z, nrhs, L->n); /* the workspace's spare row */
+  for (int i = L->n - 1; i >= 0; --i) {
+    int p = ipiv[i] - 1;
+    if (p == i) continue;
+    memcpy(tmp, rows_at(L, z, nrhs, i), row);
+    memcpy(rows_at(L, z, nrhs, i), rows_at(L, z, nrhs, p), row);
+    memcpy(rows_at(L, z, nrhs, p), tmp, row);
+  }
+}
+
+int mt__sl_lu_solve_relabelled(const mt__sl_job *j, const int *ipiv, int64_t nrhs,
+                               void *b, mt_error *err) {
+  lu L;
+  lu_init(&L, j);
+  size_t row = (size_t)nrhs * L.itemsize;
+  /* nrhs bounded so that a block of z is a message of int bytes. */
+  int fits = nrhs <= INT_MAX / ((int64_t)L.nb * 16);
+  char *z = fits ? malloc((size_t)(L.n + 1) * row) : NULL;
+  int rc = z != NULL ? MT_OK : mt_error_set(err, MT_ENOMEM, "out of memory");
+  rc = mt__sl_agree(&j->cg, rc, err);
+  if (rc != MT_OK) {
+    free(z);
+    return rc;
+  }
+  /* c = Pi b: the rows of each of this process's column blocks are its own rows
+   * of b, in order. */
+  for (int col = 0; col < L.nloc; col += L.nb) {
+    int k = col / L.nb * L.np + L.me;
+    memcpy(rows_at(&L, z, (int)nrhs, first_col(&L, k)), (char *)b + (size_t)col * row,
+           (size_t)width(&L, k) * row);
+  }
+  substitute(&L, ipiv, (int)nrhs, z);
+  /* This process's rows of x, where its rows of b were. */
+  int block = L.n / L.np + (L.n % L.np != 0);
+  int lo = L.me * block < L.n ? L.me * block : L.n;
+  memcpy(b, rows_at(&L, z, (int)nrhs, lo), (size_t)L.nloc * row);
+  free(z);
+  if (L.mpi_rc != MPI_SUCCESS) rc = mt_mpi_error(err, L.mpi_rc, "the LU's solve");
+  return mt__sl_agree(&j->cg, rc, err);
 }

@@ -274,7 +274,7 @@ import sys
 import numpy as np
 import mpitensor as mt
 from mpitensor import Shard, distribute_tensor
-n = 512
+n = int(sys.argv[2])
 mesh = mt.init_device_mesh("cpu", (2,))
 rng = np.random.default_rng(0)
 a = rng.standard_normal((n, n)) + n * np.eye(n)
@@ -300,17 +300,18 @@ def _monitoring() -> bool:
     return re.search(r"MCA pml: monitoring", out.stdout) is not None
 
 
-def _bytes_sent(op: str, where: str) -> int:
-    """Bytes the two ranks of a fresh job send in all (point to point, which
-    carries the collectives too), by the pml monitoring's profile files."""
-    prefix = os.path.join(where, op)
+def _bytes_sent(op: str, where: str, n: int = 512) -> int:
+    """Bytes the two ranks of a fresh job on an n x n matrix send in all (point to
+    point, which carries the collectives too), by the pml monitoring's profile
+    files."""
+    prefix = os.path.join(where, f"{op}{n}")
     script = os.path.join(where, "job.py")
     with open(script, "w") as f:
         f.write(_JOB)
     subprocess.run(["mpiexec", "-n", "2", "--mca", "pml_monitoring_enable", "1",
                     "--mca", "pml_monitoring_enable_output", "3",
                     "--mca", "pml_monitoring_filename", prefix,
-                    sys.executable, script, op],
+                    sys.executable, script, op, str(n)],
                    env=fresh_job_env(), check=True, timeout=300, capture_output=True)
     total = 0
     for rank in (0, 1):
@@ -330,6 +331,19 @@ def test_solve_512_sends_less_than_the_matrix():
         setup = _bytes_sent("none", where)
         solve = _bytes_sent("solve", where)
     assert 0 < solve - setup < _MATRIX_BYTES, (setup, solve)
+
+
+@pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")
+@pytest.mark.skipif(not _monitoring(), reason="Open MPI without the pml monitoring")
+def test_row_sharded_solve_sends_the_lu_panels_alone():
+    """Rows of 512 per rank, too many to factor as they lie: A's rows, relabelled,
+    are the LU's columns where they are (no block-cyclic copy, which would send
+    half the matrix before the LU's panels, about half of it again)."""
+    n = 1024
+    with tempfile.TemporaryDirectory() as where:
+        setup = _bytes_sent("none", where, n)
+        solve = _bytes_sent("solve", where, n)
+    assert 0 < solve - setup < 0.6 * 8 * n * n, (setup, solve)
 
 
 @pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")
