@@ -129,17 +129,18 @@ static void check_two_eye(const mt_scalapack *sl, mt_mesh *mesh, int64_t n, int 
 
 /* The drivers' process grids are cached on the mesh: a second call on a layout
  * makes no grid, another layout one more, and destroying the mesh releases them
- * (the table counts one mesh fewer). */
+ * (the table counts one mesh fewer). Columns first: a row-sharded slogdet runs on
+ * its grid's turn, the columns' grid. */
 static void test_grid_cache(const mt_scalapack *sl) {
   int64_t n = 2 * (int64_t)size + 1;
   int before = mt_scalapack_cached_meshes(sl);
   mt_mesh *mesh = world_mesh();
   CHECK(mt_scalapack_cached_grids(sl, mesh) == 0);
-  check_two_eye(sl, mesh, n, 0, -1);
-  check_two_eye(sl, mesh, n, 0, -1);
+  check_two_eye(sl, mesh, n, -1, 0);
+  check_two_eye(sl, mesh, n, -1, 0);
   CHECK(mt_scalapack_cached_grids(sl, mesh) == 1);
   CHECK(mt_scalapack_cached_meshes(sl) == before + 1);
-  check_two_eye(sl, mesh, n, -1, 0);
+  check_two_eye(sl, mesh, n, 0, -1);
   CHECK(mt_scalapack_cached_grids(sl, mesh) == 2);
   mt_mesh_destroy(mesh);
   CHECK(mt_scalapack_cached_meshes(sl) == before);
