@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "mpitensor/comm/pool.h"
+#include "mpitensor/core/layout.h"
 #include "scalapack-private.h"
 
 /* How many of the indices below x the cyclic process p owns: blocks of nb dealt
@@ -22,11 +23,11 @@ static int64_t owned_below(int64_t x, int64_t nb, int64_t np, int64_t p) {
 }
 
 /* The caller's block of one matrix dim on one process: [lo, hi) of `size`, in
- * torch.chunk's blocks over np processes. */
+ * torch.chunk's blocks over np processes (the core's rule, mt_chunk). */
 static void chunk(int64_t size, int64_t np, int64_t p, int64_t *lo, int64_t *hi) {
-  int64_t block = (size + np - 1) / np;
-  *lo = p * block < size ? p * block : size;
-  *hi = *lo + block < size ? *lo + block : size;
+  int64_t count = 0;
+  mt_chunk(size, np, p, &count, lo);
+  *hi = *lo + count;
 }
 
 /* One dim of a piece: the indices of a caller's range [lo, hi) that cyclic process

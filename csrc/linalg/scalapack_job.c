@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mpitensor/core/layout.h"
 #include "scalapack-private.h"
 
 /* Checks what every rank can check alone: the same verdict everywhere, before any
@@ -109,10 +110,11 @@ int mt__sl_job_open_turned(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
 /* Whether blocks of nb dealt round np processes give each exactly the rows of
  * its torch.chunk block of n. */
 static int deals_chunks(const mt_scalapack *sl, int n, int nb, int np) {
-  int block = n / np + (n % np != 0), zero = 0;
+  int zero = 0;
   for (int p = 0; p < np; ++p) {
-    int lo = p * block < n ? p * block : n, hi = lo + block < n ? lo + block : n;
-    if (sl->numroc(&n, &nb, &p, &zero, &np) != hi - lo) return 0;
+    int64_t rows = 0, at = 0;
+    mt_chunk(n, np, p, &rows, &at);
+    if (sl->numroc(&n, &nb, &p, &zero, &np) != rows) return 0;
   }
   return 1;
 }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mpitensor/core/layout.h"
 #include "scalapack-private.h"
 
 /* The local columns one update applies to before the progress of the broadcast
@@ -307,9 +308,9 @@ int mt__sl_lu_solve_relabelled(const mt__sl_job *j, const int *ipiv, int64_t nrh
   }
   substitute(&L, ipiv, (int)nrhs, z);
   /* This process's rows of x, where its rows of b were. */
-  int block = L.n / L.np + (L.n % L.np != 0);
-  int lo = L.me * block < L.n ? L.me * block : L.n;
-  memcpy(b, rows_at(&L, z, (int)nrhs, lo), (size_t)L.nloc * row);
+  int64_t rows = 0, lo = 0;
+  mt_chunk(L.n, L.np, L.me, &rows, &lo);
+  memcpy(b, rows_at(&L, z, (int)nrhs, (int)lo), (size_t)rows * row);
   free(z);
   if (L.mpi_rc != MPI_SUCCESS) rc = mt_mpi_error(err, L.mpi_rc, "the LU's solve");
   return mt__sl_agree(&j->cg, rc, err);
