@@ -25,9 +25,9 @@ static int64_t owned_below(int64_t x, int64_t nb, int64_t np, int64_t p) {
 /* The caller's block of one matrix dim on one process: [lo, hi) of `size`, in
  * torch.chunk's blocks over np processes (the core's rule, mt_chunk). */
 static void chunk(int64_t size, int64_t np, int64_t p, int64_t *lo, int64_t *hi) {
-  int64_t count = 0;
-  mt_chunk(size, np, p, &count, lo);
-  *hi = *lo + count;
+  int64_t size_p = 0;
+  mt_chunk(size, np, p, &size_p, lo);
+  *hi = *lo + size_p;
 }
 
 /* One dim of a piece: the indices of a caller's range [lo, hi) that cyclic process
