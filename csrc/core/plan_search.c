@@ -218,6 +218,12 @@ int mt__best_candidate(mt__steps *list, const mt_layout *src, const mt_layout *d
   search sr;
   memset(&sr, 0, sizeof sr);
   int rc = mt__torch_order_bytes(src, dst, itemsize, model, &sr.limit, &sr.net_limit, err);
+  if (rc == MT_EOVERFLOW) {
+    /* Torch's steps together move more bytes than int64 counts, so any plan whose
+     * counts fit moves fewer: the search goes on without a limit. */
+    sr.limit = sr.net_limit = INT64_MAX;
+    rc = MT_OK;
+  }
   if (rc != MT_OK) return rc;
   mt__steps *tmp = malloc(sizeof *tmp);
   if (tmp == NULL) return mt__fail(err, MT_ENOMEM, "Out of memory planning a redistribution");
@@ -229,6 +235,12 @@ int mt__best_candidate(mt__steps *list, const mt_layout *src, const mt_layout *d
      * within torch's bytes in all. */
     sr.net_limit = INT64_MAX;
     rc = search_all(&sr, tmp, src, dst, itemsize, err);
+  }
+  if (rc == MT_OK && !sr.have) {
+    /* Torch's cuts may come before its reductions where no staged order puts them
+     * (`[S(3), P, R] -> [S(0), S(1), S(2)]` cuts, reduce-scatters half the data,
+     * then swaps dims): its own steps are then the plan, where they are valid. */
+    rc = offer(&sr, tmp, src, dst, TORCH_STEPS, itemsize, model, err);
   }
   free(tmp);
   if (rc == MT_OK && !sr.have && sr.overflowed) rc = overflow(err);

@@ -1164,6 +1164,30 @@ static void test_plan_limits(void) {
   CHECK(mt_plan_create(&sp, &rr, INT64_C(1) << 20, &fits, NULL) == MT_OK);
   CHECK(mt_plan_bytes(fits) > 0);
   mt_plan_destroy(fits);
+  /* Where torch's steps together pass int64 a plan within int64 still beats them:
+   * the fuzzer's [P, P, P, S(0)] -> [S(0), R, P, R] of 2^31 + 1 items of 1 MiB on
+   * 3 x 62 x 5 x 2 had been refused because torch's total could not be counted. */
+  const int64_t half = (INT64_C(1) << 31) + 1, m4[4] = {3, 62, 5, 2};
+  mt_layout ppps = make(1, &half, 4, m4,
+                        (mt_placement[]){P(MT_REDUCE_SUM), P(MT_REDUCE_SUM),
+                                         P(MT_REDUCE_SUM), S(0)});
+  mt_layout srpr = with(&ppps, (mt_placement[]){S(0), R(), P(MT_REDUCE_SUM), R()});
+  mt_plan *beyond = NULL;
+  CHECK(mt_plan_create(&ppps, &srpr, INT64_C(1) << 20, &beyond, NULL) == MT_OK);
+  CHECK(mt_plan_bytes(beyond) > 0);
+  mt_plan_destroy(beyond);
+  /* Torch cuts before it reduces where no staged order does: [S(3), P, R] ->
+   * [S(0), S(1), S(2)] on 2 x 2 x 2 cuts dim 2, reduce-scatters half the data and
+   * swaps dims; every other candidate moved more and the plan had been refused. */
+  const int64_t s4[4] = {8, 6, 4, 10}, m222[3] = {2, 2, 2};
+  mt_layout spr = make(4, s4, 3, m222, (mt_placement[]){S(3), P(MT_REDUCE_SUM), R()});
+  mt_layout sss = with(&spr, (mt_placement[]){S(0), S(1), S(2)});
+  mt_plan *cut_first = NULL;
+  CHECK(mt_plan_create(&spr, &sss, 8, &cut_first, NULL) == MT_OK);
+  int64_t torch_bytes = 0, torch_net = 0;
+  CHECK(mt_plan_torch_bytes(&spr, &sss, 8, NULL, &torch_bytes, &torch_net, NULL) == MT_OK);
+  CHECK(mt_plan_bytes(cut_first) <= torch_bytes);
+  mt_plan_destroy(cut_first);
   /* A mesh no MPI job can have. */
   const int64_t wide[2] = {INT64_C(1) << 20, INT64_C(1) << 20};
   mt_layout w = make(1, &four, 2, wide, (mt_placement[]){R(), R()});

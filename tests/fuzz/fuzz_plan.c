@@ -240,10 +240,12 @@ static int partial_target_refused(const mt_layout *src, const mt_layout *dst) {
   return 0;
 }
 
-/* An upper bound of any step's byte count: every rank receives at most the whole
- * tensor twice over (the ring all-reduce model). */
+/* Whether torch's order could move more bytes than int64 counts, the only case in
+ * which a plan may be refused as an overflow (within it, torch's order is itself a
+ * candidate): in each step every rank receives at most the whole tensor twice over
+ * (the ring all-reduce model), and the order visits each mesh dim at most twice. */
 static int may_overflow(const mt_layout *l, int64_t itemsize) {
-  wide bound = wide_numel(l->ndim, l->shape) * itemsize * 2 * mesh_numel(l);
+  wide bound = wide_numel(l->ndim, l->shape) * itemsize * 2 * mesh_numel(l) * 2 * l->mesh_ndim;
   return bound > (wide)INT64_MAX;
 }
 
