@@ -358,11 +358,36 @@ static int temp_name(const char *path, const int64_t *nonce, char *out, size_t c
 /* The first rank creates the temporary file before any other rank opens it, and
  * they open it without O_CREAT: if it is removed meanwhile (a cleanup of
  * leftovers racing this save), the save fails instead of renaming into place a
- * file recreated by some ranks, holding their bytes only. */
-static int create_temp(const char *tmp, mt_error *err) {
+ * file recreated by some ranks, holding their bytes only.
+ * Given a `size` (a durable save), it allocates the file's blocks for that size
+ * first, in as few extents as the file system can: the ranks start the
+ * write-back of their pieces side by side (write_early), so blocks allocated as
+ * the pages reach the device would interleave the ranks' pieces in many extents,
+ * and a file system that discards what it frees waits once per extent when the
+ * file is replaced. Where it cannot allocate ahead, the pages' write-back still
+ * allocates them. */
+static int create_temp(const char *tmp, int64_t size, mt_error *err) {
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) return posix_fail(err, "open", tmp);
+#if defined(__linux__)
+  /* not posix_fallocate, which writes zeros where fallocate is refused */
+  if (size > 0) (void)fallocate(fd, 0, 0, (off_t)size);
+#else
+  (void)size;
+#endif
   return close(fd) == 0 ? MT_OK : posix_fail(err, "close", tmp);
+}
+
+/* The size of the file that `a` describes (its offset and its bytes), or 0 where
+ * its shape is not one (start refuses it, on every rank). Local. */
+static int64_t planned_size(const mt_io_array *a) {
+  if (a->ndim < 0 || a->ndim > MT_MAX_NDIM || a->itemsize < 1 || a->offset < 0) return 0;
+  int64_t n = a->itemsize;
+  for (int d = 0; d < a->ndim; ++d) {
+    if (a->shape[d] < 0 || (a->shape[d] > 0 && n > INT64_MAX / a->shape[d])) return 0;
+    n *= a->shape[d];
+  }
+  return n <= INT64_MAX - a->offset ? a->offset + n : 0;
 }
 
 /* Every rank makes every collective call here, failed or not, so none waits. The
@@ -466,6 +491,38 @@ static int sync_close(const io_call *c, int fd, int64_t at, int64_t len, int min
   return close_file(fd, mine, path, err);
 }
 
+/* A durable save's write-back starts piece by piece behind a rank's writes, so
+ * that the device writes one piece while the next is copied in; started after
+ * the last copy, it left the device idle meanwhile. Pieces end on multiples of
+ * this file offset, so only the pages at a run's ends are shared. */
+#define WRITEBACK_PIECE ((int64_t)4 << 20)
+
+/* Starts the write-back of bytes [at, at + len) of `fd` without waiting for it.
+ * A refusal is let be: the sync_range that follows writes them back. */
+static void start_writeback(int fd, int64_t at, int64_t len) {
+#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
+  (void)sync_file_range(fd, (off_t)at, (off_t)len, SYNC_FILE_RANGE_WRITE);
+#else
+  (void)fd, (void)at, (void)len;
+#endif
+}
+
+/* Writes `len` bytes of `buf` at `at` of `fd`, starting the write-back of each
+ * WRITEBACK_PIECE but the last once it is written: 0 or an errno. The caller's
+ * sync_range waits for them all. */
+static int write_early(int fd, const char *buf, int64_t len, int64_t at) {
+  int64_t moved = 0;
+  while (moved < len) {
+    int64_t end = (at + moved) / WRITEBACK_PIECE * WRITEBACK_PIECE + WRITEBACK_PIECE - at;
+    if (end > len) end = len;
+    int e = mt__io_transfer(fd, buf + moved, NULL, end - moved, at + moved);
+    if (e != 0) return e;
+    if (end < len) start_writeback(fd, at + moved, end - moved);
+    moved = end;
+  }
+  return 0;
+}
+
 /* The independent path: every box one run, each rank pwrites its own. Sizing the
  * file before its data lands spares ext4 extending it under each write, which
  * raises the write bandwidth; every rank sets the same final size, so no order
@@ -477,7 +534,9 @@ static int write_runs(io_call *c, const char *tmp, const void *header, int64_t h
   if (mine == MT_OK && buflen > 0 && ftruncate(fd, (off_t)c->end) != 0) {
     mine = posix_fail(err, "ftruncate", tmp);
   }
-  int e = mine == MT_OK ? mt__io_transfer(fd, buf, NULL, buflen, c->disp) : 0;
+  int e = 0;
+  if (mine == MT_OK && c->durable) e = write_early(fd, buf, buflen, c->disp);
+  else if (mine == MT_OK) e = mt__io_transfer(fd, buf, NULL, buflen, c->disp);
   if (e != 0)
     mine = mt_error_set(err, MT_EIO, "writing '%s' failed: %s", tmp, strerror(e));
   return agree(c->comm, sync_close(c, fd, c->disp, buflen, mine, tmp, err), err);
@@ -680,7 +739,7 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
   if (rc == MT_OK && (first || nodes.kind != MT_NODES_ONE)) mt_io_release_cache(path);
   if (rc == MT_OK && first) {
     rc = temp_name(path, nonce, tmp, sizeof tmp, err);
-    if (rc == MT_OK) rc = create_temp(tmp, err);
+    if (rc == MT_OK) rc = create_temp(tmp, c.durable ? planned_size(array) : 0, err);
     made = rc == MT_OK;
   }
   rc = start(&c, mesh, rc, array, box, buflen, nonce, 2, err);

@@ -538,9 +538,11 @@ for _ in range(2):
             os.path.join(folder, "twice.npy"))
 """
 
-# Logs "<rank> fsync <path>", "<rank> sync_file_range <path> <at> <len>", "<rank>
-# rename <from> <to>" and "<rank> exchange <from> <to>" (renameat2 swapping two
-# names) after each call returns (<rank> in MPI_COMM_WORLD, -1 outside mpiexec).
+# Logs "<rank> fsync <path>", "<rank> sync_file_range <path> <at> <len>" (or
+# "writeback_start" for one that only starts the write-back), "<rank> fallocate
+# <path> <at> <len>", "<rank> rename <from> <to>" and "<rank> exchange <from> <to>"
+# (renameat2 swapping two names) after each call returns (<rank> in
+# MPI_COMM_WORLD, -1 outside mpiexec; fallocate before it is made).
 # MT_SPY_FAIL="<call>:<rank>:<text>" makes that call (fsync, which fdatasync is
 # too, or sync_file_range) fail with EIO on that rank for paths containing <text>.
 SPY = r"""
@@ -606,8 +608,20 @@ int sync_file_range(int fd, off_t at, off_t len, unsigned flags) {
   }
   int rc = real(fd, at, len, flags);
   snprintf(range, sizeof range, "%lld %lld", (long long)at, (long long)len);
-  if (rc == 0) note("sync_file_range", path, range);
+  /* a write-back only started, not waited for, makes nothing durable */
+  if (rc == 0)
+    note(flags == SYNC_FILE_RANGE_WRITE ? "writeback_start" : "sync_file_range", path, range);
   return rc;
+}
+
+int fallocate(int fd, int mode, off_t at, off_t len) {
+  int (*real)(int, int, off_t, off_t) =
+      (int (*)(int, int, off_t, off_t))dlsym(RTLD_NEXT, "fallocate");
+  char path[PATH_MAX], range[64];
+  path_of(fd, path);
+  snprintf(range, sizeof range, "%lld %lld", (long long)at, (long long)len);
+  note("fallocate", path, range); /* asked for, whether the file system can or not */
+  return real(fd, mode, at, len);
 }
 
 int fsync(int fd) { return synced(fd, (int (*)(int))dlsym(RTLD_NEXT, "fsync")); }

@@ -82,11 +82,12 @@ def spied_syncs(tmp_path, durable: bool) -> list:
 
 def spy_events(log) -> list:
     """The spy's log as (rank, call, path, range): range is (at, len) for
-    sync_file_range, else None (and path the first of a rename's two)."""
+    sync_file_range, writeback_start and fallocate, else None (and path the first
+    of a rename's two)."""
     out = []
     for line in log.read_text().splitlines() if log.exists() else []:
         rank, what, args = line.split(" ", 2)
-        if what == "sync_file_range":
+        if what in ("sync_file_range", "writeback_start", "fallocate"):
             path, at, n = args.rsplit(" ", 2)
             out.append((int(rank), what, path, (int(at), int(n))))
         else:
@@ -241,6 +242,74 @@ def test_a_state_dict_syncs_its_directory_once_for_all_entries(ranges):
     for name in ("a", "b", "c"):
         _, _, fsyncs, _ = syncs_of(events, os.path.join(sd, name + ".npy"))
         assert fsyncs == [0], (name, events)
+
+
+# -- a durable save allocates its file, and writes back behind its writes -----------
+
+PIECES = """
+import os, sys
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Shard
+
+folder = sys.argv[1]
+mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+x = mt.distribute_tensor(np.ones((4609, 512)), mesh, [Shard(0)])  # 2305 and 2304 rows
+mt.save(x, os.path.join(folder, "x.npy"))
+mt.save(x, os.path.join(folder, "x.h5"), dataset="x")
+mt.save(x, os.path.join(folder, "loose.npy"), durable=False)
+"""
+
+# csrc/io/io.c's WRITEBACK_PIECE: the file offsets a durable write-back starts at
+PIECE = 4 << 20
+
+
+def pieces(start: int, end: int) -> list:
+    """The (at, len) of every piece of the run [start, end) but the last, cut at
+    multiples of PIECE."""
+    out = []
+    while (cut := (start // PIECE + 1) * PIECE) < end:
+        out.append((start, cut - start))
+        start = cut
+    return out
+
+
+@pytest.fixture(scope="module", name="pieces_job")
+def pieces_job_events(tmp_path_factory):
+    """(folder, events) of one 2-rank job of PIECES under the spy."""
+    folder, events, _ = run_spied(tmp_path_factory.mktemp("pieces"), PIECES, [])
+    return folder, events
+
+
+@needs_a_job[0]
+@needs_a_job[1]
+def test_a_durable_save_allocates_its_file_and_writes_back_piece_by_piece(pieces_job):
+    """Rank 0 asks for the temporary file's blocks at once, for its final size;
+    each rank starts the write-back of each piece of its rows as soon as it is
+    written, and then waits for its whole run as before. A save that is not
+    durable does neither."""
+    folder, events = pieces_job
+    row, rows = 512 * 8, 4609
+    for name in ("x.npy", "x.h5"):
+        at = data_offset(folder, name, row * rows)
+        temp = re.compile(re.escape(os.path.join(folder, name))
+                          + r"\.[0-9a-f]+-[0-9a-f]+\.tmp")
+        mine = [(r, what, span) for r, what, path, span in events
+                if temp.fullmatch(path)]
+        allocated = [(r, span) for r, what, span in mine if what == "fallocate"]
+        assert allocated == [(0, (0, at + row * rows))], (name, mine)
+        for r, n in enumerate((2305, 2304)):
+            calls = [(what, span) for q, what, span in mine
+                     if q == r and what in ("writeback_start", "sync_file_range")]
+            want = [("writeback_start", p) for p in pieces(at, at + n * row)]
+            waited = [("sync_file_range", (at, n * row))]
+            assert len(want) == 2 and calls == want + waited, (name, r, calls)
+            at += n * row
+    loose = [e for e in events
+             if "loose.npy" in e[2] and e[1] not in ("rename", "exchange")]
+    assert loose == [], loose
+
 
 
 # -- a sync that fails on one rank raises on every rank ------------------------------

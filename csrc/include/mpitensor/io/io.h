@@ -97,8 +97,10 @@ MT_EXPORT mt_io_options mt_io_options_default(void);
  * renamed), only after every member has written its part: an existing file at
  * `path` is replaced whole or not at all; its clean cached pages are released
  * before any member writes (mt_io_release_cache). Unless `opts->durable` is 0 (then
- * nothing is synced), the new file survives a power cut once this returns: each
- * member writes back the bytes it wrote (mt_io_sync_range), the first member then
+ * nothing is synced), the new file survives a power cut once this returns: the
+ * first member allocates the file's blocks when it creates it, each member writes
+ * back the bytes it wrote (mt_io_sync_range, started piece by piece as it writes
+ * them, for independent runs), the first member then
  * fsyncs the file (every member does, when they lie on several nodes) before the
  * rename and the directory after it. `path` itself is
  * replaced (a symlink too: callers resolve it first); members that pass different
