@@ -5,9 +5,10 @@
  * four ways: before the shard changes (the order plan.h documents), after the
  * cuts that shrink what they carry, after all shard changes, or interleaved in
  * torch's order; the cheapest plan wins. On a mesh over several nodes, torch's
- * own steps and the node-first reductions join them. None may move more bytes
- * than torch's order priced by the same model (torch_order.c), in all or between
- * nodes. The tests check, over every (2,2)-mesh pair and random 1- to 3-d meshes,
+ * own steps and the node-first reductions join them; elsewhere torch's own steps
+ * are the plan when no other candidate is within their bytes. None may move more
+ * bytes than torch's order priced by the same model (torch_order.c), in all or
+ * between nodes. The tests check, over every (2,2)-mesh pair and random 1- to 3-d meshes,
  * that no plan moves more bytes than torch's chain priced by the same model, and
  * over meshes of up to 16,384 ranks on nodes of several sizes, no more between
  * nodes. */
