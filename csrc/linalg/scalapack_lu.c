@@ -178,7 +178,7 @@ static void run(lu *L, int *ipiv, int *info) {
 /* Whether the lookahead LU takes this job: a square matrix on one process row,
  * the local routines loaded and every panel's message countable in an int. */
 static int takes(const mt__sl_job *j) {
-  size_t panel = (size_t)j->n * (size_t)j->nb * j->itemsize + (size_t)(j->nb + 1) * 4;
+  size_t panel = (size_t)j->n * (size_t)j->nb * j->itemsize + (size_t)(j->nb + 1) * sizeof(int);
   return j->cg.nprow == 1 && j->m == j->n && j->t->lgetrf != NULL &&
          j->cyc.desc[6] == 0 && j->cyc.desc[7] == 0 && panel <= INT_MAX;
 }
