@@ -685,7 +685,21 @@ typedef struct cache_stat {
 } cache_stat;
 #endif
 
-void mt_io_release_cache(const char *path) {
+/* The pages of share `part` of `parts` of a file of `size` bytes: [*at, *at +
+ * *len), cut on page bounds (len 0: to the end, for the last share). */
+static void share_of(int64_t size, int part, int parts, uint64_t *at, uint64_t *len) {
+  const int64_t page = 4096;
+  int64_t lo = size / parts * part + size % parts * part / parts;
+  int64_t hi = size / parts * (part + 1) + size % parts * (part + 1) / parts;
+  lo = lo / page * page, hi = hi / page * page;
+  *at = (uint64_t)lo;
+  *len = part == parts - 1 ? 0 : (uint64_t)(hi - lo);
+}
+
+/* Local. mt_io_release_cache of share `part` of `parts` of the file: each share
+ * whose pages are clean is dropped, so ranks that split a file between them drop
+ * it side by side. */
+static void release_share(const char *path, int part, int parts) {
 #if defined(MT_NR_CACHESTAT) && defined(POSIX_FADV_DONTNEED)
   /* O_NONBLOCK: a FIFO at the path must not hold the save; O_NOFOLLOW: a
    * symlink is replaced, not the file it names. */
@@ -694,14 +708,37 @@ void mt_io_release_cache(const char *path) {
   struct stat st;
   cache_range range = {0, 0};
   cache_stat cs = {0, 0, 0, 0, 0};
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-      syscall(MT_NR_CACHESTAT, fd, &range, &cs, 0) == 0 && cs.cached > 0 && cs.dirty == 0) {
-    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    share_of((int64_t)st.st_size, part, parts, &range.off, &range.len);
+    if ((range.len > 0 || part == parts - 1) &&
+        syscall(MT_NR_CACHESTAT, fd, &range, &cs, 0) == 0 && cs.cached > 0 && cs.dirty == 0) {
+      (void)posix_fadvise(fd, (off_t)range.off, (off_t)range.len, POSIX_FADV_DONTNEED);
+    }
   }
   close(fd);
 #else
-  (void)path;
+  (void)path, (void)part, (void)parts;
 #endif
+}
+
+void mt_io_release_cache(const char *path) { release_share(path, 0, 1); }
+
+/* Before any rank writes (start agrees), the cache of the file this save
+ * replaces is released: on one node each rank drops its share of it, where one
+ * rank dropping the whole file kept the others waiting; where the ranks lie on
+ * several nodes, each its own node's whole. */
+static void release_replaced(mt_mesh *mesh, const char *path) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  mt_error ignored = {0};
+  if (mt_mesh_comm(mesh, &comm, &ignored) != MT_OK) return; /* start reports it */
+  mt_mesh_nodes nodes;
+  mt_mesh_nodes_of(mesh, &nodes);
+  if (nodes.kind == MT_NODES_ONE) {
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+  }
+  release_share(path, rank, size);
 }
 
 /* Rank 0's pid and clock; the others offer the maximum, so the minimum over the
@@ -731,12 +768,7 @@ int mt_io_save(mt_mesh *mesh, const char *path, const void *header, int64_t hlen
                       "at byte %lld",
                       (long long)hlen, (long long)array->offset);
   }
-  /* Before any rank writes (start agrees): on one node the first rank releases
-   * the cache of the file this save replaces, where the ranks lie on several
-   * nodes every rank its own node's. */
-  mt_mesh_nodes nodes;
-  mt_mesh_nodes_of(mesh, &nodes);
-  if (rc == MT_OK && (first || nodes.kind != MT_NODES_ONE)) mt_io_release_cache(path);
+  if (rc == MT_OK) release_replaced(mesh, path);
   if (rc == MT_OK && first) {
     rc = temp_name(path, nonce, tmp, sizeof tmp, err);
     if (rc == MT_OK) rc = create_temp(tmp, c.durable ? planned_size(array) : 0, err);

@@ -540,7 +540,8 @@ for _ in range(2):
 
 # Logs "<rank> fsync <path>", "<rank> sync_file_range <path> <at> <len>" (or
 # "writeback_start" for one that only starts the write-back), "<rank> fallocate
-# <path> <at> <len>", "<rank> rename <from> <to>" and "<rank> exchange <from> <to>"
+# <path> <at> <len>", "<rank> dontneed <path> <at> <len>" (posix_fadvise dropping
+# cached pages), "<rank> rename <from> <to>" and "<rank> exchange <from> <to>"
 # (renameat2 swapping two names) after each call returns (<rank> in
 # MPI_COMM_WORLD, -1 outside mpiexec; fallocate before it is made).
 # MT_SPY_FAIL="<call>:<rank>:<text>" makes that call (fsync, which fdatasync is
@@ -611,6 +612,17 @@ int sync_file_range(int fd, off_t at, off_t len, unsigned flags) {
   /* a write-back only started, not waited for, makes nothing durable */
   if (rc == 0)
     note(flags == SYNC_FILE_RANGE_WRITE ? "writeback_start" : "sync_file_range", path, range);
+  return rc;
+}
+
+int posix_fadvise(int fd, off_t at, off_t len, int advice) {
+  int (*real)(int, off_t, off_t, int) =
+      (int (*)(int, off_t, off_t, int))dlsym(RTLD_NEXT, "posix_fadvise");
+  char path[PATH_MAX], range[64];
+  path_of(fd, path);
+  int rc = real(fd, at, len, advice);
+  snprintf(range, sizeof range, "%lld %lld", (long long)at, (long long)len);
+  if (rc == 0 && advice == POSIX_FADV_DONTNEED) note("dontneed", path, range);
   return rc;
 }
 

@@ -10,6 +10,7 @@ every rank. An LD_PRELOAD spy (test_checkpoint_safety.SPY) logs the syncs of a
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -82,12 +83,12 @@ def spied_syncs(tmp_path, durable: bool) -> list:
 
 def spy_events(log) -> list:
     """The spy's log as (rank, call, path, range): range is (at, len) for
-    sync_file_range, writeback_start and fallocate, else None (and path the first
-    of a rename's two)."""
+    sync_file_range, writeback_start, fallocate and dontneed, else None (and path
+    the first of a rename's two)."""
     out = []
     for line in log.read_text().splitlines() if log.exists() else []:
         rank, what, args = line.split(" ", 2)
-        if what in ("sync_file_range", "writeback_start", "fallocate"):
+        if what in ("sync_file_range", "writeback_start", "fallocate", "dontneed"):
             path, at, n = args.rsplit(" ", 2)
             out.append((int(rank), what, path, (int(at), int(n))))
         else:
@@ -259,7 +260,16 @@ x = mt.distribute_tensor(np.ones((4609, 512)), mesh, [Shard(0)])  # 2305 and 230
 mt.save(x, os.path.join(folder, "x.npy"))
 mt.save(x, os.path.join(folder, "x.h5"), dataset="x")
 mt.save(x, os.path.join(folder, "loose.npy"), durable=False)
+for _ in range(2):  # the second save replaces a file whose pages are cached and clean
+    mt.save(x, os.path.join(folder, "again.npy"))
 """
+
+def cachestat_known() -> bool:
+    """Whether the core can count a file's dirty pages here (mt_io_release_cache)."""
+    release = tuple(int(v) for v in platform.release().split("-")[0].split(".")[:2])
+    return (platform.system() == "Linux" and release >= (6, 5)
+            and platform.machine() in ("x86_64", "aarch64", "riscv64"))
+
 
 # csrc/io/io.c's WRITEBACK_PIECE: the file offsets a durable write-back starts at
 PIECE = 4 << 20
@@ -310,6 +320,22 @@ def test_a_durable_save_allocates_its_file_and_writes_back_piece_by_piece(pieces
              if "loose.npy" in e[2] and e[1] not in ("rename", "exchange")]
     assert loose == [], loose
 
+
+@needs_a_job[0]
+@needs_a_job[1]
+@pytest.mark.skipif(not cachestat_known(), reason="the core counts dirty pages with "
+                    "cachestat (Linux 6.5)")
+def test_the_ranks_of_a_node_release_the_replaced_file_s_cache_a_share_each(pieces_job):
+    """Before a save writes, each rank drops the cached pages of its share of the
+    file it replaces (cut on pages; the last share to the end of the file), not
+    the first rank all of them while the others wait."""
+    folder, events = pieces_job
+    path = os.path.join(folder, "again.npy")
+    size = os.path.getsize(path)
+    half = size // 2 // 4096 * 4096
+    dropped = sorted((r, span) for r, what, p, span in events
+                     if what == "dontneed" and p == path)
+    assert dropped == [(0, (0, half)), (1, (half, 0))], (size, dropped)
 
 
 # -- a sync that fails on one rank raises on every rank ------------------------------

@@ -96,7 +96,8 @@ MT_EXPORT mt_io_options mt_io_options_default(void);
  * existing file in one step where the system can, which it then removes; else
  * renamed), only after every member has written its part: an existing file at
  * `path` is replaced whole or not at all; its clean cached pages are released
- * before any member writes (mt_io_release_cache). Unless `opts->durable` is 0 (then
+ * before any member writes (mt_io_release_cache; on one node each member its
+ * share of them). Unless `opts->durable` is 0 (then
  * nothing is synced), the new file survives a power cut once this returns: the
  * first member allocates the file's blocks when it creates it, each member writes
  * back the bytes it wrote (mt_io_sync_range, started piece by piece as it writes
