@@ -33,7 +33,7 @@ from .. import _dtypes, _factories, _modes, _registry, _trace
 from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
-from ..placement_types import Replicate, Shard
+from ..placement_types import Partial, Replicate, Shard
 from . import _dispatch as D
 from . import _flatten, _flip, _halo, _lanes, _roll
 from . import _sample_sort as S
@@ -726,30 +726,57 @@ def _scan(name, a, ax, func, linear, op, result):
             # The global shape: the checks compare this text across ranks.
             _trace.collective(f"{name}: exclusive scan of the shard totals", mesh,
                               spec.placements, spec.shape, totals.dtype)
-        local, _ = _lanes.scan(x, ax, op, init=_offsets(mesh, totals, dims, coord, op))
+        local, _ = _lanes.scan(x, ax, op,
+                               init=_offsets(mesh, totals, dims, coord, op, (spec, ax)))
     return DTensor(local, DTensorSpec(mesh, spec.placements, spec.shape, local.dtype,
                                       contiguous_strides(spec.shape)))
 
 
-def _offsets(mesh, totals, dims, coord, op):
+def _offsets(mesh, totals, dims, coord, op, lanes=None):
     """What the ranks before this one along the axis hold of each lane (their sum,
     or product, as ``op``), given each rank's lane ``totals``; None on the first
     rank. The axis is cut by the mesh dims ``dims`` nested, the first outermost:
     innermost first, an exclusive scan over the mesh dim, then the group's totals
-    reduced over it for the next mesh dim out. Collective on ``dims``."""
+    reduced over it for the next mesh dim out. ``lanes`` is (spec, axis) when the
+    totals are the lanes of that tensor along that axis, whose other dims may be
+    cut unevenly; None when every rank's totals have one shape. Collective on
+    ``dims``."""
     if totals.dtype == np.bool_:
         combine = np.logical_or if op == CORE.REDUCE_SUM else np.logical_and
     else:
         combine = np.add if op == CORE.REDUCE_SUM else np.multiply
     offset = None
-    for m in reversed(dims):
+    for i in range(len(dims) - 1, -1, -1):
+        m = dims[i]
         before = np.array(totals, order="C")  # the scan writes in place
         mesh._handle.exscan(before, m, op)
         if coord[m] > 0:
             offset = before if offset is None else combine(before, offset)
-        if m != dims[0]:
-            totals = _all_reduce(mesh, totals, CORE.REDUCE_OPS[op], (m,))
+        if i > 0:
+            totals = (_all_reduce(mesh, totals, CORE.REDUCE_OPS[op], (m,)) if lanes is None
+                      else _lanes_reduced(totals, *lanes, dims[:i + 1], op))
     return offset
+
+
+def _lanes_reduced(totals, spec, ax, unreduced, op):
+    """The lane ``totals`` of the tensor of ``spec`` along ``ax``, combined by ``op``
+    over the last of the mesh dims ``unreduced`` (which cut ``ax`` and whose groups'
+    totals differ): the totals as the DTensor they are, the tensor's shape without
+    ``ax`` cut as its other dims are (unevenly, too), Partial on ``unreduced``,
+    redistributed to Replicate on that one mesh dim; a Partial the scan kept stays.
+    Collective on the mesh."""
+    name = CORE.REDUCE_OPS[op]
+    shape = spec.shape[:ax] + spec.shape[ax + 1:]
+    pls = [Partial(name) if k in unreduced
+           else Replicate() if p.is_shard() and p.dim == ax
+           else Shard(p.dim - (p.dim > ax)) if p.is_shard()
+           else p for k, p in enumerate(spec.placements)]
+    # A 1-D tensor's one lane total comes as shape (1,); its DTensor is 0-d.
+    local = np.array(totals, order="C").reshape(totals.shape if shape else ())
+    t = DTensor(local, DTensorSpec(spec.mesh, tuple(pls), shape, totals.dtype,
+                                   contiguous_strides(shape)))
+    pls[unreduced[-1]] = Replicate()
+    return t.redistribute(spec.mesh, pls).to_local().reshape(totals.shape)
 
 
 def _lane_totals(x, ax, op):
