@@ -1,5 +1,6 @@
 """The tables of docs/performance.md, docs/plans.md, docs/benchmarks.md (the
-comparison with Heat) and docs/linalg.md, generated from the benchmarks' JSON results.
+comparison with Heat), docs/linalg.md and docs/checkpoints.md (files), generated
+from the benchmarks' JSON results.
 
     python benchmarks/tables.py            # rewrite the tables of the pages
     python benchmarks/tables.py --check    # exit 1 when the page differs from the JSON
@@ -28,7 +29,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 PAGES = tuple(os.path.join(os.path.dirname(HERE), "docs", name)
-              for name in ("performance.md", "plans.md", "benchmarks.md", "linalg.md"))
+              for name in ("performance.md", "plans.md", "benchmarks.md", "linalg.md",
+                           "checkpoints.md"))
 # The plots of the same results (benchmarks/plot.py --out docs/img/perf), shown
 # under their tables when present.
 PLOTS = os.path.join(os.path.dirname(HERE), "docs", "img", "perf")
