@@ -5,7 +5,8 @@ whose only plan within torch's bytes is torch's own steps (it cuts before it
 reduce-scatters), and a scan along an axis cut by two mesh dims while the third
 cuts another dim unevenly (the lanes' totals differ in shape from group to group).
 One test starts its own 8-rank job (oversubscribed) and checks each against
-NumPy, and a sample of random redistributions with Partials.
+NumPy, with a sample of random redistributions with Partials, and of operations
+and a matmul's gradients on random placements.
 
 The job is launched from the np=1 run only: a job started from inside a
 multi-rank job would share its ranks' cores and Open MPI environment.
@@ -79,6 +80,34 @@ for _ in range(40):
     src = [rng.choice([Replicate(), Partial(), Shard(rng.randrange(4))]) for _ in range(3)]
     dst = [rng.choice([Replicate(), Shard(rng.randrange(4))]) for _ in range(3)]
     check(f"{src} -> {dst}", partial_of(X, src).redistribute(mesh, dst), X)
+
+# Operations and their gradients on random placements, uneven shards included.
+for t in range(10):
+    def placements(ndim):
+        return [rng.choice([Replicate(), Shard(rng.randrange(ndim))]) for _ in range(3)]
+    n, k, m = (rng.choice([2, 3, 5, 8]) for _ in range(3))
+    A = np.random.default_rng(t).standard_normal((n, k, m))
+    B = np.random.default_rng(t + 1).standard_normal((n, k, m))
+    a = mt.distribute_tensor(A, mesh, placements(3))
+    b = mt.distribute_tensor(B, mesh, placements(3))
+    ax = rng.randrange(3)
+    where = f"{a.placements} {b.placements} axis {ax}"
+    check(f"add {where}", a + b, A + B)
+    check(f"sum {where}", (a * b).sum(axis=ax), (A * B).sum(axis=ax))
+    check(f"max {where}", np.max(a, axis=ax), np.max(A, axis=ax))
+    M = np.random.default_rng(t).standard_normal((n, k))
+    N = np.random.default_rng(t + 1).standard_normal((k, m))
+    p = mt.distribute_tensor(M, mesh, placements(2))
+    q = mt.distribute_tensor(N, mesh, placements(2))
+    Y = M @ N
+    check(f"matmul {p.placements} {q.placements}", p @ q, Y)
+    p.requires_grad_(True)
+    q.requires_grad_(True)
+    y = p @ q
+    (np.tanh(y) * y).sum().backward()
+    G = np.tanh(Y) + Y * (1 - np.tanh(Y) ** 2)
+    check(f"matmul's gradient of the left {p.placements} {q.placements}", p.grad, G @ N.T)
+    check(f"matmul's gradient of the right {p.placements} {q.placements}", q.grad, M.T @ G)
 
 every = MPI.COMM_WORLD.allgather(problems)
 if MPI.COMM_WORLD.rank == 0:
