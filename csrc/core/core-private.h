@@ -46,17 +46,17 @@ static inline uint32_t low_bits(int n) {
 /* ---- placements: the one definition of each rule (plan*.c, prop*.c, ...) ----- */
 
 static inline mt_placement replicate(void) {
-  mt_placement p = {MT_PLACEMENT_REPLICATE, 0, 0};
+  mt_placement p = {MT_PLACEMENT_REPLICATE, 0, 0, 0};
   return p;
 }
 
 static inline mt_placement shard(int d) {
-  mt_placement p = {MT_PLACEMENT_SHARD, d, 0};
+  mt_placement p = {MT_PLACEMENT_SHARD, d, 0, 0};
   return p;
 }
 
 static inline mt_placement partial(int op) {
-  mt_placement p = {MT_PLACEMENT_PARTIAL, 0, op};
+  mt_placement p = {MT_PLACEMENT_PARTIAL, 0, op, 0};
   return p;
 }
 
@@ -65,6 +65,8 @@ static inline mt_placement partial(int op) {
 static inline int placement_eq(const mt_placement *a, const mt_placement *b) {
   if (a->kind != b->kind) return 0;
   if (a->kind == MT_PLACEMENT_SHARD) return a->dim == b->dim;
+  if (a->kind == MT_PLACEMENT_STRIDED)
+    return a->dim == b->dim && a->split_factor == b->split_factor;
   if (a->kind == MT_PLACEMENT_PARTIAL) return a->reduce_op == b->reduce_op;
   return 1;
 }
@@ -94,6 +96,11 @@ int mt__lack(const mt_layout *have, const mt_layout *need, int64_t *sum, int64_t
  * (step_local.c). */
 double mt__cuts_time(const mt_layout *src, const mt_layout *dst, int64_t itemsize,
                      const mt_time_model *model);
+
+/* mt_layout_init, and when `strided` is 1 also STRIDED placements (layout.c). */
+int mt__layout_init(mt_layout *out, int ndim, const int64_t *shape, int mesh_ndim,
+                    const int64_t *mesh_shape, const mt_placement *placements,
+                    int strided, mt_error *err);
 
 /* torch's name of a reduce op ("sum"), or "?" (placement.c). */
 const char *mt__reduce_name(int op);

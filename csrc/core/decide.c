@@ -117,7 +117,7 @@ void mt_prop_inputs_want(mt_prop_inputs *in, const mt_layout_key *key) {
   memcpy(in->want_shape, key->shape, sizeof in->want_shape);
   for (int m = 0; m < in->mesh_ndim; ++m)
     in->want_placements[m] = key->placements[m].kind == MT_PLACEMENT_PARTIAL
-                                 ? (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}
+                                 ? (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0}
                                  : key->placements[m];
 }
 

@@ -62,8 +62,10 @@ static int check_numel(int ndim, const int64_t *shape, mt_error *err) {
   return MT_OK;
 }
 
-/* Checks the placement of mesh dim `m` against a tensor of `ndim` dims. */
-static int check_placement(int ndim, int m, const mt_placement *p, mt_error *err) {
+/* Checks the placement of mesh dim `m` against a tensor of `ndim` dims; a STRIDED
+ * one only where `strided` says the caller reads it. */
+static int check_placement(int ndim, int m, const mt_placement *p, int strided,
+                           mt_error *err) {
   switch (p->kind) {
     case MT_PLACEMENT_REPLICATE:
       return MT_OK;
@@ -80,6 +82,18 @@ static int check_placement(int ndim, int m, const mt_placement *p, mt_error *err
                         "Partial on mesh dim %d has unknown reduce op %d", m,
                         p->reduce_op);
       return MT_OK;
+    case MT_PLACEMENT_STRIDED:
+      if (!strided)
+        return mt__fail(err, MT_EINVAL,
+                        "_StridedShard(dim=%d, sf=%d) on mesh dim %d has no box of its "
+                        "own: only its plain expansion (mt_strided_expand) is a layout here",
+                        p->dim, p->split_factor, m);
+      if (p->dim < 0 || p->dim >= ndim || p->split_factor < 1)
+        return mt__fail(err, MT_EINDEX,
+                        "_StridedShard(dim=%d, sf=%d) on mesh dim %d needs a dim of a "
+                        "tensor with %d %s and a split factor >= 1",
+                        p->dim, p->split_factor, m, ndim, dims_word(ndim));
+      return MT_OK;
     default:
       return mt__fail(err, MT_EINVAL,
                       "Placement kind %d on mesh dim %d is not Replicate (0), "
@@ -90,7 +104,7 @@ static int check_placement(int ndim, int m, const mt_placement *p, mt_error *err
 
 /* Checks a mesh shape and its placements for a tensor of `ndim` dims. */
 static int check_mesh(int ndim, int mesh_ndim, const int64_t *mesh_shape,
-                      const mt_placement *placements, mt_error *err) {
+                      const mt_placement *placements, int strided, mt_error *err) {
   if (mesh_ndim < 1 || mesh_ndim > MT_MAX_MESH_NDIM)
     return mt__fail(err, MT_EINVAL, "A mesh may have 1 to %d dims, got %d",
                     MT_MAX_MESH_NDIM, mesh_ndim);
@@ -103,19 +117,19 @@ static int check_mesh(int ndim, int mesh_ndim, const int64_t *mesh_shape,
       return mt__fail(err, MT_EINVAL,
                       "Mesh dim %d has size %" PRId64 "; sizes must be >= 1", m,
                       mesh_shape[m]);
-    int rc = check_placement(ndim, m, &placements[m], err);
+    int rc = check_placement(ndim, m, &placements[m], strided, err);
     if (rc != MT_OK) return rc;
   }
   return MT_OK;
 }
 
-int mt_layout_init(mt_layout *out, int ndim, const int64_t *shape, int mesh_ndim,
-                   const int64_t *mesh_shape, const mt_placement *placements,
-                   mt_error *err) {
+int mt__layout_init(mt_layout *out, int ndim, const int64_t *shape, int mesh_ndim,
+                    const int64_t *mesh_shape, const mt_placement *placements,
+                    int strided, mt_error *err) {
   if (out == NULL) return mt__fail(err, MT_EINVAL, "The output layout is NULL");
   int rc = check_tensor(ndim, shape, err);
   if (rc == MT_OK) rc = check_numel(ndim, shape, err);
-  if (rc == MT_OK) rc = check_mesh(ndim, mesh_ndim, mesh_shape, placements, err);
+  if (rc == MT_OK) rc = check_mesh(ndim, mesh_ndim, mesh_shape, placements, strided, err);
   if (rc != MT_OK) return rc;
   /* Zero the unused tails so two equal layouts are also equal byte for byte. */
   mt_layout l;
@@ -124,9 +138,23 @@ int mt_layout_init(mt_layout *out, int ndim, const int64_t *shape, int mesh_ndim
   if (ndim > 0) memcpy(l.shape, shape, (size_t)ndim * sizeof *shape);
   l.mesh_ndim = mesh_ndim;
   memcpy(l.mesh_shape, mesh_shape, (size_t)mesh_ndim * sizeof *mesh_shape);
-  memcpy(l.placements, placements, (size_t)mesh_ndim * sizeof *placements);
+  for (int m = 0; m < mesh_ndim; ++m) {
+    /* Only the fields a kind reads are kept, so equal layouts are equal bytes. */
+    const mt_placement *p = &placements[m];
+    l.placements[m].kind = p->kind;
+    if (p->kind == MT_PLACEMENT_SHARD || p->kind == MT_PLACEMENT_STRIDED)
+      l.placements[m].dim = p->dim;
+    if (p->kind == MT_PLACEMENT_PARTIAL) l.placements[m].reduce_op = p->reduce_op;
+    if (p->kind == MT_PLACEMENT_STRIDED) l.placements[m].split_factor = p->split_factor;
+  }
   *out = l;
   return MT_OK;
+}
+
+int mt_layout_init(mt_layout *out, int ndim, const int64_t *shape, int mesh_ndim,
+                   const int64_t *mesh_shape, const mt_placement *placements,
+                   mt_error *err) {
+  return mt__layout_init(out, ndim, shape, mesh_ndim, mesh_shape, placements, 0, err);
 }
 
 /* A layout is plain data the caller may have filled by hand, so it is checked
@@ -135,7 +163,7 @@ static int check_layout(const mt_layout *layout, mt_error *err) {
   int rc = check_tensor(layout->ndim, layout->shape, err);
   if (rc != MT_OK) return rc;
   return check_mesh(layout->ndim, layout->mesh_ndim, layout->mesh_shape,
-                    layout->placements, err);
+                    layout->placements, 0, err);
 }
 
 int mt_layout_local_box(const mt_layout *layout, const int64_t *coord, mt_box *out,
@@ -180,7 +208,7 @@ int mt_layout_even_global_shape(int ndim, const int64_t *local_shape, int mesh_n
                                 const mt_placement *placements, int64_t *global_shape,
                                 mt_error *err) {
   int rc = check_tensor(ndim, local_shape, err);
-  if (rc == MT_OK) rc = check_mesh(ndim, mesh_ndim, mesh_shape, placements, err);
+  if (rc == MT_OK) rc = check_mesh(ndim, mesh_ndim, mesh_shape, placements, 0, err);
   if (rc != MT_OK) return rc;
   if (ndim > 0 && global_shape == NULL)
     return mt__fail(err, MT_EINVAL, "The output global shape is NULL");

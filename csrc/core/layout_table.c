@@ -27,7 +27,11 @@ static void pack(const mt_layout_key *k, int64_t *w) {
   w[0] = k->mesh_ndim, w[1] = k->ndim, w[2] = k->dtype, w[3] = k->itemsize;
   for (int m = 0; m < k->mesh_ndim; ++m) {
     const mt_placement *p = &k->placements[m];
-    w[HEAD_WORDS + m] = p->kind + ((int64_t)p->dim << 8) + ((int64_t)p->reduce_op << 32);
+    /* Distinct for every layout the core accepts: kind below 2^8, dim below 2^16,
+     * reduce_op below 2^8, split_factor a positive int. */
+    w[HEAD_WORDS + m] = (int64_t)((uint64_t)(uint8_t)p->kind | (uint64_t)(uint16_t)p->dim << 8 |
+                                  (uint64_t)(uint8_t)p->reduce_op << 24 |
+                                  (uint64_t)(uint32_t)p->split_factor << 32);
   }
   for (int d = 0; d < k->ndim; ++d) {
     w[HEAD_WORDS + MT_MAX_MESH_NDIM + d] = k->shape[d];

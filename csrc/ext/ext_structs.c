@@ -45,7 +45,8 @@ typedef struct field {
 
 static const field error[] = {SCALAR(mt_error, code), ARRAY(mt_error, msg), END};
 static const field placement[] = {SCALAR(mt_placement, kind), SCALAR(mt_placement, dim),
-                                  SCALAR(mt_placement, reduce_op), END};
+                                  SCALAR(mt_placement, reduce_op),
+                                  SCALAR(mt_placement, split_factor), END};
 static const field box[] = {SCALAR(mt_box, ndim), ARRAY(mt_box, offset),
                             ARRAY(mt_box, shape), END};
 static const field layout[] = {SCALAR(mt_layout, ndim), ARRAY(mt_layout, shape),

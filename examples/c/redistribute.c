@@ -55,8 +55,8 @@ static void print_plan(const mt_plan *plan) {
  * rank, or -1 after printing an error. Collective on `mesh`. */
 static int64_t run(mt_mesh *mesh, int rank) {
   const int64_t shape[2] = {ROWS, COLS}, mesh_shape[1] = {mt_mesh_dim_size(mesh, 0)};
-  const mt_placement rows[1] = {{MT_PLACEMENT_SHARD, 0, 0}};
-  const mt_placement cols[1] = {{MT_PLACEMENT_SHARD, 1, 0}};
+  const mt_placement rows[1] = {{MT_PLACEMENT_SHARD, 0, 0, 0}};
+  const mt_placement cols[1] = {{MT_PLACEMENT_SHARD, 1, 0, 0}};
   mt_layout src, dst;
   mt_box src_box, dst_box;
   mt_plan *plan = NULL;

@@ -8,9 +8,9 @@
 #include "mpitensor/core/layout.h"
 #include "mpitensor/core/status.h"
 
-static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}; }
-static mt_placement P(int op) { return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op}; }
-static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0}; }
+static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0}; }
+static mt_placement P(int op) { return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op, 0}; }
+static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0, 0}; }
 
 /* The box of `coord`, or a box with ndim -1 when the call fails. */
 static mt_box box_at(const mt_layout *l, const int64_t *coord) {
@@ -267,7 +267,7 @@ static void test_init_placement_errors(void) {
   const int64_t shape[2] = {4, 6}, mesh[2] = {2, 3};
   const mt_placement bad_op[2] = {R(), P(MT_REDUCE_COUNT)};
   const mt_placement neg_op[2] = {P(-1), R()};
-  const mt_placement bad_kind[2] = {{7, 0, 0}, R()};
+  const mt_placement bad_kind[2] = {{7, 0, 0, 0}, R()};
   check_init_fails(MT_EINDEX, 2, shape, 2, mesh, (mt_placement[]){R(), S(-1)});
   check_init_fails(MT_EINDEX, 0, NULL, 1, mesh, (mt_placement[]){S(0)});
   check_init_fails(MT_EINVAL, 2, shape, 2, mesh, bad_op);

@@ -20,8 +20,8 @@ static mt_layout_key layout(int64_t rows, int shard) {
   mt_layout_key k;
   memset(&k, 0xab, sizeof k); /* entries past ndim must not matter */
   k.mesh_ndim = 1, k.ndim = 2, k.dtype = MT_DTYPE_FLOAT64, k.itemsize = 8;
-  k.placements[0] = shard ? (mt_placement){MT_PLACEMENT_SHARD, 0, 0}
-                          : (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
+  k.placements[0] = shard ? (mt_placement){MT_PLACEMENT_SHARD, 0, 0, 0}
+                          : (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0};
   k.shape[0] = rows, k.shape[1] = 4, k.stride[0] = 4, k.stride[1] = 1;
   return k;
 }
@@ -87,7 +87,7 @@ static void test_clock(void) {
 static mt_plan *make_plan(void) {
   mt_layout a, b;
   const int64_t shape[1] = {8}, mesh[1] = {2};
-  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, r = {MT_PLACEMENT_REPLICATE, 0, 0};
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0, 0}, r = {MT_PLACEMENT_REPLICATE, 0, 0, 0};
   CHECK(mt_layout_init(&a, 1, shape, 1, mesh, &s0, NULL) == MT_OK);
   CHECK(mt_layout_init(&b, 1, shape, 1, mesh, &r, NULL) == MT_OK);
   mt_plan *p = NULL;
@@ -259,8 +259,8 @@ static mt_prop_inputs two_inputs(int64_t ranks, mt_placement a, mt_placement b) 
 
 /* A miss decided by the core: placements by the engine, moves checked and planned. */
 static void test_decide(void) {
-  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0};
-  const mt_placement pmax = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_MAX};
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0, 0};
+  const mt_placement pmax = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_MAX, 0};
   const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0}};
   const mt_op_args args = {2, 3u, 0, 0};
   const int f64[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT64};
@@ -304,8 +304,8 @@ static void test_decide(void) {
   CHECK(d->out_ndim == -1 && d->plan[0] != NULL && d->plan[1] == NULL);
   /* P(sum) + R keeps P(sum): the Replicate input is partitioned, not moved (no
    * plan, marked on mesh dim 0); on one rank nothing is marked. */
-  const mt_placement psum = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
-  const mt_placement rep = {MT_PLACEMENT_REPLICATE, 0, 0};
+  const mt_placement psum = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM, 0};
+  const mt_placement rep = {MT_PLACEMENT_REPLICATE, 0, 0, 0};
   for (int64_t ranks = 1; ranks <= 2; ++ranks) {
     for (int order = 0; order < 2; ++order) {
       mt_prop_inputs pr = order ? two_inputs(ranks, rep, psum) : two_inputs(ranks, psum, rep);
@@ -320,7 +320,7 @@ static void test_decide(void) {
   }
   /* A caller's Replicate -> Partial(product) target is refused, as torch refuses
    * to partition a product. */
-  const mt_placement pprod = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_PRODUCT};
+  const mt_placement pprod = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_PRODUCT, 0};
   mt_prop_inputs rr = two_inputs(2, rep, rep);
   mt_placement to_prod[2][MT_MAX_MESH_NDIM] = {{pprod}, {pprod}};
   mt_memo_key k6 = key(7, 2, 2);
@@ -343,7 +343,7 @@ static void test_decide(void) {
  * moves once, a partitioned input is zeros off coordinate 0, and each rank's box
  * of the output is its chunk (ones outside the mesh). */
 static void test_decision_reads(void) {
-  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0};
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0, 0};
   const mt_op_sig add = {MT_OP_ELEMENTWISE, MT_ELEMENTWISE_ADD, {0, 0, 0, 0}};
   const mt_op_args args = {2, 3u, 0, 0};
   const int f64[2] = {MT_DTYPE_FLOAT64, MT_DTYPE_FLOAT64};
@@ -394,9 +394,9 @@ static void test_decide_move(void) {
   CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);
   const int64_t mesh_shape[1] = {2};
   mt_layout_key src = layout(8, 1);
-  const mt_placement rep[1] = {{MT_PLACEMENT_REPLICATE, 0, 0}};
-  const mt_placement psum[1] = {{MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM}};
-  const mt_placement s5[1] = {{MT_PLACEMENT_SHARD, 5, 0}};
+  const mt_placement rep[1] = {{MT_PLACEMENT_REPLICATE, 0, 0, 0}};
+  const mt_placement psum[1] = {{MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM, 0}};
+  const mt_placement s5[1] = {{MT_PLACEMENT_SHARD, 5, 0, 0}};
   mt_memo_key k = key(9, 1, 0);
   mt_decision *d = NULL;
   CHECK(mt_memo_decide_move(memo, &k, &src, MT_DTYPE_FLOAT64, mesh_shape, rep, &d, NULL) ==
@@ -436,9 +436,9 @@ static int kept_as_moved(mt_memo *memo, int64_t op, mt_placement from, mt_placem
 }
 
 static void test_keeps_moved(void) {
-  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0};
-  const mt_placement r = {MT_PLACEMENT_REPLICATE, 0, 0};
-  const mt_placement p = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
+  const mt_placement s0 = {MT_PLACEMENT_SHARD, 0, 0, 0}, s1 = {MT_PLACEMENT_SHARD, 1, 0, 0};
+  const mt_placement r = {MT_PLACEMENT_REPLICATE, 0, 0, 0};
+  const mt_placement p = {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM, 0};
   mt_memo *memo = NULL;
   CHECK(mt_memo_create(16, 16, &memo, NULL) == MT_OK);
   mt_layout_key moved;
@@ -470,14 +470,14 @@ static void test_prop_inputs_of_keys(void) {
   CHECK(in.ninputs == 2 && in.ndim[1] == 2 && in.shape[1][0] == 6 && in.itemsize[0] == 8);
   CHECK(in.placements[0][0].kind == MT_PLACEMENT_SHARD &&
         in.placements[1][0].kind == MT_PLACEMENT_REPLICATE && in.want == 0);
-  a.placements[0] = (mt_placement){MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM};
+  a.placements[0] = (mt_placement){MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM, 0};
   mt_prop_inputs_want(&in, &a);
   CHECK(in.want == 1 && in.want_ndim == 2 && in.want_shape[0] == 8);
   CHECK(in.want_placements[0].kind == MT_PLACEMENT_REPLICATE);
   mt_prop_inputs_want(&in, &b);
   CHECK(in.want_shape[0] == 6 && in.want_placements[0].kind == MT_PLACEMENT_REPLICATE);
   mt_prop_inputs_want(&in, &(mt_layout_key){.ndim = 1, .shape = {4}, .mesh_ndim = 1,
-                                            .placements = {{MT_PLACEMENT_SHARD, 0, 0}}});
+                                            .placements = {{MT_PLACEMENT_SHARD, 0, 0, 0}}});
   CHECK(in.want_placements[0].kind == MT_PLACEMENT_SHARD && in.want_ndim == 1);
 }
 

@@ -93,7 +93,7 @@ static void test_non_member(void) {
   CHECK(world_rank == 0 ? rc == MT_OK && one == 5 : rc == MT_EINVAL);
   /* This rank's box of a layout on it: the whole tensor on the member only. */
   const int64_t tshape[2] = {6, 4};
-  const mt_placement s0[1] = {{MT_PLACEMENT_SHARD, 0, 0}};
+  const mt_placement s0[1] = {{MT_PLACEMENT_SHARD, 0, 0, 0}};
   mt_layout l;
   mt_box box;
   mt_error err = {0};

@@ -10,13 +10,13 @@
 #include "mpitensor/core/status.h"
 
 static mt_placement R(void) {
-  return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
+  return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0};
 }
 static mt_placement S(int d) {
-  return (mt_placement){MT_PLACEMENT_SHARD, d, 0};
+  return (mt_placement){MT_PLACEMENT_SHARD, d, 0, 0};
 }
 static mt_placement P(int op) {
-  return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op};
+  return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op, 0};
 }
 
 /* Layouts with only what mt_plan_check reads: the mesh dims and placements. */
@@ -55,7 +55,7 @@ static void test_allowed(void) {
   expect(on_mesh(1, P(MT_REDUCE_AVG), R()), on_mesh(1, P(MT_REDUCE_AVG), R()),
          MT_DTYPE_INT64, MT_OK, NULL);
   /* A Replicate with a stray dim still equals Replicate. */
-  mt_placement odd = {MT_PLACEMENT_REPLICATE, 5, 3};
+  mt_placement odd = {MT_PLACEMENT_REPLICATE, 5, 3, 0};
   expect(on_mesh(1, P(MT_REDUCE_SUM), R()), on_mesh(1, P(MT_REDUCE_SUM), odd),
          MT_DTYPE_FLOAT32, MT_OK, NULL);
 }
@@ -107,7 +107,7 @@ static void test_bad_input(void) {
   mt_layout a = on_mesh(1, R(), R()), b = on_mesh(2, R(), R());
   expect(a, b, MT_DTYPE_FLOAT32, MT_EINVAL, NULL);
   expect(on_mesh(0, R(), R()), on_mesh(0, R(), R()), MT_DTYPE_FLOAT32, MT_EINVAL, NULL);
-  mt_placement weird = {7, 0, 0}, bad_op = {MT_PLACEMENT_PARTIAL, 0, 9};
+  mt_placement weird = {7, 0, 0, 0}, bad_op = {MT_PLACEMENT_PARTIAL, 0, 9, 0};
   expect(on_mesh(1, weird, R()), a, MT_DTYPE_FLOAT32, MT_EINVAL, NULL);
   expect(a, on_mesh(1, bad_op, R()), MT_DTYPE_FLOAT32, MT_EINVAL, NULL);
   mt_error err = {0};

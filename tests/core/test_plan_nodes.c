@@ -14,9 +14,9 @@
 #include "mpitensor/core/plan.h"
 #include "mpitensor/core/timemodel.h"
 
-static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}; }
-static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0}; }
-static mt_placement P(void) { return (mt_placement){MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM}; }
+static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0}; }
+static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0, 0}; }
+static mt_placement P(void) { return (mt_placement){MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_SUM, 0}; }
 
 static mt_layout make(int ndim, const int64_t *shape, int mesh_ndim, const int64_t *mesh,
                       const mt_placement *p) {

@@ -21,13 +21,13 @@
 #include "mpitensor/core/status.h"
 
 static mt_placement R(void) {
-  return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
+  return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0};
 }
 static mt_placement P(int op) {
-  return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op};
+  return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op, 0};
 }
 static mt_placement S(int dim) {
-  return (mt_placement){MT_PLACEMENT_SHARD, dim, 0};
+  return (mt_placement){MT_PLACEMENT_SHARD, dim, 0, 0};
 }
 
 #define PSUM P(MT_REDUCE_SUM)

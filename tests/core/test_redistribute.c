@@ -37,13 +37,13 @@ static mt_comm_counters test_counters;
 /* ---- Placements, layouts and meshes. ---------------------------------------- */
 
 static mt_placement R(void) {
-  return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0};
+  return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0};
 }
 static mt_placement S(int dim) {
-  return (mt_placement){MT_PLACEMENT_SHARD, dim, 0};
+  return (mt_placement){MT_PLACEMENT_SHARD, dim, 0, 0};
 }
 static mt_placement P(int op) {
-  return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op};
+  return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op, 0};
 }
 
 static int is_partial(const mt_layout* l, int m) {

@@ -150,7 +150,7 @@ static void check_layout_shards(int dtype, int dist) {
   memcpy(whole.shape, shape, sizeof shape);
   CHECK(mt_rng_fill_box(full, dtype, dist, 7, 0, shape, &whole, NULL) == MT_OK);
   mt_layout l;
-  mt_placement pl[2] = {{MT_PLACEMENT_SHARD, 2, 0}, {MT_PLACEMENT_SHARD, 0, 0}};
+  mt_placement pl[2] = {{MT_PLACEMENT_SHARD, 2, 0, 0}, {MT_PLACEMENT_SHARD, 0, 0, 0}};
   CHECK(mt_layout_init(&l, 3, shape, 2, mesh, pl, NULL) == MT_OK);
   int mismatches = 0;
   for (int64_t c0 = 0; c0 < 2; ++c0)

@@ -15,9 +15,9 @@
 
 #define MAX_RANKS 16
 
-static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}; }
-static mt_placement P(int op) { return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op}; }
-static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0}; }
+static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0}; }
+static mt_placement P(int op) { return (mt_placement){MT_PLACEMENT_PARTIAL, 0, op, 0}; }
+static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0, 0}; }
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Du;
 

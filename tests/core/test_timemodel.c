@@ -9,8 +9,8 @@
 #include "mpitensor/core/plan.h"
 #include "mpitensor/core/timemodel.h"
 
-static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}; }
-static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0}; }
+static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0}; }
+static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0, 0}; }
 
 static mt_layout make2(int64_t rows, int64_t cols, int64_t m0, int64_t m1, mt_placement a,
                        mt_placement b) {
@@ -196,21 +196,21 @@ static void test_local_passes(void) {
     int kind;
     int64_t copy, reduce;
   } cases[] = {
-      {{MT_PLACEMENT_SHARD, 0, 0}, {MT_PLACEMENT_REPLICATE, 0, 0}, MT_STEP_ALLGATHER, 0, 0},
+      {{MT_PLACEMENT_SHARD, 0, 0, 0}, {MT_PLACEMENT_REPLICATE, 0, 0, 0}, MT_STEP_ALLGATHER, 0, 0},
       /* the blocks of columns are placed in the whole output */
-      {{MT_PLACEMENT_SHARD, 1, 0}, {MT_PLACEMENT_REPLICATE, 0, 0}, MT_STEP_ALLGATHER, 512, 0},
+      {{MT_PLACEMENT_SHARD, 1, 0, 0}, {MT_PLACEMENT_REPLICATE, 0, 0, 0}, MT_STEP_ALLGATHER, 512, 0},
       /* the kept two columns are copied */
-      {{MT_PLACEMENT_REPLICATE, 0, 0}, {MT_PLACEMENT_SHARD, 1, 0}, MT_STEP_CHUNK, 128, 0},
-      {{MT_PLACEMENT_PARTIAL, 0, 0}, {MT_PLACEMENT_REPLICATE, 0, 0}, MT_STEP_ALLREDUCE, 0,
+      {{MT_PLACEMENT_REPLICATE, 0, 0, 0}, {MT_PLACEMENT_SHARD, 1, 0, 0}, MT_STEP_CHUNK, 128, 0},
+      {{MT_PLACEMENT_PARTIAL, 0, 0, 0}, {MT_PLACEMENT_REPLICATE, 0, 0, 0}, MT_STEP_ALLREDUCE, 0,
        384},
       /* three contributions of two rows; blocks of rows are slabs */
-      {{MT_PLACEMENT_PARTIAL, 0, 0}, {MT_PLACEMENT_SHARD, 0, 0}, MT_STEP_REDUCE_SCATTER, 0,
+      {{MT_PLACEMENT_PARTIAL, 0, 0, 0}, {MT_PLACEMENT_SHARD, 0, 0, 0}, MT_STEP_REDUCE_SCATTER, 0,
        384},
-      {{MT_PLACEMENT_PARTIAL, 0, 0}, {MT_PLACEMENT_SHARD, 1, 0}, MT_STEP_REDUCE_SCATTER,
+      {{MT_PLACEMENT_PARTIAL, 0, 0, 0}, {MT_PLACEMENT_SHARD, 1, 0, 0}, MT_STEP_REDUCE_SCATTER,
        512, 384},
       /* rows to columns: the columns sent are strided, MPI packs them, and every
        * element of the target box passes once (kept or unpacked) */
-      {{MT_PLACEMENT_SHARD, 0, 0}, {MT_PLACEMENT_SHARD, 1, 0}, MT_STEP_ALLTOALL, 128, 0},
+      {{MT_PLACEMENT_SHARD, 0, 0, 0}, {MT_PLACEMENT_SHARD, 1, 0, 0}, MT_STEP_ALLTOALL, 128, 0},
   };
   mt_time_model m = mt_time_model_default(), free_local = m;
   free_local.copy = free_local.reduce = 0.0;
@@ -251,7 +251,7 @@ static void test_exchange_copies(void) {
   /* [S1, S0] -> [S2, R] of 4 x 4 x 4 on (2, 2): each rank keeps 2 x 2 x 2 of its
    * 4 x 4 x 2 target and lacks 24 elements. */
   const int64_t cube[3] = {4, 4, 4}, mesh[2] = {2, 2};
-  const mt_placement from[2] = {S(1), S(0)}, to[2] = {{MT_PLACEMENT_SHARD, 2, 0}, R()};
+  const mt_placement from[2] = {S(1), S(0)}, to[2] = {{MT_PLACEMENT_SHARD, 2, 0, 0}, R()};
   CHECK(mt_layout_init(&a, 3, cube, 2, mesh, from, NULL) == MT_OK);
   CHECK(mt_layout_init(&b, 3, cube, 2, mesh, to, NULL) == MT_OK);
   CHECK(mt_plan_create_timed(&a, &b, 8, &m, &plan, NULL) == MT_OK);

@@ -77,7 +77,7 @@ static int64_t take_size(input *in) {
 }
 
 static mt_placement take_placement(input *in, int ndim, int allow_partial) {
-  mt_placement p = {MT_PLACEMENT_REPLICATE, 0, 0};
+  mt_placement p = {MT_PLACEMENT_REPLICATE, 0, 0, 0};
   unsigned k = take(in, allow_partial ? 4 : 3);
   if (k >= 1 && k <= 2 && ndim > 0) p.kind = MT_PLACEMENT_SHARD, p.dim = (int)take(in, (unsigned)ndim);
   if (k == 3) p.kind = MT_PLACEMENT_PARTIAL, p.reduce_op = (int)take(in, MT_REDUCE_COUNT);

@@ -16,5 +16,6 @@
 #include "mpitensor/core/prop.h"
 #include "mpitensor/core/rng.h"
 #include "mpitensor/core/status.h"
+#include "mpitensor/core/strided.h"
 
 #endif

@@ -19,7 +19,10 @@ extern "C" {
 typedef enum mt_placement_kind {
   MT_PLACEMENT_REPLICATE = 0,
   MT_PLACEMENT_SHARD = 1,
-  MT_PLACEMENT_PARTIAL = 2
+  MT_PLACEMENT_PARTIAL = 2,
+  /* torch's _StridedShard: read only by the functions of strided.h; every other
+   * function takes plain layouts, and mt_layout_init refuses it. */
+  MT_PLACEMENT_STRIDED = 3
 } mt_placement_kind;
 
 typedef enum mt_reduce_op {
@@ -31,12 +34,15 @@ typedef enum mt_reduce_op {
   MT_REDUCE_COUNT
 } mt_reduce_op;
 
-/* How a tensor lies along one mesh dim. `dim` is the tensor dim for SHARD,
- * `reduce_op` the pending reduction for PARTIAL; the other field is ignored. */
+/* How a tensor lies along one mesh dim. `dim` is the tensor dim for SHARD and
+ * STRIDED, `reduce_op` the pending reduction for PARTIAL, `split_factor` the
+ * number of pieces a STRIDED dim is cut into before each piece is sharded; the
+ * other fields are ignored (and zero, so equal placements are equal bytes). */
 typedef struct mt_placement {
   int kind;
   int dim;
   int reduce_op;
+  int split_factor;
 } mt_placement;
 
 /* An axis-aligned block of a tensor: element offsets and extents per dim. */
