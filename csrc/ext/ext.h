@@ -193,6 +193,7 @@ struct mt_ext_dispatch {
   PyObject *event_name[MT_EVENT_COUNT]; /* interned: the hooks of the events */
   PyObject *ufunc_type;
   PyObject *replicate, *shard[MT_MAX_NDIM], *partial[MT_REDUCE_COUNT];
+  PyObject *strided; /* _strided_shard(dim, split_factor): a _StridedShard */
   PyObject *binary[MT_EXT_NBINARY], *unary[MT_EXT_NUNARY], *compare[MT_EXT_NCOMPARE];
   PyObject *reduction_name[MT_EXT_NREDUCTION];
   int reduction_sig[MT_EXT_NREDUCTION]; /* index into sigs, or -1 */
@@ -283,9 +284,12 @@ PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout)
 PyObject *mt_ext_new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec, int64_t id,
                              int fresh);
 mt_ext_mesh_base *mt_ext_spec_mesh(mt_ext_dispatch *d, PyObject *spec);
-/* Whether a placement has no core code (a _StridedShard, which the core sees only
- * as the plain layout of a reshaped view), a DTensor holds one, or an argument of
- * a registered function (or an item of a list or tuple one) is such a DTensor. */
+/* The core codes of a tuple of placements (at most MT_MAX_MESH_NDIM), strided
+ * shards included. 0, or -1 with an exception. */
+int mt_ext_placement_codes(mt_ext_dispatch *d, PyObject *placements, mt_placement *out);
+/* Whether a placement is a strided shard (kind MT_PLACEMENT_STRIDED, which only
+ * the core's strided.h reads), a DTensor holds one, or an argument of a
+ * registered function (or an item of a list or tuple one) is such a DTensor. */
 int mt_ext_placement_strided(const mt_ext_dispatch *d, PyObject *p);
 int mt_ext_strided(const mt_ext_dispatch *d, PyObject *o);
 int mt_ext_args_strided(const mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);

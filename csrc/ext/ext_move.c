@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "mpitensor/comm/agree.h"
+#include "mpitensor/core/strided.h"
 
 /* The key's word of target placements: 6 bits per mesh dim (kind, then the shard
  * dim or the reduce op). */
@@ -45,19 +46,6 @@ static int strided_targets(const mt_ext_dispatch *d, PyObject *placements) {
   for (Py_ssize_t m = 0; m < PySequence_Fast_GET_SIZE(placements); ++m)
     if (mt_ext_placement_strided(d, PySequence_Fast_ITEMS(placements)[m])) return 1;
   return 0;
-}
-
-/* A move from or to a strided shard: the strided hook runs it as moves of plain
- * layouts of reshaped views. */
-static PyObject *strided_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
-                              PyObject *placements, int async, PyObject *fwd,
-                              PyObject *bwd, PyObject *what) {
-  PyObject *args = Py_BuildValue("(OOOOOOO)", self, mesh, placements,
-                                 async ? Py_True : Py_False, fwd, bwd, what);
-  if (args == NULL) return NULL;
-  PyObject *out = mt_ext_strided_call(d, d->s_redistribute, args, NULL);
-  Py_DECREF(args);
-  return out;
 }
 
 /* A miss: the move checked and planned by the core and stored. */
@@ -168,8 +156,10 @@ static int agree_on_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *spe
     memset(&key, 0, sizeof key);
     key.mesh_ndim = mb->mesh_ndim;
   }
-  int init = mt_layout_init(&from, key.ndim, key.shape, mb->mesh_ndim, mb->mesh_shape,
-                            key.placements, rc == MT_OK ? &err : NULL);
+  /* Hashed on every rank, so a layout the core refuses is hashed as zeros. */
+  memset(&from, 0, sizeof from);
+  int init = mt_strided_init(&from, key.ndim, key.shape, mb->mesh_ndim, mb->mesh_shape,
+                             key.placements, rc == MT_OK ? &err : NULL);
   if (rc == MT_OK) rc = init;
   Py_BEGIN_ALLOW_THREADS
   rc = mt_agree_move(mb->mesh, rc, &from, dst, key.dtype, async, &err);
@@ -215,6 +205,167 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
   return out;
 }
 
+/* ---- Strided shards: plain moves of reshaped local arrays. ---- */
+
+/* The layout of `shape` on `mb` with `placements` (a tuple; strided ones allowed).
+ * 0, or -1 with an exception. */
+static int strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *shape,
+                          PyObject *placements, mt_layout *out) {
+  mt_placement codes[MT_MAX_MESH_NDIM];
+  int64_t sh[MT_MAX_NDIM];
+  Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+  if (ndim > MT_MAX_NDIM || PyTuple_GET_SIZE(placements) != mb->mesh_ndim)
+    return PyErr_SetString(PyExc_ValueError, "a layout too large for the core"), -1;
+  for (Py_ssize_t i = 0; i < ndim; ++i)
+    if ((sh[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i))) == -1 && PyErr_Occurred())
+      return -1;
+  if (mt_ext_placement_codes(d, placements, codes) < 0) return -1;
+  mt_error err = {0};
+  int rc = mt_strided_init(out, (int)ndim, sh, mb->mesh_ndim, mb->mesh_shape, codes, &err);
+  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
+}
+
+/* 0 when `l` has a plain expansion (then it has a common plain form with any
+ * layout without cuts, and a move through one ends), else -1 with the core's
+ * error. */
+static int expands(const mt_layout *l) {
+  mt_layout e;
+  int group[MT_MAX_NDIM + 1];
+  mt_error err = {0};
+  int rc = mt_strided_expand(l, &e, group, &err);
+  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
+}
+
+/* A DTensor of layout `l` (dtype that of `like`'s spec; placements `pl`, or made
+ * from `l`'s when NULL) around `local`, reshaped to this rank's part of `l`: the
+ * same elements in the same order when `l` holds them as `like` does
+ * (mt_strided_refine). No autograd history. */
+static PyObject *as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
+                           PyObject *local, const mt_layout *l, PyObject *pl) {
+  int64_t coord[MT_MAX_MESH_NDIM], stride[MT_MAX_NDIM];
+  PyObject *shaped = NULL;
+  if (mb->member && mt_mesh_coordinate(mb->mesh, coord)) {
+    mt_box box;
+    mt_error err = {0};
+    int rc = mt_strided_local_box(l, coord, &box, &err);
+    if (rc != MT_OK) return mt_ext_raise(rc, &err);
+    npy_intp dims[MT_MAX_NDIM];
+    for (int i = 0; i < box.ndim; ++i) dims[i] = (npy_intp)box.shape[i];
+    PyArray_Dims newshape = {dims, box.ndim};
+    shaped = PyArray_Newshape((PyArrayObject *)local, &newshape, NPY_CORDER);
+  } else {
+    shaped = Py_NewRef(local);
+  }
+  mt_layout_contiguous_strides(l->ndim, l->shape, stride);
+  PyObject *items[5] = {PyTuple_GET_ITEM(like, 0),
+                        pl != NULL ? Py_NewRef(pl)
+                                   : mt_ext_placement_objects(d, l->placements, l->mesh_ndim),
+                        mt_ext_int_tuple(l->shape, l->ndim), PyTuple_GET_ITEM(like, 3),
+                        mt_ext_int_tuple(stride, l->ndim)};
+  PyObject *spec = shaped && items[1] && items[2] && items[4] ? mt_ext_spec_new(d, items) : NULL;
+  Py_XDECREF(items[1]);
+  Py_XDECREF(items[2]);
+  Py_XDECREF(items[4]);
+  return mt_ext_new_dtensor(d, shaped, spec, 0, 0);
+}
+
+/* The placements of `l` with each strided shard Replicate, and with every Shard
+ * too when `all`: a plain layout a strided one passes through. */
+static PyObject *plain_targets(mt_ext_dispatch *d, const mt_layout *l, int all) {
+  mt_placement p[MT_MAX_MESH_NDIM];
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    int keep = l->placements[m].kind == MT_PLACEMENT_PARTIAL ||
+               (!all && l->placements[m].kind == MT_PLACEMENT_SHARD);
+    p[m] = keep ? l->placements[m] : (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0};
+  }
+  return mt_ext_placement_objects(d, p, l->mesh_ndim);
+}
+
+/* Whether redistribute's arguments need no normalising: the DTensor's own mesh
+ * (or none), no dtypes, and a tuple of placements, one per mesh dim, each an
+ * interned one or a strided shard, their dims inside the tensor. */
+static int normal_args(const mt_ext_dispatch *d, const mt_ext_mesh_base *mb,
+                       const PyObject *mesh, PyObject *placements, const PyObject *fwd,
+                       const PyObject *bwd, int ndim) {
+  if ((mesh != Py_None && mesh != (const PyObject *)mb) || fwd != Py_None || bwd != Py_None ||
+      !PyTuple_CheckExact(placements) || PyTuple_GET_SIZE(placements) != mb->mesh_ndim)
+    return 0;
+  for (Py_ssize_t m = 0; m < mb->mesh_ndim; ++m) {
+    PyObject *p = PyTuple_GET_ITEM(placements, m);
+    mt_placement c;
+    if (mt_ext_interned_code(d, p, &c)) {
+      if (c.kind == MT_PLACEMENT_SHARD && c.dim >= ndim) return 0;
+      continue;
+    }
+    PyObject *dim = mt_ext_placement_strided(d, p) ? PyObject_GetAttrString(p, "dim") : NULL;
+    long v = dim != NULL ? PyLong_AsLong(dim) : -1;
+    Py_XDECREF(dim);
+    PyErr_Clear();
+    if (v < 0 || v >= ndim) return 0;
+  }
+  return 1;
+}
+
+/* A move from or to a strided shard. On the two layouts' common plain form
+ * (mt_strided_refine) it is one plain move of the reshaped local arrays. Without
+ * one, it passes through a plain layout as torch does through Replicate: a
+ * strided source first goes to its plain placements (its strided mesh dims
+ * Replicate; every Shard too when that has no common form either), a plain
+ * source to its Partials alone; both hops are moves of their own, recorded for
+ * autograd as such. Runs blocking. */
+static PyObject *strided_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *self,
+                              PyObject *mesh, PyObject *placements, PyObject *fwd,
+                              PyObject *bwd, PyObject *what) {
+  mt_ext_dtensor *b = (mt_ext_dtensor *)self;
+  int explicit = what == d->s_redistribute;
+  PyObject *holder = NULL, *spec = b->spec, *out = NULL;
+  mt_layout src, dst, ra, rb;
+  int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
+  int normal = normal_args(d, mb, mesh, placements, fwd, bwd, ndim);
+  if (mt_ext_complete(d, b) < 0 ||
+      (!normal && normalise(d, self, mesh, &placements, &fwd, &bwd, &holder) < 0) ||
+      strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 1), &src) < 0 ||
+      strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), placements, &dst) < 0 ||
+      expands(&src) < 0 || expands(&dst) < 0) {
+    if (explicit) agree_on_move(d, mb, spec, NULL, 0);
+    Py_XDECREF(holder);
+    return NULL;
+  }
+  mt_error err = {0};
+  if (mt_strided_refine(&src, &dst, &ra, &rb, &err) == MT_OK) {
+    PyObject *view = as_layout(d, mb, spec, b->local, &ra, NULL);
+    PyObject *target = mt_ext_placement_objects(d, rb.placements, rb.mesh_ndim);
+    PyObject *moved = view && target ? mt_ext_move(d, view, Py_None, target, 0, fwd, Py_None,
+                                                   what)
+                                     : NULL;
+    if (moved != NULL)
+      out = as_layout(d, mb, ((mt_ext_dtensor *)moved)->spec, ((mt_ext_dtensor *)moved)->local,
+                      &dst, placements);
+    Py_XDECREF(view);
+    Py_XDECREF(target);
+    Py_XDECREF(moved);
+    if (out != NULL && b->requires_grad && d->modes->grad_enabled)
+      out = record_move(d, self, out, bwd);
+  } else {
+    int all = !mt_strided_has(&src);
+    if (!all) {
+      mt_layout plain;
+      PyObject *p = plain_targets(d, &src, 0);
+      all = p == NULL || strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), p, &plain) < 0 ||
+            mt_strided_refine(&src, &plain, &ra, &rb, &err) != MT_OK;
+      Py_XDECREF(p);
+      PyErr_Clear();
+    }
+    PyObject *mid = plain_targets(d, &src, all);
+    PyObject *x = mid ? mt_ext_move(d, self, Py_None, mid, 0, fwd, bwd, what) : NULL;
+    out = x ? mt_ext_move(d, x, Py_None, placements, 0, Py_None, Py_None, what) : NULL;
+    Py_XDECREF(mid);
+    Py_XDECREF(x);
+  }
+  Py_XDECREF(holder);
+  return out;
+}
+
 PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
                       PyObject *placements, int async, PyObject *fwd, PyObject *bwd,
                       PyObject *what) {
@@ -222,7 +373,7 @@ PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
   mt_ext_mesh_base *mb = mt_ext_spec_mesh(d, b->spec);
   if (mb == NULL) return PyErr_Format(PyExc_TypeError, "a DTensor's spec names its mesh");
   if (mt_ext_strided(d, self) || strided_targets(d, placements))
-    return strided_move(d, self, mesh, placements, async, fwd, bwd, what);
+    return strided_move(d, mb, self, mesh, placements, fwd, bwd, what);
   if (mt_ext_complete(d, b) < 0) return NULL;
   PyObject *holder = NULL;
   mt_placement dst[MT_MAX_MESH_NDIM];

@@ -168,16 +168,21 @@ static int load_numpy(mt_ext_dispatch *d) {
   return rc;
 }
 
-/* The interned placements: Replicate(), Shard(0..), Partial(op) by reduce op. */
+/* The interned placements: Replicate(), Shard(0..), Partial(op) by reduce op; and
+ * the maker of strided shards. */
 static int load_placements(mt_ext_dispatch *d, PyObject *rep, PyObject *shards,
-                           PyObject *partials) {
+                           PyObject *partials, PyObject *strided) {
   if (!PyTuple_Check(shards) || PyTuple_GET_SIZE(shards) != MT_MAX_NDIM ||
       !PyTuple_Check(partials) || PyTuple_GET_SIZE(partials) != MT_REDUCE_COUNT) {
     PyErr_Format(PyExc_ValueError, "dispatch_init: %d shards and %d partials", MT_MAX_NDIM,
                  MT_REDUCE_COUNT);
     return -1;
   }
-  d->replicate = Py_NewRef(rep);
+  if (!PyCallable_Check(strided)) {
+    PyErr_SetString(PyExc_TypeError, "dispatch_init: strided shards are made by a callable");
+    return -1;
+  }
+  d->replicate = Py_NewRef(rep), d->strided = Py_NewRef(strided);
   for (int i = 0; i < MT_MAX_NDIM; ++i) d->shard[i] = Py_NewRef(PyTuple_GET_ITEM(shards, i));
   for (int i = 0; i < MT_REDUCE_COUNT; ++i)
     d->partial[i] = Py_NewRef(PyTuple_GET_ITEM(partials, i));
@@ -185,21 +190,21 @@ static int load_placements(mt_ext_dispatch *d, PyObject *rep, PyObject *shards,
 }
 
 /* dispatch_init(DTensor, DTensorSpec, Node, Request, replicate, shards, partials,
- * functions, rules, backwards) */
+ * strided, functions, rules, backwards) */
 static PyObject *dispatch_init(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *dtensor, *spec, *node, *request, *rep, *shards, *partials, *functions, *rules,
-      *backwards;
-  if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO!O!O!:dispatch_init", &PyType_Type, &dtensor,
+  PyObject *dtensor, *spec, *node, *request, *rep, *shards, *partials, *strided, *functions,
+      *rules, *backwards;
+  if (!PyArg_ParseTuple(args, "O!O!O!O!OOOOO!O!O!:dispatch_init", &PyType_Type, &dtensor,
                         &PyType_Type, &spec, &PyType_Type, &node, &PyType_Type, &request,
-                        &rep, &shards, &partials, &PyDict_Type, &functions, &PyDict_Type,
-                        &rules, &PyDict_Type, &backwards))
+                        &rep, &shards, &partials, &strided, &PyDict_Type, &functions,
+                        &PyDict_Type, &rules, &PyDict_Type, &backwards))
     return NULL;
   if (!PyType_IsSubtype((PyTypeObject *)dtensor, d->dtensor_base))
     return PyErr_Format(PyExc_TypeError, "dispatch_init needs a DTensorBase subclass");
   if (d->dtensor != NULL)
     return PyErr_Format(PyExc_RuntimeError, "dispatch_init was called already");
-  if (load_numpy(d) < 0 || load_placements(d, rep, shards, partials) < 0) return NULL;
+  if (load_numpy(d) < 0 || load_placements(d, rep, shards, partials, strided) < 0) return NULL;
   d->spec = (PyTypeObject *)Py_NewRef(spec), d->node_type = (PyTypeObject *)Py_NewRef(node);
   d->request_type = (PyTypeObject *)Py_NewRef(request);
   d->functions = Py_NewRef(functions), d->rules = Py_NewRef(rules);
@@ -293,6 +298,7 @@ int mt_ext_ops_exec(PyObject *module) {
   X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->functions);   \
   X(d->rules);                                                                         \
   X(d->backwards); X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids);      \
+  X(d->strided);                                                                       \
   X(d->s_call);                                                                        \
   X(d->s_axis); X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims); X(d->empty_tuple);  \
   X(d->s_redistribute);                                                                \

@@ -8,25 +8,33 @@
 #include <string.h>
 
 int mt_ext_interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placement *out) {
-  if (p == d->replicate) return *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0}, 1;
+  if (p == d->replicate) return *out = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0}, 1;
   for (int i = 0; i < MT_MAX_NDIM; ++i)
-    if (p == d->shard[i]) return *out = (mt_placement){MT_PLACEMENT_SHARD, i, 0}, 1;
+    if (p == d->shard[i]) return *out = (mt_placement){MT_PLACEMENT_SHARD, i, 0, 0}, 1;
   for (int op = 0; op < MT_REDUCE_COUNT; ++op)
-    if (p == d->partial[op]) return *out = (mt_placement){MT_PLACEMENT_PARTIAL, 0, op}, 1;
+    if (p == d->partial[op]) return *out = (mt_placement){MT_PLACEMENT_PARTIAL, 0, op, 0}, 1;
   return 0;
 }
 
 /* The placement code of a Placement: an interned one by identity, else its
- * `_code` triple. 0, or -1 with an exception. */
+ * `_code`, (kind, dim, reduce_op[, split_factor]). 0, or -1 with an exception. */
 static int placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
   if (mt_ext_interned_code(d, p, out)) return 0;
   PyObject *code = PyObject_GetAttrString(p, "_code");
+  *out = (mt_placement){0, 0, 0, 0};
   int ok = code != NULL && PyTuple_Check(code) &&
-           PyArg_ParseTuple(code, "iii", &out->kind, &out->dim, &out->reduce_op);
+           PyArg_ParseTuple(code, "iii|i", &out->kind, &out->dim, &out->reduce_op,
+                            &out->split_factor);
   if (code != NULL && !PyTuple_Check(code))
     PyErr_SetString(PyExc_TypeError, "a placement's _code is a (kind, dim, reduce_op) tuple");
   Py_XDECREF(code);
   return ok ? 0 : -1;
+}
+
+int mt_ext_placement_codes(mt_ext_dispatch *d, PyObject *placements, mt_placement *out) {
+  for (Py_ssize_t m = 0; m < PyTuple_GET_SIZE(placements); ++m)
+    if (placement_code(d, PyTuple_GET_ITEM(placements, m), &out[m]) < 0) return -1;
+  return 0;
 }
 
 int mt_ext_dtype_key(PyArray_Descr *descr) {
@@ -82,7 +90,9 @@ int mt_ext_placement_strided(const mt_ext_dispatch *d, PyObject *p) {
   if (mt_ext_interned_code(d, p, &interned)) return 0;
   PyObject *code = PyObject_GetAttrString(p, "_code");
   if (code == NULL) PyErr_Clear();
-  int yes = code == Py_None;
+  int yes = code != NULL && PyTuple_Check(code) && PyTuple_GET_SIZE(code) > 0 &&
+            PyLong_Check(PyTuple_GET_ITEM(code, 0)) &&
+            PyLong_AsLong(PyTuple_GET_ITEM(code, 0)) == MT_PLACEMENT_STRIDED;
   Py_XDECREF(code);
   return yes;
 }
@@ -158,12 +168,15 @@ PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, in
   for (int m = 0; out != NULL && m < n; ++m) {
     PyObject *obj = p[m].kind == MT_PLACEMENT_SHARD && p[m].dim >= 0 &&
                             p[m].dim < MT_MAX_NDIM
-                        ? d->shard[p[m].dim]
+                        ? Py_NewRef(d->shard[p[m].dim])
                     : p[m].kind == MT_PLACEMENT_PARTIAL && p[m].reduce_op >= 0 &&
                             p[m].reduce_op < MT_REDUCE_COUNT
-                        ? d->partial[p[m].reduce_op]
-                        : d->replicate;
-    PyTuple_SET_ITEM(out, m, Py_NewRef(obj));
+                        ? Py_NewRef(d->partial[p[m].reduce_op])
+                    : p[m].kind == MT_PLACEMENT_STRIDED
+                        ? PyObject_CallFunction(d->strided, "ii", p[m].dim, p[m].split_factor)
+                        : Py_NewRef(d->replicate);
+    if (obj == NULL) Py_CLEAR(out);
+    else PyTuple_SET_ITEM(out, m, obj);
   }
   return out;
 }

@@ -72,7 +72,8 @@ class MeshBase:
 MODES: Any
 
 def dispatch_init(dtensor_type: type, spec_type: type, node_type: type, request_type: type,
-                  replicate: Any, shards: tuple, partials: tuple, functions: dict,
+                  replicate: Any, shards: tuple, partials: tuple, strided: Any,
+                  functions: dict,
                   rules: dict, backwards: dict) -> None: ...
 def register_ufunc(ufunc: Any, family: int, kind: int) -> None: ...
 def register_reduction(func: Any, method: str | None, reduce_op: int, partial_rule: int,

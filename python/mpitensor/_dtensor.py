@@ -24,7 +24,7 @@ from ._hooks import RemovableHandle, add_hook
 from ._layout import _codes, compute_local_shape_and_global_offset
 from ._node import Node
 from .device_mesh import DeviceMesh, find_live_mesh, local_mesh
-from .placement_types import Partial, Placement, Replicate, Shard, _StridedShard
+from .placement_types import Partial, Placement, Replicate, Shard, _StridedShard, _strided_shard
 from ._shard import DTensorShard
 
 __all__ = ["DTensor", "ChunkStorageMetadata"]
@@ -932,7 +932,8 @@ class DTensor(_C.DTensorBase):
 # and autograd fill.
 _C.dispatch_init(DTensor, DTensorSpec, Node, _comm.Request, Replicate(),
                  tuple(Shard(d) for d in range(_clib.MAX_NDIM)),
-                 tuple(Partial(op) for op in _clib.CORE.REDUCE_OPS), _registry.functions,
+                 tuple(Partial(op) for op in _clib.CORE.REDUCE_OPS), _strided_shard,
+                 _registry.functions,
                  _registry.rules, _registry.backwards)
 
 

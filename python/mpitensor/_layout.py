@@ -16,7 +16,7 @@ def _codes(placements: Sequence[Placement]) -> tuple:
     for p in placements:
         if not isinstance(p, Placement):
             raise TypeError(f"placements must be Shard, Replicate or Partial, got {p!r}")
-        if p._code is None:
+        if len(p._code) > 3:
             raise TypeError(f"{p!r} has no box of its own: read the layout as the plain "
                             f"layout of its expansion (mpitensor._strided.expand)")
     return tuple(p._code for p in placements)
@@ -38,7 +38,7 @@ def local_shape_and_global_offset(global_shape: Sequence[int], mesh_shape: Seque
         ((1, 3), (3, 0))
     """
     shape = tuple(global_shape)
-    if any(p._code is None for p in placements if isinstance(p, Placement)):
+    if _strided.has_strided(placements):
         return _strided.local_box(shape, placements, mesh_shape, coordinate)
     # Dims below -ndim stay as given, so the core's IndexError names the user's dim.
     placements = tuple(Shard(p.dim + len(shape))

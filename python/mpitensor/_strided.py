@@ -2,11 +2,10 @@
 
 A dim placed ``_StridedShard(d, split_factor=f)`` is, on every rank, the local
 data of a plain layout in which that dim is split into factors (``f`` pieces,
-each cut as ``Shard`` cuts). So the core never needs a new layout kind: a
-strided DTensor is handed to it as the plain layout of its *expansion* (the same
-local array, reshaped), where the core's chunk math, prop and plans all apply.
-This module is that translation and nothing else: metadata arithmetic, local, no
-data and no MPI. Two layouts of the same mesh hold the same elements on every
+each cut as ``Shard`` cuts): its *expansion*, the same local array reshaped. The
+core knows strided layouts (mpitensor/core/strided.h: expansion, local boxes, the
+common plain form of two layouts); this module reads them for Python, and adds
+what reshape views need (normal forms across shapes). Local, no data, no MPI. Two layouts of the same mesh hold the same elements on every
 rank, in the same order, exactly when their :func:`canonical` forms are equal;
 that is how every view between them is checked.
 """
@@ -19,9 +18,9 @@ from typing import Sequence
 import numpy as np
 
 from . import _clib
-from .placement_types import Placement, Replicate, Shard, _StridedShard
+from .placement_types import Placement, Replicate, Shard, _StridedShard, from_code
 
-__all__ = ["has_strided", "expand", "canonical", "reshape_groups", "view_placements",
+__all__ = ["has_strided", "expand", "refine", "canonical", "reshape_groups", "view_placements",
            "same_elements", "local_shape", "local_box", "held_indices", "plain_of"]
 
 
@@ -33,64 +32,18 @@ def has_strided(placements: Sequence[Placement]) -> bool:
     return any(type(p) is _StridedShard for p in placements)
 
 
-class _Dim:
-    """One tensor dim's factors while its placements are applied, mesh dim by
-    mesh dim: global sizes, this layout's local sizes (evenly cut so far, or cut
-    unevenly only on the last factor that holds data) and which factor each mesh
-    dim shards."""
-
-    def __init__(self, size: int):
-        self.sizes, self.local, self.owner, self.uneven = [size], [size], {}, False
-
-    def chunk(self, start: int, mesh_dim: int, ranks: int) -> None:
-        # A chunk of the flattened factors from `start` is a chunk of the first
-        # factor that holds more than one element, when the cut falls between its
-        # entries: evenly, or with nothing after it.
-        if start == len(self.local):
-            self.sizes.append(1)
-            self.local.append(1)
-        k = next((i for i in range(start, len(self.local)) if self.local[i] > 1), start)
-        rest = math.prod(self.local[k + 1:])
-        if self.uneven or (self.local[k] % ranks and rest != 1):
-            raise ValueError("uneven")
-        # After an uneven cut nothing more may cut this dim, so the local sizes
-        # stop mattering: only even cuts are followed (the core owns the chunk
-        # sizes).
-        self.uneven = self.local[k] % ranks != 0
-        self.local[k] //= ranks
-        self.owner[mesh_dim] = k
-
-    def split(self, factor: int) -> int:
-        # Where the first `factor` pieces end: a boundary between factors, one
-        # factor split in two when the boundary falls inside it.
-        prefix = 1
-        for k, n in enumerate(self.local):
-            if prefix == factor:
-                return k
-            a = factor // prefix
-            if a < n:
-                if n % a:
-                    raise ValueError("split")
-                inner = n // a
-                self.sizes[k:k + 1] = [self.sizes[k] // inner, inner]
-                self.local[k:k + 1] = [a, inner]
-                self.owner = {m: (i + 1 if i > k else i) for m, i in self.owner.items()}
-                return k + 1
-            if n == 0 or a % n:
-                raise ValueError("split")
-            prefix *= n
-        if prefix == factor:
-            return len(self.local)
-        raise ValueError("split")
+def _codes(placements) -> tuple:
+    return tuple(p._code for p in placements)
 
 
 def expand(shape: Sequence[int], placements: Sequence[Placement],
            mesh_shape: Sequence[int]):
     """The plain layout whose local arrays, reshaped, are this layout's: ``(shape,
     placements, groups)`` with ``groups[d]`` the range of expanded dims of dim
-    ``d``. A layout without strided shards is its own expansion. ValueError when a
-    strided shard has no plain form (a split factor that does not divide the
-    local dim, or a cut after an uneven one). Local.
+    ``d``: the core's mt_strided_expand. A layout without strided shards is its
+    own expansion. ValueError when a strided shard has no plain form (a split
+    factor that does not divide the local dim, or a cut after an uneven one).
+    Local.
 
     Example::
 
@@ -100,35 +53,27 @@ def expand(shape: Sequence[int], placements: Sequence[Placement],
     shape = tuple(int(n) for n in shape)
     if not has_strided(placements):
         return shape, tuple(placements), tuple(range(d, d + 1) for d in range(len(shape)))
-    dims = [_Dim(n) for n in shape]
-    for m, p in enumerate(placements):
-        if not isinstance(p, (Shard, _StridedShard)):
-            continue
-        if not 0 <= p.dim < len(shape):
-            raise ValueError(f"{p!r} is out of range for a tensor with {len(shape)} dims")
-        dim = dims[p.dim]
-        try:
-            if type(p) is _StridedShard:
-                if dim.uneven or math.prod(dim.local) % p.split_factor:
-                    raise ValueError("factor")
-                dim.chunk(dim.split(p.split_factor), m, mesh_shape[m])
-            else:
-                dim.chunk(0, m, mesh_shape[m])
-        except ValueError:
-            raise ValueError(
-                f"placements {tuple(placements)} of a tensor of shape {shape} on a mesh "
-                f"of shape {tuple(mesh_shape)}: {p!r} on mesh dim {m} does not cut dim "
-                f"{p.dim} into whole pieces; redistribute to Shard or Replicate "
-                f"placements first") from None
-    out_shape, groups, first = [], [], []
-    for dim in dims:
-        first.append(len(out_shape))
-        groups.append(range(len(out_shape), len(out_shape) + len(dim.sizes)))
-        out_shape.extend(dim.sizes)
-    out = tuple(Shard(first[p.dim] + dims[p.dim].owner[m])
-                if isinstance(p, (Shard, _StridedShard)) else p
-                for m, p in enumerate(placements))
-    return tuple(out_shape), out, tuple(groups)
+    eshape, codes, groups = _clib.strided_expand(shape, tuple(mesh_shape), _codes(placements))
+    return eshape, tuple(from_code(c) for c in codes), groups
+
+
+def refine(shape: Sequence[int], a: Sequence[Placement], b: Sequence[Placement],
+           mesh_shape: Sequence[int]):
+    """Two layouts of one tensor as plain layouts of one finer shape, holding on
+    every rank the same elements in the same order: ``(shape, a_placements,
+    b_placements)``, so a move between them is one planned move of reshaped local
+    arrays (the core's mt_strided_refine). None when there is no such shape.
+    Local.
+
+    Example: ``refine((48,), (_StridedShard(0, sf=8),), (Replicate(),), (2,)) ==
+    ((8, 6), (Shard(dim=1),), (Replicate(),))``.
+    """
+    got = _clib.strided_refine(tuple(int(n) for n in shape), tuple(mesh_shape),
+                               _codes(a), _codes(b))
+    if got is None:
+        return None
+    rshape, ca, cb = got
+    return rshape, tuple(map(from_code, ca)), tuple(map(from_code, cb))
 
 
 def canonical(shape: Sequence[int], placements: Sequence[Placement],
@@ -243,7 +188,10 @@ def view_placements(shape: Sequence[int], placements: Sequence[Placement],
             # even give a factor of zero): the data must move.
             return None
         else:
-            out.append(_StridedShard(gj[0], split_factor=math.prod(local[gi[0]:p.dim])))
+            factor = math.prod(local[gi[0]:p.dim])
+            if factor >= 2**31:  # beyond the core's split factors: the data moves
+                return None
+            out.append(_StridedShard(gj[0], split_factor=factor))
         if local[p.dim] % mesh_shape[m]:
             uneven.add(p.dim)
         local[p.dim] //= mesh_shape[m]
@@ -267,40 +215,30 @@ def same_elements(a_shape, a_placements, b_shape, b_placements, mesh_shape) -> b
 def _box(shape, placements, mesh_shape, coordinate):
     """The core's box (local shape, global offset) of a plain layout."""
     return _clib.local_box(tuple(shape), tuple(mesh_shape), tuple(coordinate),
-                           tuple(p._code for p in placements))
+                           _codes(placements))
 
 
 def local_box(shape: Sequence[int], placements: Sequence[Placement],
               mesh_shape: Sequence[int], coordinate: Sequence[int]) -> tuple:
     """A strided layout's local shape, and as offset the global index, along each
     dim, of this coordinate's first element (its elements are not one box; an
-    empty part reports the dim's size, as the core does). Local.
+    empty part reports the dim's size, as the core does): mt_strided_local_box.
+    Local.
 
     Example: ``local_box((48,), (_StridedShard(0, sf=8),), (2,), (1,)) ==
     ((24,), (3,))``.
     """
-    eshape, eplacements, groups = expand(shape, placements, mesh_shape)
-    elocal, eoffset = _box(eshape, eplacements, mesh_shape, coordinate)
-    sizes, offsets = [], []
-    for g in groups:
-        sizes.append(math.prod(elocal[g.start:g.stop]))
-        flat = 0
-        for i in g:
-            flat = flat * eshape[i] + min(eoffset[i], max(eshape[i] - 1, 0))
-        offsets.append(flat if sizes[-1] else math.prod(eshape[g.start:g.stop]))
-    return tuple(sizes), tuple(offsets)
+    return _clib.strided_local_box(tuple(int(n) for n in shape), tuple(mesh_shape),
+                                   tuple(coordinate), _codes(placements))
 
 
 def local_shape(shape: Sequence[int], placements: Sequence[Placement],
                 mesh_shape: Sequence[int], coordinate: Sequence[int]) -> tuple:
-    """This coordinate's local shape of a layout, strided shards included: the
-    core's chunk math on the expansion. Local.
+    """This coordinate's local shape of a layout, strided shards included. Local.
 
     Example: ``local_shape((48,), (_StridedShard(0, sf=8),), (2,), (1,)) == (24,)``.
     """
-    eshape, eplacements, groups = expand(shape, placements, mesh_shape)
-    elocal, _ = _box(eshape, eplacements, mesh_shape, coordinate)
-    return tuple(math.prod(elocal[g.start:g.stop]) for g in groups)
+    return local_box(shape, placements, mesh_shape, coordinate)[0]
 
 
 def plain_of(placements: Sequence[Placement]) -> tuple:

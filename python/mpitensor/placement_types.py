@@ -18,8 +18,8 @@ from ._clib import CORE
 __all__ = ["Placement", "Shard", "Replicate", "Partial"]
 
 # The C core's codes (mt_placement_kind, mt_reduce_op in layout.h).
-_REPLICATE, _SHARD, _PARTIAL = (CORE.PLACEMENT_REPLICATE, CORE.PLACEMENT_SHARD,
-                               CORE.PLACEMENT_PARTIAL)
+_REPLICATE, _SHARD, _PARTIAL, _STRIDED = (CORE.PLACEMENT_REPLICATE, CORE.PLACEMENT_SHARD,
+                                          CORE.PLACEMENT_PARTIAL, CORE.PLACEMENT_STRIDED)
 _REDUCE_OPS = CORE.REDUCE_OPS
 
 
@@ -219,10 +219,12 @@ class _StridedShard(Placement):
         if split_factor < 1:
             raise ValueError(f"_StridedShard split_factor must be >= 1, got {split_factor}")
         dim, split_factor = int(dim), int(split_factor)
-        # No core code: the core sees a strided DTensor as the plain layout of a
-        # reshaped view (mpitensor._strided), never this placement itself.
+        if split_factor >= 2**31:
+            raise ValueError(f"_StridedShard split_factor must be below 2**31, got "
+                             f"{split_factor}")
         return _intern(cls, (dim, split_factor),
-                       {"dim": dim, "split_factor": split_factor}, None)
+                       {"dim": dim, "split_factor": split_factor},
+                       (_STRIDED, dim, 0, split_factor))
 
     def is_shard(self, dim: int | None = None) -> bool:
         return dim is None or dim == self.dim
@@ -252,13 +254,16 @@ def _strided_shard(dim: int, split_factor: int) -> _StridedShard:
 
 
 def from_code(code) -> Placement:
-    """The placement of a C placement code ``(kind, dim, reduce_op)``. Local.
+    """The placement of a C placement code ``(kind, dim, reduce_op[,
+    split_factor])``. Local.
 
     Example: ``from_code((1, 0, 0)) is Shard(0)``.
     """
-    kind, dim, op = code
+    kind, dim, op = code[:3]
     if kind == _REPLICATE:
         return Replicate()
     if kind == _SHARD:
         return Shard(dim)
+    if kind == _STRIDED:
+        return _StridedShard(dim, split_factor=code[3])
     return Partial(_REDUCE_OPS[op])

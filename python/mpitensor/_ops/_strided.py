@@ -5,7 +5,8 @@ The C dispatch hands every call with a strided operand to :func:`run` (its
 reshaped view (mpitensor._strided), so the calls that only need that view run on
 it with no communication: reshape and view, elementwise ufuncs between operands
 strided alike (or replicated), and reductions over every element. Redistribute
-moves the plain view with the core's plans. Any other operation gets its strided
+never comes here: the executor moves strided layouts itself (mpitensor/core/
+strided.h gives the common plain form of two layouts). Any other operation gets its strided
 operands redistributed to plain placements first (the strided mesh dims to
 Replicate, as torch does: a planned move that CommDebugMode counts), then runs as
 usual.
@@ -19,7 +20,7 @@ import operator
 import numpy as np
 
 from .. import _C, _args, _registry, _strided
-from .._dtensor import DTensor, _redistribute_args
+from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 
@@ -161,55 +162,6 @@ def _whole(func, a, axis=None, *rest, **kwargs):
     return _registry.call(func, _expanded(a), None, **kwargs)
 
 
-def _expressed(shape, placements, groups, target_shape, mesh_shape):
-    """Plain ``placements`` of ``shape`` read on ``target_shape`` (whose dims
-    ``groups`` split ``shape``'s): each Shard on its group's first dim, when that
-    holds the same elements; else None."""
-    out = tuple(Shard(groups[p.dim].start) if isinstance(p, Shard) else p
-                for p in placements)
-    if _strided.same_elements(shape, placements, target_shape, out, mesh_shape):
-        return out
-    return None
-
-
-def _redistribute(a, mesh, placements, async_op, forward_dtype, backward_dtype, what):
-    """redistribute from or to a strided shard: one planned move of plain views when
-    both layouts have plain forms on the same expansion, else through the plain
-    placements (torch moves through Replicate too)."""
-    dst, fwd, bwd = _redistribute_args(a, mesh, placements, forward_dtype, backward_dtype)
-    spec = a._spec
-    m = spec.mesh
-    kw = {"forward_dtype": fwd, "backward_dtype": bwd}
-    kw = {k: v for k, v in kw.items() if v is not None}
-    if dst == spec.placements and not kw:
-        return restride(a, spec.shape, dst)
-    if _strided.has_strided(dst):
-        eshape, eplacements, groups = _strided.expand(spec.shape, dst, m.shape)
-        if _strided.has_strided(spec.placements):
-            have, hplace, _ = _strided.expand(spec.shape, spec.placements, m.shape)
-            src = hplace if have == eshape else None
-        else:
-            src = _expressed(spec.shape, spec.placements, groups, eshape, m.shape)
-        if src is None:
-            full = tuple(p if p.is_partial() else Replicate() for p in spec.placements)
-            a = a.redistribute(m, full, **kw)
-            kw, src = {}, _expressed(spec.shape, full, groups, eshape, m.shape)
-        moved = restride(a, eshape, src).redistribute(m, eplacements, **kw)
-        return restride(moved, spec.shape, dst)
-    eshape, eplacements, groups = _strided.expand(spec.shape, spec.placements, m.shape)
-    e = restride(a, eshape, eplacements)
-    target = _expressed(spec.shape, dst, groups, eshape, m.shape)
-    if target is not None:
-        return restride(e.redistribute(m, target, **kw), spec.shape, dst)
-    for mid in (_strided.plain_of(spec.placements),
-                tuple(p if p.is_partial() else Replicate() for p in spec.placements)):
-        on_e = _expressed(spec.shape, mid, groups, eshape, m.shape)
-        if on_e is not None:
-            plain = restride(e.redistribute(m, on_e, **kw), spec.shape, mid)
-            return plain.redistribute(m, dst)
-    raise AssertionError("a replicated layout is a view of any shape")
-
-
 def _plain(o):
     if _is_strided(o):
         return o.redistribute(o._spec.mesh, _strided.plain_of(o._spec.placements))
@@ -227,8 +179,6 @@ def run(what, args, kwargs):
     """
     if what is restride:
         return NotImplemented
-    if what == "DTensor.redistribute":
-        return _redistribute(*args)
     kwargs = kwargs or {}
     out = None
     if what is np.reshape and _is_strided(args[0]):
