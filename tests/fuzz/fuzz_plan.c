@@ -12,7 +12,11 @@
  * - in every step each rank receives exactly its target box, each element once,
  *   from peers that hold it, every send matches the peer's receive, and the step's
  *   byte count is what the ranks receive (reductions: once per group member);
- * - MT_EOVERFLOW only where some count could truly pass int64, never a wrap.
+ * - MT_EOVERFLOW only where some count could truly pass int64, never a wrap;
+ * - with the input's last bytes turning some Shards strided (core/strided.h):
+ *   an expansion, and a common plain form of the two layouts, are plain layouts
+ *   that tile, of the same element count, whose every rank holds as many elements
+ *   as the strided layout says, and a plan joins the two common forms.
  * A broken invariant prints the case and aborts, which libFuzzer saves as a crash
  * input to replay with `build/fuzz/fuzz_plan CRASHFILE`. */
 #include <stdint.h>
@@ -23,6 +27,7 @@
 #include "mpitensor/core/layout.h"
 #include "mpitensor/core/plan.h"
 #include "mpitensor/core/status.h"
+#include "mpitensor/core/strided.h"
 
 /* Brute force is O(ranks^2) per step: meshes above these sizes are only planned
  * (which visits every rank once per priced step), or not checked by pairs. */
@@ -374,6 +379,68 @@ static void check_plan(const mt_layout *src, const mt_layout *dst, int64_t items
   mt_plan_destroy(plan);
 }
 
+/* `l` with some Shards made strided by the input (split factors small, or one
+ * past 2^30); 0 when none is. */
+static int take_strided(input *in, const mt_layout *l, mt_layout *out) {
+  static const int factors[] = {1, 2, 3, 4, 6, 8, 12, (1 << 30) + 1};
+  mt_placement p[MT_MAX_MESH_NDIM];
+  int any = 0;
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    p[m] = l->placements[m];
+    if (p[m].kind == MT_PLACEMENT_SHARD && take(in, 2) == 0) {
+      p[m].kind = MT_PLACEMENT_STRIDED, p[m].split_factor = factors[take(in, 8)], any = 1;
+    }
+  }
+  EXPECT(mt_strided_init(out, l->ndim, l->shape, l->mesh_ndim, l->mesh_shape, p, NULL) ==
+             MT_OK, l, NULL);
+  return any;
+}
+
+/* Every rank of plain `e` holds as many elements as strided `l` says it holds. */
+static void check_counts(const mt_layout *l, const mt_layout *e) {
+  int64_t n = mesh_numel(l);
+  if (n > TILE_MAX_RANKS) return;
+  for (int64_t r = 0; r < n; ++r) {
+    int64_t coord[MT_MAX_MESH_NDIM];
+    coord_of(l, r, coord);
+    mt_box a, b;
+    EXPECT(mt_strided_local_box(l, coord, &a, NULL) == MT_OK, l, e);
+    EXPECT(mt_layout_local_box(e, coord, &b, NULL) == MT_OK, l, e);
+    EXPECT(wide_numel(a.ndim, a.shape) == wide_numel(b.ndim, b.shape), l, e);
+  }
+}
+
+/* An expansion and a common plain form are plain layouts of the same elements. */
+static void check_strided(input *in, const mt_layout *src, const mt_layout *dst,
+                          int64_t itemsize) {
+  mt_layout a, b, e, ra, rb;
+  int group[MT_MAX_NDIM + 1];
+  int sa = take_strided(in, src, &a), sb = take_strided(in, dst, &b);
+  if (!sa && !sb) return;
+  mt_box *buf = malloc(TILE_MAX_RANKS * sizeof *buf);
+  if (buf == NULL) abort();
+  int rc = mt_strided_expand(&a, &e, group, NULL);
+  EXPECT(rc == MT_OK || rc == MT_EINVAL, &a, NULL);
+  if (rc == MT_OK) {
+    EXPECT(wide_numel(e.ndim, e.shape) == wide_numel(a.ndim, a.shape), &a, &e);
+    EXPECT(group[a.ndim] == e.ndim, &a, &e);
+    check_tiling(&e, buf);
+    check_counts(&a, &e);
+  }
+  rc = mt_strided_refine(&a, &b, &ra, &rb, NULL);
+  EXPECT(rc == MT_OK || rc == MT_EINVAL, &a, &b);
+  if (rc == MT_OK) {
+    EXPECT(ra.ndim == rb.ndim && wide_numel(ra.ndim, ra.shape) == wide_numel(a.ndim, a.shape),
+           &ra, &rb);
+    check_tiling(&ra, buf);
+    check_tiling(&rb, buf);
+    check_counts(&a, &ra);
+    check_counts(&b, &rb);
+    check_plan(&ra, &rb, itemsize);
+  }
+  free(buf);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -387,5 +454,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   check_tiling(&dst, buf);
   free(buf);
   check_plan(&src, &dst, itemsize);
+  check_strided(&in, &src, &dst, itemsize);
   return 0;
 }
