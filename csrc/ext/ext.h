@@ -293,6 +293,29 @@ int mt_ext_placement_codes(mt_ext_dispatch *d, PyObject *placements, mt_placemen
 int mt_ext_placement_strided(const mt_ext_dispatch *d, PyObject *p);
 int mt_ext_strided(const mt_ext_dispatch *d, PyObject *o);
 int mt_ext_args_strided(const mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
+/* Strided shards as plain layouts (ext_strided.c). The layout of `shape` on `mb`
+ * with `placements` (a tuple; strided ones allowed): 0, or -1 with an exception. */
+int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *shape,
+                          PyObject *placements, mt_layout *out);
+/* 0 when `l` has a plain expansion (into `out` unless NULL; then it has a common
+ * plain form with any layout without cuts), else -1 with the core's error. */
+int mt_ext_expansion(const mt_layout *l, mt_layout *out);
+/* A DTensor of layout `l` (dtype that of `like`'s spec; placements `pl`, or made
+ * from `l`'s when NULL) around `local`, reshaped to this rank's part of `l`: the
+ * same elements in the same order when `l` holds them as `like` does (its
+ * expansion, or a common plain form). No autograd history. */
+PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
+                           PyObject *local, const mt_layout *l, PyObject *pl);
+/* A ufunc call whose DTensor operands are strided alike (one mesh, placements and
+ * shape, no Partial, no gradient wanted) among scalars: the plain call on their
+ * expansions, read back; no communication. NULL without an exception when the
+ * call is not such a one (the "strided" hook takes it). */
+PyObject *mt_ext_strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
+                               Py_ssize_t n, PyObject *kwnames);
+/* A strided DTensor as its plain expansion, for a reduction over every element
+ * (which the expansion gives as it is); NULL without an exception when it has a
+ * Partial or wants a gradient. */
+PyObject *mt_ext_strided_whole(mt_ext_dispatch *d, PyObject *self);
 /* The "strided" hook: fn(what, args, kwargs) runs a call that has a strided
  * operand (NotImplemented: run it as usual). A new reference, or NULL. */
 PyObject *mt_ext_strided_call(mt_ext_dispatch *d, PyObject *what, PyObject *args,

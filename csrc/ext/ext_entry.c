@@ -247,7 +247,11 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
     return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
   mt_ext_call c;
   int rc = gather_fast(d, ops, (int)n, &c, ufunc);
-  if (rc == 0 && c.strided) return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
+  if (rc == 0 && c.strided) {
+    PyObject *out = mt_ext_strided_ufunc(d, ufunc, ops, n, kwnames);
+    return out != NULL || PyErr_Occurred() ? out
+                                           : ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
+  }
   if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   c.key.op = sig->id;
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -301,6 +305,12 @@ PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   if (reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
     return reduction_entry(d, sig, self, args, nargs, kwnames);
   int rc = gather_fast(d, &self, 1, &c, sig->func);
+  if (rc == 0 && c.strided && axis == Py_None && keepdims == Py_False) {
+    PyObject *view = mt_ext_strided_whole(d, self), *out = NULL;
+    if (view != NULL) out = mt_ext_reduction(d, method, view, args, nargs, kwnames);
+    Py_XDECREF(view);
+    if (out != NULL || PyErr_Occurred()) return out;
+  }
   if (rc <= 0) return rc < 0 ? NULL : reduction_entry(d, sig, self, args, nargs, kwnames);
   int keep = keepdims == Py_True, hit;
   int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));

@@ -207,68 +207,6 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
 
 /* ---- Strided shards: plain moves of reshaped local arrays. ---- */
 
-/* The layout of `shape` on `mb` with `placements` (a tuple; strided ones allowed).
- * 0, or -1 with an exception. */
-static int strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *shape,
-                          PyObject *placements, mt_layout *out) {
-  mt_placement codes[MT_MAX_MESH_NDIM];
-  int64_t sh[MT_MAX_NDIM];
-  Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
-  if (ndim > MT_MAX_NDIM || PyTuple_GET_SIZE(placements) != mb->mesh_ndim)
-    return PyErr_SetString(PyExc_ValueError, "a layout too large for the core"), -1;
-  for (Py_ssize_t i = 0; i < ndim; ++i)
-    if ((sh[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i))) == -1 && PyErr_Occurred())
-      return -1;
-  if (mt_ext_placement_codes(d, placements, codes) < 0) return -1;
-  mt_error err = {0};
-  int rc = mt_strided_init(out, (int)ndim, sh, mb->mesh_ndim, mb->mesh_shape, codes, &err);
-  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
-}
-
-/* 0 when `l` has a plain expansion (then it has a common plain form with any
- * layout without cuts, and a move through one ends), else -1 with the core's
- * error. */
-static int expands(const mt_layout *l) {
-  mt_layout e;
-  int group[MT_MAX_NDIM + 1];
-  mt_error err = {0};
-  int rc = mt_strided_expand(l, &e, group, &err);
-  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
-}
-
-/* A DTensor of layout `l` (dtype that of `like`'s spec; placements `pl`, or made
- * from `l`'s when NULL) around `local`, reshaped to this rank's part of `l`: the
- * same elements in the same order when `l` holds them as `like` does
- * (mt_strided_refine). No autograd history. */
-static PyObject *as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
-                           PyObject *local, const mt_layout *l, PyObject *pl) {
-  int64_t coord[MT_MAX_MESH_NDIM], stride[MT_MAX_NDIM];
-  PyObject *shaped = NULL;
-  if (mb->member && mt_mesh_coordinate(mb->mesh, coord)) {
-    mt_box box;
-    mt_error err = {0};
-    int rc = mt_strided_local_box(l, coord, &box, &err);
-    if (rc != MT_OK) return mt_ext_raise(rc, &err);
-    npy_intp dims[MT_MAX_NDIM];
-    for (int i = 0; i < box.ndim; ++i) dims[i] = (npy_intp)box.shape[i];
-    PyArray_Dims newshape = {dims, box.ndim};
-    shaped = PyArray_Newshape((PyArrayObject *)local, &newshape, NPY_CORDER);
-  } else {
-    shaped = Py_NewRef(local);
-  }
-  mt_layout_contiguous_strides(l->ndim, l->shape, stride);
-  PyObject *items[5] = {PyTuple_GET_ITEM(like, 0),
-                        pl != NULL ? Py_NewRef(pl)
-                                   : mt_ext_placement_objects(d, l->placements, l->mesh_ndim),
-                        mt_ext_int_tuple(l->shape, l->ndim), PyTuple_GET_ITEM(like, 3),
-                        mt_ext_int_tuple(stride, l->ndim)};
-  PyObject *spec = shaped && items[1] && items[2] && items[4] ? mt_ext_spec_new(d, items) : NULL;
-  Py_XDECREF(items[1]);
-  Py_XDECREF(items[2]);
-  Py_XDECREF(items[4]);
-  return mt_ext_new_dtensor(d, shaped, spec, 0, 0);
-}
-
 /* The placements of `l` with each strided shard Replicate, and with every Shard
  * too when `all`: a plain layout a strided one passes through. */
 static PyObject *plain_targets(mt_ext_dispatch *d, const mt_layout *l, int all) {
@@ -324,22 +262,22 @@ static PyObject *strided_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject
   int normal = normal_args(d, mb, mesh, placements, fwd, bwd, ndim);
   if (mt_ext_complete(d, b) < 0 ||
       (!normal && normalise(d, self, mesh, &placements, &fwd, &bwd, &holder) < 0) ||
-      strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 1), &src) < 0 ||
-      strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), placements, &dst) < 0 ||
-      expands(&src) < 0 || expands(&dst) < 0) {
+      mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 1), &src) < 0 ||
+      mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), placements, &dst) < 0 ||
+      mt_ext_expansion(&src, NULL) < 0 || mt_ext_expansion(&dst, NULL) < 0) {
     if (explicit) agree_on_move(d, mb, spec, NULL, 0);
     Py_XDECREF(holder);
     return NULL;
   }
   mt_error err = {0};
   if (mt_strided_refine(&src, &dst, &ra, &rb, &err) == MT_OK) {
-    PyObject *view = as_layout(d, mb, spec, b->local, &ra, NULL);
+    PyObject *view = mt_ext_as_layout(d, mb, spec, b->local, &ra, NULL);
     PyObject *target = mt_ext_placement_objects(d, rb.placements, rb.mesh_ndim);
     PyObject *moved = view && target ? mt_ext_move(d, view, Py_None, target, 0, fwd, Py_None,
                                                    what)
                                      : NULL;
     if (moved != NULL)
-      out = as_layout(d, mb, ((mt_ext_dtensor *)moved)->spec, ((mt_ext_dtensor *)moved)->local,
+      out = mt_ext_as_layout(d, mb, ((mt_ext_dtensor *)moved)->spec, ((mt_ext_dtensor *)moved)->local,
                       &dst, placements);
     Py_XDECREF(view);
     Py_XDECREF(target);
@@ -351,7 +289,7 @@ static PyObject *strided_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject
     if (!all) {
       mt_layout plain;
       PyObject *p = plain_targets(d, &src, 0);
-      all = p == NULL || strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), p, &plain) < 0 ||
+      all = p == NULL || mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), p, &plain) < 0 ||
             mt_strided_refine(&src, &plain, &ra, &rb, &err) != MT_OK;
       Py_XDECREF(p);
       PyErr_Clear();

@@ -163,6 +163,18 @@ int mt_ext_layout_id(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *d
   return 0;
 }
 
+/* The _StridedShard of code `p`, made by the placements hook's maker (interned
+ * there, so equal codes give one object). */
+static PyObject *strided_object(mt_ext_dispatch *d, const mt_placement *p) {
+  PyObject *args[2] = {PyLong_FromLong(p->dim), PyLong_FromLong(p->split_factor)};
+  PyObject *out = args[0] && args[1] ? mt_ext_hook(d, MT_HOOK_PLACEMENTS, d->strided, args, 2,
+                                                   NULL)
+                                     : NULL;
+  Py_XDECREF(args[0]);
+  Py_XDECREF(args[1]);
+  return out;
+}
+
 PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, int n) {
   PyObject *out = PyTuple_New(n);
   for (int m = 0; out != NULL && m < n; ++m) {
@@ -172,9 +184,8 @@ PyObject *mt_ext_placement_objects(mt_ext_dispatch *d, const mt_placement *p, in
                     : p[m].kind == MT_PLACEMENT_PARTIAL && p[m].reduce_op >= 0 &&
                             p[m].reduce_op < MT_REDUCE_COUNT
                         ? Py_NewRef(d->partial[p[m].reduce_op])
-                    : p[m].kind == MT_PLACEMENT_STRIDED
-                        ? PyObject_CallFunction(d->strided, "ii", p[m].dim, p[m].split_factor)
-                        : Py_NewRef(d->replicate);
+                    : p[m].kind == MT_PLACEMENT_STRIDED ? strided_object(d, &p[m])
+                                                        : Py_NewRef(d->replicate);
     if (obj == NULL) Py_CLEAR(out);
     else PyTuple_SET_ITEM(out, m, obj);
   }

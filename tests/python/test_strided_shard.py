@@ -222,6 +222,45 @@ def test_strided_moves_never_call_python():
         np.testing.assert_array_equal(out.full_tensor(), np.arange(96.0))
 
 
+def test_strided_elementwise_and_whole_reductions_cost_what_plain_ones_do():
+    """Operands strided alike (and scalars) run elementwise on their expansions,
+    and reductions over every element on the expansion, in the executor: each
+    call makes the same calls into Python as on a plain DTensor (the local NumPy
+    call; an entry where the reduction has one). With a gradient wanted, the
+    hook records them (checked in test_backward_2d)."""
+    from mpitensor._trace import hook_stats
+    mesh = mesh_of((W,))
+    full = np.arange(96.0).reshape(8, 12) - 40.5
+    p = distribute_tensor(full, mesh, [S1])
+    x, y = p.reshape(-1), (p * 2.0).reshape(-1)          # _S(0, 8)
+    flat = full.ravel()
+    calls = [(lambda a, b: a + b, flat * 3), (lambda a, b: np.exp(a) - 1.5, np.exp(flat) - 1.5),
+             (lambda a, b: -a, -flat), (lambda a, b: np.maximum(a, 0.0), np.maximum(flat, 0)),
+             (lambda a, b: a < b, flat < 2 * flat), (lambda a, b: a.sum(), full.sum()),
+             (lambda a, b: a.max(), full.max()), (lambda a, b: a.argmin(), full.argmin()),
+             (lambda a, b: a.std(), full.std())]
+
+    def spent(a, b, call):
+        call(a, b)
+        before = hook_stats()
+        got = call(a, b)
+        after = hook_stats()
+        return got, {k: after[k] - before[k] for k in after}
+
+    for call, want in calls:
+        got, strided = spent(x, y, call)
+        _, plain = spent(p, p * 2.0, call)
+        assert strided == plain, (strided, plain)
+        if np.ndim(want):
+            assert got.placements == x.placements
+            np.testing.assert_array_equal(
+                got.to_local(), ref_local(want, (W,), mesh.get_coordinate(), x.placements))
+        np.testing.assert_allclose(got.full_tensor(), want)
+    quot, rem = np.divmod(x, 4.0)
+    assert quot.placements == rem.placements == x.placements
+    np.testing.assert_array_equal(rem.full_tensor(), np.mod(flat, 4.0))
+
+
 RANDOM_MESHES = [(W,)] + ([(2, 2)] if W == 4 else [(1, W), (W, 1)] if W > 1 else [])
 
 

@@ -1,15 +1,16 @@
-"""Operations on DTensors placed with ``_StridedShard``.
+"""Operations on DTensors placed with ``_StridedShard`` that the executor leaves.
 
-The C dispatch hands every call with a strided operand to :func:`run` (its
-"strided" hook) before anything else. A strided DTensor is the plain layout of a
+The executor runs a strided DTensor as the plain layout of its expansion
+(mpitensor/core/strided.h, csrc/ext/ext_strided.c): redistribute, elementwise
+ufuncs between operands strided alike or scalars, and reduction methods over
+every element never come here. It hands every other call with a strided operand
+to :func:`run` (its "strided" hook). A strided DTensor is the plain layout of a
 reshaped view (mpitensor._strided), so the calls that only need that view run on
-it with no communication: reshape and view, elementwise ufuncs between operands
-strided alike (or replicated), and reductions over every element. Redistribute
-never comes here: the executor moves strided layouts itself (mpitensor/core/
-strided.h gives the common plain form of two layouts). Any other operation gets its strided
-operands redistributed to plain placements first (the strided mesh dims to
-Replicate, as torch does: a planned move that CommDebugMode counts), then runs as
-usual.
+it with no communication: reshape and view, ufuncs with a replicated operand,
+``out=`` or a gradient to record, and NumPy's reduction functions over every
+element. Any other operation gets its strided operands redistributed to plain
+placements first (the strided mesh dims to Replicate, as torch does: a planned
+move that CommDebugMode counts), then runs as usual.
 """
 
 from __future__ import annotations

@@ -1,0 +1,168 @@
+/* Strided shards in the executor: a strided DTensor's local array is, reshaped, the
+ * local array of its plain expansion (mpitensor/core/strided.h), so the executor
+ * runs it as that plain DTensor and reads the result back: moves (ext_move.c),
+ * elementwise ufuncs on operands strided alike, and reductions over every
+ * element. What has no plain reading here goes to the "strided" hook. */
+#include "ext.h"
+
+#include "mpitensor/core/strided.h"
+
+int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *shape,
+                          PyObject *placements, mt_layout *out) {
+  mt_placement codes[MT_MAX_MESH_NDIM];
+  int64_t sh[MT_MAX_NDIM];
+  Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+  if (ndim > MT_MAX_NDIM || PyTuple_GET_SIZE(placements) != mb->mesh_ndim)
+    return PyErr_SetString(PyExc_ValueError, "a layout too large for the core"), -1;
+  for (Py_ssize_t i = 0; i < ndim; ++i)
+    if ((sh[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i))) == -1 && PyErr_Occurred())
+      return -1;
+  if (mt_ext_placement_codes(d, placements, codes) < 0) return -1;
+  mt_error err = {0};
+  int rc = mt_strided_init(out, (int)ndim, sh, mb->mesh_ndim, mb->mesh_shape, codes, &err);
+  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
+}
+
+int mt_ext_expansion(const mt_layout *l, mt_layout *out) {
+  mt_layout e;
+  int group[MT_MAX_NDIM + 1];
+  mt_error err = {0};
+  int rc = mt_strided_expand(l, out != NULL ? out : &e, group, &err);
+  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
+}
+
+PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
+                           PyObject *local, const mt_layout *l, PyObject *pl) {
+  int64_t coord[MT_MAX_MESH_NDIM], stride[MT_MAX_NDIM];
+  PyObject *shaped = NULL;
+  if (mb->member && mt_mesh_coordinate(mb->mesh, coord)) {
+    mt_box box;
+    mt_error err = {0};
+    int rc = mt_strided_local_box(l, coord, &box, &err);
+    if (rc != MT_OK) return mt_ext_raise(rc, &err);
+    npy_intp dims[MT_MAX_NDIM];
+    for (int i = 0; i < box.ndim; ++i) dims[i] = (npy_intp)box.shape[i];
+    PyArray_Dims newshape = {dims, box.ndim};
+    shaped = PyArray_Newshape((PyArrayObject *)local, &newshape, NPY_CORDER);
+  } else {
+    shaped = Py_NewRef(local);
+  }
+  mt_layout_contiguous_strides(l->ndim, l->shape, stride);
+  PyObject *items[5] = {PyTuple_GET_ITEM(like, 0),
+                        pl != NULL ? Py_NewRef(pl)
+                                   : mt_ext_placement_objects(d, l->placements, l->mesh_ndim),
+                        mt_ext_int_tuple(l->shape, l->ndim), PyTuple_GET_ITEM(like, 3),
+                        mt_ext_int_tuple(stride, l->ndim)};
+  PyObject *spec = shaped && items[1] && items[2] && items[4] ? mt_ext_spec_new(d, items) : NULL;
+  Py_XDECREF(items[1]);
+  Py_XDECREF(items[2]);
+  Py_XDECREF(items[4]);
+  return mt_ext_new_dtensor(d, shaped, spec, 0, 0);
+}
+
+/* The strided layout `l` and plain expansion `e` of DTensor `b`, when its spec has
+ * one and no Partial (whose reading back could need a move); 1, 0 when not, -1
+ * with an exception. */
+static int plain_reading(mt_ext_dispatch *d, mt_ext_mesh_base *mb, const mt_ext_dtensor *b,
+                         mt_layout *l, mt_layout *e) {
+  PyObject *spec = b->spec;
+  if (mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 1), l) < 0)
+    return -1;
+  for (int m = 0; m < l->mesh_ndim; ++m)
+    if (l->placements[m].kind == MT_PLACEMENT_PARTIAL) return 0;
+  int group[MT_MAX_NDIM + 1];
+  mt_error err = {0};
+  return mt_strided_expand(l, e, group, &err) == MT_OK;
+}
+
+/* Whether `o` is a DTensor of `ref`'s mesh, placements and shape; else whether it
+ * is a Python or NumPy scalar (2), which broadcasts over any layout. */
+static int alike(const mt_ext_dispatch *d, PyObject *o, const mt_ext_dtensor *ref) {
+  if (Py_TYPE(o) == d->dtensor) {
+    PyObject *a = ((mt_ext_dtensor *)o)->spec, *b = ref->spec;
+    if (PyTuple_GET_ITEM(a, 0) != PyTuple_GET_ITEM(b, 0)) return 0;
+    for (int i = 1; i <= 2; ++i) {
+      int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, i), PyTuple_GET_ITEM(b, i), Py_EQ);
+      if (eq <= 0) return PyErr_Clear(), 0;
+    }
+    return 1;
+  }
+  return PyFloat_CheckExact(o) || PyLong_CheckExact(o) || PyBool_Check(o) ||
+                 PyComplex_CheckExact(o) || PyArray_IsScalar(o, Generic)
+             ? 2
+             : 0;
+}
+
+/* Each DTensor result of `res` (one, or a tuple) read back from the plain layout
+ * `e` as `l` with the placements `pl`; NULL without an exception when one is not
+ * in `e`'s placements (the plain rule moved it). `res` is stolen. */
+static PyObject *read_back(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *res,
+                           const mt_layout *e, const mt_layout *l, PyObject *pl) {
+  int several = PyTuple_Check(res);
+  Py_ssize_t n = several ? PyTuple_GET_SIZE(res) : 1;
+  PyObject *eps = mt_ext_placement_objects(d, e->placements, e->mesh_ndim);
+  PyObject *out = eps != NULL && several ? PyTuple_New(n) : NULL, *one = NULL;
+  for (Py_ssize_t i = 0; eps != NULL && (out != NULL || !several) && i < n; ++i) {
+    PyObject *r = several ? PyTuple_GET_ITEM(res, i) : res;
+    const mt_ext_dtensor *t = (const mt_ext_dtensor *)r;
+    int same = Py_TYPE(r) == d->dtensor &&
+               PyObject_RichCompareBool(PyTuple_GET_ITEM(t->spec, 1), eps, Py_EQ) == 1;
+    PyObject *back = same ? mt_ext_as_layout(d, mb, t->spec, t->local, l, pl) : NULL;
+    if (back == NULL) {
+      Py_CLEAR(out);
+      break;
+    }
+    if (several) PyTuple_SET_ITEM(out, i, back);
+    else one = back;
+  }
+  Py_XDECREF(eps);
+  Py_DECREF(res);
+  return several ? out : one;
+}
+
+PyObject *mt_ext_strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
+                               Py_ssize_t n, PyObject *kwnames) {
+  const mt_ext_dtensor *ref = NULL;
+  for (Py_ssize_t i = 0; i < n && ref == NULL; ++i)
+    if (Py_TYPE(ops[i]) == d->dtensor) ref = (const mt_ext_dtensor *)ops[i];
+  if (ref == NULL || n > MT_MEMO_MAX_OPERANDS) return NULL;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    int kind = alike(d, ops[i], ref);
+    /* Autograd records the plain call's operands, not these: the hook records it. */
+    if (kind == 0 ||
+        (kind == 1 && ((const mt_ext_dtensor *)ops[i])->requires_grad && d->modes->grad_enabled))
+      return NULL;
+  }
+  mt_ext_mesh_base *mb = mt_ext_spec_mesh(d, ref->spec);
+  mt_layout l, e;
+  int ok = mb != NULL ? plain_reading(d, mb, ref, &l, &e) : 0;
+  if (ok <= 0) return ok < 0 ? NULL : (PyErr_Clear(), NULL);
+  enum { MAX_VIEWS = MT_MEMO_MAX_OPERANDS + 8 };
+  PyObject *views[MAX_VIEWS];
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0, made = 0;
+  if (n + nkw > MAX_VIEWS) return NULL;
+  for (; made < n + nkw; ++made) {
+    PyObject *o = ops[made];
+    const mt_ext_dtensor *t = (const mt_ext_dtensor *)o;
+    views[made] = made < n && Py_TYPE(o) == d->dtensor
+                      ? mt_ext_as_layout(d, mb, t->spec, t->local, &e, NULL)
+                      : Py_NewRef(o);
+    if (views[made] == NULL) break;
+  }
+  PyObject *res = made == n + nkw ? mt_ext_ufunc(d, ufunc, views, n, kwnames) : NULL;
+  for (Py_ssize_t i = 0; i < made; ++i) Py_DECREF(views[i]);
+  if (res == NULL) return NULL;
+  /* NULL without an exception: the plain rule moved a result (not seen with
+   * operands of one plain layout), and the hook's reading runs instead. */
+  return read_back(d, mb, res, &e, &l, PyTuple_GET_ITEM(ref->spec, 1));
+}
+
+PyObject *mt_ext_strided_whole(mt_ext_dispatch *d, PyObject *self) {
+  const mt_ext_dtensor *b = (const mt_ext_dtensor *)self;
+  mt_ext_mesh_base *mb = mt_ext_spec_mesh(d, b->spec);
+  if (mb == NULL || (b->requires_grad && d->modes->grad_enabled)) return NULL;
+  mt_layout l, e;
+  int ok = plain_reading(d, mb, b, &l, &e);
+  if (ok <= 0) return ok < 0 ? NULL : (PyErr_Clear(), NULL);
+  return mt_ext_as_layout(d, mb, b->spec, b->local, &e, NULL);
+}
