@@ -284,9 +284,9 @@ PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout)
 PyObject *mt_ext_new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec, int64_t id,
                              int fresh);
 mt_ext_mesh_base *mt_ext_spec_mesh(mt_ext_dispatch *d, PyObject *spec);
-/* The core codes of a tuple of placements (at most MT_MAX_MESH_NDIM), strided
- * shards included. 0, or -1 with an exception. */
-int mt_ext_placement_codes(mt_ext_dispatch *d, PyObject *placements, mt_placement *out);
+/* The core code of a Placement: an interned one by identity, else its `_code`
+ * (kind, dim, reduce_op[, split_factor]). 0, or -1 with an exception. */
+int mt_ext_placement_code(const mt_ext_dispatch *d, PyObject *p, mt_placement *out);
 /* Whether a placement is a strided shard (kind MT_PLACEMENT_STRIDED, which only
  * the core's strided.h reads), a DTensor holds one, or an argument of a
  * registered function (or an item of a list or tuple one) is such a DTensor. */

@@ -229,17 +229,11 @@ static int normal_args(const mt_ext_dispatch *d, const mt_ext_mesh_base *mb,
       !PyTuple_CheckExact(placements) || PyTuple_GET_SIZE(placements) != mb->mesh_ndim)
     return 0;
   for (Py_ssize_t m = 0; m < mb->mesh_ndim; ++m) {
-    PyObject *p = PyTuple_GET_ITEM(placements, m);
     mt_placement c;
-    if (mt_ext_interned_code(d, p, &c)) {
-      if (c.kind == MT_PLACEMENT_SHARD && c.dim >= ndim) return 0;
-      continue;
-    }
-    PyObject *dim = mt_ext_placement_strided(d, p) ? PyObject_GetAttrString(p, "dim") : NULL;
-    long v = dim != NULL ? PyLong_AsLong(dim) : -1;
-    Py_XDECREF(dim);
-    PyErr_Clear();
-    if (v < 0 || v >= ndim) return 0;
+    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(placements, m), &c) < 0)
+      return PyErr_Clear(), 0;
+    int cuts = c.kind == MT_PLACEMENT_SHARD || c.kind == MT_PLACEMENT_STRIDED;
+    if (cuts && (c.dim < 0 || c.dim >= ndim)) return 0;
   }
   return 1;
 }

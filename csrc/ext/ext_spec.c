@@ -16,9 +16,7 @@ int mt_ext_interned_code(const mt_ext_dispatch *d, const PyObject *p, mt_placeme
   return 0;
 }
 
-/* The placement code of a Placement: an interned one by identity, else its
- * `_code`, (kind, dim, reduce_op[, split_factor]). 0, or -1 with an exception. */
-static int placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
+int mt_ext_placement_code(const mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
   if (mt_ext_interned_code(d, p, out)) return 0;
   PyObject *code = PyObject_GetAttrString(p, "_code");
   *out = (mt_placement){0, 0, 0, 0};
@@ -29,12 +27,6 @@ static int placement_code(mt_ext_dispatch *d, PyObject *p, mt_placement *out) {
     PyErr_SetString(PyExc_TypeError, "a placement's _code is a (kind, dim, reduce_op) tuple");
   Py_XDECREF(code);
   return ok ? 0 : -1;
-}
-
-int mt_ext_placement_codes(mt_ext_dispatch *d, PyObject *placements, mt_placement *out) {
-  for (Py_ssize_t m = 0; m < PyTuple_GET_SIZE(placements); ++m)
-    if (placement_code(d, PyTuple_GET_ITEM(placements, m), &out[m]) < 0) return -1;
-  return 0;
 }
 
 int mt_ext_dtype_key(PyArray_Descr *descr) {
@@ -69,7 +61,7 @@ int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *sp
   }
   key->mesh_ndim = mb->mesh_ndim;
   for (int m = 0; m < mb->mesh_ndim; ++m)
-    if (placement_code(d, PyTuple_GET_ITEM(pl, m), &key->placements[m]) < 0)
+    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(pl, m), &key->placements[m]) < 0)
       return -1;
   int nstride = 0;
   if (int64s_of(PyTuple_GET_ITEM(spec, 2), key->shape, MT_MAX_NDIM, &key->ndim) < 0 ||
@@ -86,15 +78,9 @@ int mt_ext_spec_key(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *sp
 }
 
 int mt_ext_placement_strided(const mt_ext_dispatch *d, PyObject *p) {
-  mt_placement interned;
-  if (mt_ext_interned_code(d, p, &interned)) return 0;
-  PyObject *code = PyObject_GetAttrString(p, "_code");
-  if (code == NULL) PyErr_Clear();
-  int yes = code != NULL && PyTuple_Check(code) && PyTuple_GET_SIZE(code) > 0 &&
-            PyLong_Check(PyTuple_GET_ITEM(code, 0)) &&
-            PyLong_AsLong(PyTuple_GET_ITEM(code, 0)) == MT_PLACEMENT_STRIDED;
-  Py_XDECREF(code);
-  return yes;
+  mt_placement c;
+  if (mt_ext_placement_code(d, p, &c) == 0) return c.kind == MT_PLACEMENT_STRIDED;
+  return PyErr_Clear(), 0;
 }
 
 int mt_ext_strided(const mt_ext_dispatch *d, PyObject *o) {

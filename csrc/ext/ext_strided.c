@@ -17,7 +17,8 @@ int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObje
   for (Py_ssize_t i = 0; i < ndim; ++i)
     if ((sh[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i))) == -1 && PyErr_Occurred())
       return -1;
-  if (mt_ext_placement_codes(d, placements, codes) < 0) return -1;
+  for (int m = 0; m < mb->mesh_ndim; ++m)
+    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(placements, m), &codes[m]) < 0) return -1;
   mt_error err = {0};
   int rc = mt_strided_init(out, (int)ndim, sh, mb->mesh_ndim, mb->mesh_shape, codes, &err);
   return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);

@@ -275,11 +275,6 @@ _local_box = fn("mt_layout_local_box", I, ctypes.POINTER(_Layout), P,
 _selection_image = fn("mt_selection_image", I, ctypes.POINTER(_Selection),
                       ctypes.POINTER(_Box), ctypes.POINTER(_Box))
 _even_global = fn("mt_layout_even_global_shape", I, I, P, I, P, P, P, E)
-_LP = ctypes.POINTER(_Layout)
-_strided_init = fn("mt_strided_init", I, _LP, I, P, I, P, P, E)
-_strided_expand = fn("mt_strided_expand", I, _LP, _LP, P, E)
-_strided_box = fn("mt_strided_local_box", I, _LP, P, ctypes.POINTER(_Box), E)
-_strided_refine = fn("mt_strided_refine", I, _LP, _LP, _LP, _LP, E)
 _rng_fill_box = fn("mt_rng_fill_box", I, P, I, I, ctypes.c_uint64, ctypes.c_uint64, P,
                    ctypes.POINTER(_Box), E)
 
@@ -369,8 +364,8 @@ def _int64s(seq, cap: int, what: str):
 
 def _layout(shape, mesh_shape, codes, init=None) -> _Layout:
     """The checked layout of ``shape`` over ``mesh_shape`` by placement codes
-    ((kind, dim, reduce_op[, split_factor]) tuples); strided ones only with
-    ``init=_strided_init``."""
+    ((kind, dim, reduce_op[, split_factor]) tuples), made by ``init``
+    (mt_layout_init, or mt_strided_init where strided ones are allowed)."""
     sh, nd = _int64s(shape, MAX_NDIM, "shape")
     ms, nm = _int64s(mesh_shape, MAX_MESH_NDIM, "mesh shape")
     pl, npl = _placements(codes)
@@ -379,60 +374,6 @@ def _layout(shape, mesh_shape, codes, init=None) -> _Layout:
     out = _Layout()
     call(init or _layout_init, ctypes.byref(out), nd, sh, nm, ms, pl)
     return out
-
-
-def _codes_of(layout: _Layout) -> tuple:
-    return tuple((p.kind, p.dim, p.reduce_op) for p in layout.placements[:layout.mesh_ndim])
-
-
-@functools.lru_cache(maxsize=4096)
-def strided_expand(shape: tuple, mesh_shape: tuple, codes: tuple):
-    """``(shape, codes, groups)`` of the plain layout whose local arrays,
-    reshaped, are those of the layout ``codes`` (strided shards allowed); dim d
-    becomes dims ``groups[d]`` (mt_strided_expand). ValueError when it has none.
-
-    Example: ``strided_expand((48,), (2,), ((3, 0, 0, 8),))[:2] == ((8, 6),
-    ((1, 1, 0),))``.
-    """
-    out, group = _Layout(), (I * (MAX_NDIM + 1))()
-    call(_strided_expand, _layout(shape, mesh_shape, codes, _strided_init), out, group)
-    return (tuple(out.shape[:out.ndim]), _codes_of(out),
-            tuple(range(group[d], group[d + 1]) for d in range(len(shape))))
-
-
-@functools.lru_cache(maxsize=4096)
-def strided_local_box(shape: tuple, mesh_shape: tuple, coordinate: tuple, codes: tuple):
-    """(local shape, global index of the first element) per dim at mesh
-    ``coordinate`` of the layout ``codes``, strided shards allowed
-    (mt_strided_local_box).
-
-    Example: ``strided_local_box((48,), (2,), (1,), ((3, 0, 0, 8),)) == ((24,), (3,))``.
-    """
-    coord, n = _int64s(coordinate, MAX_MESH_NDIM, "coordinate")
-    if n != len(mesh_shape):
-        raise ValueError(f"a coordinate of {n} entries on a {len(mesh_shape)}-D mesh")
-    box = _Box()
-    call(_strided_box, _layout(shape, mesh_shape, codes, _strided_init), coord, box)
-    return tuple(box.shape[:box.ndim]), tuple(box.offset[:box.ndim])
-
-
-@functools.lru_cache(maxsize=4096)
-def strided_refine(shape: tuple, mesh_shape: tuple, a: tuple, b: tuple):
-    """``(shape, a_codes, b_codes)``: layouts ``a`` and ``b`` of one tensor as
-    plain layouts of one shape holding the same local elements in the same order
-    (mt_strided_refine), or None when there is no such shape.
-
-    Example: ``strided_refine((48,), (2,), ((3, 0, 0, 8),), ((0, 0, 0),))[0] == (8, 6)``.
-    """
-    ra, rb = _Layout(), _Layout()
-    la = _layout(shape, mesh_shape, a, _strided_init)
-    lb = _layout(shape, mesh_shape, b, _strided_init)
-    err = Error()
-    rc = _strided_refine(la, lb, ra, rb, ctypes.byref(err))
-    if rc == _STATUS_CODES["MT_EINVAL"]:
-        return None
-    check(rc, err)
-    return tuple(ra.shape[:ra.ndim]), _codes_of(ra), _codes_of(rb)
 
 
 def _placements(codes):

@@ -12,12 +12,14 @@ that is how every view between them is checked.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
 import numpy as np
 
 from . import _clib
+from ._clib import _STATUS_CODES, E, Error, I, P, _Box, _Layout, _layout, call, check, fn
 from .placement_types import Placement, Replicate, Shard, _StridedShard, from_code
 
 __all__ = ["has_strided", "expand", "refine", "canonical", "reshape_groups", "view_placements",
@@ -32,8 +34,48 @@ def has_strided(placements: Sequence[Placement]) -> bool:
     return any(type(p) is _StridedShard for p in placements)
 
 
+_init = fn("mt_strided_init", I, _Layout, I, P, I, P, P, E)
+_expand = fn("mt_strided_expand", I, _Layout, _Layout, P, E)
+_local_box = fn("mt_strided_local_box", I, _Layout, P, _Box, E)
+_refine = fn("mt_strided_refine", I, _Layout, _Layout, _Layout, _Layout, E)
+
+
 def _codes(placements) -> tuple:
     return tuple(p._code for p in placements)
+
+
+def _codes_of(layout: _Layout) -> tuple:
+    return tuple((p.kind, p.dim, p.reduce_op) for p in layout.placements[:layout.mesh_ndim])
+
+
+@functools.lru_cache(maxsize=4096)
+def _expansion(shape: tuple, mesh_shape: tuple, codes: tuple):
+    out, group = _Layout(), (I * (len(shape) + 1))()
+    call(_expand, _layout(shape, mesh_shape, codes, _init), out, group)
+    return (tuple(out.shape[:out.ndim]), _codes_of(out),
+            tuple(range(group[d], group[d + 1]) for d in range(len(shape))))
+
+
+@functools.lru_cache(maxsize=4096)
+def _strided_box(shape: tuple, mesh_shape: tuple, coordinate: tuple, codes: tuple):
+    if len(coordinate) != len(mesh_shape):
+        raise ValueError(f"a coordinate of {len(coordinate)} entries on a "
+                         f"{len(mesh_shape)}-D mesh")
+    box = _Box()
+    call(_local_box, _layout(shape, mesh_shape, codes, _init),
+         (_clib.I64 * max(len(coordinate), 1))(*coordinate), box)
+    return tuple(box.shape[:box.ndim]), tuple(box.offset[:box.ndim])
+
+
+@functools.lru_cache(maxsize=4096)
+def _common(shape: tuple, mesh_shape: tuple, a: tuple, b: tuple):
+    ra, rb, err = _Layout(), _Layout(), Error()
+    rc = _refine(_layout(shape, mesh_shape, a, _init), _layout(shape, mesh_shape, b, _init),
+                 ra, rb, err)
+    if rc == _STATUS_CODES["MT_EINVAL"]:
+        return None
+    check(rc, err)
+    return tuple(ra.shape[:ra.ndim]), _codes_of(ra), _codes_of(rb)
 
 
 def expand(shape: Sequence[int], placements: Sequence[Placement],
@@ -53,7 +95,7 @@ def expand(shape: Sequence[int], placements: Sequence[Placement],
     shape = tuple(int(n) for n in shape)
     if not has_strided(placements):
         return shape, tuple(placements), tuple(range(d, d + 1) for d in range(len(shape)))
-    eshape, codes, groups = _clib.strided_expand(shape, tuple(mesh_shape), _codes(placements))
+    eshape, codes, groups = _expansion(shape, tuple(mesh_shape), _codes(placements))
     return eshape, tuple(from_code(c) for c in codes), groups
 
 
@@ -68,8 +110,7 @@ def refine(shape: Sequence[int], a: Sequence[Placement], b: Sequence[Placement],
     Example: ``refine((48,), (_StridedShard(0, sf=8),), (Replicate(),), (2,)) ==
     ((8, 6), (Shard(dim=1),), (Replicate(),))``.
     """
-    got = _clib.strided_refine(tuple(int(n) for n in shape), tuple(mesh_shape),
-                               _codes(a), _codes(b))
+    got = _common(tuple(int(n) for n in shape), tuple(mesh_shape), _codes(a), _codes(b))
     if got is None:
         return None
     rshape, ca, cb = got
@@ -228,8 +269,8 @@ def local_box(shape: Sequence[int], placements: Sequence[Placement],
     Example: ``local_box((48,), (_StridedShard(0, sf=8),), (2,), (1,)) ==
     ((24,), (3,))``.
     """
-    return _clib.strided_local_box(tuple(int(n) for n in shape), tuple(mesh_shape),
-                                   tuple(coordinate), _codes(placements))
+    return _strided_box(tuple(int(n) for n in shape), tuple(mesh_shape),
+                        tuple(int(c) for c in coordinate), _codes(placements))
 
 
 def local_shape(shape: Sequence[int], placements: Sequence[Placement],
