@@ -6,7 +6,11 @@ reduce-scatters), and a scan along an axis cut by two mesh dims while the third
 cuts another dim unevenly (the lanes' totals differ in shape from group to group).
 One test starts its own 8-rank job (oversubscribed) and checks each against
 NumPy, with a sample of random redistributions with Partials, and of operations
-and a matmul's gradients on random placements.
+and a matmul's gradients on random placements. So too the backward of max and
+min of a Partial cut by two mesh dims, whose forward and comparison sum the parts
+by different plans, in different orders; gradients of a few compositions on
+random placements with Partials against central differences; and checkpoints
+saved from Partials and loaded into other placements, in each format.
 
 The job is launched from the np=1 run only: a job started from inside a
 multi-rank job would share its ranks' cores and Open MPI environment.
@@ -24,7 +28,9 @@ pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1,
                                 reason="starts its own mpiexec job; np=1 only")
 
 JOB = """
+import os
 import random
+import sys
 import numpy as np
 from mpi4py import MPI
 import mpitensor as mt
@@ -109,6 +115,77 @@ for t in range(10):
     check(f"matmul's gradient of the left {p.placements} {q.placements}", p.grad, G @ N.T)
     check(f"matmul's gradient of the right {p.placements} {q.placements}", q.grad, M.T @ G)
 
+# max and min of a Partial over mesh dims 0 and 2: their backward compares the
+# elements with the result, so it must not sum the parts in another order than the
+# forward did (all-reduces there, reduce-scatters for the comparison), or no
+# element equals the result and the gradient is inf and NaN.
+parts = np.random.default_rng(5).standard_normal((2, 2, 7, 5))
+Y = parts.sum(axis=(0, 1))
+local = mt.distribute_tensor(parts[coord[0], coord[2]], mesh, [Replicate(), Shard(0), Replicate()],
+                             src_data_rank=None).to_local()
+for pick in (np.max, np.min):
+    y = mt.DTensor.from_local(local, mesh, [Partial(), Shard(0), Partial()], shape=Y.shape,
+                              stride=(5, 1)).requires_grad_(True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pick(y, axis=1).sum().backward()
+    check(f"{pick.__name__}'s gradient of a Partial", y.grad, Y == pick(Y, axis=1, keepdims=True))
+
+
+def numeric_grad(f, arrays, i, eps=1e-6):
+    g = np.zeros_like(arrays[i])
+    for idx in np.ndindex(g.shape):
+        vals = []
+        for step in (eps, -eps):
+            moved = [a.copy() for a in arrays]
+            moved[i][idx] += step
+            vals.append(float(np.sum(f(*moved))))
+        g[idx] = (vals[0] - vals[1]) / (2 * eps)
+    return g
+
+
+def softmax(a, ax):
+    e = np.exp(a - np.max(a, axis=ax, keepdims=True))
+    return e / np.sum(e, axis=ax, keepdims=True)
+
+
+# Backward through compositions on random placements with Partials, uneven
+# shapes, against central differences of the same program on the full arrays.
+programs = {
+    "softmax": lambda a, b, ax: softmax(a * b, ax) * b,
+    "mean and max": lambda a, b, ax: np.mean(a, axis=ax) * np.max(b, axis=ax),
+    "slices": lambda a, b, ax: a[1:, :, ::2] * np.exp(b[:-1, :, ::2]),
+    "transpose and reshape": lambda a, b, ax: np.transpose(a, (2, 0, 1)).reshape(a.shape[2], -1)
+    @ b.reshape(-1, a.shape[2]),
+    "whole sum": lambda a, b, ax: np.sum(a * a) * b,
+}
+for name, f in programs.items():
+    shape = tuple(rng.choice([2, 3, 5]) for _ in range(3))
+    ax = rng.randrange(3)
+    arrays = [np.random.default_rng(j).standard_normal(shape) for j in range(2)]
+    pls = [[rng.choice([Replicate(), Partial(), Shard(rng.randrange(3))]) for _ in range(3)]
+           for _ in arrays]
+    leaves = [partial_of(x, p).requires_grad_(True) for x, p in zip(arrays, pls)]
+    f(*leaves, ax).sum().backward()
+    for i, leaf in enumerate(leaves):
+        check(f"{name}'s gradient {i} {shape} {pls} axis {ax}", leaf.grad,
+              numeric_grad(lambda *xs: f(*xs, ax), arrays, i))
+
+# Checkpoints of Partials saved from random placements and loaded into others, in
+# each format, uneven shapes included.
+folder = MPI.COMM_WORLD.bcast(sys.argv[1] if MPI.COMM_WORLD.rank == 0 else None)
+for t, suffix in enumerate(["npy", "h5", "zarr"] * 2):
+    shape = tuple(rng.choice([1, 3, 5, 8]) for _ in range(3))
+    X = np.random.default_rng(t).standard_normal(shape)
+    src = [rng.choice([Replicate(), Partial(), Shard(rng.randrange(3))]) for _ in range(3)]
+    dst = [rng.choice([Replicate(), Shard(rng.randrange(3))]) for _ in range(3)]
+    path = os.path.join(folder, f"x{t}.{suffix}")
+    kw = {"dataset": "x"} if suffix == "h5" else {}
+    mt.save(partial_of(X, src), path, durable=False, **kw)
+    got = mt.load(path, mesh, dst, **kw)
+    check(f"{suffix} saved from {src} loaded into {dst} {shape}", got, X)
+    if got.to_local().shape != mt.distribute_tensor(X, mesh, dst).to_local().shape:
+        problems.append(f"{suffix} loaded into {dst} {shape}: local shape {got.to_local().shape}")
+
 every = MPI.COMM_WORLD.allgather(problems)
 if MPI.COMM_WORLD.rank == 0:
     for rank, found in enumerate(every):
@@ -121,7 +198,9 @@ if MPI.COMM_WORLD.rank == 0:
 def test_a_2x2x2_mesh_agrees_with_numpy(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    cmd = ["mpiexec", "--oversubscribe", "-n", "8", sys.executable, str(script)]
+    (tmp_path / "files").mkdir()
+    cmd = ["mpiexec", "--oversubscribe", "-n", "8", sys.executable, str(script),
+           str(tmp_path / "files")]
     run = subprocess.run(cmd, env=fresh_job_env(), capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -328,10 +328,17 @@ def _reduced(a, axis):
     return axes, count, tuple(1 if i in axes else n for i, n in enumerate(a.shape))
 
 
-def _extremum_grads(g, a, result, axis):
-    """max/min (amax/amin): the gradient shared evenly by the elements equal to the
-    result, as torch's amax/amin."""
+def _extremum_grads(g, a, result, axis, pick):
+    """max/min (amax/amin, ``pick``): the gradient shared evenly by the elements
+    equal to the result, as torch's amax/amin. A Partial ``a`` is summed here once
+    and ``pick`` taken again from that sum: the comparison would sum the parts by
+    another plan than the forward's, in another order, and the forward's result
+    could then equal none of the lane's elements (a gradient of inf and NaN)."""
     axes, _, kept = _reduced(a, axis)
+    if any(p.is_partial() for p in a.placements):
+        a = a.redistribute(a.device_mesh, [Replicate() if p.is_partial() else p
+                                           for p in a.placements])
+        result = pick(a, axis=axes)
     hit = a == np.broadcast_to(result.reshape(kept), a.shape)
     share = g.reshape(kept) / hit.sum(axis=axes, keepdims=True)
     return (_fit(hit * share, a),)
@@ -383,8 +390,10 @@ _METHODS = {
     np.sum: ("sum", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, False)),
     np.mean: ("mean", lambda g, node, out: _reduction_grads(g, *node.saved, *node.aux, True)),
     np.prod: ("prod", lambda g, node, out: _prod_grads(g, *node.saved, *node.aux)),
-    np.max: ("max", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
-    np.min: ("min", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0])),
+    np.max: ("max", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0],
+                                                         np.max)),
+    np.min: ("min", lambda g, node, out: _extremum_grads(g, *node.saved, out, node.aux[0],
+                                                         np.min)),
     np.var: ("var", lambda g, node, out: _moment_grads(g, *node.saved, out, node.aux[0], 0,
                                                        False)),
     np.std: ("std", lambda g, node, out: _moment_grads(g, *node.saved, out, node.aux[0], 0,
@@ -408,9 +417,11 @@ def _prod_function(g, node, out):
     return _prod_grads(g, b["a"], b["axis"], bool(b["keepdims"]))
 
 
-def _extremum_function(g, node, out):
-    b = _bind(node, _EXTREMUM_ARGS, axis=None)
-    return _extremum_grads(g, b["a"], out, b["axis"])
+def _extremum_function(pick):
+    def backward(g, node, out):
+        b = _bind(node, _EXTREMUM_ARGS, axis=None)
+        return _extremum_grads(g, b["a"], out, b["axis"], pick)
+    return backward
 
 
 def _moment_function(std):
@@ -773,10 +784,10 @@ _FUNCTIONS = {
     np.sum: ("sum", _sum_function(False)),
     np.mean: ("mean", _sum_function(True)),
     np.prod: ("prod", _prod_function),
-    np.max: ("max", _extremum_function),
-    np.amax: ("amax", _extremum_function),
-    np.min: ("min", _extremum_function),
-    np.amin: ("amin", _extremum_function),
+    np.max: ("max", _extremum_function(np.max)),
+    np.amax: ("amax", _extremum_function(np.max)),
+    np.min: ("min", _extremum_function(np.min)),
+    np.amin: ("amin", _extremum_function(np.min)),
     np.clip: ("clip", _clip),
     np.var: ("var", _moment_function(False)),
     np.std: ("std", _moment_function(True)),
