@@ -125,7 +125,9 @@ static const char *layout_text(const mt_layout *l, char *buf, size_t len) {
   for (int m = 0; m < l->mesh_ndim && at < len; ++m)
     at += (size_t)snprintf(buf + at, len - at, "%s%s", m ? ", " : "",
                            mt__placement_text(&l->placements[m], 0, p, sizeof p));
-  if (at < len) at += (size_t)snprintf(buf + at, len - at, ") of a tensor of shape ");
+  if (at < len)
+    at += (size_t)snprintf(buf + at, len - at, "%s) of a tensor of shape ",
+                           l->mesh_ndim == 1 ? "," : "");
   if (at < len) tuple_text(buf, len, &at, l->ndim, l->shape);
   if (at < len) at += (size_t)snprintf(buf + at, len - at, " on a mesh of shape ");
   if (at < len) tuple_text(buf, len, &at, l->mesh_ndim, l->mesh_shape);

@@ -80,12 +80,17 @@ def coords(mesh_shape):
     return itertools.product(*(range(n) for n in mesh_shape))
 
 
-def test_expansion_and_boxes_hold_torchs_elements():
-    rng = random.Random(7)
-    expanded = 0
-    for _ in range(1500):
+def cases(seed, n=1500):
+    """n random (rng, mesh shape, shape, placements)."""
+    rng = random.Random(seed)
+    for _ in range(n):
         mesh_shape = rng.choice(MESHES)
-        shape, placements = random_layout(rng, mesh_shape)
+        yield (rng, mesh_shape) + random_layout(rng, mesh_shape)
+
+
+def test_expansion_and_boxes_hold_torchs_elements():
+    expanded = 0
+    for _, mesh_shape, shape, placements in cases(7):
         try:
             eshape, eplacements, groups = _strided.expand(shape, placements, mesh_shape)
         except ValueError as e:
@@ -107,11 +112,8 @@ def test_expansion_and_boxes_hold_torchs_elements():
 
 
 def test_common_plain_form_holds_both_layouts():
-    rng = random.Random(11)
     found = 0
-    for _ in range(1500):
-        mesh_shape = rng.choice(MESHES)
-        shape, a = random_layout(rng, mesh_shape)
+    for rng, mesh_shape, shape, a in cases(11):
         b = tuple(_fit(p, len(shape)) for p in random_layout(rng, mesh_shape)[1])
         got = _strided.refine(shape, a, b, mesh_shape)
         if got is None:
