@@ -30,6 +30,10 @@
 
 typedef struct mt_ext_dispatch mt_ext_dispatch;
 
+/* A function off every cached call's path: kept out of line and apart, so the
+ * paths it branches from stay as the compiler lays them out without it. */
+#define MT_EXT_COLD __attribute__((noinline, cold))
+
 /* -- modes ---------------------------------------------------------------------- */
 
 /* The modes in force, the one state both Python and C read: a plain struct in the

@@ -238,6 +238,17 @@ static inline mt_ext_sig *ufunc_sig(mt_ext_dispatch *d, PyObject *ufunc) {
   return d->last_sig >= 0 ? &d->sigs[d->last_sig] : NULL;
 }
 
+/* A ufunc call with a strided operand: the executor's plain reading when it has
+ * one, else the Python entry (whose strided hook takes it). Out of line, off the
+ * cached call's path. */
+static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
+                                           PyObject *const *ops, Py_ssize_t n,
+                                           PyObject *kwnames) {
+  PyObject *out = mt_ext_strided_ufunc(d, ufunc, ops, n, kwnames);
+  return out != NULL || PyErr_Occurred() ? out
+                                         : ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
+}
+
 PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                        Py_ssize_t n, PyObject *kwnames) {
   mt_ext_sig *sig = ufunc_sig(d, ufunc);
@@ -247,11 +258,7 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
     return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
   mt_ext_call c;
   int rc = gather_fast(d, ops, (int)n, &c, ufunc);
-  if (rc == 0 && c.strided) {
-    PyObject *out = mt_ext_strided_ufunc(d, ufunc, ops, n, kwnames);
-    return out != NULL || PyErr_Occurred() ? out
-                                           : ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
-  }
+  if (rc == 0 && c.strided) return strided_ufunc(d, ufunc, ops, n, kwnames);
   if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   c.key.op = sig->id;
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -294,6 +301,19 @@ static PyObject *reduction_entry(mt_ext_dispatch *d, const mt_ext_sig *sig, PyOb
   return function_call(d, sig->func, &self, 1, args, nargs, kwnames);
 }
 
+/* A reduction method over every element of a strided DTensor: on its plain
+ * expansion when it has one, else the Python entry. Out of line, as strided_ufunc. */
+static MT_EXT_COLD PyObject *strided_whole(mt_ext_dispatch *d, int method,
+                                           const mt_ext_sig *sig, PyObject *self,
+                                           PyObject *const *args, Py_ssize_t nargs,
+                                           PyObject *kwnames) {
+  PyObject *view = mt_ext_strided_whole(d, self), *out = NULL;
+  if (view != NULL) out = mt_ext_reduction(d, method, view, args, nargs, kwnames);
+  Py_XDECREF(view);
+  if (out != NULL || PyErr_Occurred()) return out;
+  return reduction_entry(d, sig, self, args, nargs, kwnames);
+}
+
 PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
                            PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   if (d->reduction_sig[method] < 0)
@@ -305,12 +325,8 @@ PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   if (reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
     return reduction_entry(d, sig, self, args, nargs, kwnames);
   int rc = gather_fast(d, &self, 1, &c, sig->func);
-  if (rc == 0 && c.strided && axis == Py_None && keepdims == Py_False) {
-    PyObject *view = mt_ext_strided_whole(d, self), *out = NULL;
-    if (view != NULL) out = mt_ext_reduction(d, method, view, args, nargs, kwnames);
-    Py_XDECREF(view);
-    if (out != NULL || PyErr_Occurred()) return out;
-  }
+  if (rc == 0 && c.strided && axis == Py_None && keepdims == Py_False)
+    return strided_whole(d, method, sig, self, args, nargs, kwnames);
   if (rc <= 0) return rc < 0 ? NULL : reduction_entry(d, sig, self, args, nargs, kwnames);
   int keep = keepdims == Py_True, hit;
   int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(c.dt[0]->spec, 2));
