@@ -9,8 +9,9 @@ NumPy, with a sample of random redistributions with Partials, and of operations
 and a matmul's gradients on random placements. So too the backward of max and
 min of a Partial cut by two mesh dims, whose forward and comparison sum the parts
 by different plans, in different orders; gradients of a few compositions on
-random placements with Partials against central differences; and checkpoints
-saved from Partials and loaded into other placements, in each format.
+random placements with Partials against central differences; checkpoints
+saved from Partials and loaded into other placements, in each format; and moves
+between random strided layouts, whose common plain forms span three mesh dims.
 
 The job is launched from the np=1 run only: a job started from inside a
 multi-rank job would share its ranks' cores and Open MPI environment.
@@ -185,6 +186,57 @@ for t, suffix in enumerate(["npy", "h5", "zarr"] * 2):
     check(f"{suffix} saved from {src} loaded into {dst} {shape}", got, X)
     if got.to_local().shape != mt.distribute_tensor(X, mesh, dst).to_local().shape:
         problems.append(f"{suffix} loaded into {dst} {shape}: local shape {got.to_local().shape}")
+
+# Moves from, to and between strided layouts (torch's _StridedShard) on three
+# mesh dims: each rank's local array is torch's, cut by its definition here.
+from mpitensor.placement_types import _StridedShard
+
+
+def torch_local(X, placements, at=coord):
+    a = X
+    for m, p in enumerate(placements):
+        if isinstance(p, _StridedShard):
+            a = np.concatenate([np.array_split(q, 2, axis=p.dim)[at[m]]
+                                for q in np.split(a, p.split_factor, axis=p.dim)], p.dim)
+        elif isinstance(p, Shard):
+            a = np.array_split(a, 2, axis=p.dim)[at[m]]
+    return a
+
+
+def torch_defined(X, placements):
+    # On every rank alike: each split divides the dim where it applies.
+    try:
+        for at in np.ndindex(2, 2, 2):
+            torch_local(X, placements, at)
+    except ValueError:
+        return False
+    return True
+
+
+def strided_layout(shape):
+    return [rng.choice([Replicate(), Shard(d), _StridedShard(d, split_factor=2),
+                        _StridedShard(d, split_factor=4)])
+            for d in (rng.randrange(len(shape)) for _ in range(3))]
+
+
+moved = 0
+for _ in range(60):
+    shape = rng.choice([(8, 8), (16, 4), (4, 8, 2)])
+    a, b = strided_layout(shape), strided_layout(shape)
+    X = np.arange(float(np.prod(shape))).reshape(shape)
+    if not (torch_defined(X, a) and torch_defined(X, b)):
+        continue
+    try:
+        x = mt.DTensor.from_local(torch_local(X, a), mesh, a, shape=shape,
+                                  stride=strides(shape))
+        y = x.redistribute(mesh, b)
+    except ValueError:  # no plain form (a cut after an uneven one), everywhere alike
+        continue
+    moved += 1
+    if not np.array_equal(y.to_local(), torch_local(X, b)):
+        problems.append(f"strided move {a} -> {b} of {shape}")
+if moved < 30:
+    problems.append(f"only {moved} strided moves ran")
 
 every = MPI.COMM_WORLD.allgather(problems)
 if MPI.COMM_WORLD.rank == 0:
