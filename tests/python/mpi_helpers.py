@@ -14,6 +14,8 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import signal
+import subprocess
 
 import numpy as np
 import pytest
@@ -39,6 +41,27 @@ def fresh_job_env() -> dict:
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
     return env
+
+
+def run_job(cmd, timeout: float) -> subprocess.CompletedProcess:
+    """Runs an mpiexec job a test starts (``fresh_job_env``), in a session of its
+    own, and on ``timeout`` kills the whole session: mpiexec and every rank. A
+    killed mpiexec alone leaves its ranks spinning in MPI, and a test runner that
+    times out first leaves both; so ``timeout`` stays below the suite's per-test
+    timeout. AssertionError naming the command when it runs out.
+
+    Example: ``run_job(["mpiexec", "-n", "8", sys.executable, "job.py"], 100)``.
+    """
+    proc = subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(map(str, cmd))} ran past {timeout} s and was "
+                             f"killed with its ranks\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module", name="mesh")

@@ -17,13 +17,12 @@ The job is launched from the np=1 run only: a job started from inside a
 multi-rank job would share its ranks' cores and Open MPI environment.
 """
 
-import subprocess
 import sys
 
 import pytest
 from mpi4py import MPI
 
-from mpi_helpers import fresh_job_env
+from mpi_helpers import run_job
 
 pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() != 1,
                                 reason="starts its own mpiexec job; np=1 only")
@@ -253,6 +252,5 @@ def test_a_2x2x2_mesh_agrees_with_numpy(tmp_path):
     (tmp_path / "files").mkdir()
     cmd = ["mpiexec", "--oversubscribe", "-n", "8", sys.executable, str(script),
            str(tmp_path / "files")]
-    run = subprocess.run(cmd, env=fresh_job_env(), capture_output=True, text=True,
-                         timeout=300)
+    run = run_job(cmd, timeout=100)
     assert run.returncode == 0, run.stdout + run.stderr
