@@ -20,10 +20,9 @@ import operator
 
 import numpy as np
 
-from .. import _C, _args, _registry, _strided
+from .. import _C, _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
-from ..placement_types import Replicate, Shard
 
 __all__ = ["restride", "run"]
 
@@ -172,7 +171,7 @@ def _plain(o):
 
 
 def run(what, args, kwargs):
-    """The "strided" hook: runs ``what(*args, **kwargs)`` (or a redistribute) whose
+    """The "strided" hook: runs ``what(*args, **kwargs)`` whose
     arguments hold a strided DTensor; NotImplemented hands :func:`restride` back to
     the dispatch. Collective on the mesh when data moves.
 
