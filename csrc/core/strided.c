@@ -348,3 +348,18 @@ int mt_strided_refine(const mt_layout *a, const mt_layout *b, mt_layout *ra,
   }
   return no_common(&la, &lb, err);
 }
+
+int mt_strided_plain(const mt_placement *placements, int mesh_ndim, int all,
+                     mt_placement *out, mt_error *err) {
+  if (placements == NULL || out == NULL)
+    return mt__fail(err, MT_EINVAL, "The placements and the output are required");
+  if (mesh_ndim < 1 || mesh_ndim > MT_MAX_MESH_NDIM)
+    return mt__fail(err, MT_EINVAL, "A mesh of %d dims; 1 to %d are supported", mesh_ndim,
+                    MT_MAX_MESH_NDIM);
+  for (int m = 0; m < mesh_ndim; ++m) {
+    int kind = placements[m].kind;
+    int gather = kind == MT_PLACEMENT_STRIDED || (all && kind == MT_PLACEMENT_SHARD);
+    out[m] = gather ? replicate() : placements[m];
+  }
+  return MT_OK;
+}

@@ -19,7 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from . import _clib
-from ._clib import _STATUS_CODES, E, Error, I, P, _Box, _Layout, _layout, call, check, fn
+from ._clib import (_STATUS_CODES, E, Error, I, P, _Box, _Layout, _layout, _Placement,
+                    _placements, call, check, fn)
 from .placement_types import Placement, Replicate, Shard, _StridedShard, from_code
 
 __all__ = ["has_strided", "expand", "refine", "canonical", "reshape_groups", "view_placements",
@@ -38,6 +39,7 @@ _init = fn("mt_strided_init", I, _Layout, I, P, I, P, P, E)
 _expand = fn("mt_strided_expand", I, _Layout, _Layout, P, E)
 _local_box = fn("mt_strided_local_box", I, _Layout, P, _Box, E)
 _refine = fn("mt_strided_refine", I, _Layout, _Layout, _Layout, _Layout, E)
+_plain = fn("mt_strided_plain", I, P, I, I, P, E)
 
 
 def _codes(placements) -> tuple:
@@ -284,12 +286,20 @@ def local_shape(shape: Sequence[int], placements: Sequence[Placement],
 
 def plain_of(placements: Sequence[Placement]) -> tuple:
     """The placements with each strided shard replaced by Replicate: where an
-    operation without a strided rule takes a strided input. Local.
+    operation without a strided rule takes a strided input (the core's
+    mt_strided_plain). Local.
 
     Example: ``plain_of((Shard(0), _StridedShard(0, sf=4))) == (Shard(0), Replicate())``.
     """
-    return tuple(Replicate() if type(p) is _StridedShard else p for p in placements)
+    return tuple(map(from_code, _plain_codes(_codes(placements))))
 
+
+@functools.lru_cache(maxsize=1024)
+def _plain_codes(codes: tuple) -> tuple:
+    pl, n = _placements(codes)
+    out = (_Placement * len(pl))()
+    call(_plain, pl, n, 0, out)
+    return tuple((p.kind, p.dim, p.reduce_op, p.split_factor) for p in out[:n])
 
 
 def held_indices(shape: Sequence[int], placements: Sequence[Placement],

@@ -172,8 +172,25 @@ static void sweep(int ndim, const int64_t *shape, int mesh_ndim, const int64_t *
     }
 }
 
+/* The plain layout a strided one passes through: strided shards (and, asked, every
+ * shard) gathered, partials kept; in place too. */
+static void test_plain(void) {
+  mt_placement in[3] = {S(1), SS(0, 4), {MT_PLACEMENT_PARTIAL, 0, MT_REDUCE_MAX, 0}}, out[3];
+  CHECK(mt_strided_plain(in, 3, 0, out, NULL) == MT_OK);
+  CHECK(out[0].kind == MT_PLACEMENT_SHARD && out[0].dim == 1 &&
+        out[1].kind == MT_PLACEMENT_REPLICATE && out[1].split_factor == 0 &&
+        out[2].kind == MT_PLACEMENT_PARTIAL && out[2].reduce_op == MT_REDUCE_MAX);
+  CHECK(mt_strided_plain(in, 3, 1, in, NULL) == MT_OK);
+  CHECK(in[0].kind == MT_PLACEMENT_REPLICATE && in[0].dim == 0 &&
+        in[1].kind == MT_PLACEMENT_REPLICATE && in[2].kind == MT_PLACEMENT_PARTIAL);
+  mt_error err = {0};
+  CHECK(mt_strided_plain(in, 0, 0, out, &err) == MT_EINVAL && strstr(err.msg, "0 dims"));
+  CHECK(mt_strided_plain(NULL, 1, 0, out, NULL) == MT_EINVAL);
+}
+
 int main(void) {
   test_examples();
+  test_plain();
   int64_t s12 = 12, s8 = 8, s6[2] = {6, 4}, s5[2] = {5, 6};
   int64_t m2 = 2, m3 = 3, m22[2] = {2, 2}, m32[2] = {3, 2};
   sweep(1, &s12, 1, &m2);

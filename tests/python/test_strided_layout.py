@@ -149,3 +149,9 @@ def test_known_forms():
                            (3,)) is None
     with pytest.raises(ValueError, match="does not cut dim 0 into whole pieces"):
         _strided.expand((6,), (Shard(0), _StridedShard(0, sf=2)), (4, 2))
+
+
+def test_plain_of_gathers_only_strided_shards():
+    got = _strided.plain_of((Shard(1), _StridedShard(0, sf=4), Partial("max"), Replicate()))
+    assert got == (Shard(1), Replicate(), Partial("max"), Replicate())
+    assert _strided.plain_of((_StridedShard(2, sf=3),)) == (Replicate(),)

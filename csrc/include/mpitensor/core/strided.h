@@ -51,6 +51,13 @@ MT_EXPORT int mt_strided_local_box(const mt_layout *layout, const int64_t *coord
 MT_EXPORT int mt_strided_refine(const mt_layout *a, const mt_layout *b, mt_layout *ra,
                                 mt_layout *rb, mt_error *err);
 
+/* Local. The placements of the plain layout a strided one passes through where no
+ * rule takes it as it is: each STRIDED placement (and, with `all` nonzero, each
+ * SHARD too) becomes REPLICATE, the rest stay. `out` may be `placements`.
+ * MT_EINVAL for NULL arrays or a mesh_ndim outside [1, MT_MAX_MESH_NDIM]. */
+MT_EXPORT int mt_strided_plain(const mt_placement *placements, int mesh_ndim, int all,
+                               mt_placement *out, mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif
