@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -43,25 +44,84 @@ def fresh_job_env() -> dict:
     return env
 
 
-def run_job(cmd, timeout: float) -> subprocess.CompletedProcess:
-    """Runs an mpiexec job a test starts (``fresh_job_env``), in a session of its
-    own, and on ``timeout`` kills the whole session: mpiexec and every rank. A
-    killed mpiexec alone leaves its ranks spinning in MPI, and a test runner that
-    times out first leaves both; so ``timeout`` stays below the suite's per-test
-    timeout. AssertionError naming the command when it runs out.
+def start_job(cmd) -> subprocess.Popen:
+    """Starts an mpiexec job a test starts (``fresh_job_env``) in a session of its
+    own, with stdout and stderr piped, and returns at once: for a test that acts on
+    the job while it runs. End it with ``finish_job`` or ``kill_job``, never with
+    ``proc.kill()``, which ends mpiexec alone and leaves each rank to notice.
 
-    Example: ``run_job(["mpiexec", "-n", "8", sys.executable, "job.py"], 100)``.
+    Example: ``job = start_job(["mpiexec", "-n", "2", sys.executable, "job.py"])``.
     """
-    proc = subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def session_members(sid: int) -> list[int]:
+    """The pids of the live processes (zombies left out) in the session ``sid``,
+    read from /proc (Linux)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended while we looked
+            continue
+        # The fields after the command's closing parenthesis: state, ppid, pgrp, session.
+        state, _, _, session = stat[stat.rindex(")") + 2:].split()[:4]
+        if int(session) == sid and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def kill_job(proc: subprocess.Popen) -> tuple[str, str]:
+    """Kills the whole session of a job ``start_job`` began, mpiexec and every rank
+    (whatever is left of it: nothing, when it has ended), and returns its
+    (stdout, stderr).
+
+    Example: ``try: ... finally: kill_job(job)``.
+    """
+    # Open MPI gives each rank a process group of its own inside mpiexec's session,
+    # so killing mpiexec's group would leave the ranks to notice on their own: each
+    # member of the session is killed, until none is left (mpiexec may be forking).
+    for _ in range(100):
+        members = session_members(proc.pid)
+        if not members:
+            break
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    return proc.communicate()
+
+
+def finish_job(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Waits for a job ``start_job`` began; on ``timeout`` kills its whole session
+    and raises AssertionError naming the command. A test runner that times out
+    first would leave the job running, so ``timeout`` stays below the suite's
+    per-test timeout.
+
+    Example: ``run = finish_job(job, 100); assert run.returncode == 0, run.stderr``.
+    """
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"{' '.join(map(str, cmd))} ran past {timeout} s and was "
-                             f"killed with its ranks\n{out}\n{err}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        out, err = kill_job(proc)
+        raise AssertionError(f"{' '.join(map(str, proc.args))} ran past {timeout} s "
+                             f"and was killed with its ranks\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_job(cmd, timeout: float) -> subprocess.CompletedProcess:
+    """Runs an mpiexec job a test starts to its end: ``start_job`` then
+    ``finish_job``, which kills mpiexec and every rank on ``timeout``.
+
+    Example: ``run_job(["mpiexec", "-n", "8", sys.executable, "job.py"], 100)``.
+    """
+    return finish_job(start_job(cmd), timeout)
 
 
 @pytest.fixture(scope="module", name="mesh")

@@ -29,7 +29,8 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, init_device_mesh
-from mpi_helpers import Problems, all_ranks, bits_equal, expect_same_error, fresh_job_env
+from mpi_helpers import (Problems, all_ranks, bits_equal, expect_same_error, finish_job,
+                         kill_job, run_job, start_job)
 import checkpoint_files as cf
 from mpitensor.checkpoint import _io
 
@@ -282,8 +283,7 @@ def start_killed(folder: str, mode: str, cols: int) -> subprocess.Popen:
         f.write(KILLED)
     cmd = ["mpiexec", "--oversubscribe", "-n", "2", sys.executable, script, mode,
            os.path.join(folder, "ckpt"), str(cols)]
-    return subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return start_job(cmd)
 
 
 def generations(path: str) -> list:
@@ -309,10 +309,9 @@ def save_again(path: str) -> None:
 def test_a_save_killed_between_entries_leaves_the_previous_checkpoint(tmp_path):
     """Rank 0 is killed with SIGKILL after two of the four new entries are written:
     load returns the previous save whole, and the next save removes the rest."""
-    job = start_killed(str(tmp_path), "between", 8)
-    out, _ = job.communicate(timeout=120)
+    run = finish_job(start_killed(str(tmp_path), "between", 8), 100)
     path = str(tmp_path / "ckpt")
-    assert job.returncode != 0, out
+    assert run.returncode != 0, run.stdout + run.stderr
     left = stale(path)
     assert generations(path) == [0, 0, 0, 0]
     assert left, "the killed save left nothing: it was not killed midway"
@@ -325,21 +324,22 @@ def test_saves_killed_while_writing_leave_a_whole_checkpoint(tmp_path):
     """Both ranks are killed with SIGKILL while an entry of 4 MiB is being written
     (its temporary file exists), four times at different points: load returns one
     save's entries, all of them, and the next save removes the temporary file and
-    the other leftovers."""
+    the other leftovers. The four share a budget below the suite's per-test timeout,
+    after which the job is killed whole."""
     path, left_a_temp = str(tmp_path / "ckpt"), 0
+    until = time.monotonic() + 100
     for attempt in range(4):
         shutil.rmtree(path, ignore_errors=True)
         for f in tmp_path.glob("pid.*"):
             f.unlink()
         job = start_killed(str(tmp_path), "loop", 8192)
         try:
-            pids = wait_for_temp(tmp_path, path, job, attempt)
+            pids = wait_for_temp(tmp_path, path, job, attempt, until)
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
-            job.communicate(timeout=60)
+            finish_job(job, max(1.0, until - time.monotonic()))
         finally:
-            job.kill()
-            job.wait()
+            kill_job(job)
         gens = generations(path)
         assert len(set(gens)) == 1, f"entries of different saves: {gens}"
         left_a_temp += any(f.endswith(".tmp") for f in os.listdir(path))
@@ -349,11 +349,11 @@ def test_saves_killed_while_writing_leave_a_whole_checkpoint(tmp_path):
     assert left_a_temp, "no kill left a temporary file: the test did not test it"
 
 
-def wait_for_temp(folder, path: str, job, attempt: int) -> list:
-    """The ranks' pids, once a temporary file of a later save holds data."""
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        assert job.poll() is None, job.communicate()[0]
+def wait_for_temp(folder, path: str, job, attempt: int, until: float) -> list:
+    """The ranks' pids, once a temporary file of a later save holds data, before the
+    time ``until`` (time.monotonic's)."""
+    while time.monotonic() < until:
+        assert job.poll() is None, "\n".join(job.communicate())
         pids = [folder / f"pid.{r}" for r in range(2)]
         names = os.listdir(path) if os.path.isdir(path) else []
         busy = [n for n in names if ".npy." in n and n.endswith(".tmp")]
@@ -362,7 +362,7 @@ def wait_for_temp(folder, path: str, job, attempt: int) -> list:
             time.sleep(attempt * 0.003)
             return [int(p.read_text()) for p in pids]
         time.sleep(0.0005)
-    raise AssertionError("no temporary file appeared within 60 s")
+    raise AssertionError("no temporary file appeared within the test's budget")
 
 
 # -- item 6: what may stand at the target of a save -----------------------------------
@@ -464,7 +464,7 @@ def test_data_and_directory_are_synced_around_the_rename(tmp_path):
     log, folder = tmp_path / "log", os.path.realpath(tmp_path)
     cmd = ["mpiexec", "--oversubscribe", "-n", "2", "-x", f"LD_PRELOAD={spy}", "-x",
            f"MT_SPY_LOG={log}", sys.executable, str(tmp_path / "job.py"), folder]
-    run = subprocess.run(cmd, env=fresh_job_env(), capture_output=True, text=True, timeout=120)
+    run = run_job(cmd, 100)
     assert run.returncode == 0, run.stdout + run.stderr
     events = [line.split(" ", 2)[1:] for line in log.read_text().splitlines()]
     for name in ("rows.npy", "cols.npy", "long.npy", "sd/w.npy", "sd/index.json",
