@@ -9,8 +9,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* One NumPy C API table for all of the extension's files; only module.c imports
- * it, the others see it through this symbol. */
+/* One NumPy C API table for all of the extension's files; only ext_args.c defines
+ * it (mt_ext_import_numpy fills it), the others see it through this symbol. */
 #define PY_ARRAY_UNIQUE_SYMBOL MT_ARRAY_API
 #ifndef MT_EXT_IMPORTS_NUMPY
 #define NO_IMPORT_ARRAY
@@ -64,6 +64,8 @@ typedef struct mt_ext_state {
   mt_ext_modes modes;
 } mt_ext_state;
 
+/* The module's definition (ext_args.c; PyInit__C sets its slots), by which a type
+ * finds its module. */
 extern struct PyModuleDef mt_ext_module_def;
 
 static inline mt_ext_state *mt_ext_state_of(PyObject *module) {
@@ -89,6 +91,8 @@ PyObject *mt_ext_raise(int code, const mt_error *err);
  * which raises as RuntimeError), its message in err->msg; the exception is cleared.
  * The reverse of mt_ext_raise, for an exception that must travel to other ranks. */
 int mt_ext_fetch_status(mt_error *err);
+/* Imports NumPy's C API: 0, or -1 with an exception. */
+int mt_ext_import_numpy(void);
 /* ((status, exception class), ...): the one status <-> exception table, most
  * specific first (new reference; NULL with an exception). */
 PyObject *mt_ext_status_exceptions(void);
@@ -151,10 +155,8 @@ typedef struct mt_ext_dtensor {
   char requires_grad, fresh;
 } mt_ext_dtensor;
 
-/* A new DTensor of type d->dtensor, its fields zero, tracked by the GC: the memory
- * of a freed one when there is one. NULL with an exception. */
-PyObject *mt_ext_dtensor_alloc(mt_ext_dispatch *d);
-/* Frees the memory kept for reuse (the dispatch is cleared). */
+/* Frees the memory of freed DTensors kept for reuse (the dispatch is cleared;
+ * ext_spec.c, where new DTensors take it). */
 void mt_ext_dtensor_free_all(mt_ext_dispatch *d);
 
 /* -- registered operations (ext_ops.c) ------------------------------------------ */
@@ -173,7 +175,7 @@ typedef struct mt_ext_sig {
 
 enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
        MT_EXT_NREDUCTION = 11 };
-/* The freed DTensors kept for reuse (ext_dtensor.c): enough for the temporaries
+/* The freed DTensors kept for reuse (ext_dtensor.c, ext_spec.c): enough for the temporaries
  * of an expression, few enough to hold little memory. */
 enum { MT_EXT_FREE_DTENSORS = 16 };
 
@@ -218,7 +220,7 @@ struct mt_ext_dispatch {
   PyObject *request_fields[3]; /* Request's slots: address, _keep, _result */
   long long hook_calls[MT_HOOK_COUNT];
   /* The memory of freed DTensors of type `dtensor`, untracked and with every
-   * field cleared, which the next ones reuse (ext_dtensor.c). */
+   * field cleared, which the next ones reuse (ext_dtensor.c, ext_spec.c). */
   PyObject *free_dtensors[MT_EXT_FREE_DTENSORS];
   int nfree_dtensors;
   int64_t decision_limit, plan_limit, layout_limit; /* for new meshes */
@@ -311,11 +313,20 @@ int mt_ext_expansion(const mt_layout *l, mt_layout *out);
 PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
                            PyObject *local, const mt_layout *l, PyObject *pl);
 /* A ufunc call whose DTensor operands are strided alike (one mesh, placements and
- * shape, no Partial, no gradient wanted) among scalars: the plain call on their
- * expansions, read back; no communication. NULL without an exception when the
- * call is not such a one (the "strided" hook takes it). */
-PyObject *mt_ext_strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
-                               Py_ssize_t n, PyObject *kwnames);
+ * shape, no Partial, no gradient wanted) among scalars is the plain call on their
+ * expansions, read back; no communication. _views: the plain call's operands and
+ * keywords in `r` (1; 0 when the call is not such a one: the "strided" hook takes
+ * it; -1 with an exception). _back: drops them, reads back `res` (stolen; NULL
+ * without an exception when it cannot). */
+typedef struct mt_ext_strided_reading {
+  mt_ext_mesh_base *mb;
+  mt_layout l, e; /* the operands' strided layout and its plain expansion */
+  PyObject *placements, *views[MT_MEMO_MAX_OPERANDS + 8]; /* l's placements, borrowed */
+  Py_ssize_t nviews;
+} mt_ext_strided_reading;
+int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
+                         PyObject *kwnames, mt_ext_strided_reading *r);
+PyObject *mt_ext_strided_back(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyObject *res);
 /* A strided DTensor as its plain expansion, for a reduction over every element
  * (which the expansion gives as it is); NULL without an exception when it has a
  * Partial or wants a gradient. */

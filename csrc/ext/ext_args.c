@@ -1,10 +1,22 @@
 /* The argument helpers every area of mpitensor._C shares: C arrays to Python
  * tuples, NumPy dtypes to core codes, core statuses to exceptions. They call only
- * the core and CPython, so every area depends on them and they on no area. */
+ * the core and CPython, so every area depends on them and they on no area. What
+ * every area reads is defined here too: NumPy's C API table and the module's
+ * definition (whose slots module.c, the top, fills in). */
 #include <stdio.h>
 #include <string.h>
 
+#define MT_EXT_IMPORTS_NUMPY
 #include "ext.h"
+
+int mt_ext_import_numpy(void) { return PyArray_ImportNumPyAPI(); }
+
+struct PyModuleDef mt_ext_module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "mpitensor._C",
+    .m_doc = "The C core of mpitensor. Internal: use the mpitensor package.",
+    .m_size = sizeof(mt_ext_state),
+};
 
 /* The one table of statuses and the exceptions they are, both ways: C raises by
  * it, mt_ext_fetch_status maps a Python exception back by it, and Python reads it

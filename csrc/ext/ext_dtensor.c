@@ -7,7 +7,6 @@
 #include "ext.h"
 
 #include <stddef.h>
-#include <string.h>
 #include <structmember.h>
 
 enum { B_ADD, B_SUB, B_MUL, B_MATMUL, B_TDIV, B_FDIV, B_MOD, B_POW, B_LSH, B_RSH,
@@ -338,23 +337,6 @@ static void base_dealloc(PyObject *self) {
   else
     tp->tp_free(self);
   Py_DECREF(tp);
-}
-
-PyObject *mt_ext_dtensor_alloc(mt_ext_dispatch *d) {
-  PyTypeObject *tp = d->dtensor;
-  if (d->nfree_dtensors == 0) return tp->tp_alloc(tp, 0);
-  PyObject *o = d->free_dtensors[--d->nfree_dtensors];
-  /* As PyType_GenericAlloc leaves it: zero past the header (a size the compiler
-   * knows, so a few stores; any slots a Python class adds CPython has cleared),
-   * a new reference to the type, tracked. */
-  memset((char *)o + sizeof(PyObject), 0, sizeof(mt_ext_dtensor) - sizeof(PyObject));
-  PyObject_Init(o, tp);
-  PyObject_GC_Track(o);
-  return o;
-}
-
-void mt_ext_dtensor_free_all(mt_ext_dispatch *d) {
-  while (d->nfree_dtensors > 0) PyObject_GC_Del(d->free_dtensors[--d->nfree_dtensors]);
 }
 
 /* _data(): the local ndarray, its pending move completed first (the executor's

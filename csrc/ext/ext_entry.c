@@ -244,7 +244,10 @@ static inline mt_ext_sig *ufunc_sig(mt_ext_dispatch *d, PyObject *ufunc) {
 static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
                                            PyObject *const *ops, Py_ssize_t n,
                                            PyObject *kwnames) {
-  PyObject *out = mt_ext_strided_ufunc(d, ufunc, ops, n, kwnames);
+  mt_ext_strided_reading r;
+  int ok = mt_ext_strided_views(d, ops, n, kwnames, &r);
+  PyObject *out = ok > 0 ? mt_ext_strided_back(d, &r, mt_ext_ufunc(d, ufunc, r.views, n, kwnames))
+                         : NULL;
   return out != NULL || PyErr_Occurred() ? out
                                          : ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
 }

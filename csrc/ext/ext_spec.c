@@ -237,9 +237,29 @@ PyObject *mt_ext_make_spec(mt_ext_dispatch *d, PyObject *mesh, PyObject *layout)
   return mt_ext_spec_new(d, items);
 }
 
+/* A new DTensor of type d->dtensor, its fields zero, tracked by the GC: the memory
+ * of a freed one (from the free list ext_dtensor.c's dealloc fills) when there
+ * is one. NULL with an exception. */
+static PyObject *dtensor_alloc(mt_ext_dispatch *d) {
+  PyTypeObject *tp = d->dtensor;
+  if (d->nfree_dtensors == 0) return tp->tp_alloc(tp, 0);
+  PyObject *o = d->free_dtensors[--d->nfree_dtensors];
+  /* As PyType_GenericAlloc leaves it: zero past the header (a size the compiler
+   * knows, so a few stores; any slots a Python class adds CPython has cleared),
+   * a new reference to the type, tracked. */
+  memset((char *)o + sizeof(PyObject), 0, sizeof(mt_ext_dtensor) - sizeof(PyObject));
+  PyObject_Init(o, tp);
+  PyObject_GC_Track(o);
+  return o;
+}
+
+void mt_ext_dtensor_free_all(mt_ext_dispatch *d) {
+  while (d->nfree_dtensors > 0) PyObject_GC_Del(d->free_dtensors[--d->nfree_dtensors]);
+}
+
 PyObject *mt_ext_new_dtensor(mt_ext_dispatch *d, PyObject *local, PyObject *spec, int64_t id,
                              int fresh) {
-  mt_ext_dtensor *b = local && spec ? (mt_ext_dtensor *)mt_ext_dtensor_alloc(d) : NULL;
+  mt_ext_dtensor *b = local && spec ? (mt_ext_dtensor *)dtensor_alloc(d) : NULL;
   if (b == NULL) {
     Py_XDECREF(local);
     Py_XDECREF(spec);

@@ -121,41 +121,42 @@ static PyObject *read_back(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *r
   return several ? out : one;
 }
 
-PyObject *mt_ext_strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
-                               Py_ssize_t n, PyObject *kwnames) {
+int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
+                         PyObject *kwnames, mt_ext_strided_reading *r) {
   const mt_ext_dtensor *ref = NULL;
   for (Py_ssize_t i = 0; i < n && ref == NULL; ++i)
     if (Py_TYPE(ops[i]) == d->dtensor) ref = (const mt_ext_dtensor *)ops[i];
-  if (ref == NULL || n > MT_MEMO_MAX_OPERANDS) return NULL;
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0, most = sizeof r->views;
+  r->nviews = 0;
+  if (ref == NULL || n > MT_MEMO_MAX_OPERANDS || n + nkw > most / (Py_ssize_t)sizeof(PyObject *))
+    return 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
     int kind = alike(d, ops[i], ref);
     /* Autograd records the plain call's operands, not these: the hook records it. */
     if (kind == 0 ||
         (kind == 1 && ((const mt_ext_dtensor *)ops[i])->requires_grad && d->modes->grad_enabled))
-      return NULL;
+      return 0;
   }
-  mt_ext_mesh_base *mb = mt_ext_spec_mesh(d, ref->spec);
-  mt_layout l, e;
-  int ok = mb != NULL ? plain_reading(d, mb, ref, &l, &e) : 0;
-  if (ok <= 0) return ok < 0 ? NULL : (PyErr_Clear(), NULL);
-  enum { MAX_VIEWS = MT_MEMO_MAX_OPERANDS + 8 };
-  PyObject *views[MAX_VIEWS];
-  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0, made = 0;
-  if (n + nkw > MAX_VIEWS) return NULL;
-  for (; made < n + nkw; ++made) {
-    PyObject *o = ops[made];
+  r->mb = mt_ext_spec_mesh(d, ref->spec), r->placements = PyTuple_GET_ITEM(ref->spec, 1);
+  int ok = r->mb != NULL ? plain_reading(d, r->mb, ref, &r->l, &r->e) : 0;
+  if (ok <= 0) return ok < 0 ? -1 : (PyErr_Clear(), 0);
+  for (; r->nviews < n + nkw; ++r->nviews) {
+    PyObject *o = ops[r->nviews], **v = &r->views[r->nviews];
     const mt_ext_dtensor *t = (const mt_ext_dtensor *)o;
-    views[made] = made < n && Py_TYPE(o) == d->dtensor
-                      ? mt_ext_as_layout(d, mb, t->spec, t->local, &e, NULL)
-                      : Py_NewRef(o);
-    if (views[made] == NULL) break;
+    *v = r->nviews < n && Py_TYPE(o) == d->dtensor
+             ? mt_ext_as_layout(d, r->mb, t->spec, t->local, &r->e, NULL)
+             : Py_NewRef(o);
+    if (*v == NULL) return mt_ext_strided_back(d, r, NULL), -1;
   }
-  PyObject *res = made == n + nkw ? mt_ext_ufunc(d, ufunc, views, n, kwnames) : NULL;
-  for (Py_ssize_t i = 0; i < made; ++i) Py_DECREF(views[i]);
-  if (res == NULL) return NULL;
+  return 1;
+}
+
+PyObject *mt_ext_strided_back(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyObject *res) {
+  for (Py_ssize_t i = 0; i < r->nviews; ++i) Py_DECREF(r->views[i]);
+  r->nviews = 0;
   /* NULL without an exception: the plain rule moved a result (not seen with
    * operands of one plain layout), and the hook's reading runs instead. */
-  return read_back(d, mb, res, &e, &l, PyTuple_GET_ITEM(ref->spec, 1));
+  return res != NULL ? read_back(d, r->mb, res, &r->e, &r->l, r->placements) : NULL;
 }
 
 PyObject *mt_ext_strided_whole(mt_ext_dispatch *d, PyObject *self) {

@@ -1,6 +1,5 @@
-/* mpitensor._C: the module definition (PEP 489 multi-phase init), which runs each
- * area's setup; the helpers the areas share are in ext_args.c. */
-#define MT_EXT_IMPORTS_NUMPY
+/* mpitensor._C: the module's setup (PEP 489 multi-phase init), which runs each
+ * area's; the helpers the areas share, and the definition, are in ext_args.c. */
 #include "ext.h"
 
 /* Adds the capsule of `p` named `what` (a row of ext_structs.c's exports) as
@@ -13,7 +12,7 @@ static int add_capsule(PyObject *module, const char *name, const char *what, voi
 }
 
 static int module_exec(PyObject *module) {
-  if (PyArray_ImportNumPyAPI() < 0) return -1;
+  if (mt_ext_import_numpy() < 0) return -1;
   PyMethodDef *tables[] = {mt_ext_pool_methods, mt_ext_ops_methods,
                            mt_ext_autograd_methods, mt_ext_decide_methods,
                            mt_ext_exec_methods, mt_ext_hooks_methods,
@@ -78,15 +77,9 @@ static PyModuleDef_Slot module_slots[] = {
     {0, NULL},
 };
 
-struct PyModuleDef mt_ext_module_def = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "mpitensor._C",
-    .m_doc = "The C core of mpitensor. Internal: use the mpitensor package.",
-    .m_size = sizeof(mt_ext_state),
-    .m_slots = module_slots,
-    .m_traverse = module_traverse,
-    .m_clear = module_clear,
-    .m_free = module_free,
-};
-
-PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&mt_ext_module_def); }
+PyMODINIT_FUNC PyInit__C(void) {
+  struct PyModuleDef *def = &mt_ext_module_def;
+  def->m_slots = module_slots, def->m_traverse = module_traverse;
+  def->m_clear = module_clear, def->m_free = module_free;
+  return PyModuleDef_Init(def);
+}

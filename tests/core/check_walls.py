@@ -13,7 +13,9 @@ Fails, naming what it found, when
 - a file outside the extension includes Python's, NumPy's or mpi4py's headers;
 - an object file calls into a library that is not below its own (calls go down:
   core <- kernels, core <- comm <- io, comm <- linalg);
-- object files call each other in a cycle (within or across libraries);
+- object files call each other in a cycle (within or across libraries), or the
+  extension's files do (read from their sources: a file uses what another
+  defines of the names mt_ext_*);
 - the core or the kernels use MPI, threads or file I/O;
 - an object holds process-wide mutable state (a writable global or static) that
   is not one of the few documented at their definition (the block pool, the live
@@ -126,6 +128,19 @@ def include_problems(src: str) -> list[str]:
     return problems
 
 
+def ext_edges(src: str) -> dict:
+    """{file: files whose mt_ext_* functions or objects it uses} of csrc/ext, from
+    the sources with their comments taken out: a definition starts a line (not
+    static) and goes on to a body or an initialiser."""
+    texts = {os.path.basename(p): re.sub(r"/\*.*?\*/|//[^\n]*", "", open(p).read(), flags=re.S)
+             for p in sorted(glob.glob(os.path.join(src, "ext", "*.c")))}
+    definition = re.compile(r"^(?!static)[A-Za-z][^;{}()=]*?\b(mt_ext_\w+)"
+                            r"\s*(?:\([^;]*?\)\s*\{|(?:\[\w*\])?\s*=)", re.M)
+    owner = {name: f for f, text in texts.items() for name in definition.findall(text)}
+    return {f: {owner[n] for n in re.findall(r"\bmt_ext_\w+\b", text)
+                if owner.get(n, f) != f} for f, text in texts.items()}
+
+
 def cycles(edges: dict) -> list:
     """The strongly connected components of more than one object file (a file that
     calls itself is no cycle)."""
@@ -165,6 +180,8 @@ def main(argv: list[str]) -> int:
                                 f"'{name}'")
     for comp in cycles(edges):
         problems.append("call cycle between " + ", ".join(f"{l}/{m}" for l, m in comp))
+    for comp in cycles(ext_edges(src)):
+        problems.append("call cycle between " + ", ".join(f"ext/{f}" for f in comp))
     if "-v" in sys.argv or problems:
         print("\n".join(calls))
     for p in problems:
