@@ -12,6 +12,7 @@ that is how every view between them is checked.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from typing import Sequence
@@ -19,8 +20,8 @@ from typing import Sequence
 import numpy as np
 
 from . import _clib
-from ._clib import (_STATUS_CODES, E, Error, I, P, _Box, _Layout, _layout, _Placement,
-                    _placements, call, check, fn)
+from ._clib import (_STATUS_CODES, E, Error, I, MAX_NDIM, P, _Box, _int64s, _Layout,
+                    _layout, _Placement, _placements, call, check, fn)
 from .placement_types import Placement, Replicate, Shard, _StridedShard, from_code
 
 __all__ = ["has_strided", "expand", "refine", "canonical", "reshape_groups", "view_placements",
@@ -40,6 +41,7 @@ _expand = fn("mt_strided_expand", I, _Layout, _Layout, P, E)
 _local_box = fn("mt_strided_local_box", I, _Layout, P, _Box, E)
 _refine = fn("mt_strided_refine", I, _Layout, _Layout, _Layout, _Layout, E)
 _plain = fn("mt_strided_plain", I, P, I, I, P, E)
+_groups = fn("mt_reshape_groups", I, I, P, I, P, P, P, P, E)
 
 
 def _codes(placements) -> tuple:
@@ -165,32 +167,27 @@ def reshape_groups(src: Sequence[int], dst: Sequence[int]):
     to right, as torch's view_groups makes them: a size-1 dim facing a larger one
     stands alone, otherwise dims are taken from the side with the smaller product
     until the products agree. None when the sizes do not line up. The one rule of
-    reshape's dim map (mpitensor._ops._shape) and of its views here. Local.
+    reshape's dim map (mpitensor._ops._shape) and of its views here: the core's
+    mt_reshape_groups. Local.
 
     Example: ``reshape_groups((1, 8, 6), (8, 2, 3)) == [((0,), ()), ((1,), (0,)),
     ((2,), (1, 2))]``.
     """
-    groups, i, j = [], 0, 0
-    while i < len(src) or j < len(dst):
-        if j == len(dst) or (i < len(src) and src[i] == 1 and dst[j] != 1):
-            groups.append(((i,), ()))
-            i += 1
-            continue
-        if i == len(src) or (dst[j] == 1 and src[i] != 1):
-            groups.append(((), (j,)))
-            j += 1
-            continue
-        i0, j0, f, t = i, j, src[i], dst[j]
-        i, j = i + 1, j + 1
-        while f != t:
-            if f < t and i < len(src):
-                f, i = f * src[i], i + 1
-            elif t < f and j < len(dst):
-                t, j = t * dst[j], j + 1
-            else:
-                return None
-        groups.append((tuple(range(i0, i)), tuple(range(j0, j))))
-    return groups
+    got = _reshape_groups(tuple(map(int, src)), tuple(map(int, dst)))
+    return None if got is None else list(got)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reshape_groups(src: tuple, dst: tuple):
+    s, ns = _int64s(src, MAX_NDIM, "shape")
+    d, nd = _int64s(dst, MAX_NDIM, "shape")
+    n, si, di, err = I(), (I * (ns + nd + 1))(), (I * (ns + nd + 1))(), Error()
+    rc = _groups(ns, s, nd, d, ctypes.byref(n), si, di, err)
+    if rc == _STATUS_CODES["MT_EINVAL"]:
+        return None
+    check(rc, err)
+    return tuple((tuple(range(si[g], si[g + 1])), tuple(range(di[g], di[g + 1])))
+                 for g in range(n.value))
 
 
 def view_placements(shape: Sequence[int], placements: Sequence[Placement],

@@ -155,3 +155,14 @@ def test_plain_of_gathers_only_strided_shards():
     got = _strided.plain_of((Shard(1), _StridedShard(0, sf=4), Partial("max"), Replicate()))
     assert got == (Shard(1), Replicate(), Partial("max"), Replicate())
     assert _strided.plain_of((_StridedShard(2, sf=3),)) == (Replicate(),)
+
+
+def test_reshape_groups_from_the_core():
+    assert _strided.reshape_groups((1, 8, 6), (8, 2, 3)) == [
+        ((0,), ()), ((1,), (0,)), ((2,), (1, 2))]
+    assert _strided.reshape_groups((6, 4), (4, 6)) == [((0, 1), (0, 1))]
+    assert _strided.reshape_groups((), (1, 1)) == [((), (0,)), ((), (1,))]
+    assert _strided.reshape_groups((), ()) == []
+    assert _strided.reshape_groups((6,), (4, 2)) is None
+    with pytest.raises(ValueError, match="at most"):
+        _strided.reshape_groups((1,) * 17, (1,))

@@ -14,6 +14,7 @@
 #include "mpitensor/core/pack.h"
 #include "mpitensor/core/plan.h"
 #include "mpitensor/core/prop.h"
+#include "mpitensor/core/reshape.h"
 #include "mpitensor/core/rng.h"
 #include "mpitensor/core/status.h"
 #include "mpitensor/core/strided.h"

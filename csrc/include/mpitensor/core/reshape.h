@@ -1,0 +1,30 @@
+/* Reshape: how the dims of a tensor of one shape line up with those of another of
+ * the same size, the one rule behind reshape's dim map and its views. Local (no
+ * MPI). */
+#ifndef MPITENSOR_RESHAPE_H
+#define MPITENSOR_RESHAPE_H
+
+#include <stdint.h>
+
+#include "mpitensor/core/layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Local. A reshape's groups of dims with equal products, left to right, as torch's
+ * view_groups makes them: group g is `src` dims [src_at[g], src_at[g + 1]) and
+ * `dst` dims [dst_at[g], dst_at[g + 1]). A size-1 dim facing a larger one stands
+ * alone (a group with no dim on the other side); otherwise dims are taken from the
+ * side with the smaller product until the products agree. `*ngroups` groups;
+ * src_at and dst_at have room for src_ndim + dst_ndim + 1 entries. MT_EINVAL when
+ * the sizes do not line up (or a product leaves int64), MT_EINDEX for an ndim
+ * outside [0, MT_MAX_NDIM] or a negative size. */
+MT_EXPORT int mt_reshape_groups(int src_ndim, const int64_t *src, int dst_ndim,
+                                const int64_t *dst, int *ngroups, int *src_at,
+                                int *dst_at, mt_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
