@@ -17,11 +17,11 @@ an axis a mesh dim shards, concatenate instead re-chunks the rows by one exchang
 (``_join.py``) and the result stays sharded along it.
 
 reshape splits the two shapes into groups of dims with equal products (the
-core's mt_reshape_groups, bound as ``mpitensor._strided.reshape_groups``); a group's leftmost input dim keeps its
-label on the group's leftmost output dim, resized to that dim's length, and the
-engine lets a Shard through only where every rank's share of both is the same
-part of the group (prop.h: out_resized). Every Partial passes: reshape moves
-elements, it does not combine them.
+core's mt_reshape_groups, bound as ``mpitensor._strided.reshape_groups``); a
+group's leftmost input dim keeps its label on the group's leftmost output dim,
+resized to that dim's length, and the engine lets a Shard through only where
+every rank's share of both is the same part of the group (prop.h: out_resized).
+Every Partial passes: reshape moves elements, it does not combine them.
 """
 
 from __future__ import annotations
