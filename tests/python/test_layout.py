@@ -17,6 +17,8 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard, init_device_mesh
+from mpitensor._layout import plan
+from mpitensor.placement_types import _StridedShard
 from mpi_helpers import coordinates, ref_box
 
 N = MPI.COMM_WORLD.Get_size()
@@ -261,3 +263,12 @@ def test_dtype_codes_are_the_cores_whatever_form_names_them():
             assert mt._clib.dtype_code(np.dtype(name).type) == code
         assert mt._clib.dtype_code(np.dtype([("a", "f8"), ("b", "i4")])) == -2
         assert mt._clib.dtype_code(np.dtype("U3")) == -2
+
+
+def test_a_strided_plan_is_refused_by_the_core_in_its_words():
+    # A plan is between plain layouts; the core, the one place that says so, names
+    # the way out (the expansion).
+    mesh = init_device_mesh("cpu", (N,))
+    with pytest.raises(ValueError, match=r"no box of its own.*mt_strided_expand"):
+        plan(mesh, (8 * N,), (_StridedShard(0, split_factor=2),), (Replicate(),),
+             np.dtype("f8"))
