@@ -303,9 +303,6 @@ int mt_ext_args_strided(const mt_ext_dispatch *d, PyObject *args, PyObject *kwar
  * with `placements` (a tuple; strided ones allowed): 0, or -1 with an exception. */
 int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *shape,
                           PyObject *placements, mt_layout *out);
-/* 0 when `l` has a plain expansion (into `out` unless NULL; then it has a common
- * plain form with any layout without cuts), else -1 with the core's error. */
-int mt_ext_expansion(const mt_layout *l, mt_layout *out);
 /* A DTensor of layout `l` (dtype that of `like`'s spec; placements `pl`, or made
  * from `l`'s when NULL) around `local`, reshaped to this rank's part of `l`: the
  * same elements in the same order when `l` holds them as `like` does (its

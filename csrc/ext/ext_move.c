@@ -12,6 +12,7 @@
 
 #include "mpitensor/comm/agree.h"
 #include "mpitensor/core/strided.h"
+#include "mpitensor/core/strided_route.h"
 
 /* The key's word of target placements: 6 bits per mesh dim (kind, then the shard
  * dim or the reduce op). */
@@ -207,18 +208,6 @@ static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtens
 
 /* ---- Strided shards: plain moves of reshaped local arrays. ---- */
 
-/* The placements of `l` with each strided shard Replicate, and with every Shard
- * too when `all`: a plain layout a strided one passes through. */
-static PyObject *plain_targets(mt_ext_dispatch *d, const mt_layout *l, int all) {
-  mt_placement p[MT_MAX_MESH_NDIM];
-  for (int m = 0; m < l->mesh_ndim; ++m) {
-    int keep = l->placements[m].kind == MT_PLACEMENT_PARTIAL ||
-               (!all && l->placements[m].kind == MT_PLACEMENT_SHARD);
-    p[m] = keep ? l->placements[m] : (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0};
-  }
-  return mt_ext_placement_objects(d, p, l->mesh_ndim);
-}
-
 /* Whether redistribute's arguments need no normalising: the DTensor's own mesh
  * (or none), no dtypes, and a tuple of placements, one per mesh dim, each an
  * interned one or a strided shard, their dims inside the tensor. */
@@ -238,35 +227,33 @@ static int normal_args(const mt_ext_dispatch *d, const mt_ext_mesh_base *mb,
   return 1;
 }
 
-/* A move from or to a strided shard. On the two layouts' common plain form
- * (mt_strided_refine) it is one plain move of the reshaped local arrays. Without
- * one, it passes through a plain layout as torch does through Replicate: a
- * strided source first goes to its plain placements (its strided mesh dims
- * Replicate; every Shard too when that has no common form either), a plain
- * source to its Partials alone; both hops are moves of their own, recorded for
- * autograd as such. Runs blocking. */
+/* A move from or to a strided shard, by its route (mpitensor/core/strided_route.h):
+ * one plain move of the reshaped local arrays, or a move to a plain layout, as
+ * torch passes through Replicate, and the route from there; each move is one of
+ * its own, recorded for autograd as such. Runs blocking. */
 static PyObject *strided_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *self,
                               PyObject *mesh, PyObject *placements, PyObject *fwd,
                               PyObject *bwd, PyObject *what) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)self;
-  int explicit = what == d->s_redistribute;
+  int explicit = what == d->s_redistribute, hops = 0, rc = MT_OK;
   PyObject *holder = NULL, *spec = b->spec, *out = NULL;
-  mt_layout src, dst, ra, rb;
+  mt_layout src, dst, from, to, mid;
+  mt_error err = {0};
   int ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2));
   int normal = normal_args(d, mb, mesh, placements, fwd, bwd, ndim);
   if (mt_ext_complete(d, b) < 0 ||
       (!normal && normalise(d, self, mesh, &placements, &fwd, &bwd, &holder) < 0) ||
       mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 1), &src) < 0 ||
       mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), placements, &dst) < 0 ||
-      mt_ext_expansion(&src, NULL) < 0 || mt_ext_expansion(&dst, NULL) < 0) {
+      (rc = mt_strided_route(&src, &dst, &from, &to, &mid, &hops, &err)) != MT_OK) {
+    if (rc != MT_OK) mt_ext_raise(rc, &err);
     if (explicit) agree_on_move(d, mb, spec, NULL, 0);
     Py_XDECREF(holder);
     return NULL;
   }
-  mt_error err = {0};
-  if (mt_strided_refine(&src, &dst, &ra, &rb, &err) == MT_OK) {
-    PyObject *view = mt_ext_as_layout(d, mb, spec, b->local, &ra, NULL);
-    PyObject *target = mt_ext_placement_objects(d, rb.placements, rb.mesh_ndim);
+  if (hops == 1) {
+    PyObject *view = mt_ext_as_layout(d, mb, spec, b->local, &from, NULL);
+    PyObject *target = mt_ext_placement_objects(d, to.placements, to.mesh_ndim);
     PyObject *moved = view && target ? mt_ext_move(d, view, Py_None, target, 0, fwd, Py_None,
                                                    what)
                                      : NULL;
@@ -279,19 +266,10 @@ static PyObject *strided_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject
     if (out != NULL && b->requires_grad && d->modes->grad_enabled)
       out = record_move(d, self, out, bwd);
   } else {
-    int all = !mt_strided_has(&src);
-    if (!all) {
-      mt_layout plain;
-      PyObject *p = plain_targets(d, &src, 0);
-      all = p == NULL || mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), p, &plain) < 0 ||
-            mt_strided_refine(&src, &plain, &ra, &rb, &err) != MT_OK;
-      Py_XDECREF(p);
-      PyErr_Clear();
-    }
-    PyObject *mid = plain_targets(d, &src, all);
-    PyObject *x = mid ? mt_ext_move(d, self, Py_None, mid, 0, fwd, bwd, what) : NULL;
+    PyObject *m = mt_ext_placement_objects(d, mid.placements, mid.mesh_ndim);
+    PyObject *x = m ? mt_ext_move(d, self, Py_None, m, 0, fwd, bwd, what) : NULL;
     out = x ? mt_ext_move(d, x, Py_None, placements, 0, Py_None, Py_None, what) : NULL;
-    Py_XDECREF(mid);
+    Py_XDECREF(m);
     Py_XDECREF(x);
   }
   Py_XDECREF(holder);

@@ -24,14 +24,6 @@ int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObje
   return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
 }
 
-int mt_ext_expansion(const mt_layout *l, mt_layout *out) {
-  mt_layout e;
-  int group[MT_MAX_NDIM + 1];
-  mt_error err = {0};
-  int rc = mt_strided_expand(l, out != NULL ? out : &e, group, &err);
-  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
-}
-
 PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
                            PyObject *local, const mt_layout *l, PyObject *pl) {
   int64_t coord[MT_MAX_MESH_NDIM], stride[MT_MAX_NDIM];
