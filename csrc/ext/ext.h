@@ -310,8 +310,8 @@ int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObje
 PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
                            PyObject *local, const mt_layout *l, PyObject *pl);
 /* A ufunc call whose DTensor operands are strided alike (one mesh, placements and
- * shape, no Partial, no gradient wanted) among scalars is the plain call on their
- * expansions, read back; no communication. _views: the plain call's operands and
+ * shape, no Partial, no gradient wanted) or replicated, among scalars, is the
+ * plain call on their expansions, read back; no communication. _views: the plain call's operands and
  * keywords in `r` (1; 0 when the call is not such a one: the "strided" hook takes
  * it; -1 with an exception). _back: drops them, reads back `res` (stolen; NULL
  * without an exception when it cannot). */

@@ -1,8 +1,8 @@
 /* Strided shards in the executor: a strided DTensor's local array is, reshaped, the
  * local array of its plain expansion (mpitensor/core/strided.h), so the executor
  * runs it as that plain DTensor and reads the result back: moves (ext_move.c),
- * elementwise ufuncs on operands strided alike, and reductions over every
- * element. What has no plain reading here goes to the "strided" hook. */
+ * elementwise ufuncs on operands strided alike or replicated, and reductions over
+ * every element. What has no plain reading here goes to the "strided" hook. */
 #include "ext.h"
 
 #include "mpitensor/core/strided.h"
@@ -68,15 +68,22 @@ static int plain_reading(mt_ext_dispatch *d, mt_ext_mesh_base *mb, const mt_ext_
   return mt_strided_expand(l, e, group, &err) == MT_OK;
 }
 
-/* Whether `o` is a DTensor of `ref`'s mesh, placements and shape; else whether it
- * is a Python or NumPy scalar (2), which broadcasts over any layout. */
+/* Whether `o` is a DTensor of `ref`'s mesh, shape and placements (1), or of its
+ * mesh and shape, replicated (3); else whether it is a Python or NumPy scalar
+ * (2), which broadcasts over any layout. */
 static int alike(const mt_ext_dispatch *d, PyObject *o, const mt_ext_dtensor *ref) {
   if (Py_TYPE(o) == d->dtensor) {
-    PyObject *a = ((mt_ext_dtensor *)o)->spec, *b = ref->spec;
+    PyObject *a = ((mt_ext_dtensor *)o)->spec, *b = ref->spec, *pl = PyTuple_GET_ITEM(a, 1);
     if (PyTuple_GET_ITEM(a, 0) != PyTuple_GET_ITEM(b, 0)) return 0;
-    for (int i = 1; i <= 2; ++i) {
+    for (int i = 2; i >= 1; --i) {
       int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, i), PyTuple_GET_ITEM(b, i), Py_EQ);
-      if (eq <= 0) return PyErr_Clear(), 0;
+      if (eq < 0) return PyErr_Clear(), 0;
+      if (eq == 0 && i == 2) return 0;
+      if (eq == 0) {
+        for (Py_ssize_t m = 0; m < PyTuple_GET_SIZE(pl); ++m)
+          if (PyTuple_GET_ITEM(pl, m) != d->replicate) return 0;
+        return 3;
+      }
     }
     return 1;
   }
@@ -117,26 +124,29 @@ int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
                          PyObject *kwnames, mt_ext_strided_reading *r) {
   const mt_ext_dtensor *ref = NULL;
   for (Py_ssize_t i = 0; i < n && ref == NULL; ++i)
-    if (Py_TYPE(ops[i]) == d->dtensor) ref = (const mt_ext_dtensor *)ops[i];
+    if (mt_ext_strided(d, ops[i])) ref = (const mt_ext_dtensor *)ops[i];
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0, most = sizeof r->views;
   r->nviews = 0;
   if (ref == NULL || n > MT_MEMO_MAX_OPERANDS || n + nkw > most / (Py_ssize_t)sizeof(PyObject *))
     return 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
     int kind = alike(d, ops[i], ref);
+    const mt_ext_dtensor *t = kind == 1 || kind == 3 ? (const mt_ext_dtensor *)ops[i] : NULL;
     /* Autograd records the plain call's operands, not these: the hook records it. */
-    if (kind == 0 ||
-        (kind == 1 && ((const mt_ext_dtensor *)ops[i])->requires_grad && d->modes->grad_enabled))
-      return 0;
+    if (kind == 0 || (t != NULL && t->requires_grad && d->modes->grad_enabled)) return 0;
   }
   r->mb = mt_ext_spec_mesh(d, ref->spec), r->placements = PyTuple_GET_ITEM(ref->spec, 1);
   int ok = r->mb != NULL ? plain_reading(d, r->mb, ref, &r->l, &r->e) : 0;
   if (ok <= 0) return ok < 0 ? -1 : (PyErr_Clear(), 0);
+  mt_layout rep = r->e; /* a replicated operand's reading: the expansion's shape */
+  for (int m = 0; m < rep.mesh_ndim; ++m)
+    rep.placements[m] = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0};
   for (; r->nviews < n + nkw; ++r->nviews) {
     PyObject *o = ops[r->nviews], **v = &r->views[r->nviews];
     const mt_ext_dtensor *t = (const mt_ext_dtensor *)o;
-    *v = r->nviews < n && Py_TYPE(o) == d->dtensor
-             ? mt_ext_as_layout(d, r->mb, t->spec, t->local, &r->e, NULL)
+    int kind = r->nviews < n ? alike(d, o, ref) : 0;
+    *v = kind == 1 || kind == 3
+             ? mt_ext_as_layout(d, r->mb, t->spec, t->local, kind == 1 ? &r->e : &rep, NULL)
              : Py_NewRef(o);
     if (*v == NULL) return mt_ext_strided_back(d, r, NULL), -1;
   }

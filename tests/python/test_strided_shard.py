@@ -223,9 +223,9 @@ def test_strided_moves_never_call_python():
 
 
 def test_strided_elementwise_and_whole_reductions_cost_what_plain_ones_do():
-    """Operands strided alike (and scalars) run elementwise on their expansions,
-    and reductions over every element on the expansion, in the executor: each
-    call makes the same calls into Python as on a plain DTensor (the local NumPy
+    """Operands strided alike (and replicated ones, and scalars) run elementwise on
+    their expansions, and reductions over every element on the expansion, in the
+    executor: each call makes the same calls into Python as on a plain DTensor (the local NumPy
     call; an entry where the reduction has one). With a gradient wanted, the
     hook records them (checked in test_backward_2d)."""
     from mpitensor._trace import hook_stats
@@ -256,6 +256,14 @@ def test_strided_elementwise_and_whole_reductions_cost_what_plain_ones_do():
             np.testing.assert_array_equal(
                 got.to_local(), ref_local(want, (W,), mesh.get_coordinate(), x.placements))
         np.testing.assert_allclose(got.full_tensor(), want)
+    # A replicated operand of the same shape is read as the expansion's, either side.
+    rx, rp = distribute_tensor(flat, mesh, [R]), distribute_tensor(full, mesh, [R])
+    for call in (lambda a, b: a - b, lambda a, b: np.multiply(b, a)):
+        got, strided = spent(x, rx, call)
+        _, plain = spent(p, rp, call)
+        assert strided == plain, (strided, plain)
+        assert got.placements == x.placements
+        np.testing.assert_allclose(got.full_tensor(), call(flat, flat))
     quot, rem = np.divmod(x, 4.0)
     assert quot.placements == rem.placements == x.placements
     np.testing.assert_array_equal(rem.full_tensor(), np.mod(flat, 4.0))
