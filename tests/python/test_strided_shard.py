@@ -225,9 +225,9 @@ def test_strided_moves_never_call_python():
 def test_strided_elementwise_and_whole_reductions_cost_what_plain_ones_do():
     """Operands strided alike (and replicated ones, and scalars) run elementwise on
     their expansions, and reductions over every element on the expansion, in the
-    executor: each call makes the same calls into Python as on a plain DTensor (the local NumPy
-    call; an entry where the reduction has one). With a gradient wanted, the
-    hook records them (checked in test_backward_2d)."""
+    executor: each call makes the same calls into Python as on a plain DTensor
+    (the local NumPy call; an entry where the reduction has one). With a gradient
+    wanted, the hook records them (checked in test_backward_2d)."""
     from mpitensor._trace import hook_stats
     mesh = mesh_of((W,))
     full = np.arange(96.0).reshape(8, 12) - 40.5
