@@ -27,6 +27,12 @@ def mesh_shapes():
     return [(W,), (2, 2)] if W == 4 else [(W,)]
 
 
+def mesh_shapes_1d_2d():
+    """The 1-D mesh and 2-D meshes at every world size: (1, W) and (W, 1), and
+    (2, 2) at 4 ranks."""
+    return list(dict.fromkeys([(W,), (1, W), (W, 1)] + ([(2, 2)] if W == 4 else [])))
+
+
 def mesh_layouts(*two_d):
     """(mesh shape, placements) pairs for a 2-D array: Replicate, Shard(0) and
     Shard(1) over every rank, then at np 4 each of ``two_d`` on the (2, 2) mesh."""

@@ -4,7 +4,8 @@ arrays (the scattered weights, central differences, the product of the others), 
 float64, on sharded, replicated and Partial inputs, even and uneven, at every world
 size; and against torch DTensor on gloo when torch is installed (skipped otherwise),
 where torch has the operation: slices of positive step, and the layouts its
-tensordot and prod do not refuse as uneven."""
+tensordot and prod do not refuse as uneven. ``np.clip`` with DTensor bounds against
+torch.clamp's gradients on the full tensors."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from mpitensor import Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from grad_helpers import PS, R, layouts, numeric, plain, rng_arrays, run, torch_grads
-from ops_helpers import W, mesh_of, mesh_shapes
+from ops_helpers import W, mesh_of, mesh_shapes, mesh_shapes_1d_2d
 
 MESHES = mesh_shapes()
 
@@ -424,3 +425,65 @@ def test_the_backward_of_a_mask_does_not_gather_the_input_again():
     assert comm.get_total_counts() == 0
     assert w.grad.placements == (Shard(1),)
     np.testing.assert_array_equal(w.grad.full_tensor(), mask.astype(float))
+
+
+# -- np.clip with DTensor bounds, against torch.clamp ------------------------------------
+
+def clamp_cases():
+    """name -> (shapes of the leaves, np.clip on DTensors, torch.clamp on tensors): a
+    scalar bound is a tensor without grad to torch, whose clamp takes no mix."""
+    import torch
+
+    half = torch.tensor(0.5, dtype=torch.float64)
+    return {
+        "both": (((5, 4), (4,), (5, 1)), np.clip, torch.clamp),
+        "lower": (((5, 4), (5, 4)), lambda x, lo: np.clip(x, lo, None),
+                  lambda x, lo: torch.clamp(x, min=lo)),
+        "upper": (((5, 4), (1, 4)), lambda x, hi: np.clip(x, None, hi),
+                  lambda x, hi: torch.clamp(x, max=hi)),
+        "a_broadcast": (((4,), (5, 4), (5, 1)), np.clip, torch.clamp),
+        "scalar_upper": (((5, 4), (4,)), lambda x, lo: np.clip(x, lo, 0.5),
+                         lambda x, lo: torch.clamp(x, lo, half)),
+        "scalar_lower": (((5, 4), (5, 1)), lambda x, hi: np.clip(x, -0.5, hi),
+                         lambda x, hi: torch.clamp(x, -half, hi)),
+        # torch's backward fails on a 0-d input there: it gets the broadcast zeros
+        "bounds_only": (((4,), (5, 1)), lambda lo, hi: np.clip(0.0, lo, hi),
+                        lambda lo, hi: torch.clamp(torch.zeros((5, 4), dtype=torch.float64),
+                                                   lo, hi)),
+    }
+
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes_1d_2d(), ids=str)
+@pytest.mark.parametrize("case", ["both", "lower", "upper", "a_broadcast", "scalar_upper",
+                                  "scalar_lower", "bounds_only"])
+def test_clip_with_dtensor_bounds_has_torch_clamps_gradients(mesh_shape, case):
+    """Values on a grid of halves, so that ``a`` ties its bounds, the bounds tie each
+    other and the lower bound lies above the upper in places: each leaf's gradient
+    is torch.clamp's (ties go to ``a``, a crossed pair to the upper bound), up to
+    the order of the sums over broadcast dims."""
+    torch = pytest.importorskip("torch")
+    shapes, ours, theirs = clamp_cases()[case]
+    mesh = mesh_of(mesh_shape)
+    for j, pls in enumerate(layouts(mesh_shape, [len(s) for s in shapes])):
+        rng = np.random.default_rng(60 + j)
+        arrays = [rng.integers(-3, 4, size=s) / 2 for s in shapes]
+        got, c = run(ours, arrays, mesh, pls)
+        leaves = [torch.tensor(a, requires_grad=True) for a in arrays]
+        (theirs(*leaves) * torch.tensor(c)).sum().backward()
+        for i, (g, t) in enumerate(zip(got, leaves)):
+            np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-12, atol=1e-12,
+                                       err_msg=f"{pls} {i}")
+
+
+def test_a_bound_by_keyword_that_requires_grad_is_refused_everywhere():
+    """Only np.clip's positional arguments are inputs of its node: a DTensor that
+    requires grad given by keyword would lose its gradient, so the call raises."""
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.arange(6.0), mesh, [Shard(0)], requires_grad=True)
+    lo = distribute_tensor(np.full(6, 2.0), mesh, [Shard(0)], requires_grad=True)
+    for call in (lambda: np.clip(x, min=lo), lambda: np.clip(x, max=lo),
+                 lambda: np.clip(a=x, a_min=0.0, a_max=1.0)):
+        with pytest.raises(NotImplementedError, match="positionally"):
+            call()
+    np.clip(x, min=lo.detach(), max=4.0).sum().backward()  # a plain bound by keyword
+    np.testing.assert_array_equal(x.grad.full_tensor(), [0, 0, 1, 1, 1, 0])

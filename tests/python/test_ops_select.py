@@ -1,7 +1,8 @@
 """np.where, np.clip, DTensor.astype, DTensor.copy / np.copy on DTensors:
 full_tensor() equals NumPy on the full arrays for random shapes (uneven shards,
-broadcasting, scalars) and placements; copy and exact casts keep every placement
-without communicating; inexact casts of a Partial reduce it first."""
+broadcasting, scalars, np.clip's bounds as DTensors) and placements; copy and exact
+casts keep every placement without communicating; inexact casts of a Partial
+reduce it first."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ from hypothesis import strategies as st
 
 from mpitensor import Partial, Shard, strict
 from mpitensor.debug import CommDebugMode
-from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
-                         mesh_shapes, next_layout, placements)
+from mpitensor.experimental import implicit_replication
+from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make,
+                         matches_or_raises_alike, mesh_of, mesh_shapes, mesh_shapes_1d_2d,
+                         next_layout, placements)
 
 S0, S1, PS = Shard(0), Shard(1), Partial("sum")
+MESHES_1D_2D = mesh_shapes_1d_2d()
 
 
 @st.composite
@@ -61,6 +65,60 @@ def test_clip_matches_numpy(data):
     assert_matches(np.clip(da, -1, None), np.clip(a, -1, None))
 
 
+@settings(max_examples=60)
+@given(data=st.data())
+def test_clip_with_dtensor_bounds_matches_numpy(data):
+    """DTensor bounds broadcast with ``a`` and each other, one of them None or a
+    scalar, ``a`` a scalar, the lower bound above the upper one in places, by
+    keyword, and into out= of any layout."""
+    mesh = mesh_of(data.draw(st.sampled_from(MESHES_1D_2D)))
+    sa, sl, sh = data.draw(bshapes(3))
+    ta, tl, th = (data.draw(st.sampled_from([np.float64, np.float32, np.int64]))
+                  for _ in range(3))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    a = rng.integers(-5, 6, size=sa).astype(ta)
+    lo = rng.integers(-4, 3, size=sl).astype(tl)
+    hi = rng.integers(-2, 5, size=sh).astype(th)
+    da, dl, dh = (make(x, mesh, placements(data.draw, x.ndim, mesh.ndim))
+                  for x in (a, lo, hi))
+    assert_matches(np.clip(da, dl, dh), np.clip(a, lo, hi))
+    assert_matches(np.clip(da, dl, None), np.clip(a, lo, None))
+    assert_matches(np.clip(da, None, dh), np.clip(a, None, hi))
+    assert_matches(np.clip(da, -1, dh), np.clip(a, -1, hi))
+    assert_matches(np.clip(da, dl, 2.5), np.clip(a, lo, 2.5))
+    assert_matches(np.clip(1.5, dl, dh), np.clip(1.5, lo, hi))
+    assert_matches(np.clip(da, min=dl, max=dh), np.clip(a, min=lo, max=hi))
+    assert_matches(np.clip(da, max=dh), np.clip(a, max=hi))
+    expect = np.clip(a, lo, hi)
+    out = make(np.zeros(expect.shape, expect.dtype), mesh,
+               placements(data.draw, expect.ndim, mesh.ndim))
+    assert np.clip(da, dl, dh, out=out) is out
+    assert_matches(out, expect)
+
+
+@pytest.mark.usefixtures("strict_numpy")
+@pytest.mark.parametrize("mesh_shape", MESHES_1D_2D, ids=str)
+def test_clip_mixes_plain_ndarray_bounds_as_other_elementwise_operations(mesh_shape):
+    """A plain ndarray bound is what it is to np.where and np.maximum: a Replicate
+    operand when it has one element or inside implicit_replication(), otherwise
+    the same TypeError; and np.clip's own argument errors are NumPy's."""
+    mesh = mesh_of(mesh_shape)
+    a = np.arange(-6.0, 6.0).reshape(4, 3)
+    lo, hi = np.array([-2.0, 0.0, 1.0]), np.array([[3.0], [-1.0], [2.0], [0.0]])
+    da, dh = make(a, mesh, [S0] * mesh.ndim), make(hi, mesh, [S1] + [S0] * (mesh.ndim - 1))
+    assert_matches(np.clip(da, np.array([0.5]), dh), np.clip(a, np.array([0.5]), hi))
+    with implicit_replication():
+        assert_matches(np.clip(da, lo, dh), np.clip(a, lo, hi))
+        assert_matches(np.clip(da, lo, hi), np.clip(a, lo, hi))
+    for call in (lambda: np.clip(da, lo, dh), lambda: np.where(da > 0, lo, dh),
+                 lambda: np.maximum(da, lo)):
+        with pytest.raises(TypeError, match="distribute_tensor"):
+            call()
+    matches_or_raises_alike(lambda: np.clip(da, dh), lambda: np.clip(a, hi))
+    matches_or_raises_alike(lambda: np.clip(da, dh, 2, min=0), lambda: np.clip(a, hi, 2, min=0))
+    matches_or_raises_alike(lambda: np.clip(da, a_max=dh), lambda: np.clip(a, a_max=hi))
+
+
 @settings(max_examples=50)
 @given(data=st.data())
 def test_astype_copy_match_numpy(data):
@@ -96,6 +154,8 @@ def test_where_clip_astype_match_numpy_on_empty_shards(shape):
         assert_matches(np.where(dc, da, db), np.where(b > 0, a, b))
         assert_matches(np.where(dc, da, 7), np.where(b > 0, a, 7))
         assert_matches(np.clip(da, -0.5, 0.5), np.clip(a, -0.5, 0.5))
+        assert_matches(np.clip(da, db, 0.5), np.clip(a, b, 0.5))
+        assert_matches(np.clip(-0.5, da, db), np.clip(-0.5, a, b))
         for dtype in (np.float32, np.int8, np.bool_):
             assert_matches(da.astype(dtype), a.astype(dtype))
         assert_matches(np.copy(db), b)
@@ -136,8 +196,8 @@ def test_errors():
     dt = make(np.ones((4, 2)), mesh, [S0])
     with pytest.raises(TypeError, match="distribute_tensor"):
         np.where(dt > 0, dt, np.ones((4, 2)))
-    with pytest.raises(TypeError, match="scalar bounds"):
-        np.clip(dt, dt, 2)
+    with pytest.raises(TypeError, match="distribute_tensor"):
+        np.clip(dt, dt, np.ones((4, 2)))
     with strict(), pytest.raises(TypeError, match="x and y"):
         np.where(dt, dt)
     # The one-argument form is np.nonzero (test_ops_nonzero.py), not an error.

@@ -58,9 +58,33 @@ def where(condition, x=None, y=None):
     return _run_elementwise("numpy.where", "where", (condition, x, y), np.where)
 
 
+def clip_bounds(a_min, a_max, min, max) -> tuple:
+    """(lower, upper) bound of a call of np.clip, None for none, by NumPy's rules:
+    ``a_min`` and ``a_max`` together, or ``min``/``max`` alone (the backward reads
+    them back the same way)."""
+    if a_min is np._NoValue and a_max is np._NoValue:
+        return (None if min is np._NoValue else min, None if max is np._NoValue else max)
+    if a_min is np._NoValue or a_max is np._NoValue:
+        missing = "a_min" if a_min is np._NoValue else "a_max"
+        raise TypeError(f"clip() missing 1 required positional argument: '{missing}'")
+    if min is not np._NoValue or max is not np._NoValue:
+        raise ValueError("Passing `min` or `max` keyword argument when `a_min` and "
+                         "`a_max` are provided is forbidden.")
+    return a_min, a_max
+
+
 @_registry.implements(np.clip)
 def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue,
          max=np._NoValue, **kwargs):
+    """np.clip of DTensors: ``a`` and each bound (None for none) may be a DTensor or
+    a scalar, broadcast together as NumPy does; a plain ndarray operand follows the
+    executor's rule (replicated when it has one element or under
+    ``implicit_replication()``, else a TypeError). Elementwise, Partials reduced
+    first; local when the layouts agree.
+
+    Example: ``np.clip(dt, lo, hi)`` of Shard(0) DTensors is Shard(0) and equals
+    ``np.clip`` of their full arrays.
+    """
     if kwargs:
         raise TypeError("numpy.clip: keyword arguments other than out= are not "
                         "supported on DTensors")
@@ -69,14 +93,15 @@ def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue,
             raise TypeError("numpy.clip: out= must be a DTensor")
         write_result("numpy.clip", out, clip(a, a_min, a_max, min=min, max=max))
         return out
-    lo = a_min if a_min is not np._NoValue else (None if min is np._NoValue else min)
-    hi = a_max if a_max is not np._NoValue else (None if max is np._NoValue else max)
-    for b in (lo, hi):
-        if b is not None and not D.is_scalar(b):
-            raise TypeError("numpy.clip on DTensors takes scalar bounds (or None); for "
-                            "DTensor bounds use numpy.minimum/numpy.maximum")
-    return _run_elementwise("numpy.clip", ("clip", lo is None, hi is None), (a,),
-                            lambda x: np.clip(x, lo, hi))
+    lo, hi = clip_bounds(a_min, a_max, min, max)
+    given = (lo is not None, hi is not None)
+    bounds = tuple(b for b in (lo, hi) if b is not None)
+
+    def local(x, *present):
+        # an absent bound is no operand: NumPy gets None for it
+        it = iter(present)
+        return np.clip(x, *(next(it) if g else None for g in given))
+    return _run_elementwise("numpy.clip", ("clip", given), (a, *bounds), local)
 
 
 def _same_layout(a, local, dtype):

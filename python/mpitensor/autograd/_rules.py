@@ -33,6 +33,7 @@ from .._ops._advanced_index import is_advanced, mask_grad, take_grad
 from .._ops._diag import diag_into
 from .._ops._indexing import _parse
 from .._ops._linalg import tensordot_subscripts
+from .._ops._select import clip_bounds
 from .._ops._split import split_bounds
 from .._ops._strided import restride
 from ..placement_types import Replicate, Shard
@@ -442,20 +443,44 @@ def _where(g, node, out):
 
 
 def _clip(g, node, out):
-    """The gradient where ``a`` lies within the (scalar) bounds, as torch's clamp."""
+    """torch.clamp's gradients: ``a``'s where it lies within its bounds; a lower
+    bound's where ``a`` is below it and it is below the upper bound; an upper
+    bound's where ``a`` is above it, or it is below the lower bound (which it then
+    wins). A bound given by keyword is no input of the node (``_clip_supported``
+    refuses one that requires grad)."""
     b = _bind(node, ("a", "a_min", "a_max"), a_min=np._NoValue, a_max=np._NoValue,
               min=np._NoValue, max=np._NoValue)
-    a = b["a"]
-    lo = b["a_min"] if b["a_min"] is not np._NoValue else (
-        None if b["min"] is np._NoValue else b["min"])
-    hi = b["a_max"] if b["a_max"] is not np._NoValue else (
-        None if b["max"] is np._NoValue else b["max"])
+    a, lo, hi = _dtensors((b["a"],) + clip_bounds(b["a_min"], b["a_max"], b["min"],
+                                                   b["max"]), out)
+    zero = np.zeros((), g.dtype)
+
+    def masked(mask, x):
+        return _fit(np.where(mask, g, zero), x)
+
     inside = None
     for bound, keep in ((lo, np.greater_equal), (hi, np.less_equal)):
         if bound is not None:
             m = keep(a, bound)
             inside = m if inside is None else inside & m
-    return (_fit(g if inside is None else g * inside, a),)
+    ga = None
+    if _need(a):
+        ga = _fit(g, a) if inside is None else masked(inside, a)
+    glo = masked(a < lo if hi is None else (a < lo) & (lo < hi), lo) if _need(lo) else None
+    ghi = masked(a > hi if lo is None else (a > hi) | (hi < lo), hi) if _need(hi) else None
+    return (ga, glo, ghi)[:len(node.saved)]
+
+
+def _clip_supported(args, kwargs) -> bool:
+    """Whether np.clip's call has a rule: refused (raised) when a DTensor that
+    requires grad is passed by keyword, since only the positional arguments are
+    the node's inputs and its gradient would be lost."""
+    for name, x in (kwargs or {}).items():
+        if _need(x):
+            raise NotImplementedError(
+                f"numpy.clip: {name}= is a DTensor that requires grad, and only "
+                "positional arguments get a gradient; pass it positionally, "
+                "np.clip(a, lo, hi), with None for an absent bound")
+    return True
 
 
 def _concatenate(g, node, out):
@@ -788,7 +813,7 @@ _FUNCTIONS = {
     np.amax: ("amax", _extremum_function(np.max)),
     np.min: ("min", _extremum_function(np.min)),
     np.amin: ("amin", _extremum_function(np.min)),
-    np.clip: ("clip", _clip),
+    np.clip: ("clip", _clip, _clip_supported),
     np.var: ("var", _moment_function(False)),
     np.std: ("std", _moment_function(True)),
     np.transpose: ("transpose", _transpose),
