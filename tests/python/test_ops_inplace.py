@@ -6,6 +6,7 @@ are only what the value needs to follow the destination."""
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -18,8 +19,9 @@ import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
 from mpitensor.experimental import implicit_replication
+from mpi_helpers import outcome, same_everywhere
 from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
-                         mesh_shapes, next_layout, placements)
+                         mesh_shapes, mesh_shapes_1d_2d, next_layout, placements)
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
 COMM = MPI.COMM_WORLD
@@ -175,6 +177,29 @@ def test_aligned_dtensor_value_moves_nothing():
     want[:, 2] = np.arange(9.0)
     want[3] = np.arange(4.0)
     assert_matches(dt, want)
+
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes_1d_2d(), ids=str)
+@pytest.mark.parametrize("key", [np.s_[None, ::2], np.s_[None, :, 1:], np.s_[1::2, None, :],
+                                 np.s_[None, ..., None]], ids=str)
+def test_a_dtensor_value_under_a_key_with_new_axes_matches_numpy(mesh_shape, key):
+    """A new axis shifts the value's dims from the destination's, so the dims the
+    value follows are counted in the value's (the backward of ``x[None, ::2]``
+    writes its gradient so)."""
+    mesh = mesh_of(mesh_shape)
+    full = np.arange(35.0).reshape(7, 5)
+    region = full[key].shape
+    value = np.arange(100.0, 100.0 + np.prod(region)).reshape(region)
+    want = full.copy()
+    want[key] = value
+    for pls in itertools.product([R, S0, S1], repeat=mesh.ndim):
+        for vp in [R] + [Shard(d) for d in range(len(region))]:
+            dt, dv = make(full, mesh, pls), make(value, mesh, (vp,) * mesh.ndim)
+            # compared across ranks first: a rank that raised alone leaves no other
+            # waiting in the comparison below
+            assert same_everywhere(outcome(lambda: dt.__setitem__(key, dv))) is None
+            assert dt.placements == pls
+            assert_matches(dt, want)
 
 
 def test_inplace_operator_follows_the_destination():

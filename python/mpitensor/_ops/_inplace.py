@@ -214,7 +214,7 @@ def setitem(dt, key, value) -> None:
                 if _whole(sel[d], spec.shape[d])}
         target = follow(spec, dims, value)
         kept = {m for m, p in enumerate(target) if isinstance(p, Partial)}
-        followed = {dims[p.dim] for p in target if isinstance(p, Shard)}
+        followed = {p.dim for p in target if isinstance(p, Shard)}  # the value's dims
         rows = _cut_rows(spec, sel, region_dims, value._spec.placements, vshape)
         if rows is not None:
             m, j = rows
