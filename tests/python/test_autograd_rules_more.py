@@ -4,8 +4,9 @@ arrays (the scattered weights, central differences, the product of the others), 
 float64, on sharded, replicated and Partial inputs, even and uneven, at every world
 size; and against torch DTensor on gloo when torch is installed (skipped otherwise),
 where torch has the operation: slices of positive step, and the layouts its
-tensordot and prod do not refuse as uneven. ``np.clip`` with DTensor bounds against
-torch.clamp's gradients on the full tensors."""
+tensordot and prod do not refuse as uneven. ``np.clip`` with DTensor bounds and an
+integer array among slices (``x[:, [1, 0, 1]]``) against torch's gradients on the
+full tensors."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from mpitensor import Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from grad_helpers import PS, R, layouts, numeric, plain, rng_arrays, run, torch_grads
-from ops_helpers import W, mesh_of, mesh_shapes, mesh_shapes_1d_2d
+from ops_helpers import W, make, mesh_of, mesh_shapes, mesh_shapes_1d_2d
 
 MESHES = mesh_shapes()
 
@@ -487,3 +488,37 @@ def test_a_bound_by_keyword_that_requires_grad_is_refused_everywhere():
             call()
     np.clip(x, min=lo.detach(), max=4.0).sum().backward()  # a plain bound by keyword
     np.testing.assert_array_equal(x.grad.full_tensor(), [0, 0, 1, 1, 1, 0])
+
+
+# -- an integer array among slices, against torch's index backward ------------------------
+
+# Repeated and negative indices, an empty array, slices before and after, None and ...
+ARRAY_AMONG_SLICES = [
+    np.s_[:, [1, 0, 1]], np.s_[..., [2, 0, 2, 2]], np.s_[1:, [2, 0, 2], None],
+    np.s_[None, ::2, np.array([-1, 3, -1])], np.s_[[3, 3, 0], 1:4], np.s_[-3:, [0]],
+    np.s_[:, np.array([], np.int64)], np.s_[..., [2, 0, 2], ::2],
+]
+
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes_1d_2d(), ids=str)
+@pytest.mark.parametrize("shape", [(7, 5), (6, 6), (4, 5, 3)], ids=str)
+@pytest.mark.parametrize("key", range(len(ARRAY_AMONG_SLICES)))
+@pytest.mark.usefixtures("strict_numpy")
+def test_an_integer_array_among_slices_has_torchs_gradient(mesh_shape, shape, key):
+    """``x[key]`` runs distributed (strict: no gather) with NumPy's value, and its
+    gradient adds the output's gradient into the picked positions, a repeated
+    index adding up, as torch's index backward, in every layout (Partial too)."""
+    torch = pytest.importorskip("torch")
+    key = ARRAY_AMONG_SLICES[key]
+    mesh = mesh_of(mesh_shape)
+    tkey = tuple(torch.tensor(k) if isinstance(k, (list, np.ndarray)) else k for k in key)
+    for j, pls in enumerate(layouts(mesh_shape, [len(shape)])):
+        (a,) = rng_arrays(110 + j, shape)
+        # (a Partial's parts do not sum to ``a`` exactly: its value is checked below)
+        np.testing.assert_array_equal(make(a, mesh, plain(pls[0]))[key].full_tensor(),
+                                      a[key])
+        (got,), c = run(lambda x: x[key] * 2.0, [a], mesh, pls)
+        t = torch.tensor(a, requires_grad=True)
+        (t[tkey] * 2.0 * torch.tensor(c)).sum().backward()
+        np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-12, atol=1e-12,
+                                   err_msg=f"{pls}")

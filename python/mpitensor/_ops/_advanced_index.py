@@ -18,7 +18,9 @@ picks rows of dim 0: local when dim 0 is not sharded; when one mesh dim shards i
 each rank sends the rows it owns straight to the ranks whose output shard lists
 them (one all-to-all of variable parts), so the output is ``Shard(0)`` and the
 array is never gathered. A DTensor of ints as key is a TypeError (index with its
-``full_tensor()``).
+``full_tensor()``). Such an array among slices, None and ``...`` (``dt[:, [2, 0]]``)
+picks along its own dim: ``np.take`` there, then the basic key of the rest
+(``one_array`` splits the key).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 
-__all__ = ["is_advanced", "getitem_mask", "getitem_take", "mask_grad", "take_grad"]
+__all__ = ["is_advanced", "getitem_mask", "getitem_take", "mask_grad", "one_array",
+           "take_grad"]
 
 
 def is_advanced(key) -> str | None:
@@ -48,6 +51,35 @@ def is_advanced(key) -> str | None:
             for k in key):
         return "take"
     return None
+
+
+def one_array(key, ndim: int):
+    """(dim, indices, the rest of the key) of a tuple key that holds one integer array
+    (as ``is_advanced`` takes it alone) among slices, None and at most one ``...``:
+    the array indexes that input dim, and the rest of the key is the key with
+    ``slice(None)`` in its place, so that ``dt[key]`` is ``np.take(dt, indices,
+    axis=dim)[rest]`` (one advanced index keeps its dim in place, as NumPy's).
+    None for any other key (ints beside the array change where NumPy puts its dim).
+    Local.
+
+    Example: ``one_array((slice(None), [1, 0, 1]), 2) == (1, [1, 0, 1], (slice(None),
+    slice(None)))``.
+    """
+    if type(key) is not tuple:
+        return None
+    at = [j for j, k in enumerate(key) if is_advanced(k) == "take"]
+    if len(at) != 1 or not all(j == at[0] or k is None or k is Ellipsis
+                               or type(k) is slice for j, k in enumerate(key)):
+        return None
+    used = 1 + sum(type(k) is slice for k in key)
+    ellipses = [j for j, k in enumerate(key) if k is Ellipsis]
+    if used > ndim or len(ellipses) > 1:
+        return None
+    j = at[0]
+    dim = sum(type(k) is slice for k in key[:j])
+    if ellipses and ellipses[0] < j:
+        dim += ndim - used
+    return dim, key[j], key[:j] + (slice(None),) + key[j + 1:]
 
 
 def _row_group(dt):

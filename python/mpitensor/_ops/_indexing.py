@@ -1,5 +1,6 @@
 """Basic indexing of DTensors: ``dt[...]`` with ints, slices (any step), ``None``
-and ``...`` (a boolean mask or an integer array alone: _advanced_index.py).
+and ``...`` (a boolean mask or an integer array alone, or one integer array among
+slices: _advanced_index.py).
 
 Placements follow torch's rules for select, slice and unsqueeze: a Shard of a dim
 that the key keeps whole (``:``) follows that dim; a Shard of a dim that an int or
@@ -28,8 +29,9 @@ from ._pick import pick_rows
 
 def _advanced_error(what, cls=TypeError) -> TypeError:
     return cls(
-        f"DTensor indexing supports ints, slices, None and ..., or alone a boolean "
-        f"mask or one integer array (a list or 1-D ndarray), not {what} (other "
+        f"DTensor indexing supports ints, slices, None and ..., a boolean mask alone, "
+        f"or one integer array (a list or 1-D ndarray) alone or among slices, None "
+        f"and ..., not {what} (other "
         f"advanced indexing); index dt.full_tensor() for the whole array, or "
         f"dt.to_local() for this rank's shard")
 
@@ -198,6 +200,11 @@ def getitem(dt, key):
         return A.getitem_mask(dt, key)
     if kind == "take":
         return A.getitem_take(dt, key)
+    one = A.one_array(key, len(dt._spec.shape))
+    if one is not None:
+        # its backward (autograd _getitem) undoes the same two steps
+        dim, idx, rest = one
+        return getitem(np.take(dt, idx, axis=dim), rest)
     if type(key) is DTensor:
         if key.dtype.kind in "iu":
             return pick_rows("DTensor.__getitem__ (integer DTensor)", dt, key)

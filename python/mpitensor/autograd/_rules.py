@@ -29,7 +29,7 @@ from ._engine import register_backward
 from .._dtensor import DTensor, _grad_placements, _redistribute_grad
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
-from .._ops._advanced_index import is_advanced, mask_grad, take_grad
+from .._ops._advanced_index import is_advanced, mask_grad, one_array, take_grad
 from .._ops._diag import diag_into
 from .._ops._indexing import _parse
 from .._ops._linalg import tensordot_subscripts
@@ -512,8 +512,18 @@ def _getitem(g, node, out):
     """Indexing's backward: zeros of ``a``'s shape with the gradient at the picked
     elements. Slices of step 1 pad it (below); a stepped slice scatters it
     (``_scattered``); an integer array adds its rows in (a repeated index sums) and
-    a boolean mask writes them, each undoing the forward's exchange."""
+    a boolean mask writes them, each undoing the forward's exchange. An integer
+    array among slices undoes the forward's two steps: the rest of the key's
+    gradient, then the rows added in along the array's dim."""
     a, key = node.saved
+    one = one_array(key, a.ndim)
+    if one is not None:
+        dim, idx, rest = one
+        idx = np.asarray(idx, np.intp)
+        shape = a.shape[:dim] + (idx.size,) + a.shape[dim + 1:]  # np.take's result
+        n = a.shape[dim]
+        return (_fit(_picked(_basic_grad(g, a, rest, shape), a, idx % n if n else idx,
+                             dim), a),)
     if type(key) is DTensor and key.dtype.kind in "iu":
         # rows picked by an integer DTensor (_pick.py): added back where they came
         # from, the indices gathered (the gradient's rows go to their owners)
@@ -525,24 +535,48 @@ def _getitem(g, node, out):
     if kind is not None:
         gx = (take_grad if kind == "take" else mask_grad)(g, a, key)
         return (gx if gx.dtype == a.dtype else gx.astype(a.dtype),)
-    sel, outdims = _parse(key, a.shape)
+    return (_basic_grad(g, a, key, a.shape),)
+
+
+def _basic_grad(g, a, key, shape):
+    """The gradient of ``x[key]`` for a basic key and an ``x`` of ``shape`` laid out
+    as ``a`` is (of its ndim, on its mesh), in ``a``'s dtype."""
+    sel, outdims = _parse(key, shape)
     if any(count > 1 and step != 1 for _, step, count, _ in sel):
-        return (_scattered(g, a, key, outdims),)
-    return (_padded(g, a, sel),)
+        return _scattered(g, a, key, outdims, shape)
+    return _padded(g, a, sel, shape)
 
 
-def _padded(g, a, sel):
+def _padded(g, a, sel, shape):
     """The gradient reshaped to the picked box (ints and None are size-1 dims) and
-    padded with zeros to ``a``'s shape by concatenation, dim by dim."""
+    padded with zeros to ``shape`` by concatenation, dim by dim."""
     g = g.reshape(tuple(count for _, _, count, _ in sel))
     for d, (start, _, count, _) in enumerate(sel):
-        g = _pad_along(g, d, start, a.shape[d] - start - count)
+        g = _pad_along(g, d, start, shape[d] - start - count)
     return g if g.dtype == a.dtype else g.astype(a.dtype)
 
 
-def _scattered(g, a, key, outdims):
-    """A stepped slice's gradient: ``g`` written with ``a``'s key into zeros of
-    ``a``'s shape (DTensor item assignment, NumPy's semantics for any step), which
+def _picked(g: DTensor, a: DTensor, idx, axis) -> DTensor:
+    """The gradient of ``np.take(a, idx, axis)`` for ``a`` (``idx`` an integer
+    array in range; ``axis`` None: of the flattened ``a``): each element of ``g``
+    added back where it was picked from, a repeated index adding up."""
+    idx = np.asarray(idx, np.intp).reshape(-1)
+    if axis is None:
+        flat = a.reshape(-1)
+        if any(type(p) not in (Shard, Replicate) for p in flat.placements):
+            # a flattened inner shard is strided, which the rows' exchange does
+            # not take: the gradient is made whole and laid out as ``a`` after
+            flat = _zeros(flat.shape, a.dtype, a.device_mesh, (Replicate(),) * a.device_mesh.ndim)
+        return take_grad(g.reshape(-1), flat, idx).reshape(a.shape)
+    ax = normalize_axis_index(axis, a.ndim)
+    g = g.reshape(a.shape[:ax] + (idx.size,) + a.shape[ax + 1:])
+    gx = take_grad(np.moveaxis(g, ax, 0), np.moveaxis(a, ax, 0), idx)
+    return np.moveaxis(gx, 0, ax)
+
+
+def _scattered(g, a, key, outdims, shape):
+    """A stepped slice's gradient: ``g`` written with the key into zeros of
+    ``shape`` (DTensor item assignment, NumPy's semantics for any step), which
     moves ``g`` only where the zeros' layout needs it. Per mesh dim the zeros take
     ``g``'s Partial(sum), which the write keeps as it is (as the padding's zeros
     keep it); else ``g``'s Shard of a dim ``a`` has, whose rows go to the ranks
@@ -559,7 +593,7 @@ def _scattered(g, a, key, outdims):
             pl.append(Shard(ap.dim % a.ndim))
         else:
             pl.append(Replicate())
-    gx = _zeros(a.shape, a.dtype, a.device_mesh, tuple(pl))
+    gx = _zeros(shape, a.dtype, a.device_mesh, tuple(pl))
     gx[key] = g
     return gx
 

@@ -21,11 +21,9 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from .._dtensor import DTensor
-from .._ops._advanced_index import take_grad
-from ..placement_types import Replicate, Shard
 from ._engine import register_backward
 from ._order_rules import scatter_along_axis
-from ._rules import _dtensors, _fit, _need, _pad_along, _split, _zeros
+from ._rules import _dtensors, _fit, _need, _pad_along, _picked, _split, _zeros
 
 __all__: list = []
 
@@ -41,24 +39,6 @@ def _bound(node, names, **defaults) -> dict:
 def _plain(x) -> np.ndarray:
     """An index or mask argument as an ndarray (a DTensor one is gathered)."""
     return np.asarray(x.full_tensor() if isinstance(x, DTensor) else x)
-
-
-def _picked(g: DTensor, a: DTensor, idx, axis) -> DTensor:
-    """The gradient of ``np.take(a, idx, axis)`` for ``a`` (``idx`` an integer
-    array in range; ``axis`` None: of the flattened ``a``): each element of ``g``
-    added back where it was picked from, a repeated index adding up."""
-    idx = np.asarray(idx, np.intp).reshape(-1)
-    if axis is None:
-        flat = a.reshape(-1)
-        if any(type(p) not in (Shard, Replicate) for p in flat.placements):
-            # a flattened inner shard is strided, which the rows' exchange does
-            # not take: the gradient is made whole and laid out as ``a`` after
-            flat = _zeros(flat.shape, a.dtype, a.device_mesh, (Replicate(),) * a.device_mesh.ndim)
-        return take_grad(g.reshape(-1), flat, idx).reshape(a.shape)
-    ax = normalize_axis_index(axis, a.ndim)
-    g = g.reshape(a.shape[:ax] + (idx.size,) + a.shape[ax + 1:])
-    gx = take_grad(np.moveaxis(g, ax, 0), np.moveaxis(a, ax, 0), idx)
-    return np.moveaxis(gx, 0, ax)
 
 
 def _along(a, axis) -> int:
