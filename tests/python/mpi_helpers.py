@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -44,15 +45,18 @@ def fresh_job_env() -> dict:
     return env
 
 
-def start_job(cmd) -> subprocess.Popen:
-    """Starts an mpiexec job a test starts (``fresh_job_env``) in a session of its
-    own, with stdout and stderr piped, and returns at once: for a test that acts on
-    the job while it runs. End it with ``finish_job`` or ``kill_job``, never with
+def start_job(cmd, env: dict | None = None) -> subprocess.Popen:
+    """Starts an mpiexec job a test starts (in ``env``, by default
+    ``fresh_job_env``) in a session of its own, with stdout and stderr piped and
+    no stdin (under mpiexec, this rank's stdin is the launcher's forwarding pipe,
+    which a job must not hold), and returns at once: for a test that acts on the
+    job while it runs. End it with ``finish_job`` or ``kill_job``, never with
     ``proc.kill()``, which ends mpiexec alone and leaves each rank to notice.
 
     Example: ``job = start_job(["mpiexec", "-n", "2", sys.executable, "job.py"])``.
     """
-    return subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, env=fresh_job_env() if env is None else env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -73,6 +77,24 @@ def session_members(sid: int) -> list[int]:
         if int(session) == sid and state != "Z":
             found.append(int(name))
     return found
+
+
+def stacks(proc: subprocess.Popen) -> str:
+    """The native stack of every thread of every live process in the session of a
+    job ``start_job`` began, by gdb (when the machine has it): what a hung job
+    was doing, for the failure's message.
+
+    Example: ``print(stacks(job))``.
+    """
+    if shutil.which("gdb") is None:
+        return "(no gdb: no stacks)"
+    out = []
+    for pid in session_members(proc.pid):
+        run = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                             capture_output=True, text=True, timeout=10)
+        frames = [ln for ln in run.stdout.splitlines() if ln.startswith(("#", "Thread"))]
+        out.append(f"pid {pid}:\n" + "\n".join(frames))
+    return "\n".join(out)
 
 
 def kill_job(proc: subprocess.Popen) -> tuple[str, str]:
