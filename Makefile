@@ -10,9 +10,10 @@ PIP := $(PY) -m pip --disable-pip-version-check
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NPS ?= 1 2 3 4
 FUZZ_SECONDS ?= 60
-# Debian packages the build and the checks need; each is probed by its command.
+# Debian packages the build and the checks need; each is probed by its command
+# (gdb: the stacks of a test's hung job, for the failure's message).
 SYSTEM_TOOLS := mpicc:libopenmpi-dev mpiexec:openmpi-bin valgrind:valgrind \
-  clang:clang clang-tidy:clang-tidy cppcheck:cppcheck
+  clang:clang clang-tidy:clang-tidy cppcheck:cppcheck gdb:gdb
 # Debian libraries mpitensor loads at run time, each probed by its file in the
 # loader's cache: ScaLAPACK for Open MPI (np.linalg.solve, eigh, ... on sharded
 # matrices; csrc/linalg loads it by dlopen, so the build does not need it), and
