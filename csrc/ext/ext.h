@@ -265,7 +265,8 @@ int mt_ext_move_event(mt_ext_dispatch *d, PyObject *spec, mt_plan *plan, int sam
  * names the operation as a user writes it. Returns NULL. The kinds: "no_rule",
  * "no_backward" (a floating-point result of an op without a backward rule),
  * "mixed" (arg: a plain ndarray operand), "mesh" (arg: the two meshes of its
- * DTensors), "in_place_grad" (key: the function or its name), "out_grad". */
+ * DTensors), "in_place_grad" (key: the function or its name), "out_grad",
+ * "keyword_grad" (arg: the keyword of a DTensor that needs a gradient). */
 PyObject *mt_ext_error(mt_ext_dispatch *d, const char *kind, PyObject *key, PyObject *arg);
 
 /* -- specs and layouts (ext_spec.c) ------------------------------------------------ */

@@ -56,20 +56,31 @@ static PyObject *call_entry(mt_ext_dispatch *d, PyObject *func, PyObject *args,
   return mt_ext_hook_call(d, MT_HOOK_ENTRY, entry, args, kwargs);
 }
 
+/* Whether `a`, or an item of it when it is a list or tuple, is a DTensor that
+ * needs a gradient. */
+static int item_needs_grad(mt_ext_dispatch *d, PyObject *a) {
+  if (mt_ext_needs_grad(d, a)) return 1;
+  if (PyTuple_CheckExact(a) || PyList_CheckExact(a))
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(a); ++k)
+      if (mt_ext_needs_grad(d, PySequence_Fast_ITEMS(a)[k])) return 1;
+  return 0;
+}
+
+/* The first keyword but out= (a write, refused as such) whose argument needs a
+ * gradient (borrowed), or NULL. */
+static PyObject *grad_keyword(mt_ext_dispatch *d, PyObject *kwargs) {
+  Py_ssize_t pos = 0;
+  PyObject *key, *a;
+  while (kwargs != NULL && PyDict_Next(kwargs, &pos, &key, &a))
+    if (item_needs_grad(d, a) && PyUnicode_Compare(key, d->s_out) != 0) return key;
+  return NULL;
+}
+
 /* Whether an argument, or an item of a list or tuple argument, needs a gradient. */
 static int args_need_grad(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
-  Py_ssize_t n = PyTuple_GET_SIZE(args), pos = 0;
-  PyObject *key, *a;
-  for (Py_ssize_t i = 0;; ++i) {
-    if (i < n) a = PyTuple_GET_ITEM(args, i);
-    else if (kwargs == NULL || !PyDict_Next(kwargs, &pos, &key, &a)) break;
-    if (mt_ext_needs_grad(d, a)) return 1;
-    if (PyTuple_CheckExact(a) || PyList_CheckExact(a)) {
-      for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(a); ++k)
-        if (mt_ext_needs_grad(d, PySequence_Fast_ITEMS(a)[k])) return 1;
-    }
-  }
-  return 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i)
+    if (item_needs_grad(d, PyTuple_GET_ITEM(args, i))) return 1;
+  return grad_keyword(d, kwargs) != NULL;
 }
 
 /* The positional arguments with lists and tuples among them flattened once: the
@@ -121,6 +132,10 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   /* True: the entry is composed of operations that record themselves, so it runs
    * with grad mode on and needs no node of its own. */
   if (backward == Py_True) return call_entry(d, func, args, kwargs);
+  /* A node's inputs are the positional arguments (flat_args): a keyword one would
+   * get no gradient. */
+  PyObject *kw = grad_keyword(d, kwargs);
+  if (kw != NULL) return mt_ext_error(d, "keyword_grad", func, kw);
   /* An optional third entry says whether this call has a rule (a diagonal einsum
    * or an advanced index do not). */
   if (bw != NULL && backward != Py_None && PyTuple_GET_SIZE(bw) > 2) {

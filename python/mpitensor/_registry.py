@@ -199,6 +199,11 @@ def executor_error(kind: str, key, arg) -> None:
             f"{key!r}: out= (or an in-place operator) with DTensors that require grad is "
             "not supported in grad mode; write the result to a new DTensor, or run the "
             "update under mpitensor.no_grad()")
+    if kind == "keyword_grad":  # arg: the keyword
+        raise NotImplementedError(
+            f"{op_label(key)}: the DTensor passed as {arg}= requires grad, and only "
+            "positional arguments carry gradients through it (the keyword's gradient "
+            "would be lost); pass it positionally, or run under mpitensor.no_grad()")
     raise RuntimeError(f"the executor refused {op_label(key)} ({kind})")
 
 

@@ -504,6 +504,25 @@ def test_operations_without_a_rule_refuse_rather_than_drop_the_gradient():
     np.testing.assert_array_equal(w.detach().full_tensor(), np.full((4, 2), 0.5))
 
 
+def test_a_dtensor_by_keyword_that_requires_grad_is_refused_not_dropped():
+    """A recorded function's node takes its positional arguments as inputs: one
+    given by keyword (``np.sum(a=x)``) would get no gradient, so the call raises,
+    whatever the function; positionally, under no_grad or detached, it runs."""
+    mesh = mesh_of((W,))
+    x = distribute_tensor(np.arange(8.0).reshape(4, 2), mesh, [S0], requires_grad=True)
+    calls = [lambda a: np.sum(a=a), lambda a: np.mean(a=a, axis=0),
+             lambda a: np.transpose(a=a), lambda a: np.concatenate(arrays=[a, a]),
+             lambda a: np.dot(a.T, b=a)]
+    for call in calls:
+        with pytest.raises(NotImplementedError, match=r"(a|arrays|b)=.*positionally"):
+            call(x)
+        with mt.no_grad():
+            call(x)
+        call(x.detach())
+    np.sum(x).backward()
+    np.testing.assert_array_equal(x.grad.full_tensor(), np.ones((4, 2)))
+
+
 def test_a_one_rank_program_runs_on_the_local_mesh():
     # The single-process case: the same program on a mesh of this rank alone.
     mesh = local_mesh()

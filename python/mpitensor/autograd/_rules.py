@@ -446,8 +446,8 @@ def _clip(g, node, out):
     """torch.clamp's gradients: ``a``'s where it lies within its bounds; a lower
     bound's where ``a`` is below it and it is below the upper bound; an upper
     bound's where ``a`` is above it, or it is below the lower bound (which it then
-    wins). A bound given by keyword is no input of the node (``_clip_supported``
-    refuses one that requires grad)."""
+    wins). A bound given by keyword is no input of the node (the executor refuses
+    one that requires grad)."""
     b = _bind(node, ("a", "a_min", "a_max"), a_min=np._NoValue, a_max=np._NoValue,
               min=np._NoValue, max=np._NoValue)
     a, lo, hi = _dtensors((b["a"],) + clip_bounds(b["a_min"], b["a_max"], b["min"],
@@ -468,19 +468,6 @@ def _clip(g, node, out):
     glo = masked(a < lo if hi is None else (a < lo) & (lo < hi), lo) if _need(lo) else None
     ghi = masked(a > hi if lo is None else (a > hi) | (hi < lo), hi) if _need(hi) else None
     return (ga, glo, ghi)[:len(node.saved)]
-
-
-def _clip_supported(args, kwargs) -> bool:
-    """Whether np.clip's call has a rule: refused (raised) when a DTensor that
-    requires grad is passed by keyword, since only the positional arguments are
-    the node's inputs and its gradient would be lost."""
-    for name, x in (kwargs or {}).items():
-        if _need(x):
-            raise NotImplementedError(
-                f"numpy.clip: {name}= is a DTensor that requires grad, and only "
-                "positional arguments get a gradient; pass it positionally, "
-                "np.clip(a, lo, hi), with None for an absent bound")
-    return True
 
 
 def _concatenate(g, node, out):
@@ -847,7 +834,7 @@ _FUNCTIONS = {
     np.amax: ("amax", _extremum_function(np.max)),
     np.min: ("min", _extremum_function(np.min)),
     np.amin: ("amin", _extremum_function(np.min)),
-    np.clip: ("clip", _clip, _clip_supported),
+    np.clip: ("clip", _clip),
     np.var: ("var", _moment_function(False)),
     np.std: ("std", _moment_function(True)),
     np.transpose: ("transpose", _transpose),
