@@ -363,3 +363,77 @@ int mt_strided_plain(const mt_placement *placements, int mesh_ndim, int all,
   }
   return MT_OK;
 }
+
+/* Whether the cuts of dim `d` of plain `l`, in mesh-dim order, divide `size`
+ * evenly, so a dim merged after it keeps every rank's share one box. */
+static int cut_evenly(const mt_layout *l, int d, int64_t size) {
+  for (int m = 0; m < l->mesh_ndim; ++m) {
+    if (!is_shard(&l->placements[m], d)) continue;
+    if (size % l->mesh_shape[m] != 0) return 0;
+    size /= l->mesh_shape[m];
+  }
+  return 1;
+}
+
+/* Whether a mesh dim of plain `l` cuts dim `d`. */
+static int is_cut(const mt_layout *l, int d) {
+  for (int m = 0; m < l->mesh_ndim; ++m)
+    if (is_shard(&l->placements[m], d)) return 1;
+  return 0;
+}
+
+/* The dims of plain `e` merged as mt_strided_canonical says: `shape` (`*n` dims),
+ * and the merged dim of each dim of `e` (-1 for a dropped one). MT_EOVERFLOW when
+ * a merged size leaves int64. */
+static int merged_dims(const mt_layout *e, int64_t *shape, int *n, int *dim_of,
+                       mt_error *err) {
+  int head = -1;
+  *n = 0;
+  for (int d = 0; d < e->ndim; ++d) {
+    int cuts = is_cut(e, d);
+    int64_t size = e->shape[d];
+    dim_of[d] = -1;
+    if (size == 1 && !cuts) continue;
+    if (*n > 0 && !cuts && cut_evenly(e, head, shape[*n - 1])) {
+      if (size != 0 && shape[*n - 1] > INT64_MAX / size)
+        return mt__fail(err, MT_EOVERFLOW, "A merged size of the layout leaves int64");
+      shape[*n - 1] *= size;
+      dim_of[d] = *n - 1;
+      continue;
+    }
+    head = d, dim_of[d] = *n, shape[(*n)++] = size;
+  }
+  return MT_OK;
+}
+
+int mt_strided_canonical(const mt_layout *layout, mt_layout *out, mt_error *err) {
+  mt_layout e;
+  memset(&e, 0, sizeof e);
+  int group[MT_MAX_NDIM + 1], dim_of[MT_MAX_NDIM], n = 0;
+  int64_t shape[MT_MAX_NDIM];
+  int rc = mt_strided_expand(layout, &e, group, err);
+  if (rc == MT_OK) rc = merged_dims(&e, shape, &n, dim_of, err);
+  if (rc != MT_OK) return rc;
+  if (out == NULL) return mt__fail(err, MT_EINVAL, "The output layout is required");
+  mt_placement pl[MT_MAX_MESH_NDIM];
+  for (int m = 0; m < e.mesh_ndim; ++m) {
+    const mt_placement *p = &e.placements[m];
+    pl[m] = p->kind == MT_PLACEMENT_SHARD ? shard(dim_of[p->dim]) : *p;
+  }
+  return mt_layout_init(out, n, shape, e.mesh_ndim, e.mesh_shape, pl, err);
+}
+
+int mt_strided_same(const mt_layout *a, const mt_layout *b) {
+  mt_layout ca, cb;
+  if (mt_strided_canonical(a, &ca, NULL) != MT_OK ||
+      mt_strided_canonical(b, &cb, NULL) != MT_OK)
+    return 0;
+  if (ca.ndim != cb.ndim || ca.mesh_ndim != cb.mesh_ndim) return 0;
+  for (int d = 0; d < ca.ndim; ++d)
+    if (ca.shape[d] != cb.shape[d]) return 0;
+  for (int m = 0; m < ca.mesh_ndim; ++m)
+    if (ca.mesh_shape[m] != cb.mesh_shape[m] ||
+        !placement_eq(&ca.placements[m], &cb.placements[m]))
+      return 0;
+  return 1;
+}

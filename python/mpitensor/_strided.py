@@ -4,17 +4,16 @@ A dim placed ``_StridedShard(d, split_factor=f)`` is, on every rank, the local
 data of a plain layout in which that dim is split into factors (``f`` pieces,
 each cut as ``Shard`` cuts): its *expansion*, the same local array reshaped. The
 core knows strided layouts (mpitensor/core/strided.h: expansion, local boxes, the
-common plain form of two layouts); this module reads them for Python, and adds
-what reshape views need (normal forms across shapes). Local, no data, no MPI. Two layouts of the same mesh hold the same elements on every
-rank, in the same order, exactly when their :func:`canonical` forms are equal;
-that is how every view between them is checked.
+common plain form of two layouts, normal forms) and reshape (reshape.h: groups of
+dims, views); this module binds them for Python. Local, no data, no MPI. Two
+layouts of the same mesh hold the same elements on every rank, in the same order,
+exactly when their :func:`canonical` forms are equal; that is how every view
+between them is checked.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import math
 from typing import Sequence
 
 import numpy as np
@@ -22,7 +21,7 @@ import numpy as np
 from . import _clib
 from ._clib import (_STATUS_CODES, E, Error, I, MAX_NDIM, P, _Box, _int64s, _Layout,
                     _layout, _Placement, _placements, call, check, fn)
-from .placement_types import Placement, Replicate, Shard, _StridedShard, from_code
+from .placement_types import Placement, _StridedShard, from_code
 
 __all__ = ["has_strided", "expand", "refine", "canonical", "reshape_groups", "view_placements",
            "same_elements", "local_shape", "local_box", "held_indices", "plain_of"]
@@ -41,6 +40,9 @@ _expand = fn("mt_strided_expand", I, _Layout, _Layout, P, E)
 _local_box = fn("mt_strided_local_box", I, _Layout, P, _Box, E)
 _refine = fn("mt_strided_refine", I, _Layout, _Layout, _Layout, _Layout, E)
 _plain = fn("mt_strided_plain", I, P, I, I, P, E)
+_canonical = fn("mt_strided_canonical", I, _Layout, _Layout, E)
+_same = fn("mt_strided_same", I, _Layout, _Layout)
+_view = fn("mt_reshape_view", I, _Layout, I, P, _Layout, E)
 _groups = fn("mt_reshape_groups", I, I, P, I, P, P, P, P, E)
 
 
@@ -49,7 +51,8 @@ def _codes(placements) -> tuple:
 
 
 def _codes_of(layout: _Layout) -> tuple:
-    return tuple((p.kind, p.dim, p.reduce_op) for p in layout.placements[:layout.mesh_ndim])
+    return tuple((p.kind, p.dim, p.reduce_op, p.split_factor)
+                 for p in layout.placements[:layout.mesh_ndim])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -123,43 +126,28 @@ def refine(shape: Sequence[int], a: Sequence[Placement], b: Sequence[Placement],
 
 def canonical(shape: Sequence[int], placements: Sequence[Placement],
               mesh_shape: Sequence[int]):
-    """A normal form of a layout: expanded, dims of size 1 no mesh dim cuts
-    dropped, and neighbouring dims merged wherever the merge is still a plain
-    layout. Layouts with equal normal forms hold the same elements in the same
-    order on every rank, so a local reshape turns one into the other. None when
-    the layout has no plain expansion. Local.
+    """A normal form of a layout, ``(shape, placements)``: expanded, dims of size 1
+    no mesh dim cuts dropped, and neighbouring dims merged wherever the merge is
+    still a plain layout (the core's mt_strided_canonical). Layouts with equal
+    normal forms hold the same elements in the same order on every rank, so a
+    local reshape turns one into the other. None when the layout has no plain
+    expansion. Local.
 
     Example: ``canonical((8, 6), (Shard(1),), (2,)) ==
     canonical((48,), (_StridedShard(0, sf=8),), (2,))``.
     """
-    try:
-        shape, placements, _ = expand(shape, placements, mesh_shape)
-    except ValueError:
+    got = _canonical_codes(tuple(map(int, shape)), tuple(mesh_shape), _codes(placements))
+    return None if got is None else (got[0], tuple(map(from_code, got[1])))
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_codes(shape: tuple, mesh_shape: tuple, codes: tuple):
+    out, err = _Layout(), Error()
+    rc = _canonical(_layout(shape, mesh_shape, codes, _init), out, err)
+    if rc == _STATUS_CODES["MT_EINVAL"]:
         return None
-    cuts = [[m for m, p in enumerate(placements) if isinstance(p, Shard) and p.dim == d]
-            for d in range(len(shape))]
-    merged, merged_cuts = [], []
-    for n, cut in zip(shape, cuts):
-        if n == 1 and not cut:
-            continue
-        if merged and not cut and _even(merged[-1], merged_cuts[-1], mesh_shape):
-            merged[-1] *= n
-            continue
-        merged.append(n)
-        merged_cuts.append(cut)
-    out = list(p if not isinstance(p, Shard) else None for p in placements)
-    for d, cut in enumerate(merged_cuts):
-        for m in cut:
-            out[m] = Shard(d)
-    return tuple(merged), tuple(out)
-
-
-def _even(size: int, cut: list, mesh_shape) -> bool:
-    for m in cut:
-        if size % mesh_shape[m]:
-            return False
-        size //= mesh_shape[m]
-    return True
+    check(rc, err)
+    return tuple(out.shape[:out.ndim]), _codes_of(out)
 
 
 def reshape_groups(src: Sequence[int], dst: Sequence[int]):
@@ -181,13 +169,13 @@ def reshape_groups(src: Sequence[int], dst: Sequence[int]):
 def _reshape_groups(src: tuple, dst: tuple):
     s, ns = _int64s(src, MAX_NDIM, "shape")
     d, nd = _int64s(dst, MAX_NDIM, "shape")
-    n, si, di, err = I(), (I * (ns + nd + 1))(), (I * (ns + nd + 1))(), Error()
-    rc = _groups(ns, s, nd, d, ctypes.byref(n), si, di, err)
+    n, si, di, err = (I * 1)(), (I * (ns + nd + 1))(), (I * (ns + nd + 1))(), Error()
+    rc = _groups(ns, s, nd, d, n, si, di, err)
     if rc == _STATUS_CODES["MT_EINVAL"]:
         return None
     check(rc, err)
     return tuple((tuple(range(si[g], si[g + 1])), tuple(range(di[g], di[g + 1])))
-                 for g in range(n.value))
+                 for g in range(n[0]))
 
 
 def view_placements(shape: Sequence[int], placements: Sequence[Placement],
@@ -195,61 +183,45 @@ def view_placements(shape: Sequence[int], placements: Sequence[Placement],
     """torch's placements of ``reshape(new_shape)`` of a plain layout when the
     reshape moves no data: a merged group keeps a Shard on its first dim and turns
     a Shard on a later dim into ``_StridedShard`` (split factor: the local sizes
-    of the dims before it), a split group keeps a Shard on its first dim. None
-    when there is no such view, as when a dim before a later Shard of its group
-    is cut unevenly (the caller then moves the data). Local.
+    of the dims before it), a split group keeps a Shard on its first dim (the
+    core's mt_reshape_view). None when there is no such view, as when a dim before
+    a later Shard of its group is cut unevenly (the caller then moves the data).
+    Local.
 
     Example: ``view_placements((8, 6), (Shard(1),), (48,), (2,)) ==
     (_StridedShard(0, sf=8),)``.
     """
-    shape, new_shape = tuple(shape), tuple(new_shape)
-    groups = reshape_groups(shape, new_shape)
-    if groups is None or has_strided(placements):
+    got = _view_codes(tuple(map(int, shape)), tuple(mesh_shape), _codes(placements),
+                      tuple(map(int, new_shape)))
+    return None if got is None else tuple(map(from_code, got))
+
+
+@functools.lru_cache(maxsize=4096)
+def _view_codes(shape: tuple, mesh_shape: tuple, codes: tuple, new_shape: tuple):
+    sh, n = _int64s(new_shape, MAX_NDIM, "shape")
+    out, err = _Layout(), Error()
+    rc = _view(_layout(shape, mesh_shape, codes, _init), n, sh, out, err)
+    if rc == _STATUS_CODES["MT_EINVAL"]:
         return None
-    where = {}
-    for gi, gj in groups:
-        for i in gi:
-            where[i] = (gi, gj)
-    local, uneven, out = list(shape), set(), []
-    for m, p in enumerate(placements):
-        if not isinstance(p, Shard):
-            out.append(p)
-            continue
-        gi, gj = where[p.dim]
-        if not gj:
-            return None
-        if len(gj) > 1 and len(gi) > 1:
-            return None
-        if p.dim == gi[0]:
-            out.append(Shard(gj[0]))
-        elif uneven.intersection(range(gi[0], p.dim)):
-            # A dim before it that is cut unevenly has no one local size, so no
-            # split factor describes every rank's share (an empty share would
-            # even give a factor of zero): the data must move.
-            return None
-        else:
-            factor = math.prod(local[gi[0]:p.dim])
-            if factor >= 2**31:  # beyond the core's split factors: the data moves
-                return None
-            out.append(_StridedShard(gj[0], split_factor=factor))
-        if local[p.dim] % mesh_shape[m]:
-            uneven.add(p.dim)
-        local[p.dim] //= mesh_shape[m]
-    out = tuple(out)
-    if canonical(new_shape, out, mesh_shape) != canonical(shape, placements, mesh_shape):
-        return None
-    return out
+    check(rc, err)
+    return _codes_of(out)
 
 
 def same_elements(a_shape, a_placements, b_shape, b_placements, mesh_shape) -> bool:
     """Whether two layouts hold the same elements in the same order on every rank
-    (then a local reshape turns one into the other). Local.
+    (then a local reshape turns one into the other): the core's mt_strided_same.
+    False also when either is no layout of the mesh (a dim out of range). Local.
 
     Example: ``same_elements((8, 6), (Shard(1),), (48,), (_StridedShard(0, sf=8),),
     (2,))`` is True.
     """
-    a = canonical(a_shape, a_placements, mesh_shape)
-    return a is not None and a == canonical(b_shape, b_placements, mesh_shape)
+    mesh_shape = tuple(mesh_shape)
+    try:
+        a = _layout(a_shape, mesh_shape, _codes(a_placements), _init)
+        b = _layout(b_shape, mesh_shape, _codes(b_placements), _init)
+    except (ValueError, IndexError):
+        return False
+    return bool(_same(a, b))
 
 
 def _box(shape, placements, mesh_shape, coordinate):

@@ -1,6 +1,8 @@
 /* Reshape groups: worked cases (merges, splits, size-1 dims on either side, empty
  * shapes, sizes that do not line up) and a sweep of small shapes checking that the
  * groups tile both shapes with equal products and are as fine as torch's rule.
+ * The views of plain layouts: torch's _StridedShard where a merge takes a later
+ * dim's Shard, none where the data must move.
  * (Shapes of unequal sizes are a caller's error the rule does not always see: a
  * side that runs out leaves the other's dims alone, as torch's does.) */
 #include <stdint.h>
@@ -9,6 +11,7 @@
 #include "check.h"
 #include "mpitensor/core/reshape.h"
 #include "mpitensor/core/status.h"
+#include "mpitensor/core/strided.h"
 
 enum { ROOM = 2 * MT_MAX_NDIM + 1 };
 
@@ -108,8 +111,55 @@ static long sweep(void) {
   return pairs;
 }
 
+static mt_placement S(int d) { return (mt_placement){MT_PLACEMENT_SHARD, d, 0, 0}; }
+
+/* Whether plain (shape, pl) on `mesh` reshaped to `to` is the view `want`
+ * (mesh_ndim placements), or has none when want is NULL. */
+static int view_is(int ndim, const int64_t *shape, int mesh_ndim, const int64_t *mesh,
+                   const mt_placement *pl, int to_ndim, const int64_t *to,
+                   const mt_placement *want) {
+  mt_layout l, v;
+  if (mt_strided_init(&l, ndim, shape, mesh_ndim, mesh, pl, NULL) != MT_OK) return 0;
+  int rc = mt_reshape_view(&l, to_ndim, to, &v, NULL);
+  if (want == NULL) return rc == MT_EINVAL;
+  if (rc != MT_OK || v.ndim != to_ndim) return 0;
+  for (int m = 0; m < mesh_ndim; ++m)
+    if (memcmp(&v.placements[m], &want[m], sizeof *want) != 0) return 0;
+  return 1;
+}
+
+static void test_views(void) {
+  int64_t two = 2, m22[2] = {2, 2}, m21[2] = {2, 1}, s86[2] = {8, 6}, n48 = 48;
+  int64_t s44[2] = {4, 4}, n16 = 16, s34[2] = {3, 4}, n12 = 12, s13[2] = {1, 3};
+  int64_t three = 3, s18[2] = {1, 8}, n8 = 8, s214[3] = {2, 1, 4};
+  mt_placement ss8 = {MT_PLACEMENT_STRIDED, 0, 0, 8}, ss2 = {MT_PLACEMENT_STRIDED, 0, 0, 2};
+  mt_placement ss21 = {MT_PLACEMENT_STRIDED, 1, 0, 2};
+  /* A merge takes the Shard of its second dim: split factor 8, the rows. */
+  CHECK(view_is(2, s86, 1, &two, (mt_placement[]){S(1)}, 1, &n48, &ss8));
+  CHECK(view_is(2, s44, 2, m22, (mt_placement[]){S(0), S(1)}, 1, &n16,
+                (mt_placement[]){S(0), ss2}));
+  /* A dim before the Shard cut unevenly: the data moves. */
+  CHECK(view_is(2, s34, 2, m22, (mt_placement[]){S(0), S(1)}, 1, &n12, NULL));
+  CHECK(view_is(2, s13, 2, m21, (mt_placement[]){S(0), S(1)}, 1, &three, NULL));
+  /* Size-1 dims are groups of their own. */
+  CHECK(view_is(2, s18, 1, &two, (mt_placement[]){S(1)}, 1, &n8, (mt_placement[]){S(0)}));
+  int64_t s14[2] = {1, 4};
+  CHECK(view_is(1, &s44[0], 1, &two, (mt_placement[]){S(0)}, 2, s14,
+                (mt_placement[]){S(1)}));
+  CHECK(view_is(3, s214, 1, &two, (mt_placement[]){S(2)}, 2, s18, &ss21));
+  /* A strided layout, or a split that also merges, has no view. */
+  mt_layout l, v;
+  mt_error err = {0};
+  CHECK(mt_strided_init(&l, 1, &n48, 1, &two, &ss8, NULL) == MT_OK);
+  CHECK(mt_reshape_view(&l, 2, s86, &v, &err) == MT_EINVAL && strstr(err.msg, "no view"));
+  int64_t s23[2] = {2, 3}, s32[2] = {3, 2};
+  CHECK(view_is(2, s23, 1, &two, (mt_placement[]){S(1)}, 2, s32, NULL));
+  CHECK(mt_reshape_view(NULL, 1, &n48, &v, NULL) == MT_EINVAL);
+}
+
 int main(void) {
   test_cases();
+  test_views();
   long pairs = sweep();
   printf("test_reshape: %ld pairs of equal size swept\n", pairs);
   CHECK(pairs > 1000);

@@ -188,9 +188,40 @@ static void test_plain(void) {
   CHECK(mt_strided_plain(NULL, 1, 0, out, NULL) == MT_EINVAL);
 }
 
+/* Normal forms: a strided layout and its expansion, a size-1 dim and an even
+ * merge leave it unchanged; an uneven cut keeps its dims apart. */
+static void test_canonical(void) {
+  int64_t two = 2, n48 = 48, s86[2] = {8, 6}, s186[3] = {1, 8, 6}, s4x12[2] = {4, 12};
+  int64_t s5x12[2] = {5, 12}, three = 3;
+  mt_placement ss8[1] = {SS(0, 8)}, s1[1] = {S(1)}, s2[1] = {S(2)}, s0[1] = {S(0)};
+  mt_layout a, b, c;
+  CHECK(mt_strided_init(&a, 1, &n48, 1, &two, ss8, NULL) == MT_OK);
+  CHECK(mt_strided_canonical(&a, &c, NULL) == MT_OK && c.ndim == 2 && c.shape[0] == 8 &&
+        c.shape[1] == 6 && c.placements[0].kind == MT_PLACEMENT_SHARD &&
+        c.placements[0].dim == 1);
+  CHECK(mt_strided_init(&b, 2, s86, 1, &two, s1, NULL) == MT_OK && mt_strided_same(&a, &b));
+  CHECK(mt_strided_init(&b, 3, s186, 1, &two, s2, NULL) == MT_OK && mt_strided_same(&a, &b));
+  CHECK(mt_strided_init(&b, 2, s86, 1, &two, s0, NULL) == MT_OK && !mt_strided_same(&a, &b));
+  CHECK(mt_strided_init(&b, 2, s86, 1, &three, s1, NULL) == MT_OK && !mt_strided_same(&a, &b));
+  /* Rows of 12 cut evenly in two are 24 elements each: one dim of 48. */
+  CHECK(mt_strided_init(&b, 2, s4x12, 1, &two, s0, NULL) == MT_OK);
+  CHECK(mt_strided_canonical(&b, &c, NULL) == MT_OK && c.ndim == 1 && c.shape[0] == 48);
+  CHECK(mt_strided_init(&a, 1, &n48, 1, &two, s0, NULL) == MT_OK && mt_strided_same(&a, &b));
+  CHECK(mt_strided_init(&b, 2, s5x12, 1, &two, s0, NULL) == MT_OK);
+  CHECK(mt_strided_canonical(&b, &c, NULL) == MT_OK && c.ndim == 2 && c.shape[0] == 5);
+  /* No expansion, no normal form: never the same, even as itself. */
+  int64_t six = 6, m42[2] = {4, 2};
+  mt_placement bad[2] = {S(0), SS(0, 2)};
+  mt_error err = {0};
+  CHECK(mt_strided_init(&a, 1, &six, 2, m42, bad, NULL) == MT_OK);
+  CHECK(mt_strided_canonical(&a, &c, &err) == MT_EINVAL && strstr(err.msg, "whole pieces"));
+  CHECK(!mt_strided_same(&a, &a));
+}
+
 int main(void) {
   test_examples();
   test_plain();
+  test_canonical();
   int64_t s12 = 12, s8 = 8, s6[2] = {6, 4}, s5[2] = {5, 6};
   int64_t m2 = 2, m3 = 3, m22[2] = {2, 2}, m32[2] = {3, 2};
   sweep(1, &s12, 1, &m2);

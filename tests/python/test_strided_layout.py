@@ -166,3 +166,15 @@ def test_reshape_groups_from_the_core():
     assert _strided.reshape_groups((6,), (4, 2)) is None
     with pytest.raises(ValueError, match="at most"):
         _strided.reshape_groups((1,) * 17, (1,))
+
+
+def test_normal_forms_and_views_from_the_core():
+    s8 = (_StridedShard(0, sf=8),)
+    assert _strided.canonical((48,), s8, (2,)) == ((8, 6), (Shard(1),))
+    assert _strided.canonical((4, 12), (Shard(0),), (2,)) == ((48,), (Shard(0),))
+    assert _strided.canonical((6,), (Shard(0), _StridedShard(0, sf=2)), (4, 2)) is None
+    assert _strided.same_elements((1, 8, 6), (Shard(2),), (48,), s8, (2,))
+    assert not _strided.same_elements((8, 6), (Shard(0),), (48,), s8, (2,))
+    assert not _strided.same_elements((8, 6), (Shard(5),), (48,), s8, (2,))
+    assert _strided.view_placements((8, 6), (Shard(1),), (48,), (2,)) == s8
+    assert _strided.view_placements((48,), s8, (8, 6), (2,)) is None

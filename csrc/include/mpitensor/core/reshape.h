@@ -24,6 +24,18 @@ MT_EXPORT int mt_reshape_groups(int src_ndim, const int64_t *src, int dst_ndim,
                                 const int64_t *dst, int *ngroups, int *src_at,
                                 int *dst_at, mt_error *err);
 
+/* Local. torch's layout of a reshape of plain `layout` into `shape` (`ndim` dims)
+ * when the reshape moves no data, in `out` (a strided layout, read by strided.h):
+ * by the groups of mt_reshape_groups, a Shard of a group's first dim stays on its
+ * first output dim, and a merged group turns a Shard of a later dim into a
+ * STRIDED placement of its first output dim whose split factor is the local size
+ * of the dims before it. MT_EINVAL when there is no such view (a strided
+ * `layout`, a Shard whose group splits and merges, or ends in no output dim, a
+ * dim before it cut unevenly, a split factor beyond int, or a view that would not
+ * hold the same elements: mt_strided_same): the data must move. */
+MT_EXPORT int mt_reshape_view(const mt_layout *layout, int ndim, const int64_t *shape,
+                              mt_layout *out, mt_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -51,6 +51,18 @@ MT_EXPORT int mt_strided_local_box(const mt_layout *layout, const int64_t *coord
 MT_EXPORT int mt_strided_refine(const mt_layout *a, const mt_layout *b, mt_layout *ra,
                                 mt_layout *rb, mt_error *err);
 
+/* Local. A normal form of a layout: its expansion with the dims of size 1 no mesh
+ * dim cuts dropped, and each uncut dim merged into the dim before it where that
+ * dim's cuts still divide the merged size. Two layouts of one mesh hold the same
+ * elements in the same order on every rank (a local reshape turns one into the
+ * other) exactly when their normal forms are equal. MT_EINVAL when the layout has
+ * no expansion, MT_EOVERFLOW when a merged size leaves int64. */
+MT_EXPORT int mt_strided_canonical(const mt_layout *layout, mt_layout *out, mt_error *err);
+
+/* Local. Whether `a` and `b`, layouts of one mesh, either strided, have equal
+ * normal forms (mt_strided_canonical): 1, or 0 (also when either has none). */
+MT_EXPORT int mt_strided_same(const mt_layout *a, const mt_layout *b);
+
 /* Local. The placements of the plain layout a strided one passes through where no
  * rule takes it as it is: each STRIDED placement (and, with `all` nonzero, each
  * SHARD too) becomes REPLICATE, the rest stay. `out` may be `placements`.
