@@ -35,8 +35,8 @@ def fresh_job_env() -> dict:
     job's Open MPI or PMIx variables, which would make mpiexec think it runs inside
     that job; root allowed, more ranks than cores, one BLAS thread.
 
-    Example: ``subprocess.run(["mpiexec", "-n", "2", sys.executable, "job.py"],
-    env=fresh_job_env())``.
+    Example, a job with a variable more: ``start_job(["mpiexec", "-n", "2",
+    sys.executable, "job.py"], env={**fresh_job_env(), "MPITENSOR_TIMEOUT": "2"})``.
     """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMIX_", "OPAL_", "ORTE_"))}

@@ -7,7 +7,6 @@ call that would communicate raises a RuntimeError saying why; meshes that were
 not touched go on working.
 """
 
-import subprocess
 import sys
 import time
 
@@ -17,7 +16,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, distribute_tensor
-from mpi_helpers import fresh_job_env, outcome, same_everywhere
+from mpi_helpers import outcome, run_job, same_everywhere
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
@@ -82,9 +81,8 @@ def test_a_mesh_used_after_mpi_finalize_raises(tmp_path, ranks):
     script = tmp_path / "finalized.py"
     script.write_text(FINALIZED)
     started = time.monotonic()
-    proc = subprocess.run(["mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable,
-                           str(script)], env=fresh_job_env(), capture_output=True, text=True,
-                          timeout=90)
+    proc = run_job(["mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable,
+                    str(script)], timeout=90)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"exit {proc.returncode} after " \
         f"{time.monotonic() - started:.0f}s:\n{out[-3000:]}"

@@ -20,12 +20,17 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from mpi_helpers import fresh_job_env
+from mpi_helpers import finish_job, fresh_job_env, kill_job, start_job
 
 N = MPI.COMM_WORLD.Get_size()
 pytestmark = pytest.mark.skipif(N != 1, reason="starts its own mpiexec job; np=1 only")
 
-DEADLINE = 60  # seconds; a hang would last until the outer timeout
+# Seconds a job has to end once started (or once a rank is killed), past which it
+# is killed with all its ranks and the test fails: a hang would last until the
+# outer timeout. With STARTUP, what the ranks have to get going before the kill, it
+# stays below the suite's per-test timeout, which would leave the job running.
+DEADLINE = 60
+STARTUP = 40
 
 WORKER = """
 import os, sys, time
@@ -47,29 +52,24 @@ for i in range(10**7):
 """
 
 
-def start_job(tmp_path: Path, mode: str, *python_args: str) -> subprocess.Popen:
+def start_worker(tmp_path: Path, mode: str, *python_args: str) -> subprocess.Popen:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     cmd = ["mpiexec", "--oversubscribe", "-n", "3", sys.executable, *python_args,
            str(script), mode, str(tmp_path)]
-    return subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return start_job(cmd)
 
 
 def finish(proc: subprocess.Popen, started: float):
-    """(exit code, output, seconds); kills the job if it outlives DEADLINE."""
-    try:
-        out, _ = proc.communicate(timeout=DEADLINE)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        return None, out, time.monotonic() - started
-    return proc.returncode, out, time.monotonic() - started
+    """(exit code, stdout and stderr, seconds since ``started``); kills the job
+    whole, failing the test, if it outlives DEADLINE."""
+    run = finish_job(proc, DEADLINE)
+    return run.returncode, run.stdout + run.stderr, time.monotonic() - started
 
 
 def wait_for_pids(tmp_path: Path, proc: subprocess.Popen, n: int) -> dict:
     """The pids of the n ranks, once each has finished some redistributes."""
-    end = time.monotonic() + DEADLINE
+    end = time.monotonic() + STARTUP
     while time.monotonic() < end and proc.poll() is None:
         files = list(tmp_path.glob("*.pid"))
         if len(files) == n and all(f.read_text() for f in files):
@@ -78,28 +78,29 @@ def wait_for_pids(tmp_path: Path, proc: subprocess.Popen, n: int) -> dict:
     return {}
 
 
-@pytest.mark.timeout(3 * DEADLINE)
 def test_exception_on_one_rank_aborts_the_job_with_its_traceback(tmp_path):
     started = time.monotonic()
-    proc = start_job(tmp_path, "raise", "-m", "mpi4py")
+    proc = start_worker(tmp_path, "raise", "-m", "mpi4py")
     code, out, seconds = finish(proc, started)
-    assert code not in (None, 0), f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert code != 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
     assert "rank 1 failed on purpose" in out, out[-3000:]
     assert "Traceback" in out, out[-3000:]
 
 
-@pytest.mark.timeout(3 * DEADLINE)
 def test_rank_killed_during_redistributes_ends_the_job(tmp_path):
     started = time.monotonic()
-    proc = start_job(tmp_path, "loop", "-m", "mpi4py")
-    pids = wait_for_pids(tmp_path, proc, 3)
-    if not pids:
-        proc.kill()
-        pytest.fail(f"the job never got going:\n{proc.communicate()[0][-3000:]}")
-    os.kill(pids[1], signal.SIGKILL)
-    killed = time.monotonic()
-    code, out, _ = finish(proc, started)
-    assert code not in (None, 0), (
+    proc = start_worker(tmp_path, "loop", "-m", "mpi4py")
+    try:
+        pids = wait_for_pids(tmp_path, proc, 3)
+        if not pids:
+            out, err = kill_job(proc)
+            pytest.fail(f"the job never got going:\n{(out + err)[-3000:]}")
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        code, out, _ = finish(proc, started)
+    finally:
+        kill_job(proc)  # the ranks left, had the test failed before the job ended
+    assert code != 0, (
         f"exit {code} {time.monotonic() - killed:.0f}s after the kill:\n{out[-3000:]}")
 
 
@@ -132,32 +133,27 @@ elif mode == "slow":  # a late rank is not a stuck one
 def run_watched(tmp_path: Path, mode: str, timeout: str):
     script = tmp_path / "watched.py"
     script.write_text(WATCHED)
-    env = fresh_job_env()
-    env["MPITENSOR_TIMEOUT"] = timeout
+    env = {**fresh_job_env(), "MPITENSOR_TIMEOUT": timeout}
     started = time.monotonic()
-    proc = subprocess.Popen(["mpiexec", "--oversubscribe", "-n", "3", sys.executable,
-                             str(script), mode], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = start_job(["mpiexec", "--oversubscribe", "-n", "3", sys.executable, str(script),
+                      mode], env=env)
     return finish(proc, started)
 
 
-@pytest.mark.timeout(3 * DEADLINE)
 def test_ranks_waiting_in_collectives_that_never_match_abort_the_job(tmp_path):
     code, out, seconds = run_watched(tmp_path, "differ", "2")
-    assert code not in (None, 0), f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert code != 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
     assert "has waited 2 s in MPI_" in out, out[-3000:]
     assert "MPITENSOR_TIMEOUT=2 seconds" in out, out[-3000:]
 
 
-@pytest.mark.timeout(3 * DEADLINE)
 def test_a_late_rank_within_the_timeout_does_not_abort_the_job(tmp_path):
     code, out, seconds = run_watched(tmp_path, "slow", "6")
     assert code == 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
     assert out.count("finished") == 3 and "has waited" not in out, out[-3000:]
 
 
-@pytest.mark.timeout(3 * DEADLINE)
 def test_a_bad_timeout_raises_the_same_error_on_every_rank(tmp_path):
     code, out, seconds = run_watched(tmp_path, "none", "soon")
-    assert code not in (None, 0), f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert code != 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
     assert out.count("MPITENSOR_TIMEOUT must be a number of seconds >= 0") >= 3, out[-3000:]

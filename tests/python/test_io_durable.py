@@ -20,7 +20,7 @@ import h5py
 import pytest
 from mpi4py import MPI
 
-from mpi_helpers import fresh_job_env
+from mpi_helpers import run_job
 from test_checkpoint_safety import SPY
 
 N = MPI.COMM_WORLD.Get_size()
@@ -67,8 +67,7 @@ def run_spied(tmp_path, job: str, args: list, ranks: int = 2, fail: str = "") ->
     cmd = ["mpiexec", "--oversubscribe", "-n", str(ranks), "-x", f"LD_PRELOAD={spy}",
            "-x", f"MT_SPY_LOG={log}", "-x", f"MT_SPY_FAIL={fail}", sys.executable,
            str(tmp_path / "job.py"), folder, *args]
-    run = subprocess.run(cmd, env=fresh_job_env(), capture_output=True, text=True,
-                         timeout=180)
+    run = run_job(cmd, 100)
     assert run.returncode == 0, run.stdout + run.stderr
     return folder, spy_events(log), run.stdout
 

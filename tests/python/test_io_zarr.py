@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -23,7 +22,8 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Replicate, Shard, init_device_mesh
 from mpitensor.checkpoint import _zarr
-from mpi_helpers import Problems, bits_equal, expect_same_error, fresh_job_env
+from mpi_helpers import (Problems, bits_equal, expect_same_error, finish_job, kill_job,
+                         start_job)
 from io_helpers import (DTYPES, N, RANK, array, check_dtensor, layouts, on_first)
 
 COMM = MPI.COMM_WORLD
@@ -459,8 +459,7 @@ def start_killed(folder: str, mode: str):
         f.write(KILLED)
     cmd = ["mpiexec", "--oversubscribe", "-n", "2", sys.executable, script, mode,
            os.path.join(folder, "s.zarr")]
-    return subprocess.Popen(cmd, env=fresh_job_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return start_job(cmd)
 
 
 def generation(path: str) -> set:
@@ -481,10 +480,10 @@ def saved_again(path: str) -> list:
 def test_a_save_killed_while_removing_the_old_store_leaves_the_new_one(tmp_path):
     """One rank is killed with SIGKILL halfway through its share of the old store's
     files: the new store loads whole, and the next save removes the rest."""
-    job = start_killed(str(tmp_path), "removing")
-    out, _ = job.communicate(timeout=120)
+    run = finish_job(start_killed(str(tmp_path), "removing"), 100)
+    out = run.stdout + run.stderr
     path = str(tmp_path / "s.zarr")
-    assert job.returncode != 0, out
+    assert run.returncode != 0, out
     left = [f for f in os.listdir(tmp_path) if f.startswith("s.zarr.")]
     assert generation(path) == {2.0}, out
     assert left, "the killed save left nothing of the old store: it was not killed midway"
@@ -495,25 +494,26 @@ def test_a_save_killed_while_removing_the_old_store_leaves_the_new_one(tmp_path)
 def test_saves_killed_at_any_moment_leave_one_whole_store(tmp_path):
     """Both ranks of a job that saves over its store again and again are killed
     with SIGKILL, eight times a little later each: the store loads as one save's,
-    whole, and the next save removes what the killed one left."""
+    whole, and the next save removes what the killed one left. The eight share a
+    budget below the suite's per-test timeout, after which the job is killed whole."""
     path, left_any = str(tmp_path / "s.zarr"), 0
+    until = time.monotonic() + 100
     for attempt in range(8):
         shutil.rmtree(path, ignore_errors=True)
         job = start_killed(str(tmp_path), "loop")
         try:
             pids = [tmp_path / f"s.zarr.pid.{r}" for r in range(2)]
-            end = time.monotonic() + 60
             while not all(p.exists() and p.read_text() for p in pids):
-                assert job.poll() is None and time.monotonic() < end, job.communicate()
+                assert job.poll() is None, "\n".join(job.communicate())
+                assert time.monotonic() < until, "the job never saved within the budget"
                 time.sleep(0.001)
             time.sleep(0.05 + attempt * 0.037)
             for pid in pids:
                 os.kill(int(pid.read_text()), signal.SIGKILL)
                 pid.unlink()
-            job.communicate(timeout=60)
+            finish_job(job, max(1.0, until - time.monotonic()))
         finally:
-            job.kill()
-            job.wait()
+            kill_job(job)
         got = generation(path)
         assert len(got) == 1, f"values of several saves: {sorted(got)}"
         left_any += any(f.startswith("s.zarr.") for f in os.listdir(tmp_path))

@@ -31,7 +31,7 @@ from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_helpers import fresh_job_env  # noqa: E402
+from mpi_helpers import run_job  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 P = COMM.size
@@ -308,11 +308,13 @@ def _bytes_sent(op: str, where: str, n: int = 512) -> int:
     script = os.path.join(where, "job.py")
     with open(script, "w") as f:
         f.write(_JOB)
-    subprocess.run(["mpiexec", "-n", "2", "--mca", "pml_monitoring_enable", "1",
-                    "--mca", "pml_monitoring_enable_output", "3",
-                    "--mca", "pml_monitoring_filename", prefix,
-                    sys.executable, script, op, str(n)],
-                   env=fresh_job_env(), check=True, timeout=300, capture_output=True)
+    # Each test runs two such jobs, so each is killed whole with its ranks before
+    # half the suite's per-test timeout.
+    run = run_job(["mpiexec", "-n", "2", "--mca", "pml_monitoring_enable", "1",
+                   "--mca", "pml_monitoring_enable_output", "3",
+                   "--mca", "pml_monitoring_filename", prefix,
+                   sys.executable, script, op, str(n)], 50)
+    assert run.returncode == 0, run.stdout + run.stderr
     total = 0
     for rank in (0, 1):
         with open(f"{prefix}.{rank}.prof") as f:
