@@ -50,9 +50,22 @@ def _codes(placements) -> tuple:
     return tuple(p._code for p in placements)
 
 
+def _code_of(p: _Placement) -> tuple:
+    return (p.kind, p.dim, p.reduce_op, p.split_factor)
+
+
 def _codes_of(layout: _Layout) -> tuple:
-    return tuple((p.kind, p.dim, p.reduce_op, p.split_factor)
-                 for p in layout.placements[:layout.mesh_ndim])
+    return tuple(map(_code_of, layout.placements[:layout.mesh_ndim]))
+
+
+def _found(rc: int, err: Error) -> bool:
+    """Whether a core function found what it looks for: MT_EINVAL from the ones
+    bound here says there is none (no common form, normal form, groups or view);
+    any other failure raises."""
+    if rc == _STATUS_CODES["MT_EINVAL"]:
+        return False
+    check(rc, err)
+    return True
 
 
 @functools.lru_cache(maxsize=4096)
@@ -79,9 +92,8 @@ def _common(shape: tuple, mesh_shape: tuple, a: tuple, b: tuple):
     ra, rb, err = _Layout(), _Layout(), Error()
     rc = _refine(_layout(shape, mesh_shape, a, _init), _layout(shape, mesh_shape, b, _init),
                  ra, rb, err)
-    if rc == _STATUS_CODES["MT_EINVAL"]:
+    if not _found(rc, err):
         return None
-    check(rc, err)
     return tuple(ra.shape[:ra.ndim]), _codes_of(ra), _codes_of(rb)
 
 
@@ -144,9 +156,8 @@ def canonical(shape: Sequence[int], placements: Sequence[Placement],
 def _canonical_codes(shape: tuple, mesh_shape: tuple, codes: tuple):
     out, err = _Layout(), Error()
     rc = _canonical(_layout(shape, mesh_shape, codes, _init), out, err)
-    if rc == _STATUS_CODES["MT_EINVAL"]:
+    if not _found(rc, err):
         return None
-    check(rc, err)
     return tuple(out.shape[:out.ndim]), _codes_of(out)
 
 
@@ -171,9 +182,8 @@ def _reshape_groups(src: tuple, dst: tuple):
     d, nd = _int64s(dst, MAX_NDIM, "shape")
     n, si, di, err = (I * 1)(), (I * (ns + nd + 1))(), (I * (ns + nd + 1))(), Error()
     rc = _groups(ns, s, nd, d, n, si, di, err)
-    if rc == _STATUS_CODES["MT_EINVAL"]:
+    if not _found(rc, err):
         return None
-    check(rc, err)
     return tuple((tuple(range(si[g], si[g + 1])), tuple(range(di[g], di[g + 1])))
                  for g in range(n[0]))
 
@@ -201,9 +211,8 @@ def _view_codes(shape: tuple, mesh_shape: tuple, codes: tuple, new_shape: tuple)
     sh, n = _int64s(new_shape, MAX_NDIM, "shape")
     out, err = _Layout(), Error()
     rc = _view(_layout(shape, mesh_shape, codes, _init), n, sh, out, err)
-    if rc == _STATUS_CODES["MT_EINVAL"]:
+    if not _found(rc, err):
         return None
-    check(rc, err)
     return _codes_of(out)
 
 
@@ -268,7 +277,7 @@ def _plain_codes(codes: tuple) -> tuple:
     pl, n = _placements(codes)
     out = (_Placement * len(pl))()
     call(_plain, pl, n, 0, out)
-    return tuple((p.kind, p.dim, p.reduce_op, p.split_factor) for p in out[:n])
+    return tuple(map(_code_of, out[:n]))
 
 
 def held_indices(shape: Sequence[int], placements: Sequence[Placement],
