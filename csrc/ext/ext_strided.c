@@ -125,10 +125,10 @@ int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
   const mt_ext_dtensor *ref = NULL;
   for (Py_ssize_t i = 0; i < n && ref == NULL; ++i)
     if (mt_ext_strided(d, ops[i])) ref = (const mt_ext_dtensor *)ops[i];
-  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0, most = sizeof r->views;
+  Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  Py_ssize_t room = (Py_ssize_t)(sizeof r->views / sizeof r->views[0]);
   r->nviews = 0;
-  if (ref == NULL || n > MT_MEMO_MAX_OPERANDS || n + nkw > most / (Py_ssize_t)sizeof(PyObject *))
-    return 0;
+  if (ref == NULL || n > MT_MEMO_MAX_OPERANDS || n + nkw > room) return 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
     int kind = alike(d, ops[i], ref);
     const mt_ext_dtensor *t = kind == 1 || kind == 3 ? (const mt_ext_dtensor *)ops[i] : NULL;
