@@ -130,8 +130,13 @@ test-examples: install
 # drawing the same examples (tests/array_api/run.sh; what it fails, each with its
 # reason, is tests/array_api/xfails.txt). `make test` runs a few examples per test;
 # test-array-api runs ARRAY_API_EXAMPLES. The suite is ../shared/array-api-tests
-# when that exists, else cloned into build/.
-ARRAY_API_TESTS ?= $(if $(wildcard ../shared/array-api-tests/array_api_tests),$(abspath ../shared/array-api-tests),$(abspath build/array-api-tests))
+# beside this checkout, or beside the local checkout it was cloned from (a fresh
+# clone in a temporary folder), else cloned into build/.
+ORIGIN_DIR := $(shell git config --get remote.origin.url 2>/dev/null)
+ARRAY_API_TESTS ?= $(abspath $(firstword $(patsubst %/array_api_tests,%,$(wildcard \
+  ../shared/array-api-tests/array_api_tests \
+  $(if $(ORIGIN_DIR),$(ORIGIN_DIR)/../shared/array-api-tests/array_api_tests))) \
+  build/array-api-tests))
 ARRAY_API_EXAMPLES ?= 50
 export ARRAY_API_TESTS
 array-api-suite:
