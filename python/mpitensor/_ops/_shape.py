@@ -37,7 +37,7 @@ from .. import _strided as _layouts
 from .._dtensor import DTensor
 from . import _dispatch as D
 from . import _flatten, _join
-from ._strided import restride
+from ._strided import expanded, restride
 from ..placement_types import Shard
 
 
@@ -476,9 +476,13 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     elif order not in ("C", "A"):
         _target_shape(math.prod(src), shape, order)  # raises NumPy's error
 
-    strided = _strided_view(a, src, shape, order, copy)
-    if strided is not None:
-        return strided
+    plain = not _layouts.has_strided(a._spec.placements)
+    if not plain:
+        a = expanded(a)
+        src = a._spec.shape
+    view = _view(a, src, shape, order, copy, plain)
+    if view is not None:
+        return view
 
     def build():
         return _reshape_map(src, _target_shape(math.prod(src), shape, order))
@@ -489,18 +493,19 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
                      _reshape_copy if copy else np.reshape, box=True)
 
 
-def _strided_view(a, src, shape, order, copy):
-    """torch's view when a merge takes a Shard that is not on its group's first
-    dim: a _StridedShard, and no data moves (mpitensor._strided); None otherwise."""
+def _view(a, src, shape, order, copy, plain):
+    """The reshape as a view, no data moved, where torch's is one: of a ``plain``
+    input, when a merge takes a Shard that is not on its group's first dim (a
+    _StridedShard, mpitensor._strided); of a strided input's plain expansion, any
+    view the core finds. None otherwise."""
     placements = a._spec.placements
-    if order not in ("C", "A") or not any(type(p) is Shard and p.dim > 0
-                                          for p in placements):
+    if plain and not any(type(p) is Shard and p.dim > 0 for p in placements):
         return None
     target = _target_shape(math.prod(src), shape, order)
-    if len(target) >= len(src):
+    if plain and len(target) >= len(src):
         return None
     view = _layouts.view_placements(src, placements, target, a._spec.mesh.shape)
-    if view is None or not _layouts.has_strided(view):
+    if view is None or (plain and not _layouts.has_strided(view)):
         return None
     return restride(a, target, view, bool(copy))
 

@@ -6,16 +6,16 @@ ufuncs between operands strided alike, replicated ones of their shape or scalars
 and reduction methods over every element never come here. It hands every other
 call with a strided operand to :func:`run` (its "strided" hook). A strided
 DTensor is the plain layout of a reshaped view (mpitensor._strided), so the calls
-that only need that view run on it with no communication: reshape and view,
-ufuncs with ``out=`` or a gradient to record, and NumPy's reduction functions
-over every element. Any other operation gets its strided operands redistributed to plain
-placements first (the strided mesh dims to Replicate, as torch does: a planned
-move that CommDebugMode counts), then runs as usual.
+that only need that view run on it with no communication: ufuncs with ``out=`` or
+a gradient to record, and NumPy's reduction functions over every element
+(reshape and ravel read it so in their own entry, _shape.py). Any other operation
+gets its strided operands redistributed to plain placements first (the strided
+mesh dims to Replicate, as torch does: a planned move that CommDebugMode counts),
+then runs as usual.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 
 import numpy as np
@@ -24,7 +24,7 @@ from .. import _C, _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 
-__all__ = ["restride", "run"]
+__all__ = ["expanded", "restride", "run"]
 
 
 def _is_strided(o) -> bool:
@@ -68,8 +68,16 @@ def _restride(a, *, layout, copy=False):
                                       contiguous_strides(tuple(shape))))
 
 
-def _expanded(a):
-    """``a`` read as its plain expansion (no communication)."""
+def expanded(a):
+    """``a`` read as its plain expansion: a local reshape, recorded as
+    :func:`restride`, no communication.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> y = np.reshape(distribute_tensor(np.ones((8, 6)), mesh, [Shard(1)]), 48)
+        >>> expanded(y).placements, expanded(y).shape
+        ((Shard(dim=1),), (8, 6))
+    """
     shape, placements, _ = _strided.expand(a._spec.shape, a._spec.placements,
                                            a._spec.mesh.shape)
     return restride(a, shape, placements)
@@ -84,31 +92,6 @@ def _back(r, shape):
     if view is not None:
         return restride(r, shape, view)
     return _registry.call(np.reshape, r, shape)
-
-
-def _resolve(size: int, shape: tuple) -> tuple:
-    shape = tuple(int(n) for n in shape)
-    if shape.count(-1) == 1:
-        known = math.prod(n for n in shape if n != -1)
-        if known and size % known == 0:
-            shape = tuple(size // known if n == -1 else n for n in shape)
-    if math.prod(shape) != size or any(n < 0 for n in shape):
-        raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
-    return shape
-
-
-def _reshape(a, shape=None, order="C", *, newshape=None, copy=None):
-    shape = newshape if shape is None else shape
-    if shape is None or order not in ("C", "A") or copy is False:
-        return None
-    shape = _resolve(math.prod(a._spec.shape), (shape,) if isinstance(
-        shape, (int, np.integer)) else tuple(shape))
-    e = _expanded(a)
-    view = _strided.view_placements(e._spec.shape, e._spec.placements, shape,
-                                    e._spec.mesh.shape)
-    if view is not None:
-        return restride(e, shape, view, bool(copy))
-    return _registry.call(np.reshape, e, shape, copy=copy)
 
 
 def _ufunc(ufunc, method, *ops, **kwargs):
@@ -151,6 +134,9 @@ def _ufunc(ufunc, method, *ops, **kwargs):
     return _back(res, spec.shape)
 
 
+# Calls whose own entry reads a strided operand as its expansion (_shape.py).
+_OWN = {restride, np.reshape, np.ravel}
+
 # Reductions over every element, which the plain view gives as they are.
 _WHOLE = {np.sum, np.prod, np.mean, np.max, np.min, np.amax, np.amin, np.all, np.any,
           np.nansum, np.nanmax, np.nanmin}
@@ -159,7 +145,7 @@ _WHOLE = {np.sum, np.prod, np.mean, np.max, np.min, np.amax, np.amin, np.all, np
 def _whole(func, a, axis=None, *rest, **kwargs):
     if axis is not None or rest or kwargs.get("keepdims", False) or "out" in kwargs:
         return None
-    return _registry.call(func, _expanded(a), None, **kwargs)
+    return _registry.call(func, expanded(a), None, **kwargs)
 
 
 def _plain(o):
@@ -177,16 +163,11 @@ def run(what, args, kwargs):
 
     Example: ``run(np.reshape, (x, (8, 6)), None)`` for a flattened ``x``.
     """
-    if what is restride:
+    if what in _OWN:
         return NotImplemented
     kwargs = kwargs or {}
     out = None
-    if what is np.reshape and _is_strided(args[0]):
-        out = _reshape(*args, **kwargs)
-    elif what is np.ravel and _is_strided(args[0]) and kwargs.get(
-            "order", args[1] if len(args) > 1 else "C") in ("C", "A"):
-        out = _reshape(args[0], -1)
-    elif what is np.ufunc:
+    if what is np.ufunc:
         out = _ufunc(*args, **kwargs)
     elif what in _WHOLE and args and _is_strided(args[0]):
         out = _whole(what, *args, **kwargs)
