@@ -311,11 +311,13 @@ int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObje
 PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
                            PyObject *local, const mt_layout *l, PyObject *pl);
 /* A ufunc call whose DTensor operands are strided alike (one mesh, placements and
- * shape, no Partial, no gradient wanted) or replicated, among scalars, is the
- * plain call on their expansions, read back; no communication. _views: the plain call's operands and
- * keywords in `r` (1; 0 when the call is not such a one: the "strided" hook takes
- * it; -1 with an exception). _back: drops them, reads back `res` (stolen; NULL
- * without an exception when it cannot). */
+ * shape, no Partial) or replicated, among scalars, is the plain call on their
+ * expansions, read back; no communication. A view of an operand that wants a
+ * gradient, and the result read back, record as the "view" hook's function.
+ * _views: the plain call's operands and keywords in `r` (1; 0 when the call is
+ * not such a one: the "strided" hook takes it; -1 with an exception). _back:
+ * drops them, reads back `res` (stolen; NULL without an exception when it
+ * cannot). */
 typedef struct mt_ext_strided_reading {
   mt_ext_mesh_base *mb;
   mt_layout l, e; /* the operands' strided layout and its plain expansion */
@@ -326,8 +328,8 @@ int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
                          PyObject *kwnames, mt_ext_strided_reading *r);
 PyObject *mt_ext_strided_back(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyObject *res);
 /* A strided DTensor as its plain expansion, for a reduction over every element
- * (which the expansion gives as it is); NULL without an exception when it has a
- * Partial or wants a gradient. */
+ * (which the expansion gives as it is), recorded as a view; NULL without an
+ * exception when it has a Partial. */
 PyObject *mt_ext_strided_whole(mt_ext_dispatch *d, PyObject *self);
 /* The "strided" hook: fn(what, args, kwargs) runs a call that has a strided
  * operand (NotImplemented: run it as usual). A new reference, or NULL. */

@@ -93,6 +93,29 @@ static int alike(const mt_ext_dispatch *d, PyObject *o, const mt_ext_dtensor *re
              : 0;
 }
 
+/* `view` (stolen), a DTensor read from `from` as another layout of its local
+ * elements, recorded as the "view" hook's function would record it (its backward
+ * reads the gradient back as `from`), when `from` wants a gradient. */
+static PyObject *recorded(mt_ext_dispatch *d, PyObject *from, PyObject *view) {
+  if (view == NULL || !d->modes->grad_enabled || !mt_ext_needs_grad(d, from)) return view;
+  PyObject *fn = PyDict_GetItemString(d->hooks, "view");
+  PyObject *bw = fn != NULL ? PyDict_GetItemWithError(d->backwards, fn) : NULL;
+  PyObject *spec = ((mt_ext_dtensor *)view)->spec, *out = NULL;
+  PyObject *aux = bw != NULL ? Py_BuildValue("{s(OO)sO}", "layout", PyTuple_GET_ITEM(spec, 2),
+                                             PyTuple_GET_ITEM(spec, 1), "copy", Py_False)
+                             : NULL;
+  PyObject *saved = aux != NULL ? PyTuple_Pack(1, from) : NULL;
+  if (saved != NULL)
+    out = mt_ext_record(d, PyTuple_GET_ITEM(bw, 0), PyTuple_GET_ITEM(bw, 1), view, &from, 1,
+                        saved, aux);
+  else if (!PyErr_Occurred())
+    PyErr_SetString(PyExc_RuntimeError, "no view hook: import mpitensor");
+  if (saved == NULL) Py_DECREF(view);
+  Py_XDECREF(aux);
+  Py_XDECREF(saved);
+  return out;
+}
+
 /* Each DTensor result of `res` (one, or a tuple) read back from the plain layout
  * `e` as `l` with the placements `pl`; NULL without an exception when one is not
  * in `e`'s placements (the plain rule moved it). `res` is stolen. */
@@ -107,7 +130,8 @@ static PyObject *read_back(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *r
     const mt_ext_dtensor *t = (const mt_ext_dtensor *)r;
     int same = Py_TYPE(r) == d->dtensor &&
                PyObject_RichCompareBool(PyTuple_GET_ITEM(t->spec, 1), eps, Py_EQ) == 1;
-    PyObject *back = same ? mt_ext_as_layout(d, mb, t->spec, t->local, l, pl) : NULL;
+    PyObject *back = same ? recorded(d, r, mt_ext_as_layout(d, mb, t->spec, t->local, l, pl))
+                          : NULL;
     if (back == NULL) {
       Py_CLEAR(out);
       break;
@@ -131,9 +155,7 @@ int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
   if (ref == NULL || n > MT_MEMO_MAX_OPERANDS || n + nkw > room) return 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
     int kind = alike(d, ops[i], ref);
-    const mt_ext_dtensor *t = kind == 1 || kind == 3 ? (const mt_ext_dtensor *)ops[i] : NULL;
-    /* Autograd records the plain call's operands, not these: the hook records it. */
-    if (kind == 0 || (t != NULL && t->requires_grad && d->modes->grad_enabled)) return 0;
+    if (kind == 0) return 0;
   }
   r->mb = mt_ext_spec_mesh(d, ref->spec), r->placements = PyTuple_GET_ITEM(ref->spec, 1);
   int ok = r->mb != NULL ? plain_reading(d, r->mb, ref, &r->l, &r->e) : 0;
@@ -146,7 +168,8 @@ int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
     const mt_ext_dtensor *t = (const mt_ext_dtensor *)o;
     int kind = r->nviews < n ? alike(d, o, ref) : 0;
     *v = kind == 1 || kind == 3
-             ? mt_ext_as_layout(d, r->mb, t->spec, t->local, kind == 1 ? &r->e : &rep, NULL)
+             ? recorded(d, o, mt_ext_as_layout(d, r->mb, t->spec, t->local,
+                                               kind == 1 ? &r->e : &rep, NULL))
              : Py_NewRef(o);
     if (*v == NULL) return mt_ext_strided_back(d, r, NULL), -1;
   }
@@ -164,9 +187,9 @@ PyObject *mt_ext_strided_back(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyO
 PyObject *mt_ext_strided_whole(mt_ext_dispatch *d, PyObject *self) {
   const mt_ext_dtensor *b = (const mt_ext_dtensor *)self;
   mt_ext_mesh_base *mb = mt_ext_spec_mesh(d, b->spec);
-  if (mb == NULL || (b->requires_grad && d->modes->grad_enabled)) return NULL;
+  if (mb == NULL) return NULL;
   mt_layout l, e;
   int ok = plain_reading(d, mb, b, &l, &e);
   if (ok <= 0) return ok < 0 ? NULL : (PyErr_Clear(), NULL);
-  return mt_ext_as_layout(d, mb, b->spec, b->local, &e, NULL);
+  return recorded(d, self, mt_ext_as_layout(d, mb, b->spec, b->local, &e, NULL));
 }

@@ -227,7 +227,7 @@ def test_strided_elementwise_and_whole_reductions_cost_what_plain_ones_do():
     their expansions, and reductions over every element on the expansion, in the
     executor: each call makes the same calls into Python as on a plain DTensor
     (the local NumPy call; an entry where the reduction has one). With a gradient
-    wanted, the hook records them (checked in test_backward_2d)."""
+    wanted too (test_strided_calls_that_record_cost_what_plain_ones_do)."""
     from mpitensor._trace import hook_stats
     mesh = mesh_of((W,))
     full = np.arange(96.0).reshape(8, 12) - 40.5
@@ -267,6 +267,43 @@ def test_strided_elementwise_and_whole_reductions_cost_what_plain_ones_do():
     quot, rem = np.divmod(x, 4.0)
     assert quot.placements == rem.placements == x.placements
     np.testing.assert_array_equal(rem.full_tensor(), np.mod(flat, 4.0))
+
+
+def test_strided_calls_that_record_cost_what_plain_ones_do():
+    """With a gradient wanted, the executor records the views it reads strided
+    operands through (as restride's nodes) around the plain call's node: the
+    forward calls into Python as on plain DTensors, and the gradients are exact,
+    a replicated operand's too."""
+    from mpitensor._trace import hook_stats
+    mesh = mesh_of((W,))
+    full = np.arange(96.0).reshape(8, 12) / 50 - 0.9
+    flat = full.ravel()
+    p = distribute_tensor(full, mesh, [S1]).requires_grad_()
+    q = distribute_tensor(flat, mesh, [R]).requires_grad_()
+    x = p.reshape(-1)                                    # _S(0, 8)
+
+    def spent(call, *args):
+        before = hook_stats()
+        got = call(*args)
+        after = hook_stats()
+        return got, {k: after[k] - before[k] for k in after if k != "runs"}
+
+    def forward(a, b):
+        return (np.sin(a) * a - b * a).sum()
+
+    forward(x, q)
+    loss, strided = spent(forward, x, q)
+    _, plain = spent(forward, p, distribute_tensor(full, mesh, [R]).requires_grad_())
+    assert strided["entry"] == plain["entry"] == 0, (strided, plain)
+    assert strided == plain, (strided, plain)
+    np.testing.assert_allclose(loss.detach().full_tensor(),
+                               np.sum(np.sin(flat) * flat - flat * flat))
+    p.grad = q.grad = None
+    loss.backward()
+    np.testing.assert_allclose(p.grad.full_tensor().ravel(),
+                               np.cos(flat) * flat + np.sin(flat) - flat)
+    assert p.grad.placements == p.placements
+    np.testing.assert_allclose(q.grad.full_tensor(), -flat)
 
 
 RANDOM_MESHES = [(W,)] + ([(2, 2)] if W == 4 else [(1, W), (W, 1)] if W > 1 else [])

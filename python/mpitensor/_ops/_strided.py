@@ -2,13 +2,14 @@
 
 The executor runs a strided DTensor as the plain layout of its expansion
 (mpitensor/core/strided.h, csrc/ext/ext_strided.c): redistribute, elementwise
-ufuncs between operands strided alike, replicated ones of their shape or scalars,
-and reduction methods over every element never come here. It hands every other
-call with a strided operand to :func:`run` (its "strided" hook). A strided
-DTensor is the plain layout of a reshaped view (mpitensor._strided), so the calls
-that only need that view run on it with no communication: ufuncs with ``out=`` or
-a gradient to record, and NumPy's reduction functions over every element
-(reshape and ravel read it so in their own entry, _shape.py). Any other operation
+ufuncs between operands strided alike, replicated ones of their shape or scalars
+(recording their views as :func:`restride` when a gradient is wanted), and
+reduction methods over every element never come here. It hands every other call
+with a strided operand to :func:`run` (its "strided" hook). A strided DTensor is
+the plain layout of a reshaped view (mpitensor._strided), so the calls that only
+need that view run on it with no communication: ufuncs with ``out=`` and NumPy's
+reduction functions over every element (reshape and ravel read it so in their
+own entry, _shape.py). Any other operation
 gets its strided operands redistributed to plain placements first (the strided
 mesh dims to Replicate, as torch does: a planned move that CommDebugMode counts),
 then runs as usual.
@@ -206,3 +207,4 @@ def _through_plain(what, args, kwargs):
 
 
 _C.set_hook("strided", run)
+_C.set_hook("view", restride)
