@@ -276,7 +276,10 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
     return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
   mt_ext_call c;
   int rc = gather_fast(d, ops, (int)n, &c, ufunc);
-  if (rc == 0 && c.strided) return strided_ufunc(d, ufunc, ops, n, kwnames);
+  /* Only an elementwise call reads its operands' expansions as they are. */
+  if (rc == 0 && c.strided && sig->op.family == MT_OP_ELEMENTWISE)
+    return strided_ufunc(d, ufunc, ops, n, kwnames);
+  if (rc == 0 && c.strided) return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
   if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   c.key.op = sig->id;
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;

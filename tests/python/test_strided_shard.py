@@ -306,6 +306,23 @@ def test_strided_calls_that_record_cost_what_plain_ones_do():
     np.testing.assert_allclose(q.grad.full_tensor(), -flat)
 
 
+def test_matmul_of_operands_strided_alike_is_no_elementwise_call():
+    """np.matmul is a ufunc but not an elementwise one: its operands' expansions
+    (a batch of smaller matrices) must not stand for them. It moves them to plain
+    layouts first, as any call without a strided rule."""
+    mesh = mesh_of((W,))
+    a = np.arange(16.0).reshape(4, 2, 2)
+    b = a[::-1] + 1
+    x = distribute_tensor(a, mesh, [Shard(2)]).reshape(4, 4)        # _S(1, 2)
+    y = distribute_tensor(b, mesh, [Shard(2)]).reshape(4, 4)
+    np.testing.assert_array_equal((x @ y).full_tensor(), a.reshape(4, 4) @ b.reshape(4, 4))
+    f = np.arange(48.0).reshape(8, 6)
+    v = distribute_tensor(f, mesh, [S1]).reshape(-1)                 # _S(0, 8)
+    np.testing.assert_array_equal((v @ v).full_tensor(), f.ravel() @ f.ravel())
+    np.testing.assert_array_equal(np.matmul(x, y, dtype=np.float32).full_tensor(),
+                                  (a.reshape(4, 4) @ b.reshape(4, 4)).astype(np.float32))
+
+
 RANDOM_MESHES = [(W,)] + ([(2, 2)] if W == 4 else [(1, W), (W, 1)] if W > 1 else [])
 
 

@@ -99,7 +99,8 @@ def _ufunc(ufunc, method, *ops, **kwargs):
     """An elementwise call on operands strided alike, or replicated, or scalars:
     on their plain views, then read back."""
     out = kwargs.pop("out", None)
-    if method != "__call__" or set(kwargs) - {"dtype", "casting"}:
+    if method != "__call__" or ufunc.signature is not None or set(kwargs) - {
+            "dtype", "casting"}:
         return None
     outs = () if out is None else out if isinstance(out, tuple) else (out,)
     if not all(_is_strided(o) for o in outs):
