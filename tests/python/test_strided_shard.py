@@ -323,6 +323,25 @@ def test_matmul_of_operands_strided_alike_is_no_elementwise_call():
                                   (a.reshape(4, 4) @ b.reshape(4, 4)).astype(np.float32))
 
 
+@pytest.mark.filterwarnings("ignore::mpitensor.GatherWarning")
+@pytest.mark.parametrize("first", [Partial(), R], ids=str)
+def test_a_gathered_write_into_a_strided_destination_lands_in_place(first):
+    """A write with no distributed rule (an index list assigned to) runs gathered
+    on the destination's plain copy, which is read back: written into the strided
+    DTensor itself, its local array is no box to index (with a Partial kept,
+    once per reduction)."""
+    mesh = mesh_of((1, W))
+    a = np.arange(12.0)
+    pls = (first, _StridedShard(0, split_factor=3))
+    local = ref_local(a, (1, W), mesh.get_coordinate(), (R, pls[1])).copy()
+    x = DTensor.from_local(local, mesh, pls, shape=(12,), stride=(1,))
+    x[[0, 2, -1]] = 7.0
+    want = a.copy()
+    want[[0, 2, -1]] = 7.0
+    assert x.placements == pls
+    np.testing.assert_array_equal(x.full_tensor(), want)
+
+
 RANDOM_MESHES = [(W,)] + ([(2, 2)] if W == 4 else [(1, W), (W, 1)] if W > 1 else [])
 
 

@@ -195,8 +195,15 @@ def _through_plain(what, args, kwargs):
     dests = list(args[:1]) if what in (operator.setitem, np.copyto) else []
     out = kwargs.get("out")
     dests += list(out) if isinstance(out, tuple) else [out]
-    res = _C.call(what, tuple(swap(a) for a in args),
-                  {k: swap(v) for k, v in kwargs.items()} or None)
+    args, kwargs = tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+    try:
+        res = _C.call(what, args, kwargs or None)
+    except _registry.NoRule as e:
+        # Gathered here, so that the fallback writes into the plain copies, whose
+        # local arrays are boxes, and they are read back below.
+        if what is np.ufunc:
+            raise
+        res = _registry.gather_call(what, args, kwargs, cause=e)
     for d in dests:
         if not _is_strided(d):
             continue
