@@ -1,7 +1,10 @@
 """Every C struct Python reads is laid out from C (issue 47): the extension's table
-(csrc/ext/ext_structs.c) names each field its header declares, in order; every
-ctypes Structure of the package is built from that table; and a layout ctypes
-would place differently from C fails at import, naming the struct and the field.
+(csrc/ext/ext_structs.c) names each field its header declares, in order, its rows
+written from the headers at build time (csrc/tools/struct_fields.py), so a field
+added to a header reaches Python with no other edit; every ctypes Structure of the
+package is built from that table; and a layout ctypes would place differently
+from C fails at import, naming the struct and the field. The headers are read
+here a second way, not through the generator, so that each checks the other.
 
 No MPI is needed; under the MPI runner every rank reaches the same verdict.
 """
@@ -10,7 +13,9 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "mpitensor"
 HEADERS = sorted((ROOT / "csrc" / "include").rglob("*.h")) + sorted(
     (ROOT / "csrc" / "ext").glob("*.h"))
+GENERATOR = ROOT / "csrc" / "tools" / "struct_fields.py"
+LISTING = ROOT / "csrc" / "ext" / "ext_structs.c"
 
 
 def declared_fields(text: str) -> dict[str, list[str]]:
@@ -68,6 +75,85 @@ def test_a_field_missing_from_the_table_is_caught():
     assert declared_fields("typedef struct s {\n  int a, *b; /* x; y */\n"
                            "  double c[4][2];\n  void (*f);\n} s;") == {
         "s": ["a", "b", "c", "f"]}
+
+
+def _generator():
+    """csrc/tools/struct_fields.py as a module (it is a build tool, not installed)."""
+    spec = importlib.util.spec_from_file_location("struct_fields", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(text: str) -> dict[str, list[str]]:
+    """{struct: its row macros} of a generated rows file's ``text``."""
+    out = {}
+    for name, body in re.findall(r"static const field fields_(\w+)\[\] = \{(.*?)END\};",
+                                 text, re.S):
+        out[name] = re.findall(r"^ +(\w+\(\w+, \w+\)),", body, re.M)
+    return out
+
+
+def test_the_generator_writes_a_row_for_each_declarator():
+    header = ("typedef struct s {\n  int a, *b; /* x; y */\n  double c[4][2];\n"
+              "  void (*f)(int, double);\n  PyObject *o, **oo; // z;\n"
+              "  unsigned long long u[N + 1];\n  const void *v;\n} s;\n"
+              "typedef struct t { int a; } t;\n")
+    text = _generator().generate(["s"], {"h.h": header})
+    assert _rows(text) == {"s": [
+        "SCALAR(s, a)", "POINTER(s, b)", "ARRAY2(s, c)", "POINTER(s, f)",
+        "OBJECT(s, o)", "POINTER(s, oo)", "ARRAY(s, u)", "POINTER(s, v)"]}
+    # A pointer's row tells clang-tidy its size is the pointer's; no other row does.
+    nolint = [line.split(",")[1].strip(" )") for line in text.splitlines() if "NOLINT" in line]
+    assert nolint == ["b", "f", "o", "oo", "v"]
+
+
+@pytest.mark.parametrize("member, why", [
+    ("int a : 3;", "a bit-field"), ("union { int i; double d; } u;", "nested"),
+    ("int *p[4];", "an array of pointers"), ("int x[2][3][4];", "more than two"),
+    ("int (*fs[2])(void);", "cannot read")])
+def test_the_generator_refuses_a_member_it_cannot_lay_out(member, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        _generator().generate(["s"], {"h.h": f"typedef struct s {{ int n; {member} }} s;"})
+
+
+def _generate(tmp_path, headers: list[Path]):
+    """Run the generator as the build does; (status, rows, its error output)."""
+    out = tmp_path / "struct_fields.inc"
+    done = subprocess.run([sys.executable, GENERATOR, out, LISTING, *headers],
+                          capture_output=True, text=True)
+    return done.returncode, _rows(out.read_text()) if out.exists() else {}, done.stderr
+
+
+def test_a_field_added_to_a_header_reaches_the_rows(tmp_path):
+    copies = []
+    for path in HEADERS:
+        copy = tmp_path / "h" / path.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(path.read_text())
+        copies.append(copy)
+    status, rows, _ = _generate(tmp_path, copies)
+    assert status == 0 and list(rows) == list(_clib.STRUCTS)
+    nodes = next(c for c in copies if "typedef struct mt_mesh_nodes {" in c.read_text())
+    text = nodes.read_text()
+    nodes.write_text(text.replace("typedef struct mt_mesh_nodes {",
+                                  "typedef struct mt_mesh_nodes {\n  int added[3], *also;"))
+    status, added, _ = _generate(tmp_path, copies)
+    assert status == 0
+    assert added["mt_mesh_nodes"] == ["ARRAY(mt_mesh_nodes, added)",
+                                      "POINTER(mt_mesh_nodes, also)"] + rows["mt_mesh_nodes"]
+    assert {k: v for k, v in added.items() if k != "mt_mesh_nodes"} == {
+        k: v for k, v in rows.items() if k != "mt_mesh_nodes"}
+    # Every struct's rows name what the independent reading finds in its header.
+    declared = {}
+    for copy in copies:
+        declared.update(declared_fields(copy.read_text()))
+    for name, macros in added.items():
+        assert [m.split(", ")[1][:-1] for m in macros] == declared[name], name
+    # A struct the list names and no header declares stops the build, saying which.
+    nodes.write_text(text.replace("} mt_mesh_nodes;", "} mt_mesh_nodez;"))
+    status, _, err = _generate(tmp_path / "gone", copies)
+    assert status == 1 and "mt_mesh_nodes: no 'typedef struct mt_mesh_nodes" in err
 
 
 def _class_problems(path: Path) -> list[str]:
