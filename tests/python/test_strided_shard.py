@@ -342,6 +342,45 @@ def test_a_gathered_write_into_a_strided_destination_lands_in_place(first):
     np.testing.assert_array_equal(x.full_tensor(), want)
 
 
+@pytest.mark.filterwarnings("ignore::mpitensor.GatherWarning")
+@pytest.mark.parametrize("call", [
+    lambda x: np.add.at(x, [0, 2, 2, -1], 1.0), lambda x: np.maximum.at(x, [0, 1], 1.5),
+    lambda x: np.negative.at(x, [1, 3]), lambda x: np.place(x, x > 0, [1.0, 2.0]),
+    lambda x: np.putmask(x, x > 0, x * 10), lambda x: np.put(x, [0, 3], [5.0, 6.0]),
+    lambda x: np.copyto(x, -1.0, where=x > 0)],
+    ids=["add.at", "maximum.at", "negative.at", "place", "putmask", "put", "copyto"])
+def test_functions_that_write_into_a_strided_argument_write_it(call):
+    """NumPy's writers into their first argument (ufunc.at, put, place, putmask,
+    copyto) run on a plain copy of a strided one, whose written values come back."""
+    mesh = mesh_of((W,))
+    f = np.arange(12.0) - 5
+    want = f.copy()
+    call(want)
+    x = distribute_tensor(f, mesh, [_StridedShard(0, split_factor=3)])
+    call(x)
+    assert x.placements == (_StridedShard(0, split_factor=3),)
+    np.testing.assert_array_equal(x.full_tensor(), want)
+
+
+@pytest.mark.filterwarnings("ignore::mpitensor.GatherWarning")
+def test_whole_reductions_of_a_strided_dtensor_take_their_keywords():
+    """A reduction over every element reads the expansion only when its keywords
+    fit any shape: where= (an array of the input's shape) takes the plain path."""
+    mesh = mesh_of((W,))
+    f = np.arange(48.0).reshape(8, 6) - 10
+    x = distribute_tensor(f, mesh, [S1]).reshape(-1)                 # _S(0, 8)
+    flat = f.ravel()
+
+    def value(r):  # a gathered call gives NumPy's scalar
+        return r.full_tensor() if isinstance(r, DTensor) else r
+
+    assert value(np.sum(x, where=x > 0)) == np.sum(flat, where=flat > 0)
+    assert value(np.max(x, initial=100.0)) == 100.0
+    np.testing.assert_array_equal(np.sum(x, keepdims=True).full_tensor(),
+                                  np.sum(flat, keepdims=True))
+    assert np.sum(x, dtype=np.float32).full_tensor().dtype == np.float32
+
+
 RANDOM_MESHES = [(W,)] + ([(2, 2)] if W == 4 else [(1, W), (W, 1)] if W > 1 else [])
 
 

@@ -17,13 +17,12 @@ then runs as usual.
 
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
 from .. import _C, _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ._fallback import MUTATORS
 
 __all__ = ["expanded", "restride", "run"]
 
@@ -145,7 +144,9 @@ _WHOLE = {np.sum, np.prod, np.mean, np.max, np.min, np.amax, np.amin, np.all, np
 
 
 def _whole(func, a, axis=None, *rest, **kwargs):
-    if axis is not None or rest or kwargs.get("keepdims", False) or "out" in kwargs:
+    # where= is an array of the input's shape, which the expansion has not.
+    if axis is not None or rest or set(kwargs) - {"dtype", "keepdims"} or kwargs.get(
+            "keepdims", False):
         return None
     return _registry.call(func, expanded(a), None, **kwargs)
 
@@ -180,7 +181,8 @@ def run(what, args, kwargs):
 
 def _through_plain(what, args, kwargs):
     """``what`` on plain copies of the strided operands; a strided destination
-    (of setitem, copyto or ``out=``) gets the written values back."""
+    (``out=``, or the first argument of a function that writes into it: setitem,
+    copyto, put, ``ufunc.at``, ...) gets the written values back."""
     plain: dict = {}
 
     def swap(o):
@@ -192,7 +194,8 @@ def _through_plain(what, args, kwargs):
             return type(o)(swap(x) for x in o)
         return o
 
-    dests = list(args[:1]) if what in (operator.setitem, np.copyto) else []
+    dests = list(args[:1]) if what in MUTATORS else [args[2]] if (
+        what is np.ufunc and args[1] == "at") else []
     out = kwargs.get("out")
     dests += list(out) if isinstance(out, tuple) else [out]
     args, kwargs = tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
