@@ -249,6 +249,21 @@ def test_inplace_into_a_partial_keeps_it_and_gives_numpys_value():
     assert_matches(s, (x.sum(axis=0) - 1.0) / 6)
 
 
+@pytest.mark.parametrize("write", [
+    lambda src, out: np.exp(src, out=out), lambda src, out: np.copyto(out, src),
+    lambda src, out: np.copyto(out, 1.5)], ids=["exp_out", "copyto", "copyto_scalar"])
+def test_a_cast_numpy_refuses_into_a_partial_fails_on_every_rank(write):
+    """A rank that writes the Partial's identity, not the value, still refuses the
+    value NumPy would not cast: every rank raises, none goes on alone to hang in
+    the next collective."""
+    mesh = mesh_of((W,))
+    out = make(np.zeros((4, 4), np.int64), mesh, [PS])
+    src = make(np.linspace(0, 1, 16).reshape(4, 4), mesh, [R])
+    got = same_everywhere(outcome(lambda: write(src, out)))
+    assert got is not None and got[0].endswith("Error") and "cast" in got[1], got
+    np.testing.assert_array_equal(out.full_tensor(), np.zeros((4, 4)))
+
+
 def test_writes_into_partial_avg_refuse_what_they_cannot_make_exact():
     mesh = mesh_of((W,))
     if W == 1:

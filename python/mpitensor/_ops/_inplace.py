@@ -336,6 +336,10 @@ def copyto(dst, src, casting="same_kind", where=True) -> None:
     if dst._spec.mesh._coordinate is None:
         return
     if _writes_identity(dst, kept):
+        # This rank writes the identity, yet a value NumPy would not cast is every
+        # rank's error: checked on an empty slice of it.
+        np.copyto(np.empty(0, dst.dtype), s if np.ndim(s) == 0 else
+                  np.asarray(s)[(slice(0, 0),) * np.ndim(s)], casting=casting)
         s = np.array(_IDENTITY[op], dst.dtype)
     np.copyto(dst.to_local(), s, casting=casting, where=w)
 
