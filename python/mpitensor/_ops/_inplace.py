@@ -34,7 +34,7 @@ import numpy as np
 from .. import _clib, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._layout import local_shape_and_global_offset
-from ..placement_types import Partial, Replicate, Shard
+from ..placement_types import Partial, Replicate, Shard, _StridedShard
 from . import _dispatch as D
 from ._indexing import _parse, _whole, local_cuts
 
@@ -80,15 +80,20 @@ def follow(dst_spec, dims, value):
     """The placements a DTensor ``value`` takes to be written into ``dst_spec``'s
     region: per mesh dim, a Shard of a destination dim d whose region is whole and
     that the value holds whole on its dim ``dims[d]`` (None: not held) stays a Shard
-    there; a Partial of the destination's op stays; anything else is Replicate.
-    Local.
+    there; a Partial of the destination's op stays; anything else is Replicate. A
+    value of a strided destination's shape takes its strided placements, so that
+    both local arrays hold the same elements in the same order. Local.
 
     Example: ``follow(a._spec, {0: 0, 1: 1}, b)`` is ``a``'s placements for a ``b``
     of ``a``'s shape.
     """
     out = []
+    whole = value._spec.shape == dst_spec.shape and all(
+        dims.get(d) == d for d in range(len(dst_spec.shape)))
     for p, vp in zip(dst_spec.placements, value._spec.placements):
-        if isinstance(p, Shard) and dims.get(p.dim) is not None:
+        if type(p) is _StridedShard and whole:
+            out.append(p)
+        elif isinstance(p, Shard) and dims.get(p.dim) is not None:
             out.append(Shard(dims[p.dim]))
         elif isinstance(p, Partial) and vp == p:
             out.append(p)
@@ -214,7 +219,7 @@ def setitem(dt, key, value) -> None:
                 if _whole(sel[d], spec.shape[d])}
         target = follow(spec, dims, value)
         kept = {m for m, p in enumerate(target) if isinstance(p, Partial)}
-        followed = {p.dim for p in target if isinstance(p, Shard)}  # the value's dims
+        followed = {p.dim for p in target if isinstance(p, (Shard, _StridedShard))}  # the value's dims
         rows = _cut_rows(spec, sel, region_dims, value._spec.placements, vshape)
         if rows is not None:
             m, j = rows
@@ -281,7 +286,7 @@ def _local_operand(name, dst, obj):
         v = v.reshape((1,) * (len(spec.shape) - v.ndim) + v.shape)
         lshape, loff = local_shape_and_global_offset(spec.shape, mesh.shape,
                                                      mesh._coordinate, spec.placements)
-        followed = {p.dim for p in target if isinstance(p, Shard)}
+        followed = {p.dim for p in target if isinstance(p, (Shard, _StridedShard))}
         lead = len(spec.shape) - obj.ndim
         idx = tuple(slice(None) if v.shape[d] == 1 or (d - lead) in followed
                     else slice(loff[d], loff[d] + lshape[d]) for d in range(v.ndim))
@@ -338,8 +343,8 @@ def copyto(dst, src, casting="same_kind", where=True) -> None:
     if _writes_identity(dst, kept):
         # This rank writes the identity, yet a value NumPy would not cast is every
         # rank's error: checked on an empty slice of it.
-        np.copyto(np.empty(0, dst.dtype), s if np.ndim(s) == 0 else
-                  np.asarray(s)[(slice(0, 0),) * np.ndim(s)], casting=casting)
+        probe = s if np.ndim(s) == 0 else np.asarray(s)[(slice(0, 0),) * np.ndim(s)]
+        np.copyto(np.empty(np.shape(probe), dst.dtype), probe, casting=casting)
         s = np.array(_IDENTITY[op], dst.dtype)
     np.copyto(dst.to_local(), s, casting=casting, where=w)
 

@@ -199,14 +199,7 @@ def _through_plain(what, args, kwargs):
     out = kwargs.get("out")
     dests += list(out) if isinstance(out, tuple) else [out]
     args, kwargs = tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
-    try:
-        res = _C.call(what, args, kwargs or None)
-    except _registry.NoRule as e:
-        # Gathered here, so that the fallback writes into the plain copies, whose
-        # local arrays are boxes, and they are read back below.
-        if what is np.ufunc:
-            raise
-        res = _registry.gather_call(what, args, kwargs, cause=e)
+    res = _C.call(what, args, kwargs or None)
     for d in dests:
         if not _is_strided(d):
             continue
