@@ -322,6 +322,7 @@ typedef struct mt_ext_strided_reading {
   mt_ext_mesh_base *mb;
   mt_layout l, e; /* the operands' strided layout and its plain expansion */
   PyObject *placements, *views[MT_MEMO_MAX_OPERANDS + 8]; /* l's placements, borrowed */
+  PyObject *out; /* out= (borrowed), written through views, or NULL */
   Py_ssize_t nviews;
 } mt_ext_strided_reading;
 int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
@@ -331,10 +332,20 @@ PyObject *mt_ext_strided_back(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyO
  * (which the expansion gives as it is), recorded as a view; NULL without an
  * exception when it has a Partial. */
 PyObject *mt_ext_strided_whole(mt_ext_dispatch *d, PyObject *self);
-/* The "strided" hook: fn(what, args, kwargs) runs a call that has a strided
- * operand (NotImplemented: run it as usual). A new reference, or NULL. */
-PyObject *mt_ext_strided_call(mt_ext_dispatch *d, PyObject *what, PyObject *args,
-                              PyObject *kwargs);
+/* A registered function's call with a strided operand that no strided reading
+ * takes (ext_plain.c): _args gives the plain call's arguments in `c` (a reduction
+ * over every element: the expansion; else the strided operands moved to plain
+ * layouts), 0 or -1 with an exception; _back writes what the call wrote into a
+ * plain copy back into its original, gives the original for the copy in `res`
+ * (stolen) and drops `c`'s references. Collective on the mesh when data moves. */
+typedef struct mt_ext_plain_call {
+  PyObject *args, *kwargs, *from[MT_MEMO_MAX_OPERANDS + 8], *to[MT_MEMO_MAX_OPERANDS + 8];
+  int n;
+} mt_ext_plain_call;
+int mt_ext_plain_args(mt_ext_dispatch *d, PyObject *func, PyObject *args, PyObject *kwargs,
+                      mt_ext_plain_call *c);
+PyObject *mt_ext_plain_back(mt_ext_dispatch *d, PyObject *func, PyObject *args,
+                            mt_ext_plain_call *c, PyObject *res);
 
 /* -- deciding (ext_decide.c) -------------------------------------------------------- */
 

@@ -189,31 +189,41 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
   return out;
 }
 
+/* Whether the entry of `func` reads strided operands itself (its takes_strided). */
+static int takes_strided(mt_ext_dispatch *d, PyObject *func) {
+  PyObject *entry = PyDict_GetItemWithError(d->functions, func);
+  return entry != NULL && PyObject_HasAttrString(entry, "takes_strided");
+}
+
 PyObject *mt_ext_function(mt_ext_dispatch *d, PyObject *func, PyObject *args,
                           PyObject *kwargs) {
   if (kwargs != NULL && PyDict_GET_SIZE(kwargs) == 0) kwargs = NULL;
-  if (mt_ext_args_strided(d, args, kwargs)) {
-    PyObject *res = mt_ext_strided_call(d, func, args, kwargs);
-    if (res != Py_NotImplemented) return res;
-    Py_DECREF(res);
+  if (mt_ext_args_strided(d, args, kwargs) && !takes_strided(d, func)) {
+    mt_ext_plain_call c;
+    if (mt_ext_plain_args(d, func, args, kwargs, &c) < 0) return NULL;
+    return mt_ext_plain_back(d, func, args, &c, mt_ext_function(d, func, c.args, c.kwargs));
   }
   if (d->modes->grad_enabled && args_need_grad(d, args, kwargs))
     return recorded_call(d, func, args, kwargs);
   return call_entry(d, func, args, kwargs);
 }
 
-/* The keywords a ufunc call takes straight to NumPy: the others (out=, where=,
- * ...) are its Python entry's to handle or refuse. */
+/* Whether a ufunc call's keywords are those it takes straight to NumPy (1), or
+ * those and out= (2): the others (where=, ...) and out= are its Python entry's to
+ * handle or refuse, but for operands strided alike. */
 static int plain_keywords(const mt_ext_dispatch *d, PyObject *kwnames) {
   Py_ssize_t n = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+  int out = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
     const char *k = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
-    if (k == NULL || (strcmp(k, "dtype") != 0 && strcmp(k, "casting") != 0)) {
+    out |= k != NULL && strcmp(k, "out") == 0;
+    if (k == NULL || (strcmp(k, "dtype") != 0 && strcmp(k, "casting") != 0 &&
+                      strcmp(k, "out") != 0)) {
       PyErr_Clear();
       return 0;
     }
   }
-  return 1;
+  return 1 + out;
 }
 
 /* func(*prefix, *args, **kwargs) as a registered function's call, from a vectorcall
@@ -270,10 +280,16 @@ static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
 PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                        Py_ssize_t n, PyObject *kwnames) {
   mt_ext_sig *sig = ufunc_sig(d, ufunc);
+  int kw = plain_keywords(d, kwnames), strided = 0;
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
-      n > MT_MEMO_MAX_OPERANDS || !plain_keywords(d, kwnames) ||
+      n > MT_MEMO_MAX_OPERANDS || kw == 0 ||
       (PyDict_GET_SIZE(d->rules) != 0 && PyDict_Contains(d->rules, ufunc)))
     return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
+  for (Py_ssize_t i = 0; kw == 2 && i < n; ++i) strided |= mt_ext_strided(d, ops[i]);
+  if (kw == 2)
+    return strided && sig->op.family == MT_OP_ELEMENTWISE
+               ? strided_ufunc(d, ufunc, ops, n, kwnames)
+               : ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
   mt_ext_call c;
   int rc = gather_fast(d, ops, (int)n, &c, ufunc);
   /* Only an elementwise call reads its operands' expansions as they are. */

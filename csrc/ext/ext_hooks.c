@@ -75,7 +75,7 @@ PyObject *mt_ext_error(mt_ext_dispatch *d, const char *kind, PyObject *key, PyOb
 }
 
 /* set_hook(name, fn): installs a Python hook (an event's: "decision", "move",
- * "unmoved"; "placements", "strided", "view", "error"); None removes. */
+ * "unmoved"; "placements", "view", "error"); None removes. */
 static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 2 || !PyUnicode_Check(args[0]))
@@ -94,9 +94,9 @@ PyMethodDef mt_ext_hooks_methods[] = {
     {"set_hook", (PyCFunction)(void (*)(void))set_hook, METH_FASTCALL,
      "set_hook(name, fn): the Python side of hook `name` ('decision', 'move', "
      "'unmoved': the trace events of that name; "
-     "'placements': placement normalisation; 'strided': a call with a strided-shard "
-     "operand; 'view': the function whose node a strided view records; 'error': the "
-     "exception of a refused operation); None removes it. "
+     "'placements': placement normalisation; 'view': the function whose node a "
+     "strided view records; 'error': the exception of a refused operation); None "
+     "removes it. "
      "Local.\n\n"
      "Example: _C.set_hook('decision', mpitensor._trace.decision)"},
     {NULL, NULL, 0, NULL},

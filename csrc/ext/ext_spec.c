@@ -112,15 +112,6 @@ int mt_ext_args_strided(const mt_ext_dispatch *d, PyObject *args, PyObject *kwar
   return 0;
 }
 
-PyObject *mt_ext_strided_call(mt_ext_dispatch *d, PyObject *what, PyObject *args,
-                              PyObject *kwargs) {
-  PyObject *fn = PyDict_GetItemString(d->hooks, "strided");
-  if (fn == NULL)
-    return PyErr_Format(PyExc_RuntimeError, "no strided hook: import mpitensor");
-  PyObject *stack[3] = {what, args, kwargs != NULL ? kwargs : Py_None};
-  return mt_ext_hook(d, MT_HOOK_ENTRY, fn, stack, 3, NULL);
-}
-
 mt_ext_mesh_base *mt_ext_spec_mesh(mt_ext_dispatch *d, PyObject *spec) {
   if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return NULL;
   PyObject *mesh = PyTuple_GET_ITEM(spec, 0);

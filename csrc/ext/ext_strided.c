@@ -5,6 +5,7 @@
  * every element. What has no plain reading here goes to the "strided" hook. */
 #include "ext.h"
 
+#include "mpitensor/core/reshape.h"
 #include "mpitensor/core/strided.h"
 
 int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObject *shape,
@@ -54,15 +55,12 @@ PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *l
 }
 
 /* The strided layout `l` and plain expansion `e` of DTensor `b`, when its spec has
- * one and no Partial (whose reading back could need a move); 1, 0 when not, -1
- * with an exception. */
+ * one; 1, 0 when not, -1 with an exception. */
 static int plain_reading(mt_ext_dispatch *d, mt_ext_mesh_base *mb, const mt_ext_dtensor *b,
                          mt_layout *l, mt_layout *e) {
   PyObject *spec = b->spec;
   if (mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(spec, 2), PyTuple_GET_ITEM(spec, 1), l) < 0)
     return -1;
-  for (int m = 0; m < l->mesh_ndim; ++m)
-    if (l->placements[m].kind == MT_PLACEMENT_PARTIAL) return 0;
   int group[MT_MAX_NDIM + 1];
   mt_error err = {0};
   return mt_strided_expand(l, e, group, &err) == MT_OK;
@@ -117,8 +115,9 @@ static PyObject *recorded(mt_ext_dispatch *d, PyObject *from, PyObject *view) {
 }
 
 /* Each DTensor result of `res` (one, or a tuple) read back from the plain layout
- * `e` as `l` with the placements `pl`; NULL without an exception when one is not
- * in `e`'s placements (the plain rule moved it). `res` is stolen. */
+ * `e` as `l` with the placements `pl`, or, where the plain rule moved it (a
+ * Partial reduced), as torch's view of its layout in `l`'s shape; NULL without an
+ * exception when it has none. `res` is stolen. */
 static PyObject *read_back(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *res,
                            const mt_layout *e, const mt_layout *l, PyObject *pl) {
   int several = PyTuple_Check(res);
@@ -130,8 +129,17 @@ static PyObject *read_back(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *r
     const mt_ext_dtensor *t = (const mt_ext_dtensor *)r;
     int same = Py_TYPE(r) == d->dtensor &&
                PyObject_RichCompareBool(PyTuple_GET_ITEM(t->spec, 1), eps, Py_EQ) == 1;
-    PyObject *back = same ? recorded(d, r, mt_ext_as_layout(d, mb, t->spec, t->local, l, pl))
-                          : NULL;
+    mt_layout moved, view;
+    mt_error err = {0};
+    int viewed = !same && Py_TYPE(r) == d->dtensor &&
+                 mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(t->spec, 2),
+                                       PyTuple_GET_ITEM(t->spec, 1), &moved) == 0 &&
+                 mt_reshape_view(&moved, l->ndim, l->shape, &view, &err) == MT_OK;
+    if (!same && !viewed) PyErr_Clear();
+    PyObject *back = same || viewed ? recorded(d, r, mt_ext_as_layout(d, mb, t->spec, t->local,
+                                                                    same ? l : &view,
+                                                                    same ? pl : NULL))
+                                    : NULL;
     if (back == NULL) {
       Py_CLEAR(out);
       break;
@@ -142,6 +150,24 @@ static PyObject *read_back(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *r
   Py_XDECREF(eps);
   Py_DECREF(res);
   return several ? out : one;
+}
+
+/* out=, a tuple of DTensors strided as `ref` that want no gradient (NumPy's
+ * ufuncs pass it so), as views of their local arrays in the expansion; NULL
+ * without an exception when it is no such one. */
+static PyObject *out_views(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyObject *out,
+                           const mt_ext_dtensor *ref) {
+  Py_ssize_t k = PyTuple_Check(out) ? PyTuple_GET_SIZE(out) : 0;
+  PyObject *views = k > 0 ? PyTuple_New(k) : NULL;
+  for (Py_ssize_t i = 0; views != NULL && i < k; ++i) {
+    const mt_ext_dtensor *t = (const mt_ext_dtensor *)PyTuple_GET_ITEM(out, i);
+    PyObject *v = alike(d, (PyObject *)t, ref) == 1 && !mt_ext_needs_grad(d, (PyObject *)t)
+                      ? mt_ext_as_layout(d, r->mb, t->spec, t->local, &r->e, NULL)
+                      : NULL;
+    if (v == NULL) Py_CLEAR(views);
+    else PyTuple_SET_ITEM(views, i, v);
+  }
+  return views;
 }
 
 int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
@@ -163,15 +189,19 @@ int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
   mt_layout rep = r->e; /* a replicated operand's reading: the expansion's shape */
   for (int m = 0; m < rep.mesh_ndim; ++m)
     rep.placements[m] = (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0};
+  r->out = NULL;
   for (; r->nviews < n + nkw; ++r->nviews) {
     PyObject *o = ops[r->nviews], **v = &r->views[r->nviews];
     const mt_ext_dtensor *t = (const mt_ext_dtensor *)o;
     int kind = r->nviews < n ? alike(d, o, ref) : 0;
-    *v = kind == 1 || kind == 3
-             ? recorded(d, o, mt_ext_as_layout(d, r->mb, t->spec, t->local,
-                                               kind == 1 ? &r->e : &rep, NULL))
-             : Py_NewRef(o);
-    if (*v == NULL) return mt_ext_strided_back(d, r, NULL), -1;
+    if (r->nviews >= n && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, r->nviews - n), d->s_out) == 0)
+      *v = out_views(d, r, r->out = o, ref);
+    else
+      *v = kind == 1 || kind == 3
+               ? recorded(d, o, mt_ext_as_layout(d, r->mb, t->spec, t->local,
+                                                 kind == 1 ? &r->e : &rep, NULL))
+               : Py_NewRef(o);
+    if (*v == NULL) return mt_ext_strided_back(d, r, NULL), PyErr_Occurred() ? -1 : 0;
   }
   return 1;
 }
@@ -179,6 +209,11 @@ int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
 PyObject *mt_ext_strided_back(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyObject *res) {
   for (Py_ssize_t i = 0; i < r->nviews; ++i) Py_DECREF(r->views[i]);
   r->nviews = 0;
+  /* Written through views of their local arrays: the outputs are the results. */
+  if (res != NULL && r->out != NULL) {
+    Py_DECREF(res);
+    return Py_NewRef(PyTuple_GET_SIZE(r->out) == 1 ? PyTuple_GET_ITEM(r->out, 0) : r->out);
+  }
   /* NULL without an exception: the plain rule moved a result (not seen with
    * operands of one plain layout), and the hook's reading runs instead. */
   return res != NULL ? read_back(d, r->mb, res, &r->e, &r->l, r->placements) : NULL;

@@ -39,10 +39,10 @@ class ChunkStorageMetadata(NamedTuple):
 
 def _in_place(ufunc, name: str):
     """The operator ``name``, ``self op= other``: ``ufunc`` into this DTensor (out=),
-    which the ufunc's entry handles; out= never runs in the executor alone, so the
-    operator needs no C slot."""
+    by the executor's ufunc door (which hands out= to the ufunc's entry, but for
+    operands strided alike), so the operator needs no C slot."""
     def op(self, other):
-        return _C.call(np.ufunc, (ufunc, "__call__", self, other), {"out": (self,)})
+        return self.__array_ufunc__(ufunc, "__call__", self, other, out=(self,))
     op.__name__, op.__qualname__ = name, f"DTensor.{name}"
     return op
 

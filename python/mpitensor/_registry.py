@@ -48,9 +48,10 @@ def call(func, *args, **kwargs):
     return _C.call(func, args, kwargs or None)
 
 
-def implements(*np_funcs):
-    """Registers the decorated function as the DTensor version of ``np_funcs``.
-    Local (at import).
+def implements(*np_funcs, takes_strided=False):
+    """Registers the decorated function as the DTensor version of ``np_funcs``;
+    ``takes_strided``: it reads strided-shard operands itself (otherwise the
+    executor moves them to plain layouts first). Local (at import).
 
     Example::
 
@@ -60,6 +61,8 @@ def implements(*np_funcs):
     def register(impl):
         for f in np_funcs:
             functions[f] = impl
+        if takes_strided:
+            impl.takes_strided = True
         return impl
     return register
 

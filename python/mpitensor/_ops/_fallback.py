@@ -197,7 +197,7 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
 
 
 # NumPy functions that write into their first argument.
-MUTATORS = frozenset((np.put, np.place, np.putmask, np.copyto, np.fill_diagonal,
+_MUTATORS = frozenset((np.put, np.place, np.putmask, np.copyto, np.fill_diagonal,
                        np.put_along_axis, operator.setitem))
 
 
@@ -206,7 +206,7 @@ def _written(func, name: str, args: tuple, kwargs: dict) -> list:
     the first argument of an in-place function (``ufunc.at``, ``np.put``, ...)."""
     out = kwargs.get("out")
     targets = list(out) if isinstance(out, tuple) else [out]
-    if (func in MUTATORS or name.endswith(".at")) and args:
+    if (func in _MUTATORS or name.endswith(".at")) and args:
         targets.append(args[0])
     return [t for t in targets if type(t) is DTensor]
 

@@ -442,7 +442,7 @@ def _reshape_map(src, dst):
                     partial_ops=ALL_OPS, sizes=sizes, out_sizes=resized)
 
 
-@_registry.implements(np.reshape)
+@_registry.implements(np.reshape, takes_strided=True)
 def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     """numpy.reshape of a DTensor (also ``dt.reshape``). Collective on the mesh
     when the input must move: a group of dims that reshape merges or splits keeps
@@ -514,7 +514,7 @@ def _reshape_copy(local, box):
     return local.reshape(box).copy()
 
 
-@_registry.implements(np.ravel)
+@_registry.implements(np.ravel, takes_strided=True)
 def ravel(a, order="C"):
     """numpy.ravel of a DTensor (also ``dt.ravel()`` and ``dt.flatten()``), which is
     ``reshape(a, -1)``: a Shard of the leading dim stays where every rank's share
