@@ -67,20 +67,21 @@ static int plain_reading(mt_ext_dispatch *d, mt_ext_mesh_base *mb, const mt_ext_
 }
 
 /* Whether `o` is a DTensor of `ref`'s mesh, shape and placements (1), or of its
- * mesh and shape, replicated (3); else whether it is a Python or NumPy scalar
- * (2), which broadcasts over any layout. */
+ * mesh and shape, replicated (3); else whether it is a Python or NumPy scalar or
+ * a 0-d DTensor replicated on that mesh (2), which broadcasts over any layout. */
 static int alike(const mt_ext_dispatch *d, PyObject *o, const mt_ext_dtensor *ref) {
   if (Py_TYPE(o) == d->dtensor) {
     PyObject *a = ((mt_ext_dtensor *)o)->spec, *b = ref->spec, *pl = PyTuple_GET_ITEM(a, 1);
     if (PyTuple_GET_ITEM(a, 0) != PyTuple_GET_ITEM(b, 0)) return 0;
+    int scalar = PyTuple_GET_SIZE(PyTuple_GET_ITEM(a, 2)) == 0;
     for (int i = 2; i >= 1; --i) {
       int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(a, i), PyTuple_GET_ITEM(b, i), Py_EQ);
       if (eq < 0) return PyErr_Clear(), 0;
-      if (eq == 0 && i == 2) return 0;
-      if (eq == 0) {
+      if (eq == 0 && i == 2 && !scalar) return 0;
+      if (eq == 0 && i == 1) {
         for (Py_ssize_t m = 0; m < PyTuple_GET_SIZE(pl); ++m)
           if (PyTuple_GET_ITEM(pl, m) != d->replicate) return 0;
-        return 3;
+        return scalar ? 2 : 3;
       }
     }
     return 1;

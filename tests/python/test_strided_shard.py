@@ -381,6 +381,24 @@ def test_whole_reductions_of_a_strided_dtensor_take_their_keywords():
     assert np.sum(x, dtype=np.float32).full_tensor().dtype == np.float32
 
 
+def test_a_replicated_0d_operand_broadcasts_over_a_strided_one():
+    """A 0-d DTensor replicated on the mesh is a scalar to the expansion: the call
+    keeps the strided placements and moves nothing, and both get their gradients."""
+    mesh = mesh_of((W,))
+    f = np.arange(48.0).reshape(8, 6) / 10
+    p = distribute_tensor(f, mesh, [S1]).requires_grad_()
+    s = distribute_tensor(np.array(2.0), mesh, [R]).requires_grad_()
+    x = p.reshape(-1)                                                  # _S(0, 8)
+    with CommDebugMode() as comm:
+        y = x * s - s
+    assert comm.get_total_counts() == 0
+    assert y.placements == x.placements
+    np.testing.assert_allclose(y.detach().full_tensor(), f.ravel() * 2.0 - 2.0)
+    y.sum().backward()
+    np.testing.assert_allclose(p.grad.full_tensor(), np.full((8, 6), 2.0))
+    np.testing.assert_allclose(s.grad.full_tensor(), f.sum() - 48)
+
+
 RANDOM_MESHES = [(W,)] + ([(2, 2)] if W == 4 else [(1, W), (W, 1)] if W > 1 else [])
 
 
