@@ -264,8 +264,8 @@ static inline mt_ext_sig *ufunc_sig(mt_ext_dispatch *d, PyObject *ufunc) {
 }
 
 /* A ufunc call with a strided operand: the executor's plain reading when it has
- * one, else the Python entry (whose strided hook takes it). Out of line, off the
- * cached call's path. */
+ * one, else the Python entry (whose call moves the operands to plain layouts,
+ * ext_plain.c). Out of line, off the cached call's path. */
 static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
                                            PyObject *const *ops, Py_ssize_t n,
                                            PyObject *kwnames) {

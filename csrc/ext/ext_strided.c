@@ -2,7 +2,8 @@
  * local array of its plain expansion (mpitensor/core/strided.h), so the executor
  * runs it as that plain DTensor and reads the result back: moves (ext_move.c),
  * elementwise ufuncs on operands strided alike or replicated, and reductions over
- * every element. What has no plain reading here goes to the "strided" hook. */
+ * every element. A call with no plain reading here moves its strided operands to
+ * plain layouts (ext_plain.c). */
 #include "ext.h"
 
 #include "mpitensor/core/reshape.h"
@@ -215,8 +216,8 @@ PyObject *mt_ext_strided_back(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyO
     Py_DECREF(res);
     return Py_NewRef(PyTuple_GET_SIZE(r->out) == 1 ? PyTuple_GET_ITEM(r->out, 0) : r->out);
   }
-  /* NULL without an exception: the plain rule moved a result (not seen with
-   * operands of one plain layout), and the hook's reading runs instead. */
+  /* NULL without an exception: a result has no view in `l`'s shape, and the call
+   * runs again on plain layouts (ext_plain.c). */
   return res != NULL ? read_back(d, r->mb, res, &r->e, &r->l, r->placements) : NULL;
 }
 
