@@ -615,6 +615,14 @@ GRADS = [
      lambda a, b, c: c * (a - a.mean(0)) / (a.shape[0] * a.std(0))),
     ("sort-axis0", lambda o: np.sort(o.x, axis=0),
      lambda a, b, c: _placed_along(np.argsort(a, axis=0), c, a)),
+    ("copy", lambda o: o.x.copy(), lambda a, b, c: c),
+    ("np.copy", lambda o: np.copy(o.x), lambda a, b, c: c),
+    ("astype-f64", lambda o: o.x.astype(np.float64), lambda a, b, c: c),
+    # the gradient comes back through the cast to float32
+    ("astype-f32-and-back", lambda o: o.x.astype(np.float32).astype(np.float64),
+     lambda a, b, c: c.astype(np.float32).astype(np.float64)),
+    ("astype-c128-real", lambda o: np.real(o.x.astype(np.complex128) * (1 - 2j)),
+     lambda a, b, c: c),
 ]
 
 
@@ -762,6 +770,87 @@ def test_elementwise_moves_nothing(layout):
         got, n = counts(lambda: call(dts))
         assert n == 0, name
         check_value(got, call(arrays), name)
+
+
+# Calls that act on each element where it lies, or permute dims: (id, call, kind).
+# "keep": the placements stay, a Partial too (copies, exact casts, linear parts);
+# "reduce": a Partial is reduced first (a nonlinear call), the rest stays;
+# "fresh": new values of the layout, a Partial becomes Replicate (as torch's
+# *_like); "permute": the shards, strided or not, follow their dims.
+LOCAL = [
+    ("astype-f32", lambda o: o.x.astype(np.float32), "reduce"),
+    ("astype-c128", lambda o: o.x.astype(np.complex128), "keep"),
+    ("astype-same-no-copy", lambda o: o.x.astype(np.float64, copy=False), "keep"),
+    ("np.astype-f32", lambda o: np.astype(o.x, np.float32), "reduce"),
+    ("copy", lambda o: o.x.copy(), "keep"),
+    ("np.copy", lambda o: np.copy(o.x), "keep"),
+    ("real", lambda o: o.x.real, "keep"),
+    ("imag", lambda o: np.imag(o.x), "keep"),
+    ("real-complex", lambda o: np.real(o.z), "keep"),
+    ("imag-complex", lambda o: o.z.imag, "keep"),
+    ("round", lambda o: np.round(o.x, 1), "reduce"),
+    ("fix", lambda o: np.fix(o.x), "reduce"),
+    ("sinc", lambda o: np.sinc(o.x), "reduce"),
+    ("isneginf", lambda o: np.isneginf(o.x), "reduce"),
+    ("nan_to_num", lambda o: np.nan_to_num(o.x), "reduce"),
+    ("angle-complex", lambda o: np.angle(o.z), "reduce"),
+    ("zeros_like", lambda o: np.zeros_like(o.x), "fresh"),
+    ("full_like-f32", lambda o: np.full_like(o.x, 7, dtype=np.float32), "fresh"),
+    ("T", lambda o: o.x.T, "permute"),
+    ("np.transpose", lambda o: np.transpose(o.x), "permute"),
+    ("swapaxes", lambda o: np.swapaxes(o.x, 0, -1), "permute"),
+    ("moveaxis", lambda o: np.moveaxis(o.x, 0, -1), "permute"),
+]
+
+
+def _permuted_placements(pls, perm):
+    """torch's placements of a permutation: each shard follows its dim."""
+    where = {d: j for j, d in enumerate(perm)}
+    return tuple(_ss(where[p.dim], p.split_factor) if type(p) is _StridedShard
+                 else Shard(where[p.dim]) if isinstance(p, Shard) else p for p in pls)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=repr)
+@pytest.mark.parametrize("name,call,kind", LOCAL, ids=[c[0] for c in LOCAL])
+def test_local_calls_keep_the_strided_placements(layout, name, call, kind):
+    """Casts, copies, parts, per-element functions, *_like and permutations of a
+    strided DTensor keep its strided shards, as a plain Shard stays, and move
+    nothing (but a Partial a nonlinear call reduces)."""
+    arrays, dts = operands(layout)
+    arrays.z, dts.z = arrays.x * (1 - 2j), dts.x * (1 - 2j)
+    got, n = counts(lambda: call(dts))
+    check_value(got, call(arrays), name)
+    pls = dts.x.placements
+    if kind == "permute":
+        # the permutation, from the call on an array whose dims differ in length
+        sizes = tuple(range(2, 2 + len(layout.shape)))
+        perm = tuple(k - 2 for k in call(SimpleNamespace(x=np.empty(sizes))).shape)
+        pls = _permuted_placements(pls, perm)
+    elif kind == "fresh":
+        pls = tuple(R if p.is_partial() else p for p in pls)
+    elif kind == "reduce":
+        # a Partial is reduced to Replicate first, as torch's nonlinear pointwise ops
+        pls = tuple(R if p.is_partial() else p for p in pls)
+    assert got.placements == pls, (name, got.placements, pls)
+    # a Partial on a mesh dim of one is its value: reducing it moves nothing
+    mesh_shape = dts.x.device_mesh.shape
+    reduces = kind == "reduce" and any(
+        p.is_partial() and k > 1 for p, k in zip(dts.x.placements, mesh_shape))
+    assert (n > 0) if reduces else (n == 0), (name, n)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=repr)
+def test_like_of_another_shape_replicates_the_strided_mesh_dims(layout):
+    """np.ones_like with another shape of as many dims: a strided shard is no
+    layout of it, so its mesh dims are Replicate (as the executor would move the
+    input), the others kept; nothing moves, the input's values are not read."""
+    arrays, dts = operands(layout)
+    shape = (layout.shape[0] + 1,) + layout.shape[1:]
+    got, n = counts(lambda: np.ones_like(dts.x, shape=shape))
+    check_value(got, np.ones(shape), "ones_like")
+    assert got.placements == tuple(R if p.is_partial() or type(p) is _StridedShard else p
+                                   for p in dts.x.placements)
+    assert n == 0
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=repr)

@@ -1,16 +1,17 @@
 """``np.zeros_like``, ``ones_like``, ``empty_like`` and ``full_like`` of a DTensor:
-a DTensor of the same global shape and placements, made locally with no
-communication. A Partial becomes Replicate, as torch's ``*_like`` do: the new
-values are the tensor's values, not parts of a sum. With another ``shape=`` the
-placements stay when the number of dims does, else Replicate (as
-``mpitensor.zeros_like``).
+a DTensor of the same global shape and placements (strided shards too), made
+locally with no communication. A Partial becomes Replicate, as torch's ``*_like``
+do: the new values are the tensor's values, not parts of a sum. With another
+``shape=`` the placements stay when the number of dims does, else Replicate (as
+``mpitensor.zeros_like``); a strided shard, a layout of the input's shape only,
+becomes Replicate.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import _args, _registry
+from .. import _args, _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -34,6 +35,9 @@ def _like(name, a, dtype, shape, make):
             raise ValueError("negative dimensions are not allowed")
         if len(new_shape) != len(s.shape):
             placements = (Replicate(),) * len(placements)
+        # A strided shard is a layout of the input's shape: as the executor
+        # would move the input, its mesh dims are replicated (no data is read).
+        placements = _strided.plain_of(placements)
         if s.mesh._coordinate is None:
             local = make((0,) if new_shape else (), dtype)
         else:
@@ -43,7 +47,7 @@ def _like(name, a, dtype, shape, make):
                                       contiguous_strides(new_shape)))
 
 
-@_registry.implements(np.zeros_like)
+@_registry.implements(np.zeros_like, takes_strided=True)
 def zeros_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
     """np.zeros_like: placements kept (Partial -> Replicate). Local.
 
@@ -52,7 +56,7 @@ def zeros_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None)
     return _like("zeros_like", a, dtype, shape, np.zeros)
 
 
-@_registry.implements(np.ones_like)
+@_registry.implements(np.ones_like, takes_strided=True)
 def ones_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
     """np.ones_like: placements kept (Partial -> Replicate). Local.
 
@@ -61,7 +65,7 @@ def ones_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
     return _like("ones_like", a, dtype, shape, np.ones)
 
 
-@_registry.implements(np.empty_like)
+@_registry.implements(np.empty_like, takes_strided=True)
 def empty_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None):
     """np.empty_like: placements kept (Partial -> Replicate), values unset. Local.
 
@@ -70,7 +74,7 @@ def empty_like(a, dtype=None, order="K", subok=True, shape=None, *, device=None)
     return _like("empty_like", a, dtype, shape, np.empty)
 
 
-@_registry.implements(np.full_like)
+@_registry.implements(np.full_like, takes_strided=True)
 def full_like(a, fill_value, dtype=None, order="K", subok=True, shape=None, *,
               device=None):
     """np.full_like: placements kept (Partial -> Replicate). Local.

@@ -232,7 +232,7 @@ def _as_dtensor(name, x):
     return x
 
 
-@_registry.implements(np.matrix_transpose, np.linalg.matrix_transpose)
+@_registry.implements(np.matrix_transpose, np.linalg.matrix_transpose, takes_strided=True)
 def matrix_transpose(x, /):
     """``np.matrix_transpose`` of a DTensor: its last two dims swapped, the
     placements following them. Local.

@@ -7,12 +7,14 @@ pieces), ``np.real_if_close`` (one flag reduced over the mesh), and
 (each sequence is its own pair's).
 
 Each runs NumPy's own function on every rank's block, so each element is NumPy's
-value, bit for bit, and the output keeps the input's Shard and Replicate
-placements without communicating. None of them is linear, so a Partial input is
-reduced first. The result's dtype and NumPy's errors for a dtype come from one
-call on a one-element stand-in of the input's dtype, made on every rank before
-anything runs: a rank whose block is empty would otherwise answer with another
-dtype, or not raise while the others do.
+value, bit for bit, and the output keeps the input's Shard, strided shard and
+Replicate placements without communicating (a strided input is read as its
+plain expansion and the result read back, ``_strided.on_expansion``). None of
+them is linear, so a Partial input is reduced first. The result's dtype and
+NumPy's errors for a dtype come from one call on a one-element stand-in of the
+input's dtype, made on every rank before anything runs: a rank whose block is
+empty would otherwise answer with another dtype, or not raise while the others
+do.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .._dtensor import DTensor
 from ..placement_types import Replicate
 from . import _dispatch as D
 from ._select import _everywhere, _run_elementwise, astype as _astype
+from ._strided import is_strided, on_expansion
 
 __all__ = ["angle", "fix", "i0", "sinc", "iscomplex", "isreal", "isneginf", "isposinf",
            "nan_to_num", "astype", "digitize", "piecewise", "real_if_close", "linspace", "logspace", "geomspace"]
@@ -48,6 +51,8 @@ def per_element(name, key, x, func):
     Example: ``per_element("numpy.fix", ("fix",), dt, np.fix)``.
     """
     x = _dtensor(name, x)
+    if is_strided(x):
+        return on_expansion(x, lambda e: per_element(name, key, e, func), reduce=True)
     dtype = np.asarray(func(np.zeros(1, x.dtype))).dtype
     return _run_elementwise(name, key, (x,), lambda v: np.asarray(func(v), dtype))
 
@@ -57,7 +62,7 @@ def _no_out(name, out):
         raise _registry.NoRule(f"{name}: out= is not supported on DTensors")
 
 
-@_registry.implements(np.angle)
+@_registry.implements(np.angle, takes_strided=True)
 def angle(z, deg=False):
     """``np.angle`` of a DTensor, element by element. Local for Shard and Replicate.
 
@@ -67,7 +72,7 @@ def angle(z, deg=False):
     return per_element("numpy.angle", ("angle", deg), z, lambda v: np.angle(v, deg))
 
 
-@_registry.implements(np.fix)
+@_registry.implements(np.fix, takes_strided=True)
 def fix(x, out=None):
     """``np.fix`` of a DTensor (rounding toward zero). Local for Shard and Replicate.
 
@@ -77,7 +82,7 @@ def fix(x, out=None):
     return per_element("numpy.fix", ("fix",), x, np.fix)
 
 
-@_registry.implements(np.i0)
+@_registry.implements(np.i0, takes_strided=True)
 def i0(x):
     """``np.i0`` of a DTensor (the modified Bessel function of order 0), NumPy's
     TypeError for complex values. Local for Shard and Replicate.
@@ -87,7 +92,7 @@ def i0(x):
     return per_element("numpy.i0", ("i0",), x, np.i0)
 
 
-@_registry.implements(np.sinc)
+@_registry.implements(np.sinc, takes_strided=True)
 def sinc(x):
     """``np.sinc`` of a DTensor. Local for Shard and Replicate.
 
@@ -96,7 +101,7 @@ def sinc(x):
     return per_element("numpy.sinc", ("sinc",), x, np.sinc)
 
 
-@_registry.implements(np.iscomplex)
+@_registry.implements(np.iscomplex, takes_strided=True)
 def iscomplex(x):
     """``np.iscomplex`` of a DTensor: a bool DTensor of its layout. Local for Shard
     and Replicate.
@@ -106,7 +111,7 @@ def iscomplex(x):
     return per_element("numpy.iscomplex", ("iscomplex",), x, np.iscomplex)
 
 
-@_registry.implements(np.isreal)
+@_registry.implements(np.isreal, takes_strided=True)
 def isreal(x):
     """``np.isreal`` of a DTensor: a bool DTensor of its layout. Local for Shard and
     Replicate.
@@ -116,7 +121,7 @@ def isreal(x):
     return per_element("numpy.isreal", ("isreal",), x, np.isreal)
 
 
-@_registry.implements(np.isneginf)
+@_registry.implements(np.isneginf, takes_strided=True)
 def isneginf(x, out=None):
     """``np.isneginf`` of a DTensor; NumPy's TypeError for complex values. Local for
     Shard and Replicate.
@@ -127,7 +132,7 @@ def isneginf(x, out=None):
     return per_element("numpy.isneginf", ("isneginf",), x, np.isneginf)
 
 
-@_registry.implements(np.isposinf)
+@_registry.implements(np.isposinf, takes_strided=True)
 def isposinf(x, out=None):
     """``np.isposinf`` of a DTensor; NumPy's TypeError for complex values. Local for
     Shard and Replicate.
@@ -138,7 +143,7 @@ def isposinf(x, out=None):
     return per_element("numpy.isposinf", ("isposinf",), x, np.isposinf)
 
 
-@_registry.implements(np.nan_to_num)
+@_registry.implements(np.nan_to_num, takes_strided=True)
 def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
     """``np.nan_to_num`` of a DTensor with scalar replacements; ``copy=False``
     writes into ``x`` and returns it, as NumPy. Local for Shard and Replicate.
@@ -163,7 +168,7 @@ def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
     return x
 
 
-@_registry.implements(np.astype)
+@_registry.implements(np.astype, takes_strided=True)
 def astype(x, dtype, /, *, copy=True, device=None):
     """``np.astype`` of a DTensor: ``DTensor.astype``, placements kept (a Partial
     only where the cast keeps its sum exact). Local unless a Partial must be

@@ -30,6 +30,7 @@ from ..placement_types import Partial
 from . import _dispatch as D
 from . import _nonzero
 from ._inplace import write_result
+from ._strided import is_strided, on_expansion
 
 
 def _run_elementwise(name, key, operands, func):
@@ -110,19 +111,20 @@ def _same_layout(a, local, dtype):
                                       s.stride))
 
 
-@_registry.implements(np.copy)
+@_registry.implements(np.copy, takes_strided=True)
 def copy(a, order="K", subok=False):
-    """A DTensor with its own copy of the local data, placements kept. Local."""
+    """A DTensor with its own copy of the local data, placements kept (strided
+    shards too). Local."""
     if type(a) is not DTensor:
         raise TypeError(f"numpy.copy: expected a DTensor, got {type(a).__name__}")
     return _same_layout(a, a.to_local().copy(), a.dtype)
 
 
-@_registry.implements(np.ndarray.astype)
+@_registry.implements(np.ndarray.astype, takes_strided=True)
 def astype(a, dtype, copy=True):
-    """DTensor.astype: placements kept, except that a Partial is reduced first unless
-    the cast is exact (see the module notes). Local for exact casts and for inputs
-    without Partials."""
+    """DTensor.astype: placements kept (strided shards too), except that a Partial
+    is reduced first unless the cast is exact (see the module notes). Local for
+    exact casts and for inputs without Partials."""
     dtype = np.dtype(dtype)
     if dtype == a.dtype and not copy:
         # a new DTensor on the same local array, not ``a`` itself: the tape records
@@ -131,20 +133,25 @@ def astype(a, dtype, copy=True):
     if all(D.keeps_partial(p.reduce_op, a.dtype, dtype)
            for p in a.placements if p.is_partial()):
         return _same_layout(a, a.to_local().astype(dtype), dtype)
+    if is_strided(a):
+        return on_expansion(a, lambda e: astype(e, dtype, copy), reduce=True)
     return _run_elementwise("DTensor.astype", ("astype", dtype), (a,),
                             lambda x: x.astype(dtype))
 
 
-@_registry.implements(np.round, np.around)
+@_registry.implements(np.round, np.around, takes_strided=True)
 def round_(a, decimals=0, out=None):
-    """np.round / np.around, elementwise, placements kept; a Partial is reduced
-    first (rounding the parts is not rounding the sum). Local otherwise.
+    """np.round / np.around, elementwise, placements kept (strided shards too); a
+    Partial is reduced first (rounding the parts is not rounding the sum). Local
+    otherwise.
 
     Example: ``np.round(dt, 2)`` of a Shard(0) DTensor stays Shard(0).
     """
     if out is not None:
         raise _registry.NoRule("numpy.round: out= is not supported on DTensors")
     decimals = int(decimals)
+    if is_strided(a):
+        return on_expansion(a, lambda e: round_(e, decimals), reduce=True)
     return _run_elementwise("numpy.round", ("round", decimals), (a,),
                             lambda x: np.round(x, decimals))
 
@@ -237,16 +244,18 @@ def _part(name, a, func):
     if a.dtype.kind != "c":
         return a if func is np.real else _same_layout(a, np.zeros_like(a.to_local()),
                                                        a.dtype)
+    if is_strided(a):
+        return on_expansion(a, lambda e: _part(name, e, func))
     return D.execute((name,), (a,), lambda: D.dimmap_elementwise(
         CORE.ELEMENTWISE_ADD, 1, 1, [a.shape]), lambda x: np.ascontiguousarray(func(x)))
 
 
-@_registry.implements(np.real)
+@_registry.implements(np.real, takes_strided=True)
 def real(val):
     return _part("numpy.real", val, np.real)
 
 
-@_registry.implements(np.imag)
+@_registry.implements(np.imag, takes_strided=True)
 def imag(val):
     return _part("numpy.imag", val, np.imag)
 

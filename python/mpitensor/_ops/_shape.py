@@ -3,7 +3,8 @@ broadcast_to, concatenate, stack, tile and atleast_1d/2d/3d.
 
 Permutations (``np.transpose``, ``DTensor.T``/``.transpose``, ``np.swapaxes``,
 ``np.moveaxis``) are maps of KEEP labels in another order: every Shard follows its
-dim, Replicate and every Partial stay, and no rank communicates.
+dim, Replicate and every Partial stay, and no rank communicates. A strided shard
+follows its dim too, with its split factor (``_strided.permuted``).
 
 The others are dim maps with one label per input dim (KEEP, shared by the inputs
 on the dims they have in common) and ``P_LINEAR_ALL`` (they are linear, so a
@@ -37,7 +38,7 @@ from .. import _strided as _layouts
 from .._dtensor import DTensor
 from . import _dispatch as D
 from . import _flatten, _join
-from ._strided import expanded, restride
+from ._strided import expanded, is_strided, permuted, restride
 from ..placement_types import Shard
 
 
@@ -55,6 +56,8 @@ def permute(a, perm):
     perm[j]): every Shard follows its dim, every Partial stays; local, no
     communication."""
     n = a.ndim
+    if is_strided(a):
+        return permuted(a, perm)
     # A view, as NumPy's and torch's transposes are: copying here would cost a full
     # pass over the weight in every `x @ w.T` (nn.functional.linear). Consumers that
     # need contiguous memory (the C redistribute) make it themselves.
@@ -63,7 +66,7 @@ def permute(a, perm):
         np.transpose, extra=(perm,))
 
 
-@_registry.implements(np.transpose)
+@_registry.implements(np.transpose, takes_strided=True)
 def transpose(a, axes=None):
     a = _dtensor("transpose", a)
     n = a.ndim
@@ -76,7 +79,7 @@ def transpose(a, axes=None):
     return permute(a, perm)
 
 
-@_registry.implements(np.swapaxes)
+@_registry.implements(np.swapaxes, takes_strided=True)
 def swapaxes(a, axis1, axis2):
     a = _dtensor("swapaxes", a)
     n = a.ndim
@@ -86,7 +89,7 @@ def swapaxes(a, axis1, axis2):
     return permute(a, tuple(perm))
 
 
-@_registry.implements(np.moveaxis)
+@_registry.implements(np.moveaxis, takes_strided=True)
 def moveaxis(a, source, destination):
     a = _dtensor("moveaxis", a)
     n = a.ndim

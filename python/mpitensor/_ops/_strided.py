@@ -12,8 +12,9 @@ from __future__ import annotations
 from .. import _C, _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
+from ..placement_types import Replicate, Shard, _StridedShard
 
-__all__ = ["expanded", "restride"]
+__all__ = ["expanded", "restride", "is_strided", "on_expansion", "permuted"]
 
 
 def restride(a, shape, placements, copy=False):
@@ -66,6 +67,64 @@ def expanded(a):
     shape, placements, _ = _strided.expand(a._spec.shape, a._spec.placements,
                                            a._spec.mesh.shape)
     return restride(a, shape, placements)
+
+
+def is_strided(a) -> bool:
+    """Whether ``a`` is a DTensor placed with a strided shard. Local.
+
+    Example: ``is_strided(dt.reshape(-1))`` is True for an ``(8, 6)`` Shard(1) ``dt``.
+    """
+    return type(a) is DTensor and _strided.has_strided(a._spec.placements)
+
+
+def on_expansion(a, run, reduce=False):
+    """``run(e)``, ``e`` the strided DTensor ``a`` read as its plain expansion, read
+    back as ``a``'s layout: for an entry that acts on each element where it lies,
+    whose result has the expansion's shape and placements. With ``reduce`` (a
+    nonlinear call) each Partial of ``e`` is reduced to Replicate first, as torch
+    reduces one for a nonlinear pointwise op: the result is Replicate there. The
+    strided shards stay and move nothing; the views are restride's, so a recorded
+    caller's gradient comes back the same way. Local unless a Partial is reduced.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> y = np.reshape(distribute_tensor(np.ones((8, 6)), mesh, [Shard(1)]), 48)
+        >>> on_expansion(y, lambda e: e * 2).placements
+        (_StridedShard(dim=0, sf=8),)
+    """
+    e = expanded(a)
+    placements = a._spec.placements
+    if reduce and any(p.is_partial() for p in placements):
+        placements = tuple(Replicate() if p.is_partial() else p for p in placements)
+        e = e.redistribute(e._spec.mesh, tuple(Replicate() if p.is_partial() else p
+                                                for p in e._spec.placements))
+    return restride(run(e), a._spec.shape, placements)
+
+
+def permuted(a, perm):
+    """The strided DTensor ``a`` with its dims in the order ``perm`` (output dim j
+    is input dim perm[j]): the local array transposed, a view as NumPy's, every
+    shard, strided or not, following its dim with its split factor; Replicate and
+    Partial stay. A strided shard only orders the indices of its own dim, so
+    the transposed local array holds the transposed layout's elements. Local.
+
+    Example (``mpiexec -n 2``)::
+
+        >>> y = distribute_tensor(np.ones((5, 6)), mesh, [_StridedShard(1, sf=2)])
+        >>> permuted(y, (1, 0)).placements
+        (_StridedShard(dim=0, sf=2),)
+    """
+    spec = a._spec
+    where = {d: j for j, d in enumerate(perm)}
+    placements = tuple(
+        _StridedShard(where[p.dim], sf=p.split_factor) if type(p) is _StridedShard
+        else Shard(where[p.dim]) if p.is_shard() else p for p in spec.placements)
+    shape = tuple(spec.shape[d] for d in perm)
+    local = a._data()
+    if spec.mesh.get_coordinate() is not None:
+        local = local.transpose(perm)
+    return DTensor(local, DTensorSpec(spec.mesh, placements, shape, spec.dtype,
+                                      contiguous_strides(shape)))
 
 
 _C.set_hook("view", restride)
