@@ -26,6 +26,7 @@ from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode
 from mpitensor.placement_types import _StridedShard
 from ops_helpers import make, mesh_of
+from strided_helpers import ref_local
 
 # Calls with no distributed rule gather, as on plain DTensors; their values are
 # what is checked here.
@@ -105,25 +106,6 @@ LAYOUTS = [
     Layout("P,_S(0,3)(12)", _mesh_1w(), (12,), (PS, _ss(0, 3)), "redistribute",
            (PS, _ss(0, 2))),
 ]
-
-
-def _chunk(a, n, i, axis):
-    size = -(-a.shape[axis] // n)
-    return a.take(range(min(i * size, a.shape[axis]), min((i + 1) * size, a.shape[axis])),
-                  axis)
-
-
-def ref_local(full, mesh_shape, coord, placements):
-    """This coordinate's local array by torch's definitions, mesh dim by mesh dim."""
-    a = full
-    for m, p in enumerate(placements):
-        n, i = mesh_shape[m], coord[m]
-        if type(p) is _StridedShard:
-            pieces = np.split(a, p.split_factor, axis=p.dim)
-            a = np.concatenate([_chunk(q, n, i, p.dim) for q in pieces], axis=p.dim)
-        elif isinstance(p, Shard):
-            a = _chunk(a, n, i, p.dim)
-    return a
 
 
 def operands(layout, seed=0):

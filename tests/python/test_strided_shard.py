@@ -19,6 +19,7 @@ import mpitensor as mt
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from mpitensor.debug import CommDebugMode, visualize_sharding
 from mpitensor.placement_types import _StridedShard
+from strided_helpers import ref_local
 
 COMM = MPI.COMM_WORLD
 W = COMM.Get_size()
@@ -34,25 +35,6 @@ def mesh_of(shape):
 
 def meshes_2d():
     return [(2, 2)] if W == 4 else [(1, W), (W, 1)]
-
-
-def _chunk(a, n, i, axis):
-    size = -(-a.shape[axis] // n)
-    return a.take(range(min(i * size, a.shape[axis]), min((i + 1) * size, a.shape[axis])),
-                  axis)
-
-
-def ref_local(full, mesh_shape, coord, placements):
-    """This coordinate's local array by torch's definitions, mesh dim by mesh dim."""
-    a = full
-    for m, p in enumerate(placements):
-        n, i = mesh_shape[m], coord[m]
-        if isinstance(p, _StridedShard):
-            pieces = np.split(a, p.split_factor, axis=p.dim)
-            a = np.concatenate([_chunk(q, n, i, p.dim) for q in pieces], axis=p.dim)
-        elif isinstance(p, Shard):
-            a = _chunk(a, n, i, p.dim)
-    return a
 
 
 def counts(fn):
