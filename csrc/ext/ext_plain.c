@@ -84,7 +84,7 @@ int mt_ext_plain_args(mt_ext_dispatch *d, PyObject *func, PyObject *args, PyObje
  * plain call's), or as the first argument of ufunc.at or of a function autograd
  * registers as a writer (its backward None); `p` is `o`'s plain copy. */
 static int written(mt_ext_dispatch *d, PyObject *func, PyObject *args, PyObject *out,
-                   PyObject *o, PyObject *p) {
+                   const PyObject *o, const PyObject *p) {
   for (Py_ssize_t i = 0; out != NULL && PyTuple_Check(out) && i < PyTuple_GET_SIZE(out); ++i)
     if (PyTuple_GET_ITEM(out, i) == p) return 1;
   PyObject *bw = PyDict_GetItem(d->backwards, func), *method;

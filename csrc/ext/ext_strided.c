@@ -137,11 +137,13 @@ static PyObject *read_back(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *r
                  mt_ext_strided_layout(d, mb, PyTuple_GET_ITEM(t->spec, 2),
                                        PyTuple_GET_ITEM(t->spec, 1), &moved) == 0 &&
                  mt_reshape_view(&moved, l->ndim, l->shape, &view, &err) == MT_OK;
-    if (!same && !viewed) PyErr_Clear();
-    PyObject *back = same || viewed ? recorded(d, r, mt_ext_as_layout(d, mb, t->spec, t->local,
-                                                                    same ? l : &view,
-                                                                    same ? pl : NULL))
-                                    : NULL;
+    PyObject *back = NULL;
+    if (same)
+      back = recorded(d, r, mt_ext_as_layout(d, mb, t->spec, t->local, l, pl));
+    else if (viewed)
+      back = recorded(d, r, mt_ext_as_layout(d, mb, t->spec, t->local, &view, NULL));
+    else
+      PyErr_Clear();
     if (back == NULL) {
       Py_CLEAR(out);
       break;
