@@ -49,7 +49,9 @@ def read_all(fd: int) -> bytes:
 def releases(tmp) -> bool:
     """Whether a save can release a file's cache here: a kernel with cachestat
     (Linux 6.5, where the core knows its number) and a file system whose clean
-    pages fadvise drops (not tmpfs). Read on the first rank."""
+    pages fadvise drops (not tmpfs). Read on the first rank, a few times: fadvise
+    drains only its own CPU's list of newly cached pages, so a page the read
+    cached on another CPU can stay once, which would read as "never drops"."""
     def probe() -> bool:
         release = tuple(int(v) for v in platform.release().split("-")[0].split(".")[:2])
         if (platform.system() != "Linux" or release < (6, 5)
@@ -62,9 +64,12 @@ def releases(tmp) -> bool:
             os.fsync(f.fileno())
         fd = os.open(path, os.O_RDONLY)
         try:
-            read_all(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            return not cached(fd)
+            for _ in range(5):
+                read_all(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                if not cached(fd):
+                    return True
+            return False
         finally:
             os.close(fd)
     return COMM.bcast(probe() if RANK == 0 else None)
