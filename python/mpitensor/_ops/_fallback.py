@@ -26,7 +26,6 @@ mesh's first rank only, so that one file is written once. What NumPy writes into
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
 import threading
 import warnings
@@ -196,17 +195,15 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
     return _wrapped(result, mesh)
 
 
-# NumPy functions that write into their first argument.
-_MUTATORS = frozenset((np.put, np.place, np.putmask, np.copyto, np.fill_diagonal,
-                       np.put_along_axis, operator.setitem))
-
-
 def _written(func, name: str, args: tuple, kwargs: dict) -> list:
     """The DTensors that NumPy wrote into on the gathered copies: ``out=``'s, and
     the first argument of an in-place function (``ufunc.at``, ``np.put``, ...)."""
     out = kwargs.get("out")
     targets = list(out) if isinstance(out, tuple) else [out]
-    if (func in _MUTATORS or name.endswith(".at")) and args:
+    # A function that writes into its first argument is registered with no
+    # backward (autograd's table of writes), the table the executor reads too.
+    writer = _registry.backwards.get(func, (None, True))[1] is None
+    if (writer or name.endswith(".at")) and args:
         targets.append(args[0])
     return [t for t in targets if type(t) is DTensor]
 
