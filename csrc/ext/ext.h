@@ -86,6 +86,10 @@ int mt_ext_inexact(PyArray_Descr *d);
 PyArrayObject *mt_ext_contiguous(PyObject *obj);
 /* The Python exception of a core status, with the core's message; returns NULL. */
 PyObject *mt_ext_raise(int code, const mt_error *err);
+/* 0 when `rc` is MT_OK, else -1 with its exception (mt_ext_raise). */
+static inline int mt_ext_ok(int rc, const mt_error *err) {
+  return rc == MT_OK ? 0 : (mt_ext_raise(rc, err), -1);
+}
 /* The core status of the Python exception being raised (MemoryError, OverflowError,
  * IndexError, TypeError, ValueError, NotImplementedError, OSError, else MT_ESTATE,
  * which raises as RuntimeError), its message in err->msg; the exception is cleared.
@@ -173,8 +177,31 @@ typedef struct mt_ext_sig {
   PyObject *grad_name, *grad_backward; /* NULL: no backward */
 } mt_ext_sig;
 
-enum { MT_EXT_NBINARY = 14, MT_EXT_NUNARY = 4, MT_EXT_NCOMPARE = 6,
-       MT_EXT_NREDUCTION = 11 };
+/* DTensorBase's operators, X(ufunc, number slot), as NDArrayOperatorsMixin lists
+ * them (power, whose slot takes a modulus, apart); its comparisons in Py_LT ..
+ * Py_GE order; its reduction methods, X(name, whether a sharded axis reduces
+ * locally to a Partial). One list each, from which the slots, the methods, their
+ * ufuncs' names and the indices below are made (ext_dtensor.c, ext_ops.c). */
+#define MT_EXT_BINARY(X)                                                               \
+  X(add, Py_nb_add) X(subtract, Py_nb_subtract) X(multiply, Py_nb_multiply)           \
+  X(matmul, Py_nb_matrix_multiply) X(true_divide, Py_nb_true_divide)                   \
+  X(floor_divide, Py_nb_floor_divide) X(remainder, Py_nb_remainder)                    \
+  X(left_shift, Py_nb_lshift) X(right_shift, Py_nb_rshift) X(bitwise_and, Py_nb_and)   \
+  X(bitwise_xor, Py_nb_xor) X(bitwise_or, Py_nb_or) X(divmod, Py_nb_divmod)
+#define MT_EXT_UNARY(X)                                                                \
+  X(negative, Py_nb_negative) X(positive, Py_nb_positive) X(absolute, Py_nb_absolute)  \
+  X(invert, Py_nb_invert)
+#define MT_EXT_COMPARE(X) \
+  X(less, 0) X(less_equal, 0) X(equal, 0) X(not_equal, 0) X(greater, 0) X(greater_equal, 0)
+#define MT_EXT_REDUCTIONS(X)                                                          \
+  X(sum, 1) X(mean, 1) X(prod, 1) X(max, 1) X(min, 1) X(all, 0) X(any, 0) X(std, 0)    \
+  X(var, 0) X(argmax, 0) X(argmin, 0)
+#define MT_EXT_UFUNC_INDEX(name, _) MT_UF_##name,
+#define MT_EXT_REDUCTION_INDEX(name, _) MT_RED_##name,
+/* Indices into mt_ext_dispatch.ufunc and its reduction arrays. */
+enum { MT_EXT_BINARY(MT_EXT_UFUNC_INDEX) MT_UF_power, MT_EXT_UNARY(MT_EXT_UFUNC_INDEX)
+       MT_EXT_COMPARE(MT_EXT_UFUNC_INDEX) MT_EXT_NUFUNC };
+enum { MT_EXT_REDUCTIONS(MT_EXT_REDUCTION_INDEX) MT_EXT_NREDUCTION };
 /* The freed DTensors kept for reuse (ext_dtensor.c, ext_spec.c): enough for the temporaries
  * of an expression, few enough to hold little memory. */
 enum { MT_EXT_FREE_DTENSORS = 16 };
@@ -187,6 +214,17 @@ enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACE
        MT_HOOK_BACKWARD, MT_HOOK_ERROR, MT_HOOK_RUNS, MT_HOOK_COUNT };
 /* The trace events, each installed as the hook of its name (ext_hooks.c). */
 enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
+/* The strings the extension compares keywords with, sets slots by or names hooks
+ * by, interned in mt_ext_dispatch.str: X(index, text). Node's slots, Request's
+ * and the events' hooks (in MT_EVENT_* order) each run in order. */
+#define MT_EXT_STRINGS(X)                                                              \
+  X(CALL, "__call__") X(AXIS, "axis") X(KEEPDIMS, "keepdims") X(OUT, "out")           \
+  X(REDISTRIBUTE, "DTensor.redistribute") X(NODE, "name") X(NODE_INPUTS, "inputs")     \
+  X(NODE_BACKWARD, "backward_fn") X(NODE_SAVED, "saved") X(NODE_AUX, "aux")            \
+  X(REQUEST, "address") X(REQUEST_KEEP, "_keep") X(REQUEST_RESULT, "_result")          \
+  X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")
+#define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
+enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
 struct mt_ext_dispatch {
   PyObject *module; /* borrowed: the module whose state this is */
@@ -196,11 +234,10 @@ struct mt_ext_dispatch {
   PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
   PyObject *backwards; /* function -> (name, backward) of its registry entry */
   PyObject *hooks; /* name -> callable: an event's, "placements", "strided", "error" */
-  PyObject *event_name[MT_EVENT_COUNT]; /* interned: the hooks of the events */
   PyObject *ufunc_type;
   PyObject *replicate, *shard[MT_MAX_NDIM], *partial[MT_REDUCE_COUNT];
   PyObject *strided; /* _strided_shard(dim, split_factor): a _StridedShard */
-  PyObject *binary[MT_EXT_NBINARY], *unary[MT_EXT_NUNARY], *compare[MT_EXT_NCOMPARE];
+  PyObject *ufunc[MT_EXT_NUFUNC]; /* the operators' */
   PyObject *reduction_name[MT_EXT_NREDUCTION];
   int reduction_sig[MT_EXT_NREDUCTION]; /* index into sigs, or -1 */
   mt_ext_sig *sigs;
@@ -214,10 +251,7 @@ struct mt_ext_dispatch {
   int last_sig;
   PyObject *op_ids; /* an op key -> its op id (bounded) */
   int64_t next_op, redistribute_op;
-  PyObject *s_call, *s_axis, *s_keepdims, *s_out, *kw_keepdims, *empty_tuple;
-  PyObject *s_redistribute; /* "DTensor.redistribute": an explicit move's name */
-  PyObject *node_fields[5]; /* Node's slots: name, inputs, backward_fn, saved, aux */
-  PyObject *request_fields[3]; /* Request's slots: address, _keep, _result */
+  PyObject *str[MT_S_COUNT], *kw_keepdims; /* ("keepdims",) */
   long long hook_calls[MT_HOOK_COUNT];
   /* The memory of freed DTensors of type `dtensor`, untracked and with every
    * field cleared, which the next ones reuse (ext_dtensor.c, ext_spec.c). */
@@ -461,14 +495,11 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
 /* Decides and runs. */
 PyObject *mt_ext_execute(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
                          PyObject *const *ops);
-/* A ufunc call, a reduction method call, and a registered function's call (its
- * entry, recorded with its backward). */
+/* A ufunc call, a reduction method call, and __array_ufunc__. */
 PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                        Py_ssize_t n, PyObject *kwnames);
 PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
                            PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
-PyObject *mt_ext_function(mt_ext_dispatch *d, PyObject *func, PyObject *args,
-                          PyObject *kwargs);
 PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
                              PyObject *const *ops, Py_ssize_t n, PyObject *kwnames);
 /* DTensor.redistribute: a move decided in the mesh's memo, run sync or async,
@@ -510,26 +541,14 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
 
 /* -- the layouts of the structs Python reads (ext_structs.c) --------------------------- */
 
-/* Local. The C name of struct `i` of the table, its size in *size; NULL, *size
- * untouched, past the last. Example: enumerate i = 0, 1, ... until NULL. */
-MT_EXPORT const char *mt_ext_struct_at(int i, int64_t *size);
-/* Local. Field `j` of struct `i`, in declaration order: its name, with the C name
- * of its elements' type in *type (a scalar type, "void *", "PyObject *" or a
- * struct of the table), its byte offset, its size, and its extents in dims[2]
- * ({0, 0} a scalar, {n, 0} an array of n, {n, m} n arrays of m); NULL, the
- * outputs untouched, past the last field or struct. */
-MT_EXPORT const char *mt_ext_field_at(int i, int j, const char **type, int64_t *offset,
-                                      int64_t *size, int64_t *dims);
-
-/* The capsules the extension exports (the module's counters and modes, a mesh's
- * tables) are named for what they point to, and the same table describes each:
- * Python reads one only through its row (mpitensor._clib.exported). Local. Row
- * `i`: the capsule's name, with the C name of its elements' type in *type (a
- * scalar type, a struct of the table, or "opaque": Python only passes the pointer
- * back to C), its size (0 when opaque) and its extents in dims[2]; NULL past the
- * last. */
-MT_EXPORT const char *mt_ext_export_at(int i, const char **type, int64_t *size,
-                                       int64_t *dims);
+/* _C.STRUCTS, {C name: (size, ((field, element type, offset, size, extents),
+ * ...))}, a field's element type the C name of a scalar type, "void *",
+ * "PyObject *" or a struct of the table, its extents () for a scalar, (n,) for an
+ * array of n, (n, m) for n arrays of m; and _C.EXPORTS, {capsule name: (element
+ * type, size, extents)} of what each capsule the extension exports (the module's
+ * counters and modes, a mesh's tables) points to, "opaque" (size 0) where Python
+ * only passes the pointer back to C. Python reads a capsule only through its row
+ * (mpitensor._clib.exported). Added by mt_ext_structs_exec. */
 /* A new capsule of `p` named `name`, which must be a row of the table (a
  * SystemError otherwise, so an export cannot skip its row). */
 PyObject *mt_ext_export(const char *name, void *p);
@@ -537,6 +556,7 @@ PyObject *mt_ext_export(const char *name, void *p);
 /* -- each area adds its functions and types in Py_mod_exec ----------------------------- */
 
 int mt_ext_ops_exec(PyObject *module);
+int mt_ext_structs_exec(PyObject *module);
 int mt_ext_pool_exec(PyObject *module);
 int mt_ext_mesh_base_exec(PyObject *module);
 int mt_ext_dtensor_exec(PyObject *module);

@@ -110,21 +110,13 @@ int mt_ext_descr_dtype(PyArray_Descr *d) {
   return mt_dtype_of_kind(d->kind, (size_t)PyDataType_ELSIZE(d));
 }
 
-static int dtype_or_raise(PyArrayObject *a) {
-  int code = mt_ext_dtype(a);
-  if (code < 0 || !PyArray_ISNOTSWAPPED(a)) {
-    PyErr_Format(PyExc_TypeError, "mpitensor does not move arrays of dtype %R",
-                 (PyObject *)PyArray_DESCR(a));
-    return -1;
-  }
-  return code;
-}
-
 PyArrayObject *mt_ext_contiguous(PyObject *obj) {
-  if (!PyArray_Check(obj)) {
-    PyErr_Format(PyExc_TypeError, "expected a NumPy ndarray, got %s", Py_TYPE(obj)->tp_name);
-    return NULL;
-  }
-  if (dtype_or_raise((PyArrayObject *)obj) < 0) return NULL;
-  return (PyArrayObject *)PyArray_GETCONTIGUOUS((PyArrayObject *)obj);
+  PyArrayObject *a = (PyArrayObject *)obj;
+  if (!PyArray_Check(obj))
+    return (PyArrayObject *)PyErr_Format(PyExc_TypeError, "expected a NumPy ndarray, got %s",
+                                         Py_TYPE(obj)->tp_name);
+  if (mt_ext_dtype(a) < 0 || !PyArray_ISNOTSWAPPED(a))
+    return (PyArrayObject *)PyErr_Format(PyExc_TypeError, "mpitensor does not move arrays "
+                                         "of dtype %R", (PyObject *)PyArray_DESCR(a));
+  return (PyArrayObject *)PyArray_GETCONTIGUOUS(a);
 }

@@ -27,7 +27,7 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
                                                 : NULL;
   PyObject *values[5] = {name, ins, backward, saved, aux != NULL ? aux : Py_None};
   for (int i = 0; node != NULL && i < 5; ++i)
-    if (PyObject_GenericSetAttr(node, d->node_fields[i], values[i]) < 0) Py_CLEAR(node);
+    if (PyObject_GenericSetAttr(node, d->str[MT_S_NODE + i], values[i]) < 0) Py_CLEAR(node);
   Py_XDECREF(ins);
   Py_XDECREF(own);
   if (node == NULL) {

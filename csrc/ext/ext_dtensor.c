@@ -9,9 +9,6 @@
 #include <stddef.h>
 #include <structmember.h>
 
-enum { B_ADD, B_SUB, B_MUL, B_MATMUL, B_TDIV, B_FDIV, B_MOD, B_POW, B_LSH, B_RSH,
-       B_AND, B_XOR, B_OR, B_DIVMOD };
-
 static void base_dealloc(PyObject *self);
 
 /* DTensorBase itself when `o` is an instance of it or of a subclass, else NULL:
@@ -56,51 +53,33 @@ static PyObject *binary(int op, PyObject *l, PyObject *r) {
   mt_ext_dispatch *d = dispatch_at(base != NULL ? base : base_of(r));
   if (d == NULL) return NULL;
   PyObject *ops[2] = {l, r};
-  return mt_ext_ufunc(d, d->binary[op], ops, 2, NULL);
-}
-
-#define BINARY_SLOT(fn, op) \
-  static PyObject *fn(PyObject *l, PyObject *r) { return binary(op, l, r); }
-BINARY_SLOT(nb_add, B_ADD)
-BINARY_SLOT(nb_sub, B_SUB)
-BINARY_SLOT(nb_mul, B_MUL)
-BINARY_SLOT(nb_matmul, B_MATMUL)
-BINARY_SLOT(nb_tdiv, B_TDIV)
-BINARY_SLOT(nb_fdiv, B_FDIV)
-BINARY_SLOT(nb_mod, B_MOD)
-BINARY_SLOT(nb_lsh, B_LSH)
-BINARY_SLOT(nb_rsh, B_RSH)
-BINARY_SLOT(nb_and, B_AND)
-BINARY_SLOT(nb_xor, B_XOR)
-BINARY_SLOT(nb_or, B_OR)
-BINARY_SLOT(nb_divmod, B_DIVMOD)
-
-static PyObject *no_modulus(void) {
-  PyErr_SetString(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
-  return NULL;
-}
-
-/* CPython's ternaryfunc fixes the parameter types. */
-/* cppcheck-suppress constParameter */
-static PyObject *nb_pow(PyObject *l, PyObject *r, PyObject *mod) {
-  return mod == Py_None ? binary(B_POW, l, r) : no_modulus();
+  return mt_ext_ufunc(d, d->ufunc[op], ops, 2, NULL);
 }
 
 static PyObject *unary(int op, PyObject *x) {
   mt_ext_dispatch *d = dispatch_of(x);
-  return d == NULL ? NULL : mt_ext_ufunc(d, d->unary[op], &x, 1, NULL);
+  return d == NULL ? NULL : mt_ext_ufunc(d, d->ufunc[op], &x, 1, NULL);
 }
 
-static PyObject *nb_neg(PyObject *x) { return unary(0, x); }
-static PyObject *nb_pos(PyObject *x) { return unary(1, x); }
-static PyObject *nb_abs(PyObject *x) { return unary(2, x); }
-static PyObject *nb_invert(PyObject *x) { return unary(3, x); }
+#define BINARY_SLOT(name, _) \
+  static PyObject *nb_##name(PyObject *l, PyObject *r) { return binary(MT_UF_##name, l, r); }
+#define UNARY_SLOT(name, _) \
+  static PyObject *nb_##name(PyObject *x) { return unary(MT_UF_##name, x); }
+MT_EXT_BINARY(BINARY_SLOT)
+MT_EXT_UNARY(UNARY_SLOT)
+
+/* CPython's ternaryfunc fixes the parameter types. */
+/* cppcheck-suppress constParameter */
+static PyObject *nb_power(PyObject *l, PyObject *r, PyObject *mod) {
+  if (mod == Py_None) return binary(MT_UF_power, l, r);
+  return PyErr_Format(PyExc_TypeError, "pow() with a modulus is not supported on DTensors");
+}
 
 static PyObject *richcompare(PyObject *self, PyObject *other, int op) {
   mt_ext_dispatch *d = dispatch_of(self);
   if (d == NULL) return NULL;
   PyObject *ops[2] = {self, other};
-  return mt_ext_ufunc(d, d->compare[op], ops, 2, NULL);
+  return mt_ext_ufunc(d, d->ufunc[MT_UF_less + op], ops, 2, NULL);
 }
 
 /* __array_ufunc__(ufunc, method, *operands, **kwargs). */
@@ -115,31 +94,23 @@ static PyObject *array_ufunc(PyObject *self, PyObject *const *args, Py_ssize_t n
   return mt_ext_array_ufunc(d, args[0], args[1], args + 2, nargs - 2, kwnames);
 }
 
-#define REDUCTION(fn, idx)                                                            \
-  static PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs,     \
-                      PyObject *kwnames) {                                         \
-    mt_ext_dispatch *d = dispatch_of(self);                                 \
-    return d == NULL ? NULL : mt_ext_reduction(d, idx, self, args, nargs, kwnames); \
+#define REDUCTION(name, _)                                                           \
+  static PyObject *m_##name(PyObject *self, PyObject *const *args, Py_ssize_t nargs,   \
+                            PyObject *kwnames) {                                      \
+    mt_ext_dispatch *d = dispatch_of(self);                                           \
+    return d == NULL ? NULL                                                           \
+                     : mt_ext_reduction(d, MT_RED_##name, self, args, nargs, kwnames); \
   }
-REDUCTION(m_sum, 0)
-REDUCTION(m_mean, 1)
-REDUCTION(m_prod, 2)
-REDUCTION(m_max, 3)
-REDUCTION(m_min, 4)
-REDUCTION(m_all, 5)
-REDUCTION(m_any, 6)
-REDUCTION(m_std, 7)
-REDUCTION(m_var, 8)
-REDUCTION(m_argmax, 9)
-REDUCTION(m_argmin, 10)
+MT_EXT_REDUCTIONS(REDUCTION)
 
-#define RED_DEF(name, fn, what)                                                       \
-  {name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL | METH_KEYWORDS,               \
-   "numpy." name " of this DTensor; see numpy.ndarray." name ". " what " Collective " \
-   "on the mesh when a sharded axis or a Partial must be gathered or reduced first." \
-   "\n\nExample: dt." name "(axis=0)"}
-#define PARTIAL_OK "Over a sharded axis it is local and gives a Partial."
-#define WHOLE "The reduced axes are gathered first."
+#define REDUCTION_DEF(name, partial)                                                  \
+  {#name, (PyCFunction)(void (*)(void))m_##name, METH_FASTCALL | METH_KEYWORDS,        \
+   partial ? "numpy." #name " of this DTensor; see numpy.ndarray." #name ". Over a "   \
+             "sharded axis it is local and gives a Partial. Collective on the mesh "   \
+             "when a Partial must be reduced first.\n\nExample: dt." #name "(axis=0)"   \
+           : "numpy." #name " of this DTensor; see numpy.ndarray." #name ". The "       \
+             "reduced axes are gathered first: collective on the mesh when one is "    \
+             "sharded or a Partial must be reduced.\n\nExample: dt." #name "(axis=0)"},
 
 /* -- redistribute -------------------------------------------------------------------- */
 
@@ -181,7 +152,7 @@ static PyObject *m_redistribute(PyObject *self, PyObject *const *args, Py_ssize_
   for (int i = 0; i < RD_NARGS; ++i)
     if (a[i] == NULL) a[i] = Py_None;
   return mt_ext_move(d, self, a[RD_MESH], a[RD_PLACEMENTS], async, a[RD_FORWARD],
-                     a[RD_BACKWARD], d->s_redistribute);
+                     a[RD_BACKWARD], d->str[MT_S_REDISTRIBUTE]);
 }
 
 PyDoc_STRVAR(redistribute_doc,
@@ -285,32 +256,21 @@ static PyMemberDef base_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+/* Every object field, for traverse and clear. */
+#define DTENSOR_OBJECTS(X, b)                                                          \
+  X(b->local); X(b->spec); X(b->grad_fn); X(b->grad); X(b->retains_grad);              \
+  X(b->grad_owned); X(b->backward_hooks); X(b->post_hooks); X(b->grad_as_made)
+
 static int base_traverse(PyObject *self, visitproc visit, void *arg) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)self;
   Py_VISIT(Py_TYPE(self));
-  Py_VISIT(b->local);
-  Py_VISIT(b->spec);
-  Py_VISIT(b->grad_fn);
-  Py_VISIT(b->grad);
-  Py_VISIT(b->retains_grad);
-  Py_VISIT(b->grad_owned);
-  Py_VISIT(b->backward_hooks);
-  Py_VISIT(b->post_hooks);
-  Py_VISIT(b->grad_as_made);
+  DTENSOR_OBJECTS(Py_VISIT, b);
   return 0;
 }
 
 static int base_clear(PyObject *self) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)self;
-  Py_CLEAR(b->local);
-  Py_CLEAR(b->spec);
-  Py_CLEAR(b->grad_fn);
-  Py_CLEAR(b->grad);
-  Py_CLEAR(b->retains_grad);
-  Py_CLEAR(b->grad_owned);
-  Py_CLEAR(b->backward_hooks);
-  Py_CLEAR(b->post_hooks);
-  Py_CLEAR(b->grad_as_made);
+  DTENSOR_OBJECTS(Py_CLEAR, b);
   return 0;
 }
 
@@ -359,12 +319,7 @@ static PyMethodDef base_methods[] = {
     {"__array_ufunc__", (PyCFunction)(void (*)(void))array_ufunc,
      METH_FASTCALL | METH_KEYWORDS,
      "NumPy ufuncs on DTensors, sharded (see mpitensor._ops._elementwise)."},
-    RED_DEF("sum", m_sum, PARTIAL_OK),     RED_DEF("mean", m_mean, PARTIAL_OK),
-    RED_DEF("prod", m_prod, PARTIAL_OK),   RED_DEF("max", m_max, PARTIAL_OK),
-    RED_DEF("min", m_min, PARTIAL_OK),     RED_DEF("all", m_all, WHOLE),
-    RED_DEF("any", m_any, WHOLE),          RED_DEF("std", m_std, WHOLE),
-    RED_DEF("var", m_var, WHOLE),          RED_DEF("argmax", m_argmax, WHOLE),
-    RED_DEF("argmin", m_argmin, WHOLE),
+    MT_EXT_REDUCTIONS(REDUCTION_DEF)
     {NULL, NULL, 0, NULL},
 };
 
@@ -380,24 +335,8 @@ static PyType_Slot base_slots[] = {
     {Py_tp_getset, base_getset},
     {Py_tp_methods, base_methods},
     {Py_tp_richcompare, richcompare},
-    {Py_nb_add, nb_add},
-    {Py_nb_subtract, nb_sub},
-    {Py_nb_multiply, nb_mul},
-    {Py_nb_matrix_multiply, nb_matmul},
-    {Py_nb_true_divide, nb_tdiv},
-    {Py_nb_floor_divide, nb_fdiv},
-    {Py_nb_remainder, nb_mod},
-    {Py_nb_divmod, nb_divmod},
-    {Py_nb_power, nb_pow},
-    {Py_nb_lshift, nb_lsh},
-    {Py_nb_rshift, nb_rsh},
-    {Py_nb_and, nb_and},
-    {Py_nb_xor, nb_xor},
-    {Py_nb_or, nb_or},
-    {Py_nb_negative, nb_neg},
-    {Py_nb_positive, nb_pos},
-    {Py_nb_absolute, nb_abs},
-    {Py_nb_invert, nb_invert},
+#define SLOT(name, slot) {slot, nb_##name},
+    MT_EXT_BINARY(SLOT) MT_EXT_UNARY(SLOT) {Py_nb_power, nb_power},
     {0, NULL},
 };
 

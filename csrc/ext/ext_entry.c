@@ -72,7 +72,7 @@ static PyObject *grad_keyword(mt_ext_dispatch *d, PyObject *kwargs) {
   Py_ssize_t pos = 0;
   PyObject *key, *a;
   while (kwargs != NULL && PyDict_Next(kwargs, &pos, &key, &a))
-    if (item_needs_grad(d, a) && PyUnicode_Compare(key, d->s_out) != 0) return key;
+    if (item_needs_grad(d, a) && PyUnicode_Compare(key, d->str[MT_S_OUT]) != 0) return key;
   return NULL;
 }
 
@@ -146,7 +146,7 @@ static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *arg
     if (yes < 0) return NULL;
     if (!yes) backward = Py_None, bw = NULL;
   }
-  PyObject *out_kw = kwargs != NULL ? PyDict_GetItemWithError(kwargs, d->s_out) : NULL;
+  PyObject *out_kw = kwargs != NULL ? PyDict_GetItemWithError(kwargs, d->str[MT_S_OUT]) : NULL;
   if (bw != NULL && backward == Py_None)  /* a function that writes in place */
     return mt_ext_error(d, "in_place_grad", name, NULL);
   if (out_kw != NULL && out_kw != Py_None) return mt_ext_error(d, "out_grad", func, NULL);
@@ -195,13 +195,14 @@ static int takes_strided(mt_ext_dispatch *d, PyObject *func) {
   return entry != NULL && PyObject_HasAttrString(entry, "takes_strided");
 }
 
-PyObject *mt_ext_function(mt_ext_dispatch *d, PyObject *func, PyObject *args,
-                          PyObject *kwargs) {
+/* A registered function's call: its entry, recorded with its backward. */
+static PyObject *registered_call(mt_ext_dispatch *d, PyObject *func, PyObject *args,
+                                 PyObject *kwargs) {
   if (kwargs != NULL && PyDict_GET_SIZE(kwargs) == 0) kwargs = NULL;
   if (mt_ext_args_strided(d, args, kwargs) && !takes_strided(d, func)) {
     mt_ext_plain_call c;
     if (mt_ext_plain_args(d, func, args, kwargs, &c) < 0) return NULL;
-    return mt_ext_plain_back(d, func, args, &c, mt_ext_function(d, func, c.args, c.kwargs));
+    return mt_ext_plain_back(d, func, args, &c, registered_call(d, func, c.args, c.kwargs));
   }
   if (d->modes->grad_enabled && args_need_grad(d, args, kwargs))
     return recorded_call(d, func, args, kwargs);
@@ -240,7 +241,7 @@ static PyObject *function_call(mt_ext_dispatch *d, PyObject *func, PyObject *con
     int rc = 0;
     for (Py_ssize_t i = 0; rc == 0 && i < nkw; ++i)
       rc = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
-    if (rc == 0) res = mt_ext_function(d, func, pos, kw);
+    if (rc == 0) res = registered_call(d, func, pos, kw);
   }
   Py_XDECREF(pos);
   Py_XDECREF(kw);
@@ -274,28 +275,26 @@ static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
   PyObject *out = ok > 0 ? mt_ext_strided_back(d, &r, mt_ext_ufunc(d, ufunc, r.views, n, kwnames))
                          : NULL;
   return out != NULL || PyErr_Occurred() ? out
-                                         : ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
+                                         : ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
 }
 
 PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops,
                        Py_ssize_t n, PyObject *kwnames) {
   mt_ext_sig *sig = ufunc_sig(d, ufunc);
-  int kw = plain_keywords(d, kwnames), strided = 0;
+  int kw = plain_keywords(d, kwnames), strided = 0, rc = 0;
+  mt_ext_call c;
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
       n > MT_MEMO_MAX_OPERANDS || kw == 0 ||
       (PyDict_GET_SIZE(d->rules) != 0 && PyDict_Contains(d->rules, ufunc)))
-    return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
-  for (Py_ssize_t i = 0; kw == 2 && i < n; ++i) strided |= mt_ext_strided(d, ops[i]);
-  if (kw == 2)
-    return strided && sig->op.family == MT_OP_ELEMENTWISE
-               ? strided_ufunc(d, ufunc, ops, n, kwnames)
-               : ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
-  mt_ext_call c;
-  int rc = gather_fast(d, ops, (int)n, &c, ufunc);
+    return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
+  if (kw == 2) /* out=: only operands strided alike run here, on views */
+    for (Py_ssize_t i = 0; i < n; ++i) strided |= mt_ext_strided(d, ops[i]);
+  else if ((rc = gather_fast(d, ops, (int)n, &c, ufunc)) == 0)
+    strided = c.strided;
   /* Only an elementwise call reads its operands' expansions as they are. */
-  if (rc == 0 && c.strided && sig->op.family == MT_OP_ELEMENTWISE)
+  if (strided && sig->op.family == MT_OP_ELEMENTWISE)
     return strided_ufunc(d, ufunc, ops, n, kwnames);
-  if (rc == 0 && c.strided) return ufunc_entry(d, ufunc, d->s_call, ops, n, kwnames);
+  if (kw == 2 || strided) return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
   if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   c.key.op = sig->id;
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -307,7 +306,7 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
 
 PyObject *mt_ext_array_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
                              PyObject *const *ops, Py_ssize_t n, PyObject *kwnames) {
-  if (method == d->s_call || PyUnicode_Compare(method, d->s_call) == 0)
+  if (method == d->str[MT_S_CALL] || PyUnicode_Compare(method, d->str[MT_S_CALL]) == 0)
     return mt_ext_ufunc(d, ufunc, ops, n, kwnames);
   return ufunc_entry(d, ufunc, method, ops, n, kwnames);
 }
@@ -322,8 +321,8 @@ static int reduction_args(const mt_ext_dispatch *d, const mt_ext_sig *sig,
   *axis = nargs == 1 ? args[0] : Py_None, *keepdims = Py_False;
   for (Py_ssize_t i = 0; i < nkw; ++i) {
     PyObject *k = PyTuple_GET_ITEM(kwnames, i);
-    if (nargs == 0 && PyUnicode_Compare(k, d->s_axis) == 0) *axis = args[i];
-    else if (PyUnicode_Compare(k, d->s_keepdims) == 0) *keepdims = args[nargs + i];
+    if (nargs == 0 && PyUnicode_Compare(k, d->str[MT_S_AXIS]) == 0) *axis = args[i];
+    else if (PyUnicode_Compare(k, d->str[MT_S_KEEPDIMS]) == 0) *keepdims = args[nargs + i];
     else return -1;
   }
   if (*keepdims != Py_True && *keepdims != Py_False) return -1;
@@ -396,7 +395,7 @@ PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
 static PyObject *call(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 3 || !PyTuple_Check(args[1]) || (args[2] != Py_None && !PyDict_Check(args[2])))
     return PyErr_Format(PyExc_TypeError, "call(func, args: tuple, kwargs: dict|None)");
-  return mt_ext_function(mt_ext_dispatch_module(module), args[0], args[1],
+  return registered_call(mt_ext_dispatch_module(module), args[0], args[1],
                          args[2] == Py_None ? NULL : args[2]);
 }
 

@@ -297,12 +297,6 @@ static PyObject *record(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_ca
   return out;
 }
 
-static int any_requires_grad(const mt_ext_call *c) {
-  for (int t = 0; t < c->ntensors; ++t)
-    if (c->dt[t]->requires_grad) return 1;
-  return 0;
-}
-
 PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
                      const mt_decision *found, int hit, PyObject *const *ops) {
   run_state rs;
@@ -326,7 +320,8 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
   }
   out = wrap_all(d, op, c, &rs, call_local(d, op, c, rs.dec, &rs));
   d->hook_calls[MT_HOOK_RUNS]++;
-  if (out != NULL && d->modes->grad_enabled && any_requires_grad(c))
+  /* key.grad: the operands that require grad, read while grad was wanted. */
+  if (out != NULL && d->modes->grad_enabled && c->key.grad != 0)
     out = record(d, op, c, &rs, ops, out);
 done:
   for (int i = 0; rs.owned && i < c->noperands; ++i) Py_DECREF(rs.args[i]);

@@ -38,7 +38,7 @@ PyObject *mt_ext_hook_call(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject 
 }
 
 int mt_ext_event(mt_ext_dispatch *d, int kind, PyObject *const *args, Py_ssize_t n) {
-  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->event_name[kind]);
+  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_EVENT + kind]);
   if (fn == NULL) return PyErr_Occurred() ? -1 : 0;
   Py_INCREF(fn); /* the hook may remove itself */
   PyObject *r = mt_ext_hook(d, MT_HOOK_EVENT, fn, args, (size_t)n, NULL);

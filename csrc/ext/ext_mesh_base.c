@@ -86,11 +86,8 @@ static int handle_set(PyObject *self, PyObject *value, void *closure) {
   for (int m = 0; m < mb->mesh_ndim; ++m) mb->mesh_shape[m] = mt_mesh_dim_size(mesh, m);
   mb->member = (char)mt_mesh_coordinate(mesh, coord);
   mt_error err = {0};
-  int rc = mt_memo_set_time_model(mb->memo, mt_mesh_time_model(mesh), &err);
-  if (rc != MT_OK) {
-    mt_ext_raise(rc, &err);
+  if (mt_ext_ok(mt_memo_set_time_model(mb->memo, mt_mesh_time_model(mesh), &err), &err) < 0)
     return -1;
-  }
   Py_XSETREF(mb->handle, Py_NewRef(value));
   mb->mesh = mesh;
   return 0;
@@ -98,9 +95,7 @@ static int handle_set(PyObject *self, PyObject *value, void *closure) {
 
 int mt_ext_mesh_check(const mt_ext_mesh_base *mb) {
   mt_error err = {0};
-  int rc = mt_mesh_check(mb->mesh, &err);
-  if (rc != MT_OK) mt_ext_raise(rc, &err);
-  return rc == MT_OK ? 0 : -1;
+  return mt_ext_ok(mt_mesh_check(mb->mesh, &err), &err);
 }
 
 /* Empties the memo and the layout table under new bounds; ids go on increasing. */
@@ -110,8 +105,7 @@ static int set_limits(mt_ext_mesh_base *mb, int64_t decisions, int64_t plans,
   int rc = mt_memo_set_limits(mb->memo, decisions, plans, &err);
   if (rc == MT_OK) rc = mt_layout_table_set_capacity(mb->layouts, layouts, &err);
   drop_py_layouts(mb);
-  if (rc != MT_OK) mt_ext_raise(rc, &err);
-  return rc == MT_OK ? 0 : -1;
+  return mt_ext_ok(rc, &err);
 }
 
 static PyObject *set_cache_limits(PyObject *self, PyObject *args) {

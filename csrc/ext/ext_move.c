@@ -165,14 +165,14 @@ static int agree_on_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *spe
   Py_BEGIN_ALLOW_THREADS
   rc = mt_agree_move(mb->mesh, rc, &from, dst, key.dtype, async, &err);
   Py_END_ALLOW_THREADS
-  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
+  return mt_ext_ok(rc, &err);
 }
 
 /* The move of `src` (self, or its cast) to `dst`: decision, plan, wrap. */
 static PyObject *run_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *src,
                           const mt_placement *dst, int64_t aux, int same, int async,
                           PyObject *what) {
-  int explicit = what == d->s_redistribute;
+  int explicit = what == d->str[MT_S_REDISTRIBUTE];
   mt_memo_key mk;
   mk.op = d->redistribute_op, mk.noperands = 1, mk.aux = aux, mk.grad = 0, mk.want = 0;
   mt_decision *dec = NULL;
@@ -235,7 +235,7 @@ static PyObject *strided_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject
                               PyObject *mesh, PyObject *placements, PyObject *fwd,
                               PyObject *bwd, PyObject *what) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)self;
-  int explicit = what == d->s_redistribute, hops = 0, rc = MT_OK;
+  int explicit = what == d->str[MT_S_REDISTRIBUTE], hops = 0, rc = MT_OK;
   PyObject *holder = NULL, *spec = b->spec, *out = NULL;
   mt_layout src, dst, from, to, mid;
   mt_error err = {0};
@@ -289,7 +289,7 @@ PyObject *mt_ext_move(mt_ext_dispatch *d, PyObject *self, PyObject *mesh,
   mt_placement dst[MT_MAX_MESH_NDIM];
   int64_t aux;
   int same, ndim = (int)PyTuple_GET_SIZE(PyTuple_GET_ITEM(b->spec, 2));
-  int explicit = what == d->s_redistribute;
+  int explicit = what == d->str[MT_S_REDISTRIBUTE];
   /* Each failure before the move, on one rank, is agreed (agree_on_move). */
   if ((mesh != Py_None && mesh != (PyObject *)mb) || fwd != Py_None || bwd != Py_None ||
       !read_targets(d, placements, PyTuple_GET_ITEM(b->spec, 1), ndim, 1, dst, &aux, &same)) {

@@ -6,18 +6,11 @@
 
 #include <string.h>
 
-/* The operators and their ufuncs (NDArrayOperatorsMixin's list), in the order of
- * mt_ext_dispatch.binary, .unary and .compare (Py_LT .. Py_GE). */
-static const char *const binary_names[MT_EXT_NBINARY] = {
-    "add",         "subtract",   "multiply",    "matmul",      "true_divide",
-    "floor_divide", "remainder", "power",       "left_shift",  "right_shift",
-    "bitwise_and", "bitwise_xor", "bitwise_or", "divmod"};
-static const char *const unary_names[MT_EXT_NUNARY] = {"negative", "positive",
-                                                       "absolute", "invert"};
-static const char *const compare_names[MT_EXT_NCOMPARE] = {
-    "less", "less_equal", "equal", "not_equal", "greater", "greater_equal"};
-static const char *const reduction_names[MT_EXT_NREDUCTION] = {
-    "sum", "mean", "prod", "max", "min", "all", "any", "std", "var", "argmax", "argmin"};
+#define NAME(name, _) #name,
+static const char *const ufunc_names[MT_EXT_NUFUNC] = {
+    MT_EXT_BINARY(NAME) "power", MT_EXT_UNARY(NAME) MT_EXT_COMPARE(NAME)};
+static const char *const reduction_names[MT_EXT_NREDUCTION] = {MT_EXT_REDUCTIONS(NAME)};
+#undef NAME
 
 int64_t mt_ext_op_id(mt_ext_dispatch *d, PyObject *key) {
   PyObject *id = PyDict_GetItemWithError(d->op_ids, key);
@@ -51,11 +44,7 @@ static mt_ext_sig *add_sig(mt_ext_dispatch *d, PyObject *func) {
   int64_t id = mt_ext_op_id(d, func);
   if (id < 0) return NULL;
   mt_error err = {0};
-  int rc = mt_ptr_index_add(d->sig_index, func, d->nsigs, &err);
-  if (rc != MT_OK) {
-    mt_ext_raise(rc, &err);
-    return NULL;
-  }
+  if (mt_ext_ok(mt_ptr_index_add(d->sig_index, func, d->nsigs, &err), &err) < 0) return NULL;
   mt_ext_sig *sig = &d->sigs[d->nsigs++];
   d->last_ufunc = NULL;
   memset(sig, 0, sizeof *sig);
@@ -158,12 +147,8 @@ static int load_numpy(mt_ext_dispatch *d) {
   PyObject *np = PyImport_ImportModule("numpy");
   if (np == NULL) return -1;
   int rc = (d->ufunc_type = PyObject_GetAttrString(np, "ufunc")) ? 0 : -1;
-  for (int i = 0; rc == 0 && i < MT_EXT_NBINARY; ++i)
-    rc = (d->binary[i] = PyObject_GetAttrString(np, binary_names[i])) ? 0 : -1;
-  for (int i = 0; rc == 0 && i < MT_EXT_NUNARY; ++i)
-    rc = (d->unary[i] = PyObject_GetAttrString(np, unary_names[i])) ? 0 : -1;
-  for (int i = 0; rc == 0 && i < MT_EXT_NCOMPARE; ++i)
-    rc = (d->compare[i] = PyObject_GetAttrString(np, compare_names[i])) ? 0 : -1;
+  for (int i = 0; rc == 0 && i < MT_EXT_NUFUNC; ++i)
+    rc = (d->ufunc[i] = PyObject_GetAttrString(np, ufunc_names[i])) ? 0 : -1;
   Py_DECREF(np);
   return rc;
 }
@@ -253,25 +238,12 @@ static int intern_names(mt_ext_dispatch *d) {
     d->reduction_sig[m] = -1;
     if (d->reduction_name[m] == NULL) return -1;
   }
-  d->s_call = PyUnicode_InternFromString("__call__");
-  d->s_axis = PyUnicode_InternFromString("axis");
-  d->s_keepdims = PyUnicode_InternFromString("keepdims");
-  d->s_out = PyUnicode_InternFromString("out");
-  d->empty_tuple = PyTuple_New(0);
-  d->s_redistribute = PyUnicode_InternFromString("DTensor.redistribute");
-  if (!d->s_call || !d->s_axis || !d->s_keepdims || !d->s_out || !d->empty_tuple ||
-      !d->s_redistribute)
-    return -1;
-  static const char *const fields[5] = {"name", "inputs", "backward_fn", "saved", "aux"};
-  for (int i = 0; i < 5; ++i)
-    if ((d->node_fields[i] = PyUnicode_InternFromString(fields[i])) == NULL) return -1;
-  static const char *const request[3] = {"address", "_keep", "_result"};
-  for (int i = 0; i < 3; ++i)
-    if ((d->request_fields[i] = PyUnicode_InternFromString(request[i])) == NULL) return -1;
-  static const char *const events[MT_EVENT_COUNT] = {"decision", "move", "unmoved"};
-  for (int i = 0; i < MT_EVENT_COUNT; ++i)
-    if ((d->event_name[i] = PyUnicode_InternFromString(events[i])) == NULL) return -1;
-  d->kw_keepdims = PyTuple_Pack(1, d->s_keepdims);
+#define TEXT(name, text) text,
+  static const char *const texts[MT_S_COUNT] = {MT_EXT_STRINGS(TEXT)};
+#undef TEXT
+  for (int i = 0; i < MT_S_COUNT; ++i)
+    if ((d->str[i] = PyUnicode_InternFromString(texts[i])) == NULL) return -1;
+  d->kw_keepdims = PyTuple_Pack(1, d->str[MT_S_KEEPDIMS]);
   return d->kw_keepdims == NULL ? -1 : 0;
 }
 
@@ -289,8 +261,7 @@ int mt_ext_ops_exec(PyObject *module) {
   d->hooks = PyDict_New();
   if (d->op_ids == NULL || d->hooks == NULL || intern_names(d) < 0) return -1;
   mt_error err = {0};
-  int rc = mt_ptr_index_create(&d->sig_index, &err);
-  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
+  return mt_ext_ok(mt_ptr_index_create(&d->sig_index, &err), &err);
 }
 
 /* Every object the state holds, for traverse and clear. */
@@ -298,19 +269,12 @@ int mt_ext_ops_exec(PyObject *module) {
   X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->functions);   \
   X(d->rules);                                                                         \
   X(d->backwards); X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids);      \
-  X(d->strided);                                                                       \
-  X(d->s_call);                                                                        \
-  X(d->s_axis); X(d->s_keepdims); X(d->s_out); X(d->kw_keepdims); X(d->empty_tuple);  \
-  X(d->s_redistribute);                                                                \
+  X(d->strided); X(d->kw_keepdims);                                                   \
+  for (int i_ = 0; i_ < MT_S_COUNT; ++i_) X(d->str[i_]);                               \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \
   for (int i_ = 0; i_ < MT_REDUCE_COUNT; ++i_) X(d->partial[i_]);                      \
-  for (int i_ = 0; i_ < MT_EXT_NBINARY; ++i_) X(d->binary[i_]);                        \
-  for (int i_ = 0; i_ < MT_EXT_NUNARY; ++i_) X(d->unary[i_]);                          \
-  for (int i_ = 0; i_ < MT_EXT_NCOMPARE; ++i_) X(d->compare[i_]);                      \
+  for (int i_ = 0; i_ < MT_EXT_NUFUNC; ++i_) X(d->ufunc[i_]);                          \
   for (int i_ = 0; i_ < MT_EXT_NREDUCTION; ++i_) X(d->reduction_name[i_]);             \
-  for (int i_ = 0; i_ < MT_EVENT_COUNT; ++i_) X(d->event_name[i_]);                    \
-  for (int i_ = 0; i_ < 5; ++i_) X(d->node_fields[i_]);                                \
-  for (int i_ = 0; i_ < 3; ++i_) X(d->request_fields[i_]);                             \
   for (int i_ = 0; i_ < d->nsigs; ++i_) {                                              \
     X(d->sigs[i_].func); X(d->sigs[i_].method);                                        \
     X(d->sigs[i_].grad_name); X(d->sigs[i_].grad_backward);                            \
@@ -319,9 +283,7 @@ int mt_ext_ops_exec(PyObject *module) {
 int mt_ext_ops_traverse(mt_ext_state *st, visitproc visit, void *arg) {
   mt_ext_dispatch *d = st->dispatch;
   if (d == NULL) return 0;
-#define VISIT_ONE(o) Py_VISIT(o)
-  MT_EXT_OPS_OBJECTS(VISIT_ONE, d)
-#undef VISIT_ONE
+  MT_EXT_OPS_OBJECTS(Py_VISIT, d);
   return 0;
 }
 
@@ -329,9 +291,7 @@ void mt_ext_ops_clear(mt_ext_state *st) {
   mt_ext_dispatch *d = st->dispatch;
   if (d == NULL) return;
   mt_ext_dtensor_free_all(d);
-#define CLEAR_ONE(o) Py_CLEAR(o)
-  MT_EXT_OPS_OBJECTS(CLEAR_ONE, d)
-#undef CLEAR_ONE
+  MT_EXT_OPS_OBJECTS(Py_CLEAR, d);
   d->nsigs = 0, d->last_ufunc = NULL;
   if (d->sig_index != NULL) mt_ptr_index_clear(d->sig_index);
 }

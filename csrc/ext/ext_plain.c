@@ -28,16 +28,15 @@ static PyObject *plain_copy(mt_ext_dispatch *d, PyObject *o, mt_ext_plain_call *
   PyObject *spec = ((mt_ext_dtensor *)o)->spec, *pl = NULL, *p = NULL;
   mt_layout l;
   mt_error err = {0};
-  int rc = MT_OK;
   if (c->n == (int)(sizeof c->from / sizeof c->from[0]))
     return PyErr_Format(PyExc_ValueError, "a call with more than %d strided operands", c->n);
   if (mt_ext_strided_layout(d, mt_ext_spec_mesh(d, spec), PyTuple_GET_ITEM(spec, 2),
                             PyTuple_GET_ITEM(spec, 1), &l) < 0)
     return NULL;
-  if ((rc = mt_strided_plain(l.placements, l.mesh_ndim, 0, l.placements, &err)) != MT_OK)
-    return mt_ext_raise(rc, &err);
+  if (mt_ext_ok(mt_strided_plain(l.placements, l.mesh_ndim, 0, l.placements, &err), &err) < 0)
+    return NULL;
   if ((pl = mt_ext_placement_objects(d, l.placements, l.mesh_ndim)) != NULL)
-    p = mt_ext_move(d, o, Py_None, pl, 0, Py_None, Py_None, d->s_redistribute);
+    p = mt_ext_move(d, o, Py_None, pl, 0, Py_None, Py_None, d->str[MT_S_REDISTRIBUTE]);
   Py_XDECREF(pl);
   if (p != NULL) c->from[c->n] = o, c->to[c->n++] = Py_NewRef(p);
   return p;
@@ -101,7 +100,7 @@ static PyObject *write_back(mt_ext_dispatch *d, PyObject *orig, PyObject *plain,
                             PyObject *res) {
   mt_ext_dtensor *o = (mt_ext_dtensor *)orig;
   PyObject *back = mt_ext_move(d, plain, Py_None, PyTuple_GET_ITEM(o->spec, 1), 0, Py_None,
-                               Py_None, d->s_redistribute);
+                               Py_None, d->str[MT_S_REDISTRIBUTE]);
   if (back == NULL || PyArray_CopyInto((PyArrayObject *)o->local,
                                        (PyArrayObject *)((mt_ext_dtensor *)back)->local) < 0)
     Py_CLEAR(res);
@@ -118,7 +117,7 @@ static PyObject *write_back(mt_ext_dispatch *d, PyObject *orig, PyObject *plain,
 
 PyObject *mt_ext_plain_back(mt_ext_dispatch *d, PyObject *func, PyObject *args,
                             mt_ext_plain_call *c, PyObject *res) {
-  PyObject *out = c->kwargs != NULL ? PyDict_GetItem(c->kwargs, d->s_out) : NULL;
+  PyObject *out = c->kwargs != NULL ? PyDict_GetItem(c->kwargs, d->str[MT_S_OUT]) : NULL;
   for (int i = 0; i < c->n; ++i) {
     if (res != NULL && written(d, func, args, out, c->from[i], c->to[i]))
       res = write_back(d, c->from[i], c->to[i], res);

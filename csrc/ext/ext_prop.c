@@ -18,8 +18,5 @@ const mt_dimmap *mt_ext_dimmap_get(PyObject *obj, mt_dimmap *map) {
     return NULL;
   }
   mt_error err = {0};
-  int rc = mt_dimmap_check(map, &err);
-  if (rc == MT_OK) return map;
-  mt_ext_raise(rc, &err);
-  return NULL;
+  return mt_ext_ok(mt_dimmap_check(map, &err), &err) == 0 ? map : NULL;
 }

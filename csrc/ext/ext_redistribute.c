@@ -8,9 +8,7 @@
 /* This rank's box of `l`: 0, or -1 with the exception (RuntimeError off the mesh). */
 static int my_box(const mt_mesh *mesh, const mt_layout *l, mt_box *box) {
   mt_error err = {0};
-  int rc = mt_mesh_local_box(mesh, l, box, &err);
-  if (rc != MT_OK) mt_ext_raise(rc, &err);
-  return rc == MT_OK ? 0 : -1;
+  return mt_ext_ok(mt_mesh_local_box(mesh, l, box, &err), &err);
 }
 
 static PyArrayObject *new_box_array(PyObject *module, const mt_box *box,
@@ -26,9 +24,7 @@ static int check_local(PyArrayObject *a, const mt_box *box) {
   int n = PyArray_NDIM(a);
   for (int i = 0; i < n && i < MT_MAX_NDIM; ++i) shape[i] = PyArray_DIM(a, i);
   mt_error err = {0};
-  int rc = mt_box_check_local(box, n, shape, &err);
-  if (rc != MT_OK) mt_ext_raise(rc, &err);
-  return rc == MT_OK ? 0 : -1;
+  return mt_ext_ok(mt_box_check_local(box, n, shape, &err), &err);
 }
 
 typedef struct call_args {

@@ -7,8 +7,6 @@
 
 #include "mpitensor/comm/pending.h"
 
-enum { ADDRESS, KEEP, RESULT };
-
 PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep,
                              PyObject *result) {
   mt_pending *pending = NULL;
@@ -19,13 +17,13 @@ PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep
   PyObject *address = obj != NULL ? PyLong_FromVoidPtr(pending) : NULL;
   PyObject *values[3] = {address, keep, result};
   for (int i = 0; address != NULL && i < 3; ++i)
-    if (PyObject_GenericSetAttr(obj, d->request_fields[i], values[i]) < 0) Py_CLEAR(address);
+    if (PyObject_GenericSetAttr(obj, d->str[MT_S_REQUEST + i], values[i]) < 0) Py_CLEAR(address);
   if (address == NULL) {
     /* Not owned by a Request yet: the exchange completes here, unwaited. */
     Py_BEGIN_ALLOW_THREADS
     mt_pending_destroy(pending);
     Py_END_ALLOW_THREADS
-    if (obj != NULL) PyObject_GenericSetAttr(obj, d->request_fields[ADDRESS], NULL);
+    if (obj != NULL) PyObject_GenericSetAttr(obj, d->str[MT_S_REQUEST], NULL);
     Py_XDECREF(obj);
     return NULL;
   }
@@ -44,7 +42,7 @@ int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b) {
   /* Held while the GIL is released: another thread completing the same DTensor
    * meanwhile replaces its slot and drops the slot's reference. */
   Py_INCREF(obj);
-  PyObject *address = PyObject_GenericGetAttr(obj, d->request_fields[ADDRESS]);
+  PyObject *address = PyObject_GenericGetAttr(obj, d->str[MT_S_REQUEST]);
   mt_pending *pending = address != NULL ? PyLong_AsVoidPtr(address) : NULL;
   Py_XDECREF(address);
   mt_error err = {0};
@@ -56,7 +54,7 @@ int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b) {
   }
   PyObject *done = NULL;
   if (pending != NULL && rc != MT_OK) mt_ext_raise(rc, &err);
-  else if (pending != NULL) done = PyObject_GenericGetAttr(obj, d->request_fields[RESULT]);
+  else if (pending != NULL) done = PyObject_GenericGetAttr(obj, d->str[MT_S_REQUEST_RESULT]);
   Py_DECREF(obj);
   if (done == NULL) return -1;
   Py_XSETREF(b->local, done);

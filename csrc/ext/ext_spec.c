@@ -131,11 +131,8 @@ int mt_ext_layout_id(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dtensor *d
   if (mt_ext_spec_key(d, mb, dt->spec, key) < 0) return -1;
   int64_t slot;
   mt_error err = {0};
-  int rc = mt_layout_table_intern(mb->layouts, key, id, &slot, &err);
-  if (rc != MT_OK) {
-    mt_ext_raise(rc, &err);
+  if (mt_ext_ok(mt_layout_table_intern(mb->layouts, key, id, &slot, &err), &err) < 0)
     return -1;
-  }
   if (own) dt->layout_id = *id;
   return 0;
 }

@@ -22,8 +22,8 @@ int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObje
   for (int m = 0; m < mb->mesh_ndim; ++m)
     if (mt_ext_placement_code(d, PyTuple_GET_ITEM(placements, m), &codes[m]) < 0) return -1;
   mt_error err = {0};
-  int rc = mt_strided_init(out, (int)ndim, sh, mb->mesh_ndim, mb->mesh_shape, codes, &err);
-  return rc == MT_OK ? 0 : (mt_ext_raise(rc, &err), -1);
+  return mt_ext_ok(mt_strided_init(out, (int)ndim, sh, mb->mesh_ndim, mb->mesh_shape, codes,
+                                   &err), &err);
 }
 
 PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
@@ -33,8 +33,7 @@ PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *l
   if (mb->member && mt_mesh_coordinate(mb->mesh, coord)) {
     mt_box box;
     mt_error err = {0};
-    int rc = mt_strided_local_box(l, coord, &box, &err);
-    if (rc != MT_OK) return mt_ext_raise(rc, &err);
+    if (mt_ext_ok(mt_strided_local_box(l, coord, &box, &err), &err) < 0) return NULL;
     npy_intp dims[MT_MAX_NDIM];
     for (int i = 0; i < box.ndim; ++i) dims[i] = (npy_intp)box.shape[i];
     PyArray_Dims newshape = {dims, box.ndim};
@@ -198,7 +197,7 @@ int mt_ext_strided_views(mt_ext_dispatch *d, PyObject *const *ops, Py_ssize_t n,
     PyObject *o = ops[r->nviews], **v = &r->views[r->nviews];
     const mt_ext_dtensor *t = (const mt_ext_dtensor *)o;
     int kind = r->nviews < n ? alike(d, o, ref) : 0;
-    if (r->nviews >= n && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, r->nviews - n), d->s_out) == 0)
+    if (r->nviews >= n && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, r->nviews - n), d->str[MT_S_OUT]) == 0)
       *v = out_views(d, r, r->out = o, ref);
     else
       *v = kind == 1 || kind == 3

@@ -78,12 +78,6 @@ static const struct {
     STRUCT(mt_ext_modes),
 };
 
-const char *mt_ext_struct_at(int i, int64_t *size) {
-  if (i < 0 || i >= (int)(sizeof structs / sizeof structs[0])) return NULL;
-  *size = (int64_t)structs[i].size;
-  return structs[i].name;
-}
-
 /* What each exported capsule points to: a member of the module state (or of its
  * dispatch state) read in place, or something Python only hands back to C. */
 #define EXPORT(T, m) {"mpitensor._C." #m, 0, sizeof MEMBER(T, m), CTYPE(MEMBER(T, m)), {0, 0}}
@@ -100,29 +94,54 @@ static const field exports[] = {
     EXPORT_OPAQUE("layout_table"),
     END};
 
-const char *mt_ext_export_at(int i, const char **type, int64_t *size, int64_t *dims) {
-  if (i < 0 || i >= (int)(sizeof exports / sizeof exports[0]) - 1) return NULL;
-  const field *f = &exports[i];
-  *type = f->type, *size = (int64_t)f->size, dims[0] = f->dims[0], dims[1] = f->dims[1];
-  return f->name;
-}
-
 PyObject *mt_ext_export(const char *name, void *p) {
   for (const field *f = exports; f->name != NULL; ++f)
     if (strcmp(f->name, name) == 0) return PyCapsule_New(p, f->name, NULL);
   return PyErr_Format(PyExc_SystemError, "%s is not in the table of exports", name);
 }
 
-const char *mt_ext_field_at(int i, int j, const char **type, int64_t *offset,
-                            int64_t *size, int64_t *dims) {
-  int64_t ignored;
-  if (j < 0 || mt_ext_struct_at(i, &ignored) == NULL) return NULL;
-  const field *f = structs[i].fields;
-  for (int k = 0; k < j; ++k)
-    if (f[k].name == NULL) return NULL;
-  f += j;
-  if (f->name == NULL) return NULL;
-  *type = f->type, *offset = (int64_t)f->offset, *size = (int64_t)f->size;
-  dims[0] = f->dims[0], dims[1] = f->dims[1];
-  return f->name;
+/* A row's extents as Python reads them: a tuple of the nonzero ones. */
+static PyObject *extents(const int64_t *dims) {
+  return mt_ext_int_tuple(dims, (dims[0] != 0) + (dims[1] != 0));
+}
+
+/* {name: (size, ((field, type, offset, size, extents), ...))} of the structs. */
+static PyObject *struct_table(void) {
+  PyObject *out = PyDict_New();
+  for (size_t i = 0; out != NULL && i < sizeof structs / sizeof structs[0]; ++i) {
+    PyObject *rows = PyList_New(0);
+    for (const field *f = structs[i].fields; rows != NULL && f->name != NULL; ++f) {
+      PyObject *row = Py_BuildValue("(ssnnN)", f->name, f->type, (Py_ssize_t)f->offset,
+                                    (Py_ssize_t)f->size, extents(f->dims));
+      if (row == NULL || PyList_Append(rows, row) < 0) Py_CLEAR(rows);
+      Py_XDECREF(row);
+    }
+    PyObject *entry = rows ? Py_BuildValue("(nN)", (Py_ssize_t)structs[i].size,
+                                           PyList_AsTuple(rows)) : NULL;
+    if (entry == NULL || PyDict_SetItemString(out, structs[i].name, entry) < 0) Py_CLEAR(out);
+    Py_XDECREF(entry);
+    Py_XDECREF(rows);
+  }
+  return out;
+}
+
+/* {capsule name: (type, size, extents)} of the exports. */
+static PyObject *export_table(void) {
+  PyObject *out = PyDict_New();
+  for (const field *f = exports; out != NULL && f->name != NULL; ++f) {
+    PyObject *entry = Py_BuildValue("(snN)", f->type, (Py_ssize_t)f->size, extents(f->dims));
+    if (entry == NULL || PyDict_SetItemString(out, f->name, entry) < 0) Py_CLEAR(out);
+    Py_XDECREF(entry);
+  }
+  return out;
+}
+
+int mt_ext_structs_exec(PyObject *module) {
+  PyObject *structs_ = struct_table(), *exports_ = export_table();
+  int rc = structs_ && exports_ && PyModule_AddObjectRef(module, "STRUCTS", structs_) == 0 &&
+                   PyModule_AddObjectRef(module, "EXPORTS", exports_) == 0
+               ? 0 : -1;
+  Py_XDECREF(structs_);
+  Py_XDECREF(exports_);
+  return rc;
 }

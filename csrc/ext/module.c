@@ -30,7 +30,7 @@ static int module_exec(PyObject *module) {
   /* Grad mode starts on; `want` holds an object from the start, as ctypes reads
    * it. */
   st->modes.grad_enabled = 1, st->modes.want = Py_NewRef(Py_None);
-  if (mt_ext_ops_exec(module) < 0 ||
+  if (mt_ext_ops_exec(module) < 0 || mt_ext_structs_exec(module) < 0 ||
       mt_ext_pool_exec(module) < 0 ||
       mt_ext_mesh_base_exec(module) < 0 ||
       mt_ext_dtensor_exec(module) < 0)
@@ -52,17 +52,13 @@ static int module_exec(PyObject *module) {
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg) {
   mt_ext_state *st = mt_ext_state_of(module);
-#define VISIT_ONE(o) Py_VISIT(o)
-  MT_EXT_TYPES(VISIT_ONE, st);
-#undef VISIT_ONE
+  MT_EXT_TYPES(Py_VISIT, st);
   return mt_ext_ops_traverse(st, visit, arg);
 }
 
 static int module_clear(PyObject *module) {
   mt_ext_state *st = mt_ext_state_of(module);
-#define CLEAR_ONE(o) Py_CLEAR(o)
-  MT_EXT_TYPES(CLEAR_ONE, st);
-#undef CLEAR_ONE
+  MT_EXT_TYPES(Py_CLEAR, st);
   mt_ext_ops_clear(st);
   return 0;
 }

@@ -139,30 +139,9 @@ CORE = _constants()
 MAX_NDIM, MAX_MESH_NDIM = CORE.MAX_NDIM, CORE.MAX_MESH_NDIM  # the sizes of mt_layout's arrays
 
 
-def _struct_table() -> dict:
-    """{C struct name: (sizeof, ((field, element type, offset, size, extents),
-    ...))}, in the order of the extension's table (mt_ext_struct_at)."""
-    struct_at = fn("mt_ext_struct_at", ctypes.c_char_p, I, ctypes.POINTER(I64))
-    field_at = fn("mt_ext_field_at", ctypes.c_char_p, I, I, ctypes.POINTER(ctypes.c_char_p),
-                  ctypes.POINTER(I64), ctypes.POINTER(I64), ctypes.POINTER(I64))
-    size, kind, offset, nbytes, dims = I64(), ctypes.c_char_p(), I64(), I64(), (I64 * 2)()
-    out = {}
-    for i in itertools.count():
-        name = struct_at(i, ctypes.byref(size))
-        if name is None:
-            return out
-        fields, sizeof = [], size.value
-        for j in itertools.count():
-            field = field_at(i, j, ctypes.byref(kind), ctypes.byref(offset),
-                             ctypes.byref(nbytes), dims)
-            if field is None:
-                break
-            fields.append((field.decode(), kind.value.decode(), offset.value, nbytes.value,
-                           tuple(d for d in dims if d)))
-        out[name.decode()] = (sizeof, tuple(fields))
-
-
-STRUCTS = _struct_table()
+# {C struct name: (sizeof, ((field, element type, offset, size, extents), ...))} and
+# {capsule name: (element type, size, extents)}: the extension's tables.
+STRUCTS, EXPORTS = types.MappingProxyType(_C.STRUCTS), types.MappingProxyType(_C.EXPORTS)
 # The ctypes type of each scalar type the table names.
 _SCALARS = {"bool": ctypes.c_bool, "char": ctypes.c_char, "int": I,
             "unsigned int": ctypes.c_uint, "long": ctypes.c_long,
@@ -210,22 +189,6 @@ def struct(name: str) -> type:
     except KeyError:
         raise ImportError(f"{name} is not in the extension's table of structs "
                           "(csrc/ext/ext_structs.c)") from None
-
-
-def _export_table() -> dict:
-    """{capsule name: (element type, size, extents)} of what each capsule the
-    extension exports points to (mt_ext_export_at)."""
-    export_at = fn("mt_ext_export_at", ctypes.c_char_p, I, ctypes.POINTER(ctypes.c_char_p),
-                   ctypes.POINTER(I64), ctypes.POINTER(I64))
-    kind, size, dims, out = ctypes.c_char_p(), I64(), (I64 * 2)(), {}
-    for i in itertools.count():
-        name = export_at(i, ctypes.byref(kind), ctypes.byref(size), dims)
-        if name is None:
-            return out
-        out[name.decode()] = (kind.value.decode(), size.value, tuple(d for d in dims if d))
-
-
-EXPORTS = _export_table()
 
 
 def exported(capsule, name: str, kind: type | None = None):
@@ -367,13 +330,19 @@ def _layout(shape, mesh_shape, codes, init=None) -> _Layout:
     ((kind, dim, reduce_op[, split_factor]) tuples), made by ``init``
     (mt_layout_init, or mt_strided_init where strided ones are allowed)."""
     sh, nd = _int64s(shape, MAX_NDIM, "shape")
+    out = _Layout()
+    call(init or _layout_init, ctypes.byref(out), nd, sh, *_mesh(mesh_shape, codes))
+    return out
+
+
+def _mesh(mesh_shape, codes):
+    """(ndim, C array of the mesh shape, C array of placements) of a mesh shape and
+    placement codes ((kind, dim, reduce_op[, split_factor]) tuples), one per dim."""
     ms, nm = _int64s(mesh_shape, MAX_MESH_NDIM, "mesh shape")
     pl, npl = _placements(codes)
     if npl != nm:
         raise ValueError(f"{npl} placements were given for a {nm}-D mesh")
-    out = _Layout()
-    call(init or _layout_init, ctypes.byref(out), nd, sh, nm, ms, pl)
-    return out
+    return nm, ms, pl
 
 
 def _placements(codes):
@@ -467,12 +436,8 @@ def even_global_shape(local_shape: tuple, mesh_shape: tuple, codes: tuple):
     Example: ``even_global_shape((3,), (4,), ((1, 0, 0),)) == (12,)``.
     """
     local, nd = _int64s(local_shape, MAX_NDIM, "local shape")
-    ms, nm = _int64s(mesh_shape, MAX_MESH_NDIM, "mesh shape")
-    pl, npl = _placements(codes)
-    if npl != nm:
-        raise ValueError(f"{npl} placements were given for a {nm}-D mesh")
     out = (I64 * max(nd, 1))()
-    call(_even_global, nd, local, nm, ms, pl, out)
+    call(_even_global, nd, local, *_mesh(mesh_shape, codes), out)
     return tuple(out[:nd])
 
 
