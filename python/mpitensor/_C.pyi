@@ -30,6 +30,11 @@ IO_COUNTERS: Any
 # ((status, exception class), ...), most specific first: the one table by which
 # the extension raises a status and maps an exception back (csrc/ext/ext_args.c).
 STATUS_EXCEPTIONS: tuple[tuple[int, type], ...]
+# {C struct name: (size, ((field, element type, offset, size, extents), ...))} of
+# every struct Python reads, and {capsule name: (element type, size, extents)} of
+# what each exported capsule points to (csrc/ext/ext_structs.c; mpitensor._clib).
+STRUCTS: dict[str, tuple[int, tuple[tuple[str, str, int, int, tuple[int, ...]], ...]]]
+EXPORTS: dict[str, tuple[str, int, tuple[int, ...]]]
 
 class DTensorBase:
     """The C base of mpitensor.DTensor: its fields and the executor's doors

@@ -262,6 +262,8 @@ class DTensor(_C.DTensorBase):
         """
         return np.conjugate(self)
 
+    conjugate = conj
+
     @property
     def device(self) -> _device.device:
         """torch's ``Tensor.device``: a :class:`mpitensor.device` whose ``type`` is
@@ -723,7 +725,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.cumsum(0).placements == dt.placements`` for a Shard(0) ``dt``.
         """
-        return _registry.call(np.cumsum, self, axis, dtype, out)
+        return _registry.call_or_gather(np.cumsum, self, axis, dtype, out)
 
     def cumprod(self, axis=None, dtype=None, out=None) -> "DTensor":
         """numpy.ndarray.cumprod; see numpy.cumprod on DTensors. Local along an
@@ -731,7 +733,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.cumprod(1)`` of a Shard(0) DTensor moves nothing.
         """
-        return _registry.call(np.cumprod, self, axis, dtype, out)
+        return _registry.call_or_gather(np.cumprod, self, axis, dtype, out)
 
     def argsort(self, axis=-1, kind=None, order=None, **kwargs) -> "DTensor":
         """numpy.ndarray.argsort; see numpy.argsort on DTensors. Local along an
@@ -739,7 +741,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.argsort(axis=1)`` of a Shard(0) DTensor moves nothing.
         """
-        return _registry.call(np.argsort, self, axis, kind, order, **kwargs)
+        return _registry.call_or_gather(np.argsort, self, axis, kind, order, **kwargs)
 
     def round(self, decimals=0, out=None) -> "DTensor":
         """numpy.ndarray.round, placements kept (a Partial is reduced first). Local
@@ -747,7 +749,145 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.round(2).placements == dt.placements`` for a Shard ``dt``.
         """
-        return _registry.call(np.round, self, decimals, out)
+        return _registry.call_or_gather(np.round, self, decimals, out)
+
+    def clip(self, min=None, max=None, out=None, **kwargs) -> "DTensor":  # noqa: A002
+        """numpy.ndarray.clip; see numpy.clip on DTensors. Local (a Partial is
+        reduced first).
+
+        Example: ``dt.clip(0, 1).placements == dt.placements`` for a Shard ``dt``.
+        """
+        return _registry.call_or_gather(np.clip, self, min, max, out, **kwargs)
+
+    def take(self, indices, axis=None, out=None, mode="raise") -> "DTensor":
+        """numpy.ndarray.take; see numpy.take on DTensors. Collective on the mesh
+        when the taken axis is sharded.
+
+        Example: ``dt.take([0, 2], axis=1)``.
+        """
+        return _registry.call_or_gather(np.take, self, indices, axis, out, mode)
+
+    def compress(self, condition, axis=None, out=None) -> "DTensor":
+        """numpy.ndarray.compress: ``numpy.compress(condition, self, axis, out)``.
+        Collective on the mesh when the selected axis is sharded.
+
+        Example: ``dt.compress([True, False, True], axis=0)``.
+        """
+        return _registry.call_or_gather(np.compress, condition, self, axis, out)
+
+    def choose(self, choices, out=None, mode="raise") -> "DTensor":
+        """numpy.ndarray.choose; see numpy.choose on DTensors.
+
+        Example: ``dt.choose([a, b])`` for a ``dt`` of zeros and ones.
+        """
+        return _registry.call_or_gather(np.choose, self, choices, out, mode)
+
+    def nonzero(self) -> tuple:
+        """numpy.ndarray.nonzero: the indices of the nonzero elements, a tuple of
+        one DTensor per dim, as NumPy's. Collective on the mesh.
+
+        Example: ``dt.nonzero()[0]`` holds the rows of the nonzero elements.
+        """
+        return _registry.call_or_gather(np.nonzero, self)
+
+    def searchsorted(self, v, side="left", sorter=None) -> "DTensor":
+        """numpy.ndarray.searchsorted; see numpy.searchsorted on DTensors.
+
+        Example: ``dt.searchsorted(2.5)`` for a sorted 1-D ``dt``.
+        """
+        return _registry.call_or_gather(np.searchsorted, self, v, side, sorter)
+
+    def repeat(self, repeats, axis=None) -> "DTensor":
+        """numpy.ndarray.repeat (each element repeated, as NumPy's; torch's
+        ``repeat`` is ``numpy.tile``). Local along an unsharded axis.
+
+        Example: ``dt.repeat(2, axis=1).shape == (dt.shape[0], 2 * dt.shape[1])``.
+        """
+        return _registry.call_or_gather(np.repeat, self, repeats, axis)
+
+    def squeeze(self, axis=None) -> "DTensor":
+        """numpy.ndarray.squeeze; see numpy.squeeze on DTensors. Local.
+
+        Example: ``dt.squeeze(0).shape == dt.shape[1:]`` when ``dt.shape[0] == 1``.
+        """
+        return _registry.call_or_gather(np.squeeze, self, axis)
+
+    def diagonal(self, offset=0, axis1=0, axis2=1) -> "DTensor":
+        """numpy.ndarray.diagonal; see numpy.diagonal on DTensors.
+
+        Example: ``dt.diagonal()`` of a square ``dt``.
+        """
+        return _registry.call_or_gather(np.diagonal, self, offset, axis1, axis2)
+
+    def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None) -> "DTensor":
+        """numpy.ndarray.trace; see numpy.trace on DTensors.
+
+        Example: ``float(dt.trace())`` is the sum of the diagonal.
+        """
+        return _registry.call_or_gather(np.trace, self, offset, axis1, axis2, dtype, out)
+
+    def dot(self, b, out=None) -> "DTensor":
+        """numpy.ndarray.dot; see numpy.dot on DTensors.
+
+        Example: ``a.dot(b)`` equals ``a @ b`` for 2-D DTensors.
+        """
+        return _registry.call_or_gather(np.dot, self, b, out)
+
+    def argpartition(self, kth, axis=-1, kind="introselect", order=None) -> "DTensor":
+        """numpy.ndarray.argpartition; see numpy.argpartition on DTensors.
+
+        Example: ``dt.argpartition(1, axis=1)``.
+        """
+        return _registry.call_or_gather(np.argpartition, self, kth, axis, kind, order)
+
+    def sort(self, axis=-1, kind=None, order=None, *, stable=None) -> None:
+        """numpy.ndarray.sort: sorts in place (numpy.sort written back into this
+        DTensor, its placements kept). Collective on the mesh when the sorted axis
+        is sharded.
+
+        Example: ``dt.sort(axis=0)``.
+        """
+        kwargs = {} if stable is None else {"stable": stable}
+        self[...] = _registry.call_or_gather(np.sort, self, axis, kind, order, **kwargs)
+
+    def partition(self, kth, axis=-1, kind="introselect", order=None) -> None:
+        """numpy.ndarray.partition: partitions in place (numpy.partition written
+        back into this DTensor, its placements kept).
+
+        Example: ``dt.partition(2)`` puts the third smallest of each row third.
+        """
+        self[...] = _registry.call_or_gather(np.partition, self, kth, axis, kind, order)
+
+    def put(self, indices, values, mode="raise") -> None:
+        """numpy.ndarray.put; see numpy.put on DTensors (in place).
+
+        Example: ``dt.put([0, 5], [1.0, 2.0])``.
+        """
+        _registry.call_or_gather(np.put, self, indices, values, mode)
+
+    def tobytes(self, order="C") -> bytes:
+        """numpy.ndarray.tobytes of the whole array on every rank: gathered, as the
+        fallback gathers (counted and warned).
+
+        Example: ``np.frombuffer(dt.tobytes(), dt.dtype)``.
+        """
+        return _registry.gather_call(np.ndarray.tobytes, (self.detach(),),
+                                     {"order": order}, "numpy.ndarray.tobytes")
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one element, as numpy.ndarray.itemsize. Local.
+
+        Example: ``dt.astype(np.float32).itemsize == 4``.
+        """
+        return self._spec.dtype.itemsize
+
+    def __contains__(self, value) -> bool:
+        """``value in dt``: ``bool((dt == value).any())``, as NumPy's. Collective.
+
+        Example: ``3.0 in distribute_tensor(np.arange(4.0), mesh, [Shard(0)])``.
+        """
+        return bool((self == value).any())
 
     # -- conversions to Python values (collective) ----------------------------------
     def _scalar(self, convert):

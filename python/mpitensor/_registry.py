@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from . import _C
 
-__all__ = ["implements", "lookup", "call", "gather_call", "NoRule", "no_rule", "qualified_name",
+__all__ = ["implements", "lookup", "call", "call_or_gather", "gather_call", "NoRule", "no_rule", "qualified_name",
            "op_label", "functions", "rules", "backwards"]
 
 # NumPy function (or ndarray method, operator.getitem) -> its DTensor version.
@@ -46,6 +46,21 @@ def call(func, *args, **kwargs):
     Example: ``call(np.reshape, dt, (2, -1))``.
     """
     return _C.call(func, args, kwargs or None)
+
+
+def call_or_gather(func, *args, **kwargs):
+    """``func(*args, **kwargs)`` as NumPy's function answers for DTensor arguments
+    (what ``__array_function__`` does): :func:`call`, or, where the rule does not
+    cover these arguments (it raised NoRule before anything moved), NumPy on the
+    gathered arrays (:func:`gather_call`). For the ndarray methods of DTensor.
+    Collective on the mesh when the operation moves data.
+
+    Example: ``call_or_gather(np.put, dt, [0], [1.0])`` on a Partial ``dt``.
+    """
+    try:
+        return _C.call(func, args, kwargs or None)
+    except NoRule as e:
+        return gather_call(func, args, kwargs, cause=e)
 
 
 def implements(*np_funcs, takes_strided=False):
