@@ -305,6 +305,22 @@ def test_prod_of_a_float32_input_with_a_float64_result_gets_a_float32_gradient()
                                                                      0, False), rtol=1e-6)
 
 
+@pytest.mark.parametrize("pls", [[Shard(0)], [R], [PS]], ids=str)
+def test_numpy_astype_has_the_method_s_backward(pls):
+    mesh = mesh_of((W,))
+    a = np.arange(12.0).reshape(4, 3)
+    seen = []
+    for cast in (lambda x: x.astype(np.float32), lambda x: np.astype(x, np.float32)):
+        x = make(a, mesh, pls).requires_grad_()
+        y = cast(x)
+        assert y.dtype == np.float32
+        (y * y).sum().backward()
+        assert x.grad.dtype == np.float64
+        np.testing.assert_array_equal(x.grad.full_tensor(), 2 * a)
+        seen.append((y.placements, x.grad.placements))
+    assert seen[0] == seen[1]
+
+
 # -- against torch (skipped without it) --------------------------------------------------
 
 @pytest.fixture(scope="module")

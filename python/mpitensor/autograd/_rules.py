@@ -867,6 +867,7 @@ _FUNCTIONS = {
     np.real: ("real", _real),
     np.imag: ("imag", _imag),
     np.ndarray.astype: ("astype", _astype),
+    np.astype: ("astype", _astype),
 }
 
 
