@@ -22,7 +22,8 @@ import numpy as np
 
 from . import _C
 from ._clib import (MAX_MESH_NDIM, MAX_NDIM, SIZE, U64, A, E as _E, Error, I, I64, D, P, S,
-                    _Box, _int64s, _Layout, _layout_init, _local_box, _placements, call,
+                    _Box, _int64s, _Layout, _layout_init, _local_box, _placements,
+                    _selection_image, call,
                     check, dtype_code, exported, fn, ptr, sizeof, status_of, struct,
                     text_buffer)
 from ._clib import message as _message
@@ -598,7 +599,6 @@ def ring_allgather_int64(mesh, dim: int, values) -> tuple[int, ...]:
 _Selection = struct("mt_selection")
 _L, _B = _Layout, _Box
 _selection_check = fn("mt_selection_check", I, _Selection, I, P, _E)
-_selection_image = fn("mt_selection_image", I, _Selection, _B, _B)
 _selection_exchange = fn("mt_selection_exchange", I, P, _L, _Selection, _L, I, A, A, _E)
 _distribute_from = fn("mt_distribute_from", I, P, _L, I, I64, A, A, _E)
 _box_check_local = fn("mt_box_check_local", I, _B, I, P, _E)

@@ -206,6 +206,31 @@ def test_only_the_one_door_imports_ctypes():
     assert not found, f"modules importing ctypes besides _clib: {found}"
 
 
+def bound_functions(source: str) -> list[str]:
+    """The C functions a module binds: the first argument of each call of ``fn``
+    (``_clib.fn``, or ``fn`` imported under any name ending in it)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name.endswith("fn") and isinstance(node.args[0].value, str):
+                out.append(node.args[0].value)
+    return out
+
+
+def test_each_c_function_is_bound_once():
+    """One binding a function: two would be two prototypes that can disagree."""
+    seen: dict = {}
+    for name, path in modules().items():
+        for c in bound_functions(path.read_text()):
+            seen.setdefault(c, []).append(name)
+    twice = {c: where for c, where in seen.items() if len(where) > 1}
+    assert not twice, f"bound more than once: {twice}"
+    assert bound_functions('_x = fn("mt_a", I)\ny = _clib.fn("mt_b")\n"fn(\'mt_c\')"') == [
+        "mt_a", "mt_b"]
+
+
 @pytest.mark.parametrize("source, expect", [
     ("import ctypes\n", True), ("import ctypes.util\n", True),
     ("from ctypes import c_int\n", True), ("def f():\n    import ctypes\n", True),
