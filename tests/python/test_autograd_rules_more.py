@@ -444,6 +444,38 @@ def test_the_backward_of_a_mask_does_not_gather_the_input_again():
     np.testing.assert_array_equal(w.grad.full_tensor(), mask.astype(float))
 
 
+# Ints beside one integer array are advanced indices too: adjacent to it (the dim
+# stays in place) or apart from it (NumPy puts the dim first).
+INTS_WITH_ARRAY = {
+    2: [np.s_[0, [1, 0, 1]], np.s_[[2, 0, 2], 1], np.s_[-1, np.array([3, -1])],
+        np.s_[[0], -2], np.s_[None, 1, [4, 4]]],
+    3: [np.s_[1, [0, 2], 1:3], np.s_[0, :, [1, 1]], np.s_[:, [1, 0], -1],
+        np.s_[-1, ..., [0, 2]], np.s_[[3, 0], None, 0], np.s_[2, None, [1], ::2],
+        np.s_[0, 1, [2, 0]]],
+}
+
+
+@pytest.mark.parametrize("mesh_shape", mesh_shapes_1d_2d(), ids=str)
+@pytest.mark.parametrize("shape, key", [(sh, k) for sh in [(6, 5), (4, 5, 3)]
+                                        for k in range(len(INTS_WITH_ARRAY[len(sh)]))], ids=str)
+@pytest.mark.usefixtures("strict_numpy")
+def test_ints_beside_an_integer_array_run_distributed_with_numpys_gradient(mesh_shape, shape,
+                                                                          key):
+    """``x[key]`` with ints and one integer array runs distributed (strict: no
+    gather) with NumPy's value and shape, and its gradient adds the output's
+    gradient into the picked positions (np.add.at), in every layout."""
+    key = INTS_WITH_ARRAY[len(shape)][key]
+    mesh = mesh_of(mesh_shape)
+    for j, pls in enumerate(layouts(mesh_shape, [len(shape)])):
+        (a,) = rng_arrays(130 + j, shape)
+        np.testing.assert_array_equal(make(a, mesh, plain(pls[0]))[key].full_tensor(),
+                                      a[key])
+        (got,), c = run(lambda x: x[key] * 2.0, [a], mesh, pls)
+        want = np.zeros_like(a)
+        np.add.at(want, key, 2.0 * c)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"{pls}")
+
+
 # -- np.clip with DTensor bounds, against torch.clamp ------------------------------------
 
 def clamp_cases():

@@ -53,33 +53,43 @@ def is_advanced(key) -> str | None:
     return None
 
 
+def _is_int(k) -> bool:
+    return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
+
+
 def one_array(key, ndim: int):
-    """(dim, indices, the rest of the key) of a tuple key that holds one integer array
-    (as ``is_advanced`` takes it alone) among slices, None and at most one ``...``:
-    the array indexes that input dim, and the rest of the key is the key with
-    ``slice(None)`` in its place, so that ``dt[key]`` is ``np.take(dt, indices,
-    axis=dim)[rest]`` (one advanced index keeps its dim in place, as NumPy's).
-    None for any other key (ints beside the array change where NumPy puts its dim).
-    Local.
+    """(dim, indices, the rest of the key, front) of a tuple key that holds one
+    integer array (as ``is_advanced`` takes it alone) among ints, slices, None and
+    at most one ``...``: the array indexes input dim ``dim``, and the rest of the
+    key is the key with ``slice(None)`` in its place, so that ``dt[key]`` is
+    ``np.take(dt, indices, axis=dim)[rest]``, the array's dim where the rest puts
+    it. That is NumPy's place for it unless ints are advanced indices apart from
+    the array (a slice, None or ``...`` between them): NumPy puts its dim first,
+    and ``front`` is then the position to move it from (else None). None for any
+    other key. Local.
 
     Example: ``one_array((slice(None), [1, 0, 1]), 2) == (1, [1, 0, 1], (slice(None),
-    slice(None)))``.
+    slice(None)), None)``; ``one_array((0, slice(None), [1]), 3)[3] == 1``.
     """
     if type(key) is not tuple:
         return None
     at = [j for j, k in enumerate(key) if is_advanced(k) == "take"]
-    if len(at) != 1 or not all(j == at[0] or k is None or k is Ellipsis
+    ints = [j for j, k in enumerate(key) if _is_int(k)]
+    if len(at) != 1 or not all(j == at[0] or j in ints or k is None or k is Ellipsis
                                or type(k) is slice for j, k in enumerate(key)):
         return None
-    used = 1 + sum(type(k) is slice for k in key)
+    used = 1 + len(ints) + sum(type(k) is slice for k in key)
     ellipses = [j for j, k in enumerate(key) if k is Ellipsis]
     if used > ndim or len(ellipses) > 1:
         return None
     j = at[0]
-    dim = sum(type(k) is slice for k in key[:j])
-    if ellipses and ellipses[0] < j:
-        dim += ndim - used
-    return dim, key[j], key[:j] + (slice(None),) + key[j + 1:]
+    fill = ndim - used if ellipses and ellipses[0] < j else 0
+    dim = sum(type(k) is slice or _is_int(k) for k in key[:j]) + fill
+    advanced = sorted(ints + at)
+    front = None
+    if advanced[-1] - advanced[0] + 1 != len(advanced):
+        front = sum(type(k) is slice or k is None for k in key[:j]) + fill
+    return dim, key[j], key[:j] + (slice(None),) + key[j + 1:], front
 
 
 def _row_group(dt):

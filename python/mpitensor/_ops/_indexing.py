@@ -203,8 +203,9 @@ def getitem(dt, key):
     one = A.one_array(key, len(dt._spec.shape))
     if one is not None:
         # its backward (autograd _getitem) undoes the same two steps
-        dim, idx, rest = one
-        return getitem(np.take(dt, idx, axis=dim), rest)
+        dim, idx, rest, front = one
+        out = getitem(np.take(dt, idx, axis=dim), rest)
+        return out if front is None else np.moveaxis(out, front, 0)
     if type(key) is DTensor:
         if key.dtype.kind in "iu":
             return pick_rows("DTensor.__getitem__ (integer DTensor)", dt, key)

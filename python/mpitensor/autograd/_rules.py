@@ -505,7 +505,9 @@ def _getitem(g, node, out):
     a, key = node.saved
     one = one_array(key, a.ndim)
     if one is not None:
-        dim, idx, rest = one
+        dim, idx, rest, front = one
+        if front is not None:
+            g = np.moveaxis(g, 0, front)
         idx = np.asarray(idx, np.intp)
         shape = a.shape[:dim] + (idx.size,) + a.shape[dim + 1:]  # np.take's result
         n = a.shape[dim]
