@@ -776,7 +776,8 @@ class DTensor(_C.DTensorBase):
         return _registry.call_or_gather(np.compress, condition, self, axis, out)
 
     def choose(self, choices, out=None, mode="raise") -> "DTensor":
-        """numpy.ndarray.choose; see numpy.choose on DTensors.
+        """numpy.ndarray.choose; see numpy.choose on DTensors. Local when the choices
+        are laid out as this DTensor, else collective on the mesh.
 
         Example: ``dt.choose([a, b])`` for a ``dt`` of zeros and ones.
         """
@@ -792,6 +793,7 @@ class DTensor(_C.DTensorBase):
 
     def searchsorted(self, v, side="left", sorter=None) -> "DTensor":
         """numpy.ndarray.searchsorted; see numpy.searchsorted on DTensors.
+        Collective on the mesh when this DTensor is sharded.
 
         Example: ``dt.searchsorted(2.5)`` for a sorted 1-D ``dt``.
         """
@@ -813,28 +815,32 @@ class DTensor(_C.DTensorBase):
         return _registry.call_or_gather(np.squeeze, self, axis)
 
     def diagonal(self, offset=0, axis1=0, axis2=1) -> "DTensor":
-        """numpy.ndarray.diagonal; see numpy.diagonal on DTensors.
+        """numpy.ndarray.diagonal; see numpy.diagonal on DTensors. Collective on
+        the mesh when the two axes' shards must meet.
 
         Example: ``dt.diagonal()`` of a square ``dt``.
         """
         return _registry.call_or_gather(np.diagonal, self, offset, axis1, axis2)
 
     def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None) -> "DTensor":
-        """numpy.ndarray.trace; see numpy.trace on DTensors.
+        """numpy.ndarray.trace; see numpy.trace on DTensors. Collective on the
+        mesh when the two axes' shards must meet or a sum is reduced.
 
         Example: ``float(dt.trace())`` is the sum of the diagonal.
         """
         return _registry.call_or_gather(np.trace, self, offset, axis1, axis2, dtype, out)
 
     def dot(self, b, out=None) -> "DTensor":
-        """numpy.ndarray.dot; see numpy.dot on DTensors.
+        """numpy.ndarray.dot; see numpy.dot on DTensors. Collective on the mesh
+        when an operand moves or a Partial sum is reduced.
 
         Example: ``a.dot(b)`` equals ``a @ b`` for 2-D DTensors.
         """
         return _registry.call_or_gather(np.dot, self, b, out)
 
     def argpartition(self, kth, axis=-1, kind="introselect", order=None) -> "DTensor":
-        """numpy.ndarray.argpartition; see numpy.argpartition on DTensors.
+        """numpy.ndarray.argpartition; see numpy.argpartition on DTensors. Local
+        along an unsharded axis, else collective on the mesh.
 
         Example: ``dt.argpartition(1, axis=1)``.
         """
@@ -852,14 +858,16 @@ class DTensor(_C.DTensorBase):
 
     def partition(self, kth, axis=-1, kind="introselect", order=None) -> None:
         """numpy.ndarray.partition: partitions in place (numpy.partition written
-        back into this DTensor, its placements kept).
+        back into this DTensor, its placements kept). Local along an unsharded
+        axis, else collective on the mesh.
 
         Example: ``dt.partition(2)`` puts the third smallest of each row third.
         """
         self[...] = _registry.call_or_gather(np.partition, self, kth, axis, kind, order)
 
     def put(self, indices, values, mode="raise") -> None:
-        """numpy.ndarray.put; see numpy.put on DTensors (in place).
+        """numpy.ndarray.put; see numpy.put on DTensors (in place). Collective on
+        the mesh when the values move to their owners.
 
         Example: ``dt.put([0, 5], [1.0, 2.0])``.
         """
@@ -867,7 +875,7 @@ class DTensor(_C.DTensorBase):
 
     def tobytes(self, order="C") -> bytes:
         """numpy.ndarray.tobytes of the whole array on every rank: gathered, as the
-        fallback gathers (counted and warned).
+        fallback gathers (counted and warned). Collective on the mesh.
 
         Example: ``np.frombuffer(dt.tobytes(), dt.dtype)``.
         """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 
 import numpy as np
 import pytest
@@ -49,9 +50,9 @@ def read_all(fd: int) -> bytes:
 def releases(tmp) -> bool:
     """Whether a save can release a file's cache here: a kernel with cachestat
     (Linux 6.5, where the core knows its number) and a file system whose clean
-    pages fadvise drops (not tmpfs). Read on the first rank, a few times: fadvise
-    drains only its own CPU's list of newly cached pages, so a page the read
-    cached on another CPU can stay once, which would read as "never drops"."""
+    pages fadvise drops (not tmpfs). Read on the first rank, tried for up to a
+    second: on a busy machine the kernel can keep a just-written clean page for a
+    while, which would read as "never drops"."""
     def probe() -> bool:
         release = tuple(int(v) for v in platform.release().split("-")[0].split(".")[:2])
         if (platform.system() != "Linux" or release < (6, 5)
@@ -64,11 +65,12 @@ def releases(tmp) -> bool:
             os.fsync(f.fileno())
         fd = os.open(path, os.O_RDONLY)
         try:
-            for _ in range(5):
+            for _ in range(20):
                 read_all(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 if not cached(fd):
                     return True
+                time.sleep(0.05)
             return False
         finally:
             os.close(fd)
@@ -108,14 +110,26 @@ def replaced(path: str, save_old, save_new, releases, asks: bool) -> list:
     return everywhere(p)
 
 
+def settled(run, tries: int = 3) -> list:
+    """Collective. ``run()``'s problems (the same on every rank), run again up to
+    ``tries`` times while it has some: the kernel can keep a clean page that is
+    busy for a moment (in another CPU's batch of new pages, or read ahead), which
+    nothing the save does can prevent. A save that never releases fails every try."""
+    for _ in range(tries):
+        found = run()
+        if not found:
+            break
+    return found
+
+
 @pytest.mark.parametrize("suffix", [".npy", ".h5"])
 def test_a_save_releases_the_clean_cache_of_the_file_it_replaces(tmp, releases, suffix):
     path = os.path.join(tmp, f"clean{suffix}")
     extra = {"dataset": "x"} if suffix == ".h5" else {}
     # the first save is durable: its pages are clean
-    assert replaced(path, lambda: mt.save(versions(1), path, **extra),
-                    lambda: mt.save(versions(2), path, **extra), releases,
-                    RANK == 0) == []
+    assert settled(lambda: replaced(path, lambda: mt.save(versions(1), path, **extra),
+                                    lambda: mt.save(versions(2), path, **extra), releases,
+                                    RANK == 0)) == []
     mesh = init_device_mesh("cpu", (N,))
     back = mt.load(path, mesh, [Shard(0)], **extra).to_local()
     assert COMM.allreduce(int(not np.all(back == 2.0))) == 0
@@ -135,8 +149,8 @@ def test_a_zarr_save_releases_the_clean_cache_of_the_chunks_it_replaces(tmp, rel
     path = os.path.join(tmp, "clean.zarr")
     # chunks follow the shards: rank r writes the chunk file c.r.0
     chunk = os.path.join(path, f"c.{RANK}.0")
-    assert replaced(chunk, lambda: mt.save(versions(1), path),
-                    lambda: mt.save(versions(2), path), releases, True) == []
+    assert settled(lambda: replaced(chunk, lambda: mt.save(versions(1), path),
+                                    lambda: mt.save(versions(2), path), releases, True)) == []
     mesh = init_device_mesh("cpu", (N,))
     back = mt.load(path, mesh, [Shard(0)]).to_local()
     assert COMM.allreduce(int(not np.all(back == 2.0))) == 0
