@@ -233,7 +233,7 @@ struct mt_ext_dispatch {
   PyObject *functions; /* NumPy function -> its entry (mpitensor._registry) */
   PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
   PyObject *backwards; /* function -> (name, backward) of its registry entry */
-  PyObject *hooks; /* name -> callable: an event's, "placements", "strided", "error" */
+  PyObject *hooks; /* name -> callable: an event's, "placements", "view", "error" */
   PyObject *ufunc_type;
   PyObject *replicate, *shard[MT_MAX_NDIM], *partial[MT_REDUCE_COUNT];
   PyObject *strided; /* _strided_shard(dim, split_factor): a _StridedShard */
@@ -345,13 +345,13 @@ int mt_ext_strided_layout(mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyObje
 PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *like,
                            PyObject *local, const mt_layout *l, PyObject *pl);
 /* A ufunc call whose DTensor operands are strided alike (one mesh, placements and
- * shape, no Partial) or replicated, among scalars, is the plain call on their
- * expansions, read back; no communication. A view of an operand that wants a
- * gradient, and the result read back, record as the "view" hook's function.
- * _views: the plain call's operands and keywords in `r` (1; 0 when the call is
- * not such a one: the "strided" hook takes it; -1 with an exception). _back:
- * drops them, reads back `res` (stolen; NULL without an exception when it
- * cannot). */
+ * shape) or replicated, among scalars, is the plain call on their expansions,
+ * read back. A view of an operand that wants a gradient, and the result read
+ * back, record as the "view" hook's function. _views: the plain call's operands
+ * and keywords in `r` (1; 0 when the call is not such a one: its Python entry
+ * takes it, and ext_plain.c moves the operands; -1 with an exception). _back:
+ * drops them, reads back `res` (stolen; NULL without an exception when a result
+ * has no view in the strided shape). */
 typedef struct mt_ext_strided_reading {
   mt_ext_mesh_base *mb;
   mt_layout l, e; /* the operands' strided layout and its plain expansion */

@@ -109,14 +109,7 @@ class DTensor(_C.DTensorBase):
             # (which it calls itself for any argument it does not take).
             return method(*args, **kwargs)
         if func in _registry.functions or func in _registry.rules:
-            try:
-                # _registry.call's own step, without unpacking and packing the
-                # arguments again.
-                return _C.call(func, args, kwargs or None)
-            except _registry.NoRule as e:
-                # Raised before anything moved, on every rank alike: the rule does
-                # not cover these arguments, NumPy on the gathered arrays does.
-                return _registry.gather_call(func, args, kwargs, cause=e)
+            return _registry.call_or_gather(func, args, kwargs)
         return _registry.gather_call(func, args, kwargs)
 
     @property
@@ -328,10 +321,7 @@ class DTensor(_C.DTensorBase):
         cut, else local. Other advanced keys (integer DTensors, several arrays) are
         NumPy's indexing on the gathered arrays. Example: ``dt[1:, ::2]``,
         ``dt[..., 0, None]``."""
-        try:
-            return _registry.call(operator.getitem, self, key)
-        except _registry.NoRule as e:
-            return _registry.gather_call(operator.getitem, (self, key), {}, cause=e)
+        return _registry.call_or_gather(operator.getitem, (self, key))
 
     def __setitem__(self, key, value) -> None:
         """``dt[key] = value`` in place, placements kept: a basic key (ints, slices,
@@ -342,13 +332,10 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt[1:3] = 0.0``; ``dt[dt < 0] = 0``.
         """
-        try:
-            _registry.call(operator.setitem, self, key, value)
-        except _registry.NoRule as e:
-            # Raised before anything moved, alike on every rank: NumPy's assignment
-            # on the gathered arrays, written back (a mask with an array of values).
-            _registry.gather_call(operator.setitem, (self, key, value), {},
-                                  "DTensor item assignment", cause=e)
+        # Where the rule does not cover the key, NumPy's assignment on the gathered
+        # arrays, written back (a mask with an array of values).
+        _registry.call_or_gather(operator.setitem, (self, key, value), None,
+                                 "DTensor item assignment")
 
     def fill(self, value) -> None:
         """numpy.ndarray.fill: every element set to ``value`` (cast as NumPy
@@ -725,7 +712,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.cumsum(0).placements == dt.placements`` for a Shard(0) ``dt``.
         """
-        return _registry.call_or_gather(np.cumsum, self, axis, dtype, out)
+        return _registry.call_or_gather(np.cumsum, (self, axis, dtype, out))
 
     def cumprod(self, axis=None, dtype=None, out=None) -> "DTensor":
         """numpy.ndarray.cumprod; see numpy.cumprod on DTensors. Local along an
@@ -733,7 +720,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.cumprod(1)`` of a Shard(0) DTensor moves nothing.
         """
-        return _registry.call_or_gather(np.cumprod, self, axis, dtype, out)
+        return _registry.call_or_gather(np.cumprod, (self, axis, dtype, out))
 
     def argsort(self, axis=-1, kind=None, order=None, **kwargs) -> "DTensor":
         """numpy.ndarray.argsort; see numpy.argsort on DTensors. Local along an
@@ -741,7 +728,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.argsort(axis=1)`` of a Shard(0) DTensor moves nothing.
         """
-        return _registry.call_or_gather(np.argsort, self, axis, kind, order, **kwargs)
+        return _registry.call_or_gather(np.argsort, (self, axis, kind, order), kwargs)
 
     def round(self, decimals=0, out=None) -> "DTensor":
         """numpy.ndarray.round, placements kept (a Partial is reduced first). Local
@@ -749,7 +736,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.round(2).placements == dt.placements`` for a Shard ``dt``.
         """
-        return _registry.call_or_gather(np.round, self, decimals, out)
+        return _registry.call_or_gather(np.round, (self, decimals, out))
 
     def clip(self, min=None, max=None, out=None, **kwargs) -> "DTensor":  # noqa: A002
         """numpy.ndarray.clip; see numpy.clip on DTensors. Local (a Partial is
@@ -757,7 +744,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.clip(0, 1).placements == dt.placements`` for a Shard ``dt``.
         """
-        return _registry.call_or_gather(np.clip, self, min, max, out, **kwargs)
+        return _registry.call_or_gather(np.clip, (self, min, max, out), kwargs)
 
     def take(self, indices, axis=None, out=None, mode="raise") -> "DTensor":
         """numpy.ndarray.take; see numpy.take on DTensors. Collective on the mesh
@@ -765,7 +752,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.take([0, 2], axis=1)``.
         """
-        return _registry.call_or_gather(np.take, self, indices, axis, out, mode)
+        return _registry.call_or_gather(np.take, (self, indices, axis, out, mode))
 
     def compress(self, condition, axis=None, out=None) -> "DTensor":
         """numpy.ndarray.compress: ``numpy.compress(condition, self, axis, out)``.
@@ -773,7 +760,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.compress([True, False, True], axis=0)``.
         """
-        return _registry.call_or_gather(np.compress, condition, self, axis, out)
+        return _registry.call_or_gather(np.compress, (condition, self, axis, out))
 
     def choose(self, choices, out=None, mode="raise") -> "DTensor":
         """numpy.ndarray.choose; see numpy.choose on DTensors. Local when the choices
@@ -781,7 +768,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.choose([a, b])`` for a ``dt`` of zeros and ones.
         """
-        return _registry.call_or_gather(np.choose, self, choices, out, mode)
+        return _registry.call_or_gather(np.choose, (self, choices, out, mode))
 
     def nonzero(self) -> tuple:
         """numpy.ndarray.nonzero: the indices of the nonzero elements, a tuple of
@@ -789,7 +776,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.nonzero()[0]`` holds the rows of the nonzero elements.
         """
-        return _registry.call_or_gather(np.nonzero, self)
+        return _registry.call_or_gather(np.nonzero, (self,))
 
     def searchsorted(self, v, side="left", sorter=None) -> "DTensor":
         """numpy.ndarray.searchsorted; see numpy.searchsorted on DTensors.
@@ -797,7 +784,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.searchsorted(2.5)`` for a sorted 1-D ``dt``.
         """
-        return _registry.call_or_gather(np.searchsorted, self, v, side, sorter)
+        return _registry.call_or_gather(np.searchsorted, (self, v, side, sorter))
 
     def repeat(self, repeats, axis=None) -> "DTensor":
         """numpy.ndarray.repeat (each element repeated, as NumPy's; torch's
@@ -805,14 +792,14 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.repeat(2, axis=1).shape == (dt.shape[0], 2 * dt.shape[1])``.
         """
-        return _registry.call_or_gather(np.repeat, self, repeats, axis)
+        return _registry.call_or_gather(np.repeat, (self, repeats, axis))
 
     def squeeze(self, axis=None) -> "DTensor":
         """numpy.ndarray.squeeze; see numpy.squeeze on DTensors. Local.
 
         Example: ``dt.squeeze(0).shape == dt.shape[1:]`` when ``dt.shape[0] == 1``.
         """
-        return _registry.call_or_gather(np.squeeze, self, axis)
+        return _registry.call_or_gather(np.squeeze, (self, axis))
 
     def diagonal(self, offset=0, axis1=0, axis2=1) -> "DTensor":
         """numpy.ndarray.diagonal; see numpy.diagonal on DTensors. Collective on
@@ -820,7 +807,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.diagonal()`` of a square ``dt``.
         """
-        return _registry.call_or_gather(np.diagonal, self, offset, axis1, axis2)
+        return _registry.call_or_gather(np.diagonal, (self, offset, axis1, axis2))
 
     def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None) -> "DTensor":
         """numpy.ndarray.trace; see numpy.trace on DTensors. Collective on the
@@ -828,7 +815,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``float(dt.trace())`` is the sum of the diagonal.
         """
-        return _registry.call_or_gather(np.trace, self, offset, axis1, axis2, dtype, out)
+        return _registry.call_or_gather(np.trace, (self, offset, axis1, axis2, dtype, out))
 
     def dot(self, b, out=None) -> "DTensor":
         """numpy.ndarray.dot; see numpy.dot on DTensors. Collective on the mesh
@@ -836,7 +823,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``a.dot(b)`` equals ``a @ b`` for 2-D DTensors.
         """
-        return _registry.call_or_gather(np.dot, self, b, out)
+        return _registry.call_or_gather(np.dot, (self, b, out))
 
     def argpartition(self, kth, axis=-1, kind="introselect", order=None) -> "DTensor":
         """numpy.ndarray.argpartition; see numpy.argpartition on DTensors. Local
@@ -844,7 +831,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.argpartition(1, axis=1)``.
         """
-        return _registry.call_or_gather(np.argpartition, self, kth, axis, kind, order)
+        return _registry.call_or_gather(np.argpartition, (self, kth, axis, kind, order))
 
     def sort(self, axis=-1, kind=None, order=None, *, stable=None) -> None:
         """numpy.ndarray.sort: sorts in place (numpy.sort written back into this
@@ -854,7 +841,7 @@ class DTensor(_C.DTensorBase):
         Example: ``dt.sort(axis=0)``.
         """
         kwargs = {} if stable is None else {"stable": stable}
-        self[...] = _registry.call_or_gather(np.sort, self, axis, kind, order, **kwargs)
+        self[...] = _registry.call_or_gather(np.sort, (self, axis, kind, order), kwargs)
 
     def partition(self, kth, axis=-1, kind="introselect", order=None) -> None:
         """numpy.ndarray.partition: partitions in place (numpy.partition written
@@ -863,7 +850,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.partition(2)`` puts the third smallest of each row third.
         """
-        self[...] = _registry.call_or_gather(np.partition, self, kth, axis, kind, order)
+        self[...] = _registry.call_or_gather(np.partition, (self, kth, axis, kind, order))
 
     def put(self, indices, values, mode="raise") -> None:
         """numpy.ndarray.put; see numpy.put on DTensors (in place). Collective on
@@ -871,7 +858,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.put([0, 5], [1.0, 2.0])``.
         """
-        _registry.call_or_gather(np.put, self, indices, values, mode)
+        _registry.call_or_gather(np.put, (self, indices, values, mode))
 
     def tobytes(self, order="C") -> bytes:
         """numpy.ndarray.tobytes of the whole array on every rank: gathered, as the

@@ -48,19 +48,20 @@ def call(func, *args, **kwargs):
     return _C.call(func, args, kwargs or None)
 
 
-def call_or_gather(func, *args, **kwargs):
-    """``func(*args, **kwargs)`` as NumPy's function answers for DTensor arguments
-    (what ``__array_function__`` does): :func:`call`, or, where the rule does not
-    cover these arguments (it raised NoRule before anything moved), NumPy on the
-    gathered arrays (:func:`gather_call`). For the ndarray methods of DTensor.
-    Collective on the mesh when the operation moves data.
+def call_or_gather(func, args: tuple, kwargs: dict | None = None, name: str | None = None):
+    """``func(*args, **kwargs)`` as NumPy's function answers for DTensor arguments:
+    the registered entry through the executor (:func:`call`'s step), or, where the
+    rule does not cover these arguments (it raised NoRule before anything moved, on
+    every rank alike), NumPy on the gathered arrays (:func:`gather_call`, under
+    ``name``). The one such step of ``__array_function__``, indexing and DTensor's
+    NumPy methods. Collective on the mesh when the operation moves data.
 
-    Example: ``call_or_gather(np.put, dt, [0], [1.0])`` on a Partial ``dt``.
+    Example: ``call_or_gather(np.put, (dt, [0], [1.0]))`` on a Partial ``dt``.
     """
     try:
         return _C.call(func, args, kwargs or None)
     except NoRule as e:
-        return gather_call(func, args, kwargs, cause=e)
+        return gather_call(func, args, kwargs or {}, name, cause=e)
 
 
 def implements(*np_funcs, takes_strided=False):

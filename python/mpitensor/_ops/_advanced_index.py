@@ -46,14 +46,13 @@ def is_advanced(key) -> str | None:
         if key.dtype == np.bool_:
             return "mask"
         return "take" if key.dtype.kind in "iu" and key.ndim == 1 else None
-    if type(key) is list and key and all(
-            isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
-            for k in key):
+    if type(key) is list and key and all(_is_int(k) for k in key):
         return "take"
     return None
 
 
 def _is_int(k) -> bool:
+    """An int index as NumPy reads one: a Python or NumPy integer, not a bool."""
     return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
 
 
