@@ -23,14 +23,10 @@ NumPy's sorted ``unique`` without ``equal_nan``, so they run on the same steps;
 one form does not: NumPy's ``unique_inverse`` numbers the NaNs of a float array
 in the order of its unstable sort, which no other sort reproduces, so a float
 array with a NaN (known after one all-reduce of a count) goes to the fallback.
-``unique_values`` is sorted for booleans and floats; for integers NumPy lists
-the values in the order of a C++ hash set (``std::unordered_set``, sized by the
-array's length up to a cap), which depends only on that size and on the order in
-which distinct values first occur. So the distinct values are found with their
-first indices by the sample sort, gathered (the result's size, not the array's)
-in first-occurrence order, and every rank hands NumPy that sequence padded with
-repeats of its first value to the array's length up to the cap: the same set
-built by the same insertions, hence NumPy's order.
+``unique_values`` is sorted too, for every dtype: NumPy lists integers in the
+order of a hash set, which depends on how the array was laid out in one
+process, while the standard leaves the order open and the libraries written on
+it (scikit-learn's label encoders above all) expect ``np.unique``'s order.
 """
 
 from __future__ import annotations
@@ -206,12 +202,6 @@ def union1d(ar1, ar2):
     return np.unique(np.append(ar1, ar2))
 
 
-# NumPy's hash set is sized by the input's length up to this many buckets
-# (HASH_TABLE_INITIAL_BUCKETS in NumPy's unique.cpp): the padding below gives
-# the set NumPy builds the same size.
-_HASH_BUCKETS_CAP = 1024
-
-
 def _dtensor_arg(name, x):
     if type(x) is not DTensor:
         raise _registry.NoRule(f"{name}: expected a DTensor, got {type(x).__name__}")
@@ -220,36 +210,18 @@ def _dtensor_arg(name, x):
 
 @_registry.implements(np.unique_values)
 def unique_values(x):
-    """``np.unique_values`` of a DTensor, in NumPy's order: sorted for booleans and
-    floats (each NaN its own value), and for integers the order of NumPy's hash
-    set, rebuilt from the distinct values in the order they first occur (found
-    by the sample sort, then gathered: the result's size, not the array's).
-    Result ``Shard(0)`` along the mesh dim that shards ``x``. Collective on the
-    mesh.
+    """``np.unique_values`` of a DTensor, sorted as ``np.unique`` sorts (each NaN
+    its own value), by the sample sort; no gather. NumPy itself lists integers in
+    the order of a hash set, but the standard leaves the order open and its
+    clients (scikit-learn's label encoding, array-api-compat, array-api-strict,
+    ``torch.unique``) take the values sorted, so a sorted answer is the one every
+    rank and every client agrees on. Result ``Shard(0)`` along the mesh dim that
+    shards ``x``. Collective on the mesh.
 
     Example: ``np.unique_values(dt).full_tensor()`` equals
-    ``np.unique_values(dt.full_tensor())``.
+    ``np.unique(dt.full_tensor(), equal_nan=False)``.
     """
-    name = "numpy.unique_values"
-    x = _dtensor_arg(name, x)
-    if x._spec.dtype.kind not in "iu":
-        return unique(x, equal_nan=False)
-    vals, first = unique(x, return_index=True, equal_nan=False)
-    mesh = vals._spec.mesh
-    whole = [D.relayout(name, v, [Replicate()] * mesh.ndim).to_local() for v in (vals, first)]
-    seq = whole[0][np.argsort(whole[1], kind="stable")]
-    n = int(np.prod(x._spec.shape))
-    pad = max(len(seq), min(n, _HASH_BUCKETS_CAP)) - len(seq)
-    ordered = np.unique_values(np.concatenate([seq, np.repeat(seq[:1], pad)]))
-    m = S.sort_mesh_dim(vals) if any(p.is_shard() for p in vals._spec.placements) else None
-    if m is None:
-        local = ordered
-    else:
-        at = X.bounds(len(ordered), mesh.shape[m])
-        me = mesh.get_coordinate()[m]
-        local = ordered[at[me]:at[me + 1]]
-    return DTensor(np.ascontiguousarray(local), DTensorSpec(
-        mesh, vals._spec.placements, (len(ordered),), vals._spec.dtype, (1,)))
+    return unique(_dtensor_arg("numpy.unique_values", x), equal_nan=False)
 
 
 @_registry.implements(np.unique_counts)
