@@ -999,10 +999,34 @@ class DTensor(_C.DTensorBase):
                           bool(self._requires_grad))
 
     def __array__(self, dtype=None, copy=None):
-        raise TypeError(
-            "a DTensor holds only this rank's shard; call .full_tensor() for the whole "
-            "array on every rank, or .to_local() for this rank's shard"
-        )
+        """``np.asarray(dt)``, ``np.array(dt)``: the whole global array on every rank,
+        a new ndarray, through the fallback's gather (agreed, counted by
+        CommDebugMode, a ``GatherWarning`` once), as SciPy, xarray, pandas and
+        matplotlib expect of an array they do not know. ``mpitensor.strict()``
+        makes it a TypeError; ``copy=False`` is NumPy's ValueError (the array is
+        always new). Collective on the mesh: every rank must convert.
+
+        Example: ``np.asarray(dt)`` equals ``dt.full_tensor()``.
+        """
+        if copy is False:
+            raise ValueError("a DTensor's global array is gathered into a new ndarray: "
+                             "it cannot be returned without a copy (copy=False)")
+        if _modes.state.grad_enabled and self._requires_grad:
+            # An ndarray would drop the gradient with no error, as torch refuses
+            # .numpy() of a tensor that requires grad.
+            raise TypeError("np.asarray of a DTensor that requires grad would lose its "
+                            "gradient; call .detach() first, or .full_tensor() for the "
+                            "whole array as a DTensor")
+        name = "numpy.asarray"
+        try:
+            got = _registry.gather_call(np.array, (self,), {} if dtype is None
+                                        else {"dtype": dtype}, name)
+        except _registry.NoRule:
+            raise TypeError(
+                "np.asarray(dt) would gather the whole array, which mpitensor.strict() "
+                "refuses: call .full_tensor() for the whole array on every rank, or "
+                ".to_local() for this rank's shard") from None
+        return got.to_local() if type(got) is DTensor else got
 
     # -- the array API standard (the namespace is mpitensor.array_api) -----------------
     def __array_namespace__(self, *, api_version: str | None = None):

@@ -4,6 +4,7 @@ broadcast from the first rank), non-member ranks, and the properties, repr,
 chunk list and __array__ of the result."""
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import (DTensor, DeviceMesh, Partial, Replicate, Shard, distribute_tensor,
                        init_device_mesh)
+from mpitensor.debug import CommDebugMode
 from mpi_helpers import Problems, all_ranks, gather_global, raised, ref_box, ref_index
 
 N = MPI.COMM_WORLD.Get_size()
@@ -361,11 +363,27 @@ def test_chunk_list_matches_layout(mesh_shape, meshes, comm):
         assert tuple(chunks[0].sizes) == tuple(sizes) == local.shape
 
 
-def test_numpy_conversion_is_refused(meshes):
-    dt = DTensor.from_local(np.ones(2), meshes[(N,)])
+def test_numpy_conversion_is_the_warned_gather(meshes):
+    """np.asarray / np.array of a DTensor are the whole array on every rank, a new
+    ndarray, through the counted and warned gather; strict() refuses them, and
+    copy=False is NumPy's ValueError (the array is always new)."""
+    dt = DTensor.from_local(np.arange(2.0) + 2 * MPI.COMM_WORLD.Get_rank(), meshes[(N,)],
+                           [Shard(0)])
+    want = dt.full_tensor()
     for convert in (np.asarray, np.array):
-        with pytest.raises(TypeError, match="full_tensor"):
-            convert(dt)
+        with warnings.catch_warnings(record=True) as seen, CommDebugMode() as mode:
+            warnings.simplefilter("always")
+            got = convert(dt)
+        assert type(got) is np.ndarray and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+        assert mode.get_total_counts() >= (1 if N > 1 else 0)
+        got[0] = -1.0  # a new array: the DTensor keeps its values
+        np.testing.assert_array_equal(dt.full_tensor(), want)
+    assert np.asarray(dt, dtype=np.float32).dtype == np.float32
+    with pytest.raises(ValueError, match="copy"):
+        np.asarray(dt, copy=False)
+    with mt.strict(), pytest.raises(TypeError, match="full_tensor"):
+        np.asarray(dt)
 
 
 def test_dtypes_are_kept(meshes):
