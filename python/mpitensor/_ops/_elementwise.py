@@ -43,19 +43,31 @@ _KINDS.update(dict.fromkeys(
     CORE.ELEMENTWISE_INCREASING))
 
 
+# The ufuncs registered with the C dispatch: NumPy's at import, another library's
+# (scipy.special's, say) at its first call on a DTensor.
+_registered: set = set()
+
+
+def _register_one(u) -> bool:
+    """Registers ``u`` with the C dispatch once; whether it is registered."""
+    if u in _registered:
+        return True
+    if u is np.matmul:
+        _C.register_ufunc(u, CORE.FAMILY_MATMUL, 0)
+    elif u.signature is None and u.nin <= D.MAX_INPUTS and u.nout >= 1:
+        _C.register_ufunc(u, CORE.FAMILY_ELEMENTWISE, _KINDS.get(u, CORE.ELEMENTWISE_NONE))
+    else:
+        return False
+    _registered.add(u)
+    return True
+
+
 def _register() -> None:
     """Registers every elementwise ufunc of NumPy, and matmul, once."""
-    seen = set()
     for name in sorted(dir(np)):
         u = getattr(np, name)
-        if not isinstance(u, np.ufunc) or u in seen:
-            continue
-        seen.add(u)
-        if u is np.matmul:
-            _C.register_ufunc(u, CORE.FAMILY_MATMUL, 0)
-        elif u.signature is None and u.nin <= D.MAX_INPUTS:
-            _C.register_ufunc(u, CORE.FAMILY_ELEMENTWISE,
-                              _KINDS.get(u, CORE.ELEMENTWISE_NONE))
+        if isinstance(u, np.ufunc):
+            _register_one(u)
 
 
 _register()
@@ -87,7 +99,7 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
         return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":
         return _ufunc_methods.method(ufunc, method, operands, kwargs)
-    if ufunc.signature is not None and ufunc is not np.matmul:
+    if not _register_one(ufunc):
         raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
     for k in kwargs:
         if k not in _KWARGS:
