@@ -25,6 +25,9 @@ COMM = MPI.COMM_WORLD
 # Plans, and so the bytes the tests expect, follow the time model: the suite uses
 # the built-in one, whatever table `make calibrate` left on this machine.
 os.environ.setdefault("MPITENSOR_TIME_MODEL", "builtin")
+# SciPy and scikit-learn take DTensors through the array API only when SciPy was
+# imported with this set (the client-library tests), and SciPy reads it once.
+os.environ.setdefault("SCIPY_ARRAY_API", "1")
 # Verdicts travel on their own communicator, so a rank that left a test early can
 # never pair its verdict with a collective the other ranks make inside the test.
 VERDICTS = COMM.Dup()
