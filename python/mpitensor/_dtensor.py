@@ -1030,12 +1030,14 @@ class DTensor(_C.DTensorBase):
 
     # -- the array API standard (the namespace is mpitensor.array_api) -----------------
     def __array_namespace__(self, *, api_version: str | None = None):
-        """The array API namespace, ``mpitensor.array_api`` (standard 2024.12; an
-        older ``api_version`` is served by the same functions). Local.
+        """The array API namespace, ``mpitensor.array_api``: standard 2024.12, as
+        NumPy's, and 2025.12 (whose functions it has: ``isin``, ``broadcast_shapes``,
+        ``linalg.eig``, ...) for ``api_version="2025.12"``; an older
+        ``api_version`` is served by the same functions. Local.
 
-        Example: ``xp = dt.__array_namespace__(); xp.sum(dt)``.
+        Example: ``xp = dt.__array_namespace__(api_version="2025.12"); xp.isin(dt, 3)``.
         """
-        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12", "2025.12"):
             raise ValueError(f"api_version {api_version!r} is not one of the standard's")
         return _registry.array_namespace
 

@@ -19,9 +19,10 @@ from .._dtensor import DTensor
 from ..device_mesh import DeviceMesh, _mesh_stack, init_device_mesh
 from ..placement_types import Replicate, Shard
 
-__all__ = ["default_mesh", "default_placements", "arange", "asarray", "empty",
-           "empty_like", "eye", "from_dlpack", "full", "full_like", "linspace", "ones",
-           "ones_like", "zeros", "zeros_like"]
+__all__ = ["default_mesh", "default_placements", "arange", "array", "asanyarray", "asarray",
+           "asarray_chkfinite", "ascontiguousarray", "asfortranarray", "empty",
+           "empty_like", "eye", "from_dlpack", "full", "full_like", "identity", "linspace",
+           "ones", "ones_like", "require", "zeros", "zeros_like"]
 
 _world_mesh: DeviceMesh | None = None
 
@@ -102,6 +103,99 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None) -> DTensor:
     arr = np.array(obj, dtype=dtype) if copy else np.asarray(
         obj, dtype=dtype, **({} if copy is None else {"copy": copy}))
     return _distributed(arr, device)
+
+
+def array(object, dtype=None, *, copy=True, order="K", subok=False, ndmin=0,  # noqa: A002
+          device=None) -> DTensor:
+    """NumPy's ``array``, making a DTensor: of a DTensor, that DTensor (a copy
+    unless ``copy`` says otherwise, cast to ``dtype``, with leading dims of one up
+    to ``ndmin``), placements kept; of anything else, NumPy's array of it cut as
+    :func:`asarray` cuts. ``order`` and ``subok`` are NumPy's for the array NumPy
+    makes (a DTensor's parts are its own). Local.
+
+    Example: ``array([1, 2, 3], ndmin=2).shape == (1, 3)``.
+    """
+    if not isinstance(object, DTensor):
+        if isinstance(object, (list, tuple)) and _holds_dtensor(object):
+            object = _gathered_sequence(object)
+        return _distributed(np.array(object, dtype=dtype, copy=copy, order=order,
+                                     subok=subok, ndmin=ndmin), device)
+    out = asarray(object, dtype=dtype, device=device, copy=copy)
+    if ndmin > out.ndim:
+        out = out.reshape((1,) * (ndmin - out.ndim) + out.shape)
+    return out
+
+
+def asanyarray(a, dtype=None, order=None, *, device=None, copy=None) -> DTensor:
+    """NumPy's ``asanyarray``: :func:`asarray` (a DTensor is no NumPy subclass to
+    keep; ``order`` is NumPy's for the array it makes of other objects). Local.
+
+    Example: ``asanyarray(x) is x`` for a DTensor ``x``.
+    """
+    if not isinstance(a, DTensor) and order is not None:
+        a = np.asarray(a, order=order)
+    return asarray(a, dtype=dtype, device=device, copy=copy)
+
+
+def _at_least_1d(numpy_func, a, dtype):
+    if not isinstance(a, DTensor):
+        return _distributed(numpy_func(a, dtype=dtype), None)
+    out = asarray(a, dtype=dtype)
+    return out.reshape((1,)) if out.ndim == 0 else out
+
+
+def ascontiguousarray(a, dtype=None) -> DTensor:
+    """NumPy's ``ascontiguousarray``: :func:`asarray`, of at least one dim as
+    NumPy's (a DTensor's parts are NumPy's C-ordered arrays). Local.
+
+    Example: ``ascontiguousarray(5).shape == (1,)``.
+    """
+    return _at_least_1d(np.ascontiguousarray, a, dtype)
+
+
+def asfortranarray(a, dtype=None) -> DTensor:
+    """NumPy's ``asfortranarray``: :func:`asarray`, of at least one dim as NumPy's
+    (the memory order of a DTensor's parts is not the global array's). Local.
+
+    Example: ``asfortranarray([[1, 2], [3, 4]]).shape == (2, 2)``.
+    """
+    return _at_least_1d(np.asfortranarray, a, dtype)
+
+
+def asarray_chkfinite(a, dtype=None, order=None) -> DTensor:
+    """NumPy's ``asarray_chkfinite``: :func:`asarray`, or NumPy's ValueError on
+    every rank when an element is an infinity or a NaN. Collective for a DTensor
+    (one all-reduce of whether its parts are finite); Local otherwise.
+
+    Example: ``asarray_chkfinite([1.0, np.nan])`` raises ValueError.
+    """
+    if not isinstance(a, DTensor):
+        return _distributed(np.asarray_chkfinite(a, dtype=dtype, order=order), None)
+    out = asarray(a, dtype=dtype)
+    if out.dtype.kind in "fc" and not bool(np.all(np.isfinite(out))):
+        raise ValueError("array must not contain infs or NaNs")
+    return out
+
+
+def require(a, dtype=None, requirements=None) -> DTensor:
+    """NumPy's ``require``: :func:`asarray` cast to ``dtype``; the ``requirements``
+    (memory order, alignment, writeability, own data) are NumPy's for the array it
+    makes of other objects, a DTensor's parts being NumPy's own arrays. Local.
+
+    Example: ``require(x, dtype=np.float32).dtype == np.float32``.
+    """
+    if not isinstance(a, DTensor):
+        return _distributed(np.require(a, dtype=dtype, requirements=requirements), None)
+    return asarray(a, dtype=dtype)
+
+
+def identity(n, dtype=None, *, device=None) -> DTensor:
+    """NumPy's ``identity``: :func:`eye` of ``n`` rows, float64 unless ``dtype``.
+    Local.
+
+    Example: ``identity(3).full_tensor()`` is ``np.identity(3)``.
+    """
+    return eye(n, dtype=np.float64 if dtype is None else dtype, device=device)
 
 
 def _holds_dtensor(obj) -> bool:

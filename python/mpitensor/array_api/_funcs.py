@@ -1,7 +1,10 @@
 """The few standard functions whose NumPy form would not do on DTensors as it is:
 the data-type functions, which take arrays only for their dtypes (NumPy would send a
-DTensor through ``__array_function__`` and gather it for a dtype), and ``astype``,
-which is the DTensor's own method (placements kept, nothing moves)."""
+DTensor through ``__array_function__`` and gather it for a dtype), ``astype``, which
+is the DTensor's own method (placements kept, nothing moves), and those whose
+arguments or results the standard has other than NumPy (``sort``'s
+``descending``, ``isin`` of a scalar, ``clip``'s array bounds); and
+:func:`arrays_out`, through which every other NumPy function reaches the namespace."""
 
 from __future__ import annotations
 
@@ -12,9 +15,11 @@ import numpy as np
 
 from .._dtensor import DTensor
 from ..placement_types import Replicate
+from ._creation import _distributed
 
-__all__ = ["argsort", "arrays_out", "astype", "broadcast_arrays", "can_cast", "clip", "finfo",
-           "iinfo", "meshgrid", "result_type", "sort", "tensordot"]
+__all__ = ["argsort", "arrays_out", "astype", "broadcast_arrays", "broadcast_shapes",
+           "can_cast", "clip", "finfo", "iinfo", "isin", "meshgrid", "result_type", "sort",
+           "tensordot"]
 
 
 def _dtype_of(x):
@@ -100,9 +105,15 @@ def _first_mesh(obj):
 
 
 def _as_arrays(obj, mesh):
-    """``obj`` with each NumPy scalar made a 0-d replicated DTensor on ``mesh``: where
-    NumPy gives a scalar for a 0-d result, the standard gives an array."""
-    if isinstance(obj, np.generic):
+    """``obj`` with its NumPy scalars and arrays made DTensors: where NumPy gives a
+    scalar for a 0-d result, the standard gives an array; and an ndarray that a
+    function computed from DTensors (one NumPy runs on their gathered values
+    without asking ``__array_function__``) is the same whole array on every rank.
+    With no ``mesh`` (no DTensor went in) the arrays are new ones, cut as the
+    creation functions cut them."""
+    if type(obj) is np.ndarray or isinstance(obj, np.generic):
+        if mesh is None:
+            return _distributed(np.asarray(obj), None)
         return DTensor.from_local(np.asarray(obj), mesh, [Replicate()] * mesh.ndim)
     if isinstance(obj, tuple):
         items = [_as_arrays(o, mesh) for o in obj]
@@ -112,18 +123,35 @@ def _as_arrays(obj, mesh):
     return obj
 
 
-def arrays_out(func):
-    """NumPy's ``func``, whose 0-d results are arrays (0-d DTensors on the mesh of
-    its first DTensor argument), as the standard asks. Local (the call itself is
-    whatever ``func`` is on DTensors).
+def _holds_arrays(obj) -> bool:
+    if type(obj) is np.ndarray or isinstance(obj, np.generic):
+        return True
+    return isinstance(obj, (list, tuple)) and any(_holds_arrays(o) for o in obj)
 
-    Example: ``arrays_out(np.linalg.det)(a)`` is a 0-d DTensor for a 2-D ``a``.
+
+def arrays_out(func):
+    """NumPy's ``func`` as the namespace hands it out: what it gives is made of
+    DTensors, never NumPy's arrays or scalars. Called on DTensors it dispatches
+    through ``DTensor.__array_function__`` (a distributed rule where one exists,
+    else NumPy on the gathered arrays, warned), and a 0-d result is a 0-d DTensor
+    on the mesh of the first DTensor argument; called on plain data (a creation
+    function: ``logspace``, ``identity``, ``fromfunction``, ``loadtxt``, ...) its
+    arrays are cut along their first dim as the creation functions cut them.
+    Local (the call itself is whatever ``func`` is on DTensors; making the world
+    mesh the first time is collective, as for the creation functions).
+
+    Example: ``arrays_out(np.linalg.det)(a)`` is a 0-d DTensor for a 2-D ``a``;
+    ``arrays_out(np.logspace)(0, 2, 3)`` is a DTensor of ``[1., 10., 100.]``.
     """
     @functools.wraps(func)
     def call(*args, **kwargs):
         out = func(*args, **kwargs)
+        if not _holds_arrays(out):
+            return out
         mesh = _first_mesh(args)
-        return out if mesh is None else _as_arrays(out, mesh)
+        if mesh is None:
+            mesh = _first_mesh(tuple(kwargs.values()))
+        return _as_arrays(out, mesh)
     return call
 
 
@@ -171,18 +199,47 @@ def clip(x, /, min=None, max=None):  # noqa: A002
 
 
 def meshgrid(*arrays, indexing="xy"):
-    """The standard's ``meshgrid``: NumPy's, as a list. Collective as
+    """The standard's ``meshgrid``: NumPy's, a tuple of arrays (the standard's
+    2025.12 form and NumPy's; 2024.12 and before asked a list). Collective as
     ``np.meshgrid`` on DTensors is.
 
     Example: ``xx, yy = meshgrid(x, y)``.
     """
-    return list(arrays_out(np.meshgrid)(*arrays, indexing=indexing))
+    return tuple(arrays_out(np.meshgrid)(*arrays, indexing=indexing))
 
 
 def broadcast_arrays(*arrays):
-    """The standard's ``broadcast_arrays``: NumPy's, as a list. Local or collective
-    as ``np.broadcast_arrays`` on DTensors is.
+    """The standard's ``broadcast_arrays``: NumPy's, a tuple of arrays (as
+    :func:`meshgrid`). Local or collective as ``np.broadcast_arrays`` on DTensors is.
 
     Example: ``a, b = broadcast_arrays(x, y)``.
     """
-    return list(arrays_out(np.broadcast_arrays)(*arrays))
+    return tuple(arrays_out(np.broadcast_arrays)(*arrays))
+
+
+def broadcast_shapes(*shapes):
+    """The standard's ``broadcast_shapes``: the shape that arrays of ``shapes``
+    broadcast to, ``()`` for none; ValueError when they do not broadcast. NumPy's.
+    Local: shapes only, no array.
+
+    Example: ``broadcast_shapes((3, 1), (4,)) == (3, 4)``.
+    """
+    return np.broadcast_shapes(*shapes)
+
+
+def isin(x1, x2, /, *, invert=False):
+    """The standard's ``isin``: whether each element of ``x1`` is among the
+    elements of ``x2``, an array of ``x1``'s shape (0-d for a scalar ``x1``);
+    ``invert=True`` gives the opposite. Either may be a Python scalar. NumPy's
+    ``isin`` (elements looked up where ``x2``'s values lie) for an array ``x1``; a
+    scalar ``x1`` is compared with every element of ``x2``, an elementwise test
+    and one all-reduce. Collective when ``x2`` is sharded.
+
+    Example: ``isin(asarray([1, 2, 3]), asarray([2, 5]))`` is ``[False, True, False]``.
+    """
+    if isinstance(x1, DTensor) or not isinstance(x2, DTensor):
+        return arrays_out(np.isin)(x1, x2, invert=invert)
+    # NumPy's isin makes a scalar x1 a 1-element array; the standard's result has
+    # x1's shape, and one value needs no lookup table.
+    found = np.any(x2 == x1)
+    return ~found if invert else found

@@ -1,6 +1,7 @@
-"""The standard's ``fft`` extension: NumPy's ``numpy.fft`` functions on DTensors
-(through the registry, as every NumPy call), and ``fftfreq``/``rfftfreq`` made as
-the namespace's creation functions make arrays."""
+"""The standard's ``fft`` extension and the rest of ``numpy.fft`` (``fft2``,
+``rfft2``, ...): NumPy's functions on DTensors (through the registry, as every
+NumPy call), and ``fftfreq``/``rfftfreq`` made as the namespace's creation
+functions make arrays."""
 
 import numpy as np
 
@@ -8,7 +9,8 @@ from ._creation import _distributed
 from ._funcs import arrays_out
 
 __all__ = ["fft", "ifft", "fftn", "ifftn", "rfft", "irfft", "rfftn", "irfftn", "hfft",
-           "ihfft", "fftfreq", "rfftfreq", "fftshift", "ifftshift"]
+           "ihfft", "fftfreq", "rfftfreq", "fftshift", "ifftshift", "fft2", "ifft2",
+           "rfft2", "irfft2"]
 
 globals().update({name: arrays_out(getattr(np.fft, name)) for name in __all__
                   if not name.endswith("freq")})
