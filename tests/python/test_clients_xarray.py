@@ -1,0 +1,86 @@
+"""xarray over DTensors gives xarray's answers over NumPy.
+
+A DataArray whose data is a DTensor (made by ``mpitensor.array_api.asarray``, rows
+sharded over the world) runs xarray's reductions, arithmetic, groupby, rolling,
+coarsen, resample, quantile, interp, polyfit, dot and differentiate through the
+array's namespace and NumPy's protocols; each case is the same call on a
+DataArray over the NumPy array, to 1e-8.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+import mpitensor.array_api as xp
+
+xr = pytest.importorskip("xarray")
+pd = pytest.importorskip("pandas")
+
+A = np.random.default_rng(0).normal(size=(25, 5))
+TIME = pd.date_range("2020-01-01", periods=25, freq="D")
+
+
+def _array(data):
+    return xr.DataArray(data, dims=("time", "x"),
+                        coords={"time": TIME, "x": np.arange(5.0)}, name="a")
+
+
+def _plain(v):
+    if isinstance(v, xr.Dataset):
+        return {k: _plain(v[k]) for k in v.data_vars}
+    data = v.data if isinstance(v, xr.DataArray) else v
+    return data.full_tensor() if isinstance(data, mt.DTensor) else np.asarray(data)
+
+
+CASES = {
+    "sum": lambda d: d.sum("time"), "mean": lambda d: d.mean(),
+    "std": lambda d: d.std("x"), "median": lambda d: d.median("time"),
+    "arithmetic": lambda d: (d * 2 + 1) / d.max(), "where": lambda d: d.where(d > 0),
+    "groupby": lambda d: d.groupby("time.dayofweek").mean(),
+    "coarsen": lambda d: d.coarsen(time=5).mean(),
+    "resample": lambda d: d.resample(time="W").mean(),
+    "quantile": lambda d: d.quantile([0.3, 0.9], dim="time"),
+    "interp": lambda d: d.interp(x=[0.5, 1.5, 3.25]),
+    "dot": lambda d: xr.dot(d, d, dim="x"),
+    "differentiate": lambda d: d.differentiate("x"),
+    "shift": lambda d: d.shift(time=2), "pad": lambda d: d.pad(time=2),
+    "cumsum": lambda d: d.cumsum("time"), "cumprod": lambda d: d.cumprod("x"),
+    "diff": lambda d: d.diff("time"), "clip": lambda d: d.clip(-0.5, 0.5),
+    "isel": lambda d: d.isel(time=slice(2, 9)), "sel": lambda d: d.sel(x=2.0),
+    "transpose": lambda d: d.T, "argmax": lambda d: d.argmax("time"),
+    "round": lambda d: d.round(1), "concat": lambda d: xr.concat([d, d], "time"),
+    "values": lambda d: d.values, "to_numpy": lambda d: d.to_numpy(),
+    "dataset": lambda d: (d.to_dataset() * 3).mean("x"),
+    "rolling": lambda d: d.rolling(time=3).mean(),
+    "polyfit": lambda d: d.polyfit("x", 2),
+}
+# xarray calls NumPy's names on the array's namespace: one it needs is not there.
+_NAMESPACE = {"rolling": "mpitensor.array_api has no numpy.lib"}
+# polyfit divides a DTensor by a plain ndarray it built, which mpitensor refuses,
+# as torch's DTensor does, outside implicit_replication().
+_MIXES = {"polyfit"}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_dataarray_gives_numpys_values(request, name):
+    if name in _NAMESPACE:
+        request.applymarker(pytest.mark.xfail(raises=AttributeError, strict=True,
+                                              reason=_NAMESPACE[name]))
+    if name in _MIXES:
+        request.applymarker(pytest.mark.xfail(raises=TypeError, strict=True,
+                                              reason="a DTensor beside a plain ndarray"))
+    call = CASES[name]
+    want = _plain(call(_array(A)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = _plain(call(_array(xp.asarray(A))))
+    if isinstance(want, dict):
+        assert set(got) == set(want)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-8, equal_nan=True)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-8, equal_nan=True)
