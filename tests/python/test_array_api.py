@@ -2,7 +2,8 @@
 it, its creation functions build on the mesh of ``with mesh:`` (else the world) cut
 along the first dim, its functions give NumPy's values through the registry, and
 its DTensor protocol pieces (mT, to_device, DLPack, __index__) answer as the standard
-says. The standard's own suite runs beside these (make test-array-api)."""
+says; and it has every public NumPy name, whose functions give NumPy's values as
+DTensors. The standard's own suite runs beside these (make test-array-api)."""
 
 import warnings
 
@@ -27,7 +28,9 @@ def test_namespace_is_the_module_and_the_standards_version(mesh):
     x = xp.asarray([1.0, 2.0], device=mesh)
     assert x.__array_namespace__() is xp
     assert x.__array_namespace__(api_version="2024.12") is xp
+    # NumPy 2.4's version is reported; 2025.12's functions are there too.
     assert xp.__array_api_version__ == "2024.12"
+    assert x.__array_namespace__(api_version="2025.12") is xp
     assert mt.array_api is xp
     with pytest.raises(ValueError):
         x.__array_namespace__(api_version="2019.01")
@@ -227,3 +230,227 @@ def test_scikit_learns_standard_scaler_gives_numpys_statistics(mesh, monkeypatch
     assert y.placements == (Shard(0),)
     np.testing.assert_allclose(y.full_tensor(), want.transform(data), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(scaler.var_.full_tensor(), want.var_, rtol=1e-12)
+
+
+# NumPy's public callables the namespace leaves out, each with why.
+LEFT_OUT = {"test": "NumPy's own test runner"}
+# The standard's functions whose form differs from NumPy's: the namespace's own.
+STANDARDS_OWN = ["astype", "sort", "argsort", "clip", "meshgrid", "broadcast_arrays",
+                 "isin", "tensordot", "can_cast", "result_type", "finfo", "iinfo",
+                 "asarray", "zeros", "ones", "empty", "full", "arange", "linspace", "eye",
+                 "zeros_like", "ones_like", "empty_like", "full_like", "from_dlpack"]
+
+
+def _public_callables(module):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {name for name in dir(module) if not name.startswith("_")
+                and callable(getattr(module, name, None))}
+
+
+def test_every_public_numpy_callable_is_on_the_namespace():
+    missing = {n for n in _public_callables(np) if not hasattr(xp, n)}
+    assert missing <= set(LEFT_OUT), sorted(missing - set(LEFT_OUT))
+    for sub in ("linalg", "fft"):
+        missing = {n for n in _public_callables(getattr(np, sub))
+                   if not hasattr(getattr(xp, sub), n)}
+        assert missing <= set(LEFT_OUT), (sub, sorted(missing - set(LEFT_OUT)))
+    # Ufuncs, types and constants are NumPy's own objects; functions are NumPy's,
+    # wrapped so that they give DTensors.
+    assert xp.add is np.add and xp.float32 is np.float32 and xp.errstate is np.errstate
+    assert xp.pi == np.pi and xp.newaxis is None and xp.linalg.LinAlgError is np.linalg.LinAlgError
+    assert xp.pad.__wrapped__ is np.pad and xp.linalg.norm.__wrapped__ is np.linalg.norm
+    for name in STANDARDS_OWN:
+        assert getattr(xp, name).__module__.startswith("mpitensor."), name
+    assert set(xp.__all__) >= _public_callables(np) - set(LEFT_OUT) - {"fft", "linalg"}
+
+
+def _values(got):
+    """NumPy's form of a result: its DTensors' whole arrays (a NumPy array out of the
+    namespace is an error)."""
+    assert not isinstance(got, np.ndarray), type(got)
+    if isinstance(got, mt.DTensor):
+        return got.full_tensor()
+    if isinstance(got, (tuple, list)):
+        return type(got)(_values(g) for g in got) if type(got) in (tuple, list) \
+            else tuple(_values(g) for g in got)
+    return got
+
+
+def _assert_same(got, want):
+    if isinstance(want, (tuple, list)):
+        assert isinstance(got, (tuple, list)) and len(got) == len(want)
+        for g, w in zip(got, want):
+            _assert_same(g, w)
+        return
+    want = np.asarray(want)
+    assert np.shape(got) == want.shape and np.asarray(got).dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, equal_nan=True)
+
+
+_A = (np.arange(42.0).reshape(7, 6) ** 1.5) % 11.0
+_NAN = np.where(_A > 8.0, np.nan, _A)
+_V = np.cos(np.arange(13.0))
+
+
+@pytest.mark.parametrize("name, args, kwargs", [
+    ("pad", ("a", ((1, 2), (0, 1))), {}),
+    ("pad", ("a", 2), {"mode": "edge"}),
+    ("transpose", ("a",), {}),
+    ("einsum", ("ij,kj->ik", "a", "a"), {}),
+    ("einsum", ("ij,ij->j", "a", "a"), {}),
+    ("gradient", ("a",), {"axis": 0}),
+    ("gradient", ("a",), {}),
+    ("diff", ("a",), {"axis": 0}),
+    ("diff", ("v",), {"n": 2}),
+    ("cumsum", ("a",), {"axis": 0}),
+    ("cumsum", ("a",), {}),
+    ("nanmean", ("nan",), {"axis": 0}),
+    ("nanmean", ("nan",), {}),
+    ("nanstd", ("nan",), {"axis": 1}),
+    ("nanmax", ("nan",), {"axis": 0}),
+    ("percentile", ("a", 30), {}),
+    ("percentile", ("a", [10, 90]), {"axis": 0}),
+    ("quantile", ("a", 0.5), {"axis": 1}),
+    ("median", ("a",), {"axis": 0}),
+    ("interp", ("v", [-1.0, 0.0, 1.0], [3.0, 5.0, 4.0]), {}),
+    ("polyfit", ("v", "v2", 2), {}),
+    ("polyval", ([1.0, -2.0, 0.5], "v"), {}),
+    ("roll", ("a", 3), {"axis": 0}),
+    ("average", ("a",), {"axis": 0}),
+    ("histogram", ("v",), {"bins": 4}),
+    ("where", ("mask", "a", 0.0), {}),
+    ("nan_to_num", ("nan",), {}),
+    ("tile", ("v", 2), {}),
+    ("atleast_3d", ("v",), {}),
+    ("cov", ("a",), {}),
+    ("convolve", ("v", [1.0, 2.0, 1.0]), {}),
+    ("trapezoid" if hasattr(np, "trapezoid") else "trapz", ("v",), {}),
+])
+def test_numpys_functions_on_the_namespace_give_numpys_values(mesh, name, args, kwargs):
+    data = {"a": _A, "nan": _NAN, "v": _V, "v2": _V ** 2 + 1.0, "mask": _A > 3.0}
+    with mesh:
+        dist = {key: xp.asarray(value) for key, value in data.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        got = getattr(xp, name)(*[dist.get(a, a) if isinstance(a, str) else a
+                                  for a in args], **kwargs)
+    want = getattr(np, name)(*[data.get(a, a) if isinstance(a, str) else a for a in args],
+                             **kwargs)
+    if not isinstance(want, (tuple, list)):
+        assert isinstance(got, mt.DTensor), type(got)
+    _assert_same(_values(got), want)
+
+
+@pytest.mark.parametrize("name, args, kwargs", [
+    ("logspace", (0, 2, 5), {}),
+    ("geomspace", (1, 1000, 4), {}),
+    ("identity", (5,), {}),
+    ("tri", (5, 3), {}),
+    ("fromfunction", (lambda i, j: i + 10 * j, (5, 3)), {}),
+    ("indices", ((4, 3),), {}),
+    ("array", ([[1, 2], [3, 4], [5, 6]],), {}),
+    ("array", ([1, 2],), {"ndmin": 3}),
+    ("asanyarray", ([1.0, 2.0, 3.0],), {}),
+    ("ascontiguousarray", (5,), {}),
+    ("asfortranarray", ([[1, 2], [3, 4]],), {}),
+    ("require", ([1, 2, 3],), {"dtype": np.float32}),
+    ("asarray_chkfinite", ([1.0, 2.0],), {}),
+    ("fromiter", (range(7),), {"dtype": np.int64}),
+    ("diag", ([1, 2, 3],), {}),
+    ("vander", ([1, 2, 3],), {}),
+    ("hanning", (6,), {}),
+    ("tril_indices", (4,), {}),
+])
+def test_numpys_creation_functions_make_dtensors(mesh, name, args, kwargs):
+    with mesh:
+        got = getattr(xp, name)(*args, **kwargs)
+    want = getattr(np, name)(*args, **kwargs)
+    for g in (got if isinstance(got, tuple) else (got,)):
+        assert isinstance(g, mt.DTensor) and g.device_mesh is mesh
+        assert g.placements == ((Shard(0),) if g.ndim else (Replicate(),))
+    _assert_same(_values(got), want)
+
+
+def test_index_makers_and_vectorize_give_dtensors(mesh):
+    with mesh:
+        grid, open_grid = xp.mgrid[0:4, 0:3], xp.ogrid[0:4, 0:3]
+        joined = xp.r_[1:4, 0, 8]
+        x = xp.asarray(_V)
+    _assert_same(_values(grid), np.mgrid[0:4, 0:3])
+    _assert_same(_values(open_grid), np.ogrid[0:4, 0:3])
+    _assert_same(_values(joined), np.r_[1:4, 0, 8])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        got = xp.vectorize(lambda a, b: a if a > b else b)(x, 0.25)
+        stacked = xp.c_[x, x]
+    _assert_same(_values(got), np.vectorize(lambda a, b: a if a > b else b)(_V, 0.25))
+    _assert_same(_values(stacked), np.c_[_V, _V])
+    assert isinstance(xp.vectorize(abs), np.vectorize)
+
+
+def test_the_2025_12_functions(mesh):
+    a = np.arange(24).reshape(6, 4) % 7
+    with mesh:
+        x, t = xp.asarray(a), xp.asarray([2, 5, 11])
+        m = xp.asarray(np.array([[2.0, 1.0], [1.0, 3.0]]))
+        r = xp.asarray(np.array([[0.0, -1.0], [1.0, 0.0]], dtype=np.float32))
+    _assert_same(_values(xp.isin(x, t)), np.isin(a, [2, 5, 11]))
+    _assert_same(_values(xp.isin(x, 5, invert=True)), np.isin(a, 5, invert=True))
+    for value in (5, 9):
+        got = xp.isin(value, x)
+        assert isinstance(got, mt.DTensor) and got.shape == ()
+        assert bool(got) == bool(np.isin(value, a))
+        assert bool(xp.isin(value, x, invert=True)) != bool(np.isin(value, a))
+    assert xp.broadcast_shapes((6, 1), (4,), ()) == (6, 4) and xp.broadcast_shapes() == ()
+    mesh_grid = xp.meshgrid(xp.arange(3, device=mesh), xp.arange(2, device=mesh))
+    assert type(mesh_grid) is tuple and type(xp.broadcast_arrays(x, t[:1])) is tuple
+    _assert_same(_values(mesh_grid), np.meshgrid(np.arange(3), np.arange(2)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        w, v = xp.linalg.eig(m)
+        rot = xp.linalg.eigvals(r)
+    assert w.dtype == np.complex128 and v.dtype == np.complex128
+    assert rot.dtype == np.complex64
+    np.testing.assert_allclose(np.sort_complex(_values(w)), np.sort_complex(
+        np.linalg.eigvals(np.array([[2.0, 1.0], [1.0, 3.0]]))), rtol=1e-12)
+    np.testing.assert_allclose(np.sort_complex(_values(rot)), [-1j, 1j], atol=1e-6)
+    _assert_same(_values(xp.expand_dims(x, axis=(0, -1))), np.expand_dims(a, (0, -1)))
+    _assert_same(_values(xp.permute_dims(x, (-1, 0))), np.transpose(a, (-1, 0)))
+    flat = xp.sort(xp.reshape(x, (-1,)))
+    got = xp.searchsorted(flat, 3.5)
+    assert isinstance(got, mt.DTensor) and got.shape == ()
+    assert int(got) == np.searchsorted(np.sort(a.ravel()), 3.5)
+
+
+def _numpys_error(call):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            call()
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return type(e)
+    return None
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, x: m.broadcast_shapes((6, 2), (4,)),
+    lambda m, x: m.expand_dims(x, axis=(0, 0)),
+    lambda m, x: m.expand_dims(x, axis=(5,)),
+    lambda m, x: m.permute_dims(x, (0, 0)),
+    lambda m, x: m.linalg.eig(x),
+    lambda m, x: m.pad(x, ((1, 2, 3),)),
+    lambda m, x: m.asarray_chkfinite(x / 0.0),
+    lambda m, x: m.einsum("ij,jk->ik", x, x),
+], ids=["broadcast_shapes", "expand_dims dup", "expand_dims axis", "permute_dims",
+        "eig non-square", "pad", "asarray_chkfinite", "einsum"])
+def test_bad_input_gets_numpys_error_on_every_rank(mesh, call):
+    a = np.arange(24.0).reshape(6, 4)
+    with mesh:
+        x = xp.asarray(a)
+    want = _numpys_error(lambda: call(np, a))
+    assert want is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(want):
+            call(xp, x)
