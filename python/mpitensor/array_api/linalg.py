@@ -21,6 +21,12 @@ LEFT_OUT = {"test": "runs NumPy's own test suite, not a function of arrays"}
 
 
 class EigResult(NamedTuple):
+    """What :func:`eig` gives: the eigenvalues and the eigenvectors (the columns).
+    Local.
+
+    Example: ``w, v = eig(x)``.
+    """
+
     eigenvalues: DTensor
     eigenvectors: DTensor
 
