@@ -5,6 +5,7 @@ its DTensor protocol pieces (mT, to_device, DLPack, __index__) answer as the sta
 says; and it has every public NumPy name, whose functions give NumPy's values as
 DTensors. The standard's own suite runs beside these (make test-array-api)."""
 
+import types
 import warnings
 
 import numpy as np
@@ -234,6 +235,14 @@ def test_scikit_learns_standard_scaler_gives_numpys_statistics(mesh, monkeypatch
 
 # NumPy's public callables the namespace leaves out, each with why.
 LEFT_OUT = {"test": "NumPy's own test runner"}
+# NumPy's submodules the namespace leaves out, each with why.
+MODULES_LEFT_OUT = {
+    "random": "each rank would draw its own numbers (mpitensor.random is distributed)",
+    "ma": "masked arrays", "rec": "record arrays",  # NumPy subclasses
+    "strings": "string arrays", "char": "string arrays",  # DTensors hold numbers
+    "ctypeslib": "pointers into a whole array's memory",
+    "core": "private", "f2py": "a build tool", "typing": "annotations",
+}
 # The standard's functions whose form differs from NumPy's: the namespace's own.
 STANDARDS_OWN = ["astype", "sort", "argsort", "clip", "meshgrid", "broadcast_arrays",
                  "isin", "tensordot", "can_cast", "result_type", "finfo", "iinfo",
@@ -263,6 +272,32 @@ def test_every_public_numpy_callable_is_on_the_namespace():
     for name in STANDARDS_OWN:
         assert getattr(xp, name).__module__.startswith("mpitensor."), name
     assert set(xp.__all__) >= _public_callables(np) - set(LEFT_OUT) - {"fft", "linalg"}
+
+
+def test_numpys_submodules_are_on_the_namespace_but_a_few():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        modules = {name for name in dir(np) if not name.startswith("_")
+                   and isinstance(getattr(np, name, None), types.ModuleType)}
+    missing = {name for name in modules if not hasattr(xp, name)}
+    assert missing <= set(MODULES_LEFT_OUT), sorted(missing - set(MODULES_LEFT_OUT))
+    assert xp.exceptions is np.exceptions and xp.lib.NumpyVersion is np.lib.NumpyVersion
+    assert xp.lib.stride_tricks is xp.lib.stride_tricks
+    assert "sliding_window_view" in dir(xp.lib.stride_tricks)
+
+
+def test_numpys_submodule_functions_give_dtensors(mesh):
+    """xarray's rolling takes xp.lib.stride_tricks.sliding_window_view."""
+    with mesh:
+        x = xp.asarray(_A)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        windows = xp.lib.stride_tricks.sliding_window_view(x, 3, axis=0)
+        roots = xp.emath.sqrt(x - 5.0)
+        values = xp.polynomial.polynomial.polyval(x, [1.0, 0.5])
+    _assert_same(_values(windows), np.lib.stride_tricks.sliding_window_view(_A, 3, axis=0))
+    _assert_same(_values(roots), np.emath.sqrt(_A - 5.0))
+    _assert_same(_values(values), np.polynomial.polynomial.polyval(_A, [1.0, 0.5]))
 
 
 def _values(got):

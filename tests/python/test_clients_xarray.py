@@ -58,8 +58,6 @@ CASES = {
     "rolling": lambda d: d.rolling(time=3).mean(),
     "polyfit": lambda d: d.polyfit("x", 2),
 }
-# xarray calls NumPy's names on the array's namespace: one it needs is not there.
-_NAMESPACE = {"rolling": "mpitensor.array_api has no numpy.lib"}
 # polyfit divides a DTensor by a plain ndarray it built, which mpitensor refuses,
 # as torch's DTensor does, outside implicit_replication().
 _MIXES = {"polyfit"}
@@ -67,9 +65,6 @@ _MIXES = {"polyfit"}
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_dataarray_gives_numpys_values(request, name):
-    if name in _NAMESPACE:
-        request.applymarker(pytest.mark.xfail(raises=AttributeError, strict=True,
-                                              reason=_NAMESPACE[name]))
     if name in _MIXES:
         request.applymarker(pytest.mark.xfail(raises=TypeError, strict=True,
                                               reason="a DTensor beside a plain ndarray"))

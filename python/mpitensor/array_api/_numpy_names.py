@@ -11,7 +11,10 @@ GatherWarning), and its results are DTensors; called on plain data (``logspace``
 Ufuncs, classes (dtypes, ``errstate``, ``ndarray``, ...) and constants are NumPy's
 own objects: a ufunc keeps its methods and attributes and reaches DTensors through
 ``__array_ufunc__``. ``mgrid``, ``ogrid``, ``r_`` and ``c_`` make DTensors, and
-``vectorize``'s functions give them.
+``vectorize``'s functions give them. NumPy's submodules of functions on arrays
+(``lib``, whose ``stride_tricks.sliding_window_view`` xarray's rolling calls,
+``emath``, ``polynomial``, ``testing``) are offered the same way, each function
+through :func:`arrays_out`.
 """
 
 from __future__ import annotations
@@ -25,18 +28,53 @@ from ._funcs import arrays_out
 
 __all__ = ["LEFT_OUT", "numpy_names", "vectorize"]
 
-# NumPy's public names the namespace does not offer, each with why.
+# NumPy's public names the namespace does not offer, each with why. (linalg and fft
+# are the namespace's own modules, with every NumPy name of theirs.)
 LEFT_OUT = {
     "test": "runs NumPy's own test suite, not a function of arrays",
-    # NumPy's submodules but exceptions and dtypes (types only): their functions
-    # make NumPy arrays rather than DTensors, or are NumPy's own tooling. linalg and
-    # fft are the namespace's, with every NumPy name of theirs.
-    **{name: "a NumPy submodule whose functions make NumPy arrays, or NumPy's tooling"
-       for name in ("char", "core", "ctypeslib", "emath", "f2py", "lib", "ma",
-                    "polynomial", "random", "rec", "strings", "testing", "typing")},
+    "random": "each rank would draw its own numbers; mpitensor.random is the "
+              "distributed generator",
+    "ma": "masked arrays, a NumPy subclass that DTensors do not carry",
+    "rec": "record arrays, a NumPy subclass that DTensors do not carry",
+    "strings": "functions of string arrays, which DTensors do not hold",
+    "char": "functions of string arrays, which DTensors do not hold",
+    "ctypeslib": "pointers into NumPy's memory, which a DTensor does not have whole",
+    "core": "NumPy's private core (deprecated as a public name)",
+    "f2py": "NumPy's Fortran wrapper generator, a build tool",
+    "typing": "NumPy's static type annotations",
 }
 
-_MODULES_OFFERED = ("exceptions", "dtypes")
+# NumPy's submodules of types only, offered as they are; and those of functions on
+# arrays, whose functions go through arrays_out as the main namespace's do.
+_MODULES_AS_THEY_ARE = ("exceptions", "dtypes")
+_MODULES_OF_FUNCTIONS = ("lib", "emath", "polynomial", "testing")
+
+
+class _Module(types.ModuleType):
+    """A NumPy submodule as the namespace offers it: its functions through
+    :func:`arrays_out`, its submodules the same way, its types and constants as
+    they are (each made once, on first use). Local."""
+
+    def __init__(self, module, name):
+        super().__init__(name, module.__doc__)
+        self._numpy_module = module
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        obj = getattr(self._numpy_module, name)
+        if isinstance(obj, types.ModuleType):
+            obj = _Module(obj, f"{self.__name__}.{name}")
+        elif callable(obj) and not isinstance(obj, (type, np.ufunc)):
+            obj = arrays_out(obj)
+        setattr(self, name, obj)
+        return obj
+
+    def __dir__(self):
+        return dir(self._numpy_module)
+
+    def __repr__(self):
+        return f"<mpitensor.array_api's NumPy module {self._numpy_module.__name__}>"
 
 
 class _ArraysOutIndex:
@@ -89,8 +127,10 @@ def numpy_names(defined) -> dict:
             except AttributeError:
                 continue
         if isinstance(obj, types.ModuleType):
-            if name in _MODULES_OFFERED:
+            if name in _MODULES_AS_THEY_ARE:
                 names[name] = obj
+            elif name in _MODULES_OF_FUNCTIONS:
+                names[name] = _Module(obj, f"mpitensor.array_api.{name}")
         elif name in ("mgrid", "ogrid", "r_", "c_"):
             names[name] = _ArraysOutIndex(obj)
         elif obj is np.vectorize:
