@@ -239,7 +239,7 @@ def isin(x1, x2, /, *, invert=False):
     """
     if isinstance(x1, DTensor) or not isinstance(x2, DTensor):
         return arrays_out(np.isin)(x1, x2, invert=invert)
-    # NumPy's isin makes a scalar x1 a 1-element array; the standard's result has
-    # x1's shape, and one value needs no lookup table.
+    # One value needs no lookup table of x2's values: an elementwise test where
+    # x2's elements lie and one all-reduce, whose result is 0-d as x1 is.
     found = np.any(x2 == x1)
     return ~found if invert else found
