@@ -32,6 +32,7 @@ from . import nn
 from . import optim
 from . import checkpoint
 from .checkpoint import async_save, load, save
+from .checkpoint._xarray import open_dataset, to_netcdf, to_zarr
 from . import parallel
 from . import fsdp
 from . import testing
@@ -102,6 +103,9 @@ __all__ = [
     "save",
     "async_save",
     "load",
+    "to_netcdf",
+    "to_zarr",
+    "open_dataset",
     "parallel",
     "fsdp",
     "testing",

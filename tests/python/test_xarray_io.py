@@ -1,0 +1,220 @@
+"""xarray Datasets of DTensors written to netCDF-4 and Zarr and read back.
+
+mpitensor.to_netcdf and mpitensor.to_zarr write a Dataset whose variables are
+DTensors (rows sharded over the world, uneven at np 3) with coordinates,
+attributes and plain NumPy variables; plain xarray on one rank reads the same
+values, and mpitensor.open_dataset reads them back as DTensors on every rank.
+Each rank writes its own block only and nothing is gathered.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import mpitensor as mt
+import mpitensor.array_api as xp
+from mpitensor.checkpoint import _xarray
+from mpitensor.debug import CommDebugMode
+
+xr = pytest.importorskip("xarray")
+pytest.importorskip("h5netcdf")
+pytest.importorskip("zarr")
+
+ROWS = 7  # 3, 3, 1 at np 3: uneven blocks
+
+A = np.arange(ROWS * 4, dtype=np.float64).reshape(ROWS, 4) / 3
+B = np.linspace(-1, 1, ROWS).astype(np.float32)
+N = (np.arange(ROWS * 4, dtype=np.int64).reshape(ROWS, 4) - 9) * 1000003
+K = np.arange(ROWS, dtype=np.int32) * -7
+
+
+def _dataset(a=A):
+    return xr.Dataset(
+        {"a": (("y", "x"), xp.asarray(a), {"units": "K", "long_name": "temperature"}),
+         "b": ("y", xp.asarray(B), {"units": "m"}),
+         "n": (("y", "x"), xp.asarray(N)),
+         "k": ("y", xp.asarray(K)),
+         "p": ("x", np.array([0.5, 1.5, 2.5, 3.5]), {"note": "plain"})},
+        coords={"y": np.arange(ROWS) * 10, "x": np.array([0.0, 0.25, 0.5, 0.75]),
+                "label": ("x", np.array([1, 2, 3, 4], np.int16))},
+        attrs={"title": "run", "step": 7})
+
+
+def _check_plain(got, a=A):
+    """A Dataset read by plain xarray holds the values written, exactly."""
+    want = {"a": a, "b": B, "n": N, "k": K, "p": np.array([0.5, 1.5, 2.5, 3.5])}
+    assert set(got.data_vars) == set(want)
+    for name, values in want.items():
+        assert got[name].dtype == values.dtype, name
+        np.testing.assert_array_equal(got[name].values, values)
+    assert got["a"].dims == ("y", "x") and got["b"].dims == ("y",)
+    assert got["a"].attrs["units"] == "K" and got["a"].attrs["long_name"] == "temperature"
+    assert got["p"].attrs["note"] == "plain"
+    np.testing.assert_array_equal(got["y"].values, np.arange(ROWS) * 10)
+    np.testing.assert_array_equal(got["x"].values, [0.0, 0.25, 0.5, 0.75])
+    np.testing.assert_array_equal(got["label"].values, [1, 2, 3, 4])
+    assert got.attrs["title"] == "run" and int(got.attrs["step"]) == 7
+
+
+def _check_distributed(got, a=A):
+    """A Dataset read by mpitensor.open_dataset: DTensor data variables of the
+    values written, rows sharded; coordinates plain NumPy."""
+    want = {"a": a, "b": B, "n": N, "k": K, "p": np.array([0.5, 1.5, 2.5, 3.5])}
+    for name, values in want.items():
+        data = got[name].data
+        assert isinstance(data, mt.DTensor), name
+        assert data.placements == (mt.Shard(0),)
+        assert data.dtype == values.dtype
+        np.testing.assert_array_equal(data.full_tensor(), values)
+        sizes, _ = mt.compute_local_shape_and_global_offset(data.shape, data.device_mesh,
+                                                            data.placements)
+        assert data.to_local().shape == tuple(sizes)
+    for name in ("x", "y", "label"):
+        assert isinstance(got[name].values, np.ndarray)
+        assert not isinstance(got[name].data, mt.DTensor)
+    np.testing.assert_array_equal(got["y"].values, np.arange(ROWS) * 10)
+    np.testing.assert_array_equal(got["label"].values, [1, 2, 3, 4])
+    assert got["a"].attrs["units"] == "K"
+    assert got.attrs["title"] == "run"
+
+
+def _read_plain(path, engine):
+    if engine == "zarr":
+        with xr.open_zarr(path) as ds:
+            return ds.load()
+    with xr.open_dataset(path, engine=engine) as ds:
+        return ds.load()
+
+
+WRITERS = {"netcdf": (_xarray.to_netcdf, "x.nc", "h5netcdf"),
+           "zarr": (_xarray.to_zarr, "x.zarr", "zarr")}
+
+
+@pytest.mark.parametrize("fmt", list(WRITERS))
+def test_round_trip(folder, comm, fmt):
+    write, name, engine = WRITERS[fmt]
+    path = os.path.join(folder, name)
+    write(_dataset(), path)
+    if comm.Get_rank() == 0:
+        _check_plain(_read_plain(path, engine))
+    comm.Barrier()
+    _check_distributed(mt.open_dataset(path))
+
+
+@pytest.mark.parametrize("fmt", list(WRITERS))
+def test_replaces_whole(folder, comm, fmt):
+    write, name, engine = WRITERS[fmt]
+    path = os.path.join(folder, name)
+    write(_dataset(), path)
+    write(_dataset(A * 2), path)
+    if comm.Get_rank() == 0:
+        _check_plain(_read_plain(path, engine), A * 2)
+        assert sorted(os.listdir(folder)) == [name]  # no temporary left
+    comm.Barrier()
+    _check_distributed(mt.open_dataset(path), A * 2)
+
+
+def test_public_names():
+    assert mt.to_netcdf is _xarray.to_netcdf and mt.to_zarr is _xarray.to_zarr
+    assert mt.open_dataset is _xarray.open_dataset
+    for f in (mt.to_netcdf, mt.to_zarr, mt.open_dataset):
+        assert "Collective" in f.__doc__ and "Example" in f.__doc__
+
+
+def test_netcdf_rank_writes_only_its_rows(folder, monkeypatch):
+    """Each rank writes the bytes of its own rows of each DTensor variable, once,
+    and no collective gathers any of them."""
+    written = []
+    real = _xarray._write_rows
+
+    def spy(path, inode, data, at, durable):
+        written.append(data.nbytes)
+        real(path, inode, data, at, durable)
+
+    monkeypatch.setattr(_xarray, "_write_rows", spy)
+    ds = _dataset()
+    mine = sum(ds[n].data.to_local().nbytes for n in ("a", "b", "n", "k"))
+    with CommDebugMode() as comm_mode:
+        _xarray.to_netcdf(ds, os.path.join(folder, "x.nc"))
+    assert sum(written) == mine
+    counts = comm_mode.get_comm_counts()
+    assert counts["all_gather_into_tensor"] == 0 and counts["all_to_all_single"] == 0
+
+
+def test_zarr_rank_writes_only_its_block(folder, monkeypatch):
+    written = []
+    real = _xarray._write_box
+
+    def spy(tmp, name, block, offsets):
+        written.append((name, block.shape, offsets))
+        real(tmp, name, block, offsets)
+
+    monkeypatch.setattr(_xarray, "_write_box", spy)
+    ds = _dataset()
+    with CommDebugMode() as comm_mode:
+        _xarray.to_zarr(ds, os.path.join(folder, "x.zarr"))
+    for name, shape, offsets in written:
+        dt = ds[name].data
+        sizes, starts = mt.compute_local_shape_and_global_offset(dt.shape, dt.device_mesh,
+                                                                 dt.placements)
+        assert shape == tuple(sizes) and offsets == tuple(starts)
+    assert {w[0] for w in written} <= {"a", "b", "n", "k"}
+    assert comm_mode.get_comm_counts()["all_gather_into_tensor"] == 0
+
+
+def test_netcdf_chunked_and_compressed(folder, comm):
+    """A variable whose encoding asks for chunks and compression is written by the
+    ranks in turn, each its own rows."""
+    path = os.path.join(folder, "x.nc")
+    _xarray.to_netcdf(_dataset(), path,
+                      encoding={"a": {"zlib": True, "complevel": 4, "chunksizes": (2, 4)},
+                                "n": {"chunksizes": (3, 2)}})
+    if comm.Get_rank() == 0:
+        got = _read_plain(path, "h5netcdf")
+        _check_plain(got)
+        assert got["a"].encoding["chunksizes"] == (2, 4)
+    comm.Barrier()
+    _check_distributed(mt.open_dataset(path))
+
+
+def test_sharded_columns_are_written_as_rows(folder, comm):
+    """A DTensor sharded along another dim is redistributed into rows, not
+    gathered."""
+    mesh = mt.init_device_mesh("cpu", (comm.Get_size(),))
+    cols = mt.distribute_tensor(A, mesh, [mt.Shard(1)])
+    ds = xr.Dataset({"a": (("y", "x"), cols)})
+    for write, name, engine in WRITERS.values():
+        path = os.path.join(folder, name)
+        write(ds, path)
+        if comm.Get_rank() == 0:
+            np.testing.assert_array_equal(_read_plain(path, engine)["a"].values, A)
+        comm.Barrier()
+
+
+def test_open_dataset_placements(folder, comm):
+    path = os.path.join(folder, "x.nc")
+    _xarray.to_netcdf(_dataset(), path)
+    got = mt.open_dataset(path, placements={"a": [mt.Shard(1)], "b": [mt.Replicate()]})
+    assert got["a"].data.placements == (mt.Shard(1),)
+    assert got["b"].data.placements == (mt.Replicate(),)
+    assert got["n"].data.placements == (mt.Shard(0),)
+    np.testing.assert_array_equal(got["a"].data.full_tensor(), A)
+    np.testing.assert_array_equal(got["b"].data.to_local(), B)
+    rep = mt.open_dataset(path, placements=[mt.Replicate()])
+    np.testing.assert_array_equal(rep["n"].data.to_local(), N)
+
+
+def test_encoding_that_needs_all_values_raises_everywhere(folder):
+    ds = _dataset()
+    ds["a"].encoding = {"scale_factor": 0.5, "dtype": "int16"}
+    with pytest.raises(TypeError, match="needs its values at once"):
+        _xarray.to_netcdf(ds, os.path.join(folder, "x.nc"))
+    assert not [n for n in os.listdir(folder) if n.endswith(".tmp")]
+
+
+def test_missing_file_raises_everywhere(folder):
+    with pytest.raises((FileNotFoundError, OSError)):
+        mt.open_dataset(os.path.join(folder, "none.nc"))
