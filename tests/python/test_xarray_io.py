@@ -218,3 +218,42 @@ def test_encoding_that_needs_all_values_raises_everywhere(folder):
 def test_missing_file_raises_everywhere(folder):
     with pytest.raises((FileNotFoundError, OSError)):
         mt.open_dataset(os.path.join(folder, "none.nc"))
+
+
+@pytest.mark.parametrize("fmt", list(WRITERS))
+def test_scalar_empty_and_one_row_variables(folder, comm, fmt):
+    """A 0-d DTensor (one rank writes it), an empty one, one of a single row (the
+    other ranks hold none), a DTensor coordinate and a time coordinate."""
+    pd = pytest.importorskip("pandas")
+    write, name, engine = WRITERS[fmt]
+    path = os.path.join(folder, name)
+    times = pd.date_range("2020-01-01", periods=1)
+    ds = xr.Dataset({"s": ((), xp.asarray(np.float64(3.5))),
+                     "e": ("z", xp.asarray(np.zeros(0, np.float32))),
+                     "one": ("w", xp.asarray(np.array([42], np.int16)))},
+                    coords={"t": times, "aux": ("w", xp.asarray(np.array([9.0])))})
+    write(ds, path)
+    if comm.Get_rank() == 0:
+        got = _read_plain(path, engine)
+        assert float(got["s"]) == 3.5 and got["e"].shape == (0,)
+        np.testing.assert_array_equal(got["one"].values, [42])
+        np.testing.assert_array_equal(got["aux"].values, [9.0])
+        np.testing.assert_array_equal(got["t"].values, times.values)
+    comm.Barrier()
+    got = mt.open_dataset(path)
+    assert got["s"].data.placements == (mt.Replicate(),)
+    assert float(got["s"].data.full_tensor()) == 3.5
+    assert got["e"].data.shape == (0,) and got["e"].dtype == np.float32
+    np.testing.assert_array_equal(got["one"].data.full_tensor(), [42])
+    assert isinstance(got["aux"].values, np.ndarray)
+    np.testing.assert_array_equal(got["t"].values, times.values)
+
+
+def test_netcdf4_reads_the_file(folder, comm):
+    """The file is netCDF-4 as netCDF-C writes it: the netCDF4 library reads it."""
+    pytest.importorskip("netCDF4")
+    path = os.path.join(folder, "x.nc")
+    _xarray.to_netcdf(_dataset(), path)
+    if comm.Get_rank() == 0:
+        _check_plain(_read_plain(path, "netcdf4"))
+    comm.Barrier()

@@ -167,7 +167,13 @@ def _encoded_block(ds, name: str, block: np.ndarray) -> np.ndarray:
     v = ds.variables[name]
     enc = xr.conventions.encode_cf_variable(xr.Variable(v.dims, block, v.attrs,
                                                         v.encoding), name=name)
-    return np.ascontiguousarray(np.asarray(enc.values))
+    return _c_order(np.asarray(enc.values))
+
+
+def _c_order(a) -> np.ndarray:
+    """``a`` as a C-ordered ndarray of its own dims (np.ascontiguousarray would
+    make a 0-d one 1-d)."""
+    return np.asarray(a, order="C")
 
 
 def _rows_block(t: DTensor):
@@ -176,7 +182,7 @@ def _rows_block(t: DTensor):
     0-d one)."""
     t = _hdf5._rows(t.detach())
     mesh = t.device_mesh
-    local = np.ascontiguousarray(t.to_local())
+    local = _c_order(t.to_local())
     if t.ndim == 0:
         return local, 0, _first(mesh)
     _, starts = compute_local_shape_and_global_offset(t.shape, mesh, t.placements)
@@ -386,7 +392,7 @@ def _zarr_blocks(tensors: dict, encoding: dict) -> dict:
         mesh = t.device_mesh
         sizes, offsets = compute_local_shape_and_global_offset(t.shape, mesh,
                                                                t.placements)
-        local = np.ascontiguousarray(t.to_local())
+        local = _c_order(t.to_local())
         writes = local.size > 0 and _tensor._writes(mesh, t.placements)
         asked = (encoding.get(name) or {}).get("chunks")
         out[name] = (local, tuple(offsets), writes, list(asked) if asked else chunks)
@@ -581,8 +587,7 @@ def open_dataset(path, mesh=None, placements=None, engine=None, **kwargs):
                 if member:
                     sizes, offsets = compute_local_shape_and_global_offset(shape, mesh, pl)
                     box = tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
-                    local = np.ascontiguousarray(v.variable[box].values) if box else \
-                        np.ascontiguousarray(v.variable.values)
+                    local = _c_order(v.variable[box].values)
                 else:
                     local = np.empty((0,), v.dtype)
                 data_vars[name] = (v, local, pl, shape)
