@@ -148,9 +148,9 @@ def test_zarr_rank_writes_only_its_block(folder, monkeypatch):
     written = []
     real = _xarray._write_box
 
-    def spy(tmp, name, block, offsets):
+    def spy(tmp, name, block, offsets, durable=False):
         written.append((name, block.shape, offsets))
-        real(tmp, name, block, offsets)
+        real(tmp, name, block, offsets, durable)
 
     monkeypatch.setattr(_xarray, "_write_box", spy)
     ds = _dataset()
@@ -178,6 +178,33 @@ def test_netcdf_chunked_and_compressed(folder, comm):
         assert got["a"].encoding["chunksizes"] == (2, 4)
     comm.Barrier()
     _check_distributed(mt.open_dataset(path))
+
+
+def test_netcdf_unlimited_dim(folder, comm):
+    """An unlimited dim makes its variables chunked: written by the ranks in turn."""
+    path = os.path.join(folder, "x.nc")
+    _xarray.to_netcdf(_dataset(), path, unlimited_dims=["y"])
+    if comm.Get_rank() == 0:
+        got = _read_plain(path, "h5netcdf")
+        _check_plain(got)
+        assert "y" in got.encoding["unlimited_dims"]
+    comm.Barrier()
+    _check_distributed(mt.open_dataset(path))
+
+
+def test_zarr_chunks_across_blocks_raise_everywhere(folder, comm):
+    """Chunks that two ranks' blocks share would lose one rank's part: refused on
+    every rank; chunks within the blocks are kept."""
+    path = os.path.join(folder, "x.zarr")
+    if comm.Get_size() > 1:
+        with pytest.raises(ValueError, match="cut across the blocks"):
+            _xarray.to_zarr(_dataset(), path, encoding={"a": {"chunks": (5, 4)}})
+    _xarray.to_zarr(_dataset(), path, encoding={"a": {"chunks": (1, 2)}})
+    if comm.Get_rank() == 0:
+        got = _read_plain(path, "zarr")
+        _check_plain(got)
+        assert tuple(got["a"].encoding["chunks"]) == (1, 2)
+    comm.Barrier()
 
 
 def test_sharded_columns_are_written_as_rows(folder, comm):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import math
 import os
@@ -394,15 +395,17 @@ def _zarr_blocks(tensors: dict, encoding: dict) -> dict:
                                                                t.placements)
         local = _c_order(t.to_local())
         writes = local.size > 0 and _tensor._writes(mesh, t.placements)
-        asked = (encoding.get(name) or {}).get("chunks")
-        out[name] = (local, tuple(offsets), writes, list(asked) if asked else chunks)
+        enc = encoding.get(name) or {}
+        asked = enc.get("chunks")
+        out[name] = (local, tuple(offsets), writes, list(asked) if asked else chunks,
+                     list(enc.get("shards") or asked or chunks))
     return out
 
 
 def _check_chunks(tensors: dict, blocks: dict) -> None:
     """ValueError when a rank's box is not whole chunks of its variable: two ranks
     would write the same chunk, and one would lose the other's part."""
-    for name, (local, offsets, writes, chunks) in blocks.items():
+    for name, (local, offsets, writes, _, chunks) in blocks.items():
         if not writes or not local.ndim:
             continue
         shape = tensors[name].shape
@@ -441,14 +444,35 @@ def _zarr_skeleton(ds, tensors: dict, path: str, encoding: dict, chunks: dict,
     return os.fsencode(tmp)
 
 
-def _write_box(tmp: str, name: str, block: np.ndarray, offsets: tuple) -> None:
-    """This rank's box of the array ``name`` (whole chunks of its own)."""
+def _write_box(tmp: str, name: str, block: np.ndarray, offsets: tuple,
+               durable: bool = False) -> None:
+    """This rank's box of the array ``name`` (whole chunks of its own), its chunk
+    files synced when ``durable`` (no other rank writes them)."""
     z = _zarr.zarr()
     arr = z.open_array(z.storage.LocalStore(tmp), path=name, mode="r+")
     if block.ndim == 0:
         arr[()] = block
     else:
         arr[tuple(slice(o, o + s) for o, s in zip(offsets, block.shape))] = block
+    if not durable or not block.size:
+        return
+    grid = arr.shards or arr.chunks
+    ranges = [range(o // c, -(-(o + s) // c)) for o, s, c in zip(offsets, block.shape,
+                                                                    grid)]
+    for index in itertools.product(*ranges):
+        key = os.path.join(tmp, name, *arr.metadata.encode_chunk_key(index).split("/"))
+        if os.path.exists(key):  # an all-fill chunk is not stored
+            _paths.sync_file(key)
+
+
+def _sync_structure(tmp: str) -> None:
+    """On the first rank, once every rank has synced its chunks: the store's
+    metadata files and every folder, which name the chunks."""
+    for folder, _, files in os.walk(tmp):
+        for f in files:
+            if f in ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"):
+                _paths.sync_file(os.path.join(folder, f))
+        _paths.sync_dir(folder)
 
 
 def to_zarr(ds, path, *, encoding=None, zarr_format=None, durable=True) -> None:
@@ -492,11 +516,14 @@ def to_zarr(ds, path, *, encoding=None, zarr_format=None, durable=True) -> None:
         ds, tensors, path, encoding, chunks, zarr_format)))
     try:
         def write():
-            for name, (local, offsets, writes, _) in blocks.items():
+            for name, (local, offsets, writes, _, _) in blocks.items():
                 if writes:
-                    _write_box(tmp, name, _encoded_block(ds, name, local), offsets)
+                    _write_box(tmp, name, _encoded_block(ds, name, local), offsets,
+                               durable)
 
         _each_rank(mesh, write)
+        if durable:
+            _agree.first_rank(mesh, lambda: _sync_structure(tmp) or b"")
         old = os.fsdecode(_agree.first_rank(mesh, lambda: _zarr._commit(tmp, path,
                                                                          durable)))
     except BaseException:
