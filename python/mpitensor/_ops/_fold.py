@@ -13,6 +13,10 @@ its own on. What moves, over that mesh dim only, never the array:
   from the last to the first, P shifts, then one broadcast of them from the
   first; the result is Replicate over that mesh dim.
 
+Which of a regrouping (each rank reduces its piece, pieces combined in any
+order), this fold and NumPy's gathered call gives NumPy's value is decided here,
+from the result's dtype: :func:`regroups` and :func:`exact`.
+
 A rank with an empty block passes the carry on. The result dtype and NumPy's
 errors (no loop for a dtype) come from NumPy's own call on a one-element array
 on every rank before anything moves; under ``np.errstate(...="raise")`` a
@@ -37,30 +41,97 @@ def foldable(ufunc) -> bool:
 
 
 # Where NumPy's own reduce is not a fold of its elementwise steps, so a chain of
-# them would not give its bits: float arctan2 (its vector and scalar loops round
-# apart) and float power (its reduce loop takes the first operand for a scalar).
-# float16 reductions keep a float32 accumulator; long double and complex results
-# are left to the fallback too.
+# them would not give its bits: float arctan2 and power (their vector loops round
+# apart from their scalar ones, and their reduce loop takes the first operand for
+# a scalar, so NumPy's value depends on which loop its iteration of the whole
+# array picks); the half-precision add, subtract, multiply and divide (a reduction
+# keeps a float32 accumulator and rounds once, where their accumulate rounds every
+# step). Long double and complex results are left to the fallback too.
 _FLOATS_NOT_FOLDED = frozenset((np.arctan2, np.power))
+_HALF_ACCUMULATING = frozenset((np.add, np.subtract, np.multiply, np.divide))
 
 
-def exact(ufunc, out_kind) -> bool:
-    """Whether this module gives NumPy's bits for ``ufunc`` with results of dtype
-    ``out_kind``: integers and booleans always, float32 and float64 but for the
-    ufuncs above. Local.
+def exact(ufunc, out_kind, method: str = "reduce") -> bool:
+    """Whether this module gives NumPy's bits for ``ufunc.<method>`` (reduce,
+    reduceat or accumulate) with results of dtype ``out_kind`` (the result's
+    dtype, never the input's: uint8 under hypot gives float16): integers and
+    booleans always; float16 but for reductions of the ufuncs above; float32 and
+    float64 but for arctan2 and power. Local.
 
-    Example: ``exact(np.subtract, np.dtype(np.float64))`` is True.
+    Example: ``exact(np.subtract, np.dtype(np.float64))`` is True,
+    ``exact(np.subtract, np.dtype(np.float16))`` False and
+    ``exact(np.subtract, np.dtype(np.float16), "accumulate")`` True.
     """
     out_kind = np.dtype(out_kind)
+    if not _carries(ufunc, out_kind):
+        return False
     if out_kind.kind in "biu":
         return True
+    if out_kind == np.float16:
+        return method == "accumulate" or ufunc not in _HALF_ACCUMULATING
     return out_kind in (np.float32, np.float64) and ufunc not in _FLOATS_NOT_FOLDED
 
 
-def kind(ufunc, dtype_in, dtype):
-    """The result dtype of ``ufunc.accumulate`` of ``dtype_in`` with ``dtype=``,
-    or NumPy's own error, from a one-element call (so alike on every rank). Local."""
-    return ufunc.accumulate(np.zeros((1,), dtype_in), dtype=dtype).dtype
+def _carries(ufunc, out_kind) -> bool:
+    """Whether a carry of ``out_kind`` can go on folding: ``ufunc`` has a loop of
+    two ``out_kind`` operands (ldexp's reduce of ints gives floats, yet takes no
+    float exponent). Local."""
+    try:
+        with np.errstate(all="ignore"):  # 0 op 0 may be 0 / 0
+            ufunc.reduceat(np.zeros(2, out_kind), [0])
+    except TypeError:
+        return False
+    return True
+
+
+def kind(ufunc, dtype_in, dtype, method: str = "accumulate"):
+    """The result dtype of ``ufunc.<method>`` (accumulate, reduce or reduceat) of
+    ``dtype_in`` with ``dtype=``, or NumPy's own error, from a one-element call
+    (so alike on every rank). Local.
+
+    Example: ``kind(np.hypot, np.uint8, None)`` is float16.
+    """
+    one = np.zeros((1,), dtype_in)
+    if method == "reduceat":
+        return ufunc.reduceat(one, [0], dtype=dtype).dtype
+    return getattr(ufunc, method)(one, dtype=dtype).dtype
+
+
+# ufuncs whose reduction may combine the pieces of a segment in any grouping and
+# order: each rank reduces its piece, and the pieces are combined across ranks.
+# Associative and commutative: exactly for the integer and boolean ones (gcd; equal
+# and not_equal, whose only loops of one dtype are boolean: XNOR and XOR), up to
+# rounding, as add's, for the float ones (logaddexp: log of a sum; hypot: root of
+# a sum of squares). A dtype without a loop fails in NumPy's own call on a tiny
+# array of that dtype, made alike on every rank before anything moves. lcm is
+# not here: its overflow does not wrap alike in every grouping.
+REGROUPABLE = frozenset((np.add, np.multiply, np.maximum, np.minimum, np.fmax, np.fmin,
+                         np.logical_and, np.logical_or, np.logical_xor, np.bitwise_and,
+                         np.bitwise_or, np.bitwise_xor, np.gcd, np.equal, np.not_equal,
+                         np.logaddexp, np.logaddexp2, np.hypot))
+# Of those, the ones that pick one of their operands: any grouping gives NumPy's
+# bits, in every dtype.
+_SELECTING = frozenset((np.maximum, np.minimum, np.fmax, np.fmin))
+
+
+def regroups(ufunc, out_kind) -> bool:
+    """Whether ``ufunc``'s pieces of a segment combine in any grouping into NumPy's
+    value for results of dtype ``out_kind`` (the result's dtype, never the
+    input's: hypot of uint8 or bool gives float16): exactly for integer and
+    boolean results and for the ufuncs that pick an operand; up to the rounding
+    of the dtype, as a sharded sum's, for the others' float32, float64, long
+    double and complex results. Never for float16 (or bfloat16) results, which
+    NumPy rounds to half precision at each step: another grouping differs in the
+    last bits, a thousandth of the value; those fold (this module) where that
+    gives NumPy's bits (:func:`exact`), or gather. Local.
+
+    Example: ``regroups(np.hypot, np.dtype(np.float16))`` is False.
+    """
+    if ufunc not in REGROUPABLE:
+        return False
+    out_kind = np.dtype(out_kind)
+    return (out_kind.kind in "biu" or ufunc in _SELECTING
+            or (out_kind.kind in "fc" and out_kind != np.float16))
 
 
 def _line(mesh, m: int) -> tuple[int, int]:
@@ -142,10 +213,12 @@ def _scan_block(ufunc, local, axis, dtype, out_kind, carry, have, steps):
     return res, last, np.ones((1,), np.uint8)
 
 
-def segments(ufunc, a, idx: np.ndarray, axis: int, dtype, m: int, out_kind) -> np.ndarray:
-    """This rank's block of ``ufunc.reduceat(a, idx, axis, dtype=dtype)``, mesh dim
-    ``m`` sharding ``axis`` (Replicate over it): the result so far, segment by
-    segment, goes along the chain and back to the first rank, which broadcasts it.
+def segments(ufunc, a, idx: np.ndarray, axis: int, dtype, m: int, out_kind,
+             method: str = "reduceat") -> np.ndarray:
+    """This rank's block of ``ufunc.reduceat(a, idx, axis, dtype=dtype)`` (or, with
+    ``method`` "reduce" and ``idx`` ``[0]``, of ``ufunc.reduce``), mesh dim ``m``
+    sharding ``axis`` (Replicate over it): the result so far, segment by segment,
+    goes along the chain and back to the first rank, which broadcasts it.
     Collective on the dim (P shifts and one broadcast of ``len(idx)`` slices)."""
     spec, local = a._spec, a.to_local()
     mesh = spec.mesh
@@ -165,7 +238,8 @@ def segments(ufunc, a, idx: np.ndarray, axis: int, dtype, m: int, out_kind) -> n
                 if b < c:
                     part = np.take(local, np.arange(b - lo, c - lo), axis=axis)
                     acc[i], have[i] = _fold(ufunc, part, axis, dtype, out_kind,
-                                            acc[i] if have[i] else None, steps), 1
+                                            acc[i] if have[i] else None, steps,
+                                            method), 1
         if n > 1:
             _shift(mesh, m, k, me, n, [acc, have], [acc, have])
     if n > 1:
@@ -174,10 +248,17 @@ def segments(ufunc, a, idx: np.ndarray, axis: int, dtype, m: int, out_kind) -> n
     return np.moveaxis(acc, 0, axis)
 
 
-def _fold(ufunc, part, axis, dtype, out_kind, carry, steps) -> np.ndarray:
-    """``part`` folded along ``axis`` (removed), from ``carry`` when there is one."""
+def _fold(ufunc, part, axis, dtype, out_kind, carry, steps, method) -> np.ndarray:
+    """``part`` folded along ``axis`` (removed), from ``carry`` when there is one.
+    A segment's first piece is NumPy's ``method`` of it: reduce starts from the
+    ufunc's identity (hypot's reduce of ``[-3]`` is 3), reduceat from the first
+    element (-3); the pieces after it continue from the carry, never from the
+    identity again."""
+    if carry is None and method == "reduce":
+        return steps.run(lambda: ufunc.reduce(part, axis=axis, dtype=dtype)).astype(
+            out_kind, copy=False)
     if carry is not None:
         part = np.concatenate([np.expand_dims(carry, axis),
                                part.astype(out_kind, copy=False)], axis=axis)
-    return steps.run(lambda: ufunc.reduce(part, axis=axis, dtype=dtype)).astype(
-        out_kind, copy=False)
+    return steps.run(lambda: np.take(ufunc.reduceat(part, [0], axis=axis, dtype=dtype),
+                                     0, axis=axis)).astype(out_kind, copy=False)

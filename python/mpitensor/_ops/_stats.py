@@ -27,7 +27,7 @@ from .. import _layout, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Partial, Replicate, Shard
-from . import _dispatch as D, _lanes
+from . import _dispatch as D, _fold, _lanes
 from ._inplace import write_result
 
 
@@ -87,33 +87,48 @@ def _all_reduce(mesh, local, op, mesh_dims):
 
 
 def logaddexp_reduce(ufunc, a, axis=0, dtype=None, out=None, keepdims=False, **kwargs):
-    """``np.logaddexp.reduce(a, axis)`` (and logaddexp2) of a DTensor: local along an
-    unsharded axis; along a sharded one each rank reduces its shard and the ranks
-    merge their values (one all-gather of the size of the result per rank, see
-    ``_merge_logaddexp``). Placements: the
-    Shards of other dims follow them, the axis's mesh dims become Replicate; a
-    Partial input is reduced first."""
+    """``np.logaddexp.reduce(a, axis, dtype)`` (and logaddexp2) of a DTensor: local
+    along an unsharded axis; along a sharded one each rank reduces its shard and
+    the ranks merge their values (one all-gather of the size of the result per
+    rank, see ``_merge_logaddexp``), where the result's dtype lets a regrouping
+    give NumPy's value; float16 results (of float16, uint8 or bool), which NumPy
+    rounds at each step, take NumPy's left fold instead (_fold.py, whose
+    ``regroups`` decides from the result's dtype). Placements: the Shards of
+    other dims follow them, the axis's mesh dims become Replicate; a Partial
+    input is reduced first. Other
+    keywords (``initial=``, ``where=``) and axes other than one (``axis=None`` of
+    a 1-D array is its one axis) have no rule here: NoRule, NumPy's gathered
+    call."""
     name = f"numpy.{ufunc.__name__}.reduce"
     if type(a) is not DTensor:
         raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
-    if kwargs or dtype is not None:
-        raise TypeError(f"{name}: only axis=, keepdims= and out= are supported on "
-                        f"DTensors")
-    if axis is None or not isinstance(axis, (int, np.integer)):
-        raise TypeError(f"{name}: axis must be one int (logaddexp is not reorderable), "
-                        f"got {axis!r}")
+    if kwargs:
+        raise _registry.NoRule(f"{name}: {sorted(kwargs)} have no rule on DTensors")
+    if isinstance(axis, tuple) and len(axis) == 1:
+        axis = axis[0]
+    elif axis is None and a.ndim == 1:
+        axis = 0
+    if not isinstance(axis, (int, np.integer)):
+        raise _registry.NoRule(f"{name}: axis={axis!r} is not one axis")
     axis = normalize_axis_index(int(axis), a.ndim)
+    kind = _fold.kind(ufunc, a.dtype, dtype, "reduce")  # NumPy's TypeError, if any
     if out is not None:
         from_out = out[0] if isinstance(out, tuple) else out
         if type(from_out) is not DTensor:
             raise TypeError(f"{name}: out= must be a DTensor")
-        write_result(name, from_out, logaddexp_reduce(ufunc, a, axis, keepdims=keepdims))
+        write_result(name, from_out, logaddexp_reduce(ufunc, a, axis, dtype,
+                                                       keepdims=keepdims))
         return from_out
     a = _unpartial(name, a)
     spec = a._spec
     mesh = spec.mesh
     dims = {m for m, p in enumerate(spec.placements)
             if isinstance(p, Shard) and p.dim == axis and mesh.shape[m] > 1}
+    fold = bool(dims) and spec.shape[axis] > 0 and not _fold.regroups(ufunc, kind)
+    if fold and (len(dims) > 1 or any(p.is_shard() and type(p) is not Shard
+                                      for p in spec.placements)):
+        raise _registry.NoRule(f"{name}: a float16 fold along an axis cut by several "
+                               f"mesh dims or of a strided shard")
 
     def out_dim(d):
         return d if keepdims else d - (d > axis)
@@ -125,10 +140,16 @@ def logaddexp_reduce(ufunc, a, axis=0, dtype=None, out=None, keepdims=False, **k
     shape = tuple(1 if d == axis else n for d, n in enumerate(spec.shape)
                   if keepdims or d != axis)
     if mesh._coordinate is None:
-        local = D.outside_local(shape, np.result_type(spec.dtype, np.float16))
+        local = D.outside_local(shape, kind)
         return DTensor(local, DTensorSpec(mesh, placements, shape, local.dtype,
                                           contiguous_strides(shape)))
-    local = ufunc.reduce(a.to_local(), axis=axis, keepdims=keepdims)
+    if fold:
+        local = _fold.segments(ufunc, a, np.zeros(1, np.intp), axis, dtype,
+                               next(iter(dims)), kind, "reduce")
+        local = np.array(local if keepdims else np.squeeze(local, axis), order="C")
+        return DTensor(local, DTensorSpec(
+            mesh, placements, shape, local.dtype, contiguous_strides(shape)))
+    local = ufunc.reduce(a.to_local(), axis=axis, dtype=dtype, keepdims=keepdims)
     if dims:
         local = _merge_logaddexp(ufunc, mesh, np.asarray(local), dims, placements, shape)
     local = np.asarray(local)

@@ -3,13 +3,14 @@
 
 | method | is | placements |
 |---|---|---|
-| ``reduce`` of add, multiply, maximum, minimum, logical_and, logical_or | ``sum``, ``prod``, ``max``, ``min``, ``all``, ``any`` (``axis=0`` by default, as ufunc.reduce) | the reduction's: a reduced sharded dim gives a Partial or a merge |
-| ``reduce`` of maximum's kin (fmax, fmin, the logical and bitwise ufuncs, gcd, equal and not_equal of booleans, logaddexp, logaddexp2, hypot) along one axis | reduceat's one segment | Replicate over the mesh dim that shards the axis |
+| ``reduce`` of add, multiply, maximum, minimum, logical_and, logical_or | ``sum``, ``prod``, ``max``, ``min`` (of the elements cast to ``dtype=`` first, as NumPy's), ``all``, ``any`` (``axis=0`` by default, as ufunc.reduce) | the reduction's: a reduced sharded dim gives a Partial or a merge |
+| ``reduce`` of maximum's kin (fmax, fmin, the logical and bitwise ufuncs, gcd, equal and not_equal of booleans, logaddexp, logaddexp2, hypot) along one axis | NumPy's reduce of each block along an unsharded axis, reduceat's one segment along a sharded one | Replicate over the mesh dim that shards the axis |
 | ``accumulate`` of add, multiply | ``cumsum``, ``cumprod`` along ``axis`` (0 by default) | the scan's |
 | ``accumulate`` of maximum, minimum and the others above | each rank scans its block and combines the totals of the ranks before it (one all-gather of a slice per rank) | ``a``'s |
+| float16 results of the float ufuncs above (logaddexp, hypot, ... of float16, uint8 or bool) | never regrouped (NumPy rounds each step to half precision): the fold below, as the result's dtype decides (``_fold.regroups``) | as the fold's |
 | ``outer`` of any elementwise ufunc of two operands | the ufunc of the first operand with the second's dims appended, broadcast | the elementwise rule's |
 | ``reduceat`` of add, multiply, maximum, minimum, fmax, fmin, the logical and bitwise ufuncs and the others above | each rank's pieces of the segments, all-gathered over the mesh dim that shards the axis and combined (local when none does) | ``len(indices)`` along the axis, Replicate over that mesh dim |
-| ``reduce``, ``accumulate``, ``reduceat`` of the ufuncs that may not be regrouped (subtract, divide, fmod, the comparisons, the shifts, lcm, power of integers, ...) | NumPy's left fold, continued rank after rank from the carry the rank before sends (_fold.py: one slice, or one per segment, per rank); along a sharded axis, float16, complex and long double results, float power and arctan2 gather (NumPy's reduction of them is no fold of its steps) | accumulate: ``a``'s; reduce and reduceat: Replicate over the mesh dim that shards the axis |
+| ``reduce``, ``accumulate``, ``reduceat`` of the ufuncs that may not be regrouped (subtract, divide, fmod, power, arctan2, the comparisons, the shifts, lcm, ...) | NumPy's left fold, continued rank after rank from the carry the rank before sends (_fold.py: one slice, or one per segment, per rank). Where NumPy's reduction is no fold of its steps (float32/64 power and arctan2, half-precision add/subtract/multiply/divide reductions, complex and long double results; the result's dtype decides), a sharded axis gathers, and so does an unsharded one unless the block is the whole array: NumPy's value then depends on how it iterates the whole array | accumulate: ``a``'s; reduce and reduceat: Replicate over the mesh dim that shards the axis |
 | ``at`` of any ufunc, with integer indices and a plain or scalar operand | each rank applies the updates that land in its block, in place | the target's; ``add``/``subtract`` keep a Partial max or min target, and an integer Partial sum one (updated on one rank); other Partials or a strided target gather |
 | ``at`` with one integer DTensor of row indices | each (row, value) goes to the rank that holds the row, along the mesh dim that cuts dim 0 (_scatter.py) | the target's; a Partial or strided target gathers |
 
@@ -94,11 +95,14 @@ def _one_array(label: str, operands: tuple, kwargs: dict, allowed) -> tuple:
 
 def _reduce(ufunc, label: str, operands: tuple, kwargs: dict):
     func = _REDUCE.get(ufunc)
+    if func is None and ufunc not in _fold.REGROUPABLE and not _fold.foldable(ufunc):
+        raise _no_rule(label, "no reduction of this ufunc")
+    a, kw = _one_array(label, operands, kwargs, _REDUCE_KW)
+    if func in (np.sum, np.prod) and not _fold.regroups(
+            ufunc, _fold.kind(ufunc, a.dtype, kw.get("dtype"), "reduce")):
+        func = None  # float16 results: NumPy's own reduction, as for the ufuncs below
     if func is None:
-        if ufunc not in _REGROUPABLE and not _fold.foldable(ufunc):
-            raise _no_rule(label, "no reduction of this ufunc")
         # One segment of the whole axis: reduceat's pieces and their combination.
-        a, kw = _one_array(label, operands, kwargs, _REDUCE_KW)
         axis = kw.get("axis")
         if not isinstance(axis, (int, np.integer)) or kw.get("out") is not None:
             raise _no_rule(label, "an axis that is not one int, or out=")
@@ -106,12 +110,17 @@ def _reduce(ufunc, label: str, operands: tuple, kwargs: dict):
         if a.shape[axis] == 0:
             got = _reduce_empty(ufunc, label, a, axis, kw.get("dtype"))
         else:
-            got = _reduceat(ufunc, label, (a, [0], axis, kw.get("dtype")), {})
+            got = _segmented(ufunc, label, "reduce", a, np.zeros(1, np.intp), axis,
+                             kw.get("dtype"))
         return got if kw.get("keepdims") else np.squeeze(got, axis)
-    a, kw = _one_array(label, operands, kwargs, _REDUCE_KW)
     if func in (np.all, np.any):
         if kw.pop("dtype", None) not in (None, bool, np.bool_):
             raise _no_rule(label, "a dtype= other than bool")
+    elif func in (np.max, np.min) and kw.get("dtype") is not None:
+        # NumPy casts the elements to dtype= first (its error, if any, from its own
+        # call on one element, alike on every rank), then takes the extreme.
+        cast = ufunc.reduce(np.zeros(1, a.dtype), dtype=kw.pop("dtype")).dtype
+        a = a.astype(cast)
     return func(a, **kw)
 
 
@@ -140,17 +149,19 @@ def _accumulate(ufunc, label: str, operands: tuple, kwargs: dict):
             return _subtract_accumulate(label, operands, kwargs)
         except _registry.NoRule:
             pass  # a float one: the fold below
+    if func is None and ufunc not in _fold.REGROUPABLE and not _fold.foldable(ufunc):
+        raise _no_rule(label, "no scan of this ufunc")
+    a, kw = _one_array(label, operands, kwargs, _ACCUMULATE_KW)
+    if func is not None and kw["axis"] is not None and not _fold.regroups(
+            ufunc, _fold.kind(ufunc, a.dtype, kw.get("dtype"))):
+        func = None  # float16 results: NumPy's running sum, step by step, as below
     if func is None:
-        if ufunc not in _REGROUPABLE and not _fold.foldable(ufunc):
-            raise _no_rule(label, "no scan of this ufunc")
-        a, kw = _one_array(label, operands, kwargs, _ACCUMULATE_KW)
         if kw.get("out") is not None or kw["axis"] is None:
             raise _no_rule(label, "out= or axis=None")
         axis = normalize_axis_index(operator.index(kw["axis"]), a.ndim)
-        if ufunc in _REGROUPABLE:
+        if _fold.regroups(ufunc, _fold.kind(ufunc, a.dtype, kw.get("dtype"))):
             return _scan(ufunc, label, a, axis, kw.get("dtype"))
         return _fold_scan(ufunc, label, a, axis, kw.get("dtype"))
-    a, kw = _one_array(label, operands, kwargs, _ACCUMULATE_KW)
     if kw["axis"] is None:
         # ufunc.accumulate has no flattening form: NumPy refuses axis=None.
         raise TypeError(f"{label}: axis=None is not supported by accumulate")
@@ -158,14 +169,17 @@ def _accumulate(ufunc, label: str, operands: tuple, kwargs: dict):
 
 
 def _fold_scan(ufunc, label: str, a, axis: int, dtype):
-    """``ufunc.accumulate`` of a ufunc that may not be regrouped: NumPy's left
-    fold, as a chain over the mesh dim that shards ``axis`` (_fold.py), local when
-    none does. Placements as ``a``'s."""
+    """``ufunc.accumulate`` of a ufunc whose results may not be regrouped: NumPy's
+    left fold, as a chain over the mesh dim that shards ``axis`` (_fold.py), local
+    when none does (NumPy scans along the axis once per position of the other
+    dims, so a block whole along it gives its bits whatever the dtype); NoRule
+    (the gathered call) along a sharded axis where the chain would not give
+    NumPy's bits. Placements as ``a``'s."""
     spec = a._spec
     pl = tuple(spec.placements)
     dims = _axis_dims(label, pl, axis)
     kind = _fold.kind(ufunc, spec.dtype, dtype)
-    if dims and not _fold.exact(ufunc, kind):
+    if dims and not _fold.exact(ufunc, kind, "accumulate"):
         raise _no_rule(label, f"no fold of {kind} that gives NumPy's bits")
     if spec.mesh.get_coordinate() is None:
         res = np.empty((0,), kind)
@@ -199,41 +213,20 @@ def _subtract_accumulate(label, operands, kwargs):
     return first * 2 - total
 
 
-# ufuncs whose reduction may combine the pieces of a segment in any grouping and
-# order: each rank reduces its piece, and the pieces are combined across ranks.
-# Associative and commutative: exactly for the integer and boolean ones (gcd; equal
-# and not_equal, whose only loops of one dtype are boolean: XNOR and XOR), up to
-# rounding, as add's, for the float ones (logaddexp: log of a sum; hypot: root of
-# a sum of squares). A dtype without a loop fails in NumPy's own call on a tiny
-# array of that dtype, made alike on every rank before anything moves. lcm is
-# not here: its overflow does not wrap alike in every grouping.
-_REGROUPABLE = frozenset((np.add, np.multiply, np.maximum, np.minimum, np.fmax, np.fmin,
-                          np.logical_and, np.logical_or, np.logical_xor, np.bitwise_and,
-                          np.bitwise_or, np.bitwise_xor, np.gcd, np.equal, np.not_equal,
-                          np.logaddexp, np.logaddexp2, np.hypot))
-
-
 def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
-    """``ufunc.reduceat(a, indices, axis, dtype)``: local when no mesh dim shards
-    ``axis``; else each rank reduces its piece of every segment, the pieces (one
-    record per segment) are all-gathered over the mesh dim that shards ``axis`` and
-    combined in rank order, or, for a ufunc that may not be regrouped, folded
-    rank after rank (_fold.py). The result has ``len(indices)`` along ``axis``,
-    Replicate over that mesh dim, the other dims as ``a``'s."""
+    """``ufunc.reduceat(a, indices, axis, dtype)``: see :func:`_segmented`."""
     kw = dict(kwargs)
     for key, value in zip(("indices", "axis", "dtype", "out"), operands[1:]):
         kw[key] = value
     a = operands[0]
-    regroupable = ufunc in _REGROUPABLE
-    if (type(a) is not DTensor or not (regroupable or _fold.foldable(ufunc))
+    if (type(a) is not DTensor or not (ufunc in _fold.REGROUPABLE or _fold.foldable(ufunc))
             or len(operands) > 4
             or kw.get("out") is not None or "indices" not in kw
             or set(kw) - {"indices", "axis", "dtype", "out"}
             or isinstance(kw["indices"], DTensor)):
         raise _no_rule(label, "an operand, keyword or ufunc without a distributed form")
-    spec, dtype = a._spec, kw.get("dtype")
     axis = normalize_axis_index(operator.index(kw.get("axis", 0)), a.ndim)
-    n = spec.shape[axis]
+    n = a._spec.shape[axis]
     idx = np.asarray(kw["indices"])
     if idx.ndim != 1 or idx.dtype.kind not in "iu":
         raise _no_rule(label, "indices that are not a 1-D integer array")
@@ -241,23 +234,50 @@ def _reduceat(ufunc, label: str, operands: tuple, kwargs: dict):
         if not 0 <= i < n:
             raise IndexError(f"index {i} out-of-bounds in {ufunc.__name__}.reduceat "
                              f"[0, {n})")
+    return _segmented(ufunc, label, "reduceat", a, idx, axis, kw.get("dtype"))
+
+
+def _segmented(ufunc, label: str, method: str, a, idx, axis: int, dtype):
+    """``ufunc.reduceat(a, idx, axis, dtype)``, or ``ufunc.reduce(a, axis, dtype,
+    keepdims=True)`` (``method`` "reduce", ``idx`` ``[0]``), by NumPy's rule for
+    the result's dtype on every path:
+
+    - no mesh dim shards ``axis``: NumPy's own ``method`` on each rank's block.
+      Where the results are neither regrouped (``_fold.regroups``) nor an exact
+      fold (_fold.exact: float power and arctan2, half-precision sums, complex),
+      NumPy's value depends on how it iterates the whole array (which loop runs
+      along the axis), so only a block that is the whole array gives it; any
+      other layout gathers (NoRule);
+    - a sharded ``axis``: each rank reduces its piece of every segment and the
+      pieces (one record per segment) are all-gathered over the mesh dim that
+      shards ``axis`` and combined in rank order where the results regroup, else
+      folded rank after rank (_fold.py) where that is exact, else gathered.
+
+    The result has ``len(idx)`` along ``axis``, Replicate over that mesh dim, the
+    other dims as ``a``'s. Collective on that mesh dim when it exists."""
+    spec = a._spec
     pl = tuple(spec.placements)
     dims = _axis_dims(label, pl, axis)
-    if not regroupable and not _fold.exact(ufunc, _fold.kind(ufunc, spec.dtype, dtype)) \
-            and dims:
-        raise _no_rule(label, "no fold of this dtype that gives NumPy's bits")
+    kind = _fold.kind(ufunc, spec.dtype, dtype, method)
+    regroup = _fold.regroups(ufunc, kind)
+    folds = not regroup and _fold.exact(ufunc, kind, method)
+    whole = all(not p.is_shard() or n == 1 for p, n in zip(pl, spec.mesh.shape))
+    if not (regroup or folds or (whole and not dims)):
+        raise _no_rule(label, f"no {method} of {kind} results in this layout that gives "
+                              f"NumPy's bits")
     mesh = spec.mesh
     out_shape = spec.shape[:axis] + (len(idx),) + spec.shape[axis + 1:]
     out_pl = tuple(Replicate() if m in dims else p for m, p in enumerate(pl))
     if mesh.get_coordinate() is None:
-        res = np.empty((0,), ufunc.reduceat(np.zeros(1, spec.dtype), [0], dtype=dtype).dtype)
+        res = np.empty((0,), kind)
+    elif not dims and method == "reduce":
+        res = ufunc.reduce(a.to_local(), axis=axis, dtype=dtype, keepdims=True)
     elif not dims:
         res = ufunc.reduceat(a.to_local(), idx, axis=axis, dtype=dtype)
-    elif regroupable:
-        res = _segments_across(ufunc, a, idx, axis, dtype, dims[0])
+    elif regroup:
+        res = _segments_across(ufunc, a, idx, axis, dtype, dims[0], method)
     else:
-        res = _fold.segments(ufunc, a, idx, axis, dtype, dims[0],
-                             _fold.kind(ufunc, spec.dtype, dtype))
+        res = _fold.segments(ufunc, a, idx, axis, dtype, dims[0], kind, method)
     return DTensor.from_local(np.ascontiguousarray(res), mesh, out_pl, shape=out_shape,
                               stride=contiguous_strides(out_shape))
 
@@ -316,9 +336,12 @@ def _gather_line(mesh, m: int, *arrays):
                  .redistribute(line, [Replicate()]).to_local() for x in arrays)
 
 
-def _segments_across(ufunc, a, idx, axis: int, dtype, m: int) -> np.ndarray:
-    """This rank's block of ``ufunc.reduceat`` along ``axis``, which mesh dim ``m``
-    shards: its pieces of the segments, all-gathered over ``m`` and combined."""
+def _segments_across(ufunc, a, idx, axis: int, dtype, m: int, method: str) -> np.ndarray:
+    """This rank's block of ``ufunc.reduceat`` (or of ``ufunc.reduce``, ``method``
+    "reduce" and ``idx`` ``[0]``) along ``axis``, which mesh dim ``m`` shards: its
+    pieces of the segments, each NumPy's ``method`` of it (reduce starts from the
+    identity: gcd's reduce of ``[-4]`` is 4, its reduceat -4), all-gathered over
+    ``m`` and combined."""
     spec, local = a._spec, a.to_local()
     n = spec.shape[axis]
     _, offsets = compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)
@@ -331,7 +354,9 @@ def _segments_across(ufunc, a, idx, axis: int, dtype, m: int) -> np.ndarray:
         b, c = max(s, lo), min(e if e > s else s + 1, hi)  # e <= s: the segment is a[s]
         if b < c:
             part = np.take(local, np.arange(b - lo, c - lo), axis=axis)
-            pieces[i] = np.squeeze(ufunc.reduceat(part, [0], axis=axis, dtype=dtype), axis)
+            pieces[i] = (ufunc.reduce(part, axis=axis, dtype=dtype) if method == "reduce"
+                         else np.take(ufunc.reduceat(part, [0], axis=axis, dtype=dtype), 0,
+                                      axis=axis))
             have[i] = True
     every, flags = _gather_line(spec.mesh, m, pieces, have)
     acc, seen = pieces.copy(), np.zeros(len(idx), bool)
@@ -366,11 +391,15 @@ def _at(ufunc, label: str, operands: tuple, kwargs: dict):
     """``ufunc.at(a, indices[, b])`` in place, with integer indices (an int, an
     integer array, or a tuple of them, one per leading dim) and ``b`` a scalar or a
     plain array, the same on every rank: each rank applies the updates that land
-    in its own block, so nothing moves. Returns None, as NumPy's."""
+    in its own block, so nothing moves. Returns None, as NumPy's. NumPy's errors
+    in NumPy's order, alike on every rank: no loop for the dtypes (before any
+    index is read), then an index out of bounds."""
     if kwargs or len(operands) not in (2, 3) or type(operands[0]) is not DTensor:
         raise _no_rule(label, "keywords or a non-DTensor target")
     a, indices = operands[0], operands[1]
     b = operands[2] if len(operands) == 3 else None
+    if (b is None) == (ufunc.nin == 1):
+        _at_loop(ufunc, a.dtype, b)
     keys = indices if isinstance(indices, tuple) else (indices,)
     if type(indices) is DTensor and (b is None) == (ufunc.nin == 1):
         return _at_dtensor_index(ufunc, label, a, indices, b)
@@ -412,6 +441,23 @@ def _at(ufunc, label: str, operands: tuple, kwargs: dict):
     whole = np.broadcast_to(b, keys[0].shape + shape[len(keys):])
     ufunc.at(local, local_keys, whole[mine][(slice(None),) + rest])
     return None
+
+
+def _at_loop(ufunc, dtype, b) -> None:
+    """NumPy's own error, if any, for ``ufunc.at`` into ``dtype`` with ``b``: its
+    call with no index on one element (a scalar ``b`` as given, NumPy's weak
+    scalar; an array's dtype), alike on every rank. NumPy resolves the loop
+    before it reads an index (bool subtract's TypeError comes before an index's
+    IndexError), and a rank whose block no index reaches would not raise it at
+    all. Local."""
+    nothing = np.zeros(0, np.intp)
+    if b is None:
+        ufunc.at(np.zeros(1, dtype), nothing)
+        return
+    if type(b) is DTensor or not D.is_scalar(b):
+        b = np.zeros(0, b.dtype if type(b) is DTensor else np.asarray(b).dtype)
+    with np.errstate(all="ignore"):
+        ufunc.at(np.zeros(1, dtype), nothing, b)
 
 
 def _writes_grad(label, a) -> bool:
