@@ -1,10 +1,12 @@
 """np.logaddexp.reduce / np.logaddexp2.reduce (log-sum-exp), np.histogram and the
 replicated decompositions np.linalg.svd/eigh/qr on DTensors: equal to NumPy on the
 full array for uneven shapes and any placements; log-sum-exp and histogram move
-bytes proportional to their result, never the input."""
+bytes proportional to their result, never the input; bins named by an estimator
+through the warned gather. The quantiles of empty arrays, NumPy's shapes."""
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
+import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
 from mpitensor._clib import chunk_sizes
 from mpitensor.debug import CommDebugMode
@@ -236,3 +239,64 @@ def test_tall_skinny_qr_on_shard0_moves_only_r_factors(shape):
         assert COMM.allreduce(sum(mode.get_comm_bytes().values())) == want
     np.testing.assert_allclose(np.abs(np.linalg.qr(dt, mode="r").full_tensor()),
                                np.abs(np.linalg.qr(a, mode="r")), atol=1e-10)
+
+
+@pytest.mark.parametrize("bins", ["auto", "fd", "doane", "scott", "stone", "rice",
+                                  "sturges", "sqrt"])
+def test_histogram_bins_named_by_an_estimator_are_numpys_through_the_gather(bins):
+    """An estimator's bins depend on the whole data: NumPy's own call on the
+    gathered data (the fallback, which warns once per function and which strict()
+    refuses), where they were refused."""
+    full = np.random.default_rng(3).normal(size=(4 * W + 3, 3)) * 5
+    for pls in ([S0], [S1], [R]):
+        dt = make(full, mesh_of((W,)), pls)
+        with pytest.raises(TypeError, match="no sharding rule|need the whole"), mt.strict():
+            np.histogram(dt, bins=bins)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", mt.GatherWarning)
+            counts, edges = np.histogram(dt, bins=bins)
+            got = np.histogram_bin_edges(dt, bins=bins, range=(-3.0, 4.0))
+        want_counts, want_edges = np.histogram(full, bins=bins)
+        np.testing.assert_array_equal(_plain(counts), want_counts)
+        np.testing.assert_array_equal(_plain(edges), want_edges)
+        np.testing.assert_array_equal(_plain(got), np.histogram_bin_edges(
+            full, bins=bins, range=(-3.0, 4.0)))
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (3, 0), (1, 2, 0), (W + 1, 2, 0)], ids=str)
+def test_nan_quantiles_of_an_empty_array_are_numpys_nanmean(shape):
+    """NumPy answers nanpercentile and nanquantile of an empty array with its
+    nanmean, q's dims dropped; median and percentile with several reduced axes
+    beside an empty kept one raise NumPy's ValueError: the same shapes, values and
+    exceptions in every layout."""
+    full = np.zeros(shape)
+    axes = [None] + list(range(len(shape))) + ([(0, 1)] if len(shape) > 1 else [])
+    for pls in [[R]] + [[Shard(d)] for d in range(len(shape))]:
+        dt = make(full, mesh_of((W,)), pls)
+        for axis in axes:
+            for keepdims in (False, True):
+                calls = [(f, q) for f, q in ((np.nanpercentile, [10, 90]),
+                                             (np.nanpercentile, 50),
+                                             (np.nanquantile, [0.5]), (np.percentile, [10]),
+                                             (np.quantile, 0.5))]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    for f, q in calls:
+                        matches_or_raises_alike(
+                            lambda: f(dt, q, axis=axis, keepdims=keepdims),
+                            lambda: f(full, q, axis=axis, keepdims=keepdims),
+                            _same_nan)
+                    for f in (np.median, np.nanmedian):
+                        matches_or_raises_alike(
+                            lambda: f(dt, axis=axis, keepdims=keepdims),
+                            lambda: f(full, axis=axis, keepdims=keepdims), _same_nan)
+
+
+def _plain(x):
+    return x.full_tensor() if hasattr(x, "full_tensor") else np.asarray(x)
+
+
+def _same_nan(got, want):
+    got, want = _plain(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape)
+    np.testing.assert_array_equal(got, want)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 
 import numpy as np
 from numpy.lib import _function_base_impl as _npq
@@ -633,12 +634,25 @@ def _reduced_dim(axes, keepdims, lead):
     return out_dim
 
 
+def _empty_error(a, axes, call) -> None:
+    """NumPy's own error, if any, for an order statistic over ``axes`` of ``a`` with
+    an empty kept dim: ``call`` on an empty array of ``a``'s global shape (its
+    result is empty too, so this costs nothing), alike on every rank. NumPy merges
+    several reduced axes into one by a reshape that an empty kept dim leaves
+    undetermined, a ValueError the lanes would not meet. Local."""
+    if axes is not None and any(n == 0 for k, n in enumerate(a.shape) if k not in axes):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            call(np.empty(a.shape, a.dtype))
+
+
 def _median(func):
     name = f"numpy.{func.__name__}"
 
     def impl(a, axis=None, out=None, overwrite_input=False, keepdims=False):
         _no_out(name, out)
         axes = _axes(name, a, axis)
+        _empty_error(a, axes, lambda x: func(x, axis=axes, keepdims=keepdims))
         if _whole_sample_stat(a, axes):
             return S.median_flat(name, a, func is np.nanmedian, keepdims)
         return along_axes(name, a, axes,
@@ -670,7 +684,10 @@ def _quantile(func):
                             f"every rank), not a DTensor")
         weak_q = type(q) in (int, float)
         axes = _axes(name, a, axis)
-        if _whole_sample_stat(a, axes):
+        _empty_error(a, axes, lambda x: func(x, q, axis=axes, method=method,
+                                             keepdims=keepdims))
+        nan = func in (np.nanpercentile, np.nanquantile)
+        if _whole_sample_stat(a, axes) or (nan and 0 in a.shape):
             percent = func in (np.percentile, np.nanpercentile)
             qq = np.asanyarray(np.true_divide(q, 100) if percent else q)
             if a.dtype.kind == "c":
@@ -678,8 +695,10 @@ def _quantile(func):
             if not _npq._quantile_is_valid(qq):
                 raise ValueError("Percentiles must be in the range [0, 100]" if percent
                                  else "Quantiles must be in the range [0, 1]")
-            return S.quantile_flat(name, a, qq, method, weak_q,
-                                   func in (np.nanpercentile, np.nanquantile), keepdims)
+            if nan and 0 in a.shape:
+                # NumPy's rule for an empty array: its nanmean (q's dims dropped).
+                return np.nanmean(a, axis=axis, keepdims=keepdims)
+            return S.quantile_flat(name, a, qq, method, weak_q, nan, keepdims)
         # q as given: a Python float is weak in NumPy's promotion (a float32 array
         # keeps float32).
         return along_axes(name, a, axes,
@@ -689,7 +708,9 @@ def _quantile(func):
     impl.__name__ = func.__name__
     impl.__doc__ = (f"{name} over ``axis`` (q the same on every rank): local when no "
                     f"mesh dim shards the reduced axes; the kept dims keep their "
-                    f"placements after q's dims.\n\nExample: ``{name}(dt, [0.5, 0.9], "
+                    f"placements after q's dims. An empty array's nanpercentile and "
+                    f"nanquantile are its nanmean, without q's dims, as NumPy's."
+                    f"\n\nExample: ``{name}(dt, [0.5, 0.9], "
                     f"axis=1)`` of a ``[Shard(0)]`` DTensor is ``[Shard(1)]``.")
     return impl
 

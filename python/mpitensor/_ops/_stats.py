@@ -241,18 +241,22 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     of the counts over the mesh dims that shard the input (plus, for an int
     ``bins`` without ``range``, one all-reduce of the two extremes); nothing of
     the input moves (a Partial input is reduced first). A Replicate input makes
-    no collective; collective on the mesh otherwise."""
+    no collective; collective on the mesh otherwise. Bins named by an estimator
+    ('auto', 'fd', ...) and ``weights=`` have no rule: NumPy's gathered call
+    (the fallback), with its GatherWarning."""
     name = "numpy.histogram"
     if type(a) is not DTensor:
         raise TypeError(f"{name}: the data must be the DTensor")
     if weights is not None:
         raise _registry.NoRule(f"{name}: weights= is not supported on DTensors")
+    if isinstance(bins, str):
+        # An estimator's bins ('auto', 'fd', ...) depend on the whole data (its
+        # spread, quartiles, moments): NumPy's own call on the gathered data, warned.
+        raise _registry.NoRule(f"{name}: bins given by name ({bins!r}) need the whole "
+                               f"data")
     a = _unpartial(name, a)
     spec = a._spec
     mesh = spec.mesh
-    if isinstance(bins, str):
-        raise TypeError(f"{name}: bins given by name ({bins!r}) need the whole data; "
-                        f"pass a number of bins or the edges")
     # Only the mesh dims that shard the data combine counts (or extremes): along
     # the others every rank holds the same elements already.
     sharding = _sharding(spec)
