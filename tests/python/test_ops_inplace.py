@@ -1,7 +1,8 @@
 """Writes into DTensors: ``dt[key] = v`` (scalar, ndarray, DTensor; boolean masks),
 ``np.copyto(dt, v, where=)``, ``dt.fill``, in-place operators and ``out=``. The full
 tensor equals NumPy's after the same writes, for random shapes (uneven shards),
-keys and placements (Partial(sum) too); placements never change; the bytes moved
+keys and placements (Partial(sum) too); placements never change, but for a
+Partial(avg) (or mixed-op) destination, resolved to Replicate first; the bytes moved
 are only what the value needs to follow the destination."""
 
 from __future__ import annotations
@@ -264,20 +265,128 @@ def test_a_cast_numpy_refuses_into_a_partial_fails_on_every_rank(write):
     np.testing.assert_array_equal(out.full_tensor(), np.zeros((4, 4)))
 
 
-def test_writes_into_partial_avg_refuse_what_they_cannot_make_exact():
+def _avg_layouts():
+    """(mesh, placements) with a Partial(avg) mesh dim: alone, beside a Shard, and
+    beside a Partial(sum) (mixed ops) on the 2 x 2 mesh."""
+    out = [(mesh_of((W,)), (Partial("avg"),))]
+    if W == 4:
+        out += [(mesh_of((2, 2)), (Partial("avg"), S0)),
+                (mesh_of((2, 2)), (S1, Partial("avg"))),
+                (mesh_of((2, 2)), (PS, Partial("avg")))]
+    return out
+
+
+def _avg_of(full, mesh, pls):
+    """A DTensor of ``full`` whose Partial(avg) mesh dims hold it on every rank (the
+    mean of P copies of a small integer is that integer: exact), Partial(sum)
+    ones on their first rank (the others 0), Shards their blocks."""
+    rep = mt.distribute_tensor(full, mesh, [Shard(p.dim) if p.is_shard() else R
+                                            for p in pls])
+    local = rep.to_local().copy()
+    coord = mesh.get_coordinate()
+    if any(p == PS and coord[m] for m, p in enumerate(pls)):
+        local[...] = 0
+    return mt.DTensor.from_local(local, mesh, list(pls), shape=full.shape,
+                                 stride=rep.stride())
+
+
+def _dtensor_like(d, value):
+    """``value`` as a DTensor on ``d``'s mesh (Shard(0) on its first dim), or as
+    is when ``d`` is the NumPy array the write is checked against."""
+    if not isinstance(d, mt.DTensor):
+        return value
+    return make(value, d.device_mesh, [S0] + [R] * (d.device_mesh.ndim - 1))
+
+
+# A write of each form, applied alike to the DTensor and to NumPy's array.
+WRITES = {
+    "copyto": lambda d, full: np.copyto(d, 0.25),
+    "copyto where": lambda d, full: np.copyto(d, -1.5, where=full > 5),
+    "copyto DTensor": lambda d, full: np.copyto(d, _dtensor_like(d, full * 3)),
+    "setitem": lambda d, full: d.__setitem__((slice(1, 3),), 0.1),
+    "setitem DTensor": lambda d, full: d.__setitem__((slice(None), 1),
+                                                     _dtensor_like(d, full[:, 2])),
+    "setitem mask": lambda d, full: d.__setitem__(full > 4, 7.0),
+    "fill": lambda d, full: d.fill(2.5),
+    "out": lambda d, full: np.exp(d, out=d),
+    "iadd": lambda d, full: d.__iadd__(0.5),
+}
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_writes_into_partial_avg_resolve_it_and_give_numpys_value(write):
+    """No locals reduce exactly to a written float under a mean: the destination
+    is redistributed to Replicate on its Partial(avg) mesh dims first (a counted
+    collective), in place, then written; the value is NumPy's on every rank.
+    Partials of mixed ops resolve alike; a Partial(avg) value is still written as
+    its own locals, moving nothing."""
+    full = np.arange(24.0).reshape(6, 4)
+    ours = WRITES[write]
+    for mesh, pls in _avg_layouts():
+        d = _avg_of(full, mesh, pls)
+        assert_matches(d, full)
+        want = full.copy()
+        ours(want, full)
+        with CommDebugMode() as mode:
+            ours(d, full)
+        assert_matches(d, want)
+        if W > 1:
+            assert mode.get_total_counts() >= 1
+        assert not any(p.is_partial("avg") for p in d.placements), d.placements
+        if PS in pls:  # mixed ops: every Partial is resolved
+            assert not any(p.is_partial() for p in d.placements), d.placements
     mesh = mesh_of((W,))
+    a = _avg_of(np.zeros(4), mesh, (Partial("avg"),))
+    b = _avg_of(np.full(4, 3.0), mesh, (Partial("avg"),))
+    with CommDebugMode() as mode:
+        np.copyto(a, b)
+    assert mode.get_total_counts() == 0 and a.placements == (Partial("avg"),)
+    assert_matches(a, np.full(4, 3.0))
+
+
+def test_a_write_through_a_view_of_a_partial_avg_reaches_its_base():
+    """A basic index of a Partial(avg) DTensor is a view of its memory: the
+    resolved view writes into that memory, so the base sees the write (its own
+    mean of the written copies)."""
+    mesh = mesh_of((W,))
+    full = np.arange(12.0).reshape(3, 4)
+    base = _avg_of(full, mesh, (Partial("avg"),))
+    view = base[1:]
+    view[...] = 9.0
+    full[1:] = 9.0
+    assert_matches(view, full[1:])
+    assert_matches(base, full)
+
+
+def test_an_int_partial_avg_refuses_a_write_on_every_rank():
+    """An int Partial(avg) has no value to resolve to: redistribute's TypeError,
+    on every rank, before anything is written."""
     if W == 1:
         pytest.skip("a Partial over one rank is already reduced")
-    pa = Partial("avg")
-    a = mt.DTensor.from_local(np.zeros(4), mesh, [pa])
-    for write in (lambda: a.__setitem__(slice(None), 0.1),
-                  lambda: np.copyto(a, 0.1),
-                  lambda: np.exp(a, out=a)):
-        with pytest.raises(RuntimeError, match="cannot be exact"):
-            write()
-    # a Partial(avg) value is written as its own locals: exact
-    np.copyto(a, mt.DTensor.from_local(np.full(4, 0.1), mesh, [pa]))
-    assert_matches(a, np.full(4, 0.1))
+    mesh = mesh_of((W,))
+    a = mt.DTensor.from_local(np.zeros(4, np.int64), mesh, [Partial("avg")])
+    got = same_everywhere(outcome(lambda: np.copyto(a, 1)))
+    assert got is not None and got[0] == "TypeError", got
+    assert a.placements == (Partial("avg"),)
+
+
+def test_scipy_trimmed_variance_of_a_sharded_dtensor_is_numpys():
+    """scipy.stats.tvar, tstd and tsem of a Shard(0) DTensor through the array API
+    (SCIPY_ARRAY_API=1, which the conftest sets before scipy is imported) give
+    NumPy's values; the pattern they use, a mean written into in place
+    (``var *= factor``), is NumPy's on a Partial(avg) mean too."""
+    stats = pytest.importorskip("scipy.stats")
+    full = np.random.default_rng(0).normal(size=(4 * W + 3, 3))
+    x = make(full, mesh_of((W,)), [S0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mt.GatherWarning)
+        for f in (stats.tvar, stats.tstd, stats.tsem):
+            got = f(x, axis=0)
+            got = got.full_tensor() if isinstance(got, mt.DTensor) else np.asarray(got)
+            np.testing.assert_allclose(got, f(full, axis=0), rtol=1e-12)
+    var = _avg_of(np.arange(3.0), mesh_of((W,)), (Partial("avg"),))
+    var *= make(np.array([1.1, 2.0, 0.5]), mesh_of((W,)), [S0])
+    assert_matches(var, np.arange(3.0) * np.array([1.1, 2.0, 0.5]))
 
 
 def test_partial_destination_writes_reduce_to_the_value():

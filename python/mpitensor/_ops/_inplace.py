@@ -2,7 +2,8 @@
 ``dt.fill(v)``, and the rule every in-place form shares (the operators' ``out=``
 is in _elementwise.py).
 
-A write never changes the destination's placements. Each rank writes the part of
+A write never changes the destination's placements, but for the Partials it
+resolves first (below). Each rank writes the part of
 the region its local box holds, so what moves is only what the value needs there:
 a scalar or a plain ndarray (which every rank holds, as under implicit
 replication) moves nothing; a DTensor value is redistributed to follow the
@@ -17,12 +18,14 @@ A Partial destination holds each element as the reduction of the ranks' locals,
 so a written element must reduce to the value: for Partial(sum) the first rank of
 the mesh dim writes the value and the others 0 (1 for a product); for max and min
 every rank writes it; a value that is Partial with the destination's op is
-written as its own locals. Into Partial(avg) only such a value is written: the
-mean of P copies of a float is not always that float, and no other locals
-reduce to it exactly, so any other write is a RuntimeError (reduce the
-destination first). A write with an operand that requires grad in grad mode
-is a RuntimeError (mpitensor.autograd refuses it before the write: the tape records
-no writes).
+written as its own locals. No locals reduce exactly to any other value written
+into Partial(avg) (the mean of P copies of a float is not always that float), nor
+into Partials of different ops (their order would decide the value): such a
+destination is resolved first, in place (:func:`_resolve`: redistributed to
+Replicate on those mesh dims, one counted redistribute, whose result becomes its
+spec and fills its own memory), then written as any. A write with an operand
+that requires grad in grad mode is a RuntimeError (mpitensor.autograd refuses it
+before the write: the tape records no writes).
 """
 
 from __future__ import annotations
@@ -41,27 +44,55 @@ from ._indexing import _parse, _whole, local_cuts
 _IDENTITY = {"sum": 0, "product": 1}
 
 
-def _partial_op(dst):
-    """The reduce op of the destination's Partial mesh dims (None when it has
-    none); mixed ops are refused, as their order would decide the value."""
-    ops = {p.reduce_op for p in dst._spec.placements if isinstance(p, Partial)}
-    if len(ops) > 1:
+def _free_partials(dst, value) -> list:
+    """The destination's Partial mesh dims on which ``value`` is not the same
+    Partial (a value that is writes its own locals there). Local."""
+    vpl = (value._spec.placements if type(value) is DTensor
+           and len(value._spec.placements) == len(dst._spec.placements) else ())
+    return [m for m, p in enumerate(dst._spec.placements)
+            if isinstance(p, Partial) and (m >= len(vpl) or vpl[m] != p)]
+
+
+def _partial_op(dst, value=None):
+    """The reduce op of the destination's Partial mesh dims that ``value`` does not
+    share (None when there are none): one op, once :func:`_resolve` has run."""
+    ops = {dst._spec.placements[m].reduce_op for m in _free_partials(dst, value)}
+    if len(ops) > 1:  # _resolve reduces these first
         raise ValueError(f"cannot write into a DTensor with Partials of different "
                          f"reduce ops {dst._spec.placements}; redistribute it first")
     return next(iter(ops), None)
 
 
-def _check_exact(name, dst, kept) -> None:
-    """RuntimeError (alike on every rank) when a write into ``dst`` could not
-    reduce to the value: a Partial(avg) mesh dim on which the value is not itself
-    Partial(avg) (``kept``: the mesh dims where it is)."""
-    for m, p in enumerate(dst._spec.placements):
-        if isinstance(p, Partial) and p.reduce_op == "avg" and m not in kept:
-            raise RuntimeError(
-                f"{name}: a write into a DTensor with placements {dst.placements} "
-                f"cannot be exact (the mean of copies of a float is not always that "
-                f"float); reduce it first, e.g. x = x.redistribute(x.device_mesh, "
-                f"[Replicate()])")
+def _resolve(name, dst, value=None) -> None:
+    """Makes ``dst`` writable exactly before ``value`` is written into it: where no
+    locals would reduce to the value, on its Partial(avg) mesh dims (the mean of
+    copies of a float is not always that float) and, where its Partials' ops
+    differ, on all of them (their order would decide the value), except those
+    ``value`` shares, ``dst`` is redistributed to Replicate (counted as any
+    redistribute) and takes the result in place: its spec is the result's, and
+    its own memory, through the one write door (``copyto``), holds the result's
+    local array, so that what shares that memory (a NumPy view of it, the
+    DTensor a basic index viewed) sees the write that follows. An int
+    Partial(avg), which has no value to resolve to, raises redistribute's
+    TypeError on every rank. Collective on the mesh when there is such a dim,
+    else local.
+
+    Example: ``_resolve("numpy.copyto", dst, src)`` before ``dst``'s write.
+    """
+    spec = dst._spec
+    free = _free_partials(dst, value)
+    ops = {spec.placements[m].reduce_op for m in free}
+    bad = [m for m in free if spec.placements[m].reduce_op == "avg" or len(ops) > 1]
+    if not bad:
+        return
+    resolved = D.relayout(name, dst, [Replicate() if m in bad else p
+                                      for m, p in enumerate(spec.placements)])
+    dst._spec = resolved._spec
+    try:
+        copyto(dst, resolved, casting="no")
+    except BaseException:
+        dst._spec = spec  # nothing was written: a read-only destination stays whole
+        raise
 
 
 def _writes_identity(dst, kept) -> bool:
@@ -199,11 +230,10 @@ def setitem(dt, key, value) -> None:
     follow ``dt``'s layout), else local."""
     spec = dt._spec
     mesh = spec.mesh
-    op = _partial_op(dt)
     mask = key if type(key) is DTensor or (isinstance(key, np.ndarray)
                                             and key.dtype == bool and key.ndim > 0) else None
     if mask is not None:
-        _mask_write(dt, mask, value, op)
+        _mask_write(dt, mask, value)
         return
     sel, outdims = _parse(key, spec.shape)
     region = tuple(1 if o[0] == "new" else sel[o[1]][2] for o in outdims)
@@ -211,6 +241,9 @@ def setitem(dt, key, value) -> None:
     value = _as_value("DTensor item assignment", value, mesh)
     vshape = value.shape if type(value) is DTensor else np.shape(value)
     _broadcast_check("DTensor item assignment", vshape, region)
+    _resolve("DTensor item assignment", dt, value)
+    spec = dt._spec
+    op = _partial_op(dt, value)
     kept = set()
     followed = {}
     rows = None
@@ -226,7 +259,6 @@ def setitem(dt, key, value) -> None:
             target = target[:m] + (value._spec.placements[m],) + target[m + 1:]
             followed.add(j)
         value = D.relayout("DTensor item assignment", value, target)
-    _check_exact("DTensor item assignment", dt, kept)
     if mesh._coordinate is None:
         return
     lshape, loff = local_shape_and_global_offset(spec.shape, mesh.shape,
@@ -301,7 +333,7 @@ def _local_operand(name, dst, obj):
     return np.broadcast_to(v[idx], lshape), kept
 
 
-def _mask_write(dt, mask, value, op):
+def _mask_write(dt, mask, value):
     name = "DTensor item assignment with a boolean mask"
     if type(value) is DTensor and value.ndim == 0:
         # A 0-d array is a scalar (the array API standard writes scalars so); a
@@ -316,7 +348,8 @@ def _mask_write(dt, mask, value, op):
         raise IndexError(f"{name}: the mask must be a boolean array of the DTensor's "
                          f"shape {dt.shape}, not {mask.dtype} of shape {mask.shape}")
     local_mask, _ = _local_operand(name, dt, mask)
-    _check_exact(name, dt, set())
+    _resolve(name, dt)
+    op = _partial_op(dt)
     if dt._spec.mesh._coordinate is None:
         return
     dest = dt.to_local()
@@ -332,12 +365,14 @@ def copyto(dst, src, casting="same_kind", where=True) -> None:
     if type(dst) is not DTensor:
         raise TypeError(f"{name}: a DTensor source needs a DTensor destination "
                         f"(use .full_tensor() or .to_local() for an ndarray)")
-    op = _partial_op(dst)
     if type(where) is DTensor and np.dtype(where.dtype) != np.bool_:
         raise TypeError(f"{name}: where= must be boolean, not {where.dtype}")
     s, kept = _local_operand(name, dst, src)
     w, _ = _local_operand(name, dst, where) if where is not True else (True, set())
-    _check_exact(name, dst, kept)
+    # src moved to follow dst's placements; the Partials resolved below become
+    # Replicate, which it followed there already (it shares no such Partial).
+    _resolve(name, dst, src)
+    op = _partial_op(dst, src)
     if dst._spec.mesh._coordinate is None:
         return
     if _writes_identity(dst, kept):
