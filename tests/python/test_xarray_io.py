@@ -234,12 +234,33 @@ def test_open_dataset_placements(folder, comm):
     np.testing.assert_array_equal(rep["n"].data.to_local(), N)
 
 
-def test_encoding_that_needs_all_values_raises_everywhere(folder):
-    ds = _dataset()
-    ds["a"].encoding = {"scale_factor": 0.5, "dtype": "int16"}
-    with pytest.raises(TypeError, match="needs its values at once"):
-        _xarray.to_netcdf(ds, os.path.join(folder, "x.nc"))
-    assert not [n for n in os.listdir(folder) if n.endswith(".tmp")]
+@pytest.mark.parametrize("fmt", list(WRITERS))
+def test_packed_encoding(folder, comm, fmt):
+    """A variable packed into int16 by a scale and offset, with a fill value for
+    its NaNs: each rank packs its own block as xarray packs the whole."""
+    write, name, engine = WRITERS[fmt]
+    path = os.path.join(folder, name)
+    values = np.arange(ROWS * 4, dtype=np.float64).reshape(ROWS, 4) * 0.5 - 3
+    values[ROWS - 1, 2] = np.nan
+    ds = xr.Dataset({"a": (("y", "x"), xp.asarray(values), {"units": "K"})})
+    enc = {"a": {"scale_factor": 0.5, "add_offset": -3.0, "dtype": "int16",
+                 "_FillValue": -32767}}
+    write(ds, path, encoding=enc)
+    if comm.Get_rank() == 0:
+        with (xr.open_zarr(path, decode_cf=False) if fmt == "zarr" else
+              xr.open_dataset(path, engine=engine, decode_cf=False)) as raw:
+            assert raw["a"].dtype == np.int16
+            assert float(raw["a"].attrs["scale_factor"]) == 0.5
+            np.testing.assert_array_equal(raw["a"].values[0], [0, 1, 2, 3])
+        np.testing.assert_array_equal(_read_plain(path, engine)["a"].values, values)
+    comm.Barrier()
+    got = mt.open_dataset(path)
+    assert isinstance(got["a"].data, mt.DTensor)
+    np.testing.assert_array_equal(got["a"].data.full_tensor(), values)
+    # read back and written again: the encoding it was read with packs it alike
+    again = os.path.join(folder, "again" + os.path.splitext(name)[1])
+    write(got, again)
+    np.testing.assert_array_equal(mt.open_dataset(again)["a"].data.full_tensor(), values)
 
 
 def test_missing_file_raises_everywhere(folder):

@@ -103,17 +103,17 @@ def _first(mesh) -> bool:
 class _Placeholder:
     """A DTensor variable's shape and dtype, without values: what xarray's writer is
     given in its place. A duck array to xarray, so that it passes through the
-    encoding untouched; any encoding that would compute on it (a scale and
-    offset, a cast to another dtype) raises instead of gathering the values."""
+    encoding untouched (it is encoded already: _structure); anything that
+    would still compute on it raises instead of gathering the values."""
 
     def __init__(self, shape, dtype):
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.ndim, self.size = len(self.shape), math.prod(self.shape)
 
     def _refuse(self, *args, **kwargs):
-        raise TypeError("this encoding of a DTensor variable (a scale, an offset, a "
-                        "cast to another dtype) needs its values at once; drop it "
-                        "from the variable's encoding, or compute it before writing")
+        raise TypeError("this encoding of a DTensor variable needs all of its values "
+                        "at once; drop it from the variable's encoding, or compute "
+                        "it before writing")
 
     __array__ = __getitem__ = astype = _refuse
 
@@ -149,16 +149,36 @@ def _skipping_writer(placeholder):
     return SkippingWriter()
 
 
-def _structure(ds, tensors: dict):
-    """``ds`` with every DTensor variable a placeholder of its shape and dtype,
-    its dims, attributes and encoding kept."""
+def _with_encoding(ds, encoding):
+    """``ds`` (shallow copy) with ``encoding=``'s entries as its variables'
+    encodings, as xarray's writers take them (replacing, not merging)."""
+    out = ds.copy(deep=False)
+    for name, enc in (encoding or {}).items():
+        if name in out.variables:
+            out.variables[name].encoding = dict(enc)
+    return out
+
+
+def _structure(ds, tensors: dict, encoding):
+    """``ds`` with every DTensor variable a placeholder of its shape, and the
+    encodings to write it with. A placeholder is the variable already encoded:
+    its stored dtype and attributes (fill value, scale and offset), found by
+    encoding an empty array of its dtype, and the encoding left (chunks,
+    compression), which xarray's second pass leaves as it is; so xarray never
+    computes on the values, whatever the encoding packs them into."""
     xr = _xarray()
     out = ds.copy(deep=False)
+    encoding = {k: dict(v) for k, v in (encoding or {}).items()}
     for name, t in tensors.items():
         v = ds.variables[name]
-        out[name] = xr.Variable(v.dims, _Placeholder(t.shape, t.dtype), v.attrs,
-                                v.encoding)
-    return out, _Placeholder
+        empty = np.zeros((0,) * t.ndim, t.dtype)
+        e = xr.conventions.encode_cf_variable(xr.Variable(v.dims, empty, v.attrs,
+                                                          v.encoding), name=name)
+        out[name] = xr.Variable(v.dims, _Placeholder(t.shape, e.dtype), e.attrs,
+                                e.encoding)
+        if name in encoding:
+            encoding[name] = dict(e.encoding)
+    return out, _Placeholder, encoding
 
 
 def _encoded_block(ds, name: str, block: np.ndarray) -> np.ndarray:
@@ -242,7 +262,7 @@ def _netcdf_skeleton(ds, tensors: dict, path: str, encoding, unlimited_dims) -> 
     _paths.check_target(path)
     tmp = _paths.temp_name(path)
     try:
-        structure, placeholder = _structure(ds, tensors)
+        structure, placeholder, encoding = _structure(ds, tensors, encoding)
         store = _unfilled_store(tmp, set(tensors))
         try:
             dump_to_store(structure, store, _skipping_writer(placeholder),
@@ -318,6 +338,7 @@ def to_netcdf(ds, path, *, encoding=None, unlimited_dims=None, durable=True) -> 
         (10, 3)
     """
     _xarray()
+    ds = _with_encoding(ds, encoding)
     tensors = _distributed(ds)
     mesh = _mesh_of(ds, tensors)
     path = os.path.realpath(os.fspath(path))
@@ -428,8 +449,7 @@ def _zarr_skeleton(ds, tensors: dict, path: str, encoding: dict, chunks: dict,
     _zarr.check_target(path)
     tmp = _paths.temp_name(path)
     try:
-        structure, placeholder = _structure(ds, tensors)
-        enc = {k: dict(v) for k, v in (encoding or {}).items()}
+        structure, placeholder, enc = _structure(ds, tensors, encoding)
         for name, c in chunks.items():
             enc.setdefault(name, {})["chunks"] = tuple(c)
         store = get_writable_zarr_store(tmp, mode="w-", zarr_format=zarr_format)
@@ -502,7 +522,14 @@ def to_zarr(ds, path, *, encoding=None, zarr_format=None, durable=True) -> None:
     """
     _xarray()
     _zarr.zarr()
+    ds = _with_encoding(ds, encoding)
     tensors = _distributed(ds)
+    for name in tensors:
+        if name not in (encoding or {}):
+            # chunks a variable kept from the store it was read from need not
+            # follow the blocks of the ranks now: it is chunked as it is sharded
+            for key in ("chunks", "preferred_chunks", "shards"):
+                ds.variables[name].encoding.pop(key, None)
     mesh = _mesh_of(ds, tensors)
     path = os.path.realpath(os.fspath(path))
     if mesh.get_coordinate() is None:
