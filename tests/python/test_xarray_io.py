@@ -305,3 +305,50 @@ def test_netcdf4_reads_the_file(folder, comm):
     if comm.Get_rank() == 0:
         _check_plain(_read_plain(path, "netcdf4"))
     comm.Barrier()
+
+
+@pytest.mark.parametrize("fmt", list(WRITERS))
+def test_missing_folder_raises_everywhere(folder, fmt):
+    write, name, _ = WRITERS[fmt]
+    with pytest.raises(FileNotFoundError):
+        write(_dataset(), os.path.join(folder, "no", name))
+
+
+@pytest.mark.parametrize("engine", ["h5netcdf", "zarr"])
+def test_open_dataset_reads_what_xarray_wrote(folder, comm, engine):
+    """A file plain xarray wrote on one rank (chunked and compressed netCDF, a
+    Zarr store of its own chunks) loads as DTensors, each rank its block."""
+    plain = xr.Dataset({"a": (("y", "x"), A), "k": ("y", K)},
+                       coords={"x": np.array([0.0, 0.25, 0.5, 0.75])})
+    path = os.path.join(folder, "plain.zarr" if engine == "zarr" else "plain.nc")
+    if comm.Get_rank() == 0:
+        if engine == "zarr":
+            plain.to_zarr(path, encoding={"a": {"chunks": (2, 3)}})
+        else:
+            plain.to_netcdf(path, engine="h5netcdf",
+                            encoding={"a": {"zlib": True, "chunksizes": (2, 3)}})
+    comm.Barrier()
+    got = mt.open_dataset(path, engine=engine)
+    np.testing.assert_array_equal(got["a"].data.full_tensor(), A)
+    np.testing.assert_array_equal(got["k"].data.full_tensor(), K)
+    assert got["a"].data.placements == (mt.Shard(0),)
+    np.testing.assert_array_equal(got["x"].values, plain["x"].values)
+
+
+def test_two_dim_mesh(folder, comm):
+    """A DTensor on a 2-D mesh, sharded along both dims, is written and read on it."""
+    n = comm.Get_size()
+    if n % 2:
+        pytest.skip("a 2-D mesh of two rows needs an even number of ranks")
+    mesh = mt.init_device_mesh("cpu", (2, n // 2))
+    dt = mt.distribute_tensor(A, mesh, [mt.Shard(0), mt.Shard(1)])
+    ds = xr.Dataset({"a": (("y", "x"), dt)})
+    for write, name, engine in WRITERS.values():
+        path = os.path.join(folder, name)
+        write(ds, path)
+        if comm.Get_rank() == 0:
+            np.testing.assert_array_equal(_read_plain(path, engine)["a"].values, A)
+        comm.Barrier()
+        got = mt.open_dataset(path, mesh=mesh, placements=[mt.Shard(0), mt.Shard(1)])
+        assert got["a"].data.placements == (mt.Shard(0), mt.Shard(1))
+        np.testing.assert_array_equal(got["a"].data.full_tensor(), A)
