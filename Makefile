@@ -27,7 +27,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
 
-.PHONY: plan-ranking install system-deps demo docs test test-c test-python test-plain test-examples \
+.PHONY: ecosystem plan-ranking install system-deps demo docs test test-c test-python test-plain test-examples \
   test-network test-multinode test-lint test-fuzz fuzz-seeds test-fuzz-ranks test-asan \
   test-array-api test-array-api-short array-api-suite bench bench-check calibrate \
   bench-multinode clean
@@ -125,6 +125,14 @@ test-examples: install
 	  echo "=== $$f $$args (mpiexec -n 4)"; \
 	  timeout 120 mpiexec --oversubscribe -n 4 $(PY) $$f $$args > /dev/null; \
 	done; echo "examples: all ran"
+
+# docs/ecosystem.md's tables from the client-library tests at np 2 (the outcomes
+# the conftest writes to MT_TEST_REPORT, read by tests/clients_table.py).
+ecosystem: install
+	mkdir -p build; MT_TEST_REPORT=$(abspath build/clients.json) tests/run_mpi_pytest.sh 2 \
+	  tests/python/test_clients_sklearn.py tests/python/test_clients_scipy.py \
+	  tests/python/test_clients_xarray.py -q || true
+	$(PY) tests/clients_table.py build/clients.json docs/ecosystem.md
 
 # The array API standard's suite (data-apis/array-api-tests at 55fcc60, with the
 # standard's text at 5f847a3) against mpitensor.array_api, every rank drawing the

@@ -59,6 +59,30 @@ settings.register_profile(
 settings.load_profile("mpi")
 
 
+# MT_TEST_REPORT=path: rank 0 writes each test's outcome and recorded properties
+# there as JSON (the verdicts are combined across ranks, so rank 0's are the run's);
+# tests/clients_table.py makes docs/ecosystem.md's tables from it.
+_REPORT = os.environ.get("MT_TEST_REPORT") if COMM.Get_rank() == 0 else None
+_outcomes: list = []
+
+
+def pytest_runtest_logreport(report):
+    if _REPORT and (report.when == "call" or (report.when == "setup" and report.skipped)):
+        outcome = "xfailed" if hasattr(report, "wasxfail") and report.skipped else (
+            "xpassed" if hasattr(report, "wasxfail") else report.outcome)
+        why = getattr(report, "wasxfail", "") or (
+            str(report.longrepr).strip().splitlines()[-1] if report.longrepr else "")
+        _outcomes.append({"nodeid": report.nodeid, "outcome": outcome, "why": why,
+                          "properties": dict(report.user_properties)})
+
+
+def pytest_sessionfinish(session):
+    if _REPORT:
+        import json
+        with open(_REPORT, "w") as f:
+            json.dump({"tests": _outcomes}, f, indent=0)
+
+
 def pytest_report_header(config):
     nodes = f" on {NODES} nodes" if NODES > 1 else ""
     return (f"mpitensor tests on {COMM.Get_size()} MPI rank(s){nodes}; this is rank "
