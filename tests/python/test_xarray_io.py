@@ -117,6 +117,17 @@ def test_replaces_whole(folder, comm, fmt):
     _check_distributed(mt.open_dataset(path), A * 2)
 
 
+def test_zarr_format_2(folder, comm):
+    path = os.path.join(folder, "x.zarr")
+    _xarray.to_zarr(_dataset(), path, zarr_format=2)
+    _xarray.to_zarr(_dataset(A * 2), path, zarr_format=2)
+    assert os.path.exists(os.path.join(path, ".zgroup"))
+    if comm.Get_rank() == 0:
+        _check_plain(_read_plain(path, "zarr"), A * 2)
+    comm.Barrier()
+    _check_distributed(mt.open_dataset(path), A * 2)
+
+
 def test_public_names():
     assert mt.to_netcdf is _xarray.to_netcdf and mt.to_zarr is _xarray.to_zarr
     assert mt.open_dataset is _xarray.open_dataset

@@ -495,6 +495,18 @@ def _sync_structure(tmp: str) -> None:
         _paths.sync_dir(folder)
 
 
+def _commit_store(tmp: str, path: str, durable: bool) -> bytes:
+    """On the first rank, once every rank has written (and synced) its chunks: the
+    store's structure synced, then the store put at ``path`` (_zarr._commit, whose
+    own sync looks for a Zarr v3 root only); the old store's name, or b""."""
+    if durable:
+        _sync_structure(tmp)
+    old = _zarr._commit(tmp, path, False)
+    if durable:
+        _paths.sync_dir(os.path.dirname(path))
+    return old
+
+
 def to_zarr(ds, path, *, encoding=None, zarr_format=None, durable=True) -> None:
     """Writes an xarray Dataset whose variables may be DTensors as one Zarr store,
     each rank writing its own chunks of each DTensor variable.
@@ -549,10 +561,8 @@ def to_zarr(ds, path, *, encoding=None, zarr_format=None, durable=True) -> None:
                                durable)
 
         _each_rank(mesh, write)
-        if durable:
-            _agree.first_rank(mesh, lambda: _sync_structure(tmp) or b"")
-        old = os.fsdecode(_agree.first_rank(mesh, lambda: _zarr._commit(tmp, path,
-                                                                         durable)))
+        old = os.fsdecode(_agree.first_rank(mesh, lambda: _commit_store(tmp, path,
+                                                                          durable)))
     except BaseException:
         if _first(mesh):
             shutil.rmtree(tmp, ignore_errors=True)
