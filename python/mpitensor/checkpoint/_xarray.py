@@ -240,9 +240,14 @@ def _unfilled_store(path: str, names: set):
             if name not in names:
                 return super().prepare_variable(name, variable, check_encoding,
                                                 unlimited_dims)
+            # a creation property list of our own (h5py's fill_time= is newer
+            # than the h5py versions mpitensor takes), which h5py completes
+            h5py = _hdf5.h5py()
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
             group = self.ds
             group.create_variable = functools.partial(type(group).create_variable,
-                                                      group, fill_time="never")
+                                                      group, dcpl=dcpl)
             try:
                 return super().prepare_variable(name, variable, check_encoding,
                                                 unlimited_dims)
