@@ -363,3 +363,23 @@ def test_two_dim_mesh(folder, comm):
         got = mt.open_dataset(path, mesh=mesh, placements=[mt.Shard(0), mt.Shard(1)])
         assert got["a"].data.placements == (mt.Shard(0), mt.Shard(1))
         np.testing.assert_array_equal(got["a"].data.full_tensor(), A)
+
+
+@pytest.mark.parametrize("fmt", list(WRITERS))
+def test_bool_and_unsigned(folder, comm, fmt):
+    """bool (stored as int8, as xarray stores it) and unsigned integers."""
+    write, name, engine = WRITERS[fmt]
+    path = os.path.join(folder, name)
+    flags = np.arange(ROWS) % 3 == 0
+    counts = np.arange(ROWS, dtype=np.uint16) * 9000
+    write(xr.Dataset({"f": ("y", xp.asarray(flags)), "c": ("y", xp.asarray(counts))}),
+          path)
+    if comm.Get_rank() == 0:
+        got = _read_plain(path, engine)
+        assert got["f"].dtype == bool and got["c"].dtype == np.uint16
+        np.testing.assert_array_equal(got["f"].values, flags)
+        np.testing.assert_array_equal(got["c"].values, counts)
+    comm.Barrier()
+    got = mt.open_dataset(path)
+    np.testing.assert_array_equal(got["f"].data.full_tensor(), flags)
+    np.testing.assert_array_equal(got["c"].data.full_tensor(), counts)
