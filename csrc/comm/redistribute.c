@@ -735,20 +735,25 @@ static void free_mids(char **mid, int n) {
   free(mid);
 }
 
-/* Before a move of a global tensor of at least MT_AGREE_MIN_BYTES, its members
- * agree that each got this far (its checks, its compiled counts, its destination:
- * `dst` NULL for a non-empty box is an allocation that failed) with the same
- * layouts, dtype and `extra` (a fingerprint of the rest of the call), so that a
+/* When agree_before_move agrees: never (a move of local cuts only, which has no
+ * collective to leave a rank waiting in, and must not gain one), for a global
+ * tensor of at least MT_AGREE_MIN_BYTES (a redistribute: below that the
+ * all-reduce would cost a share of its time that is not negligible), or always
+ * (an indexing exchange, whose key a rank may compute otherwise than the others:
+ * unchecked, a receiver would keep elements nobody sent it). */
+enum { AGREE_NEVER, AGREE_LARGE, AGREE_ALWAYS };
+
+/* Before a move (as `when` says), its members agree that each got this far (its
+ * checks, its compiled counts, its destination: `dst` NULL for a non-empty box is
+ * an allocation that failed) with the same layouts, dtype and `extra` (a
+ * fingerprint of the rest of the call, which `args` names, or NULL), so that a
  * rank that cannot allocate (its shard of uneven ones the largest), or that was
  * given other placements or another shape, fails every rank alike instead of
- * leaving the others waiting. Smaller moves skip it (the all-reduce would cost a
- * share of their time that is not negligible), and so do moves that are not
- * `collective` (local cuts, which have no collective to leave a rank waiting in,
- * and must not gain one): `rc` as it is, and MT_ENOMEM on this rank alone for a
- * missing `dst`. */
+ * leaving the others waiting. Without the agreement: `rc` as it is, and
+ * MT_ENOMEM on this rank alone for a missing `dst`. */
 static int agree_before_move(const exec_ctx *c, const char *what, const mt_layout *from,
-                             const mt_layout *to, uint64_t extra, int collective,
-                             const void *dst, int rc, mt_error *err) {
+                             const mt_layout *to, uint64_t extra, const char *args,
+                             int when, const void *dst, int rc, mt_error *err) {
   if (c->itemsize == 0) return rc;
   mt_box b;
   int64_t numel = 1;
@@ -762,15 +767,16 @@ static int agree_before_move(const exec_ctx *c, const char *what, const mt_layou
                         what, (long long)mt_box_numel(&b) * (long long)c->itemsize);
     }
   }
-  if (!collective || numel < MT_AGREE_MIN_BYTES / c->itemsize) return rc;
+  int small = numel < MT_AGREE_MIN_BYTES / c->itemsize;
+  if (when == AGREE_NEVER || (when == AGREE_LARGE && small)) return rc;
   mt_error e = {0};
   if (rc != MT_OK && err != NULL) e = *err;
   if (rc == MT_OK) {
     snprintf(e.msg, sizeof e.msg,
-             "%s: the ranks of the mesh passed different placements, global shapes or "
-             "dtypes; every rank must make the same call on the same DTensor (from_local "
-             "of uneven shards needs shape= and stride=)",
-             what);
+             "%s: the ranks of the mesh passed different %s%splacements, global shapes "
+             "or dtypes; every rank must make the same call on the same DTensor "
+             "(from_local of uneven shards needs shape= and stride=)",
+             what, args != NULL ? args : "", args != NULL ? ", " : "");
   }
   uint64_t h = mt__fnv1a(MT__FNV_START, &c->dtype, sizeof c->dtype);
   h = mt__fnv1a(mt__layout_fnv(mt__layout_fnv(h, from), to), &extra, sizeof extra);
@@ -793,7 +799,8 @@ static int agree_before_run(const exec_ctx *c, const mt_plan *plan, const void *
                       "the plan's intermediate steps");
   }
   return agree_before_move(c, "redistribute", &mt_plan_step(plan, 0)->src,
-                           &mt_plan_step(plan, n - 1)->dst, 0, communicates, dst, rc, err);
+                           &mt_plan_step(plan, n - 1)->dst, 0, NULL,
+                           communicates ? AGREE_LARGE : AGREE_NEVER, dst, rc, err);
 }
 
 int mt_redistribute(mt_mesh *mesh, const mt_plan *plan, int dtype, const void *src,
@@ -842,7 +849,8 @@ int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src, const mt_selectio
   picked = mt__fnv1a(picked, sel->start, (size_t)sel->ndim * sizeof *sel->start);
   picked = mt__fnv1a(picked, sel->step, (size_t)sel->ndim * sizeof *sel->step);
   picked = mt__fnv1a(picked, sel->count, (size_t)sel->ndim * sizeof *sel->count);
-  rc = agree_before_move(&c, "indexing", src, dst, picked, 1, out, rc, err);
+  rc = agree_before_move(&c, "indexing", src, dst, picked, "keys", AGREE_ALWAYS,
+                         out, rc, err);
   if (rc != MT_OK) return rc;
   MPI_Comm comm = MPI_COMM_NULL;
   mt__exchange x = {0};

@@ -24,9 +24,10 @@ extern "C" {
  * mt_selection_exchange_boxes describes, with one MPI_Alltoallw: `in` holds, C
  * contiguous, the image of this rank's src box (its local array indexed by the
  * selection), `out` receives this rank's dst box. Only selected elements move.
- * Agrees first as mt_redistribute does (on the selection too) when the output
- * holds at least MT_AGREE_MIN_BYTES: `out` may be NULL for a box the caller
- * could not allocate. */
+ * Agrees first as mt_redistribute does, on the selection too, and whatever the
+ * size: a selection that differs by rank (a key computed from the rank) raises on
+ * every rank instead of leaving elements of `out` that nobody sent. `out` may be
+ * NULL for a box the caller could not allocate. */
 MT_EXPORT int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src,
                                     const mt_selection *sel, const mt_layout *dst,
                                     int dtype, const void *in, void *out,
