@@ -17,7 +17,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from . import (_C, _args, _call_agreement, _clib, _comm, _device, _dtypes, _iterate, _modes,
-               _registry, _trace)
+               _registry, _strided, _trace)
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
@@ -317,10 +317,22 @@ class DTensor(_C.DTensorBase):
     def __getitem__(self, key) -> "DTensor":
         """Basic indexing (ints, slices with any step, None, ...), placements as
         torch's select/slice: a Shard of a dim the key cuts becomes Replicate, and
-        only the picked elements move. Collective on the mesh when a sharded dim is
+        only the picked elements move. The result is a view, as NumPy's: whatever
+        writes into it (item assignment, in-place operators, ``out=``, ``fill``,
+        ...) writes into this DTensor on every rank, also where its elements had to
+        move (a copy-view, whose local array is read-only; it does not see later
+        writes into this DTensor). Collective on the mesh when a sharded dim is
         cut, else local. Other advanced keys (integer DTensors, several arrays) are
-        NumPy's indexing on the gathered arrays. Example: ``dt[1:, ::2]``,
-        ``dt[..., 0, None]``."""
+        NumPy's indexing on the gathered arrays, copies. Example: ``dt[1:, ::2]``,
+        ``dt[..., 0, None]``; ``dt[1][0, 0] = 5.0`` writes ``dt[1, 0, 0]``."""
+        spec = self._spec
+        if any(type(p) is _StridedShard for p in spec.placements):
+            # Read through a plain copy, as the executor reads a strided operand, and
+            # linked back so that a write into a view reaches this DTensor.
+            plain = self.redistribute(spec.mesh, _strided.plain_of(spec.placements))
+            out = _registry.call_or_gather(operator.getitem, (plain, key))
+            _registry.strided_view(out, plain, self, key)
+            return out
         return _registry.call_or_gather(operator.getitem, (self, key))
 
     def __setitem__(self, key, value) -> None:

@@ -86,6 +86,10 @@ def implements(*np_funcs, takes_strided=False):
 # The fallback for a call with no rule (mpitensor._ops._fallback.gather_call, set at
 # import): gather_call(func, args, kwargs, name) runs NumPy on the gathered arrays.
 fallback = None
+# The basic index of a strided DTensor is read through its plain copy:
+# strided_view(view, plain, dt, key) links the view to ``dt`` so that a write into
+# it reaches ``dt`` (mpitensor._ops._indexing.strided_view, set at import).
+strided_view = None
 # The array API namespace DTensor.__array_namespace__ returns (mpitensor.array_api,
 # which sets it at import).
 array_namespace = None

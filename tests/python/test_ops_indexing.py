@@ -262,11 +262,16 @@ def test_a_basic_slice_that_moves_nothing_is_a_view(pl):
     np.testing.assert_array_equal(b.full_tensor(), want)
 
 
-def test_a_slice_that_cuts_a_sharded_dim_is_a_copy():
-    """One that moves data is a copy, as torch's: the DTensor stays as it was."""
+def test_a_slice_that_cuts_a_sharded_dim_is_a_view_too():
+    """One whose elements move is still NumPy's view (test_views.py has the rest):
+    a write into it reaches the DTensor it was cut from, and its local array,
+    new memory, is read-only."""
     g = np.arange(8.0 * W).reshape(2, 4 * W)
     a = make(g, mesh_of((W,)), [Shard(1)])
     v = a[:, 1:]
     v[...] = -1.0
+    want = g.copy()
+    want[:, 1:] = -1.0
+    np.testing.assert_array_equal(a.full_tensor(), want)
     if W > 1:
-        np.testing.assert_array_equal(a.full_tensor(), g)
+        assert not v.to_local().flags.writeable

@@ -36,6 +36,7 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
+from . import _views
 from ._pointwise import per_element
 
 __all__ = ["rot90", "rollaxis", "unstack", "polyval", "select", "trapezoid", "vdot",
@@ -333,6 +334,7 @@ def trim_zeros(filt, trim="fb", axis=None):
 
 
 @_registry.implements(np.fill_diagonal)
+@_views.writes
 def fill_diagonal(a, val, wrap=False):
     """``np.fill_diagonal`` of a DTensor, in place: NumPy's diagonal positions (every
     ``step``-th element of the flattened array, wrapping on a tall matrix when asked),

@@ -14,6 +14,7 @@ rule, each normalised into executor calls.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -25,6 +26,7 @@ from ..placement_types import Replicate
 from . import _dispatch as D
 from . import _ufunc_methods
 from . import _inplace
+from . import _views
 from ._inplace import follow
 from ._stats import logaddexp_reduce
 
@@ -116,10 +118,18 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
     if len(outs) != ufunc.nout or any(type(o) is not DTensor for o in outs):
         raise TypeError(f"{name}: out= must be {ufunc.nout} DTensor(s)")
     mesh = D.same_mesh(name, inputs + list(outs))
-    out_pl, out_shape, _ = D.decide(ufunc, operands)
-    if _fits(out_pl, out_shape, outs) or len(outs) != 1 or ufunc is np.matmul:
-        return _into_outs(mesh, ufunc, operands, kwargs, outs, out_pl, out_shape)
-    return _follow_out(mesh, ufunc, operands, pattern, kwargs, outs[0], out_pl, out_shape)
+
+    def run():
+        out_pl, out_shape, _ = D.decide(ufunc, operands)
+        if _fits(out_pl, out_shape, outs) or len(outs) != 1 or ufunc is np.matmul:
+            return _into_outs(mesh, ufunc, operands, kwargs, outs, out_pl, out_shape)
+        return _follow_out(mesh, ufunc, operands, pattern, kwargs, outs[0], out_pl,
+                           out_shape)
+
+    # An output that basic indexing made is written through to its base.
+    for o in outs:
+        run = functools.partial(_views.write, o, run)
+    return run()
 
 
 def _fits(out_pl, out_shape, outs) -> bool:
@@ -194,6 +204,10 @@ def _into_outs(mesh, ufunc, operands, kwargs, outs, out_pl, out_shape):
     result = D.execute(ufunc, operands, kwargs=kwargs or None)
     results = (result,) if ufunc.nout == 1 else result
     for o, r in zip(outs, results):
+        if r.placements != o.placements and any(p.is_partial() for p in o.placements):
+            # an output keeps its Partial: written as copyto writes into one
+            _inplace.copyto(o, r, casting=kwargs.get("casting", "same_kind"))
+            continue
         if r.placements != o.placements:
             r = r.redistribute(mesh, o.placements)
         if mesh._coordinate is not None:

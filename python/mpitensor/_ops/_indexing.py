@@ -10,6 +10,12 @@ array first, and when some sharded dim was cut, one exchange in C
 (``_comm.select_exchange``) brings each rank exactly the picked elements its output
 box lacks; an int index on a sharded dim is sent by its owner alone. Cutting
 replicated or whole dims is local.
+
+A basic index is a view, as NumPy's, whatever it cuts: a local cut is a NumPy
+view of the local array; an exchange's result is new memory, made a copy-view of
+``dt`` (_views.py: read-only, and a write into it reaches ``dt``). The exchange
+agrees on the key first, at any size, so a key that differs by rank raises on
+every rank instead of leaving elements nobody sent.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from .. import _clib, _comm, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
-from ..placement_types import Replicate, Shard
+from ..placement_types import Replicate, Shard, _StridedShard
 from . import _advanced_index as A
+from . import _views
 from ._pick import pick_rows
 
 
@@ -169,6 +176,32 @@ class _Plan:
             self.cut = local_cuts(sel, loff, lshape)[0]
 
 
+def strided_view(out, plain, dt, key) -> None:
+    """Links ``out = plain[key]``, ``plain`` the plain copy a strided ``dt`` is read
+    through (DTensor.__getitem__), to ``dt`` when the key is basic, so that a
+    write into the view reaches ``dt`` (the write back is a write into a strided
+    DTensor, which the executor makes through a plain copy and copies back); an
+    advanced key's result stays the copy it is. Local.
+
+    Example: ``strided_view(out, plain, y, (slice(4, 20),))`` after
+    ``out = plain[4:20]``, ``y`` a reshape of an inner shard.
+    """
+    items = key if type(key) is tuple else (key,)
+    spec = dt._spec
+    # A strided mesh dim of one rank holds the whole dim in order: the plain copy
+    # is then ``dt``'s own memory, and ``out`` a view of it already. Decided on
+    # the placements, so that every rank links, or none.
+    copied = any(type(p) is _StridedShard and n > 1
+                 for p, n in zip(spec.placements, spec.mesh.shape))
+    if copied and type(out) is DTensor and all(
+            k is None or k is Ellipsis or isinstance(k, slice) or _as_int(k) is not None
+            for k in items):
+        _views.relink(out, plain, dt, key)
+
+
+_registry.strided_view = strided_view
+
+
 # The parsed keys a mesh keeps (basic indexing repeats its keys in loops).
 _INDEX_KEYS = 256
 
@@ -192,9 +225,9 @@ def _cache_key(key):
 
 @_registry.implements(operator.getitem)
 def getitem(dt, key):
-    """``dt[key]`` for a basic key; see the module docstring. Collective on the mesh
-    when the key cuts a sharded dim (one exchange of the picked elements), else
-    local."""
+    """``dt[key]``; see the module docstring. A basic key gives a view of ``dt``:
+    a write into it reaches ``dt``. Collective on the mesh when the key cuts a
+    sharded dim (one exchange of the picked elements), else local."""
     kind = A.is_advanced(key)
     if kind == "mask":
         return A.getitem_mask(dt, key)
@@ -204,7 +237,9 @@ def getitem(dt, key):
     if one is not None:
         # its backward (autograd _getitem) undoes the same two steps
         dim, idx, rest, front = one
-        out = getitem(np.take(dt, idx, axis=dim), rest)
+        # an advanced index is a copy: the rest of the key's view of np.take's
+        # result is nobody's view, so it is the result's own memory
+        out = _views.release(getitem(np.take(dt, idx, axis=dim), rest))
         return out if front is None else np.moveaxis(out, front, 0)
     if type(key) is DTensor:
         if key.dtype.kind in "iu":
@@ -232,14 +267,20 @@ def getitem(dt, key):
     # Without an exchange the piece is a view of the local array, so that a write
     # into the result writes into ``dt``, as NumPy's and torch's basic slices do.
     piece = dt.to_local()[plan.cut or ...]  # a 0-d array's view is [...], not [()]
-    if 0 in plan.counts:
+    owner = None
+    if 0 in plan.counts:  # nothing picked: no element to leave unwritten
         piece = np.empty(local_shape_and_global_offset(
             plan.counts, mesh.shape, mesh._coordinate, plan.mid)[0], spec.dtype)
     elif plan.exchange is not None:
+        # The exchange agrees on the key first (every rank, every size): a key that
+        # differs by rank raises alike instead of leaving elements unwritten.
         _trace.report_move("DTensor.__getitem__", spec, plan.mid)
-        piece = _comm.select_exchange(mesh._handle, *plan.exchange,
-                                      np.ascontiguousarray(piece))
+        piece = owner = _comm.select_exchange(mesh._handle, *plan.exchange,
+                                              np.ascontiguousarray(piece))
     # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
                                 for o in plan.outdims))
+    if owner is not None:
+        # New memory, not ``dt``'s: a copy-view, whose writes reach ``dt``.
+        _views.link(owner, local, dt, key, plan.spec)
     return DTensor(local, plan.spec)

@@ -25,7 +25,8 @@ destination is resolved first, in place (:func:`_resolve`: redistributed to
 Replicate on those mesh dims, one counted redistribute, whose result becomes its
 spec and fills its own memory), then written as any. A write with an operand
 that requires grad in grad mode is a RuntimeError (mpitensor.autograd refuses it
-before the write: the tape records no writes).
+before the write: the tape records no writes). Into a view that basic indexing
+made, each of these writes reaches its base (_views.write).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .._dtensor import DTensor
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard, _StridedShard
 from . import _dispatch as D
+from . import _views
 from ._indexing import _parse, _whole, local_cuts
 
 _IDENTITY = {"sum": 0, "product": 1}
@@ -223,11 +225,14 @@ def _rows_to_owners(spec, sel, value, m, j):
 
 
 @_registry.implements(operator.setitem)
-def setitem(dt, key, value) -> None:
+def setitem(dt, key, value, *, where=None) -> None:
     """``dt[key] = value`` for a basic key (ints, slices, None, ...) or a boolean
     mask (a DTensor or ndarray of ``dt``'s shape, with a scalar value); placements
-    kept. Collective on the mesh when a DTensor value or mask must move (only to
-    follow ``dt``'s layout), else local."""
+    kept. ``where`` (a DTensor ``value`` and a basic key only): a boolean array of
+    the value's local shape, the elements of it to write, as a copy-view writes
+    back into its base (_views.py). Into a view that basic indexing made, the
+    write reaches the base. Collective on the mesh when a DTensor value or mask
+    must move (only to follow ``dt``'s layout), else local."""
     spec = dt._spec
     mesh = spec.mesh
     mask = key if type(key) is DTensor or (isinstance(key, np.ndarray)
@@ -258,7 +263,11 @@ def setitem(dt, key, value) -> None:
             m, j = rows
             target = target[:m] + (value._spec.placements[m],) + target[m + 1:]
             followed.add(j)
-        value = D.relayout("DTensor item assignment", value, target)
+        moved = D.relayout("DTensor item assignment", value, target)
+        if where is not None and (moved is not value or rows is not None):
+            raise ValueError("DTensor item assignment: where= needs a value laid out "
+                             "as the destination wants it")
+        value = moved
     if mesh._coordinate is None:
         return
     lshape, loff = local_shape_and_global_offset(spec.shape, mesh.shape,
@@ -267,33 +276,48 @@ def setitem(dt, key, value) -> None:
     target_shape = tuple(k1 - k0 for k0, k1 in cuts)
     region_local = tuple(1 if d is None else cuts[d][1] - cuts[d][0] for d in region_dims)
     dest = dt.to_local()
+    local_key = tuple(local_key)
+    pick = None  # the elements of dest[local_key] to write, when not all
     if _writes_identity(dt, kept):
-        dest[tuple(local_key)] = _IDENTITY[op]
-        return
-    if type(value) is DTensor:
+        piece = _IDENTITY[op]
+    elif type(value) is DTensor:
         v = value.to_local() if rows is None else _rows_to_owners(spec, sel, value, *rows)
-        v = v.reshape((1,) * (len(region) - v.ndim) + v.shape)
         lead = len(region) - len(vshape)
-        idx = []
-        for j, d in enumerate(region_dims):
-            if v.shape[j] == 1 or d is None or (j - lead) in followed:
-                idx.append(slice(None))
-            else:
-                idx.append(slice(*cuts[d]))
-        piece = v[tuple(idx)]
+        piece = _fit(v, region, region_dims, cuts, followed, lead, region_local, target_shape)
+        if where is not None:
+            pick = _fit(where, region, region_dims, cuts, followed, lead, region_local,
+                        target_shape)
     elif isinstance(value, np.ndarray) and value.ndim > 0:
-        v = value.reshape((1,) * (len(region) - value.ndim) + value.shape)
-        idx = [slice(None) if v.shape[j] == 1 or d is None else slice(*cuts[d])
-               for j, d in enumerate(region_dims)]
-        piece = v[tuple(idx)]
+        piece = _fit(value, region, region_dims, cuts, (), None, region_local, target_shape)
     else:
-        dest[tuple(local_key)] = value
-        return
+        piece = value
+    _views.write(dt, lambda: _assign(dest, local_key, piece, pick), local_key, pick)
+
+
+def _fit(v, region, region_dims, cuts, followed, lead, region_local, target_shape):
+    """This rank's part of the value ``v`` (a local array, or a plain one every rank
+    holds when ``lead`` is None) for the local region ``cuts``: the dims the value
+    spans cut to this rank's rows, except those it already holds as the
+    destination (``followed``) and broadcast ones, then broadcast and shaped as
+    the local target."""
+    v = v.reshape((1,) * (len(region) - v.ndim) + v.shape)
+    idx = []
+    for j, d in enumerate(region_dims):
+        if v.shape[j] == 1 or d is None or (lead is not None and (j - lead) in followed):
+            idx.append(slice(None))
+        else:
+            idx.append(slice(*cuts[d]))
+    piece = v[tuple(idx)]
     if 0 in target_shape:  # an int index this rank does not hold: nothing to write
-        piece = np.empty(target_shape, piece.dtype)
+        return np.empty(target_shape, piece.dtype)
+    return np.broadcast_to(piece, region_local).reshape(target_shape)
+
+
+def _assign(dest, key, piece, pick) -> None:
+    if pick is None:
+        dest[key] = piece
     else:
-        piece = np.broadcast_to(piece, region_local).reshape(target_shape)
-    dest[tuple(local_key)] = piece
+        np.copyto(dest[key], piece, casting="unsafe", where=pick)
 
 
 def _local_operand(name, dst, obj):
@@ -353,7 +377,8 @@ def _mask_write(dt, mask, value):
     if dt._spec.mesh._coordinate is None:
         return
     dest = dt.to_local()
-    dest[local_mask] = _IDENTITY[op] if _writes_identity(dt, set()) else value
+    value = _IDENTITY[op] if _writes_identity(dt, set()) else value
+    _views.write(dt, lambda: dest.__setitem__(local_mask, value), where=local_mask)
 
 
 @_registry.implements(np.copyto)
@@ -381,7 +406,9 @@ def copyto(dst, src, casting="same_kind", where=True) -> None:
         probe = s if np.ndim(s) == 0 else np.asarray(s)[(slice(0, 0),) * np.ndim(s)]
         np.copyto(np.empty(np.shape(probe), dst.dtype), probe, casting=casting)
         s = np.array(_IDENTITY[op], dst.dtype)
-    np.copyto(dst.to_local(), s, casting=casting, where=w)
+    local = dst.to_local()
+    _views.write(dst, lambda: np.copyto(local, s, casting=casting, where=w),
+                 where=None if w is True else w)
 
 
 def write_result(name, out, result) -> None:
@@ -394,6 +421,10 @@ def write_result(name, out, result) -> None:
     if out.shape != result.shape:
         raise ValueError(f"{name}: out= has shape {out.shape}, the result has shape "
                          f"{result.shape}")
+    _views.write(out, lambda: _write_result(name, out, result))
+
+
+def _write_result(name, out, result) -> None:
     if any(isinstance(p, Partial) and p != q
            for p, q in zip(out.placements, result.placements)):
         # out keeps its placements: the value is written as copyto writes into a

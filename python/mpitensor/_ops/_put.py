@@ -26,6 +26,7 @@ from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Shard
 from . import _dispatch as D
+from . import _views
 from ._along_axis import _offsets
 from ._select import _everywhere
 
@@ -56,6 +57,7 @@ def _block(a):
 
 
 @_registry.implements(np.put)
+@_views.writes
 def put(a, ind, v, mode="raise"):
     """``np.put`` into a DTensor, with indices and values every rank passes alike:
     each rank writes the indices that land in its block (the last value given to
@@ -121,6 +123,7 @@ def _rows_dims(spec):
 
 
 @_registry.implements(np.place)
+@_views.writes
 def place(arr, mask, vals):
     """``np.place`` into a DTensor: the k-th True position of ``mask`` in C order
     takes ``vals[k % len(vals)]``. With a plain mask (the same on every rank) each

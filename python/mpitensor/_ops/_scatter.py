@@ -33,6 +33,7 @@ from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
+from . import _views
 from . import _row_exchange as X
 from ._put import _target
 
@@ -98,6 +99,7 @@ def _beside(spec, ax, m):
 
 
 @_registry.implements(np.put_along_axis)
+@_views.writes
 def put_along_axis(arr, indices, values, axis):
     """``np.put_along_axis`` into a DTensor, in place. Plain indices (the same on
     every rank): each rank writes what falls in its block; local, any layout. A
@@ -245,6 +247,7 @@ def _put_along_by_dtensor(name, arr, indices, values, ax):
 
 
 @_registry.implements(np.putmask)
+@_views.writes
 def putmask(a, mask, values):
     """``np.putmask`` into a DTensor, in place: each True position ``n`` (flat, C
     order) of ``mask`` takes ``values.flat[n % values.size]``. A plain mask and

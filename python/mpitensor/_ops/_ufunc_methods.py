@@ -33,6 +33,7 @@ from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _fold
+from . import _views
 from ._scatter import ufunc_at_rows
 
 _REDUCE = {np.add: np.sum, np.multiply: np.prod, np.maximum: np.max, np.minimum: np.min,
@@ -64,6 +65,10 @@ def method(ufunc, name: str, operands: tuple, kwargs: dict):
     if name == "reduceat":
         return _reduceat(ufunc, label, operands, kwargs)
     if name == "at":
+        if operands and type(operands[0]) is DTensor:
+            # into a view basic indexing made, what it changed reaches the base
+            return _views.write(operands[0], lambda: _at(ufunc, label, operands, kwargs),
+                                region=_views.CHANGED)
         return _at(ufunc, label, operands, kwargs)
     raise _no_rule(label, "no distributed algorithm")
 

@@ -1,0 +1,219 @@
+"""Basic indexing's views where the picked elements had to move: NumPy's rule that
+``dt[key]`` (ints, slices, None, ...) is a view, kept for the indexes that are
+not a view of the local array.
+
+Where a key cuts a dim a mesh dim shards, each rank's part of the result is an
+exchange's new array (_indexing.py), not a view of the input's local memory.
+Such a result is a *copy-view*: its local array is read-only (whatever writes
+into it by a path that does not know it raises NumPy's "assignment destination
+is read-only" on every rank instead of being lost), and a link from the array
+that owns its memory records where it came from (the base DTensor and the key).
+Every write entry point (item assignment, ``np.copyto`` and ``fill``, ``out=``
+and the in-place operators, ``ufunc.at``, ``np.put`` and its kin) writes
+through :func:`write`: it unlocks the memory, runs the write, locks it again and
+writes the elements it wrote into the base (``base[key] = view`` restricted to
+them: the view is Replicate on the cut dims, so each rank copies its own
+intersection, without communication). The link belongs to the memory, not to
+one DTensor, so every NumPy view of that memory (a local cut of the copy-view,
+``v.T``, a reshape that is a view) writes through as well; a base that is a
+copy-view itself passes the write on.
+
+A copy-view is a snapshot for reads: a write into its base after it was made is
+not seen through it (seeing it would cost a check on every read). Writes through
+it reach the base element by element, only those written, so a stale view never
+overwrites what it was not asked to write. A view of a strided DTensor is read
+through a plain copy of it; linked to the strided DTensor itself, it writes
+through as well.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import weakref
+
+import numpy as np
+
+from .. import _registry
+from .._dtensor import DTensor
+
+__all__ = ["link", "relink", "release", "write", "writes", "CHANGED"]
+
+
+class _Link:
+    """Where a copy-view's memory came from: ``parent[key]`` read when the view
+    was made, its spec, and the view's local array as (byte offset, shape,
+    strides) within the owner (holding the array would keep the owner alive)."""
+
+    __slots__ = ("parent", "key", "spec", "geometry", "ref")
+
+    def __init__(self, parent, key, spec, geometry, ref):
+        self.parent, self.key, self.spec, self.geometry, self.ref = (
+            parent, key, spec, geometry, ref)
+
+
+# id(owner) -> its link, while the owner lives (a weak reference's callback drops
+# it): ndarrays hash by value, so they cannot be keys themselves.
+_links: dict[int, _Link] = {}
+
+# write(..., region=CHANGED): the elements whose bytes the write changed.
+CHANGED = object()
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def link(owner: np.ndarray, local: np.ndarray, parent: DTensor, key, spec) -> None:
+    """Makes ``DTensor(local, spec)`` a copy-view of ``parent[key]``: ``owner``
+    (the new array the exchange filled, of which ``local`` is a view) becomes
+    read-only and remembers where its elements live. Local.
+
+    Example: ``link(got, got.reshape(shape), dt, key, spec)`` in getitem.
+    """
+    owner.flags.writeable = False
+    local.flags.writeable = False
+    k = id(owner)
+    ref = weakref.ref(owner, lambda _, k=k: _links.pop(k, None))
+    _links[k] = _Link(parent, key, spec,
+                      (_address(local) - _address(owner), local.shape, local.strides), ref)
+
+
+def relink(dt: DTensor, via: DTensor, parent: DTensor, key) -> None:
+    """Makes ``dt``, which ``via[key]`` gave, a view of ``parent[key]`` instead:
+    ``via`` is a copy of ``parent`` in new memory on every rank that nobody reads
+    back (the plain layout of a strided ``parent``), so a write into ``dt`` must
+    reach ``parent``. Local.
+
+    Example: ``relink(plain[key], plain, strided, key)``.
+    """
+    local = dt._data()
+    owner = _owner(local)
+    if owner is not None:  # an exchange's copy-view of ``via``
+        got = _links[id(owner)]
+        if got.parent is via:
+            got.parent = parent
+        return
+    owner = local  # a view of ``via``'s memory (or new memory, empty)
+    while type(owner.base) is np.ndarray:
+        owner = owner.base
+    link(owner, local, parent, key, dt._spec)
+
+
+def release(dt: DTensor) -> DTensor:
+    """``dt`` given its memory for itself when it is a copy-view of a base that is
+    nobody's (an advanced index's copy, read through a basic key): unlinked and
+    writable, as NumPy's copy is. Local.
+
+    Example: ``release(getitem(np.take(dt, idx, axis=0), rest))``.
+    """
+    local = dt._data()
+    owner = _owner(local)
+    if owner is not None:
+        _links.pop(id(owner), None)
+        owner.flags.writeable = True
+        local.flags.writeable = True
+    return dt
+
+
+def _owner(local: np.ndarray):
+    """The linked array whose memory ``local`` is (itself or its base: NumPy
+    points a view's base at the array that owns the memory), else None."""
+    if id(local) in _links:
+        return local
+    base = local.base
+    return base if type(base) is np.ndarray and id(base) in _links else None
+
+
+def _read_only_error() -> ValueError:
+    return ValueError("assignment destination is read-only")
+
+
+def write(dst: DTensor, run, key=Ellipsis, where=None, region=None):
+    """``run()``, which writes into ``dst``'s local array, such that the write
+    reaches ``dst``'s base when ``dst`` is a copy-view or a NumPy view of one:
+    the memory is unlocked for the write, locked again, and the written elements
+    (``local[key]``, of them ``where`` when given; all of ``local[key]``'s bytes
+    the write changed with ``region=CHANGED``) are written into the base. A
+    read-only ``dst`` that is no such view (a read-only array given to
+    ``from_local``) raises NumPy's ValueError before anything runs. Returns
+    ``run()``'s result. Collective as ``run`` is; the write into the base moves
+    nothing.
+
+    Example: ``write(dt, lambda: local.__setitem__(k, 0), key=k)``.
+    """
+    local = dst._data()
+    if local.flags.writeable:
+        return run()
+    owner = _owner(local)
+    if owner is None:
+        raise _read_only_error()
+    before = local.copy() if region is CHANGED else None
+    owner.flags.writeable = True
+    try:
+        local.flags.writeable = True
+        result = run()
+    finally:
+        local.flags.writeable = False
+        owner.flags.writeable = False
+    _write_back(owner, _touched(owner, local, key, where, before))
+    return result
+
+
+def _touched(owner, local, key, where, before) -> np.ndarray:
+    """The bytes of ``owner`` that the write into ``local`` covered, as a uint8
+    array over the owner's bytes (any view of it maps there, dtype views too)."""
+    marks = np.zeros(owner.nbytes, np.uint8)
+    if local.size == 0:
+        return marks
+    mine = _over(marks, _address(local) - _address(owner), local)
+    if before is not None:
+        a = np.ascontiguousarray(local).reshape(-1).view(np.uint8)
+        b = np.ascontiguousarray(before).reshape(-1).view(np.uint8)
+        where = (a != b).reshape(local.shape + (local.itemsize,)).any(-1)
+    part = mine[key]
+    if where is None:
+        part[...] = 1
+    else:
+        part[np.broadcast_to(where, part.shape[:-1])] = 1
+    return marks
+
+
+def _over(marks, offset, like) -> np.ndarray:
+    """``marks`` (one byte per byte of an owner) seen as an array of ``like``'s
+    shape and strides from ``offset``, each element's bytes along a last dim."""
+    return np.ndarray(like.shape + (like.itemsize,), np.uint8, marks, offset,
+                      like.strides + (1,))
+
+
+def _write_back(owner, marks) -> None:
+    """``parent[key] = view`` for the elements of the copy-view that ``marks``
+    covers: each rank writes its own part, the view being laid out as the base
+    wants it (Replicate on the cut dims). Through the executor, so that a base
+    that requires grad is refused in grad mode as any write into it."""
+    link = _links[id(owner)]
+    off, shape, strides = link.geometry
+    view = np.ndarray(shape, owner.dtype, owner, off, strides)
+    mask = (_over(marks, off, view).any(-1) if view.size
+            else np.zeros(shape, bool))
+    _registry.call(operator.setitem, link.parent, link.key, DTensor(view, link.spec),
+                   where=mask)
+
+
+def writes(entry):
+    """Decorates the entry of a NumPy function that writes into its first argument
+    (``np.put`` and its kin, ``ufunc.at``): through :func:`write`, the elements it
+    changed reaching the base of a copy-view. Local as the entry is.
+
+    Example::
+
+        >>> @_registry.implements(np.put)
+        ... @writes
+        ... def put(a, ind, v, mode="raise"): ...
+    """
+    @functools.wraps(entry)
+    def through(dst, *args, **kwargs):
+        if type(dst) is not DTensor or dst._data().flags.writeable:
+            return entry(dst, *args, **kwargs)
+        return write(dst, lambda: entry(dst, *args, **kwargs), region=CHANGED)
+    return through

@@ -1,0 +1,281 @@
+"""A basic index of a DTensor is a view, as NumPy's: whatever writes into it
+(item assignment, the in-place operators, ``out=``, ``ufunc.at``, ``fill``,
+``np.copyto``, ``np.put`` and its kin, views of views) writes into the base on every
+rank, in every layout, also where the key cuts a sharded dim and the view's
+elements had to move; an advanced index stays a copy; where a write cannot reach
+the base it raises alike on every rank; a key that differs by rank raises alike
+instead of handing back elements nobody wrote. Every rank checks the whole array
+against the same NumPy code on the gathered one."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+import mpitensor.array_api as xp
+from mpitensor import Partial, Replicate, Shard, distribute_tensor
+from ops_helpers import W, assert_matches, make, mesh_of
+
+COMM = MPI.COMM_WORLD
+R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
+_OPTIONS = (R, S0, S1, PS)
+# Meshes (W,) and, at an even W, (2, W // 2): every placement of a 3-D array on
+# each mesh dim (a Shard of the dim the keys cut, of a dim they keep, Partial).
+LAYOUTS = [((W,), (p,)) for p in _OPTIONS] + (
+    [((2, W // 2), pls) for pls in itertools.product(_OPTIONS, repeat=2)]
+    if W % 2 == 0 else [])
+
+
+def _id(layout) -> str:
+    shape, pls = layout
+    return "x".join(map(str, shape)) + "-" + ",".join(
+        "P" if p.is_partial() else "R" if p.is_replicate() else f"S{p.dim}" for p in pls)
+
+
+@pytest.fixture(params=LAYOUTS, ids=[_id(x) for x in LAYOUTS])
+def layout(request):
+    shape, pls = request.param
+    return mesh_of(shape), pls
+
+
+def _full():
+    return np.arange(60.0).reshape(4, 3, 5) - 20.0
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    # writes with no distributed rule (into a Partial, say) gather, with a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _add_to_diagonal(array, value, _):
+    """scikit-learn's ``_add_to_diagonal`` for a namespace that is not NumPy's."""
+    value = np.diagonal(array) + value
+    for i in range(min(array.shape)):
+        array[i, i] = value[i]
+
+
+def test_add_to_diagonal_of_a_view(layout):
+    """scikit-learn's GaussianMixture: ``_add_to_diagonal(cov[k, :, :], reg, xp)``
+    on an array of covariances, which writes ``array[i, i]`` into the view (its
+    own function on the 1-D mesh: its namespace makes the value on that one)."""
+    mesh, pls = layout
+    add = _add_to_diagonal
+    if mesh.ndim == 1:
+        add = pytest.importorskip("sklearn.utils._array_api")._add_to_diagonal
+    full = np.zeros((4, 3, 3))
+    cov = make(full, mesh, pls)
+    for k in range(4):
+        m = np.arange(9.0).reshape(3, 3) * (k + 1)
+        full[k, :, :] = m
+        cov[k, :, :] = m
+        full[k].flat[::4] += 0.25
+        add(cov[k, :, :], 0.25, xp)
+    assert_matches(cov, full)
+
+
+def test_gaussian_mixture_fit_matches_numpy():
+    """GaussianMixture(covariance_type="full").fit on a sharded X: the regularised
+    covariances NumPy gives (the regularisation goes through a view)."""
+    sklearn = pytest.importorskip("sklearn")
+    from sklearn.mixture import GaussianMixture
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 1, (40, 3)), rng.normal(4, 0.5, (40, 3))])
+    kw = dict(n_components=3, covariance_type="full", random_state=0,
+              init_params="random_from_data", reg_covar=1e-3)
+    ref = GaussianMixture(**kw).fit(x)
+    for pls in ([Shard(0)], [Replicate()]):
+        xd = distribute_tensor(x, mesh_of((W,)), pls)
+        with sklearn.config_context(array_api_dispatch=True):
+            got = GaussianMixture(**kw).fit(xd)
+        np.testing.assert_allclose(got.means_.full_tensor(), ref.means_, atol=1e-8)
+        np.testing.assert_allclose(got.covariances_.full_tensor(), ref.covariances_,
+                                   atol=1e-8)
+
+
+def test_views_of_views(layout):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    other = np.arange(15.0).reshape(3, 5) * 7
+    for ours, numpys in [
+            (lambda x: x[1][0].__setitem__(2, 7.0), None),
+            (lambda x: x[1:3].__setitem__(0, -1.0), None),
+            (lambda x: x[2].T.__setitem__((1, 0), 5.0), None),
+            (lambda x: x[3][:, ::-2].__setitem__(1, 9.0), None),
+            (lambda x: x[None, 0, ..., 1].__setitem__((0, 2), 4.0), None),
+            (lambda x: x[:, 1].__setitem__((2, 3), 8.0), None),
+            (lambda x: x[0][1:, 1:].__setitem__((0, slice(None)), -3.0), None),
+            (lambda x: x[3][...].__setitem__(..., make(other, mesh, pls[:0] or
+                                                       (R,) * mesh.ndim)),
+             lambda x: x[3][...].__setitem__(..., other))]:
+        ours(a)
+        (numpys or ours)(full)
+        assert_matches(a, full)
+    if not any(p.is_shard() for p in pls):
+        # a reshape that is local on the view's layout is a view of the view
+        a[1].reshape(15)[7] = 6.0
+        full[1].reshape(15)[7] = 6.0
+        assert_matches(a, full)
+
+
+def test_in_place_operators(layout):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    for x in (a, full):
+        v = x[1]
+        v += 1
+        v *= 2
+        v -= x[2]
+        x[3] += 10
+        w = x[0, 1:]
+        w /= 4
+    assert_matches(a, full)
+
+
+def test_out_of_ufuncs_and_functions(layout):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    for x in (a, full):
+        np.add(x[1], 1, out=x[2])
+        np.multiply(x[0], x[3], out=x[0])
+        np.negative(x[1, :, 2], out=x[1, :, 2])
+        np.sum(x[0:2], axis=0, out=x[3])
+        np.clip(x[2], -5, 20, out=x[2])
+        np.divmod(x[1, ::2], 3, out=(x[2, ::2], x[0, ::2]))
+    assert_matches(a, full)
+
+
+def test_ufunc_at(layout):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    for x in (a, full):
+        np.add.at(x[1], (np.array([0, 2, 0]), np.array([1, 4, 1])), 5.0)
+        np.multiply.at(x[2, 1:], (np.array([1, 1]), np.array([0, 2])), 3.0)
+    assert_matches(a, full)
+
+
+def test_fill_and_copyto(layout):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    mask = (np.arange(15).reshape(3, 5) % 3) == 0
+    for x in (a, full):
+        x[1].fill(7.0)
+        np.copyto(x[2], np.arange(15.0).reshape(3, 5), where=mask)
+        np.copyto(x[3][1:], 2.5)
+        x[0][1].fill(-1)
+    assert_matches(a, full)
+
+
+def test_put_and_its_kin(layout):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    mask = (np.arange(15).reshape(3, 5) % 4) == 1
+    for x in (a, full):
+        np.put(x[1], [0, 7, 14], [1.0, 2.0, 3.0])
+        np.putmask(x[2], mask, -3.0)
+        np.fill_diagonal(x[3], 9.0)
+        np.place(x[0], mask, [4.0, 5.0])
+    assert_matches(a, full)
+
+
+def test_advanced_index_stays_a_copy(layout):
+    """A write into an advanced index's result does not reach the base, as in
+    NumPy, beside a basic index's that does."""
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    for x in (a, full):
+        b = x[[0, 2]]
+        b[0] = -9.0
+        x[[0, 2]][1] = -9.0
+        x[0, [1, 2]][...] = -9.0
+        x[1][[0, 2]][0] = -9.0
+        x[0:3:2][1] = -7.0
+    assert_matches(a, full)
+
+
+def test_a_stale_view_writes_only_what_it_is_told(layout):
+    """A copy-view does not see later writes into its base, but a write through it
+    reaches the base element by element: what it was not told to write stays."""
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    for x in (a, full):
+        v = x[1]
+        x[1, 0, 0] = 3.0
+        v[2, 2] = 1.0
+        lo, hi = x[1:3], x[2:4]
+        lo[1, 0] = 5.0
+        hi[0, 1] = 6.0
+    assert_matches(a, full)
+
+
+def test_a_write_into_the_local_array_raises_or_reaches_the_base(layout):
+    """The local array of a view is the base's memory, or read-only: a write that
+    bypasses the DTensor raises (alike on every rank), never goes astray."""
+    mesh, pls = layout
+    a = make(_full(), mesh, pls)
+    v = a[1]
+    try:
+        v.to_local()[...] = 1.0
+        raised = False
+    except ValueError as e:
+        assert "read-only" in str(e)
+        raised = True
+    assert len(set(COMM.allgather(raised))) == 1
+    if not raised:
+        assert v.to_local().size == 0 or np.shares_memory(v.to_local(), a.to_local())
+
+
+def test_a_key_that_differs_by_rank_raises_on_every_rank():
+    """A key computed from the rank, on a sharded dim: the exchange agrees on the
+    key first, so every rank raises the same error (no element nobody wrote)."""
+    if W == 1:
+        pytest.skip("one rank: no key can differ")
+    meshes = [((W,), [Shard(0)])] + ([((2, W // 2), [Shard(0), Shard(1)])]
+                                      if W % 2 == 0 else [])
+    for shape, pls in meshes:
+        mesh = mesh_of(shape)
+        x = distribute_tensor(np.arange(8.0 * W).reshape(2 * W, 4), mesh, pls)
+        r = mesh.get_rank()
+        for key in (slice(0, 2) if r == 0 else slice(0, 3), r,
+                    (slice(1, 2 * W - 1), slice(0, 3 if r else 2))):
+            with pytest.raises(ValueError, match="different keys"):
+                x[key]
+        # the same key on every rank still works
+        assert_matches(x[1:3], np.arange(8.0 * W).reshape(2 * W, 4)[1:3])
+
+
+def test_a_view_of_a_strided_dtensor_writes_through():
+    """``reshape`` of an inner shard is strided; its basic index is read through a
+    plain copy, and a write into it still reaches the strided DTensor (and the
+    array it is a reshape of, as NumPy's views)."""
+    layouts = [((W,), [Shard(1)])] + ([((2, W // 2), [Shard(1), Shard(1)]),
+                                       ((2, W // 2), [Replicate(), Shard(1)])]
+                                      if W % 2 == 0 else [])
+    for shape, pls in layouts:
+        f = np.arange(48.0).reshape(8, 6)
+        x = distribute_tensor(f, mesh_of(shape), pls)
+        y = np.reshape(x, 48)
+        g = f.reshape(48)
+        for z in (y, g):
+            z[4:20][0] = -1.0
+            z[10:][::3][1] = -2.0
+            v = z[30:40]
+            v += 100
+            z[41:][2:5][1] = -3.0
+        assert_matches(y, g)
+        assert_matches(x, f)
