@@ -394,6 +394,10 @@ typedef struct mt_ext_call {
   PyObject *made[MT_MEMO_MAX_OPERANDS]; /* DTensors made of ndarrays (implicit) */
   int nmade;
   int strided; /* gathering stopped at a strided operand (its door calls the hook) */
+  /* Set by the caller after init: a plain ndarray that is not replicated by the
+   * executor's own rule stops gathering (mixed = 1, no error), for a door that
+   * hands such a call to its Python entry, which agrees on the array first. */
+  int defer_mixed, mixed;
 } mt_ext_call;
 
 /* The memo key word of the DTensor just added as tensor input c->ntensors - 1:
@@ -417,6 +421,7 @@ static inline int mt_ext_alias_of(const mt_ext_call *c, int t) {
 /* A call of n operands, none gathered yet (its mesh unknown). */
 static inline void mt_ext_call_init(mt_ext_call *c, int n) {
   c->mb = NULL, c->ntensors = 0, c->tensors = 0, c->nmade = 0, c->strided = 0;
+  c->defer_mixed = 0, c->mixed = 0;
   c->key.op = 0, c->key.aux = 0, c->key.grad = 0, c->key.want = 0;
   c->key.noperands = c->noperands = n;
 }

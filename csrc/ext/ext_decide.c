@@ -114,12 +114,19 @@ static int replicates(const mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyOb
          PyArray_SIZE((PyArrayObject *)o) == 1;
 }
 
+/* Whether a plain ndarray holds what a DTensor can: numbers in native order. */
+static int numeric(PyObject *o) {
+  const PyArray_Descr *t = PyArray_DESCR((PyArrayObject *)o);
+  return strchr("biufc", t->kind) != NULL && t->kind != 0 && PyArray_ISNBO(t->byteorder);
+}
+
 /* Adds operand i: a DTensor, an implicitly replicated ndarray, or a scalar. */
 static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
                       PyObject *key) {
   if (!mt_ext_is_dtensor(d, o)) {
     if (PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0) {
       if (!replicates(d, c->mb, o)) {
+        if (c->defer_mixed && numeric(o)) return c->mixed = 1, 0;
         mt_ext_error(d, "mixed", key, o);
         return -1;
       }
@@ -141,7 +148,9 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
 
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
                   PyObject *key) {
+  int defer = c->defer_mixed;
   mt_ext_call_init(c, n);
+  c->defer_mixed = defer;
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;
   int err = 0;
   c->mb = first_mesh(d, ops, n, key, &err);
@@ -380,6 +389,7 @@ static PyObject *decide(PyObject *module, PyObject *const *args, Py_ssize_t narg
   op.sig = mt_ext_sig_of(d, args[0]);
   op.key = args[0], op.build = args[2];
   mt_ext_call c;
+  c.defer_mixed = 0;
   int rc = mt_ext_gather(d, &PyTuple_GET_ITEM(args[1], 0), (int)PyTuple_GET_SIZE(args[1]),
                          &c, args[0]);
   if (rc <= 0) return rc < 0 ? NULL : PyErr_Format(PyExc_TypeError, "no DTensor operand");

@@ -28,7 +28,9 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
  * cached operation. */
 static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
                               mt_ext_call *c, PyObject *key) {
+  int defer = c->defer_mixed;
   mt_ext_call_init(c, n);
+  c->defer_mixed = defer;
   for (int i = 0; i < n; ++i)
     if (!known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key);
   return mt_ext_wanting(d) ? mt_ext_call_want(d, c) : 1;
@@ -283,6 +285,9 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
   mt_ext_sig *sig = ufunc_sig(d, ufunc);
   int kw = plain_keywords(d, kwnames), strided = 0, rc = 0;
   mt_ext_call c;
+  /* A plain ndarray beside DTensors goes to the Python entry, which agrees that
+   * every rank holds the same one before it takes it as replicated. */
+  c.defer_mixed = 1;
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
       n > MT_MEMO_MAX_OPERANDS || kw == 0 ||
       (PyDict_GET_SIZE(d->rules) != 0 && PyDict_Contains(d->rules, ufunc)))
@@ -294,7 +299,8 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
   /* Only an elementwise call reads its operands' expansions as they are. */
   if (strided && sig->op.family == MT_OP_ELEMENTWISE)
     return strided_ufunc(d, ufunc, ops, n, kwnames);
-  if (kw == 2 || strided) return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
+  if (kw == 2 || strided || (rc == 0 && c.mixed))
+    return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
   if (rc <= 0) return rc < 0 ? NULL : Py_NewRef(Py_NotImplemented);
   c.key.op = sig->id;
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -358,6 +364,7 @@ PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   mt_ext_sig *sig = &d->sigs[d->reduction_sig[method]];
   PyObject *axis, *keepdims;
   mt_ext_call c;
+  c.defer_mixed = 0;
   if (reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
     return reduction_entry(d, sig, self, args, nargs, kwnames);
   int rc = gather_fast(d, &self, 1, &c, sig->func);

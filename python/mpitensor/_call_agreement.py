@@ -29,7 +29,7 @@ import numpy as np
 from . import _C, _clib, _modes
 from ._fingerprint import fingerprint
 
-__all__ = ["agree_call", "call_fingerprint"]
+__all__ = ["agree_call", "call_fingerprint", "agreed_call"]
 
 # Frames of these modules make the calls a program makes; the rest of the package
 # makes its own calls alike on every rank.
@@ -54,6 +54,38 @@ def agree_call(name: str, args: tuple, kwargs: dict, caller) -> None:
     # The mesh's check and the agreement in one C call: every call a program
     # makes pays for it.
     mesh._agree_call(call_fingerprint(name, args, kwargs), _message(name))
+
+
+def _plain_array(v) -> bool:
+    return type(v) is np.ndarray and v.ndim > 0 and v.dtype.kind in "biufc"
+
+
+def _has_plain_array(args: tuple, kwargs: dict) -> bool:
+    for v in (*args, *kwargs.values()):
+        if _plain_array(v) or (type(v) in (list, tuple) and any(map(_plain_array, v))):
+            return True
+    return False
+
+
+def agreed_call(name: str, args: tuple, kwargs: dict, caller, run, *run_args, **run_kwargs):
+    """``run(*run_args, **run_kwargs)``, the call ``name(*args, **kwargs)`` that the
+    frame ``caller`` makes, once the ranks agree on it (:func:`agree_call`), with
+    each plain ndarray beside its DTensors taken as replicated on their mesh, as
+    NumPy's libraries mix them (``classes == np.asarray([0, 1])``): the agreement
+    compares the ndarrays' bytes, so every rank holds the same one, or every rank
+    raises ValueError before anything moves. Collective on the mesh of the first
+    DTensor argument.
+
+    Example: ``agreed_call("numpy.dot", (dt, w), {}, sys._getframe(1), np.dot, dt, w)``.
+    """
+    agree_call(name, args, kwargs, caller)
+    if not _has_plain_array(args, kwargs):
+        return run(*run_args, **run_kwargs)
+    _modes.push_implicit_replication()
+    try:
+        return run(*run_args, **run_kwargs)
+    finally:
+        _modes.pop_implicit_replication()
 
 
 # The ValueError's text per function, encoded once: a call agreement must cost little.

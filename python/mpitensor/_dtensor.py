@@ -101,16 +101,8 @@ class DTensor(_C.DTensorBase):
         name = _names.get(func)
         if name is None:
             name = _names[func] = _registry.qualified_name(func)
-        _call_agreement.agree_call(name, args, kwargs, sys._getframe(1))
-        method = _METHODS.get(func)
-        if (method is not None and 0 < len(args) <= 2 and type(args[0]) is DTensor
-                and func not in _registry.rules and _METHOD_KEYWORDS.issuperset(kwargs)):
-            # The C method runs the same rule without the registry's Python entry
-            # (which it calls itself for any argument it does not take).
-            return method(*args, **kwargs)
-        if func in _registry.functions or func in _registry.rules:
-            return _registry.call_or_gather(func, args, kwargs)
-        return _registry.gather_call(func, args, kwargs)
+        return _call_agreement.agreed_call(name, args, kwargs, sys._getframe(1),
+                                           _function_call, func, args, kwargs)
 
     @property
     def T(self) -> "DTensor":
@@ -1118,6 +1110,19 @@ _METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
             for name in ("sum", "mean", "prod", "max", "min", "std", "var", "argmax",
                          "argmin")}
 _METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
+
+
+def _function_call(func, args: tuple, kwargs: dict):
+    """A NumPy function's call on DTensors, agreed: its rule, else the gather."""
+    method = _METHODS.get(func)
+    if (method is not None and 0 < len(args) <= 2 and type(args[0]) is DTensor
+            and func not in _registry.rules and _METHOD_KEYWORDS.issuperset(kwargs)):
+        # The C method runs the same rule without the registry's Python entry
+        # (which it calls itself for any argument it does not take).
+        return method(*args, **kwargs)
+    if func in _registry.functions or func in _registry.rules:
+        return _registry.call_or_gather(func, args, kwargs)
+    return _registry.gather_call(func, args, kwargs)
 
 
 def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names,

@@ -29,7 +29,7 @@ from sklearn.utils import all_estimators  # noqa: E402
 from sklearn.utils._test_common.instance_generator import _construct_instances  # noqa: E402
 from sklearn.utils.estimator_checks import check_array_api_input_and_values  # noqa: E402
 
-from client_helpers import known_failure, recording_gathers  # noqa: E402
+from client_helpers import recording_gathers  # noqa: E402
 
 NAMESPACE = "mpitensor.array_api"
 
@@ -88,23 +88,8 @@ def _metric_cases():
     return out
 
 
-# With array_api_dispatch off, scikit-learn's check calls these metrics with
-# DTensors as if they were NumPy arrays, and they compare a DTensor with a plain
-# ndarray (`classes == xp.asarray([0, 1])` on NumPy's namespace): mpitensor refuses
-# to mix them, as torch's DTensor does, outside implicit_replication().
-_MIXES = {"det_curve-binary_classification_metric",
-          "precision_recall_curve-binary_classification_metric",
-          "roc_curve-binary_classification_metric",
-          "d2_log_loss_score-binary_continuous_classification_metric",
-          "d2_log_loss_score-multiclass_continuous_classification_metric",
-          "d2_log_loss_score-multilabel_continuous_classification_metric"}
-
-
 @pytest.mark.parametrize("metric, check", _metric_cases())
-def test_metric_gives_numpys_values(request, record_property, metric, check):
-    if request.node.callspec.id in _MIXES:
-        known_failure(request, record_property, TypeError, "with array_api_dispatch off, "
-                      "it compares a DTensor with a plain ndarray, which mpitensor refuses")
+def test_metric_gives_numpys_values(record_property, metric, check):
     with recording_gathers(record_property):
         check(metric, NAMESPACE, None, "float64")
 

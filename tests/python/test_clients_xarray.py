@@ -14,7 +14,7 @@ import pytest
 
 import mpitensor as mt
 import mpitensor.array_api as xp
-from client_helpers import known_failure, recording_gathers
+from client_helpers import recording_gathers
 
 xr = pytest.importorskip("xarray")
 pd = pytest.importorskip("pandas")
@@ -57,16 +57,8 @@ CASES = {
     "rolling": lambda d: d.rolling(time=3).mean(),
     "polyfit": lambda d: d.polyfit("x", 2),
 }
-# polyfit divides a DTensor by a plain ndarray it built, which mpitensor refuses,
-# as torch's DTensor does, outside implicit_replication().
-_MIXES = {"polyfit"}
-
-
 @pytest.mark.parametrize("name", list(CASES))
-def test_dataarray_gives_numpys_values(request, record_property, name):
-    if name in _MIXES:
-        known_failure(request, record_property, TypeError,
-                      "divides a DTensor by a plain ndarray it built, which mpitensor refuses")
+def test_dataarray_gives_numpys_values(record_property, name):
     call = CASES[name]
     want = _plain(call(_array(A)))
     with recording_gathers(record_property):

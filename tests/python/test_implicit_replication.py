@@ -9,10 +9,26 @@ from mpitensor.debug import CommDebugMode
 from mpitensor.experimental import implicit_replication
 
 
-def test_outside_the_context_mixing_is_a_type_error(mesh):
-    dt = mt.distribute_tensor(np.ones((5, 3)), mesh, [Shard(0)])
-    with pytest.raises(TypeError, match="distribute_tensor"):
-        dt + np.ones(3)
+def test_outside_the_context_mixing_is_agreed(mesh):
+    """Outside the context a plain ndarray beside a DTensor is replicated too, as
+    NumPy's libraries mix them, once the ranks agree that they hold the same one:
+    a different one on some rank is a ValueError on every rank, and the next call
+    pairs."""
+    g = np.arange(15.0).reshape(5, 3)
+    dt = mt.distribute_tensor(g, mesh, [Shard(0)])
+    bias = np.array([1.0, 2.0, 3.0])
+    for got in (dt + bias, bias + dt, np.add(dt, bias), np.dot(dt, bias),
+                dt == np.arange(3.0)):
+        assert isinstance(got, mt.DTensor)
+    assert np.array_equal((dt + bias).full_tensor(), g + bias)
+    assert np.array_equal(np.dot(dt, bias).full_tensor(), g @ bias)
+    if mesh.size() > 1:
+        mine = bias * (1 + mesh.get_rank())
+        with pytest.raises(ValueError, match="different calls"):
+            dt + mine
+        with pytest.raises(ValueError, match="different calls"):
+            np.dot(dt, mine)
+    assert np.array_equal((dt - bias).full_tensor(), g - bias)
 
 
 def test_elementwise_with_a_plain_array_is_local(mesh):
@@ -38,8 +54,8 @@ def test_matmul_dot_einsum_concatenate_where(mesh):
                               np.concatenate([g, g], axis=1))
         assert np.array_equal(np.where(dt > 5, dt, g * 0).full_tensor(),
                               np.where(g > 5, g, 0))
-    with pytest.raises(TypeError):
-        dt @ w  # the context has ended
+    # Outside the context the same call is agreed first, with the same answer.
+    assert np.allclose((dt @ w).full_tensor(), g @ w)
 
 
 def test_nesting(mesh):

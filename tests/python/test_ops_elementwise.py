@@ -227,13 +227,14 @@ def test_cached_decision_repeats_the_same():
     assert_matches(second, np.arange(12.0).reshape(3, 4) * np.arange(4.0))
 
 
-def test_mixed_ndarray_is_type_error():
+def test_mixed_ndarray_is_replicated_once_agreed():
     mesh = mesh_of((W,))
     x = make(np.ones((4, 3)), mesh, [S0])
-    with pytest.raises(TypeError, match=r"numpy\.add.*distribute_tensor"):
-        x + np.ones(3)
-    with pytest.raises(TypeError, match=r"numpy\.multiply.*distribute_tensor"):
-        np.ones((4, 3)) * x
+    assert_matches(x + np.ones(3), np.full((4, 3), 2.0))
+    assert_matches(np.ones((4, 3)) * x, np.ones((4, 3)))
+    if W > 1:
+        with pytest.raises(ValueError, match=r"numpy\.add.*different calls"):
+            x + np.full(3, float(mesh.get_rank()))
     assert_matches(x + np.float64(2.0), np.full((4, 3), 3.0))  # 0-d is a scalar
 
 

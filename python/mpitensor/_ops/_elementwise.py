@@ -82,10 +82,10 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
     keywords and operands), normalised into executor calls; what no rule covers
     runs on the gathered arrays."""
     name = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
-    # Called from C: the frame above is the program's, or mpitensor's own.
-    _call_agreement.agree_call(name, operands, kwargs, sys._getframe(1))
     try:
-        return _array_ufunc(ufunc, method, *operands, **kwargs)
+        # Called from C: the frame above is the program's, or mpitensor's own.
+        return _call_agreement.agreed_call(name, operands, kwargs, sys._getframe(1),
+                                           _array_ufunc, ufunc, method, *operands, **kwargs)
     except _registry.NoRule as e:
         f = ufunc if method == "__call__" else getattr(ufunc, method)
         return _registry.gather_call(f, operands, kwargs, name, cause=e)
