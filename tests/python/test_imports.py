@@ -50,7 +50,7 @@ FLOORS = {
 # Imported inside functions because they are optional, heavy, or (mpi4py's MPI)
 # start MPI when imported.
 LAZY_OK = {"matplotlib", "ipyparallel", "torch", "tabulate", "rich", "mpi4py", "h5py",
-           "zarr", "numcodecs"}
+           "zarr", "numcodecs", "xarray", "h5netcdf"}
 
 
 def module_name(path: Path) -> str:

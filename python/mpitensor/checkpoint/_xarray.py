@@ -38,9 +38,11 @@ import shutil
 
 import numpy as np
 
+from .._args import resolve_mesh
 from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
+from ..array_api._creation import default_mesh, default_placements
 from . import _agree, _hdf5, _paths, _tensor, _zarr
 
 __all__ = ["to_netcdf", "to_zarr", "open_dataset"]
@@ -88,8 +90,6 @@ def _mesh_of(ds, tensors: dict):
                          "redistribute them onto one first")
     if meshes:
         return next(iter(meshes.values()))
-    from ..array_api._creation import default_mesh
-
     return default_mesh()
 
 
@@ -589,8 +589,6 @@ def _engine(path: str, engine):
 
 
 def _placements_for(name, placements, mesh, ndim: int):
-    from ..array_api._creation import default_placements
-
     pl = placements.get(name) if isinstance(placements, dict) else placements
     return tuple(pl) if pl is not None else default_placements(mesh, ndim)
 
@@ -627,9 +625,6 @@ def open_dataset(path, mesh=None, placements=None, engine=None, **kwargs):
         1.0
     """
     xr = _xarray()
-    from ..array_api._creation import default_mesh
-    from .._args import resolve_mesh
-
     mesh = resolve_mesh(mesh) if mesh is not None else default_mesh()
     path = os.path.realpath(os.fspath(path))
     engine = _engine(path, engine)
