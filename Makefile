@@ -38,15 +38,16 @@ export OPENBLAS_NUM_THREADS := 1
 # load at import when it is there (docs/performance.md). ml_dtypes (the extra
 # mpitensor[bfloat16]) is there so that the bfloat16 tests run rather than skip;
 # h5py, zarr, xarray and h5netcdf (the extra mpitensor[io]) so that the HDF5, Zarr
-# and netCDF tests do;
-# pytest-json-report and ndindex for the array API standard's suite (test-array-api),
-# scikit-learn and array-api-compat for the example of docs/array_api.md.
+# and netCDF tests do, and netCDF4 so that files are also read by the other
+# netCDF-4 library; pytest-json-report and ndindex for the array API standard's
+# suite (test-array-api); scikit-learn, SciPy and array-api-compat as the client
+# libraries the tests judge DTensors by (tests/python/test_clients_*.py).
 PY_DEPS := --no-binary=mpi4py "mpi4py>=4.0,<5" "numpy>=1.26" \
   "scikit-build-core>=0.11" cmake ninja threadpoolctl \
   mkl "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.151" "psutil>=5" \
   tabulate rich matplotlib "ipyparallel>=8.6" "nbclient>=0.10" "ipykernel>=6.29" ml_dtypes \
   "h5py>=3.8" "zarr>=3.1" "xarray>=2025.1" "h5netcdf>=1.3" "pytest-json-report" "ndindex>=1.8" \
-  "scikit-learn>=1.6" "array-api-compat>=1.11"
+  "scikit-learn>=1.6" "scipy>=1.14" "array-api-compat>=1.11" netCDF4
 %/.deps: pyproject.toml Makefile | system-deps
 	$(PYTHON) -m venv $*
 	$*/bin/python -m pip --disable-pip-version-check install -q --upgrade pip
