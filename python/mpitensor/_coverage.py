@@ -48,7 +48,7 @@ def _method_row(ufunc) -> list[str]:
         # A ufunc that may not be regrouped is folded along a chain of ranks,
         # but for the float results whose bits NumPy's reduce gives otherwise.
         fold = _ufunc_methods._fold
-        folded = (ufunc not in _ufunc_methods._REGROUPABLE and fold.foldable(ufunc)
+        folded = (ufunc not in fold.REGROUPABLE and fold.foldable(ufunc)
                   and m in ("reduce", "accumulate", "reduceat")
                   and ufunc not in _ufunc_methods._REDUCE)
         if folded and ufunc in fold._FLOATS_NOT_FOLDED:
@@ -56,7 +56,7 @@ def _method_row(ufunc) -> list[str]:
             cells.append("gathered" if floats_only
                          else "distributed: integers; floats gathered")
             continue
-        regroupable = ufunc in _ufunc_methods._REGROUPABLE or fold.foldable(ufunc)
+        regroupable = ufunc in fold.REGROUPABLE or fold.foldable(ufunc)
         known = {"reduce": ufunc in _ufunc_methods._REDUCE or regroupable,
                  "accumulate": ufunc in _ufunc_methods._ACCUMULATE or regroupable,
                  "outer": ufunc.signature is None,
