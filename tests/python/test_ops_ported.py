@@ -162,8 +162,8 @@ def test_diag_backward():
                          ids=lambda a: str(a.shape))
 def test_one_element_ndarray_is_replicated_as_torch(one):
     """torch replicates a tensor of one element (any dims) mixed with DTensors
-    (_try_replicate_spec_for_scalar_tensor); any other size needs
-    implicit_replication()."""
+    (_try_replicate_spec_for_scalar_tensor), with no communication; any other size
+    is replicated too once the ranks agree on it (torch refuses it)."""
     mesh = mesh_of((W,))
     full = np.arange(16.0).reshape(8, 2)
     d = make(full, mesh, [S0])
@@ -177,8 +177,7 @@ def test_one_element_ndarray_is_replicated_as_torch(one):
         assert_matches(got, want)
     lead = one.ndim - 2
     assert results[0].placements == (Shard(max(lead, 0)),)
-    with pytest.raises(TypeError, match="plain ndarray"):
-        d + np.ones(2)
+    assert_matches(d + np.ones(2), full + np.ones(2))
     w = make(full, mesh, [S0]).requires_grad_()
     (w * one).sum().backward()
     assert_matches(w.grad, np.full_like(full, 2.0))

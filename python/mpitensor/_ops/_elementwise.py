@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from .. import _C, _call_agreement, _layout, _registry
+from .. import _C, _call_agreement, _layout, _modes, _registry
 from .._clib import CORE
 from .._dtensor import DTensor
 from ..placement_types import Replicate
@@ -107,7 +107,13 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
         if k not in _KWARGS:
             raise _registry.NoRule(f"{name}: the keyword argument {k}= is not supported "
                                    f"on DTensors")
-    operands = D.implicit(operands)
+    out = kwargs.get("out")
+    if (out and type(out[0]) is DTensor and _modes.state.implicit_replication
+            and not any(type(x) is DTensor for x in operands)):
+        # Every input plain, written into a DTensor: replicated on the output's mesh.
+        operands = _C.implicit(tuple(operands), out[0])
+    else:
+        operands = D.implicit(operands)
     split = D.split_operands(name, operands)
     if split is None:
         return NotImplemented
