@@ -279,3 +279,19 @@ def test_a_view_of_a_strided_dtensor_writes_through():
             z[41:][2:5][1] = -3.0
         assert_matches(y, g)
         assert_matches(x, f)
+
+
+@pytest.mark.parametrize("pl", [[Replicate()], [Shard(1)]], ids=["R", "S1"])
+def test_broadcast_to_is_read_only_as_numpys(pl):
+    """NumPy's broadcast_to is a read-only view: a write into the DTensor's (a
+    copy) would be lost, so it raises NumPy's ValueError on every rank."""
+    mesh = mesh_of((W,))
+    x = make(np.arange(3.0 * W), mesh, [Replicate()]).redistribute(
+        mesh, [pl[0] if isinstance(pl[0], Replicate) else Shard(0)])
+    b = np.broadcast_to(x, (4, 3 * W))
+    assert_matches(b, np.broadcast_to(np.arange(3.0 * W), (4, 3 * W)))
+    with pytest.raises(ValueError, match="read-only"):
+        b[0, 0] = 5.0
+    with pytest.raises(ValueError, match="read-only"):
+        b += 1.0
+    assert_matches(b + 1.0, np.broadcast_to(np.arange(3.0 * W), (4, 3 * W)) + 1.0)

@@ -190,7 +190,11 @@ def broadcast_to(array, shape, subok=False):
         # np.ascontiguousarray would make a 0-d result 1-d.
         return np.array(np.broadcast_to(local, target), order="C", copy=True)
 
-    return _run("broadcast_to", ("broadcast_to", shape), (a,), build, compute)
+    out = _run("broadcast_to", ("broadcast_to", shape), (a,), build, compute)
+    # NumPy's result is a read-only view: a write into this copy would be lost
+    # without a word, so it raises NumPy's read-only ValueError instead.
+    out.to_local().flags.writeable = False
+    return out
 
 
 def _sequence(name, arrays):

@@ -120,6 +120,13 @@ def _seed(t: DTensor, gradient) -> tuple:
 # backward sums into a new array, so a ``.grad`` someone may hold never changes.
 # The flag travels with the gradient in ``_run``'s table.
 
+def _fresh(x: DTensor) -> bool:
+    """Whether the engine may write into ``x``'s local array: the executor made it
+    during this backward, and it is writable (a read-only one is a view NumPy
+    would not write into either, such as broadcast_to's)."""
+    return bool(x._fresh) and x._local_tensor.flags.writeable
+
+
 def _owned_results(gs, g, g_owned) -> list:
     """Whether each gradient a rule returned is the engine's own: made fresh for it
     (or the rule's input ``g`` handed back, when that was), and not seen before in
@@ -130,7 +137,7 @@ def _owned_results(gs, g, g_owned) -> list:
             owned.append(False)
             continue
         seen.add(id(x))
-        owned.append(g_owned if x is g else bool(x._fresh))
+        owned.append(g_owned if x is g else _fresh(x))
     return owned
 
 
@@ -156,7 +163,7 @@ def _add(a: DTensor, a_owned: bool, b: DTensor, b_owned: bool) -> tuple:
             return b, True
         return _local_sum(a, b), True
     out = a + b
-    return out, bool(out._fresh)
+    return out, _fresh(out)
 
 
 def _local_sum(a: DTensor, b: DTensor) -> DTensor:
@@ -172,7 +179,7 @@ def _converted(t: DTensor, g: DTensor, owned: bool) -> tuple:
     pl = _grad_placements(t._spec.placements)
     if g._spec.placements != pl and not getattr(t, "_grad_as_made", False):
         moved = g.redistribute(t._spec.mesh, pl)
-        g, owned = moved, (owned if moved is g else bool(moved._fresh))
+        g, owned = moved, (owned if moved is g else _fresh(moved))
     if g._spec.dtype != t._spec.dtype:
         g, owned = g.astype(t._spec.dtype), True
     return g, owned
