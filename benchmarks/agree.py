@@ -3,7 +3,9 @@ fingerprint that mesh creation, distribute_tensor, redistribute and a program's 
 calls run), against a raw mpi4py ``Allreduce`` of the same three int64 on the same
 ranks; and what it adds to a small NumPy call: ``np.sum(dt, axis=1)``, which a program
 makes and the ranks agree on, against ``dt.sum(axis=1)``, the same operation by the
-method, which is not agreed. Timed interleaved in one run.
+reduction method of the C base, which is not agreed; and ``np.cumsum(dt, axis=1)``
+and ``dt.cumsum(axis=1)`` (a method agreed as the function is) against NumPy's
+``cumsum`` of the local block. Timed interleaved in one run.
 
     mpiexec -n 2 python benchmarks/agree.py [--calls 2000] [--reps 15]
 """
@@ -46,8 +48,21 @@ def main() -> None:
     def method_sum():
         dt.sum(axis=1)
 
+    local = dt.to_local()
+
+    def np_cumsum():
+        np.cumsum(dt, axis=1)
+
+    def method_cumsum():
+        dt.cumsum(axis=1)
+
+    def local_cumsum():
+        np.cumsum(local, axis=1)
+
     info = machine(comm)
-    calls = (("agree", agree), ("raw", raw), ("np_sum", np_sum), ("method_sum", method_sum))
+    calls = (("agree", agree), ("raw", raw), ("np_sum", np_sum), ("method_sum", method_sum),
+             ("np_cumsum", np_cumsum), ("method_cumsum", method_cumsum),
+             ("local_cumsum", local_cumsum))
     times = {name: [] for name, _ in calls}
     for name, fn in calls:  # warm-up
         per_call_us(fn, args.calls // 4)
@@ -58,10 +73,13 @@ def main() -> None:
     if comm.rank == 0:
         print(machine_line(info))
         for name, t in times.items():
-            print(f"{name:10s} {statistics.median(t):6.2f} us per call "
+            print(f"{name:13s} {statistics.median(t):6.2f} us per call "
                   f"[{min(t):.2f}..{max(t):.2f}]")
-        print(f"a program's np.sum over the method's: "
-              f"{statistics.median(times['np_sum']) / statistics.median(times['method_sum']):.2f}x")
+        med = {k: statistics.median(t) for k, t in times.items()}
+        print(f"a program's np.sum over the method's: {med['np_sum'] / med['method_sum']:.2f}x")
+        print(f"over NumPy's cumsum of the local block: np.cumsum "
+              f"+{med['np_cumsum'] - med['local_cumsum']:.2f} us, dt.cumsum "
+              f"+{med['method_cumsum'] - med['local_cumsum']:.2f} us")
         path = args.out or result_path(f"agree-np{comm.size}.json")
         write_result(path, {"machine": info, "args": vars(args),
                             "per_call_us": {k: summary(t) for k, t in times.items()}})

@@ -110,7 +110,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.T.placements`` is ``(Shard(1),)`` when ``dt``'s is ``(Shard(0),)``.
         """
-        return _registry.call(np.transpose, self)
+        return _method(np.transpose, (self,))
 
     def transpose(self, *axes) -> "DTensor":
         """numpy.ndarray.transpose: ``dt.transpose()``, ``dt.transpose(1, 0)`` or
@@ -126,8 +126,8 @@ class DTensor(_C.DTensorBase):
         elif len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = axes[0]
         elif len(axes) == 2 and self.ndim > 2:
-            return _registry.call(np.swapaxes, self, axes[0], axes[1])
-        return _registry.call(np.transpose, self, axes)
+            return _method(np.swapaxes, (self, axes[0], axes[1]))
+        return _method(np.transpose, (self, axes))
 
     def swapaxes(self, axis1: int, axis2: int) -> "DTensor":
         """numpy.ndarray.swapaxes (torch's ``transpose(d0, d1)``); Shards follow
@@ -135,7 +135,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.swapaxes(0, 2).shape == (4, 3, 2)`` for a ``(2, 3, 4)`` ``dt``.
         """
-        return _registry.call(np.swapaxes, self, axis1, axis2)
+        return _method(np.swapaxes, (self, axis1, axis2))
 
     def view(self, *shape) -> "DTensor":
         """torch's ``Tensor.view(*shape)``: :meth:`reshape` (a DTensor has no
@@ -145,7 +145,7 @@ class DTensor(_C.DTensorBase):
         """
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        return _registry.call(np.reshape, self, shape)
+        return _method(np.reshape, (self, shape))
 
     def contiguous(self) -> "DTensor":
         """torch's ``Tensor.contiguous()``: itself when its global strides are
@@ -219,7 +219,7 @@ class DTensor(_C.DTensorBase):
         if any(n < 0 for n in shape):
             raise ValueError(f"expand: -1 is only allowed for an existing dim, got "
                              f"{tuple(sizes)}")
-        return _registry.call(np.broadcast_to, self, shape)
+        return _method(np.broadcast_to, (self, shape))
 
     @property
     def real(self) -> "DTensor":
@@ -228,7 +228,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``(dt * 1j).real`` is all zeros.
         """
-        return _registry.call(np.real, self)
+        return _method(np.real, (self,))
 
     @property
     def imag(self) -> "DTensor":
@@ -237,7 +237,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``(dt * 1j).imag`` equals ``dt`` for a real ``dt``.
         """
-        return _registry.call(np.imag, self)
+        return _method(np.imag, (self,))
 
     def conj(self) -> "DTensor":
         """numpy.ndarray.conj: ``numpy.conjugate(self)``. Local unless a
@@ -267,7 +267,7 @@ class DTensor(_C.DTensorBase):
         """
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
-        return _registry.call(np.reshape, self, shape, order)
+        return _method(np.reshape, (self, shape, order))
 
     def ravel(self, order: str = "C") -> "DTensor":
         """numpy.ndarray.ravel: ``dt.reshape(-1)``; see :func:`numpy.ravel` on
@@ -278,7 +278,7 @@ class DTensor(_C.DTensorBase):
             >>> distribute_tensor(np.ones((2, 3)), mesh, [Shard(0)]).ravel().shape
             (6,)
         """
-        return _registry.call(np.ravel, self, order)
+        return _method(np.ravel, (self, order))
 
     def flatten(self, order="C", end_dim: int = -1) -> "DTensor":
         """numpy.ndarray.flatten: a copy as ``dt.reshape(-1)``; with int arguments
@@ -300,11 +300,11 @@ class DTensor(_C.DTensorBase):
                 raise ValueError(f"flatten: start_dim {order} comes after end_dim "
                                  f"{end_dim}")
             shape = self.shape[:start] + (-1,) + self.shape[end + 1:]
-            return _registry.call(np.reshape, self, shape if self.ndim else (1,))
+            return _method(np.reshape, (self, shape if self.ndim else (1,)))
         if order not in ("C", "A"):
             raise TypeError(f"DTensor.flatten: order={order!r} is not supported; only "
                             f"order='C' (and 'A', which is 'C' for DTensors)")
-        return _registry.call(np.reshape, self, -1, copy=True)
+        return _method(np.reshape, (self, -1), {"copy": True})
 
     def __getitem__(self, key) -> "DTensor":
         """Basic indexing (ints, slices with any step, None, ...), placements as
@@ -347,7 +347,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.fill(0.0)``.
         """
-        _registry.call(np.copyto, self, value, casting="unsafe")
+        _method(np.copyto, (self, value), {"casting": "unsafe"})
 
     def astype(self, dtype, copy: bool = True) -> "DTensor":
         """numpy.ndarray.astype, placements kept; a Partial is reduced first unless
@@ -356,14 +356,14 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.astype(np.float32).dtype == np.float32``.
         """
-        return _registry.call(np.ndarray.astype, self, dtype, copy=copy)
+        return _method(np.ndarray.astype, (self, dtype), {"copy": copy})
 
     def copy(self) -> "DTensor":
         """A DTensor with its own copy of the local data, placements kept. Local.
 
         Example: ``dt.copy().to_local() is not dt.to_local()``.
         """
-        return _registry.call(np.copy, self)
+        return _method(np.copy, (self,))
 
     # -- construction ------------------------------------------------------------
     @staticmethod
@@ -716,7 +716,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.cumsum(0).placements == dt.placements`` for a Shard(0) ``dt``.
         """
-        return _registry.call_or_gather(np.cumsum, (self, axis, dtype, out))
+        return _method(np.cumsum, (self, axis, dtype, out))
 
     def cumprod(self, axis=None, dtype=None, out=None) -> "DTensor":
         """numpy.ndarray.cumprod; see numpy.cumprod on DTensors. Local along an
@@ -724,7 +724,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.cumprod(1)`` of a Shard(0) DTensor moves nothing.
         """
-        return _registry.call_or_gather(np.cumprod, (self, axis, dtype, out))
+        return _method(np.cumprod, (self, axis, dtype, out))
 
     def argsort(self, axis=-1, kind=None, order=None, **kwargs) -> "DTensor":
         """numpy.ndarray.argsort; see numpy.argsort on DTensors. Local along an
@@ -732,7 +732,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.argsort(axis=1)`` of a Shard(0) DTensor moves nothing.
         """
-        return _registry.call_or_gather(np.argsort, (self, axis, kind, order), kwargs)
+        return _method(np.argsort, (self, axis, kind, order), kwargs)
 
     def round(self, decimals=0, out=None) -> "DTensor":
         """numpy.ndarray.round, placements kept (a Partial is reduced first). Local
@@ -740,7 +740,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.round(2).placements == dt.placements`` for a Shard ``dt``.
         """
-        return _registry.call_or_gather(np.round, (self, decimals, out))
+        return _method(np.round, (self, decimals, out))
 
     def clip(self, min=None, max=None, out=None, **kwargs) -> "DTensor":  # noqa: A002
         """numpy.ndarray.clip; see numpy.clip on DTensors. Local (a Partial is
@@ -748,7 +748,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.clip(0, 1).placements == dt.placements`` for a Shard ``dt``.
         """
-        return _registry.call_or_gather(np.clip, (self, min, max, out), kwargs)
+        return _method(np.clip, (self, min, max, out), kwargs)
 
     def take(self, indices, axis=None, out=None, mode="raise") -> "DTensor":
         """numpy.ndarray.take; see numpy.take on DTensors. Collective on the mesh
@@ -756,7 +756,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.take([0, 2], axis=1)``.
         """
-        return _registry.call_or_gather(np.take, (self, indices, axis, out, mode))
+        return _method(np.take, (self, indices, axis, out, mode))
 
     def compress(self, condition, axis=None, out=None) -> "DTensor":
         """numpy.ndarray.compress: ``numpy.compress(condition, self, axis, out)``.
@@ -764,7 +764,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.compress([True, False, True], axis=0)``.
         """
-        return _registry.call_or_gather(np.compress, (condition, self, axis, out))
+        return _method(np.compress, (condition, self, axis, out))
 
     def choose(self, choices, out=None, mode="raise") -> "DTensor":
         """numpy.ndarray.choose; see numpy.choose on DTensors. Local when the choices
@@ -772,7 +772,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.choose([a, b])`` for a ``dt`` of zeros and ones.
         """
-        return _registry.call_or_gather(np.choose, (self, choices, out, mode))
+        return _method(np.choose, (self, choices, out, mode))
 
     def nonzero(self) -> tuple:
         """numpy.ndarray.nonzero: the indices of the nonzero elements, a tuple of
@@ -780,7 +780,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.nonzero()[0]`` holds the rows of the nonzero elements.
         """
-        return _registry.call_or_gather(np.nonzero, (self,))
+        return _method(np.nonzero, (self,))
 
     def searchsorted(self, v, side="left", sorter=None) -> "DTensor":
         """numpy.ndarray.searchsorted; see numpy.searchsorted on DTensors.
@@ -788,7 +788,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.searchsorted(2.5)`` for a sorted 1-D ``dt``.
         """
-        return _registry.call_or_gather(np.searchsorted, (self, v, side, sorter))
+        return _method(np.searchsorted, (self, v, side, sorter))
 
     def repeat(self, repeats, axis=None) -> "DTensor":
         """numpy.ndarray.repeat (each element repeated, as NumPy's; torch's
@@ -796,14 +796,14 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.repeat(2, axis=1).shape == (dt.shape[0], 2 * dt.shape[1])``.
         """
-        return _registry.call_or_gather(np.repeat, (self, repeats, axis))
+        return _method(np.repeat, (self, repeats, axis))
 
     def squeeze(self, axis=None) -> "DTensor":
         """numpy.ndarray.squeeze; see numpy.squeeze on DTensors. Local.
 
         Example: ``dt.squeeze(0).shape == dt.shape[1:]`` when ``dt.shape[0] == 1``.
         """
-        return _registry.call_or_gather(np.squeeze, (self, axis))
+        return _method(np.squeeze, (self, axis))
 
     def diagonal(self, offset=0, axis1=0, axis2=1) -> "DTensor":
         """numpy.ndarray.diagonal; see numpy.diagonal on DTensors. Collective on
@@ -811,7 +811,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.diagonal()`` of a square ``dt``.
         """
-        return _registry.call_or_gather(np.diagonal, (self, offset, axis1, axis2))
+        return _method(np.diagonal, (self, offset, axis1, axis2))
 
     def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None) -> "DTensor":
         """numpy.ndarray.trace; see numpy.trace on DTensors. Collective on the
@@ -819,7 +819,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``float(dt.trace())`` is the sum of the diagonal.
         """
-        return _registry.call_or_gather(np.trace, (self, offset, axis1, axis2, dtype, out))
+        return _method(np.trace, (self, offset, axis1, axis2, dtype, out))
 
     def dot(self, b, out=None) -> "DTensor":
         """numpy.ndarray.dot; see numpy.dot on DTensors. Collective on the mesh
@@ -827,7 +827,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``a.dot(b)`` equals ``a @ b`` for 2-D DTensors.
         """
-        return _registry.call_or_gather(np.dot, (self, b, out))
+        return _method(np.dot, (self, b, out))
 
     def argpartition(self, kth, axis=-1, kind="introselect", order=None) -> "DTensor":
         """numpy.ndarray.argpartition; see numpy.argpartition on DTensors. Local
@@ -835,7 +835,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.argpartition(1, axis=1)``.
         """
-        return _registry.call_or_gather(np.argpartition, (self, kth, axis, kind, order))
+        return _method(np.argpartition, (self, kth, axis, kind, order))
 
     def sort(self, axis=-1, kind=None, order=None, *, stable=None) -> None:
         """numpy.ndarray.sort: sorts in place (numpy.sort written back into this
@@ -845,7 +845,7 @@ class DTensor(_C.DTensorBase):
         Example: ``dt.sort(axis=0)``.
         """
         kwargs = {} if stable is None else {"stable": stable}
-        self[...] = _registry.call_or_gather(np.sort, (self, axis, kind, order), kwargs)
+        self[...] = _method(np.sort, (self, axis, kind, order), kwargs)
 
     def partition(self, kth, axis=-1, kind="introselect", order=None) -> None:
         """numpy.ndarray.partition: partitions in place (numpy.partition written
@@ -854,7 +854,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.partition(2)`` puts the third smallest of each row third.
         """
-        self[...] = _registry.call_or_gather(np.partition, (self, kth, axis, kind, order))
+        self[...] = _method(np.partition, (self, kth, axis, kind, order))
 
     def put(self, indices, values, mode="raise") -> None:
         """numpy.ndarray.put; see numpy.put on DTensors (in place). Collective on
@@ -862,7 +862,7 @@ class DTensor(_C.DTensorBase):
 
         Example: ``dt.put([0, 5], [1.0, 2.0])``.
         """
-        _registry.call_or_gather(np.put, (self, indices, values, mode))
+        _method(np.put, (self, indices, values, mode))
 
     def tobytes(self, order="C") -> bytes:
         """numpy.ndarray.tobytes of the whole array on every rank: gathered, as the
@@ -1110,6 +1110,24 @@ _METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
             for name in ("sum", "mean", "prod", "max", "min", "std", "var", "argmax",
                          "argmin")}
 _METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
+
+
+def _method(func, args: tuple, kwargs: dict | None = None, name: str | None = None):
+    """One of DTensor's NumPy methods: ``func(*args, **kwargs)`` as
+    NumPy's function is called, agreed first when the program calls it (the frame
+    two up, the method's caller), then its rule, else the warned gather under
+    ``name``. So ``x.cumsum(axis=a)`` with another ``a`` on some rank is the same
+    ValueError on every rank, as ``np.cumsum`` is. Collective on the mesh when the
+    call is agreed or moves data.
+
+    Example: ``_method(np.cumsum, (dt, 0, None, None))``.
+    """
+    kwargs = kwargs or {}
+    label = name or _names.get(func)
+    if label is None:
+        label = _names[func] = _registry.qualified_name(func)
+    return _call_agreement.agreed_call(label, args, kwargs, sys._getframe(2),
+                                       _registry.call_or_gather, func, args, kwargs, name)
 
 
 def _function_call(func, args: tuple, kwargs: dict):

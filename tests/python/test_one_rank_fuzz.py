@@ -121,6 +121,39 @@ def np_percentile(c, q=50.0, method="linear"):
     return np.percentile(c.x, q, method=method)
 
 
+# DTensor's NumPy methods: agreed as NumPy's functions are.
+def m_cumsum(c, axis=0):
+    return c.x.cumsum(axis=axis)
+
+
+def m_astype(c, dtype=np.float64):
+    return c.x.astype(dtype)
+
+
+def m_reshape(c, shape=(-1,)):
+    return c.x.reshape(shape)
+
+
+def m_transpose(c, axes=(1, 0)):
+    return c.x.transpose(axes)
+
+
+def m_clip(c, lo=0.0):
+    return c.x.clip(lo, 5.0)
+
+
+def m_round(c, decimals=0):
+    return c.x.round(decimals)
+
+
+def m_take(c, indices=(0, 1)):
+    return c.x.take(list(indices), axis=0)
+
+
+def m_repeat(c, repeats=2):
+    return c.x.repeat(repeats, axis=0)
+
+
 def np_concatenate(c, other=_DEFAULT, axis=0):
     return np.concatenate([c.x, c.x if other is _DEFAULT else other], axis=axis)
 
@@ -261,6 +294,20 @@ MUTATIONS = [
         "q_out_of_range": lambda c: dict(q=150.0),
         "unknown_method": lambda c: dict(method="no such method"),
     }),
+    (m_cumsum, True, {
+        "other_axis": lambda c: dict(axis=1),
+        "axis_out_of_range": lambda c: dict(axis=3),
+    }),
+    (m_astype, True, {"other_dtype": lambda c: dict(dtype=np.float32)}),
+    (m_reshape, True, {
+        "other_shape": lambda c: dict(shape=(2, -1)),
+        "impossible_shape": lambda c: dict(shape=(7, -1)),
+    }),
+    (m_transpose, True, {"identity": lambda c: dict(axes=(0, 1))}),
+    (m_clip, True, {"other_bound": lambda c: dict(lo=1.0)}),
+    (m_round, True, {"other_decimals": lambda c: dict(decimals=2)}),
+    (m_take, True, {"other_indices": lambda c: dict(indices=(1, 0))}),
+    (m_repeat, True, {"other_repeats": lambda c: dict(repeats=3)}),
     (np_concatenate, True, {
         "other_axis": lambda c: dict(axis=1),
         "other_tensor": lambda c: dict(other=c.longer),
