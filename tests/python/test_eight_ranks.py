@@ -254,3 +254,100 @@ def test_a_2x2x2_mesh_agrees_with_numpy(tmp_path):
            str(tmp_path / "files")]
     run = run_job(cmd, timeout=100)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+# Linear algebra's results on random placements of a 2 x 2 x 2 mesh: each
+# result's local bytes are the same on every rank whose coordinates differ only on
+# mesh dims where the result is Replicate, whichever engine ran (ScaLAPACK's grid
+# on two mesh dims with a replica group on the third, TSQR, one rank's LAPACK, the
+# replicated matrix's NumPy), and the values are NumPy's.
+LINALG_JOB = """
+import random
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Replicate, Shard
+
+comm = MPI.COMM_WORLD
+mesh = mt.init_device_mesh("cpu", (2, 2, 2))
+coord = tuple(mesh.get_coordinate())
+problems = []
+
+
+def same_bytes(what, x):
+    key = tuple(c for c, p in zip(coord, x.placements) if not isinstance(p, Replicate))
+    seen = {}
+    for k, data in comm.allgather((key, x.to_local().tobytes())):
+        seen.setdefault(k, set()).add(data)
+    if any(len(v) > 1 for v in seen.values()):
+        problems.append(f"{what}: replicas hold different bytes")
+
+
+def close(what, got, want, tol=1e-8):
+    got = np.asarray(got.full_tensor() if hasattr(got, "full_tensor") else got)
+    if got.shape != np.shape(want) or not np.allclose(got, want, rtol=tol,
+                                                      atol=tol * np.abs(want).max(initial=1)):
+        problems.append(f"{what}: differs from NumPy")
+
+
+def results(out):
+    return [x for x in (out if isinstance(out, tuple) else (out,)) if hasattr(x, "placements")]
+
+
+rng = random.Random(1)
+cases = [((76, 19), [Shard(1), Replicate(), Replicate()])]
+for _ in range(14):
+    shape = rng.choice([(76, 19), (19, 40), (12, 12), (9, 9), (24, 6), (16, 16), (3, 3)])
+    cases.append((shape, [rng.choice([Replicate(), Shard(0), Shard(1)]) for _ in range(3)]))
+for t, (shape, pls) in enumerate(cases):
+    A = np.random.default_rng(t).standard_normal(shape)
+    a = mt.distribute_tensor(A, mesh, pls)
+    where = f"{shape} {pls}"
+    calls = {"svdvals": (lambda x: np.linalg.svd(x, compute_uv=False),),
+             "svd": (lambda x: np.linalg.svd(x, full_matrices=False),),
+             "qr": (np.linalg.qr,)}
+    b = np.arange(1.0, shape[0] + 1)
+    calls["lstsq"] = (lambda x: np.linalg.lstsq(x, b if isinstance(x, np.ndarray) else
+                                                mt.distribute_tensor(b, mesh, [Replicate()] * 3)),)
+    if shape[0] == shape[1]:
+        n = shape[0]
+        S = A @ A.T + n * np.eye(n)
+        s = mt.distribute_tensor(S, mesh, pls)
+        calls.update({"inv": (np.linalg.inv,), "det": (np.linalg.det,),
+                      "slogdet": (np.linalg.slogdet,), "eigvalsh": (np.linalg.eigvalsh, S, s),
+                      "eigh": (np.linalg.eigh, S, s), "cholesky": (np.linalg.cholesky, S, s),
+                      "solve": (lambda x: np.linalg.solve(x, b if isinstance(x, np.ndarray) else
+                                mt.distribute_tensor(b, mesh, [Replicate()] * 3)),)})
+    for name, (f, *args) in calls.items():
+        X, x = args if args else (A, a)
+        got = f(x)
+        for i, r in enumerate(results(got)):
+            same_bytes(f"{name} result {i} of {where}", r)
+        want = f(X)
+        if name in ("svdvals", "eigvalsh", "inv", "det", "cholesky", "solve"):
+            close(f"{name} {where}", got, want)
+        elif name in ("slogdet",):
+            close(f"{name} {where}", got[1], want[1])
+        elif name in ("svd", "eigh"):
+            close(f"{name} values {where}", got[1 if name == "svd" else 0],
+                  want[1 if name == "svd" else 0])
+        elif name == "lstsq":
+            close(f"{name} {where}", got[0], want[0])
+            if type(got[2]) is not type(want[2]) or got[2] != want[2]:
+                problems.append(f"lstsq rank {got[2]!r} of {where}")
+
+every = comm.allgather(problems)
+if comm.rank == 0:
+    for rank, found in enumerate(every):
+        for what in found:
+            print(f"rank {rank}: {what}")
+    raise SystemExit(1 if any(every) else 0)
+"""
+
+
+def test_linear_algebra_replicas_hold_the_same_bytes(tmp_path):
+    script = tmp_path / "linalg.py"
+    script.write_text(LINALG_JOB)
+    cmd = ["mpiexec", "--oversubscribe", "-n", "8", sys.executable, str(script)]
+    run = run_job(cmd, timeout=100)
+    assert run.returncode == 0, run.stdout + run.stderr

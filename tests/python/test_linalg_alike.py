@@ -15,7 +15,7 @@ import pytest
 from mpi4py import MPI
 
 import mpitensor._lapack
-from mpitensor import Shard, distribute_tensor
+from mpitensor import Replicate, Shard, distribute_tensor
 from mpitensor.device_mesh import init_device_mesh
 
 COMM = MPI.COMM_WORLD
@@ -85,3 +85,35 @@ def test_alike_results_cost_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         np.linalg.svd(distribute_tensor(a, mesh, [Shard(0)]), full_matrices=False)
+
+
+@pytest.mark.skipif(P != 4, reason="replica groups need a mesh dim the grid leaves out")
+def test_scalapack_replica_groups_give_one_result(monkeypatch):
+    """A matrix replicated over a mesh dim its grid does not use is factored by
+    each replica group: groups that round differently (made so here by patching
+    the second group's singular values and U) still give Replicate results of the
+    same bytes, and U the same along that dim, silently: the first group's."""
+    from mpitensor._ops import _scalapack_rect
+
+    mesh = init_device_mesh("cpu", (2, 2))
+    second = mesh.get_coordinate()[1] == 1
+    call = _scalapack_rect.call
+
+    def rounded(f, *args):
+        out = call(f, *args)
+        if f is _scalapack_rect._svd and second:
+            for x in (args[8], args[9]):  # s and U, as the driver wrote them
+                x *= 1 + 1e-15
+        return out
+
+    monkeypatch.setattr(_scalapack_rect, "call", rounded)
+    a = np.random.default_rng(3).standard_normal((6, 12))
+    dt = distribute_tensor(a, mesh, [Shard(1), Replicate()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        u, s, vh = np.linalg.svd(dt, full_matrices=False)
+    assert _same_on_every_rank(s)
+    along = MPI.COMM_WORLD.allgather((mesh.get_coordinate()[0], u.to_local().tobytes()))
+    assert all(b == dict(along)[c] for c, b in along)
+    assert np.linalg.norm((u.full_tensor() * s.full_tensor()) @ vh.full_tensor() - a) \
+        <= 1e-12 * np.linalg.norm(a)

@@ -178,6 +178,19 @@ def test_uplo_reads_one_triangle():
 
 
 @pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_singular_one_by_one_raises_on_every_rank(layout):
+    """A singular 1 x 1 matrix (a grid with empty blocks, whose pXgesv missed the
+    zero pivot and gave inf): "Singular matrix" on every rank, as NumPy."""
+    da = dist(np.zeros((1, 1)), layout)
+    b = distribute_tensor(np.ones(1), da.device_mesh, [R] * da.device_mesh.ndim)
+    for f in (lambda: np.linalg.solve(da, b), lambda: np.linalg.inv(da),
+              lambda: np.linalg.solve(da, da)):
+        with pytest.raises(np.linalg.LinAlgError, match="Singular matrix"):
+            f()
+    assert float(np.linalg.det(da).full_tensor()) == 0.0
+
+
+@pytest.mark.parametrize("layout", layouts(), ids=str)
 def test_singular_raises_linalgerror_on_every_rank(layout):
     n = 2 * P + 2
     a = matrix(n, np.float64, seed=6)
@@ -422,7 +435,7 @@ def test_without_scalapack_a_tall_matrix_still_gets_every_form(no_scalapack):
 
 @pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
 def test_comm_debug_mode_lists_each_call():
-    n = 2 * P + 1
+    n = 3 * P  # every rank holds three rows: a grid ScaLAPACK takes
     a = matrix(n, np.float64, spd=True)
     da = dist(a, ((P,), [S0]))
     b = distribute_tensor(np.ones(n), da.device_mesh, [R])
@@ -483,7 +496,7 @@ def test_row_sharded_eigh_above_the_small_size_keeps_scalapack(monkeypatch):
     """Past EIGH_MAX_N a row-sharded eigh is ScaLAPACK's (pXsyevd on a P x 1
     grid), which never holds the matrix on one rank: the same answers."""
     monkeypatch.setattr(_small_linalg, "EIGH_MAX_N", 2)
-    n = 2 * P + 1
+    n = 3 * P  # three rows a rank: a grid ScaLAPACK takes
     a = matrix(n, np.float64, seed=12, spd=True)
     da = dist(a, ((P,), [S0]))
     with CommDebugMode() as comm_mode:

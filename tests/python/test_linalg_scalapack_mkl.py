@@ -55,7 +55,7 @@ def test_eigh_raises_on_every_rank_on_mkl(func):
     """MKL's band reduction cuts Open MPI's communicator handles (a large eigh killed
     the job): a sharded eigh refuses on every rank, naming Debian's package; a
     matrix on one rank still answers from NumPy's LAPACK."""
-    n = 2 * P + 1
+    n = 3 * P  # three columns a rank: a grid ScaLAPACK would take
     a = matrix(n, np.float64, seed=4, spd=True)
     da = dist(a, ((P,), [S1]))
     if P == 1:

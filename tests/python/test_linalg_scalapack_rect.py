@@ -191,7 +191,7 @@ def test_lstsq_as_numpy(layout, case, k, dtype):
     db = distribute_tensor(b, da.device_mesh, [R] * da.device_mesh.ndim)
     x, res, r, s = np.linalg.lstsq(da, db, rcond=None)
     wx, wres, wr, ws = np.linalg.lstsq(a, b, rcond=None)
-    assert r == wr and isinstance(r, int)
+    assert r == wr and type(r) is type(wr)  # NumPy's integer type, np.int32
     assert x.dtype == wx.dtype and res.dtype == wres.dtype and s.dtype == ws.dtype
     assert x.shape == wx.shape and res.shape == wres.shape and s.shape == ws.shape
     np.testing.assert_allclose(s.full_tensor(), ws, rtol=0, atol=1e-10 * ws.max())
@@ -272,6 +272,58 @@ def test_stacks_one_call_per_matrix():
     assert np.abs(got.full_tensor() - want).max() <= 1e-10 * want.max()
 
 
+def condition_37():
+    """A 3 x 3 matrix of condition 3.7: well conditioned, and small enough that
+    some process of a 2 x 2 grid holds one row or column of it."""
+    q1, _ = np.linalg.qr(np.random.default_rng(5).standard_normal((3, 3)))
+    q2, _ = np.linalg.qr(np.random.default_rng(6).standard_normal((3, 3)))
+    return (q1 * [3.7, 2.0, 1.0]) @ q2
+
+
+@pytest.mark.parametrize("layout", layouts(), ids=str)
+def test_small_grids_converge(layout):
+    """Grids on which a process would hold no row or column of the matrix, or one
+    (pXgesvd did not converge there, or never returned), take a grid that fits or
+    NumPy on one rank: NumPy's singular values, U laid out as A, and lstsq's
+    solution, in every layout."""
+    for a in (condition_37(), matrix((2, 2), np.float64, seed=1),
+              matrix((1, 2), np.float64, seed=2), matrix((2, 1), np.float64, seed=3)):
+        da = dist(a, layout)
+        want = np.linalg.svd(a, compute_uv=False)
+        for full in (False, True):
+            u, s, vh = np.linalg.svd(da, full_matrices=full)
+            uf, sf, vf = u.full_tensor(), s.full_tensor(), vh.full_tensor()
+            np.testing.assert_allclose(sf, want, rtol=1e-12)
+            k = len(sf)
+            assert np.linalg.norm((uf[:, :k] * sf) @ vf[:k] - a) <= 1e-12 * np.linalg.norm(a)
+            assert same_layout(u, da)  # Vh too, but TSQR's, Replicate, on a tall one
+        np.testing.assert_allclose(np.linalg.svd(da, compute_uv=False).full_tensor(), want,
+                                   rtol=1e-12)
+        b = np.arange(1.0, a.shape[0] + 1)
+        x, res, rank, sv = np.linalg.lstsq(da, distribute_tensor(b, da.device_mesh,
+                                                                  [R] * da.device_mesh.ndim))
+        wx, wres, wrank, _ = np.linalg.lstsq(a, b)
+        np.testing.assert_allclose(x.full_tensor(), wx, rtol=1e-12, atol=1e-14)
+        assert rank == wrank and type(rank) is type(wrank)
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_small_stacks_sharded_on_a_matrix_dim(dim):
+    """A (5, 2, 2) stack sharded on a matrix dim: blocks of one row or column, or
+    none, at every P > 1; NumPy's singular values, on a 2-D mesh too."""
+    a = np.stack([matrix((2, 2), np.float64, seed=s) for s in range(5)])
+    want = np.linalg.svd(a, compute_uv=False)
+    meshes = [((P,), [Shard(dim)])] + ([((2, 2), [Shard(dim), Shard(3 - dim)])]
+                                       if P == 4 else [])
+    for layout in meshes:
+        da = dist(a, layout)
+        np.testing.assert_allclose(np.linalg.svd(da, compute_uv=False).full_tensor(), want,
+                                   rtol=1e-12)
+        u, s, vh = np.linalg.svd(da)
+        got = (u.full_tensor() * s.full_tensor()[:, None, :]) @ vh.full_tensor()
+        assert np.linalg.norm(got - a) <= 1e-12 * np.linalg.norm(a)
+
+
 @pytest.mark.parametrize("layout", layouts(), ids=str)
 def test_svd_of_nan_raises_linalgerror_on_every_rank(layout):
     """NumPy's SVD fails on a NaN; so does this one, on every rank (the NaN lives in
@@ -291,7 +343,7 @@ def test_svd_of_nan_raises_linalgerror_on_every_rank(layout):
 
 @pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
 def test_comm_debug_mode_lists_each_call():
-    n = 2 * P + 1
+    n = 3 * P  # three rows a rank: a grid ScaLAPACK takes
     da = dist(matrix((n, n + 1), np.float64), ((P,), [S0]))
     b = distribute_tensor(np.ones(n), da.device_mesh, [R])
     calls = {"numpy.linalg.qr": lambda: np.linalg.qr(da),

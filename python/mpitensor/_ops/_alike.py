@@ -10,18 +10,24 @@ by a rotation, an eigenvector by its sign. A Replicate result whose replicas
 differ, or a U whose rows come from two different SVDs, would be a silent wrong
 answer. So the ranks agree on a checksum of what they computed (one small
 all-reduce), and when it differs they all take the first rank's result.
+
+ScaLAPACK's replica groups (a matrix replicated over a mesh dim its grid does not
+use is factored by every group, each on its own grid) round differently even on
+one machine, so their results are made alike the same way, silently
+(:func:`same_along`): by the mesh dims along which a result must be the same.
 """
 
 from __future__ import annotations
 
 import warnings
+import weakref
 import zlib
 
 import numpy as np
 
 from .. import _comm
 
-__all__ = ["alike"]
+__all__ = ["alike", "same_along"]
 
 
 def alike(mesh, arrays, what: str) -> tuple:
@@ -51,3 +57,52 @@ def alike(mesh, arrays, what: str) -> tuple:
         for a in out:
             mesh._handle.bcast(a, dim)
     return out
+
+
+def _crc(arrays) -> int:
+    crc = 0
+    for a in arrays:
+        crc = zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8), crc)
+    return crc
+
+
+# Each mesh object's slices over sets of its dims, made once: a slice's first
+# agreement makes its communicator, a collective on its members, so the cache
+# goes by the object itself (meshes equal by value may live on some ranks only,
+# as long as their garbage waits to be collected).
+_slices: dict = {}
+
+
+def _slice(mesh, dims):
+    key = id(mesh)
+    entry = _slices.get(key)
+    if entry is None or entry[0]() is not mesh:
+        entry = (weakref.ref(mesh, lambda _, key=key: _slices.pop(key, None)), {})
+        _slices[key] = entry
+    if dims not in entry[1]:
+        entry[1][dims] = mesh._handle.slice(list(dims))
+    return entry[1][dims]
+
+
+def same_along(mesh, arrays, dims) -> None:
+    """Makes the C-contiguous, writable ndarrays ``arrays`` the same bytes on the
+    ranks that differ only in mesh dims ``dims``: one small agreement of their
+    checksums over those ranks, and where they differ, coordinate 0's broadcast
+    along each dim. Ranks outside the mesh do nothing. Collective on the mesh.
+
+    Example: ``same_along(mesh, [u_block], [2])`` after each replica group along
+    mesh dim 2 computed U.
+    """
+    dims = tuple(sorted(m for m in set(dims) if mesh.shape[m] > 1))
+    if not dims or mesh._coordinate is None or not arrays:
+        return
+    everywhere = dims == tuple(m for m in range(mesh.ndim) if mesh.shape[m] > 1)
+    handle = mesh._handle if everywhere else _slice(mesh, dims)
+    try:
+        _comm.agree(handle, True, _crc(arrays), "replicas differ")
+        return
+    except ValueError:
+        pass  # on every rank of the slice alike
+    for m in dims:
+        for a in arrays:
+            mesh._handle.bcast(a, m)

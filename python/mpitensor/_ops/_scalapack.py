@@ -17,6 +17,18 @@ runs NumPy's LAPACK on its local stack, and the results keep the stack's
 placements. A small matrix whose rows alone are sharded takes ``_small_linalg``'s
 eigh on one rank.
 
+ScaLAPACK sees only what its drivers get right. A grid on which some process
+would hold no row or column of the matrix, or a single one, is first traded for
+one that fits it (another pair of mesh dims, or one of them); where none fits
+(the matrix is small in both dims) NumPy runs on one rank
+(``_small_linalg.on_root``). So does a matrix holding a NaN or an infinity, which
+ScaLAPACK's drivers reject or answer otherwise than NumPy: every rank learns it
+from the all-reduce that agrees on the library, at no extra message. Results are
+the same bytes on every rank where their placements say Replicate: a matrix
+replicated over a mesh dim its grid does not use is factored by each replica
+group, whose results may round differently, so they are made alike
+(``_alike.same_along``).
+
 ScaLAPACK is loaded at the first call that needs it: Debian's
 ``libscalapack-openmpi-dev``, or MKL's (the ``mkl`` extra, without eigh) or a library
 by path where ``MPITENSOR_SCALAPACK`` asks (``debian``, ``mkl``, a path). Without it
@@ -38,6 +50,7 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _small_linalg
+from ._alike import same_along
 
 __all__ = ["scalapack_library", "scalapack_source"]
 
@@ -139,6 +152,95 @@ def _install_hint() -> str:
     # Unset, only Debian's is tried: MKL's must be asked for by name.
     return (f"{debian}, or {mkl} and set MPITENSOR_SCALAPACK=mkl (no eigh there), or "
             "set MPITENSOR_SCALAPACK to the library's path")
+
+
+def _engine(name: str, mesh, locals_) -> tuple:
+    """(ScaLAPACK table, whether every member's ``locals_`` are finite), agreed on by
+    the mesh's members in one all-reduce: RuntimeError on every rank, naming the
+    package, when some member has no ScaLAPACK. Collective on the mesh."""
+    handle = _load()[0]
+    finite = all(np.isfinite(x).all() for x in locals_)
+    if not mesh._handle.any(handle is None or not finite):
+        return handle, True
+    _library(name, mesh)  # raises on every rank when some member has none
+    return handle, False
+
+
+# The fewest rows or columns of a matrix that a process of a grid may hold:
+# ScaLAPACK's drivers, given a process with none or one (pXgesvd above all, but
+# pXgesv too on a 1 x 1 matrix), hang, fail to converge or miss a zero pivot.
+MIN_BLOCK = 2
+
+
+def _fits(mesh, shape, rows: int, cols: int) -> bool:
+    """Whether each process of the grid (rows over mesh dim ``rows``, columns over
+    ``cols``; -1: none) holds at least MIN_BLOCK of the matrix's rows and columns
+    of its torch.chunk block."""
+    return all(m < 0 or min(_clib.chunk_sizes(size, mesh.shape[m])) >= MIN_BLOCK
+               for size, m in zip(shape[-2:], (rows, cols)))
+
+
+def _fit_grid(mesh, shape, rows: int, cols: int):
+    """(rows, cols) of a grid that fits a matrix of ``shape``: the given one, else
+    the one of the most processes among the mesh's dims; None when none fits.
+    From the global spec alone, so alike on every rank."""
+    if _fits(mesh, shape, rows, cols):
+        return rows, cols
+    dims = [m for m in range(mesh.ndim) if mesh.shape[m] > 1] + [-1]
+    grids = [(r, c) for r in dims for c in dims if (r != c or r < 0) and (r, c) != (-1, -1)]
+    grids.sort(key=lambda g: -(mesh.shape[g[0]] if g[0] >= 0 else 1) *
+               (mesh.shape[g[1]] if g[1] >= 0 else 1))
+    return next(((r, c) for r, c in grids if _fits(mesh, shape, r, c)), None)
+
+
+def _fitting(name: str, a, rows: int, cols: int):
+    """(a, rows, cols) on a grid that fits its matrix (:func:`_fit_grid`), ``a``
+    redistributed to it where that is another; None when none fits."""
+    mesh = a._spec.mesh
+    found = _fit_grid(mesh, a.shape, rows, cols)
+    if found is None or found == (rows, cols):
+        return None if found is None else (a, rows, cols)
+    return D.relayout(name, a, _placements(mesh, a.ndim, *found)), *found
+
+
+def _replicas(mesh, rows: int, cols: int) -> list:
+    """The mesh dims of more than one rank that the grid does not use: each group
+    of ranks that differ only there holds the whole matrix and factors it."""
+    return [m for m in range(mesh.ndim) if mesh.shape[m] > 1 and m not in (rows, cols)]
+
+
+def _everywhere(mesh) -> list:
+    return [m for m in range(mesh.ndim) if mesh.shape[m] > 1]
+
+
+def _settle(a, rows: int, cols: int, laid=(), replicated=()) -> None:
+    """Makes a grid call's results the same bytes wherever their placements say
+    Replicate: ``laid`` (local arrays laid out on the grid) along the replica dims,
+    ``replicated`` (arrays every rank holds) along every mesh dim. Collective on
+    the mesh."""
+    mesh = a._spec.mesh
+    same_along(mesh, [x for x in laid if x is not None], _replicas(mesh, rows, cols))
+    same_along(mesh, list(replicated), _everywhere(mesh))
+
+
+def _agreed_info(a, rows: int, cols: int, info: int) -> int:
+    """A driver's INFO as every rank of the mesh sees it: the grid agreed on it,
+    and replica groups (which may round differently) agree with each other.
+    Collective on the mesh when there are replica groups."""
+    mesh = a._spec.mesh
+    if not _replicas(mesh, rows, cols):
+        return info
+    try:
+        _comm.agree(mesh._handle, info == 0, 0, str(info), ValueError)
+    except ValueError as e:
+        return int(str(e)) if str(e).lstrip("-").isdigit() else 1
+    return info
+
+
+def _root(name: str, func, a, dtype, outs) -> tuple:
+    """NumPy's ``func`` of ``a``'s matrices (in ``dtype``) on one rank, its results
+    laid out by ``outs`` ((dtype, placements) each). Collective on the mesh."""
+    return _small_linalg.on_root(name, func, [(a, dtype)], outs)
 
 
 def _library(name: str, mesh):
@@ -281,9 +383,17 @@ def _check_info(info: int, message: str) -> None:
         raise RuntimeError(f"ScaLAPACK rejected argument {-info}")
 
 
+# _prepare's answer for a matrix ScaLAPACK must not see: NumPy on one rank.
+ROOT = "root"
+
+
 def _prepare(name: str, a):
-    """(a on its grid, row dim, column dim, computing dtype, ScaLAPACK table or None
-    for the local case) for a square DTensor ``a``. Collective on the mesh."""
+    """(a on its grid, row dim, column dim, computing dtype, engine, home) for a
+    square DTensor ``a``: the engine is the ScaLAPACK table, None for the local
+    case, or ROOT for NumPy on one rank (no grid fits the matrix, or it holds a
+    NaN or an infinity); ``home`` is the placements of ``a`` on its own grid,
+    which results laid out as A keep (:func:`_home`) when the engine ran on a
+    grid that fits better. Collective on the mesh."""
     if type(a) is not DTensor:
         raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
     _square(name, a)
@@ -291,28 +401,59 @@ def _prepare(name: str, a):
     a, rows, cols = _on_grid(name, a)
     if 0 in a.shape and (rows >= 0 or cols >= 0):  # nothing to move: the local case
         a, rows, cols = D.relayout(name, a, (Replicate(),) * a._spec.mesh.ndim), -1, -1
+    home = a._spec.placements
     if rows < 0 and cols < 0 or a._spec.mesh._coordinate is None:
-        return a, rows, cols, dtype, None
-    return a, rows, cols, dtype, _library(name, a._spec.mesh)
+        return a, rows, cols, dtype, None, home
+    sl, finite = _engine(name, a._spec.mesh, [a.to_local()])
+    fitted = _fitting(name, a, rows, cols) if finite else None
+    if fitted is None:
+        return a, rows, cols, dtype, ROOT, home
+    return (*fitted, dtype, sl, home)
+
+
+def _home(name: str, x, placements):
+    """``x`` laid out by ``placements`` (A's on its own grid), where the engine ran
+    on another grid: a result's layout never shows which grid computed it.
+    Collective on the mesh when it moves."""
+    return x if x._spec.placements == tuple(placements) else D.relayout(name, x, placements)
 
 
 def _local(a, func, dtype, results_nd):
     """NumPy's ``func`` on each rank's local stack; each result keeps ``a``'s batch
-    placements (``results_nd``: each result's number of dims)."""
+    placements (``results_nd``: each result's number of dims). A LinAlgError on
+    one rank's part of a stack is raised on every rank, and each result is the
+    same bytes wherever it is Replicate. Collective on the mesh (one small
+    agreement, and one per set of replicated dims)."""
     mesh = a._spec.mesh
     # A rank outside the mesh computes on identities, which every routine takes.
     local = (a.to_local() if mesh._coordinate is not None
              else np.broadcast_to(np.eye(a.shape[-1]), a.shape))
-    out = func(local.astype(dtype, copy=False))
+    out = _agreed(mesh, lambda: func(local.astype(dtype, copy=False)))
     parts = tuple(out) if isinstance(out, tuple) else (out,)
     wrapped = []
     for x, nd in zip(parts, results_nd):
-        x = np.asarray(x)
+        x = np.array(x, order="C", copy=None)
         pls = _batch_placements(a, nd) if nd < a.ndim else _local_placements(a)
+        same_along(mesh, [x], [m for m, p in enumerate(pls) if isinstance(p, Replicate)])
         wrapped.append(_wrap(mesh, x, pls, _global_shape(a, x.shape, pls)))
     if isinstance(out, tuple):
         return type(out)(*wrapped)
     return wrapped[0]
+
+
+def _agreed(mesh, func):
+    """``func()``, whose LinAlgError on some member (a matrix of its part of a
+    stack) is raised on every member. Collective on the mesh."""
+    ok, message, out = True, "", None
+    try:
+        out = func()
+    except np.linalg.LinAlgError as e:
+        ok, message = False, str(e)
+    try:
+        _comm.agree(mesh._handle, ok, 0, message, ValueError)
+    except ValueError as e:
+        raise np.linalg.LinAlgError(str(e)) from None
+    return out
 
 
 def _local_placements(a) -> tuple:
@@ -343,23 +484,29 @@ def inv(a):
         0.5
     """
     name = "numpy.linalg.inv"
-    a, rows, cols, dtype, sl = _prepare(name, a)
+    a, rows, cols, dtype, sl, home = _prepare(name, a)
     if sl is None:
         return _local(a, np.linalg.inv, dtype, (a.ndim,))
+    if sl is ROOT:
+        return _root(name, np.linalg.inv, a, dtype, [(dtype, a._spec.placements)])[0]
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     batch, blocks = _local_stack(a, dtype)
     address = _address(a, name, "pXgetrf, pXgetri")
     for block in blocks:
         call(_inv, sl, address, rows, cols, letter, n, block, info)
-        _check_info(info.value, "Singular matrix")
-    return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
+        _check_info(_agreed_info(a, rows, cols, info.value), "Singular matrix")
+    local = _stack(batch, blocks)
+    _settle(a, rows, cols, laid=[local])
+    return _home(name, _wrap(a._spec.mesh, local, a._spec.placements, a.shape), home)
 
 
 def _slogdet_values(name, a):
-    """(sign, logabsdet) arrays of ``a``'s batch, replicated, from ScaLAPACK."""
-    a, rows, cols, dtype, sl = _prepare(name, a)
-    if sl is None:
-        return a, dtype, None
+    """(a, dtype, engine, values): the (sign, logabsdet) arrays of ``a``'s batch,
+    replicated, from ScaLAPACK; values None where the engine is not ScaLAPACK's
+    (None: the local case; ROOT)."""
+    a, rows, cols, dtype, sl, home = _prepare(name, a)
+    if sl is None or sl is ROOT:
+        return a, dtype, sl, None
     n, letter, out = a.shape[-1], _LETTERS[dtype][0], (_D * 2)()
     batch, blocks = _local_stack(a, dtype, copy=False)
     signs, logs = [], []
@@ -375,7 +522,9 @@ def _slogdet_values(name, a):
             signs.append(1.0 if np.cos(out[1]) > 0 else -1.0)
     real = np.finfo(dtype).dtype
     sign = np.asarray(signs, dtype=dtype).reshape(batch)
-    return a, dtype, (sign, np.asarray(logs, dtype=real).reshape(batch))
+    logabs = np.asarray(logs, dtype=real).reshape(batch)
+    _settle(a, rows, cols, replicated=[sign, logabs])
+    return a, dtype, sl, (sign, logabs)
 
 
 @_registry.implements(np.linalg.slogdet)
@@ -390,10 +539,16 @@ def slogdet(a):
         >>> [float(v.full_tensor()) for v in np.linalg.slogdet(x)]
         [-1.0, 1.791759469228055]
     """
-    a, dtype, values = _slogdet_values("numpy.linalg.slogdet", a)
-    if values is None:
+    name = "numpy.linalg.slogdet"
+    a, dtype, sl, values = _slogdet_values(name, a)
+    if sl is None:
         return _local(a, np.linalg.slogdet, dtype, (a.ndim - 2, a.ndim - 2))
     mesh = a._spec.mesh
+    if sl is ROOT:
+        every = (Replicate(),) * mesh.ndim
+        values = _root(name, np.linalg.slogdet, a, dtype,
+                       [(dtype, every), (np.finfo(dtype).dtype, every)])
+        return type(np.linalg.slogdet(np.eye(1)))(*values)
     return type(np.linalg.slogdet(np.eye(1)))(*(_replicated(mesh, v) for v in values))
 
 
@@ -408,9 +563,13 @@ def det(a):
         >>> float(np.linalg.det(x).full_tensor())
         -6.0
     """
-    a, dtype, values = _slogdet_values("numpy.linalg.det", a)
-    if values is None:
+    name = "numpy.linalg.det"
+    a, dtype, sl, values = _slogdet_values(name, a)
+    if sl is None:
         return _local(a, np.linalg.det, dtype, (a.ndim - 2,))
+    if sl is ROOT:
+        every = (Replicate(),) * a._spec.mesh.ndim
+        return _root(name, np.linalg.det, a, dtype, [(dtype, every)])[0]
     sign, logabs = values
     return _replicated(a._spec.mesh, (sign * np.exp(logabs)).astype(dtype))
 
@@ -429,29 +588,45 @@ def cholesky(a, /, *, upper=False):
         2.0
     """
     name = "numpy.linalg.cholesky"
-    a, rows, cols, dtype, sl = _prepare(name, a)
+    a, rows, cols, dtype, sl, home = _prepare(name, a)
+    kw = {"upper": True} if upper else {}
     if sl is None:
-        kw = {"upper": True} if upper else {}
         return _local(a, lambda x: np.linalg.cholesky(x, **kw), dtype, (a.ndim,))
+    if sl is ROOT:
+        return _root(name, lambda x: np.linalg.cholesky(x, **kw), a, dtype,
+                     [(dtype, a._spec.placements)])[0]
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
     batch, blocks = _local_stack(a, dtype)
     address = _address(a, name, "pXpotrf")
     for block in blocks:
         call(_cholesky, sl, address, rows, cols, letter, n, block, int(bool(upper)), info)
-        _check_info(info.value, "Matrix is not positive definite")
-    return _wrap(a._spec.mesh, _stack(batch, blocks), a._spec.placements, a.shape)
+        _check_info(_agreed_info(a, rows, cols, info.value),
+                    "Matrix is not positive definite")
+    local = _stack(batch, blocks)
+    _settle(a, rows, cols, laid=[local])
+    return _home(name, _wrap(a._spec.mesh, local, a._spec.placements, a.shape), home)
 
 
 def _eigen(name, a, UPLO, vectors):
     if UPLO not in ("L", "U"):
         raise ValueError("UPLO argument must be 'L' or 'U'")
-    a, rows, cols, dtype, sl = _prepare(name, a)
+    a, rows, cols, dtype, sl, home = _prepare(name, a)
     func = np.linalg.eigh if vectors else np.linalg.eigvalsh
     if sl is None:
         nd = (a.ndim - 1, a.ndim) if vectors else (a.ndim - 1,)
         return _local(a, lambda x: func(x, UPLO=UPLO), dtype, nd)
+    real = np.finfo(dtype).dtype
+    if sl is ROOT:
+        outs = [(real, (Replicate(),) * a._spec.mesh.ndim)]
+        if not vectors:
+            return _root(name, lambda x: func(x, UPLO=UPLO), a, dtype, outs)[0]
+        outs.append((dtype, a._spec.placements))
+        return type(np.linalg.eigh(np.eye(1)))(
+            *_root(name, lambda x: func(x, UPLO=UPLO), a, dtype, outs))
     if cols < 0:  # a small row-sharded matrix: LAPACK on one rank (_small_linalg)
         out = _small_linalg.eigen(name, a, rows, dtype, UPLO, vectors)
+        if out is not None and vectors:
+            return type(out)(out[0], _home(name, out[1], home))
         if out is not None:
             return out
     # MKL's band reduction (pdsyrdb, under its symmetric eigensolvers) hands MPI
@@ -462,7 +637,6 @@ def _eigen(name, a, UPLO, vectors):
                 "eigensolvers crash with Open MPI: install Debian's "
                 f"{PACKAGE} and unset MPITENSOR_SCALAPACK", RuntimeError)
     n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
-    real = np.finfo(dtype).dtype
     batch, blocks = _local_stack(a, dtype, copy=vectors)
     ws = []
     routine = ("pXsyevd" if vectors else "pXsyevr") if dtype.kind == "f" else (
@@ -472,13 +646,16 @@ def _eigen(name, a, UPLO, vectors):
         w = np.empty(n, real)
         call(_eigh, sl, address, rows, cols, letter, n, block, int(UPLO == "U"),
              int(vectors), w, info)
-        _check_info(info.value, "Eigenvalues did not converge")
+        _check_info(_agreed_info(a, rows, cols, info.value), "Eigenvalues did not converge")
         ws.append(w)
     mesh = a._spec.mesh
-    w = _replicated(mesh, np.stack(ws).reshape(batch + (n,)))
+    w = np.stack(ws).reshape(batch + (n,))
+    local = _stack(batch, blocks) if vectors else None
+    _settle(a, rows, cols, laid=[local], replicated=[w])
+    w = _replicated(mesh, w)
     if not vectors:
         return w
-    v = _wrap(mesh, _stack(batch, blocks), a._spec.placements, a.shape)
+    v = _home(name, _wrap(mesh, local, a._spec.placements, a.shape), home)
     return type(np.linalg.eigh(np.eye(1)))(w, v)
 
 
@@ -562,11 +739,21 @@ def solve(a, b):
         a = D.relayout(name, a, (Replicate(),) * mesh.ndim)
         b = D.relayout(name, b, (Replicate(),) * mesh.ndim)
         return _local_solve(a, b, dtype)
-    sl = _library(name, mesh)
+    sl, finite = _engine(name, mesh, [a.to_local(), b.to_local()])
+    fitted = _fitting(name, a, rows, cols) if finite else None
+    if fitted is None:  # NumPy on one rank; x laid out as ScaLAPACK's would be
+        pls = (tuple(Shard(0) if m == rows else Replicate() for m in range(mesh.ndim))
+               if vector else _placements(mesh, b.ndim, rows, cols))
+        return _small_linalg.on_root(name, np.linalg.solve, [(a, dtype), (b, dtype)],
+                                     [(dtype, pls)])[0]
+    home = (tuple(Shard(0) if m == rows else Replicate() for m in range(mesh.ndim))
+            if vector else _placements(mesh, b.ndim, rows, cols))
+    a, rows, cols = fitted
     if vector:
-        return _solve_vector(name, sl, a, b, rows, cols, dtype)
+        return _home(name, _solve_vector(name, sl, a, b, rows, cols, dtype), home)
     b = D.relayout(name, b, _placements(mesh, b.ndim, rows, cols))
-    return _solve_blocks(sl, a, b, rows, cols, dtype, b._spec.placements, b.shape)
+    return _home(name, _solve_blocks(sl, a, b, rows, cols, dtype, b._spec.placements,
+                                     b.shape), home)
 
 
 def _local_solve(a, b, dtype):
@@ -574,7 +761,10 @@ def _local_solve(a, b, dtype):
     if mesh._coordinate is None:
         x = np.zeros(b.shape, dtype)
     else:
-        x = np.linalg.solve(a.to_local().astype(dtype), b.to_local().astype(dtype))
+        x = _agreed(mesh, lambda: np.linalg.solve(a.to_local().astype(dtype),
+                                                  b.to_local().astype(dtype)))
+        x = np.array(x, order="C", copy=None)
+        same_along(mesh, [x], _everywhere(mesh))
     return _replicated(mesh, x)
 
 
@@ -588,8 +778,10 @@ def _solve_blocks(sl, a, b, rows, cols, dtype, placements, shape):
                        "pXgetrf, pXgetrs" if cols < 0 else "pXgesv")
     for block, r in zip(blocks, rhs):
         call(_solve, sl, address, rows, cols, letter, n, block, b.shape[-1], r, info)
-        _check_info(info.value, "Singular matrix")
-    return _wrap(a._spec.mesh, _stack(batch, rhs), placements, shape)
+        _check_info(_agreed_info(a, rows, cols, info.value), "Singular matrix")
+    local = _stack(batch, rhs)
+    _settle(a, rows, cols, laid=[local])
+    return _wrap(a._spec.mesh, local, placements, shape)
 
 
 def _solve_vector(name, sl, a, b, rows, cols, dtype):

@@ -15,17 +15,22 @@ out as A, singular values are Replicate. Each entry point answers None when the
 matrix is not its to take (no sharded matrix dim, an empty matrix or stack, a rank
 outside the mesh): the caller keeps its replicate-and-NumPy path for those.
 A small matrix whose rows alone are sharded takes ``_small_linalg``'s SVD of its
-blocks' stacked R factors instead of pXgesvd, with the same placements.
+blocks' stacked R factors instead of pXgesvd, with the same placements. As in
+``_scalapack``, a matrix no grid fits (a process would hold no row or column, or
+one) and one holding a NaN or an infinity are NumPy's on one rank, in the same
+placements, and replica groups' results are made the same bytes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import _clib, _comm
+import functools
+
+from .. import _clib
 from .._clib import A, E, I, I64, P, call, fn, ptr
 from .._dtensor import DTensor
-from ..placement_types import Replicate
+from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _scalapack as S
 from . import _small_linalg
@@ -41,13 +46,39 @@ class _Grid:
     rows and columns, the computing dtype, the ScaLAPACK table and this rank's
     block of each matrix of the stack as ScaLAPACK takes it."""
 
-    def __init__(self, name, a, rows, cols, dtype):
+    def __init__(self, name, a, rows, cols, dtype, sl, finite):
         self.name, self.a, self.rows, self.cols, self.dtype = name, a, rows, cols, dtype
+        self.home = (rows, cols)  # the grid the results are laid out on
         self.mesh = a._spec.mesh
-        self.sl = S._library(name, self.mesh)
+        self.sl, self.finite = sl, finite
         self.letter = S._LETTERS[dtype][0]
+        self.batch, self.blocks = None, None
+
+    def fitted(self):
+        """This grid, or the one ``a`` is redistributed to that fits its matrix
+        (``_scalapack._fitting``), ready for the drivers; None when the matrix is
+        NumPy's on one rank (no grid fits, or it is not finite)."""
+        found = S._fitting(self.name, self.a, self.rows, self.cols) if self.finite else None
+        if found is None:
+            return None
+        self.a, self.rows, self.cols = found
         # Read only, but for the raw QR's, which takes copies itself.
-        self.batch, self.blocks = S._local_stack(a, dtype, copy=False)
+        self.batch, self.blocks = S._local_stack(self.a, self.dtype, copy=False)
+        return self
+
+    def placements(self, nd=None):
+        """The placements of a result laid out on A's own grid (``nd`` dims: A's)."""
+        return S._placements(self.mesh, self.a.ndim if nd is None else nd, *self.home)
+
+    def root(self, func, outs, extra=()):
+        """NumPy's ``func`` of the matrix (and of ``extra``: (DTensor, dtype) pairs)
+        on one rank, laid out by ``outs``. Collective on the mesh."""
+        return _small_linalg.on_root(self.name, func, [(self.a, self.dtype), *extra],
+                                     outs)
+
+    def settle(self, laid=(), replicated=()):
+        """The results made the same bytes where Replicate (``_scalapack._settle``)."""
+        S._settle(self.a, self.rows, self.cols, laid, replicated)
 
     def empty(self, shape, dtype=None):
         """This rank's block of a ``shape`` matrix on the grid, C-ordered."""
@@ -60,35 +91,33 @@ class _Grid:
 
     def wrap(self, blocks, shape):
         """A DTensor of the stack of ``shape`` matrices whose blocks here are
-        ``blocks``, laid out on the grid (rows over the row mesh dim, columns over
-        the column one, the batch replicated)."""
+        ``blocks``, laid out on A's own grid (rows over the row mesh dim, columns
+        over the column one, the batch replicated): moved there from the grid that
+        fits, where that is another."""
         nd = len(self.batch) + 2
-        return S._wrap(self.mesh, S._stack(self.batch, blocks),
-                       S._placements(self.mesh, nd, self.rows, self.cols),
-                       self.batch + tuple(shape))
+        local = S._stack(self.batch, blocks)
+        self.settle(laid=[local])
+        out = S._wrap(self.mesh, local, S._placements(self.mesh, nd, self.rows, self.cols),
+                      self.batch + tuple(shape))
+        return S._home(self.name, out, S._placements(self.mesh, nd, *self.home))
 
     def replicated(self, values):
-        """A Replicate DTensor of one array per matrix of the stack."""
+        """A Replicate DTensor of one array per matrix of the stack, the same
+        bytes on every rank."""
         stacked = np.stack(values)
-        return S._replicated(self.mesh, stacked.reshape(self.batch + stacked.shape[1:]))
-
-    def require_finite(self, message):
-        """LinAlgError with ``message`` on every rank when some block holds a NaN
-        or an infinity, as NumPy's LAPACK fails on them (ScaLAPACK's may not say).
-        Collective on the mesh."""
-        finite = all(np.isfinite(b).all() for b in self.blocks)
-        try:
-            _comm.agree(self.mesh._handle, finite, 0, message, ValueError)
-        except ValueError:
-            raise np.linalg.LinAlgError(message) from None
+        stacked = stacked.reshape(self.batch + stacked.shape[1:])
+        self.settle(replicated=[stacked])
+        return S._replicated(self.mesh, stacked)
 
     def address(self, routine):
         return S._address(self.a, self.name, routine)
 
 
-def _grid(name, a):
-    """A :class:`_Grid` of ``a``, or None when ScaLAPACK is not the engine for it.
-    Decided from the global spec alone, so alike on every rank of the mesh."""
+def _grid(name, a, extra=()):
+    """A :class:`_Grid` of ``a`` on its grid (not yet :meth:`_Grid.fitted`), with
+    whether it and ``extra`` (DTensors) are finite everywhere, or None when
+    ScaLAPACK is not the engine for it. Decided from the global spec alone, so
+    alike on every rank of the mesh. Collective on the mesh (one all-reduce)."""
     if type(a) is not DTensor or a.ndim < 2 or 0 in a.shape:
         return None
     if a._spec.mesh._coordinate is None:
@@ -99,7 +128,15 @@ def _grid(name, a):
     a, rows, cols = S._on_grid(name, a)
     if rows < 0 and cols < 0:
         return None
-    return _Grid(name, a, rows, cols, dtype)
+    sl, finite = S._engine(name, a._spec.mesh, [x.to_local() for x in (a, *extra)])
+    return _Grid(name, a, rows, cols, dtype, sl, finite)
+
+
+def _swapped(placements, nd):
+    """Placements of the transpose of a stack laid out by ``placements``."""
+    swap = {nd - 2: nd - 1, nd - 1: nd - 2}
+    return tuple(Shard(swap.get(p.dim, p.dim)) if isinstance(p, Shard) else p
+                 for p in placements)
 
 
 def qr(a, mode):
@@ -113,6 +150,8 @@ def qr(a, mode):
     g = _grid("numpy.linalg.qr", a)
     if g is None:
         return None
+    if g.fitted() is None:
+        return _qr_root(g, mode)
     m, n = g.a.shape[-2:]
     k = min(m, n)
     if mode == "raw":
@@ -127,9 +166,22 @@ def qr(a, mode):
         rs.append(r)
         qs.append(q)
     r = g.wrap(rs, (rrows, n))
+    q = g.wrap(qs, (m, qcols)) if mode != "r" else None
     if mode == "r":
         return r
-    return type(np.linalg.qr(np.eye(1)))(g.wrap(qs, (m, qcols)), r)
+    return type(np.linalg.qr(np.eye(1)))(q, r)
+
+
+def _qr_root(g, mode):
+    """qr of a matrix that is NumPy's on one rank, in the grid's placements."""
+    laid, every = g.placements(), (Replicate(),) * g.mesh.ndim
+    func = lambda x: np.linalg.qr(x, mode=mode)  # noqa: E731
+    if mode == "r":
+        return g.root(func, [(g.dtype, laid)])[0]
+    if mode == "raw":
+        h, tau = g.root(func, [(g.dtype, _swapped(laid, g.a.ndim)), (g.dtype, every)])
+        return h, tau
+    return type(np.linalg.qr(np.eye(1)))(*g.root(func, [(g.dtype, laid)] * 2))
 
 
 def _qr_raw(g, m, n, k):
@@ -152,22 +204,23 @@ def svd(a, compute_uv=True, full_matrices=False):
     ``full_matrices`` NumPy's m x m U and n x n Vh: a tall A's U completed to a
     basis in C, a wide A's as the SVD of A^H (a local transpose: its U is A's Vh^H).
     LinAlgError on every rank when it does not converge. Collective on the mesh."""
-    m, n = (a.shape[-2:] if type(a) is DTensor and a.ndim >= 2 else (0, 0))
-    out = _small(a, compute_uv, full_matrices)
-    if out is not None:
-        return out
-    if compute_uv and full_matrices and m < n:
-        out = svd(_adjoint(a), compute_uv=True, full_matrices=True)
-        if out is None:
-            return None
-        u, s, vh = out
-        return type(out)(_adjoint(vh), s, _adjoint(u))
     name = "numpy.linalg.svd" if compute_uv else "numpy.linalg.svdvals"
     g = _grid(name, a)
     if g is None:
         return None
-    g.require_finite("SVD did not converge")
+    if g.finite:
+        out = _small(g, compute_uv, full_matrices)
+        if out is not None:
+            return out
+    if g.fitted() is None:
+        return _svd_root(g, compute_uv, full_matrices)
     m, n = g.a.shape[-2:]
+    if compute_uv and full_matrices and m < n:
+        out = svd(_adjoint(g.a), compute_uv=True, full_matrices=True)
+        u, s, vh = out
+        home = g.placements()
+        return type(out)(S._home(name, _adjoint(vh), home), s,
+                         S._home(name, _adjoint(u), home))
     k = min(m, n)
     ucols = m if full_matrices else k
     ss, us, vts = [], [], []
@@ -180,7 +233,8 @@ def svd(a, compute_uv=True, full_matrices=False):
         vt = g.empty((k, n)) if compute_uv else None
         call(_svd, g.sl, address, g.rows, g.cols, g.letter, m, n, block, s, u, ucols, vt,
              info)
-        S._check_info(info.value, "SVD did not converge")
+        S._check_info(S._agreed_info(g.a, g.rows, g.cols, info.value),
+                      "SVD did not converge")
         ss.append(s)
         us.append(u)
         vts.append(vt)
@@ -190,19 +244,28 @@ def svd(a, compute_uv=True, full_matrices=False):
     return type(np.linalg.svd(np.eye(1)))(g.wrap(us, (m, ucols)), s, g.wrap(vts, (k, n)))
 
 
-def _small(a, compute_uv, full_matrices):
+def _svd_root(g, compute_uv, full_matrices):
+    """The SVD of a matrix that is NumPy's on one rank (NumPy's answer for a NaN
+    or an infinity too, ``_small_linalg.svd_of_any``), in the grid's placements."""
+    real = np.finfo(g.dtype).dtype
+    every = (Replicate(),) * g.mesh.ndim
+    func = lambda x: _small_linalg.svd_of_any(x, full_matrices,  # noqa: E731
+                                              compute_uv)
+    if not compute_uv:
+        return g.root(func, [(real, every)])[0]
+    laid = g.placements()
+    return type(np.linalg.svd(np.eye(1)))(
+        *g.root(func, [(g.dtype, laid), (real, every), (g.dtype, laid)]))
+
+
+def _small(g, compute_uv, full_matrices):
     """The SVD of a small 2-D matrix whose rows alone are sharded, from the stacked
     R factors of its blocks (``_small_linalg``), or None for any other matrix."""
-    if type(a) is not DTensor or a.ndim != 2:
+    a = g.a
+    if a.ndim != 2 or g.rows < 0 or g.cols >= 0 or \
+            not _small_linalg.svd_takes(a, g.rows, compute_uv, full_matrices):
         return None
-    dims = S._grid(a)
-    if dims is None or dims[0] < 0 or dims[1] >= 0 or \
-            not _small_linalg.svd_takes(a, dims[0], compute_uv, full_matrices):
-        return None
-    name = "numpy.linalg.svd" if compute_uv else "numpy.linalg.svdvals"
-    dtype = S._inexact(name, a.dtype)
-    S._library(name, a._spec.mesh)  # sharded matrices need it, whichever engine runs
-    return _small_linalg.svd(name, a, dims[0], dtype, compute_uv, full_matrices)
+    return _small_linalg.svd(g.name, a, g.rows, g.dtype, compute_uv, full_matrices)
 
 
 def _adjoint(x):
@@ -216,9 +279,10 @@ def lstsq(a, b, rcond):
     """np.linalg.lstsq on ScaLAPACK's SVD, as NumPy's gelsd: x = V diag(1/s) U^H b
     over the singular values above ``rcond`` times the largest, NumPy's rank,
     residuals (given when the rank is n and m > n) and singular values; all
-    Replicate (the rank an int). U^H b and V (1/s) U^H b are DTensor matmuls: A is
-    never gathered, b only as its k columns. None when ScaLAPACK does not take
-    ``a``. Collective on the mesh."""
+    Replicate (the rank NumPy's integer). U^H b and V (1/s) U^H b are DTensor
+    matmuls: A is never gathered, b only as its k columns. A matrix no grid fits,
+    or operands holding a NaN or an infinity, are NumPy's lstsq on one rank. None
+    when ScaLAPACK does not take ``a``. Collective on the mesh."""
     if type(b) is not DTensor or b.ndim not in (1, 2) or b._spec.mesh is not \
             getattr(getattr(a, "_spec", None), "mesh", None) or b.shape[0] != a.shape[0]:
         return None
@@ -230,6 +294,12 @@ def lstsq(a, b, rcond):
         return None
     if S._grid(a) == (-1, -1):  # every rank holds A: NumPy's LAPACK, no message
         return _local_lstsq(a, b, rcond, dtype)
+    g = _grid("numpy.linalg.lstsq", a, extra=(b,))
+    if g is None:
+        return None
+    if not g.finite or S._fit_grid(g.mesh, g.a.shape, g.rows, g.cols) is None:
+        return _lstsq_root(g, b, rcond, dtype)
+    a = g.a  # svd takes it to a grid that fits, or to the stacked R's small SVD
     u, s, vh = svd(a.astype(dtype) if a.dtype != dtype else a)
     m, n = a.shape
     mesh = a._spec.mesh
@@ -237,7 +307,7 @@ def lstsq(a, b, rcond):
     if rcond is None:
         rcond = np.finfo(dtype).eps * max(m, n)
     keep = sv > rcond * sv.max(initial=0.0)
-    rank = int(np.count_nonzero(keep))
+    rank = _rank_type()(np.count_nonzero(keep))
     inv = np.where(keep, 1.0 / np.where(keep, sv, 1.0), 0.0).astype(sv.dtype)
     rhs = b if b.dtype == dtype else b.astype(dtype)
     c = np.matmul(u.conj().T, rhs if rhs.ndim == 2 else rhs[:, None])
@@ -253,18 +323,38 @@ def lstsq(a, b, rcond):
         residuals = S._replicated(mesh, residuals.to_local().astype(real))
     else:
         residuals = S._replicated(mesh, np.empty(0, real))
-    xl = x.to_local()
-    if b.ndim == 1:
-        xl = xl[:, 0]
-    return S._replicated(mesh, xl), residuals, rank, s
+    xl = np.array(x.to_local()[:, 0] if b.ndim == 1 else x.to_local(), order="C")
+    res = np.array(residuals.to_local(), order="C")
+    S._settle(a, g.rows, g.cols, replicated=[xl, res])
+    return S._replicated(mesh, xl), S._replicated(mesh, res), rank, s
+
+
+@functools.cache
+def _rank_type():
+    """The type of NumPy's lstsq rank (its gufunc's integer)."""
+    return type(np.linalg.lstsq(np.eye(1), np.ones(1), rcond=None)[2])
+
+
+def _lstsq_root(g, b, rcond, dtype):
+    """lstsq of operands that are NumPy's on one rank (no grid fits A, or they
+    hold a NaN or an infinity): NumPy's results, Replicate."""
+    every = (Replicate(),) * g.mesh.ndim
+    real = np.finfo(dtype).dtype
+    g.dtype = np.dtype(dtype)
+    x, res, rank, s = g.root(lambda a, b: _small_linalg.lstsq_of_any(a, b, rcond),
+                             [(dtype, every), (real, every), (_rank_type(), every),
+                              (real, every)], extra=[(b, dtype)])
+    return x, res, rank.to_local()[()], s
 
 
 def _local_lstsq(a, b, rcond, dtype):
     """lstsq of a matrix every rank holds, on NumPy's LAPACK; ``b`` is replicated
-    first. Results Replicate."""
+    first. Results Replicate, the same bytes on every rank."""
     mesh = a._spec.mesh
     b = D.relayout("numpy.linalg.lstsq", b, (Replicate(),) * mesh.ndim)
-    x, res, rank, s = np.linalg.lstsq(a.to_local().astype(dtype),
-                                      b.to_local().astype(dtype), rcond=rcond)
-    return (S._replicated(mesh, x), S._replicated(mesh, res), int(rank),
+    out = S._agreed(mesh, lambda: _small_linalg.lstsq_of_any(
+        a.to_local().astype(dtype), b.to_local().astype(dtype), rcond))
+    x, res, rank, s = (np.array(v, order="C", copy=None) for v in out)
+    S.same_along(mesh, [x, res, rank, s], S._everywhere(mesh))
+    return (S._replicated(mesh, x), S._replicated(mesh, res), rank[()],
             S._replicated(mesh, s))

@@ -21,6 +21,13 @@ for ``qr``, ``svd``, ``svdvals`` and ``lstsq`` (``_scalapack_rect``); what neith
 engine takes (a stack, NumPy's modes that have no distributed form) keeps the
 replicate-and-NumPy path (``_stats._decomposition``) or, for ``norm``, the
 partial-norm rules.
+
+A NaN or an infinity anywhere in A (or lstsq's b) leaves R, the same on every
+rank, not finite: then ``qr``, ``svd``, ``svdvals`` and ``lstsq`` give NumPy's
+answer from NumPy's function on one rank (``_small_linalg.on_root``), at no
+cost to finite matrices. Where a mesh dim replicates A, each replica group runs
+its own tree, so Q (and U, and pinv's columns) are made the same bytes along it
+(``_alike.same_along``).
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _merge
 from . import _scalapack_rect as _rect
-from ._alike import alike
+from . import _small_linalg
+from ._alike import alike, same_along
 from ._stats import _decomposition, _wrap_replicate
 
 _DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
@@ -74,13 +82,36 @@ class _Tall:
         """A DTensor of global shape (rows, ncols) whose rows are laid out as A's,
         this rank's block ``local``."""
         shape = (self.shape[0], ncols)
-        local = np.ascontiguousarray(local) if self.mesh._coordinate is not None else \
+        local = self.settled(local) if self.mesh._coordinate is not None else \
             D.outside_local(shape, local.dtype)
         return DTensor(local, DTensorSpec(self.mesh, self.spec.placements, shape,
                                           np.dtype(local.dtype), contiguous_strides(shape)))
 
+    def settled(self, local):
+        """``local`` (a result laid out as A's rows), C-ordered, the same bytes in
+        every replica group: each ran its own tree. Collective on the mesh when a
+        mesh dim of more than one rank replicates A."""
+        local = np.array(local, order="C")
+        same_along(self.mesh, [local],
+                   [m for m, p in enumerate(self.spec.placements) if p == Replicate()])
+        return local
+
     def replicate(self, x):
         return _wrap_replicate(self.mesh, x)
+
+    def finite(self, r) -> bool:
+        """Whether R, the same on every rank, is finite: a NaN or an infinity
+        anywhere in the matrix leaves it not."""
+        return bool(np.isfinite(r).all())
+
+    def root(self, name, func, outs, extra=()):
+        """NumPy's ``func`` of the matrix (and ``extra``: (DTensor, dtype) pairs)
+        on one rank, its results laid out by ``outs`` ((dtype, placements) or
+        "rows": as A's rows, "all": Replicate). Collective on the mesh."""
+        every = (Replicate(),) * self.mesh.ndim
+        outs = [(dtype, self.spec.placements if pls == "rows" else every)
+                for dtype, pls in outs]
+        return _small_linalg.on_root(name, func, [(self.a, self.spec.dtype), *extra], outs)
 
 
 def _tall(a, extra_columns=0):
@@ -108,7 +139,35 @@ def _tall(a, extra_columns=0):
 
 # -- qr ------------------------------------------------------------------------------
 
-_replicated_qr = _decomposition(np.linalg.qr)
+def _same_everywhere(out):
+    """A replicated path's Replicate results, the same bytes on every rank (each
+    ran NumPy on its own copy). Collective on the mesh."""
+    parts = out if isinstance(out, tuple) else (out,)
+    mesh = parts[0]._spec.mesh
+    same_along(mesh, [x._local_tensor for x in parts], range(mesh.ndim))
+    return out
+
+
+def _replicated(func):
+    """``_decomposition(func)`` (replicate, NumPy on every rank) whose results are
+    the same bytes everywhere."""
+    run = _decomposition(func)
+
+    def impl(a, *args, **kwargs):
+        return _same_everywhere(run(a, *args, **kwargs))
+    return impl
+
+
+def _numpy_svd(a, full_matrices=True, compute_uv=True, hermitian=False):
+    """NumPy's svd, through ``_small_linalg.svd_of_any`` for a matrix holding an
+    infinity, on which NumPy's LAPACK may never return."""
+    if hermitian:
+        return np.linalg.svd(a, full_matrices, compute_uv, hermitian=True)
+    return _small_linalg.svd_of_any(a, full_matrices, compute_uv)
+
+
+_numpy_svd.__name__ = "svd"
+_replicated_qr = _replicated(np.linalg.qr)
 
 
 @_registry.implements(np.linalg.qr)
@@ -139,6 +198,12 @@ def qr(a, mode="reduced"):
         out = _rect.qr(a, mode)
         return out if out is not None else _replicated_qr(a, mode=mode)
     q, r = t.factor("numpy.linalg.qr", want_q=mode == "reduced")
+    if not t.finite(r):
+        dtype = t.spec.dtype
+        out = t.root("numpy.linalg.qr", lambda x: np.linalg.qr(x, mode=mode),
+                     [(dtype, "rows"), (dtype, "all")] if mode == "reduced" else
+                     [(dtype, "all")])
+        return out[0] if mode == "r" else type(np.linalg.qr(np.eye(1)))(*out)
     if mode == "r":
         return t.replicate(r)
     n = t.shape[1]
@@ -147,8 +212,8 @@ def qr(a, mode="reduced"):
 
 # -- singular values ---------------------------------------------------------------
 
-_replicated_svd = _decomposition(np.linalg.svd)
-_replicated_svdvals = (_decomposition(np.linalg.svdvals)
+_replicated_svd = _replicated(_numpy_svd)
+_replicated_svdvals = (_replicated(np.linalg.svdvals)
                        if hasattr(np.linalg, "svdvals") else None)
 
 
@@ -166,6 +231,18 @@ def _singular_values(t, name):
     NumPy gives them: real, on every rank. Collective on the mesh dim."""
     _, r = t.factor(name, want_q=False)
     return alike(t.mesh, (np.linalg.svd(r, compute_uv=False),), name)[0]
+
+
+def _values_or_root(t, name):
+    """The singular values of the matrix of ``t`` as a Replicate DTensor: R's,
+    or NumPy's on one rank for a matrix that is not finite. Collective on the
+    mesh."""
+    _, r = t.factor(name, want_q=False)
+    if not t.finite(r):
+        real = np.finfo(t.spec.dtype).dtype
+        return t.root(name, lambda x: np.linalg.svd(x, compute_uv=False),
+                      [(real, "all")])[0]
+    return t.replicate(alike(t.mesh, (np.linalg.svd(r, compute_uv=False),), name)[0])
 
 
 @_registry.implements(np.linalg.svd)
@@ -200,8 +277,13 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
         return _replicated_svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
                                hermitian=hermitian)
     if not compute_uv:
-        return t.replicate(_singular_values(t, "numpy.linalg.svd"))
+        return _values_or_root(t, "numpy.linalg.svd")
     q, r = t.factor("numpy.linalg.svd", want_q=True)
+    if not t.finite(r):
+        dtype, real = t.spec.dtype, np.finfo(t.spec.dtype).dtype
+        return type(np.linalg.svd(np.eye(1)))(*t.root(
+            "numpy.linalg.svd", lambda x: _small_linalg.svd_of_any(x, False),
+            [(dtype, "rows"), (real, "all"), (dtype, "all")]))
     u_r, s, vh = alike(t.mesh, np.linalg.svd(r), "numpy.linalg.svd")
     u = t.rows_like_a(q @ u_r, t.shape[1])
     return type(np.linalg.svd(np.eye(1)))(u, t.replicate(s), t.replicate(vh))
@@ -222,7 +304,7 @@ if _replicated_svdvals is not None:
         if t is None:
             out = _rect.svd(x, compute_uv=False)
             return out if out is not None else _replicated_svdvals(x)
-        return t.replicate(_singular_values(t, "numpy.linalg.svdvals"))
+        return _values_or_root(t, "numpy.linalg.svdvals")
 
 
 # -- least squares -------------------------------------------------------------------
@@ -240,7 +322,9 @@ def lstsq(a, b, rcond=None):
     given when A has full rank and m > n. ``b`` may be an ndarray, the same on
     every rank (each rank keeps its rows). As NumPy, single precision computes in
     double and the results come back in the operands' type. Results are
-    Replicate (the rank an int). Another 2-D ``a`` with a sharded dim (square,
+    Replicate (the rank NumPy's integer type). A NaN or an infinity in ``a`` or
+    ``b`` gives NumPy's own answer (its LinAlgError) from one rank. Another 2-D
+    ``a`` with a sharded dim (square,
     wide, short blocks) takes ScaLAPACK's SVD, as NumPy's gelsd; any other
     operands take the gathered path.
     Collective on the mesh.
@@ -265,6 +349,13 @@ def lstsq(a, b, rcond=None):
     else:
         block = np.zeros((0, n + k), a.dtype)
     _, r = t.factor("numpy.linalg.lstsq", want_q=False, block=block)
+    if not t.finite(r):
+        real = np.finfo(a.dtype).dtype
+        x, res, rank, s = t.root(
+            "numpy.linalg.lstsq", lambda x, y: _small_linalg.lstsq_of_any(x, y, rcond),
+            [(a.dtype, "all"), (real, "all"), (_rect._rank_type(), "all"), (real, "all")],
+            extra=[(b, a.dtype)])
+        return _lstsq_result((x, res, rank.to_local()[()], s), result)
     if rcond is None:
         rcond = np.finfo(a.dtype).eps * max(m, n)
     x, _, rank, s = np.linalg.lstsq(r[:n, :n], r[:n, n:], rcond=rcond)
@@ -275,8 +366,8 @@ def lstsq(a, b, rcond=None):
         residuals = np.empty(0, np.finfo(a.dtype).dtype)
     if b.ndim == 1:
         x = x[:, 0]
-    return _lstsq_result((t.replicate(x), t.replicate(residuals), int(rank),
-                          t.replicate(s)), result)
+    return _lstsq_result((t.replicate(x), t.replicate(residuals),
+                          _rect._rank_type()(rank), t.replicate(s)), result)
 
 
 def _lstsq_operands(a, b):
@@ -364,6 +455,8 @@ def pinv(a, rcond=None, hermitian=False, *, rtol=np._NoValue):
     shape = (n, m)
     if t.mesh._coordinate is None:
         local = D.outside_local(shape, local.dtype)
+    else:
+        local = t.settled(local)
     return DTensor(np.ascontiguousarray(local),
                    DTensorSpec(t.mesh, placements, shape, np.dtype(local.dtype),
                                contiguous_strides(shape)))
