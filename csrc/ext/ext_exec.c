@@ -59,9 +59,13 @@ static PyObject *wrap(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call
     if (res == NULL) return NULL;
     descr = PyArray_DESCR((PyArrayObject *)res);
   }
+  /* An input's spec is the result's only when it is on the call's mesh object:
+   * an equal mesh has its own table of layout ids, in which out_id names another
+   * layout (the result would carry a spec and an id that disagree). */
   for (int t = 0; rs->out_id != 0 && t < c->ntensors; ++t) {
     PyObject *spec = c->dt[t]->spec;
-    if (c->id[t] == rs->out_id && PyTuple_GET_ITEM(spec, 3) == (PyObject *)descr)
+    if (c->id[t] == rs->out_id && PyTuple_GET_ITEM(spec, 3) == (PyObject *)descr &&
+        PyTuple_GET_ITEM(spec, 0) == (PyObject *)c->mb)
       return mt_ext_new_dtensor(d, res, Py_NewRef(spec), rs->out_id, fresh);
   }
   const mt_decision *dec = rs->dec;

@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import mpitensor as mt
 import mpitensor.array_api as xp
@@ -106,3 +107,19 @@ def test_fft_function(record_property, name):
     else:
         _compare(lambda a: f(a, axis=0), record_property)
         _compare(lambda a: f(a, axis=1), record_property)
+
+
+def test_trimmed_statistics_in_a_row_on_a_program_mesh(record_property):
+    """tvar, tstd and tsem one after another on a DTensor of the program's own mesh:
+    SciPy makes some operands on the namespace's default mesh (an equal mesh
+    object), and a result that took the other operand's spec kept the first
+    mesh's layout id, so the next operation read another layout (tsem raised
+    IndexError, or ran a Partial as a Shard)."""
+    mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+    g = np.random.default_rng(0).normal(size=(11, 3))
+    np.mean(mt.distribute_tensor(g, mesh, [mt.Shard(0)]), axis=0)
+    x = mt.distribute_tensor(g, mesh, [mt.Shard(0)])
+    with recording_gathers(record_property):
+        for kw in ({"axis": 0}, {"axis": 0, "limits": (-1, 1)}):
+            for f in (st.tvar, st.tstd, st.tsem):
+                _same(f(x, **kw), f(g, **kw))

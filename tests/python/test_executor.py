@@ -630,3 +630,4 @@ def test_code_run_by_numpy_may_clear_the_memo(mesh):
     with np.errstate(over="ignore"):
         t = a.sum(0)  # and the memo serves the next call
     assert t._spec == s._spec
+
