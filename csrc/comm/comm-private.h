@@ -14,9 +14,12 @@
 #include "mpitensor/core/status.h"
 
 /* Where this process waits, for the collective watchdog (watchdog.c): the name of
- * the blocking MPI call it is in (NULL: none) and how many it has entered. */
+ * the blocking MPI call it is in (NULL: none) and how many it has entered; and the
+ * name of the other library's routine it last entered (mt_watchdog_wait_begin),
+ * which `mt__waiting_in` equals while it is in there. */
 extern _Atomic(const char *) mt__waiting_in;
 extern _Atomic uint64_t mt__waits;
+extern _Atomic(const char *) mt__routine_in;
 
 static inline void mt__wait_begin(const char *what) {
   atomic_store_explicit(&mt__waits,

@@ -1,8 +1,11 @@
 /* The collective watchdog (watchdog.h). The comm library's blocking MPI calls go
  * through MT__BLOCKING (comm-private.h), which stores the call's name in
- * `mt__waiting_in` and bumps `mt__waits`; the thread here samples both. A process
- * that stays in the same call, with no call entered since, for the whole timeout is
- * stuck: it says where, on stderr, and aborts the job. */
+ * `mt__waiting_in` and bumps `mt__waits`; the other libraries' calls, and the
+ * routines of other libraries that communicate inside (ScaLAPACK's), through
+ * mt_watchdog_wait_begin, which does the same. The thread here samples both. A
+ * process that stays in the same call, with no call entered since, for the whole
+ * timeout is stuck: it says where, and the stack of each of its threads, on
+ * stderr, and aborts the job. */
 #include "mpitensor/comm/watchdog.h"
 
 #include <errno.h>
@@ -20,6 +23,11 @@
  * "has it changed" matters. */
 _Atomic(const char *) mt__waiting_in = NULL;
 _Atomic uint64_t mt__waits = 0;
+_Atomic(const char *) mt__routine_in = NULL;
+/* The stack dumper (mt_watchdog_set_dump) and its argument, set once by the
+ * binding before the thread has reason to read them. */
+static const char *(*_Atomic dumper)(int fd, void *arg, void *unused) = NULL;
+static void *_Atomic dump_arg = NULL;
 /* The timeout in milliseconds (0: off), read by the thread at each look. */
 static _Atomic int64_t timeout_ms = 0;
 /* Whether the thread runs, and facts for its report taken when it starts (the
@@ -41,8 +49,23 @@ static void pause_ms(int64_t ms) {
  * for that rank. */
 #define GRACE_MS 2000
 
+/* How long a process that found itself stuck waits, its report printed, before it
+ * aborts the job: the other ranks stuck with it reach their timeout within a few
+ * looks and print theirs, so that every rank says where it is. */
+#define REPORT_MS 1500
+
 static void end_job(void) {
+  const char *(*dump)(int, void *, void *) = atomic_load(&dumper);
+  if (dump != NULL) {
+    fprintf(stderr,
+            "mpitensor: the stack of each thread of rank %d, the most recent call "
+            "first:\n",
+            state.world_rank);
+    fflush(stderr);
+    (void)dump(2, atomic_load(&dump_arg), NULL);
+  }
   fflush(stderr);
+  pause_ms(REPORT_MS);
   if (state.multiple) MPI_Abort(MPI_COMM_WORLD, 1);
   /* Without MPI_THREAD_MULTIPLE only this process may end here; mpiexec then
    * ends the others, as for any rank that exits without finalizing. */
@@ -59,6 +82,19 @@ static void report_departure_and_abort(const char *what, uint64_t n, double wait
 }
 
 static void report_and_abort(const char *what, uint64_t n, double waited) {
+  if (what == atomic_load_explicit(&mt__routine_in, memory_order_relaxed)) {
+    fprintf(stderr,
+            "mpitensor: rank %d has been in %s for %.0f s (call %llu of this "
+            "process: a routine of another library that mpitensor runs for the "
+            "program, and that communicates inside) and it has not returned: it "
+            "waits for a rank that is not in the same routine, or for a message the "
+            "routine never sends, or it computes longer than the timeout. Aborting "
+            "the job (MPITENSOR_TIMEOUT=%.0f seconds; 0 turns this off, and a longer "
+            "one lets a long factorization finish).\n",
+            state.world_rank, what, waited, (unsigned long long)n,
+            (double)atomic_load(&timeout_ms) / 1000.0);
+    end_job();
+  }
   fprintf(stderr,
           "mpitensor: rank %d has waited %.0f s in %s (MPI call %llu of this process) "
           "and it has not finished: some rank of the job is not in the same collective "
@@ -136,3 +172,16 @@ int mt_watchdog_set_timeout(double seconds, mt_error *err) {
 }
 
 double mt_watchdog_timeout(void) { return (double)atomic_load(&timeout_ms) / 1000.0; }
+
+void mt_watchdog_wait_begin(const char *what, int routine) {
+  if (routine) atomic_store_explicit(&mt__routine_in, what, memory_order_relaxed);
+  mt__wait_begin(what);
+}
+
+void mt_watchdog_wait_end(void) { (void)mt__wait_end(0); }
+
+void mt_watchdog_set_dump(const char *(*dump)(int fd, void *arg, void *unused),
+                          void *arg) {
+  atomic_store(&dump_arg, arg);
+  atomic_store(&dumper, dump);
+}

@@ -5,8 +5,20 @@
 
 #include <stdint.h>
 
+#include "mpitensor/comm/watchdog.h"
 #include "mpitensor/core/status.h"
 #include "mpitensor/linalg/tsqr.h"
+
+/* The collective watchdog (watchdog.h) sees this library's blocking MPI calls as
+ * it sees comm's own: MT__LA_MPI evaluates to the call's return code, `what` (a
+ * string literal) naming it. The routines of other libraries that communicate
+ * inside (ScaLAPACK's, BLACS's) go between mt_watchdog_wait_begin(name, 1) and
+ * mt_watchdog_wait_end(). A process stuck in either ends the job, saying where. */
+static inline int mt__la_waited(int rc) {
+  mt_watchdog_wait_end();
+  return rc;
+}
+#define MT__LA_MPI(what, call) (mt_watchdog_wait_begin((what), 0), mt__la_waited(call))
 
 /* One element type's four routines and the library's integer size. */
 typedef struct mt__lapack_ops {

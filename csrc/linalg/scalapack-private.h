@@ -8,7 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "linalg-private.h"
 #include "mpitensor/linalg/scalapack.h"
+
+/* The names the watchdog reports ScaLAPACK's routines by, one per element type
+ * (s, d, c, z), indexed as mt_scalapack.typed. */
+#define MT__SL_NAMES(s, d, c, z) \
+  { "ScaLAPACK's " #s, "ScaLAPACK's " #d, "ScaLAPACK's " #c, "ScaLAPACK's " #z }
 
 /* Fortran's conventions: every argument by address, INTEGER is int, and each
  * CHARACTER argument adds its length, by value, after the others. */

@@ -14,6 +14,14 @@ static const double HALF_TURN = 3.14159265358979323846;
 
 typedef mt__sl_job job;
 
+/* The routines' names, for the watchdog's report. */
+static const char *const GESV[4] = MT__SL_NAMES(psgesv, pdgesv, pcgesv, pzgesv);
+static const char *const GETRS[4] = MT__SL_NAMES(psgetrs, pdgetrs, pcgetrs, pzgetrs);
+static const char *const GETRI[4] = MT__SL_NAMES(psgetri, pdgetri, pcgetri, pzgetri);
+static const char *const POTRF[4] = MT__SL_NAMES(pspotrf, pdpotrf, pcpotrf, pzpotrf);
+static const char *const EVD[4] = MT__SL_NAMES(pssyevd, pdsyevd, pcheevd, pzheevd);
+static const char *const EVR[4] = MT__SL_NAMES(pssyevr, pdsyevr, pcheevr, pzheevr);
+
 /* Collective on the grid. Copies the cyclic matrix back into the caller's block. */
 static int job_back(job *j, void *a, mt_error *err) {
   return mt__sl_cyclic_to_rows(j, &j->cg, j->n, j->n, &j->cyc, a, err);
@@ -67,12 +75,17 @@ int mt_scalapack_solve(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int c
     int m = (int)nrhs;
     if (flip) {
       rc = mt__sl_lu(&j, ipiv, info, err);
-      if (rc == MT_OK && *info == 0)
+      if (rc == MT_OK && *info == 0) {
+        mt_watchdog_wait_begin(GETRS[j.k], 1);
         j.t->getrs("T", &j.n, &m, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv,
                    bcyc.data, &j.one, &j.one, bcyc.desc, info, 1);
+        mt_watchdog_wait_end();
+      }
     } else {
+      mt_watchdog_wait_begin(GESV[j.k], 1);
       j.t->gesv(&j.n, &m, j.cyc.data, &j.one, &j.one, j.cyc.desc, ipiv, bcyc.data,
                 &j.one, &j.one, bcyc.desc, info);
+      mt_watchdog_wait_end();
     }
     if (rc == MT_OK) rc = mt__sl_agree_info(&j.g, info, err);
   }
@@ -89,14 +102,18 @@ static int invert(job *j, const int *ipiv, int *info, mt_error *err) {
   double wq[2] = {0, 0};
   int iq = 0, minus = -1, lwork, liwork;
   void *work = NULL, *iwork = NULL;
+  mt_watchdog_wait_begin(GETRI[j->k], 1);
   j->t->getri(&j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, ipiv, wq, &minus, &iq,
               &minus, info);
+  mt_watchdog_wait_end();
   lwork = mt__sl_query_size(j, wq), liwork = iq + 1;
   int rc = mt__sl_alloc(j, &work, lwork, j->itemsize, err);
   if (rc == MT_OK) rc = mt__sl_alloc(j, &iwork, liwork, sizeof(int), err);
   if (rc == MT_OK) {
+    mt_watchdog_wait_begin(GETRI[j->k], 1);
     j->t->getri(&j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, ipiv, work, &lwork,
                 iwork, &liwork, info);
+    mt_watchdog_wait_end();
     rc = mt__sl_agree_info(&j->g, info, err);
   }
   free(work);
@@ -177,7 +194,8 @@ int mt_scalapack_slogdet(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
   if (rc == MT_OK) {
     double share[2] = {0, 0};
     det_share(&j, ipiv, share);
-    int mpi = MPI_Allreduce(MPI_IN_PLACE, share, 2, MPI_DOUBLE, MPI_SUM, j.g.comm);
+    int mpi = MT__LA_MPI("MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, share, 2,
+                                                        MPI_DOUBLE, MPI_SUM, j.g.comm));
     rc = mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Allreduce");
     out[0] = share[0], out[1] = remainder(share[1], 2 * HALF_TURN);
   }
@@ -204,7 +222,9 @@ int mt_scalapack_cholesky(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
   int rc = mt__sl_job_open(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   const char *uplo = upper ? "U" : "L";
+  mt_watchdog_wait_begin(POTRF[j.k], 1);
   j.t->potrf(uplo, &j.n, j.cyc.data, &j.one, &j.one, j.cyc.desc, info, 1);
+  mt_watchdog_wait_end();
   rc = mt__sl_agree_info(&j.g, info, err);
   if (rc == MT_OK && *info == 0) {
     zero_other_triangle(&j, *uplo);
@@ -226,6 +246,7 @@ static void eigh_call(job *j, const char *jobz, const char *uplo, void *w,
   int m = 0, nz = 0, zero = 0, real = j->t->syevr != NULL;
   void *a = j->cyc.data, *zz = z->data;
   const int *da = j->cyc.desc, *dz = z->desc, *one = &j->one;
+  mt_watchdog_wait_begin(*jobz == 'V' ? EVD[j->k] : EVR[j->k], 1);
   if (*jobz == 'V' && real)
     j->t->syevd(jobz, uplo, &j->n, a, one, one, da, w, zz, one, one, dz, work, &sizes[0],
                 iwork, &sizes[2], info, 1, 1);
@@ -239,6 +260,7 @@ static void eigh_call(job *j, const char *jobz, const char *uplo, void *w,
     j->t->heevr(jobz, "A", uplo, &j->n, a, one, one, da, &bound, &bound, &zero, &zero, &m,
                 &nz, w, zz, one, one, dz, work, &sizes[0], rwork, &sizes[1], iwork,
                 &sizes[2], info, 1, 1, 1);
+  mt_watchdog_wait_end();
 }
 
 /* The workspace sizes the eigensolver asks for (work, rwork for the complex types,

@@ -307,14 +307,16 @@ static int exchange(plan *p, int to_cyclic, void *rm, int64_t ld,
   if (rc == MT_OK) rc = post_sends(p, &c, sbuf, item, req, &nreq, err);
   for (int left = nrecv; rc == MT_OK && left > 0; --left) {
     int done = MPI_UNDEFINED;
-    int mpi = MPI_Waitany(nrecv, req, &done, MPI_STATUS_IGNORE);
+    int mpi =
+        MT__LA_MPI("MPI_Waitany", MPI_Waitany(nrecv, req, &done, MPI_STATUS_IGNORE));
     if (mpi != MPI_SUCCESS || done == MPI_UNDEFINED)
       rc = mt_mpi_error(err, mpi != MPI_SUCCESS ? mpi : MPI_ERR_REQUEST, "MPI_Waitany");
     else
       unpack(p, &c, to_cyclic, from[done], rm, ld, cyc, rbuf);
   }
   if (nreq > nrecv) {
-    int mpi = MPI_Waitall(nreq - nrecv, req + nrecv, MPI_STATUSES_IGNORE);
+    int mpi = MT__LA_MPI("MPI_Waitall",
+                         MPI_Waitall(nreq - nrecv, req + nrecv, MPI_STATUSES_IGNORE));
     if (rc == MT_OK && mpi != MPI_SUCCESS) rc = mt_mpi_error(err, mpi, "MPI_Waitall");
   }
   if (item != MPI_DATATYPE_NULL) MPI_Type_free(&item);

@@ -8,6 +8,11 @@
 
 #include "scalapack-private.h"
 
+/* The routines' names, for the watchdog's report. */
+static const char *const GEQRF[4] = MT__SL_NAMES(psgeqrf, pdgeqrf, pcgeqrf, pzgeqrf);
+static const char *const ORGQR[4] = MT__SL_NAMES(psorgqr, pdorgqr, pcungqr, pzungqr);
+static const char *const GESVD[4] = MT__SL_NAMES(psgesvd, pdgesvd, pcgesvd, pzgesvd);
+
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static int min_int(int a, int b) { return a < b ? a : b; }
@@ -34,12 +39,16 @@ static int geqrf_on(mt__sl_job *j, mt__sl_matrix *mat, int n, void *tau, mt_erro
   double wq[2] = {0, 0};
   int minus = -1, info = 0, lwork;
   void *work = NULL;
+  mt_watchdog_wait_begin(GEQRF[j->k], 1);
   j->t->geqrf(&j->m, &n, mat->data, &j->one, &j->one, mat->desc, tau, wq, &minus, &info);
+  mt_watchdog_wait_end();
   lwork = mt__sl_query_size(j, wq);
   int rc = mt__sl_alloc(j, &work, lwork, j->itemsize, err);
   if (rc == MT_OK) {
+    mt_watchdog_wait_begin(GEQRF[j->k], 1);
     j->t->geqrf(&j->m, &n, mat->data, &j->one, &j->one, mat->desc, tau, work, &lwork,
                 &info);
+    mt_watchdog_wait_end();
     rc = agreed_info(j, "pXgeqrf", &info, err);
   }
   free(work);
@@ -83,13 +92,17 @@ static int q_form(mt__sl_job *j, mt__sl_matrix *src, int cols, int k, const void
   double wq[2] = {0, 0};
   int minus = -1, info = 0, lwork;
   void *work = NULL;
+  mt_watchdog_wait_begin(ORGQR[j->k], 1);
   j->t->orgqr(&j->m, &cols, &k, src->data, &j->one, &j->one, src->desc, tau, wq, &minus,
               &info);
+  mt_watchdog_wait_end();
   lwork = mt__sl_query_size(j, wq);
   int rc = mt__sl_alloc(j, &work, lwork, j->itemsize, err);
   if (rc == MT_OK) {
+    mt_watchdog_wait_begin(ORGQR[j->k], 1);
     j->t->orgqr(&j->m, &cols, &k, src->data, &j->one, &j->one, src->desc, tau, work,
                 &lwork, &info);
+    mt_watchdog_wait_end();
     rc = agreed_info(j, "pXorgqr", &info, err);
   }
   free(work);
@@ -155,9 +168,10 @@ static int tau_out(mt__sl_job *j, const void *tau, int k, void *out, mt_error *e
              (const char *)tau + (size_t)jj * j->itemsize, j->itemsize);
     }
   }
-  int mpi = MPI_Allreduce(MPI_IN_PLACE, out, k * parts,
-                          real == sizeof(float) ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM,
-                          j->g.comm);
+  int mpi = MT__LA_MPI("MPI_Allreduce",
+                       MPI_Allreduce(MPI_IN_PLACE, out, k * parts,
+                                     real == sizeof(float) ? MPI_FLOAT : MPI_DOUBLE,
+                                     MPI_SUM, j->g.comm));
   return mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Allreduce");
 }
 
@@ -212,6 +226,7 @@ static void svd_call(mt__sl_job *j, vectors *v, void *s, void *work, int lwork,
                      void *rwork, int *info) {
   mt__sl_matrix *u = v->want_u ? &v->ucyc : &j->cyc, *vt = v->want_v ? &v->vcyc : &j->cyc;
   const char *jobu = v->want_u ? "V" : "N", *jobvt = v->want_v ? "V" : "N";
+  mt_watchdog_wait_begin(GESVD[j->k], 1);
   if (j->t->gesvd != NULL)
     j->t->gesvd(jobu, jobvt, &j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, s,
                 u->data, &j->one, &j->one, u->desc, vt->data, &j->one, &j->one, vt->desc,
@@ -220,6 +235,7 @@ static void svd_call(mt__sl_job *j, vectors *v, void *s, void *work, int lwork,
     j->t->cgesvd(jobu, jobvt, &j->m, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc,
                  s, u->data, &j->one, &j->one, u->desc, vt->data, &j->one, &j->one,
                  vt->desc, work, &lwork, rwork, info, 1, 1);
+  mt_watchdog_wait_end();
 }
 
 /* Queries, allocates (agreed) and runs pXgesvd. The query's answer gets a margin

@@ -37,14 +37,18 @@ static int grid_make(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int col
   if (rc != MT_OK) return rc;
   g->handle = sl->sys2blacs(g->comm);
   g->ctxt = g->handle;
+  mt_watchdog_wait_begin("BLACS's Cblacs_gridinit", 1);
   sl->gridinit(&g->ctxt, "R", g->nprow, g->npcol);
+  mt_watchdog_wait_end();
   int nprow, npcol;
   sl->gridinfo(g->ctxt, &nprow, &npcol, &g->myrow, &g->mycol);
   return MT_OK;
 }
 
 static void grid_free(const mt_scalapack *sl, mt__sl_grid *g) {
+  mt_watchdog_wait_begin("BLACS's Cblacs_gridexit", 1);
   sl->gridexit(g->ctxt);
+  mt_watchdog_wait_end();
   sl->free_handle(g->handle);
   if (g->comm != MPI_COMM_NULL) MPI_Comm_free(&g->comm);
 }
@@ -265,7 +269,8 @@ int mt__sl_agree(const mt__sl_grid *g, int status, mt_error *err) {
 }
 
 int mt__sl_agree_info(const mt__sl_grid *g, int *info, mt_error *err) {
-  int mpi = MPI_Allreduce(MPI_IN_PLACE, info, 1, MPI_INT, MPI_MAX, g->comm);
+  int mpi = MT__LA_MPI("MPI_Allreduce",
+                       MPI_Allreduce(MPI_IN_PLACE, info, 1, MPI_INT, MPI_MAX, g->comm));
   return mpi == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, mpi, "MPI_Allreduce");
 }
 

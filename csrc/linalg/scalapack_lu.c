@@ -150,7 +150,7 @@ static void run(lu *L, int *ipiv, int *info) {
   for (int k = 0; k < L->npanels; ++k) {
     /* The checker cannot pair a request indexed by k % 2 with its MPI_Ibcast. */
     /* NOLINTNEXTLINE(clang-analyzer-optin.mpi.MPI-Checker) */
-    mpi_check(L, MPI_Wait(&L->req[k % 2], MPI_STATUS_IGNORE));
+    mpi_check(L, MT__LA_MPI("MPI_Wait", MPI_Wait(&L->req[k % 2], MPI_STATUS_IGNORE)));
     finish(L, k, ipiv, info);
     int next = k + 1 < L->npanels;
     MPI_Request *pending = next ? &L->req[(k + 1) % 2] : NULL;
@@ -171,7 +171,7 @@ static void run(lu *L, int *ipiv, int *info) {
   /* Both are complete (the loop waited on every panel); this says so to the MPI
    * checker, which cannot follow a request indexed by k % 2. */
   /* NOLINTNEXTLINE(clang-analyzer-optin.mpi.MPI-Checker) */
-  mpi_check(L, MPI_Waitall(2, L->req, MPI_STATUSES_IGNORE));
+  mpi_check(L, MT__LA_MPI("MPI_Waitall", MPI_Waitall(2, L->req, MPI_STATUSES_IGNORE)));
   swap_left(L, ipiv);
 }
 
@@ -224,7 +224,11 @@ int mt__sl_lu(const mt__sl_job *j, int *ipiv, int *info, mt_error *err) {
     int rc = lookahead(j, ipiv, info, err);
     if (rc != MT_OK) return rc;
   } else {
+    static const char *const getrf[4] =
+        MT__SL_NAMES(psgetrf, pdgetrf, pcgetrf, pzgetrf);
+    mt_watchdog_wait_begin(getrf[j->k], 1);
     j->t->getrf(&j->n, &j->n, j->cyc.data, &j->one, &j->one, j->cyc.desc, ipiv, info);
+    mt_watchdog_wait_end();
   }
   return mt__sl_agree_info(&j->g, info, err);
 }
@@ -237,8 +241,9 @@ static char *rows_at(const lu *L, char *z, int nrhs, int row) {
 /* Block k of z, solved by its owner, to every process. */
 static void share(lu *L, char *z, int nrhs, int k) {
   int bytes = width(L, k) * nrhs * (int)L->itemsize;
-  mpi_check(L, MPI_Bcast(rows_at(L, z, nrhs, first_col(L, k)), bytes, MPI_BYTE,
-                         owner(L, k), L->comm));
+  char *rows = rows_at(L, z, nrhs, first_col(L, k));
+  mpi_check(L, MT__LA_MPI("MPI_Bcast",
+                          MPI_Bcast(rows, bytes, MPI_BYTE, owner(L, k), L->comm)));
 }
 
 /* With A''= P L U the LU of the copy, (Pi A) x = Pi b is A''^T x = c: U^T z = c,

@@ -190,25 +190,28 @@ static int up(tree *s, mt_error *err) {
   int extra = s->me >= s->p2, folds = s->me + s->p2 < s->size;
   if (extra) {
     pack(s, s->r, s->packed);
-    mrc = MPI_Send(s->packed, bytes, MPI_BYTE, s->me - s->p2, TAG, s->comm);
+    mrc = MT__LA_MPI("MPI_Send",
+                     MPI_Send(s->packed, bytes, MPI_BYTE, s->me - s->p2, TAG, s->comm));
     s->sent += bytes;
     if (mrc == MPI_SUCCESS)
-      mrc = MPI_Recv(s->packed, bytes, MPI_BYTE, s->me - s->p2, TAG, s->comm,
-                     MPI_STATUS_IGNORE);
+      mrc = MT__LA_MPI("MPI_Recv", MPI_Recv(s->packed, bytes, MPI_BYTE, s->me - s->p2,
+                                            TAG, s->comm, MPI_STATUS_IGNORE));
     unpack(s, s->packed, s->r);
     return mpi_status(mrc, "MPI_Send/MPI_Recv", err);
   }
   if (folds) {
-    mrc = MPI_Recv(s->packed, bytes, MPI_BYTE, s->me + s->p2, TAG, s->comm,
-                   MPI_STATUS_IGNORE);
+    mrc = MT__LA_MPI("MPI_Recv", MPI_Recv(s->packed, bytes, MPI_BYTE, s->me + s->p2,
+                                          TAG, s->comm, MPI_STATUS_IGNORE));
     if (mrc != MPI_SUCCESS) return mpi_status(mrc, "MPI_Recv", err);
     rc = combine(s, s->levels, 1, err);
   }
   for (int j = 0; j < s->levels; ++j) {
     int partner = s->me ^ (1 << j);
     pack(s, s->r, s->other);
-    mrc = MPI_Sendrecv(s->other, bytes, MPI_BYTE, partner, TAG, s->packed, bytes,
-                       MPI_BYTE, partner, TAG, s->comm, MPI_STATUS_IGNORE);
+    mrc = MT__LA_MPI("MPI_Sendrecv",
+                     MPI_Sendrecv(s->other, bytes, MPI_BYTE, partner, TAG, s->packed,
+                                  bytes, MPI_BYTE, partner, TAG, s->comm,
+                                  MPI_STATUS_IGNORE));
     if (mrc != MPI_SUCCESS) return mpi_status(mrc, "MPI_Sendrecv", err);
     s->sent += bytes;
     int rc2 = combine(s, j, !(s->me & (1 << j)), err);
@@ -216,7 +219,8 @@ static int up(tree *s, mt_error *err) {
   }
   if (folds) {
     pack(s, s->r, s->packed);
-    mrc = MPI_Send(s->packed, bytes, MPI_BYTE, s->me + s->p2, TAG, s->comm);
+    mrc = MT__LA_MPI("MPI_Send",
+                     MPI_Send(s->packed, bytes, MPI_BYTE, s->me + s->p2, TAG, s->comm));
     s->sent += bytes;
   }
   return rc != MT_OK ? rc : mpi_status(mrc, "MPI_Send", err);
@@ -249,8 +253,8 @@ static void identity(tree *s) {
 static int down(tree *s, mt_error *err) {
   int bytes = (int)(s->n * s->n * s->es), rc = MT_OK, mrc = MPI_SUCCESS;
   if (s->me >= s->p2) {
-    mrc = MPI_Recv(s->c, bytes, MPI_BYTE, s->me - s->p2, TAG, s->comm,
-                   MPI_STATUS_IGNORE);
+    mrc = MT__LA_MPI("MPI_Recv", MPI_Recv(s->c, bytes, MPI_BYTE, s->me - s->p2, TAG,
+                                          s->comm, MPI_STATUS_IGNORE));
     return mpi_status(mrc, "MPI_Recv", err);
   }
   identity(s);
@@ -261,7 +265,8 @@ static int down(tree *s, mt_error *err) {
   if (s->me + s->p2 < s->size) {
     int rc2 = descend(s, s->levels, 1, err);
     if (rc == MT_OK) rc = rc2;
-    mrc = MPI_Send(s->below, bytes, MPI_BYTE, s->me + s->p2, TAG, s->comm);
+    mrc = MT__LA_MPI("MPI_Send",
+                     MPI_Send(s->below, bytes, MPI_BYTE, s->me + s->p2, TAG, s->comm));
     s->sent += bytes;
   }
   return rc != MT_OK ? rc : mpi_status(mrc, "MPI_Send", err);

@@ -111,6 +111,23 @@ def address(lib_, name: str) -> int:
     return ctypes.cast(getattr(lib_, name), P).value
 
 
+def traceback_dumper():
+    """(the address of CPython's dumper of every thread's traceback, that of the
+    main interpreter): what a C thread calls, without the GIL, to print where each
+    Python thread is, as faulthandler's watchdog thread does; None where this
+    Python exports neither.
+
+    Example: ``dump, interpreter = traceback_dumper()``.
+    """
+    try:
+        dump = address(ctypes.pythonapi, "_Py_DumpTracebackThreads")
+        main = ctypes.pythonapi.PyInterpreterState_Main
+    except AttributeError:
+        return None
+    main.restype = P
+    return dump, main()
+
+
 def text_buffer(size: int):
     """A writable C string of ``size`` bytes, for a function that writes text.
 

@@ -25,7 +25,7 @@ from ._clib import (MAX_MESH_NDIM, MAX_NDIM, SIZE, U64, A, E as _E, Error, I, I6
                     _Box, _int64s, _Layout, _layout_init, _local_box, _placements,
                     _selection_image, call,
                     check, dtype_code, exported, fn, ptr, sizeof, status_of, struct,
-                    text_buffer)
+                    text_buffer, traceback_dumper)
 from ._clib import message as _message
 
 __all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "mpi_library_version",
@@ -417,6 +417,7 @@ _leave = fn("mt_watchdog_leave", I, S, _E)
 _set_work = fn("mt_watchdog_set_work", None, I64)
 _tell = fn("mt_watchdog_tell", I, S, I64, _E)
 _failed = fn("mt_watchdog_failed", I, I64)
+_set_dump = fn("mt_watchdog_set_dump", None, P, P)
 
 
 def _reason(text: str) -> bytes:
@@ -425,13 +426,17 @@ def _reason(text: str) -> bytes:
 
 
 def set_collective_timeout(seconds: float | None) -> None:
-    """A process that waits in one of mpitensor's blocking collectives for this
-    long, with no other call entered, prints where it waits and aborts the job; 0
-    turns the watchdog off, None restores the default (1800 s). MPI must be
+    """A process that waits in one of mpitensor's blocking collectives (or in a
+    ScaLAPACK routine mpitensor runs) for this long, with no other call entered,
+    prints where it waits and the stack of each of its threads, and aborts the
+    job; 0 turns the watchdog off, None restores the default (1800 s). MPI must be
     initialised. Local.
 
     Example: ``set_collective_timeout(600.0)``.
     """
+    dumper = traceback_dumper()
+    if dumper is not None:  # the stacks of a stuck process, in the watchdog's report
+        _set_dump(*dumper)
     call(_set_timeout, _DEFAULT_TIMEOUT if seconds is None else float(seconds))
 
 

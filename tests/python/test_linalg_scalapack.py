@@ -31,7 +31,7 @@ from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
 
 sys.path.insert(0, os.path.dirname(__file__))
-from mpi_helpers import run_job  # noqa: E402
+from mpi_helpers import finish_job, fresh_job_env, run_job, start_job  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 P = COMM.size
@@ -337,6 +337,41 @@ def _bytes_sent(op: str, where: str, n: int = 512) -> int:
 
 
 _MATRIX_BYTES = 8 * 512 * 512
+
+
+# A job stuck inside ScaLAPACK: the routing that keeps a 1 x 2 matrix cut by
+# columns out of pdgesvd (where it never returns) is turned off, and the
+# collective watchdog, which watches the ScaLAPACK routines mpitensor calls, must
+# end the job within the timeout, each rank naming the routine and its stack.
+_STUCK = """
+import numpy as np
+from mpi4py import MPI
+import mpitensor as mt
+from mpitensor import Shard
+from mpitensor._ops import _scalapack
+_scalapack.MIN_BLOCK = 0  # every grid to ScaLAPACK, as before the routing
+mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+a = mt.distribute_tensor(np.array([[1.0, 2.0]]), mesh, [Shard(1)])
+np.linalg.svd(a, full_matrices=False)
+print("svd came back", flush=True)
+"""
+
+
+@pytest.mark.skipif(P != 1, reason="starts its own 3-rank job, once")
+def test_a_job_stuck_in_scalapack_ends_with_each_ranks_routine_and_stack():
+    with tempfile.TemporaryDirectory() as where:
+        script = os.path.join(where, "stuck.py")
+        with open(script, "w") as f:
+            f.write(_STUCK)
+        env = {**fresh_job_env(), "MPITENSOR_TIMEOUT": "3"}
+        run = finish_job(start_job(["mpiexec", "--oversubscribe", "-n", "3",
+                                    sys.executable, script], env=env), 50)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0 and "svd came back" not in out, out[-3000:]
+    assert out.count("in ScaLAPACK's pdgesvd for") == 3, out[-3000:]
+    assert out.count("MPITENSOR_TIMEOUT=3 seconds") == 3, out[-3000:]
+    # Each rank's Python stack, down to the program's line.
+    assert len(re.findall(r'stuck\.py", line 10 in <module>', out)) == 3, out[-3000:]
 
 
 @pytest.mark.skipif(P != 1, reason="starts its own 2-rank job, once")

@@ -35,6 +35,34 @@ MT_EXPORT int mt_watchdog_set_timeout(double seconds, mt_error *err);
 /* The timeout in seconds; 0 when off. */
 MT_EXPORT double mt_watchdog_timeout(void);
 
+/* Local. A blocking wait outside comm's own calls, watched as those are: the
+ * other libraries' MPI calls (linalg's exchanges and trees), and the routines of
+ * other libraries that mpitensor runs on the user's behalf and that communicate
+ * inside (ScaLAPACK's drivers, BLACS's grids), which the watchdog otherwise could
+ * not see. `what` names the call in the report and must outlive it (a string
+ * literal); `routine` says it is another library's routine rather than an MPI
+ * call: the whole routine counts as one call, so one that runs longer than the
+ * timeout ends the job as a stuck one would. Each begin is followed by an end, on
+ * the same thread.
+ *
+ *   mt_watchdog_wait_begin("ScaLAPACK's pdgesvd", 1);
+ *   pdgesvd_(...);
+ *   mt_watchdog_wait_end();
+ */
+MT_EXPORT void mt_watchdog_wait_begin(const char *what, int routine);
+MT_EXPORT void mt_watchdog_wait_end(void);
+
+/* Local. What the watchdog calls, before it aborts the job, to print the stack of
+ * every thread of the process: `dump(fd, arg, NULL)` with stderr's descriptor, from
+ * the watchdog's own thread while the others stay where they are stuck. The
+ * Python package hands CPython's traceback dumper and the interpreter, as
+ * faulthandler's own watchdog thread calls it. NULL: none.
+ *
+ *   mt_watchdog_set_dump(dumper, interpreter);
+ */
+MT_EXPORT void mt_watchdog_set_dump(
+    const char *(*dump)(int fd, void *arg, void *unused), void *arg);
+
 /* Collective on `comm` when it holds the ranks of MPI_COMM_WORLD (in any order),
  * else Local and nothing. Starts listening for ranks that leave the job: a process
  * that then stays 2 s in one blocking call after hearing that some rank left
