@@ -381,6 +381,24 @@ def test_bad_input_raises_on_every_rank(tmp, bad_files):
     assert all_ranks(glob.glob(os.path.join(tmp, "*.tmp")) == [])
 
 
+def test_a_header_whose_shape_is_an_expression_gives_one_message(tmp):
+    """NumPy's header parser names an expression by its AST node's address, which
+    differs by rank: the error every rank raises must be the same words."""
+    mesh = init_device_mesh("cpu", (N,))
+    path = os.path.join(tmp, "expression-shape.npy")
+    if RANK == 0:
+        header = "{'descr': '<f8', 'fortran_order': False, 'shape': (1 + 2,), }"
+        header = header + " " * (118 - len(header)) + "\n"
+        with open(path, "wb") as f:
+            f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little")
+                    + header.encode() + b"\x00" * 24)
+    COMM.Barrier()
+    with pytest.raises(ValueError, match="not a valid .npy") as err:
+        mt.load(path, mesh)
+    messages = COMM.allgather(str(err.value))
+    assert messages == [messages[0]] * N and " at 0x" not in messages[0], messages
+
+
 def test_header_parse_matches_numpy_for_many_shapes():
     from mpitensor.checkpoint import _npy
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import math
 from typing import NamedTuple
 
@@ -85,7 +86,10 @@ def decode(prefix: bytes, path: str) -> NpyHeader:
         if "'bfloat16'" in str(e):  # NumPy knows the name only once ml_dtypes is imported
             raise TypeError(f"{path!r} holds bfloat16, which needs the ml_dtypes "
                             f"package: pip install ml_dtypes") from None
-        raise ValueError(f"{path!r} is not a valid .npy file: {e}") from None
+        # NumPy's parser names an AST node by its address, which differs by rank:
+        # every rank must raise the same words.
+        why = re.sub(r" at 0x[0-9a-fA-F]+", "", str(e))
+        raise ValueError(f"{path!r} is not a valid .npy file: {why}") from None
     if (dtype.kind not in "biufc" and not _dtypes.is_bfloat16(dtype)) or dtype.hasobject \
             or dtype.fields is not None:
         raise TypeError(f"{path!r} holds dtype {dtype}; DTensors hold numeric data "
