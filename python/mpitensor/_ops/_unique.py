@@ -221,7 +221,14 @@ def unique_values(x):
     Example: ``np.unique_values(dt).full_tensor()`` equals
     ``np.unique(dt.full_tensor(), equal_nan=False)``.
     """
-    return unique(_dtensor_arg("numpy.unique_values", x), equal_nan=False)
+    x = _dtensor_arg("numpy.unique_values", x)
+    try:
+        return unique(x, equal_nan=False)
+    except _registry.NoRule as e:
+        # NumPy's own unique_values on the gathered array would list integers in
+        # its hash set's order: np.unique's gather keeps the sorted answer.
+        return _registry.gather_call(np.unique, (x,), {"equal_nan": False},
+                                     "numpy.unique_values", cause=e)
 
 
 @_registry.implements(np.unique_counts)
