@@ -138,7 +138,7 @@ ecosystem: install
 # The array API standard's suite (data-apis/array-api-tests at 55fcc60, with the
 # standard's text at 5f847a3) against mpitensor.array_api, every rank drawing the
 # same examples (tests/array_api/run.sh; what it fails, each with its reason, is
-# tests/array_api/xfails*.txt): the standard's newest version, 2025.12, at np 1 and 2,
+# tests/array_api/xfails*.txt): the standard's newest version, 2025.12, at np 1 to 4,
 # and the namespace's own, 2024.12, at np 1 (the two differ in a few result types
 # and signatures, not in what runs distributed). `make test` runs a few examples per
 # test; test-array-api runs ARRAY_API_EXAMPLES. The suite is ../shared/array-api-tests
@@ -157,7 +157,7 @@ array-api-suite:
 	  git -C "$(ARRAY_API_TESTS)" checkout -q 55fcc60 && \
 	  git -C "$(ARRAY_API_TESTS)" submodule update -q --init; }
 
-ARRAY_API_RUNS := 2025.12:1 2025.12:2 2024.12:1
+ARRAY_API_RUNS := 2025.12:1 2025.12:2 2025.12:3 2025.12:4 2024.12:1
 test-array-api-short: install array-api-suite
 	@status=0; for run in $(ARRAY_API_RUNS); do ARRAY_API_TESTS_VERSION=$${run%:*} \
 	  tests/array_api/run.sh $${run#*:} 3 -q || status=1; done; exit $$status
@@ -294,6 +294,7 @@ BENCH_TRAIN := --reps 3
 BENCH_HEAT := --quick
 BENCH_IO :=
 BENCH_NP4 :=
+BENCH_SKLEARN := --reps 3
 else
 BENCH_REDIST := --no-plot
 BENCH_DISPATCH :=
@@ -305,6 +306,7 @@ BENCH_TRAIN :=
 BENCH_HEAT :=
 BENCH_IO := --mib 64,256 --reps 5 --budget 1200
 BENCH_NP4 := 4
+BENCH_SKLEARN :=
 endif
 bench: install
 	@set -e; mkdir -p benchmarks/results; \
@@ -322,6 +324,7 @@ bench: install
 	$(MPIRUN) 2 $(PY) benchmarks/train.py $(BENCH_TRAIN) $$([ -n "$$torch" ] || echo --no-torch); \
 	$(MPIRUN) 2 $(PY) benchmarks/vs_heat.py $(BENCH_HEAT); \
 	$(MPIRUN) 2 $(PY) benchmarks/io.py $(BENCH_IO); \
+	$(MPIRUN) 2 $(PY) benchmarks/sklearn_fit.py $(BENCH_SKLEARN); \
 	echo "load average at end: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	$(PY) benchmarks/plot.py benchmarks/results --out docs/img/perf; \
 	$(PY) benchmarks/tables.py; \

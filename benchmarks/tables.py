@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 PAGES = tuple(os.path.join(os.path.dirname(HERE), "docs", name)
               for name in ("performance.md", "plans.md", "benchmarks.md", "linalg.md",
-                           "checkpoints.md"))
+                           "checkpoints.md", "ecosystem.md"))
 # The plots of the same results (benchmarks/plot.py --out docs/img/perf), shown
 # under their tables when present.
 PLOTS = os.path.join(os.path.dirname(HERE), "docs", "img", "perf")
@@ -450,7 +450,25 @@ def linalg(results: dict) -> str:
     return "\n".join(out)
 
 
-TABLES = {"redistribute": redistribute, "dispatch": dispatch,
+def sklearn_fit(results: dict) -> str:
+    """Per estimator (benchmarks/sklearn_fit.py): scikit-learn's fit on sharded rows
+    against the same fit on the whole array in one process with every core's BLAS
+    threads, timed one after the other in one run."""
+    out = []
+    for n, torch, data in runs_of(results, "sklearn_fit"):
+        rows = [[r["estimator"], f"{r['rows']:,} x {r['cols']}",
+                 f"{r['mpitensor_s']['median'] * 1e3:.0f} ms",
+                 f"{r['numpy_s']['median'] * 1e3:.0f} ms", stat(r["speedup"]),
+                 ", ".join(r["wrong"]) or "same"] for r in data["rows"]]
+        out.append(f"np {n}, one BLAS thread a rank, against one process with {n} BLAS "
+                   f"threads: the one process's time over mpitensor's (above 1: "
+                   f"mpitensor is faster), median [min..max]\n\n"
+                   + table(["estimator", "data", "mpitensor", "one process",
+                            "one process / mt", "fitted attributes"], rows))
+    return "\n".join(out)
+
+
+TABLES = {"sklearn_fit": sklearn_fit, "redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
           "plan_ranking": plan_ranking, "simulate_plans": simulate_plans, "vs_heat": vs_heat,
