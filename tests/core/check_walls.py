@@ -59,6 +59,8 @@ ALLOWED_STATE = {
     ("mpi_types.c.o", "user_state"), ("direct.c.o", "token"),
     ("direct.c.o", "failures_asked"),
     ("watchdog.c.o", "mt__waiting_in"), ("watchdog.c.o", "mt__waits"),
+    ("watchdog.c.o", "mt__routine_in"), ("watchdog.c.o", "dumper"),
+    ("watchdog.c.o", "dump_arg"),
     ("watchdog.c.o", "timeout_ms"), ("watchdog.c.o", "state"), ("departure.c.o", "ear"),
 }
 
