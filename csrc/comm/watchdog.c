@@ -26,8 +26,8 @@ _Atomic uint64_t mt__waits = 0;
 _Atomic(const char *) mt__routine_in = NULL;
 /* The stack dumper (mt_watchdog_set_dump) and its argument, set once by the
  * binding before the thread has reason to read them. */
-static const char *(*_Atomic dumper)(int fd, void *arg, void *unused) = NULL;
-static void *_Atomic dump_arg = NULL;
+static const char *(*_Atomic dumper)(int fd, void *arg, void *unused);
+static void *_Atomic dump_arg;
 /* The timeout in milliseconds (0: off), read by the thread at each look. */
 static _Atomic int64_t timeout_ms = 0;
 /* Whether the thread runs, and facts for its report taken when it starts (the

@@ -394,9 +394,9 @@ typedef struct mt_ext_call {
   PyObject *made[MT_MEMO_MAX_OPERANDS]; /* DTensors made of ndarrays (implicit) */
   int nmade;
   int strided; /* gathering stopped at a strided operand (its door calls the hook) */
-  /* Set by the caller after init: a plain ndarray that is not replicated by the
-   * executor's own rule stops gathering (mixed = 1, no error), for a door that
-   * hands such a call to its Python entry, which agrees on the array first. */
+  /* With defer_mixed (the gather's argument), a plain ndarray that the executor's
+   * own rule does not replicate stops gathering (mixed = 1, no error), for a door
+   * that hands such a call to its Python entry, which agrees on the array first. */
   int defer_mixed, mixed;
 } mt_ext_call;
 
@@ -439,9 +439,10 @@ static inline void mt_ext_call_add(const mt_ext_dispatch *d, mt_ext_call *c, int
 /* Gathers n operands: DTensors of one mesh (DTensors pending an async move are
  * completed), scalars, and under implicit replication ndarrays as Replicate
  * DTensors (kept in c->made). 1, or 0 when they are not an operation's operands
- * (no DTensor, another object: NotImplemented), or -1 with an exception. */
+ * (no DTensor, another object: NotImplemented; with `defer_mixed`, a plain
+ * ndarray too, c->mixed set), or -1 with an exception. */
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
-                  PyObject *key);
+                  PyObject *key, int defer_mixed);
 void mt_ext_call_release(mt_ext_call *c);
 /* Sets c->key.want from the modes' `want` when it is a DTensor on the call's mesh:
  * 1, or -1 with an exception (the call released). */

@@ -147,10 +147,9 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
 }
 
 int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *c,
-                  PyObject *key) {
-  int defer = c->defer_mixed;
+                  PyObject *key, int defer_mixed) {
   mt_ext_call_init(c, n);
-  c->defer_mixed = defer;
+  c->defer_mixed = defer_mixed;
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;
   int err = 0;
   c->mb = first_mesh(d, ops, n, key, &err);
@@ -389,9 +388,8 @@ static PyObject *decide(PyObject *module, PyObject *const *args, Py_ssize_t narg
   op.sig = mt_ext_sig_of(d, args[0]);
   op.key = args[0], op.build = args[2];
   mt_ext_call c;
-  c.defer_mixed = 0;
   int rc = mt_ext_gather(d, &PyTuple_GET_ITEM(args[1], 0), (int)PyTuple_GET_SIZE(args[1]),
-                         &c, args[0]);
+                         &c, args[0], 0);
   if (rc <= 0) return rc < 0 ? NULL : PyErr_Format(PyExc_TypeError, "no DTensor operand");
   c.key.op = op.sig != NULL ? op.sig->id : mt_ext_op_id(d, args[0]);
   int hit;

@@ -27,12 +27,10 @@ static inline int known_tensor(const mt_ext_dispatch *d, PyObject *o, int i,
 /* mt_ext_gather of operands that are all known DTensors, inline: the call of a
  * cached operation. */
 static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
-                              mt_ext_call *c, PyObject *key) {
-  int defer = c->defer_mixed;
+                              mt_ext_call *c, PyObject *key, int defer_mixed) {
   mt_ext_call_init(c, n);
-  c->defer_mixed = defer;
   for (int i = 0; i < n; ++i)
-    if (!known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key);
+    if (!known_tensor(d, ops[i], i, c)) return mt_ext_gather(d, ops, n, c, key, defer_mixed);
   return mt_ext_wanting(d) ? mt_ext_call_want(d, c) : 1;
 }
 
@@ -285,16 +283,16 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
   mt_ext_sig *sig = ufunc_sig(d, ufunc);
   int kw = plain_keywords(d, kwnames), strided = 0, rc = 0;
   mt_ext_call c;
-  /* A plain ndarray beside DTensors goes to the Python entry, which agrees that
-   * every rank holds the same one before it takes it as replicated. */
-  c.defer_mixed = 1;
+  c.mixed = 0;
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
       n > MT_MEMO_MAX_OPERANDS || kw == 0 ||
       (PyDict_GET_SIZE(d->rules) != 0 && PyDict_Contains(d->rules, ufunc)))
     return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
   if (kw == 2) /* out=: only operands strided alike run here, on views */
     for (Py_ssize_t i = 0; i < n; ++i) strided |= mt_ext_strided(d, ops[i]);
-  else if ((rc = gather_fast(d, ops, (int)n, &c, ufunc)) == 0)
+  /* A plain ndarray beside DTensors goes to the Python entry, which agrees that
+   * every rank holds the same one before it takes it as replicated. */
+  else if ((rc = gather_fast(d, ops, (int)n, &c, ufunc, 1)) == 0)
     strided = c.strided;
   /* Only an elementwise call reads its operands' expansions as they are. */
   if (strided && sig->op.family == MT_OP_ELEMENTWISE)
@@ -364,10 +362,9 @@ PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   mt_ext_sig *sig = &d->sigs[d->reduction_sig[method]];
   PyObject *axis, *keepdims;
   mt_ext_call c;
-  c.defer_mixed = 0;
   if (reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
     return reduction_entry(d, sig, self, args, nargs, kwnames);
-  int rc = gather_fast(d, &self, 1, &c, sig->func);
+  int rc = gather_fast(d, &self, 1, &c, sig->func, 0);
   if (rc == 0 && c.strided && axis == Py_None && keepdims == Py_False)
     return strided_whole(d, method, sig, self, args, nargs, kwnames);
   if (rc <= 0) return rc < 0 ? NULL : reduction_entry(d, sig, self, args, nargs, kwnames);

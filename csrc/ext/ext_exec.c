@@ -372,8 +372,7 @@ static PyObject *execute(PyObject *module, PyObject *const *args, Py_ssize_t nar
   if (op.func == Py_None) op.func = op.sig->method ? op.sig->method : op.sig->func;
   Py_ssize_t n = PyTuple_GET_SIZE(args[1]);
   mt_ext_call c;
-  c.defer_mixed = 0;
-  int rc = mt_ext_gather(d, &PyTuple_GET_ITEM(args[1], 0), (int)n, &c, args[0]);
+  int rc = mt_ext_gather(d, &PyTuple_GET_ITEM(args[1], 0), (int)n, &c, args[0], 0);
   if (rc <= 0)
     return rc < 0      ? NULL
            : c.strided ? PyErr_Format(PyExc_TypeError, "%R: a strided-shard operand reached "
