@@ -324,7 +324,7 @@ bench: install
 	$(MPIRUN) 2 $(PY) benchmarks/train.py $(BENCH_TRAIN) $$([ -n "$$torch" ] || echo --no-torch); \
 	$(MPIRUN) 2 $(PY) benchmarks/vs_heat.py $(BENCH_HEAT); \
 	$(MPIRUN) 2 $(PY) benchmarks/io.py $(BENCH_IO); \
-	$(MPIRUN) 2 $(PY) benchmarks/sklearn_fit.py $(BENCH_SKLEARN); \
+	$(MPIRUN) 2 --bind-to none $(PY) benchmarks/sklearn_fit.py $(BENCH_SKLEARN); \
 	echo "load average at end: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	$(PY) benchmarks/plot.py benchmarks/results --out docs/img/perf; \
 	$(PY) benchmarks/tables.py; \

@@ -2,8 +2,11 @@
 """scikit-learn's fit on sharded rows against scikit-learn on the whole array in one
 process, side by side in one run.
 
-    OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe -n 2 .venv/bin/python \
+    OPENBLAS_NUM_THREADS=1 mpiexec --oversubscribe --bind-to none -n 2 .venv/bin/python \
         benchmarks/sklearn_fit.py [--rows 200000] [--cols 50] [--reps 5]
+
+``--bind-to none``: Open MPI binds each of two ranks to a core, and the one-process
+baseline's BLAS threads would then share one.
 
 For each estimator (PCA full and covariance_eigh, StandardScaler, MinMaxScaler,
 Ridge(svd), LinearDiscriminantAnalysis, LogisticRegression), one repetition times,
