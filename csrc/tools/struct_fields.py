@@ -1,5 +1,6 @@
 """The field rows of every C struct Python reads, written from the headers at
-build time (issue 47), so that a field exists in one place: its header.
+build time, so that a field exists in one place, its header, and Python never
+reads a layout written by hand that the C compiler could change under it.
 
 csrc/ext/ext_structs.c lists the structs Python reads (``STRUCT(mt_box),`` lines)
 and defines the row macros; this script finds each listed ``typedef struct NAME
