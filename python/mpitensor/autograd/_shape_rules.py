@@ -1,5 +1,5 @@
-"""Backward rules of the operations that rearrange, select or pad elements
-whose rules are distributed: np.take, np.repeat, np.delete, np.compress, np.extract,
+"""Backward rules of the operations that rearrange, select or pad elements:
+np.take, np.repeat, np.delete, np.compress, np.extract,
 np.pad, np.convolve and np.correlate, the stack and split families beside
 np.concatenate and np.split, np.tril, np.triu, np.diagonal, np.trace,
 np.partition, np.fliplr, np.flipud and np.ediff1d.
