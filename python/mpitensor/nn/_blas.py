@@ -8,8 +8,7 @@ library and functions as np.matmul's), the path of a
 library that exports ``cblas_sgemm``/``cblas_dgemm`` (LP64), or ``none`` (NumPy
 computes). Unset, on an Intel CPU MKL when it is installed, else NumPy's OpenBLAS
 when its symbols are found, else none; on other CPUs NumPy's OpenBLAS first, then
-MKL (MKL's code path for them, e.g. on AMD EPYC, spends about 1.5x OpenBLAS's
-cycles on a transformer's products). A library that cannot be loaded gives a RuntimeWarning
+MKL (which takes a generic, slower code path on CPUs that are not Intel's). A library that cannot be loaded gives a RuntimeWarning
 saying why, and the next choice is taken (for an explicit choice: none); results
 are the same either way, only the speed differs.
 
