@@ -8,8 +8,8 @@ are each one run of the file (Shard(0) of a C-order array) goes straight to the
 file. One whose boxes interleave in it in short runs (Shard(1)) is exchanged in
 memory into row slabs, one run per rank, chunk by chunk while an I/O thread
 writes (reads) the previous chunk (csrc/io/io_slabs.c): what two-phase
-collective I/O does inside MPI-IO, which on ext4 with Open MPI's OMPIO was
-several times slower.
+collective I/O does inside MPI-IO, but with the exchange overlapping the writes
+and every rank writing its own slab.
 """
 
 from __future__ import annotations
