@@ -524,8 +524,8 @@ static int write_early(int fd, const char *buf, int64_t len, int64_t at) {
 }
 
 /* The independent path: every box one run, each rank pwrites its own. Sizing the
- * file before its data lands spares ext4 extending it under each write, which
- * raises the write bandwidth; every rank sets the same final size, so no order
+ * file before its data lands spares the file system extending it under each
+ * write; every rank sets the same final size, so no order
  * between them matters and no byte written is cut. */
 static int write_runs(io_call *c, const char *tmp, const void *header, int64_t hlen,
                       const void *buf, int64_t buflen, mt_error *err) {
