@@ -2,8 +2,8 @@
  * piece of every rank's box) through row slabs, pipelined.
  *
  * Writing them in place would mean millions of short writes, or MPI-IO's
- * two-phase collective buffering, which exchanges the whole file before any of it
- * is written and writes through a few aggregator ranks while the others wait.
+ * two-phase collective buffering, which gathers each part of the file on a few
+ * aggregator ranks and writes it from there, the exchange and the writes taking turns.
  * Instead each rank's share of the file is one run of whole rows of dim 0 (its
  * slab), and the boxes are exchanged in memory into the slabs; each byte crosses
  * the wire at most once and is written once. Done whole, the exchange adds its
