@@ -631,7 +631,7 @@ def _eigen(name, a, UPLO, vectors):
             return out
     # MKL's band reduction (pdsyrdb, under its symmetric eigensolvers) hands MPI
     # the grid's communicator cut to 32 bits, which Open MPI's pointer handles do
-    # not survive: on a large matrix it killed the job, a plain C program's too.
+    # not survive: the call crashes the job, a plain C program's as well.
     _comm.agree(a._spec.mesh._handle, _load()[1] != "mkl", 0,
                 f"{name} of a sharded matrix does not run on MKL's ScaLAPACK, whose "
                 "eigensolvers crash with Open MPI: install Debian's "
