@@ -314,8 +314,8 @@ int mt_scalapack_eigh(const mt_scalapack *sl, mt_mesh *mesh, int row_dim, int co
                       int *info, mt_error *err) {
   job j;
   mt__sl_matrix z = {0};
-  /* On the turned grid, as solve: side by side, pXsyevd ran faster on 1 x P than on
-   * P x 1 (its reduction to tridiagonal form sends less along a process row). */
+  /* On the turned grid, as solve: pXsyevd's reduction to tridiagonal form sends
+   * less along a process row on 1 x P than on P x 1. */
   int rc = mt__sl_job_open_turned(sl, mesh, row_dim, col_dim, type, n, n, a, &j, err);
   if (rc != MT_OK) return rc;
   rc = eigh_solve(&j, upper ? "U" : "L", vectors, w, &z, info, err);
