@@ -272,8 +272,8 @@ int mt__sl_job_open_flipped(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
 
 /* Collective on the mesh. As mt__sl_job_open, but a P x 1 grid's cyclic copy
  * lies on the 1 x P grid of the same processes: there pXgetrf factors each panel
- * on one process, with no message per column to find its pivot, and side by side
- * pXgesv and pXsyevd took less time on it. For the square drivers whose only use
+ * on one process, with no message per column to find its pivot, and pXsyevd's
+ * reduction to tridiagonal form sends less along a process row. For the square drivers whose only use
  * of the grid's shape is through the copy's descriptor. */
 int mt__sl_job_open_turned(const mt_scalapack *sl, mt_mesh *mesh, int row_dim,
                            int col_dim, int type, int64_t m, int64_t n, const void *a,
