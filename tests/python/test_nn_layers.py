@@ -231,7 +231,7 @@ def test_cross_entropy_dtensor_without_loss_parallel(mesh):
 
 def test_float32_models_stay_float32():
     """No float64 constant may promote a float32 model (a mixed-dtype matmul drops
-    out of BLAS: the forward ran 5x slower)."""
+    out of BLAS into NumPy's own loops)."""
     x = RNG.standard_normal((2, 4, 8)).astype(np.float32)
     for act in ("gelu", "gelu_tanh", "relu"):
         block = nn.TransformerBlock(8, 2, activation=act, dtype=np.float32)
