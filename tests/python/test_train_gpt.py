@@ -1,4 +1,4 @@
-"""examples/train_gpt.py, the proof of issue 18: a GPT trained with tensor and
+"""examples/train_gpt.py, the end-to-end proof: a GPT trained with tensor and
 sequence parallelism on ``tp`` and fully_shard on ``dp`` follows, in float64, the
 one-process loss curve to rtol 1e-9 at every step; a run saved on one mesh and
 resumed on another continues the same curve; and with torch installed, one step's
