@@ -1,4 +1,4 @@
-"""Gradient accumulation with fully_shard (issue 48), as torch FSDP2's
+"""Gradient accumulation with fully_shard, as torch FSDP2's
 ``set_requires_gradient_sync``: micro-steps without sync make no collective in
 backward, the last one makes one reduce-scatter per group, and the gradients are
 those of four synced backwards added up, and torch's."""
