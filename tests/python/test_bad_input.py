@@ -74,7 +74,7 @@ CASES = [
      TypeError, "ints"),
     ("masked_local", lambda m: from_local(np.ma.masked_array(X, mask=X > 0), m.world),
      TypeError, "MaskedArray"),
-    # issue 49, cases 6 and 7: sizes that overflow int64, dtypes the core cannot move
+    # sizes that overflow int64, dtypes the core cannot move
     ("shape_elements_overflow", lambda m: from_local(
         X, m.world, [Shard(0)], shape=(2**62, 2**62), stride=(2**62, 1)),
      OverflowError, "more than"),
