@@ -1,5 +1,5 @@
-"""Redistributions that differ between ranks or fail on one rank only (issue 16
-items 2 and 8): placements that one rank passes differently (with collective
+"""Redistributions that differ between ranks or fail on one rank only:
+placements that one rank passes differently (with collective
 checks at any size, by default from 16 MiB), uneven shards without shape=, and an
 allocation that fails on one rank only. Every rank raises the same exception, with
 the same message, and the job goes on: the next collectives pair up as before.
