@@ -1,4 +1,4 @@
-"""Every C struct Python reads is laid out from C (issue 47): the extension's table
+"""Every C struct Python reads is laid out from C: the extension's table
 (csrc/ext/ext_structs.c) names each field its header declares, in order, its rows
 written from the headers at build time (csrc/tools/struct_fields.py), so a field
 added to a header reaches Python with no other edit; every ctypes Structure of the
