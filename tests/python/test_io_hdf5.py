@@ -1,4 +1,4 @@
-"""HDF5 datasets saved and loaded in parallel (issue 46): files that plain h5py
+"""HDF5 datasets saved and loaded in parallel: files that plain h5py
 reads with the right values and attributes, files that h5py writes (contiguous,
 chunked, gzip-compressed, big-endian, in groups, netCDF-4 style) loaded onto any
 mesh and placements, a slice loaded alone, a dataset added to an existing file,
