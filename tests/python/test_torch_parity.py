@@ -165,8 +165,8 @@ def cases_for(mesh_shape) -> list:
     return out
 
 
-# Both operands of one operation are the same tensor (issue 48): their gradients
-# are summed before they move on, once. ``redistribute`` alone is the issue's case,
+# Both operands of one operation are the same tensor: their gradients
+# are summed before they move on, once. ``redistribute`` alone is such a case,
 # since every case's loss is ``(y * y).sum()``.
 TARGETS_1D = [("S0",), ("S1",), ("R",)]
 TARGETS_2D = [("S0", "R"), ("R", "S1"), ("S0", "S1"), ("R", "R")]
@@ -253,7 +253,9 @@ def _rules_cases(singles) -> list:
     return out
 
 
-# The issue's four small cases (issue 33), on every mesh.
+# Four small cases where a placement choice is easy to get wrong (a mean of a
+# Partial, softmax and layer_norm over the sharded dim, matmul of two row shards),
+# on every 1-D mesh.
 def _case1(a):
     return a.mean(axis=0)
 
