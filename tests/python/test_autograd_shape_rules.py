@@ -1,4 +1,4 @@
-"""Optional (skipped without torch): the backward of issue 44's operations that
+"""Optional (skipped without torch): the backward of the operations that
 rearrange, select or pad elements equals torch autograd's on the gathered values:
 np.take, np.repeat, np.delete, np.compress, np.extract, np.partition, np.pad
 (constant, edge, reflect, symmetric, wrap), np.convolve and np.correlate (each
@@ -171,7 +171,7 @@ def _torch_conv(a, v, mode, flip):
 def test_convolve_correlate(mesh_shape, pls, mode, lengths, func):
     if func == "correlate" and lengths[1] > lengths[0]:
         pytest.skip("np.correlate with a kernel longer than the signal has no "
-                    "distributed rule (issue 44): it gathers, and refuses grad mode")
+                    "distributed rule: it gathers, and refuses grad mode")
     a, v = _values((lengths[0],), seed=1), _values((lengths[1],), seed=2)
     ours = (lambda p, q: getattr(np, func)(p, q, mode))
     check(ours, lambda p, q: _torch_conv(p, q, mode, func == "convolve"), [a, v],
