@@ -1,6 +1,6 @@
 """Results every rank computes for itself from the same bytes (TSQR's R, the SVD of
-R or of the stacked R factors, lstsq's solution) are made alike (issue 45, "never
-wrong"): ranks whose LAPACK rounds or picks signs differently, as on nodes with
+R or of the stacked R factors, lstsq's solution) are made alike, so that no
+rank is ever wrong: ranks whose LAPACK rounds or picks signs differently, as on nodes with
 other CPUs, all take the first rank's result, with a RuntimeWarning, instead of
 Replicate results whose replicas differ or a U assembled from two SVDs. The
 difference is made by patching LAPACK's answer on every rank but the first. Run
