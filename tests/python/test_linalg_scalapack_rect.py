@@ -1,4 +1,4 @@
-"""np.linalg's rectangular factorizations on ScaLAPACK (issue 45): qr (pXgeqrf and
+"""np.linalg's rectangular factorizations on ScaLAPACK: qr (pXgeqrf and
 pXorgqr/pXungqr, every mode NumPy has; 'raw' NumPy's own h and tau), svd
 (pXgesvd, full_matrices too) and svdvals, and lstsq (on that SVD, as NumPy's gelsd) of square, wide, and tall-but-short-blocked DTensors
 sharded over one or two mesh dims, compared with NumPy on the gathered matrix:
