@@ -1,4 +1,4 @@
-"""Every NumPy call that NumPy accepts answers with NumPy's value (issue 44, item 4):
+"""Every NumPy call that NumPy accepts answers with NumPy's value:
 a function or ufunc method with no distributed rule gathers its DTensor arguments,
 runs NumPy once per rank and returns Replicate DTensors, with one GatherWarning per
 function, the gathers counted by CommDebugMode, a MemoryError on every rank when a
