@@ -1,4 +1,4 @@
-"""A long job over shapes that never repeat keeps its memory flat (issue 34, case 9).
+"""A long job over shapes that never repeat keeps its memory flat.
 
 50,000 operations (redistributes between every pair of placements, elementwise
 operations, reductions, indexing, on 1-D and, at 4 ranks, 2-D meshes) over distinct
