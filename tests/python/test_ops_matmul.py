@@ -67,7 +67,7 @@ def test_matmul_matches_numpy_on_empty_shards(shape):
 
 
 def test_s0_at_s0_moves_the_smaller_operand_once():
-    """What moves now decides (issue 19's rule: never more bytes than torch):
+    """What moves now decides (the rule: never more bytes than torch):
     a small x moves by one all-to-all and the output stays Partial(sum); a small
     y is gathered and the output is Shard(0)."""
     mesh = mesh_of((W,))
