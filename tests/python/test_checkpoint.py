@@ -118,7 +118,7 @@ def test_load_state_dict_of_four_ranks(written):
 # -- saved and loaded in this run -------------------------------------------------------
 
 def test_save_grid_matches_numpy_save_byte_for_byte(tmp):
-    """The issue's case at np 4: [Shard(0), Shard(1)] on a (2, 2) mesh (here the
+    """Two sharded dims with uneven shards, as [Shard(0), Shard(1)] on a (2, 2) mesh at np 4 (here the
     largest 2-D mesh this run has), uneven shards."""
     mesh_shape = max(meshes()[1:], key=lambda s: min(s))
     mesh = init_device_mesh("cpu", mesh_shape)
@@ -180,7 +180,7 @@ def test_numpy_files_fortran_and_byte_swapped(tmp):
 
 
 def test_a_float128_file_is_refused_at_the_door(tmp):
-    """A DTensor holds no float128 (issue 49, case 7): the load says so on every
+    """A DTensor holds no float128: the load says so on every
     rank, rather than giving a tensor that most operations refuse later."""
     path = os.path.join(tmp, "np-ld.npy")
     if RANK == 0:
