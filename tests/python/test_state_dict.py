@@ -1,4 +1,4 @@
-"""torch.distributed.checkpoint.state_dict's functions (issue 48): a model and
+"""torch.distributed.checkpoint.state_dict's functions: a model and
 optimizer state saved under one plan load into another plan and mesh and the next
 step is the same; full state dicts (on rank 0 only with cpu_offload) and
 broadcast_from_rank0; wrappers' prefixes taken out; flat optimizer state dicts;
