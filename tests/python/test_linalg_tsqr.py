@@ -1,4 +1,4 @@
-"""np.linalg on TSQR (issue 45): qr, svd, svdvals, lstsq, matrix_rank, pinv, norm
+"""np.linalg on TSQR: qr, svd, svdvals, lstsq, matrix_rank, pinv, norm
 and cond of tall DTensors whose rows are sharded on one mesh dim, compared with
 NumPy on the gathered matrix: ||A - QR|| / ||A|| and ||Q^H Q - I|| within 1e-12 in
 float64 (up to a condition number of 1e12), singular values to 1e-10 of the
