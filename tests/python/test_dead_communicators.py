@@ -1,4 +1,4 @@
-"""A mesh whose communicator is gone raises instead of crashing (issue 34, case 5).
+"""A mesh whose communicator is gone raises instead of crashing.
 
 `mesh.get_group().Free()` hands MPI back a communicator the mesh owns, and after
 `MPI.Finalize()` no communicator works: a collective on either was a SIGSEGV
