@@ -1,4 +1,4 @@
-"""np.linalg on MKL's ScaLAPACK (MPITENSOR_SCALAPACK=mkl, issue 45): the tests of
+"""np.linalg on MKL's ScaLAPACK (MPITENSOR_SCALAPACK=mkl): the tests of
 solve, inv, det, slogdet and cholesky of test_linalg_scalapack.py and those
 of svd and svdvals of test_linalg_scalapack_rect.py run again here, on MKL's
 libraries, compared with NumPy as there; eigh and eigvalsh, whose MKL drivers
