@@ -1,4 +1,4 @@
-"""bfloat16 and float16 saved and loaded back in every format (issue 46): numpy.save
+"""bfloat16 and float16 saved and loaded back in every format: numpy.save
 describes bfloat16 as raw bytes ('<V2'), which used to make a saved bfloat16 DTensor
 impossible to load again. The .npy header now names it 'bfloat16' (numpy.load
 gives ml_dtypes' bfloat16 back), HDF5 holds it as a float type of its own, Zarr
