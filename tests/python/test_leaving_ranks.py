@@ -1,5 +1,4 @@
-"""A rank that leaves early ends the job within seconds, saying which and why
-(issue 34, case 7).
+"""A rank that leaves early ends the job within seconds, saying which and why.
 
 `sys.exit(0)` on one rank, under plain `python` or `python -m mpi4py`, or an
 uncaught exception on one rank of a plain `python script.py`, left the other ranks
