@@ -1,4 +1,4 @@
-"""mpitensor.async_save (issue 46): the values saved are those of the call; the
+"""mpitensor.async_save: the values saved are those of the call; the
 program's collectives go on while the worker writes; the future's result() leaves
 what save leaves, in every format, and raises save's error on every rank; saves
 run in the order they were made."""
