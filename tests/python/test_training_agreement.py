@@ -1,5 +1,5 @@
-"""The training calls that read arguments every rank must pass alike agree on them
-(issue 34, cases 2 to 4): clip_grad_norm_'s gradients, max_norm, norm_type and
+"""The training calls that read arguments every rank must pass alike agree on them:
+clip_grad_norm_'s gradients, max_norm, norm_type and
 error_if_nonfinite, in the all-reduce it makes anyway; an optimizer's parameter
 groups, hyperparameters, gradients present and zero_grad calls, in one agreement
 per step; the hyperparameters and steps a state dict loads, in the load's
