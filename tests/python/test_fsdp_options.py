@@ -1,4 +1,4 @@
-"""fully_shard's options beside torch 2.13's FSDP2 (issue 48): ``shard_placement_fn``
+"""fully_shard's options beside torch 2.13's FSDP2: ``shard_placement_fn``
 (each parameter sharded on the dim it names, an uneven dim other than 0 refused as
 torch refuses it), ``ignored_params`` (left as they are: not sharded, not
 gathered, not reduced by FSDP), ``reshard_after_forward`` as an int (each divisor
