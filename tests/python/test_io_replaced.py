@@ -1,4 +1,4 @@
-"""A file replaced while it is being loaded (issue 46): each rank used to open the
+"""A file replaced while it is being loaded: each rank used to open the
 path on its own, so a load during another job's ``os.replace`` (or ``mt.save``)
 could give one rank rows of the old file and another rank rows of the new one.
 Every rank now reads the file it opened, the ranks agree that they opened the
