@@ -1,6 +1,6 @@
 """More of torch's own DTensor tests (test_math_ops, test_pointwise_ops,
 test_view_ops, test_tensor_ops, test_matrix_ops, test_embedding_ops) ported to
-NumPy where the operation exists (issue 33). Each check states what torch checks:
+NumPy where the operation exists. Each check states what torch checks:
 values equal NumPy's on the full arrays (uneven shards included), output
 placements as torch's unless ours moves fewer bytes (docs/porting_from_torch.md),
 and no more collective calls than torch makes for the same op and placements."""
