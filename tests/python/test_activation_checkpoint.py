@@ -1,4 +1,4 @@
-"""Activation checkpointing (issue 48), as torch.utils.checkpoint: a checkpointed
+"""Activation checkpointing, as torch.utils.checkpoint: a checkpointed
 block gives the same loss and gradients (inputs and parameters) as the block
 without, with dropout (the recomputation draws the same mask), under tensor
 parallelism and fully_shard; its forward runs twice, the second time in backward;
