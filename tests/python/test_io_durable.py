@@ -1,4 +1,4 @@
-"""``mt.save(..., durable=False)`` skips the syncs (issue 46, item 5), as numpy.save
+"""``mt.save(..., durable=False)`` skips the syncs, as numpy.save
 makes none; ``durable=True`` (the default) makes a save durable with the fewest
 syncs: each rank writes back the bytes it wrote (sync_file_range of its range),
 then one rank fsyncs the file; a Zarr store's chunk files are synced by their
