@@ -1,5 +1,5 @@
-"""Checkpoints that never lose data and never leave a rank waiting (issue 16,
-items 4-8): ranks that pass different paths, directory saves that fail or are
+"""Checkpoints that never lose data and never leave a rank waiting:
+ranks that pass different paths, directory saves that fail or are
 killed midway, what may stand at the target of a save (symlinks, FIFOs, devices,
 long names), data and directory synced before a save returns, index files that
 point outside their checkpoint or are malformed, and a part of a load that some
@@ -62,7 +62,7 @@ def listing(path: str) -> list:
 def test_save_with_a_path_per_rank_raises_everywhere_and_writes_nothing(tmp):
     mesh = init_device_mesh("cpu", (N,))
     dt = rows(mesh, 1)
-    own_dir = tempfile.mkdtemp(dir=tmp)  # a per-rank mkdtemp(), as in the issue
+    own_dir = tempfile.mkdtemp(dir=tmp)  # a per-rank mkdtemp(), as a program would make
     p = Problems()
     expect_same_error(p, "file", lambda: mt.save(dt, os.path.join(tmp, f"rank{RANK}.npy")),
                       ValueError, "same path")
