@@ -1,4 +1,4 @@
-"""docs/numpy_coverage.md is the registry's page as it stands (issue 44, item 7):
+"""docs/numpy_coverage.md is the registry's page as it stands:
 a rule added or removed without regenerating the page fails here."""
 
 from pathlib import Path
