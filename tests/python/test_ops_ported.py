@@ -1,6 +1,6 @@
 """What torch's own DTensor tests (test_dtensor, test_tensor_ops, test_view_ops,
 test_math_ops, test_pointwise_ops, test_comm_mode) check, ported to NumPy where it
-applies (issue 33): DTensor.device, CommDebugMode's "Global" entry, np.split /
+applies: DTensor.device, CommDebugMode's "Global" entry, np.split /
 np.array_split and np.diag, a one-element ndarray mixed with DTensors, a
 histogram with range= on a Replicate input, log-sum-exp along a sharded axis and
 cumsum of the flattened array or of an axis two mesh dims cut. Values equal
