@@ -1,4 +1,4 @@
-"""Zarr v3 arrays saved and loaded in parallel (issue 46): chunks aligned with the
+"""Zarr v3 arrays saved and loaded in parallel: chunks aligned with the
 shards, stores that zarr-python reads with the right values and attributes, stores
 that zarr-python writes (any chunks, compressed, with absent chunks) loaded onto
 any mesh and placements, a slice loaded from its chunks alone, a store replaced
