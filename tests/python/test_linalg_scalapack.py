@@ -1,4 +1,4 @@
-"""np.linalg on ScaLAPACK (issue 45): solve, inv, det, slogdet, cholesky, eigh and
+"""np.linalg on ScaLAPACK: solve, inv, det, slogdet, cholesky, eigh and
 eigvalsh of square DTensors sharded over one or two mesh dims, compared with NumPy
 on the gathered matrix: eigenvalues to 1e-10 of the largest in float64, solve's,
 inv's, cholesky's and eigh's residuals backward-stable (a small multiple of the
@@ -153,7 +153,8 @@ def test_eigh_and_eigvalsh(layout, n, dtype):
     da = dist(a, layout)
     want = np.linalg.eigvalsh(a.astype(np.complex128 if np.dtype(dtype).kind == "c"
                                        else np.float64))
-    # float64's bound is the issue's 1e-10; float32's its precision's.
+    # float64's bound is 1e-10 of the largest, as the docstring says; float32's its
+    # precision's.
     tol = 1e-10 if np.finfo(dtype).dtype == np.float64 else 50 * n * eps(dtype)
     for uplo in ("L", "U"):
         w, v = np.linalg.eigh(da, UPLO=uplo)
