@@ -23,7 +23,7 @@ COMM = MPI.COMM_WORLD
 W, RANK = COMM.Get_size(), COMM.Get_rank()
 
 # (id, call on arrays (a (9, 5) matrix "m" and a (13,) vector "v", DTensors or
-# ndarrays alike)): the everyday calls of the issue that had no rule.
+# ndarrays alike)): everyday calls that have no distributed rule.
 CALLS = [
     ("unique_counts", lambda m, v: np.unique(v, return_counts=True, return_index=True,
                                               return_inverse=True)),
