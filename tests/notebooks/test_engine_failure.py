@@ -1,5 +1,5 @@
 """An exception on one ipyparallel engine before a collective the others enter ends
-the cell within seconds, and says how to go on (issue 34, case 8).
+the cell within seconds, and says how to go on.
 
 The notebook froze for the collective watchdog's 30 minutes. Open MPI 4.1 cannot
 take back a collective that one engine never entered, so the engines that wait in
