@@ -118,8 +118,8 @@ def test_load_state_dict_of_four_ranks(written):
 # -- saved and loaded in this run -------------------------------------------------------
 
 def test_save_grid_matches_numpy_save_byte_for_byte(tmp):
-    """Two sharded dims with uneven shards, as [Shard(0), Shard(1)] on a (2, 2) mesh at np 4 (here the
-    largest 2-D mesh this run has), uneven shards."""
+    """Two sharded dims with uneven shards: [Shard(0), Shard(1)] on a (2, 2) mesh
+    at np 4 (here the largest 2-D mesh this run has)."""
     mesh_shape = max(meshes()[1:], key=lambda s: min(s))
     mesh = init_device_mesh("cpu", mesh_shape)
     g = cf.global_array((7, 5), "float32", 9)
