@@ -3,7 +3,10 @@
  * after the dims inside a node have cut the data, ALLREDUCE_NODES), the bytes a
  * step moves between nodes counted against the exchange's own boxes, and, over
  * random layouts of up to 16,384 ranks on nodes of several sizes, never more bytes
- * between nodes (nor in all) than torch's per-mesh-dim steps. */
+ * between nodes (nor in all) than torch's per-mesh-dim steps.
+ *
+ * `test_plan_nodes --quick` (or MT_TEST_QUICK=1) checks every seventh move, for
+ * valgrind: its paths are the same, and the plain run checks them all. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,10 @@
 #include "mpitensor/core/layout.h"
 #include "mpitensor/core/plan.h"
 #include "mpitensor/core/timemodel.h"
+
+/* 1, or 7 under --quick: the stride through the moves (prime to the 3 models and
+ * the 2 shapes that the case number picks, so every kind is still met). */
+static int stride = 1;
 
 static mt_placement R(void) { return (mt_placement){MT_PLACEMENT_REPLICATE, 0, 0, 0}; }
 static mt_placement S(int dim) { return (mt_placement){MT_PLACEMENT_SHARD, dim, 0, 0}; }
@@ -291,7 +298,7 @@ static void test_every_move(void) {
     for (int m = 0; m < nd; ++m) pairs *= 16;
     for (int k = 0; k < NPER; ++k) {
       if (per_node[k] >= numel_of(i)) continue;
-      for (int c = 0; c < pairs * 2 * 3; ++c) {
+      for (int c = 0; c < pairs * 2 * 3; c += stride) {
         int pair = c / 6, v = pair;
         mt_placement pa[2], pb[2];
         for (int m = 0; m < nd; ++m) pa[m] = opts[v % 4], pb[m] = opts[(v / 4) % 4], v /= 16;
@@ -307,7 +314,7 @@ static void test_every_move(void) {
       }
     }
   }
-  CHECK_MSG(checked > 10000, "%d moves", checked);
+  CHECK_MSG(checked > 10000 / stride, "%d moves", checked);
 }
 
 /* The same over random layouts (1- to 3-d tensors of 1 to 4,096 per dim, kept
@@ -319,7 +326,7 @@ static void test_random_moves(void) {
     for (int k = 0; k < NPER; ++k) {
       if (per_node[k] >= numel_of(i)) continue;
       int cases = numel_of(i) > 4096 ? 6 : 24;
-      for (int c = 0; c < cases * 3; ++c) {
+      for (int c = 0; c < cases * 3; c += stride) {
         mt_time_model m = model_kind(c % 3, per_node[k]);
         int ndim = 1 + (int)rnd(3);
         int64_t shape[3];
@@ -338,7 +345,7 @@ static void test_random_moves(void) {
       }
     }
   }
-  CHECK_MSG(checked > 2400, "%d moves", checked);
+  CHECK_MSG(checked > 2400 / stride, "%d moves", checked);
 }
 
 /* A cut of a Replicate array too large to count in bytes moves nothing: torch's
@@ -354,7 +361,9 @@ static void test_huge_cut_prices_without_overflow(void) {
   CHECK(bytes == 0 && net == 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  const char *q = getenv("MT_TEST_QUICK");
+  if ((argc > 1 && strcmp(argv[1], "--quick") == 0) || (q != NULL && q[0] == '1')) stride = 7;
   test_huge_cut_prices_without_overflow();
   test_allreduce_nodes();
   test_gather_across_first();
