@@ -251,7 +251,7 @@ def counted(dt, mesh, dst, **kw):
 
 
 def test_counts_one_d_spelled_out():
-    """The issue's list, one by one, with bytes summed over ranks; a world of one
+    """Every 1-D transition's collectives, one by one, with bytes summed over ranks; a world of one
     rank is a mesh dim of size 1: no communication at all."""
     mesh = mesh_of((W,))
     base = base_array((6, 4))
@@ -287,7 +287,7 @@ def test_counts_one_d_spelled_out():
 
 @pytest.mark.parametrize("case", ["S0S1_to_S0S0", "S0S1_to_S1S0", "S0S0_to_S1S1"])
 def test_two_d_at_most_torch(case):
-    """The issue's three 2-D cases: at most 1, 2, 2 collectives, bytes <= torch's."""
+    """Three 2-D cases that torch's per-dim steps take: at most 1, 2, 2 collectives, bytes <= torch's."""
     src, dst, most = {"S0S1_to_S0S0": ((S0, S1), (S0, S0), 1),
                       "S0S1_to_S1S0": ((S0, S1), (S1, S0), 2),
                       "S0S0_to_S1S1": ((S0, S0), (S1, S1), 2)}[case]
