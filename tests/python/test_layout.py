@@ -1,6 +1,6 @@
 """Layout math: the local shape and global offset of every shard, for this rank
 (compute_local_shape_and_global_offset) and as a pure function of a coordinate
-(local_shape_and_global_offset), against the issue's worked examples and a
+(local_shape_and_global_offset), against worked examples and a
 brute-force reference."""
 
 import itertools
@@ -26,7 +26,7 @@ RANK = MPI.COMM_WORLD.Get_rank()
 box_of = mt.local_shape_and_global_offset
 
 
-# -- the issue's worked examples ---------------------------------------------------
+# -- worked examples ----------------------------------------------------------------
 
 def test_ten_rows_on_four_ranks():
     boxes = [box_of((10,), (4,), (i,), [Shard(0)]) for i in range(4)]
