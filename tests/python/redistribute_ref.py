@@ -234,7 +234,7 @@ def torch_plan(shape, mesh_shape, src, dst, itemsize):
     return calls, nbytes * itemsize
 
 
-# ---- the counts the issue fixes exactly ---------------------------------------------
+# ---- the counts fixed exactly -----------------------------------------------------
 
 
 def single_step(mesh_shape, src, dst):
