@@ -46,7 +46,7 @@ static void test_transitions_at_int_max(void) {
       }
     }
   }
-  /* The case: 2**31 + 16 int8 at np 2, each block far below INT_MAX. */
+  /* More than INT_MAX in all: 2**31 + 16 int8 at np 2, each block far below it. */
   int64_t two[2] = {((int64_t)1 << 30) + 8, ((int64_t)1 << 30) + 8};
   CHECK(mt_reduce_scatter_round(two, 2, 1, big) == MIB256);
   /* int8 over 8 members: 8 rounds of 256 MiB would total 2**31: the round shrinks. */
