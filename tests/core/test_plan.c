@@ -231,7 +231,7 @@ static void check_structure(const mt_plan *plan, const mt_layout *src,
   CHECK(mt_plan_bytes(plan) == bytes && mt_plan_messages(plan) == msgs);
 }
 
-/* ---- (a) The issue's counts. ---- */
+/* ---- (a) The collective counts of every 1-D transition. ---- */
 
 /* Plans a -> b on the frame of `l` and checks its structure. */
 static mt_plan *plan_pl(const mt_layout *l, const mt_placement *a,
@@ -287,7 +287,7 @@ static void test_counts_1d(void) {
   }
 }
 
-/* The three 2-D cases the issue names, plus every other pair on a (2,2) mesh:
+/* Three 2-D cases that torch's per-dim steps take, plus every other pair on a (2,2) mesh:
  * never more bytes than torch's chain. */
 static void check_2d_case(const mt_layout *l, const mt_placement *a,
                           const mt_placement *b, int max_comm) {
@@ -320,7 +320,7 @@ static void test_counts_2d(void) {
       }
     }
   }
-  /* The issue's example: one direct exchange moves a quarter of torch's bytes. */
+  /* A transpose of two sharded dims: one direct exchange moves a quarter of torch's bytes. */
   mt_layout l = make(2, (const int64_t[]){8, 8}, 2, mesh, (mt_placement[]){S(0), S(1)});
   mt_layout d = with(&l, (mt_placement[]){S(1), S(0)});
   mt_plan *plan = plan_of(&l, &d, 8);
