@@ -932,7 +932,7 @@ static mt_prop_result run(const mt_dimmap *map, const mt_prop_inputs *in) {
   return r;
 }
 
-/* ---- The issue's cases. ---- */
+/* ---- Elementwise, reduction and Partial cases. ---- */
 
 static const int64_t MESH2[1] = {2};
 
@@ -1006,7 +1006,7 @@ static void test_partial_rules(void) {
   CHECK(r.out_placements[0].kind != MT_PLACEMENT_PARTIAL);
 }
 
-/* add and subtract of tensors, torch's additive rules (issue 19). */
+/* add and subtract of tensors, torch's additive rules. */
 static void test_partial_additive(void) {
   /* P(sum) + R keeps P(sum) for free, R partitioned, either way round. */
   mt_prop_result r = binary(MT_PARTIAL_ADDITIVE, t88(PSUM), t88(R()));
@@ -1330,7 +1330,7 @@ static void test_timed_candidates(void) {
 
 static void test_matmul(void) {
   tin x = {2, {8, 8}, {S(0)}}, y = {2, {8, 32}, {S(0)}};
-  /* x [S0] @ y [S0]: what moves now decides (issue 19: never more than torch,
+  /* x [S0] @ y [S0]: what moves now decides (never more than torch,
    * which prices its strategies so). Moving the small x by one all-to-all and
    * leaving a Partial(sum) beats gathering the large y. */
   mt_prop_result r = matmul(1, MESH2, x, y);
