@@ -932,7 +932,7 @@ static mt_prop_result run(const mt_dimmap *map, const mt_prop_inputs *in) {
   return r;
 }
 
-/* ---- Elementwise, reduction and Partial cases. ---- */
+/* ---- Case by case: elementwise, Partial, matmul, reductions, meshes, reshape. ---- */
 
 static const int64_t MESH2[1] = {2};
 
