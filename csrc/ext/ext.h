@@ -105,6 +105,13 @@ PyObject *mt_ext_int_tuple(const int64_t *v, int n);
 /* A new C-contiguous array; large ones come from the block pool. */
 PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim,
                                 const npy_intp *dims);
+/* Makes the block pool NumPy's allocator while a local function runs on operands
+ * of which one is large (its results and temporaries then reuse resident blocks):
+ * the allocator to give back to mt_ext_pool_leave, or NULL when none is large. */
+PyObject *mt_ext_pool_enter(PyObject *module, PyObject *const *operands, Py_ssize_t n);
+/* Gives NumPy back the allocator mt_ext_pool_enter replaced (none for NULL),
+ * keeping any exception the local function raised. */
+void mt_ext_pool_leave(PyObject *old);
 
 /* -- meshes (ext_mesh_base.c) ------------------------------------------------------ */
 

@@ -206,8 +206,10 @@ static PyObject *call_local(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ex
     rs->args[n++] = box;
   }
   Py_ssize_t nkw = op->kwnames != NULL ? PyTuple_GET_SIZE(op->kwnames) : 0;
+  PyObject *allocator = mt_ext_pool_enter(d->module, rs->args, c->noperands);
   PyObject *res = mt_ext_hook(d, MT_HOOK_LOCAL, op->func, rs->args, (size_t)(n - nkw),
                               op->kwnames);
+  mt_ext_pool_leave(allocator);
   Py_XDECREF(box);
   return res;
 }

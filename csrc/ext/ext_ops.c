@@ -76,16 +76,18 @@ static PyObject *register_ufunc(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only):
- * `method` names the DTensorBase reduction method it backs, or is None. */
+/* register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only,
+ * local=None): `method` names the DTensorBase reduction method it backs, or is None;
+ * `local`, when given, runs on the local array in its place (ndarray's method, else
+ * `func`), called as the method is. */
 static PyObject *register_reduction(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *func;
+  PyObject *func, *local = Py_None;
   const char *method;
   mt_reduction_rule rule;
   unsigned int ops;
-  if (!PyArg_ParseTuple(args, "OziiIp:register_reduction", &func, &method, &rule.reduce_op,
-                        &rule.partial_rule, &ops, &rule.even_only))
+  if (!PyArg_ParseTuple(args, "OziiIp|O:register_reduction", &func, &method,
+                        &rule.reduce_op, &rule.partial_rule, &ops, &rule.even_only, &local))
     return NULL;
   rule.partial_ops = ops;
   int m = 0;
@@ -96,13 +98,15 @@ static PyObject *register_reduction(PyObject *module, PyObject *args) {
   mt_ext_sig *sig = add_sig(d, func);
   if (sig == NULL) return NULL;
   sig->op.family = MT_OP_REDUCTION, sig->op.rule = rule;
-  if (method == NULL) Py_RETURN_NONE;
-  /* ndarray's own method, called as a function: a local array is an ndarray, so
-   * this is what looking the name up on it would find. */
-  sig->method = PyObject_GetAttr((PyObject *)&PyArray_Type, d->reduction_name[m]);
-  if (sig->method == NULL) return NULL;
-  sig->int_axis = strncmp(method, "arg", 3) == 0;
-  d->reduction_sig[m] = (int)(sig - d->sigs);
+  if (method != NULL) {
+    /* ndarray's own method, called as a function: a local array is an ndarray, so
+     * this is what looking the name up on it would find. */
+    sig->method = PyObject_GetAttr((PyObject *)&PyArray_Type, d->reduction_name[m]);
+    if (sig->method == NULL) return NULL;
+    sig->int_axis = strncmp(method, "arg", 3) == 0;
+    d->reduction_sig[m] = (int)(sig - d->sigs);
+  }
+  if (local != Py_None) Py_XSETREF(sig->method, Py_NewRef(local));
   Py_RETURN_NONE;
 }
 
@@ -219,7 +223,8 @@ PyMethodDef mt_ext_ops_methods[] = {
      "register_ufunc(ufunc, family, kind): a ufunc's signature (FAMILY_ELEMENTWISE with "
      "an ELEMENTWISE_* kind, or FAMILY_MATMUL). Local."},
     {"register_reduction", register_reduction, METH_VARARGS,
-     "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only): "
+     "register_reduction(func, method, reduce_op, partial_rule, partial_ops, even_only, "
+     "local=None): "
      "a reduction's signature and the DTensor method it backs (reduce_op -1: the "
      "reduced dims are merged by its Python entry). Local."},
     {"register_grad", register_grad, METH_VARARGS,

@@ -44,6 +44,25 @@ PyArrayObject *mt_ext_new_array(PyObject *module, PyArray_Descr *descr, int ndim
   return (PyArrayObject *)arr;
 }
 
+PyObject *mt_ext_pool_enter(PyObject *module, PyObject *const *operands, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; ++i)
+    if (PyArray_Check(operands[i]) &&
+        mt_pool_worth((size_t)PyArray_NBYTES((PyArrayObject *)operands[i])))
+      return PyDataMem_SetHandler(mt_ext_state_of(module)->pool_handler);
+  return NULL;
+}
+
+void mt_ext_pool_leave(PyObject *old) {
+  if (old == NULL) return;
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject *pool = PyDataMem_SetHandler(old);
+  if (pool == NULL) PyErr_Clear();
+  Py_XDECREF(pool);
+  Py_DECREF(old);
+  PyErr_Restore(type, value, tb);
+}
+
 /* empty(shape, dtype) -> a new C-contiguous array, from the pool when it is large:
  * the outputs the ctypes bindings fill (mpitensor._comm). Local. */
 static PyObject *empty(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {

@@ -280,3 +280,38 @@ def test_unsupported_arguments():
         np.sum(dt, initial=1.0)
     with pytest.raises(np.exceptions.AxisError):
         dt.sum(axis=2)
+
+
+@pytest.mark.parametrize("name", ["min", "max", "amin", "amax"])
+@pytest.mark.parametrize("special", ["none", "nan", "inf", "-inf", "zero", "negzero", "mixed"])
+def test_extreme_along_an_axis_is_numpys_bits(name, special):
+    """max/min along an axis of a large local block take a faster local kernel: its
+    bits are NumPy's with NaN, infinities and signed zeros in some columns."""
+    rng = np.random.default_rng(3)
+    full = rng.standard_normal((400, 30))
+    if special == "nan":
+        full[7, 3] = np.nan
+    elif special in ("inf", "-inf"):
+        full[5, 2] = float(special)
+    elif special == "zero":
+        full[:, 4] = np.abs(full[:, 4])
+        full[9, 4] = 0.0
+    elif special == "negzero":
+        # fmin/fmax order the two zeros otherwise than NumPy's reduce here
+        full[:, 4] = np.abs(full[:, 4]) if name.endswith("min") else -np.abs(full[:, 4])
+        full[9, 4], full[11, 4] = 0.0, -0.0
+        full[5] = np.abs(full[5]) if name.endswith("min") else -np.abs(full[5])
+        full[5, 0], full[5, 29] = 0.0, -0.0
+    elif special == "mixed":
+        full[1, 1], full[2, 2], full[3, 3] = np.nan, np.inf, -0.0
+    mesh = mesh_of((W,))
+    func = getattr(np, name)
+    for pls in ([R], [S0], [S1]):
+        dt = make(full, mesh, pls)
+        for axis in (0, 1, (0, 1)):
+            got = func(dt, axis=axis).full_tensor()
+            expect = func(full, axis=axis)
+            assert got.tobytes() == np.asarray(expect).tobytes(), (pls, axis)
+            if name in METHODS:
+                got = getattr(dt, name)(axis=axis).full_tensor()
+                assert got.tobytes() == np.asarray(expect).tobytes(), (pls, axis)
