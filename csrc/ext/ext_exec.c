@@ -12,6 +12,7 @@
  * A rank outside the mesh runs the local function on stand-ins (one element per
  * input) to learn the output's dtype, and holds an empty local array. */
 #include "ext.h"
+#include "ext_trace.h"
 
 #include <string.h>
 
@@ -329,6 +330,9 @@ PyObject *mt_ext_run(mt_ext_dispatch *d, const mt_ext_op *op, mt_ext_call *c,
   /* key.grad: the operands that require grad, read while grad was wanted. */
   if (out != NULL && d->modes->grad_enabled && c->key.grad != 0)
     out = record(d, op, c, &rs, ops, out);
+  if (out != NULL && d->modes->listeners > 0 &&
+      mt_ext_ran_event(d, op, c, rs.dec, ops, rs.args, out) < 0)
+    Py_CLEAR(out);
 done:
   for (int i = 0; rs.owned && i < c->noperands; ++i) Py_DECREF(rs.args[i]);
   if (rs.dec != NULL) mt_decision_drop(&rs.copy);

@@ -12,8 +12,8 @@ here through ctypes with its layout from C), which the C executor reads too:
 debugging tool listens, so the executor emits trace events), ``state.checks``,
 ``state.log_debug``, ``state.gather_report``, ``state.implicit_replication``,
 ``state.backward``. What only Python uses (the
-handlers of loss_parallel and context parallelism, the entered CommDebugModes,
-the collective checker) is kept here beside them.
+handlers of loss_parallel and context parallelism, the entered CommDebugModes
+and DebugModes, the collective checker) is kept here beside them.
 
 Every function here is Local: modes are per process, and every rank of an SPMD
 program enters and leaves them alike.
@@ -36,13 +36,15 @@ class _State(_clib.struct("mt_ext_modes")):
     gradients. ``want``: the DTensor whose gradient a backward rule computes (its
     operations' outputs are headed to its layout), or None.
     ``implicit_replication``: depth of implicit_replication() blocks.
-    ``listeners``: entered CommDebugModes."""
+    ``listeners``: entered CommDebugModes and DebugModes (while any is, the
+    executor also tells what each operation ran: the "ran" event)."""
 
     __slots__ = ()
 
     @property
     def tracing(self) -> bool:
-        """Some tool listens: checks, debug logs, a gather warning, a CommDebugMode."""
+        """Some tool listens: checks, debug logs, a gather warning, a CommDebugMode
+        or a DebugMode."""
         return self.checks or self.log_debug or self.gather_warning or self.listeners > 0
 
     @property
@@ -140,6 +142,7 @@ def set_gather_warning(enabled: bool) -> bool:
 
 # -- tracing: collective checks, debug logging, CommDebugMode ---------------------------
 listeners: list = []  # entered CommDebugModes, innermost last
+recorders: list = []  # entered DebugModes, innermost last
 # checker(text, mesh): the collective agreement that debug registers; called before
 # each collective while ``state.checks`` is on.
 checker = None
@@ -187,13 +190,30 @@ def add_listener(listener) -> None:
     (an append, not a call: it sits on every traced operation); the rarer
     records call its methods (mpitensor._trace)."""
     listeners.append(listener)
-    state.listeners = len(listeners)
+    state.listeners = len(listeners) + len(recorders)
 
 
 def remove_listener(listener) -> None:
     if listener in listeners:
         listeners.remove(listener)
-    state.listeners = len(listeners)
+    state.listeners = len(listeners) + len(recorders)
+
+
+def add_recorder(recorder) -> None:
+    """Adds an entered DebugMode: each trace event calls its method of the event's
+    name with an underscore (``_decision``, ``_move``, ``_ran``, ``_collective``,
+    ``_local``, ``_call_enter``, ``_call_exit``; mpitensor._trace).
+
+    Example: ``add_recorder(mode)`` ... ``remove_recorder(mode)``.
+    """
+    recorders.append(recorder)
+    state.listeners = len(listeners) + len(recorders)
+
+
+def remove_recorder(recorder) -> None:
+    if recorder in recorders:
+        recorders.remove(recorder)
+    state.listeners = len(listeners) + len(recorders)
 
 
 # -- grad mode, autograd ------------------------------------------------------------------

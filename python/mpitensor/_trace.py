@@ -1,20 +1,24 @@
 """The trace events of the executor and the hook sites of Python's own
 collectives, gathered in one module so that the debugging tools share them.
 
-Four tools listen (their flags are in mpitensor._modes.state): the collective
+Five tools listen (their flags are in mpitensor._modes.state): the collective
 mismatch detector (``mpitensor.debug.set_collective_checks``), debug logging
-(``MPITENSOR_LOGS=+dtensor``), gather reports (INFO logging, the gather warning)
-and the operation trace of an entered ``CommDebugMode``. While one does,
-``_modes.state.tracing`` is set and the C executor tells what it does, each
-event calling the function of its name here: :func:`decision` (an operation's,
-found in or added to the memo), :func:`move` (a plan about to run: an
-operation's input, an explicit redistribute or a move an operation names) and
-:func:`unmoved` (an explicit redistribute to its own placements). With every
-tool off the executor pays one flag test per operation.
+(``MPITENSOR_LOGS=+dtensor``), gather reports (INFO logging, the gather warning),
+the operation trace of an entered ``CommDebugMode`` and the call trace of an
+entered ``DebugMode``. While one does, ``_modes.state.tracing`` is set and the C
+executor tells what it does, each event calling the function of its name here:
+:func:`decision` (an operation's, found in or added to the memo), :func:`move` (a
+plan about to run: an operation's input, an explicit redistribute or a move an
+operation names) and :func:`unmoved` (an explicit redistribute to its own
+placements); while a CommDebugMode or a DebugMode is entered, also :func:`ran`
+(what the operation's local function got and what it gave). With every tool off
+the executor pays one flag test per operation.
 
 Python's own collectives (``distribute_tensor``, ``from_local(run_check=True)``)
 call :func:`collective`, and nn.functional's local layouts :func:`local`, behind
-``if _modes.state.tracing:``.
+``if _modes.state.tracing:``. The Python door of registered calls brackets each
+call with :func:`call_enter` and :func:`call_exit` while a DebugMode is entered
+(``if _modes.recorders:``), so that what the call runs nests under it.
 """
 
 from __future__ import annotations
@@ -98,6 +102,8 @@ def redistribute(what: str, mesh, plan, shape, dtype, steps, src, dst) -> None:
                   parts or "no step")
     for listener in _modes.listeners:
         listener._record_redistribute(explicit, mesh, steps, shape, src)
+    for recorder in _modes.recorders:
+        recorder._move(explicit, mesh, steps, shape, dtype, src, dst)
 
 
 def unmoved(what: str, mesh, placements, shape, dtype) -> None:
@@ -135,6 +141,8 @@ def collective(what: str, mesh, placements, shape, dtype) -> None:
         log.debug("%s on %r", text, mesh)
     for listener in _modes.listeners:
         listener._record_operation(what, [], [], mesh)
+    for recorder in _modes.recorders:
+        recorder._collective(what, mesh, placements, shape, dtype)
 
 
 def decision(op_key, specs, out_placements, out_shape, hit: bool) -> None:
@@ -155,6 +163,47 @@ def decision(op_key, specs, out_placements, out_shape, hit: bool) -> None:
         record = (name, specs)
         for listener in _modes.listeners:
             listener._records.append(record)
+    for recorder in _modes.recorders:
+        recorder._decision(name, specs)
+
+
+def ran(op_key, operands, targets, local_args, out) -> None:
+    """The "ran" event, while a CommDebugMode or a DebugMode is entered: the
+    operation of ``op_key`` (whose decision event came first) ran its local
+    function. ``operands``: the call's operands as given (DTensors and scalars);
+    ``targets``: each DTensor operand's placements as the local function got it
+    (its plan's target, ``Partial(sum)`` where it was partitioned: torch's
+    ``Replicate -> Partial(sum)``); ``local_args``: the local function's
+    positional arguments (the moved local arrays, scalars, the op's extra
+    arguments); ``out``: the result (a DTensor or a tuple of them)."""
+    for recorder in _modes.recorders:
+        recorder._ran(op_key, operands, targets, local_args, out)
+
+
+def call_enter(name: str, args, kwargs):
+    """The start of a Python-level call on DTensors (the door of registered NumPy
+    functions and DTensor's methods): ``name`` as the trace writes it
+    (``numpy.linalg.svd``), its arguments as given. Returns the token that
+    :func:`call_exit` takes. Call it only while ``_modes.recorders`` is non-empty.
+
+    Example::
+
+        token = _trace.call_enter("numpy.linalg.norm", (x,), {}) if _modes.recorders else None
+        try:
+            result = entry(x)
+        finally:
+            if token is not None:
+                _trace.call_exit(token, result)
+    """
+    return [(recorder, recorder._call_enter(name, args, kwargs))
+            for recorder in _modes.recorders]
+
+
+def call_exit(token, result) -> None:
+    """The end of the call :func:`call_enter` opened (``result`` None when it
+    raised): what ran since nests under it."""
+    for recorder, handle in token:
+        recorder._call_exit(handle, result)
 
 
 def local(name: str, inputs, out_placements) -> None:
@@ -169,6 +218,8 @@ def local(name: str, inputs, out_placements) -> None:
         listener._record_operation(name, [tuple(x._spec.shape) for x in inputs],
                                    [tuple(x._spec.placements) for x in inputs],
                                    inputs[0]._spec.mesh)
+    for recorder in _modes.recorders:
+        recorder._local(name, inputs, out_placements)
 
 
 _op_names: dict = {}  # op key -> name: the name is asked for on every traced op
@@ -268,3 +319,4 @@ def count_backward() -> None:
 _C.set_hook("decision", decision)
 _C.set_hook("move", move)
 _C.set_hook("unmoved", unmoved)
+_C.set_hook("ran", ran)
