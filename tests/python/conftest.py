@@ -83,6 +83,25 @@ def pytest_sessionfinish(session):
             json.dump({"tests": _outcomes}, f, indent=0)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "np(*sizes): a test whose content is the same at every rank count (it "
+        "reads the source tree, or starts its own jobs) runs only when the suite runs "
+        "at one of these sizes (docs/testing.md)")
+
+
+def pytest_collection_modifyitems(config, items):
+    # `make test` runs the suite at np 1 to 4: a test that checks the same thing at
+    # every size would cost 1 + 2 + 3 + 4 ranks' time to find what one rank finds.
+    size = COMM.Get_size()
+    for item in items:
+        marker = item.get_closest_marker("np")
+        if marker is not None and size not in marker.args:
+            sizes = ", ".join(str(n) for n in marker.args)
+            item.add_marker(pytest.mark.skip(
+                reason=f"the same at every rank count: runs at np {sizes}"))
+
+
 def pytest_report_header(config):
     nodes = f" on {NODES} nodes" if NODES > 1 else ""
     return (f"mpitensor tests on {COMM.Get_size()} MPI rank(s){nodes}; this is rank "
