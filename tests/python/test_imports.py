@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# Reads the source tree: the same at every rank count.
+pytestmark = pytest.mark.np(1)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graphs import strongly_connected  # noqa: E402  (tests/graphs.py)
 
