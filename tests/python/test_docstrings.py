@@ -13,6 +13,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.np(1)
+
 MODULES = ["mpitensor", "mpitensor.device_mesh", "mpitensor.placement_types",
            "mpitensor.debug", "mpitensor.experimental", "mpitensor.nn",
            "mpitensor.nn.functional", "mpitensor.parallel", "mpitensor.checkpoint",
