@@ -7,6 +7,11 @@ import os
 import shutil
 import sys
 
+import pytest
+
+# Reads csrc/: the same at every rank count.
+pytestmark = pytest.mark.np(1)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [os.path.join(ROOT, "tests", "core"), os.path.join(ROOT, "tests")]
 import check_walls  # noqa: E402  (tests/core/check_walls.py)
