@@ -11,6 +11,9 @@ from mpi4py import MPI
 import mpitensor
 from mpitensor import _C, _comm
 
+# Which libmpi each extension links: the same at every rank count.
+pytestmark = pytest.mark.np(1)
+
 LIBMPI = re.compile(r"/libmpi\.so(\.\d+)*$")
 
 
