@@ -26,6 +26,13 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OPENBLAS_NUM_THREADS := 1
+# Compiled bytecode, and pytest's rewritten test modules, are kept in build/ and
+# read back by every later process: `make test` starts Python processes by the
+# hundred, and each one compiling mpitensor and rewriting the suite's asserts again
+# (as it does where PYTHONDONTWRITEBYTECODE is set) was most of the time every
+# rank of every pass spent collecting.
+export PYTHONPYCACHEPREFIX := $(abspath build/pycache)
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: ecosystem plan-ranking install system-deps demo docs test test-c test-python test-plain test-examples \
   test-network test-multinode test-lint test-fuzz fuzz-seeds test-fuzz-ranks test-asan \
@@ -101,11 +108,13 @@ test-python: install
 	@status=0; for np in $(NPS); do tests/run_mpi_pytest.sh $$np || status=1; done; exit $$status
 
 # Plain pytest, as users run it: the mpi-marked tests (each started under mpiexec by
-# the pytest_mpitensor plugin), the plugin's own tests, every notebook headless, and
-# the programs on the tutorial pages of docs/.
+# the pytest_mpitensor plugin; only the files that mark any are collected, since the
+# rest of the suite runs under mpiexec in test-python), the plugin's own tests, every
+# notebook headless, and the programs on the tutorial pages of docs/.
 test-plain: install
 	tests/record_failures.sh "plain pytest -m mpi" \
-	  timeout -k 20 1200 $(PY) -m pytest -m mpi tests/python -q
+	  timeout -k 20 1200 $(PY) -m pytest -m mpi \
+	  $$(grep -l -E 'mark\.mpi\b' tests/python/test_*.py) -q
 	tests/record_failures.sh "plain pytest of plugin, notebooks, docs" \
 	  timeout -k 20 1200 $(PY) -m pytest tests/plugin tests/notebooks tests/docs -q
 	tests/record_failures.sh "mkdocs build --strict" $(MAKE) --no-print-directory docs
