@@ -20,6 +20,10 @@ launcher=${MT_MPIEXEC:-mpiexec}
 where=${MT_RUN_LABEL:+ on $MT_RUN_LABEL}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0
+# Every rank would otherwise compile mpitensor and rewrite the suite's asserts again
+# where bytecode is not written (PYTHONDONTWRITEBYTECODE): keep both in build/.
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$here/build/pycache}
+unset PYTHONDONTWRITEBYTECODE
 # Test paths among the arguments replace the default of the whole suite.
 paths=("$here/tests/python")
 for a in "$@"; do
