@@ -363,14 +363,13 @@ def _mask_write(dt, mask, value):
         # A 0-d array is a scalar (the array API standard writes scalars so); a
         # Partial one is reduced, as every rank needs its value.
         value = value.full_tensor()[()]
-    if type(value) is DTensor or not D.is_scalar(value):
-        # The values go to the Trues in C order across every rank's block: NumPy's
-        # own assignment on the gathered arrays (the fallback writes dt back).
-        raise _registry.NoRule(f"{name}: an array of values has no distributed rule "
-                               f"(numpy.copyto(dt, values, where=mask) has one)")
     if mask.shape != dt.shape or np.dtype(mask.dtype) != np.bool_:
         raise IndexError(f"{name}: the mask must be a boolean array of the DTensor's "
                          f"shape {dt.shape}, not {mask.dtype} of shape {mask.shape}")
+    if type(value) is DTensor or not D.is_scalar(value):
+        value = _mask_values(name, dt, mask, value)
+        if value is None:
+            return
     local_mask, _ = _local_operand(name, dt, mask)
     _resolve(name, dt)
     op = _partial_op(dt)
@@ -379,6 +378,39 @@ def _mask_write(dt, mask, value):
     dest = dt.to_local()
     value = _IDENTITY[op] if _writes_identity(dt, set()) else value
     _views.write(dt, lambda: dest.__setitem__(local_mask, value), where=local_mask)
+
+
+def _mask_values(name, dt, mask, values):
+    """``dt[mask] = values`` for an array of values: the values go to the Trues in
+    C order across every rank's block, as NumPy's assignment puts them. Each True's
+    position among them is a scan of the flattened mask; each rank takes the values
+    at its positions where they lie (np.take by a DTensor of indices) and copies
+    them in under the mask. Returns the scalar to write instead (values of one
+    element), or None once written. Collective on the mesh."""
+    mesh = dt.device_mesh
+    if type(mask) is not DTensor:
+        mask = DTensor.from_local(np.asarray(mask), mesh, [Replicate()] * mesh.ndim)
+    if type(values) is not DTensor:
+        values = np.asarray(values)
+    if values.ndim > 1:
+        raise TypeError(f"NumPy boolean array indexing assignment requires a 0 or "
+                        f"1-dimensional input, input has {values.ndim} dimensions")
+    count = int(np.count_nonzero(mask))
+    if values.size not in (1, count):
+        raise ValueError(f"NumPy boolean array indexing assignment cannot assign "
+                         f"{values.size} input values to the {count} output values "
+                         f"where the mask is true")
+    if values.size == 1:
+        one = values.full_tensor() if type(values) is DTensor else values
+        return one.reshape(())[()]
+    if count == 0:
+        return None
+    if type(values) is not DTensor:
+        values = DTensor.from_local(values, mesh, [Replicate()] * mesh.ndim)
+    positions = np.cumsum(mask.reshape(-1), dtype=np.intp) - 1
+    positions = np.clip(positions, 0, count - 1).reshape(dt.shape)
+    np.copyto(dt, np.take(values, positions), casting="unsafe", where=mask)
+    return None
 
 
 @_registry.implements(np.copyto)
