@@ -254,3 +254,35 @@ def test_pad_width_as_a_dtensor_falls_back():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GatherWarning)
         assert_matches(np.pad(dt, make(np.array([1, 2]), mesh, [R])), np.pad(full, [1, 2]))
+
+
+@pytest.mark.parametrize("pls", [[R], [S0], [S1]], ids=str)
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("extra", ["dtensor", "ndarray", "scalar"])
+def test_diff_joins_array_prepend_and_append_as_numpy(pls, axis, extra):
+    """prepend=/append= arrays (SciPy's rankdata appends one) are joined along the
+    axis and differenced, distributed; NumPy's values and NumPy's error for a
+    value of the wrong shape."""
+    rng = np.random.default_rng(axis)
+    full = rng.integers(0, 50, (9, 5)).astype(np.float64)
+    edge = list(full.shape)
+    edge[axis] = 2
+    pre, app = rng.standard_normal(edge), rng.standard_normal(edge)
+    mesh = mesh_of((W,))
+    dt = make(full, mesh, pls)
+    if extra == "dtensor":
+        dpre, dapp = make(pre, mesh, pls), make(app, mesh, [R])
+    elif extra == "ndarray":
+        dpre, dapp = pre, app
+    else:
+        pre, app = dpre, dapp = 1.5, np.float64(-2.0)
+    def check():
+        for n in (1, 2):
+            assert_matches(np.diff(dt, n, axis, prepend=dpre, append=dapp),
+                           np.diff(full, n, axis, prepend=pre, append=app))
+            assert_matches(np.diff(dt, n, axis, append=dapp),
+                           np.diff(full, n, axis, append=app))
+    strictly(check)
+    if extra == "ndarray":
+        matches_or_raises_alike(lambda: np.diff(dt, axis=axis, append=np.ones((3, 3, 3))),
+                                lambda: np.diff(full, axis=axis, append=np.ones((3, 3, 3))))

@@ -315,3 +315,22 @@ def test_extreme_along_an_axis_is_numpys_bits(name, special):
             if name in METHODS:
                 got = getattr(dt, name)(axis=axis).full_tensor()
                 assert got.tobytes() == np.asarray(expect).tobytes(), (pls, axis)
+
+
+@pytest.mark.parametrize("name", ["std", "var"])
+@pytest.mark.parametrize("pls", [[R], [S0], [S1]], ids=str)
+def test_moments_take_the_array_apis_correction(name, pls):
+    """``correction=`` (NumPy 2's other name for ddof, which SciPy passes) runs
+    distributed, and with ``ddof=`` too it is NumPy's ValueError."""
+    full = np.random.default_rng(4).standard_normal((9, 4))
+    dt = make(full, mesh_of((W,)), pls)
+    func = getattr(np, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a GatherWarning would fail the test
+        for axis in (None, 0, 1):
+            assert_matches(func(dt, axis=axis, correction=1),
+                           func(full, axis=axis, correction=1))
+            assert_matches(getattr(dt, name)(axis=axis, correction=1),
+                           func(full, axis=axis, correction=1))
+    matches_or_raises_alike(lambda: func(dt, ddof=1, correction=1),
+                            lambda: func(full, ddof=1, correction=1))

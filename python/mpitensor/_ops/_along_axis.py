@@ -277,18 +277,22 @@ for _f in (np.partition, np.argpartition):
 @_registry.implements(np.diff)
 def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     """numpy.diff along an axis, local when it is not sharded; linear (a Partial sum
-    is kept) without prepend/append, which must be scalars. Along an axis one mesh
+    is kept) without prepend/append. Array prepend/append values are joined to
+    ``a`` along the axis first (np.concatenate), as NumPy does. Along an axis one mesh
     dim shards (and no prepend/append), each rank takes the n following rows from
     its neighbours in one exchange (``_halo``) and the output stays sharded.
 
     Example: ``np.diff(dt, axis=1).shape == (dt.shape[0], dt.shape[1] - 1)``.
     """
     name = "numpy.diff"
-    for extra in (prepend, append):
-        if extra is not np._NoValue and (isinstance(extra, DTensor) or np.ndim(extra)):
-            raise _registry.NoRule(f"{name}: prepend= and append= must be scalars "
-                                   f"on DTensors")
     axes = _axis(name, a, axis)
+    if axes is not None and any(
+            extra is not np._NoValue and (isinstance(extra, DTensor) or np.ndim(extra))
+            for extra in (prepend, append)):
+        # NumPy's own way: the arrays joined along the axis, then differenced.
+        parts = [_diff_part(v, a, axes[0]) for v in (prepend, a, append)
+                 if v is not np._NoValue]
+        return diff(np.concatenate(parts, axis=axes[0]), n, axes[0])
     plain = prepend is np._NoValue and append is np._NoValue
     n = operator.index(n)
     if n < 0:
@@ -299,6 +303,21 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
         return _halo.diff_sharded(a, n, axes[0], m)
     return along_axes(name, a, axes, lambda x: np.diff(x, n, axis, prepend, append),
                       linear=plain)
+
+
+def _diff_part(v, a, axis):
+    """A prepend= or append= value of np.diff as a DTensor on ``a``'s mesh: a
+    scalar broadcast to one row along ``axis``, an ndarray (alike on every rank)
+    replicated. Local."""
+    if type(v) is DTensor:
+        return v
+    v = np.asarray(v)
+    if v.ndim == 0:
+        shape = list(a.shape)
+        shape[axis] = 1
+        v = np.broadcast_to(v, tuple(shape))
+    mesh = a.device_mesh
+    return DTensor.from_local(np.ascontiguousarray(v), mesh, [Replicate()] * mesh.ndim)
 
 
 @_registry.implements(np.flip)

@@ -129,8 +129,14 @@ def _arg(name):
 
 
 def _moment(name):
-    def impl(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+    def impl(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *,
+             correction=np._NoValue, **kwargs):
         fname = f"numpy.{name}"
+        if correction is not np._NoValue:
+            # the array API's name for ddof (NumPy 2 takes either, not both)
+            if ddof != 0:
+                raise ValueError("ddof and correction can't be provided simultaneously.")
+            ddof = correction
         _check(fname, a, out, kwargs)
         return _merge.moment(fname, a, axis, dtype, ddof, bool(keepdims), name == "std")
     impl.__name__ = name
