@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 import weakref
 from typing import Iterable, Sequence
 
@@ -16,6 +17,8 @@ import numpy as np
 
 from . import _C, _departure, _mpi_library, _timemodel, _comm
 from ._fingerprint import fingerprint
+from ._mesh_layout import (cosets, flattened, positions, root_offsets, same_offsets,
+                           unflattened)
 
 __all__ = ["DeviceMesh", "init_device_mesh", "ranks_per_node", "set_cache_limits"]
 
@@ -244,6 +247,13 @@ class DeviceMesh(_C.MeshBase):
         # state_dict's replicated slices are saved once.
         self._root: "DeviceMesh | None" = None
         self._first_slice = True
+        # Each dim's offsets among the root's row-major positions (_mesh_layout);
+        # a slice or a derived mesh sets its own.
+        self._offsets = root_offsets(arr.shape)
+        # A root's flattened dims by name (torch's _flatten_mapping), and the meshes
+        # made over its communicator whose dims derived meshes slice (carriers).
+        self._flatten_mapping: dict[str, DeviceMesh] = {}
+        self._carriers: list[DeviceMesh] = []
         # Parsed basic-indexing keys (FIFO, bounded); every decision and plan of
         # operations and redistributes lives in the C base's memo.
         self._index_keys: dict = {}
@@ -357,6 +367,9 @@ class DeviceMesh(_C.MeshBase):
         Example: on rank 2 of a ``(2, 2)`` mesh named ``("dp", "tp")``,
         ``mesh.get_local_rank("dp") == 1`` and ``mesh.get_local_rank("tp") == 0``.
         """
+        flat = self._flattened_dim(mesh_dim)
+        if flat is not None:
+            return flat.get_local_rank()
         d = self._only_dim(mesh_dim, "get_local_rank")
         if self._coordinate is None:
             raise RuntimeError(f"rank {self._rank} is not a member of {self!r}")
@@ -374,7 +387,18 @@ class DeviceMesh(_C.MeshBase):
             >>> mesh.get_group("tp").Get_size()
             2
         """
+        flat = self._flattened_dim(mesh_dim)
+        if flat is not None:
+            return flat.get_group()
         return self.get_all_groups()[self._only_dim(mesh_dim, "get_group")]
+
+    def _flattened_dim(self, mesh_dim) -> "DeviceMesh | None":
+        """The flattened mesh that ``mesh_dim`` names on this mesh's root (torch's
+        get_group and get_local_rank take such names on any mesh of the root),
+        or None."""
+        if not isinstance(mesh_dim, str) or (self._names and mesh_dim in self._names):
+            return None
+        return self._get_root_mesh()._flatten_mapping.get(mesh_dim)
 
     def get_all_groups(self) -> list:
         """The mpi4py communicators of every mesh dim, in order. Local.
@@ -424,6 +448,10 @@ class DeviceMesh(_C.MeshBase):
     def __getitem__(self, names: str | Sequence[str]) -> "DeviceMesh":
         """The sub-mesh over the named dims that holds this rank. Local.
 
+        On a root mesh, the names of its flattened dims (:meth:`_flatten`) slice
+        too, alone or with the root's other dims, as torch's do (with torch's
+        warning that such slicing is to be deprecated).
+
         Example::
 
             >>> mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
@@ -433,12 +461,15 @@ class DeviceMesh(_C.MeshBase):
         if self._names is None:
             raise RuntimeError("Cannot slice a DeviceMesh without mesh_dim_names!")
         names = (names,) if isinstance(names, str) else tuple(names)
+        flat = self._flatten_mapping if self._root is None else {}
         for n in names:
-            if n not in self._names:
+            if n not in self._names and n not in flat:
                 raise KeyError(
                     f"Invalid mesh_dim_name {n!r} specified. Valid mesh_dim_names "
-                    f"are {self._names}."
+                    f"are {[*self._names, *flat]}."
                 )
+        if any(n not in self._names for n in names):
+            return self._slice_flattened(names)
         dims = [self._names.index(n) for n in names]
         if dims != sorted(set(dims)):
             raise KeyError(
@@ -449,21 +480,286 @@ class DeviceMesh(_C.MeshBase):
             return self
         return self._slice(dims)
 
-    def _slice(self, dims: list[int]) -> "DeviceMesh":
+    def _slice_flattened(self, names: tuple) -> "DeviceMesh":
+        """A root's slice that names flattened dims: a slice of the mesh that
+        flattening made, never a new one (Local)."""
+        warnings.warn("Slicing a flattened dim from root mesh will be deprecated in PT "
+                      "2.11. Users need to bookkeep the flattened mesh directly. ",
+                      stacklevel=3)
+        if len(names) == 1:
+            return self._flatten_mapping[names[0]]
+        offsets = [self._offsets[self._names.index(n)] if n in self._names
+                   else self._flatten_mapping[n]._offsets[0] for n in names]
+        spans = [int(o.max()) for o in offsets if len(o) > 1]
+        if spans != sorted(set(spans), reverse=True):
+            raise KeyError(f"Invalid mesh_dim_names {names} specified. Mesh dim indices "
+                           f"should be in ascending order.")
+        if cosets(offsets, self.size()) is None:
+            raise RuntimeError(f"Slicing overlapping dim_names {names} is not allowed.")
+        found = _derived(self, offsets, names)
+        if found is None:
+            raise NotImplementedError(
+                f"mesh[{names}]: these dims share no mesh of communicators; make one "
+                f"with DeviceMesh._concatenate([mesh[...], mesh[...]]) (collective), "
+                f"or flatten them together")
+        return found
+
+    def _slice(self, dims: list[int], names=None) -> "DeviceMesh":
         coord = self._coordinate or [0] * self.ndim
         index = tuple(slice(None) if d in dims else coord[d] for d in range(self.ndim))
         sub = DeviceMesh.__new__(DeviceMesh)
-        names = None if self._names is None else tuple(self._names[d] for d in dims)
+        if names is None and self._names is not None:
+            names = tuple(self._names[d] for d in dims)
         sub._init(self.device_type, self._mesh[index], names,
                   self._handle.slice(dims), self._comm)
         sub._root = self._get_root_mesh()
+        sub._offsets = tuple(self._offsets[d] for d in dims)
         sub._first_slice = self._first_slice and all(
             coord[d] == 0 for d in range(self.ndim) if d not in dims)
         return sub
 
+    def _dim_mesh(self, mesh_dim: int) -> "DeviceMesh":
+        """The 1-D mesh of dim ``mesh_dim`` through this rank, made once per mesh
+        (its decisions and plans stay cached with it): what a functional
+        collective on ``(mesh, dim)`` runs on. Local."""
+        d = self._dim_index(mesh_dim)
+        if self.ndim == 1:
+            return self
+        cache = self.__dict__.setdefault("_dim_meshes", {})
+        if d not in cache:
+            cache[d] = self._slice([d])
+        return cache[d]
+
     def _get_root_mesh(self) -> "DeviceMesh":
         """The mesh this one was sliced from (itself when not a slice), as torch's."""
         return self._root if self._root is not None else self
+
+    # -- flatten, unflatten, concatenate --------------------------------------------
+    def _flatten(self, mesh_dim_name: str | None = None,
+                 backend_override=None) -> "DeviceMesh":
+        """A 1-D mesh through this mesh's dims (row-major: the first dim slowest),
+        named ``mesh_dim_name`` (default: the names joined by ``_``), as torch's.
+        The root mesh keeps it: ``root[name]``, ``root.get_group(name)`` and a later
+        ``_flatten`` of the same dims and name give it back; the same name for
+        other dims, or a name of the root's own dims, is a ValueError. A 1-D mesh
+        flattened to its own name is itself.
+
+        Collective on the root mesh's communicator (every rank calls it with the
+        same arguments; a rank's bad argument raises on every rank): the first
+        flattening of a name makes its communicators.
+
+        Example (``mpiexec -n 4``)::
+
+            >>> mesh = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("dp", "cp", "tp"))
+            >>> mesh["dp", "cp"]._flatten("dp_cp").mesh   # on rank 1
+            array([1, 3])
+            >>> mesh["dp_cp"].size()
+            2
+        """
+        root = self._get_root_mesh()
+        name, merged, failure = mesh_dim_name, None, None
+        try:
+            _no_backend(backend_override)
+            if not self._names:
+                raise RuntimeError("Cannot flatten a DeviceMesh without mesh_dim_names!")
+            if not name:
+                name = "_".join(self._names)
+            if not isinstance(name, str):
+                raise TypeError(f"mesh_dim_name must be a str, got {name!r}")
+            if not (self.ndim == 1 and name in self._names):
+                if root._names and name in root._names:
+                    raise ValueError(
+                        f"{name} already exists for submesh of the {root}. The "
+                        f"mesh_dim_names of submesh and flattened mesh are "
+                        f"{root._names}. Please specify another valid mesh_dim_name.")
+                merged = flattened(self._offsets)
+                old = root._flatten_mapping.get(name)
+                if old is not None and not same_offsets(old._offsets[0], merged):
+                    raise ValueError(
+                        f"Flatten mesh with mesh_dim_name {name} has been created "
+                        f"before, Please specify another valid mesh_dim_name.")
+        except (TypeError, ValueError, RuntimeError, NotImplementedError) as e:
+            failure = e
+        _agree_on(root, failure, ("flatten", name, self.shape,
+                                  [o.tolist() for o in self._offsets]))
+        if merged is None:
+            return self
+        if name in root._flatten_mapping:
+            return root._flatten_mapping[name]
+        flat = _derived(root, [merged], (name,))
+        if flat is None:
+            # The carrier keeps the root's other dims beside the flattened one, so
+            # that root[other, name] slices it too.
+            dims = [next((d for d, r in enumerate(root._offsets) if same_offsets(r, o)),
+                         None) for o in self._offsets]
+            dims = [] if None in dims else dims
+            carrier = [merged] if not dims else \
+                [merged if d == dims[0] else root._offsets[d]
+                 for d in range(root.ndim) if d == dims[0] or d not in dims]
+            _carrier(root, carrier)
+            flat = _derived(root, [merged], (name,))
+        root._flatten_mapping[name] = flat
+        return flat
+
+    def _unflatten(self, dim: int | str, mesh_sizes, mesh_dim_names,
+                   backend_override=None) -> "DeviceMesh":
+        """This mesh with dim ``dim`` split into dims of ``mesh_sizes`` named
+        ``mesh_dim_names`` (row-major: the first new dim slowest), as torch's.
+        The new dims are reached through the mesh returned, not through the root.
+
+        Collective on the root mesh's communicator (every rank calls it with the
+        same arguments; a rank's bad argument raises on every rank): new
+        communicators are made unless a mesh made before has these dims.
+
+        Example (``mpiexec -n 4``)::
+
+            >>> world = init_device_mesh("cpu", (4,), mesh_dim_names=("world",))
+            >>> mesh = world._unflatten(0, (2, 2), ("dp", "tp"))
+            >>> mesh["tp"].mesh    # on rank 2
+            array([2, 3])
+        """
+        root = self._get_root_mesh()
+        offsets = names = failure = None
+        try:
+            _no_backend(backend_override)
+            if isinstance(dim, int) and not isinstance(dim, bool) and dim >= self.ndim:
+                raise ValueError(f"dim {dim} specified in `_unflatten` is out of range "
+                                 f"{self.ndim}")
+            if isinstance(dim, str) and dim not in (self._names or ()):
+                raise ValueError(f"dim {dim} specified in `_unflatten` is not in "
+                                 f"{self._names}")
+            sizes, new_names = tuple(mesh_sizes), tuple(mesh_dim_names)
+            if len(sizes) != len(new_names):
+                raise RuntimeError("mesh_dim_names must have same length as mesh_sizes "
+                                   "in _unflatten!")
+            if self._names is None:
+                raise RuntimeError("Cannot unflatten a DeviceMesh without mesh_dim_names!")
+            d = self._dim_index(dim)
+            if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool)
+                       and n >= 1 for n in sizes):
+                raise ValueError(f"mesh_sizes must be positive ints, got {sizes}")
+            if math.prod(sizes) != self.shape[d]:
+                raise ValueError(
+                    f"The product of mesh_sizes={sizes} is {math.prod(sizes)}, but the "
+                    f"original dimension at dim={d} has size {self.shape[d]}. These "
+                    f"must be equal for unflatten to work correctly.")
+            parts = unflattened(self._offsets[d], [int(n) for n in sizes])
+            if parts is None:
+                raise ValueError(f"mesh_sizes={sizes} cut across the dims that dim {d} "
+                                 f"was flattened from")
+            names = list(self._names)
+            names[d:d + 1] = new_names
+            names = _check_names(names, len(names))
+            offsets = [*self._offsets[:d], *parts, *self._offsets[d + 1:]]
+        except (TypeError, ValueError, RuntimeError, IndexError, KeyError,
+                NotImplementedError) as e:
+            failure = RuntimeError(str(e)) if isinstance(e, KeyError) else e
+        _agree_on(root, failure, ("unflatten", names,
+                                  None if offsets is None else [o.tolist() for o in offsets]))
+        return _derived_or_made(root, offsets, names)
+
+    @staticmethod
+    def _concatenate(device_mesh_list: list["DeviceMesh"]) -> "DeviceMesh":
+        """One mesh with the dims of every mesh of ``device_mesh_list`` in order (all
+        from the same root mesh, none overlapping another), as torch's.
+
+        Collective on the root mesh's communicator (every rank calls it with the
+        same arguments; a bad one raises on every rank): new communicators are made
+        unless a mesh made before has these dims (the root's own, in order, need
+        none).
+
+        Example (``mpiexec -n 4``)::
+
+            >>> mesh = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("dp", "cp", "tp"))
+            >>> DeviceMesh._concatenate([mesh["dp"], mesh["tp"]]).mesh_dim_names
+            ('dp', 'tp')
+        """
+        meshes = list(device_mesh_list)
+        if not meshes or not all(isinstance(m, DeviceMesh) for m in meshes):
+            raise TypeError("_concatenate takes a non-empty list of DeviceMesh")
+        root = meshes[0]._get_root_mesh()
+        offsets = names = failure = None
+        try:
+            if any(m._get_root_mesh() != root for m in meshes):
+                raise RuntimeError("Cannot concatenate DeviceMeshes derived from different "
+                                   "device meshs")
+            if any(m._names is None for m in meshes):
+                raise RuntimeError("Cannot concatenate a DeviceMesh without mesh_dim_names")
+            offsets = [o for m in meshes for o in m._offsets]
+            if cosets(offsets, root.size()) is None:
+                raise RuntimeError(f"Cannot concatenate overlapping meshes: {meshes}")
+            names = _check_names([n for m in meshes for n in m._names], len(offsets))
+        except (TypeError, ValueError, RuntimeError) as e:
+            failure = e
+        _agree_on(root, failure, ("concatenate", names,
+                                  None if offsets is None else [o.tolist() for o in offsets]))
+        return _derived_or_made(root, offsets, names)
+
+    @staticmethod
+    def from_group(group, device_type: str, mesh=None, *,
+                   mesh_dim_names=None) -> "DeviceMesh":
+        """A mesh over an mpi4py communicator (torch's ProcessGroup), or over a list
+        of them, one per mesh dim, as torch's ``DeviceMesh.from_group``.
+
+        One communicator: a 1-D mesh of its ranks, numbered as the communicator
+        numbers them (torch numbers them in its default group; the two agree for
+        ``MPI.COMM_WORLD``); ``mesh``, if given, must be those ranks
+        (ValueError). Collective on ``group``.
+
+        A list: ``mesh`` (ranks of ``MPI.COMM_WORLD``, as torch's global ranks)
+        and ``mesh_dim_names`` are required, ``mesh`` has one dim per
+        communicator, and communicator ``d`` must hold, in order, the ranks of this
+        rank's line along mesh dim ``d`` (ValueError on every rank otherwise). The
+        mesh makes its own communicators over those lines: collective on
+        ``MPI.COMM_WORLD``.
+
+        Example (``mpiexec -n 4``)::
+
+            >>> tp = MPI.COMM_WORLD.Split(MPI.COMM_WORLD.Get_rank() // 2)
+            >>> DeviceMesh.from_group(tp, "cpu", mesh_dim_names=("tp",)).shape
+            (2,)
+        """
+        from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
+
+        if isinstance(group, MPI.Comm):
+            if not isinstance(group, MPI.Intracomm) or group == MPI.COMM_NULL:
+                raise TypeError(f"from_group needs an intracommunicator, got {group!r}")
+
+            def ranks():
+                own = list(range(group.Get_size()))
+                given = None if mesh is None else np.asarray(mesh).tolist()
+                if given is not None and given != own:
+                    raise ValueError(f"Invalid mesh {given} for ProcessGroup with ranks "
+                                     f"{own}")
+                return np.asarray(own)
+
+            out = DeviceMesh.__new__(DeviceMesh)
+            out._create(device_type, ranks, mesh_dim_names, group)
+            return out
+        if isinstance(group, (str, bytes)) or not isinstance(group, (list, tuple)):
+            raise TypeError(f"from_group takes an mpi4py communicator or a list of them, "
+                            f"got {type(group).__name__}")
+        groups = list(group)
+
+        def ranks():
+            if not groups:
+                raise ValueError("Expects at least one ProcessGroup to be passed")
+            if mesh is None:
+                raise ValueError("Must pass mesh if passing multiple ProcessGroups")
+            if mesh_dim_names is None:
+                raise ValueError("Must pass mesh_dim_names if passing multiple "
+                                 "ProcessGroups")
+            arr = _as_rank_array(mesh)
+            if arr.ndim != len(groups):
+                raise ValueError(f"Expects mesh with ndim equal to number of "
+                                 f"ProcessGroups but got mesh {arr.tolist()} and "
+                                 f"{len(groups)} ProcessGroups")
+            _check_lines(arr, groups, _world())
+            return arr
+
+        out = DeviceMesh.__new__(DeviceMesh)
+        out._create(device_type, ranks, mesh_dim_names, None)
+        return out
 
     # -- default mesh --------------------------------------------------------------
     def __enter__(self) -> "DeviceMesh":
@@ -490,6 +786,139 @@ class DeviceMesh(_C.MeshBase):
     def __repr__(self) -> str:
         names = "" if self._names is None else f", mesh_dim_names={self._names}"
         return f"DeviceMesh('{self.device_type}', {self._mesh.tolist()}{names})"
+
+
+# 1-D meshes made over communicators passed to functional collectives, by handle,
+# with the communicator object they were made for (a freed one is forgotten).
+_group_meshes: dict[int, tuple] = {}
+
+
+def mesh_of_group(comm) -> DeviceMesh:
+    """The 1-D mesh whose communicator is ``comm`` (an mpi4py intracommunicator,
+    torch's ProcessGroup): the dim of a live mesh whose group it is (Local), else a
+    mesh made over it once (:meth:`DeviceMesh.from_group`, collective on ``comm``)
+    and kept while ``comm`` is not freed.
+
+    Example: ``mesh_of_group(mesh.get_group("tp")).size() == mesh.size("tp")``.
+    """
+    from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
+
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise ValueError(f"Unsupported group type: {type(comm)}, {comm}")
+    handle = MPI._handleof(comm)
+    for mesh in [*_mesh_stack, *list(_live_meshes.values())]:
+        if mesh._coordinate is None or getattr(mesh, "_local", False):
+            continue
+        for d, group in enumerate(mesh._handle.groups()):
+            if group != MPI.COMM_NULL and MPI._handleof(group) == handle:
+                return mesh._dim_mesh(d)
+    for key, (held, _) in list(_group_meshes.items()):
+        if held == MPI.COMM_NULL:
+            del _group_meshes[key]
+    if handle not in _group_meshes:
+        _group_meshes[handle] = (comm, DeviceMesh.from_group(comm, "cpu"))
+    return _group_meshes[handle][1]
+
+
+def _no_backend(backend_override) -> None:
+    """MPI is the one backend: torch's backend_override has nothing to choose."""
+    if backend_override is not None:
+        raise NotImplementedError("mpitensor meshes communicate through MPI: "
+                                  "backend_override has no backend to choose")
+
+
+def _agree_on(root: DeviceMesh, failure, what) -> None:
+    """Every member of ``root`` raises the first failing member's error, or a
+    ValueError when the members passed different arguments (``what``); the
+    arguments of a mesh derivation are agreed before any communicator is made.
+    Collective on ``root``'s members."""
+    state = (what, sorted(root._flatten_mapping), len(root._carriers))
+    try:
+        _comm.agree(root._handle, failure is None, fingerprint(repr(state)),
+                    str(failure) if failure is not None else
+                    f"the ranks of {root} passed different arguments to {what[0]} (or "
+                    f"derived other meshes before): every rank must make the same calls",
+                    type(failure) if failure is not None else ValueError)
+    except Exception as e:
+        if failure is not None and str(e) == str(failure):
+            raise failure from None
+        raise
+
+
+def _derived(root: DeviceMesh, offsets, names) -> "DeviceMesh | None":
+    """A slice, named ``names``, of the first mesh over ``root``'s ranks (the root
+    or a carrier) that has dims of these offsets in this order, or None. Local."""
+    for carrier in (root, *root._carriers):
+        dims: list[int] = []
+        for o in offsets:
+            # Dims of one rank all have the offsets [0]: each takes the next one.
+            hit = [d for d, co in enumerate(carrier._offsets)
+                   if same_offsets(co, o) and (not dims or d > dims[-1])]
+            if not hit:
+                break
+            dims.append(hit[0])
+        if len(dims) == len(offsets):
+            out = carrier._slice(dims, None if names is None else tuple(names))
+            out._root = root
+            return out
+    return None
+
+
+def _carrier(root: DeviceMesh, offsets) -> DeviceMesh:
+    """A new mesh over ``root``'s communicator with dims of ``offsets`` (and, when
+    they cut the root into several groups, a first dim across the groups), kept by
+    the root for the meshes derived from it. Collective on the root's
+    communicator."""
+    starts = cosets(offsets, root.size())
+    table = positions(offsets)
+    ranks = root.mesh.ravel()
+    if starts.size > 1:
+        arr = ranks[starts.reshape((-1,) + (1,) * table.ndim) + table]
+        dims = (starts, *offsets)
+    else:
+        arr, dims = ranks[table], tuple(offsets)
+    carrier = DeviceMesh.__new__(DeviceMesh)
+    carrier._create(root.device_type, lambda: arr, None, root._comm)
+    carrier._root = root
+    carrier._offsets = tuple(np.asarray(o, np.int64) for o in dims)
+    root._carriers.append(carrier)
+    return carrier
+
+
+def _derived_or_made(root: DeviceMesh, offsets, names) -> DeviceMesh:
+    """:func:`_derived`, making a carrier of exactly these dims when no mesh has
+    them. Collective on the root's communicator when it makes one."""
+    found = _derived(root, offsets, names)
+    if found is None:
+        _carrier(root, offsets)
+        found = _derived(root, offsets, names)
+    return found
+
+
+def _check_lines(arr: np.ndarray, groups, world) -> None:
+    """Each communicator of ``groups`` must hold, in order, the world ranks of this
+    rank's line of ``arr`` along its dim (from_group of several groups)."""
+    from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
+
+    me = world.Get_rank()
+    at = np.argwhere(arr == me)
+    for d, g in enumerate(groups):
+        if not isinstance(g, MPI.Intracomm) or g == MPI.COMM_NULL:
+            raise TypeError(f"from_group: group {d} is not an mpi4py intracommunicator: "
+                            f"{g!r}")
+        if not len(at):
+            continue
+        index = tuple(slice(None) if k == d else c for k, c in enumerate(at[0]))
+        line = arr[index].tolist()
+        mine, whole = g.Get_group(), world.Get_group()
+        try:
+            held = mine.Translate_ranks(list(range(g.Get_size())), whole)
+        finally:
+            mine.Free()
+            whole.Free()
+        if list(held) != line:
+            raise ValueError(f"from_group: group {d} holds the world ranks {list(held)} "
+                             f"but the mesh's dim {d} through rank {me} holds {line}")
 
 
 def init_device_mesh(device_type: str, mesh_shape: Iterable[int], *,
