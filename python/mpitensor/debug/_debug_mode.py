@@ -347,7 +347,10 @@ class DebugMode:
             return
         call, ids = op.call, self._ids_or_none()
         call.args_str = _args(operands, ids)
-        outs = out if isinstance(out, tuple) else (out,)
+        outs = tuple(o for o in (out if isinstance(out, tuple) else (out,))
+                     if isinstance(o, DTensor))
+        if not outs:
+            return
         if call.plain:
             if self.record_output:
                 call.output_str = "  ->  " + str(_arg(out, ids))
@@ -360,9 +363,9 @@ class DebugMode:
         lines += self._implicit(op, operands, targets or (), depth)
         local = _OpCall(call.name, _args(local_args, ids), depth + 1)
         if self.record_output:
-            local.output_str = "  ->  " + str(_arg(tuple(o._local_tensor for o in outs)
-                                                   if isinstance(out, tuple)
-                                                   else out._local_tensor, ids))
+            locals_ = tuple(o._local_tensor for o in outs)
+            local.output_str = "  ->  " + str(_arg(locals_ if isinstance(out, tuple)
+                                                   else locals_[0], ids))
         lines.append(local)
         for line in lines:
             line.stack_trace = call.stack_trace
@@ -430,7 +433,9 @@ class DebugMode:
 
     def _move(self, explicit, mesh, steps, shape, dtype, src, dst) -> None:
         move = (mesh, steps, shape, dtype, tuple(src), tuple(dst))
-        if not explicit and self._open is not None:
+        if not explicit and self._open is not None and any(
+                tuple(s.placements) == move[4] and tuple(s.shape) == tuple(shape)
+                for s in self._open.specs):
             self._open.moves.append(move)
             return
         lines = self._move_lines(move, self.call_depth + 1, explicit)
