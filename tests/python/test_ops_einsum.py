@@ -5,12 +5,14 @@ key cases."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpitensor import Partial, Replicate, Shard
+from mpitensor import GatherWarning, Partial, Replicate, Shard
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (CORNER_SHAPES, W, assert_matches, corner_layouts, make, mesh_of,
                          mesh_shapes, next_layout, placements)
@@ -124,12 +126,39 @@ def test_placement_outcomes_without_communication(sub, pa, pb, expect):
 def test_errors():
     mesh = mesh_of((W,))
     dx = make(np.ones((4, 4)), mesh, [S0])
-    with pytest.raises(TypeError, match="explicit"):
-        np.einsum("ij,jk", dx, dx)
-    with pytest.raises(TypeError, match=r"\.\.\."):
-        np.einsum("...j,jk->...k", dx, dx)
     # a plain operand is replicated once the ranks agree on it
     np.testing.assert_array_equal(np.einsum("ij,jk->ik", dx, np.ones((4, 4))).full_tensor(),
                                   np.full((4, 4), 4.0))
     with pytest.raises(TypeError, match="1-D"):
         np.outer(dx, dx)
+
+
+ELLIPSIS_CASES = [("...j,...j->...", 2), ("...j,...j", 2), ("ijk", 1), ("kji", 1),
+                  ("i...,i...->...", 2), ("...j,j->...", "vector"), ("ij...->...ji", 1),
+                  ("a...c,a...c", 2), ("ij,jk", "matrix")]
+
+
+@pytest.mark.parametrize("subscripts, operands", ELLIPSIS_CASES, ids=str)
+@pytest.mark.parametrize("pls", [[R], [S0], [S1], [Shard(2)], [PS]], ids=str)
+def test_einsum_spells_ellipsis_and_implicit_output(subscripts, operands, pls):
+    """'...' and the implicit output (no '->'), as xarray's dot writes them, run
+    distributed with NumPy's values; '...' dims left out of an explicit output are
+    NumPy's ValueError."""
+    rng = np.random.default_rng(len(subscripts))
+    a, b = rng.standard_normal((4, 5, 3)), rng.standard_normal((4, 5, 3))
+    mesh = mesh_of((W,))
+    da = make(a, mesh, pls)
+    if operands == "vector":
+        full, ours = (a, b[0, 0]), (da, make(b[0, 0], mesh, [R]))
+    elif operands == "matrix":
+        full, ours = (a[0], b[0].T), (make(a[0], mesh, [R]), make(b[0].T, mesh, [S0]))
+    else:
+        full = (a, b)[:operands]
+        ours = (da, make(b, mesh, [R] if pls[0].is_partial() else pls))[:operands]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GatherWarning)
+        assert_matches(np.einsum(subscripts, *ours), np.einsum(subscripts, *full))
+    with pytest.raises(ValueError):
+        np.einsum("i...->i", a)
+    with pytest.raises(ValueError):
+        np.einsum("i...->i", da)

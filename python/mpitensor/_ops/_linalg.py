@@ -72,16 +72,19 @@ def _parse_einsum(subscripts, operands):
         raise _registry.NoRule(f"{name} on DTensors takes a subscripts string (the interleaved "
                                f"operand/sublist form is not supported)")
     spec = subscripts.replace(" ", "")
-    if "->" not in spec:
-        raise _registry.NoRule(f"{name} on DTensors needs explicit output subscripts "
-                               f"('ij,jk->ik'), got {subscripts!r}")
-    if "." in spec:
-        raise _registry.NoRule(f"{name} on DTensors does not support '...'; spell every dim")
-    lhs, out = spec.split("->")
+    lhs, arrow, out = spec.partition("->")
     ins = lhs.split(",")
     if len(ins) != len(operands):
         raise ValueError(f"{name}: {len(ins)} operand subscripts for {len(operands)} "
                          f"operands")
+    if not arrow:
+        # NumPy's implicit output: the broadcast dims, then the letters that
+        # appear once, in alphabetical order.
+        once = sorted(ch for ch in set(lhs) if ch in _LETTERS and lhs.count(ch) == 1)
+        out = ("..." if "..." in lhs else "") + "".join(once)
+    if "." in spec or "..." in out:
+        ins, out = _spell_ellipsis(name, ins, out, operands)
+        lhs = ",".join(ins)
     for term in ins + [out]:
         for ch in term:
             if ch not in _LETTERS:
@@ -97,6 +100,35 @@ def _parse_einsum(subscripts, operands):
         if ch not in letters:
             raise ValueError(f"{name}: output subscript {ch!r} is in no operand")
     return ins, out, letters
+
+
+def _spell_ellipsis(name, ins, out, operands):
+    """einsum subscripts with each '...' spelled as letters no term uses: an
+    operand's broadcast dims take the last of them, right-aligned as NumPy aligns
+    them. Broadcast dims of unequal sizes stay NumPy's to broadcast (NoRule)."""
+    free = [ch for ch in _LETTERS if ch not in "".join(ins) + out]
+    spans = []
+    for term, x in zip(ins, operands):
+        if term.count("...") > 1 or term.replace("...", "").count("."):
+            raise ValueError(f"{name}: invalid subscripts {term!r}")
+        spans.append(x.ndim - len(term.replace("...", "")) if "..." in term else 0)
+    if min(spans, default=0) < 0:
+        raise ValueError(f"{name}: more subscripts than dims in an operand")
+    width = max(spans, default=0)
+    ell = free[:width]
+    sizes = {}
+    for term, x, k in zip(ins, operands, spans):
+        at = term.find("...")
+        for ch, n in zip(ell[width - k:], x.shape[at:at + k] if k else ()):
+            if sizes.setdefault(ch, n) != n:
+                raise _registry.NoRule(f"{name} on DTensors: '...' dims of other lengths "
+                                       f"(broadcast) have no distributed rule")
+    if width and "..." not in out:
+        raise ValueError("output has more dimensions than subscripts given in einstein "
+                         "sum, but no '...' ellipsis provided to broadcast the extra "
+                         "dimensions.")
+    ins = [term.replace("...", "".join(ell[width - k:])) for term, k in zip(ins, spans)]
+    return ins, out.replace("...", "".join(ell))
 
 
 def einsum_map(ins, out, letters):
