@@ -1,6 +1,6 @@
 /* The executor's "ran" event: what an operation's local function got and gave,
- * for DebugMode's trace (mpitensor._trace.ran). Only built while a tool that
- * records operations is entered; nothing here runs otherwise. */
+ * for DebugMode's trace (mpitensor._trace.ran). Its arguments are built only
+ * while the hook is installed, which is while a DebugMode is entered. */
 #include "ext_trace.h"
 
 /* Tensor input t's placements as the local function gets it: its plan's last

@@ -36,8 +36,7 @@ class _State(_clib.struct("mt_ext_modes")):
     gradients. ``want``: the DTensor whose gradient a backward rule computes (its
     operations' outputs are headed to its layout), or None.
     ``implicit_replication``: depth of implicit_replication() blocks.
-    ``listeners``: entered CommDebugModes and DebugModes (while any is, the
-    executor also tells what each operation ran: the "ran" event)."""
+    ``listeners``: entered CommDebugModes and DebugModes."""
 
     __slots__ = ()
 

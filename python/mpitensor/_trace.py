@@ -10,8 +10,10 @@ executor tells what it does, each event calling the function of its name here:
 :func:`decision` (an operation's, found in or added to the memo), :func:`move` (a
 plan about to run: an operation's input, an explicit redistribute or a move an
 operation names) and :func:`unmoved` (an explicit redistribute to its own
-placements); while a CommDebugMode or a DebugMode is entered, also :func:`ran`
-(what the operation's local function got and what it gave). With every tool off
+placements); while a DebugMode is entered, also :func:`ran` (what the
+operation's local function got and what it gave: installed by
+:func:`record_runs`, so that without a DebugMode the executor builds nothing for
+it). With every tool off
 the executor pays one flag test per operation.
 
 Python's own collectives (``distribute_tensor``, ``from_local(run_check=True)``)
@@ -168,7 +170,7 @@ def decision(op_key, specs, out_placements, out_shape, hit: bool) -> None:
 
 
 def ran(op_key, operands, targets, local_args, out) -> None:
-    """The "ran" event, while a CommDebugMode or a DebugMode is entered: the
+    """The "ran" event, while a DebugMode is entered (:func:`record_runs`): the
     operation of ``op_key`` (whose decision event came first) ran its local
     function. ``operands``: the call's operands as given (DTensors and scalars);
     ``targets``: each DTensor operand's placements as the local function got it
@@ -319,4 +321,12 @@ def count_backward() -> None:
 _C.set_hook("decision", decision)
 _C.set_hook("move", move)
 _C.set_hook("unmoved", unmoved)
-_C.set_hook("ran", ran)
+
+
+def record_runs(on: bool) -> None:
+    """Installs (or removes) the "ran" hook: DebugMode does while one is entered.
+    The executor builds the event's arguments only while the hook is installed.
+
+    Example: ``record_runs(bool(_modes.recorders))``.
+    """
+    _C.set_hook("ran", ran if on else None)

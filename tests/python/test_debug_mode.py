@@ -273,6 +273,27 @@ def test_record_nn_module(mesh):
     assert "nn.Mod" not in mode.debug_string()
 
 
+def test_ran_event_only_while_a_debug_mode_records(mesh):
+    """The executor builds what a run got and gave only while a DebugMode is
+    entered: a CommDebugMode alone pays for its decision event only."""
+    from mpitensor.debug import CommDebugMode
+    x, w = pair(mesh)
+    x + x  # decided: later runs are memo hits
+
+    def events():
+        before = _trace.hook_stats()["event"]
+        x + x
+        return _trace.hook_stats()["event"] - before
+
+    with CommDebugMode():
+        counted = events()
+    with DebugMode():
+        recorded = events()
+    with CommDebugMode():
+        again = events()
+    assert recorded == counted + 1 and again == counted
+
+
 def test_logs_reset_and_exit(mesh):
     x, w = pair(mesh)
     with DebugMode() as mode:

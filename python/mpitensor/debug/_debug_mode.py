@@ -18,7 +18,7 @@ import weakref
 
 import numpy as np
 
-from .. import _layout, _modes
+from .. import _layout, _modes, _trace
 from .._dtensor import DTensor
 from ..device_mesh import is_local_mesh
 from ..nn import register_module_forward_hook, register_module_forward_pre_hook
@@ -309,6 +309,7 @@ class DebugMode:
     # -- context ------------------------------------------------------------------------
     def __enter__(self) -> "DebugMode":
         _modes.add_recorder(self)
+        _trace.record_runs(True)
         if self.module_tracker is not None:
             self._handles = [register_module_forward_pre_hook(self._enter_module),
                              register_module_forward_hook(self._exit_module)]
@@ -316,6 +317,7 @@ class DebugMode:
 
     def __exit__(self, *exc) -> None:
         _modes.remove_recorder(self)
+        _trace.record_runs(bool(_modes.recorders))
         for handle in self._handles:
             handle.remove()
         self._handles = []
