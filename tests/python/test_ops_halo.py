@@ -286,3 +286,37 @@ def test_diff_joins_array_prepend_and_append_as_numpy(pls, axis, extra):
     if extra == "ndarray":
         matches_or_raises_alike(lambda: np.diff(dt, axis=axis, append=np.ones((3, 3, 3))),
                                 lambda: np.diff(full, axis=axis, append=np.ones((3, 3, 3))))
+
+
+@pytest.mark.parametrize("pls", [[R], [S0], [S1]], ids=str)
+@pytest.mark.parametrize("edge_order", [1, 2])
+@pytest.mark.parametrize("coords", ["uneven", "even", "int", "locally-even"])
+def test_gradient_takes_coordinate_arrays_bit_for_bit(pls, edge_order, coords):
+    """Coordinate arrays as spacings (xarray's differentiate) run distributed, with
+    NumPy's bits: NumPy decides uniform spacing on the whole axis, so a window whose
+    spacings happen to be equal must not take the uniform formula."""
+    n0, n1 = 13, 6
+    rng = np.random.default_rng(edge_order)
+    full = rng.standard_normal((n0, n1))
+    def axis_coords(n):
+        if coords == "even":
+            return np.arange(n) * 0.5
+        if coords == "int":
+            return np.cumsum(rng.integers(1, 4, n))
+        if coords == "locally-even":
+            return np.concatenate([np.arange(n - 2) * 1.0, [n + 1.5, n + 4.0]])
+        return np.cumsum(rng.random(n) + 0.1)
+    x0, x1 = axis_coords(n0), axis_coords(n1)
+    dt = make(full, mesh_of((W,)), pls)
+
+    def check():
+        for axis, args in ((0, (x0,)), (1, (x1,)), (None, (x0, x1)), (None, (x0, 2.0))):
+            got = np.gradient(dt, *args, axis=axis, edge_order=edge_order)
+            expect = np.gradient(full, *args, axis=axis, edge_order=edge_order)
+            for g, e in zip(got if isinstance(got, tuple) else (got,),
+                            expect if isinstance(expect, tuple) else (expect,)):
+                assert g.full_tensor().tobytes() == e.tobytes()
+    strictly(check)
+    for bad in (np.ones((n0, 2)), np.ones(n0 + 1)):
+        matches_or_raises_alike(lambda: np.gradient(dt, bad, axis=0),
+                                lambda: np.gradient(full, bad, axis=0))

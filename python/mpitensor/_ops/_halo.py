@@ -83,25 +83,86 @@ def diff_sharded(a, n, ax, m):
     return DTensor(_back(out, ax), _spec(a, shape, dtype))
 
 
-def _spacing(name, varargs, naxes):
-    """One scalar spacing per axis; NoRule for coordinate arrays."""
+def _spacing(name, f, varargs, axes):
+    """Per axis, NumPy's reading of a spacing: a scalar, or the differences of a
+    coordinate array (a scalar again when they are all equal, as NumPy decides on
+    the whole axis). Coordinate arrays are ndarrays every rank passes alike; a
+    DTensor of coordinates has no distributed rule."""
     if not varargs:
-        return [1.0] * naxes
-    if len(varargs) == 1:
-        varargs = list(varargs) * naxes
-    if len(varargs) != naxes:
+        return [1.0] * len(axes)
+    if len(varargs) == 1 and np.ndim(varargs[0]) == 0:
+        varargs = list(varargs) * len(axes)
+    if len(varargs) != len(axes):
         raise TypeError("invalid number of arguments")
-    for h in varargs:
-        if isinstance(h, DTensor) or np.ndim(h) != 0:
-            raise _registry.NoRule(f"{name}: coordinate arrays as spacing have no "
-                                   f"distributed rule")
-    return list(varargs)
+    out = []
+    for h, ax in zip(varargs, axes):
+        if isinstance(h, DTensor):
+            raise _registry.NoRule(f"{name}: a DTensor of coordinates has no distributed "
+                                   f"rule")
+        h = np.asanyarray(h)
+        if h.ndim == 0:
+            out.append(h)
+            continue
+        if h.ndim != 1:
+            raise ValueError("distances must be either scalars or 1d")
+        if len(h) != f.shape[ax]:
+            raise ValueError("when 1d, distances must match the length of the "
+                             "corresponding dimension")
+        if np.issubdtype(h.dtype, np.integer):
+            h = h.astype(np.float64)
+        dx = np.diff(h)
+        out.append(dx[0] if (dx == dx[0]).all() else dx)
+    return out
+
+
+def _nonuniform(rows, dx, edge_order):
+    """np.gradient along axis 0 of ``rows`` whose spacings are ``dx`` (one per
+    pair of rows), by NumPy's non-uniform formulas in NumPy's order of operations,
+    so that a window of rows gives the bits the whole axis gives: NumPy itself
+    would take its uniform formula on a window whose spacings happen to be equal."""
+    def col(v):
+        return np.reshape(v, (-1,) + (1,) * (rows.ndim - 1))
+    out = np.empty_like(rows)
+    dx1, dx2 = dx[0:-1], dx[1:]
+    a = -(dx2) / (dx1 * (dx1 + dx2))
+    b = (dx2 - dx1) / (dx1 * dx2)
+    c = dx1 / (dx2 * (dx1 + dx2))
+    out[1:-1] = col(a) * rows[:-2] + col(b) * rows[1:-1] + col(c) * rows[2:]
+    if edge_order == 1:
+        out[0] = (rows[1] - rows[0]) / dx[0]
+        out[-1] = (rows[-1] - rows[-2]) / dx[-1]
+        return out
+    dx1, dx2 = dx[0], dx[1]
+    a = -(2. * dx1 + dx2) / (dx1 * (dx1 + dx2))
+    b = (dx1 + dx2) / (dx1 * dx2)
+    c = - dx1 / (dx2 * (dx1 + dx2))
+    out[0] = a * rows[0] + b * rows[1] + c * rows[2]
+    dx1, dx2 = dx[-2], dx[-1]
+    a = (dx2) / (dx1 * (dx1 + dx2))
+    b = - (dx2 + dx1) / (dx1 * dx2)
+    c = (2. * dx2 + dx1) / (dx2 * (dx1 + dx2))
+    out[-1] = a * rows[-3] + b * rows[-2] + c * rows[-1]
+    return out
+
+
+def _gradient_rows(rows, h, edge_order, lo):
+    """np.gradient along axis 0 of a window of rows starting at row ``lo`` of the
+    axis: ``h`` a scalar spacing, or the axis' spacings (the window's are taken)."""
+    if np.ndim(h) == 0:
+        return np.gradient(rows, h, axis=0, edge_order=edge_order)
+    if len(rows) < edge_order + 1:
+        raise ValueError("Shape of array too small to calculate a numerical gradient, "
+                         "at least (edge_order + 1) elements are required.")
+    if rows.dtype.kind in "iu":
+        rows = rows.astype(np.float64)
+    return _nonuniform(rows, h[lo:lo + len(rows) - 1], edge_order)
 
 
 @_registry.implements(np.gradient)
 def gradient(f, *varargs, axis=None, edge_order=1):
-    """``np.gradient`` of a DTensor, with scalar spacings: along an axis no mesh dim
-    shards, local; along a sharded one, each rank's block with ``edge_order``
+    """``np.gradient`` of a DTensor, with scalar spacings or coordinate arrays (the
+    same ndarray on every rank, as xarray's differentiate passes): along an axis no
+    mesh dim shards, local; along a sharded one, each rank's block with ``edge_order``
     rows of halo on each side, one exchange along the sharding mesh dim (never a
     gather). Each result is placed as ``f`` (float64 for integer input).
     Collective on the mesh when an axis is sharded.
@@ -113,7 +174,7 @@ def gradient(f, *varargs, axis=None, edge_order=1):
     if type(f) is not DTensor:
         raise TypeError(f"{name}: expected a DTensor, got {type(f).__name__}")
     axes = tuple(range(f.ndim)) if axis is None else normalize_axis_tuple(axis, f.ndim)
-    spacing = _spacing(name, varargs, len(axes))
+    spacing = _spacing(name, f, varargs, axes)
     edge_order = operator.index(edge_order)
     if edge_order > 2:
         raise ValueError("'edge_order' greater than 2 not supported")
@@ -140,8 +201,8 @@ def _gradient_along(name, f, ax, h, edge_order, dtype):
         return DTensor(np.empty((0,), dtype), spec)
     if m is None:
         local = g.to_local()
-        out = (np.gradient(local, h, axis=ax, edge_order=edge_order) if local.size
-               else local.astype(dtype))
+        out = (_back(_gradient_rows(np.moveaxis(local, ax, 0), h, edge_order, 0), ax)
+               if local.size else local.astype(dtype))
         return DTensor(np.ascontiguousarray(out, dtype), spec)
     n, p, me = g._spec.shape[ax], mesh.shape[m], mesh.get_coordinate()[m]
     at = X.bounds(n, p)
@@ -153,7 +214,7 @@ def _gradient_along(name, f, ax, h, edge_order, dtype):
     rows = _window(name, g, ax, m, ranges)
     lo, hi = int(at[me]), int(at[me + 1])
     if hi > lo:
-        out = np.gradient(rows, h, axis=0, edge_order=edge_order)
+        out = _gradient_rows(rows, h, edge_order, ranges[me][0])
         out = out[lo - ranges[me][0]:hi - ranges[me][0]]
     else:
         out = rows.astype(dtype)
