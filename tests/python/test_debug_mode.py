@@ -232,6 +232,18 @@ def test_record_ids(mesh):
     assert add.startswith(f"    numpy.add({out.group(1)}:")
 
 
+def test_record_tensor_attributes(mesh):
+    """Named attributes follow the shape, as torch's; an array without one
+    shows none."""
+    x, _ = pair(mesh)
+    x.requires_grad_()
+    with DebugMode(record_tensor_attributes=["requires_grad"]) as mode:
+        x * 2.0
+    lines = mode.debug_string().split("\n")
+    assert lines[0] == "  numpy.multiply(dt: f32[8, 4]{requires_grad=True}| S(0), 2.0)"
+    assert lines[-1].startswith(f"    numpy.multiply(t: f32[{rows(8)}, 4], 2.0)  ->  ")
+
+
 def test_record_stack_trace(mesh):
     x, w = pair(mesh)
     with DebugMode(record_stack_trace=True) as mode:

@@ -91,33 +91,50 @@ class _Ids:
         return got
 
 
-def _arg(x, ids) -> str:
+class _Style:
+    """How arrays are written: with ids (``record_ids``) and the attributes
+    ``record_tensor_attributes`` names."""
+
+    __slots__ = ("ids", "attributes")
+
+    def __init__(self, ids, attributes):
+        self.ids, self.attributes = ids, attributes
+
+
+def _arg(x, style) -> str:
     """An argument as torch's DebugMode writes it: a DTensor ``dt: f32[8, 4]| S(0)``
     (a rank's own array that autograd follows, as torch's plain tensor, ``t:``),
     an array ``t: f32[4, 4]``, a sequence of them, or the value."""
     if isinstance(x, (list, tuple)):
-        return str(type(x)(_arg(y, ids) for y in x))
-    return _tensor(x, ids) if isinstance(x, (DTensor, np.ndarray)) else x
+        return str(type(x)(_arg(y, style) for y in x))
+    return _tensor(x, style) if isinstance(x, (DTensor, np.ndarray)) else x
 
 
-def _tensor(x, ids) -> str:
-    tag = f"${ids(x)}" if ids is not None else ""
+def _attributes(x, attributes) -> str:
+    pairs = [f"{a}={getattr(x, a)}" for a in attributes if hasattr(x, a)]
+    return "{" + ", ".join(pairs) + "}" if pairs else ""
+
+
+def _tensor(x, style) -> str:
+    tag = f"${style.ids(x)}" if style.ids is not None else ""
+    attrs = _attributes(x, style.attributes)
     if isinstance(x, np.ndarray):
-        return f"t{tag}: {_dtype(x.dtype)}{_shape(x.shape)}"
+        return f"t{tag}: {_dtype(x.dtype)}{_shape(x.shape)}{attrs}"
     spec = x._spec
     if is_local_mesh(spec.mesh):
-        return f"t{tag}: {_dtype(spec.dtype)}{_shape(x._local_tensor.shape)}"
-    return f"dt{tag}: {_dtype(spec.dtype)}{_shape(spec.shape)}| {placements_str(spec.placements)}"
+        return f"t{tag}: {_dtype(spec.dtype)}{_shape(x._local_tensor.shape)}{attrs}"
+    return (f"dt{tag}: {_dtype(spec.dtype)}{_shape(spec.shape)}{attrs}| "
+            f"{placements_str(spec.placements)}")
 
 
 def _spec_arg(spec) -> str:
     return f"dt: {_dtype(spec.dtype)}{_shape(spec.shape)}| {placements_str(spec.placements)}"
 
 
-def _args(args, ids, kwargs=None) -> str:
-    text = ", ".join(str(_arg(a, ids)) for a in args if a is not None)
+def _args(args, style, kwargs=None) -> str:
+    text = ", ".join(str(_arg(a, style)) for a in args if a is not None)
     if kwargs:
-        text += ", " + ", ".join(f"{k}={_arg(v, ids)}" for k, v in kwargs.items())
+        text += ", " + ", ".join(f"{k}={_arg(v, style)}" for k, v in kwargs.items())
     return text
 
 
@@ -240,8 +257,10 @@ class DebugMode:
     ``record_torchfunction`` keeps the line of each Python-level NumPy call
     (torch's ``torch.mm`` line) even when it is one operation;
     ``record_realtensor`` the operations on a rank's own arrays that autograd
-    follows. The rest (fake tensors, profiler contexts, compile) have no
-    mpitensor counterpart and are accepted for porting.
+    follows; ``record_tensor_attributes`` names attributes written after each
+    array's shape (``dt: f32[8, 4]{requires_grad=True}| S(0)``). The rest (fake
+    tensors, profiler contexts, compile) have no mpitensor counterpart and are
+    accepted for porting.
 
     Example (``mpiexec -n 2``)::
 
@@ -329,8 +348,8 @@ class DebugMode:
             call.stack_trace = _user_frame()
         self.operators.append(call)
 
-    def _ids_or_none(self):
-        return self._ids if self.record_ids else None
+    def _style(self) -> _Style:
+        return _Style(self._ids if self.record_ids else None, self.record_tensor_attributes)
 
     def _decision(self, name, specs) -> None:
         plain = all(is_local_mesh(s.mesh) for s in specs)
@@ -347,15 +366,15 @@ class DebugMode:
         op, self._open = self._open, None
         if op is None:
             return
-        call, ids = op.call, self._ids_or_none()
-        call.args_str = _args(operands, ids)
+        call, style = op.call, self._style()
+        call.args_str = _args(operands, style)
         outs = tuple(o for o in (out if isinstance(out, tuple) else (out,))
                      if isinstance(o, DTensor))
         if not outs:
             return
         if call.plain:
             if self.record_output:
-                call.output_str = "  ->  " + str(_arg(out, ids))
+                call.output_str = "  ->  " + str(_arg(out, style))
             return
         depth, lines = call.call_depth, []
         if self.record_output:
@@ -363,11 +382,11 @@ class DebugMode:
             lines.append(_OutputPlacementCall(pls[0] if len(pls) == 1 else str(tuple(pls)),
                                               depth + 1))
         lines += self._implicit(op, operands, targets or (), depth)
-        local = _OpCall(call.name, _args(local_args, ids), depth + 1)
+        local = _OpCall(call.name, _args(local_args, style), depth + 1)
         if self.record_output:
             locals_ = tuple(o._local_tensor for o in outs)
             local.output_str = "  ->  " + str(_arg(locals_ if isinstance(out, tuple)
-                                                   else locals_[0], ids))
+                                                   else locals_[0], style))
         lines.append(local)
         for line in lines:
             line.stack_trace = call.stack_trace
@@ -448,7 +467,7 @@ class DebugMode:
         if plain and not self.record_realtensor:
             return
         depth = self.call_depth + 1 if plain else self.call_depth
-        self._record(_OpCall(name, _args(inputs, self._ids_or_none()), depth))
+        self._record(_OpCall(name, _args(inputs, self._style()), depth))
         if self.record_output and not plain:
             self.operators.append(_OutputPlacementCall(placements_str(out_placements),
                                                        depth + 1))
@@ -462,7 +481,7 @@ class DebugMode:
         self._record(_AnnotateCall(text, "collective", self.call_depth + 1))
 
     def _call_enter(self, name, args, kwargs):
-        call = _OpCall(name, _args(args, self._ids_or_none(), kwargs), self.call_depth)
+        call = _OpCall(name, _args(args, self._style(), kwargs), self.call_depth)
         self._record(call)
         self.call_depth += 1
         return (call, len(self.operators))
@@ -481,7 +500,7 @@ class DebugMode:
                 c.call_depth -= 1
             return
         if self.record_output and result is not None:
-            call.output_str = "  ->  " + str(_arg(result, self._ids_or_none()))
+            call.output_str = "  ->  " + str(_arg(result, self._style()))
 
     # -- modules --------------------------------------------------------------------------
     def _enter_module(self, module, args) -> None:
