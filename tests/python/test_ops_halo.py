@@ -320,3 +320,23 @@ def test_gradient_takes_coordinate_arrays_bit_for_bit(pls, edge_order, coords):
     for bad in (np.ones((n0, 2)), np.ones(n0 + 1)):
         matches_or_raises_alike(lambda: np.gradient(dt, bad, axis=0),
                                 lambda: np.gradient(full, bad, axis=0))
+
+
+@pytest.mark.parametrize("pls", [[R], [S0], [S1]], ids=str)
+@pytest.mark.parametrize("window, axis", [(3, 0), (1, 0), (9, 0), (2, 1), ((3, 2), (0, 1)),
+                                          ((2, 2), (0, 0)), ((3, 2), None)], ids=str)
+def test_sliding_window_view_is_numpys_read_only_view(pls, window, axis):
+    """xarray's rolling windows: NumPy's values and shape, placements kept, nothing
+    gathered, and read-only as NumPy's view is."""
+    from numpy.lib.stride_tricks import sliding_window_view as windows
+    full = np.random.default_rng(2).standard_normal((9, 5))
+    dt = make(full, mesh_of((W,)), pls)
+
+    def check():
+        got = windows(dt, window, axis=axis)
+        assert_matches(got, windows(full, window, axis=axis))
+        assert got.placements == dt.placements
+        with pytest.raises(ValueError, match="read-only"):
+            got[(0,) * got.ndim] = 1.0
+    strictly(check)
+    matches_or_raises_alike(lambda: windows(dt, 10, axis=0), lambda: windows(full, 10, axis=0))

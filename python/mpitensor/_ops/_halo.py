@@ -28,7 +28,8 @@ from ..placement_types import Replicate
 from . import _dispatch as D
 from . import _row_exchange as X
 
-__all__ = ["diff_sharded", "gradient", "convolve", "correlate", "ediff1d"]
+__all__ = ["diff_sharded", "gradient", "sliding_window_view", "convolve", "correlate",
+           "ediff1d"]
 
 
 def _spec(a, shape, dtype):
@@ -81,6 +82,79 @@ def diff_sharded(a, n, ax, m):
     rows = _window(name, a, ax, m, ranges)
     out = np.diff(rows, n, axis=0) if len(rows) else rows[:0].astype(dtype)
     return DTensor(_back(out, ax), _spec(a, shape, dtype))
+
+
+@_registry.implements(np.lib.stride_tricks.sliding_window_view)
+def sliding_window_view(x, window_shape, axis=None, *, subok=False, writeable=False):
+    """``np.lib.stride_tricks.sliding_window_view`` of a DTensor (xarray's rolling):
+    along an axis no mesh dim shards, NumPy's view of the local block; along a
+    sharded one, each rank's windows need the ``w - 1`` rows after its block, one
+    exchange along that mesh dim (never a gather). The window dims come last, not
+    sharded; the placements are kept. Read-only, as NumPy's view is; a writeable
+    view of a sharded axis would have to reach several ranks' blocks, so
+    ``writeable=True`` is NumPy's on the gathered array. Collective on the mesh when
+    a windowed axis is sharded.
+
+    Example: ``sliding_window_view(dt, 3, axis=0)`` of a (10, 4) ``[Shard(0)]``
+    DTensor is an (8, 4, 3) ``[Shard(0)]`` DTensor.
+    """
+    name = "numpy.lib.stride_tricks.sliding_window_view"
+    if type(x) is not DTensor:
+        raise TypeError(f"{name}: expected a DTensor, got {type(x).__name__}")
+    if writeable:
+        raise _registry.NoRule(f"{name}: writeable=True has no distributed rule")
+    window = tuple(window_shape) if np.iterable(window_shape) else (window_shape,)
+    if any(w < 0 for w in window):
+        raise ValueError("`window_shape` cannot contain negative values")
+    if axis is None:
+        if len(window) != x.ndim:
+            raise ValueError(f"Since axis is `None`, must provide window_shape for all "
+                             f"dimensions of `x`; got {len(window)} window_shape elements "
+                             f"and `x.ndim` is {x.ndim}.")
+        axes = tuple(range(x.ndim))
+    else:
+        axes = normalize_axis_tuple(axis, x.ndim, allow_duplicate=True)
+        if len(window) != len(axes):
+            raise ValueError(f"Must provide matching length window_shape and axis; got "
+                             f"{len(window)} window_shape elements and {len(axes)} axes "
+                             f"elements.")
+    shape = list(x.shape)
+    for ax, w in zip(axes, window):
+        if shape[ax] < w:
+            raise ValueError("window shape cannot be larger than input array shape")
+        shape[ax] -= w - 1
+    out = x
+    for ax, w in zip(axes, window):
+        out = _windows_along(name, out, ax, operator.index(w))
+    return out
+
+
+def _windows_along(name, a, ax, w):
+    """The windows of ``w`` rows along axis ``ax`` of ``a``, a new last dim."""
+    a, m = X.sharding_mesh_dim(name, a, ax)
+    spec = a._spec
+    shape = list(spec.shape)
+    shape[ax] -= w - 1
+    shape.append(w)
+    out_spec = DTensorSpec(spec.mesh, spec.placements, tuple(shape), spec.dtype,
+                           contiguous_strides(tuple(shape)))
+    mesh = spec.mesh
+    if mesh.get_coordinate() is None:
+        return DTensor(np.empty((0,), spec.dtype), out_spec)
+    if m is None:
+        local = np.lib.stride_tricks.sliding_window_view(a.to_local(), w, axis=ax)
+    else:
+        X.check_movable(name, spec.dtype)
+        at = X.bounds(shape[ax], mesh.shape[m])
+        ranges = [(int(at[q]), int(at[q + 1]) + w - 1 if at[q + 1] > at[q] else int(at[q]))
+                  for q in range(mesh.shape[m])]
+        rows = _window(name, a, ax, m, ranges)
+        views = (np.lib.stride_tricks.sliding_window_view(rows, w, axis=0) if len(rows)
+                 else np.empty(rows.shape + (w,), spec.dtype))
+        local = np.moveaxis(views, 0, ax)
+    local = np.ascontiguousarray(local)
+    local.flags.writeable = False
+    return DTensor(local, out_spec)
 
 
 def _spacing(name, f, varargs, axes):
