@@ -37,13 +37,14 @@ FLOORS = {
     "_iterate": 1, "_shard": 1, "_mpi_library": 1, "_version": 1, "_timemodel": 1,
     "_departure": 1, "_strided": 1,
     "_fingerprint": 1, "_allgather_bytes": 1, "_device": 1, "_dtypes": 1, "_hooks": 1,
-    "_node": 1, "_call_agreement": 1,
+    "_node": 1, "_call_agreement": 1, "_mesh_layout": 1,
     "_ops": 2,  # operations: each op's dim map, registered once; NumPy protocols
     "autograd": 3,  # the tape and backward rules
     "nn": 4, "optim": 4,  # training pieces
     # Features.
     "parallel": 5, "fsdp": 5, "experimental": 5, "debug": 5, "checkpoint": 5,
     "testing": 5, "_distribute_module": 5, "_show_config": 5,
+    "distributed": 5,  # torch.distributed's names on local arrays: functional collectives
     "utils": 5,  # torch.utils' names: activation checkpointing
     "array_api": 5,  # the array API standard's namespace, over the registry
     "_coverage": 5,  # the NumPy coverage page, read from the registry
