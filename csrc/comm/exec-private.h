@@ -1,4 +1,4 @@
-/* The plan executor's parts (exchange.c, compiled.c, redistribute.c): the
+/* The plan executor's parts (exchange.c, compiled.c, redistribute*.c): the
  * all-to-all-w of one exchange, and the per-rank compiled form of a plan that owns
  * such exchanges and the counts of its other steps. */
 #ifndef MPITENSOR_EXEC_PRIVATE_H

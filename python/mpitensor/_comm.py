@@ -604,7 +604,8 @@ def ring_allgather_int64(mesh, dim: int, values) -> tuple[int, ...]:
 _Selection = struct("mt_selection")
 _L, _B = _Layout, _Box
 _selection_check = fn("mt_selection_check", I, _Selection, I, P, _E)
-_selection_exchange = fn("mt_selection_exchange", I, P, _L, _Selection, _L, I, A, A, _E)
+_selection_exchange = fn("mt_selection_exchange", I, P, _L, _Selection, U64, _L, I, A, A,
+                         _E)
 _distribute_from = fn("mt_distribute_from", I, P, _L, I, I64, A, A, _E)
 _box_check_local = fn("mt_box_check_local", I, _B, I, P, _E)
 
@@ -669,11 +670,12 @@ def distribute(mesh, codes, full: np.ndarray, src: int = 0) -> np.ndarray:
 
 
 def select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts,
-                    piece: np.ndarray) -> np.ndarray:
+                    piece: np.ndarray, key: int = 0) -> np.ndarray:
     """This rank's box, laid out by ``dst_codes``, of the selection (``starts``,
     ``steps``, ``counts`` per dim) of a tensor of ``shape`` laid out by
     ``src_codes``; ``piece`` is the rank's local array indexed by the selection.
-    Collective on the mesh."""
+    ``key``: a fingerprint of the rest of the index (the dims it drops or adds),
+    agreed with the selection. Collective on the mesh."""
     m = mesh_address(mesh)
     sh, ndim = _int64s(shape, MAX_NDIM, "shape")
     sel = _Selection(ndim=ndim)
@@ -691,7 +693,8 @@ def select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts,
     piece = _movable(piece)
     _check_local(piece, image)
     out = _box_array(tb, piece.dtype)
-    call(_selection_exchange, m, src, sel, dst, dtype_code(piece.dtype), piece, out)
+    call(_selection_exchange, m, src, sel, operator.index(key) & (2**64 - 1), dst,
+         dtype_code(piece.dtype), piece, out)
     return out
 
 

@@ -1264,7 +1264,7 @@ static void selection_case(mt_mesh* mesh, int mesh_ndim, const int64_t* mesh_sha
     in[e] = sel_value(&src, coord, sel_source(&src, &sel, k));
   }
   mt_error err = {0};
-  int rc = mt_selection_exchange(mesh, &src, &sel, &dst, MT_DTYPE_INT64, in, out, &err);
+  int rc = mt_selection_exchange(mesh, &src, &sel, 0, &dst, MT_DTYPE_INT64, in, out, &err);
   CHECK_MSG(rc == MT_OK, "selection exchange: %s", err.msg);
   for (int64_t e = 0; rc == MT_OK && e < nt; ++e) {
     box_index(&tb, e, k);

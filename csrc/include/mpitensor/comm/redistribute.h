@@ -26,12 +26,16 @@ extern "C" {
  * selection), `out` receives this rank's dst box. Only selected elements move.
  * Agrees first as mt_redistribute does, on the selection too, and whatever the
  * size: a selection that differs by rank (a key computed from the rank) raises on
- * every rank instead of leaving elements of `out` that nobody sent. `out` may be
- * NULL for a box the caller could not allocate. */
+ * every rank instead of leaving elements of `out` that nobody sent. `key` is the
+ * caller's fingerprint of what else the key decides (where it drops or adds dims),
+ * agreed with the selection: a rank whose key the exchange alone would not tell
+ * apart, or that takes no exchange at all and agrees on its key by mt_agree
+ * instead, fails every rank alike. `out` may be NULL for a box the caller could
+ * not allocate. */
 MT_EXPORT int mt_selection_exchange(mt_mesh *mesh, const mt_layout *src,
-                                    const mt_selection *sel, const mt_layout *dst,
-                                    int dtype, const void *in, void *out,
-                                    mt_error *err);
+                                    const mt_selection *sel, uint64_t key,
+                                    const mt_layout *dst, int dtype, const void *in,
+                                    void *out, mt_error *err);
 
 /* An in-flight redistribute started by mt_redistribute_start. */
 typedef struct mt_request mt_request;
