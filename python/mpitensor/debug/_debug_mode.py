@@ -490,11 +490,10 @@ class DebugMode:
         call, start = handle
         self.call_depth -= 1
         inner = self.operators[start:]
-        top = [c for c in inner if c.call_depth <= call.call_depth + 1]
-        if (not self.record_torchfunction and len(top) == 1 and top[0] is inner[0]
-                and isinstance(top[0], _OpCall) and top[0].call_depth == call.call_depth + 1):
-            # One operation: the call is that operation, as torch's dispatch
-            # shows a torch function that is one aten op.
+        if (not self.record_torchfunction and inner and isinstance(inner[0], _OpCall)
+                and all(c.call_depth > inner[0].call_depth for c in inner[1:])):
+            # One operation (with what it nests): the call is that operation, as
+            # torch's dispatch shows a torch function that is one aten op.
             del self.operators[start - 1]
             for c in inner:
                 c.call_depth -= 1
