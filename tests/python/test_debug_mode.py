@@ -249,10 +249,12 @@ def test_record_stack_trace(mesh):
     with DebugMode(record_stack_trace=True) as mode:
         x @ w  # the user's line
         x + 1
+        np.mean(x)  # NumPy's Python code hands it on: still the user's line
     text = mode.debug_string()
     assert text.startswith(f"  # File: {__file__}:")
     assert "in test_record_stack_trace, code: x @ w  # the user's line" in text
     assert "code: x + 1" in text
+    assert "code: np.mean(x)  # NumPy's" in text
     assert "\n\n  # File:" in text  # a blank line between groups
     assert "# File" not in mode.debug_string(show_stack_trace=False)
 

@@ -39,7 +39,10 @@ _ABBRS = {"float16": "f16", "float32": "f32", "float64": "f64", "bfloat16": "bf1
 _COLLECTIVES = {"all_gather": "all_gather_into_tensor", "all_to_all": "all_to_all_single",
                 "all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter_tensor",
                 "direct": "all_to_all_single", "all_reduce_nodes": "all_reduce"}
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# A record's user line is the innermost frame outside these: mpitensor's, and
+# NumPy's Python-level functions that hand DTensors on (np.mean -> x.mean).
+_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                   for m in (_modes, np))
 
 
 # -- torch's shorthand ------------------------------------------------------------------
@@ -143,9 +146,10 @@ def _local(shape, mesh, placements) -> tuple:
 
 
 def _user_frame() -> str | None:
-    """The innermost frame outside mpitensor, as torch's DebugMode summarises it."""
+    """The innermost frame outside mpitensor and NumPy, as torch's DebugMode
+    summarises it."""
     for frame in reversed(traceback.extract_stack()[:-1]):
-        if not os.path.abspath(frame.filename).startswith(_PACKAGE):
+        if not os.path.abspath(frame.filename).startswith(_LIBRARIES):
             return (f"File: {frame.filename}:{frame.lineno} in {frame.name}, "
                     f"code: {frame.line}")
     return None
