@@ -50,6 +50,7 @@ class Ctx:
         # Made on every rank: a mutation must not itself be a collective.
         self.longer = distribute_tensor(np.ones((4 * N + 2, 2)), self.mesh, self.pl)
         self.replicated = self.x.redistribute(self.mesh, self.placements(Replicate()))
+        self.narrow = self.replicated[:, :1]  # an index is a collective too
         self.dp = init_device_mesh("cpu", (N,), mesh_dim_names=("dp",))
         self.dir = COMM.bcast(tempfile.mkdtemp() if RANK == 0 else None)
         self.file = os.path.join(self.dir, "x.npy")
@@ -152,6 +153,21 @@ def m_take(c, indices=(0, 1)):
 
 def m_repeat(c, repeats=2):
     return c.x.repeat(repeats, axis=0)
+
+
+# Indexing, read and written: every key form, agreed as NumPy's calls are.
+def index(c, key=0):
+    return c.x[key]
+
+
+def index_replicated(c, key=0):
+    return c.replicated[key]
+
+
+def index_write(c, key=0, value=1.0):
+    x = distribute_tensor(A, c.mesh, c.pl)  # every rank, before the odd call
+    x[key] = value
+    return x
 
 
 def np_concatenate(c, other=_DEFAULT, axis=0):
@@ -308,10 +324,39 @@ MUTATIONS = [
     (m_round, True, {"other_decimals": lambda c: dict(decimals=2)}),
     (m_take, True, {"other_indices": lambda c: dict(indices=(1, 0))}),
     (m_repeat, True, {"other_repeats": lambda c: dict(repeats=3)}),
+    (index, True, {
+        "other_int": lambda c: dict(key=1),
+        "int_out_of_bounds": lambda c: dict(key=4 * N + 3),
+        "other_slice": lambda c: dict(key=slice(0, 3)),
+        "whole_slice": lambda c: dict(key=slice(None)),
+        "empty_slice": lambda c: dict(key=slice(0, 0)),
+        "ellipsis": lambda c: dict(key=(Ellipsis, 1)),
+        "none": lambda c: dict(key=(None, 0)),
+        "mask": lambda c: dict(key=A > 3),
+        "int_array": lambda c: dict(key=[1, 0]),
+        "mixed": lambda c: dict(key=(slice(None), [1, 0])),
+        "not_an_index": lambda c: dict(key="a"),
+    }),
+    (index_replicated, True, {
+        "other_int": lambda c: dict(key=1),
+        "other_slice": lambda c: dict(key=slice(0, 2)),
+        "none": lambda c: dict(key=(0, None)),
+        "mask": lambda c: dict(key=A > 3),
+        "int_array": lambda c: dict(key=[0, 0]),
+    }),
+    (index_write, True, {
+        "other_int": lambda c: dict(key=1),
+        "other_value": lambda c: dict(value=2.0),
+        "other_slice": lambda c: dict(key=slice(0, 3)),
+        "ellipsis": lambda c: dict(key=(Ellipsis, 1)),
+        "mask": lambda c: dict(key=A > 3),
+        "int_array": lambda c: dict(key=[1, 0]),
+        "int_out_of_bounds": lambda c: dict(key=4 * N + 3),
+    }),
     (np_concatenate, True, {
         "other_axis": lambda c: dict(axis=1),
         "other_tensor": lambda c: dict(other=c.longer),
-        "tensor_of_another_shape": lambda c: dict(other=c.replicated[:, :1]),
+        "tensor_of_another_shape": lambda c: dict(other=c.narrow),
     }),
     (np_add_reduce, True, {
         "other_axis": lambda c: dict(axis=1),

@@ -13,9 +13,18 @@ replicated or whole dims is local.
 
 A basic index is a view, as NumPy's, whatever it cuts: a local cut is a NumPy
 view of the local array; an exchange's result is new memory, made a copy-view of
-``dt`` (_views.py: read-only, and a write into it reaches ``dt``). The exchange
-agrees on the key first, at any size, so a key that differs by rank raises on
-every rank instead of leaving elements nobody sent.
+``dt`` (_views.py: read-only, and a write into it reaches ``dt``).
+
+Every index is agreed, a read (``dt[key]``) as a write (``dt[key] = value``,
+:func:`agree_write`), at any size: a key that differs by rank (``dt[rank]`` of a
+Replicate DTensor, whose result must be the same on every rank; a slice that cuts
+a sharded dim on one rank only, which would leave the others in an exchange it
+never joins) raises the same ValueError on every rank, and a key that is invalid
+on one rank raises its error on every rank, before anything moves. One small
+all-reduce (the agreement primitive) per index, and none more where the key cuts
+a sharded dim: the exchange's own agreement carries the key's fingerprint. A
+rank that takes the exchange and one that does not pair the two agreements, so
+their different fingerprints fail both.
 """
 
 from __future__ import annotations
@@ -25,8 +34,10 @@ import operator
 import numpy as np
 
 from .. import _clib, _comm, _modes, _registry, _trace
+from .._call_agreement import call_fingerprint
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
+from .._fingerprint import fingerprint
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard, _StridedShard
 from . import _advanced_index as A
@@ -139,7 +150,7 @@ class _Plan:
     bounded cache of parsed keys (the oldest goes first), so a repeated key
     costs one dict lookup before NumPy cuts the local array."""
 
-    __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec")
+    __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec", "fp")
 
     def __init__(self, dt, key):
         spec = dt._spec
@@ -163,6 +174,10 @@ class _Plan:
         out_shape = tuple(1 if o[0] == "new" else counts[o[1]] for o in self.outdims)
         self.spec = DTensorSpec(mesh, tuple(out), out_shape, spec.dtype,
                                 contiguous_strides(out_shape))
+        # What every rank must pick alike: the input's layout and the parsed key
+        # (so that keys NumPy reads alike, -1 and n - 1, agree).
+        self.fp = fingerprint(("index", repr(spec.placements), shape, spec.dtype.str,
+                               tuple(sel), tuple(self.outdims)))
         # Nothing picked is the same on every rank: then nobody joins an exchange.
         self.exchange = None
         if moves and 0 not in counts:
@@ -174,6 +189,84 @@ class _Plan:
             lshape, loff = local_shape_and_global_offset(
                 shape, mesh.shape, mesh._coordinate, spec.placements)
             self.cut = local_cuts(sel, loff, lshape)[0]
+
+
+# The words every rank raises when the ranks index with different keys (the
+# exchange's agreement, in C, says "different keys" too).
+_DIFFERENT_KEYS = _clib.message(
+    "DTensor indexing: the ranks of the mesh passed different keys (or indexed "
+    "DTensors of different placements, shapes or dtypes, or assigned different "
+    "values); every rank of the mesh must make the same index")
+
+
+def _agrees(mesh) -> bool:
+    """Whether this rank takes part in an index's agreement: a member of a mesh of
+    more than one rank."""
+    return mesh._coordinate is not None and mesh._mesh.size > 1
+
+
+def agree_index(mesh, fp: int, error: Exception | None = None) -> None:
+    """The agreement of one index among the members of ``mesh``: ``fp``, the
+    fingerprint of what this rank indexes, or ``error``, what it raised reading
+    the key. Every member raises the first failing member's error (its type and
+    words), else ValueError when the fingerprints differ. A rank outside the mesh,
+    or the one rank of a one-rank mesh, raises only its own ``error``. Collective
+    on the mesh.
+
+    Example: ``agree_index(mesh, plan.fp)``; ``agree_index(mesh, 0, IndexError(...))``.
+    """
+    if not _agrees(mesh):
+        if error is not None:
+            raise error
+        return
+    if error is None:
+        mesh._agree_call(fp, _DIFFERENT_KEYS)
+        return
+    _comm.agree(mesh._handle, False, 0, str(error), type(error))
+    raise error  # not reached: the agreement raised on every member
+
+
+def _raw(what: str, dt, key, value=None) -> int:
+    """The fingerprint of an index by its values: DTensors by layout and mesh,
+    arrays by their bytes, a basic key's plan by its own fingerprint."""
+    # A mesh by its ranks (its communicator's handle is this process's own).
+    meshes = tuple((m._mesh.shape, m._mesh.tobytes(), m._names)
+                   for m in (v._spec.mesh for v in (key, value) if type(v) is DTensor))
+    return call_fingerprint(what, (dt, key, value, meshes), {})
+
+
+def agree_write(dt, key, value) -> None:
+    """Agrees on ``dt[key] = value`` before anything moves (see the module
+    docstring): the key (parsed, when basic), ``dt``'s layout and the value (a
+    DTensor's layout, an ndarray's bytes, a scalar). A key that is invalid on some
+    rank raises its error on every rank; a key or value that differs by rank, the
+    same ValueError on every rank. The write's entry calls it first. Collective on
+    the mesh of ``dt``.
+
+    Example: ``agree_write(dt, (0, slice(1, 3)), 0.0)`` before the write.
+    """
+    mesh = dt._spec.mesh
+    if not _agrees(mesh):
+        return
+    try:
+        fp = _write_fingerprint(dt, key, value)
+    except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
+        agree_index(mesh, 0, e)
+    agree_index(mesh, fp)
+
+
+def _write_fingerprint(dt, key, value) -> int:
+    name = "DTensor.__setitem__"
+    if type(key) is DTensor or (isinstance(key, np.ndarray) and key.dtype == bool
+                                and key.ndim > 0):
+        return _raw(name, dt, key, value)
+    try:
+        plan = _plan(dt, key)
+    except _registry.NoRule:
+        return _raw(name + " (gathered)", dt, key, value)
+    if type(value) in (float, int, bool):  # the common write, kept short
+        return fingerprint((plan.fp, value))
+    return _raw(name, None, plan.fp, value)
 
 
 def strided_view(out, plain, dt, key) -> None:
@@ -218,38 +311,20 @@ def _cache_key(key):
             out.append((k.start, k.stop, k.step))
         elif t is int or k is None or k is Ellipsis:
             out.append(k)
+        elif isinstance(k, np.integer):  # a loop over np.arange's ints
+            out.append(int(k))
         else:
             return None
     return tuple(out)
 
 
-@_registry.implements(operator.getitem)
-def getitem(dt, key):
-    """``dt[key]``; see the module docstring. A basic key gives a view of ``dt``:
-    a write into it reaches ``dt``. Collective on the mesh when the key cuts a
-    sharded dim (one exchange of the picked elements), else local."""
-    kind = A.is_advanced(key)
-    if kind == "mask":
-        return A.getitem_mask(dt, key)
-    if kind == "take":
-        return A.getitem_take(dt, key)
-    one = A.one_array(key, len(dt._spec.shape))
-    if one is not None:
-        # its backward (autograd _getitem) undoes the same two steps
-        dim, idx, rest, front = one
-        # an advanced index is a copy: the rest of the key's view of np.take's
-        # result is nobody's view, so it is the result's own memory
-        out = _views.release(getitem(np.take(dt, idx, axis=dim), rest))
-        return out if front is None else np.moveaxis(out, front, 0)
-    if type(key) is DTensor:
-        if key.dtype.kind in "iu":
-            return pick_rows("DTensor.__getitem__ (integer DTensor)", dt, key)
-        raise _advanced_error("a DTensor that is not a boolean mask", _registry.NoRule)
+def _plan(dt, key) -> _Plan:
+    """The plan of a basic ``key`` for ``dt``, from the mesh's cache when the key
+    is one it keeps."""
     spec = dt._spec
-    mesh = spec.mesh
     ck = _cache_key(key)
     cache_key = (ck, spec.placements, spec.shape, spec.dtype)
-    plans = mesh._index_keys
+    plans = spec.mesh._index_keys
     plan = plans.get(cache_key) if ck is not None else None
     if plan is None:
         plan = _Plan(dt, key)
@@ -257,9 +332,59 @@ def getitem(dt, key):
             if len(plans) >= _INDEX_KEYS:
                 del plans[next(iter(plans))]
             plans[cache_key] = plan
+    return plan
+
+
+@_registry.implements(operator.getitem)
+def getitem(dt, key):
+    """``dt[key]``; see the module docstring. A basic key gives a view of ``dt``:
+    a write into it reaches ``dt``. Collective on the mesh: the key is agreed
+    (one small all-reduce), and where it cuts a sharded dim, one exchange of the
+    picked elements carries that agreement."""
+    mesh = dt._spec.mesh
+    plan = kind = one = None
+    try:
+        kind = A.is_advanced(key)
+        if kind is None:
+            one = A.one_array(key, len(dt._spec.shape))
+        if kind is None and one is None and type(key) is not DTensor:
+            plan = _plan(dt, key)
+    except _registry.NoRule:
+        # Every rank that gets here runs NumPy's indexing on the gathered arrays,
+        # once the ranks agree on the key.
+        agree_index(mesh, _raw("DTensor.__getitem__ (gathered)", dt, key))
+        raise
+    except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
+        agree_index(mesh, 0, e)
+    if plan is not None:
+        return _basic(dt, key, plan, agreed=False)
+    agree_index(mesh, _raw(f"DTensor.__getitem__ ({kind})", dt, key))
+    if kind == "mask":
+        return A.getitem_mask(dt, key)
+    if kind == "take":
+        return A.getitem_take(dt, key)
+    if one is not None:
+        # its backward (autograd _getitem) undoes the same two steps
+        dim, idx, rest, front = one
+        # an advanced index is a copy: the rest of the key's view of np.take's
+        # result is nobody's view, so it is the result's own memory
+        taken = np.take(dt, idx, axis=dim)
+        out = _views.release(_basic(taken, rest, _plan(taken, rest), agreed=True))
+        return out if front is None else np.moveaxis(out, front, 0)
+    if key.dtype.kind in "iu":
+        return pick_rows("DTensor.__getitem__ (integer DTensor)", dt, key)
+    raise _advanced_error("a DTensor that is not a boolean mask", _registry.NoRule)
+
+
+def _basic(dt, key, plan, agreed):
+    """``dt[key]`` for a basic key by its plan; ``agreed``: the ranks agreed on the
+    key already. Collective on the mesh."""
+    spec = dt._spec
+    mesh = spec.mesh
+    if not agreed and (plan.exchange is None or _modes.state.checks):
+        # Where the key cuts a sharded dim, the exchange agrees on it (below).
+        agree_index(mesh, plan.fp)
     if _modes.state.checks:
-        # Every rank checks, also where the cut is local: a key that differs by
-        # rank would leave some ranks in an exchange the others never join.
         _modes.checker(f"DTensor.__getitem__ {spec.placements} -> {plan.mid}, shape "
                        f"{spec.shape} -> {plan.counts}, {spec.dtype}", mesh)
     if plan.cut is None:
@@ -272,11 +397,12 @@ def getitem(dt, key):
         piece = np.empty(local_shape_and_global_offset(
             plan.counts, mesh.shape, mesh._coordinate, plan.mid)[0], spec.dtype)
     elif plan.exchange is not None:
-        # The exchange agrees on the key first (every rank, every size): a key that
-        # differs by rank raises alike instead of leaving elements unwritten.
+        # The exchange agrees on the selection and ``plan.fp`` first (every rank,
+        # every size): a key that differs by rank raises alike instead of leaving
+        # elements unwritten.
         _trace.report_move("DTensor.__getitem__", spec, plan.mid)
         piece = owner = _comm.select_exchange(mesh._handle, *plan.exchange,
-                                              np.ascontiguousarray(piece))
+                                              np.ascontiguousarray(piece), plan.fp)
     # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
                                 for o in plan.outdims))

@@ -41,7 +41,7 @@ from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard, _StridedShard
 from . import _dispatch as D
 from . import _views
-from ._indexing import _parse, _whole, local_cuts
+from ._indexing import _parse, _whole, agree_write, local_cuts
 
 _IDENTITY = {"sum": 0, "product": 1}
 
@@ -231,8 +231,11 @@ def setitem(dt, key, value, *, where=None) -> None:
     kept. ``where`` (a DTensor ``value`` and a basic key only): a boolean array of
     the value's local shape, the elements of it to write, as a copy-view writes
     back into its base (_views.py). Into a view that basic indexing made, the
-    write reaches the base. Collective on the mesh when a DTensor value or mask
-    must move (only to follow ``dt``'s layout), else local."""
+    write reaches the base. Collective on the mesh: the write is agreed first
+    (_indexing.agree_write), and a DTensor value or mask moves where it must
+    follow ``dt``'s layout."""
+    if where is None:  # a copy-view's write-back is made alike on every rank
+        agree_write(dt, key, value)
     spec = dt._spec
     mesh = spec.mesh
     mask = key if type(key) is DTensor or (isinstance(key, np.ndarray)
