@@ -11,6 +11,7 @@ thread cannot run.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import re
 import shutil
@@ -100,6 +101,17 @@ def pytest_collection_modifyitems(config, items):
             sizes = ", ".join(str(n) for n in marker.args)
             item.add_marker(pytest.mark.skip(
                 reason=f"the same at every rank count: runs at np {sizes}"))
+
+
+def pytest_collection_finish(session):
+    # A full collection walks every object the heap holds, and once the suite is
+    # collected that is every test module and the libraries they import: each
+    # gc.collect() of a test (those that count freed communicators or drop pending
+    # requests) paid for walking all of it again. What collection left is frozen, its
+    # garbage collected first, so that collections walk only what the tests make.
+    # Every rank does this at the same point, as collection ends.
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_report_header(config):
