@@ -141,3 +141,25 @@ def test_dtensors_on_a_flattened_mesh_as_torch():
     x, t = x.redistribute(a, [Shard(1)]), t.redistribute(b, [TS(1)])
     assert np.array_equal(x.to_local(), t.to_local().numpy())
     assert np.array_equal(x.full_tensor(), t.full_tensor().numpy())
+
+
+def test_torchtitans_meshes_as_torch():
+    """torchtitan's parallel dims: dp, dp_shard_cp and dp_cp flattened, then the
+    HSDP mesh (dp_replicate, dp_shard_cp) and the TP mesh sliced from the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    init_gloo()
+    shape = (1, 2, 1, 2) if N == 4 else (1, N, 1, 1)
+    names = ("dp_replicate", "dp_shard", "cp", "tp")
+    ours = mt.init_device_mesh("cpu", shape, mesh_dim_names=names)
+    theirs = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    problems = []
+    for dims, name in ((("dp_replicate", "dp_shard"), "dp"),
+                       (("dp_shard", "cp"), "dp_shard_cp"),
+                       (("dp_replicate", "dp_shard", "cp"), "dp_cp")):
+        problems += same(ours[dims]._flatten(name), theirs[dims]._flatten(name), name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for key in (("dp_replicate", "dp_shard_cp"), "dp_cp", ("dp_shard_cp", "tp"), "tp"):
+            problems += same(ours[key], theirs[key], f"root[{key}]")
+    assert problems == []

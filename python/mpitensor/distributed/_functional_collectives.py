@@ -132,12 +132,12 @@ def _dim(d, ndim: int, what: str) -> int:
     return d % ndim
 
 
-def _run(x, what: str, checks, collective, backward):
+def _run(x, what: tuple, checks, collective, backward):
     """The one path of every collective: the local array, the checks (``checks(a,
     n)`` returns the arguments the collective takes, raising for bad ones), their
     agreement, then ``collective(mesh, a, *args)``, recorded for autograd with
     ``backward`` when ``x`` is a local DTensor."""
-    return _Collective.apply(x, what, checks, collective, backward)
+    return _NODES[what[0]].apply(x, what, checks, collective, backward)
 
 
 class _Collective(Function):
@@ -170,6 +170,11 @@ class _Collective(Function):
     def backward(ctx, g):
         out = ctx.backward(ctx.mesh, _local_array(g, ctx.what), *ctx.args)
         return _as_local_dtensor(out), None, None, None, None
+
+
+# One Function per collective, so that autograd's graph names the node after it.
+_NODES = {name: type(name, (_Collective,), {}) for name in
+          ("all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single")}
 
 
 def _moved(mesh: DeviceMesh, a: np.ndarray, src, dst) -> np.ndarray:
