@@ -62,35 +62,41 @@ def test_golden_is_torchs_at_two_ranks():
     assert len(stored["traces"]) == 2
 
 
-def test_program_against_torch_golden():
-    """The program's trace reads as torch 2.13's: at 2 ranks the same operations
-    with the same operands' placements, outputs where torch prints them, implicit
-    and explicit redistributes with their transitions, collectives with their local
-    shapes, modules, at the same depths. At other sizes the decisions may differ
-    (torch's and mpitensor's cheapest plans part at 4 ranks), so the same
-    operations, modules and explicit redistributes, in order."""
+def _outline(entries) -> list:
+    """Operations, modules and explicit redistributes, in order."""
+    return [e[:3] if e[1] != "explicit" else e[:2] for e in entries
+            if e[1] in ("op", "module", "explicit")]
+
+
+def _held_against(theirs: list) -> None:
+    """At 2 ranks the same operations with the same operands' placements, outputs
+    where torch prints them, implicit and explicit redistributes with their
+    transitions, collectives with their local shapes, modules, at the same depths.
+    At other sizes the decisions may differ (torch's and mpitensor's cheapest
+    plans part at 4 ranks), so the same operations, modules and explicit
+    redistributes, in order, with collectives only where ranks exchange."""
     mine = program.read(program.mpitensor_trace(), "mpitensor")
-    theirs = program.read(golden()["traces"][RANK % 2], "torch")
     if W == 2:
         mine = program.aligned(mine, theirs)
         assert mine == theirs, _diff(mine, theirs)
         return
-
-    def outline(entries):
-        return [e[:3] if e[1] != "explicit" else e[:2] for e in entries
-                if e[1] in ("op", "module", "explicit")]
-    assert outline(mine) == outline(theirs), _diff(outline(mine), outline(theirs))
+    assert _outline(mine) == _outline(theirs), _diff(_outline(mine), _outline(theirs))
     assert any(e[1] == "collective" for e in mine) == (W > 1)
 
 
+def test_program_against_torch_golden():
+    """The program's trace read against torch 2.13's stored one (its 2-rank trace,
+    this rank's at 2 ranks)."""
+    _held_against(program.read(golden()["traces"][RANK % 2], "torch"))
+
+
 def test_program_against_live_torch():
-    """The same, against torch run now beside the MPI job (gloo), at 2 ranks."""
+    """The same, against torch run now beside the MPI job (gloo)."""
     pytest.importorskip("torch")
-    if W != 2:
-        pytest.skip("torch's decisions match mpitensor's for this program at 2 ranks")
-    theirs = program.read(program.torch_trace(), "torch")
-    mine = program.aligned(program.read(program.mpitensor_trace(), "mpitensor"), theirs)
-    assert mine == theirs, _diff(mine, theirs)
+    if W == 3:
+        pytest.skip("torch's own tensor parallelism of this program fails on 3 ranks "
+                    "(8 rows and 16 features split unevenly)")
+    _held_against(program.read(program.torch_trace(), "torch"))
 
 
 def test_reading_sees_a_difference():
