@@ -182,6 +182,10 @@ def test_plain_arrays_give_plain_arrays_and_the_old_names_warn():
     mesh = init_device_mesh("cpu", (N,))
     out = funcol.all_reduce(np.ones(3), "sum", mesh)
     assert type(out) is np.ndarray and np.array_equal(out, np.full(3, N))
+    out = funcol.all_reduce(np.array(2.0), "max", mesh)
+    assert out.shape == () and out == 2.0
+    out = funcol.all_gather_single(np.ones((2, 4), np.float32)[:, ::2], 1, mesh)
+    assert out.shape == (2, 2 * N) and out.dtype == np.float32
     with pytest.warns(FutureWarning, match="all_gather_single"):
         assert funcol.all_gather_tensor(np.ones(2), 0, mesh).shape == (2 * N,)
     with pytest.warns(FutureWarning, match="reduce_scatter_single"):

@@ -87,7 +87,12 @@ def _local_array(x, what: str) -> np.ndarray:
     elif not isinstance(x, np.ndarray):
         raise TypeError(f"{what} takes a NumPy array or the local DTensor of to_local(), "
                         f"got {type(x).__name__}")
-    return np.ascontiguousarray(x)
+    return _contiguous(x)
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray does not)."""
+    return a if a.flags.c_contiguous else a.copy(order="C")
 
 
 def _as_local_dtensor(a: np.ndarray) -> DTensor:
@@ -126,9 +131,11 @@ def _check_op(op, what: str) -> str:
 
 def _dim(d, ndim: int, what: str) -> int:
     d = operator.index(d)
-    if not -max(ndim, 1) <= d < max(ndim, 1) or ndim == 0:
+    if ndim == 0:
+        raise IndexError(f"{what}: a 0-d array has no dim to gather or scatter along")
+    if not -ndim <= d < ndim:
         raise IndexError(f"{what}: Dimension out of range (expected to be in range of "
-                         f"[{-max(ndim, 1)}, {max(ndim, 1) - 1}], but got {d})")
+                         f"[{-ndim}, {ndim - 1}], but got {d})")
     return d % ndim
 
 
@@ -182,7 +189,7 @@ def _moved(mesh: DeviceMesh, a: np.ndarray, src, dst) -> np.ndarray:
     the executor runs (and counts) the one collective between them."""
     with no_grad():
         dt = DTensor.from_local(a, mesh, [src])
-        return np.ascontiguousarray(dt.redistribute(mesh, [dst]).to_local())
+        return _contiguous(dt.redistribute(mesh, [dst]).to_local())
 
 
 # -- the collectives and their backwards ----------------------------------------------
