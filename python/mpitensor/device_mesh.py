@@ -379,7 +379,8 @@ class DeviceMesh(_C.MeshBase):
         """The mpi4py communicator of ``mesh_dim`` (required on an N-D mesh). Local.
 
         The communicator belongs to the mesh: use it, do not ``Free()`` it. A
-        non-member gets ``MPI.COMM_NULL``.
+        non-member gets ``MPI.COMM_NULL``. The name of a dim flattened from the
+        mesh's root (:meth:`_flatten`) gives that dim's communicator, as torch's.
 
         Example::
 
