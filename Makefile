@@ -339,7 +339,8 @@ bench: install
 	$(PY) benchmarks/tables.py; \
 	echo "make bench: $$(( $$(date +%s) - start ))s"
 
-# Whether issue 21's redistribution goals hold on this machine (docs/benchmarks.md):
+# Whether the redistribution goals (benchmarks/redistribute.py, docs/benchmarks.md)
+# hold on this machine:
 # a short redistribute.py run at np 2 (the speed goals) and np 4 (a regression watch
 # against the committed run) that prints PASS or FAIL per goal and fails when one does. Not part of `make test`: it times, so run it on a quiet machine.
 BENCH_CHECK_NPS ?= 2 4
