@@ -1,4 +1,4 @@
-/* Redistribution plans: the step counts the redistribute issue asks for, a
+/* Redistribution plans: the collective counts of every 1-D transition, a
  * simulation that executes every plan on labelled elements (boxes, no MPI), plans
  * for simulated meshes of 16,384 ranks, and error paths.
  *
