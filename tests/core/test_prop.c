@@ -1,4 +1,4 @@
-/* Sharding propagation: the decisions the NumPy-ops issue names, with dim maps
+/* Sharding propagation: the decisions for NumPy's operations, with dim maps
  * written out here (elementwise with broadcasting, matmul with batch dims,
  * reductions, softmax, reshape), a checker that the chosen placements compute the
  * op correctly on every rank, the core's own map builders against those maps,
