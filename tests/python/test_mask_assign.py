@@ -93,3 +93,23 @@ def test_mask_assignment_of_one_value_or_none(count):
         expect[mask] = values
         np.testing.assert_array_equal(dt.full_tensor(), expect)
     assert isinstance(dt, DTensor)
+
+
+@pytest.mark.parametrize("pls", [[R], [S0], [S1]], ids=str)
+@pytest.mark.parametrize("mask_as", ["dtensor", "ndarray"])
+def test_mask_of_the_leading_dims(pls, mask_as):
+    """A mask of the leading dims selects whole rows, as in NumPy: a scalar is
+    written distributed; rows of values (NumPy's 2-D values) are NumPy's answer."""
+    mesh = mesh_of((W,))
+    full = np.arange(30.0).reshape(10, 3)
+    rows = np.arange(10) % 3 == 0
+    for value in (7.0, np.arange(12.0).reshape(4, 3), np.arange(3.0)):
+        dt = make(full, mesh, pls)
+        key = make(rows, mesh, [R] if pls == [S1] else pls) if mask_as == "dtensor" else rows
+        expect = full.copy()
+        expect[rows] = value
+        with warnings.catch_warnings():
+            if np.ndim(value) == 0:
+                warnings.simplefilter("error")  # a scalar is never gathered
+            dt[key] = value
+        np.testing.assert_array_equal(dt.full_tensor(), expect)

@@ -366,10 +366,19 @@ def _mask_write(dt, mask, value):
         # A 0-d array is a scalar (the array API standard writes scalars so); a
         # Partial one is reduced, as every rank needs its value.
         value = value.full_tensor()[()]
-    if mask.shape != dt.shape or np.dtype(mask.dtype) != np.bool_:
+    if np.dtype(mask.dtype) != np.bool_:
         raise IndexError(f"{name}: the mask must be a boolean array of the DTensor's "
                          f"shape {dt.shape}, not {mask.dtype} of shape {mask.shape}")
-    if type(value) is DTensor or not D.is_scalar(value):
+    scalar = type(value) is not DTensor and D.is_scalar(value)
+    if mask.shape != dt.shape:
+        if not scalar or mask.shape != dt.shape[:mask.ndim]:
+            # NumPy's rows of values, or its IndexError, on the gathered arrays
+            raise _registry.NoRule(f"{name}: a mask of shape {mask.shape} into "
+                                   f"{dt.shape} has no distributed rule")
+        # A mask of the leading dims selects whole rows: the same mask, widened.
+        mask = np.broadcast_to(mask.reshape(mask.shape + (1,) * (dt.ndim - mask.ndim)),
+                               dt.shape)
+    if not scalar:
         value = _mask_values(name, dt, mask, value)
         if value is None:
             return
