@@ -23,6 +23,9 @@ import pytest
 
 from mpitensor import _C, _clib, _modes
 
+# No MPI: the same at every rank count.
+pytestmark = pytest.mark.np(1)
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "mpitensor"
 HEADERS = sorted((ROOT / "csrc" / "include").rglob("*.h")) + sorted(
