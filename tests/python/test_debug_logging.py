@@ -117,6 +117,7 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.np(1)  # fresh interpreters without MPI: the same at every rank count
 def test_environment_variables():
     code = ("import logging, mpitensor; from mpitensor import _modes; "
             "print(logging.getLogger('mpitensor').level, _modes.state.log_debug, _modes.state.checks)")
@@ -130,6 +131,7 @@ def test_environment_variables():
     assert bad.returncode != 0 and "MPITENSOR_CHECK must be 0 or 1" in bad.stderr
 
 
+@pytest.mark.np(1)
 def test_rank_prefix_before_mpi_starts():
     code = ("import logging, mpitensor; "
             "logging.getLogger('mpitensor.x').debug('hello')")
