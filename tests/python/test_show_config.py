@@ -97,12 +97,11 @@ def alone(size, **env):
              if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
     clean.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **env)
     hangs = []
-    # Twice in CI under load a child printed its refusal and then hung in Open
-    # MPI's singleton teardown (MPI_Finalize of a world of one, after mpitensor's
-    # part had ended), which hundreds of runs alone did not reproduce. A child
-    # takes a second: each gets 30 s in a session of its own, a hung one is killed
-    # whole with its stacks kept, one more is run, and a second hang fails the
-    # test with both stacks, all within the per-test timeout.
+    # Under load a child can print its refusal and then hang in Open MPI's singleton
+    # teardown (MPI_Finalize of a world of one, after mpitensor's part has ended),
+    # which mpitensor cannot reach: each child runs in a session of its own with a
+    # time limit, a hung one is killed whole with its stacks kept, one more is run,
+    # and a second hang fails the test with both stacks, within the per-test timeout.
     for _ in range(2):
         child = start_job([sys.executable, "-c", ALONE, str(size)], env=clean)
         try:
@@ -115,6 +114,7 @@ def alone(size, **env):
     raise AssertionError(f"the child {env} hung twice:\n" + "\n".join(hangs))
 
 
+@pytest.mark.np(1)  # each child is a world of one, whatever the suite's size
 def test_processes_started_by_another_mpis_launcher_are_refused():
     """MPICH's mpiexec (PMI_SIZE) starting a program built on Open MPI: each
     process is a world of one; its first mesh says why, not what follows. A mesh
