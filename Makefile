@@ -87,11 +87,13 @@ demo: install
 	mpiexec --oversubscribe -n 4 $(PY) -m mpi4py examples/quickstart.py
 
 test: install
-	@start=$$(date +%s); failed=; export MT_FAILURES=$(abspath build/test-failures.txt); \
+	@start=$$(date +%s); failed=; times=; export MT_FAILURES=$(abspath build/test-failures.txt); \
 	mkdir -p build; rm -f "$$MT_FAILURES"; \
 	for part in test-c test-python test-plain test-examples test-network test-multinode \
-	  test-lint test-fuzz test-array-api-short; do \
-	  $(MAKE) --no-print-directory $$part || failed="$$failed $$part"; done; \
+	  test-lint test-fuzz test-array-api-short; do t=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$part || failed="$$failed $$part"; \
+	  times="$$times $$part $$(( $$(date +%s) - t ))s,"; done; \
+	echo "make test, each part:$${times%,}"; \
 	echo "make test: $$(( $$(date +%s) - start ))s, $$( [ -z "$$failed" ] && echo passed || echo "FAILED in:$$failed")"; \
 	[ -f "$$MT_FAILURES" ] && cat "$$MT_FAILURES"; \
 	[ -z "$$failed" ]
