@@ -105,3 +105,16 @@ def test_no_gather(mesh_shape):
                 # A few numbers per result element, not the (64 KiB) array.
                 assert sum(mode.get_comm_bytes().values()) <= 6 * 64 * 8 * 2, f
                 assert_matches(got, f(full, axis=0))
+
+
+@pytest.mark.parametrize("pls", [[R], [S0]], ids=str)
+def test_average_of_an_ndarray_by_dtensor_weights(pls):
+    """np.average(ndarray, weights=DTensor) (scikit-learn's brier_score_loss when
+    its labels are NumPy's) runs on the weights' mesh, NumPy's value, no gather."""
+    rng = np.random.default_rng(5)
+    a, w = rng.random(9), rng.random(9)
+    dw = make(w, mesh_of((W,)), pls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GatherWarning)
+        got = np.average(a, weights=dw)
+    np.testing.assert_allclose(got.full_tensor(), np.average(a, weights=w), rtol=1e-13)

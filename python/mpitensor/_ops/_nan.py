@@ -223,6 +223,11 @@ def average(a, axis=None, weights=None, returned=False, *, keepdims=np._NoValue)
     Example: ``np.average(dt, axis=0, weights=w)`` with ``w`` of shape ``(dt.shape[0],)``.
     """
     name = "numpy.average"
+    if type(a) is not DTensor and type(weights) is DTensor:
+        # Values every rank holds alike beside weights that are a DTensor (the
+        # call is agreed): replicated on the weights' mesh.
+        mesh = weights.device_mesh
+        a = DTensor.from_local(np.ascontiguousarray(a), mesh, [Replicate()] * mesh.ndim)
     _check(name, a)
     keepdims = _keep(keepdims)
     if weights is None:
