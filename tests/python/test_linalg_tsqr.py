@@ -10,11 +10,14 @@ all-gather. Run under mpiexec at 1 to 4 ranks."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpitensor import DTensor, DeviceMesh, Replicate, Shard, _comm, _lapack, distribute_tensor
+from mpitensor import (DTensor, DeviceMesh, GatherWarning, Replicate, Shard, _comm, _lapack,
+                       distribute_tensor)
 from mpitensor._clib import chunk_sizes
 from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
@@ -364,3 +367,25 @@ def test_ranks_that_disagree_fail_together_and_the_next_call_pairs():
     a = matrix(9 * P, 3, np.float64, seed=61)
     q, r = np.linalg.qr(distribute_tensor(a, mesh, [S0]))
     check_qr(a, q, r, np.float64)
+
+
+@pytest.mark.parametrize("m, n, k", [(20, 3, 6), (20, 3, None), (5, 8, 2), (3, 3, 4)])
+@pytest.mark.parametrize("b_layout", [S0, R, Shard(1)], ids=str)
+def test_lstsq_of_an_ndarray_matrix_and_dtensor_rhs(m, n, k, b_layout):
+    """xarray's polyfit: lstsq(ndarray Vandermonde, DTensor series) runs on the
+    DTensor engines (each rank keeps its rows of the matrix), NumPy's results, no
+    gather."""
+    if k is None and b_layout == Shard(1):
+        pytest.skip("a vector has no second dim")
+    rng = np.random.default_rng(m + n)
+    a = rng.standard_normal((m, n))
+    b = rng.standard_normal((m, k) if k else m)
+    mesh = init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
+    db = distribute_tensor(b, mesh, [b_layout])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GatherWarning)
+        got = np.linalg.lstsq(a, db, rcond=None)
+    for g, e in zip(got, np.linalg.lstsq(a, b, rcond=None)):
+        g = g.full_tensor() if isinstance(g, DTensor) else g
+        assert np.shape(g) == np.shape(e) and np.asarray(g).dtype == np.asarray(e).dtype
+        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-10)

@@ -378,6 +378,14 @@ def _lstsq_operands(a, b):
     reads it, so it becomes a Replicate DTensor (each rank then keeps its rows,
     moving nothing). Anything else is left as it is (result None), for the
     gathered path."""
+    if (type(a) is not DTensor and type(b) is DTensor and b.ndim in (1, 2)
+            and isinstance(a, (np.ndarray, list, tuple)) and np.ndim(a) == 2):
+        # A matrix every rank holds alike beside a DTensor b (xarray's polyfit:
+        # the Vandermonde matrix and the series): each rank keeps its rows of it,
+        # moving nothing, and the DTensor engines take the pair.
+        mesh = b._spec.mesh
+        a = D.relayout("numpy.linalg.lstsq", _wrap_replicate(mesh, np.asarray(a)),
+                       [Shard(0)] + [Replicate()] * (mesh.ndim - 1))
     if type(a) is not DTensor or a.ndim != 2:
         return a, b, None
     if type(b) is not DTensor:
