@@ -205,17 +205,26 @@ def _agrees(mesh) -> bool:
     return mesh._coordinate is not None and mesh._mesh.size > 1
 
 
-def agree_index(mesh, fp: int, error: Exception | None = None) -> None:
+def agree_index(mesh, fp: int, error: Exception | None = None, what=None) -> None:
     """The agreement of one index among the members of ``mesh``: ``fp``, the
     fingerprint of what this rank indexes, or ``error``, what it raised reading
     the key. Every member raises the first failing member's error (its type and
     words), else ValueError when the fingerprints differ. A rank outside the mesh,
-    or the one rank of a one-rank mesh, raises only its own ``error``. Collective
-    on the mesh.
+    or the one rank of a one-rank mesh, raises only its own ``error``. Under the
+    collective checks the checker compares the index instead (``what()``, its
+    description, and the fingerprint; RuntimeError on every rank when they
+    differ). Collective on the mesh.
 
     Example: ``agree_index(mesh, plan.fp)``; ``agree_index(mesh, 0, IndexError(...))``.
     """
     if not _agrees(mesh):
+        if error is not None:
+            raise error
+        return
+    if _modes.state.checks:
+        text = what() if what is not None else "DTensor indexing"
+        _modes.checker(f"{text}: raised {type(error).__name__}: {error}" if error is not None
+                       else f"{text}, key {fp & (2**64 - 1):016x}", mesh)
         if error is not None:
             raise error
         return
@@ -224,6 +233,14 @@ def agree_index(mesh, fp: int, error: Exception | None = None) -> None:
         return
     _comm.agree(mesh._handle, False, 0, str(error), type(error))
     raise error  # not reached: the agreement raised on every member
+
+
+def _read_text():
+    return "DTensor.__getitem__"
+
+
+def _write_text():
+    return "DTensor.__setitem__"
 
 
 def _raw(what: str, dt, key, value=None) -> int:
@@ -251,8 +268,8 @@ def agree_write(dt, key, value) -> None:
     try:
         fp = _write_fingerprint(dt, key, value)
     except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
-        agree_index(mesh, 0, e)
-    agree_index(mesh, fp)
+        agree_index(mesh, 0, e, _write_text)
+    agree_index(mesh, fp, what=_write_text)
 
 
 def _write_fingerprint(dt, key, value) -> int:
@@ -352,13 +369,13 @@ def getitem(dt, key):
     except _registry.NoRule:
         # Every rank that gets here runs NumPy's indexing on the gathered arrays,
         # once the ranks agree on the key.
-        agree_index(mesh, _raw("DTensor.__getitem__ (gathered)", dt, key))
+        agree_index(mesh, _raw("DTensor.__getitem__ (gathered)", dt, key), what=_read_text)
         raise
     except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
-        agree_index(mesh, 0, e)
+        agree_index(mesh, 0, e, _read_text)
     if plan is not None:
         return _basic(dt, key, plan, agreed=False)
-    agree_index(mesh, _raw(f"DTensor.__getitem__ ({kind})", dt, key))
+    agree_index(mesh, _raw(f"DTensor.__getitem__ ({kind})", dt, key), what=_read_text)
     if kind == "mask":
         return A.getitem_mask(dt, key)
     if kind == "take":
@@ -383,10 +400,9 @@ def _basic(dt, key, plan, agreed):
     mesh = spec.mesh
     if not agreed and (plan.exchange is None or _modes.state.checks):
         # Where the key cuts a sharded dim, the exchange agrees on it (below).
-        agree_index(mesh, plan.fp)
-    if _modes.state.checks:
-        _modes.checker(f"DTensor.__getitem__ {spec.placements} -> {plan.mid}, shape "
-                       f"{spec.shape} -> {plan.counts}, {spec.dtype}", mesh)
+        agree_index(mesh, plan.fp, what=lambda: (
+            f"DTensor.__getitem__ {spec.placements} -> {plan.mid}, shape {spec.shape} -> "
+            f"{plan.counts}, {spec.dtype}"))
     if plan.cut is None:
         return DTensor(np.empty((0,), spec.dtype), plan.spec)
     # Without an exchange the piece is a view of the local array, so that a write
