@@ -5,7 +5,10 @@ ranks; and what it adds to a small NumPy call: ``np.sum(dt, axis=1)``, which a p
 makes and the ranks agree on, against ``dt.sum(axis=1)``, the same operation by the
 reduction method of the C base, which is not agreed; and ``np.cumsum(dt, axis=1)``
 and ``dt.cumsum(axis=1)`` (a method agreed as the function is) against NumPy's
-``cumsum`` of the local block. Timed interleaved in one run.
+``cumsum`` of the local block; and indexing, agreed at every index: ``rep[3]`` and
+``rep[3] = 1.0`` of a Replicate DTensor (one agreement each, where the index was local)
+against the same on the local block, and ``dt[1:5]`` of a sharded one (its agreement
+rides in the exchange's). Timed interleaved in one run.
 
     mpiexec -n 2 python benchmarks/agree.py [--calls 2000] [--reps 15]
 """
@@ -59,10 +62,30 @@ def main() -> None:
     def local_cumsum():
         np.cumsum(local, axis=1)
 
+    rep = mt.distribute_tensor(np.ones((64, 16)), mesh, [mt.Replicate()])
+    rep_local = rep.to_local()
+
+    def index():
+        rep[3]
+
+    def local_index():
+        rep_local[3]
+
+    def index_write():
+        rep[3] = 1.0
+
+    def local_write():
+        rep_local[3] = 1.0
+
+    def index_exchange():
+        dt[1:5]
+
     info = machine(comm)
     calls = (("agree", agree), ("raw", raw), ("np_sum", np_sum), ("method_sum", method_sum),
              ("np_cumsum", np_cumsum), ("method_cumsum", method_cumsum),
-             ("local_cumsum", local_cumsum))
+             ("local_cumsum", local_cumsum), ("index", index), ("local_index", local_index),
+             ("index_write", index_write), ("local_write", local_write),
+             ("index_exchange", index_exchange))
     times = {name: [] for name, _ in calls}
     for name, fn in calls:  # warm-up
         per_call_us(fn, args.calls // 4)
@@ -80,6 +103,8 @@ def main() -> None:
         print(f"over NumPy's cumsum of the local block: np.cumsum "
               f"+{med['np_cumsum'] - med['local_cumsum']:.2f} us, dt.cumsum "
               f"+{med['method_cumsum'] - med['local_cumsum']:.2f} us")
+        print(f"over the local block's: rep[3] +{med['index'] - med['local_index']:.2f} us, "
+              f"rep[3] = 1.0 +{med['index_write'] - med['local_write']:.2f} us")
         path = args.out or result_path(f"agree-np{comm.size}.json")
         write_result(path, {"machine": info, "args": vars(args),
                             "per_call_us": {k: summary(t) for k, t in times.items()}})
