@@ -181,6 +181,7 @@ typedef struct mt_ext_sig {
   mt_op_sig op;
   int nin, nout;  /* ufunc */
   int int_axis;   /* reduction: axis is an int or None (argmax, argmin) */
+  int user_rule;  /* a user's register_sharding rule: the Python door runs it */
   PyObject *grad_name, *grad_backward; /* NULL: no backward */
 } mt_ext_sig;
 
@@ -218,7 +219,7 @@ enum { MT_EXT_FREE_DTENSORS = 16 };
  * mpitensor._trace reads through ctypes (the capsule `_C.HOOK_CALLS`, in this
  * order). */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
-       MT_HOOK_BACKWARD, MT_HOOK_ERROR, MT_HOOK_RUNS, MT_HOOK_COUNT };
+       MT_HOOK_AGREE, MT_HOOK_ERROR, MT_HOOK_RUNS, MT_HOOK_COUNT };
 /* The trace events, each installed as the hook of its name (ext_hooks.c). */
 enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
 /* The strings the extension compares keywords with, sets slots by or names hooks
@@ -229,7 +230,8 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(REDISTRIBUTE, "DTensor.redistribute") X(NODE, "name") X(NODE_INPUTS, "inputs")     \
   X(NODE_BACKWARD, "backward_fn") X(NODE_SAVED, "saved") X(NODE_AUX, "aux")            \
   X(REQUEST, "address") X(REQUEST_KEEP, "_keep") X(REQUEST_RESULT, "_result")          \
-  X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")
+  X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")               \
+  X(DOOR, "door") X(AGREE, "agree")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
@@ -237,10 +239,11 @@ struct mt_ext_dispatch {
   PyObject *module; /* borrowed: the module whose state this is */
   PyTypeObject *dtensor, *spec, *mesh_base, *dtensor_base, *node_type, *request_type;
   mt_ext_modes *modes; /* the module state's */
-  PyObject *functions; /* NumPy function -> its entry (mpitensor._registry) */
-  PyObject *rules;     /* NumPy function -> a user's register_sharding rule */
-  PyObject *backwards; /* function -> (name, backward) of its registry entry */
-  PyObject *hooks; /* name -> callable: an event's, "placements", "view", "error" */
+  /* (name, backward) of the moves redistribute records, and of the views the
+   * executor reads strided operands through (register_grad); NULL: none. */
+  PyObject *move_grad, *view_grad;
+  /* name -> callable: an event's, "placements", "door", "agree", "error" */
+  PyObject *hooks;
   PyObject *ufunc_type;
   PyObject *replicate, *shard[MT_MAX_NDIM], *partial[MT_REDUCE_COUNT];
   PyObject *strided; /* _strided_shard(dim, split_factor): a _StridedShard */
@@ -354,9 +357,9 @@ PyObject *mt_ext_as_layout(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *l
 /* A ufunc call whose DTensor operands are strided alike (one mesh, placements and
  * shape) or replicated, among scalars, is the plain call on their expansions,
  * read back. A view of an operand that wants a gradient, and the result read
- * back, record as the "view" hook's function. _views: the plain call's operands
- * and keywords in `r` (1; 0 when the call is not such a one: its Python entry
- * takes it, and ext_plain.c moves the operands; -1 with an exception). _back:
+ * back, record as restride (register_grad's "view"). _views: the plain call's
+ * operands and keywords in `r` (1; 0 when the call is not such a one: the Python
+ * door takes it, and moves the operands; -1 with an exception). _back:
  * drops them, reads back `res` (stolen; NULL without an exception when a result
  * has no view in the strided shape). */
 typedef struct mt_ext_strided_reading {
@@ -373,20 +376,6 @@ PyObject *mt_ext_strided_back(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyO
  * (which the expansion gives as it is), recorded as a view; NULL without an
  * exception when it has a Partial. */
 PyObject *mt_ext_strided_whole(mt_ext_dispatch *d, PyObject *self);
-/* A registered function's call with a strided operand that no strided reading
- * takes (ext_plain.c): _args gives the plain call's arguments in `c` (a reduction
- * over every element: the expansion; else the strided operands moved to plain
- * layouts), 0 or -1 with an exception; _back writes what the call wrote into a
- * plain copy back into its original, gives the original for the copy in `res`
- * (stolen) and drops `c`'s references. Collective on the mesh when data moves. */
-typedef struct mt_ext_plain_call {
-  PyObject *args, *kwargs, *from[MT_MEMO_MAX_OPERANDS + 8], *to[MT_MEMO_MAX_OPERANDS + 8];
-  int n;
-} mt_ext_plain_call;
-int mt_ext_plain_args(mt_ext_dispatch *d, PyObject *func, PyObject *args, PyObject *kwargs,
-                      mt_ext_plain_call *c);
-PyObject *mt_ext_plain_back(mt_ext_dispatch *d, PyObject *func, PyObject *args,
-                            mt_ext_plain_call *c, PyObject *res);
 
 /* -- deciding (ext_decide.c) -------------------------------------------------------- */
 
@@ -403,7 +392,7 @@ typedef struct mt_ext_call {
   int strided; /* gathering stopped at a strided operand (its door calls the hook) */
   /* With defer_mixed (the gather's argument), a plain ndarray that the executor's
    * own rule does not replicate stops gathering (mixed = 1, no error), for a door
-   * that hands such a call to its Python entry, which agrees on the array first. */
+   * that hands such a call to the Python door, which agrees on the array first. */
   int defer_mixed, mixed;
 } mt_ext_call;
 

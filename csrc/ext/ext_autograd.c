@@ -1,9 +1,11 @@
 /* mt_ext_record, the one way a node (mpitensor._node.Node) is made: by the
  * executor for the operations it runs (its node holds the op's registered
  * backward, the call's operands in `saved` and the rest of the call in `aux`), and
- * through _C.record for the differentiable functions written in Python
- * (autograd.Function, DTensor.from_local/to_local), whose node holds a closure and
- * no `saved`. The engine calls every node's backward_fn(grad, node, output). */
+ * through _C.record for what is written in Python: the registered functions the
+ * Python door records (their positional arguments in `saved`, their keywords in
+ * `aux`) and autograd.Function and DTensor.from_local/to_local, whose node holds a
+ * closure and no `saved`. The engine calls every node's backward_fn(grad, node,
+ * output). */
 #include "ext.h"
 
 PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
@@ -40,12 +42,14 @@ PyObject *mt_ext_record(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
   return out;
 }
 
-/* record(name, out, inputs, backward_fn, always=False): see the method table. */
+/* record(name, out, inputs, backward_fn, always=False, saved=None, aux=None): see
+ * the method table. */
 static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  if (nargs != 4 && nargs != 5)
-    return PyErr_Format(PyExc_TypeError, "record takes 4 or 5 arguments");
-  int always = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+  if (nargs < 4 || nargs > 7)
+    return PyErr_Format(PyExc_TypeError, "record takes 4 to 7 arguments");
+  int always = nargs >= 5 ? PyObject_IsTrue(args[4]) : 0;
+  PyObject *saved = nargs >= 6 ? args[5] : Py_None, *aux = nargs == 7 ? args[6] : NULL;
   if (always < 0) return NULL;
   PyObject *out = args[1];
   PyObject *seq = PySequence_Fast(args[2], "record: inputs must be a sequence");
@@ -61,20 +65,22 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
                 mt_ext_inexact((PyArray_Descr *)dtype);
   PyObject *res = Py_NewRef(out);
   if (inexact || always)
-    res = mt_ext_record(d, args[0], args[3], res, items, n, Py_None, NULL);
+    res = mt_ext_record(d, args[0], args[3], res, items, n, saved, aux);
   Py_DECREF(seq);
   return res;
 }
 
 PyMethodDef mt_ext_autograd_methods[] = {
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL,
-     "record(name, out, inputs, backward_fn, always=False) -> out: makes `out` the "
+     "record(name, out, inputs, backward_fn, always=False, saved=None, aux=None) -> "
+     "out: makes `out` the "
      "result of a recorded operation when one of `inputs` requires grad (grad mode "
      "is the caller's check) and `out` is a floating-point or complex DTensor, or "
      "`always` (a node run for what its backward does, as activation "
      "checkpointing's recomputation): "
      "out.grad_fn = Node(name, inputs needing a gradient (None for the others), "
-     "backward_fn), which the engine calls as backward_fn(grad, node, out). "
+     "backward_fn, saved, aux), which the engine calls as backward_fn(grad, node, "
+     "out). "
      "Local.\n\n"
      "Example: record('double', y, (x,), lambda g, node, out: (g * 2,))"},
     {NULL, NULL, 0, NULL},

@@ -3,7 +3,7 @@
  * autograd's requires_grad bit and node; its operators, __array_ufunc__,
  * reduction methods and redistribute are the executor's doors (ext_entry.c,
  * ext_move.c). NumPy functions come in through DTensor.__array_function__, in
- * Python, to _C.call. */
+ * Python, to the Python door (mpitensor._registry.door). */
 #include "ext.h"
 
 #include <stddef.h>

@@ -1,11 +1,11 @@
-/* The executor's doors: a ufunc call (operators, __array_ufunc__), a reduction
- * method, and a registered NumPy function (__array_function__, DTensor methods
- * through mpitensor._registry.call). Each normalises its arguments into one
- * executor call; what only Python can normalise (out=, other keywords, a user's
- * register_sharding rule, an operation without a dim map) is the Python entry of
- * the function, called through the hook table, which runs its steps through the
- * executor again. A registered function's call is recorded here, once, with the
- * backward registered for it. */
+/* The executor's doors: a ufunc call (operators, __array_ufunc__) and a
+ * reduction method. Each normalises its arguments into one executor call; what
+ * only Python can normalise (out=, other keywords, a user's register_sharding
+ * rule, an operand it cannot read) it hands, whole, to the Python door of every
+ * call written in Python (mpitensor._registry.door, the hook "door"), which
+ * agrees on it and runs its entry. Beside them, what the Python door asks of C
+ * about a call's arguments: whether one is strided or needs a gradient, and a
+ * strided operand's expansion. */
 #include "ext.h"
 
 #include <string.h>
@@ -34,181 +34,6 @@ static inline int gather_fast(mt_ext_dispatch *d, PyObject *const *ops, int n,
   return mt_ext_wanting(d) ? mt_ext_call_want(d, c) : 1;
 }
 
-/* fn(args, kwargs) as hook `kind`, kwargs a dict (empty for NULL). */
-static PyObject *args_kwargs_hook(mt_ext_dispatch *d, int kind, PyObject *fn, PyObject *args,
-                                  PyObject *kwargs) {
-  PyObject *kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
-  PyObject *stack[2] = {args, kw};
-  PyObject *r = kw ? mt_ext_hook(d, kind, fn, stack, 2, NULL) : NULL;
-  Py_XDECREF(kw);
-  return r;
-}
-
-/* The registry entry of `func` (a user's rule first, as rule(args, kwargs)). */
-static PyObject *call_entry(mt_ext_dispatch *d, PyObject *func, PyObject *args,
-                            PyObject *kwargs) {
-  PyObject *rule = PyDict_GET_SIZE(d->rules) ? PyDict_GetItemWithError(d->rules, func) : NULL;
-  if (rule != NULL) return args_kwargs_hook(d, MT_HOOK_ENTRY, rule, args, kwargs);
-  if (PyErr_Occurred()) return NULL;
-  PyObject *entry = PyDict_GetItemWithError(d->functions, func);
-  if (entry == NULL)
-    return PyErr_Occurred() ? NULL : mt_ext_error(d, "no_rule", func, NULL);
-  return mt_ext_hook_call(d, MT_HOOK_ENTRY, entry, args, kwargs);
-}
-
-/* Whether `a`, or an item of it when it is a list or tuple, is a DTensor that
- * needs a gradient. */
-static int item_needs_grad(mt_ext_dispatch *d, PyObject *a) {
-  if (mt_ext_needs_grad(d, a)) return 1;
-  if (PyTuple_CheckExact(a) || PyList_CheckExact(a))
-    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(a); ++k)
-      if (mt_ext_needs_grad(d, PySequence_Fast_ITEMS(a)[k])) return 1;
-  return 0;
-}
-
-/* The first keyword but out= (a write, refused as such) whose argument needs a
- * gradient (borrowed), or NULL. */
-static PyObject *grad_keyword(mt_ext_dispatch *d, PyObject *kwargs) {
-  Py_ssize_t pos = 0;
-  PyObject *key, *a;
-  while (kwargs != NULL && PyDict_Next(kwargs, &pos, &key, &a))
-    if (item_needs_grad(d, a) && PyUnicode_Compare(key, d->str[MT_S_OUT]) != 0) return key;
-  return NULL;
-}
-
-/* Whether an argument, or an item of a list or tuple argument, needs a gradient. */
-static int args_need_grad(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i)
-    if (item_needs_grad(d, PyTuple_GET_ITEM(args, i))) return 1;
-  return grad_keyword(d, kwargs) != NULL;
-}
-
-/* The positional arguments with lists and tuples among them flattened once: the
- * inputs of a registered function's node, in the order its backward returns. */
-static PyObject *flat_args(PyObject *args) {
-  PyObject *flat = PyList_New(0);
-  for (Py_ssize_t i = 0; flat != NULL && i < PyTuple_GET_SIZE(args); ++i) {
-    PyObject *a = PyTuple_GET_ITEM(args, i);
-    int rc = PyTuple_CheckExact(a) || PyList_CheckExact(a)
-                 ? PyList_SetSlice(flat, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, a)
-                 : PyList_Append(flat, a);
-    if (rc < 0) Py_CLEAR(flat);
-  }
-  return flat;
-}
-
-/* Several outputs (a list or tuple, as np.split gives): each floating-point
- * DTensor among them gets a node of its own, whose aux is (kwargs, its index),
- * so the backward knows which output's gradient it gets. 0, or -1. */
-static int record_each(mt_ext_dispatch *d, PyObject *name, PyObject *backward,
-                       PyObject *res, PyObject *flat, PyObject *args, PyObject *kwargs) {
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(res);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject *item = PySequence_Fast_ITEMS(res)[i];
-    if (Py_TYPE(item) != d->dtensor) continue;
-    if (!mt_ext_inexact(PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)item)->local)))
-      continue;
-    PyObject *aux = Py_BuildValue("(On)", kwargs ? kwargs : Py_None, i);
-    PyObject *r = aux ? mt_ext_record(d, name, backward, Py_NewRef(item),
-                                      PySequence_Fast_ITEMS(flat),
-                                      PyList_GET_SIZE(flat), args, aux)
-                      : NULL;
-    Py_XDECREF(aux);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
-  }
-  return 0;
-}
-
-/* The registered function `func` with grad mode on and an input that needs a
- * gradient: its entry with grad mode off, then one node with its backward (one
- * per output when it gives several). */
-static PyObject *recorded_call(mt_ext_dispatch *d, PyObject *func, PyObject *args,
-                               PyObject *kwargs) {
-  PyObject *bw = PyDict_GetItemWithError(d->backwards, func);
-  if (bw == NULL && PyErr_Occurred()) return NULL;
-  PyObject *name = bw != NULL ? PyTuple_GET_ITEM(bw, 0) : NULL;
-  PyObject *backward = bw != NULL ? PyTuple_GET_ITEM(bw, 1) : Py_None;
-  /* True: the entry is composed of operations that record themselves, so it runs
-   * with grad mode on and needs no node of its own. */
-  if (backward == Py_True) return call_entry(d, func, args, kwargs);
-  /* A node's inputs are the positional arguments (flat_args): a keyword one would
-   * get no gradient. */
-  PyObject *kw = grad_keyword(d, kwargs);
-  if (kw != NULL) return mt_ext_error(d, "keyword_grad", func, kw);
-  /* An optional third entry says whether this call has a rule (a diagonal einsum
-   * or an advanced index do not). */
-  if (bw != NULL && backward != Py_None && PyTuple_GET_SIZE(bw) > 2) {
-    PyObject *ok = args_kwargs_hook(d, MT_HOOK_BACKWARD, PyTuple_GET_ITEM(bw, 2), args,
-                                    kwargs);
-    int yes = ok == NULL ? -1 : PyObject_IsTrue(ok);
-    Py_XDECREF(ok);
-    if (yes < 0) return NULL;
-    if (!yes) backward = Py_None, bw = NULL;
-  }
-  PyObject *out_kw = kwargs != NULL ? PyDict_GetItemWithError(kwargs, d->str[MT_S_OUT]) : NULL;
-  if (bw != NULL && backward == Py_None)  /* a function that writes in place */
-    return mt_ext_error(d, "in_place_grad", name, NULL);
-  if (out_kw != NULL && out_kw != Py_None) return mt_ext_error(d, "out_grad", func, NULL);
-  bool priced = d->modes->grad_priced;
-  d->modes->grad_enabled = 0, d->modes->grad_priced = 1;
-  PyObject *res = call_entry(d, func, args, kwargs);
-  d->modes->grad_enabled = 1, d->modes->grad_priced = priced;
-  if (res == NULL) return NULL;
-  /* None from a function with no backward: it can only have written into an
-   * argument, unrecorded. A writer missing from autograd's table of writes is
-   * refused here, after the fact, rather than losing the gradient silently. */
-  if (res == Py_None && bw == NULL) {
-    Py_DECREF(res);
-    return mt_ext_error(d, "in_place_grad", func, NULL);
-  }
-  int several = (PyTuple_Check(res) || PyList_Check(res)) && PySequence_Fast_GET_SIZE(res);
-  PyObject *first = several ? PySequence_Fast_ITEMS(res)[0] : res;
-  if (Py_TYPE(first) != d->dtensor ||
-      !mt_ext_inexact(PyArray_DESCR((PyArrayObject *)((mt_ext_dtensor *)first)->local)))
-    return res;
-  if (backward == Py_None) {
-    Py_DECREF(res);
-    return mt_ext_error(d, "no_backward",
-                        func == d->ufunc_type && PyTuple_GET_SIZE(args) > 0
-                            ? PyTuple_GET_ITEM(args, 0) : func, NULL);
-  }
-  PyObject *flat = flat_args(args);
-  if (flat == NULL) {
-    Py_DECREF(res);
-    return NULL;
-  }
-  PyObject *out = res;
-  if (several) {
-    if (record_each(d, name, backward, res, flat, args, kwargs) < 0) Py_CLEAR(out);
-  } else {
-    out = mt_ext_record(d, name, backward, res, PySequence_Fast_ITEMS(flat),
-                        PyList_GET_SIZE(flat), args, kwargs ? kwargs : Py_None);
-  }
-  Py_DECREF(flat);
-  return out;
-}
-
-/* Whether the entry of `func` reads strided operands itself (its takes_strided). */
-static int takes_strided(mt_ext_dispatch *d, PyObject *func) {
-  PyObject *entry = PyDict_GetItemWithError(d->functions, func);
-  return entry != NULL && PyObject_HasAttrString(entry, "takes_strided");
-}
-
-/* A registered function's call: its entry, recorded with its backward. */
-static PyObject *registered_call(mt_ext_dispatch *d, PyObject *func, PyObject *args,
-                                 PyObject *kwargs) {
-  if (kwargs != NULL && PyDict_GET_SIZE(kwargs) == 0) kwargs = NULL;
-  if (mt_ext_args_strided(d, args, kwargs) && !takes_strided(d, func)) {
-    mt_ext_plain_call c;
-    if (mt_ext_plain_args(d, func, args, kwargs, &c) < 0) return NULL;
-    return mt_ext_plain_back(d, func, args, &c, registered_call(d, func, c.args, c.kwargs));
-  }
-  if (d->modes->grad_enabled && args_need_grad(d, args, kwargs))
-    return recorded_call(d, func, args, kwargs);
-  return call_entry(d, func, args, kwargs);
-}
-
 /* Whether a ufunc call's keywords are those it takes straight to NumPy (1), or
  * those and out= (2): the others (where=, ...) and out= are its Python entry's to
  * handle or refuse, but for operands strided alike. */
@@ -227,32 +52,41 @@ static int plain_keywords(const mt_ext_dispatch *d, PyObject *kwnames) {
   return 1 + out;
 }
 
-/* func(*prefix, *args, **kwargs) as a registered function's call, from a vectorcall
- * whose last keyword arguments kwnames names. */
-static PyObject *function_call(mt_ext_dispatch *d, PyObject *func, PyObject *const *prefix,
-                               Py_ssize_t npre, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames) {
+/* func(*prefix, *args, **kwargs) through the Python door (the hook "door",
+ * mpitensor._registry.door_from_c): a call this door leaves to Python, from a
+ * vectorcall whose last keyword arguments kwnames names; `agreed`: the call's
+ * agreement is made already. */
+static PyObject *python_door(mt_ext_dispatch *d, PyObject *func, PyObject *const *prefix,
+                             Py_ssize_t npre, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames, int agreed) {
+  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_DOOR]);
+  if (fn == NULL)
+    return PyErr_Occurred() ? NULL
+                            : PyErr_Format(PyExc_RuntimeError, "no door hook: import mpitensor");
   Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-  PyObject *pos = PyTuple_New(npre + nargs), *kw = nkw ? PyDict_New() : NULL, *res = NULL;
-  if (pos != NULL && (nkw == 0 || kw != NULL)) {
+  PyObject *pos = PyTuple_New(npre + nargs), *kw = PyDict_New(), *res = NULL;
+  if (pos != NULL && kw != NULL) {
     for (Py_ssize_t i = 0; i < npre; ++i) PyTuple_SET_ITEM(pos, i, Py_NewRef(prefix[i]));
     for (Py_ssize_t i = 0; i < nargs; ++i)
       PyTuple_SET_ITEM(pos, npre + i, Py_NewRef(args[i]));
     int rc = 0;
     for (Py_ssize_t i = 0; rc == 0 && i < nkw; ++i)
       rc = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
-    if (rc == 0) res = registered_call(d, func, pos, kw);
+    PyObject *stack[4] = {func, pos, kw, agreed ? Py_True : Py_False};
+    Py_INCREF(fn); /* the hook may be replaced while it runs */
+    if (rc == 0) res = mt_ext_hook(d, MT_HOOK_ENTRY, fn, stack, 4, NULL);
+    Py_DECREF(fn);
   }
   Py_XDECREF(pos);
   Py_XDECREF(kw);
   return res;
 }
 
-/* ufunc.method through its Python entry (the registry's np.ufunc). */
+/* ufunc.method through the Python door (as the registry's numpy.ufunc). */
 static PyObject *ufunc_entry(mt_ext_dispatch *d, PyObject *ufunc, PyObject *method,
                              PyObject *const *ops, Py_ssize_t n, PyObject *kwnames) {
   PyObject *prefix[2] = {ufunc, method};
-  return function_call(d, d->ufunc_type, prefix, 2, ops, n, kwnames);
+  return python_door(d, d->ufunc_type, prefix, 2, ops, n, kwnames, 0);
 }
 
 /* The registered signature of `ufunc` (NULL: none), the last one's remembered. */
@@ -265,8 +99,8 @@ static inline mt_ext_sig *ufunc_sig(mt_ext_dispatch *d, PyObject *ufunc) {
 }
 
 /* A ufunc call with a strided operand: the executor's plain reading when it has
- * one, else the Python entry (whose call moves the operands to plain layouts,
- * ext_plain.c). Out of line, off the cached call's path. */
+ * one, else the Python door (which moves the operands to plain layouts). Out of
+ * line, off the cached call's path. */
 static MT_EXT_COLD PyObject *strided_ufunc(mt_ext_dispatch *d, PyObject *ufunc,
                                            PyObject *const *ops, Py_ssize_t n,
                                            PyObject *kwnames) {
@@ -285,8 +119,7 @@ PyObject *mt_ext_ufunc(mt_ext_dispatch *d, PyObject *ufunc, PyObject *const *ops
   mt_ext_call c;
   c.mixed = 0;
   if (sig == NULL || sig->op.family == MT_OP_REDUCTION || sig->nin != n ||
-      n > MT_MEMO_MAX_OPERANDS || kw == 0 ||
-      (PyDict_GET_SIZE(d->rules) != 0 && PyDict_Contains(d->rules, ufunc)))
+      n > MT_MEMO_MAX_OPERANDS || kw == 0 || sig->user_rule)
     return ufunc_entry(d, ufunc, d->str[MT_S_CALL], ops, n, kwnames);
   if (kw == 2) /* out=: only operands strided alike run here, on views */
     for (Py_ssize_t i = 0; i < n; ++i) strided |= mt_ext_strided(d, ops[i]);
@@ -334,24 +167,58 @@ static int reduction_args(const mt_ext_dispatch *d, const mt_ext_sig *sig,
   return !sig->int_axis && PyTuple_CheckExact(*axis) ? 0 : -1;
 }
 
-/* The method as NumPy's function: func(self, *args, **kwargs), by its entry. */
+/* The method as NumPy's function: func(self, *args, **kwargs), by the Python door. */
 static PyObject *reduction_entry(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *self,
                                  PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames) {
-  return function_call(d, sig->func, &self, 1, args, nargs, kwnames);
+  return python_door(d, sig->func, &self, 1, args, nargs, kwnames, 1);
 }
 
+static PyObject *reduce(mt_ext_dispatch *d, int method, PyObject *self,
+                        PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
 /* A reduction method over every element of a strided DTensor: on its plain
- * expansion when it has one, else the Python entry. Out of line, as strided_ufunc. */
+ * expansion when it has one, else the Python door. Out of line, as strided_ufunc. */
 static MT_EXT_COLD PyObject *strided_whole(mt_ext_dispatch *d, int method,
                                            const mt_ext_sig *sig, PyObject *self,
                                            PyObject *const *args, Py_ssize_t nargs,
                                            PyObject *kwnames) {
   PyObject *view = mt_ext_strided_whole(d, self), *out = NULL;
-  if (view != NULL) out = mt_ext_reduction(d, method, view, args, nargs, kwnames);
+  if (view != NULL) out = reduce(d, method, view, args, nargs, kwnames);
   Py_XDECREF(view);
   if (out != NULL || PyErr_Occurred()) return out;
   return reduction_entry(d, sig, self, args, nargs, kwnames);
+}
+
+/* The number of ranks of the mesh `mb`. */
+static int64_t mesh_size(const mt_ext_mesh_base *mb) {
+  int64_t n = 1;
+  for (int i = 0; i < mb->mesh_ndim; ++i) n *= mb->mesh_shape[i];
+  return n;
+}
+
+/* A reduction method is a call every rank makes, as NumPy's function is: agreed
+ * on before any path is taken, by the hook "agree"
+ * (mpitensor._registry.agree_method, which agrees when a program made the call),
+ * wherever the agreement can communicate. 0, or -1 with the agreed exception. */
+static int agree_method(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *self,
+                        PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  const mt_ext_dtensor *b = (const mt_ext_dtensor *)self;
+  const mt_ext_mesh_base *mb = d->modes->checks ? NULL : mt_ext_spec_mesh(d, b->spec);
+  if (mb == NULL || !mb->member || mesh_size(mb) < 2) return 0;
+  PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_AGREE]);
+  if (fn == NULL) return PyErr_Occurred() ? -1 : 0;
+  Py_ssize_t n = 2 + nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+  PyObject *small[8], **stack = n <= 8 ? small : PyMem_Malloc((size_t)n * sizeof *stack);
+  if (stack == NULL) return PyErr_NoMemory(), -1;
+  stack[0] = sig->func, stack[1] = self;
+  for (Py_ssize_t i = 2; i < n; ++i) stack[i] = args[i - 2];
+  Py_INCREF(fn);
+  PyObject *r = mt_ext_hook(d, MT_HOOK_AGREE, fn, stack, (size_t)(2 + nargs), kwnames);
+  Py_DECREF(fn);
+  if (stack != small) PyMem_Free(stack);
+  Py_XDECREF(r);
+  return r == NULL ? -1 : 0;
 }
 
 PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
@@ -359,10 +226,18 @@ PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   if (d->reduction_sig[method] < 0)
     return PyErr_Format(PyExc_TypeError, "DTensor.%U has no sharding rule in mpitensor",
                         d->reduction_name[method]);
+  if (agree_method(d, &d->sigs[d->reduction_sig[method]], self, args, nargs, kwnames) < 0)
+    return NULL;
+  return reduce(d, method, self, args, nargs, kwnames);
+}
+
+/* The reduction method, agreed. */
+static PyObject *reduce(mt_ext_dispatch *d, int method, PyObject *self,
+                        PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   mt_ext_sig *sig = &d->sigs[d->reduction_sig[method]];
   PyObject *axis, *keepdims;
   mt_ext_call c;
-  if (reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
+  if (sig->user_rule || reduction_args(d, sig, args, nargs, kwnames, &axis, &keepdims) < 0)
     return reduction_entry(d, sig, self, args, nargs, kwnames);
   int rc = gather_fast(d, &self, 1, &c, sig->func, 0);
   if (rc == 0 && c.strided && axis == Py_None && keepdims == Py_False)
@@ -395,20 +270,92 @@ PyObject *mt_ext_reduction(mt_ext_dispatch *d, int method, PyObject *self,
   return out;
 }
 
-/* call(func, args, kwargs): see the method table. */
-static PyObject *call(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyTuple_Check(args[1]) || (args[2] != Py_None && !PyDict_Check(args[2])))
-    return PyErr_Format(PyExc_TypeError, "call(func, args: tuple, kwargs: dict|None)");
-  return registered_call(mt_ext_dispatch_module(module), args[0], args[1],
-                         args[2] == Py_None ? NULL : args[2]);
+/* Whether `a`, or an item of it when it is a list or tuple, is a DTensor that
+ * needs a gradient. */
+static int item_needs_grad(const mt_ext_dispatch *d, PyObject *a) {
+  if (mt_ext_needs_grad(d, a)) return 1;
+  if (PyTuple_CheckExact(a) || PyList_CheckExact(a))
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(a); ++k)
+      if (mt_ext_needs_grad(d, PySequence_Fast_ITEMS(a)[k])) return 1;
+  return 0;
+}
+
+/* Whether an argument (out= aside, which is a write), or an item of a list or
+ * tuple argument, needs a gradient. */
+static int args_need_grad(const mt_ext_dispatch *d, PyObject *args, PyObject *kwargs) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i)
+    if (item_needs_grad(d, PyTuple_GET_ITEM(args, i))) return 1;
+  Py_ssize_t pos = 0;
+  PyObject *key, *a;
+  while (kwargs != NULL && PyDict_Next(kwargs, &pos, &key, &a))
+    if (item_needs_grad(d, a) && PyUnicode_Compare(key, d->str[MT_S_OUT]) != 0) return 1;
+  return 0;
+}
+
+/* call_flags(args, kwargs): see the method table. */
+static PyObject *call_flags(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]))
+    return PyErr_Format(PyExc_TypeError, "call_flags(args: tuple, kwargs: dict)");
+  const mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  int strided = mt_ext_args_strided(d, args[0], args[1]);
+  int grad = d->modes->grad_enabled && args_need_grad(d, args[0], args[1]);
+  return PyLong_FromLong(strided | grad << 1);
+}
+
+/* Whether func(x) (or another reduction over every element of one strided x,
+ * with dtype= at most) is the call: x's expansion gives it as it is. */
+static int whole(const mt_ext_dispatch *d, PyObject *func, PyObject *args, PyObject *kwargs) {
+  const mt_ext_sig *sig = mt_ext_sig_of(d, func);
+  Py_ssize_t n = PyTuple_GET_SIZE(args), pos = 0;
+  PyObject *key, *v;
+  if (sig == NULL || sig->op.family != MT_OP_REDUCTION || n < 1 || n > 2 ||
+      (n == 2 && PyTuple_GET_ITEM(args, 1) != Py_None) ||
+      !mt_ext_strided(d, PyTuple_GET_ITEM(args, 0)))
+    return 0;
+  while (PyDict_Next(kwargs, &pos, &key, &v))
+    if (v != Py_None && v != Py_False && PyUnicode_CompareWithASCIIString(key, "dtype") != 0)
+      return 0;
+  return 1;
+}
+
+/* whole_view(func, args, kwargs): see the method table. */
+static PyObject *whole_view(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyTuple_Check(args[1]) || !PyDict_Check(args[2]))
+    return PyErr_Format(PyExc_TypeError, "whole_view(func, args: tuple, kwargs: dict)");
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  if (!whole(d, args[0], args[1], args[2])) Py_RETURN_NONE;
+  PyObject *view = mt_ext_strided_whole(d, PyTuple_GET_ITEM(args[1], 0));
+  return view != NULL || PyErr_Occurred() ? view : Py_NewRef(Py_None);
+}
+
+/* set_user_rule(func, has_rule): see the method table. */
+static PyObject *set_user_rule(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) return PyErr_Format(PyExc_TypeError, "set_user_rule(func, has_rule)");
+  int yes = PyObject_IsTrue(args[1]);
+  if (yes < 0) return NULL;
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  mt_ext_sig *sig = mt_ext_sig_of(d, args[0]);
+  if (sig != NULL) sig->user_rule = yes;
+  Py_RETURN_NONE;
 }
 
 PyMethodDef mt_ext_entry_methods[] = {
-    {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
-     "call(func, args, kwargs) -> the registered NumPy function `func` on DTensors: "
-     "its entry (a user's register_sharding rule first), recorded for autograd with "
-     "its backward when grad mode is on and an argument requires grad. Collective "
-     "on the mesh when the operation moves data.\n\n"
-     "Example: _C.call(numpy.reshape, (dt, (2, -1)), None)"},
+    {"call_flags", (PyCFunction)(void (*)(void))call_flags, METH_FASTCALL,
+     "call_flags(args, kwargs) -> int: what the Python door (mpitensor._registry.door) "
+     "must do for a call with these arguments: bit 0, a DTensor among them (or in a "
+     "list or tuple one) is strided; bit 1, grad mode is on and one needs a gradient "
+     "(out= aside). Local.\n\n"
+     "Example: _C.call_flags((dt, 0), {}) & 2"},
+    {"whole_view", (PyCFunction)(void (*)(void))whole_view, METH_FASTCALL,
+     "whole_view(func, args, kwargs) -> the plain expansion of args[0] (recorded as "
+     "a view when it needs a gradient) when the call is the registered reduction "
+     "`func` over every element of one strided DTensor, with dtype= at most, and "
+     "the expansion exists; else None. Local.\n\n"
+     "Example: _C.whole_view(numpy.sum, (dt,), {})"},
+    {"set_user_rule", (PyCFunction)(void (*)(void))set_user_rule, METH_FASTCALL,
+     "set_user_rule(func, has_rule): whether the executor's doors hand the ufunc or "
+     "reduction `func` to the Python door, where a user's register_sharding rule "
+     "runs (mpitensor._registry.set_rule). Local.\n\n"
+     "Example: _C.set_user_rule(numpy.add, True)"},
     {NULL, NULL, 0, NULL},
 };

@@ -5,16 +5,21 @@
  *               ndarray method, the compute an op entry gave (_ops), or a user's
  *               function (local_map, register_sharding);
  *   BUILD       an op entry's dim-map builder, on a memo miss only;
- *   ENTRY       the Python entry of a registered NumPy function (an operation
- *               without a dim map of its own, or one whose arguments need Python
- *               to normalise), or a user's register_sharding rule;
+ *   ENTRY       the Python door (mpitensor._registry.door_from_c, the hook
+ *               "door"), with a ufunc call or a reduction method that the
+ *               executor's doors leave to Python (out=, other keywords, a user's
+ *               register_sharding rule, an operand they cannot read): it agrees
+ *               on the call and runs the function's Python entry;
  *   EVENT       a trace event for the debugging tools, only while one listens
  *               (_C.modes.events): each kind ("decision", "move", "unmoved") is
  *               the hook of its name, a function of mpitensor._trace;
  *   PLACEMENTS  the normaliser of placements that are not the interned objects
  *               (mpitensor._args.normalize_placements), which raises torch's
  *               errors;
- *   BACKWARD    not called from C: counted by autograd's engine;
+ *   AGREE       the agreement of a reduction method's call (x.sum(axis=1)),
+ *               made before the method takes a path, where the mesh has more
+ *               than one rank (mpitensor._registry.agree_method, the hook
+ *               "agree"), as NumPy's function is agreed at the Python door;
  *   ERROR       the exception of an operation the executor refuses (no sharding
  *               rule, no backward, a plain ndarray operand, two meshes, a
  *               write under grad mode): the error hook
@@ -75,7 +80,7 @@ PyObject *mt_ext_error(mt_ext_dispatch *d, const char *kind, PyObject *key, PyOb
 }
 
 /* set_hook(name, fn): installs a Python hook (an event's: "decision", "move",
- * "unmoved"; "placements", "view", "error"); None removes. */
+ * "unmoved"; "placements", "door", "agree", "error"); None removes. */
 static PyObject *set_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   if (nargs != 2 || !PyUnicode_Check(args[0]))
@@ -94,8 +99,10 @@ PyMethodDef mt_ext_hooks_methods[] = {
     {"set_hook", (PyCFunction)(void (*)(void))set_hook, METH_FASTCALL,
      "set_hook(name, fn): the Python side of hook `name` ('decision', 'move', "
      "'unmoved': the trace events of that name; "
-     "'placements': placement normalisation; 'view': the function whose node a "
-     "strided view records; 'error': the exception of a refused operation); None "
+     "'placements': placement normalisation; 'door': the Python door, which takes "
+     "the calls the executor's doors leave to Python; 'agree': the agreement of a "
+     "reduction method's call; 'error': the exception of a "
+     "refused operation); None "
      "removes it. "
      "Local.\n\n"
      "Example: _C.set_hook('decision', mpitensor._trace.decision)"},

@@ -116,7 +116,7 @@ static PyObject *moved_local(mt_ext_dispatch *d, mt_ext_mesh_base *mb, mt_ext_dt
 /* Records the move: the gradient goes back to the source's placements. */
 static PyObject *record_move(mt_ext_dispatch *d, PyObject *self, PyObject *out,
                              PyObject *bwd) {
-  PyObject *bw = PyDict_GetItemString(d->backwards, "redistribute");
+  PyObject *bw = d->move_grad;
   if (bw == NULL) return out;
   PyObject *aux = PyTuple_Pack(1, bwd);
   if (aux == NULL) return Py_DECREF(out), NULL;

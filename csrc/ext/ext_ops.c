@@ -1,7 +1,7 @@
-/* What the executor knows of operations: the ground floor's types and registry
+/* What the executor knows of operations: the ground floor's types
  * (dispatch_init), the ufuncs and reductions whose dim maps the core builds
- * (register_ufunc, register_reduction), the backwards autograd records them and
- * registered functions with (register_grad), and op ids. */
+ * (register_ufunc, register_reduction), the backwards autograd records them, its
+ * moves and its views with (register_grad), and op ids. */
 #include "ext.h"
 
 #include <string.h>
@@ -110,37 +110,29 @@ static PyObject *register_reduction(PyObject *module, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* register_grad(func, name, backward, supports=None, operands=False): the one way a
- * backward is registered (mpitensor.autograd._engine.register_backward). With
- * `operands`, for the ufunc or reduction `func` the executor runs itself (node.saved:
- * the operands; aux: a reduction's (axis, keepdims)); else for the registered
- * function `func` (node.saved: its positional arguments; aux: its keywords), in the
- * table recorded_call reads (ext_entry.c). */
+/* register_grad(func, name, backward): how the executor records what it runs
+ * (mpitensor.autograd._engine.register_backward): the ufunc or reduction `func`
+ * (node.saved: the operands; aux: a reduction's (axis, keepdims)), "redistribute"
+ * (its moves) or "view" (the views it reads strided operands through). */
 static PyObject *register_grad(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *func, *name, *backward, *supports = Py_None;
-  int operands = 0;
-  if (!PyArg_ParseTuple(args, "OUO|Op:register_grad", &func, &name, &backward, &supports,
-                        &operands))
-    return NULL;
-  if (!operands) {
-    if (d->backwards == NULL)
-      return PyErr_Format(PyExc_RuntimeError, "register_grad before dispatch_init");
-    if (backward != Py_None && backward != Py_True && !PyCallable_Check(backward))
-      return PyErr_Format(PyExc_TypeError, "backward must be callable, None or True");
-    if (supports != Py_None && !PyCallable_Check(supports))
-      return PyErr_Format(PyExc_TypeError, "supports must be callable or None");
-    PyObject *entry = supports == Py_None ? PyTuple_Pack(2, name, backward)
-                                          : PyTuple_Pack(3, name, backward, supports);
-    int rc = entry == NULL ? -1 : PyDict_SetItem(d->backwards, func, entry);
-    Py_XDECREF(entry);
-    if (rc < 0) return NULL;
+  PyObject *func, *name, *backward;
+  if (!PyArg_ParseTuple(args, "OUO:register_grad", &func, &name, &backward)) return NULL;
+  if (!PyCallable_Check(backward))
+    return PyErr_Format(PyExc_TypeError, "an operand backward is a callable, for every call");
+  PyObject **slot = NULL;
+  if (PyUnicode_Check(func) && PyUnicode_CompareWithASCIIString(func, "redistribute") == 0)
+    slot = &d->move_grad;
+  else if (PyUnicode_Check(func) && PyUnicode_CompareWithASCIIString(func, "view") == 0)
+    slot = &d->view_grad;
+  if (slot != NULL) {
+    PyObject *entry = PyTuple_Pack(2, name, backward);
+    if (entry == NULL) return NULL;
+    Py_XSETREF(*slot, entry);
     Py_RETURN_NONE;
   }
   mt_ext_sig *sig = mt_ext_sig_of(d, func);
   if (sig == NULL) return PyErr_Format(PyExc_ValueError, "%R is not registered", func);
-  if (!PyCallable_Check(backward) || supports != Py_None)
-    return PyErr_Format(PyExc_TypeError, "an operand backward is a callable, for every call");
   Py_XSETREF(sig->grad_name, Py_NewRef(name));
   Py_XSETREF(sig->grad_backward, Py_NewRef(backward));
   Py_RETURN_NONE;
@@ -179,15 +171,13 @@ static int load_placements(mt_ext_dispatch *d, PyObject *rep, PyObject *shards,
 }
 
 /* dispatch_init(DTensor, DTensorSpec, Node, Request, replicate, shards, partials,
- * strided, functions, rules, backwards) */
+ * strided) */
 static PyObject *dispatch_init(PyObject *module, PyObject *args) {
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  PyObject *dtensor, *spec, *node, *request, *rep, *shards, *partials, *strided, *functions,
-      *rules, *backwards;
-  if (!PyArg_ParseTuple(args, "O!O!O!O!OOOOO!O!O!:dispatch_init", &PyType_Type, &dtensor,
+  PyObject *dtensor, *spec, *node, *request, *rep, *shards, *partials, *strided;
+  if (!PyArg_ParseTuple(args, "O!O!O!O!OOOO:dispatch_init", &PyType_Type, &dtensor,
                         &PyType_Type, &spec, &PyType_Type, &node, &PyType_Type, &request,
-                        &rep, &shards, &partials, &strided, &PyDict_Type, &functions,
-                        &PyDict_Type, &rules, &PyDict_Type, &backwards))
+                        &rep, &shards, &partials, &strided))
     return NULL;
   if (!PyType_IsSubtype((PyTypeObject *)dtensor, d->dtensor_base))
     return PyErr_Format(PyExc_TypeError, "dispatch_init needs a DTensorBase subclass");
@@ -196,8 +186,6 @@ static PyObject *dispatch_init(PyObject *module, PyObject *args) {
   if (load_numpy(d) < 0 || load_placements(d, rep, shards, partials, strided) < 0) return NULL;
   d->spec = (PyTypeObject *)Py_NewRef(spec), d->node_type = (PyTypeObject *)Py_NewRef(node);
   d->request_type = (PyTypeObject *)Py_NewRef(request);
-  d->functions = Py_NewRef(functions), d->rules = Py_NewRef(rules);
-  d->backwards = Py_NewRef(backwards);
   d->dtensor = (PyTypeObject *)Py_NewRef(dtensor);
   Py_RETURN_NONE;
 }
@@ -217,8 +205,8 @@ static PyObject *set_cache_limits(PyObject *module, PyObject *args) {
 PyMethodDef mt_ext_ops_methods[] = {
     {"dispatch_init", dispatch_init, METH_VARARGS,
      "dispatch_init(DTensor, DTensorSpec, Node, Request, replicate, shards, "
-     "partials, functions, rules, backwards): the ground floor's types, interned "
-     "placements and registries, once. Local."},
+     "partials, strided): the ground floor's types and interned placements, once. "
+     "Local."},
     {"register_ufunc", register_ufunc, METH_VARARGS,
      "register_ufunc(ufunc, family, kind): a ufunc's signature (FAMILY_ELEMENTWISE with "
      "an ELEMENTWISE_* kind, or FAMILY_MATMUL). Local."},
@@ -228,10 +216,10 @@ PyMethodDef mt_ext_ops_methods[] = {
      "a reduction's signature and the DTensor method it backs (reduce_op -1: the "
      "reduced dims are merged by its Python entry). Local."},
     {"register_grad", register_grad, METH_VARARGS,
-     "register_grad(func, name, backward, supports=None, operands=False): how the "
-     "executor records `func`, the one registration of a backward "
+     "register_grad(func, name, backward): how the executor records what it runs: "
+     "the registered ufunc or reduction `func`, 'redistribute' or 'view' "
      "(mpitensor.autograd._engine.register_backward says how). Local.\n\n"
-     "Example: _C.register_grad(numpy.tanh, 'tanh', tanh_backward, None, True)"},
+     "Example: _C.register_grad(numpy.tanh, 'tanh', tanh_backward)"},
     {"set_cache_limits", set_cache_limits, METH_VARARGS,
      "set_cache_limits(decisions, plans, layouts): bounds of meshes made later. Local."},
     {NULL, NULL, 0, NULL},
@@ -271,9 +259,8 @@ int mt_ext_ops_exec(PyObject *module) {
 
 /* Every object the state holds, for traverse and clear. */
 #define MT_EXT_OPS_OBJECTS(X, d)                                                       \
-  X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->functions);   \
-  X(d->rules);                                                                         \
-  X(d->backwards); X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids);      \
+  X(d->dtensor); X(d->spec); X(d->node_type); X(d->request_type); X(d->move_grad);   \
+  X(d->view_grad); X(d->hooks); X(d->ufunc_type); X(d->replicate); X(d->op_ids);      \
   X(d->strided); X(d->kw_keepdims);                                                   \
   for (int i_ = 0; i_ < MT_S_COUNT; ++i_) X(d->str[i_]);                               \
   for (int i_ = 0; i_ < MT_MAX_NDIM; ++i_) X(d->shard[i_]);                            \

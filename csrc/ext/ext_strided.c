@@ -3,7 +3,7 @@
  * runs it as that plain DTensor and reads the result back: moves (ext_move.c),
  * elementwise ufuncs on operands strided alike or replicated, and reductions over
  * every element. A call with no plain reading here moves its strided operands to
- * plain layouts (ext_plain.c). */
+ * plain layouts (the Python door, mpitensor._registry). */
 #include "ext.h"
 
 #include "mpitensor/core/reshape.h"
@@ -93,12 +93,11 @@ static int alike(const mt_ext_dispatch *d, PyObject *o, const mt_ext_dtensor *re
 }
 
 /* `view` (stolen), a DTensor read from `from` as another layout of its local
- * elements, recorded as the "view" hook's function would record it (its backward
+ * elements, recorded as restride records (register_grad's "view": its backward
  * reads the gradient back as `from`), when `from` wants a gradient. */
 static PyObject *recorded(mt_ext_dispatch *d, PyObject *from, PyObject *view) {
   if (view == NULL || !d->modes->grad_enabled || !mt_ext_needs_grad(d, from)) return view;
-  PyObject *fn = PyDict_GetItemString(d->hooks, "view");
-  PyObject *bw = fn != NULL ? PyDict_GetItemWithError(d->backwards, fn) : NULL;
+  PyObject *bw = d->view_grad;
   PyObject *spec = ((mt_ext_dtensor *)view)->spec, *out = NULL;
   PyObject *aux = bw != NULL ? Py_BuildValue("{s(OO)sO}", "layout", PyTuple_GET_ITEM(spec, 2),
                                              PyTuple_GET_ITEM(spec, 1), "copy", Py_False)
@@ -108,7 +107,7 @@ static PyObject *recorded(mt_ext_dispatch *d, PyObject *from, PyObject *view) {
     out = mt_ext_record(d, PyTuple_GET_ITEM(bw, 0), PyTuple_GET_ITEM(bw, 1), view, &from, 1,
                         saved, aux);
   else if (!PyErr_Occurred())
-    PyErr_SetString(PyExc_RuntimeError, "no view hook: import mpitensor");
+    PyErr_SetString(PyExc_RuntimeError, "no view backward: import mpitensor");
   if (saved == NULL) Py_DECREF(view);
   Py_XDECREF(aux);
   Py_XDECREF(saved);
@@ -218,7 +217,7 @@ PyObject *mt_ext_strided_back(mt_ext_dispatch *d, mt_ext_strided_reading *r, PyO
     return Py_NewRef(PyTuple_GET_SIZE(r->out) == 1 ? PyTuple_GET_ITEM(r->out, 0) : r->out);
   }
   /* NULL without an exception: a result has no view in `l`'s shape, and the call
-   * runs again on plain layouts (ext_plain.c). */
+   * runs again on plain layouts (the Python door). */
   return res != NULL ? read_back(d, r->mb, res, &r->e, &r->l, r->placements) : NULL;
 }
 

@@ -29,7 +29,7 @@ import numpy as np
 from . import _C, _clib, _modes
 from ._fingerprint import fingerprint
 
-__all__ = ["agree_call", "call_fingerprint", "agreed_call"]
+__all__ = ["agree_call", "call_fingerprint", "agreed_call", "has_plain_array"]
 
 # Frames of these modules make the calls a program makes; the rest of the package
 # makes its own calls alike on every rank.
@@ -41,8 +41,9 @@ def agree_call(name: str, args: tuple, kwargs: dict, caller) -> None:
     """Agrees on the call ``name(*args, **kwargs)`` that the frame ``caller`` makes
     on DTensors, when a program makes it (not mpitensor) on a mesh of more than one
     rank: ValueError on every rank of the mesh when the calls differ. The doors of
-    NumPy's calls (``DTensor.__array_function__``, the ufuncs' Python entry) call it
-    first. Collective on the mesh of the first DTensor argument.
+    NumPy's calls (mpitensor._registry.door, the ufuncs' Python entry, the C
+    reduction methods) call it first. Collective on the mesh of the first DTensor
+    argument.
 
     Example: ``agree_call("numpy.sum", (dt,), {"axis": 0}, sys._getframe(1))``.
     """
@@ -60,7 +61,12 @@ def _plain_array(v) -> bool:
     return type(v) is np.ndarray and v.ndim > 0 and v.dtype.kind in "biufc"
 
 
-def _has_plain_array(args: tuple, kwargs: dict) -> bool:
+def has_plain_array(args: tuple, kwargs: dict) -> bool:
+    """Whether a plain numeric ndarray (not 0-d) is among the arguments, or in a
+    list or tuple one: the call takes it as replicated once agreed. Local.
+
+    Example: ``has_plain_array((dt, np.ones(3)), {})`` is True.
+    """
     for v in (*args, *kwargs.values()):
         if _plain_array(v) or (type(v) in (list, tuple) and any(map(_plain_array, v))):
             return True
@@ -79,7 +85,7 @@ def agreed_call(name: str, args: tuple, kwargs: dict, caller, run, *run_args, **
     Example: ``agreed_call("numpy.dot", (dt, w), {}, sys._getframe(1), np.dot, dt, w)``.
     """
     agree_call(name, args, kwargs, caller)
-    if not _has_plain_array(args, kwargs):
+    if not has_plain_array(args, kwargs):
         return run(*run_args, **run_kwargs)
     _modes.push_implicit_replication()
     try:

@@ -16,7 +16,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import (_C, _args, _call_agreement, _clib, _comm, _device, _dtypes, _iterate, _modes,
+from . import (_C, _args, _clib, _comm, _device, _dtypes, _iterate, _modes,
                _registry, _strided, _trace)
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
@@ -98,11 +98,7 @@ class DTensor(_C.DTensorBase):
         for t in types:
             if t is not DTensor and not issubclass(t, np.ndarray):
                 return NotImplemented
-        name = _names.get(func)
-        if name is None:
-            name = _names[func] = _registry.qualified_name(func)
-        return _call_agreement.agreed_call(name, args, kwargs, sys._getframe(1),
-                                           _function_call, func, args, kwargs)
+        return _registry.door(func, args, kwargs, None, sys._getframe(1))
 
     @property
     def T(self) -> "DTensor":
@@ -322,10 +318,10 @@ class DTensor(_C.DTensorBase):
             # Read through a plain copy, as the executor reads a strided operand, and
             # linked back so that a write into a view reaches this DTensor.
             plain = self.redistribute(spec.mesh, _strided.plain_of(spec.placements))
-            out = _registry.call_or_gather(operator.getitem, (plain, key))
+            out = _registry.door(operator.getitem, (plain, key), {})
             _registry.strided_view(out, plain, self, key)
             return out
-        return _registry.call_or_gather(operator.getitem, (self, key))
+        return _registry.door(operator.getitem, (self, key), {})
 
     def __setitem__(self, key, value) -> None:
         """``dt[key] = value`` in place, placements kept: a basic key (ints, slices,
@@ -338,8 +334,7 @@ class DTensor(_C.DTensorBase):
         """
         # Where the rule does not cover the key, NumPy's assignment on the gathered
         # arrays, written back (a mask with an array of values).
-        _registry.call_or_gather(operator.setitem, (self, key, value), None,
-                                 "DTensor item assignment")
+        _registry.door(operator.setitem, (self, key, value), {}, "DTensor item assignment")
 
     def fill(self, value) -> None:
         """numpy.ndarray.fill: every element set to ``value`` (cast as NumPy
@@ -1093,23 +1088,11 @@ class DTensor(_C.DTensorBase):
 
 # The executor makes DTensors, specs, autograd nodes and placements of these types
 # (placements are interned: these are the objects Replicate(), Shard(d) and
-# Partial(op) return), and finds the operations in the registries mpitensor._ops
-# and autograd fill.
+# Partial(op) return); the Python door takes DTensor operands of this class.
 _C.dispatch_init(DTensor, DTensorSpec, Node, _comm.Request, Replicate(),
                  tuple(Shard(d) for d in range(_clib.MAX_NDIM)),
-                 tuple(Partial(op) for op in _clib.CORE.REDUCE_OPS), _strided_shard,
-                 _registry.functions,
-                 _registry.rules, _registry.backwards)
-
-
-# __array_function__'s: the name a user writes of each NumPy function called on
-# DTensors, and the reductions the C base runs as methods as their functions do
-# (all and any are not: np.all keeps a bool Partial, the method reduces it).
-_names: dict = {}
-_METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
-            for name in ("sum", "mean", "prod", "max", "min", "std", "var", "argmax",
-                         "argmin")}
-_METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
+                 tuple(Partial(op) for op in _clib.CORE.REDUCE_OPS), _strided_shard)
+_registry.dtensor_type = DTensor
 
 
 def _method(func, args: tuple, kwargs: dict | None = None, name: str | None = None):
@@ -1122,25 +1105,7 @@ def _method(func, args: tuple, kwargs: dict | None = None, name: str | None = No
 
     Example: ``_method(np.cumsum, (dt, 0, None, None))``.
     """
-    kwargs = kwargs or {}
-    label = name or _names.get(func)
-    if label is None:
-        label = _names[func] = _registry.qualified_name(func)
-    return _call_agreement.agreed_call(label, args, kwargs, sys._getframe(2),
-                                       _registry.call_or_gather, func, args, kwargs, name)
-
-
-def _function_call(func, args: tuple, kwargs: dict):
-    """A NumPy function's call on DTensors, agreed: its rule, else the gather."""
-    method = _METHODS.get(func)
-    if (method is not None and 0 < len(args) <= 2 and type(args[0]) is DTensor
-            and func not in _registry.rules and _METHOD_KEYWORDS.issuperset(kwargs)):
-        # The C method runs the same rule without the registry's Python entry
-        # (which it calls itself for any argument it does not take).
-        return method(*args, **kwargs)
-    if func in _registry.functions or func in _registry.rules:
-        return _registry.call_or_gather(func, args, kwargs)
-    return _registry.gather_call(func, args, kwargs)
+    return _registry.door(func, args, kwargs or {}, name, sys._getframe(2))
 
 
 def _rebuild(local, placements, shape, stride, dtype, device_type, ranks, names,

@@ -1,67 +1,345 @@
-"""Where DTensor finds its operations: a dask-style registry that mpitensor._ops
-fills when it is imported.
+"""Where DTensor finds its operations, and the one door of every call written in
+Python.
 
+A dask-style registry that mpitensor._ops fills when it is imported:
 ``implements(np.func)`` registers the DTensor version of a NumPy function (or of
 an ndarray method, or ``operator.getitem``): its entry, which normalises the
-arguments and runs the operation's steps through the C executor. The executor
-calls it for ``__array_function__``, and DTensor's methods (``reshape``,
-``__getitem__``, ...) through :func:`call`, so the ground floor names no
-operation module. A NumPy function nobody registered runs on the gathered arrays
+arguments and runs the operation's steps through the C executor.
+
+:func:`door` is how every such call is made: ``DTensor.__array_function__``,
+DTensor's NumPy methods, indexing, and the calls the executor's own doors (the
+operators, ``__array_ufunc__``, the reduction methods) leave to Python (the hook
+"door"). It agrees on the call when a program makes it
+(mpitensor._call_agreement), runs a user's rule before the built-in one, moves
+strided operands to plain layouts for an entry that does not read them, and
+records the call for autograd (the node is made by ``_C.record``, the one
+maker). A NumPy function nobody registered runs on the gathered arrays
 (:func:`gather_call`, with a warning), or is a TypeError that names it under
-``mpitensor.strict()``.
+``mpitensor.strict()``. So a call crosses into C once, to the executor.
 
 ``backwards`` holds the backward of each registered function: function -> (name,
 backward(grad, node, output)[, supports]), with None as the backward of a
 function that writes in place (its name is then the message's), and True for one
 composed of operations that record themselves (``np.linalg.norm``). Only
-``mpitensor.autograd._engine.register_backward`` fills it (through
-``_C.register_grad``, which also registers the executor's own ufuncs and
-reductions). The executor records a call with it when grad mode is on and an
-argument requires grad.
+``mpitensor.autograd._engine.register_backward`` fills it. The door records a
+call with it when grad mode is on and an argument requires grad.
 
 ``rules`` holds the sharding rules a user registers
-(``mpitensor.experimental.register_sharding``): NumPy function or ufunc -> a
-callable ``rule(args, kwargs)`` that runs the call; they override the built-in
-operations.
+(``mpitensor.experimental.register_sharding``, through :func:`set_rule`): NumPy
+function or ufunc -> a callable ``rule(args, kwargs)`` that runs the call; they
+override the built-in operations, here and in the executor's doors.
 """
 
 from __future__ import annotations
 
-from . import _C
+import sys
 
-__all__ = ["implements", "lookup", "call", "call_or_gather", "gather_call", "NoRule", "no_rule", "qualified_name",
-           "op_label", "functions", "rules", "backwards"]
+import numpy as np
+
+from . import _C, _call_agreement, _dtypes, _modes, _strided
+from .placement_types import _StridedShard
+
+__all__ = ["implements", "lookup", "call", "door", "door_from_c", "agree_method",
+           "gather_call", "NoRule",
+           "no_rule", "qualified_name", "op_label", "functions", "rules", "backwards",
+           "set_rule", "clear_rules", "forward_unrecorded"]
 
 # NumPy function (or ndarray method, operator.getitem) -> its DTensor version.
 functions: dict = {}
 rules: dict = {}
 backwards: dict = {}
 
+# The DTensor class (mpitensor._dtensor sets it at import): the operand the C
+# reduction methods take.
+dtensor_type = None
+
+
+def set_rule(func, rule) -> None:
+    """Makes ``rule(args, kwargs)`` run every call of ``func`` on DTensors in place
+    of the built-in operation (None: the built-in one again), in the Python door
+    and the executor's. Local.
+
+    Example: ``set_rule(np.cumsum, lambda args, kwargs: ...)``.
+    """
+    if rule is None:
+        rules.pop(func, None)
+    else:
+        rules[func] = rule
+    _C.set_user_rule(func, rule is not None)
+
+
+def clear_rules() -> None:
+    """Removes every user rule (:func:`set_rule`). Local.
+
+    Example: ``clear_rules()``.
+    """
+    for func in list(rules):
+        set_rule(func, None)
+
 
 def call(func, *args, **kwargs):
-    """``func(*args, **kwargs)`` on DTensors through the executor: the registered
-    entry (a user's rule first), recorded for autograd with its backward.
-    Collective on the mesh when the operation moves data.
+    """``func(*args, **kwargs)`` on DTensors, as mpitensor calls it inside an
+    operation: :func:`door`'s steps without the agreement (the package makes its
+    own calls alike on every rank) and without the gather. Collective on the mesh
+    when the operation moves data.
 
     Example: ``call(np.reshape, dt, (2, -1))``.
     """
-    return _C.call(func, args, kwargs or None)
+    return _run(func, args, kwargs, False)
 
 
-def call_or_gather(func, args: tuple, kwargs: dict | None = None, name: str | None = None):
-    """``func(*args, **kwargs)`` as NumPy's function answers for DTensor arguments:
-    the registered entry through the executor (:func:`call`'s step), or, where the
-    rule does not cover these arguments (it raised NoRule before anything moved, on
-    every rank alike), NumPy on the gathered arrays (:func:`gather_call`, under
-    ``name``). The one such step of ``__array_function__``, indexing and DTensor's
-    NumPy methods. Collective on the mesh when the operation moves data.
+def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
+    """``func(*args, **kwargs)`` on DTensors, the one door of the calls written in
+    Python: agreed first when the frame ``caller`` is a program's (every rank
+    raises the same ValueError when the calls differ), each plain ndarray beside
+    DTensors taken as replicated once agreed; then a user's rule, or the C
+    reduction method, or the registered entry, with strided operands moved to
+    plain layouts and the call recorded for autograd; where the rule does not
+    cover these arguments (it raised NoRule before anything moved, on every rank
+    alike), NumPy on the gathered arrays (:func:`gather_call`, under ``name``).
+    Collective on the mesh when the call is agreed or moves data.
 
-    Example: ``call_or_gather(np.put, (dt, [0], [1.0]))`` on a Partial ``dt``.
+    Example: ``door(np.concatenate, ([a, b],), {"axis": 1}, None, sys._getframe(1))``.
     """
+    plain = False
+    if caller is not None:
+        label = name or _names.get(func) or _label(func, args)
+        _call_agreement.agree_call(label, args, kwargs, caller)
+        plain = _call_agreement.has_plain_array(args, kwargs)
+        if plain:
+            _modes.push_implicit_replication()
     try:
-        return _C.call(func, args, kwargs or None)
+        return _run(func, args, kwargs, False)
     except NoRule as e:
-        return gather_call(func, args, kwargs or {}, name, cause=e)
+        return gather_call(func, args, kwargs, name, cause=e)
+    finally:
+        if plain:
+            _modes.pop_implicit_replication()
+
+
+def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
+    """The Python door of a call the executor's doors leave to Python (the hook
+    "door"): a ufunc call or method as ``(numpy.ufunc, (ufunc, method,
+    *operands), kwargs)``, a reduction method as NumPy's function (``agreed``:
+    by :func:`agree_method` already). Agreed as :func:`door` agrees, on the frame
+    that called the C door; a NoRule is raised, not gathered (the ufuncs' entry
+    gathers itself). Collective on the mesh when the call is agreed or moves data.
+
+    Example: ``door_from_c(np.sum, (dt,), {"dtype": np.float32})``.
+    """
+    if not agreed:
+        label = _names.get(func) or _label(func, args)
+        _call_agreement.agree_call(label, args, kwargs, sys._getframe(1))
+    if not _call_agreement.has_plain_array(args, kwargs):
+        return _run(func, args, kwargs, True)
+    _modes.push_implicit_replication()
+    try:
+        return _run(func, args, kwargs, True)
+    finally:
+        _modes.pop_implicit_replication()
+
+
+def agree_method(func, *args, **kwargs) -> None:
+    """The agreement of a reduction method's call, ``x.sum(axis=1)`` as
+    ``func(x, axis=1)`` (the hook "agree", which the C methods call first on a
+    mesh of more than one rank): when a program made it, the ranks agree on it as
+    on NumPy's function, so one rank's other axis= is a ValueError on every rank.
+    Collective on the mesh when a program made the call.
+
+    Example: ``agree_method(np.sum, dt, axis=1)``.
+    """
+    _call_agreement.agree_call(_names.get(func) or _label(func, args), args, kwargs,
+                               sys._getframe(1))
+
+
+# The name a user writes of each function called through the door; a ufunc's
+# call is named by its ufunc.
+_names: dict = {}
+
+
+def _label(func, args: tuple) -> str:
+    if func is np.ufunc and len(args) > 1:
+        method = args[1]
+        return f"numpy.{args[0].__name__}" + ("" if method == "__call__" else f".{method}")
+    name = _names[func] = qualified_name(func)
+    return name
+
+
+# The reductions the C base runs as methods as their functions do, given only
+# axis= and keepdims= (all and any are not: np.all keeps a bool Partial, the
+# method reduces it).
+_C_METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
+              for name in ("sum", "mean", "prod", "max", "min", "std", "var", "argmax",
+                           "argmin")}
+_METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
+_STRIDED, _GRAD = 1, 2
+
+
+def _run(func, args: tuple, kwargs: dict, from_c: bool):
+    """The door's steps after the agreement: the user's rule or the entry, with
+    strided operands made plain and the call recorded."""
+    rule = _rule_of(func, args) if rules else None
+    entry = None
+    if rule is None:
+        if not from_c:
+            method = _C_METHODS.get(func)
+            if (method is not None and 0 < len(args) <= 2 and type(args[0]) is dtensor_type
+                    and _METHOD_KEYWORDS.issuperset(kwargs)):
+                # The C method runs the same rule without a Python entry (and
+                # comes back here, from_c, for what it does not take).
+                return method(*args, **kwargs)
+        entry = functions.get(func)
+        if entry is None:
+            raise no_rule(func)
+    flags = _C.call_flags(args, kwargs)
+    if flags & _STRIDED and not hasattr(functions.get(func), "takes_strided"):
+        return _plain_call(func, args, kwargs)
+    if flags & _GRAD:
+        return _recorded(func, args, kwargs, rule, entry)
+    if rule is not None:
+        return rule(*_rule_args(func, args), kwargs)
+    return entry(*args, **kwargs)
+
+
+def _rule_of(func, args: tuple):
+    """A user's rule for this call: of the ufunc itself for a ufunc's call."""
+    if func is np.ufunc:
+        return rules.get(args[0]) if len(args) > 1 and args[1] == "__call__" else None
+    return rules.get(func)
+
+
+def _rule_args(func, args: tuple) -> tuple:
+    return (args[2:],) if func is np.ufunc else (args,)
+
+
+def _is_strided(v) -> bool:
+    return type(v) is dtensor_type and any(type(p) is _StridedShard
+                                           for p in v._spec.placements)
+
+
+def _plain_of(v, moved: dict):
+    """``v``, or each item of a list or tuple ``v``, with a strided DTensor moved
+    to its plain layout (the strided mesh dims replicated, as torch passes through
+    Replicate), each once; ``moved``: id -> (original, plain copy)."""
+    if type(v) in (list, tuple):
+        return type(v)(_plain_of(item, moved) for item in v)
+    if not _is_strided(v):
+        return v
+    hit = moved.get(id(v))
+    if hit is None:
+        spec = v._spec
+        hit = moved[id(v)] = (v, v.redistribute(spec.mesh, _strided.plain_of(spec.placements)))
+    return hit[1]
+
+
+def _plain_call(func, args: tuple, kwargs: dict):
+    """A call with a strided operand that its entry does not read: a reduction over
+    every element of one on its expansion, which gives it as it is; any other on
+    the strided operands moved to plain layouts, what it wrote into a plain copy
+    written back into the strided original. Collective on the mesh when data
+    moves."""
+    view = _C.whole_view(func, args, kwargs)
+    if view is not None:
+        return _run(func, (view,), kwargs, True)
+    moved: dict = {}
+    pargs = tuple(_plain_of(a, moved) for a in args)
+    pkwargs = {k: _plain_of(v, moved) for k, v in kwargs.items()}
+    res = _run(func, pargs, pkwargs, True)
+    out = pkwargs.get("out")
+    first = 2 if func is np.ufunc else 0
+    if func is np.ufunc:
+        writer = len(args) > 2 and args[1] == "at"
+    else:
+        bw = backwards.get(func)
+        writer = bw is not None and bw[1] is None
+    for orig, copy in moved.values():
+        if (out is copy or (type(out) is tuple and any(o is copy for o in out))
+                or (writer and len(args) > first and args[first] is orig)):
+            back = copy.redistribute(orig._spec.mesh, orig._spec.placements)
+            np.copyto(orig._data(), back._data())
+            if res is copy:
+                res = orig
+            elif type(res) is tuple:
+                res = tuple(orig if r is copy else r for r in res)
+    return res
+
+
+def forward_unrecorded(run, *args, **kwargs):
+    """``run(*args, **kwargs)`` as a recorded operation's forward: grad mode off
+    (its steps record nothing), its decisions priced for the gradients its inputs
+    will get. Local unless ``run`` communicates.
+
+    Example: ``out = forward_unrecorded(entry, x, axis=0)``.
+    """
+    was, priced = _modes.set_grad_enabled(False), _modes.state.grad_priced
+    _modes.state.grad_priced = True
+    try:
+        return run(*args, **kwargs)
+    finally:
+        _modes.set_grad_enabled(was)
+        _modes.state.grad_priced = priced
+
+
+def _grad_keyword(kwargs: dict):
+    """The first keyword but out= (a write, refused as such) whose argument needs a
+    gradient, or None."""
+    for k, v in kwargs.items():
+        if k != "out" and _C.call_flags((v,), {}) & _GRAD:
+            return k
+    return None
+
+
+def _flat_args(args: tuple) -> list:
+    """The positional arguments with lists and tuples among them flattened once:
+    the inputs of a registered function's node, in the order its backward returns."""
+    flat: list = []
+    for a in args:
+        if type(a) in (list, tuple):
+            flat.extend(a)
+        else:
+            flat.append(a)
+    return flat
+
+
+def _inexact_dtensor(v) -> bool:
+    return type(v) is dtensor_type and _dtypes.is_inexact(v._spec.dtype)
+
+
+def _recorded(func, args: tuple, kwargs: dict, rule, entry):
+    """The call, grad mode on and an argument needing a gradient: its entry with
+    grad mode off, then one node with its backward (one per output when it gives
+    several), or the error of a gradient it would lose."""
+    bw = backwards.get(func)
+    backward = bw[1] if bw is not None else None
+    run = (lambda *a, **k: rule(*_rule_args(func, a), k)) if rule is not None else entry
+    if backward is True:  # composed of operations that record themselves
+        return run(*args, **kwargs)
+    key = _grad_keyword(kwargs)
+    if key is not None:  # a node's inputs are the positional arguments
+        executor_error("keyword_grad", func, key)
+    if bw is not None and backward is not None and len(bw) > 2 and not bw[2](args, kwargs):
+        bw = backward = None  # no rule for this call (a diagonal einsum)
+    if bw is not None and backward is None:  # a function that writes in place
+        executor_error("in_place_grad", bw[0], None)
+    if kwargs.get("out") is not None:
+        executor_error("out_grad", func, None)
+    res = forward_unrecorded(run, *args, **kwargs)
+    if res is None and bw is None:
+        # A writer missing from autograd's table of writes, refused after the fact
+        # rather than losing the gradient silently.
+        executor_error("in_place_grad", func, None)
+    several = isinstance(res, (tuple, list)) and len(res) > 0
+    if not _inexact_dtensor(res[0] if several else res):
+        return res
+    if backward is None:
+        executor_error("no_backward", args[0] if func is np.ufunc and args else func, None)
+    flat, name = _flat_args(args), bw[0]
+    if not several:
+        return _C.record(name, res, flat, backward, False, args, kwargs or None)
+    for i, item in enumerate(res):
+        if _inexact_dtensor(item):
+            _C.record(name, item, flat, backward, False, args, (kwargs or None, i))
+    return res
 
 
 def implements(*np_funcs, takes_strided=False):
@@ -231,3 +509,5 @@ def executor_error(kind: str, key, arg) -> None:
 
 
 _C.set_hook("error", executor_error)
+_C.set_hook("door", door_from_c)
+_C.set_hook("agree", agree_method)

@@ -298,7 +298,7 @@ def report_gather(what: str, spec, placements, mesh_dims) -> None:
 
 # The kinds of calls from C into Python (csrc/ext/ext_hooks.c), then the operations
 # the executor ran, in the order of the extension's counters.
-HOOK_KINDS = ("local", "build", "entry", "event", "placements", "backward", "error",
+HOOK_KINDS = ("local", "build", "entry", "event", "placements", "agree", "error",
               "runs")
 assert len(HOOK_KINDS) == _C.HOOK_COUNT, "HOOK_KINDS does not mirror the extension's"
 _hook_calls = _clib.exported(_C.HOOK_CALLS, "mpitensor._C.hook_calls")
@@ -311,11 +311,6 @@ def hook_stats() -> dict:
     Example: ``hook_stats()["local"]`` grows by one for a cached ``a + b``.
     """
     return dict(zip(HOOK_KINDS, _hook_calls))
-
-
-def count_backward() -> None:
-    """Counts one backward-rule call of autograd's engine (the ``backward`` kind)."""
-    _hook_calls[HOOK_KINDS.index("backward")] += 1
 
 
 _C.set_hook("decision", decision)

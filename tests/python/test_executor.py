@@ -242,9 +242,11 @@ def test_a_cached_operation_calls_python_once(mesh):
         a + b
         a.sum(0)
         after = _trace.hook_stats()
+        # The program's reduction method is agreed on, as np.sum is, where the mesh
+        # has more than one rank.
         assert {k: after[k] - before[k] for k in after} == {
             "local": 2, "build": 0, "entry": 0, "event": 0, "placements": 0,
-            "backward": 0, "error": 0, "runs": 2}
+            "agree": int(W > 1), "error": 0, "runs": 2}
 
 
 def test_chained_results_hit(mesh):

@@ -93,10 +93,6 @@ def array_ufunc(ufunc, method, *operands, **kwargs):
 
 def _array_ufunc(ufunc, method, *operands, **kwargs):
     name = f"numpy.{ufunc.__name__}"
-    if _registry.rules and method == "__call__":
-        custom = _registry.rules.get(ufunc)
-        if custom is not None:  # experimental.register_sharding overrides the rule
-            return custom(operands, kwargs)
     if method == "reduce" and ufunc in (np.logaddexp, np.logaddexp2):
         return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":

@@ -1,15 +1,16 @@
 """A strided DTensor read as another layout of the same local elements.
 
 The executor runs a strided DTensor (a ``_StridedShard`` among its placements) as
-the plain layout of its expansion (mpitensor/core/strided.h, csrc/ext/ext_strided.c
-and ext_plain.c). :func:`restride` is that reading as a DTensor operation, with a
-gradient: reshape's views make strided DTensors with it (_shape.py), and the
-executor records the views it reads operands through as its nodes.
+the plain layout of its expansion (mpitensor/core/strided.h, csrc/ext/ext_strided.c,
+and the Python door's plain copies in mpitensor._registry). :func:`restride` is
+that reading as a DTensor operation, with a gradient: reshape's views make strided
+DTensors with it (_shape.py), and the executor records the views it reads operands
+through as its nodes.
 """
 
 from __future__ import annotations
 
-from .. import _C, _registry, _strided
+from .. import _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard, _StridedShard
@@ -127,4 +128,3 @@ def permuted(a, perm):
                                       contiguous_strides(shape)))
 
 
-_C.set_hook("view", restride)

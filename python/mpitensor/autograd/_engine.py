@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _modes, _trace
+from .. import _C, _modes, _registry
 from .._dtensor import DTensor, _grad_placements
 from .._node import Node
 from ..placement_types import Replicate
@@ -53,10 +53,12 @@ def register_backward(func, name: str, backward, supports=None, *,
     as the engine calls every node's. The one way a backward is registered. Local
     (at import).
 
-    ``operands=True``: ``func`` is a ufunc or reduction the executor runs itself;
-    the node's ``saved`` holds the operands, ``aux`` a reduction's ``(axis,
-    keepdims)``. Otherwise ``func`` is a registered NumPy function (or
-    ``"redistribute"``): ``saved`` holds its positional arguments as called,
+    ``operands=True``: ``func`` is what the executor runs and records itself: a
+    ufunc or reduction (the node's ``saved`` holds the operands, ``aux`` a
+    reduction's ``(axis, keepdims)``), ``"redistribute"`` or ``"view"`` (the views
+    it reads strided operands through, as restride). Otherwise ``func`` is a
+    registered NumPy function, which the Python door records
+    (mpitensor._registry): ``saved`` holds its positional arguments as called,
     ``aux`` its keywords, and the node's inputs are the positional arguments with
     lists and tuples flattened once; ``supports(args, kwargs)`` says whether a call
     has a rule (a diagonal einsum does not); ``backward`` None says the function
@@ -65,7 +67,17 @@ def register_backward(func, name: str, backward, supports=None, *,
 
     Example: ``register_backward(np.flipud, "flipud", lambda g, node, out: (np.flipud(g),))``.
     """
-    _C.register_grad(func, name, backward, supports, operands)
+    if operands:
+        if supports is not None:
+            raise TypeError("an operand backward is a callable, for every call")
+        _C.register_grad(func, name, backward)
+        return
+    if backward is not None and backward is not True and not callable(backward):
+        raise TypeError("backward must be callable, None or True")
+    if supports is not None and not callable(supports):
+        raise TypeError("supports must be callable or None")
+    _registry.backwards[func] = ((name, backward) if supports is None
+                                 else (name, backward, supports))
 
 
 def _order(roots) -> list:
@@ -285,7 +297,6 @@ def _run(roots, gradients, retain_graph, wanted=None) -> dict:
                 raise RuntimeError(
                     "Trying to backward through the graph a second time; specify "
                     "retain_graph=True on the first backward")
-            _trace.count_backward()
             gs = backward_fn(g, fn, t)
             if not isinstance(gs, tuple):
                 gs = tuple(gs)

@@ -815,7 +815,6 @@ _WRITES = {operator.setitem: "DTensor item assignment (dt[key] = value)",
 
 # function -> (name, backward[, supports(args, kwargs)])
 _FUNCTIONS = {
-    "redistribute": ("Redistribute", _redistribute_grad),
     np.ufunc: ("ufunc", _ufunc_entry, _ufunc_supported),
     np.dot: ("dot", _dot, _dot_supported),
     np.einsum: ("einsum", _einsum, _einsum_supported),
@@ -880,6 +879,8 @@ for _func, _message in _WRITES.items():
 for _func, _grads in _UFUNCS.items():
     register_backward(_func, _func.__name__, _recorded_ufunc(_grads), operands=True)
 register_backward(np.matmul, "matmul", _recorded_matmul, operands=True)
+register_backward("redistribute", "Redistribute", _redistribute_grad, operands=True)
+register_backward("view", "restride", _restride_back, operands=True)
 for _func, (_name, _backward) in _METHODS.items():
     register_backward(_func, _name, _backward, operands=True)
 del _func, _entry, _message, _grads, _name, _backward

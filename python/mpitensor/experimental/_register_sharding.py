@@ -67,7 +67,7 @@ def register_sharding(func):
 
     def decorator(custom_sharding):
         for f in funcs:
-            _registry.rules[f] = _Rule(f, custom_sharding)
+            _registry.set_rule(f, _Rule(f, custom_sharding))
         return custom_sharding
 
     return decorator
@@ -82,9 +82,9 @@ def clear_sharding_registry(func=None) -> None:
     ``@register_sharding(np.linalg.norm)`` rule.
     """
     if func is None:
-        _registry.rules.clear()
+        _registry.clear_rules()
     else:
-        _registry.rules.pop(func, None)
+        _registry.set_rule(func, None)
 
 
 def _flat_operands(args):
