@@ -117,3 +117,27 @@ def test_gradient_adds_rows_back_where_they_came_from():
     want = np.zeros_like(full)
     np.add.at(want, keys, 2.0)
     assert_matches(a.grad, want)
+
+
+@pytest.mark.parametrize("n", [1, 7, 64])
+def test_indices_in_their_own_block_move_nothing(n):
+    """A flat take of a row-sharded prediction by its labels (scikit-learn's
+    multinomial loss): every rank's indices fall in its own block, so no row and no
+    index moves; one index elsewhere brings back the exchange."""
+    mesh = mesh_of((W,))
+    k = 3
+    full = np.arange(n * k, dtype=np.float64)
+    labels = np.random.default_rng(n).integers(0, k, n)
+    flat = np.arange(n) * k + labels
+    a = make(full.reshape(n, k), mesh, [S0]).reshape(-1)
+    idx = make(flat, mesh, [S0])
+    with CommDebugMode() as comm:
+        got = np.take(a, idx)
+    assert_matches(got, full[flat])
+    aligned = COMM.allreduce(a.to_local().size == k * idx.to_local().size, op=MPI.LAND)
+    if W > 1 and aligned:
+        assert "all_to_all_single" not in comm.get_comm_counts(), comm.get_comm_counts()
+    moved = flat.copy()
+    moved[0] = n * k - 1  # a row of the last block, asked for by the first
+    idx = make(moved, mesh, [S0])
+    assert_matches(np.take(a, idx), full[moved])

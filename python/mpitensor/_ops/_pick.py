@@ -7,7 +7,8 @@ index's layout: each rank answers for its own block of indices. When a mesh dim
 ``m`` shards the picked dim, each rank sends each index it holds to the rank of
 ``m`` that owns that row, and the owners send the rows back: two all-to-alls of
 variable parts along ``m`` (the indices, then the rows), each row at most once
-per request, never the whole array. A mesh dim that shards another dim of the
+per request, never the whole array; when every rank's indices fall in its own
+block, one flag says so and nothing moves. A mesh dim that shards another dim of the
 array keeps it in the result, with the indices made Replicate there (they move,
 not the array). Indices out of bounds are an IndexError on every rank (one
 agreement).
@@ -93,10 +94,23 @@ def pick_rows(name: str, a, idx, mode: str = "raise"):
     local = a.to_local()
     if m is None:
         got = local[want]
+    elif not mesh._handle.any(not _in_block(spec, m, want)):
+        # Every rank's indices fall in its own block (rows picked by indices that
+        # follow them, as a flat take of a row-sharded prediction by its labels):
+        # one flag instead of the exchange.
+        got = local[want - int(X.bounds(n, mesh.shape[m])[mesh._coordinate[m]])]
     else:
         got = _exchange(name, spec, m, local, want)
     return _wrap(mesh, out_placements, shape,
                  got.reshape(idx.to_local().shape + got.shape[1:]))
+
+
+def _in_block(spec, m, want) -> bool:
+    """Whether every index of ``want`` is a row of this rank's block along mesh dim
+    ``m``."""
+    at = X.bounds(spec.shape[0], spec.mesh.shape[m])
+    me = spec.mesh._coordinate[m]
+    return not want.size or bool(want.min() >= at[me] and want.max() < at[me + 1])
 
 
 def _exchange(name, spec, m, local, want):
