@@ -34,8 +34,8 @@ from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 
-__all__ = ["is_advanced", "getitem_mask", "getitem_take", "mask_grad", "one_array",
-           "take_grad"]
+__all__ = ["is_advanced", "getitem_mask", "getitem_points", "getitem_take", "mask_grad",
+           "one_array", "point_arrays", "take_grad"]
 
 
 def is_advanced(key) -> str | None:
@@ -89,6 +89,62 @@ def one_array(key, ndim: int):
     if advanced[-1] - advanced[0] + 1 != len(advanced):
         front = sum(type(k) is slice or k is None for k in key[:j]) + fill
     return dim, key[j], key[:j] + (slice(None),) + key[j + 1:], front
+
+
+def point_arrays(key, ndim: int):
+    """The key as one index per dim when it is a tuple of integer arrays (two at
+    least, or one DTensor; DTensors or arrays every rank holds alike) and ints, one
+    per dim, as ``a[rows, cols]`` picks points; None for any other key. Local."""
+    if type(key) is not tuple or len(key) != ndim:
+        return None
+    arrays = 0
+    for k in key:
+        if type(k) is DTensor:
+            if k.dtype.kind not in "iu":
+                return None
+            arrays += 2
+        elif isinstance(k, (np.ndarray, list)):
+            if np.asarray(k).dtype.kind not in "iu":
+                return None
+            arrays += 1
+        elif not _is_int(k):
+            return None
+    return key if arrays >= 2 else None
+
+
+def getitem_points(dt, key):
+    """``dt[i, j, ...]`` with an integer array (or int) per dim: the points at the
+    broadcast indices, as NumPy picks them. Each index is checked against its dim
+    (NumPy's IndexError on every rank), the flat positions are computed where the
+    indices lie, and the elements are picked from the flattened array by them
+    (rows of a sharded array come from their owners, never a gather). Collective on
+    the mesh.
+
+    Example: ``dt[np.argmax(dt, axis=0), np.arange(dt.shape[1])]`` is each
+    column's largest element.
+    """
+    mesh = dt._spec.mesh
+    shape = dt.shape
+    idx = [k if type(k) is DTensor else np.asarray(k, dtype=np.intp) for k in key]
+    for d, i in enumerate(idx):
+        n = shape[d]
+        bad = (i < -n) | (i >= n)
+        if bool(np.any(bad).full_tensor() if type(bad) is DTensor else np.any(bad)):
+            first = i[bad]
+            first = first.full_tensor() if type(first) is DTensor else first
+            raise IndexError(f"index {int(first.reshape(-1)[0])} is out of bounds for "
+                             f"axis {d} with size {n}")
+    flat = 0
+    stride = 1
+    for d in reversed(range(len(shape))):
+        i = idx[d]
+        i = np.where(i < 0, i + shape[d], i)
+        flat = flat + i * stride if stride != 1 else flat + i
+        stride *= shape[d]
+    if type(flat) is not DTensor:
+        flat = DTensor.from_local(np.ascontiguousarray(flat, dtype=np.intp), mesh,
+                                  [Replicate()] * mesh.ndim)
+    return np.take(dt.reshape(-1), flat.astype(np.intp))
 
 
 def _row_group(dt):

@@ -359,12 +359,14 @@ def getitem(dt, key):
     (one small all-reduce), and where it cuts a sharded dim, one exchange of the
     picked elements carries that agreement."""
     mesh = dt._spec.mesh
-    plan = kind = one = None
+    plan = kind = one = points = None
     try:
         kind = A.is_advanced(key)
         if kind is None:
             one = A.one_array(key, len(dt._spec.shape))
-        if kind is None and one is None and type(key) is not DTensor:
+        if kind is None and one is None and not dt.requires_grad:
+            points = A.point_arrays(key, len(dt._spec.shape))
+        if kind is None and one is None and points is None and type(key) is not DTensor:
             plan = _plan(dt, key)
     except _registry.NoRule:
         # Every rank that gets here runs NumPy's indexing on the gathered arrays,
@@ -380,6 +382,8 @@ def getitem(dt, key):
         return A.getitem_mask(dt, key)
     if kind == "take":
         return A.getitem_take(dt, key)
+    if points is not None:
+        return A.getitem_points(dt, points)
     if one is not None:
         # its backward (autograd _getitem) undoes the same two steps
         dim, idx, rest, front = one
