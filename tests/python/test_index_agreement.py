@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Replicate, Shard, distribute_tensor, init_device_mesh
+from mpitensor.debug import set_collective_checks
 from mpi_helpers import gather_global
 
 COMM = MPI.COMM_WORLD
@@ -183,3 +184,21 @@ def test_a_replicated_read_by_the_rank_is_refused_everywhere():
     every = COMM.allgather(run(True, x, RANK, None)[0])
     assert every == ["ValueError"] * N, every
     assert np.array_equal(x[1].to_local(), A[1])
+
+
+@pytest.mark.timeout(60)
+def test_under_the_collective_checks_the_checker_compares_the_key():
+    """With the collective checks on, the checker compares each index in the
+    agreement's stead: a key that differs on one rank, on a Replicate dim where no
+    collective runs, is its RuntimeError naming the index, on every rank."""
+    if N == 1:
+        pytest.skip("one rank: no key can differ")
+    x = distribute_tensor(A, mesh_of((N,)), [Replicate()])
+    set_collective_checks(True)
+    try:
+        read = COMM.allgather(run(True, x, 1 if RANK == ODD else 0, None)[0])
+        write = COMM.allgather(run(False, x, 1 if RANK == ODD else 0, 5.0)[0])
+    finally:
+        set_collective_checks(False)
+    assert read == ["RuntimeError"] * N and write == ["RuntimeError"] * N, (read, write)
+    assert np.array_equal(x[2].to_local(), A[2])
