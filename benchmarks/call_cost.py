@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""What a NumPy call on a small DTensor costs over the same call on its local block:
+operators, registered NumPy functions, DTensor methods and basic keys, their call
+agreement included, for this checkout and (with --base) another one, side by side.
+
+    python benchmarks/call_cost.py [--np 2] [--rounds 3] [--base ../base]
+
+Not under mpiexec: it starts the workers itself, ``mpiexec -n NP`` with each
+checkout's Python (its ``.venv``), alternating the two checkouts ``--rounds`` times
+in one sitting, so that the machine's drift falls on both alike. Each worker times,
+for each call, ``inner`` back-to-back calls of the DTensor expression and of the
+same expression on the local ndarrays, interleaved, over ``reps`` repetitions (each
+starting at a Barrier, its time the max over ranks); the figure is the median of the
+per-repetition difference, in microseconds. A round's figure per call is that
+median; the table gives the median and range over rounds.
+
+The calls, on a 1-D mesh over all ranks, float64 (8, 8) operands:
+
+* ``a + b``              both [Shard(0)]: the executor's operator door
+* ``np.sum(x, axis=1)``  [Shard(0)]: a reduction through __array_function__
+* ``x.sum(axis=1)``      the same as a DTensor method
+* ``np.mean(x)``         a full reduction (a Partial left, nothing moved)
+* ``x[:, :4]``           a basic key along an unsharded dim (a view)
+* ``np.where(m, a, b)``  a registered function of three operands
+* ``np.clip(a, 0, 1)``   a registered function with scalar bounds
+* ``np.concatenate``     ``(a, b)`` along axis 1 (unsharded)
+
+Writes benchmarks/results/<cpu>/call_cost-np{N}.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def calls(mt, np, mesh):
+    """{name: (DTensor call, the same on the local arrays)}."""
+    from mpitensor import Shard
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
+    a = mt.distribute_tensor(A, mesh, [Shard(0)])
+    b = mt.distribute_tensor(B, mesh, [Shard(0)])
+    m = a > 0
+    la, lb, lm = a.to_local(), b.to_local(), m.to_local()
+    return {
+        "a + b": (lambda: a + b, lambda: la + lb),
+        "np.sum(x, axis=1)": (lambda: np.sum(a, axis=1), lambda: np.sum(la, axis=1)),
+        "x.sum(axis=1)": (lambda: a.sum(axis=1), lambda: la.sum(axis=1)),
+        "np.mean(x)": (lambda: np.mean(a), lambda: np.mean(la)),
+        "x[:, :4]": (lambda: a[:, :4], lambda: la[:, :4]),
+        "np.where(m, a, b)": (lambda: np.where(m, a, b), lambda: np.where(lm, la, lb)),
+        "np.clip(a, 0, 1)": (lambda: np.clip(a, 0, 1), lambda: np.clip(la, 0, 1)),
+        "np.concatenate": (lambda: np.concatenate((a, b), axis=1),
+                           lambda: np.concatenate((la, lb), axis=1)),
+    }
+
+
+def worker(out: str, reps: int, inner: int) -> None:
+    """Times every call under MPI and writes {name: median overhead in us}."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import mpitensor as mt
+    comm = MPI.COMM_WORLD
+    mesh = mt.init_device_mesh("cpu", (comm.size,))
+    table = {}
+    for name, (ours, theirs) in calls(mt, np, mesh).items():
+        ours(), theirs()
+        diffs = []
+        for r in range(reps + 2):
+            spent = []
+            for f in ((ours, theirs) if r % 2 else (theirs, ours)):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    f()
+                spent.append((time.perf_counter() - t0) / inner)
+            if r % 2 == 0:
+                spent.reverse()
+            d = comm.allreduce(spent[0], op=MPI.MAX) - comm.allreduce(spent[1], op=MPI.MAX)
+            if r >= 2:
+                diffs.append(d * 1e6)
+        table[name] = statistics.median(diffs)
+    sys.path.insert(0, str(HERE))
+    from _common import machine
+    info = machine(comm)
+    if comm.rank == 0:
+        Path(out).write_text(json.dumps({"machine": info, "table": table}))
+
+
+def run_round(python: Path, nprocs: int, reps: int, inner: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    subprocess.run(["mpiexec", "-n", str(nprocs), str(python), "-m", "mpi4py", __file__,
+                    "--worker", out, "--reps", str(reps), "--inner", str(inner)],
+                   check=True, env=env, cwd=HERE.parent)
+    result = json.loads(Path(out).read_text())
+    os.unlink(out)
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=31)
+    ap.add_argument("--inner", type=int, default=300)
+    ap.add_argument("--base", type=Path, default=None,
+                    help="another checkout with its own .venv, timed alternately")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker, args.reps, args.inner)
+        return 0
+    # The driver only starts workers: it must not start MPI itself.
+    import mpi4py
+    mpi4py.rc.initialize = False
+    sys.path.insert(0, str(HERE))
+    from _common import machine_line, result_path, write_result
+    checkouts = {"this": HERE.parent}
+    if args.base is not None:
+        checkouts["base"] = args.base.resolve()
+    rounds = {k: [] for k in checkouts}
+    for _ in range(args.rounds):
+        for key, root in checkouts.items():
+            rounds[key].append(run_round(root / ".venv" / "bin" / "python", args.np,
+                                         args.reps, args.inner))
+    info = rounds["this"][0]["machine"]
+    info["base_commit"] = rounds["base"][0]["machine"]["commit"] if "base" in rounds else None
+    print(machine_line(info) + (f"; base commit {info['base_commit']}" if "base" in rounds
+                                else ""))
+    rows = []
+    for name in rounds["this"][0]["table"]:
+        row = {"call": name}
+        for key in checkouts:
+            v = [r["table"][name] for r in rounds[key] if name in r["table"]]
+            row[key] = {"median": statistics.median(v), "min": min(v), "max": max(v)}
+        rows.append(row)
+    print(f"{'call':22s}" + "".join(f"{k + ' (us over NumPy)':>30s}" for k in checkouts))
+    for row in rows:
+        print(f"{row['call']:22s}" + "".join(
+            f"{row[k]['median']:8.2f} [{row[k]['min']:.2f}..{row[k]['max']:.2f}]".rjust(30)
+            for k in checkouts))
+    out = args.out or result_path(f"call_cost-np{args.np}.json")
+    write_result(out, {"machine": info, "rounds": args.rounds, "rows": rows})
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
