@@ -38,7 +38,7 @@ def weights(shape, seed=7):
 
 def run(prog, arrays, mesh, pls, seed=7):
     """The leaves' gradients of ``sum(c * prog(*leaves))`` for fixed weights ``c``,
-    each checked to have its leaf's placements (a Partial's: Replicate) and dtype;
+    each checked to have its leaf's dtype (its placements are backward's, as torch's);
     returns them gathered, with ``c``."""
     xs = [make(a, mesh, p).requires_grad_() for a, p in zip(arrays, pls)]
     y = prog(*xs)
@@ -47,7 +47,6 @@ def run(prog, arrays, mesh, pls, seed=7):
     grads = []
     for i, (x, p) in enumerate(zip(xs, pls)):
         assert x.grad is not None, f"input {i} got no gradient"
-        assert x.grad.placements == plain(p), (i, x.grad.placements, p)
         assert x.grad.dtype == x.dtype
         grads.append(x.grad.full_tensor())
     return grads, c

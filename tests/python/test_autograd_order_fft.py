@@ -75,7 +75,6 @@ def _ours(f, arrays, mesh, pls):
         if not x.requires_grad:
             continue
         assert x.grad is not None, f"input {i} got no gradient"
-        assert tuple(x.grad.placements) == tuple(pls), (i, x.grad.placements, pls)
         assert x.grad.dtype == x.dtype
         out.append(x.grad.full_tensor())
     return out

@@ -8,12 +8,13 @@ that reached its output, and accumulates into the leaves' ``.grad``.
 
 Gradients are DTensors computed with DTensor operations with grad mode off, so
 they go through the same executor as the forward: their placements come from the
-same C decisions and their redistributions are the same plans. A leaf's gradient
-is redistributed to the leaf's placements (a Partial one's: Replicate) before it is
-stored, but for fully_shard's ignored parameters, which torch's FSDP does not
-reduce: theirs stays where backward made it, as torch's DTensor leaves. Every
-check here depends on global shapes and placements only, so every rank raises the
-same error. A rule makes a gradient where it goes next (past the
+same C decisions and their redistributions are the same plans. A leaf keeps its
+gradient where backward made it, as torch's AccumulateGrad does (a Replicate
+weight times a batch sharded over the mesh: a Partial gradient, reduced by
+whoever reads it next, once per accumulation rather than once per backward); a
+later backward's gradient is added into it in the placements it has, as torch's
+in-place ``grad += new``. Every check here depends on global shapes and
+placements only, so every rank raises the same error. A rule makes a gradient where it goes next (past the
 redistributes that made its input, ``_rules._headed``), except at a tensor that
 several gradients reach (``y`` of ``y * y``; the engine counts them, as torch's
 dependency counts): there they are summed first and move on once.
@@ -30,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _C, _modes, _registry
-from .._dtensor import DTensor, _grad_placements
+from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec
 from .._node import Node
 from ..placement_types import Replicate
 from . import _hooks
@@ -185,13 +187,8 @@ def _local_sum(a: DTensor, b: DTensor) -> DTensor:
 
 
 def _converted(t: DTensor, g: DTensor, owned: bool) -> tuple:
-    """``g`` with ``t``'s gradient placements (a Partial's: Replicate) and dtype;
-    a leaf marked ``_grad_as_made`` (fully_shard's ignored parameters) keeps the
-    placements backward gave, as torch keeps every leaf's."""
-    pl = _grad_placements(t._spec.placements)
-    if g._spec.placements != pl and not getattr(t, "_grad_as_made", False):
-        moved = g.redistribute(t._spec.mesh, pl)
-        g, owned = moved, (owned if moved is g else _fresh(moved))
+    """``g`` in ``t``'s dtype, in the placements backward gave it (torch's
+    AccumulateGrad moves no leaf gradient)."""
     if g._spec.dtype != t._spec.dtype:
         g, owned = g.astype(t._spec.dtype), True
     return g, owned
@@ -200,28 +197,62 @@ def _converted(t: DTensor, g: DTensor, owned: bool) -> tuple:
 def _as_stored(t: DTensor, g: DTensor, owned: bool) -> DTensor:
     """``g`` as ``t``'s gradient, in memory nothing else reaches, laid out as
     ``t`` (as torch's AccumulateGrad: a gradient is kept when it is the engine's
-    own and has the parameter's strides, else copied)."""
+    own and has the parameter's strides, else copied). A gradient in other
+    placements than ``t`` has other local shapes: kept when contiguous."""
     g, owned = _converted(t, g, owned)
-    if owned and g._spec.stride == t._spec.stride and \
-            g._local_tensor.strides == getattr(t._local_tensor, "strides", None):
-        return g
+    local = g._local_tensor
+    if owned and g._spec.stride == t._spec.stride:
+        if g._spec.placements == t._spec.placements:
+            if local.strides == getattr(t._local_tensor, "strides", None):
+                return g
+        elif local.flags.c_contiguous:
+            return g
     return DTensor(np.array(g._data(), order="K"), g._spec)
 
 
 def _accumulate(t: DTensor, g: DTensor, owned: bool) -> None:
     """Adds ``g`` into ``t.grad``: in place when ``t.grad`` is the engine's own
     (nothing but ``t`` reaches it; torch accumulates in place too), else into a new
-    DTensor, so a ``.grad`` someone kept a reference to is never changed."""
+    DTensor, so a ``.grad`` someone kept a reference to is never changed. The sum
+    has ``t.grad``'s placements, as torch's in-place ``grad += g``: ``g`` is
+    moved to them first when backward made it elsewhere (a Replicate ``t.grad``
+    and a Partial ``g``: one all-reduce; a Partial ``t.grad`` takes a Replicate
+    ``g`` without communication)."""
     if getattr(t, "_grad", None) is None:
         t._grad, t._grad_owned = _as_stored(t, g, owned), True
         return
     g, owned = _converted(t, g, owned)
+    held = t._grad._spec
+    if g._spec.mesh == held.mesh and g._spec.placements != held.placements:
+        g = _as_placed(g, held.placements)
     if not _summable(t._grad, g):
         t._grad, t._grad_owned = t._grad + g, False
     elif getattr(t, "_grad_owned", False):
         np.add(t._grad._local_tensor, g._data(), out=t._grad._local_tensor)
     else:
         t._grad, t._grad_owned = _local_sum(t._grad, g), True
+
+
+def _as_placed(g: DTensor, placements) -> DTensor:
+    """``g`` in ``placements``, as torch's in-place add moves its operand: a
+    redistribute, but where ``placements`` is Partial and ``g`` is not, ``g``
+    made Replicate there and partitioned without communication (torch's
+    ``_partition_value``: a sum's value divided by the mesh dim's size, the
+    other reductions' kept). Collective on ``g``'s mesh."""
+    mesh = g._spec.mesh
+    mid = tuple(Replicate() if q.is_partial() and not p.is_partial() else q
+                for p, q in zip(g._spec.placements, placements))
+    if mid != g._spec.placements:
+        g = g.redistribute(mesh, mid)
+    if mid == tuple(placements):
+        return g
+    local = g._data()
+    for d, (p, q) in enumerate(zip(mid, placements)):
+        if q.is_partial("sum") and not p.is_partial():
+            local = local / mesh.size(d)
+    s = g._spec
+    return DTensor(np.asarray(local), DTensorSpec(s.mesh, tuple(placements), s.shape,
+                                                  s.dtype, s.stride))
 
 
 def _leading_to(order, wanted) -> set:

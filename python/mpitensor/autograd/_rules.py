@@ -152,6 +152,8 @@ def _headed(x):
     gradient in that dtype, cheaper than the backward rule could. The walk stops
     at a tensor other gradients reach too (``y`` of ``y * y``): they are summed
     there and the sum moves on once, rather than each moving on its own."""
+    if type(x) is DTensor and x.grad_fn is None:
+        return None
     while type(x) is DTensor:
         if _engine.gathers(x):
             break

@@ -155,9 +155,11 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     rank raises the same ValueError before any gradient is scaled. Gradients on
     several meshes must share the same ranks (ValueError otherwise). With
     ``error_if_nonfinite`` a nan or inf total is a RuntimeError on every rank.
-    A Partial gradient (of a sum or a mean: a trainable parameter that
-    ``fully_shard`` ignores) counts with its sum, as torch's norm reduces it (an
-    all-reduce of it, after one of the agreement), and is scaled where it is.
+    A Partial gradient (of a sum or a mean: backward leaves a Replicate weight's
+    gradient Partial over the ranks that shard the batch, as torch's) counts with
+    its sum, as torch's norm reduces it (an all-reduce of it, after one of the
+    agreement), and is scaled where it is: it stays Partial, as torch's, for the
+    optimizer's step to reduce.
     ``foreach`` is accepted for torch's signature. Parameters without a gradient
     are skipped; with none at all the result is 0.0 (a NumPy float: there is no
     mesh to put it on). Collective on the parameters' mesh.

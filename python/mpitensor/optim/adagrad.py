@@ -24,8 +24,9 @@ class Adagrad(Optimizer):
     parameter's placements filled with ``initial_accumulator_value``. A complex
     parameter is a pair of reals, as in torch. A parameter whose ``.grad`` is
     None is skipped. ``foreach`` and ``fused`` are accepted, as torch scripts pass
-    them, and change nothing. A step moves no data; it agrees with the other ranks
-    that they step alike (:meth:`Optimizer.step`).
+    them, and change nothing. A step moves only a gradient backward left in other
+    placements than its parameter (once, see :func:`local_grad`); it agrees with
+    the other ranks that they step alike (:meth:`Optimizer.step`).
 
     Example::
 

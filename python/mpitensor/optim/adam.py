@@ -44,8 +44,9 @@ class Adam(Optimizer):
     ``"max_exp_avg_sq"``: DTensors with the parameter's placements. A parameter
     whose ``.grad`` is None is skipped. ``foreach``, ``fused`` and ``capturable``
     are accepted, as torch scripts pass them, and change nothing (float32 and
-    float64 shards take one C pass whatever they say). A step moves no data; it
-    agrees with the other ranks that they step alike (:meth:`Optimizer.step`).
+    float64 shards take one C pass whatever they say). A step moves only a gradient
+    backward left in other placements than its parameter (once; torch's Adam moves
+    it three times); it agrees with the other ranks that they step alike (:meth:`Optimizer.step`).
 
     Example::
 
@@ -129,8 +130,8 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """AdamW: Adam with decoupled weight decay (``p *= 1 - lr * weight_decay``
     before the update, the gradient untouched), as torch.optim.AdamW, whose
-    default ``weight_decay`` is 0.01. Making one is Local; a step moves no data
-    (see :class:`Adam`).
+    default ``weight_decay`` is 0.01. Making one is Local; a step moves only
+    gradients in other placements than their parameters (see :class:`Adam`).
 
     Example::
 

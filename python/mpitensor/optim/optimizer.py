@@ -2,7 +2,10 @@
 state_dict) for DTensor parameters.
 
 Every state tensor is a DTensor with its parameter's mesh and placements, so an
-update reads and writes local shards only: a step moves no data. It does agree,
+update reads and writes local shards only. A gradient that backward left in other
+placements (a Partial one of a Replicate weight, as torch's) is moved to its
+parameter's once per step, as torch's in-place update moves it; nothing else
+moves. A step agrees,
 once per step and mesh, that every rank updates the same parameters alike (see
 :meth:`Optimizer.step`), since a Replicate parameter updated differently on one
 rank would silently stop being replicated.
@@ -57,23 +60,32 @@ def _as_param(p) -> DTensor:
 
 def local_grad(p: DTensor):
     """This rank's part of ``p.grad`` as an ndarray in ``p``'s dtype, or None when
-    ``p`` has no gradient. ValueError when the gradient is not laid out as ``p``
-    (the same on every rank: placements and meshes are global), since updating
-    shards from another layout would need communication. The gradient of a leaf
-    that keeps it where backward made it (fully_shard's ignored parameters) is
-    moved to ``p``'s placements first, as torch's in-place update moves it:
-    collective on ``p``'s mesh then."""
+    ``p`` has no gradient. A gradient in other placements than ``p`` (backward
+    leaves it where it made it, as torch's: Partial for a Replicate weight and a
+    sharded batch) is moved to ``p``'s first, as torch's in-place update moves
+    it, once: collective on ``p``'s mesh then (the step's agreement covers the
+    gradients' placements, so every rank moves alike); ``p.grad`` itself stays
+    as it was. ValueError when the gradient lives on another mesh."""
     g = p.grad
     if g is None:
         return None
-    if getattr(p, "_grad_as_made", False) and g.device_mesh == p.device_mesh:
+    if g.device_mesh == p.device_mesh and g.placements != p.placements:
         g = g.redistribute(p.device_mesh, p.placements)
-    if g.device_mesh != p.device_mesh or g.placements != p.placements:
+    if g.device_mesh != p.device_mesh:
         raise ValueError(f"a gradient with placements {g.placements} on {g.device_mesh} "
                          f"cannot update a parameter with placements {p.placements} on "
                          f"{p.device_mesh} without communication")
     local = g._data()
     return local if local.dtype == p.dtype else local.astype(p.dtype)
+
+
+def _grad_layout(p: DTensor, g) -> tuple:
+    """What of a gradient decides how a step moves it: nothing when it is laid out
+    as its parameter (the common case costs no more than a comparison), else its
+    placements."""
+    if g is None or g._spec.placements == p._spec.placements:
+        return ()
+    return tuple(g._spec.placements)
 
 
 def zeros_like_param(p: DTensor) -> DTensor:
@@ -139,7 +151,8 @@ def _param_layout(p: DTensor) -> tuple:
 _STEP_MISMATCH = (
     "the ranks' optimizers differ: their parameter groups (the parameters' shapes, "
     "dtypes, placements or meshes, or hyperparameters such as lr), which parameters "
-    "have a gradient, or the zero_grad calls since the last step; every rank must "
+    "have a gradient and in which placements, or the zero_grad calls since the last "
+    "step; every rank must "
     "step the same optimizer alike, or the copies of a replicated parameter diverge")
 
 
@@ -152,8 +165,9 @@ class Optimizer:
     hyperparameters (``{"params": [...], "lr": 0.01}``); ``defaults`` fills what
     a group leaves out. ``state[p]`` holds a parameter's state (DTensors with its
     placements). A subclass defines ``_update``. Making one is Local. An update
-    works on each rank's shards and moves no data; :meth:`step` agrees with the
-    other ranks first.
+    works on each rank's shards; :meth:`step` agrees with the other ranks first.
+    A gradient in other placements than its parameter is moved to them once
+    per step (:func:`local_grad`).
 
     Example::
 
@@ -240,11 +254,13 @@ class Optimizer:
     def step(self, closure: Callable | None = None):
         """One update of every parameter that has a gradient; returns what
         ``closure`` (re-evaluating the loss, run with grad mode on) returns, or
-        None. Collective on the parameters' meshes, though it moves no data: before
+        None. Collective on the parameters' meshes: a gradient that backward left in
+        other placements than its parameter (Partial, as torch's) is moved to
+        them, once, and nothing else moves. Before
         any update the ranks agree, in one all-reduce of three int64 per mesh,
         that they hold the same parameter groups (each parameter's shape, dtype,
         placements and mesh, and the hyperparameters), that the same parameters
-        have a gradient, and that they made the same ``zero_grad`` calls since
+        have a gradient, in the same placements, and that they made the same ``zero_grad`` calls since
         the last step; otherwise every rank raises the same ValueError and
         nothing is updated.
 
@@ -297,7 +313,9 @@ class Optimizer:
         for i, group in enumerate(self.param_groups):
             fp, group_meshes = self._group_layout(i, group)
             parts.append(fp)
-            parts.append(bytes([p.grad is not None for p in group["params"]]))
+            grads = [p.grad for p in group["params"]]
+            parts.append(bytes([g is not None for g in grads]))
+            parts.append(tuple(_grad_layout(p, g) for p, g in zip(group["params"], grads)))
             for mesh in group_meshes:
                 if not any(m is mesh or _same_ranks(m, mesh) for m in meshes):
                     meshes.append(mesh)

@@ -26,7 +26,8 @@ class RMSprop(Optimizer):
     placements. A complex parameter is a pair of reals, as in torch. A parameter
     whose ``.grad`` is None is skipped. ``foreach``, ``fused`` and ``capturable``
     are accepted, as torch scripts pass them, and change nothing: every update is
-    one pass of NumPy statements per local shard. A step moves no data; it agrees
+    one pass of NumPy statements per local shard. A step moves only a gradient
+    backward left in other placements than its parameter (once); it agrees
     with the other ranks that they step alike (:meth:`Optimizer.step`).
 
     Example::

@@ -22,7 +22,8 @@ class SGD(Optimizer):
     when momentum is not 0). A parameter whose ``.grad`` is None is skipped.
     ``foreach`` and ``fused`` are accepted, as torch scripts pass them, and
     change nothing.
-    A step moves no data; it agrees with the other ranks that they step alike
+    A step moves only a gradient backward left in other placements than its
+    parameter (once, as torch's); it agrees with the other ranks that they step alike
     (:meth:`Optimizer.step`).
 
     Example::
