@@ -67,8 +67,18 @@ def has_plain_array(args: tuple, kwargs: dict) -> bool:
 
     Example: ``has_plain_array((dt, np.ones(3)), {})`` is True.
     """
-    for v in (*args, *kwargs.values()):
-        if _plain_array(v) or (type(v) in (list, tuple) and any(map(_plain_array, v))):
+    return _any_plain(args) or (bool(kwargs) and _any_plain(kwargs.values()))
+
+
+def _any_plain(values) -> bool:
+    # Every call a program makes pays for this scan: the common arguments (DTensors,
+    # scalars, None) are passed over by their type alone.
+    for v in values:
+        t = type(v)
+        if t is np.ndarray:
+            if _plain_array(v):
+                return True
+        elif (t is list or t is tuple) and any(map(_plain_array, v)):
             return True
     return False
 

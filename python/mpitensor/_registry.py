@@ -101,20 +101,26 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
 
     Example: ``door(np.concatenate, ([a, b],), {"axis": 1}, None, sys._getframe(1))``.
     """
-    plain = False
     if caller is not None:
-        label = name or _names.get(func) or _label(func, args)
-        _call_agreement.agree_call(label, args, kwargs, caller)
-        plain = _call_agreement.has_plain_array(args, kwargs)
-        if plain:
+        _call_agreement.agree_call(name or _names.get(func) or _label(func, args), args,
+                                   kwargs, caller)
+        if _call_agreement.has_plain_array(args, kwargs):
             _modes.push_implicit_replication()
+            try:
+                return _gathered(func, args, kwargs, name)
+            finally:
+                _modes.pop_implicit_replication()
     try:
         return _run(func, args, kwargs, False)
     except NoRule as e:
         return gather_call(func, args, kwargs, name, cause=e)
-    finally:
-        if plain:
-            _modes.pop_implicit_replication()
+
+
+def _gathered(func, args: tuple, kwargs: dict, name):
+    try:
+        return _run(func, args, kwargs, False)
+    except NoRule as e:
+        return gather_call(func, args, kwargs, name, cause=e)
 
 
 def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
@@ -159,8 +165,14 @@ _names: dict = {}
 
 def _label(func, args: tuple) -> str:
     if func is np.ufunc and len(args) > 1:
-        method = args[1]
-        return f"numpy.{args[0].__name__}" + ("" if method == "__call__" else f".{method}")
+        key = args[0], args[1]
+        name = _names.get(key)
+        if name is None:
+            if len(_names) > 4096:
+                _names.clear()
+            name = _names[key] = (f"numpy.{args[0].__name__}"
+                                  + ("" if args[1] == "__call__" else f".{args[1]}"))
+        return name
     name = _names[func] = qualified_name(func)
     return name
 
@@ -181,17 +193,19 @@ def _run(func, args: tuple, kwargs: dict, from_c: bool):
     rule = _rule_of(func, args) if rules else None
     entry = None
     if rule is None:
-        if not from_c:
-            method = _C_METHODS.get(func)
-            if (method is not None and 0 < len(args) <= 2 and type(args[0]) is dtensor_type
-                    and _METHOD_KEYWORDS.issuperset(kwargs)):
-                # The C method runs the same rule without a Python entry (and
-                # comes back here, from_c, for what it does not take).
-                return method(*args, **kwargs)
+        method = None if from_c else _C_METHODS.get(func)
+        if (method is not None and 0 < len(args) <= 2 and type(args[0]) is dtensor_type
+                and _METHOD_KEYWORDS.issuperset(kwargs)):
+            # The C method runs the same rule without a Python entry (and comes
+            # back here, from_c, for what it does not take).
+            return method(*args, **kwargs)
         entry = functions.get(func)
         if entry is None:
             raise no_rule(func)
     flags = _C.call_flags(args, kwargs)
+    if not flags:
+        return entry(*args, **kwargs) if rule is None else rule(*_rule_args(func, args),
+                                                                   kwargs)
     if flags & _STRIDED and not hasattr(functions.get(func), "takes_strided"):
         return _plain_call(func, args, kwargs)
     if flags & _GRAD:

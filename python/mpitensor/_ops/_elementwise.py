@@ -15,18 +15,17 @@ rule, each normalised into executor calls.
 from __future__ import annotations
 
 import functools
-import sys
 
 import numpy as np
 
-from .. import _C, _call_agreement, _layout, _modes, _registry
+from .. import _C, _layout, _modes, _registry
 from .._clib import CORE
 from .._dtensor import DTensor
 from ..placement_types import Replicate
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 from . import _ufunc_methods
 from . import _inplace
-from . import _views
+from .._algorithms import _views
 from ._inplace import follow
 from ._stats import logaddexp_reduce
 
@@ -78,15 +77,14 @@ _register()
 @_registry.implements(np.ufunc)
 def array_ufunc(ufunc, method, *operands, **kwargs):
     """The Python entry of ``ufunc.method(*operands, **kwargs)`` on DTensors: what
-    the executor leaves to Python (out=, a user's rule, other methods, checks of
-    keywords and operands), normalised into executor calls; what no rule covers
-    runs on the gathered arrays."""
-    name = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+    the executor leaves to Python (out=, other methods, checks of keywords and
+    operands), normalised into executor calls; what no rule covers runs on the
+    gathered arrays. The Python door (mpitensor._registry.door_from_c) calls it,
+    once the call is agreed, and runs a user's rule instead."""
     try:
-        # Called from C: the frame above is the program's, or mpitensor's own.
-        return _call_agreement.agreed_call(name, operands, kwargs, sys._getframe(1),
-                                           _array_ufunc, ufunc, method, *operands, **kwargs)
+        return _array_ufunc(ufunc, method, *operands, **kwargs)
     except _registry.NoRule as e:
+        name = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
         f = ufunc if method == "__call__" else getattr(ufunc, method)
         return _registry.gather_call(f, operands, kwargs, name, cause=e)
 
