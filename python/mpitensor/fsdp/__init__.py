@@ -18,10 +18,12 @@ Example (``mpiexec -n 4``)::
 from __future__ import annotations
 
 from ._fully_shard import FSDPModule, UnshardHandle, fully_shard
+from ._mesh_dims import DataParallelMeshDims
 from ._mixed_precision import MixedPrecisionPolicy
 from ._offload import CPUOffloadPolicy, OffloadPolicy
 from ._two_d import enable_2d_with_fsdp, is_2d_enabled
 
-__all__ = ["fully_shard", "FSDPModule", "UnshardHandle", "MixedPrecisionPolicy",
+__all__ = ["fully_shard", "FSDPModule", "UnshardHandle", "DataParallelMeshDims",
+           "MixedPrecisionPolicy",
            "OffloadPolicy", "CPUOffloadPolicy",
            "enable_2d_with_fsdp", "is_2d_enabled"]

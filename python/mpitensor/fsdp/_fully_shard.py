@@ -74,6 +74,7 @@ from ..autograd._engine import queue_callback, record
 from ..device_mesh import DeviceMesh, local_mesh
 from ..nn.module import Module, Parameter
 from ..placement_types import Partial, Replicate, Shard
+from ._mesh_dims import DataParallelMeshDims, data_mesh, validate
 from ._mixed_precision import MixedPrecisionPolicy, cast_floats, group_problem, policy_problem
 from ._offload import OffloadPolicy
 
@@ -298,7 +299,7 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
                 shard_placement_fn=None,
                 mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
                 offload_policy: OffloadPolicy = OffloadPolicy(),
-                ignored_params=None):
+                ignored_params=None, dp_mesh_dims: DataParallelMeshDims | None = None):
     """Shard ``module``'s parameters over the data-parallel mesh, as torch's FSDP2
     ``fully_shard``: call it on submodules (such as each transformer block) first,
     then on the root. Returns the module, whose class now also derives from
@@ -327,8 +328,9 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     all-gather and one reduce-scatter. ``ignored_params``: parameters (any
     iterable, matched by identity) left as they are: not sharded, gathered or
     reduced by FSDP; a DTensor among them that requires grad keeps its gradient
-    where backward made it, as torch's DTensor does (a Replicate one on ``dp``: a
-    Partial gradient, the global loss's, reduced by the optimizer's step).
+    where backward made it, as every DTensor leaf does (a Replicate one on
+    ``dp``: a Partial gradient, the global loss's, reduced by the optimizer's
+    step).
 
     ``mp_policy`` (:class:`MixedPrecisionPolicy`): the dtype the group is gathered
     and computed in (``param_dtype``), the dtype its gradients are reduce-scattered
@@ -350,8 +352,25 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
     parallelized parameter lives on the 3-D mesh, ``(Replicate(), Shard(0),
     tp placement)``, and each data-parallel rank runs its own batch, as beside a
     1-D ``dp`` mesh; gradients are averaged over both data-parallel dims.
-    Default the current mesh. Raises as torch's: ValueError for a mesh of more
-    than 2 dims, AssertionError for a 2-D mesh without dim names. Raises ValueError
+    Default the current mesh.
+
+    ``dp_mesh_dims`` (:class:`DataParallelMeshDims`, torch 2.13's): ``mesh`` is
+    the whole SPMD mesh (data-parallel and, say, ``tp`` dims) and every parameter
+    a DTensor on it, Replicate over the dims ``dp_mesh_dims`` names
+    (``distribute_module``, ``parallelize_module`` over the whole mesh). Each
+    parameter is sharded over the ``shard`` dim, on that mesh, keeping its other
+    placements (HSDP with a ``replicate`` dim ahead of it); the unsharded
+    parameters are DTensors on the whole mesh with the parameter's placements,
+    so an input sharded over the data-parallel dims is the global batch. As
+    torch's, the gradients' sum over the data-parallel ranks is divided by their
+    number, whatever their placement there. Raises as torch's: ValueError for a
+    name the mesh lacks, a mesh without dim names, a parameter that is no
+    DTensor on ``mesh`` or not Replicate over a data-parallel dim;
+    NotImplementedError for an int ``reshard_after_forward``. Several shard or
+    replicate names (torch flattens them) and replicate dims alone are
+    NotImplementedError here.
+
+    Raises as torch's: ValueError for a mesh of more than 2 dims, AssertionError for a 2-D mesh without dim names. Raises ValueError
     (on every rank: the ranks' checks, parameters' names, shapes and dtypes and
     policies are agreed on) when the module is fully_sharded already, a parameter
     is owned by a fully_sharded ancestor (call it on children first) or lives on a
@@ -390,9 +409,14 @@ def fully_shard(module, *, mesh: DeviceMesh | None = None,
                         f"{type(module).__name__}")
     if "_fsdp_state" in module.__dict__:
         raise ValueError(f"fully_shard: {type(module).__name__} is fully_sharded already")
-    mesh = _data_mesh(mesh)
+    spmd = None
+    if dp_mesh_dims is not None:
+        spmd = _spmd_mesh(mesh, dp_mesh_dims, reshard_after_forward)
+        mesh = data_mesh(spmd, dp_mesh_dims)
+    else:
+        mesh = _data_mesh(mesh)
     state = _State(module, mesh, reshard_after_forward, mp_policy, offload_policy,
-                   shard_placement_fn, ignored_params)
+                   shard_placement_fn, ignored_params, spmd)
     for m in module.modules():
         s = m.__dict__.get("_fsdp_state")
         if s is not None and m is not module:
@@ -417,6 +441,25 @@ def _data_mesh(mesh) -> DeviceMesh:
         raise ValueError(f"fully_shard expects a 1D or 2D DeviceMesh but got {mesh!r}")
     if mesh.ndim == 2 and mesh.mesh_dim_names is None:
         raise AssertionError("Please init the 2D mesh for HSDP with mesh_dim_names specified")
+    return mesh
+
+
+def _spmd_mesh(mesh, dims, reshard_after_forward) -> DeviceMesh:
+    """The whole mesh ``dp_mesh_dims`` names dims of, checked as torch's."""
+    if mesh is None:
+        mesh = resolve_mesh(None)
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"fully_shard: mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    validate(mesh, dims)
+    if len(dims.shard_names) > 1 or len(dims.replicate_names) > 1:
+        raise NotImplementedError(
+            f"fully_shard: dp_mesh_dims names several shard or replicate dims "
+            f"({dims.shard_names}, {dims.replicate_names}); flatten them into one dim "
+            f"of the mesh first (mesh[names]._flatten(name))")
+    if not isinstance(reshard_after_forward, (bool, np.bool_, type(None))) and \
+            isinstance(reshard_after_forward, (int, np.integer)):
+        raise NotImplementedError("reshard_after_forward as int is not yet supported with "
+                                  "SPMD mesh (dp_mesh_dims)")
     return mesh
 
 
@@ -494,7 +537,7 @@ class _Param:
     torch's, so only dim 0 pads."""
 
     def __init__(self, where, value, mesh: DeviceMesh, dp_mesh: DeviceMesh, what: str,
-                 placement=None):
+                 placement=None, spmd: DeviceMesh | None = None):
         self.where, self.name = where, what  # [(module, name)], its qualified name
         # To find a registration of the same parameter outside the group: a weak
         # reference where the type has them (ndarray), else the id (DTensor; an id
@@ -508,7 +551,12 @@ class _Param:
         rank = dp_mesh.get_local_rank()
         root = dp_mesh._get_root_mesh()
         tp_pl = None
-        if isinstance(value, DTensor) and (mesh.ndim == 1 or root.ndim == 3):
+        self.spmd_dp = ()  # with dp_mesh_dims: the data-parallel dims of the whole mesh
+        if spmd is not None:
+            local, self.spmd_dp = self._spmd_parts(value, spmd, mesh, what)
+            self.umesh, self.upl = spmd, tuple(value.placements)
+            shape = value.shape
+        elif isinstance(value, DTensor) and (mesh.ndim == 1 or root.ndim == 3):
             tp_mesh, tp_pl, local = self._tp_parts(value, mesh, what)
             self.umesh, self.upl = tp_mesh, (tp_pl,)
             shape = value.shape
@@ -545,7 +593,9 @@ class _Param:
         shard = np.ascontiguousarray(local[cut]).copy()
         stride = contiguous_strides(self.shape)
         fsdp_pl = Shard(d)
-        if mesh.ndim == 2 and tp_pl is None:
+        if spmd is not None:
+            smesh, spl = self._spmd_sharded(spmd, self.upl, self.spmd_dp[-1], d, what)
+        elif mesh.ndim == 2 and tp_pl is None:
             smesh, spl = mesh, (Replicate(), fsdp_pl)
         elif tp_pl is None:
             smesh, spl = mesh, (fsdp_pl,)
@@ -560,6 +610,46 @@ class _Param:
         self.sharded = DTensor.from_local(shard, smesh, spl, shape=self.shape, stride=stride)
         self.sharded.requires_grad_(True)
         self.compute_in(self.dtype)
+
+    @staticmethod
+    def _spmd_parts(value, spmd: DeviceMesh, dp_mesh: DeviceMesh, what: str):
+        """(the local array, the indices of the data-parallel dims of ``spmd``,
+        the shard dim last) of a parameter under ``dp_mesh_dims``, checked as
+        torch's ``_init_sharding_spec_spmd``."""
+        if not isinstance(value, DTensor):
+            raise ValueError(
+                f"When dp_mesh_dims is provided, all parameters must be DTensors on the "
+                f"full SPMD mesh (e.g. via distribute_module). Got plain tensor for "
+                f"parameter '{what}'.")
+        if value.device_mesh is not spmd:
+            raise ValueError("Expected param's DTensor mesh to be the same mesh passed to "
+                             "fully_shard, but got different mesh objects")
+        names = list(spmd.mesh_dim_names)
+        dims = [names.index(n) for n in (dp_mesh.mesh_dim_names or ())]
+        for i in dims:
+            if not value.placements[i].is_replicate():
+                raise ValueError(f"Expected Replicate() on DP dim '{names[i]}' (index {i}) "
+                                 f"but got {value.placements[i]}")
+        return value.detach()._data(), tuple(dims)
+
+    @staticmethod
+    def _spmd_sharded(spmd: DeviceMesh, placements: tuple, i: int, d: int, what: str):
+        """The mesh and placements of a sharded parameter under ``dp_mesh_dims``: its
+        own, with ``Shard(d)`` on the shard dim ``i``. A dim after ``i`` that shards
+        ``d`` too is moved ahead of it (the rank's shard of that dim is what the
+        data-parallel ranks split, torch's strided sharding)."""
+        names = list(spmd.mesh_dim_names)
+        later = [j for j in range(i + 1, spmd.ndim) if placements[j].is_shard(d)]
+        pls = dict(zip(names, placements))
+        pls[names[i]] = Shard(d)
+        if not later:
+            return spmd, tuple(pls[n] for n in names)
+        if len(later) > 1 or spmd._get_root_mesh() is not spmd:
+            raise NotImplementedError(
+                f"fully_shard: parameter {what} is sharded on dim {d} by several mesh "
+                f"dims after the data-parallel shard dim")
+        smesh = _tp_ahead(spmd, names[later[0]], names[i])
+        return smesh, tuple(pls[n] for n in smesh.mesh_dim_names)
 
     @staticmethod
     def _shard_dim(placement, lshape: tuple, dp: int, what: str) -> int:
@@ -653,11 +743,12 @@ class _State:
 
     def __init__(self, module: Module, mesh: DeviceMesh, reshard_after_forward,
                  mp_policy: MixedPrecisionPolicy, offload_policy: OffloadPolicy,
-                 shard_placement_fn=None, ignored_params=None):
+                 shard_placement_fn=None, ignored_params=None, spmd=None):
         # The mesh passed (1-D, or 2-D for HSDP), the one the group is gathered and
         # reduce-scattered over, and with HSDP the one its gradients are all-reduced
         # over.
         self.module, self.mesh = module, mesh
+        self.spmd = spmd  # with dp_mesh_dims: the whole mesh the parameters live on
         self.dp_mesh = _shard_mesh(mesh)
         self.replicate_mesh = mesh._slice([0]) if mesh.ndim == 2 else None
         self.dp = self.dp_mesh.size()
@@ -748,11 +839,6 @@ class _State:
         order: list = []
         ignored = {id(p.data if isinstance(p, Parameter) else p)
                    for p in (ignored_params or ())}
-        for p in ignored_params or ():
-            p = p.data if isinstance(p, Parameter) else p
-            if isinstance(p, DTensor):
-                # FSDP does not reduce it, so neither does the engine (torch's rule).
-                p._grad_as_made = True
 
         def walk(m, prefix):
             for name, value in m._parameters.items():
@@ -780,7 +866,7 @@ class _State:
                         f"be in one group: fully_shard a module that holds every use")
         place = shard_placement_fn if callable(shard_placement_fn) else (lambda value: None)
         return [_Param(found[k][0], found[k][1], self.mesh, self.dp_mesh, found[k][2],
-                       place(found[k][1]))
+                       place(found[k][1]), self.spmd)
                 for k in order]
 
     # -- moving the group --------------------------------------------------------------
@@ -1037,7 +1123,17 @@ class _State:
         sharded over it, a global loss) the terms add up to the gradient; over any
         other each rank holds a replica's whole gradient (Replicate, or made so),
         and the replicas are averaged, as torch's; Partial("avg") is such an
-        average already. Beside TP each replica runs its own batch: averaged."""
+        average already. Beside TP each replica runs its own batch: averaged.
+        Under ``dp_mesh_dims`` the other dims are moved to the parameter's
+        placements, and the sum over the data-parallel ranks is divided by their
+        number, as torch's (its reduce-scatter averages whatever they hold)."""
+        if p.spmd_dp:
+            target = [pl if i not in p.spmd_dp else
+                      g.placements[i] if g.placements[i].is_partial("sum") else Replicate()
+                      for i, pl in enumerate(p.upl)]
+            if tuple(target) != tuple(g.placements):
+                g = g.redistribute(p.umesh, target)
+            return g, self.mesh.size()
         if p.umesh is not self.mesh:
             if tuple(g.placements) != p.upl:
                 g = g.redistribute(p.umesh, p.upl)
