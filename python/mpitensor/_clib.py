@@ -7,8 +7,8 @@ for an array's data, so a call passes structs and ndarrays as they are; the
 libraries loaded beside (BLAS, LAPACK) come through :func:`load`. This module binds
 the core's layout math, random fills and the names of its constants (``CORE``);
 :mod:`mpitensor._comm`, :mod:`mpitensor._plan`, :mod:`mpitensor.checkpoint._io`,
-:mod:`mpitensor.nn._ckernels`, :mod:`mpitensor._ops._lanes` and
-:mod:`mpitensor._ops._dispatch` the rest.
+:mod:`mpitensor.nn._ckernels`, :mod:`mpitensor._algorithms._lanes` and
+:mod:`mpitensor._algorithms._dispatch` the rest.
 
 It also gives them the array checks and the status -> exception rule the
 extension uses, so a failing call raises what ``_C`` would raise. ctypes releases

@@ -98,7 +98,7 @@ def page() -> str:
               "`reduce`, `accumulate` and `reduceat` of a ufunc whose steps may not be "
               "regrouped (`subtract`, `divide`, ...) are NumPy's left fold, bit for bit: "
               "the ranks along the sharded axis continue it in turn from the carry "
-              "(one slice per segment) the rank before sends (`_fold.py`). A dtype "
+              "(one slice per segment) the rank before sends (`_algorithms/_fold.py`). A dtype "
               "without a loop raises NumPy's error. Along a sharded axis, results of "
               "float16, long double or complex dtype gather, and so do those named "
               "below: NumPy's own reduction of them is no fold of its elementwise "

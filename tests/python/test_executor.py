@@ -24,7 +24,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import DTensor, Partial, Replicate, Shard, _C, _modes, _comm, _plan, _trace
 from mpitensor._clib import CORE
-from mpitensor._ops import _dispatch as D
+from mpitensor._algorithms import _dispatch as D
 from mpitensor.placement_types import from_code
 from mpitensor.debug import CommDebugMode, set_logs
 from mpitensor.experimental import (clear_sharding_registry, implicit_replication,
@@ -162,7 +162,7 @@ def test_reduction_methods_like_numpy(mesh, name, pl):
         np.testing.assert_allclose(fast.full_tensor(), expected, rtol=1e-12)
         assert fast.shape == np.shape(expected) and fast.dtype == np.asarray(expected).dtype
         # Over a sharded axis the reductions without a reduce op merge per-rank
-        # results in their Python entry (mpitensor._ops._merge), not gather in C.
+        # results in their Python entry (mpitensor._algorithms._merge), not gather in C.
         axis = args[0] if args else kwargs.get("axis")
         reduced = (0, 1) if axis is None else np.atleast_1d(axis) % 2
         merged = name in ("all", "any", "std", "var", "argmax", "argmin")

@@ -38,17 +38,20 @@ FLOORS = {
     "_departure": 1, "_strided": 1,
     "_fingerprint": 1, "_allgather_bytes": 1, "_device": 1, "_dtypes": 1, "_hooks": 1,
     "_node": 1, "_call_agreement": 1, "_mesh_layout": 1,
-    "_ops": 2,  # operations: each op's dim map, registered once; NumPy protocols
-    "autograd": 3,  # the tape and backward rules
-    "nn": 4, "optim": 4,  # training pieces
+    # Distributed algorithms and the executor's Python face: called by the entries,
+    # they register nothing and import no entry module.
+    "_algorithms": 2,
+    "_ops": 3,  # the NumPy entries: each op's dim map, registered once; NumPy protocols
+    "autograd": 4,  # the tape and backward rules
+    "nn": 5, "optim": 5,  # training pieces
     # Features.
-    "parallel": 5, "fsdp": 5, "experimental": 5, "debug": 5, "checkpoint": 5,
-    "testing": 5, "_distribute_module": 5, "_show_config": 5,
-    "distributed": 5,  # torch.distributed's names on local arrays: functional collectives
-    "utils": 5,  # torch.utils' names: activation checkpointing
-    "array_api": 5,  # the array API standard's namespace, over the registry
-    "_coverage": 5,  # the NumPy coverage page, read from the registry
-    "__init__": 6,  # mpitensor/__init__.py: the public names; imports everything
+    "parallel": 6, "fsdp": 6, "experimental": 6, "debug": 6, "checkpoint": 6,
+    "testing": 6, "_distribute_module": 6, "_show_config": 6,
+    "distributed": 6,  # torch.distributed's names on local arrays: functional collectives
+    "utils": 6,  # torch.utils' names: activation checkpointing
+    "array_api": 6,  # the array API standard's namespace, over the registry
+    "_coverage": 6,  # the NumPy coverage page, read from the registry
+    "__init__": 7,  # mpitensor/__init__.py: the public names; imports everything
 }
 
 # Imported inside functions because they are optional, heavy, or (mpi4py's MPI)
@@ -181,6 +184,44 @@ def test_no_upward_imports():
     up = [f"{a} (floor {floor_of(a)}) imports {b} (floor {floor_of(b)})"
           for a in sorted(edges) for b in sorted(edges[a]) if floor_of(b) > floor_of(a)]
     assert not up, "upward imports:\n" + "\n".join(up)
+
+
+def registrations(source: str) -> list[str]:
+    """What a module's code registers: calls of ``implements`` or of a name starting
+    with ``register``, and assignments to an attribute of ``_registry``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name == "implements" or name.startswith("register"):
+                out.append((node.lineno, f"{name}() at line {node.lineno}"))
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out += [(node.lineno, f"_registry.{t.attr} = at line {node.lineno}") for t in targets
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                    and t.value.id == "_registry"]
+    return [text for _, text in sorted(out)]
+
+
+def test_the_algorithms_floor_registers_nothing():
+    """An algorithm is called by the entries of _ops, which register it; on its own
+    floor it neither registers a NumPy function nor reaches an entry module."""
+    floor = f"{PACKAGE}._algorithms"
+    mods, edges, _ = graph()
+    found = {name: registrations(path.read_text()) for name, path in mods.items()
+             if name == floor or name.startswith(floor + ".")}
+    assert len(found) > 1, "the algorithms floor has no module"
+    bad = {name: regs for name, regs in found.items() if regs}
+    assert not bad, f"registrations on the algorithms floor: {bad}"
+    up = [f"{a} imports {b}" for a in found for b in sorted(edges[a])
+          if b == f"{PACKAGE}._ops" or b.startswith(f"{PACKAGE}._ops.")]
+    assert not up, "the algorithms floor imports entries:\n" + "\n".join(up)
+    assert registrations('@_registry.implements(np.put)\ndef f(): ...\n'
+                         'register_backward(np.sum)\n_registry.fallback = g\n'
+                         '"""@implements(np.x)"""\n') == [
+        "implements() at line 1", "register_backward() at line 3",
+        "_registry.fallback = at line 4"]
 
 
 def test_imports_inside_functions_are_optional_dependencies():

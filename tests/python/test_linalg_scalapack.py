@@ -24,7 +24,8 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import DTensor, Replicate, Shard, distribute_tensor
-from mpitensor._ops import _scalapack, _small_linalg
+from mpitensor._algorithms import _small_linalg
+from mpitensor._ops import _scalapack
 from mpitensor._ops._fallback import GatherWarning
 from mpitensor._ops._scalapack import scalapack_library
 from mpitensor.debug import CommDebugMode

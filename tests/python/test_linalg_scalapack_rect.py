@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import Replicate, Shard, distribute_tensor
-from mpitensor._ops import _small_linalg
+from mpitensor._algorithms import _small_linalg
 from mpitensor._ops._fallback import GatherWarning
 from mpitensor._ops._scalapack import scalapack_library
 from mpitensor.debug import CommDebugMode

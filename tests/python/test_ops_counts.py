@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mpitensor import Replicate, Shard
-from mpitensor._ops import _lanes
+from mpitensor._algorithms import _lanes
 from mpitensor._ops._fallback import GatherWarning
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (W, assert_matches, corner_layouts, make, matches_or_raises_alike,

@@ -14,7 +14,7 @@ import pytest
 
 import mpitensor
 from mpitensor import DTensor, Partial, Replicate, Shard
-from mpitensor._ops import _sample_sort
+from mpitensor._algorithms import _sample_sort
 from mpitensor.debug import CommDebugMode
 from ops_helpers import W, make, mesh_of, mesh_shapes
 

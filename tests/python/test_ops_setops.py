@@ -16,7 +16,7 @@ import pytest
 import mpitensor
 from mpitensor import Replicate, Shard
 from mpitensor._ops._fallback import GatherWarning
-from mpitensor._ops._sample_sort import GATHER_SORT_BYTES
+from mpitensor._algorithms._sample_sort import GATHER_SORT_BYTES
 from mpitensor.debug import CommDebugMode
 from ops_helpers import CORNER_SHAPES, W, corner_layouts, make, mesh_of, next_layout
 from test_ops_unique import one_mesh_dim, same

@@ -1,5 +1,5 @@
 """reduce, accumulate and reduceat of the ufuncs that may not be regrouped
-(_ops/_fold.py): NumPy's left fold bit for bit, floats included, for sharded and
+(_algorithms/_fold.py): NumPy's left fold bit for bit, floats included, for sharded and
 unsharded axes, uneven blocks and ranks with nothing; no all-gather of the array;
 NumPy's errors on every rank. Whichever path runs (a block's own NumPy call, a
 regrouping, the fold, the gathered call), the result's dtype decides it, and the

@@ -35,9 +35,10 @@ from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Partial, Replicate, Shard
-from . import _dispatch as D
-from . import _flatten, _flip, _halo, _lanes, _roll
-from . import _sample_sort as S
+from .._algorithms import _dispatch as D
+from .._algorithms import _flatten, _lanes, _roll
+from .._algorithms import _sample_sort as S
+from . import _flip, _halo
 from ._stats import _all_reduce
 
 __all__ = ["along_axes", "lanes_layout"]

@@ -35,8 +35,8 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
-from . import _views
+from .._algorithms import _dispatch as D
+from .._algorithms import _views
 from ._pointwise import per_element
 
 __all__ = ["rot90", "rollaxis", "unstack", "polyval", "select", "trapezoid", "vdot",

@@ -28,7 +28,7 @@ from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Shard
-from . import _dispatch as D, _lanes
+from .._algorithms import _dispatch as D, _lanes
 from ._stats import _all_reduce, _placements, _sharding, _unpartial
 
 __all__ = ["bincount", "histogram_bin_edges", "histogram2d", "histogramdd"]

@@ -25,7 +25,7 @@ from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Partial, Replicate, Shard
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 
 __all__ = ["cov", "corrcoef"]
 

@@ -18,7 +18,7 @@ from numpy.lib.array_utils import normalize_axis_index
 from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
-from . import _row_exchange as X
+from .._algorithms import _row_exchange as X
 
 __all__ = ["delete", "compress", "extract"]
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import _registry
 from .._dtensor import DTensor
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 
 __all__ = ["diag_into"]
 

@@ -25,7 +25,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 
 __all__ = ["triu", "tril", "trace", "diagonal"]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _modes, _registry, _trace
 from .._dtensor import DTensor
-from . import _row_exchange as X
+from .._algorithms import _row_exchange as X
 
 __all__ = ["flip_sharded", "fliplr", "flipud"]
 

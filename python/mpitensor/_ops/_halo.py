@@ -25,8 +25,8 @@ from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate
-from . import _dispatch as D
-from . import _row_exchange as X
+from .._algorithms import _dispatch as D
+from .._algorithms import _row_exchange as X
 
 __all__ = ["diff_sharded", "gradient", "sliding_window_view", "convolve", "correlate",
            "ediff1d"]

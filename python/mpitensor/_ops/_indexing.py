@@ -40,9 +40,9 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._fingerprint import fingerprint
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Replicate, Shard, _StridedShard
-from . import _advanced_index as A
-from . import _views
-from ._pick import pick_rows
+from .._algorithms import _advanced_index as A
+from .._algorithms import _views
+from .._algorithms._pick import pick_rows
 
 
 def _advanced_error(what, cls=TypeError) -> TypeError:

@@ -39,8 +39,8 @@ from .. import _clib, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard, _StridedShard
-from . import _dispatch as D
-from . import _views
+from .._algorithms import _dispatch as D
+from .._algorithms import _views
 from ._indexing import _parse, _whole, agree_write, local_cuts
 
 _IDENTITY = {"sum": 0, "product": 1}

@@ -23,8 +23,8 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard
-from . import _dispatch as D
-from . import _row_exchange as X
+from .._algorithms import _dispatch as D
+from .._algorithms import _row_exchange as X
 
 __all__ = ["insert"]
 

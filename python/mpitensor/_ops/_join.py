@@ -24,8 +24,8 @@ from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
-from . import _row_exchange as X
+from .._algorithms import _dispatch as D
+from .._algorithms import _row_exchange as X
 
 __all__ = ["concatenate_sharded", "joining_mesh_dim", "hstack", "vstack", "column_stack",
            "dstack", "append"]

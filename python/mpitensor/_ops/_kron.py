@@ -17,8 +17,8 @@ import numpy as np
 from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
-from . import _dispatch as D
-from . import _row_exchange as X
+from .._algorithms import _dispatch as D
+from .._algorithms import _row_exchange as X
 
 __all__ = ["kron"]
 

@@ -23,8 +23,8 @@ from numpy.lib.array_utils import normalize_axis_tuple
 
 from .. import _registry
 from .._dtensor import DTensor
-from . import _dispatch as D
-from . import _merge
+from .._algorithms import _dispatch as D
+from .._algorithms import _merge
 
 
 @_registry.implements(np.dot)

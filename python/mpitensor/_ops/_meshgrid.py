@@ -14,7 +14,7 @@ from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 
 __all__ = ["meshgrid"]
 

@@ -20,7 +20,7 @@ import numpy as np
 from .. import _registry
 from .._dtensor import DTensor
 from ..placement_types import Replicate
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 from ._select import _everywhere
 from ._shape import broadcast_to
 

@@ -23,7 +23,7 @@ from numpy.lib.array_utils import normalize_axis_index
 from .. import _registry
 from .._dtensor import DTensor
 from ..placement_types import Replicate
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 
 __all__ = ["nanmean", "nanvar", "nanstd", "nanmax", "nanmin", "nanargmax", "nanargmin",
            "ptp", "average", "nanprod", "nancumsum", "nancumprod"]

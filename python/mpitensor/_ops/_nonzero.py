@@ -31,7 +31,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 
 __all__ = ["count_nonzero", "nonzero", "argwhere", "flatnonzero"]
 

@@ -27,7 +27,7 @@ from numpy.lib.array_utils import normalize_axis_index
 from .. import _registry
 from .._dtensor import DTensor
 from ..placement_types import Replicate
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 from ._select import _everywhere, _run_elementwise, astype as _astype
 from ._strided import is_strided, on_expansion
 

@@ -25,8 +25,8 @@ from .._clib import CORE
 from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Shard
-from . import _dispatch as D
-from . import _views
+from .._algorithms import _dispatch as D
+from .._algorithms import _views
 from ._along_axis import _offsets
 from ._select import _everywhere
 

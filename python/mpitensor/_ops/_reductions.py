@@ -24,8 +24,8 @@ from numpy.lib.array_utils import normalize_axis_tuple
 
 from .. import _C, _registry
 from .._dtensor import DTensor
-from . import _dispatch as D
-from . import _merge
+from .._algorithms import _dispatch as D
+from .._algorithms import _merge
 from ._inplace import write_result
 
 # name -> (NumPy function, DTensor method or None, reduce op (-1: gathered), partial

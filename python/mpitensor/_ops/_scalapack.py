@@ -48,9 +48,9 @@ from .._clib import A, D as _D, E, I, I64, P, S, call, find_library, fn, ptr
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
-from . import _small_linalg
-from ._alike import same_along
+from .._algorithms import _dispatch as D
+from .._algorithms import _small_linalg
+from .._algorithms._alike import same_along
 
 __all__ = ["scalapack_library", "scalapack_source"]
 

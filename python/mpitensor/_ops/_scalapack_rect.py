@@ -31,9 +31,9 @@ from .. import _clib
 from .._clib import A, E, I, I64, P, call, fn, ptr
 from .._dtensor import DTensor
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
+from .._algorithms import _small_linalg
 from . import _scalapack as S
-from . import _small_linalg
 
 _qr = fn("mt_scalapack_qr", I, P, P, I, I, I, I64, I64, A, I64, A, I64, A, E)
 _svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, A, A, A, I64, A, ptr(I), E)

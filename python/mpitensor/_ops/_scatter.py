@@ -32,9 +32,9 @@ from .. import _comm, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
-from . import _views
-from . import _row_exchange as X
+from .._algorithms import _dispatch as D
+from .._algorithms import _views
+from .._algorithms import _row_exchange as X
 from ._put import _target
 
 __all__ = ["put_along_axis", "putmask", "ufunc_at_rows"]

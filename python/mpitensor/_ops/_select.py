@@ -27,7 +27,7 @@ from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 from ..placement_types import Partial
-from . import _dispatch as D
+from .._algorithms import _dispatch as D
 from . import _nonzero
 from ._inplace import write_result
 from ._strided import is_strided, on_expansion

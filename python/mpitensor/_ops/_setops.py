@@ -34,9 +34,9 @@ from .. import _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
-from . import _row_exchange as X
-from . import _sample_sort as S
+from .._algorithms import _dispatch as D
+from .._algorithms import _row_exchange as X
+from .._algorithms import _sample_sort as S
 from . import _unique as U
 
 __all__ = ["intersect1d", "setdiff1d", "setxor1d", "isin_sharded"]

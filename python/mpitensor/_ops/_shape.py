@@ -36,8 +36,9 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 from .. import _registry
 from .. import _strided as _layouts
 from .._dtensor import DTensor
-from . import _dispatch as D
-from . import _flatten, _join
+from .._algorithms import _dispatch as D
+from .._algorithms import _flatten
+from . import _join
 from ._strided import expanded, is_strided, permuted, restride
 from ..placement_types import Shard
 

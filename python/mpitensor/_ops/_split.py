@@ -29,8 +29,8 @@ from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Shard
-from . import _dispatch as D
-from . import _row_exchange as X
+from .._algorithms import _dispatch as D
+from .._algorithms import _row_exchange as X
 from ._along_axis import lanes_layout
 
 __all__ = ["split_bounds"]

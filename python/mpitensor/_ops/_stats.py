@@ -27,7 +27,7 @@ from .. import _layout, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Partial, Replicate, Shard
-from . import _dispatch as D, _fold, _lanes
+from .._algorithms import _dispatch as D, _fold, _lanes
 from ._inplace import write_result
 
 

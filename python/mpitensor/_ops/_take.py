@@ -17,7 +17,7 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from .. import _registry
 from .._dtensor import DTensor
-from ._pick import pick_rows
+from .._algorithms._pick import pick_rows
 
 __all__ = ["take"]
 

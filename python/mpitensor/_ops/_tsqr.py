@@ -39,11 +39,11 @@ from .. import _clib, _comm, _lapack, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
-from . import _merge
+from .._algorithms import _dispatch as D
+from .._algorithms import _merge
+from .._algorithms import _small_linalg
+from .._algorithms._alike import alike, same_along
 from . import _scalapack_rect as _rect
-from . import _small_linalg
-from ._alike import alike, same_along
 from ._stats import _decomposition, _wrap_replicate
 
 _DTYPES = (np.float32, np.float64, np.complex64, np.complex128)

@@ -31,9 +31,9 @@ from .._dtensor import DTensor
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
-from . import _fold
-from . import _views
+from .._algorithms import _dispatch as D
+from .._algorithms import _fold
+from .._algorithms import _views
 from ._scatter import ufunc_at_rows
 
 _REDUCE = {np.add: np.sum, np.multiply: np.prod, np.maximum: np.max, np.minimum: np.min,

@@ -40,9 +40,9 @@ from .. import _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
-from . import _dispatch as D
-from . import _row_exchange as X
-from . import _sample_sort as S
+from .._algorithms import _dispatch as D
+from .._algorithms import _row_exchange as X
+from .._algorithms import _sample_sort as S
 
 __all__ = ["unique", "union1d", "unique_values", "unique_counts", "unique_inverse",
            "unique_all"]

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from .._dtensor import DTensor
-from .._ops import _dispatch as D
+from .._algorithms import _dispatch as D
 from ..placement_types import Replicate
 from ._engine import register_backward
 

@@ -29,7 +29,7 @@ from ._engine import register_backward
 from .._dtensor import DTensor, _grad_placements, _redistribute_grad
 from .._dtensor_spec import contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
-from .._ops._advanced_index import is_advanced, mask_grad, one_array, take_grad
+from .._algorithms._advanced_index import is_advanced, mask_grad, one_array, take_grad
 from .._ops._diag import diag_into
 from .._ops._indexing import _parse
 from .._ops._linalg import tensordot_subscripts

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import _registry
 from .._dtensor import DTensor
-from .._ops import _dispatch as D
+from .._algorithms import _dispatch as D
 from .._layout import plan as plan_for
 from ..placement_types import Partial, Placement
 from .._dtensor_spec import contiguous_strides

@@ -22,7 +22,8 @@ from .. import _C, _dtypes, _modes, _registry, _trace, random as _random
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
-from .._ops import _dispatch as D, _linalg
+from .._algorithms import _dispatch as D
+from .._ops import _linalg
 from ..placement_types import Partial, Replicate, Shard
 from ..autograd import Function
 from . import _kernels
