@@ -210,17 +210,26 @@ def test_autograd_grad_returns_the_gradient_where_backward_made_it():
     np.testing.assert_allclose(gw.full_tensor(), x_np.T @ np.ones((2 * W, 2)), rtol=1e-12)
 
 
-def test_clip_grad_norm_keeps_a_partial_gradient_partial():
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+def test_clip_grad_norm_keeps_a_partial_gradient_partial(norm_type):
     x, x_np, w_np, mesh = _data_parallel("S0")
     w = mt.distribute_tensor(w_np, mesh, [Replicate()], requires_grad=True)
-    (x @ w).sum().backward()
-    placements = w.grad.placements
-    full = x_np.T @ np.ones((2 * W, 2))
-    norm = mt.nn.utils.clip_grad_norm_([w], 1.0)
-    assert w.grad.placements == placements
-    np.testing.assert_allclose(float(norm.full_tensor()), np.linalg.norm(full), rtol=1e-12)
-    np.testing.assert_allclose(w.grad.full_tensor(), full / (np.linalg.norm(full) + 1e-6),
-                               rtol=1e-12)
+    b = mt.distribute_tensor(np.ones(2), mesh, [Replicate()], requires_grad=True)
+    (x @ w + b).sum().backward()
+    placements = w.grad.placements, b.grad.placements
+    full_w, full_b = x_np.T @ np.ones((2 * W, 2)), np.full(2, 2.0 * W)
+    flat = np.concatenate([full_w.ravel(), full_b])
+    want = np.linalg.norm(flat, norm_type)
+    with CommDebugMode() as comm:
+        norm = mt.nn.utils.clip_grad_norm_([w, b], 1.0, norm_type=norm_type)
+    # the agreement, then both Partial gradients summed side by side: torch's
+    # norm reduces each gradient apart (one all-reduce each)
+    assert comm.get_total_counts() == (2 if W > 1 else 0)
+    assert (w.grad.placements, b.grad.placements) == placements
+    np.testing.assert_allclose(float(norm.full_tensor()), want, rtol=1e-12)
+    coef = 1.0 / (want + 1e-6)
+    np.testing.assert_allclose(w.grad.full_tensor(), full_w * coef, rtol=1e-12)
+    np.testing.assert_allclose(b.grad.full_tensor(), full_b * coef, rtol=1e-12)
 
 
 def test_a_step_refuses_a_gradient_placed_otherwise_on_one_rank_alike():

@@ -58,6 +58,34 @@ def _summed(g: DTensor) -> DTensor:
                           [Replicate() if pl.is_partial() else pl for pl in g.placements])
 
 
+def _whole_norm_part(group: list, norm_type: float) -> float | None:
+    """The total of ``group`` computed on every rank alike, when no gradient of it
+    is sharded: its Partial gradients summed in one all-reduce per placement and
+    dtype (their local arrays side by side), the rest read as they are; the sum
+    of ``|x|**p`` or the largest ``|x|``. None when some gradient is sharded (the
+    ranks then add up their shards). Collective on the group's mesh."""
+    if any(pl.is_shard() for g in group for pl in g.placements):
+        return None
+    arrays, fused = [], {}
+    for g in group:
+        if any(pl.is_partial() for pl in g.placements):
+            fused.setdefault((tuple(g.placements), g.dtype.str), []).append(g)
+        else:
+            arrays.append(g._data())
+    for (pls, _), gs in fused.items():
+        flat = np.concatenate([g._data().ravel() for g in gs])
+        mesh = gs[0].device_mesh
+        part = DTensor.from_local(flat, mesh, list(pls), shape=flat.shape, stride=(1,))
+        arrays.append(_summed(part).to_local())
+    if math.isinf(norm_type):
+        return max((float(np.max(np.abs(a), initial=0.0)) for a in arrays), default=0.0)
+    total = 0.0
+    for a in arrays:
+        a = np.abs(a).astype(np.float64, copy=False)
+        total += float(np.sum(a * a if norm_type == 2.0 else a ** norm_type))
+    return total
+
+
 def _counts_here(g: DTensor) -> bool:
     """Whether this rank's shard counts in the norm, which is summed over every
     rank of the mesh: of the replicas of a shard, the one at coordinate 0 on each
@@ -157,9 +185,12 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     ``error_if_nonfinite`` a nan or inf total is a RuntimeError on every rank.
     A Partial gradient (of a sum or a mean: backward leaves a Replicate weight's
     gradient Partial over the ranks that shard the batch, as torch's) counts with
-    its sum, as torch's norm reduces it (an all-reduce of it, after one of the
-    agreement), and is scaled where it is: it stays Partial, as torch's, for the
-    optimizer's step to reduce.
+    its sum, as torch's norm reduces it, and is scaled where it is: it stays
+    Partial, as torch's, for the optimizer's step to reduce. The agreement then
+    comes first, in its own all-reduce; where no gradient is sharded (data
+    parallelism) the Partial ones are summed in one all-reduce per placement and
+    dtype, side by side, and every rank has the total: two all-reduces in all
+    where torch's makes one per gradient.
     ``foreach`` is accepted for torch's signature. Parameters without a gradient
     are skipped; with none at all the result is 0.0 (a NumPy float: there is no
     mesh to put it on). Collective on the parameters' mesh.
@@ -202,6 +233,12 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
             # Summing a Partial gradient moves it: the ranks agree on the call first
             # (one more all-reduce of a few numbers), so that they move the same.
             _agree_on_call(mesh, 0.0, True, fp, None, mismatch)
+            if mesh.get_coordinate() is not None:
+                whole = _whole_norm_part(group, norm_type)
+                if whole is not None:
+                    # every rank holds the whole total: no reduction of it is left
+                    total = max(total, whole) if is_inf else total + whole
+                    continue
             group = [_summed(g) for g in group]
         part = _local_part(group, norm_type) if problem is None else 0.0
         value = _agree_on_call(mesh, 0.0 if is_inf else part, problem is None, fp,
