@@ -439,7 +439,7 @@ def linalg(results: dict) -> str:
                    f"the other side's time over mpitensor's (above 1: mpitensor is "
                    f"faster), median [min..max], and mpitensor's time over a plain C "
                    f"program's calling the same ScaLAPACK routine on the same grid and "
-                   f"block-cyclic descriptors (below 1.10: within the issue's bound; "
+                   f"block-cyclic descriptors (below 1.10: within the bound of 10%; "
                    f"solve's is pXgetrf and pXgetrs against mpitensor's own LU); "
                    f"errors: qr's ||A - QR|| / ||A||, svd's "
                    f"singular values' against NumPy's over the largest, solve's "
