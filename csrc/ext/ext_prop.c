@@ -1,4 +1,4 @@
-/* The dim maps Python builds (einsum, reshape, ...: mpitensor._ops._dispatch.DimMap,
+/* The dim maps Python builds (einsum, reshape, ...: mpitensor._algorithms._dispatch.DimMap,
  * an mt_dimmap filled through ctypes), read on a memo miss. The core's constants
  * the builders use reach Python from the core itself (mpitensor._clib.CORE). */
 #include "ext.h"
@@ -14,7 +14,7 @@ const mt_dimmap *mt_ext_dimmap_get(PyObject *obj, mt_dimmap *map) {
   if (fits) memcpy(map, view.buf, sizeof *map);
   PyBuffer_Release(&view);
   if (!fits) {
-    PyErr_SetString(PyExc_TypeError, "a dim map is an mpitensor._ops._dispatch.DimMap");
+    PyErr_SetString(PyExc_TypeError, "a dim map is an mpitensor._algorithms._dispatch.DimMap");
     return NULL;
   }
   mt_error err = {0};
