@@ -114,6 +114,20 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+_frozen_for = [None]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # What the earlier test modules left alive (torch once imported, caches, the
+    # reports) is frozen too, as each module starts, once its garbage is collected:
+    # the same point on every rank, and nothing of the module itself is frozen yet.
+    if item.module is not _frozen_for[0]:
+        _frozen_for[0] = item.module
+        gc.collect()
+        gc.freeze()
+
+
 def pytest_report_header(config):
     nodes = f" on {NODES} nodes" if NODES > 1 else ""
     return (f"mpitensor tests on {COMM.Get_size()} MPI rank(s){nodes}; this is rank "
