@@ -209,7 +209,8 @@ static int agree_method(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *sel
   PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_AGREE]);
   if (fn == NULL) return PyErr_Occurred() ? -1 : 0;
   Py_ssize_t n = 2 + nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
-  PyObject *small[8], **stack = n <= 8 ? small : PyMem_Malloc((size_t)n * sizeof *stack);
+  PyObject *small[8],
+      **stack = n <= 8 ? small : PyMem_Malloc((size_t)n * sizeof(PyObject *));
   if (stack == NULL) return PyErr_NoMemory(), -1;
   stack[0] = sig->func, stack[1] = self;
   for (Py_ssize_t i = 2; i < n; ++i) stack[i] = args[i - 2];

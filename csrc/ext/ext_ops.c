@@ -120,15 +120,13 @@ static PyObject *register_grad(PyObject *module, PyObject *args) {
   if (!PyArg_ParseTuple(args, "OUO:register_grad", &func, &name, &backward)) return NULL;
   if (!PyCallable_Check(backward))
     return PyErr_Format(PyExc_TypeError, "an operand backward is a callable, for every call");
-  PyObject **slot = NULL;
-  if (PyUnicode_Check(func) && PyUnicode_CompareWithASCIIString(func, "redistribute") == 0)
-    slot = &d->move_grad;
-  else if (PyUnicode_Check(func) && PyUnicode_CompareWithASCIIString(func, "view") == 0)
-    slot = &d->view_grad;
-  if (slot != NULL) {
+  int move = PyUnicode_Check(func) && PyUnicode_CompareWithASCIIString(func, "redistribute") == 0;
+  int view = PyUnicode_Check(func) && PyUnicode_CompareWithASCIIString(func, "view") == 0;
+  if (move || view) {
     PyObject *entry = PyTuple_Pack(2, name, backward);
     if (entry == NULL) return NULL;
-    Py_XSETREF(*slot, entry);
+    if (move) Py_XSETREF(d->move_grad, entry);
+    else Py_XSETREF(d->view_grad, entry);
     Py_RETURN_NONE;
   }
   mt_ext_sig *sig = mt_ext_sig_of(d, func);
