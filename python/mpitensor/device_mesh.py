@@ -808,7 +808,8 @@ def mesh_of_group(comm) -> DeviceMesh:
         raise ValueError(f"Unsupported group type: {type(comm)}, {comm}")
     handle = MPI._handleof(comm)
     for mesh in [*_mesh_stack, *list(_live_meshes.values())]:
-        if mesh._coordinate is None or getattr(mesh, "_local", False):
+        if (mesh._coordinate is None or getattr(mesh, "_local", False)
+                or not _usable_here(mesh)):
             continue
         for d, group in enumerate(mesh._handle.groups()):
             if group != MPI.COMM_NULL and MPI._handleof(group) == handle:
@@ -819,6 +820,17 @@ def mesh_of_group(comm) -> DeviceMesh:
     if handle not in _group_meshes:
         _group_meshes[handle] = (comm, DeviceMesh.from_group(comm, "cpu"))
     return _group_meshes[handle][1]
+
+
+def _usable_here(mesh) -> bool:
+    """Whether this thread may run ``mesh``'s collectives (the thread that made it,
+    and the mesh not freed): a live mesh another thread made, over the same
+    communicator, is not this thread's group. Local."""
+    try:
+        _comm.mesh_address(mesh._handle)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _no_backend(backend_override) -> None:
