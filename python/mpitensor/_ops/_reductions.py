@@ -180,14 +180,17 @@ def _keepdim(impl):
 
 
 def _local_extreme(skip_nan, exact):
-    """ndarray.min/max on a local array, NumPy's value: along an axis, NumPy's
-    NaN-propagating minimum/maximum reduce is several times slower than its
-    NaN-skipping fmin/fmax, which gives the same bits wherever no NaN or infinity
-    is (a finite sum says so) and the extreme is not a zero (the two order -0.0 and
-    0.0 differently). Anything else takes NumPy's own reduce."""
+    """ndarray.min/max on a local array, NumPy's value. Down the rows of a tall
+    block (each column's extreme, as a scaler fits), NumPy's NaN-propagating
+    minimum/maximum reduce is several times slower than its NaN-skipping fmin/fmax,
+    which gives the same bits wherever no NaN or infinity is (a finite sum says so)
+    and the extreme is not a zero (the two order -0.0 and 0.0 differently). Along
+    other axes, short rows or small blocks the checks cost more than they save, so
+    anything else takes NumPy's own reduce."""
     def local(a, axis=None, out=None, keepdims=False, initial=np._NoValue, where=True):
-        if (axis is not None and out is None and initial is np._NoValue and where is True
-                and type(a) is np.ndarray and a.dtype.kind == "f" and a.ndim > 1
+        if (out is None and initial is np._NoValue and where is True
+                and type(a) is np.ndarray and a.dtype.kind == "f" and a.ndim == 2
+                and axis in (0, (0,), -2, (-2,)) and a.shape[1] >= _FAST_EXTREME_COLUMNS
                 and a.size >= _FAST_EXTREME_SIZE):
             r = skip_nan.reduce(a, axis=axis, keepdims=keepdims)
             if (np.isfinite(np.add.reduce(a, axis=axis)).all()
@@ -197,8 +200,9 @@ def _local_extreme(skip_nan, exact):
     return local
 
 
-# Below this many elements the checks cost more than the slow reduce.
-_FAST_EXTREME_SIZE = 4096
+# Below these the checks cost more than the slow reduce saves.
+_FAST_EXTREME_SIZE = 1 << 20
+_FAST_EXTREME_COLUMNS = 24
 _LOCAL = {"max": _local_extreme(np.fmax, np.ndarray.max),
           "amax": _local_extreme(np.fmax, np.ndarray.max),
           "min": _local_extreme(np.fmin, np.ndarray.min),
