@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from . import _C, _call_agreement, _dtypes, _modes, _strided
+from . import _C, _call_agreement, _dtypes, _modes, _strided, _trace
 from .placement_types import _StridedShard
 
 __all__ = ["implements", "lookup", "call", "door", "door_from_c", "agree_method",
@@ -107,16 +107,32 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
         if _call_agreement.has_plain_array(args, kwargs):
             _modes.push_implicit_replication()
             try:
-                return _gathered(func, args, kwargs, name)
+                return _traced(func, args, kwargs, name, False)
             finally:
                 _modes.pop_implicit_replication()
+    return _traced(func, args, kwargs, name, False)
+
+
+def _traced(func, args: tuple, kwargs: dict, name, from_c: bool):
+    """:func:`_entry`, opened and closed in the trace of each entered DebugMode, so
+    that the operations it runs nest under the call."""
+    if not _modes.recorders:
+        return _entry(func, args, kwargs, name, from_c)
+    token = _trace.call_enter(name or _names.get(func) or _label(func, args), args, kwargs)
+    result = None
     try:
-        return _run(func, args, kwargs, False)
-    except NoRule as e:
-        return gather_call(func, args, kwargs, name, cause=e)
+        result = _entry(func, args, kwargs, name, from_c)
+        return result
+    finally:
+        _trace.call_exit(token, result)
 
 
-def _gathered(func, args: tuple, kwargs: dict, name):
+def _entry(func, args: tuple, kwargs: dict, name, from_c: bool):
+    """The registered entry; where its rule does not cover the arguments, NumPy on
+    the gathered arrays, except for the C doors' calls (their NoRule is raised:
+    the ufuncs' entry gathers itself)."""
+    if from_c:
+        return _run(func, args, kwargs, True)
     try:
         return _run(func, args, kwargs, False)
     except NoRule as e:
@@ -137,10 +153,10 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
         label = _names.get(func) or _label(func, args)
         _call_agreement.agree_call(label, args, kwargs, sys._getframe(1))
     if not _call_agreement.has_plain_array(args, kwargs):
-        return _run(func, args, kwargs, True)
+        return _traced(func, args, kwargs, None, True)
     _modes.push_implicit_replication()
     try:
-        return _run(func, args, kwargs, True)
+        return _traced(func, args, kwargs, None, True)
     finally:
         _modes.pop_implicit_replication()
 

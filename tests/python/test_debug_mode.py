@@ -400,3 +400,20 @@ def test_python_level_call_nesting(mesh):
     lines = mode.debug_string().split("\n")
     assert lines[0].startswith("  numpy.matmul(dt: f32[8, 4]| S(0), dt: f32[4, 4]| S(0))  ->  dt:")
     assert lines[1] == "    numpy.matmul(dt: f32[8, 4]| S(0), dt: f32[4, 4]| S(0))"
+
+
+def test_python_level_calls_are_lines(mesh):
+    """Indexing and registered functions written in Python (the door) are lines of
+    their own, their collectives and local calls nested under them."""
+    x = distribute_tensor(np.arange(16.0).reshape(8, 2), mesh, [Shard(0)])
+    with DebugMode() as mode:
+        x[2:5]
+        np.cumsum(x, axis=0)
+        np.concatenate([x, x], axis=1)
+    lines = mode.debug_string().splitlines()
+    tops = [line.split("(")[0].strip() for line in lines if line.startswith("  ")
+            and not line.startswith("   ")]
+    assert tops == ["_operator.getitem", "numpy.cumsum", "numpy.concatenate"], lines
+    if W > 1:
+        cumsum = lines.index(next(line for line in lines if "numpy.cumsum(dt" in line))
+        assert lines[cumsum + 1].startswith("      [collective] numpy.cumsum"), lines
