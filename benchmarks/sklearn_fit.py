@@ -46,6 +46,10 @@ import mpitensor.array_api as xp  # noqa: E402
 from _common import machine, machine_line, result_path, summary, write_result  # noqa: E402
 
 
+# Long enough for OpenBLAS's spinning threads to go to sleep.
+SETTLE_S = 0.2
+
+
 def estimators():
     """name -> (make, needs labels, the attributes compared)."""
     from sklearn.decomposition import PCA
@@ -137,6 +141,10 @@ def main() -> int:
             order = ["mpitensor", "numpy"]
             random.Random(r).shuffle(order)
             for k in order:
+                # OpenBLAS's threads spin on for a while after a call: the other
+                # side's run starts once they have gone to sleep, so that neither
+                # is timed against the other's idle threads.
+                time.sleep(SETTLE_S)
                 comm.Barrier()
                 t0 = time.perf_counter()
                 (run_mt if k == "mpitensor" else run_np)()
