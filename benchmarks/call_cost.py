@@ -92,8 +92,10 @@ def worker(out: str, reps: int, inner: int) -> None:
                 diffs.append(d * 1e6)
         table[name] = statistics.median(diffs)
     sys.path.insert(0, str(HERE))
-    from _common import machine
+    from _common import git_revision, machine
     info = machine(comm)
+    # the commit of the checkout whose mpitensor ran, not of this script's
+    info["commit"] = git_revision(str(Path(mt.__file__).resolve().parents[2]))
     if comm.rank == 0:
         Path(out).write_text(json.dumps({"machine": info, "table": table}))
 
