@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 PAGES = tuple(os.path.join(os.path.dirname(HERE), "docs", name)
               for name in ("performance.md", "plans.md", "benchmarks.md", "linalg.md",
-                           "checkpoints.md", "ecosystem.md"))
+                           "checkpoints.md", "ecosystem.md", "reliability.md"))
 # The plots of the same results (benchmarks/plot.py --out docs/img/perf), shown
 # under their tables when present.
 PLOTS = os.path.join(os.path.dirname(HERE), "docs", "img", "perf")
@@ -468,7 +468,35 @@ def sklearn_fit(results: dict) -> str:
     return "\n".join(out)
 
 
-TABLES = {"sklearn_fit": sklearn_fit, "redistribute": redistribute, "dispatch": dispatch,
+# benchmarks/agree.py's calls: (what, the agreed call, the call without its agreement).
+_AGREED = (("one agreement (`_comm.agree`)", "agree", "raw"),
+           ("`np.sum(dt, axis=1)`, a program's", "np_sum", None),
+           ("`dt.sum(axis=1)`, a program's", "method_sum", None),
+           ("`np.cumsum(dt, axis=1)`", "np_cumsum", "local_cumsum"),
+           ("`dt.cumsum(axis=1)`", "method_cumsum", "local_cumsum"),
+           ("`rep[3]` of a Replicate DTensor", "index", "local_index"),
+           ("`rep[3] = 1.0`", "index_write", "local_write"),
+           ("`dt[1:5]` of a sharded DTensor (rides in its exchange)", "index_exchange", None))
+
+
+def agree(results: dict) -> str:
+    """What a program's agreed calls cost (benchmarks/agree.py): the agreement
+    beside a raw all-reduce of the same three integers, and calls beside NumPy's on
+    the local block (the difference is the whole dispatch, the agreement included),
+    timed interleaved in one run."""
+    out = []
+    for n, torch, data in runs_of(results, "agree"):
+        per = data["per_call_us"]
+        rows = [[what, stat(per[key]), stat(per[base]) if base else "",
+                 f"+{per[key]['median'] - per[base]['median']:.2f}" if base else ""]
+                for what, key, base in _AGREED if key in per]
+        out.append(f"np {n}, microseconds per call, median [min..max]\n\n"
+                   + table(["call", "agreed", "the raw all-reduce, or NumPy on the local "
+                            "block", "difference"], rows))
+    return "\n".join(out)
+
+
+TABLES = {"agree": agree, "sklearn_fit": sklearn_fit, "redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
           "plan_ranking": plan_ranking, "simulate_plans": simulate_plans, "vs_heat": vs_heat,
