@@ -155,6 +155,25 @@ def m_repeat(c, repeats=2):
     return c.x.repeat(repeats, axis=0)
 
 
+def _reduction_method(name):
+    """``c.x.<name>(axis=..., keepdims=...)``: a reduction method of the C base."""
+    def method(c, axis=0, keepdims=False, other=None):
+        return getattr(c.x, other or name)(axis=axis, keepdims=keepdims)
+    method.__name__ = f"m_{name}"
+    return method
+
+
+# The reduction methods the C base runs, each mutated alike: another axis or
+# keepdims, an axis out of range, or another method on the odd rank.
+REDUCTION_METHODS = [
+    (_reduction_method(name), True, {
+        "other_axis": lambda c: dict(axis=1),
+        "other_keepdims": lambda c: dict(keepdims=True),
+        "axis_out_of_range": lambda c: dict(axis=5),
+        "other_method": lambda c, name=name: dict(other="min" if name == "max" else "max"),
+    }) for name in ("sum", "mean", "prod", "max", "min", "all", "any", "std", "var")]
+
+
 # Indexing, read and written: every key form, agreed as NumPy's calls are.
 def index(c, key=0):
     return c.x[key]
@@ -397,7 +416,8 @@ MUTATIONS = [
 ]
 
 CASES = [pytest.param(entry, collective, make, id=f"{entry.__name__}-{name}")
-         for entry, collective, table in MUTATIONS for name, make in table.items()]
+         for entry, collective, table in MUTATIONS + REDUCTION_METHODS
+         for name, make in table.items()]
 MESHES = [(N,), (1, N)] if LONG else [(N,)]
 ODD = list(range(N)) if LONG else [N - 1]
 
