@@ -298,8 +298,9 @@ class DTensor(_C.DTensorBase):
             shape = self.shape[:start] + (-1,) + self.shape[end + 1:]
             return _method(np.reshape, (self, shape if self.ndim else (1,)))
         if order not in ("C", "A"):
-            raise TypeError(f"DTensor.flatten: order={order!r} is not supported; only "
-                            f"order='C' (and 'A', which is 'C' for DTensors)")
+            # NumPy's ravel (a copy here too), which agrees the call before it reads
+            # the order: an order one rank alone passes raises on every rank.
+            return _method(np.ravel, (self, order))
         return _method(np.reshape, (self, -1), {"copy": True})
 
     def __getitem__(self, key) -> "DTensor":

@@ -174,6 +174,43 @@ REDUCTION_METHODS = [
     }) for name in ("sum", "mean", "prod", "max", "min", "all", "any", "std", "var")]
 
 
+def _method(name, **base):
+    """``c.x.<name>(**base)``, the odd rank calling another method (``other``) or
+    with other arguments."""
+    def method(c, other=None, **changes):
+        if other is not None:  # another method, called with its own defaults
+            return getattr(c.x, other)()
+        return getattr(c.x, name)(**{**base, **changes})
+    method.__name__ = f"m_{name}"
+    return method
+
+
+# DTensor's other NumPy methods that the door agrees: each against another method on
+# the odd rank, and, where it takes one, another argument. (conj and conjugate are
+# ufuncs, which the executor runs unagreed, as it runs a + b.)
+OTHER_METHODS = [
+    (_method(name, **base), True, {
+        "other_method": lambda c, name=name: dict(other="copy" if name != "copy" else "ravel"),
+        **{f"other_{k}": (lambda c, k=k, v=v: {k: v}) for k, v in changes.items()}})
+    for name, base, changes in (
+        ("argmax", dict(axis=0), dict(axis=1)),
+        ("argmin", dict(axis=0), dict(axis=1)),
+        ("argsort", dict(axis=0), dict(axis=1)),
+        ("sort", dict(axis=0), dict(axis=1)),
+        ("argpartition", dict(kth=1, axis=0), dict(kth=0)),
+        ("partition", dict(kth=1, axis=0), dict(kth=0)),
+        ("cumprod", dict(axis=0), dict(axis=1)),
+        ("diagonal", dict(offset=0), dict(offset=1)),
+        ("trace", dict(offset=0), dict(offset=1)),
+        ("swapaxes", dict(axis1=0, axis2=1), dict(axis1=1)),
+        ("squeeze", dict(), dict(axis=0)),
+        ("compress", dict(condition=[True, False], axis=1), dict(condition=[False, True])),
+        ("searchsorted", dict(v=3.0), dict(v=4.0)),
+        ("dot", dict(b=np.ones(2)), dict(b=np.full(2, 2.0))),
+        ("copy", dict(), dict()), ("flatten", dict(), dict(order="F")),
+        ("ravel", dict(), dict(order="F")), ("nonzero", dict(), dict()))]
+
+
 # Indexing, read and written: every key form, agreed as NumPy's calls are.
 def index(c, key=0):
     return c.x[key]
@@ -416,7 +453,7 @@ MUTATIONS = [
 ]
 
 CASES = [pytest.param(entry, collective, make, id=f"{entry.__name__}-{name}")
-         for entry, collective, table in MUTATIONS + REDUCTION_METHODS
+         for entry, collective, table in MUTATIONS + REDUCTION_METHODS + OTHER_METHODS
          for name, make in table.items()]
 MESHES = [(N,), (1, N)] if LONG else [(N,)]
 ODD = list(range(N)) if LONG else [N - 1]
