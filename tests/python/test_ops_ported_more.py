@@ -137,8 +137,7 @@ def test_layer_norm_moves_only_for_a_sharded_normalized_dim(shard_dim, norm_idx,
     # The parameters' gradients stay Partial over the sharded outer dim, as
     # torch's: backward reduces nothing (training.md).
     assert counts(bwd) == {}
-    assert ln.weight.grad.placements == ln.bias.grad.placements == (
-        (Partial(),) if W > 1 else (R,))
+    assert ln.weight.grad.placements == ln.bias.grad.placements == (Partial(),)
     assert_matches(ln.weight.grad, ref.sum(axis=tuple(range(norm_idx))))
     assert_matches(ln.bias.grad, np.full(shape, float(np.prod(x.shape[:norm_idx]))))
 
