@@ -460,7 +460,7 @@ def test_mlp_colwise_rowwise_is_megatron_f_and_g(hidden):
     one = {"all_reduce": 1} if W > 1 else {}
     # the Replicate input's gradient stays Partial in .grad, as torch's
     assert dict(sides["forward"]) == one and dict(sides["backward"]) == {}
-    assert x.grad.placements == ((PS,) if W > 1 else (R,))
+    assert x.grad.placements == (PS,)
     assert model.w1.weight.grad.placements == (S0,) and model.w1.bias.grad.placements == (S0,)
     assert model.w2.weight.grad.placements == (S1,) and model.w2.bias.grad.placements == (R,)
     np.testing.assert_allclose(x.grad.full_tensor(), xr.grad.full_tensor(), rtol=1e-12)

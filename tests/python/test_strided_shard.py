@@ -552,7 +552,9 @@ def test_backward_2d(mesh_shape, pls):
     w = distribute_tensor(FULL * 0.5, mesh, pls).reshape(-1)
     y = x.reshape(-1)
     (np.exp(y * 0.1) * w).sum().backward()
-    assert x.grad.placements == tuple(pls)
+    # the gradient stays where backward made it (torch's), a plain layout of x's shape
+    assert x.grad.shape == x.shape and not any(
+        type(p).__name__ == "_StridedShard" for p in x.grad.placements)
     np.testing.assert_allclose(x.grad.full_tensor(),
                                0.1 * np.exp(0.1 * FULL) * FULL * 0.5)
 
