@@ -122,8 +122,11 @@ def pytest_runtest_setup(item):
     # What the earlier test modules left alive (torch once imported, caches, the
     # reports) is frozen too, as each module starts, once its garbage is collected:
     # the same point on every rank, and nothing of the module itself is frozen yet.
-    if item.module is not _frozen_for[0]:
-        _frozen_for[0] = item.module
+    # (The plugin's items that start a job of their own hold no module: nothing to
+    # freeze for them in this process.)
+    module = getattr(item, "module", None)
+    if module is not None and module is not _frozen_for[0]:
+        _frozen_for[0] = module
         gc.collect()
         gc.freeze()
 
