@@ -134,12 +134,9 @@ def getitem_points(dt, key):
             first = first.full_tensor() if type(first) is DTensor else first
             raise IndexError(f"index {int(first.reshape(-1)[0])} is out of bounds for "
                              f"axis {d} with size {n}")
-    flat = 0
-    stride = 1
+    flat, stride = 0, 1
     for d in reversed(range(len(shape))):
-        i = idx[d]
-        i = np.where(i < 0, i + shape[d], i)
-        flat = flat + i * stride if stride != 1 else flat + i
+        flat = flat + np.where(idx[d] < 0, idx[d] + shape[d], idx[d]) * stride
         stride *= shape[d]
     if type(flat) is not DTensor:
         flat = DTensor.from_local(np.ascontiguousarray(flat, dtype=np.intp), mesh,
