@@ -102,7 +102,7 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     Example: ``door(np.concatenate, ([a, b],), {"axis": 1}, None, sys._getframe(1))``.
     """
     if caller is not None:
-        _call_agreement.agree_call(name or _names.get(func) or _label(func, args), args,
+        _call_agreement.agree_call(_label(func, args, name), args,
                                    kwargs, caller)
         if _call_agreement.has_plain_array(args, kwargs):
             _modes.push_implicit_replication()
@@ -118,7 +118,7 @@ def _traced(func, args: tuple, kwargs: dict, name, from_c: bool):
     that the operations it runs nest under the call."""
     if not _modes.recorders:
         return _entry(func, args, kwargs, name, from_c)
-    token = _trace.call_enter(name or _names.get(func) or _label(func, args), args, kwargs)
+    token = _trace.call_enter(_label(func, args, name), args, kwargs)
     result = None
     try:
         result = _entry(func, args, kwargs, name, from_c)
@@ -150,7 +150,7 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
     Example: ``door_from_c(np.sum, (dt,), {"dtype": np.float32})``.
     """
     if not agreed:
-        label = _names.get(func) or _label(func, args)
+        label = _label(func, args)
         _call_agreement.agree_call(label, args, kwargs, sys._getframe(1))
     if not _call_agreement.has_plain_array(args, kwargs):
         return _traced(func, args, kwargs, None, True)
@@ -170,7 +170,7 @@ def agree_method(func, *args, **kwargs) -> None:
 
     Example: ``agree_method(np.sum, dt, axis=1)``.
     """
-    _call_agreement.agree_call(_names.get(func) or _label(func, args), args, kwargs,
+    _call_agreement.agree_call(_label(func, args), args, kwargs,
                                sys._getframe(1))
 
 
@@ -179,7 +179,14 @@ def agree_method(func, *args, **kwargs) -> None:
 _names: dict = {}
 
 
-def _label(func, args: tuple) -> str:
+def _label(func, args: tuple, name: str | None = None) -> str:
+    """The call's name as the agreement and the traces write it (``name`` when
+    given), cached per function."""
+    if name is not None:
+        return name
+    found = _names.get(func)
+    if found is not None:
+        return found
     if func is np.ufunc and len(args) > 1:
         key = args[0], args[1]
         name = _names.get(key)
