@@ -217,6 +217,13 @@ int mt_watchdog_tell(const char *reason, int64_t tag, mt_error *err) {
   return MT_OK;
 }
 
+void mt__departure_tell_failure(const char *reason) {
+  pthread_mutex_lock(&ear.lock);
+  int64_t now = ear.now;
+  pthread_mutex_unlock(&ear.lock);
+  (void)mt_watchdog_tell(reason, now, NULL);
+}
+
 int mt_watchdog_leave(const char *reason, mt_error *err) {
   int me = 0, size = 0, done = 0, finalized = 0;
   MPI_Finalized(&finalized);

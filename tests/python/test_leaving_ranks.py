@@ -15,6 +15,7 @@ ranks' cores and Open MPI environment.
 
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from mpi4py import MPI
@@ -44,6 +45,22 @@ if rank == 1 and mode == "exit":
     sys.exit(0)
 if rank == 1 and mode == "raise":
     raise ValueError("rank 1 failed on purpose")
+if mode == "mpi_fails":
+    # A 64 MiB all-reduce whose rank-1 part fails inside MPI: rank 1's address
+    # space is capped so that its output fits and MPI's own buffers do not.
+    sys.path.insert(0, sys.argv[2])
+    from memory_cap import capped
+    big = mt.DTensor.from_local(np.ones((2**13, 2**10)), mesh, [mt.Partial()],
+                                run_check=False)
+    if rank == 1:
+        with capped(2**26 + 2**23):
+            try:
+                big.redistribute(mesh, [Replicate()])
+            except RuntimeError as e:
+                print("rank 1 goes on after:", e, flush=True)
+        time.sleep(45)
+    else:
+        big.redistribute(mesh, [Replicate()])
 y = x.redistribute(mesh, [Replicate()])
 if mode == "slow_end" and rank == 0:
     time.sleep(4)  # local work after the last collective, the others gone
@@ -57,7 +74,7 @@ def run(tmp_path, mode, ranks, *python_args, mpiexec=True):
     failing the test, after DEADLINE."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    cmd = [sys.executable, *python_args, str(script), mode]
+    cmd = [sys.executable, *python_args, str(script), mode, str(Path(__file__).parent)]
     if mpiexec:
         cmd = ["mpiexec", "--oversubscribe", "-n", str(ranks)] + cmd
     started = time.monotonic()
@@ -93,3 +110,18 @@ def test_ranks_that_end_normally_are_not_aborted(tmp_path, ranks, mode):
 def test_a_script_run_as_one_plain_process_is_unaffected(tmp_path):
     code, out, seconds = run(tmp_path, "normal", 1, mpiexec=False)
     assert code == 0 and out.count("finished") == 1, f"exit {code}:\n{out[-3000:]}"
+
+
+@pytest.mark.timeout(2 * DEADLINE)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_an_mpi_call_failing_on_one_rank_ends_the_job_naming_it(tmp_path, ranks):
+    """An MPI call of the library that fails on one rank (here MPI's own buffers of
+    an all-reduce, out of memory) raises there, and the program may go on; the
+    others, left in the collective, abort the job within seconds naming that rank
+    and the call, instead of waiting for the watchdog's timeout."""
+    code, out, seconds = run(tmp_path, "mpi_fails", ranks)
+    assert "rank 1 goes on after: MPI_" in out, out[-3000:]
+    assert code != 0, f"exit {code} after {seconds:.0f}s:\n{out[-3000:]}"
+    assert seconds < SOON, f"{seconds:.0f}s:\n{out[-3000:]}"
+    assert "and rank 1 failed: MPI_" in out, out[-3000:]
+    assert "finished" not in out, out[-3000:]

@@ -8,7 +8,6 @@ test_bad_input.py's RANK_DEPENDENT table. Runs at 1..4 ranks; the disagreements
 need at least two."""
 
 import contextlib
-import resource
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard, init_device_mesh, _comm
+from memory_cap import capped
 from mpi_helpers import outcome, same_everywhere
 
 COMM = MPI.COMM_WORLD
@@ -103,27 +103,17 @@ def test_from_local_of_uneven_shards_without_shape_raises_everywhere(mesh):
 
 # -- redistribute: an allocation that fails on one rank ------------------------------------
 
-def _vm_size() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmSize")
-
-
 @contextlib.contextmanager
 def rank0_capped(headroom: int):
-    """Rank 0's address space capped at what it uses plus `headroom` bytes, and the
-    block pool emptied on every rank for the while (a block cached by an earlier
-    test would stand in for the allocation that must fail)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    """Rank 0's address space capped at what it uses plus `headroom` bytes
+    (memory_cap.capped), and the block pool emptied on every rank for the while (a
+    block cached by an earlier test would stand in for the allocation that must
+    fail)."""
     limit = _comm.pool_set_limit(0)
-    if RANK == 0:
-        resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + headroom, hard))
     try:
-        yield
+        with capped(headroom) if RANK == 0 else contextlib.nullcontext():
+            yield
     finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         _comm.pool_set_limit(limit)
 
 

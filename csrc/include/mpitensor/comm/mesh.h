@@ -213,8 +213,10 @@ MT_EXPORT int64_t mt_comm_live_count(void);
 /* Local. The version string of the MPI library this code is linked to. */
 MT_EXPORT int mt_mpi_library_version(char *buf, int buflen, mt_error *err);
 
-/* Local. Turns the failure `mpi_rc` of the MPI call named `what` into MT_EMPI with
- * MPI's own explanation in `err` (which may be NULL), and returns MT_EMPI:
+/* Turns the failure `mpi_rc` of the MPI call named `what` into MT_EMPI with MPI's
+ * own explanation in `err` (which may be NULL), and returns MT_EMPI. It also tells
+ * every other process that this one failed (mt_watchdog_tell, when listening), so
+ * that ranks left waiting for this one abort the job within seconds:
  *
  *   int rc = MPI_Barrier(comm);
  *   if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Barrier");
