@@ -39,10 +39,11 @@ static inline int mt__wait_end(int rc) {
  * the watchdog thread at each look. */
 int mt__departure_heard(int *rank, char *reason, size_t n);
 
-/* Tells every other process that an MPI call failed here, for `reason`, as
- * mt_watchdog_tell does for the work this process runs now (mpi_error.c, for
- * every failure it reports). Nothing when not listening. */
-void mt__departure_tell_failure(const char *reason);
+/* Called by mt_mpi_error with the sentence of each MPI failure it reports, when
+ * set: departure.c sets it when this process starts listening, to tell the other
+ * processes (a pointer, since departure.c reports its own failures through
+ * mt_mpi_error). */
+extern void (*_Atomic mt__mpi_failure_hook)(const char *reason);
 
 /* An MPI call that may block, seen by the watchdog: evaluates to its return code. */
 #define MT__BLOCKING(what, call) (mt__wait_begin(what), mt__wait_end(call))

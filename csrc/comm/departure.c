@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +101,16 @@ static int watch_finalize(void) {
   return rc == MPI_SUCCESS ? MPI_Comm_set_attr(MPI_COMM_SELF, keyval, NULL) : rc;
 }
 
+/* mt__mpi_failure_hook: an MPI call that failed here leaves the others waiting
+ * in a collective this process will not enter in step; they are told as for a
+ * failed piece of work (the one this process runs now). */
+static void tell_failure(const char *reason) {
+  pthread_mutex_lock(&ear.lock);
+  int64_t now = ear.now;
+  pthread_mutex_unlock(&ear.lock);
+  (void)mt_watchdog_tell(reason, now, NULL);
+}
+
 int mt_watchdog_listen(MPI_Comm comm, mt_error *err) {
   int same = MPI_UNEQUAL, size = 0, provided = MPI_THREAD_SINGLE;
   /* MPI_SIMILAR: the world's ranks in another order, as a mesh's own. */
@@ -131,6 +142,7 @@ int mt_watchdog_listen(MPI_Comm comm, mt_error *err) {
   ear.listening = rc == MPI_SUCCESS;
   pthread_mutex_unlock(&ear.lock);
   if (rc == MPI_SUCCESS) rc = watch_finalize();
+  if (rc == MPI_SUCCESS) atomic_store(&mt__mpi_failure_hook, tell_failure);
   return rc == MPI_SUCCESS ? MT_OK : mt_mpi_error(err, rc, "MPI_Irecv");
 }
 
@@ -215,13 +227,6 @@ int mt_watchdog_tell(const char *reason, int64_t tag, mt_error *err) {
   snprintf(mine.reason, sizeof mine.reason, "%s", reason != NULL ? reason : "");
   tell_everyone(comm, me, size, &mine);
   return MT_OK;
-}
-
-void mt__departure_tell_failure(const char *reason) {
-  pthread_mutex_lock(&ear.lock);
-  int64_t now = ear.now;
-  pthread_mutex_unlock(&ear.lock);
-  (void)mt_watchdog_tell(reason, now, NULL);
 }
 
 int mt_watchdog_leave(const char *reason, mt_error *err) {

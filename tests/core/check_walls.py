@@ -60,7 +60,7 @@ ALLOWED_STATE = {
     ("direct.c.o", "failures_asked"),
     ("watchdog.c.o", "mt__waiting_in"), ("watchdog.c.o", "mt__waits"),
     ("watchdog.c.o", "mt__routine_in"), ("watchdog.c.o", "dumper"),
-    ("watchdog.c.o", "dump_arg"),
+    ("watchdog.c.o", "dump_arg"), ("mpi_error.c.o", "mt__mpi_failure_hook"),
     ("watchdog.c.o", "timeout_ms"), ("watchdog.c.o", "state"), ("departure.c.o", "ear"),
 }
 
