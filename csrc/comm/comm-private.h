@@ -34,10 +34,12 @@ static inline int mt__wait_end(int rc) {
 }
 
 /* Whether a notice has come that some rank left the job, or failed in the work
- * this process runs now (departure.c): its rank then goes to *rank and what it
- * did ("has left the job: ..." or "failed: ...") to `reason` (n bytes). Called by
- * the watchdog thread at each look. */
-int mt__departure_heard(int *rank, char *reason, size_t n);
+ * this process runs now (departure.c), or had an MPI call fail while this process
+ * had entered `waits` blocking calls or one fewer: its rank then goes to *rank and
+ * what it did ("has left the job: ..." or "failed: ...") to `reason` (n bytes).
+ * Called by the watchdog thread at each look, with this process's count of
+ * blocking calls (mt__waits). */
+int mt__departure_heard(uint64_t waits, int *rank, char *reason, size_t n);
 
 /* Called by mt_mpi_error with the sentence of each MPI failure it reports, when
  * set: departure.c sets it when this process starts listening, to tell the other

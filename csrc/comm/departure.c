@@ -30,18 +30,20 @@
 
 /* What a process tells the others: who, about which piece of work (`tag`: the
  * cell an interactive engine ran when it raised; < 0 for a process that left),
- * and why. */
+ * whether an MPI call of the library failed there (`mpi`), and why. */
 typedef struct notice {
-  int32_t rank, unused;
+  int32_t rank, mpi;
   int64_t tag;
   char reason[240];
 } notice;
 
 /* Process-wide, as the watchdog thread that reads it: the listening
  * communicator, its posted receive, the tag of the work this process runs now,
- * and the latest notice heard from each rank (`heard[r].rank` is -1 until one
- * comes). `lock` guards all of it: the watchdog thread tests the receive, the
- * main thread starts and stops it and sets the tag. */
+ * the latest notice heard from each rank (`heard[r].rank` is -1 until one comes)
+ * and, for a failed MPI call's, this process's count of blocking calls when it
+ * was first looked at (`heard_at[r]`, UINT64_MAX before). `lock` guards all of
+ * it: the watchdog thread tests the receive, the main thread starts and stops it
+ * and sets the tag. */
 static struct {
   pthread_mutex_t lock;
   int listening, me, size;
@@ -49,9 +51,10 @@ static struct {
   MPI_Request recv;
   notice in;
   notice *heard;
+  uint64_t *heard_at;
   int64_t now;
 } ear = {PTHREAD_MUTEX_INITIALIZER, 0, -1, 0, MPI_COMM_NULL, MPI_REQUEST_NULL,
-         {0, 0, 0, ""}, NULL, 0};
+         {0, 0, 0, ""}, NULL, NULL, 0};
 
 static void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
@@ -101,14 +104,20 @@ static int watch_finalize(void) {
   return rc == MPI_SUCCESS ? MPI_Comm_set_attr(MPI_COMM_SELF, keyval, NULL) : rc;
 }
 
+static void tell_everyone(MPI_Comm comm, int me, int size, const notice *mine);
+
 /* mt__mpi_failure_hook: an MPI call that failed here leaves the others waiting
  * in a collective this process will not enter in step; they are told as for a
  * failed piece of work (the one this process runs now). */
 static void tell_failure(const char *reason) {
   pthread_mutex_lock(&ear.lock);
-  int64_t now = ear.now;
+  MPI_Comm comm = ear.listening ? ear.comm : MPI_COMM_NULL;
+  notice mine = {ear.me, 1, ear.now, ""};
+  int size = ear.size;
   pthread_mutex_unlock(&ear.lock);
-  (void)mt_watchdog_tell(reason, now, NULL);
+  if (comm == MPI_COMM_NULL) return;
+  snprintf(mine.reason, sizeof mine.reason, "%s", reason);
+  tell_everyone(comm, mine.rank, size, &mine);
 }
 
 int mt_watchdog_listen(MPI_Comm comm, mt_error *err) {
@@ -131,13 +140,19 @@ int mt_watchdog_listen(MPI_Comm comm, mt_error *err) {
   if (rc != MPI_SUCCESS) return mt_mpi_error(err, rc, "MPI_Comm_dup");
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
   notice *heard = malloc((size_t)size * sizeof(notice));
-  if (heard == NULL) return mt_error_set(err, MT_ENOMEM, "out of memory");
+  uint64_t *heard_at = malloc((size_t)size * sizeof(uint64_t));
+  if (heard == NULL || heard_at == NULL) {
+    free(heard);
+    free(heard_at);
+    return mt_error_set(err, MT_ENOMEM, "out of memory");
+  }
   for (int r = 0; r < size; ++r) heard[r].rank = -1;
   pthread_mutex_lock(&ear.lock);
   ear.comm = dup;
   MPI_Comm_rank(dup, &ear.me);
   ear.size = size;
   ear.heard = heard;
+  ear.heard_at = heard_at;
   rc = post();
   ear.listening = rc == MPI_SUCCESS;
   pthread_mutex_unlock(&ear.lock);
@@ -163,18 +178,31 @@ static void drain(void) {
     if (ear.in.rank >= 0 && ear.in.rank < ear.size) {
       ear.heard[ear.in.rank] = ear.in;
       ear.heard[ear.in.rank].reason[sizeof ear.in.reason - 1] = '\0';
+      ear.heard_at[ear.in.rank] = UINT64_MAX;
     }
     if (post() != MPI_SUCCESS) ear.listening = 0;
   }
 }
 
-int mt__departure_heard(int *rank, char *reason, size_t n) {
+/* Under the lock: whether the notice of rank `r` still counts when this process
+ * has entered `waits` blocking calls. A failed MPI call's counts for the call this
+ * process was in when it first looked at it (the collective the failed rank
+ * left), and the next one (which it was about to enter): one that failed on every
+ * rank alike, each raising, must not end the job at a later long wait. */
+static int counts(int r, uint64_t waits) {
+  const notice *h = &ear.heard[r];
+  if (h->rank < 0 || (h->tag >= 0 && h->tag != ear.now)) return 0;
+  if (!h->mpi) return 1;
+  if (ear.heard_at[r] == UINT64_MAX) ear.heard_at[r] = waits;
+  return waits <= ear.heard_at[r] + 1;
+}
+
+int mt__departure_heard(uint64_t waits, int *rank, char *reason, size_t n) {
   pthread_mutex_lock(&ear.lock);
   drain();
   int found = -1;
   for (int r = 0; ear.heard != NULL && r < ear.size && found < 0; ++r) {
-    const notice *h = &ear.heard[r];
-    if (h->rank >= 0 && (h->tag < 0 || h->tag == ear.now)) found = r;
+    if (counts(r, waits)) found = r;
   }
   if (found >= 0) {
     *rank = found;

@@ -124,9 +124,9 @@ static void *watch(void *unused) {
     int64_t limit = atomic_load_explicit(&timeout_ms, memory_order_relaxed);
     int64_t step = look_every(limit);
     pause_ms(step);
-    int gone = -1, heard = mt__departure_heard(&gone, why, sizeof why);
     const char *what = atomic_load_explicit(&mt__waiting_in, memory_order_relaxed);
     uint64_t n = atomic_load_explicit(&mt__waits, memory_order_relaxed);
+    int gone = -1, heard = mt__departure_heard(n, &gone, why, sizeof why);
     if (limit <= 0 || what == NULL || n != last) {
       last = n;
       stuck_ms = 0;
