@@ -219,7 +219,7 @@ enum { MT_EXT_FREE_DTENSORS = 16 };
  * mpitensor._trace reads through ctypes (the capsule `_C.HOOK_CALLS`, in this
  * order). */
 enum { MT_HOOK_LOCAL, MT_HOOK_BUILD, MT_HOOK_ENTRY, MT_HOOK_EVENT, MT_HOOK_PLACEMENTS,
-       MT_HOOK_AGREE, MT_HOOK_ERROR, MT_HOOK_RUNS, MT_HOOK_COUNT };
+       MT_HOOK_AGREE, MT_HOOK_ERROR, MT_HOOK_DTYPE, MT_HOOK_RUNS, MT_HOOK_COUNT };
 /* The trace events, each installed as the hook of its name (ext_hooks.c). */
 enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
 /* The strings the extension compares keywords with, sets slots by or names hooks

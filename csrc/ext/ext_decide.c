@@ -244,10 +244,12 @@ static PyObject *operand_types(const mt_ext_call *c) {
 
 /* The dtype a ufunc's loop gives for the call's operands (NumPy's promotion,
  * weak Python scalars included). New reference, or NULL. */
-static PyObject *ufunc_result(const mt_ext_op *op, const mt_ext_call *c) {
+static PyObject *ufunc_result(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c) {
   PyObject *types = operand_types(c), *res = NULL, *out = NULL;
-  if (types != NULL)
-    res = PyObject_CallMethod(op->sig->func, "resolve_dtypes", "(O)", types);
+  PyObject *fn = types != NULL ? PyObject_GetAttrString(op->sig->func, "resolve_dtypes")
+                               : NULL;
+  if (fn != NULL) res = mt_ext_hook(d, MT_HOOK_DTYPE, fn, &types, 1, NULL);
+  Py_XDECREF(fn);
   if (res != NULL && PyTuple_Check(res) && PyTuple_GET_SIZE(res) > c->noperands)
     out = Py_NewRef(PyTuple_GET_ITEM(res, c->noperands));
   Py_XDECREF(types);
@@ -257,12 +259,13 @@ static PyObject *ufunc_result(const mt_ext_op *op, const mt_ext_call *c) {
 
 /* The dtype of the reduction of one element of the input (a sum of int8 is an
  * int64, a mean of ints a float64). New reference, or NULL. */
-static PyObject *reduction_result(const mt_ext_op *op, const mt_ext_call *c) {
+static PyObject *reduction_result(mt_ext_dispatch *d, const mt_ext_op *op,
+                                  const mt_ext_call *c) {
   PyArray_Descr *descr = (PyArray_Descr *)PyTuple_GET_ITEM(c->dt[0]->spec, 3);
   npy_intp one = 1;
   Py_INCREF(descr);
   PyObject *stand_in = PyArray_Zeros(1, &one, descr, 0), *res = NULL, *out = NULL;
-  if (stand_in != NULL) res = PyObject_CallOneArg(op->sig->func, stand_in);
+  if (stand_in != NULL) res = mt_ext_hook(d, MT_HOOK_DTYPE, op->sig->func, &stand_in, 1, NULL);
   if (res != NULL) out = PyObject_GetAttrString(res, "dtype");
   Py_XDECREF(stand_in);
   Py_XDECREF(res);
@@ -286,13 +289,13 @@ PyArray_Descr *mt_ext_keyword_dtype(const mt_ext_op *op) {
  * exactly (mt_dimmap_dtypes); -1 where it is not known before the op runs (an op
  * entry's own local function). A dtype= keyword gives it, else NumPy does; what
  * NumPy refuses here it raises when the op runs. */
-static int result_dtype(const mt_ext_op *op, const mt_ext_call *c) {
+static int result_dtype(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_call *c) {
   if (op->sig == NULL) return -1;
   PyObject *descr = (PyObject *)mt_ext_keyword_dtype(op);
   if (descr == NULL && op->sig->op.family != MT_OP_REDUCTION)
-    descr = ufunc_result(op, c);
+    descr = ufunc_result(d, op, c);
   else if (descr == NULL && op->sig->op.rule.reduce_op >= 0)
-    descr = reduction_result(op, c);
+    descr = reduction_result(d, op, c);
   int code = descr != NULL && PyArray_DescrCheck(descr)
                  ? mt_ext_descr_dtype((PyArray_Descr *)descr)
                  : -1;
@@ -321,7 +324,7 @@ static mt_decision *miss(mt_ext_dispatch *d, const mt_ext_op *op, const mt_ext_c
     Py_DECREF(made);
     if (m == NULL) return NULL;
   }
-  if (map.ninputs == in.ninputs) mt_dimmap_dtypes(&map, dtype, result_dtype(op, c));
+  if (map.ninputs == in.ninputs) mt_dimmap_dtypes(&map, dtype, result_dtype(d, op, c));
   rc = mt_memo_decide(c->mb->memo, &c->key, &map, &in, dtype, &dec, &err);
   return rc == MT_OK ? dec : (mt_decision *)raise_named(op, rc, &err);
 }

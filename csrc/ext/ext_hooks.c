@@ -24,7 +24,10 @@
  *               rule, no backward, a plain ndarray operand, two meshes, a
  *               write under grad mode): the error hook
  *               (mpitensor._registry.executor_error) names the operation as a
- *               user writes it and raises.
+ *               user writes it and raises;
+ *   DTYPE       NumPy's dtype of an operation's result, which decides the Partials
+ *               it keeps exactly, on a memo miss only: ufunc.resolve_dtypes, or
+ *               the reduction of a one-element stand-in.
  *
  * Each call is counted by kind (mpitensor._trace.hook_stats()), so tests can show
  * what a path costs: a cached `a + b` makes one LOCAL call and nothing else. */

@@ -235,9 +235,9 @@ def test_a_miss_is_counted_once_whichever_door_meets_it(mesh):
 
 
 def test_a_cached_operation_calls_python_once(mesh):
-    a = mt.distribute_tensor(np.ones((8, 4)), mesh, [Shard(0)])
-    b = mt.distribute_tensor(np.ones((8, 4)), mesh, [Shard(0)])
-    for _ in range(2):  # a miss, then a hit: both stay in the executor
+    a = mt.distribute_tensor(np.ones((8, 11)), mesh, [Shard(0)])
+    b = mt.distribute_tensor(np.ones((8, 11)), mesh, [Shard(0)])
+    for miss in (True, False):  # a miss, then a hit: both stay in the executor
         before = _trace.hook_stats()
         a + b
         a.sum(0)
@@ -246,7 +246,20 @@ def test_a_cached_operation_calls_python_once(mesh):
         # has more than one rank.
         assert {k: after[k] - before[k] for k in after} == {
             "local": 2, "build": 0, "entry": 0, "event": 0, "placements": 0,
-            "agree": int(W > 1), "error": 0, "runs": 2}
+            "agree": int(W > 1), "error": 0, "dtype": 2 * miss, "runs": 2}
+
+
+def test_numpy_decides_a_result_dtype_through_the_hook_table_once_per_decision(mesh):
+    """The dtype of the result (NumPy's: ufunc.resolve_dtypes, a reduction of a
+    stand-in) is asked on a miss only, and counted as C's other calls into Python."""
+    a = mt.distribute_tensor(np.ones((2 * W, 13)), mesh, [Shard(0)])
+    asked = []
+    for _ in range(2):
+        before = _trace.hook_stats()["dtype"]
+        a * 3
+        a.sum(0)
+        asked.append(_trace.hook_stats()["dtype"] - before)
+    assert asked == [2, 0]
 
 
 def test_chained_results_hit(mesh):
