@@ -309,8 +309,9 @@ class DTensor(_C.DTensorBase):
         only the picked elements move. The result is a view, as NumPy's: whatever
         writes into it (item assignment, in-place operators, ``out=``, ``fill``,
         ...) writes into this DTensor on every rank, also where its elements had to
-        move (a copy-view, whose local array is read-only; it does not see later
-        writes into this DTensor). Collective on the mesh when a sharded dim is
+        move (a copy-view, whose local array is read-only; a later write into this
+        DTensor is exchanged into it again, so it shows the write as NumPy's view
+        would). Collective on the mesh when a sharded dim is
         cut, else local. Other advanced keys (integer DTensors, several arrays) are
         NumPy's indexing on the gathered arrays, copies. Example: ``dt[1:, ::2]``,
         ``dt[..., 0, None]``; ``dt[1][0, 0] = 5.0`` writes ``dt[1, 0, 0]``."""

@@ -3,8 +3,9 @@
 ``np.copyto``, ``np.put`` and its kin, views of views) writes into the base on every
 rank, in every layout, also where the key cuts a sharded dim and the view's
 elements had to move; an advanced index stays a copy; where a write cannot reach
-the base it raises alike on every rank; a key that differs by rank raises alike
-instead of handing back elements nobody wrote. Every rank checks the whole array
+the base it raises alike on every rank; a view shows every later write into its
+base, as NumPy's does, whatever memory the write went through; a key that differs
+by rank raises alike instead of handing back elements nobody wrote. Every rank checks the whole array
 against the same NumPy code on the gathered one."""
 
 from __future__ import annotations
@@ -207,9 +208,9 @@ def test_advanced_index_stays_a_copy(layout):
     assert_matches(a, full)
 
 
-def test_a_stale_view_writes_only_what_it_is_told(layout):
-    """A copy-view does not see later writes into its base, but a write through it
-    reaches the base element by element: what it was not told to write stays."""
+def test_a_view_writes_only_what_it_is_told(layout):
+    """A write through a view reaches the base element by element: what it was not
+    told to write stays, also what the base was written since the view was made."""
     mesh, pls = layout
     full = _full()
     a = make(full, mesh, pls)
@@ -295,3 +296,90 @@ def test_broadcast_to_is_read_only_as_numpys(pl):
     with pytest.raises(ValueError, match="read-only"):
         b += 1.0
     assert_matches(b + 1.0, np.broadcast_to(np.arange(3.0 * W), (4, 3 * W)) + 1.0)
+
+
+# Every write entry point, into the base, a view, or a view of the base's memory:
+# each view taken before must show it, as NumPy's do.
+BASE_WRITES = [
+    lambda x: x.__setitem__((1, 0, 0), 100.0),
+    lambda x: x.__setitem__((slice(None), 1), -2.0),
+    lambda x: x.__iadd__(1.0),
+    lambda x: np.multiply(x, 2.0, out=x),
+    lambda x: np.copyto(x, x[::-1].copy() if type(x) is np.ndarray else x[::-1]),
+    lambda x: x[2].fill(4.0),
+    lambda x: np.put(x, [5, 17, 40], [1.0, 2.0, 3.0]),
+    lambda x: np.add.at(x, (np.array([1, 1]), np.array([0, 2]), np.array([3, 3])), 5.0),
+    lambda x: x[:, :2].__setitem__((1, 1), -7.0),  # through a local view
+    lambda x: x[1].__setitem__((2, 4), 9.0),        # through a view of this view
+]
+
+
+def _views_of(x):
+    v = x[1]
+    return [v, x[:, 1], x[1:3, 0], x[..., 2], v[0], v[1:], x[3][::-1]]
+
+
+def test_a_view_sees_later_writes_into_its_base(layout):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    ours, numpys = _views_of(a), _views_of(full)
+    for i, write in enumerate(BASE_WRITES):
+        write(a)
+        write(full)
+        assert_matches(a, full)
+        for got, want in zip(ours, numpys):
+            np.testing.assert_allclose(got.full_tensor(), want, rtol=0, atol=1e-10,
+                                       err_msg=f"after write {i}")
+
+
+def test_a_view_held_by_one_rank_only_sees_the_write_and_nothing_hangs():
+    """A view that one rank still holds (a cycle its collector has not broken yet)
+    where the others let theirs go: every rank makes it again, and that rank's
+    shows the write; the next write finds it gone everywhere."""
+    mesh = mesh_of((W,))
+    full = _full()
+    a = make(full, mesh, (S0,))
+    v = a[1]
+    held = [v] if COMM.rank == 0 else []
+    del v
+    a[1, 2, 3] = 50.0
+    full[1, 2, 3] = 50.0
+    if held:
+        assert held[0].placements == (R,)
+        np.testing.assert_array_equal(held[0].to_local(), full[1])
+    held.clear()
+    a[1, 2, 3] = 51.0
+    full[1, 2, 3] = 51.0
+    assert_matches(a, full)
+
+
+def test_a_write_communicates_only_for_the_views_that_live():
+    """A write into memory no view of which lives moves nothing more than before;
+    one with a live view makes that view again."""
+    mesh = mesh_of((W,))
+    a = make(_full(), mesh, (S0,))
+    with mt.debug.CommDebugMode() as comm:
+        a[0, 0, 0] = 1.0
+    assert comm.get_total_counts() == 0
+    v = a[1]
+    with mt.debug.CommDebugMode() as comm:
+        a[0, 0, 0] = 2.0
+    assert comm.get_total_counts() == (1 if W > 1 else 0)  # the view's exchange
+    del v
+    a[0, 0, 0] = 3.0  # finds the view gone everywhere, and forgets it
+    with mt.debug.CommDebugMode() as comm:
+        a[0, 0, 0] = 4.0
+    assert comm.get_total_counts() == 0
+
+
+def test_a_view_does_not_keep_its_base_alive_once_gone():
+    import gc
+    import weakref
+    a = make(_full(), mesh_of((W,)), (S0,))
+    memory = weakref.ref(a._data())
+    v = a[1]
+    a[1, 0, 0] = 3.0
+    del v, a
+    gc.collect()
+    assert memory() is None

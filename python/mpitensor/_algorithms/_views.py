@@ -18,12 +18,20 @@ one DTensor, so every NumPy view of that memory (a local cut of the copy-view,
 ``v.T``, a reshape that is a view) writes through as well; a base that is a
 copy-view itself passes the write on.
 
-A copy-view is a snapshot for reads: a write into its base after it was made is
-not seen through it (seeing it would cost a check on every read). Writes through
-it reach the base element by element, only those written, so a stale view never
-overwrites what it was not asked to write. A view of a strided DTensor is read
-through a plain copy of it; linked to the strided DTensor itself, it writes
-through as well.
+A write into the base is seen through its copy-views, as through NumPy's views:
+the same write entry points, once the outermost write is done, exchange each live
+copy-view of the written memory again (``base[key]``, the exchange that made it)
+into the view's own memory. Whether a copy-view lives is decided by its owner's
+reference count on each rank, and a cycle the collector has not yet broken on one
+rank keeps it alive there only: so the ranks agree, view by view, whether any
+holds it (one small all-reduce each, only for memory that has copy-views); one
+that some rank holds is exchanged on every rank, and one that none holds is
+forgotten everywhere. The records hold neither the base nor the view: the base's
+local array is read again from the written memory, by its place in it. Writes
+through a copy-view reach the base element by element, only those written. A view
+of a strided DTensor is read through a plain copy of it; linked to the strided
+DTensor itself, it writes through as well, and stays a snapshot for reads; so
+does a view whose base changed layout in place (a Partial resolved by a write).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import numpy as np
 from .. import _registry
 from .._dtensor import DTensor
 
-__all__ = ["link", "relink", "release", "write", "writes", "CHANGED"]
+__all__ = ["link", "relink", "release", "write", "writes", "layout_changed", "CHANGED"]
 
 
 class _Link:
@@ -45,11 +53,12 @@ class _Link:
     was made, its spec, and the view's local array as (byte offset, shape,
     strides) within the owner (holding the array would keep the owner alive)."""
 
-    __slots__ = ("parent", "key", "spec", "geometry", "ref")
+    __slots__ = ("parent", "key", "spec", "geometry", "ref", "record")
 
     def __init__(self, parent, key, spec, geometry, ref):
         self.parent, self.key, self.spec, self.geometry, self.ref = (
             parent, key, spec, geometry, ref)
+        self.record = None  # its _Record, when writes into the parent refresh it
 
 
 # id(owner) -> its link, while the owner lives (a weak reference's callback drops
@@ -60,16 +69,58 @@ _links: dict[int, _Link] = {}
 CHANGED = object()
 
 
+class _Record:
+    """A copy-view to make again when its base's memory is written: its owner
+    (weakly), the base's mesh, where the base's local array lies in that memory
+    (byte offset, shape, strides, dtype), ``refill(local)``, the exchange that
+    made the view, run on the base's local array (collective), and the records
+    of copy-views of this view (whose memory is this owner). ``live``: not
+    forgotten (released, relinked, held by no rank, or a layout changed in its
+    base's memory)."""
+
+    __slots__ = ("owner", "mesh", "geometry", "refill", "children", "live")
+
+    def __init__(self, owner, mesh, geometry, refill):
+        self.owner, self.mesh, self.geometry = owner, mesh, geometry
+        self.refill, self.children, self.live = refill, [], True
+
+
+# id(memory) -> the records of copy-views of DTensors whose local arrays are views
+# of that array (its memory's owner), in the order they were made, which is every
+# rank's. An entry goes with its memory (weakref.finalize); only a written memory
+# is looked up, and it lives on every rank.
+_records: dict[int, list[_Record]] = {}
+
+# The memories with records that the outermost write in progress wrote into, in
+# the order it did (every rank's), and how deep in writes the program is: a write
+# runs others (a copy-view's write-back, the outputs of one ufunc), and the views
+# are made again once all of them are done.
+_written: list = []
+_depth = 0
+
+
+def _memory(a: np.ndarray) -> np.ndarray:
+    """The ndarray that owns ``a``'s memory (``a`` itself, or the last ndarray of
+    its chain of bases)."""
+    while type(a.base) is np.ndarray:
+        a = a.base
+    return a
+
+
 def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def link(owner: np.ndarray, local: np.ndarray, parent: DTensor, key, spec) -> None:
+def link(owner: np.ndarray, local: np.ndarray, parent: DTensor, key, spec,
+         refill=None) -> None:
     """Makes ``DTensor(local, spec)`` a copy-view of ``parent[key]``: ``owner``
     (the new array the exchange filled, of which ``local`` is a view) becomes
-    read-only and remembers where its elements live. Local.
+    read-only and remembers where its elements live. ``refill(parent_local)``,
+    when given, makes ``owner``'s contents again from the parent's local array
+    (collective): a write into the parent's memory is then seen through the view
+    (:func:`write`). Local.
 
-    Example: ``link(got, got.reshape(shape), dt, key, spec)`` in getitem.
+    Example: ``link(got, got.reshape(shape), dt, key, spec, refill)`` in getitem.
     """
     owner.flags.writeable = False
     local.flags.writeable = False
@@ -77,6 +128,94 @@ def link(owner: np.ndarray, local: np.ndarray, parent: DTensor, key, spec) -> No
     ref = weakref.ref(owner, lambda _, k=k: _links.pop(k, None))
     _links[k] = _Link(parent, key, spec,
                       (_address(local) - _address(owner), local.shape, local.strides), ref)
+    if refill is None:
+        return
+    plocal = parent._data()
+    memory = _memory(plocal)
+    records = _records.get(id(memory))
+    if records is None:
+        records = _records[id(memory)] = []
+        weakref.finalize(memory, _records.pop, id(memory), None)
+    geometry = (_address(plocal) - _address(memory), plocal.shape, plocal.strides,
+                plocal.dtype)
+    record = _links[k].record = _Record(ref, parent._spec.mesh, geometry, refill)
+    records.append(record)
+    up = _links.get(id(memory))  # the parent is a copy-view: refreshed with it
+    if up is not None and up.record is not None:
+        up.record.children.append(record)
+
+
+def _forget(owner: np.ndarray) -> None:
+    """Stops refreshing the copy-view whose memory is ``owner``: it is nobody's
+    view any more, or it cannot be made again. Called alike on every rank."""
+    got = _links.get(id(owner))
+    if got is not None and got.record is not None:
+        got.record.live = False
+
+
+def layout_changed(dt: DTensor) -> None:
+    """``dt`` changed its layout in place (a Partial resolved before a write): the
+    copy-views of its memory can no longer be exchanged again by the plans that
+    made them, and stay what they are. Local; called alike on every rank.
+
+    Example: ``layout_changed(dst)`` after ``dst._spec = resolved._spec``.
+    """
+    for r in _records.get(id(_memory(dt._data())), ()):
+        r.live = False
+
+
+def _touch(dst: DTensor) -> None:
+    """Notes that the write in progress wrote into ``dst``'s memory. Local."""
+    if not _records:
+        return
+    memory = _memory(dst._data())
+    if id(memory) in _records and not any(m is memory for m in _written):
+        _written.append(memory)
+
+
+def _refresh_written() -> None:
+    """Every live copy-view of the memories the write wrote into made again from
+    its base, and the copy-views of those views after them. Collective on the
+    meshes of those views."""
+    memories = list(_written)
+    _written.clear()
+    done: set[int] = set()
+    for memory in memories:
+        records = _records.get(id(memory))
+        if records:
+            _refresh(records, memory, done)
+
+
+def _refresh(records: list, memory: np.ndarray, done: set) -> None:
+    """``records`` (copy-views of DTensors over ``memory``, in every rank's order)
+    made again: each that any rank of its mesh holds is exchanged on every rank,
+    one that none holds is forgotten. Where this rank no longer holds a view, its
+    exchange's result stands in for the memory of the views of that view.
+    Collective on each record's mesh."""
+    kept = []
+    for r in records:
+        if not r.live:
+            continue
+        if id(r) in done or r.mesh._coordinate is None:
+            kept.append(r)
+            continue
+        done.add(id(r))
+        owner = r.owner()
+        if not r.mesh._handle.any(owner is not None):
+            r.live = False
+            continue
+        kept.append(r)
+        off, shape, strides, dtype = r.geometry
+        fresh = r.refill(np.ndarray(shape, dtype, memory, off, strides))
+        if owner is not None:
+            owner.flags.writeable = True
+            try:
+                owner[...] = fresh.reshape(owner.shape)
+            finally:
+                owner.flags.writeable = False
+        if r.children:
+            _refresh(r.children, owner if owner is not None else fresh, done)
+    records[:] = kept
 
 
 def relink(dt: DTensor, via: DTensor, parent: DTensor, key) -> None:
@@ -93,6 +232,7 @@ def relink(dt: DTensor, via: DTensor, parent: DTensor, key) -> None:
         got = _links[id(owner)]
         if got.parent is via:
             got.parent = parent
+            _forget(owner)  # ``via`` is nobody's memory: nothing writes into it
         return
     owner = local  # a view of ``via``'s memory (or new memory, empty)
     while type(owner.base) is np.ndarray:
@@ -111,6 +251,7 @@ def release(dt: DTensor) -> DTensor:
     owner = _owner(local)
     if owner is not None:
         _links.pop(id(owner), None)
+        _forget(owner)
         owner.flags.writeable = True
         local.flags.writeable = True
     return dt
@@ -142,9 +283,28 @@ def write(dst: DTensor, run, key=Ellipsis, where=None, region=None):
 
     Example: ``write(dt, lambda: local.__setitem__(k, 0), key=k)``.
     """
+    global _depth
+    _depth += 1
+    try:
+        result = _write(dst, run, key, where, region)
+    except BaseException:
+        if _depth == 1:
+            _written.clear()  # raised alike everywhere: what was written is unknown
+        raise
+    finally:
+        _depth -= 1
+    if _depth == 0 and _written:
+        _refresh_written()
+    return result
+
+
+def _write(dst: DTensor, run, key, where, region):
+    """:func:`write` without making the copy-views of what it wrote again."""
     local = dst._data()
     if local.flags.writeable:
-        return run()
+        result = run()
+        _touch(dst)
+        return result
     owner = _owner(local)
     if owner is None:
         raise _read_only_error()
@@ -157,6 +317,7 @@ def write(dst: DTensor, run, key=Ellipsis, where=None, region=None):
         local.flags.writeable = False
         owner.flags.writeable = False
     _write_back(owner, _touched(owner, local, key, where, before))
+    _touch(dst)
     return result
 
 
@@ -213,7 +374,8 @@ def writes(entry):
     """
     @functools.wraps(entry)
     def through(dst, *args, **kwargs):
-        if type(dst) is not DTensor or dst._data().flags.writeable:
+        if type(dst) is not DTensor:
             return entry(dst, *args, **kwargs)
-        return write(dst, lambda: entry(dst, *args, **kwargs), region=CHANGED)
+        return write(dst, lambda: entry(dst, *args, **kwargs),
+                     region=None if dst._data().flags.writeable else CHANGED)
     return through

@@ -29,6 +29,7 @@ their different fingerprints fail both.
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import numpy as np
@@ -427,6 +428,18 @@ def _basic(dt, key, plan, agreed):
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
                                 for o in plan.outdims))
     if owner is not None:
-        # New memory, not ``dt``'s: a copy-view, whose writes reach ``dt``.
-        _views.link(owner, local, dt, key, plan.spec)
+        # New memory, not ``dt``'s: a copy-view, whose writes reach ``dt`` and
+        # which sees the writes into ``dt`` (the same exchange, made again).
+        _views.link(owner, local, dt, key, plan.spec,
+                    refill=functools.partial(_refill, spec, plan))
     return DTensor(local, plan.spec)
+
+
+def _refill(spec, plan, local):
+    """The exchange of ``plan`` (a basic key's) made again on ``local``, the base's
+    local array: the elements of a copy-view as its base holds them now.
+    Collective on the mesh."""
+    _trace.report_move("DTensor.__getitem__ (a view seeing a write into its base)",
+                       spec, plan.mid)
+    return _comm.select_exchange(spec.mesh._handle, *plan.exchange,
+                                 np.ascontiguousarray(local[plan.cut or ...]), plan.fp)

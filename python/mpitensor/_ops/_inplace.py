@@ -90,6 +90,7 @@ def _resolve(name, dst, value=None) -> None:
     resolved = D.relayout(name, dst, [Replicate() if m in bad else p
                                       for m, p in enumerate(spec.placements)])
     dst._spec = resolved._spec
+    _views.layout_changed(dst)
     try:
         copyto(dst, resolved, casting="no")
     except BaseException:
