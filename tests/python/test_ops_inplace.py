@@ -465,6 +465,51 @@ def test_masked_write_of_an_array_of_values_is_numpys(pls):
     assert_matches(dt, full)
 
 
+LEADING_VALUES = {  # name: the values' shape, from the Trues' count and a row's shape
+    "one_row_per_true": lambda count, row: (count,) + row,
+    "a_column_per_true": lambda count, row: (count,) + (1,) * len(row),
+    "one_row_for_all": lambda count, row: row,
+    "one_row_with_a_leading_one": lambda count, row: (1,) + row,
+    "extra_leading_ones": lambda count, row: (1, 1) + row,
+}
+
+
+@pytest.mark.parametrize("pls", [[S0], [S1], [R], [PS]], ids=str)
+@pytest.mark.parametrize("values", list(LEADING_VALUES), ids=list(LEADING_VALUES))
+@pytest.mark.parametrize("lead", [1, 2])
+def test_a_mask_of_leading_dims_writes_rows_as_numpy(pls, values, lead):
+    """dt[mask] = values for a mask of dt's leading dims (scikit-learn's Ridge:
+    ``d[idx] = s_nnz / (s_nnz**2 + alpha)``): the rows NumPy writes, placements
+    kept, nothing gathered."""
+    mesh = mesh_of((W,))
+    full = np.arange(2.0 * W + 3, 2.0 * W + 3 + (2 * W + 1) * 3 * 4).reshape(2 * W + 1, 3, 4)
+    if lead == 1:
+        full = full.reshape(2 * W + 1, 12)
+    mask = (np.arange(full[..., 0].size).reshape(full.shape[:lead]) % 3) != 1
+    row = full.shape[lead:]
+    count = int(mask.sum())
+    vals = -np.arange(float(np.prod(LEADING_VALUES[values](count, row)))).reshape(
+        LEADING_VALUES[values](count, row))
+    dt = make(full, mesh, pls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mt.GatherWarning)
+        dt[make(mask, mesh, [S0])] = make(vals, mesh, [R])
+    full[mask] = vals
+    assert dt.placements == tuple(pls)
+    assert_matches(dt, full)
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (2, 13, 12), (3,)], ids=str)
+def test_a_mask_of_leading_dims_with_values_of_another_shape_raises_numpys_error(shape):
+    mesh = mesh_of((W,))
+    full = np.zeros((2 * W + 1, 12))
+    mask = np.arange(2 * W + 1) % 2 == 0
+    got = outcome(lambda: make(full, mesh, [S0]).__setitem__(make(mask, mesh, [S0]),
+                                                             np.ones(shape)))
+    want = outcome(lambda: full.__setitem__(mask, np.ones(shape)))
+    assert same_everywhere(got) == want
+
+
 def test_out_takes_the_cheaper_of_following_and_moving_the_result():
     """np.add(a, b, out=c) with a and b Shard(0) and c Replicate: moving the result
     (one all-gather) beats moving both inputs to Replicate (two)."""

@@ -372,13 +372,21 @@ def _mask_write(dt, mask, value):
                          f"shape {dt.shape}, not {mask.dtype} of shape {mask.shape}")
     scalar = type(value) is not DTensor and D.is_scalar(value)
     if mask.shape != dt.shape:
-        if not scalar or mask.shape != dt.shape[:mask.ndim]:
-            # NumPy's rows of values, or its IndexError, on the gathered arrays
+        if mask.shape != dt.shape[:mask.ndim]:
+            # NumPy's IndexError, on the gathered arrays
             raise _registry.NoRule(f"{name}: a mask of shape {mask.shape} into "
                                    f"{dt.shape} has no distributed rule")
+        if not scalar:
+            value = _mask_rows(dt, mask, value)
+            if value is None:
+                return
+            scalar = D.is_scalar(value)
         # A mask of the leading dims selects whole rows: the same mask, widened.
         mask = np.broadcast_to(mask.reshape(mask.shape + (1,) * (dt.ndim - mask.ndim)),
                                dt.shape)
+        if not scalar:
+            np.copyto(dt, value, casting="unsafe", where=mask)
+            return
     if not scalar:
         value = _mask_values(name, dt, mask, value)
         if value is None:
@@ -391,6 +399,48 @@ def _mask_write(dt, mask, value):
     dest = dt.to_local()
     value = _IDENTITY[op] if _writes_identity(dt, set()) else value
     _views.write(dt, lambda: dest.__setitem__(local_mask, value), where=local_mask)
+
+
+def _mask_rows(dt, mask, values):
+    """``dt[mask] = values`` for a mask of ``dt``'s leading dims, which picks whole
+    rows: what to write under the widened mask. Values of one row per True go to
+    the Trues in C order, as NumPy's assignment puts them (each True's position is
+    a scan of the mask, and np.take brings its row: an array of ``dt``'s leading
+    shape and the row's); values that broadcast to every row are written as they
+    are. None when there is nothing to write. NumPy's ValueError for values of
+    another shape. Collective on the mesh."""
+    mesh = dt.device_mesh
+    rest = tuple(dt.shape[mask.ndim:])
+    count = int(np.count_nonzero(mask))
+    vshape = tuple(np.shape(values))
+    picked = (count,) + rest
+    ones = 0  # NumPy drops the value's extra leading dims of one
+    while len(vshape) - ones > len(picked) and vshape[ones] == 1:
+        ones += 1
+    try:
+        fits = np.broadcast_shapes(vshape[ones:], picked) == picked
+    except ValueError:
+        fits = False
+    if not fits:
+        def text(shape):
+            return "(" + ",".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+        raise ValueError(f"shape mismatch: value array of shape {text(vshape)} could not "
+                         f"be broadcast to indexing result of shape {text(picked)}")
+    if count == 0:
+        return None
+    if ones:
+        values = values.reshape(vshape[ones:])
+        vshape = vshape[ones:]
+    if len(vshape) <= len(rest) or vshape[0] == 1:
+        # the same row for every True
+        return values.reshape(vshape[1:]) if len(vshape) > len(rest) else values
+    if type(values) is not DTensor:
+        values = DTensor.from_local(np.asarray(values), mesh, [Replicate()] * mesh.ndim)
+    if type(mask) is not DTensor:
+        mask = DTensor.from_local(np.asarray(mask), mesh, [Replicate()] * mesh.ndim)
+    positions = np.cumsum(mask.reshape(-1), dtype=np.intp) - 1
+    positions = np.clip(positions, 0, count - 1).reshape(mask.shape)
+    return np.take(values, positions, axis=0)
 
 
 def _mask_values(name, dt, mask, values):
