@@ -320,6 +320,44 @@ def test_extreme_along_an_axis_is_numpys_bits(name, special, monkeypatch):
                 assert got.tobytes() == np.asarray(expect).tobytes(), (pls, axis)
 
 
+@pytest.mark.parametrize("name", ["sum", "max", "min", "amax", "amin"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("columns", [2, 3, 7, 8])
+def test_a_short_last_axis_is_folded_with_numpys_bits(name, dtype, columns, monkeypatch):
+    """A reduction along a short last axis of a tall block folds its columns
+    (scikit-learn's logsumexp over classes; made to take small blocks here too):
+    the bits are NumPy's, with zeros of both signs, NaN and infinities, in C,
+    Fortran and strided layouts, keepdims too; 8 columns take NumPy's reduce."""
+    from mpitensor._ops import _reductions
+    monkeypatch.setattr(_reductions, "_FOLD_MIN_SIZE", 0)
+    folds = []
+    fold = _reductions._fold
+    monkeypatch.setattr(_reductions, "_fold", lambda *a, **k: folds.append(1) or fold(*a, **k))
+    rng = np.random.default_rng(columns)
+    shape = (3 * W + 50, columns)
+    full = rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 6, shape)
+    for value, share in ((0.0, 0.3), (-0.0, 0.3), (np.nan, 0.02), (np.inf, 0.02), (-np.inf, 0.02)):
+        full[rng.random(full.shape) < share] = value
+    full = full.astype(dtype)
+    mesh = mesh_of((W,))
+    func = getattr(np, name)
+    local = make(full, mesh, [S0]).to_local()
+    layouts = (lambda a: a, np.asfortranarray, lambda a: np.repeat(a, 2, axis=1)[:, ::2])
+    with np.errstate(invalid="ignore"):
+        for layout in layouts:
+            # NumPy's own sum of 8 columns depends on the layout: compared alike
+            dt = DTensor.from_local(layout(local), mesh, [S0], shape=full.shape,
+                                    stride=(columns, 1))
+            for kwargs in ({"axis": 1}, {"axis": -1, "keepdims": True}, {"axis": (1,)}):
+                expect = np.asarray(func(layout(full), **kwargs))
+                got = func(dt, **kwargs).full_tensor()
+                assert got.dtype == expect.dtype and got.tobytes() == expect.tobytes(), kwargs
+                if name in METHODS:
+                    got = getattr(dt, name)(**kwargs).full_tensor()
+                    assert got.tobytes() == expect.tobytes(), kwargs
+    assert bool(folds) == (columns < 8 and dt.to_local().size > 0)
+
+
 @pytest.mark.parametrize("name", ["std", "var"])
 @pytest.mark.parametrize("pls", [[R], [S0], [S1]], ids=str)
 def test_moments_take_the_array_apis_correction(name, pls):

@@ -179,15 +179,61 @@ def _keepdim(impl):
     return entry
 
 
+def _short_last_axis(a, axis, dtype=None) -> bool:
+    """Whether a reduction of ``a`` along ``axis`` folds its columns instead: a
+    float32/float64 block of many rows whose reduced axis is its last and short.
+    NumPy's reduce there loops over each row's few elements (the reduced axis is
+    the inner one), several times slower than one binary ufunc per column."""
+    if (type(a) is not np.ndarray or a.ndim < 2 or a.dtype.char not in "fd"
+            or (dtype is not None and np.dtype(dtype) != a.dtype)):
+        return False
+    if type(axis) is tuple:
+        if len(axis) != 1:
+            return False
+        axis = axis[0]
+    return (type(axis) is int and axis in (-1, a.ndim - 1)
+            and 2 <= a.shape[-1] < _FOLD_MAX_COLUMNS and a.size >= _FOLD_MIN_SIZE)
+
+
+def _fold(ufunc, a, keepdims, start=None):
+    """``ufunc.reduce(a, axis=-1)`` as NumPy computes it for a last axis shorter
+    than its pairwise sum's block: each row's elements one after the other, from
+    ``start`` (the sum's 0.0, which makes a row of -0.0 sum to 0.0) or the first
+    element; a column at a time."""
+    out = (ufunc(a[..., 0], start, dtype=a.dtype) if start is not None
+           else ufunc(a[..., 0], a[..., 1]))
+    for j in range(1 if start is not None else 2, a.shape[-1]):
+        ufunc(out, a[..., j], out=out)
+    return out[..., None] if keepdims else out
+
+
+def _local_sum(a, axis=None, dtype=None, out=None, keepdims=False, initial=np._NoValue,
+               where=True):
+    """ndarray.sum on a local array, NumPy's bits: along a short last axis of a tall
+    block (scikit-learn's logsumexp and softmax over classes), the columns folded
+    (_fold), else NumPy's own reduce."""
+    if (out is None and initial is np._NoValue and where is True
+            and _short_last_axis(a, axis, dtype)):
+        return _fold(np.add, a, keepdims, start=0.0)
+    return np.ndarray.sum(a, axis=axis, dtype=dtype, out=out, keepdims=keepdims,
+                          initial=initial, where=where)
+
+
 def _local_extreme(skip_nan, exact):
     """ndarray.min/max on a local array, NumPy's value. Down the rows of a tall
     block (each column's extreme, as a scaler fits), NumPy's NaN-propagating
     minimum/maximum reduce is several times slower than its NaN-skipping fmin/fmax,
     which gives the same bits wherever no NaN or infinity is (a finite sum says so)
-    and the extreme is not a zero (the two order -0.0 and 0.0 differently). Along
-    other axes, short rows or small blocks the checks cost more than they save, so
-    anything else takes NumPy's own reduce."""
+    and the extreme is not a zero (the two order -0.0 and 0.0 differently). Along a
+    short last axis of a tall block, the columns folded (_fold). Along other axes,
+    short rows or small blocks the checks cost more than they save, so anything
+    else takes NumPy's own reduce."""
+    binary = np.maximum if exact is np.ndarray.max else np.minimum
+
     def local(a, axis=None, out=None, keepdims=False, initial=np._NoValue, where=True):
+        if out is None and initial is np._NoValue and where is True:
+            if _short_last_axis(a, axis):
+                return _fold(binary, a, keepdims)
         if (out is None and initial is np._NoValue and where is True
                 and type(a) is np.ndarray and a.dtype.kind == "f" and a.ndim == 2
                 and axis in (0, (0,), -2, (-2,)) and a.shape[1] >= _FAST_EXTREME_COLUMNS
@@ -203,7 +249,12 @@ def _local_extreme(skip_nan, exact):
 # Below these the checks cost more than the slow reduce saves.
 _FAST_EXTREME_SIZE = 1 << 20
 _FAST_EXTREME_COLUMNS = 24
-_LOCAL = {"max": _local_extreme(np.fmax, np.ndarray.max),
+# NumPy's pairwise sum adds a row of fewer elements than its block (8) one after
+# the other, which the fold repeats; below the size the fold's calls cost more.
+_FOLD_MAX_COLUMNS = 8
+_FOLD_MIN_SIZE = 1 << 13
+_LOCAL = {"sum": _local_sum,
+          "max": _local_extreme(np.fmax, np.ndarray.max),
           "amax": _local_extreme(np.fmax, np.ndarray.max),
           "min": _local_extreme(np.fmin, np.ndarray.min),
           "amin": _local_extreme(np.fmin, np.ndarray.min)}
