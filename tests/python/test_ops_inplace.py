@@ -450,16 +450,22 @@ def test_bad_writes_raise_on_every_rank():
 
 @pytest.mark.parametrize("pls", [[S0], [S1], [R], [PS]], ids=str)
 def test_masked_write_of_an_array_of_values_is_numpys(pls):
-    """dt[mask] = values (values in C order of the Trues): NumPy's assignment on the
-    gathered arrays, written back into dt's placements."""
-    mesh = mesh_of((W,))
+    """dt[mask] = values (values in C order of the Trues): NumPy's assignment,
+    written in dt's placements, nothing gathered."""
     full = np.arange(35.0).reshape(7, 5)
     mask = full % 3 == 1
+    _assert_masked_write(full, pls, mask, -np.arange(mask.sum(), dtype=float), [S0])
+
+
+def _assert_masked_write(full, pls, mask, values, value_pls):
+    """``dt[mask] = values`` on the DTensors of ``full`` (placed ``pls``), ``mask``
+    (Shard(0)) and ``values`` (``value_pls``) is NumPy's, placements kept, and
+    gathers nothing."""
+    mesh = mesh_of((W,))
     dt = make(full, mesh, pls)
-    values = -np.arange(mask.sum(), dtype=float)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", mt.GatherWarning)
-        dt[make(mask, mesh, [S0])] = make(values, mesh, [S0])
+        warnings.simplefilter("error", mt.GatherWarning)
+        dt[make(mask, mesh, [S0])] = make(values, mesh, value_pls)
     full[mask] = values
     assert dt.placements == tuple(pls)
     assert_matches(dt, full)
@@ -481,7 +487,6 @@ def test_a_mask_of_leading_dims_writes_rows_as_numpy(pls, values, lead):
     """dt[mask] = values for a mask of dt's leading dims (scikit-learn's Ridge:
     ``d[idx] = s_nnz / (s_nnz**2 + alpha)``): the rows NumPy writes, placements
     kept, nothing gathered."""
-    mesh = mesh_of((W,))
     full = np.arange(2.0 * W + 3, 2.0 * W + 3 + (2 * W + 1) * 3 * 4).reshape(2 * W + 1, 3, 4)
     if lead == 1:
         full = full.reshape(2 * W + 1, 12)
@@ -490,13 +495,7 @@ def test_a_mask_of_leading_dims_writes_rows_as_numpy(pls, values, lead):
     count = int(mask.sum())
     vals = -np.arange(float(np.prod(LEADING_VALUES[values](count, row)))).reshape(
         LEADING_VALUES[values](count, row))
-    dt = make(full, mesh, pls)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", mt.GatherWarning)
-        dt[make(mask, mesh, [S0])] = make(vals, mesh, [R])
-    full[mask] = vals
-    assert dt.placements == tuple(pls)
-    assert_matches(dt, full)
+    _assert_masked_write(full, pls, mask, vals, [R])
 
 
 @pytest.mark.parametrize("shape", [(2, 3), (2, 13, 12), (3,)], ids=str)
