@@ -162,7 +162,7 @@ typedef struct mt_ext_dtensor {
   /* Autograd's attributes, NULL (unset) until used (mpitensor.DTensor says what
    * each is). Here rather than in the Python class's __slots__, which
    * subtype_dealloc would walk one by one at every free. */
-  PyObject *grad, *retains_grad, *grad_owned, *backward_hooks, *post_hooks, *grad_as_made;
+  PyObject *grad, *retains_grad, *grad_owned, *backward_hooks, *post_hooks;
   char requires_grad, fresh;
 } mt_ext_dtensor;
 

@@ -250,16 +250,13 @@ static PyMemberDef base_members[] = {
      "register_hook's table (unset until used)."},
     {"_post_accumulate_grad_hooks", T_OBJECT_EX, offsetof(mt_ext_dtensor, post_hooks), 0,
      "register_post_accumulate_grad_hook's table (unset until used)."},
-    {"_grad_as_made", T_OBJECT_EX, offsetof(mt_ext_dtensor, grad_as_made), 0,
-     "Whether this leaf's gradient keeps the placements backward gave (fully_shard's "
-     "ignored parameters), as torch keeps every leaf's."},
     {NULL, 0, 0, 0, NULL},
 };
 
 /* Every object field, for traverse and clear. */
 #define DTENSOR_OBJECTS(X, b)                                                          \
   X(b->local); X(b->spec); X(b->grad_fn); X(b->grad); X(b->retains_grad);              \
-  X(b->grad_owned); X(b->backward_hooks); X(b->post_hooks); X(b->grad_as_made)
+  X(b->grad_owned); X(b->backward_hooks); X(b->post_hooks)
 
 static int base_traverse(PyObject *self, visitproc visit, void *arg) {
   mt_ext_dtensor *b = (mt_ext_dtensor *)self;

@@ -73,7 +73,7 @@ class DTensor(_C.DTensorBase):
     # ``_grad``, whether it is still the engine's own (``_grad_owned``: nobody read
     # it since it was stored), retain_grad()'s flag, the hooks ``register_hook`` and
     # ``register_post_accumulate_grad_hook`` add (tables the engine reads when it
-    # reaches this tensor) and ``_grad_as_made``; unset until used. They are C
+    # reaches this tensor); unset until used. They are C
     # fields rather than slots here, which CPython would clear one by one at every
     # free of the DTensors the executor makes. The comparison operators make
     # DTensors, so keep identity hashing.

@@ -552,13 +552,13 @@ def test_a_dtensor_made_in_the_memory_of_a_freed_one_starts_blank(mesh):
     a = mt.distribute_tensor(np.ones((4, 4)), mesh, [Shard(0)])
     for _ in range(40):  # fill the free list with DTensors that had every field set
         x = (a + a).requires_grad_()
-        x._grad, x._retains_grad, x._grad_as_made, x._grad_fn = a, True, True, a
+        x._grad, x._retains_grad, x._grad_owned, x._grad_fn = a, True, True, a
         x._fresh = True
         del x
     for _ in range(40):
         y = a + a
         assert not y.requires_grad and y._grad_fn is None and not y._fresh
-        assert not any(hasattr(y, s) for s in ("_grad", "_retains_grad", "_grad_as_made"))
+        assert not any(hasattr(y, s) for s in ("_grad", "_retains_grad", "_grad_owned"))
         assert y._spec is a._spec and y.to_local().sum() == 2 * a.to_local().size
 
 
