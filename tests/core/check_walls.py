@@ -16,6 +16,8 @@ Fails, naming what it found, when
 - object files call each other in a cycle (within or across libraries), or the
   extension's files do (read from their sources: a file uses what another
   defines of the names mt_ext_*);
+- a file of the extension but its hook table (ext_hooks.c) calls a Python
+  callable: C reaches Python only through the hook table, which counts each call;
 - the core or the kernels use MPI, threads or file I/O;
 - an object holds process-wide mutable state (a writable global or static) that
   is not one of the few documented at their definition (the block pool, the live
@@ -143,6 +145,24 @@ def ext_edges(src: str) -> dict:
                 if owner.get(n, f) != f} for f, text in texts.items()}
 
 
+# CPython's ways to call a callable (PyObject_Call, _CallMethod, _CallOneArg,
+# _Vectorcall, ..., and PyObject_VectorcallMethod).
+PYTHON_CALL = re.compile(r"\b(PyObject_(?:Call\w*|Vectorcall\w*)|PyEval_Call\w*)\s*\(")
+
+
+def python_calls(src: str) -> list[str]:
+    """Where a file of csrc/ext other than the hook table calls a Python callable:
+    "file: function" for each, from the sources with their comments taken out."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(src, "ext", "*.c"))):
+        name = os.path.basename(path)
+        if name == "ext_hooks.c":
+            continue
+        text = re.sub(r"/\*.*?\*/|//[^\n]*", "", open(path).read(), flags=re.S)
+        found += [f"{name}: {call}" for call in sorted(set(PYTHON_CALL.findall(text)))]
+    return found
+
+
 def cycles(edges: dict) -> list:
     """The strongly connected components of more than one object file (a file that
     calls itself is no cycle)."""
@@ -184,6 +204,8 @@ def main(argv: list[str]) -> int:
         problems.append("call cycle between " + ", ".join(f"{l}/{m}" for l, m in comp))
     for comp in cycles(ext_edges(src)):
         problems.append("call cycle between " + ", ".join(f"ext/{f}" for f in comp))
+    problems += [f"{where} calls Python outside the hook table (mt_ext_hook)"
+                 for where in python_calls(src)]
     if "-v" in sys.argv or problems:
         print("\n".join(calls))
     for p in problems:
