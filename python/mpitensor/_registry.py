@@ -294,6 +294,7 @@ def _plain_call(func, args: tuple, kwargs: dict):
                 or (writer and len(args) > first and args[first] is orig)):
             back = copy.redistribute(orig._spec.mesh, orig._spec.placements)
             np.copyto(orig._data(), back._data())
+            written(orig)
             if res is copy:
                 res = orig
             elif type(res) is tuple:
@@ -405,6 +406,10 @@ fallback = None
 # strided_view(view, plain, dt, key) links the view to ``dt`` so that a write into
 # it reaches ``dt`` (mpitensor._ops._indexing.strided_view, set at import).
 strided_view = None
+# written(dt): a write went into ``dt``'s memory by NumPy directly (a strided
+# DTensor's plain copy written back): the views of that memory are made again
+# (mpitensor._algorithms._views.written, set at import).
+written = None
 # The array API namespace DTensor.__array_namespace__ returns (mpitensor.array_api,
 # which sets it at import).
 array_namespace = None

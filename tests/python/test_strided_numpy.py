@@ -362,6 +362,25 @@ def test_writes_into_strided(layout, name, write):
     check_value(dts.y2, arrays.y2, name)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=repr)
+def test_a_view_of_a_strided_dtensor_sees_later_writes(layout):
+    """A basic index of a strided DTensor is read through a plain copy of it; the
+    view still shows a later write into the strided DTensor, as NumPy's does, for
+    the writes made on the plain copy and written back."""
+    arrays, dts = operands(layout)
+    views = []
+    for o in (arrays, dts):
+        x = o.x
+        # an int key of a 1-D array is a NumPy scalar, no view: kept to 2-D
+        views.append([x[1:], x[..., ::2], x[1:][:3]] + ([x[1], x[1:][0]] if x.ndim > 1 else []))
+    for write in (lambda x: x.__setitem__(1, 5.0), lambda x: x.__setitem__(..., -x),
+                  lambda x: np.put(x, [0, 2], [7.0, 8.0])):
+        write(arrays.x)
+        write(dts.x)
+        for got, want in zip(views[1], views[0]):
+            check_value(got, want, layout.name)
+
+
 # -- reductions -----------------------------------------------------------------------
 
 REDUCTIONS = [

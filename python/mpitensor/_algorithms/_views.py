@@ -30,8 +30,9 @@ forgotten everywhere. The records hold neither the base nor the view: the base's
 local array is read again from the written memory, by its place in it. Writes
 through a copy-view reach the base element by element, only those written. A view
 of a strided DTensor is read through a plain copy of it; linked to the strided
-DTensor itself, it writes through as well, and stays a snapshot for reads; so
-does a view whose base changed layout in place (a Partial resolved by a write).
+DTensor itself, it writes through as well, and is made again through a new plain
+copy. A view whose base changed layout in place (a Partial resolved by a write)
+stays a snapshot.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ import numpy as np
 from .. import _registry
 from .._dtensor import DTensor
 
-__all__ = ["link", "relink", "release", "write", "writes", "layout_changed", "CHANGED"]
+__all__ = ["link", "relink", "release", "write", "writes", "written", "layout_changed",
+           "CHANGED"]
 
 
 class _Link:
@@ -128,21 +130,37 @@ def link(owner: np.ndarray, local: np.ndarray, parent: DTensor, key, spec,
     ref = weakref.ref(owner, lambda _, k=k: _links.pop(k, None))
     _links[k] = _Link(parent, key, spec,
                       (_address(local) - _address(owner), local.shape, local.strides), ref)
-    if refill is None:
-        return
+    if refill is not None:
+        _links[k].record = _Record(ref, parent._spec.mesh, None, refill)
+        _register(_links[k].record, parent)
+
+
+def _register(record: _Record, parent: DTensor) -> None:
+    """Files ``record`` under the memory of ``parent``'s local array, where it lies
+    in it, and among the records of the copy-view that memory is, if any."""
     plocal = parent._data()
     memory = _memory(plocal)
     records = _records.get(id(memory))
     if records is None:
         records = _records[id(memory)] = []
         weakref.finalize(memory, _records.pop, id(memory), None)
-    geometry = (_address(plocal) - _address(memory), plocal.shape, plocal.strides,
-                plocal.dtype)
-    record = _links[k].record = _Record(ref, parent._spec.mesh, geometry, refill)
+    record.geometry = (_address(plocal) - _address(memory), plocal.shape,
+                       plocal.strides, plocal.dtype)
+    record.mesh = parent._spec.mesh
     records.append(record)
     up = _links.get(id(memory))  # the parent is a copy-view: refreshed with it
     if up is not None and up.record is not None:
         up.record.children.append(record)
+
+
+def _through_plain(spec, plain, then=None):
+    """A refill for a view read through the plain copy of a strided DTensor: the
+    strided local array (of ``spec``) made plain (``plain``'s placements) again,
+    then ``then`` on the plain local array when given. Collective on the mesh."""
+    def refill(local):
+        made = DTensor(local, spec).redistribute(spec.mesh, plain).to_local()
+        return made if then is None else then(made)
+    return refill
 
 
 def _forget(owner: np.ndarray) -> None:
@@ -171,6 +189,22 @@ def _touch(dst: DTensor) -> None:
     memory = _memory(dst._data())
     if id(memory) in _records and not any(m is memory for m in _written):
         _written.append(memory)
+
+
+def written(dst: DTensor) -> None:
+    """``dst``'s memory was written by NumPy directly, outside :func:`write` (a
+    strided DTensor's plain copy written back): its copy-views are made again,
+    now or when the outermost write in progress is done. Collective on the meshes
+    of those views.
+
+    Example: ``written(orig)`` after ``np.copyto(orig._data(), back._data())``.
+    """
+    _touch(dst)
+    if _depth == 0 and _written:
+        _refresh_written()
+
+
+_registry.written = written
 
 
 def _refresh_written() -> None:
@@ -228,16 +262,27 @@ def relink(dt: DTensor, via: DTensor, parent: DTensor, key) -> None:
     """
     local = dt._data()
     owner = _owner(local)
+    plain = via._spec.placements
     if owner is not None:  # an exchange's copy-view of ``via``
         got = _links[id(owner)]
         if got.parent is via:
             got.parent = parent
-            _forget(owner)  # ``via`` is nobody's memory: nothing writes into it
+            record = got.record
+            if record is not None:  # refreshed from ``parent``'s memory instead
+                mine = _records.get(id(_memory(via._data())), [])
+                if record in mine:
+                    mine.remove(record)
+                record.refill = _through_plain(parent._spec, plain, record.refill)
+                _register(record, parent)
         return
-    owner = local  # a view of ``via``'s memory (or new memory, empty)
-    while type(owner.base) is np.ndarray:
-        owner = owner.base
-    link(owner, local, parent, key, dt._spec)
+    owner = _memory(local)  # a view of ``via``'s memory (or new memory, empty)
+    # ``via``'s own memory, all of it in C order, is the plain local array made
+    # again; anything else (new memory, empty) stays as it is
+    vlocal = via._data()
+    whole = (owner is _memory(vlocal) and owner.size == vlocal.size > 0
+             and owner.flags.c_contiguous and vlocal.flags.c_contiguous)
+    link(owner, local, parent, key, dt._spec,
+         _through_plain(parent._spec, plain) if whole else None)
 
 
 def release(dt: DTensor) -> DTensor:
