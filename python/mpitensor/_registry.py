@@ -408,7 +408,8 @@ fallback = None
 strided_view = None
 # written(dt): a write went into ``dt``'s memory by NumPy directly (a strided
 # DTensor's plain copy written back): the views of that memory are made again
-# (mpitensor._algorithms._views.written, set at import).
+# (mpitensor._algorithms._views.written, which mpitensor._ops._indexing sets at
+# import).
 written = None
 # The array API namespace DTensor.__array_namespace__ returns (mpitensor.array_api,
 # which sets it at import).

@@ -204,8 +204,6 @@ def written(dst: DTensor) -> None:
         _refresh_written()
 
 
-_registry.written = written
-
 
 def _refresh_written() -> None:
     """Every live copy-view of the memories the write wrote into made again from

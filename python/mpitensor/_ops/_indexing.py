@@ -311,6 +311,7 @@ def strided_view(out, plain, dt, key) -> None:
 
 
 _registry.strided_view = strided_view
+_registry.written = _views.written
 
 
 # The parsed keys a mesh keeps (basic indexing repeats its keys in loops).
