@@ -498,6 +498,16 @@ def test_a_mask_of_leading_dims_writes_rows_as_numpy(pls, values, lead):
     _assert_masked_write(full, pls, mask, vals, [R])
 
 
+def test_a_mask_of_leading_dims_takes_a_list_of_rows_as_numpy():
+    mesh = mesh_of((W,))
+    full = np.zeros((2 * W + 1, 4))
+    mask = np.arange(2 * W + 1) % 2 == 0
+    dt = make(full, mesh, [S0])
+    dt[make(mask, mesh, [S0])] = [[1.0, 2.0, 3.0, 4.0]]
+    full[mask] = [[1.0, 2.0, 3.0, 4.0]]
+    assert_matches(dt, full)
+
+
 @pytest.mark.parametrize("shape", [(2, 3), (2, 13, 12), (3,)], ids=str)
 def test_a_mask_of_leading_dims_with_values_of_another_shape_raises_numpys_error(shape):
     mesh = mesh_of((W,))

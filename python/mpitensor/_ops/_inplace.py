@@ -410,6 +410,8 @@ def _mask_rows(dt, mask, values):
     are. None when there is nothing to write. NumPy's ValueError for values of
     another shape. Collective on the mesh."""
     mesh = dt.device_mesh
+    if type(values) is not DTensor:
+        values = np.asarray(values)  # a list of rows, as NumPy takes it
     rest = tuple(dt.shape[mask.ndim:])
     count = int(np.count_nonzero(mask))
     vshape = tuple(np.shape(values))
@@ -435,7 +437,7 @@ def _mask_rows(dt, mask, values):
         # the same row for every True
         return values.reshape(vshape[1:]) if len(vshape) > len(rest) else values
     if type(values) is not DTensor:
-        values = DTensor.from_local(np.asarray(values), mesh, [Replicate()] * mesh.ndim)
+        values = DTensor.from_local(values, mesh, [Replicate()] * mesh.ndim)
     if type(mask) is not DTensor:
         mask = DTensor.from_local(np.asarray(mask), mesh, [Replicate()] * mesh.ndim)
     positions = np.cumsum(mask.reshape(-1), dtype=np.intp) - 1
