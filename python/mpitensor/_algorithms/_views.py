@@ -82,9 +82,10 @@ class _Record:
 
     __slots__ = ("owner", "mesh", "geometry", "refill", "children", "live")
 
-    def __init__(self, owner, mesh, geometry, refill):
-        self.owner, self.mesh, self.geometry = owner, mesh, geometry
-        self.refill, self.children, self.live = refill, [], True
+    def __init__(self, owner, refill):
+        self.owner, self.refill = owner, refill
+        self.mesh = self.geometry = None  # set by _register
+        self.children, self.live = [], True
 
 
 # id(memory) -> the records of copy-views of DTensors whose local arrays are views
@@ -131,7 +132,7 @@ def link(owner: np.ndarray, local: np.ndarray, parent: DTensor, key, spec,
     _links[k] = _Link(parent, key, spec,
                       (_address(local) - _address(owner), local.shape, local.strides), ref)
     if refill is not None:
-        _links[k].record = _Record(ref, parent._spec.mesh, None, refill)
+        _links[k].record = _Record(ref, refill)
         _register(_links[k].record, parent)
 
 
@@ -202,7 +203,6 @@ def written(dst: DTensor) -> None:
     _touch(dst)
     if _depth == 0 and _written:
         _refresh_written()
-
 
 
 def _refresh_written() -> None:
