@@ -373,10 +373,11 @@ def test_a_view_of_a_strided_dtensor_sees_later_writes(layout):
         x = o.x
         # an int key of a 1-D array is a NumPy scalar, no view: kept to 2-D
         views.append([x[1:], x[..., ::2], x[1:][:3]] + ([x[1], x[1:][0]] if x.ndim > 1 else []))
-    for write in (lambda x: x.__setitem__(1, 5.0), lambda x: x.__setitem__(..., -x),
-                  lambda x: np.put(x, [0, 2], [7.0, 8.0])):
-        write(arrays.x)
-        write(dts.x)
+    for write in (lambda x, y: x.__setitem__(1, 5.0), lambda x, y: x.__setitem__(..., -x),
+                  lambda x, y: np.put(x, [0, 2], [7.0, 8.0]), lambda x, y: x.__iadd__(1.0),
+                  lambda x, y: x.__iadd__(y), lambda x, y: np.multiply(x, y, out=x)):
+        write(arrays.x, arrays.y)
+        write(dts.x, dts.y)
         for got, want in zip(views[1], views[0]):
             check_value(got, want, layout.name)
 

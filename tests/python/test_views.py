@@ -333,6 +333,27 @@ def test_a_view_sees_later_writes_into_its_base(layout):
                                        err_msg=f"after write {i}")
 
 
+@pytest.mark.skipif(W % 2, reason="a Shard beside a Partial needs a 2-D mesh")
+@pytest.mark.parametrize("pls", [(S0, Partial("avg")), (Partial("avg"), S0),
+                                 (S0, Partial("max"))], ids=["S0-Pavg", "Pavg-S0", "S0-Pmax"])
+def test_a_view_sees_the_write_that_resolved_its_base_and_later_ones(pls):
+    """A write into a Partial(avg) base first resolves it to Replicate in place (the
+    mean of copies is no exact value to write into): its copy-views, made by an
+    exchange of the Partial layout, still show that write and the later ones."""
+    mesh = mesh_of((2, W // 2))
+    full = _full()
+    r = make(full, mesh, [R if p.is_partial() else p for p in pls])
+    a = mt.DTensor.from_local(r.to_local().copy(), mesh, pls, shape=full.shape,
+                              stride=r.stride())
+    ours, numpys = _views_of(a), _views_of(full)
+    for i, write in enumerate(BASE_WRITES):
+        write(a)
+        write(full)
+        assert_matches(a, full)
+        for got, want in zip(ours, numpys):
+            np.testing.assert_array_equal(got.full_tensor(), want, err_msg=f"after write {i}")
+
+
 def test_a_view_held_by_one_rank_only_sees_the_write_and_nothing_hangs():
     """A view that one rank still holds (a cycle its collector has not broken yet)
     where the others let theirs go: every rank makes it again, and that rank's

@@ -32,7 +32,7 @@ through a copy-view reach the base element by element, only those written. A vie
 of a strided DTensor is read through a plain copy of it; linked to the strided
 DTensor itself, it writes through as well, and is made again through a new plain
 copy. A view whose base changed layout in place (a Partial resolved by a write)
-stays a snapshot.
+is made again by laying the base out as it was first.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import operator
 import weakref
+from typing import Callable
 
 import numpy as np
 
@@ -172,15 +173,46 @@ def _forget(owner: np.ndarray) -> None:
         got.record.live = False
 
 
-def layout_changed(dt: DTensor) -> None:
-    """``dt`` changed its layout in place (a Partial resolved before a write): the
-    copy-views of its memory can no longer be exchanged again by the plans that
-    made them, and stay what they are. Local; called alike on every rank.
+def layout_changed(dt: DTensor, before) -> Callable[[], None]:
+    """``dt`` changed its layout in place from the spec ``before`` (a Partial
+    resolved before a write), its local arrays keeping their shapes: the
+    copy-views of its memory are made again from now on by laying the base out
+    as ``before`` first, then the exchange that made them. Returns the undo, for
+    a change that did not happen after all. Local; called alike on every rank.
 
-    Example: ``layout_changed(dst)`` after ``dst._spec = resolved._spec``.
+    Example: ``undo = layout_changed(dst, spec)`` after ``dst._spec = resolved._spec``.
     """
-    for r in _records.get(id(_memory(dt._data())), ()):
-        r.live = False
+    records = [r for r in _records.get(id(_memory(dt._data())), ()) if r.live]
+    old = [r.refill for r in records]
+    for r in records:
+        r.refill = _partial_again(dt._spec, before, r.refill)
+
+    def undo():
+        for r, refill in zip(records, old):
+            r.refill = refill
+    return undo
+
+
+# The local array of a Partial whose value is a replicated one, on a rank that is
+# not the first of the mesh dim: the op's identity where the op adds up copies.
+_IDENTITY = {"sum": 0, "product": 1}
+
+
+def _partial_again(spec, before, then):
+    """A refill for a base resolved from ``before``'s Partials to ``spec``'s
+    Replicates: its local array laid out as ``before`` again (a Replicate is a
+    Partial of its value: the identity of a sum or product on all but the first
+    rank of the mesh dim, the value itself for avg, max and min), then ``then``.
+    Local but for ``then``."""
+    coordinate = spec.mesh._coordinate
+    fills = [_IDENTITY.get(q.reduce_op) for m, (p, q) in
+             enumerate(zip(spec.placements, before.placements))
+             if q.is_partial() and not p.is_partial() and coordinate[m] != 0]
+
+    def refill(local):
+        fill = next((f for f in fills if f is not None), None)
+        return then(local if fill is None else np.full_like(local, fill))
+    return refill
 
 
 def _touch(dst: DTensor) -> None:

@@ -90,11 +90,12 @@ def _resolve(name, dst, value=None) -> None:
     resolved = D.relayout(name, dst, [Replicate() if m in bad else p
                                       for m, p in enumerate(spec.placements)])
     dst._spec = resolved._spec
-    _views.layout_changed(dst)
+    undo = _views.layout_changed(dst, spec)
     try:
         copyto(dst, resolved, casting="no")
     except BaseException:
         dst._spec = spec  # nothing was written: a read-only destination stays whole
+        undo()
         raise
 
 
