@@ -38,7 +38,7 @@ def main() -> None:
     status, out = np.zeros(3, np.int64), np.zeros(3, np.int64)
 
     def agree():
-        _comm.agree(mesh._handle, True, 7, "unused")
+        _comm.agree(mesh, True, 7, "unused")
 
     def raw():
         comm.Allreduce(status, out, MPI.MAX)

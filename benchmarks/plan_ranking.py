@@ -199,7 +199,7 @@ def measure(args, comm) -> list:
         os.environ["MPITENSOR_DIRECT_READ"] = "0"
     for mesh_shape in meshes:
         mesh = mt.init_device_mesh("cpu", mesh_shape)
-        model = mesh._handle.time_model()
+        model = _comm.mesh_time_model(mesh)
         if args.link == "net":
             model = tuple(model[:7]) + (1,)  # every rank its own node
         hosts = args.link == "hosts"

@@ -105,7 +105,7 @@ def meshes(comm):
 
 def direct_points(comm, sizes, reps, warmup):
     direct, plain = meshes(comm)
-    if not direct._handle.direct_read():
+    if not _comm.direct_read(direct):
         if comm.rank == 0:
             print("direct reads are not possible between these ranks (another node, "
                   "ptrace rules or a seccomp filter): direct paths not measured")

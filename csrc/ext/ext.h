@@ -20,6 +20,7 @@
 
 #include "mpitensor/comm/counters.h"
 #include "mpitensor/comm/mesh.h"
+#include "mpitensor/comm/pending.h"
 #include "mpitensor/comm/redistribute.h"
 #include "mpitensor/core/layout_table.h"
 #include "mpitensor/core/memo.h"
@@ -115,13 +116,12 @@ void mt_ext_pool_leave(PyObject *old);
 
 /* -- meshes (ext_mesh_base.c) ------------------------------------------------------ */
 
-/* _C.MeshBase, the C base of DeviceMesh: its communicators' handle, and the
+/* _C.MeshBase, the C base of every mesh: its communicators, which it owns, and the
  * decision memo and layout table of the tensors on it, with the Python form of
  * each layout (placements, shape, dtype, stride) kept by layout slot. */
 typedef struct mt_ext_mesh_base {
   PyObject_HEAD
-  PyObject *handle; /* the mpitensor._comm.Mesh (`_handle`) that owns `mesh`, or NULL */
-  mt_mesh *mesh;    /* its mt_mesh, borrowed */
+  mt_mesh *mesh; /* its communicators, owned; NULL until adopted */
   mt_memo *memo;
   mt_layout_table *layouts;
   PyObject **py_layouts; /* by layout slot, valid for py_ids[slot] */
@@ -229,7 +229,7 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(CALL, "__call__") X(AXIS, "axis") X(KEEPDIMS, "keepdims") X(OUT, "out")           \
   X(REDISTRIBUTE, "DTensor.redistribute") X(NODE, "name") X(NODE_INPUTS, "inputs")     \
   X(NODE_BACKWARD, "backward_fn") X(NODE_SAVED, "saved") X(NODE_AUX, "aux")            \
-  X(REQUEST, "address") X(REQUEST_KEEP, "_keep") X(REQUEST_RESULT, "_result")          \
+  X(REQUEST, "_pending") X(REQUEST_RESULT, "_result")                                  \
   X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")               \
   X(DOOR, "door") X(AGREE, "agree")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
@@ -515,9 +515,6 @@ PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
                           PyObject *local);
 PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_plan *plan,
                             PyObject *local);
-/* A capsule holding one reference of `plan` (named "mpitensor.plan"), which
- * mpitensor._plan reads: how the trace events hand a plan to Python. */
-PyObject *mt_ext_plan_wrap(mt_plan *plan);
 /* Completes `b`'s pending move (a mpitensor._comm.Request in its local slot):
  * waits for it (collective) and puts the local array it gives in the slot; nothing
  * when the slot holds an ndarray. The one completion: the executor's operands,
@@ -527,6 +524,19 @@ int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b);
  * stays referenced until it completes, and wait() returns `result`. */
 PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep,
                              PyObject *result);
+
+/* -- owners (ext_owned.c) ---------------------------------------------------------- */
+
+/* A capsule holding one more reference of `plan` (named "mpitensor.plan"), which
+ * mpitensor._plan reads: how the trace events hand a plan to Python. */
+PyObject *mt_ext_plan_wrap(mt_plan *plan);
+/* A capsule ("mpitensor.pending") that owns `pending` and one reference of `keep`
+ * (NULL: none): freed, it completes the exchange, then lets `keep` go. NULL with
+ * an exception when it cannot be made, the exchange completed. */
+PyObject *mt_ext_pending_own(mt_pending *pending, PyObject *keep);
+/* The mt_pending such a capsule owns; NULL with an exception for another object. */
+mt_pending *mt_ext_pending_of(PyObject *capsule);
+extern PyMethodDef mt_ext_owned_methods[];
 
 /* -- autograd (ext_autograd.c) ------------------------------------------------------ */
 

@@ -1,10 +1,12 @@
-/* _C.MeshBase: the C base of mpitensor.DeviceMesh. It holds the mesh's
- * communicators (`_handle`, the mpitensor._comm.Mesh that owns its mt_mesh) and what the dispatch of operations on
- * the mesh remembers: the decision memo and the layout table (core/memo.c,
- * core/layout_table.c), with the Python form of each layout by its slot. The
- * dispatch reaches them from a DTensor's spec by a type check and a field read.
- * Nothing here references a DTensor or the mesh itself, so a dropped mesh is
- * freed at once. */
+/* _C.MeshBase: the C base of every mesh (mpitensor.DeviceMesh, and the bare
+ * meshes of mpitensor._comm). It owns the mesh's communicators (an mt_mesh of the
+ * comm library, adopted once and destroyed with the object) and holds what the
+ * dispatch of operations on the mesh remembers: the decision memo and the layout
+ * table (core/memo.c, core/layout_table.c), with the Python form of each layout
+ * by its slot. The dispatch reaches them from a DTensor's spec by a type check
+ * and a field read; ctypes calls of the comm library take the object itself
+ * (`_as_parameter_`). Nothing here references a DTensor or the mesh itself, so a
+ * dropped mesh is freed at once. */
 #include "ext.h"
 
 #include <stddef.h>
@@ -40,14 +42,12 @@ static PyObject *mb_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
 static int mb_traverse(PyObject *self, visitproc visit, void *arg) {
   mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
   Py_VISIT(Py_TYPE(self));
-  Py_VISIT(mb->handle);
   for (int64_t s = 0; s < mb->py_cap; ++s) Py_VISIT(mb->py_layouts[s]);
   return 0;
 }
 
 static int mb_clear(PyObject *self) {
   mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
-  Py_CLEAR(mb->handle);
   for (int64_t s = 0; s < mb->py_cap; ++s) Py_CLEAR(mb->py_layouts[s]);
   return 0;
 }
@@ -60,37 +60,58 @@ static void mb_dealloc(PyObject *self) {
   drop_py_layouts(mb);
   mt_memo_destroy(mb->memo);
   mt_layout_table_destroy(mb->layouts);
+  mt_mesh_destroy(mb->mesh); /* after MPI_Finalize it frees only memory */
   tp->tp_free(self);
   Py_DECREF(tp);
 }
 
-static PyObject *handle_get(PyObject *self, void *closure) {
-  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
-  if (mb->handle == NULL) Py_RETURN_NONE;
-  return Py_NewRef(mb->handle);
+/* The memo ranks plans by the mesh's time model: a copy, taken again whenever
+ * the model changes. */
+static int take_time_model(mt_ext_mesh_base *mb) {
+  mt_error err = {0};
+  return mt_ext_ok(mt_memo_set_time_model(mb->memo, mt_mesh_time_model(mb->mesh), &err), &err);
 }
 
-/* Sets the communicators' handle (an object whose `address` is its mt_mesh *,
- * which it owns), and with it the mesh's shape and membership. */
-static int handle_set(PyObject *self, PyObject *value, void *closure) {
+/* _adopt(pointer): see the method table. The pointer comes as the ctypes
+ * c_void_p the comm library filled, read through its buffer: no address passes
+ * through Python as an int. */
+static PyObject *adopt(PyObject *self, PyObject *arg) {
   mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
-  PyObject *address = value != NULL ? PyObject_GetAttrString(value, "address") : NULL;
-  mt_mesh *mesh = address != NULL && PyLong_Check(address) ? PyLong_AsVoidPtr(address) : NULL;
-  Py_XDECREF(address);
-  if (mesh == NULL) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "_handle is a _comm.Mesh");
-    return -1;
+  Py_buffer view;
+  if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+  mt_mesh *mesh = NULL;
+  if (view.len == (Py_ssize_t)sizeof mesh) memcpy(&mesh, view.buf, sizeof mesh);
+  PyBuffer_Release(&view);
+  if (mesh == NULL)
+    return PyErr_Format(PyExc_TypeError, "_adopt takes a filled ctypes.c_void_p");
+  if (mb->mesh != NULL) {
+    mt_mesh_destroy(mesh);
+    return PyErr_Format(PyExc_RuntimeError, "the mesh already has its communicators");
   }
   int64_t coord[MT_MAX_MESH_NDIM];
+  mb->mesh = mesh;
   mb->mesh_ndim = mt_mesh_ndim(mesh);
   for (int m = 0; m < mb->mesh_ndim; ++m) mb->mesh_shape[m] = mt_mesh_dim_size(mesh, m);
   mb->member = (char)mt_mesh_coordinate(mesh, coord);
-  mt_error err = {0};
-  if (mt_ext_ok(mt_memo_set_time_model(mb->memo, mt_mesh_time_model(mesh), &err), &err) < 0)
-    return -1;
-  Py_XSETREF(mb->handle, Py_NewRef(value));
-  mb->mesh = mesh;
-  return 0;
+  if (take_time_model(mb) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *time_model_changed(PyObject *self, PyObject *unused) {
+  mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
+  if (mb->mesh == NULL)
+    return PyErr_Format(PyExc_RuntimeError, "the mesh has no communicators");
+  if (take_time_model(mb) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* What ctypes passes for the object as a `void *` argument (ctypes reads
+ * `_as_parameter_`): the mt_mesh, for the comm library's functions. */
+static PyObject *as_parameter_get(PyObject *self, void *closure) {
+  const mt_ext_mesh_base *mb = (const mt_ext_mesh_base *)self;
+  if (mb->mesh == NULL)
+    return PyErr_Format(PyExc_RuntimeError, "the mesh has no communicators");
+  return PyLong_FromVoidPtr(mb->mesh);
 }
 
 int mt_ext_mesh_check(const mt_ext_mesh_base *mb) {
@@ -130,8 +151,8 @@ static PyObject *tables_get(PyObject *self, void *closure) {
 }
 
 static PyGetSetDef mb_getset[] = {
-    {"_handle", handle_get, handle_set,
-     "The _comm.Mesh of this mesh's communicators (set once, by DeviceMesh).", NULL},
+    {"_as_parameter_", as_parameter_get, NULL,
+     "The mesh's communicators as a ctypes argument of the comm library. Local.", NULL},
     {"_tables", tables_get, NULL,
      "(memo, layout table): capsules of this mesh's decision memo and layout "
      "table, for mpitensor._comm.dispatch_stats. Local.", NULL},
@@ -171,6 +192,11 @@ static PyObject *agree_call(PyObject *self, PyObject *const *args, Py_ssize_t na
 }
 
 static PyMethodDef mb_methods[] = {
+    {"_adopt", adopt, METH_O,
+     "_adopt(pointer): the mesh owns the mt_mesh a ctypes.c_void_p points to, from "
+     "now until it is freed; once. Local."},
+    {"_time_model_changed", time_model_changed, METH_NOARGS,
+     "_time_model_changed(): the decisions take the mesh's new time model. Local."},
     {"_set_cache_limits", set_cache_limits, METH_VARARGS,
      "_set_cache_limits(decisions, plans, layouts): new bounds; empties both. Local."},
     {"_agree_call", (PyCFunction)(void (*)(void))agree_call, METH_FASTCALL,
@@ -181,7 +207,7 @@ static PyMethodDef mb_methods[] = {
 };
 
 static PyType_Slot mb_slots[] = {
-    {Py_tp_doc, "The C base of mpitensor.DeviceMesh: its communicators' handle and "
+    {Py_tp_doc, "The C base of every mesh: its communicators, which it owns, and "
                 "the decisions of operations on it. Internal."},
     {Py_tp_new, mb_new},
     {Py_tp_dealloc, mb_dealloc},

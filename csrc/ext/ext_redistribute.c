@@ -92,16 +92,6 @@ PyObject *mt_ext_run_plan(PyObject *module, mt_mesh *mesh, const mt_plan *plan,
   return execute(&c);
 }
 
-static void plan_capsule_free(PyObject *capsule) {
-  mt_plan_destroy(PyCapsule_GetPointer(capsule, "mpitensor.plan"));
-}
-
-PyObject *mt_ext_plan_wrap(mt_plan *plan) {
-  PyObject *capsule = PyCapsule_New(plan, "mpitensor.plan", plan_capsule_free);
-  if (capsule != NULL) mt_plan_retain(plan);
-  return capsule;
-}
-
 /* The plan (with steps) started on this rank's local array: a _C.Request whose
  * wait() gives the new local array. Collective on the mesh. */
 PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_plan *plan,
@@ -120,8 +110,10 @@ PyObject *mt_ext_start_plan(PyObject *module, mt_ext_mesh_base *mb, const mt_pla
   rc = mt_redistribute_start(mesh, plan, c.dtype, PyArray_DATA(c.src), dst, &req, &err);
   Py_END_ALLOW_THREADS
   PyObject *p = rc == MT_OK ? mt_ext_plan_wrap((mt_plan *)plan) : NULL;
-  /* Not the source: the executor reads it before returning. */
-  PyObject *keep = p != NULL ? PyTuple_Pack(2, (PyObject *)mb, p) : NULL;
+  /* The target too, which the request's owner frees only after the exchange;
+   * not the source: the executor reads it before returning. */
+  PyObject *target = c.dst != NULL ? (PyObject *)c.dst : Py_None;
+  PyObject *keep = p != NULL ? PyTuple_Pack(3, (PyObject *)mb, p, target) : NULL;
   PyObject *out = NULL;
   if (rc != MT_OK) mt_ext_raise(rc, &err);
   else if (keep == NULL) mt_request_wait(req, &err); /* nothing owns it: completed here */

@@ -1,11 +1,9 @@
 /* The executor's side of mpitensor._comm.Request, the Python owner of an exchange
- * in flight (an mt_pending of the comm library): an asynchronous redistribute
- * makes one, and an operation on its DTensor (or DTensor._data) completes it. The slots are set and
- * read as attributes: Request defines no __setattr__ or __getattr__, so no Python
- * code runs. */
+ * in flight: an asynchronous redistribute makes one, and an operation on its
+ * DTensor (or DTensor._data) completes it. The exchange is a capsule that owns it
+ * (ext_owned.c); the slots are set and read as attributes: Request defines no
+ * __setattr__ or __getattr__, so no Python code runs. */
 #include "ext.h"
-
-#include "mpitensor/comm/pending.h"
 
 PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep,
                              PyObject *result) {
@@ -13,21 +11,12 @@ PyObject *mt_ext_request_new(mt_ext_dispatch *d, mt_request *req, PyObject *keep
   mt_error err = {0};
   int rc = mt_pending_create(req, NULL, &pending, &err);
   if (rc != MT_OK) return mt_ext_raise(rc, &err);
-  PyObject *obj = d->request_type->tp_alloc(d->request_type, 0);
-  PyObject *address = obj != NULL ? PyLong_FromVoidPtr(pending) : NULL;
-  PyObject *values[3] = {address, keep, result};
-  for (int i = 0; address != NULL && i < 3; ++i)
-    if (PyObject_GenericSetAttr(obj, d->str[MT_S_REQUEST + i], values[i]) < 0) Py_CLEAR(address);
-  if (address == NULL) {
-    /* Not owned by a Request yet: the exchange completes here, unwaited. */
-    Py_BEGIN_ALLOW_THREADS
-    mt_pending_destroy(pending);
-    Py_END_ALLOW_THREADS
-    if (obj != NULL) PyObject_GenericSetAttr(obj, d->str[MT_S_REQUEST], NULL);
-    Py_XDECREF(obj);
-    return NULL;
-  }
-  Py_DECREF(address);
+  PyObject *owner = mt_ext_pending_own(pending, keep);
+  PyObject *obj = owner != NULL ? d->request_type->tp_alloc(d->request_type, 0) : NULL;
+  if (obj != NULL && (PyObject_GenericSetAttr(obj, d->str[MT_S_REQUEST], owner) < 0 ||
+                      PyObject_GenericSetAttr(obj, d->str[MT_S_REQUEST_RESULT], result) < 0))
+    Py_CLEAR(obj);
+  Py_XDECREF(owner);
   return obj;
 }
 
@@ -42,9 +31,8 @@ int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b) {
   /* Held while the GIL is released: another thread completing the same DTensor
    * meanwhile replaces its slot and drops the slot's reference. */
   Py_INCREF(obj);
-  PyObject *address = PyObject_GenericGetAttr(obj, d->str[MT_S_REQUEST]);
-  mt_pending *pending = address != NULL ? PyLong_AsVoidPtr(address) : NULL;
-  Py_XDECREF(address);
+  PyObject *owner = PyObject_GenericGetAttr(obj, d->str[MT_S_REQUEST]);
+  mt_pending *pending = owner != NULL ? mt_ext_pending_of(owner) : NULL;
   mt_error err = {0};
   int rc = MT_OK;
   if (pending != NULL && !mt_pending_done(pending)) {
@@ -55,6 +43,7 @@ int mt_ext_complete(mt_ext_dispatch *d, mt_ext_dtensor *b) {
   PyObject *done = NULL;
   if (pending != NULL && rc != MT_OK) mt_ext_raise(rc, &err);
   else if (pending != NULL) done = PyObject_GenericGetAttr(obj, d->str[MT_S_REQUEST_RESULT]);
+  Py_XDECREF(owner);
   Py_DECREF(obj);
   if (done == NULL) return -1;
   Py_XSETREF(b->local, done);

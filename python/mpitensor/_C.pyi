@@ -20,6 +20,9 @@ def empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
 
 def data_address(array: np.ndarray) -> int:
     """The address of an ndarray's data (its ``.ctypes.data``). Local."""
+def adopt(pointer: Any, kind: str, keep: Any = None) -> Any:
+    """A capsule that owns what a filled ctypes.c_void_p points to: 'plan' or
+    'pending' (completed before it is freed, then ``keep`` let go). Local."""
 
 # Capsules ("mpitensor._C.comm_counters", "mpitensor._C.io_counters") of the
 # module's communication and I/O counters, which mpitensor._comm and
@@ -64,11 +67,13 @@ class DTensorBase:
     def argmin(self, *args: Any, **kwargs: Any) -> Any: ...
 
 class MeshBase:
-    """The C base of mpitensor.DeviceMesh: the communicators' handle and the
-    decision memo and layout table of the operations on the mesh. Local."""
+    """The C base of every mesh: its communicators (an mt_mesh, which it owns) and
+    the decision memo and layout table of the operations on the mesh. Local."""
 
-    _handle: Any  # mpitensor._comm.Mesh, which owns the mt_mesh
+    _as_parameter_: int  # the mt_mesh, for ctypes calls of the comm library
     _tables: tuple[Any, Any]  # capsules of its memo and layout table
+    def _adopt(self, pointer: Any) -> None: ...
+    def _time_model_changed(self) -> None: ...
     def _set_cache_limits(self, decisions: int, plans: int, layouts: int) -> None: ...
     def _agree_call(self, fingerprint: int, message: bytes) -> None: ...
 

@@ -195,7 +195,7 @@ def raise_on_every_rank(mesh: DeviceMesh, error: Exception):
             raise_on_every_rank(mesh, e)
     """
     try:
-        _comm.agree(mesh._handle, False, 0, str(error), type(error))
+        _comm.agree(mesh, False, 0, str(error), type(error))
     except Exception as agreed:  # noqa: BLE001 - the agreed one replaces it
         raise agreed from error
     raise error

@@ -23,13 +23,16 @@ import numpy as np
 from . import _C
 from ._clib import (MAX_MESH_NDIM, MAX_NDIM, SIZE, U64, A, E as _E, Error, I, I64, D, P, S,
                     _Box, _int64s, _Layout, _layout_init, _local_box, _placements,
-                    _selection_image, call,
+                    _selection_image, call, capsule_pointer,
                     check, dtype_code, exported, fn, ptr, sizeof, status_of, struct,
                     text_buffer, traceback_dumper)
 from ._clib import message as _message
 
-__all__ = ["Mesh", "Request", "agree", "comm_counters", "default_time_model", "mpi_library_version",
-           "comm_live_count", "direct_fail_next", "plan_check", "mesh_address",
+__all__ = ["Mesh", "create", "slice_into", "sliced", "checked", "dim_groups", "mesh_shape",
+           "coordinate", "bcast", "exscan", "alltoallv", "any_member", "allgather_int",
+           "mesh_time_model", "set_mesh_time_model", "nodes", "direct_read",
+           "Request", "agree", "comm_counters", "default_time_model", "mpi_library_version",
+           "comm_live_count", "direct_fail_next", "plan_check",
            "set_collective_timeout", "collective_timeout", "watchdog_listen",
            "watchdog_leave", "watchdog_work", "watchdog_tell", "watchdog_failed",
            "ring_shift_start", "ring_allgatherv_start", "ring_allgather_int64",
@@ -98,13 +101,14 @@ def _comm_object(handle):
     return kinds.get(comm.Get_topology(), MPI.Intracomm).fromhandle(handle)
 
 
-def mesh_address(mesh) -> int:
-    """The ``mt_mesh *`` of ``mesh`` (a :class:`Mesh`) for a collective: TypeError
-    for another object; RuntimeError off the mesh's thread or on a freed mesh."""
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"expected a Mesh, got {type(mesh).__name__}")
-    call(_mesh_check, mesh.address)
-    return mesh.address
+def checked(mesh):
+    """``mesh`` (a mesh: a ``_C.MeshBase``) for a collective, which ctypes passes
+    as its ``mt_mesh *``: TypeError for another object; RuntimeError off the
+    mesh's thread or on a freed mesh."""
+    if not isinstance(mesh, _C.MeshBase):
+        raise TypeError(f"expected a mesh, got {type(mesh).__name__}")
+    call(_mesh_check, mesh)
+    return mesh
 
 
 def _buffer(obj, writable: bool, what: str) -> np.ndarray:
@@ -145,175 +149,202 @@ def time_model(obj) -> _TimeModel:
     return m
 
 
-class Mesh:
-    """The communicators of a device mesh (the comm library's ``mt_mesh``, which
-    this object owns: ``address``) and its collectives. The thread that makes it is
-    the one that may run its collectives. ``Mesh(comm, shape, ranks[, fingerprint,
-    failure])`` is collective on ``comm``.
+class Mesh(_C.MeshBase):
+    """A bare mesh of communicators, with no DeviceMesh around it (the collective
+    checks' meshes). ``Mesh(comm, shape, ranks[, fingerprint, failure])`` is
+    collective on ``comm``; every function here takes it, as a DeviceMesh.
 
-    Example: ``Mesh(MPI.COMM_WORLD, (2,), np.arange(2, dtype=np.intc)).any(False)``.
+    Example: ``any_member(Mesh(MPI.COMM_WORLD, (2,), np.arange(2, dtype=np.intc)), False)``.
     """
-
-    __slots__ = ("address", "_groups")
 
     def __new__(cls, comm, shape, ranks, fingerprint: int = 0,
                 failure: BaseException | None = None):
-        # This rank's failure from its own checks, agreed on with the shape, the
-        # ranks and the fingerprint, as a status and its message.
-        MPI, create, _ = _mpi()
-        if not isinstance(comm, MPI.Comm):
-            raise TypeError(f"expected a Comm, got {type(comm).__name__}")
-        shape, ndim = _int64s(shape, MAX_MESH_NDIM, "mesh shape")
-        ranks = np.asarray(ranks).astype(np.intc, casting="safe", copy=False)
-        if ranks.ndim != 1:
-            raise ValueError("the ranks of a mesh are a 1-D array")
-        ranks, numel = np.ascontiguousarray(ranks), int(np.prod(shape[:ndim]))
-        err = Error()
-        if failure is not None:
-            err.code, err.msg = status_of(type(failure)), _message(str(failure))
-        elif ranks.size != numel:
-            err.code = status_of(ValueError)
-            err.msg = f"the mesh has {ranks.size} ranks but its shape needs {numel}".encode()
-        mesh = P()
-        check(create(MPI._handleof(comm), ndim, shape, ranks, err.code,
-                     operator.index(fingerprint) & 0xFFFFFFFFFFFFFFFF, mesh, err), err)
-        # Every mesh (and its slices) counts into the module's counters, which
-        # comm_counters() reads.
-        _set_counters(mesh, _COUNTERS)
-        return cls._owning(mesh.value)
-
-    @classmethod
-    def _owning(cls, address: int) -> "Mesh":
-        """A Mesh that takes over the ``mt_mesh *`` at ``address``."""
-        self = object.__new__(cls)
-        self.address = address
+        self = super().__new__(cls)
+        create(self, comm, shape, ranks, fingerprint, failure)
         return self
 
-    def __del__(self):
-        # At interpreter exit the binding may already be gone; MPI is finalized
-        # by then, and the process frees the rest.
-        destroy, address = _destroy, getattr(self, "address", None)
-        if destroy is not None and address:
-            destroy(address)
 
-    def slice(self, dims) -> "Mesh":
-        """The mesh over mesh dims ``dims`` (ascending), sharing communicators.
-        Local."""
-        m, (dims, n) = mesh_address(self), _int64s(dims, MAX_MESH_NDIM, "dims")
-        out = P()
-        call(_slice, m, n, (I * max(n, 1))(*dims[:n]), out)
-        return type(self)._owning(out.value)
+def create(mesh, comm, shape, ranks, fingerprint: int = 0,
+           failure: BaseException | None = None) -> None:
+    """Gives ``mesh`` (a new ``_C.MeshBase``: a DeviceMesh or a :class:`Mesh`) its
+    communicators: the ranks ``ranks`` (of ``comm``) in a mesh of ``shape``.
+    ``failure``, this rank's failure from its own checks, is agreed on with the
+    shape, the ranks and the fingerprint, so that every rank raises the first
+    failing rank's error. The thread that makes it is the one that may run its
+    collectives. Collective on ``comm``.
 
-    def groups(self) -> tuple:
-        """One mpi4py communicator per mesh dim (COMM_NULL on a non-member). They
-        share the mesh's handles, which the mesh frees: they are made once and
-        kept. Local."""
-        m = mesh_address(self)
-        groups = getattr(self, "_groups", None)
-        if groups is None:
-            _, _, dim_comm = _mpi()
-            groups = self._groups = tuple(_comm_object(dim_comm(m, d))
-                                          for d in range(_ndim(m)))
-        return groups
+    Example: ``create(self, comm, (2,), np.arange(2, dtype=np.intc))``.
+    """
+    MPI, make, _ = _mpi()
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"expected a Comm, got {type(comm).__name__}")
+    shape, ndim = _int64s(shape, MAX_MESH_NDIM, "mesh shape")
+    ranks = np.asarray(ranks).astype(np.intc, casting="safe", copy=False)
+    if ranks.ndim != 1:
+        raise ValueError("the ranks of a mesh are a 1-D array")
+    ranks, numel = np.ascontiguousarray(ranks), int(np.prod(shape[:ndim]))
+    err = Error()
+    if failure is not None:
+        err.code, err.msg = status_of(type(failure)), _message(str(failure))
+    elif ranks.size != numel:
+        err.code = status_of(ValueError)
+        err.msg = f"the mesh has {ranks.size} ranks but its shape needs {numel}".encode()
+    made = P()
+    check(make(MPI._handleof(comm), ndim, shape, ranks, err.code,
+               operator.index(fingerprint) & 0xFFFFFFFFFFFFFFFF, made, err), err)
+    _adopted(mesh, made)
+    # Every mesh (and its slices) counts into the module's counters, which
+    # comm_counters() reads.
+    _set_counters(mesh, _COUNTERS)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The mesh shape. Local."""
-        m = self.address
-        return tuple(_dim_size(m, d) for d in range(_ndim(m)))
 
-    def coordinate(self) -> tuple[int, ...] | None:
-        """This rank's coordinate, or None for a non-member. Local."""
-        coord = (I64 * MAX_MESH_NDIM)()
-        m = self.address
-        return tuple(coord[:_ndim(m)]) if _coordinate(m, coord) else None
+def _adopted(mesh, made) -> None:
+    """``mesh`` owns the ``mt_mesh`` the ctypes pointer ``made`` holds (destroyed
+    here if it cannot)."""
+    try:
+        mesh._adopt(made)
+    except BaseException:
+        _destroy(made)
+        raise
 
-    def bcast(self, array: np.ndarray, dim: int) -> None:
-        """Broadcasts ``array`` in place from coordinate 0 of mesh dim ``dim``.
-        Collective on the dim."""
-        m = mesh_address(self)
-        a = _buffer(array, True, "bcast: array")
-        call(_bcast, m, mesh_dim(dim), a, a.nbytes)
 
-    def exscan(self, array: np.ndarray, dim: int, op: int) -> None:
-        """The exclusive prefix (MPI_Exscan) of ``array`` by reduce op ``op`` over
-        the ranks before this one on mesh dim ``dim``, in place; coordinate 0 keeps
-        its array. Collective on the dim; counted as an exscan."""
-        m = mesh_address(self)
-        a = _buffer(array, True, "exscan: array")
-        d, code = mesh_dim(dim), dtype_code(a.dtype)
-        if code < 0:
-            raise TypeError("exscan of an unsupported dtype")
-        call(_exscan, m, d, a, a.size, code, operator.index(op))
+def slice_into(sub, mesh, dims) -> None:
+    """Gives ``sub`` (a new ``_C.MeshBase``) the mesh over mesh dims ``dims``
+    (ascending) of ``mesh``, sharing its communicators. Local."""
+    checked(mesh)
+    dims, n = _int64s(dims, MAX_MESH_NDIM, "dims")
+    made = P()
+    call(_slice, mesh, n, (I * max(n, 1))(*dims[:n]), made)
+    _adopted(sub, made)
 
-    def alltoallv(self, array: np.ndarray, counts, dim: int):
-        """(rows, counts received): ``counts[q]`` rows of C-contiguous ``array`` (in
-        order) go to coordinate q of mesh dim ``dim``. Collective on the dim;
-        counted as two all-to-alls (the counts, then the rows)."""
-        m = mesh_address(self)
-        a = _buffer(array, False, "alltoallv: array")
-        if not 1 <= a.ndim <= MAX_NDIM:
-            raise ValueError("alltoallv needs an array of at least one dim")
-        d = mesh_dim(dim)
-        if not 0 <= d < _ndim(m):
-            raise IndexError(f"mesh dim {dim!r} is out of range")
-        n = _dim_size(m, d)
-        send = [operator.index(c) for c in counts]
-        if len(send) > n:
-            raise ValueError(f"alltoallv: counts has {len(send)} entries; at most {n} "
-                             "are supported")
-        if len(send) != n or sum(send) != a.shape[0]:
-            raise ValueError(f"alltoallv: {len(send)} counts adding up to {sum(send)} "
-                             f"rows, for a mesh dim of size {n} and an array of "
-                             f"{a.shape[0]} rows")
-        send, recv = (I64 * n)(*send), (I64 * n)()
-        call(_alltoall_i64, m, d, send, recv)
-        out = np.empty((sum(recv),) + a.shape[1:], a.dtype)
-        # Rows of zero bytes (a dim of size 0) have nothing to move.
-        row = a.itemsize * int(np.prod(a.shape[1:]))
-        if row > 0:
-            call(_alltoallv, m, d, a, send, out, recv, row)
-        return out, tuple(recv)
 
-    def any(self, flag) -> bool:
-        """The OR of ``flag`` over all members. Collective on the mesh."""
-        m = mesh_address(self)
-        result = I()
-        call(_any, m, bool(flag), result)
-        return bool(result.value)
+def sliced(mesh, dims) -> Mesh:
+    """A bare :class:`Mesh` over mesh dims ``dims`` (ascending) of ``mesh``,
+    sharing its communicators. Local.
 
-    def allgather_int(self, value: int, dim: int) -> tuple[int, ...]:
-        """Every member's int on mesh dim ``dim``, by coordinate. Collective on the
-        dim; counted as an all-gather."""
-        m = mesh_address(self)
-        value, d = operator.index(value), mesh_dim(dim)
-        out = (I64 * (_dim_size(m, d) if 0 <= d < _ndim(m) else 1))()
-        call(_allgather_i64, m, d, value, out)
-        return tuple(out)
+    Example: ``any_member(sliced(mesh, [1]), flag)``.
+    """
+    sub = _C.MeshBase.__new__(Mesh)
+    slice_into(sub, mesh, dims)
+    return sub
 
-    def time_model(self) -> tuple:
-        """(alpha_shm, beta_shm, alpha_net, beta_net, call, copy, reduce,
-        ranks_per_node): how plans on this mesh are ranked; ranks_per_node from
-        MPI_Comm_split_type (0: one node). Local."""
-        return _model_tuple(_mesh_time_model(self.address).contents)
 
-    def set_time_model(self, model: tuple) -> None:
-        """The costs of a calibrated table (ValueError when invalid);
-        ranks_per_node stays what the mesh learnt. Local."""
-        call(_set_time_model, self.address, time_model(model))
+def dim_groups(mesh) -> tuple:
+    """One mpi4py communicator per mesh dim (COMM_NULL on a non-member). They
+    share the mesh's handles, which the mesh frees: they are made once and kept
+    on the mesh. Local."""
+    groups = getattr(checked(mesh), "_dim_groups", None)
+    if groups is None:
+        _, _, dim_comm = _mpi()
+        groups = mesh._dim_groups = tuple(_comm_object(dim_comm(mesh, d))
+                                          for d in range(_ndim(mesh)))
+    return groups
 
-    def nodes(self) -> tuple[str, int, int, int]:
-        """(kind, count, smallest, largest) of the nodes the members lie on, as the
-        mesh learnt when it was made ('one', 'blocks', 'unequal', 'interleaved').
-        Local."""
-        n = _Nodes()
-        _nodes_of(self.address, n)
-        return _NODE_KINDS[n.kind], n.count, n.smallest, n.largest
 
-    def direct_read(self) -> bool:
-        """Whether large steps copy parts straight between the members' arrays
-        (mt_mesh_direct_read). Local."""
-        return bool(_direct_read(self.address))
+def mesh_shape(mesh) -> tuple[int, ...]:
+    """The mesh shape. Local."""
+    return tuple(_dim_size(mesh, d) for d in range(_ndim(mesh)))
+
+
+def coordinate(mesh) -> tuple[int, ...] | None:
+    """This rank's coordinate, or None for a non-member. Local."""
+    coord = (I64 * MAX_MESH_NDIM)()
+    return tuple(coord[:_ndim(mesh)]) if _coordinate(mesh, coord) else None
+
+
+def bcast(mesh, array: np.ndarray, dim: int) -> None:
+    """Broadcasts ``array`` in place from coordinate 0 of mesh dim ``dim``.
+    Collective on the dim."""
+    a = _buffer(array, True, "bcast: array")
+    call(_bcast, checked(mesh), mesh_dim(dim), a, a.nbytes)
+
+
+def exscan(mesh, array: np.ndarray, dim: int, op: int) -> None:
+    """The exclusive prefix (MPI_Exscan) of ``array`` by reduce op ``op`` over
+    the ranks before this one on mesh dim ``dim``, in place; coordinate 0 keeps
+    its array. Collective on the dim; counted as an exscan."""
+    m = checked(mesh)
+    a = _buffer(array, True, "exscan: array")
+    d, code = mesh_dim(dim), dtype_code(a.dtype)
+    if code < 0:
+        raise TypeError("exscan of an unsupported dtype")
+    call(_exscan, m, d, a, a.size, code, operator.index(op))
+
+
+def alltoallv(mesh, array: np.ndarray, counts, dim: int):
+    """(rows, counts received): ``counts[q]`` rows of C-contiguous ``array`` (in
+    order) go to coordinate q of mesh dim ``dim``. Collective on the dim;
+    counted as two all-to-alls (the counts, then the rows)."""
+    m = checked(mesh)
+    a = _buffer(array, False, "alltoallv: array")
+    if not 1 <= a.ndim <= MAX_NDIM:
+        raise ValueError("alltoallv needs an array of at least one dim")
+    d = mesh_dim(dim)
+    if not 0 <= d < _ndim(m):
+        raise IndexError(f"mesh dim {dim!r} is out of range")
+    n = _dim_size(m, d)
+    send = [operator.index(c) for c in counts]
+    if len(send) > n:
+        raise ValueError(f"alltoallv: counts has {len(send)} entries; at most {n} "
+                         "are supported")
+    if len(send) != n or sum(send) != a.shape[0]:
+        raise ValueError(f"alltoallv: {len(send)} counts adding up to {sum(send)} "
+                         f"rows, for a mesh dim of size {n} and an array of "
+                         f"{a.shape[0]} rows")
+    send, recv = (I64 * n)(*send), (I64 * n)()
+    call(_alltoall_i64, m, d, send, recv)
+    out = np.empty((sum(recv),) + a.shape[1:], a.dtype)
+    # Rows of zero bytes (a dim of size 0) have nothing to move.
+    row = a.itemsize * int(np.prod(a.shape[1:]))
+    if row > 0:
+        call(_alltoallv, m, d, a, send, out, recv, row)
+    return out, tuple(recv)
+
+
+def any_member(mesh, flag) -> bool:
+    """The OR of ``flag`` over all members. Collective on the mesh."""
+    result = I()
+    call(_any, checked(mesh), bool(flag), result)
+    return bool(result.value)
+
+
+def allgather_int(mesh, value: int, dim: int) -> tuple[int, ...]:
+    """Every member's int on mesh dim ``dim``, by coordinate. Collective on the
+    dim; counted as an all-gather."""
+    m = checked(mesh)
+    value, d = operator.index(value), mesh_dim(dim)
+    out = (I64 * (_dim_size(m, d) if 0 <= d < _ndim(m) else 1))()
+    call(_allgather_i64, m, d, value, out)
+    return tuple(out)
+
+
+def mesh_time_model(mesh) -> tuple:
+    """(alpha_shm, beta_shm, alpha_net, beta_net, call, copy, reduce,
+    ranks_per_node): how plans on ``mesh`` are ranked; ranks_per_node from
+    MPI_Comm_split_type (0: one node). Local."""
+    return _model_tuple(_mesh_time_model(mesh).contents)
+
+
+def set_mesh_time_model(mesh, model: tuple) -> None:
+    """The costs of a calibrated table (ValueError when invalid);
+    ranks_per_node stays what the mesh learnt. Local."""
+    call(_set_time_model, mesh, time_model(model))
+    mesh._time_model_changed()
+
+
+def nodes(mesh) -> tuple[str, int, int, int]:
+    """(kind, count, smallest, largest) of the nodes the members lie on, as the
+    mesh learnt when it was made ('one', 'blocks', 'unequal', 'interleaved').
+    Local."""
+    n = _Nodes()
+    _nodes_of(mesh, n)
+    return _NODE_KINDS[n.kind], n.count, n.smallest, n.largest
+
+
+def direct_read(mesh) -> bool:
+    """Whether large steps copy parts straight between the members' arrays
+    (mt_mesh_direct_read). Local."""
+    return bool(_direct_read(mesh))
 
 
 def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) -> None:
@@ -324,10 +355,10 @@ def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) ->
     (ValueError with the first member's message). Ranks outside the mesh take no
     part and raise only their own failure. Collective on the mesh.
 
-    Example: ``agree(mesh._handle, buf is not None, hash(shape), 'no memory',
+    Example: ``agree(mesh, buf is not None, hash(shape), 'no memory',
     MemoryError)``.
     """
-    m = mesh_address(mesh)
+    m = checked(mesh)
     ok = bool(ok)
     fp = operator.index(fingerprint) & (2**64 - 1)
     if not isinstance(message, str):
@@ -449,10 +480,10 @@ def watchdog_listen(mesh) -> bool:
     """Starts listening for ranks that leave the job, after the creation of
     ``mesh`` (a :class:`Mesh`); whether this process listens. Collective on the mesh
     when it holds every rank of MPI_COMM_WORLD, else Local."""
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"expected a Mesh, got {type(mesh).__name__}")
+    if not isinstance(mesh, _C.MeshBase):
+        raise TypeError(f"expected a mesh, got {type(mesh).__name__}")
     listening = I()
-    call(_listen, mesh.address, listening)
+    call(_listen, mesh, listening)
     return bool(listening.value)
 
 
@@ -493,46 +524,45 @@ _pending_create = fn("mt_pending_create", I, P, P, _PP, _E)
 _pending_wait = fn("mt_pending_wait", I, P, _E)
 _pending_test = fn("mt_pending_test", I, P, ptr(I), _E)
 _pending_done = fn("mt_pending_done", I, P)
-_pending_destroy = fn("mt_pending_destroy", None, P)
+
+
+def _pending(request) -> int:
+    """The ``mt_pending *`` its capsule owns, for a ctypes call."""
+    return capsule_pointer(request._pending, b"mpitensor.pending")
 
 
 class Request:
     """An exchange in flight (an asynchronous redistribute, a ring shift or
-    all-gather), which this object owns (the comm library's ``mt_pending`` at
-    ``address``): ``wait()`` completes it and returns its result, safely from
-    several threads at once; what the exchange reads and writes stays referenced
-    until then. The executor makes those of asynchronous redistributes.
+    all-gather): ``wait()`` completes it and returns its result, safely from
+    several threads at once. The comm library's ``mt_pending`` is owned by a
+    capsule (``_pending``) that also holds what the exchange reads and writes:
+    freed, it completes the exchange first, so MPI never touches memory freed
+    meanwhile. The executor makes those of asynchronous redistributes.
 
-    Example: ``ring_shift_start(mesh._handle, 0, [k], [k2]).wait()``.
+    Example: ``ring_shift_start(mesh, 0, [k], [k2]).wait()``.
     """
 
-    __slots__ = ("address", "_keep", "_result")
+    __slots__ = ("_pending", "_result")
 
     def wait(self):
         """Completes the exchange (collective on the mesh for a redistribute) and
         returns its result."""
-        if not _pending_done(self.address):
-            call(_pending_wait, self.address)
+        pending = _pending(self)
+        if not _pending_done(pending):
+            call(_pending_wait, pending)
         return self._result
 
     def test(self) -> bool:
         """Lets MPI progress the exchange (MPI_Test); True once it has completed,
         so that wait() no longer blocks. Local."""
         done = I()
-        call(_pending_test, self.address, done)
+        call(_pending_test, _pending(self), done)
         return bool(done.value)
 
     @property
     def done(self) -> bool:
         """True once wait() has completed it."""
-        return bool(_pending_done(self.address))
-
-    def __del__(self):
-        # An unwaited exchange completes first, so MPI never touches memory freed
-        # meanwhile; at interpreter exit the binding may already be gone.
-        destroy, address = _pending_destroy, getattr(self, "address", None)
-        if destroy is not None and address:
-            destroy(address)
+        return bool(_pending_done(_pending(self)))
 
 
 def _started(start, keep, result, *args) -> Request:
@@ -542,12 +572,9 @@ def _started(start, keep, result, *args) -> Request:
     call(start, *args, made)
     # A handle that cannot be made completes the exchange before it fails.
     call(_pending_create, None, made, pending)
-    try:
-        out = object.__new__(Request)
-    except BaseException:
-        _pending_destroy(pending)
-        raise
-    out.address, out._keep, out._result = pending.value, keep, result
+    owner = _C.adopt(pending, "pending", keep)
+    out = object.__new__(Request)
+    out._pending, out._result = owner, result
     return out
 
 
@@ -564,9 +591,9 @@ def ring_shift_start(mesh, dim: int, sends, recvs) -> Request:
     ``recvs`` are filled from the previous one, pairwise; wait() gives ``recvs``.
     Collective on the dim.
 
-    Example: ``ring_shift_start(mesh._handle, 0, [k, v], [k2, v2]).wait()``.
+    Example: ``ring_shift_start(mesh, 0, [k, v], [k2, v2]).wait()``.
     """
-    m, d = mesh_address(mesh), mesh_dim(dim)
+    m, d = checked(mesh), mesh_dim(dim)
     # Tuples, so the arrays MPI is reading and writing cannot leave them meanwhile.
     sends, recvs = _blocks(sends, False, "every send"), _blocks(recvs, True, "every recv")
     if len(sends) != len(recvs):
@@ -581,7 +608,7 @@ def ring_shift_start(mesh, dim: int, sends, recvs) -> Request:
 def ring_allgatherv_start(mesh, dim: int, send, recv, byte_counts) -> Request:
     """``recv`` receives every rank's block (``byte_counts`` by coordinate) in
     coordinate order; wait() gives ``recv``. Collective on the dim."""
-    m, d = mesh_address(mesh), mesh_dim(dim)
+    m, d = checked(mesh), mesh_dim(dim)
     send, recv = _buffer(send, False, "send"), _buffer(recv, True, "recv")
     counts, n = _int64s(byte_counts, 1024, "byte counts")
     return _started(_allgatherv_start, (mesh, send, recv), recv, m, d, send, send.nbytes,
@@ -591,7 +618,7 @@ def ring_allgatherv_start(mesh, dim: int, send, recv, byte_counts) -> Request:
 def ring_allgather_int64(mesh, dim: int, values) -> tuple[int, ...]:
     """``len(values)`` ints of every rank on mesh dim ``dim``, in coordinate order.
     Collective on the dim."""
-    m, d = mesh_address(mesh), mesh_dim(dim)
+    m, d = checked(mesh), mesh_dim(dim)
     mine, n = _int64s(values, 64, "values")
     total = max(_dim_size(m, d), 1) * max(n, 1)
     out = (I64 * total)()
@@ -661,7 +688,7 @@ def _box_array(box: _Box, dtype):
 def distribute(mesh, codes, full: np.ndarray, src: int = 0) -> np.ndarray:
     """This rank's box of ``full`` placed by ``codes``, whose copy at coordinate
     ``src`` of every mesh dim is the source of truth. Collective on the mesh."""
-    src, m = operator.index(src), mesh_address(mesh)
+    src, m = operator.index(src), checked(mesh)
     full = _movable(full)
     layout = _layout_on(m, full.shape, codes)
     local = _box_array(_my_box(m, layout), full.dtype)
@@ -676,7 +703,7 @@ def select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts,
     ``src_codes``; ``piece`` is the rank's local array indexed by the selection.
     ``key``: a fingerprint of the rest of the index (the dims it drops or adds),
     agreed with the selection. Collective on the mesh."""
-    m = mesh_address(mesh)
+    m = checked(mesh)
     sh, ndim = _int64s(shape, MAX_NDIM, "shape")
     sel = _Selection(ndim=ndim)
     got = [_int64s(v, MAX_NDIM, what) for v, what in

@@ -37,14 +37,14 @@ _listening = False
 _abort_status = [0]  # what mpi4py's runner set for its MPI_Abort at exit
 
 
-def listen(handle) -> None:
-    """Listens for ranks that leave, once: collective on the mesh ``handle`` (a
+def listen(mesh) -> None:
+    """Listens for ranks that leave, once: collective on the mesh ``mesh`` (a
     _comm.Mesh just created on every rank of its communicator) when it holds every
     rank of the world, else local and nothing."""
     global _listening
     if _listening or _comm.collective_timeout() == 0:
         return
-    if _comm.watchdog_listen(handle):
+    if _comm.watchdog_listen(mesh):
         _listening = True
         _watch_mpi4py_abort()
         _watch_cells()

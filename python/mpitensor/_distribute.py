@@ -95,7 +95,7 @@ def _distribute_array(array, mesh, pl, src_data_rank) -> DTensor:
         return DTensor(_own_chunk(array, mesh, pl), spec)
     if _modes.state.tracing:
         _trace.collective("distribute_tensor", mesh, pl, array.shape, dtype)
-    return DTensor(_comm.distribute(mesh._handle, _codes(pl), array, int(src_data_rank)),
+    return DTensor(_comm.distribute(mesh, _codes(pl), array, int(src_data_rank)),
                    spec)
 
 

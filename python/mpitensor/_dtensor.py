@@ -1289,12 +1289,12 @@ def _check_across_ranks(mesh, local, spec, shape_given: bool, failure=None):
             else _meta_record(local, spec.shape, spec.placements))
     root = mine.copy()
     for d in range(mesh.ndim):
-        mesh._handle.bcast(root, d)
+        _comm.bcast(mesh, root, d)
     if failure is not None:
         _args.raise_on_every_rank(mesh, failure)
     problem = _meta_problem(local, spec, mine, root, shape_given)
     # The first rank that found a problem tells every rank what it is.
-    _comm.agree(mesh._handle, problem is None, 0,
+    _comm.agree(mesh, problem is None, 0,
              "DTensor.from_local(run_check=True): the local tensors do not fit one "
              "global tensor: " + (problem or ""), ValueError)
     copied = False
@@ -1302,7 +1302,7 @@ def _check_across_ranks(mesh, local, spec, shape_given: bool, failure=None):
         if p.is_replicate() and mesh.shape[d] > 1:
             if not copied:
                 local, copied = np.array(local, order="C", copy=True), True
-            mesh._handle.bcast(local, d)
+            _comm.bcast(mesh, local, d)
     return local
 
 

@@ -90,14 +90,14 @@ def _fortran_copy(block: np.ndarray) -> np.ndarray:
     return out
 
 
-def tsqr(mesh_address: int, dim: int, block: np.ndarray, want_q: bool):
+def tsqr(mesh, dim: int, block: np.ndarray, want_q: bool):
     """(q, r) of the TSQR of the matrix whose rows are the blocks of the ranks of
     mesh dim ``dim`` (in coordinate order), this rank's being ``block`` (m x n,
     m >= n on every rank): ``q`` this rank's m x n rows of the reduced Q (None
     unless ``want_q``), ``r`` the n x n R, the same on every rank. Both are
     Fortran-ordered. Collective on the dim; counted as one all-reduce.
 
-    Example: ``q, r = tsqr(mesh_address(mesh), 0, local, True)``.
+    Example: ``q, r = tsqr(_comm.checked(mesh), 0, local, True)``.
     """
     found = lapack()
     if found is None:
@@ -110,6 +110,6 @@ def tsqr(mesh_address: int, dim: int, block: np.ndarray, want_q: bool):
     m, n = a.shape
     r = np.zeros((n, n), a.dtype, order="F")
     q = np.empty((m, n), a.dtype, order="F") if want_q else None
-    call(_tsqr, mesh_address, dim, found[0], dtype_code(a.dtype), m, n, a, max(m, 1), r,
+    call(_tsqr, mesh, dim, found[0], dtype_code(a.dtype), m, n, a, max(m, 1), r,
          max(n, 1), q, max(m, 1))
     return q, r

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import _clib, _plan, _strided
+from . import _clib, _comm, _plan, _strided
 from .device_mesh import DeviceMesh
 from .placement_types import Placement, Shard
 
@@ -76,4 +76,4 @@ def plan(mesh, shape, src, dst, dtype) -> "_plan.Plan":
     Example: ``plan(mesh, (8, 8), (Shard(0),), (Replicate(),), np.dtype("f8")).bytes``.
     """
     return _plan.Plan(tuple(shape), mesh.shape, _codes(src), _codes(dst), dtype,
-                   mesh._handle.time_model())
+                   _comm.mesh_time_model(mesh))

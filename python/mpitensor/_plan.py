@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _comm
+from . import _C, _comm
 from ._clib import (_STATUS_CODES, A, E as _E, Error, I, I64, D, P, _Layout, _layout, call,
                     capsule_pointer, check, dtype_code, fn as _fn, ptr, struct)
 
@@ -25,8 +25,6 @@ _Step = struct("mt_step")
 _L, _TM = _Layout, _comm._TimeModel
 _create_timed = _fn("mt_plan_create_timed", I, _L, _L, I64, _TM, ptr(P), _E)
 _create_torch = _fn("mt_plan_create_torch", I, _L, _L, I64, _TM, ptr(P), _E)
-_retain = _fn("mt_plan_retain", None, P)
-_destroy = _fn("mt_plan_destroy", None, P)
 _nsteps = _fn("mt_plan_nsteps", I, P)
 _step = _fn("mt_plan_step", ptr(_Step), P, I)
 _bytes = _fn("mt_plan_bytes", I64, P)
@@ -44,9 +42,10 @@ def _codes(layout: _Layout) -> tuple:
 
 
 def _address(plan) -> int:
-    """The ``mt_plan *`` of a :class:`Plan` or of an executor's plan capsule."""
+    """The ``mt_plan *`` of a :class:`Plan` or of an executor's plan capsule, for a
+    ctypes call."""
     if isinstance(plan, Plan):
-        return plan.address
+        plan = plan._owner
     return capsule_pointer(plan, b"mpitensor.plan")
 
 
@@ -72,8 +71,7 @@ def of(plan) -> "Plan":
     if isinstance(plan, Plan):
         return plan
     address = _address(plan)
-    _retain(address)
-    out = Plan._owning(address)
+    out = Plan._owning(plan)
     first, last = _step(address, 0).contents, _step(address, _nsteps(address) - 1).contents
     out._src, out._dst = _Layout.from_buffer_copy(first.src), _Layout.from_buffer_copy(last.dst)
     out._itemsize = first.itemsize
@@ -91,25 +89,24 @@ def runner(mesh, plan, like):
 
     Example: ``go = runner(mesh, plan, local); out = go(local)``.
     """
-    address, m = _address(plan), _comm.mesh_address(mesh._handle)
+    address, m = _address(plan), _comm.checked(mesh)
     n = _nsteps(address)
     if n == 0:
         return _comm._movable
     src, dst = _step(address, 0).contents.src, _step(address, n - 1).contents.dst
     mine, theirs = _comm._my_box(m, src), _comm._my_box(m, dst)
     _comm._check_local(_comm._movable(like), mine)
-    handle, shape = mesh._handle, tuple(mine.shape[:mine.ndim])
+    shape = tuple(mine.shape[:mine.ndim])
 
     def go(local):
         local = _comm._movable(local)
         if local.shape != shape:
             _comm._check_local(local, mine)
         out = _comm._box_array(theirs, local.dtype)
-        call(_redistribute, _comm.mesh_address(handle), address, dtype_code(local.dtype),
+        call(_redistribute, _comm.checked(mesh), _address(plan), dtype_code(local.dtype),
              local, out)
         return out
 
-    go.plan = plan  # the plan lives as long as its runner
     return go
 
 
@@ -136,7 +133,7 @@ class Plan:
     ``"all_gather"``.
     """
 
-    __slots__ = ("address", "_src", "_dst", "_model", "_itemsize")
+    __slots__ = ("_owner", "_src", "_dst", "_model", "_itemsize")
 
     def __new__(cls, shape, mesh_shape, src, dst, dtype, model=None):
         model = _comm._model_default() if model is None else _comm.time_model(model)
@@ -145,48 +142,42 @@ class Plan:
         call(_comm._plan_check, a, b, dtype_code(dtype))
         made = P()
         call(_create_timed, a, b, dtype.itemsize, model, made)
-        self = cls._owning(made.value)
+        self = cls._owning(_C.adopt(made, "plan"))
         self._src, self._dst, self._model, self._itemsize = a, b, model, dtype.itemsize
         return self
 
     @classmethod
-    def _owning(cls, address: int) -> "Plan":
-        """A Plan that takes over one reference of the ``mt_plan *`` at ``address``."""
+    def _owning(cls, owner) -> "Plan":
+        """A Plan of the ``mt_plan`` that ``owner``, a plan capsule, holds."""
         self = object.__new__(cls)
-        self.address = address
+        self._owner = owner
         return self
-
-    def __del__(self):
-        # At interpreter exit the binding may already be gone.
-        destroy, address = _destroy, getattr(self, "address", None)
-        if destroy is not None and address:
-            destroy(address)
 
     @property
     def nsteps(self) -> int:
         """The number of steps."""
-        return _nsteps(self.address)
+        return _nsteps(_address(self))
 
     @property
     def bytes(self) -> int:
         """Bytes received from other ranks, all ranks."""
-        return _bytes(self.address)
+        return _bytes(_address(self))
 
     @property
     def messages(self) -> int:
         """Point-to-point messages, all ranks."""
-        return _messages(self.address)
+        return _messages(_address(self))
 
     @property
     def time(self) -> float:
         """Predicted seconds (the time model)."""
-        return _time(self.address)
+        return _time(_address(self))
 
     @property
     def net_bytes(self) -> int:
         """Bytes received from ranks of other nodes, all ranks (the model's
         ranks_per_node)."""
-        return _net_bytes(self.address)
+        return _net_bytes(_address(self))
 
     def steps(self) -> list[tuple]:
         """The steps, as :func:`steps` gives them."""
@@ -194,7 +185,7 @@ class Plan:
 
     def predict(self, model: tuple) -> float:
         """The seconds the time model tuple ``model`` predicts for these steps."""
-        return _predict(self.address, _comm.time_model(model))
+        return _predict(_address(self), _comm.time_model(model))
 
     def torch(self) -> "Plan | None":
         """The Plan of torch's per-mesh-dim steps for the same move, priced by the
@@ -204,7 +195,7 @@ class Plan:
         if rc == _STATUS_CODES["MT_ENOTSUP"]:
             return None
         check(rc, err)
-        out = Plan._owning(made.value)
+        out = Plan._owning(_C.adopt(made, "plan"))
         out._src, out._dst, out._model = self._src, self._dst, self._model
         out._itemsize = self._itemsize
         return out

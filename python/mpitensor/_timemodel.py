@@ -108,12 +108,12 @@ def read_table(path: str | None = None) -> tuple[float, ...] | None:
     return (shm[0], shm[1], net[0], net[1]) + local
 
 
-def model_for(comm, handle) -> None:
-    """Gives the mesh ``handle`` (a ``_comm.Mesh``) the calibrated costs, if any.
+def model_for(comm, mesh) -> None:
+    """Gives the mesh ``mesh`` (a ``_comm.Mesh``) the calibrated costs, if any.
     Collective on ``comm``: its rank 0 reads the table and broadcasts the costs,
     or the reason it could not use them, which every rank then logs alike.
 
-    Example: ``model_for(MPI.COMM_WORLD, mesh._handle)`` (DeviceMesh does this).
+    Example: ``model_for(MPI.COMM_WORLD, mesh)`` (DeviceMesh does this).
     """
     found = None
     if comm.Get_rank() == 0 and os.environ.get("MPITENSOR_TIME_MODEL") != "builtin":
@@ -124,5 +124,5 @@ def model_for(comm, handle) -> None:
     found = comm.bcast(found, root=0)
     if isinstance(found, str):
         log.warning("%s; plans are ranked by the built-in time model", found)
-    elif found is not None and handle.coordinate() is not None:
-        handle.set_time_model(tuple(found) + (0,))
+    elif found is not None and _comm.coordinate(mesh) is not None:
+        _comm.set_mesh_time_model(mesh, tuple(found) + (0,))

@@ -223,23 +223,23 @@ class DeviceMesh(_C.MeshBase):
         except (TypeError, ValueError, RuntimeError) as e:
             arr, names, failure = np.zeros(1, np.int64), None, e
         try:
-            handle = _comm.Mesh(comm, arr.shape, arr.ravel().astype(np.intc),
-                             fingerprint((device_type, names)), failure)
+            _comm.create(self, comm, arr.shape, arr.ravel().astype(np.intc),
+                         fingerprint((device_type, names)), failure)
         except (TypeError, ValueError, RuntimeError) as e:
             if failure is not None and str(e) == str(failure):
                 raise failure from None
             raise
-        _timemodel.model_for(comm, handle)
-        _departure.listen(handle)  # the first mesh over the world: collective
-        self._init(device_type, arr, names, handle, comm)
+        _timemodel.model_for(comm, self)
+        _departure.listen(self)  # the first mesh over the world: collective
+        self._init(device_type, arr, names, comm)
 
-    def _init(self, device_type, arr, names, handle, comm) -> None:
+    def _init(self, device_type, arr, names, comm) -> None:
+        """The Python side of a mesh whose communicators the C base owns."""
         self.device_type = device_type
         self._mesh = arr
         self._names = names
-        self._handle = handle  # the C base keeps it, and the dispatch reads it there
         self._comm = comm
-        coord = handle.coordinate()
+        coord = _comm.coordinate(self)
         self._coordinate = None if coord is None else list(coord)
         self._rank = comm.Get_rank()
         # A slice knows the mesh it was cut from, and whether this rank's slice is
@@ -410,7 +410,7 @@ class DeviceMesh(_C.MeshBase):
         from mpi4py import MPI
 
         return [MPI.Intracomm(c) if c != MPI.COMM_NULL else MPI.COMM_NULL
-                for c in self._handle.groups()]
+                for c in _comm.dim_groups(self)]
 
     # -- nodes ---------------------------------------------------------------------
     def _node_layout(self) -> dict:
@@ -429,8 +429,8 @@ class DeviceMesh(_C.MeshBase):
         "count": 2, "smallest": 2, "largest": 2, "ranks_per_node": 2, "inside":
         ["tp"], "across": ["dp"]}``.
         """
-        kind, count, smallest, largest = self._handle.nodes()
-        k = int(self._handle.time_model()[7])
+        kind, count, smallest, largest = _comm.nodes(self)
+        k = int(_comm.mesh_time_model(self)[7])
         numel, stride = self.size(), 1
         strides = []
         for n in reversed(self.shape):
@@ -511,8 +511,8 @@ class DeviceMesh(_C.MeshBase):
         sub = DeviceMesh.__new__(DeviceMesh)
         if names is None and self._names is not None:
             names = tuple(self._names[d] for d in dims)
-        sub._init(self.device_type, self._mesh[index], names,
-                  self._handle.slice(dims), self._comm)
+        _comm.slice_into(sub, self, dims)
+        sub._init(self.device_type, self._mesh[index], names, self._comm)
         sub._root = self._get_root_mesh()
         sub._offsets = tuple(self._offsets[d] for d in dims)
         sub._first_slice = self._first_slice and all(
@@ -811,7 +811,7 @@ def mesh_of_group(comm) -> DeviceMesh:
         if (mesh._coordinate is None or getattr(mesh, "_local", False)
                 or not _usable_here(mesh)):
             continue
-        for d, group in enumerate(mesh._handle.groups()):
+        for d, group in enumerate(_comm.dim_groups(mesh)):
             if group != MPI.COMM_NULL and MPI._handleof(group) == handle:
                 return mesh._dim_mesh(d)
     for key, (held, _) in list(_group_meshes.items()):
@@ -827,7 +827,7 @@ def _usable_here(mesh) -> bool:
     and the mesh not freed): a live mesh another thread made, over the same
     communicator, is not this thread's group. Local."""
     try:
-        _comm.mesh_address(mesh._handle)
+        _comm.checked(mesh)
     except RuntimeError:
         return False
     return True
@@ -847,7 +847,7 @@ def _agree_on(root: DeviceMesh, failure, what) -> None:
     Collective on ``root``'s members."""
     state = (what, sorted(root._flatten_mapping), len(root._carriers))
     try:
-        _comm.agree(root._handle, failure is None, fingerprint(repr(state)),
+        _comm.agree(root, failure is None, fingerprint(repr(state)),
                     str(failure) if failure is not None else
                     f"the ranks of {root} passed different arguments to {what[0]} (or "
                     f"derived other meshes before): every rank must make the same calls",

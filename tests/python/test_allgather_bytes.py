@@ -19,7 +19,7 @@ def message(rank: int) -> bytes:
 
 def test_every_rank_gets_every_message_in_order(mesh):
     with CommDebugMode() as mode:
-        got = allgather_bytes(mesh._handle, 0, message(RANK))
+        got = allgather_bytes(mesh, 0, message(RANK))
     assert got == [message(r) for r in range(N)]
     assert mode.get_total_counts() == 0
 
@@ -30,5 +30,5 @@ def test_along_one_dim_of_a_2d_mesh(dim):
     mesh = init_device_mesh("cpu", (2, 2))
     coord = mesh.get_coordinate()
     line = [[k, coord[1]] if dim == 0 else [coord[0], k] for k in range(2)]
-    got = allgather_bytes(mesh._handle, dim, message(RANK))
+    got = allgather_bytes(mesh, dim, message(RANK))
     assert got == [message(2 * a + b) for a, b in line]

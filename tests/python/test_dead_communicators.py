@@ -32,7 +32,7 @@ def communicating_calls(mesh, x):
         "distribute_tensor": lambda: distribute_tensor(np.ones((4, 4)), mesh, rep),
         "from_local_check": lambda: mt.DTensor.from_local(np.ones(3), mesh, rep,
                                                           run_check=True),
-        "agree": lambda: mt._comm.agree(mesh._handle, True, 0, "x"),
+        "agree": lambda: mt._comm.agree(mesh, True, 0, "x"),
     }
 
 
@@ -65,7 +65,7 @@ mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
 x = mt.distribute_tensor(np.ones((8, 2)), mesh, [Shard(0)])
 MPI.Finalize()
 for call in (x.full_tensor, lambda: x.redistribute(mesh, [Replicate()]),
-             lambda: mt._comm.agree(mesh._handle, True, 0, "x")):
+             lambda: mt._comm.agree(mesh, True, 0, "x")):
     try:
         call()
         print("returned", flush=True)

@@ -55,11 +55,11 @@ def everywhere(ok: bool) -> list:
 
 def test_every_rank_agrees_whether_the_mesh_copies_directly():
     on = make_mesh((W,))
-    assert len(set(COMM.allgather(on._handle.direct_read()))) == 1
+    assert len(set(COMM.allgather(_comm.direct_read(on)))) == 1
     off = make_mesh((W,), direct="0")
-    assert COMM.allgather(off._handle.direct_read()) == [False] * W
+    assert COMM.allgather(_comm.direct_read(off)) == [False] * W
     one_off = make_mesh((W,), direct="0", on_ranks={W - 1})
-    assert COMM.allgather(one_off._handle.direct_read()) == [False] * W
+    assert COMM.allgather(_comm.direct_read(one_off)) == [False] * W
 
 
 def _global(shape, dtype):
@@ -119,7 +119,7 @@ def test_a_copy_failing_on_one_rank_sends_every_rank_through_mpi(case):
     they hold in the swap of dims), so its copy is the one made to fail."""
     mesh_shape, shape, src, dst, dtype, taken = case
     mesh = make_mesh(mesh_shape)
-    if not all(COMM.allgather(mesh._handle.direct_read())):
+    if not all(COMM.allgather(_comm.direct_read(mesh))):
         pytest.skip("this machine does not let the ranks read each other's memory")
     full = _global(shape, dtype)
     dt = distribute_tensor(full, mesh, src)
@@ -132,7 +132,7 @@ def test_a_copy_failing_on_one_rank_sends_every_rank_through_mpi(case):
     assert COMM.allgather(untaken == 1 - int(taken)) == [True] * W
     assert everywhere(np.array_equal(out.full_tensor(), full)) == [True] * W
     # The mesh still copies directly: one failed step went through MPI.
-    assert COMM.allgather(mesh._handle.direct_read()) == [True] * W
+    assert COMM.allgather(_comm.direct_read(mesh)) == [True] * W
 
 
 def test_the_communication_counted_is_the_same_either_way():

@@ -460,7 +460,7 @@ def test_the_base_keeps_the_dtensor_api(mesh):
     assert type(c) is DTensor and c._spec is a._spec and c.to_local() is a.to_local()
     b = pickle.loads(pickle.dumps(a))  # onto the equal live mesh
     assert b.placements == a.placements and np.array_equal(b.to_local(), a.to_local())
-    assert isinstance(mesh, _C.MeshBase) and mesh._handle is not None
+    assert isinstance(mesh, _C.MeshBase) and mesh._as_parameter_ != 0  # it owns its communicators
 
 
 def test_fresh_dtensors_of_a_known_layout_hit(mesh):

@@ -356,14 +356,14 @@ def test_ranks_that_disagree_fail_together_and_the_next_call_pairs():
     # The C tree agrees on every rank's verdict before anything moves: one rank's
     # short block (or another column count) is the same ValueError everywhere.
     mesh = init_device_mesh("cpu", (P,))
-    address = _comm.mesh_address(mesh._handle)
+    m = _comm.checked(mesh)
     last = COMM.rank == P - 1
     block = np.ones((2 if last else 6, 4))
     with pytest.raises(ValueError, match="at least as many rows as columns; this rank has 2 x 4"):
-        _lapack.tsqr(address, 0, block, True)
+        _lapack.tsqr(m, 0, block, True)
     if P > 1:
         with pytest.raises(ValueError, match="different column counts"):
-            _lapack.tsqr(address, 0, np.ones((8, 3 if last else 2)), False)
+            _lapack.tsqr(m, 0, np.ones((8, 3 if last else 2)), False)
     a = matrix(9 * P, 3, np.float64, seed=61)
     q, r = np.linalg.qr(distribute_tensor(a, mesh, [S0]))
     check_qr(a, q, r, np.float64)

@@ -73,7 +73,7 @@ def shared_path(tmp_path, table):
 def test_mesh_loads_the_table(tmp_path, monkeypatch):
     monkeypatch.setenv("MPITENSOR_TIME_MODEL", shared_path(tmp_path, GOOD))
     mesh = mt.init_device_mesh("cpu", (COMM.size,))
-    got = mesh._handle.time_model()
+    got = _comm.mesh_time_model(mesh)
     assert got[:7] == COSTS
     # 0 when every rank shares one node, else the ranks per node, as MPI finds them.
     assert got[7] == ref_ranks_per_node(node_of_each_rank())
@@ -93,7 +93,7 @@ def test_bad_table_logs_and_uses_the_builtin(tmp_path, monkeypatch, caplog):
                        shared_path(tmp_path, {**GOOD, "shm": {"alpha": "x", "beta": 0}}))
     with caplog.at_level(logging.WARNING, logger="mpitensor"):
         mesh = mt.init_device_mesh("cpu", (COMM.size,))
-    assert mesh._handle.time_model()[:7] == _comm.default_time_model()[:7]
+    assert _comm.mesh_time_model(mesh)[:7] == _comm.default_time_model()[:7]
     assert any("shm.alpha is 'x'" in r.getMessage() and "built-in" in r.getMessage()
                for r in caplog.records)
 
@@ -101,21 +101,21 @@ def test_bad_table_logs_and_uses_the_builtin(tmp_path, monkeypatch, caplog):
 def test_builtin_ignores_any_table(tmp_path, monkeypatch):
     monkeypatch.setenv("MPITENSOR_TIME_MODEL", "builtin")
     mesh = mt.init_device_mesh("cpu", (COMM.size,))
-    assert mesh._handle.time_model()[:7] == _comm.default_time_model()[:7]
+    assert _comm.mesh_time_model(mesh)[:7] == _comm.default_time_model()[:7]
 
 
 def test_set_time_model_validates():
     mesh = mt.init_device_mesh("cpu", (COMM.size,))
-    before = mesh._handle.time_model()
+    before = _comm.mesh_time_model(mesh)
     with pytest.raises(ValueError, match="must be finite and >= 0"):
-        mesh._handle.set_time_model((-1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0))
+        _comm.set_mesh_time_model(mesh, (-1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0))
     with pytest.raises(ValueError, match="copy"):
-        mesh._handle.set_time_model((0.0, 0.0, 1.0, 1.0, 0.0, math.nan, 0.0, 0))
+        _comm.set_mesh_time_model(mesh, (0.0, 0.0, 1.0, 1.0, 0.0, math.nan, 0.0, 0))
     with pytest.raises(TypeError, match="time model"):
-        mesh._handle.set_time_model([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0])
+        _comm.set_mesh_time_model(mesh, [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0])
     with pytest.raises(TypeError):  # the tuple of six before copy and reduce
-        mesh._handle.set_time_model((1.0, 0.0, 1.0, 1.0, 0.0, 0))
-    assert mesh._handle.time_model() == before
+        _comm.set_mesh_time_model(mesh, (1.0, 0.0, 1.0, 1.0, 0.0, 0))
+    assert _comm.mesh_time_model(mesh) == before
 
 
 def kinds(shape, mesh_shape, src, dst, model):

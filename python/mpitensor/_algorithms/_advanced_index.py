@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _clib, _modes, _trace
+from .. import _clib, _comm, _modes, _trace
 from .._dtensor import DTensor, _grad_placements
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -163,9 +163,8 @@ def _rebalance(name, dt, m, rows, placements, shape):
     """Rows selected on each rank, in order along mesh dim ``m``, moved to the usual
     shards of dim 0 of ``shape``: one all-to-all of variable parts."""
     mesh = dt._spec.mesh
-    handle = mesh._handle
     p, c = mesh.shape[m], mesh._coordinate[m]
-    counts = handle.allgather_int(len(rows), m)
+    counts = _comm.allgather_int(mesh, len(rows), m)
     start = int(sum(counts[:c]))
     total = int(sum(counts))
     shape = (total,) + tuple(shape[1:])
@@ -175,7 +174,7 @@ def _rebalance(name, dt, m, rows, placements, shape):
     if _modes.state.tracing:
         _trace.collective(f"{name}: rows to their shards", mesh, placements, shape,
                           dt._spec.dtype)
-    local, _ = handle.alltoallv(np.ascontiguousarray(rows),
+    local, _ = _comm.alltoallv(mesh, np.ascontiguousarray(rows),
                                 np.maximum(hi - lo, 0).tolist(), m)
     return _wrap(mesh, placements, shape, local, dt._spec.dtype)
 
@@ -276,9 +275,8 @@ def mask_grad(g, dt, mask):
 def _return_rows(name, mesh, m, mine, rows, g):
     """The inverse of _rebalance: this rank's ``mine`` selected rows, back from the
     output shards of mesh dim ``m`` that hold them now."""
-    handle = mesh._handle
     p, c = mesh.shape[m], mesh._coordinate[m]
-    counts = np.asarray(handle.allgather_int(mine, m))
+    counts = np.asarray(_comm.allgather_int(mesh, mine, m))
     starts = np.concatenate([[0], np.cumsum(counts)])
     total = int(starts[-1])
     bounds = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(total, p))])
@@ -287,7 +285,7 @@ def _return_rows(name, mesh, m, mine, rows, g):
     if _modes.state.tracing:
         _trace.collective(f"{name}: rows to the ranks that selected them", mesh,
                           g._spec.placements, g._spec.shape, g._spec.dtype)
-    got, _ = handle.alltoallv(np.ascontiguousarray(rows), np.maximum(hi - lo, 0).tolist(), m)
+    got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(rows), np.maximum(hi - lo, 0).tolist(), m)
     return got
 
 
@@ -377,7 +375,7 @@ def getitem_take(dt, key):
     if _modes.state.tracing:
         _trace.collective(f"{name}: rows to their shards", mesh, spec.placements,
                           shape, spec.dtype)
-    got, _ = mesh._handle.alltoallv(np.ascontiguousarray(send), plan.counts, m)
+    got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(send), plan.counts, m)
     # Received by source rank, each in output order: place them.
     order = np.argsort(plan.here_owner, kind="stable")
     result = np.empty((len(order),) + got.shape[1:], spec.dtype)
@@ -412,6 +410,6 @@ def take_grad(g, dt, key):
             if _modes.state.tracing:
                 _trace.collective(f"{name}: rows back to their owners", mesh,
                                   g._spec.placements, g._spec.shape, g._spec.dtype)
-            got, _ = mesh._handle.alltoallv(np.ascontiguousarray(rows[order]), counts, m)
+            got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(rows[order]), counts, m)
             np.add.at(gx, idx[plan.mine] - plan.first, got)
     return _back(name, plan.placements, gx, g.dtype, dt)

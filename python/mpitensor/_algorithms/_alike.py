@@ -45,7 +45,7 @@ def alike(mesh, arrays, what: str) -> tuple:
     for a in arrays:
         crc = zlib.crc32(a.reshape(-1).view(np.uint8), crc)
     try:
-        _comm.agree(mesh._handle, True, crc, f"{what}: ranks computed different results")
+        _comm.agree(mesh, True, crc, f"{what}: ranks computed different results")
         return arrays
     except ValueError:
         pass  # on every rank alike: the agreement failed everywhere
@@ -55,7 +55,7 @@ def alike(mesh, arrays, what: str) -> tuple:
     out = tuple(np.array(a) for a in arrays)  # writable, for the broadcast in place
     for dim in range(mesh.ndim):
         for a in out:
-            mesh._handle.bcast(a, dim)
+            _comm.bcast(mesh, a, dim)
     return out
 
 
@@ -80,7 +80,7 @@ def _slice(mesh, dims):
         entry = (weakref.ref(mesh, lambda _, key=key: _slices.pop(key, None)), {})
         _slices[key] = entry
     if dims not in entry[1]:
-        entry[1][dims] = mesh._handle.slice(list(dims))
+        entry[1][dims] = _comm.sliced(mesh, list(dims))
     return entry[1][dims]
 
 
@@ -97,12 +97,12 @@ def same_along(mesh, arrays, dims) -> None:
     if not dims or mesh._coordinate is None or not arrays:
         return
     everywhere = dims == tuple(m for m in range(mesh.ndim) if mesh.shape[m] > 1)
-    handle = mesh._handle if everywhere else _slice(mesh, dims)
+    over = mesh if everywhere else _slice(mesh, dims)
     try:
-        _comm.agree(handle, True, _crc(arrays), "replicas differ")
+        _comm.agree(over, True, _crc(arrays), "replicas differ")
         return
     except ValueError:
         pass  # on every rank of the slice alike
     for m in dims:
         for a in arrays:
-            mesh._handle.bcast(a, m)
+            _comm.bcast(mesh, a, m)

@@ -145,7 +145,7 @@ def _shift(mesh, m: int, k: int, me: int, n: int, sends: list, recvs: list) -> N
     empty = np.empty((0,), np.uint8)
     out = sends if me == k else [empty] * len(sends)
     into = recvs if me == (k + 1) % n else [np.empty((0,), np.uint8)] * len(recvs)
-    _comm.ring_shift_start(mesh._handle, m, out, into).wait()
+    _comm.ring_shift_start(mesh, m, out, into).wait()
 
 
 class _Steps:
@@ -170,7 +170,7 @@ class _Steps:
         if "raise" not in np.geterr().values():
             return
         try:
-            _comm.agree(mesh._handle, self.error is None, 0, str(self.error),
+            _comm.agree(mesh, self.error is None, 0, str(self.error),
                         FloatingPointError)
         except Exception as agreed:  # noqa: BLE001 - NumPy's type, every rank
             raise self.error or FloatingPointError(str(agreed)) from None
@@ -243,7 +243,7 @@ def segments(ufunc, a, idx: np.ndarray, axis: int, dtype, m: int, out_kind,
         if n > 1:
             _shift(mesh, m, k, me, n, [acc, have], [acc, have])
     if n > 1:
-        mesh._handle.bcast(acc, m)
+        _comm.bcast(mesh, acc, m)
     steps.settle(mesh)
     return np.moveaxis(acc, 0, axis)
 

@@ -86,7 +86,7 @@ def pick_rows(name: str, a, idx, mode: str = "raise"):
     empty_axis = n == 0 and want.size > 0
     # Every rank learns whether any rank's indices were out of bounds, before any
     # request moves: the exception is every rank's.
-    _comm.agree(mesh._handle, not (bad.size or empty_axis), 0,
+    _comm.agree(mesh, not (bad.size or empty_axis), 0,
                 "cannot do a non-empty take from an empty axes." if empty_axis else
                 f"index {int(bad[0]) if bad.size else 0} is out of bounds for axis 0 "
                 f"with size {n}", IndexError)
@@ -94,7 +94,7 @@ def pick_rows(name: str, a, idx, mode: str = "raise"):
     local = a.to_local()
     if m is None:
         got = local[want]
-    elif not mesh._handle.any(not _in_block(spec, m, want)):
+    elif not _comm.any_member(mesh, not _in_block(spec, m, want)):
         # Every rank's indices fall in its own block (rows picked by indices that
         # follow them, as a flat take of a row-sharded prediction by its labels):
         # one flag instead of the exchange.
@@ -126,10 +126,10 @@ def _exchange(name, spec, m, local, want):
     if _modes.state.tracing:
         _trace.collective(f"{name}: indices to the rows' owners, rows back", mesh,
                           spec.placements, spec.shape, spec.dtype)
-    asked, asked_counts = mesh._handle.alltoallv(
+    asked, asked_counts = _comm.alltoallv(mesh,
         np.ascontiguousarray(want[order], dtype=np.int64), counts, m)
     rows = np.ascontiguousarray(local[asked - int(at[me])])
-    back, _ = mesh._handle.alltoallv(rows, list(asked_counts), m)
+    back, _ = _comm.alltoallv(mesh, rows, list(asked_counts), m)
     got = np.empty((len(want),) + local.shape[1:], local.dtype)
     got[order] = back
     return got

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _modes, _registry, _trace
+from .. import _comm, _modes, _registry, _trace
 from .._clib import chunk_sizes
 from .._clib import dtype_code
 from ..placement_types import Replicate, Shard
@@ -140,7 +140,7 @@ def exchange(name: str, spec, m: int, send: np.ndarray, transfers, out: np.ndarr
     if _modes.state.tracing:
         _trace.collective(f"{name}: row exchange", mesh, spec.placements, spec.shape,
                           spec.dtype)
-    got, _ = mesh._handle.alltoallv(np.ascontiguousarray(buf), counts, m)
+    got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(buf), counts, m)
     for t in transfers:
         if t[0] == me and t[2] == me:
             out[t[3]:t[3] + t[4]] = send[t[1]:t[1] + t[4]]

@@ -33,7 +33,7 @@ import numpy as np
 # every ``method=`` gives NumPy's numbers bit for bit.
 from numpy.lib import _function_base_impl as _npq
 
-from .. import _C, _clib, _modes, _trace
+from .. import _C, _clib, _comm, _modes, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -165,16 +165,16 @@ def _buckets(name, a, m, values, keys, with_keys):
         values = np.sort(values)
     sv, sk = _splitters(name, a, m, values, keys)
     counts = _cuts(values, keys, sv, sk)
-    handle = a._spec.mesh._handle
+    mesh = a._spec.mesh
     if _modes.state.tracing:
         _trace.collective(f"{name}: sample sort bucket exchange", a._spec.mesh,
                           a._spec.placements, a._spec.shape, a._spec.dtype)
     if with_keys:
-        rows, _ = handle.alltoallv(_records(values, keys), counts, m)
+        rows, _ = _comm.alltoallv(mesh, _records(values, keys), counts, m)
         got_v, got_k = _split(rows, values.dtype)
         order = np.lexsort((got_k, got_v))
         return got_v[order], got_k[order]
-    got, _ = handle.alltoallv(np.ascontiguousarray(values), counts, m)
+    got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(values), counts, m)
     # Sorted runs, one per source rank: a stable sort merges them.
     return np.sort(got, kind="stable"), None
 
@@ -183,7 +183,7 @@ def _offset(a, m, size) -> int:
     """The global position of this rank's first bucket element: an exclusive scan
     of the bucket sizes along mesh dim ``m``."""
     box = np.array([size], np.int64)
-    a._spec.mesh._handle.exscan(box, m, _clib.CORE.REDUCE_SUM)
+    _comm.exscan(a._spec.mesh, box, m, _clib.CORE.REDUCE_SUM)
     return int(box[0]) if a._spec.mesh._coordinate[m] > 0 else 0
 
 
@@ -234,7 +234,7 @@ def sort_flat(name, a, indices: bool):
     if _modes.state.tracing:
         _trace.collective(f"{name}: sample sort rebalance", mesh, placements, (n,),
                           out_dtype)
-    local, got = mesh._handle.alltoallv(np.ascontiguousarray(data), counts, m)
+    local, got = _comm.alltoallv(mesh, np.ascontiguousarray(data), counts, m)
     assert len(local) == sizes[c]
     return DTensor(local, out_spec)
 

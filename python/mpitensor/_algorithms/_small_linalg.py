@@ -96,15 +96,14 @@ def eigen(name, a, rows, dtype, UPLO, vectors):
     batch = local.shape[:-2]
     _trace.collective(f"{name}: LAPACK on one rank", mesh, a._spec.placements,
                       a._spec.shape, a._spec.dtype)
-    handle = mesh._handle
     send = np.ascontiguousarray(local[..., masks[me]]).reshape(-1) if me != root else \
         np.empty(0, dtype)
-    got, _ = handle.alltoallv(send, [send.size if c == root else 0 for c in range(p)], rows)
+    got, _ = _comm.alltoallv(mesh, send, [send.size if c == root else 0 for c in range(p)], rows)
     out, ok = None, True
     if me == root:
         out, ok = _root_eigen(local, got, at, masks, me, batch, upper, vectors)
     try:
-        _comm.agree(handle, ok, 0, "Eigenvalues did not converge", ValueError)
+        _comm.agree(mesh, ok, 0, "Eigenvalues did not converge", ValueError)
     except ValueError:
         raise np.linalg.LinAlgError("Eigenvalues did not converge") from None
     back = [np.empty(0, dtype)] * p
@@ -116,7 +115,7 @@ def eigen(name, a, rows, dtype, UPLO, vectors):
                 if vectors:
                     part.append(v[..., at[c]:at[c + 1], :].reshape(-1))
                 back[c] = np.concatenate(part)
-    got, _ = handle.alltoallv(np.concatenate(back), [x.size for x in back], rows)
+    got, _ = _comm.alltoallv(mesh, np.concatenate(back), [x.size for x in back], rows)
     return _eigen_result(a, me, root, out, got, at, dtype, vectors)
 
 
@@ -207,7 +206,7 @@ def svd(name, a, rows, dtype, compute_uv, full_matrices):
     q, r = np.linalg.qr(block) if block.shape[0] else (None, np.zeros((0, n), dtype))
     _trace.collective(f"{name}: QR of each block, SVD of the stacked R", mesh,
                       a._spec.placements, a._spec.shape, a._spec.dtype)
-    stack = _stacked_r(mesh._handle, rows, p, me, r, ks, n)
+    stack = _stacked_r(mesh, rows, p, me, r, ks, n)
     if not np.isfinite(stack).all():  # the same bytes on every rank: all raise
         raise np.linalg.LinAlgError("SVD did not converge")
     if not compute_uv:
@@ -225,14 +224,14 @@ def svd(name, a, rows, dtype, compute_uv, full_matrices):
         _wrap(mesh, vh[vrows[me]:vrows[me + 1]], pls, vh.shape))
 
 
-def _stacked_r(handle, dim, p, me, r, ks, n):
+def _stacked_r(mesh, dim, p, me, r, ks, n):
     """The R factors of the ranks of mesh dim ``dim`` stacked in coordinate order
     (``ks[c]`` rows from coordinate c), on every rank: each sends the others its
     upper trapezoid only. Collective on the dim."""
     masks = [np.triu(np.ones((k, n), bool)) for k in ks]
     mine = np.ascontiguousarray(r[masks[me]])
     send = np.concatenate([mine] * (p - 1)) if p > 1 else mine[:0]
-    got, _ = handle.alltoallv(send, [0 if c == me else mine.size for c in range(p)], dim)
+    got, _ = _comm.alltoallv(mesh, send, [0 if c == me else mine.size for c in range(p)], dim)
     stack = np.zeros((sum(ks), n), r.dtype)
     at, pos = _offsets(ks), 0
     for c in range(p):
@@ -277,7 +276,7 @@ def _gather_root(name, x, dtype):
             if not holds:
                 rows = rows[:0]
             counts = [rows.shape[0] if c == 0 else 0 for c in range(mesh.shape[m])]
-            got, _ = mesh._handle.alltoallv(rows, counts, m)
+            got, _ = _comm.alltoallv(mesh, rows, counts, m)
             if holds and coord[m] == 0:
                 local = np.moveaxis(got, 0, d)
         holds = holds and (coord[m] == 0 or mesh.shape[m] == 1)
@@ -307,13 +306,13 @@ def _scatter_root(mesh, full, placements, shape, dtype):
             counts = list(sizes)
         else:
             rows, counts = np.empty([0] + rest, dtype), [0] * mesh.shape[m]
-        got, _ = mesh._handle.alltoallv(rows, counts, m)
+        got, _ = _comm.alltoallv(mesh, rows, counts, m)
         cur_shape[d] = sizes[coord[m]]
         cur = np.moveaxis(got.reshape([cur_shape[d]] + rest), 0, d) if line else None
     out = np.array(cur, dtype, order="C") if cur is not None else np.empty(cur_shape, dtype)
     for m in range(ndim):
         if mesh.shape[m] > 1 and not shard[m]:
-            mesh._handle.bcast(out, m)
+            _comm.bcast(mesh, out, m)
     return out
 
 
@@ -350,14 +349,14 @@ def on_root(name, func, operands, outs):
             ok, message = False, str(e)
             error = ValueError if isinstance(e, np.linalg.LinAlgError) else type(e)
     try:
-        _comm.agree(mesh._handle, ok, 0, message, error)
+        _comm.agree(mesh, ok, 0, message, error)
     except ValueError as e:
         if type(e) is ValueError:
             raise np.linalg.LinAlgError(str(e)) from None
         raise
     for m in range(mesh.ndim):
         if mesh.shape[m] > 1:
-            mesh._handle.bcast(header, m)
+            _comm.bcast(mesh, header, m)
     results = []
     for i, (dtype, placements) in enumerate(outs):
         at = i * (_MAX_NDIM + 1)

@@ -44,7 +44,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import _registry
+from .. import _comm, _registry
 from .._dtensor import DTensor
 
 __all__ = ["link", "relink", "release", "write", "writes", "written", "layout_changed",
@@ -265,7 +265,7 @@ def _refresh(records: list, memory: np.ndarray, done: set) -> None:
             continue
         done.add(id(r))
         owner = r.owner()
-        if not r.mesh._handle.any(owner is not None):
+        if not _comm.any_member(r.mesh, owner is not None):
             r.live = False
             continue
         kept.append(r)

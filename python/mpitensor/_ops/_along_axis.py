@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib import _function_base_impl as _npq
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _dtypes, _factories, _modes, _registry, _trace
+from .. import _comm, _dtypes, _factories, _modes, _registry, _trace
 from .._clib import CORE
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
@@ -790,7 +790,7 @@ def _offsets(mesh, totals, dims, coord, op, lanes=None):
     for i in range(len(dims) - 1, -1, -1):
         m = dims[i]
         before = np.array(totals, order="C")  # the scan writes in place
-        mesh._handle.exscan(before, m, op)
+        _comm.exscan(mesh, before, m, op)
         if coord[m] > 0:
             offset = before if offset is None else combine(before, offset)
         if i > 0:

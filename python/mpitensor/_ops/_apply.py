@@ -55,7 +55,7 @@ def _call(func1d, row, args, kwargs):
 
 
 def _agree(mesh, error) -> None:
-    _comm.agree(mesh._handle, error is None, 0,
+    _comm.agree(mesh, error is None, 0,
                 "" if error is None else f"numpy.apply_along_axis: {error}",
                 ValueError if error is None else type(error))
 
@@ -119,7 +119,7 @@ def apply_along_axis(func1d, axis, arr, *args, **kwargs):
             error = e
     _agree(mesh, error)
     for m in range(mesh.ndim):
-        mesh._handle.bcast(header, m)
+        _comm.bcast(mesh, header, m)
     dtype, res_shape = _decode(header)
     X.check_movable(name, dtype)
     buff = np.zeros(view.shape[:-1] + res_shape, dtype)

@@ -162,7 +162,7 @@ def gather_call(func, args: tuple, kwargs: dict, name: str | None = None,
     if mesh.get_coordinate() is not None:
         # One call, one gather: every rank must make the same one and hold its result.
         _comm.agree(
-            mesh._handle, need <= _available_bytes(),
+            mesh, need <= _available_bytes(),
             fingerprint((need, call_fingerprint(name, args, kwargs))),
             f"{name}: the ranks of the mesh made different calls (other functions or "
             f"arguments, or DTensors of other placements, shapes or dtypes)" if need <= _available_bytes() else
@@ -218,7 +218,7 @@ def _write_once(mesh, func, args, kwargs, name):
         except Exception as e:  # noqa: BLE001 - travels to every rank below
             error = e
     if mesh.get_coordinate() is not None:
-        _comm.agree(mesh._handle, error is None, 0,
+        _comm.agree(mesh, error is None, 0,
                     f"{name}: {error}" if error is not None else "",
                     type(error) if error is not None else ValueError)
     elif error is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _modes, _registry, _trace
+from .. import _comm, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._algorithms import _row_exchange as X
 
@@ -61,7 +61,7 @@ def flip_sharded(a, ax: int):
     if _modes.state.tracing:
         _trace.collective(f"{name}: row exchange", mesh, spec.placements, spec.shape,
                           spec.dtype)
-    got, _ = mesh._handle.alltoallv(np.ascontiguousarray(send), counts, m)
+    got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(send), counts, m)
     pos = 0
     for c in range(p):
         g0, g1 = run(c, me)

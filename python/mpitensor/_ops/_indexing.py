@@ -232,7 +232,7 @@ def agree_index(mesh, fp: int, error: Exception | None = None, what=None) -> Non
     if error is None:
         mesh._agree_call(fp, _DIFFERENT_KEYS)
         return
-    _comm.agree(mesh._handle, False, 0, str(error), type(error))
+    _comm.agree(mesh, False, 0, str(error), type(error))
     raise error  # not reached: the agreement raised on every member
 
 
@@ -423,7 +423,7 @@ def _basic(dt, key, plan, agreed):
         # every size): a key that differs by rank raises alike instead of leaving
         # elements unwritten.
         _trace.report_move("DTensor.__getitem__", spec, plan.mid)
-        piece = owner = _comm.select_exchange(mesh._handle, *plan.exchange,
+        piece = owner = _comm.select_exchange(mesh, *plan.exchange,
                                               np.ascontiguousarray(piece), plan.fp)
     # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
     local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
@@ -442,5 +442,5 @@ def _refill(spec, plan, local):
     Collective on the mesh."""
     _trace.report_move("DTensor.__getitem__ (a view seeing a write into its base)",
                        spec, plan.mid)
-    return _comm.select_exchange(spec.mesh._handle, *plan.exchange,
+    return _comm.select_exchange(spec.mesh, *plan.exchange,
                                  np.ascontiguousarray(local[plan.cut or ...]), plan.fp)

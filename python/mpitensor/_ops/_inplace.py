@@ -35,7 +35,7 @@ import operator
 
 import numpy as np
 
-from .. import _clib, _modes, _registry, _trace
+from .. import _clib, _comm, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard, _StridedShard
@@ -221,7 +221,7 @@ def _rows_to_owners(spec, sel, value, m, j):
     if _modes.state.tracing:
         _trace.collective("DTensor item assignment: rows to their owners", mesh,
                           spec.placements, spec.shape, spec.dtype)
-    got, _ = mesh._handle.alltoallv(send, [len(x) for x in parts], m)
+    got, _ = _comm.alltoallv(mesh, send, [len(x) for x in parts], m)
     # Received by source rank: the sources' pieces are in row order, so are these.
     return np.moveaxis(got, 0, j)
 

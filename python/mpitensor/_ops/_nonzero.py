@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _registry
+from .. import _comm, _registry
 from .._clib import chunk_sizes
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
@@ -124,7 +124,7 @@ def _indices(name, a):
         # [starts[0], starts[0] + len(found)), and each rank's run follows the one
         # before: the indices arrive in order, and no position need travel with them.
         at = np.clip(bounds - int(starts[0]), 0, len(found))
-        got, _ = mesh._handle.alltoallv(np.ascontiguousarray(found, np.int64),
+        got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(found, np.int64),
                                         np.diff(at).tolist(), m)
         return _wrap(mesh, m, got, (total, ndim)), m
     row_of = (np.ravel_multi_index(tuple(found[:, :d].T), spec.shape[:d]) if d and len(found)
@@ -136,7 +136,7 @@ def _indices(name, a):
     counts = np.diff(np.searchsorted(position, bounds, side="left")).tolist()
     records = np.concatenate([position[:, None].astype(np.int64), found.astype(np.int64)],
                              axis=1)
-    got, _ = mesh._handle.alltoallv(np.ascontiguousarray(records), counts, m)
+    got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(records), counts, m)
     got = got[np.argsort(got[:, 0], kind="stable")]
     return _wrap(mesh, m, got[:, 1:], (total, ndim)), m
 

@@ -160,7 +160,7 @@ def _engine(name: str, mesh, locals_) -> tuple:
     package, when some member has no ScaLAPACK. Collective on the mesh."""
     handle = _load()[0]
     finite = all(np.isfinite(x).all() for x in locals_)
-    if not mesh._handle.any(handle is None or not finite):
+    if not _comm.any_member(mesh, handle is None or not finite):
         return handle, True
     _library(name, mesh)  # raises on every rank when some member has none
     return handle, False
@@ -231,7 +231,7 @@ def _agreed_info(a, rows: int, cols: int, info: int) -> int:
     if not _replicas(mesh, rows, cols):
         return info
     try:
-        _comm.agree(mesh._handle, info == 0, 0, str(info), ValueError)
+        _comm.agree(mesh, info == 0, 0, str(info), ValueError)
     except ValueError as e:
         return int(str(e)) if str(e).lstrip("-").isdigit() else 1
     return info
@@ -247,7 +247,7 @@ def _library(name: str, mesh):
     """The ScaLAPACK table, agreed on by the mesh's members: RuntimeError on every
     rank, naming the package, when some member has none. Collective on the mesh."""
     handle, _, why = _load()
-    _comm.agree(mesh._handle, handle is not None, 0,
+    _comm.agree(mesh, handle is not None, 0,
                 f"{name} of a sharded matrix runs on ScaLAPACK, which was not found "
                 f"({why}): {_install_hint()}", RuntimeError)
     return handle
@@ -373,7 +373,7 @@ def _address(a, name: str, routine: str):
     spec = a._spec
     _trace.collective(f"{name}: ScaLAPACK {routine}", spec.mesh, spec.placements,
                       spec.shape, spec.dtype)
-    return _comm.mesh_address(spec.mesh._handle)
+    return _comm.checked(spec.mesh)
 
 
 def _check_info(info: int, message: str) -> None:
@@ -450,7 +450,7 @@ def _agreed(mesh, func):
     except np.linalg.LinAlgError as e:
         ok, message = False, str(e)
     try:
-        _comm.agree(mesh._handle, ok, 0, message, ValueError)
+        _comm.agree(mesh, ok, 0, message, ValueError)
     except ValueError as e:
         raise np.linalg.LinAlgError(str(e)) from None
     return out
@@ -632,7 +632,7 @@ def _eigen(name, a, UPLO, vectors):
     # MKL's band reduction (pdsyrdb, under its symmetric eigensolvers) hands MPI
     # the grid's communicator cut to 32 bits, which Open MPI's pointer handles do
     # not survive: the call crashes the job, a plain C program's as well.
-    _comm.agree(a._spec.mesh._handle, _load()[1] != "mkl", 0,
+    _comm.agree(a._spec.mesh, _load()[1] != "mkl", 0,
                 f"{name} of a sharded matrix does not run on MKL's ScaLAPACK, whose "
                 "eigensolvers crash with Open MPI: install Debian's "
                 f"{PACKAGE} and unset MPITENSOR_SCALAPACK", RuntimeError)

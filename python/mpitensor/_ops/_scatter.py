@@ -82,10 +82,10 @@ def _route(name, spec, m, ax, pos, values, out_axis):
     if _modes.state.tracing:
         _trace.collective(f"{name}: writes to their rows' owners", mesh, spec.placements,
                           spec.shape, spec.dtype)
-    got_pos, _ = mesh._handle.alltoallv(np.ascontiguousarray(pos[order], np.int64),
+    got_pos, _ = _comm.alltoallv(mesh, np.ascontiguousarray(pos[order], np.int64),
                                         counts, m)
     rows = np.ascontiguousarray(np.moveaxis(values, out_axis, 0)[order])
-    got, _ = mesh._handle.alltoallv(rows, counts, m)
+    got, _ = _comm.alltoallv(mesh, rows, counts, m)
     return got_pos - int(at[mesh.get_coordinate()[m]]), np.moveaxis(got, 0, out_axis)
 
 
@@ -178,7 +178,7 @@ def _checked_positions(name, mesh, local, n, ax):
     non-negative; NumPy's IndexError on every rank when any rank holds one out of
     bounds. Collective on the mesh."""
     bad = local[(local < -n) | (local >= n)]
-    _comm.agree(mesh._handle, not bad.size, 0,
+    _comm.agree(mesh, not bad.size, 0,
                 f"index {int(bad[0]) if bad.size else 0} is out of bounds for axis {ax} "
                 f"with size {n}", IndexError)
     return np.where(local < 0, local + n, local)
@@ -233,8 +233,8 @@ def _put_along_by_dtensor(name, arr, indices, values, ax):
             _trace.collective(f"{name}: writes to their rows' owners", mesh,
                               spec.placements, spec.shape, spec.dtype)
         pairs = np.stack([pos.ravel(), flat.ravel()], axis=1)[order]
-        got, _ = mesh._handle.alltoallv(np.ascontiguousarray(pairs, np.int64), counts, m)
-        vals, _ = mesh._handle.alltoallv(
+        got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(pairs, np.int64), counts, m)
+        vals, _ = _comm.alltoallv(mesh,
             np.ascontiguousarray(local_values.ravel()[order]), counts, m)
         local = arr.to_local()
         coords = list(np.unravel_index(got[:, 1], shape)) if got.size else \

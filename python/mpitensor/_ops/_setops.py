@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _modes, _registry, _trace
+from .. import _comm, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
@@ -92,7 +92,7 @@ def _compact(name, like, m, arrays, keep):
     if m is None:
         return [_wrap(mesh, None, a[keep], int(np.count_nonzero(keep)), a.dtype)
                 for a in arrays]
-    counts = mesh._handle.allgather_int(int(np.count_nonzero(keep)), m)
+    counts = _comm.allgather_int(mesh, int(np.count_nonzero(keep)), m)
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     total = int(starts[-1])
     return [_wrap(mesh, m, U._rechunk(name, like._spec, m, a[keep], starts, total), total,
@@ -168,10 +168,10 @@ def _lookup(name, queries, table, payload=None):
     if _modes.state.tracing:
         _trace.collective(f"{name}: lookup exchange", mesh, spec.placements, spec.shape,
                           spec.dtype)
-    got, back = mesh._handle.alltoallv(send, counts.tolist(), m)
+    got, back = _comm.alltoallv(mesh, send, counts.tolist(), m)
     hit, at = _answer(got, t, payload)
     reply = np.stack([hit.astype(np.int64), at.astype(np.int64)], axis=1)
-    answered, _ = mesh._handle.alltoallv(np.ascontiguousarray(reply), list(back), m)
+    answered, _ = _comm.alltoallv(mesh, np.ascontiguousarray(reply), list(back), m)
     found = np.zeros(len(queries), bool)
     where = np.full(len(queries), -1, np.int64)
     sent = order[:len(answered)]

@@ -71,8 +71,7 @@ class _Tall:
             return np.zeros((0, n), self.spec.dtype), np.zeros((n, n), self.spec.dtype)
         _trace.collective(f"{name}: TSQR's tree of R factors", self.mesh,
                           self.spec.placements, (self.shape[0], n), self.spec.dtype)
-        address = _comm.mesh_address(self.mesh._handle)
-        q, r = _lapack.tsqr(address, self.dim, block, want_q)
+        q, r = _lapack.tsqr(_comm.checked(self.mesh), self.dim, block, want_q)
         # Every rank's R, a Replicate result, from its own tree: made alike. Q stays
         # each rank's own, which is its R's to rounding.
         (r,) = alike(self.mesh, (r,), name)
@@ -221,7 +220,7 @@ def _scalapack_found(a) -> bool:
     """Whether ScaLAPACK loaded, agreed on by ``a``'s mesh (ValueError on every
     member when the members differ). Collective on the mesh."""
     found = _rect.S.scalapack_library() is not None
-    _comm.agree(a._spec.mesh._handle, True, int(found),
+    _comm.agree(a._spec.mesh, True, int(found),
                 "numpy.linalg: ScaLAPACK was found on some ranks and not on others")
     return found
 

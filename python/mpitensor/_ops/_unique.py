@@ -36,7 +36,7 @@ from numpy.lib._arraysetops_impl import UniqueAllResult as _UniqueAll
 from numpy.lib._arraysetops_impl import UniqueCountsResult as _UniqueCounts
 from numpy.lib._arraysetops_impl import UniqueInverseResult as _UniqueInverse
 
-from .. import _registry
+from .. import _comm, _registry
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
@@ -91,7 +91,7 @@ def _inverse(name, ar, m, order, ids):
     dest = np.searchsorted(at[1:], order, side="right")
     sort = np.argsort(dest, kind="stable")
     records = np.stack([order, ids], axis=1).astype(np.int64)[sort]
-    got, _ = mesh._handle.alltoallv(np.ascontiguousarray(records),
+    got, _ = _comm.alltoallv(mesh, np.ascontiguousarray(records),
                                     np.bincount(dest, minlength=p).tolist(), m)
     flat = np.empty(int(at[me + 1] - at[me]), np.intp)
     flat[got[:, 0] - at[me]] = got[:, 1]
@@ -151,8 +151,8 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
             flag[0] = differs(x[:1], np.asarray([prev], x.dtype))[0]
     here = np.flatnonzero(flag) + int(at[me])
     k = len(here)
-    counts_of = mesh._handle.allgather_int(k, m)
-    firsts = mesh._handle.allgather_int(int(here[0]) if k else n, m)
+    counts_of = _comm.allgather_int(mesh, k, m)
+    firsts = _comm.allgather_int(mesh, int(here[0]) if k else n, m)
     starts = np.concatenate([[0], np.cumsum(counts_of)]).astype(np.int64)
     total = int(starts[-1])
     pls = tuple(Shard(0) if i == m else Replicate() for i in range(mesh.ndim))

@@ -34,12 +34,12 @@ def agreed(mesh, call, layout, what: str):
     except Exception as error:  # noqa: BLE001 - every exception must be agreed on
         text = f"{what} raised {type(error).__name__}: {error}"
         try:
-            _comm.agree(mesh._handle, False, 0, text, type(error))
+            _comm.agree(mesh, False, 0, text, type(error))
         except Exception as agreed_error:  # noqa: BLE001 - the agreed one
             raise agreed_error from error
         raise  # not reached: an agreement with a failing member raises
     if mesh.size() > 1:
-        _comm.agree(mesh._handle, True, fingerprint(layout(result)),
+        _comm.agree(mesh, True, fingerprint(layout(result)),
                  f"{what} gave gradients of other placements on other ranks: the "
                  f"ranks must return the same placements")
     return result

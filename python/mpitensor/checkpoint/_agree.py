@@ -28,7 +28,7 @@ def _bcast_from_first(mesh, buf: np.ndarray) -> None:
     """Collective on the mesh: ``buf`` from coordinate (0, ..., 0) to every rank,
     one mesh dim after another."""
     for d in range(mesh.ndim):
-        mesh._handle.bcast(buf, d)
+        _comm.bcast(mesh, buf, d)
 
 
 def _kind_of(e: Exception) -> int:
@@ -99,7 +99,7 @@ def same_path(mesh, path: str, look: Callable[[], bytes] = bytes, *,
     """
     if mesh.get_coordinate() is not None:
         what = "path, placements and like=" if layout else "path"
-        _comm.agree(mesh._handle, True,
+        _comm.agree(mesh, True,
                  fingerprint((path, layout)),
                  f"every rank of the mesh must pass the same {what}; the first rank's "
                  f"path is {path!r} (symlinks resolved) and another rank's arguments "
@@ -127,7 +127,7 @@ def everywhere(mesh, attempt: Callable[[], object], failure: Callable[[], Except
         result, error = None, e
     mine = failure() if error is not None else ValueError(differ)
     try:
-        _comm.agree(mesh._handle, error is None, fingerprint, str(mine), type(mine))
+        _comm.agree(mesh, error is None, fingerprint, str(mine), type(mine))
     except Exception as agreed:  # noqa: BLE001 - the first failing rank's, everywhere
         raise agreed from error
     return result

@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 
-from .. import _dtypes
+from .. import _comm, _dtypes
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Replicate, Shard
 from . import _agree, _io, _npy, _paths, _stored, _tensor
@@ -205,7 +205,7 @@ def _sync_once(mesh, path: str) -> None:
 
         >>> _sync_once(mesh, "/data/run.h5")
     """
-    if mesh._handle.nodes()[0] == "one":
+    if _comm.nodes(mesh)[0] == "one":
         _agree.first_rank(mesh, lambda: _paths.sync_file(path) or b"")
         return
     failed = []

@@ -69,10 +69,10 @@ def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_of
     synced to the device before it returns when ``durable``, with its directory
     unless ``durable`` is DURABLE_FILE. Collective on the mesh.
 
-    Example: ``io_save(mesh._handle, "x.npy", head, (4,), 8, len(head), (0,), (4,),
+    Example: ``io_save(mesh, "x.npy", head, (4,), 8, len(head), (0,), (4,),
     local.view(np.uint8))``.
     """
-    m = _comm.mesh_address(mesh)
+    m = _comm.checked(mesh)
     name, head = os.fsencode(path), bytes(header)
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(buf, False)
@@ -86,9 +86,9 @@ def io_load(mesh, path, shape, itemsize: int, offset: int, box_offset, box_shape
     """Fills the writable C-contiguous ``out`` with this rank's box of the array of
     ``shape`` at ``offset`` in the file. Collective on the mesh.
 
-    Example: ``io_load(mesh._handle, "x.npy", (4,), 8, 128, (0,), (4,), raw)``.
+    Example: ``io_load(mesh, "x.npy", (4,), 8, 128, (0,), (4,), raw)``.
     """
-    m = _comm.mesh_address(mesh)
+    m = _comm.checked(mesh)
     name = os.fsencode(path)
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(out, True)

@@ -146,5 +146,5 @@ def savetxt(fname, X, fmt="%.18e", delimiter=" ", newline="\n", header="", foote
     if last:
         mine += foot
     data = np.frombuffer(mine, np.uint8) if mine else np.zeros(0, np.uint8)
-    _io.io_save(mesh._handle, path, head, (total + len(foot),), 1, len(head),
+    _io.io_save(mesh, path, head, (total + len(foot),), 1, len(head),
                 (start if mine else 0,), (len(mine),), data, durable=False)

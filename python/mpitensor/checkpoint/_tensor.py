@@ -75,7 +75,7 @@ def save_dtensor(dt: DTensor, path: str, layout=_npy_layout,
     if not _writes(mesh, placements):
         sizes, offsets, local = (0,) * len(shape), (0,) * len(shape), _NOTHING
     header, data_offset = layout(tuple(dt.shape), dt.dtype)
-    _io.io_save(mesh._handle, path, header, shape, dt.dtype.itemsize, data_offset,
+    _io.io_save(mesh, path, header, shape, dt.dtype.itemsize, data_offset,
                offsets, sizes, local.reshape(-1).view(np.uint8), durable=durable)
     return placements
 
@@ -155,7 +155,7 @@ class RawReader(_stored.Reader):
         shape, sizes, offsets = ((head.shape[order], sizes[order], offsets[order])
                                  if head.shape else ((1,), (1,), (0,)))
         try:
-            _io.io_load(self.mesh._handle, self.opened.name, shape, head.dtype.itemsize,
+            _io.io_load(self.mesh, self.opened.name, shape, head.dtype.itemsize,
                         head.offset, offsets, sizes, raw.reshape(-1).view(np.uint8))
         except Exception as e:  # noqa: BLE001 - the same on every rank, renamed
             raise type(e)(self.opened.local(str(e))) from None

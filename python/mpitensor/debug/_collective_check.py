@@ -75,21 +75,21 @@ def _check_mesh(mesh):
     the mesh never checks). ``_comm.Mesh`` duplicates the communicator it is given, so
     the parent's and the group's serve as they are."""
     key = mesh._key()
-    handle = _check_meshes.get(key)
-    if handle is None:
+    bare = _check_meshes.get(key)
+    if bare is None:
         parent = mesh._comm
         ranks = [int(r) for r in mesh.mesh.ravel()]
         members = np.arange(len(ranks), dtype=np.intc)
         if ranks == list(range(parent.Get_size())):
-            handle = _comm.Mesh(parent, (len(ranks),), members)
+            bare = _comm.Mesh(parent, (len(ranks),), members)
         else:
             group = parent.Get_group().Incl(ranks)
             comm = parent.Create_group(group)
             group.Free()
-            handle = _comm.Mesh(comm, (len(ranks),), members)
+            bare = _comm.Mesh(comm, (len(ranks),), members)
             comm.Free()
-        _check_meshes[key] = handle
-    return handle
+        _check_meshes[key] = bare
+    return bare
 
 
 def agree(what: str, mesh) -> None:
@@ -97,17 +97,17 @@ def agree(what: str, mesh) -> None:
     about to call the same ``what`` from the same call site."""
     if mesh._coordinate is None or mesh.size() == 1:
         return
-    handle = _check_mesh(mesh)
+    bare = _check_mesh(mesh)
     text = f"{what} at {call_site()}"
     try:
         # The agreement primitive: one small all-reduce, and every member raises
         # the same ValueError when the digests differ (every rank passes ok=True,
         # so that is the only ValueError it can give).
-        _comm.agree(handle, True, fingerprint(text), "collective mismatch")
+        _comm.agree(bare, True, fingerprint(text), "collective mismatch")
         return
     except ValueError:
         pass
-    texts = [b.decode() for b in allgather_bytes(handle, 0, text.encode())]
+    texts = [b.decode() for b in allgather_bytes(bare, 0, text.encode())]
     raise RuntimeError(mismatch_message(mesh, texts))
 
 

@@ -207,7 +207,7 @@ def _write_on_one_rank(mesh, path, draw, what: str) -> None:
         except Exception as e:  # reported on every rank below
             error = e
     try:
-        _comm.agree(mesh._handle, error is None, 0,
+        _comm.agree(mesh, error is None, 0,
                  f"{what}: writing {path!r} failed on the mesh's first rank (rank "
                  f"{int(mesh.mesh.flat[0])}): {error}", type(error or RuntimeError()))
     except Exception as agreed:  # noqa: BLE001 - the first rank's, on every rank

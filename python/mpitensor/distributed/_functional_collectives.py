@@ -111,7 +111,7 @@ def _agree(mesh: DeviceMesh, failure, what) -> None:
         (f"ValueError:{what[0]}: the ranks of the group passed different arguments, "
          f"shapes or dtypes (this rank: {what[1:]})")
     try:
-        _comm.agree(mesh._handle, failure is None, fingerprint(repr(what)), message,
+        _comm.agree(mesh, failure is None, fingerprint(repr(what)), message,
                     ValueError)
     except ValueError as e:
         kind, _, text = str(e).partition(":")
@@ -232,7 +232,7 @@ def _all_to_all(mesh, a, out_splits, in_splits):
         m = a.shape[0] // n
         got = _moved(mesh, a.reshape((1, n * m) + a.shape[1:]), Shard(0), Shard(1))
         return got.reshape((n * m,) + a.shape[1:])
-    rows, received = mesh._handle.alltoallv(a, in_splits, 0)
+    rows, received = _comm.alltoallv(mesh, a, in_splits, 0)
     bad = list(received) != list(out_splits)
     # What each rank expected is checked against what it was sent, on every rank,
     # before a result is returned.

@@ -10,10 +10,10 @@ from .. import _comm
 from . import _load_balance as LB
 
 
-def agree_on_shards(handle, n: int, meta: list, problem, who: str, names: tuple,
+def agree_on_shards(mesh, n: int, meta: list, problem, who: str, names: tuple,
                     differs: str) -> list:
     """``meta`` is ``[failed, len_0, ..., len_k, fingerprint...]`` on this rank, with
-    one sequence length per entry of ``names``; collective over ``handle``'s ring.
+    one sequence length per entry of ``names``; collective over ``mesh``'s ring.
     Returns, per name, the lengths of every rank's shard.
 
     Example (every rank of a 2-rank mesh)::
@@ -22,12 +22,12 @@ def agree_on_shards(handle, n: int, meta: list, problem, who: str, names: tuple,
         [[3, 3]]
     """
     width, k = len(meta), len(names)
-    got = _comm.ring_allgather_int64(handle, 0, meta)
+    got = _comm.ring_allgather_int64(mesh, 0, meta)
     rows = [got[i * width:(i + 1) * width] for i in range(n)]
     if any(row[0] for row in rows):
         # Every rank learnt that some rank failed; the first one's reason travels
         # through the agreement primitive, so every rank raises the same message.
-        _comm.agree(handle, not problem, 0, f"{who}: {problem}", ValueError)
+        _comm.agree(mesh, not problem, 0, f"{who}: {problem}", ValueError)
     if any(row[1 + k:] != rows[0][1 + k:] for row in rows):
         raise ValueError(f"{who}: the ranks passed inputs that differ in {differs}")
     lengths = [[row[1 + j] for row in rows] for j in range(k)]

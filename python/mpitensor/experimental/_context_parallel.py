@@ -269,27 +269,27 @@ def context_parallel(mesh, *, buffers=None, buffer_seq_dims=None, no_restore_buf
                 buf[...] = saved
 
 
-def _gather_meta(handle, n, local, problem):
+def _gather_meta(mesh, n, local, problem):
     """Every rank's shard length, after checking on every rank alike that the
     shards are of one array (a bad input anywhere fails everywhere)."""
     meta = [1, 0, 0, 0] if problem else \
         [0, local.shape[0], fingerprint(local.shape[1:]), local.dtype.num]
-    (lens,) = agree_on_shards(handle, n, meta, problem, "context_parallel_unshard",
+    (lens,) = agree_on_shards(mesh, n, meta, problem, "context_parallel_unshard",
                               ("sequence",), "shape (other than the sequence dim) or dtype")
     return lens, sum(lens)
 
 
-def _unshard_one(handle, n, buf, seq_dim):
+def _unshard_one(mesh, n, buf, seq_dim):
     local, problem = None, ""
     try:
         dim = normalize_axis_index(seq_dim, buf.ndim)
         local = np.ascontiguousarray(np.moveaxis(buf, dim, 0))
     except ValueError as exc:
         problem = str(exc)
-    lens, total = _gather_meta(handle, n, local, problem)
+    lens, total = _gather_meta(mesh, n, local, problem)
     row = int(np.prod(local.shape[1:], dtype=np.int64)) * local.itemsize
     gathered = np.empty((total,) + local.shape[1:], local.dtype)
-    _comm.ring_allgatherv_start(handle, 0, local, gathered, [m * row for m in lens]).wait()
+    _comm.ring_allgatherv_start(mesh, 0, local, gathered, [m * row for m in lens]).wait()
     out = np.empty_like(gathered)
     offset = 0
     for k in range(n):
@@ -317,5 +317,5 @@ def context_parallel_unshard(mesh, buffers, seq_dims):
     if len(buffers) != len(seq_dims):
         raise ValueError(f"buffers and seq_dims must have the same length, got "
                          f"{len(buffers)} and {len(seq_dims)}")
-    return [_unshard_one(mesh._handle, mesh.size(), np.asarray(b), d)
+    return [_unshard_one(mesh, mesh.size(), np.asarray(b), d)
             for b, d in zip(buffers, seq_dims)]

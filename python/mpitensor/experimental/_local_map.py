@@ -272,7 +272,7 @@ def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh,
         total = []
         for k in range(0, len(sizes), 64):
             part = sizes[k:k + 64]
-            got = _comm.ring_allgather_int64(mesh._handle, d, part)
+            got = _comm.ring_allgather_int64(mesh, d, part)
             total += [sum(got[j::len(part)]) for j in range(len(part))]
         if problem is None:
             for (i, t), n in zip(mine, total):
@@ -291,7 +291,7 @@ def _global_shapes(outs: Sequence[Any], placements: Sequence, mesh,
         (np.dtype(o.dtype).str, o.ndim) for o, pl in zip(outs, placements) if pl is not None]
     # An AssertionError travels as a ValueError: an agreement carries a status code,
     # whose Python exceptions do not include AssertionError.
-    _comm.agree(mesh._handle, problem is None, fingerprint(kinds),
+    _comm.agree(mesh, problem is None, fingerprint(kinds),
              f"local_map: {problem}" if isinstance(problem, AssertionError) else
              str(problem) if problem is not None else
              f"local_map: the outputs differ in dtype or number of dims across the ranks "

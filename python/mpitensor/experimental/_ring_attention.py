@@ -208,11 +208,11 @@ def _meta(q, k, v, problem, causal, scale, rotate):
             q.dtype.num, int(bool(causal)), scale_bits, _ROTATE_CODES[rotate]]
 
 
-def _agree(handle, n, r, meta, problem):
+def _agree(mesh, n, r, meta, problem):
     """Gathers every rank's metadata and raises the same error on every rank when
     the inputs are bad anywhere or differ between ranks. Returns the query and
     key lengths per rank."""
-    lq, lk = agree_on_shards(handle, n, meta, problem, "ring attention",
+    lq, lk = agree_on_shards(mesh, n, meta, problem, "ring attention",
                              ("query", "key/value"), "shape (other than the sequence "
                              "length), dtype, is_causal, scale or rotate method")
     return lq, lk
@@ -243,7 +243,7 @@ class RingSaved:
     (sequence dim moved to -2, in the compute dtype), its output and the
     log-sum-exp of every query row, the shard lengths and the ring."""
 
-    __slots__ = ("q", "k", "v", "out", "lse", "lq", "lk", "dims", "scale", "causal", "handle",
+    __slots__ = ("q", "k", "v", "out", "lse", "lq", "lk", "dims", "scale", "causal", "mesh",
                  "n", "r", "rotate")
 
 
@@ -271,8 +271,8 @@ def ring_attention_forward(query, key, value, *, mesh, seq_dim=-2, is_causal=Fal
     if not problem:
         q, k, v = (np.moveaxis(a, d, -2).astype(dt, copy=False) for a, d in zip((q, k, v), dims))
     n, r = mesh.size(), mesh.get_local_rank()
-    handle, rotate = mesh._handle, _rotate_method[0]
-    lq, lk = _agree(handle, n, r, _meta(q, k, v, problem, is_causal, scale, rotate), problem)
+    rotate = _rotate_method[0]
+    lq, lk = _agree(mesh, n, r, _meta(q, k, v, problem, is_causal, scale, rotate), problem)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
     acc = _Accumulator(q, LB.rank_segments(sum(lq), n, r), v.shape[-1], k.shape[:-2],
@@ -284,16 +284,16 @@ def ring_attention_forward(query, key, value, *, mesh, seq_dim=-2, is_causal=Fal
         # One message carries keys and values side by side, as torch's rotater
         # gathers cat([k, v]).
         kv = np.ascontiguousarray(np.concatenate([k, v], axis=-1))
-        _rotate_allgather(handle, n, r, kv, lk, segments, acc)
+        _rotate_allgather(mesh, n, r, kv, lk, segments, acc)
     else:
-        _rotate_ring(handle, n, r, np.ascontiguousarray(k), np.ascontiguousarray(v), lk,
+        _rotate_ring(mesh, n, r, np.ascontiguousarray(k), np.ascontiguousarray(v), lk,
                      segments, acc)
     saved = None
     if keep:
         saved = RingSaved()
         saved.q, saved.k, saved.v, saved.out, saved.lse = q, k, v, acc.out, acc.lse
         saved.lq, saved.lk, saved.dims, saved.scale, saved.causal = lq, lk, dims, scale, is_causal
-        saved.handle, saved.n, saved.r, saved.rotate = handle, n, r, rotate
+        saved.mesh, saved.n, saved.r, saved.rotate = mesh, n, r, rotate
     # The sequence dim keeps its place counted from the end (batch dims may broadcast).
     return np.moveaxis(acc.out, -2, dims[0] - q.ndim), saved
 
@@ -396,7 +396,7 @@ def _grad_ring(s, k, v, segments, acc):
     shares an exchange with the next key/value block; with "allgather" the blocks
     come from one all-gather of cat([k, v]) as in the forward. A last shift
     returns each block's gradient to its owner. Returns this rank's (dk, dv)."""
-    n, r, lk, handle = s.n, s.r, s.lk, s.handle
+    n, r, lk, mesh = s.n, s.r, s.lk, s.mesh
     batch, ek, ev = k.shape[:-2], k.shape[-1], v.shape[-1]
     grad_buf = lambda rows: (np.empty(batch + (rows, ek), k.dtype),  # noqa: E731
                              np.empty(batch + (rows, ev), v.dtype))
@@ -405,7 +405,7 @@ def _grad_ring(s, k, v, segments, acc):
         kv = np.ascontiguousarray(np.concatenate([k, v], axis=-1))
         row = int(np.prod(batch, dtype=np.int64)) * kv.shape[-1] * kv.itemsize
         flat = np.empty(sum(lk) * row // kv.itemsize, kv.dtype)
-        gathered = _comm.ring_allgatherv_start(handle, 0, kv, flat, [m * row for m in lk])
+        gathered = _comm.ring_allgatherv_start(mesh, 0, kv, flat, [m * row for m in lk])
         offsets = np.concatenate([[0], np.cumsum(lk)]) * (row // kv.itemsize)
     else:
         bufs = _RingBuffers(k, v, max(lk))
@@ -419,7 +419,7 @@ def _grad_ring(s, k, v, segments, acc):
         if done is not None:
             arriving = grad_buf(lk[src])
             sends, recvs = sends + list(done), recvs + list(arriving)
-        ex = _comm.ring_shift_start(handle, 0, sends, recvs) if sends else None
+        ex = _comm.ring_shift_start(mesh, 0, sends, recvs) if sends else None
         if gathered is not None:
             if step == 0:
                 acc.progress = gathered.test  # the local block overlaps the gather
@@ -442,7 +442,7 @@ def _grad_ring(s, k, v, segments, acc):
         done = (dk, dv)
     acc.progress = lambda: None
     mine = grad_buf(lk[r])
-    _comm.ring_shift_start(handle, 0, list(done), list(mine)).wait()
+    _comm.ring_shift_start(mesh, 0, list(done), list(mine)).wait()
     return mine
 
 
@@ -468,7 +468,7 @@ class _RingBuffers:
                      for f, a in zip(self.flat[step % 2], (k, v)))
 
 
-def _rotate_ring(handle, n, r, k, v, lk, segments, acc):
+def _rotate_ring(mesh, n, r, k, v, lk, segments, acc):
     """Step s computes the block of rank r - s while the next one arrives; keys
     and values travel as two messages of one exchange (no packing copy)."""
     cur, bufs = (k, v), _RingBuffers(k, v, max(lk))
@@ -476,19 +476,19 @@ def _rotate_ring(handle, n, r, k, v, lk, segments, acc):
         src, ex = (r - step) % n, None
         if step < n - 1:
             nxt = bufs.take(step, lk[(src - 1) % n], k, v)
-            ex = _comm.ring_shift_start(handle, 0, cur, nxt)
+            ex = _comm.ring_shift_start(mesh, 0, cur, nxt)
             acc.progress = ex.test
         acc.attend(cur[0], cur[1], segments[src])
         if ex is not None:
             cur = ex.wait()
 
 
-def _rotate_allgather(handle, n, r, kv, lk, segments, acc):
+def _rotate_allgather(mesh, n, r, kv, lk, segments, acc):
     """All blocks arrive in one all-gather, posted before the local block is
     computed and completed after."""
     row = int(np.prod(kv.shape[:-2], dtype=np.int64)) * kv.shape[-1] * kv.itemsize
     flat = np.empty(sum(lk) * row // kv.itemsize, kv.dtype)
-    ex = _comm.ring_allgatherv_start(handle, 0, kv, flat, [n_k * row for n_k in lk])
+    ex = _comm.ring_allgatherv_start(mesh, 0, kv, flat, [n_k * row for n_k in lk])
     acc.progress = ex.test
     acc.attend(kv[..., :acc.e], kv[..., acc.e:], segments[r])
     ex.wait()

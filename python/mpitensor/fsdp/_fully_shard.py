@@ -812,7 +812,7 @@ class _State:
         name = type(self.module).__name__
         problem = policy_problem(mp) or problem or group_problem(mp, self.dtype, name)
         layout = [(p.name, p.shape, p.dtype.str, p.dim) for p in self.params]
-        _comm.agree(self.mesh._handle, problem is None,
+        _comm.agree(self.mesh, problem is None,
                  fingerprint((mp, reshard_after_forward, layout)),
                  problem or f"fully_shard: the ranks passed different mp_policy, "
                             f"reshard_after_forward or parameters (names, shapes, dtypes, "
@@ -950,7 +950,7 @@ class _State:
                 problem = f"Expects FSDPModule but got {type(m)}: {m}"
                 break
         states = [] if problem else [m.__dict__["_fsdp_state"] for m in modules]
-        _comm.agree(self.mesh._handle, problem is None,
+        _comm.agree(self.mesh, problem is None,
                     fingerprint((kind, self._ident(), [s._ident() for s in states])),
                     problem or f"set_modules_to_{kind}_prefetch: the ranks passed "
                                f"different modules to {type(self.module).__name__} "

@@ -64,7 +64,7 @@ def _agree_load(meshes, errors: list, layout, head: str, kind: type,
             continue
         seen.append(mesh)
         try:
-            _comm.agree(mesh._handle, error is None, mine, error or head + (mismatch or (
+            _comm.agree(mesh, error is None, mine, error or head + (mismatch or (
                 "the state dict's DTensors (their keys, shapes, dtypes or "
                 "placements) differ across the ranks of the mesh; every rank must load "
                 "the same layout.")), kind)

@@ -149,7 +149,7 @@ def _agree_on_call(mesh, part: float, ok: bool, fp: int, problem, what: str) -> 
     `_comm.agree` (which only runs then). Collective on the mesh."""
     got = _reduce(mesh, [part] + _check_words(ok, fp), "sum")
     if mesh.get_coordinate() is not None and not _check_passed(got[1:], mesh.size()):
-        _comm.agree(mesh._handle, ok, fp, problem or what, ValueError)
+        _comm.agree(mesh, ok, fp, problem or what, ValueError)
         raise ValueError(what)  # not reached: the agreement raised on every rank
     return float(got[0])
 

@@ -323,7 +323,7 @@ class Optimizer:
         self._zeroed = 0
         for mesh in meshes:
             try:
-                _comm.agree(mesh._handle, error is None, mine, error or _STEP_MISMATCH,
+                _comm.agree(mesh, error is None, mine, error or _STEP_MISMATCH,
                          ValueError)
             except ValueError as agreed:  # the same on every rank of that mesh
                 # Carried to the other meshes, so that no rank of those waits.

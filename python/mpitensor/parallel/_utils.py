@@ -103,7 +103,7 @@ def _agree_shapes(local, mesh, problem, what: str) -> None:
     """Every rank's local shape must be the same for an even split: one agreement on
     a fingerprint of it, which also carries a rank's ``problem``. Collective."""
     shape = (local.ndim,) + tuple(local.shape) if problem is None else ()
-    _comm.agree(mesh._handle, problem is None, fingerprint(shape),
+    _comm.agree(mesh, problem is None, fingerprint(shape),
              str(problem) if problem is not None else
              f"the local {what}s differ in shape across the ranks of the mesh "
              f"({tuple(local.shape)} on rank {mesh.get_rank()}); a local input is taken "
@@ -137,7 +137,7 @@ def _exchange_1d(local, mesh, dim: int, problem, what: str) -> None:
     d = dim % local.ndim if problem is None else 0
     mine = (-_KINDS.index(type(problem)) if problem is not None
             else int(local.shape[d]) * _NDIMS + local.ndim)
-    got = list(mesh._handle.allgather_int(mine, 0))
+    got = list(_comm.allgather_int(mesh, mine, 0))
     bad = [r for r, v in enumerate(got) if v < 0]
     if bad:
         kind = _KINDS[-got[bad[0]]]
@@ -160,7 +160,7 @@ def _exchange_1d(local, mesh, dim: int, problem, what: str) -> None:
 def _exchange_nd(local, mesh, placements, sharded, problem, what: str) -> None:
     """The check on a mesh of several dims: each mesh dim's exchange reaches only
     its group, so the ranks agree on the inputs first and on the sizes after."""
-    _comm.agree(mesh._handle, problem is None, getattr(local, "ndim", -1),
+    _comm.agree(mesh, problem is None, getattr(local, "ndim", -1),
              str(problem) if problem else
              f"the local {what}s have {getattr(local, 'ndim', -1)} dims on the mesh's "
              f"first rank and another number on another rank",
@@ -168,6 +168,6 @@ def _exchange_nd(local, mesh, placements, sharded, problem, what: str) -> None:
     error = None
     for m in sharded:
         d = placements[m].dim % local.ndim
-        sizes = list(mesh._handle.allgather_int(int(local.shape[d]), m))
+        sizes = list(_comm.allgather_int(mesh, int(local.shape[d]), m))
         error = error or _misfit(what, d, sizes, m)
-    _comm.agree(mesh._handle, error is None, 0, str(error), ValueError)
+    _comm.agree(mesh, error is None, 0, str(error), ValueError)

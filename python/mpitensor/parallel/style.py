@@ -84,7 +84,7 @@ def _agree_linear_input(local, mesh, features: int) -> None:
     want = _clib.chunk_sizes(features, mesh.size(0))[coord[0]]
     width = local.shape[-1]
     lead = tuple(local.shape[:-1])
-    _comm.agree(mesh._handle, width == want, fingerprint((np.dtype(local.dtype).str, lead)),
+    _comm.agree(mesh, width == want, fingerprint((np.dtype(local.dtype).str, lead)),
              f"the input of Linear has {width} features on rank {mesh.get_rank()}, where "
              f"its shard of in_features={features} over {mesh.size(0)} ranks has {want}"
              if width != want else

@@ -248,7 +248,7 @@ def _allgather_over_mesh(item, mesh) -> list:
     members of the mesh take part (ranks of its communicator outside it do not)."""
     items = [item]
     for d in reversed(range(mesh.ndim)):
-        blobs = allgather_bytes(mesh._handle, d, pickle.dumps(items))
+        blobs = allgather_bytes(mesh, d, pickle.dumps(items))
         items = [x for blob in blobs for x in pickle.loads(blob)]
     return sorted(items, key=lambda v: v["rank"])
 
