@@ -319,10 +319,9 @@ def _views_of(x):
     return [v, x[:, 1], x[1:3, 0], x[..., 2], v[0], v[1:], x[3][::-1]]
 
 
-def test_a_view_sees_later_writes_into_its_base(layout):
-    mesh, pls = layout
-    full = _full()
-    a = make(full, mesh, pls)
+def _views_follow_the_writes(a, full):
+    """Every write of BASE_WRITES into ``a`` and into its NumPy twin ``full``: the
+    views taken before show each, as NumPy's do."""
     ours, numpys = _views_of(a), _views_of(full)
     for i, write in enumerate(BASE_WRITES):
         write(a)
@@ -331,6 +330,12 @@ def test_a_view_sees_later_writes_into_its_base(layout):
         for got, want in zip(ours, numpys):
             np.testing.assert_allclose(got.full_tensor(), want, rtol=0, atol=1e-10,
                                        err_msg=f"after write {i}")
+
+
+def test_a_view_sees_later_writes_into_its_base(layout):
+    mesh, pls = layout
+    full = _full()
+    _views_follow_the_writes(make(full, mesh, pls), full)
 
 
 @pytest.mark.skipif(W % 2, reason="a Shard beside a Partial needs a 2-D mesh")
@@ -345,13 +350,7 @@ def test_a_view_sees_the_write_that_resolved_its_base_and_later_ones(pls):
     r = make(full, mesh, [R if p.is_partial() else p for p in pls])
     a = mt.DTensor.from_local(r.to_local().copy(), mesh, pls, shape=full.shape,
                               stride=r.stride())
-    ours, numpys = _views_of(a), _views_of(full)
-    for i, write in enumerate(BASE_WRITES):
-        write(a)
-        write(full)
-        assert_matches(a, full)
-        for got, want in zip(ours, numpys):
-            np.testing.assert_array_equal(got.full_tensor(), want, err_msg=f"after write {i}")
+    _views_follow_the_writes(a, full)
 
 
 def test_a_view_held_by_one_rank_only_sees_the_write_and_nothing_hangs():
