@@ -60,7 +60,7 @@ from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Shard
 # MKL's ScaLAPACK's libraries in the order mpitensor loads them.
-from mpitensor._ops._scalapack import _MKL as MKL_LIBRARIES, scalapack_library
+from mpitensor._algorithms._scalapack import MKL as MKL_LIBRARIES, scalapack_library
 
 from _common import (machine, machine_line, ratio, result_path, summary,  # benchmarks/ is sys.path[0]
                      time_interleaved, write_result)

@@ -11,7 +11,7 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 from . import _C, _mpi_library, device_mesh, _comm
-from ._ops._scalapack import PACKAGE, scalapack_library, scalapack_source
+from ._algorithms._scalapack import PACKAGE, scalapack_library, scalapack_source
 from ._version import __version__
 from .nn import _blas
 

@@ -24,10 +24,11 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import DTensor, Replicate, Shard, distribute_tensor
+from mpitensor._algorithms import _scalapack as engine
 from mpitensor._algorithms import _small_linalg
 from mpitensor._ops import _scalapack
 from mpitensor._ops._fallback import GatherWarning
-from mpitensor._ops._scalapack import scalapack_library
+from mpitensor._algorithms._scalapack import scalapack_library
 from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
 
@@ -350,7 +351,7 @@ import numpy as np
 from mpi4py import MPI
 import mpitensor as mt
 from mpitensor import Shard
-from mpitensor._ops import _scalapack
+from mpitensor._algorithms import _scalapack
 _scalapack.MIN_BLOCK = 0  # every grid to ScaLAPACK, as before the routing
 mesh = mt.init_device_mesh("cpu", (MPI.COMM_WORLD.Get_size(),))
 a = mt.distribute_tensor(np.array([[1.0, 2.0]]), mesh, [Shard(1)])
@@ -432,10 +433,10 @@ def no_scalapack(monkeypatch):
     """mpitensor as on a machine without ScaLAPACK: the library it is told to load
     does not exist."""
     monkeypatch.setenv("MPITENSOR_SCALAPACK", "/nonexistent/libscalapack.so")
-    _scalapack._load.cache_clear()
+    engine.load.cache_clear()
     yield
     monkeypatch.delenv("MPITENSOR_SCALAPACK")
-    _scalapack._load.cache_clear()
+    engine.load.cache_clear()
 
 
 @pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")

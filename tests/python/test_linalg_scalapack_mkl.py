@@ -19,7 +19,7 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import _clib
-from mpitensor._ops import _scalapack
+from mpitensor._algorithms import _scalapack
 from mpitensor._show_config import config
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -43,11 +43,11 @@ def on_mkl():
     """Every test of this module on MKL's ScaLAPACK, the default restored after."""
     patch = pytest.MonkeyPatch()
     patch.setenv("MPITENSOR_SCALAPACK", "mkl")
-    _scalapack._load.cache_clear()
+    _scalapack.load.cache_clear()
     assert os.path.basename(_scalapack.scalapack_library()) == "libmkl_scalapack_lp64.so.2"
     yield
     patch.undo()
-    _scalapack._load.cache_clear()
+    _scalapack.load.cache_clear()
 
 
 @pytest.mark.parametrize("func", [np.linalg.eigh, np.linalg.eigvalsh], ids=lambda f: f.__name__)
@@ -74,7 +74,7 @@ def test_show_config_names_mkls():
 @pytest.mark.skipif(P == 1, reason="a 1-rank mesh runs NumPy's LAPACK")
 def test_missing_mkl_raises_on_every_rank_saying_what_to_install(monkeypatch):
     monkeypatch.setattr(_clib, "mkl_library", lambda stem: f"/nonexistent/{stem}.3")
-    _scalapack._load.cache_clear()
+    _scalapack.load.cache_clear()
     try:
         assert _scalapack.scalapack_library() is None
         da = dist(matrix(2 * P, np.float64), ((P,), [S0]))
@@ -83,7 +83,7 @@ def test_missing_mkl_raises_on_every_rank_saying_what_to_install(monkeypatch):
             np.linalg.inv(da)
     finally:
         monkeypatch.undo()
-        _scalapack._load.cache_clear()
+        _scalapack.load.cache_clear()
 
 
 # Computes NumPy's products and factorizations and the nn kernels' gemm, loads
@@ -92,7 +92,7 @@ _SAME_SCRIPT = """
 import json, os
 import numpy as np
 from mpitensor.nn import _blas, _ckernels
-from mpitensor._ops import _scalapack
+from mpitensor._algorithms import _scalapack
 
 def compute():
     rng = np.random.default_rng(0)
@@ -106,7 +106,7 @@ def compute():
     return out
 
 before = compute()
-_scalapack._load()
+_scalapack.load()
 after = compute()
 print(json.dumps({"provider": _blas.provider(), "source": _scalapack.scalapack_source(),
                   "same": [bool(np.array_equal(x, y)) for x, y in zip(before, after)]}))

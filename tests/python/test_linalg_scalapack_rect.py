@@ -18,7 +18,7 @@ from mpi4py import MPI
 from mpitensor import Replicate, Shard, distribute_tensor
 from mpitensor._algorithms import _small_linalg
 from mpitensor._ops._fallback import GatherWarning
-from mpitensor._ops._scalapack import scalapack_library
+from mpitensor._algorithms._scalapack import scalapack_library
 from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
 

@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import Replicate, Shard, distribute_tensor
-from mpitensor._ops._scalapack import scalapack_library
+from mpitensor._algorithms._scalapack import scalapack_library
 from mpitensor.device_mesh import init_device_mesh
 
 COMM = MPI.COMM_WORLD

@@ -1,473 +1,33 @@
 """The square linear algebra of ``np.linalg`` on sharded DTensors, on ScaLAPACK:
 ``solve``, ``inv``, ``det``, ``slogdet``, ``cholesky``, ``eigh`` and ``eigvalsh``.
 
-A torch.chunk shard is a ScaLAPACK block distribution (one block of ceil(n/P) rows
-or columns per process), so a matrix whose rows are sharded over one mesh dim and
-its columns (or not) over another is described to ScaLAPACK as it lies, on a
-Pr x Pc process grid made of those two mesh dims (csrc/linalg/scalapack.c): each
-rank hands over its own block as NumPy holds it (C-ordered), and the C side packs
-from it, column-major, the pieces each rank owns in the block-cyclic layout the
-factorizations want, one message per pair of ranks, and back.
-The matrix is never gathered. Other layouts (a Partial, a mesh dim sharding a
-batch dim, two mesh dims on one matrix dim) are first redistributed to rows on the
-first mesh dim of more than one rank and columns on the second; batch dims are
-replicated and each matrix of the stack is one ScaLAPACK call. A matrix that no
-mesh dim shards (replicated, or on a one-rank mesh) is the small case: each rank
-runs NumPy's LAPACK on its local stack, and the results keep the stack's
-placements. A small matrix whose rows alone are sharded takes ``_small_linalg``'s
-eigh on one rank.
-
-ScaLAPACK sees only what its drivers get right. A grid on which some process
-would hold no row or column of the matrix, or a single one, is first traded for
-one that fits it (another pair of mesh dims, or one of them); where none fits
-(the matrix is small in both dims) NumPy runs on one rank
-(``_small_linalg.on_root``). So does a matrix holding a NaN or an infinity, which
-ScaLAPACK's drivers reject or answer otherwise than NumPy: every rank learns it
-from the all-reduce that agrees on the library, at no extra message. Results are
-the same bytes on every rank where their placements say Replicate: a matrix
-replicated over a mesh dim its grid does not use is factored by each replica
-group, whose results may round differently, so they are made alike
-(``_alike.same_along``).
-
-ScaLAPACK is loaded at the first call that needs it: Debian's
-``libscalapack-openmpi-dev``, or MKL's (the ``mkl`` extra, without eigh) or a library
-by path where ``MPITENSOR_SCALAPACK`` asks (``debian``, ``mkl``, a path). Without it
-those calls raise RuntimeError on every rank, naming the package.
+Each entry lays its matrix out on a process grid and picks where it runs through
+the engine (``_algorithms/_scalapack.py``: ScaLAPACK on the grid as the matrix
+lies, NumPy on each rank's local stack, or NumPy on one rank), then calls its
+driver (csrc/linalg/scalapack.c). The matrix is never gathered. A small matrix
+whose rows alone are sharded takes ``_small_linalg``'s eigh on one rank.
 ``eig``/``eigvals`` have no ScaLAPACK driver and keep the gathering fallback.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-
 import numpy as np
 
-from .. import _clib, _comm, _registry, _trace
-from .._clib import A, D as _D, E, I, I64, P, S, call, find_library, fn, ptr
+from .. import _comm, _registry
+from .._clib import A, D as _D, E, I, I64, P, call, fn, ptr
 from .._dtensor import DTensor
-from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from .._algorithms import _dispatch as D
+from .._algorithms import _scalapack as S
 from .._algorithms import _small_linalg
 from .._algorithms._alike import same_along
+__all__ = ["inv", "slogdet", "det", "cholesky", "eigh", "eigvalsh", "solve"]
 
-__all__ = ["scalapack_library", "scalapack_source"]
-
-_open = fn("mt_scalapack_open_libraries", I, ptr(S), I, ptr(P), E)
 _solve = fn("mt_scalapack_solve", I, P, P, I, I, I, I64, A, I64, A, ptr(I), E)
 _inv = fn("mt_scalapack_inv", I, P, P, I, I, I, I64, A, ptr(I), E)
 _slogdet = fn("mt_scalapack_slogdet", I, P, P, I, I, I, I64, A, _D * 2, E)
 _cholesky = fn("mt_scalapack_cholesky", I, P, P, I, I, I, I64, A, I, ptr(I), E)
 _eigh = fn("mt_scalapack_eigh", I, P, P, I, I, I, I64, A, I, I, A, ptr(I), E)
-
-# Debian's ScaLAPACK for Open MPI (BLACS included), one library: each of these is
-# tried, by its soname and its dev link.
-_DEBIAN = ("libscalapack-openmpi.so.2.2", "libscalapack-openmpi.so.2",
-           "libscalapack-openmpi.so")
-PACKAGE = "libscalapack-openmpi-dev"
-# MKL's ScaLAPACK as the mkl package ships it, in the order its libraries are loaded
-# (each finds its symbols in those before it; the routines are in the last two):
-# its sequential layer, one thread per rank as OPENBLAS_NUM_THREADS=1 gives NumPy;
-# 32-bit integers, as Debian's; BLACS over Open MPI, the MPI mpitensor is built on.
-_MKL = ("libmkl_core.so.3", "libmkl_sequential.so.3", "libmkl_intel_lp64.so.3",
-        "libmkl_blacs_openmpi_lp64.so.2", "libmkl_scalapack_lp64.so.2")
-_MKL_PACKAGE = "pip install mkl, as pip install mpitensor[mkl] does"
-# What each source is called in messages and show_config.
-_NAMES = {"debian": f"Debian's {PACKAGE}", "mkl": "MKL's ScaLAPACK"}
-# LAPACK's letter of each element type ScaLAPACK computes in.
-_LETTERS = {np.dtype(np.float32): b"s", np.dtype(np.float64): b"d",
-            np.dtype(np.complex64): b"c", np.dtype(np.complex128): b"z"}
-
-
-def _mkl_libraries() -> tuple:
-    """MKL's libraries, each from the mkl package (beside this Python's prefix) or,
-    when it is not there, by its soname (a system MKL on the loader's path)."""
-    return tuple(_clib.mkl_library(name.partition(".so")[0] + ".so") or name
-                 for name in _MKL)
-
-
-def _sources(choice: str) -> list:
-    """(source, libraries) of each ScaLAPACK to try, in order, for a value of
-    ``MPITENSOR_SCALAPACK``: ``debian``, ``mkl``, a library's path, or empty for
-    Debian's. MKL's only when asked for: its eigensolvers crash with Open MPI
-    (_eigen), and it goes into the global namespace for good once loaded
-    (csrc/linalg/scalapack_table.c)."""
-    found = find_library("scalapack-openmpi")
-    named = {"debian": [("debian", (path,)) for path in _DEBIAN + ((found,) if found else ())],
-             "mkl": [("mkl", _mkl_libraries())]}
-    if not choice:
-        return named["debian"]
-    return named.get(choice, [("path", (choice,))])
-
-
-@functools.cache
-def _load():
-    """(table handle, source, the ScaLAPACK library's path) of the ScaLAPACK found,
-    or (None, None, why not). Local."""
-    why = []
-    for source, paths in _sources(os.environ.get("MPITENSOR_SCALAPACK", "")):
-        handle = P()
-        try:
-            call(_open, (S * len(paths))(*(p.encode() for p in paths)), len(paths), handle)
-        except NotImplementedError as e:
-            why.append(f"{_NAMES.get(source, paths[-1])}: {e}")
-            continue
-        return handle, source, paths[-1]
-    return None, None, "; ".join(why)
-
-
-def scalapack_library() -> str | None:
-    """The ScaLAPACK library mpitensor's square linear algebra runs on, or None when
-    none was found (then ``np.linalg.solve`` and its kind raise on sharded
-    DTensors): Debian's, MKL's (``MPITENSOR_SCALAPACK=mkl``) or the one ``MPITENSOR_SCALAPACK`` names by path. Local; loads the library on
-    the first call.
-
-    Example: ``scalapack_library()`` -> ``'libscalapack-openmpi.so.2.2'``, or with
-    MKL ``'/venv/lib/libmkl_scalapack_lp64.so.2'``.
-    """
-    handle, _, path = _load()
-    return path if handle is not None else None
-
-
-def scalapack_source() -> str:
-    """Which ScaLAPACK :func:`scalapack_library` is, in words: Debian's, MKL's or the
-    library named by path; ``"none"`` without one. Local; loads it on the first
-    call.
-
-    Example: ``scalapack_source()`` -> ``"Debian's libscalapack-openmpi-dev"``.
-    """
-    handle, source, path = _load()
-    return "none" if handle is None else _NAMES.get(source, path)
-
-
-def _install_hint() -> str:
-    """What to install for the ScaLAPACK ``MPITENSOR_SCALAPACK`` asks for."""
-    debian = f"install Debian's {PACKAGE} (apt-get install {PACKAGE})"
-    mkl = f"install MKL's ({_MKL_PACKAGE})"
-    choice = os.environ.get("MPITENSOR_SCALAPACK", "")
-    if choice in ("debian", "mkl"):
-        return f"MPITENSOR_SCALAPACK={choice} asks for it: " + (
-            debian if choice == "debian" else mkl)
-    # Unset, only Debian's is tried: MKL's must be asked for by name.
-    return (f"{debian}, or {mkl} and set MPITENSOR_SCALAPACK=mkl (no eigh there), or "
-            "set MPITENSOR_SCALAPACK to the library's path")
-
-
-def _engine(name: str, mesh, locals_) -> tuple:
-    """(ScaLAPACK table, whether every member's ``locals_`` are finite), agreed on by
-    the mesh's members in one all-reduce: RuntimeError on every rank, naming the
-    package, when some member has no ScaLAPACK. Collective on the mesh."""
-    handle = _load()[0]
-    finite = all(np.isfinite(x).all() for x in locals_)
-    if not _comm.any_member(mesh, handle is None or not finite):
-        return handle, True
-    _library(name, mesh)  # raises on every rank when some member has none
-    return handle, False
-
-
-# The fewest rows or columns of a matrix that a process of a grid may hold:
-# ScaLAPACK's drivers, given a process with none or one (pXgesvd above all, but
-# pXgesv too on a 1 x 1 matrix), hang, fail to converge or miss a zero pivot.
-MIN_BLOCK = 2
-
-
-def _fits(mesh, shape, rows: int, cols: int) -> bool:
-    """Whether each process of the grid (rows over mesh dim ``rows``, columns over
-    ``cols``; -1: none) holds at least MIN_BLOCK of the matrix's rows and columns
-    of its torch.chunk block."""
-    return all(m < 0 or min(_clib.chunk_sizes(size, mesh.shape[m])) >= MIN_BLOCK
-               for size, m in zip(shape[-2:], (rows, cols)))
-
-
-def _fit_grid(mesh, shape, rows: int, cols: int):
-    """(rows, cols) of a grid that fits a matrix of ``shape``: the given one, else
-    the one of the most processes among the mesh's dims; None when none fits.
-    From the global spec alone, so alike on every rank."""
-    if _fits(mesh, shape, rows, cols):
-        return rows, cols
-    dims = [m for m in range(mesh.ndim) if mesh.shape[m] > 1] + [-1]
-    grids = [(r, c) for r in dims for c in dims if (r != c or r < 0) and (r, c) != (-1, -1)]
-    grids.sort(key=lambda g: -(mesh.shape[g[0]] if g[0] >= 0 else 1) *
-               (mesh.shape[g[1]] if g[1] >= 0 else 1))
-    return next(((r, c) for r, c in grids if _fits(mesh, shape, r, c)), None)
-
-
-def _fitting(name: str, a, rows: int, cols: int):
-    """(a, rows, cols) on a grid that fits its matrix (:func:`_fit_grid`), ``a``
-    redistributed to it where that is another; None when none fits."""
-    mesh = a._spec.mesh
-    found = _fit_grid(mesh, a.shape, rows, cols)
-    if found is None or found == (rows, cols):
-        return None if found is None else (a, rows, cols)
-    return D.relayout(name, a, _placements(mesh, a.ndim, *found)), *found
-
-
-def _replicas(mesh, rows: int, cols: int) -> list:
-    """The mesh dims of more than one rank that the grid does not use: each group
-    of ranks that differ only there holds the whole matrix and factors it."""
-    return [m for m in range(mesh.ndim) if mesh.shape[m] > 1 and m not in (rows, cols)]
-
-
-def _everywhere(mesh) -> list:
-    return [m for m in range(mesh.ndim) if mesh.shape[m] > 1]
-
-
-def _settle(a, rows: int, cols: int, laid=(), replicated=()) -> None:
-    """Makes a grid call's results the same bytes wherever their placements say
-    Replicate: ``laid`` (local arrays laid out on the grid) along the replica dims,
-    ``replicated`` (arrays every rank holds) along every mesh dim. Collective on
-    the mesh."""
-    mesh = a._spec.mesh
-    same_along(mesh, [x for x in laid if x is not None], _replicas(mesh, rows, cols))
-    same_along(mesh, list(replicated), _everywhere(mesh))
-
-
-def _agreed_info(a, rows: int, cols: int, info: int) -> int:
-    """A driver's INFO as every rank of the mesh sees it: the grid agreed on it,
-    and replica groups (which may round differently) agree with each other.
-    Collective on the mesh when there are replica groups."""
-    mesh = a._spec.mesh
-    if not _replicas(mesh, rows, cols):
-        return info
-    try:
-        _comm.agree(mesh, info == 0, 0, str(info), ValueError)
-    except ValueError as e:
-        return int(str(e)) if str(e).lstrip("-").isdigit() else 1
-    return info
-
-
-def _root(name: str, func, a, dtype, outs) -> tuple:
-    """NumPy's ``func`` of ``a``'s matrices (in ``dtype``) on one rank, its results
-    laid out by ``outs`` ((dtype, placements) each). Collective on the mesh."""
-    return _small_linalg.on_root(name, func, [(a, dtype)], outs)
-
-
-def _library(name: str, mesh):
-    """The ScaLAPACK table, agreed on by the mesh's members: RuntimeError on every
-    rank, naming the package, when some member has none. Collective on the mesh."""
-    handle, _, why = _load()
-    _comm.agree(mesh, handle is not None, 0,
-                f"{name} of a sharded matrix runs on ScaLAPACK, which was not found "
-                f"({why}): {_install_hint()}", RuntimeError)
-    return handle
-
-
-def _inexact(name: str, dtype) -> np.dtype:
-    """The type NumPy's linalg computes ``dtype`` in; TypeError as NumPy for one it
-    does not take."""
-    dtype = np.dtype(dtype)
-    if dtype.kind in "biu":
-        return np.dtype(np.float64)
-    if dtype not in _LETTERS:
-        raise TypeError(f"{name}: array type {dtype} is unsupported in linalg")
-    return dtype
-
-
-def _square(name: str, a) -> None:
-    if a.ndim < 2:
-        raise np.linalg.LinAlgError(f"{a.ndim}-dimensional array given. Array must be at "
-                                    "least two-dimensional")
-    if a.shape[-1] != a.shape[-2]:
-        raise np.linalg.LinAlgError("Last 2 dimensions of the array must be square")
-
-
-def _grid(a):
-    """(row mesh dim, column mesh dim) of a DTensor's matrix dims, -1 for a dim no
-    mesh dim of more than one rank shards; None when some mesh dim holds it in a
-    way no grid describes (Partial, two on one dim). A sharded batch dim is left
-    to the caller."""
-    spec, nd = a._spec, a.ndim
-    dims = [-1, -1]
-    for m, p in enumerate(spec.placements):
-        if spec.mesh.shape[m] == 1 or isinstance(p, Replicate):
-            continue
-        if not isinstance(p, Shard):
-            return None
-        k = p.dim % nd - (nd - 2)
-        if k >= 0 and dims[k] >= 0:
-            return None
-        if k >= 0:
-            dims[k] = m
-    return tuple(dims)
-
-
-def _canonical(a) -> tuple:
-    """Placements putting ``a``'s rows on the first mesh dim of more than one rank
-    and its columns on the second, every other dim replicated."""
-    mesh, nd = a._spec.mesh, a.ndim
-    out, free = [Replicate()] * mesh.ndim, [nd - 2, nd - 1]
-    for m in range(mesh.ndim):
-        if mesh.shape[m] > 1 and free:
-            out[m] = Shard(free.pop(0))
-    return tuple(out)
-
-
-def _placements(mesh, nd: int, rows: int, cols: int) -> tuple:
-    """Rows of an nd-dim array on mesh dim ``rows``, columns on ``cols``."""
-    return tuple(Shard(nd - 2) if m == rows else Shard(nd - 1) if m == cols else Replicate()
-                 for m in range(mesh.ndim))
-
-
-def _on_grid(name: str, a):
-    """``a`` laid out on a process grid: (a, row mesh dim, column mesh dim), or
-    (a, -1, -1) when no mesh dim shards its matrix dims (the local case)."""
-    dims = _grid(a)
-    if dims is None:
-        a = D.relayout(name, a, _canonical(a))
-        dims = _grid(a)
-    if dims == (-1, -1):
-        return a, -1, -1
-    batch = any(isinstance(p, Shard) and p.dim % a.ndim < a.ndim - 2
-                for p in a._spec.placements)
-    if batch:  # a sharded batch dim with sharded matrix dims: the batch replicates
-        a = D.relayout(name, a, _placements(a._spec.mesh, a.ndim, *dims))
-    return a, dims[0], dims[1]
-
-
-def _wrap(mesh, local, placements, shape):
-    """A DTensor of this rank's ``local`` (C-ordered here) and its global layout."""
-    local = np.array(local, order="C", copy=None)  # 0-d stays 0-d
-    if mesh._coordinate is None:
-        local = D.outside_local(shape, local.dtype)
-    return DTensor(local, DTensorSpec(mesh, tuple(placements), tuple(shape), local.dtype,
-                                      contiguous_strides(tuple(shape))))
-
-
-def _replicated(mesh, value):
-    value = np.asarray(value)
-    return _wrap(mesh, value, (Replicate(),) * mesh.ndim, value.shape)
-
-
-def _batch_placements(a, nd_out: int) -> tuple:
-    """``a``'s placements for a result whose leading dims are ``a``'s batch dims
-    (its matrix dims replicated)."""
-    out = []
-    for p in a._spec.placements:
-        keep = isinstance(p, Shard) and p.dim % a.ndim < nd_out and p.dim % a.ndim < a.ndim - 2
-        out.append(Shard(p.dim % a.ndim) if keep else Replicate())
-    return tuple(out)
-
-
-def _local_stack(a, dtype, copy=True):
-    """``a``'s local stack as C-ordered matrices of ``dtype``, one per batch index:
-    the blocks the drivers take; copies (the drivers write their results into
-    them) unless ``copy`` is False, for a driver that only reads them."""
-    local = a.to_local()
-    batch = local.shape[:-2]
-    return batch, [np.array(local[i], dtype=dtype, order="C", copy=copy or None)
-                   for i in np.ndindex(*batch)]
-
-
-def _stack(batch, blocks):
-    """The matrices of a batch back as one C-ordered local array."""
-    if not batch:
-        return np.ascontiguousarray(blocks[0])
-    return np.stack(blocks).reshape(batch + blocks[0].shape)
-
-
-def _address(a, name: str, routine: str):
-    """The C mesh under ``a``'s mesh, as the drivers take it; first announces the
-    ScaLAPACK ``routine`` as a collective of the operation ``name``, so the
-    collective checks, the debug log and CommDebugMode's operation list see it."""
-    spec = a._spec
-    _trace.collective(f"{name}: ScaLAPACK {routine}", spec.mesh, spec.placements,
-                      spec.shape, spec.dtype)
-    return _comm.checked(spec.mesh)
-
-
-def _check_info(info: int, message: str) -> None:
-    if info > 0:
-        raise np.linalg.LinAlgError(message)
-    if info < 0:
-        raise RuntimeError(f"ScaLAPACK rejected argument {-info}")
-
-
-# _prepare's answer for a matrix ScaLAPACK must not see: NumPy on one rank.
-ROOT = "root"
-
-
-def _prepare(name: str, a):
-    """(a on its grid, row dim, column dim, computing dtype, engine, home) for a
-    square DTensor ``a``: the engine is the ScaLAPACK table, None for the local
-    case, or ROOT for NumPy on one rank (no grid fits the matrix, or it holds a
-    NaN or an infinity); ``home`` is the placements of ``a`` on its own grid,
-    which results laid out as A keep (:func:`_home`) when the engine ran on a
-    grid that fits better. Collective on the mesh."""
-    if type(a) is not DTensor:
-        raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
-    _square(name, a)
-    dtype = _inexact(name, a.dtype)
-    a, rows, cols = _on_grid(name, a)
-    if 0 in a.shape and (rows >= 0 or cols >= 0):  # nothing to move: the local case
-        a, rows, cols = D.relayout(name, a, (Replicate(),) * a._spec.mesh.ndim), -1, -1
-    home = a._spec.placements
-    if rows < 0 and cols < 0 or a._spec.mesh._coordinate is None:
-        return a, rows, cols, dtype, None, home
-    sl, finite = _engine(name, a._spec.mesh, [a.to_local()])
-    fitted = _fitting(name, a, rows, cols) if finite else None
-    if fitted is None:
-        return a, rows, cols, dtype, ROOT, home
-    return (*fitted, dtype, sl, home)
-
-
-def _home(name: str, x, placements):
-    """``x`` laid out by ``placements`` (A's on its own grid), where the engine ran
-    on another grid: a result's layout never shows which grid computed it.
-    Collective on the mesh when it moves."""
-    return x if x._spec.placements == tuple(placements) else D.relayout(name, x, placements)
-
-
-def _local(a, func, dtype, results_nd):
-    """NumPy's ``func`` on each rank's local stack; each result keeps ``a``'s batch
-    placements (``results_nd``: each result's number of dims). A LinAlgError on
-    one rank's part of a stack is raised on every rank, and each result is the
-    same bytes wherever it is Replicate. Collective on the mesh (one small
-    agreement, and one per set of replicated dims)."""
-    mesh = a._spec.mesh
-    # A rank outside the mesh computes on identities, which every routine takes.
-    local = (a.to_local() if mesh._coordinate is not None
-             else np.broadcast_to(np.eye(a.shape[-1]), a.shape))
-    out = _agreed(mesh, lambda: func(local.astype(dtype, copy=False)))
-    parts = tuple(out) if isinstance(out, tuple) else (out,)
-    wrapped = []
-    for x, nd in zip(parts, results_nd):
-        x = np.array(x, order="C", copy=None)
-        pls = _batch_placements(a, nd) if nd < a.ndim else _local_placements(a)
-        same_along(mesh, [x], [m for m, p in enumerate(pls) if isinstance(p, Replicate)])
-        wrapped.append(_wrap(mesh, x, pls, _global_shape(a, x.shape, pls)))
-    if isinstance(out, tuple):
-        return type(out)(*wrapped)
-    return wrapped[0]
-
-
-def _agreed(mesh, func):
-    """``func()``, whose LinAlgError on some member (a matrix of its part of a
-    stack) is raised on every member. Collective on the mesh."""
-    ok, message, out = True, "", None
-    try:
-        out = func()
-    except np.linalg.LinAlgError as e:
-        ok, message = False, str(e)
-    try:
-        _comm.agree(mesh, ok, 0, message, ValueError)
-    except ValueError as e:
-        raise np.linalg.LinAlgError(str(e)) from None
-    return out
-
-
-def _local_placements(a) -> tuple:
-    return tuple(Shard(p.dim % a.ndim) if isinstance(p, Shard) else Replicate()
-                 for p in a._spec.placements)
-
-
-def _global_shape(a, local_shape, placements) -> tuple:
-    """The global shape of a result whose leading dims are ``a``'s."""
-    shape = list(local_shape)
-    for p in placements:
-        if isinstance(p, Shard):
-            shape[p.dim] = a.shape[p.dim]
-    return tuple(shape)
 
 
 @_registry.implements(np.linalg.inv)
@@ -484,33 +44,33 @@ def inv(a):
         0.5
     """
     name = "numpy.linalg.inv"
-    a, rows, cols, dtype, sl, home = _prepare(name, a)
+    a, rows, cols, dtype, sl, home = S.prepare(name, a)
     if sl is None:
-        return _local(a, np.linalg.inv, dtype, (a.ndim,))
-    if sl is ROOT:
-        return _root(name, np.linalg.inv, a, dtype, [(dtype, a._spec.placements)])[0]
-    n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
-    batch, blocks = _local_stack(a, dtype)
-    address = _address(a, name, "pXgetrf, pXgetri")
+        return S.local_numpy(a, np.linalg.inv, dtype, (a.ndim,))
+    if sl is S.ROOT:
+        return S.on_root(name, np.linalg.inv, a, dtype, [(dtype, a._spec.placements)])[0]
+    n, info, letter = a.shape[-1], I(), S.LETTERS[dtype][0]
+    batch, blocks = S.local_stack(a, dtype)
+    address = S.announced_mesh(a, name, "pXgetrf, pXgetri")
     for block in blocks:
         call(_inv, sl, address, rows, cols, letter, n, block, info)
-        _check_info(_agreed_info(a, rows, cols, info.value), "Singular matrix")
-    local = _stack(batch, blocks)
-    _settle(a, rows, cols, laid=[local])
-    return _home(name, _wrap(a._spec.mesh, local, a._spec.placements, a.shape), home)
+        S.check_info(S.agreed_info(a, rows, cols, info.value), "Singular matrix")
+    local = S.stack(batch, blocks)
+    S.settle(a, rows, cols, laid=[local])
+    return S.home(name, S.wrap(a._spec.mesh, local, a._spec.placements, a.shape), home)
 
 
 def _slogdet_values(name, a):
     """(a, dtype, engine, values): the (sign, logabsdet) arrays of ``a``'s batch,
     replicated, from ScaLAPACK; values None where the engine is not ScaLAPACK's
-    (None: the local case; ROOT)."""
-    a, rows, cols, dtype, sl, home = _prepare(name, a)
-    if sl is None or sl is ROOT:
+    (None: the local case; S.ROOT)."""
+    a, rows, cols, dtype, sl, home = S.prepare(name, a)
+    if sl is None or sl is S.ROOT:
         return a, dtype, sl, None
-    n, letter, out = a.shape[-1], _LETTERS[dtype][0], (_D * 2)()
-    batch, blocks = _local_stack(a, dtype, copy=False)
+    n, letter, out = a.shape[-1], S.LETTERS[dtype][0], (_D * 2)()
+    batch, blocks = S.local_stack(a, dtype, copy=False)
     signs, logs = [], []
-    address = _address(a, name, "pXgetrf")
+    address = S.announced_mesh(a, name, "pXgetrf")
     for block in blocks:
         call(_slogdet, sl, address, rows, cols, letter, n, block, out)
         logs.append(out[0])
@@ -523,7 +83,7 @@ def _slogdet_values(name, a):
     real = np.finfo(dtype).dtype
     sign = np.asarray(signs, dtype=dtype).reshape(batch)
     logabs = np.asarray(logs, dtype=real).reshape(batch)
-    _settle(a, rows, cols, replicated=[sign, logabs])
+    S.settle(a, rows, cols, replicated=[sign, logabs])
     return a, dtype, sl, (sign, logabs)
 
 
@@ -542,14 +102,14 @@ def slogdet(a):
     name = "numpy.linalg.slogdet"
     a, dtype, sl, values = _slogdet_values(name, a)
     if sl is None:
-        return _local(a, np.linalg.slogdet, dtype, (a.ndim - 2, a.ndim - 2))
+        return S.local_numpy(a, np.linalg.slogdet, dtype, (a.ndim - 2, a.ndim - 2))
     mesh = a._spec.mesh
-    if sl is ROOT:
+    if sl is S.ROOT:
         every = (Replicate(),) * mesh.ndim
-        values = _root(name, np.linalg.slogdet, a, dtype,
+        values = S.on_root(name, np.linalg.slogdet, a, dtype,
                        [(dtype, every), (np.finfo(dtype).dtype, every)])
         return type(np.linalg.slogdet(np.eye(1)))(*values)
-    return type(np.linalg.slogdet(np.eye(1)))(*(_replicated(mesh, v) for v in values))
+    return type(np.linalg.slogdet(np.eye(1)))(*(S.replicated(mesh, v) for v in values))
 
 
 @_registry.implements(np.linalg.det)
@@ -566,12 +126,12 @@ def det(a):
     name = "numpy.linalg.det"
     a, dtype, sl, values = _slogdet_values(name, a)
     if sl is None:
-        return _local(a, np.linalg.det, dtype, (a.ndim - 2,))
-    if sl is ROOT:
+        return S.local_numpy(a, np.linalg.det, dtype, (a.ndim - 2,))
+    if sl is S.ROOT:
         every = (Replicate(),) * a._spec.mesh.ndim
-        return _root(name, np.linalg.det, a, dtype, [(dtype, every)])[0]
+        return S.on_root(name, np.linalg.det, a, dtype, [(dtype, every)])[0]
     sign, logabs = values
-    return _replicated(a._spec.mesh, (sign * np.exp(logabs)).astype(dtype))
+    return S.replicated(a._spec.mesh, (sign * np.exp(logabs)).astype(dtype))
 
 
 @_registry.implements(np.linalg.cholesky)
@@ -588,74 +148,74 @@ def cholesky(a, /, *, upper=False):
         2.0
     """
     name = "numpy.linalg.cholesky"
-    a, rows, cols, dtype, sl, home = _prepare(name, a)
+    a, rows, cols, dtype, sl, home = S.prepare(name, a)
     kw = {"upper": True} if upper else {}
     if sl is None:
-        return _local(a, lambda x: np.linalg.cholesky(x, **kw), dtype, (a.ndim,))
-    if sl is ROOT:
-        return _root(name, lambda x: np.linalg.cholesky(x, **kw), a, dtype,
+        return S.local_numpy(a, lambda x: np.linalg.cholesky(x, **kw), dtype, (a.ndim,))
+    if sl is S.ROOT:
+        return S.on_root(name, lambda x: np.linalg.cholesky(x, **kw), a, dtype,
                      [(dtype, a._spec.placements)])[0]
-    n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
-    batch, blocks = _local_stack(a, dtype)
-    address = _address(a, name, "pXpotrf")
+    n, info, letter = a.shape[-1], I(), S.LETTERS[dtype][0]
+    batch, blocks = S.local_stack(a, dtype)
+    address = S.announced_mesh(a, name, "pXpotrf")
     for block in blocks:
         call(_cholesky, sl, address, rows, cols, letter, n, block, int(bool(upper)), info)
-        _check_info(_agreed_info(a, rows, cols, info.value),
+        S.check_info(S.agreed_info(a, rows, cols, info.value),
                     "Matrix is not positive definite")
-    local = _stack(batch, blocks)
-    _settle(a, rows, cols, laid=[local])
-    return _home(name, _wrap(a._spec.mesh, local, a._spec.placements, a.shape), home)
+    local = S.stack(batch, blocks)
+    S.settle(a, rows, cols, laid=[local])
+    return S.home(name, S.wrap(a._spec.mesh, local, a._spec.placements, a.shape), home)
 
 
 def _eigen(name, a, UPLO, vectors):
     if UPLO not in ("L", "U"):
         raise ValueError("UPLO argument must be 'L' or 'U'")
-    a, rows, cols, dtype, sl, home = _prepare(name, a)
+    a, rows, cols, dtype, sl, home = S.prepare(name, a)
     func = np.linalg.eigh if vectors else np.linalg.eigvalsh
     if sl is None:
         nd = (a.ndim - 1, a.ndim) if vectors else (a.ndim - 1,)
-        return _local(a, lambda x: func(x, UPLO=UPLO), dtype, nd)
+        return S.local_numpy(a, lambda x: func(x, UPLO=UPLO), dtype, nd)
     real = np.finfo(dtype).dtype
-    if sl is ROOT:
+    if sl is S.ROOT:
         outs = [(real, (Replicate(),) * a._spec.mesh.ndim)]
         if not vectors:
-            return _root(name, lambda x: func(x, UPLO=UPLO), a, dtype, outs)[0]
+            return S.on_root(name, lambda x: func(x, UPLO=UPLO), a, dtype, outs)[0]
         outs.append((dtype, a._spec.placements))
         return type(np.linalg.eigh(np.eye(1)))(
-            *_root(name, lambda x: func(x, UPLO=UPLO), a, dtype, outs))
+            *S.on_root(name, lambda x: func(x, UPLO=UPLO), a, dtype, outs))
     if cols < 0:  # a small row-sharded matrix: LAPACK on one rank (_small_linalg)
         out = _small_linalg.eigen(name, a, rows, dtype, UPLO, vectors)
         if out is not None and vectors:
-            return type(out)(out[0], _home(name, out[1], home))
+            return type(out)(out[0], S.home(name, out[1], home))
         if out is not None:
             return out
     # MKL's band reduction (pdsyrdb, under its symmetric eigensolvers) hands MPI
     # the grid's communicator cut to 32 bits, which Open MPI's pointer handles do
     # not survive: the call crashes the job, a plain C program's as well.
-    _comm.agree(a._spec.mesh, _load()[1] != "mkl", 0,
+    _comm.agree(a._spec.mesh, S.load()[1] != "mkl", 0,
                 f"{name} of a sharded matrix does not run on MKL's ScaLAPACK, whose "
                 "eigensolvers crash with Open MPI: install Debian's "
-                f"{PACKAGE} and unset MPITENSOR_SCALAPACK", RuntimeError)
-    n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
-    batch, blocks = _local_stack(a, dtype, copy=vectors)
+                f"{S.PACKAGE} and unset MPITENSOR_SCALAPACK", RuntimeError)
+    n, info, letter = a.shape[-1], I(), S.LETTERS[dtype][0]
+    batch, blocks = S.local_stack(a, dtype, copy=vectors)
     ws = []
     routine = ("pXsyevd" if vectors else "pXsyevr") if dtype.kind == "f" else (
         "pXheevd" if vectors else "pXheevr")
-    address = _address(a, name, routine)
+    address = S.announced_mesh(a, name, routine)
     for block in blocks:
         w = np.empty(n, real)
         call(_eigh, sl, address, rows, cols, letter, n, block, int(UPLO == "U"),
              int(vectors), w, info)
-        _check_info(_agreed_info(a, rows, cols, info.value), "Eigenvalues did not converge")
+        S.check_info(S.agreed_info(a, rows, cols, info.value), "Eigenvalues did not converge")
         ws.append(w)
     mesh = a._spec.mesh
     w = np.stack(ws).reshape(batch + (n,))
-    local = _stack(batch, blocks) if vectors else None
-    _settle(a, rows, cols, laid=[local], replicated=[w])
-    w = _replicated(mesh, w)
+    local = S.stack(batch, blocks) if vectors else None
+    S.settle(a, rows, cols, laid=[local], replicated=[w])
+    w = S.replicated(mesh, w)
     if not vectors:
         return w
-    v = _home(name, _wrap(mesh, local, a._spec.placements, a.shape), home)
+    v = S.home(name, S.wrap(mesh, local, a._spec.placements, a.shape), home)
     return type(np.linalg.eigh(np.eye(1)))(w, v)
 
 
@@ -699,7 +259,7 @@ def _as_dtensor(b, mesh):
     if type(b) is DTensor:
         return b
     b = np.asarray(b)
-    return _wrap(mesh, b, (Replicate(),) * mesh.ndim, b.shape)
+    return S.wrap(mesh, b, (Replicate(),) * mesh.ndim, b.shape)
 
 
 @_registry.implements(np.linalg.solve)
@@ -722,8 +282,8 @@ def solve(a, b):
         raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
     mesh = a._spec.mesh
     b = _as_dtensor(b, mesh)
-    _square(name, a)
-    dtype = np.result_type(_inexact(name, a.dtype), _inexact(name, b.dtype))
+    S.square(name, a)
+    dtype = np.result_type(S.inexact(name, a.dtype), S.inexact(name, b.dtype))
     vector = b.ndim == 1
     if vector and b.shape[0] != a.shape[-1] or not vector and b.shape[-2] != a.shape[-1]:
         raise ValueError(f"{name}: b's rows ({b.shape}) do not match A's "
@@ -733,26 +293,25 @@ def solve(a, b):
     if not vector and b.shape[:-2] != a.shape[:-2]:
         raise ValueError(f"{name}: A's batch {a.shape[:-2]} and b's {b.shape[:-2]} "
                          "differ; broadcast them first")
-    a, rows, cols = _on_grid(name, a)
-    n = a.shape[-1]
+    a, rows, cols = S.on_grid(name, a)
     if rows < 0 and cols < 0 or 0 in a.shape + b.shape or mesh._coordinate is None:
         a = D.relayout(name, a, (Replicate(),) * mesh.ndim)
         b = D.relayout(name, b, (Replicate(),) * mesh.ndim)
         return _local_solve(a, b, dtype)
-    sl, finite = _engine(name, mesh, [a.to_local(), b.to_local()])
-    fitted = _fitting(name, a, rows, cols) if finite else None
+    sl, finite = S.engine(name, mesh, [a.to_local(), b.to_local()])
+    fitted = S.fitting(name, a, rows, cols) if finite else None
     if fitted is None:  # NumPy on one rank; x laid out as ScaLAPACK's would be
         pls = (tuple(Shard(0) if m == rows else Replicate() for m in range(mesh.ndim))
-               if vector else _placements(mesh, b.ndim, rows, cols))
+               if vector else S.placements(mesh, b.ndim, rows, cols))
         return _small_linalg.on_root(name, np.linalg.solve, [(a, dtype), (b, dtype)],
                                      [(dtype, pls)])[0]
     home = (tuple(Shard(0) if m == rows else Replicate() for m in range(mesh.ndim))
-            if vector else _placements(mesh, b.ndim, rows, cols))
+            if vector else S.placements(mesh, b.ndim, rows, cols))
     a, rows, cols = fitted
     if vector:
-        return _home(name, _solve_vector(name, sl, a, b, rows, cols, dtype), home)
-    b = D.relayout(name, b, _placements(mesh, b.ndim, rows, cols))
-    return _home(name, _solve_blocks(sl, a, b, rows, cols, dtype, b._spec.placements,
+        return S.home(name, _solve_vector(name, sl, a, b, rows, cols, dtype), home)
+    b = D.relayout(name, b, S.placements(mesh, b.ndim, rows, cols))
+    return S.home(name, _solve_blocks(sl, a, b, rows, cols, dtype, b._spec.placements,
                                      b.shape), home)
 
 
@@ -761,27 +320,27 @@ def _local_solve(a, b, dtype):
     if mesh._coordinate is None:
         x = np.zeros(b.shape, dtype)
     else:
-        x = _agreed(mesh, lambda: np.linalg.solve(a.to_local().astype(dtype),
+        x = S.agreed(mesh, lambda: np.linalg.solve(a.to_local().astype(dtype),
                                                   b.to_local().astype(dtype)))
         x = np.array(x, order="C", copy=None)
-        same_along(mesh, [x], _everywhere(mesh))
-    return _replicated(mesh, x)
+        same_along(mesh, [x], S.everywhere(mesh))
+    return S.replicated(mesh, x)
 
 
 def _solve_blocks(sl, a, b, rows, cols, dtype, placements, shape):
     """x of A x = B on the grid, B's local blocks given as ``b`` (a DTensor laid
     out with rows as A's and columns over ``cols``)."""
-    n, info, letter = a.shape[-1], I(), _LETTERS[dtype][0]
-    batch, blocks = _local_stack(a, dtype, copy=False)
-    _, rhs = _local_stack(b, dtype)
-    address = _address(a, "numpy.linalg.solve",
+    n, info, letter = a.shape[-1], I(), S.LETTERS[dtype][0]
+    batch, blocks = S.local_stack(a, dtype, copy=False)
+    _, rhs = S.local_stack(b, dtype)
+    address = S.announced_mesh(a, "numpy.linalg.solve",
                        "pXgetrf, pXgetrs" if cols < 0 else "pXgesv")
     for block, r in zip(blocks, rhs):
         call(_solve, sl, address, rows, cols, letter, n, block, b.shape[-1], r, info)
-        _check_info(_agreed_info(a, rows, cols, info.value), "Singular matrix")
-    local = _stack(batch, rhs)
-    _settle(a, rows, cols, laid=[local])
-    return _wrap(a._spec.mesh, local, placements, shape)
+        S.check_info(S.agreed_info(a, rows, cols, info.value), "Singular matrix")
+    local = S.stack(batch, rhs)
+    S.settle(a, rows, cols, laid=[local])
+    return S.wrap(a._spec.mesh, local, placements, shape)
 
 
 def _solve_vector(name, sl, a, b, rows, cols, dtype):
@@ -793,9 +352,9 @@ def _solve_vector(name, sl, a, b, rows, cols, dtype):
     local = b.to_local()[:, None]
     if cols >= 0 and mesh._coordinate[cols] != 0:
         local = local[:, :0]
-    mat = _placements(mesh, 2, rows, cols)
-    b2 = _wrap(mesh, local, mat, (b.shape[0], 1))
+    mat = S.placements(mesh, 2, rows, cols)
+    b2 = S.wrap(mesh, local, mat, (b.shape[0], 1))
     x2 = _solve_blocks(sl, a, b2, rows, cols, dtype, mat, (b.shape[0], 1))
     x2 = D.relayout(name, x2, tuple(Shard(0) if m == rows else Replicate()
                                     for m in range(mesh.ndim)))
-    return _wrap(mesh, x2.to_local()[:, 0], pls, (b.shape[0],))
+    return S.wrap(mesh, x2.to_local()[:, 0], pls, (b.shape[0],))

@@ -32,8 +32,8 @@ from .._clib import A, E, I, I64, P, call, fn, ptr
 from .._dtensor import DTensor
 from ..placement_types import Replicate, Shard
 from .._algorithms import _dispatch as D
+from .._algorithms import _scalapack as S
 from .._algorithms import _small_linalg
-from . import _scalapack as S
 
 _qr = fn("mt_scalapack_qr", I, P, P, I, I, I, I64, I64, A, I64, A, I64, A, E)
 _svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, A, A, A, I64, A, ptr(I), E)
@@ -51,24 +51,24 @@ class _Grid:
         self.home = (rows, cols)  # the grid the results are laid out on
         self.mesh = a._spec.mesh
         self.sl, self.finite = sl, finite
-        self.letter = S._LETTERS[dtype][0]
+        self.letter = S.LETTERS[dtype][0]
         self.batch, self.blocks = None, None
 
     def fitted(self):
         """This grid, or the one ``a`` is redistributed to that fits its matrix
         (``_scalapack._fitting``), ready for the drivers; None when the matrix is
         NumPy's on one rank (no grid fits, or it is not finite)."""
-        found = S._fitting(self.name, self.a, self.rows, self.cols) if self.finite else None
+        found = S.fitting(self.name, self.a, self.rows, self.cols) if self.finite else None
         if found is None:
             return None
         self.a, self.rows, self.cols = found
         # Read only, but for the raw QR's, which takes copies itself.
-        self.batch, self.blocks = S._local_stack(self.a, self.dtype, copy=False)
+        self.batch, self.blocks = S.local_stack(self.a, self.dtype, copy=False)
         return self
 
     def placements(self, nd=None):
         """The placements of a result laid out on A's own grid (``nd`` dims: A's)."""
-        return S._placements(self.mesh, self.a.ndim if nd is None else nd, *self.home)
+        return S.placements(self.mesh, self.a.ndim if nd is None else nd, *self.home)
 
     def root(self, func, outs, extra=()):
         """NumPy's ``func`` of the matrix (and of ``extra``: (DTensor, dtype) pairs)
@@ -78,7 +78,7 @@ class _Grid:
 
     def settle(self, laid=(), replicated=()):
         """The results made the same bytes where Replicate (``_scalapack._settle``)."""
-        S._settle(self.a, self.rows, self.cols, laid, replicated)
+        S.settle(self.a, self.rows, self.cols, laid, replicated)
 
     def empty(self, shape, dtype=None):
         """This rank's block of a ``shape`` matrix on the grid, C-ordered."""
@@ -95,11 +95,11 @@ class _Grid:
         over the column one, the batch replicated): moved there from the grid that
         fits, where that is another."""
         nd = len(self.batch) + 2
-        local = S._stack(self.batch, blocks)
+        local = S.stack(self.batch, blocks)
         self.settle(laid=[local])
-        out = S._wrap(self.mesh, local, S._placements(self.mesh, nd, self.rows, self.cols),
+        out = S.wrap(self.mesh, local, S.placements(self.mesh, nd, self.rows, self.cols),
                       self.batch + tuple(shape))
-        return S._home(self.name, out, S._placements(self.mesh, nd, *self.home))
+        return S.home(self.name, out, S.placements(self.mesh, nd, *self.home))
 
     def replicated(self, values):
         """A Replicate DTensor of one array per matrix of the stack, the same
@@ -107,10 +107,10 @@ class _Grid:
         stacked = np.stack(values)
         stacked = stacked.reshape(self.batch + stacked.shape[1:])
         self.settle(replicated=[stacked])
-        return S._replicated(self.mesh, stacked)
+        return S.replicated(self.mesh, stacked)
 
     def address(self, routine):
-        return S._address(self.a, self.name, routine)
+        return S.announced_mesh(self.a, self.name, routine)
 
 
 def _grid(name, a, extra=()):
@@ -122,13 +122,13 @@ def _grid(name, a, extra=()):
         return None
     if a._spec.mesh._coordinate is None:
         return None
-    dtype = S._inexact(name, a.dtype)
-    if S._grid(a) is not None and S._grid(a) == (-1, -1):
+    dtype = S.inexact(name, a.dtype)
+    if S.grid(a) is not None and S.grid(a) == (-1, -1):
         return None  # the matrices are whole on every rank: NumPy's LAPACK
-    a, rows, cols = S._on_grid(name, a)
+    a, rows, cols = S.on_grid(name, a)
     if rows < 0 and cols < 0:
         return None
-    sl, finite = S._engine(name, a._spec.mesh, [x.to_local() for x in (a, *extra)])
+    sl, finite = S.engine(name, a._spec.mesh, [x.to_local() for x in (a, *extra)])
     return _Grid(name, a, rows, cols, dtype, sl, finite)
 
 
@@ -219,8 +219,8 @@ def svd(a, compute_uv=True, full_matrices=False):
         out = svd(_adjoint(g.a), compute_uv=True, full_matrices=True)
         u, s, vh = out
         home = g.placements()
-        return type(out)(S._home(name, _adjoint(vh), home), s,
-                         S._home(name, _adjoint(u), home))
+        return type(out)(S.home(name, _adjoint(vh), home), s,
+                         S.home(name, _adjoint(u), home))
     k = min(m, n)
     ucols = m if full_matrices else k
     ss, us, vts = [], [], []
@@ -233,7 +233,7 @@ def svd(a, compute_uv=True, full_matrices=False):
         vt = g.empty((k, n)) if compute_uv else None
         call(_svd, g.sl, address, g.rows, g.cols, g.letter, m, n, block, s, u, ucols, vt,
              info)
-        S._check_info(S._agreed_info(g.a, g.rows, g.cols, info.value),
+        S.check_info(S.agreed_info(g.a, g.rows, g.cols, info.value),
                       "SVD did not converge")
         ss.append(s)
         us.append(u)
@@ -288,16 +288,16 @@ def lstsq(a, b, rcond):
         return None
     if type(a) is not DTensor or a.ndim != 2 or 0 in a.shape or 0 in b.shape:
         return None  # NumPy's lstsq takes one matrix
-    dtype = np.result_type(S._inexact("numpy.linalg.lstsq", a.dtype),
-                           S._inexact("numpy.linalg.lstsq", b.dtype))
+    dtype = np.result_type(S.inexact("numpy.linalg.lstsq", a.dtype),
+                           S.inexact("numpy.linalg.lstsq", b.dtype))
     if a._spec.mesh._coordinate is None:
         return None
-    if S._grid(a) == (-1, -1):  # every rank holds A: NumPy's LAPACK, no message
+    if S.grid(a) == (-1, -1):  # every rank holds A: NumPy's LAPACK, no message
         return _local_lstsq(a, b, rcond, dtype)
     g = _grid("numpy.linalg.lstsq", a, extra=(b,))
     if g is None:
         return None
-    if not g.finite or S._fit_grid(g.mesh, g.a.shape, g.rows, g.cols) is None:
+    if not g.finite or S.fit_grid(g.mesh, g.a.shape, g.rows, g.cols) is None:
         return _lstsq_root(g, b, rcond, dtype)
     a = g.a  # svd takes it to a grid that fits, or to the stacked R's small SVD
     u, s, vh = svd(a.astype(dtype) if a.dtype != dtype else a)
@@ -312,7 +312,7 @@ def lstsq(a, b, rcond):
     rhs = b if b.dtype == dtype else b.astype(dtype)
     c = np.matmul(u.conj().T, rhs if rhs.ndim == 2 else rhs[:, None])
     c = D.relayout("numpy.linalg.lstsq", c, (Replicate(),) * mesh.ndim)
-    y = S._replicated(mesh, c.to_local() * inv[:, None])
+    y = S.replicated(mesh, c.to_local() * inv[:, None])
     x = np.matmul(vh.conj().T, y)
     x = D.relayout("numpy.linalg.lstsq", x, (Replicate(),) * mesh.ndim)
     real = np.finfo(dtype).dtype
@@ -320,13 +320,13 @@ def lstsq(a, b, rcond):
         r = np.matmul(a.astype(dtype), x) - (rhs if rhs.ndim == 2 else rhs[:, None])
         res = np.sum(np.abs(r) ** 2, axis=0)
         residuals = D.relayout("numpy.linalg.lstsq", res, (Replicate(),) * mesh.ndim)
-        residuals = S._replicated(mesh, residuals.to_local().astype(real))
+        residuals = S.replicated(mesh, residuals.to_local().astype(real))
     else:
-        residuals = S._replicated(mesh, np.empty(0, real))
+        residuals = S.replicated(mesh, np.empty(0, real))
     xl = np.array(x.to_local()[:, 0] if b.ndim == 1 else x.to_local(), order="C")
     res = np.array(residuals.to_local(), order="C")
-    S._settle(a, g.rows, g.cols, replicated=[xl, res])
-    return S._replicated(mesh, xl), S._replicated(mesh, res), rank, s
+    S.settle(a, g.rows, g.cols, replicated=[xl, res])
+    return S.replicated(mesh, xl), S.replicated(mesh, res), rank, s
 
 
 @functools.cache
@@ -352,9 +352,9 @@ def _local_lstsq(a, b, rcond, dtype):
     first. Results Replicate, the same bytes on every rank."""
     mesh = a._spec.mesh
     b = D.relayout("numpy.linalg.lstsq", b, (Replicate(),) * mesh.ndim)
-    out = S._agreed(mesh, lambda: _small_linalg.lstsq_of_any(
+    out = S.agreed(mesh, lambda: _small_linalg.lstsq_of_any(
         a.to_local().astype(dtype), b.to_local().astype(dtype), rcond))
     x, res, rank, s = (np.array(v, order="C", copy=None) for v in out)
-    S.same_along(mesh, [x, res, rank, s], S._everywhere(mesh))
-    return (S._replicated(mesh, x), S._replicated(mesh, res), rank[()],
-            S._replicated(mesh, s))
+    S.same_along(mesh, [x, res, rank, s], S.everywhere(mesh))
+    return (S.replicated(mesh, x), S.replicated(mesh, res), rank[()],
+            S.replicated(mesh, s))

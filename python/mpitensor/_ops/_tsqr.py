@@ -43,6 +43,7 @@ from .._algorithms import _dispatch as D
 from .._algorithms import _merge
 from .._algorithms import _small_linalg
 from .._algorithms._alike import alike, same_along
+from .._algorithms._scalapack import scalapack_library
 from . import _scalapack_rect as _rect
 from ._stats import _decomposition, _wrap_replicate
 
@@ -219,7 +220,7 @@ _replicated_svdvals = (_replicated(np.linalg.svdvals)
 def _scalapack_found(a) -> bool:
     """Whether ScaLAPACK loaded, agreed on by ``a``'s mesh (ValueError on every
     member when the members differ). Collective on the mesh."""
-    found = _rect.S.scalapack_library() is not None
+    found = scalapack_library() is not None
     _comm.agree(a._spec.mesh, True, int(found),
                 "numpy.linalg: ScaLAPACK was found on some ranks and not on others")
     return found
