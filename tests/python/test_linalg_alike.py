@@ -93,7 +93,7 @@ def test_scalapack_replica_groups_give_one_result(monkeypatch):
     each replica group: groups that round differently (made so here by patching
     the second group's singular values and U) still give Replicate results of the
     same bytes, and U the same along that dim, silently: the first group's."""
-    from mpitensor._ops import _scalapack_rect
+    from mpitensor._algorithms import _scalapack_rect
 
     mesh = init_device_mesh("cpu", (2, 2))
     second = mesh.get_coordinate()[1] == 1

@@ -1,8 +1,9 @@
 """The ScaLAPACK engine of the square and rectangular linear algebra of
 ``np.linalg`` on sharded DTensors: which library runs it, the process grids a
 matrix is laid out on, and running NumPy where ScaLAPACK must not (the local case,
-one rank). The entries (``_ops/_scalapack.py``, ``_ops/_scalapack_rect.py``) call
-it; it registers nothing.
+one rank). The square entries (``_ops/_scalapack.py``) and the rectangular
+engine (``_scalapack_rect.py``, which ``_ops/_tsqr.py``'s entries call) use it; it
+registers nothing.
 
 A torch.chunk shard is a ScaLAPACK block distribution (one block of ceil(n/P) rows
 or columns per process), so a matrix whose rows are sharded over one mesh dim and

@@ -43,8 +43,8 @@ from .._algorithms import _dispatch as D
 from .._algorithms import _merge
 from .._algorithms import _small_linalg
 from .._algorithms._alike import alike, same_along
+from .._algorithms import _scalapack_rect as _rect
 from .._algorithms._scalapack import scalapack_library
-from . import _scalapack_rect as _rect
 from ._stats import _decomposition, _wrap_replicate
 
 _DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
@@ -353,7 +353,7 @@ def lstsq(a, b, rcond=None):
         real = np.finfo(a.dtype).dtype
         x, res, rank, s = t.root(
             "numpy.linalg.lstsq", lambda x, y: _small_linalg.lstsq_of_any(x, y, rcond),
-            [(a.dtype, "all"), (real, "all"), (_rect._rank_type(), "all"), (real, "all")],
+            [(a.dtype, "all"), (real, "all"), (_rect.rank_type(), "all"), (real, "all")],
             extra=[(b, a.dtype)])
         return _lstsq_result((x, res, rank.to_local()[()], s), result)
     if rcond is None:
@@ -367,7 +367,7 @@ def lstsq(a, b, rcond=None):
     if b.ndim == 1:
         x = x[:, 0]
     return _lstsq_result((t.replicate(x), t.replicate(residuals),
-                          _rect._rank_type()(rank), t.replicate(s)), result)
+                          _rect.rank_type()(rank), t.replicate(s)), result)
 
 
 def _lstsq_operands(a, b):

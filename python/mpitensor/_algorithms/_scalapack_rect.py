@@ -1,4 +1,5 @@
-"""The rectangular linear algebra of ``np.linalg`` on ScaLAPACK: ``qr`` (pXgeqrf,
+"""The rectangular linear algebra of ``np.linalg`` on ScaLAPACK, which the
+entries of ``_ops/_tsqr.py`` call: ``qr`` (pXgeqrf,
 then pXorgqr or pXungqr; mode 'raw' pXgeqrf's reflectors themselves),
 ``svd``/``svdvals`` (pXgesvd; NumPy's ``full_matrices`` by completing U to a basis
 with the QR of U) and ``lstsq`` (on that SVD) of DTensors that TSQR does not take:
@@ -23,17 +24,17 @@ placements, and replica groups' results are made the same bytes.
 
 from __future__ import annotations
 
-import numpy as np
-
 import functools
+
+import numpy as np
 
 from .. import _clib
 from .._clib import A, E, I, I64, P, call, fn, ptr
 from .._dtensor import DTensor
 from ..placement_types import Replicate, Shard
-from .._algorithms import _dispatch as D
-from .._algorithms import _scalapack as S
-from .._algorithms import _small_linalg
+from . import _dispatch as D
+from . import _scalapack as S
+from . import _small_linalg
 
 _qr = fn("mt_scalapack_qr", I, P, P, I, I, I, I64, I64, A, I64, A, I64, A, E)
 _svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, A, A, A, I64, A, ptr(I), E)
@@ -307,7 +308,7 @@ def lstsq(a, b, rcond):
     if rcond is None:
         rcond = np.finfo(dtype).eps * max(m, n)
     keep = sv > rcond * sv.max(initial=0.0)
-    rank = _rank_type()(np.count_nonzero(keep))
+    rank = rank_type()(np.count_nonzero(keep))
     inv = np.where(keep, 1.0 / np.where(keep, sv, 1.0), 0.0).astype(sv.dtype)
     rhs = b if b.dtype == dtype else b.astype(dtype)
     c = np.matmul(u.conj().T, rhs if rhs.ndim == 2 else rhs[:, None])
@@ -330,7 +331,7 @@ def lstsq(a, b, rcond):
 
 
 @functools.cache
-def _rank_type():
+def rank_type():
     """The type of NumPy's lstsq rank (its gufunc's integer)."""
     return type(np.linalg.lstsq(np.eye(1), np.ones(1), rcond=None)[2])
 
@@ -342,7 +343,7 @@ def _lstsq_root(g, b, rcond, dtype):
     real = np.finfo(dtype).dtype
     g.dtype = np.dtype(dtype)
     x, res, rank, s = g.root(lambda a, b: _small_linalg.lstsq_of_any(a, b, rcond),
-                             [(dtype, every), (real, every), (_rank_type(), every),
+                             [(dtype, every), (real, every), (rank_type(), every),
                               (real, every)], extra=[(b, dtype)])
     return x, res, rank.to_local()[()], s
 
