@@ -660,12 +660,12 @@ int mt_mesh_comm(mt_mesh *mesh, MPI_Comm *out, mt_error *err) {
 }
 
 int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err) {
-  int value = flag != 0;
+  int value = flag;
   /* OR along dim 0, then dim 1, ...: after the last dim every rank holds the OR
    * over the whole grid. */
   for (int d = 0; mesh->in_mesh && d < mesh->ndim; ++d) {
     if (mesh->shape[d] == 1) continue;
-    MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_LOR, mesh->dim_comm[d]),
+    MT__MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_BOR, mesh->dim_comm[d]),
             "MPI_Allreduce");
   }
   *result = value;

@@ -29,7 +29,8 @@ import numpy as np
 from . import _C, _clib, _modes
 from ._fingerprint import fingerprint
 
-__all__ = ["agree_call", "call_fingerprint", "agreed_call", "has_plain_array"]
+__all__ = ["agree_call", "call_fingerprint", "agreed_call", "has_plain_array",
+           "called_by_program"]
 
 # Frames of these modules make the calls a program makes; the rest of the package
 # makes its own calls alike on every rank.
@@ -47,7 +48,7 @@ def agree_call(name: str, args: tuple, kwargs: dict, caller) -> None:
 
     Example: ``agree_call("numpy.sum", (dt,), {"axis": 0}, sys._getframe(1))``.
     """
-    if _modes.state.checks or not _called_by_program(caller):
+    if _modes.state.checks or not called_by_program(caller):
         return
     mesh = _mesh_of(args) or _mesh_of(kwargs.values())
     if mesh is None or mesh._coordinate is None or mesh._mesh.size == 1:
@@ -120,7 +121,12 @@ def _message(name: str) -> bytes:
     return text
 
 
-def _called_by_program(frame) -> bool:
+def called_by_program(frame) -> bool:
+    """Whether the frame ``frame`` is a program's (or the array API namespace's, on
+    a program's behalf), not mpitensor's own. Local.
+
+    Example: ``called_by_program(sys._getframe(1))``.
+    """
     module = frame.f_globals.get("__name__", "") if frame is not None else ""
     return not module.startswith(_PACKAGE) or module.startswith(_DOORS)
 

@@ -29,7 +29,8 @@ from ._clib import (MAX_MESH_NDIM, MAX_NDIM, SIZE, U64, A, E as _E, Error, I, I6
 from ._clib import message as _message
 
 __all__ = ["Mesh", "create", "slice_into", "sliced", "checked", "dim_groups", "mesh_shape",
-           "coordinate", "bcast", "exscan", "alltoallv", "any_member", "allgather_int",
+           "coordinate", "bcast", "exscan", "alltoallv", "any_member", "any_bits",
+           "allgather_int",
            "mesh_time_model", "set_mesh_time_model", "nodes", "direct_read",
            "Request", "agree", "comm_counters", "default_time_model", "mpi_library_version",
            "comm_live_count", "direct_fail_next", "plan_check",
@@ -303,9 +304,18 @@ def alltoallv(mesh, array: np.ndarray, counts, dim: int):
 
 def any_member(mesh, flag) -> bool:
     """The OR of ``flag`` over all members. Collective on the mesh."""
+    return bool(any_bits(mesh, bool(flag)))
+
+
+def any_bits(mesh, bits: int) -> int:
+    """The bitwise OR of ``bits`` (an int of up to 31 bits) over all members:
+    several yes-or-no questions in one all-reduce. Collective on the mesh.
+
+    Example: ``moved, copies = divmod(any_bits(mesh, 2 * moved + copies), 2)``.
+    """
     result = I()
-    call(_any, checked(mesh), bool(flag), result)
-    return bool(result.value)
+    call(_any, checked(mesh), operator.index(bits), result)
+    return result.value
 
 
 def allgather_int(mesh, value: int, dim: int) -> tuple[int, ...]:

@@ -16,8 +16,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import (_C, _args, _clib, _comm, _device, _dtypes, _iterate, _modes,
-               _registry, _strided, _trace)
+from . import (_C, _args, _call_agreement, _clib, _comm, _device, _dtypes, _iterate,
+               _modes, _registry, _strided, _trace)
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
@@ -134,14 +134,49 @@ class DTensor(_C.DTensorBase):
         return _method(np.swapaxes, (self, axis1, axis2))
 
     def view(self, *shape) -> "DTensor":
-        """torch's ``Tensor.view(*shape)``: :meth:`reshape` (a DTensor has no
-        storage to share). Collective on the mesh when the input must move first.
+        """torch's ``Tensor.view(*shape)``: :meth:`reshape`, a view of this DTensor
+        as NumPy's reshape is. With no argument or a dtype, NumPy's
+        ``ndarray.view``: the same elements (read as ``dtype``), sharing this
+        DTensor's memory. Collective on the mesh when the elements must move first,
+        or for a dtype (the ranks agree on it).
 
-        Example: ``dt.view(-1, 4)`` of an ``(8, 2)`` DTensor has shape ``(4, 4)``.
+        Example: ``dt.view(-1, 4)`` of an ``(8, 2)`` DTensor has shape ``(4, 4)``;
+        ``dt.view(np.int64)`` of a float64 one its bits.
         """
+        if not shape or len(shape) == 1 and (shape[0] is None or isinstance(
+                shape[0], (type, np.dtype, str))):
+            return self._view_as(shape[0] if shape else None, sys._getframe(1))
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
         return _method(np.reshape, (self, shape))
+
+    def _view_as(self, dtype, caller) -> "DTensor":
+        """NumPy's ``ndarray.view(dtype)``: this DTensor's local array read as
+        ``dtype`` (itself for None), the global shape's last dim scaled by the
+        itemsizes as NumPy scales it. TypeError for a Partial (the bits of a sum
+        are no sum of bits) or a last dim that a mesh dim shards or whose bytes do
+        not divide; raised on every rank alike (agreed first)."""
+        to = self.dtype if dtype is None else np.dtype(dtype)
+        spec = self._spec
+        _call_agreement.agree_call("DTensor.view", (self, to.str), {}, caller)
+        last = spec.shape[-1] * spec.dtype.itemsize if spec.shape else spec.dtype.itemsize
+        if to.itemsize != spec.dtype.itemsize and (
+                not spec.shape or last % to.itemsize
+                or any(type(p) is Shard and p.dim % len(spec.shape) == len(spec.shape) - 1
+                       and spec.mesh.shape[m] > 1 for m, p in enumerate(spec.placements))):
+            raise TypeError(f"DTensor.view({to}): a {spec.dtype} DTensor's last dim is "
+                            f"sharded or does not hold whole {to} elements; NumPy's view "
+                            f"would change its length")
+        if to != spec.dtype and any(p.is_partial() for p in spec.placements):
+            raise TypeError(f"DTensor.view({to}) of a Partial DTensor: the bits of a sum "
+                            f"are not the sum of the bits; redistribute it first")
+        if to.itemsize == spec.dtype.itemsize:
+            shape, stride = spec.shape, spec.stride
+        else:
+            shape = spec.shape[:-1] + (last // to.itemsize,)
+            stride = contiguous_strides(shape)
+        return DTensor(self._data().view(to), DTensorSpec(spec.mesh, spec.placements,
+                                                          shape, to, stride))
 
     def contiguous(self) -> "DTensor":
         """torch's ``Tensor.contiguous()``: itself when its global strides are

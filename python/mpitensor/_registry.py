@@ -101,16 +101,42 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
 
     Example: ``door(np.concatenate, ([a, b],), {"axis": 1}, None, sys._getframe(1))``.
     """
-    if caller is not None:
-        _call_agreement.agree_call(_label(func, args, name), args,
-                                   kwargs, caller)
-        if _call_agreement.has_plain_array(args, kwargs):
-            _modes.push_implicit_replication()
-            try:
-                return _traced(func, args, kwargs, name, False)
-            finally:
-                _modes.pop_implicit_replication()
-    return _traced(func, args, kwargs, name, False)
+    global viewing
+    outer = viewing
+    viewing = (func if caller is not None and _call_agreement.called_by_program(caller)
+               else None)
+    try:
+        if caller is not None:
+            _call_agreement.agree_call(_label(func, args, name), args,
+                                       kwargs, caller)
+            if _call_agreement.has_plain_array(args, kwargs):
+                _modes.push_implicit_replication()
+                try:
+                    return _traced(func, args, kwargs, name, False)
+                finally:
+                    _modes.pop_implicit_replication()
+        return _traced(func, args, kwargs, name, False)
+    finally:
+        viewing = outer
+
+
+# The NumPy function a program called through the door, until its entry takes it
+# (program_call): whose result NumPy makes a view of an argument, the entry makes
+# one for the program; calls mpitensor makes inside keep their own new arrays.
+viewing = None
+
+
+def program_call(func) -> bool:
+    """Whether the entry running is ``func`` as a program called it (not a call
+    mpitensor makes inside an operation); True once per door call. Local.
+
+    Example: ``if program_call(np.reshape): out = _views.keep(a, out, ...)``.
+    """
+    global viewing
+    if viewing is not func:
+        return False
+    viewing = None
+    return True
 
 
 def _traced(func, args: tuple, kwargs: dict, name, from_c: bool):
@@ -299,7 +325,27 @@ def _plain_call(func, args: tuple, kwargs: dict):
                 res = orig
             elif type(res) is tuple:
                 res = tuple(orig if r is copy else r for r in res)
+    _views_of_copies(res, [copy for _, copy in moved.values()])
     return res
+
+
+def _memory_of(a: np.ndarray) -> np.ndarray:
+    while type(a.base) is np.ndarray:
+        a = a.base
+    return a
+
+
+def _views_of_copies(res, copies: list) -> None:
+    """Makes each result that is a view of a plain copy's memory (a flip of it, a
+    piece) read-only: NumPy's is a view of the strided original, which a write
+    into the copy would not reach. Local."""
+    items = res if type(res) in (tuple, list) else (res,)
+    memories = [_memory_of(c._data()) for c in copies]
+    for r in items:
+        if type(r) is dtensor_type and not any(r is c for c in copies):
+            local = r._data()
+            if any(_memory_of(local) is m for m in memories):
+                local.flags.writeable = False
 
 
 def forward_unrecorded(run, *args, **kwargs):

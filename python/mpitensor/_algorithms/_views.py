@@ -46,9 +46,10 @@ import numpy as np
 
 from .. import _comm, _registry
 from .._dtensor import DTensor
+from .._dtensor_spec import DTensorSpec
 
-__all__ = ["link", "relink", "release", "write", "writes", "written", "layout_changed",
-           "CHANGED"]
+__all__ = ["link", "keep", "keep_each", "fresh", "relink", "release", "write", "writes", "written",
+           "layout_changed", "CHANGED"]
 
 
 class _Link:
@@ -56,12 +57,15 @@ class _Link:
     was made, its spec, and the view's local array as (byte offset, shape,
     strides) within the owner (holding the array would keep the owner alive)."""
 
-    __slots__ = ("parent", "key", "spec", "geometry", "ref", "record")
+    __slots__ = ("parent", "key", "spec", "geometry", "ref", "record", "back")
 
-    def __init__(self, parent, key, spec, geometry, ref):
+    def __init__(self, parent, key, spec, geometry, ref, back=None):
         self.parent, self.key, self.spec, self.geometry, self.ref = (
             parent, key, spec, geometry, ref)
         self.record = None  # its _Record, when writes into the parent refresh it
+        # The write into the parent for a view that no basic key relates to it:
+        # back(parent, view, written); a link with neither refuses writes.
+        self.back = back
 
 
 # id(owner) -> its link, while the owner lives (a weak reference's callback drops
@@ -70,6 +74,8 @@ _links: dict[int, _Link] = {}
 
 # write(..., region=CHANGED): the elements whose bytes the write changed.
 CHANGED = object()
+# The key of a copy-view that no basic key relates to its parent (keep).
+_NO_KEY = object()
 
 
 class _Record:
@@ -81,11 +87,15 @@ class _Record:
     forgotten (released, relinked, held by no rank, or a layout changed in its
     base's memory)."""
 
-    __slots__ = ("owner", "mesh", "geometry", "refill", "children", "live")
+    __slots__ = ("owner", "mesh", "geometry", "refill", "children", "live", "inner")
 
     def __init__(self, owner, refill):
         self.owner, self.refill = owner, refill
         self.mesh = self.geometry = None  # set by _register
+        # Where the view's local array lies in its owner, (byte offset, shape,
+        # strides, dtype, the owner's bytes), when the refill gives that array;
+        # None when it gives the owner's contents.
+        self.inner = None
         self.children, self.live = [], True
 
 
@@ -116,13 +126,16 @@ def _address(a: np.ndarray) -> int:
 
 
 def link(owner: np.ndarray, local: np.ndarray, parent: DTensor, key, spec,
-         refill=None) -> None:
+         refill=None, back=None, gives_local=False) -> None:
     """Makes ``DTensor(local, spec)`` a copy-view of ``parent[key]``: ``owner``
     (the new array the exchange filled, of which ``local`` is a view) becomes
     read-only and remembers where its elements live. ``refill(parent_local)``,
     when given, makes ``owner``'s contents again from the parent's local array
-    (collective): a write into the parent's memory is then seen through the view
-    (:func:`write`). Local.
+    (``local``'s with ``gives_local``; collective): a write into the parent's
+    memory is then seen through the view (:func:`write`). ``back(parent, view,
+    written)``, for a view no basic key relates to its parent (``key`` is
+    _NO_KEY), writes the view's written elements into the parent; such a link
+    without it refuses writes. Local.
 
     Example: ``link(got, got.reshape(shape), dt, key, spec, refill)`` in getitem.
     """
@@ -131,10 +144,87 @@ def link(owner: np.ndarray, local: np.ndarray, parent: DTensor, key, spec,
     k = id(owner)
     ref = weakref.ref(owner, lambda _, k=k: _links.pop(k, None))
     _links[k] = _Link(parent, key, spec,
-                      (_address(local) - _address(owner), local.shape, local.strides), ref)
+                      (_address(local) - _address(owner), local.shape, local.strides), ref,
+                      back)
     if refill is not None:
-        _links[k].record = _Record(ref, refill)
-        _register(_links[k].record, parent)
+        record = _links[k].record = _Record(ref, refill)
+        if gives_local:
+            record.inner = (_address(local) - _address(owner), local.shape,
+                            local.strides, local.dtype, owner.nbytes)
+        _register(record, parent)
+
+
+def keep(parent: DTensor, out: DTensor, redo, back=None, copies: bool = False) -> DTensor:
+    """``out``, which ``redo(parent)`` gave where NumPy's result is a view of
+    ``parent`` (a reshape, a flip, a diagonal), made one where its local array is
+    new memory (the elements moved): a copy-view that ``redo`` makes again when
+    ``parent`` is written, and whose writes reach ``parent`` through
+    ``back(parent, view, written)`` (``written``: a boolean DTensor of the view's
+    layout, True where the write went); without ``back`` it refuses writes, as
+    NumPy's read-only views do. Returns ``out``, a copy where ``copies`` on some
+    rank (see :func:`keep_each`). Collective on the mesh: where a result may be a
+    view on some ranks and new memory on others, one small all-reduce says which,
+    and new memory it is everywhere.
+
+    Example: ``keep(a, out, lambda p: np.flip(p, 0), back)``.
+    """
+    return keep_each(parent, [(out, redo, back)], copies)[0]
+
+
+def keep_each(parent: DTensor, results: list, copies: bool = False) -> list:
+    """:func:`keep` of several results of one call, ``(out, redo, back)`` each (a
+    split's pieces), with one all-reduce. ``copies``: this rank judges, from its
+    own local array, that NumPy's result is a copy (a transpose reshaped); where
+    any rank does, the results are copies on every rank (:func:`fresh`).
+    Collective on the mesh.
+
+    Example: ``keep_each(a, [(piece, redo_i, back_i) for ...])``.
+    """
+    mesh = parent._spec.mesh
+    outs = [r[0] for r in results]
+    if mesh._coordinate is None or any(type(o) is not DTensor for o in outs):
+        return outs
+    memory = _memory(parent._data())
+    here = [_memory(o._data()) is memory for o in outs]
+    bits = (not all(here)) | copies << 1
+    if mesh._mesh.size > 1:
+        bits = _comm.any_bits(mesh, bits)
+    if bits & 2:
+        return [fresh(parent, o) for o in outs]
+    if not bits & 1:
+        return outs
+    pspec, owned = parent._spec, set()
+    for (out, redo, back), viewed in zip(results, here):
+        local = out._data()
+        # A view on this rank (new memory on another), or memory another result
+        # shares (one exchange's buffer): memory of its own, which it owns.
+        if viewed or id(_memory(local)) in owned:
+            local = out._local_tensor = local.copy()
+        owned.add(id(_memory(local)))
+        link(_memory(local), local, parent, _NO_KEY, out._spec,
+             lambda plocal, redo=redo: redo(DTensor(plocal, pspec)).to_local(), back,
+             gives_local=True)
+    return outs
+
+
+def fresh(parent: DTensor, out: DTensor) -> DTensor:
+    """``out``, where NumPy's result is a new array: its local array copied where
+    it is a view of ``parent``'s memory on this rank, so that no write into one
+    reaches the other. Local. Returns ``out``.
+
+    Example: ``fresh(a, reshaped)`` for a reshape NumPy copies (a transpose's).
+    """
+    if type(out) is DTensor and type(parent) is DTensor:
+        local = out._data()
+        if _memory(local) is _memory(parent._data()):
+            out._local_tensor = local.copy()
+    return out
+
+
+def _marked(mask: np.ndarray, spec) -> DTensor:
+    """The elements a write covered, a boolean DTensor of ``spec``'s layout."""
+    return DTensor(mask, DTensorSpec(spec.mesh, spec.placements, spec.shape,
+                                     np.dtype(bool), spec.stride))
 
 
 def _register(record: _Record, parent: DTensor) -> None:
@@ -271,14 +361,28 @@ def _refresh(records: list, memory: np.ndarray, done: set) -> None:
         kept.append(r)
         off, shape, strides, dtype = r.geometry
         fresh = r.refill(np.ndarray(shape, dtype, memory, off, strides))
-        if owner is not None:
-            owner.flags.writeable = True
-            try:
-                owner[...] = fresh.reshape(owner.shape)
-            finally:
-                owner.flags.writeable = False
+        if r.inner is None:  # the refill gives the whole memory, in order
+            if owner is not None:
+                owner.flags.writeable = True
+                try:
+                    owner[...] = fresh.reshape(owner.shape)
+                finally:
+                    owner.flags.writeable = False
+            if r.children:
+                _refresh(r.children, owner if owner is not None else fresh, done)
+            continue
+        # The refill gives the view's local array, which goes where it lies in its
+        # memory (any view of it: a transpose's); where this rank let the view go,
+        # into a stand-in of that memory, which the views of the view read.
+        at, vshape, vstrides, vdtype, nbytes = r.inner
+        target = owner if owner is not None else np.empty(nbytes, np.uint8)
+        target.flags.writeable = True
+        try:
+            np.ndarray(vshape, vdtype, target, at, vstrides)[...] = fresh
+        finally:
+            target.flags.writeable = owner is None
         if r.children:
-            _refresh(r.children, owner if owner is not None else fresh, done)
+            _refresh(r.children, target, done)
     records[:] = kept
 
 
@@ -381,8 +485,8 @@ def _write(dst: DTensor, run, key, where, region):
         _touch(dst)
         return result
     owner = _owner(local)
-    if owner is None:
-        raise _read_only_error()
+    if owner is None or _links[id(owner)].key is _NO_KEY and _links[id(owner)].back is None:
+        raise _read_only_error()  # no view, or a view NumPy makes read-only
     before = local.copy() if region is CHANGED else None
     owner.flags.writeable = True
     try:
@@ -432,6 +536,9 @@ def _write_back(owner, marks) -> None:
     view = np.ndarray(shape, owner.dtype, owner, off, strides)
     mask = (_over(marks, off, view).any(-1) if view.size
             else np.zeros(shape, bool))
+    if link.back is not None:
+        link.back(link.parent, DTensor(view, link.spec), _marked(mask, link.spec))
+        return
     _registry.call(operator.setitem, link.parent, link.key, DTensor(view, link.spec),
                    where=mask)
 

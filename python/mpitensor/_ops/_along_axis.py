@@ -329,6 +329,13 @@ def flip(m, axis=None):
 
     Example: ``np.flip(dt, 1)`` of a ``[Shard(0)]`` DTensor stays ``[Shard(0)]``.
     """
+    program = _registry.program_call(np.flip)
+    out = _flipped(m, axis)
+    return _flip.as_view(m, out, axis, lambda p: _flipped(p, axis)) if program else out
+
+
+def _flipped(m, axis):
+    """:func:`flip` itself: a view of the local array where no element moves."""
     axes = _axes("numpy.flip", m, axis)
     if axis is None and m.ndim > 1 and _flatten.sharding_dim(m) is not None:
         # Every axis reversed is the flattened array reversed: one exchange to

@@ -26,6 +26,7 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard
 from .._algorithms import _dispatch as D
+from .._algorithms import _views
 
 __all__ = ["triu", "tril", "trace", "diagonal"]
 
@@ -235,15 +236,26 @@ def trace(a, offset=0, axis1=0, axis2=1, dtype=None, out=None):
 
 @_registry.implements(np.diagonal)
 def diagonal(a, offset=0, axis1=0, axis2=1):
-    """``np.diagonal`` of a DTensor (a new array, not a view): each rank places the
-    part of the diagonal it holds at its global positions, in zeros elsewhere;
-    Partial(sum) over the mesh dims that shard ``axis1`` or ``axis2`` (one
-    all-reduce of the diagonal's size when read), the Shards of the other dims
-    kept. Local.
+    """``np.diagonal`` of a DTensor: each rank places the part of the diagonal it
+    holds at its global positions, in zeros elsewhere; Partial(sum) over the mesh
+    dims that shard ``axis1`` or ``axis2`` (one all-reduce of the diagonal's size
+    when read), the Shards of the other dims kept. As NumPy's, a program's is a
+    read-only view: a write into it raises, and it shows the writes into ``a``
+    (mpitensor._algorithms._views). Collective on the mesh for a program's call
+    (one small all-reduce), else local.
 
     Example: ``np.diagonal(dt)`` of a (4, 4) ``[Shard(1)]`` DTensor is a (4,)
     ``[Partial(sum)]`` DTensor.
     """
+    program = _registry.program_call(np.diagonal)
+    out = _diagonal(a, offset, axis1, axis2)
+    if not program:
+        return out
+    return _views.keep(a, out, lambda p: _diagonal(p, offset, axis1, axis2))
+
+
+def _diagonal(a, offset, axis1, axis2):
+    """:func:`diagonal` itself, in new memory."""
     name = "numpy.diagonal"
     a, axis1, axis2, pls, rest = _diagonal_spec(name, a, offset, axis1, axis2)
     spec = a._spec

@@ -16,6 +16,7 @@ import numpy as np
 from .. import _comm, _modes, _registry, _trace
 from .._dtensor import DTensor
 from .._algorithms import _row_exchange as X
+from .._algorithms import _views
 
 __all__ = ["flip_sharded", "fliplr", "flipud"]
 
@@ -87,7 +88,9 @@ def fliplr(m):
     Example: ``np.fliplr(dt)`` of a ``[Shard(0)]`` DTensor moves nothing.
     """
     _at_least("numpy.fliplr", m, 2)
-    return np.flip(m, 1)
+    program = _registry.program_call(np.fliplr)
+    out = np.flip(m, 1)
+    return as_view(m, out, 1, lambda p: np.flip(p, 1)) if program else out
 
 
 @_registry.implements(np.flipud)
@@ -98,4 +101,19 @@ def flipud(m):
     Example: ``np.flipud(dt)`` of a ``[Shard(1)]`` DTensor moves nothing.
     """
     _at_least("numpy.flipud", m, 1)
-    return np.flip(m, 0)
+    program = _registry.program_call(np.flipud)
+    out = np.flip(m, 0)
+    return as_view(m, out, 0, lambda p: np.flip(p, 0)) if program else out
+
+
+def as_view(m, out, axis, redo):
+    """A program's flip ``out`` of ``m`` (``redo(m)``, along ``axis``) as NumPy's,
+    a view of ``m`` whose writes reach it and which shows the writes into ``m``,
+    also where the elements moved (mpitensor._algorithms._views). Collective on
+    the mesh.
+
+    Example: ``as_view(m, out, 0, lambda p: np.flip(p, 0))``.
+    """
+    def back(p, view, written):
+        np.copyto(p, np.flip(view, axis), where=np.flip(written, axis))
+    return _views.keep(m, out, redo, back)

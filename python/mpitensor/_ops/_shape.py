@@ -37,7 +37,7 @@ from .. import _registry
 from .. import _strided as _layouts
 from .._dtensor import DTensor
 from .._algorithms import _dispatch as D
-from .._algorithms import _flatten
+from .._algorithms import _flatten, _views
 from . import _join
 from ._strided import expanded, is_strided, permuted, restride
 from ..placement_types import Shard
@@ -465,6 +465,7 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
         (Shard(dim=0),)
     """
     a = _dtensor("reshape", a)
+    program = _registry.program_call(np.reshape)
     if shape is None:
         shape = newshape
     if shape is None:
@@ -484,6 +485,14 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     elif order not in ("C", "A"):
         _target_shape(math.prod(src), shape, order)  # raises NumPy's error
 
+    out = _reshaped(a, given, shape, order, copy)
+    return _as_numpy_gives(a, out, shape, order, copy) if program else out
+
+
+def _reshaped(a, given, shape, order, copy):
+    """The reshape itself: a view of the local array where no element moves and
+    NumPy's local reshape is one."""
+    src = a._spec.shape
     plain = not _layouts.has_strided(a._spec.placements)
     if not plain:
         a = expanded(a)
@@ -499,6 +508,44 @@ def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     # elements are exactly its box of the output.
     return D.execute(("reshape", given), (a,), build,
                      _reshape_copy if copy else np.reshape, box=True)
+
+
+def _as_numpy_gives(a, out, shape, order, copy):
+    """A program's reshape as NumPy gives it: a view of ``a`` where NumPy's is one,
+    which a write reaches ``a`` through and which shows the writes into ``a`` even
+    where the elements moved; else a copy that shares no memory with ``a``.
+    Collective on the mesh (one small all-reduce) but for ``copy=True``."""
+    if copy:
+        return _views.fresh(a, out)
+    target = out.shape
+
+    def redo(p):
+        return _reshaped(p, target, target, "C", False)
+
+    def back(p, view, written):
+        np.copyto(p, np.reshape(view, p.shape), where=np.reshape(written, p.shape))
+    return _views.keep(a, out, redo, back, copies=_numpy_copies(a, target))
+
+
+def _numpy_copies(a, target) -> bool:
+    """Whether NumPy's reshape of ``a`` to ``target`` is a copy, judged from the
+    order of this rank's local axes in memory (a transpose's are reversed): asked
+    of an array of ``a``'s global shape laid out in that order, over a single byte
+    that is never read."""
+    local = a._data()
+    if local.flags.c_contiguous or local.ndim != a.ndim:
+        return False
+    order = sorted(range(local.ndim), key=lambda d: -local.strides[d])
+    strides, step = [0] * a.ndim, 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= a.shape[d]
+    layout = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), a.shape, strides)
+    try:
+        layout.reshape(target, copy=False)
+    except ValueError:
+        return True
+    return False
 
 
 def _view(a, src, shape, order, copy, plain):
@@ -536,7 +583,9 @@ def ravel(a, order="C"):
         (Shard(dim=0),)
     """
     a = _dtensor("ravel", a)
+    program = _registry.program_call(np.ravel)
     if order not in ("C", "A"):
         raise _registry.NoRule(f"numpy.ravel: order={order!r} is not supported on DTensors; "
                                f"only order='C' (and 'A', which is 'C' for them)")
-    return reshape(a, -1)
+    out = reshape(a, -1)
+    return _as_numpy_gives(a, out, -1, "C", None) if program else out

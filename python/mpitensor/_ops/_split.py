@@ -31,6 +31,7 @@ from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Shard
 from .._algorithms import _dispatch as D
 from .._algorithms import _row_exchange as X
+from .._algorithms import _views
 from ._along_axis import lanes_layout
 
 __all__ = ["split_bounds"]
@@ -143,7 +144,31 @@ def _piece(a: DTensor, ax: int, lo: int, hi: int) -> DTensor:
     return D.execute(("split_piece", ax, lo, hi), (a,), build, lambda x: x[cut])
 
 
-def _split(name, ary, indices_or_sections, axis, equal) -> list:
+def _split(name, func, ary, indices_or_sections, axis, equal) -> list:
+    """The pieces of ``ary`` split along ``axis``; a program's call of ``func``
+    gets them as NumPy's, views of ``ary`` (mpitensor._algorithms._views): a write
+    into a piece reaches ``ary`` and a piece shows the writes into ``ary``, also
+    where its elements moved."""
+    program = _registry.program_call(func)
+    pieces = _pieces(name, ary, indices_or_sections, axis, equal)
+    if not program:
+        return pieces
+    ax = normalize_axis_index(operator.index(axis), ary.ndim)
+    bounds = split_bounds(name, ary.shape[ax], indices_or_sections, equal)
+
+    def each(i, lo, hi):
+        key = (slice(None),) * ax + (slice(lo, hi),)
+
+        def redo(p):
+            return _pieces(name, p, indices_or_sections, axis, equal)[i]
+
+        def back(p, view, written):
+            p[key] = np.where(written, view, p[key])
+        return pieces[i], redo, back
+    return _views.keep_each(ary, [each(i, lo, hi) for i, (lo, hi) in enumerate(bounds)])
+
+
+def _pieces(name, ary, indices_or_sections, axis, equal) -> list:
     if type(ary) is not DTensor:
         raise TypeError(f"{name}: expected a DTensor, got {type(ary).__name__}")
     if ary.ndim == 0:
@@ -167,7 +192,7 @@ def split(ary, indices_or_sections, axis=0):
     Example: ``np.split(dt, 2, axis=1)`` of a ``[Shard(0)]`` (4, 6) DTensor gives
     two ``[Shard(0)]`` (4, 3) pieces with no communication.
     """
-    return _split("numpy.split", ary, indices_or_sections, axis, True)
+    return _split("numpy.split", np.split, ary, indices_or_sections, axis, True)
 
 
 @_registry.implements(np.array_split)
@@ -179,7 +204,7 @@ def array_split(ary, indices_or_sections, axis=0):
     Example: ``[p.shape for p in np.array_split(dt, 2)]`` of a (5, 2) DTensor is
     ``[(3, 2), (2, 2)]``.
     """
-    return _split("numpy.array_split", ary, indices_or_sections, axis, False)
+    return _split("numpy.array_split", np.array_split, ary, indices_or_sections, axis, False)
 
 
 def _split_axis(name, ary, least, axis_of):
@@ -199,7 +224,7 @@ def hsplit(ary, indices_or_sections):
     Example: ``np.hsplit(dt, 2)`` of a (4, 6) ``[Shard(0)]`` DTensor moves nothing.
     """
     ax = _split_axis("numpy.hsplit", ary, 1, lambda n: 1 if n > 1 else 0)
-    return _split("numpy.hsplit", ary, indices_or_sections, ax, True)
+    return _split("numpy.hsplit", np.hsplit, ary, indices_or_sections, ax, True)
 
 
 @_registry.implements(np.vsplit)
@@ -210,7 +235,7 @@ def vsplit(ary, indices_or_sections):
     Example: ``np.vsplit(dt, 2)`` of a (4, 6) ``[Shard(1)]`` DTensor moves nothing.
     """
     _split_axis("numpy.vsplit", ary, 2, lambda n: 0)
-    return _split("numpy.vsplit", ary, indices_or_sections, 0, True)
+    return _split("numpy.vsplit", np.vsplit, ary, indices_or_sections, 0, True)
 
 
 @_registry.implements(np.dsplit)
@@ -221,4 +246,4 @@ def dsplit(ary, indices_or_sections):
     Example: ``np.dsplit(dt, 2)`` of a (2, 3, 4) ``[Shard(0)]`` DTensor moves nothing.
     """
     _split_axis("numpy.dsplit", ary, 3, lambda n: 2)
-    return _split("numpy.dsplit", ary, indices_or_sections, 2, True)
+    return _split("numpy.dsplit", np.dsplit, ary, indices_or_sections, 2, True)

@@ -116,8 +116,9 @@ int mt_mesh_bcast_from(const mt_mesh *mesh, int dim, int64_t root, void *buf,
 MT_EXPORT int mt_mesh_allgather_i64(const mt_mesh *mesh, int dim, int64_t value,
                                     int64_t *out, mt_error *err);
 
-/* Collective on the mesh. Logical OR of `flag` over every member, combined along
- * one mesh dim after another so no whole-mesh communicator is needed. */
+/* Collective on the mesh. Bitwise OR of `flag` over every member (nonzero when any
+ * member's is: several yes-or-no questions in one call), combined along one mesh
+ * dim after another so no whole-mesh communicator is needed. */
 MT_EXPORT int mt_mesh_any(const mt_mesh *mesh, int flag, int *result, mt_error *err);
 
 /* Collective on mesh dim `dim`. Exclusive prefix of `count` elements of `dtype`

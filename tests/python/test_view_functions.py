@@ -1,0 +1,187 @@
+"""NumPy's functions whose result is a view of their argument give views of
+DTensors too, in every layout, also where the elements had to move: ``reshape``,
+``ravel``, ``DTensor.view``, ``flip``, ``flipud``, ``fliplr``, the pieces of
+``split``, ``array_split``, ``hsplit``, ``vsplit`` and ``dsplit`` write through to
+their base and show the writes into it; ``diagonal`` is read-only and shows them;
+where NumPy's result is a copy (a transpose reshaped), ours shares nothing with
+the base. Every rank checks the whole arrays against the same NumPy code on the
+gathered ones."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpitensor as mt
+from mpitensor import Partial, Replicate, Shard
+from ops_helpers import W, assert_matches, make, mesh_of
+
+R, S0, S1, S2, PS = Replicate(), Shard(0), Shard(1), Shard(2), Partial("sum")
+_OPTIONS = (R, S0, S1, S2, PS)
+# Meshes (W,) and, at an even W, (2, W // 2): every placement of a (4, 6, 5)
+# array on each mesh dim, uneven at 3 ranks.
+LAYOUTS = [((W,), (p,)) for p in _OPTIONS] + (
+    [((2, W // 2), pls) for pls in itertools.product((R, S0, S1, PS), repeat=2)]
+    if W % 2 == 0 else [])
+
+
+def _id(layout) -> str:
+    shape, pls = layout
+    return "x".join(map(str, shape)) + "-" + ",".join(
+        "P" if p.is_partial() else "R" if p.is_replicate() else f"S{p.dim}" for p in pls)
+
+
+@pytest.fixture(params=LAYOUTS, ids=[_id(x) for x in LAYOUTS])
+def layout(request):
+    shape, pls = request.param
+    return mesh_of(shape), pls
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    # a write with no distributed rule (into a Partial, say) gathers, with a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _full():
+    return np.arange(120.0).reshape(4, 6, 5) - 50.0
+
+
+# (name, the view NumPy gives): each of a function whose result is a view.
+VIEWS = [
+    ("reshape", lambda x: np.reshape(x, (8, 15))),
+    ("reshape-method", lambda x: x.reshape(24, 5)),
+    ("reshape-flat", lambda x: x.reshape(-1)),
+    ("reshape-split-dim", lambda x: x.reshape(2, 2, 30)),
+    ("ravel", lambda x: np.ravel(x)),
+    ("ravel-method", lambda x: x.ravel()),
+    ("view-shape", lambda x: x.view(-1) if isinstance(x, mt.DTensor) else x.reshape(-1)),
+    ("flip0", lambda x: np.flip(x, 0)),
+    ("flip1", lambda x: np.flip(x, 1)),
+    ("flip-all", lambda x: np.flip(x)),
+    ("flipud", lambda x: np.flipud(x)),
+    ("fliplr", lambda x: np.fliplr(x)),
+    ("split0", lambda x: np.split(x, 2, axis=0)[1]),
+    ("split1", lambda x: np.split(x, 3, axis=1)[0]),
+    ("array_split", lambda x: np.array_split(x, 3, axis=0)[0]),
+    ("hsplit", lambda x: np.hsplit(x, 2)[1]),
+    ("vsplit", lambda x: np.vsplit(x, [1])[1]),
+    ("dsplit", lambda x: np.dsplit(x, [2])[0]),
+    ("view-of-view", lambda x: np.split(np.flip(x, 0), 2, axis=0)[1][:, 1:4]),
+]
+
+# Writes into a view, each as a program makes them.
+WRITES = [
+    ("item", lambda v: v.__setitem__((1,) * v.ndim, 500.0)),
+    ("iadd", lambda v: v.__iadd__(1.0)),
+    ("slice", lambda v: v.__setitem__((slice(0, 2),), -9.0)),
+    ("multiply-out", lambda v: np.multiply(v, 2.0, out=v)),
+]
+
+
+@pytest.mark.parametrize("name,view", VIEWS, ids=[v[0] for v in VIEWS])
+def test_a_write_into_the_view_reaches_the_base(layout, name, view):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    ours, numpys = view(a), view(full)
+    assert np.shares_memory(numpys, full)
+    assert_matches(ours, numpys)
+    for what, write in WRITES:
+        write(numpys)
+        write(ours)
+        assert_matches(a, full)
+        assert_matches(ours, numpys)
+
+
+@pytest.mark.parametrize("name,view", VIEWS, ids=[v[0] for v in VIEWS])
+def test_the_view_shows_later_writes_into_its_base(layout, name, view):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    ours, numpys = view(a), view(full)
+    for write in (lambda x: x.__setitem__((1, 2, 3), 700.0),
+                  lambda x: x.__setitem__((slice(None), 0), -1.0),
+                  lambda x: x.__imul__(3.0)):
+        write(full)
+        write(a)
+        assert_matches(ours, numpys)
+
+
+def test_diagonal_is_read_only_and_shows_the_writes_into_its_base(layout):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    ours, numpys = np.diagonal(a, 1, 1, 2), np.diagonal(full, 1, 1, 2)
+    assert_matches(ours, numpys)
+    for x in (numpys, ours):
+        with pytest.raises(ValueError, match="read-only"):
+            x[0, 0] = 1.0
+    full[2, 1, 2] = 99.0
+    a[2, 1, 2] = 99.0
+    assert_matches(ours, numpys)
+
+
+def test_a_reshape_numpy_copies_shares_nothing_with_its_base(layout):
+    """The reshape of a transpose is a copy in NumPy: a write into it stays there,
+    on every rank, whatever rank holds which elements."""
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    ours, numpys = a.T.reshape(-1), full.T.reshape(-1)
+    assert not np.shares_memory(numpys, full)
+    ours[...] = 0.0
+    numpys[...] = 0.0
+    assert_matches(a, full)
+    a[0, 0, 0] = 5.0
+    full[0, 0, 0] = 5.0
+    assert_matches(ours, numpys)
+
+
+def test_calls_inside_mpitensor_keep_their_own_arrays():
+    """mpitensor's own reshapes inside an operation are not views of their
+    argument: a flip that moves elements links only the program's result."""
+    from mpitensor._algorithms import _views
+    mesh = mesh_of((W,))
+    a = make(_full(), mesh, (S0,))
+    before = len(_views._links)
+    out = np.flip(a)  # reshapes and flips inside, one result
+    assert len(_views._links) - before == (1 if W > 1 else 0)
+    assert_matches(out, np.flip(_full()))
+
+
+def test_view_as_another_dtype_reads_the_same_bits(layout):
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    if any(p.is_partial() for p in pls):
+        with pytest.raises(TypeError, match="Partial"):
+            a.view(np.int64)
+        return
+    assert_matches(a.view(np.int64), full.view(np.int64))
+    same = a.view()
+    mine = same.to_local()
+    assert same.placements == a.placements
+    assert mine.size == 0 or np.shares_memory(mine, a.to_local())  # an empty block shares none
+    sharded_last = any(type(p) is Shard and p.dim == 2 for p in pls) and max(
+        n for n, p in zip(mesh.shape, pls) if type(p) is Shard and p.dim == 2) > 1
+    if sharded_last:
+        with pytest.raises(TypeError, match="last dim"):
+            a.view(np.float32)
+    else:
+        assert_matches(a.view(np.float32), full.view(np.float32))
+
+
+def test_view_with_a_dtype_that_differs_by_rank_raises_on_every_rank():
+    if W == 1:
+        pytest.skip("one rank agrees with itself")
+    a = make(_full(), mesh_of((W,)), (S0,))
+    dtype = np.int64 if MPI.COMM_WORLD.rank == 0 else np.uint64
+    with pytest.raises(ValueError):
+        a.view(dtype)
