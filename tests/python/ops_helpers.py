@@ -23,6 +23,13 @@ def mesh_of(shape):
     return _MESHES[shape]
 
 
+def layout_id(layout) -> str:
+    """A test id of ``(mesh shape, placements)``: ``2x1-S0,P``."""
+    shape, pls = layout
+    return "x".join(map(str, shape)) + "-" + ",".join(
+        "P" if p.is_partial() else "R" if p.is_replicate() else f"S{p.dim}" for p in pls)
+
+
 def mesh_shapes():
     return [(W,), (2, 2)] if W == 4 else [(W,)]
 

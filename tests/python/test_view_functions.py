@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
-from ops_helpers import W, assert_matches, make, mesh_of
+from ops_helpers import W, assert_matches, layout_id, make, mesh_of
 
 R, S0, S1, S2, PS = Replicate(), Shard(0), Shard(1), Shard(2), Partial("sum")
 _OPTIONS = (R, S0, S1, S2, PS)
@@ -29,13 +29,7 @@ LAYOUTS = [((W,), (p,)) for p in _OPTIONS] + (
     if W % 2 == 0 else [])
 
 
-def _id(layout) -> str:
-    shape, pls = layout
-    return "x".join(map(str, shape)) + "-" + ",".join(
-        "P" if p.is_partial() else "R" if p.is_replicate() else f"S{p.dim}" for p in pls)
-
-
-@pytest.fixture(params=LAYOUTS, ids=[_id(x) for x in LAYOUTS])
+@pytest.fixture(params=LAYOUTS, ids=[layout_id(x) for x in LAYOUTS])
 def layout(request):
     shape, pls = request.param
     return mesh_of(shape), pls
@@ -85,6 +79,16 @@ WRITES = [
 ]
 
 
+def _after_each(writes, into, a, full, ours, numpys):
+    """Each write into ``into(ours, a)`` and ``into(numpys, full)``: the bases and
+    the views agree with NumPy's after each."""
+    for write in writes:
+        write(into(numpys, full))
+        write(into(ours, a))
+        assert_matches(a, full)
+        assert_matches(ours, numpys)
+
+
 @pytest.mark.parametrize("name,view", VIEWS, ids=[v[0] for v in VIEWS])
 def test_a_write_into_the_view_reaches_the_base(layout, name, view):
     mesh, pls = layout
@@ -93,11 +97,7 @@ def test_a_write_into_the_view_reaches_the_base(layout, name, view):
     ours, numpys = view(a), view(full)
     assert np.shares_memory(numpys, full)
     assert_matches(ours, numpys)
-    for what, write in WRITES:
-        write(numpys)
-        write(ours)
-        assert_matches(a, full)
-        assert_matches(ours, numpys)
+    _after_each([w for _, w in WRITES], lambda v, base: v, a, full, ours, numpys)
 
 
 @pytest.mark.parametrize("name,view", VIEWS, ids=[v[0] for v in VIEWS])
@@ -105,13 +105,9 @@ def test_the_view_shows_later_writes_into_its_base(layout, name, view):
     mesh, pls = layout
     full = _full()
     a = make(full, mesh, pls)
-    ours, numpys = view(a), view(full)
-    for write in (lambda x: x.__setitem__((1, 2, 3), 700.0),
-                  lambda x: x.__setitem__((slice(None), 0), -1.0),
-                  lambda x: x.__imul__(3.0)):
-        write(full)
-        write(a)
-        assert_matches(ours, numpys)
+    _after_each([lambda x: x.__setitem__((1, 2, 3), 700.0),
+                 lambda x: x.__setitem__((slice(None), 0), -1.0),
+                 lambda x: x.__imul__(3.0)], lambda v, base: base, a, full, view(a), view(full))
 
 
 def test_diagonal_is_read_only_and_shows_the_writes_into_its_base(layout):

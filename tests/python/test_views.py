@@ -20,7 +20,7 @@ from mpi4py import MPI
 import mpitensor as mt
 import mpitensor.array_api as xp
 from mpitensor import Partial, Replicate, Shard, distribute_tensor
-from ops_helpers import W, assert_matches, make, mesh_of
+from ops_helpers import W, assert_matches, layout_id, make, mesh_of
 
 COMM = MPI.COMM_WORLD
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
@@ -32,13 +32,7 @@ LAYOUTS = [((W,), (p,)) for p in _OPTIONS] + (
     if W % 2 == 0 else [])
 
 
-def _id(layout) -> str:
-    shape, pls = layout
-    return "x".join(map(str, shape)) + "-" + ",".join(
-        "P" if p.is_partial() else "R" if p.is_replicate() else f"S{p.dim}" for p in pls)
-
-
-@pytest.fixture(params=LAYOUTS, ids=[_id(x) for x in LAYOUTS])
+@pytest.fixture(params=LAYOUTS, ids=[layout_id(x) for x in LAYOUTS])
 def layout(request):
     shape, pls = request.param
     return mesh_of(shape), pls
