@@ -1,8 +1,9 @@
 """NumPy's functions whose result is a view of their argument give views of
 DTensors too, in every layout, also where the elements had to move: ``reshape``,
 ``ravel``, ``DTensor.view``, ``flip``, ``flipud``, ``fliplr``, the pieces of
-``split``, ``array_split``, ``hsplit``, ``vsplit`` and ``dsplit`` write through to
-their base and show the writes into it; ``diagonal`` is read-only and shows them;
+``split``, ``array_split``, ``hsplit``, ``vsplit`` and ``dsplit``, ``rot90`` write
+through to their base and show the writes into it; ``diagonal`` and ``diag`` of a
+matrix are read-only and show them;
 where NumPy's result is a copy (a transpose reshaped), ours shares nothing with
 the base. Every rank checks the whole arrays against the same NumPy code on the
 gathered ones."""
@@ -67,6 +68,8 @@ VIEWS = [
     ("hsplit", lambda x: np.hsplit(x, 2)[1]),
     ("vsplit", lambda x: np.vsplit(x, [1])[1]),
     ("dsplit", lambda x: np.dsplit(x, [2])[0]),
+    ("rot90", lambda x: np.rot90(x)),
+    ("rot90-axes", lambda x: np.rot90(x, 3, (1, 2))),
     ("view-of-view", lambda x: np.split(np.flip(x, 0), 2, axis=0)[1][:, 1:4]),
 ]
 
@@ -110,17 +113,21 @@ def test_the_view_shows_later_writes_into_its_base(layout, name, view):
                  lambda x: x.__imul__(3.0)], lambda v, base: base, a, full, view(a), view(full))
 
 
-def test_diagonal_is_read_only_and_shows_the_writes_into_its_base(layout):
+@pytest.mark.parametrize("diagonal", [lambda x: np.diagonal(x, 1, 1, 2),
+                                      lambda x: np.diag(x[1], -1)],
+                         ids=["diagonal", "diag-of-a-matrix"])
+def test_a_diagonal_is_read_only_and_shows_the_writes_into_its_base(layout, diagonal):
     mesh, pls = layout
     full = _full()
     a = make(full, mesh, pls)
-    ours, numpys = np.diagonal(a, 1, 1, 2), np.diagonal(full, 1, 1, 2)
+    ours, numpys = diagonal(a), diagonal(full)
     assert_matches(ours, numpys)
     for x in (numpys, ours):
         with pytest.raises(ValueError, match="read-only"):
-            x[0, 0] = 1.0
-    full[2, 1, 2] = 99.0
-    a[2, 1, 2] = 99.0
+            x[(0,) * x.ndim] = 1.0
+    assert_matches(a, full)
+    full[1, 2, 1] = 99.0
+    a[1, 2, 1] = 99.0
     assert_matches(ours, numpys)
 
 

@@ -186,7 +186,9 @@ def keep_each(parent: DTensor, results: list, copies: bool = False) -> list:
         return outs
     memory = _memory(parent._data())
     here = [_memory(o._data()) is memory for o in outs]
-    bits = (not all(here)) | copies << 1
+    # A read-only view takes memory of its own even where it could be a local
+    # view: a write into a local view would reach the parent.
+    bits = (not all(here) or any(r[2] is None for r in results)) | copies << 1
     if mesh._mesh.size > 1:
         bits = _comm.any_bits(mesh, bits)
     if bits & 2:

@@ -59,8 +59,24 @@ def rot90(m, k=1, axes=(0, 1)):
     operation (a flip along a sharded axis is one exchange; the transpose moves
     nothing). Collective on the mesh when a flipped axis is sharded.
 
+    As NumPy's, a program's is a view of ``m`` (mpitensor._algorithms._views):
+    its writes reach ``m``, rotated back, and it shows the writes into ``m``.
+
     Example: ``np.rot90(dt)`` of a ``[Shard(0)]`` matrix is ``[Shard(1)]``.
     """
+    program = _registry.program_call(np.rot90)
+    out = _rot90(m, k, axes)
+    if not program:
+        return out
+    axes = tuple(axes)
+
+    def back(p, view, written):
+        np.copyto(p, np.rot90(view, -k, axes), where=np.rot90(written, -k, axes))
+    return _views.keep(m, out, lambda p: _rot90(p, k, axes), back)
+
+
+def _rot90(m, k, axes):
+    """:func:`rot90` itself: the flips and the transpose."""
     m = _dtensor("numpy.rot90", m)
     axes = tuple(axes)
     if len(axes) != 2:

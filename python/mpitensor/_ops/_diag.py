@@ -17,6 +17,7 @@ import numpy as np
 from .. import _registry
 from .._dtensor import DTensor
 from .._algorithms import _dispatch as D
+from .._algorithms import _views
 
 __all__ = ["diag_into"]
 
@@ -40,8 +41,20 @@ def diag(v, k=0):
     gathered first, as in torch).
 
     Example: ``np.diag(dt)`` of a (3, 3) ``[Shard(0)]`` DTensor is a (3,)
-    ``[Replicate()]`` DTensor, after one all-gather.
+    ``[Replicate()]`` DTensor, after one all-gather. A 2-D one's diagonal is a
+    program's read-only view, as NumPy's.
     """
+    program = _registry.program_call(np.diag)
+    out = _diag(v, k)
+    if not program or v.ndim != 2:
+        return out
+    # NumPy's diagonal of a matrix is a read-only view: so is a program's here
+    # (mpitensor._algorithms._views), which shows the writes into ``v``.
+    return _views.keep(v, out, lambda p: _diag(p, k))
+
+
+def _diag(v, k):
+    """:func:`diag` itself."""
     if type(v) is not DTensor:
         raise TypeError(f"numpy.diag: expected a DTensor, got {type(v).__name__}")
     k = operator.index(k)
