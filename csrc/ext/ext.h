@@ -536,6 +536,10 @@ PyObject *mt_ext_plan_wrap(mt_plan *plan);
 PyObject *mt_ext_pending_own(mt_pending *pending, PyObject *keep);
 /* The mt_pending such a capsule owns; NULL with an exception for another object. */
 mt_pending *mt_ext_pending_of(PyObject *capsule);
+/* The pointer a filled ctypes.c_void_p holds, read through its buffer, so that no
+ * address passes through Python as an int; NULL with a TypeError for anything
+ * else or a null pointer. */
+void *mt_ext_pointer_of(PyObject *pointer);
 extern PyMethodDef mt_ext_owned_methods[];
 
 /* -- autograd (ext_autograd.c) ------------------------------------------------------ */

@@ -72,18 +72,11 @@ static int take_time_model(mt_ext_mesh_base *mb) {
   return mt_ext_ok(mt_memo_set_time_model(mb->memo, mt_mesh_time_model(mb->mesh), &err), &err);
 }
 
-/* _adopt(pointer): see the method table. The pointer comes as the ctypes
- * c_void_p the comm library filled, read through its buffer: no address passes
- * through Python as an int. */
+/* _adopt(pointer): see the method table. */
 static PyObject *adopt(PyObject *self, PyObject *arg) {
   mt_ext_mesh_base *mb = (mt_ext_mesh_base *)self;
-  Py_buffer view;
-  if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-  mt_mesh *mesh = NULL;
-  if (view.len == (Py_ssize_t)sizeof mesh) memcpy(&mesh, view.buf, sizeof mesh);
-  PyBuffer_Release(&view);
-  if (mesh == NULL)
-    return PyErr_Format(PyExc_TypeError, "_adopt takes a filled ctypes.c_void_p");
+  mt_mesh *mesh = mt_ext_pointer_of(arg);
+  if (mesh == NULL) return NULL;
   if (mb->mesh != NULL) {
     mt_mesh_destroy(mesh);
     return PyErr_Format(PyExc_RuntimeError, "the mesh already has its communicators");

@@ -54,17 +54,22 @@ mt_pending *mt_ext_pending_of(PyObject *capsule) {
   return PyCapsule_GetPointer(capsule, PENDING);
 }
 
-/* adopt(pointer, kind, keep=None): see the method table. The pointer comes as
- * the ctypes.c_void_p the library filled, read through its buffer. */
+void *mt_ext_pointer_of(PyObject *pointer) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(pointer, &view, PyBUF_SIMPLE) < 0) return NULL;
+  void *p = NULL;
+  if (view.len == (Py_ssize_t)sizeof(void *)) memcpy(&p, view.buf, sizeof(void *));
+  PyBuffer_Release(&view);
+  if (p == NULL) PyErr_SetString(PyExc_TypeError, "expected a filled ctypes.c_void_p");
+  return p;
+}
+
+/* adopt(pointer, kind, keep=None): see the method table. */
 static PyObject *adopt(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs < 2 || nargs > 3 || !PyUnicode_Check(args[1]))
     return PyErr_Format(PyExc_TypeError, "adopt(pointer, kind: str, keep=None)");
-  Py_buffer view;
-  if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-  void *p = NULL;
-  if (view.len == (Py_ssize_t)sizeof p) memcpy(&p, view.buf, sizeof p);
-  PyBuffer_Release(&view);
-  if (p == NULL) return PyErr_Format(PyExc_TypeError, "adopt takes a filled ctypes.c_void_p");
+  void *p = mt_ext_pointer_of(args[0]);
+  if (p == NULL) return NULL;
   PyObject *keep = nargs == 3 && args[2] != Py_None ? args[2] : NULL;
   if (PyUnicode_CompareWithASCIIString(args[1], "pending") == 0) return mt_ext_pending_own(p, keep);
   if (PyUnicode_CompareWithASCIIString(args[1], "plan") == 0 && keep == NULL) {
