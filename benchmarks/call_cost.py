@@ -24,6 +24,8 @@ The calls, on a 1-D mesh over all ranks, float64 (8, 8) operands:
 * ``np.where(m, a, b)``  a registered function of three operands
 * ``np.clip(a, 0, 1)``   a registered function with scalar bounds
 * ``np.concatenate``     ``(a, b)`` along axis 1 (unsharded)
+* ``x.reshape(-1, 2)``   a view of the local block, NumPy's view semantics agreed
+* ``np.flip(x, 1)``      a view along an unsharded axis, the same
 
 Writes benchmarks/results/<cpu>/call_cost-np{N}.json.
 """
@@ -62,6 +64,8 @@ def calls(mt, np, mesh):
         "np.clip(a, 0, 1)": (lambda: np.clip(a, 0, 1), lambda: np.clip(la, 0, 1)),
         "np.concatenate": (lambda: np.concatenate((a, b), axis=1),
                            lambda: np.concatenate((la, lb), axis=1)),
+        "x.reshape(-1, 2)": (lambda: a.reshape(-1, 2), lambda: la.reshape(-1, 2)),
+        "np.flip(x, 1)": (lambda: np.flip(a, 1), lambda: np.flip(la, 1)),
     }
 
 
