@@ -9,6 +9,7 @@
  * dropped mesh is freed at once. */
 #include "ext.h"
 
+#include <limits.h>
 #include <stddef.h>
 #include <string.h>
 #include <structmember.h>
@@ -184,7 +185,31 @@ static PyObject *agree_call(PyObject *self, PyObject *const *args, Py_ssize_t na
   Py_RETURN_NONE;
 }
 
+/* _any_bits(bits): see the method table. The check and the all-reduce in one
+ * call: a program's reshape, flip or split makes it (mpitensor._algorithms._views). */
+static PyObject *any_bits(PyObject *self, PyObject *arg) {
+  const mt_ext_mesh_base *mb = (const mt_ext_mesh_base *)self;
+  long bits = PyLong_AsLong(arg);
+  if (bits == -1 && PyErr_Occurred()) return NULL;
+  if (bits < 0 || bits > INT_MAX)
+    return PyErr_Format(PyExc_ValueError, "_any_bits: bits must fit in 31 bits");
+  if (mb->mesh == NULL)
+    return PyErr_Format(PyExc_RuntimeError, "_any_bits: the mesh has no communicators");
+  if (mt_ext_mesh_check(mb) < 0) return NULL;
+  mt_error err = {0};
+  int result = 0, rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = mt_mesh_any(mb->mesh, (int)bits, &result, &err);
+  Py_END_ALLOW_THREADS
+  if (rc != MT_OK) return mt_ext_raise(rc, &err);
+  return PyLong_FromLong(result);
+}
+
 static PyMethodDef mb_methods[] = {
+    {"_any_bits", any_bits, METH_O,
+     "_any_bits(bits) -> the bitwise OR of every member's bits (an int below 2**31); "
+     "first the mesh's own check (its thread, its communicators). Collective on the "
+     "mesh."},
     {"_adopt", adopt, METH_O,
      "_adopt(pointer): the mesh owns the mt_mesh a ctypes.c_void_p points to, from "
      "now until it is freed; once. Local."},

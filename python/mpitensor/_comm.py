@@ -53,7 +53,6 @@ _bcast = fn("mt_mesh_bcast", I, P, I, A, I64, _E)
 _exscan = fn("mt_mesh_exscan", I, P, I, A, I64, I, I, _E)
 _alltoall_i64 = fn("mt_mesh_alltoall_i64", I, P, I, P, P, _E)
 _alltoallv = fn("mt_mesh_alltoallv", I, P, I, A, P, A, P, I64, _E)
-_any = fn("mt_mesh_any", I, P, I, ptr(I), _E)
 _allgather_i64 = fn("mt_mesh_allgather_i64", I, P, I, I64, P, _E)
 _direct_read = fn("mt_mesh_direct_read", I, P)
 _nodes_of = fn("mt_mesh_nodes_of", None, P, ptr(_Nodes))
@@ -313,9 +312,9 @@ def any_bits(mesh, bits: int) -> int:
 
     Example: ``moved, copies = divmod(any_bits(mesh, 2 * moved + copies), 2)``.
     """
-    result = I()
-    call(_any, checked(mesh), operator.index(bits), result)
-    return result.value
+    if not isinstance(mesh, _C.MeshBase):
+        raise TypeError(f"expected a mesh, got {type(mesh).__name__}")
+    return mesh._any_bits(operator.index(bits))
 
 
 def allgather_int(mesh, value: int, dim: int) -> tuple[int, ...]:
