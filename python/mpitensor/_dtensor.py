@@ -17,7 +17,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from . import (_C, _args, _call_agreement, _clib, _comm, _device, _dtypes, _iterate,
-               _modes, _registry, _strided, _trace)
+               _modes, _registry, _trace)
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
@@ -354,7 +354,7 @@ class DTensor(_C.DTensorBase):
         if any(type(p) is _StridedShard for p in spec.placements):
             # Read through a plain copy, as the executor reads a strided operand, and
             # linked back so that a write into a view reaches this DTensor.
-            plain = self.redistribute(spec.mesh, _strided.plain_of(spec.placements))
+            plain = _registry.plain_copy(self)
             out = _registry.door(operator.getitem, (plain, key), {})
             _registry.strided_view(out, plain, self, key)
             return out

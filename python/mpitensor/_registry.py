@@ -290,9 +290,38 @@ def _plain_of(v, moved: dict):
         return v
     hit = moved.get(id(v))
     if hit is None:
-        spec = v._spec
-        hit = moved[id(v)] = (v, v.redistribute(spec.mesh, _strided.plain_of(spec.placements)))
+        hit = moved[id(v)] = (v, plain_copy(v))
     return hit[1]
+
+
+def plain_copy(dt):
+    """A strided DTensor in its plain layout (``_strided.plain_of``), whose local
+    array is, where it is new memory, all of that memory in C order on every rank:
+    the views of it a call or a key makes are then linked back to ``dt`` through
+    the copy as a whole (``_views.relink``), alike everywhere. Collective on the
+    mesh.
+
+    Example: ``plain = plain_copy(np.reshape(x, 48))`` for ``x`` sharded on dim 1.
+    """
+    spec = dt._spec
+    plain = dt.redistribute(spec.mesh, _strided.plain_of(spec.placements))
+    local = plain._data()
+    if _strided.copies(spec.placements, spec.mesh.shape) and not owns_all(local):
+        plain._local_tensor = local.copy()
+    return plain
+
+
+def owns_all(local: np.ndarray) -> bool:
+    """Whether ``local`` is all of its memory (the last ndarray of its chain of
+    bases), in C order and as that array's dtype. Local.
+
+    Example: ``owns_all(np.zeros(4))`` is True, ``owns_all(np.zeros(4)[1:])`` False.
+    """
+    memory = local
+    while type(memory.base) is np.ndarray:
+        memory = memory.base
+    return (memory.nbytes == local.nbytes and memory.dtype == local.dtype
+            and memory.flags.c_contiguous and local.flags.c_contiguous)
 
 
 def _plain_call(func, args: tuple, kwargs: dict):
@@ -325,27 +354,8 @@ def _plain_call(func, args: tuple, kwargs: dict):
                 res = orig
             elif type(res) is tuple:
                 res = tuple(orig if r is copy else r for r in res)
-    _views_of_copies(res, [copy for _, copy in moved.values()])
+    relink_plain(res, list(moved.values()))
     return res
-
-
-def _memory_of(a: np.ndarray) -> np.ndarray:
-    while type(a.base) is np.ndarray:
-        a = a.base
-    return a
-
-
-def _views_of_copies(res, copies: list) -> None:
-    """Makes each result that is a view of a plain copy's memory (a flip of it, a
-    piece) read-only: NumPy's is a view of the strided original, which a write
-    into the copy would not reach. Local."""
-    items = res if type(res) in (tuple, list) else (res,)
-    memories = [_memory_of(c._data()) for c in copies]
-    for r in items:
-        if type(r) is dtensor_type and not any(r is c for c in copies):
-            local = r._data()
-            if any(_memory_of(local) is m for m in memories):
-                local.flags.writeable = False
 
 
 def forward_unrecorded(run, *args, **kwargs):
@@ -457,6 +467,11 @@ strided_view = None
 # (mpitensor._algorithms._views.written, which mpitensor._ops._indexing sets at
 # import).
 written = None
+# relink_plain(res, pairs): the results of a call on the plain copies of strided
+# DTensors ((original, copy) pairs) made views of the originals, as NumPy's views
+# of its arguments are (mpitensor._algorithms._views.relink_plain, which
+# mpitensor._ops._indexing sets at import).
+relink_plain = None
 # The array API namespace DTensor.__array_namespace__ returns (mpitensor.array_api,
 # which sets it at import).
 array_namespace = None

@@ -272,6 +272,17 @@ def plain_of(placements: Sequence[Placement]) -> tuple:
     return tuple(map(from_code, _plain_codes(_codes(placements))))
 
 
+def copies(placements: Sequence[Placement], mesh_shape: Sequence[int]) -> bool:
+    """Whether the plain layout of these placements is new memory: a strided mesh
+    dim of more than one rank. One of a single rank holds its whole dim in order,
+    so the plain copy is the strided local array itself. Decided on the layout
+    alone, so that every rank answers alike. Local.
+
+    Example: ``copies((_StridedShard(0, sf=4),), (2,))`` is True, with ``(1,)`` False.
+    """
+    return any(type(p) is _StridedShard and n > 1 for p, n in zip(placements, mesh_shape))
+
+
 @functools.lru_cache(maxsize=1024)
 def _plain_codes(codes: tuple) -> tuple:
     pl, n = _placements(codes)

@@ -113,6 +113,35 @@ def test_the_view_shows_later_writes_into_its_base(layout, name, view):
                  lambda x: x.__imul__(3.0)], lambda v, base: base, a, full, view(a), view(full))
 
 
+def _strided_base():
+    """(x, a): a (4, 3, 2, 5) DTensor sharded on dim 2 and ``a``, its reshape to
+    (4, 6, 5), whose dim 1 merges a sharded dim into the one before: strided,
+    read through a plain copy where more than one rank shares that dim (empty
+    blocks from 3 ranks)."""
+    x = make(_full().reshape(4, 3, 2, 5), mesh_of((W,)), (S2,))
+    a = np.reshape(x, (4, 6, 5))
+    assert type(a.placements[0]) is mt.placement_types._StridedShard
+    return x, a
+
+
+@pytest.mark.parametrize("name,view", VIEWS, ids=[v[0] for v in VIEWS])
+def test_a_view_of_a_strided_dtensor_writes_through_and_shows_later_writes(name, view):
+    """As NumPy's view of the array it is a reshape of: each write into the view
+    reaches the strided DTensor and the DTensor it is a reshape of, and each write
+    into either is seen in the view."""
+    x, a = _strided_base()
+    full = _full()
+    ours, numpys = view(a), view(full)
+    assert_matches(ours, numpys)
+    _after_each([w for _, w in WRITES], lambda v, base: v, a, full, ours, numpys)
+    assert_matches(x, full.reshape(4, 3, 2, 5))
+    _after_each([lambda b: b.__setitem__((1, 2, 3), 700.0),
+                 lambda b: b.__imul__(3.0)], lambda v, base: base, a, full, ours, numpys)
+    x[2, 1, 1, 4] = -70.0
+    full.reshape(4, 3, 2, 5)[2, 1, 1, 4] = -70.0
+    assert_matches(ours, numpys)
+
+
 @pytest.mark.parametrize("diagonal", [lambda x: np.diagonal(x, 1, 1, 2),
                                       lambda x: np.diag(x[1], -1)],
                          ids=["diagonal", "diag-of-a-matrix"])

@@ -44,11 +44,12 @@ from typing import Callable
 
 import numpy as np
 
-from .. import _comm, _registry
+from .. import _comm, _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 
-__all__ = ["link", "keep", "keep_each", "fresh", "relink", "release", "write", "writes", "written",
+__all__ = ["link", "keep", "keep_each", "fresh", "relink", "relink_plain", "release", "write",
+           "writes", "written",
            "layout_changed", "CHANGED"]
 
 
@@ -412,13 +413,53 @@ def relink(dt: DTensor, via: DTensor, parent: DTensor, key) -> None:
                 _register(record, parent)
         return
     owner = _memory(local)  # a view of ``via``'s memory (or new memory, empty)
-    # ``via``'s own memory, all of it in C order, is the plain local array made
-    # again; anything else (new memory, empty) stays as it is
+    # ``via``'s own memory, all of it in C order (as _registry.plain_copy makes
+    # it on every rank, so that every rank files the record), is the plain local
+    # array made again; new memory stays as it is
     vlocal = via._data()
-    whole = (owner is _memory(vlocal) and owner.size == vlocal.size > 0
-             and owner.flags.c_contiguous and vlocal.flags.c_contiguous)
+    whole = owner is _memory(vlocal) and _registry.owns_all(vlocal)
     link(owner, local, parent, key, dt._spec,
          _through_plain(parent._spec, plain) if whole else None)
+
+
+def relink_plain(res, pairs: list) -> None:
+    """The results of a call on the plain copies of strided DTensors (``pairs``:
+    (original, copy) each) made views of the originals, as NumPy's results are
+    views of its arguments: a copy-view of a copy is linked to the original
+    instead (:func:`relink`); a NumPy view of a copy's memory (a flip of it, a
+    piece) is read-only, and the copy itself is linked to the original as a whole,
+    so that a write into the view reaches the original and a write into the
+    original is seen in the view. A result NumPy makes read-only stays so. Whether
+    any rank's results view a copy's memory is agreed (one small all-reduce on the
+    original's mesh, for calls on strided DTensors only), so that every rank
+    files the same records. Collective on the originals' meshes.
+
+    Example: ``relink_plain(np.flip(plain, 0), [(strided, plain)])``.
+    """
+    items = res if type(res) in (tuple, list) else (res,)
+    items = [r for r in items if type(r) is DTensor]
+    for orig, copy in pairs:
+        spec = orig._spec
+        if (spec.mesh._coordinate is None
+                or not _strided.copies(spec.placements, spec.mesh.shape)):
+            continue  # the copy is ``orig``'s own memory: its views are views already
+        memory = _memory(copy._data())
+        viewing = []
+        for r in items:
+            local = r._data()
+            owner = _owner(local)
+            if owner is not None and _links[id(owner)].parent is copy:
+                relink(r, copy, orig, _links[id(owner)].key)
+            elif _memory(local) is memory and local.flags.writeable:
+                viewing.append(local)
+        if spec.mesh._mesh.size > 1:
+            if not _comm.any_bits(spec.mesh, bool(viewing)):
+                continue
+        elif not viewing:
+            continue
+        relink(copy, copy, orig, Ellipsis)
+        for local in viewing:
+            local.flags.writeable = False
 
 
 def release(dt: DTensor) -> DTensor:

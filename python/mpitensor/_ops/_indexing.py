@@ -34,13 +34,13 @@ import operator
 
 import numpy as np
 
-from .. import _clib, _comm, _modes, _registry, _trace
+from .. import _clib, _comm, _modes, _registry, _strided, _trace
 from .._call_agreement import call_fingerprint
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._fingerprint import fingerprint
 from .._layout import local_shape_and_global_offset
-from ..placement_types import Replicate, Shard, _StridedShard
+from ..placement_types import Replicate, Shard
 from .._algorithms import _advanced_index as A
 from .._algorithms import _views
 from .._algorithms._pick import pick_rows
@@ -299,12 +299,8 @@ def strided_view(out, plain, dt, key) -> None:
     """
     items = key if type(key) is tuple else (key,)
     spec = dt._spec
-    # A strided mesh dim of one rank holds the whole dim in order: the plain copy
-    # is then ``dt``'s own memory, and ``out`` a view of it already. Decided on
-    # the placements, so that every rank links, or none.
-    copied = any(type(p) is _StridedShard and n > 1
-                 for p, n in zip(spec.placements, spec.mesh.shape))
-    if copied and type(out) is DTensor and all(
+    # Where the plain copy is ``dt``'s own memory, ``out`` is a view of it already.
+    if _strided.copies(spec.placements, spec.mesh.shape) and type(out) is DTensor and all(
             k is None or k is Ellipsis or isinstance(k, slice) or _as_int(k) is not None
             for k in items):
         _views.relink(out, plain, dt, key)
@@ -312,6 +308,7 @@ def strided_view(out, plain, dt, key) -> None:
 
 _registry.strided_view = strided_view
 _registry.written = _views.written
+_registry.relink_plain = _views.relink_plain
 
 
 # The parsed keys a mesh keeps (basic indexing repeats its keys in loops).
