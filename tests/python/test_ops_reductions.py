@@ -284,14 +284,18 @@ def test_unsupported_arguments():
 
 @pytest.mark.parametrize("name", ["min", "max", "amin", "amax"])
 @pytest.mark.parametrize("special", ["none", "nan", "inf", "-inf", "zero", "negzero", "mixed"])
-def test_extreme_along_an_axis_is_numpys_bits(name, special, monkeypatch):
-    """max/min down the rows of a large local block take a faster local kernel (made
-    to take small blocks here too): its bits are NumPy's with NaN, infinities and
-    signed zeros in some columns."""
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int16])
+def test_extreme_along_an_axis_is_numpys_bits(name, special, dtype, monkeypatch):
+    """max/min down the rows of a tall local block fold blocks of rows (made to
+    take short blocks of few rows here, a remainder and odd halvings too): the bits
+    are NumPy's with NaN, infinities and signed zeros in some columns."""
     from mpitensor._ops import _reductions
-    monkeypatch.setattr(_reductions, "_FAST_EXTREME_SIZE", 0)
+    if dtype is np.int16 and special != "none":
+        pytest.skip("integers have no NaN, infinity or signed zero")
+    monkeypatch.setattr(_reductions, "_DOWN_ROWS_MIN_ROWS", 0)
+    monkeypatch.setattr(_reductions, "_DOWN_ROWS_BLOCK_BYTES", 7 * 30 * 8)
     rng = np.random.default_rng(3)
-    full = rng.standard_normal((400, 30))
+    full = rng.standard_normal((401, 30)) * 1000
     if special == "nan":
         full[7, 3] = np.nan
     elif special in ("inf", "-inf"):
@@ -300,13 +304,14 @@ def test_extreme_along_an_axis_is_numpys_bits(name, special, monkeypatch):
         full[:, 4] = np.abs(full[:, 4])
         full[9, 4] = 0.0
     elif special == "negzero":
-        # fmin/fmax order the two zeros otherwise than NumPy's reduce here
+        # the two zeros compare equal: which one an extreme is follows the order
         full[:, 4] = np.abs(full[:, 4]) if name.endswith("min") else -np.abs(full[:, 4])
         full[9, 4], full[11, 4] = 0.0, -0.0
         full[5] = np.abs(full[5]) if name.endswith("min") else -np.abs(full[5])
         full[5, 0], full[5, 29] = 0.0, -0.0
     elif special == "mixed":
         full[1, 1], full[2, 2], full[3, 3] = np.nan, np.inf, -0.0
+    full = full.astype(dtype)
     mesh = mesh_of((W,))
     func = getattr(np, name)
     for pls in ([R], [S0], [S1]):
@@ -318,6 +323,27 @@ def test_extreme_along_an_axis_is_numpys_bits(name, special, monkeypatch):
             if name in METHODS:
                 got = getattr(dt, name)(axis=axis).full_tensor()
                 assert got.tobytes() == np.asarray(expect).tobytes(), (pls, axis)
+
+
+@pytest.mark.parametrize("name", ["all", "any"])
+@pytest.mark.parametrize("mask", ["false", "true", "one-true", "one-false"])
+def test_all_and_any_of_a_mask_of_one_value_are_numpys(name, mask, monkeypatch):
+    """all/any of a large boolean block that holds one value take two flat passes
+    instead of NumPy's reduce (made to take small blocks here too): NumPy's
+    result along each axis, keepdims too, also where one element differs."""
+    from mpitensor._algorithms import _merge
+    monkeypatch.setattr(_merge, "_UNIFORM_MIN_SIZE", 0)
+    full = np.full((9, 4, 5), mask in ("true", "one-false"))
+    if mask.startswith("one"):
+        full[6, 2, 3] = not full[6, 2, 3]
+    func = getattr(np, name)
+    mesh = mesh_of((W,))
+    for pls in ([R], [S0], [S1]):
+        dt = make(full, mesh, pls)
+        for axis in (0, 1, 2, (0, 2), (1, 2), None):
+            for keepdims in (False, True):
+                assert_matches(func(dt, axis=axis, keepdims=keepdims),
+                               func(full, axis=axis, keepdims=keepdims))
 
 
 @pytest.mark.parametrize("name", ["sum", "max", "min", "amax", "amin"])

@@ -219,45 +219,69 @@ def _local_sum(a, axis=None, dtype=None, out=None, keepdims=False, initial=np._N
                           initial=initial, where=where)
 
 
-def _local_extreme(skip_nan, exact):
+def _local_extreme(exact):
     """ndarray.min/max on a local array, NumPy's value. Down the rows of a tall
-    block (each column's extreme, as a scaler fits), NumPy's NaN-propagating
-    minimum/maximum reduce is several times slower than its NaN-skipping fmin/fmax,
-    which gives the same bits wherever no NaN or infinity is (a finite sum says so)
-    and the extreme is not a zero (the two order -0.0 and 0.0 differently). Along a
-    short last axis of a tall block, the columns folded (_fold). Along other axes,
-    short rows or small blocks the checks cost more than they save, so anything
-    else takes NumPy's own reduce."""
+    block of few columns (each column's extreme, as a scaler fits), NumPy's reduce
+    walks it one row at a time, many times slower than a binary ufunc over blocks
+    of rows that stay in cache (_down_rows): the extreme of a column is one value
+    whatever the order, so the bits are NumPy's wherever it is neither NaN (whose
+    payload follows the order) nor zero (the two zeros compare equal); there
+    NumPy's own reduce runs. Along a short last axis of a tall block, the columns
+    folded (_fold). Anything else takes NumPy's own reduce."""
     binary = np.maximum if exact is np.ndarray.max else np.minimum
 
     def local(a, axis=None, out=None, keepdims=False, initial=np._NoValue, where=True):
         if out is None and initial is np._NoValue and where is True:
             if _short_last_axis(a, axis):
                 return _fold(binary, a, keepdims)
-        if (out is None and initial is np._NoValue and where is True
-                and type(a) is np.ndarray and a.dtype.kind == "f" and a.ndim == 2
-                and axis in (0, (0,), -2, (-2,)) and a.shape[1] >= _FAST_EXTREME_COLUMNS
-                and a.size >= _FAST_EXTREME_SIZE):
-            r = skip_nan.reduce(a, axis=axis, keepdims=keepdims)
-            if (np.isfinite(np.add.reduce(a, axis=axis)).all()
-                    and np.count_nonzero(r) == r.size):
-                return r
+            if (type(a) is np.ndarray and a.dtype.kind in "fiu" and a.ndim == 2
+                    and axis in (0, (0,), -2, (-2,)) and 2 <= a.shape[1] < _DOWN_ROWS_COLUMNS
+                    and a.shape[0] >= max(_DOWN_ROWS_MIN_ROWS, 2) and a.flags.c_contiguous):
+                r = _down_rows(binary, a)
+                if a.dtype.kind != "f" or (np.count_nonzero(r) == r.size
+                                           and not np.isnan(r).any()):
+                    return r[None] if keepdims else r
         return exact(a, axis=axis, out=out, keepdims=keepdims, initial=initial, where=where)
     return local
 
 
-# Below these the checks cost more than the slow reduce saves.
-_FAST_EXTREME_SIZE = 1 << 20
-_FAST_EXTREME_COLUMNS = 24
+def _down_rows(binary, a):
+    """``binary.reduce(a, axis=0)`` of a C-contiguous 2-D block in another order:
+    blocks of rows folded into one block that stays in cache, then its rows halved
+    until one is left."""
+    rows, cols = a.shape
+    block = max(1, min(_DOWN_ROWS_BLOCK_BYTES // (cols * a.itemsize), rows // 2))
+    acc = a[:block].copy()
+    whole = rows // block * block
+    for i in range(block, whole, block):
+        binary(acc, a[i:i + block], out=acc)
+    if whole < rows:
+        binary(acc[:rows - whole], a[whole:], out=acc[:rows - whole])
+    n = block
+    while n > 1:
+        half = n // 2
+        binary(acc[:half], acc[half:2 * half], out=acc[:half])
+        if n % 2:
+            binary(acc[:1], acc[n - 1:n], out=acc[:1])
+        n = half
+    return acc[0].copy()
+
+
+# NumPy's row walk costs about the same per row whatever the columns: below this
+# many rows it is quick enough, from that many columns as fast as the blocks; the
+# rows folded at once fill about a core's share of L2.
+_DOWN_ROWS_MIN_ROWS = 1024
+_DOWN_ROWS_COLUMNS = 128
+_DOWN_ROWS_BLOCK_BYTES = 1 << 18
 # NumPy's pairwise sum adds a row of fewer elements than its block (8) one after
 # the other, which the fold repeats; below the size the fold's calls cost more.
 _FOLD_MAX_COLUMNS = 8
 _FOLD_MIN_SIZE = 1 << 13
 _LOCAL = {"sum": _local_sum,
-          "max": _local_extreme(np.fmax, np.ndarray.max),
-          "amax": _local_extreme(np.fmax, np.ndarray.max),
-          "min": _local_extreme(np.fmin, np.ndarray.min),
-          "amin": _local_extreme(np.fmin, np.ndarray.min)}
+          "max": _local_extreme(np.ndarray.max),
+          "amax": _local_extreme(np.ndarray.max),
+          "min": _local_extreme(np.ndarray.min),
+          "amin": _local_extreme(np.ndarray.min)}
 
 for _name, (_func, _method, _op, _rule, _ops, _even) in _RULES.items():
     _registry.implements(_func)(_keepdim(IMPLS[_name]))
