@@ -1,14 +1,12 @@
-"""The one door into C by ctypes: every binding module loads the ``_C`` shared
-object through ``lib`` here, binds each function once at import with :func:`fn`,
-and lays out each C struct it reads with :func:`struct`, from the table the
-extension exports (csrc/ext/ext_structs.c), never from a copy. Those modules
-import no ctypes: a prototype names a struct for a pointer to one and :class:`A`
-for an array's data, so a call passes structs and ndarrays as they are; the
-libraries loaded beside (BLAS, LAPACK) come through :func:`load`. This module binds
-the core's layout math, random fills and the names of its constants (``CORE``);
-:mod:`mpitensor._comm`, :mod:`mpitensor._plan`, :mod:`mpitensor.checkpoint._io`,
-:mod:`mpitensor.nn._ckernels`, :mod:`mpitensor._algorithms._lanes` and
-:mod:`mpitensor._algorithms._dispatch` the rest.
+"""The one door into C by ctypes: the binding modules (:mod:`mpitensor._bind`, one
+per folder of csrc) load the ``_C`` shared object through ``lib`` here, bind each
+function once at import with :func:`fn`, and lay out each C struct they read with
+:func:`struct`, from the table the extension exports (csrc/ext/ext_structs.c),
+never from a copy. They import no ctypes: a prototype names a struct for a pointer
+to one and :class:`A` for an array's data, so a call passes structs and ndarrays
+as they are; the libraries loaded beside (BLAS, LAPACK) come through :func:`load`.
+This module binds only what it reads itself: the names of the core's constants
+(``CORE``), statuses and dtypes.
 
 It also gives them the array checks and the status -> exception rule the
 extension uses, so a failing call raises what ``_C`` would raise. ctypes releases
@@ -247,16 +245,6 @@ E = ctypes.POINTER(Error)  # the last argument of every fallible function
 _dtype_name = fn("mt_dtype_name", ctypes.c_char_p, I)
 _status_name = fn("mt_status_name", ctypes.c_char_p, I)
 _strerror = fn("mt_strerror", ctypes.c_char_p, I)
-_chunk = fn("mt_chunk", None, I64, I64, I64, ctypes.POINTER(I64), ctypes.POINTER(I64))
-_strides = fn("mt_layout_contiguous_strides", None, I, P, P)
-_layout_init = fn("mt_layout_init", I, ctypes.POINTER(_Layout), I, P, I, P, P, E)
-_local_box = fn("mt_layout_local_box", I, ctypes.POINTER(_Layout), P,
-                ctypes.POINTER(_Box), E)
-_selection_image = fn("mt_selection_image", I, ctypes.POINTER(_Selection),
-                      ctypes.POINTER(_Box), ctypes.POINTER(_Box))
-_even_global = fn("mt_layout_even_global_shape", I, I, P, I, P, P, P, E)
-_rng_fill_box = fn("mt_rng_fill_box", I, P, I, I, ctypes.c_uint64, ctypes.c_uint64, P,
-                   ctypes.POINTER(_Box), E)
 
 # The core's element type codes (mpitensor/core/dtype.h) by NumPy's dtype names.
 _DTYPE_CODES = {_dtype_name(i).decode(): i for i in range(64)
@@ -340,142 +328,3 @@ def _int64s(seq, cap: int, what: str):
     if any(not -2**63 <= v < 2**63 for v in values):
         raise OverflowError(f"{what}: an entry does not fit in 64 bits")
     return (I64 * max(len(values), 1))(*values), len(values)
-
-
-def _layout(shape, mesh_shape, codes, init=None) -> _Layout:
-    """The checked layout of ``shape`` over ``mesh_shape`` by placement codes
-    ((kind, dim, reduce_op[, split_factor]) tuples), made by ``init``
-    (mt_layout_init, or mt_strided_init where strided ones are allowed)."""
-    sh, nd = _int64s(shape, MAX_NDIM, "shape")
-    out = _Layout()
-    call(init or _layout_init, ctypes.byref(out), nd, sh, *_mesh(mesh_shape, codes))
-    return out
-
-
-def _mesh(mesh_shape, codes):
-    """(ndim, C array of the mesh shape, C array of placements) of a mesh shape and
-    placement codes ((kind, dim, reduce_op[, split_factor]) tuples), one per dim."""
-    ms, nm = _int64s(mesh_shape, MAX_MESH_NDIM, "mesh shape")
-    pl, npl = _placements(codes)
-    if npl != nm:
-        raise ValueError(f"{npl} placements were given for a {nm}-D mesh")
-    return nm, ms, pl
-
-
-def _placements(codes):
-    """A C array of placements of (kind, dim, reduce_op) codes, and their count."""
-    codes = tuple(codes)
-    if len(codes) > MAX_MESH_NDIM:
-        raise ValueError(f"at most {MAX_MESH_NDIM} placements are supported")
-    return (_Placement * MAX_MESH_NDIM)(*map(_placement, codes)), len(codes)
-
-
-def _placement(code) -> _Placement:
-    kind, dim, op, *factor = map(operator.index, code)
-    return _Placement(kind=kind, dim=dim, reduce_op=op, split_factor=factor[0] if factor else 0)
-
-
-@functools.lru_cache(maxsize=4096)
-def chunk_sizes(n: int, k: int) -> tuple[int, ...]:
-    """The sizes of the ``k`` chunks torch.chunk cuts ``n`` items into (the shards
-    of a dim of n over k ranks; mt_chunk).
-
-    Example: ``chunk_sizes(10, 4) == (3, 3, 3, 1)``.
-    """
-    n, k = operator.index(n), operator.index(k)
-    if n < 0 or k < 1 or k > 1 << 24 or n >= 2**63:
-        raise ValueError("chunk_sizes(n, k) needs n >= 0 and k >= 1")
-    size, offset = I64(), I64()
-    out = []
-    for i in range(k):
-        _chunk(n, k, i, ctypes.byref(size), ctypes.byref(offset))
-        out.append(size.value)
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=4096)
-def _strides_of(shape: tuple) -> tuple[int, ...]:
-    sh, n = _int64s(shape, MAX_NDIM, "shape")
-    st = (I64 * max(n, 1))()
-    _strides(n, sh, st)
-    return tuple(st[:n])
-
-
-def contiguous_strides(shape) -> tuple[int, ...]:
-    """torch's strides of a contiguous tensor of ``shape`` (a dim of size 0 counts
-    as 1; mt_layout_contiguous_strides).
-
-    Example: ``contiguous_strides((4, 0)) == (1, 1)``.
-    """
-    return _strides_of(tuple(shape))
-
-
-@functools.lru_cache(maxsize=4096)
-def local_box(global_shape: tuple, mesh_shape: tuple, coordinate: tuple, codes: tuple):
-    """(shape, offset) of the box at mesh ``coordinate`` of a tensor laid out by
-    placement ``codes`` (mt_layout_local_box).
-
-    Example: ``local_box((5,), (4,), (3,), ((1, 0, 0),)) == ((0,), (5,))``.
-    """
-    layout = _layout(global_shape, mesh_shape, codes)
-    coord, n = _int64s(coordinate, MAX_MESH_NDIM, "coordinate")
-    if n != layout.mesh_ndim:
-        raise ValueError(f"a coordinate of {n} entries on a {layout.mesh_ndim}-D mesh")
-    box = _Box()
-    call(_local_box, ctypes.byref(layout), coord, ctypes.byref(box))
-    return tuple(box.shape[:box.ndim]), tuple(box.offset[:box.ndim])
-
-
-def selection_image(sel, offsets, sizes) -> tuple:
-    """For each dim of a selection (``sel``: (start, step, count, ...) per dim, step
-    not 0), the positions ``(k0, k1)`` of the k < count whose index start + k * step
-    lies in the box [offset, offset + size) of ``offsets`` and ``sizes``: they are
-    consecutive. The core's rule (mt_selection_image), which the selection exchange
-    follows, so a local cut picks what the exchange expects. Local.
-
-    Example: ``selection_image(((0, 2, 5),), (3,), (4,)) == ((2, 4),)``.
-    """
-    n = len(sel)
-    s = _Selection(ndim=n)
-    for d, (start, step, count, *_) in enumerate(sel):
-        s.start[d], s.step[d], s.count[d] = start, step, count
-    box, out = _Box(ndim=n), _Box()
-    box.offset[:n], box.shape[:n] = offsets, sizes
-    _selection_image(ctypes.byref(s), ctypes.byref(box), ctypes.byref(out))
-    return tuple((out.offset[d], out.offset[d] + out.shape[d]) for d in range(n))
-
-
-@functools.lru_cache(maxsize=4096)
-def even_global_shape(local_shape: tuple, mesh_shape: tuple, codes: tuple):
-    """The global shape evenly sharded local shards of ``local_shape`` make
-    (mt_layout_even_global_shape).
-
-    Example: ``even_global_shape((3,), (4,), ((1, 0, 0),)) == (12,)``.
-    """
-    local, nd = _int64s(local_shape, MAX_NDIM, "local shape")
-    out = (I64 * max(nd, 1))()
-    call(_even_global, nd, local, *_mesh(mesh_shape, codes), out)
-    return tuple(out[:nd])
-
-
-def rng_fill(out: np.ndarray, global_shape, offset, seed: int, stream: int,
-             dist: int) -> None:
-    """Fills ``out``, the box at ``offset`` of a tensor of ``global_shape``, with
-    its Philox values (``dist`` 0 uniform, 1 normal; mt_rng_fill_box).
-
-    Example: ``rng_fill(np.empty(3), (6,), (3,), 0, 0, 0)``.
-    """
-    if not isinstance(out, np.ndarray):
-        raise TypeError("rng_fill(out: ndarray, global_shape, offset, seed, stream, dist)")
-    if not (out.flags.c_contiguous and out.flags.writeable):
-        raise ValueError("rng_fill needs a writable C-contiguous array")
-    dtype = CODES.get(out.dtype.type, -1) if out.dtype.isnative else -1
-    glob, nd = _int64s(global_shape, MAX_NDIM, "global shape")
-    off, noff = _int64s(offset, MAX_NDIM, "offset")
-    if noff != nd or out.ndim != nd:
-        raise ValueError("out, global_shape and offset need equal ndim")
-    box = _Box(ndim=nd, offset=(I64 * MAX_NDIM)(*off[:nd]),
-               shape=(I64 * MAX_NDIM)(*out.shape))
-    call(_rng_fill_box, out.ctypes.data, dtype, operator.index(dist),
-         operator.index(seed) & (2**64 - 1), operator.index(stream) & (2**64 - 1), glob,
-         ctypes.byref(box))

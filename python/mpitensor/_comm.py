@@ -21,12 +21,30 @@ import operator
 import numpy as np
 
 from . import _C
-from ._clib import (MAX_MESH_NDIM, MAX_NDIM, SIZE, U64, A, E as _E, Error, I, I64, D, P, S,
-                    _Box, _int64s, _Layout, _layout_init, _local_box, _placements,
-                    _selection_image, call, capsule_pointer,
-                    check, dtype_code, exported, fn, ptr, sizeof, status_of, struct,
-                    text_buffer, traceback_dumper)
+from ._clib import (MAX_MESH_NDIM, MAX_NDIM, Error, I, I64, D, P, _Box, _int64s, _Layout,
+                    _Selection, call, capsule_pointer, check, dtype_code, exported, sizeof,
+                    status_of, text_buffer, traceback_dumper)
 from ._clib import message as _message
+from ._bind.comm import (CommTotals as _Totals, MeshNodes as _Nodes, mpi_comm_bindings,
+                         mt_coll_name, mt_mesh_ndim, mt_mesh_dim_size, mt_mesh_coordinate,
+                         mt_mesh_bcast, mt_mesh_exscan, mt_mesh_alltoall_i64,
+                         mt_mesh_alltoallv, mt_mesh_allgather_i64, mt_mesh_direct_read,
+                         mt_mesh_nodes_of, mt_mesh_time_model, mt_mesh_set_time_model,
+                         mt_agree, mt_comm_counters_read, mt_comm_live_count,
+                         mt_mpi_library_version, mt_direct_fail_next, mt_mesh_slice,
+                         mt_mesh_destroy, mt_mesh_check, mt_mesh_set_counters,
+                         mt_watchdog_set_timeout, mt_watchdog_timeout, mt_watchdog_listen_mesh,
+                         mt_watchdog_leave, mt_watchdog_set_work, mt_watchdog_tell,
+                         mt_watchdog_failed, mt_watchdog_set_dump, mt_ring_shift_start,
+                         mt_ring_allgatherv_start, mt_ring_allgather_int64, mt_pending_create,
+                         mt_pending_wait, mt_pending_test, mt_pending_done,
+                         mt_selection_exchange, mt_distribute_from, mt_pool_set_limit,
+                         mt_pool_cached_bytes, mt_pool_trim as pool_trim)
+from ._bind.core import (MemoStats as _MemoStats, TimeModel as _TimeModel, _placements,
+                         mt_layout_init, mt_layout_local_box, mt_selection_image,
+                         mt_time_model_default, mt_time_model_check, mt_plan_check,
+                         mt_memo_stats_get, mt_layout_table_count, mt_layout_table_capacity,
+                         mt_selection_check, mt_box_check_local)
 
 __all__ = ["Mesh", "create", "slice_into", "sliced", "checked", "dim_groups", "mesh_shape",
            "coordinate", "bcast", "exscan", "alltoallv", "any_member", "any_bits",
@@ -40,36 +58,8 @@ __all__ = ["Mesh", "create", "slice_into", "sliced", "checked", "dim_groups", "m
            "distribute", "select_exchange", "pool_set_limit", "pool_cached_bytes",
            "pool_trim", "dispatch_stats"]
 
-_TimeModel, _Nodes, _Totals = map(struct, ("mt_time_model", "mt_mesh_nodes",
-                                            "mt_comm_totals"))
-_coll_name = fn("mt_coll_name", S, I)
 _COLLS = tuple(itertools.takewhile(lambda name: name != b"unknown",
-                                   map(_coll_name, range(64))))  # mt_coll
-_TM = ptr(_TimeModel)
-_ndim = fn("mt_mesh_ndim", I, P)
-_dim_size = fn("mt_mesh_dim_size", I64, P, I)
-_coordinate = fn("mt_mesh_coordinate", I, P, P)
-_bcast = fn("mt_mesh_bcast", I, P, I, A, I64, _E)
-_exscan = fn("mt_mesh_exscan", I, P, I, A, I64, I, I, _E)
-_alltoall_i64 = fn("mt_mesh_alltoall_i64", I, P, I, P, P, _E)
-_alltoallv = fn("mt_mesh_alltoallv", I, P, I, A, P, A, P, I64, _E)
-_allgather_i64 = fn("mt_mesh_allgather_i64", I, P, I, I64, P, _E)
-_direct_read = fn("mt_mesh_direct_read", I, P)
-_nodes_of = fn("mt_mesh_nodes_of", None, P, ptr(_Nodes))
-_mesh_time_model = fn("mt_mesh_time_model", _TM, P)
-_set_time_model = fn("mt_mesh_set_time_model", I, P, _TM, _E)
-_model_default = fn("mt_time_model_default", _TimeModel)
-_model_check = fn("mt_time_model_check", I, _TM, _E)
-_agree = fn("mt_agree", I, P, I, U64, _E)
-_counters_read = fn("mt_comm_counters_read", None, P, ptr(_Totals))
-_live_count = fn("mt_comm_live_count", I64)
-_library_version = fn("mt_mpi_library_version", I, S, I, _E)
-_fail_next = fn("mt_direct_fail_next", I, I)
-_slice = fn("mt_mesh_slice", I, P, I, P, ptr(P), _E)
-_destroy = fn("mt_mesh_destroy", None, P)
-_mesh_check = fn("mt_mesh_check", I, P, _E)
-_set_counters = fn("mt_mesh_set_counters", None, P, P)
-_plan_check = fn("mt_plan_check", I, _Layout, _Layout, I, _E)
+                                   map(mt_coll_name, range(64))))  # mt_coll
 # The module's counters, which every mesh counts into and comm_counters() reads.
 _COUNTERS = exported(_C.COMM_COUNTERS, "mpitensor._C.comm_counters")
 
@@ -83,8 +73,7 @@ def _mpi():
     at import, so that `import mpitensor` and its layout math do not start MPI."""
     from mpi4py import MPI  # imported here so that `import mpitensor` does not start MPI
     comm = I if MPI._sizeof(MPI.Comm) == sizeof(I) else P
-    create = fn("mt_mesh_create_agreed", I, comm, I, P, A, I, U64, ptr(P), _E)
-    return MPI, create, fn("mt_mesh_dim_comm", comm, P, I)
+    return (MPI, *mpi_comm_bindings(comm))
 
 
 def _comm_object(handle):
@@ -107,7 +96,7 @@ def checked(mesh):
     mesh's thread or on a freed mesh."""
     if not isinstance(mesh, _C.MeshBase):
         raise TypeError(f"expected a mesh, got {type(mesh).__name__}")
-    call(_mesh_check, mesh)
+    call(mt_mesh_check, mesh)
     return mesh
 
 
@@ -145,7 +134,7 @@ def time_model(obj) -> _TimeModel:
     a0, b0, a1, b1, c, cp, r = (float(v) for v in obj[:7])
     m = _TimeModel(alpha=(D * 2)(a0, a1), beta=(D * 2)(b0, b1), call=c, copy=cp,
                    reduce=r, ranks_per_node=operator.index(obj[7]))
-    call(_model_check, m)
+    call(mt_time_model_check, m)
     return m
 
 
@@ -195,7 +184,7 @@ def create(mesh, comm, shape, ranks, fingerprint: int = 0,
     _adopted(mesh, made)
     # Every mesh (and its slices) counts into the module's counters, which
     # comm_counters() reads.
-    _set_counters(mesh, _COUNTERS)
+    mt_mesh_set_counters(mesh, _COUNTERS)
 
 
 def _adopted(mesh, made) -> None:
@@ -204,7 +193,7 @@ def _adopted(mesh, made) -> None:
     try:
         mesh._adopt(made)
     except BaseException:
-        _destroy(made)
+        mt_mesh_destroy(made)
         raise
 
 
@@ -214,7 +203,7 @@ def slice_into(sub, mesh, dims) -> None:
     checked(mesh)
     dims, n = _int64s(dims, MAX_MESH_NDIM, "dims")
     made = P()
-    call(_slice, mesh, n, (I * max(n, 1))(*dims[:n]), made)
+    call(mt_mesh_slice, mesh, n, (I * max(n, 1))(*dims[:n]), made)
     _adopted(sub, made)
 
 
@@ -237,26 +226,26 @@ def dim_groups(mesh) -> tuple:
     if groups is None:
         _, _, dim_comm = _mpi()
         groups = mesh._dim_groups = tuple(_comm_object(dim_comm(mesh, d))
-                                          for d in range(_ndim(mesh)))
+                                          for d in range(mt_mesh_ndim(mesh)))
     return groups
 
 
 def mesh_shape(mesh) -> tuple[int, ...]:
     """The mesh shape. Local."""
-    return tuple(_dim_size(mesh, d) for d in range(_ndim(mesh)))
+    return tuple(mt_mesh_dim_size(mesh, d) for d in range(mt_mesh_ndim(mesh)))
 
 
 def coordinate(mesh) -> tuple[int, ...] | None:
     """This rank's coordinate, or None for a non-member. Local."""
     coord = (I64 * MAX_MESH_NDIM)()
-    return tuple(coord[:_ndim(mesh)]) if _coordinate(mesh, coord) else None
+    return tuple(coord[:mt_mesh_ndim(mesh)]) if mt_mesh_coordinate(mesh, coord) else None
 
 
 def bcast(mesh, array: np.ndarray, dim: int) -> None:
     """Broadcasts ``array`` in place from coordinate 0 of mesh dim ``dim``.
     Collective on the dim."""
     a = _buffer(array, True, "bcast: array")
-    call(_bcast, checked(mesh), mesh_dim(dim), a, a.nbytes)
+    call(mt_mesh_bcast, checked(mesh), mesh_dim(dim), a, a.nbytes)
 
 
 def exscan(mesh, array: np.ndarray, dim: int, op: int) -> None:
@@ -268,7 +257,7 @@ def exscan(mesh, array: np.ndarray, dim: int, op: int) -> None:
     d, code = mesh_dim(dim), dtype_code(a.dtype)
     if code < 0:
         raise TypeError("exscan of an unsupported dtype")
-    call(_exscan, m, d, a, a.size, code, operator.index(op))
+    call(mt_mesh_exscan, m, d, a, a.size, code, operator.index(op))
 
 
 def alltoallv(mesh, array: np.ndarray, counts, dim: int):
@@ -280,9 +269,9 @@ def alltoallv(mesh, array: np.ndarray, counts, dim: int):
     if not 1 <= a.ndim <= MAX_NDIM:
         raise ValueError("alltoallv needs an array of at least one dim")
     d = mesh_dim(dim)
-    if not 0 <= d < _ndim(m):
+    if not 0 <= d < mt_mesh_ndim(m):
         raise IndexError(f"mesh dim {dim!r} is out of range")
-    n = _dim_size(m, d)
+    n = mt_mesh_dim_size(m, d)
     send = [operator.index(c) for c in counts]
     if len(send) > n:
         raise ValueError(f"alltoallv: counts has {len(send)} entries; at most {n} "
@@ -292,12 +281,12 @@ def alltoallv(mesh, array: np.ndarray, counts, dim: int):
                          f"rows, for a mesh dim of size {n} and an array of "
                          f"{a.shape[0]} rows")
     send, recv = (I64 * n)(*send), (I64 * n)()
-    call(_alltoall_i64, m, d, send, recv)
+    call(mt_mesh_alltoall_i64, m, d, send, recv)
     out = np.empty((sum(recv),) + a.shape[1:], a.dtype)
     # Rows of zero bytes (a dim of size 0) have nothing to move.
     row = a.itemsize * int(np.prod(a.shape[1:]))
     if row > 0:
-        call(_alltoallv, m, d, a, send, out, recv, row)
+        call(mt_mesh_alltoallv, m, d, a, send, out, recv, row)
     return out, tuple(recv)
 
 
@@ -322,8 +311,8 @@ def allgather_int(mesh, value: int, dim: int) -> tuple[int, ...]:
     dim; counted as an all-gather."""
     m = checked(mesh)
     value, d = operator.index(value), mesh_dim(dim)
-    out = (I64 * (_dim_size(m, d) if 0 <= d < _ndim(m) else 1))()
-    call(_allgather_i64, m, d, value, out)
+    out = (I64 * (mt_mesh_dim_size(m, d) if 0 <= d < mt_mesh_ndim(m) else 1))()
+    call(mt_mesh_allgather_i64, m, d, value, out)
     return tuple(out)
 
 
@@ -331,13 +320,13 @@ def mesh_time_model(mesh) -> tuple:
     """(alpha_shm, beta_shm, alpha_net, beta_net, call, copy, reduce,
     ranks_per_node): how plans on ``mesh`` are ranked; ranks_per_node from
     MPI_Comm_split_type (0: one node). Local."""
-    return _model_tuple(_mesh_time_model(mesh).contents)
+    return _model_tuple(mt_mesh_time_model(mesh).contents)
 
 
 def set_mesh_time_model(mesh, model: tuple) -> None:
     """The costs of a calibrated table (ValueError when invalid);
     ranks_per_node stays what the mesh learnt. Local."""
-    call(_set_time_model, mesh, time_model(model))
+    call(mt_mesh_set_time_model, mesh, time_model(model))
     mesh._time_model_changed()
 
 
@@ -346,14 +335,14 @@ def nodes(mesh) -> tuple[str, int, int, int]:
     mesh learnt when it was made ('one', 'blocks', 'unequal', 'interleaved').
     Local."""
     n = _Nodes()
-    _nodes_of(mesh, n)
+    mt_mesh_nodes_of(mesh, n)
     return _NODE_KINDS[n.kind], n.count, n.smallest, n.largest
 
 
 def direct_read(mesh) -> bool:
     """Whether large steps copy parts straight between the members' arrays
     (mt_mesh_direct_read). Local."""
-    return bool(_direct_read(mesh))
+    return bool(mt_mesh_direct_read(mesh))
 
 
 def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) -> None:
@@ -376,13 +365,7 @@ def agree(mesh, ok, fingerprint: int, message: str, error: type = ValueError) ->
         raise TypeError("agree: error must be an exception class")
     err = Error()
     err.msg = _message(message)
-    check(_agree(m, 0 if ok else status_of(error), fp, err), err)
-
-
-_MemoStats = struct("mt_memo_stats")
-_memo_stats = fn("mt_memo_stats_get", None, P, ptr(_MemoStats))
-_table_count = fn("mt_layout_table_count", I64, P)
-_table_capacity = fn("mt_layout_table_capacity", I64, P)
+    check(mt_agree(m, 0 if ok else status_of(error), fp, err), err)
 
 
 def dispatch_stats(tables) -> dict[str, int]:
@@ -395,43 +378,43 @@ def dispatch_stats(tables) -> dict[str, int]:
     memo = exported(tables[0], "mpitensor._C.memo")
     layouts = exported(tables[1], "mpitensor._C.layout_table")
     st = _MemoStats()
-    _memo_stats(memo, st)
+    mt_memo_stats_get(memo, st)
     return {"hits": st.hits, "misses": st.misses, "decisions": st.decisions,
-            "plans": st.plans, "layouts": _table_count(layouts),
+            "plans": st.plans, "layouts": mt_layout_table_count(layouts),
             "decision_limit": st.decision_limit, "plan_limit": st.plan_limit,
-            "layout_limit": _table_capacity(layouts)}
+            "layout_limit": mt_layout_table_capacity(layouts)}
 
 
 def comm_counters() -> dict[str, tuple[int, int]]:
     """{collective name: (calls, bytes sent)} of every mesh of this process. Local."""
     t = _Totals()
-    _counters_read(_COUNTERS, t)
+    mt_comm_counters_read(_COUNTERS, t)
     return {name.decode(): (t.calls[k], t.bytes[k]) for k, name in enumerate(_COLLS)}
 
 
 def default_time_model() -> tuple:
     """The built-in time model (alpha_shm, beta_shm, alpha_net, beta_net, call,
     copy, reduce, ranks_per_node): one node. Local."""
-    return _model_tuple(_model_default())
+    return _model_tuple(mt_time_model_default())
 
 
 def mpi_library_version() -> str:
     """The MPI_Get_library_version string of the libmpi the extension links.
     Local."""
     text = text_buffer(8192)
-    call(_library_version, text, len(text))
+    call(mt_mpi_library_version, text, len(text))
     return text.value.decode(errors="replace")
 
 
 def comm_live_count() -> int:
     """Communicators mpitensor created and has not freed yet. Local."""
-    return _live_count()
+    return mt_comm_live_count()
 
 
 def direct_fail_next(n: int) -> int:
     """For tests: the next ``n`` direct copies of this process fail; returns the
     failures asked before and not yet taken (mt_direct_fail_next). Local."""
-    return _fail_next(operator.index(n))
+    return mt_direct_fail_next(operator.index(n))
 
 
 def plan_check(src, dst, dtype) -> None:
@@ -444,20 +427,12 @@ def plan_check(src, dst, dtype) -> None:
     layouts = [_Layout(), _Layout()]
     for layout, codes in zip(layouts, (src, dst)):
         layout.placements, layout.mesh_ndim = _placements(codes)
-    call(_plan_check, layouts[0], layouts[1], dtype_code(dtype))
+    call(mt_plan_check, layouts[0], layouts[1], dtype_code(dtype))
 
 
 # ---- the collective watchdog (mpitensor/comm/watchdog.h) ----------------------------
 
 _DEFAULT_TIMEOUT = 1800.0  # MT_WATCHDOG_DEFAULT_SECONDS: torch's, for gloo
-_set_timeout = fn("mt_watchdog_set_timeout", I, D, _E)
-_timeout = fn("mt_watchdog_timeout", D)
-_listen = fn("mt_watchdog_listen_mesh", I, P, ptr(I), _E)
-_leave = fn("mt_watchdog_leave", I, S, _E)
-_set_work = fn("mt_watchdog_set_work", None, I64)
-_tell = fn("mt_watchdog_tell", I, S, I64, _E)
-_failed = fn("mt_watchdog_failed", I, I64)
-_set_dump = fn("mt_watchdog_set_dump", None, P, P)
 
 
 def _reason(text: str) -> bytes:
@@ -476,13 +451,13 @@ def set_collective_timeout(seconds: float | None) -> None:
     """
     dumper = traceback_dumper()
     if dumper is not None:  # the stacks of a stuck process, in the watchdog's report
-        _set_dump(*dumper)
-    call(_set_timeout, _DEFAULT_TIMEOUT if seconds is None else float(seconds))
+        mt_watchdog_set_dump(*dumper)
+    call(mt_watchdog_set_timeout, _DEFAULT_TIMEOUT if seconds is None else float(seconds))
 
 
 def collective_timeout() -> float:
     """The watchdog's timeout in seconds, 0.0 when off. Local."""
-    return _timeout()
+    return mt_watchdog_timeout()
 
 
 def watchdog_listen(mesh) -> bool:
@@ -492,7 +467,7 @@ def watchdog_listen(mesh) -> bool:
     if not isinstance(mesh, _C.MeshBase):
         raise TypeError(f"expected a mesh, got {type(mesh).__name__}")
     listening = I()
-    call(_listen, mesh, listening)
+    call(mt_watchdog_listen_mesh, mesh, listening)
     return bool(listening.value)
 
 
@@ -500,39 +475,29 @@ def watchdog_leave(reason: str | None) -> None:
     """This process leaves the job, for ``reason`` (None: only stop listening):
     waits up to a second for the others to leave too, else tells them and waits
     for them."""
-    call(_leave, None if reason is None else _reason(reason))
+    call(mt_watchdog_leave, None if reason is None else _reason(reason))
 
 
 def watchdog_work(tag: int) -> None:
     """The tag of the work (an engine's cell) this process runs now; notices of
     failures in the same work count. Local."""
-    _set_work(operator.index(tag))
+    mt_watchdog_set_work(operator.index(tag))
 
 
 def watchdog_tell(reason: str, tag: int) -> None:
     """Tells every other process that this one failed in work ``tag`` (an engine's
     cell), without leaving."""
-    call(_tell, _reason(reason), operator.index(tag))
+    call(mt_watchdog_tell, _reason(reason), operator.index(tag))
 
 
 def watchdog_failed(tag: int) -> int:
     """How many other processes said they failed in work ``tag``. Local."""
-    return _failed(operator.index(tag))
+    return mt_watchdog_failed(operator.index(tag))
 
 
 # ---- the ring exchanges of context parallelism (mpitensor/comm/ring.h) --------------
 
 _RING_MAX_BLOCKS = 4  # MT_RING_MAX_BLOCKS
-_PP = ptr(P)
-_shift_start = fn("mt_ring_shift_start", I, P, I, I, P, P, P, P, _PP, _E)
-_allgatherv_start = fn("mt_ring_allgatherv_start", I, P, I, A, I64, A, I64, P, I, _PP, _E)
-_allgather_int64 = fn("mt_ring_allgather_int64", I, P, I, P, I, P, _E)
-
-
-_pending_create = fn("mt_pending_create", I, P, P, _PP, _E)
-_pending_wait = fn("mt_pending_wait", I, P, _E)
-_pending_test = fn("mt_pending_test", I, P, ptr(I), _E)
-_pending_done = fn("mt_pending_done", I, P)
 
 
 def _pending(request) -> int:
@@ -557,21 +522,21 @@ class Request:
         """Completes the exchange (collective on the mesh for a redistribute) and
         returns its result."""
         pending = _pending(self)
-        if not _pending_done(pending):
-            call(_pending_wait, pending)
+        if not mt_pending_done(pending):
+            call(mt_pending_wait, pending)
         return self._result
 
     def test(self) -> bool:
         """Lets MPI progress the exchange (MPI_Test); True once it has completed,
         so that wait() no longer blocks. Local."""
         done = I()
-        call(_pending_test, _pending(self), done)
+        call(mt_pending_test, _pending(self), done)
         return bool(done.value)
 
     @property
     def done(self) -> bool:
         """True once wait() has completed it."""
-        return bool(_pending_done(_pending(self)))
+        return bool(mt_pending_done(_pending(self)))
 
 
 def _started(start, keep, result, *args) -> Request:
@@ -580,7 +545,7 @@ def _started(start, keep, result, *args) -> Request:
     made, pending = P(), P()
     call(start, *args, made)
     # A handle that cannot be made completes the exchange before it fails.
-    call(_pending_create, None, made, pending)
+    call(mt_pending_create, None, made, pending)
     owner = _C.adopt(pending, "pending", keep)
     out = object.__new__(Request)
     out._pending, out._result = owner, result
@@ -610,7 +575,7 @@ def ring_shift_start(mesh, dim: int, sends, recvs) -> Request:
     n = len(sends)
     ptrs = [(P * n)(*(a.ctypes.data for a in arrays)) for arrays in (sends, recvs)]
     sizes = [(I64 * n)(*(a.nbytes for a in arrays)) for arrays in (sends, recvs)]
-    return _started(_shift_start, (mesh, sends, recvs), recvs, m, d, n, ptrs[0], sizes[0],
+    return _started(mt_ring_shift_start, (mesh, sends, recvs), recvs, m, d, n, ptrs[0], sizes[0],
                     ptrs[1], sizes[1])
 
 
@@ -620,7 +585,7 @@ def ring_allgatherv_start(mesh, dim: int, send, recv, byte_counts) -> Request:
     m, d = checked(mesh), mesh_dim(dim)
     send, recv = _buffer(send, False, "send"), _buffer(recv, True, "recv")
     counts, n = _int64s(byte_counts, 1024, "byte counts")
-    return _started(_allgatherv_start, (mesh, send, recv), recv, m, d, send, send.nbytes,
+    return _started(mt_ring_allgatherv_start, (mesh, send, recv), recv, m, d, send, send.nbytes,
                     recv, recv.nbytes, counts, n)
 
 
@@ -629,43 +594,35 @@ def ring_allgather_int64(mesh, dim: int, values) -> tuple[int, ...]:
     Collective on the dim."""
     m, d = checked(mesh), mesh_dim(dim)
     mine, n = _int64s(values, 64, "values")
-    total = max(_dim_size(m, d), 1) * max(n, 1)
+    total = max(mt_mesh_dim_size(m, d), 1) * max(n, 1)
     out = (I64 * total)()
-    call(_allgather_int64, m, d, mine, n, out)
-    return tuple(out[:_dim_size(m, d) * n])
+    call(mt_ring_allgather_int64, m, d, mine, n, out)
+    return tuple(out[:mt_mesh_dim_size(m, d) * n])
 
 
 # ---- whole tensors: distribute and the selection exchange of basic indexing ---------
-
-_Selection = struct("mt_selection")
-_L, _B = _Layout, _Box
-_selection_check = fn("mt_selection_check", I, _Selection, I, P, _E)
-_selection_exchange = fn("mt_selection_exchange", I, P, _L, _Selection, U64, _L, I, A, A,
-                         _E)
-_distribute_from = fn("mt_distribute_from", I, P, _L, I, I64, A, A, _E)
-_box_check_local = fn("mt_box_check_local", I, _B, I, P, _E)
 
 
 def _layout_on(m: int, shape, codes) -> _Layout:
     """The layout of ``shape`` placed by ``codes`` on the mesh's shape."""
     pl, n = _placements(codes)
-    nm = _ndim(m)
+    nm = mt_mesh_ndim(m)
     if n != nm:
         raise ValueError(f"{n} placements for a {nm}-D mesh")
     sh, nd = _int64s(shape, MAX_NDIM + 1, "shape")
     out = _Layout()
-    call(_layout_init, out, nd, sh, nm,
-         (I64 * MAX_MESH_NDIM)(*(_dim_size(m, d) for d in range(nm))), pl)
+    call(mt_layout_init, out, nd, sh, nm,
+         (I64 * MAX_MESH_NDIM)(*(mt_mesh_dim_size(m, d) for d in range(nm))), pl)
     return out
 
 
 def _my_box(m: int, layout: _Layout) -> _Box:
     """This rank's box of ``layout``."""
     coord = (I64 * MAX_MESH_NDIM)()
-    if not _coordinate(m, coord):
+    if not mt_mesh_coordinate(m, coord):
         raise RuntimeError("this rank is not a member of the mesh")
     box = _Box()
-    call(_local_box, layout, coord, box)
+    call(mt_layout_local_box, layout, coord, box)
     return box
 
 
@@ -681,7 +638,7 @@ def _movable(obj) -> np.ndarray:
 def _check_local(piece: np.ndarray, box: _Box) -> None:
     """A local array must be exactly this rank's box (the core's check and words,
     the executor's too)."""
-    call(_box_check_local, box, piece.ndim, _int64s(piece.shape, 64, "shape")[0])
+    call(mt_box_check_local, box, piece.ndim, _int64s(piece.shape, 64, "shape")[0])
 
 
 def _box_array(box: _Box, dtype):
@@ -701,7 +658,7 @@ def distribute(mesh, codes, full: np.ndarray, src: int = 0) -> np.ndarray:
     full = _movable(full)
     layout = _layout_on(m, full.shape, codes)
     local = _box_array(_my_box(m, layout), full.dtype)
-    call(_distribute_from, m, layout, dtype_code(full.dtype), src, full, local)
+    call(mt_distribute_from, m, layout, dtype_code(full.dtype), src, full, local)
     return local
 
 
@@ -722,23 +679,20 @@ def select_exchange(mesh, shape, src_codes, dst_codes, starts, steps, counts,
     sel.start[:ndim], sel.step[:ndim], sel.count[:ndim] = (v[:ndim] for v, _ in got)
     src = _layout_on(m, sh[:ndim], src_codes)
     dst = _layout_on(m, sel.count[:ndim], dst_codes)
-    call(_selection_check, sel, ndim, sh)
+    call(mt_selection_check, sel, ndim, sh)
     image, mine = _Box(), _my_box(m, src)
     tb = _my_box(m, dst)
-    _selection_image(sel, mine, image)
+    mt_selection_image(sel, mine, image)
     piece = _movable(piece)
     _check_local(piece, image)
     out = _box_array(tb, piece.dtype)
-    call(_selection_exchange, m, src, sel, operator.index(key) & (2**64 - 1), dst,
+    call(mt_selection_exchange, m, src, sel, operator.index(key) & (2**64 - 1), dst,
          dtype_code(piece.dtype), piece, out)
     return out
 
 
 # ---- the block pool (mpitensor/comm/pool.h) ------------------------------------------
 
-_pool_set_limit = fn("mt_pool_set_limit", SIZE, SIZE)
-_pool_cached_bytes = fn("mt_pool_cached_bytes", SIZE)
-pool_trim = fn("mt_pool_trim", None)
 pool_trim.__doc__ = ("pool_trim(): frees the pool's cached blocks and hands what the C heap "
                      "keeps free back to the system (glibc's malloc_trim). Local.")
 
@@ -749,9 +703,9 @@ def pool_set_limit(limit: int) -> int:
     limit = operator.index(limit)
     if limit < 0:
         raise OverflowError("can't convert negative int to unsigned")
-    return _pool_set_limit(limit)
+    return mt_pool_set_limit(limit)
 
 
 def pool_cached_bytes() -> int:
     """Bytes of freed blocks the pool holds for reuse. Local."""
-    return _pool_cached_bytes()
+    return mt_pool_cached_bytes()

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import (_C, _args, _call_agreement, _clib, _comm, _device, _dtypes, _iterate,
                _modes, _registry, _trace)
+from ._bind import core
 from ._dtensor_spec import DTensorSpec, contiguous_strides
 from ._fingerprint import fingerprint
 from ._hooks import RemovableHandle, add_hook
@@ -1290,7 +1291,7 @@ def _global_shape_and_stride(local, mesh, placements, shape, stride):
         return gshape, _args.check_stride(stride, len(gshape))
     # An even strided shard scales its dim as a Shard of it does.
     even = tuple(Shard(p.dim) if isinstance(p, _StridedShard) else p for p in placements)
-    gshape = _clib.even_global_shape(local.shape, tuple(mesh.shape), _codes(even))
+    gshape = core.even_global_shape(local.shape, tuple(mesh.shape), _codes(even))
     return gshape, _global_stride(local, mesh, placements, gshape)
 
 

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _clib
+from ._bind import core
 from .device_mesh import DeviceMesh
 from .placement_types import Placement
 
@@ -27,4 +27,4 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
     Example: ``contiguous_strides((4, 0)) == (1, 1)``.
     """
-    return _clib.contiguous_strides(shape)
+    return core.contiguous_strides(shape)

@@ -1,7 +1,6 @@
 """The LAPACK routines of TSQR (csrc/linalg/tsqr.c), taken from the OpenBLAS that
 NumPy loaded and handed to C as function pointers (an ``mt_lapack``, laid out from
-the extension's table by :func:`mpitensor._clib.struct`), and the binding of
-``mt_tsqr`` through :mod:`mpitensor._clib`.
+the extension's table), for ``mt_tsqr`` (bound in :mod:`mpitensor._bind.linalg`).
 
 NumPy's wheel bundles scipy-openblas, whose Fortran symbols carry a ``scipy_``
 prefix and, being ILP64, a ``64_`` suffix (``scipy_dgeqrf_64_``); a NumPy built
@@ -18,11 +17,8 @@ import functools
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from ._clib import A, E, I, I64, P, address, call, dtype_code, fn, load, struct
-
-_Lapack = struct("mt_lapack")
-_tsqr = fn("mt_tsqr", I, P, I, _Lapack, I, I64, I64, A, I64, A, I64, A, I64, E)
-_supports = fn("mt_lapack_supports", I, _Lapack, I)
+from ._clib import address, call, dtype_code, load
+from ._bind.linalg import Lapack as _Lapack, mt_tsqr, mt_lapack_supports
 
 # (prefix, suffix, ILP64) of the Fortran names an OpenBLAS may export.
 _NAMINGS = (("scipy_", "_64_", True), ("", "_64_", True), ("scipy_", "_", False),
@@ -74,7 +70,7 @@ def available(dtype) -> bool:
     """
     found = lapack()
     code = dtype_code(np.dtype(dtype))
-    return found is not None and code >= 0 and bool(_supports(found[0], code))
+    return found is not None and code >= 0 and bool(mt_lapack_supports(found[0], code))
 
 
 def _fortran_copy(block: np.ndarray) -> np.ndarray:
@@ -110,6 +106,6 @@ def tsqr(mesh, dim: int, block: np.ndarray, want_q: bool):
     m, n = a.shape
     r = np.zeros((n, n), a.dtype, order="F")
     q = np.empty((m, n), a.dtype, order="F") if want_q else None
-    call(_tsqr, mesh, dim, found[0], dtype_code(a.dtype), m, n, a, max(m, 1), r,
+    call(mt_tsqr, mesh, dim, found[0], dtype_code(a.dtype), m, n, a, max(m, 1), r,
          max(n, 1), q, max(m, 1))
     return q, r

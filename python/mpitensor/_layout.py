@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import _clib, _comm, _plan, _strided
+from . import _comm, _plan, _strided
+from ._bind import core
 from .device_mesh import DeviceMesh
 from .placement_types import Placement, Shard
 
@@ -43,7 +44,7 @@ def local_shape_and_global_offset(global_shape: Sequence[int], mesh_shape: Seque
     placements = tuple(Shard(p.dim + len(shape))
                        if isinstance(p, Shard) and -len(shape) <= p.dim < 0 else p
                        for p in placements)
-    return _clib.local_box(shape, tuple(mesh_shape), tuple(coordinate), _codes(placements))
+    return core.local_box(shape, tuple(mesh_shape), tuple(coordinate), _codes(placements))
 
 
 def compute_local_shape_and_global_offset(global_shape: Sequence[int], mesh,

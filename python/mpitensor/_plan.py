@@ -12,28 +12,19 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C, _comm
-from ._clib import (_STATUS_CODES, A, E as _E, Error, I, I64, D, P, _Layout, _layout, call,
-                    capsule_pointer, check, dtype_code, fn as _fn, ptr, struct)
+from ._clib import (_STATUS_CODES, Error, I64, P, _Layout, call, capsule_pointer, check,
+                    dtype_code)
+from ._bind.comm import mt_redistribute
+from ._bind.core import (_layout, mt_plan_check, mt_time_model_default, mt_plan_create_timed,
+                         mt_plan_create_torch, mt_plan_nsteps, mt_plan_step, mt_plan_bytes,
+                         mt_plan_messages, mt_plan_net_bytes, mt_plan_time, mt_plan_predict,
+                         mt_plan_torch_bytes)
 
 __all__ = ["Plan", "STEP_KINDS", "steps", "of", "run", "runner"]
 
 # mt_step_kind, by code.
 STEP_KINDS = ("all_gather", "all_to_all", "chunk", "all_reduce", "reduce_scatter",
               "direct", "all_reduce_nodes")
-
-_Step = struct("mt_step")
-_L, _TM = _Layout, _comm._TimeModel
-_create_timed = _fn("mt_plan_create_timed", I, _L, _L, I64, _TM, ptr(P), _E)
-_create_torch = _fn("mt_plan_create_torch", I, _L, _L, I64, _TM, ptr(P), _E)
-_nsteps = _fn("mt_plan_nsteps", I, P)
-_step = _fn("mt_plan_step", ptr(_Step), P, I)
-_bytes = _fn("mt_plan_bytes", I64, P)
-_messages = _fn("mt_plan_messages", I64, P)
-_net_bytes = _fn("mt_plan_net_bytes", I64, P)
-_time = _fn("mt_plan_time", D, P)
-_predict = _fn("mt_plan_predict", D, P, _TM)
-_redistribute = _fn("mt_redistribute", I, P, P, I, A, A, _E)
-_torch_bytes = _fn("mt_plan_torch_bytes", I, _L, _L, I64, _TM, ptr(I64), ptr(I64), _E)
 
 
 def _codes(layout: _Layout) -> tuple:
@@ -56,8 +47,8 @@ def steps(plan) -> list[tuple]:
     ranks, the local copies and reductions of the busiest rank, the bytes between
     nodes over all ranks."""
     address, out = _address(plan), []
-    for i in range(_nsteps(address)):
-        s = _step(address, i).contents
+    for i in range(mt_plan_nsteps(address)):
+        s = mt_plan_step(address, i).contents
         out.append((STEP_KINDS[s.kind], s.mesh_dim, _codes(s.src), _codes(s.dst),
                     s.bytes, s.messages, s.time, s.copy_bytes, s.reduce_bytes,
                     s.net_bytes))
@@ -72,10 +63,11 @@ def of(plan) -> "Plan":
         return plan
     address = _address(plan)
     out = Plan._owning(plan)
-    first, last = _step(address, 0).contents, _step(address, _nsteps(address) - 1).contents
+    first = mt_plan_step(address, 0).contents
+    last = mt_plan_step(address, mt_plan_nsteps(address) - 1).contents
     out._src, out._dst = _Layout.from_buffer_copy(first.src), _Layout.from_buffer_copy(last.dst)
     out._itemsize = first.itemsize
-    out._model = _comm._model_default()
+    out._model = mt_time_model_default()
     return out
 
 
@@ -90,10 +82,10 @@ def runner(mesh, plan, like):
     Example: ``go = runner(mesh, plan, local); out = go(local)``.
     """
     address, m = _address(plan), _comm.checked(mesh)
-    n = _nsteps(address)
+    n = mt_plan_nsteps(address)
     if n == 0:
         return _comm._movable
-    src, dst = _step(address, 0).contents.src, _step(address, n - 1).contents.dst
+    src, dst = mt_plan_step(address, 0).contents.src, mt_plan_step(address, n - 1).contents.dst
     mine, theirs = _comm._my_box(m, src), _comm._my_box(m, dst)
     _comm._check_local(_comm._movable(like), mine)
     shape = tuple(mine.shape[:mine.ndim])
@@ -103,7 +95,7 @@ def runner(mesh, plan, like):
         if local.shape != shape:
             _comm._check_local(local, mine)
         out = _comm._box_array(theirs, local.dtype)
-        call(_redistribute, _comm.checked(mesh), _address(plan), dtype_code(local.dtype),
+        call(mt_redistribute, _comm.checked(mesh), _address(plan), dtype_code(local.dtype),
              local, out)
         return out
 
@@ -136,12 +128,12 @@ class Plan:
     __slots__ = ("_owner", "_src", "_dst", "_model", "_itemsize")
 
     def __new__(cls, shape, mesh_shape, src, dst, dtype, model=None):
-        model = _comm._model_default() if model is None else _comm.time_model(model)
+        model = mt_time_model_default() if model is None else _comm.time_model(model)
         dtype = np.dtype(dtype)
         a, b = _layout(shape, mesh_shape, src), _layout(shape, mesh_shape, dst)
-        call(_comm._plan_check, a, b, dtype_code(dtype))
+        call(mt_plan_check, a, b, dtype_code(dtype))
         made = P()
-        call(_create_timed, a, b, dtype.itemsize, model, made)
+        call(mt_plan_create_timed, a, b, dtype.itemsize, model, made)
         self = cls._owning(_C.adopt(made, "plan"))
         self._src, self._dst, self._model, self._itemsize = a, b, model, dtype.itemsize
         return self
@@ -156,28 +148,28 @@ class Plan:
     @property
     def nsteps(self) -> int:
         """The number of steps."""
-        return _nsteps(_address(self))
+        return mt_plan_nsteps(_address(self))
 
     @property
     def bytes(self) -> int:
         """Bytes received from other ranks, all ranks."""
-        return _bytes(_address(self))
+        return mt_plan_bytes(_address(self))
 
     @property
     def messages(self) -> int:
         """Point-to-point messages, all ranks."""
-        return _messages(_address(self))
+        return mt_plan_messages(_address(self))
 
     @property
     def time(self) -> float:
         """Predicted seconds (the time model)."""
-        return _time(_address(self))
+        return mt_plan_time(_address(self))
 
     @property
     def net_bytes(self) -> int:
         """Bytes received from ranks of other nodes, all ranks (the model's
         ranks_per_node)."""
-        return _net_bytes(_address(self))
+        return mt_plan_net_bytes(_address(self))
 
     def steps(self) -> list[tuple]:
         """The steps, as :func:`steps` gives them."""
@@ -185,13 +177,13 @@ class Plan:
 
     def predict(self, model: tuple) -> float:
         """The seconds the time model tuple ``model`` predicts for these steps."""
-        return _predict(_address(self), _comm.time_model(model))
+        return mt_plan_predict(_address(self), _comm.time_model(model))
 
     def torch(self) -> "Plan | None":
         """The Plan of torch's per-mesh-dim steps for the same move, priced by the
         same model, or None where one of them is no valid collective here."""
         made, err = P(), Error()
-        rc = _create_torch(self._src, self._dst, self._itemsize, self._model, made, err)
+        rc = mt_plan_create_torch(self._src, self._dst, self._itemsize, self._model, made, err)
         if rc == _STATUS_CODES["MT_ENOTSUP"]:
             return None
         check(rc, err)
@@ -204,5 +196,5 @@ class Plan:
         """(bytes, net_bytes) that torch's per-mesh-dim steps move for the same
         redistribution, over all ranks, priced as these steps."""
         moved, net = I64(), I64()
-        call(_torch_bytes, self._src, self._dst, self._itemsize, self._model, moved, net)
+        call(mt_plan_torch_bytes, self._src, self._dst, self._itemsize, self._model, moved, net)
         return moved.value, net.value

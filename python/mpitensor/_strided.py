@@ -5,7 +5,8 @@ data of a plain layout in which that dim is split into factors (``f`` pieces,
 each cut as ``Shard`` cuts): its *expansion*, the same local array reshaped. The
 core knows strided layouts (mpitensor/core/strided.h: expansion, local boxes, the
 common plain form of two layouts, normal forms) and reshape (reshape.h: groups of
-dims, views); this module binds them for Python. Local, no data, no MPI. Two
+dims, views; bound in :mod:`mpitensor._bind.core`); this module is their
+Python face. Local, no data, no MPI. Two
 layouts of the same mesh hold the same elements on every rank, in the same order,
 exactly when their :func:`canonical` forms are equal; that is how every view
 between them is checked.
@@ -19,9 +20,14 @@ from typing import Sequence
 import numpy as np
 
 from . import _clib
-from ._clib import (_STATUS_CODES, E, Error, I, MAX_NDIM, P, _Box, _int64s, _Layout,
-                    _layout, _Placement, _placements, call, check, fn)
+from ._bind import core
+from ._clib import (_STATUS_CODES, Error, I, MAX_NDIM, _Box, _int64s, _Layout, _Placement,
+                    call, check)
 from .placement_types import Placement, _StridedShard, from_code
+from ._bind.core import (_layout, _placements, mt_strided_init, mt_strided_expand,
+                         mt_strided_local_box, mt_strided_refine, mt_strided_plain,
+                         mt_strided_canonical, mt_strided_same, mt_reshape_view,
+                         mt_reshape_groups)
 
 __all__ = ["has_strided", "expand", "refine", "canonical", "reshape_groups", "view_placements",
            "same_elements", "local_shape", "local_box", "held_indices", "plain_of"]
@@ -33,17 +39,6 @@ def has_strided(placements: Sequence[Placement]) -> bool:
     Example: ``has_strided((Replicate(), _StridedShard(0, sf=8)))`` is True.
     """
     return any(type(p) is _StridedShard for p in placements)
-
-
-_init = fn("mt_strided_init", I, _Layout, I, P, I, P, P, E)
-_expand = fn("mt_strided_expand", I, _Layout, _Layout, P, E)
-_local_box = fn("mt_strided_local_box", I, _Layout, P, _Box, E)
-_refine = fn("mt_strided_refine", I, _Layout, _Layout, _Layout, _Layout, E)
-_plain = fn("mt_strided_plain", I, P, I, I, P, E)
-_canonical = fn("mt_strided_canonical", I, _Layout, _Layout, E)
-_same = fn("mt_strided_same", I, _Layout, _Layout)
-_view = fn("mt_reshape_view", I, _Layout, I, P, _Layout, E)
-_groups = fn("mt_reshape_groups", I, I, P, I, P, P, P, P, E)
 
 
 def _codes(placements) -> tuple:
@@ -71,7 +66,7 @@ def _found(rc: int, err: Error) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _expansion(shape: tuple, mesh_shape: tuple, codes: tuple):
     out, group = _Layout(), (I * (len(shape) + 1))()
-    call(_expand, _layout(shape, mesh_shape, codes, _init), out, group)
+    call(mt_strided_expand, _layout(shape, mesh_shape, codes, mt_strided_init), out, group)
     return (tuple(out.shape[:out.ndim]), _codes_of(out),
             tuple(range(group[d], group[d + 1]) for d in range(len(shape))))
 
@@ -82,7 +77,7 @@ def _strided_box(shape: tuple, mesh_shape: tuple, coordinate: tuple, codes: tupl
         raise ValueError(f"a coordinate of {len(coordinate)} entries on a "
                          f"{len(mesh_shape)}-D mesh")
     box = _Box()
-    call(_local_box, _layout(shape, mesh_shape, codes, _init),
+    call(mt_strided_local_box, _layout(shape, mesh_shape, codes, mt_strided_init),
          (_clib.I64 * max(len(coordinate), 1))(*coordinate), box)
     return tuple(box.shape[:box.ndim]), tuple(box.offset[:box.ndim])
 
@@ -90,7 +85,8 @@ def _strided_box(shape: tuple, mesh_shape: tuple, coordinate: tuple, codes: tupl
 @functools.lru_cache(maxsize=4096)
 def _common(shape: tuple, mesh_shape: tuple, a: tuple, b: tuple):
     ra, rb, err = _Layout(), _Layout(), Error()
-    rc = _refine(_layout(shape, mesh_shape, a, _init), _layout(shape, mesh_shape, b, _init),
+    rc = mt_strided_refine(_layout(shape, mesh_shape, a, mt_strided_init),
+                           _layout(shape, mesh_shape, b, mt_strided_init),
                  ra, rb, err)
     if not _found(rc, err):
         return None
@@ -155,7 +151,7 @@ def canonical(shape: Sequence[int], placements: Sequence[Placement],
 @functools.lru_cache(maxsize=4096)
 def _canonical_codes(shape: tuple, mesh_shape: tuple, codes: tuple):
     out, err = _Layout(), Error()
-    rc = _canonical(_layout(shape, mesh_shape, codes, _init), out, err)
+    rc = mt_strided_canonical(_layout(shape, mesh_shape, codes, mt_strided_init), out, err)
     if not _found(rc, err):
         return None
     return tuple(out.shape[:out.ndim]), _codes_of(out)
@@ -181,7 +177,7 @@ def _reshape_groups(src: tuple, dst: tuple):
     s, ns = _int64s(src, MAX_NDIM, "shape")
     d, nd = _int64s(dst, MAX_NDIM, "shape")
     n, si, di, err = (I * 1)(), (I * (ns + nd + 1))(), (I * (ns + nd + 1))(), Error()
-    rc = _groups(ns, s, nd, d, n, si, di, err)
+    rc = mt_reshape_groups(ns, s, nd, d, n, si, di, err)
     if not _found(rc, err):
         return None
     return tuple((tuple(range(si[g], si[g + 1])), tuple(range(di[g], di[g + 1])))
@@ -210,7 +206,7 @@ def view_placements(shape: Sequence[int], placements: Sequence[Placement],
 def _view_codes(shape: tuple, mesh_shape: tuple, codes: tuple, new_shape: tuple):
     sh, n = _int64s(new_shape, MAX_NDIM, "shape")
     out, err = _Layout(), Error()
-    rc = _view(_layout(shape, mesh_shape, codes, _init), n, sh, out, err)
+    rc = mt_reshape_view(_layout(shape, mesh_shape, codes, mt_strided_init), n, sh, out, err)
     if not _found(rc, err):
         return None
     return _codes_of(out)
@@ -226,16 +222,16 @@ def same_elements(a_shape, a_placements, b_shape, b_placements, mesh_shape) -> b
     """
     mesh_shape = tuple(mesh_shape)
     try:
-        a = _layout(a_shape, mesh_shape, _codes(a_placements), _init)
-        b = _layout(b_shape, mesh_shape, _codes(b_placements), _init)
+        a = _layout(a_shape, mesh_shape, _codes(a_placements), mt_strided_init)
+        b = _layout(b_shape, mesh_shape, _codes(b_placements), mt_strided_init)
     except (ValueError, IndexError):
         return False
-    return bool(_same(a, b))
+    return bool(mt_strided_same(a, b))
 
 
 def _box(shape, placements, mesh_shape, coordinate):
     """The core's box (local shape, global offset) of a plain layout."""
-    return _clib.local_box(tuple(shape), tuple(mesh_shape), tuple(coordinate),
+    return core.local_box(tuple(shape), tuple(mesh_shape), tuple(coordinate),
                            _codes(placements))
 
 
@@ -287,7 +283,7 @@ def copies(placements: Sequence[Placement], mesh_shape: Sequence[int]) -> bool:
 def _plain_codes(codes: tuple) -> tuple:
     pl, n = _placements(codes)
     out = (_Placement * len(pl))()
-    call(_plain, pl, n, 0, out)
+    call(mt_strided_plain, pl, n, 0, out)
     return tuple(map(_code_of, out[:n]))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _clib
+from ._bind import core
 
 __all__ = ["manual_seed", "initial_seed", "get_rng_state", "set_rng_state"]
 
@@ -99,16 +99,16 @@ def fill(local: np.ndarray, global_shape, offset, dist: int, stream: int) -> np.
         # A complex element is a pair of reals: draw the float tensor with a
         # trailing dim of 2 so each part has its own global index.
         real = np.empty(local.shape + (2,), np.float64 if dt.itemsize == 16 else np.float32)
-        _clib.rng_fill(real, tuple(global_shape) + (2,), tuple(offset) + (0,),
+        core.rng_fill(real, tuple(global_shape) + (2,), tuple(offset) + (0,),
                     _State.seed, stream, dist)
         if dist == _NORMAL:
             real *= np.sqrt(0.5)  # unit variance for the complex value, as torch
         return real.view(dt).reshape(local.shape)
     if dt != np.float16:
-        _clib.rng_fill(local, tuple(global_shape), tuple(offset), _State.seed, stream, dist)
+        core.rng_fill(local, tuple(global_shape), tuple(offset), _State.seed, stream, dist)
         return local
     work = np.empty(local.shape, np.float32)
-    _clib.rng_fill(work, tuple(global_shape), tuple(offset), _State.seed, stream, dist)
+    core.rng_fill(work, tuple(global_shape), tuple(offset), _State.seed, stream, dist)
     half = work.astype(np.float16)
     if dist == _UNIFORM:
         # Rounding to nearest turns values just below 1 into 1.0; rounding toward

@@ -186,7 +186,7 @@ def test_shards_not_matching_their_placements_fail_everywhere(mesh):
         pytest.skip("one rank's shard is the whole sequence")
     length = 7  # at 2..4 ranks the load-balanced shards are not Shard(1)'s chunks
     assert [LB.local_length(length, N, r) for r in range(N)] != \
-        list(mpitensor._clib.chunk_sizes(length, N))
+        list(mpitensor._bind.core.chunk_sizes(length, N))
     attn = nn.MultiheadAttention(4, 1)
     distribute_module(attn, mesh)
     x = np.ones((1, length, 4))

@@ -10,6 +10,7 @@ parses the same files and reaches the same verdict.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -28,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2] / "python" / PACKAGE
 # A package's entry covers every module inside it; a longer entry wins.
 FLOORS = {
     "_C": 0, "_clib": 0,  # the extension, and the one loader of its ctypes bindings
-    "_comm": 0, "_plan": 0,  # bindings through _clib: meshes and their collectives, plans
-    "_lapack": 0,  # binding through _clib: TSQR on the LAPACK NumPy loaded
+    "_bind": 0,  # the bindings, a module per C folder (core, comm, io, linalg, kernels)
+    "_comm": 0, "_plan": 0,  # the Python face of meshes and their collectives, of plans
+    "_lapack": 0,  # TSQR on the LAPACK NumPy loaded
     # Ground floor: the DTensor model, its modes and the registry _ops fills.
     "_modes": 1, "_registry": 1, "placement_types": 1, "device_mesh": 1,
     "_dtensor_spec": 1, "_layout": 1, "_args": 1, "_trace": 1, "_logging": 1,
@@ -274,6 +276,35 @@ def test_each_c_function_is_bound_once():
     assert not twice, f"bound more than once: {twice}"
     assert bound_functions('_x = fn("mt_a", I)\ny = _clib.fn("mt_b")\n"fn(\'mt_c\')"') == [
         "mt_a", "mt_b"]
+
+
+# The C folder each binding module mirrors (csrc/<folder>), and the functions the
+# loader binds for itself: the names it reads its constants, statuses and dtypes by.
+ROOMS = {"core", "comm", "io", "linalg", "kernels"}
+LOADER_OWN = {"mt_enum_at", "mt_reduce_op_name", "mt_dtype_name", "mt_status_name",
+              "mt_strerror"}
+
+
+def test_every_c_function_is_bound_in_the_binding_room_of_its_folder():
+    """mpitensor._bind.<folder> binds the functions of csrc/<folder>'s headers
+    (csrc/include/mpitensor/<folder>/), and nothing else binds any: a newcomer
+    finds a binding, and binds a new function, by the folder of its C source."""
+    headers = ROOT.parents[1] / "csrc" / "include" / "mpitensor"
+    folder_of = {}
+    for h in sorted(headers.rglob("*.h")):
+        for c in set(re.findall(r"\b(mt_\w+)\s*\(", h.read_text())):
+            folder_of.setdefault(c, h.parent.name)
+    assert {d.name for d in headers.iterdir() if d.is_dir()} == ROOMS
+    wrong = {}
+    for name, path in modules().items():
+        room = name.split(".")[2] if name.startswith(f"{PACKAGE}._bind.") else None
+        for c in bound_functions(path.read_text()):
+            if name == f"{PACKAGE}._clib" and c in LOADER_OWN:
+                continue
+            if room is None or folder_of.get(c, room) != room:
+                wrong[c] = (name, folder_of.get(c))
+    assert not wrong, f"bound outside the room of its folder (module, folder): {wrong}"
+    assert set(ROOMS) == {p.stem for p in (ROOT / "_bind").glob("*.py")} - {"__init__"}
 
 
 @pytest.mark.parametrize("source, expect", [

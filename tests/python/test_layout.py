@@ -42,9 +42,9 @@ def test_five_rows_on_four_ranks_has_an_empty_shard():
 
 @pytest.mark.parametrize("n, k", [(10, 4), (5, 4), (0, 3), (7, 1), (3, 5), (12, 4)])
 def test_chunk_sizes_are_the_shards_of_local_box(n, k):
-    # _clib.chunk_sizes (nn.attention's head check, parallel's annotate) is mt_chunk,
+    # _bind.core.chunk_sizes (nn.attention's head check, parallel's annotate) is mt_chunk,
     # the rule local_box follows.
-    sizes = mt._clib.chunk_sizes(n, k)
+    sizes = mt._bind.core.chunk_sizes(n, k)
     assert sizes == tuple(box_of((n,), (k,), (i,), [Shard(0)])[0][0] for i in range(k))
     assert sum(sizes) == n
 

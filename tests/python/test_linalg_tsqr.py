@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from mpitensor import (DTensor, DeviceMesh, GatherWarning, Replicate, Shard, _comm, _lapack,
                        distribute_tensor)
-from mpitensor._clib import chunk_sizes
+from mpitensor._bind.core import chunk_sizes
 from mpitensor.debug import CommDebugMode
 from mpitensor.device_mesh import init_device_mesh
 

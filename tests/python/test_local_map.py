@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 from mpitensor import _modes
-from mpitensor._clib import chunk_sizes
+from mpitensor._bind.core import chunk_sizes
 from mpitensor import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
 from mpitensor.experimental import implicit_replication, local_map
 from mpi_helpers import (Problems, chunk, gather_global, outcome, raised, ref_box,

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
-from mpitensor._clib import chunk_sizes
+from mpitensor._bind.core import chunk_sizes
 from mpitensor.debug import CommDebugMode
 from ops_helpers import (CORNER_SHAPES, W, corner_layouts, make, matches_or_raises_alike,
                          mesh_of, mesh_shapes, placements)

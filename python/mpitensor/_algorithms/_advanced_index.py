@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _clib, _comm, _modes, _trace
+from .. import _comm, _modes, _trace
+from .._bind import core
 from .._dtensor import DTensor, _grad_placements
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -168,7 +169,7 @@ def _rebalance(name, dt, m, rows, placements, shape):
     start = int(sum(counts[:c]))
     total = int(sum(counts))
     shape = (total,) + tuple(shape[1:])
-    bounds = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(total, p))])
+    bounds = np.concatenate([[0], np.cumsum(core.chunk_sizes(total, p))])
     lo = np.clip(bounds[:-1], start, start + len(rows))
     hi = np.clip(bounds[1:], start, start + len(rows))
     if _modes.state.tracing:
@@ -279,7 +280,7 @@ def _return_rows(name, mesh, m, mine, rows, g):
     counts = np.asarray(_comm.allgather_int(mesh, mine, m))
     starts = np.concatenate([[0], np.cumsum(counts)])
     total = int(starts[-1])
-    bounds = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(total, p))])
+    bounds = np.concatenate([[0], np.cumsum(core.chunk_sizes(total, p))])
     lo = np.clip(starts[:-1], bounds[c], bounds[c + 1])
     hi = np.clip(starts[1:], bounds[c], bounds[c + 1])
     if _modes.state.tracing:
@@ -335,9 +336,9 @@ class _TakePlan:
         if m is not None and spec.mesh._coordinate is not None:
             mesh = spec.mesh
             p, c = mesh.shape[m], mesh._coordinate[m]
-            own = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(size, p))])
+            own = np.concatenate([[0], np.cumsum(core.chunk_sizes(size, p))])
             owner = np.searchsorted(own, self.idx, "right") - 1
-            out = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(len(idx), p))])
+            out = np.concatenate([[0], np.cumsum(core.chunk_sizes(len(idx), p))])
             dest = np.searchsorted(out, np.arange(len(idx)), "right") - 1
             # The picked rows this rank owns (in output order: grouped by
             # destination), and the output rows it holds with their owners.

@@ -2,7 +2,7 @@
 
 Every operation is described by a dim map (csrc/include/mpitensor/core/prop.h). The
 ufuncs and reductions register their signatures with the executor at import
-(_elementwise.py, _reductions.py), which builds their maps; the operations whose
+(mt_dimmap_elementwise.py, _reductions.py), which builds their maps; the operations whose
 arguments Python normalises (einsum, reshape, concatenate, softmax, ...) build
 theirs here, on a memo miss only. An op entry normalises its arguments and calls
 :func:`execute` once; the C executor (csrc/ext/ext_exec.c) decides (a memo hit,
@@ -18,8 +18,10 @@ import numbers
 import numpy as np
 
 from .. import _C, _registry, _trace
-from .._clib import CORE, MAX_NDIM, U32, E as _E, I, I64, call, dtype_code, fn, ptr, struct
+from .._clib import CORE, MAX_NDIM, I, I64, call, dtype_code, struct
 from .._dtensor import DTensor
+from .._bind.core import (mt_dimmap_check, mt_dimmap_elementwise, mt_dimmap_matmul,
+                          mt_partial_exact)
 
 # The label kinds, partial rules and reduce ops of dim maps, from the core.
 KEEP, CONTRACT, REDUCE, REPLICATE = (CORE.LABEL_KEEP, CORE.LABEL_CONTRACT,
@@ -39,10 +41,6 @@ MAX_LABELS = CORE.PROP_MAX_LABELS
 # An operation's dim map as the core reads it (the executor copies it on a memo
 # miss and checks it again).
 DimMap = struct("mt_dimmap")
-_check = fn("mt_dimmap_check", I, DimMap, _E)
-_elementwise = fn("mt_dimmap_elementwise", I, I, I, U32, ptr(I), I64 * MAX_NDIM, DimMap, _E)
-_matmul = fn("mt_dimmap_matmul", I, I, ptr(I64), I, ptr(I64), I, DimMap, _E)
-_partial_exact = fn("mt_partial_exact", I, I, I, I, I)
 
 
 def _fill(array, values, what: str) -> int:
@@ -85,7 +83,7 @@ def dimmap(in_labels, out_labels, kinds, *, in_bcast=None, reduce_ops=None,
         m.out_resized |= 1 << d
     m.even_only, m.partial_rule = even_only, partial_rule
     m.partial_inputs, m.partial_ops = partial_inputs, partial_ops
-    call(_check, m)
+    call(mt_dimmap_check, m)
     return m
 
 
@@ -99,7 +97,7 @@ def dimmap_elementwise(kind: int, noperands: int, tensors: int, shapes) -> DimMa
     nd, sh, m = (I * MAX_INPUTS)(), (I64 * MAX_NDIM * MAX_INPUTS)(), DimMap()
     for i, s in enumerate(shapes):
         nd[i] = _fill(sh[i], s, "shape")
-    call(_elementwise, kind, noperands, tensors, nd, sh, m)
+    call(mt_dimmap_elementwise, kind, noperands, tensors, nd, sh, m)
     return m
 
 
@@ -107,7 +105,7 @@ def dimmap_matmul(a_shape, b_shape, transpose_b: bool) -> DimMap:
     """The core's dim map of a @ b (or a @ b.T with ``transpose_b``). Local."""
     a, b, m = (I64 * MAX_NDIM)(), (I64 * MAX_NDIM)(), DimMap()
     na, nb = _fill(a, a_shape, "a_shape"), _fill(b, b_shape, "b_shape")
-    call(_matmul, na, a, nb, b, bool(transpose_b), m)
+    call(mt_dimmap_matmul, na, a, nb, b, bool(transpose_b), m)
     return m
 
 
@@ -122,7 +120,7 @@ def keeps_partial(reduce_op: str, dtype, result, *, arithmetic=False) -> bool:
     Example: ``keeps_partial("sum", np.float64, np.int64)`` is False.
     """
     op = CORE.REDUCE_OPS.index(reduce_op)
-    return bool(_partial_exact(op, dtype_code(dtype), dtype_code(result), bool(arithmetic)))
+    return bool(mt_partial_exact(op, dtype_code(dtype), dtype_code(result), bool(arithmetic)))
 
 
 def same_mesh(op_name: str, inputs):

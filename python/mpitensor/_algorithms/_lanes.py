@@ -16,7 +16,8 @@ import operator
 import numpy as np
 
 from .. import _C, _clib, _dtypes
-from .._clib import A, I, I64
+from .._clib import I64
+from .._bind.core import mt_cumulate, mt_arg_extreme, mt_histogram_uniform, mt_bincount
 
 __all__ = ["KERNEL_DTYPES", "scan", "arg_extreme", "uniform_counts", "bincount"]
 
@@ -44,15 +45,12 @@ def scan(x, ax, op, init=None, out=True):
                          "of the input's dtype")
     scanned = _C.empty(x.shape, x.dtype) if out else None
     last = _C.empty(rest, x.dtype)
-    _clib.call(_cumulate, scanned, last, x, init, lanes, _clib.dtype_code(x.dtype), op)
+    _clib.call(mt_cumulate, scanned, last, x, init, lanes, _clib.dtype_code(x.dtype), op)
     return scanned, last
 
 
 _Lanes = _clib.struct("mt_lanes")
 _E = _clib.E
-_cumulate = _clib.fn("mt_cumulate", I, A, A, A, A, _Lanes, I, I, _E)
-_arg_extreme = _clib.fn("mt_arg_extreme", I, A, A, A, _Lanes, I, I, _E)
-_histogram_uniform = _clib.fn("mt_histogram_uniform", I, I, I64, A, I64, A, A, _E)
 # The dtypes the counting kernel reads (double holds each exactly), and how many
 # bins it takes (csrc/include/mpitensor/core/histogram.h).
 _COUNTED = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16,
@@ -97,7 +95,7 @@ def arg_extreme(x, axis, largest):
         return idx, np.take_along_axis(x, idx, axis)
     lanes, rest = _lanes_of(x, axis)
     idx, value = _C.empty(rest, np.int64), _C.empty(rest, x.dtype)
-    _clib.call(_arg_extreme, idx, value, x, lanes, _clib.dtype_code(x.dtype), bool(largest))
+    _clib.call(mt_arg_extreme, idx, value, x, lanes, _clib.dtype_code(x.dtype), bool(largest))
     return np.expand_dims(idx.astype(np.intp, copy=False), axis), np.expand_dims(value, axis)
 
 
@@ -118,12 +116,10 @@ def uniform_counts(x, edges):
     x = _native(x)
     edges = np.ascontiguousarray(edges, np.float64)
     counts = np.zeros(bins, np.int64)
-    _clib.call(_histogram_uniform, _clib.dtype_code(x.dtype), x.size, x, bins, edges, counts)
+    _clib.call(mt_histogram_uniform, _clib.dtype_code(x.dtype), x.size, x, bins, edges, counts)
     return counts.astype(np.intp, copy=False)
 
 
-_bincount = _clib.fn("mt_bincount", I, I64, A, A, I64, A, A, _clib.ptr(I64),
-                     _clib.ptr(I64), _E)
 # Below this many values NumPy's extremes pass is short and its call cheaper than
 # the kernel's.
 _BINCOUNT_MIN = 16384
@@ -156,7 +152,7 @@ def bincount(x, weights=None, minlength=0):
     table = np.zeros(size, np.int64 if w is None else np.float64)
     n, stop, top = x.size, I64(0), I64(-1)  # where the count stopped, the largest value
     while True:
-        _clib.call(_bincount, n, x, w, table.size, table if w is None else None,
+        _clib.call(mt_bincount, n, x, w, table.size, table if w is None else None,
                    None if w is None else table, stop, top)
         if stop.value == n:
             break

@@ -21,7 +21,8 @@ import warnings
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _clib, _registry
+from .. import _registry
+from .._bind import core
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset
@@ -431,7 +432,7 @@ def empty_shards(spec, axes) -> list:
             continue
         cut = set()
         for n in sizes[p.dim]:
-            cut.update(_clib.chunk_sizes(n, spec.mesh.shape[m]))
+            cut.update(core.chunk_sizes(n, spec.mesh.shape[m]))
         sizes[p.dim] = cut
         if p.dim in axes and 0 in cut:
             found.append(m)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _comm, _modes, _registry, _trace
-from .._clib import chunk_sizes
+from .._bind.core import chunk_sizes
 from .._clib import dtype_code
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D

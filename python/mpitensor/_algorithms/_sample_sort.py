@@ -34,6 +34,7 @@ import numpy as np
 from numpy.lib import _function_base_impl as _npq
 
 from .. import _C, _clib, _comm, _modes, _trace
+from .._bind import core
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import local_shape_and_global_offset
@@ -226,7 +227,7 @@ def sort_flat(name, a, indices: bool):
     # The buckets move to the usual shards (torch.chunk's sizes).
     p, c = mesh.shape[m], mesh._coordinate[m]
     start = _offset(a, m, len(data))
-    sizes = _clib.chunk_sizes(n, p)
+    sizes = core.chunk_sizes(n, p)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     lo = np.clip(bounds[:-1], start, start + len(data))
     hi = np.clip(bounds[1:], start, start + len(data))
@@ -248,7 +249,7 @@ def _sort_gathered(name, a, m, indices: bool, out_spec):
     # without it, and a small array costs less this way.
     whole = _C.move(a, (Replicate(),) * mesh.ndim, name).to_local().reshape(-1)
     done = np.argsort(whole, kind="stable") if indices else np.sort(whole, kind="stable")
-    sizes = _clib.chunk_sizes(len(done), mesh.shape[m])
+    sizes = core.chunk_sizes(len(done), mesh.shape[m])
     c = mesh._coordinate[m]
     start = int(np.sum(sizes[:c]))
     return DTensor(done[start:start + sizes[c]].astype(out_spec.dtype), out_spec)

@@ -46,18 +46,19 @@ import os
 import numpy as np
 
 from .. import _clib, _comm, _trace
-from .._clib import E, I, P, S, call, find_library, fn, ptr
+from .._bind import core
+from .._clib import P, S, call, find_library
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _small_linalg
 from ._alike import same_along
+from .._bind.linalg import mt_scalapack_open_libraries
 
 __all__ = ["scalapack_library", "scalapack_source", "load", "prepare", "ROOT",
            "local_numpy", "on_root", "wrap", "home", "settle", "MIN_BLOCK"]
 
-_open = fn("mt_scalapack_open_libraries", I, ptr(S), I, ptr(P), E)
 
 # Debian's ScaLAPACK for Open MPI (BLACS included), one library: each of these is
 # tried, by its soname and its dev link.
@@ -107,7 +108,8 @@ def load():
     for source, paths in _sources(os.environ.get("MPITENSOR_SCALAPACK", "")):
         handle = P()
         try:
-            call(_open, (S * len(paths))(*(p.encode() for p in paths)), len(paths), handle)
+            call(mt_scalapack_open_libraries, (S * len(paths))(*(p.encode() for p in paths)),
+                 len(paths), handle)
         except NotImplementedError as e:
             why.append(f"{_NAMES.get(source, paths[-1])}: {e}")
             continue
@@ -174,7 +176,7 @@ def _fits(mesh, shape, rows: int, cols: int) -> bool:
     """Whether each process of the grid (rows over mesh dim ``rows``, columns over
     ``cols``; -1: none) holds at least MIN_BLOCK of the matrix's rows and columns
     of its torch.chunk block."""
-    return all(m < 0 or min(_clib.chunk_sizes(size, mesh.shape[m])) >= MIN_BLOCK
+    return all(m < 0 or min(core.chunk_sizes(size, mesh.shape[m])) >= MIN_BLOCK
                for size, m in zip(shape[-2:], (rows, cols)))
 
 

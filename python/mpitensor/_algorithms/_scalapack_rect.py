@@ -28,17 +28,14 @@ import functools
 
 import numpy as np
 
-from .. import _clib
-from .._clib import A, E, I, I64, P, call, fn, ptr
+from .._bind import core
+from .._clib import I, call
 from .._dtensor import DTensor
 from ..placement_types import Replicate, Shard
 from . import _dispatch as D
 from . import _scalapack as S
 from . import _small_linalg
-
-_qr = fn("mt_scalapack_qr", I, P, P, I, I, I, I64, I64, A, I64, A, I64, A, E)
-_svd = fn("mt_scalapack_svd", I, P, P, I, I, I, I64, I64, A, A, A, I64, A, ptr(I), E)
-_geqrf = fn("mt_scalapack_geqrf", I, P, P, I, I, I, I64, I64, A, A, E)
+from .._bind.linalg import mt_scalapack_qr, mt_scalapack_svd, mt_scalapack_geqrf
 
 
 class _Grid:
@@ -87,7 +84,7 @@ class _Grid:
         local = []
         for size, m in zip(shape, (self.rows, self.cols)):
             local.append(size if m < 0 else
-                         _clib.chunk_sizes(size, self.mesh.shape[m])[coord[m]])
+                         core.chunk_sizes(size, self.mesh.shape[m])[coord[m]])
         return np.zeros(local, dtype or self.dtype)
 
     def wrap(self, blocks, shape):
@@ -163,7 +160,8 @@ def qr(a, mode):
     for block in g.blocks:
         r = g.empty((rrows, n))
         q = g.empty((m, qcols)) if mode != "r" else None
-        call(_qr, g.sl, address, g.rows, g.cols, g.letter, m, n, block, rrows, r, qcols, q)
+        call(mt_scalapack_qr, g.sl, address, g.rows, g.cols, g.letter, m, n, block, rrows, r,
+             qcols, q)
         rs.append(r)
         qs.append(q)
     r = g.wrap(rs, (rrows, n))
@@ -193,7 +191,7 @@ def _qr_raw(g, m, n, k):
     taus, blocks = [], [b.copy() for b in g.blocks]  # overwritten by the factors
     for block in blocks:
         tau = np.zeros(k, g.dtype)
-        call(_geqrf, g.sl, address, g.rows, g.cols, g.letter, m, n, block, tau)
+        call(mt_scalapack_geqrf, g.sl, address, g.rows, g.cols, g.letter, m, n, block, tau)
         taus.append(tau)
     return np.swapaxes(g.wrap(blocks, (m, n)), -1, -2), g.replicated(taus)
 
@@ -232,8 +230,8 @@ def svd(a, compute_uv=True, full_matrices=False):
         s = np.zeros(k, np.finfo(g.dtype).dtype)
         u = g.empty((m, ucols)) if compute_uv else None
         vt = g.empty((k, n)) if compute_uv else None
-        call(_svd, g.sl, address, g.rows, g.cols, g.letter, m, n, block, s, u, ucols, vt,
-             info)
+        call(mt_scalapack_svd, g.sl, address, g.rows, g.cols, g.letter, m, n, block, s, u,
+             ucols, vt, info)
         S.check_info(S.agreed_info(g.a, g.rows, g.cols, info.value),
                       "SVD did not converge")
         ss.append(s)

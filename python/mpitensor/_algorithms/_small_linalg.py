@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _clib, _comm, _trace
+from .. import _comm, _trace
+from .._bind import core
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
@@ -86,7 +87,7 @@ def eigen(name, a, rows, dtype, UPLO, vectors):
         return None
     mesh = a._spec.mesh
     p, me = mesh.shape[rows], mesh._coordinate[rows]
-    sizes = _clib.chunk_sizes(n, p)
+    sizes = core.chunk_sizes(n, p)
     at = _offsets(sizes)
     upper = UPLO == "U"
     masks = [_triangle_mask(n, at[c], sizes[c], upper) for c in range(p)]
@@ -177,7 +178,7 @@ def _others(mesh, a) -> list:
 
 def _stack_rows(m, n, p):
     """The rows each of ``p`` ranks adds to the stacked R of an m x n matrix."""
-    return [min(x, n) for x in _clib.chunk_sizes(m, p)]
+    return [min(x, n) for x in core.chunk_sizes(m, p)]
 
 
 def svd_takes(a, rows, compute_uv, full_matrices) -> bool:
@@ -217,7 +218,7 @@ def svd(name, a, rows, dtype, compute_uv, full_matrices):
     u = q @ u_r[at[me]:at[me + 1]] if q is not None else np.zeros((0, u_r.shape[1]), dtype)
     u = np.array(u, order="C")
     same_along(mesh, [u], _others(mesh, a))  # each replica's Q was its own
-    vrows = _offsets(_clib.chunk_sizes(vh.shape[0], p))
+    vrows = _offsets(core.chunk_sizes(vh.shape[0], p))
     pls = a._spec.placements
     return type(np.linalg.svd(np.eye(1)))(
         _wrap(mesh, u, pls, (m, u_r.shape[1])), _replicated(mesh, s),
@@ -295,7 +296,7 @@ def _scatter_root(mesh, full, placements, shape, dtype):
         if not shard[m]:
             continue
         d = placements[m].dim % len(shape)
-        sizes = _clib.chunk_sizes(cur_shape[d], mesh.shape[m])
+        sizes = core.chunk_sizes(cur_shape[d], mesh.shape[m])
         # Coordinate 0 of this rank's group along m holds the part: zero on every
         # dim not yet cut, as the root is.
         line = all(coord[k] == 0 for k in range(ndim)

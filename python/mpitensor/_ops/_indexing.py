@@ -35,6 +35,7 @@ import operator
 import numpy as np
 
 from .. import _clib, _comm, _modes, _registry, _strided, _trace
+from .._bind import core
 from .._call_agreement import call_fingerprint
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
@@ -141,7 +142,7 @@ def local_cuts(sel, loff, lshape) -> tuple:
     Example: ``local_cuts(((0, 2, 5, False),), (3,), (4,)) == ((slice(1, 5, 2),),
     ((2, 4),))``.
     """
-    ks = _clib.selection_image(sel, loff, lshape)
+    ks = core.selection_image(sel, loff, lshape)
     return tuple(_local_cut(s, loff[d], *ks[d]) for d, s in enumerate(sel)), ks
 
 

@@ -35,7 +35,8 @@ import operator
 
 import numpy as np
 
-from .. import _clib, _comm, _modes, _registry, _trace
+from .. import _comm, _modes, _registry, _trace
+from .._bind import core
 from .._dtensor import DTensor
 from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard, _StridedShard
@@ -205,15 +206,15 @@ def _rows_to_owners(spec, sel, value, m, j):
     p, c = mesh.shape[m], mesh._coordinate[m]
     d = spec.placements[m].dim
     count = sel[d][2]
-    own = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(spec.shape[d], p))])
-    have = np.concatenate([[0], np.cumsum(_clib.chunk_sizes(count, p))])
+    own = np.concatenate([[0], np.cumsum(core.chunk_sizes(spec.shape[d], p))])
+    have = np.concatenate([[0], np.cumsum(core.chunk_sizes(count, p))])
     lo, hi = int(have[c]), int(have[c + 1])
     v = np.moveaxis(value.to_local(), j, 0)
     parts = []
     for r in range(p):
         # Rank r's rows of the region are consecutive; with a negative step the
         # later ranks hold the earlier rows, so each part is cut by its owner.
-        (k0, k1), = _clib.selection_image((sel[d],), (int(own[r]),),
+        (k0, k1), = core.selection_image((sel[d],), (int(own[r]),),
                                            (int(own[r + 1] - own[r]),))
         a, b = max(k0, lo), min(k1, hi)
         parts.append(v[a - lo:b - lo] if b > a else v[:0])

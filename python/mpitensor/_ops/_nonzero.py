@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _comm, _registry
-from .._clib import chunk_sizes
+from .._bind.core import chunk_sizes
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._layout import compute_local_shape_and_global_offset

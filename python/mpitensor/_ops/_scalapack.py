@@ -14,20 +14,17 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _comm, _registry
-from .._clib import A, D as _D, E, I, I64, P, call, fn, ptr
+from .._clib import D as _D, I, call
 from .._dtensor import DTensor
 from ..placement_types import Replicate, Shard
 from .._algorithms import _dispatch as D
 from .._algorithms import _scalapack as S
 from .._algorithms import _small_linalg
 from .._algorithms._alike import same_along
-__all__ = ["inv", "slogdet", "det", "cholesky", "eigh", "eigvalsh", "solve"]
+from .._bind.linalg import (mt_scalapack_solve, mt_scalapack_inv, mt_scalapack_slogdet,
+                            mt_scalapack_cholesky, mt_scalapack_eigh)
 
-_solve = fn("mt_scalapack_solve", I, P, P, I, I, I, I64, A, I64, A, ptr(I), E)
-_inv = fn("mt_scalapack_inv", I, P, P, I, I, I, I64, A, ptr(I), E)
-_slogdet = fn("mt_scalapack_slogdet", I, P, P, I, I, I, I64, A, _D * 2, E)
-_cholesky = fn("mt_scalapack_cholesky", I, P, P, I, I, I, I64, A, I, ptr(I), E)
-_eigh = fn("mt_scalapack_eigh", I, P, P, I, I, I, I64, A, I, I, A, ptr(I), E)
+__all__ = ["inv", "slogdet", "det", "cholesky", "eigh", "eigvalsh", "solve"]
 
 
 @_registry.implements(np.linalg.inv)
@@ -53,7 +50,7 @@ def inv(a):
     batch, blocks = S.local_stack(a, dtype)
     address = S.announced_mesh(a, name, "pXgetrf, pXgetri")
     for block in blocks:
-        call(_inv, sl, address, rows, cols, letter, n, block, info)
+        call(mt_scalapack_inv, sl, address, rows, cols, letter, n, block, info)
         S.check_info(S.agreed_info(a, rows, cols, info.value), "Singular matrix")
     local = S.stack(batch, blocks)
     S.settle(a, rows, cols, laid=[local])
@@ -72,7 +69,7 @@ def _slogdet_values(name, a):
     signs, logs = [], []
     address = S.announced_mesh(a, name, "pXgetrf")
     for block in blocks:
-        call(_slogdet, sl, address, rows, cols, letter, n, block, out)
+        call(mt_scalapack_slogdet, sl, address, rows, cols, letter, n, block, out)
         logs.append(out[0])
         if out[0] == -np.inf:
             signs.append(0.0)
@@ -159,7 +156,8 @@ def cholesky(a, /, *, upper=False):
     batch, blocks = S.local_stack(a, dtype)
     address = S.announced_mesh(a, name, "pXpotrf")
     for block in blocks:
-        call(_cholesky, sl, address, rows, cols, letter, n, block, int(bool(upper)), info)
+        call(mt_scalapack_cholesky, sl, address, rows, cols, letter, n, block, int(bool(upper)),
+             info)
         S.check_info(S.agreed_info(a, rows, cols, info.value),
                     "Matrix is not positive definite")
     local = S.stack(batch, blocks)
@@ -204,7 +202,7 @@ def _eigen(name, a, UPLO, vectors):
     address = S.announced_mesh(a, name, routine)
     for block in blocks:
         w = np.empty(n, real)
-        call(_eigh, sl, address, rows, cols, letter, n, block, int(UPLO == "U"),
+        call(mt_scalapack_eigh, sl, address, rows, cols, letter, n, block, int(UPLO == "U"),
              int(vectors), w, info)
         S.check_info(S.agreed_info(a, rows, cols, info.value), "Eigenvalues did not converge")
         ws.append(w)
@@ -336,7 +334,7 @@ def _solve_blocks(sl, a, b, rows, cols, dtype, placements, shape):
     address = S.announced_mesh(a, "numpy.linalg.solve",
                        "pXgetrf, pXgetrs" if cols < 0 else "pXgesv")
     for block, r in zip(blocks, rhs):
-        call(_solve, sl, address, rows, cols, letter, n, block, b.shape[-1], r, info)
+        call(mt_scalapack_solve, sl, address, rows, cols, letter, n, block, b.shape[-1], r, info)
         S.check_info(S.agreed_info(a, rows, cols, info.value), "Singular matrix")
     local = S.stack(batch, rhs)
     S.settle(a, rows, cols, laid=[local])

@@ -35,7 +35,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import _clib, _comm, _lapack, _registry, _trace
+from .. import _comm, _lapack, _registry, _trace
+from .._bind import core
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from ..placement_types import Replicate, Shard
@@ -132,7 +133,7 @@ def _tall(a, extra_columns=0):
     if n == 0 or rows <= n:
         return None
     n += extra_columns
-    if min(_clib.chunk_sizes(rows, spec.mesh.shape[dim])) < n:
+    if min(core.chunk_sizes(rows, spec.mesh.shape[dim])) < n:
         return None
     return _Tall(a, dim)
 

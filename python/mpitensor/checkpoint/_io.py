@@ -13,26 +13,19 @@ import os
 import numpy as np
 
 from .. import _C, _comm
-from .._clib import (MAX_NDIM, A, E as _E, Error, I, I64, P, S, _Box, _int64s, call, check,
-                     exported, fn, ptr, status_of, struct)
+from .._clib import MAX_NDIM, Error, I64, _Box, _int64s, call, check, exported, status_of
+from .._bind.io import (IoArray as _Array, IoOptions as _Options, mt_io_save, mt_io_load,
+                        mt_io_options_default, mt_io_counters_read, mt_io_exchange,
+                        mt_io_sync_range, mt_io_release_cache)
 
 __all__ = ["io_save", "io_load", "io_counters", "io_pipeline", "exchange", "sync_range",
            "release_cache"]
-
-_Array, _Options = struct("mt_io_array"), struct("mt_io_options")
-_save = fn("mt_io_save", I, P, S, S, I64, _Array, _Box, A, I64, _Options, _E)
-_load = fn("mt_io_load", I, P, S, _Array, _Box, A, I64, _Options, _E)
-_defaults = fn("mt_io_options_default", _Options)
-_counters_read = fn("mt_io_counters_read", None, P, ptr(I64), ptr(I64))
-_exchange = fn("mt_io_exchange", I, S, S, _E)
-_sync_range = fn("mt_io_sync_range", I, I, I64, I64, S, _E)
-_release_cache = fn("mt_io_release_cache", None, S)
 
 # io_save's durable that syncs the file but not its directory (MT_IO_DURABLE_FILE)
 DURABLE_FILE = 2
 
 _COUNTERS = exported(_C.IO_COUNTERS, "mpitensor._C.io_counters")  # io_counters() reads
-_options = _defaults()  # what every later io_save and io_load passes
+_options = mt_io_options_default()  # what every later io_save and io_load passes
 _options.counters = _COUNTERS
 
 
@@ -78,7 +71,7 @@ def io_save(mesh, path, header: bytes, shape, itemsize: int, offset: int, box_of
     data = _data(buf, False)
     opts = _Options.from_buffer_copy(_options)
     opts.durable = DURABLE_FILE if durable == DURABLE_FILE else int(bool(durable))
-    call(_save, m, name, head, len(head), array, box, data, data.nbytes, opts)
+    call(mt_io_save, m, name, head, len(head), array, box, data, data.nbytes, opts)
 
 
 def io_load(mesh, path, shape, itemsize: int, offset: int, box_offset, box_shape,
@@ -93,7 +86,7 @@ def io_load(mesh, path, shape, itemsize: int, offset: int, box_offset, box_shape
     array, box = _array_box(shape, itemsize, offset, box_offset, box_shape)
     data = _data(out, True)
     opts = _Options.from_buffer_copy(_options)
-    call(_load, m, name, array, box, data, data.nbytes, opts)
+    call(mt_io_load, m, name, array, box, data, data.nbytes, opts)
 
 
 def exchange(a: str, b: str) -> bool:
@@ -104,7 +97,7 @@ def exchange(a: str, b: str) -> bool:
     Example: ``if exchange(tmp, "u.zarr"): shutil.rmtree(tmp)``.
     """
     err = Error()
-    rc = _exchange(os.fsencode(a), os.fsencode(b), err)
+    rc = mt_io_exchange(os.fsencode(a), os.fsencode(b), err)
     if rc == status_of(NotImplementedError):
         return False
     check(rc, err)
@@ -120,7 +113,7 @@ def sync_range(fd: int, at: int, nbytes: int, path: str) -> None:
 
     Example: ``sync_range(fd, offset, data.nbytes, path); os.fsync(fd)``.
     """
-    call(_sync_range, operator.index(fd), operator.index(at), operator.index(nbytes),
+    call(mt_io_sync_range, operator.index(fd), operator.index(at), operator.index(nbytes),
          os.fsencode(path))
 
 
@@ -134,13 +127,13 @@ def release_cache(path: str) -> None:
     Example: ``release_cache(os.path.join(store, "c.0.0"))``, then write the new
     chunk.
     """
-    _release_cache(os.fsencode(path))
+    mt_io_release_cache(os.fsencode(path))
 
 
 def io_counters() -> tuple[int, int]:
     """(data bytes read, data bytes written) by this process. Local."""
     read, written = I64(), I64()
-    _counters_read(_COUNTERS, read, written)
+    mt_io_counters_read(_COUNTERS, read, written)
     return read.value, written.value
 
 

@@ -18,30 +18,20 @@ import operator
 
 import numpy as np
 
-from .._clib import A as _P, D as _D, E as _E, I as _I, I64 as _I64
-from .._clib import array as _array, call as _call, fn as _fn, struct as _struct
+from .._clib import array as _array, call as _call
+from .._bind.kernels import (Blas as _Blas, AttnOperand as _Operand, AttnShape as _Shape,
+                             AdamHyper as _AdamHyper, mt_blas_check, mt_blas_available,
+                             mt_gemm, mt_gelu, mt_gelu_backward, mt_softmax_rows,
+                             mt_layer_norm_rows, mt_adam_update, mt_attention,
+                             mt_attention_backward)
 
-_Blas, _Operand, _Shape, _AdamHyper = map(_struct, (
-    "mt_blas", "mt_attn_operand", "mt_attn_shape", "mt_adam_hyper"))
-_B, _O = _Blas, _Operand
-_blas_check = _fn("mt_blas_check", _I, _B, _E)
-_blas_available = _fn("mt_blas_available", _I, _B)
-_gemm = _fn("mt_gemm", _I, _B, _I, _I, _I64, _I64, _I64, _D, _P, _I64, _P, _I64, _D, _P,
-            _I64, _E)
-_gelu = _fn("mt_gelu", _I, _I, _I, _I64, _P, _P, _E)
-_gelu_backward = _fn("mt_gelu_backward", _I, _I, _I, _I64, _P, _P, _P, _E)
-_softmax_rows = _fn("mt_softmax_rows", _I, _I, _I, _I64, _I64, _P, _P, _E)
-_layer_norm_rows = _fn("mt_layer_norm_rows", _I, _I, _I64, _I64, _P, _P, _P, _D, _P, _E)
-_adam_update = _fn("mt_adam_update", _I, _I, _I64, _P, _P, _P, _P, _P, _AdamHyper, _E)
-_attention = _fn("mt_attention", _I, _B, _I, _Shape, *[_O] * 4, _D, _I, _E)
-_attention_backward = _fn("mt_attention_backward", _I, _B, _I, _Shape, *[_O] * 7, _D, _I, _E)
 
 _blas = _Blas()
 
 
 def have_blas() -> bool:
     """Whether gemm and attention can run (a BLAS is set)."""
-    return bool(_blas_available(_blas))
+    return bool(mt_blas_available(_blas))
 
 
 def set_blas(sgemm: int, dgemm: int, ilp64: bool) -> None:
@@ -51,7 +41,7 @@ def set_blas(sgemm: int, dgemm: int, ilp64: bool) -> None:
     global _blas
     blas = (_Blas(sgemm64=sgemm, dgemm64=dgemm) if ilp64
             else _Blas(sgemm=sgemm, dgemm=dgemm))
-    _call(_blas_check, blas)
+    _call(mt_blas_check, blas)
     _blas = blas
 
 
@@ -80,7 +70,7 @@ def gemm(a, b, c, trans_b: bool, alpha: float, beta: float) -> None:
         raise ValueError("gemm: shapes do not match")
     if not c.flags.writeable:
         raise ValueError("gemm: c must be writable")
-    _call(_gemm, _blas, dtype, trans_b, m, n, k, float(alpha), a, lds[0], b, lds[1],
+    _call(mt_gemm, _blas, dtype, trans_b, m, n, k, float(alpha), a, lds[0], b, lds[1],
           float(beta), c, lds[2])
 
 
@@ -88,7 +78,7 @@ def gelu(x, approximate: int):
     """GELU of x as a new array: ``approximate`` 0 erf, 1 tanh."""
     dtype = _array(x, "gelu: x")
     y = np.empty(x.shape, x.dtype)
-    _call(_gelu, dtype, operator.index(approximate), x.size, x, y)
+    _call(mt_gelu, dtype, operator.index(approximate), x.size, x, y)
     return y
 
 
@@ -99,7 +89,7 @@ def gelu_backward(x, g, approximate: int):
     if g.size != x.size:
         raise ValueError(f"gelu_backward: g has {g.size} elements, x {x.size}")
     y = np.empty(x.shape, x.dtype)
-    _call(_gelu_backward, dtype, operator.index(approximate), x.size, x, g, y)
+    _call(mt_gelu_backward, dtype, operator.index(approximate), x.size, x, g, y)
     return y
 
 
@@ -110,7 +100,7 @@ def softmax(x, log: bool):
         raise ValueError("softmax: x is 0-d")
     y = np.empty(x.shape, x.dtype)
     cols = x.shape[-1]
-    _call(_softmax_rows, dtype, bool(log), x.size // cols if cols else 0, cols, x, y)
+    _call(mt_softmax_rows, dtype, bool(log), x.size // cols if cols else 0, cols, x, y)
     return y
 
 
@@ -127,7 +117,7 @@ def layer_norm(x, cols: int, weight, bias, eps: float):
             if p.size != cols:
                 raise ValueError(f"{name} has {p.size} elements, expected {cols}")
     y = np.empty(x.shape, x.dtype)
-    _call(_layer_norm_rows, dtype, x.size // cols, cols, x, weight, bias, eps, y)
+    _call(mt_layer_norm_rows, dtype, x.size // cols, cols, x, weight, bias, eps, y)
     return y
 
 
@@ -152,7 +142,7 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, decay: float, 
                    beta2=float(beta2), step_size=float(step_size),
                    bias_correction2_sqrt=float(bias_correction2_sqrt), eps=float(eps),
                    maximize=bool(maximize))
-    _call(_adam_update, dtype, param.size, *arrays, h)
+    _call(mt_adam_update, dtype, param.size, *arrays, h)
 
 
 def _operand(a, name: str) -> _Operand:
@@ -189,7 +179,7 @@ def attention(q, k, v, out, scale: float, causal: bool) -> None:
     contiguous."""
     names = [f"attention: {n}" for n in ("q", "k", "v", "out")]
     dtype, shape, ops = _attention_args((q, k, v, out), names, 3)
-    _call(_attention, _blas, dtype, shape, *ops, float(scale), bool(causal))
+    _call(mt_attention, _blas, dtype, shape, *ops, float(scale), bool(causal))
 
 
 def attention_backward(q, k, v, g, dq, dk, dv, scale: float, causal: bool) -> None:
@@ -203,4 +193,4 @@ def attention_backward(q, k, v, g, dq, dk, dv, scale: float, causal: bool) -> No
     for i in range(4, 7):
         if arrays[i].shape != arrays[i - 4].shape:
             raise ValueError(f"{names[i]} must have the shape of {names[i - 4]}")
-    _call(_attention_backward, _blas, dtype, shape, *ops, float(scale), bool(causal))
+    _call(mt_attention_backward, _blas, dtype, shape, *ops, float(scale), bool(causal))

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _clib, _modes
+from .. import _modes
+from .._bind import core
 from ..autograd import Function
 from . import _kernels
 from . import functional as F
@@ -159,7 +160,7 @@ class MultiheadAttention(Module):
         for m, p in enumerate(w.placements):
             if p.is_shard(0):
                 n = w.device_mesh.size(m)
-                sizes = list(_clib.chunk_sizes(rows, n))
+                sizes = list(core.chunk_sizes(rows, n))
                 if any(s % unit for s in sizes):
                     raise ValueError(
                         f"MultiheadAttention with {self.num_heads} heads of size "

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import _clib, _comm
+from .. import _comm
+from .._bind import core
 from .._args import normalize_placements
 from .._dtensor import DTensor
 from .._distribute import distribute_tensor
@@ -81,7 +82,7 @@ def _agree_linear_input(local, mesh, features: int) -> None:
     coord = mesh.get_coordinate()
     if coord is None or mesh.size(0) == 1:
         return
-    want = _clib.chunk_sizes(features, mesh.size(0))[coord[0]]
+    want = core.chunk_sizes(features, mesh.size(0))[coord[0]]
     width = local.shape[-1]
     lead = tuple(local.shape[:-1])
     _comm.agree(mesh, width == want, fingerprint((np.dtype(local.dtype).str, lead)),
