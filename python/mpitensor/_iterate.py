@@ -8,7 +8,7 @@ one collective per row.
 from __future__ import annotations
 
 from ._dtensor_spec import contiguous_strides
-from .placement_types import Replicate, Shard
+from .placement_types import Replicate, Shard, _StridedShard
 
 
 def iterate(dt):
@@ -25,13 +25,13 @@ def iterate(dt):
     if not dt.shape:
         raise TypeError("iteration over a 0-d DTensor")
     ndim = len(dt.shape)
-    dims = [p.dim % ndim if isinstance(p, Shard) else None for p in dt.placements]
+    dims = [p.dim % ndim if isinstance(p, (Shard, _StridedShard)) else None
+            for p in dt.placements]
     whole = dt
     if 0 in dims:
         whole = dt.redistribute(dt.device_mesh, [Replicate() if d == 0 else p
                                                  for d, p in zip(dims, dt.placements)])
-    row_placements = [Shard(p.dim % ndim - 1) if isinstance(p, Shard) else p
-                      for p in whole.placements]
+    row_placements = [_row_placement(p, ndim) for p in whole.placements]
     shape = tuple(dt.shape[1:])
     return _rows(whole, row_placements, shape, contiguous_strides(shape))
 
@@ -42,3 +42,13 @@ def _rows(whole, placements, shape, stride):
         # local[i, ...] keeps a row of a 1-D array a 0-d array, not a NumPy scalar.
         yield type(whole).from_local(local[i, ...], mesh, placements, shape=shape,
                                      stride=stride)
+
+
+def _row_placement(p, ndim: int):
+    """A placement of the whole (dim 0 not sharded) as its rows' placement: a
+    shard of dim d shards dim d - 1 of a row, its split factor kept."""
+    if isinstance(p, Shard):
+        return Shard(p.dim % ndim - 1)
+    if isinstance(p, _StridedShard):
+        return _StridedShard(p.dim % ndim - 1, split_factor=p.split_factor)
+    return p

@@ -54,3 +54,21 @@ def test_a_0d_dtensor_is_not_iterable():
     mesh = mt.init_device_mesh("cpu", (W,))
     with pytest.raises(TypeError, match="0-d"):
         iter(mt.distribute_tensor(np.array(3.0), mesh, [Replicate()]))
+
+
+@pytest.mark.parametrize("shape", [(48,), (4, 12)], ids=["strided-rows", "strided-inner"])
+def test_rows_of_a_strided_dtensor(shape):
+    """A reshape that merges a sharded dim into the one before is strided: its rows
+    are gathered where the strided dim is dim 0, keep the split factor where it
+    is inner, and hold NumPy's rows either way."""
+    mesh = mt.init_device_mesh("cpu", (W,))
+    full = np.arange(48.0).reshape(2, 4, 6)
+    x = mt.distribute_tensor(full, mesh, [Shard(2)])
+    y = np.reshape(x, (8, 6)) if len(shape) == 1 else np.reshape(x, (2, 24))
+    y = np.reshape(y, shape) if len(shape) == 1 else y
+    want = full.reshape(shape if len(shape) == 1 else (2, 24))
+    assert any(type(p) is mt.placement_types._StridedShard for p in y.placements)
+    rows = list(y)
+    assert len(rows) == want.shape[0]
+    for i, r in enumerate(rows):
+        assert np.array_equal(r.full_tensor(), want[i]), i
