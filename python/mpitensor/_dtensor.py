@@ -16,7 +16,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from . import (_C, _args, _call_agreement, _clib, _comm, _device, _dtypes, _iterate,
+from . import (_C, _args, _call_agreement, _clib, _comm, _device, _dtypes, _flat, _iterate,
                _modes, _registry, _trace)
 from ._bind import core
 from ._dtensor_spec import DTensorSpec, contiguous_strides
@@ -108,6 +108,18 @@ class DTensor(_C.DTensorBase):
         Example: ``dt.T.placements`` is ``(Shard(1),)`` when ``dt``'s is ``(Shard(0),)``.
         """
         return _method(np.transpose, (self,))
+
+    @property
+    def flat(self) -> "_flat.FlatIter":
+        """numpy.ndarray.flat: the elements in C order; reading gives new DTensors,
+        writing (``dt.flat[k] = v``, ``dt.flat[::n + 1] += v``) reaches ``dt``.
+        Collective on the mesh when used. Example: ``dt.flat[::4] += 1.0`` adds 1 to
+        the diagonal of a (3, 3) ``dt``."""
+        return _flat.FlatIter(self)
+
+    @flat.setter
+    def flat(self, value) -> None:
+        _flat.assign(self, value, sys._getframe(1))
 
     def transpose(self, *axes) -> "DTensor":
         """numpy.ndarray.transpose: ``dt.transpose()``, ``dt.transpose(1, 0)`` or

@@ -36,7 +36,7 @@ FLOORS = {
     "_modes": 1, "_registry": 1, "placement_types": 1, "device_mesh": 1,
     "_dtensor_spec": 1, "_layout": 1, "_args": 1, "_trace": 1, "_logging": 1,
     "random": 1, "_dtensor": 1, "_factories": 1, "_distribute": 1,
-    "_iterate": 1, "_shard": 1, "_mpi_library": 1, "_version": 1, "_timemodel": 1,
+    "_iterate": 1, "_flat": 1, "_shard": 1, "_mpi_library": 1, "_version": 1, "_timemodel": 1,
     "_departure": 1, "_strided": 1,
     "_fingerprint": 1, "_allgather_bytes": 1, "_device": 1, "_dtypes": 1, "_hooks": 1,
     "_node": 1, "_call_agreement": 1, "_mesh_layout": 1,
