@@ -345,10 +345,11 @@ class DTensor(_C.DTensorBase):
                                  f"{end_dim}")
             shape = self.shape[:start] + (-1,) + self.shape[end + 1:]
             return _method(np.reshape, (self, shape if self.ndim else (1,)))
-        if order not in ("C", "A"):
-            # NumPy's ravel (a copy here too), which agrees the call before it reads
-            # the order: an order one rank alone passes raises on every rank.
-            return _method(np.ravel, (self, order))
+        if order != "C":
+            # NumPy's ravel, which agrees the call before it reads the order (an
+            # order one rank alone passes raises on every rank), copied: flatten's
+            # result is never a view.
+            return _method(np.ravel, (self, order)).copy()
         return _method(np.reshape, (self, -1), {"copy": True})
 
     def __getitem__(self, key) -> "DTensor":

@@ -18,12 +18,12 @@ from ops_helpers import W, assert_matches, make, mesh_of
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
 
 # What an ndarray has and a DTensor does not, each for a reason: its memory as one
-# buffer (base, data, ctypes, flags, flat, strides: a DTensor has stride() as torch),
+# buffer (base, data, ctypes, flags, strides: a DTensor has stride() as torch),
 # a write to a file from every rank (tofile, dump: mpitensor.save writes one file),
 # pickling by NumPy's protocol (dumps, __setstate__), byte-level views
 # (byteswap, getfield, setfield, setflags), resize in place (a new global shape),
 # and NumPy's subclassing hooks.
-LEFT_OUT = {"base", "data", "ctypes", "flags", "flat", "strides", "tofile", "dump", "dumps",
+LEFT_OUT = {"base", "data", "ctypes", "flags", "strides", "tofile", "dump", "dumps",
             "__setstate__", "byteswap", "getfield", "setfield", "setflags", "resize",
             "__array_finalize__", "__array_interface__", "__array_priority__",
             "__array_struct__", "__array_wrap__", "__class_getitem__", "__deepcopy__",

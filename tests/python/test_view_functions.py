@@ -176,6 +176,34 @@ def test_a_reshape_numpy_copies_shares_nothing_with_its_base(layout):
     assert_matches(ours, numpys)
 
 
+@pytest.mark.parametrize("order", ["C", "F", "A", "K"])
+@pytest.mark.parametrize("of", ["array", "transpose", "flipped"])
+def test_ravel_in_each_order_is_numpys(layout, order, of):
+    """np.ravel's orders as NumPy's: F by a transpose, A and K by how every rank's
+    memory runs (a transpose's backwards); a view where NumPy's is one (each write
+    into it reaching the base, and each write into the base shown in it), else a
+    copy that shares nothing."""
+    mesh, pls = layout
+    full = _full()
+    a = make(full, mesh, pls)
+    pick = {"array": lambda x: x, "transpose": lambda x: x.T,
+            "flipped": lambda x: np.flip(x, 1)}[of]
+    ours, numpys = np.ravel(pick(a), order=order), np.ravel(pick(full), order=order)
+    assert_matches(ours, numpys)
+    ours[5] = 300.0
+    numpys[5] = 300.0
+    assert_matches(a, full)
+    a[1, 2, 3] = -300.0
+    full[1, 2, 3] = -300.0
+    assert_matches(ours, numpys)
+
+
+def test_ravel_k_of_memory_in_another_order_raises_on_every_rank():
+    a = make(_full(), mesh_of((W,)), (S0,))
+    with pytest.raises(ValueError, match="order='K'"):
+        np.ravel(np.transpose(a, (1, 0, 2)), order="K")
+
+
 def test_calls_inside_mpitensor_keep_their_own_arrays():
     """mpitensor's own reshapes inside an operation are not views of their
     argument: a flip that moves elements links only the program's result."""

@@ -122,6 +122,15 @@ def _memory(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _at(memory: np.ndarray, shape, dtype, offset: int, strides) -> np.ndarray:
+    """The array of ``shape``, ``dtype`` and ``strides`` at byte ``offset`` of
+    ``memory``; an empty one holds no byte of it (NumPy would check the strides of
+    an empty shape against the memory's size), so it is a new empty array."""
+    if 0 in shape:
+        return np.empty(shape, dtype)
+    return np.ndarray(shape, dtype, memory, offset, strides)
+
+
 def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
@@ -185,7 +194,10 @@ def keep_each(parent: DTensor, results: list, copies: bool = False) -> list:
     outs = [r[0] for r in results]
     if mesh._coordinate is None or any(type(o) is not DTensor for o in outs):
         return outs
-    memory = _memory(parent._data())
+    plocal = parent._data()
+    memory = _memory(plocal)
+    for o in outs:
+        _empty_in(o, plocal, memory)
     here = [_memory(o._data()) is memory for o in outs]
     # A read-only view takes memory of its own even where it could be a local
     # view: a write into a local view would reach the parent.
@@ -208,6 +220,17 @@ def keep_each(parent: DTensor, results: list, copies: bool = False) -> list:
              lambda plocal, redo=redo: redo(DTensor(plocal, pspec)).to_local(), back,
              gives_local=True)
     return outs
+
+
+def _empty_in(out: DTensor, plocal: np.ndarray, memory: np.ndarray) -> None:
+    """An empty block of ``out`` made an empty view of its parent's memory: it holds
+    no element, so it is a view of anything, and then it follows the other ranks
+    (a view where theirs are) and keeps the views of it on every rank filed under
+    the same memory as the others'. Local."""
+    local = out._data()
+    if (local.size == 0 and _memory(local) is not memory and local.dtype == plocal.dtype
+            and plocal.ndim):
+        out._local_tensor = plocal[(slice(0, 0),) * plocal.ndim].reshape(local.shape)
 
 
 def fresh(parent: DTensor, out: DTensor) -> DTensor:
@@ -363,7 +386,7 @@ def _refresh(records: list, memory: np.ndarray, done: set) -> None:
             continue
         kept.append(r)
         off, shape, strides, dtype = r.geometry
-        fresh = r.refill(np.ndarray(shape, dtype, memory, off, strides))
+        fresh = r.refill(_at(memory, shape, dtype, off, strides))
         if r.inner is None:  # the refill gives the whole memory, in order
             if owner is not None:
                 owner.flags.writeable = True
@@ -381,7 +404,7 @@ def _refresh(records: list, memory: np.ndarray, done: set) -> None:
         target = owner if owner is not None else np.empty(nbytes, np.uint8)
         target.flags.writeable = True
         try:
-            np.ndarray(vshape, vdtype, target, at, vstrides)[...] = fresh
+            _at(target, vshape, vdtype, at, vstrides)[...] = fresh
         finally:
             target.flags.writeable = owner is None
         if r.children:
@@ -565,8 +588,7 @@ def _touched(owner, local, key, where, before) -> np.ndarray:
 def _over(marks, offset, like) -> np.ndarray:
     """``marks`` (one byte per byte of an owner) seen as an array of ``like``'s
     shape and strides from ``offset``, each element's bytes along a last dim."""
-    return np.ndarray(like.shape + (like.itemsize,), np.uint8, marks, offset,
-                      like.strides + (1,))
+    return _at(marks, like.shape + (like.itemsize,), np.uint8, offset, like.strides + (1,))
 
 
 def _write_back(owner, marks) -> None:
@@ -576,7 +598,7 @@ def _write_back(owner, marks) -> None:
     that requires grad is refused in grad mode as any write into it."""
     link = _links[id(owner)]
     off, shape, strides = link.geometry
-    view = np.ndarray(shape, owner.dtype, owner, off, strides)
+    view = _at(owner, shape, owner.dtype, off, strides)
     mask = (_over(marks, off, view).any(-1) if view.size
             else np.zeros(shape, bool))
     if link.back is not None:

@@ -33,7 +33,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import _registry
+from .. import _comm, _registry
 from .. import _strided as _layouts
 from .._dtensor import DTensor
 from .._algorithms import _dispatch as D
@@ -529,16 +529,17 @@ def _as_numpy_gives(a, out, shape, order, copy):
 
 def _numpy_copies(a, target) -> bool:
     """Whether NumPy's reshape of ``a`` to ``target`` is a copy, judged from the
-    order of this rank's local axes in memory (a transpose's are reversed): asked
-    of an array of ``a``'s global shape laid out in that order, over a single byte
-    that is never read."""
+    order and direction of this rank's local axes in memory (a transpose's are
+    reversed, a flip's run backwards): asked of an array of ``a``'s global shape
+    laid out so, over a single byte that is never read."""
     local = a._data()
     if local.flags.c_contiguous or local.ndim != a.ndim:
         return False
-    order = sorted(range(local.ndim), key=lambda d: -local.strides[d])
+    order = sorted(range(local.ndim), key=lambda d: -abs(local.strides[d]))
     strides, step = [0] * a.ndim, 1
     for d in reversed(order):
-        strides[d] = step
+        # a flipped dim keeps its sign: NumPy copies to merge it with another
+        strides[d] = step if local.strides[d] >= 0 else -step
         step *= a.shape[d]
     layout = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), a.shape, strides)
     try:
@@ -584,8 +585,60 @@ def ravel(a, order="C"):
     """
     a = _dtensor("ravel", a)
     program = _registry.program_call(np.ravel)
-    if order not in ("C", "A"):
-        raise _registry.NoRule(f"numpy.ravel: order={order!r} is not supported on DTensors; "
-                               f"only order='C' (and 'A', which is 'C' for them)")
+    if order not in ("C", "F", "A", "K"):
+        raise _registry.NoRule(f"numpy.ravel: order={order!r}")  # NumPy's error, gathered
+    if a.ndim > 1 and order in ("A", "K"):
+        order = _memory_order(a, order)
+    if a.ndim > 1 and order == "F":
+        return _ravel_reversed(a, program)
     out = reshape(a, -1)
     return _as_numpy_gives(a, out, -1, "C", None) if program else out
+
+
+def _memory_order(a, order: str) -> str:
+    """"C" or "F": the order NumPy's ravel reads ``a`` in for ``order`` "A" (F where
+    the array is Fortran- and not C-contiguous) or "K" (the order its memory runs:
+    C where the dims' strides fall, F where they rise, as a transpose's), judged
+    from every rank's local array; dims of one element count for neither.
+    ValueError, on every rank, for a "K" whose memory runs the dims in another
+    order. Collective on the mesh: one small all-reduce."""
+    local = a._data()
+    # The dims of more than one element globally: a rank's block may hold one
+    # element of such a dim, whose stride still says where the dim runs.
+    steps = [abs(s) for s, n in zip(local.strides, a.shape) if n > 1]
+    bits = 0
+    if local.ndim == a.ndim and local.size:  # an empty block has no memory to judge
+        bits = (any(x < y for x, y in zip(steps, steps[1:]))
+                | any(x > y for x, y in zip(steps, steps[1:])) << 1
+                | (not local.flags.f_contiguous) << 2 | (not local.flags.c_contiguous) << 3)
+    mesh = a._spec.mesh
+    if mesh._coordinate is not None and mesh._mesh.size > 1:
+        bits = _comm.any_bits(mesh, bits)
+    if order == "A":
+        return "F" if not bits & 4 and bits & 8 else "C"
+    if not bits & 1:
+        return "C"
+    if not bits & 2:
+        return "F"
+    raise ValueError("numpy.ravel(order='K') of a DTensor whose memory runs its dims in "
+                     "an order neither C nor reversed: np.ravel(np.transpose(dt, axes)) "
+                     "with the axes in the order wanted")
+
+
+def _ravel_reversed(a, program: bool):
+    """``np.ravel(a, order="F")``: the ravel of ``a``'s transpose, a view of ``a``
+    for the program where NumPy's is one (``a``'s memory Fortran-contiguous)."""
+    out = reshape(transpose(a), -1)
+    if not program:
+        return out
+
+    def redo(p):
+        return reshape(transpose(p), -1)
+
+    def back(p, view, written):
+        shape = p.shape[::-1]
+        np.copyto(p, np.transpose(np.reshape(view, shape)),
+                  where=np.transpose(np.reshape(written, shape)))
+    local = a._data()
+    return _views.keep(a, out, redo, back,
+                       copies=not (local.flags.f_contiguous or local.size <= 1))
