@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-import pytest
-
 from mpitensor._ops import _fallback
 from mpitensor._ops._fallback import GatherWarning
 
@@ -32,9 +30,3 @@ def recording_gathers(record_property):
         _fallback._warned.update(before)
         record_property("gathered", ",".join(sorted(names)))
 
-
-def known_failure(request, record_property, raises, reason: str) -> None:
-    """Marks the running case a known failure (strict: it fails once it passes)
-    and records why, for docs/ecosystem.md."""
-    record_property("why", reason)
-    request.applymarker(pytest.mark.xfail(raises=raises, strict=True, reason=reason))

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import mpitensor as mt
 import mpitensor.array_api as xp
-from client_helpers import known_failure, recording_gathers
+from client_helpers import recording_gathers
 
 assert os.environ.get("SCIPY_ARRAY_API") == "1"
 sps = pytest.importorskip("scipy.special")
@@ -87,12 +87,7 @@ _STATS = {
 
 
 @pytest.mark.parametrize("name", list(_STATS))
-def test_stats_function(request, record_property, name):
-    if name == "pearsonr":
-        # It builds one of its arrays with NumPy and meets the DTensor in the
-        # array API's namespace check.
-        known_failure(request, record_property, TypeError,
-                      "builds one of its arrays with NumPy: two namespaces meet")
+def test_stats_function(record_property, name):
     f = getattr(st, name)
     call = _STATS[name] or (lambda f, a: f(a, axis=0))
     _compare(lambda a: call(f, a), record_property)

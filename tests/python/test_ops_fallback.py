@@ -242,6 +242,32 @@ def test_numpy_save_writes_the_file_once(tmp_path_factory):
     assert np.array_equal(np.load(path), np.arange(4.0 * W))
 
 
+def test_a_gathered_scalar_is_a_0d_replicated_dtensor():
+    """A NumPy scalar of a gathered call comes back as a reduction's does, so that
+    array API clients (SciPy's) keep to one namespace."""
+    mesh = init_device_mesh("cpu", (W,))
+    v = distribute_tensor(np.arange(9.0), mesh, [Shard(0)])
+    for got, want in [(np.polyval(v, 2.0), np.polyval(np.arange(9.0), 2.0)),
+                      (np.linalg.matrix_rank(v.reshape(3, 3)),
+                       np.linalg.matrix_rank(np.arange(9.0).reshape(3, 3)))]:
+        assert type(got) is mt.DTensor and got.shape == () and got.dtype == want.dtype
+        assert got.placements == (Replicate(),) and got.full_tensor()[()] == want
+
+
+def test_np_vecdot_is_the_distributed_contraction():
+    """The gufunc np.vecdot runs as np.linalg.vecdot does: no gather, a sharded
+    axis contracted into a Partial(sum), NumPy's value."""
+    mesh = init_device_mesh("cpu", (W,))
+    m, _ = global_arrays()
+    dm = distribute_tensor(m, mesh, [Shard(1)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mt.GatherWarning)
+        for axis in (-1, 0):
+            got = np.vecdot(dm, dm, axis=axis)
+            assert type(got) is mt.DTensor
+            np.testing.assert_allclose(got.full_tensor(), np.vecdot(m, m, axis=axis))
+
+
 def test_results_that_a_dtensor_cannot_hold_come_back_as_numpy_gives_them():
     mesh = init_device_mesh("cpu", (W,))
     v = distribute_tensor(np.arange(3.0 * W), mesh, [Shard(0)])

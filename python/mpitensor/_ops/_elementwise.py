@@ -24,7 +24,7 @@ from .._dtensor import DTensor
 from ..placement_types import Replicate
 from .._algorithms import _dispatch as D
 from . import _ufunc_methods
-from . import _inplace
+from . import _inplace, _linalg
 from .._algorithms import _views
 from ._inplace import follow
 from ._stats import logaddexp_reduce
@@ -95,6 +95,9 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
         return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":
         return _ufunc_methods.method(ufunc, method, operands, kwargs)
+    if (ufunc is np.vecdot and len(operands) == 2 and set(kwargs) <= {"axis"}
+            and all(type(x) is DTensor for x in operands)):
+        return _linalg.linalg_vecdot(*operands, **kwargs)  # the same contraction
     if not _register_one(ufunc):
         raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
     for k in kwargs:

@@ -105,8 +105,11 @@ def _gathered(obj, whole: dict):
 
 
 def _wrapped(obj, mesh):
-    """``obj`` with each ndarray of a dtype a DTensor holds made a Replicate DTensor
-    on ``mesh``."""
+    """``obj`` with each ndarray or NumPy scalar of a dtype a DTensor holds made a
+    Replicate DTensor on ``mesh`` (a scalar a 0-d one, as a reduction of DTensors
+    gives)."""
+    if isinstance(obj, np.generic) and obj.dtype.kind in "biufc" and obj.dtype.isnative:
+        obj = np.asarray(obj)
     if type(obj) is np.ndarray and (obj.dtype.kind in "biufc") and obj.dtype.isnative:
         local = obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)
         return DTensor.from_local(local, mesh, [Replicate()] * mesh.ndim)
