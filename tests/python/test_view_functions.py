@@ -204,6 +204,26 @@ def test_ravel_k_of_memory_in_another_order_raises_on_every_rank():
         np.ravel(np.transpose(a, (1, 0, 2)), order="K")
 
 
+def test_the_pieces_of_a_split_are_made_again_by_one_exchange():
+    """A write into the base of a split's live pieces moves what making one piece
+    moves: one exchange makes them all, however many live."""
+    mesh = mesh_of((W,))
+    full = _full()
+    a = make(full, mesh, (S0,))
+    pieces = np.array_split(a, 4, axis=0)
+    with mt.debug.CommDebugMode() as every:
+        a[0, 0, 0] = 1.0
+    full[0, 0, 0] = 1.0
+    for got, want in zip(pieces, np.array_split(full, 4, axis=0)):
+        assert_matches(got, want)
+    del pieces[1:]
+    a[0, 0, 0] = 2.0  # finds the others gone everywhere, and forgets them
+    with mt.debug.CommDebugMode() as one:
+        a[0, 0, 0] = 3.0
+    assert every.get_comm_counts() == one.get_comm_counts()
+    assert sum(one.get_comm_counts().values()) == (1 if W > 1 else 0)
+
+
 def test_calls_inside_mpitensor_keep_their_own_arrays():
     """mpitensor's own reshapes inside an operation are not views of their
     argument: a flip that moves elements links only the program's result."""

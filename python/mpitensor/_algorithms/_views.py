@@ -48,7 +48,7 @@ from .. import _comm, _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 
-__all__ = ["link", "keep", "keep_each", "fresh", "relink", "relink_plain", "release", "write",
+__all__ = ["link", "keep", "keep_each", "shared", "fresh", "relink", "relink_plain", "release", "write",
            "writes", "written",
            "layout_changed", "CHANGED"]
 
@@ -112,6 +112,9 @@ _records: dict[int, list[_Record]] = {}
 # are made again once all of them are done.
 _written: list = []
 _depth = 0
+# The refresh in progress, counted: the copy-views of one call (a split's pieces)
+# made again in one refresh share the exchange that makes them all.
+_pass = 0
 
 
 def _memory(a: np.ndarray) -> np.ndarray:
@@ -247,6 +250,27 @@ def fresh(parent: DTensor, out: DTensor) -> DTensor:
     return out
 
 
+def shared(make_all: Callable[[DTensor], list]) -> Callable[[int], Callable]:
+    """Refills for the results of one call that one exchange makes together (a
+    split's pieces): ``shared(make_all)(i)`` is the redo of result ``i`` for
+    :func:`keep_each`; in one refresh the first live result runs
+    ``make_all(parent)`` and the others take their part of it. Collective as
+    ``make_all`` is, alike on every rank (the same results live everywhere).
+
+    Example: ``redo = shared(lambda p: np.split(p, 3))`` and ``redo(i)`` per piece.
+    """
+    made: dict = {}
+
+    def redo_of(i: int) -> Callable:
+        def redo(p):
+            if made.get("pass") != _pass:
+                made.clear()
+                made["pass"], made["all"] = _pass, dict(enumerate(make_all(p)))
+            return made["all"].pop(i)
+        return redo
+    return redo_of
+
+
 def _marked(mask: np.ndarray, spec) -> DTensor:
     """The elements a write covered, a boolean DTensor of ``spec``'s layout."""
     return DTensor(mask, DTensorSpec(spec.mesh, spec.placements, spec.shape,
@@ -357,6 +381,8 @@ def _refresh_written() -> None:
     """Every live copy-view of the memories the write wrote into made again from
     its base, and the copy-views of those views after them. Collective on the
     meshes of those views."""
+    global _pass
+    _pass += 1
     memories = list(_written)
     _written.clear()
     done: set[int] = set()

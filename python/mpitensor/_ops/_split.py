@@ -156,15 +156,14 @@ def _split(name, func, ary, indices_or_sections, axis, equal) -> list:
     ax = normalize_axis_index(operator.index(axis), ary.ndim)
     bounds = split_bounds(name, ary.shape[ax], indices_or_sections, equal)
 
+    redo = _views.shared(lambda p: _pieces(name, p, indices_or_sections, axis, equal))
+
     def each(i, lo, hi):
         key = (slice(None),) * ax + (slice(lo, hi),)
 
-        def redo(p):
-            return _pieces(name, p, indices_or_sections, axis, equal)[i]
-
         def back(p, view, written):
             p[key] = np.where(written, view, p[key])
-        return pieces[i], redo, back
+        return pieces[i], redo(i), back
     return _views.keep_each(ary, [each(i, lo, hi) for i, (lo, hi) in enumerate(bounds)])
 
 
