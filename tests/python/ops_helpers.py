@@ -5,6 +5,7 @@ the full array), and the comparison with NumPy on the full arrays."""
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -28,6 +29,31 @@ def layout_id(layout) -> str:
     shape, pls = layout
     return "x".join(map(str, shape)) + "-" + ",".join(
         "P" if p.is_partial() else "R" if p.is_replicate() else f"S{p.dim}" for p in pls)
+
+
+def layout_fixture(options, pairs=None):
+    """A fixture of ``(mesh, placements)``: each of ``options`` on the (W,) mesh
+    and, at an even W, each pair of ``pairs`` (``options`` unless given) on the
+    (2, W // 2) mesh. Example: ``layout = layout_fixture((R, S0, S1, PS))``."""
+    pairs = options if pairs is None else pairs
+    layouts = [((W,), (p,)) for p in options] + (
+        [((2, W // 2), pls) for pls in itertools.product(pairs, repeat=2)]
+        if W % 2 == 0 else [])
+
+    @pytest.fixture(params=layouts, ids=[layout_id(x) for x in layouts])
+    def layout(request):
+        shape, pls = request.param
+        return mesh_of(shape), pls
+    return layout
+
+
+@pytest.fixture
+def quiet():
+    """Warnings ignored: a write with no distributed rule (into a Partial, say)
+    gathers, with a warning. Use as ``pytestmark = pytest.mark.usefixtures("quiet")``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def mesh_shapes():

@@ -5,33 +5,16 @@ each checked against the same code on the gathered NumPy array."""
 
 from __future__ import annotations
 
-import itertools
-import warnings
 
 import numpy as np
 import pytest
 
 from mpitensor import Partial, Replicate, Shard
-from ops_helpers import W, assert_matches, layout_id, make, mesh_of
+from ops_helpers import assert_matches, layout_fixture, make, quiet  # noqa: F401
 
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
-LAYOUTS = [((W,), (p,)) for p in (R, S0, S1, PS)] + (
-    [((2, W // 2), pls) for pls in itertools.product((R, S0, S1), repeat=2)]
-    if W % 2 == 0 else [])
-
-
-@pytest.fixture(params=LAYOUTS, ids=[layout_id(x) for x in LAYOUTS])
-def layout(request):
-    shape, pls = request.param
-    return mesh_of(shape), pls
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    # a write into a Partial resolves it first, with a warning
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+layout = layout_fixture((R, S0, S1, PS), (R, S0, S1))
+pytestmark = pytest.mark.usefixtures("quiet")
 
 
 def _full():

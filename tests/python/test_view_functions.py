@@ -10,8 +10,6 @@ gathered ones."""
 
 from __future__ import annotations
 
-import itertools
-import warnings
 
 import numpy as np
 import pytest
@@ -19,29 +17,12 @@ from mpi4py import MPI
 
 import mpitensor as mt
 from mpitensor import Partial, Replicate, Shard
-from ops_helpers import W, assert_matches, layout_id, make, mesh_of
+from ops_helpers import W, assert_matches, layout_fixture, make, mesh_of, quiet  # noqa: F401
 
 R, S0, S1, S2, PS = Replicate(), Shard(0), Shard(1), Shard(2), Partial("sum")
-_OPTIONS = (R, S0, S1, S2, PS)
-# Meshes (W,) and, at an even W, (2, W // 2): every placement of a (4, 6, 5)
-# array on each mesh dim, uneven at 3 ranks.
-LAYOUTS = [((W,), (p,)) for p in _OPTIONS] + (
-    [((2, W // 2), pls) for pls in itertools.product((R, S0, S1, PS), repeat=2)]
-    if W % 2 == 0 else [])
-
-
-@pytest.fixture(params=LAYOUTS, ids=[layout_id(x) for x in LAYOUTS])
-def layout(request):
-    shape, pls = request.param
-    return mesh_of(shape), pls
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    # a write with no distributed rule (into a Partial, say) gathers, with a warning
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+# Every placement of a (4, 6, 5) array on each mesh dim, uneven at 3 ranks.
+layout = layout_fixture((R, S0, S1, S2, PS), (R, S0, S1, PS))
+pytestmark = pytest.mark.usefixtures("quiet")
 
 
 def _full():

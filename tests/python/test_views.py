@@ -10,8 +10,6 @@ against the same NumPy code on the gathered one."""
 
 from __future__ import annotations
 
-import itertools
-import warnings
 
 import numpy as np
 import pytest
@@ -20,34 +18,18 @@ from mpi4py import MPI
 import mpitensor as mt
 import mpitensor.array_api as xp
 from mpitensor import Partial, Replicate, Shard, distribute_tensor
-from ops_helpers import W, assert_matches, layout_id, make, mesh_of
+from ops_helpers import W, assert_matches, layout_fixture, make, mesh_of, quiet  # noqa: F401
 
 COMM = MPI.COMM_WORLD
 R, S0, S1, PS = Replicate(), Shard(0), Shard(1), Partial("sum")
-_OPTIONS = (R, S0, S1, PS)
-# Meshes (W,) and, at an even W, (2, W // 2): every placement of a 3-D array on
-# each mesh dim (a Shard of the dim the keys cut, of a dim they keep, Partial).
-LAYOUTS = [((W,), (p,)) for p in _OPTIONS] + (
-    [((2, W // 2), pls) for pls in itertools.product(_OPTIONS, repeat=2)]
-    if W % 2 == 0 else [])
-
-
-@pytest.fixture(params=LAYOUTS, ids=[layout_id(x) for x in LAYOUTS])
-def layout(request):
-    shape, pls = request.param
-    return mesh_of(shape), pls
+# Every placement of a 3-D array on each mesh dim (a Shard of the dim the keys
+# cut, of a dim they keep, Partial).
+layout = layout_fixture((R, S0, S1, PS))
+pytestmark = pytest.mark.usefixtures("quiet")
 
 
 def _full():
     return np.arange(60.0).reshape(4, 3, 5) - 20.0
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    # writes with no distributed rule (into a Partial, say) gather, with a warning
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 def _add_to_diagonal(array, value, _):
