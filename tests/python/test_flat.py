@@ -17,8 +17,12 @@ layout = layout_fixture((R, S0, S1, PS), (R, S0, S1))
 pytestmark = pytest.mark.usefixtures("quiet")
 
 
-def _full():
-    return np.arange(25.0).reshape(5, 5) - 7.0
+@pytest.fixture
+def arrays(layout):
+    """(our DTensor, NumPy's array) of one (5, 5) value, laid out as ``layout``."""
+    mesh, pls = layout
+    full = np.arange(25.0).reshape(5, 5) - 7.0
+    return make(full, mesh, pls), full
 
 
 # Each a write a program makes through ``flat``, on ours and on NumPy's.
@@ -36,19 +40,15 @@ WRITES = [
 
 
 @pytest.mark.parametrize("name,write", WRITES, ids=[w[0] for w in WRITES])
-def test_a_write_through_flat_reaches_the_dtensor(layout, name, write):
-    mesh, pls = layout
-    full = _full()
-    a = make(full, mesh, pls)
+def test_a_write_through_flat_reaches_the_dtensor(arrays, name, write):
+    a, full = arrays
     write(full)
     write(a)
     assert_matches(a, full)
 
 
-def test_a_sequence_into_one_element_raises_as_numpys(layout):
-    mesh, pls = layout
-    full = _full()
-    a = make(full, mesh, pls)
+def test_a_sequence_into_one_element_raises_as_numpys(arrays):
+    a, full = arrays
     for x in (full, a):
         for value in ([8.0], [8.0, 9.0]):
             with pytest.raises(ValueError, match="single item"):
@@ -56,20 +56,16 @@ def test_a_sequence_into_one_element_raises_as_numpys(layout):
     assert_matches(a, full)
 
 
-def test_the_augmented_diagonal_idiom(layout):
+def test_the_augmented_diagonal_idiom(arrays):
     """``a.flat[::n + 1] += v`` as scikit-learn regularises a covariance."""
-    mesh, pls = layout
-    full = _full()
-    a = make(full, mesh, pls)
+    a, full = arrays
     full.flat[::6] += 0.5
     a.flat[::6] += 0.5
     assert_matches(a, full)
 
 
-def test_reads_are_new_arrays(layout):
-    mesh, pls = layout
-    full = _full()
-    a = make(full, mesh, pls)
+def test_reads_are_new_arrays(arrays):
+    a, full = arrays
     for key in (3, -2, slice(2, 11), slice(None, None, 6), [1, 7, 3]):
         ours, numpys = a.flat[key], full.flat[key]
         assert_matches(ours, numpys)
@@ -82,20 +78,16 @@ def test_reads_are_new_arrays(layout):
         a.flat[25]
 
 
-def test_assigning_flat_fills_with_the_value_repeated(layout):
-    mesh, pls = layout
-    full = _full()
-    a = make(full, mesh, pls)
+def test_assigning_flat_fills_with_the_value_repeated(arrays):
+    a, full = arrays
     for value in (2.5, [1.0, 2.0], np.arange(4.0)):
         full.flat = value
         a.flat = value
         assert_matches(a, full)
 
 
-def test_iterating_flat_gives_the_elements_in_c_order(layout):
-    mesh, pls = layout
-    full = _full()
-    a = make(full, mesh, pls)
+def test_iterating_flat_gives_the_elements_in_c_order(arrays):
+    a, full = arrays
     got = [float(x.full_tensor()) for x in a.flat]
     assert got == list(full.flat)
     assert np.array_equal(np.asarray(a.flat), np.asarray(full.flat))
