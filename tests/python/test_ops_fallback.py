@@ -254,18 +254,34 @@ def test_a_gathered_scalar_is_a_0d_replicated_dtensor():
         assert got.placements == (Replicate(),) and got.full_tensor()[()] == want
 
 
-def test_np_vecdot_is_the_distributed_contraction():
-    """The gufunc np.vecdot runs as np.linalg.vecdot does: no gather, a sharded
-    axis contracted into a Partial(sum), NumPy's value."""
+# (name, call on (matrix, complex matrix, row, column, complex row)).
+GUFUNCS = [
+    ("vecdot", lambda m, c, r, k, cr: np.vecdot(m, m)),
+    ("vecdot-axis0", lambda m, c, r, k, cr: np.vecdot(m, m, axis=0)),
+    ("vecdot-complex", lambda m, c, r, k, cr: np.vecdot(c, c)),
+    ("matvec", lambda m, c, r, k, cr: np.matvec(m, r)),
+    ("vecmat", lambda m, c, r, k, cr: np.vecmat(k, m)),
+    ("matvec-complex", lambda m, c, r, k, cr: np.matvec(c, cr)),
+    ("vecmat-complex", lambda m, c, r, k, cr: np.vecmat(cr[:5], c.T)),
+]
+
+
+@pytest.mark.usefixtures("strict_numpy")  # a gather would be a TypeError
+@pytest.mark.parametrize("case", GUFUNCS, ids=[g[0] for g in GUFUNCS])
+@pytest.mark.parametrize("pl", [Shard(0), Shard(1), Replicate()], ids=str)
+def test_the_linear_algebra_gufuncs_are_distributed_contractions(case, pl):
+    """np.vecdot runs as np.linalg.vecdot does, np.matvec and np.vecmat as matmul
+    with a column or a row: no gather, NumPy's values (a complex vector conjugated
+    where NumPy conjugates it)."""
     mesh = init_device_mesh("cpu", (W,))
     m, _ = global_arrays()
-    dm = distribute_tensor(m, mesh, [Shard(1)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", mt.GatherWarning)
-        for axis in (-1, 0):
-            got = np.vecdot(dm, dm, axis=axis)
-            assert type(got) is mt.DTensor
-            np.testing.assert_allclose(got.full_tensor(), np.vecdot(m, m, axis=axis))
+    c = m[:5] + 1j * m[4:]
+    numpys = (m, c, m[0], m[:, 0], c[0])
+    ours = (distribute_tensor(m, mesh, [pl]), distribute_tensor(c, mesh, [pl])) + tuple(
+        distribute_tensor(v, mesh, [Replicate()]) for v in numpys[2:])
+    got = case[1](*ours)
+    assert type(got) is mt.DTensor
+    np.testing.assert_allclose(got.full_tensor(), case[1](*numpys), rtol=1e-12, atol=1e-12)
 
 
 def test_results_that_a_dtensor_cannot_hold_come_back_as_numpy_gives_them():

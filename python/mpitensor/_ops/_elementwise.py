@@ -95,9 +95,10 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
         return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":
         return _ufunc_methods.method(ufunc, method, operands, kwargs)
-    if (ufunc is np.vecdot and len(operands) == 2 and set(kwargs) <= {"axis"}
+    if (ufunc in _linalg.GUFUNCS and len(operands) == 2
+            and set(kwargs) <= ({"axis"} if ufunc is np.vecdot else set())
             and all(type(x) is DTensor for x in operands)):
-        return _linalg.linalg_vecdot(*operands, **kwargs)  # the same contraction
+        return _linalg.GUFUNCS[ufunc](*operands, **kwargs)  # the same contractions
     if not _register_one(ufunc):
         raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
     for k in kwargs:

@@ -371,6 +371,30 @@ def linalg_vecdot(x1, x2, /, *, axis=-1):
     return np.sum(np.multiply(u, v, dtype=dtype), axis=-1, dtype=dtype)
 
 
+def _matvec(x1, x2):
+    """``np.matvec`` of DTensors: ``x1 @ x2`` with ``x2`` a column, (..., m, n) by
+    (..., n) to (..., m), as matmul lays it out."""
+    if x1.ndim < 2 or x2.ndim < 1:
+        raise ValueError("matvec: an operand does not have enough dimensions (gufunc "
+                         "signature (m,n),(n)->(m))")
+    return np.squeeze(np.matmul(x1, np.expand_dims(x2, -1)), -1)
+
+
+def _vecmat(x1, x2):
+    """``np.vecmat`` of DTensors: the conjugate of ``x1`` as a row times ``x2``,
+    (..., n) by (..., n, m) to (..., m), as matmul lays it out."""
+    if x1.ndim < 1 or x2.ndim < 2:
+        raise ValueError("vecmat: an operand does not have enough dimensions (gufunc "
+                         "signature (n),(n,m)->(m))")
+    if np.result_type(x1.dtype, x2.dtype).kind == "c":
+        x1 = np.conjugate(x1)
+    return np.squeeze(np.matmul(np.expand_dims(x1, -2), x2), -2)
+
+
+# NumPy's gufuncs of linear algebra that run as the contraction they are.
+GUFUNCS = {np.vecdot: linalg_vecdot, np.matvec: _matvec, np.vecmat: _vecmat}
+
+
 def _vector_norm_axes(x, axes, ord, keepdims):
     """NumPy's vector norm over ``axes`` at once, the formulas of
     ``np.linalg.norm``'s vector branch (a complex square as NumPy's, the real part
