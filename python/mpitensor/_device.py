@@ -21,7 +21,7 @@ class device:
         True
     """
 
-    __slots__ = ("_type",)
+    __slots__ = ("_type", "_mesh")
 
     def __init__(self, type: str = "cpu", index: int | None = None):  # noqa: A002
         if isinstance(type, device):
@@ -30,6 +30,7 @@ class device:
             raise ValueError(f"mpitensor arrays live on the CPU: device must be 'cpu', "
                              f"got {type!r}" + (f" (index {index})" if index else ""))
         object.__setattr__(self, "_type", "cpu")
+        object.__setattr__(self, "_mesh", None)
 
     def __setattr__(self, name, value):
         raise AttributeError("a device is frozen")
@@ -71,3 +72,23 @@ class device:
 
 
 CPU = device("cpu")
+
+
+def on(mesh) -> device:
+    """The device of the arrays on ``mesh``: the CPU, equal to every CPU device,
+    which remembers the mesh, so that the array API's creation functions given
+    ``device=x.device`` build on ``x``'s mesh (:func:`mesh_of`). Local.
+
+    Example: ``on(mesh) == "cpu"`` and ``mesh_of(on(mesh)) is mesh``.
+    """
+    d = device("cpu")
+    object.__setattr__(d, "_mesh", mesh)
+    return d
+
+
+def mesh_of(d):
+    """The mesh a device from :func:`on` remembers, else None. Local.
+
+    Example: ``mesh_of(dt.device) is dt.device_mesh``; ``mesh_of("cpu") is None``.
+    """
+    return d._mesh if isinstance(d, device) else None

@@ -296,11 +296,12 @@ class DTensor(_C.DTensorBase):
     @property
     def device(self) -> _device.device:
         """torch's ``Tensor.device``: a :class:`mpitensor.device` whose ``type`` is
-        ``"cpu"`` (``str(dt.device) == "cpu"``). Local.
+        ``"cpu"`` (``str(dt.device) == "cpu"``); it remembers this DTensor's mesh, so
+        that the array API's ``asarray(v, device=dt.device)`` builds on it. Local.
 
         Example: ``dt.device.type == "cpu"``.
         """
-        return _device.CPU
+        return _device.on(self._spec.mesh)
 
     def reshape(self, *shape, order: str = "C") -> "DTensor":
         """numpy.ndarray.reshape: ``dt.reshape(2, -1)`` or ``dt.reshape((2, -1))``;

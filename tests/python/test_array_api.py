@@ -67,6 +67,20 @@ def test_device_takes_a_mesh_or_the_cpu(mesh):
         b.to_device("cuda")
 
 
+def test_an_arrays_device_builds_on_its_mesh():
+    """``x.device`` is the CPU and remembers ``x``'s mesh: what a client makes
+    with ``device=x.device`` (SciPy's constants) meets ``x`` on one mesh."""
+    sub = init_device_mesh("cpu", (1, N))
+    x = xp.zeros((4, 4), device=sub)
+    assert x.device == "cpu" and x.device == xp.ones(3).device and hash(x.device) == hash("cpu")
+    made = [xp.asarray(0.5, device=x.device), xp.zeros(3, device=x.device),
+            xp.full((2,), 1.0, device=x.device), xp.zeros_like(np.ones(3), device=x.device)]
+    for a in made:
+        assert a.device_mesh is sub, a
+    np.testing.assert_array_equal((x - made[0]).full_tensor(), np.full((4, 4), -0.5))
+    assert x.to_device(xp.ones(3).device) is x
+
+
 def test_creation_outside_any_mesh_uses_the_world():
     a = xp.arange(2 * N + 1)
     assert a.device_mesh.shape == (N,) and a.placements == (Shard(0),)

@@ -118,3 +118,17 @@ def test_trimmed_statistics_in_a_row_on_a_program_mesh(record_property):
         for kw in ({"axis": 0}, {"axis": 0, "limits": (-1, 1)}):
             for f in (st.tvar, st.tstd, st.tsem):
                 _same(f(x, **kw), f(g, **kw))
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() % 2, reason="a (2, W // 2) mesh")
+@pytest.mark.parametrize("name", ["zscore", "skew", "kurtosis", "moment", "variation",
+                                  "tvar", "sem", "gmean"])
+def test_stats_on_a_2d_mesh(record_property, name):
+    """SciPy makes its constants with ``device=x.device``: they land on ``x``'s
+    mesh, a 2-D one here, whose arrays SciPy then combines with them."""
+    mesh = mt.init_device_mesh("cpu", (2, MPI.COMM_WORLD.Get_size() // 2))
+    f = getattr(st, name)
+    call = (lambda a: f(a, 3, axis=0)) if name == "moment" else (lambda a: f(a, axis=0))
+    with recording_gathers(record_property):
+        got = call(mt.distribute_tensor(X, mesh, [mt.Shard(0), mt.Shard(1)]))
+    _same(got, call(X))

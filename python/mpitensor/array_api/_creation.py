@@ -28,10 +28,10 @@ _world_mesh: DeviceMesh | None = None
 
 
 def default_mesh(device=None) -> DeviceMesh:
-    """The mesh a creation function builds on: ``device`` when it is a DeviceMesh,
-    else the innermost ``with mesh:``, else the world as a 1-D mesh. ``device`` may
-    also be the standard's device (``"cpu"``, ``mpitensor.device("cpu")``), which
-    says nothing about the mesh. Collective the first time the world mesh is made
+    """The mesh a creation function builds on: ``device`` when it is a DeviceMesh or
+    an array's device (``x.device``: its mesh), else the innermost ``with mesh:``,
+    else the world as a 1-D mesh. ``device`` may also be the standard's device
+    (``"cpu"``, ``mpitensor.device("cpu")``), which says nothing about the mesh. Collective the first time the world mesh is made
     (every rank must call it), Local after.
 
     Example::
@@ -43,6 +43,8 @@ def default_mesh(device=None) -> DeviceMesh:
     global _world_mesh
     if isinstance(device, DeviceMesh):
         return device
+    if _device.mesh_of(device) is not None:  # an array's device: its mesh
+        return _device.mesh_of(device)
     if device is not None:
         _device.device(device)  # ValueError for a device that is not the CPU
     if _mesh_stack:
@@ -301,6 +303,7 @@ def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> DTensor:
 def _like(make, x, dtype, device, *fill):
     if not isinstance(x, DTensor):
         x = asarray(x, device=device)
+    device = _device.mesh_of(device) or device
     if isinstance(device, DeviceMesh) and device != x.device_mesh:
         mesh = device
         return make(x, *fill, dtype, device_mesh=mesh,
