@@ -134,6 +134,13 @@ typedef struct mt_ext_mesh_base {
   int64_t mesh_shape[MT_MAX_MESH_NDIM];
 } mt_ext_mesh_base;
 
+/* The number of ranks of the mesh `mb`. */
+static inline int64_t mt_ext_mesh_size(const mt_ext_mesh_base *mb) {
+  int64_t n = 1;
+  for (int i = 0; i < mb->mesh_ndim; ++i) n *= mb->mesh_shape[i];
+  return n;
+}
+
 /* 0 when the mesh may run a collective here (mt_mesh_check: its creating thread,
  * its communicators alive), else -1 with the exception, the same on every rank. */
 int mt_ext_mesh_check(const mt_ext_mesh_base *mb);

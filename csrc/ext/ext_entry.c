@@ -190,13 +190,6 @@ static MT_EXT_COLD PyObject *strided_whole(mt_ext_dispatch *d, int method,
   return reduction_entry(d, sig, self, args, nargs, kwnames);
 }
 
-/* The number of ranks of the mesh `mb`. */
-static int64_t mesh_size(const mt_ext_mesh_base *mb) {
-  int64_t n = 1;
-  for (int i = 0; i < mb->mesh_ndim; ++i) n *= mb->mesh_shape[i];
-  return n;
-}
-
 /* A reduction method is a call every rank makes, as NumPy's function is: agreed
  * on before any path is taken, by the hook "agree"
  * (mpitensor._registry.agree_method, which agrees when a program made the call),
@@ -205,7 +198,7 @@ static int agree_method(mt_ext_dispatch *d, const mt_ext_sig *sig, PyObject *sel
                         PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   const mt_ext_dtensor *b = (const mt_ext_dtensor *)self;
   const mt_ext_mesh_base *mb = d->modes->checks ? NULL : mt_ext_spec_mesh(d, b->spec);
-  if (mb == NULL || !mb->member || mesh_size(mb) < 2) return 0;
+  if (mb == NULL || !mb->member || mt_ext_mesh_size(mb) < 2) return 0;
   PyObject *fn = PyDict_GetItemWithError(d->hooks, d->str[MT_S_AGREE]);
   if (fn == NULL) return PyErr_Occurred() ? -1 : 0;
   Py_ssize_t n = 2 + nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);

@@ -186,13 +186,17 @@ static PyObject *agree_call(PyObject *self, PyObject *const *args, Py_ssize_t na
 }
 
 /* _any_bits(bits): see the method table. The check and the all-reduce in one
- * call: a program's reshape, flip or split makes it (mpitensor._algorithms._views). */
+ * call: a program's reshape, flip or split makes it (mpitensor._algorithms._views).
+ * A rank outside the mesh takes no part, and a mesh of one rank asks only itself:
+ * both answer with their own bits, without a call. */
 static PyObject *any_bits(PyObject *self, PyObject *arg) {
   const mt_ext_mesh_base *mb = (const mt_ext_mesh_base *)self;
   long bits = PyLong_AsLong(arg);
   if (bits == -1 && PyErr_Occurred()) return NULL;
   if (bits < 0 || bits > INT_MAX)
     return PyErr_Format(PyExc_ValueError, "_any_bits: bits must fit in 31 bits");
+  if (mb->mesh != NULL && (!mb->member || mt_ext_mesh_size(mb) == 1))
+    return PyLong_FromLong(bits);
   if (mb->mesh == NULL)
     return PyErr_Format(PyExc_RuntimeError, "_any_bits: the mesh has no communicators");
   if (mt_ext_mesh_check(mb) < 0) return NULL;
@@ -209,7 +213,7 @@ static PyMethodDef mb_methods[] = {
     {"_any_bits", any_bits, METH_O,
      "_any_bits(bits) -> the bitwise OR of every member's bits (an int below 2**31); "
      "first the mesh's own check (its thread, its communicators). Collective on the "
-     "mesh."},
+     "mesh; a rank outside it, or a mesh of one rank, gets its own bits back."},
     {"_adopt", adopt, METH_O,
      "_adopt(pointer): the mesh owns the mt_mesh a ctypes.c_void_p points to, from "
      "now until it is freed; once. Local."},

@@ -136,12 +136,11 @@ static PyObject *record_move(mt_ext_dispatch *d, PyObject *self, PyObject *out,
  * the agreed exception. */
 static int agree_on_move(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *spec,
                          const mt_placement *dst, int async) {
-  int64_t members = 1;
-  for (int m = 0; m < mb->mesh_ndim; ++m) members *= mb->mesh_shape[m];
   /* Under collective checks the checker compares every call on a communicator of
    * its own, at the move's event: a second agreement here would pair with it on
    * a rank whose operation moves an input where the others redistribute. */
-  if (!mb->member || members == 1 || d->modes->checks) return dst != NULL ? 0 : -1;
+  if (!mb->member || mt_ext_mesh_size(mb) == 1 || d->modes->checks)
+    return dst != NULL ? 0 : -1;
   mt_error err = {0};
   int rc = mt_mesh_check(mb->mesh, &err);
   if (rc != MT_OK) {

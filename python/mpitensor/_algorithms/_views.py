@@ -48,9 +48,8 @@ from .. import _comm, _registry, _strided
 from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec
 
-__all__ = ["link", "keep", "keep_each", "shared", "fresh", "relink", "relink_plain", "release", "write",
-           "writes", "written",
-           "layout_changed", "CHANGED"]
+__all__ = ["link", "keep", "keep_each", "shared", "fresh", "relink", "relink_plain", "release",
+           "write", "writes", "written", "layout_changed", "CHANGED"]
 
 
 class _Link:
@@ -117,12 +116,7 @@ _depth = 0
 _pass = 0
 
 
-def _memory(a: np.ndarray) -> np.ndarray:
-    """The ndarray that owns ``a``'s memory (``a`` itself, or the last ndarray of
-    its chain of bases)."""
-    while type(a.base) is np.ndarray:
-        a = a.base
-    return a
+_memory = _registry.memory_of
 
 
 def _at(memory: np.ndarray, shape, dtype, offset: int, strides) -> np.ndarray:
@@ -205,8 +199,7 @@ def keep_each(parent: DTensor, results: list, copies: bool = False) -> list:
     # A read-only view takes memory of its own even where it could be a local
     # view: a write into a local view would reach the parent.
     bits = (not all(here) or any(r[2] is None for r in results)) | copies << 1
-    if mesh._mesh.size > 1:
-        bits = _comm.any_bits(mesh, bits)
+    bits = _comm.any_bits(mesh, bits)
     if bits & 2:
         return [fresh(parent, o) for o in outs]
     if not bits & 1:
@@ -501,10 +494,7 @@ def relink_plain(res, pairs: list) -> None:
                 relink(r, copy, orig, _links[id(owner)].key)
             elif _memory(local) is memory and local.flags.writeable:
                 viewing.append(local)
-        if spec.mesh._mesh.size > 1:
-            if not _comm.any_bits(spec.mesh, bool(viewing)):
-                continue
-        elif not viewing:
+        if not _comm.any_bits(spec.mesh, bool(viewing)):
             continue
         relink(copy, copy, orig, Ellipsis)
         for local in viewing:

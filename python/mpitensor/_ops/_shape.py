@@ -611,9 +611,7 @@ def _memory_order(a, order: str) -> str:
         bits = (any(x < y for x, y in zip(steps, steps[1:]))
                 | any(x > y for x, y in zip(steps, steps[1:])) << 1
                 | (not local.flags.f_contiguous) << 2 | (not local.flags.c_contiguous) << 3)
-    mesh = a._spec.mesh
-    if mesh._coordinate is not None and mesh._mesh.size > 1:
-        bits = _comm.any_bits(mesh, bits)
+    bits = _comm.any_bits(a._spec.mesh, bits)
     if order == "A":
         return "F" if not bits & 4 and bits & 8 else "C"
     if not bits & 1:
