@@ -311,15 +311,24 @@ def plain_copy(dt):
     return plain
 
 
+def memory_of(a: np.ndarray) -> np.ndarray:
+    """The ndarray that owns ``a``'s memory (``a`` itself, or the last ndarray of
+    its chain of bases). Local.
+
+    Example: ``memory_of(x[1:].T) is x`` for an ``x`` that owns its data.
+    """
+    while type(a.base) is np.ndarray:
+        a = a.base
+    return a
+
+
 def owns_all(local: np.ndarray) -> bool:
-    """Whether ``local`` is all of its memory (the last ndarray of its chain of
-    bases), in C order and as that array's dtype. Local.
+    """Whether ``local`` is all of its memory (:func:`memory_of`), in C order and as
+    that array's dtype. Local.
 
     Example: ``owns_all(np.zeros(4))`` is True, ``owns_all(np.zeros(4)[1:])`` False.
     """
-    memory = local
-    while type(memory.base) is np.ndarray:
-        memory = memory.base
+    memory = memory_of(local)
     return (memory.nbytes == local.nbytes and memory.dtype == local.dtype
             and memory.flags.c_contiguous and local.flags.c_contiguous)
 
