@@ -81,11 +81,12 @@ def assign(base, value, caller) -> None:
 
 
 def _picked(size: int, key) -> int:
-    """How many of ``size`` flat elements ``key`` (a slice or an index array)
-    picks; IndexError as NumPy's."""
+    """How many of ``size`` flat elements ``key`` (a slice, an index array or a
+    boolean mask) picks; a bad index is the write's own IndexError."""
     if isinstance(key, slice):
         return len(range(size)[key])
-    return np.arange(size)[np.asarray(key) if isinstance(key, list) else key].size
+    key = np.asarray(key)
+    return int(np.count_nonzero(key)) if key.dtype == np.bool_ else key.size
 
 
 def _write(flat, key, value) -> None:

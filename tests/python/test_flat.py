@@ -35,6 +35,7 @@ WRITES = [
     ("repeated", lambda x: x.flat.__setitem__(slice(2, 9), [1.0, 2.0, 3.0])),
     ("cut", lambda x: x.flat.__setitem__(slice(20, None), np.arange(10.0))),
     ("index-list", lambda x: x.flat.__setitem__([0, 24, 12], [5.0, 6.0, 7.0])),
+    ("mask", lambda x: x.flat.__setitem__(np.arange(25) % 4 == 0, [1.0, 2.0])),
     ("zero-d", lambda x: x.flat.__setitem__(4, np.array(8.0))),
 ]
 
