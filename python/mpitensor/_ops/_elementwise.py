@@ -95,10 +95,10 @@ def _array_ufunc(ufunc, method, *operands, **kwargs):
         return logaddexp_reduce(ufunc, *operands, **kwargs)
     if method != "__call__":
         return _ufunc_methods.method(ufunc, method, operands, kwargs)
-    if (ufunc in _linalg.GUFUNCS and len(operands) == 2
-            and set(kwargs) <= ({"axis"} if ufunc is np.vecdot else set())
+    gufunc = _linalg.GUFUNCS.get(ufunc)
+    if (gufunc is not None and len(operands) == 2 and set(kwargs) <= gufunc[1]
             and all(type(x) is DTensor for x in operands)):
-        return _linalg.GUFUNCS[ufunc](*operands, **kwargs)  # the same contractions
+        return gufunc[0](*operands, **kwargs)  # the contraction it is
     if not _register_one(ufunc):
         raise _registry.NoRule(f"{name} has no sharding rule for DTensors in mpitensor")
     for k in kwargs:

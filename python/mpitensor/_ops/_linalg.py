@@ -391,8 +391,12 @@ def _vecmat(x1, x2):
     return np.squeeze(np.matmul(np.expand_dims(x1, -2), x2), -2)
 
 
-# NumPy's gufuncs of linear algebra that run as the contraction they are.
-GUFUNCS = {np.vecdot: linalg_vecdot, np.matvec: _matvec, np.vecmat: _vecmat}
+# NumPy's gufuncs of linear algebra that run as the contraction they are: the
+# entry and the keywords it takes (those of this NumPy).
+GUFUNCS = {u: entry for u, entry in ((getattr(np, "vecdot", None), (linalg_vecdot, {"axis"})),
+                                     (getattr(np, "matvec", None), (_matvec, set())),
+                                     (getattr(np, "vecmat", None), (_vecmat, set())))
+           if u is not None}
 
 
 def _vector_norm_axes(x, axes, ord, keepdims):
