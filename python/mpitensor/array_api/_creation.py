@@ -31,8 +31,9 @@ def default_mesh(device=None) -> DeviceMesh:
     """The mesh a creation function builds on: ``device`` when it is a DeviceMesh or
     an array's device (``x.device``: its mesh), else the innermost ``with mesh:``,
     else the world as a 1-D mesh. ``device`` may also be the standard's device
-    (``"cpu"``, ``mpitensor.device("cpu")``), which says nothing about the mesh. Collective the first time the world mesh is made
-    (every rank must call it), Local after.
+    (``"cpu"``, ``mpitensor.device("cpu")``), which says nothing about the mesh.
+    Collective the first time the world mesh is made (every rank must call it),
+    Local after.
 
     Example::
 
