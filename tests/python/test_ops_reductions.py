@@ -286,14 +286,13 @@ def test_unsupported_arguments():
 @pytest.mark.parametrize("special", ["none", "nan", "inf", "-inf", "zero", "negzero", "mixed"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int16])
 def test_extreme_along_an_axis_is_numpys_bits(name, special, dtype, monkeypatch):
-    """max/min down the rows of a tall local block fold blocks of rows (made to
-    take short blocks of few rows here, a remainder and odd halvings too): the bits
-    are NumPy's with NaN, infinities and signed zeros in some columns."""
+    """max/min down the rows of a tall local block run the lanes kernel (made to
+    take blocks of few rows here): the bits are NumPy's with NaN, infinities and
+    signed zeros in some columns."""
     from mpitensor._ops import _reductions
     if dtype is np.int16 and special != "none":
         pytest.skip("integers have no NaN, infinity or signed zero")
-    monkeypatch.setattr(_reductions, "_DOWN_ROWS_MIN_ROWS", 0)
-    monkeypatch.setattr(_reductions, "_DOWN_ROWS_BLOCK_BYTES", 7 * 30 * 8)
+    monkeypatch.setattr(_reductions, "_LANES_MIN_ROWS", 0)
     rng = np.random.default_rng(3)
     full = rng.standard_normal((401, 30)) * 1000
     if special == "nan":

@@ -25,7 +25,7 @@ from numpy.lib.array_utils import normalize_axis_tuple
 from .. import _C, _registry
 from .._dtensor import DTensor
 from .._algorithms import _dispatch as D
-from .._algorithms import _merge
+from .._algorithms import _lanes, _merge
 from ._inplace import write_result
 
 # name -> (NumPy function, DTensor method or None, reduce op (-1: gathered), partial
@@ -222,22 +222,24 @@ def _local_sum(a, axis=None, dtype=None, out=None, keepdims=False, initial=np._N
 def _local_extreme(exact):
     """ndarray.min/max on a local array, NumPy's value. Down the rows of a tall
     block of few columns (each column's extreme, as a scaler fits), NumPy's reduce
-    walks it one row at a time, many times slower than a binary ufunc over blocks
-    of rows that stay in cache (_down_rows): the extreme of a column is one value
-    whatever the order, so the bits are NumPy's wherever it is neither NaN (whose
-    payload follows the order) nor zero (the two zeros compare equal); there
-    NumPy's own reduce runs. Along a short last axis of a tall block, the columns
-    folded (_fold). Anything else takes NumPy's own reduce."""
+    walks it one short row at a time, many times slower than the lanes kernel's one
+    pass (_lanes.extreme): the extreme of a column is one value whatever the order,
+    so the bits are NumPy's wherever it is neither NaN (whose payload follows the
+    order) nor zero (the two zeros compare equal); there NumPy's own reduce runs.
+    Along a short last axis of a tall block, the columns folded (_fold). Anything
+    else takes NumPy's own reduce."""
     binary = np.maximum if exact is np.ndarray.max else np.minimum
+    largest = exact is np.ndarray.max
 
     def local(a, axis=None, out=None, keepdims=False, initial=np._NoValue, where=True):
         if out is None and initial is np._NoValue and where is True:
             if _short_last_axis(a, axis):
                 return _fold(binary, a, keepdims)
             if (type(a) is np.ndarray and a.dtype.kind in "fiu" and a.ndim == 2
-                    and axis in (0, (0,), -2, (-2,)) and 2 <= a.shape[1] < _DOWN_ROWS_COLUMNS
-                    and a.shape[0] >= max(_DOWN_ROWS_MIN_ROWS, 2) and a.flags.c_contiguous):
-                r = _down_rows(binary, a)
+                    and axis in (0, (0,), -2, (-2,)) and 2 <= a.shape[1] < _LANES_COLUMNS
+                    and a.shape[0] >= max(_LANES_MIN_ROWS, 1) and a.flags.c_contiguous
+                    and a.dtype in _lanes.KERNEL_DTYPES):
+                r = _lanes.extreme(a, 0, largest)
                 if a.dtype.kind != "f" or (np.count_nonzero(r) == r.size
                                            and not np.isnan(r).any()):
                     return r[None] if keepdims else r
@@ -245,34 +247,10 @@ def _local_extreme(exact):
     return local
 
 
-def _down_rows(binary, a):
-    """``binary.reduce(a, axis=0)`` of a C-contiguous 2-D block in another order:
-    blocks of rows folded into one block that stays in cache, then its rows halved
-    until one is left."""
-    rows, cols = a.shape
-    block = max(1, min(_DOWN_ROWS_BLOCK_BYTES // (cols * a.itemsize), rows // 2))
-    acc = a[:block].copy()
-    whole = rows // block * block
-    for i in range(block, whole, block):
-        binary(acc, a[i:i + block], out=acc)
-    if whole < rows:
-        binary(acc[:rows - whole], a[whole:], out=acc[:rows - whole])
-    n = block
-    while n > 1:
-        half = n // 2
-        binary(acc[:half], acc[half:2 * half], out=acc[:half])
-        if n % 2:
-            binary(acc[:1], acc[n - 1:n], out=acc[:1])
-        n = half
-    return acc[0].copy()
-
-
 # NumPy's row walk costs about the same per row whatever the columns: below this
-# many rows it is quick enough, from that many columns as fast as the blocks; the
-# rows folded at once fill about a core's share of L2.
-_DOWN_ROWS_MIN_ROWS = 1024
-_DOWN_ROWS_COLUMNS = 128
-_DOWN_ROWS_BLOCK_BYTES = 1 << 18
+# many rows it is quick enough, from that many columns as fast as the kernel.
+_LANES_MIN_ROWS = 1024
+_LANES_COLUMNS = 128
 # NumPy's pairwise sum adds a row of fewer elements than its block (8) one after
 # the other, which the fold repeats; below the size the fold's calls cost more.
 _FOLD_MAX_COLUMNS = 8
