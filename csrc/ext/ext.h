@@ -130,6 +130,7 @@ typedef struct mt_ext_mesh_base {
   char member; /* this rank holds a coordinate of the mesh */
   char local;  /* mpitensor's local mesh: ndarrays mix in as Replicate */
   unsigned long long key; /* equal meshes (DeviceMesh.__eq__) have equal keys; 0 unset */
+  unsigned long long ranks_key; /* meshes of the same ranks of one communicator: equal; 0 unset */
   int mesh_ndim;
   int64_t mesh_shape[MT_MAX_MESH_NDIM];
 } mt_ext_mesh_base;
@@ -549,6 +550,32 @@ mt_pending *mt_ext_pending_of(PyObject *capsule);
 void *mt_ext_pointer_of(PyObject *pointer);
 extern PyMethodDef mt_ext_owned_methods[];
 
+/* -- operands on one mesh (ext_one_mesh.c) ------------------------------------------ */
+
+/* The mesh an operation on the n operands runs on: of its first DTensor that is
+ * not Replicate on every mesh dim (or that needs a gradient), else of its first
+ * DTensor; NULL without an exception when there is no DTensor. Every DTensor
+ * operand's pending move completes here (collective). A DTensor of another mesh
+ * is the error hook's "mesh" error of the operation `key` (*err = 1, NULL), unless
+ * it mixes in (mt_ext_mixes_in). */
+mt_ext_mesh_base *mt_ext_call_mesh(mt_ext_dispatch *d, PyObject *const *ops, int n,
+                                   PyObject *key, int *err);
+/* Whether meshes `a` and `b` are equal (DeviceMesh.__eq__). */
+static inline int mt_ext_same_mesh(const mt_ext_mesh_base *a, const mt_ext_mesh_base *b) {
+  return a == b || (a->key != 0 && a->key == b->key);
+}
+/* Whether DTensor `b` of mesh `m` mixes into an operation on another mesh `mb`:
+ * it is Replicate on every dim of a mesh of the same ranks and needs no gradient,
+ * so that every rank of `mb` holds its whole value, as an implicitly replicated
+ * ndarray. */
+int mt_ext_mixes_in(const mt_ext_dispatch *d, const mt_ext_dtensor *b,
+                    const mt_ext_mesh_base *m, const mt_ext_mesh_base *mb);
+/* Whether the DTensors among `args` and `kwargs` (and in their lists and tuples)
+ * live on more than one mesh. */
+int mt_ext_args_meshes_differ(mt_ext_dispatch *d, PyObject *args, PyObject *kwargs);
+/* A Replicate DTensor on `mb` around `arr`, as implicit_replication() makes. */
+PyObject *mt_ext_replicated(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *arr);
+
 /* -- autograd (ext_autograd.c) ------------------------------------------------------ */
 
 /* Whether an operand needs a gradient: exactly a DTensor that requires grad. */
@@ -588,6 +615,7 @@ void mt_ext_ops_clear(mt_ext_state *st);
 void mt_ext_ops_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[], mt_ext_ops_methods[], mt_ext_autograd_methods[],
     mt_ext_decide_methods[], mt_ext_exec_methods[],
-    mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[];
+    mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[],
+    mt_ext_one_mesh_methods[];
 
 #endif

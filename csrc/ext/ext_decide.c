@@ -57,54 +57,6 @@ static int64_t scalar_kind(PyObject *o) {
   return 0;
 }
 
-/* A Replicate DTensor on `mb` around `arr`, as implicit_replication() makes. */
-static PyObject *replicated(mt_ext_dispatch *d, mt_ext_mesh_base *mb, PyObject *arr) {
-  PyArrayObject *a = (PyArrayObject *)arr;
-  int64_t shape[MT_MAX_NDIM], stride[MT_MAX_NDIM];
-  int n = PyArray_NDIM(a);
-  if (n > MT_MAX_NDIM) return PyErr_Format(PyExc_ValueError, "too many dims");
-  for (int i = 0; i < n; ++i) shape[i] = PyArray_DIM(a, i);
-  mt_layout_contiguous_strides(n, shape, stride);
-  PyObject *pl = PyTuple_New(mb->mesh_ndim);
-  for (int m = 0; pl != NULL && m < mb->mesh_ndim; ++m)
-    PyTuple_SET_ITEM(pl, m, Py_NewRef(d->replicate));
-  PyObject *sh = mt_ext_int_tuple(shape, n), *st = mt_ext_int_tuple(stride, n), *spec = NULL;
-  if (pl && sh && st) {
-    PyObject *items[5] = {(PyObject *)mb, pl, sh, (PyObject *)PyArray_DESCR(a), st};
-    spec = mt_ext_spec_new(d, items);
-  }
-  Py_XDECREF(pl);
-  Py_XDECREF(sh);
-  Py_XDECREF(st);
-  return mt_ext_new_dtensor(d, spec ? Py_NewRef(arr) : NULL, spec, 0, 0);
-}
-
-/* The mesh of the first DTensor operand; NULL (no exception) when there is none.
- * A DTensor whose move is pending completes it here (collective). Two meshes are
- * the error hook's "mesh" error of the operation `key`, in _registry's words. */
-static mt_ext_mesh_base *first_mesh(mt_ext_dispatch *d, PyObject *const *ops, int n,
-                                    PyObject *key, int *err) {
-  mt_ext_mesh_base *mb = NULL;
-  for (int i = 0; i < n; ++i) {
-    if (!mt_ext_is_dtensor(d, ops[i])) continue;
-    mt_ext_dtensor *b = (mt_ext_dtensor *)ops[i];
-    if (mt_ext_complete(d, b) < 0) return *err = 1, NULL;
-    mt_ext_mesh_base *m = b->spec == NULL ? NULL : mt_ext_spec_mesh(d, b->spec);
-    if (m == NULL) {
-      PyErr_SetString(PyExc_TypeError, "a DTensor's spec must name a DeviceMesh");
-      return *err = 1, NULL;
-    }
-    if (mb != NULL && m != mb && (m->key == 0 || m->key != mb->key)) {
-      PyObject *pair = PyTuple_Pack(2, (PyObject *)mb, (PyObject *)m);
-      if (pair != NULL) mt_ext_error(d, "mesh", key, pair);
-      Py_XDECREF(pair);
-      return *err = 1, NULL;
-    }
-    if (mb == NULL) mb = m;
-  }
-  return mb;
-}
-
 /* Whether a plain ndarray operand `o` (not 0-d) mixed with DTensors of `mb` is
  * replicated on it: one of one element always, as torch replicates a one-element
  * tensor (every rank holds a value of that shape); larger ones only under
@@ -130,7 +82,7 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
         mt_ext_error(d, "mixed", key, o);
         return -1;
       }
-      o = c->made[c->nmade++] = replicated(d, c->mb, o);
+      o = c->made[c->nmade++] = mt_ext_replicated(d, c->mb, o);
       if (o == NULL) return -1;
     } else {
       int64_t kind = scalar_kind(o);
@@ -139,6 +91,12 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
     }
   }
   mt_ext_dtensor *b = (mt_ext_dtensor *)o;
+  if (mt_ext_spec_mesh(d, b->spec) != c->mb && !mt_ext_same_mesh(mt_ext_spec_mesh(d, b->spec), c->mb)) {
+    /* A Replicate DTensor of another mesh of the same ranks (mt_ext_call_mesh). */
+    o = c->made[c->nmade++] = mt_ext_replicated(d, c->mb, b->local);
+    if (o == NULL) return -1;
+    b = (mt_ext_dtensor *)o;
+  }
   if (mt_ext_strided(d, o)) return c->strided = 1, 0;
   int64_t id;
   if (mt_ext_layout_id(d, c->mb, b, NULL, &id) < 0) return -1;
@@ -152,7 +110,7 @@ int mt_ext_gather(mt_ext_dispatch *d, PyObject *const *ops, int n, mt_ext_call *
   c->defer_mixed = defer_mixed;
   if (n < 1 || n > MT_MEMO_MAX_OPERANDS) return 0;
   int err = 0;
-  c->mb = first_mesh(d, ops, n, key, &err);
+  c->mb = mt_ext_call_mesh(d, ops, n, key, &err);
   if (c->mb == NULL) return err ? -1 : 0;
   for (int i = 0; i < n; ++i) {
     int rc = gather_one(d, ops[i], i, c, key);
@@ -437,7 +395,7 @@ static PyObject *implicit(PyObject *module, PyObject *const *args, Py_ssize_t na
       for (Py_ssize_t j = 0; j < n; ++j)
         PyTuple_SET_ITEM(out, j, Py_NewRef(PyTuple_GET_ITEM(ops, j)));
     }
-    PyObject *r = replicated(d, mb, o);
+    PyObject *r = mt_ext_replicated(d, mb, o);
     if (r == NULL) {
       Py_DECREF(out);
       return NULL;

@@ -233,7 +233,7 @@ _C_METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
               for name in ("sum", "mean", "prod", "max", "min", "std", "var", "argmax",
                            "argmin")}
 _METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
-_STRIDED, _GRAD = 1, 2
+_STRIDED, _GRAD, _MESHES = 1, 2, 4
 
 
 def _run(func, args: tuple, kwargs: dict, from_c: bool):
@@ -252,6 +252,11 @@ def _run(func, args: tuple, kwargs: dict, from_c: bool):
         if entry is None:
             raise no_rule(func)
     flags = _C.call_flags(args, kwargs)
+    if flags & _MESHES:
+        # Replicate DTensors of another mesh of the same ranks join the call's mesh
+        # as the executor takes them; any other mesh is the entry's error.
+        args, kwargs = _C.one_mesh(args, kwargs)
+        flags = _C.call_flags(args, kwargs) & ~_MESHES
     if not flags:
         return entry(*args, **kwargs) if rule is None else rule(*_rule_args(func, args),
                                                                    kwargs)

@@ -259,6 +259,9 @@ class DeviceMesh(_C.MeshBase):
         self._index_keys: dict = {}
         # Operands on equal meshes mix in the executor, which compares these keys.
         self._equal_key = (fingerprint(self._key()) & 0xFFFFFFFFFFFFFFFF) or 1
+        # A Replicate DTensor mixes into operations on meshes of the same ranks.
+        self._ranks_key = (fingerprint((self._comm.handle, sorted(arr.ravel().tolist())))
+                           & 0xFFFFFFFFFFFFFFFF) or 1
         _live_meshes[id(self)] = self
 
     # -- the executor's caches ---------------------------------------------------

@@ -122,13 +122,18 @@ def test_trimmed_statistics_in_a_row_on_a_program_mesh(record_property):
 
 @pytest.mark.skipif(MPI.COMM_WORLD.Get_size() % 2, reason="a (2, W // 2) mesh")
 @pytest.mark.parametrize("name", ["zscore", "skew", "kurtosis", "moment", "variation",
-                                  "tvar", "sem", "gmean"])
-def test_stats_on_a_2d_mesh(record_property, name):
-    """SciPy makes its constants with ``device=x.device``: they land on ``x``'s
-    mesh, a 2-D one here, whose arrays SciPy then combines with them."""
+                                  "tvar", "sem", "gmean", "ttest_1samp", "ttest_ind",
+                                  "pearsonr"])
+@pytest.mark.parametrize("placements", ["S0S1", "S0R", "RS0"])
+def test_stats_on_a_2d_mesh(record_property, name, placements):
+    """SciPy makes some constants with ``device=x.device``: they land on ``x``'s
+    mesh, a 2-D one here, whose arrays SciPy then combines with them; others
+    without a device, on the default mesh, whose replicas then join ``x``'s."""
     mesh = mt.init_device_mesh("cpu", (2, MPI.COMM_WORLD.Get_size() // 2))
     f = getattr(st, name)
-    call = (lambda a: f(a, 3, axis=0)) if name == "moment" else (lambda a: f(a, axis=0))
+    call = _STATS[name] or (lambda f, a: f(a, axis=0))
+    pls = {"S0S1": [mt.Shard(0), mt.Shard(1)], "S0R": [mt.Shard(0), mt.Replicate()],
+           "RS0": [mt.Replicate(), mt.Shard(0)]}[placements]
     with recording_gathers(record_property):
-        got = call(mt.distribute_tensor(X, mesh, [mt.Shard(0), mt.Shard(1)]))
-    _same(got, call(X))
+        got = call(f, mt.distribute_tensor(X, mesh, pls))
+    _same(got, call(f, X))

@@ -239,11 +239,60 @@ def test_mixed_ndarray_is_replicated_once_agreed():
 
 
 def test_different_meshes_value_error():
+    """DTensors of two meshes mix only where one is a replica of the whole value on
+    the same ranks: sharded on both, or needing a gradient, they are refused."""
     a = mesh_of((W,))
     b = init_device_mesh("cpu", (W,), mesh_dim_names=("other",))
-    x, y = make(np.ones(4), a, [R]), make(np.ones(4), b, [R])
+    x, y = make(np.ones(4), a, [S0]), make(np.ones(4), b, [S0])
     with pytest.raises(ValueError, match="different device meshes"):
         x + y
+    with pytest.raises(ValueError, match="different device meshes"):
+        np.concatenate([x, y])
+    r = make(np.ones(4), b, [R]).requires_grad_()
+    with pytest.raises(ValueError, match="different device meshes"):
+        x + r
+    with pytest.raises(ValueError, match="different device meshes"):
+        np.where(x > 0, r, x)
+
+
+def _other_mesh():
+    """A mesh of every rank that is not the tests' 1-D one: 2-D where W is even."""
+    if W % 2 == 0:
+        return init_device_mesh("cpu", (2, W // 2)), [S0, S1]
+    return init_device_mesh("cpu", (W,), mesh_dim_names=("other",)), [S1]
+
+
+@pytest.mark.parametrize("call", ["add", "radd", "ufunc", "where", "maximum_out",
+                                  "concatenate", "sum_where", "matmul"])
+def test_a_replicate_of_another_mesh_of_the_same_ranks_mixes_in(call):
+    """The array API's clients make constants on the default mesh beside data on
+    the program's (SciPy's ttest_1samp, ttest_ind, pearsonr on a 2-D mesh): a
+    DTensor Replicate on every dim of a mesh of the same ranks joins the other
+    operand's mesh, through the executor (operators, ufuncs) and through the
+    Python door (registered functions, lists among their arguments), and an
+    elementwise call moves nothing for it."""
+    grid, pls = _other_mesh()
+    rng = np.random.default_rng(5)
+    X, C = rng.standard_normal((6, 4)), rng.standard_normal(4)
+    x, c = make(X, grid, pls), make(C, mesh_of((W,)), [R])
+    cases = {
+        "add": (lambda: x + c, X + C, True),
+        "radd": (lambda: c - x, C - X, True),
+        "ufunc": (lambda: np.hypot(c, x), np.hypot(C, X), True),
+        "where": (lambda: np.where(x > 0, c, x), np.where(X > 0, C, X), True),
+        "maximum_out": (lambda: np.maximum(x, c, out=x.copy()), np.maximum(X, C), True),
+        "concatenate": (lambda: np.concatenate([x, c[None]]), np.concatenate([X, C[None]]),
+                        False),
+        "sum_where": (lambda: np.sum(x * c, axis=0), np.sum(X * C, axis=0), False),
+        "matmul": (lambda: x @ c, X @ C, False),
+    }
+    f, want, local = cases[call]
+    with CommDebugMode() as comm:
+        got = f()
+    assert got.device_mesh == grid
+    assert_matches(got, want)
+    if local:
+        assert comm.get_total_counts() == 0
 
 
 @pytest.mark.usefixtures("strict_numpy")
