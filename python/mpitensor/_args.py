@@ -92,6 +92,15 @@ def reject_partial(placements: Sequence[Placement], what: str) -> None:
             )
 
 
+def holds(dtype: np.dtype) -> bool:
+    """Whether a DTensor holds values of NumPy dtype ``dtype``: numbers (bool, int,
+    uint, float, complex, ml_dtypes' bfloat16), not dates, strings or objects.
+
+    Example: ``holds(np.dtype("M8[s]"))`` is False.
+    """
+    return (dtype.kind in "biufc" or _dtypes.is_bfloat16(dtype)) and not dtype.hasobject
+
+
 def check_dtype(dtype) -> np.dtype:
     """A NumPy numeric dtype (bool, int, uint, float, complex, ml_dtypes' bfloat16),
     else TypeError (ImportError naming ml_dtypes for ``"bfloat16"`` without it)."""
@@ -99,7 +108,7 @@ def check_dtype(dtype) -> np.dtype:
         dt = _dtypes.as_dtype(dtype)
     except TypeError as e:
         raise TypeError(f"not a NumPy dtype: {dtype!r}") from e
-    if (dt.kind not in "biufc" and not _dtypes.is_bfloat16(dt)) or dt.hasobject:
+    if not holds(dt):
         raise TypeError(
             f"DTensors hold numeric data (bool, int, uint, float, complex, bfloat16); "
             f"got dtype {dt}"

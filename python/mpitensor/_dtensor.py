@@ -267,21 +267,24 @@ class DTensor(_C.DTensorBase):
 
     @property
     def real(self) -> "DTensor":
-        """numpy.ndarray.real: the real part (itself for a real dtype); placements
-        kept, a Partial(sum|avg) too. Local.
+        """numpy.ndarray.real: the real part, a view as NumPy's (itself for a real
+        dtype); placements kept, a Partial(sum|avg) too. Local and not agreed: an
+        attribute read, which libraries probe in an order that differs by rank
+        (typing's Protocol checks walk a set of names).
 
-        Example: ``(dt * 1j).real`` is all zeros.
+        Example: ``z.real[0] = 1.0`` writes into a complex ``z``.
         """
-        return _method(np.real, (self,))
+        return _registry.door(np.real, (self,), {})
 
     @property
     def imag(self) -> "DTensor":
-        """numpy.ndarray.imag: the imaginary part (zeros for a real dtype);
-        placements kept, a Partial(sum|avg) too. Local.
+        """numpy.ndarray.imag: the imaginary part, a view as NumPy's (read-only
+        zeros for a real dtype); placements kept, a Partial(sum|avg) too. Local
+        and not agreed, as :attr:`real`.
 
         Example: ``(dt * 1j).imag`` equals ``dt`` for a real ``dt``.
         """
-        return _method(np.imag, (self,))
+        return _registry.door(np.imag, (self,), {})
 
     def conj(self) -> "DTensor":
         """numpy.ndarray.conj: ``numpy.conjugate(self)``. Local unless a

@@ -17,7 +17,7 @@ import numbers
 
 import numpy as np
 
-from .. import _C, _registry, _trace
+from .. import _C, _args, _registry, _trace
 from .._clib import CORE, MAX_NDIM, I, I64, call, dtype_code, struct
 from .._dtensor import DTensor
 from .._bind.core import (mt_dimmap_check, mt_dimmap_elementwise, mt_dimmap_matmul,
@@ -203,8 +203,10 @@ def implicit(operands) -> tuple:
 
 def split_operands(name: str, operands):
     """(DTensor inputs, pattern of which operands they are) of an elementwise call,
-    after implicit replication; scalars stay operands, a plain ndarray is a
-    TypeError, and anything else gives None (NotImplemented for ufuncs)."""
+    after implicit replication; scalars stay operands, a plain numeric ndarray is a
+    TypeError, one of values a DTensor cannot hold (dates, strings: xarray's
+    coordinates) is NoRule, for NumPy on the gathered arrays, and anything else
+    gives None (NotImplemented for ufuncs)."""
     inputs, pattern = [], []
     for obj in implicit(operands):
         if type(obj) is DTensor:
@@ -213,6 +215,9 @@ def split_operands(name: str, operands):
         elif is_scalar(obj):
             pattern.append(False)
         elif isinstance(obj, np.ndarray):
+            if not _args.holds(obj.dtype):
+                raise _registry.NoRule(f"{name}: a DTensor beside an array of "
+                                       f"{obj.dtype} values")
             raise mixed_error(name, obj)
         else:
             return None

@@ -235,19 +235,23 @@ def array_equiv(a1, a2):
 
 
 def _part(name, a, func):
-    """``func`` (np.real or np.imag) of a DTensor: placements kept. Of a complex
-    DTensor it is linear, so a Partial(sum|avg) stays (complex values have no
-    Partial(max|min)); of a real one, real is the DTensor itself and imag zeros
-    of its layout (zeros reduce to zero under every op)."""
+    """``func`` (np.real or np.imag) of a DTensor, as NumPy's ``a.real`` and
+    ``a.imag``: of a complex DTensor, a view of its local array in the same layout
+    (strided placements too: an element's parts are that element's), so a write
+    into either reaches the other, and a Partial(sum|avg) stays (the parts are
+    linear; complex values have no Partial(max|min)). Of a real one, real is the
+    DTensor itself and imag read-only zeros of its layout, as NumPy's. Local:
+    nothing moves, so reading the attributes in any order on each rank is safe."""
     if type(a) is not DTensor:
         raise TypeError(f"{name}: expected a DTensor, got {type(a).__name__}")
     if a.dtype.kind != "c":
-        return a if func is np.real else _same_layout(a, np.zeros_like(a.to_local()),
-                                                       a.dtype)
-    if is_strided(a):
-        return on_expansion(a, lambda e: _part(name, e, func))
-    return D.execute((name,), (a,), lambda: D.dimmap_elementwise(
-        CORE.ELEMENTWISE_ADD, 1, 1, [a.shape]), lambda x: np.ascontiguousarray(func(x)))
+        if func is np.real:
+            return a
+        zeros = np.zeros_like(a._data())
+        zeros.setflags(write=False)
+        return _same_layout(a, zeros, a.dtype)
+    part = func(a._data())
+    return _same_layout(a, part, part.dtype)
 
 
 @_registry.implements(np.real, takes_strided=True)

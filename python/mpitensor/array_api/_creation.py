@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _device, _factories
+from .. import _args, _device, _factories
 from .._distribute import distribute_tensor
 from .._dtensor import DTensor
 from ..device_mesh import DeviceMesh, _mesh_stack, init_device_mesh
@@ -82,7 +82,9 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None) -> DTensor:
     sequence, buffer or ndarray, as ``np.asarray`` takes them). A DTensor keeps its
     mesh and placements (cast if ``dtype`` differs); anything else is cut along its
     first dim, each rank keeping its part; an ndarray's part is a view of it unless
-    ``copy=True``. Local.
+    ``copy=True``. Values a DTensor cannot hold (dates, times, strings, objects)
+    stay NumPy's array, as NumPy's namespace gives them: xarray hands its
+    coordinates over so (``idxmax``). Local.
 
     Example::
 
@@ -105,6 +107,8 @@ def asarray(obj, /, *, dtype=None, device=None, copy=None) -> DTensor:
     # copy= as np.asarray takes it in NumPy 2; NumPy 1.x's asarray has no copy=.
     arr = np.array(obj, dtype=dtype) if copy else np.asarray(
         obj, dtype=dtype, **({} if copy is None else {"copy": copy}))
+    if not _args.holds(arr.dtype):
+        return arr
     return _distributed(arr, device)
 
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._dtensor import DTensor
+from .. import _args
 from ..placement_types import Replicate
 from ._creation import _distributed
 
@@ -110,7 +111,10 @@ def _as_arrays(obj, mesh):
     function computed from DTensors (one NumPy runs on their gathered values
     without asking ``__array_function__``) is the same whole array on every rank.
     With no ``mesh`` (no DTensor went in) the arrays are new ones, cut as the
-    creation functions cut them."""
+    creation functions cut them. Values a DTensor cannot hold (dates, strings) stay
+    NumPy's, as ``asarray`` leaves them."""
+    if (type(obj) is np.ndarray or isinstance(obj, np.generic)) and not _args.holds(obj.dtype):
+        return obj
     if type(obj) is np.ndarray or isinstance(obj, np.generic):
         if mesh is None:
             return _distributed(np.asarray(obj), None)
