@@ -616,6 +616,6 @@ void mt_ext_ops_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[], mt_ext_ops_methods[], mt_ext_autograd_methods[],
     mt_ext_decide_methods[], mt_ext_exec_methods[],
     mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[],
-    mt_ext_one_mesh_methods[];
+    mt_ext_one_mesh_methods[], mt_ext_fingerprint_methods[];
 
 #endif

@@ -22,12 +22,9 @@ agreed: their arguments are DTensors and scalars the dispatch itself checks.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 
 from . import _C, _clib, _modes
-from ._fingerprint import fingerprint
 
 __all__ = ["agree_call", "call_fingerprint", "agreed_call", "has_plain_array",
            "called_by_program"]
@@ -148,74 +145,9 @@ def call_fingerprint(name: str, args: tuple, kwargs: dict) -> int:
     """A fingerprint of the call ``name(*args, **kwargs)``, the same on every rank
     exactly when the calls are alike: DTensors by placements, global shape and
     dtype (their local values differ by rank), ndarrays by shape, dtype and bytes,
-    anything else by value where it has a canonical one, by type otherwise. Local.
+    anything else by value where it has a canonical one, by type otherwise
+    (``_C.call_fingerprint``). Local.
 
     Example: ``call_fingerprint("numpy.sum", (dt,), {"axis": 0})``.
     """
-    # Flat: the count of positional arguments first, so that f(x, "axis", 1) and
-    # f(x, axis=1) differ; the common arguments (DTensors, ints, None) inline,
-    # because this runs on every call a program makes.
-    parts: list = [name, len(args)]
-    for v in args:
-        if type(v) in _INLINE:
-            parts.append(v)
-        elif isinstance(v, _C.DTensorBase):
-            parts.append(_layout(v._spec))
-        else:
-            _digest(v, parts)
-    if kwargs:
-        for k in sorted(kwargs):
-            parts.append(k)
-            v = kwargs[k]
-            if type(v) in _INLINE:
-                parts.append(v)
-            else:
-                _digest(v, parts)
-    return fingerprint(parts)
-
-
-# A DTensor's part of a fingerprint per (placements, global shape, dtype): the
-# fingerprint of the placements' repr, the shape and the dtype's string, canonical
-# but slow to make, once per layout, so that the call's own text stays short.
-_layouts: dict = {}
-
-
-def _layout(spec) -> tuple:
-    key = (spec.placements, spec.shape, spec.dtype)
-    part = _layouts.get(key)
-    if part is None:
-        if len(_layouts) > 4096:
-            _layouts.clear()
-        part = _layouts[key] = ("T", fingerprint((repr(spec.placements), spec.shape,
-                                                  spec.dtype.str)))
-    return part
-
-
-_PLAIN = (type(None), bool, int, float, complex, str, bytes, np.generic, slice,
-          type(Ellipsis))
-# Exact types whose repr is their canonical value.
-_INLINE = frozenset((type(None), bool, int, float, str))
-
-
-def _digest(v, parts: list) -> None:
-    if isinstance(v, _C.DTensorBase):
-        parts.append(_layout(v._spec))
-    elif isinstance(v, _PLAIN):
-        parts.append(v)
-    elif type(v) in (list, tuple):
-        parts.append(("(", len(v)))
-        for item in v:
-            _digest(item, parts)
-    elif isinstance(v, np.ndarray):
-        if v.dtype.hasobject:
-            parts.append(("O", v.shape, [repr(x) for x in v.flat]))
-        else:
-            parts.append(("A", v.shape, v.dtype.str,
-                          zlib.crc32(np.ascontiguousarray(v).reshape(-1).view(np.uint8))))
-    elif isinstance(v, np.dtype):
-        parts.append(("D", v.str))
-    elif isinstance(v, type) or callable(v):
-        parts.append(("F", getattr(v, "__module__", None), getattr(v, "__qualname__",
-                                                                   type(v).__qualname__)))
-    else:  # no canonical value: compared by type only
-        parts.append(("?", type(v).__module__, type(v).__qualname__))
+    return _C.call_fingerprint(name, args, kwargs)

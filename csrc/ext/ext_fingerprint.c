@@ -1,0 +1,275 @@
+/* The fingerprint of a NumPy call a program makes on DTensors, which the ranks
+ * agree on before it runs (mpitensor._call_agreement): equal on every rank exactly
+ * when the calls are alike, up to a 64-bit collision. DTensors count by placements,
+ * global shape and dtype (their local values differ by rank), ndarrays by shape,
+ * dtype and bytes, numbers, strings, slices and their lists and tuples by value,
+ * functions and types by module and qualified name, anything else by its type.
+ * Python's own hash salts strings per process, so the values are encoded here into
+ * one byte stream with a fixed hash. Every call a program makes pays for this, so it
+ * walks the arguments in C. */
+#include "ext.h"
+
+#include <string.h>
+
+#include "mpitensor/core/layout.h"
+
+/* A streaming 64-bit hash: words folded by multiply and rotate, then mixed as
+ * splitmix64 finishes, so that nearby streams spread over the whole range. */
+typedef struct hasher {
+  uint64_t h;
+  uint64_t n; /* bytes fed */
+} hasher;
+
+static uint64_t rotl(uint64_t x, int r) { return x << r | x >> (64 - r); }
+
+static void feed_word(hasher *s, uint64_t w) {
+  s->h ^= rotl(w * 0x87c37b91114253d5ull, 31) * 0x4cf5ad432745937full;
+  s->h = rotl(s->h, 27) * 5 + 0x52dce729;
+}
+
+static void feed(hasher *s, const void *data, size_t len) {
+  const unsigned char *p = data;
+  s->n += len;
+  for (; len >= 8; p += 8, len -= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    feed_word(s, w);
+  }
+  if (len) {
+    uint64_t w = 0;
+    memcpy(&w, p, len);
+    feed_word(s, w ^ (uint64_t)len << 56);
+  }
+}
+
+static void feed_i64(hasher *s, int64_t v) { feed_word(s, (uint64_t)v), s->n += 8; }
+
+static void feed_tag(hasher *s, char tag) { feed_word(s, (uint64_t)(unsigned char)tag), ++s->n; }
+
+static uint64_t finish(hasher *s) {
+  uint64_t z = s->h ^ s->n;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* A str's UTF-8 bytes, length first. -1 with an exception. */
+static int feed_str(hasher *s, PyObject *o) {
+  Py_ssize_t len;
+  const char *u = PyUnicode_AsUTF8AndSize(o, &len);
+  if (u == NULL) return -1;
+  feed_i64(s, len);
+  feed(s, u, (size_t)len);
+  return 0;
+}
+
+/* repr(o), for values whose repr is canonical and that have no cheaper form. */
+static int feed_repr(hasher *s, PyObject *o) {
+  PyObject *r = PyObject_Repr(o);
+  if (r == NULL) return -1;
+  int rc = feed_str(s, r);
+  Py_DECREF(r);
+  return rc;
+}
+
+/* An attribute that is a str, or its absence (None): a function's module. */
+static int feed_attr(hasher *s, PyObject *o, const char *name) {
+  PyObject *v = PyObject_GetAttrString(o, name);
+  if (v == NULL) {
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear();
+    feed_tag(s, 'N');
+    return 0;
+  }
+  int rc = PyUnicode_Check(v) ? feed_str(s, v) : (feed_tag(s, '?'), 0);
+  Py_DECREF(v);
+  return rc;
+}
+
+/* A dtype: its kind, size and byte order, and which type (by number, or by the
+ * name of its scalar type for a user dtype, whose number follows import order). */
+static int feed_dtype(hasher *s, PyArray_Descr *t) {
+  feed_i64(s, (int64_t)t->kind << 16 | (int64_t)(unsigned char)t->byteorder << 8);
+  feed_i64(s, (int64_t)PyDataType_ELSIZE(t));
+  if (t->type_num < NPY_USERDEF) {
+    feed_i64(s, t->type_num);
+    return 0;
+  }
+  const char *name = t->typeobj->tp_name;
+  feed(s, name, strlen(name));
+  return 0;
+}
+
+/* A DTensor: its placements (the core's codes), global shape and dtype. */
+static int feed_dtensor(mt_ext_dispatch *d, hasher *s, PyObject *o) {
+  PyObject *spec = ((mt_ext_dtensor *)o)->spec;
+  if (spec == NULL || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) {
+    PyErr_SetString(PyExc_TypeError, "a DTensor's spec is a DTensorSpec");
+    return -1;
+  }
+  PyObject *pl = PyTuple_GET_ITEM(spec, 1), *shape = PyTuple_GET_ITEM(spec, 2),
+           *dtype = PyTuple_GET_ITEM(spec, 3);
+  if (!PyTuple_Check(pl) || !PyTuple_Check(shape) || !PyArray_DescrCheck(dtype)) {
+    PyErr_SetString(PyExc_TypeError, "a DTensor's spec is a DTensorSpec");
+    return -1;
+  }
+  feed_tag(s, 'T');
+  feed_i64(s, PyTuple_GET_SIZE(pl));
+  for (Py_ssize_t m = 0; m < PyTuple_GET_SIZE(pl); ++m) {
+    mt_placement c;
+    if (mt_ext_placement_code(d, PyTuple_GET_ITEM(pl, m), &c) < 0) return -1;
+    feed_i64(s, (int64_t)c.kind << 48 | (int64_t)c.dim << 32 | (int64_t)c.reduce_op << 16);
+    feed_i64(s, c.split_factor);
+  }
+  feed_i64(s, PyTuple_GET_SIZE(shape));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape); ++i) {
+    int64_t n = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
+    if (n == -1 && PyErr_Occurred()) return -1;
+    feed_i64(s, n);
+  }
+  return feed_dtype(s, (PyArray_Descr *)dtype);
+}
+
+/* An ndarray: shape, dtype and its bytes (C order); of objects, each one's repr. */
+static int feed_ndarray(hasher *s, PyArrayObject *a) {
+  feed_tag(s, 'A');
+  feed_i64(s, PyArray_NDIM(a));
+  for (int i = 0; i < PyArray_NDIM(a); ++i) feed_i64(s, PyArray_DIM(a, i));
+  feed_dtype(s, PyArray_DESCR(a));
+  if (PyDataType_REFCHK(PyArray_DESCR(a))) {
+    PyObject *items = PyArray_ToList(a);
+    if (items == NULL) return -1;
+    int rc = feed_repr(s, items);
+    Py_DECREF(items);
+    return rc;
+  }
+  PyArrayObject *c = PyArray_GETCONTIGUOUS(a);
+  if (c == NULL) return -1;
+  feed(s, PyArray_DATA(c), (size_t)PyArray_NBYTES(c));
+  Py_DECREF(c);
+  return 0;
+}
+
+static int feed_value(mt_ext_dispatch *d, hasher *s, PyObject *v);
+
+static int feed_sequence(mt_ext_dispatch *d, hasher *s, PyObject *v) {
+  feed_tag(s, PyList_Check(v) ? '[' : '(');
+  feed_i64(s, PySequence_Fast_GET_SIZE(v));
+  for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(v); ++k)
+    if (feed_value(d, s, PySequence_Fast_ITEMS(v)[k]) < 0) return -1;
+  return 0;
+}
+
+static int feed_value(mt_ext_dispatch *d, hasher *s, PyObject *v) {
+  PyTypeObject *t = Py_TYPE(v);
+  if (v == Py_None) return feed_tag(s, 'N'), 0;
+  if (v == Py_Ellipsis) return feed_tag(s, 'E'), 0;
+  if (t == &PyBool_Type) return feed_tag(s, v == Py_True ? 'Y' : 'n'), 0;
+  if (t == &PyLong_Type) {
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    feed_tag(s, 'i');
+    if (!overflow) return feed_i64(s, n), 0;
+    return feed_repr(s, v);
+  }
+  if (t == &PyFloat_Type) {
+    double x = PyFloat_AS_DOUBLE(v);
+    feed_tag(s, 'f');
+    feed(s, &x, sizeof x);
+    return 0;
+  }
+  if (t == &PyComplex_Type) {
+    Py_complex z = PyComplex_AsCComplex(v);
+    feed_tag(s, 'c');
+    feed(s, &z, sizeof z);
+    return 0;
+  }
+  if (t == &PyUnicode_Type) return feed_tag(s, 's'), feed_str(s, v);
+  if (t == &PyBytes_Type) {
+    feed_tag(s, 'y');
+    feed_i64(s, PyBytes_GET_SIZE(v));
+    feed(s, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v));
+    return 0;
+  }
+  if (mt_ext_is_dtensor(d, v)) return feed_dtensor(d, s, v);
+  if (t == &PyTuple_Type || t == &PyList_Type) return feed_sequence(d, s, v);
+  if (t == &PySlice_Type) {
+    PySliceObject *sl = (PySliceObject *)v;
+    feed_tag(s, ':');
+    if (feed_value(d, s, sl->start) < 0 || feed_value(d, s, sl->stop) < 0) return -1;
+    return feed_value(d, s, sl->step);
+  }
+  if (PyArray_Check(v)) return feed_ndarray(s, (PyArrayObject *)v);
+  if (PyArray_IsScalar(v, Generic)) {
+    /* A NumPy scalar: the 0-d array of its value. */
+    PyObject *a = PyArray_FromScalar(v, NULL);
+    if (a == NULL) return -1;
+    feed_tag(s, 'g');
+    int rc = feed_ndarray(s, (PyArrayObject *)a);
+    Py_DECREF(a);
+    return rc;
+  }
+  if (PyArray_DescrCheck(v)) return feed_tag(s, 'D'), feed_dtype(s, (PyArray_Descr *)v);
+  if (PyType_Check(v) || PyCallable_Check(v)) {
+    feed_tag(s, 'F');
+    if (feed_attr(s, v, "__module__") < 0) return -1;
+    PyObject *qual = PyObject_GetAttrString(v, "__qualname__");
+    if (qual == NULL) {
+      if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+      PyErr_Clear();
+      return feed_attr(s, (PyObject *)t, "__qualname__");
+    }
+    int rc = PyUnicode_Check(qual) ? feed_str(s, qual) : (feed_tag(s, '?'), 0);
+    Py_DECREF(qual);
+    return rc;
+  }
+  /* No canonical value: compared by type only. */
+  feed_tag(s, '?');
+  if (feed_attr(s, (PyObject *)t, "__module__") < 0) return -1;
+  return feed_attr(s, (PyObject *)t, "__qualname__");
+}
+
+/* call_fingerprint(name, args, kwargs): see the method table. */
+static PyObject *call_fingerprint(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) ||
+      !PyDict_Check(args[2]))
+    return PyErr_Format(PyExc_TypeError,
+                        "call_fingerprint(name: str, args: tuple, kwargs: dict)");
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  hasher s = {0x9e3779b97f4a7c15ull, 0};
+  if (feed_str(&s, args[0]) < 0) return NULL;
+  /* The count of positional arguments first: f(x, "axis", 1) is not f(x, axis=1). */
+  feed_i64(&s, PyTuple_GET_SIZE(args[1]));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[1]); ++i)
+    if (feed_value(d, &s, PyTuple_GET_ITEM(args[1], i)) < 0) return NULL;
+  if (PyDict_GET_SIZE(args[2]) > 0) {
+    /* Keywords in sorted order: their order in the call does not matter. */
+    PyObject *keys = PyDict_Keys(args[2]);
+    if (keys == NULL || PyList_Sort(keys) < 0) {
+      Py_XDECREF(keys);
+      return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); ++i) {
+      PyObject *k = PyList_GET_ITEM(keys, i);
+      if (feed_value(d, &s, k) < 0 || feed_value(d, &s, PyDict_GetItem(args[2], k)) < 0) {
+        Py_DECREF(keys);
+        return NULL;
+      }
+    }
+    Py_DECREF(keys);
+  }
+  return PyLong_FromLongLong((long long)finish(&s));
+}
+
+PyMethodDef mt_ext_fingerprint_methods[] = {
+    {"call_fingerprint", (PyCFunction)(void (*)(void))call_fingerprint, METH_FASTCALL,
+     "call_fingerprint(name, args, kwargs) -> int: a 64-bit fingerprint of the call "
+     "name(*args, **kwargs), the same on every rank exactly when the calls are alike "
+     "(up to a collision): DTensors by placements, global shape and dtype, ndarrays "
+     "by shape, dtype and bytes, numbers, strings, slices and their lists and tuples "
+     "by value, functions and types by module and qualified name, anything else by "
+     "its type. Local.\n\n"
+     "Example: _C.call_fingerprint('numpy.sum', (dt,), {'axis': 0})"},
+    {NULL, NULL, 0, NULL},
+};
