@@ -131,6 +131,7 @@ typedef struct mt_ext_mesh_base {
   char local;  /* mpitensor's local mesh: ndarrays mix in as Replicate */
   unsigned long long key; /* equal meshes (DeviceMesh.__eq__) have equal keys; 0 unset */
   unsigned long long ranks_key; /* meshes of the same ranks of one communicator: equal; 0 unset */
+  long long call_agreements; /* the program's calls agreed on over this mesh */
   int mesh_ndim;
   int64_t mesh_shape[MT_MAX_MESH_NDIM];
 } mt_ext_mesh_base;
@@ -239,7 +240,8 @@ enum { MT_EVENT_DECISION, MT_EVENT_MOVE, MT_EVENT_UNMOVED, MT_EVENT_COUNT };
   X(NODE_BACKWARD, "backward_fn") X(NODE_SAVED, "saved") X(NODE_AUX, "aux")            \
   X(REQUEST, "_pending") X(REQUEST_RESULT, "_result")                                  \
   X(EVENT, "decision") X(EVENT_MOVE, "move") X(EVENT_UNMOVED, "unmoved")               \
-  X(DOOR, "door") X(AGREE, "agree")
+  X(DOOR, "door") X(AGREE, "agree") X(NAME, "__name__") X(PACKAGE, "mpitensor.")         \
+  X(ARRAY_API, "mpitensor.array_api") X(TESTING, "mpitensor.testing")
 #define MT_EXT_STRING_INDEX(name, _) MT_S_##name,
 enum { MT_EXT_STRINGS(MT_EXT_STRING_INDEX) MT_S_COUNT };
 
@@ -616,6 +618,6 @@ void mt_ext_ops_free(mt_ext_state *st);
 extern PyMethodDef mt_ext_pool_methods[], mt_ext_ops_methods[], mt_ext_autograd_methods[],
     mt_ext_decide_methods[], mt_ext_exec_methods[],
     mt_ext_hooks_methods[], mt_ext_entry_methods[], mt_ext_move_methods[],
-    mt_ext_one_mesh_methods[], mt_ext_fingerprint_methods[];
+    mt_ext_one_mesh_methods[], mt_ext_call_agreement_methods[];
 
 #endif

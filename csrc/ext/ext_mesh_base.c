@@ -158,6 +158,9 @@ static PyMemberDef mb_members[] = {
      "mpitensor's local mesh: plain ndarrays mix with its DTensors as Replicate."},
     {"_equal_key", T_ULONGLONG, offsetof(mt_ext_mesh_base, key), 0,
      "A fingerprint of what makes meshes equal: operands on equal meshes mix."},
+    {"_call_agreements", T_LONGLONG, offsetof(mt_ext_mesh_base, call_agreements), READONLY,
+     "How many of a program's calls the ranks agreed on over this mesh "
+     "(mpitensor._call_agreement). Local."},
     {"_ranks_key", T_ULONGLONG, offsetof(mt_ext_mesh_base, ranks_key), 0,
      "A fingerprint of the mesh's communicator and its set of ranks: a Replicate "
      "DTensor mixes into operations on meshes of the same one."},

@@ -22,63 +22,30 @@ agreed: their arguments are DTensors and scalars the dispatch itself checks.
 
 from __future__ import annotations
 
-import numpy as np
+from . import _C, _modes
 
-from . import _C, _clib, _modes
+__all__ = ["agree_call", "call_fingerprint", "agreed_call", "PROGRAM", "PLAIN"]
 
-__all__ = ["agree_call", "call_fingerprint", "agreed_call", "has_plain_array",
-           "called_by_program"]
-
-# Frames of these modules make the calls a program makes; the rest of the package
-# makes its own calls alike on every rank.
-_PACKAGE = __name__.rpartition(".")[0] + "."
-_DOORS = (_PACKAGE + "array_api", _PACKAGE + "testing")
+# The flags agree_call returns: a program made the call (not mpitensor, whose own
+# calls are alike on every rank by construction); a plain numeric ndarray is among
+# its arguments, which the call takes as replicated once agreed.
+PROGRAM, PLAIN = 1, 2
 
 
-def agree_call(name: str, args: tuple, kwargs: dict, caller) -> None:
+def agree_call(name: str, args: tuple, kwargs: dict, caller) -> int:
     """Agrees on the call ``name(*args, **kwargs)`` that the frame ``caller`` makes
-    on DTensors, when a program makes it (not mpitensor) on a mesh of more than one
-    rank: ValueError on every rank of the mesh when the calls differ. The doors of
-    NumPy's calls (mpitensor._registry.door, the ufuncs' Python entry, the C
-    reduction methods) call it first. Collective on the mesh of the first DTensor
-    argument.
+    on DTensors, when a program makes it (not mpitensor: a frame of the package
+    outside the array API namespace and mpitensor.testing) on a mesh of more than
+    one rank, outside the collective checks: ValueError on every rank of the mesh
+    when the calls differ. The doors of NumPy's calls (mpitensor._registry.door,
+    the ufuncs' Python entry, the C reduction methods) call it first. Returns the
+    flags PROGRAM and PLAIN. Collective on the mesh of the first DTensor argument
+    when it agrees (``_C.agree_call``: all of it in one C call, which every call a
+    program makes pays for).
 
     Example: ``agree_call("numpy.sum", (dt,), {"axis": 0}, sys._getframe(1))``.
     """
-    if _modes.state.checks or not called_by_program(caller):
-        return
-    mesh = _mesh_of(args) or _mesh_of(kwargs.values())
-    if mesh is None or mesh._coordinate is None or mesh._mesh.size == 1:
-        return
-    # The mesh's check and the agreement in one C call: every call a program
-    # makes pays for it.
-    mesh._agree_call(call_fingerprint(name, args, kwargs), _message(name))
-
-
-def _plain_array(v) -> bool:
-    return type(v) is np.ndarray and v.ndim > 0 and v.dtype.kind in "biufc"
-
-
-def has_plain_array(args: tuple, kwargs: dict) -> bool:
-    """Whether a plain numeric ndarray (not 0-d) is among the arguments, or in a
-    list or tuple one: the call takes it as replicated once agreed. Local.
-
-    Example: ``has_plain_array((dt, np.ones(3)), {})`` is True.
-    """
-    return _any_plain(args) or (bool(kwargs) and _any_plain(kwargs.values()))
-
-
-def _any_plain(values) -> bool:
-    # Every call a program makes pays for this scan: the common arguments (DTensors,
-    # scalars, None) are passed over by their type alone.
-    for v in values:
-        t = type(v)
-        if t is np.ndarray:
-            if _plain_array(v):
-                return True
-        elif (t is list or t is tuple) and any(map(_plain_array, v)):
-            return True
-    return False
+    return _C.agree_call(name, args, kwargs, caller)
 
 
 def agreed_call(name: str, args: tuple, kwargs: dict, caller, run, *run_args, **run_kwargs):
@@ -92,53 +59,13 @@ def agreed_call(name: str, args: tuple, kwargs: dict, caller, run, *run_args, **
 
     Example: ``agreed_call("numpy.dot", (dt, w), {}, sys._getframe(1), np.dot, dt, w)``.
     """
-    agree_call(name, args, kwargs, caller)
-    if not has_plain_array(args, kwargs):
+    if not agree_call(name, args, kwargs, caller) & PLAIN:
         return run(*run_args, **run_kwargs)
     _modes.push_implicit_replication()
     try:
         return run(*run_args, **run_kwargs)
     finally:
         _modes.pop_implicit_replication()
-
-
-# The ValueError's text per function, encoded once: a call agreement must cost little.
-_messages: dict = {}
-
-
-def _message(name: str) -> bytes:
-    text = _messages.get(name)
-    if text is None:
-        if len(_messages) > 4096:
-            _messages.clear()
-        text = _messages[name] = _clib.message(
-            f"{name}: the ranks of the mesh made different calls (other arguments, or "
-            f"DTensors of other placements, shapes or dtypes); every rank of the mesh "
-            f"must make the same call")
-    return text
-
-
-def called_by_program(frame) -> bool:
-    """Whether the frame ``frame`` is a program's (or the array API namespace's, on
-    a program's behalf), not mpitensor's own. Local.
-
-    Example: ``called_by_program(sys._getframe(1))``.
-    """
-    module = frame.f_globals.get("__name__", "") if frame is not None else ""
-    return not module.startswith(_PACKAGE) or module.startswith(_DOORS)
-
-
-def _mesh_of(values):
-    """The mesh of the first DTensor among ``values`` (and in their lists and
-    tuples), or None."""
-    for v in values:
-        if isinstance(v, _C.DTensorBase):
-            return v._spec.mesh
-        if type(v) in (list, tuple):
-            mesh = _mesh_of(v)
-            if mesh is not None:
-                return mesh
-    return None
 
 
 def call_fingerprint(name: str, args: tuple, kwargs: dict) -> int:

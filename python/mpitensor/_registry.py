@@ -103,18 +103,16 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     """
     global viewing
     outer = viewing
-    viewing = (func if caller is not None and _call_agreement.called_by_program(caller)
-               else None)
+    flags = (_call_agreement.agree_call(_label(func, args, name), args, kwargs, caller)
+             if caller is not None else 0)
+    viewing = func if flags & _call_agreement.PROGRAM else None
     try:
-        if caller is not None:
-            _call_agreement.agree_call(_label(func, args, name), args,
-                                       kwargs, caller)
-            if _call_agreement.has_plain_array(args, kwargs):
-                _modes.push_implicit_replication()
-                try:
-                    return _traced(func, args, kwargs, name, False)
-                finally:
-                    _modes.pop_implicit_replication()
+        if flags & _call_agreement.PLAIN:
+            _modes.push_implicit_replication()
+            try:
+                return _traced(func, args, kwargs, name, False)
+            finally:
+                _modes.pop_implicit_replication()
         return _traced(func, args, kwargs, name, False)
     finally:
         viewing = outer
@@ -175,10 +173,10 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
 
     Example: ``door_from_c(np.sum, (dt,), {"dtype": np.float32})``.
     """
-    if not agreed:
-        label = _label(func, args)
-        _call_agreement.agree_call(label, args, kwargs, sys._getframe(1))
-    if not _call_agreement.has_plain_array(args, kwargs):
+    # Agreed already: asked from this frame, mpitensor's, it only reads the flags.
+    caller = sys._getframe(1 if not agreed else 0)
+    flags = _call_agreement.agree_call(_label(func, args), args, kwargs, caller)
+    if not flags & _call_agreement.PLAIN:
         return _traced(func, args, kwargs, None, True)
     _modes.push_implicit_replication()
     try:

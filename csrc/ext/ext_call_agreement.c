@@ -1,16 +1,19 @@
-/* The fingerprint of a NumPy call a program makes on DTensors, which the ranks
- * agree on before it runs (mpitensor._call_agreement): equal on every rank exactly
- * when the calls are alike, up to a 64-bit collision. DTensors count by placements,
- * global shape and dtype (their local values differ by rank), ndarrays by shape,
- * dtype and bytes, numbers, strings, slices and their lists and tuples by value,
- * functions and types by module and qualified name, anything else by its type.
- * Python's own hash salts strings per process, so the values are encoded here into
- * one byte stream with a fixed hash. Every call a program makes pays for this, so it
- * walks the arguments in C. */
+/* The agreement on a NumPy call a program makes on DTensors (mpitensor.
+ * _call_agreement): before the call runs, the ranks of its mesh agree on a
+ * fingerprint of it, equal on every rank exactly when the calls are alike, up to a
+ * 64-bit collision. DTensors count by placements, global shape and dtype (their
+ * local values differ by rank), ndarrays by shape, dtype and bytes, numbers,
+ * strings, slices and their lists and tuples by value, functions and types by module
+ * and qualified name, anything else by its type. Python's own hash salts strings
+ * per process, so the values are encoded here into one byte stream with a fixed
+ * hash. Every call a program makes pays for the agreement, so all of it is here in
+ * C: whose call it is, the mesh, the fingerprint and the all-reduce. */
 #include "ext.h"
 
+#include <stdio.h>
 #include <string.h>
 
+#include "mpitensor/comm/agree.h"
 #include "mpitensor/core/layout.h"
 
 /* A streaming 64-bit hash: words folded by multiply and rotate, then mixed as
@@ -262,7 +265,125 @@ static PyObject *call_fingerprint(PyObject *module, PyObject *const *args, Py_ss
   return PyLong_FromLongLong((long long)finish(&s));
 }
 
-PyMethodDef mt_ext_fingerprint_methods[] = {
+/* Whether `frame` runs a program's code (or the array API namespace's, on a
+ * program's behalf), not mpitensor's own: the calls mpitensor makes inside an
+ * operation are alike on every rank by construction. -1 with an exception. */
+static int by_program(mt_ext_dispatch *d, PyObject *frame) {
+  if (frame == Py_None) return 1;
+  if (!PyFrame_Check(frame)) {
+    PyErr_SetString(PyExc_TypeError, "agree_call: caller must be a frame or None");
+    return -1;
+  }
+  PyObject *globals = PyFrame_GetGlobals((PyFrameObject *)frame);
+  PyObject *name = globals == NULL ? NULL : PyDict_GetItemWithError(globals, d->str[MT_S_NAME]);
+  Py_XDECREF(globals);
+  if (name == NULL) return PyErr_Occurred() ? -1 : 1;
+  if (!PyUnicode_Check(name)) return 1;
+  if (PyUnicode_Tailmatch(name, d->str[MT_S_PACKAGE], 0, PY_SSIZE_T_MAX, -1) != 1) return 1;
+  return PyUnicode_Tailmatch(name, d->str[MT_S_ARRAY_API], 0, PY_SSIZE_T_MAX, -1) == 1 ||
+         PyUnicode_Tailmatch(name, d->str[MT_S_TESTING], 0, PY_SSIZE_T_MAX, -1) == 1;
+}
+
+/* The first DTensor among `items` (and in their lists and tuples), or NULL. */
+static PyObject *first_dtensor(mt_ext_dispatch *d, PyObject *const *items, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *v = items[i];
+    if (mt_ext_is_dtensor(d, v)) return v;
+    if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
+      PyObject *t = first_dtensor(d, PySequence_Fast_ITEMS(v), PySequence_Fast_GET_SIZE(v));
+      if (t != NULL) return t;
+    }
+  }
+  return NULL;
+}
+
+/* Whether `v` is a plain numeric ndarray of one dim or more. */
+static int plain_array(PyObject *v) {
+  return Py_TYPE(v) == &PyArray_Type && PyArray_NDIM((PyArrayObject *)v) > 0 &&
+         strchr("biufc", PyArray_DESCR((PyArrayObject *)v)->kind) != NULL;
+}
+
+/* Whether a plain numeric ndarray is among `items` or in a list or tuple one. */
+static int has_plain(PyObject *const *items, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *v = items[i];
+    if (plain_array(v)) return 1;
+    if (PyTuple_CheckExact(v) || PyList_CheckExact(v))
+      for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(v); ++k)
+        if (plain_array(PySequence_Fast_ITEMS(v)[k])) return 1;
+  }
+  return 0;
+}
+
+/* The ValueError's text for a call of `name` whose ranks differ, cut to fit an
+ * mt_error at a character boundary. */
+static void mismatch_message(PyObject *name, mt_error *err) {
+  const char *u = PyUnicode_AsUTF8(name);
+  if (u == NULL) {
+    PyErr_Clear();
+    u = "a call";
+  }
+  int len = snprintf(err->msg, sizeof err->msg,
+                     "%s: the ranks of the mesh made different calls (other arguments, "
+                     "or DTensors of other placements, shapes or dtypes); every rank of "
+                     "the mesh must make the same call", u);
+  if (len >= (int)sizeof err->msg) {
+    size_t end = sizeof err->msg - 1;
+    while (end > 0 && ((unsigned char)err->msg[end] & 0xC0) == 0x80) --end;
+    err->msg[end] = '\0';
+  }
+}
+
+/* agree_call(name, args, kwargs, caller): see the method table. */
+static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) ||
+      !PyDict_Check(args[2]))
+    return PyErr_Format(PyExc_TypeError,
+                        "agree_call(name: str, args: tuple, kwargs: dict, caller: frame)");
+  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
+  int program = by_program(d, args[3]);
+  if (program < 0) return NULL;
+  PyObject *kwvalues = NULL;
+  Py_ssize_t nkw = PyDict_GET_SIZE(args[2]);
+  if (nkw > 0 && (kwvalues = PyDict_Values(args[2])) == NULL) return NULL;
+  PyObject *const *kwitems = nkw > 0 ? PySequence_Fast_ITEMS(kwvalues) : NULL;
+  int plain = has_plain(PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1])) ||
+              (nkw > 0 && has_plain(kwitems, nkw));
+  PyObject *first = NULL;
+  if (program && !d->modes->checks) {
+    first = first_dtensor(d, PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1]));
+    if (first == NULL && nkw > 0) first = first_dtensor(d, kwitems, nkw);
+  }
+  mt_ext_mesh_base *mb = first == NULL ? NULL : mt_ext_spec_mesh(d, ((mt_ext_dtensor *)first)->spec);
+  if (mb != NULL && mb->member && mt_ext_mesh_size(mb) > 1) {
+    if (mb->mesh == NULL) {
+      Py_XDECREF(kwvalues);
+      return PyErr_Format(PyExc_RuntimeError, "agree_call: the mesh has no communicators");
+    }
+    PyObject *fp = mt_ext_mesh_check(mb) < 0 ? NULL : call_fingerprint(module, args, 3);
+    unsigned long long u = fp == NULL ? 0 : PyLong_AsUnsignedLongLongMask(fp);
+    Py_XDECREF(fp);
+    if (fp == NULL || (u == (unsigned long long)-1 && PyErr_Occurred())) {
+      Py_XDECREF(kwvalues);
+      return NULL;
+    }
+    mt_error err = {0};
+    mismatch_message(args[0], &err);
+    int rc;
+    ++mb->call_agreements;
+    Py_BEGIN_ALLOW_THREADS
+    rc = mt_agree(mb->mesh, MT_OK, (uint64_t)u, &err);
+    Py_END_ALLOW_THREADS
+    if (rc != MT_OK) {
+      Py_XDECREF(kwvalues);
+      return mt_ext_raise(rc, &err);
+    }
+  }
+  Py_XDECREF(kwvalues);
+  return PyLong_FromLong(program | plain << 1);
+}
+
+PyMethodDef mt_ext_call_agreement_methods[] = {
     {"call_fingerprint", (PyCFunction)(void (*)(void))call_fingerprint, METH_FASTCALL,
      "call_fingerprint(name, args, kwargs) -> int: a 64-bit fingerprint of the call "
      "name(*args, **kwargs), the same on every rank exactly when the calls are alike "
@@ -271,5 +392,14 @@ PyMethodDef mt_ext_fingerprint_methods[] = {
      "by value, functions and types by module and qualified name, anything else by "
      "its type. Local.\n\n"
      "Example: _C.call_fingerprint('numpy.sum', (dt,), {'axis': 0})"},
+    {"agree_call", (PyCFunction)(void (*)(void))agree_call, METH_FASTCALL,
+     "agree_call(name, args, kwargs, caller) -> flags: when the frame `caller` (None: "
+     "a program) runs a program's code, not mpitensor's, outside the collective "
+     "checks, and the first DTensor argument's mesh has more than one rank, the ranks "
+     "agree on call_fingerprint(name, args, kwargs): ValueError on every rank when "
+     "the calls differ. Bit 0 of the result: a program made the call; bit 1: a plain "
+     "numeric ndarray (not 0-d) is among the arguments or in a list or tuple one. "
+     "Collective on that mesh when it agrees.\n\n"
+     "Example: _C.agree_call('numpy.sum', (dt,), {'axis': 0}, sys._getframe(1))"},
     {NULL, NULL, 0, NULL},
 };
