@@ -176,6 +176,8 @@ static PyObject *agree_call(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyErr_Format(PyExc_TypeError, "_agree_call(fingerprint: int, message: bytes)");
   unsigned long long fp = PyLong_AsUnsignedLongLongMask(args[0]);
   if (fp == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  /* A rank outside the mesh takes no part, and one rank agrees with itself. */
+  if (!mb->member || mt_ext_mesh_size(mb) == 1) Py_RETURN_NONE;
   if (mb->mesh == NULL)
     return PyErr_Format(PyExc_RuntimeError, "_agree_call: the mesh has no communicators");
   if (mt_ext_mesh_check(mb) < 0) return NULL;
@@ -230,7 +232,8 @@ static PyMethodDef mb_methods[] = {
     {"_agree_call", (PyCFunction)(void (*)(void))agree_call, METH_FASTCALL,
      "_agree_call(fingerprint, message): ValueError with `message` (UTF-8) on every "
      "member when the members' fingerprints (ints, taken mod 2**64) differ; first "
-     "the mesh's own check (its thread, its communicators). Collective on the mesh."},
+     "the mesh's own check (its thread, its communicators). Collective on the mesh; "
+     "nothing on a rank outside it or on a mesh of one rank."},
     {NULL, NULL, 0, NULL},
 };
 

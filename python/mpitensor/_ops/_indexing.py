@@ -152,7 +152,7 @@ class _Plan:
     bounded cache of parsed keys (the oldest goes first), so a repeated key
     costs one dict lookup before NumPy cuts the local array."""
 
-    __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec", "fp")
+    __slots__ = ("cut", "exchange", "counts", "mid", "outdims", "spec", "fp", "out_local")
 
     def __init__(self, dt, key):
         spec = dt._spec
@@ -186,6 +186,9 @@ class _Plan:
             self.exchange = (shape, tuple(p._code for p in spec.placements),
                              tuple(p._code for p in mid), tuple(s[0] for s in sel),
                              tuple(s[1] for s in sel), counts)
+        # The shape of the result's local array, found at its first use: the piece
+        # this rank picks has the same shape every time (the layout fixes it).
+        self.out_local = None
         self.cut = None
         if mesh._coordinate is not None:
             lshape, loff = local_shape_and_global_offset(
@@ -219,6 +222,11 @@ def agree_index(mesh, fp: int, error: Exception | None = None, what=None) -> Non
 
     Example: ``agree_index(mesh, plan.fp)``; ``agree_index(mesh, 0, IndexError(...))``.
     """
+    if error is None and not _modes.state.checks:
+        # Every key pays for this: the C call skips a rank outside the mesh and a
+        # mesh of one rank itself.
+        mesh._agree_call(fp, _DIFFERENT_KEYS)
+        return
     if not _agrees(mesh):
         if error is not None:
             raise error
@@ -229,9 +237,6 @@ def agree_index(mesh, fp: int, error: Exception | None = None, what=None) -> Non
                        else f"{text}, key {fp & (2**64 - 1):016x}", mesh)
         if error is not None:
             raise error
-        return
-    if error is None:
-        mesh._agree_call(fp, _DIFFERENT_KEYS)
         return
     _comm.agree(mesh, False, 0, str(error), type(error))
     raise error  # not reached: the agreement raised on every member
@@ -323,9 +328,12 @@ def _cache_key(key):
     for k in key if type(key) is tuple else (key,):
         t = type(k)
         if t is slice:
-            if not all(type(b) is int or b is None for b in (k.start, k.stop, k.step)):
+            # Every basic key pays for this: no generator, no call.
+            a, b, c = k.start, k.stop, k.step
+            if not ((a is None or type(a) is int) and (b is None or type(b) is int)
+                    and (c is None or type(c) is int)):
                 return None
-            out.append((k.start, k.stop, k.step))
+            out.append((a, b, c))
         elif t is int or k is None or k is Ellipsis:
             out.append(k)
         elif isinstance(k, np.integer):  # a loop over np.arange's ints
@@ -335,11 +343,12 @@ def _cache_key(key):
     return tuple(out)
 
 
-def _plan(dt, key) -> _Plan:
+def _plan(dt, key, ck=None) -> _Plan:
     """The plan of a basic ``key`` for ``dt``, from the mesh's cache when the key
-    is one it keeps."""
+    is one it keeps (``ck``: its _cache_key, when known)."""
     spec = dt._spec
-    ck = _cache_key(key)
+    if ck is None:
+        ck = _cache_key(key)
     cache_key = (ck, spec.placements, spec.shape, spec.dtype)
     plans = spec.mesh._index_keys
     plan = plans.get(cache_key) if ck is not None else None
@@ -359,6 +368,14 @@ def getitem(dt, key):
     (one small all-reduce), and where it cuts a sharded dim, one exchange of the
     picked elements carries that agreement."""
     mesh = dt._spec.mesh
+    ck = _cache_key(key)
+    if ck is not None:
+        # Ints, slices, None and ... only: a basic key, whose plan the mesh keeps.
+        try:
+            plan = _plan(dt, key, ck)
+        except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
+            agree_index(mesh, 0, e, _read_text)
+        return _basic(dt, key, plan, agreed=False)
     plan = kind = one = points = None
     try:
         kind = A.is_advanced(key)
@@ -411,7 +428,7 @@ def _basic(dt, key, plan, agreed):
         return DTensor(np.empty((0,), spec.dtype), plan.spec)
     # Without an exchange the piece is a view of the local array, so that a write
     # into the result writes into ``dt``, as NumPy's and torch's basic slices do.
-    piece = dt.to_local()[plan.cut or ...]  # a 0-d array's view is [...], not [()]
+    piece = dt._data()[plan.cut or ...]  # a 0-d array's view is [...], not [()]
     owner = None
     if 0 in plan.counts:  # nothing picked: no element to leave unwritten
         piece = np.empty(local_shape_and_global_offset(
@@ -424,8 +441,10 @@ def _basic(dt, key, plan, agreed):
         piece = owner = _comm.select_exchange(mesh, *plan.exchange,
                                               np.ascontiguousarray(piece), plan.fp)
     # Int dims are 1 long here: dropping them and adding None's dims is a reshape.
-    local = piece.reshape(tuple(1 if o[0] == "new" else piece.shape[o[1]]
-                                for o in plan.outdims))
+    if plan.out_local is None:
+        plan.out_local = tuple(1 if o[0] == "new" else piece.shape[o[1]]
+                               for o in plan.outdims)
+    local = piece.reshape(plan.out_local)
     if owner is not None:
         # New memory, not ``dt``'s: a copy-view, whose writes reach ``dt`` and
         # which sees the writes into ``dt`` (the same exchange, made again).
