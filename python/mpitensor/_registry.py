@@ -103,7 +103,9 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     """
     global viewing
     outer = viewing
-    flags = (_call_agreement.agree_call(_label(func, args, name), args, kwargs, caller)
+    # Every call a program makes pays for this function: the agreement is one C
+    # call, and without a DebugMode the entry runs here, not through _traced.
+    flags = (_C.agree_call(_label(func, args, name), args, kwargs, caller)
              if caller is not None else 0)
     viewing = func if flags & _call_agreement.PROGRAM else None
     try:
@@ -113,7 +115,12 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
                 return _traced(func, args, kwargs, name, False)
             finally:
                 _modes.pop_implicit_replication()
-        return _traced(func, args, kwargs, name, False)
+        if _modes.recorders:
+            return _traced(func, args, kwargs, name, False)
+        try:
+            return _run(func, args, kwargs, False)
+        except NoRule as e:
+            return gather_call(func, args, kwargs, name, cause=e)
     finally:
         viewing = outer
 

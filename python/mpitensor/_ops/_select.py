@@ -35,19 +35,31 @@ from ._strided import is_strided, on_expansion
 
 def _run_elementwise(name, key, operands, func):
     """func(*operands) with the DTensor operands replaced by their local arrays;
-    every Partial reduced first."""
+    every Partial reduced first. The executor checks the meshes; operands other
+    than DTensors and Python numbers are classified here first, for their errors
+    (and NoRule for values a DTensor cannot hold)."""
     operands = D.implicit(operands)
-    split = D.split_operands(name, operands)
-    if split is None:
-        raise D.mixed_error(name, next(o for o in operands
-                                       if type(o) is not DTensor and not D.is_scalar(o)))
-    inputs, pattern = split
-    if not inputs:
-        raise TypeError(f"{name}: expected a DTensor operand")
-    D.same_mesh(name, inputs)
-    tensors = sum(1 << i for i, is_dt in enumerate(pattern) if is_dt)
-    return D.execute(key, operands, lambda: D.dimmap_elementwise(
-        CORE.ELEMENTWISE_NONE, len(pattern), tensors, [x.shape for x in inputs]), func)
+    for o in operands:
+        if type(o) is not DTensor and type(o) not in _NUMBERS:
+            split = D.split_operands(name, operands)
+            if split is None:
+                raise D.mixed_error(name, next(o for o in operands
+                                               if type(o) is not DTensor and not D.is_scalar(o)))
+            if not split[0]:
+                raise TypeError(f"{name}: expected a DTensor operand")
+            break
+
+    def build():
+        # On a miss of the mesh's memo only: which operands are tensors, and theirs shapes.
+        inputs = [o for o in operands if type(o) is DTensor]
+        tensors = sum(1 << i for i, o in enumerate(operands) if type(o) is DTensor)
+        return D.dimmap_elementwise(CORE.ELEMENTWISE_NONE, len(operands), tensors,
+                                    [x.shape for x in inputs])
+    return D.execute(key, operands, build, func)
+
+
+# The operands every call passes over by their type alone.
+_NUMBERS = frozenset((float, int, bool, complex))
 
 
 @_registry.implements(np.where)
@@ -94,15 +106,23 @@ def clip(a, a_min=np._NoValue, a_max=np._NoValue, out=None, *, min=np._NoValue,
             raise TypeError("numpy.clip: out= must be a DTensor")
         write_result("numpy.clip", out, clip(a, a_min, a_max, min=min, max=max))
         return out
-    lo, hi = clip_bounds(a_min, a_max, min, max)
+    if min is np._NoValue and max is np._NoValue and a_min is not np._NoValue \
+            and a_max is not np._NoValue:
+        lo, hi = a_min, a_max  # np.clip(a, lo, hi), the common call
+    else:
+        lo, hi = clip_bounds(a_min, a_max, min, max)
     given = (lo is not None, hi is not None)
-    bounds = tuple(b for b in (lo, hi) if b is not None)
+    operands = (a, lo, hi) if lo is not None and hi is not None else (
+        (a,) + tuple(b for b in (lo, hi) if b is not None))
+    return _run_elementwise("numpy.clip", ("clip", given), operands, _CLIP_LOCAL[given])
 
-    def local(x, *present):
-        # an absent bound is no operand: NumPy gets None for it
-        it = iter(present)
-        return np.clip(x, *(next(it) if g else None for g in given))
-    return _run_elementwise("numpy.clip", ("clip", given), (a, *bounds), local)
+
+# np.clip of the local arrays by which bounds are given: an absent bound is no
+# operand, NumPy gets None for it.
+_CLIP_LOCAL = {(True, True): np.clip,
+               (True, False): lambda x, lo: np.clip(x, lo, None),
+               (False, True): lambda x, hi: np.clip(x, None, hi),
+               (False, False): lambda x: np.clip(x, None, None)}
 
 
 def _same_layout(a, local, dtype):
