@@ -105,8 +105,8 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     outer = viewing
     # Every call a program makes pays for this function: the agreement is one C
     # call, and without a DebugMode the entry runs here, not through _traced.
-    flags = (_C.agree_call(_label(func, args, name), args, kwargs, caller)
-             if caller is not None else 0)
+    flags = (_C.agree_call(name or _names.get(func) or _label(func, args), args, kwargs,
+                           caller) if caller is not None else 0)
     viewing = func if flags & _call_agreement.PROGRAM else None
     try:
         if flags & _call_agreement.PLAIN:

@@ -148,6 +148,8 @@ def execute(key, operands, build=None, local=None, *, extra=(), kwargs=None,
 
     Example: ``execute(("squeeze", (0,)), (a,), build, lambda x: np.squeeze(x, 0))``.
     """
+    if not (keepdims or kwargs or extra) and type(operands) is tuple:
+        return _C.execute(key, operands, build, local, (), None, box, axis, False)
     if keepdims:
         kwargs = dict(kwargs or (), keepdims=True)
     # The keyword arguments ride at the end of the positional ones, named as a

@@ -58,10 +58,12 @@ def joining_mesh_dim(arrays, ax):
 
     Example: ``joining_mesh_dim([a, b], 0)`` of ``[Shard(0)]`` DTensors is 0.
     """
-    mesh = arrays[0]._spec.mesh
-    for i in range(mesh.ndim):
-        if mesh.shape[i] > 1 and any(x._spec.placements[i] == Shard(ax) for x in arrays):
-            return i
+    for i, n in enumerate(arrays[0]._spec.mesh._mesh.shape):
+        if n > 1:
+            for x in arrays:
+                p = x._spec.placements[i]
+                if type(p) is Shard and p.dim == ax:  # Shard(ax), not a strided one
+                    return i
     return None
 
 

@@ -111,7 +111,8 @@ def moveaxis(a, source, destination):
 ALL_OPS = (1 << 5) - 1
 
 def _run(name, key, inputs, build, compute):
-    D.same_mesh(f"numpy.{name}", inputs)
+    # The executor checks that the inputs share a mesh (its "mesh" error names
+    # numpy.<name> as this would).
     return D.execute(key, inputs, build, compute)
 
 
