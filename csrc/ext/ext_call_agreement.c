@@ -233,36 +233,45 @@ static int feed_value(mt_ext_dispatch *d, hasher *s, PyObject *v) {
   return feed_attr(s, (PyObject *)t, "__qualname__");
 }
 
+/* The fingerprint of name(*args, **kwargs) into *out. 0, or -1 with an exception. */
+static int fingerprint_of(mt_ext_dispatch *d, PyObject *name, PyObject *args, PyObject *kwargs,
+                          uint64_t *out) {
+  hasher s = {0x9e3779b97f4a7c15ull, 0};
+  if (feed_str(&s, name) < 0) return -1;
+  /* The count of positional arguments first: f(x, "axis", 1) is not f(x, axis=1). */
+  feed_i64(&s, PyTuple_GET_SIZE(args));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); ++i)
+    if (feed_value(d, &s, PyTuple_GET_ITEM(args, i)) < 0) return -1;
+  if (PyDict_GET_SIZE(kwargs) > 0) {
+    /* Keywords in sorted order: their order in the call does not matter. */
+    PyObject *keys = PyDict_Keys(kwargs);
+    if (keys == NULL || PyList_Sort(keys) < 0) {
+      Py_XDECREF(keys);
+      return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); ++i) {
+      PyObject *k = PyList_GET_ITEM(keys, i);
+      if (feed_value(d, &s, k) < 0 || feed_value(d, &s, PyDict_GetItem(kwargs, k)) < 0) {
+        Py_DECREF(keys);
+        return -1;
+      }
+    }
+    Py_DECREF(keys);
+  }
+  *out = finish(&s);
+  return 0;
+}
+
 /* call_fingerprint(name, args, kwargs): see the method table. */
 static PyObject *call_fingerprint(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 3 || !PyUnicode_Check(args[0]) || !PyTuple_Check(args[1]) ||
       !PyDict_Check(args[2]))
     return PyErr_Format(PyExc_TypeError,
                         "call_fingerprint(name: str, args: tuple, kwargs: dict)");
-  mt_ext_dispatch *d = mt_ext_dispatch_module(module);
-  hasher s = {0x9e3779b97f4a7c15ull, 0};
-  if (feed_str(&s, args[0]) < 0) return NULL;
-  /* The count of positional arguments first: f(x, "axis", 1) is not f(x, axis=1). */
-  feed_i64(&s, PyTuple_GET_SIZE(args[1]));
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[1]); ++i)
-    if (feed_value(d, &s, PyTuple_GET_ITEM(args[1], i)) < 0) return NULL;
-  if (PyDict_GET_SIZE(args[2]) > 0) {
-    /* Keywords in sorted order: their order in the call does not matter. */
-    PyObject *keys = PyDict_Keys(args[2]);
-    if (keys == NULL || PyList_Sort(keys) < 0) {
-      Py_XDECREF(keys);
-      return NULL;
-    }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); ++i) {
-      PyObject *k = PyList_GET_ITEM(keys, i);
-      if (feed_value(d, &s, k) < 0 || feed_value(d, &s, PyDict_GetItem(args[2], k)) < 0) {
-        Py_DECREF(keys);
-        return NULL;
-      }
-    }
-    Py_DECREF(keys);
-  }
-  return PyLong_FromLongLong((long long)finish(&s));
+  uint64_t fp;
+  if (fingerprint_of(mt_ext_dispatch_module(module), args[0], args[1], args[2], &fp) < 0)
+    return NULL;
+  return PyLong_FromLongLong((long long)fp);
 }
 
 /* Whether `frame` runs a program's code (or the array API namespace's, on a
@@ -349,37 +358,32 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
   PyObject *const *kwitems = nkw > 0 ? PySequence_Fast_ITEMS(kwvalues) : NULL;
   int plain = has_plain(PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1])) ||
               (nkw > 0 && has_plain(kwitems, nkw));
-  PyObject *first = NULL;
+  PyObject *first = NULL; /* borrowed: the arguments hold it */
   if (program && !d->modes->checks) {
     first = first_dtensor(d, PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1]));
     if (first == NULL && nkw > 0) first = first_dtensor(d, kwitems, nkw);
   }
+  Py_XDECREF(kwvalues);
   mt_ext_mesh_base *mb = first == NULL ? NULL : mt_ext_spec_mesh(d, ((mt_ext_dtensor *)first)->spec);
   if (mb != NULL && mb->member && mt_ext_mesh_size(mb) > 1) {
-    if (mb->mesh == NULL) {
-      Py_XDECREF(kwvalues);
+    if (mb->mesh == NULL)
       return PyErr_Format(PyExc_RuntimeError, "agree_call: the mesh has no communicators");
-    }
-    PyObject *fp = mt_ext_mesh_check(mb) < 0 ? NULL : call_fingerprint(module, args, 3);
-    unsigned long long u = fp == NULL ? 0 : PyLong_AsUnsignedLongLongMask(fp);
-    Py_XDECREF(fp);
-    if (fp == NULL || (u == (unsigned long long)-1 && PyErr_Occurred())) {
-      Py_XDECREF(kwvalues);
+    uint64_t fp;
+    if (mt_ext_mesh_check(mb) < 0 || fingerprint_of(d, args[0], args[1], args[2], &fp) < 0)
       return NULL;
-    }
     mt_error err = {0};
-    mismatch_message(args[0], &err);
     int rc;
     ++mb->call_agreements;
     Py_BEGIN_ALLOW_THREADS
-    rc = mt_agree(mb->mesh, MT_OK, (uint64_t)u, &err);
+    rc = mt_agree(mb->mesh, MT_OK, fp, &err);
     Py_END_ALLOW_THREADS
     if (rc != MT_OK) {
-      Py_XDECREF(kwvalues);
+      /* Every rank agreed with MT_OK: a refusal is the fingerprints differing, and
+       * every rank words it alike (an MPI failure keeps its own words). */
+      if (rc == MT_EINVAL) mismatch_message(args[0], &err);
       return mt_ext_raise(rc, &err);
     }
   }
-  Py_XDECREF(kwvalues);
   return PyLong_FromLong(program | plain << 1);
 }
 
