@@ -368,14 +368,14 @@ class DTensor(_C.DTensorBase):
         cut, else local. Other advanced keys (integer DTensors, several arrays) are
         NumPy's indexing on the gathered arrays, copies. Example: ``dt[1:, ::2]``,
         ``dt[..., 0, None]``; ``dt[1][0, 0] = 5.0`` writes ``dt[1, 0, 0]``."""
-        spec = self._spec
-        if any(type(p) is _StridedShard for p in spec.placements):
-            # Read through a plain copy, as the executor reads a strided operand, and
-            # linked back so that a write into a view reaches this DTensor.
-            plain = _registry.plain_copy(self)
-            out = _registry.door(operator.getitem, (plain, key), {})
-            _registry.strided_view(out, plain, self, key)
-            return out
+        for p in self._spec.placements:  # every key pays for this: no generator
+            if type(p) is _StridedShard:
+                # Read through a plain copy, as the executor reads a strided operand,
+                # and linked back so that a write into a view reaches this DTensor.
+                plain = _registry.plain_copy(self)
+                out = _registry.door(operator.getitem, (plain, key), {})
+                _registry.strided_view(out, plain, self, key)
+                return out
         return _registry.door(operator.getitem, (self, key), {})
 
     def __setitem__(self, key, value) -> None:
