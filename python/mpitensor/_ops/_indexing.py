@@ -41,7 +41,7 @@ from .._dtensor import DTensor
 from .._dtensor_spec import DTensorSpec, contiguous_strides
 from .._fingerprint import fingerprint
 from .._layout import local_shape_and_global_offset
-from ..placement_types import Replicate, Shard
+from ..placement_types import Partial, Replicate, Shard
 from .._algorithms import _advanced_index as A
 from .._algorithms import _views
 from .._algorithms._pick import pick_rows
@@ -279,6 +279,40 @@ def agree_write(dt, key, value) -> None:
     agree_index(mesh, fp, what=_write_text)
 
 
+def write_number(dt, key, value) -> bool:
+    """``dt[key] = value`` for a Python number ``value`` and a key of ints,
+    slices, None and ... into a DTensor without Partials, the loop's common write:
+    agreed as :func:`agree_write` agrees (the same fingerprint), then each rank
+    writes its own cut of the key, from the mesh's cached plan, through the one
+    write door (_views.write). False, with nothing done, for any other write.
+    Collective on the mesh (the agreement).
+
+    Example: ``write_number(dt, (0, slice(1, 3)), 0.0)``.
+    """
+    if type(value) not in _NUMBERS:
+        return False
+    for p in dt._spec.placements:
+        if type(p) is Partial:
+            return False
+    ck = _cache_key(key)
+    if ck is None:
+        return False
+    mesh = dt._spec.mesh
+    try:
+        plan = _plan(dt, key, ck)
+    except Exception as e:  # noqa: BLE001 - agreed, then raised on every rank
+        agree_index(mesh, 0, e, _write_text)
+    agree_index(mesh, fingerprint((plan.fp, value)), what=_write_text)
+    if plan.cut is not None:
+        dest, cut = dt._data(), plan.cut or ...
+        _views.write(dt, lambda: dest.__setitem__(cut, value), cut)
+    return True
+
+
+# The values write_number takes; agree_write fingerprints them alike.
+_NUMBERS = (float, int, bool)
+
+
 def _write_fingerprint(dt, key, value) -> int:
     name = "DTensor.__setitem__"
     if type(key) is DTensor or (isinstance(key, np.ndarray) and key.dtype == bool
@@ -288,7 +322,7 @@ def _write_fingerprint(dt, key, value) -> int:
         plan = _plan(dt, key)
     except _registry.NoRule:
         return _raw(name + " (gathered)", dt, key, value)
-    if type(value) in (float, int, bool):  # the common write, kept short
+    if type(value) in _NUMBERS:  # the common write, kept short
         return fingerprint((plan.fp, value))
     return _raw(name, None, plan.fp, value)
 

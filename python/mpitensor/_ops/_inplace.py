@@ -42,7 +42,7 @@ from .._layout import local_shape_and_global_offset
 from ..placement_types import Partial, Replicate, Shard, _StridedShard
 from .._algorithms import _dispatch as D
 from .._algorithms import _views
-from ._indexing import _parse, _whole, agree_write, local_cuts
+from ._indexing import _parse, _whole, agree_write, local_cuts, write_number
 
 _IDENTITY = {"sum": 0, "product": 1}
 
@@ -237,6 +237,8 @@ def setitem(dt, key, value, *, where=None) -> None:
     write reaches the base. Collective on the mesh: the write is agreed first
     (_indexing.agree_write), and a DTensor value or mask moves where it must
     follow ``dt``'s layout."""
+    if where is None and write_number(dt, key, value):
+        return
     if where is None:  # a copy-view's write-back is made alike on every rank
         agree_write(dt, key, value)
     spec = dt._spec
