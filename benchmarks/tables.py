@@ -496,7 +496,23 @@ def agree(results: dict) -> str:
     return "\n".join(out)
 
 
-TABLES = {"agree": agree, "sklearn_fit": sklearn_fit, "redistribute": redistribute, "dispatch": dispatch,
+def call_cost(results: dict) -> str:
+    """A program's NumPy call on a small DTensor over the same call on its local
+    block, the agreement included (benchmarks/call_cost.py), beside another commit
+    timed in the same sitting."""
+    out = []
+    for n, torch, data in runs_of(results, "call_cost"):
+        base = data["machine"].get("base_commit")
+        rows = [[f"`{r['call']}`", stat(r["this"]), stat(r["base"]) if "base" in r else ""]
+                for r in data["rows"]]
+        out.append(f"np {n}, microseconds over NumPy's call on the local block, median "
+                   f"[min..max] over rounds\n\n"
+                   + table(["call", "this commit", f"commit `{base}`" if base else ""], rows))
+    return "\n".join(out)
+
+
+TABLES = {"agree": agree, "call_cost": call_cost, "sklearn_fit": sklearn_fit,
+          "redistribute": redistribute, "dispatch": dispatch,
           "tensor_parallel": tensor_parallel, "checkpoint": checkpoint,
           "context_parallel": context_parallel, "debug": debug, "train": train, "autograd": autograd,
           "plan_ranking": plan_ranking, "simulate_plans": simulate_plans, "vs_heat": vs_heat,
