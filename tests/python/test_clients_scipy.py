@@ -137,3 +137,16 @@ def test_stats_on_a_2d_mesh(record_property, name, placements):
     with recording_gathers(record_property):
         got = call(f, mt.distribute_tensor(X, mesh, pls))
     _same(got, call(f, X))
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() % 2, reason="a (2, W // 2) mesh")
+@pytest.mark.parametrize("name", ["iqr", "rankdata"])
+def test_stats_on_a_2d_mesh_made_the_default_one(record_property, name):
+    """SciPy makes some arrays with neither data nor a device (``xp.ones``,
+    ``xp.arange``), sharded on the default mesh: under ``with mesh:`` that is the
+    data's mesh, where they join it."""
+    mesh = mt.init_device_mesh("cpu", (2, MPI.COMM_WORLD.Get_size() // 2))
+    f = getattr(st, name)
+    with recording_gathers(record_property), mesh:
+        got = f(mt.distribute_tensor(X, mesh, [mt.Shard(0), mt.Shard(1)]), axis=0)
+    _same(got, f(X, axis=0))
