@@ -377,12 +377,16 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_BEGIN_ALLOW_THREADS
     rc = mt_agree(mb->mesh, MT_OK, fp, &err);
     Py_END_ALLOW_THREADS
-    if (rc != MT_OK) {
-      /* Every rank agreed with MT_OK: a refusal is the fingerprints differing, and
-       * every rank words it alike (an MPI failure keeps its own words). */
-      if (rc == MT_EINVAL) mismatch_message(args[0], &err);
-      return mt_ext_raise(rc, &err);
+    if (rc == MT_EINVAL) {
+      /* Every rank agreed with MT_OK, so the fingerprints differ; only then is the
+       * error worded, and every rank raises the first rank's words (its call's
+       * name), in a second agreement that only a refused call makes. */
+      mismatch_message(args[0], &err);
+      Py_BEGIN_ALLOW_THREADS
+      rc = mt_agree(mb->mesh, MT_EINVAL, 0, &err);
+      Py_END_ALLOW_THREADS
     }
+    if (rc != MT_OK) return mt_ext_raise(rc, &err);
   }
   return PyLong_FromLong(program | plain << 1);
 }
