@@ -38,9 +38,9 @@ def _run_elementwise(name, key, operands, func):
     every Partial reduced first. The executor checks the meshes; operands other
     than DTensors and Python numbers are classified here first, for their errors
     (and NoRule for values a DTensor cannot hold)."""
-    operands = D.implicit(operands)
     for o in operands:
         if type(o) is not DTensor and type(o) not in _NUMBERS:
+            operands = D.implicit(operands)
             split = D.split_operands(name, operands)
             if split is None:
                 raise D.mixed_error(name, next(o for o in operands
@@ -50,7 +50,7 @@ def _run_elementwise(name, key, operands, func):
             break
 
     def build():
-        # On a miss of the mesh's memo only: which operands are tensors, and theirs shapes.
+        # On a miss of the mesh's memo only: which operands are tensors, and their shapes.
         inputs = [o for o in operands if type(o) is DTensor]
         tensors = sum(1 << i for i, o in enumerate(operands) if type(o) is DTensor)
         return D.dimmap_elementwise(CORE.ELEMENTWISE_NONE, len(operands), tensors,
