@@ -243,17 +243,18 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
         # one exchange (``_flatten``), then they join along the flat axis.
         flat = [x if x.ndim == 1 else _flat(x) for x in arrays]
         return concatenate(flat, 0, out, **kwargs)
-    n = arrays[0].ndim
+    n = len(arrays[0]._spec.shape)
     if n == 0:
         raise ValueError("numpy.concatenate: zero-dimensional arrays cannot be "
                          "concatenated")
+    mesh = arrays[0]._spec.mesh
     for x in arrays:
-        if x.ndim != n:
+        if len(x._spec.shape) != n:
             raise ValueError("numpy.concatenate: all the input arrays must have the "
                              "same number of dimensions")
+        if x._spec.mesh is not mesh:
+            D.same_mesh("numpy.concatenate", arrays)  # equal meshes pass; else its error
     ax = normalize_axis_index(axis, n)
-    total = sum(x.shape[ax] for x in arrays)
-    D.same_mesh("numpy.concatenate", arrays)
     m = _join.joining_mesh_dim(arrays, ax)
     if m is not None:
         first = arrays[0].shape
@@ -277,9 +278,9 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
         # Joining is linear: torch's additive rules hold (a Replicate input joins
         # a Partial(sum) on one rank only, with no move).
         return D.dimmap(in_labels, range(n), kinds, partial_rule=D.P_ADDITIVE,
-                        sizes={ax: total})
+                        sizes={ax: sum(x.shape[ax] for x in arrays)})
 
-    return _run("concatenate", ("concatenate", ax), arrays, build,
+    return _run("concatenate", ("concatenate", ax), tuple(arrays), build,
                 lambda *ls: np.concatenate(ls, axis=ax))
 
 
