@@ -236,7 +236,8 @@ def _flat(x):
 
 @_registry.implements(np.concatenate)
 def concatenate(arrays, axis=0, out=None, **kwargs):
-    _check_kwargs("concatenate", out, kwargs)
+    if out is not None or kwargs:
+        _check_kwargs("concatenate", out, kwargs)
     arrays = _sequence("concatenate", arrays)
     if axis is None:
         # NumPy joins the flattened arrays: each sharded one reaches flat order by
@@ -254,7 +255,7 @@ def concatenate(arrays, axis=0, out=None, **kwargs):
                              "same number of dimensions")
         if x._spec.mesh is not mesh:
             D.same_mesh("numpy.concatenate", arrays)  # equal meshes pass; else its error
-    ax = normalize_axis_index(axis, n)
+    ax = axis if type(axis) is int and 0 <= axis < n else normalize_axis_index(axis, n)
     m = _join.joining_mesh_dim(arrays, ax)
     if m is not None:
         first = arrays[0].shape
