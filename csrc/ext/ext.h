@@ -17,6 +17,7 @@
 #endif
 #include <numpy/arrayobject.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "mpitensor/comm/counters.h"
 #include "mpitensor/comm/mesh.h"
@@ -551,6 +552,16 @@ mt_pending *mt_ext_pending_of(PyObject *capsule);
  * else or a null pointer. */
 void *mt_ext_pointer_of(PyObject *pointer);
 extern PyMethodDef mt_ext_owned_methods[];
+
+/* Whether a plain ndarray holds what a DTensor can: numbers in native order. */
+static inline int mt_ext_numeric(PyObject *o) {
+  const PyArray_Descr *t = PyArray_DESCR((PyArrayObject *)o);
+  return t->kind != 0 && strchr("biufc", t->kind) != NULL && PyArray_ISNBO(t->byteorder);
+}
+/* Whether a plain numeric ndarray (not 0-d) is among `args` and `kwargs`' values or
+ * in a list or tuple one: a call takes it as replicated once agreed
+ * (ext_call_agreement.c). */
+int mt_ext_args_plain(PyObject *args, PyObject *kwargs);
 
 /* -- operands on one mesh (ext_one_mesh.c) ------------------------------------------ */
 

@@ -309,7 +309,7 @@ static PyObject *first_dtensor(mt_ext_dispatch *d, PyObject *const *items, Py_ss
 /* Whether `v` is a plain numeric ndarray of one dim or more. */
 static int plain_array(PyObject *v) {
   return Py_TYPE(v) == &PyArray_Type && PyArray_NDIM((PyArrayObject *)v) > 0 &&
-         strchr("biufc", PyArray_DESCR((PyArrayObject *)v)->kind) != NULL;
+         mt_ext_numeric(v);
 }
 
 /* Whether a plain numeric ndarray is among `items` or in a list or tuple one. */
@@ -321,6 +321,15 @@ static int has_plain(PyObject *const *items, Py_ssize_t n) {
       for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(v); ++k)
         if (plain_array(PySequence_Fast_ITEMS(v)[k])) return 1;
   }
+  return 0;
+}
+
+int mt_ext_args_plain(PyObject *args, PyObject *kwargs) {
+  if (has_plain(PySequence_Fast_ITEMS(args), PyTuple_GET_SIZE(args))) return 1;
+  Py_ssize_t pos = 0;
+  PyObject *key, *v;
+  while (kwargs != NULL && PyDict_Next(kwargs, &pos, &key, &v))
+    if (has_plain(&v, 1)) return 1;
   return 0;
 }
 
@@ -352,18 +361,14 @@ static PyObject *agree_call(PyObject *module, PyObject *const *args, Py_ssize_t 
   mt_ext_dispatch *d = mt_ext_dispatch_module(module);
   int program = by_program(d, args[3]);
   if (program < 0) return NULL;
-  PyObject *kwvalues = NULL;
-  Py_ssize_t nkw = PyDict_GET_SIZE(args[2]);
-  if (nkw > 0 && (kwvalues = PyDict_Values(args[2])) == NULL) return NULL;
-  PyObject *const *kwitems = nkw > 0 ? PySequence_Fast_ITEMS(kwvalues) : NULL;
-  int plain = has_plain(PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1])) ||
-              (nkw > 0 && has_plain(kwitems, nkw));
+  int plain = mt_ext_args_plain(args[1], args[2]);
   PyObject *first = NULL; /* borrowed: the arguments hold it */
   if (program && !d->modes->checks) {
     first = first_dtensor(d, PySequence_Fast_ITEMS(args[1]), PyTuple_GET_SIZE(args[1]));
-    if (first == NULL && nkw > 0) first = first_dtensor(d, kwitems, nkw);
+    Py_ssize_t pos = 0;
+    PyObject *key, *v;
+    while (first == NULL && PyDict_Next(args[2], &pos, &key, &v)) first = first_dtensor(d, &v, 1);
   }
-  Py_XDECREF(kwvalues);
   mt_ext_mesh_base *mb = first == NULL ? NULL : mt_ext_spec_mesh(d, ((mt_ext_dtensor *)first)->spec);
   if (mb != NULL && mb->member && mt_ext_mesh_size(mb) > 1) {
     if (mb->mesh == NULL)

@@ -66,19 +66,13 @@ static int replicates(const mt_ext_dispatch *d, const mt_ext_mesh_base *mb, PyOb
          PyArray_SIZE((PyArrayObject *)o) == 1;
 }
 
-/* Whether a plain ndarray holds what a DTensor can: numbers in native order. */
-static int numeric(PyObject *o) {
-  const PyArray_Descr *t = PyArray_DESCR((PyArrayObject *)o);
-  return strchr("biufc", t->kind) != NULL && t->kind != 0 && PyArray_ISNBO(t->byteorder);
-}
-
 /* Adds operand i: a DTensor, an implicitly replicated ndarray, or a scalar. */
 static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
                       PyObject *key) {
   if (!mt_ext_is_dtensor(d, o)) {
     if (PyArray_Check(o) && PyArray_NDIM((PyArrayObject *)o) > 0) {
       if (!replicates(d, c->mb, o)) {
-        if (c->defer_mixed && numeric(o)) return c->mixed = 1, 0;
+        if (c->defer_mixed && mt_ext_numeric(o)) return c->mixed = 1, 0;
         mt_ext_error(d, "mixed", key, o);
         return -1;
       }
@@ -91,7 +85,7 @@ static int gather_one(mt_ext_dispatch *d, PyObject *o, int i, mt_ext_call *c,
     }
   }
   mt_ext_dtensor *b = (mt_ext_dtensor *)o;
-  if (mt_ext_spec_mesh(d, b->spec) != c->mb && !mt_ext_same_mesh(mt_ext_spec_mesh(d, b->spec), c->mb)) {
+  if (!mt_ext_same_mesh(mt_ext_spec_mesh(d, b->spec), c->mb)) {
     /* A Replicate DTensor of another mesh of the same ranks (mt_ext_call_mesh). */
     o = c->made[c->nmade++] = mt_ext_replicated(d, c->mb, b->local);
     if (o == NULL) return -1;

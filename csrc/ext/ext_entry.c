@@ -294,7 +294,8 @@ static PyObject *call_flags(PyObject *module, PyObject *const *args, Py_ssize_t 
   int strided = mt_ext_args_strided(d, args[0], args[1]);
   int grad = d->modes->grad_enabled && args_need_grad(d, args[0], args[1]);
   int meshes = mt_ext_args_meshes_differ(d, args[0], args[1]);
-  return PyLong_FromLong(strided | grad << 1 | meshes << 2);
+  int plain = mt_ext_args_plain(args[0], args[1]);
+  return PyLong_FromLong(strided | grad << 1 | meshes << 2 | plain << 3);
 }
 
 /* Whether func(x) (or another reduction over every element of one strided x,
@@ -339,7 +340,8 @@ PyMethodDef mt_ext_entry_methods[] = {
      "call_flags(args, kwargs) -> int: what the Python door (mpitensor._registry.door) "
      "must do for a call with these arguments: bit 0, a DTensor among them (or in a "
      "list or tuple one) is strided; bit 1, grad mode is on and one needs a gradient "
-     "(out= aside); bit 2, they live on more than one mesh (see one_mesh). Local.\n\n"
+     "(out= aside); bit 2, they live on more than one mesh (see one_mesh); bit 3, a "
+     "plain numeric ndarray (not 0-d) is among them, taken as replicated. Local.\n\n"
      "Example: _C.call_flags((dt, 0), {}) & 2"},
     {"whole_view", (PyCFunction)(void (*)(void))whole_view, METH_FASTCALL,
      "whole_view(func, args, kwargs) -> the plain expansion of args[0] (recorded as "

@@ -32,20 +32,17 @@ __all__ = ["agree_call", "call_fingerprint", "agreed_call", "PROGRAM", "PLAIN"]
 PROGRAM, PLAIN = 1, 2
 
 
-def agree_call(name: str, args: tuple, kwargs: dict, caller) -> int:
-    """Agrees on the call ``name(*args, **kwargs)`` that the frame ``caller`` makes
-    on DTensors, when a program makes it (not mpitensor: a frame of the package
-    outside the array API namespace and mpitensor.testing) on a mesh of more than
-    one rank, outside the collective checks: ValueError on every rank of the mesh
-    when the calls differ. The doors of NumPy's calls (mpitensor._registry.door,
-    the ufuncs' Python entry, the C reduction methods) call it first. Returns the
-    flags PROGRAM and PLAIN. Collective on the mesh of the first DTensor argument
-    when it agrees (``_C.agree_call``: all of it in one C call, which every call a
-    program makes pays for).
-
-    Example: ``agree_call("numpy.sum", (dt,), {"axis": 0}, sys._getframe(1))``.
-    """
-    return _C.agree_call(name, args, kwargs, caller)
+# agree_call(name, args, kwargs, caller) -> flags: agrees on the call
+# ``name(*args, **kwargs)`` that the frame ``caller`` makes on DTensors, when a
+# program makes it (not mpitensor: a frame of the package outside the array API
+# namespace and mpitensor.testing) on a mesh of more than one rank, outside the
+# collective checks: ValueError on every rank of the mesh when the calls differ.
+# The doors of NumPy's calls (mpitensor._registry.door, the ufuncs' Python entry,
+# the C reduction methods) call it first; it returns the flags PROGRAM and PLAIN.
+# Collective on the mesh of the first DTensor argument when it agrees. All of it
+# is one C call, which every call a program makes pays for. Example:
+# ``agree_call("numpy.sum", (dt,), {"axis": 0}, sys._getframe(1))``.
+agree_call = _C.agree_call
 
 
 def agreed_call(name: str, args: tuple, kwargs: dict, caller, run, *run_args, **run_kwargs):
@@ -68,13 +65,9 @@ def agreed_call(name: str, args: tuple, kwargs: dict, caller, run, *run_args, **
         _modes.pop_implicit_replication()
 
 
-def call_fingerprint(name: str, args: tuple, kwargs: dict) -> int:
-    """A fingerprint of the call ``name(*args, **kwargs)``, the same on every rank
-    exactly when the calls are alike: DTensors by placements, global shape and
-    dtype (their local values differ by rank), ndarrays by shape, dtype and bytes,
-    anything else by value where it has a canonical one, by type otherwise
-    (``_C.call_fingerprint``). Local.
-
-    Example: ``call_fingerprint("numpy.sum", (dt,), {"axis": 0})``.
-    """
-    return _C.call_fingerprint(name, args, kwargs)
+# call_fingerprint(name, args, kwargs) -> int: a fingerprint of the call, the same
+# on every rank exactly when the calls are alike: DTensors by placements, global
+# shape and dtype (their local values differ by rank), ndarrays by shape, dtype and
+# bytes, anything else by value where it has a canonical one, by type otherwise.
+# Local. Example: ``call_fingerprint("numpy.sum", (dt,), {"axis": 0})``.
+call_fingerprint = _C.call_fingerprint

@@ -104,9 +104,9 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
     global viewing
     outer = viewing
     # Every call a program makes pays for this function: the agreement is one C
-    # call, and without a DebugMode the entry runs here, not through _traced.
-    flags = (_C.agree_call(name or _names.get(func) or _label(func, args), args, kwargs,
-                           caller) if caller is not None else 0)
+    # call, and without a DebugMode the entry runs without _traced's hop.
+    flags = (_call_agreement.agree_call(name or _names.get(func) or _label(func, args),
+                                        args, kwargs, caller) if caller is not None else 0)
     viewing = func if flags & _call_agreement.PROGRAM else None
     try:
         if flags & _call_agreement.PLAIN:
@@ -117,10 +117,7 @@ def door(func, args: tuple, kwargs: dict, name: str | None = None, caller=None):
                 _modes.pop_implicit_replication()
         if _modes.recorders:
             return _traced(func, args, kwargs, name, False)
-        try:
-            return _run(func, args, kwargs, False)
-        except NoRule as e:
-            return gather_call(func, args, kwargs, name, cause=e)
+        return _entry(func, args, kwargs, name, False)
     finally:
         viewing = outer
 
@@ -180,10 +177,9 @@ def door_from_c(func, args: tuple, kwargs: dict, agreed: bool = False):
 
     Example: ``door_from_c(np.sum, (dt,), {"dtype": np.float32})``.
     """
-    # Agreed already: asked from this frame, mpitensor's, it only reads the flags.
-    caller = sys._getframe(1 if not agreed else 0)
-    flags = _call_agreement.agree_call(_label(func, args), args, kwargs, caller)
-    if not flags & _call_agreement.PLAIN:
+    if not agreed:
+        _call_agreement.agree_call(_label(func, args), args, kwargs, sys._getframe(1))
+    if not _C.call_flags(args, kwargs) & _PLAIN:
         return _traced(func, args, kwargs, None, True)
     _modes.push_implicit_replication()
     try:
@@ -238,7 +234,7 @@ _C_METHODS = {getattr(np, name): getattr(_C.DTensorBase, name)
               for name in ("sum", "mean", "prod", "max", "min", "std", "var", "argmax",
                            "argmin")}
 _METHOD_KEYWORDS = frozenset(("axis", "keepdims"))
-_STRIDED, _GRAD, _MESHES = 1, 2, 4
+_STRIDED, _GRAD, _MESHES, _PLAIN = 1, 2, 4, 8
 
 
 def _run(func, args: tuple, kwargs: dict, from_c: bool):

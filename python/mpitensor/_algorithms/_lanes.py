@@ -94,9 +94,7 @@ def arg_extreme(x, axis, largest):
         func = np.argmax if largest else np.argmin
         idx = func(x, axis=axis, keepdims=True)
         return idx, np.take_along_axis(x, idx, axis)
-    lanes, rest = _lanes_of(x, axis)
-    idx, value = _C.empty(rest, np.int64), _C.empty(rest, x.dtype)
-    _clib.call(mt_arg_extreme, idx, value, x, lanes, _clib.dtype_code(x.dtype), bool(largest))
+    idx, value = _first_extreme(x, axis, largest)
     return np.expand_dims(idx.astype(np.intp, copy=False), axis), np.expand_dims(value, axis)
 
 
@@ -109,10 +107,15 @@ def extreme(x, axis, largest):
 
     Example: ``extreme(np.array([[1, 5], [4, 2]]), 0, True)`` is ``array([4, 5])``.
     """
+    return _first_extreme(x, axis, largest)[1]
+
+
+def _first_extreme(x, axis, largest):
+    """(index, value) of each lane's first extreme by the kernel, ``axis`` removed."""
     lanes, rest = _lanes_of(x, axis)
     idx, value = _C.empty(rest, np.int64), _C.empty(rest, x.dtype)
     _clib.call(mt_arg_extreme, idx, value, x, lanes, _clib.dtype_code(x.dtype), bool(largest))
-    return value
+    return idx, value
 
 
 def uniform_counts(x, edges):
